@@ -1,0 +1,56 @@
+//! Server and topology types, as SDAM defines them.
+//!
+//! The retry machine needs to know what kind of deployment an attempt ran against (sharded
+//! clusters always deprioritize the failed mongos, BP-20; retryable writes need a server that
+//! supports sessions, RW-2). Server and topology *descriptions* and the SDAM rules that maintain
+//! them build on these types.
+
+/// The type of one server, from its `hello` reply (SDAM).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ServerType {
+    /// Not yet checked, or the last check failed.
+    #[default]
+    Unknown,
+    /// A mongod that is not a replica-set member.
+    Standalone,
+    /// A mongos router.
+    Mongos,
+    /// The primary of a replica set.
+    RsPrimary,
+    /// A secondary of a replica set.
+    RsSecondary,
+    /// An arbiter.
+    RsArbiter,
+    /// Any other replica-set member (hidden, starting up, recovering, ...).
+    RsOther,
+    /// A member not yet configured into a replica set.
+    RsGhost,
+    /// A load balancer in front of mongos (load-balanced mode).
+    LoadBalancer,
+}
+
+/// The type of a deployment (SDAM).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum TopologyType {
+    /// Not yet known.
+    #[default]
+    Unknown,
+    /// A direct connection to one server.
+    Single,
+    /// A replica set with no known primary.
+    ReplicaSetNoPrimary,
+    /// A replica set with a known primary.
+    ReplicaSetWithPrimary,
+    /// A sharded cluster (one or more mongos).
+    Sharded,
+    /// Load-balanced mode: one load balancer in front of mongos.
+    LoadBalanced,
+}
+
+impl TopologyType {
+    /// Whether this is a sharded cluster: retries there always go to another mongos when one is
+    /// available (BP-20, RR-7, RW-13).
+    pub fn is_sharded(self) -> bool {
+        self == TopologyType::Sharded
+    }
+}
