@@ -14,7 +14,11 @@ extern crate alloc;
 
 pub mod address;
 pub mod backoff;
+pub mod budget;
 pub mod error;
+pub mod policy;
+pub mod retry;
 pub mod rng;
+pub mod scenario;
 pub mod time;
 pub mod topology;
