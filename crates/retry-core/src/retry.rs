@@ -437,6 +437,8 @@ pub struct RetryMachine<R: RngCore = EngineRng> {
     overload_seen: bool,
     /// TX-11: every failure so far was a retryable overload error.
     only_overload_failures: bool,
+    /// RW-2: the first server supports retryable writes (decided on the first dispatch).
+    retryable_writes_supported: bool,
     /// RW-2: the retryable write carries a txnNumber (decided on the first dispatch).
     txn_attached: bool,
     /// gRPC: retries since the last pushback, and transparent retries in a row.
@@ -479,6 +481,7 @@ impl<R: RngCore> RetryMachine<R> {
             dispatched: 0,
             overload_seen: false,
             only_overload_failures: true,
+            retryable_writes_supported: false,
             txn_attached: false,
             since_pushback: 0,
             transparent_in_a_row: 0,
@@ -570,10 +573,11 @@ impl<R: RngCore> RetryMachine<R> {
             return Ok(());
         }
         if first {
+            self.retryable_writes_supported = server.supports_retryable_writes();
             self.txn_attached = match self.spec.kind {
                 // RW-2, RW-4: only with retryWrites on and a server that supports sessions.
                 OperationKind::RetryableWrite => {
-                    self.options.retry_writes && server.supports_retryable_writes()
+                    self.options.retry_writes && self.retryable_writes_supported
                 }
                 OperationKind::CommitTransaction { .. }
                 | OperationKind::AbortTransaction
@@ -829,7 +833,7 @@ impl<R: RngCore> RetryMachine<R> {
         match self.spec.kind {
             OperationKind::Read => retry_reads && error.is_retryable_read(),
             OperationKind::RetryableWrite => {
-                retry_writes && self.txn_attached && error.is_retryable_write()
+                retry_writes && self.retryable_writes_supported && error.is_retryable_write()
             }
             OperationKind::CommitTransaction { .. } | OperationKind::AbortTransaction => {
                 error.is_retryable_write()
