@@ -23,6 +23,7 @@
 //! | [`backoff`] | backoff formulas |
 //! | [`budget`] | retry budgets shared through `&self` without locks |
 //! | [`policy`] | retry options and policies, validated |
+//! | [`pool`] | connection-pool accounting (CMAP) for one server |
 //! | [`retry`] | the per-operation retry state machine |
 //! | [`scenario`] | a scripted, bounded driver for the retry machine in virtual time |
 //!
@@ -99,6 +100,7 @@ pub mod backoff;
 pub mod budget;
 pub mod error;
 pub mod policy;
+pub mod pool;
 pub mod retry;
 pub mod rng;
 pub mod scenario;
