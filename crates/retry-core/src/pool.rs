@@ -441,7 +441,11 @@ impl Pool {
 
     /// The earliest wait-queue deadline or idle expiry.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let waits = self.waiters.iter().filter_map(|w| w.deadline);
+        let waits = self
+            .waiters
+            .iter()
+            .filter(|w| w.establishing.is_none())
+            .filter_map(|w| w.deadline);
         let idle = self.options.max_idle_time.map(|max| {
             self.connections.iter().filter_map(move |c| match c.state {
                 ConnectionState::Available { since } => Some(since.saturating_add(max)),
@@ -608,7 +612,8 @@ impl Pool {
     /// Clears the pool after `cause` (CM-4): the generation goes up, the pool pauses, every waiter
     /// fails at once with a retryable `PoolClearedError`, available connections are closed as
     /// stale, and [`PoolEvent::PoolCleared`] is emitted only if the pool was not already paused.
-    /// With `interrupt_in_use_connections`, in-use connections of older generations are closed too.
+    /// With `interrupt_in_use_connections`, in-use and pending connections of older generations are
+    /// closed too.
     ///
     /// In load-balanced mode, give the failing connection's `service_id`: only that service's
     /// generation goes up, and the pool neither pauses nor touches its waiters (CM-5, LB-15).
@@ -622,15 +627,16 @@ impl Pool {
         if self.state == PoolState::Closed {
             return;
         }
-        match (self.options.load_balanced, service_id) {
-            (true, Some(service)) => {
+        let lb_service = service_id.filter(|_| self.options.load_balanced);
+        match lb_service {
+            Some(service) => {
                 self.service_entry(service).generation += 1;
                 self.events.push_back(PoolEvent::PoolCleared {
                     service_id: Some(service),
                     interrupt_in_use_connections,
                 });
             }
-            _ => {
+            None => {
                 self.generation += 1;
                 let was_ready = self.state == PoolState::Ready;
                 self.state = PoolState::Paused;
@@ -640,33 +646,35 @@ impl Pool {
                         interrupt_in_use_connections,
                     });
                 }
-                let error = self.pool_cleared_error(cause);
-                while let Some(w) = self.waiters.pop_front() {
-                    if let Some(pending) = w.establishing {
-                        self.set_state(pending, ConnectionState::Pending { for_checkout: None });
-                    }
-                    self.fail(
-                        w.checkout,
-                        w.started,
-                        now,
-                        CheckoutError::PoolCleared(error.clone()),
-                    );
-                }
             }
         }
+        // Available connections of the old generation go now; in-use and pending ones too when
+        // interrupting.
         let stale: Vec<ConnectionId> = self
             .connections
             .iter()
             .filter(|c| self.is_stale(c))
-            .filter(|c| match c.state {
-                ConnectionState::Available { .. } => true,
-                ConnectionState::InUse { .. } => interrupt_in_use_connections,
-                ConnectionState::Pending { .. } => false,
+            .filter(|c| {
+                interrupt_in_use_connections || matches!(c.state, ConnectionState::Available { .. })
             })
             .map(|c| c.id)
             .collect();
         for id in stale {
             self.close_connection(id, CloseReason::Stale);
+        }
+        if lb_service.is_none() {
+            let error = self.pool_cleared_error(cause);
+            while let Some(w) = self.waiters.pop_front() {
+                if let Some(pending) = w.establishing {
+                    self.set_state(pending, ConnectionState::Pending { for_checkout: None });
+                }
+                self.fail(
+                    w.checkout,
+                    w.started,
+                    now,
+                    CheckoutError::PoolCleared(error.clone()),
+                );
+            }
         }
     }
 
@@ -702,11 +710,11 @@ impl Pool {
         }
         let mut index = 0;
         while index < self.waiters.len() {
-            if self.waiters[index].deadline.is_some_and(|d| now >= d) {
+            let waiter = &self.waiters[index];
+            // A checkout that is establishing its own connection is bounded by the connect
+            // timeout, not by the wait queue's.
+            if waiter.establishing.is_none() && waiter.deadline.is_some_and(|d| now >= d) {
                 if let Some(w) = self.waiters.remove(index) {
-                    if let Some(pending) = w.establishing {
-                        self.set_state(pending, ConnectionState::Pending { for_checkout: None });
-                    }
                     let message = self.wait_queue_timeout_message();
                     self.fail(
                         w.checkout,
