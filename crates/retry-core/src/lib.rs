@@ -16,5 +16,6 @@ pub mod address;
 pub mod backoff;
 pub mod error;
 pub mod rng;
+pub mod selection;
 pub mod time;
 pub mod topology;
