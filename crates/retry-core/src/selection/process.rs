@@ -92,6 +92,7 @@ pub enum SelectionStep<'a> {
 pub struct ServerSelection {
     criteria: SelectionCriteria,
     deprioritized: SmallVec<[ServerAddress; 4]>,
+    settings: SelectionSettings,
     started: Instant,
     deadline: Instant,
     waiting: bool,
@@ -103,7 +104,7 @@ impl ServerSelection {
     pub fn new(
         criteria: SelectionCriteria,
         deprioritized: &[ServerAddress],
-        settings: &SelectionSettings,
+        settings: SelectionSettings,
         timeout: OperationTimeout,
         now: Instant,
     ) -> ServerSelection {
@@ -112,6 +113,7 @@ impl ServerSelection {
         ServerSelection {
             criteria,
             deprioritized: deprioritized.iter().cloned().collect(),
+            settings,
             started: now,
             deadline,
             waiting: false,
@@ -139,7 +141,6 @@ impl ServerSelection {
     pub fn poll<'a>(
         &mut self,
         topology: &'a TopologyDescription,
-        settings: &SelectionSettings,
         operation_count: impl Fn(&ServerAddress) -> u32,
         rng: &mut (impl RngCore + ?Sized),
         now: Instant,
@@ -148,7 +149,7 @@ impl ServerSelection {
             topology,
             &self.criteria,
             &self.deprioritized,
-            settings,
+            &self.settings,
             operation_count,
             rng,
         ) {
@@ -214,7 +215,7 @@ mod tests {
         let mut sel = ServerSelection::new(
             secondary_read(),
             core::slice::from_ref(&a),
-            &settings,
+            settings,
             OperationTimeout::Off,
             t0,
         );
@@ -226,17 +227,11 @@ mod tests {
         );
         let until = Instant::from_millis(31_000);
         assert_eq!(
-            sel.poll(&no_secondary, &settings, |_| 0, &mut rng, t0),
+            sel.poll(&no_secondary, |_| 0, &mut rng, t0),
             SelectionStep::Wait { until, first: true }
         );
         assert_eq!(
-            sel.poll(
-                &no_secondary,
-                &settings,
-                |_| 0,
-                &mut rng,
-                Instant::from_millis(2_000)
-            ),
+            sel.poll(&no_secondary, |_| 0, &mut rng, Instant::from_millis(2_000)),
             SelectionStep::Wait {
                 until,
                 first: false
@@ -252,13 +247,7 @@ mod tests {
             ],
         );
         for _ in 0..20 {
-            match sel.poll(
-                &two,
-                &settings,
-                |_| 0,
-                &mut rng,
-                Instant::from_millis(3_000),
-            ) {
+            match sel.poll(&two, |_| 0, &mut rng, Instant::from_millis(3_000)) {
                 SelectionStep::Selected(s) => assert_eq!(s.address.host(), "c"),
                 other => panic!("{other:?}"),
             }
@@ -271,7 +260,7 @@ mod tests {
         let t0 = Instant::from_millis(0);
         let csot = OperationTimeout::Until(Instant::from_millis(5_000));
         let deprioritized = [ServerAddress::new("a", 27017)];
-        let mut sel = ServerSelection::new(secondary_read(), &deprioritized, &settings, csot, t0);
+        let mut sel = ServerSelection::new(secondary_read(), &deprioritized, settings, csot, t0);
         assert_eq!(
             sel.deadline(),
             Instant::from_millis(5_000),
@@ -282,13 +271,9 @@ mod tests {
             vec![server("a", ServerType::RsPrimary)],
         );
         let mut rng = EngineRng::from_seed_u64(3);
-        let SelectionStep::Failed(err) = sel.poll(
-            &topology,
-            &settings,
-            |_| 0,
-            &mut rng,
-            Instant::from_millis(5_000),
-        ) else {
+        let SelectionStep::Failed(err) =
+            sel.poll(&topology, |_| 0, &mut rng, Instant::from_millis(5_000))
+        else {
             panic!("expected a failure")
         };
         assert_eq!(
@@ -309,18 +294,12 @@ mod tests {
         let mut sel = ServerSelection::new(
             SelectionCriteria::Write,
             &[],
-            &settings,
+            settings,
             OperationTimeout::Off,
             now,
         );
         let empty = TopologyDescription::new(TopologyType::Unknown, vec![]);
-        let step = sel.poll(
-            &empty,
-            &settings,
-            |_| 0,
-            &mut EngineRng::from_seed_u64(0),
-            now,
-        );
+        let step = sel.poll(&empty, |_| 0, &mut EngineRng::from_seed_u64(0), now);
         assert!(matches!(
             step,
             SelectionStep::Failed(SelectionError::TimedOut(_))
@@ -336,13 +315,12 @@ mod tests {
         let mut sel = ServerSelection::new(
             SelectionCriteria::Write,
             &[],
-            &settings,
+            settings,
             OperationTimeout::Off,
             Instant::ZERO,
         );
         let step = sel.poll(
             &topology,
-            &settings,
             |_| 0,
             &mut EngineRng::from_seed_u64(0),
             Instant::ZERO,
@@ -364,13 +342,12 @@ mod tests {
         let mut sel = ServerSelection::new(
             SelectionCriteria::Read(rp),
             &[],
-            &settings,
+            settings,
             OperationTimeout::Off,
             Instant::ZERO,
         );
         let step = sel.poll(
             &topology,
-            &settings,
             |_| 0,
             &mut EngineRng::from_seed_u64(0),
             Instant::ZERO,
