@@ -104,5 +104,6 @@ pub mod pool;
 pub mod retry;
 pub mod rng;
 pub mod scenario;
+pub mod selection;
 pub mod time;
 pub mod topology;
