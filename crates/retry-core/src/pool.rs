@@ -765,6 +765,21 @@ impl Pool {
                         self.give(w, connection, now);
                     }
                 }
+                // A connection being established for nobody (for minPoolSize) is adopted rather
+                // than starting another one.
+                None if self.unclaimed_pending().is_some() => {
+                    let checkout = self.waiters[index].checkout;
+                    if let Some(connection) = self.unclaimed_pending() {
+                        self.set_state(
+                            connection,
+                            ConnectionState::Pending {
+                                for_checkout: Some(checkout),
+                            },
+                        );
+                        self.waiters[index].establishing = Some(connection);
+                    }
+                    index += 1;
+                }
                 None if self.can_create() => {
                     let checkout = self.waiters[index].checkout;
                     let connection = self.create(Some(checkout), now);
@@ -804,6 +819,13 @@ impl Pool {
             }
         }
         None
+    }
+
+    fn unclaimed_pending(&self) -> Option<ConnectionId> {
+        self.connections
+            .iter()
+            .find(|c| c.state == ConnectionState::Pending { for_checkout: None })
+            .map(|c| c.id)
     }
 
     fn can_create(&self) -> bool {
