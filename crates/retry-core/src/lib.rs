@@ -22,6 +22,7 @@
 //! | [`rng`] | the seeded generator and exact jitter |
 //! | [`backoff`] | backoff formulas |
 //! | [`budget`] | retry budgets shared through `&self` without locks |
+//! | [`monitor`] | server monitoring: check schedule, RTT, descriptions from checks |
 //! | [`pinning`] | transaction and load-balanced cursor pins (TX-3..5, LB-10..12) |
 //! | [`policy`] | retry options and policies, validated |
 //! | [`pool`] | connection-pool accounting (CMAP) for one server |
@@ -100,6 +101,7 @@ pub mod address;
 pub mod backoff;
 pub mod budget;
 pub mod error;
+pub mod monitor;
 pub mod pinning;
 pub mod policy;
 pub mod pool;
