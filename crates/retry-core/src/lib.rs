@@ -17,7 +17,8 @@
 //! | --- | --- |
 //! | [`time`] | the monotonic [`time::Instant`] newtype and CSOT deadlines |
 //! | [`address`] | [`address::ServerAddress`] |
-//! | [`topology`] | server and topology types |
+//! | [`topology`] | server and topology descriptions, built from `hello` replies |
+//! | [`selection`] | server selection with deprioritization, the latency window and the selection loop |
 //! | [`error`] | error facts parsed from replies and network failures, and the classifiers |
 //! | [`rng`] | the seeded generator and exact jitter |
 //! | [`backoff`] | backoff formulas |
