@@ -3,7 +3,7 @@
 //! A sans-IO engine for MongoDB clients. It decides *whether, when, where and on which connection*
 //! each attempt of a command runs, and owns no I/O: no sockets, no clock reads, no threads, no
 //! async, no global RNG. Time comes in as a parameter ([`time::Instant`]); randomness comes from an
-//! RNG the machine owns, seeded from options ([`rng`]).
+//! RNG the machine owns, seeded from options.
 #![forbid(unsafe_code)]
 #![cfg_attr(
     not(test),
@@ -15,3 +15,4 @@ extern crate alloc;
 pub mod address;
 pub mod time;
 pub mod topology;
+pub mod wire;
