@@ -13,6 +13,9 @@
 extern crate alloc;
 
 pub mod address;
+pub mod backoff;
+pub mod error;
+pub mod rng;
 pub mod time;
 pub mod topology;
 pub mod wire;

@@ -1,9 +1,22 @@
-//! Server and topology types, as SDAM defines them.
+//! Server and topology types and descriptions, as SDAM defines them.
 //!
 //! The retry machine needs to know what kind of deployment an attempt ran against (sharded
 //! clusters always deprioritize the failed mongos, BP-20; retryable writes need a server that
-//! supports sessions, RW-2). Server and topology *descriptions* and the SDAM rules that maintain
-//! them build on these types.
+//! supports sessions, RW-2). Selection reads the [`TopologyDescription`]; each
+//! [`ServerDescription`] is built from a `hello` reply ([`ServerDescription::from_hello`]). The SDAM
+//! update rules that maintain a topology build on these types.
+
+mod description;
+mod rtt;
+mod server;
+mod tags;
+
+pub use description::{
+    TopologyDescription, MAX_SUPPORTED_WIRE_VERSION, MIN_SUPPORTED_WIRE_VERSION,
+};
+pub use rtt::AverageRtt;
+pub use server::{CheckError, ServerDescription, TopologyVersion};
+pub use tags::TagSet;
 
 /// The type of one server, from its `hello` reply (SDAM).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]

@@ -1,0 +1,980 @@
+//! Error facts and the pure classifiers the retry rules are written in.
+//!
+//! An [`OperationError`] is what one attempt (or the selection before it) failed with: a server
+//! reply with `ok: 0` or a `writeConcernError` ([`ServerError`]), a network error with the phase it
+//! happened in ([`NetworkError`]), a cleared pool, a failed server selection, an expired deadline, or
+//! a cancellation. Classifiers are methods that answer the questions the specs ask: is it an overload
+//! error (BP-1), a retryable overload error (BP-2), a retryable read error (RR-2), does it carry
+//! `RetryableWriteError` (RW-8), was the command sent, did it perform no writes (RW-17).
+//!
+//! Parsing never fails: a reply whose fields have the wrong types becomes a *malformed* server error
+//! that is never retried and keeps the raw document.
+
+use alloc::boxed::Box;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use bson::{Bson, Document};
+use core::fmt;
+use core::time::Duration;
+
+use crate::address::ServerAddress;
+
+/// The error labels the retry, transaction and SDAM rules look at, as a small set.
+///
+/// Labels not listed here are kept by [`ServerError::other_labels`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Labels(u8);
+
+impl Labels {
+    /// No labels.
+    pub const NONE: Labels = Labels(0);
+    /// `SystemOverloadedError`: the server (or the connection attempt) was overloaded (BP-1).
+    pub const SYSTEM_OVERLOADED: Labels = Labels(1);
+    /// `RetryableError`: safe to retry whatever the command (BP-4).
+    pub const RETRYABLE: Labels = Labels(1 << 1);
+    /// `RetryableWriteError`: a retryable write may be retried (RW-8).
+    pub const RETRYABLE_WRITE: Labels = Labels(1 << 2);
+    /// `NoWritesPerformed`: the server did not write anything (RW-17).
+    pub const NO_WRITES_PERFORMED: Labels = Labels(1 << 3);
+    /// `TransientTransactionError`: the whole transaction may be retried (TX-7).
+    pub const TRANSIENT_TRANSACTION: Labels = Labels(1 << 4);
+    /// `UnknownTransactionCommitResult`: the commit may or may not have happened (TX-8).
+    pub const UNKNOWN_TRANSACTION_COMMIT_RESULT: Labels = Labels(1 << 5);
+    /// Both overload labels: what CMAP adds to connection-establishment network errors (HS-9).
+    pub const OVERLOAD_RETRYABLE: Labels = Labels(1 | 1 << 1);
+
+    const NAMES: [(Labels, &'static str); 6] = [
+        (Labels::SYSTEM_OVERLOADED, "SystemOverloadedError"),
+        (Labels::RETRYABLE, "RetryableError"),
+        (Labels::RETRYABLE_WRITE, "RetryableWriteError"),
+        (Labels::NO_WRITES_PERFORMED, "NoWritesPerformed"),
+        (Labels::TRANSIENT_TRANSACTION, "TransientTransactionError"),
+        (
+            Labels::UNKNOWN_TRANSACTION_COMMIT_RESULT,
+            "UnknownTransactionCommitResult",
+        ),
+    ];
+
+    /// The label with this exact name, if it is one of the known ones.
+    pub fn from_name(name: &str) -> Option<Labels> {
+        Labels::NAMES
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(l, _)| *l)
+    }
+
+    /// Whether every label in `other` is in `self`.
+    pub const fn contains(self, other: Labels) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The union of two sets.
+    pub const fn union(self, other: Labels) -> Labels {
+        Labels(self.0 | other.0)
+    }
+
+    /// Whether the set is empty.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The names of the labels in the set, in a fixed order.
+    pub fn names(self) -> impl Iterator<Item = &'static str> {
+        Labels::NAMES
+            .iter()
+            .filter(move |(l, _)| self.contains(*l))
+            .map(|(_, n)| *n)
+    }
+}
+
+impl core::ops::BitOr for Labels {
+    type Output = Labels;
+    fn bitor(self, rhs: Labels) -> Labels {
+        self.union(rhs)
+    }
+}
+
+impl fmt::Debug for Labels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.names()).finish()
+    }
+}
+
+/// The largest `baseBackoffMS` that changes anything: [`crate::backoff::MAX_BACKOFF`] caps every
+/// backoff, and the smallest multiplier applied to the base is 2, so larger values are clamped to
+/// this (BP-15).
+pub const MAX_BASE_BACKOFF: Duration = Duration::from_secs(10);
+
+/// A `writeConcernError` sub-document.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WriteConcernError {
+    /// Its `code`.
+    pub code: Option<i32>,
+    /// Its `codeName`.
+    pub code_name: Option<String>,
+    /// Its `errmsg`.
+    pub message: String,
+}
+
+/// A server's direction to the gRPC A6 retry policy, read from an error reply.
+///
+/// gRPC servers send it as the `grpc-retry-pushback-ms` trailer. MongoDB has no equivalent; this
+/// crate reads it from a top-level `retryPushbackMS` field (an int32 or int64, or a string in the
+/// gRPC grammar), which the test server sends when asked to. Only
+/// [`crate::policy::RetryPolicy::Grpc`] looks at it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pushback {
+    /// Retry after exactly this delay, then restart the backoff from its initial value.
+    RetryAfter(Duration),
+    /// Do not retry (a negative or unparseable value).
+    DoNotRetry,
+}
+
+impl Pushback {
+    /// Parses a pushback value in the gRPC grammar: an ASCII signed 32-bit decimal integer of
+    /// milliseconds without leading zeros. Anything else, and any negative value, means "do not
+    /// retry".
+    pub fn parse(s: &str) -> Pushback {
+        let digits = s.strip_prefix('-').unwrap_or(s);
+        let canonical = !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && (digits == "0" || !digits.starts_with('0'));
+        match s.parse::<i32>() {
+            Ok(ms) if canonical => Pushback::from_millis(i64::from(ms)),
+            _ => Pushback::DoNotRetry,
+        }
+    }
+
+    /// A pushback of `ms` milliseconds; negative means "do not retry".
+    pub fn from_millis(ms: i64) -> Pushback {
+        match u64::try_from(ms) {
+            Ok(ms) => Pushback::RetryAfter(Duration::from_millis(ms)),
+            Err(_) => Pushback::DoNotRetry,
+        }
+    }
+
+    fn from_bson(value: &Bson) -> Pushback {
+        match value {
+            Bson::Int32(ms) => Pushback::from_millis(i64::from(*ms)),
+            Bson::Int64(ms) if i32::try_from(*ms).is_ok() => Pushback::from_millis(*ms),
+            Bson::String(s) => Pushback::parse(s),
+            _ => Pushback::DoNotRetry,
+        }
+    }
+}
+
+/// A command error from a server reply: `ok: 0`, or `ok: 1` with a `writeConcernError`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerError {
+    /// The top-level `code` (absent for an `ok: 1` reply that only has a `writeConcernError`).
+    pub code: Option<i32>,
+    /// The top-level `codeName`.
+    pub code_name: Option<String>,
+    /// The top-level `errmsg` (or the write concern error's message when there is none).
+    pub message: String,
+    /// The `writeConcernError`, if any.
+    pub write_concern_error: Option<WriteConcernError>,
+    /// A positive `baseBackoffMS`, clamped to [`MAX_BASE_BACKOFF`] (BP-15). Absent, zero, negative,
+    /// NaN and non-numeric values are ignored.
+    pub base_backoff: Option<Duration>,
+    /// A gRPC-style pushback (see [`Pushback`]), if the reply carried one.
+    pub pushback: Option<Pushback>,
+    /// Labels with names this crate does not classify, as the server sent them.
+    pub other_labels: Vec<String>,
+    /// Whether a field had the wrong type. A malformed error is never retried.
+    pub malformed: bool,
+    /// The whole reply, unchanged.
+    pub raw: Document,
+}
+
+impl ServerError {
+    /// Reads the error out of a command reply, or `None` when the reply reports success (`ok: 1`
+    /// without a `writeConcernError`).
+    ///
+    /// Returns the error and its labels (top-level `errorLabels` merged with the
+    /// `writeConcernError`'s own `errorLabels`, which some servers send there). Never fails: wrong
+    /// types mark the error [`malformed`](ServerError::malformed), which drops its code and labels so
+    /// that no classifier can call it retryable.
+    pub fn from_reply(reply: &Document) -> Option<(ServerError, Labels)> {
+        let mut malformed = false;
+        let ok = match reply.get("ok") {
+            Some(Bson::Double(v)) => *v == 1.0,
+            Some(Bson::Int32(v)) => *v == 1,
+            Some(Bson::Int64(v)) => *v == 1,
+            Some(Bson::Boolean(v)) => *v,
+            _ => {
+                malformed = true;
+                false
+            }
+        };
+        let write_concern_error = match reply.get("writeConcernError") {
+            None => None,
+            Some(Bson::Document(wce)) => Some(wce),
+            Some(_) => {
+                malformed = true;
+                None
+            }
+        };
+        if ok && write_concern_error.is_none() && !malformed {
+            return None;
+        }
+
+        let mut labels = Labels::NONE;
+        let mut other_labels = Vec::new();
+        malformed |= !read_labels(reply, &mut labels, &mut other_labels);
+        let wce = write_concern_error.map(|wce| {
+            malformed |= !read_labels(wce, &mut labels, &mut other_labels);
+            let code = read_code(wce, &mut malformed);
+            let code_name = read_string(wce, "codeName", &mut malformed);
+            let message = read_string(wce, "errmsg", &mut malformed).unwrap_or_default();
+            WriteConcernError {
+                code,
+                code_name,
+                message,
+            }
+        });
+        let code = if ok {
+            None
+        } else {
+            read_code(reply, &mut malformed)
+        };
+        let code_name = read_string(reply, "codeName", &mut malformed);
+        let message = read_string(reply, "errmsg", &mut malformed)
+            .or_else(|| wce.as_ref().map(|w| w.message.clone()))
+            .unwrap_or_default();
+        let base_backoff = reply.get("baseBackoffMS").and_then(base_backoff_from_bson);
+        let pushback = reply.get("retryPushbackMS").map(Pushback::from_bson);
+
+        let mut error = ServerError {
+            code,
+            code_name,
+            message,
+            write_concern_error: wce,
+            base_backoff,
+            pushback,
+            other_labels,
+            malformed,
+            raw: reply.clone(),
+        };
+        if malformed {
+            error.code = None;
+            error.write_concern_error = None;
+            labels = Labels::NONE;
+        }
+        Some((error, labels))
+    }
+}
+
+/// `baseBackoffMS` as a duration: int32, int64 or double; only positive finite values count, and
+/// they are clamped to [`MAX_BASE_BACKOFF`] (BP-15).
+fn base_backoff_from_bson(value: &Bson) -> Option<Duration> {
+    let ms = match value {
+        Bson::Int32(v) => f64::from(*v),
+        // int64 values past 2^53 lose precision here, but anything that large is clamped anyway.
+        Bson::Int64(v) => *v as f64,
+        Bson::Double(v) => *v,
+        _ => return None,
+    };
+    if ms.is_nan() || ms <= 0.0 {
+        return None;
+    }
+    let max_ms = MAX_BASE_BACKOFF.as_millis() as f64;
+    if ms >= max_ms {
+        return Some(MAX_BASE_BACKOFF);
+    }
+    // Round up to whole nanoseconds so a positive value stays positive (BP-17: at least).
+    Some(Duration::from_nanos((ms * 1e6).ceil() as u64))
+}
+
+/// Reads `errorLabels` into `labels`; false when it is present with the wrong type.
+fn read_labels(doc: &Document, labels: &mut Labels, other: &mut Vec<String>) -> bool {
+    match doc.get("errorLabels") {
+        None => true,
+        Some(Bson::Array(items)) => {
+            let mut well_formed = true;
+            for item in items {
+                match item {
+                    Bson::String(name) => match Labels::from_name(name) {
+                        Some(l) => *labels = labels.union(l),
+                        None if !other.contains(name) => other.push(name.clone()),
+                        None => {}
+                    },
+                    _ => well_formed = false,
+                }
+            }
+            well_formed
+        }
+        Some(_) => false,
+    }
+}
+
+fn read_code(doc: &Document, malformed: &mut bool) -> Option<i32> {
+    match doc.get("code") {
+        None => None,
+        Some(Bson::Int32(c)) => Some(*c),
+        Some(Bson::Int64(c)) => i32::try_from(*c).ok().or_else(|| {
+            *malformed = true;
+            None
+        }),
+        Some(Bson::Double(c))
+            if c.fract() == 0.0 && (i32::MIN as f64..=i32::MAX as f64).contains(c) =>
+        {
+            Some(*c as i32)
+        }
+        Some(_) => {
+            *malformed = true;
+            None
+        }
+    }
+}
+
+fn read_string(doc: &Document, key: &str, malformed: &mut bool) -> Option<String> {
+    match doc.get(key) {
+        None => None,
+        Some(Bson::String(s)) => Some(s.clone()),
+        Some(_) => {
+            *malformed = true;
+            None
+        }
+    }
+}
+
+/// What went wrong on the network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NetworkErrorKind {
+    /// The peer closed the connection.
+    Closed,
+    /// The connection was reset.
+    Reset,
+    /// A connect, read or write timed out.
+    Timeout,
+    /// The host name could not be resolved.
+    Dns,
+    /// The TLS certificate or host name did not verify.
+    TlsCertificate,
+    /// The SOCKS5 proxy failed.
+    Socks5,
+    /// Any other I/O error, including a corrupt or unparseable frame.
+    Io,
+}
+
+/// When, in the life of a connection and an attempt, a network error happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NetworkPhase {
+    /// Opening the socket (DNS, TCP, TLS).
+    Connect,
+    /// The `hello` handshake.
+    Handshake,
+    /// Authentication after `hello`.
+    Authentication,
+    /// On an established connection, before any byte of the command was written.
+    BeforeSend,
+    /// After the command (or part of it) was written.
+    AfterSend,
+}
+
+/// A network error: its kind and the phase it happened in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NetworkError {
+    /// What went wrong.
+    pub kind: NetworkErrorKind,
+    /// When it went wrong.
+    pub phase: NetworkPhase,
+}
+
+impl NetworkError {
+    /// Whether CMAP labels this error `SystemOverloadedError` + `RetryableError` (HS-9, CM-6):
+    /// network errors and timeouts while connecting or during `hello`, except DNS failures,
+    /// TLS certificate or host-name errors and SOCKS5 errors. Errors in authentication after
+    /// `hello` are not labelled.
+    pub fn is_establishment_overload(self) -> bool {
+        matches!(self.phase, NetworkPhase::Connect | NetworkPhase::Handshake)
+            && !matches!(
+                self.kind,
+                NetworkErrorKind::Dns | NetworkErrorKind::TlsCertificate | NetworkErrorKind::Socks5
+            )
+    }
+
+    /// Whether any byte of the command may have reached the server.
+    pub fn was_sent(self) -> bool {
+        self.phase == NetworkPhase::AfterSend
+    }
+}
+
+/// The kinds of error an operation's attempt can fail with.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ErrorKind {
+    /// The server answered with an error.
+    Server(Box<ServerError>),
+    /// The network failed.
+    Network(NetworkError),
+    /// The connection pool was cleared while the attempt waited to check out a connection (CM-2).
+    /// Nothing was sent. The cause is the error that cleared it.
+    PoolCleared {
+        /// What cleared the pool.
+        cause: String,
+    },
+    /// No suitable server was found in time (the message describes the topology and criteria).
+    ServerSelection {
+        /// The selection error's message.
+        message: String,
+    },
+    /// The client-side operation timeout expired (CS-5); wraps the error that was being handled.
+    Timeout {
+        /// The error the operation had when its deadline passed, if any.
+        cause: Option<Box<OperationError>>,
+    },
+    /// The operation was cancelled by its caller.
+    Cancelled,
+}
+
+/// What one attempt of an operation failed with: the facts the retry rules read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OperationError {
+    /// What failed.
+    pub kind: ErrorKind,
+    /// The labels: the server's, plus the ones the driver adds (HS-9, RW-9).
+    pub labels: Labels,
+    /// The server that produced the error, when one did (RR-10).
+    pub address: Option<ServerAddress>,
+}
+
+/// Top-level server error codes that make a read retryable (RR-2).
+pub const RETRYABLE_READ_CODES: [i32; 13] = [
+    262, 11600, 11602, 10107, 13435, 13436, 189, 134, 91, 7, 6, 89, 9001,
+];
+
+/// Error codes for which the driver adds `RetryableWriteError` to errors from servers older than
+/// 4.4 (RW-9). The same list as [`RETRYABLE_READ_CODES`] minus 134.
+pub const RETRYABLE_WRITE_CODES: [i32; 12] = [
+    11600, 11602, 10107, 13435, 13436, 189, 91, 7, 6, 89, 9001, 262,
+];
+
+/// The wire version of MongoDB 4.4, from which servers add `RetryableWriteError` themselves (RW-9).
+pub const WIRE_VERSION_4_4: i32 = 9;
+
+/// The message the driver raises instead of the server's "Transaction numbers …" IllegalOperation
+/// error (RW-16).
+pub const RETRYABLE_WRITES_UNSUPPORTED: &str = "This MongoDB deployment does not support retryable writes. Please add retryWrites=false to your connection string.";
+
+impl OperationError {
+    /// An error from a server reply, with the labels [`ServerError::from_reply`] found.
+    pub fn server(error: ServerError, labels: Labels, address: ServerAddress) -> OperationError {
+        OperationError {
+            kind: ErrorKind::Server(Box::new(error)),
+            labels,
+            address: Some(address),
+        }
+    }
+
+    /// Reads an error out of a command reply from `address`; `None` when the reply reports success.
+    pub fn from_reply(reply: &Document, address: &ServerAddress) -> Option<OperationError> {
+        ServerError::from_reply(reply)
+            .map(|(e, labels)| OperationError::server(e, labels, address.clone()))
+    }
+
+    /// A network error, labelled `SystemOverloadedError` + `RetryableError` when CMAP says so
+    /// (HS-9, [`NetworkError::is_establishment_overload`]).
+    pub fn network(
+        kind: NetworkErrorKind,
+        phase: NetworkPhase,
+        address: ServerAddress,
+    ) -> OperationError {
+        let error = NetworkError { kind, phase };
+        let labels = if error.is_establishment_overload() {
+            Labels::OVERLOAD_RETRYABLE
+        } else {
+            Labels::NONE
+        };
+        OperationError {
+            kind: ErrorKind::Network(error),
+            labels,
+            address: Some(address),
+        }
+    }
+
+    /// A checkout from a cleared (paused) pool (CM-2): retryable, nothing sent.
+    pub fn pool_cleared(address: ServerAddress, cause: impl Into<String>) -> OperationError {
+        OperationError {
+            kind: ErrorKind::PoolCleared {
+                cause: cause.into(),
+            },
+            labels: Labels::NONE,
+            address: Some(address),
+        }
+    }
+
+    /// A server selection failure.
+    pub fn server_selection(message: impl Into<String>) -> OperationError {
+        OperationError {
+            kind: ErrorKind::ServerSelection {
+                message: message.into(),
+            },
+            labels: Labels::NONE,
+            address: None,
+        }
+    }
+
+    /// The operation was cancelled.
+    pub fn cancelled() -> OperationError {
+        OperationError {
+            kind: ErrorKind::Cancelled,
+            labels: Labels::NONE,
+            address: None,
+        }
+    }
+
+    /// The CSOT deadline expired while handling `cause` (CS-5).
+    pub fn timeout(cause: Option<OperationError>) -> OperationError {
+        let address = cause.as_ref().and_then(|c| c.address.clone());
+        OperationError {
+            kind: ErrorKind::Timeout {
+                cause: cause.map(Box::new),
+            },
+            labels: Labels::NONE,
+            address,
+        }
+    }
+
+    /// The same error with more labels.
+    pub fn with_labels(mut self, labels: Labels) -> OperationError {
+        self.labels = self.labels.union(labels);
+        self
+    }
+
+    /// The top-level server error code, if this is a server error with one.
+    pub fn code(&self) -> Option<i32> {
+        match &self.kind {
+            ErrorKind::Server(e) => e.code,
+            _ => None,
+        }
+    }
+
+    /// The server error, if this is one.
+    pub fn server_error(&self) -> Option<&ServerError> {
+        match &self.kind {
+            ErrorKind::Server(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// Whether the error carries `label`.
+    pub fn has_label(&self, label: Labels) -> bool {
+        self.labels.contains(label)
+    }
+
+    /// BP-1: an overload error is one labelled `SystemOverloadedError`.
+    pub fn is_overload(&self) -> bool {
+        self.has_label(Labels::SYSTEM_OVERLOADED)
+    }
+
+    /// BP-2: a retryable overload error carries both `SystemOverloadedError` and `RetryableError`.
+    pub fn is_retryable_overload(&self) -> bool {
+        self.has_label(Labels::OVERLOAD_RETRYABLE)
+    }
+
+    /// RR-2: network errors (in any phase, the handshake included), `PoolClearedError`, and server
+    /// errors whose top-level code is in [`RETRYABLE_READ_CODES`].
+    pub fn is_retryable_read(&self) -> bool {
+        match &self.kind {
+            ErrorKind::Network(_) | ErrorKind::PoolCleared { .. } => true,
+            ErrorKind::Server(e) => e.code.is_some_and(|c| RETRYABLE_READ_CODES.contains(&c)),
+            _ => false,
+        }
+    }
+
+    /// RW-8: a write error is retryable when it carries `RetryableWriteError`.
+    pub fn is_retryable_write(&self) -> bool {
+        self.has_label(Labels::RETRYABLE_WRITE)
+    }
+
+    /// RW-9: whether the driver adds `RetryableWriteError` to this error, given that `retryWrites`
+    /// is on and the error came from a server with `max_wire_version` (mongos or not).
+    ///
+    /// Network errors (establishment included) and `PoolClearedError` always; errors from servers
+    /// older than 4.4 when the top-level code, or a mongod's `writeConcernError` code, is in
+    /// [`RETRYABLE_WRITE_CODES`]. Never because of `writeErrors`, never for 4.4+ replies.
+    pub fn needs_retryable_write_label(&self, max_wire_version: i32, from_mongos: bool) -> bool {
+        match &self.kind {
+            ErrorKind::Network(_) | ErrorKind::PoolCleared { .. } => true,
+            ErrorKind::Server(e) if max_wire_version < WIRE_VERSION_4_4 => {
+                let listed = |c: Option<i32>| c.is_some_and(|c| RETRYABLE_WRITE_CODES.contains(&c));
+                listed(e.code)
+                    || (!from_mongos && listed(e.write_concern_error.as_ref().and_then(|w| w.code)))
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the command may have reached the server: server errors and network errors after
+    /// the write began. Selection, checkout and connection-establishment errors were not sent.
+    pub fn was_sent(&self) -> bool {
+        match &self.kind {
+            ErrorKind::Server(_) | ErrorKind::Cancelled => true,
+            ErrorKind::Network(n) => n.was_sent(),
+            ErrorKind::PoolCleared { .. } | ErrorKind::ServerSelection { .. } => false,
+            ErrorKind::Timeout { cause } => cause.as_ref().is_some_and(|c| c.was_sent()),
+        }
+    }
+
+    /// RW-17: an error shows that no write was attempted when it was raised before sending or the
+    /// server labelled it `NoWritesPerformed`.
+    pub fn no_writes_performed(&self) -> bool {
+        !self.was_sent() || self.has_label(Labels::NO_WRITES_PERFORMED)
+    }
+
+    /// RW-16: turns the server's "Transaction numbers are only allowed …" IllegalOperation (code 20)
+    /// into the message that tells the user to set `retryWrites=false`; other errors are unchanged.
+    pub fn rewrite_unsupported_retryable_writes(mut self) -> OperationError {
+        if let ErrorKind::Server(e) = &mut self.kind {
+            if e.code == Some(20) && e.message.starts_with("Transaction numbers") {
+                e.message = RETRYABLE_WRITES_UNSUPPORTED.to_string();
+            }
+        }
+        self
+    }
+
+    /// A small copyable summary for monitoring events.
+    pub fn summary(&self) -> ErrorSummary {
+        let class = match &self.kind {
+            ErrorKind::Server(_) => ErrorClass::Server,
+            ErrorKind::Network(_) => ErrorClass::Network,
+            ErrorKind::PoolCleared { .. } => ErrorClass::PoolCleared,
+            ErrorKind::ServerSelection { .. } => ErrorClass::ServerSelection,
+            ErrorKind::Timeout { .. } => ErrorClass::Timeout,
+            ErrorKind::Cancelled => ErrorClass::Cancelled,
+        };
+        ErrorSummary {
+            class,
+            code: self.code(),
+            labels: self.labels,
+        }
+    }
+}
+
+impl fmt::Display for OperationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            ErrorKind::Server(e) => {
+                match (e.code, &e.code_name) {
+                    (Some(c), Some(n)) => write!(f, "server error {c} ({n}): {}", e.message)?,
+                    (Some(c), None) => write!(f, "server error {c}: {}", e.message)?,
+                    _ if e.malformed => write!(f, "malformed server error reply: {}", e.raw)?,
+                    _ => write!(f, "server error: {}", e.message)?,
+                }
+                if let Some(w) = &e.write_concern_error {
+                    write!(
+                        f,
+                        " (write concern error {}: {})",
+                        w.code.unwrap_or_default(),
+                        w.message
+                    )?;
+                }
+            }
+            ErrorKind::Network(n) => write!(f, "network error {:?} during {:?}", n.kind, n.phase)?,
+            ErrorKind::PoolCleared { cause } => {
+                write!(
+                f,
+                "Connection pool for {} was cleared because another operation failed with: {cause}",
+                self.address.as_ref().map(ToString::to_string).unwrap_or_default()
+            )?
+            }
+            ErrorKind::ServerSelection { message } => {
+                write!(f, "server selection failed: {message}")?
+            }
+            ErrorKind::Timeout { cause: Some(c) } => write!(f, "operation timed out: {c}")?,
+            ErrorKind::Timeout { cause: None } => write!(f, "operation timed out")?,
+            ErrorKind::Cancelled => write!(f, "operation cancelled")?,
+        }
+        if !self.labels.is_empty() {
+            write!(f, " {:?}", self.labels)?;
+        }
+        if let Some(a) = &self.address {
+            write!(f, " from {a}")?;
+        }
+        Ok(())
+    }
+}
+
+impl core::error::Error for OperationError {}
+
+/// The class of an [`OperationError`], without its details.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// [`ErrorKind::Server`].
+    Server,
+    /// [`ErrorKind::Network`].
+    Network,
+    /// [`ErrorKind::PoolCleared`].
+    PoolCleared,
+    /// [`ErrorKind::ServerSelection`].
+    ServerSelection,
+    /// [`ErrorKind::Timeout`].
+    Timeout,
+    /// [`ErrorKind::Cancelled`].
+    Cancelled,
+}
+
+/// A copyable summary of an error, carried by monitoring events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ErrorSummary {
+    /// The error's class.
+    pub class: ErrorClass,
+    /// The top-level server code, if any.
+    pub code: Option<i32>,
+    /// Its labels.
+    pub labels: Labels,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    fn addr() -> ServerAddress {
+        ServerAddress::new("a", 27017)
+    }
+
+    fn parse(reply: Document) -> OperationError {
+        OperationError::from_reply(&reply, &addr()).expect("an error reply")
+    }
+
+    #[test]
+    fn success_replies_are_not_errors() {
+        for ok in [
+            Bson::Int32(1),
+            Bson::Int64(1),
+            Bson::Double(1.0),
+            Bson::Boolean(true),
+        ] {
+            assert!(ServerError::from_reply(&doc! { "ok": ok }).is_none());
+        }
+    }
+
+    #[test]
+    fn bp1_bp2_overload_needs_system_overloaded_and_retryable_overload_needs_both() {
+        let e = parse(
+            doc! { "ok": 0, "code": 462, "codeName": "IngressRequestRateLimitExceeded",
+            "errmsg": "x", "errorLabels": ["SystemOverloadedError", "RetryableError"] },
+        );
+        assert!(e.is_overload() && e.is_retryable_overload());
+        let only_overload =
+            parse(doc! { "ok": 0, "code": 2, "errorLabels": ["SystemOverloadedError"] });
+        assert!(only_overload.is_overload() && !only_overload.is_retryable_overload());
+        let only_retryable = parse(doc! { "ok": 0, "code": 2, "errorLabels": ["RetryableError"] });
+        assert!(!only_retryable.is_overload() && !only_retryable.is_retryable_overload());
+    }
+
+    #[test]
+    fn bp3_classification_depends_on_labels_not_codes() {
+        let e = parse(doc! { "ok": 0, "code": 462 });
+        assert!(!e.is_overload());
+    }
+
+    #[test]
+    fn bp15_base_backoff_accepts_int32_int64_double_and_ignores_the_rest() {
+        let base = |v: Bson| {
+            parse(doc! { "ok": 0, "code": 2, "baseBackoffMS": v })
+                .server_error()
+                .unwrap()
+                .base_backoff
+        };
+        assert_eq!(base(Bson::Int32(50)), Some(Duration::from_millis(50)));
+        assert_eq!(base(Bson::Int64(50)), Some(Duration::from_millis(50)));
+        assert_eq!(
+            base(Bson::Double(50.5)),
+            Some(Duration::from_micros(50_500))
+        );
+        for ignored in [
+            Bson::Int32(0),
+            Bson::Int32(-1),
+            Bson::Int64(i64::MIN),
+            Bson::Double(f64::NAN),
+            Bson::Double(-0.0),
+            Bson::Double(f64::NEG_INFINITY),
+            Bson::String("50".into()),
+            Bson::Null,
+        ] {
+            assert_eq!(base(ignored.clone()), None, "{ignored:?}");
+        }
+        for absurd in [
+            Bson::Int64(i64::MAX),
+            Bson::Double(f64::INFINITY),
+            Bson::Double(1e300),
+            Bson::Int32(i32::MAX),
+        ] {
+            assert_eq!(base(absurd), Some(MAX_BASE_BACKOFF));
+        }
+        // A tiny positive value stays positive.
+        assert_eq!(base(Bson::Double(1e-300)), Some(Duration::from_nanos(1)));
+    }
+
+    #[test]
+    fn write_concern_error_labels_are_merged_and_ok_1_with_wce_is_an_error() {
+        let e = parse(
+            doc! { "ok": 1, "writeConcernError": { "code": 91, "errmsg": "shutdown",
+            "errorLabels": ["RetryableWriteError"] } },
+        );
+        assert!(e.is_retryable_write());
+        let s = e.server_error().unwrap();
+        assert_eq!(s.code, None);
+        assert_eq!(s.write_concern_error.as_ref().unwrap().code, Some(91));
+        assert_eq!(s.message, "shutdown");
+    }
+
+    #[test]
+    fn malformed_replies_keep_the_raw_document_and_are_never_retryable() {
+        for reply in [
+            doc! { "ok": 0, "code": "462", "errorLabels": ["SystemOverloadedError", "RetryableError"] },
+            doc! { "ok": 0, "code": 91, "errorLabels": "RetryableError" },
+            doc! { "ok": 0, "code": 91, "errorLabels": [1, "RetryableWriteError"] },
+            doc! { "ok": "no", "code": 91 },
+            doc! { "code": 91 },
+            doc! { "ok": 1, "writeConcernError": 5 },
+            doc! { "ok": 0, "code": 91, "errmsg": 3 },
+        ] {
+            let e = parse(reply.clone());
+            let s = e.server_error().unwrap();
+            assert!(s.malformed, "{reply}");
+            assert_eq!(s.raw, reply);
+            assert!(
+                !e.is_retryable_read() && !e.is_retryable_write() && !e.is_overload(),
+                "{reply}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_labels_are_kept_by_name_once() {
+        let e = parse(doc! { "ok": 0, "code": 2, "errorLabels": ["X", "X", "RetryableError"] });
+        assert_eq!(
+            e.server_error().unwrap().other_labels,
+            vec!["X".to_string()]
+        );
+        assert!(e.has_label(Labels::RETRYABLE));
+    }
+
+    #[test]
+    fn rr2_retryable_read_codes_network_and_pool_cleared() {
+        for code in RETRYABLE_READ_CODES {
+            assert!(
+                parse(doc! { "ok": 0, "code": code }).is_retryable_read(),
+                "{code}"
+            );
+        }
+        assert!(!parse(doc! { "ok": 0, "code": 2 }).is_retryable_read());
+        assert!(OperationError::pool_cleared(addr(), "x").is_retryable_read());
+        assert!(OperationError::network(
+            NetworkErrorKind::Timeout,
+            NetworkPhase::AfterSend,
+            addr()
+        )
+        .is_retryable_read());
+        assert!(!OperationError::server_selection("none").is_retryable_read());
+    }
+
+    #[test]
+    fn hs9_establishment_network_errors_get_both_overload_labels_except_dns_tls_socks5_and_auth() {
+        use NetworkErrorKind::*;
+        use NetworkPhase::*;
+        for phase in [Connect, Handshake] {
+            for kind in [Closed, Reset, Timeout, Io] {
+                assert!(
+                    OperationError::network(kind, phase, addr()).is_retryable_overload(),
+                    "{kind:?} {phase:?}"
+                );
+            }
+            for kind in [Dns, TlsCertificate, Socks5] {
+                assert!(
+                    OperationError::network(kind, phase, addr())
+                        .labels
+                        .is_empty(),
+                    "{kind:?} {phase:?}"
+                );
+            }
+        }
+        for phase in [Authentication, BeforeSend, AfterSend] {
+            assert!(
+                OperationError::network(Reset, phase, addr())
+                    .labels
+                    .is_empty(),
+                "{phase:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn rw9_driver_adds_retryable_write_error_only_for_network_pool_and_pre_4_4_codes() {
+        let net = OperationError::network(NetworkErrorKind::Reset, NetworkPhase::AfterSend, addr());
+        assert!(net.needs_retryable_write_label(21, false));
+        assert!(OperationError::pool_cleared(addr(), "x").needs_retryable_write_label(21, false));
+        let old = parse(doc! { "ok": 0, "code": 10107 });
+        assert!(old.needs_retryable_write_label(8, false));
+        assert!(!old.needs_retryable_write_label(WIRE_VERSION_4_4, false));
+        // 134 is a retryable read code but not a retryable write code.
+        assert!(!parse(doc! { "ok": 0, "code": 134 }).needs_retryable_write_label(8, false));
+        // A mongod writeConcernError code counts; a mongos one does not; writeErrors never do.
+        let wce = parse(doc! { "ok": 1, "writeConcernError": { "code": 91, "errmsg": "x" } });
+        assert!(wce.needs_retryable_write_label(8, false));
+        assert!(!wce.needs_retryable_write_label(8, true));
+        let write_errors = parse(doc! { "ok": 0, "code": 2, "writeErrors": [{ "code": 91 }] });
+        assert!(!write_errors.needs_retryable_write_label(8, false));
+    }
+
+    #[test]
+    fn rw17_sent_and_no_writes_performed() {
+        let nwp = parse(doc! { "ok": 0, "code": 10107, "errorLabels": ["NoWritesPerformed"] });
+        assert!(nwp.was_sent() && nwp.no_writes_performed());
+        let before =
+            OperationError::network(NetworkErrorKind::Reset, NetworkPhase::BeforeSend, addr());
+        assert!(!before.was_sent() && before.no_writes_performed());
+        let after =
+            OperationError::network(NetworkErrorKind::Reset, NetworkPhase::AfterSend, addr());
+        assert!(after.was_sent() && !after.no_writes_performed());
+        assert!(OperationError::server_selection("x").no_writes_performed());
+    }
+
+    #[test]
+    fn rw16_transaction_numbers_message_is_rewritten() {
+        let e = parse(doc! { "ok": 0, "code": 20, "errmsg": "Transaction numbers are only allowed on a replica set member or mongos" })
+            .rewrite_unsupported_retryable_writes();
+        assert_eq!(
+            e.server_error().unwrap().message,
+            RETRYABLE_WRITES_UNSUPPORTED
+        );
+        assert_eq!(e.code(), Some(20));
+        let other = parse(doc! { "ok": 0, "code": 20, "errmsg": "something else" })
+            .rewrite_unsupported_retryable_writes();
+        assert_eq!(other.server_error().unwrap().message, "something else");
+    }
+
+    #[test]
+    fn pushback_follows_the_grpc_grammar() {
+        assert_eq!(Pushback::parse("0"), Pushback::RetryAfter(Duration::ZERO));
+        assert_eq!(
+            Pushback::parse("250"),
+            Pushback::RetryAfter(Duration::from_millis(250))
+        );
+        for bad in ["-1", "007", "", "1.5", "+5", "2147483648", " 5", "-"] {
+            assert_eq!(Pushback::parse(bad), Pushback::DoNotRetry, "{bad:?}");
+        }
+        let e = parse(doc! { "ok": 0, "code": 2, "retryPushbackMS": 30 });
+        assert_eq!(
+            e.server_error().unwrap().pushback,
+            Some(Pushback::RetryAfter(Duration::from_millis(30)))
+        );
+        let e = parse(doc! { "ok": 0, "code": 2, "retryPushbackMS": 1.5 });
+        assert_eq!(
+            e.server_error().unwrap().pushback,
+            Some(Pushback::DoNotRetry)
+        );
+    }
+
+    #[test]
+    fn cm3_pool_cleared_message() {
+        let e = OperationError::pool_cleared(addr(), "boom");
+        assert!(e.to_string().starts_with(
+            "Connection pool for a:27017 was cleared because another operation failed with: boom"
+        ));
+    }
+}
