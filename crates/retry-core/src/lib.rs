@@ -15,6 +15,7 @@ extern crate alloc;
 pub mod address;
 pub mod backoff;
 pub mod error;
+pub mod handshake;
 pub mod rng;
 pub mod time;
 pub mod topology;
