@@ -14,6 +14,7 @@ extern crate alloc;
 
 pub mod address;
 pub mod backoff;
+pub mod connection;
 pub mod error;
 pub mod handshake;
 pub mod rng;
