@@ -1,0 +1,735 @@
+//! The retry machine's rules beyond the prose tests: CSOT, selection failures, server
+//! eligibility, command modifications, connection release, budgets, the gRPC policy, cancellation
+//! and misuse. Virtual time, pinned jitter, exact assertions.
+
+mod support;
+
+use core::time::Duration;
+use retry_core::address::ServerAddress;
+use retry_core::budget::{GrpcThrottle, TokenBucket};
+use retry_core::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
+use retry_core::policy::{GrpcPolicy, RetryOptions, RetryPolicy};
+use retry_core::retry::{
+    Action, AttemptServer, DenyReason, OperationKind, OperationSpec, RetryEvent, RetryMachine,
+    RetryReason, WriteConcernRule,
+};
+use retry_core::rng::FixedRng;
+use retry_core::scenario::{Script, StepOutcome};
+use retry_core::time::{Instant, OperationTimeout};
+use std::sync::Arc;
+use support::*;
+
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+fn denied(trace: &retry_core::scenario::Trace) -> Vec<DenyReason> {
+    trace
+        .events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            RetryEvent::RetryDenied { reason, .. } => Some(*reason),
+            _ => None,
+        })
+        .collect()
+}
+
+fn csot(ms: u64) -> OperationTimeout {
+    OperationTimeout::Until(Instant::from_millis(ms))
+}
+
+/// RR/RW-21: with CSOT on, ordinary retryable errors are retried until the deadline, not once.
+#[test]
+fn rr21_csot_retries_ordinary_errors_until_the_deadline() {
+    let spec = OperationSpec::new(OperationKind::Read).with_timeout(csot(100));
+    let script = Script::new().then_after(MS(30), fail(91, &[]));
+    let trace = run_spec(
+        spec,
+        &RetryOptions::default(),
+        &[primary()],
+        &script,
+        JITTER_ZERO,
+    );
+    // Attempts end at 30, 60, 90, 120 ms; the failure at 120 ms is past the deadline.
+    assert_eq!(trace.commands_started(), 4);
+    let e = raised(&trace);
+    assert!(
+        matches!(&e.kind, ErrorKind::Timeout { cause: Some(c) } if c.code() == Some(91)),
+        "CS-5: {e}"
+    );
+    assert_eq!(denied(&trace), [DenyReason::Deadline]);
+}
+
+/// BP-12, BP-22: under CSOT the overload cap still applies once an overload error is seen.
+#[test]
+fn bp12_overload_cap_applies_under_csot() {
+    let spec = OperationSpec::new(OperationKind::Read).with_timeout(OperationTimeout::Unbounded);
+    let script = Script::new()
+        .then(fail(91, &[]))
+        .then(fail(91, &[]))
+        .then(fail(2, &OVERLOAD));
+    let trace = run_spec(
+        spec,
+        &RetryOptions::default(),
+        &[primary()],
+        &script,
+        JITTER_ZERO,
+    );
+    // Two ordinary retries, then the overload error makes the cap 2, which is already used.
+    assert_eq!(trace.commands_started(), 3);
+    assert_eq!(denied(&trace), [DenyReason::Cap]);
+}
+
+/// BP-16: a backoff that would end past the deadline is not started; the current error is raised
+/// as is (not wrapped), at once.
+#[test]
+fn bp16_no_wait_ends_past_the_deadline() {
+    let spec = OperationSpec::new(OperationKind::Read).with_timeout(csot(300));
+    let script = Script::new().then_after(MS(10), fail(462, &OVERLOAD));
+    let trace = run_spec(
+        spec,
+        &RetryOptions::default(),
+        &[primary()],
+        &script,
+        JITTER_MAX,
+    );
+    // t=10 fail, wait 200 → t=210, fail at 220; the next wait (400 ms) would end at 620 > 300.
+    assert_eq!(trace.waits().collect::<Vec<_>>(), [MS(200)]);
+    assert_eq!(trace.finished_at(), Some(Instant::from_millis(220)));
+    assert_eq!(raised(&trace).code(), Some(462));
+    assert_eq!(denied(&trace), [DenyReason::Deadline]);
+}
+
+/// BP-16 forbids only waits that end past the deadline: a wait ending 1 ms before it runs, and so
+/// does one ending exactly at it, but then the deadline has passed and the retry never starts
+/// (CS-6), so the operation raises a timeout error wrapping the overload error (CS-5).
+#[test]
+fn bp16_waits_ending_at_or_before_the_deadline_are_allowed() {
+    let script = Script::new()
+        .then(fail(462, &OVERLOAD))
+        .then(StepOutcome::Succeed);
+    let spec = OperationSpec::new(OperationKind::Read).with_timeout(csot(201));
+    let trace = run_spec(
+        spec,
+        &RetryOptions::default(),
+        &[primary()],
+        &script,
+        JITTER_MAX,
+    );
+    assert_eq!(trace.waits().collect::<Vec<_>>(), [MS(200)]);
+    assert_eq!(trace.result(), Some(&Ok(())));
+    let spec = OperationSpec::new(OperationKind::Read).with_timeout(csot(200));
+    let trace = run_spec(
+        spec,
+        &RetryOptions::default(),
+        &[primary()],
+        &script,
+        JITTER_MAX,
+    );
+    assert_eq!(trace.waits().collect::<Vec<_>>(), [MS(200)]);
+    assert_eq!(trace.commands_started(), 1);
+    assert!(
+        matches!(&raised(&trace).kind, ErrorKind::Timeout { cause: Some(c) } if c.code() == Some(462))
+    );
+}
+
+/// CS-6: an operation whose deadline has already passed never starts.
+#[test]
+fn cs6_expired_deadline_never_starts() {
+    let spec = OperationSpec::new(OperationKind::Read).with_timeout(csot(5));
+    let mut m = RetryMachine::new(spec, &RetryOptions::default(), 1, Instant::from_millis(5));
+    assert!(
+        matches!(m.poll_action(), Some(Action::Finished(Err(e))) if matches!(e.kind, ErrorKind::Timeout { cause: None }))
+    );
+}
+
+/// RR-6, RW-11: a selection failure on the first attempt raises the selection error.
+#[test]
+fn rr6_first_selection_failure_raises_the_selection_error() {
+    let script = Script::new().then(StepOutcome::SelectionFails(
+        OperationError::server_selection("no primary"),
+    ));
+    let trace = run(
+        OperationKind::Read,
+        &RetryOptions::default(),
+        &[primary()],
+        &script,
+        JITTER_ZERO,
+    );
+    assert!(matches!(
+        raised(&trace).kind,
+        ErrorKind::ServerSelection { .. }
+    ));
+    assert_eq!(trace.commands_started(), 0);
+}
+
+/// RR-6, RW-14: a selection failure on a retry raises the previous error.
+#[test]
+fn rw14_selection_failure_on_retry_raises_the_previous_error() {
+    let script =
+        Script::new()
+            .then(fail(91, &["RetryableWriteError"]))
+            .then(StepOutcome::SelectionFails(
+                OperationError::server_selection("no primary"),
+            ));
+    let spec = OperationSpec::new(OperationKind::RetryableWrite).with_txn_number(3);
+    let trace = run_spec(
+        spec,
+        &RetryOptions::default(),
+        &[primary()],
+        &script,
+        JITTER_ZERO,
+    );
+    assert_eq!(raised(&trace).code(), Some(91));
+}
+
+/// RR-9: a pool error on the retry (nothing sent) raises the previous, sent error.
+#[test]
+fn rr9_pool_error_on_retry_raises_the_previous_error() {
+    let cleared = OperationError::pool_cleared(ServerAddress::new("primary", 27017), "boom");
+    let script = Script::new()
+        .then(fail(91, &[]))
+        .then(StepOutcome::FailBeforeSend(cleared));
+    let trace = run(
+        OperationKind::Read,
+        &RetryOptions::default(),
+        &[primary()],
+        &script,
+        JITTER_ZERO,
+    );
+    assert_eq!(trace.commands_started(), 1);
+    assert_eq!(trace.dispatches().count(), 2);
+    assert_eq!(raised(&trace).code(), Some(91));
+}
+
+/// RW-14: a retry whose server no longer supports retryable writes raises the previous error.
+#[test]
+fn rw14_ineligible_retry_server_raises_the_previous_error() {
+    let mut m = RetryMachine::new(
+        OperationSpec::new(OperationKind::RetryableWrite).with_txn_number(9),
+        &RetryOptions::default(),
+        1,
+        Instant::ZERO,
+    );
+    let _ = m.poll_action();
+    m.handle_server_selected(primary(), Instant::ZERO).unwrap();
+    assert!(matches!(m.poll_action(), Some(Action::Dispatch(a)) if a.txn_number == Some(9)));
+    m.handle_sent(Instant::ZERO).unwrap();
+    m.handle_failed(error(91, &["RetryableWriteError"]), Instant::ZERO)
+        .unwrap();
+    assert_eq!(
+        m.poll_action(),
+        Some(Action::ReleaseConnection { close: false })
+    );
+    assert_eq!(m.poll_action(), Some(Action::SelectServer));
+    let old = AttemptServer {
+        sessions_supported: false,
+        ..secondary()
+    };
+    m.handle_server_selected(old, Instant::ZERO).unwrap();
+    assert!(matches!(m.poll_action(), Some(Action::Finished(Err(e))) if e.code() == Some(91)));
+}
+
+/// RR-8: a command that needs a newer server than the selected one is not sent.
+#[test]
+fn rr8_server_too_old_for_the_command() {
+    let spec = OperationSpec {
+        min_wire_version: 30,
+        ..OperationSpec::new(OperationKind::Read)
+    };
+    let trace = run_spec(
+        spec,
+        &RetryOptions::default(),
+        &[primary()],
+        &Script::new(),
+        JITTER_ZERO,
+    );
+    assert!(raised(&trace).to_string().contains("wire version 25"));
+    assert_eq!(trace.commands_started(), 0);
+}
+
+/// RW-2, RW-4: no txnNumber on a standalone, with retryWrites off, or for non-retryable writes;
+/// RW-7: the same txnNumber on every retry.
+#[test]
+fn rw2_rw7_txn_number_rules() {
+    let txn = |kind, options: &RetryOptions, server: AttemptServer| {
+        let script = Script::new()
+            .then(fail(2, &OVERLOAD))
+            .then(StepOutcome::Succeed);
+        let spec = OperationSpec::new(kind).with_txn_number(42);
+        let trace = run_spec(spec, options, &[server], &script, JITTER_ZERO);
+        trace.dispatches().map(|a| a.txn_number).collect::<Vec<_>>()
+    };
+    let defaults = RetryOptions::default();
+    assert_eq!(
+        txn(OperationKind::RetryableWrite, &defaults, primary()),
+        [Some(42), Some(42)]
+    );
+    let standalone = server(
+        "s",
+        retry_core::topology::ServerType::Standalone,
+        retry_core::topology::TopologyType::Single,
+    );
+    assert_eq!(
+        txn(OperationKind::RetryableWrite, &defaults, standalone),
+        [None, None]
+    );
+    assert_eq!(
+        txn(
+            OperationKind::RetryableWrite,
+            &defaults.clone().retry_writes(false),
+            primary()
+        ),
+        [None]
+    );
+    assert_eq!(
+        txn(OperationKind::NonRetryableWrite, &defaults, primary()),
+        [None, None]
+    );
+    assert_eq!(
+        txn(OperationKind::RunCommand, &defaults, primary()),
+        [None, None]
+    );
+}
+
+/// TX-12: a retried first command of a transaction still starts it, with the same txnNumber.
+#[test]
+fn tx12_retried_first_command_keeps_start_transaction() {
+    let spec = OperationSpec::new(OperationKind::InTransaction {
+        read: false,
+        first: true,
+    })
+    .with_txn_number(5);
+    let script = Script::new()
+        .then(fail(2, &OVERLOAD))
+        .then(StepOutcome::Succeed);
+    let trace = run_spec(
+        spec,
+        &RetryOptions::default(),
+        &[primary()],
+        &script,
+        JITTER_ZERO,
+    );
+    let attempts: Vec<_> = trace
+        .dispatches()
+        .map(|a| (a.start_transaction, a.txn_number))
+        .collect();
+    assert_eq!(attempts, [(true, Some(5)), (true, Some(5))]);
+}
+
+/// TX-11: commit retries switch to majority write concern, except while every failure was a
+/// retryable overload error; a second commit by the user uses majority from the start.
+#[test]
+fn tx11_commit_retry_write_concern() {
+    let rules = |kind, script: Script| {
+        let spec = OperationSpec::new(kind).with_txn_number(1);
+        let options = RetryOptions::default().max_adaptive_retries(3).unwrap();
+        let trace = run_spec(spec, &options, &[primary()], &script, JITTER_ZERO);
+        trace
+            .dispatches()
+            .map(|a| a.write_concern)
+            .collect::<Vec<_>>()
+    };
+    use WriteConcernRule::*;
+    let commit = OperationKind::CommitTransaction { again: false };
+    let overload_then_ok = Script::new()
+        .then(fail(2, &OVERLOAD))
+        .then(fail(2, &OVERLOAD))
+        .then(StepOutcome::Succeed);
+    assert_eq!(
+        rules(commit, overload_then_ok),
+        [AsRequested, AsRequested, AsRequested]
+    );
+    let retryable_then_ok = Script::new()
+        .then(fail(91, &["RetryableWriteError"]))
+        .then(StepOutcome::Succeed);
+    assert_eq!(rules(commit, retryable_then_ok), [AsRequested, Majority]);
+    let mixed = Script::new()
+        .then(fail(2, &OVERLOAD))
+        .then(fail(91, &["RetryableWriteError"]))
+        .then(StepOutcome::Succeed);
+    assert_eq!(rules(commit, mixed), [AsRequested, AsRequested, Majority]);
+    let again = OperationKind::CommitTransaction { again: true };
+    assert_eq!(rules(again, Script::new()), [Majority]);
+}
+
+/// BP-27: every dispatched attempt releases its connection before the wait or the next selection.
+#[test]
+fn bp27_connection_released_before_every_backoff_and_selection() {
+    let script = Script::new().then(fail(462, &OVERLOAD));
+    let trace = run(
+        OperationKind::Read,
+        &RetryOptions::default(),
+        &[primary()],
+        &script,
+        JITTER_MAX,
+    );
+    let kinds: Vec<&str> = trace
+        .actions
+        .iter()
+        .map(|(_, a)| match a {
+            Action::SelectServer => "select",
+            Action::Dispatch(_) => "dispatch",
+            Action::ReleaseConnection { .. } => "release",
+            Action::Wait { .. } => "wait",
+            Action::Finished(_) => "finished",
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "select", "dispatch", "release", "wait", "select", "dispatch", "release", "wait",
+            "select", "dispatch", "release", "finished"
+        ]
+    );
+}
+
+/// BP-26: each attempt has one started event and exactly one succeeded or failed partner.
+#[test]
+fn bp26_started_events_pair_with_one_outcome() {
+    let script = Script::new()
+        .then(fail(462, &OVERLOAD))
+        .then(StepOutcome::Succeed);
+    let trace = run(
+        OperationKind::Read,
+        &RetryOptions::default(),
+        &[primary()],
+        &script,
+        JITTER_ZERO,
+    );
+    let names: Vec<&str> = trace
+        .events
+        .iter()
+        .map(|(_, e)| match e {
+            RetryEvent::CommandStarted { .. } => "started",
+            RetryEvent::CommandSucceeded { .. } => "succeeded",
+            RetryEvent::CommandFailed { .. } => "failed",
+            RetryEvent::RetryScheduled { .. } => "retry",
+            RetryEvent::RetryDenied { .. } => "denied",
+        })
+        .collect();
+    assert_eq!(
+        names,
+        ["started", "failed", "retry", "started", "succeeded"]
+    );
+}
+
+/// TB-2..TB-5: the token-bucket policy pays 1 token per overload retry, refuses when empty, and
+/// credits successes and healthy failures; 5 retries at most with exponent retry − 1.
+#[test]
+fn tb5_token_bucket_policy_through_the_machine() {
+    let bucket = Arc::new(TokenBucket::with_tokens(2));
+    let options = RetryOptions::default().policy(RetryPolicy::TokenBucket(bucket.clone()));
+    let script = Script::new().then(fail(462, &OVERLOAD));
+    let trace = run(
+        OperationKind::Read,
+        &options,
+        &[primary()],
+        &script,
+        JITTER_MAX,
+    );
+    assert_eq!(trace.commands_started(), 3, "2 tokens pay for 2 retries");
+    assert_eq!(denied(&trace), [DenyReason::Budget]);
+    assert_eq!(trace.waits().collect::<Vec<_>>(), [MS(100), MS(200)]);
+    assert_eq!(bucket.tenths(), 0);
+
+    let full = Arc::new(TokenBucket::new());
+    let options = RetryOptions::default().policy(RetryPolicy::TokenBucket(full.clone()));
+    let trace = run(
+        OperationKind::Read,
+        &options,
+        &[primary()],
+        &script,
+        JITTER_MAX,
+    );
+    assert_eq!(trace.commands_started(), 6, "TB-6: 5 retries");
+    assert_eq!(full.tenths(), 10_000 - 50);
+
+    let ok_after_retry = Script::new()
+        .then(fail(462, &OVERLOAD))
+        .then(fail(91, &[]))
+        .then(StepOutcome::Succeed);
+    let options = RetryOptions::default().policy(RetryPolicy::TokenBucket(bucket.clone()));
+    let trace = run(
+        OperationKind::Read,
+        &options,
+        &[primary()],
+        &ok_after_retry,
+        JITTER_ZERO,
+    );
+    // Empty bucket: the overload retry is refused at once.
+    assert_eq!(denied(&trace), [DenyReason::Budget]);
+    assert_eq!(trace.commands_started(), 1);
+    bucket.deposit(retry_core::budget::Deposit::RetryFailedWithoutOverload);
+    let trace = run(
+        OperationKind::Read,
+        &options,
+        &[primary()],
+        &ok_after_retry,
+        JITTER_ZERO,
+    );
+    assert_eq!(trace.result(), Some(&Ok(())));
+    // −1 (overload retry) +1 (retry failed without overload) +1.1 (retry succeeded).
+    assert_eq!(bucket.tenths(), 21);
+}
+
+fn grpc(max_attempts: i64) -> GrpcPolicy {
+    GrpcPolicy::new(max_attempts, MS(100), MS(1000), 2.0, &[91, 462]).unwrap()
+}
+
+/// gRPC A6: maxAttempts counts the original; backoff is min(initial·mult^(n−1), max)·U(0.8, 1.2).
+#[test]
+fn grpc_max_attempts_and_backoff() {
+    let options = RetryOptions::default().policy(RetryPolicy::Grpc(Arc::new(grpc(4))));
+    let script = Script::new().then(fail(91, &[]));
+    let trace = run(
+        OperationKind::Read,
+        &options,
+        &[primary()],
+        &script,
+        JITTER_MAX,
+    );
+    assert_eq!(trace.commands_started(), 4);
+    assert_eq!(
+        trace.waits().collect::<Vec<_>>(),
+        [MS(120), MS(240), MS(480)]
+    );
+    assert_eq!(denied(&trace), [DenyReason::Cap]);
+    let trace = run(
+        OperationKind::Read,
+        &options,
+        &[primary()],
+        &script,
+        JITTER_ZERO,
+    );
+    assert_eq!(
+        trace.waits().collect::<Vec<_>>(),
+        [MS(80), MS(160), MS(320)]
+    );
+    let not_listed = Script::new().then(fail(11600, &[]));
+    let trace = run(
+        OperationKind::Read,
+        &options,
+        &[primary()],
+        &not_listed,
+        JITTER_ZERO,
+    );
+    assert_eq!(denied(&trace), [DenyReason::NotRetryable]);
+}
+
+/// gRPC A6 pushback: retry after exactly the pushed delay, then restart the backoff; a negative
+/// or unparseable pushback stops retrying.
+#[test]
+fn grpc_pushback() {
+    let options = RetryOptions::default().policy(RetryPolicy::Grpc(Arc::new(grpc(5))));
+    let pushed = reply(91, &[], bson::doc! { "retryPushbackMS": 730 });
+    let pushed = OperationError::from_reply(&pushed, &ServerAddress::new("p", 1)).unwrap();
+    let script = Script::new()
+        .then(fail(91, &[]))
+        .then(fail(91, &[]))
+        .then(StepOutcome::Fail(pushed))
+        .then(fail(91, &[]))
+        .then(StepOutcome::Succeed);
+    let trace = run(
+        OperationKind::Read,
+        &options,
+        &[primary()],
+        &script,
+        JITTER_MAX,
+    );
+    assert_eq!(
+        trace.waits().collect::<Vec<_>>(),
+        [MS(120), MS(240), MS(730), MS(120)]
+    );
+    assert_eq!(trace.result(), Some(&Ok(())));
+
+    let stop = reply(91, &[], bson::doc! { "retryPushbackMS": "-1" });
+    let stop = OperationError::from_reply(&stop, &ServerAddress::new("p", 1)).unwrap();
+    let trace = run(
+        OperationKind::Read,
+        &options,
+        &[primary()],
+        &Script::new().then(StepOutcome::Fail(stop)),
+        JITTER_MAX,
+    );
+    assert_eq!(denied(&trace), [DenyReason::Pushback]);
+    assert_eq!(trace.commands_started(), 1);
+}
+
+/// gRPC A6 throttling: failures drain the throttle; at or below maxTokens/2 retries stop.
+#[test]
+fn grpc_throttle_through_the_machine() {
+    let throttle = Arc::new(GrpcThrottle::new(4.0, 0.5).unwrap());
+    let policy = grpc(5).with_throttle(throttle.clone());
+    let options = RetryOptions::default().policy(RetryPolicy::Grpc(Arc::new(policy)));
+    let script = Script::new().then(fail(91, &[]));
+    let trace = run(
+        OperationKind::Read,
+        &options,
+        &[primary()],
+        &script,
+        JITTER_ZERO,
+    );
+    // 4 → 3 (retry), → 2 (2 is not above 4/2: stop).
+    assert_eq!(trace.commands_started(), 2);
+    assert_eq!(denied(&trace), [DenyReason::Budget]);
+    assert_eq!(throttle.millis(), 2000);
+    let trace = run(
+        OperationKind::Read,
+        &options,
+        &[primary()],
+        &Script::new(),
+        JITTER_ZERO,
+    );
+    assert_eq!(trace.result(), Some(&Ok(())));
+    assert_eq!(throttle.millis(), 2500);
+}
+
+/// gRPC A6 transparent retries: attempts never sent are retried at once and not counted.
+#[test]
+fn grpc_transparent_retries_are_not_counted() {
+    let throttle = Arc::new(GrpcThrottle::new(10.0, 0.1).unwrap());
+    let policy = grpc(2).with_throttle(throttle.clone());
+    let options = RetryOptions::default().policy(RetryPolicy::Grpc(Arc::new(policy)));
+    let reset = OperationError::network(
+        NetworkErrorKind::Reset,
+        NetworkPhase::Connect,
+        ServerAddress::new("p", 1),
+    );
+    let script = Script::new()
+        .then(StepOutcome::FailBeforeSend(reset.clone()))
+        .then(StepOutcome::FailBeforeSend(reset))
+        .then(fail(91, &[]))
+        .then(StepOutcome::Succeed);
+    let trace = run(
+        OperationKind::Read,
+        &options,
+        &[primary()],
+        &script,
+        JITTER_ZERO,
+    );
+    assert_eq!(trace.result(), Some(&Ok(())));
+    let reasons: Vec<_> = trace
+        .events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            RetryEvent::RetryScheduled { reason, .. } => Some(*reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            RetryReason::Transparent,
+            RetryReason::Transparent,
+            RetryReason::Retryable
+        ]
+    );
+    assert_eq!(
+        trace.commands_started(),
+        2,
+        "only sent attempts start commands"
+    );
+    // One counted failure (−1) and one success (+0.1).
+    assert_eq!(throttle.millis(), 9100);
+}
+
+/// gRPC: a non-idempotent command is retried only when the server did not run it.
+#[test]
+fn grpc_non_idempotent_commands_need_proof_the_server_skipped_them() {
+    let options = RetryOptions::default().policy(RetryPolicy::Grpc(Arc::new(grpc(3))));
+    let trace = run(
+        OperationKind::NonRetryableWrite,
+        &options,
+        &[primary()],
+        &Script::new().then(fail(91, &[])),
+        JITTER_ZERO,
+    );
+    assert_eq!(denied(&trace), [DenyReason::NotRetryable]);
+    let script = Script::new()
+        .then(fail(91, &["NoWritesPerformed"]))
+        .then(StepOutcome::Succeed);
+    let trace = run(
+        OperationKind::NonRetryableWrite,
+        &options,
+        &[primary()],
+        &script,
+        JITTER_ZERO,
+    );
+    assert_eq!(trace.result(), Some(&Ok(())));
+}
+
+/// Cancellation mid-flight fails the attempt, closes its connection and finishes the operation.
+#[test]
+fn cancel_in_flight_closes_the_connection() {
+    let mut m = RetryMachine::with_rng(
+        OperationSpec::new(OperationKind::Read),
+        &RetryOptions::default(),
+        FixedRng(0),
+        Instant::ZERO,
+    );
+    let _ = m.poll_action();
+    m.handle_server_selected(primary(), Instant::ZERO).unwrap();
+    let _ = m.poll_action();
+    m.handle_sent(Instant::from_millis(1)).unwrap();
+    m.cancel(Instant::from_millis(4)).unwrap();
+    assert_eq!(
+        m.poll_action(),
+        Some(Action::ReleaseConnection { close: true })
+    );
+    assert!(
+        matches!(m.poll_action(), Some(Action::Finished(Err(e))) if e.kind == ErrorKind::Cancelled)
+    );
+    let _started = m.poll_event();
+    assert!(
+        matches!(m.poll_event(), Some(RetryEvent::CommandFailed { duration, .. }) if duration == MS(3))
+    );
+    assert!(
+        m.cancel(Instant::from_millis(5)).is_err(),
+        "a finished operation cannot be cancelled"
+    );
+}
+
+/// Inputs that do not fit the state are rejected without changing anything.
+#[test]
+fn unexpected_inputs_are_rejected_and_ignored() {
+    let mut m = RetryMachine::new(
+        OperationSpec::new(OperationKind::Read),
+        &RetryOptions::default(),
+        1,
+        Instant::ZERO,
+    );
+    assert!(m.handle_succeeded(Instant::ZERO).is_err());
+    assert!(m.handle_sent(Instant::ZERO).is_err());
+    assert!(m.handle_failed(error(91, &[]), Instant::ZERO).is_err());
+    m.handle_timeout(Instant::MAX);
+    assert_eq!(m.poll_action(), Some(Action::SelectServer));
+    assert_eq!(m.poll_action(), None);
+    let err = m.handle_succeeded(Instant::ZERO).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "unexpected input succeeded while the operation is selecting a server"
+    );
+}
+
+/// BP-18 / determinism: the same seed gives the same trace; different seeds give different jitter.
+#[test]
+fn same_seed_same_trace() {
+    let run_seeded = |seed| {
+        let mut m = RetryMachine::new(
+            OperationSpec::new(OperationKind::Read),
+            &RetryOptions::default(),
+            seed,
+            Instant::ZERO,
+        );
+        retry_core::scenario::run(
+            &mut m,
+            &[primary()],
+            &Script::new().then(fail(462, &OVERLOAD)),
+            Instant::ZERO,
+        )
+    };
+    assert_eq!(run_seeded(7), run_seeded(7));
+    assert_ne!(
+        run_seeded(7).waits().collect::<Vec<_>>(),
+        run_seeded(8).waits().collect::<Vec<_>>()
+    );
+}

@@ -1,0 +1,108 @@
+//! Shared helpers for the retry machine's integration tests: servers, error replies, and runs.
+#![allow(dead_code)]
+
+use bson::{doc, Bson, Document};
+use retry_core::address::ServerAddress;
+use retry_core::error::OperationError;
+use retry_core::policy::RetryOptions;
+use retry_core::retry::{AttemptServer, OperationKind, OperationSpec, RetryMachine};
+use retry_core::rng::FixedRng;
+use retry_core::scenario::{self, Script, StepOutcome, Trace};
+use retry_core::time::Instant;
+use retry_core::topology::{ServerType, TopologyType};
+
+pub const OVERLOAD: [&str; 2] = ["SystemOverloadedError", "RetryableError"];
+
+pub fn server(host: &str, server_type: ServerType, topology_type: TopologyType) -> AttemptServer {
+    AttemptServer {
+        address: ServerAddress::new(host, 27017),
+        server_type,
+        topology_type,
+        max_wire_version: 25,
+        sessions_supported: true,
+    }
+}
+
+pub fn primary() -> AttemptServer {
+    server(
+        "primary",
+        ServerType::RsPrimary,
+        TopologyType::ReplicaSetWithPrimary,
+    )
+}
+
+pub fn secondary() -> AttemptServer {
+    server(
+        "secondary",
+        ServerType::RsSecondary,
+        TopologyType::ReplicaSetWithPrimary,
+    )
+}
+
+pub fn mongos(host: &str) -> AttemptServer {
+    server(host, ServerType::Mongos, TopologyType::Sharded)
+}
+
+/// A command error reply with `code` and `labels`, and any extra fields.
+pub fn reply(code: i32, labels: &[&str], extra: Document) -> Document {
+    let mut d = doc! { "ok": 0, "code": code, "errmsg": format!("failpoint {code}"),
+    "errorLabels": labels.iter().map(|l| Bson::String((*l).into())).collect::<Vec<_>>() };
+    d.extend(extra);
+    d
+}
+
+/// The error a server at `host` returns with `code` and `labels`.
+pub fn error(code: i32, labels: &[&str]) -> OperationError {
+    OperationError::from_reply(
+        &reply(code, labels, doc! {}),
+        &ServerAddress::new("unset", 1),
+    )
+    .unwrap()
+}
+
+pub fn fail(code: i32, labels: &[&str]) -> StepOutcome {
+    StepOutcome::Fail(error(code, labels))
+}
+
+pub const JITTER_ZERO: FixedRng = FixedRng(0);
+pub const JITTER_MAX: FixedRng = FixedRng(u64::MAX);
+
+/// Runs one operation of `kind` from t=0 with pinned jitter.
+pub fn run(
+    kind: OperationKind,
+    options: &RetryOptions,
+    servers: &[AttemptServer],
+    script: &Script,
+    jitter: FixedRng,
+) -> Trace {
+    run_spec(OperationSpec::new(kind), options, servers, script, jitter)
+}
+
+pub fn run_spec(
+    spec: OperationSpec,
+    options: &RetryOptions,
+    servers: &[AttemptServer],
+    script: &Script,
+    jitter: FixedRng,
+) -> Trace {
+    let mut machine = RetryMachine::with_rng(spec, options, jitter, Instant::ZERO);
+    let trace = scenario::run(&mut machine, servers, script, Instant::ZERO);
+    assert!(machine.is_finished(), "the run must finish: {trace:#?}");
+    trace
+}
+
+/// The error the operation raised.
+pub fn raised(trace: &Trace) -> &OperationError {
+    match trace.result() {
+        Some(Err(e)) => e,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+/// The addresses of the dispatched attempts, in order.
+pub fn hosts(trace: &Trace) -> Vec<String> {
+    trace
+        .dispatches()
+        .map(|a| a.address.host().to_string())
+        .collect()
+}
