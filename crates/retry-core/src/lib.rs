@@ -22,6 +22,7 @@ pub mod policy;
 pub mod retry;
 pub mod rng;
 pub mod scenario;
+pub mod selection;
 pub mod time;
 pub mod topology;
 pub mod wire;
