@@ -45,15 +45,23 @@ fn allocations_during(f: impl FnOnce()) -> usize {
     ALLOCATIONS.with(Cell::get) - before
 }
 
-fn one_successful_operation(kind: OperationKind, options: &RetryOptions, server: &retry_core::retry::AttemptServer) {
+fn one_successful_operation(
+    kind: OperationKind,
+    options: &RetryOptions,
+    server: &retry_core::retry::AttemptServer,
+) {
     let spec = OperationSpec::new(kind).with_txn_number(1);
     let mut m = RetryMachine::new(spec, options, 42, Instant::ZERO);
     assert_eq!(m.poll_action(), Some(Action::SelectServer));
-    m.handle_server_selected(server.clone(), Instant::ZERO).unwrap();
+    m.handle_server_selected(server.clone(), Instant::ZERO)
+        .unwrap();
     assert!(matches!(m.poll_action(), Some(Action::Dispatch(_))));
     m.handle_sent(Instant::from_nanos(10)).unwrap();
     m.handle_succeeded(Instant::from_nanos(20)).unwrap();
-    assert_eq!(m.poll_action(), Some(Action::ReleaseConnection { close: false }));
+    assert_eq!(
+        m.poll_action(),
+        Some(Action::ReleaseConnection { close: false })
+    );
     assert_eq!(m.poll_action(), Some(Action::Finished(Ok(()))));
     while m.poll_event().is_some() {}
 }
@@ -64,7 +72,11 @@ fn happy_path_allocates_nothing() {
     let server = support::primary();
     // Warm up anything lazily initialised by the test harness itself.
     one_successful_operation(OperationKind::Read, &options, &server);
-    for kind in [OperationKind::Read, OperationKind::RetryableWrite, OperationKind::RunCommand] {
+    for kind in [
+        OperationKind::Read,
+        OperationKind::RetryableWrite,
+        OperationKind::RunCommand,
+    ] {
         let n = allocations_during(|| one_successful_operation(kind, &options, &server));
         assert_eq!(n, 0, "{kind:?} allocated {n} times");
     }

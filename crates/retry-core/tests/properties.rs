@@ -51,14 +51,29 @@ fn sample_error(i: u8) -> OperationError {
         1 => error(91, &[]),
         2 => error(91, &["RetryableWriteError"]),
         3 => error(2, &["SystemOverloadedError"]),
-        4 => error(10107, &["RetryableError", "SystemOverloadedError", "NoWritesPerformed"]),
+        4 => error(
+            10107,
+            &[
+                "RetryableError",
+                "SystemOverloadedError",
+                "NoWritesPerformed",
+            ],
+        ),
         5 => OperationError::network(NetworkErrorKind::Reset, NetworkPhase::AfterSend, addr),
         6 => OperationError::network(NetworkErrorKind::Timeout, NetworkPhase::Handshake, addr),
         7 => OperationError::pool_cleared(addr, "x"),
         8 => error(2, &[]),
         9 => OperationError::network(NetworkErrorKind::Dns, NetworkPhase::Connect, addr),
-        10 => OperationError::from_reply(&reply(462, &OVERLOAD, bson::doc! { "baseBackoffMS": i64::MAX }), &ServerAddress::new("x", 1)).unwrap(),
-        _ => OperationError::from_reply(&bson::doc! { "ok": 0, "code": "bad" }, &ServerAddress::new("x", 1)).unwrap(),
+        10 => OperationError::from_reply(
+            &reply(462, &OVERLOAD, bson::doc! { "baseBackoffMS": i64::MAX }),
+            &ServerAddress::new("x", 1),
+        )
+        .unwrap(),
+        _ => OperationError::from_reply(
+            &bson::doc! { "ok": 0, "code": "bad" },
+            &ServerAddress::new("x", 1),
+        )
+        .unwrap(),
     }
 }
 
@@ -71,8 +86,14 @@ fn kind(i: u8) -> OperationKind {
         4 => OperationKind::RunCommand,
         5 => OperationKind::CommitTransaction { again: i > 100 },
         6 => OperationKind::AbortTransaction,
-        7 => OperationKind::InTransaction { read: true, first: false },
-        _ => OperationKind::InTransaction { read: false, first: true },
+        7 => OperationKind::InTransaction {
+            read: true,
+            first: false,
+        },
+        _ => OperationKind::InTransaction {
+            read: false,
+            first: true,
+        },
     }
 }
 
@@ -89,17 +110,37 @@ struct Setup {
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
-    (any::<u8>(), 0u8..3, 0u8..6, any::<bool>(), any::<bool>(), any::<bool>(), proptest::option::of(0u16..5000), any::<u64>())
-        .prop_map(|(kind, policy, max_adaptive_retries, retry_reads, retry_writes, retargeting, timeout, seed)| Setup {
-            kind,
-            policy,
-            max_adaptive_retries,
-            retry_reads,
-            retry_writes,
-            retargeting,
-            timeout,
-            seed,
-        })
+    (
+        any::<u8>(),
+        0u8..3,
+        0u8..6,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        proptest::option::of(0u16..5000),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(
+                kind,
+                policy,
+                max_adaptive_retries,
+                retry_reads,
+                retry_writes,
+                retargeting,
+                timeout,
+                seed,
+            )| Setup {
+                kind,
+                policy,
+                max_adaptive_retries,
+                retry_reads,
+                retry_writes,
+                retargeting,
+                timeout,
+                seed,
+            },
+        )
 }
 
 struct Budgets {
@@ -112,9 +153,15 @@ fn options(s: &Setup, budgets: &Budgets) -> RetryOptions {
         0 => RetryPolicy::Current,
         1 => RetryPolicy::TokenBucket(budgets.bucket.clone()),
         _ => RetryPolicy::Grpc(Arc::new(
-            GrpcPolicy::new(4, Duration::from_millis(100), Duration::from_secs(2), 2.0, &[91, 462, 10107])
-                .unwrap()
-                .with_throttle(budgets.throttle.clone()),
+            GrpcPolicy::new(
+                4,
+                Duration::from_millis(100),
+                Duration::from_secs(2),
+                2.0,
+                &[91, 462, 10107],
+            )
+            .unwrap()
+            .with_throttle(budgets.throttle.clone()),
         )),
     };
     RetryOptions::default()
@@ -135,18 +182,27 @@ struct Output {
 }
 
 fn drive(s: &Setup, inputs: &[Input]) -> Output {
-    let budgets = Budgets { bucket: Arc::new(TokenBucket::with_tokens(3)), throttle: Arc::new(GrpcThrottle::new(3.0, 0.5).unwrap()) };
+    let budgets = Budgets {
+        bucket: Arc::new(TokenBucket::with_tokens(3)),
+        throttle: Arc::new(GrpcThrottle::new(3.0, 0.5).unwrap()),
+    };
     let options = options(s, &budgets);
     let timeout = match s.timeout {
         None => OperationTimeout::Off,
         Some(0) => OperationTimeout::Unbounded,
         Some(ms) => OperationTimeout::Until(Instant::from_millis(u64::from(ms))),
     };
-    let spec = OperationSpec::new(kind(s.kind)).with_txn_number(1).with_timeout(timeout);
+    let spec = OperationSpec::new(kind(s.kind))
+        .with_txn_number(1)
+        .with_timeout(timeout);
     let servers = [primary(), secondary(), mongos("m1"), mongos("m2")];
     let mut now = Instant::ZERO;
     let mut m = RetryMachine::new(spec, &options, s.seed, now);
-    let mut out = Output { actions: Vec::new(), events: Vec::new(), retries: 0 };
+    let mut out = Output {
+        actions: Vec::new(),
+        events: Vec::new(),
+        retries: 0,
+    };
     let drain = |m: &mut RetryMachine, now: Instant, out: &mut Output| {
         while let Some(a) = m.poll_action() {
             out.actions.push((now, a));
@@ -160,7 +216,9 @@ fn drive(s: &Setup, inputs: &[Input]) -> Output {
         // Rejected inputs are part of the property: they must not panic or change anything.
         let _ = match input {
             Input::Select(i) => m.handle_server_selected(servers[usize::from(*i)].clone(), now),
-            Input::SelectionFailed => m.handle_selection_failed(OperationError::server_selection("none"), now),
+            Input::SelectionFailed => {
+                m.handle_selection_failed(OperationError::server_selection("none"), now)
+            }
             Input::Sent => m.handle_sent(now),
             Input::Succeeded => m.handle_succeeded(now),
             Input::Failed(i) => m.handle_failed(sample_error(*i), now),
@@ -171,11 +229,17 @@ fn drive(s: &Setup, inputs: &[Input]) -> Output {
             }
             Input::Cancel => m.cancel(now),
             Input::Follow(n) => match out.actions.last().map(|(_, a)| a) {
-                Some(Action::SelectServer) => m.handle_server_selected(servers[usize::from(*n) % 4].clone(), now),
+                Some(Action::SelectServer) => {
+                    m.handle_server_selected(servers[usize::from(*n) % 4].clone(), now)
+                }
                 Some(Action::Dispatch(_)) => {
                     let _ = m.handle_sent(now);
                     now = now.saturating_add(Duration::from_millis(u64::from(*n)));
-                    if *n >= 12 { m.handle_succeeded(now) } else { m.handle_failed(sample_error(*n), now) }
+                    if *n >= 12 {
+                        m.handle_succeeded(now)
+                    } else {
+                        m.handle_failed(sample_error(*n), now)
+                    }
                 }
                 Some(Action::Wait { until }) => {
                     now = now.max(*until);
@@ -207,7 +271,10 @@ fn check(s: &Setup, out: &Output) {
     if let Some(ms) = s.timeout.filter(|ms| *ms > 0) {
         for (_, a) in &out.actions {
             if let Action::Wait { until } = a {
-                assert!(*until <= Instant::from_millis(u64::from(ms)), "wait until {until} past the deadline");
+                assert!(
+                    *until <= Instant::from_millis(u64::from(ms)),
+                    "wait until {until} past the deadline"
+                );
             }
         }
     }
@@ -226,11 +293,18 @@ fn check(s: &Setup, out: &Output) {
             _ => {}
         }
     }
-    let finished = out.actions.iter().filter(|(_, a)| matches!(a, Action::Finished(_))).count();
+    let finished = out
+        .actions
+        .iter()
+        .filter(|(_, a)| matches!(a, Action::Finished(_)))
+        .count();
     assert!(finished <= 1);
     if finished == 1 {
         assert!(!open, "finished with a started command and no outcome");
-        assert!(matches!(out.actions.last(), Some((_, Action::Finished(_)))), "nothing after Finished");
+        assert!(
+            matches!(out.actions.last(), Some((_, Action::Finished(_)))),
+            "nothing after Finished"
+        );
     }
     // One release per dispatch, before the next select, wait or finish.
     let mut holding = false;
@@ -244,7 +318,9 @@ fn check(s: &Setup, out: &Output) {
                 assert!(holding, "release without dispatch");
                 holding = false;
             }
-            Action::SelectServer | Action::Wait { .. } | Action::Finished(_) => assert!(!holding, "{a} while holding a connection"),
+            Action::SelectServer | Action::Wait { .. } | Action::Finished(_) => {
+                assert!(!holding, "{a} while holding a connection")
+            }
         }
     }
 }
