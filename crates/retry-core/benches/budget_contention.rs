@@ -91,7 +91,11 @@ impl Subjects {
             bucket: TokenBucket::new(),
             mutex_bucket: MutexBucket(Mutex::new(1000.0)),
             throttle: GrpcThrottle::new(1000.0, 1.0).expect("valid throttle"),
-            mutex_throttle: MutexThrottle { tokens: Mutex::new(1000.0), max: 1000.0, ratio: 1.0 },
+            mutex_throttle: MutexThrottle {
+                tokens: Mutex::new(1000.0),
+                max: 1000.0,
+                ratio: 1.0,
+            },
         }
     }
     fn bucket_op(&self) {
@@ -115,10 +119,18 @@ impl Subjects {
 fn benches(c: &mut Criterion) {
     let s = Subjects::new();
     let mut group = c.benchmark_group("budget_contention_2_threads");
-    group.bench_function("token bucket (atomic)", |b| b.iter_custom(|n| time_n(n, &|| s.bucket_op())));
-    group.bench_function("token bucket (Mutex<f64>)", |b| b.iter_custom(|n| time_n(n, &|| s.mutex_bucket_op())));
-    group.bench_function("gRPC throttle (atomic)", |b| b.iter_custom(|n| time_n(n, &|| s.throttle_op())));
-    group.bench_function("gRPC throttle (Mutex<f64>)", |b| b.iter_custom(|n| time_n(n, &|| s.mutex_throttle_op())));
+    group.bench_function("token bucket (atomic)", |b| {
+        b.iter_custom(|n| time_n(n, &|| s.bucket_op()))
+    });
+    group.bench_function("token bucket (Mutex<f64>)", |b| {
+        b.iter_custom(|n| time_n(n, &|| s.mutex_bucket_op()))
+    });
+    group.bench_function("gRPC throttle (atomic)", |b| {
+        b.iter_custom(|n| time_n(n, &|| s.throttle_op()))
+    });
+    group.bench_function("gRPC throttle (Mutex<f64>)", |b| {
+        b.iter_custom(|n| time_n(n, &|| s.mutex_throttle_op()))
+    });
     group.finish();
 }
 

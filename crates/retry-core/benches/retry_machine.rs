@@ -68,16 +68,23 @@ fn operation(options: &RetryOptions, server: &AttemptServer, errors: &[Operation
 fn benches(c: &mut Criterion) {
     let options = RetryOptions::default();
     let server = server();
-    let reply = doc! { "ok": 0, "code": 462, "errorLabels": ["SystemOverloadedError", "RetryableError"] };
+    let reply =
+        doc! { "ok": 0, "code": 462, "errorLabels": ["SystemOverloadedError", "RetryableError"] };
     let overload = OperationError::from_reply(&reply, &server.address).expect("an error");
     let errors = [overload.clone(), overload];
     assert_eq!(operation(&options, &server, &[]), 1);
     assert_eq!(operation(&options, &server, &errors), 3);
 
     let mut group = c.benchmark_group("retry_machine");
-    group.bench_function("baseline: clone the server", |b| b.iter(|| black_box(server.clone())));
-    group.bench_function("happy path (1 attempt)", |b| b.iter(|| operation(&options, &server, &[])));
-    group.bench_function("overload path (3 attempts)", |b| b.iter(|| operation(&options, &server, &errors)));
+    group.bench_function("baseline: clone the server", |b| {
+        b.iter(|| black_box(server.clone()))
+    });
+    group.bench_function("happy path (1 attempt)", |b| {
+        b.iter(|| operation(&options, &server, &[]))
+    });
+    group.bench_function("overload path (3 attempts)", |b| {
+        b.iter(|| operation(&options, &server, &errors))
+    });
     group.finish();
 }
 

@@ -32,21 +32,44 @@ struct Scenario {
 }
 
 fn overload(code: i32, extra: bson::Document) -> OperationError {
-    let labels = vec![Bson::from("SystemOverloadedError"), Bson::from("RetryableError")];
+    let labels = vec![
+        Bson::from("SystemOverloadedError"),
+        Bson::from("RetryableError"),
+    ];
     let mut reply = doc! { "ok": 0, "code": code, "errmsg": "overloaded", "errorLabels": labels };
     reply.extend(extra);
-    OperationError::from_reply(&reply, &ServerAddress::new("primary", 27017)).expect("an error reply")
+    OperationError::from_reply(&reply, &ServerAddress::new("primary", 27017))
+        .expect("an error reply")
 }
 
 fn policies() -> Vec<(&'static str, RetryOptions)> {
-    let grpc = GrpcPolicy::new(5, Duration::from_millis(100), Duration::from_secs(10), 2.0, &[2, 91, 462])
-        .expect("valid gRPC policy")
-        .with_throttle(Arc::new(GrpcThrottle::new(10.0, 0.1).expect("valid throttle")));
+    let grpc = GrpcPolicy::new(
+        5,
+        Duration::from_millis(100),
+        Duration::from_secs(10),
+        2.0,
+        &[2, 91, 462],
+    )
+    .expect("valid gRPC policy")
+    .with_throttle(Arc::new(
+        GrpcThrottle::new(10.0, 0.1).expect("valid throttle"),
+    ));
     vec![
-        ("no retries", RetryOptions::default().retry_reads(false).retry_writes(false)),
+        (
+            "no retries",
+            RetryOptions::default()
+                .retry_reads(false)
+                .retry_writes(false),
+        ),
         ("current (default)", RetryOptions::default()),
-        ("token bucket (v0/v1)", RetryOptions::default().policy(RetryPolicy::token_bucket())),
-        ("gRPC A6 + throttle", RetryOptions::default().policy(RetryPolicy::Grpc(Arc::new(grpc)))),
+        (
+            "token bucket (v0/v1)",
+            RetryOptions::default().policy(RetryPolicy::token_bucket()),
+        ),
+        (
+            "gRPC A6 + throttle",
+            RetryOptions::default().policy(RetryPolicy::Grpc(Arc::new(grpc))),
+        ),
     ]
 }
 
@@ -111,15 +134,28 @@ fn main() {
     for scenario in &scenarios {
         println!("== {}", scenario.title);
         for (name, options) in policies() {
-            let options = options.max_adaptive_retries(scenario.max_adaptive_retries).expect("valid option");
+            let options = options
+                .max_adaptive_retries(scenario.max_adaptive_retries)
+                .expect("valid option");
             let timeout = match scenario.timeout_ms {
-                Some(ms) => OperationTimeout::from_timeout_ms(Instant::ZERO, Duration::from_millis(ms)),
+                Some(ms) => {
+                    OperationTimeout::from_timeout_ms(Instant::ZERO, Duration::from_millis(ms))
+                }
                 None => OperationTimeout::Off,
             };
-            let spec = OperationSpec::new(scenario.kind).with_txn_number(1).with_timeout(timeout);
-            let mut machine = RetryMachine::with_rng(spec, &options, scenario.jitter, Instant::ZERO);
-            let script = Script::new().then_after(LATENCY, StepOutcome::Fail(scenario.error.clone()));
-            let trace = scenario::run(&mut machine, std::slice::from_ref(&primary), &script, Instant::ZERO);
+            let spec = OperationSpec::new(scenario.kind)
+                .with_txn_number(1)
+                .with_timeout(timeout);
+            let mut machine =
+                RetryMachine::with_rng(spec, &options, scenario.jitter, Instant::ZERO);
+            let script =
+                Script::new().then_after(LATENCY, StepOutcome::Fail(scenario.error.clone()));
+            let trace = scenario::run(
+                &mut machine,
+                std::slice::from_ref(&primary),
+                &script,
+                Instant::ZERO,
+            );
             print_timeline(name, &trace, timeout);
         }
         println!();
@@ -132,11 +168,17 @@ fn print_timeline(policy: &str, trace: &Trace, timeout: OperationTimeout) {
         None => "none".to_string(),
     };
     println!("  -- policy: {policy}");
-    println!("     {:<8} {:<10} {:<16} {:<48} {:<22} {}", "attempt", "start", "server", "outcome", "backoff", "deadline");
+    println!(
+        "     {:<8} {:<10} {:<16} {:<48} {:<22} deadline",
+        "attempt", "start", "server", "outcome", "backoff"
+    );
     let mut row: Option<(u32, Instant, String, String)> = None;
     let flush = |row: &mut Option<(u32, Instant, String, String)>, backoff: &str| {
         if let Some((attempt, start, server, outcome)) = row.take() {
-            println!("     {attempt:<8} {:<10} {server:<16} {outcome:<48} {backoff:<22} {deadline}", start.to_string());
+            println!(
+                "     {attempt:<8} {:<10} {server:<16} {outcome:<48} {backoff:<22} {deadline}",
+                start.to_string()
+            );
         }
     };
     for (at, event) in &trace.events {
@@ -153,7 +195,9 @@ fn print_timeline(policy: &str, trace: &Trace, timeout: OperationTimeout) {
             RetryEvent::CommandFailed { error, .. } => {
                 if let Some(r) = row.as_mut() {
                     r.3 = match (error.class, error.code) {
-                        (ErrorClass::Server, Some(code)) => format!("error {code} {}", labels(error.labels)),
+                        (ErrorClass::Server, Some(code)) => {
+                            format!("error {code} {}", labels(error.labels))
+                        }
                         (class, _) => format!("{class:?} {}", labels(error.labels)),
                     };
                 }
@@ -165,11 +209,21 @@ fn print_timeline(policy: &str, trace: &Trace, timeout: OperationTimeout) {
     flush(&mut row, "-");
     let outcome = match trace.result() {
         Some(Ok(())) => "succeeded".to_string(),
-        Some(Err(e)) => format!("failed with {}", e.summary().code.map_or_else(|| format!("{:?}", e.summary().class), |c| c.to_string())),
+        Some(Err(e)) => format!(
+            "failed with {}",
+            e.summary()
+                .code
+                .map_or_else(|| format!("{:?}", e.summary().class), |c| c.to_string())
+        ),
         None => "did not finish".to_string(),
     };
-    let finished = trace.finished_at().map_or_else(|| "-".to_string(), |t| t.to_string());
-    println!("     => {outcome} after {} attempts, at {finished}", trace.commands_started());
+    let finished = trace
+        .finished_at()
+        .map_or_else(|| "-".to_string(), |t| t.to_string());
+    println!(
+        "     => {outcome} after {} attempts, at {finished}",
+        trace.commands_started()
+    );
 }
 
 fn labels(labels: retry_core::error::Labels) -> String {
@@ -177,7 +231,7 @@ fn labels(labels: retry_core::error::Labels) -> String {
 }
 
 fn millis(d: Duration) -> String {
-    if d.subsec_nanos() % 1_000_000 == 0 {
+    if d.subsec_nanos().is_multiple_of(1_000_000) {
         format!("{} ms", d.as_millis())
     } else {
         format!("{:.3} ms", d.as_secs_f64() * 1000.0)
