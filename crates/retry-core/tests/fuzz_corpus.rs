@@ -121,6 +121,15 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             "seed-noop-compressed",
             with_chunk(5, &noop),
         ),
+        // A NaN is not equal to itself: the harness must compare messages by their bytes.
+        (
+            "op_msg_decoder",
+            "seed-nan-double",
+            with_chunk(
+                2,
+                &frame(4, 0, MsgFlags::NONE, doc! { "x": f64::NAN, "$db": "d" }),
+            ),
+        ),
         ("hello_reply", "seed-standalone", bson(hello_ok())),
         (
             "hello_reply",
