@@ -897,4 +897,79 @@ mod tests {
         );
         assert_eq!(out, vec![1, 2, 3]);
     }
+
+    fn arbitrary_message() -> impl proptest::strategy::Strategy<Value = OpMsg> {
+        use proptest::prelude::*;
+        let document = proptest::collection::vec(("[a-z]{1,8}", any::<i64>(), ".{0,40}"), 0..4)
+            .prop_map(|fields| {
+                let mut d = Document::new();
+                for (k, n, s) in fields {
+                    d.insert(alloc::format!("{k}n"), n);
+                    d.insert(alloc::format!("{k}s"), s);
+                }
+                d
+            });
+        let sequence = (
+            "[a-z]{1,6}",
+            proptest::collection::vec(document.clone(), 0..3),
+        );
+        (
+            any::<i32>(),
+            any::<i32>(),
+            any::<bool>(),
+            document,
+            proptest::collection::vec(sequence, 0..3),
+        )
+            .prop_map(|(request_id, response_to, checksum, body, sequences)| {
+                let mut seen = Vec::new();
+                let sequences = sequences
+                    .into_iter()
+                    .filter(|(id, _)| {
+                        let fresh = !seen.contains(id);
+                        seen.push(id.clone());
+                        fresh
+                    })
+                    .map(|(identifier, documents)| DocumentSequence {
+                        identifier,
+                        documents,
+                    })
+                    .collect();
+                let flags = if checksum {
+                    MsgFlags::CHECKSUM_PRESENT
+                } else {
+                    MsgFlags::NONE
+                };
+                OpMsg {
+                    request_id,
+                    response_to,
+                    flags,
+                    body,
+                    sequences,
+                }
+            })
+    }
+
+    proptest::proptest! {
+        /// Any stream of valid messages, cut at any points, decodes to the same messages.
+        #[test]
+        fn any_chunking_decodes_the_same_messages(
+            messages in proptest::collection::vec(arbitrary_message(), 1..4),
+            cuts in proptest::collection::vec(1usize..64, 0..40),
+        ) {
+            let stream: Vec<u8> = messages.iter().flat_map(encoded).collect();
+            let mut dec = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
+            let mut got = Vec::new();
+            let mut rest = &stream[..];
+            for cut in cuts.iter().cycle().take(stream.len()) {
+                if rest.is_empty() {
+                    break;
+                }
+                let (piece, tail) = rest.split_at((*cut).min(rest.len()));
+                got.extend(decode_all(&mut dec, piece).unwrap());
+                rest = tail;
+            }
+            got.extend(decode_all(&mut dec, rest).unwrap());
+            proptest::prop_assert_eq!(got, messages);
+        }
+    }
 }
