@@ -11,6 +11,7 @@ mod rtt;
 mod server;
 mod tags;
 
+pub(crate) use description::incompatibility;
 pub use description::{
     TopologyDescription, MAX_SUPPORTED_WIRE_VERSION, MIN_SUPPORTED_WIRE_VERSION,
 };
