@@ -2,17 +2,15 @@
 //! statistics, and the description each check produces.
 //!
 //! A [`Monitor`] runs the polling protocol for one server. It asks for a check
-//! ([`MonitorAction::Check`]: send `hello` on the monitor's own connection), measures the round
-//! trip, and hands the resulting [`ServerDescription`] to the topology
-//! ([`MonitorAction::Update`]). Checks run every `heartbeatFrequencyMS` (10 s by default); a
+//! ([`MonitorAction::Check`]: send `hello` on the monitor's own connection) and measures the round
+//! trip; the caller hands each outcome, with the average RTT, to the topology's update rules.
+//! Checks run every `heartbeatFrequencyMS` (10 s by default); a
 //! requested immediate check (server selection found no suitable server) runs at once, but never
 //! sooner than `minHeartbeatFrequencyMS` (500 ms) after the previous one. A network error on a
 //! server that was known is retried once at once before the server is reported Unknown. Monitoring
 //! checks are never subject to the overload retry policy (BP-6).
 
-use alloc::boxed::Box;
 use alloc::collections::VecDeque;
-use alloc::string::ToString;
 use bson::Document;
 use core::time::Duration;
 use smallvec::SmallVec;
@@ -20,7 +18,7 @@ use smallvec::SmallVec;
 use crate::address::ServerAddress;
 use crate::error::{ErrorKind, ErrorSummary, OperationError};
 use crate::time::Instant;
-use crate::topology::{AverageRtt, CheckError, ServerDescription, ServerType};
+use crate::topology::AverageRtt;
 
 /// `heartbeatFrequencyMS`'s default.
 pub const DEFAULT_HEARTBEAT_FREQUENCY: Duration = Duration::from_secs(10);
@@ -35,8 +33,6 @@ pub enum MonitorAction {
     /// Send `hello` on the monitoring connection (opening it first if needed), then call
     /// [`Monitor::handle_check_succeeded`] or [`Monitor::handle_check_failed`].
     Check,
-    /// The server's new description, for the topology's update rules.
-    Update(Box<ServerDescription>),
 }
 
 /// A heartbeat monitoring event (SDAM).
@@ -164,36 +160,37 @@ impl Monitor {
         }
     }
 
-    /// The check's `hello` reply arrived at `now`.
-    pub fn handle_check_succeeded(&mut self, reply: &Document, now: Instant) {
+    /// The check's `hello` reply arrived at `now`. Returns the average RTT to report with the reply
+    /// (SS-14), or `None` when the reply is not `ok: 1` (a failed check: the RTT is forgotten).
+    pub fn handle_check_succeeded(&mut self, reply: &Document, now: Instant) -> Option<Duration> {
         let State::Checking { started } = self.state else {
-            return;
+            return None;
         };
         let rtt = now.saturating_duration_since(started);
         self.events
             .push_back(HeartbeatEvent::Succeeded { duration: rtt });
+        self.retrying = false;
+        self.schedule_after_check(now);
+        self.known = reply_ok(reply);
+        if !self.known {
+            self.forget_rtt();
+            return None;
+        }
         let average = self.average_rtt.update(rtt);
         if self.recent_rtts.len() == MIN_RTT_SAMPLES {
             self.recent_rtts.remove(0);
         }
         self.recent_rtts.push(rtt);
-        let description = ServerDescription::from_hello(self.address.clone(), reply, average, now);
-        self.known = description.server_type != ServerType::Unknown;
-        if !self.known {
-            self.forget_rtt();
-        }
-        self.retrying = false;
-        self.actions
-            .push_back(MonitorAction::Update(Box::new(description)));
-        self.schedule_after_check(now);
+        Some(average)
     }
 
     /// The check failed at `now` (the connection could not be opened, or the `hello` failed on
-    /// the network). A network error on a server that was known is retried once at once;
-    /// otherwise the server is reported Unknown with the error and its RTT is forgotten.
-    pub fn handle_check_failed(&mut self, error: &OperationError, now: Instant) {
+    /// the network), and the RTT is forgotten. A network error on a server that was known is
+    /// retried once at once and returns false; otherwise returns true: report the failure to the
+    /// topology, which marks the server Unknown.
+    pub fn handle_check_failed(&mut self, error: &OperationError, now: Instant) -> bool {
         let State::Checking { started } = self.state else {
-            return;
+            return false;
         };
         self.events.push_back(HeartbeatEvent::Failed {
             duration: now.saturating_duration_since(started),
@@ -205,18 +202,12 @@ impl Monitor {
             self.known = false;
             self.retrying = true;
             self.start_check(now);
-            return;
+            return false;
         }
         self.known = false;
         self.retrying = false;
-        let description = ServerDescription::from_check_error(
-            self.address.clone(),
-            CheckError::Failed(error.to_string().into()),
-            now,
-        );
-        self.actions
-            .push_back(MonitorAction::Update(Box::new(description)));
         self.schedule_after_check(now);
+        true
     }
 
     fn start_check(&mut self, now: Instant) {
@@ -251,6 +242,17 @@ impl Monitor {
     fn forget_rtt(&mut self) {
         self.average_rtt.clear();
         self.recent_rtts.clear();
+    }
+}
+
+/// Whether a `hello` reply reports success (`ok: 1` as a number or boolean).
+fn reply_ok(reply: &Document) -> bool {
+    match reply.get("ok") {
+        Some(bson::Bson::Double(v)) => *v == 1.0,
+        Some(bson::Bson::Int32(v)) => *v == 1,
+        Some(bson::Bson::Int64(v)) => *v == 1,
+        Some(bson::Bson::Boolean(v)) => *v,
+        _ => false,
     }
 }
 
@@ -291,11 +293,10 @@ mod tests {
         m.handle_timeout(ms(0));
         assert_eq!(m.poll_action(), Some(MonitorAction::Check));
         assert_eq!(m.poll_timeout(), None);
-        m.handle_check_succeeded(&hello(), ms(5));
-        let Some(MonitorAction::Update(d)) = m.poll_action() else {
-            panic!("expected an update")
-        };
-        assert_eq!(d.server_type, ServerType::Standalone);
+        assert_eq!(
+            m.handle_check_succeeded(&hello(), ms(5)),
+            Some(Duration::from_millis(5))
+        );
         assert_eq!(
             m.poll_timeout(),
             Some(ms(10_000)),
@@ -314,25 +315,23 @@ mod tests {
     fn immediate_checks_respect_min_heartbeat_frequency() {
         let mut m = monitor();
         m.handle_timeout(ms(0));
-        m.handle_check_succeeded(&hello(), ms(100));
+        let _ = m.handle_check_succeeded(&hello(), ms(100));
+        while m.poll_action().is_some() {}
         m.request_immediate_check(ms(200));
+        assert_eq!(m.poll_action(), None);
         assert_eq!(
             m.poll_timeout(),
             Some(ms(500)),
             "not sooner than 500 ms after the last check began"
         );
         m.handle_timeout(ms(500));
-        let actions: Vec<_> = std::iter::from_fn(|| m.poll_action()).collect();
-        assert_eq!(actions.last(), Some(&MonitorAction::Check));
-        m.handle_check_succeeded(&hello(), ms(510));
+        assert_eq!(m.poll_action(), Some(MonitorAction::Check));
+        let _ = m.handle_check_succeeded(&hello(), ms(510));
         m.request_immediate_check(ms(2000));
-        let actions: Vec<_> = std::iter::from_fn(|| m.poll_action()).collect();
-        assert!(
-            matches!(
-                actions.as_slice(),
-                [MonitorAction::Update(_), MonitorAction::Check]
-            ),
-            "{actions:?}"
+        assert_eq!(
+            m.poll_action(),
+            Some(MonitorAction::Check),
+            "long enough after the last check: at once"
         );
     }
 
@@ -340,24 +339,38 @@ mod tests {
     fn a_network_error_on_a_known_server_is_retried_once_at_once() {
         let mut m = monitor();
         m.handle_timeout(ms(0));
-        m.handle_check_succeeded(&hello(), ms(1));
-        let _ = std::iter::from_fn(|| m.poll_action()).count();
+        let _ = m.handle_check_succeeded(&hello(), ms(1));
+        while m.poll_action().is_some() {}
         m.handle_timeout(ms(10_000));
         assert_eq!(m.poll_action(), Some(MonitorAction::Check));
-        m.handle_check_failed(&reset(), ms(10_001));
-        assert_eq!(
-            m.poll_action(),
-            Some(MonitorAction::Check),
-            "retried at once, no Unknown yet"
+        assert!(
+            !m.handle_check_failed(&reset(), ms(10_001)),
+            "retried at once, not reported"
         );
-        m.handle_check_failed(&reset(), ms(10_002));
-        let Some(MonitorAction::Update(d)) = m.poll_action() else {
-            panic!("expected an update")
-        };
-        assert_eq!(d.server_type, ServerType::Unknown);
-        assert!(d.error.is_some());
+        assert_eq!(m.poll_action(), Some(MonitorAction::Check));
+        assert!(
+            m.handle_check_failed(&reset(), ms(10_002)),
+            "the retry's failure is reported"
+        );
         assert_eq!(m.average_rtt(), None, "SS-14: the RTT is forgotten");
         assert_eq!(m.poll_timeout(), Some(ms(20_001)));
+    }
+
+    #[test]
+    fn a_failed_hello_reply_forgets_the_rtt_and_is_not_known() {
+        let mut m = monitor();
+        m.handle_timeout(ms(0));
+        assert_eq!(
+            m.handle_check_succeeded(&doc! { "ok": 0, "code": 13 }, ms(2)),
+            None
+        );
+        assert_eq!(m.average_rtt(), None);
+        m.handle_timeout(ms(10_000));
+        while m.poll_action().is_some() {}
+        assert!(
+            m.handle_check_failed(&reset(), ms(10_001)),
+            "not known, so no immediate retry"
+        );
     }
 
     #[test]
@@ -366,7 +379,7 @@ mod tests {
         let mut now = 0;
         let mut check = |m: &mut Monitor, rtt: u64| {
             m.handle_timeout(ms(now));
-            m.handle_check_succeeded(&hello(), ms(now + rtt));
+            let _ = m.handle_check_succeeded(&hello(), ms(now + rtt));
             now += 10_000;
             while m.poll_action().is_some() {}
         };
