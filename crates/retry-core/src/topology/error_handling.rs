@@ -201,3 +201,302 @@ impl Topology {
         self.apply_description(unknown, now);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::NetworkPhase;
+    use crate::pool::{PoolEvent, PoolState};
+    use crate::topology::fixtures::{addr, drain, primary, topology};
+    use crate::topology::{ServerType, TopologySettings};
+    use bson::doc;
+    use core::time::Duration;
+
+    const AFTER_HANDSHAKE: ErrorContext = ErrorContext {
+        generation: 0,
+        service_id: None,
+        handshake_completed: true,
+    };
+
+    fn command_error(reply: bson::Document) -> OperationError {
+        OperationError::from_reply(&reply, &addr("a")).expect("an error reply")
+    }
+
+    fn network(kind: NetworkErrorKind, phase: NetworkPhase) -> OperationError {
+        OperationError::network(kind, phase, addr("a"))
+    }
+
+    /// A replica set whose primary `a` reported `topologyVersion {processId: 1, counter: 5}`.
+    fn with_primary() -> Topology {
+        let mut t = topology(&["a"], Some("rs"));
+        let mut reply = primary("rs", &["a"]);
+        reply.insert(
+            "topologyVersion",
+            doc! {"processId": ObjectId::from_bytes([1; 12]), "counter": 5_i64},
+        );
+        t.handle_hello(&addr("a"), &reply, Duration::ZERO, Instant::ZERO);
+        drain(&mut t);
+        t
+    }
+
+    fn server_type(t: &Topology) -> ServerType {
+        t.description().servers[0].server_type
+    }
+
+    #[test]
+    fn a_code_alone_decides_and_the_message_counts_only_without_one() {
+        let cases = [
+            (Some(91), "", Some(StateChange::NodeShuttingDown)),
+            (Some(11600), "", Some(StateChange::NodeShuttingDown)),
+            (Some(189), "", Some(StateChange::NodeRecovering)),
+            (Some(10058), "", Some(StateChange::NotWritablePrimary)),
+            (Some(1), "not master", None),
+            (None, "not master", Some(StateChange::NotWritablePrimary)),
+            (
+                None,
+                "not master or secondary",
+                Some(StateChange::NodeRecovering),
+            ),
+            (
+                None,
+                "node is recovering",
+                Some(StateChange::NodeRecovering),
+            ),
+            (None, "Not Master", None),
+        ];
+        for (code, message, expected) in cases {
+            assert_eq!(
+                StateChange::classify(code, message),
+                expected,
+                "{code:?} {message:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_write_concern_error_is_read_but_write_errors_are_not() {
+        let wce = command_error(doc! {"ok": 1, "writeConcernError": {"code": 91, "errmsg": "x"}});
+        assert_eq!(StateChange::of(&wce), Some(StateChange::NodeShuttingDown));
+        let top_level_first = command_error(doc! {
+            "ok": 0, "code": 10107, "errmsg": "x",
+            "writeConcernError": {"code": 91, "errmsg": "y"},
+        });
+        assert_eq!(
+            StateChange::of(&top_level_first),
+            Some(StateChange::NotWritablePrimary)
+        );
+        let write_errors = doc! {"ok": 1, "writeErrors": [{"code": 10107, "errmsg": "not master"}]};
+        assert!(OperationError::from_reply(&write_errors, &addr("a")).is_none());
+        assert_eq!(
+            StateChange::of(&network(NetworkErrorKind::Reset, NetworkPhase::AfterSend)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_not_writable_primary_error_marks_unknown_asks_for_a_check_and_keeps_the_pool() {
+        let mut t = with_primary();
+        let error = command_error(doc! {"ok": 0, "code": 10107, "errmsg": "not primary"});
+        let handled =
+            t.handle_application_error(&addr("a"), &error, AFTER_HANDSHAKE, Instant::ZERO);
+        assert_eq!(
+            handled,
+            ErrorHandling::Applied {
+                marked_unknown: true,
+                pool_cleared: false
+            }
+        );
+        assert_eq!(server_type(&t), ServerType::Unknown);
+        assert_eq!(
+            t.description().topology_type,
+            TopologyType::ReplicaSetNoPrimary
+        );
+        assert!(matches!(t.poll_action(), Some(TopologyAction::CheckNow(a)) if a == addr("a")));
+        assert_eq!(t.pool(&addr("a")).map(|p| p.generation()), Some(0));
+    }
+
+    #[test]
+    fn a_state_change_error_keeps_its_topology_version_and_an_equal_one_is_stale() {
+        let mut t = with_primary();
+        let tv =
+            |counter: i64| doc! {"processId": ObjectId::from_bytes([1; 12]), "counter": counter};
+        let equal = command_error(doc! {"ok": 0, "code": 91, "topologyVersion": tv(5)});
+        assert_eq!(
+            t.handle_application_error(&addr("a"), &equal, AFTER_HANDSHAKE, Instant::ZERO),
+            ErrorHandling::Stale
+        );
+        assert_eq!(server_type(&t), ServerType::RsPrimary);
+        let newer = command_error(doc! {"ok": 0, "code": 91, "topologyVersion": tv(6)});
+        let handled =
+            t.handle_application_error(&addr("a"), &newer, AFTER_HANDSHAKE, Instant::ZERO);
+        assert_eq!(
+            handled,
+            ErrorHandling::Applied {
+                marked_unknown: true,
+                pool_cleared: true
+            }
+        );
+        let a = &t.description().servers[0];
+        assert_eq!(a.topology_version.map(|v| v.counter), Some(6));
+        assert!(a
+            .error
+            .as_ref()
+            .is_some_and(|e| e.to_string().contains("91")));
+        assert_eq!(t.pool(&addr("a")).map(|p| p.generation()), Some(1));
+    }
+
+    #[test]
+    fn an_error_from_an_older_pool_generation_is_stale() {
+        let mut t = with_primary();
+        let reset = network(NetworkErrorKind::Reset, NetworkPhase::AfterSend);
+        t.handle_application_error(&addr("a"), &reset, AFTER_HANDSHAKE, Instant::ZERO);
+        assert_eq!(t.pool(&addr("a")).map(|p| p.generation()), Some(1));
+        t.handle_hello(
+            &addr("a"),
+            &primary("rs", &["a"]),
+            Duration::ZERO,
+            Instant::ZERO,
+        );
+        assert_eq!(
+            t.handle_application_error(&addr("a"), &reset, AFTER_HANDSHAKE, Instant::ZERO),
+            ErrorHandling::Stale
+        );
+        assert_eq!(server_type(&t), ServerType::RsPrimary);
+    }
+
+    #[test]
+    fn hs_9_labelled_establishment_errors_are_ignored_but_auth_errors_are_not() {
+        let before = ErrorContext {
+            handshake_completed: false,
+            ..AFTER_HANDSHAKE
+        };
+        for phase in [NetworkPhase::Connect, NetworkPhase::Handshake] {
+            let mut t = with_primary();
+            let timeout = network(NetworkErrorKind::Timeout, phase);
+            assert_eq!(
+                t.handle_application_error(&addr("a"), &timeout, before, Instant::ZERO),
+                ErrorHandling::Ignored
+            );
+            assert_eq!(server_type(&t), ServerType::RsPrimary);
+            assert_eq!(t.pool(&addr("a")).map(|p| p.generation()), Some(0));
+        }
+        // Not labelled: a DNS failure while connecting, a network error during authentication,
+        // and a command error before the handshake completed (CM-6).
+        let unlabelled = [
+            network(NetworkErrorKind::Dns, NetworkPhase::Connect),
+            network(NetworkErrorKind::Reset, NetworkPhase::Authentication),
+            command_error(doc! {"ok": 0, "code": 18, "errmsg": "auth failed"}),
+        ];
+        for error in unlabelled {
+            let mut t = with_primary();
+            let handled = t.handle_application_error(&addr("a"), &error, before, Instant::ZERO);
+            assert_eq!(
+                handled,
+                ErrorHandling::Applied {
+                    marked_unknown: true,
+                    pool_cleared: true
+                },
+                "{error}"
+            );
+            assert!(matches!(
+                t.poll_action(),
+                Some(TopologyAction::CancelCheck(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn after_the_handshake_timeouts_and_ordinary_command_errors_are_ignored() {
+        let mut t = with_primary();
+        let ignored = [
+            network(NetworkErrorKind::Timeout, NetworkPhase::AfterSend),
+            command_error(doc! {"ok": 0, "code": 11000, "errmsg": "duplicate key"}),
+            OperationError::timeout(None),
+        ];
+        for error in ignored {
+            assert_eq!(
+                t.handle_application_error(&addr("a"), &error, AFTER_HANDSHAKE, Instant::ZERO),
+                ErrorHandling::Ignored,
+                "{error}"
+            );
+        }
+        let closed = network(NetworkErrorKind::Closed, NetworkPhase::BeforeSend);
+        assert!(matches!(
+            t.handle_application_error(&addr("a"), &closed, AFTER_HANDSHAKE, Instant::ZERO),
+            ErrorHandling::Applied { .. }
+        ));
+        assert_eq!(
+            t.description().topology_type,
+            TopologyType::ReplicaSetNoPrimary
+        );
+    }
+
+    #[test]
+    fn lb_15_load_balanced_errors_clear_only_their_service_and_mark_nothing() {
+        let settings = TopologySettings {
+            load_balanced: true,
+            ..TopologySettings::new(alloc::vec![addr("a")])
+        };
+        let mut t = Topology::new(settings, Instant::ZERO).expect("valid");
+        drain(&mut t);
+        let service = ObjectId::from_bytes([7; 12]);
+        let other = ObjectId::from_bytes([8; 12]);
+        let context = ErrorContext {
+            service_id: Some(service),
+            ..AFTER_HANDSHAKE
+        };
+        let shutdown = command_error(doc! {"ok": 0, "code": 91});
+        assert_eq!(
+            t.handle_application_error(&addr("a"), &shutdown, context, Instant::ZERO),
+            ErrorHandling::Applied {
+                marked_unknown: false,
+                pool_cleared: true
+            }
+        );
+        let reset = network(NetworkErrorKind::Reset, NetworkPhase::AfterSend);
+        // The same connection's next error is stale: its service moved on (LB-15).
+        assert_eq!(
+            t.handle_application_error(&addr("a"), &reset, context, Instant::ZERO),
+            ErrorHandling::Stale
+        );
+        let pool = t.pool_mut(&addr("a")).expect("pool");
+        assert_eq!(pool.service_generation(&service), 1);
+        assert_eq!(pool.service_generation(&other), 0);
+        assert_eq!(pool.generation(), 0);
+        assert_eq!(pool.state(), PoolState::Ready);
+        assert!(core::iter::from_fn(|| pool.poll_event()).any(|e| e
+            == PoolEvent::PoolCleared {
+                service_id: Some(service),
+                interrupt_in_use_connections: false
+            }));
+        // LB-14: before the handshake there is no serviceId, so nothing is cleared.
+        let before = ErrorContext {
+            service_id: None,
+            handshake_completed: false,
+            ..AFTER_HANDSHAKE
+        };
+        let dns = network(NetworkErrorKind::Dns, NetworkPhase::Connect);
+        assert_eq!(
+            t.handle_application_error(&addr("a"), &dns, before, Instant::ZERO),
+            ErrorHandling::Ignored
+        );
+        assert_eq!(server_type(&t), ServerType::LoadBalancer);
+        assert!(t.poll_event().is_none());
+        assert!(t.poll_action().is_none());
+    }
+
+    #[test]
+    fn errors_for_unknown_servers_or_a_closed_topology_are_ignored() {
+        let mut t = with_primary();
+        let reset = network(NetworkErrorKind::Reset, NetworkPhase::AfterSend);
+        assert_eq!(
+            t.handle_application_error(&addr("z"), &reset, AFTER_HANDSHAKE, Instant::ZERO),
+            ErrorHandling::Ignored
+        );
+        t.close(Instant::ZERO);
+        assert_eq!(
+            t.handle_application_error(&addr("a"), &reset, AFTER_HANDSHAKE, Instant::ZERO),
+            ErrorHandling::Ignored
+        );
+    }
+}

@@ -10,6 +10,8 @@
 mod description;
 mod error_handling;
 mod event;
+#[cfg(test)]
+mod fixtures;
 mod rtt;
 mod server;
 mod tags;

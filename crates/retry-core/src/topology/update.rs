@@ -682,3 +682,501 @@ impl Topology {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::{PoolEvent, PoolState};
+    use crate::topology::fixtures::{addr, drain, hello, primary, secondary, topology};
+    use bson::doc;
+    use bson::oid::ObjectId;
+
+    fn oid(n: u8) -> ObjectId {
+        ObjectId::from_bytes([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, n])
+    }
+
+    #[test]
+    fn lb_2_forbidden_settings_are_rejected_with_a_typed_error() {
+        let two = alloc::vec![addr("a"), addr("b")];
+        let lb = |seeds: Vec<ServerAddress>| TopologySettings {
+            load_balanced: true,
+            ..TopologySettings::new(seeds)
+        };
+        assert_eq!(
+            Topology::new(lb(two.clone()), Instant::ZERO).err(),
+            Some(SettingsError::LoadBalancedConflict)
+        );
+        let with_set = TopologySettings {
+            replica_set: Some("rs".into()),
+            ..lb(alloc::vec![addr("a")])
+        };
+        assert_eq!(
+            Topology::new(with_set, Instant::ZERO).err(),
+            Some(SettingsError::LoadBalancedConflict)
+        );
+        let direct = TopologySettings {
+            direct_connection: true,
+            ..TopologySettings::new(two)
+        };
+        assert_eq!(
+            Topology::new(direct, Instant::ZERO).err(),
+            Some(SettingsError::DirectConnectionWithSeveralSeeds)
+        );
+        assert_eq!(
+            Topology::new(TopologySettings::new(Vec::new()), Instant::ZERO).err(),
+            Some(SettingsError::NoSeeds)
+        );
+    }
+
+    #[test]
+    fn lb_3_load_balanced_mode_starts_ready_ignores_hellos_and_never_monitors() {
+        let settings = TopologySettings {
+            load_balanced: true,
+            ..TopologySettings::new(alloc::vec![addr("lb")])
+        };
+        let mut t = Topology::new(settings, Instant::ZERO).expect("valid");
+        assert!(t.poll_action().is_none());
+        assert_eq!(t.pool(&addr("lb")).map(Pool::state), Some(PoolState::Ready));
+        drain(&mut t);
+        t.handle_hello(
+            &addr("lb"),
+            &doc! {"ok": 1, "msg": "isdbgrid"},
+            Duration::ZERO,
+            Instant::ZERO,
+        );
+        t.handle_check_failed(&addr("lb"), NetworkErrorKind::Reset, Instant::ZERO);
+        assert_eq!(
+            t.description().servers[0].server_type,
+            ServerType::LoadBalancer
+        );
+        assert!(t.poll_event().is_none());
+        assert!(t.description().supports_sessions());
+    }
+
+    #[test]
+    fn lb_4_close_removes_every_server_then_closes_the_topology() {
+        let settings = TopologySettings {
+            load_balanced: true,
+            ..TopologySettings::new(alloc::vec![addr("lb")])
+        };
+        let mut t = Topology::new(settings, Instant::ZERO).expect("valid");
+        drain(&mut t);
+        t.close(Instant::from_millis(5));
+        let events: Vec<SdamEvent> = core::iter::from_fn(|| t.poll_event()).collect();
+        assert!(matches!(
+            events.as_slice(),
+            [
+                SdamEvent::ServerClosed { address },
+                SdamEvent::TopologyDescriptionChanged { new, .. },
+                SdamEvent::TopologyClosed,
+            ] if address == &addr("lb") && new.topology_type == TopologyType::Unknown && new.servers.is_empty()
+        ));
+        match t.poll_action() {
+            Some(TopologyAction::StopMonitoring { address, mut pool }) => {
+                assert_eq!(address, addr("lb"));
+                assert_eq!(pool.state(), PoolState::Closed);
+                assert!(
+                    core::iter::from_fn(|| pool.poll_event()).any(|e| e == PoolEvent::PoolClosed)
+                );
+            }
+            other => panic!("expected the closed pool, got {other:?}"),
+        }
+        t.close(Instant::from_millis(6));
+        assert!(t.poll_event().is_none());
+    }
+
+    #[test]
+    fn a_primary_adds_its_members_and_removes_the_rest_with_monitoring_actions() {
+        let mut t = topology(&["a", "x"], Some("rs"));
+        drain(&mut t);
+        t.handle_hello(
+            &addr("a"),
+            &primary("rs", &["a", "b"]),
+            Duration::ZERO,
+            Instant::ZERO,
+        );
+        let actions: Vec<TopologyAction> = core::iter::from_fn(|| t.poll_action()).collect();
+        assert!(matches!(
+            actions.as_slice(),
+            [TopologyAction::StartMonitoring(b), TopologyAction::StopMonitoring { address: x, .. }]
+                if b == &addr("b") && x == &addr("x")
+        ));
+        let servers: Vec<_> = t
+            .description()
+            .servers
+            .iter()
+            .map(|s| s.address.clone())
+            .collect();
+        assert_eq!(servers, [addr("a"), addr("b")]);
+        assert_eq!(t.pool(&addr("a")).map(Pool::state), Some(PoolState::Ready));
+        assert_eq!(t.pool(&addr("b")).map(Pool::state), Some(PoolState::Paused));
+        assert!(t.pool(&addr("x")).is_none());
+        // A late reply from the removed server changes nothing.
+        drain(&mut t);
+        t.handle_hello(
+            &addr("x"),
+            &primary("rs", &["x"]),
+            Duration::ZERO,
+            Instant::ZERO,
+        );
+        assert!(t.poll_event().is_none());
+        assert_eq!(
+            t.description().topology_type,
+            TopologyType::ReplicaSetWithPrimary
+        );
+    }
+
+    #[test]
+    fn a_new_primary_demotes_the_old_one_asks_for_a_check_and_leaves_its_pool_alone() {
+        let mut t = topology(&["a", "b"], Some("rs"));
+        let mut a = primary("rs", &["a", "b"]);
+        a.insert("electionId", oid(1));
+        a.insert("setVersion", 1);
+        t.handle_hello(&addr("a"), &a, Duration::ZERO, Instant::ZERO);
+        drain(&mut t);
+        let mut b = primary("rs", &["a", "b"]);
+        b.insert("electionId", oid(2));
+        b.insert("setVersion", 1);
+        t.handle_hello(&addr("b"), &b, Duration::ZERO, Instant::ZERO);
+        let old = t.description().server(&addr("a")).expect("kept");
+        assert_eq!(old.server_type, ServerType::Unknown);
+        assert_eq!(old.error, Some(CheckError::NewerPrimary));
+        assert!(matches!(t.poll_action(), Some(TopologyAction::CheckNow(a)) if a == addr("a")));
+        assert_eq!(t.pool(&addr("a")).map(Pool::generation), Some(0));
+        assert_eq!(t.pool(&addr("a")).map(Pool::state), Some(PoolState::Ready));
+        // The old primary still claiming primacy with the older election id is stale.
+        t.handle_hello(&addr("a"), &a, Duration::ZERO, Instant::ZERO);
+        let a_now = t.description().server(&addr("a")).expect("kept");
+        assert_eq!(a_now.error, Some(CheckError::StalePrimary));
+        assert_eq!(t.description().max_election_id, Some(oid(2)));
+    }
+
+    #[test]
+    fn from_6_0_a_primary_without_election_id_is_stale_but_before_6_0_it_is_not() {
+        for (wire, stale) in [(17, true), (16, false)] {
+            let mut t = topology(&["a", "b"], Some("rs"));
+            let mut a = primary("rs", &["a", "b"]);
+            a.insert("electionId", oid(1));
+            a.insert("setVersion", 1);
+            a.insert("maxWireVersion", wire);
+            t.handle_hello(&addr("a"), &a, Duration::ZERO, Instant::ZERO);
+            let mut b = primary("rs", &["a", "b"]);
+            b.insert("setVersion", 2);
+            b.insert("maxWireVersion", wire);
+            t.handle_hello(&addr("b"), &b, Duration::ZERO, Instant::ZERO);
+            let b_type = t.description().server(&addr("b")).map(|s| s.server_type);
+            let expected = if stale {
+                ServerType::Unknown
+            } else {
+                ServerType::RsPrimary
+            };
+            assert_eq!(b_type, Some(expected), "wire version {wire}");
+            let max_set_version = if stale { 1 } else { 2 };
+            assert_eq!(t.description().max_set_version, Some(max_set_version));
+        }
+    }
+
+    #[test]
+    fn a_reply_older_by_topology_version_is_ignored() {
+        let mut t = topology(&["a"], Some("rs"));
+        let process = oid(9);
+        let mut newer = primary("rs", &["a"]);
+        newer.insert(
+            "topologyVersion",
+            doc! {"processId": process, "counter": 2_i64},
+        );
+        t.handle_hello(&addr("a"), &newer, Duration::ZERO, Instant::ZERO);
+        drain(&mut t);
+        let mut older = secondary("rs", &["a"]);
+        older.insert(
+            "topologyVersion",
+            doc! {"processId": process, "counter": 1_i64},
+        );
+        t.handle_hello(&addr("a"), &older, Duration::ZERO, Instant::from_millis(1));
+        assert!(t.poll_event().is_none());
+        assert_eq!(
+            t.description().topology_type,
+            TopologyType::ReplicaSetWithPrimary
+        );
+        // A new process id is always newer.
+        older.insert(
+            "topologyVersion",
+            doc! {"processId": oid(10), "counter": 0_i64},
+        );
+        t.handle_hello(&addr("a"), &older, Duration::ZERO, Instant::from_millis(2));
+        assert_eq!(
+            t.description().topology_type,
+            TopologyType::ReplicaSetNoPrimary
+        );
+    }
+
+    #[test]
+    fn a_check_timeout_clears_the_pool_and_interrupts_in_use_connections() {
+        let mut t = topology(&["a"], None);
+        t.handle_hello(
+            &addr("a"),
+            &hello(doc! {"msg": "isdbgrid"}),
+            Duration::ZERO,
+            Instant::ZERO,
+        );
+        let pool = t.pool_mut(&addr("a")).expect("pool");
+        while pool.poll_event().is_some() {}
+        t.handle_check_failed(
+            &addr("a"),
+            NetworkErrorKind::Timeout,
+            Instant::from_millis(1),
+        );
+        assert_eq!(t.description().servers[0].server_type, ServerType::Unknown);
+        let pool = t.pool_mut(&addr("a")).expect("pool");
+        assert_eq!(pool.generation(), 1);
+        assert_eq!(
+            pool.poll_event(),
+            Some(PoolEvent::PoolCleared {
+                service_id: None,
+                interrupt_in_use_connections: true
+            })
+        );
+        // A hello that is not ok is a failed check too, but not a timeout.
+        t.handle_hello(
+            &addr("a"),
+            &hello(doc! {"msg": "isdbgrid"}),
+            Duration::ZERO,
+            Instant::from_millis(2),
+        );
+        t.handle_hello(
+            &addr("a"),
+            &doc! {"ok": 0, "code": 91},
+            Duration::ZERO,
+            Instant::from_millis(3),
+        );
+        let pool = t.pool_mut(&addr("a")).expect("pool");
+        assert_eq!(pool.generation(), 2);
+        assert!(core::iter::from_fn(|| pool.poll_event()).any(|e| e
+            == PoolEvent::PoolCleared {
+                service_id: None,
+                interrupt_in_use_connections: false
+            }));
+    }
+
+    #[test]
+    fn single_with_a_set_name_makes_a_server_of_another_set_unknown() {
+        let settings = TopologySettings {
+            direct_connection: true,
+            replica_set: Some("rs".into()),
+            ..TopologySettings::new(alloc::vec![addr("a")])
+        };
+        let mut t = Topology::new(settings, Instant::ZERO).expect("valid");
+        t.handle_hello(
+            &addr("a"),
+            &secondary("other", &["a"]),
+            Duration::ZERO,
+            Instant::ZERO,
+        );
+        let a = &t.description().servers[0];
+        assert_eq!(t.description().topology_type, TopologyType::Single);
+        assert_eq!(a.server_type, ServerType::Unknown);
+        assert!(a
+            .error
+            .as_ref()
+            .is_some_and(|e| e.to_string().contains("\"other\"")));
+        assert_eq!(t.pool(&addr("a")).map(Pool::state), Some(PoolState::Paused));
+        t.handle_hello(
+            &addr("a"),
+            &secondary("rs", &["a"]),
+            Duration::ZERO,
+            Instant::ZERO,
+        );
+        assert_eq!(
+            t.description().servers[0].server_type,
+            ServerType::RsSecondary
+        );
+        assert_eq!(t.pool(&addr("a")).map(Pool::state), Some(PoolState::Ready));
+    }
+
+    #[test]
+    fn a_secondary_with_a_mismatched_me_is_removed_but_a_missing_me_is_not() {
+        let mut t = topology(&["a", "b"], Some("rs"));
+        let mut b = secondary("rs", &["a", "b"]);
+        t.handle_hello(&addr("b"), &b, Duration::ZERO, Instant::ZERO);
+        assert!(t.description().server(&addr("b")).is_some());
+        b.insert("me", "c:27017");
+        t.handle_hello(&addr("b"), &b, Duration::ZERO, Instant::ZERO);
+        assert!(t.description().server(&addr("b")).is_none());
+        assert!(t.description().server(&addr("c")).is_none());
+    }
+
+    #[test]
+    fn an_identical_reply_publishes_nothing_but_refreshes_the_description() {
+        let mut t = topology(&["a"], None);
+        let reply = hello(doc! {"msg": "isdbgrid"});
+        t.handle_hello(&addr("a"), &reply, Duration::from_millis(3), Instant::ZERO);
+        drain(&mut t);
+        t.handle_hello(
+            &addr("a"),
+            &reply,
+            Duration::from_millis(4),
+            Instant::from_millis(9),
+        );
+        assert!(t.poll_event().is_none());
+        let a = &t.description().servers[0];
+        assert_eq!(a.last_update_time, Instant::from_millis(9));
+        assert_eq!(a.average_rtt.get(), Some(Duration::from_millis(4)));
+    }
+
+    mod properties {
+        use super::*;
+        use crate::error::{NetworkPhase, OperationError};
+        use crate::topology::{ErrorContext, ErrorHandling};
+        use proptest::prelude::*;
+
+        #[derive(Clone, Debug)]
+        enum Input {
+            Hello(u8, Document),
+            CheckFailed(u8, bool),
+            Error(u8, u8, u32, bool),
+        }
+
+        const HOSTS: [&str; 4] = ["a", "b", "c", "d"];
+
+        fn reply() -> impl Strategy<Value = Document> {
+            let hosts = prop::sample::subsequence(HOSTS.to_vec(), 0..=4);
+            (
+                0..8u8,
+                hosts,
+                prop::option::of(0..3u8),
+                prop::option::of(0..3i32),
+                0..3u8,
+                prop::option::of(0..3i64),
+                15..19i32,
+            )
+                .prop_map(
+                    |(kind, hosts, election, set_version, set, counter, wire)| {
+                        let mut d = doc! {"ok": 1, "maxWireVersion": wire};
+                        match kind {
+                            0 => {
+                                d.insert("msg", "isdbgrid");
+                            }
+                            1 => {}
+                            2 => {
+                                d.insert("isreplicaset", true);
+                            }
+                            3 => {
+                                d.insert("isWritablePrimary", true);
+                            }
+                            4 => {
+                                d.insert("secondary", true);
+                            }
+                            5 => {
+                                d.insert("arbiterOnly", true);
+                            }
+                            6 => {
+                                d.insert("ok", 0);
+                            }
+                            _ => {
+                                d.insert("hidden", true);
+                            }
+                        }
+                        if kind >= 3 {
+                            d.insert("setName", ["rs", "rs", "other"][usize::from(set)]);
+                        }
+                        let hosts: Vec<String> =
+                            hosts.iter().map(|h| alloc::format!("{h}:27017")).collect();
+                        d.insert("hosts", hosts);
+                        if let Some(e) = election {
+                            d.insert("electionId", oid(e));
+                        }
+                        if let Some(v) = set_version {
+                            d.insert("setVersion", v);
+                        }
+                        if let Some(c) = counter {
+                            d.insert("topologyVersion", doc! {"processId": oid(1), "counter": c});
+                        }
+                        d
+                    },
+                )
+        }
+
+        fn input() -> impl Strategy<Value = Input> {
+            prop_oneof![
+                (0..4u8, reply()).prop_map(|(h, r)| Input::Hello(h, r)),
+                (0..4u8, any::<bool>()).prop_map(|(h, t)| Input::CheckFailed(h, t)),
+                (0..4u8, 0..4u8, 0..3u32, any::<bool>())
+                    .prop_map(|(h, e, g, c)| Input::Error(h, e, g, c)),
+            ]
+        }
+
+        fn error(kind: u8, address: &ServerAddress) -> OperationError {
+            match kind {
+                0 => OperationError::network(
+                    NetworkErrorKind::Reset,
+                    NetworkPhase::AfterSend,
+                    address.clone(),
+                ),
+                1 => OperationError::network(
+                    NetworkErrorKind::Timeout,
+                    NetworkPhase::Handshake,
+                    address.clone(),
+                ),
+                2 => {
+                    OperationError::from_reply(&doc! {"ok": 0, "code": 91}, address).expect("error")
+                }
+                _ => OperationError::from_reply(&doc! {"ok": 0, "errmsg": "not master"}, address)
+                    .expect("error"),
+            }
+        }
+
+        proptest! {
+            /// Any sequence of replies, failed checks and application errors keeps the machine's
+            /// invariants: one description and one pool per server, the topology type agrees with
+            /// the servers, and every event sequence after an input ends with a topology change.
+            #[test]
+            fn the_update_rules_keep_their_invariants(
+                set in prop::option::of(Just("rs")),
+                seeds in 1..4usize,
+                inputs in prop::collection::vec(input(), 0..24),
+            ) {
+                let mut t = topology(&HOSTS[..seeds], set);
+                drain(&mut t);
+                for (i, input) in inputs.into_iter().enumerate() {
+                    let now = Instant::from_millis(i as u64);
+                    match input {
+                        Input::Hello(h, r) => t.handle_hello(&addr(HOSTS[usize::from(h)]), &r, Duration::ZERO, now),
+                        Input::CheckFailed(h, timeout) => {
+                            let kind = if timeout { NetworkErrorKind::Timeout } else { NetworkErrorKind::Reset };
+                            t.handle_check_failed(&addr(HOSTS[usize::from(h)]), kind, now);
+                        }
+                        Input::Error(h, kind, generation, handshake_completed) => {
+                            let a = addr(HOSTS[usize::from(h)]);
+                            let context = ErrorContext { generation, service_id: None, handshake_completed };
+                            let handled = t.handle_application_error(&a, &error(kind, &a), context, now);
+                            if t.description().server(&a).is_none() {
+                                prop_assert_eq!(handled, ErrorHandling::Ignored);
+                            }
+                        }
+                    }
+                    let d = t.description();
+                    prop_assert_eq!(d.servers.len(), t.pools.len());
+                    for (s, p) in d.servers.iter().zip(&t.pools) {
+                        prop_assert_eq!(&s.address, p.address());
+                    }
+                    let primaries = d.servers.iter().filter(|s| s.server_type == ServerType::RsPrimary).count();
+                    prop_assert!(primaries <= 1);
+                    match d.topology_type {
+                        TopologyType::ReplicaSetWithPrimary => prop_assert_eq!(primaries, 1),
+                        TopologyType::ReplicaSetNoPrimary | TopologyType::Sharded => prop_assert_eq!(primaries, 0),
+                        TopologyType::Single => prop_assert_eq!(d.servers.len(), 1),
+                        _ => {}
+                    }
+                    if set.is_some() && d.topology_type != TopologyType::Single {
+                        prop_assert_eq!(d.set_name.as_deref(), Some("rs"));
+                    }
+                    let events: Vec<SdamEvent> = core::iter::from_fn(|| t.poll_event()).collect();
+                    if let Some(last) = events.last() {
+                        prop_assert!(matches!(last, SdamEvent::TopologyDescriptionChanged { .. }), "the last event was {:?}", last);
+                    }
+                    while t.poll_action().is_some() {}
+                }
+            }
+        }
+    }
+}
