@@ -352,7 +352,7 @@ impl Topology {
         }
         match (self.description.topology_type, server_type) {
             (_, S::Unknown | S::RsGhost) if self.is_replica_set() => self.check_if_has_primary(),
-            (T::Unknown | T::Sharded, S::Unknown | S::RsGhost) | (T::Sharded, S::Mongos) => {}
+            (T::Unknown, S::Unknown | S::RsGhost) | (T::Sharded, S::Unknown | S::Mongos) => {}
             (T::Unknown, S::Standalone) => self.update_unknown_with_standalone(&address, now),
             (T::Unknown, S::Mongos) => self.description.topology_type = T::Sharded,
             (T::Unknown | T::ReplicaSetNoPrimary | T::ReplicaSetWithPrimary, S::RsPrimary) => {
@@ -956,6 +956,41 @@ mod tests {
                 service_id: None,
                 interrupt_in_use_connections: false
             }));
+    }
+
+    #[test]
+    fn a_sharded_cluster_keeps_mongoses_and_unknowns_and_removes_everything_else() {
+        let replies = [
+            hello(doc! {"isreplicaset": true}),
+            hello(doc! {}),
+            primary("rs", &["a"]),
+            secondary("rs", &["a"]),
+        ];
+        for reply in replies {
+            let mut t = topology(&["a", "b"], None);
+            t.handle_hello(
+                &addr("a"),
+                &hello(doc! {"msg": "isdbgrid"}),
+                Duration::ZERO,
+                Instant::ZERO,
+            );
+            t.handle_check_failed(&addr("a"), NetworkErrorKind::Reset, Instant::ZERO);
+            assert_eq!(t.description().topology_type, TopologyType::Sharded);
+            assert_eq!(t.description().servers.len(), 2, "{reply}");
+            t.handle_hello(&addr("b"), &reply, Duration::ZERO, Instant::ZERO);
+            assert_eq!(
+                t.description().topology_type,
+                TopologyType::Sharded,
+                "{reply}"
+            );
+            let servers: Vec<_> = t
+                .description()
+                .servers
+                .iter()
+                .map(|s| s.address.clone())
+                .collect();
+            assert_eq!(servers, [addr("a")], "{reply}");
+        }
     }
 
     #[test]
