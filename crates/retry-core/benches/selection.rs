@@ -1,5 +1,6 @@
 //! Criterion timings of one server selection on 3, 50 and 1000 servers: a tagged replica set read
-//! and a sharded write, each with one deprioritized address (docs/benchmarks.md).
+//! and a sharded write, each with one deprioritized address, against a trivial baseline (one pass
+//! over the servers) in the same run (docs/benchmarks.md).
 
 use std::hint::black_box;
 
@@ -16,6 +17,13 @@ fn selection(c: &mut Criterion) {
     for n in topologies::SIZES {
         for case in [topologies::replica_set_with_tags(n), topologies::sharded(n)] {
             let mut rng = EngineRng::from_seed_u64(1);
+            let baseline = format!("baseline-{}", case.shape);
+            group.bench_with_input(BenchmarkId::new(baseline, n), &case, |b, case| {
+                b.iter(|| {
+                    let servers = &black_box(case).topology.servers;
+                    servers.iter().filter(|s| s.is_available()).count()
+                })
+            });
             group.bench_with_input(BenchmarkId::new(case.shape, n), &case, |b, case| {
                 b.iter(|| {
                     select_server(

@@ -432,6 +432,13 @@ pub enum ErrorKind {
     },
     /// The operation was cancelled by its caller.
     Cancelled,
+    /// The server's handshake reply was rejected: no `serviceId` in load-balanced mode (LB-8), a
+    /// wire-version range that does not overlap ours, or a malformed reply. Nothing was sent; the
+    /// connection is closed.
+    Handshake {
+        /// Why, e.g. the exact LB-8 message.
+        message: String,
+    },
 }
 
 /// What one attempt of an operation failed with: the facts the retry rules read.
@@ -631,7 +638,8 @@ impl OperationError {
             ErrorKind::Network(n) => n.was_sent(),
             ErrorKind::PoolCleared { .. }
             | ErrorKind::Checkout { .. }
-            | ErrorKind::ServerSelection { .. } => false,
+            | ErrorKind::ServerSelection { .. }
+            | ErrorKind::Handshake { .. } => false,
             ErrorKind::Timeout { cause } => cause.as_ref().is_some_and(|c| c.was_sent()),
         }
     }
@@ -663,6 +671,7 @@ impl OperationError {
             ErrorKind::ServerSelection { .. } => ErrorClass::ServerSelection,
             ErrorKind::Timeout { .. } => ErrorClass::Timeout,
             ErrorKind::Cancelled => ErrorClass::Cancelled,
+            ErrorKind::Handshake { .. } => ErrorClass::Handshake,
         };
         ErrorSummary {
             class,
@@ -706,6 +715,7 @@ impl fmt::Display for OperationError {
             ErrorKind::Timeout { cause: Some(c) } => write!(f, "operation timed out: {c}")?,
             ErrorKind::Timeout { cause: None } => write!(f, "operation timed out")?,
             ErrorKind::Cancelled => write!(f, "operation cancelled")?,
+            ErrorKind::Handshake { message } => write!(f, "handshake failed: {message}")?,
         }
         if !self.labels.is_empty() {
             write!(f, " {:?}", self.labels)?;
@@ -736,6 +746,8 @@ pub enum ErrorClass {
     Timeout,
     /// [`ErrorKind::Cancelled`].
     Cancelled,
+    /// [`ErrorKind::Handshake`].
+    Handshake,
 }
 
 /// A copyable summary of an error, carried by monitoring events.

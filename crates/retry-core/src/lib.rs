@@ -17,11 +17,14 @@
 //! | --- | --- |
 //! | [`time`] | the monotonic [`time::Instant`] newtype and CSOT deadlines |
 //! | [`address`] | [`address::ServerAddress`] |
-//! | [`topology`] | server and topology types |
+//! | [`topology`] | server and topology descriptions, built from `hello` replies |
+//! | [`selection`] | server selection with deprioritization, the latency window and the selection loop |
 //! | [`error`] | error facts parsed from replies and network failures, and the classifiers |
 //! | [`rng`] | the seeded generator and exact jitter |
 //! | [`backoff`] | backoff formulas |
 //! | [`budget`] | retry budgets shared through `&self` without locks |
+//! | [`monitor`] | server monitoring: check schedule, RTT, descriptions from checks |
+//! | [`pinning`] | transaction and load-balanced cursor pins (TX-3..5, LB-10..12) |
 //! | [`policy`] | retry options and policies, validated |
 //! | [`pool`] | connection-pool accounting (CMAP) for one server |
 //! | [`retry`] | the per-operation retry state machine |
@@ -98,7 +101,11 @@ extern crate alloc;
 pub mod address;
 pub mod backoff;
 pub mod budget;
+pub mod connection;
 pub mod error;
+pub mod handshake;
+pub mod monitor;
+pub mod pinning;
 pub mod policy;
 pub mod pool;
 pub mod retry;
@@ -107,3 +114,4 @@ pub mod scenario;
 pub mod selection;
 pub mod time;
 pub mod topology;
+pub mod wire;

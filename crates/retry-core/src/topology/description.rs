@@ -106,7 +106,7 @@ impl TopologyDescription {
 }
 
 /// SDAM: why an available server's wire-version range does not overlap ours.
-fn incompatibility(server: &ServerDescription) -> Option<String> {
+pub(crate) fn incompatibility(server: &ServerDescription) -> Option<String> {
     if !server.is_available() {
         None
     } else if server.min_wire_version > MAX_SUPPORTED_WIRE_VERSION {

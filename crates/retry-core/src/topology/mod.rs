@@ -17,6 +17,7 @@ mod server;
 mod tags;
 mod update;
 
+pub(crate) use description::incompatibility;
 pub use description::{
     TopologyDescription, MAX_SUPPORTED_WIRE_VERSION, MIN_SUPPORTED_WIRE_VERSION,
 };

@@ -1,0 +1,959 @@
+//! One connection's state machine: connecting → handshaking → ready ⇄ in flight → closed.
+//!
+//! ```text
+//!              handle_connected          handshake reply valid
+//!  Connecting ─────────────────▶ Handshaking ─────────────────▶ Ready ◀──────────┐
+//!      │                             │                            │ send_command  │ reply
+//!      │ closed / connect timeout    │ closed / timeout /         ▼               │
+//!      │                             │ bad reply              InFlight ──────────┘
+//!      ▼                             ▼                            │ closed / request timeout /
+//!    Closed ◀────────────────────────┴────────────────────────────┘ garbage
+//! ```
+//!
+//! The machine owns no socket and reads no clock (quinn-proto style). The adapter feeds it
+//! `handle_connected`, `handle_bytes`, `handle_closed` and `handle_timeout`, each with `now`, then
+//! drains [`Connection::poll_transmit`] (bytes to write) and [`Connection::poll_event`] (handshake
+//! complete, a reply, a failure) and sleeps until [`Connection::poll_timeout`]. A spurious
+//! `handle_timeout` is harmless.
+//!
+//! Every failure closes the connection and only this connection: the machine emits one
+//! [`ConnectionEvent::Failed`] and then ignores further input. A failure carries the facts the retry
+//! rules need ([`ConnectionError::to_operation_error`]): whether it was a network error or timeout,
+//! in which phase (connect, handshake, before or after the command was sent), so that CMAP's
+//! overload labels are applied by [`OperationError::network`] (HS-9) and never here.
+
+use alloc::boxed::Box;
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+use bson::Document;
+use core::fmt;
+use core::time::Duration;
+
+use crate::address::ServerAddress;
+use crate::error::{NetworkErrorKind, NetworkPhase, OperationError};
+use crate::handshake::{validate_reply, HandshakeError, HandshakeReply};
+use crate::time::Instant;
+use crate::wire::{
+    DecodeError, Decompressor, DocumentSequence, EncodeError, FrameDecoder, MsgFlags, OpMsg,
+    DEFAULT_MAX_MESSAGE_SIZE_BYTES,
+};
+
+/// `connectTimeoutMS` when unset: 10 seconds, covering TCP, TLS and the handshake.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How a connection is set up.
+#[derive(Clone, Debug)]
+pub struct ConnectionConfig {
+    /// The server this connection goes to.
+    pub address: ServerAddress,
+    /// The pool generation when the connection was created (CM-1). In load-balanced mode the pool
+    /// replaces it by the `serviceId`'s generation after the handshake (CM-5).
+    pub generation: u32,
+    /// `connectTimeoutMS`: the limit from creation to a validated handshake reply.
+    pub connect_timeout: Duration,
+    /// CS-3: the CSOT deadline of the operation that asked for this connection, if any; it caps
+    /// the connect timeout.
+    pub establishment_deadline: Option<Instant>,
+    /// `socketTimeoutMS`: the limit on each request's round trip when the request has no earlier
+    /// deadline of its own; `None` for no limit.
+    pub socket_timeout: Option<Duration>,
+    /// `loadBalanced=true`: the handshake reply must carry a `serviceId` (LB-8).
+    pub load_balanced: bool,
+    /// WP-8: decompresses replies for the compressors offered in the handshake (`compression`);
+    /// `None` when none are offered (`noop` needs none).
+    pub decompressor: Option<Decompressor>,
+}
+
+impl ConnectionConfig {
+    /// A configuration with the default timeouts, generation 0, not load-balanced.
+    pub fn new(address: ServerAddress) -> ConnectionConfig {
+        ConnectionConfig {
+            address,
+            generation: 0,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            establishment_deadline: None,
+            socket_timeout: None,
+            load_balanced: false,
+            decompressor: None,
+        }
+    }
+}
+
+/// Where a connection is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConnectionState {
+    /// Waiting for the adapter to open the socket.
+    Connecting,
+    /// The handshake command is out; waiting for its reply.
+    Handshaking,
+    /// Idle and usable.
+    Ready,
+    /// A command is out; waiting for its reply.
+    InFlight,
+    /// Closed, after a failure; the adapter closes the socket.
+    Closed,
+}
+
+/// A command to send on a ready connection.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    /// The command document, `$db` included (WP-5).
+    pub body: Document,
+    /// Kind-1 sections (WP-4).
+    pub sequences: Vec<DocumentSequence>,
+    /// WP-6: send with `moreToCome` and expect no reply (unacknowledged `w:0` writes only).
+    pub unacknowledged: bool,
+    /// The CSOT deadline of the attempt (CS-4), if any; `socketTimeoutMS` applies when it is later
+    /// or absent.
+    pub deadline: Option<Instant>,
+}
+
+impl Request {
+    /// An acknowledged command with no document sequences and no deadline of its own.
+    pub fn new(body: Document) -> Request {
+        Request {
+            body,
+            sequences: Vec::new(),
+            unacknowledged: false,
+            deadline: None,
+        }
+    }
+}
+
+/// Why a command could not be sent. The connection is unchanged and nothing was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SendError {
+    /// The connection is not [`ConnectionState::Ready`].
+    NotReady(ConnectionState),
+    /// CS-4: the request's deadline has already passed; it is not sent.
+    DeadlinePassed,
+    /// The message does not encode or exceeds the connection's `maxMessageSizeBytes` (WP-7).
+    Encode(EncodeError),
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendError::NotReady(state) => write!(f, "connection is {state:?}, not ready"),
+            SendError::DeadlinePassed => {
+                f.write_str("the deadline passed before the command was sent")
+            }
+            SendError::Encode(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl core::error::Error for SendError {}
+
+/// A protocol violation by the peer: the stream can no longer be trusted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// The bytes are not a valid OP_MSG stream (garbage, bad length, bad section, bad BSON, ...).
+    Decode(DecodeError),
+    /// A reply whose `responseTo` is not the request waiting for one (or none is waiting).
+    UnexpectedResponseTo {
+        /// The `responseTo` of the reply.
+        response_to: i32,
+        /// The request id a reply was expected for, if any.
+        expected: Option<i32>,
+    },
+    /// WP-6: a reply with `moreToCome`, which the server may only send when the request set
+    /// `exhaustAllowed`; this machine never sets it.
+    UnrequestedMoreToCome,
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtocolError::Decode(e) => write!(f, "{e}"),
+            ProtocolError::UnexpectedResponseTo {
+                response_to,
+                expected: Some(id),
+            } => write!(f, "reply to request {response_to}, expected one to {id}"),
+            ProtocolError::UnexpectedResponseTo {
+                response_to,
+                expected: None,
+            } => write!(
+                f,
+                "reply to request {response_to} while none is outstanding"
+            ),
+            ProtocolError::UnrequestedMoreToCome => {
+                f.write_str("reply has moreToCome but exhaustAllowed was not requested")
+            }
+        }
+    }
+}
+
+/// What made a connection fail.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FailureCause {
+    /// The adapter reported the socket closed, reset, or failing (DNS, TLS, I/O, ...).
+    Network(NetworkErrorKind),
+    /// The connect timeout or the request deadline passed.
+    Timeout,
+    /// The peer broke the protocol.
+    Protocol(ProtocolError),
+    /// The handshake reply was rejected.
+    Handshake(HandshakeError),
+}
+
+/// A connection failure, with the facts the retry and SDAM rules read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConnectionError {
+    /// What happened.
+    pub cause: FailureCause,
+    /// When: connect, handshake, or before / after the current command was handed to the socket.
+    pub phase: NetworkPhase,
+    /// The request that was waiting for a reply, if any.
+    pub request_id: Option<i32>,
+}
+
+impl ConnectionError {
+    /// The error the affected operation sees. Network errors, timeouts and protocol violations are
+    /// network errors (protocol corruption counts as I/O) built by [`OperationError::network`],
+    /// which adds `SystemOverloadedError` + `RetryableError` in the connect and handshake phases
+    /// (HS-9); a rejected handshake reply becomes [`HandshakeError::into_operation_error`].
+    pub fn to_operation_error(&self, address: &ServerAddress) -> OperationError {
+        let kind = match &self.cause {
+            FailureCause::Network(kind) => *kind,
+            FailureCause::Timeout => NetworkErrorKind::Timeout,
+            FailureCause::Protocol(_) => NetworkErrorKind::Io,
+            FailureCause::Handshake(e) => return e.clone().into_operation_error(address),
+        };
+        OperationError::network(kind, self.phase, address.clone())
+    }
+}
+
+impl fmt::Display for ConnectionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.cause {
+            FailureCause::Network(kind) => write!(f, "network error {kind:?}")?,
+            FailureCause::Timeout => f.write_str("timed out")?,
+            FailureCause::Protocol(e) => write!(f, "protocol error: {e}")?,
+            FailureCause::Handshake(e) => write!(f, "handshake rejected: {e}")?,
+        }
+        write!(f, " during {:?}", self.phase)
+    }
+}
+
+impl core::error::Error for ConnectionError {}
+
+/// An output of the machine, polled with [`Connection::poll_event`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum ConnectionEvent {
+    /// The handshake reply was valid; the connection is ready. Carries the server description,
+    /// `serviceId` and this connection's limits, and the generation it was created with.
+    HandshakeComplete {
+        /// The validated reply.
+        reply: Box<HandshakeReply>,
+        /// [`ConnectionConfig::generation`].
+        generation: u32,
+    },
+    /// The reply to the request `request_id`; the connection is ready again. The reply document
+    /// may still report a server error (`ok: 0`, see [`OperationError::from_reply`]).
+    Reply {
+        /// The id [`Connection::send_command`] returned.
+        request_id: i32,
+        /// The reply message.
+        reply: Box<OpMsg>,
+    },
+    /// The connection failed and is closed.
+    Failed(ConnectionError),
+}
+
+/// The request waiting for a reply.
+#[derive(Clone, Copy, Debug)]
+struct Outstanding {
+    request_id: i32,
+    /// When it was queued (the handshake's round-trip time starts here).
+    queued_at: Instant,
+    /// Whether the adapter has taken its bytes (from then on it may have reached the server).
+    handed_over: bool,
+}
+
+/// One connection (see the module docs for the states and the driving rules).
+#[derive(Debug)]
+pub struct Connection {
+    config: ConnectionConfig,
+    state: ConnectionState,
+    decoder: FrameDecoder,
+    /// The encoded handshake message (request id 1) until it is queued.
+    hello: Vec<u8>,
+    handshake: Option<HandshakeReply>,
+    /// Request ids are per connection: 1 (the handshake), 2, ... wrapping to 1 after `i32::MAX`.
+    next_request_id: i32,
+    outstanding: Option<Outstanding>,
+    deadline: Option<Instant>,
+    transmits: VecDeque<Vec<u8>>,
+    events: VecDeque<ConnectionEvent>,
+}
+
+impl Connection {
+    /// A connection created at `now`, waiting for its socket. `handshake_command` is the document
+    /// from [`HandshakeOptions::command`](crate::handshake::HandshakeOptions::command); it is encoded
+    /// here, so a command that cannot be sent is refused before any socket is opened.
+    ///
+    /// The connect timer starts now and covers TCP, TLS and the handshake; a CSOT deadline caps it
+    /// (CS-3).
+    pub fn new(
+        config: ConnectionConfig,
+        handshake_command: Document,
+        now: Instant,
+    ) -> Result<Connection, EncodeError> {
+        let connect_deadline = now.saturating_add(config.connect_timeout);
+        let deadline = config
+            .establishment_deadline
+            .map_or(connect_deadline, |d| d.min(connect_deadline));
+        let mut hello = Vec::new();
+        OpMsg::command(1, handshake_command).encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut hello)?;
+        let mut decoder = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
+        decoder.set_decompressor(config.decompressor);
+        Ok(Connection {
+            config,
+            state: ConnectionState::Connecting,
+            decoder,
+            hello,
+            handshake: None,
+            next_request_id: 2,
+            outstanding: None,
+            deadline: Some(deadline),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+        })
+    }
+
+    /// The current state.
+    pub fn state(&self) -> ConnectionState {
+        self.state
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ConnectionConfig {
+        &self.config
+    }
+
+    /// The validated handshake reply, once the handshake is complete.
+    pub fn handshake(&self) -> Option<&HandshakeReply> {
+        self.handshake.as_ref()
+    }
+
+    /// Input: the socket is open (TCP and TLS done). Sends the handshake (HS-1: the first command
+    /// on every socket) as OP_MSG (HS-2). Ignored unless connecting.
+    pub fn handle_connected(&mut self, now: Instant) {
+        if self.state != ConnectionState::Connecting {
+            return;
+        }
+        self.transmits.push_back(core::mem::take(&mut self.hello));
+        self.outstanding = Some(Outstanding {
+            request_id: 1,
+            queued_at: now,
+            handed_over: false,
+        });
+        self.state = ConnectionState::Handshaking;
+    }
+
+    /// Input: bytes read from the socket, in any chunking. Each complete reply is matched to the
+    /// outstanding request by `responseTo`; anything else fails the connection.
+    pub fn handle_bytes(&mut self, mut bytes: &[u8], now: Instant) {
+        while !bytes.is_empty() && self.state != ConnectionState::Closed {
+            match self.decoder.decode(bytes) {
+                Ok((consumed, message)) => {
+                    bytes = &bytes[consumed..];
+                    if let Some(message) = message {
+                        self.on_message(message, now);
+                    }
+                }
+                Err(e) => self.fail(FailureCause::Protocol(ProtocolError::Decode(e))),
+            }
+        }
+    }
+
+    /// Input: the socket closed or failed, for `kind` of reason. Ignored once closed.
+    pub fn handle_closed(&mut self, kind: NetworkErrorKind, _now: Instant) {
+        self.fail(FailureCause::Network(kind));
+    }
+
+    /// Input: the timer fired. Fails the connection with a timeout if its deadline has passed;
+    /// otherwise does nothing.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.deadline.is_some_and(|d| now >= d) {
+            self.fail(FailureCause::Timeout);
+        }
+    }
+
+    /// Sends `request` at `now` and returns its request id, which the reply event will carry.
+    ///
+    /// The request's deadline is the earlier of its own (CSOT) and `now + socketTimeoutMS`. An
+    /// unacknowledged request (WP-6) expects no reply: the connection stays ready.
+    pub fn send_command(&mut self, request: Request, now: Instant) -> Result<i32, SendError> {
+        if self.state != ConnectionState::Ready {
+            return Err(SendError::NotReady(self.state));
+        }
+        if request.deadline.is_some_and(|d| now >= d) {
+            return Err(SendError::DeadlinePassed);
+        }
+        let flags = if request.unacknowledged {
+            MsgFlags::MORE_TO_COME
+        } else {
+            MsgFlags::NONE
+        };
+        let request_id = self.next_request_id;
+        let message = OpMsg {
+            request_id,
+            response_to: 0,
+            flags,
+            body: request.body,
+            sequences: request.sequences,
+        };
+        let mut bytes = Vec::new();
+        message
+            .encode(self.decoder.max_message_size(), &mut bytes)
+            .map_err(SendError::Encode)?;
+        self.transmits.push_back(bytes);
+        self.next_request_id = request_id.checked_add(1).unwrap_or(1);
+        if request.unacknowledged {
+            return Ok(request_id);
+        }
+        self.outstanding = Some(Outstanding {
+            request_id,
+            queued_at: now,
+            handed_over: false,
+        });
+        let socket_deadline = self.config.socket_timeout.map(|t| now.saturating_add(t));
+        self.deadline = match (request.deadline, socket_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.state = ConnectionState::InFlight;
+        Ok(request_id)
+    }
+
+    /// Output: the next bytes to write to the socket, in order. Once taken, the current command
+    /// counts as possibly sent (a later failure is [`NetworkPhase::AfterSend`]).
+    pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+        let bytes = self.transmits.pop_front()?;
+        if let Some(outstanding) = &mut self.outstanding {
+            outstanding.handed_over = true;
+        }
+        Some(bytes)
+    }
+
+    /// Output: the next event.
+    pub fn poll_event(&mut self) -> Option<ConnectionEvent> {
+        self.events.pop_front()
+    }
+
+    /// Output: when [`Connection::handle_timeout`] should next be called: the connect deadline
+    /// while establishing, the request deadline while in flight, none otherwise.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    fn on_message(&mut self, message: OpMsg, now: Instant) {
+        let expected = self.outstanding.map(|o| o.request_id);
+        let Some(outstanding) = self
+            .outstanding
+            .filter(|o| o.request_id == message.response_to)
+        else {
+            return self.fail(FailureCause::Protocol(
+                ProtocolError::UnexpectedResponseTo {
+                    response_to: message.response_to,
+                    expected,
+                },
+            ));
+        };
+        if message.flags.contains(MsgFlags::MORE_TO_COME) {
+            return self.fail(FailureCause::Protocol(ProtocolError::UnrequestedMoreToCome));
+        }
+        match self.state {
+            ConnectionState::Handshaking => {
+                let round_trip = now.saturating_duration_since(outstanding.queued_at);
+                match validate_reply(
+                    &message.body,
+                    &self.config.address,
+                    self.config.load_balanced,
+                    round_trip,
+                    now,
+                ) {
+                    Ok(reply) => {
+                        self.decoder
+                            .set_max_message_size(reply.max_message_size_bytes);
+                        self.handshake = Some(reply.clone());
+                        self.become_ready();
+                        self.events.push_back(ConnectionEvent::HandshakeComplete {
+                            reply: Box::new(reply),
+                            generation: self.config.generation,
+                        });
+                    }
+                    Err(e) => self.fail(FailureCause::Handshake(e)),
+                }
+            }
+            _ => {
+                self.become_ready();
+                self.events.push_back(ConnectionEvent::Reply {
+                    request_id: outstanding.request_id,
+                    reply: Box::new(message),
+                });
+            }
+        }
+    }
+
+    fn become_ready(&mut self) {
+        self.state = ConnectionState::Ready;
+        self.outstanding = None;
+        self.deadline = None;
+    }
+
+    /// Closes the connection with `cause`, once; later failures are ignored.
+    fn fail(&mut self, cause: FailureCause) {
+        let phase = match self.state {
+            ConnectionState::Closed => return,
+            ConnectionState::Connecting => NetworkPhase::Connect,
+            ConnectionState::Handshaking => NetworkPhase::Handshake,
+            ConnectionState::Ready => NetworkPhase::BeforeSend,
+            ConnectionState::InFlight => match self.outstanding {
+                Some(o) if o.handed_over => NetworkPhase::AfterSend,
+                _ => NetworkPhase::BeforeSend,
+            },
+        };
+        let request_id = match self.state {
+            ConnectionState::InFlight => self.outstanding.map(|o| o.request_id),
+            _ => None,
+        };
+        self.state = ConnectionState::Closed;
+        self.outstanding = None;
+        self.deadline = None;
+        self.transmits.clear();
+        self.events
+            .push_back(ConnectionEvent::Failed(ConnectionError {
+                cause,
+                phase,
+                request_id,
+            }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{ErrorKind, Labels, NetworkError};
+    use crate::handshake::{ClientMetadata, HandshakeOptions, LOAD_BALANCER_UNSUPPORTED};
+    use crate::topology::ServerType;
+    use bson::doc;
+    use bson::oid::ObjectId;
+
+    const T0: Instant = Instant::from_millis(1_000);
+
+    fn at(ms: u64) -> Instant {
+        Instant::from_millis(1_000 + ms)
+    }
+
+    fn config() -> ConnectionConfig {
+        ConnectionConfig {
+            generation: 4,
+            socket_timeout: Some(Duration::from_secs(5)),
+            ..ConnectionConfig::new(ServerAddress::new("db", 27017))
+        }
+    }
+
+    fn hello(load_balanced: bool) -> Document {
+        HandshakeOptions {
+            metadata: ClientMetadata::new("retry-core", "0.1.0"),
+            load_balanced,
+            server_api: None,
+            compressors: Vec::new(),
+        }
+        .command()
+        .unwrap()
+    }
+
+    fn open(config: ConnectionConfig) -> Connection {
+        let load_balanced = config.load_balanced;
+        Connection::new(config, hello(load_balanced), T0).unwrap()
+    }
+
+    /// The server side: decodes what the connection sent.
+    fn sent(conn: &mut Connection) -> Vec<OpMsg> {
+        let mut dec = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
+        let mut out = Vec::new();
+        while let Some(bytes) = conn.poll_transmit() {
+            let (n, msg) = dec.decode(&bytes).unwrap();
+            assert_eq!(n, bytes.len());
+            out.push(msg.unwrap());
+        }
+        out
+    }
+
+    fn reply_bytes(response_to: i32, body: Document) -> Vec<u8> {
+        let mut msg = OpMsg::command(1000 + response_to, body);
+        msg.response_to = response_to;
+        let mut out = Vec::new();
+        msg.encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut out)
+            .unwrap();
+        out
+    }
+
+    fn server_hello() -> Document {
+        doc! { "ok": 1, "isWritablePrimary": true, "maxWireVersion": 21, "maxMessageSizeBytes": 2000 }
+    }
+
+    fn ready() -> Connection {
+        let mut conn = open(config());
+        conn.handle_connected(at(10));
+        let hello = sent(&mut conn);
+        conn.handle_bytes(&reply_bytes(hello[0].request_id, server_hello()), at(13));
+        assert!(matches!(
+            conn.poll_event(),
+            Some(ConnectionEvent::HandshakeComplete { .. })
+        ));
+        conn
+    }
+
+    fn failure(conn: &mut Connection) -> ConnectionError {
+        match conn.poll_event() {
+            Some(ConnectionEvent::Failed(e)) => {
+                assert_eq!(conn.state(), ConnectionState::Closed);
+                assert_eq!((conn.poll_event(), conn.poll_timeout()), (None, None));
+                e
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn hs1_hs2_handshake_is_the_first_message_as_op_msg_to_admin_then_ready() {
+        let mut conn = open(config());
+        assert_eq!(conn.state(), ConnectionState::Connecting);
+        assert_eq!(conn.poll_timeout(), Some(at(10_000)));
+        assert_eq!(conn.poll_transmit(), None);
+        conn.handle_connected(at(10));
+        assert_eq!(conn.state(), ConnectionState::Handshaking);
+        assert_eq!(
+            conn.poll_timeout(),
+            Some(at(10_000)),
+            "connectTimeoutMS covers the handshake"
+        );
+        let out = sent(&mut conn);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].request_id, 1);
+        assert_eq!(out[0].body, hello(false));
+        assert_eq!(out[0].body.get_str("$db").unwrap(), "admin");
+        conn.handle_bytes(&reply_bytes(1, server_hello()), at(13));
+        let Some(ConnectionEvent::HandshakeComplete { reply, generation }) = conn.poll_event()
+        else {
+            panic!("no handshake event");
+        };
+        assert_eq!(generation, 4);
+        assert_eq!(reply.description.server_type, ServerType::Standalone);
+        assert_eq!(
+            reply.description.average_rtt.get(),
+            Some(Duration::from_millis(3))
+        );
+        assert_eq!(reply.max_message_size_bytes, 2000);
+        assert_eq!(conn.state(), ConnectionState::Ready);
+        assert_eq!(conn.poll_timeout(), None);
+    }
+
+    #[test]
+    fn command_round_trip_with_socket_timeout_deadline() {
+        let mut conn = ready();
+        let id = conn
+            .send_command(Request::new(doc! { "ping": 1, "$db": "admin" }), at(20))
+            .unwrap();
+        assert_eq!(id, 2);
+        assert_eq!(conn.state(), ConnectionState::InFlight);
+        assert_eq!(conn.poll_timeout(), Some(at(5_020)));
+        let out = sent(&mut conn);
+        assert_eq!(out[0].body, doc! { "ping": 1, "$db": "admin" });
+        assert_eq!(out[0].request_id, 2);
+        conn.handle_bytes(&reply_bytes(2, doc! { "ok": 1 }), at(25));
+        let Some(ConnectionEvent::Reply { request_id, reply }) = conn.poll_event() else {
+            panic!("no reply");
+        };
+        assert_eq!((request_id, &reply.body), (2, &doc! { "ok": 1 }));
+        assert_eq!(
+            (conn.state(), conn.poll_timeout()),
+            (ConnectionState::Ready, None)
+        );
+    }
+
+    #[test]
+    fn cs4_an_earlier_csot_deadline_wins_and_a_passed_one_is_not_sent() {
+        let mut conn = ready();
+        let mut request = Request::new(doc! { "ping": 1 });
+        request.deadline = Some(at(20));
+        assert_eq!(
+            conn.send_command(request.clone(), at(20)),
+            Err(SendError::DeadlinePassed)
+        );
+        assert_eq!(
+            (conn.state(), conn.poll_transmit()),
+            (ConnectionState::Ready, None)
+        );
+        request.deadline = Some(at(100));
+        conn.send_command(request, at(20)).unwrap();
+        assert_eq!(conn.poll_timeout(), Some(at(100)));
+    }
+
+    #[test]
+    fn wp7_the_handshake_limit_applies_to_later_replies_and_commands() {
+        let mut conn = ready();
+        let big = doc! { "x": "y".repeat(3000) };
+        assert!(matches!(
+            conn.send_command(Request::new(big.clone()), at(20)),
+            Err(SendError::Encode(EncodeError::TooLarge { max: 2000, .. }))
+        ));
+        assert_eq!(conn.state(), ConnectionState::Ready);
+        let id = conn
+            .send_command(Request::new(doc! { "find": "c" }), at(20))
+            .unwrap();
+        sent(&mut conn);
+        conn.handle_bytes(&reply_bytes(id, big), at(21));
+        let e = failure(&mut conn);
+        assert!(matches!(
+            e.cause,
+            FailureCause::Protocol(ProtocolError::Decode(DecodeError::BadLength {
+                max: 2000,
+                ..
+            }))
+        ));
+        assert_eq!((e.phase, e.request_id), (NetworkPhase::AfterSend, Some(id)));
+    }
+
+    #[test]
+    fn wp6_unacknowledged_writes_set_more_to_come_and_expect_no_reply() {
+        let mut conn = ready();
+        let mut request = Request::new(doc! { "insert": "c", "writeConcern": { "w": 0 } });
+        request.unacknowledged = true;
+        assert_eq!(conn.send_command(request, at(20)), Ok(2));
+        assert_eq!(
+            (conn.state(), conn.poll_timeout()),
+            (ConnectionState::Ready, None)
+        );
+        let out = sent(&mut conn);
+        assert!(out[0].flags.contains(MsgFlags::MORE_TO_COME));
+        assert_eq!(
+            conn.send_command(Request::new(doc! { "ping": 1 }), at(21)),
+            Ok(3)
+        );
+    }
+
+    #[test]
+    fn wp6_a_reply_with_more_to_come_is_a_protocol_error() {
+        let mut conn = ready();
+        let id = conn
+            .send_command(Request::new(doc! { "ping": 1 }), at(20))
+            .unwrap();
+        sent(&mut conn);
+        let mut msg = OpMsg::command(77, doc! { "ok": 1 });
+        msg.response_to = id;
+        msg.flags = MsgFlags::MORE_TO_COME;
+        let mut bytes = Vec::new();
+        msg.encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut bytes)
+            .unwrap();
+        conn.handle_bytes(&bytes, at(21));
+        assert_eq!(
+            failure(&mut conn).cause,
+            FailureCause::Protocol(ProtocolError::UnrequestedMoreToCome)
+        );
+    }
+
+    #[test]
+    fn a_reply_in_one_byte_chunks_equals_one_chunk() {
+        let mut whole = ready();
+        let mut bytewise = ready();
+        for conn in [&mut whole, &mut bytewise] {
+            conn.send_command(Request::new(doc! { "ping": 1 }), at(20))
+                .unwrap();
+            sent(conn);
+        }
+        let bytes = reply_bytes(2, doc! { "ok": 1, "n": 5 });
+        whole.handle_bytes(&bytes, at(30));
+        for b in &bytes {
+            bytewise.handle_bytes(core::slice::from_ref(b), at(30));
+        }
+        assert_eq!(whole.poll_event(), bytewise.poll_event());
+        assert_eq!(whole.state(), bytewise.state());
+    }
+
+    #[test]
+    fn hs9_connect_timeout_is_a_labelled_connect_phase_timeout() {
+        let mut conn = open(config());
+        conn.handle_timeout(at(9_999));
+        assert_eq!(conn.poll_event(), None, "spurious wakeups are harmless");
+        conn.handle_timeout(at(10_000));
+        let e = failure(&mut conn);
+        assert_eq!(
+            (e.cause.clone(), e.phase),
+            (FailureCause::Timeout, NetworkPhase::Connect)
+        );
+        let op = e.to_operation_error(&conn.config().address);
+        assert_eq!(
+            op.kind,
+            ErrorKind::Network(NetworkError {
+                kind: NetworkErrorKind::Timeout,
+                phase: NetworkPhase::Connect
+            })
+        );
+        assert_eq!(op.labels, Labels::OVERLOAD_RETRYABLE);
+    }
+
+    #[test]
+    fn hs9_handshake_close_is_labelled_but_dns_failure_is_not() {
+        let mut conn = open(config());
+        conn.handle_connected(at(1));
+        sent(&mut conn);
+        conn.handle_closed(NetworkErrorKind::Reset, at(2));
+        let e = failure(&mut conn);
+        assert_eq!(e.phase, NetworkPhase::Handshake);
+        assert!(e
+            .to_operation_error(&conn.config().address)
+            .is_retryable_overload());
+        conn.handle_closed(NetworkErrorKind::Closed, at(3));
+        assert_eq!(conn.poll_event(), None, "one failure per connection");
+
+        let mut conn = open(config());
+        conn.handle_closed(NetworkErrorKind::Dns, at(1));
+        let e = failure(&mut conn);
+        assert_eq!(e.phase, NetworkPhase::Connect);
+        assert_eq!(
+            e.to_operation_error(&conn.config().address).labels,
+            Labels::NONE
+        );
+    }
+
+    #[test]
+    fn cs3_a_csot_deadline_caps_the_connect_timeout() {
+        let mut cfg = config();
+        cfg.establishment_deadline = Some(at(300));
+        assert_eq!(open(cfg).poll_timeout(), Some(at(300)));
+    }
+
+    #[test]
+    fn close_before_and_after_the_command_was_handed_over() {
+        let mut conn = ready();
+        let id = conn
+            .send_command(Request::new(doc! { "ping": 1 }), at(20))
+            .unwrap();
+        conn.handle_closed(NetworkErrorKind::Closed, at(21));
+        let e = failure(&mut conn);
+        assert_eq!(
+            (e.phase, e.request_id),
+            (NetworkPhase::BeforeSend, Some(id))
+        );
+        assert!(!e.to_operation_error(&conn.config().address).was_sent());
+
+        let mut conn = ready();
+        let id = conn
+            .send_command(Request::new(doc! { "ping": 1 }), at(20))
+            .unwrap();
+        sent(&mut conn);
+        conn.handle_timeout(at(5_020));
+        let e = failure(&mut conn);
+        assert_eq!(
+            (e.cause.clone(), e.phase, e.request_id),
+            (FailureCause::Timeout, NetworkPhase::AfterSend, Some(id))
+        );
+        let op = e.to_operation_error(&conn.config().address);
+        assert!(op.was_sent() && op.labels.is_empty());
+    }
+
+    #[test]
+    fn garbage_and_unknown_response_to_close_the_connection() {
+        let mut conn = ready();
+        conn.handle_bytes(b"definitely not an OP_MSG header", at(20));
+        let e = failure(&mut conn);
+        assert!(matches!(
+            e.cause,
+            FailureCause::Protocol(ProtocolError::Decode(_))
+        ));
+        assert_eq!(e.phase, NetworkPhase::BeforeSend);
+        let op = e.to_operation_error(&conn.config().address);
+        assert_eq!(
+            op.kind,
+            ErrorKind::Network(NetworkError {
+                kind: NetworkErrorKind::Io,
+                phase: NetworkPhase::BeforeSend
+            })
+        );
+
+        let mut conn = ready();
+        let id = conn
+            .send_command(Request::new(doc! { "ping": 1 }), at(20))
+            .unwrap();
+        sent(&mut conn);
+        conn.handle_bytes(&reply_bytes(id + 1, doc! { "ok": 1 }), at(21));
+        assert_eq!(
+            failure(&mut conn).cause,
+            FailureCause::Protocol(ProtocolError::UnexpectedResponseTo {
+                response_to: id + 1,
+                expected: Some(id)
+            })
+        );
+    }
+
+    #[test]
+    fn lb8_load_balanced_handshake_needs_a_service_id() {
+        let mut cfg = config();
+        cfg.load_balanced = true;
+        let mut conn = open(cfg.clone());
+        conn.handle_connected(at(1));
+        assert!(sent(&mut conn)[0].body.contains_key("loadBalanced"));
+        conn.handle_bytes(
+            &reply_bytes(1, doc! { "ok": 1, "msg": "isdbgrid", "maxWireVersion": 21 }),
+            at(2),
+        );
+        let e = failure(&mut conn);
+        assert_eq!(e.phase, NetworkPhase::Handshake);
+        let op = e.to_operation_error(&cfg.address);
+        assert_eq!(
+            op.to_string(),
+            alloc::format!("handshake failed: {LOAD_BALANCER_UNSUPPORTED} from db:27017")
+        );
+
+        let id = ObjectId::from_bytes([7; 12]);
+        let mut conn = open(cfg);
+        conn.handle_connected(at(1));
+        conn.handle_bytes(
+            &reply_bytes(
+                1,
+                doc! { "ok": 1, "msg": "isdbgrid", "maxWireVersion": 21, "serviceId": id },
+            ),
+            at(2),
+        );
+        let Some(ConnectionEvent::HandshakeComplete { reply, .. }) = conn.poll_event() else {
+            panic!("no handshake event");
+        };
+        assert_eq!(reply.service_id, Some(id));
+    }
+
+    #[test]
+    fn wp8_a_noop_compressed_handshake_reply_is_accepted() {
+        let mut conn = open(config());
+        conn.handle_connected(at(1));
+        sent(&mut conn);
+        let plain = reply_bytes(1, server_hello());
+        let mut frame = Vec::new();
+        frame.extend(((plain.len() + 9) as i32).to_le_bytes());
+        frame.extend(&plain[4..12]);
+        frame.extend(crate::wire::OP_COMPRESSED.to_le_bytes());
+        frame.extend(crate::wire::OP_MSG.to_le_bytes());
+        frame.extend(((plain.len() - 16) as i32).to_le_bytes());
+        frame.push(crate::wire::NOOP_COMPRESSOR_ID);
+        frame.extend(&plain[16..]);
+        conn.handle_bytes(&frame, at(2));
+        assert!(matches!(
+            conn.poll_event(),
+            Some(ConnectionEvent::HandshakeComplete { .. })
+        ));
+    }
+
+    #[test]
+    fn sending_is_refused_unless_ready() {
+        let mut conn = open(config());
+        assert_eq!(
+            conn.send_command(Request::new(doc! { "ping": 1 }), at(1)),
+            Err(SendError::NotReady(ConnectionState::Connecting))
+        );
+    }
+}
