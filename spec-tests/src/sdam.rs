@@ -52,7 +52,12 @@ fn run_phase(topology: &mut Topology, phase: &Value, now: &mut Instant) -> Resul
         let address = json::address(response.get(0).ok_or("a response without an address")?)?;
         let reply = response.get(1).ok_or("a response without a reply")?;
         if reply.as_object().is_some_and(|o| o.is_empty()) {
-            topology.handle_check_failed(&address, NetworkErrorKind::Reset, *now);
+            let error = OperationError::network(
+                NetworkErrorKind::Reset,
+                NetworkPhase::Connect,
+                address.clone(),
+            );
+            topology.handle_check_failed(&address, &error, *now);
         } else {
             let reply = match json::to_bson(reply)? {
                 bson::Bson::Document(d) => d,

@@ -11,7 +11,7 @@
 
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
-use alloc::string::String;
+use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use core::cmp::Ordering;
 use core::fmt;
@@ -24,7 +24,7 @@ use super::{
     TopologyType, TopologyVersion,
 };
 use crate::address::ServerAddress;
-use crate::error::NetworkErrorKind;
+use crate::error::{ErrorKind, NetworkErrorKind, OperationError};
 use crate::pool::{Pool, PoolOptions};
 use crate::time::Instant;
 
@@ -257,21 +257,23 @@ impl Topology {
         }
     }
 
-    /// A monitor's check of `address` failed at `now` with a network error of `kind` (a failed
-    /// connect, a reset or a timeout): the server becomes Unknown and its pool is cleared, closing
-    /// in-use connections too when the check timed out (server monitoring spec).
+    /// A monitor's check of `address` failed at `now` with `error` (the monitoring connection
+    /// could not be opened, or its `hello` failed on the network), as the monitor reports it after
+    /// its one immediate retry: the server becomes Unknown and its pool is cleared, closing in-use
+    /// connections too when the check timed out (server monitoring spec).
     pub fn handle_check_failed(
         &mut self,
         address: &ServerAddress,
-        kind: NetworkErrorKind,
+        error: &OperationError,
         now: Instant,
     ) {
-        let error = CheckError::Failed(
-            alloc::format!("network error {kind:?} during the monitoring check").into(),
-        );
-        let description = ServerDescription::from_check_error(address.clone(), error, now);
+        let check_error = CheckError::Failed(error.to_string().into());
+        let description = ServerDescription::from_check_error(address.clone(), check_error, now);
         if self.apply_description(description, now) {
-            let interrupt = kind == NetworkErrorKind::Timeout;
+            let interrupt = matches!(
+                &error.kind,
+                ErrorKind::Network(n) if n.kind == NetworkErrorKind::Timeout
+            );
             self.clear_pool(
                 address,
                 None,
@@ -691,6 +693,12 @@ mod tests {
     use bson::doc;
     use bson::oid::ObjectId;
 
+    /// A monitoring check's network error (labelled as establishment errors are; the topology
+    /// ignores labels on monitoring failures).
+    fn check_error(kind: NetworkErrorKind) -> OperationError {
+        OperationError::network(kind, crate::error::NetworkPhase::Handshake, addr("a"))
+    }
+
     fn oid(n: u8) -> ObjectId {
         ObjectId::from_bytes([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, n])
     }
@@ -744,7 +752,11 @@ mod tests {
             Duration::ZERO,
             Instant::ZERO,
         );
-        t.handle_check_failed(&addr("lb"), NetworkErrorKind::Reset, Instant::ZERO);
+        t.handle_check_failed(
+            &addr("lb"),
+            &check_error(NetworkErrorKind::Reset),
+            Instant::ZERO,
+        );
         assert_eq!(
             t.description().servers[0].server_type,
             ServerType::LoadBalancer
@@ -923,7 +935,7 @@ mod tests {
         while pool.poll_event().is_some() {}
         t.handle_check_failed(
             &addr("a"),
-            NetworkErrorKind::Timeout,
+            &check_error(NetworkErrorKind::Timeout),
             Instant::from_millis(1),
         );
         assert_eq!(t.description().servers[0].server_type, ServerType::Unknown);
@@ -974,7 +986,11 @@ mod tests {
                 Duration::ZERO,
                 Instant::ZERO,
             );
-            t.handle_check_failed(&addr("a"), NetworkErrorKind::Reset, Instant::ZERO);
+            t.handle_check_failed(
+                &addr("a"),
+                &check_error(NetworkErrorKind::Reset),
+                Instant::ZERO,
+            );
             assert_eq!(t.description().topology_type, TopologyType::Sharded);
             assert_eq!(t.description().servers.len(), 2, "{reply}");
             t.handle_hello(&addr("b"), &reply, Duration::ZERO, Instant::ZERO);
@@ -1060,7 +1076,7 @@ mod tests {
 
     mod properties {
         use super::*;
-        use crate::error::{NetworkPhase, OperationError};
+        use crate::error::NetworkPhase;
         use crate::topology::{ErrorContext, ErrorHandling};
         use proptest::prelude::*;
 
@@ -1178,7 +1194,7 @@ mod tests {
                         Input::Hello(h, r) => t.handle_hello(&addr(HOSTS[usize::from(h)]), &r, Duration::ZERO, now),
                         Input::CheckFailed(h, timeout) => {
                             let kind = if timeout { NetworkErrorKind::Timeout } else { NetworkErrorKind::Reset };
-                            t.handle_check_failed(&addr(HOSTS[usize::from(h)]), kind, now);
+                            t.handle_check_failed(&addr(HOSTS[usize::from(h)]), &check_error(kind), now);
                         }
                         Input::Error(h, kind, generation, handshake_completed) => {
                             let a = addr(HOSTS[usize::from(h)]);
