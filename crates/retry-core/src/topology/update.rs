@@ -839,6 +839,38 @@ mod tests {
     }
 
     #[test]
+    fn one_update_publishes_changes_then_openings_then_closings_then_the_topology() {
+        let mut t = topology(&["a", "x"], None);
+        drain(&mut t);
+        t.handle_hello(
+            &addr("a"),
+            &primary("rs", &["a", "b"]),
+            Duration::ZERO,
+            Instant::ZERO,
+        );
+        let events: Vec<SdamEvent> = core::iter::from_fn(|| t.poll_event()).collect();
+        assert!(
+            matches!(
+                events.as_slice(),
+                [
+                    SdamEvent::ServerDescriptionChanged { address: a, previous, new },
+                    SdamEvent::ServerOpening { address: b },
+                    SdamEvent::ServerClosed { address: x },
+                    SdamEvent::TopologyDescriptionChanged { previous: before, new: after },
+                ] if a == &addr("a")
+                    && previous.server_type == ServerType::Unknown
+                    && new.server_type == ServerType::RsPrimary
+                    && b == &addr("b")
+                    && x == &addr("x")
+                    && before.topology_type == TopologyType::Unknown
+                    && after.topology_type == TopologyType::ReplicaSetWithPrimary
+                    && after.set_name.as_deref() == Some("rs")
+            ),
+            "{events:?}"
+        );
+    }
+
+    #[test]
     fn a_new_primary_demotes_the_old_one_asks_for_a_check_and_leaves_its_pool_alone() {
         let mut t = topology(&["a", "b"], Some("rs"));
         let mut a = primary("rs", &["a", "b"]);
@@ -1182,11 +1214,21 @@ mod tests {
             /// the servers, and every event sequence after an input ends with a topology change.
             #[test]
             fn the_update_rules_keep_their_invariants(
-                set in prop::option::of(Just("rs")),
+                mode in 0..4u8,
                 seeds in 1..4usize,
                 inputs in prop::collection::vec(input(), 0..24),
             ) {
-                let mut t = topology(&HOSTS[..seeds], set);
+                // 0: seeds only; 1: replicaSet=rs; 2: directConnection=true; 3: loadBalanced=true.
+                let set = (mode == 1).then_some("rs");
+                let seeds = if mode >= 2 { 1 } else { seeds };
+                let settings = TopologySettings {
+                    replica_set: set.map(String::from),
+                    direct_connection: mode == 2,
+                    load_balanced: mode == 3,
+                    ..TopologySettings::new(HOSTS[..seeds].iter().map(|h| addr(h)).collect())
+                };
+                let initial = settings.initial_type();
+                let mut t = Topology::new(settings, Instant::ZERO).expect("valid settings");
                 drain(&mut t);
                 for (i, input) in inputs.into_iter().enumerate() {
                     let now = Instant::from_millis(i as u64);
@@ -1216,7 +1258,15 @@ mod tests {
                         TopologyType::ReplicaSetWithPrimary => prop_assert_eq!(primaries, 1),
                         TopologyType::ReplicaSetNoPrimary | TopologyType::Sharded => prop_assert_eq!(primaries, 0),
                         TopologyType::Single => prop_assert_eq!(d.servers.len(), 1),
-                        _ => {}
+                        TopologyType::LoadBalanced => {
+                            prop_assert_eq!(d.servers.len(), 1);
+                            prop_assert_eq!(d.servers[0].server_type, ServerType::LoadBalancer);
+                        }
+                        TopologyType::Unknown => {}
+                    }
+                    // Single and LoadBalanced never change type (SDAM, LB-3).
+                    if matches!(initial, TopologyType::Single | TopologyType::LoadBalanced) {
+                        prop_assert_eq!(d.topology_type, initial);
                     }
                     if set.is_some() && d.topology_type != TopologyType::Single {
                         prop_assert_eq!(d.set_name.as_deref(), Some("rs"));
