@@ -12,7 +12,7 @@ use core::time::Duration;
 use rand_core::RngCore;
 
 use crate::error::OperationError;
-use crate::retry::{Action, AttemptServer, RetryEvent, RetryMachine};
+use crate::retry::{Action, AttemptServer, DenyReason, RetryEvent, RetryMachine, RetryReason};
 use crate::time::Instant;
 
 /// The most machine inputs one run makes before it gives up.
@@ -116,6 +116,22 @@ impl Trace {
             .iter()
             .filter(|(_, e)| matches!(e, RetryEvent::CommandStarted { .. }))
             .count()
+    }
+
+    /// The retries scheduled, in order, with their backoff and reason.
+    pub fn retries_scheduled(&self) -> impl Iterator<Item = (Duration, RetryReason)> + '_ {
+        self.events.iter().filter_map(|(_, e)| match e {
+            RetryEvent::RetryScheduled { delay, reason, .. } => Some((*delay, *reason)),
+            _ => None,
+        })
+    }
+
+    /// Why retries were denied, in order.
+    pub fn denials(&self) -> impl Iterator<Item = DenyReason> + '_ {
+        self.events.iter().filter_map(|(_, e)| match e {
+            RetryEvent::RetryDenied { reason, .. } => Some(*reason),
+            _ => None,
+        })
     }
 
     /// The backoffs waited, in order.

@@ -21,17 +21,6 @@ use support::*;
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
-fn denied(trace: &retry_core::scenario::Trace) -> Vec<DenyReason> {
-    trace
-        .events
-        .iter()
-        .filter_map(|(_, e)| match e {
-            RetryEvent::RetryDenied { reason, .. } => Some(*reason),
-            _ => None,
-        })
-        .collect()
-}
-
 fn csot(ms: u64) -> OperationTimeout {
     OperationTimeout::Until(Instant::from_millis(ms))
 }
@@ -55,7 +44,7 @@ fn rr21_csot_retries_ordinary_errors_until_the_deadline() {
         matches!(&e.kind, ErrorKind::Timeout { cause: Some(c) } if c.code() == Some(91)),
         "CS-5: {e}"
     );
-    assert_eq!(denied(&trace), [DenyReason::Deadline]);
+    assert_eq!(trace.denials().collect::<Vec<_>>(), [DenyReason::Deadline]);
 }
 
 /// BP-12, BP-22: under CSOT the overload cap still applies once an overload error is seen.
@@ -75,7 +64,7 @@ fn bp12_overload_cap_applies_under_csot() {
     );
     // Two ordinary retries, then the overload error makes the cap 2, which is already used.
     assert_eq!(trace.commands_started(), 3);
-    assert_eq!(denied(&trace), [DenyReason::Cap]);
+    assert_eq!(trace.denials().collect::<Vec<_>>(), [DenyReason::Cap]);
 }
 
 /// BP-16: a backoff that would end past the deadline is not started; the current error is raised
@@ -95,7 +84,7 @@ fn bp16_no_wait_ends_past_the_deadline() {
     assert_eq!(trace.waits().collect::<Vec<_>>(), [MS(200)]);
     assert_eq!(trace.finished_at(), Some(Instant::from_millis(220)));
     assert_eq!(raised(&trace).code(), Some(462));
-    assert_eq!(denied(&trace), [DenyReason::Deadline]);
+    assert_eq!(trace.denials().collect::<Vec<_>>(), [DenyReason::Deadline]);
 }
 
 /// BP-16 forbids only waits that end past the deadline: a wait ending 1 ms before it runs, and so
@@ -427,7 +416,7 @@ fn tb5_token_bucket_policy_through_the_machine() {
         JITTER_MAX,
     );
     assert_eq!(trace.commands_started(), 3, "2 tokens pay for 2 retries");
-    assert_eq!(denied(&trace), [DenyReason::Budget]);
+    assert_eq!(trace.denials().collect::<Vec<_>>(), [DenyReason::Budget]);
     assert_eq!(trace.waits().collect::<Vec<_>>(), [MS(100), MS(200)]);
     assert_eq!(bucket.tenths(), 0);
 
@@ -456,7 +445,7 @@ fn tb5_token_bucket_policy_through_the_machine() {
         JITTER_ZERO,
     );
     // Empty bucket: the overload retry is refused at once.
-    assert_eq!(denied(&trace), [DenyReason::Budget]);
+    assert_eq!(trace.denials().collect::<Vec<_>>(), [DenyReason::Budget]);
     assert_eq!(trace.commands_started(), 1);
     bucket.deposit(retry_core::budget::Deposit::RetryFailedWithoutOverload);
     let trace = run(
@@ -492,7 +481,7 @@ fn grpc_max_attempts_and_backoff() {
         trace.waits().collect::<Vec<_>>(),
         [MS(120), MS(240), MS(480)]
     );
-    assert_eq!(denied(&trace), [DenyReason::Cap]);
+    assert_eq!(trace.denials().collect::<Vec<_>>(), [DenyReason::Cap]);
     let trace = run(
         OperationKind::Read,
         &options,
@@ -512,7 +501,10 @@ fn grpc_max_attempts_and_backoff() {
         &not_listed,
         JITTER_ZERO,
     );
-    assert_eq!(denied(&trace), [DenyReason::NotRetryable]);
+    assert_eq!(
+        trace.denials().collect::<Vec<_>>(),
+        [DenyReason::NotRetryable]
+    );
 }
 
 /// gRPC A6 pushback: retry after exactly the pushed delay, then restart the backoff; a negative
@@ -550,7 +542,7 @@ fn grpc_pushback() {
         &Script::new().then(StepOutcome::Fail(stop)),
         JITTER_MAX,
     );
-    assert_eq!(denied(&trace), [DenyReason::Pushback]);
+    assert_eq!(trace.denials().collect::<Vec<_>>(), [DenyReason::Pushback]);
     assert_eq!(trace.commands_started(), 1);
 }
 
@@ -570,7 +562,7 @@ fn grpc_throttle_through_the_machine() {
     );
     // 4 → 3 (retry), → 2 (2 is not above 4/2: stop).
     assert_eq!(trace.commands_started(), 2);
-    assert_eq!(denied(&trace), [DenyReason::Budget]);
+    assert_eq!(trace.denials().collect::<Vec<_>>(), [DenyReason::Budget]);
     assert_eq!(throttle.millis(), 2000);
     let trace = run(
         OperationKind::Read,
@@ -608,12 +600,8 @@ fn grpc_transparent_retries_are_not_counted() {
     );
     assert_eq!(trace.result(), Some(&Ok(())));
     let reasons: Vec<_> = trace
-        .events
-        .iter()
-        .filter_map(|(_, e)| match e {
-            RetryEvent::RetryScheduled { reason, .. } => Some(*reason),
-            _ => None,
-        })
+        .retries_scheduled()
+        .map(|(_, reason)| reason)
         .collect();
     assert_eq!(
         reasons,
@@ -643,7 +631,10 @@ fn grpc_non_idempotent_commands_need_proof_the_server_skipped_them() {
         &Script::new().then(fail(91, &[])),
         JITTER_ZERO,
     );
-    assert_eq!(denied(&trace), [DenyReason::NotRetryable]);
+    assert_eq!(
+        trace.denials().collect::<Vec<_>>(),
+        [DenyReason::NotRetryable]
+    );
     let script = Script::new()
         .then(fail(91, &["NoWritesPerformed"]))
         .then(StepOutcome::Succeed);

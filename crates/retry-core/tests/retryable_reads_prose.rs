@@ -4,7 +4,7 @@ mod support;
 
 use retry_core::error::Labels;
 use retry_core::policy::RetryOptions;
-use retry_core::retry::{OperationKind, RetryEvent};
+use retry_core::retry::OperationKind;
 use retry_core::scenario::{Script, StepOutcome};
 use support::*;
 
@@ -127,14 +127,7 @@ fn prose_5_bp13_backoff_applies_exactly_once() {
         JITTER_MAX,
     );
     assert_eq!(trace.waits().count(), 1);
-    let delays: Vec<_> = trace
-        .events
-        .iter()
-        .filter_map(|(_, e)| match e {
-            RetryEvent::RetryScheduled { delay, .. } => Some(*delay),
-            _ => None,
-        })
-        .collect();
+    let delays: Vec<_> = trace.retries_scheduled().map(|(delay, _)| delay).collect();
     assert_eq!(
         delays,
         [
