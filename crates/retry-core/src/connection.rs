@@ -34,7 +34,7 @@ use crate::error::{NetworkErrorKind, NetworkPhase, OperationError};
 use crate::handshake::{validate_reply, HandshakeError, HandshakeReply};
 use crate::time::Instant;
 use crate::wire::{
-    DecodeError, DocumentSequence, EncodeError, FrameDecoder, MsgFlags, OpMsg,
+    DecodeError, Decompressor, DocumentSequence, EncodeError, FrameDecoder, MsgFlags, OpMsg,
     DEFAULT_MAX_MESSAGE_SIZE_BYTES,
 };
 
@@ -42,7 +42,7 @@ use crate::wire::{
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a connection is set up.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct ConnectionConfig {
     /// The server this connection goes to.
     pub address: ServerAddress,
@@ -59,6 +59,9 @@ pub struct ConnectionConfig {
     pub socket_timeout: Option<Duration>,
     /// `loadBalanced=true`: the handshake reply must carry a `serviceId` (LB-8).
     pub load_balanced: bool,
+    /// WP-8: decompresses replies for the compressors offered in the handshake (`compression`);
+    /// `None` when none are offered (`noop` needs none).
+    pub decompressor: Option<Decompressor>,
 }
 
 impl ConnectionConfig {
@@ -71,6 +74,7 @@ impl ConnectionConfig {
             establishment_deadline: None,
             socket_timeout: None,
             load_balanced: false,
+            decompressor: None,
         }
     }
 }
@@ -302,10 +306,12 @@ impl Connection {
             .map_or(connect_deadline, |d| d.min(connect_deadline));
         let mut hello = Vec::new();
         OpMsg::command(1, handshake_command).encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut hello)?;
+        let mut decoder = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
+        decoder.set_decompressor(config.decompressor);
         Ok(Connection {
             config,
             state: ConnectionState::Connecting,
-            decoder: FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES),
+            decoder,
             hello,
             handshake: None,
             next_request_id: 2,
@@ -919,6 +925,27 @@ mod tests {
             panic!("no handshake event");
         };
         assert_eq!(reply.service_id, Some(id));
+    }
+
+    #[test]
+    fn wp8_a_noop_compressed_handshake_reply_is_accepted() {
+        let mut conn = open(config());
+        conn.handle_connected(at(1));
+        sent(&mut conn);
+        let plain = reply_bytes(1, server_hello());
+        let mut frame = Vec::new();
+        frame.extend(((plain.len() + 9) as i32).to_le_bytes());
+        frame.extend(&plain[4..12]);
+        frame.extend(crate::wire::OP_COMPRESSED.to_le_bytes());
+        frame.extend(crate::wire::OP_MSG.to_le_bytes());
+        frame.extend(((plain.len() - 16) as i32).to_le_bytes());
+        frame.push(crate::wire::NOOP_COMPRESSOR_ID);
+        frame.extend(&plain[16..]);
+        conn.handle_bytes(&frame, at(2));
+        assert!(matches!(
+            conn.poll_event(),
+            Some(ConnectionEvent::HandshakeComplete { .. })
+        ));
     }
 
     #[test]

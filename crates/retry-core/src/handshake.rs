@@ -427,7 +427,9 @@ pub struct HandshakeOptions {
     pub load_balanced: bool,
     /// The declared Stable API version, if any.
     pub server_api: Option<ServerApi>,
-    /// The compressors the client offers, in preference order; empty for none (HS-4).
+    /// The compressors the client offers, in preference order; empty for none (HS-4). The server
+    /// may then compress any reply, the handshake's included: give the connection a
+    /// [`Decompressor`](crate::wire::Decompressor) for them (WP-8).
     pub compressors: Vec<String>,
 }
 
@@ -570,7 +572,7 @@ pub fn validate_reply(
     }
     let max_message_size_bytes =
         limit(reply, "maxMessageSizeBytes", DEFAULT_MAX_MESSAGE_SIZE_BYTES)?
-            .max(MIN_MESSAGE_LEN as u32);
+            .clamp(MIN_MESSAGE_LEN as u32, i32::MAX as u32);
     let compressor = match reply.get("compression") {
         None | Some(Bson::Null) => None,
         Some(Bson::Array(items)) => match items.first() {

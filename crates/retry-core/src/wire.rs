@@ -1,9 +1,12 @@
 //! The OP_MSG wire format: encoding commands and decoding replies from a byte stream.
 //!
 //! Only `OP_MSG` (opcode 2013) is spoken. Every handshake goes over OP_MSG too (HS-2: the 2026
-//! handshake spec dropped the OP_QUERY first message), so OP_QUERY / OP_REPLY are never needed, and
-//! since this crate never negotiates a compressor, an `OP_COMPRESSED` frame is as unexpected as
-//! any other opcode: every opcode but 2013 is a [`DecodeError::UnknownOpCode`] (WP-9).
+//! handshake spec dropped the OP_QUERY first message), so OP_QUERY / OP_REPLY are never needed:
+//! every other opcode is a [`DecodeError::UnknownOpCode`] (WP-9), except `OP_COMPRESSED` (2012)
+//! wrapping an OP_MSG (WP-8). A server that was offered compressors in the handshake may compress
+//! any reply, so the decoder unwraps the `noop` compressor itself and hands the others to a
+//! [`Decompressor`] the caller supplies (the engine carries no compression library). Requests are
+//! always sent uncompressed, which the spec allows.
 //!
 //! [`FrameDecoder`] is incremental: it takes bytes in whatever chunks the socket delivers and
 //! yields whole messages, with the same result whether the input arrives one byte at a time or in
@@ -18,6 +21,23 @@ use core::fmt;
 
 /// The opcode of `OP_MSG` (WP-2).
 pub const OP_MSG: i32 = 2013;
+
+/// The opcode of `OP_COMPRESSED` (WP-8).
+pub const OP_COMPRESSED: i32 = 2012;
+
+/// The `noop` compressor id: the "compressed" bytes are the message itself (WP-8).
+pub const NOOP_COMPRESSOR_ID: u8 = 0;
+
+/// Decompresses the body of an `OP_COMPRESSED` frame (WP-8: 1 snappy, 2 zlib, 3 zstd) by appending
+/// exactly `uncompressed_size` bytes to `out`, or fails with a reason. Called only after
+/// `uncompressed_size` has been checked against the connection's `maxMessageSizeBytes`; an
+/// implementation must stop at that size rather than trust the compressed stream.
+pub type Decompressor = fn(
+    compressor_id: u8,
+    compressed: &[u8],
+    uncompressed_size: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), String>;
 
 /// The length of the standard message header: `messageLength`, `requestID`, `responseTo`,
 /// `opCode`, four little-endian int32s (WP-1).
@@ -245,8 +265,17 @@ pub enum DecodeError {
         /// The limit in force.
         max: u32,
     },
-    /// The opcode is not OP_MSG (WP-9).
+    /// The opcode is not OP_MSG, nor OP_COMPRESSED wrapping one (WP-9).
     UnknownOpCode(i32),
+    /// An OP_COMPRESSED frame uses a compressor with no [`Decompressor`] installed (WP-8).
+    UnsupportedCompressor(u8),
+    /// An OP_COMPRESSED frame does not decompress to its `uncompressedSize` bytes (WP-8).
+    Decompression {
+        /// The frame's `compressorId`.
+        compressor_id: u8,
+        /// Why.
+        reason: String,
+    },
     /// A required flag bit (0-15) this implementation does not know is set (WP-2).
     UnknownRequiredFlags(u32),
     /// `checksumPresent` is set and the CRC-32C does not match (WP-2).
@@ -276,6 +305,13 @@ impl fmt::Display for DecodeError {
                 "messageLength {length} is outside {MIN_MESSAGE_LEN}..={max}"
             ),
             DecodeError::UnknownOpCode(op) => write!(f, "unsupported opcode {op}"),
+            DecodeError::UnsupportedCompressor(id) => {
+                write!(f, "no decompressor for compressor id {id}")
+            }
+            DecodeError::Decompression {
+                compressor_id,
+                reason,
+            } => write!(f, "compressor {compressor_id} failed: {reason}"),
             DecodeError::UnknownRequiredFlags(bits) => {
                 write!(f, "unknown required flag bits {bits:#06x}")
             }
@@ -309,6 +345,7 @@ pub struct FrameDecoder {
     /// The validated `messageLength` of the frame in progress, once its header is complete.
     expected: Option<usize>,
     failed: Option<DecodeError>,
+    decompressor: Option<Decompressor>,
 }
 
 /// Frame buffers larger than this are released after use rather than kept for the next frame.
@@ -322,7 +359,13 @@ impl FrameDecoder {
             frame: Vec::new(),
             expected: None,
             failed: None,
+            decompressor: None,
         }
+    }
+
+    /// Installs the function that decompresses OP_COMPRESSED frames other than `noop` (WP-8).
+    pub fn set_decompressor(&mut self, decompressor: Option<Decompressor>) {
+        self.decompressor = decompressor;
     }
 
     /// Changes the size limit, for frames whose header has not yet been read (WP-7: the
@@ -382,7 +425,11 @@ impl FrameDecoder {
             return Ok((consumed, None));
         }
         self.expected = None;
-        let msg = parse_frame(&self.frame);
+        let msg = if read_i32(&self.frame, 12) == OP_COMPRESSED {
+            self.decompress().and_then(|frame| parse_frame(&frame))
+        } else {
+            parse_frame(&self.frame)
+        };
         if self.frame.capacity() > RETAINED_CAPACITY {
             self.frame = Vec::new();
         } else {
@@ -405,10 +452,58 @@ impl FrameDecoder {
                 max: self.max_message_size,
             });
         };
-        if op_code != OP_MSG {
+        if op_code != OP_MSG && op_code != OP_COMPRESSED {
             return Err(DecodeError::UnknownOpCode(op_code));
         }
         Ok(len)
+    }
+
+    /// WP-8: rebuilds the OP_MSG frame an OP_COMPRESSED frame wraps. `uncompressedSize` is checked
+    /// against the size limit before the output is allocated.
+    fn decompress(&self) -> Result<Vec<u8>, DecodeError> {
+        let body = &self.frame[HEADER_LEN..];
+        if body.len() < 9 {
+            return Err(DecodeError::Truncated);
+        }
+        let original = read_i32(body, 0);
+        if original != OP_MSG {
+            return Err(DecodeError::UnknownOpCode(original));
+        }
+        let size = read_i32(body, 4);
+        let total = usize::try_from(size)
+            .ok()
+            .and_then(|s| s.checked_add(HEADER_LEN))
+            .filter(|&t| t >= MIN_MESSAGE_LEN && t <= self.max_message_size as usize)
+            .ok_or(DecodeError::BadLength {
+                length: size.saturating_add(HEADER_LEN as i32),
+                max: self.max_message_size,
+            })?;
+        let compressor_id = body[8];
+        let compressed = &body[9..];
+        let mut frame = Vec::with_capacity(total);
+        frame.extend_from_slice(&i32_len(total).unwrap_or(i32::MAX).to_le_bytes());
+        frame.extend_from_slice(&self.frame[4..12]);
+        frame.extend_from_slice(&OP_MSG.to_le_bytes());
+        match (compressor_id, self.decompressor) {
+            (NOOP_COMPRESSOR_ID, _) => frame.extend_from_slice(compressed),
+            (id, Some(decompress)) => decompress(id, compressed, total - HEADER_LEN, &mut frame)
+                .map_err(|reason| DecodeError::Decompression {
+                    compressor_id: id,
+                    reason,
+                })?,
+            (id, None) => return Err(DecodeError::UnsupportedCompressor(id)),
+        }
+        if frame.len() != total {
+            return Err(DecodeError::Decompression {
+                compressor_id,
+                reason: alloc::format!(
+                    "{} bytes, uncompressedSize says {}",
+                    frame.len() - HEADER_LEN,
+                    total - HEADER_LEN
+                ),
+            });
+        }
+        Ok(frame)
     }
 }
 
@@ -668,9 +763,77 @@ mod tests {
     #[test]
     fn wp9_other_opcodes_are_errors() {
         let mut bytes = encoded(&insert());
-        bytes[12..16].copy_from_slice(&2012i32.to_le_bytes());
+        bytes[12..16].copy_from_slice(&2004i32.to_le_bytes());
         let mut dec = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
-        assert_eq!(dec.decode(&bytes), Err(DecodeError::UnknownOpCode(2012)));
+        assert_eq!(dec.decode(&bytes), Err(DecodeError::UnknownOpCode(2004)));
+    }
+
+    /// WP-8: an OP_COMPRESSED frame around `msg`, compressed by `compress` under `id`.
+    fn compressed(msg: &OpMsg, id: u8, compress: fn(&[u8]) -> Vec<u8>) -> Vec<u8> {
+        let plain = encoded(msg);
+        let payload = compress(&plain[HEADER_LEN..]);
+        let mut out = Vec::new();
+        out.extend(((HEADER_LEN + 9 + payload.len()) as i32).to_le_bytes());
+        out.extend(&plain[4..12]);
+        out.extend(OP_COMPRESSED.to_le_bytes());
+        out.extend(OP_MSG.to_le_bytes());
+        out.extend(((plain.len() - HEADER_LEN) as i32).to_le_bytes());
+        out.push(id);
+        out.extend(payload);
+        out
+    }
+
+    /// A toy codec for the tests: every byte XOR 0x55.
+    fn xor(bytes: &[u8]) -> Vec<u8> {
+        bytes.iter().map(|b| b ^ 0x55).collect()
+    }
+
+    fn unxor(id: u8, input: &[u8], size: usize, out: &mut Vec<u8>) -> Result<(), String> {
+        assert_eq!(id, 99);
+        out.extend(xor(&input[..input.len().min(size)]));
+        Ok(())
+    }
+
+    #[test]
+    fn wp8_compressed_replies_decode_like_plain_ones() {
+        let msg = insert();
+        let mut dec = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
+        let noop = compressed(&msg, NOOP_COMPRESSOR_ID, <[u8]>::to_vec);
+        assert_eq!(decode_all(&mut dec, &noop).unwrap(), vec![msg.clone()]);
+        let custom = compressed(&msg, 99, xor);
+        assert_eq!(
+            decode_all(&mut dec, &custom),
+            Err(DecodeError::UnsupportedCompressor(99))
+        );
+        let mut dec = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
+        dec.set_decompressor(Some(unxor));
+        assert_eq!(decode_all(&mut dec, &custom).unwrap(), vec![msg]);
+    }
+
+    #[test]
+    fn wp8_uncompressed_size_is_checked_before_allocating_and_after_decompressing() {
+        let mut frame = compressed(&insert(), NOOP_COMPRESSOR_ID, <[u8]>::to_vec);
+        frame[20..24].copy_from_slice(&i32::MAX.to_le_bytes());
+        let mut dec = FrameDecoder::new(1000);
+        assert!(matches!(
+            decode_all(&mut dec, &frame),
+            Err(DecodeError::BadLength { max: 1000, .. })
+        ));
+        frame[20..24].copy_from_slice(&40i32.to_le_bytes());
+        let mut dec = FrameDecoder::new(1000);
+        assert!(matches!(
+            decode_all(&mut dec, &frame),
+            Err(DecodeError::Decompression {
+                compressor_id: 0,
+                ..
+            })
+        ));
+        frame[16..20].copy_from_slice(&2004i32.to_le_bytes());
+        let mut dec = FrameDecoder::new(1000);
+        assert_eq!(
+            decode_all(&mut dec, &frame),
+            Err(DecodeError::UnknownOpCode(2004))
+        );
     }
 
     #[test]
@@ -733,5 +896,80 @@ mod tests {
             Err(EncodeError::DuplicateIdentifier("documents".into()))
         );
         assert_eq!(out, vec![1, 2, 3]);
+    }
+
+    fn arbitrary_message() -> impl proptest::strategy::Strategy<Value = OpMsg> {
+        use proptest::prelude::*;
+        let document = proptest::collection::vec(("[a-z]{1,8}", any::<i64>(), ".{0,40}"), 0..4)
+            .prop_map(|fields| {
+                let mut d = Document::new();
+                for (k, n, s) in fields {
+                    d.insert(alloc::format!("{k}n"), n);
+                    d.insert(alloc::format!("{k}s"), s);
+                }
+                d
+            });
+        let sequence = (
+            "[a-z]{1,6}",
+            proptest::collection::vec(document.clone(), 0..3),
+        );
+        (
+            any::<i32>(),
+            any::<i32>(),
+            any::<bool>(),
+            document,
+            proptest::collection::vec(sequence, 0..3),
+        )
+            .prop_map(|(request_id, response_to, checksum, body, sequences)| {
+                let mut seen = Vec::new();
+                let sequences = sequences
+                    .into_iter()
+                    .filter(|(id, _)| {
+                        let fresh = !seen.contains(id);
+                        seen.push(id.clone());
+                        fresh
+                    })
+                    .map(|(identifier, documents)| DocumentSequence {
+                        identifier,
+                        documents,
+                    })
+                    .collect();
+                let flags = if checksum {
+                    MsgFlags::CHECKSUM_PRESENT
+                } else {
+                    MsgFlags::NONE
+                };
+                OpMsg {
+                    request_id,
+                    response_to,
+                    flags,
+                    body,
+                    sequences,
+                }
+            })
+    }
+
+    proptest::proptest! {
+        /// Any stream of valid messages, cut at any points, decodes to the same messages.
+        #[test]
+        fn any_chunking_decodes_the_same_messages(
+            messages in proptest::collection::vec(arbitrary_message(), 1..4),
+            cuts in proptest::collection::vec(1usize..64, 0..40),
+        ) {
+            let stream: Vec<u8> = messages.iter().flat_map(encoded).collect();
+            let mut dec = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
+            let mut got = Vec::new();
+            let mut rest = &stream[..];
+            for cut in cuts.iter().cycle().take(stream.len()) {
+                if rest.is_empty() {
+                    break;
+                }
+                let (piece, tail) = rest.split_at((*cut).min(rest.len()));
+                got.extend(decode_all(&mut dec, piece).unwrap());
+                rest = tail;
+            }
+            got.extend(decode_all(&mut dec, rest).unwrap());
+            proptest::prop_assert_eq!(got, messages);
+        }
     }
 }

@@ -78,6 +78,15 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     let mut two = ping.clone();
     two.extend(&insert_bytes);
     let with_chunk = |c: u8, bytes: &[u8]| [&[c][..], bytes].concat();
+    // WP-8: the ping wrapped in OP_COMPRESSED with the noop compressor.
+    let mut noop = Vec::new();
+    noop.extend(((ping.len() + 9) as i32).to_le_bytes());
+    noop.extend(&ping[4..12]);
+    noop.extend(retry_core::wire::OP_COMPRESSED.to_le_bytes());
+    noop.extend(retry_core::wire::OP_MSG.to_le_bytes());
+    noop.extend(((ping.len() - 16) as i32).to_le_bytes());
+    noop.push(retry_core::wire::NOOP_COMPRESSOR_ID);
+    noop.extend(&ping[16..]);
 
     let service_id = ObjectId::from_bytes([1; 12]);
     let mut garbage = Vec::new();
@@ -106,6 +115,20 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             "op_msg_decoder",
             "seed-reply-exhaust-flag",
             with_chunk(3, &reply),
+        ),
+        (
+            "op_msg_decoder",
+            "seed-noop-compressed",
+            with_chunk(5, &noop),
+        ),
+        // A NaN is not equal to itself: the harness must compare messages by their bytes.
+        (
+            "op_msg_decoder",
+            "seed-nan-double",
+            with_chunk(
+                2,
+                &frame(4, 0, MsgFlags::NONE, doc! { "x": f64::NAN, "$db": "d" }),
+            ),
         ),
         ("hello_reply", "seed-standalone", bson(hello_ok())),
         (
@@ -153,6 +176,11 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             "error_reply",
             "seed-max-time",
             bson(doc! { "ok": 0.0, "code": 50, "errmsg": "t" }),
+        ),
+        (
+            "error_reply",
+            "seed-nan",
+            bson(doc! { "ok": 0, "code": 2, "errmsg": "t", "x": f64::NAN }),
         ),
         (
             "error_reply",

@@ -1,16 +1,21 @@
 //! A counting global allocator proves that the happy path (one attempt that succeeds) allocates
-//! nothing: creating the machine, selecting, dispatching, the events and the finish.
+//! nothing: creating the machine, selecting, dispatching, the events and the finish; and that
+//! server selection allocates nothing on topologies of up to `INLINE_SERVERS` servers.
 
 #![allow(unsafe_code)] // The counting allocator below forwards to `System`; nothing else is unsafe.
 
 mod support;
+#[path = "../benches/support/topologies.rs"]
+mod topologies;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use retry_core::policy::RetryOptions;
 use retry_core::retry::{Action, OperationKind, OperationSpec, RetryMachine};
-use retry_core::time::Instant;
+use retry_core::rng::EngineRng;
+use retry_core::selection::{SelectionSettings, SelectionStep, ServerSelection, INLINE_SERVERS};
+use retry_core::time::{Instant, OperationTimeout};
 
 struct Counting;
 
@@ -87,4 +92,38 @@ fn the_counter_sees_allocations() {
     // Guards the test above against a counter that never counts.
     let n = allocations_during(|| drop(std::hint::black_box(vec![1u8; 16])));
     assert_eq!(n, 1);
+}
+
+/// One selection loop that selects at once, as the retry machine's `SelectServer` runs it.
+fn one_selection(case: &topologies::Case, rng: &mut EngineRng) {
+    let mut selection = ServerSelection::new(
+        case.criteria.clone(),
+        &case.deprioritized,
+        SelectionSettings::default(),
+        OperationTimeout::Off,
+        Instant::ZERO,
+    );
+    let step = selection.poll(
+        &case.topology,
+        topologies::operation_count,
+        rng,
+        Instant::ZERO,
+    );
+    assert!(matches!(step, SelectionStep::Selected(s) if !case.deprioritized.contains(&s.address)));
+}
+
+#[test]
+fn selection_on_small_topologies_allocates_nothing() {
+    let mut rng = EngineRng::from_seed_u64(9);
+    for n in [topologies::SIZES[0], INLINE_SERVERS] {
+        for case in [topologies::replica_set_with_tags(n), topologies::sharded(n)] {
+            // SS-11, SS-13, SS-15 with one deprioritized address and a tagged read preference.
+            let allocations = allocations_during(|| one_selection(&case, &mut rng));
+            assert_eq!(
+                allocations, 0,
+                "{} on {n} servers allocated {allocations} times",
+                case.shape
+            );
+        }
+    }
 }

@@ -113,3 +113,107 @@ pub fn select_server<'a>(
     retain_latency_window(&mut suitable, settings.local_threshold);
     Ok(choose_by_operation_count(&suitable, operation_count, rng))
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use crate::rng::EngineRng;
+    use crate::topology::{AverageRtt, ServerType, TagSet, TopologyType};
+    use alloc::vec::Vec;
+    use proptest::prelude::*;
+
+    const TYPES: [ServerType; 6] = [
+        ServerType::Unknown,
+        ServerType::RsPrimary,
+        ServerType::RsSecondary,
+        ServerType::RsArbiter,
+        ServerType::RsOther,
+        ServerType::Mongos,
+    ];
+    const MODES: [ReadPreferenceMode; 5] = [
+        ReadPreferenceMode::Primary,
+        ReadPreferenceMode::PrimaryPreferred,
+        ReadPreferenceMode::Secondary,
+        ReadPreferenceMode::SecondaryPreferred,
+        ReadPreferenceMode::Nearest,
+    ];
+
+    fn dc(i: u8) -> TagSet {
+        [("dc", ["ny", "sf", "la"][usize::from(i % 3)])]
+            .into_iter()
+            .collect()
+    }
+
+    /// (type index, rtt ms, dc index, deprioritized) per server.
+    type Spec = Vec<(usize, u64, u8, bool)>;
+
+    fn topology(spec: &Spec, sharded: bool) -> TopologyDescription {
+        let servers = spec
+            .iter()
+            .enumerate()
+            .map(|(i, &(t, rtt, tag, _))| ServerDescription {
+                server_type: TYPES[t],
+                average_rtt: AverageRtt::from_duration(Duration::from_millis(rtt)),
+                max_wire_version: 21,
+                tags: dc(tag),
+                ..ServerDescription::unknown(ServerAddress::new("h", 1 + i as u16))
+            })
+            .collect();
+        let topology_type = if sharded {
+            TopologyType::Sharded
+        } else {
+            TopologyType::ReplicaSetWithPrimary
+        };
+        TopologyDescription::new(topology_type, servers)
+    }
+
+    proptest! {
+        /// SS-11, SS-13, SS-15: the chosen server is in the latency window of the suitable
+        /// servers; a deprioritized server is chosen only when no other server is suitable after
+        /// filtering; the same seed gives the same choice.
+        #[test]
+        fn chosen_server_is_suitable_in_window_and_avoids_deprioritized(
+            spec in prop::collection::vec((0..6usize, 0..40u64, 0..3u8, any::<bool>()), 0..24),
+            sharded in any::<bool>(),
+            mode in 0..5usize,
+            tag in prop::option::of(0..3u8),
+            seed in any::<u64>(),
+        ) {
+            let topology = topology(&spec, sharded);
+            let deprioritized: Vec<ServerAddress> = topology
+                .servers
+                .iter()
+                .zip(&spec)
+                .filter(|(_, s)| s.3)
+                .map(|(d, _)| d.address.clone())
+                .collect();
+            let tag_sets = match (MODES[mode], tag) {
+                (ReadPreferenceMode::Primary, _) | (_, None) => Vec::new(),
+                (_, Some(t)) => alloc::vec![dc(t)],
+            };
+            let criteria = SelectionCriteria::Read(
+                ReadPreference::new(MODES[mode], tag_sets, None).unwrap(),
+            );
+            let settings = SelectionSettings::default();
+            let count = |a: &ServerAddress| u32::from(a.port() % 5);
+            let pick = |seed| {
+                select_server(&topology, &criteria, &deprioritized, &settings, count,
+                    &mut EngineRng::from_seed_u64(seed)).unwrap().map(|s| s.address.clone())
+            };
+            let chosen = pick(seed);
+            prop_assert_eq!(&chosen, &pick(seed));
+            let mut window = suitable_servers(&topology, &criteria, &deprioritized,
+                settings.heartbeat_frequency).unwrap();
+            retain_latency_window(&mut window, settings.local_threshold);
+            match &chosen {
+                None => prop_assert!(window.is_empty()),
+                Some(a) => {
+                    prop_assert!(window.iter().any(|s| &s.address == a));
+                    if deprioritized.contains(a) {
+                        prop_assert!(window.iter().all(|s| deprioritized.contains(&s.address)));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! Read preferences (SS-2) and their validation.
 
 use alloc::boxed::Box;
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::fmt;
 use core::str::FromStr;
@@ -124,26 +125,24 @@ impl core::error::Error for ReadPreferenceError {}
 
 /// A validated read preference (SS-2): a mode, tag sets tried in order, and an optional maximum
 /// staleness. The deprecated `hedge` is not modelled.
+///
+/// Cloning never allocates (the tag sets are shared), so a selection can own its criteria.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct ReadPreference {
     mode: ReadPreferenceMode,
-    tag_sets: Vec<TagSet>,
+    tag_sets: Option<Arc<[TagSet]>>,
     max_staleness: Option<Duration>,
 }
 
 impl ReadPreference {
     /// Mode primary, the default.
-    pub const PRIMARY: ReadPreference = ReadPreference {
-        mode: ReadPreferenceMode::Primary,
-        tag_sets: Vec::new(),
-        max_staleness: None,
-    };
+    pub const PRIMARY: ReadPreference = ReadPreference::from_mode(ReadPreferenceMode::Primary);
 
     /// A read preference with no tag sets and no maximum staleness; valid for every mode.
     pub const fn from_mode(mode: ReadPreferenceMode) -> ReadPreference {
         ReadPreference {
             mode,
-            tag_sets: Vec::new(),
+            tag_sets: None,
             max_staleness: None,
         }
     }
@@ -177,7 +176,7 @@ impl ReadPreference {
         }
         Ok(ReadPreference {
             mode,
-            tag_sets,
+            tag_sets: (!tag_sets.is_empty()).then(|| tag_sets.into()),
             max_staleness,
         })
     }
@@ -189,7 +188,7 @@ impl ReadPreference {
 
     /// The tag sets, in the order they are tried (SS-6).
     pub fn tag_sets(&self) -> &[TagSet] {
-        &self.tag_sets
+        self.tag_sets.as_deref().unwrap_or_default()
     }
 
     /// The maximum staleness, if any (SS-5).
@@ -222,9 +221,9 @@ impl fmt::Display for ReadPreference {
     /// "ny"}], maxStalenessSeconds: 120}`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{{mode: {}", self.mode)?;
-        if !self.tag_sets.is_empty() {
+        if !self.tag_sets().is_empty() {
             f.write_str(", tag_sets: [")?;
-            for (i, t) in self.tag_sets.iter().enumerate() {
+            for (i, t) in self.tag_sets().iter().enumerate() {
                 if i > 0 {
                     f.write_str(", ")?;
                 }

@@ -33,99 +33,104 @@ pub fn suitable_servers<'a>(
     }
     let staleness = StalenessReference::of(topology, heartbeat_frequency);
     if !deprioritized.is_empty() {
-        let preferred: ServerList<'a> = topology
-            .servers
-            .iter()
-            .filter(|s| !deprioritized.contains(&s.address))
-            .collect();
-        let suitable = suitable_among(topology.topology_type, &preferred, criteria, &staleness);
+        let preferred = Pool {
+            servers: &topology.servers,
+            avoid: deprioritized,
+        };
+        let suitable = preferred.suitable(topology.topology_type, criteria, &staleness);
         if !suitable.is_empty() {
             return Ok(suitable);
         }
     }
-    let all: ServerList<'a> = topology.servers.iter().collect();
-    Ok(suitable_among(
-        topology.topology_type,
-        &all,
-        criteria,
-        &staleness,
-    ))
-}
-
-/// The topology rules applied to `servers` (SS-7 for writes; SS-3, SS-8, SS-9 for reads).
-fn suitable_among<'a>(
-    topology_type: TopologyType,
-    servers: &[&'a ServerDescription],
-    criteria: &SelectionCriteria,
-    staleness: &StalenessReference,
-) -> ServerList<'a> {
-    let of_type = |t: ServerType| servers.iter().copied().filter(move |s| s.server_type == t);
-    match (topology_type, criteria) {
-        (TopologyType::Unknown, _) => ServerList::new(),
-        (TopologyType::Single, _) => servers
-            .iter()
-            .copied()
-            .filter(|s| s.is_available())
-            .collect(),
-        (TopologyType::Sharded, _) => of_type(ServerType::Mongos).collect(),
-        (TopologyType::LoadBalanced, _) => of_type(ServerType::LoadBalancer).collect(),
-        (
-            TopologyType::ReplicaSetNoPrimary | TopologyType::ReplicaSetWithPrimary,
-            SelectionCriteria::Write,
-        ) => of_type(ServerType::RsPrimary).collect(),
-        (
-            TopologyType::ReplicaSetNoPrimary | TopologyType::ReplicaSetWithPrimary,
-            SelectionCriteria::Read(rp),
-        ) => replica_set_read(servers, rp, staleness),
-    }
-}
-
-/// SS-3: a replica-set read by mode, with the primaryPreferred / secondaryPreferred fallbacks.
-fn replica_set_read<'a>(
-    servers: &[&'a ServerDescription],
-    rp: &ReadPreference,
-    staleness: &StalenessReference,
-) -> ServerList<'a> {
-    let primaries = || -> ServerList<'a> {
-        servers
-            .iter()
-            .copied()
-            .filter(|s| s.server_type == ServerType::RsPrimary)
-            .collect()
+    let all = Pool {
+        servers: &topology.servers,
+        avoid: &[],
     };
-    let eligible = |with_primary: bool| -> ServerList<'a> {
-        let mut candidates: ServerList<'a> = servers
-            .iter()
-            .copied()
-            .filter(|s| {
+    Ok(all.suitable(topology.topology_type, criteria, &staleness))
+}
+
+/// The servers one pass of SS-11 looks at: the topology's, less the `avoid` addresses.
+struct Pool<'a, 'b> {
+    servers: &'a [ServerDescription],
+    avoid: &'b [ServerAddress],
+}
+
+impl<'a> Pool<'a, '_> {
+    /// The servers of the pool that satisfy `keep`, in topology order. At most one allocation,
+    /// and none up to [`super::INLINE_SERVERS`] servers.
+    fn collect(&self, keep: impl Fn(&ServerDescription) -> bool) -> ServerList<'a> {
+        let mut list = ServerList::new();
+        list.reserve(self.servers.len());
+        list.extend(
+            self.servers
+                .iter()
+                .filter(|s| keep(s) && !self.avoid.contains(&s.address)),
+        );
+        list
+    }
+
+    /// The topology rules (SS-7 for writes; SS-3, SS-8, SS-9 for reads).
+    fn suitable(
+        &self,
+        topology_type: TopologyType,
+        criteria: &SelectionCriteria,
+        staleness: &StalenessReference,
+    ) -> ServerList<'a> {
+        let of_type = |t: ServerType| self.collect(|s| s.server_type == t);
+        match (topology_type, criteria) {
+            (TopologyType::Unknown, _) => ServerList::new(),
+            (TopologyType::Single, _) => self.collect(ServerDescription::is_available),
+            (TopologyType::Sharded, _) => of_type(ServerType::Mongos),
+            (TopologyType::LoadBalanced, _) => of_type(ServerType::LoadBalancer),
+            (
+                TopologyType::ReplicaSetNoPrimary | TopologyType::ReplicaSetWithPrimary,
+                SelectionCriteria::Write,
+            ) => of_type(ServerType::RsPrimary),
+            (
+                TopologyType::ReplicaSetNoPrimary | TopologyType::ReplicaSetWithPrimary,
+                SelectionCriteria::Read(rp),
+            ) => self.replica_set_read(rp, staleness),
+        }
+    }
+
+    /// SS-3: a replica-set read by mode, with the primaryPreferred / secondaryPreferred
+    /// fallbacks.
+    fn replica_set_read(
+        &self,
+        rp: &ReadPreference,
+        staleness: &StalenessReference,
+    ) -> ServerList<'a> {
+        let primaries = || self.collect(|s| s.server_type == ServerType::RsPrimary);
+        let eligible = |with_primary: bool| {
+            let mut candidates = self.collect(|s| {
                 s.server_type == ServerType::RsSecondary
                     || (with_primary && s.server_type == ServerType::RsPrimary)
-            })
-            .collect();
-        if let Some(max) = rp.max_staleness() {
-            candidates.retain(|s| staleness.is_fresh(s, max));
-        }
-        retain_matching_tags(&mut candidates, rp.tag_sets());
-        candidates
-    };
-    match rp.mode() {
-        ReadPreferenceMode::Primary => primaries(),
-        ReadPreferenceMode::Secondary => eligible(false),
-        ReadPreferenceMode::Nearest => eligible(true),
-        ReadPreferenceMode::SecondaryPreferred => {
-            let secondaries = eligible(false);
-            if secondaries.is_empty() {
-                primaries()
-            } else {
-                secondaries
+            });
+            if let Some(max) = rp.max_staleness() {
+                candidates.retain(|s| staleness.is_fresh(s, max));
             }
-        }
-        ReadPreferenceMode::PrimaryPreferred => {
-            let primary = primaries();
-            if primary.is_empty() {
-                eligible(false)
-            } else {
-                primary
+            retain_matching_tags(&mut candidates, rp.tag_sets());
+            candidates
+        };
+        match rp.mode() {
+            ReadPreferenceMode::Primary => primaries(),
+            ReadPreferenceMode::Secondary => eligible(false),
+            ReadPreferenceMode::Nearest => eligible(true),
+            ReadPreferenceMode::SecondaryPreferred => {
+                let secondaries = eligible(false);
+                if secondaries.is_empty() {
+                    primaries()
+                } else {
+                    secondaries
+                }
+            }
+            ReadPreferenceMode::PrimaryPreferred => {
+                let primary = primaries();
+                if primary.is_empty() {
+                    eligible(false)
+                } else {
+                    primary
+                }
             }
         }
     }

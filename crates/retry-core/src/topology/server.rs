@@ -577,4 +577,77 @@ mod tests {
             Some("hello failed with code 13 (Unauthorized): no")
         );
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        const FIELDS: &[&str] = &[
+            "ok",
+            "isreplicaset",
+            "msg",
+            "setName",
+            "isWritablePrimary",
+            "ismaster",
+            "hidden",
+            "secondary",
+            "arbiterOnly",
+            "hosts",
+            "passives",
+            "arbiters",
+            "me",
+            "primary",
+            "tags",
+            "setVersion",
+            "electionId",
+            "minWireVersion",
+            "maxWireVersion",
+            "lastWrite",
+            "logicalSessionTimeoutMinutes",
+            "topologyVersion",
+            "serviceId",
+            "code",
+            "errmsg",
+        ];
+
+        fn value() -> impl Strategy<Value = Bson> {
+            let leaf = prop_oneof![
+                Just(Bson::Null),
+                any::<bool>().prop_map(Bson::Boolean),
+                any::<i32>().prop_map(Bson::Int32),
+                any::<i64>().prop_map(Bson::Int64),
+                any::<f64>().prop_map(Bson::Double),
+                "[a-zA-Z:0-9\\[\\]]{0,12}".prop_map(Bson::String),
+                any::<[u8; 12]>().prop_map(|b| Bson::ObjectId(ObjectId::from_bytes(b))),
+                any::<i64>().prop_map(|ms| Bson::DateTime(bson::DateTime::from_millis(ms))),
+            ];
+            leaf.prop_recursive(2, 16, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Bson::Array),
+                    prop::collection::vec((prop::sample::select(FIELDS), inner), 0..4).prop_map(
+                        |fields| {
+                            Bson::Document(fields.into_iter().map(|(k, v)| (k.into(), v)).collect())
+                        }
+                    ),
+                ]
+            })
+        }
+
+        proptest! {
+            /// A reply of any shape gives a description, never a panic; it is Unknown exactly
+            /// when it carries an error.
+            #[test]
+            fn from_hello_never_panics_and_unknown_means_error(
+                fields in prop::collection::vec((prop::sample::select(FIELDS), value()), 0..12),
+                ok in prop::option::of(any::<bool>()),
+            ) {
+                let mut reply: Document = fields.into_iter().map(|(k, v)| (k.into(), v)).collect();
+                if let Some(ok) = ok {
+                    reply.insert("ok", i32::from(ok));
+                }
+                let d = parse(reply);
+                prop_assert_eq!(d.server_type == ServerType::Unknown, d.error.is_some());
+            }
+        }
+    }
 }
