@@ -5,6 +5,7 @@
 //! files; each file is one test case, run by the suite's runner, which returns `Err` with a message
 //! naming what differed.
 
+pub mod cmap;
 pub mod corpus;
 pub mod in_window;
 pub mod json;
@@ -52,5 +53,11 @@ pub const SUITES: &[Suite] = &[
         dir: "source/max-staleness/tests",
         expected_files: 32,
         run: server_selection::run_file,
+    },
+    Suite {
+        name: "cmap_format",
+        dir: "source/connection-monitoring-and-pooling/tests/cmap-format",
+        expected_files: 33,
+        run: cmap::run_file,
     },
 ];

@@ -17,12 +17,16 @@
 //! | --- | --- |
 //! | [`time`] | the monotonic [`time::Instant`] newtype and CSOT deadlines |
 //! | [`address`] | [`address::ServerAddress`] |
-//! | [`topology`] | server and topology types |
+//! | [`topology`] | server and topology descriptions, built from `hello` replies |
+//! | [`selection`] | server selection with deprioritization, the latency window and the selection loop |
 //! | [`error`] | error facts parsed from replies and network failures, and the classifiers |
 //! | [`rng`] | the seeded generator and exact jitter |
 //! | [`backoff`] | backoff formulas |
 //! | [`budget`] | retry budgets shared through `&self` without locks |
+//! | [`monitor`] | server monitoring: check schedule, RTT, descriptions from checks |
+//! | [`pinning`] | transaction and load-balanced cursor pins (TX-3..5, LB-10..12) |
 //! | [`policy`] | retry options and policies, validated |
+//! | [`pool`] | connection-pool accounting (CMAP) for one server |
 //! | [`retry`] | the per-operation retry state machine |
 //! | [`scenario`] | a scripted, bounded driver for the retry machine in virtual time |
 //!
@@ -100,7 +104,10 @@ pub mod budget;
 pub mod connection;
 pub mod error;
 pub mod handshake;
+pub mod monitor;
+pub mod pinning;
 pub mod policy;
+pub mod pool;
 pub mod retry;
 pub mod rng;
 pub mod scenario;
