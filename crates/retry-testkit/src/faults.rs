@@ -5,7 +5,7 @@ use core::time::Duration;
 
 use rand_core::RngCore;
 use retry_core::rng::EngineRng;
-use retry_core::wire::{HEADER_LEN, OP_MSG};
+use retry_core::wire::{HEADER_LEN, OP_COMPRESSED, OP_MSG};
 
 use crate::config::MAX_MESSAGE_SIZE_BYTES;
 
@@ -87,13 +87,16 @@ pub(crate) fn connection_rng(seed: u64, connection_id: i32) -> EngineRng {
     EngineRng::from_seed_u64(seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
-/// 16 to 64 random bytes whose header no OP_MSG decoder accepts: the opcode is never 2013.
+/// 16 to 64 random bytes whose header no decoder accepts: the opcode is never OP_MSG (2013) nor
+/// OP_COMPRESSED (2012).
 pub(crate) fn garbage(rng: &mut EngineRng) -> Vec<u8> {
     let len = HEADER_LEN + (rng.next_u32() % 49) as usize;
     let mut bytes = vec![0; len];
     rng.fill_bytes(&mut bytes);
-    if i32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]) == OP_MSG {
-        bytes[12] ^= 1;
+    let op_code = i32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
+    if op_code == OP_MSG || op_code == OP_COMPRESSED {
+        // The sign bit: a negative opcode is no opcode at all.
+        bytes[15] ^= 0x80;
     }
     bytes
 }
