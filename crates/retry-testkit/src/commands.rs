@@ -10,7 +10,7 @@ use crate::config::{
 };
 use crate::fail_point::{error_reply, FailCommand};
 use crate::server::State;
-use crate::store::{Batch, QueryError};
+use crate::store::{Batch, QueryError, WriteKey};
 use retry_core::wire::OpMsg;
 
 /// The `electionId` a primary reports; constant, since the test server never holds an election.
@@ -22,6 +22,27 @@ const VERSION: &str = "8.2.0";
 /// Whether `name` is a handshake command: never rate limited (BP-6), recorded for tests.
 pub(crate) fn is_hello(name: &str) -> bool {
     matches!(name, "hello" | "isMaster" | "ismaster")
+}
+
+/// A retryable write as the server sees it: a command with a `txnNumber` outside a
+/// multi-document transaction, or a transaction's commit or abort.
+pub(crate) fn is_retryable_write(name: &str, command: &Document) -> bool {
+    matches!(name, "commitTransaction" | "abortTransaction")
+        || (command.contains_key("txnNumber") && !command.contains_key("autocommit"))
+}
+
+/// The identity of a retryable `insert` (the one write the server runs), when it is one: a retry
+/// with the same `lsid` and `txnNumber` gets the first reply and does not run again.
+pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
+    if name != "insert" || !is_retryable_write(name, command) {
+        return None;
+    }
+    let session = command.get_document("lsid").ok()?.to_vec().ok()?;
+    let txn_number = command.get("txnNumber").and_then(integer)?;
+    Some(WriteKey {
+        session,
+        txn_number,
+    })
 }
 
 /// What a hello reply depends on besides the server's state.
@@ -352,6 +373,27 @@ mod tests {
         assert_eq!(reply.get_i32("maxWireVersion").ok(), Some(25));
         assert_eq!(reply.get_i32("maxMessageSizeBytes").ok(), Some(48_000_000));
         assert_eq!(reply.get_i32("logicalSessionTimeoutMinutes").ok(), Some(30));
+    }
+
+    #[test]
+    fn only_retryable_inserts_have_a_write_key() {
+        let lsid = doc! { "id": 1 };
+        let retryable = doc! { "insert": "c", "lsid": lsid.clone(), "txnNumber": 3_i64 };
+        let key = write_key("insert", &retryable).unwrap();
+        assert_eq!(key.txn_number, 3);
+        assert_eq!(key.session, lsid.to_vec().unwrap());
+        let in_transaction = doc! { "insert": "c", "lsid": { "id": 1 }, "txnNumber": 3_i64,
+        "autocommit": false };
+        assert_eq!(write_key("insert", &in_transaction), None);
+        assert_eq!(
+            write_key("insert", &doc! { "insert": "c", "txnNumber": 3_i64 }),
+            None
+        );
+        assert_eq!(
+            write_key("insert", &doc! { "insert": "c", "lsid": { "id": 1 } }),
+            None
+        );
+        assert_eq!(write_key("find", &retryable), None);
     }
 
     #[test]

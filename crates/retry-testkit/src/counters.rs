@@ -12,6 +12,9 @@ pub struct CommandCounts {
     /// Requests whose command actually ran: not rejected by the ingress limiter, not replaced by a
     /// fail point's error or `closeConnection`. A `writeConcernError` fail point runs it.
     pub executed: u64,
+    /// Retries of a retryable write that already ran (same `lsid` and `txnNumber`): answered with
+    /// the first reply, not run again.
+    pub replayed: u64,
     /// Replies with `ok: 1` (a `writeConcernError` included), before any random fault.
     pub succeeded: u64,
     /// Replies with `ok: 0`, before any random fault.

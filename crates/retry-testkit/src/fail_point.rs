@@ -7,6 +7,8 @@ use core::time::Duration;
 use bson::{doc, Bson, Document};
 use retry_core::error::RETRYABLE_WRITE_CODES;
 
+use crate::commands::is_retryable_write;
+
 /// How many more times the fail point fires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FailPointMode {
@@ -222,13 +224,6 @@ fn canonical(name: &str) -> &str {
     } else {
         name
     }
-}
-
-/// A retryable write as the server sees it: a command with a `txnNumber` outside a
-/// multi-document transaction, or a transaction's commit or abort.
-fn is_retryable_write(name: &str, command: &Document) -> bool {
-    matches!(name, "commitTransaction" | "abortTransaction")
-        || (command.contains_key("txnNumber") && !command.contains_key("autocommit"))
 }
 
 /// `{ok: 0, errmsg, code, codeName}`; `codeName` only for the codes [`code_name`] knows.

@@ -52,7 +52,9 @@
 //!    `baseBackoffMS` when configured (BP-3, BP-15).
 //! 4. The `failCommand` fail point, when it matches, blocks, closes the connection, fails the
 //!    command or adds a `writeConcernError` ([`FailCommand`]).
-//! 5. The command runs ([`CommandCounts::executed`]).
+//! 5. The command runs ([`CommandCounts::executed`]), unless it is the retry of a retryable
+//!    `insert` that already ran (same `lsid` and `txnNumber`): that gets the first reply again
+//!    ([`CommandCounts::replayed`]).
 //! 6. The reply is written unless the request had `moreToCome`, or replaced by a random fault
 //!    ([`FaultConfig`]).
 //!

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep, Duration, Instant};
 
-use crate::commands::{execute, hello_reply, is_hello, HelloContext};
+use crate::commands::{execute, hello_reply, is_hello, write_key, HelloContext};
 use crate::config::{IngressLimit, RateLimit, Role, ServerConfig, MAX_MESSAGE_SIZE_BYTES};
 use crate::counters::Counters;
 use crate::fail_point::{error_reply, FailCommand};
@@ -471,6 +471,11 @@ impl Connection {
             }
         }
         let mut state = shared.lock();
+        let write_key = write_key(name, command);
+        if let Some(reply) = write_key.as_ref().and_then(|k| state.store.write_result(k)) {
+            state.counters.command_mut(name).replayed += 1;
+            return Response::Reply(reply);
+        }
         let reply = if hello {
             let context = HelloContext {
                 me: &shared.me,
@@ -493,6 +498,11 @@ impl Connection {
             return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));
         };
         state.counters.command_mut(name).executed += 1;
+        if let Some(key) = write_key {
+            if reply.get("ok").is_some_and(is_ok) {
+                state.store.record_write(key, reply.clone());
+            }
+        }
         if let Some(error) = fired.and_then(|f| f.write_concern_error) {
             if reply.get("ok").is_some_and(is_ok) {
                 reply.insert("writeConcernError", error);

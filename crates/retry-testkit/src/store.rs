@@ -5,12 +5,21 @@ use std::collections::{BTreeMap, VecDeque};
 use bson::oid::ObjectId;
 use bson::{Bson, Document};
 
-/// Collections by namespace (`db.collection`) and the open cursors.
+/// Collections by namespace (`db.collection`), the open cursors, and the results of retryable
+/// writes.
 #[derive(Debug, Default)]
 pub(crate) struct Store {
     collections: BTreeMap<String, Vec<Document>>,
     cursors: BTreeMap<i64, Cursor>,
     last_cursor_id: i64,
+    write_results: BTreeMap<WriteKey, Document>,
+}
+
+/// A retryable write's identity: its session (`lsid`, as BSON bytes) and `txnNumber`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct WriteKey {
+    pub(crate) session: Vec<u8>,
+    pub(crate) txn_number: i64,
 }
 
 #[derive(Debug)]
@@ -102,6 +111,16 @@ impl Store {
             let owned = self.cursors.get(id).is_some_and(|c| c.ns == ns);
             owned && self.cursors.remove(id).is_some()
         })
+    }
+
+    /// The reply of the retryable write `key`, if it already ran.
+    pub(crate) fn write_result(&self, key: &WriteKey) -> Option<Document> {
+        self.write_results.get(key).cloned()
+    }
+
+    /// Remembers the reply of the retryable write `key`, so a retry returns it without running.
+    pub(crate) fn record_write(&mut self, key: WriteKey, reply: Document) {
+        self.write_results.insert(key, reply);
     }
 
     /// How many cursors are open.

@@ -189,6 +189,53 @@ async fn close_connection_means_the_write_never_ran() {
 }
 
 #[tokio::test]
+async fn a_retried_write_whose_reply_was_lost_runs_once() {
+    bounded(async {
+        let config = ServerConfig {
+            faults: FaultConfig {
+                reset_mid_frame: 1.0,
+                ..FaultConfig::default()
+            },
+            ..ServerConfig::new(Role::Mongos)
+        };
+        let (server, mut client) = start(config).await;
+        let handle = server.handle();
+        let insert = |txn_number: i64| {
+            doc! {
+                "insert": "c", "documents": [{ "x": txn_number }],
+                "lsid": { "id": Bson::Binary(bson::Binary {
+                    subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![7; 16] }) },
+                "txnNumber": txn_number, "$db": "db",
+            }
+        };
+        // The insert runs, then its reply is cut by a reset.
+        let result = client.command(insert(1)).await;
+        assert!(result.is_err(), "{result:?}");
+        handle.set_faults(FaultConfig::default());
+
+        let mut retry = RawClient::connect(server.address()).await.unwrap();
+        let reply = retry.command(insert(1)).await.unwrap();
+        assert_eq!(reply.get_i32("n").ok(), Some(1));
+        assert_eq!(
+            handle.documents("db.c").len(),
+            1,
+            "the retry did not insert again"
+        );
+        // The next transaction number is a new write.
+        retry.command(insert(2)).await.unwrap();
+        assert_eq!(handle.documents("db.c").len(), 2);
+
+        let inserts = handle.counters().command("insert");
+        assert_eq!(
+            (inserts.received, inserts.executed, inserts.replayed),
+            (3, 2, 1)
+        );
+        server.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn block_connection_holds_only_that_command() {
     bounded(async {
         let (server, mut blocked) = start(ServerConfig::default()).await;
