@@ -11,7 +11,7 @@ use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::{sleep, Duration, Instant};
 
 use crate::commands::{execute, hello_reply, is_hello, write_key, HelloContext};
@@ -179,13 +179,21 @@ impl TestServer {
     }
 
     /// Stops accepting, closes every connection and waits until all its tasks have ended.
+    ///
+    /// # Panics
+    ///
+    /// If a task of the server panicked (a bug in the server, never a client's input), with
+    /// that panic, so the test that shuts it down fails.
     pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
-            // The accept loop may already be gone (its runtime stopped); nothing to tell then.
+            // The accept loop may already be gone (it panicked); the join below reports that.
             let _ = stop.send(());
         }
-        // A cancelled or panicked accept loop has nothing left to wait for either.
-        let _ = (&mut self.task).await;
+        if let Err(error) = (&mut self.task).await {
+            if let Ok(panic) = error.try_into_panic() {
+                std::panic::resume_unwind(panic);
+            }
+        }
     }
 }
 
@@ -310,7 +318,9 @@ async fn accept_loop(
     loop {
         tokio::select! {
             _ = &mut stopped => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(ended) = connections.join_next(), if !connections.is_empty() => {
+                propagate_panic(ended);
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     if let Some(connection) = admit(&shared) {
@@ -322,7 +332,21 @@ async fn accept_loop(
             },
         }
     }
-    connections.shutdown().await;
+    connections.abort_all();
+    // Bounded: the set only shrinks once the loop above has stopped adding to it.
+    while let Some(ended) = connections.join_next().await {
+        propagate_panic(ended);
+    }
+}
+
+/// A connection task that panicked is a bug in the server: panic the accept loop with it, so
+/// [`TestServer::shutdown`] reports it to the test.
+fn propagate_panic(ended: Result<(), JoinError>) {
+    if let Err(error) = ended {
+        if let Ok(panic) = error.try_into_panic() {
+            std::panic::resume_unwind(panic);
+        }
+    }
 }
 
 /// Counts an accepted socket and asks the connection limiter; `None` means close it now.
