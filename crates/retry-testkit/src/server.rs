@@ -323,6 +323,9 @@ async fn accept_loop(
             }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    // Replies are single writes; without Nagle's delay a benchmark measures the
+                    // client, not the kernel's timer. A socket that refuses still works.
+                    let _ = stream.set_nodelay(true);
                     if let Some(connection) = admit(&shared) {
                         connections.spawn(serve(Arc::clone(&shared), stream, connection));
                     }

@@ -131,6 +131,32 @@ async fn fail_command_times_then_off() {
 }
 
 #[tokio::test]
+async fn a_fail_point_can_close_the_handshake() {
+    bounded(async {
+        let (server, mut client) = start(ServerConfig::new(Role::Mongos)).await;
+        let handle = server.handle();
+        handle.set_fail_command(Some(
+            FailCommand::new(FailPointMode::Times(1), ["hello", "isMaster"])
+                .with_close_connection(),
+        ));
+        let result = client.command(hello("lab")).await;
+        assert!(is_closed(&result), "{result:?}");
+        let mut again = RawClient::connect(server.address()).await.unwrap();
+        assert_eq!(code(&again.command(hello("lab")).await.unwrap()), None);
+
+        assert_eq!(
+            handle.handshakes().len(),
+            2,
+            "both handshakes were recorded"
+        );
+        let hellos = handle.counters().command("hello");
+        assert_eq!((hellos.received, hellos.executed), (2, 1));
+        server.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn configure_fail_point_over_the_wire_always_on_then_off() {
     bounded(async {
         let (server, mut client) = start(ServerConfig::default()).await;
