@@ -14,7 +14,7 @@ use crate::commands::is_retryable_write;
 pub enum FailPointMode {
     /// `"alwaysOn"`: every matching command.
     AlwaysOn,
-    /// `{times: n}`: the next `n` matching commands, then off.
+    /// `{times: n}`: the next `n` matching commands, then off; `Times(0)` is off.
     Times(u32),
 }
 

@@ -17,7 +17,7 @@ use tokio::time::{sleep, Duration, Instant};
 use crate::commands::{execute, hello_reply, is_hello, write_key, HelloContext};
 use crate::config::{IngressLimit, RateLimit, Role, ServerConfig, MAX_MESSAGE_SIZE_BYTES};
 use crate::counters::Counters;
-use crate::fail_point::{error_reply, FailCommand};
+use crate::fail_point::{error_reply, FailCommand, FailPointMode};
 use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfig};
 use crate::limiter::TokenBucket;
 use crate::store::Store;
@@ -78,10 +78,11 @@ impl State {
             return None;
         }
         let fired = fail.clone();
-        if let crate::fail_point::FailPointMode::Times(n) = &mut fail.mode {
-            *n -= 1;
-            if *n == 0 {
+        if let FailPointMode::Times(n) = &mut fail.mode {
+            if *n <= 1 {
                 self.fail_point = None;
+            } else {
+                *n -= 1;
             }
         }
         self.counters.fail_points_triggered += 1;
@@ -234,10 +235,10 @@ impl ServerHandle {
         self.shared.lock().handshakes.clone()
     }
 
-    /// Sets the `failCommand` fail point, or turns it off with `None`; the same as sending
-    /// `configureFailPoint`.
+    /// Sets the `failCommand` fail point, or turns it off with `None` (or `Times(0)`); the same as
+    /// sending `configureFailPoint`.
     pub fn set_fail_command(&self, fail: Option<FailCommand>) {
-        self.shared.lock().fail_point = fail;
+        self.shared.lock().fail_point = fail.filter(|f| f.mode != FailPointMode::Times(0));
     }
 
     /// The `failCommand` fail point in force, with its remaining `times`.

@@ -110,20 +110,25 @@ async fn fail_command_times_then_off() {
                 .with_error_code(91)
                 .with_error_labels(["SystemOverloadedError", "RetryableError"]),
         ));
-        for _ in 0..2 {
+        for remaining in [Some(FailPointMode::Times(1)), None] {
             let reply = client.command(ping()).await.unwrap();
+            assert_eq!(handle.fail_command().map(|f| f.mode), remaining);
             assert_eq!(code(&reply), Some(91));
             assert_eq!(reply.get_str("errmsg").ok(), Some(FAIL_POINT_MESSAGE));
             assert_eq!(labels(&reply), ["SystemOverloadedError", "RetryableError"]);
         }
         let reply = client.command(ping()).await.unwrap();
         assert_eq!(code(&reply), None, "{reply}");
-        assert_eq!(handle.fail_command(), None, "times ran out");
+        handle.set_fail_command(Some(
+            FailCommand::new(FailPointMode::Times(0), ["ping"]).with_error_code(91),
+        ));
+        assert_eq!(handle.fail_command(), None, "times 0 is off");
+        assert_eq!(code(&client.command(ping()).await.unwrap()), None);
 
         let counters = handle.counters();
         let pings = counters.command("ping");
-        assert_eq!((pings.received, pings.executed), (3, 1));
-        assert_eq!((pings.succeeded, pings.failed), (1, 2));
+        assert_eq!((pings.received, pings.executed), (4, 2));
+        assert_eq!((pings.succeeded, pings.failed), (2, 2));
         assert_eq!(counters.fail_points_triggered, 2);
         server.shutdown().await;
     })
