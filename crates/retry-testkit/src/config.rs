@@ -106,7 +106,7 @@ pub struct ServerConfig {
     pub batch_size: u32,
     /// The ingress request rate limiter, if any.
     pub ingress_limit: Option<IngressLimit>,
-    /// The connection rate limiter, if any: an accepted socket that finds no token is closed
+    /// The connection rate limiter, if any: an accepted socket that finds no token is reset
     /// before any byte of its handshake is answered.
     pub connection_limit: Option<RateLimit>,
     /// Random faults injected into replies.

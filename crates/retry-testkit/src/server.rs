@@ -327,8 +327,15 @@ async fn accept_loop(
                     // Replies are single writes; without Nagle's delay a benchmark measures the
                     // client, not the kernel's timer. A socket that refuses still works.
                     let _ = stream.set_nodelay(true);
-                    if let Some(connection) = admit(&shared) {
-                        connections.spawn(serve(Arc::clone(&shared), stream, connection));
+                    match admit(&shared) {
+                        Some(connection) => {
+                            connections.spawn(serve(Arc::clone(&shared), stream, connection));
+                        }
+                        // Over the connection rate: reset it (SO_LINGER 0) as it is dropped. A
+                        // socket that refuses the option is closed plainly, still unanswered.
+                        None => {
+                            let _ = stream.set_zero_linger();
+                        }
                     }
                 }
                 // Out of descriptors or similar: give the process a moment, then go on.
@@ -353,7 +360,7 @@ fn propagate_panic(ended: Result<(), JoinError>) {
     }
 }
 
-/// Counts an accepted socket and asks the connection limiter; `None` means close it now.
+/// Counts an accepted socket and asks the connection limiter; `None` means reset it now.
 fn admit(shared: &Shared) -> Option<Connection> {
     let mut state = shared.lock();
     state.counters.connections_accepted += 1;

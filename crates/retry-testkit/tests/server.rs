@@ -59,11 +59,14 @@ fn labels(reply: &Document) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The connection was closed (or reset) instead of answered.
+/// The connection was closed or reset instead of answered (a write after a reset may also see
+/// a broken pipe).
 fn is_closed(result: &io::Result<impl std::fmt::Debug>) -> bool {
     matches!(
         result.as_ref().map_err(io::Error::kind),
-        Err(io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset)
+        Err(io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe)
     )
 }
 
