@@ -15,7 +15,9 @@ use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::{sleep, Duration, Instant};
 
 use crate::commands::{execute, hello_reply, is_hello, write_key, HelloContext};
-use crate::config::{IngressLimit, RateLimit, Role, ServerConfig, MAX_MESSAGE_SIZE_BYTES};
+use crate::config::{
+    IngressLimit, RateLimit, ReplicaSetMember, Role, ServerConfig, MAX_MESSAGE_SIZE_BYTES,
+};
 use crate::counters::Counters;
 use crate::fail_point::{error_reply, FailCommand, FailPointMode};
 use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfig};
@@ -167,6 +169,41 @@ impl TestServer {
             stop: Some(stop),
             task,
         })
+    }
+
+    /// Starts a replica set named `set_name` of `members` servers (at least one), each from
+    /// `config` with its role replaced: the first is the primary, the others secondaries, and every
+    /// member reports all their addresses as `hosts` and the first as `primary`.
+    pub async fn start_replica_set(
+        set_name: &str,
+        members: usize,
+        config: ServerConfig,
+    ) -> io::Result<Vec<TestServer>> {
+        let mut servers = Vec::with_capacity(members.max(1));
+        for i in 0..members.max(1) {
+            let member = if i == 0 {
+                ReplicaSetMember::primary(set_name)
+            } else {
+                ReplicaSetMember::secondary(set_name)
+            };
+            let config = ServerConfig {
+                role: Role::ReplicaSetMember(member),
+                ..config.clone()
+            };
+            servers.push(TestServer::start(config).await?);
+        }
+        let hosts: Vec<String> = servers.iter().map(|s| s.address.to_string()).collect();
+        for (i, server) in servers.iter().enumerate() {
+            server
+                .handle
+                .set_role(Role::ReplicaSetMember(ReplicaSetMember {
+                    set_name: set_name.into(),
+                    primary: i == 0,
+                    hosts: hosts.clone(),
+                    primary_host: Some(hosts[0].clone()),
+                }));
+        }
+        Ok(servers)
     }
 
     /// The address it listens on: 127.0.0.1 and an ephemeral port.

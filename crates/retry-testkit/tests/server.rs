@@ -9,6 +9,7 @@ use bson::{doc, Bson, Document};
 use retry_core::address::ServerAddress;
 use retry_core::handshake::{validate_reply, LOAD_BALANCER_UNSUPPORTED};
 use retry_core::time::Instant;
+use retry_core::topology::ServerType::{RsPrimary, RsSecondary};
 use retry_core::wire::MsgFlags;
 use retry_testkit::{
     FailCommand, FailPointMode, FaultConfig, IngressLimit, RateLimit, RawClient, ReplicaSetMember,
@@ -628,6 +629,39 @@ async fn roles_change_at_run_time_and_bump_the_topology_version() {
         assert_eq!(reply.get_array("hosts").unwrap().len(), 2);
         assert_eq!(counter(&reply).ok(), Some(1));
         server.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_replica_set_of_three_reports_its_members() {
+    bounded(async {
+        let servers = TestServer::start_replica_set("rs0", 3, ServerConfig::default())
+            .await
+            .unwrap();
+        let hosts: Vec<Bson> = servers
+            .iter()
+            .map(|s| Bson::String(s.address().to_string()))
+            .collect();
+        let mut types = Vec::new();
+        for server in &servers {
+            let mut client = RawClient::connect(server.address()).await.unwrap();
+            let reply = client.command(hello("lab")).await.unwrap();
+            assert_eq!(reply.get_array("hosts").unwrap(), &hosts);
+            assert_eq!(reply.get_str("primary").ok(), hosts[0].as_str());
+            assert_eq!(
+                reply.get_str("me").ok(),
+                Some(server.address().to_string().as_str())
+            );
+            let address = ServerAddress::new("127.0.0.1", server.address().port());
+            let described =
+                validate_reply(&reply, &address, false, Duration::ZERO, Instant::ZERO).unwrap();
+            types.push(described.description.server_type);
+        }
+        assert_eq!(types, [RsPrimary, RsSecondary, RsSecondary]);
+        for server in servers {
+            server.shutdown().await;
+        }
     })
     .await;
 }

@@ -112,6 +112,7 @@ async fn soak() {
 
     // The server still serves a clean connection.
     handle.set_faults(FaultConfig::default());
+    handle.set_ingress_limit(None);
     let mut clean = RawClient::connect(address).await.unwrap();
     let reply = clean
         .command(doc! { "ping": 1, "$db": "admin" })
