@@ -285,7 +285,8 @@ fn batch_size(command: &Document, default: u32) -> Option<usize> {
     }
 }
 
-fn integer(value: &Bson) -> Option<i64> {
+/// An integer in any numeric BSON type (an integral double included), as servers accept them.
+pub(crate) fn integer(value: &Bson) -> Option<i64> {
     match value {
         Bson::Int32(v) => Some(i64::from(*v)),
         Bson::Int64(v) => Some(*v),

@@ -7,7 +7,7 @@ use core::time::Duration;
 use bson::{doc, Bson, Document};
 use retry_core::error::RETRYABLE_WRITE_CODES;
 
-use crate::commands::is_retryable_write;
+use crate::commands::{integer, is_retryable_write};
 
 /// How many more times the fail point fires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,15 +261,6 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         40571 => "Location40571",
         _ => return None,
     })
-}
-
-fn integer(value: &Bson) -> Option<i64> {
-    match value {
-        Bson::Int32(v) => Some(i64::from(*v)),
-        Bson::Int64(v) => Some(*v),
-        Bson::Double(v) if v.fract() == 0.0 && v.abs() < 9.0e15 => Some(*v as i64),
-        _ => None,
-    }
 }
 
 fn non_negative(value: &Bson) -> Option<u32> {
