@@ -481,6 +481,19 @@ async fn find_get_more_kill_cursors_round_trip() {
         let reply = client.command(get_more).await.unwrap();
         assert_eq!(code(&reply), Some(43));
 
+        // Documents seeded through the handle are found like inserted ones, without a command.
+        handle.insert("db.seeded", vec![doc! { "_id": "a" }]);
+        let reply = client
+            .command(doc! { "find": "seeded", "$db": "db" })
+            .await
+            .unwrap();
+        let cursor = reply.get_document("cursor").unwrap();
+        assert_eq!(
+            cursor.get_array("firstBatch").unwrap(),
+            &vec![Bson::Document(doc! { "_id": "a" })]
+        );
+        assert_eq!(handle.counters().command("insert").received, 1);
+
         // A batch size that reaches the end returns id 0 at once.
         let find = doc! { "find": "c", "filter": { "_id": 3 }, "batchSize": 10, "$db": "db" };
         let reply = client.command(find).await.unwrap();
