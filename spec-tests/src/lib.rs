@@ -10,6 +10,7 @@ pub mod corpus;
 pub mod in_window;
 pub mod json;
 pub mod rtt;
+pub mod sdam;
 pub mod server_selection;
 
 use std::path::Path;
@@ -59,5 +60,41 @@ pub const SUITES: &[Suite] = &[
         dir: "source/connection-monitoring-and-pooling/tests/cmap-format",
         expected_files: 33,
         run: cmap::run_file,
+    },
+    Suite {
+        name: "sdam_single",
+        dir: "source/server-discovery-and-monitoring/tests/single",
+        expected_files: 19,
+        run: sdam::run_file,
+    },
+    Suite {
+        name: "sdam_rs",
+        dir: "source/server-discovery-and-monitoring/tests/rs",
+        expected_files: 77,
+        run: sdam::run_file,
+    },
+    Suite {
+        name: "sdam_sharded",
+        dir: "source/server-discovery-and-monitoring/tests/sharded",
+        expected_files: 9,
+        run: sdam::run_file,
+    },
+    Suite {
+        name: "sdam_load_balanced",
+        dir: "source/server-discovery-and-monitoring/tests/load-balanced",
+        expected_files: 1,
+        run: sdam::run_file,
+    },
+    Suite {
+        name: "sdam_errors",
+        dir: "source/server-discovery-and-monitoring/tests/errors",
+        expected_files: 72,
+        run: sdam::run_file,
+    },
+    Suite {
+        name: "sdam_monitoring",
+        dir: "source/server-discovery-and-monitoring/tests/monitoring",
+        expected_files: 8,
+        run: sdam::run_file,
     },
 ];

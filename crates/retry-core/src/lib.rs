@@ -17,7 +17,7 @@
 //! | --- | --- |
 //! | [`time`] | the monotonic [`time::Instant`] newtype and CSOT deadlines |
 //! | [`address`] | [`address::ServerAddress`] |
-//! | [`topology`] | server and topology descriptions, built from `hello` replies |
+//! | [`topology`] | server and topology descriptions from `hello` replies; the SDAM update machine ([`topology::Topology`]): update rules, error handling, pools per server, SDAM events |
 //! | [`selection`] | server selection with deprioritization, the latency window and the selection loop |
 //! | [`error`] | error facts parsed from replies and network failures, and the classifiers |
 //! | [`rng`] | the seeded generator and exact jitter |

@@ -179,6 +179,11 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ),
         (
             "error_reply",
+            "seed-nan",
+            bson(doc! { "ok": 0, "code": 2, "errmsg": "t", "x": f64::NAN }),
+        ),
+        (
+            "error_reply",
             "seed-malformed",
             bson(doc! { "ok": 0, "code": "x", "errorLabels": 3 }),
         ),
