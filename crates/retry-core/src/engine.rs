@@ -38,17 +38,22 @@ use core::time::Duration;
 use rand_core::RngCore;
 
 use crate::address::ServerAddress;
-use crate::connection::{Connection, ConnectionConfig, ConnectionEvent, Request, DEFAULT_CONNECT_TIMEOUT};
+use crate::connection::{
+    Connection, ConnectionConfig, ConnectionEvent, Request, DEFAULT_CONNECT_TIMEOUT,
+};
 use crate::error::{NetworkErrorKind, NetworkPhase, OperationError};
 use crate::handshake::{HandshakeOptions, HandshakeReply};
 use crate::monitor::{HeartbeatEvent, Monitor, MonitorAction, DEFAULT_HEARTBEAT_FREQUENCY};
 use crate::policy::RetryOptions;
 use crate::pool::{CheckoutId, ConnectionId, PoolAction, PoolEvent, Purpose};
-use crate::retry::{Action, Attempt, AttemptServer, OperationKind, OperationSpec, RetryEvent, RetryMachine, WriteConcernRule, COMMIT_RETRY_WTIMEOUT};
+use crate::retry::{
+    Action, Attempt, AttemptServer, OperationKind, OperationSpec, RetryEvent, RetryMachine,
+    WriteConcernRule, COMMIT_RETRY_WTIMEOUT,
+};
 use crate::rng::EngineRng;
 use crate::selection::{SelectionCriteria, SelectionSettings, SelectionStep, ServerSelection};
 use crate::time::{Instant, OperationTimeout};
-use crate::topology::{SdamEvent, Topology, TopologyAction, TopologySettings};
+use crate::topology::{ErrorContext, SdamEvent, Topology, TopologyAction, TopologySettings};
 
 /// A socket the engine asked for, unique for the engine's life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -345,10 +350,19 @@ impl Engine {
 
     /// The earliest instant at which [`Engine::handle_timeout`] has work to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let sockets = self.sockets.values().filter_map(|s| s.machine.poll_timeout());
-        let monitors = self.monitors.values().filter_map(|m| m.monitor.poll_timeout());
+        let sockets = self
+            .sockets
+            .values()
+            .filter_map(|s| s.machine.poll_timeout());
+        let monitors = self
+            .monitors
+            .values()
+            .filter_map(|m| m.monitor.poll_timeout());
         let pools = self.topology.pools().filter_map(|p| p.poll_timeout());
-        let ops = self.ops.values().flat_map(|o| o.machine.poll_timeout().into_iter().chain(o.wake));
+        let ops = self
+            .ops
+            .values()
+            .flat_map(|o| o.machine.poll_timeout().into_iter().chain(o.wake));
         sockets.chain(monitors).chain(pools).chain(ops).min()
     }
 
@@ -378,15 +392,26 @@ impl Engine {
             progressed = true;
             match action {
                 TopologyAction::StartMonitoring(address) => {
-                    let monitor = Monitor::new(address.clone(), self.options.heartbeat_frequency, now);
-                    self.monitors.insert(address, MonitorState { monitor, conn: None });
+                    let monitor =
+                        Monitor::new(address.clone(), self.options.heartbeat_frequency, now);
+                    self.monitors.insert(
+                        address,
+                        MonitorState {
+                            monitor,
+                            conn: None,
+                        },
+                    );
                 }
                 TopologyAction::StopMonitoring { address, .. } => {
                     // The server left the topology: its monitor stops and its (closed) pool's
                     // sockets go.
                     self.monitors.remove(&address);
-                    let gone: Vec<ConnId> =
-                        self.sockets.iter().filter(|(_, s)| s.address == address).map(|(id, _)| *id).collect();
+                    let gone: Vec<ConnId> = self
+                        .sockets
+                        .iter()
+                        .filter(|(_, s)| s.address == address)
+                        .map(|(id, _)| *id)
+                        .collect();
                     for conn in gone {
                         self.close_socket(conn);
                     }
@@ -397,7 +422,8 @@ impl Engine {
                     }
                 }
                 TopologyAction::CancelCheck(address) => {
-                    if let Some(conn) = self.monitors.get_mut(&address).and_then(|s| s.conn.take()) {
+                    if let Some(conn) = self.monitors.get_mut(&address).and_then(|s| s.conn.take())
+                    {
                         self.close_socket(conn);
                     }
                 }
@@ -419,15 +445,25 @@ impl Engine {
         let addresses: Vec<ServerAddress> = self.monitors.keys().cloned().collect();
         for address in addresses {
             loop {
-                let Some(state) = self.monitors.get_mut(&address) else { break };
+                let Some(state) = self.monitors.get_mut(&address) else {
+                    break;
+                };
                 if let Some(event) = state.monitor.poll_event() {
-                    self.events.push_back(EngineEvent::Heartbeat { address: address.clone(), event });
+                    self.events.push_back(EngineEvent::Heartbeat {
+                        address: address.clone(),
+                        event,
+                    });
                     progressed = true;
                     continue;
                 }
-                let Some(MonitorAction::Check) = state.monitor.poll_action() else { break };
+                let Some(MonitorAction::Check) = state.monitor.poll_action() else {
+                    break;
+                };
                 progressed = true;
-                let ready = state.conn.and_then(|c| self.sockets.get(&c)).is_some_and(|s| s.machine.handshake().is_some());
+                let ready = state
+                    .conn
+                    .and_then(|c| self.sockets.get(&c))
+                    .is_some_and(|s| s.machine.handshake().is_some());
                 match (state.conn, ready) {
                     (Some(conn), true) => self.send_monitoring_hello(conn, now),
                     (Some(_), false) => {}
@@ -446,28 +482,52 @@ impl Engine {
     /// HS-3: checks after the handshake use `hello` (or legacy hello when the server did not say
     /// `helloOk`), without the handshake's arguments.
     fn send_monitoring_hello(&mut self, conn: ConnId, now: Instant) {
-        let Some(socket) = self.sockets.get_mut(&conn) else { return };
-        let hello = socket.machine.handshake().is_some_and(|h| h.hello_ok) || self.options.handshake.uses_hello();
-        let command = if hello { doc! { "hello": 1, "$db": "admin" } } else { doc! { "isMaster": 1, "$db": "admin" } };
-        if socket.machine.send_command(Request::new(command), now).is_err() {
+        let Some(socket) = self.sockets.get_mut(&conn) else {
+            return;
+        };
+        let hello = socket.machine.handshake().is_some_and(|h| h.hello_ok)
+            || self.options.handshake.uses_hello();
+        let command = if hello {
+            doc! { "hello": 1, "$db": "admin" }
+        } else {
+            doc! { "isMaster": 1, "$db": "admin" }
+        };
+        if socket
+            .machine
+            .send_command(Request::new(command), now)
+            .is_err()
+        {
             let address = socket.address.clone();
-            self.monitor_check_failed(&address, &OperationError::network(NetworkErrorKind::Io, NetworkPhase::BeforeSend, address.clone()), now);
+            self.monitor_check_failed(
+                &address,
+                &OperationError::network(
+                    NetworkErrorKind::Io,
+                    NetworkPhase::BeforeSend,
+                    address.clone(),
+                ),
+                now,
+            );
         }
     }
 
-    fn monitor_check_failed(&mut self, address: &ServerAddress, error: &OperationError, now: Instant) {
-        let Some(state) = self.monitors.get_mut(address) else { return };
+    fn monitor_check_failed(
+        &mut self,
+        address: &ServerAddress,
+        error: &OperationError,
+        now: Instant,
+    ) {
+        let Some(state) = self.monitors.get_mut(address) else {
+            return;
+        };
         if let Some(conn) = state.conn.take() {
             self.closes.push_back(conn);
             self.sockets.remove(&conn);
         }
-        let Some(state) = self.monitors.get_mut(address) else { return };
+        let Some(state) = self.monitors.get_mut(address) else {
+            return;
+        };
         if state.monitor.handle_check_failed(error, now) {
-            let kind = match &error.kind {
-                crate::error::ErrorKind::Network(n) => n.kind,
-                _ => NetworkErrorKind::Io,
-            };
-            self.topology.handle_check_failed(address, kind, now);
+            self.topology.handle_check_failed(address, error, now);
         }
     }
 
@@ -476,7 +536,10 @@ impl Engine {
         let mut work: Vec<(ServerAddress, PoolAction)> = Vec::new();
         for pool in self.topology.pools_mut() {
             while let Some(event) = pool.poll_event() {
-                self.events.push_back(EngineEvent::Pool { address: pool.address().clone(), event });
+                self.events.push_back(EngineEvent::Pool {
+                    address: pool.address().clone(),
+                    event,
+                });
                 progressed = true;
             }
             while let Some(action) = pool.poll_action() {
@@ -495,7 +558,10 @@ impl Engine {
                         self.close_socket(conn);
                     }
                 }
-                PoolAction::CheckedOut { checkout, connection } => {
+                PoolAction::CheckedOut {
+                    checkout,
+                    connection,
+                } => {
                     let conn = self.find_socket(&address, &Owner::Pool(connection));
                     if let (Some(op_id), Some(conn)) = (self.op_with_checkout(checkout), conn) {
                         self.send_attempt(op_id, conn, now);
@@ -505,7 +571,9 @@ impl Engine {
                     if let Some(op_id) = self.op_with_checkout(checkout) {
                         if let Some(op) = self.ops.get_mut(&op_id) {
                             op.checkout = None;
-                            let _ = op.machine.handle_failed(error.into_operation_error(&address), now);
+                            let _ = op
+                                .machine
+                                .handle_failed(error.into_operation_error(&address), now);
                         }
                     }
                 }
@@ -519,28 +587,45 @@ impl Engine {
         let ids: Vec<ConnId> = self.sockets.keys().copied().collect();
         for conn in ids {
             loop {
-                let Some(socket) = self.sockets.get_mut(&conn) else { break };
+                let Some(socket) = self.sockets.get_mut(&conn) else {
+                    break;
+                };
                 if let Some(bytes) = socket.machine.poll_transmit() {
                     self.transmits.push_back(Transmit { conn, bytes });
                     progressed = true;
                     continue;
                 }
-                let Some(event) = socket.machine.poll_event() else { break };
+                let Some(event) = socket.machine.poll_event() else {
+                    break;
+                };
                 progressed = true;
-                let (address, owner, op) = (socket.address.clone(), socket.owner.clone(), socket.op);
+                let (address, owner, op) =
+                    (socket.address.clone(), socket.owner.clone(), socket.op);
+                let handshaken = socket.machine.handshake().is_some();
                 match event {
-                    ConnectionEvent::HandshakeComplete { reply, .. } => self.handshake_complete(conn, &address, &owner, &reply, now),
+                    ConnectionEvent::HandshakeComplete { reply, .. } => {
+                        self.handshake_complete(conn, &address, &owner, &reply, now)
+                    }
                     ConnectionEvent::Reply { reply, .. } => match (&owner, op) {
                         (Owner::Monitor, _) => {
                             if let Some(state) = self.monitors.get_mut(&address) {
-                                if let Some(rtt) = state.monitor.handle_check_succeeded(&reply.body, now) {
+                                if let Some(rtt) =
+                                    state.monitor.handle_check_succeeded(&reply.body, now)
+                                {
                                     self.topology.handle_hello(&address, &reply.body, rtt, now);
                                 } else {
-                                    self.topology.handle_hello(&address, &reply.body, Duration::ZERO, now);
+                                    self.topology.handle_hello(
+                                        &address,
+                                        &reply.body,
+                                        Duration::ZERO,
+                                        now,
+                                    );
                                 }
                             }
                         }
-                        (Owner::Pool(_), Some(op_id)) => self.attempt_replied(op_id, conn, &address, reply.body, now),
+                        (Owner::Pool(_), Some(op_id)) => {
+                            self.attempt_replied(op_id, conn, &address, reply.body, now)
+                        }
                         (Owner::Pool(_), None) => {}
                     },
                     ConnectionEvent::Failed(failure) => {
@@ -555,10 +640,13 @@ impl Engine {
                                 self.monitor_check_failed(&address, &error, now);
                             }
                             Owner::Pool(id) => {
-                                let generation = failure_generation(&self.topology, &address, id);
+                                let context =
+                                    error_context(&self.topology, &address, id, handshaken);
                                 match op {
                                     Some(op_id) => {
-                                        self.topology.handle_application_error(&address, &error, generation, now);
+                                        self.topology.handle_application_error(
+                                            &address, &error, context, now,
+                                        );
                                         if let Some(op) = self.ops.get_mut(&op_id) {
                                             op.conn = None;
                                             let _ = op.machine.handle_failed(error, now);
@@ -568,7 +656,9 @@ impl Engine {
                                         }
                                     }
                                     None => {
-                                        self.topology.handle_application_error(&address, &error, generation, now);
+                                        self.topology.handle_application_error(
+                                            &address, &error, context, now,
+                                        );
                                         if let Some(pool) = self.topology.pool_mut(&address) {
                                             pool.handle_establish_failed(id, error, now);
                                         }
@@ -584,7 +674,14 @@ impl Engine {
         progressed
     }
 
-    fn handshake_complete(&mut self, conn: ConnId, address: &ServerAddress, owner: &Owner, reply: &HandshakeReply, now: Instant) {
+    fn handshake_complete(
+        &mut self,
+        conn: ConnId,
+        address: &ServerAddress,
+        owner: &Owner,
+        reply: &HandshakeReply,
+        now: Instant,
+    ) {
         match owner {
             Owner::Monitor => self.send_monitoring_hello(conn, now),
             Owner::Pool(id) => {
@@ -600,18 +697,27 @@ impl Engine {
         let ids: Vec<OpId> = self.ops.keys().copied().collect();
         for op_id in ids {
             // A waiting selection that is due looks again.
-            if self.ops.get(&op_id).is_some_and(|o| o.wake.is_some_and(|w| now >= w)) {
+            if self
+                .ops
+                .get(&op_id)
+                .is_some_and(|o| o.wake.is_some_and(|w| now >= w))
+            {
                 progressed = true;
                 self.poll_selection(op_id, now);
             }
             loop {
-                let Some(op) = self.ops.get_mut(&op_id) else { break };
+                let Some(op) = self.ops.get_mut(&op_id) else {
+                    break;
+                };
                 if let Some(event) = op.machine.poll_event() {
-                    self.events.push_back(EngineEvent::Operation { op: op_id, event });
+                    self.events
+                        .push_back(EngineEvent::Operation { op: op_id, event });
                     progressed = true;
                     continue;
                 }
-                let Some(action) = op.machine.poll_action() else { break };
+                let Some(action) = op.machine.poll_action() else {
+                    break;
+                };
                 progressed = true;
                 match action {
                     Action::SelectServer => {
@@ -629,12 +735,19 @@ impl Engine {
                         let deadline = op.request.timeout.deadline();
                         let address = attempt.address.clone();
                         op.attempt = Some(attempt);
-                        let checkout = self.topology.pool_mut(&address).map(|p| p.check_out(Purpose::Other, deadline, now));
-                        let Some(op) = self.ops.get_mut(&op_id) else { break };
+                        let checkout = self
+                            .topology
+                            .pool_mut(&address)
+                            .map(|p| p.check_out(Purpose::Other, deadline, now));
+                        let Some(op) = self.ops.get_mut(&op_id) else {
+                            break;
+                        };
                         match checkout {
                             Some(id) => op.checkout = Some(id),
                             None => {
-                                let error = OperationError::server_selection(alloc::format!("{address} is no longer part of the topology"));
+                                let error = OperationError::server_selection(alloc::format!(
+                                    "{address} is no longer part of the topology"
+                                ));
                                 let _ = op.machine.handle_failed(error, now);
                             }
                         }
@@ -651,7 +764,8 @@ impl Engine {
                         let reply = op.reply.take();
                         self.ops.remove(&op_id);
                         let result = result.map(|()| reply.unwrap_or_default());
-                        self.events.push_back(EngineEvent::OperationFinished { op: op_id, result });
+                        self.events
+                            .push_back(EngineEvent::OperationFinished { op: op_id, result });
                         break;
                     }
                 }
@@ -663,9 +777,13 @@ impl Engine {
     /// Runs one pass of an operation's selection loop.
     fn poll_selection(&mut self, op_id: OpId, now: Instant) {
         let in_flight = self.in_flight_counts();
-        let Some(op) = self.ops.get_mut(&op_id) else { return };
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
         op.wake = None;
-        let Some(selection) = op.selection.as_mut() else { return };
+        let Some(selection) = op.selection.as_mut() else {
+            return;
+        };
         let count = |address: &ServerAddress| in_flight.get(address).copied().unwrap_or(0);
         match selection.poll(self.topology.description(), count, &mut self.rng, now) {
             SelectionStep::Selected(server) => {
@@ -691,7 +809,10 @@ impl Engine {
             }
             SelectionStep::Failed(error) => {
                 op.selection = None;
-                let _ = op.machine.handle_selection_failed(OperationError::server_selection(error.to_string()), now);
+                let _ = op.machine.handle_selection_failed(
+                    OperationError::server_selection(error.to_string()),
+                    now,
+                );
             }
         }
     }
@@ -709,14 +830,20 @@ impl Engine {
 
     /// Writes the attempt's command on its checked-out connection.
     fn send_attempt(&mut self, op_id: OpId, conn: ConnId, now: Instant) {
-        let Some(op) = self.ops.get_mut(&op_id) else { return };
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
         op.checkout = None;
         op.conn = Some(conn);
-        let Some(attempt) = op.attempt.clone() else { return };
+        let Some(attempt) = op.attempt.clone() else {
+            return;
+        };
         let body = command_for(&op.request, &attempt);
         let mut request = Request::new(body);
         request.deadline = op.request.timeout.deadline();
-        let Some(socket) = self.sockets.get_mut(&conn) else { return };
+        let Some(socket) = self.sockets.get_mut(&conn) else {
+            return;
+        };
         socket.op = Some(op_id);
         match socket.machine.send_command(request, now) {
             Ok(_) => {
@@ -735,19 +862,28 @@ impl Engine {
         }
     }
 
-    fn attempt_replied(&mut self, op_id: OpId, conn: ConnId, address: &ServerAddress, body: Document, now: Instant) {
+    fn attempt_replied(
+        &mut self,
+        op_id: OpId,
+        conn: ConnId,
+        address: &ServerAddress,
+        body: Document,
+        now: Instant,
+    ) {
         if let Some(socket) = self.sockets.get_mut(&conn) {
             socket.op = None;
         }
         let error = OperationError::from_reply(&body, address);
         if let Some(error) = &error {
-            let generation = match self.sockets.get(&conn).map(|s| &s.owner) {
-                Some(Owner::Pool(id)) => failure_generation(&self.topology, address, *id),
-                _ => 0,
-            };
-            self.topology.handle_application_error(address, error, generation, now);
+            if let Some(Owner::Pool(id)) = self.sockets.get(&conn).map(|s| s.owner.clone()) {
+                let context = error_context(&self.topology, address, id, true);
+                self.topology
+                    .handle_application_error(address, error, context, now);
+            }
         }
-        let Some(op) = self.ops.get_mut(&op_id) else { return };
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
         match error {
             Some(error) => {
                 let _ = op.machine.handle_failed(error, now);
@@ -761,7 +897,9 @@ impl Engine {
 
     /// Checks a connection back in (BP-27: before any backoff), or closes it.
     fn release(&mut self, conn: ConnId, healthy: bool, now: Instant) {
-        let Some(socket) = self.sockets.get_mut(&conn) else { return };
+        let Some(socket) = self.sockets.get_mut(&conn) else {
+            return;
+        };
         socket.op = None;
         let (address, owner) = (socket.address.clone(), socket.owner.clone());
         if let (Owner::Pool(id), Some(pool)) = (owner, self.topology.pool_mut(&address)) {
@@ -770,14 +908,26 @@ impl Engine {
     }
 
     fn op_with_checkout(&self, checkout: CheckoutId) -> Option<OpId> {
-        self.ops.iter().find(|(_, o)| o.checkout == Some(checkout)).map(|(id, _)| *id)
+        self.ops
+            .iter()
+            .find(|(_, o)| o.checkout == Some(checkout))
+            .map(|(id, _)| *id)
     }
 
     fn find_socket(&self, address: &ServerAddress, owner: &Owner) -> Option<ConnId> {
-        self.sockets.iter().find(|(_, s)| &s.address == address && &s.owner == owner).map(|(id, _)| *id)
+        self.sockets
+            .iter()
+            .find(|(_, s)| &s.address == address && &s.owner == owner)
+            .map(|(id, _)| *id)
     }
 
-    fn open_socket(&mut self, address: ServerAddress, owner: Owner, generation: u32, now: Instant) -> Option<ConnId> {
+    fn open_socket(
+        &mut self,
+        address: ServerAddress,
+        owner: Owner,
+        generation: u32,
+        now: Instant,
+    ) -> Option<ConnId> {
         let mut config = ConnectionConfig::new(address.clone());
         config.generation = generation;
         config.connect_timeout = self.options.connect_timeout;
@@ -787,7 +937,15 @@ impl Engine {
         let machine = Connection::new(config, command, now).ok()?;
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
-        self.sockets.insert(conn, Socket { address: address.clone(), owner, machine, op: None });
+        self.sockets.insert(
+            conn,
+            Socket {
+                address: address.clone(),
+                owner,
+                machine,
+                op: None,
+            },
+        );
         self.connects.push_back(Connect { conn, address });
         Some(conn)
     }
@@ -799,9 +957,23 @@ impl Engine {
     }
 }
 
-/// The generation the failing pooled connection was created in (CM-1), for SDAM's staleness check.
-fn failure_generation(topology: &Topology, address: &ServerAddress, id: ConnectionId) -> u32 {
-    topology.pool(address).and_then(|p| p.connection_generation(id)).map_or(0, |(generation, _)| generation)
+/// What SDAM error handling needs to know about the pooled connection an error happened on: its
+/// generation and service (CM-1, CM-5) and whether its handshake had completed (HS-9, LB-14).
+fn error_context(
+    topology: &Topology,
+    address: &ServerAddress,
+    id: ConnectionId,
+    handshake_completed: bool,
+) -> ErrorContext {
+    let (generation, service_id) = topology
+        .pool(address)
+        .and_then(|p| p.connection_generation(id))
+        .unwrap_or((0, None));
+    ErrorContext {
+        generation,
+        service_id,
+        handshake_completed,
+    }
 }
 
 /// The command of one attempt: the operation's command with `$db` and the attempt's
@@ -821,7 +993,10 @@ fn command_for(request: &OperationRequest, attempt: &Attempt) -> Document {
         };
         wc.insert("w", "majority");
         if !wc.contains_key("wtimeout") {
-            wc.insert("wtimeout", Bson::Int64(COMMIT_RETRY_WTIMEOUT.as_millis() as i64));
+            wc.insert(
+                "wtimeout",
+                Bson::Int64(COMMIT_RETRY_WTIMEOUT.as_millis() as i64),
+            );
         }
         body.insert("writeConcern", wc);
     }

@@ -19,6 +19,7 @@
 //! | [`address`] | [`address::ServerAddress`] |
 //! | [`topology`] | server and topology descriptions from `hello` replies; the SDAM update machine ([`topology::Topology`]): update rules, error handling, pools per server, SDAM events |
 //! | [`selection`] | server selection with deprioritization, the latency window and the selection loop |
+//! | [`engine`] | composes every machine behind one sans-IO interface for adapters |
 //! | [`error`] | error facts parsed from replies and network failures, and the classifiers |
 //! | [`rng`] | the seeded generator and exact jitter |
 //! | [`backoff`] | backoff formulas |
@@ -102,6 +103,7 @@ pub mod address;
 pub mod backoff;
 pub mod budget;
 pub mod connection;
+pub mod engine;
 pub mod error;
 pub mod handshake;
 pub mod monitor;

@@ -53,8 +53,8 @@ impl SimServer {
 
     fn hello(&self, request: &Document) -> Document {
         let mut reply = doc! { "ok": 1, "isWritablePrimary": true, "helloOk": true, "maxWireVersion": 25,
-            "minWireVersion": 0, "maxBsonObjectSize": 16_777_216, "maxMessageSizeBytes": 48_000_000,
-            "maxWriteBatchSize": 100_000, "logicalSessionTimeoutMinutes": 30 };
+        "minWireVersion": 0, "maxBsonObjectSize": 16_777_216, "maxMessageSizeBytes": 48_000_000,
+        "maxWriteBatchSize": 100_000, "logicalSessionTimeoutMinutes": 30 };
         match self.role {
             Role::Standalone => {}
             Role::Mongos => {
@@ -114,11 +114,19 @@ fn overload(code: i32) -> Document {
 
 fn handshake() -> HandshakeOptions {
     let metadata = ClientMetadata::new("retry-core-sim", "0.1.0");
-    HandshakeOptions { metadata, load_balanced: false, server_api: None, compressors: Vec::new() }
+    HandshakeOptions {
+        metadata,
+        load_balanced: false,
+        server_api: None,
+        compressors: Vec::new(),
+    }
 }
 
 impl Sim {
-    fn new(servers: Vec<(ServerAddress, SimServer)>, configure: impl FnOnce(&mut EngineOptions)) -> Sim {
+    fn new(
+        servers: Vec<(ServerAddress, SimServer)>,
+        configure: impl FnOnce(&mut EngineOptions),
+    ) -> Sim {
         let seeds = servers.iter().map(|(a, _)| a.clone()).collect();
         let mut options = EngineOptions::new(TopologySettings::new(seeds), handshake());
         options.seed = 7;
@@ -179,20 +187,36 @@ impl Sim {
 
     fn serve(&mut self, conn: ConnId, mut bytes: &[u8]) {
         let now = self.now;
-        let Some(socket) = self.sockets.get_mut(&conn) else { return };
+        let Some(socket) = self.sockets.get_mut(&conn) else {
+            return;
+        };
         let mut replies = Vec::new();
         while !bytes.is_empty() {
-            let (used, message) = socket.decoder.decode(bytes).expect("the engine sends valid OP_MSG");
+            let (used, message) = socket
+                .decoder
+                .decode(bytes)
+                .expect("the engine sends valid OP_MSG");
             bytes = &bytes[used..];
             let Some(request) = message else { continue };
-            let server = self.servers.get_mut(&socket.address).expect("a known server");
+            let server = self
+                .servers
+                .get_mut(&socket.address)
+                .expect("a known server");
             let handshake = !socket.handshaken;
             socket.handshaken = true;
             match server.answer(&request.body, handshake) {
                 Some(body) => {
-                    let reply = OpMsg { request_id: 0, response_to: request.request_id, flags: MsgFlags::NONE, body, sequences: Vec::new() };
+                    let reply = OpMsg {
+                        request_id: 0,
+                        response_to: request.request_id,
+                        flags: MsgFlags::NONE,
+                        body,
+                        sequences: Vec::new(),
+                    };
                     let mut out = Vec::new();
-                    reply.encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut out).expect("encodable reply");
+                    reply
+                        .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut out)
+                        .expect("encodable reply");
                     replies.push(Some(out));
                 }
                 None => replies.push(None),
@@ -206,8 +230,13 @@ impl Sim {
     /// Advances virtual time to the next delivery or engine timer, at most until `limit`.
     fn step(&mut self, limit: Instant) -> bool {
         let next_delivery = self.inbox.iter().map(|(t, ..)| *t).min();
-        let next = [next_delivery, self.engine.poll_timeout()].into_iter().flatten().min();
-        let Some(next) = next.filter(|t| *t <= limit) else { return false };
+        let next = [next_delivery, self.engine.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min();
+        let Some(next) = next.filter(|t| *t <= limit) else {
+            return false;
+        };
         self.now = self.now.max(next);
         self.inbox.sort_by_key(|(t, s, ..)| (*t, *s));
         while let Some(index) = self.inbox.iter().position(|(t, ..)| *t <= self.now) {
@@ -219,7 +248,8 @@ impl Sim {
                 Some(bytes) => self.engine.handle_bytes(conn, &bytes, self.now),
                 None => {
                     self.sockets.remove(&conn);
-                    self.engine.handle_closed(conn, NetworkErrorKind::Reset, self.now);
+                    self.engine
+                        .handle_closed(conn, NetworkErrorKind::Reset, self.now);
                 }
             }
             self.drain();
@@ -236,7 +266,10 @@ impl Sim {
             if let Some(result) = self.result(op) {
                 return result;
             }
-            assert!(self.step(limit), "operation {op:?} did not finish by {limit}");
+            assert!(
+                self.step(limit),
+                "operation {op:?} did not finish by {limit}"
+            );
         }
         panic!("step cap reached");
     }
@@ -248,7 +281,12 @@ impl Sim {
         })
     }
 
-    fn start(&mut self, command: Document, kind: OperationKind, criteria: SelectionCriteria) -> OpId {
+    fn start(
+        &mut self,
+        command: Document,
+        kind: OperationKind,
+        criteria: SelectionCriteria,
+    ) -> OpId {
         let request = OperationRequest {
             db: "test".into(),
             command,
@@ -264,7 +302,8 @@ impl Sim {
 
     fn read(&mut self, command: Document) -> OpId {
         use retry_core::selection::{ReadPreference, ReadPreferenceMode};
-        let primary = ReadPreference::new(ReadPreferenceMode::Primary, Vec::new(), None).expect("valid");
+        let primary =
+            ReadPreference::new(ReadPreferenceMode::Primary, Vec::new(), None).expect("valid");
         let criteria = SelectionCriteria::Read(primary);
         self.start(command, OperationKind::Read, criteria)
     }
@@ -274,9 +313,10 @@ impl Sim {
         self.events
             .iter()
             .filter_map(|(_, e)| match e {
-                EngineEvent::Operation { op: o, event: RetryEvent::CommandStarted { address, .. } } if *o == op => {
-                    Some(address.host().to_string())
-                }
+                EngineEvent::Operation {
+                    op: o,
+                    event: RetryEvent::CommandStarted { address, .. },
+                } if *o == op => Some(address.host().to_string()),
                 _ => None,
             })
             .collect()
@@ -289,7 +329,10 @@ fn address(host: &str) -> ServerAddress {
 
 #[test]
 fn a_ping_on_a_standalone_succeeds_in_one_attempt() {
-    let mut sim = Sim::new(vec![(address("db"), SimServer::new(Role::Standalone))], |_| {});
+    let mut sim = Sim::new(
+        vec![(address("db"), SimServer::new(Role::Standalone))],
+        |_| {},
+    );
     let op = sim.read(doc! { "ping": 1 });
     let reply = sim.run(op).expect("ping succeeds");
     assert_eq!(reply.get("ok"), Some(&Bson::Int32(1)));
@@ -302,16 +345,24 @@ fn bp20_an_overloaded_mongos_makes_the_retry_go_to_the_other_one() {
     let mut overloaded = SimServer::new(Role::Mongos);
     overloaded.always = Some(("find".into(), overload(462)));
     let healthy = SimServer::new(Role::Mongos);
-    let mut sim = Sim::new(vec![(address("m1"), overloaded), (address("m2"), healthy)], |_| {});
+    let mut sim = Sim::new(
+        vec![(address("m1"), overloaded), (address("m2"), healthy)],
+        |_| {},
+    );
     // Let both mongos be discovered first.
     let ping = sim.read(doc! { "ping": 1 });
     sim.run(ping).unwrap();
     for _ in 0..20 {
         let op = sim.read(doc! { "find": "c" });
-        sim.run(op).expect("the retry on the healthy mongos succeeds");
+        sim.run(op)
+            .expect("the retry on the healthy mongos succeeds");
         let servers = sim.attempt_servers(op);
         if servers[0] == "m1" {
-            assert_eq!(servers, ["m1", "m2"], "BP-20: sharded retries always go elsewhere");
+            assert_eq!(
+                servers,
+                ["m1", "m2"],
+                "BP-20: sharded retries always go elsewhere"
+            );
             return;
         }
     }
@@ -326,17 +377,54 @@ fn bp27_the_connection_is_checked_in_before_every_backoff() {
     let op = sim.read(doc! { "find": "c" });
     let error = sim.run(op).unwrap_err();
     assert!(error.is_retryable_overload());
-    // Between consecutive attempts of this operation: a check-in, then the wait, then a checkout.
-    let mut sequence = Vec::new();
-    for (_, e) in &sim.events {
-        match e {
-            EngineEvent::Pool { event: PoolEvent::CheckedOut { .. }, .. } => sequence.push("out"),
-            EngineEvent::Pool { event: PoolEvent::CheckedIn { .. }, .. } => sequence.push("in"),
-            EngineEvent::Operation { op: o, event: RetryEvent::RetryScheduled { .. } } if *o == op => sequence.push("retry"),
-            _ => {}
-        }
-    }
-    assert_eq!(sequence, ["out", "in", "retry", "out", "in", "retry", "out", "in"]);
+    // BP-27: each attempt's connection is checked in at the moment the attempt fails, before the
+    // backoff, and before the next attempt checks a connection out.
+    let failed: Vec<Instant> = sim
+        .events
+        .iter()
+        .filter_map(|(t, e)| matches!(e, EngineEvent::Operation { op: o, event: RetryEvent::CommandFailed { .. } } if *o == op).then_some(*t))
+        .collect();
+    let pool: Vec<(Instant, &str)> = sim
+        .events
+        .iter()
+        .filter_map(|(t, e)| match e {
+            EngineEvent::Pool {
+                event: PoolEvent::CheckedOut { .. },
+                ..
+            } => Some((*t, "out")),
+            EngineEvent::Pool {
+                event: PoolEvent::CheckedIn { .. },
+                ..
+            } => Some((*t, "in")),
+            _ => None,
+        })
+        .collect();
+    let kinds: Vec<&str> = pool.iter().map(|(_, k)| *k).collect();
+    assert_eq!(kinds, ["out", "in", "out", "in", "out", "in"]);
+    let checked_in: Vec<Instant> = pool
+        .iter()
+        .filter(|(_, k)| *k == "in")
+        .map(|(t, _)| *t)
+        .collect();
+    assert_eq!(
+        checked_in, failed,
+        "checked in when the attempt failed, before any wait"
+    );
+    let waits: Vec<Duration> = sim
+        .events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            EngineEvent::Operation {
+                event: RetryEvent::RetryScheduled { delay, .. },
+                ..
+            } => Some(*delay),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        waits.iter().all(|d| !d.is_zero()),
+        "the retries did back off: {waits:?}"
+    );
 }
 
 #[test]
@@ -350,17 +438,24 @@ fn hs9_a_server_that_resets_handshakes_is_retried_with_backoff() {
     sim.run(ping).unwrap();
     // Force a new pooled connection: clear by closing the idle one is not needed; a second
     // concurrent operation needs a second connection.
-    sim.servers.get_mut(&address("db")).unwrap().reset_handshakes = 1;
+    sim.servers
+        .get_mut(&address("db"))
+        .unwrap()
+        .reset_handshakes = 1;
     sim_server_resets += 1;
     let first = sim.read(doc! { "find": "a" });
     let second = sim.read(doc! { "find": "b" });
     sim.run(first).unwrap();
-    sim.run(second).expect("the reset handshake is retried (HS-9 labels make it a retryable overload error)");
+    sim.run(second)
+        .expect("the reset handshake is retried (HS-9 labels make it a retryable overload error)");
     let retried: Vec<_> = sim
         .events
         .iter()
         .filter_map(|(_, e)| match e {
-            EngineEvent::Operation { event: RetryEvent::RetryScheduled { reason, .. }, .. } => Some(*reason),
+            EngineEvent::Operation {
+                event: RetryEvent::RetryScheduled { reason, .. },
+                ..
+            } => Some(*reason),
             _ => None,
         })
         .collect();
@@ -371,12 +466,16 @@ fn hs9_a_server_that_resets_handshakes_is_retried_with_backoff() {
 #[test]
 fn lb_mode_uses_the_service_id_and_fails_with_the_exact_message_without_it() {
     let lb = SimServer::new(Role::LoadBalancer { service_id: true });
-    let mut sim = Sim::new(vec![(address("lb"), lb)], |o| o.topology.load_balanced = true);
+    let mut sim = Sim::new(vec![(address("lb"), lb)], |o| {
+        o.topology.load_balanced = true
+    });
     let op = sim.read(doc! { "ping": 1 });
     sim.run(op).expect("LB mode with serviceId works");
 
     let no_service = SimServer::new(Role::LoadBalancer { service_id: false });
-    let mut sim = Sim::new(vec![(address("lb"), no_service)], |o| o.topology.load_balanced = true);
+    let mut sim = Sim::new(vec![(address("lb"), no_service)], |o| {
+        o.topology.load_balanced = true
+    });
     let op = sim.read(doc! { "ping": 1 });
     let error = sim.run(op).unwrap_err();
     assert!(

@@ -213,6 +213,11 @@ impl Topology {
     }
 
     /// Every pool, in the order their servers joined.
+    pub fn pools(&self) -> impl Iterator<Item = &Pool> {
+        self.pools.iter()
+    }
+
+    /// Every pool, mutably, in the order their servers joined.
     pub fn pools_mut(&mut self) -> impl Iterator<Item = &mut Pool> {
         self.pools.iter_mut()
     }
