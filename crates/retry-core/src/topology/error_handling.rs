@@ -10,6 +10,8 @@
 //! or is a timeout on an established connection. In load-balanced mode nothing is marked Unknown
 //! and only the failing `serviceId`'s connections are cleared (LB-14, LB-15).
 
+use alloc::string::ToString;
+
 use bson::oid::ObjectId;
 
 use super::{
@@ -134,7 +136,7 @@ impl Topology {
         if context.generation < pool_generation || order.is_ge() {
             return ErrorHandling::Stale;
         }
-        let cause = alloc::string::ToString::to_string(error);
+        let cause = error.to_string();
         // LB-14: before the handshake no serviceId is known, so nothing can be cleared.
         let service_id = context.service_id.filter(|_| load_balanced);
         if let Some(change) = StateChange::of(error) {
