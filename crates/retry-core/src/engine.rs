@@ -444,10 +444,7 @@ impl Engine {
         let mut progressed = false;
         let addresses: Vec<ServerAddress> = self.monitors.keys().cloned().collect();
         for address in addresses {
-            loop {
-                let Some(state) = self.monitors.get_mut(&address) else {
-                    break;
-                };
+            while let Some(state) = self.monitors.get_mut(&address) {
                 if let Some(event) = state.monitor.poll_event() {
                     self.events.push_back(EngineEvent::Heartbeat {
                         address: address.clone(),
@@ -586,10 +583,7 @@ impl Engine {
         let mut progressed = false;
         let ids: Vec<ConnId> = self.sockets.keys().copied().collect();
         for conn in ids {
-            loop {
-                let Some(socket) = self.sockets.get_mut(&conn) else {
-                    break;
-                };
+            while let Some(socket) = self.sockets.get_mut(&conn) {
                 if let Some(bytes) = socket.machine.poll_transmit() {
                     self.transmits.push_back(Transmit { conn, bytes });
                     progressed = true;
@@ -705,10 +699,7 @@ impl Engine {
                 progressed = true;
                 self.poll_selection(op_id, now);
             }
-            loop {
-                let Some(op) = self.ops.get_mut(&op_id) else {
-                    break;
-                };
+            while let Some(op) = self.ops.get_mut(&op_id) {
                 if let Some(event) = op.machine.poll_event() {
                     self.events
                         .push_back(EngineEvent::Operation { op: op_id, event });
