@@ -44,6 +44,7 @@ use crate::connection::{
 use crate::error::{NetworkErrorKind, NetworkPhase, OperationError};
 use crate::handshake::{HandshakeOptions, HandshakeReply};
 use crate::monitor::{HeartbeatEvent, Monitor, MonitorAction, DEFAULT_HEARTBEAT_FREQUENCY};
+use crate::pinning::{CursorClose, CursorPin};
 use crate::policy::RetryOptions;
 use crate::pool::{CheckoutId, ConnectionId, PoolAction, PoolEvent, Purpose};
 use crate::retry::{
@@ -117,6 +118,54 @@ pub struct OperationRequest {
     pub timeout: OperationTimeout,
     /// The session's transaction number, for retryable writes and transactions.
     pub txn_number: Option<i64>,
+    /// How the operation relates to a cursor: a getMore or killCursors goes where its cursor lives.
+    pub cursor: CursorUse,
+}
+
+impl OperationRequest {
+    /// A request with no CSOT timeout, no transaction number and no cursor.
+    pub fn new(
+        db: impl Into<String>,
+        command: Document,
+        kind: OperationKind,
+        criteria: SelectionCriteria,
+    ) -> OperationRequest {
+        OperationRequest {
+            db: db.into(),
+            command,
+            kind,
+            criteria,
+            timeout: OperationTimeout::Off,
+            txn_number: None,
+            cursor: CursorUse::None,
+        }
+    }
+}
+
+/// A cursor the engine keeps between a cursor-creating command and its last `getMore`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CursorHandle(pub u64);
+
+/// How an operation relates to a cursor.
+///
+/// A cursor lives on one server, so its `getMore`s and its `killCursors` skip server selection and
+/// go there. In load-balanced mode they also use the very connection that created the cursor
+/// (LB-10): it stays checked out, counted as in use by a cursor (LB-13), until a `getMore` returns
+/// cursor id 0 or the cursor is closed. After a network error on that connection, closing the cursor
+/// sends no `killCursors` and the connection is closed (LB-11). Running two operations on one cursor
+/// at the same time is not supported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum CursorUse {
+    /// Not a cursor operation.
+    #[default]
+    None,
+    /// A cursor-creating command (find, aggregate, listCollections, listIndexes): a reply with a
+    /// non-zero `cursor.id` opens a cursor, reported by [`EngineEvent::CursorOpened`].
+    Open,
+    /// A `getMore` of this cursor; a reply with `cursor.id` 0 ends the cursor.
+    GetMore(CursorHandle),
+    /// The `killCursors` that closes this cursor.
+    Close(CursorHandle),
 }
 
 /// A socket to open.
@@ -170,6 +219,14 @@ pub enum EngineEvent {
     },
     /// An SDAM event.
     Topology(SdamEvent),
+    /// A cursor-creating operation opened a cursor (reported just before its
+    /// [`EngineEvent::OperationFinished`]); later `getMore`s name it with [`CursorUse::GetMore`].
+    CursorOpened {
+        /// The operation that created it.
+        op: OpId,
+        /// The cursor.
+        cursor: CursorHandle,
+    },
 }
 
 /// Who owns a socket.
@@ -198,6 +255,24 @@ struct Operation {
     checkout: Option<CheckoutId>,
     conn: Option<ConnId>,
     reply: Option<Document>,
+    /// A cursor operation's server: no selection (LB-10 and ordinary cursor server pinning).
+    pinned_server: Option<AttemptServer>,
+    /// A load-balanced cursor's connection: no checkout, and no check-in on release (LB-10).
+    pinned_conn: Option<ConnId>,
+    /// Check the pinned connection in when the operation releases it (the cursor ended).
+    release_pinned: bool,
+    /// The connection now belongs to the cursor this operation opened.
+    keep_conn: bool,
+    /// The cursor this operation opened.
+    opened: Option<CursorHandle>,
+}
+
+/// A cursor between its creation and its end.
+struct Cursor {
+    server: AttemptServer,
+    /// Load-balanced mode: the pinned connection.
+    conn: Option<ConnId>,
+    pin: CursorPin,
 }
 
 struct MonitorState {
@@ -212,6 +287,8 @@ pub struct Engine {
     monitors: BTreeMap<ServerAddress, MonitorState>,
     sockets: BTreeMap<ConnId, Socket>,
     ops: BTreeMap<OpId, Operation>,
+    cursors: BTreeMap<CursorHandle, Cursor>,
+    next_cursor: u64,
     rng: EngineRng,
     next_conn: u64,
     next_op: u64,
@@ -237,6 +314,8 @@ impl Engine {
             monitors: BTreeMap::new(),
             sockets: BTreeMap::new(),
             ops: BTreeMap::new(),
+            cursors: BTreeMap::new(),
+            next_cursor: 1,
             rng,
             next_conn: 1,
             next_op: 1,
@@ -265,6 +344,34 @@ impl Engine {
             min_wire_version: 0,
         };
         let machine = RetryMachine::new(spec, &self.options.retry, self.rng.next_u64(), now);
+        let (mut pinned_server, mut pinned_conn) = (None, None);
+        if let CursorUse::GetMore(handle) | CursorUse::Close(handle) = request.cursor {
+            let Some(cursor) = self.cursors.get_mut(&handle) else {
+                let error =
+                    OperationError::usage(alloc::format!("cursor {} is not open", handle.0));
+                self.events.push_back(EngineEvent::OperationFinished {
+                    op,
+                    result: Err(error),
+                });
+                return op;
+            };
+            if let (CursorUse::Close(_), Some(conn)) = (request.cursor, cursor.conn) {
+                if let CursorClose::ReleaseBroken(_) = cursor.pin.close() {
+                    // LB-11: after a network error, no killCursors; the connection goes back and is
+                    // closed.
+                    self.cursors.remove(&handle);
+                    self.release(conn, false, now);
+                    self.events.push_back(EngineEvent::OperationFinished {
+                        op,
+                        result: Ok(Document::new()),
+                    });
+                    self.process(now);
+                    return op;
+                }
+            }
+            pinned_server = Some(cursor.server.clone());
+            pinned_conn = cursor.conn;
+        }
         self.ops.insert(
             op,
             Operation {
@@ -277,6 +384,11 @@ impl Engine {
                 checkout: None,
                 conn: None,
                 reply: None,
+                pinned_server,
+                pinned_conn,
+                release_pinned: false,
+                keep_conn: false,
+                opened: None,
             },
         );
         self.process(now);
@@ -641,6 +753,13 @@ impl Engine {
                                         self.topology.handle_application_error(
                                             &address, &error, context, now,
                                         );
+                                        // LB-11: the cursor stays pinned, but will send no killCursors.
+                                        let cursor = self.ops.get(&op_id).map(|o| o.request.cursor);
+                                        if let Some(CursorUse::GetMore(handle)) = cursor {
+                                            if let Some(cursor) = self.cursors.get_mut(&handle) {
+                                                cursor.pin.get_more_failed(&error);
+                                            }
+                                        }
                                         if let Some(op) = self.ops.get_mut(&op_id) {
                                             op.conn = None;
                                             let _ = op.machine.handle_failed(error, now);
@@ -711,6 +830,13 @@ impl Engine {
                 };
                 progressed = true;
                 match action {
+                    Action::SelectServer if op.pinned_server.is_some() => {
+                        // A cursor's operations go where the cursor lives.
+                        if let Some(server) = op.pinned_server.clone() {
+                            op.server = Some(server.clone());
+                            let _ = op.machine.handle_server_selected(server, now);
+                        }
+                    }
                     Action::SelectServer => {
                         let selection = ServerSelection::new(
                             op.request.criteria.clone(),
@@ -722,14 +848,41 @@ impl Engine {
                         op.selection = Some(selection);
                         self.poll_selection(op_id, now);
                     }
+                    Action::Dispatch(attempt) if op.pinned_conn.is_some() => {
+                        op.attempt = Some(attempt);
+                        match op.pinned_conn.filter(|c| self.sockets.contains_key(c)) {
+                            Some(conn) => self.send_attempt(op_id, conn, now),
+                            None => {
+                                let address = op
+                                    .server
+                                    .as_ref()
+                                    .map(|s| s.address.clone())
+                                    .unwrap_or_else(|| ServerAddress::new("unknown", 0));
+                                let error = OperationError::network(
+                                    NetworkErrorKind::Closed,
+                                    NetworkPhase::BeforeSend,
+                                    address,
+                                );
+                                let _ = op.machine.handle_failed(error, now);
+                            }
+                        }
+                    }
                     Action::Dispatch(attempt) => {
                         let deadline = op.request.timeout.deadline();
                         let address = attempt.address.clone();
                         op.attempt = Some(attempt);
+                        // LB-13: a cursor-creating command's connection may stay with its cursor.
+                        let purpose = if op.request.cursor == CursorUse::Open
+                            && self.options.topology.load_balanced
+                        {
+                            Purpose::Cursor
+                        } else {
+                            Purpose::Other
+                        };
                         let checkout = self
                             .topology
                             .pool_mut(&address)
-                            .map(|p| p.check_out(Purpose::Other, deadline, now));
+                            .map(|p| p.check_out(purpose, deadline, now));
                         let Some(op) = self.ops.get_mut(&op_id) else {
                             break;
                         };
@@ -746,13 +899,35 @@ impl Engine {
                     Action::ReleaseConnection { close } => {
                         op.checkout = None;
                         op.attempt = None;
-                        if let Some(conn) = op.conn.take() {
+                        let conn = op.conn.take();
+                        let pinned = op.pinned_conn.is_some();
+                        let (release_pinned, keep) = (op.release_pinned, op.keep_conn);
+                        if let (Some(conn), true) = (conn, !pinned && !keep) {
+                            self.release(conn, !close, now);
+                        } else if let (Some(conn), true) =
+                            (op.pinned_conn, pinned && release_pinned)
+                        {
                             self.release(conn, !close, now);
                         }
                     }
                     Action::Wait { .. } => {}
                     Action::Finished(result) => {
                         let reply = op.reply.take();
+                        // LB-10: closing a cursor gives its connection back whatever killCursors did.
+                        if let (CursorUse::Close(handle), false) =
+                            (op.request.cursor, op.release_pinned)
+                        {
+                            if let Some(conn) = self.cursors.remove(&handle).and_then(|c| c.conn) {
+                                self.release(conn, true, now);
+                            }
+                        }
+                        let Some(op) = self.ops.get_mut(&op_id) else {
+                            break;
+                        };
+                        if let Some(cursor) = op.opened.filter(|_| result.is_ok()) {
+                            self.events
+                                .push_back(EngineEvent::CursorOpened { op: op_id, cursor });
+                        }
                         self.ops.remove(&op_id);
                         let result = result.map(|()| reply.unwrap_or_default());
                         self.events
@@ -880,8 +1055,62 @@ impl Engine {
                 let _ = op.machine.handle_failed(error, now);
             }
             None => {
+                let cursor_id = body
+                    .get_document("cursor")
+                    .ok()
+                    .and_then(|c| match c.get("id") {
+                        Some(Bson::Int64(id)) => Some(*id),
+                        Some(Bson::Int32(id)) => Some(i64::from(*id)),
+                        _ => None,
+                    });
                 op.reply = Some(body);
                 let _ = op.machine.handle_succeeded(now);
+                self.cursor_replied(op_id, conn, cursor_id.unwrap_or(0));
+            }
+        }
+    }
+
+    /// LB-10: a cursor operation succeeded with `cursor_id`: open, keep or end the cursor.
+    fn cursor_replied(&mut self, op_id: OpId, conn: ConnId, cursor_id: i64) {
+        let load_balanced = self.options.topology.load_balanced;
+        let pool_id = match self.sockets.get(&conn).map(|s| &s.owner) {
+            Some(Owner::Pool(id)) => *id,
+            _ => return,
+        };
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        match op.request.cursor {
+            CursorUse::None => {}
+            CursorUse::Open => {
+                let Some(server) = op.server.clone() else {
+                    return;
+                };
+                if cursor_id == 0 {
+                    return;
+                }
+                let mut pin = CursorPin::new();
+                let conn = load_balanced.then(|| {
+                    pin.created(pool_id, cursor_id);
+                    op.keep_conn = true;
+                    conn
+                });
+                let handle = CursorHandle(self.next_cursor);
+                self.next_cursor += 1;
+                op.opened = Some(handle);
+                self.cursors.insert(handle, Cursor { server, conn, pin });
+            }
+            CursorUse::GetMore(handle) => {
+                if cursor_id == 0 {
+                    op.release_pinned = true;
+                    if let Some(mut cursor) = self.cursors.remove(&handle) {
+                        let _ = cursor.pin.get_more_succeeded(0);
+                    }
+                }
+            }
+            CursorUse::Close(handle) => {
+                op.release_pinned = true;
+                self.cursors.remove(&handle);
             }
         }
     }

@@ -6,13 +6,15 @@ use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 use retry_core::address::ServerAddress;
-use retry_core::engine::{ConnId, Engine, EngineEvent, EngineOptions, OpId, OperationRequest};
+use retry_core::engine::{
+    ConnId, CursorHandle, CursorUse, Engine, EngineEvent, EngineOptions, OpId, OperationRequest,
+};
 use retry_core::error::NetworkErrorKind;
 use retry_core::handshake::{ClientMetadata, HandshakeOptions};
 use retry_core::pool::PoolEvent;
 use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::selection::SelectionCriteria;
-use retry_core::time::{Instant, OperationTimeout};
+use retry_core::time::Instant;
 use retry_core::topology::TopologySettings;
 use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
 
@@ -37,6 +39,8 @@ struct SimServer {
     reset_handshakes: u32,
     service_id: ObjectId,
     executed: BTreeMap<String, u32>,
+    /// Every command (not hello) with the socket it arrived on.
+    log: Vec<(String, ConnId)>,
 }
 
 impl SimServer {
@@ -48,6 +52,7 @@ impl SimServer {
             reset_handshakes: 0,
             service_id: ObjectId::parse_str("65a1b2c3d4e5f60718293a4b").unwrap(),
             executed: BTreeMap::new(),
+            log: Vec::new(),
         }
     }
 
@@ -71,7 +76,7 @@ impl SimServer {
     }
 
     /// The reply to one command, or `None` to reset the connection.
-    fn answer(&mut self, request: &Document, handshake: bool) -> Option<Document> {
+    fn answer(&mut self, request: &Document, handshake: bool, conn: ConnId) -> Option<Document> {
         let name = request.keys().next().cloned().unwrap_or_default();
         if name == "hello" || name.eq_ignore_ascii_case("ismaster") {
             if handshake && self.reset_handshakes > 0 {
@@ -81,6 +86,7 @@ impl SimServer {
             return Some(self.hello(request));
         }
         *self.executed.entry(name.clone()).or_default() += 1;
+        self.log.push((name.clone(), conn));
         if let Some((command, reply)) = &self.always {
             if *command == name {
                 return Some(reply.clone());
@@ -204,7 +210,7 @@ impl Sim {
                 .expect("a known server");
             let handshake = !socket.handshaken;
             socket.handshaken = true;
-            match server.answer(&request.body, handshake) {
+            match server.answer(&request.body, handshake, conn) {
                 Some(body) => {
                     let reply = OpMsg {
                         request_id: 0,
@@ -287,14 +293,10 @@ impl Sim {
         kind: OperationKind,
         criteria: SelectionCriteria,
     ) -> OpId {
-        let request = OperationRequest {
-            db: "test".into(),
-            command,
-            kind,
-            criteria,
-            timeout: OperationTimeout::Off,
-            txn_number: None,
-        };
+        self.start_request(OperationRequest::new("test", command, kind, criteria))
+    }
+
+    fn start_request(&mut self, request: OperationRequest) -> OpId {
         let op = self.engine.start_operation(request, self.now);
         self.drain();
         op
@@ -495,4 +497,156 @@ fn identical_seeds_give_identical_traces() {
         format!("{:?}", sim.events)
     };
     assert_eq!(trace(), trace());
+}
+
+fn primary_read() -> SelectionCriteria {
+    use retry_core::selection::{ReadPreference, ReadPreferenceMode};
+    SelectionCriteria::Read(
+        ReadPreference::new(ReadPreferenceMode::Primary, Vec::new(), None).expect("valid"),
+    )
+}
+
+fn batch(id: i64, field: &str) -> Document {
+    doc! { "ok": 1, "cursor": { "id": id, "ns": "test.c", field: [] } }
+}
+
+impl Sim {
+    fn cursor_of(&self, op: OpId) -> Option<CursorHandle> {
+        self.events.iter().find_map(|(_, e)| match e {
+            EngineEvent::CursorOpened { op: o, cursor } if *o == op => Some(*cursor),
+            _ => None,
+        })
+    }
+
+    fn cursor_op(&mut self, command: Document, kind: OperationKind, cursor: CursorUse) -> OpId {
+        let mut request = OperationRequest::new("test", command, kind, primary_read());
+        request.cursor = cursor;
+        self.start_request(request)
+    }
+
+    fn pool_events(&self) -> Vec<&'static str> {
+        self.events
+            .iter()
+            .filter_map(|(_, e)| match e {
+                EngineEvent::Pool {
+                    event: PoolEvent::CheckOutStarted { .. },
+                    ..
+                } => Some("started"),
+                EngineEvent::Pool {
+                    event: PoolEvent::CheckedOut { .. },
+                    ..
+                } => Some("out"),
+                EngineEvent::Pool {
+                    event: PoolEvent::CheckedIn { .. },
+                    ..
+                } => Some("in"),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn lb_sim(script: Vec<Document>) -> Sim {
+    let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
+    lb.script = VecDeque::from(script);
+    Sim::new(vec![(address("lb"), lb)], |o| {
+        o.topology.load_balanced = true
+    })
+}
+
+#[test]
+fn lb10_a_load_balanced_cursor_stays_pinned_across_get_mores() {
+    let mut sim = lb_sim(vec![
+        batch(42, "firstBatch"),
+        overload(462),
+        batch(42, "nextBatch"),
+        batch(0, "nextBatch"),
+    ]);
+    let find = sim.cursor_op(doc! { "find": "c" }, OperationKind::Read, CursorUse::Open);
+    sim.run(find).unwrap();
+    let cursor = sim
+        .cursor_of(find)
+        .expect("a non-zero cursor id opens a cursor");
+    // BP-5: the overloaded getMore is retried, on the same pinned connection (C8).
+    let more = sim.cursor_op(
+        doc! { "getMore": 42i64, "collection": "c" },
+        OperationKind::GetMore,
+        CursorUse::GetMore(cursor),
+    );
+    sim.run(more).unwrap();
+    let last = sim.cursor_op(
+        doc! { "getMore": 42i64, "collection": "c" },
+        OperationKind::GetMore,
+        CursorUse::GetMore(cursor),
+    );
+    sim.run(last).unwrap();
+    let log = &sim.servers[&address("lb")].log;
+    let names: Vec<&str> = log.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["find", "getMore", "getMore", "getMore"]);
+    assert!(
+        log.iter().all(|(_, c)| *c == log[0].1),
+        "every command on the connection that opened the cursor: {log:?}"
+    );
+    // LB-9: one checkout and one check-in for the cursor's whole life.
+    assert_eq!(sim.pool_events(), ["started", "out", "in"]);
+    // The exhausted cursor is gone.
+    let after = sim.cursor_op(
+        doc! { "getMore": 42i64, "collection": "c" },
+        OperationKind::GetMore,
+        CursorUse::GetMore(cursor),
+    );
+    let error = sim.run(after).unwrap_err();
+    assert!(error.to_string().contains("is not open"), "{error}");
+}
+
+#[test]
+fn lb10_closing_a_cursor_sends_kill_cursors_on_its_connection_then_checks_it_in() {
+    let mut sim = lb_sim(vec![batch(42, "firstBatch")]);
+    let find = sim.cursor_op(doc! { "find": "c" }, OperationKind::Read, CursorUse::Open);
+    sim.run(find).unwrap();
+    let cursor = sim.cursor_of(find).unwrap();
+    let kill = sim.cursor_op(
+        doc! { "killCursors": "c", "cursors": [42i64] },
+        OperationKind::RunCommand,
+        CursorUse::Close(cursor),
+    );
+    sim.run(kill).unwrap();
+    let log = &sim.servers[&address("lb")].log;
+    assert_eq!(
+        log.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["find", "killCursors"]
+    );
+    assert_eq!(log[0].1, log[1].1);
+    assert_eq!(sim.pool_events(), ["started", "out", "in"]);
+}
+
+#[test]
+fn a_cursor_with_id_zero_pins_nothing() {
+    let mut sim = lb_sim(vec![batch(0, "firstBatch")]);
+    let find = sim.cursor_op(doc! { "find": "c" }, OperationKind::Read, CursorUse::Open);
+    sim.run(find).unwrap();
+    assert_eq!(sim.cursor_of(find), None);
+    assert_eq!(sim.pool_events(), ["started", "out", "in"]);
+}
+
+#[test]
+fn lb13_an_exhausted_pool_names_the_connections_in_use() {
+    let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
+    lb.script = VecDeque::from(vec![batch(42, "firstBatch")]);
+    let mut sim = Sim::new(vec![(address("lb"), lb)], |o| {
+        o.topology.load_balanced = true;
+        o.topology.pool.max_pool_size = 1;
+        o.topology.pool.wait_queue_timeout = Some(Duration::from_millis(100));
+    });
+    let find = sim.cursor_op(doc! { "find": "c" }, OperationKind::Read, CursorUse::Open);
+    sim.run(find).unwrap();
+    assert!(sim.cursor_of(find).is_some());
+    let ping = sim.read(doc! { "ping": 1 });
+    let error = sim.run(ping).unwrap_err();
+    assert!(
+        error.to_string().contains(
+            "maxPoolSize: 1, connections in use by cursors: 1, connections in use by transactions: 0, connections in use by other operations: 0"
+        ),
+        "{error}"
+    );
 }
