@@ -44,7 +44,9 @@ use crate::connection::{
 use crate::error::{NetworkErrorKind, NetworkPhase, OperationError};
 use crate::handshake::{HandshakeOptions, HandshakeReply};
 use crate::monitor::{HeartbeatEvent, Monitor, MonitorAction, DEFAULT_HEARTBEAT_FREQUENCY};
-use crate::pinning::{CursorClose, CursorPin};
+use crate::pinning::{
+    transaction_labels, CursorClose, CursorPin, Pin, TransactionCommand, TransactionPin,
+};
 use crate::policy::RetryOptions;
 use crate::pool::{CheckoutId, ConnectionId, PoolAction, PoolEvent, Purpose};
 use crate::retry::{
@@ -120,6 +122,9 @@ pub struct OperationRequest {
     pub txn_number: Option<i64>,
     /// How the operation relates to a cursor: a getMore or killCursors goes where its cursor lives.
     pub cursor: CursorUse,
+    /// The session, for the transaction pinning rules (TX-3..TX-5): a transaction's commands follow
+    /// its first command's mongos (or connection, in load-balanced mode).
+    pub session: Option<SessionId>,
 }
 
 impl OperationRequest {
@@ -138,9 +143,14 @@ impl OperationRequest {
             timeout: OperationTimeout::Off,
             txn_number: None,
             cursor: CursorUse::None,
+            session: None,
         }
     }
 }
+
+/// A session, named by the caller; the engine keeps its transaction pin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SessionId(pub u64);
 
 /// A cursor the engine keeps between a cursor-creating command and its last `getMore`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -267,6 +277,13 @@ struct Operation {
     opened: Option<CursorHandle>,
 }
 
+/// A session's transaction pin, and in load-balanced mode the pinned connection (TX-3..TX-5).
+#[derive(Default)]
+struct Session {
+    pin: TransactionPin,
+    conn: Option<ConnId>,
+}
+
 /// A cursor between its creation and its end.
 struct Cursor {
     server: AttemptServer,
@@ -289,6 +306,7 @@ pub struct Engine {
     ops: BTreeMap<OpId, Operation>,
     cursors: BTreeMap<CursorHandle, Cursor>,
     next_cursor: u64,
+    sessions: BTreeMap<SessionId, Session>,
     rng: EngineRng,
     next_conn: u64,
     next_op: u64,
@@ -316,6 +334,7 @@ impl Engine {
             ops: BTreeMap::new(),
             cursors: BTreeMap::new(),
             next_cursor: 1,
+            sessions: BTreeMap::new(),
             rng,
             next_conn: 1,
             next_op: 1,
@@ -371,6 +390,11 @@ impl Engine {
             }
             pinned_server = Some(cursor.server.clone());
             pinned_conn = cursor.conn;
+        }
+        if let Some(session) = request.session {
+            let (server, conn) = self.session_route(session, request.kind, now);
+            pinned_server = pinned_server.or(server);
+            pinned_conn = pinned_conn.or(conn);
         }
         self.ops.insert(
             op,
@@ -680,10 +704,8 @@ impl Engine {
                     if let Some(op_id) = self.op_with_checkout(checkout) {
                         if let Some(op) = self.ops.get_mut(&op_id) {
                             op.checkout = None;
-                            let _ = op
-                                .machine
-                                .handle_failed(error.into_operation_error(&address), now);
                         }
+                        self.fail_attempt(op_id, error.into_operation_error(&address), false, now);
                     }
                 }
             }
@@ -762,8 +784,8 @@ impl Engine {
                                         }
                                         if let Some(op) = self.ops.get_mut(&op_id) {
                                             op.conn = None;
-                                            let _ = op.machine.handle_failed(error, now);
                                         }
+                                        self.fail_attempt(op_id, error, false, now);
                                         if let Some(pool) = self.topology.pool_mut(&address) {
                                             pool.check_in(id, false, now);
                                         }
@@ -863,7 +885,7 @@ impl Engine {
                                     NetworkPhase::BeforeSend,
                                     address,
                                 );
-                                let _ = op.machine.handle_failed(error, now);
+                                self.fail_attempt(op_id, error, false, now);
                             }
                         }
                     }
@@ -892,7 +914,7 @@ impl Engine {
                                 let error = OperationError::server_selection(alloc::format!(
                                     "{address} is no longer part of the topology"
                                 ));
-                                let _ = op.machine.handle_failed(error, now);
+                                self.fail_attempt(op_id, error, false, now);
                             }
                         }
                     }
@@ -975,10 +997,8 @@ impl Engine {
             }
             SelectionStep::Failed(error) => {
                 op.selection = None;
-                let _ = op.machine.handle_selection_failed(
-                    OperationError::server_selection(error.to_string()),
-                    now,
-                );
+                let error = OperationError::server_selection(error.to_string());
+                self.fail_attempt(op_id, error, true, now);
             }
         }
     }
@@ -1023,7 +1043,7 @@ impl Engine {
                     _ => NetworkErrorKind::Io,
                 };
                 let error = OperationError::network(kind, NetworkPhase::BeforeSend, address);
-                let _ = op.machine.handle_failed(error, now);
+                self.fail_attempt(op_id, error, false, now);
             }
         }
     }
@@ -1051,9 +1071,7 @@ impl Engine {
             return;
         };
         match error {
-            Some(error) => {
-                let _ = op.machine.handle_failed(error, now);
-            }
+            Some(error) => self.fail_attempt(op_id, error, false, now),
             None => {
                 let cursor_id = body
                     .get_document("cursor")
@@ -1066,7 +1084,169 @@ impl Engine {
                 op.reply = Some(body);
                 let _ = op.machine.handle_succeeded(now);
                 self.cursor_replied(op_id, conn, cursor_id.unwrap_or(0));
+                self.transaction_succeeded(op_id, conn);
             }
+        }
+    }
+
+    /// Where a session's operation of `kind` must go (TX-3, TX-5), after the TX-4 unpinning rules
+    /// that apply before selection: a new transaction (4) and a non-transaction operation (5)
+    /// unpin; the later commands of a transaction follow the pin.
+    fn session_route(
+        &mut self,
+        session: SessionId,
+        kind: OperationKind,
+        now: Instant,
+    ) -> (Option<AttemptServer>, Option<ConnId>) {
+        let state = self.sessions.entry(session).or_default();
+        let unpinned = match kind {
+            OperationKind::InTransaction { first: true, .. } => state.pin.start_transaction(),
+            OperationKind::InTransaction { first: false, .. }
+            | OperationKind::CommitTransaction { .. }
+            | OperationKind::AbortTransaction => None,
+            _ => state.pin.non_transaction_operation(),
+        };
+        if unpinned.is_some() {
+            self.unpin_connection(session, true, now);
+            return (None, None);
+        }
+        let Some(state) = self.sessions.get(&session) else {
+            return (None, None);
+        };
+        match state.pin.pinned() {
+            Some(Pin::Mongos(address)) => {
+                let server = self
+                    .topology
+                    .description()
+                    .server(address)
+                    .map(|d| AttemptServer {
+                        address: d.address.clone(),
+                        server_type: d.server_type,
+                        topology_type: self.topology.description().topology_type,
+                        max_wire_version: d.max_wire_version,
+                        sessions_supported: d.logical_session_timeout.is_some(),
+                    });
+                (server, None)
+            }
+            Some(Pin::Connection(_)) => {
+                let server = state.conn.and_then(|c| self.sockets.get(&c)).and_then(|s| {
+                    self.topology
+                        .description()
+                        .server(&s.address)
+                        .map(|d| AttemptServer {
+                            address: d.address.clone(),
+                            server_type: d.server_type,
+                            topology_type: self.topology.description().topology_type,
+                            max_wire_version: d.max_wire_version,
+                            sessions_supported: true,
+                        })
+                });
+                (server, state.conn)
+            }
+            None => (None, None),
+        }
+    }
+
+    /// Gives a session's pinned load-balanced connection back to its pool, if it has one.
+    fn unpin_connection(&mut self, session: SessionId, healthy: bool, now: Instant) {
+        if let Some(conn) = self.sessions.get_mut(&session).and_then(|s| s.conn.take()) {
+            self.release(conn, healthy, now);
+        }
+    }
+
+    /// The session ended (TX-4 (6)): its pin goes, and a pinned connection goes back to the pool.
+    pub fn end_session(&mut self, session: SessionId, now: Instant) {
+        if let Some(state) = self.sessions.get_mut(&session) {
+            let _ = state.pin.end_session();
+        }
+        self.unpin_connection(session, true, now);
+        self.sessions.remove(&session);
+        self.process(now);
+    }
+
+    /// The transaction command an operation is, if it is one.
+    fn transaction_command(kind: OperationKind) -> Option<TransactionCommand> {
+        match kind {
+            OperationKind::InTransaction { .. } => Some(TransactionCommand::Statement),
+            OperationKind::CommitTransaction { .. } => Some(TransactionCommand::Commit),
+            OperationKind::AbortTransaction => Some(TransactionCommand::Abort),
+            _ => None,
+        }
+    }
+
+    /// Hands a failure to the operation's retry machine, after the transaction rules: the driver's
+    /// TX-7/TX-8 labels, and TX-4 (1–3) unpinning before a retry selects a server.
+    fn fail_attempt(&mut self, op_id: OpId, error: OperationError, selection: bool, now: Instant) {
+        let Some(op) = self.ops.get(&op_id) else {
+            return;
+        };
+        let (kind, session) = (op.request.kind, op.request.session);
+        let mut error = error;
+        if let (Some(command), Some(session)) = (Engine::transaction_command(kind), session) {
+            error = error
+                .clone()
+                .with_labels(transaction_labels(&error, command));
+            let unpinned = self
+                .sessions
+                .get_mut(&session)
+                .and_then(|s| s.pin.command_failed(command, &error));
+            if unpinned.is_some() {
+                let healthy = !matches!(error.kind, crate::error::ErrorKind::Network(_));
+                self.unpin_connection(session, healthy, now);
+                if let Some(op) = self.ops.get_mut(&op_id) {
+                    op.pinned_server = None;
+                    op.pinned_conn = None;
+                }
+            }
+        }
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        let _ = if selection {
+            op.machine.handle_selection_failed(error, now)
+        } else {
+            op.machine.handle_failed(error, now)
+        };
+    }
+
+    /// TX-3, TX-5: a transaction's first command pins its session to the mongos it ran on, or in
+    /// load-balanced mode to its connection; abort unpins whatever happened (TX-4 (1)).
+    fn transaction_succeeded(&mut self, op_id: OpId, conn: ConnId) {
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        let Some(session) = op.request.session else {
+            return;
+        };
+        match op.request.kind {
+            OperationKind::InTransaction { first: true, .. } => {
+                let load_balanced = self.options.topology.load_balanced;
+                let pool_id = match self.sockets.get(&conn).map(|s| &s.owner) {
+                    Some(Owner::Pool(id)) => *id,
+                    _ => return,
+                };
+                let state = self.sessions.entry(session).or_default();
+                if load_balanced {
+                    op.keep_conn = true;
+                    state.conn = Some(conn);
+                    state.pin.pin(Pin::Connection(pool_id));
+                } else if let Some(server) =
+                    op.server.as_ref().filter(|s| s.topology_type.is_sharded())
+                {
+                    state.pin.pin(Pin::Mongos(server.address.clone()));
+                }
+            }
+            OperationKind::AbortTransaction => {
+                if let Some(state) = self.sessions.get_mut(&session) {
+                    let _ = state.pin.aborted();
+                }
+                // The abort's own release checks the connection in.
+                op.release_pinned = true;
+                if let Some(state) = self.sessions.get_mut(&session) {
+                    state.conn = None;
+                }
+            }
+            _ => {}
         }
     }
 

@@ -8,6 +8,7 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 use retry_core::address::ServerAddress;
 use retry_core::engine::{
     ConnId, CursorHandle, CursorUse, Engine, EngineEvent, EngineOptions, OpId, OperationRequest,
+    SessionId,
 };
 use retry_core::error::NetworkErrorKind;
 use retry_core::handshake::{ClientMetadata, HandshakeOptions};
@@ -92,7 +93,12 @@ impl SimServer {
                 return Some(reply.clone());
             }
         }
-        Some(self.script.pop_front().unwrap_or_else(|| doc! { "ok": 1 }))
+        match self.script.pop_front() {
+            // A scripted reset: the connection drops instead of replying.
+            Some(reply) if reply.get_bool("$reset").unwrap_or(false) => None,
+            Some(reply) => Some(reply),
+            None => Some(doc! { "ok": 1 }),
+        }
     }
 }
 
@@ -649,4 +655,160 @@ fn lb13_an_exhausted_pool_names_the_connections_in_use() {
         ),
         "{error}"
     );
+}
+
+impl Sim {
+    fn in_session(&mut self, session: SessionId, command: Document, kind: OperationKind) -> OpId {
+        let mut request = OperationRequest::new("test", command, kind, SelectionCriteria::Write);
+        request.session = Some(session);
+        request.txn_number = Some(1);
+        self.start_request(request)
+    }
+}
+
+fn three_mongos(script_for_all: Vec<Document>) -> Sim {
+    let servers = ["m1", "m2", "m3"]
+        .into_iter()
+        .map(|h| {
+            let mut m = SimServer::new(Role::Mongos);
+            m.script = VecDeque::from(script_for_all.clone());
+            (address(h), m)
+        })
+        .collect();
+    let mut sim = Sim::new(servers, |o| {
+        o.selection.local_threshold = Duration::from_secs(1)
+    });
+    let ping = sim.read(doc! { "ping": 1 });
+    sim.run(ping).unwrap();
+    sim
+}
+
+#[test]
+fn tx3_a_sharded_transaction_stays_on_the_mongos_of_its_first_command() {
+    use OperationKind::{CommitTransaction, InTransaction};
+    let mut sim = three_mongos(Vec::new());
+    let session = SessionId(1);
+    let first = sim.in_session(
+        session,
+        doc! { "insert": "c", "documents": [{}] },
+        InTransaction {
+            read: false,
+            first: true,
+        },
+    );
+    sim.run(first).unwrap();
+    let pinned = sim.attempt_servers(first)[0].clone();
+    for _ in 0..5 {
+        let next = sim.in_session(
+            session,
+            doc! { "insert": "c", "documents": [{}] },
+            InTransaction {
+                read: false,
+                first: false,
+            },
+        );
+        sim.run(next).unwrap();
+        assert_eq!(sim.attempt_servers(next), [pinned.clone()]);
+    }
+    let commit = sim.in_session(
+        session,
+        doc! { "commitTransaction": 1 },
+        CommitTransaction { again: false },
+    );
+    sim.run(commit).unwrap();
+    assert_eq!(sim.attempt_servers(commit), [pinned.clone()]);
+    // TX-4 (4): a new transaction is not bound to the old pin; over many transactions more than one
+    // mongos is used (the transactions prose test).
+    let mut used = std::collections::BTreeSet::new();
+    for n in 0..30 {
+        let first = sim.in_session(
+            session,
+            doc! { "insert": "c", "documents": [{ "n": n }] },
+            InTransaction {
+                read: false,
+                first: true,
+            },
+        );
+        sim.run(first).unwrap();
+        used.insert(sim.attempt_servers(first)[0].clone());
+    }
+    assert!(used.len() > 1, "{used:?}");
+}
+
+#[test]
+fn tx4_a_commit_with_an_unknown_result_is_unpinned_before_its_retry() {
+    use OperationKind::{CommitTransaction, InTransaction};
+    let mut sim = three_mongos(Vec::new());
+    let session = SessionId(7);
+    let first = sim.in_session(
+        session,
+        doc! { "insert": "c", "documents": [{}] },
+        InTransaction {
+            read: false,
+            first: true,
+        },
+    );
+    sim.run(first).unwrap();
+    let pinned = sim.attempt_servers(first)[0].clone();
+    // The pinned mongos drops the commit's connection: a network error, UnknownTransactionCommitResult
+    // (TX-8) and RetryableWriteError (RW-9); the retry is unpinned and, on a sharded cluster,
+    // deprioritizes the failed mongos (BP-20).
+    sim.servers
+        .get_mut(&address(&pinned))
+        .unwrap()
+        .script
+        .push_back(doc! { "$reset": true });
+    let commit = sim.in_session(
+        session,
+        doc! { "commitTransaction": 1 },
+        CommitTransaction { again: false },
+    );
+    sim.run(commit)
+        .expect("the retried commit succeeds elsewhere");
+    let servers = sim.attempt_servers(commit);
+    assert_eq!(servers.len(), 2);
+    assert_eq!(servers[0], pinned);
+    assert_ne!(servers[1], pinned);
+}
+
+#[test]
+fn tx5_a_load_balanced_transaction_keeps_one_connection_until_the_session_ends() {
+    use OperationKind::{CommitTransaction, InTransaction};
+    let mut sim = lb_sim(Vec::new());
+    let session = SessionId(3);
+    let first = sim.in_session(
+        session,
+        doc! { "insert": "c", "documents": [{}] },
+        InTransaction {
+            read: false,
+            first: true,
+        },
+    );
+    sim.run(first).unwrap();
+    let second = sim.in_session(
+        session,
+        doc! { "find": "c" },
+        InTransaction {
+            read: true,
+            first: false,
+        },
+    );
+    sim.run(second).unwrap();
+    let commit = sim.in_session(
+        session,
+        doc! { "commitTransaction": 1 },
+        CommitTransaction { again: false },
+    );
+    sim.run(commit).unwrap();
+    let log = &sim.servers[&address("lb")].log;
+    assert_eq!(
+        log.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["insert", "find", "commitTransaction"]
+    );
+    assert!(log.iter().all(|(_, c)| *c == log[0].1), "{log:?}");
+    // A successful commit does not unpin (TX-4); ending the session does.
+    assert_eq!(sim.pool_events(), ["started", "out"]);
+    sim.engine.end_session(session, sim.now);
+    sim.drain();
+    assert_eq!(sim.pool_events(), ["started", "out", "in"]);
 }
