@@ -708,7 +708,7 @@ fn tx3_a_sharded_transaction_stays_on_the_mongos_of_its_first_command() {
             },
         );
         sim.run(next).unwrap();
-        assert_eq!(sim.attempt_servers(next), [pinned.clone()]);
+        assert_eq!(sim.attempt_servers(next), std::slice::from_ref(&pinned));
     }
     let commit = sim.in_session(
         session,
@@ -716,7 +716,7 @@ fn tx3_a_sharded_transaction_stays_on_the_mongos_of_its_first_command() {
         CommitTransaction { again: false },
     );
     sim.run(commit).unwrap();
-    assert_eq!(sim.attempt_servers(commit), [pinned.clone()]);
+    assert_eq!(sim.attempt_servers(commit), std::slice::from_ref(&pinned));
     // TX-4 (4): a new transaction is not bound to the old pin; over many transactions more than one
     // mongos is used (the transactions prose test).
     let mut used = std::collections::BTreeSet::new();
