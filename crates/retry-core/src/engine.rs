@@ -975,13 +975,10 @@ impl Engine {
         let count = |address: &ServerAddress| in_flight.get(address).copied().unwrap_or(0);
         match selection.poll(self.topology.description(), count, &mut self.rng, now) {
             SelectionStep::Selected(server) => {
-                let attempt_server = AttemptServer {
-                    address: server.address.clone(),
-                    server_type: server.server_type,
-                    topology_type: self.topology.description().topology_type,
-                    max_wire_version: server.max_wire_version,
-                    sessions_supported: server.logical_session_timeout.is_some(),
-                };
+                let attempt_server = AttemptServer::from_description(
+                    server,
+                    self.topology.description().topology_type,
+                );
                 op.selection = None;
                 op.server = Some(attempt_server.clone());
                 let _ = op.machine.handle_server_selected(attempt_server, now);
@@ -1115,31 +1112,19 @@ impl Engine {
         };
         match state.pin.pinned() {
             Some(Pin::Mongos(address)) => {
-                let server = self
-                    .topology
-                    .description()
-                    .server(address)
-                    .map(|d| AttemptServer {
-                        address: d.address.clone(),
-                        server_type: d.server_type,
-                        topology_type: self.topology.description().topology_type,
-                        max_wire_version: d.max_wire_version,
-                        sessions_supported: d.logical_session_timeout.is_some(),
-                    });
+                let server = self.topology.description().server(address).map(|d| {
+                    AttemptServer::from_description(d, self.topology.description().topology_type)
+                });
                 (server, None)
             }
             Some(Pin::Connection(_)) => {
                 let server = state.conn.and_then(|c| self.sockets.get(&c)).and_then(|s| {
-                    self.topology
-                        .description()
-                        .server(&s.address)
-                        .map(|d| AttemptServer {
-                            address: d.address.clone(),
-                            server_type: d.server_type,
-                            topology_type: self.topology.description().topology_type,
-                            max_wire_version: d.max_wire_version,
-                            sessions_supported: true,
-                        })
+                    self.topology.description().server(&s.address).map(|d| {
+                        AttemptServer::from_description(
+                            d,
+                            self.topology.description().topology_type,
+                        )
+                    })
                 });
                 (server, state.conn)
             }
