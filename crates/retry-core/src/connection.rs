@@ -49,13 +49,14 @@ pub struct ConnectionConfig {
     /// The pool generation when the connection was created (CM-1). In load-balanced mode the pool
     /// replaces it by the `serviceId`'s generation after the handshake (CM-5).
     pub generation: u32,
-    /// `connectTimeoutMS`: the limit from creation to a validated handshake reply.
+    /// `connectTimeoutMS`: the limit from creation to a validated handshake reply; zero means no
+    /// limit (URI options).
     pub connect_timeout: Duration,
     /// CS-3: the CSOT deadline of the operation that asked for this connection, if any; it caps
     /// the connect timeout.
     pub establishment_deadline: Option<Instant>,
     /// `socketTimeoutMS`: the limit on each request's round trip when the request has no earlier
-    /// deadline of its own; `None` for no limit.
+    /// deadline of its own; `None` or zero for no limit (URI options).
     pub socket_timeout: Option<Duration>,
     /// `loadBalanced=true`: the handshake reply must carry a `serviceId` (LB-8).
     pub load_balanced: bool,
@@ -300,10 +301,10 @@ impl Connection {
         handshake_command: Document,
         now: Instant,
     ) -> Result<Connection, EncodeError> {
-        let connect_deadline = now.saturating_add(config.connect_timeout);
-        let deadline = config
-            .establishment_deadline
-            .map_or(connect_deadline, |d| d.min(connect_deadline));
+        let connect_deadline = Some(config.connect_timeout)
+            .filter(|t| !t.is_zero())
+            .map(|t| now.saturating_add(t));
+        let deadline = earliest(connect_deadline, config.establishment_deadline);
         let mut hello = Vec::new();
         OpMsg::command(1, handshake_command).encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut hello)?;
         let mut decoder = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
@@ -316,7 +317,7 @@ impl Connection {
             handshake: None,
             next_request_id: 2,
             outstanding: None,
-            deadline: Some(deadline),
+            deadline,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
         })
@@ -419,11 +420,12 @@ impl Connection {
             queued_at: now,
             handed_over: false,
         });
-        let socket_deadline = self.config.socket_timeout.map(|t| now.saturating_add(t));
-        self.deadline = match (request.deadline, socket_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let socket_deadline = self
+            .config
+            .socket_timeout
+            .filter(|t| !t.is_zero())
+            .map(|t| now.saturating_add(t));
+        self.deadline = earliest(request.deadline, socket_deadline);
         self.state = ConnectionState::InFlight;
         Ok(request_id)
     }
@@ -530,6 +532,14 @@ impl Connection {
                 phase,
                 request_id,
             }));
+    }
+}
+
+/// The earlier of two optional deadlines; `None` only when both are.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -820,6 +830,22 @@ mod tests {
             e.to_operation_error(&conn.config().address).labels,
             Labels::NONE
         );
+    }
+
+    #[test]
+    fn zero_connect_and_socket_timeouts_mean_no_limit() {
+        let mut cfg = config();
+        cfg.connect_timeout = Duration::ZERO;
+        cfg.socket_timeout = Some(Duration::ZERO);
+        let mut conn = open(cfg.clone());
+        assert_eq!(conn.poll_timeout(), None);
+        conn.handle_connected(at(1));
+        conn.handle_bytes(&reply_bytes(1, server_hello()), at(2));
+        conn.send_command(Request::new(doc! { "ping": 1 }), at(3))
+            .unwrap();
+        assert_eq!(conn.poll_timeout(), None);
+        cfg.establishment_deadline = Some(at(50));
+        assert_eq!(open(cfg).poll_timeout(), Some(at(50)));
     }
 
     #[test]
