@@ -182,3 +182,47 @@ pub fn read_preference(value: &Value) -> Result<Result<ReadPreference, String>, 
     };
     Ok(ReadPreference::new(mode, tag_sets, max_staleness).map_err(|e| e.to_string()))
 }
+
+/// A JSON value as BSON, reading the extended-JSON forms the spec tests use (`$oid`,
+/// `$numberLong`, `$date`); integers become int32 when they fit, else int64.
+pub fn to_bson(value: &Value) -> Result<bson::Bson, String> {
+    use bson::Bson;
+    Ok(match value {
+        Value::Null => Bson::Null,
+        Value::Bool(b) => Bson::Boolean(*b),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => i32::try_from(i).map_or(Bson::Int64(i), Bson::Int32),
+            None => Bson::Double(n.as_f64().ok_or_else(|| format!("bad number {n}"))?),
+        },
+        Value::String(s) => Bson::String(s.clone()),
+        Value::Array(items) => Bson::Array(items.iter().map(to_bson).collect::<Result<_, _>>()?),
+        Value::Object(object) => {
+            let single = (object.len() == 1).then(|| object.iter().next()).flatten();
+            match single {
+                Some((k, Value::String(hex))) if k == "$oid" => Bson::ObjectId(
+                    bson::oid::ObjectId::parse_str(hex).map_err(|e| format!("bad $oid: {e}"))?,
+                ),
+                Some((k, Value::String(n))) if k == "$numberLong" => {
+                    Bson::Int64(n.parse().map_err(|e| format!("bad $numberLong: {e}"))?)
+                }
+                Some((k, date)) if k == "$date" => {
+                    let ms = match date {
+                        Value::Object(_) => date
+                            .get("$numberLong")
+                            .and_then(Value::as_str)
+                            .and_then(|s| s.parse().ok()),
+                        _ => date.as_i64(),
+                    }
+                    .ok_or_else(|| format!("bad $date {date}"))?;
+                    Bson::DateTime(bson::DateTime::from_millis(ms))
+                }
+                _ => Bson::Document(
+                    object
+                        .iter()
+                        .map(|(k, v)| Ok((k.clone(), to_bson(v)?)))
+                        .collect::<Result<_, String>>()?,
+                ),
+            }
+        }
+    })
+}

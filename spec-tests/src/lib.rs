@@ -5,10 +5,12 @@
 //! files; each file is one test case, run by the suite's runner, which returns `Err` with a message
 //! naming what differed.
 
+pub mod cmap;
 pub mod corpus;
 pub mod in_window;
 pub mod json;
 pub mod rtt;
+pub mod sdam;
 pub mod server_selection;
 
 use std::path::Path;
@@ -52,5 +54,47 @@ pub const SUITES: &[Suite] = &[
         dir: "source/max-staleness/tests",
         expected_files: 32,
         run: server_selection::run_file,
+    },
+    Suite {
+        name: "cmap_format",
+        dir: "source/connection-monitoring-and-pooling/tests/cmap-format",
+        expected_files: 33,
+        run: cmap::run_file,
+    },
+    Suite {
+        name: "sdam_single",
+        dir: "source/server-discovery-and-monitoring/tests/single",
+        expected_files: 19,
+        run: sdam::run_file,
+    },
+    Suite {
+        name: "sdam_rs",
+        dir: "source/server-discovery-and-monitoring/tests/rs",
+        expected_files: 77,
+        run: sdam::run_file,
+    },
+    Suite {
+        name: "sdam_sharded",
+        dir: "source/server-discovery-and-monitoring/tests/sharded",
+        expected_files: 9,
+        run: sdam::run_file,
+    },
+    Suite {
+        name: "sdam_load_balanced",
+        dir: "source/server-discovery-and-monitoring/tests/load-balanced",
+        expected_files: 1,
+        run: sdam::run_file,
+    },
+    Suite {
+        name: "sdam_errors",
+        dir: "source/server-discovery-and-monitoring/tests/errors",
+        expected_files: 72,
+        run: sdam::run_file,
+    },
+    Suite {
+        name: "sdam_monitoring",
+        dir: "source/server-discovery-and-monitoring/tests/monitoring",
+        expected_files: 8,
+        run: sdam::run_file,
     },
 ];

@@ -414,6 +414,12 @@ pub enum ErrorKind {
         /// What cleared the pool.
         cause: String,
     },
+    /// No connection could be checked out, for a reason that is not retryable: the pool is closed
+    /// or the wait queue timed out (CM-3, LB-13). Nothing was sent.
+    Checkout {
+        /// The pool's message.
+        message: String,
+    },
     /// No suitable server was found in time (the message describes the topology and criteria).
     ServerSelection {
         /// The selection error's message.
@@ -505,6 +511,17 @@ impl OperationError {
         OperationError {
             kind: ErrorKind::PoolCleared {
                 cause: cause.into(),
+            },
+            labels: Labels::NONE,
+            address: Some(address),
+        }
+    }
+
+    /// A checkout that failed for a reason that is not retryable (CM-3).
+    pub fn checkout(message: impl Into<String>, address: ServerAddress) -> OperationError {
+        OperationError {
+            kind: ErrorKind::Checkout {
+                message: message.into(),
             },
             labels: Labels::NONE,
             address: Some(address),
@@ -620,6 +637,7 @@ impl OperationError {
             ErrorKind::Server(_) | ErrorKind::Cancelled => true,
             ErrorKind::Network(n) => n.was_sent(),
             ErrorKind::PoolCleared { .. }
+            | ErrorKind::Checkout { .. }
             | ErrorKind::ServerSelection { .. }
             | ErrorKind::Handshake { .. } => false,
             ErrorKind::Timeout { cause } => cause.as_ref().is_some_and(|c| c.was_sent()),
@@ -649,6 +667,7 @@ impl OperationError {
             ErrorKind::Server(_) => ErrorClass::Server,
             ErrorKind::Network(_) => ErrorClass::Network,
             ErrorKind::PoolCleared { .. } => ErrorClass::PoolCleared,
+            ErrorKind::Checkout { .. } => ErrorClass::Checkout,
             ErrorKind::ServerSelection { .. } => ErrorClass::ServerSelection,
             ErrorKind::Timeout { .. } => ErrorClass::Timeout,
             ErrorKind::Cancelled => ErrorClass::Cancelled,
@@ -689,6 +708,7 @@ impl fmt::Display for OperationError {
                 self.address.as_ref().map(ToString::to_string).unwrap_or_default()
             )?
             }
+            ErrorKind::Checkout { message } => f.write_str(message)?,
             ErrorKind::ServerSelection { message } => {
                 write!(f, "server selection failed: {message}")?
             }
@@ -718,6 +738,8 @@ pub enum ErrorClass {
     Network,
     /// [`ErrorKind::PoolCleared`].
     PoolCleared,
+    /// [`ErrorKind::Checkout`].
+    Checkout,
     /// [`ErrorKind::ServerSelection`].
     ServerSelection,
     /// [`ErrorKind::Timeout`].

@@ -17,12 +17,17 @@
 //! | --- | --- |
 //! | [`time`] | the monotonic [`time::Instant`] newtype and CSOT deadlines |
 //! | [`address`] | [`address::ServerAddress`] |
-//! | [`topology`] | server and topology types |
+//! | [`topology`] | server and topology descriptions from `hello` replies; the SDAM update machine ([`topology::Topology`]): update rules, error handling, pools per server, SDAM events |
+//! | [`selection`] | server selection with deprioritization, the latency window and the selection loop |
+//! | [`engine`] | composes every machine behind one sans-IO interface for adapters |
 //! | [`error`] | error facts parsed from replies and network failures, and the classifiers |
 //! | [`rng`] | the seeded generator and exact jitter |
 //! | [`backoff`] | backoff formulas |
 //! | [`budget`] | retry budgets shared through `&self` without locks |
+//! | [`monitor`] | server monitoring: check schedule, RTT, descriptions from checks |
+//! | [`pinning`] | transaction and load-balanced cursor pins (TX-3..5, LB-10..12) |
 //! | [`policy`] | retry options and policies, validated |
+//! | [`pool`] | connection-pool accounting (CMAP) for one server |
 //! | [`retry`] | the per-operation retry state machine |
 //! | [`scenario`] | a scripted, bounded driver for the retry machine in virtual time |
 //!
@@ -98,9 +103,13 @@ pub mod address;
 pub mod backoff;
 pub mod budget;
 pub mod connection;
+pub mod engine;
 pub mod error;
 pub mod handshake;
+pub mod monitor;
+pub mod pinning;
 pub mod policy;
+pub mod pool;
 pub mod retry;
 pub mod rng;
 pub mod scenario;

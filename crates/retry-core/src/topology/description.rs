@@ -6,6 +6,8 @@ use alloc::vec::Vec;
 use core::fmt;
 use core::time::Duration;
 
+use bson::oid::ObjectId;
+
 use super::{ServerDescription, TopologyType};
 use crate::address::ServerAddress;
 
@@ -18,7 +20,7 @@ pub const MAX_SUPPORTED_WIRE_VERSION: i32 = 27;
 
 /// What the client knows about the deployment (SDAM `TopologyDescription`).
 ///
-/// Selection reads it; the SDAM update rules (a later module) replace server descriptions in it
+/// Selection reads it; the SDAM update rules ([`super::Topology`]) replace server descriptions in it
 /// and then call [`TopologyDescription::refresh_derived`] so that compatibility and session
 /// support follow the servers.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,6 +31,11 @@ pub struct TopologyDescription {
     pub servers: Vec<ServerDescription>,
     /// The replica set name, once known.
     pub set_name: Option<String>,
+    /// `maxSetVersion`: the `setVersion` of the newest primary seen, the second part of the
+    /// `(electionId, setVersion)` order that detects stale primaries (SDAM `updateRSFromPrimary`).
+    pub max_set_version: Option<i32>,
+    /// `maxElectionId`: the `electionId` of the newest primary seen.
+    pub max_election_id: Option<ObjectId>,
     compatibility_error: Option<String>,
     logical_session_timeout: Option<Duration>,
 }
@@ -44,6 +51,8 @@ impl TopologyDescription {
             topology_type,
             servers,
             set_name: None,
+            max_set_version: None,
+            max_election_id: None,
             compatibility_error: None,
             logical_session_timeout: None,
         };

@@ -3,21 +3,30 @@
 //! The retry machine needs to know what kind of deployment an attempt ran against (sharded
 //! clusters always deprioritize the failed mongos, BP-20; retryable writes need a server that
 //! supports sessions, RW-2). Selection reads the [`TopologyDescription`]; each
-//! [`ServerDescription`] is built from a `hello` reply ([`ServerDescription::from_hello`]). The SDAM
-//! update rules that maintain a topology build on these types.
+//! [`ServerDescription`] is built from a `hello` reply ([`ServerDescription::from_hello`]). The
+//! [`Topology`] machine maintains a description by the SDAM update rules, owns one connection pool
+//! per server, applies application errors by the SDAM error handling, and publishes SDAM events.
 
 mod description;
+mod error_handling;
+mod event;
+#[cfg(test)]
+mod fixtures;
 mod rtt;
 mod server;
 mod tags;
+mod update;
 
 pub(crate) use description::incompatibility;
 pub use description::{
     TopologyDescription, MAX_SUPPORTED_WIRE_VERSION, MIN_SUPPORTED_WIRE_VERSION,
 };
+pub use error_handling::{ErrorContext, ErrorHandling, StateChange};
+pub use event::{SdamEvent, TopologyAction};
 pub use rtt::AverageRtt;
 pub use server::{CheckError, ServerDescription, TopologyVersion};
 pub use tags::TagSet;
+pub use update::{SettingsError, Topology, TopologySettings};
 
 /// The type of one server, from its `hello` reply (SDAM).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]

@@ -4,6 +4,7 @@
 use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
+use core::cmp::Ordering;
 use core::fmt;
 use core::time::Duration;
 
@@ -23,6 +24,30 @@ pub struct TopologyVersion {
     pub process_id: ObjectId,
     /// `counter`.
     pub counter: i64,
+}
+
+impl TopologyVersion {
+    /// The `topologyVersion` of a `hello` reply or a state-change error reply, if it has a
+    /// well-formed one.
+    pub fn from_reply(reply: &Document) -> Option<TopologyVersion> {
+        topology_version(reply).ok().flatten()
+    }
+
+    /// SDAM topologyVersion comparison of what the client holds (`current`) with what a reply or
+    /// error carries (`incoming`): `Greater` when `current` is newer, `Equal` when they are the
+    /// same, and `Less` when `incoming` is newer, which it is assumed to be when either is
+    /// missing or the process ids differ.
+    pub fn compare(
+        current: Option<&TopologyVersion>,
+        incoming: Option<&TopologyVersion>,
+    ) -> Ordering {
+        match (current, incoming) {
+            (Some(current), Some(incoming)) if current.process_id == incoming.process_id => {
+                current.counter.cmp(&incoming.counter)
+            }
+            _ => Ordering::Less,
+        }
+    }
 }
 
 /// Why a server's description is Unknown: what went wrong with its last check.
@@ -47,6 +72,23 @@ pub enum CheckError {
     /// The check failed before a reply arrived (a network error or a timeout), as reported by the
     /// I/O layer.
     Failed(Box<str>),
+    /// An application operation on the server failed with a state-change or network error, so the
+    /// SDAM error handling marked it Unknown; the text is the operation error's.
+    Application(Box<str>),
+    /// The server reported itself primary with an `(electionId, setVersion)` older than the newest
+    /// the topology has seen (SDAM `updateRSFromPrimary`).
+    StalePrimary,
+    /// Another server reported itself primary, so this one's earlier claim is out of date (SDAM
+    /// `updateRSFromPrimary`).
+    NewerPrimary,
+    /// A direct connection was configured with a replica set name the server does not report
+    /// (SDAM: verifying setName with TopologyType Single).
+    WrongSetName {
+        /// The configured `replicaSet`.
+        expected: Box<str>,
+        /// The server's `setName`, if any.
+        reported: Option<Box<str>>,
+    },
 }
 
 impl fmt::Display for CheckError {
@@ -75,7 +117,23 @@ impl fmt::Display for CheckError {
                 }
                 Ok(())
             }
-            CheckError::Failed(message) => f.write_str(message),
+            CheckError::Failed(message) | CheckError::Application(message) => f.write_str(message),
+            CheckError::StalePrimary => {
+                f.write_str("primary marked stale due to electionId/setVersion mismatch")
+            }
+            CheckError::NewerPrimary => {
+                f.write_str("primary marked stale due to discovery of newer primary")
+            }
+            CheckError::WrongSetName { expected, reported } => match reported {
+                Some(reported) => write!(
+                    f,
+                    "replica set name {reported:?} does not match the configured {expected:?}"
+                ),
+                None => write!(
+                    f,
+                    "server reports no replica set name, but {expected:?} is configured"
+                ),
+            },
         }
     }
 }
@@ -205,6 +263,41 @@ impl ServerDescription {
     /// Whether the server is available: its type is known (server-selection "Available").
     pub fn is_available(&self) -> bool {
         self.server_type != ServerType::Unknown
+    }
+
+    /// SDAM server description equality: whether `self` and `other` agree on every field that
+    /// decides whether a change is published (type, error, wire versions, `me`, member lists
+    /// compared as sets, tags, set name, set version, election id, primary, logical session
+    /// timeout, topologyVersion). RTT and update times are left out, so a repeated identical reply
+    /// publishes nothing.
+    pub fn is_equivalent_to(&self, other: &ServerDescription) -> bool {
+        fn same_members(a: &[ServerAddress], b: &[ServerAddress]) -> bool {
+            a.len() == b.len() && a.iter().all(|x| b.contains(x)) && b.iter().all(|x| a.contains(x))
+        }
+        self.address == other.address
+            && self.server_type == other.server_type
+            && self.error == other.error
+            && self.min_wire_version == other.min_wire_version
+            && self.max_wire_version == other.max_wire_version
+            && self.me == other.me
+            && same_members(&self.hosts, &other.hosts)
+            && same_members(&self.passives, &other.passives)
+            && same_members(&self.arbiters, &other.arbiters)
+            && self.tags == other.tags
+            && self.set_name == other.set_name
+            && self.set_version == other.set_version
+            && self.election_id == other.election_id
+            && self.primary == other.primary
+            && self.logical_session_timeout == other.logical_session_timeout
+            && self.topology_version == other.topology_version
+    }
+
+    /// The members this server reports: `hosts`, `passives` and `arbiters`, in that order.
+    pub fn members(&self) -> impl Iterator<Item = &ServerAddress> {
+        self.hosts
+            .iter()
+            .chain(&self.passives)
+            .chain(&self.arbiters)
     }
 
     /// Whether the server holds data (SDAM "data-bearing"): the types whose session support

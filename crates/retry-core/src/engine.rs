@@ -1,0 +1,996 @@
+//! The engine: the retry machines, server selection, the SDAM topology with its pools, the server
+//! monitors and the connections, composed behind one sans-IO interface for adapters.
+//!
+//! # Driving it
+//!
+//! Inputs take `now`: [`Engine::start_operation`], [`Engine::handle_connected`],
+//! [`Engine::handle_bytes`], [`Engine::handle_closed`] and [`Engine::handle_timeout`]. Outputs are
+//! polled until `None`: [`Engine::poll_connect`] (open a socket), [`Engine::poll_transmit`] (bytes to
+//! write), [`Engine::poll_close`] (close a socket), [`Engine::poll_event`] (operation results and
+//! monitoring events). After any input, drain every `poll_*`, then wait for the earlier of
+//! [`Engine::poll_timeout`] and the next input. A spurious `handle_timeout` is harmless.
+//!
+//! ```text
+//! loop {
+//!     while let Some(c) = engine.poll_connect()  { open a socket to c.address, then handle_connected(c.conn) }
+//!     while let Some(t) = engine.poll_transmit() { write t.bytes to t.conn }
+//!     while let Some(c) = engine.poll_close()    { close c }
+//!     while let Some(e) = engine.poll_event()    { deliver e }
+//!     wait for bytes (handle_bytes), a closed socket (handle_closed) or poll_timeout() (handle_timeout)
+//! }
+//! ```
+//!
+//! # The path of one operation
+//!
+//! `start_operation` creates a [`RetryMachine`]. Its `SelectServer` starts a [`ServerSelection`]
+//! over the topology, avoiding the machine's deprioritized addresses; a selected server goes back
+//! to the machine, whose `Dispatch` checks a connection out of that server's pool. The command,
+//! modified as the attempt says (`txnNumber`, `startTransaction`, write concern, `$db`), is written
+//! on the connection, and the reply (or the connection's failure) goes back to the machine, which
+//! releases the connection before it backs off, retries or finishes. Errors also go to the
+//! topology's error handling, which may mark the server Unknown and clear its pool.
+
+use alloc::collections::{BTreeMap, VecDeque};
+use alloc::string::String;
+use alloc::vec::Vec;
+use bson::{doc, Bson, Document};
+use core::time::Duration;
+use rand_core::RngCore;
+
+use crate::address::ServerAddress;
+use crate::connection::{
+    Connection, ConnectionConfig, ConnectionEvent, Request, DEFAULT_CONNECT_TIMEOUT,
+};
+use crate::error::{NetworkErrorKind, NetworkPhase, OperationError};
+use crate::handshake::{HandshakeOptions, HandshakeReply};
+use crate::monitor::{HeartbeatEvent, Monitor, MonitorAction, DEFAULT_HEARTBEAT_FREQUENCY};
+use crate::policy::RetryOptions;
+use crate::pool::{CheckoutId, ConnectionId, PoolAction, PoolEvent, Purpose};
+use crate::retry::{
+    Action, Attempt, AttemptServer, OperationKind, OperationSpec, RetryEvent, RetryMachine,
+    WriteConcernRule, COMMIT_RETRY_WTIMEOUT,
+};
+use crate::rng::EngineRng;
+use crate::selection::{SelectionCriteria, SelectionSettings, SelectionStep, ServerSelection};
+use crate::time::{Instant, OperationTimeout};
+use crate::topology::{ErrorContext, SdamEvent, Topology, TopologyAction, TopologySettings};
+
+/// A socket the engine asked for, unique for the engine's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnId(pub u64);
+
+/// An operation started with [`Engine::start_operation`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpId(pub u64);
+
+/// Everything the engine needs to know at creation.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// The seeds and the deployment mode (replica set name, direct connection, load balanced) and
+    /// the pool options.
+    pub topology: TopologySettings,
+    /// The retry options and policy.
+    pub retry: RetryOptions,
+    /// Server selection settings (`localThresholdMS`, `serverSelectionTimeoutMS`).
+    pub selection: SelectionSettings,
+    /// `heartbeatFrequencyMS`.
+    pub heartbeat_frequency: Duration,
+    /// `connectTimeoutMS`.
+    pub connect_timeout: Duration,
+    /// `socketTimeoutMS`, if any.
+    pub socket_timeout: Option<Duration>,
+    /// The handshake: client metadata, API version, compressors. `load_balanced` is taken from
+    /// the topology settings.
+    pub handshake: HandshakeOptions,
+    /// The seed of the engine's RNG (jitter, the power-of-two choice). Adapters seed it from the OS.
+    pub seed: u64,
+}
+
+impl EngineOptions {
+    /// Options with the defaults for everything but the topology and the handshake.
+    pub fn new(topology: TopologySettings, handshake: HandshakeOptions) -> EngineOptions {
+        EngineOptions {
+            topology,
+            retry: RetryOptions::default(),
+            selection: SelectionSettings::default(),
+            heartbeat_frequency: DEFAULT_HEARTBEAT_FREQUENCY,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            socket_timeout: None,
+            handshake,
+            seed: 0,
+        }
+    }
+}
+
+/// One operation to run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OperationRequest {
+    /// The database.
+    pub db: String,
+    /// The command, without `$db`.
+    pub command: Document,
+    /// What kind of operation it is (the retry rules depend on it).
+    pub kind: OperationKind,
+    /// Where it may run.
+    pub criteria: SelectionCriteria,
+    /// Its CSOT timeout.
+    pub timeout: OperationTimeout,
+    /// The session's transaction number, for retryable writes and transactions.
+    pub txn_number: Option<i64>,
+}
+
+/// A socket to open.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Connect {
+    /// The engine's id for it.
+    pub conn: ConnId,
+    /// Where.
+    pub address: ServerAddress,
+}
+
+/// Bytes to write on a socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// The socket.
+    pub conn: ConnId,
+    /// The bytes, in order after any earlier transmit on the same socket.
+    pub bytes: Vec<u8>,
+}
+
+/// What the engine reports.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EngineEvent {
+    /// An operation finished: the reply document, or the error the retry rules chose.
+    OperationFinished {
+        /// The operation.
+        op: OpId,
+        /// Its result.
+        result: Result<Document, OperationError>,
+    },
+    /// A command monitoring or retry event of an operation.
+    Operation {
+        /// The operation.
+        op: OpId,
+        /// The event.
+        event: RetryEvent,
+    },
+    /// A CMAP event of a server's pool.
+    Pool {
+        /// The server.
+        address: ServerAddress,
+        /// The event.
+        event: PoolEvent,
+    },
+    /// A heartbeat event of a server's monitor.
+    Heartbeat {
+        /// The server.
+        address: ServerAddress,
+        /// The event.
+        event: HeartbeatEvent,
+    },
+    /// An SDAM event.
+    Topology(SdamEvent),
+}
+
+/// Who owns a socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Owner {
+    Pool(ConnectionId),
+    Monitor,
+}
+
+struct Socket {
+    address: ServerAddress,
+    owner: Owner,
+    machine: Connection,
+    /// The operation whose command is on this connection.
+    op: Option<OpId>,
+}
+
+struct Operation {
+    machine: RetryMachine,
+    request: OperationRequest,
+    selection: Option<ServerSelection>,
+    /// When a waiting selection should look again.
+    wake: Option<Instant>,
+    server: Option<AttemptServer>,
+    attempt: Option<Attempt>,
+    checkout: Option<CheckoutId>,
+    conn: Option<ConnId>,
+    reply: Option<Document>,
+}
+
+struct MonitorState {
+    monitor: Monitor,
+    conn: Option<ConnId>,
+}
+
+/// The engine. See the [module docs](self).
+pub struct Engine {
+    options: EngineOptions,
+    topology: Topology,
+    monitors: BTreeMap<ServerAddress, MonitorState>,
+    sockets: BTreeMap<ConnId, Socket>,
+    ops: BTreeMap<OpId, Operation>,
+    rng: EngineRng,
+    next_conn: u64,
+    next_op: u64,
+    connects: VecDeque<Connect>,
+    transmits: VecDeque<Transmit>,
+    closes: VecDeque<ConnId>,
+    events: VecDeque<EngineEvent>,
+}
+
+/// Why an engine could not be created.
+pub type EngineError = crate::topology::SettingsError;
+
+impl Engine {
+    /// An engine for `options`, starting at `now`: monitors start at once (none in load-balanced
+    /// mode, LB-3).
+    pub fn new(mut options: EngineOptions, now: Instant) -> Result<Engine, EngineError> {
+        options.handshake.load_balanced = options.topology.load_balanced;
+        let topology = Topology::new(options.topology.clone(), now)?;
+        let rng = EngineRng::from_seed_u64(options.seed);
+        let mut engine = Engine {
+            options,
+            topology,
+            monitors: BTreeMap::new(),
+            sockets: BTreeMap::new(),
+            ops: BTreeMap::new(),
+            rng,
+            next_conn: 1,
+            next_op: 1,
+            connects: VecDeque::new(),
+            transmits: VecDeque::new(),
+            closes: VecDeque::new(),
+            events: VecDeque::new(),
+        };
+        engine.process(now);
+        Ok(engine)
+    }
+
+    /// The current topology description.
+    pub fn topology(&self) -> &crate::topology::TopologyDescription {
+        self.topology.description()
+    }
+
+    /// Starts an operation; its result comes as [`EngineEvent::OperationFinished`].
+    pub fn start_operation(&mut self, request: OperationRequest, now: Instant) -> OpId {
+        let op = OpId(self.next_op);
+        self.next_op += 1;
+        let spec = OperationSpec {
+            kind: request.kind,
+            timeout: request.timeout,
+            txn_number: request.txn_number,
+            min_wire_version: 0,
+        };
+        let machine = RetryMachine::new(spec, &self.options.retry, self.rng.next_u64(), now);
+        self.ops.insert(
+            op,
+            Operation {
+                machine,
+                request,
+                selection: None,
+                wake: None,
+                server: None,
+                attempt: None,
+                checkout: None,
+                conn: None,
+                reply: None,
+            },
+        );
+        self.process(now);
+        op
+    }
+
+    /// The socket `conn` asked for by [`Engine::poll_connect`] is open.
+    pub fn handle_connected(&mut self, conn: ConnId, now: Instant) {
+        if let Some(socket) = self.sockets.get_mut(&conn) {
+            socket.machine.handle_connected(now);
+        }
+        self.process(now);
+    }
+
+    /// Bytes arrived on `conn`.
+    pub fn handle_bytes(&mut self, conn: ConnId, bytes: &[u8], now: Instant) {
+        if let Some(socket) = self.sockets.get_mut(&conn) {
+            socket.machine.handle_bytes(bytes, now);
+        }
+        self.process(now);
+    }
+
+    /// `conn` closed, or could not be opened, with `kind`.
+    pub fn handle_closed(&mut self, conn: ConnId, kind: NetworkErrorKind, now: Instant) {
+        if let Some(socket) = self.sockets.get_mut(&conn) {
+            socket.machine.handle_closed(kind, now);
+        }
+        self.process(now);
+    }
+
+    /// Time has passed: fires every timer that is due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for socket in self.sockets.values_mut() {
+            socket.machine.handle_timeout(now);
+        }
+        for state in self.monitors.values_mut() {
+            state.monitor.handle_timeout(now);
+        }
+        for pool in self.topology.pools_mut() {
+            pool.handle_timeout(now);
+        }
+        for op in self.ops.values_mut() {
+            op.machine.handle_timeout(now);
+        }
+        self.process(now);
+    }
+
+    /// The next socket to open.
+    #[must_use]
+    pub fn poll_connect(&mut self) -> Option<Connect> {
+        self.connects.pop_front()
+    }
+
+    /// The next bytes to write.
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next socket to close.
+    #[must_use]
+    pub fn poll_close(&mut self) -> Option<ConnId> {
+        self.closes.pop_front()
+    }
+
+    /// The next event.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<EngineEvent> {
+        self.events.pop_front()
+    }
+
+    /// The earliest instant at which [`Engine::handle_timeout`] has work to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let sockets = self
+            .sockets
+            .values()
+            .filter_map(|s| s.machine.poll_timeout());
+        let monitors = self
+            .monitors
+            .values()
+            .filter_map(|m| m.monitor.poll_timeout());
+        let pools = self.topology.pools().filter_map(|p| p.poll_timeout());
+        let ops = self
+            .ops
+            .values()
+            .flat_map(|o| o.machine.poll_timeout().into_iter().chain(o.wake));
+        sockets.chain(monitors).chain(pools).chain(ops).min()
+    }
+
+    /// Runs every machine until none has anything left to do.
+    fn process(&mut self, now: Instant) {
+        for _ in 0..10_000 {
+            let mut progressed = self.drain_topology(now);
+            progressed |= self.drain_monitors(now);
+            progressed |= self.drain_pools(now);
+            progressed |= self.drain_sockets(now);
+            progressed |= self.drain_operations(now);
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    fn drain_topology(&mut self, now: Instant) -> bool {
+        let mut progressed = false;
+        let mut changed = false;
+        while let Some(event) = self.topology.poll_event() {
+            changed |= matches!(event, SdamEvent::TopologyDescriptionChanged { .. });
+            self.events.push_back(EngineEvent::Topology(event));
+            progressed = true;
+        }
+        while let Some(action) = self.topology.poll_action() {
+            progressed = true;
+            match action {
+                TopologyAction::StartMonitoring(address) => {
+                    let monitor =
+                        Monitor::new(address.clone(), self.options.heartbeat_frequency, now);
+                    self.monitors.insert(
+                        address,
+                        MonitorState {
+                            monitor,
+                            conn: None,
+                        },
+                    );
+                }
+                TopologyAction::StopMonitoring { address, .. } => {
+                    // The server left the topology: its monitor stops and its (closed) pool's
+                    // sockets go.
+                    self.monitors.remove(&address);
+                    let gone: Vec<ConnId> = self
+                        .sockets
+                        .iter()
+                        .filter(|(_, s)| s.address == address)
+                        .map(|(id, _)| *id)
+                        .collect();
+                    for conn in gone {
+                        self.close_socket(conn);
+                    }
+                }
+                TopologyAction::CheckNow(address) => {
+                    if let Some(state) = self.monitors.get_mut(&address) {
+                        state.monitor.request_immediate_check(now);
+                    }
+                }
+                TopologyAction::CancelCheck(address) => {
+                    if let Some(conn) = self.monitors.get_mut(&address).and_then(|s| s.conn.take())
+                    {
+                        self.close_socket(conn);
+                    }
+                }
+            }
+        }
+        if changed {
+            // A new description: every waiting selection looks again (SS-16).
+            for op in self.ops.values_mut() {
+                if op.selection.is_some() {
+                    op.wake = Some(now);
+                }
+            }
+        }
+        progressed
+    }
+
+    fn drain_monitors(&mut self, now: Instant) -> bool {
+        let mut progressed = false;
+        let addresses: Vec<ServerAddress> = self.monitors.keys().cloned().collect();
+        for address in addresses {
+            while let Some(state) = self.monitors.get_mut(&address) {
+                if let Some(event) = state.monitor.poll_event() {
+                    self.events.push_back(EngineEvent::Heartbeat {
+                        address: address.clone(),
+                        event,
+                    });
+                    progressed = true;
+                    continue;
+                }
+                let Some(MonitorAction::Check) = state.monitor.poll_action() else {
+                    break;
+                };
+                progressed = true;
+                let ready = state
+                    .conn
+                    .and_then(|c| self.sockets.get(&c))
+                    .is_some_and(|s| s.machine.handshake().is_some());
+                match (state.conn, ready) {
+                    (Some(conn), true) => self.send_monitoring_hello(conn, now),
+                    (Some(_), false) => {}
+                    (None, _) => {
+                        let conn = self.open_socket(address.clone(), Owner::Monitor, 0, now);
+                        if let Some(state) = self.monitors.get_mut(&address) {
+                            state.conn = conn;
+                        }
+                    }
+                }
+            }
+        }
+        progressed
+    }
+
+    /// HS-3: checks after the handshake use `hello` (or legacy hello when the server did not say
+    /// `helloOk`), without the handshake's arguments.
+    fn send_monitoring_hello(&mut self, conn: ConnId, now: Instant) {
+        let Some(socket) = self.sockets.get_mut(&conn) else {
+            return;
+        };
+        let hello = socket.machine.handshake().is_some_and(|h| h.hello_ok)
+            || self.options.handshake.uses_hello();
+        let command = if hello {
+            doc! { "hello": 1, "$db": "admin" }
+        } else {
+            doc! { "isMaster": 1, "$db": "admin" }
+        };
+        if socket
+            .machine
+            .send_command(Request::new(command), now)
+            .is_err()
+        {
+            let address = socket.address.clone();
+            self.monitor_check_failed(
+                &address,
+                &OperationError::network(
+                    NetworkErrorKind::Io,
+                    NetworkPhase::BeforeSend,
+                    address.clone(),
+                ),
+                now,
+            );
+        }
+    }
+
+    fn monitor_check_failed(
+        &mut self,
+        address: &ServerAddress,
+        error: &OperationError,
+        now: Instant,
+    ) {
+        let Some(state) = self.monitors.get_mut(address) else {
+            return;
+        };
+        if let Some(conn) = state.conn.take() {
+            self.closes.push_back(conn);
+            self.sockets.remove(&conn);
+        }
+        let Some(state) = self.monitors.get_mut(address) else {
+            return;
+        };
+        if state.monitor.handle_check_failed(error, now) {
+            self.topology.handle_check_failed(address, error, now);
+        }
+    }
+
+    fn drain_pools(&mut self, now: Instant) -> bool {
+        let mut progressed = false;
+        let mut work: Vec<(ServerAddress, PoolAction)> = Vec::new();
+        for pool in self.topology.pools_mut() {
+            while let Some(event) = pool.poll_event() {
+                self.events.push_back(EngineEvent::Pool {
+                    address: pool.address().clone(),
+                    event,
+                });
+                progressed = true;
+            }
+            while let Some(action) = pool.poll_action() {
+                work.push((pool.address().clone(), action));
+            }
+        }
+        progressed |= !work.is_empty();
+        for (address, action) in work {
+            match action {
+                PoolAction::Establish { connection } => {
+                    let generation = self.topology.pool(&address).map_or(0, |p| p.generation());
+                    let _ = self.open_socket(address, Owner::Pool(connection), generation, now);
+                }
+                PoolAction::Close { connection, .. } => {
+                    if let Some(conn) = self.find_socket(&address, &Owner::Pool(connection)) {
+                        self.close_socket(conn);
+                    }
+                }
+                PoolAction::CheckedOut {
+                    checkout,
+                    connection,
+                } => {
+                    let conn = self.find_socket(&address, &Owner::Pool(connection));
+                    if let (Some(op_id), Some(conn)) = (self.op_with_checkout(checkout), conn) {
+                        self.send_attempt(op_id, conn, now);
+                    }
+                }
+                PoolAction::CheckoutFailed { checkout, error } => {
+                    if let Some(op_id) = self.op_with_checkout(checkout) {
+                        if let Some(op) = self.ops.get_mut(&op_id) {
+                            op.checkout = None;
+                            let _ = op
+                                .machine
+                                .handle_failed(error.into_operation_error(&address), now);
+                        }
+                    }
+                }
+            }
+        }
+        progressed
+    }
+
+    fn drain_sockets(&mut self, now: Instant) -> bool {
+        let mut progressed = false;
+        let ids: Vec<ConnId> = self.sockets.keys().copied().collect();
+        for conn in ids {
+            while let Some(socket) = self.sockets.get_mut(&conn) {
+                if let Some(bytes) = socket.machine.poll_transmit() {
+                    self.transmits.push_back(Transmit { conn, bytes });
+                    progressed = true;
+                    continue;
+                }
+                let Some(event) = socket.machine.poll_event() else {
+                    break;
+                };
+                progressed = true;
+                let (address, owner, op) =
+                    (socket.address.clone(), socket.owner.clone(), socket.op);
+                let handshaken = socket.machine.handshake().is_some();
+                match event {
+                    ConnectionEvent::HandshakeComplete { reply, .. } => {
+                        self.handshake_complete(conn, &address, &owner, &reply, now)
+                    }
+                    ConnectionEvent::Reply { reply, .. } => match (&owner, op) {
+                        (Owner::Monitor, _) => {
+                            if let Some(state) = self.monitors.get_mut(&address) {
+                                if let Some(rtt) =
+                                    state.monitor.handle_check_succeeded(&reply.body, now)
+                                {
+                                    self.topology.handle_hello(&address, &reply.body, rtt, now);
+                                } else {
+                                    self.topology.handle_hello(
+                                        &address,
+                                        &reply.body,
+                                        Duration::ZERO,
+                                        now,
+                                    );
+                                }
+                            }
+                        }
+                        (Owner::Pool(_), Some(op_id)) => {
+                            self.attempt_replied(op_id, conn, &address, reply.body, now)
+                        }
+                        (Owner::Pool(_), None) => {}
+                    },
+                    ConnectionEvent::Failed(failure) => {
+                        let error = failure.to_operation_error(&address);
+                        self.sockets.remove(&conn);
+                        self.closes.push_back(conn);
+                        match owner {
+                            Owner::Monitor => {
+                                if let Some(state) = self.monitors.get_mut(&address) {
+                                    state.conn = Some(conn);
+                                }
+                                self.monitor_check_failed(&address, &error, now);
+                            }
+                            Owner::Pool(id) => {
+                                let context =
+                                    error_context(&self.topology, &address, id, handshaken);
+                                match op {
+                                    Some(op_id) => {
+                                        self.topology.handle_application_error(
+                                            &address, &error, context, now,
+                                        );
+                                        if let Some(op) = self.ops.get_mut(&op_id) {
+                                            op.conn = None;
+                                            let _ = op.machine.handle_failed(error, now);
+                                        }
+                                        if let Some(pool) = self.topology.pool_mut(&address) {
+                                            pool.check_in(id, false, now);
+                                        }
+                                    }
+                                    None => {
+                                        self.topology.handle_application_error(
+                                            &address, &error, context, now,
+                                        );
+                                        if let Some(pool) = self.topology.pool_mut(&address) {
+                                            pool.handle_establish_failed(id, error, now);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        progressed
+    }
+
+    fn handshake_complete(
+        &mut self,
+        conn: ConnId,
+        address: &ServerAddress,
+        owner: &Owner,
+        reply: &HandshakeReply,
+        now: Instant,
+    ) {
+        match owner {
+            Owner::Monitor => self.send_monitoring_hello(conn, now),
+            Owner::Pool(id) => {
+                if let Some(pool) = self.topology.pool_mut(address) {
+                    pool.handle_established(*id, reply.service_id, now);
+                }
+            }
+        }
+    }
+
+    fn drain_operations(&mut self, now: Instant) -> bool {
+        let mut progressed = false;
+        let ids: Vec<OpId> = self.ops.keys().copied().collect();
+        for op_id in ids {
+            // A waiting selection that is due looks again.
+            if self
+                .ops
+                .get(&op_id)
+                .is_some_and(|o| o.wake.is_some_and(|w| now >= w))
+            {
+                progressed = true;
+                self.poll_selection(op_id, now);
+            }
+            while let Some(op) = self.ops.get_mut(&op_id) {
+                if let Some(event) = op.machine.poll_event() {
+                    self.events
+                        .push_back(EngineEvent::Operation { op: op_id, event });
+                    progressed = true;
+                    continue;
+                }
+                let Some(action) = op.machine.poll_action() else {
+                    break;
+                };
+                progressed = true;
+                match action {
+                    Action::SelectServer => {
+                        let selection = ServerSelection::new(
+                            op.request.criteria.clone(),
+                            op.machine.deprioritized(),
+                            self.options.selection,
+                            op.request.timeout,
+                            now,
+                        );
+                        op.selection = Some(selection);
+                        self.poll_selection(op_id, now);
+                    }
+                    Action::Dispatch(attempt) => {
+                        let deadline = op.request.timeout.deadline();
+                        let address = attempt.address.clone();
+                        op.attempt = Some(attempt);
+                        let checkout = self
+                            .topology
+                            .pool_mut(&address)
+                            .map(|p| p.check_out(Purpose::Other, deadline, now));
+                        let Some(op) = self.ops.get_mut(&op_id) else {
+                            break;
+                        };
+                        match checkout {
+                            Some(id) => op.checkout = Some(id),
+                            None => {
+                                let error = OperationError::server_selection(alloc::format!(
+                                    "{address} is no longer part of the topology"
+                                ));
+                                let _ = op.machine.handle_failed(error, now);
+                            }
+                        }
+                    }
+                    Action::ReleaseConnection { close } => {
+                        op.checkout = None;
+                        op.attempt = None;
+                        if let Some(conn) = op.conn.take() {
+                            self.release(conn, !close, now);
+                        }
+                    }
+                    Action::Wait { .. } => {}
+                    Action::Finished(result) => {
+                        let reply = op.reply.take();
+                        self.ops.remove(&op_id);
+                        let result = result.map(|()| reply.unwrap_or_default());
+                        self.events
+                            .push_back(EngineEvent::OperationFinished { op: op_id, result });
+                        break;
+                    }
+                }
+            }
+        }
+        progressed
+    }
+
+    /// Runs one pass of an operation's selection loop.
+    fn poll_selection(&mut self, op_id: OpId, now: Instant) {
+        let in_flight = self.in_flight_counts();
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        op.wake = None;
+        let Some(selection) = op.selection.as_mut() else {
+            return;
+        };
+        let count = |address: &ServerAddress| in_flight.get(address).copied().unwrap_or(0);
+        match selection.poll(self.topology.description(), count, &mut self.rng, now) {
+            SelectionStep::Selected(server) => {
+                let attempt_server = AttemptServer {
+                    address: server.address.clone(),
+                    server_type: server.server_type,
+                    topology_type: self.topology.description().topology_type,
+                    max_wire_version: server.max_wire_version,
+                    sessions_supported: server.logical_session_timeout.is_some(),
+                };
+                op.selection = None;
+                op.server = Some(attempt_server.clone());
+                let _ = op.machine.handle_server_selected(attempt_server, now);
+            }
+            SelectionStep::Wait { until, .. } => {
+                op.wake = Some(until);
+                let addresses: Vec<ServerAddress> = self.monitors.keys().cloned().collect();
+                for address in addresses {
+                    if let Some(state) = self.monitors.get_mut(&address) {
+                        state.monitor.request_immediate_check(now);
+                    }
+                }
+            }
+            SelectionStep::Failed(error) => {
+                op.selection = None;
+                let _ = op.machine.handle_selection_failed(
+                    OperationError::server_selection(error.to_string()),
+                    now,
+                );
+            }
+        }
+    }
+
+    /// SS-15: operations in flight per server, for the power-of-two choice.
+    fn in_flight_counts(&self) -> BTreeMap<ServerAddress, u32> {
+        let mut counts = BTreeMap::new();
+        for op in self.ops.values() {
+            if let (Some(server), true) = (&op.server, op.attempt.is_some()) {
+                *counts.entry(server.address.clone()).or_insert(0) += 1;
+            }
+        }
+        counts
+    }
+
+    /// Writes the attempt's command on its checked-out connection.
+    fn send_attempt(&mut self, op_id: OpId, conn: ConnId, now: Instant) {
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        op.checkout = None;
+        op.conn = Some(conn);
+        let Some(attempt) = op.attempt.clone() else {
+            return;
+        };
+        let body = command_for(&op.request, &attempt);
+        let mut request = Request::new(body);
+        request.deadline = op.request.timeout.deadline();
+        let Some(socket) = self.sockets.get_mut(&conn) else {
+            return;
+        };
+        socket.op = Some(op_id);
+        match socket.machine.send_command(request, now) {
+            Ok(_) => {
+                let _ = op.machine.handle_sent(now);
+            }
+            Err(e) => {
+                socket.op = None;
+                let address = socket.address.clone();
+                let kind = match e {
+                    crate::connection::SendError::DeadlinePassed => NetworkErrorKind::Timeout,
+                    _ => NetworkErrorKind::Io,
+                };
+                let error = OperationError::network(kind, NetworkPhase::BeforeSend, address);
+                let _ = op.machine.handle_failed(error, now);
+            }
+        }
+    }
+
+    fn attempt_replied(
+        &mut self,
+        op_id: OpId,
+        conn: ConnId,
+        address: &ServerAddress,
+        body: Document,
+        now: Instant,
+    ) {
+        if let Some(socket) = self.sockets.get_mut(&conn) {
+            socket.op = None;
+        }
+        let error = OperationError::from_reply(&body, address);
+        if let Some(error) = &error {
+            if let Some(Owner::Pool(id)) = self.sockets.get(&conn).map(|s| s.owner.clone()) {
+                let context = error_context(&self.topology, address, id, true);
+                self.topology
+                    .handle_application_error(address, error, context, now);
+            }
+        }
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        match error {
+            Some(error) => {
+                let _ = op.machine.handle_failed(error, now);
+            }
+            None => {
+                op.reply = Some(body);
+                let _ = op.machine.handle_succeeded(now);
+            }
+        }
+    }
+
+    /// Checks a connection back in (BP-27: before any backoff), or closes it.
+    fn release(&mut self, conn: ConnId, healthy: bool, now: Instant) {
+        let Some(socket) = self.sockets.get_mut(&conn) else {
+            return;
+        };
+        socket.op = None;
+        let (address, owner) = (socket.address.clone(), socket.owner.clone());
+        if let (Owner::Pool(id), Some(pool)) = (owner, self.topology.pool_mut(&address)) {
+            pool.check_in(id, healthy, now);
+        }
+    }
+
+    fn op_with_checkout(&self, checkout: CheckoutId) -> Option<OpId> {
+        self.ops
+            .iter()
+            .find(|(_, o)| o.checkout == Some(checkout))
+            .map(|(id, _)| *id)
+    }
+
+    fn find_socket(&self, address: &ServerAddress, owner: &Owner) -> Option<ConnId> {
+        self.sockets
+            .iter()
+            .find(|(_, s)| &s.address == address && &s.owner == owner)
+            .map(|(id, _)| *id)
+    }
+
+    fn open_socket(
+        &mut self,
+        address: ServerAddress,
+        owner: Owner,
+        generation: u32,
+        now: Instant,
+    ) -> Option<ConnId> {
+        let mut config = ConnectionConfig::new(address.clone());
+        config.generation = generation;
+        config.connect_timeout = self.options.connect_timeout;
+        config.socket_timeout = self.options.socket_timeout;
+        config.load_balanced = self.options.topology.load_balanced;
+        let command = self.options.handshake.command().ok()?;
+        let machine = Connection::new(config, command, now).ok()?;
+        let conn = ConnId(self.next_conn);
+        self.next_conn += 1;
+        self.sockets.insert(
+            conn,
+            Socket {
+                address: address.clone(),
+                owner,
+                machine,
+                op: None,
+            },
+        );
+        self.connects.push_back(Connect { conn, address });
+        Some(conn)
+    }
+
+    fn close_socket(&mut self, conn: ConnId) {
+        if self.sockets.remove(&conn).is_some() {
+            self.closes.push_back(conn);
+        }
+    }
+}
+
+/// What SDAM error handling needs to know about the pooled connection an error happened on: its
+/// generation and service (CM-1, CM-5) and whether its handshake had completed (HS-9, LB-14).
+fn error_context(
+    topology: &Topology,
+    address: &ServerAddress,
+    id: ConnectionId,
+    handshake_completed: bool,
+) -> ErrorContext {
+    let (generation, service_id) = topology
+        .pool(address)
+        .and_then(|p| p.connection_generation(id))
+        .unwrap_or((0, None));
+    ErrorContext {
+        generation,
+        service_id,
+        handshake_completed,
+    }
+}
+
+/// The command of one attempt: the operation's command with `$db` and the attempt's
+/// modifications (RW-6, RW-7, TX-1, TX-11, TX-12).
+fn command_for(request: &OperationRequest, attempt: &Attempt) -> Document {
+    let mut body = request.command.clone();
+    if let Some(n) = attempt.txn_number {
+        body.insert("txnNumber", Bson::Int64(n));
+    }
+    if attempt.start_transaction {
+        body.insert("startTransaction", true);
+    }
+    if attempt.write_concern == WriteConcernRule::Majority {
+        let mut wc = match body.get("writeConcern") {
+            Some(Bson::Document(d)) => d.clone(),
+            _ => Document::new(),
+        };
+        wc.insert("w", "majority");
+        if !wc.contains_key("wtimeout") {
+            wc.insert(
+                "wtimeout",
+                Bson::Int64(COMMIT_RETRY_WTIMEOUT.as_millis() as i64),
+            );
+        }
+        body.insert("writeConcern", wc);
+    }
+    body.insert("$db", request.db.clone());
+    body
+}

@@ -1,0 +1,399 @@
+//! Server monitoring (SDAM server monitoring): when to check a server, its round-trip-time
+//! statistics, and the description each check produces.
+//!
+//! A [`Monitor`] runs the polling protocol for one server. It asks for a check
+//! ([`MonitorAction::Check`]: send `hello` on the monitor's own connection) and measures the round
+//! trip; the caller hands each outcome, with the average RTT, to the topology's update rules.
+//! Checks run every `heartbeatFrequencyMS` (10 s by default); a
+//! requested immediate check (server selection found no suitable server) runs at once, but never
+//! sooner than `minHeartbeatFrequencyMS` (500 ms) after the previous one. A network error on a
+//! server that was known is retried once at once before the server is reported Unknown. Monitoring
+//! checks are never subject to the overload retry policy (BP-6).
+
+use alloc::collections::VecDeque;
+use bson::Document;
+use core::time::Duration;
+use smallvec::SmallVec;
+
+use crate::address::ServerAddress;
+use crate::error::{ErrorKind, ErrorSummary, OperationError};
+use crate::time::Instant;
+use crate::topology::AverageRtt;
+
+/// `heartbeatFrequencyMS`'s default.
+pub const DEFAULT_HEARTBEAT_FREQUENCY: Duration = Duration::from_secs(10);
+/// `minHeartbeatFrequencyMS`: checks never run closer together than this.
+pub const MIN_HEARTBEAT_FREQUENCY: Duration = Duration::from_millis(500);
+/// CS-4: the minimum RTT is taken over this many recent samples.
+pub const MIN_RTT_SAMPLES: usize = 10;
+
+/// What the caller must do for the monitor.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MonitorAction {
+    /// Send `hello` on the monitoring connection (opening it first if needed), then call
+    /// [`Monitor::handle_check_succeeded`] or [`Monitor::handle_check_failed`].
+    Check,
+}
+
+/// A heartbeat monitoring event (SDAM).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HeartbeatEvent {
+    /// `ServerHeartbeatStartedEvent`.
+    Started,
+    /// `ServerHeartbeatSucceededEvent`.
+    Succeeded {
+        /// The check's round trip.
+        duration: Duration,
+    },
+    /// `ServerHeartbeatFailedEvent`.
+    Failed {
+        /// From the start of the check to the failure.
+        duration: Duration,
+        /// The failure.
+        error: ErrorSummary,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Waiting until the next scheduled check.
+    Idle { next: Instant },
+    /// A check is in flight since `started`.
+    Checking { started: Instant },
+}
+
+/// The monitor of one server. See the [module docs](self).
+#[derive(Debug)]
+pub struct Monitor {
+    address: ServerAddress,
+    heartbeat_frequency: Duration,
+    state: State,
+    last_check_started: Option<Instant>,
+    /// The last description was not Unknown (a network error then earns one immediate retry).
+    known: bool,
+    /// The check in flight is that immediate retry.
+    retrying: bool,
+    immediate_requested: bool,
+    average_rtt: AverageRtt,
+    recent_rtts: SmallVec<[Duration; MIN_RTT_SAMPLES]>,
+    actions: VecDeque<MonitorAction>,
+    events: VecDeque<HeartbeatEvent>,
+}
+
+impl Monitor {
+    /// A monitor that checks `address` every `heartbeat_frequency` (at least
+    /// [`MIN_HEARTBEAT_FREQUENCY`]); the first check is due at `now`.
+    pub fn new(address: ServerAddress, heartbeat_frequency: Duration, now: Instant) -> Monitor {
+        Monitor {
+            address,
+            heartbeat_frequency: heartbeat_frequency.max(MIN_HEARTBEAT_FREQUENCY),
+            state: State::Idle { next: now },
+            last_check_started: None,
+            known: false,
+            retrying: false,
+            immediate_requested: false,
+            average_rtt: AverageRtt::NONE,
+            recent_rtts: SmallVec::new(),
+            actions: VecDeque::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// The monitored server.
+    pub fn address(&self) -> &ServerAddress {
+        &self.address
+    }
+
+    /// SS-14: the average round trip of the checks so far (cleared when a check fails).
+    pub fn average_rtt(&self) -> Option<Duration> {
+        self.average_rtt.get()
+    }
+
+    /// CS-4: the smallest of the last [`MIN_RTT_SAMPLES`] round trips, or zero until there are two.
+    pub fn min_rtt(&self) -> Duration {
+        if self.recent_rtts.len() < 2 {
+            Duration::ZERO
+        } else {
+            self.recent_rtts.iter().copied().min().unwrap_or_default()
+        }
+    }
+
+    /// The next action, in order.
+    #[must_use]
+    pub fn poll_action(&mut self) -> Option<MonitorAction> {
+        self.actions.pop_front()
+    }
+
+    /// The next heartbeat event, in order.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<HeartbeatEvent> {
+        self.events.pop_front()
+    }
+
+    /// When the next check is due, if none is in flight.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.state {
+            State::Idle { next } => Some(next),
+            State::Checking { .. } => None,
+        }
+    }
+
+    /// Starts a check that is due. Spurious calls are harmless.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let State::Idle { next } = self.state {
+            if now >= next {
+                self.start_check(now);
+            }
+        }
+    }
+
+    /// Server selection found no suitable server: check as soon as `minHeartbeatFrequencyMS`
+    /// allows.
+    pub fn request_immediate_check(&mut self, now: Instant) {
+        self.immediate_requested = true;
+        if let State::Idle { next } = self.state {
+            let earliest = self.earliest_check(now);
+            if earliest < next {
+                self.state = State::Idle { next: earliest };
+            }
+            self.handle_timeout(now);
+        }
+    }
+
+    /// The check's `hello` reply arrived at `now`. Returns the average RTT to report with the reply
+    /// (SS-14), or `None` when the reply is not `ok: 1` (a failed check: the RTT is forgotten).
+    pub fn handle_check_succeeded(&mut self, reply: &Document, now: Instant) -> Option<Duration> {
+        let State::Checking { started } = self.state else {
+            return None;
+        };
+        let rtt = now.saturating_duration_since(started);
+        self.events
+            .push_back(HeartbeatEvent::Succeeded { duration: rtt });
+        self.retrying = false;
+        self.schedule_after_check(now);
+        self.known = reply_ok(reply);
+        if !self.known {
+            self.forget_rtt();
+            return None;
+        }
+        let average = self.average_rtt.update(rtt);
+        if self.recent_rtts.len() == MIN_RTT_SAMPLES {
+            self.recent_rtts.remove(0);
+        }
+        self.recent_rtts.push(rtt);
+        Some(average)
+    }
+
+    /// The check failed at `now` (the connection could not be opened, or the `hello` failed on
+    /// the network), and the RTT is forgotten. A network error on a server that was known is
+    /// retried once at once and returns false; otherwise returns true: report the failure to the
+    /// topology, which marks the server Unknown.
+    pub fn handle_check_failed(&mut self, error: &OperationError, now: Instant) -> bool {
+        let State::Checking { started } = self.state else {
+            return false;
+        };
+        self.events.push_back(HeartbeatEvent::Failed {
+            duration: now.saturating_duration_since(started),
+            error: error.summary(),
+        });
+        self.forget_rtt();
+        let network = matches!(error.kind, ErrorKind::Network(_));
+        if network && self.known && !self.retrying {
+            self.known = false;
+            self.retrying = true;
+            self.start_check(now);
+            return false;
+        }
+        self.known = false;
+        self.retrying = false;
+        self.schedule_after_check(now);
+        true
+    }
+
+    fn start_check(&mut self, now: Instant) {
+        self.state = State::Checking { started: now };
+        self.last_check_started = Some(now);
+        self.immediate_requested = false;
+        self.events.push_back(HeartbeatEvent::Started);
+        self.actions.push_back(MonitorAction::Check);
+    }
+
+    fn schedule_after_check(&mut self, now: Instant) {
+        let next = if self.immediate_requested {
+            self.earliest_check(now)
+        } else {
+            self.last_check_started
+                .unwrap_or(now)
+                .saturating_add(self.heartbeat_frequency)
+        };
+        self.state = State::Idle {
+            next: next.max(now),
+        };
+    }
+
+    /// The earliest a new check may start: `minHeartbeatFrequencyMS` after the last one began.
+    fn earliest_check(&self, now: Instant) -> Instant {
+        match self.last_check_started {
+            Some(last) => last.saturating_add(MIN_HEARTBEAT_FREQUENCY).max(now),
+            None => now,
+        }
+    }
+
+    fn forget_rtt(&mut self) {
+        self.average_rtt.clear();
+        self.recent_rtts.clear();
+    }
+}
+
+/// Whether a `hello` reply reports success (`ok: 1` as a number or boolean).
+fn reply_ok(reply: &Document) -> bool {
+    match reply.get("ok") {
+        Some(bson::Bson::Double(v)) => *v == 1.0,
+        Some(bson::Bson::Int32(v)) => *v == 1,
+        Some(bson::Bson::Int64(v)) => *v == 1,
+        Some(bson::Bson::Boolean(v)) => *v,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{NetworkErrorKind, NetworkPhase};
+    use bson::doc;
+
+    fn monitor() -> Monitor {
+        Monitor::new(
+            ServerAddress::new("a", 27017),
+            Duration::from_secs(10),
+            Instant::ZERO,
+        )
+    }
+
+    fn ms(n: u64) -> Instant {
+        Instant::from_millis(n)
+    }
+
+    fn hello() -> Document {
+        doc! { "ok": 1, "isWritablePrimary": true, "maxWireVersion": 25, "minWireVersion": 0 }
+    }
+
+    fn reset() -> OperationError {
+        OperationError::network(
+            NetworkErrorKind::Reset,
+            NetworkPhase::AfterSend,
+            ServerAddress::new("a", 27017),
+        )
+    }
+
+    #[test]
+    fn checks_at_start_then_every_heartbeat_frequency() {
+        let mut m = monitor();
+        assert_eq!(m.poll_timeout(), Some(ms(0)));
+        m.handle_timeout(ms(0));
+        assert_eq!(m.poll_action(), Some(MonitorAction::Check));
+        assert_eq!(m.poll_timeout(), None);
+        assert_eq!(
+            m.handle_check_succeeded(&hello(), ms(5)),
+            Some(Duration::from_millis(5))
+        );
+        assert_eq!(
+            m.poll_timeout(),
+            Some(ms(10_000)),
+            "the next check is 10 s after the last one began"
+        );
+        assert_eq!(m.poll_event(), Some(HeartbeatEvent::Started));
+        assert_eq!(
+            m.poll_event(),
+            Some(HeartbeatEvent::Succeeded {
+                duration: Duration::from_millis(5)
+            })
+        );
+    }
+
+    #[test]
+    fn immediate_checks_respect_min_heartbeat_frequency() {
+        let mut m = monitor();
+        m.handle_timeout(ms(0));
+        let _ = m.handle_check_succeeded(&hello(), ms(100));
+        while m.poll_action().is_some() {}
+        m.request_immediate_check(ms(200));
+        assert_eq!(m.poll_action(), None);
+        assert_eq!(
+            m.poll_timeout(),
+            Some(ms(500)),
+            "not sooner than 500 ms after the last check began"
+        );
+        m.handle_timeout(ms(500));
+        assert_eq!(m.poll_action(), Some(MonitorAction::Check));
+        let _ = m.handle_check_succeeded(&hello(), ms(510));
+        m.request_immediate_check(ms(2000));
+        assert_eq!(
+            m.poll_action(),
+            Some(MonitorAction::Check),
+            "long enough after the last check: at once"
+        );
+    }
+
+    #[test]
+    fn a_network_error_on_a_known_server_is_retried_once_at_once() {
+        let mut m = monitor();
+        m.handle_timeout(ms(0));
+        let _ = m.handle_check_succeeded(&hello(), ms(1));
+        while m.poll_action().is_some() {}
+        m.handle_timeout(ms(10_000));
+        assert_eq!(m.poll_action(), Some(MonitorAction::Check));
+        assert!(
+            !m.handle_check_failed(&reset(), ms(10_001)),
+            "retried at once, not reported"
+        );
+        assert_eq!(m.poll_action(), Some(MonitorAction::Check));
+        assert!(
+            m.handle_check_failed(&reset(), ms(10_002)),
+            "the retry's failure is reported"
+        );
+        assert_eq!(m.average_rtt(), None, "SS-14: the RTT is forgotten");
+        assert_eq!(m.poll_timeout(), Some(ms(20_001)));
+    }
+
+    #[test]
+    fn a_failed_hello_reply_forgets_the_rtt_and_is_not_known() {
+        let mut m = monitor();
+        m.handle_timeout(ms(0));
+        assert_eq!(
+            m.handle_check_succeeded(&doc! { "ok": 0, "code": 13 }, ms(2)),
+            None
+        );
+        assert_eq!(m.average_rtt(), None);
+        m.handle_timeout(ms(10_000));
+        while m.poll_action().is_some() {}
+        assert!(
+            m.handle_check_failed(&reset(), ms(10_001)),
+            "not known, so no immediate retry"
+        );
+    }
+
+    #[test]
+    fn cs4_min_rtt_is_zero_until_two_samples_then_the_minimum_of_the_last_ten() {
+        let mut m = monitor();
+        let mut now = 0;
+        let mut check = |m: &mut Monitor, rtt: u64| {
+            m.handle_timeout(ms(now));
+            let _ = m.handle_check_succeeded(&hello(), ms(now + rtt));
+            now += 10_000;
+            while m.poll_action().is_some() {}
+        };
+        check(&mut m, 7);
+        assert_eq!(m.min_rtt(), Duration::ZERO);
+        check(&mut m, 3);
+        assert_eq!(m.min_rtt(), Duration::from_millis(3));
+        for _ in 0..10 {
+            check(&mut m, 20);
+        }
+        assert_eq!(
+            m.min_rtt(),
+            Duration::from_millis(20),
+            "the 3 ms sample left the window"
+        );
+    }
+}

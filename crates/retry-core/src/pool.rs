@@ -1,0 +1,947 @@
+//! Connection-pool accounting for one server (CMAP): which connections exist, which are free,
+//! who waits for one, and when a connection must be opened or closed.
+//!
+//! The [`Pool`] owns no sockets. It asks the caller to open a connection ([`PoolAction::Establish`])
+//! or close one ([`PoolAction::Close`]), and answers checkouts with [`PoolAction::CheckedOut`] or
+//! [`PoolAction::CheckoutFailed`]. It emits the CMAP monitoring events ([`PoolEvent`]) in the order
+//! the spec gives, and its only timers are wait-queue deadlines and idle expiries
+//! ([`Pool::poll_timeout`]).
+//!
+//! Rules, by ID: connection ids start at 1 and a connection keeps the generation it was created in
+//! (CM-1); the pool starts paused, `ready` opens it, `clear` pauses it and fails every waiter with a
+//! retryable `PoolClearedError` (CM-2, CM-4); in load-balanced mode generations are kept per
+//! `serviceId`, and clearing one service neither pauses the pool nor touches the wait queue (CM-5,
+//! LB-15); the wait queue is first in, first out (CM-8); a wait-queue timeout in load-balanced mode
+//! names the connections in use by cursors, transactions and other operations (LB-13).
+
+use alloc::collections::VecDeque;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use bson::oid::ObjectId;
+use core::fmt;
+use core::time::Duration;
+
+use crate::address::ServerAddress;
+use crate::error::OperationError;
+use crate::time::Instant;
+
+/// Pool options (CMAP).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolOptions {
+    /// `maxPoolSize`: connections, in use or not, at most; 0 means no limit. Default 100.
+    pub max_pool_size: u32,
+    /// `minPoolSize`: connections kept open while the pool is ready. Default 0.
+    pub min_pool_size: u32,
+    /// `maxConnecting`: connections being established at once, at most. Default 2.
+    pub max_connecting: u32,
+    /// `maxIdleTimeMS`: an available connection idle this long is closed; `None` keeps it forever.
+    pub max_idle_time: Option<Duration>,
+    /// `waitQueueTimeoutMS`: how long a checkout may wait when the caller gives no deadline.
+    pub wait_queue_timeout: Option<Duration>,
+    /// Load-balanced mode: generations per `serviceId` (CM-5).
+    pub load_balanced: bool,
+}
+
+impl Default for PoolOptions {
+    fn default() -> PoolOptions {
+        PoolOptions {
+            max_pool_size: 100,
+            min_pool_size: 0,
+            max_connecting: 2,
+            max_idle_time: None,
+            wait_queue_timeout: None,
+            load_balanced: false,
+        }
+    }
+}
+
+/// A connection's id, unique within its pool, from 1 in creation order (CM-1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnectionId(pub u32);
+
+/// One checkout request, as numbered by [`Pool::check_out`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CheckoutId(pub u64);
+
+/// What a checked-out connection is used for (LB-13 counts them separately).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Purpose {
+    /// Pinned to a cursor (load-balanced mode, LB-10).
+    Cursor,
+    /// Pinned to a transaction (load-balanced mode, LB-12).
+    Transaction,
+    /// Any other operation.
+    Other,
+}
+
+/// Why a connection is closed (CMAP `ConnectionClosedEvent.reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CloseReason {
+    /// Its generation is older than the pool's (or its service's).
+    Stale,
+    /// It was idle longer than `maxIdleTimeMS`.
+    Idle,
+    /// It failed.
+    Error,
+    /// The pool was closed.
+    PoolClosed,
+}
+
+impl CloseReason {
+    /// The CMAP name: `stale`, `idle`, `error` or `poolClosed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::Stale => "stale",
+            CloseReason::Idle => "idle",
+            CloseReason::Error => "error",
+            CloseReason::PoolClosed => "poolClosed",
+        }
+    }
+}
+
+/// Why a checkout failed (CMAP `ConnectionCheckOutFailedEvent.reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CheckoutFailedReason {
+    /// The pool is closed.
+    PoolClosed,
+    /// The wait queue timed out.
+    Timeout,
+    /// The pool is paused or was cleared, or establishing the connection failed.
+    ConnectionError,
+}
+
+impl CheckoutFailedReason {
+    /// The CMAP name: `poolClosed`, `timeout` or `connectionError`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckoutFailedReason::PoolClosed => "poolClosed",
+            CheckoutFailedReason::Timeout => "timeout",
+            CheckoutFailedReason::ConnectionError => "connectionError",
+        }
+    }
+}
+
+/// Why a checkout failed, with the error to report.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CheckoutError {
+    /// The pool is paused or was cleared: retryable, and it must not mark the server Unknown (CM-2).
+    PoolCleared(OperationError),
+    /// The pool is closed (CM-3).
+    PoolClosed,
+    /// The checkout waited past its deadline (CM-3, LB-13); the message says why.
+    WaitQueueTimeout(String),
+    /// Establishing the connection failed with this error (already labelled by CMAP, HS-9).
+    Establishment(OperationError),
+}
+
+/// CM-3: the message of a checkout from a closed pool.
+pub const POOL_CLOSED_MESSAGE: &str =
+    "Attempted to check out a connection from closed connection pool";
+/// CM-3: the message of a wait-queue timeout.
+pub const WAIT_QUEUE_TIMEOUT_MESSAGE: &str =
+    "Timed out while checking out a connection from connection pool";
+
+impl CheckoutError {
+    /// The CMAP reason for the checkout-failed event.
+    pub fn reason(&self) -> CheckoutFailedReason {
+        match self {
+            CheckoutError::PoolClosed => CheckoutFailedReason::PoolClosed,
+            CheckoutError::WaitQueueTimeout(_) => CheckoutFailedReason::Timeout,
+            CheckoutError::PoolCleared(_) | CheckoutError::Establishment(_) => {
+                CheckoutFailedReason::ConnectionError
+            }
+        }
+    }
+
+    /// The error as the retry machine sees it. Pool-cleared and establishment errors keep their
+    /// retryability; a closed pool and a wait-queue timeout are not retryable.
+    pub fn into_operation_error(self, address: &ServerAddress) -> OperationError {
+        match self {
+            CheckoutError::PoolCleared(e) | CheckoutError::Establishment(e) => e,
+            CheckoutError::PoolClosed => {
+                OperationError::checkout(POOL_CLOSED_MESSAGE, address.clone())
+            }
+            CheckoutError::WaitQueueTimeout(message) => {
+                OperationError::checkout(message, address.clone())
+            }
+        }
+    }
+}
+
+impl fmt::Display for CheckoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckoutError::PoolCleared(e) | CheckoutError::Establishment(e) => write!(f, "{e}"),
+            CheckoutError::PoolClosed => f.write_str(POOL_CLOSED_MESSAGE),
+            CheckoutError::WaitQueueTimeout(message) => f.write_str(message),
+        }
+    }
+}
+
+/// What the caller must do for the pool.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PoolAction {
+    /// Open a connection to the pool's server and run the handshake, then call
+    /// [`Pool::handle_established`] or [`Pool::handle_establish_failed`].
+    Establish {
+        /// The new connection.
+        connection: ConnectionId,
+    },
+    /// Close this connection's socket.
+    Close {
+        /// The connection.
+        connection: ConnectionId,
+        /// Why.
+        reason: CloseReason,
+    },
+    /// The checkout got this connection.
+    CheckedOut {
+        /// The checkout.
+        checkout: CheckoutId,
+        /// The connection, now in use.
+        connection: ConnectionId,
+    },
+    /// The checkout failed.
+    CheckoutFailed {
+        /// The checkout.
+        checkout: CheckoutId,
+        /// Why.
+        error: CheckoutError,
+    },
+}
+
+/// A CMAP monitoring event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolEvent {
+    /// `PoolCreatedEvent`.
+    PoolCreated,
+    /// `PoolReadyEvent`.
+    PoolReady,
+    /// `PoolClearedEvent`, with the service cleared in load-balanced mode (LB-16).
+    PoolCleared {
+        /// The cleared service, in load-balanced mode.
+        service_id: Option<ObjectId>,
+        /// Whether in-use connections were interrupted.
+        interrupt_in_use_connections: bool,
+    },
+    /// `PoolClosedEvent`.
+    PoolClosed,
+    /// `ConnectionCreatedEvent`.
+    ConnectionCreated {
+        /// The connection.
+        connection: ConnectionId,
+    },
+    /// `ConnectionReadyEvent`.
+    ConnectionReady {
+        /// The connection.
+        connection: ConnectionId,
+        /// From creation to ready.
+        duration: Duration,
+    },
+    /// `ConnectionClosedEvent`.
+    ConnectionClosed {
+        /// The connection.
+        connection: ConnectionId,
+        /// Why.
+        reason: CloseReason,
+    },
+    /// `ConnectionCheckOutStartedEvent`.
+    CheckOutStarted {
+        /// The checkout.
+        checkout: CheckoutId,
+    },
+    /// `ConnectionCheckOutFailedEvent`.
+    CheckOutFailed {
+        /// The checkout.
+        checkout: CheckoutId,
+        /// Why.
+        reason: CheckoutFailedReason,
+        /// From the start of the checkout.
+        duration: Duration,
+    },
+    /// `ConnectionCheckedOutEvent`.
+    CheckedOut {
+        /// The checkout.
+        checkout: CheckoutId,
+        /// The connection.
+        connection: ConnectionId,
+        /// From the start of the checkout.
+        duration: Duration,
+    },
+    /// `ConnectionCheckedInEvent`.
+    CheckedIn {
+        /// The connection.
+        connection: ConnectionId,
+    },
+}
+
+/// The pool's state (CM-2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolState {
+    /// Checkouts fail with `PoolClearedError`; the initial state and the state after a clear.
+    Paused,
+    /// Checkouts are served.
+    Ready,
+    /// Final.
+    Closed,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ConnectionState {
+    /// Being established, for this checkout if any.
+    Pending {
+        for_checkout: Option<CheckoutId>,
+    },
+    Available {
+        since: Instant,
+    },
+    InUse {
+        purpose: Purpose,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Connection {
+    id: ConnectionId,
+    generation: u32,
+    service_id: Option<ObjectId>,
+    created: Instant,
+    state: ConnectionState,
+}
+
+#[derive(Clone, Debug)]
+struct Waiter {
+    checkout: CheckoutId,
+    purpose: Purpose,
+    started: Instant,
+    deadline: Option<Instant>,
+    establishing: Option<ConnectionId>,
+}
+
+#[derive(Clone, Debug)]
+struct ServiceGeneration {
+    service_id: ObjectId,
+    generation: u32,
+    connections: u32,
+}
+
+/// The connection-pool accounting machine of one server. See the [module docs](self).
+#[derive(Debug)]
+pub struct Pool {
+    address: ServerAddress,
+    options: PoolOptions,
+    state: PoolState,
+    generation: u32,
+    services: Vec<ServiceGeneration>,
+    connections: Vec<Connection>,
+    /// Available connections, most recently checked in last.
+    available: Vec<ConnectionId>,
+    waiters: VecDeque<Waiter>,
+    next_connection: u32,
+    next_checkout: u64,
+    actions: VecDeque<PoolAction>,
+    events: VecDeque<PoolEvent>,
+}
+
+impl Pool {
+    /// A paused pool for `address` (CM-2); emits [`PoolEvent::PoolCreated`].
+    pub fn new(address: ServerAddress, options: PoolOptions) -> Pool {
+        let mut events = VecDeque::new();
+        events.push_back(PoolEvent::PoolCreated);
+        Pool {
+            address,
+            options,
+            state: PoolState::Paused,
+            generation: 0,
+            services: Vec::new(),
+            connections: Vec::new(),
+            available: Vec::new(),
+            waiters: VecDeque::new(),
+            next_connection: 1,
+            next_checkout: 1,
+            actions: VecDeque::new(),
+            events,
+        }
+    }
+
+    /// The pool's server.
+    pub fn address(&self) -> &ServerAddress {
+        &self.address
+    }
+
+    /// The options.
+    pub fn options(&self) -> &PoolOptions {
+        &self.options
+    }
+
+    /// The state (CM-2).
+    pub fn state(&self) -> PoolState {
+        self.state
+    }
+
+    /// The pool's generation (CM-1); in load-balanced mode, see [`Pool::service_generation`].
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// The generation of `service_id`'s connections (CM-5); 0 for a service never seen.
+    pub fn service_generation(&self, service_id: &ObjectId) -> u32 {
+        self.services
+            .iter()
+            .find(|s| &s.service_id == service_id)
+            .map_or(0, |s| s.generation)
+    }
+
+    /// The generation a connection was created in, and its service, if it exists.
+    pub fn connection_generation(
+        &self,
+        connection: ConnectionId,
+    ) -> Option<(u32, Option<ObjectId>)> {
+        self.connection(connection)
+            .map(|c| (c.generation, c.service_id))
+    }
+
+    /// Connections in use, by purpose: (cursors, transactions, other) (LB-13).
+    pub fn in_use(&self) -> (u32, u32, u32) {
+        let mut counts = (0, 0, 0);
+        for c in &self.connections {
+            match c.state {
+                ConnectionState::InUse {
+                    purpose: Purpose::Cursor,
+                } => counts.0 += 1,
+                ConnectionState::InUse {
+                    purpose: Purpose::Transaction,
+                } => counts.1 += 1,
+                ConnectionState::InUse {
+                    purpose: Purpose::Other,
+                } => counts.2 += 1,
+                _ => {}
+            }
+        }
+        counts
+    }
+
+    /// The number of open or opening connections.
+    pub fn total_connections(&self) -> usize {
+        self.connections.len()
+    }
+
+    /// The next thing to do, in order.
+    #[must_use]
+    pub fn poll_action(&mut self) -> Option<PoolAction> {
+        self.actions.pop_front()
+    }
+
+    /// The next monitoring event, in order.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<PoolEvent> {
+        self.events.pop_front()
+    }
+
+    /// The earliest wait-queue deadline or idle expiry.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let waits = self
+            .waiters
+            .iter()
+            .filter(|w| w.establishing.is_none())
+            .filter_map(|w| w.deadline);
+        let idle = self.options.max_idle_time.map(|max| {
+            self.connections.iter().filter_map(move |c| match c.state {
+                ConnectionState::Available { since } => Some(since.saturating_add(max)),
+                _ => None,
+            })
+        });
+        waits.chain(idle.into_iter().flatten()).min()
+    }
+
+    /// CM-2: opens a paused pool; emits [`PoolEvent::PoolReady`] unless it was already ready.
+    pub fn ready(&mut self, now: Instant) {
+        if self.state == PoolState::Paused {
+            self.state = PoolState::Ready;
+            self.events.push_back(PoolEvent::PoolReady);
+            self.serve(now);
+        }
+    }
+
+    /// Starts a checkout for `purpose` that waits until `deadline` at the latest (or the pool's
+    /// `waitQueueTimeoutMS` when `None`). The answer comes as [`PoolAction::CheckedOut`] or
+    /// [`PoolAction::CheckoutFailed`], at once or later.
+    pub fn check_out(
+        &mut self,
+        purpose: Purpose,
+        deadline: Option<Instant>,
+        now: Instant,
+    ) -> CheckoutId {
+        let checkout = CheckoutId(self.next_checkout);
+        self.next_checkout += 1;
+        self.events
+            .push_back(PoolEvent::CheckOutStarted { checkout });
+        match self.state {
+            PoolState::Closed => self.fail(checkout, now, now, CheckoutError::PoolClosed),
+            PoolState::Paused => {
+                let error = self.pool_cleared_error("the pool is paused");
+                self.fail(checkout, now, now, CheckoutError::PoolCleared(error));
+            }
+            PoolState::Ready => {
+                let deadline = match (deadline, self.options.wait_queue_timeout) {
+                    (Some(d), _) => Some(d),
+                    (None, Some(timeout)) => Some(now.saturating_add(timeout)),
+                    (None, None) => None,
+                };
+                self.waiters.push_back(Waiter {
+                    checkout,
+                    purpose,
+                    started: now,
+                    deadline,
+                    establishing: None,
+                });
+                self.serve(now);
+            }
+        }
+        checkout
+    }
+
+    /// Returns a connection. A connection that failed (`healthy` false), is stale, or belongs to a
+    /// closed pool is closed; otherwise it becomes available (CM-1).
+    pub fn check_in(&mut self, connection: ConnectionId, healthy: bool, now: Instant) {
+        let Some(conn) = self.connection(connection) else {
+            return;
+        };
+        if !matches!(conn.state, ConnectionState::InUse { .. }) {
+            return;
+        }
+        let stale = self.is_stale(conn);
+        self.events.push_back(PoolEvent::CheckedIn { connection });
+        let reason = if self.state == PoolState::Closed {
+            Some(CloseReason::PoolClosed)
+        } else if !healthy {
+            Some(CloseReason::Error)
+        } else if stale {
+            Some(CloseReason::Stale)
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => self.close_connection(connection, reason),
+            None => {
+                self.set_state(connection, ConnectionState::Available { since: now });
+                self.available.push(connection);
+            }
+        }
+        self.serve(now);
+    }
+
+    /// The connection's handshake succeeded (in load-balanced mode with the reply's `serviceId`,
+    /// whose generation the connection takes, CM-5). Emits [`PoolEvent::ConnectionReady`] and
+    /// hands the connection to the checkout that asked for it, or makes it available.
+    pub fn handle_established(
+        &mut self,
+        connection: ConnectionId,
+        service_id: Option<ObjectId>,
+        now: Instant,
+    ) {
+        let Some(conn) = self.connection(connection) else {
+            return;
+        };
+        let ConnectionState::Pending { for_checkout } = conn.state else {
+            return;
+        };
+        let created = conn.created;
+        self.events.push_back(PoolEvent::ConnectionReady {
+            connection,
+            duration: now.saturating_duration_since(created),
+        });
+        if let (true, Some(service)) = (self.options.load_balanced, service_id) {
+            let generation = self.service_entry(service).generation;
+            self.service_entry(service).connections += 1;
+            if let Some(c) = self.connection_mut(connection) {
+                c.generation = generation;
+                c.service_id = Some(service);
+            }
+        }
+        let stale = self
+            .connection(connection)
+            .is_some_and(|c| self.is_stale(c));
+        let waiter = for_checkout.and_then(|id| self.waiters.iter().position(|w| w.checkout == id));
+        if self.state == PoolState::Closed {
+            self.close_connection(connection, CloseReason::PoolClosed);
+        } else if stale {
+            self.close_connection(connection, CloseReason::Stale);
+        } else if let Some(index) = waiter {
+            if let Some(w) = self.waiters.remove(index) {
+                self.give(w, connection, now);
+            }
+        } else {
+            self.set_state(connection, ConnectionState::Available { since: now });
+            self.available.push(connection);
+        }
+        self.serve(now);
+    }
+
+    /// Establishing the connection failed: it is closed, and the checkout that asked for it fails
+    /// with the error.
+    pub fn handle_establish_failed(
+        &mut self,
+        connection: ConnectionId,
+        error: OperationError,
+        now: Instant,
+    ) {
+        let Some(conn) = self.connection(connection) else {
+            return;
+        };
+        let ConnectionState::Pending { for_checkout } = conn.state else {
+            return;
+        };
+        self.close_connection(connection, CloseReason::Error);
+        if let Some(index) =
+            for_checkout.and_then(|id| self.waiters.iter().position(|w| w.checkout == id))
+        {
+            if let Some(w) = self.waiters.remove(index) {
+                self.fail(
+                    w.checkout,
+                    w.started,
+                    now,
+                    CheckoutError::Establishment(error),
+                );
+            }
+        }
+        self.serve(now);
+    }
+
+    /// Clears the pool after `cause` (CM-4): the generation goes up, the pool pauses, every waiter
+    /// fails at once with a retryable `PoolClearedError`, available connections are closed as
+    /// stale, and [`PoolEvent::PoolCleared`] is emitted only if the pool was not already paused.
+    /// With `interrupt_in_use_connections`, in-use and pending connections of older generations are
+    /// closed too.
+    ///
+    /// In load-balanced mode, give the failing connection's `service_id`: only that service's
+    /// generation goes up, and the pool neither pauses nor touches its waiters (CM-5, LB-15).
+    pub fn clear(
+        &mut self,
+        service_id: Option<ObjectId>,
+        interrupt_in_use_connections: bool,
+        cause: &str,
+        now: Instant,
+    ) {
+        if self.state == PoolState::Closed {
+            return;
+        }
+        let lb_service = service_id.filter(|_| self.options.load_balanced);
+        match lb_service {
+            Some(service) => {
+                self.service_entry(service).generation += 1;
+                self.events.push_back(PoolEvent::PoolCleared {
+                    service_id: Some(service),
+                    interrupt_in_use_connections,
+                });
+            }
+            None => {
+                self.generation += 1;
+                let was_ready = self.state == PoolState::Ready;
+                self.state = PoolState::Paused;
+                if was_ready {
+                    self.events.push_back(PoolEvent::PoolCleared {
+                        service_id: None,
+                        interrupt_in_use_connections,
+                    });
+                }
+            }
+        }
+        // Available connections of the old generation go now; in-use and pending ones too when
+        // interrupting.
+        let stale: Vec<ConnectionId> = self
+            .connections
+            .iter()
+            .filter(|c| self.is_stale(c))
+            .filter(|c| {
+                interrupt_in_use_connections || matches!(c.state, ConnectionState::Available { .. })
+            })
+            .map(|c| c.id)
+            .collect();
+        for id in stale {
+            self.close_connection(id, CloseReason::Stale);
+        }
+        if lb_service.is_none() {
+            let error = self.pool_cleared_error(cause);
+            while let Some(w) = self.waiters.pop_front() {
+                if let Some(pending) = w.establishing {
+                    self.set_state(pending, ConnectionState::Pending { for_checkout: None });
+                }
+                self.fail(
+                    w.checkout,
+                    w.started,
+                    now,
+                    CheckoutError::PoolCleared(error.clone()),
+                );
+            }
+        }
+    }
+
+    /// Closes the pool (CM-2): available connections are closed at once, in-use ones when they
+    /// are checked in, waiters fail, and [`PoolEvent::PoolClosed`] is emitted.
+    pub fn close(&mut self, now: Instant) {
+        if self.state == PoolState::Closed {
+            return;
+        }
+        self.state = PoolState::Closed;
+        while let Some(id) = self.available.pop() {
+            self.close_connection(id, CloseReason::PoolClosed);
+        }
+        while let Some(w) = self.waiters.pop_front() {
+            self.fail(w.checkout, w.started, now, CheckoutError::PoolClosed);
+        }
+        self.events.push_back(PoolEvent::PoolClosed);
+    }
+
+    /// Time has passed: fails checkouts past their deadline and closes idle connections. Spurious
+    /// calls are harmless.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some(max) = self.options.max_idle_time {
+            let idle: Vec<ConnectionId> = self
+                .connections
+                .iter()
+                .filter(|c| matches!(c.state, ConnectionState::Available { since } if now >= since.saturating_add(max)))
+                .map(|c| c.id)
+                .collect();
+            for id in idle {
+                self.close_connection(id, CloseReason::Idle);
+            }
+        }
+        let mut index = 0;
+        while index < self.waiters.len() {
+            let waiter = &self.waiters[index];
+            // A checkout that is establishing its own connection is bounded by the connect
+            // timeout, not by the wait queue's.
+            if waiter.establishing.is_none() && waiter.deadline.is_some_and(|d| now >= d) {
+                if let Some(w) = self.waiters.remove(index) {
+                    let message = self.wait_queue_timeout_message();
+                    self.fail(
+                        w.checkout,
+                        w.started,
+                        now,
+                        CheckoutError::WaitQueueTimeout(message),
+                    );
+                }
+            } else {
+                index += 1;
+            }
+        }
+        self.serve(now);
+    }
+
+    /// CM-3, LB-13: the wait-queue timeout message; in load-balanced mode it counts the
+    /// connections in use by cursors, transactions and other operations.
+    fn wait_queue_timeout_message(&self) -> String {
+        if self.options.load_balanced {
+            let (cursors, transactions, other) = self.in_use();
+            format!(
+                "Timeout waiting for connection from the connection pool. maxPoolSize: {}, connections in use by cursors: {cursors}, connections in use by transactions: {transactions}, connections in use by other operations: {other}",
+                self.options.max_pool_size
+            )
+        } else {
+            String::from(WAIT_QUEUE_TIMEOUT_MESSAGE)
+        }
+    }
+
+    fn pool_cleared_error(&self, cause: &str) -> OperationError {
+        OperationError::pool_cleared(self.address.clone(), cause)
+    }
+
+    /// Serves waiters in order (CM-8), then keeps `minPoolSize` connections (CMAP background work).
+    fn serve(&mut self, now: Instant) {
+        if self.state != PoolState::Ready {
+            return;
+        }
+        let mut index = 0;
+        while index < self.waiters.len() {
+            if self.waiters[index].establishing.is_some() {
+                index += 1;
+                continue;
+            }
+            match self.take_available(now) {
+                Some(connection) => {
+                    if let Some(w) = self.waiters.remove(index) {
+                        self.give(w, connection, now);
+                    }
+                }
+                // A connection being established for nobody (for minPoolSize) is adopted rather
+                // than starting another one.
+                None if self.unclaimed_pending().is_some() => {
+                    let checkout = self.waiters[index].checkout;
+                    if let Some(connection) = self.unclaimed_pending() {
+                        self.set_state(
+                            connection,
+                            ConnectionState::Pending {
+                                for_checkout: Some(checkout),
+                            },
+                        );
+                        self.waiters[index].establishing = Some(connection);
+                    }
+                    index += 1;
+                }
+                None if self.can_create() => {
+                    let checkout = self.waiters[index].checkout;
+                    let connection = self.create(Some(checkout), now);
+                    self.waiters[index].establishing = Some(connection);
+                    index += 1;
+                }
+                // FIFO: later waiters never overtake one that cannot be served yet.
+                None => return,
+            }
+        }
+        while (self.connections.len() as u64) < u64::from(self.options.min_pool_size)
+            && self.can_create()
+        {
+            self.create(None, now);
+        }
+    }
+
+    /// The most recently returned available connection that has not perished; perished ones found
+    /// on the way are closed (CM-1).
+    fn take_available(&mut self, now: Instant) -> Option<ConnectionId> {
+        while let Some(id) = self.available.pop() {
+            let Some(conn) = self.connection(id) else {
+                continue;
+            };
+            let idle = match (conn.state, self.options.max_idle_time) {
+                (ConnectionState::Available { since }, Some(max)) => {
+                    now >= since.saturating_add(max)
+                }
+                _ => false,
+            };
+            if self.is_stale(conn) {
+                self.close_connection(id, CloseReason::Stale);
+            } else if idle {
+                self.close_connection(id, CloseReason::Idle);
+            } else {
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    fn unclaimed_pending(&self) -> Option<ConnectionId> {
+        self.connections
+            .iter()
+            .find(|c| c.state == ConnectionState::Pending { for_checkout: None })
+            .map(|c| c.id)
+    }
+
+    fn can_create(&self) -> bool {
+        let pending = self
+            .connections
+            .iter()
+            .filter(|c| matches!(c.state, ConnectionState::Pending { .. }))
+            .count();
+        let below_max = self.options.max_pool_size == 0
+            || (self.connections.len() as u64) < u64::from(self.options.max_pool_size);
+        below_max && (pending as u64) < u64::from(self.options.max_connecting.max(1))
+    }
+
+    fn create(&mut self, for_checkout: Option<CheckoutId>, now: Instant) -> ConnectionId {
+        let id = ConnectionId(self.next_connection);
+        self.next_connection = self.next_connection.saturating_add(1);
+        self.connections.push(Connection {
+            id,
+            generation: self.generation,
+            service_id: None,
+            created: now,
+            state: ConnectionState::Pending { for_checkout },
+        });
+        self.events
+            .push_back(PoolEvent::ConnectionCreated { connection: id });
+        self.actions
+            .push_back(PoolAction::Establish { connection: id });
+        id
+    }
+
+    fn give(&mut self, w: Waiter, connection: ConnectionId, now: Instant) {
+        self.set_state(connection, ConnectionState::InUse { purpose: w.purpose });
+        self.events.push_back(PoolEvent::CheckedOut {
+            checkout: w.checkout,
+            connection,
+            duration: now.saturating_duration_since(w.started),
+        });
+        self.actions.push_back(PoolAction::CheckedOut {
+            checkout: w.checkout,
+            connection,
+        });
+    }
+
+    fn fail(&mut self, checkout: CheckoutId, started: Instant, now: Instant, error: CheckoutError) {
+        self.events.push_back(PoolEvent::CheckOutFailed {
+            checkout,
+            reason: error.reason(),
+            duration: now.saturating_duration_since(started),
+        });
+        self.actions
+            .push_back(PoolAction::CheckoutFailed { checkout, error });
+    }
+
+    fn is_stale(&self, conn: &Connection) -> bool {
+        match (self.options.load_balanced, conn.service_id) {
+            (true, Some(service)) => conn.generation != self.service_generation(&service),
+            _ => conn.generation != self.generation,
+        }
+    }
+
+    fn close_connection(&mut self, id: ConnectionId, reason: CloseReason) {
+        let Some(index) = self.connections.iter().position(|c| c.id == id) else {
+            return;
+        };
+        let conn = self.connections.remove(index);
+        self.available.retain(|a| *a != id);
+        if let Some(service) = conn.service_id {
+            if let Some(pos) = self.services.iter().position(|s| s.service_id == service) {
+                let entry = &mut self.services[pos];
+                entry.connections = entry.connections.saturating_sub(1);
+                // CM-5: the entry goes when its last connection does.
+                if entry.connections == 0 {
+                    self.services.remove(pos);
+                }
+            }
+        }
+        self.events.push_back(PoolEvent::ConnectionClosed {
+            connection: id,
+            reason,
+        });
+        self.actions.push_back(PoolAction::Close {
+            connection: id,
+            reason,
+        });
+    }
+
+    fn service_entry(&mut self, service_id: ObjectId) -> &mut ServiceGeneration {
+        let index = match self
+            .services
+            .iter()
+            .position(|s| s.service_id == service_id)
+        {
+            Some(i) => i,
+            None => {
+                self.services.push(ServiceGeneration {
+                    service_id,
+                    generation: 0,
+                    connections: 0,
+                });
+                self.services.len() - 1
+            }
+        };
+        &mut self.services[index]
+    }
+
+    fn connection(&self, id: ConnectionId) -> Option<&Connection> {
+        self.connections.iter().find(|c| c.id == id)
+    }
+
+    fn connection_mut(&mut self, id: ConnectionId) -> Option<&mut Connection> {
+        self.connections.iter_mut().find(|c| c.id == id)
+    }
+
+    fn set_state(&mut self, id: ConnectionId, state: ConnectionState) {
+        if let Some(c) = self.connection_mut(id) {
+            c.state = state;
+        }
+    }
+}

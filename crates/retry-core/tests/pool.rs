@@ -1,0 +1,206 @@
+//! The pool accounting machine's load-balanced rules and establishment failures (the CMAP JSON
+//! unit tests in `spec-tests` cover the rest).
+
+use bson::oid::ObjectId;
+use retry_core::address::ServerAddress;
+use retry_core::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
+use retry_core::pool::{
+    CheckoutError, CheckoutId, CloseReason, ConnectionId, Pool, PoolAction, PoolEvent, PoolOptions,
+    PoolState, Purpose,
+};
+use retry_core::time::Instant;
+
+fn address() -> ServerAddress {
+    ServerAddress::new("lb", 27017)
+}
+
+/// Drains the pool's actions, establishing every new connection at once with `service`.
+fn settle(pool: &mut Pool, service: Option<ObjectId>, now: Instant) -> Vec<PoolAction> {
+    let mut seen = Vec::new();
+    for _ in 0..1000 {
+        let Some(action) = pool.poll_action() else {
+            break;
+        };
+        if let PoolAction::Establish { connection } = action {
+            pool.handle_established(connection, service, now);
+        }
+        seen.push(action);
+    }
+    seen
+}
+
+fn checked_out(actions: &[PoolAction], checkout: CheckoutId) -> Option<ConnectionId> {
+    actions.iter().find_map(|a| match a {
+        PoolAction::CheckedOut {
+            checkout: c,
+            connection,
+        } if *c == checkout => Some(*connection),
+        _ => None,
+    })
+}
+
+fn events(pool: &mut Pool) -> Vec<PoolEvent> {
+    std::iter::from_fn(|| pool.poll_event()).collect()
+}
+
+#[test]
+fn lb13_wait_queue_timeout_names_connections_by_purpose() {
+    let options = PoolOptions {
+        max_pool_size: 3,
+        load_balanced: true,
+        ..PoolOptions::default()
+    };
+    let mut pool = Pool::new(address(), options);
+    let service = ObjectId::new();
+    let t0 = Instant::ZERO;
+    pool.ready(t0);
+    for purpose in [Purpose::Cursor, Purpose::Transaction, Purpose::Other] {
+        let id = pool.check_out(purpose, None, t0);
+        assert!(checked_out(&settle(&mut pool, Some(service), t0), id).is_some());
+    }
+    assert_eq!(pool.in_use(), (1, 1, 1));
+    let waiting = pool.check_out(Purpose::Other, Some(Instant::from_millis(50)), t0);
+    assert!(settle(&mut pool, Some(service), t0).is_empty());
+    assert_eq!(pool.poll_timeout(), Some(Instant::from_millis(50)));
+    pool.handle_timeout(Instant::from_millis(50));
+    let failed = settle(&mut pool, Some(service), t0);
+    let [PoolAction::CheckoutFailed {
+        checkout,
+        error: CheckoutError::WaitQueueTimeout(message),
+    }] = failed.as_slice()
+    else {
+        panic!("{failed:?}");
+    };
+    assert_eq!(*checkout, waiting);
+    assert!(message.contains(
+        "maxPoolSize: 3, connections in use by cursors: 1, connections in use by transactions: 1, connections in use by other operations: 1"
+    ));
+}
+
+#[test]
+fn cm5_lb15_clearing_a_service_bumps_only_its_generation_and_keeps_the_pool_ready() {
+    let options = PoolOptions {
+        load_balanced: true,
+        ..PoolOptions::default()
+    };
+    let mut pool = Pool::new(address(), options);
+    let (a, b) = (ObjectId::new(), ObjectId::new());
+    let t0 = Instant::ZERO;
+    pool.ready(t0);
+    let first = pool.check_out(Purpose::Other, None, t0);
+    let conn_a = checked_out(&settle(&mut pool, Some(a), t0), first).unwrap();
+    let second = pool.check_out(Purpose::Other, None, t0);
+    let conn_b = checked_out(&settle(&mut pool, Some(b), t0), second).unwrap();
+    let _ = events(&mut pool);
+
+    let waiter = pool.check_out(Purpose::Other, Some(Instant::from_millis(1000)), t0);
+    pool.clear(Some(a), false, "network error", t0);
+    assert_eq!(pool.state(), PoolState::Ready, "LB-15: not paused");
+    assert_eq!(pool.service_generation(&a), 1);
+    assert_eq!(pool.service_generation(&b), 0);
+    assert!(events(&mut pool).contains(&PoolEvent::PoolCleared {
+        service_id: Some(a),
+        interrupt_in_use_connections: false
+    }));
+    // The waiter was not failed by the clear.
+    let after = settle(&mut pool, Some(b), t0);
+    assert!(!after
+        .iter()
+        .any(|x| matches!(x, PoolAction::CheckoutFailed { checkout, .. } if *checkout == waiter)));
+
+    // Checking in: service a's connection is stale and closed, service b's is reused.
+    pool.check_in(conn_a, true, t0);
+    pool.check_in(conn_b, true, t0);
+    let closed = events(&mut pool);
+    assert!(closed.contains(&PoolEvent::ConnectionClosed {
+        connection: conn_a,
+        reason: CloseReason::Stale
+    }));
+    assert!(!closed.iter().any(
+        |e| matches!(e, PoolEvent::ConnectionClosed { connection, .. } if *connection == conn_b)
+    ));
+}
+
+#[test]
+fn cm2_cm4_clear_fails_waiters_with_a_retryable_pool_cleared_error() {
+    let options = PoolOptions {
+        max_pool_size: 1,
+        ..PoolOptions::default()
+    };
+    let mut pool = Pool::new(address(), options);
+    let t0 = Instant::ZERO;
+    pool.ready(t0);
+    let first = pool.check_out(Purpose::Other, None, t0);
+    assert!(checked_out(&settle(&mut pool, None, t0), first).is_some());
+    let waiter = pool.check_out(Purpose::Other, None, t0);
+    pool.clear(None, false, "monitor failed", t0);
+    let actions = settle(&mut pool, None, t0);
+    let [PoolAction::CheckoutFailed {
+        checkout,
+        error: CheckoutError::PoolCleared(e),
+    }] = actions.as_slice()
+    else {
+        panic!("{actions:?}");
+    };
+    assert_eq!(*checkout, waiter);
+    assert!(e.is_retryable_read(), "CM-2: PoolClearedError is retryable");
+    assert!(matches!(e.kind, ErrorKind::PoolCleared { .. }));
+    assert!(e
+        .to_string()
+        .contains("was cleared because another operation failed with: monitor failed"));
+}
+
+#[test]
+fn establishment_failure_fails_its_checkout_with_the_labelled_error() {
+    let mut pool = Pool::new(address(), PoolOptions::default());
+    let t0 = Instant::ZERO;
+    pool.ready(t0);
+    let checkout = pool.check_out(Purpose::Other, None, t0);
+    let Some(PoolAction::Establish { connection }) = pool.poll_action() else {
+        panic!("expected Establish")
+    };
+    let reset =
+        OperationError::network(NetworkErrorKind::Reset, NetworkPhase::Handshake, address());
+    pool.handle_establish_failed(connection, reset, Instant::from_millis(3));
+    let actions: Vec<_> = std::iter::from_fn(|| pool.poll_action()).collect();
+    assert_eq!(
+        actions[0],
+        PoolAction::Close {
+            connection,
+            reason: CloseReason::Error
+        }
+    );
+    let PoolAction::CheckoutFailed {
+        checkout: c,
+        error: CheckoutError::Establishment(e),
+    } = &actions[1]
+    else {
+        panic!("{actions:?}");
+    };
+    assert_eq!(*c, checkout);
+    assert!(
+        e.is_retryable_overload(),
+        "HS-9: handshake network errors carry both overload labels"
+    );
+    assert_eq!(
+        pool.state(),
+        PoolState::Ready,
+        "an establishment error alone does not clear the pool"
+    );
+}
+
+#[test]
+fn closed_pool_and_timeout_errors_are_not_retryable() {
+    let mut pool = Pool::new(address(), PoolOptions::default());
+    pool.close(Instant::ZERO);
+    let _ = pool.check_out(Purpose::Other, None, Instant::ZERO);
+    let Some(PoolAction::CheckoutFailed { error, .. }) = pool.poll_action() else {
+        panic!()
+    };
+    let e = error.into_operation_error(&address());
+    assert!(!e.is_retryable_read() && !e.was_sent());
+    assert_eq!(
+        e.to_string(),
+        "Attempted to check out a connection from closed connection pool from lb:27017"
+    );
+}

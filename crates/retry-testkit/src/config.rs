@@ -1,0 +1,152 @@
+//! What a test server is: its role, wire versions, batch size, limiters, faults and seed.
+
+use crate::faults::FaultConfig;
+
+/// The kind of server the test server pretends to be; it shapes the hello reply (HS-4).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A standalone `mongod`.
+    Standalone,
+    /// A `mongos` router: the hello reply says `msg: "isdbgrid"`.
+    Mongos,
+    /// A replica-set member: `setName`, `hosts`, `primary`, `me` in the hello reply.
+    ReplicaSetMember(ReplicaSetMember),
+    /// A `mongos` behind a load balancer (LB-7, LB-8).
+    LoadBalancer {
+        /// Whether a hello that carries `loadBalanced: true` gets a `serviceId`. Off, the server
+        /// behaves like a `mongos` that does not support load-balanced mode, so a client fails
+        /// its handshake with the LB-8 message.
+        service_id: bool,
+    },
+}
+
+/// The replica-set fields of a member's hello reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaSetMember {
+    /// `setName`.
+    pub set_name: String,
+    /// Whether this member is the primary (`isWritablePrimary`) or a secondary.
+    pub primary: bool,
+    /// `hosts`, as `host:port` strings; empty means this server alone.
+    pub hosts: Vec<String>,
+    /// The `primary` a secondary reports; a primary always reports itself.
+    pub primary_host: Option<String>,
+}
+
+impl ReplicaSetMember {
+    /// The primary of a one-member set named `set_name`.
+    pub fn primary(set_name: impl Into<String>) -> ReplicaSetMember {
+        ReplicaSetMember {
+            set_name: set_name.into(),
+            primary: true,
+            hosts: Vec::new(),
+            primary_host: None,
+        }
+    }
+
+    /// A secondary of the set named `set_name`, with no primary known.
+    pub fn secondary(set_name: impl Into<String>) -> ReplicaSetMember {
+        ReplicaSetMember {
+            primary: false,
+            ..ReplicaSetMember::primary(set_name)
+        }
+    }
+}
+
+/// A token-bucket rate: `per_second` tokens are added per second, up to `burst`; each admission
+/// takes one. A new bucket starts full. A rate of 0 (or a negative or NaN rate) never refills, so
+/// exactly `burst` admissions succeed: the deterministic choice for tests on real time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RateLimit {
+    /// Tokens added per second.
+    pub per_second: f64,
+    /// The bucket's capacity.
+    pub burst: u32,
+}
+
+impl RateLimit {
+    /// `per_second` tokens a second, up to `burst`.
+    pub fn new(per_second: f64, burst: u32) -> RateLimit {
+        RateLimit { per_second, burst }
+    }
+}
+
+/// The ingress request rate limiter: admission of every command but the handshake (BP-6) takes
+/// a token; without one the command fails with code 462 and both overload labels (BP-3).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IngressLimit {
+    /// The admission rate.
+    pub rate: RateLimit,
+    /// `baseBackoffMS` in each rejection, when set (BP-15).
+    pub base_backoff_ms: Option<u32>,
+}
+
+impl IngressLimit {
+    /// Admission at `rate`, rejections without `baseBackoffMS`.
+    pub fn new(rate: RateLimit) -> IngressLimit {
+        IngressLimit {
+            rate,
+            base_backoff_ms: None,
+        }
+    }
+}
+
+/// How a [`TestServer`](crate::TestServer) starts. Everything but the seed and the wire versions
+/// can be changed later through its [`ServerHandle`](crate::ServerHandle).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerConfig {
+    /// The role, which shapes the hello reply.
+    pub role: Role,
+    /// `minWireVersion` in the hello reply.
+    pub min_wire_version: i32,
+    /// `maxWireVersion` in the hello reply (25: MongoDB 8.0).
+    pub max_wire_version: i32,
+    /// Documents per `find` / `getMore` batch when the command gives no `batchSize`. Small by
+    /// default so that `getMore` matters.
+    pub batch_size: u32,
+    /// The ingress request rate limiter, if any.
+    pub ingress_limit: Option<IngressLimit>,
+    /// The connection rate limiter, if any: an accepted socket that finds no token is reset
+    /// before any byte of its handshake is answered.
+    pub connection_limit: Option<RateLimit>,
+    /// Random faults injected into replies.
+    pub faults: FaultConfig,
+    /// The seed of the fault injector; each connection draws from its own generator derived from
+    /// it, so a connection's faults do not depend on how other connections are scheduled.
+    pub seed: u64,
+}
+
+impl ServerConfig {
+    /// A server in `role` with the defaults for everything else.
+    pub fn new(role: Role) -> ServerConfig {
+        ServerConfig {
+            role,
+            ..ServerConfig::default()
+        }
+    }
+}
+
+impl Default for ServerConfig {
+    /// A standalone, wire versions 0..=25, batches of 2, no limiters, no faults, seed 0.
+    fn default() -> ServerConfig {
+        ServerConfig {
+            role: Role::Standalone,
+            min_wire_version: 0,
+            max_wire_version: 25,
+            batch_size: 2,
+            ingress_limit: None,
+            connection_limit: None,
+            faults: FaultConfig::default(),
+            seed: 0,
+        }
+    }
+}
+
+/// `maxBsonObjectSize` in the hello reply.
+pub const MAX_BSON_OBJECT_SIZE: i32 = 16 * 1024 * 1024;
+/// `maxMessageSizeBytes` in the hello reply, and the largest request the server reads.
+pub const MAX_MESSAGE_SIZE_BYTES: i32 = 48_000_000;
+/// `maxWriteBatchSize` in the hello reply.
+pub const MAX_WRITE_BATCH_SIZE: i32 = 100_000;
+/// `logicalSessionTimeoutMinutes` in the hello reply.
+pub const LOGICAL_SESSION_TIMEOUT_MINUTES: i32 = 30;

@@ -1,0 +1,392 @@
+//! The `failCommand` fail point: its modes and data, parsed from a `configureFailPoint` command
+//! or built in Rust, and the error reply it produces.
+
+use core::fmt;
+use core::time::Duration;
+
+use bson::{doc, Bson, Document};
+use retry_core::error::RETRYABLE_WRITE_CODES;
+
+use crate::commands::{integer, is_retryable_write};
+
+/// How many more times the fail point fires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailPointMode {
+    /// `"alwaysOn"`: every matching command.
+    AlwaysOn,
+    /// `{times: n}`: the next `n` matching commands, then off; `Times(0)` is off.
+    Times(u32),
+}
+
+/// The `failCommand` fail point: which commands it matches and what it does to them.
+///
+/// When it fires it blocks first (`blockConnection`), then closes the connection
+/// (`closeConnection`), else answers with `errorCode`, else runs the command and adds
+/// `writeConcernError` to its reply; with none of those it only delays the command.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FailCommand {
+    /// The mode.
+    pub mode: FailPointMode,
+    /// `failCommands`: the command names it matches.
+    pub commands: Vec<String>,
+    /// `errorCode`: answer with this error instead of running the command.
+    pub error_code: Option<i32>,
+    /// `errorLabels`: the error's labels. When absent, a retryable write failing with a code in
+    /// [`RETRYABLE_WRITE_CODES`] gets `RetryableWriteError`, as 4.4+ servers add it (RW-9).
+    pub error_labels: Option<Vec<String>>,
+    /// `closeConnection`: close the connection without answering.
+    pub close_connection: bool,
+    /// `blockConnection` with `blockTimeMS`: hold the command this long first.
+    pub block: Option<Duration>,
+    /// `appName`: match only connections whose handshake gave this `client.application.name`.
+    pub app_name: Option<String>,
+    /// `writeConcernError`: run the command, then add this document to its reply.
+    pub write_concern_error: Option<Document>,
+}
+
+/// Why a `configureFailPoint` command was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailPointError(String);
+
+impl fmt::Display for FailPointError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for FailPointError {}
+
+fn bad(message: impl Into<String>) -> FailPointError {
+    FailPointError(message.into())
+}
+
+/// The `errmsg` of every error the fail point produces.
+pub const FAIL_POINT_MESSAGE: &str = "Failing command via 'failCommand' failpoint";
+
+impl FailCommand {
+    /// A fail point in `mode` matching `commands` that does nothing to them yet: add an action
+    /// with the `with_*` methods.
+    pub fn new<S: Into<String>>(
+        mode: FailPointMode,
+        commands: impl IntoIterator<Item = S>,
+    ) -> FailCommand {
+        FailCommand {
+            mode,
+            commands: commands.into_iter().map(Into::into).collect(),
+            error_code: None,
+            error_labels: None,
+            close_connection: false,
+            block: None,
+            app_name: None,
+            write_concern_error: None,
+        }
+    }
+
+    /// Fail with `code`.
+    pub fn with_error_code(mut self, code: i32) -> FailCommand {
+        self.error_code = Some(code);
+        self
+    }
+
+    /// Set the error's labels.
+    pub fn with_error_labels<S: Into<String>>(
+        mut self,
+        labels: impl IntoIterator<Item = S>,
+    ) -> FailCommand {
+        self.error_labels = Some(labels.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Close the connection instead of answering.
+    pub fn with_close_connection(mut self) -> FailCommand {
+        self.close_connection = true;
+        self
+    }
+
+    /// Hold each matching command for `block` first.
+    pub fn with_block(mut self, block: Duration) -> FailCommand {
+        self.block = Some(block);
+        self
+    }
+
+    /// Match only connections whose handshake named this application.
+    pub fn with_app_name(mut self, app_name: impl Into<String>) -> FailCommand {
+        self.app_name = Some(app_name.into());
+        self
+    }
+
+    /// Run the command and add `error` as its `writeConcernError`.
+    pub fn with_write_concern_error(mut self, error: Document) -> FailCommand {
+        self.write_concern_error = Some(error);
+        self
+    }
+
+    /// Parses `{configureFailPoint: "failCommand", mode, data}`. `Ok(None)` means the fail point
+    /// is off (`mode: "off"` or `{times: 0}`).
+    pub fn from_command(command: &Document) -> Result<Option<FailCommand>, FailPointError> {
+        match command.get("configureFailPoint") {
+            Some(Bson::String(name)) if name == "failCommand" => {}
+            Some(Bson::String(name)) => return Err(bad(format!("unknown fail point {name:?}"))),
+            _ => return Err(bad("configureFailPoint must name a fail point")),
+        }
+        let mode = match command.get("mode") {
+            Some(Bson::String(m)) if m == "alwaysOn" => FailPointMode::AlwaysOn,
+            Some(Bson::String(m)) if m == "off" => return Ok(None),
+            Some(Bson::Document(m)) => match m.get("times").and_then(non_negative) {
+                Some(0) => return Ok(None),
+                Some(n) => FailPointMode::Times(n),
+                None => return Err(bad("mode.times must be a non-negative integer")),
+            },
+            _ => return Err(bad("mode must be \"alwaysOn\", \"off\" or {times: n}")),
+        };
+        let data = match command.get("data") {
+            Some(Bson::Document(d)) => d,
+            _ => return Err(bad("failCommand needs a data document")),
+        };
+        let commands = match data.get("failCommands") {
+            Some(Bson::Array(names)) => names
+                .iter()
+                .map(|n| match n {
+                    Bson::String(s) => Ok(s.clone()),
+                    _ => Err(bad("failCommands must hold strings")),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            _ => return Err(bad("data.failCommands must be an array of command names")),
+        };
+        let mut fail = FailCommand::new(mode, commands);
+        if let Some(code) = data.get("errorCode") {
+            let code = integer(code).and_then(|c| i32::try_from(c).ok());
+            fail.error_code = Some(code.ok_or_else(|| bad("errorCode must be an int32"))?);
+        }
+        if let Some(labels) = data.get("errorLabels") {
+            let Bson::Array(labels) = labels else {
+                return Err(bad("errorLabels must be an array of strings"));
+            };
+            let labels = labels.iter().map(|l| match l {
+                Bson::String(s) => Ok(s.clone()),
+                _ => Err(bad("errorLabels must be an array of strings")),
+            });
+            fail.error_labels = Some(labels.collect::<Result<_, _>>()?);
+        }
+        fail.close_connection = flag(data, "closeConnection")?;
+        if flag(data, "blockConnection")? {
+            let ms = data.get("blockTimeMS").and_then(non_negative);
+            let ms = ms.ok_or_else(|| bad("blockConnection needs a non-negative blockTimeMS"))?;
+            fail.block = Some(Duration::from_millis(u64::from(ms)));
+        }
+        match data.get("appName") {
+            None => {}
+            Some(Bson::String(name)) => fail.app_name = Some(name.clone()),
+            Some(_) => return Err(bad("appName must be a string")),
+        }
+        match data.get("writeConcernError") {
+            None => {}
+            Some(Bson::Document(error)) => fail.write_concern_error = Some(error.clone()),
+            Some(_) => return Err(bad("writeConcernError must be a document")),
+        }
+        Ok(Some(fail))
+    }
+
+    /// Whether a command named `name` on a connection whose handshake named `app_name` matches.
+    /// The legacy hello spellings `isMaster` and `ismaster` are one command.
+    pub(crate) fn matches(&self, name: &str, app_name: Option<&str>) -> bool {
+        self.commands
+            .iter()
+            .any(|c| canonical(c) == canonical(name))
+            && self
+                .app_name
+                .as_deref()
+                .is_none_or(|wanted| app_name == Some(wanted))
+    }
+
+    /// The error reply for `command` (named `name`), when the fail point has an `errorCode`.
+    pub(crate) fn error_reply(&self, name: &str, command: &Document) -> Option<Document> {
+        let code = self.error_code?;
+        let mut reply = error_reply(code, FAIL_POINT_MESSAGE);
+        let labels = match &self.error_labels {
+            Some(labels) => labels.clone(),
+            None if RETRYABLE_WRITE_CODES.contains(&code) && is_retryable_write(name, command) => {
+                vec![String::from("RetryableWriteError")]
+            }
+            None => Vec::new(),
+        };
+        if !labels.is_empty() {
+            reply.insert("errorLabels", labels);
+        }
+        Some(reply)
+    }
+}
+
+/// The one spelling of a command with two: legacy hello.
+fn canonical(name: &str) -> &str {
+    if name == "ismaster" {
+        "isMaster"
+    } else {
+        name
+    }
+}
+
+/// `{ok: 0, errmsg, code, codeName}`; `codeName` only for the codes [`code_name`] knows.
+pub(crate) fn error_reply(code: i32, message: &str) -> Document {
+    let mut reply = doc! { "ok": 0.0, "errmsg": message, "code": code };
+    if let Some(name) = code_name(code) {
+        reply.insert("codeName", name);
+    }
+    reply
+}
+
+/// The `codeName` of the server error codes tests use.
+pub fn code_name(code: i32) -> Option<&'static str> {
+    Some(match code {
+        2 => "BadValue",
+        6 => "HostUnreachable",
+        7 => "HostNotFound",
+        13 => "Unauthorized",
+        43 => "CursorNotFound",
+        50 => "MaxTimeMSExpired",
+        59 => "CommandNotFound",
+        89 => "NetworkTimeout",
+        91 => "ShutdownInProgress",
+        112 => "WriteConflict",
+        134 => "ReadConcernMajorityNotAvailableYet",
+        189 => "PrimarySteppedDown",
+        262 => "ExceededTimeLimit",
+        462 => "IngressRequestRateLimitExceeded",
+        9001 => "SocketException",
+        10107 => "NotWritablePrimary",
+        11600 => "InterruptedAtShutdown",
+        11602 => "InterruptedDueToReplStateChange",
+        13435 => "NotPrimaryNoSecondaryOk",
+        13436 => "NotPrimaryOrSecondary",
+        40571 => "Location40571",
+        _ => return None,
+    })
+}
+
+fn non_negative(value: &Bson) -> Option<u32> {
+    integer(value).and_then(|v| u32::try_from(v).ok())
+}
+
+fn flag(data: &Document, field: &str) -> Result<bool, FailPointError> {
+    match data.get(field) {
+        None => Ok(false),
+        Some(Bson::Boolean(b)) => Ok(*b),
+        Some(_) => Err(bad(format!("{field} must be a boolean"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(command: Document) -> Result<Option<FailCommand>, FailPointError> {
+        FailCommand::from_command(&command)
+    }
+
+    #[test]
+    fn parses_every_field() {
+        let fail = parse(doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 2 },
+            "data": {
+                "failCommands": ["find", "insert"],
+                "errorCode": 91,
+                "errorLabels": ["SystemOverloadedError", "RetryableError"],
+                "closeConnection": false,
+                "blockConnection": true,
+                "blockTimeMS": 150,
+                "appName": "lab",
+                "writeConcernError": { "code": 91, "errmsg": "shutting down" },
+            },
+        })
+        .unwrap()
+        .unwrap();
+        let expected = FailCommand::new(FailPointMode::Times(2), ["find", "insert"])
+            .with_error_code(91)
+            .with_error_labels(["SystemOverloadedError", "RetryableError"])
+            .with_block(Duration::from_millis(150))
+            .with_app_name("lab")
+            .with_write_concern_error(doc! { "code": 91, "errmsg": "shutting down" });
+        assert_eq!(fail, expected);
+    }
+
+    #[test]
+    fn off_and_zero_times_turn_it_off() {
+        let off = doc! { "configureFailPoint": "failCommand", "mode": "off" };
+        assert_eq!(parse(off), Ok(None));
+        let zero = doc! { "configureFailPoint": "failCommand", "mode": { "times": 0 },
+        "data": { "failCommands": ["ping"] } };
+        assert_eq!(parse(zero), Ok(None));
+        let always = doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn",
+        "data": { "failCommands": ["ping"], "closeConnection": true } };
+        let always = parse(always).unwrap().unwrap();
+        assert_eq!(always.mode, FailPointMode::AlwaysOn);
+        assert!(always.close_connection);
+    }
+
+    #[test]
+    fn bad_commands_are_refused_with_a_reason() {
+        let cases = [
+            doc! { "configureFailPoint": "other", "mode": "off" },
+            doc! { "configureFailPoint": 1, "mode": "off" },
+            doc! { "configureFailPoint": "failCommand", "mode": "sometimes" },
+            doc! { "configureFailPoint": "failCommand", "mode": { "times": -1 } },
+            doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn" },
+            doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn", "data": {} },
+            doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn",
+            "data": { "failCommands": [1] } },
+            doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn",
+            "data": { "failCommands": ["find"], "errorCode": "91" } },
+            doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn",
+            "data": { "failCommands": ["find"], "errorLabels": "x" } },
+            doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn",
+            "data": { "failCommands": ["find"], "blockConnection": true } },
+            doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn",
+            "data": { "failCommands": ["find"], "closeConnection": 1 } },
+            doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn",
+            "data": { "failCommands": ["find"], "appName": 3 } },
+        ];
+        for case in cases {
+            let error = parse(case.clone()).expect_err(&format!("{case}"));
+            assert!(!error.to_string().is_empty());
+        }
+    }
+
+    #[test]
+    fn matching_by_name_and_app_name() {
+        let fail = FailCommand::new(FailPointMode::AlwaysOn, ["find", "isMaster"]);
+        assert!(fail.matches("find", None));
+        assert!(fail.matches("ismaster", Some("x")));
+        assert!(!fail.matches("insert", None));
+        let fail = fail.with_app_name("lab");
+        assert!(fail.matches("find", Some("lab")));
+        assert!(!fail.matches("find", Some("other")));
+        assert!(!fail.matches("find", None));
+    }
+
+    #[test]
+    fn error_reply_labels() {
+        let fail = FailCommand::new(FailPointMode::AlwaysOn, ["insert"]).with_error_code(91);
+        let retryable_write = doc! { "insert": "c", "txnNumber": 1_i64 };
+        let reply = fail.error_reply("insert", &retryable_write).unwrap();
+        assert_eq!(reply.get_i32("code").ok(), Some(91));
+        assert_eq!(reply.get_str("codeName").ok(), Some("ShutdownInProgress"));
+        assert_eq!(reply.get_str("errmsg").ok(), Some(FAIL_POINT_MESSAGE));
+        assert_eq!(
+            reply.get_array("errorLabels").unwrap(),
+            &vec![Bson::from("RetryableWriteError")]
+        );
+        // Not a retryable write: no label added.
+        let plain = fail.error_reply("insert", &doc! { "insert": "c" }).unwrap();
+        assert!(!plain.contains_key("errorLabels"));
+        // Given labels replace the server's own.
+        let labelled = fail.with_error_labels(["SystemOverloadedError"]);
+        let reply = labelled.error_reply("insert", &retryable_write).unwrap();
+        assert_eq!(
+            reply.get_array("errorLabels").unwrap(),
+            &vec![Bson::from("SystemOverloadedError")]
+        );
+        let no_error = FailCommand::new(FailPointMode::AlwaysOn, ["insert"]);
+        assert_eq!(no_error.error_reply("insert", &retryable_write), None);
+    }
+}

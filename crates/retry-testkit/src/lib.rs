@@ -1,0 +1,84 @@
+//! # retry-testkit
+//!
+//! A MongoDB wire-protocol server for tests, on 127.0.0.1 only, tokio based. It speaks OP_MSG
+//! through retry-core's codec ([`retry_core::wire`]), plays a standalone, a `mongos`, a replica-set
+//! member or a load balancer, runs a small in-memory CRUD subset, and misbehaves on demand: the
+//! `failCommand` fail point, an ingress request rate limiter that sheds load the way MongoDB 8.2+
+//! does (code 462 with both overload labels, BP-3), a connection rate limiter, and seeded random
+//! faults. It counts what it executed, so a test can prove that a write ran once.
+//!
+//! ```
+//! use bson::doc;
+//! use retry_testkit::{FailCommand, FailPointMode, RawClient, Role, ServerConfig, TestServer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! let server = TestServer::start(ServerConfig::new(Role::Mongos)).await?;
+//! let handle = server.handle();
+//! // The next insert fails with a retryable overload error.
+//! handle.set_fail_command(Some(
+//!     FailCommand::new(FailPointMode::Times(1), ["insert"])
+//!         .with_error_code(462)
+//!         .with_error_labels(["SystemOverloadedError", "RetryableError"]),
+//! ));
+//!
+//! let mut client = RawClient::connect(server.address()).await?;
+//! let hello = client.command(doc! { "hello": 1, "backpressure": "2", "$db": "admin" }).await?;
+//! assert_eq!(hello.get_str("msg").ok(), Some("isdbgrid"));
+//!
+//! let insert = doc! { "insert": "c", "documents": [{ "x": 1 }], "$db": "db" };
+//! let failed = client.command(insert.clone()).await?;
+//! assert_eq!(failed.get_i32("code").ok(), Some(462));
+//! let retried = client.command(insert).await?;
+//! assert_eq!(retried.get_i32("n").ok(), Some(1));
+//!
+//! // The handshake was recorded, and the insert ran once out of two attempts.
+//! assert_eq!(handle.handshakes()[0].command.get_str("backpressure").ok(), Some("2"));
+//! let inserts = handle.counters().command("insert");
+//! assert_eq!((inserts.received, inserts.executed), (2, 1));
+//! server.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Handling a request
+//!
+//! 1. The request is counted under its command name (the first key of its body). A `hello`,
+//!    `isMaster` or `ismaster` is recorded as a [`Handshake`].
+//! 2. A body without `$db` fails with code 40571, as a real server does.
+//! 3. Every command but the handshake (BP-6) and `configureFailPoint` takes a token from the ingress
+//!    limiter, if one is set; without a token it fails with code 462,
+//!    `IngressRequestRateLimitExceeded`, labels `SystemOverloadedError` and `RetryableError`, and
+//!    `baseBackoffMS` when configured (BP-3, BP-15).
+//! 4. The `failCommand` fail point, when it matches, blocks, closes the connection, fails the
+//!    command or adds a `writeConcernError` ([`FailCommand`]).
+//! 5. The command runs ([`CommandCounts::executed`]), unless it is the retry of a retryable
+//!    `insert` that already ran (same `lsid` and `txnNumber`): that gets the first reply again
+//!    ([`CommandCounts::replayed`]).
+//! 6. The reply is written unless the request had `moreToCome`, or replaced by a random fault
+//!    ([`FaultConfig`]).
+//!
+//! A client that sends bytes which do not frame as OP_MSG has its connection closed; nothing a
+//! client sends can panic the server. See `docs/testkit.md` for the roles, commands and knobs.
+
+#![forbid(unsafe_code)]
+
+mod client;
+mod commands;
+mod config;
+mod counters;
+mod fail_point;
+mod faults;
+mod limiter;
+mod server;
+mod store;
+
+pub use client::RawClient;
+pub use config::{
+    IngressLimit, RateLimit, ReplicaSetMember, Role, ServerConfig, LOGICAL_SESSION_TIMEOUT_MINUTES,
+    MAX_BSON_OBJECT_SIZE, MAX_MESSAGE_SIZE_BYTES, MAX_WRITE_BATCH_SIZE,
+};
+pub use counters::{CommandCounts, Counters, FaultCounts};
+pub use fail_point::{code_name, FailCommand, FailPointError, FailPointMode, FAIL_POINT_MESSAGE};
+pub use faults::{Fault, FaultConfig, DEFAULT_STALL};
+pub use server::{Handshake, ServerHandle, TestServer, INGRESS_RATE_LIMIT_CODE, OVERLOAD_LABELS};

@@ -1,0 +1,690 @@
+//! The server: the listener, one task per connection, and the handle tests use at run time.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use bson::oid::ObjectId;
+use bson::{Bson, Document};
+use retry_core::rng::EngineRng;
+use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::{JoinError, JoinHandle, JoinSet};
+use tokio::time::{sleep, Duration, Instant};
+
+use crate::commands::{execute, hello_reply, is_hello, write_key, HelloContext};
+use crate::config::{
+    IngressLimit, RateLimit, ReplicaSetMember, Role, ServerConfig, MAX_MESSAGE_SIZE_BYTES,
+};
+use crate::counters::Counters;
+use crate::fail_point::{error_reply, FailCommand, FailPointMode};
+use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfig};
+use crate::limiter::TokenBucket;
+use crate::store::Store;
+
+/// BP-3: the code of an ingress rate-limiter rejection.
+pub const INGRESS_RATE_LIMIT_CODE: i32 = 462;
+
+/// BP-3: the labels of an ingress rate-limiter rejection: a retryable overload error (BP-2).
+pub const OVERLOAD_LABELS: [&str; 2] = ["SystemOverloadedError", "RetryableError"];
+
+/// One handshake the server received: a `hello`, `isMaster` or `ismaster` command, as sent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Handshake {
+    /// The `connectionId` the server gave the connection.
+    pub connection_id: i32,
+    /// The command document, `$db` included.
+    pub command: Document,
+}
+
+/// The state every connection shares, behind one lock that is never held across an await.
+pub(crate) struct State {
+    role: Role,
+    topology_counter: i64,
+    pub(crate) batch_size: u32,
+    pub(crate) fail_point: Option<FailCommand>,
+    ingress: Option<(IngressLimit, TokenBucket)>,
+    connection_limit: Option<TokenBucket>,
+    faults: FaultConfig,
+    pub(crate) store: Store,
+    counters: Counters,
+    handshakes: Vec<Handshake>,
+    last_connection_id: i32,
+}
+
+impl State {
+    /// BP-3, BP-15: the ingress limiter's rejection, or `None` when the command is admitted.
+    fn ingress_rejection(&mut self, now: Instant) -> Option<Document> {
+        let (limit, bucket) = self.ingress.as_mut()?;
+        if bucket.try_acquire(now) {
+            return None;
+        }
+        let mut reply = error_reply(
+            INGRESS_RATE_LIMIT_CODE,
+            "the ingress request rate limit was exceeded",
+        );
+        reply.insert("errorLabels", OVERLOAD_LABELS.to_vec());
+        if let Some(ms) = limit.base_backoff_ms {
+            reply.insert("baseBackoffMS", i64::from(ms));
+        }
+        self.counters.ingress_rejected += 1;
+        Some(reply)
+    }
+
+    /// The fail point's action for this command, consuming one of its `times`.
+    fn trigger_fail_point(&mut self, name: &str, app_name: Option<&str>) -> Option<FailCommand> {
+        let fail = self.fail_point.as_mut()?;
+        if !fail.matches(name, app_name) {
+            return None;
+        }
+        let fired = fail.clone();
+        if let FailPointMode::Times(n) = &mut fail.mode {
+            if *n <= 1 {
+                self.fail_point = None;
+            } else {
+                *n -= 1;
+            }
+        }
+        self.counters.fail_points_triggered += 1;
+        Some(fired)
+    }
+}
+
+/// What never changes while the server runs, and the lock on what does.
+struct Shared {
+    me: String,
+    process_id: ObjectId,
+    seed: u64,
+    min_wire_version: i32,
+    max_wire_version: i32,
+    state: Mutex<State>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panicking test thread must not take the server down with it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts a reply to command `name` as a success or a failure by its `ok`.
+    fn count_reply(&self, name: &str, reply: &Document) {
+        let mut state = self.lock();
+        let counts = state.counters.command_mut(name);
+        if reply.get("ok").is_some_and(is_ok) {
+            counts.succeeded += 1;
+        } else {
+            counts.failed += 1;
+        }
+    }
+}
+
+/// A running test server on 127.0.0.1. Dropping it stops it too, without waiting.
+#[derive(Debug)]
+pub struct TestServer {
+    address: SocketAddr,
+    handle: ServerHandle,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl TestServer {
+    /// Binds an ephemeral port on 127.0.0.1 and starts serving. Must be called inside a tokio
+    /// runtime; the server's tasks run on it.
+    pub async fn start(config: ServerConfig) -> io::Result<TestServer> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let address = listener.local_addr()?;
+        let now = Instant::now();
+        let state = State {
+            role: config.role,
+            topology_counter: 0,
+            batch_size: config.batch_size,
+            fail_point: None,
+            ingress: config
+                .ingress_limit
+                .map(|limit| (limit, TokenBucket::new(limit.rate, now))),
+            connection_limit: config
+                .connection_limit
+                .map(|rate| TokenBucket::new(rate, now)),
+            faults: config.faults,
+            store: Store::default(),
+            counters: Counters::default(),
+            handshakes: Vec::new(),
+            last_connection_id: 0,
+        };
+        let shared = Arc::new(Shared {
+            me: address.to_string(),
+            process_id: ObjectId::new(),
+            seed: config.seed,
+            min_wire_version: config.min_wire_version,
+            max_wire_version: config.max_wire_version,
+            state: Mutex::new(state),
+        });
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(accept_loop(listener, Arc::clone(&shared), stopped));
+        Ok(TestServer {
+            address,
+            handle: ServerHandle { shared },
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    /// Starts a replica set named `set_name` of `members` servers (at least one), each from
+    /// `config` with its role replaced: the first is the primary, the others secondaries, and every
+    /// member reports all their addresses as `hosts` and the first as `primary`.
+    pub async fn start_replica_set(
+        set_name: &str,
+        members: usize,
+        config: ServerConfig,
+    ) -> io::Result<Vec<TestServer>> {
+        let mut servers = Vec::with_capacity(members.max(1));
+        for i in 0..members.max(1) {
+            let member = if i == 0 {
+                ReplicaSetMember::primary(set_name)
+            } else {
+                ReplicaSetMember::secondary(set_name)
+            };
+            let config = ServerConfig {
+                role: Role::ReplicaSetMember(member),
+                ..config.clone()
+            };
+            servers.push(TestServer::start(config).await?);
+        }
+        let hosts: Vec<String> = servers.iter().map(|s| s.address.to_string()).collect();
+        for (i, server) in servers.iter().enumerate() {
+            server
+                .handle
+                .set_role(Role::ReplicaSetMember(ReplicaSetMember {
+                    set_name: set_name.into(),
+                    primary: i == 0,
+                    hosts: hosts.clone(),
+                    primary_host: Some(hosts[0].clone()),
+                }));
+        }
+        Ok(servers)
+    }
+
+    /// The address it listens on: 127.0.0.1 and an ephemeral port.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// A handle to change its behaviour and read its counters; it outlives the server.
+    pub fn handle(&self) -> ServerHandle {
+        self.handle.clone()
+    }
+
+    /// Stops accepting, closes every connection and waits until all its tasks have ended.
+    ///
+    /// # Panics
+    ///
+    /// If a task of the server panicked (a bug in the server, never a client's input), with
+    /// that panic, so the test that shuts it down fails.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            // The accept loop may already be gone (it panicked); the join below reports that.
+            let _ = stop.send(());
+        }
+        if let Err(error) = (&mut self.task).await {
+            if let Ok(panic) = error.try_into_panic() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Changes a running server's behaviour and reads what it did. Cheap to clone; every change
+/// applies to the next command or connection.
+#[derive(Clone)]
+pub struct ServerHandle {
+    shared: Arc<Shared>,
+}
+
+impl core::fmt::Debug for ServerHandle {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ServerHandle")
+            .field("me", &self.shared.me)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerHandle {
+    /// A snapshot of the counters.
+    pub fn counters(&self) -> Counters {
+        self.shared.lock().counters.clone()
+    }
+
+    /// Sets every counter back to zero.
+    pub fn reset_counters(&self) {
+        self.shared.lock().counters = Counters::default();
+    }
+
+    /// Every handshake received so far, in order.
+    pub fn handshakes(&self) -> Vec<Handshake> {
+        self.shared.lock().handshakes.clone()
+    }
+
+    /// Sets the `failCommand` fail point, or turns it off with `None` (or `Times(0)`); the same as
+    /// sending `configureFailPoint`.
+    pub fn set_fail_command(&self, fail: Option<FailCommand>) {
+        self.shared.lock().fail_point = fail.filter(|f| f.mode != FailPointMode::Times(0));
+    }
+
+    /// The `failCommand` fail point in force, with its remaining `times`.
+    pub fn fail_command(&self) -> Option<FailCommand> {
+        self.shared.lock().fail_point.clone()
+    }
+
+    /// Sets or removes the ingress request rate limiter. Changing the rate of a limiter keeps its
+    /// tokens, up to the new burst; a new limiter starts full.
+    pub fn set_ingress_limit(&self, limit: Option<IngressLimit>) {
+        let now = Instant::now();
+        let mut state = self.shared.lock();
+        state.ingress = match (state.ingress.take(), limit) {
+            (Some((_, mut bucket)), Some(limit)) => {
+                bucket.set_rate(limit.rate, now);
+                Some((limit, bucket))
+            }
+            (None, Some(limit)) => Some((limit, TokenBucket::new(limit.rate, now))),
+            (_, None) => None,
+        };
+    }
+
+    /// Sets or removes the connection rate limiter, as [`set_ingress_limit`](Self::set_ingress_limit) does.
+    pub fn set_connection_limit(&self, rate: Option<RateLimit>) {
+        let now = Instant::now();
+        let mut state = self.shared.lock();
+        state.connection_limit = match (state.connection_limit.take(), rate) {
+            (Some(mut bucket), Some(rate)) => {
+                bucket.set_rate(rate, now);
+                Some(bucket)
+            }
+            (None, Some(rate)) => Some(TokenBucket::new(rate, now)),
+            (_, None) => None,
+        };
+    }
+
+    /// Sets the random faults.
+    pub fn set_faults(&self, faults: FaultConfig) {
+        self.shared.lock().faults = faults;
+    }
+
+    /// Changes the role (a step-down, new hosts); increments `topologyVersion.counter`.
+    pub fn set_role(&self, role: Role) {
+        let mut state = self.shared.lock();
+        state.role = role;
+        state.topology_counter += 1;
+    }
+
+    /// Appends documents to the namespace `ns` (`db.collection`), as `insert` does, without
+    /// counting a command.
+    pub fn insert(&self, ns: &str, documents: Vec<Document>) {
+        self.shared.lock().store.insert(ns, documents);
+    }
+
+    /// The documents of the namespace `ns`, in insertion order.
+    pub fn documents(&self, ns: &str) -> Vec<Document> {
+        self.shared.lock().store.documents(ns)
+    }
+
+    /// How many cursors are open.
+    pub fn open_cursors(&self) -> usize {
+        self.shared.lock().store.open_cursors()
+    }
+
+    /// `topologyVersion.processId`, which a load balancer also reports as `serviceId` (LB-17).
+    pub fn process_id(&self) -> ObjectId {
+        self.shared.process_id
+    }
+}
+
+/// Accepts until told to stop, then aborts every connection task and waits for them.
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut stopped: oneshot::Receiver<()>,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = &mut stopped => break,
+            Some(ended) = connections.join_next(), if !connections.is_empty() => {
+                propagate_panic(ended);
+            }
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    // Replies are single writes; without Nagle's delay a benchmark measures the
+                    // client, not the kernel's timer. A socket that refuses still works.
+                    let _ = stream.set_nodelay(true);
+                    match admit(&shared) {
+                        Some(connection) => {
+                            connections.spawn(serve(Arc::clone(&shared), stream, connection));
+                        }
+                        // Over the connection rate: reset it (SO_LINGER 0) as it is dropped. A
+                        // socket that refuses the option is closed plainly, still unanswered.
+                        None => {
+                            let _ = stream.set_zero_linger();
+                        }
+                    }
+                }
+                // Out of descriptors or similar: give the process a moment, then go on.
+                Err(_) => sleep(Duration::from_millis(10)).await,
+            },
+        }
+    }
+    connections.abort_all();
+    // Bounded: the set only shrinks once the loop above has stopped adding to it.
+    while let Some(ended) = connections.join_next().await {
+        propagate_panic(ended);
+    }
+}
+
+/// A connection task that panicked is a bug in the server: panic the accept loop with it, so
+/// [`TestServer::shutdown`] reports it to the test.
+fn propagate_panic(ended: Result<(), JoinError>) {
+    if let Err(error) = ended {
+        if let Ok(panic) = error.try_into_panic() {
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
+/// Counts an accepted socket and asks the connection limiter; `None` means reset it now.
+fn admit(shared: &Shared) -> Option<Connection> {
+    let mut state = shared.lock();
+    state.counters.connections_accepted += 1;
+    if let Some(bucket) = &mut state.connection_limit {
+        if !bucket.try_acquire(Instant::now()) {
+            state.counters.connections_rejected += 1;
+            state.counters.connections_closed += 1;
+            return None;
+        }
+    }
+    state.last_connection_id = state.last_connection_id.wrapping_add(1).max(1);
+    let id = state.last_connection_id;
+    Some(Connection {
+        id,
+        app_name: None,
+        rng: connection_rng(shared.seed, id),
+        last_request_id: 0,
+    })
+}
+
+/// One client connection's own state.
+struct Connection {
+    id: i32,
+    /// `client.application.name` from its handshake, for the fail point's `appName` filter.
+    app_name: Option<String>,
+    rng: EngineRng,
+    last_request_id: i32,
+}
+
+/// What to do after a request.
+enum Response {
+    /// Send this reply, unless the request had `moreToCome`.
+    Reply(Document),
+    /// Close the connection without a reply.
+    Close,
+}
+
+/// Counts the connection closed whichever way its task ends, aborts included.
+struct ClosedGuard(Arc<Shared>);
+
+impl Drop for ClosedGuard {
+    fn drop(&mut self) {
+        self.0.lock().counters.connections_closed += 1;
+    }
+}
+
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Serves one connection until the client closes it, sends bytes that do not frame, or a reply
+/// ends it (a fail point's `closeConnection`, a fault).
+async fn serve(shared: Arc<Shared>, mut stream: TcpStream, mut connection: Connection) {
+    let _closed = ClosedGuard(Arc::clone(&shared));
+    let mut decoder = FrameDecoder::new(MAX_MESSAGE_SIZE_BYTES as u32);
+    let mut chunk = vec![0; READ_CHUNK];
+    loop {
+        let read = match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let mut input = &chunk[..read];
+        // Each pass consumes at least one byte or completes a message.
+        while !input.is_empty() {
+            let (used, message) = match decoder.decode(input) {
+                Ok(decoded) => decoded,
+                Err(_) => {
+                    shared.lock().counters.protocol_errors += 1;
+                    return;
+                }
+            };
+            input = &input[used..];
+            if let Some(request) = message {
+                if !connection.respond(&shared, &mut stream, request).await {
+                    return;
+                }
+            } else if used == 0 {
+                break;
+            }
+        }
+    }
+}
+
+impl Connection {
+    /// Handles one request and writes its reply; `false` means close the connection.
+    async fn respond(&mut self, shared: &Shared, stream: &mut TcpStream, request: OpMsg) -> bool {
+        let name = request.body.keys().next().cloned().unwrap_or_default();
+        let exempt_from_faults = name == "configureFailPoint";
+        match self.handle(shared, &name, &request).await {
+            Response::Reply(reply) => {
+                shared.count_reply(&name, &reply);
+                if request.flags.contains(MsgFlags::MORE_TO_COME) {
+                    return true;
+                }
+                self.send(
+                    shared,
+                    stream,
+                    request.request_id,
+                    reply,
+                    exempt_from_faults,
+                )
+                .await
+            }
+            Response::Close => false,
+        }
+    }
+
+    /// Admission, fail point, execution (see the crate docs for the order).
+    async fn handle(&mut self, shared: &Shared, name: &str, request: &OpMsg) -> Response {
+        let command = &request.body;
+        let hello = is_hello(name);
+        let fired = {
+            let mut state = shared.lock();
+            state.counters.command_mut(name).received += 1;
+            if hello {
+                self.record_handshake(&mut state, command);
+            }
+            if !command.contains_key("$db") {
+                return Response::Reply(error_reply(
+                    40571,
+                    "OP_MSG requests require a $db argument",
+                ));
+            }
+            let admin_command = hello || name == "configureFailPoint";
+            if !admin_command {
+                if let Some(rejection) = state.ingress_rejection(Instant::now()) {
+                    return Response::Reply(rejection);
+                }
+            }
+            if name == "configureFailPoint" {
+                None
+            } else {
+                state.trigger_fail_point(name, self.app_name.as_deref())
+            }
+        };
+        if let Some(fail) = &fired {
+            if let Some(block) = fail.block {
+                sleep(block).await;
+            }
+            if fail.close_connection {
+                return Response::Close;
+            }
+            if let Some(reply) = fail.error_reply(name, command) {
+                return Response::Reply(reply);
+            }
+        }
+        let mut state = shared.lock();
+        let write_key = write_key(name, command);
+        if let Some(reply) = write_key.as_ref().and_then(|k| state.store.write_result(k)) {
+            state.counters.command_mut(name).replayed += 1;
+            return Response::Reply(reply);
+        }
+        let reply = if hello {
+            let context = HelloContext {
+                me: &shared.me,
+                process_id: shared.process_id,
+                connection_id: self.id,
+                min_wire_version: shared.min_wire_version,
+                max_wire_version: shared.max_wire_version,
+            };
+            Some(hello_reply(
+                name,
+                command,
+                &state.role,
+                state.topology_counter,
+                &context,
+            ))
+        } else {
+            execute(&mut state, name, request)
+        };
+        let Some(mut reply) = reply else {
+            return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));
+        };
+        state.counters.command_mut(name).executed += 1;
+        if let Some(key) = write_key {
+            if reply.get("ok").is_some_and(is_ok) {
+                state.store.record_write(key, reply.clone());
+            }
+        }
+        if let Some(error) = fired.and_then(|f| f.write_concern_error) {
+            if reply.get("ok").is_some_and(is_ok) {
+                reply.insert("writeConcernError", error);
+            }
+        }
+        Response::Reply(reply)
+    }
+
+    /// HS-4: records the handshake and remembers `client.application.name` for `appName`.
+    fn record_handshake(&mut self, state: &mut State, command: &Document) {
+        state.handshakes.push(Handshake {
+            connection_id: self.id,
+            command: command.clone(),
+        });
+        let app_name = command
+            .get_document("client")
+            .and_then(|c| c.get_document("application"))
+            .and_then(|a| a.get_str("name"));
+        if let Ok(name) = app_name {
+            self.app_name = Some(name.to_owned());
+        }
+    }
+
+    /// Encodes and writes a reply, or the random fault that replaces it; `false` means close.
+    async fn send(
+        &mut self,
+        shared: &Shared,
+        stream: &mut TcpStream,
+        response_to: i32,
+        reply: Document,
+        exempt_from_faults: bool,
+    ) -> bool {
+        self.last_request_id = self.last_request_id.wrapping_add(1);
+        let mut message = OpMsg {
+            request_id: self.last_request_id,
+            response_to,
+            flags: MsgFlags::NONE,
+            body: reply,
+            sequences: Vec::new(),
+        };
+        let mut bytes = Vec::new();
+        if let Err(e) = message.encode(MAX_MESSAGE_SIZE_BYTES as u32, &mut bytes) {
+            message.body = error_reply(10334, &format!("the reply does not encode: {e}"));
+            if message
+                .encode(MAX_MESSAGE_SIZE_BYTES as u32, &mut bytes)
+                .is_err()
+            {
+                return false;
+            }
+        }
+        let (fault, stall_for) = if exempt_from_faults {
+            (None, Duration::ZERO)
+        } else {
+            let mut state = shared.lock();
+            let fault = state.faults.choose(&mut self.rng);
+            if let Some(fault) = fault {
+                state.counters.faults.record(fault);
+            }
+            (fault, state.faults.stall_for)
+        };
+        let written = match fault {
+            None => stream.write_all(&bytes).await.map(|()| true),
+            Some(Fault::Stall) => {
+                sleep(stall_for).await;
+                stream.write_all(&bytes).await.map(|()| true)
+            }
+            Some(Fault::ResetMidFrame) => {
+                let half = stream.write_all(&bytes[..bytes.len() / 2]).await;
+                half.and_then(|()| stream.set_zero_linger()).map(|()| false)
+            }
+            Some(Fault::Garbage) => {
+                let junk = garbage(&mut self.rng);
+                stream.write_all(&junk).await.map(|()| false)
+            }
+            Some(Fault::OversizedLength) => {
+                let header = oversized_header(response_to);
+                stream.write_all(&header).await.map(|()| false)
+            }
+        };
+        written.unwrap_or(false)
+    }
+}
+
+/// `ok` is 1 in any numeric type.
+fn is_ok(value: &Bson) -> bool {
+    match value {
+        Bson::Double(v) => *v == 1.0,
+        Bson::Int32(v) => *v == 1,
+        Bson::Int64(v) => *v == 1,
+        Bson::Boolean(b) => *b,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ok_in_every_numeric_type() {
+        for ok in [
+            Bson::Double(1.0),
+            Bson::Int32(1),
+            Bson::Int64(1),
+            Bson::Boolean(true),
+        ] {
+            assert!(is_ok(&ok));
+        }
+        for not_ok in [Bson::Double(0.0), Bson::Int32(0), Bson::String("1".into())] {
+            assert!(!is_ok(&not_ok));
+        }
+    }
+}
