@@ -296,12 +296,11 @@ impl Sim {
         }
     }
 
-    /// The peer (or the network) closes `conn` now: the engine hears `handle_closed`.
-    pub fn peer_close(&mut self, conn: ConnId) {
+    /// The peer (or the network) closes `conn` now: the engine hears `handle_closed` with `kind`.
+    pub fn peer_close(&mut self, conn: ConnId, kind: NetworkErrorKind) {
         if self.sockets.remove(&conn).is_some() {
             self.retired.insert(conn);
-            self.engine
-                .handle_closed(conn, NetworkErrorKind::Reset, self.now);
+            self.engine.handle_closed(conn, kind, self.now);
             self.drain();
         }
     }
