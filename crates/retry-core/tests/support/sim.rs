@@ -67,6 +67,8 @@ pub struct SimServer {
     pub always: Option<(String, Document)>,
     /// Reset this many new connections during their handshake.
     pub reset_handshakes: u32,
+    /// How much later than the network latency handshake replies arrive.
+    pub handshake_delay: Duration,
     pub service_id: ObjectId,
     /// Commands executed (not hello), by name.
     pub executed: BTreeMap<String, u32>,
@@ -80,6 +82,7 @@ impl SimServer {
             script: VecDeque::new(),
             always: None,
             reset_handshakes: 0,
+            handshake_delay: Duration::ZERO,
             service_id: ObjectId::parse_str("65a1b2c3d4e5f60718293a4b").unwrap(),
             executed: BTreeMap::new(),
         }
@@ -112,7 +115,15 @@ impl SimServer {
                 self.reset_handshakes -= 1;
                 return Step::Reset;
             }
-            return Step::reply(self.hello(request));
+            let delay = if handshake {
+                self.handshake_delay
+            } else {
+                Duration::ZERO
+            };
+            return Step::Reply {
+                body: self.hello(request),
+                delay,
+            };
         }
         *self.executed.entry(name.clone()).or_default() += 1;
         if let Some((command, reply)) = &self.always {
