@@ -12,5 +12,7 @@
 
 pub mod cli;
 pub mod cluster;
+pub mod demo;
+pub mod probe;
 pub mod report;
 pub mod stats;
