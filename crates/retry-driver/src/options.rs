@@ -2,7 +2,7 @@
 
 use core::fmt;
 use core::time::Duration;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::BuildHasher;
 
 use retry_core::address::ServerAddress;
 use retry_core::engine::EngineOptions;
@@ -259,9 +259,7 @@ impl ClientOptions {
 
 /// A seed from the OS: std's `RandomState` keys come from the OS's randomness.
 fn os_seed() -> u64 {
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(0x5eed);
-    hasher.finish()
+    std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64)
 }
 
 #[cfg(test)]

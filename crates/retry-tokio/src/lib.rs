@@ -14,7 +14,7 @@
 //! let reply = client
 //!     .run_command("test", bson::doc! { "ping": 1 }, OperationKind::RunCommand)
 //!     .await?;
-//! assert_eq!(reply.get_i32("ok").ok(), Some(1));
+//! assert_eq!(reply.get_f64("ok").ok(), Some(1.0));
 //! client.shutdown().await;
 //! # Ok(())
 //! # }
