@@ -45,8 +45,9 @@ pub struct DemoArgs {
     /// Test mongos routers to start.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub servers: u32,
-    /// Requests per second each router's ingress limiter admits (its refill rate).
-    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    /// Requests per second each router's ingress limiter admits (its refill rate); 0 never
+    /// refills, so each router admits exactly `--burst` requests.
+    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u32).range(0..=10_000_000))]
     pub capacity: u32,
     /// Requests each router's ingress limiter admits in a burst (its bucket size).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]

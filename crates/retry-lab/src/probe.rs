@@ -130,6 +130,8 @@ pub fn describe(event: &EngineEvent) -> String {
                 previous.server_type, new.server_type
             ),
             SdamEvent::TopologyDescriptionChanged { new, .. } => format!("topology: {new}"),
+            SdamEvent::ServerOpening { address } => format!("server {address}: opening"),
+            SdamEvent::ServerClosed { address } => format!("server {address}: closed"),
             other => format!("topology: {other:?}"),
         },
         EngineEvent::CursorOpened { op, cursor } => {
