@@ -129,6 +129,10 @@ pub async fn run(args: &DemoArgs, progress: bool) -> Result<Vec<PolicyRun>, Demo
         let bar = progress_bar(policy, args.operations, progress);
         runs.push(run_policy(args, policy, &bar).await?);
         bar.finish();
+        if !bar.is_hidden() {
+            // The finished bar stays on its line; the next output starts below it.
+            eprintln!();
+        }
     }
     Ok(runs)
 }

@@ -5,6 +5,7 @@ use std::io::{self, Write};
 
 use bson::doc;
 use retry_core::engine::EngineEvent;
+use retry_core::error::ErrorSummary;
 use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::time::Instant;
 use retry_core::topology::SdamEvent;
@@ -74,6 +75,14 @@ pub fn line(at: Instant, event: &EngineEvent) -> String {
     format!("{millis:>10.3} ms  {}", describe(event))
 }
 
+/// An error summary in words: its class, its code if any, its labels.
+fn summary(error: &ErrorSummary) -> String {
+    let code = error
+        .code
+        .map_or_else(String::new, |c| format!(" code {c}"));
+    format!("{:?} error{code}, labels {:?}", error.class, error.labels)
+}
+
 /// One event in words.
 pub fn describe(event: &EngineEvent) -> String {
     match event {
@@ -100,7 +109,8 @@ pub fn describe(event: &EngineEvent) -> String {
                     duration,
                     error,
                 } => format!(
-                    "operation {op}: attempt {attempt} failed on {address} in {duration:?}: {error:?}"
+                    "operation {op}: attempt {attempt} failed on {address} in {duration:?}: {}",
+                    summary(error)
                 ),
                 RetryEvent::RetryScheduled {
                     retry,
@@ -114,7 +124,7 @@ pub fn describe(event: &EngineEvent) -> String {
                     format!("operation {op}: retry {retry} in {delay:?} ({reason}){avoiding}")
                 }
                 RetryEvent::RetryDenied { reason, error } => {
-                    format!("operation {op}: no retry ({reason}): {error:?}")
+                    format!("operation {op}: no retry ({reason}): {}", summary(error))
                 }
             }
         }
