@@ -132,7 +132,7 @@ pub fn error_reply(data: &[u8]) {
 /// `connection`: the input is a script for one connection. The machine is connected first, then
 /// each step takes a byte: `0` feeds the next `n` bytes (n = the following byte) as received data,
 /// `1` sends a `ping`, `2` lets the following byte × 10 ms pass and fires the timer, `3` closes the
-/// socket; anything else takes the outgoing bytes. Invariants: at most one failure, after which the
+/// socket, `5` sends a `hello` with `exhaustAllowed`; anything else takes the outgoing bytes. Invariants: at most one failure, after which the
 /// connection is closed with no timer and no output; a closed connection ignores all input.
 pub fn connection(data: &[u8]) {
     let mut config = ConnectionConfig::new(ServerAddress::new("fuzz", 27017));
@@ -147,7 +147,7 @@ pub fn connection(data: &[u8]) {
     let mut input = data;
     while let Some((&op, rest)) = input.split_first() {
         input = rest;
-        match op % 5 {
+        match op % 6 {
             0 => {
                 let n = input
                     .first()
@@ -167,6 +167,11 @@ pub fn connection(data: &[u8]) {
                 conn.handle_timeout(now);
             }
             3 => conn.handle_closed(NetworkErrorKind::Reset, now),
+            5 => {
+                let mut request = Request::new(doc! { "hello": 1, "$db": "admin" });
+                request.exhaust_allowed = true;
+                let _ = conn.send_command(request, now);
+            }
             _ => while conn.poll_transmit().is_some() {},
         }
         while let Some(event) = conn.poll_event() {

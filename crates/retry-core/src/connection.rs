@@ -49,13 +49,14 @@ pub struct ConnectionConfig {
     /// The pool generation when the connection was created (CM-1). In load-balanced mode the pool
     /// replaces it by the `serviceId`'s generation after the handshake (CM-5).
     pub generation: u32,
-    /// `connectTimeoutMS`: the limit from creation to a validated handshake reply.
+    /// `connectTimeoutMS`: the limit from creation to a validated handshake reply; zero means no
+    /// limit (URI options).
     pub connect_timeout: Duration,
     /// CS-3: the CSOT deadline of the operation that asked for this connection, if any; it caps
     /// the connect timeout.
     pub establishment_deadline: Option<Instant>,
     /// `socketTimeoutMS`: the limit on each request's round trip when the request has no earlier
-    /// deadline of its own; `None` for no limit.
+    /// deadline of its own; `None` or zero for no limit (URI options).
     pub socket_timeout: Option<Duration>,
     /// `loadBalanced=true`: the handshake reply must carry a `serviceId` (LB-8).
     pub load_balanced: bool,
@@ -103,6 +104,9 @@ pub struct Request {
     pub sequences: Vec<DocumentSequence>,
     /// WP-6: send with `moreToCome` and expect no reply (unacknowledged `w:0` writes only).
     pub unacknowledged: bool,
+    /// WP-6: send with `exhaustAllowed`, so the server may stream several replies (`moreToCome`);
+    /// only for `getMore` and `hello` / legacy hello.
+    pub exhaust_allowed: bool,
     /// The CSOT deadline of the attempt (CS-4), if any; `socketTimeoutMS` applies when it is later
     /// or absent.
     pub deadline: Option<Instant>,
@@ -115,6 +119,7 @@ impl Request {
             body,
             sequences: Vec::new(),
             unacknowledged: false,
+            exhaust_allowed: false,
             deadline: None,
         }
     }
@@ -127,6 +132,9 @@ pub enum SendError {
     NotReady(ConnectionState),
     /// CS-4: the request's deadline has already passed; it is not sent.
     DeadlinePassed,
+    /// WP-6: `exhaustAllowed` on a command other than `getMore` or `hello` / legacy hello, or
+    /// together with `moreToCome`.
+    ExhaustNotAllowed,
     /// The message does not encode or exceeds the connection's `maxMessageSizeBytes` (WP-7).
     Encode(EncodeError),
 }
@@ -137,6 +145,9 @@ impl fmt::Display for SendError {
             SendError::NotReady(state) => write!(f, "connection is {state:?}, not ready"),
             SendError::DeadlinePassed => {
                 f.write_str("the deadline passed before the command was sent")
+            }
+            SendError::ExhaustNotAllowed => {
+                f.write_str("exhaustAllowed is only for acknowledged getMore and hello")
             }
             SendError::Encode(e) => write!(f, "{e}"),
         }
@@ -150,15 +161,15 @@ impl core::error::Error for SendError {}
 pub enum ProtocolError {
     /// The bytes are not a valid OP_MSG stream (garbage, bad length, bad section, bad BSON, ...).
     Decode(DecodeError),
-    /// A reply whose `responseTo` is not the request waiting for one (or none is waiting).
+    /// A reply whose `responseTo` is not the request waiting for one (or, while replies stream,
+    /// the previous reply), or none is waiting.
     UnexpectedResponseTo {
         /// The `responseTo` of the reply.
         response_to: i32,
         /// The request id a reply was expected for, if any.
         expected: Option<i32>,
     },
-    /// WP-6: a reply with `moreToCome`, which the server may only send when the request set
-    /// `exhaustAllowed`; this machine never sets it.
+    /// WP-6: a reply with `moreToCome` to a request that did not set `exhaustAllowed`.
     UnrequestedMoreToCome,
 }
 
@@ -178,7 +189,7 @@ impl fmt::Display for ProtocolError {
                 "reply to request {response_to} while none is outstanding"
             ),
             ProtocolError::UnrequestedMoreToCome => {
-                f.write_str("reply has moreToCome but exhaustAllowed was not requested")
+                f.write_str("reply has moreToCome but exhaustAllowed was not set")
             }
         }
     }
@@ -249,8 +260,10 @@ pub enum ConnectionEvent {
         /// [`ConnectionConfig::generation`].
         generation: u32,
     },
-    /// The reply to the request `request_id`; the connection is ready again. The reply document
-    /// may still report a server error (`ok: 0`, see [`OperationError::from_reply`]).
+    /// A reply to the request `request_id`. The connection is ready again, unless the reply has
+    /// `moreToCome` (`reply.flags`, WP-6: only after `exhaustAllowed`), in which case more replies
+    /// to the same request follow. The reply document may still report a server error (`ok: 0`,
+    /// see [`OperationError::from_reply`]).
     Reply {
         /// The id [`Connection::send_command`] returned.
         request_id: i32,
@@ -265,6 +278,13 @@ pub enum ConnectionEvent {
 #[derive(Clone, Copy, Debug)]
 struct Outstanding {
     request_id: i32,
+    /// The `responseTo` the next reply must carry: the request's id, then, while replies stream,
+    /// the previous reply's id (WP-6).
+    response_to: i32,
+    /// The request set `exhaustAllowed`.
+    exhaust: bool,
+    /// The request's own (CSOT) deadline.
+    deadline: Option<Instant>,
     /// When it was queued (the handshake's round-trip time starts here).
     queued_at: Instant,
     /// Whether the adapter has taken its bytes (from then on it may have reached the server).
@@ -300,10 +320,10 @@ impl Connection {
         handshake_command: Document,
         now: Instant,
     ) -> Result<Connection, EncodeError> {
-        let connect_deadline = now.saturating_add(config.connect_timeout);
-        let deadline = config
-            .establishment_deadline
-            .map_or(connect_deadline, |d| d.min(connect_deadline));
+        let connect_deadline = Some(config.connect_timeout)
+            .filter(|t| !t.is_zero())
+            .map(|t| now.saturating_add(t));
+        let deadline = earliest(connect_deadline, config.establishment_deadline);
         let mut hello = Vec::new();
         OpMsg::command(1, handshake_command).encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut hello)?;
         let mut decoder = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
@@ -316,7 +336,7 @@ impl Connection {
             handshake: None,
             next_request_id: 2,
             outstanding: None,
-            deadline: Some(deadline),
+            deadline,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
         })
@@ -346,6 +366,9 @@ impl Connection {
         self.transmits.push_back(core::mem::take(&mut self.hello));
         self.outstanding = Some(Outstanding {
             request_id: 1,
+            response_to: 1,
+            exhaust: false,
+            deadline: None,
             queued_at: now,
             handed_over: false,
         });
@@ -392,10 +415,17 @@ impl Connection {
         if request.deadline.is_some_and(|d| now >= d) {
             return Err(SendError::DeadlinePassed);
         }
-        let flags = if request.unacknowledged {
-            MsgFlags::MORE_TO_COME
-        } else {
-            MsgFlags::NONE
+        let streamable = matches!(
+            request.body.keys().next().map(String::as_str),
+            Some("getMore" | "hello" | "isMaster" | "ismaster")
+        );
+        if request.exhaust_allowed && (request.unacknowledged || !streamable) {
+            return Err(SendError::ExhaustNotAllowed);
+        }
+        let flags = match (request.unacknowledged, request.exhaust_allowed) {
+            (true, _) => MsgFlags::MORE_TO_COME,
+            (false, true) => MsgFlags::EXHAUST_ALLOWED,
+            (false, false) => MsgFlags::NONE,
         };
         let request_id = self.next_request_id;
         let message = OpMsg {
@@ -416,16 +446,23 @@ impl Connection {
         }
         self.outstanding = Some(Outstanding {
             request_id,
+            response_to: request_id,
+            exhaust: request.exhaust_allowed,
+            deadline: request.deadline,
             queued_at: now,
             handed_over: false,
         });
-        let socket_deadline = self.config.socket_timeout.map(|t| now.saturating_add(t));
-        self.deadline = match (request.deadline, socket_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        self.deadline = earliest(request.deadline, self.socket_deadline(now));
         self.state = ConnectionState::InFlight;
         Ok(request_id)
+    }
+
+    /// `now + socketTimeoutMS`, unless unset or zero.
+    fn socket_deadline(&self, now: Instant) -> Option<Instant> {
+        self.config
+            .socket_timeout
+            .filter(|t| !t.is_zero())
+            .map(|t| now.saturating_add(t))
     }
 
     /// Output: the next bytes to write to the socket, in order. Once taken, the current command
@@ -450,10 +487,10 @@ impl Connection {
     }
 
     fn on_message(&mut self, message: OpMsg, now: Instant) {
-        let expected = self.outstanding.map(|o| o.request_id);
+        let expected = self.outstanding.map(|o| o.response_to);
         let Some(outstanding) = self
             .outstanding
-            .filter(|o| o.request_id == message.response_to)
+            .filter(|o| o.response_to == message.response_to)
         else {
             return self.fail(FailureCause::Protocol(
                 ProtocolError::UnexpectedResponseTo {
@@ -462,7 +499,8 @@ impl Connection {
                 },
             ));
         };
-        if message.flags.contains(MsgFlags::MORE_TO_COME) {
+        let more_to_come = message.flags.contains(MsgFlags::MORE_TO_COME);
+        if more_to_come && !outstanding.exhaust {
             return self.fail(FailureCause::Protocol(ProtocolError::UnrequestedMoreToCome));
         }
         match self.state {
@@ -487,6 +525,18 @@ impl Connection {
                     }
                     Err(e) => self.fail(FailureCause::Handshake(e)),
                 }
+            }
+            _ if more_to_come => {
+                // WP-6: the next reply answers this one; each gets a fresh socket timeout.
+                self.outstanding = Some(Outstanding {
+                    response_to: message.request_id,
+                    ..outstanding
+                });
+                self.deadline = earliest(outstanding.deadline, self.socket_deadline(now));
+                self.events.push_back(ConnectionEvent::Reply {
+                    request_id: outstanding.request_id,
+                    reply: Box::new(message),
+                });
             }
             _ => {
                 self.become_ready();
@@ -530,6 +580,14 @@ impl Connection {
                 phase,
                 request_id,
             }));
+    }
+}
+
+/// The earlier of two optional deadlines; `None` only when both are.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -738,6 +796,95 @@ mod tests {
         );
     }
 
+    fn streamed(request_id: i32, response_to: i32, more: bool) -> Vec<u8> {
+        let mut msg = OpMsg::command(request_id, doc! { "ok": 1, "n": request_id });
+        msg.response_to = response_to;
+        if more {
+            msg.flags = MsgFlags::MORE_TO_COME;
+        }
+        let mut bytes = Vec::new();
+        msg.encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut bytes)
+            .unwrap();
+        bytes
+    }
+
+    #[test]
+    fn wp6_exhaust_replies_chain_by_response_to_until_one_without_more_to_come() {
+        let mut conn = ready();
+        let mut request = Request::new(doc! { "hello": 1, "$db": "admin" });
+        request.exhaust_allowed = true;
+        let id = conn.send_command(request, at(20)).unwrap();
+        assert!(sent(&mut conn)[0].flags.contains(MsgFlags::EXHAUST_ALLOWED));
+        conn.handle_bytes(&streamed(50, id, true), at(30));
+        let Some(ConnectionEvent::Reply { request_id, reply }) = conn.poll_event() else {
+            panic!("no reply");
+        };
+        assert_eq!((request_id, reply.request_id), (id, 50));
+        assert_eq!(conn.state(), ConnectionState::InFlight);
+        assert_eq!(
+            conn.poll_timeout(),
+            Some(at(5_030)),
+            "a fresh socket timeout per reply"
+        );
+        conn.handle_bytes(&streamed(51, 50, true), at(40));
+        conn.handle_bytes(&streamed(52, 51, false), at(50));
+        let ids: Vec<_> = core::iter::from_fn(|| conn.poll_event())
+            .map(|e| match e {
+                ConnectionEvent::Reply { request_id, reply } => (request_id, reply.request_id),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(ids, vec![(id, 51), (id, 52)]);
+        assert_eq!(
+            (conn.state(), conn.poll_timeout()),
+            (ConnectionState::Ready, None)
+        );
+    }
+
+    #[test]
+    fn wp6_a_streamed_reply_must_answer_the_previous_reply() {
+        let mut conn = ready();
+        let mut request = Request::new(doc! { "getMore": 5_i64, "collection": "c", "$db": "d" });
+        request.exhaust_allowed = true;
+        let id = conn.send_command(request, at(20)).unwrap();
+        sent(&mut conn);
+        conn.handle_bytes(&streamed(50, id, true), at(30));
+        conn.handle_bytes(&streamed(51, id, false), at(31));
+        assert!(matches!(
+            conn.poll_event(),
+            Some(ConnectionEvent::Reply { .. })
+        ));
+        assert_eq!(
+            failure(&mut conn).cause,
+            FailureCause::Protocol(ProtocolError::UnexpectedResponseTo {
+                response_to: id,
+                expected: Some(50)
+            })
+        );
+    }
+
+    #[test]
+    fn wp6_exhaust_is_only_for_get_more_and_hello() {
+        let mut conn = ready();
+        let mut request = Request::new(doc! { "find": "c", "$db": "d" });
+        request.exhaust_allowed = true;
+        assert_eq!(
+            conn.send_command(request, at(20)),
+            Err(SendError::ExhaustNotAllowed)
+        );
+        let mut request = Request::new(doc! { "hello": 1, "$db": "admin" });
+        request.exhaust_allowed = true;
+        request.unacknowledged = true;
+        assert_eq!(
+            conn.send_command(request, at(20)),
+            Err(SendError::ExhaustNotAllowed)
+        );
+        assert_eq!(
+            (conn.state(), conn.poll_transmit()),
+            (ConnectionState::Ready, None)
+        );
+    }
+
     #[test]
     fn wp6_a_reply_with_more_to_come_is_a_protocol_error() {
         let mut conn = ready();
@@ -820,6 +967,22 @@ mod tests {
             e.to_operation_error(&conn.config().address).labels,
             Labels::NONE
         );
+    }
+
+    #[test]
+    fn zero_connect_and_socket_timeouts_mean_no_limit() {
+        let mut cfg = config();
+        cfg.connect_timeout = Duration::ZERO;
+        cfg.socket_timeout = Some(Duration::ZERO);
+        let mut conn = open(cfg.clone());
+        assert_eq!(conn.poll_timeout(), None);
+        conn.handle_connected(at(1));
+        conn.handle_bytes(&reply_bytes(1, server_hello()), at(2));
+        conn.send_command(Request::new(doc! { "ping": 1 }), at(3))
+            .unwrap();
+        assert_eq!(conn.poll_timeout(), None);
+        cfg.establishment_deadline = Some(at(50));
+        assert_eq!(open(cfg).poll_timeout(), Some(at(50)));
     }
 
     #[test]

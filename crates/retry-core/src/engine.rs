@@ -44,6 +44,9 @@ use crate::connection::{
 use crate::error::{NetworkErrorKind, NetworkPhase, OperationError};
 use crate::handshake::{HandshakeOptions, HandshakeReply};
 use crate::monitor::{HeartbeatEvent, Monitor, MonitorAction, DEFAULT_HEARTBEAT_FREQUENCY};
+use crate::pinning::{
+    transaction_labels, CursorClose, CursorPin, Pin, TransactionCommand, TransactionPin,
+};
 use crate::policy::RetryOptions;
 use crate::pool::{CheckoutId, ConnectionId, PoolAction, PoolEvent, Purpose};
 use crate::retry::{
@@ -117,6 +120,62 @@ pub struct OperationRequest {
     pub timeout: OperationTimeout,
     /// The session's transaction number, for retryable writes and transactions.
     pub txn_number: Option<i64>,
+    /// How the operation relates to a cursor: a getMore or killCursors goes where its cursor lives.
+    pub cursor: CursorUse,
+    /// The session, for the transaction pinning rules (TX-3..TX-5): a transaction's commands follow
+    /// its first command's mongos (or connection, in load-balanced mode).
+    pub session: Option<SessionId>,
+}
+
+impl OperationRequest {
+    /// A request with no CSOT timeout, no transaction number and no cursor.
+    pub fn new(
+        db: impl Into<String>,
+        command: Document,
+        kind: OperationKind,
+        criteria: SelectionCriteria,
+    ) -> OperationRequest {
+        OperationRequest {
+            db: db.into(),
+            command,
+            kind,
+            criteria,
+            timeout: OperationTimeout::Off,
+            txn_number: None,
+            cursor: CursorUse::None,
+            session: None,
+        }
+    }
+}
+
+/// A session, named by the caller; the engine keeps its transaction pin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SessionId(pub u64);
+
+/// A cursor the engine keeps between a cursor-creating command and its last `getMore`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CursorHandle(pub u64);
+
+/// How an operation relates to a cursor.
+///
+/// A cursor lives on one server, so its `getMore`s and its `killCursors` skip server selection and
+/// go there. In load-balanced mode they also use the very connection that created the cursor
+/// (LB-10): it stays checked out, counted as in use by a cursor (LB-13), until a `getMore` returns
+/// cursor id 0 or the cursor is closed. After a network error on that connection, closing the cursor
+/// sends no `killCursors` and the connection is closed (LB-11). Running two operations on one cursor
+/// at the same time is not supported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum CursorUse {
+    /// Not a cursor operation.
+    #[default]
+    None,
+    /// A cursor-creating command (find, aggregate, listCollections, listIndexes): a reply with a
+    /// non-zero `cursor.id` opens a cursor, reported by [`EngineEvent::CursorOpened`].
+    Open,
+    /// A `getMore` of this cursor; a reply with `cursor.id` 0 ends the cursor.
+    GetMore(CursorHandle),
+    /// The `killCursors` that closes this cursor.
+    Close(CursorHandle),
 }
 
 /// A socket to open.
@@ -170,6 +229,14 @@ pub enum EngineEvent {
     },
     /// An SDAM event.
     Topology(SdamEvent),
+    /// A cursor-creating operation opened a cursor (reported just before its
+    /// [`EngineEvent::OperationFinished`]); later `getMore`s name it with [`CursorUse::GetMore`].
+    CursorOpened {
+        /// The operation that created it.
+        op: OpId,
+        /// The cursor.
+        cursor: CursorHandle,
+    },
 }
 
 /// Who owns a socket.
@@ -198,6 +265,31 @@ struct Operation {
     checkout: Option<CheckoutId>,
     conn: Option<ConnId>,
     reply: Option<Document>,
+    /// A cursor operation's server: no selection (LB-10 and ordinary cursor server pinning).
+    pinned_server: Option<AttemptServer>,
+    /// A load-balanced cursor's connection: no checkout, and no check-in on release (LB-10).
+    pinned_conn: Option<ConnId>,
+    /// Check the pinned connection in when the operation releases it (the cursor ended).
+    release_pinned: bool,
+    /// The connection now belongs to the cursor this operation opened.
+    keep_conn: bool,
+    /// The cursor this operation opened.
+    opened: Option<CursorHandle>,
+}
+
+/// A session's transaction pin, and in load-balanced mode the pinned connection (TX-3..TX-5).
+#[derive(Default)]
+struct Session {
+    pin: TransactionPin,
+    conn: Option<ConnId>,
+}
+
+/// A cursor between its creation and its end.
+struct Cursor {
+    server: AttemptServer,
+    /// Load-balanced mode: the pinned connection.
+    conn: Option<ConnId>,
+    pin: CursorPin,
 }
 
 struct MonitorState {
@@ -212,6 +304,9 @@ pub struct Engine {
     monitors: BTreeMap<ServerAddress, MonitorState>,
     sockets: BTreeMap<ConnId, Socket>,
     ops: BTreeMap<OpId, Operation>,
+    cursors: BTreeMap<CursorHandle, Cursor>,
+    next_cursor: u64,
+    sessions: BTreeMap<SessionId, Session>,
     rng: EngineRng,
     next_conn: u64,
     next_op: u64,
@@ -237,6 +332,9 @@ impl Engine {
             monitors: BTreeMap::new(),
             sockets: BTreeMap::new(),
             ops: BTreeMap::new(),
+            cursors: BTreeMap::new(),
+            next_cursor: 1,
+            sessions: BTreeMap::new(),
             rng,
             next_conn: 1,
             next_op: 1,
@@ -265,6 +363,39 @@ impl Engine {
             min_wire_version: 0,
         };
         let machine = RetryMachine::new(spec, &self.options.retry, self.rng.next_u64(), now);
+        let (mut pinned_server, mut pinned_conn) = (None, None);
+        if let CursorUse::GetMore(handle) | CursorUse::Close(handle) = request.cursor {
+            let Some(cursor) = self.cursors.get_mut(&handle) else {
+                let error =
+                    OperationError::usage(alloc::format!("cursor {} is not open", handle.0));
+                self.events.push_back(EngineEvent::OperationFinished {
+                    op,
+                    result: Err(error),
+                });
+                return op;
+            };
+            if let (CursorUse::Close(_), Some(conn)) = (request.cursor, cursor.conn) {
+                if let CursorClose::ReleaseBroken(_) = cursor.pin.close() {
+                    // LB-11: after a network error, no killCursors; the connection goes back and is
+                    // closed.
+                    self.cursors.remove(&handle);
+                    self.release(conn, false, now);
+                    self.events.push_back(EngineEvent::OperationFinished {
+                        op,
+                        result: Ok(Document::new()),
+                    });
+                    self.process(now);
+                    return op;
+                }
+            }
+            pinned_server = Some(cursor.server.clone());
+            pinned_conn = cursor.conn;
+        }
+        if let Some(session) = request.session {
+            let (server, conn) = self.session_route(session, request.kind, now);
+            pinned_server = pinned_server.or(server);
+            pinned_conn = pinned_conn.or(conn);
+        }
         self.ops.insert(
             op,
             Operation {
@@ -277,6 +408,11 @@ impl Engine {
                 checkout: None,
                 conn: None,
                 reply: None,
+                pinned_server,
+                pinned_conn,
+                release_pinned: false,
+                keep_conn: false,
+                opened: None,
             },
         );
         self.process(now);
@@ -568,10 +704,8 @@ impl Engine {
                     if let Some(op_id) = self.op_with_checkout(checkout) {
                         if let Some(op) = self.ops.get_mut(&op_id) {
                             op.checkout = None;
-                            let _ = op
-                                .machine
-                                .handle_failed(error.into_operation_error(&address), now);
                         }
+                        self.fail_attempt(op_id, error.into_operation_error(&address), false, now);
                     }
                 }
             }
@@ -641,10 +775,17 @@ impl Engine {
                                         self.topology.handle_application_error(
                                             &address, &error, context, now,
                                         );
+                                        // LB-11: the cursor stays pinned, but will send no killCursors.
+                                        let cursor = self.ops.get(&op_id).map(|o| o.request.cursor);
+                                        if let Some(CursorUse::GetMore(handle)) = cursor {
+                                            if let Some(cursor) = self.cursors.get_mut(&handle) {
+                                                cursor.pin.get_more_failed(&error);
+                                            }
+                                        }
                                         if let Some(op) = self.ops.get_mut(&op_id) {
                                             op.conn = None;
-                                            let _ = op.machine.handle_failed(error, now);
                                         }
+                                        self.fail_attempt(op_id, error, false, now);
                                         if let Some(pool) = self.topology.pool_mut(&address) {
                                             pool.check_in(id, false, now);
                                         }
@@ -711,6 +852,13 @@ impl Engine {
                 };
                 progressed = true;
                 match action {
+                    Action::SelectServer if op.pinned_server.is_some() => {
+                        // A cursor's operations go where the cursor lives.
+                        if let Some(server) = op.pinned_server.clone() {
+                            op.server = Some(server.clone());
+                            let _ = op.machine.handle_server_selected(server, now);
+                        }
+                    }
                     Action::SelectServer => {
                         let selection = ServerSelection::new(
                             op.request.criteria.clone(),
@@ -722,14 +870,41 @@ impl Engine {
                         op.selection = Some(selection);
                         self.poll_selection(op_id, now);
                     }
+                    Action::Dispatch(attempt) if op.pinned_conn.is_some() => {
+                        op.attempt = Some(attempt);
+                        match op.pinned_conn.filter(|c| self.sockets.contains_key(c)) {
+                            Some(conn) => self.send_attempt(op_id, conn, now),
+                            None => {
+                                let address = op
+                                    .server
+                                    .as_ref()
+                                    .map(|s| s.address.clone())
+                                    .unwrap_or_else(|| ServerAddress::new("unknown", 0));
+                                let error = OperationError::network(
+                                    NetworkErrorKind::Closed,
+                                    NetworkPhase::BeforeSend,
+                                    address,
+                                );
+                                self.fail_attempt(op_id, error, false, now);
+                            }
+                        }
+                    }
                     Action::Dispatch(attempt) => {
                         let deadline = op.request.timeout.deadline();
                         let address = attempt.address.clone();
                         op.attempt = Some(attempt);
+                        // LB-13: a cursor-creating command's connection may stay with its cursor.
+                        let purpose = if op.request.cursor == CursorUse::Open
+                            && self.options.topology.load_balanced
+                        {
+                            Purpose::Cursor
+                        } else {
+                            Purpose::Other
+                        };
                         let checkout = self
                             .topology
                             .pool_mut(&address)
-                            .map(|p| p.check_out(Purpose::Other, deadline, now));
+                            .map(|p| p.check_out(purpose, deadline, now));
                         let Some(op) = self.ops.get_mut(&op_id) else {
                             break;
                         };
@@ -739,20 +914,42 @@ impl Engine {
                                 let error = OperationError::server_selection(alloc::format!(
                                     "{address} is no longer part of the topology"
                                 ));
-                                let _ = op.machine.handle_failed(error, now);
+                                self.fail_attempt(op_id, error, false, now);
                             }
                         }
                     }
                     Action::ReleaseConnection { close } => {
                         op.checkout = None;
                         op.attempt = None;
-                        if let Some(conn) = op.conn.take() {
+                        let conn = op.conn.take();
+                        let pinned = op.pinned_conn.is_some();
+                        let (release_pinned, keep) = (op.release_pinned, op.keep_conn);
+                        if let (Some(conn), true) = (conn, !pinned && !keep) {
+                            self.release(conn, !close, now);
+                        } else if let (Some(conn), true) =
+                            (op.pinned_conn, pinned && release_pinned)
+                        {
                             self.release(conn, !close, now);
                         }
                     }
                     Action::Wait { .. } => {}
                     Action::Finished(result) => {
                         let reply = op.reply.take();
+                        // LB-10: closing a cursor gives its connection back whatever killCursors did.
+                        if let (CursorUse::Close(handle), false) =
+                            (op.request.cursor, op.release_pinned)
+                        {
+                            if let Some(conn) = self.cursors.remove(&handle).and_then(|c| c.conn) {
+                                self.release(conn, true, now);
+                            }
+                        }
+                        let Some(op) = self.ops.get_mut(&op_id) else {
+                            break;
+                        };
+                        if let Some(cursor) = op.opened.filter(|_| result.is_ok()) {
+                            self.events
+                                .push_back(EngineEvent::CursorOpened { op: op_id, cursor });
+                        }
                         self.ops.remove(&op_id);
                         let result = result.map(|()| reply.unwrap_or_default());
                         self.events
@@ -778,13 +975,10 @@ impl Engine {
         let count = |address: &ServerAddress| in_flight.get(address).copied().unwrap_or(0);
         match selection.poll(self.topology.description(), count, &mut self.rng, now) {
             SelectionStep::Selected(server) => {
-                let attempt_server = AttemptServer {
-                    address: server.address.clone(),
-                    server_type: server.server_type,
-                    topology_type: self.topology.description().topology_type,
-                    max_wire_version: server.max_wire_version,
-                    sessions_supported: server.logical_session_timeout.is_some(),
-                };
+                let attempt_server = AttemptServer::from_description(
+                    server,
+                    self.topology.description().topology_type,
+                );
                 op.selection = None;
                 op.server = Some(attempt_server.clone());
                 let _ = op.machine.handle_server_selected(attempt_server, now);
@@ -800,10 +994,8 @@ impl Engine {
             }
             SelectionStep::Failed(error) => {
                 op.selection = None;
-                let _ = op.machine.handle_selection_failed(
-                    OperationError::server_selection(error.to_string()),
-                    now,
-                );
+                let error = OperationError::server_selection(error.to_string());
+                self.fail_attempt(op_id, error, true, now);
             }
         }
     }
@@ -848,7 +1040,7 @@ impl Engine {
                     _ => NetworkErrorKind::Io,
                 };
                 let error = OperationError::network(kind, NetworkPhase::BeforeSend, address);
-                let _ = op.machine.handle_failed(error, now);
+                self.fail_attempt(op_id, error, false, now);
             }
         }
     }
@@ -876,12 +1068,214 @@ impl Engine {
             return;
         };
         match error {
-            Some(error) => {
-                let _ = op.machine.handle_failed(error, now);
-            }
+            Some(error) => self.fail_attempt(op_id, error, false, now),
             None => {
+                let cursor_id = body
+                    .get_document("cursor")
+                    .ok()
+                    .and_then(|c| match c.get("id") {
+                        Some(Bson::Int64(id)) => Some(*id),
+                        Some(Bson::Int32(id)) => Some(i64::from(*id)),
+                        _ => None,
+                    });
                 op.reply = Some(body);
                 let _ = op.machine.handle_succeeded(now);
+                self.cursor_replied(op_id, conn, cursor_id.unwrap_or(0));
+                self.transaction_succeeded(op_id, conn);
+            }
+        }
+    }
+
+    /// Where a session's operation of `kind` must go (TX-3, TX-5), after the TX-4 unpinning rules
+    /// that apply before selection: a new transaction (4) and a non-transaction operation (5)
+    /// unpin; the later commands of a transaction follow the pin.
+    fn session_route(
+        &mut self,
+        session: SessionId,
+        kind: OperationKind,
+        now: Instant,
+    ) -> (Option<AttemptServer>, Option<ConnId>) {
+        let state = self.sessions.entry(session).or_default();
+        let unpinned = match kind {
+            OperationKind::InTransaction { first: true, .. } => state.pin.start_transaction(),
+            OperationKind::InTransaction { first: false, .. }
+            | OperationKind::CommitTransaction { .. }
+            | OperationKind::AbortTransaction => None,
+            _ => state.pin.non_transaction_operation(),
+        };
+        if unpinned.is_some() {
+            self.unpin_connection(session, true, now);
+            return (None, None);
+        }
+        let Some(state) = self.sessions.get(&session) else {
+            return (None, None);
+        };
+        match state.pin.pinned() {
+            Some(Pin::Mongos(address)) => {
+                let server = self.topology.description().server(address).map(|d| {
+                    AttemptServer::from_description(d, self.topology.description().topology_type)
+                });
+                (server, None)
+            }
+            Some(Pin::Connection(_)) => {
+                let server = state.conn.and_then(|c| self.sockets.get(&c)).and_then(|s| {
+                    self.topology.description().server(&s.address).map(|d| {
+                        AttemptServer::from_description(
+                            d,
+                            self.topology.description().topology_type,
+                        )
+                    })
+                });
+                (server, state.conn)
+            }
+            None => (None, None),
+        }
+    }
+
+    /// Gives a session's pinned load-balanced connection back to its pool, if it has one.
+    fn unpin_connection(&mut self, session: SessionId, healthy: bool, now: Instant) {
+        if let Some(conn) = self.sessions.get_mut(&session).and_then(|s| s.conn.take()) {
+            self.release(conn, healthy, now);
+        }
+    }
+
+    /// The session ended (TX-4 (6)): its pin goes, and a pinned connection goes back to the pool.
+    pub fn end_session(&mut self, session: SessionId, now: Instant) {
+        if let Some(state) = self.sessions.get_mut(&session) {
+            let _ = state.pin.end_session();
+        }
+        self.unpin_connection(session, true, now);
+        self.sessions.remove(&session);
+        self.process(now);
+    }
+
+    /// The transaction command an operation is, if it is one.
+    fn transaction_command(kind: OperationKind) -> Option<TransactionCommand> {
+        match kind {
+            OperationKind::InTransaction { .. } => Some(TransactionCommand::Statement),
+            OperationKind::CommitTransaction { .. } => Some(TransactionCommand::Commit),
+            OperationKind::AbortTransaction => Some(TransactionCommand::Abort),
+            _ => None,
+        }
+    }
+
+    /// Hands a failure to the operation's retry machine, after the transaction rules: the driver's
+    /// TX-7/TX-8 labels, and TX-4 (1–3) unpinning before a retry selects a server.
+    fn fail_attempt(&mut self, op_id: OpId, error: OperationError, selection: bool, now: Instant) {
+        let Some(op) = self.ops.get(&op_id) else {
+            return;
+        };
+        let (kind, session) = (op.request.kind, op.request.session);
+        let mut error = error;
+        if let (Some(command), Some(session)) = (Engine::transaction_command(kind), session) {
+            error = error
+                .clone()
+                .with_labels(transaction_labels(&error, command));
+            let unpinned = self
+                .sessions
+                .get_mut(&session)
+                .and_then(|s| s.pin.command_failed(command, &error));
+            if unpinned.is_some() {
+                let healthy = !matches!(error.kind, crate::error::ErrorKind::Network(_));
+                self.unpin_connection(session, healthy, now);
+                if let Some(op) = self.ops.get_mut(&op_id) {
+                    op.pinned_server = None;
+                    op.pinned_conn = None;
+                }
+            }
+        }
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        let _ = if selection {
+            op.machine.handle_selection_failed(error, now)
+        } else {
+            op.machine.handle_failed(error, now)
+        };
+    }
+
+    /// TX-3, TX-5: a transaction's first command pins its session to the mongos it ran on, or in
+    /// load-balanced mode to its connection; abort unpins whatever happened (TX-4 (1)).
+    fn transaction_succeeded(&mut self, op_id: OpId, conn: ConnId) {
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        let Some(session) = op.request.session else {
+            return;
+        };
+        match op.request.kind {
+            OperationKind::InTransaction { first: true, .. } => {
+                let load_balanced = self.options.topology.load_balanced;
+                let pool_id = match self.sockets.get(&conn).map(|s| &s.owner) {
+                    Some(Owner::Pool(id)) => *id,
+                    _ => return,
+                };
+                let state = self.sessions.entry(session).or_default();
+                if load_balanced {
+                    op.keep_conn = true;
+                    state.conn = Some(conn);
+                    state.pin.pin(Pin::Connection(pool_id));
+                } else if let Some(server) =
+                    op.server.as_ref().filter(|s| s.topology_type.is_sharded())
+                {
+                    state.pin.pin(Pin::Mongos(server.address.clone()));
+                }
+            }
+            OperationKind::AbortTransaction => {
+                if let Some(state) = self.sessions.get_mut(&session) {
+                    let _ = state.pin.aborted();
+                }
+                // The abort's own release checks the connection in.
+                op.release_pinned = true;
+                if let Some(state) = self.sessions.get_mut(&session) {
+                    state.conn = None;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// LB-10: a cursor operation succeeded with `cursor_id`: open, keep or end the cursor.
+    fn cursor_replied(&mut self, op_id: OpId, conn: ConnId, cursor_id: i64) {
+        let load_balanced = self.options.topology.load_balanced;
+        let pool_id = match self.sockets.get(&conn).map(|s| &s.owner) {
+            Some(Owner::Pool(id)) => *id,
+            _ => return,
+        };
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        match op.request.cursor {
+            CursorUse::None => {}
+            CursorUse::Open => {
+                let Some(server) = op.server.clone() else {
+                    return;
+                };
+                if cursor_id == 0 {
+                    return;
+                }
+                let mut pin = CursorPin::new();
+                let conn = load_balanced.then(|| {
+                    pin.created(pool_id, cursor_id);
+                    op.keep_conn = true;
+                    conn
+                });
+                let handle = CursorHandle(self.next_cursor);
+                self.next_cursor += 1;
+                op.opened = Some(handle);
+                self.cursors.insert(handle, Cursor { server, conn, pin });
+            }
+            CursorUse::GetMore(handle) => {
+                if cursor_id == 0 {
+                    op.release_pinned = true;
+                    if let Some(mut cursor) = self.cursors.remove(&handle) {
+                        let _ = cursor.pin.get_more_succeeded(0);
+                    }
+                }
+            }
+            CursorUse::Close(handle) => {
+                op.release_pinned = true;
+                self.cursors.remove(&handle);
             }
         }
     }

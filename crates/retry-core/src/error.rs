@@ -432,6 +432,12 @@ pub enum ErrorKind {
     },
     /// The operation was cancelled by its caller.
     Cancelled,
+    /// The caller used the API wrongly (for example a `getMore` of a cursor that is closed).
+    /// Nothing was sent; never retried.
+    Usage {
+        /// What was wrong.
+        message: String,
+    },
     /// The server's handshake reply was rejected: no `serviceId` in load-balanced mode (LB-8), a
     /// wire-version range that does not overlap ours, or a malformed reply. Nothing was sent; the
     /// connection is closed.
@@ -539,6 +545,17 @@ impl OperationError {
         }
     }
 
+    /// The caller used the API wrongly; nothing was sent.
+    pub fn usage(message: impl Into<String>) -> OperationError {
+        OperationError {
+            kind: ErrorKind::Usage {
+                message: message.into(),
+            },
+            labels: Labels::NONE,
+            address: None,
+        }
+    }
+
     /// The operation was cancelled.
     pub fn cancelled() -> OperationError {
         OperationError {
@@ -635,6 +652,7 @@ impl OperationError {
     pub fn was_sent(&self) -> bool {
         match &self.kind {
             ErrorKind::Server(_) | ErrorKind::Cancelled => true,
+            ErrorKind::Usage { .. } => false,
             ErrorKind::Network(n) => n.was_sent(),
             ErrorKind::PoolCleared { .. }
             | ErrorKind::Checkout { .. }
@@ -671,6 +689,7 @@ impl OperationError {
             ErrorKind::ServerSelection { .. } => ErrorClass::ServerSelection,
             ErrorKind::Timeout { .. } => ErrorClass::Timeout,
             ErrorKind::Cancelled => ErrorClass::Cancelled,
+            ErrorKind::Usage { .. } => ErrorClass::Usage,
             ErrorKind::Handshake { .. } => ErrorClass::Handshake,
         };
         ErrorSummary {
@@ -715,6 +734,7 @@ impl fmt::Display for OperationError {
             ErrorKind::Timeout { cause: Some(c) } => write!(f, "operation timed out: {c}")?,
             ErrorKind::Timeout { cause: None } => write!(f, "operation timed out")?,
             ErrorKind::Cancelled => write!(f, "operation cancelled")?,
+            ErrorKind::Usage { message } => f.write_str(message)?,
             ErrorKind::Handshake { message } => write!(f, "handshake failed: {message}")?,
         }
         if !self.labels.is_empty() {
@@ -746,6 +766,8 @@ pub enum ErrorClass {
     Timeout,
     /// [`ErrorKind::Cancelled`].
     Cancelled,
+    /// [`ErrorKind::Usage`].
+    Usage,
     /// [`ErrorKind::Handshake`].
     Handshake,
 }

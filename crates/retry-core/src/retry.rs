@@ -63,7 +63,7 @@ use crate::error::{ErrorKind, ErrorSummary, Labels, OperationError, Pushback};
 use crate::policy::{RetryOptions, RetryPolicy, TOKEN_BUCKET_MAX_RETRIES};
 use crate::rng::{EngineRng, Jitter};
 use crate::time::{Instant, OperationTimeout};
-use crate::topology::{ServerType, TopologyType};
+use crate::topology::{ServerDescription, ServerType, TopologyType};
 
 /// What kind of operation is being run: decides which retry rules apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -194,6 +194,20 @@ pub struct AttemptServer {
 }
 
 impl AttemptServer {
+    /// The facts about `server`, selected from a topology of `topology_type`.
+    pub fn from_description(
+        server: &ServerDescription,
+        topology_type: TopologyType,
+    ) -> AttemptServer {
+        AttemptServer {
+            address: server.address.clone(),
+            server_type: server.server_type,
+            topology_type,
+            max_wire_version: server.max_wire_version,
+            sessions_supported: server.logical_session_timeout.is_some(),
+        }
+    }
+
     /// RW-2: retryable writes need sessions and a server that is not a standalone; in
     /// load-balanced mode sessions are always supported.
     pub fn supports_retryable_writes(&self) -> bool {

@@ -6,13 +6,16 @@ use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 use retry_core::address::ServerAddress;
-use retry_core::engine::{ConnId, Engine, EngineEvent, EngineOptions, OpId, OperationRequest};
+use retry_core::engine::{
+    ConnId, CursorHandle, CursorUse, Engine, EngineEvent, EngineOptions, OpId, OperationRequest,
+    SessionId,
+};
 use retry_core::error::NetworkErrorKind;
 use retry_core::handshake::{ClientMetadata, HandshakeOptions};
 use retry_core::pool::PoolEvent;
 use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::selection::SelectionCriteria;
-use retry_core::time::{Instant, OperationTimeout};
+use retry_core::time::Instant;
 use retry_core::topology::TopologySettings;
 use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
 
@@ -37,6 +40,8 @@ struct SimServer {
     reset_handshakes: u32,
     service_id: ObjectId,
     executed: BTreeMap<String, u32>,
+    /// Every command (not hello) with the socket it arrived on.
+    log: Vec<(String, ConnId)>,
 }
 
 impl SimServer {
@@ -48,6 +53,7 @@ impl SimServer {
             reset_handshakes: 0,
             service_id: ObjectId::parse_str("65a1b2c3d4e5f60718293a4b").unwrap(),
             executed: BTreeMap::new(),
+            log: Vec::new(),
         }
     }
 
@@ -71,7 +77,7 @@ impl SimServer {
     }
 
     /// The reply to one command, or `None` to reset the connection.
-    fn answer(&mut self, request: &Document, handshake: bool) -> Option<Document> {
+    fn answer(&mut self, request: &Document, handshake: bool, conn: ConnId) -> Option<Document> {
         let name = request.keys().next().cloned().unwrap_or_default();
         if name == "hello" || name.eq_ignore_ascii_case("ismaster") {
             if handshake && self.reset_handshakes > 0 {
@@ -81,12 +87,18 @@ impl SimServer {
             return Some(self.hello(request));
         }
         *self.executed.entry(name.clone()).or_default() += 1;
+        self.log.push((name.clone(), conn));
         if let Some((command, reply)) = &self.always {
             if *command == name {
                 return Some(reply.clone());
             }
         }
-        Some(self.script.pop_front().unwrap_or_else(|| doc! { "ok": 1 }))
+        match self.script.pop_front() {
+            // A scripted reset: the connection drops instead of replying.
+            Some(reply) if reply.get_bool("$reset").unwrap_or(false) => None,
+            Some(reply) => Some(reply),
+            None => Some(doc! { "ok": 1 }),
+        }
     }
 }
 
@@ -204,7 +216,7 @@ impl Sim {
                 .expect("a known server");
             let handshake = !socket.handshaken;
             socket.handshaken = true;
-            match server.answer(&request.body, handshake) {
+            match server.answer(&request.body, handshake, conn) {
                 Some(body) => {
                     let reply = OpMsg {
                         request_id: 0,
@@ -287,14 +299,10 @@ impl Sim {
         kind: OperationKind,
         criteria: SelectionCriteria,
     ) -> OpId {
-        let request = OperationRequest {
-            db: "test".into(),
-            command,
-            kind,
-            criteria,
-            timeout: OperationTimeout::Off,
-            txn_number: None,
-        };
+        self.start_request(OperationRequest::new("test", command, kind, criteria))
+    }
+
+    fn start_request(&mut self, request: OperationRequest) -> OpId {
         let op = self.engine.start_operation(request, self.now);
         self.drain();
         op
@@ -495,4 +503,312 @@ fn identical_seeds_give_identical_traces() {
         format!("{:?}", sim.events)
     };
     assert_eq!(trace(), trace());
+}
+
+fn primary_read() -> SelectionCriteria {
+    use retry_core::selection::{ReadPreference, ReadPreferenceMode};
+    SelectionCriteria::Read(
+        ReadPreference::new(ReadPreferenceMode::Primary, Vec::new(), None).expect("valid"),
+    )
+}
+
+fn batch(id: i64, field: &str) -> Document {
+    doc! { "ok": 1, "cursor": { "id": id, "ns": "test.c", field: [] } }
+}
+
+impl Sim {
+    fn cursor_of(&self, op: OpId) -> Option<CursorHandle> {
+        self.events.iter().find_map(|(_, e)| match e {
+            EngineEvent::CursorOpened { op: o, cursor } if *o == op => Some(*cursor),
+            _ => None,
+        })
+    }
+
+    fn cursor_op(&mut self, command: Document, kind: OperationKind, cursor: CursorUse) -> OpId {
+        let mut request = OperationRequest::new("test", command, kind, primary_read());
+        request.cursor = cursor;
+        self.start_request(request)
+    }
+
+    fn pool_events(&self) -> Vec<&'static str> {
+        self.events
+            .iter()
+            .filter_map(|(_, e)| match e {
+                EngineEvent::Pool {
+                    event: PoolEvent::CheckOutStarted { .. },
+                    ..
+                } => Some("started"),
+                EngineEvent::Pool {
+                    event: PoolEvent::CheckedOut { .. },
+                    ..
+                } => Some("out"),
+                EngineEvent::Pool {
+                    event: PoolEvent::CheckedIn { .. },
+                    ..
+                } => Some("in"),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn lb_sim(script: Vec<Document>) -> Sim {
+    let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
+    lb.script = VecDeque::from(script);
+    Sim::new(vec![(address("lb"), lb)], |o| {
+        o.topology.load_balanced = true
+    })
+}
+
+#[test]
+fn lb10_a_load_balanced_cursor_stays_pinned_across_get_mores() {
+    let mut sim = lb_sim(vec![
+        batch(42, "firstBatch"),
+        overload(462),
+        batch(42, "nextBatch"),
+        batch(0, "nextBatch"),
+    ]);
+    let find = sim.cursor_op(doc! { "find": "c" }, OperationKind::Read, CursorUse::Open);
+    sim.run(find).unwrap();
+    let cursor = sim
+        .cursor_of(find)
+        .expect("a non-zero cursor id opens a cursor");
+    // BP-5: the overloaded getMore is retried, on the same pinned connection (C8).
+    let more = sim.cursor_op(
+        doc! { "getMore": 42i64, "collection": "c" },
+        OperationKind::GetMore,
+        CursorUse::GetMore(cursor),
+    );
+    sim.run(more).unwrap();
+    let last = sim.cursor_op(
+        doc! { "getMore": 42i64, "collection": "c" },
+        OperationKind::GetMore,
+        CursorUse::GetMore(cursor),
+    );
+    sim.run(last).unwrap();
+    let log = &sim.servers[&address("lb")].log;
+    let names: Vec<&str> = log.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["find", "getMore", "getMore", "getMore"]);
+    assert!(
+        log.iter().all(|(_, c)| *c == log[0].1),
+        "every command on the connection that opened the cursor: {log:?}"
+    );
+    // LB-9: one checkout and one check-in for the cursor's whole life.
+    assert_eq!(sim.pool_events(), ["started", "out", "in"]);
+    // The exhausted cursor is gone.
+    let after = sim.cursor_op(
+        doc! { "getMore": 42i64, "collection": "c" },
+        OperationKind::GetMore,
+        CursorUse::GetMore(cursor),
+    );
+    let error = sim.run(after).unwrap_err();
+    assert!(error.to_string().contains("is not open"), "{error}");
+}
+
+#[test]
+fn lb10_closing_a_cursor_sends_kill_cursors_on_its_connection_then_checks_it_in() {
+    let mut sim = lb_sim(vec![batch(42, "firstBatch")]);
+    let find = sim.cursor_op(doc! { "find": "c" }, OperationKind::Read, CursorUse::Open);
+    sim.run(find).unwrap();
+    let cursor = sim.cursor_of(find).unwrap();
+    let kill = sim.cursor_op(
+        doc! { "killCursors": "c", "cursors": [42i64] },
+        OperationKind::RunCommand,
+        CursorUse::Close(cursor),
+    );
+    sim.run(kill).unwrap();
+    let log = &sim.servers[&address("lb")].log;
+    assert_eq!(
+        log.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["find", "killCursors"]
+    );
+    assert_eq!(log[0].1, log[1].1);
+    assert_eq!(sim.pool_events(), ["started", "out", "in"]);
+}
+
+#[test]
+fn a_cursor_with_id_zero_pins_nothing() {
+    let mut sim = lb_sim(vec![batch(0, "firstBatch")]);
+    let find = sim.cursor_op(doc! { "find": "c" }, OperationKind::Read, CursorUse::Open);
+    sim.run(find).unwrap();
+    assert_eq!(sim.cursor_of(find), None);
+    assert_eq!(sim.pool_events(), ["started", "out", "in"]);
+}
+
+#[test]
+fn lb13_an_exhausted_pool_names_the_connections_in_use() {
+    let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
+    lb.script = VecDeque::from(vec![batch(42, "firstBatch")]);
+    let mut sim = Sim::new(vec![(address("lb"), lb)], |o| {
+        o.topology.load_balanced = true;
+        o.topology.pool.max_pool_size = 1;
+        o.topology.pool.wait_queue_timeout = Some(Duration::from_millis(100));
+    });
+    let find = sim.cursor_op(doc! { "find": "c" }, OperationKind::Read, CursorUse::Open);
+    sim.run(find).unwrap();
+    assert!(sim.cursor_of(find).is_some());
+    let ping = sim.read(doc! { "ping": 1 });
+    let error = sim.run(ping).unwrap_err();
+    assert!(
+        error.to_string().contains(
+            "maxPoolSize: 1, connections in use by cursors: 1, connections in use by transactions: 0, connections in use by other operations: 0"
+        ),
+        "{error}"
+    );
+}
+
+impl Sim {
+    fn in_session(&mut self, session: SessionId, command: Document, kind: OperationKind) -> OpId {
+        let mut request = OperationRequest::new("test", command, kind, SelectionCriteria::Write);
+        request.session = Some(session);
+        request.txn_number = Some(1);
+        self.start_request(request)
+    }
+}
+
+fn three_mongos(script_for_all: Vec<Document>) -> Sim {
+    let servers = ["m1", "m2", "m3"]
+        .into_iter()
+        .map(|h| {
+            let mut m = SimServer::new(Role::Mongos);
+            m.script = VecDeque::from(script_for_all.clone());
+            (address(h), m)
+        })
+        .collect();
+    let mut sim = Sim::new(servers, |o| {
+        o.selection.local_threshold = Duration::from_secs(1)
+    });
+    let ping = sim.read(doc! { "ping": 1 });
+    sim.run(ping).unwrap();
+    sim
+}
+
+#[test]
+fn tx3_a_sharded_transaction_stays_on_the_mongos_of_its_first_command() {
+    use OperationKind::{CommitTransaction, InTransaction};
+    let mut sim = three_mongos(Vec::new());
+    let session = SessionId(1);
+    let first = sim.in_session(
+        session,
+        doc! { "insert": "c", "documents": [{}] },
+        InTransaction {
+            read: false,
+            first: true,
+        },
+    );
+    sim.run(first).unwrap();
+    let pinned = sim.attempt_servers(first)[0].clone();
+    for _ in 0..5 {
+        let next = sim.in_session(
+            session,
+            doc! { "insert": "c", "documents": [{}] },
+            InTransaction {
+                read: false,
+                first: false,
+            },
+        );
+        sim.run(next).unwrap();
+        assert_eq!(sim.attempt_servers(next), std::slice::from_ref(&pinned));
+    }
+    let commit = sim.in_session(
+        session,
+        doc! { "commitTransaction": 1 },
+        CommitTransaction { again: false },
+    );
+    sim.run(commit).unwrap();
+    assert_eq!(sim.attempt_servers(commit), std::slice::from_ref(&pinned));
+    // TX-4 (4): a new transaction is not bound to the old pin; over many transactions more than one
+    // mongos is used (the transactions prose test).
+    let mut used = std::collections::BTreeSet::new();
+    for n in 0..30 {
+        let first = sim.in_session(
+            session,
+            doc! { "insert": "c", "documents": [{ "n": n }] },
+            InTransaction {
+                read: false,
+                first: true,
+            },
+        );
+        sim.run(first).unwrap();
+        used.insert(sim.attempt_servers(first)[0].clone());
+    }
+    assert!(used.len() > 1, "{used:?}");
+}
+
+#[test]
+fn tx4_a_commit_with_an_unknown_result_is_unpinned_before_its_retry() {
+    use OperationKind::{CommitTransaction, InTransaction};
+    let mut sim = three_mongos(Vec::new());
+    let session = SessionId(7);
+    let first = sim.in_session(
+        session,
+        doc! { "insert": "c", "documents": [{}] },
+        InTransaction {
+            read: false,
+            first: true,
+        },
+    );
+    sim.run(first).unwrap();
+    let pinned = sim.attempt_servers(first)[0].clone();
+    // The pinned mongos drops the commit's connection: a network error, UnknownTransactionCommitResult
+    // (TX-8) and RetryableWriteError (RW-9); the retry is unpinned and, on a sharded cluster,
+    // deprioritizes the failed mongos (BP-20).
+    sim.servers
+        .get_mut(&address(&pinned))
+        .unwrap()
+        .script
+        .push_back(doc! { "$reset": true });
+    let commit = sim.in_session(
+        session,
+        doc! { "commitTransaction": 1 },
+        CommitTransaction { again: false },
+    );
+    sim.run(commit)
+        .expect("the retried commit succeeds elsewhere");
+    let servers = sim.attempt_servers(commit);
+    assert_eq!(servers.len(), 2);
+    assert_eq!(servers[0], pinned);
+    assert_ne!(servers[1], pinned);
+}
+
+#[test]
+fn tx5_a_load_balanced_transaction_keeps_one_connection_until_the_session_ends() {
+    use OperationKind::{CommitTransaction, InTransaction};
+    let mut sim = lb_sim(Vec::new());
+    let session = SessionId(3);
+    let first = sim.in_session(
+        session,
+        doc! { "insert": "c", "documents": [{}] },
+        InTransaction {
+            read: false,
+            first: true,
+        },
+    );
+    sim.run(first).unwrap();
+    let second = sim.in_session(
+        session,
+        doc! { "find": "c" },
+        InTransaction {
+            read: true,
+            first: false,
+        },
+    );
+    sim.run(second).unwrap();
+    let commit = sim.in_session(
+        session,
+        doc! { "commitTransaction": 1 },
+        CommitTransaction { again: false },
+    );
+    sim.run(commit).unwrap();
+    let log = &sim.servers[&address("lb")].log;
+    assert_eq!(
+        log.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["insert", "find", "commitTransaction"]
+    );
+    assert!(log.iter().all(|(_, c)| *c == log[0].1), "{log:?}");
+    // A successful commit does not unpin (TX-4); ending the session does.
+    assert_eq!(sim.pool_events(), ["started", "out"]);
+    sim.engine.end_session(session, sim.now);
+    sim.drain();
+    assert_eq!(sim.pool_events(), ["started", "out", "in"]);
 }

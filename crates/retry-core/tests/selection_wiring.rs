@@ -53,13 +53,7 @@ fn select(
     };
     machine
         .handle_server_selected(
-            AttemptServer {
-                address: server.address.clone(),
-                server_type: server.server_type,
-                topology_type: topology.topology_type,
-                max_wire_version: server.max_wire_version,
-                sessions_supported: server.logical_session_timeout.is_some(),
-            },
+            AttemptServer::from_description(server, topology.topology_type),
             now,
         )
         .unwrap();

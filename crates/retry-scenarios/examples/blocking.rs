@@ -17,7 +17,7 @@ use retry_core::error::{NetworkErrorKind, OperationError};
 use retry_core::handshake::{ClientMetadata, HandshakeOptions};
 use retry_core::retry::OperationKind;
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
-use retry_core::time::{Instant, OperationTimeout};
+use retry_core::time::Instant;
 use retry_core::topology::TopologySettings;
 
 /// What the socket threads tell the engine's thread.
@@ -62,14 +62,8 @@ pub fn run(seed: ServerAddress, command: Document) -> Result<Document, Operation
         std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0);
     let mut engine = Engine::new(options, now()).expect("valid options");
     let primary = ReadPreference::new(ReadPreferenceMode::Primary, Vec::new(), None).expect("ok");
-    let request = OperationRequest {
-        db: "admin".into(),
-        command,
-        kind: OperationKind::RunCommand,
-        criteria: SelectionCriteria::Read(primary),
-        timeout: OperationTimeout::Off,
-        txn_number: None,
-    };
+    let criteria = SelectionCriteria::Read(primary);
+    let request = OperationRequest::new("admin", command, OperationKind::RunCommand, criteria);
     let op = engine.start_operation(request, now());
     let (inputs, received) = channel();
     let mut sockets: BTreeMap<ConnId, TcpStream> = BTreeMap::new();
