@@ -202,10 +202,9 @@ impl Driver {
                 Some(t) => OperationTimeout::from_timeout_ms(now, t),
                 None => OperationTimeout::Off,
             };
-            let operation = OperationRequest {
-                timeout,
-                ..OperationRequest::new(request.db, request.command, request.kind, request.criteria)
-            };
+            let mut operation =
+                OperationRequest::new(request.db, request.command, request.kind, request.criteria);
+            operation.timeout = timeout;
             let op = self.engine.start_operation(operation, now);
             self.pending.insert(op, request.reply);
         }

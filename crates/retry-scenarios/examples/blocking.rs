@@ -62,12 +62,8 @@ pub fn run(seed: ServerAddress, command: Document) -> Result<Document, Operation
         std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0);
     let mut engine = Engine::new(options, now()).expect("valid options");
     let primary = ReadPreference::new(ReadPreferenceMode::Primary, Vec::new(), None).expect("ok");
-    let request = OperationRequest::new(
-        "admin",
-        command,
-        OperationKind::RunCommand,
-        SelectionCriteria::Read(primary),
-    );
+    let criteria = SelectionCriteria::Read(primary);
+    let request = OperationRequest::new("admin", command, OperationKind::RunCommand, criteria);
     let op = engine.start_operation(request, now());
     let (inputs, received) = channel();
     let mut sockets: BTreeMap<ConnId, TcpStream> = BTreeMap::new();
