@@ -1,12 +1,31 @@
 //! The `retry-lab` binary: exit codes and what it prints.
 
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+/// Polls of a running binary before it is taken for hung and killed: 1200 × 50 ms, far above
+/// any run here. Nothing is asserted about how long a run takes.
+const POLLS: u32 = 1200;
 
 fn retry_lab(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_retry-lab"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_retry-lab"))
         .args(args)
-        .output()
-        .expect("the binary runs")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    for _ in 0..POLLS {
+        if child
+            .try_wait()
+            .expect("the binary can be waited for")
+            .is_some()
+        {
+            return child.wait_with_output().expect("its output");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().expect("a hung binary can be killed");
+    panic!("retry-lab {args:?} hung");
 }
 
 fn text(bytes: &[u8]) -> String {

@@ -6,11 +6,16 @@
 //! own test, so they run side by side; each is bounded by its operation count and its policy's
 //! retry cap.
 
+use std::time::Duration;
+
 use retry_lab::cli::{DemoArgs, PolicyName};
 use retry_lab::demo;
 use retry_lab::report::{self, PolicyRun};
 
 const OPERATIONS: u32 = 6;
+/// Far above any run's length (the token bucket's five backoffs add up to at most 3.1 s): only a
+/// hang reaches it. Nothing is asserted about how long a run takes.
+const HANG_GUARD: Duration = Duration::from_secs(120);
 
 async fn run(policy: PolicyName, servers: u32, burst: u32) -> PolicyRun {
     let args = DemoArgs {
@@ -22,7 +27,10 @@ async fn run(policy: PolicyName, servers: u32, burst: u32) -> PolicyRun {
         seed: 42,
         policies: vec![policy],
     };
-    let runs = demo::run(&args, false).await.expect("the demo runs");
+    let runs = tokio::time::timeout(HANG_GUARD, demo::run(&args, false))
+        .await
+        .expect("the demo does not hang")
+        .expect("the demo runs");
     assert_eq!(runs.len(), 1);
     let run = runs[0];
     assert_eq!(run.policy, policy);

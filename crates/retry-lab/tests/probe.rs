@@ -1,11 +1,19 @@
 //! `probe` against test servers on 127.0.0.1, and its answers to bad input.
 
+use std::time::Duration;
+
 use retry_lab::probe::{probe, ProbeError};
 use retry_testkit::{FailCommand, FailPointMode, Role, ServerConfig, TestServer};
 
+/// Far above any probe here (one backoff of at most 400 ms, a 200 ms selection timeout): only a
+/// hang reaches it. Nothing is asserted about how long a probe takes.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
 async fn probe_text(uri: &str) -> (Result<bool, ProbeError>, String) {
     let mut out = Vec::new();
-    let result = probe(uri, &mut out).await;
+    let result = tokio::time::timeout(HANG_GUARD, probe(uri, &mut out))
+        .await
+        .expect("the probe does not hang");
     (result, String::from_utf8(out).expect("UTF-8 output"))
 }
 
@@ -93,6 +101,25 @@ async fn a_ping_that_keeps_failing_is_reported_as_failed() {
     assert!(!text.contains("attempt 3"), "{text}");
     assert!(text.contains("ping failed"), "{text}");
     server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_that_is_not_there_fails_server_selection() {
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let uri = format!("mongodb://127.0.0.1:{port}/?serverSelectionTimeoutMS=200");
+    let (result, text) = probe_text(&uri).await;
+    assert!(!result.unwrap(), "{text}");
+    assert!(
+        text.contains(&format!("heartbeat 127.0.0.1:{port}: Failed")),
+        "{text}"
+    );
+    assert!(!text.contains("attempt 1 started"), "{text}");
+    assert!(text.contains("ping failed"), "{text}");
 }
 
 #[tokio::test]
