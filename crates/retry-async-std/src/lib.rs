@@ -38,7 +38,9 @@ use futures_lite::{AsyncRead, AsyncWrite};
 use retry_core::time::Instant;
 use retry_driver::{literal_address, AsyncTimer, BoxFuture, Runtime, Socket};
 
-pub use retry_driver::{ClientOptions, ConnectError, Events, OptionsError, TimedEvent};
+pub use retry_driver::{
+    ClientOptions, CommandOptions, ConnectError, Events, OptionsError, Reply, TimedEvent,
+};
 
 /// A client driven by async-io.
 pub type Client = retry_driver::Client<AsyncIoRuntime>;

@@ -8,7 +8,9 @@ use std::io;
 use std::sync::Arc;
 
 use bson::Document;
-use retry_core::engine::{Engine, EngineError, EngineEvent};
+use retry_core::engine::{
+    CursorHandle, CursorUse, Engine, EngineError, EngineEvent, OperationRequest, SessionId,
+};
 use retry_core::error::OperationError;
 use retry_core::retry::OperationKind;
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
@@ -21,6 +23,28 @@ use crate::runtime::Runtime;
 /// An engine event with the instant, on the client's clock (time since its creation), at which
 /// the driver took it from the engine.
 pub type TimedEvent = (Instant, EngineEvent);
+
+/// How [`Client::run`] runs one command; the default is [`Client::run_command`]'s.
+#[derive(Clone, Debug, Default)]
+pub struct CommandOptions {
+    /// Where it may run; `None` picks a writable server for writes and the primary otherwise.
+    pub criteria: Option<SelectionCriteria>,
+    /// How it relates to a cursor.
+    pub cursor: CursorUse,
+    /// The session, for transaction pinning.
+    pub session: Option<SessionId>,
+    /// The session's transaction number.
+    pub txn_number: Option<i64>,
+}
+
+/// A successful command's reply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reply {
+    /// The reply document.
+    pub document: Document,
+    /// The cursor the command opened (with [`CursorUse::Open`] and a non-zero `cursor.id`).
+    pub cursor: Option<CursorHandle>,
+}
 
 /// Why a client could not be created.
 #[derive(Debug)]
@@ -118,26 +142,40 @@ impl<R> Client<R> {
         command: Document,
         kind: OperationKind,
     ) -> Result<Document, OperationError> {
-        let criteria = match kind {
-            OperationKind::RetryableWrite | OperationKind::NonRetryableWrite => {
-                SelectionCriteria::Write
-            }
-            _ => SelectionCriteria::Read(
-                ReadPreference::new(ReadPreferenceMode::Primary, Vec::new(), None)
-                    .map_err(|e| OperationError::server_selection(e.to_string()))?,
-            ),
-        };
-        self.run_command_with(db, command, kind, criteria).await
+        let reply = self
+            .run(db, command, kind, CommandOptions::default())
+            .await?;
+        Ok(reply.document)
     }
 
-    /// [`Client::run_command`] with explicit selection criteria.
-    pub async fn run_command_with(
+    /// [`Client::run_command`] with explicit selection criteria, cursor use, session and
+    /// transaction number. The reply carries the cursor a [`CursorUse::Open`] command opened, for
+    /// its `getMore`s ([`CursorUse::GetMore`]) to follow it to its server.
+    pub async fn run(
         &self,
         db: &str,
         command: Document,
         kind: OperationKind,
-        criteria: SelectionCriteria,
-    ) -> Result<Document, OperationError> {
+        options: CommandOptions,
+    ) -> Result<Reply, OperationError> {
+        let criteria = match options.criteria {
+            Some(criteria) => criteria,
+            None if matches!(
+                kind,
+                OperationKind::RetryableWrite | OperationKind::NonRetryableWrite
+            ) =>
+            {
+                SelectionCriteria::Write
+            }
+            None => SelectionCriteria::Read(
+                ReadPreference::new(ReadPreferenceMode::Primary, Vec::new(), None)
+                    .map_err(|e| OperationError::server_selection(e.to_string()))?,
+            ),
+        };
+        let mut operation = OperationRequest::new(db, command, kind, criteria);
+        operation.cursor = options.cursor;
+        operation.session = options.session;
+        operation.txn_number = options.txn_number;
         let reply = Arc::new(Slot::default());
         {
             let mut state = lock(&self.inner.shared.state);
@@ -145,10 +183,7 @@ impl<R> Client<R> {
                 return Err(OperationError::cancelled());
             }
             state.requests.push_back(Request {
-                db: db.to_string(),
-                command,
-                kind,
-                criteria,
+                operation,
                 reply: reply.clone(),
             });
             if let Some(waker) = state.driver.take() {

@@ -8,14 +8,11 @@ use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use bson::Document;
-use retry_core::engine::{ConnId, Engine, EngineEvent, OpId, OperationRequest};
+use retry_core::engine::{ConnId, CursorHandle, Engine, EngineEvent, OpId, OperationRequest};
 use retry_core::error::{NetworkErrorKind, OperationError};
-use retry_core::retry::OperationKind;
-use retry_core::selection::SelectionCriteria;
 use retry_core::time::{Instant, OperationTimeout};
 
-use crate::client::TimedEvent;
+use crate::client::{Reply, TimedEvent};
 use crate::runtime::{AsyncTimer, BoxFuture, Runtime, Socket};
 
 /// Rounds of work in one poll before the driver yields to its executor (tokio's coop budget and
@@ -31,7 +28,7 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// What an operation ends with.
-type OperationResult = Result<Document, OperationError>;
+type OperationResult = Result<Reply, OperationError>;
 
 /// Where one operation's result goes: a one-shot slot the caller awaits.
 #[derive(Default)]
@@ -40,7 +37,7 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    pub(crate) fn complete(&self, result: Result<Document, OperationError>) {
+    pub(crate) fn complete(&self, result: OperationResult) {
         let mut state = lock(&self.state);
         if state.0.is_none() {
             state.0 = Some(result);
@@ -50,7 +47,7 @@ impl Slot {
         }
     }
 
-    pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<Result<Document, OperationError>> {
+    pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<OperationResult> {
         let mut state = lock(&self.state);
         match state.0.take() {
             Some(result) => Poll::Ready(result),
@@ -106,11 +103,15 @@ impl EventQueue {
 
 /// An operation the client asked for.
 pub(crate) struct Request {
-    pub(crate) db: String,
-    pub(crate) command: Document,
-    pub(crate) kind: OperationKind,
-    pub(crate) criteria: SelectionCriteria,
+    /// The operation; the driver sets its CSOT deadline from `timeoutMS`.
+    pub(crate) operation: OperationRequest,
     pub(crate) reply: Arc<Slot>,
+}
+
+/// An operation in the engine: where its result goes, and the cursor it opened.
+struct Pending {
+    slot: Arc<Slot>,
+    cursor: Option<CursorHandle>,
 }
 
 /// What the client and its driver share.
@@ -161,7 +162,7 @@ pub(crate) struct Driver {
     timer: Pin<Box<dyn AsyncTimer>>,
     timer_at: Option<Instant>,
     sockets: BTreeMap<ConnId, SocketState>,
-    pending: BTreeMap<OpId, Arc<Slot>>,
+    pending: BTreeMap<OpId, Pending>,
     /// `timeoutMS`, for each operation's CSOT deadline.
     timeout: Option<core::time::Duration>,
     read_buffer: Vec<u8>,
@@ -202,11 +203,14 @@ impl Driver {
                 Some(t) => OperationTimeout::from_timeout_ms(now, t),
                 None => OperationTimeout::Off,
             };
-            let mut operation =
-                OperationRequest::new(request.db, request.command, request.kind, request.criteria);
+            let mut operation = request.operation;
             operation.timeout = timeout;
             let op = self.engine.start_operation(operation, now);
-            self.pending.insert(op, request.reply);
+            let pending = Pending {
+                slot: request.reply,
+                cursor: None,
+            };
+            self.pending.insert(op, pending);
         }
         (progressed, closing)
     }
@@ -317,10 +321,21 @@ impl Driver {
             }
         }
         for event in events {
-            if let EngineEvent::OperationFinished { op, result } = event {
-                if let Some(slot) = self.pending.remove(&op) {
-                    slot.complete(result);
+            match event {
+                EngineEvent::CursorOpened { op, cursor } => {
+                    if let Some(pending) = self.pending.get_mut(&op) {
+                        pending.cursor = Some(cursor);
+                    }
                 }
+                EngineEvent::OperationFinished { op, result } => {
+                    if let Some(pending) = self.pending.remove(&op) {
+                        let cursor = pending.cursor;
+                        pending
+                            .slot
+                            .complete(result.map(|document| Reply { document, cursor }));
+                    }
+                }
+                _ => {}
             }
         }
         true
@@ -352,8 +367,8 @@ impl Driver {
     /// ends every event stream.
     fn finish(&mut self) {
         self.sockets.clear();
-        for (_, slot) in core::mem::take(&mut self.pending) {
-            slot.complete(Err(OperationError::cancelled()));
+        for (_, pending) in core::mem::take(&mut self.pending) {
+            pending.slot.complete(Err(OperationError::cancelled()));
         }
         let mut state = lock(&self.shared.state);
         for request in core::mem::take(&mut state.requests) {

@@ -41,6 +41,6 @@ mod driver;
 mod options;
 mod runtime;
 
-pub use client::{Client, ConnectError, Events, TimedEvent};
+pub use client::{Client, CommandOptions, ConnectError, Events, Reply, TimedEvent};
 pub use options::{ClientOptions, OptionsError};
 pub use runtime::{literal_address, AsyncTimer, BoxFuture, Runtime, Socket};

@@ -111,7 +111,7 @@ impl ClientOptions {
     }
 
     /// Parses `mongodb://host[:port][,host[:port]...][/[database]][?name=value[&name=value...]]`.
-    /// Option names are case-insensitive; credentials, `mongodb+srv` and options this client does
+    /// Values are percent-decoded; option names are case-insensitive; credentials, `mongodb+srv` and options this client does
     /// not support are errors that name them.
     pub fn parse(uri: &str) -> Result<ClientOptions, OptionsError> {
         let rest = uri.strip_prefix("mongodb://").ok_or_else(|| {
@@ -151,8 +151,12 @@ impl ClientOptions {
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (name, value) = pair
                 .split_once('=')
-                .ok_or_else(|| OptionsError::new(pair, "", "expected name=value"))?;
-            options.set(name, value)?;
+                .filter(|(name, _)| !name.is_empty())
+                .ok_or_else(|| OptionsError::new("option", pair, "expected name=value"))?;
+            let decoded = percent_encoding::percent_decode_str(value)
+                .decode_utf8()
+                .map_err(|_| OptionsError::new(name, value, "not UTF-8 once percent-decoded"))?;
+            options.set(name, &decoded)?;
         }
         Ok(options)
     }
@@ -272,7 +276,7 @@ mod tests {
             "mongodb://127.0.0.1:1,localhost/db?retryReads=false&RETRYWRITES=false&maxAdaptiveRetries=1\
              &enableOverloadRetargeting=true&loadBalanced=false&timeoutMS=250\
              &serverSelectionTimeoutMS=1000&localThresholdMS=5&heartbeatFrequencyMS=600\
-             &appName=lab&directConnection=false",
+             &appName=retry%20lab&directConnection=false",
         )
         .unwrap();
         assert_eq!(options.hosts.len(), 2);
@@ -285,7 +289,7 @@ mod tests {
         assert_eq!(options.server_selection_timeout, Duration::from_secs(1));
         assert_eq!(options.local_threshold, Duration::from_millis(5));
         assert_eq!(options.heartbeat_frequency, Duration::from_millis(600));
-        assert_eq!(options.app_name.as_deref(), Some("lab"));
+        assert_eq!(options.app_name.as_deref(), Some("retry lab"));
         let engine = options.engine_options().unwrap();
         assert_eq!(engine.heartbeat_frequency, Duration::from_millis(600));
         assert_eq!(engine.selection.local_threshold, Duration::from_millis(5));
@@ -312,7 +316,9 @@ mod tests {
                 "10",
             ),
             ("mongodb://x/?tls=true", "tls", "true"),
-            ("mongodb://x/?loadBalanced", "loadBalanced", ""),
+            ("mongodb://x/?loadBalanced", "option", "loadBalanced"),
+            ("mongodb://x/?=1", "option", "=1"),
+            ("mongodb://x/?appName=%FF", "appName", "%FF"),
         ];
         for (uri, option, value) in cases {
             let error = ClientOptions::parse(uri).unwrap_err();
@@ -335,5 +341,15 @@ mod tests {
             .map(|_| options.engine_options().unwrap().seed)
             .collect();
         assert!(seeds.len() > 1, "OS seeds repeat: {seeds:?}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn no_uri_panics(rest in "[a-zA-Z0-9:/?&=,.%@\\[\\]-]{0,60}") {
+            let uri = format!("mongodb://{rest}");
+            if let Err(error) = ClientOptions::parse(&uri) {
+                proptest::prop_assert!(!error.option().is_empty());
+            }
+        }
     }
 }

@@ -19,12 +19,12 @@ use std::time::Duration;
 
 use bson::{doc, Bson, Document};
 use retry_core::address::ServerAddress;
-use retry_core::engine::EngineEvent;
+use retry_core::engine::{CursorUse, EngineEvent};
 use retry_core::error::{ErrorClass, OperationError};
 use retry_core::pool::PoolEvent;
 use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::time::Instant;
-use retry_driver::{Client, ClientOptions, Runtime};
+use retry_driver::{Client, ClientOptions, CommandOptions, Runtime};
 use retry_testkit::{
     FailCommand, FailPointMode, RateLimit, Role, ServerConfig, ServerHandle, TestServer,
     OVERLOAD_LABELS,
@@ -442,52 +442,71 @@ pub async fn csot_deadline_is_respected<R: Runtime>() {
     .await
 }
 
-/// BP-5, C8: a getMore failing with an overload error is retried.
+/// BP-5, C8: a getMore failing with an overload error is retried, on its cursor's mongos (the
+/// engine's cursor pinning, through [`retry_driver::CommandOptions::cursor`]).
 pub async fn overloaded_get_more_is_retried<R: Runtime>() {
     bounded(SCENARIO_LIMIT, async {
-        let server = Server::with_role(Role::Standalone).await;
-        server.handle.insert(
-            "test.items",
-            (0..5).map(|i| doc! { "_id": i }).collect::<Vec<Document>>(),
-        );
-        let client = connect::<R>(options(&[&server]));
-        let first = client
-            .run_command(
-                "test",
-                doc! { "find": "items", "batchSize": 2 },
-                OperationKind::Read,
-            )
+        let first = Server::with_role(Role::Mongos).await;
+        let second = Server::with_role(Role::Mongos).await;
+        for server in [&first, &second] {
+            let documents = (0..5).map(|i| doc! { "_id": i }).collect::<Vec<Document>>();
+            server.handle.insert("test.items", documents);
+            server
+                .handle
+                .set_fail_command(Some(overload(FailPointMode::Times(1), &["getMore"])));
+        }
+        let client = connect::<R>(options(&[&first, &second]));
+        let find = CommandOptions {
+            cursor: CursorUse::Open,
+            ..CommandOptions::default()
+        };
+        let command = doc! { "find": "items", "batchSize": 2 };
+        let opened = client
+            .run("test", command, OperationKind::Read, find)
             .await
             .expect("find succeeds");
-        let cursor = first.get_document("cursor").expect("a cursor");
-        let id = cursor.get_i64("id").expect("a cursor id");
-        assert_ne!(id, 0, "more batches: {first}");
-        server
-            .handle
-            .set_fail_command(Some(overload(FailPointMode::Times(1), &["getMore"])));
+        let cursor = opened
+            .cursor
+            .expect("the engine reports the cursor it opened");
+        let id = opened
+            .document
+            .get_document("cursor")
+            .and_then(|c| c.get_i64("id"))
+            .expect("a cursor id");
+        let (owner, other) = if first.handle.counters().command("find").received == 1 {
+            (&first, &second)
+        } else {
+            (&second, &first)
+        };
+        let get_more = CommandOptions {
+            cursor: CursorUse::GetMore(cursor),
+            ..CommandOptions::default()
+        };
+        let command = doc! { "getMore": id, "collection": "items", "batchSize": 2 };
         let next = client
-            .run_command(
-                "test",
-                doc! { "getMore": id, "collection": "items", "batchSize": 2 },
-                OperationKind::GetMore,
-            )
+            .run("test", command, OperationKind::GetMore, get_more)
             .await
             .expect("the getMore is retried");
         let batch = next
+            .document
             .get_document("cursor")
             .and_then(|c| c.get_array("nextBatch"))
             .expect("a next batch");
+        let expected = vec![
+            Bson::Document(doc! { "_id": 2 }),
+            Bson::Document(doc! { "_id": 3 }),
+        ];
+        assert_eq!(batch, &expected);
+        let counts = owner.handle.counters().command("getMore");
         assert_eq!(
-            batch,
-            &vec![
-                Bson::Document(doc! { "_id": 2 }),
-                Bson::Document(doc! { "_id": 3 })
-            ]
+            (counts.received, counts.executed),
+            (2, 1),
+            "both on the cursor's mongos"
         );
-        let counts = server.handle.counters().command("getMore");
-        assert_eq!((counts.received, counts.executed), (2, 1));
+        assert_eq!(other.handle.counters().command("getMore").received, 0);
         client.shutdown().await;
-        server.stop().await;
+        first.stop().await;
+        second.stop().await;
     })
     .await
 }

@@ -35,7 +35,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
-pub use retry_driver::{ClientOptions, ConnectError, Events, OptionsError, TimedEvent};
+pub use retry_driver::{
+    ClientOptions, CommandOptions, ConnectError, Events, OptionsError, Reply, TimedEvent,
+};
 
 /// A client driven on tokio.
 pub type Client = retry_driver::Client<TokioRuntime>;
