@@ -31,7 +31,6 @@ use core::pin::Pin;
 use core::task::{Context, Poll};
 use std::io;
 use std::net::TcpStream;
-use std::time::Duration;
 
 use async_io::{Async, Timer};
 use futures_lite::{AsyncRead, AsyncWrite};
@@ -51,10 +50,9 @@ pub struct AsyncIoRuntime {
     origin: std::time::Instant,
 }
 
-/// `at` on std's clock; "never" becomes 30 years away.
+/// `at` on this runtime's clock.
 fn deadline(origin: std::time::Instant, at: Instant) -> std::time::Instant {
-    const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
-    origin + at.since_origin().min(FAR)
+    origin + retry_driver::timer_offset(at)
 }
 
 impl Runtime for AsyncIoRuntime {

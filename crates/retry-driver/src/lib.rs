@@ -43,4 +43,4 @@ mod runtime;
 
 pub use client::{Client, CommandOptions, ConnectError, Events, Reply, TimedEvent};
 pub use options::{ClientOptions, OptionsError};
-pub use runtime::{literal_address, AsyncTimer, BoxFuture, Runtime, Socket};
+pub use runtime::{literal_address, timer_offset, AsyncTimer, BoxFuture, Runtime, Socket};

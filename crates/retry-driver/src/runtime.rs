@@ -61,6 +61,13 @@ pub trait Socket: Send {
     ) -> Poll<io::Result<usize>>;
 }
 
+/// How far after a runtime clock's origin a timer for `at` fires: "never" ([`Instant::MAX`], about
+/// 584 years) becomes 30 years, which every runtime's clock can represent.
+pub fn timer_offset(at: Instant) -> core::time::Duration {
+    const FAR: core::time::Duration = core::time::Duration::from_secs(86_400 * 365 * 30);
+    at.since_origin().min(FAR)
+}
+
 /// The socket address of `host:port` when `host` is an IP literal or `localhost` (127.0.0.1), for
 /// runtimes without a resolver of their own.
 pub fn literal_address(host: &str, port: u16) -> io::Result<std::net::SocketAddr> {
@@ -82,6 +89,18 @@ pub fn literal_address(host: &str, port: u16) -> io::Result<std::net::SocketAddr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn never_is_thirty_years_and_other_instants_are_exact() {
+        assert_eq!(
+            timer_offset(Instant::from_millis(1_500)),
+            core::time::Duration::from_millis(1_500)
+        );
+        assert_eq!(
+            timer_offset(Instant::MAX),
+            core::time::Duration::from_secs(86_400 * 365 * 30)
+        );
+    }
 
     #[test]
     fn literal_addresses_and_localhost_resolve_others_do_not() {

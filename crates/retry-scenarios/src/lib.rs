@@ -22,7 +22,7 @@ use retry_core::address::ServerAddress;
 use retry_core::engine::{CursorUse, EngineEvent};
 use retry_core::error::{ErrorClass, OperationError};
 use retry_core::pool::PoolEvent;
-use retry_core::retry::{OperationKind, RetryEvent};
+use retry_core::retry::{OperationKind, RetryEvent, RetryReason};
 use retry_core::time::Instant;
 use retry_driver::{Client, ClientOptions, CommandOptions, Runtime};
 use retry_testkit::{
@@ -379,6 +379,72 @@ pub async fn reset_handshakes_are_labelled_and_retried<R: Runtime>() {
     .await
 }
 
+/// HS-9: once the connection limiter lets sockets through again, the overload retry of a reset
+/// handshake succeeds.
+pub async fn reset_handshake_retry_succeeds_once_admitted<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let mut config = ServerConfig::new(Role::Standalone);
+        config.connection_limit = Some(RateLimit::new(0.0, 1));
+        let server = Server::start(config).await;
+        let mut options = options(&[&server]);
+        // Room for a retry that races the lift below.
+        options.max_adaptive_retries = 5;
+        let client = connect::<R>(options);
+        let mut events = client.events();
+        let find = client.run_command("test", doc! { "find": "items" }, OperationKind::Read);
+        let mut find = pin!(find);
+        let handle = server.handle.clone();
+        // Lift the limiter when the first retry is scheduled (read from the event stream).
+        let mut lift = pin!(async {
+            let mut seen = Vec::new();
+            while let Some((_, event)) = events.next_event().await {
+                let retry = matches!(
+                    event,
+                    EngineEvent::Operation {
+                        event: RetryEvent::RetryScheduled { .. },
+                        ..
+                    }
+                );
+                seen.push(event);
+                if retry {
+                    handle.set_connection_limit(None);
+                    break;
+                }
+            }
+            seen
+        });
+        let mut lifted = None;
+        let result = poll_fn(|cx| {
+            if lifted.is_none() {
+                if let Poll::Ready(seen) = lift.as_mut().poll(cx) {
+                    lifted = Some(seen);
+                }
+            }
+            find.as_mut().poll(cx)
+        })
+        .await;
+        result.expect("the retry after the limiter lifts succeeds");
+        let seen = lifted.expect("a retry was scheduled before the find succeeded");
+        let reasons: Vec<RetryReason> = seen
+            .iter()
+            .filter_map(|e| match e {
+                EngineEvent::Operation {
+                    event: RetryEvent::RetryScheduled { reason, .. },
+                    ..
+                } => Some(*reason),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(reasons, [RetryReason::Overload], "HS-9: an overload retry");
+        let counters = server.handle.counters();
+        assert!(counters.connections_rejected >= 1, "{counters:?}");
+        assert_eq!(counters.command("find").executed, 1);
+        client.shutdown().await;
+        server.stop().await;
+    })
+    .await
+}
+
 /// RW-4: a non-retryable write whose connection is closed runs once and is not retried.
 pub async fn non_retryable_write_runs_once<R: Runtime>() {
     bounded(SCENARIO_LIMIT, async {
@@ -641,6 +707,7 @@ macro_rules! suite {
             two_mongos_retry_goes_to_the_other,
             load_balanced_needs_service_id,
             reset_handshakes_are_labelled_and_retried,
+            reset_handshake_retry_succeeds_once_admitted,
             non_retryable_write_runs_once,
             csot_deadline_is_respected,
             overloaded_get_more_is_retried,

@@ -26,7 +26,6 @@
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
-use core::time::Duration;
 use std::io;
 
 use retry_core::time::Instant;
@@ -49,11 +48,9 @@ pub struct TokioRuntime {
     origin: tokio::time::Instant,
 }
 
-/// `at` on tokio's clock. `Instant::MAX` ("never", ~584 years away) becomes 30 years away, which
-/// tokio's clock can represent.
+/// `at` on this runtime's clock.
 fn deadline(origin: tokio::time::Instant, at: Instant) -> tokio::time::Instant {
-    const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
-    origin + at.since_origin().min(FAR)
+    origin + retry_driver::timer_offset(at)
 }
 
 impl Runtime for TokioRuntime {
