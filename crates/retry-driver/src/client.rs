@@ -1,0 +1,255 @@
+//! The friendly API: [`Client`], its operations, its event stream and its shutdown.
+
+use core::fmt;
+use core::future::{poll_fn, Future};
+use core::marker::PhantomData;
+use core::task::{Context, Poll};
+use std::io;
+use std::sync::Arc;
+
+use bson::Document;
+use retry_core::engine::{
+    CursorHandle, CursorUse, Engine, EngineError, EngineEvent, OperationRequest, SessionId,
+};
+use retry_core::error::OperationError;
+use retry_core::retry::OperationKind;
+use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
+use retry_core::time::Instant;
+
+use crate::driver::{lock, Driver, EventQueue, Request, Shared, Slot};
+use crate::options::{ClientOptions, OptionsError};
+use crate::runtime::Runtime;
+
+/// An engine event with the instant, on the client's clock (time since its creation), at which
+/// the driver took it from the engine.
+pub type TimedEvent = (Instant, EngineEvent);
+
+/// How [`Client::run`] runs one command; the default is [`Client::run_command`]'s.
+#[derive(Clone, Debug, Default)]
+pub struct CommandOptions {
+    /// Where it may run; `None` picks a writable server for writes and the primary otherwise.
+    pub criteria: Option<SelectionCriteria>,
+    /// How it relates to a cursor.
+    pub cursor: CursorUse,
+    /// The session, for transaction pinning.
+    pub session: Option<SessionId>,
+    /// The session's transaction number.
+    pub txn_number: Option<i64>,
+}
+
+/// A successful command's reply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reply {
+    /// The reply document.
+    pub document: Document,
+    /// The cursor the command opened (with [`CursorUse::Open`] and a non-zero `cursor.id`).
+    pub cursor: Option<CursorHandle>,
+}
+
+/// Why a client could not be created.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// A bad URI or option.
+    Options(OptionsError),
+    /// The engine refused the settings (e.g. `directConnection` with several hosts).
+    Settings(EngineError),
+    /// The runtime could not be used (e.g. no tokio runtime is running).
+    Runtime(io::Error),
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnectError::Options(e) => e.fmt(f),
+            ConnectError::Settings(e) => write!(f, "invalid settings: {e}"),
+            ConnectError::Runtime(e) => write!(f, "no runtime: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+impl From<OptionsError> for ConnectError {
+    fn from(e: OptionsError) -> ConnectError {
+        ConnectError::Options(e)
+    }
+}
+
+/// Closes the client when the last clone goes.
+struct Inner {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shared.close();
+    }
+}
+
+/// A MongoDB client driven on the runtime `R`. Cheap to clone; dropping the last clone shuts it
+/// down as [`Client::shutdown`] does, without waiting.
+pub struct Client<R> {
+    inner: Arc<Inner>,
+    runtime: PhantomData<fn() -> R>,
+}
+
+impl<R> Clone for Client<R> {
+    fn clone(&self) -> Client<R> {
+        Client {
+            inner: self.inner.clone(),
+            runtime: PhantomData,
+        }
+    }
+}
+
+impl<R> fmt::Debug for Client<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client").finish_non_exhaustive()
+    }
+}
+
+impl<R: Runtime> Client<R> {
+    /// Creates the engine and spawns its driver on a new `R`. Server monitoring starts at once;
+    /// nothing waits for a server.
+    pub fn connect(options: ClientOptions) -> Result<Client<R>, ConnectError> {
+        let runtime: Arc<dyn Runtime> = Arc::new(R::start().map_err(ConnectError::Runtime)?);
+        let engine_options = options.engine_options()?;
+        let engine = Engine::new(engine_options, runtime.now()).map_err(ConnectError::Settings)?;
+        let shared = Arc::new(Shared::default());
+        let driver = Driver::new(runtime.clone(), engine, shared.clone(), options.timeout);
+        runtime
+            .spawn(Box::pin(driver))
+            .map_err(ConnectError::Runtime)?;
+        Ok(Client {
+            inner: Arc::new(Inner { shared }),
+            runtime: PhantomData,
+        })
+    }
+
+    /// [`Client::connect`] with the options of a `mongodb://` URI.
+    pub fn with_uri(uri: &str) -> Result<Client<R>, ConnectError> {
+        Client::connect(ClientOptions::parse(uri)?)
+    }
+}
+
+impl<R> Client<R> {
+    /// Runs `command` on `db` as an operation of `kind`: writes go to a writable server, the rest
+    /// use the primary read preference. Returns the reply, or the error the engine's retry rules
+    /// chose; [`OperationError::cancelled`] once the client is shut down.
+    pub async fn run_command(
+        &self,
+        db: &str,
+        command: Document,
+        kind: OperationKind,
+    ) -> Result<Document, OperationError> {
+        let reply = self
+            .run(db, command, kind, CommandOptions::default())
+            .await?;
+        Ok(reply.document)
+    }
+
+    /// [`Client::run_command`] with explicit selection criteria, cursor use, session and
+    /// transaction number. The reply carries the cursor a [`CursorUse::Open`] command opened, for
+    /// its `getMore`s ([`CursorUse::GetMore`]) to follow it to its server.
+    pub async fn run(
+        &self,
+        db: &str,
+        command: Document,
+        kind: OperationKind,
+        options: CommandOptions,
+    ) -> Result<Reply, OperationError> {
+        let criteria = match options.criteria {
+            Some(criteria) => criteria,
+            None if matches!(
+                kind,
+                OperationKind::RetryableWrite | OperationKind::NonRetryableWrite
+            ) =>
+            {
+                SelectionCriteria::Write
+            }
+            None => SelectionCriteria::Read(
+                ReadPreference::new(ReadPreferenceMode::Primary, Vec::new(), None)
+                    .map_err(|e| OperationError::server_selection(e.to_string()))?,
+            ),
+        };
+        let mut operation = OperationRequest::new(db, command, kind, criteria);
+        operation.cursor = options.cursor;
+        operation.session = options.session;
+        operation.txn_number = options.txn_number;
+        let reply = Arc::new(Slot::default());
+        {
+            let mut state = lock(&self.inner.shared.state);
+            if state.closing {
+                return Err(OperationError::cancelled());
+            }
+            state.requests.push_back(Request {
+                operation,
+                reply: reply.clone(),
+            });
+            if let Some(waker) = state.driver.take() {
+                waker.wake();
+            }
+        }
+        poll_fn(|cx| reply.poll(cx)).await
+    }
+
+    /// Every engine event from now on (operation results, command and retry events, CMAP, SDAM
+    /// and heartbeat events), in order, each with the instant on the client's clock (time since
+    /// its creation) at which the driver took it from the engine. Ends when the client shuts
+    /// down. Events queue until taken; drop the stream to stop them.
+    pub fn events(&self) -> Events {
+        let queue = Arc::new(EventQueue::default());
+        let mut state = lock(&self.inner.shared.state);
+        if state.done {
+            queue.close();
+        } else {
+            state.subscribers.push(queue.clone());
+        }
+        Events { queue }
+    }
+
+    /// Shuts the client down: every operation in flight or queued fails with
+    /// [`OperationError::cancelled`], every socket closes, every event stream ends. Completes
+    /// when the driver has stopped; new operations fail at once.
+    pub async fn shutdown(&self) {
+        self.inner.shared.close();
+        poll_fn(|cx| {
+            let mut state = lock(&self.inner.shared.state);
+            if state.done {
+                Poll::Ready(())
+            } else {
+                state.done_wakers.push(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+/// A stream of timed [`EngineEvent`]s from [`Client::events`].
+pub struct Events {
+    queue: Arc<EventQueue>,
+}
+
+impl fmt::Debug for Events {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Events").finish_non_exhaustive()
+    }
+}
+
+impl Events {
+    /// The next event, or `None` once the client has shut down and every event was taken.
+    pub fn next_event(&mut self) -> impl Future<Output = Option<TimedEvent>> + '_ {
+        poll_fn(|cx| self.poll_next(cx))
+    }
+
+    /// Polls for the next event (the `Stream::poll_next` of the futures crates).
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<TimedEvent>> {
+        self.queue.poll_next(cx)
+    }
+
+    /// Every event already delivered, without waiting.
+    pub fn drain(&mut self) -> Vec<TimedEvent> {
+        core::iter::from_fn(|| self.queue.try_next()).collect()
+    }
+}

@@ -1,0 +1,46 @@
+//! # retry-driver
+//!
+//! The runtime-agnostic half of retry-core's adapters. [`Runtime`] (in the manner of quinn's)
+//! is all a runtime supplies: its clock, timers, one spawn and TCP connect. The driving loop —
+//! read sockets into the engine, write what it asks, open and close what it asks, sleep until its
+//! next timeout — is written once here, and [`Client`] is the API on top. Every decision (retries,
+//! backoff, selection, pools, monitoring) stays in [`retry_core::engine::Engine`].
+//!
+//! `retry-tokio` and `retry-async-std` implement [`Runtime`] and name `Client<TheirRuntime>`.
+//!
+//! ```no_run
+//! # async fn example<R: retry_driver::Runtime>() -> Result<(), Box<dyn std::error::Error>> {
+//! use retry_driver::{Client, ClientOptions};
+//! use retry_core::retry::OperationKind;
+//!
+//! let options = ClientOptions::parse("mongodb://127.0.0.1:27017/?maxAdaptiveRetries=1&appName=demo")?;
+//! let client = Client::<R>::connect(options)?;
+//! let mut events = client.events();
+//! let reply = client
+//!     .run_command("test", bson::doc! { "find": "items" }, OperationKind::Read)
+//!     .await?;
+//! println!("{reply}");
+//! for event in events.drain() {
+//!     println!("{event:?}");
+//! }
+//! client.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## The loop
+//!
+//! One task owns the engine. Each poll it starts the operations the client queued, drains the
+//! engine's outputs (connects, transmits, closes, events), polls every socket (connects, writes,
+//! reads), fires the engine's timers that are due and arms one runtime timer for the next
+//! (resetting it only when the deadline changed), and repeats until nothing moves. After 64
+//! rounds it yields and wakes itself, so it never exhausts tokio's coop budget in one poll.
+
+mod client;
+mod driver;
+mod options;
+mod runtime;
+
+pub use client::{Client, CommandOptions, ConnectError, Events, Reply, TimedEvent};
+pub use options::{ClientOptions, OptionsError};
+pub use runtime::{literal_address, timer_offset, AsyncTimer, BoxFuture, Runtime, Socket};

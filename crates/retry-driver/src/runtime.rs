@@ -1,0 +1,120 @@
+//! What a driver needs from an async runtime, in the manner of quinn's `Runtime`: a clock, timers,
+//! one spawn and TCP sockets. Nothing here decides anything; the engine does.
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::io;
+
+use retry_core::time::Instant;
+
+/// A boxed, sendable future.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// An async runtime: its clock, its timers, its spawn and its TCP connect.
+///
+/// A runtime value is created per client ([`Runtime::start`]); its clock reads
+/// [`retry_core::time::Instant`]s as nanoseconds since that moment.
+pub trait Runtime: Send + Sync + fmt::Debug + 'static {
+    /// A runtime whose clock starts now, or why there is none (e.g. no runtime is running).
+    fn start() -> io::Result<Self>
+    where
+        Self: Sized;
+
+    /// The runtime's clock, as nanoseconds since [`Runtime::start`].
+    fn now(&self) -> Instant;
+
+    /// A timer that fires at `at` (on the clock of [`Runtime::now`]).
+    fn new_timer(&self, at: Instant) -> Pin<Box<dyn AsyncTimer>>;
+
+    /// Runs `future` to completion in the background, or says why it cannot.
+    fn spawn(&self, future: BoxFuture<()>) -> io::Result<()>;
+
+    /// Opens a TCP connection to `host:port`.
+    fn connect(&self, host: String, port: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>>;
+}
+
+/// A resettable timer.
+pub trait AsyncTimer: Send + fmt::Debug {
+    /// Makes the timer fire at `at` instead.
+    fn reset(self: Pin<&mut Self>, at: Instant);
+
+    /// Ready once the timer's instant has passed.
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()>;
+}
+
+/// An open TCP connection, read and written by polling.
+pub trait Socket: Send {
+    /// Reads into `buf`; `Ok(0)` is the end of the stream.
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>>;
+
+    /// Writes from `buf`; returns how many bytes were written.
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>>;
+}
+
+/// How far after a runtime clock's origin a timer for `at` fires: "never" ([`Instant::MAX`], about
+/// 584 years) becomes 30 years, which every runtime's clock can represent.
+pub fn timer_offset(at: Instant) -> core::time::Duration {
+    const FAR: core::time::Duration = core::time::Duration::from_secs(86_400 * 365 * 30);
+    at.since_origin().min(FAR)
+}
+
+/// The socket address of `host:port` when `host` is an IP literal or `localhost` (127.0.0.1), for
+/// runtimes without a resolver of their own.
+pub fn literal_address(host: &str, port: u16) -> io::Result<std::net::SocketAddr> {
+    let ip = if host.eq_ignore_ascii_case("localhost") {
+        std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+    } else {
+        host.parse().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{host} is not an IP address or localhost; this runtime does not resolve names"
+                ),
+            )
+        })?
+    };
+    Ok(std::net::SocketAddr::new(ip, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn never_is_thirty_years_and_other_instants_are_exact() {
+        assert_eq!(
+            timer_offset(Instant::from_millis(1_500)),
+            core::time::Duration::from_millis(1_500)
+        );
+        assert_eq!(
+            timer_offset(Instant::MAX),
+            core::time::Duration::from_secs(86_400 * 365 * 30)
+        );
+    }
+
+    #[test]
+    fn literal_addresses_and_localhost_resolve_others_do_not() {
+        assert_eq!(
+            literal_address("localhost", 27017).unwrap().to_string(),
+            "127.0.0.1:27017"
+        );
+        assert_eq!(
+            literal_address("127.0.0.1", 1).unwrap().to_string(),
+            "127.0.0.1:1"
+        );
+        assert_eq!(literal_address("::1", 2).unwrap().to_string(), "[::1]:2");
+        let error = literal_address("db.example.com", 27017).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
+        assert!(error.to_string().contains("db.example.com"), "{error}");
+    }
+}

@@ -1,0 +1,131 @@
+//! # retry-tokio
+//!
+//! retry-core's engine on tokio. [`TokioRuntime`] gives retry-driver tokio's clock
+//! (`tokio::time::Instant`, so paused-time tests see virtual time), tokio timers, `tokio::spawn`
+//! on the runtime current at connect, and tokio's TCP (with its resolver). The driving loop and
+//! the client live in `retry-driver`; [`Client`] is its client on this runtime.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use retry_core::retry::OperationKind;
+//! use retry_tokio::Client;
+//!
+//! let client = Client::with_uri("mongodb://127.0.0.1:27017/?retryReads=true&timeoutMS=5000")?;
+//! let reply = client
+//!     .run_command("test", bson::doc! { "ping": 1 }, OperationKind::RunCommand)
+//!     .await?;
+//! assert_eq!(reply.get_f64("ok").ok(), Some(1.0));
+//! client.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `Client::connect` must be called inside a tokio runtime (it spawns the driver there); outside
+//! one it returns [`ConnectError::Runtime`].
+
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::io;
+
+use retry_core::time::Instant;
+use retry_driver::{AsyncTimer, BoxFuture, Runtime, Socket};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::Sleep;
+
+pub use retry_driver::{
+    ClientOptions, CommandOptions, ConnectError, Events, OptionsError, Reply, TimedEvent,
+};
+
+/// A client driven on tokio.
+pub type Client = retry_driver::Client<TokioRuntime>;
+
+/// tokio as a [`Runtime`]: the current runtime's handle and the clock's origin.
+#[derive(Debug)]
+pub struct TokioRuntime {
+    handle: tokio::runtime::Handle,
+    origin: tokio::time::Instant,
+}
+
+/// `at` on this runtime's clock.
+fn deadline(origin: tokio::time::Instant, at: Instant) -> tokio::time::Instant {
+    origin + retry_driver::timer_offset(at)
+}
+
+impl Runtime for TokioRuntime {
+    fn start() -> io::Result<TokioRuntime> {
+        let handle = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
+        Ok(TokioRuntime {
+            handle,
+            origin: tokio::time::Instant::now(),
+        })
+    }
+
+    fn now(&self) -> Instant {
+        let elapsed = tokio::time::Instant::now().saturating_duration_since(self.origin);
+        Instant::ZERO.saturating_add(elapsed)
+    }
+
+    fn new_timer(&self, at: Instant) -> Pin<Box<dyn AsyncTimer>> {
+        Box::pin(Timer {
+            sleep: Box::pin(tokio::time::sleep_until(deadline(self.origin, at))),
+            origin: self.origin,
+        })
+    }
+
+    fn spawn(&self, future: BoxFuture<()>) -> io::Result<()> {
+        self.handle.spawn(future);
+        Ok(())
+    }
+
+    fn connect(&self, host: String, port: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
+        Box::pin(async move {
+            let stream = TcpStream::connect((host.as_str(), port)).await?;
+            stream.set_nodelay(true)?;
+            Ok(Box::pin(Stream(stream)) as Pin<Box<dyn Socket>>)
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Timer {
+    sleep: Pin<Box<Sleep>>,
+    origin: tokio::time::Instant,
+}
+
+impl AsyncTimer for Timer {
+    fn reset(mut self: Pin<&mut Self>, at: Instant) {
+        let deadline = deadline(self.origin, at);
+        self.sleep.as_mut().reset(deadline);
+    }
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.sleep.as_mut().poll(cx)
+    }
+}
+
+struct Stream(TcpStream);
+
+impl Socket for Stream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        let mut buf = ReadBuf::new(buf);
+        match Pin::new(&mut self.0).poll_read(cx, &mut buf) {
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(buf.filled().len())),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+}
