@@ -262,7 +262,8 @@ struct Operation {
     wake: Option<Instant>,
     server: Option<AttemptServer>,
     attempt: Option<Attempt>,
-    checkout: Option<CheckoutId>,
+    /// The pending checkout: checkout ids are per pool, so with its server.
+    checkout: Option<(ServerAddress, CheckoutId)>,
     conn: Option<ConnId>,
     reply: Option<Document>,
     /// A cursor operation's server: no selection (LB-10 and ordinary cursor server pinning).
@@ -653,8 +654,7 @@ impl Engine {
             return;
         };
         if let Some(conn) = state.conn.take() {
-            self.closes.push_back(conn);
-            self.sockets.remove(&conn);
+            self.close_socket(conn);
         }
         let Some(state) = self.monitors.get_mut(address) else {
             return;
@@ -696,12 +696,14 @@ impl Engine {
                     connection,
                 } => {
                     let conn = self.find_socket(&address, &Owner::Pool(connection));
-                    if let (Some(op_id), Some(conn)) = (self.op_with_checkout(checkout), conn) {
+                    if let (Some(op_id), Some(conn)) =
+                        (self.op_with_checkout(&address, checkout), conn)
+                    {
                         self.send_attempt(op_id, conn, now);
                     }
                 }
                 PoolAction::CheckoutFailed { checkout, error } => {
-                    if let Some(op_id) = self.op_with_checkout(checkout) {
+                    if let Some(op_id) = self.op_with_checkout(&address, checkout) {
                         if let Some(op) = self.ops.get_mut(&op_id) {
                             op.checkout = None;
                         }
@@ -761,12 +763,7 @@ impl Engine {
                         self.sockets.remove(&conn);
                         self.closes.push_back(conn);
                         match owner {
-                            Owner::Monitor => {
-                                if let Some(state) = self.monitors.get_mut(&address) {
-                                    state.conn = Some(conn);
-                                }
-                                self.monitor_check_failed(&address, &error, now);
-                            }
+                            Owner::Monitor => self.monitor_check_failed(&address, &error, now),
                             Owner::Pool(id) => {
                                 let context =
                                     error_context(&self.topology, &address, id, handshaken);
@@ -790,6 +787,24 @@ impl Engine {
                                             pool.check_in(id, false, now);
                                         }
                                     }
+                                    // An established connection no operation was using (idle, or
+                                    // pinned between operations) died: no SDAM error handling, as
+                                    // no operation saw it; the pool frees its slot, and a cursor
+                                    // pinned to it will send no killCursors (LB-11).
+                                    None if handshaken => {
+                                        for cursor in self
+                                            .cursors
+                                            .values_mut()
+                                            .filter(|c| c.conn == Some(conn))
+                                        {
+                                            cursor.pin.get_more_failed(&error);
+                                        }
+                                        if let Some(pool) = self.topology.pool_mut(&address) {
+                                            pool.handle_connection_lost(id, now);
+                                        }
+                                    }
+                                    // The handshake failed: SDAM error handling (HS-9), and the
+                                    // checkout that wanted the connection fails.
                                     None => {
                                         self.topology.handle_application_error(
                                             &address, &error, context, now,
@@ -909,7 +924,7 @@ impl Engine {
                             break;
                         };
                         match checkout {
-                            Some(id) => op.checkout = Some(id),
+                            Some(id) => op.checkout = Some((address, id)),
                             None => {
                                 let error = OperationError::server_selection(alloc::format!(
                                     "{address} is no longer part of the topology"
@@ -1292,10 +1307,14 @@ impl Engine {
         }
     }
 
-    fn op_with_checkout(&self, checkout: CheckoutId) -> Option<OpId> {
+    fn op_with_checkout(&self, address: &ServerAddress, checkout: CheckoutId) -> Option<OpId> {
         self.ops
             .iter()
-            .find(|(_, o)| o.checkout == Some(checkout))
+            .find(|(_, o)| {
+                o.checkout
+                    .as_ref()
+                    .is_some_and(|(a, c)| a == address && *c == checkout)
+            })
             .map(|(id, _)| *id)
     }
 

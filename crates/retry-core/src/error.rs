@@ -740,7 +740,9 @@ impl fmt::Display for OperationError {
         if !self.labels.is_empty() {
             write!(f, " {:?}", self.labels)?;
         }
-        if let Some(a) = &self.address {
+        // A timeout's cause already names its server.
+        let cause_named = matches!(&self.kind, ErrorKind::Timeout { cause: Some(_) });
+        if let (Some(a), false) = (&self.address, cause_named) {
             write!(f, " from {a}")?;
         }
         Ok(())

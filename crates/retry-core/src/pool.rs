@@ -315,8 +315,23 @@ struct Waiter {
     checkout: CheckoutId,
     purpose: Purpose,
     started: Instant,
+    /// The caller's deadline (CSOT): it bounds the checkout even while its connection is being
+    /// established (CS-3).
     deadline: Option<Instant>,
+    /// `waitQueueTimeoutMS`: it bounds only the wait in the queue.
+    queue_deadline: Option<Instant>,
     establishing: Option<ConnectionId>,
+}
+
+impl Waiter {
+    /// When this checkout fails if it is still waiting.
+    fn expiry(&self) -> Option<Instant> {
+        let queue = self.queue_deadline.filter(|_| self.establishing.is_none());
+        match (self.deadline, queue) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -441,11 +456,7 @@ impl Pool {
 
     /// The earliest wait-queue deadline or idle expiry.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let waits = self
-            .waiters
-            .iter()
-            .filter(|w| w.establishing.is_none())
-            .filter_map(|w| w.deadline);
+        let waits = self.waiters.iter().filter_map(Waiter::expiry);
         let idle = self.options.max_idle_time.map(|max| {
             self.connections.iter().filter_map(move |c| match c.state {
                 ConnectionState::Available { since } => Some(since.saturating_add(max)),
@@ -484,16 +495,20 @@ impl Pool {
                 self.fail(checkout, now, now, CheckoutError::PoolCleared(error));
             }
             PoolState::Ready => {
-                let deadline = match (deadline, self.options.wait_queue_timeout) {
-                    (Some(d), _) => Some(d),
-                    (None, Some(timeout)) => Some(now.saturating_add(timeout)),
-                    (None, None) => None,
+                // CM-8: under CSOT the caller's deadline replaces waitQueueTimeoutMS.
+                let queue_deadline = match deadline {
+                    Some(_) => None,
+                    None => self
+                        .options
+                        .wait_queue_timeout
+                        .map(|t| now.saturating_add(t)),
                 };
                 self.waiters.push_back(Waiter {
                     checkout,
                     purpose,
                     started: now,
                     deadline,
+                    queue_deadline,
                     establishing: None,
                 });
                 self.serve(now);
@@ -609,6 +624,25 @@ impl Pool {
         self.serve(now);
     }
 
+    /// The socket of an established connection failed while no checkout was using it (an idle
+    /// connection, or one pinned to a cursor or transaction between operations): it is closed
+    /// (reason `error`), after a [`PoolEvent::CheckedIn`] if it was checked out, and its slot is
+    /// freed.
+    pub fn handle_connection_lost(&mut self, connection: ConnectionId, now: Instant) {
+        let Some(conn) = self.connection(connection) else {
+            return;
+        };
+        match conn.state {
+            ConnectionState::Pending { .. } => return,
+            ConnectionState::InUse { .. } => {
+                self.events.push_back(PoolEvent::CheckedIn { connection })
+            }
+            ConnectionState::Available { .. } => {}
+        }
+        self.close_connection(connection, CloseReason::Error);
+        self.serve(now);
+    }
+
     /// Clears the pool after `cause` (CM-4): the generation goes up, the pool pauses, every waiter
     /// fails at once with a retryable `PoolClearedError`, available connections are closed as
     /// stale, and [`PoolEvent::PoolCleared`] is emitted only if the pool was not already paused.
@@ -710,10 +744,9 @@ impl Pool {
         }
         let mut index = 0;
         while index < self.waiters.len() {
-            let waiter = &self.waiters[index];
-            // A checkout that is establishing its own connection is bounded by the connect
-            // timeout, not by the wait queue's.
-            if waiter.establishing.is_none() && waiter.deadline.is_some_and(|d| now >= d) {
+            // A checkout that is establishing its own connection is bounded by the caller's
+            // deadline and the connect timeout, not by the wait queue's.
+            if self.waiters[index].expiry().is_some_and(|d| now >= d) {
                 if let Some(w) = self.waiters.remove(index) {
                     let message = self.wait_queue_timeout_message();
                     self.fail(
@@ -892,6 +925,14 @@ impl Pool {
         };
         let conn = self.connections.remove(index);
         self.available.retain(|a| *a != id);
+        // A checkout that was waiting for this connection waits for another.
+        for w in self
+            .waiters
+            .iter_mut()
+            .filter(|w| w.establishing == Some(id))
+        {
+            w.establishing = None;
+        }
         if let Some(service) = conn.service_id {
             if let Some(pos) = self.services.iter().position(|s| s.service_id == service) {
                 let entry = &mut self.services[pos];

@@ -9,6 +9,7 @@ use retry_core::pool::{
     PoolState, Purpose,
 };
 use retry_core::time::Instant;
+use std::time::Duration;
 
 fn address() -> ServerAddress {
     ServerAddress::new("lb", 27017)
@@ -203,4 +204,37 @@ fn closed_pool_and_timeout_errors_are_not_retryable() {
         e.to_string(),
         "Attempted to check out a connection from closed connection pool from lb:27017"
     );
+}
+
+/// A regression found by the engine proptest: a checkout that adopted a connection still pending
+/// across a clear is served once that stale connection is closed.
+#[test]
+fn a_checkout_that_adopts_a_connection_pending_across_a_clear_is_answered() {
+    let t = |ms: u64| Instant::ZERO.saturating_add(Duration::from_millis(ms));
+    let mut pool = Pool::new(ServerAddress::new("db", 27017), PoolOptions::default());
+    pool.ready(t(0));
+    let _first = pool.check_out(Purpose::Other, None, t(0));
+    // Connection 1 is being established for the first checkout; then the pool is cleared, which
+    // fails the first checkout and leaves connection 1 pending for nobody.
+    pool.clear(None, false, "network error", t(1));
+    pool.ready(t(2));
+    let deadline = t(1_000);
+    let second = pool.check_out(Purpose::Other, Some(deadline), t(2));
+    // Connection 1's handshake completes: it is stale (old generation) and is closed.
+    pool.handle_established(retry_core::pool::ConnectionId(1), None, t(3));
+    pool.handle_timeout(t(5_000));
+    let mut answered = false;
+    while let Some(action) = pool.poll_action() {
+        match action {
+            PoolAction::CheckedOut { checkout, .. }
+            | PoolAction::CheckoutFailed { checkout, .. }
+                if checkout == second =>
+            {
+                answered = true
+            }
+            PoolAction::Establish { connection } if connection.0 > 1 => answered = true,
+            _ => {}
+        }
+    }
+    assert!(answered, "checkout {second:?} was neither served, nor given a new connection, nor failed by its deadline");
 }

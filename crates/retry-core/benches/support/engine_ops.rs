@@ -1,0 +1,69 @@
+//! The engine benchmark's cases, shared by `benches/engine.rs` (criterion) and
+//! `examples/engine_calls.rs` (valgrind counts): one whole operation in the simulated driver of
+//! `tests/support/sim.rs`, and the baseline of the same OP_MSG round trip through the codec alone.
+//! The including file must also include the simulated driver as `crate::sim`.
+
+use bson::{doc, Document};
+use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
+
+use crate::sim::{address, Role, Sim, SimServer};
+
+/// Operations run before measuring, so that every mongos is discovered and has a pooled
+/// connection, and the driver's buffers have their steady-state capacity.
+const WARM_UP: usize = 30;
+
+/// Three healthy mongos, discovered and warmed up.
+pub fn three_mongos() -> Sim {
+    let servers = ["m1", "m2", "m3"]
+        .into_iter()
+        .map(|host| (address(host), SimServer::new(Role::Mongos)))
+        .collect();
+    let mut sim = Sim::new(servers, |_| {});
+    for _ in 0..WARM_UP {
+        one_operation(&mut sim);
+    }
+    sim
+}
+
+/// One read from start to final event: select among the three mongos, check a connection out,
+/// encode the command, the server decodes it and encodes `{ok: 1}`, decode the reply, check the
+/// connection in, finish. Returns the reply's field count so the work is not optimized away.
+pub fn one_operation(sim: &mut Sim) -> usize {
+    let op = sim.read(doc! { "find": "c" });
+    let reply = sim.run(op).expect("a healthy mongos answers");
+    // Only the last operation's events are kept, so the driver's memory stays flat.
+    sim.events.clear();
+    reply.len()
+}
+
+/// The command and the reply of [`one_operation`], as the engine and the server build them.
+pub fn round_trip_messages() -> (OpMsg, OpMsg) {
+    let request = OpMsg::command(2, doc! { "find": "c", "$db": "test" });
+    let reply = OpMsg {
+        request_id: 0,
+        response_to: 2,
+        flags: MsgFlags::NONE,
+        body: doc! { "ok": 1 },
+        sequences: Vec::new(),
+    };
+    (request, reply)
+}
+
+/// The baseline: the codec work of one round trip alone (encode and decode the command, encode
+/// and decode the reply), which [`one_operation`] also does.
+pub fn codec_round_trip(request: &OpMsg, reply: &OpMsg) -> usize {
+    let mut total = 0;
+    for message in [request, reply] {
+        let mut bytes = Vec::new();
+        message
+            .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut bytes)
+            .expect("encodable");
+        let mut decoder = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
+        let decoded: Document = match decoder.decode(&bytes) {
+            Ok((_, Some(m))) => m.body,
+            _ => Document::new(),
+        };
+        total += decoded.len();
+    }
+    total
+}

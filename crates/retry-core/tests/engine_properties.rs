@@ -1,0 +1,652 @@
+//! A proptest of the whole engine on random input sequences, in the simulated driver of
+//! `support/sim.rs`: random topologies (a standalone, one to three mongos, a load balancer),
+//! random server scripts (replies, overload and retryable errors, resets in the middle of a
+//! command and during handshakes, bytes that are not OP_MSG, slow replies, handshakes slower than the connect timeout), random operations
+//! with random CSOT timeouts, random early socket closes, time that advances by random amounts or
+//! not at all, spurious `handle_timeout` calls, and events for connections the engine never gave
+//! out or already closed.
+//!
+//! Invariants: nothing panics; every started operation gets exactly one `OperationFinished`, within
+//! a bounded virtual time, and by its CSOT deadline if it has one; every `CommandStarted` gets exactly one succeeded or failed partner
+//! before the next attempt starts and before the operation finishes; `poll_timeout` never names a
+//! past instant, and names the present one only for a few more `handle_timeout` calls; no pool has more than `maxPoolSize`
+//! connections open or checked out; the same case run twice gives the same trace.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use bson::{doc, Document};
+use proptest::prelude::*;
+use retry_core::address::ServerAddress;
+use retry_core::engine::{ConnId, EngineEvent, OpId, OperationRequest};
+use retry_core::error::NetworkErrorKind;
+use retry_core::pool::{ConnectionId, PoolEvent};
+use retry_core::retry::{OperationKind, RetryEvent};
+use retry_core::selection::SelectionCriteria;
+use retry_core::time::{Instant, OperationTimeout};
+
+#[path = "support/sim.rs"]
+mod sim;
+
+use sim::{address, overload, Role, Sim, SimServer, Step};
+
+/// How long, in virtual time after the last input, every operation has to finish. The slowest
+/// legitimate operation: three attempts, each with up to 5 s of selection, 10 s to connect, 5 s of
+/// slow reply and up to 10 s of backoff, behind others in a one-connection wait queue.
+const SETTLE: Duration = Duration::from_secs(15 * 60);
+
+#[derive(Clone, Copy, Debug)]
+enum Topology {
+    Standalone,
+    Mongos(usize),
+    LoadBalanced,
+}
+
+/// One scripted answer to a command.
+#[derive(Clone, Debug)]
+enum ScriptStep {
+    Ok,
+    /// An overload error (code 462 with both labels).
+    Overload,
+    /// A server error with a retryable code, with or without the `RetryableWriteError` label.
+    Retryable(i32, bool),
+    /// The connection is reset instead of a reply.
+    Reset,
+    /// A frame whose header is invalid: `messageLength` below the header's 16 bytes.
+    Garbage(Vec<u8>),
+    /// `{ok: 1}` after this many extra milliseconds.
+    Slow(u64),
+}
+
+impl ScriptStep {
+    fn step(&self) -> Step {
+        match self {
+            ScriptStep::Ok => Step::reply(doc! { "ok": 1 }),
+            ScriptStep::Overload => Step::reply(overload(462)),
+            ScriptStep::Retryable(code, label) => {
+                let labels: Vec<&str> = if *label {
+                    vec!["RetryableWriteError"]
+                } else {
+                    Vec::new()
+                };
+                Step::reply(
+                    doc! { "ok": 0, "code": *code, "errmsg": "scripted", "errorLabels": labels },
+                )
+            }
+            ScriptStep::Reset => Step::Reset,
+            ScriptStep::Garbage(bytes) => Step::Garbage(bytes.clone()),
+            ScriptStep::Slow(ms) => Step::Reply {
+                body: doc! { "ok": 1 },
+                delay: Duration::from_millis(*ms),
+            },
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct ServerScript {
+    steps: Vec<ScriptStep>,
+    reset_handshakes: u32,
+    /// When set, every handshake reply comes this many milliseconds after `connectTimeoutMS`, so
+    /// that every connection to this server fails with a connect timeout. Handshakes that are slow
+    /// but in time are not drawn: a checkout can then adopt a connection that was pending across a
+    /// pool clear, and never completes when that connection turns out stale (reported on issue 5;
+    /// draw any delay once fixed).
+    late_handshake_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+enum Input {
+    /// Start an operation of kind `kind` (an index into `KINDS`); `timeout_ms`: `None` is CSOT off,
+    /// `Some(0)` CSOT without a limit, else a deadline this far away.
+    Start {
+        kind: usize,
+        timeout_ms: Option<u64>,
+    },
+    /// Advance virtual time by this many milliseconds (0: the same instant again).
+    Advance(u64),
+    /// `handle_timeout` at the current instant, whether or not anything is due.
+    SpuriousTimeout,
+    /// One of the open sockets (an index into them, in id order) closes with this error.
+    Close(usize, NetworkErrorKind),
+    /// Bytes for a connection that is closed or was never given out.
+    UnknownBytes(u64, Vec<u8>),
+    /// `handle_closed` for a connection that is closed or was never given out.
+    UnknownClosed(u64),
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    topology: Topology,
+    scripts: Vec<ServerScript>,
+    max_pool_size: u32,
+    seed: u64,
+    selection_timeout_ms: u64,
+    connect_timeout_ms: u64,
+    socket_timeout_ms: Option<u64>,
+    inputs: Vec<Input>,
+}
+
+const KINDS: [OperationKind; 10] = [
+    OperationKind::Read,
+    OperationKind::RetryableWrite,
+    OperationKind::NonRetryableWrite,
+    OperationKind::GetMore,
+    OperationKind::RunCommand,
+    OperationKind::CommitTransaction { again: false },
+    OperationKind::CommitTransaction { again: true },
+    OperationKind::AbortTransaction,
+    OperationKind::InTransaction {
+        read: true,
+        first: true,
+    },
+    OperationKind::InTransaction {
+        read: false,
+        first: false,
+    },
+];
+
+fn request(kind: OperationKind, timeout: OperationTimeout) -> OperationRequest {
+    let (command, criteria, txn_number) = match kind {
+        OperationKind::Read => (doc! { "find": "c" }, sim::primary(), None),
+        OperationKind::GetMore => (
+            doc! { "getMore": 1_i64, "collection": "c" },
+            sim::primary(),
+            None,
+        ),
+        OperationKind::RunCommand => (doc! { "ping": 1 }, sim::primary(), None),
+        OperationKind::RetryableWrite => (
+            doc! { "insert": "c", "documents": [{ "x": 1 }] },
+            SelectionCriteria::Write,
+            Some(1),
+        ),
+        OperationKind::NonRetryableWrite => (
+            doc! { "delete": "c", "deletes": [{ "q": {}, "limit": 0 }] },
+            SelectionCriteria::Write,
+            None,
+        ),
+        OperationKind::CommitTransaction { .. } => (
+            doc! { "commitTransaction": 1 },
+            SelectionCriteria::Write,
+            Some(2),
+        ),
+        OperationKind::AbortTransaction => (
+            doc! { "abortTransaction": 1 },
+            SelectionCriteria::Write,
+            Some(2),
+        ),
+        OperationKind::InTransaction { read: true, .. } => {
+            (doc! { "find": "c" }, sim::primary(), Some(2))
+        }
+        OperationKind::InTransaction { read: false, .. } => (
+            doc! { "insert": "c", "documents": [{ "x": 2 }] },
+            SelectionCriteria::Write,
+            Some(2),
+        ),
+    };
+    let mut request = OperationRequest::new("test", command, kind, criteria);
+    request.timeout = timeout;
+    request.txn_number = txn_number;
+    request
+}
+
+fn script_step() -> impl Strategy<Value = ScriptStep> {
+    // Retryable codes (RR-2) and SDAM state-change codes; 462 is covered by Overload.
+    let codes = prop::sample::select(vec![6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 13436]);
+    let garbage =
+        (0..16_i32, prop::collection::vec(any::<u8>(), 12..40)).prop_map(|(len, rest)| {
+            let mut bytes = len.to_le_bytes().to_vec();
+            bytes.extend(rest);
+            bytes
+        });
+    prop_oneof![
+        3 => Just(ScriptStep::Ok),
+        2 => Just(ScriptStep::Overload),
+        1 => (codes, any::<bool>()).prop_map(|(c, l)| ScriptStep::Retryable(c, l)),
+        1 => Just(ScriptStep::Reset),
+        1 => garbage.prop_map(ScriptStep::Garbage),
+        1 => (1..5_000_u64).prop_map(ScriptStep::Slow),
+    ]
+}
+
+/// How an early close is reported. `NetworkErrorKind::Timeout` is not drawn: an idle pooled
+/// connection closed with it stays available in its pool, and the next operation that checks it
+/// out never finishes (reported on issue 5 with its reproduction; add it here once fixed).
+fn close_kind() -> impl Strategy<Value = NetworkErrorKind> {
+    prop::sample::select(vec![
+        NetworkErrorKind::Closed,
+        NetworkErrorKind::Reset,
+        NetworkErrorKind::Io,
+        NetworkErrorKind::Timeout,
+    ])
+}
+
+fn input() -> impl Strategy<Value = Input> {
+    let timeout = prop_oneof![Just(None), Just(Some(0)), (1..20_000_u64).prop_map(Some),];
+    prop_oneof![
+        4 => (0..KINDS.len(), timeout).prop_map(|(kind, timeout_ms)| Input::Start { kind, timeout_ms }),
+        4 => prop_oneof![Just(0_u64), 0..50_u64, 0..15_000_u64].prop_map(Input::Advance),
+        1 => Just(Input::SpuriousTimeout),
+        1 => (any::<usize>(), close_kind()).prop_map(|(pick, kind)| Input::Close(pick, kind)),
+        1 => (any::<u64>(), prop::collection::vec(any::<u8>(), 0..64)).prop_map(|(c, b)| Input::UnknownBytes(c, b)),
+        1 => any::<u64>().prop_map(Input::UnknownClosed),
+    ]
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let topology = prop_oneof![
+        Just(Topology::Standalone),
+        (1..=3_usize).prop_map(Topology::Mongos),
+        Just(Topology::LoadBalanced),
+    ];
+    let late_handshake = prop_oneof![3 => Just(None), 1 => (0..2_000_u64).prop_map(Some)];
+    let script = (
+        prop::collection::vec(script_step(), 0..8),
+        0..3_u32,
+        late_handshake,
+    )
+        .prop_map(
+            |(steps, reset_handshakes, late_handshake_ms)| ServerScript {
+                steps,
+                reset_handshakes,
+                late_handshake_ms,
+            },
+        );
+    (
+        topology,
+        prop::collection::vec(script, 3),
+        1..=3_u32,
+        any::<u64>(),
+        0..5_000_u64,
+        100..10_000_u64,
+        prop::option::of(100..10_000_u64),
+        prop::collection::vec(input(), 1..40),
+    )
+        .prop_map(
+            |(
+                topology,
+                scripts,
+                max_pool_size,
+                seed,
+                selection_timeout_ms,
+                connect_timeout_ms,
+                socket_timeout_ms,
+                inputs,
+            )| Case {
+                topology,
+                scripts,
+                max_pool_size,
+                seed,
+                selection_timeout_ms,
+                connect_timeout_ms,
+                socket_timeout_ms,
+                inputs,
+            },
+        )
+}
+
+/// A connection that is not open: one the simulation saw closed (even `pick`), else one the
+/// engine never gave out.
+fn unknown_conn(sim: &Sim, pick: u64) -> ConnId {
+    let retired: Vec<ConnId> = sim.retired.iter().copied().collect();
+    if pick.is_multiple_of(2) && !retired.is_empty() {
+        retired[(pick / 2) as usize % retired.len()]
+    } else {
+        ConnId(u64::MAX - pick / 2)
+    }
+}
+
+/// `poll_timeout` never names a past instant.
+fn check_timeout(sim: &Sim) -> Result<(), TestCaseError> {
+    let timeout = sim.engine.poll_timeout();
+    prop_assert!(
+        timeout.is_none_or(|t| t >= sim.now),
+        "poll_timeout {timeout:?} is before now, {}",
+        sim.now
+    );
+    Ok(())
+}
+
+/// How many `handle_timeout` calls at one instant may be needed before nothing is due: a timer
+/// handled at an instant can make another machine's timer due at that same instant (a failed
+/// monitor check schedules the next one for now), which the next call handles.
+const CALLS_PER_INSTANT: usize = 4;
+
+/// Right after `handle_timeout(now)`: calling it again at the same instant, as the driving rule
+/// says while `poll_timeout` names now, soon leaves nothing due (no busy loop).
+fn settle_instant(sim: &mut Sim) -> Result<(), TestCaseError> {
+    for _ in 0..CALLS_PER_INSTANT {
+        if sim.engine.poll_timeout().is_none_or(|t| t > sim.now) {
+            return Ok(());
+        }
+        sim.engine.handle_timeout(sim.now);
+        sim.drain();
+    }
+    let timeout = sim.engine.poll_timeout();
+    prop_assert!(
+        timeout.is_none_or(|t| t > sim.now),
+        "poll_timeout {timeout:?} still names {} after {CALLS_PER_INSTANT} more handle_timeout calls",
+        sim.now
+    );
+    Ok(())
+}
+
+/// An operation the case started, with its CSOT deadline if it has one.
+struct Started {
+    op: OpId,
+    deadline: Option<Instant>,
+}
+
+/// Runs one case and returns the simulation and the operations it started.
+fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
+    let (role, hosts): (Role, Vec<String>) = match case.topology {
+        Topology::Standalone => (Role::Standalone, vec!["db".into()]),
+        Topology::Mongos(n) => (Role::Mongos, (1..=n).map(|i| format!("m{i}")).collect()),
+        Topology::LoadBalanced => (Role::LoadBalancer { service_id: true }, vec!["lb".into()]),
+    };
+    let servers = hosts
+        .iter()
+        .zip(&case.scripts)
+        .map(|(host, script)| {
+            let mut server = SimServer::new(role);
+            server.script = script.steps.iter().map(ScriptStep::step).collect();
+            server.reset_handshakes = script.reset_handshakes;
+            if let Some(late) = script.late_handshake_ms {
+                server.handshake_delay = Duration::from_millis(late * 3);
+            }
+            (address(host), server)
+        })
+        .collect();
+    let mut sim = Sim::new(servers, |o| {
+        o.seed = case.seed;
+        o.topology.load_balanced = matches!(case.topology, Topology::LoadBalanced);
+        o.topology.pool.max_pool_size = case.max_pool_size;
+        o.selection.server_selection_timeout = Duration::from_millis(case.selection_timeout_ms);
+        o.connect_timeout = Duration::from_millis(case.connect_timeout_ms);
+        o.socket_timeout = case.socket_timeout_ms.map(Duration::from_millis);
+    });
+    let mut ops = Vec::new();
+    for input in &case.inputs {
+        match input {
+            Input::Start { kind, timeout_ms } => {
+                let timeout = match timeout_ms {
+                    None => OperationTimeout::Off,
+                    Some(ms) => {
+                        OperationTimeout::from_timeout_ms(sim.now, Duration::from_millis(*ms))
+                    }
+                };
+                let op = sim.start_request(request(KINDS[*kind], timeout));
+                ops.push(Started {
+                    op,
+                    deadline: timeout.deadline(),
+                });
+            }
+            Input::Advance(ms) => {
+                let until = sim.now.saturating_add(Duration::from_millis(*ms));
+                prop_assert!(sim.advance_to(until), "step cap reached before {until}");
+            }
+            Input::SpuriousTimeout => {
+                sim.engine.handle_timeout(sim.now);
+                sim.drain();
+            }
+            Input::Close(pick, kind) => {
+                let open: Vec<ConnId> = sim.sockets.keys().copied().collect();
+                if !open.is_empty() {
+                    sim.peer_close(open[pick % open.len()], *kind);
+                }
+            }
+            Input::UnknownBytes(pick, bytes) => {
+                let conn = unknown_conn(&sim, *pick);
+                sim.engine.handle_bytes(conn, bytes, sim.now);
+                sim.drain();
+            }
+            Input::UnknownClosed(pick) => {
+                let conn = unknown_conn(&sim, *pick);
+                sim.engine
+                    .handle_closed(conn, NetworkErrorKind::Closed, sim.now);
+                sim.drain();
+            }
+        }
+        check_timeout(&sim)?;
+        if matches!(input, Input::Advance(_) | Input::SpuriousTimeout) {
+            settle_instant(&mut sim)?;
+        }
+    }
+    // Every operation must end within SETTLE, step by step (the monitors' timers never stop).
+    let limit = sim.now.saturating_add(SETTLE);
+    for _ in 0..sim::MAX_STEPS {
+        let finished = finished_ops(&sim);
+        if ops.iter().all(|s| finished.contains_key(&s.op)) {
+            break;
+        }
+        if !sim.step(limit) {
+            break;
+        }
+        check_timeout(&sim)?;
+    }
+    Ok((sim, ops))
+}
+
+fn finish_time(sim: &Sim, op: OpId) -> Option<Instant> {
+    sim.events.iter().find_map(|(at, e)| {
+        matches!(e, EngineEvent::OperationFinished { op: o, .. } if *o == op).then_some(*at)
+    })
+}
+
+fn finished_ops(sim: &Sim) -> BTreeMap<OpId, usize> {
+    let mut finished = BTreeMap::new();
+    for (_, event) in &sim.events {
+        if let EngineEvent::OperationFinished { op, .. } = event {
+            *finished.entry(*op).or_insert(0) += 1;
+        }
+    }
+    finished
+}
+
+/// BP-26: per operation, `CommandStarted` then exactly one succeeded or failed event of the same
+/// attempt, before the next attempt and before the operation finishes.
+fn check_command_events(sim: &Sim) -> Result<(), TestCaseError> {
+    let mut in_flight: BTreeMap<OpId, (u32, ServerAddress)> = BTreeMap::new();
+    for (at, event) in &sim.events {
+        match event {
+            EngineEvent::Operation {
+                op,
+                event: RetryEvent::CommandStarted { attempt, address },
+            } => {
+                let earlier = in_flight.insert(*op, (*attempt, address.clone()));
+                prop_assert!(
+                    earlier.is_none(),
+                    "{op:?} started attempt {attempt} at {at} while {earlier:?} was in flight"
+                );
+            }
+            EngineEvent::Operation {
+                op,
+                event:
+                    RetryEvent::CommandSucceeded {
+                        attempt, address, ..
+                    }
+                    | RetryEvent::CommandFailed {
+                        attempt, address, ..
+                    },
+            } => {
+                let started = in_flight.remove(op);
+                prop_assert_eq!(
+                    started,
+                    Some((*attempt, address.clone())),
+                    "{:?}: a command outcome at {} without its CommandStarted",
+                    op,
+                    at
+                );
+            }
+            EngineEvent::OperationFinished { op, .. } => {
+                prop_assert!(
+                    !in_flight.contains_key(op),
+                    "{op:?} finished at {at} with a command in flight"
+                );
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// No pool has more than `maxPoolSize` connections open, or checked out, at any time.
+fn check_pools(sim: &Sim, max_pool_size: u32) -> Result<(), TestCaseError> {
+    #[derive(Default)]
+    struct Counts {
+        open: BTreeSet<ConnectionId>,
+        in_use: BTreeSet<ConnectionId>,
+    }
+    let max = max_pool_size as usize;
+    let mut pools: BTreeMap<ServerAddress, Counts> = BTreeMap::new();
+    for (at, event) in &sim.events {
+        let EngineEvent::Pool { address, event } = event else {
+            continue;
+        };
+        let pool = pools.entry(address.clone()).or_default();
+        match event {
+            PoolEvent::PoolCreated => *pool = Counts::default(),
+            PoolEvent::ConnectionCreated { connection } => {
+                prop_assert!(pool.open.insert(*connection));
+            }
+            PoolEvent::ConnectionClosed { connection, .. } => {
+                prop_assert!(pool.open.remove(connection));
+                pool.in_use.remove(connection);
+            }
+            PoolEvent::CheckedOut { connection, .. } => {
+                prop_assert!(
+                    pool.open.contains(connection),
+                    "{address}: {connection:?} checked out at {at} but not open"
+                );
+                prop_assert!(
+                    pool.in_use.insert(*connection),
+                    "{address}: {connection:?} checked out twice at {at}"
+                );
+            }
+            PoolEvent::CheckedIn { connection } => {
+                prop_assert!(
+                    pool.in_use.remove(connection),
+                    "{address}: {connection:?} checked in at {at} but not checked out"
+                );
+            }
+            _ => {}
+        }
+        prop_assert!(
+            pool.open.len() <= max && pool.in_use.len() <= max,
+            "{address} at {at}: {} open, {} in use, maxPoolSize {max}",
+            pool.open.len(),
+            pool.in_use.len()
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_engine_ends_every_operation_once_and_keeps_its_invariants(case in case()) {
+        let (sim, ops) = run(&case)?;
+        let finished = finished_ops(&sim);
+        for Started { op, deadline } in &ops {
+            prop_assert_eq!(
+                finished.get(op).copied(),
+                Some(1),
+                "{:?} must finish exactly once by {} (SETTLE after the last input)",
+                op,
+                sim.now
+            );
+            // CS-2. Only without late handshakes: the engine does not yet cap the establishment
+            // of a connection by the CSOT deadline of the operation waiting for it (CS-3), so such
+            // an operation ends up to connectTimeoutMS late (reported on issue 5; drop this
+            // condition once fixed).
+            {
+                let at = finish_time(&sim, *op);
+                prop_assert!(
+                    deadline.is_none_or(|d| at.is_some_and(|at| at <= d)),
+                    "{op:?} finished at {at:?}, after its CSOT deadline {deadline:?} (CS-2)"
+                );
+            }
+        }
+        prop_assert_eq!(finished.len(), ops.len(), "only started operations finish");
+        check_command_events(&sim)?;
+        check_pools(&sim, case.max_pool_size)?;
+
+        let (again, _) = run(&case)?;
+        prop_assert!(sim.events == again.events, "the same case gave another trace");
+    }
+}
+
+/// The invariant checks above can fail: a trace with an outcome but no start, and a pool over its
+/// size, are caught.
+#[test]
+fn the_checks_catch_broken_traces() {
+    let mut sim = Sim::new(
+        vec![(address("db"), SimServer::new(Role::Standalone))],
+        |_| {},
+    );
+    let db = address("db");
+    sim.events.push((
+        Instant::ZERO,
+        EngineEvent::Operation {
+            op: OpId(1),
+            event: RetryEvent::CommandSucceeded {
+                attempt: 1,
+                address: db.clone(),
+                duration: Duration::ZERO,
+            },
+        },
+    ));
+    assert!(check_command_events(&sim).is_err());
+
+    let mut sim = Sim::new(
+        vec![(address("db"), SimServer::new(Role::Standalone))],
+        |_| {},
+    );
+    for connection in [ConnectionId(1), ConnectionId(2)] {
+        sim.events.push((
+            Instant::ZERO,
+            EngineEvent::Pool {
+                address: db.clone(),
+                event: PoolEvent::ConnectionCreated { connection },
+            },
+        ));
+    }
+    assert!(check_pools(&sim, 2).is_ok());
+    assert!(check_pools(&sim, 1).is_err());
+}
+
+/// A sanity run of the generator's shape that must succeed: one read on each topology.
+#[test]
+fn one_read_finishes_on_every_topology() {
+    for topology in [
+        Topology::Standalone,
+        Topology::Mongos(3),
+        Topology::LoadBalanced,
+    ] {
+        let case = Case {
+            topology,
+            scripts: vec![
+                ServerScript {
+                    steps: Vec::new(),
+                    reset_handshakes: 0,
+                    late_handshake_ms: None,
+                };
+                3
+            ],
+            max_pool_size: 1,
+            seed: 1,
+            selection_timeout_ms: 1_000,
+            connect_timeout_ms: 1_000,
+            socket_timeout_ms: None,
+            inputs: vec![Input::Start {
+                kind: 0,
+                timeout_ms: None,
+            }],
+        };
+        let (sim, ops) = run(&case).expect("runs");
+        let result = sim.result(ops[0].op).expect("finished");
+        let reply: Document = result.expect("a read on a healthy deployment succeeds");
+        assert_eq!(reply.get_i32("ok").ok(), Some(1), "{topology:?}");
+    }
+}

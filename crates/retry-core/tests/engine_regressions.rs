@@ -1,0 +1,94 @@
+//! Regressions found by the engine proptest (tests/engine_properties.rs): each reproduces one
+//! engine bug that is now fixed.
+
+use std::time::Duration;
+
+use bson::doc;
+use retry_core::engine::{ConnId, EngineEvent, OperationRequest};
+use retry_core::error::NetworkErrorKind;
+use retry_core::retry::OperationKind;
+use retry_core::time::{Instant, OperationTimeout};
+
+#[path = "support/sim.rs"]
+mod sim;
+
+use sim::{address, primary, Role, Sim, SimServer};
+
+fn read_with_csot(sim: &Sim, ms: u64) -> OperationRequest {
+    let mut request =
+        OperationRequest::new("test", doc! { "find": "c" }, OperationKind::Read, primary());
+    request.timeout = OperationTimeout::from_timeout_ms(sim.now, Duration::from_millis(ms));
+    request
+}
+
+fn finished_at(sim: &Sim, op: retry_core::engine::OpId) -> Option<Instant> {
+    sim.events.iter().find_map(|(t, e)| {
+        matches!(e, EngineEvent::OperationFinished { op: o, .. } if *o == op).then_some(*t)
+    })
+}
+
+/// Was bug 1: an idle pooled connection reported closed with NetworkErrorKind::Timeout stays
+/// available in its pool (SDAM ignores post-handshake timeouts, and Pool::handle_establish_failed
+/// ignores a connection that is not Pending); the next checkout gets it, the engine finds no
+/// socket for it, and the operation never finishes, CSOT deadline or not.
+#[test]
+fn bug1_idle_pooled_connection_closed_with_a_timeout_leaks_the_next_operation() {
+    let mut sim = Sim::new(
+        vec![(address("db"), SimServer::new(Role::Standalone))],
+        |o| o.topology.pool.max_pool_size = 1,
+    );
+    let first = sim.read(doc! { "find": "c" });
+    sim.run(first).unwrap();
+    // ConnId(1) is the monitor's socket, ConnId(2) the pooled one, now idle.
+    sim.peer_close(ConnId(2), NetworkErrorKind::Timeout);
+    let op = sim.start_request(read_with_csot(&sim, 5_000));
+    sim.advance_to(sim.now.saturating_add(Duration::from_secs(600)));
+    assert!(
+        sim.result(op).is_some(),
+        "expected the read to finish by its 5 s deadline; it never finished"
+    );
+}
+
+/// Was bug 2 (CS-3): a connection opened for an operation with a CSOT deadline is bounded by
+/// connectTimeoutMS only; the operation finishes when the slow handshake ends (5 s), not by its
+/// 500 ms deadline. Load-balanced mode shows it (no monitor gates selection).
+#[test]
+fn bug2_csot_does_not_cap_connection_establishment() {
+    let mut server = SimServer::new(Role::LoadBalancer { service_id: true });
+    server.handshake_delay = Duration::from_secs(5);
+    let mut sim = Sim::new(vec![(address("lb"), server)], |o| {
+        o.topology.load_balanced = true
+    });
+    let op = sim.start_request(read_with_csot(&sim, 500));
+    sim.advance_to(sim.now.saturating_add(Duration::from_secs(30)));
+    let at = finished_at(&sim, op).expect("finishes");
+    assert!(
+        at <= Instant::ZERO.saturating_add(Duration::from_millis(500)),
+        "finished at {at}, expected by its 500 ms CSOT deadline"
+    );
+}
+
+/// Was bug 4: when a monitor's socket fails, poll_close names it twice (the Failed branch of
+/// drain_sockets queues the close, puts the ConnId back in the monitor state, and
+/// monitor_check_failed queues it again).
+#[test]
+fn bug4_a_failed_monitor_socket_is_closed_once() {
+    use retry_core::engine::{Engine, EngineOptions};
+    use retry_core::topology::TopologySettings;
+    let options = EngineOptions::new(TopologySettings::new(vec![address("db")]), sim::handshake());
+    let mut engine = Engine::new(options, Instant::ZERO).unwrap();
+    engine.handle_timeout(Instant::ZERO);
+    let connect = engine.poll_connect().expect("the monitor connects");
+    engine.handle_connected(connect.conn, Instant::ZERO);
+    while engine.poll_transmit().is_some() {}
+    engine.handle_closed(
+        connect.conn,
+        NetworkErrorKind::Reset,
+        Instant::from_nanos(1_000),
+    );
+    let mut closes = Vec::new();
+    while let Some(conn) = engine.poll_close() {
+        closes.push(conn);
+    }
+    assert_eq!(closes, [connect.conn], "each socket is closed once");
+}

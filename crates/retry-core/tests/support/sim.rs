@@ -1,0 +1,442 @@
+//! A bounded simulated driver for the engine, in the style of quinn-proto's `Pair`: scripted
+//! in-memory servers over OP_MSG, a simulated network with a fixed latency, and a virtual clock.
+//! Every loop is capped in steps.
+//!
+//! Shared by `tests/engine_sim.rs`, `tests/engine_properties.rs`, `benches/engine.rs` and
+//! `examples/engine_calls.rs` (each includes this file with `#[path]`), so that there is one copy.
+//! Each of them uses a different part of it, hence the `dead_code` allowance below.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use bson::{doc, oid::ObjectId, Document};
+use retry_core::address::ServerAddress;
+use retry_core::engine::{ConnId, Engine, EngineEvent, EngineOptions, OpId, OperationRequest};
+use retry_core::error::{NetworkErrorKind, OperationError};
+use retry_core::handshake::{ClientMetadata, HandshakeOptions};
+use retry_core::retry::{OperationKind, RetryEvent};
+use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
+use retry_core::time::Instant;
+use retry_core::topology::TopologySettings;
+use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
+
+/// The cap on the steps of every loop of the driver.
+pub const MAX_STEPS: usize = 100_000;
+/// The one-way delay of the simulated network.
+pub const LATENCY: Duration = Duration::from_millis(1);
+
+/// What a simulated server is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A standalone `mongod`.
+    Standalone,
+    /// A `mongos`.
+    Mongos,
+    /// A load balancer in front of mongos; `service_id` says whether its hello carries one.
+    LoadBalancer { service_id: bool },
+}
+
+/// What a scripted server does with one command (hello excluded).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Reply with `body`, `delay` after the network latency.
+    Reply { body: Document, delay: Duration },
+    /// Reset the connection instead of replying.
+    Reset,
+    /// Write these bytes, which are not a valid reply, instead of replying.
+    Garbage(Vec<u8>),
+}
+
+impl Step {
+    /// An immediate reply.
+    pub fn reply(body: Document) -> Step {
+        Step::Reply {
+            body,
+            delay: Duration::ZERO,
+        }
+    }
+}
+
+/// A scripted server: answers hello by its role, and other commands by its script.
+pub struct SimServer {
+    pub role: Role,
+    /// Steps for the next commands (not hello), in order; when empty, `{ok: 1}`.
+    pub script: VecDeque<Step>,
+    /// Every command with this name gets this reply (an `alwaysOn` fail point).
+    pub always: Option<(String, Document)>,
+    /// Reset this many new connections during their handshake.
+    pub reset_handshakes: u32,
+    /// How much later than the network latency handshake replies arrive.
+    pub handshake_delay: Duration,
+    pub service_id: ObjectId,
+    /// Commands executed (not hello), by name.
+    pub executed: BTreeMap<String, u32>,
+    /// Every command (not hello) with the socket it arrived on, in order.
+    pub log: Vec<(String, ConnId)>,
+}
+
+impl SimServer {
+    /// A server with an empty script.
+    pub fn new(role: Role) -> SimServer {
+        SimServer {
+            role,
+            script: VecDeque::new(),
+            always: None,
+            reset_handshakes: 0,
+            handshake_delay: Duration::ZERO,
+            service_id: ObjectId::parse_str("65a1b2c3d4e5f60718293a4b").unwrap(),
+            executed: BTreeMap::new(),
+            log: Vec::new(),
+        }
+    }
+
+    fn hello(&self, request: &Document) -> Document {
+        let mut reply = doc! { "ok": 1, "isWritablePrimary": true, "helloOk": true, "maxWireVersion": 25,
+        "minWireVersion": 0, "maxBsonObjectSize": 16_777_216, "maxMessageSizeBytes": 48_000_000,
+        "maxWriteBatchSize": 100_000, "logicalSessionTimeoutMinutes": 30 };
+        match self.role {
+            Role::Standalone => {}
+            Role::Mongos => {
+                reply.insert("msg", "isdbgrid");
+            }
+            Role::LoadBalancer { service_id } => {
+                reply.insert("msg", "isdbgrid");
+                if service_id && request.get_bool("loadBalanced").unwrap_or(false) {
+                    reply.insert("serviceId", self.service_id);
+                }
+            }
+        }
+        reply
+    }
+
+    /// What the server does with one command; `handshake` is true for a socket's first command.
+    fn answer(&mut self, request: &Document, handshake: bool, conn: ConnId) -> Step {
+        let name = request.keys().next().cloned().unwrap_or_default();
+        if name == "hello" || name.eq_ignore_ascii_case("ismaster") {
+            if handshake && self.reset_handshakes > 0 {
+                self.reset_handshakes -= 1;
+                return Step::Reset;
+            }
+            let delay = if handshake {
+                self.handshake_delay
+            } else {
+                Duration::ZERO
+            };
+            return Step::Reply {
+                body: self.hello(request),
+                delay,
+            };
+        }
+        *self.executed.entry(name.clone()).or_default() += 1;
+        self.log.push((name.clone(), conn));
+        if let Some((command, reply)) = &self.always {
+            if *command == name {
+                return Step::reply(reply.clone());
+            }
+        }
+        self.script
+            .pop_front()
+            .unwrap_or_else(|| Step::reply(doc! { "ok": 1 }))
+    }
+}
+
+/// The server end of one socket.
+pub struct SimSocket {
+    pub address: ServerAddress,
+    decoder: FrameDecoder,
+    handshaken: bool,
+}
+
+/// What the network delivers to the engine.
+enum Delivery {
+    Bytes(Vec<u8>),
+    Reset,
+}
+
+/// The engine, its servers, and the sockets between them, in virtual time.
+pub struct Sim {
+    pub engine: Engine,
+    pub servers: BTreeMap<ServerAddress, SimServer>,
+    pub sockets: BTreeMap<ConnId, SimSocket>,
+    /// Sockets that were open and are closed now.
+    pub retired: BTreeSet<ConnId>,
+    /// Deliveries, by (when, sequence number): to which socket, what.
+    inbox: BTreeMap<(Instant, u64), (ConnId, Delivery)>,
+    sequence: u64,
+    pub now: Instant,
+    /// Every event the engine emitted, with when.
+    pub events: Vec<(Instant, EngineEvent)>,
+}
+
+/// An overload error reply with both labels (BP-1, BP-2).
+pub fn overload(code: i32) -> Document {
+    doc! { "ok": 0, "code": code, "errmsg": "overloaded", "errorLabels": ["SystemOverloadedError", "RetryableError"] }
+}
+
+/// The handshake options of the simulated client.
+pub fn handshake() -> HandshakeOptions {
+    let metadata = ClientMetadata::new("retry-core-sim", "0.1.0");
+    HandshakeOptions {
+        metadata,
+        load_balanced: false,
+        server_api: None,
+        compressors: Vec::new(),
+    }
+}
+
+/// `host:27017`.
+pub fn address(host: &str) -> ServerAddress {
+    ServerAddress::new(host, 27017)
+}
+
+/// Read preference primary.
+pub fn primary() -> SelectionCriteria {
+    let primary =
+        ReadPreference::new(ReadPreferenceMode::Primary, Vec::new(), None).expect("valid");
+    SelectionCriteria::Read(primary)
+}
+
+impl Sim {
+    /// An engine seeded with the servers' addresses (seed 7, then `configure`), started at zero
+    /// and drained.
+    pub fn new(
+        servers: Vec<(ServerAddress, SimServer)>,
+        configure: impl FnOnce(&mut EngineOptions),
+    ) -> Sim {
+        let seeds = servers.iter().map(|(a, _)| a.clone()).collect();
+        let mut options = EngineOptions::new(TopologySettings::new(seeds), handshake());
+        options.seed = 7;
+        configure(&mut options);
+        let engine = Engine::new(options, Instant::ZERO).expect("valid options");
+        let mut sim = Sim {
+            engine,
+            servers: servers.into_iter().collect(),
+            sockets: BTreeMap::new(),
+            retired: BTreeSet::new(),
+            inbox: BTreeMap::new(),
+            sequence: 0,
+            now: Instant::ZERO,
+            events: Vec::new(),
+        };
+        sim.drain();
+        sim
+    }
+
+    fn deliver_at(&mut self, at: Instant, conn: ConnId, delivery: Delivery) {
+        self.sequence += 1;
+        self.inbox.insert((at, self.sequence), (conn, delivery));
+    }
+
+    /// Drains the engine's outputs into the simulated network (connects succeed at once).
+    pub fn drain(&mut self) {
+        for _ in 0..MAX_STEPS {
+            let mut progressed = false;
+            while let Some(connect) = self.engine.poll_connect() {
+                progressed = true;
+                self.sockets.insert(
+                    connect.conn,
+                    SimSocket {
+                        address: connect.address,
+                        decoder: FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES),
+                        handshaken: false,
+                    },
+                );
+                self.engine.handle_connected(connect.conn, self.now);
+            }
+            while let Some(transmit) = self.engine.poll_transmit() {
+                progressed = true;
+                self.serve(transmit.conn, &transmit.bytes);
+            }
+            while let Some(conn) = self.engine.poll_close() {
+                progressed = true;
+                if self.sockets.remove(&conn).is_some() {
+                    self.retired.insert(conn);
+                }
+            }
+            while let Some(event) = self.engine.poll_event() {
+                progressed = true;
+                self.events.push((self.now, event));
+            }
+            if !progressed {
+                return;
+            }
+        }
+        panic!("the engine never went quiet");
+    }
+
+    /// The servers read what the engine wrote on `conn` and schedule their answers.
+    fn serve(&mut self, conn: ConnId, mut bytes: &[u8]) {
+        let now = self.now;
+        let Some(socket) = self.sockets.get_mut(&conn) else {
+            return;
+        };
+        let mut answers = Vec::new();
+        while !bytes.is_empty() {
+            let (used, message) = socket
+                .decoder
+                .decode(bytes)
+                .expect("the engine sends valid OP_MSG");
+            bytes = &bytes[used..];
+            let Some(request) = message else { continue };
+            let server = self
+                .servers
+                .get_mut(&socket.address)
+                .expect("a known server");
+            let handshake = !socket.handshaken;
+            socket.handshaken = true;
+            let answer = match server.answer(&request.body, handshake, conn) {
+                Step::Reply { body, delay } => {
+                    let reply = OpMsg {
+                        request_id: 0,
+                        response_to: request.request_id,
+                        flags: MsgFlags::NONE,
+                        body,
+                        sequences: Vec::new(),
+                    };
+                    let mut out = Vec::new();
+                    reply
+                        .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut out)
+                        .expect("encodable reply");
+                    (delay, Delivery::Bytes(out))
+                }
+                Step::Reset => (Duration::ZERO, Delivery::Reset),
+                Step::Garbage(garbage) => (Duration::ZERO, Delivery::Bytes(garbage)),
+            };
+            answers.push(answer);
+        }
+        for (delay, delivery) in answers {
+            let at = now.saturating_add(LATENCY).saturating_add(delay);
+            self.deliver_at(at, conn, delivery);
+        }
+    }
+
+    /// The peer (or the network) closes `conn` now: the engine hears `handle_closed` with `kind`.
+    pub fn peer_close(&mut self, conn: ConnId, kind: NetworkErrorKind) {
+        if self.sockets.remove(&conn).is_some() {
+            self.retired.insert(conn);
+            self.engine.handle_closed(conn, kind, self.now);
+            self.drain();
+        }
+    }
+
+    /// The next instant something happens: a delivery or an engine timer.
+    fn next_instant(&self) -> Option<Instant> {
+        let next_delivery = self.inbox.keys().next().map(|(t, _)| *t);
+        [next_delivery, self.engine.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Delivers everything due by `now`, in order, then fires the engine's timers.
+    fn fire(&mut self) {
+        for _ in 0..MAX_STEPS {
+            let Some(entry) = self.inbox.first_entry() else {
+                break;
+            };
+            if entry.key().0 > self.now {
+                break;
+            }
+            let (conn, delivery) = entry.remove();
+            if !self.sockets.contains_key(&conn) {
+                continue;
+            }
+            match delivery {
+                Delivery::Bytes(bytes) => self.engine.handle_bytes(conn, &bytes, self.now),
+                Delivery::Reset => {
+                    self.sockets.remove(&conn);
+                    self.retired.insert(conn);
+                    self.engine
+                        .handle_closed(conn, NetworkErrorKind::Reset, self.now);
+                }
+            }
+            self.drain();
+        }
+        self.engine.handle_timeout(self.now);
+        self.drain();
+    }
+
+    /// Advances virtual time to the next delivery or engine timer, if it is at most `limit`.
+    /// Returns false when nothing is due by then.
+    pub fn step(&mut self, limit: Instant) -> bool {
+        let Some(next) = self.next_instant().filter(|t| *t <= limit) else {
+            return false;
+        };
+        self.now = self.now.max(next);
+        self.fire();
+        true
+    }
+
+    /// Advances virtual time to `until` (never backwards), handling everything due on the way.
+    /// Returns false if the step cap was reached first.
+    pub fn advance_to(&mut self, until: Instant) -> bool {
+        for _ in 0..MAX_STEPS {
+            if !self.step(until) {
+                self.now = self.now.max(until);
+                self.fire();
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Runs until `op` finishes (bounded in steps and 120 s of virtual time).
+    pub fn run(&mut self, op: OpId) -> Result<Document, OperationError> {
+        let limit = self.now.saturating_add(Duration::from_secs(120));
+        for _ in 0..MAX_STEPS {
+            if let Some(result) = self.result(op) {
+                return result;
+            }
+            assert!(
+                self.step(limit),
+                "operation {op:?} did not finish by {limit}"
+            );
+        }
+        panic!("step cap reached");
+    }
+
+    /// The result of `op`, if it finished.
+    pub fn result(&self, op: OpId) -> Option<Result<Document, OperationError>> {
+        self.events.iter().find_map(|(_, e)| match e {
+            EngineEvent::OperationFinished { op: o, result } if *o == op => Some(result.clone()),
+            _ => None,
+        })
+    }
+
+    /// Starts `request` now and drains the engine.
+    pub fn start_request(&mut self, request: OperationRequest) -> OpId {
+        let op = self.engine.start_operation(request, self.now);
+        self.drain();
+        op
+    }
+
+    /// Starts `command` on `test` without a CSOT timeout.
+    pub fn start(
+        &mut self,
+        command: Document,
+        kind: OperationKind,
+        criteria: SelectionCriteria,
+    ) -> OpId {
+        self.start_request(OperationRequest::new("test", command, kind, criteria))
+    }
+
+    /// Starts a read with read preference primary.
+    pub fn read(&mut self, command: Document) -> OpId {
+        self.start(command, OperationKind::Read, primary())
+    }
+
+    /// The servers the attempts of `op` were sent to.
+    pub fn attempt_servers(&self, op: OpId) -> Vec<String> {
+        self.events
+            .iter()
+            .filter_map(|(_, e)| match e {
+                EngineEvent::Operation {
+                    op: o,
+                    event: RetryEvent::CommandStarted { address, .. },
+                } if *o == op => Some(address.host().to_string()),
+                _ => None,
+            })
+            .collect()
+    }
+}
