@@ -20,8 +20,12 @@ use crate::{bounded, options, Server};
 pub const SOAK_OPERATIONS_DEFAULT: usize = 1_000;
 /// Operations in flight at once.
 const CONCURRENCY: usize = 32;
-/// The soak's bound: generous for 10,000 operations on 2 cores.
-const SOAK_LIMIT: Duration = Duration::from_secs(300);
+/// The soak's bound: 60 s plus 50 ms per operation (each fault that clears the pool stalls every
+/// operation until the monitor sees the server again), generous on 2 cores.
+fn soak_limit(operations: usize) -> Duration {
+    Duration::from_secs(60)
+        + Duration::from_millis(50).saturating_mul(u32::try_from(operations).unwrap_or(u32::MAX))
+}
 
 fn operations() -> usize {
     std::env::var("RETRY_SOAK_OPERATIONS")
@@ -37,7 +41,8 @@ fn operations() -> usize {
 /// checkout, selection, pool-cleared or overload error, nothing panics, and the whole run ends
 /// within its bound.
 pub async fn fault_soak<R: Runtime>() {
-    bounded(SOAK_LIMIT, async {
+    let total = operations();
+    bounded(soak_limit(total), async {
         let mut config = ServerConfig::new(Role::Standalone);
         config.seed = crate::SEED;
         config.faults = FaultConfig {
@@ -52,7 +57,6 @@ pub async fn fault_soak<R: Runtime>() {
         options.timeout = Some(Duration::from_millis(500));
         let client = Client::<R>::connect(options).expect("the client starts");
         let mut events = client.events();
-        let total = operations();
         let mut outcomes: BTreeMap<&'static str, usize> = BTreeMap::new();
         let mut workers: Vec<Pin<Box<dyn Future<Output = Vec<&'static str>> + '_>>> = (0
             ..CONCURRENCY)
