@@ -420,6 +420,26 @@ impl Engine {
         op
     }
 
+    /// Gives up on `op`: it finishes with [`crate::error::ErrorKind::Cancelled`], an attempt in
+    /// flight is failed and its connection closed, and a pending checkout is withdrawn. Unknown or
+    /// finished operations are ignored.
+    pub fn cancel_operation(&mut self, op: OpId, now: Instant) {
+        let Some(operation) = self.ops.get_mut(&op) else {
+            return;
+        };
+        if let Some((address, checkout)) = operation.checkout.take() {
+            if let Some(pool) = self.topology.pool_mut(&address) {
+                pool.cancel_checkout(checkout, now);
+            }
+        }
+        if let Some(operation) = self.ops.get_mut(&op) {
+            operation.selection = None;
+            operation.wake = None;
+            let _ = operation.machine.cancel(now);
+        }
+        self.process(now);
+    }
+
     /// The socket `conn` asked for by [`Engine::poll_connect`] is open.
     pub fn handle_connected(&mut self, conn: ConnId, now: Instant) {
         if let Some(socket) = self.sockets.get_mut(&conn) {
@@ -696,10 +716,15 @@ impl Engine {
                     connection,
                 } => {
                     let conn = self.find_socket(&address, &Owner::Pool(connection));
-                    if let (Some(op_id), Some(conn)) =
-                        (self.op_with_checkout(&address, checkout), conn)
-                    {
-                        self.send_attempt(op_id, conn, now);
+                    match (self.op_with_checkout(&address, checkout), conn) {
+                        (Some(op_id), Some(conn)) => self.send_attempt(op_id, conn, now),
+                        // Its operation is gone (cancelled): the connection goes straight back.
+                        (None, _) => {
+                            if let Some(pool) = self.topology.pool_mut(&address) {
+                                pool.check_in(connection, true, now);
+                            }
+                        }
+                        (Some(_), None) => {}
                     }
                 }
                 PoolAction::CheckoutFailed { checkout, error } => {

@@ -517,6 +517,21 @@ impl Pool {
         checkout
     }
 
+    /// Withdraws a checkout that has not been answered (its operation was cancelled): it leaves
+    /// the wait queue without an answer; a connection being established for it stays, for the
+    /// next checkout or as an available connection.
+    pub fn cancel_checkout(&mut self, checkout: CheckoutId, now: Instant) {
+        let Some(index) = self.waiters.iter().position(|w| w.checkout == checkout) else {
+            return;
+        };
+        if let Some(w) = self.waiters.remove(index) {
+            if let Some(pending) = w.establishing {
+                self.set_state(pending, ConnectionState::Pending { for_checkout: None });
+            }
+        }
+        self.serve(now);
+    }
+
     /// Returns a connection. A connection that failed (`healthy` false), is stale, or belongs to a
     /// closed pool is closed; otherwise it becomes available (CM-1).
     pub fn check_in(&mut self, connection: ConnectionId, healthy: bool, now: Instant) {

@@ -587,7 +587,10 @@ impl<R: RngCore> RetryMachine<R> {
             return Ok(());
         }
         if first {
-            self.retryable_writes_supported = server.supports_retryable_writes();
+            // RW-2, RW-6: a retryable write needs a server that supports it and a transaction
+            // number to send; without one it runs once (only overload retries, BP-5, remain).
+            self.retryable_writes_supported =
+                server.supports_retryable_writes() && self.spec.txn_number.is_some();
             self.txn_attached = match self.spec.kind {
                 // RW-2, RW-4: only with retryWrites on and a server that supports sessions.
                 OperationKind::RetryableWrite => {
@@ -723,7 +726,9 @@ impl<R: RngCore> RetryMachine<R> {
         self.actions.push(Action::ReleaseConnection { close });
 
         let sharded = server.topology_type.is_sharded();
+        // CS-5: once the deadline has passed, the operation ends with a timeout error.
         let decision = match &self.options.policy {
+            _ if self.spec.timeout.expired(now) => Decision::TimedOut,
             RetryPolicy::Grpc(_) => self.decide_grpc(&error, sharded, now),
             _ => self.decide_backpressure(&error, sharded, now),
         };

@@ -526,3 +526,35 @@ fn tx5_a_load_balanced_transaction_keeps_one_connection_until_the_session_ends()
     sim.drain();
     assert_eq!(pool_events(&sim), ["started", "out", "in"]);
 }
+
+#[test]
+fn a_cancelled_operation_ends_at_once_and_leaks_no_connection() {
+    let mut server = SimServer::new(Role::Standalone);
+    // The first find is slow; everything after answers at once.
+    server.script = VecDeque::from(vec![Step::Reply {
+        body: doc! { "ok": 1 },
+        delay: Duration::from_secs(5),
+    }]);
+    let mut sim = Sim::new(vec![(address("db"), server)], |o| {
+        o.topology.pool.max_pool_size = 1
+    });
+    let slow = sim.read(doc! { "find": "slow" });
+    let waiting = sim.read(doc! { "find": "queued" });
+    // Let the slow one get its command out and the other queue for the only connection.
+    sim.advance_to(sim.now.saturating_add(Duration::from_millis(100)));
+    assert!(sim.result(slow).is_none() && sim.result(waiting).is_none());
+    sim.engine.cancel_operation(waiting, sim.now);
+    sim.drain();
+    let error = sim
+        .result(waiting)
+        .expect("a cancelled operation finishes at once")
+        .unwrap_err();
+    assert_eq!(error.kind, retry_core::error::ErrorKind::Cancelled);
+    sim.engine.cancel_operation(slow, sim.now);
+    sim.drain();
+    assert!(sim.result(slow).expect("finished").is_err());
+    // The in-flight attempt's connection was closed, the queued checkout withdrawn: a new
+    // operation still gets a connection.
+    let next = sim.read(doc! { "ping": 1 });
+    sim.run(next).expect("the pool still serves");
+}

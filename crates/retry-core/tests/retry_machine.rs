@@ -724,3 +724,55 @@ fn same_seed_same_trace() {
         run_seeded(8).waits().collect::<Vec<_>>()
     );
 }
+
+/// RW-2, RW-6: a retryable write with no transaction number to send runs once: its ordinary
+/// retryable errors are not retried (a retry without a txnNumber could write twice), while an
+/// overload rejection still is (BP-5).
+#[test]
+fn rw6_a_retryable_write_without_a_txn_number_is_not_retried_ordinarily() {
+    let script = Script::new().then(fail(91, &["RetryableWriteError"]));
+    let trace = run(
+        OperationKind::RetryableWrite,
+        &RetryOptions::default(),
+        &[primary()],
+        &script,
+        JITTER_ZERO,
+    );
+    assert_eq!(trace.commands_started(), 1);
+    assert_eq!(
+        trace.denials().collect::<Vec<_>>(),
+        [DenyReason::NotRetryable]
+    );
+    assert!(trace.dispatches().all(|a| a.txn_number.is_none()));
+    let overload = Script::new()
+        .then(fail(2, &OVERLOAD))
+        .then(StepOutcome::Succeed);
+    let trace = run(
+        OperationKind::RetryableWrite,
+        &RetryOptions::default(),
+        &[primary()],
+        &overload,
+        JITTER_ZERO,
+    );
+    assert_eq!(trace.result(), Some(&Ok(())));
+}
+
+/// CS-5: a failure after the deadline ends the operation with a timeout error wrapping it, even
+/// when the failure itself is not retryable.
+#[test]
+fn cs5_a_failure_after_the_deadline_is_a_timeout_error() {
+    let spec = OperationSpec::new(OperationKind::Read).with_timeout(csot(100));
+    let script = Script::new().then_after(MS(150), fail(2, &[]));
+    let trace = run_spec(
+        spec,
+        &RetryOptions::default(),
+        &[primary()],
+        &script,
+        JITTER_ZERO,
+    );
+    let e = raised(&trace);
+    assert!(
+        matches!(&e.kind, ErrorKind::Timeout { cause: Some(c) } if c.code() == Some(2)),
+        "{e}"
+    );
+}
