@@ -6,7 +6,8 @@
 //! checkout, encode, decode, events), the retry-testkit server's command handling, and their
 //! runtime. After the criterion runs, interleaved rounds of every case print the ratios.
 //!
-//! `cargo bench -p retry-bench --bench round_trip`
+//! `cargo bench -p retry-bench --bench round_trip`; with `--features mongodb` the official
+//! `mongodb` crate runs the same pings against the same test server.
 
 #![allow(missing_docs)] // criterion's macros generate undocumented functions.
 
@@ -61,6 +62,8 @@ struct Setup {
     echo: SocketAddr,
     tokio_client: retry_tokio::Client,
     async_std_client: retry_async_std::Client,
+    #[cfg(feature = "mongodb")]
+    official: mongodb::Client,
     _server: TestServer,
 }
 
@@ -83,11 +86,19 @@ impl Setup {
         let uri = format!("mongodb://{}/?directConnection=true", server.address());
         let async_std_client =
             retry_async_std::Client::with_uri(&uri).expect("an async-std client");
+        #[cfg(feature = "mongodb")]
+        let official = runtime.block_on(async {
+            mongodb::Client::with_uri_str(&uri)
+                .await
+                .expect("an official client")
+        });
         let setup = Setup {
             runtime,
             echo,
             tokio_client,
             async_std_client,
+            #[cfg(feature = "mongodb")]
+            official,
             _server: server,
         };
         // Warm up: discover the server and open the pools.
@@ -157,6 +168,31 @@ impl Setup {
         })
     }
 
+    /// `total` pings through the official `mongodb` crate with `concurrency` in flight.
+    #[cfg(feature = "mongodb")]
+    fn official(&self, concurrency: usize, total: u64) -> Duration {
+        let client = self.official.clone();
+        self.runtime.block_on(async move {
+            let start = Instant::now();
+            let tasks: Vec<_> = (0..concurrency)
+                .map(|i| {
+                    let admin = client.database("admin");
+                    let n = share(total, concurrency, i);
+                    tokio::spawn(async move {
+                        for _ in 0..n {
+                            let reply = admin.run_command(doc! { "ping": 1 }).await.expect("ping");
+                            black_box(reply);
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.expect("a ping task");
+            }
+            start.elapsed()
+        })
+    }
+
     /// `total` pings through retry-async-std with `concurrency` in flight; the time they took.
     fn async_std(&self, concurrency: usize, total: u64) -> Duration {
         let client = self.async_std_client.clone();
@@ -204,6 +240,10 @@ fn benches(c: &mut Criterion) {
         group.bench_function("retry-async-std", |b| {
             b.iter_custom(|n| setup.async_std(concurrency, n))
         });
+        #[cfg(feature = "mongodb")]
+        group.bench_function("mongodb crate", |b| {
+            b.iter_custom(|n| setup.official(concurrency, n))
+        });
         group.finish();
     }
 }
@@ -232,6 +272,19 @@ fn ratios() {
             per_op(totals[2]),
             per_op(totals[2]) / echo,
         );
+        #[cfg(feature = "mongodb")]
+        {
+            let mut official = Duration::ZERO;
+            for _ in 0..rounds {
+                official += setup.official(concurrency, per_round);
+            }
+            println!(
+                "  concurrency {concurrency:>2}: mongodb crate {:.0} ns ({:.1}x echo, {:.2}x retry-tokio)",
+                per_op(official),
+                per_op(official) / echo,
+                per_op(official) / per_op(totals[1]),
+            );
+        }
     }
 }
 
