@@ -141,22 +141,22 @@ impl Setup {
         })
     }
 
-    /// `total` pings through retry-tokio with `concurrency` in flight; the time they took.
-    fn tokio(&self, concurrency: usize, total: u64) -> Duration {
-        let client = self.tokio_client.clone();
+    /// Runs `total` operations made by `op` on the tokio runtime, split over `concurrency` tasks;
+    /// the time they took.
+    fn on_tokio<F, Fut>(&self, concurrency: usize, total: u64, op: F) -> Duration
+    where
+        F: Fn() -> Fut + Clone + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         self.runtime.block_on(async move {
             let start = Instant::now();
             let tasks: Vec<_> = (0..concurrency)
                 .map(|i| {
-                    let client = client.clone();
+                    let op = op.clone();
                     let n = share(total, concurrency, i);
                     tokio::spawn(async move {
                         for _ in 0..n {
-                            let reply = client
-                                .run_command("admin", doc! { "ping": 1 }, OperationKind::RunCommand)
-                                .await
-                                .expect("ping");
-                            black_box(reply);
+                            op().await;
                         }
                     })
                 })
@@ -168,28 +168,31 @@ impl Setup {
         })
     }
 
+    /// `total` pings through retry-tokio with `concurrency` in flight; the time they took.
+    fn tokio(&self, concurrency: usize, total: u64) -> Duration {
+        let client = self.tokio_client.clone();
+        self.on_tokio(concurrency, total, move || {
+            let client = client.clone();
+            async move {
+                let reply = client
+                    .run_command("admin", doc! { "ping": 1 }, OperationKind::RunCommand)
+                    .await
+                    .expect("ping");
+                black_box(reply);
+            }
+        })
+    }
+
     /// `total` pings through the official `mongodb` crate with `concurrency` in flight.
     #[cfg(feature = "mongodb")]
     fn official(&self, concurrency: usize, total: u64) -> Duration {
-        let client = self.official.clone();
-        self.runtime.block_on(async move {
-            let start = Instant::now();
-            let tasks: Vec<_> = (0..concurrency)
-                .map(|i| {
-                    let admin = client.database("admin");
-                    let n = share(total, concurrency, i);
-                    tokio::spawn(async move {
-                        for _ in 0..n {
-                            let reply = admin.run_command(doc! { "ping": 1 }).await.expect("ping");
-                            black_box(reply);
-                        }
-                    })
-                })
-                .collect();
-            for task in tasks {
-                task.await.expect("a ping task");
+        let admin = self.official.database("admin");
+        self.on_tokio(concurrency, total, move || {
+            let admin = admin.clone();
+            async move {
+                let reply = admin.run_command(doc! { "ping": 1 }).await.expect("ping");
+                black_box(reply);
             }
-            start.elapsed()
         })
     }
 

@@ -55,13 +55,7 @@ fn prose_1_bp14_backoff_with_jitter_near_one_adds_exactly_600ms() {
 #[test]
 fn prose_3_bp10_overload_find_is_attempted_three_times() {
     let script = Script::new().then(fail(462, &OVERLOAD));
-    let trace = run(
-        OperationKind::Read,
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = read(&script, JITTER_ZERO);
     assert_eq!(trace.commands_started(), 3);
     let e = raised(&trace);
     assert!(e.is_overload() && e.is_retryable_overload());

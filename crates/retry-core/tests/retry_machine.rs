@@ -136,13 +136,7 @@ fn rr6_first_selection_failure_raises_the_selection_error() {
     let script = Script::new().then(StepOutcome::SelectionFails(
         OperationError::server_selection("no primary"),
     ));
-    let trace = run(
-        OperationKind::Read,
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = read(&script, JITTER_ZERO);
     assert!(matches!(
         raised(&trace).kind,
         ErrorKind::ServerSelection { .. }
@@ -177,13 +171,7 @@ fn rr9_pool_error_on_retry_raises_the_previous_error() {
     let script = Script::new()
         .then(fail(91, &[]))
         .then(StepOutcome::FailBeforeSend(cleared));
-    let trace = run(
-        OperationKind::Read,
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = read(&script, JITTER_ZERO);
     assert_eq!(trace.commands_started(), 1);
     assert_eq!(trace.dispatches().count(), 2);
     assert_eq!(raised(&trace).code(), Some(91));
@@ -344,13 +332,7 @@ fn tx11_commit_retry_write_concern() {
 #[test]
 fn bp27_connection_released_before_every_backoff_and_selection() {
     let script = Script::new().then(fail(462, &OVERLOAD));
-    let trace = run(
-        OperationKind::Read,
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_MAX,
-    );
+    let trace = read(&script, JITTER_MAX);
     let kinds: Vec<&str> = trace
         .actions
         .iter()
@@ -377,13 +359,7 @@ fn bp26_started_events_pair_with_one_outcome() {
     let script = Script::new()
         .then(fail(462, &OVERLOAD))
         .then(StepOutcome::Succeed);
-    let trace = run(
-        OperationKind::Read,
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = read(&script, JITTER_ZERO);
     let names: Vec<&str> = trace
         .events
         .iter()

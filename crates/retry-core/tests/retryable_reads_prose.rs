@@ -102,13 +102,7 @@ fn prose_4_bp22_overload_cap_sticks_for_later_errors() {
     let script = Script::new()
         .then(fail(91, &OVERLOAD))
         .then(fail(91, &["RetryableError"]));
-    let trace = run(
-        OperationKind::Read,
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_MAX,
-    );
+    let trace = read(&script, JITTER_MAX);
     assert_eq!(trace.commands_started(), 3);
     assert!(!raised(&trace).has_label(Labels::SYSTEM_OVERLOADED));
 }
@@ -119,13 +113,7 @@ fn prose_5_bp13_backoff_applies_exactly_once() {
     let script = Script::new()
         .then(fail(91, &OVERLOAD))
         .then(fail(91, &["RetryableError"]));
-    let trace = run(
-        OperationKind::Read,
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_MAX,
-    );
+    let trace = read(&script, JITTER_MAX);
     assert_eq!(trace.waits().count(), 1);
     let delays: Vec<_> = trace.retries_scheduled().map(|(delay, _)| delay).collect();
     assert_eq!(

@@ -91,6 +91,17 @@ pub fn run_spec(
     trace
 }
 
+/// Runs a read on a replica-set primary with the default options.
+pub fn read(script: &Script, jitter: FixedRng) -> Trace {
+    run(
+        OperationKind::Read,
+        &RetryOptions::default(),
+        &[primary()],
+        script,
+        jitter,
+    )
+}
+
 /// The error the operation raised.
 pub fn raised(trace: &Trace) -> &OperationError {
     match trace.result() {
