@@ -962,13 +962,14 @@ impl Engine {
                         op.checkout = None;
                         op.attempt = None;
                         let conn = op.conn.take();
-                        let pinned = op.pinned_conn.is_some();
-                        let (release_pinned, keep) = (op.release_pinned, op.keep_conn);
-                        if let (Some(conn), true) = (conn, !pinned && !keep) {
-                            self.release(conn, !close, now);
-                        } else if let (Some(conn), true) =
-                            (op.pinned_conn, pinned && release_pinned)
-                        {
+                        // A pinned connection goes back only when this operation ended its pin;
+                        // one this operation's cursor or transaction now owns stays checked out
+                        // (LB-10, TX-5); any other goes back (BP-27).
+                        let release = match op.pinned_conn {
+                            Some(pinned) => op.release_pinned.then_some(pinned),
+                            None => conn.filter(|_| !op.keep_conn),
+                        };
+                        if let Some(conn) = release {
                             self.release(conn, !close, now);
                         }
                     }
@@ -1150,26 +1151,19 @@ impl Engine {
         let Some(state) = self.sessions.get(&session) else {
             return (None, None);
         };
-        match state.pin.pinned() {
-            Some(Pin::Mongos(address)) => {
-                let server = self.topology.description().server(address).map(|d| {
-                    AttemptServer::from_description(d, self.topology.description().topology_type)
-                });
-                (server, None)
-            }
+        let (address, conn) = match state.pin.pinned() {
+            Some(Pin::Mongos(address)) => (Some(address.clone()), None),
             Some(Pin::Connection(_)) => {
-                let server = state.conn.and_then(|c| self.sockets.get(&c)).and_then(|s| {
-                    self.topology.description().server(&s.address).map(|d| {
-                        AttemptServer::from_description(
-                            d,
-                            self.topology.description().topology_type,
-                        )
-                    })
-                });
-                (server, state.conn)
+                let socket = state.conn.and_then(|c| self.sockets.get(&c));
+                (socket.map(|s| s.address.clone()), state.conn)
             }
-            None => (None, None),
-        }
+            None => return (None, None),
+        };
+        let topology = self.topology.description();
+        let server = address
+            .and_then(|a| topology.server(&a))
+            .map(|d| AttemptServer::from_description(d, topology.topology_type));
+        (server, conn)
     }
 
     /// Gives a session's pinned load-balanced connection back to its pool, if it has one.
