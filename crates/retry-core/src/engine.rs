@@ -6,14 +6,16 @@
 //! Inputs take `now`: [`Engine::start_operation`], [`Engine::handle_connected`],
 //! [`Engine::handle_bytes`], [`Engine::handle_closed`] and [`Engine::handle_timeout`]. Outputs are
 //! polled until `None`: [`Engine::poll_connect`] (open a socket), [`Engine::poll_transmit`] (bytes to
-//! write), [`Engine::poll_close`] (close a socket), [`Engine::poll_event`] (operation results and
-//! monitoring events). After any input, drain every `poll_*`, then wait for the earlier of
-//! [`Engine::poll_timeout`] and the next input. A spurious `handle_timeout` is harmless.
+//! write, appended to the caller's buffer), [`Engine::poll_close`] (close a socket),
+//! [`Engine::poll_event`] (operation results and monitoring events). After any input, drain every
+//! `poll_*`, then wait for the earlier of [`Engine::poll_timeout`] and the next input. A spurious
+//! `handle_timeout` is harmless. [`Engine::close`] ends everything.
 //!
 //! ```text
+//! let mut buf = Vec::new();
 //! loop {
 //!     while let Some(c) = engine.poll_connect()  { open a socket to c.address, then handle_connected(c.conn) }
-//!     while let Some(t) = engine.poll_transmit() { write t.bytes to t.conn }
+//!     while let Some(conn) = engine.poll_transmit(&mut buf) { write buf to conn; buf.clear() }
 //!     while let Some(c) = engine.poll_close()    { close c }
 //!     while let Some(e) = engine.poll_event()    { deliver e }
 //!     wait for bytes (handle_bytes), a closed socket (handle_closed) or poll_timeout() (handle_timeout)
@@ -66,8 +68,10 @@ pub struct ConnId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct OpId(pub u64);
 
-/// Everything the engine needs to know at creation.
+/// Everything the engine needs to know at creation. Made with [`EngineOptions::new`]; every field
+/// may then be changed.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct EngineOptions {
     /// The seeds and the deployment mode (replica set name, direct connection, load balanced) and
     /// the pool options.
@@ -105,8 +109,9 @@ impl EngineOptions {
     }
 }
 
-/// One operation to run.
+/// One operation to run. Made with [`OperationRequest::new`]; every field may then be changed.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct OperationRequest {
     /// The database.
     pub db: String,
@@ -165,6 +170,7 @@ pub struct CursorHandle(pub u64);
 /// sends no `killCursors` and the connection is closed (LB-11). Running two operations on one cursor
 /// at the same time is not supported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum CursorUse {
     /// Not a cursor operation.
     #[default]
@@ -180,6 +186,7 @@ pub enum CursorUse {
 
 /// A socket to open.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Connect {
     /// The engine's id for it.
     pub conn: ConnId,
@@ -187,17 +194,9 @@ pub struct Connect {
     pub address: ServerAddress,
 }
 
-/// Bytes to write on a socket.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Transmit {
-    /// The socket.
-    pub conn: ConnId,
-    /// The bytes, in order after any earlier transmit on the same socket.
-    pub bytes: Vec<u8>,
-}
-
 /// What the engine reports.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum EngineEvent {
     /// An operation finished: the reply document, or the error the retry rules chose.
     OperationFinished {
@@ -252,6 +251,8 @@ struct Socket {
     machine: Connection,
     /// The operation whose command is on this connection.
     op: Option<OpId>,
+    /// Whether the socket is in the engine's transmit queue.
+    transmit_queued: bool,
 }
 
 struct Operation {
@@ -311,14 +312,70 @@ pub struct Engine {
     rng: EngineRng,
     next_conn: u64,
     next_op: u64,
+    /// The handshake command every socket sends, built once (HS-2).
+    handshake: Document,
     connects: VecDeque<Connect>,
-    transmits: VecDeque<Transmit>,
+    /// Sockets with bytes to write, in the order their bytes appeared.
+    transmits: VecDeque<ConnId>,
     closes: VecDeque<ConnId>,
     events: VecDeque<EngineEvent>,
+    /// Set by [`Engine::close`].
+    closed: bool,
+}
+
+impl core::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Engine")
+            .field("topology_type", &self.topology.description().topology_type)
+            .field("servers", &self.topology.description().servers.len())
+            .field("operations", &self.ops.len())
+            .field("sockets", &self.sockets.len())
+            .field("cursors", &self.cursors.len())
+            .field("sessions", &self.sessions.len())
+            .field("closed", &self.closed)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why an engine could not be created.
-pub type EngineError = crate::topology::SettingsError;
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The topology settings are inconsistent (LB-2 conflicts, a direct connection to several
+    /// seeds, no seeds).
+    Settings(crate::topology::SettingsError),
+    /// The client metadata of the handshake cannot be built (HS-5, HS-6), so no socket could ever
+    /// be established.
+    Handshake(crate::handshake::MetadataError),
+    /// The handshake command cannot be encoded (WP-7).
+    HandshakeEncoding(crate::wire::EncodeError),
+}
+
+impl core::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            EngineError::Settings(e) => write!(f, "invalid topology settings: {e}"),
+            EngineError::Handshake(e) => write!(f, "invalid handshake: {e}"),
+            EngineError::HandshakeEncoding(e) => write!(f, "the handshake cannot be encoded: {e}"),
+        }
+    }
+}
+
+impl core::error::Error for EngineError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            EngineError::Settings(e) => Some(e),
+            EngineError::Handshake(e) => Some(e),
+            EngineError::HandshakeEncoding(e) => Some(e),
+        }
+    }
+}
+
+impl From<crate::topology::SettingsError> for EngineError {
+    fn from(e: crate::topology::SettingsError) -> EngineError {
+        EngineError::Settings(e)
+    }
+}
 
 impl Engine {
     /// An engine for `options`, starting at `now`: monitors start at once (none in load-balanced
@@ -326,6 +383,17 @@ impl Engine {
     pub fn new(mut options: EngineOptions, now: Instant) -> Result<Engine, EngineError> {
         options.handshake.load_balanced = options.topology.load_balanced;
         let topology = Topology::new(options.topology.clone(), now)?;
+        // Built and encoded once here, so that opening a socket cannot fail later.
+        let handshake = options
+            .handshake
+            .command()
+            .map_err(EngineError::Handshake)?;
+        Connection::new(
+            ConnectionConfig::new(ServerAddress::new("localhost", 27017)),
+            handshake.clone(),
+            now,
+        )
+        .map_err(EngineError::HandshakeEncoding)?;
         let rng = EngineRng::from_seed_u64(options.seed);
         let mut engine = Engine {
             options,
@@ -339,10 +407,12 @@ impl Engine {
             rng,
             next_conn: 1,
             next_op: 1,
+            handshake,
             connects: VecDeque::new(),
             transmits: VecDeque::new(),
             closes: VecDeque::new(),
             events: VecDeque::new(),
+            closed: false,
         };
         engine.process(now);
         Ok(engine)
@@ -353,10 +423,18 @@ impl Engine {
         self.topology.description()
     }
 
-    /// Starts an operation; its result comes as [`EngineEvent::OperationFinished`].
+    /// Starts an operation; its result comes as [`EngineEvent::OperationFinished`]. After
+    /// [`Engine::close`] it finishes at once with [`crate::error::ErrorKind::Cancelled`].
     pub fn start_operation(&mut self, request: OperationRequest, now: Instant) -> OpId {
         let op = OpId(self.next_op);
         self.next_op += 1;
+        if self.closed {
+            self.events.push_back(EngineEvent::OperationFinished {
+                op,
+                result: Err(OperationError::cancelled()),
+            });
+            return op;
+        }
         let spec = OperationSpec {
             kind: request.kind,
             timeout: request.timeout,
@@ -440,6 +518,43 @@ impl Engine {
         self.process(now);
     }
 
+    /// Closes the client: every unfinished operation finishes exactly once with
+    /// [`crate::error::ErrorKind::Cancelled`] (an attempt in flight is failed and its connection
+    /// closed), cursors and sessions let their connections go, every pool closes (CMAP
+    /// `PoolClosed`), every monitor stops, every socket is closed (`poll_close`), and the topology
+    /// publishes its closing SDAM events (`ServerClosed` per server, the change to an empty
+    /// description, `TopologyClosed`). Afterwards inputs change nothing and
+    /// [`Engine::start_operation`] finishes at once with the same error. Closing twice does
+    /// nothing.
+    pub fn close(&mut self, now: Instant) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        let ops: Vec<OpId> = self.ops.keys().copied().collect();
+        for op in ops {
+            self.cancel_operation(op, now);
+        }
+        debug_assert!(self.ops.is_empty(), "every operation finished on close");
+        let sessions: Vec<SessionId> = self.sessions.keys().copied().collect();
+        for session in sessions {
+            self.unpin_connection(session, true, now);
+        }
+        self.sessions.clear();
+        let cursors: Vec<ConnId> = self.cursors.values().filter_map(|c| c.conn).collect();
+        for conn in cursors {
+            self.release(conn, true, now);
+        }
+        self.cursors.clear();
+        self.topology.close(now);
+        self.process(now);
+        self.monitors.clear();
+        let sockets: Vec<ConnId> = self.sockets.keys().copied().collect();
+        for conn in sockets {
+            self.close_socket(conn);
+        }
+    }
+
     /// The socket `conn` asked for by [`Engine::poll_connect`] is open.
     pub fn handle_connected(&mut self, conn: ConnId, now: Instant) {
         if let Some(socket) = self.sockets.get_mut(&conn) {
@@ -487,10 +602,20 @@ impl Engine {
         self.connects.pop_front()
     }
 
-    /// The next bytes to write.
+    /// Appends the next pending bytes of one socket to `buf` and returns that socket; `None` when
+    /// nothing is waiting. The caller clears (and reuses) `buf` between calls; bytes for one socket
+    /// come out in the order they must be written.
     #[must_use]
-    pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.transmits.pop_front()
+    pub fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<ConnId> {
+        while let Some(conn) = self.transmits.pop_front() {
+            if let Some(socket) = self.sockets.get_mut(&conn) {
+                socket.transmit_queued = false;
+                if socket.machine.poll_transmit(buf) {
+                    return Some(conn);
+                }
+            }
+        }
+        None
     }
 
     /// The next socket to close.
@@ -745,8 +870,9 @@ impl Engine {
         let ids: Vec<ConnId> = self.sockets.keys().copied().collect();
         for conn in ids {
             while let Some(socket) = self.sockets.get_mut(&conn) {
-                if let Some(bytes) = socket.machine.poll_transmit() {
-                    self.transmits.push_back(Transmit { conn, bytes });
+                if !socket.transmit_queued && socket.machine.has_transmit() {
+                    socket.transmit_queued = true;
+                    self.transmits.push_back(conn);
                     progressed = true;
                     continue;
                 }
@@ -1356,8 +1482,7 @@ impl Engine {
         config.connect_timeout = self.options.connect_timeout;
         config.socket_timeout = self.options.socket_timeout;
         config.load_balanced = self.options.topology.load_balanced;
-        let command = self.options.handshake.command().ok()?;
-        let machine = Connection::new(config, command, now).ok()?;
+        let machine = Connection::new(config, self.handshake.clone(), now).ok()?;
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
         self.sockets.insert(
@@ -1367,6 +1492,7 @@ impl Engine {
                 owner,
                 machine,
                 op: None,
+                transmit_queued: false,
             },
         );
         self.connects.push_back(Connect { conn, address });
