@@ -38,9 +38,11 @@
 
 mod client;
 mod driver;
+mod io_error;
 mod options;
 mod runtime;
 
 pub use client::{Client, CommandOptions, ConnectError, Events, Reply, TimedEvent};
+pub use io_error::{classify_io_error, io_cause, LOOKUP_FAILED};
 pub use options::{ClientOptions, OptionsError};
 pub use runtime::{literal_address, timer_offset, AsyncTimer, BoxFuture, Runtime, Socket};
