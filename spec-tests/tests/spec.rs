@@ -99,6 +99,7 @@ fn case_suite_trials(suite: &'static CaseSuite, root: &Path, tally: &mut CaseTal
                     trials.push(Trial::test(trial_name, move || Err(message.into())));
                 }
                 Outcome::Skipped(reason) => {
+                    let trial_name = format!("{trial_name} [skipped: {reason}]");
                     *entry.2.entry(reason).or_default() += 1;
                     trials.push(Trial::test(trial_name, || Ok(())).with_ignored_flag(true));
                 }
