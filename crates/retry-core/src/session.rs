@@ -21,6 +21,7 @@ use bson::spec::BinarySubtype;
 use bson::{Binary, Bson, Document, Timestamp};
 use rand_core::RngCore;
 
+use crate::handshake::HandshakeReply;
 use crate::time::Instant;
 
 /// SE-4, SE-5: a pooled session is reused only with at least this much time left before the
@@ -29,6 +30,17 @@ pub const STALE_MARGIN: Duration = Duration::from_secs(60);
 
 /// SE-15: at most this many ids per `endSessions` command.
 pub const END_SESSIONS_BATCH: usize = 10_000;
+
+/// SE-8: the client error for an explicit session used on a connection without session support.
+pub const SESSIONS_UNSUPPORTED: &str = "Sessions are not supported by this MongoDB deployment";
+
+/// SE-8, LB-5: whether a connection supports sessions, judged by its *own* handshake reply (a
+/// `logicalSessionTimeoutMinutes`), never by the topology; always in load-balanced mode. An
+/// implicit session on a connection without support is dropped (no `lsid`); an explicit one
+/// fails with [`SESSIONS_UNSUPPORTED`].
+pub fn connection_supports_sessions(reply: &HandshakeReply, load_balanced: bool) -> bool {
+    load_balanced || reply.description.logical_session_timeout.is_some()
+}
 
 /// A server session id: an RFC 4122 version 4 UUID (SE-3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -619,5 +631,23 @@ mod tests {
         let mut untouched = doc! { "ping": 1 };
         SessionFields::default().apply(&mut untouched);
         assert_eq!(untouched, doc! { "ping": 1 });
+    }
+
+    #[test]
+    fn se8_support_comes_from_the_connections_own_handshake_reply() {
+        let address = crate::address::ServerAddress::new("a", 27017);
+        let reply = |extra: Document| {
+            let mut hello = doc! { "ok": 1, "isWritablePrimary": true, "setName": "rs",
+            "hosts": ["a:27017"], "maxWireVersion": 25, "minWireVersion": 0 };
+            hello.extend(extra);
+            crate::handshake::validate_reply(&hello, &address, false, Duration::ZERO, Instant::ZERO)
+                .unwrap()
+        };
+        let with = reply(doc! { "logicalSessionTimeoutMinutes": 30 });
+        let without = reply(doc! {});
+        assert!(connection_supports_sessions(&with, false));
+        assert!(!connection_supports_sessions(&without, false));
+        // LB-5: always supported in load-balanced mode.
+        assert!(connection_supports_sessions(&without, true));
     }
 }
