@@ -152,4 +152,11 @@ pub const CASE_SUITES: &[CaseSuite] = &[
         expected_cases: 159,
         run: uri::run_file,
     },
+    CaseSuite {
+        name: "read-write-concern-uri",
+        dir: "source/read-write-concern/tests/connection-string",
+        expected_files: 2,
+        expected_cases: 18,
+        run: uri::run_concern_file,
+    },
 ];

@@ -4,17 +4,30 @@
 //! matches but that this client refuses (TLS, authentication, `mongodb+srv`, Unix sockets,
 //! proxies) or warns about where the case expects no warning (compression) is *skipped* with the
 //! client's reason, never counted as passed.
+//!
+//! The read-write-concern connection-string cases ([`run_concern_file`]) check the client's
+//! `readConcernLevel` and write concern instead of the option map.
 
 use std::path::Path;
 
+use bson::Bson;
 use retry_driver::{ClientOptions, ConnectionString, HostKind, OptionValue};
 use serde_json::Value;
 
 use crate::corpus::read_json;
 use crate::{CaseResult, Outcome};
 
-/// Runs every case of one file.
+/// Runs every case of one connection-string or uri-options file.
 pub fn run_file(path: &Path) -> Result<Vec<CaseResult>, String> {
+    run_cases(path, run_case)
+}
+
+/// Runs every case of one read-write-concern connection-string file.
+pub fn run_concern_file(path: &Path) -> Result<Vec<CaseResult>, String> {
+    run_cases(path, run_concern_case)
+}
+
+fn run_cases(path: &Path, run_case: fn(&Value) -> Outcome) -> Result<Vec<CaseResult>, String> {
     let json = read_json(path)?;
     let cases = json
         .get("tests")
@@ -144,4 +157,59 @@ fn option_matches(actual: &OptionValue, expected: &Value) -> bool {
             e.len() == sets.len() && e.iter().zip(sets).all(|(e, set)| pairs_match(set, e))
         }),
     }
+}
+
+/// The reason the one contradictory read-write-concern case is skipped (T3).
+const T3: &str = "T3: uri-options expects a negative wTimeoutMS to be ignored with a warning, \
+read-write-concern expects an error; the parser follows uri-options";
+
+fn run_concern_case(case: &Value) -> Outcome {
+    let Some(uri) = case.get("uri").and_then(Value::as_str) else {
+        return Outcome::Failed("missing `uri`".into());
+    };
+    let valid = case.get("valid").and_then(Value::as_bool).unwrap_or(true);
+    let options = match (ClientOptions::parse(uri), valid) {
+        (Err(_), false) => return Outcome::Passed,
+        (Err(e), true) => return Outcome::Failed(format!("{uri}: rejected: {e}")),
+        (Ok(o), false) if uri.contains("wtimeoutMS=-") && !o.warnings.is_empty() => {
+            return Outcome::Skipped(T3.into())
+        }
+        (Ok(_), false) => return Outcome::Failed(format!("{uri}: accepted, expected an error")),
+        (Ok(o), true) => o,
+    };
+    if let Some(expected) = case.get("readConcern") {
+        let level = expected.get("level").and_then(Value::as_str);
+        if level != options.read_concern_level.as_deref() {
+            return Outcome::Failed(format!(
+                "{uri}: readConcernLevel {:?}, expected {expected}",
+                options.read_concern_level
+            ));
+        }
+    }
+    if let Some(expected) = case.get("writeConcern").and_then(Value::as_object) {
+        let actual = options.write_concern.clone().unwrap_or_default();
+        let ours = |key: &str| match key {
+            "w" => actual.get("w"),
+            "wtimeoutMS" => actual.get("wtimeout"),
+            "journal" => actual.get("j"),
+            _ => None,
+        };
+        let same = |value: &Value, bson: Option<&Bson>| match (value, bson) {
+            (Value::String(s), Some(Bson::String(b))) => s == b,
+            (Value::Bool(v), Some(Bson::Boolean(b))) => v == b,
+            (Value::Number(n), Some(Bson::Int32(b))) => n.as_i64() == Some(i64::from(*b)),
+            (Value::Number(n), Some(Bson::Int64(b))) => n.as_i64() == Some(*b),
+            _ => false,
+        };
+        if expected.len() != actual.len() || !expected.iter().all(|(k, v)| same(v, ours(k))) {
+            return Outcome::Failed(format!(
+                "{uri}: write concern {actual}, expected {}",
+                Value::Object(expected.clone())
+            ));
+        }
+    }
+    if !options.warnings.is_empty() && case.get("warning").and_then(Value::as_bool) == Some(false) {
+        return Outcome::Failed(format!("{uri}: unexpected warnings {:?}", options.warnings));
+    }
+    Outcome::Passed
 }
