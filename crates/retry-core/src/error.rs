@@ -167,6 +167,7 @@ impl Pushback {
 
 /// A command error from a server reply: `ok: 0`, or `ok: 1` with a `writeConcernError`.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ServerError {
     /// The top-level `code` (absent for an `ok: 1` reply that only has a `writeConcernError`).
     pub code: Option<i32>,
@@ -505,8 +506,10 @@ pub enum ErrorKind {
     },
 }
 
-/// What one attempt of an operation failed with: the facts the retry rules read.
+/// What one attempt of an operation failed with: the facts the retry rules read. Made by its
+/// constructors ([`OperationError::network`], [`OperationError::from_reply`], ...).
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct OperationError {
     /// What failed.
     pub kind: ErrorKind,

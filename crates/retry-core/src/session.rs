@@ -8,9 +8,23 @@
 //! [`gossips_cluster_time`] say which commands get `lsid` and `$clusterTime` (SE-13, SE-19);
 //! [`end_sessions_commands`] batches the ids for `endSessions` at close (SE-15).
 //!
-//! The engine (not this module) decides when: an implicit session is acquired only after a
-//! connection is checked out whose own handshake reply supports sessions (SE-7, SE-8), is released
-//! when the operation ends (SE-9), and is marked dirty on a network error (SE-12).
+//! The engine (not this module) decides when. For one operation without an explicit session:
+//!
+//! ```text
+//! after checkout:   if connection_supports_sessions(conn's handshake reply, lb)          (SE-7, SE-8)
+//!                   && attaches_session(name, is_unacknowledged(write concern))          (SE-13)
+//!                       session = pool.acquire(SessionTimeout::new(topology lsTimeout, lb), rng, now)
+//!                       txn = session.next_txn_number() for a retryable write            (RW-6)
+//! every attempt:    SessionFields { lsid, txn_number: txn (same on retries, RW-7),
+//!                     cluster_time: gossips_cluster_time(name) then
+//!                       ClusterTime::greater(client clock, session clock) }.apply(&mut copy)
+//!                   session.mark_used(now)                                               (SE-2)
+//! every reply:      if gossips_cluster_time(name): client_clock.observe_reply(reply)     (SE-16)
+//! network error:    session.mark_dirty()                                                 (SE-12)
+//! operation ends:   pool.release(session, timeout, now) (a cursor's session: at cursor id 0, SE-14)
+//! client close:     for each pool.drain_end_sessions(): run on admin, primaryPreferred,
+//!                   ignoring errors                                                      (SE-15)
+//! ```
 
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
