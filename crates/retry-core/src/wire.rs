@@ -1005,5 +1005,11 @@ mod tests {
             DecodeError::UnknownOpCode(2004).to_string(),
             "not OP_MSG: opcode 2004"
         );
+        // An HTTP server's reply, fed to the decoder as a MongoDB server's would be.
+        let mut decoder = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
+        let error = decoder
+            .decode(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            .unwrap_err();
+        assert!(error.to_string().contains("HTTP"), "{error}");
     }
 }
