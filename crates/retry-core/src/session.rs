@@ -664,4 +664,48 @@ mod tests {
         // LB-5: always supported in load-balanced mode.
         assert!(connection_supports_sessions(&without, true));
     }
+
+    proptest::proptest! {
+        /// SE-4, SE-5, SE-12 under any interleaving: an acquired pooled session always has at
+        /// least a minute left, dirty sessions never come back, ids are never shared by two
+        /// sessions out of the pool at once, and the pool never holds a session twice.
+        #[test]
+        fn se4_se5_pool_invariants(steps in proptest::collection::vec((0u8..3, 0u64..600_000, proptest::bool::ANY), 1..60)) {
+            let mut rng = rng();
+            let mut pool = SessionPool::new();
+            let mut out: Vec<ServerSession> = Vec::new();
+            let mut dirty_ids = Vec::new();
+            let mut now = Instant::ZERO;
+            for (op, advance_ms, flag) in steps {
+                now = now.saturating_add(Duration::from_millis(advance_ms));
+                match op {
+                    0 => {
+                        let s = pool.acquire(THIRTY, &mut rng, now);
+                        let left = s.last_use()
+                            .saturating_add(Duration::from_secs(1800))
+                            .saturating_duration_since(now);
+                        proptest::prop_assert!(left >= STALE_MARGIN);
+                        proptest::prop_assert!(!dirty_ids.contains(&s.id()));
+                        proptest::prop_assert!(out.iter().all(|o| o.id() != s.id()));
+                        out.push(s);
+                    }
+                    1 if !out.is_empty() => {
+                        let mut s = out.remove(0);
+                        if flag {
+                            s.mark_dirty();
+                            dirty_ids.push(s.id());
+                        } else {
+                            s.mark_used(now);
+                        }
+                        pool.release(s, THIRTY, now);
+                    }
+                    _ => {}
+                }
+                let mut ids: Vec<SessionId> = pool.sessions.iter().map(|s| s.id()).collect();
+                ids.sort();
+                ids.dedup();
+                proptest::prop_assert_eq!(ids.len(), pool.len());
+            }
+        }
+    }
 }

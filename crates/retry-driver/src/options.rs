@@ -218,6 +218,21 @@ impl ClientOptions {
         let Some((canonical, kind)) = connection_string::canonical(name) else {
             return Err(OptionsError::new(name, value, "unknown option"));
         };
+        if matches!(
+            canonical,
+            "readPreference"
+                | "readPreferenceTags"
+                | "maxStalenessSeconds"
+                | "w"
+                | "wTimeoutMS"
+                | "journal"
+        ) {
+            return Err(OptionsError::new(
+                name,
+                value,
+                "set `read_preference` or `write_concern` instead",
+            ));
+        }
         let mut warnings = Vec::new();
         match connection_string::read_value(canonical, kind, value, &mut warnings)? {
             Some(parsed) if warnings.is_empty() => self.apply(canonical, &parsed),
@@ -483,6 +498,9 @@ mod tests {
         let mut options = ClientOptions::new(vec![ServerAddress::new("x", 1)]);
         assert!(options.set("heartbeatFrequencyMS", "10").is_err());
         assert!(options.set("nope", "1").is_err());
+        // Options read as a whole are set through their fields, never silently dropped.
+        assert!(options.set("readPreference", "secondary").is_err());
+        assert!(options.set("w", "1").is_err());
         options.set("heartbeatFrequencyMS", "600").unwrap();
         assert_eq!(options.heartbeat_frequency, Duration::from_millis(600));
     }
