@@ -30,7 +30,7 @@ use core::fmt;
 use core::time::Duration;
 
 use crate::address::ServerAddress;
-use crate::error::{NetworkErrorKind, NetworkPhase, OperationError};
+use crate::error::{NetworkCause, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::handshake::{validate_reply, HandshakeError, HandshakeReply};
 use crate::time::Instant;
 use crate::wire::{
@@ -225,13 +225,23 @@ impl ConnectionError {
     /// which adds `SystemOverloadedError` + `RetryableError` in the connect and handshake phases
     /// (HS-9); a rejected handshake reply becomes [`HandshakeError::into_operation_error`].
     pub fn to_operation_error(&self, address: &ServerAddress) -> OperationError {
-        let kind = match &self.cause {
-            FailureCause::Network(kind) => *kind,
-            FailureCause::Timeout => NetworkErrorKind::Timeout,
-            FailureCause::Protocol(_) => NetworkErrorKind::Io,
+        let (kind, cause) = match &self.cause {
+            FailureCause::Network(kind) => (*kind, None),
+            FailureCause::Timeout => (NetworkErrorKind::Timeout, None),
+            FailureCause::Protocol(ProtocolError::Decode(e)) => {
+                (NetworkErrorKind::Io, Some(NetworkCause::Decode(e.clone())))
+            }
+            FailureCause::Protocol(p) => (
+                NetworkErrorKind::Io,
+                Some(NetworkCause::Protocol(p.to_string())),
+            ),
             FailureCause::Handshake(e) => return e.clone().into_operation_error(address),
         };
-        OperationError::network(kind, self.phase, address.clone())
+        let error = OperationError::network(kind, self.phase, address.clone());
+        match cause {
+            Some(cause) => error.with_cause(cause),
+            None => error,
+        }
     }
 }
 
@@ -956,7 +966,8 @@ mod tests {
             op.kind,
             ErrorKind::Network(NetworkError {
                 kind: NetworkErrorKind::Timeout,
-                phase: NetworkPhase::Connect
+                phase: NetworkPhase::Connect,
+                cause: None,
             })
         );
         assert_eq!(op.labels, Labels::OVERLOAD_RETRYABLE);
@@ -1049,13 +1060,14 @@ mod tests {
         ));
         assert_eq!(e.phase, NetworkPhase::BeforeSend);
         let op = e.to_operation_error(&conn.config().address);
-        assert_eq!(
-            op.kind,
+        assert!(matches!(
+            &op.kind,
             ErrorKind::Network(NetworkError {
                 kind: NetworkErrorKind::Io,
-                phase: NetworkPhase::BeforeSend
-            })
-        );
+                phase: NetworkPhase::BeforeSend,
+                cause: Some(cause),
+            }) if matches!(**cause, NetworkCause::Decode(_))
+        ));
 
         let mut conn = ready();
         let id = conn

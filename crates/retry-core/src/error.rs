@@ -12,12 +12,14 @@
 
 use alloc::boxed::Box;
 use alloc::string::{String, ToString};
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 use bson::{Bson, Document};
 use core::fmt;
 use core::time::Duration;
 
 use crate::address::ServerAddress;
+use crate::wire::DecodeError;
 
 /// The error labels the retry, transaction and SDAM rules look at, as a small set.
 ///
@@ -165,6 +167,7 @@ impl Pushback {
 
 /// A command error from a server reply: `ok: 0`, or `ok: 1` with a `writeConcernError`.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ServerError {
     /// The top-level `code` (absent for an `ok: 1` reply that only has a `writeConcernError`).
     pub code: Option<i32>,
@@ -341,6 +344,7 @@ fn read_string(doc: &Document, key: &str, malformed: &mut bool) -> Option<String
 
 /// What went wrong on the network.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum NetworkErrorKind {
     /// The peer closed the connection.
     Closed,
@@ -348,7 +352,7 @@ pub enum NetworkErrorKind {
     Reset,
     /// A connect, read or write timed out.
     Timeout,
-    /// The host name could not be resolved.
+    /// The host name could not be resolved. Never labelled (HS-9).
     Dns,
     /// The TLS certificate or host name did not verify.
     TlsCertificate,
@@ -360,6 +364,7 @@ pub enum NetworkErrorKind {
 
 /// When, in the life of a connection and an attempt, a network error happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum NetworkPhase {
     /// Opening the socket (DNS, TCP, TLS).
     Connect,
@@ -373,13 +378,66 @@ pub enum NetworkPhase {
     AfterSend,
 }
 
-/// A network error: its kind and the phase it happened in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Why a network error happened, as the socket layer or the frame decoder reported it: kept so
+/// that the error says "connection refused" or "bad message length 1347703880" rather than only
+/// its [`NetworkErrorKind`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NetworkCause {
+    /// An I/O error from the adapter's socket or resolver.
+    Io {
+        /// The name of its kind (e.g. `ConnectionRefused`, the `Debug` form of
+        /// `std::io::ErrorKind`).
+        kind: String,
+        /// Its message.
+        message: String,
+    },
+    /// The reply bytes were not a valid OP_MSG stream (WP-1..WP-3): the decoder's reason.
+    Decode(DecodeError),
+    /// Another protocol violation by the peer (a reply to the wrong request, ...).
+    Protocol(String),
+}
+
+impl NetworkCause {
+    /// An I/O cause from its kind's name and message.
+    pub fn io(kind: impl Into<String>, message: impl Into<String>) -> NetworkCause {
+        NetworkCause::Io {
+            kind: kind.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for NetworkCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NetworkCause::Io { kind, message } if message.is_empty() => f.write_str(kind),
+            NetworkCause::Io { kind, message } => write!(f, "{message} ({kind})"),
+            NetworkCause::Decode(e) => write!(f, "{e}"),
+            NetworkCause::Protocol(message) => f.write_str(message),
+        }
+    }
+}
+
+impl core::error::Error for NetworkCause {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            NetworkCause::Decode(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// A network error: its kind, the phase it happened in, and its cause when known.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct NetworkError {
     /// What went wrong.
     pub kind: NetworkErrorKind,
     /// When it went wrong.
     pub phase: NetworkPhase,
+    /// The I/O error or decoder reason behind it, if the reporter gave one.
+    pub cause: Option<Arc<NetworkCause>>,
 }
 
 impl NetworkError {
@@ -387,7 +445,7 @@ impl NetworkError {
     /// network errors and timeouts while connecting or during `hello`, except DNS failures,
     /// TLS certificate or host-name errors and SOCKS5 errors. Errors in authentication after
     /// `hello` are not labelled.
-    pub fn is_establishment_overload(self) -> bool {
+    pub fn is_establishment_overload(&self) -> bool {
         matches!(self.phase, NetworkPhase::Connect | NetworkPhase::Handshake)
             && !matches!(
                 self.kind,
@@ -396,13 +454,14 @@ impl NetworkError {
     }
 
     /// Whether any byte of the command may have reached the server.
-    pub fn was_sent(self) -> bool {
+    pub fn was_sent(&self) -> bool {
         self.phase == NetworkPhase::AfterSend
     }
 }
 
 /// The kinds of error an operation's attempt can fail with.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum ErrorKind {
     /// The server answered with an error.
     Server(Box<ServerError>),
@@ -447,8 +506,10 @@ pub enum ErrorKind {
     },
 }
 
-/// What one attempt of an operation failed with: the facts the retry rules read.
+/// What one attempt of an operation failed with: the facts the retry rules read. Made by its
+/// constructors ([`OperationError::network`], [`OperationError::from_reply`], ...).
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct OperationError {
     /// What failed.
     pub kind: ErrorKind,
@@ -499,7 +560,11 @@ impl OperationError {
         phase: NetworkPhase,
         address: ServerAddress,
     ) -> OperationError {
-        let error = NetworkError { kind, phase };
+        let error = NetworkError {
+            kind,
+            phase,
+            cause: None,
+        };
         let labels = if error.is_establishment_overload() {
             Labels::OVERLOAD_RETRYABLE
         } else {
@@ -509,6 +574,24 @@ impl OperationError {
             kind: ErrorKind::Network(error),
             labels,
             address: Some(address),
+        }
+    }
+
+    /// The same error with the cause of its network error attached (an I/O error's kind and
+    /// message, or the decoder's reason); errors of other kinds are returned unchanged. The cause
+    /// is printed by `Display` and returned by [`core::error::Error::source`].
+    pub fn with_cause(mut self, cause: NetworkCause) -> OperationError {
+        if let ErrorKind::Network(n) = &mut self.kind {
+            n.cause = Some(Arc::new(cause));
+        }
+        self
+    }
+
+    /// The cause of a network error, if it has one.
+    pub fn network_cause(&self) -> Option<&NetworkCause> {
+        match &self.kind {
+            ErrorKind::Network(n) => n.cause.as_deref(),
+            _ => None,
         }
     }
 
@@ -719,7 +802,12 @@ impl fmt::Display for OperationError {
                     )?;
                 }
             }
-            ErrorKind::Network(n) => write!(f, "network error {:?} during {:?}", n.kind, n.phase)?,
+            ErrorKind::Network(n) => {
+                write!(f, "network error {:?} during {:?}", n.kind, n.phase)?;
+                if let Some(cause) = &n.cause {
+                    write!(f, ": {cause}")?;
+                }
+            }
             ErrorKind::PoolCleared { cause } => {
                 write!(
                 f,
@@ -749,10 +837,23 @@ impl fmt::Display for OperationError {
     }
 }
 
-impl core::error::Error for OperationError {}
+impl core::error::Error for OperationError {
+    /// A network error's cause ([`NetworkCause`]), or the error a timeout wrapped (CS-5).
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match &self.kind {
+            ErrorKind::Network(n) => n
+                .cause
+                .as_deref()
+                .map(|c| c as &(dyn core::error::Error + 'static)),
+            ErrorKind::Timeout { cause: Some(c) } => Some(&**c),
+            _ => None,
+        }
+    }
+}
 
 /// The class of an [`OperationError`], without its details.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ErrorClass {
     /// [`ErrorKind::Server`].
     Server,
@@ -1026,6 +1127,88 @@ mod tests {
         assert_eq!(
             e.server_error().unwrap().pushback,
             Some(Pushback::DoNotRetry)
+        );
+    }
+
+    #[test]
+    fn network_errors_keep_their_io_cause_in_display_and_source() {
+        use core::error::Error as _;
+        let refused = OperationError::network(
+            NetworkErrorKind::Io,
+            NetworkPhase::Connect,
+            ServerAddress::new("127.0.0.1", 1),
+        )
+        .with_cause(NetworkCause::io(
+            "ConnectionRefused",
+            "Connection refused (os error 111)",
+        ));
+        let text = refused.to_string();
+        assert!(
+            text.starts_with(
+                "network error Io during Connect: Connection refused (os error 111) (ConnectionRefused)"
+            ),
+            "{text}"
+        );
+        // HS-9: the cause does not change the labels.
+        assert!(refused.is_retryable_overload());
+        let source = refused.source().expect("the cause");
+        assert_eq!(
+            source.to_string(),
+            "Connection refused (os error 111) (ConnectionRefused)"
+        );
+        assert!(matches!(
+            refused.network_cause(),
+            Some(NetworkCause::Io { kind, .. }) if kind == "ConnectionRefused"
+        ));
+        // Only network errors take a cause.
+        let selection =
+            OperationError::server_selection("x").with_cause(NetworkCause::io("a", "b"));
+        assert!(selection.source().is_none() && selection.network_cause().is_none());
+    }
+
+    #[test]
+    fn hs9_dns_failures_keep_their_cause_and_get_no_labels() {
+        let dns = OperationError::network(NetworkErrorKind::Dns, NetworkPhase::Connect, addr())
+            .with_cause(NetworkCause::io(
+                "Uncategorized",
+                "failed to lookup address information: Name or service not known",
+            ));
+        assert!(dns.labels.is_empty());
+        assert!(dns
+            .to_string()
+            .contains("network error Dns during Connect: failed to lookup"));
+    }
+
+    #[test]
+    fn decoder_reasons_are_printed_and_reachable_through_source() {
+        use core::error::Error as _;
+        let bad = OperationError::network(NetworkErrorKind::Io, NetworkPhase::Handshake, addr())
+            .with_cause(NetworkCause::Decode(DecodeError::BadLength {
+                length: i32::MAX,
+                max: 48_000_000,
+            }));
+        assert!(
+            bad.to_string().contains("bad message length 2147483647"),
+            "{bad}"
+        );
+        let decode = bad
+            .source()
+            .and_then(|cause| cause.source())
+            .expect("the decode error");
+        assert!(decode
+            .to_string()
+            .starts_with("bad message length 2147483647"));
+        let opcode = OperationError::network(NetworkErrorKind::Io, NetworkPhase::AfterSend, addr())
+            .with_cause(NetworkCause::Decode(DecodeError::UnknownOpCode(1)));
+        assert!(
+            opcode.to_string().contains("not OP_MSG: opcode 1"),
+            "{opcode}"
+        );
+        // A timeout wraps its cause (CS-5) and exposes it as its source.
+        let timeout = OperationError::timeout(Some(opcode.clone()));
+        assert_eq!(
+            timeout.source().map(|s| s.to_string()),
+            Some(opcode.to_string())
         );
     }
 

@@ -166,7 +166,28 @@ impl Monitor {
         let State::Checking { started } = self.state else {
             return None;
         };
-        let rtt = now.saturating_duration_since(started);
+        self.finish_check(reply, now.saturating_duration_since(started), now)
+    }
+
+    /// MO-1, MO-12: the check in flight opened a new monitoring connection, and that connection's
+    /// handshake reply arrived at `now`, for a `hello` written at `hello_sent`. The handshake
+    /// reply *is* the check's result (no second `hello` is sent), and the handshake's round trip
+    /// (`now - hello_sent`, without the TCP connect) is the RTT sample and the succeeded event's
+    /// duration (MO-15). Returns what [`Monitor::handle_check_succeeded`] returns.
+    pub fn handle_handshake_reply(
+        &mut self,
+        reply: &Document,
+        hello_sent: Instant,
+        now: Instant,
+    ) -> Option<Duration> {
+        let State::Checking { started } = self.state else {
+            return None;
+        };
+        let rtt = now.saturating_duration_since(hello_sent.max(started));
+        self.finish_check(reply, rtt, now)
+    }
+
+    fn finish_check(&mut self, reply: &Document, rtt: Duration, now: Instant) -> Option<Duration> {
         self.events
             .push_back(HeartbeatEvent::Succeeded { duration: rtt });
         self.retrying = false;
@@ -395,5 +416,47 @@ mod tests {
             Duration::from_millis(20),
             "the 3 ms sample left the window"
         );
+    }
+
+    #[test]
+    fn mo1_mo12_the_handshake_reply_is_the_first_check_and_its_round_trip_the_first_rtt() {
+        let mut m = monitor();
+        m.handle_timeout(ms(0));
+        assert_eq!(m.poll_action(), Some(MonitorAction::Check));
+        assert_eq!(m.poll_event(), Some(HeartbeatEvent::Started));
+        // TCP connect took 40 ms, the handshake hello written at 40 was answered at 47.
+        assert_eq!(
+            m.handle_handshake_reply(&hello(), ms(40), ms(47)),
+            Some(Duration::from_millis(7))
+        );
+        assert_eq!(
+            m.poll_event(),
+            Some(HeartbeatEvent::Succeeded {
+                duration: Duration::from_millis(7)
+            })
+        );
+        // No second hello: the next check is a heartbeat later, counted from the check's start.
+        assert_eq!(m.poll_action(), None);
+        assert_eq!(m.poll_timeout(), Some(ms(10_000)));
+        assert_eq!(m.average_rtt(), Some(Duration::from_millis(7)));
+        // One sample: the minimum RTT stays zero until there are two (MO-13).
+        assert_eq!(m.min_rtt(), Duration::ZERO);
+        m.handle_timeout(ms(10_000));
+        assert_eq!(m.poll_action(), Some(MonitorAction::Check));
+        m.handle_check_succeeded(&hello(), ms(10_003));
+        assert_eq!(m.min_rtt(), Duration::from_millis(3));
+    }
+
+    #[test]
+    fn mo1_a_handshake_reply_outside_a_check_is_ignored_and_a_failed_one_forgets_the_rtt() {
+        let mut m = monitor();
+        assert_eq!(m.handle_handshake_reply(&hello(), ms(0), ms(1)), None);
+        assert_eq!(m.poll_event(), None);
+        m.handle_timeout(ms(0));
+        assert_eq!(
+            m.handle_handshake_reply(&doc! { "ok": 0 }, ms(1), ms(2)),
+            None
+        );
+        assert_eq!(m.average_rtt(), None);
     }
 }
