@@ -313,8 +313,9 @@ impl ConnectionString {
             let Some((name, kind)) =
                 lookup(raw_name).or_else(|| replacement.and_then(|r| lookup(r.1)))
             else {
-                self.warnings
-                    .push(format!("Unsupported option '{raw_name}' ignored"));
+                self.warnings.push(format!(
+                    "Unsupported option '{raw_name}' (value {value:?}) ignored"
+                ));
                 continue;
             };
             let Some(parsed) = read_value(name, kind, &value, &mut self.warnings)? else {
