@@ -27,6 +27,7 @@
 //! | [`monitor`] | server monitoring: check schedule, RTT, descriptions from checks |
 //! | [`pinning`] | transaction and load-balanced cursor pins (TX-3..5, LB-10..12) |
 //! | [`policy`] | retry options and policies, validated |
+//! | [`option_error`] | the error of an invalid option |
 //! | [`pool`] | connection-pool accounting (CMAP) for one server |
 //! | [`retry`] | the per-operation retry state machine |
 //! | [`scenario`] | a scripted, bounded driver for the retry machine in virtual time |
@@ -107,6 +108,7 @@ pub mod engine;
 pub mod error;
 pub mod handshake;
 pub mod monitor;
+pub mod option_error;
 pub mod pinning;
 pub mod policy;
 pub mod pool;
