@@ -734,3 +734,80 @@ fn command_for(request: &OperationRequest, attempt: &Attempt) -> Document {
     body.insert("$db", request.db.clone());
     body
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::monitor::HeartbeatEvent;
+    use crate::selection::{ReadPreference, ReadPreferenceMode};
+
+    /// An engine whose sockets can never be built: its handshake command no longer encodes (a key
+    /// with a NUL byte). `Engine::new` refuses such a handshake, so this is set afterwards.
+    fn unbuildable(load_balanced: bool) -> Engine {
+        let mut settings = TopologySettings::new(alloc::vec![ServerAddress::new("db", 27017)]);
+        settings.load_balanced = load_balanced;
+        let mut engine = Engine::new(
+            EngineOptions::new(settings, HandshakeOptions::new()),
+            Instant::ZERO,
+        )
+        .expect("valid");
+        engine.handshake = bson::doc! { "hel\0lo": 1 };
+        engine
+    }
+
+    fn events(engine: &mut Engine) -> Vec<EngineEvent> {
+        core::iter::from_fn(|| engine.poll_event()).collect()
+    }
+
+    /// Issue 9 item 2: a socket that cannot be built fails the pool's pending connection, so the
+    /// checkout, and the operation ends exactly once with the handshake error.
+    #[test]
+    fn a_connection_that_cannot_be_built_fails_its_checkout_once() {
+        let mut engine = unbuildable(true);
+        let primary = ReadPreference::new(ReadPreferenceMode::Primary, Vec::new(), None).unwrap();
+        let request = OperationRequest::new(
+            "test",
+            bson::doc! { "ping": 1 },
+            OperationKind::Read,
+            SelectionCriteria::Read(primary),
+        );
+        let op = engine.start_operation(request, Instant::ZERO);
+        assert_eq!(engine.poll_connect(), None, "no socket was asked for");
+        let finished: Vec<_> = events(&mut engine)
+            .into_iter()
+            .filter_map(|e| match e {
+                EngineEvent::OperationFinished { op: o, result } if o == op => Some(result),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(finished.len(), 1);
+        let error = finished[0].as_ref().unwrap_err();
+        assert!(
+            matches!(error.kind, crate::error::ErrorKind::Handshake { .. }),
+            "{error:?}"
+        );
+        assert!(engine.ops.is_empty() && engine.checkouts.is_empty());
+    }
+
+    /// Issue 9 item 2: a monitor whose socket cannot be built completes its check as failed.
+    #[test]
+    fn a_monitor_socket_that_cannot_be_built_fails_the_check() {
+        let mut engine = unbuildable(false);
+        engine.handle_timeout(Instant::ZERO);
+        assert_eq!(engine.poll_connect(), None);
+        let failed = events(&mut engine).into_iter().any(|e| {
+            matches!(
+                e,
+                EngineEvent::Heartbeat {
+                    event: HeartbeatEvent::Failed { .. },
+                    ..
+                }
+            )
+        });
+        assert!(failed, "the check failed");
+        assert!(
+            engine.poll_timeout().is_some(),
+            "the next check is scheduled"
+        );
+    }
+}
