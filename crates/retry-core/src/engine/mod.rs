@@ -31,12 +31,12 @@
 //! one straight to its consumer (a pool's `CheckedOut` to the operation that asked for it, a
 //! socket's reply to the operation whose command is on it, ...), which is then put on the
 //! worklist in turn. Nothing sweeps every machine: an input costs what it touches. Timers are kept
-//! in one ordered queue ([`worklist`]), so `handle_timeout` wakes only the machines that are due and
+//! in one ordered queue (`worklist`), so `handle_timeout` wakes only the machines that are due and
 //! `poll_timeout` reads its head. The same seed and inputs give the same trace, bit for bit.
 //!
-//! The modules: [`operations`] (the retry machines, selection, sending and replies), [`sockets`]
-//! (the connection machines), [`monitoring`] (the topology, its pools and the monitors), [`pins`]
-//! (transaction and cursor pins) and [`worklist`] (the worklist and the timer queue).
+//! The modules: `operations` (the retry machines, selection, sending and replies), `sockets`
+//! (the connection machines), `monitoring` (the topology, its pools and the monitors), `pins`
+//! (transaction and cursor pins) and `worklist` (the worklist and the timer queue).
 //!
 //! # Event order
 //!
