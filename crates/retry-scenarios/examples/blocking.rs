@@ -3,6 +3,9 @@
 //!
 //! `cargo run -p retry-scenarios --example blocking -- 127.0.0.1:27017` pings a server; as a
 //! test (`cargo test -p retry-scenarios --example blocking`) it pings a retry-testkit server.
+//!
+//! The same driving loop, on one thread with non-blocking reads, runs as a doctest in retry-core's
+//! crate docs ("Driving the engine", `crates/retry-core/src/lib.rs`).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
