@@ -504,6 +504,35 @@ pub enum ErrorKind {
         /// Why, e.g. the exact LB-8 message.
         message: String,
     },
+    /// An `ok: 1` write reply with `writeErrors`: the command ran, and some statements failed.
+    /// Never produced by the engine (for it, and for command monitoring, the command succeeded:
+    /// EV-3, and `writeErrors` never make a write retryable: RW-9); a driver turns such a reply
+    /// into this error with [`OperationError::from_write_reply`]. Never retried.
+    Write(Box<WriteErrors>),
+}
+
+/// One entry of a reply's `writeErrors`.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct WriteError {
+    /// `index`: the statement's position in the batch.
+    pub index: Option<i64>,
+    /// `code`.
+    pub code: Option<i32>,
+    /// `codeName`.
+    pub code_name: Option<String>,
+    /// `errmsg`.
+    pub message: String,
+}
+
+/// The statements of a write that failed, and the whole reply.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct WriteErrors {
+    /// The `writeErrors` entries, in order.
+    pub errors: Vec<WriteError>,
+    /// The reply, unchanged (`n`, `nModified`, `upserted`, ...).
+    pub reply: Document,
 }
 
 /// What one attempt of an operation failed with: the facts the retry rules read. Made by its
@@ -593,6 +622,45 @@ impl OperationError {
             ErrorKind::Network(n) => n.cause.as_deref(),
             _ => None,
         }
+    }
+
+    /// The write errors of a successful write reply (`ok: 1` with a non-empty `writeErrors`), or
+    /// `None` when it has none. Entries whose fields have the wrong types keep what can be read.
+    pub fn from_write_reply(reply: &Document, address: &ServerAddress) -> Option<OperationError> {
+        let Ok(entries) = reply.get_array("writeErrors") else {
+            return None;
+        };
+        let errors: Vec<WriteError> = entries
+            .iter()
+            .filter_map(|e| match e {
+                Bson::Document(e) => Some(e),
+                _ => None,
+            })
+            .map(|e| {
+                let mut ignored = false;
+                WriteError {
+                    index: match e.get("index") {
+                        Some(Bson::Int32(i)) => Some(i64::from(*i)),
+                        Some(Bson::Int64(i)) => Some(*i),
+                        _ => None,
+                    },
+                    code: read_code(e, &mut ignored),
+                    code_name: read_string(e, "codeName", &mut ignored),
+                    message: read_string(e, "errmsg", &mut ignored).unwrap_or_default(),
+                }
+            })
+            .collect();
+        if errors.is_empty() {
+            return None;
+        }
+        Some(OperationError {
+            kind: ErrorKind::Write(Box::new(WriteErrors {
+                errors,
+                reply: reply.clone(),
+            })),
+            labels: Labels::NONE,
+            address: Some(address.clone()),
+        })
     }
 
     /// A checkout from a cleared (paused) pool (CM-2): retryable, nothing sent.
@@ -734,7 +802,7 @@ impl OperationError {
     /// the write began. Selection, checkout and connection-establishment errors were not sent.
     pub fn was_sent(&self) -> bool {
         match &self.kind {
-            ErrorKind::Server(_) | ErrorKind::Cancelled => true,
+            ErrorKind::Server(_) | ErrorKind::Cancelled | ErrorKind::Write(_) => true,
             ErrorKind::Usage { .. } => false,
             ErrorKind::Network(n) => n.was_sent(),
             ErrorKind::PoolCleared { .. }
@@ -774,6 +842,7 @@ impl OperationError {
             ErrorKind::Cancelled => ErrorClass::Cancelled,
             ErrorKind::Usage { .. } => ErrorClass::Usage,
             ErrorKind::Handshake { .. } => ErrorClass::Handshake,
+            ErrorKind::Write(_) => ErrorClass::Write,
         };
         ErrorSummary {
             class,
@@ -824,6 +893,23 @@ impl fmt::Display for OperationError {
             ErrorKind::Cancelled => write!(f, "operation cancelled")?,
             ErrorKind::Usage { message } => f.write_str(message)?,
             ErrorKind::Handshake { message } => write!(f, "handshake failed: {message}")?,
+            ErrorKind::Write(w) => {
+                let first = &w.errors[0];
+                write!(f, "write error")?;
+                if let Some(code) = first.code {
+                    write!(f, " {code}")?;
+                }
+                if let Some(name) = &first.code_name {
+                    write!(f, " ({name})")?;
+                }
+                write!(f, ": {}", first.message)?;
+                if let Some(index) = first.index {
+                    write!(f, " at statement {index}")?;
+                }
+                if w.errors.len() > 1 {
+                    write!(f, " (and {} more)", w.errors.len() - 1)?;
+                }
+            }
         }
         if !self.labels.is_empty() {
             write!(f, " {:?}", self.labels)?;
@@ -873,6 +959,8 @@ pub enum ErrorClass {
     Usage,
     /// [`ErrorKind::Handshake`].
     Handshake,
+    /// [`ErrorKind::Write`].
+    Write,
 }
 
 /// A copyable summary of an error, carried by monitoring events.
@@ -1210,6 +1298,36 @@ mod tests {
             timeout.source().map(|s| s.to_string()),
             Some(opcode.to_string())
         );
+    }
+
+    #[test]
+    fn write_errors_of_an_ok_reply_are_a_typed_error_keeping_the_reply() {
+        let reply = doc! { "ok": 1, "n": 1, "writeErrors": [
+        { "index": 1, "code": 11000, "codeName": "DuplicateKey", "errmsg": "E11000 dup" },
+        { "index": 2_i64, "code": 11000, "errmsg": "E11000 dup" } ] };
+        let e = OperationError::from_write_reply(&reply, &addr()).expect("write errors");
+        assert_eq!(
+            e.to_string(),
+            "write error 11000 (DuplicateKey): E11000 dup at statement 1 (and 1 more) from a:27017"
+        );
+        let ErrorKind::Write(w) = &e.kind else {
+            panic!("{e:?}")
+        };
+        assert_eq!(w.reply, reply);
+        assert_eq!(w.errors[1].index, Some(2));
+        // RW-9: never retryable, and it was sent.
+        assert!(!e.is_retryable_write() && !e.is_retryable_read() && e.was_sent());
+        assert_eq!(e.summary().class, ErrorClass::Write);
+        for ok in [
+            doc! { "ok": 1, "n": 1 },
+            doc! { "ok": 1, "writeErrors": [] },
+            doc! { "ok": 1, "writeErrors": 5 },
+        ] {
+            assert!(
+                OperationError::from_write_reply(&ok, &addr()).is_none(),
+                "{ok}"
+            );
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ use smallvec::SmallVec;
 use crate::address::ServerAddress;
 use crate::error::{ErrorKind, ErrorSummary, OperationError};
 use crate::time::Instant;
-use crate::topology::AverageRtt;
+use crate::topology::{AverageRtt, TopologyVersion};
 
 /// `heartbeatFrequencyMS`'s default.
 pub const DEFAULT_HEARTBEAT_FREQUENCY: Duration = Duration::from_secs(10);
@@ -26,6 +26,55 @@ pub const DEFAULT_HEARTBEAT_FREQUENCY: Duration = Duration::from_secs(10);
 pub const MIN_HEARTBEAT_FREQUENCY: Duration = Duration::from_millis(500);
 /// CS-4: the minimum RTT is taken over this many recent samples.
 pub const MIN_RTT_SAMPLES: usize = 10;
+
+/// `serverMonitoringMode` (MO-7): whether monitors may use the streaming protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ServerMonitoringMode {
+    /// Poll in a FaaS environment (HS-5), otherwise act as [`ServerMonitoringMode::Stream`]. The
+    /// default.
+    #[default]
+    Auto,
+    /// Stream when the server supports it, else poll.
+    Stream,
+    /// Always poll.
+    Poll,
+}
+
+impl ServerMonitoringMode {
+    /// MO-7, MO-8: whether to stream with a server whose last reply `server_streams` (it carried
+    /// a `topologyVersion`), when the client runs in a FaaS environment or not (`faas`, HS-5).
+    /// When this is false the monitor polls and opens no RTT connection.
+    pub fn streams(self, faas: bool, server_streams: bool) -> bool {
+        server_streams
+            && match self {
+                ServerMonitoringMode::Poll => false,
+                ServerMonitoringMode::Stream => true,
+                ServerMonitoringMode::Auto => !faas,
+            }
+    }
+}
+
+/// MO-8: the awaitable `hello` of the streaming protocol: `hello` (or legacy `isMaster`, HS-3)
+/// with the server's last `topologyVersion` and `maxAwaitTimeMS` = `heartbeatFrequencyMS` as an
+/// int64. Sent with `exhaustAllowed` (MO-9, WP-6); no `lsid`, `$clusterTime` or `maxTimeMS`
+/// (MO-3).
+pub fn awaitable_hello(
+    use_hello: bool,
+    version: &TopologyVersion,
+    heartbeat_frequency: Duration,
+) -> Document {
+    let mut command = Document::new();
+    command.insert(if use_hello { "hello" } else { "isMaster" }, 1);
+    let mut tv = Document::new();
+    tv.insert("processId", version.process_id);
+    tv.insert("counter", version.counter);
+    command.insert("topologyVersion", tv);
+    command.insert(
+        "maxAwaitTimeMS",
+        i64::try_from(heartbeat_frequency.as_millis()).unwrap_or(i64::MAX),
+    );
+    command
+}
 
 /// What the caller must do for the monitor.
 #[derive(Clone, Debug, PartialEq)]
@@ -458,5 +507,31 @@ mod tests {
             None
         );
         assert_eq!(m.average_rtt(), None);
+    }
+
+    #[test]
+    fn mo7_monitoring_modes() {
+        use ServerMonitoringMode::*;
+        assert_eq!(ServerMonitoringMode::default(), Auto);
+        assert!(Auto.streams(false, true) && !Auto.streams(true, true));
+        assert!(Stream.streams(true, true));
+        assert!(!Poll.streams(false, true));
+        // A server without topologyVersion cannot stream in any mode.
+        assert!(!Auto.streams(false, false) && !Stream.streams(false, false));
+    }
+
+    #[test]
+    fn mo8_awaitable_hello_carries_topology_version_and_max_await_time() {
+        let version = TopologyVersion {
+            process_id: bson::oid::ObjectId::from_bytes([7; 12]),
+            counter: 3,
+        };
+        let command = awaitable_hello(true, &version, Duration::from_secs(10));
+        assert_eq!(
+            command,
+            doc! { "hello": 1, "topologyVersion": { "processId": version.process_id,
+            "counter": 3_i64 }, "maxAwaitTimeMS": 10_000_i64 }
+        );
+        assert!(awaitable_hello(false, &version, Duration::from_secs(1)).contains_key("isMaster"));
     }
 }

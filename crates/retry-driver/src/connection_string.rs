@@ -631,33 +631,24 @@ fn key_values(value: &str) -> Option<Vec<(String, String)>> {
         .collect()
 }
 
-/// Strict percent-decoding: `%` must be followed by two hex digits and the result must be UTF-8.
+/// Strict percent-decoding: `%` must be followed by two hex digits (the `percent-encoding` crate
+/// passes a bad escape through unchanged, so it is checked first) and the result must be UTF-8.
 pub(crate) fn percent_decode(s: &str) -> Result<String, String> {
     let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
+    if let Some(at) = bytes.iter().enumerate().position(|(i, &b)| {
+        b == b'%'
+            && !bytes
                 .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .filter(|_| bytes[i + 1].is_ascii_hexdigit() && bytes[i + 2].is_ascii_hexdigit());
-            match hex {
-                Some(b) => out.push(b),
-                None => {
-                    return Err(format!(
-                        "bad percent-escape at byte {i}: '%' must be followed by two hex digits"
-                    ))
-                }
-            }
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    }) {
+        return Err(format!(
+            "bad percent-escape at byte {at}: '%' must be followed by two hex digits"
+        ));
     }
-    String::from_utf8(out).map_err(|_| "not UTF-8 once percent-decoded".to_string())
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(|decoded| decoded.into_owned())
+        .map_err(|_| "not UTF-8 once percent-decoded".to_string())
 }
 
 impl fmt::Display for OptionValue {
@@ -819,5 +810,14 @@ mod tests {
         }
         let fine = parse("mongodb://a/?tls=true&ssl=true&loadBalanced=true&directConnection=false");
         assert_eq!(fine.option("ssl"), Some(&OptionValue::Bool(true)));
+    }
+
+    #[test]
+    fn uri6_percent_escapes_are_strict() {
+        assert_eq!(percent_decode("a%41%c3%bcb").as_deref(), Ok("aAüb"));
+        assert_eq!(percent_decode("plain").as_deref(), Ok("plain"));
+        for bad in ["%", "%4", "a%zz", "%4g", "%FF"] {
+            assert!(percent_decode(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -46,5 +46,5 @@ mod runtime;
 pub use client::{Client, CommandOptions, ConnectError, Events, Reply, TimedEvent};
 pub use connection_string::{ConnectionString, Host, HostKind, OptionValue};
 pub use io_error::{classify_io_error, io_cause, LOOKUP_FAILED};
-pub use options::{ClientOptions, OptionsError, ServerMonitoringMode};
+pub use options::{ClientOptions, OptionsError};
 pub use runtime::{literal_address, timer_offset, AsyncTimer, BoxFuture, Runtime, Socket};

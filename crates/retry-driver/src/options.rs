@@ -16,6 +16,7 @@ use retry_core::address::ServerAddress;
 use retry_core::connection::DEFAULT_CONNECT_TIMEOUT;
 use retry_core::engine::EngineOptions;
 use retry_core::handshake::{ClientMetadata, HandshakeOptions};
+use retry_core::monitor::ServerMonitoringMode;
 use retry_core::policy::{RetryOptions, RetryPolicy, DEFAULT_MAX_ADAPTIVE_RETRIES};
 use retry_core::pool::PoolOptions;
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionSettings};
@@ -67,18 +68,6 @@ impl fmt::Display for OptionsError {
 }
 
 impl std::error::Error for OptionsError {}
-
-/// `serverMonitoringMode` (MO-7).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum ServerMonitoringMode {
-    /// Stream where supported, else poll (the default).
-    #[default]
-    Auto,
-    /// Stream when the server supports it.
-    Stream,
-    /// Always poll.
-    Poll,
-}
 
 /// What a client is configured with. Field names follow the URI options; [`ClientOptions::set`]
 /// takes them by those names.
