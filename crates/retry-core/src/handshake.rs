@@ -516,6 +516,9 @@ pub struct HandshakeReply {
     pub hello_ok: bool,
     /// HS-4: the negotiated compressor, `compression[0]` of the reply.
     pub compressor: Option<String>,
+    /// EV-2: the reply's `connectionId`, the server's id for this connection (an integer; absent or
+    /// not an integer: none).
+    pub server_connection_id: Option<i64>,
 }
 
 /// Why a handshake reply is rejected.
@@ -607,7 +610,14 @@ pub fn validate_reply(
         Some(Bson::Boolean(b)) => *b,
         Some(_) => return Err(malformed("helloOk", "a boolean")),
     };
+    let server_connection_id = match reply.get("connectionId") {
+        Some(Bson::Int32(n)) => Some(i64::from(*n)),
+        Some(Bson::Int64(n)) => Some(*n),
+        Some(Bson::Double(n)) if n.fract() == 0.0 && n.abs() < 9.0e15 => Some(*n as i64),
+        _ => None,
+    };
     Ok(HandshakeReply {
+        server_connection_id,
         service_id: description.service_id,
         max_message_size_bytes,
         max_bson_object_size: limit(reply, "maxBsonObjectSize", DEFAULT_MAX_BSON_OBJECT_SIZE)?,

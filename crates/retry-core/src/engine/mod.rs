@@ -63,6 +63,7 @@
 //! its connection is closed under it; when a socket cannot be built its checkout fails; after
 //! [`Engine::close`] it is cancelled. Each of these failures goes through the retry rules.
 
+mod commands;
 mod monitoring;
 mod operations;
 mod pins;
@@ -93,6 +94,7 @@ use crate::selection::{SelectionCriteria, SelectionSettings, ServerSelection};
 use crate::time::{Instant, OperationTimeout};
 use crate::topology::{SdamEvent, Topology, TopologySettings};
 
+pub use commands::{CommandEvent, CommandInfo};
 use worklist::{Machine, Timers};
 
 /// A socket the engine asked for, unique for the engine's life.
@@ -126,6 +128,9 @@ pub struct EngineOptions {
     pub handshake: HandshakeOptions,
     /// The seed of the engine's RNG (jitter, the power-of-two choice). Adapters seed it from the OS.
     pub seed: u64,
+    /// Publish [`EngineEvent::Command`] events (EV-1..EV-6); on by default. Off saves copying each
+    /// command and reply into its event.
+    pub command_monitoring: bool,
 }
 
 impl EngineOptions {
@@ -140,6 +145,7 @@ impl EngineOptions {
             socket_timeout: None,
             handshake,
             seed: 0,
+            command_monitoring: true,
         }
     }
 }
@@ -240,6 +246,9 @@ pub enum EngineEvent {
         /// Its result.
         result: Result<Document, OperationError>,
     },
+    /// A command monitoring event in the spec's shape (EV-1..EV-6), when
+    /// [`EngineOptions::command_monitoring`] is on.
+    Command(CommandEvent),
     /// A command monitoring or retry event of an operation.
     Operation {
         /// The operation.
@@ -309,6 +318,8 @@ struct Socket {
     op: Option<OpId>,
     /// Whether the socket is in the engine's transmit queue.
     transmit_queued: bool,
+    /// The command on it, for its closing command event (EV-1).
+    command: Option<commands::PendingCommand>,
     timer: Option<Instant>,
     queued: bool,
 }
@@ -551,7 +562,7 @@ impl Engine {
         self.run(now);
         let sockets: Vec<ConnId> = self.sockets.keys().copied().collect();
         for conn in sockets {
-            self.close_socket(conn);
+            self.close_socket(conn, now);
         }
     }
 

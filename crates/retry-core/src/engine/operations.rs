@@ -97,6 +97,15 @@ impl Engine {
         operation.selection = None;
         operation.wake = None;
         expect_accepted(operation.machine.cancel(now));
+        // EV-1: a command in flight gets its failed event.
+        let pending = operation
+            .conn
+            .and_then(|conn| self.sockets.get_mut(&conn))
+            .filter(|socket| socket.op == Some(op))
+            .and_then(|socket| socket.command.take());
+        if let Some(pending) = pending {
+            self.command_failed(pending, &OperationError::cancelled(), now);
+        }
         self.waiting.remove(&op);
         self.schedule(Machine::Operation(op));
         if let Some((server, checkout)) = checkout {
@@ -358,7 +367,10 @@ impl Engine {
         let Some(attempt) = op.attempt.as_ref() else {
             return;
         };
-        let mut request = Request::new(command_for(&op.request, attempt));
+        let body = command_for(&op.request, attempt);
+        // EV-2: the command as sent, for the started event.
+        let published = self.options.command_monitoring.then(|| body.clone());
+        let mut request = Request::new(body);
         request.deadline = op.request.timeout.deadline();
         let Some(socket) = self.sockets.get_mut(&conn) else {
             return;
@@ -366,8 +378,11 @@ impl Engine {
         socket.op = Some(op_id);
         let sent = socket.machine.send_command(request, now);
         let failed = match sent {
-            Ok(_) => {
+            Ok(request_id) => {
                 expect_accepted(op.machine.handle_sent(now));
+                if let Some(command) = published {
+                    self.command_started(op_id, conn, request_id, &command, now);
+                }
                 None
             }
             Err(e) => {
@@ -405,6 +420,9 @@ impl Engine {
         socket.op = None;
         let (server, owner) = (socket.server, socket.owner);
         let error = OperationError::from_reply(&body, &socket.address);
+        if let Some(pending) = socket.command.take() {
+            self.command_replied(pending, &body, now);
+        }
         if let (Some(error), Owner::Pool(id)) = (&error, owner) {
             let context = self.error_context(server, id, true);
             self.application_error(server, error, context, now);
