@@ -324,6 +324,12 @@ fn bp27_checked_in_comes_before_retry_scheduled_and_operation_finished() {
     let op = net.start(read(ReadPreferenceMode::Primary));
     net.run_until(Instant::from_millis(10_000));
     assert_eq!(net.finished(op).len(), 1);
+    assert!(
+        !net.events
+            .iter()
+            .any(|e| matches!(e, EngineEvent::Command(_))),
+        "no command events unless asked for"
+    );
     let sequence: Vec<&str> = net
         .events
         .iter()
@@ -435,7 +441,9 @@ fn ev1_ev2_each_attempt_publishes_one_started_and_one_closing_command_event() {
         Some(doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } })
     });
     let settings = TopologySettings::new(vec![address("m1")]);
-    let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
+    let mut options = EngineOptions::new(settings, handshake());
+    options.command_monitoring = true;
+    let mut net = Net::new(options, script);
     let op = net.start(read(ReadPreferenceMode::Primary));
     net.run_until(Instant::from_millis(10_000));
     assert!(net.finished(op)[0].is_ok());
@@ -486,7 +494,9 @@ fn ev6_sensitive_commands_are_redacted() {
         })
     });
     let settings = TopologySettings::new(vec![address("m1")]);
-    let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
+    let mut options = EngineOptions::new(settings, handshake());
+    options.command_monitoring = true;
+    let mut net = Net::new(options, script);
     let mut request = read(ReadPreferenceMode::Primary);
     request.command = doc! { "saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": "secret" };
     request.kind = OperationKind::RunCommand;

@@ -36,7 +36,8 @@
 //!
 //! The modules: `operations` (the retry machines, selection, sending and replies), `sockets`
 //! (the connection machines), `monitoring` (the topology, its pools and the monitors), `pins`
-//! (transaction and cursor pins) and `worklist` (the worklist and the timer queue).
+//! (transaction and cursor pins), `commands` (command monitoring events, EV-1..EV-6) and
+//! `worklist` (the worklist and the timer queue).
 //!
 //! # Event order
 //!
@@ -128,8 +129,9 @@ pub struct EngineOptions {
     pub handshake: HandshakeOptions,
     /// The seed of the engine's RNG (jitter, the power-of-two choice). Adapters seed it from the OS.
     pub seed: u64,
-    /// Publish [`EngineEvent::Command`] events (EV-1..EV-6); on by default. Off saves copying each
-    /// command and reply into its event.
+    /// Publish [`EngineEvent::Command`] events (EV-1..EV-6). Off by default: each event copies its
+    /// command or reply, so turn it on when someone listens (a driver's command listeners, the
+    /// unified tests).
     pub command_monitoring: bool,
 }
 
@@ -145,7 +147,7 @@ impl EngineOptions {
             socket_timeout: None,
             handshake,
             seed: 0,
-            command_monitoring: true,
+            command_monitoring: false,
         }
     }
 }
