@@ -79,7 +79,7 @@ use bson::{Bson, Document};
 use core::time::Duration;
 
 use crate::address::ServerAddress;
-use crate::connection::{Connection, ConnectionConfig, DEFAULT_CONNECT_TIMEOUT};
+use crate::connection::{Connection, ConnectionConfig, Request, DEFAULT_CONNECT_TIMEOUT};
 use crate::error::{NetworkErrorKind, OperationError};
 use crate::handshake::HandshakeOptions;
 use crate::monitor::{HeartbeatEvent, Monitor, DEFAULT_HEARTBEAT_FREQUENCY};
@@ -328,7 +328,11 @@ struct Socket {
 
 struct Operation {
     machine: RetryMachine,
+    /// The request; its command has moved to `wire`.
     request: OperationRequest,
+    /// The command with `$db`, built once and sent as it is by every attempt that modifies
+    /// nothing (WP-5).
+    wire: Request,
     selection: Option<ServerSelection>,
     /// When a waiting selection should look again.
     wake: Option<Instant>,
@@ -720,10 +724,18 @@ fn expect_accepted(result: Result<(), UnexpectedInput>) {
     debug_assert!(result.is_ok(), "{result:?}");
 }
 
-/// The command of one attempt: the operation's command with `$db` and the attempt's
-/// modifications (RW-6, RW-7, TX-1, TX-11, TX-12).
-fn command_for(request: &OperationRequest, attempt: &Attempt) -> Document {
-    let mut body = request.command.clone();
+/// The command of an attempt that modifies it (RW-6, RW-7, TX-1, TX-11, TX-12): the operation's
+/// command (`base`, with `$db`) with the attempt's fields, `$db` last; `None` when the attempt
+/// modifies nothing and `base` is sent as it is.
+fn command_for(base: &Document, db: &str, attempt: &Attempt) -> Option<Document> {
+    if attempt.txn_number.is_none()
+        && !attempt.start_transaction
+        && attempt.write_concern != WriteConcernRule::Majority
+    {
+        return None;
+    }
+    let mut body = base.clone();
+    body.remove("$db");
     if let Some(n) = attempt.txn_number {
         body.insert("txnNumber", Bson::Int64(n));
     }
@@ -744,8 +756,8 @@ fn command_for(request: &OperationRequest, attempt: &Attempt) -> Document {
         }
         body.insert("writeConcern", wc);
     }
-    body.insert("$db", request.db.clone());
-    body
+    body.insert("$db", db);
+    Some(body)
 }
 
 #[cfg(test)]

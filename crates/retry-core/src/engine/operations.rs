@@ -26,7 +26,7 @@ use super::worklist::Machine;
 impl Engine {
     /// Starts an operation; its result comes as [`EngineEvent::OperationFinished`]. After
     /// [`Engine::close`] it finishes at once with [`crate::error::ErrorKind::Cancelled`].
-    pub fn start_operation(&mut self, request: OperationRequest, now: Instant) -> OpId {
+    pub fn start_operation(&mut self, mut request: OperationRequest, now: Instant) -> OpId {
         let op = OpId(self.next_op);
         self.next_op += 1;
         if self.closed {
@@ -61,10 +61,13 @@ impl Engine {
             pinned_server = pinned_server.or(server);
             pinned_conn = pinned_conn.or(conn);
         }
+        let mut body = core::mem::take(&mut request.command);
+        body.insert("$db", request.db.as_str());
         self.ops.insert(
             op,
             Operation {
                 machine,
+                wire: Request::new(body),
                 request,
                 selection: None,
                 wake: None,
@@ -367,16 +370,20 @@ impl Engine {
         let Some(attempt) = op.attempt.as_ref() else {
             return;
         };
-        let body = command_for(&op.request, attempt);
+        let deadline = op.request.timeout.deadline();
+        let mut modified = command_for(&op.wire.body, &op.request.db, attempt).map(Request::new);
+        let request = modified.as_mut().unwrap_or(&mut op.wire);
+        request.deadline = deadline;
         // EV-2: the command as sent, for the started event.
-        let published = self.options.command_monitoring.then(|| body.clone());
-        let mut request = Request::new(body);
-        request.deadline = op.request.timeout.deadline();
+        let published = self
+            .options
+            .command_monitoring
+            .then(|| request.body.clone());
         let Some(socket) = self.sockets.get_mut(&conn) else {
             return;
         };
         socket.op = Some(op_id);
-        let sent = socket.machine.send_command(request, now);
+        let sent = socket.machine.send(request, now);
         let failed = match sent {
             Ok(request_id) => {
                 expect_accepted(op.machine.handle_sent(now));
