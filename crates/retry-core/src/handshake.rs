@@ -982,6 +982,22 @@ mod tests {
         )
     }
 
+    /// EV-2: `serverConnectionId` is the reply's `connectionId`, an integer of any BSON width.
+    #[test]
+    fn ev2_the_server_connection_id_is_the_replys_connection_id() {
+        let reply = |id: Bson| {
+            let mut d = doc! { "ok": 1, "isWritablePrimary": true, "minWireVersion": 0,
+            "maxWireVersion": 21 };
+            d.insert("connectionId", id);
+            validate(d, false).unwrap().server_connection_id
+        };
+        assert_eq!(reply(Bson::Int32(7)), Some(7));
+        assert_eq!(reply(Bson::Int64(1 << 40)), Some(1 << 40));
+        assert_eq!(reply(Bson::Double(9.0)), Some(9));
+        assert_eq!(reply(Bson::Double(9.5)), None);
+        assert_eq!(reply(Bson::String("7".into())), None);
+    }
+
     #[test]
     fn reply_becomes_a_description_with_the_connection_limits() {
         let r = validate(
