@@ -440,14 +440,15 @@ impl Engine {
         match error {
             Some(error) => self.fail_attempt(op_id, error, false, now),
             None => {
-                let cursor_id = body
-                    .get_document("cursor")
-                    .ok()
-                    .and_then(|c| match c.get("id") {
+                // Looked up without `get_document`, whose miss builds an error.
+                let cursor_id = match body.get("cursor") {
+                    Some(Bson::Document(c)) => match c.get("id") {
                         Some(Bson::Int64(id)) => Some(*id),
                         Some(Bson::Int32(id)) => Some(i64::from(*id)),
                         _ => None,
-                    });
+                    },
+                    _ => None,
+                };
                 op.reply = Some(body);
                 expect_accepted(op.machine.handle_succeeded(now));
                 self.schedule(Machine::Operation(op_id));
