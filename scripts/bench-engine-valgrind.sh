@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Instruction counts (callgrind) and heap allocations (valgrind's heap summary) per engine
 # operation in the simulated driver, and per codec round trip (the baseline), for the cases of
-# crates/retry-core/benches/engine.rs. See docs/benchmarks.md, "Engine".
+# crates/retry-sim/benches/engine.rs. See docs/benchmarks.md, "Engine".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CALLS="${CALLS:-1000}"
-cargo build --release -q -p retry-core --example engine_calls
+cargo build --release -q -p retry-sim --example engine_calls
 bin=target/release/examples/engine_calls
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT

@@ -420,7 +420,13 @@ impl Connection {
     ///
     /// The request's deadline is the earlier of its own (CSOT) and `now + socketTimeoutMS`. An
     /// unacknowledged request (WP-6) expects no reply: the connection stays ready.
-    pub fn send_command(&mut self, request: Request, now: Instant) -> Result<i32, SendError> {
+    pub fn send_command(&mut self, mut request: Request, now: Instant) -> Result<i32, SendError> {
+        self.send(&mut request, now)
+    }
+
+    /// [`Connection::send_command`], leaving the request with the caller (its body and sequences
+    /// are encoded, then put back), so that a retry can send it again without rebuilding it.
+    pub fn send(&mut self, request: &mut Request, now: Instant) -> Result<i32, SendError> {
         if self.state != ConnectionState::Ready {
             return Err(SendError::NotReady(self.state));
         }
@@ -444,12 +450,13 @@ impl Connection {
             request_id,
             response_to: 0,
             flags,
-            body: request.body,
-            sequences: request.sequences,
+            body: core::mem::take(&mut request.body),
+            sequences: core::mem::take(&mut request.sequences),
         };
-        message
-            .encode(self.decoder.max_message_size(), &mut self.outbound)
-            .map_err(SendError::Encode)?;
+        let encoded = message.encode(self.decoder.max_message_size(), &mut self.outbound);
+        request.body = message.body;
+        request.sequences = message.sequences;
+        encoded.map_err(SendError::Encode)?;
         self.next_request_id = request_id.checked_add(1).unwrap_or(1);
         if request.unacknowledged {
             return Ok(request_id);

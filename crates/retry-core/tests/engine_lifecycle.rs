@@ -8,7 +8,7 @@ use std::error::Error as _;
 use bson::{doc, oid::ObjectId, Document};
 use retry_core::address::ServerAddress;
 use retry_core::engine::{
-    ConnId, Engine, EngineError, EngineEvent, EngineOptions, OpId, OperationRequest,
+    CommandEvent, ConnId, Engine, EngineError, EngineEvent, EngineOptions, OpId, OperationRequest,
 };
 use retry_core::error::{ErrorKind, OperationError};
 use retry_core::handshake::{ClientMetadata, HandshakeOptions};
@@ -200,7 +200,7 @@ fn member_hello(address: &ServerAddress, hosts: &[&str]) -> Document {
 
 fn mongos_hello() -> Document {
     doc! { "ok": 1, "helloOk": true, "isWritablePrimary": true, "msg": "isdbgrid",
-    "maxWireVersion": 25, "minWireVersion": 0, "logicalSessionTimeoutMinutes": 30 }
+    "maxWireVersion": 25, "minWireVersion": 0, "logicalSessionTimeoutMinutes": 30, "connectionId": 42 }
 }
 
 /// Item 2, SDAM: a reconfig removes the secondary `b` while a read is in flight on it. The read's
@@ -324,6 +324,12 @@ fn bp27_checked_in_comes_before_retry_scheduled_and_operation_finished() {
     let op = net.start(read(ReadPreferenceMode::Primary));
     net.run_until(Instant::from_millis(10_000));
     assert_eq!(net.finished(op).len(), 1);
+    assert!(
+        !net.events
+            .iter()
+            .any(|e| matches!(e, EngineEvent::Command(_))),
+        "no command events unless asked for"
+    );
     let sequence: Vec<&str> = net
         .events
         .iter()
@@ -415,4 +421,98 @@ fn close_fails_every_operation_once_and_publishes_the_closing_events() {
     net.engine.close(net.now);
     net.drain();
     assert_eq!(net.events.len(), events, "closing twice does nothing");
+}
+
+/// EV-1, EV-2, EV-3, EV-8: one started event and exactly one succeeded or failed event per
+/// attempt, with the same request id, the operation as `operationId`, the command as sent, the
+/// handshake's `connectionId`; none for handshakes and heartbeats.
+#[test]
+fn ev1_ev2_each_attempt_publishes_one_started_and_one_closing_command_event() {
+    let mut failures = 1;
+    let script: Script = Box::new(move |_, body| {
+        if is_hello(body) {
+            return Some(mongos_hello());
+        }
+        if failures > 0 {
+            failures -= 1;
+            return Some(doc! { "ok": 0, "code": 462, "errmsg": "overloaded",
+            "errorLabels": ["SystemOverloadedError", "RetryableError"] });
+        }
+        Some(doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } })
+    });
+    let settings = TopologySettings::new(vec![address("m1")]);
+    let mut options = EngineOptions::new(settings, handshake());
+    options.command_monitoring = true;
+    let mut net = Net::new(options, script);
+    let op = net.start(read(ReadPreferenceMode::Primary));
+    net.run_until(Instant::from_millis(10_000));
+    assert!(net.finished(op)[0].is_ok());
+    let commands: Vec<&CommandEvent> = net
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            EngineEvent::Command(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(commands.len(), 4, "two attempts, no hello: {commands:#?}");
+    let mut request_ids = Vec::new();
+    for pair in commands.chunks(2) {
+        let CommandEvent::Started { info, command } = pair[0] else {
+            panic!("started first: {pair:?}");
+        };
+        assert_eq!(info.command_name, "find");
+        assert_eq!(info.database_name, "test");
+        assert_eq!(info.operation_id, op);
+        assert_eq!(info.server_connection_id, Some(42));
+        assert_eq!(command.get_str("$db").ok(), Some("test"));
+        let closing = match pair[1] {
+            CommandEvent::Succeeded { info, .. } | CommandEvent::Failed { info, .. } => info,
+            other => panic!("a closing event: {other:?}"),
+        };
+        assert_eq!(
+            closing.request_id, info.request_id,
+            "EV-1: paired by request id"
+        );
+        request_ids.push(info.request_id);
+    }
+    assert!(matches!(commands[1], CommandEvent::Failed { .. }));
+    assert!(
+        matches!(commands[3], CommandEvent::Succeeded { reply, .. } if reply.contains_key("cursor"))
+    );
+    assert_ne!(request_ids[0], request_ids[1]);
+}
+
+/// EV-6: a security-sensitive command is published without its command and reply.
+#[test]
+fn ev6_sensitive_commands_are_redacted() {
+    let script: Script = Box::new(|_, body| {
+        Some(if is_hello(body) {
+            mongos_hello()
+        } else {
+            doc! { "ok": 1, "conversationId": 1, "payload": "secret" }
+        })
+    });
+    let settings = TopologySettings::new(vec![address("m1")]);
+    let mut options = EngineOptions::new(settings, handshake());
+    options.command_monitoring = true;
+    let mut net = Net::new(options, script);
+    let mut request = read(ReadPreferenceMode::Primary);
+    request.command = doc! { "saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": "secret" };
+    request.kind = OperationKind::RunCommand;
+    request.db = "admin".into();
+    let op = net.start(request);
+    assert_eq!(net.finished(op).len(), 1);
+    let commands: Vec<&CommandEvent> = net
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            EngineEvent::Command(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    assert!(matches!(commands[..], [
+        CommandEvent::Started { info, command },
+        CommandEvent::Succeeded { reply, .. },
+    ] if info.command_name == "saslStart" && command.is_empty() && reply.is_empty()));
 }

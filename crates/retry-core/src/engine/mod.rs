@@ -36,7 +36,8 @@
 //!
 //! The modules: `operations` (the retry machines, selection, sending and replies), `sockets`
 //! (the connection machines), `monitoring` (the topology, its pools and the monitors), `pins`
-//! (transaction and cursor pins) and `worklist` (the worklist and the timer queue).
+//! (transaction and cursor pins), `commands` (command monitoring events, EV-1..EV-6) and
+//! `worklist` (the worklist and the timer queue).
 //!
 //! # Event order
 //!
@@ -63,6 +64,7 @@
 //! its connection is closed under it; when a socket cannot be built its checkout fails; after
 //! [`Engine::close`] it is cancelled. Each of these failures goes through the retry rules.
 
+mod commands;
 mod monitoring;
 mod operations;
 mod pins;
@@ -77,7 +79,7 @@ use bson::{Bson, Document};
 use core::time::Duration;
 
 use crate::address::ServerAddress;
-use crate::connection::{Connection, ConnectionConfig, DEFAULT_CONNECT_TIMEOUT};
+use crate::connection::{Connection, ConnectionConfig, Request, DEFAULT_CONNECT_TIMEOUT};
 use crate::error::{NetworkErrorKind, OperationError};
 use crate::handshake::HandshakeOptions;
 use crate::monitor::{HeartbeatEvent, Monitor, DEFAULT_HEARTBEAT_FREQUENCY};
@@ -93,6 +95,7 @@ use crate::selection::{SelectionCriteria, SelectionSettings, ServerSelection};
 use crate::time::{Instant, OperationTimeout};
 use crate::topology::{SdamEvent, Topology, TopologySettings};
 
+pub use commands::{CommandEvent, CommandInfo};
 use worklist::{Machine, Timers};
 
 /// A socket the engine asked for, unique for the engine's life.
@@ -126,6 +129,10 @@ pub struct EngineOptions {
     pub handshake: HandshakeOptions,
     /// The seed of the engine's RNG (jitter, the power-of-two choice). Adapters seed it from the OS.
     pub seed: u64,
+    /// Publish [`EngineEvent::Command`] events (EV-1..EV-6). Off by default: each event copies its
+    /// command or reply, so turn it on when someone listens (a driver's command listeners, the
+    /// unified tests).
+    pub command_monitoring: bool,
 }
 
 impl EngineOptions {
@@ -140,6 +147,7 @@ impl EngineOptions {
             socket_timeout: None,
             handshake,
             seed: 0,
+            command_monitoring: false,
         }
     }
 }
@@ -240,6 +248,9 @@ pub enum EngineEvent {
         /// Its result.
         result: Result<Document, OperationError>,
     },
+    /// A command monitoring event in the spec's shape (EV-1..EV-6), when
+    /// [`EngineOptions::command_monitoring`] is on.
+    Command(CommandEvent),
     /// A command monitoring or retry event of an operation.
     Operation {
         /// The operation.
@@ -309,13 +320,19 @@ struct Socket {
     op: Option<OpId>,
     /// Whether the socket is in the engine's transmit queue.
     transmit_queued: bool,
+    /// The command on it, for its closing command event (EV-1).
+    command: Option<commands::PendingCommand>,
     timer: Option<Instant>,
     queued: bool,
 }
 
 struct Operation {
     machine: RetryMachine,
+    /// The request; its command has moved to `wire`.
     request: OperationRequest,
+    /// The command with `$db`, built once and sent as it is by every attempt that modifies
+    /// nothing (WP-5).
+    wire: Request,
     selection: Option<ServerSelection>,
     /// When a waiting selection should look again.
     wake: Option<Instant>,
@@ -551,7 +568,7 @@ impl Engine {
         self.run(now);
         let sockets: Vec<ConnId> = self.sockets.keys().copied().collect();
         for conn in sockets {
-            self.close_socket(conn);
+            self.close_socket(conn, now);
         }
     }
 
@@ -707,10 +724,18 @@ fn expect_accepted(result: Result<(), UnexpectedInput>) {
     debug_assert!(result.is_ok(), "{result:?}");
 }
 
-/// The command of one attempt: the operation's command with `$db` and the attempt's
-/// modifications (RW-6, RW-7, TX-1, TX-11, TX-12).
-fn command_for(request: &OperationRequest, attempt: &Attempt) -> Document {
-    let mut body = request.command.clone();
+/// The command of an attempt that modifies it (RW-6, RW-7, TX-1, TX-11, TX-12): the operation's
+/// command (`base`, with `$db`) with the attempt's fields, `$db` last; `None` when the attempt
+/// modifies nothing and `base` is sent as it is.
+fn command_for(base: &Document, db: &str, attempt: &Attempt) -> Option<Document> {
+    if attempt.txn_number.is_none()
+        && !attempt.start_transaction
+        && attempt.write_concern != WriteConcernRule::Majority
+    {
+        return None;
+    }
+    let mut body = base.clone();
+    body.remove("$db");
     if let Some(n) = attempt.txn_number {
         body.insert("txnNumber", Bson::Int64(n));
     }
@@ -731,8 +756,8 @@ fn command_for(request: &OperationRequest, attempt: &Attempt) -> Document {
         }
         body.insert("writeConcern", wc);
     }
-    body.insert("$db", request.db.clone());
-    body
+    body.insert("$db", db);
+    Some(body)
 }
 
 #[cfg(test)]

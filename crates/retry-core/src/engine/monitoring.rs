@@ -68,7 +68,7 @@ impl Engine {
                         .and_then(|s| self.server_mut(s).monitor.as_mut())
                         .and_then(|state| state.conn.take());
                     if let Some(conn) = conn {
-                        self.close_socket(conn);
+                        self.close_socket(conn, now);
                     }
                 }
             }
@@ -99,7 +99,7 @@ impl Engine {
             self.timers
                 .set(Machine::Monitor(server), &mut state.timer, None);
             if let Some(conn) = state.conn {
-                self.close_socket(conn);
+                self.close_socket(conn, now);
             }
         }
         self.server_mut(server).retired_pool = Some(pool);
@@ -197,7 +197,7 @@ impl Engine {
             return;
         };
         if let Some(conn) = conn {
-            self.close_socket(conn);
+            self.close_socket(conn, now);
         }
         let Some(state) = self.server_mut(server).monitor.as_mut() else {
             return;
@@ -257,7 +257,7 @@ impl Engine {
                 }
                 PoolAction::Close { connection, .. } => {
                     if let Some(conn) = self.pool_socket(server, connection) {
-                        self.close_socket(conn);
+                        self.close_socket(conn, now);
                     }
                 }
                 PoolAction::CheckedOut {

@@ -26,7 +26,7 @@ use super::worklist::Machine;
 impl Engine {
     /// Starts an operation; its result comes as [`EngineEvent::OperationFinished`]. After
     /// [`Engine::close`] it finishes at once with [`crate::error::ErrorKind::Cancelled`].
-    pub fn start_operation(&mut self, request: OperationRequest, now: Instant) -> OpId {
+    pub fn start_operation(&mut self, mut request: OperationRequest, now: Instant) -> OpId {
         let op = OpId(self.next_op);
         self.next_op += 1;
         if self.closed {
@@ -61,10 +61,13 @@ impl Engine {
             pinned_server = pinned_server.or(server);
             pinned_conn = pinned_conn.or(conn);
         }
+        let mut body = core::mem::take(&mut request.command);
+        body.insert("$db", request.db.as_str());
         self.ops.insert(
             op,
             Operation {
                 machine,
+                wire: Request::new(body),
                 request,
                 selection: None,
                 wake: None,
@@ -97,6 +100,15 @@ impl Engine {
         operation.selection = None;
         operation.wake = None;
         expect_accepted(operation.machine.cancel(now));
+        // EV-1: a command in flight gets its failed event.
+        let pending = operation
+            .conn
+            .and_then(|conn| self.sockets.get_mut(&conn))
+            .filter(|socket| socket.op == Some(op))
+            .and_then(|socket| socket.command.take());
+        if let Some(pending) = pending {
+            self.command_failed(pending, &OperationError::cancelled(), now);
+        }
         self.waiting.remove(&op);
         self.schedule(Machine::Operation(op));
         if let Some((server, checkout)) = checkout {
@@ -358,16 +370,26 @@ impl Engine {
         let Some(attempt) = op.attempt.as_ref() else {
             return;
         };
-        let mut request = Request::new(command_for(&op.request, attempt));
-        request.deadline = op.request.timeout.deadline();
+        let deadline = op.request.timeout.deadline();
+        let mut modified = command_for(&op.wire.body, &op.request.db, attempt).map(Request::new);
+        let request = modified.as_mut().unwrap_or(&mut op.wire);
+        request.deadline = deadline;
+        // EV-2: the command as sent, for the started event.
+        let published = self
+            .options
+            .command_monitoring
+            .then(|| request.body.clone());
         let Some(socket) = self.sockets.get_mut(&conn) else {
             return;
         };
         socket.op = Some(op_id);
-        let sent = socket.machine.send_command(request, now);
+        let sent = socket.machine.send(request, now);
         let failed = match sent {
-            Ok(_) => {
+            Ok(request_id) => {
                 expect_accepted(op.machine.handle_sent(now));
+                if let Some(command) = published {
+                    self.command_started(op_id, conn, request_id, &command, now);
+                }
                 None
             }
             Err(e) => {
@@ -405,6 +427,9 @@ impl Engine {
         socket.op = None;
         let (server, owner) = (socket.server, socket.owner);
         let error = OperationError::from_reply(&body, &socket.address);
+        if let Some(pending) = socket.command.take() {
+            self.command_replied(pending, &body, now);
+        }
         if let (Some(error), Owner::Pool(id)) = (&error, owner) {
             let context = self.error_context(server, id, true);
             self.application_error(server, error, context, now);
@@ -415,14 +440,15 @@ impl Engine {
         match error {
             Some(error) => self.fail_attempt(op_id, error, false, now),
             None => {
-                let cursor_id = body
-                    .get_document("cursor")
-                    .ok()
-                    .and_then(|c| match c.get("id") {
+                // Looked up without `get_document`, whose miss builds an error.
+                let cursor_id = match body.get("cursor") {
+                    Some(Bson::Document(c)) => match c.get("id") {
                         Some(Bson::Int64(id)) => Some(*id),
                         Some(Bson::Int32(id)) => Some(i64::from(*id)),
                         _ => None,
-                    });
+                    },
+                    _ => None,
+                };
                 op.reply = Some(body);
                 expect_accepted(op.machine.handle_succeeded(now));
                 self.schedule(Machine::Operation(op_id));

@@ -10,7 +10,7 @@ use core::time::Duration;
 
 use super::{ConnId, CursorUse, Engine, OpId, Owner, ServerId, Socket};
 use crate::connection::{Connection, ConnectionConfig, ConnectionEvent};
-use crate::error::{ErrorKind, Labels, OperationError};
+use crate::error::{ErrorKind, Labels, NetworkErrorKind, OperationError};
 use crate::pool::ConnectionId;
 use crate::time::Instant;
 use crate::topology::ErrorContext;
@@ -48,6 +48,7 @@ impl Engine {
                 machine,
                 op: None,
                 transmit_queued: false,
+                command: None,
                 timer: None,
                 queued: false,
             },
@@ -80,10 +81,19 @@ impl Engine {
         Some(socket)
     }
 
-    /// Closes a socket nobody is waiting on.
-    pub(super) fn close_socket(&mut self, conn: ConnId) {
-        if self.remove_socket(conn).is_some() {
-            self.closes.push_back(conn);
+    /// Closes a socket. One with an attempt on it (a pool closing an in-use connection, CM-4's
+    /// interruption) fails like a socket the peer closed, so its operation hears of it.
+    pub(super) fn close_socket(&mut self, conn: ConnId, now: Instant) {
+        match self.sockets.get_mut(&conn) {
+            Some(socket) if socket.op.is_some() => {
+                socket.machine.handle_closed(NetworkErrorKind::Closed, now);
+                self.schedule(Machine::Socket(conn));
+            }
+            Some(_) => {
+                self.remove_socket(conn);
+                self.closes.push_back(conn);
+            }
+            None => {}
         }
     }
 
@@ -125,8 +135,11 @@ impl Engine {
                 ConnectionEvent::Failed(failure) => {
                     let address = self.server(server).address.clone();
                     let error = failure.to_operation_error(&address);
-                    self.remove_socket(conn);
+                    let pending = self.remove_socket(conn).and_then(|s| s.command);
                     self.closes.push_back(conn);
+                    if let Some(pending) = pending {
+                        self.command_failed(pending, &error, now);
+                    }
                     match owner {
                         Owner::Monitor => self.monitor_check_failed(server, &error, now),
                         Owner::Pool(id) => {

@@ -2,17 +2,13 @@
 //! out, encode, decode the reply, check in, finish), against the codec work of the same OP_MSG
 //! round trip alone, measured in the same run (docs/benchmarks.md, "Engine").
 //!
-//! `cargo bench -p retry-core --bench engine`
+//! `cargo bench -p retry-sim --bench engine`
 
 use std::hint::black_box;
 
 use criterion::{criterion_main, Criterion};
 
-#[path = "../tests/support/sim.rs"]
-mod sim;
-
-#[path = "support/engine_ops.rs"]
-mod engine_ops;
+use retry_sim::engine_ops;
 
 fn engine(c: &mut Criterion) {
     let mut group = c.benchmark_group("engine");

@@ -9,10 +9,7 @@ use retry_core::error::NetworkErrorKind;
 use retry_core::retry::OperationKind;
 use retry_core::time::{Instant, OperationTimeout};
 
-#[path = "support/sim.rs"]
-mod sim;
-
-use sim::{address, primary, Role, Sim, SimServer};
+use retry_sim::{address, primary, Role, Sim, SimServer};
 
 fn read_with_csot(sim: &Sim, ms: u64) -> OperationRequest {
     let mut request =
@@ -75,7 +72,10 @@ fn bug2_csot_does_not_cap_connection_establishment() {
 fn bug4_a_failed_monitor_socket_is_closed_once() {
     use retry_core::engine::{Engine, EngineOptions};
     use retry_core::topology::TopologySettings;
-    let options = EngineOptions::new(TopologySettings::new(vec![address("db")]), sim::handshake());
+    let options = EngineOptions::new(
+        TopologySettings::new(vec![address("db")]),
+        retry_sim::handshake(),
+    );
     let mut engine = Engine::new(options, Instant::ZERO).unwrap();
     engine.handle_timeout(Instant::ZERO);
     let connect = engine.poll_connect().expect("the monitor connects");

@@ -1,5 +1,5 @@
 //! The engine end to end against scripted in-memory servers, in virtual time, with the bounded
-//! simulated driver of `support/sim.rs`.
+//! simulated driver of `retry-sim`.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -10,10 +10,7 @@ use retry_core::pool::PoolEvent;
 use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::time::Instant;
 
-#[path = "support/sim.rs"]
-mod sim;
-
-use sim::{address, overload, Role, Sim, SimServer, Step};
+use retry_sim::{address, overload, Role, Sim, SimServer, Step};
 
 #[test]
 fn a_ping_on_a_standalone_succeeds_in_one_attempt() {
@@ -198,7 +195,7 @@ fn cursor_of(sim: &Sim, op: OpId) -> Option<CursorHandle> {
 }
 
 fn cursor_op(sim: &mut Sim, command: Document, kind: OperationKind, cursor: CursorUse) -> OpId {
-    let mut request = OperationRequest::new("test", command, kind, sim::primary());
+    let mut request = OperationRequest::new("test", command, kind, retry_sim::primary());
     request.cursor = cursor;
     sim.start_request(request)
 }

@@ -1,12 +1,11 @@
-//! The engine benchmark's cases, shared by `benches/engine.rs` (criterion) and
-//! `examples/engine_calls.rs` (valgrind counts): one whole operation in the simulated driver of
-//! `tests/support/sim.rs`, and the baseline of the same OP_MSG round trip through the codec alone.
-//! The including file must also include the simulated driver as `crate::sim`.
+//! The engine benchmark's workloads, shared by `benches/engine.rs` (criterion) and the examples
+//! `engine_calls` and `engine_scaling` (valgrind counts): one whole operation in the simulated
+//! driver, and the baseline of the same OP_MSG round trip through the codec alone.
 
 use bson::{doc, Document};
 use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
 
-use crate::sim::{address, Role, Sim, SimServer};
+use crate::{address, Role, Sim, SimServer};
 
 /// Operations run before measuring, so that every mongos is discovered and has a pooled
 /// connection, and the driver's buffers have their steady-state capacity.

@@ -1,5 +1,5 @@
 //! A proptest of the whole engine on random input sequences, in the simulated driver of
-//! `support/sim.rs`: random topologies (a standalone, one to three mongos, a load balancer),
+//! `retry-sim`: random topologies (a standalone, one to three mongos, a load balancer),
 //! random server scripts (replies, overload and retryable errors, resets in the middle of a
 //! command and during handshakes, bytes that are not OP_MSG, slow replies, handshakes slower than the connect timeout), random operations
 //! with random CSOT timeouts, random early socket closes, time that advances by random amounts or
@@ -25,10 +25,7 @@ use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::selection::SelectionCriteria;
 use retry_core::time::{Instant, OperationTimeout};
 
-#[path = "support/sim.rs"]
-mod sim;
-
-use sim::{address, overload, Role, Sim, SimServer, Step};
+use retry_sim::{address, overload, Role, Sim, SimServer, Step};
 
 /// How long, in virtual time after the last input, every operation has to finish. The slowest
 /// legitimate operation: three attempts, each with up to 5 s of selection, 10 s to connect, 5 s of
@@ -148,13 +145,13 @@ const KINDS: [OperationKind; 10] = [
 
 fn request(kind: OperationKind, timeout: OperationTimeout) -> OperationRequest {
     let (command, criteria, txn_number) = match kind {
-        OperationKind::Read => (doc! { "find": "c" }, sim::primary(), None),
+        OperationKind::Read => (doc! { "find": "c" }, retry_sim::primary(), None),
         OperationKind::GetMore => (
             doc! { "getMore": 1_i64, "collection": "c" },
-            sim::primary(),
+            retry_sim::primary(),
             None,
         ),
-        OperationKind::RunCommand => (doc! { "ping": 1 }, sim::primary(), None),
+        OperationKind::RunCommand => (doc! { "ping": 1 }, retry_sim::primary(), None),
         OperationKind::RetryableWrite => (
             doc! { "insert": "c", "documents": [{ "x": 1 }] },
             SelectionCriteria::Write,
@@ -176,7 +173,7 @@ fn request(kind: OperationKind, timeout: OperationTimeout) -> OperationRequest {
             Some(2),
         ),
         OperationKind::InTransaction { read: true, .. } => {
-            (doc! { "find": "c" }, sim::primary(), Some(2))
+            (doc! { "find": "c" }, retry_sim::primary(), Some(2))
         }
         OperationKind::InTransaction { read: false, .. } => (
             doc! { "insert": "c", "documents": [{ "x": 2 }] },
@@ -414,7 +411,7 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
     }
     // Every operation must end within SETTLE, step by step (the monitors' timers never stop).
     let limit = sim.now.saturating_add(SETTLE);
-    for _ in 0..sim::MAX_STEPS {
+    for _ in 0..retry_sim::MAX_STEPS {
         let finished = finished_ops(&sim);
         if ops.iter().all(|s| finished.contains_key(&s.op)) {
             break;

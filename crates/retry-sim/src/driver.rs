@@ -1,11 +1,5 @@
-//! A bounded simulated driver for the engine, in the style of quinn-proto's `Pair`: scripted
-//! in-memory servers over OP_MSG, a simulated network with a fixed latency, and a virtual clock.
-//! Every loop is capped in steps.
-//!
-//! Shared by `tests/engine_sim.rs`, `tests/engine_properties.rs`, `benches/engine.rs` and
-//! `examples/engine_calls.rs` (each includes this file with `#[path]`), so that there is one copy.
-//! Each of them uses a different part of it, hence the `dead_code` allowance below.
-#![allow(dead_code)]
+//! The simulated driver: [`Sim`] (the engine, its servers, the sockets between them and the
+//! virtual clock) and [`SimServer`] (one scripted server).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -33,15 +27,23 @@ pub enum Role {
     Standalone,
     /// A `mongos`.
     Mongos,
-    /// A load balancer in front of mongos; `service_id` says whether its hello carries one.
-    LoadBalancer { service_id: bool },
+    /// A load balancer in front of mongos.
+    LoadBalancer {
+        /// Whether its hello carries a `serviceId`.
+        service_id: bool,
+    },
 }
 
 /// What a scripted server does with one command (hello excluded).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
     /// Reply with `body`, `delay` after the network latency.
-    Reply { body: Document, delay: Duration },
+    Reply {
+        /// The reply document.
+        body: Document,
+        /// How much later than the network latency the reply arrives.
+        delay: Duration,
+    },
     /// Reset the connection instead of replying.
     Reset,
     /// Write these bytes, which are not a valid reply, instead of replying.
@@ -60,6 +62,7 @@ impl Step {
 
 /// A scripted server: answers hello by its role, and other commands by its script.
 pub struct SimServer {
+    /// What `hello` says this server is.
     pub role: Role,
     /// Steps for the next commands (not hello), in order; when empty, `{ok: 1}`.
     pub script: VecDeque<Step>,
@@ -69,6 +72,7 @@ pub struct SimServer {
     pub reset_handshakes: u32,
     /// How much later than the network latency handshake replies arrive.
     pub handshake_delay: Duration,
+    /// The `serviceId` a load balancer's hello carries.
     pub service_id: ObjectId,
     /// Commands executed (not hello), by name.
     pub executed: BTreeMap<String, u32>,
@@ -143,6 +147,7 @@ impl SimServer {
 
 /// The server end of one socket.
 pub struct SimSocket {
+    /// The server this socket is connected to.
     pub address: ServerAddress,
     decoder: FrameDecoder,
     handshaken: bool,
@@ -156,14 +161,19 @@ enum Delivery {
 
 /// The engine, its servers, and the sockets between them, in virtual time.
 pub struct Sim {
+    /// The engine under test.
     pub engine: Engine,
+    /// The scripted servers, by address; a connect to an address not here still succeeds, but
+    /// nothing answers on it.
     pub servers: BTreeMap<ServerAddress, SimServer>,
+    /// The open sockets, by the engine's connection id.
     pub sockets: BTreeMap<ConnId, SimSocket>,
     /// Sockets that were open and are closed now.
     pub retired: BTreeSet<ConnId>,
     /// Deliveries, by (when, sequence number): to which socket, what.
     inbox: BTreeMap<(Instant, u64), (ConnId, Delivery)>,
     sequence: u64,
+    /// The virtual clock.
     pub now: Instant,
     /// Every event the engine emitted, with when.
     pub events: Vec<(Instant, EngineEvent)>,

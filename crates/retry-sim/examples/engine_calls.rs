@@ -5,7 +5,7 @@
 //! simulation is not.
 //!
 //! ```sh
-//! cargo run --release -p retry-core --example engine_calls -- engine 1000
+//! cargo run --release -p retry-sim --example engine_calls -- engine 1000
 //! ```
 //!
 //! `docs/benchmarks.md` has the valgrind commands (`scripts/bench-engine-valgrind.sh`).
@@ -15,15 +15,11 @@ use std::process::ExitCode;
 
 use retry_core::wire::OpMsg;
 
-#[path = "../tests/support/sim.rs"]
-mod sim;
-
-#[path = "../benches/support/engine_ops.rs"]
-mod engine_ops;
+use retry_sim::{engine_ops, Sim};
 
 /// One operation or one codec round trip; never inlined, so callgrind can count it alone.
 #[inline(never)]
-fn once(sim: Option<&mut sim::Sim>, request: &OpMsg, reply: &OpMsg) -> usize {
+fn once(sim: Option<&mut Sim>, request: &OpMsg, reply: &OpMsg) -> usize {
     match sim {
         Some(sim) => engine_ops::one_operation(sim),
         None => engine_ops::codec_round_trip(black_box(request), black_box(reply)),
