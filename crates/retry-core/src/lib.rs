@@ -29,6 +29,7 @@
 //! | [`policy`] | retry options and policies, validated |
 //! | [`pool`] | connection-pool accounting (CMAP) for one server |
 //! | [`retry`] | the per-operation retry state machine |
+//! | [`hedging`] | hedged reads (gRPC A6): copies in flight at once, first success wins |
 //! | [`scenario`] | a scripted, bounded driver for the retry machine in virtual time |
 //!
 //! ## Driving a machine
@@ -106,6 +107,7 @@ pub mod connection;
 pub mod engine;
 pub mod error;
 pub mod handshake;
+pub mod hedging;
 pub mod monitor;
 pub mod pinning;
 pub mod policy;
