@@ -30,6 +30,7 @@
 //! | [`pool`] | connection-pool accounting (CMAP) for one server |
 //! | [`retry`] | the per-operation retry state machine |
 //! | [`hedging`] | hedged reads (gRPC A6): copies in flight at once, first success wins |
+//! | [`service_config`] | the gRPC-style service config (A6): per-command retry or hedging policies, throttling |
 //! | [`scenario`] | a scripted, bounded driver for the retry machine in virtual time |
 //!
 //! ## Driving a machine
@@ -116,6 +117,7 @@ pub mod retry;
 pub mod rng;
 pub mod scenario;
 pub mod selection;
+pub mod service_config;
 pub mod time;
 pub mod topology;
 pub mod wire;
