@@ -1,0 +1,104 @@
+//! `retry-lab simulate`: the same seed writes the same bytes, and the numbers obey the model.
+
+use std::fs;
+use std::path::PathBuf;
+
+use clap::Parser;
+use retry_lab::cli::{Cli, Command};
+use retry_lab::simulate::policy::SimPolicy;
+use retry_lab::simulate::{output, simulate, SimulateArgs};
+
+fn small(out: PathBuf) -> SimulateArgs {
+    let Command::Simulate(mut args) = Cli::try_parse_from([
+        "retry-lab",
+        "simulate",
+        "--seed",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap()
+    .into_command() else {
+        panic!("simulate parses to Command::Simulate");
+    };
+    args.clients = 6;
+    args.seconds = 2;
+    args.loads = vec![0.5, 4.0];
+    args.episode_seconds = 1;
+    args
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("retry-lab-{}-{name}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn the_same_seed_writes_byte_identical_files_twice_in_a_row() {
+    let (a, b) = (temp("a"), temp("b"));
+    for dir in [&a, &b] {
+        let args = small(dir.clone());
+        output::write(&simulate(&args), &args.out).unwrap();
+    }
+    for name in output::FILES {
+        let (x, y) = (
+            fs::read(a.join(name)).unwrap(),
+            fs::read(b.join(name)).unwrap(),
+        );
+        assert!(!x.is_empty(), "{name} is empty");
+        assert!(x == y, "{name} differs between two runs with seed 1");
+    }
+    assert!(fs::read_to_string(a.join("goodput.svg"))
+        .unwrap()
+        .starts_with("<svg"));
+    // A different seed gives different arrivals.
+    let mut other = small(temp("c"));
+    other.seed = 2;
+    assert_ne!(
+        output::steady_csv(&simulate(&other)),
+        fs::read_to_string(a.join("steady.csv")).unwrap()
+    );
+    for dir in [a, b, other.out] {
+        let _ = fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
+fn the_numbers_obey_the_model() {
+    let report = simulate(&small(temp("unused")));
+    let capacity = report.cluster.capacity();
+    assert_eq!(report.steady.len(), SimPolicy::ALL.len() * 2);
+    assert_eq!(report.episode.len(), SimPolicy::ALL.len());
+    for row in &report.steady {
+        let name = row.policy.name();
+        // Goodput never exceeds what the ingress limiters admit (90% of capacity) by more than
+        // their burst and the noise of a short run.
+        assert!(row.goodput <= capacity * 0.95, "{name}: {row:?}");
+        assert!(row.goodput <= row.offered * 1.1, "{name}: {row:?}");
+        assert!(row.latency_ms[0] <= row.latency_ms[1] && row.latency_ms[1] <= row.latency_ms[2]);
+        match row.policy {
+            SimPolicy::NoRetries => assert_eq!(row.amplification, 1.0, "{row:?}"),
+            // Naive retries resend every shed request up to 3 times.
+            SimPolicy::Naive(3) if row.load > 1.0 => {
+                assert!(row.amplification > 2.0, "{row:?}")
+            }
+            _ => {}
+        }
+        // Hedges go out only while there are fewer than 3 copies.
+        if row.policy == SimPolicy::GrpcHedging {
+            assert!(row.amplification <= 3.0, "{row:?}");
+        }
+        if row.load > 1.0 {
+            assert!(row.failure_rate > 0.0, "{name} at {} x: {row:?}", row.load);
+        }
+    }
+}
+
+#[test]
+fn bad_loads_are_refused_with_the_value() {
+    let mut args = small(temp("unused"));
+    args.loads = vec![1.0, -2.0];
+    assert!(args.validate().unwrap_err().contains("-2"));
+    assert!(Cli::try_parse_from(["retry-lab", "simulate", "--servers", "0"]).is_err());
+}
