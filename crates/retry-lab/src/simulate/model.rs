@@ -170,6 +170,13 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// The lane of operation deadlines (a timeout after the start).
+const DEADLINES: usize = 0;
+/// The lane of requests on their way to a server (the network delay after the send).
+const REQUESTS: usize = 1;
+/// The lane of replies on their way back (the network delay after the server finished).
+const REPLIES: usize = 2;
+
 /// An item in a server's queue or on its workers.
 #[derive(Clone, Copy, Debug)]
 struct Work {
@@ -191,11 +198,28 @@ enum Outcome {
 #[derive(Clone, Copy, Debug)]
 enum Kind {
     Arrival,
-    AtServer { server: u8, work: Work },
-    WorkerFree { server: u8 },
-    Reply { work: Work, outcome: Outcome },
-    Timer { op: u32, serial: u32, gen: u32 },
-    Deadline { op: u32, serial: u32 },
+    AtServer {
+        server: u8,
+        work: Work,
+    },
+    Completed {
+        server: u8,
+        work: Work,
+        outcome: Outcome,
+    },
+    Reply {
+        work: Work,
+        outcome: Outcome,
+    },
+    Timer {
+        op: u32,
+        serial: u32,
+        gen: u32,
+    },
+    Deadline {
+        op: u32,
+        serial: u32,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -273,6 +297,8 @@ pub(crate) struct Sim<'a> {
     now: u64,
     seq: u64,
     events: BinaryHeap<Reverse<Event>>,
+    /// Events a fixed delay after they were scheduled: [`DEADLINES`], [`REQUESTS`], [`REPLIES`].
+    lanes: [VecDeque<Event>; 3],
     servers: Vec<Server>,
     clients: Vec<Client>,
     ops: Vec<Option<Op>>,
@@ -360,6 +386,7 @@ impl<'a> Sim<'a> {
             now: 0,
             seq: 0,
             events: BinaryHeap::with_capacity(1024),
+            lanes: Default::default(),
             servers: (0..servers)
                 .map(|i| Server {
                     busy: 0,
@@ -440,9 +467,39 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Schedules `kind` a fixed `delay` from now in a first-in first-out lane: every event of a
+    /// lane has the same delay, so the lane stays in time order without a heap.
+    fn schedule_after(&mut self, lane: usize, delay: u64, kind: Kind) {
+        self.seq += 1;
+        self.lanes[lane].push_back(Event {
+            time: self.now + delay,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    /// The earliest event of the heap and the lanes, by (time, sequence).
+    fn next_event(&mut self) -> Option<Event> {
+        let mut best: Option<(u64, u64, usize)> = self
+            .events
+            .peek()
+            .map(|Reverse(e)| (e.time, e.seq, usize::MAX));
+        for (i, lane) in self.lanes.iter().enumerate() {
+            if let Some(e) = lane.front() {
+                if best.is_none_or(|(t, s, _)| (e.time, e.seq) < (t, s)) {
+                    best = Some((e.time, e.seq, i));
+                }
+            }
+        }
+        match best? {
+            (_, _, usize::MAX) => self.events.pop().map(|Reverse(e)| e),
+            (_, _, lane) => self.lanes[lane].pop_front(),
+        }
+    }
+
     fn run(&mut self) {
         self.next_arrival();
-        while let Some(Reverse(event)) = self.events.pop() {
+        while let Some(event) = self.next_event() {
             self.now = event.time;
             match event.kind {
                 Kind::Arrival => {
@@ -450,7 +507,11 @@ impl<'a> Sim<'a> {
                     self.next_arrival();
                 }
                 Kind::AtServer { server, work } => self.at_server(server, work),
-                Kind::WorkerFree { server } => self.worker_free(server),
+                Kind::Completed {
+                    server,
+                    work,
+                    outcome,
+                } => self.completed(server, work, outcome),
                 Kind::Reply { work, outcome } => self.reply(work, outcome),
                 Kind::Timer { op, serial, gen } => self.timer(op, serial, gen),
                 Kind::Deadline { op, serial } => self.deadline(op, serial),
@@ -498,11 +559,19 @@ impl<'a> Sim<'a> {
             let u = unit(&mut server.rng);
             ((-(1.0 - u).ln() * self.service_ns) as u64 + 1, Outcome::Ok)
         };
-        self.schedule(now + cost, Kind::WorkerFree { server: index });
-        self.schedule(now + cost + self.net_ns, Kind::Reply { work, outcome });
+        self.schedule(
+            now + cost,
+            Kind::Completed {
+                server: index,
+                work,
+                outcome,
+            },
+        );
     }
 
-    fn worker_free(&mut self, index: u8) {
+    /// A worker finished: the reply leaves, the worker takes the next item.
+    fn completed(&mut self, index: u8, work: Work, outcome: Outcome) {
+        self.schedule_after(REPLIES, self.net_ns, Kind::Reply { work, outcome });
         let server = &mut self.servers[usize::from(index)];
         server.busy -= 1;
         if let Some(work) = server.queue.pop_front() {
@@ -564,7 +633,11 @@ impl<'a> Sim<'a> {
                 (self.ops.len() - 1) as u32
             }
         };
-        self.schedule(now + self.timeout_ns, Kind::Deadline { op: id, serial });
+        self.schedule_after(
+            DEADLINES,
+            self.timeout_ns,
+            Kind::Deadline { op: id, serial },
+        );
         if matches!(
             self.ops[id as usize].as_ref().map(|o| &o.machine),
             Some(Machine::Simple(_))
@@ -620,7 +693,7 @@ impl<'a> Sim<'a> {
         }
         let b = self.bucket(now);
         self.result.series_attempts[b] += 1;
-        self.schedule(now + self.net_ns, Kind::AtServer { server, work });
+        self.schedule_after(REQUESTS, self.net_ns, Kind::AtServer { server, work });
     }
 
     fn released(&mut self, client: u32, server: u8) {
