@@ -16,5 +16,6 @@ pub mod cluster;
 pub mod demo;
 pub mod probe;
 pub mod report;
+pub mod service_config;
 pub mod simulate;
 pub mod stats;

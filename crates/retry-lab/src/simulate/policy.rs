@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand_core::RngCore;
-use retry_core::budget::{GrpcThrottle, TokenBucket};
+use retry_core::budget::TokenBucket;
 use retry_core::hedging::HedgingPolicy;
-use retry_core::policy::{GrpcPolicy, RetryOptions, RetryPolicy};
+use retry_core::policy::{RetryOptions, RetryPolicy};
+use retry_core::service_config::MethodPolicy;
 
 /// A policy under comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -68,14 +69,27 @@ impl SimPolicy {
     }
 }
 
-/// gRPC A6 throttling in the simulation: the A6 example, 10 tokens and 0.1 per success.
-pub const GRPC_MAX_TOKENS: f64 = 10.0;
-/// See [`GRPC_MAX_TOKENS`].
-pub const GRPC_TOKEN_RATIO: f64 = 0.1;
-/// gRPC retries: 4 attempts, 50 ms initial backoff, 1 s cap, multiplier 2, code 462 retryable.
-pub const GRPC_MAX_ATTEMPTS: i64 = 4;
-/// The hedging policy: 3 copies, the next one 12 ms after the last (about the unloaded p95).
-pub const HEDGING_DELAY: Duration = Duration::from_millis(12);
+/// The gRPC retry policy of the simulation, as a service config (the throttle is the A6
+/// example: 10 tokens, 0.1 per success).
+pub const GRPC_RETRY_CONFIG: &str = r#"{
+  "methodConfig": [{
+    "name": [{ "service": "mongodb", "method": "find" }],
+    "retryPolicy": { "maxAttempts": 4, "initialBackoff": "0.05s", "maxBackoff": "1s",
+                     "backoffMultiplier": 2,
+                     "retryableStatusCodes": ["IngressRequestRateLimitExceeded"] } }],
+  "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 }
+}"#;
+
+/// The gRPC hedging policy of the simulation: 3 copies, the next one 12 ms after the last (about
+/// the unloaded p95 latency), the same throttle.
+pub const GRPC_HEDGING_CONFIG: &str = r#"{
+  "methodConfig": [{
+    "name": [{ "service": "mongodb", "method": "find" }],
+    "hedgingPolicy": { "maxAttempts": 3, "hedgingDelay": "0.012s",
+                       "nonFatalStatusCodes": ["IngressRequestRateLimitExceeded"] } }],
+  "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 }
+}"#;
+
 /// The overload error code the simulated servers shed with.
 pub const OVERLOAD_CODE: i32 = 462;
 
@@ -124,8 +138,12 @@ pub(crate) enum ClientBudget {
 
 impl ClientBudget {
     pub(crate) fn new(policy: SimPolicy) -> ClientBudget {
-        let throttle = || {
-            Arc::new(GrpcThrottle::new(GRPC_MAX_TOKENS, GRPC_TOKEN_RATIO).expect("valid throttle"))
+        // Each client parses its own copy, so each has its own throttle.
+        let find = |config: &str| {
+            crate::service_config::parse_json(config)
+                .expect("the built-in service config is valid")
+                .policy_for("find")
+                .cloned()
         };
         match policy {
             SimPolicy::NoRetries => ClientBudget::Machine(
@@ -143,25 +161,16 @@ impl ClientBudget {
                 RetryOptions::default()
                     .policy(RetryPolicy::TokenBucket(Arc::new(TokenBucket::new()))),
             ),
-            SimPolicy::GrpcRetry => {
-                let policy = GrpcPolicy::new(
-                    GRPC_MAX_ATTEMPTS,
-                    Duration::from_millis(50),
-                    Duration::from_secs(1),
-                    2.0,
-                    &[OVERLOAD_CODE],
-                )
-                .expect("valid policy")
-                .with_throttle(throttle());
-                ClientBudget::Machine(
+            SimPolicy::GrpcRetry => match find(GRPC_RETRY_CONFIG) {
+                Some(MethodPolicy::Retry(policy)) => ClientBudget::Machine(
                     RetryOptions::default().policy(RetryPolicy::Grpc(Arc::new(policy))),
-                )
-            }
-            SimPolicy::GrpcHedging => ClientBudget::Hedging(
-                HedgingPolicy::new(3, HEDGING_DELAY, &[OVERLOAD_CODE])
-                    .expect("valid policy")
-                    .with_throttle(throttle()),
-            ),
+                ),
+                _ => unreachable!("GRPC_RETRY_CONFIG has a retry policy for find"),
+            },
+            SimPolicy::GrpcHedging => match find(GRPC_HEDGING_CONFIG) {
+                Some(MethodPolicy::Hedging(policy)) => ClientBudget::Hedging(policy),
+                _ => unreachable!("GRPC_HEDGING_CONFIG has a hedging policy for find"),
+            },
             SimPolicy::AwsStandard => ClientBudget::Aws { tokens: AWS_QUOTA },
             SimPolicy::SreAdaptive => ClientBudget::Sre {
                 buckets: Box::new([(0, 0); SRE_WINDOW_SECS]),
