@@ -27,7 +27,10 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
     let mut table = Table::new();
     table.set_header([
         "policy",
+        "failed @0.75x",
+        "p99 ms @0.75x",
         "goodput @2x",
+        "failed @2x",
         "amplif. @2x",
         "p99 ms @2x",
         "goodput @5x",
@@ -46,7 +49,10 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
         };
         table.add_row([
             episode.policy.name(),
+            cell(0.75, &|r| format!("{:.1}%", r.failure_rate * 100.0)),
+            cell(0.75, &|r| format!("{:.1}", r.latency_ms[1])),
             cell(2.0, &|r| format!("{:.0}", r.goodput)),
+            cell(2.0, &|r| format!("{:.1}%", r.failure_rate * 100.0)),
             cell(2.0, &|r| format!("{:.2}", r.amplification)),
             cell(2.0, &|r| format!("{:.1}", r.latency_ms[1])),
             cell(5.0, &|r| format!("{:.0}", r.goodput)),

@@ -61,6 +61,8 @@ pub const DEFAULT_LOADS: [f64; 10] = [0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 
 pub const EPISODE_BASE: f64 = 0.7;
 /// The time-series bucket of the episode.
 pub const BUCKET: Duration = Duration::from_millis(250);
+/// The window over which recovery is judged.
+pub const RECOVERY_WINDOW: Duration = Duration::from_secs(1);
 
 impl SimulateArgs {
     /// Checks the values clap cannot: loads and peak positive and finite.
@@ -125,9 +127,9 @@ pub struct SteadyRow {
 pub struct EpisodeRow {
     /// The policy.
     pub policy: SimPolicy,
-    /// Seconds from the episode's end until the cluster is healthy again for good: in every later
-    /// bucket the failure rate is at most twice the pre-episode rate (or 1%) and the mean latency
-    /// at most twice the pre-episode mean;
+    /// Seconds from the episode's end to the start of the first one-second window in which the
+    /// failure rate is at most 2 points above the pre-episode rate and the mean latency at most
+    /// twice the pre-episode mean;
     /// `None` when it never is before the run ends.
     pub time_to_recover: Option<f64>,
     /// Per bucket: (start in seconds, offered load, goodput, attempts per second, failure rate).
@@ -280,8 +282,6 @@ fn episode_row(cluster: &Cluster, spec: &RunSpec, r: &RunResult) -> EpisodeRow {
     };
     let get = |v: &[u32], i: usize| f64::from(v.get(i).copied().unwrap_or(0));
     let completed = |i: usize| get(&r.series_succeeded, i) + get(&r.series_failed, i);
-    let mean_latency =
-        |i: usize| r.series_latency_us.get(i).copied().unwrap_or(0) as f64 / completed(i).max(1.0);
     let failure = |i: usize| get(&r.series_failed, i) / completed(i).max(1.0);
     let series = (0..buckets)
         .map(|i| {
@@ -299,21 +299,22 @@ fn episode_row(cluster: &Cluster, spec: &RunSpec, r: &RunResult) -> EpisodeRow {
     let first = (spec.warmup.as_secs_f64() / bucket_s) as usize;
     let start_b = (start.as_secs_f64() / bucket_s) as usize;
     let end_b = ((start + length).as_secs_f64() / bucket_s) as usize;
-    let before = (start_b - first).max(1) as f64;
-    let baseline_latency: f64 = (first..start_b).map(mean_latency).sum::<f64>() / before;
-    let baseline_failure: f64 = (first..start_b).map(failure).sum::<f64>() / before;
-    let healthy = |i: usize| {
-        failure(i) <= (2.0 * baseline_failure).max(0.01)
-            && mean_latency(i) <= 2.0 * baseline_latency
-    };
-    let mut recovered = None;
-    for b in (end_b..buckets).rev() {
-        if healthy(b) {
-            recovered = Some(b);
-        } else {
-            break;
+    // Rates over a window of buckets: failures per completion, latency per completion.
+    let window = |from: usize, to: usize| {
+        let (mut done, mut failed, mut latency) = (0.0, 0.0, 0.0);
+        for i in from..to {
+            done += completed(i);
+            failed += get(&r.series_failed, i);
+            latency += r.series_latency_us.get(i).copied().unwrap_or(0) as f64;
         }
-    }
+        (failed / done.max(1.0), latency / done.max(1.0))
+    };
+    let (baseline_failure, baseline_latency) = window(first, start_b);
+    let width = (RECOVERY_WINDOW.as_secs_f64() / bucket_s).round().max(1.0) as usize;
+    let recovered = (end_b..buckets.saturating_sub(width) + 1).find(|&b| {
+        let (failure, latency) = window(b, b + width);
+        failure <= baseline_failure + 0.02 && latency <= 2.0 * baseline_latency
+    });
     EpisodeRow {
         policy: spec.policy,
         time_to_recover: recovered.map(|b| (b - end_b) as f64 * bucket_s),

@@ -38,8 +38,11 @@ pub struct Cluster {
     pub servers: usize,
     /// Clients, each with its own budgets; operations are spread evenly over them.
     pub clients: usize,
-    /// Operations each server runs at once.
+    /// Operations each secondary runs at once.
     pub workers: u32,
+    /// Operations the primary runs at once for these reads (it also serves the writes, which are
+    /// not simulated), so that one member overloads before the others.
+    pub primary_workers: u32,
     /// Mean service time of an admitted operation (exponentially distributed).
     pub service_mean: Duration,
     /// The ingress limiter admits this fraction of the server's capacity (a token bucket refilled
@@ -61,6 +64,7 @@ impl Default for Cluster {
             servers: 3,
             clients: 24,
             workers: 4,
+            primary_workers: 2,
             service_mean: Duration::from_millis(4),
             admit_fraction: 0.9,
             burst: Duration::from_millis(25),
@@ -74,7 +78,19 @@ impl Default for Cluster {
 impl Cluster {
     /// Operations per second the whole cluster completes at full use.
     pub fn capacity(&self) -> f64 {
-        self.servers as f64 * f64::from(self.workers) / self.service_mean.as_secs_f64()
+        (0..self.servers.max(1))
+            .map(|i| f64::from(self.workers_of(i)))
+            .sum::<f64>()
+            / self.service_mean.as_secs_f64()
+    }
+
+    /// The workers of member `i` (0 is the primary).
+    pub fn workers_of(&self, i: usize) -> u32 {
+        if i == 0 {
+            self.primary_workers.max(1)
+        } else {
+            self.workers.max(1)
+        }
     }
 }
 
@@ -247,6 +263,10 @@ impl Ord for Event {
 }
 
 struct Server {
+    workers: u32,
+    /// Ingress admissions per nanosecond, and the burst in admissions.
+    admit_per_ns: f64,
+    burst: f64,
     busy: u32,
     queue: VecDeque<Work>,
     tokens: f64,
@@ -316,8 +336,6 @@ pub(crate) struct Sim<'a> {
     shed_ns: u64,
     net_ns: u64,
     timeout_ns: u64,
-    admit_per_ns: f64,
-    burst_tokens: f64,
     bucket_ns: u64,
     warmup_ns: u64,
 }
@@ -372,7 +390,6 @@ impl<'a> Sim<'a> {
             })
             .collect();
         let mut policy_seed = EngineRng::from_seed_u64(spec.seed.wrapping_mul(0x9E37_79B9));
-        let capacity_per_server = f64::from(cluster.workers) / cluster.service_mean.as_secs_f64();
         let clients = (0..cluster.clients.max(1))
             .map(|_| Client {
                 budget: ClientBudget::new(spec.policy),
@@ -388,12 +405,20 @@ impl<'a> Sim<'a> {
             events: BinaryHeap::with_capacity(1024),
             lanes: Default::default(),
             servers: (0..servers)
-                .map(|i| Server {
-                    busy: 0,
-                    queue: VecDeque::new(),
-                    tokens: 1.0,
-                    refilled_at: 0,
-                    rng: EngineRng::from_seed_u64(load_seed ^ ((i as u64 + 1) * 0x5851_F42D)),
+                .map(|i| {
+                    let workers = cluster.workers_of(i);
+                    let admit_per_s = f64::from(workers) / cluster.service_mean.as_secs_f64()
+                        * cluster.admit_fraction;
+                    Server {
+                        workers,
+                        admit_per_ns: admit_per_s / 1e9,
+                        burst: (admit_per_s * cluster.burst.as_secs_f64()).max(1.0),
+                        busy: 0,
+                        queue: VecDeque::new(),
+                        tokens: 1.0,
+                        refilled_at: 0,
+                        rng: EngineRng::from_seed_u64(load_seed ^ ((i as u64 + 1) * 0x5851_F42D)),
+                    }
                 })
                 .collect(),
             clients,
@@ -415,11 +440,6 @@ impl<'a> Sim<'a> {
             shed_ns: nanos(cluster.shed_cost),
             net_ns: nanos(cluster.network),
             timeout_ns: nanos(cluster.timeout),
-            admit_per_ns: capacity_per_server * cluster.admit_fraction / 1e9,
-            burst_tokens: (capacity_per_server
-                * cluster.admit_fraction
-                * cluster.burst.as_secs_f64())
-            .max(1.0),
             bucket_ns: nanos(spec.bucket).max(1),
             warmup_ns: nanos(spec.warmup),
         }
@@ -528,10 +548,9 @@ impl<'a> Sim<'a> {
 
     fn at_server(&mut self, index: u8, mut work: Work) {
         let now = self.now;
-        let admit = self.admit_per_ns;
-        let burst = self.burst_tokens;
         let server = &mut self.servers[usize::from(index)];
-        server.tokens = (server.tokens + (now - server.refilled_at) as f64 * admit).min(burst);
+        server.tokens = (server.tokens + (now - server.refilled_at) as f64 * server.admit_per_ns)
+            .min(server.burst);
         server.refilled_at = now;
         if server.tokens >= 1.0 {
             server.tokens -= 1.0;
@@ -539,7 +558,7 @@ impl<'a> Sim<'a> {
             work.shed = true;
             self.result.shed += 1;
         }
-        if server.busy < self.cluster.workers {
+        if server.busy < server.workers {
             self.begin(index, work);
         } else {
             server.queue.push_back(work);

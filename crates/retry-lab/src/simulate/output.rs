@@ -77,6 +77,9 @@ pub fn recovery_csv(report: &Report) -> String {
     out
 }
 
+/// The name of the offered-load line of the episode chart (drawn in grey).
+const OFFERED: &str = "offered load";
+
 const COLORS: [RGBColor; 9] = [
     RGBColor(0, 0, 0),
     RGBColor(214, 39, 40),
@@ -122,7 +125,11 @@ fn chart(
             .x_label_area_size(44)
             .y_label_area_size(70);
         let style = |name: &str, i: usize| {
-            let color = COLORS[i % COLORS.len()];
+            let color = if name == OFFERED {
+                RGBColor(150, 150, 150)
+            } else {
+                COLORS[i % COLORS.len()]
+            };
             let width = if name.starts_with("current") { 3 } else { 2 };
             ShapeStyle::from(&color).stroke_width(width)
         };
@@ -150,6 +157,13 @@ fn chart(
         } else {
             let mut c = builder.build_cartesian_2d(x0..x1, 0.0..y1)?;
             c.configure_mesh()
+                .y_label_formatter(&|v| {
+                    if y1 < 20.0 {
+                        format!("{v:.1}")
+                    } else {
+                        format!("{v:.0}")
+                    }
+                })
                 .x_desc(x_label)
                 .y_desc(y_label)
                 .max_light_lines(0)
@@ -204,7 +218,7 @@ fn episode_lines(report: &Report, value: impl Fn(&(f64, f64, f64, f64, f64)) -> 
 pub fn render(report: &Report) -> io::Result<Vec<(&'static str, String)>> {
     let capacity = report.cluster.capacity();
     let mut offered = Line {
-        name: "offered load".into(),
+        name: OFFERED.into(),
         points: Vec::new(),
     };
     if let Some(first) = report.episode.first() {
@@ -212,7 +226,7 @@ pub fn render(report: &Report) -> io::Result<Vec<(&'static str, String)>> {
     }
     let mut goodput_episode = episode_lines(report, |p| p.2);
     goodput_episode.push(Line {
-        name: "offered load".into(),
+        name: OFFERED.into(),
         points: offered.points.clone(),
     });
     let x = "offered load (x capacity)";
