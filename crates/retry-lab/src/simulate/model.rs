@@ -310,6 +310,32 @@ struct Client {
     in_flight: SmallVec<[u32; 8]>,
 }
 
+/// Server selection as every client runs it: retry-core's pipeline over the replica set, reads
+/// with `nearest`, the client's operations in flight per member for the power of two choices.
+struct Selector {
+    topology: TopologyDescription,
+    criteria: SelectionCriteria,
+    settings: SelectionSettings,
+}
+
+impl Selector {
+    fn pick(&self, client: &mut Client, deprioritized: &[ServerAddress]) -> u8 {
+        let in_flight = &client.in_flight;
+        let chosen = select_server(
+            &self.topology,
+            &self.criteria,
+            deprioritized,
+            &self.settings,
+            |a| in_flight[index(a)],
+            &mut client.rng,
+        );
+        match chosen {
+            Ok(Some(s)) => index(&s.address) as u8,
+            _ => 0,
+        }
+    }
+}
+
 /// A run in progress.
 pub(crate) struct Sim<'a> {
     cluster: &'a Cluster,
@@ -326,10 +352,8 @@ pub(crate) struct Sim<'a> {
     next_serial: u32,
     arrivals: EngineRng,
     arrivals_end: u64,
-    topology: TopologyDescription,
+    selector: Selector,
     attempt_servers: Vec<AttemptServer>,
-    criteria: SelectionCriteria,
-    settings: SelectionSettings,
     overloaded: Vec<OperationError>,
     result: RunResult,
     service_ns: f64,
@@ -427,13 +451,15 @@ impl<'a> Sim<'a> {
             next_serial: 0,
             arrivals: EngineRng::from_seed_u64(load_seed),
             arrivals_end: nanos(spec.duration),
-            topology,
+            selector: Selector {
+                topology,
+                criteria: SelectionCriteria::Read(
+                    ReadPreference::new(ReadPreferenceMode::Nearest, Vec::new(), None)
+                        .expect("nearest without tags is valid"),
+                ),
+                settings: SelectionSettings::default(),
+            },
             attempt_servers,
-            criteria: SelectionCriteria::Read(
-                ReadPreference::new(ReadPreferenceMode::Nearest, Vec::new(), None)
-                    .expect("nearest without tags is valid"),
-            ),
-            settings: SelectionSettings::default(),
             overloaded,
             result: RunResult::default(),
             service_ns: nanos(cluster.service_mean) as f64,
@@ -675,20 +701,8 @@ impl<'a> Sim<'a> {
     }
 
     fn select(&mut self, client: u32, deprioritized: &[ServerAddress]) -> u8 {
-        let c = &mut self.clients[client as usize];
-        let in_flight = &c.in_flight;
-        let chosen = select_server(
-            &self.topology,
-            &self.criteria,
-            deprioritized,
-            &self.settings,
-            |a| in_flight[index(a)],
-            &mut c.rng,
-        );
-        match chosen {
-            Ok(Some(s)) => index(&s.address) as u8,
-            _ => 0,
-        }
+        self.selector
+            .pick(&mut self.clients[client as usize], deprioritized)
     }
 
     fn send(&mut self, id: u32, server: u8, copy: u8) {
@@ -757,14 +771,10 @@ impl<'a> Sim<'a> {
                     };
                     match action {
                         retry::Action::SelectServer => {
-                            let deprioritized: SmallVec<[ServerAddress; 2]> =
-                                m.deprioritized().iter().cloned().collect();
-                            let s = self.select(client, &deprioritized);
+                            let c = &mut self.clients[client as usize];
+                            let s = self.selector.pick(c, m.deprioritized());
                             let server = self.attempt_servers[usize::from(s)].clone();
-                            let op = self.ops[id as usize].as_mut().expect("live op");
-                            if let Machine::Retry(m) = &mut op.machine {
-                                let _ = m.handle_server_selected(server, now);
-                            }
+                            let _ = m.handle_server_selected(server, now);
                         }
                         retry::Action::Dispatch(attempt) => {
                             let _ = m.handle_sent(now);
@@ -816,14 +826,10 @@ impl<'a> Sim<'a> {
                     };
                     match action {
                         hedging::Action::SelectServer(copy) => {
-                            let deprioritized: SmallVec<[ServerAddress; 5]> =
-                                m.deprioritized().iter().cloned().collect();
-                            let s = self.select(client, &deprioritized);
-                            let op = self.ops[id as usize].as_mut().expect("live op");
-                            if let Machine::Hedge(m) = &mut op.machine {
-                                let _ =
-                                    m.handle_server_selected(copy, address(usize::from(s)), now);
-                            }
+                            let c = &mut self.clients[client as usize];
+                            let s = self.selector.pick(c, m.deprioritized());
+                            let address = self.attempt_servers[usize::from(s)].address.clone();
+                            let _ = m.handle_server_selected(copy, address, now);
                         }
                         hedging::Action::Dispatch { copy, address } => {
                             let _ = m.handle_sent(copy, now);
