@@ -5,8 +5,10 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use retry_lab::cli::{Cli, Command};
+use retry_lab::simulate::model::{run, Cluster, Load, RunSpec};
 use retry_lab::simulate::policy::SimPolicy;
 use retry_lab::simulate::{output, simulate, SimulateArgs};
+use std::time::Duration;
 
 fn small(out: PathBuf) -> SimulateArgs {
     let Command::Simulate(mut args) = Cli::try_parse_from([
@@ -85,12 +87,59 @@ fn the_numbers_obey_the_model() {
             }
             _ => {}
         }
-        // Hedges go out only while there are fewer than 3 copies.
-        if row.policy == SimPolicy::GrpcHedging {
-            assert!(row.amplification <= 3.0, "{row:?}");
-        }
+        // The caps of the real decision code bound the attempts per operation: 1 +
+        // maxAdaptiveRetries (BP-12), 1 + 5 (TB-6), gRPC maxAttempts 4, 3 hedged copies, and the
+        // baselines' own limits.
+        let cap = match row.policy {
+            SimPolicy::NoRetries => 1.0,
+            SimPolicy::Naive(n) => 1.0 + f64::from(n),
+            SimPolicy::Current | SimPolicy::CurrentRetarget => 3.0,
+            SimPolicy::TokenBucket => 6.0,
+            SimPolicy::GrpcRetry => 4.0,
+            SimPolicy::GrpcHedging | SimPolicy::AwsStandard | SimPolicy::SreAdaptive => 3.0,
+        };
+        assert!(row.amplification <= cap, "{name}: {row:?}");
         if row.load > 1.0 {
             assert!(row.failure_rate > 0.0, "{name} at {} x: {row:?}", row.load);
+        }
+    }
+}
+
+/// Per operation, the real decision code never exceeds its cap, under overload where every policy
+/// is pushed to it: BP-12 (1 + maxAdaptiveRetries = 3), TB-6 (1 + 5), A6 maxAttempts (4 retries,
+/// 3 hedged copies), and the baselines' own limits.
+#[test]
+fn no_operation_exceeds_its_policy_attempt_cap() {
+    let cluster = Cluster {
+        clients: 4,
+        ..Cluster::default()
+    };
+    for policy in SimPolicy::ALL {
+        let spec = RunSpec {
+            policy,
+            load: Load::Steady(4.0),
+            duration: Duration::from_secs(1),
+            warmup: Duration::ZERO,
+            bucket: Duration::from_millis(250),
+            seed: 7,
+        };
+        let result = run(&cluster, &spec);
+        let cap = match policy {
+            SimPolicy::NoRetries => 1,
+            SimPolicy::Naive(n) => 1 + n,
+            SimPolicy::Current | SimPolicy::CurrentRetarget => 3,
+            SimPolicy::TokenBucket => 6,
+            SimPolicy::GrpcRetry => 4,
+            SimPolicy::GrpcHedging | SimPolicy::AwsStandard | SimPolicy::SreAdaptive => 3,
+        };
+        let most = result.max_attempts_per_operation;
+        assert!(most <= cap, "{}: {most} attempts, cap {cap}", policy.name());
+        assert!(result.operations > 1000, "{}: {result:?}", policy.name());
+        if matches!(
+            policy,
+            SimPolicy::NoRetries | SimPolicy::Naive(_) | SimPolicy::Current
+        ) {
+            assert_eq!(most, cap, "{} reaches its cap under 4x load", policy.name());
         }
     }
 }

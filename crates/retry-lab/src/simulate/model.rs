@@ -170,6 +170,8 @@ pub struct RunResult {
     pub shed: u64,
     /// Every attempt sent to a server, over the whole run (the speed benchmark's unit).
     pub total_attempts: u64,
+    /// The most attempts any one operation sent.
+    pub max_attempts_per_operation: u32,
     /// Latencies of measured operations in microseconds, successes and failures, sorted.
     pub latencies_us: Vec<u32>,
     /// Per bucket: operations that succeeded (by completion time).
@@ -739,6 +741,8 @@ impl<'a> Sim<'a> {
         let op = self.ops[id as usize].take().expect("live op");
         self.free.push(id);
         let latency_us = ((now - op.start) / 1000) as u32;
+        let most = &mut self.result.max_attempts_per_operation;
+        *most = (*most).max(op.attempts);
         if op.measured {
             self.result.operations += 1;
             self.result.latencies_us.push(latency_us);
