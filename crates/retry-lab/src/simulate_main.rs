@@ -8,11 +8,13 @@ use retry_lab::simulate::{output, simulate, SimulateArgs};
 
 /// Runs the simulation and reports where its files went.
 pub fn run(args: &SimulateArgs) -> ExitCode {
-    if let Err(e) = args.validate() {
-        eprintln!("retry-lab simulate: {e}");
-        return ExitCode::from(2);
-    }
-    let cluster = args.cluster();
+    let cluster = match args.validate().and_then(|()| args.cluster()) {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            eprintln!("retry-lab simulate: {e}");
+            return ExitCode::from(2);
+        }
+    };
     println!(
         "retry-lab simulate: {} members x {} workers ({:.0} ops/s in all), {} clients, seed {}",
         cluster.servers,
@@ -22,7 +24,13 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
         args.seed
     );
     let started = Instant::now();
-    let report = simulate(args);
+    let report = match simulate(args) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("retry-lab simulate: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let elapsed = started.elapsed();
     let mut table = Table::new();
     table.set_header([

@@ -41,7 +41,7 @@ fn the_same_seed_writes_byte_identical_files_twice_in_a_row() {
     let (a, b) = (temp("a"), temp("b"));
     for dir in [&a, &b] {
         let args = small(dir.clone());
-        output::write(&simulate(&args), &args.out).unwrap();
+        output::write(&simulate(&args).unwrap(), &args.out).unwrap();
     }
     for name in output::FILES {
         let (x, y) = (
@@ -58,7 +58,7 @@ fn the_same_seed_writes_byte_identical_files_twice_in_a_row() {
     let mut other = small(temp("c"));
     other.seed = 2;
     assert_ne!(
-        output::steady_csv(&simulate(&other)),
+        output::steady_csv(&simulate(&other).unwrap()),
         fs::read_to_string(a.join("steady.csv")).unwrap()
     );
     for dir in [a, b, other.out] {
@@ -68,7 +68,7 @@ fn the_same_seed_writes_byte_identical_files_twice_in_a_row() {
 
 #[test]
 fn the_numbers_obey_the_model() {
-    let report = simulate(&small(temp("unused")));
+    let report = simulate(&small(temp("unused"))).unwrap();
     let capacity = report.cluster.capacity();
     assert_eq!(report.steady.len(), SimPolicy::ALL.len() * 2);
     assert_eq!(report.episode.len(), SimPolicy::ALL.len());
@@ -150,4 +150,36 @@ fn bad_loads_are_refused_with_the_value() {
     args.loads = vec![1.0, -2.0];
     assert!(args.validate().unwrap_err().contains("-2"));
     assert!(Cli::try_parse_from(["retry-lab", "simulate", "--servers", "0"]).is_err());
+}
+
+#[test]
+fn a6_a_users_service_config_replaces_the_policy_of_its_kind_and_errors_name_the_field() {
+    let dir = temp("config");
+    fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config.json");
+    let mut args = small(dir.clone());
+    args.service_config = Some(path.clone());
+    fs::write(
+        &path,
+        r#"{ "methodConfig": [{ "name": [{ "service": "mongodb", "method": "find" }],
+             "hedgingPolicy": { "maxAttempts": 2, "hedgingDelay": "0.002s" } }] }"#,
+    )
+    .unwrap();
+    let cluster = args.cluster().unwrap();
+    assert_eq!(cluster.grpc.retry, Cluster::default().grpc.retry);
+    assert!(cluster.grpc.hedging.contains("0.002s"));
+    fs::write(
+        &path,
+        r#"{ "methodConfig": [{ "name": [{ "service": "mongodb", "method": "find" }],
+             "hedgingPolicy": { "maxAttempts": 1 } }] }"#,
+    )
+    .unwrap();
+    let error = simulate(&args).unwrap_err();
+    assert!(
+        error.contains("methodConfig[0].hedgingPolicy.maxAttempts") && error.contains("at least 2"),
+        "{error}"
+    );
+    fs::write(&path, r#"{ "methodConfig": [{ "name": [{}] }] }"#).unwrap();
+    assert!(args.cluster().unwrap_err().contains("for find"));
+    let _ = fs::remove_dir_all(dir);
 }

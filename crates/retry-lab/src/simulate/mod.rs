@@ -21,7 +21,7 @@ use std::time::Duration;
 use clap::Args;
 
 use model::{Cluster, Load, RunResult, RunSpec};
-use policy::SimPolicy;
+use policy::{GrpcConfigs, SimPolicy};
 
 /// The options of `retry-lab simulate`.
 #[derive(Args, Clone, Debug, PartialEq)]
@@ -50,6 +50,10 @@ pub struct SimulateArgs {
     /// How long the episode lasts, in seconds.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=600))]
     pub episode_seconds: u32,
+    /// A JSON service config (gRPC A6) with a retryPolicy or hedgingPolicy for `find`; it replaces
+    /// the built-in config of `grpc-retry` or `grpc-hedging` accordingly.
+    #[arg(long, value_name = "FILE")]
+    pub service_config: Option<PathBuf>,
     /// Immediate retries of the naive policy.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub naive_retries: u32,
@@ -91,13 +95,23 @@ impl SimulateArgs {
             .collect()
     }
 
-    /// The simulated cluster.
-    pub fn cluster(&self) -> Cluster {
-        Cluster {
+    /// The simulated cluster, with the user's service config if one was given.
+    pub fn cluster(&self) -> Result<Cluster, String> {
+        let grpc = match &self.service_config {
+            None => GrpcConfigs::default(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                GrpcConfigs::with_user_config(&text)
+                    .map_err(|e| format!("{}: {e}", path.display()))?
+            }
+        };
+        Ok(Cluster {
             servers: self.servers as usize,
             clients: self.clients as usize,
+            grpc,
             ..Cluster::default()
-        }
+        })
     }
 }
 
@@ -153,8 +167,9 @@ pub struct Report {
 
 /// Runs every policy under every load and the episode. Runs are independent and deterministic,
 /// so they are spread over the machine's cores and collected in order.
-pub fn simulate(args: &SimulateArgs) -> Report {
-    let cluster = args.cluster();
+pub fn simulate(args: &SimulateArgs) -> Result<Report, String> {
+    args.validate()?;
+    let cluster = args.cluster()?;
     let policies = args.policies();
     let warmup = Duration::from_secs(1);
     let episode_load = Load::Episode {
@@ -196,13 +211,13 @@ pub fn simulate(args: &SimulateArgs) -> Report {
             Load::Episode { .. } => episode.push(episode_row(&cluster, spec, result)),
         }
     }
-    Report {
+    Ok(Report {
         cluster,
         steady,
         episode,
         episode_load,
         total_attempts,
-    }
+    })
 }
 
 /// Runs `specs` on every core; results in the order of `specs`.

@@ -26,7 +26,7 @@ use retry_core::topology::{
 use smallvec::SmallVec;
 
 use super::policy::{
-    unit, ClientBudget, SimPolicy, AWS_MAX_ATTEMPTS, AWS_MAX_BACKOFF, AWS_QUOTA,
+    unit, ClientBudget, GrpcConfigs, SimPolicy, AWS_MAX_ATTEMPTS, AWS_MAX_BACKOFF, AWS_QUOTA,
     AWS_THROTTLING_BASE, AWS_THROTTLING_COST, AWS_TRANSIENT_BASE, AWS_TRANSIENT_COST,
     OVERLOAD_CODE, SRE_BACKOFF_BASE, SRE_MAX_ATTEMPTS,
 };
@@ -56,6 +56,8 @@ pub struct Cluster {
     pub network: Duration,
     /// The client's operation timeout (CSOT `timeoutMS`).
     pub timeout: Duration,
+    /// The service configs of the gRPC policies.
+    pub grpc: GrpcConfigs,
 }
 
 impl Default for Cluster {
@@ -71,6 +73,7 @@ impl Default for Cluster {
             shed_cost: Duration::from_micros(50),
             network: Duration::from_micros(250),
             timeout: Duration::from_secs(2),
+            grpc: GrpcConfigs::default(),
         }
     }
 }
@@ -418,7 +421,7 @@ impl<'a> Sim<'a> {
         let mut policy_seed = EngineRng::from_seed_u64(spec.seed.wrapping_mul(0x9E37_79B9));
         let clients = (0..cluster.clients.max(1))
             .map(|_| Client {
-                budget: ClientBudget::new(spec.policy),
+                budget: ClientBudget::new(spec.policy, &cluster.grpc),
                 rng: EngineRng::from_seed_u64(policy_seed.next_u64()),
                 in_flight: SmallVec::from_elem(0, servers),
             })

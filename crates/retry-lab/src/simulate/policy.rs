@@ -90,6 +90,47 @@ pub const GRPC_HEDGING_CONFIG: &str = r#"{
   "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 }
 }"#;
 
+/// The service configs (JSON) of the two gRPC policies. Each has a policy of its kind for `find`,
+/// the command every simulated operation runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcConfigs {
+    /// The config of `grpc-retry`.
+    pub retry: String,
+    /// The config of `grpc-hedging`.
+    pub hedging: String,
+}
+
+impl Default for GrpcConfigs {
+    /// [`GRPC_RETRY_CONFIG`] and [`GRPC_HEDGING_CONFIG`].
+    fn default() -> GrpcConfigs {
+        GrpcConfigs {
+            retry: GRPC_RETRY_CONFIG.into(),
+            hedging: GRPC_HEDGING_CONFIG.into(),
+        }
+    }
+}
+
+impl GrpcConfigs {
+    /// The defaults with the user's service config in place of the one whose kind it has for
+    /// `find` (a `retryPolicy` replaces `grpc-retry`'s, a `hedgingPolicy` `grpc-hedging`'s).
+    pub fn with_user_config(json: &str) -> Result<GrpcConfigs, String> {
+        let config = crate::service_config::parse_json(json).map_err(|e| e.to_string())?;
+        let mut configs = GrpcConfigs::default();
+        match config.policy_for("find") {
+            Some(MethodPolicy::Retry(_)) => configs.retry = json.into(),
+            Some(MethodPolicy::Hedging(_)) => configs.hedging = json.into(),
+            _ => {
+                return Err(
+                    "the service config has no retryPolicy or hedgingPolicy for find, the \
+                     command the simulation runs"
+                        .into(),
+                )
+            }
+        }
+        Ok(configs)
+    }
+}
+
 /// The overload error code the simulated servers shed with.
 pub const OVERLOAD_CODE: i32 = 462;
 
@@ -137,7 +178,7 @@ pub(crate) enum ClientBudget {
 }
 
 impl ClientBudget {
-    pub(crate) fn new(policy: SimPolicy) -> ClientBudget {
+    pub(crate) fn new(policy: SimPolicy, configs: &GrpcConfigs) -> ClientBudget {
         // Each client parses its own copy, so each has its own throttle.
         let find = |config: &str| {
             crate::service_config::parse_json(config)
@@ -161,15 +202,15 @@ impl ClientBudget {
                 RetryOptions::default()
                     .policy(RetryPolicy::TokenBucket(Arc::new(TokenBucket::new()))),
             ),
-            SimPolicy::GrpcRetry => match find(GRPC_RETRY_CONFIG) {
+            SimPolicy::GrpcRetry => match find(&configs.retry) {
                 Some(MethodPolicy::Retry(policy)) => ClientBudget::Machine(
                     RetryOptions::default().policy(RetryPolicy::Grpc(Arc::new(policy))),
                 ),
-                _ => unreachable!("GRPC_RETRY_CONFIG has a retry policy for find"),
+                _ => unreachable!("GrpcConfigs::retry has a retry policy for find"),
             },
-            SimPolicy::GrpcHedging => match find(GRPC_HEDGING_CONFIG) {
+            SimPolicy::GrpcHedging => match find(&configs.hedging) {
                 Some(MethodPolicy::Hedging(policy)) => ClientBudget::Hedging(policy),
-                _ => unreachable!("GRPC_HEDGING_CONFIG has a hedging policy for find"),
+                _ => unreachable!("GrpcConfigs::hedging has a hedging policy for find"),
             },
             SimPolicy::AwsStandard => ClientBudget::Aws { tokens: AWS_QUOTA },
             SimPolicy::SreAdaptive => ClientBudget::Sre {
