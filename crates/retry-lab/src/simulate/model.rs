@@ -43,8 +43,13 @@ pub struct Cluster {
     /// Operations the primary runs at once for these reads (it also serves the writes, which are
     /// not simulated), so that one member overloads before the others.
     pub primary_workers: u32,
-    /// Mean service time of an admitted operation (exponentially distributed).
+    /// Mean service time of an ordinary admitted operation (exponentially distributed).
     pub service_mean: Duration,
+    /// The fraction of operations that straggle (a slow disk, a pause): their service time is
+    /// `straggler_factor` times longer.
+    pub straggler_fraction: f64,
+    /// How much longer a straggler takes.
+    pub straggler_factor: f64,
     /// The ingress limiter admits this fraction of the server's capacity (a token bucket refilled
     /// at that rate); the rest is shed with code 462.
     pub admit_fraction: f64,
@@ -68,6 +73,8 @@ impl Default for Cluster {
             workers: 4,
             primary_workers: 2,
             service_mean: Duration::from_millis(4),
+            straggler_fraction: 0.01,
+            straggler_factor: 10.0,
             admit_fraction: 0.9,
             burst: Duration::from_millis(25),
             shed_cost: Duration::from_micros(50),
@@ -84,7 +91,14 @@ impl Cluster {
         (0..self.servers.max(1))
             .map(|i| f64::from(self.workers_of(i)))
             .sum::<f64>()
-            / self.service_mean.as_secs_f64()
+            / self.mean_service().as_secs_f64()
+    }
+
+    /// The mean service time, stragglers included.
+    pub fn mean_service(&self) -> Duration {
+        let p = self.straggler_fraction.clamp(0.0, 1.0);
+        self.service_mean
+            .mul_f64(1.0 - p + p * self.straggler_factor.max(1.0))
     }
 
     /// The workers of member `i` (0 is the primary).
@@ -436,7 +450,7 @@ impl<'a> Sim<'a> {
             servers: (0..servers)
                 .map(|i| {
                     let workers = cluster.workers_of(i);
-                    let admit_per_s = f64::from(workers) / cluster.service_mean.as_secs_f64()
+                    let admit_per_s = f64::from(workers) / cluster.mean_service().as_secs_f64()
                         * cluster.admit_fraction;
                     Server {
                         workers,
@@ -607,7 +621,11 @@ impl<'a> Sim<'a> {
             (self.shed_ns, Outcome::Expired)
         } else {
             let u = unit(&mut server.rng);
-            ((-(1.0 - u).ln() * self.service_ns) as u64 + 1, Outcome::Ok)
+            let mut mean = self.service_ns;
+            if unit(&mut server.rng) < self.cluster.straggler_fraction {
+                mean *= self.cluster.straggler_factor;
+            }
+            ((-(1.0 - u).ln() * mean) as u64 + 1, Outcome::Ok)
         };
         self.schedule(
             now + cost,
