@@ -98,6 +98,12 @@ struct Line {
     points: Vec<(f64, f64)>,
 }
 
+/// Where a chart's legend goes, and how much room above the highest point it leaves for it.
+struct Legend {
+    position: SeriesLabelPosition,
+    headroom: f64,
+}
+
 /// A line chart as SVG text. `log_y` plots the y axis on a log scale.
 fn chart(
     title: &str,
@@ -105,12 +111,13 @@ fn chart(
     y_label: &str,
     lines: &[Line],
     log_y: bool,
+    legend: Legend,
 ) -> io::Result<String> {
     let mut svg = String::new();
     let xs = lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
     let ys = lines.iter().flat_map(|l| l.points.iter().map(|p| p.1));
     let (x0, x1) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
-    let y1 = ys.clone().fold(0.0f64, f64::max).max(1e-9) * 1.05;
+    let y1 = ys.clone().fold(0.0f64, f64::max).max(1e-9) * legend.headroom;
     let y0 = ys
         .filter(|y| *y > 0.0)
         .fold(f64::MAX, f64::min)
@@ -152,7 +159,7 @@ fn chart(
             c.configure_series_labels()
                 .background_style(WHITE.mix(0.85))
                 .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperLeft)
+                .position(legend.position)
                 .draw()?;
         } else {
             let mut c = builder.build_cartesian_2d(x0..x1, 0.0..y1)?;
@@ -177,7 +184,7 @@ fn chart(
             c.configure_series_labels()
                 .background_style(WHITE.mix(0.85))
                 .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperLeft)
+                .position(legend.position)
                 .draw()?;
         }
         root.present()?;
@@ -242,6 +249,10 @@ pub fn render(report: &Report) -> io::Result<Vec<(&'static str, String)>> {
                 "successful operations per second",
                 &steady_lines(report, |r| r.goodput),
                 false,
+                Legend {
+                    position: SeriesLabelPosition::LowerRight,
+                    headroom: 1.05,
+                },
             )?,
         ),
         (
@@ -252,6 +263,10 @@ pub fn render(report: &Report) -> io::Result<Vec<(&'static str, String)>> {
                 "attempts per operation",
                 &steady_lines(report, |r| r.amplification),
                 false,
+                Legend {
+                    position: SeriesLabelPosition::UpperLeft,
+                    headroom: 1.4,
+                },
             )?,
         ),
         (
@@ -262,6 +277,10 @@ pub fn render(report: &Report) -> io::Result<Vec<(&'static str, String)>> {
                 "p99 latency (ms, log scale)",
                 &steady_lines(report, |r| r.latency_ms[1]),
                 true,
+                Legend {
+                    position: SeriesLabelPosition::UpperRight,
+                    headroom: 12.0,
+                },
             )?,
         ),
         (
@@ -272,6 +291,10 @@ pub fn render(report: &Report) -> io::Result<Vec<(&'static str, String)>> {
                 "successful operations per second",
                 &goodput_episode,
                 false,
+                Legend {
+                    position: SeriesLabelPosition::UpperRight,
+                    headroom: 1.05,
+                },
             )?,
         ),
         (
@@ -282,6 +305,10 @@ pub fn render(report: &Report) -> io::Result<Vec<(&'static str, String)>> {
                 "attempts per second",
                 &episode_lines(report, |p| p.3),
                 false,
+                Legend {
+                    position: SeriesLabelPosition::UpperRight,
+                    headroom: 1.05,
+                },
             )?,
         ),
     ])
