@@ -12,6 +12,7 @@ pub mod json;
 pub mod rtt;
 pub mod sdam;
 pub mod server_selection;
+pub mod uri;
 
 use std::path::Path;
 
@@ -96,5 +97,66 @@ pub const SUITES: &[Suite] = &[
         dir: "source/server-discovery-and-monitoring/tests/monitoring",
         expected_files: 8,
         run: sdam::run_file,
+    },
+];
+
+/// How one case of a [`CaseSuite`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every assertion held.
+    Passed,
+    /// An assertion failed; the message says which.
+    Failed(String),
+    /// Not run to the end, for this reason (a feature the client does not have). Never counted
+    /// as passed.
+    Skipped(String),
+}
+
+/// One case of a file of a [`CaseSuite`].
+#[derive(Clone, Debug)]
+pub struct CaseResult {
+    /// The case's `description`.
+    pub description: String,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// A suite whose files hold many cases each, counted per case with skips (the URI suites).
+#[derive(Clone, Copy, Debug)]
+pub struct CaseSuite {
+    /// The name printed in the `suite: passed/total (skipped)` summary.
+    pub name: &'static str,
+    /// The directory, relative to the corpus root, searched recursively for `*.json`.
+    pub dir: &'static str,
+    /// How many files the pinned corpus has.
+    pub expected_files: usize,
+    /// How many cases those files hold (URI-15).
+    pub expected_cases: usize,
+    /// Runs every case of one file.
+    pub run: fn(&Path) -> Result<Vec<CaseResult>, String>,
+}
+
+/// The per-case suites, in the order they are reported.
+pub const CASE_SUITES: &[CaseSuite] = &[
+    CaseSuite {
+        name: "connection-string",
+        dir: "source/connection-string/tests",
+        expected_files: 8,
+        expected_cases: 98,
+        run: uri::run_file,
+    },
+    CaseSuite {
+        name: "uri-options",
+        dir: "source/uri-options/tests",
+        expected_files: 12,
+        expected_cases: 159,
+        run: uri::run_file,
+    },
+    CaseSuite {
+        name: "read-write-concern-uri",
+        dir: "source/read-write-concern/tests/connection-string",
+        expected_files: 2,
+        expected_cases: 18,
+        run: uri::run_concern_file,
     },
 ];

@@ -9,19 +9,26 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use spec_tests::{corpus, Suite, SUITES};
+use spec_tests::{corpus, CaseSuite, Outcome, Suite, CASE_SUITES, SUITES};
 
 /// Passed and run counts per suite, filled in by the trials as they finish.
 type Tally = Arc<Mutex<BTreeMap<&'static str, (usize, usize)>>>;
+
+/// Per case suite: passed, total, and the skip reasons with their counts.
+type CaseTally = BTreeMap<&'static str, (usize, usize, BTreeMap<String, usize>)>;
 
 fn main() {
     let args = Arguments::from_args();
     let root = corpus::root();
     let tally: Tally = Arc::default();
     let mut trials = Vec::new();
+    let mut case_tally = CaseTally::new();
     if root.join("source").is_dir() {
         for suite in SUITES {
             trials.extend(suite_trials(suite, &root, &tally));
+        }
+        for suite in CASE_SUITES {
+            trials.extend(case_suite_trials(suite, &root, &mut case_tally));
         }
     } else {
         let message = format!(
@@ -41,7 +48,80 @@ fn main() {
             }
         }
     }
+    for suite in CASE_SUITES {
+        if let Some((passed, total, skips)) = case_tally.get(suite.name) {
+            let skipped: usize = skips.values().sum();
+            println!("{}: {passed}/{total} ({skipped} skipped)", suite.name);
+            for (reason, count) in skips {
+                println!("  skipped {count}: {reason}");
+            }
+        }
+    }
     conclusion.exit();
+}
+
+/// One trial per case of `suite` (skipped cases are ignored trials), plus one that checks the
+/// file and case counts. Cases are pure and fast, so they run while the trials are listed.
+fn case_suite_trials(suite: &'static CaseSuite, root: &Path, tally: &mut CaseTally) -> Vec<Trial> {
+    let dir = root.join(suite.dir);
+    let files = match corpus::json_files(&dir) {
+        Ok(files) => files,
+        Err(e) => {
+            let message = format!("cannot list {}: {e}", dir.display());
+            return vec![Trial::test(suite.dir, move || Err(message.into()))];
+        }
+    };
+    let entry = tally.entry(suite.name).or_default();
+    let mut trials = Vec::new();
+    let file_count = files.len();
+    for path in files {
+        let name = path
+            .strip_prefix(root)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        let cases = match (suite.run)(&path) {
+            Ok(cases) => cases,
+            Err(message) => {
+                trials.push(Trial::test(name, move || Err(message.into())));
+                continue;
+            }
+        };
+        for (i, case) in cases.into_iter().enumerate() {
+            let trial_name = format!("{name}#{i} {}", case.description);
+            entry.1 += 1;
+            match case.outcome {
+                Outcome::Passed => {
+                    entry.0 += 1;
+                    trials.push(Trial::test(trial_name, || Ok(())));
+                }
+                Outcome::Failed(message) => {
+                    trials.push(Trial::test(trial_name, move || Err(message.into())));
+                }
+                Outcome::Skipped(reason) => {
+                    let trial_name = format!("{trial_name} [skipped: {reason}]");
+                    *entry.2.entry(reason).or_default() += 1;
+                    trials.push(Trial::test(trial_name, || Ok(())).with_ignored_flag(true));
+                }
+            }
+        }
+    }
+    let cases = entry.1;
+    trials.push(Trial::test(
+        format!("{}/file and case count", suite.dir),
+        move || {
+            if (file_count, cases) == (suite.expected_files, suite.expected_cases) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "expected {} files and {} cases, found {file_count} and {cases}",
+                    suite.expected_files, suite.expected_cases
+                )
+                .into())
+            }
+        },
+    ));
+    trials
 }
 
 /// One trial per file of `suite`, plus one that checks the file count.

@@ -12,7 +12,7 @@
 //!
 //! The machine owns no socket and reads no clock (quinn-proto style). The adapter feeds it
 //! `handle_connected`, `handle_bytes`, `handle_closed` and `handle_timeout`, each with `now`, then
-//! drains [`Connection::poll_transmit`] (bytes to write) and [`Connection::poll_event`] (handshake
+//! drains [`Connection::poll_transmit`] (bytes to write, appended to the caller's buffer) and [`Connection::poll_event`] (handshake
 //! complete, a reply, a failure) and sleeps until [`Connection::poll_timeout`]. A spurious
 //! `handle_timeout` is harmless.
 //!
@@ -30,7 +30,7 @@ use core::fmt;
 use core::time::Duration;
 
 use crate::address::ServerAddress;
-use crate::error::{NetworkErrorKind, NetworkPhase, OperationError};
+use crate::error::{NetworkCause, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::handshake::{validate_reply, HandshakeError, HandshakeReply};
 use crate::time::Instant;
 use crate::wire::{
@@ -225,13 +225,23 @@ impl ConnectionError {
     /// which adds `SystemOverloadedError` + `RetryableError` in the connect and handshake phases
     /// (HS-9); a rejected handshake reply becomes [`HandshakeError::into_operation_error`].
     pub fn to_operation_error(&self, address: &ServerAddress) -> OperationError {
-        let kind = match &self.cause {
-            FailureCause::Network(kind) => *kind,
-            FailureCause::Timeout => NetworkErrorKind::Timeout,
-            FailureCause::Protocol(_) => NetworkErrorKind::Io,
+        let (kind, cause) = match &self.cause {
+            FailureCause::Network(kind) => (*kind, None),
+            FailureCause::Timeout => (NetworkErrorKind::Timeout, None),
+            FailureCause::Protocol(ProtocolError::Decode(e)) => {
+                (NetworkErrorKind::Io, Some(NetworkCause::Decode(e.clone())))
+            }
+            FailureCause::Protocol(p) => (
+                NetworkErrorKind::Io,
+                Some(NetworkCause::Protocol(p.to_string())),
+            ),
             FailureCause::Handshake(e) => return e.clone().into_operation_error(address),
         };
-        OperationError::network(kind, self.phase, address.clone())
+        let error = OperationError::network(kind, self.phase, address.clone());
+        match cause {
+            Some(cause) => error.with_cause(cause),
+            None => error,
+        }
     }
 }
 
@@ -304,7 +314,9 @@ pub struct Connection {
     next_request_id: i32,
     outstanding: Option<Outstanding>,
     deadline: Option<Instant>,
-    transmits: VecDeque<Vec<u8>>,
+    /// The bytes not yet taken by [`Connection::poll_transmit`]: messages are encoded straight
+    /// into it, so a socket has one outbound buffer and no message gets its own allocation.
+    outbound: Vec<u8>,
     events: VecDeque<ConnectionEvent>,
 }
 
@@ -337,7 +349,7 @@ impl Connection {
             next_request_id: 2,
             outstanding: None,
             deadline,
-            transmits: VecDeque::new(),
+            outbound: Vec::new(),
             events: VecDeque::new(),
         })
     }
@@ -363,7 +375,7 @@ impl Connection {
         if self.state != ConnectionState::Connecting {
             return;
         }
-        self.transmits.push_back(core::mem::take(&mut self.hello));
+        self.outbound = core::mem::take(&mut self.hello);
         self.outstanding = Some(Outstanding {
             request_id: 1,
             response_to: 1,
@@ -435,11 +447,9 @@ impl Connection {
             body: request.body,
             sequences: request.sequences,
         };
-        let mut bytes = Vec::new();
         message
-            .encode(self.decoder.max_message_size(), &mut bytes)
+            .encode(self.decoder.max_message_size(), &mut self.outbound)
             .map_err(SendError::Encode)?;
-        self.transmits.push_back(bytes);
         self.next_request_id = request_id.checked_add(1).unwrap_or(1);
         if request.unacknowledged {
             return Ok(request_id);
@@ -465,14 +475,28 @@ impl Connection {
             .map(|t| now.saturating_add(t))
     }
 
-    /// Output: the next bytes to write to the socket, in order. Once taken, the current command
-    /// counts as possibly sent (a later failure is [`NetworkPhase::AfterSend`]).
-    pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
-        let bytes = self.transmits.pop_front()?;
+    /// Output: appends every byte waiting to be written to `buf`, in order, and says whether there
+    /// were any. Once taken, the current command counts as possibly sent (a later failure is
+    /// [`NetworkPhase::AfterSend`]).
+    pub fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> bool {
+        if self.outbound.is_empty() {
+            return false;
+        }
+        if buf.is_empty() {
+            // Hand the whole buffer over and keep the caller's (already allocated) one.
+            core::mem::swap(buf, &mut self.outbound);
+        } else {
+            buf.append(&mut self.outbound);
+        }
         if let Some(outstanding) = &mut self.outstanding {
             outstanding.handed_over = true;
         }
-        Some(bytes)
+        true
+    }
+
+    /// Whether [`Connection::poll_transmit`] has bytes to give.
+    pub fn has_transmit(&self) -> bool {
+        !self.outbound.is_empty()
     }
 
     /// Output: the next event.
@@ -573,7 +597,7 @@ impl Connection {
         self.state = ConnectionState::Closed;
         self.outstanding = None;
         self.deadline = None;
-        self.transmits.clear();
+        self.outbound.clear();
         self.events
             .push_back(ConnectionEvent::Failed(ConnectionError {
                 cause,
@@ -634,9 +658,12 @@ mod tests {
     fn sent(conn: &mut Connection) -> Vec<OpMsg> {
         let mut dec = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
         let mut out = Vec::new();
-        while let Some(bytes) = conn.poll_transmit() {
-            let (n, msg) = dec.decode(&bytes).unwrap();
-            assert_eq!(n, bytes.len());
+        let mut bytes = Vec::new();
+        while conn.poll_transmit(&mut bytes) {}
+        let mut rest = &bytes[..];
+        while !rest.is_empty() {
+            let (n, msg) = dec.decode(rest).unwrap();
+            rest = &rest[n..];
             out.push(msg.unwrap());
         }
         out
@@ -683,7 +710,7 @@ mod tests {
         let mut conn = open(config());
         assert_eq!(conn.state(), ConnectionState::Connecting);
         assert_eq!(conn.poll_timeout(), Some(at(10_000)));
-        assert_eq!(conn.poll_transmit(), None);
+        assert!(!conn.has_transmit());
         conn.handle_connected(at(10));
         assert_eq!(conn.state(), ConnectionState::Handshaking);
         assert_eq!(
@@ -745,8 +772,8 @@ mod tests {
             Err(SendError::DeadlinePassed)
         );
         assert_eq!(
-            (conn.state(), conn.poll_transmit()),
-            (ConnectionState::Ready, None)
+            (conn.state(), conn.has_transmit()),
+            (ConnectionState::Ready, false)
         );
         request.deadline = Some(at(100));
         conn.send_command(request, at(20)).unwrap();
@@ -880,8 +907,8 @@ mod tests {
             Err(SendError::ExhaustNotAllowed)
         );
         assert_eq!(
-            (conn.state(), conn.poll_transmit()),
-            (ConnectionState::Ready, None)
+            (conn.state(), conn.has_transmit()),
+            (ConnectionState::Ready, false)
         );
     }
 
@@ -939,7 +966,8 @@ mod tests {
             op.kind,
             ErrorKind::Network(NetworkError {
                 kind: NetworkErrorKind::Timeout,
-                phase: NetworkPhase::Connect
+                phase: NetworkPhase::Connect,
+                cause: None,
             })
         );
         assert_eq!(op.labels, Labels::OVERLOAD_RETRYABLE);
@@ -1032,13 +1060,14 @@ mod tests {
         ));
         assert_eq!(e.phase, NetworkPhase::BeforeSend);
         let op = e.to_operation_error(&conn.config().address);
-        assert_eq!(
-            op.kind,
+        assert!(matches!(
+            &op.kind,
             ErrorKind::Network(NetworkError {
                 kind: NetworkErrorKind::Io,
-                phase: NetworkPhase::BeforeSend
-            })
-        );
+                phase: NetworkPhase::BeforeSend,
+                cause: Some(cause),
+            }) if matches!(**cause, NetworkCause::Decode(_))
+        ));
 
         let mut conn = ready();
         let id = conn

@@ -12,12 +12,14 @@
 
 use alloc::boxed::Box;
 use alloc::string::{String, ToString};
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 use bson::{Bson, Document};
 use core::fmt;
 use core::time::Duration;
 
 use crate::address::ServerAddress;
+use crate::wire::DecodeError;
 
 /// The error labels the retry, transaction and SDAM rules look at, as a small set.
 ///
@@ -165,6 +167,7 @@ impl Pushback {
 
 /// A command error from a server reply: `ok: 0`, or `ok: 1` with a `writeConcernError`.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ServerError {
     /// The top-level `code` (absent for an `ok: 1` reply that only has a `writeConcernError`).
     pub code: Option<i32>,
@@ -341,6 +344,7 @@ fn read_string(doc: &Document, key: &str, malformed: &mut bool) -> Option<String
 
 /// What went wrong on the network.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum NetworkErrorKind {
     /// The peer closed the connection.
     Closed,
@@ -348,7 +352,7 @@ pub enum NetworkErrorKind {
     Reset,
     /// A connect, read or write timed out.
     Timeout,
-    /// The host name could not be resolved.
+    /// The host name could not be resolved. Never labelled (HS-9).
     Dns,
     /// The TLS certificate or host name did not verify.
     TlsCertificate,
@@ -360,6 +364,7 @@ pub enum NetworkErrorKind {
 
 /// When, in the life of a connection and an attempt, a network error happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum NetworkPhase {
     /// Opening the socket (DNS, TCP, TLS).
     Connect,
@@ -373,13 +378,66 @@ pub enum NetworkPhase {
     AfterSend,
 }
 
-/// A network error: its kind and the phase it happened in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Why a network error happened, as the socket layer or the frame decoder reported it: kept so
+/// that the error says "connection refused" or "bad message length 1347703880" rather than only
+/// its [`NetworkErrorKind`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NetworkCause {
+    /// An I/O error from the adapter's socket or resolver.
+    Io {
+        /// The name of its kind (e.g. `ConnectionRefused`, the `Debug` form of
+        /// `std::io::ErrorKind`).
+        kind: String,
+        /// Its message.
+        message: String,
+    },
+    /// The reply bytes were not a valid OP_MSG stream (WP-1..WP-3): the decoder's reason.
+    Decode(DecodeError),
+    /// Another protocol violation by the peer (a reply to the wrong request, ...).
+    Protocol(String),
+}
+
+impl NetworkCause {
+    /// An I/O cause from its kind's name and message.
+    pub fn io(kind: impl Into<String>, message: impl Into<String>) -> NetworkCause {
+        NetworkCause::Io {
+            kind: kind.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for NetworkCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NetworkCause::Io { kind, message } if message.is_empty() => f.write_str(kind),
+            NetworkCause::Io { kind, message } => write!(f, "{message} ({kind})"),
+            NetworkCause::Decode(e) => write!(f, "{e}"),
+            NetworkCause::Protocol(message) => f.write_str(message),
+        }
+    }
+}
+
+impl core::error::Error for NetworkCause {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            NetworkCause::Decode(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// A network error: its kind, the phase it happened in, and its cause when known.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct NetworkError {
     /// What went wrong.
     pub kind: NetworkErrorKind,
     /// When it went wrong.
     pub phase: NetworkPhase,
+    /// The I/O error or decoder reason behind it, if the reporter gave one.
+    pub cause: Option<Arc<NetworkCause>>,
 }
 
 impl NetworkError {
@@ -387,7 +445,7 @@ impl NetworkError {
     /// network errors and timeouts while connecting or during `hello`, except DNS failures,
     /// TLS certificate or host-name errors and SOCKS5 errors. Errors in authentication after
     /// `hello` are not labelled.
-    pub fn is_establishment_overload(self) -> bool {
+    pub fn is_establishment_overload(&self) -> bool {
         matches!(self.phase, NetworkPhase::Connect | NetworkPhase::Handshake)
             && !matches!(
                 self.kind,
@@ -396,13 +454,14 @@ impl NetworkError {
     }
 
     /// Whether any byte of the command may have reached the server.
-    pub fn was_sent(self) -> bool {
+    pub fn was_sent(&self) -> bool {
         self.phase == NetworkPhase::AfterSend
     }
 }
 
 /// The kinds of error an operation's attempt can fail with.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum ErrorKind {
     /// The server answered with an error.
     Server(Box<ServerError>),
@@ -445,10 +504,41 @@ pub enum ErrorKind {
         /// Why, e.g. the exact LB-8 message.
         message: String,
     },
+    /// An `ok: 1` write reply with `writeErrors`: the command ran, and some statements failed.
+    /// Never produced by the engine (for it, and for command monitoring, the command succeeded:
+    /// EV-3, and `writeErrors` never make a write retryable: RW-9); a driver turns such a reply
+    /// into this error with [`OperationError::from_write_reply`]. Never retried.
+    Write(Box<WriteErrors>),
 }
 
-/// What one attempt of an operation failed with: the facts the retry rules read.
+/// One entry of a reply's `writeErrors`.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct WriteError {
+    /// `index`: the statement's position in the batch.
+    pub index: Option<i64>,
+    /// `code`.
+    pub code: Option<i32>,
+    /// `codeName`.
+    pub code_name: Option<String>,
+    /// `errmsg`.
+    pub message: String,
+}
+
+/// The statements of a write that failed, and the whole reply.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct WriteErrors {
+    /// The `writeErrors` entries, in order.
+    pub errors: Vec<WriteError>,
+    /// The reply, unchanged (`n`, `nModified`, `upserted`, ...).
+    pub reply: Document,
+}
+
+/// What one attempt of an operation failed with: the facts the retry rules read. Made by its
+/// constructors ([`OperationError::network`], [`OperationError::from_reply`], ...).
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct OperationError {
     /// What failed.
     pub kind: ErrorKind,
@@ -499,7 +589,11 @@ impl OperationError {
         phase: NetworkPhase,
         address: ServerAddress,
     ) -> OperationError {
-        let error = NetworkError { kind, phase };
+        let error = NetworkError {
+            kind,
+            phase,
+            cause: None,
+        };
         let labels = if error.is_establishment_overload() {
             Labels::OVERLOAD_RETRYABLE
         } else {
@@ -510,6 +604,63 @@ impl OperationError {
             labels,
             address: Some(address),
         }
+    }
+
+    /// The same error with the cause of its network error attached (an I/O error's kind and
+    /// message, or the decoder's reason); errors of other kinds are returned unchanged. The cause
+    /// is printed by `Display` and returned by [`core::error::Error::source`].
+    pub fn with_cause(mut self, cause: NetworkCause) -> OperationError {
+        if let ErrorKind::Network(n) = &mut self.kind {
+            n.cause = Some(Arc::new(cause));
+        }
+        self
+    }
+
+    /// The cause of a network error, if it has one.
+    pub fn network_cause(&self) -> Option<&NetworkCause> {
+        match &self.kind {
+            ErrorKind::Network(n) => n.cause.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// The write errors of a successful write reply (`ok: 1` with a non-empty `writeErrors`), or
+    /// `None` when it has none. Entries whose fields have the wrong types keep what can be read.
+    pub fn from_write_reply(reply: &Document, address: &ServerAddress) -> Option<OperationError> {
+        let Ok(entries) = reply.get_array("writeErrors") else {
+            return None;
+        };
+        let errors: Vec<WriteError> = entries
+            .iter()
+            .filter_map(|e| match e {
+                Bson::Document(e) => Some(e),
+                _ => None,
+            })
+            .map(|e| {
+                let mut ignored = false;
+                WriteError {
+                    index: match e.get("index") {
+                        Some(Bson::Int32(i)) => Some(i64::from(*i)),
+                        Some(Bson::Int64(i)) => Some(*i),
+                        _ => None,
+                    },
+                    code: read_code(e, &mut ignored),
+                    code_name: read_string(e, "codeName", &mut ignored),
+                    message: read_string(e, "errmsg", &mut ignored).unwrap_or_default(),
+                }
+            })
+            .collect();
+        if errors.is_empty() {
+            return None;
+        }
+        Some(OperationError {
+            kind: ErrorKind::Write(Box::new(WriteErrors {
+                errors,
+                reply: reply.clone(),
+            })),
+            labels: Labels::NONE,
+            address: Some(address.clone()),
+        })
     }
 
     /// A checkout from a cleared (paused) pool (CM-2): retryable, nothing sent.
@@ -651,7 +802,7 @@ impl OperationError {
     /// the write began. Selection, checkout and connection-establishment errors were not sent.
     pub fn was_sent(&self) -> bool {
         match &self.kind {
-            ErrorKind::Server(_) | ErrorKind::Cancelled => true,
+            ErrorKind::Server(_) | ErrorKind::Cancelled | ErrorKind::Write(_) => true,
             ErrorKind::Usage { .. } => false,
             ErrorKind::Network(n) => n.was_sent(),
             ErrorKind::PoolCleared { .. }
@@ -691,6 +842,7 @@ impl OperationError {
             ErrorKind::Cancelled => ErrorClass::Cancelled,
             ErrorKind::Usage { .. } => ErrorClass::Usage,
             ErrorKind::Handshake { .. } => ErrorClass::Handshake,
+            ErrorKind::Write(_) => ErrorClass::Write,
         };
         ErrorSummary {
             class,
@@ -719,7 +871,12 @@ impl fmt::Display for OperationError {
                     )?;
                 }
             }
-            ErrorKind::Network(n) => write!(f, "network error {:?} during {:?}", n.kind, n.phase)?,
+            ErrorKind::Network(n) => {
+                write!(f, "network error {:?} during {:?}", n.kind, n.phase)?;
+                if let Some(cause) = &n.cause {
+                    write!(f, ": {cause}")?;
+                }
+            }
             ErrorKind::PoolCleared { cause } => {
                 write!(
                 f,
@@ -736,6 +893,23 @@ impl fmt::Display for OperationError {
             ErrorKind::Cancelled => write!(f, "operation cancelled")?,
             ErrorKind::Usage { message } => f.write_str(message)?,
             ErrorKind::Handshake { message } => write!(f, "handshake failed: {message}")?,
+            ErrorKind::Write(w) => {
+                let first = &w.errors[0];
+                write!(f, "write error")?;
+                if let Some(code) = first.code {
+                    write!(f, " {code}")?;
+                }
+                if let Some(name) = &first.code_name {
+                    write!(f, " ({name})")?;
+                }
+                write!(f, ": {}", first.message)?;
+                if let Some(index) = first.index {
+                    write!(f, " at statement {index}")?;
+                }
+                if w.errors.len() > 1 {
+                    write!(f, " (and {} more)", w.errors.len() - 1)?;
+                }
+            }
         }
         if !self.labels.is_empty() {
             write!(f, " {:?}", self.labels)?;
@@ -749,10 +923,23 @@ impl fmt::Display for OperationError {
     }
 }
 
-impl core::error::Error for OperationError {}
+impl core::error::Error for OperationError {
+    /// A network error's cause ([`NetworkCause`]), or the error a timeout wrapped (CS-5).
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match &self.kind {
+            ErrorKind::Network(n) => n
+                .cause
+                .as_deref()
+                .map(|c| c as &(dyn core::error::Error + 'static)),
+            ErrorKind::Timeout { cause: Some(c) } => Some(&**c),
+            _ => None,
+        }
+    }
+}
 
 /// The class of an [`OperationError`], without its details.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ErrorClass {
     /// [`ErrorKind::Server`].
     Server,
@@ -772,6 +959,8 @@ pub enum ErrorClass {
     Usage,
     /// [`ErrorKind::Handshake`].
     Handshake,
+    /// [`ErrorKind::Write`].
+    Write,
 }
 
 /// A copyable summary of an error, carried by monitoring events.
@@ -1027,6 +1216,118 @@ mod tests {
             e.server_error().unwrap().pushback,
             Some(Pushback::DoNotRetry)
         );
+    }
+
+    #[test]
+    fn network_errors_keep_their_io_cause_in_display_and_source() {
+        use core::error::Error as _;
+        let refused = OperationError::network(
+            NetworkErrorKind::Io,
+            NetworkPhase::Connect,
+            ServerAddress::new("127.0.0.1", 1),
+        )
+        .with_cause(NetworkCause::io(
+            "ConnectionRefused",
+            "Connection refused (os error 111)",
+        ));
+        let text = refused.to_string();
+        assert!(
+            text.starts_with(
+                "network error Io during Connect: Connection refused (os error 111) (ConnectionRefused)"
+            ),
+            "{text}"
+        );
+        // HS-9: the cause does not change the labels.
+        assert!(refused.is_retryable_overload());
+        let source = refused.source().expect("the cause");
+        assert_eq!(
+            source.to_string(),
+            "Connection refused (os error 111) (ConnectionRefused)"
+        );
+        assert!(matches!(
+            refused.network_cause(),
+            Some(NetworkCause::Io { kind, .. }) if kind == "ConnectionRefused"
+        ));
+        // Only network errors take a cause.
+        let selection =
+            OperationError::server_selection("x").with_cause(NetworkCause::io("a", "b"));
+        assert!(selection.source().is_none() && selection.network_cause().is_none());
+    }
+
+    #[test]
+    fn hs9_dns_failures_keep_their_cause_and_get_no_labels() {
+        let dns = OperationError::network(NetworkErrorKind::Dns, NetworkPhase::Connect, addr())
+            .with_cause(NetworkCause::io(
+                "Uncategorized",
+                "failed to lookup address information: Name or service not known",
+            ));
+        assert!(dns.labels.is_empty());
+        assert!(dns
+            .to_string()
+            .contains("network error Dns during Connect: failed to lookup"));
+    }
+
+    #[test]
+    fn decoder_reasons_are_printed_and_reachable_through_source() {
+        use core::error::Error as _;
+        let bad = OperationError::network(NetworkErrorKind::Io, NetworkPhase::Handshake, addr())
+            .with_cause(NetworkCause::Decode(DecodeError::BadLength {
+                length: i32::MAX,
+                max: 48_000_000,
+            }));
+        assert!(
+            bad.to_string().contains("bad message length 2147483647"),
+            "{bad}"
+        );
+        let decode = bad
+            .source()
+            .and_then(|cause| cause.source())
+            .expect("the decode error");
+        assert!(decode
+            .to_string()
+            .starts_with("bad message length 2147483647"));
+        let opcode = OperationError::network(NetworkErrorKind::Io, NetworkPhase::AfterSend, addr())
+            .with_cause(NetworkCause::Decode(DecodeError::UnknownOpCode(1)));
+        assert!(
+            opcode.to_string().contains("not OP_MSG: opcode 1"),
+            "{opcode}"
+        );
+        // A timeout wraps its cause (CS-5) and exposes it as its source.
+        let timeout = OperationError::timeout(Some(opcode.clone()));
+        assert_eq!(
+            timeout.source().map(|s| s.to_string()),
+            Some(opcode.to_string())
+        );
+    }
+
+    #[test]
+    fn write_errors_of_an_ok_reply_are_a_typed_error_keeping_the_reply() {
+        let reply = doc! { "ok": 1, "n": 1, "writeErrors": [
+        { "index": 1, "code": 11000, "codeName": "DuplicateKey", "errmsg": "E11000 dup" },
+        { "index": 2_i64, "code": 11000, "errmsg": "E11000 dup" } ] };
+        let e = OperationError::from_write_reply(&reply, &addr()).expect("write errors");
+        assert_eq!(
+            e.to_string(),
+            "write error 11000 (DuplicateKey): E11000 dup at statement 1 (and 1 more) from a:27017"
+        );
+        let ErrorKind::Write(w) = &e.kind else {
+            panic!("{e:?}")
+        };
+        assert_eq!(w.reply, reply);
+        assert_eq!(w.errors[1].index, Some(2));
+        // RW-9: never retryable, and it was sent.
+        assert!(!e.is_retryable_write() && !e.is_retryable_read() && e.was_sent());
+        assert_eq!(e.summary().class, ErrorClass::Write);
+        for ok in [
+            doc! { "ok": 1, "n": 1 },
+            doc! { "ok": 1, "writeErrors": [] },
+            doc! { "ok": 1, "writeErrors": 5 },
+        ] {
+            assert!(
+                OperationError::from_write_reply(&ok, &addr()).is_none(),
+                "{ok}"
+            );
+        }
     }
 
     #[test]

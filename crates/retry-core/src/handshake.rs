@@ -418,8 +418,10 @@ pub struct ServerApi {
     pub deprecation_errors: Option<bool>,
 }
 
-/// What a connection's handshake command depends on.
+/// What a connection's handshake command depends on. Made with [`HandshakeOptions::new`] (or
+/// `Default`); every field may then be changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HandshakeOptions {
     /// The client metadata.
     pub metadata: ClientMetadata,
@@ -433,7 +435,25 @@ pub struct HandshakeOptions {
     pub compressors: Vec<String>,
 }
 
+impl Default for HandshakeOptions {
+    fn default() -> HandshakeOptions {
+        HandshakeOptions::new()
+    }
+}
+
 impl HandshakeOptions {
+    /// Options for a driver named `retry-core` at this crate's version (replace
+    /// [`HandshakeOptions::metadata`] with your driver's), not load-balanced, no Stable API
+    /// version, no compression.
+    pub fn new() -> HandshakeOptions {
+        HandshakeOptions {
+            metadata: ClientMetadata::new("retry-core", env!("CARGO_PKG_VERSION")),
+            load_balanced: false,
+            server_api: None,
+            compressors: Vec::new(),
+        }
+    }
+
     /// HS-2: `hello` when a Stable API version is declared or in load-balanced mode, else legacy
     /// hello.
     pub fn uses_hello(&self) -> bool {

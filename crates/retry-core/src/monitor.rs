@@ -18,7 +18,7 @@ use smallvec::SmallVec;
 use crate::address::ServerAddress;
 use crate::error::{ErrorKind, ErrorSummary, OperationError};
 use crate::time::Instant;
-use crate::topology::AverageRtt;
+use crate::topology::{AverageRtt, TopologyVersion};
 
 /// `heartbeatFrequencyMS`'s default.
 pub const DEFAULT_HEARTBEAT_FREQUENCY: Duration = Duration::from_secs(10);
@@ -26,6 +26,55 @@ pub const DEFAULT_HEARTBEAT_FREQUENCY: Duration = Duration::from_secs(10);
 pub const MIN_HEARTBEAT_FREQUENCY: Duration = Duration::from_millis(500);
 /// CS-4: the minimum RTT is taken over this many recent samples.
 pub const MIN_RTT_SAMPLES: usize = 10;
+
+/// `serverMonitoringMode` (MO-7): whether monitors may use the streaming protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ServerMonitoringMode {
+    /// Poll in a FaaS environment (HS-5), otherwise act as [`ServerMonitoringMode::Stream`]. The
+    /// default.
+    #[default]
+    Auto,
+    /// Stream when the server supports it, else poll.
+    Stream,
+    /// Always poll.
+    Poll,
+}
+
+impl ServerMonitoringMode {
+    /// MO-7, MO-8: whether to stream with a server whose last reply `server_streams` (it carried
+    /// a `topologyVersion`), when the client runs in a FaaS environment or not (`faas`, HS-5).
+    /// When this is false the monitor polls and opens no RTT connection.
+    pub fn streams(self, faas: bool, server_streams: bool) -> bool {
+        server_streams
+            && match self {
+                ServerMonitoringMode::Poll => false,
+                ServerMonitoringMode::Stream => true,
+                ServerMonitoringMode::Auto => !faas,
+            }
+    }
+}
+
+/// MO-8: the awaitable `hello` of the streaming protocol: `hello` (or legacy `isMaster`, HS-3)
+/// with the server's last `topologyVersion` and `maxAwaitTimeMS` = `heartbeatFrequencyMS` as an
+/// int64. Sent with `exhaustAllowed` (MO-9, WP-6); no `lsid`, `$clusterTime` or `maxTimeMS`
+/// (MO-3).
+pub fn awaitable_hello(
+    use_hello: bool,
+    version: &TopologyVersion,
+    heartbeat_frequency: Duration,
+) -> Document {
+    let mut command = Document::new();
+    command.insert(if use_hello { "hello" } else { "isMaster" }, 1);
+    let mut tv = Document::new();
+    tv.insert("processId", version.process_id);
+    tv.insert("counter", version.counter);
+    command.insert("topologyVersion", tv);
+    command.insert(
+        "maxAwaitTimeMS",
+        i64::try_from(heartbeat_frequency.as_millis()).unwrap_or(i64::MAX),
+    );
+    command
+}
 
 /// What the caller must do for the monitor.
 #[derive(Clone, Debug, PartialEq)]
@@ -166,7 +215,28 @@ impl Monitor {
         let State::Checking { started } = self.state else {
             return None;
         };
-        let rtt = now.saturating_duration_since(started);
+        self.finish_check(reply, now.saturating_duration_since(started), now)
+    }
+
+    /// MO-1, MO-12: the check in flight opened a new monitoring connection, and that connection's
+    /// handshake reply arrived at `now`, for a `hello` written at `hello_sent`. The handshake
+    /// reply *is* the check's result (no second `hello` is sent), and the handshake's round trip
+    /// (`now - hello_sent`, without the TCP connect) is the RTT sample and the succeeded event's
+    /// duration (MO-15). Returns what [`Monitor::handle_check_succeeded`] returns.
+    pub fn handle_handshake_reply(
+        &mut self,
+        reply: &Document,
+        hello_sent: Instant,
+        now: Instant,
+    ) -> Option<Duration> {
+        let State::Checking { started } = self.state else {
+            return None;
+        };
+        let rtt = now.saturating_duration_since(hello_sent.max(started));
+        self.finish_check(reply, rtt, now)
+    }
+
+    fn finish_check(&mut self, reply: &Document, rtt: Duration, now: Instant) -> Option<Duration> {
         self.events
             .push_back(HeartbeatEvent::Succeeded { duration: rtt });
         self.retrying = false;
@@ -395,5 +465,73 @@ mod tests {
             Duration::from_millis(20),
             "the 3 ms sample left the window"
         );
+    }
+
+    #[test]
+    fn mo1_mo12_the_handshake_reply_is_the_first_check_and_its_round_trip_the_first_rtt() {
+        let mut m = monitor();
+        m.handle_timeout(ms(0));
+        assert_eq!(m.poll_action(), Some(MonitorAction::Check));
+        assert_eq!(m.poll_event(), Some(HeartbeatEvent::Started));
+        // TCP connect took 40 ms, the handshake hello written at 40 was answered at 47.
+        assert_eq!(
+            m.handle_handshake_reply(&hello(), ms(40), ms(47)),
+            Some(Duration::from_millis(7))
+        );
+        assert_eq!(
+            m.poll_event(),
+            Some(HeartbeatEvent::Succeeded {
+                duration: Duration::from_millis(7)
+            })
+        );
+        // No second hello: the next check is a heartbeat later, counted from the check's start.
+        assert_eq!(m.poll_action(), None);
+        assert_eq!(m.poll_timeout(), Some(ms(10_000)));
+        assert_eq!(m.average_rtt(), Some(Duration::from_millis(7)));
+        // One sample: the minimum RTT stays zero until there are two (MO-13).
+        assert_eq!(m.min_rtt(), Duration::ZERO);
+        m.handle_timeout(ms(10_000));
+        assert_eq!(m.poll_action(), Some(MonitorAction::Check));
+        m.handle_check_succeeded(&hello(), ms(10_003));
+        assert_eq!(m.min_rtt(), Duration::from_millis(3));
+    }
+
+    #[test]
+    fn mo1_a_handshake_reply_outside_a_check_is_ignored_and_a_failed_one_forgets_the_rtt() {
+        let mut m = monitor();
+        assert_eq!(m.handle_handshake_reply(&hello(), ms(0), ms(1)), None);
+        assert_eq!(m.poll_event(), None);
+        m.handle_timeout(ms(0));
+        assert_eq!(
+            m.handle_handshake_reply(&doc! { "ok": 0 }, ms(1), ms(2)),
+            None
+        );
+        assert_eq!(m.average_rtt(), None);
+    }
+
+    #[test]
+    fn mo7_monitoring_modes() {
+        use ServerMonitoringMode::*;
+        assert_eq!(ServerMonitoringMode::default(), Auto);
+        assert!(Auto.streams(false, true) && !Auto.streams(true, true));
+        assert!(Stream.streams(true, true));
+        assert!(!Poll.streams(false, true));
+        // A server without topologyVersion cannot stream in any mode.
+        assert!(!Auto.streams(false, false) && !Stream.streams(false, false));
+    }
+
+    #[test]
+    fn mo8_awaitable_hello_carries_topology_version_and_max_await_time() {
+        let version = TopologyVersion {
+            process_id: bson::oid::ObjectId::from_bytes([7; 12]),
+            counter: 3,
+        };
+        let command = awaitable_hello(true, &version, Duration::from_secs(10));
+        assert_eq!(
+            command,
+            doc! { "hello": 1, "topologyVersion": { "processId": version.process_id,
+            "counter": 3_i64 }, "maxAwaitTimeMS": 10_000_i64 }
+        );
+        assert!(awaitable_hello(false, &version, Duration::from_secs(1)).contains_key("isMaster"));
     }
 }

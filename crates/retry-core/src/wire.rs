@@ -255,7 +255,8 @@ impl core::error::Error for EncodeError {}
 
 /// Why a byte stream is not a valid OP_MSG. Every variant means the stream can no longer be framed:
 /// the connection that produced it must be closed (WP-3).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DecodeError {
     /// `messageLength` is shorter than the smallest OP_MSG or longer than the connection's
     /// `maxMessageSizeBytes` (WP-7). Checked before anything is allocated.
@@ -300,11 +301,17 @@ pub enum DecodeError {
 impl fmt::Display for DecodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            DecodeError::BadLength { length, max } => write!(
-                f,
-                "messageLength {length} is outside {MIN_MESSAGE_LEN}..={max}"
-            ),
-            DecodeError::UnknownOpCode(op) => write!(f, "unsupported opcode {op}"),
+            DecodeError::BadLength { length, max } => {
+                write!(
+                    f,
+                    "bad message length {length} (allowed {MIN_MESSAGE_LEN}..={max})"
+                )?;
+                if &length.to_le_bytes() == b"HTTP" {
+                    f.write_str(": the peer answered in HTTP, not the MongoDB wire protocol")?;
+                }
+                Ok(())
+            }
+            DecodeError::UnknownOpCode(op) => write!(f, "not OP_MSG: opcode {op}"),
             DecodeError::UnsupportedCompressor(id) => {
                 write!(f, "no decompressor for compressor id {id}")
             }
@@ -971,5 +978,38 @@ mod tests {
             got.extend(decode_all(&mut dec, rest).unwrap());
             proptest::prop_assert_eq!(got, messages);
         }
+    }
+
+    #[test]
+    fn decode_errors_say_what_the_peer_sent() {
+        let length = i32::from_le_bytes(*b"HTTP");
+        let http = DecodeError::BadLength {
+            length,
+            max: DEFAULT_MAX_MESSAGE_SIZE_BYTES,
+        };
+        let text = http.to_string();
+        assert!(
+            text.starts_with(&alloc::format!("bad message length {length}")),
+            "{text}"
+        );
+        assert!(text.contains("HTTP"), "{text}");
+        let huge = DecodeError::BadLength {
+            length: i32::MAX,
+            max: DEFAULT_MAX_MESSAGE_SIZE_BYTES,
+        };
+        assert_eq!(
+            huge.to_string(),
+            "bad message length 2147483647 (allowed 26..=48000000)"
+        );
+        assert_eq!(
+            DecodeError::UnknownOpCode(2004).to_string(),
+            "not OP_MSG: opcode 2004"
+        );
+        // An HTTP server's reply, fed to the decoder as a MongoDB server's would be.
+        let mut decoder = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
+        let error = decoder
+            .decode(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            .unwrap_err();
+        assert!(error.to_string().contains("HTTP"), "{error}");
     }
 }

@@ -37,10 +37,14 @@
 //! rounds it yields and wakes itself, so it never exhausts tokio's coop budget in one poll.
 
 mod client;
+mod connection_string;
 mod driver;
+mod io_error;
 mod options;
 mod runtime;
 
 pub use client::{Client, CommandOptions, ConnectError, Events, Reply, TimedEvent};
+pub use connection_string::{ConnectionString, Host, HostKind, OptionValue};
+pub use io_error::{classify_io_error, io_cause, LOOKUP_FAILED};
 pub use options::{ClientOptions, OptionsError};
 pub use runtime::{literal_address, timer_offset, AsyncTimer, BoxFuture, Runtime, Socket};

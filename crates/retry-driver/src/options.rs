@@ -1,18 +1,28 @@
 //! Client options under the names of the MongoDB URI options, and `mongodb://` URIs.
+//!
+//! [`ClientOptions::parse`] reads a URI with [`ConnectionString::parse`] (the spec's syntax,
+//! types, ranges and conflicts, URI-*) and then keeps what this client supports. Features it
+//! does not have are errors that name them: `mongodb+srv` (SRV lookups), credentials and the auth
+//! options, Unix domain sockets, TLS and SOCKS5 proxies. Compression is refused with a warning
+//! (URI-9: compressors a client does not support are left out of the handshake), as is the
+//! single-threaded `serverSelectionTryOnce` (SS-1).
 
 use core::fmt;
 use core::time::Duration;
 use std::hash::BuildHasher;
 
+use bson::{Bson, Document};
 use retry_core::address::ServerAddress;
+use retry_core::connection::DEFAULT_CONNECT_TIMEOUT;
 use retry_core::engine::EngineOptions;
 use retry_core::handshake::{ClientMetadata, HandshakeOptions};
+use retry_core::monitor::ServerMonitoringMode;
 use retry_core::policy::{RetryOptions, RetryPolicy, DEFAULT_MAX_ADAPTIVE_RETRIES};
-use retry_core::selection::SelectionSettings;
-use retry_core::topology::TopologySettings;
+use retry_core::pool::PoolOptions;
+use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionSettings};
+use retry_core::topology::{TagSet, TopologySettings};
 
-/// SDAM: the smallest `heartbeatFrequencyMS`.
-const MIN_HEARTBEAT_FREQUENCY: Duration = Duration::from_millis(500);
+use crate::connection_string::{self, ConnectionString, HostKind, OptionValue};
 
 /// An option, or a URI, that could not be used: which option, what value, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,7 +33,7 @@ pub struct OptionsError {
 }
 
 impl OptionsError {
-    fn new(option: &str, value: &str, reason: impl Into<String>) -> OptionsError {
+    pub(crate) fn new(option: &str, value: &str, reason: impl Into<String>) -> OptionsError {
         OptionsError {
             option: option.into(),
             value: value.into(),
@@ -39,6 +49,11 @@ impl OptionsError {
     /// The value given.
     pub fn value(&self) -> &str {
         &self.value
+    }
+
+    /// Why it could not be used.
+    pub fn reason(&self) -> &str {
+        &self.reason
     }
 }
 
@@ -72,6 +87,8 @@ pub struct ClientOptions {
     pub load_balanced: bool,
     /// `directConnection` (default false).
     pub direct_connection: bool,
+    /// `replicaSet`: the expected set name (URI-13: the topology starts as ReplicaSetNoPrimary).
+    pub replica_set: Option<String>,
     /// `timeoutMS`: `None` leaves CSOT off; `Some(0)` turns it on without a limit.
     pub timeout: Option<Duration>,
     /// `serverSelectionTimeoutMS` (default 30 s).
@@ -80,12 +97,31 @@ pub struct ClientOptions {
     pub local_threshold: Duration,
     /// `heartbeatFrequencyMS` (default 10 s, at least 500 ms).
     pub heartbeat_frequency: Duration,
+    /// `connectTimeoutMS` (TO-2): default 10 s; zero means no limit.
+    pub connect_timeout: Duration,
+    /// `socketTimeoutMS` (TO-3): no limit by default (or zero); ignored under `timeoutMS` (TO-8).
+    pub socket_timeout: Option<Duration>,
+    /// `maxPoolSize`, `minPoolSize`, `maxConnecting`, `maxIdleTimeMS`, `waitQueueTimeoutMS`.
+    pub pool: PoolOptions,
+    /// `readPreference`, `readPreferenceTags`, `maxStalenessSeconds`: the default read
+    /// preference of reads that name none (SS-2).
+    pub read_preference: ReadPreference,
+    /// `readConcernLevel`, if given.
+    pub read_concern_level: Option<String>,
+    /// `w`, `wTimeoutMS`, `journal` as the `writeConcern` document servers take (`w`, `wtimeout`,
+    /// `j`), if any was given.
+    pub write_concern: Option<Document>,
+    /// `serverMonitoringMode` (MO-7). The engine's monitors poll in every mode for now.
+    pub server_monitoring_mode: ServerMonitoringMode,
     /// `appName`.
     pub app_name: Option<String>,
     /// The retry policy (not a URI option); the current spec's by default.
     pub policy: RetryPolicy,
     /// The seed of the engine's RNG (not a URI option); `None` draws one from the OS.
     pub seed: Option<u64>,
+    /// What parsing the URI warned about (URI-7, URI-8, URI-10, and options this client
+    /// ignores), for the application to log.
+    pub warnings: Vec<String>,
 }
 
 impl ClientOptions {
@@ -100,121 +136,169 @@ impl ClientOptions {
             enable_overload_retargeting: false,
             load_balanced: false,
             direct_connection: false,
+            replica_set: None,
             timeout: None,
             server_selection_timeout: selection.server_selection_timeout,
             local_threshold: selection.local_threshold,
             heartbeat_frequency: selection.heartbeat_frequency,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            socket_timeout: None,
+            pool: PoolOptions::default(),
+            read_preference: ReadPreference::PRIMARY,
+            read_concern_level: None,
+            write_concern: None,
+            server_monitoring_mode: ServerMonitoringMode::Auto,
             app_name: None,
             policy: RetryPolicy::Current,
             seed: None,
+            warnings: Vec::new(),
         }
     }
 
-    /// Parses `mongodb://host[:port][,host[:port]...][/[database]][?name=value[&name=value...]]`.
-    /// Values are percent-decoded; option names are case-insensitive; credentials, `mongodb+srv` and options this client does
-    /// not support are errors that name them.
+    /// Parses a `mongodb://` URI ([`ConnectionString::parse`]) and keeps what this client
+    /// supports ([`ClientOptions::from_connection_string`]).
     pub fn parse(uri: &str) -> Result<ClientOptions, OptionsError> {
-        let rest = uri.strip_prefix("mongodb://").ok_or_else(|| {
-            OptionsError::new(
-                "uri",
-                uri,
-                "must start with mongodb:// (mongodb+srv is not supported)",
-            )
-        })?;
-        let (authority, query) = match rest.split_once('?') {
-            Some((a, q)) => (a, Some(q)),
-            None => (rest, None),
+        ClientOptions::from_connection_string(&ConnectionString::parse(uri)?)
+    }
+
+    /// The client options of a parsed connection string. Errors name the feature this client
+    /// does not have (`mongodb+srv`, authentication, Unix sockets, TLS, SOCKS5 proxies);
+    /// compressors and `serverSelectionTryOnce` are ignored with a warning. The connection
+    /// string's own warnings are kept in [`ClientOptions::warnings`].
+    pub fn from_connection_string(cs: &ConnectionString) -> Result<ClientOptions, OptionsError> {
+        let unsupported = |option: &str, value: &str, what: &str| {
+            Err(OptionsError::new(
+                option,
+                value,
+                format!("{what} is not supported by this client"),
+            ))
         };
-        let hosts_part = authority.split_once('/').map_or(authority, |(h, _)| h);
-        if hosts_part.contains('@') {
-            return Err(OptionsError::new(
+        if cs.srv {
+            return unsupported(
                 "uri",
-                uri,
-                "credentials are not supported (no authentication)",
-            ));
+                "mongodb+srv",
+                "mongodb+srv (DNS SRV and TXT lookups)",
+            );
         }
-        if hosts_part.is_empty() {
-            return Err(OptionsError::new(
-                "host",
-                hosts_part,
-                "at least one host is required",
-            ));
+        if let Some(user) = &cs.username {
+            return unsupported("userinfo", user, "authentication");
         }
-        let hosts = hosts_part
-            .split(',')
-            .map(|h| {
-                h.parse::<ServerAddress>()
-                    .map_err(|e| OptionsError::new("host", h, e.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut hosts = Vec::with_capacity(cs.hosts.len());
+        for host in &cs.hosts {
+            if host.kind == HostKind::Unix {
+                return unsupported("host", &host.host, "a Unix domain socket");
+            }
+            hosts.push(ServerAddress::new(&host.host, host.port.unwrap_or(27017)));
+        }
         let mut options = ClientOptions::new(hosts);
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair
-                .split_once('=')
-                .filter(|(name, _)| !name.is_empty())
-                .ok_or_else(|| OptionsError::new("option", pair, "expected name=value"))?;
-            let decoded = percent_encoding::percent_decode_str(value)
-                .decode_utf8()
-                .map_err(|_| OptionsError::new(name, value, "not UTF-8 once percent-decoded"))?;
-            options.set(name, &decoded)?;
+        options.warnings = cs.warnings().to_vec();
+        for (name, value) in cs.options() {
+            options.apply(name, value)?;
         }
+        options.read_preference = read_preference(cs)?;
+        options.write_concern = write_concern(cs);
         Ok(options)
     }
 
-    /// Sets the URI option `name` (case-insensitive) from its string `value`.
+    /// Sets the URI option `name` (case-insensitive) from its string `value`, with the URI's
+    /// types and ranges. Unlike in a URI, a value the URI would ignore with a warning is an error
+    /// here. Read preference and write concern options are set through their fields.
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), OptionsError> {
-        let boolean = || match value {
-            "true" => Ok(true),
-            "false" => Ok(false),
-            _ => Err(OptionsError::new(name, value, "expected true or false")),
+        let Some((canonical, kind)) = connection_string::canonical(name) else {
+            return Err(OptionsError::new(name, value, "unknown option"));
         };
-        let millis = || {
-            value
-                .parse::<u64>()
-                .map(Duration::from_millis)
-                .map_err(|_| {
-                    OptionsError::new(
-                        name,
-                        value,
-                        "expected a non-negative integer of milliseconds",
-                    )
-                })
+        if matches!(
+            canonical,
+            "readPreference"
+                | "readPreferenceTags"
+                | "maxStalenessSeconds"
+                | "w"
+                | "wTimeoutMS"
+                | "journal"
+        ) {
+            return Err(OptionsError::new(
+                name,
+                value,
+                "set `read_preference` or `write_concern` instead",
+            ));
+        }
+        let mut warnings = Vec::new();
+        match connection_string::read_value(canonical, kind, value, &mut warnings)? {
+            Some(parsed) if warnings.is_empty() => self.apply(canonical, &parsed),
+            _ => Err(OptionsError::new(name, value, warnings.join("; "))),
+        }
+    }
+
+    /// Applies one parsed option by canonical name.
+    fn apply(&mut self, name: &'static str, value: &OptionValue) -> Result<(), OptionsError> {
+        let unsupported = |what: &str| {
+            Err(OptionsError::new(
+                name,
+                &value.to_string(),
+                format!("{what} is not supported by this client"),
+            ))
         };
-        match name.to_ascii_lowercase().as_str() {
-            "retryreads" => self.retry_reads = boolean()?,
-            "retrywrites" => self.retry_writes = boolean()?,
-            "maxadaptiveretries" => {
-                self.max_adaptive_retries = value.parse().map_err(|_| {
-                    OptionsError::new(name, value, "expected a non-negative integer")
-                })?
+        let ms = |v: i64| Duration::from_millis(u64::try_from(v).unwrap_or(0));
+        let count = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
+        match (name, value) {
+            ("retryReads", OptionValue::Bool(b)) => self.retry_reads = *b,
+            ("retryWrites", OptionValue::Bool(b)) => self.retry_writes = *b,
+            ("maxAdaptiveRetries", OptionValue::Int(v)) => self.max_adaptive_retries = count(*v),
+            ("enableOverloadRetargeting", OptionValue::Bool(b)) => {
+                self.enable_overload_retargeting = *b
             }
-            "enableoverloadretargeting" => self.enable_overload_retargeting = boolean()?,
-            "loadbalanced" => self.load_balanced = boolean()?,
-            "directconnection" => self.direct_connection = boolean()?,
-            "timeoutms" => self.timeout = Some(millis()?),
-            "serverselectiontimeoutms" => self.server_selection_timeout = millis()?,
-            "localthresholdms" => self.local_threshold = millis()?,
-            "heartbeatfrequencyms" => {
-                let frequency = millis()?;
-                if frequency < MIN_HEARTBEAT_FREQUENCY {
-                    return Err(OptionsError::new(name, value, "must be at least 500"));
+            ("loadBalanced", OptionValue::Bool(b)) => self.load_balanced = *b,
+            ("directConnection", OptionValue::Bool(b)) => self.direct_connection = *b,
+            ("replicaSet", OptionValue::Str(s)) => self.replica_set = Some(s.clone()),
+            ("timeoutMS", OptionValue::Int(v)) => self.timeout = Some(ms(*v)),
+            ("serverSelectionTimeoutMS", OptionValue::Int(v)) => {
+                self.server_selection_timeout = ms(*v)
+            }
+            ("localThresholdMS", OptionValue::Int(v)) => self.local_threshold = ms(*v),
+            ("heartbeatFrequencyMS", OptionValue::Int(v)) => self.heartbeat_frequency = ms(*v),
+            ("connectTimeoutMS", OptionValue::Int(v)) => self.connect_timeout = ms(*v),
+            ("socketTimeoutMS", OptionValue::Int(v)) => {
+                self.socket_timeout = (*v > 0).then(|| ms(*v))
+            }
+            ("maxPoolSize", OptionValue::Int(v)) => self.pool.max_pool_size = count(*v),
+            ("minPoolSize", OptionValue::Int(v)) => self.pool.min_pool_size = count(*v),
+            ("maxConnecting", OptionValue::Int(v)) => self.pool.max_connecting = count(*v),
+            ("maxIdleTimeMS", OptionValue::Int(v)) => {
+                self.pool.max_idle_time = (*v > 0).then(|| ms(*v))
+            }
+            ("waitQueueTimeoutMS", OptionValue::Int(v)) => {
+                self.pool.wait_queue_timeout = (*v > 0).then(|| ms(*v))
+            }
+            ("readConcernLevel", OptionValue::Str(s)) => self.read_concern_level = Some(s.clone()),
+            ("serverMonitoringMode", OptionValue::Str(s)) => {
+                self.server_monitoring_mode = match s.as_str() {
+                    "stream" => ServerMonitoringMode::Stream,
+                    "poll" => ServerMonitoringMode::Poll,
+                    _ => ServerMonitoringMode::Auto,
                 }
-                self.heartbeat_frequency = frequency;
             }
-            "appname" => {
-                // The engine's metadata rules decide what an application name may be.
+            ("appName", OptionValue::Str(s)) => {
+                // The engine's metadata rules decide what an application name may be (HS-5).
                 ClientMetadata::new("", "")
-                    .with_application_name(value)
-                    .map_err(|e| OptionsError::new(name, value, e.to_string()))?;
-                self.app_name = Some(value.to_string());
+                    .with_application_name(s.as_str())
+                    .map_err(|e| OptionsError::new(name, s, e.to_string()))?;
+                self.app_name = Some(s.clone());
             }
-            _ => {
-                return Err(OptionsError::new(
-                    name,
-                    value,
-                    "unknown or unsupported option",
-                ))
-            }
+            // Read by `read_preference` and `write_concern` as a whole.
+            ("readPreference" | "readPreferenceTags" | "maxStalenessSeconds", _) => {}
+            ("w" | "wTimeoutMS" | "journal", _) => {}
+            ("tls", OptionValue::Bool(false)) => {}
+            (n, _) if n.starts_with("tls") => return unsupported("TLS"),
+            (n, _) if n.starts_with("auth") => return unsupported("authentication"),
+            (n, _) if n.starts_with("proxy") => return unsupported("a SOCKS5 proxy"),
+            ("compressors" | "zlibCompressionLevel", _) => self.warnings.push(format!(
+                "'{name}' ignored: compression is not supported by this client"
+            )),
+            ("serverSelectionTryOnce", _) => self.warnings.push(
+                "'serverSelectionTryOnce' ignored: it is for single-threaded drivers (SS-1)"
+                    .to_string(),
+            ),
+            _ => return unsupported("this option"),
         }
         Ok(())
     }
@@ -224,18 +308,20 @@ impl ClientOptions {
         let mut topology = TopologySettings::new(self.hosts.clone());
         topology.load_balanced = self.load_balanced;
         topology.direct_connection = self.direct_connection;
+        topology.replica_set = self.replica_set.clone();
+        topology.pool = PoolOptions {
+            load_balanced: self.load_balanced,
+            ..self.pool.clone()
+        };
         let mut metadata = ClientMetadata::new("retry-driver", env!("CARGO_PKG_VERSION"));
         if let Some(name) = &self.app_name {
             metadata = metadata
                 .with_application_name(name.clone())
                 .map_err(|e| OptionsError::new("appName", name, e.to_string()))?;
         }
-        let handshake = HandshakeOptions {
-            metadata,
-            load_balanced: self.load_balanced,
-            server_api: None,
-            compressors: Vec::new(),
-        };
+        let mut handshake = HandshakeOptions::new();
+        handshake.metadata = metadata;
+        handshake.load_balanced = self.load_balanced;
         let mut options = EngineOptions::new(topology, handshake);
         options.retry = RetryOptions::default()
             .retry_reads(self.retry_reads)
@@ -256,9 +342,60 @@ impl ClientOptions {
             heartbeat_frequency: self.heartbeat_frequency,
         };
         options.heartbeat_frequency = self.heartbeat_frequency;
+        options.connect_timeout = self.connect_timeout;
+        options.socket_timeout = self.socket_timeout;
         options.seed = self.seed.unwrap_or_else(os_seed);
         Ok(options)
     }
+}
+
+/// SS-2: the read preference of `readPreference`, `readPreferenceTags` and
+/// `maxStalenessSeconds`.
+fn read_preference(cs: &ConnectionString) -> Result<ReadPreference, OptionsError> {
+    let mode = match cs.option("readPreference") {
+        Some(OptionValue::Str(mode)) => mode
+            .parse::<ReadPreferenceMode>()
+            .map_err(|e| OptionsError::new("readPreference", mode, e.to_string()))?,
+        _ => ReadPreferenceMode::Primary,
+    };
+    let tag_sets = match cs.option("readPreferenceTags") {
+        Some(OptionValue::TagSets(sets)) => sets
+            .iter()
+            .map(|set| {
+                set.iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect::<TagSet>()
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let max_staleness = match cs.option("maxStalenessSeconds") {
+        Some(OptionValue::Int(s)) => Some(*s),
+        _ => None,
+    };
+    ReadPreference::new(mode, tag_sets, max_staleness)
+        .map_err(|e| OptionsError::new("readPreference", mode.as_str(), e.to_string()))
+}
+
+/// The `writeConcern` document of `w`, `wTimeoutMS` and `journal`, if any is set.
+fn write_concern(cs: &ConnectionString) -> Option<Document> {
+    let mut wc = Document::new();
+    match cs.option("w") {
+        Some(OptionValue::Int(w)) => {
+            wc.insert("w", i32::try_from(*w).map_or(Bson::Int64(*w), Bson::Int32));
+        }
+        Some(OptionValue::Str(w)) => {
+            wc.insert("w", w.as_str());
+        }
+        _ => {}
+    }
+    if let Some(OptionValue::Int(ms)) = cs.option("wTimeoutMS") {
+        wc.insert("wtimeout", *ms);
+    }
+    if let Some(OptionValue::Bool(j)) = cs.option("journal") {
+        wc.insert("j", *j);
+    }
+    (!wc.is_empty()).then_some(wc)
 }
 
 /// A seed from the OS: std's `RandomState` keys come from the OS's randomness.
@@ -296,29 +433,27 @@ mod tests {
     }
 
     #[test]
-    fn bad_uris_and_values_name_the_option_and_the_value() {
+    fn bad_uris_and_unsupported_features_name_the_option_and_the_value() {
         let cases = [
             ("http://x", "uri", "http://x"),
-            ("mongodb+srv://x", "uri", "mongodb+srv://x"),
-            ("mongodb://u:p@x", "uri", "mongodb://u:p@x"),
+            ("mongodb+srv://x.example.com", "uri", "mongodb+srv"),
+            ("mongodb://u:p@x", "userinfo", "u"),
             ("mongodb://", "host", ""),
             ("mongodb://x:notaport", "host", "x:notaport"),
-            ("mongodb://x/?retryReads=yes", "retryReads", "yes"),
-            (
-                "mongodb://x/?maxAdaptiveRetries=-1",
-                "maxAdaptiveRetries",
-                "-1",
-            ),
-            ("mongodb://x/?timeoutMS=soon", "timeoutMS", "soon"),
-            (
-                "mongodb://x/?heartbeatFrequencyMS=10",
-                "heartbeatFrequencyMS",
-                "10",
-            ),
+            ("mongodb://%2Ftmp%2Fm.sock", "host", "/tmp/m.sock"),
             ("mongodb://x/?tls=true", "tls", "true"),
+            ("mongodb://x/?tlsCAFile=ca.pem", "tlsCAFile", "ca.pem"),
+            ("mongodb://x/?authSource=admin", "authSource", "admin"),
+            ("mongodb://x/?proxyHost=p", "proxyHost", "p"),
             ("mongodb://x/?loadBalanced", "option", "loadBalanced"),
             ("mongodb://x/?=1", "option", "=1"),
             ("mongodb://x/?appName=%FF", "appName", "%FF"),
+            ("mongodb://x/?appName=%ZZ", "appName", "%ZZ"),
+            (
+                "mongodb://x/?maxStalenessSeconds=0&readPreference=secondary",
+                "readPreference",
+                "secondary",
+            ),
         ];
         for (uri, option, value) in cases {
             let error = ClientOptions::parse(uri).unwrap_err();
@@ -329,6 +464,72 @@ mod tests {
                 "{message}"
             );
         }
+    }
+
+    #[test]
+    fn uri7_bad_values_warn_and_keep_the_default_but_set_refuses_them() {
+        for uri in [
+            "mongodb://x/?retryReads=maybe",
+            "mongodb://x/?maxAdaptiveRetries=-1",
+            "mongodb://x/?timeoutMS=soon",
+            "mongodb://x/?heartbeatFrequencyMS=10",
+            "mongodb://x/?compressors=zlib",
+            "mongodb://x/?unknownOption=1",
+        ] {
+            let options = ClientOptions::parse(uri).unwrap();
+            assert_eq!(options.warnings.len(), 1, "{uri}: {:?}", options.warnings);
+            assert!(options.retry_reads && options.timeout.is_none());
+            assert_eq!(options.heartbeat_frequency, Duration::from_secs(10));
+        }
+        let mut options = ClientOptions::new(vec![ServerAddress::new("x", 1)]);
+        assert!(options.set("heartbeatFrequencyMS", "10").is_err());
+        assert!(options.set("nope", "1").is_err());
+        // Options read as a whole are set through their fields, never silently dropped.
+        assert!(options.set("readPreference", "secondary").is_err());
+        assert!(options.set("w", "1").is_err());
+        options.set("heartbeatFrequencyMS", "600").unwrap();
+        assert_eq!(options.heartbeat_frequency, Duration::from_millis(600));
+    }
+
+    #[test]
+    fn uri_options_the_engine_supports_reach_the_engine() {
+        let options = ClientOptions::parse(
+            "mongodb://a,b/?replicaSet=rs0&readPreference=secondaryPreferred\
+             &readPreferenceTags=dc:ny&readPreferenceTags=&maxStalenessSeconds=120\
+             &w=majority&wTimeoutMS=500&journal=true&readConcernLevel=local\
+             &connectTimeoutMS=2500&socketTimeoutMS=0&maxPoolSize=5&minPoolSize=1\
+             &maxConnecting=3&maxIdleTimeMS=1000&waitQueueTimeoutMS=200\
+             &serverMonitoringMode=poll&tls=false",
+        )
+        .unwrap();
+        assert!(options.warnings.is_empty(), "{:?}", options.warnings);
+        assert_eq!(options.replica_set.as_deref(), Some("rs0"));
+        let rp = &options.read_preference;
+        assert_eq!(rp.mode(), ReadPreferenceMode::SecondaryPreferred);
+        assert_eq!(rp.tag_sets().len(), 2);
+        assert_eq!(rp.max_staleness(), Some(Duration::from_secs(120)));
+        assert_eq!(
+            options.write_concern,
+            Some(bson::doc! { "w": "majority", "wtimeout": 500_i64, "j": true })
+        );
+        assert_eq!(options.read_concern_level.as_deref(), Some("local"));
+        assert_eq!(options.server_monitoring_mode, ServerMonitoringMode::Poll);
+        let engine = options.engine_options().unwrap();
+        assert_eq!(engine.connect_timeout, Duration::from_millis(2500));
+        assert_eq!(engine.socket_timeout, None);
+        assert_eq!(engine.topology.replica_set.as_deref(), Some("rs0"));
+        let pool = &engine.topology.pool;
+        assert_eq!(
+            (pool.max_pool_size, pool.min_pool_size, pool.max_connecting),
+            (5, 1, 3)
+        );
+        assert_eq!(pool.max_idle_time, Some(Duration::from_secs(1)));
+        assert_eq!(pool.wait_queue_timeout, Some(Duration::from_millis(200)));
+        let socket = ClientOptions::parse("mongodb://a/?socketTimeoutMS=750").unwrap();
+        assert_eq!(
+            socket.engine_options().unwrap().socket_timeout,
+            Some(Duration::from_millis(750))
+        );
     }
 
     #[test]

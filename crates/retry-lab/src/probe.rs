@@ -16,6 +16,9 @@ use retry_tokio::{Client, ClientOptions, ConnectError, OptionsError};
 pub enum ProbeError {
     /// The URI or one of its options is invalid; the message names the option and the value.
     Options(OptionsError),
+    /// The URI has values a driver would only warn about and ignore (URI-7): the probe refuses
+    /// them, so that what it checks is the URI as written. Each message names the option.
+    Ignored(Vec<String>),
     /// The client could not be created.
     Connect(ConnectError),
     /// The output could not be written.
@@ -26,6 +29,13 @@ impl fmt::Display for ProbeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ProbeError::Options(e) => e.fmt(f),
+            ProbeError::Ignored(warnings) => {
+                write!(
+                    f,
+                    "the URI would be used only in part: {}",
+                    warnings.join("; ")
+                )
+            }
             ProbeError::Connect(e) => e.fmt(f),
             ProbeError::Output(e) => write!(f, "cannot write the output: {e}"),
         }
@@ -40,11 +50,14 @@ impl From<io::Error> for ProbeError {
     }
 }
 
-/// Parses `uri`, connects, runs `{ping: 1}` on `admin` as a generic command (retried on overload
+/// Parses `uri` (refusing values a driver would ignore with a warning), connects, runs `{ping: 1}` on `admin` as a generic command (retried on overload
 /// as the client's options say, BP-11), and writes each event to `out` as it arrives, then the
 /// ping's result. Returns whether the ping succeeded. Must run inside a tokio runtime.
 pub async fn probe(uri: &str, out: &mut impl Write) -> Result<bool, ProbeError> {
     let options = ClientOptions::parse(uri).map_err(ProbeError::Options)?;
+    if !options.warnings.is_empty() {
+        return Err(ProbeError::Ignored(options.warnings));
+    }
     let client = Client::connect(options).map_err(ProbeError::Connect)?;
     let mut events = client.events();
     let ping = client.run_command("admin", doc! { "ping": 1 }, OperationKind::RunCommand);
@@ -147,5 +160,6 @@ pub fn describe(event: &EngineEvent) -> String {
         EngineEvent::CursorOpened { op, cursor } => {
             format!("operation {}: cursor {} opened", op.0, cursor.0)
         }
+        other => format!("{other:?}"),
     }
 }

@@ -4,26 +4,47 @@ use retry_tokio::{Client, ConnectError};
 
 #[tokio::test]
 async fn bad_uris_name_the_option_and_the_value() {
-    let error = Client::with_uri("mongodb://127.0.0.1/?serverSelectionTimeoutMS=soon").unwrap_err();
+    // A malformed escape is an error of the URI (URI-2).
+    let error = Client::with_uri("mongodb://127.0.0.1/?appName=%ZZ").unwrap_err();
     let ConnectError::Options(options) = &error else {
         panic!("{error:?}")
     };
-    assert_eq!(options.option(), "serverSelectionTimeoutMS");
-    assert_eq!(options.value(), "soon");
+    assert_eq!(options.option(), "appName");
+    assert!(error.to_string().contains("appName"), "{error}");
+    // An invalid value is a warning and the option is ignored (URI-7): the warning names both.
+    let options =
+        retry_tokio::ClientOptions::parse("mongodb://127.0.0.1/?serverSelectionTimeoutMS=soon")
+            .unwrap();
     assert!(
-        error.to_string().contains("serverSelectionTimeoutMS"),
-        "{error}"
+        options
+            .warnings
+            .iter()
+            .any(|w| w.contains("serverSelectionTimeoutMS") && w.contains("soon")),
+        "{:?}",
+        options.warnings
     );
 }
 
 #[tokio::test]
-async fn settings_the_engine_refuses_are_errors() {
-    let error =
-        Client::with_uri("mongodb://127.0.0.1:1,127.0.0.1:2/?directConnection=true").unwrap_err();
-    assert!(matches!(error, ConnectError::Settings(_)), "{error:?}");
-    let error =
-        Client::with_uri("mongodb://127.0.0.1:1,127.0.0.1:2/?loadBalanced=true").unwrap_err();
-    assert!(matches!(error, ConnectError::Settings(_)), "{error:?}");
+async fn settings_that_contradict_the_hosts_are_errors() {
+    // URI-11: directConnection=true and loadBalanced=true each need exactly one host.
+    for (uri, option) in [
+        (
+            "mongodb://127.0.0.1:1,127.0.0.1:2/?directConnection=true",
+            "directConnection",
+        ),
+        (
+            "mongodb://127.0.0.1:1,127.0.0.1:2/?loadBalanced=true",
+            "loadBalanced",
+        ),
+    ] {
+        let error = Client::with_uri(uri).unwrap_err();
+        assert!(
+            matches!(error, ConnectError::Options(_) | ConnectError::Settings(_)),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains(option), "{uri}: {error}");
+    }
 }
 
 #[tokio::test]

@@ -1,0 +1,102 @@
+//! The `maxTimeMS` an attempt carries under client-side operation timeouts (CS-4, TO-7, TO-9).
+//!
+//! The legacy `connectTimeoutMS` and `socketTimeoutMS` (TO-1..TO-3) are enforced by
+//! [`crate::connection::ConnectionConfig`]; they never produce a `maxTimeMS` (TO-3).
+
+use core::time::Duration;
+
+use crate::time::{Instant, OperationTimeout};
+
+/// What an attempt does about `maxTimeMS` (CS-4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MaxTime {
+    /// Send no `maxTimeMS`: CSOT is off (TO-3: `socketTimeoutMS` never produces one) or
+    /// `timeoutMS=0` (TO-7).
+    Omit,
+    /// Append `maxTimeMS` with this many milliseconds (always at least 1).
+    Send(u64),
+    /// CS-4, TO-10: the remaining time is not more than the minimum RTT: do not send the command,
+    /// fail the attempt with a timeout error.
+    Expired,
+}
+
+/// CS-4: `maxTimeMS = remaining − minRTT` for an attempt about to be written at `now`, where
+/// `min_rtt` is the selected server's minimum RTT (the minimum of its last 10 samples, zero until
+/// two exist; MO-13).
+///
+/// Milliseconds are rounded down. A result below 1 ms counts as expired: `maxTimeMS: 0` would mean
+/// "no limit" to the server.
+pub fn max_time_ms(timeout: OperationTimeout, min_rtt: Duration, now: Instant) -> MaxTime {
+    let OperationTimeout::Until(deadline) = timeout else {
+        return MaxTime::Omit;
+    };
+    let remaining = deadline.saturating_duration_since(now);
+    match remaining.checked_sub(min_rtt) {
+        Some(left) if !left.is_zero() => {
+            let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+            if ms == 0 {
+                MaxTime::Expired
+            } else {
+                MaxTime::Send(ms)
+            }
+        }
+        _ => MaxTime::Expired,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    #[test]
+    fn cs4_max_time_is_remaining_minus_min_rtt() {
+        let deadline = OperationTimeout::Until(Instant::from_millis(1_000));
+        assert_eq!(
+            max_time_ms(deadline, ms(0), Instant::from_millis(100)),
+            MaxTime::Send(900)
+        );
+        assert_eq!(
+            max_time_ms(deadline, ms(30), Instant::from_millis(100)),
+            MaxTime::Send(870)
+        );
+        // Rounded down.
+        let now = Instant::from_millis(100).saturating_add(Duration::from_micros(500));
+        assert_eq!(max_time_ms(deadline, ms(0), now), MaxTime::Send(899));
+    }
+
+    #[test]
+    fn cs4_remaining_not_above_min_rtt_is_a_timeout_without_sending() {
+        let deadline = OperationTimeout::Until(Instant::from_millis(1_000));
+        assert_eq!(
+            max_time_ms(deadline, ms(50), Instant::from_millis(950)),
+            MaxTime::Expired
+        );
+        assert_eq!(
+            max_time_ms(deadline, ms(60), Instant::from_millis(950)),
+            MaxTime::Expired
+        );
+        assert_eq!(
+            max_time_ms(deadline, ms(0), Instant::from_millis(2_000)),
+            MaxTime::Expired
+        );
+        // Less than a millisecond left would be maxTimeMS 0, which means "no limit".
+        let now = Instant::from_millis(1_000).saturating_sub(Duration::from_micros(400));
+        assert_eq!(max_time_ms(deadline, ms(0), now), MaxTime::Expired);
+    }
+
+    #[test]
+    fn to3_to7_no_max_time_without_csot_or_with_timeout_zero() {
+        assert_eq!(
+            max_time_ms(OperationTimeout::Off, ms(0), Instant::ZERO),
+            MaxTime::Omit
+        );
+        assert_eq!(
+            max_time_ms(OperationTimeout::Unbounded, ms(0), Instant::ZERO),
+            MaxTime::Omit
+        );
+    }
+}

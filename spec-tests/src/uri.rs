@@ -1,0 +1,215 @@
+//! The connection-string and URI-options suites (URI-14): each case's URI goes through
+//! [`ConnectionString::parse`], whose validity, warnings, hosts, auth and options are compared
+//! with the case; then through [`ClientOptions::from_connection_string`]. A case whose parse
+//! matches but that this client refuses (TLS, authentication, `mongodb+srv`, Unix sockets,
+//! proxies) or warns about where the case expects no warning (compression) is *skipped* with the
+//! client's reason, never counted as passed.
+//!
+//! The read-write-concern connection-string cases ([`run_concern_file`]) check the client's
+//! `readConcernLevel` and write concern instead of the option map.
+
+use std::path::Path;
+
+use bson::Bson;
+use retry_driver::{ClientOptions, ConnectionString, HostKind, OptionValue};
+use serde_json::Value;
+
+use crate::corpus::read_json;
+use crate::{CaseResult, Outcome};
+
+/// Runs every case of one connection-string or uri-options file.
+pub fn run_file(path: &Path) -> Result<Vec<CaseResult>, String> {
+    run_cases(path, run_case)
+}
+
+/// Runs every case of one read-write-concern connection-string file.
+pub fn run_concern_file(path: &Path) -> Result<Vec<CaseResult>, String> {
+    run_cases(path, run_concern_case)
+}
+
+fn run_cases(path: &Path, run_case: fn(&Value) -> Outcome) -> Result<Vec<CaseResult>, String> {
+    let json = read_json(path)?;
+    let cases = json
+        .get("tests")
+        .and_then(Value::as_array)
+        .ok_or("missing `tests` array")?;
+    Ok(cases
+        .iter()
+        .map(|case| CaseResult {
+            description: case
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_string(),
+            outcome: run_case(case),
+        })
+        .collect())
+}
+
+fn run_case(case: &Value) -> Outcome {
+    let Some(uri) = case.get("uri").and_then(Value::as_str) else {
+        return Outcome::Failed("missing `uri`".into());
+    };
+    let valid = case.get("valid").and_then(Value::as_bool).unwrap_or(true);
+    let parsed = match (ConnectionString::parse(uri), valid) {
+        (Err(_), false) => return Outcome::Passed,
+        (Err(e), true) => return Outcome::Failed(format!("{uri}: rejected: {e}")),
+        (Ok(cs), false) => {
+            return Outcome::Failed(format!("{uri}: accepted, expected an error ({cs:?})"))
+        }
+        (Ok(cs), true) => cs,
+    };
+    if let Err(message) = compare(case, &parsed) {
+        return Outcome::Failed(format!("{uri}: {message}"));
+    }
+    match ClientOptions::from_connection_string(&parsed) {
+        Err(e) => Outcome::Skipped(e.reason().to_string()),
+        Ok(options) => {
+            let expects_warning = case.get("warning").and_then(Value::as_bool);
+            match options.warnings.get(parsed.warnings().len()) {
+                Some(extra) if expects_warning == Some(false) => Outcome::Skipped(extra.clone()),
+                _ => Outcome::Passed,
+            }
+        }
+    }
+}
+
+/// Compares warnings, hosts, auth and options; `null` or absent means "not asserted".
+fn compare(case: &Value, cs: &ConnectionString) -> Result<(), String> {
+    if let Some(expected) = case.get("warning").and_then(Value::as_bool) {
+        let warned = !cs.warnings().is_empty();
+        if warned != expected {
+            return Err(format!(
+                "warning expected {expected}, warnings {:?}",
+                cs.warnings()
+            ));
+        }
+    }
+    if let Some(hosts) = case.get("hosts").and_then(Value::as_array) {
+        if hosts.len() != cs.hosts.len() {
+            return Err(format!("hosts {:?}, expected {hosts:?}", cs.hosts));
+        }
+        for (expected, host) in hosts.iter().zip(&cs.hosts) {
+            let kind = match host.kind {
+                HostKind::Ipv4 => "ipv4",
+                HostKind::IpLiteral => "ip_literal",
+                HostKind::Hostname => "hostname",
+                HostKind::Unix => "unix",
+            };
+            let checks = [
+                ("type", Value::from(kind)),
+                ("host", Value::from(host.host.as_str())),
+                ("port", host.port.map_or(Value::Null, Value::from)),
+            ];
+            for (key, actual) in checks {
+                match expected.get(key) {
+                    None | Some(Value::Null) => {}
+                    Some(e) if *e == actual => {}
+                    Some(e) => return Err(format!("host {key} {actual}, expected {e}")),
+                }
+            }
+        }
+    }
+    if let Some(auth) = case.get("auth").filter(|a| !a.is_null()) {
+        let checks = [
+            ("username", &cs.username),
+            ("password", &cs.password),
+            ("db", &cs.database),
+        ];
+        for (key, actual) in checks {
+            match auth.get(key) {
+                None | Some(Value::Null) => {}
+                Some(e) if e.as_str() == actual.as_deref() => {}
+                Some(e) => return Err(format!("auth {key} {actual:?}, expected {e}")),
+            }
+        }
+    }
+    if let Some(options) = case.get("options").and_then(Value::as_object) {
+        for (key, expected) in options {
+            match cs.option(key) {
+                Some(actual) if option_matches(actual, expected) => {}
+                actual => return Err(format!("option {key} is {actual:?}, expected {expected}")),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn pairs_match(pairs: &[(String, String)], expected: &Value) -> bool {
+    expected.as_object().is_some_and(|object| {
+        object.len() == pairs.len()
+            && pairs
+                .iter()
+                .all(|(k, v)| object.get(k).and_then(Value::as_str) == Some(v))
+    })
+}
+
+fn option_matches(actual: &OptionValue, expected: &Value) -> bool {
+    match actual {
+        OptionValue::Bool(b) => expected.as_bool() == Some(*b),
+        OptionValue::Int(v) => expected.as_i64() == Some(*v),
+        OptionValue::Str(s) => expected.as_str() == Some(s),
+        OptionValue::List(items) => expected.as_array().is_some_and(|e| {
+            e.len() == items.len() && e.iter().zip(items).all(|(e, a)| e.as_str() == Some(a))
+        }),
+        OptionValue::Map(pairs) => pairs_match(pairs, expected),
+        OptionValue::TagSets(sets) => expected.as_array().is_some_and(|e| {
+            e.len() == sets.len() && e.iter().zip(sets).all(|(e, set)| pairs_match(set, e))
+        }),
+    }
+}
+
+/// The reason the one contradictory read-write-concern case is skipped (T3).
+const T3: &str = "T3: uri-options expects a negative wTimeoutMS to be ignored with a warning, \
+read-write-concern expects an error; the parser follows uri-options";
+
+fn run_concern_case(case: &Value) -> Outcome {
+    let Some(uri) = case.get("uri").and_then(Value::as_str) else {
+        return Outcome::Failed("missing `uri`".into());
+    };
+    let valid = case.get("valid").and_then(Value::as_bool).unwrap_or(true);
+    let options = match (ClientOptions::parse(uri), valid) {
+        (Err(_), false) => return Outcome::Passed,
+        (Err(e), true) => return Outcome::Failed(format!("{uri}: rejected: {e}")),
+        (Ok(o), false) if uri.contains("wtimeoutMS=-") && !o.warnings.is_empty() => {
+            return Outcome::Skipped(T3.into())
+        }
+        (Ok(_), false) => return Outcome::Failed(format!("{uri}: accepted, expected an error")),
+        (Ok(o), true) => o,
+    };
+    if let Some(expected) = case.get("readConcern") {
+        let level = expected.get("level").and_then(Value::as_str);
+        if level != options.read_concern_level.as_deref() {
+            return Outcome::Failed(format!(
+                "{uri}: readConcernLevel {:?}, expected {expected}",
+                options.read_concern_level
+            ));
+        }
+    }
+    if let Some(expected) = case.get("writeConcern").and_then(Value::as_object) {
+        let actual = options.write_concern.clone().unwrap_or_default();
+        let ours = |key: &str| match key {
+            "w" => actual.get("w"),
+            "wtimeoutMS" => actual.get("wtimeout"),
+            "journal" => actual.get("j"),
+            _ => None,
+        };
+        let same = |value: &Value, bson: Option<&Bson>| match (value, bson) {
+            (Value::String(s), Some(Bson::String(b))) => s == b,
+            (Value::Bool(v), Some(Bson::Boolean(b))) => v == b,
+            (Value::Number(n), Some(Bson::Int32(b))) => n.as_i64() == Some(i64::from(*b)),
+            (Value::Number(n), Some(Bson::Int64(b))) => n.as_i64() == Some(*b),
+            _ => false,
+        };
+        if expected.len() != actual.len() || !expected.iter().all(|(k, v)| same(v, ours(k))) {
+            return Outcome::Failed(format!(
+                "{uri}: write concern {actual}, expected {}",
+                Value::Object(expected.clone())
+            ));
+        }
+    }
+    if !options.warnings.is_empty() && case.get("warning").and_then(Value::as_bool) == Some(false) {
+        return Outcome::Failed(format!("{uri}: unexpected warnings {:?}", options.warnings));
+    }
+    Outcome::Passed
+}
