@@ -30,6 +30,8 @@
 //! | [`option_error`] | the error of an invalid option |
 //! | [`pool`] | connection-pool accounting (CMAP) for one server |
 //! | [`retry`] | the per-operation retry state machine |
+//! | [`hedging`] | hedged reads (gRPC A6): copies in flight at once, first success wins |
+//! | [`service_config`] | the gRPC-style service config (A6): per-command retry or hedging policies, throttling |
 //! | [`scenario`] | a scripted, bounded driver for the retry machine in virtual time |
 //!
 //! ## Driving a machine
@@ -256,6 +258,7 @@ pub mod connection;
 pub mod engine;
 pub mod error;
 pub mod handshake;
+pub mod hedging;
 pub mod max_time;
 pub mod monitor;
 pub mod option_error;
@@ -267,6 +270,7 @@ pub mod retry;
 pub mod rng;
 pub mod scenario;
 pub mod selection;
+pub mod service_config;
 pub mod session;
 pub mod time;
 pub mod topology;

@@ -26,6 +26,16 @@ impl OptionError {
     pub fn option(&self) -> &'static str {
         self.option
     }
+
+    /// The rule the value breaks.
+    pub fn rule(&self) -> &'static str {
+        self.rule
+    }
+
+    /// The offending value, as given.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
 }
 
 impl fmt::Display for OptionError {

@@ -31,6 +31,8 @@ pub enum Command {
     Demo(DemoArgs),
     /// Connect to a server, run a ping with retries and print every event.
     Probe(ProbeArgs),
+    /// Compare the retry policies in a deterministic simulation of many clients and servers.
+    Simulate(crate::simulate::SimulateArgs),
 }
 
 /// The demo's options.

@@ -7,8 +7,13 @@ use clap::Parser;
 use retry_lab::cli::{Cli, Command, DemoArgs};
 use retry_lab::{demo, probe, report};
 
+mod simulate_main;
+
 fn main() -> ExitCode {
     let command = Cli::parse().into_command();
+    if let Command::Simulate(args) = &command {
+        return simulate_main::run(args);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -21,6 +26,7 @@ fn main() -> ExitCode {
     };
     match command {
         Command::Demo(args) => runtime.block_on(run_demo(&args)),
+        Command::Simulate(_) => ExitCode::SUCCESS,
         Command::Probe(args) => {
             let mut out = io::stdout().lock();
             match runtime.block_on(probe::probe(&args.uri, &mut out)) {

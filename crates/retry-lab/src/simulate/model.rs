@@ -1,0 +1,1155 @@
+//! The discrete-event model: clients, servers and operations in virtual time.
+//!
+//! One run simulates one policy under one load profile. Time is a `u64` of nanoseconds; events are
+//! ordered by (time, sequence number), so ties resolve in the order they were scheduled and a run
+//! is a pure function of its parameters and seeds. Arrivals and service times come from generators
+//! seeded by the load alone, so every policy sees the same offered operations.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::Duration;
+
+use bson::doc;
+use rand_core::RngCore;
+use retry_core::address::ServerAddress;
+use retry_core::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
+use retry_core::hedging::{self, CopyId, CopyStage, HedgingMachine};
+use retry_core::retry::{self, AttemptServer, OperationKind, OperationSpec, RetryMachine};
+use retry_core::rng::EngineRng;
+use retry_core::selection::{
+    select_server, ReadPreference, ReadPreferenceMode, SelectionCriteria, SelectionSettings,
+};
+use retry_core::time::{Instant, OperationTimeout};
+use retry_core::topology::{
+    AverageRtt, ServerDescription, ServerType, TopologyDescription, TopologyType,
+};
+use smallvec::SmallVec;
+
+use super::policy::{
+    unit, ClientBudget, GrpcConfigs, SimPolicy, AWS_MAX_ATTEMPTS, AWS_MAX_BACKOFF, AWS_QUOTA,
+    AWS_THROTTLING_BASE, AWS_THROTTLING_COST, AWS_TRANSIENT_BASE, AWS_TRANSIENT_COST,
+    OVERLOAD_CODE, SRE_BACKOFF_BASE, SRE_MAX_ATTEMPTS,
+};
+
+/// The simulated cluster and its clients.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cluster {
+    /// Replica-set members (one primary, the rest secondaries); reads use `nearest`.
+    pub servers: usize,
+    /// Clients, each with its own budgets; operations are spread evenly over them.
+    pub clients: usize,
+    /// Operations each secondary runs at once.
+    pub workers: u32,
+    /// Operations the primary runs at once for these reads (it also serves the writes, which are
+    /// not simulated), so that one member overloads before the others.
+    pub primary_workers: u32,
+    /// Mean service time of an ordinary admitted operation (exponentially distributed).
+    pub service_mean: Duration,
+    /// The fraction of operations that straggle (a slow disk, a pause): their service time is
+    /// `straggler_factor` times longer.
+    pub straggler_fraction: f64,
+    /// How much longer a straggler takes.
+    pub straggler_factor: f64,
+    /// The ingress limiter admits this fraction of the server's capacity (a token bucket refilled
+    /// at that rate); the rest is shed with code 462.
+    pub admit_fraction: f64,
+    /// The ingress limiter's burst: it holds this long's worth of admissions.
+    pub burst: Duration,
+    /// The server time a shed request (or one whose deadline passed in the queue) costs.
+    pub shed_cost: Duration,
+    /// One-way network delay.
+    pub network: Duration,
+    /// The client's operation timeout (CSOT `timeoutMS`).
+    pub timeout: Duration,
+    /// The service configs of the gRPC policies.
+    pub grpc: GrpcConfigs,
+}
+
+impl Default for Cluster {
+    fn default() -> Cluster {
+        Cluster {
+            servers: 3,
+            clients: 24,
+            workers: 4,
+            primary_workers: 2,
+            service_mean: Duration::from_millis(4),
+            straggler_fraction: 0.01,
+            straggler_factor: 10.0,
+            admit_fraction: 0.9,
+            burst: Duration::from_millis(25),
+            shed_cost: Duration::from_micros(50),
+            network: Duration::from_micros(250),
+            timeout: Duration::from_secs(2),
+            grpc: GrpcConfigs::default(),
+        }
+    }
+}
+
+impl Cluster {
+    /// Operations per second the whole cluster completes at full use.
+    pub fn capacity(&self) -> f64 {
+        (0..self.servers.max(1))
+            .map(|i| f64::from(self.workers_of(i)))
+            .sum::<f64>()
+            / self.mean_service().as_secs_f64()
+    }
+
+    /// The mean service time, stragglers included.
+    pub fn mean_service(&self) -> Duration {
+        let p = self.straggler_fraction.clamp(0.0, 1.0);
+        self.service_mean
+            .mul_f64(1.0 - p + p * self.straggler_factor.max(1.0))
+    }
+
+    /// The workers of member `i` (0 is the primary).
+    pub fn workers_of(&self, i: usize) -> u32 {
+        if i == 0 {
+            self.primary_workers.max(1)
+        } else {
+            self.workers.max(1)
+        }
+    }
+}
+
+/// The offered load over time, as a multiple of the cluster's capacity.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Load {
+    /// The same load throughout.
+    Steady(f64),
+    /// `base`, then `peak` from `start` for `length`, then `base` again.
+    Episode {
+        /// The load before and after.
+        base: f64,
+        /// The load during the episode.
+        peak: f64,
+        /// When the episode starts.
+        start: Duration,
+        /// How long it lasts.
+        length: Duration,
+    },
+}
+
+impl Load {
+    fn at(&self, t: u64) -> f64 {
+        match *self {
+            Load::Steady(x) => x,
+            Load::Episode {
+                base,
+                peak,
+                start,
+                length,
+            } => {
+                let (s, e) = (nanos(start), nanos(start + length));
+                if t >= s && t < e {
+                    peak
+                } else {
+                    base
+                }
+            }
+        }
+    }
+
+    fn max(&self) -> f64 {
+        match *self {
+            Load::Steady(x) => x,
+            Load::Episode { base, peak, .. } => base.max(peak),
+        }
+    }
+}
+
+/// One run: a policy, a load, how long operations arrive, what is measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSpec {
+    /// The policy.
+    pub policy: SimPolicy,
+    /// The offered load.
+    pub load: Load,
+    /// Operations arrive during this long; the run then continues until every one has finished.
+    pub duration: Duration,
+    /// Operations that start before this are not measured.
+    pub warmup: Duration,
+    /// The width of the time-series buckets.
+    pub bucket: Duration,
+    /// The seed of arrivals and service times (policies share it) and of the clients' choices.
+    pub seed: u64,
+}
+
+/// What a run measured.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunResult {
+    /// Measured operations (started after the warmup).
+    pub operations: u64,
+    /// Of those, the successful ones.
+    pub succeeded: u64,
+    /// Attempts sent to a server by measured operations (hedged copies included).
+    pub attempts: u64,
+    /// Requests the servers shed with code 462, over the whole run.
+    pub shed: u64,
+    /// Every attempt sent to a server, over the whole run (the speed benchmark's unit).
+    pub total_attempts: u64,
+    /// The most attempts any one operation sent.
+    pub max_attempts_per_operation: u32,
+    /// Latencies of measured operations in microseconds, successes and failures, sorted.
+    pub latencies_us: Vec<u32>,
+    /// Per bucket: operations that succeeded (by completion time).
+    pub series_succeeded: Vec<u32>,
+    /// Per bucket: operations that failed (by completion time).
+    pub series_failed: Vec<u32>,
+    /// Per bucket: attempts sent (by send time).
+    pub series_attempts: Vec<u32>,
+    /// Per bucket: the summed latency of completed operations, in microseconds.
+    pub series_latency_us: Vec<u64>,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The lane of operation deadlines (a timeout after the start).
+const DEADLINES: usize = 0;
+/// The lane of requests on their way to a server (the network delay after the send).
+const REQUESTS: usize = 1;
+/// The lane of replies on their way back (the network delay after the server finished).
+const REPLIES: usize = 2;
+
+/// An item in a server's queue or on its workers.
+#[derive(Clone, Copy, Debug)]
+struct Work {
+    op: u32,
+    serial: u32,
+    gen: u32,
+    copy: u8,
+    shed: bool,
+    deadline: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Ok,
+    Overloaded,
+    Expired,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Arrival,
+    AtServer {
+        server: u8,
+        work: Work,
+    },
+    Completed {
+        server: u8,
+        work: Work,
+        outcome: Outcome,
+    },
+    Reply {
+        work: Work,
+        outcome: Outcome,
+    },
+    Timer {
+        op: u32,
+        serial: u32,
+        gen: u32,
+    },
+    Deadline {
+        op: u32,
+        serial: u32,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Event {
+    time: u64,
+    seq: u64,
+    kind: Kind,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Event) -> bool {
+        (self.time, self.seq) == (other.time, other.seq)
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Event) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Event {
+    fn cmp(&self, other: &Event) -> std::cmp::Ordering {
+        (self.time, self.seq).cmp(&(other.time, other.seq))
+    }
+}
+
+struct Server {
+    workers: u32,
+    /// Ingress admissions per nanosecond, and the burst in admissions.
+    admit_per_ns: f64,
+    burst: f64,
+    busy: u32,
+    queue: VecDeque<Work>,
+    tokens: f64,
+    refilled_at: u64,
+    rng: EngineRng,
+}
+
+/// A baseline policy's per-operation state (naive, AWS, SRE).
+struct Simple {
+    attempts: u32,
+    /// The server the latest attempt went to.
+    server: u8,
+    /// AWS: the quota tokens the retry in flight holds (refunded on success).
+    holding: u32,
+    /// Whether an attempt is at a server.
+    in_flight: bool,
+}
+
+enum Machine {
+    Retry(Box<RetryMachine>),
+    Hedge(Box<HedgingMachine>),
+    Simple(Simple),
+}
+
+struct Op {
+    client: u32,
+    serial: u32,
+    start: u64,
+    gen: u32,
+    measured: bool,
+    attempts: u32,
+    machine: Machine,
+    /// The server of each copy (hedging) or of the attempt in flight (index 0).
+    servers: SmallVec<[u8; 5]>,
+    timer_at: u64,
+}
+
+struct Client {
+    budget: ClientBudget,
+    rng: EngineRng,
+    in_flight: SmallVec<[u32; 8]>,
+}
+
+/// Server selection as every client runs it: retry-core's pipeline over the replica set, reads
+/// with `nearest`, the client's operations in flight per member for the power of two choices.
+struct Selector {
+    topology: TopologyDescription,
+    criteria: SelectionCriteria,
+    settings: SelectionSettings,
+}
+
+impl Selector {
+    fn pick(&self, client: &mut Client, deprioritized: &[ServerAddress]) -> u8 {
+        let in_flight = &client.in_flight;
+        let chosen = select_server(
+            &self.topology,
+            &self.criteria,
+            deprioritized,
+            &self.settings,
+            |a| in_flight[index(a)],
+            &mut client.rng,
+        );
+        match chosen {
+            Ok(Some(s)) => index(&s.address) as u8,
+            _ => 0,
+        }
+    }
+}
+
+/// A run in progress.
+pub(crate) struct Sim<'a> {
+    cluster: &'a Cluster,
+    spec: &'a RunSpec,
+    now: u64,
+    seq: u64,
+    events: BinaryHeap<Reverse<Event>>,
+    /// Events a fixed delay after they were scheduled: [`DEADLINES`], [`REQUESTS`], [`REPLIES`].
+    lanes: [VecDeque<Event>; 3],
+    servers: Vec<Server>,
+    clients: Vec<Client>,
+    ops: Vec<Option<Op>>,
+    free: Vec<u32>,
+    next_serial: u32,
+    arrivals: EngineRng,
+    arrivals_end: u64,
+    selector: Selector,
+    attempt_servers: Vec<AttemptServer>,
+    overloaded: Vec<OperationError>,
+    result: RunResult,
+    service_ns: f64,
+    shed_ns: u64,
+    net_ns: u64,
+    timeout_ns: u64,
+    bucket_ns: u64,
+    warmup_ns: u64,
+}
+
+fn address(i: usize) -> ServerAddress {
+    ServerAddress::new("member", 27017 + i as u16)
+}
+
+fn index(address: &ServerAddress) -> usize {
+    usize::from(address.port() - 27017)
+}
+
+/// Runs one simulation to the end.
+pub fn run(cluster: &Cluster, spec: &RunSpec) -> RunResult {
+    let mut sim = Sim::new(cluster, spec);
+    sim.run();
+    sim.finish()
+}
+
+impl<'a> Sim<'a> {
+    fn new(cluster: &'a Cluster, spec: &'a RunSpec) -> Sim<'a> {
+        let servers = cluster.servers.clamp(1, 64);
+        let descriptions: Vec<ServerDescription> = (0..servers)
+            .map(|i| ServerDescription {
+                server_type: if i == 0 {
+                    ServerType::RsPrimary
+                } else {
+                    ServerType::RsSecondary
+                },
+                average_rtt: AverageRtt::from_duration(cluster.network * 2),
+                max_wire_version: 25,
+                logical_session_timeout: Some(Duration::from_secs(1800)),
+                ..ServerDescription::unknown(address(i))
+            })
+            .collect();
+        let topology = TopologyDescription::new(TopologyType::ReplicaSetWithPrimary, descriptions);
+        let attempt_servers = topology
+            .servers
+            .iter()
+            .map(|s| AttemptServer::from_description(s, TopologyType::ReplicaSetWithPrimary))
+            .collect();
+        let load_seed = spec.seed ^ (spec.load.max().to_bits().rotate_left(17));
+        let overloaded = (0..servers)
+            .map(|i| {
+                let reply = doc! { "ok": 0, "code": OVERLOAD_CODE,
+                "errorLabels": ["SystemOverloadedError", "RetryableError"] };
+                let mut e = OperationError::from_reply(&reply, &address(i)).expect("an error");
+                if let ErrorKind::Server(s) = &mut e.kind {
+                    s.raw = bson::Document::new();
+                }
+                e
+            })
+            .collect();
+        let mut policy_seed = EngineRng::from_seed_u64(spec.seed.wrapping_mul(0x9E37_79B9));
+        let clients = (0..cluster.clients.max(1))
+            .map(|_| Client {
+                budget: ClientBudget::new(spec.policy, &cluster.grpc),
+                rng: EngineRng::from_seed_u64(policy_seed.next_u64()),
+                in_flight: SmallVec::from_elem(0, servers),
+            })
+            .collect();
+        Sim {
+            cluster,
+            spec,
+            now: 0,
+            seq: 0,
+            events: BinaryHeap::with_capacity(1024),
+            lanes: Default::default(),
+            servers: (0..servers)
+                .map(|i| {
+                    let workers = cluster.workers_of(i);
+                    let admit_per_s = f64::from(workers) / cluster.mean_service().as_secs_f64()
+                        * cluster.admit_fraction;
+                    Server {
+                        workers,
+                        admit_per_ns: admit_per_s / 1e9,
+                        burst: (admit_per_s * cluster.burst.as_secs_f64()).max(1.0),
+                        busy: 0,
+                        queue: VecDeque::new(),
+                        tokens: 1.0,
+                        refilled_at: 0,
+                        rng: EngineRng::from_seed_u64(load_seed ^ ((i as u64 + 1) * 0x5851_F42D)),
+                    }
+                })
+                .collect(),
+            clients,
+            ops: Vec::new(),
+            free: Vec::new(),
+            next_serial: 0,
+            arrivals: EngineRng::from_seed_u64(load_seed),
+            arrivals_end: nanos(spec.duration),
+            selector: Selector {
+                topology,
+                criteria: SelectionCriteria::Read(
+                    ReadPreference::new(ReadPreferenceMode::Nearest, Vec::new(), None)
+                        .expect("nearest without tags is valid"),
+                ),
+                settings: SelectionSettings::default(),
+            },
+            attempt_servers,
+            overloaded,
+            result: RunResult::default(),
+            service_ns: nanos(cluster.service_mean) as f64,
+            shed_ns: nanos(cluster.shed_cost),
+            net_ns: nanos(cluster.network),
+            timeout_ns: nanos(cluster.timeout),
+            bucket_ns: nanos(spec.bucket).max(1),
+            warmup_ns: nanos(spec.warmup),
+        }
+    }
+
+    fn schedule(&mut self, time: u64, kind: Kind) {
+        self.seq += 1;
+        self.events.push(Reverse(Event {
+            time,
+            seq: self.seq,
+            kind,
+        }));
+    }
+
+    fn bucket(&mut self, time: u64) -> usize {
+        let b = (time / self.bucket_ns) as usize;
+        let r = &mut self.result;
+        if r.series_attempts.len() <= b {
+            r.series_attempts.resize(b + 1, 0);
+            r.series_succeeded.resize(b + 1, 0);
+            r.series_failed.resize(b + 1, 0);
+            r.series_latency_us.resize(b + 1, 0);
+        }
+        b
+    }
+
+    /// Poisson arrivals at the current rate, by thinning against the profile's highest rate.
+    fn next_arrival(&mut self) {
+        let max_rate = self.spec.load.max() * self.cluster.capacity() / 1e9;
+        if max_rate <= 0.0 {
+            return;
+        }
+        let mut t = self.now;
+        loop {
+            let u = unit(&mut self.arrivals);
+            t += (-(1.0 - u).ln() / max_rate) as u64 + 1;
+            if t >= self.arrivals_end {
+                return;
+            }
+            let accept = self.spec.load.at(t) / self.spec.load.max();
+            if accept >= 1.0 || unit(&mut self.arrivals) < accept {
+                self.schedule(t, Kind::Arrival);
+                return;
+            }
+        }
+    }
+
+    /// Schedules `kind` a fixed `delay` from now in a first-in first-out lane: every event of a
+    /// lane has the same delay, so the lane stays in time order without a heap.
+    fn schedule_after(&mut self, lane: usize, delay: u64, kind: Kind) {
+        self.seq += 1;
+        self.lanes[lane].push_back(Event {
+            time: self.now + delay,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    /// The earliest event of the heap and the lanes, by (time, sequence).
+    fn next_event(&mut self) -> Option<Event> {
+        let mut best: Option<(u64, u64, usize)> = self
+            .events
+            .peek()
+            .map(|Reverse(e)| (e.time, e.seq, usize::MAX));
+        for (i, lane) in self.lanes.iter().enumerate() {
+            if let Some(e) = lane.front() {
+                if best.is_none_or(|(t, s, _)| (e.time, e.seq) < (t, s)) {
+                    best = Some((e.time, e.seq, i));
+                }
+            }
+        }
+        match best? {
+            (_, _, usize::MAX) => self.events.pop().map(|Reverse(e)| e),
+            (_, _, lane) => self.lanes[lane].pop_front(),
+        }
+    }
+
+    fn run(&mut self) {
+        self.next_arrival();
+        while let Some(event) = self.next_event() {
+            self.now = event.time;
+            match event.kind {
+                Kind::Arrival => {
+                    self.start_operation();
+                    self.next_arrival();
+                }
+                Kind::AtServer { server, work } => self.at_server(server, work),
+                Kind::Completed {
+                    server,
+                    work,
+                    outcome,
+                } => self.completed(server, work, outcome),
+                Kind::Reply { work, outcome } => self.reply(work, outcome),
+                Kind::Timer { op, serial, gen } => self.timer(op, serial, gen),
+                Kind::Deadline { op, serial } => self.deadline(op, serial),
+            }
+        }
+    }
+
+    fn finish(mut self) -> RunResult {
+        self.result.latencies_us.sort_unstable();
+        self.result
+    }
+
+    // ---- servers ----
+
+    fn at_server(&mut self, index: u8, mut work: Work) {
+        let now = self.now;
+        let server = &mut self.servers[usize::from(index)];
+        server.tokens = (server.tokens + (now - server.refilled_at) as f64 * server.admit_per_ns)
+            .min(server.burst);
+        server.refilled_at = now;
+        if server.tokens >= 1.0 {
+            server.tokens -= 1.0;
+        } else {
+            work.shed = true;
+            self.result.shed += 1;
+        }
+        if server.busy < server.workers {
+            self.begin(index, work);
+        } else {
+            server.queue.push_back(work);
+        }
+    }
+
+    fn begin(&mut self, index: u8, work: Work) {
+        let now = self.now;
+        let server = &mut self.servers[usize::from(index)];
+        server.busy += 1;
+        let (cost, outcome) = if work.shed {
+            (self.shed_ns, Outcome::Overloaded)
+        } else if now >= work.deadline {
+            // maxTimeMS: the server drops an operation whose time ran out while it queued.
+            (self.shed_ns, Outcome::Expired)
+        } else {
+            let u = unit(&mut server.rng);
+            let mut mean = self.service_ns;
+            if unit(&mut server.rng) < self.cluster.straggler_fraction {
+                mean *= self.cluster.straggler_factor;
+            }
+            ((-(1.0 - u).ln() * mean) as u64 + 1, Outcome::Ok)
+        };
+        self.schedule(
+            now + cost,
+            Kind::Completed {
+                server: index,
+                work,
+                outcome,
+            },
+        );
+    }
+
+    /// A worker finished: the reply leaves, the worker takes the next item.
+    fn completed(&mut self, index: u8, work: Work, outcome: Outcome) {
+        self.schedule_after(REPLIES, self.net_ns, Kind::Reply { work, outcome });
+        let server = &mut self.servers[usize::from(index)];
+        server.busy -= 1;
+        if let Some(work) = server.queue.pop_front() {
+            self.begin(index, work);
+        }
+    }
+
+    // ---- operations ----
+
+    fn start_operation(&mut self) {
+        let now = self.now;
+        let client = (self.arrivals.next_u64() % self.clients.len() as u64) as u32;
+        self.next_serial = self.next_serial.wrapping_add(1);
+        let serial = self.next_serial;
+        let timeout =
+            OperationTimeout::from_timeout_ms(Instant::from_nanos(now), self.cluster.timeout);
+        let c = &mut self.clients[client as usize];
+        let machine = match &c.budget {
+            ClientBudget::Machine(options) => Machine::Retry(Box::new(RetryMachine::new(
+                OperationSpec::new(OperationKind::Read).with_timeout(timeout),
+                options,
+                c.rng.next_u64(),
+                Instant::from_nanos(now),
+            ))),
+            ClientBudget::Hedging(policy) => Machine::Hedge(Box::new(
+                HedgingMachine::new(
+                    OperationKind::Read,
+                    timeout,
+                    policy,
+                    Instant::from_nanos(now),
+                )
+                .expect("reads are hedgeable"),
+            )),
+            _ => Machine::Simple(Simple {
+                attempts: 0,
+                server: 0,
+                holding: 0,
+                in_flight: false,
+            }),
+        };
+        let op = Op {
+            client,
+            serial,
+            start: now,
+            gen: 0,
+            measured: now >= self.warmup_ns,
+            attempts: 0,
+            machine,
+            servers: SmallVec::new(),
+            timer_at: u64::MAX,
+        };
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.ops[id as usize] = Some(op);
+                id
+            }
+            None => {
+                self.ops.push(Some(op));
+                (self.ops.len() - 1) as u32
+            }
+        };
+        self.schedule_after(
+            DEADLINES,
+            self.timeout_ns,
+            Kind::Deadline { op: id, serial },
+        );
+        if matches!(
+            self.ops[id as usize].as_ref().map(|o| &o.machine),
+            Some(Machine::Simple(_))
+        ) {
+            self.simple_attempt(id, None);
+        } else {
+            self.pump(id);
+        }
+    }
+
+    fn op(&mut self, id: u32, serial: u32) -> Option<&mut Op> {
+        self.ops
+            .get_mut(id as usize)
+            .and_then(Option::as_mut)
+            .filter(|o| o.serial == serial)
+    }
+
+    fn select(&mut self, client: u32, deprioritized: &[ServerAddress]) -> u8 {
+        self.selector
+            .pick(&mut self.clients[client as usize], deprioritized)
+    }
+
+    fn send(&mut self, id: u32, server: u8, copy: u8) {
+        let now = self.now;
+        let op = self.ops[id as usize].as_mut().expect("live op");
+        op.gen += 1;
+        op.attempts += 1;
+        let work = Work {
+            op: id,
+            serial: op.serial,
+            gen: op.gen,
+            copy,
+            shed: false,
+            deadline: op.start + self.timeout_ns,
+        };
+        let measured = op.measured;
+        self.clients[op.client as usize].in_flight[usize::from(server)] += 1;
+        self.result.total_attempts += 1;
+        if measured {
+            self.result.attempts += 1;
+        }
+        let b = self.bucket(now);
+        self.result.series_attempts[b] += 1;
+        self.schedule_after(REQUESTS, self.net_ns, Kind::AtServer { server, work });
+    }
+
+    fn released(&mut self, client: u32, server: u8) {
+        let n = &mut self.clients[client as usize].in_flight[usize::from(server)];
+        *n = n.saturating_sub(1);
+    }
+
+    fn end(&mut self, id: u32, ok: bool) {
+        let now = self.now;
+        let op = self.ops[id as usize].take().expect("live op");
+        self.free.push(id);
+        let latency_us = ((now - op.start) / 1000) as u32;
+        let most = &mut self.result.max_attempts_per_operation;
+        *most = (*most).max(op.attempts);
+        if op.measured {
+            self.result.operations += 1;
+            self.result.latencies_us.push(latency_us);
+            if ok {
+                self.result.succeeded += 1;
+            }
+        }
+        let b = self.bucket(now);
+        if ok {
+            self.result.series_succeeded[b] += 1;
+        } else {
+            self.result.series_failed[b] += 1;
+        }
+        self.result.series_latency_us[b] += u64::from(latency_us);
+    }
+
+    /// Drains a core machine's actions: selection, sends, releases, timers, the result.
+    fn pump(&mut self, id: u32) {
+        let now = Instant::from_nanos(self.now);
+        loop {
+            let Some(op) = self.ops[id as usize].as_mut() else {
+                return;
+            };
+            let client = op.client;
+            match &mut op.machine {
+                Machine::Retry(m) => {
+                    while m.poll_event().is_some() {}
+                    let Some(action) = m.poll_action() else {
+                        return;
+                    };
+                    match action {
+                        retry::Action::SelectServer => {
+                            let c = &mut self.clients[client as usize];
+                            let s = self.selector.pick(c, m.deprioritized());
+                            let server = self.attempt_servers[usize::from(s)].clone();
+                            let _ = m.handle_server_selected(server, now);
+                        }
+                        retry::Action::Dispatch(attempt) => {
+                            let _ = m.handle_sent(now);
+                            let s = index(&attempt.address) as u8;
+                            op.servers.clear();
+                            op.servers.push(s);
+                            self.send(id, s, 0);
+                        }
+                        retry::Action::ReleaseConnection { .. } => {
+                            let s = op.servers.first().copied().unwrap_or(0);
+                            self.released(client, s);
+                        }
+                        retry::Action::Wait { until } => {
+                            let (serial, gen) = (op.serial, op.gen);
+                            self.schedule(
+                                until.as_nanos(),
+                                Kind::Timer {
+                                    op: id,
+                                    serial,
+                                    gen,
+                                },
+                            );
+                        }
+                        retry::Action::Finished(result) => {
+                            self.end(id, result.is_ok());
+                            return;
+                        }
+                    }
+                }
+                Machine::Hedge(m) => {
+                    while m.poll_event().is_some() {}
+                    let Some(action) = m.poll_action() else {
+                        if let Some(at) = m.poll_timeout() {
+                            let at = at.as_nanos();
+                            if at != op.timer_at {
+                                op.timer_at = at;
+                                let (serial, gen) = (op.serial, 0);
+                                self.schedule(
+                                    at,
+                                    Kind::Timer {
+                                        op: id,
+                                        serial,
+                                        gen,
+                                    },
+                                );
+                            }
+                        }
+                        return;
+                    };
+                    match action {
+                        hedging::Action::SelectServer(copy) => {
+                            let c = &mut self.clients[client as usize];
+                            let s = self.selector.pick(c, m.deprioritized());
+                            let address = self.attempt_servers[usize::from(s)].address.clone();
+                            let _ = m.handle_server_selected(copy, address, now);
+                        }
+                        hedging::Action::Dispatch { copy, address } => {
+                            let _ = m.handle_sent(copy, now);
+                            let s = index(&address) as u8;
+                            let slot = copy.0 as usize - 1;
+                            if op.servers.len() <= slot {
+                                op.servers.resize(slot + 1, 0);
+                            }
+                            op.servers[slot] = s;
+                            self.send(id, s, copy.0 as u8);
+                        }
+                        hedging::Action::Release { copy, .. } => {
+                            let s = op.servers[copy.0 as usize - 1];
+                            self.released(client, s);
+                        }
+                        hedging::Action::Cancel { copy, stage } => {
+                            // The connection stays busy until the reply; the server still works.
+                            if !matches!(stage, CopyStage::Selecting) {
+                                let s = op.servers[copy.0 as usize - 1];
+                                self.released(client, s);
+                            }
+                        }
+                        hedging::Action::Finished(result) => {
+                            self.end(id, result.is_ok());
+                            return;
+                        }
+                    }
+                }
+                Machine::Simple(_) => return,
+            }
+        }
+    }
+
+    fn reply(&mut self, work: Work, outcome: Outcome) {
+        let now = self.now;
+        let at = Instant::from_nanos(now);
+        let error = |sim: &Sim, server: u8| sim.overloaded[usize::from(server)].clone();
+        let Some(op) = self.op(work.op, work.serial) else {
+            return;
+        };
+        match &mut op.machine {
+            Machine::Retry(m) => {
+                if op.gen != work.gen {
+                    return;
+                }
+                let server = op.servers[0];
+                match outcome {
+                    Outcome::Ok => {
+                        let _ = m.handle_succeeded(at);
+                    }
+                    Outcome::Overloaded | Outcome::Expired => {
+                        let e = error(self, server);
+                        if let Some(Op {
+                            machine: Machine::Retry(m),
+                            ..
+                        }) = self.ops[work.op as usize].as_mut()
+                        {
+                            let _ = m.handle_failed(e, at);
+                        }
+                    }
+                }
+                self.pump(work.op);
+            }
+            Machine::Hedge(m) => {
+                let copy = CopyId(u32::from(work.copy));
+                let server = op.servers[usize::from(work.copy) - 1];
+                match outcome {
+                    Outcome::Ok => {
+                        let _ = m.handle_succeeded(copy, at);
+                    }
+                    Outcome::Overloaded | Outcome::Expired => {
+                        let e = error(self, server);
+                        if let Some(Op {
+                            machine: Machine::Hedge(m),
+                            ..
+                        }) = self.ops[work.op as usize].as_mut()
+                        {
+                            let _ = m.handle_failed(copy, e, at);
+                        }
+                    }
+                }
+                self.pump(work.op);
+            }
+            Machine::Simple(s) => {
+                if op.gen != work.gen {
+                    return;
+                }
+                let server = s.server;
+                let client = op.client;
+                s.in_flight = false;
+                self.released(client, server);
+                if outcome == Outcome::Ok {
+                    self.simple_succeeded(work.op);
+                } else {
+                    self.simple_attempt(work.op, Some((server, outcome == Outcome::Overloaded)));
+                }
+            }
+        }
+    }
+
+    fn timer(&mut self, id: u32, serial: u32, gen: u32) {
+        let now = self.now;
+        let Some(op) = self.op(id, serial) else {
+            return;
+        };
+        match &mut op.machine {
+            Machine::Retry(m) => {
+                if op.gen == gen {
+                    m.handle_timeout(Instant::from_nanos(now));
+                    self.pump(id);
+                }
+            }
+            Machine::Hedge(m) => {
+                if op.timer_at == now {
+                    op.timer_at = u64::MAX;
+                    m.handle_timeout(Instant::from_nanos(now));
+                    self.pump(id);
+                }
+            }
+            Machine::Simple(_) => {
+                if op.gen == gen {
+                    self.simple_send(id);
+                }
+            }
+        }
+    }
+
+    /// The operation's deadline: an attempt still in flight fails with a socket timeout.
+    fn deadline(&mut self, id: u32, serial: u32) {
+        let at = Instant::from_nanos(self.now);
+        let Some(op) = self.op(id, serial) else {
+            return;
+        };
+        match &mut op.machine {
+            Machine::Retry(m) => {
+                let server = op.servers.first().copied().unwrap_or(0);
+                let e = OperationError::network(
+                    NetworkErrorKind::Timeout,
+                    NetworkPhase::AfterSend,
+                    address(usize::from(server)),
+                );
+                if m.handle_failed(e, at).is_err() {
+                    // Not in flight (backing off): the deadline still ends it.
+                    let _ = m.cancel(at);
+                }
+                self.pump(id);
+            }
+            Machine::Hedge(m) => {
+                m.handle_timeout(at);
+                self.pump(id);
+            }
+            Machine::Simple(s) => {
+                let (client, server) = (op.client, s.server);
+                if s.in_flight {
+                    self.released(client, server);
+                }
+                self.end(id, false);
+            }
+        }
+    }
+
+    // ---- the baselines: naive, AWS standard, SRE adaptive ----
+
+    /// Starts the first attempt (`failed` = None) or decides on a retry after a failure on
+    /// server `failed.0`; `failed.1` says whether it was a throttling (overload) error.
+    fn simple_attempt(&mut self, id: u32, failed: Option<(u8, bool)>) {
+        let now = self.now;
+        let policy = self.spec.policy;
+        let op = self.ops[id as usize].as_mut().expect("live op");
+        let Machine::Simple(s) = &mut op.machine else {
+            return;
+        };
+        let client = &mut self.clients[op.client as usize];
+        if failed.is_some() {
+            let allowed = match policy {
+                SimPolicy::Naive(n) => s.attempts <= n,
+                SimPolicy::AwsStandard => {
+                    let ClientBudget::Aws { tokens } = &mut client.budget else {
+                        return;
+                    };
+                    // The shed 462 is a throttling error; anything else is transient.
+                    let throttling = failed.is_some_and(|f| f.1);
+                    let (cost, base) = if throttling {
+                        (AWS_THROTTLING_COST, AWS_THROTTLING_BASE)
+                    } else {
+                        (AWS_TRANSIENT_COST, AWS_TRANSIENT_BASE)
+                    };
+                    let bound = base
+                        .saturating_mul(1u32 << (s.attempts - 1).min(20))
+                        .min(AWS_MAX_BACKOFF);
+                    let delay = nanos(bound.mul_f64(unit(&mut client.rng)));
+                    if s.attempts >= AWS_MAX_ATTEMPTS
+                        || now + delay >= op.start + self.timeout_ns
+                        || *tokens < cost
+                    {
+                        false
+                    } else {
+                        *tokens -= cost;
+                        s.holding = cost;
+                        op.gen += 1;
+                        let (serial, gen) = (op.serial, op.gen);
+                        self.schedule(
+                            now + delay,
+                            Kind::Timer {
+                                op: id,
+                                serial,
+                                gen,
+                            },
+                        );
+                        return;
+                    }
+                }
+                SimPolicy::SreAdaptive => {
+                    if s.attempts >= SRE_MAX_ATTEMPTS {
+                        false
+                    } else {
+                        let bound =
+                            SRE_BACKOFF_BASE.saturating_mul(1u32 << (s.attempts - 1).min(20));
+                        let delay = nanos(bound.mul_f64(unit(&mut client.rng)));
+                        if now + delay >= op.start + self.timeout_ns {
+                            false
+                        } else {
+                            op.gen += 1;
+                            let (serial, gen) = (op.serial, op.gen);
+                            self.schedule(
+                                now + delay,
+                                Kind::Timer {
+                                    op: id,
+                                    serial,
+                                    gen,
+                                },
+                            );
+                            return;
+                        }
+                    }
+                }
+                _ => false,
+            };
+            if !allowed {
+                self.end(id, false);
+                return;
+            }
+        }
+        self.simple_send(id);
+    }
+
+    fn simple_send(&mut self, id: u32) {
+        let now = self.now;
+        let policy = self.spec.policy;
+        let op = self.ops[id as usize].as_mut().expect("live op");
+        let client_id = op.client;
+        let Machine::Simple(s) = &op.machine else {
+            return;
+        };
+        let previous = (s.attempts > 0).then_some(s.server);
+        if policy == SimPolicy::SreAdaptive {
+            let c = &mut self.clients[client_id as usize];
+            if !c.budget.sre_admit(now, &mut c.rng) {
+                // Rejected locally: the operation fails without reaching a server.
+                self.end(id, false);
+                return;
+            }
+        }
+        let deprioritized: SmallVec<[ServerAddress; 1]> = previous
+            .map(|p| address(usize::from(p)))
+            .into_iter()
+            .collect();
+        let server = self.select(client_id, &deprioritized);
+        if let Some(Op {
+            machine: Machine::Simple(s),
+            ..
+        }) = self.ops[id as usize].as_mut()
+        {
+            s.attempts += 1;
+            s.server = server;
+            s.in_flight = true;
+        }
+        self.send(id, server, 0);
+    }
+
+    fn simple_succeeded(&mut self, id: u32) {
+        let now = self.now;
+        let op = self.ops[id as usize].as_mut().expect("live op");
+        let c = &mut self.clients[op.client as usize];
+        if let Machine::Simple(s) = &op.machine {
+            match &mut c.budget {
+                ClientBudget::Aws { tokens } => {
+                    // A retry's success refunds its cost; a first-try success adds 1.
+                    let credit = if s.holding > 0 { s.holding } else { 1 };
+                    *tokens = (*tokens + credit).min(AWS_QUOTA);
+                }
+                ClientBudget::Sre { .. } => c.budget.sre_accepted(now),
+                _ => {}
+            }
+        }
+        self.end(id, true);
+    }
+}
