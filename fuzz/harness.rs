@@ -172,7 +172,7 @@ pub fn connection(data: &[u8]) {
                 request.exhaust_allowed = true;
                 let _ = conn.send_command(request, now);
             }
-            _ => while conn.poll_transmit().is_some() {},
+            _ => while conn.poll_transmit(&mut Vec::new()) {},
         }
         while let Some(event) = conn.poll_event() {
             if let ConnectionEvent::Failed(e) = event {
@@ -184,7 +184,7 @@ pub fn connection(data: &[u8]) {
         if conn.state() == ConnectionState::Closed {
             assert_eq!(failures, 1);
             assert_eq!(conn.poll_timeout(), None);
-            assert!(conn.poll_transmit().is_none());
+            assert!(!conn.has_transmit());
         }
     }
 }

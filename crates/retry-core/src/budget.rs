@@ -5,12 +5,12 @@
 //! integer in an atomic, updated with compare-and-swap loops, so concurrent deposits and
 //! withdrawals never lose an update and the level never leaves `[0, capacity]`. The current
 //! MongoDB policy has no budget (BP, contradiction C1); these are the explicit, non-default
-//! policies [`crate::policy::RetryPolicy::TokenBucket`] and [`crate::policy::RetryPolicy::Grpc`].
+//! policies `RetryPolicy::TokenBucket` and `RetryPolicy::Grpc` of the `policy` module.
 
 use core::fmt;
 use core::sync::atomic::{AtomicU32, Ordering};
 
-use crate::policy::OptionError;
+use crate::option_error::OptionError;
 
 /// Applies `f` to the atomic until it succeeds; returns whether `f` accepted the old value.
 fn update(level: &AtomicU32, f: impl Fn(u32) -> Option<u32>) -> bool {

@@ -12,7 +12,7 @@
 //!
 //! The machine owns no socket and reads no clock (quinn-proto style). The adapter feeds it
 //! `handle_connected`, `handle_bytes`, `handle_closed` and `handle_timeout`, each with `now`, then
-//! drains [`Connection::poll_transmit`] (bytes to write) and [`Connection::poll_event`] (handshake
+//! drains [`Connection::poll_transmit`] (bytes to write, appended to the caller's buffer) and [`Connection::poll_event`] (handshake
 //! complete, a reply, a failure) and sleeps until [`Connection::poll_timeout`]. A spurious
 //! `handle_timeout` is harmless.
 //!
@@ -304,7 +304,9 @@ pub struct Connection {
     next_request_id: i32,
     outstanding: Option<Outstanding>,
     deadline: Option<Instant>,
-    transmits: VecDeque<Vec<u8>>,
+    /// The bytes not yet taken by [`Connection::poll_transmit`]: messages are encoded straight
+    /// into it, so a socket has one outbound buffer and no message gets its own allocation.
+    outbound: Vec<u8>,
     events: VecDeque<ConnectionEvent>,
 }
 
@@ -337,7 +339,7 @@ impl Connection {
             next_request_id: 2,
             outstanding: None,
             deadline,
-            transmits: VecDeque::new(),
+            outbound: Vec::new(),
             events: VecDeque::new(),
         })
     }
@@ -363,7 +365,7 @@ impl Connection {
         if self.state != ConnectionState::Connecting {
             return;
         }
-        self.transmits.push_back(core::mem::take(&mut self.hello));
+        self.outbound = core::mem::take(&mut self.hello);
         self.outstanding = Some(Outstanding {
             request_id: 1,
             response_to: 1,
@@ -408,7 +410,13 @@ impl Connection {
     ///
     /// The request's deadline is the earlier of its own (CSOT) and `now + socketTimeoutMS`. An
     /// unacknowledged request (WP-6) expects no reply: the connection stays ready.
-    pub fn send_command(&mut self, request: Request, now: Instant) -> Result<i32, SendError> {
+    pub fn send_command(&mut self, mut request: Request, now: Instant) -> Result<i32, SendError> {
+        self.send(&mut request, now)
+    }
+
+    /// [`Connection::send_command`], leaving the request with the caller (its body and sequences
+    /// are encoded, then put back), so that a retry can send it again without rebuilding it.
+    pub fn send(&mut self, request: &mut Request, now: Instant) -> Result<i32, SendError> {
         if self.state != ConnectionState::Ready {
             return Err(SendError::NotReady(self.state));
         }
@@ -432,14 +440,13 @@ impl Connection {
             request_id,
             response_to: 0,
             flags,
-            body: request.body,
-            sequences: request.sequences,
+            body: core::mem::take(&mut request.body),
+            sequences: core::mem::take(&mut request.sequences),
         };
-        let mut bytes = Vec::new();
-        message
-            .encode(self.decoder.max_message_size(), &mut bytes)
-            .map_err(SendError::Encode)?;
-        self.transmits.push_back(bytes);
+        let encoded = message.encode(self.decoder.max_message_size(), &mut self.outbound);
+        request.body = message.body;
+        request.sequences = message.sequences;
+        encoded.map_err(SendError::Encode)?;
         self.next_request_id = request_id.checked_add(1).unwrap_or(1);
         if request.unacknowledged {
             return Ok(request_id);
@@ -465,14 +472,28 @@ impl Connection {
             .map(|t| now.saturating_add(t))
     }
 
-    /// Output: the next bytes to write to the socket, in order. Once taken, the current command
-    /// counts as possibly sent (a later failure is [`NetworkPhase::AfterSend`]).
-    pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
-        let bytes = self.transmits.pop_front()?;
+    /// Output: appends every byte waiting to be written to `buf`, in order, and says whether there
+    /// were any. Once taken, the current command counts as possibly sent (a later failure is
+    /// [`NetworkPhase::AfterSend`]).
+    pub fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> bool {
+        if self.outbound.is_empty() {
+            return false;
+        }
+        if buf.is_empty() {
+            // Hand the whole buffer over and keep the caller's (already allocated) one.
+            core::mem::swap(buf, &mut self.outbound);
+        } else {
+            buf.append(&mut self.outbound);
+        }
         if let Some(outstanding) = &mut self.outstanding {
             outstanding.handed_over = true;
         }
-        Some(bytes)
+        true
+    }
+
+    /// Whether [`Connection::poll_transmit`] has bytes to give.
+    pub fn has_transmit(&self) -> bool {
+        !self.outbound.is_empty()
     }
 
     /// Output: the next event.
@@ -573,7 +594,7 @@ impl Connection {
         self.state = ConnectionState::Closed;
         self.outstanding = None;
         self.deadline = None;
-        self.transmits.clear();
+        self.outbound.clear();
         self.events
             .push_back(ConnectionEvent::Failed(ConnectionError {
                 cause,
@@ -634,9 +655,12 @@ mod tests {
     fn sent(conn: &mut Connection) -> Vec<OpMsg> {
         let mut dec = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
         let mut out = Vec::new();
-        while let Some(bytes) = conn.poll_transmit() {
-            let (n, msg) = dec.decode(&bytes).unwrap();
-            assert_eq!(n, bytes.len());
+        let mut bytes = Vec::new();
+        while conn.poll_transmit(&mut bytes) {}
+        let mut rest = &bytes[..];
+        while !rest.is_empty() {
+            let (n, msg) = dec.decode(rest).unwrap();
+            rest = &rest[n..];
             out.push(msg.unwrap());
         }
         out
@@ -683,7 +707,7 @@ mod tests {
         let mut conn = open(config());
         assert_eq!(conn.state(), ConnectionState::Connecting);
         assert_eq!(conn.poll_timeout(), Some(at(10_000)));
-        assert_eq!(conn.poll_transmit(), None);
+        assert!(!conn.has_transmit());
         conn.handle_connected(at(10));
         assert_eq!(conn.state(), ConnectionState::Handshaking);
         assert_eq!(
@@ -745,8 +769,8 @@ mod tests {
             Err(SendError::DeadlinePassed)
         );
         assert_eq!(
-            (conn.state(), conn.poll_transmit()),
-            (ConnectionState::Ready, None)
+            (conn.state(), conn.has_transmit()),
+            (ConnectionState::Ready, false)
         );
         request.deadline = Some(at(100));
         conn.send_command(request, at(20)).unwrap();
@@ -880,8 +904,8 @@ mod tests {
             Err(SendError::ExhaustNotAllowed)
         );
         assert_eq!(
-            (conn.state(), conn.poll_transmit()),
-            (ConnectionState::Ready, None)
+            (conn.state(), conn.has_transmit()),
+            (ConnectionState::Ready, false)
         );
     }
 

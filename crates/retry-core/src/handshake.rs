@@ -418,8 +418,10 @@ pub struct ServerApi {
     pub deprecation_errors: Option<bool>,
 }
 
-/// What a connection's handshake command depends on.
+/// What a connection's handshake command depends on. Made with [`HandshakeOptions::new`] (or
+/// `Default`); every field may then be changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HandshakeOptions {
     /// The client metadata.
     pub metadata: ClientMetadata,
@@ -433,7 +435,25 @@ pub struct HandshakeOptions {
     pub compressors: Vec<String>,
 }
 
+impl Default for HandshakeOptions {
+    fn default() -> HandshakeOptions {
+        HandshakeOptions::new()
+    }
+}
+
 impl HandshakeOptions {
+    /// Options for a driver named `retry-core` at this crate's version (replace
+    /// [`HandshakeOptions::metadata`] with your driver's), not load-balanced, no Stable API
+    /// version, no compression.
+    pub fn new() -> HandshakeOptions {
+        HandshakeOptions {
+            metadata: ClientMetadata::new("retry-core", env!("CARGO_PKG_VERSION")),
+            load_balanced: false,
+            server_api: None,
+            compressors: Vec::new(),
+        }
+    }
+
     /// HS-2: `hello` when a Stable API version is declared or in load-balanced mode, else legacy
     /// hello.
     pub fn uses_hello(&self) -> bool {
@@ -496,6 +516,9 @@ pub struct HandshakeReply {
     pub hello_ok: bool,
     /// HS-4: the negotiated compressor, `compression[0]` of the reply.
     pub compressor: Option<String>,
+    /// EV-2: the reply's `connectionId`, the server's id for this connection (an integer; absent or
+    /// not an integer: none).
+    pub server_connection_id: Option<i64>,
 }
 
 /// Why a handshake reply is rejected.
@@ -587,7 +610,14 @@ pub fn validate_reply(
         Some(Bson::Boolean(b)) => *b,
         Some(_) => return Err(malformed("helloOk", "a boolean")),
     };
+    let server_connection_id = match reply.get("connectionId") {
+        Some(Bson::Int32(n)) => Some(i64::from(*n)),
+        Some(Bson::Int64(n)) => Some(*n),
+        Some(Bson::Double(n)) if n.fract() == 0.0 && n.abs() < 9.0e15 => Some(*n as i64),
+        _ => None,
+    };
     Ok(HandshakeReply {
+        server_connection_id,
         service_id: description.service_id,
         max_message_size_bytes,
         max_bson_object_size: limit(reply, "maxBsonObjectSize", DEFAULT_MAX_BSON_OBJECT_SIZE)?,
@@ -950,6 +980,22 @@ mod tests {
             Duration::from_millis(3),
             Instant::from_millis(9),
         )
+    }
+
+    /// EV-2: `serverConnectionId` is the reply's `connectionId`, an integer of any BSON width.
+    #[test]
+    fn ev2_the_server_connection_id_is_the_replys_connection_id() {
+        let reply = |id: Bson| {
+            let mut d = doc! { "ok": 1, "isWritablePrimary": true, "minWireVersion": 0,
+            "maxWireVersion": 21 };
+            d.insert("connectionId", id);
+            validate(d, false).unwrap().server_connection_id
+        };
+        assert_eq!(reply(Bson::Int32(7)), Some(7));
+        assert_eq!(reply(Bson::Int64(1 << 40)), Some(1 << 40));
+        assert_eq!(reply(Bson::Double(9.0)), Some(9));
+        assert_eq!(reply(Bson::Double(9.5)), None);
+        assert_eq!(reply(Bson::String("7".into())), None);
     }
 
     #[test]

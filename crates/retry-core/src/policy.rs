@@ -6,50 +6,13 @@
 //! [`RetryPolicy::Current`], the pinned client-backpressure spec. The token bucket of the spec's
 //! first versions and gRPC A6 are explicit, non-default alternatives for comparison and simulation.
 
-use alloc::string::{String, ToString};
 use alloc::sync::Arc;
-use core::fmt;
 use core::time::Duration;
 use smallvec::SmallVec;
 
 use crate::backoff::{GrpcBackoff, GrpcJitter};
 use crate::budget::{GrpcThrottle, TokenBucket};
-
-/// An invalid option: which one, why, and the value given.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OptionError {
-    option: &'static str,
-    rule: &'static str,
-    value: String,
-}
-
-impl OptionError {
-    /// An error for `option`, which breaks `rule`, with the offending `value`.
-    pub fn new(option: &'static str, rule: &'static str, value: impl fmt::Display) -> OptionError {
-        OptionError {
-            option,
-            rule,
-            value: value.to_string(),
-        }
-    }
-
-    /// The option's name as users write it (`maxAdaptiveRetries`, `maxAttempts`, ...).
-    pub fn option(&self) -> &'static str {
-        self.option
-    }
-}
-
-impl fmt::Display for OptionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid {}: {}, got {}",
-            self.option, self.rule, self.value
-        )
-    }
-}
-
-impl core::error::Error for OptionError {}
+pub use crate::option_error::OptionError;
 
 /// The retry options of a client. Build with [`RetryOptions::default`] and the setters.
 #[derive(Clone, Debug)]

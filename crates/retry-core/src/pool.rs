@@ -321,6 +321,8 @@ struct Waiter {
     /// `waitQueueTimeoutMS`: it bounds only the wait in the queue.
     queue_deadline: Option<Instant>,
     establishing: Option<ConnectionId>,
+    /// This waiter's entry in [`Pool`]'s expiry index.
+    indexed: Option<Instant>,
 }
 
 impl Waiter {
@@ -353,6 +355,11 @@ pub struct Pool {
     /// Available connections, most recently checked in last.
     available: Vec<ConnectionId>,
     waiters: VecDeque<Waiter>,
+    /// The waiters' expiries, ordered, so that [`Pool::poll_timeout`] reads the earliest without
+    /// scanning the queue. An entry may be earlier than its waiter's expiry (a checkout whose
+    /// connection is being established no longer has the queue's deadline): that only makes a
+    /// spurious `handle_timeout`.
+    expiries: alloc::collections::BTreeSet<(Instant, CheckoutId)>,
     next_connection: u32,
     next_checkout: u64,
     actions: VecDeque<PoolAction>,
@@ -373,6 +380,7 @@ impl Pool {
             connections: Vec::new(),
             available: Vec::new(),
             waiters: VecDeque::new(),
+            expiries: alloc::collections::BTreeSet::new(),
             next_connection: 1,
             next_checkout: 1,
             actions: VecDeque::new(),
@@ -456,14 +464,14 @@ impl Pool {
 
     /// The earliest wait-queue deadline or idle expiry.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let waits = self.waiters.iter().filter_map(Waiter::expiry);
+        let waits = self.expiries.first().map(|(at, _)| *at);
         let idle = self.options.max_idle_time.map(|max| {
             self.connections.iter().filter_map(move |c| match c.state {
                 ConnectionState::Available { since } => Some(since.saturating_add(max)),
                 _ => None,
             })
         });
-        waits.chain(idle.into_iter().flatten()).min()
+        waits.into_iter().chain(idle.into_iter().flatten()).min()
     }
 
     /// CM-2: opens a paused pool; emits [`PoolEvent::PoolReady`] unless it was already ready.
@@ -503,14 +511,17 @@ impl Pool {
                         .wait_queue_timeout
                         .map(|t| now.saturating_add(t)),
                 };
-                self.waiters.push_back(Waiter {
+                let mut waiter = Waiter {
                     checkout,
                     purpose,
                     started: now,
                     deadline,
                     queue_deadline,
                     establishing: None,
-                });
+                    indexed: None,
+                };
+                self.index(&mut waiter);
+                self.waiters.push_back(waiter);
                 self.serve(now);
             }
         }
@@ -524,7 +535,7 @@ impl Pool {
         let Some(index) = self.waiters.iter().position(|w| w.checkout == checkout) else {
             return;
         };
-        if let Some(w) = self.waiters.remove(index) {
+        if let Some(w) = self.remove_waiter(index) {
             if let Some(pending) = w.establishing {
                 self.set_state(pending, ConnectionState::Pending { for_checkout: None });
             }
@@ -599,7 +610,7 @@ impl Pool {
         } else if stale {
             self.close_connection(connection, CloseReason::Stale);
         } else if let Some(index) = waiter {
-            if let Some(w) = self.waiters.remove(index) {
+            if let Some(w) = self.remove_waiter(index) {
                 self.give(w, connection, now);
             }
         } else {
@@ -627,7 +638,7 @@ impl Pool {
         if let Some(index) =
             for_checkout.and_then(|id| self.waiters.iter().position(|w| w.checkout == id))
         {
-            if let Some(w) = self.waiters.remove(index) {
+            if let Some(w) = self.remove_waiter(index) {
                 self.fail(
                     w.checkout,
                     w.started,
@@ -713,6 +724,7 @@ impl Pool {
         }
         if lb_service.is_none() {
             let error = self.pool_cleared_error(cause);
+            self.expiries.clear();
             while let Some(w) = self.waiters.pop_front() {
                 if let Some(pending) = w.establishing {
                     self.set_state(pending, ConnectionState::Pending { for_checkout: None });
@@ -737,6 +749,7 @@ impl Pool {
         while let Some(id) = self.available.pop() {
             self.close_connection(id, CloseReason::PoolClosed);
         }
+        self.expiries.clear();
         while let Some(w) = self.waiters.pop_front() {
             self.fail(w.checkout, w.started, now, CheckoutError::PoolClosed);
         }
@@ -757,12 +770,14 @@ impl Pool {
                 self.close_connection(id, CloseReason::Idle);
             }
         }
-        let mut index = 0;
+        // Only a due entry of the expiry index makes the scan worth it.
+        let due = self.expiries.first().is_some_and(|(at, _)| *at <= now);
+        let mut index = if due { 0 } else { self.waiters.len() };
         while index < self.waiters.len() {
             // A checkout that is establishing its own connection is bounded by the caller's
             // deadline and the connect timeout, not by the wait queue's.
             if self.waiters[index].expiry().is_some_and(|d| now >= d) {
-                if let Some(w) = self.waiters.remove(index) {
+                if let Some(w) = self.remove_waiter(index) {
                     let message = self.wait_queue_timeout_message();
                     self.fail(
                         w.checkout,
@@ -775,7 +790,37 @@ impl Pool {
                 index += 1;
             }
         }
+        // Entries still due belong to waiters whose expiry moved later: index them again.
+        while let Some(&(at, checkout)) = self.expiries.first().filter(|(at, _)| *at <= now) {
+            self.expiries.remove(&(at, checkout));
+            if let Some(index) = self.waiters.iter().position(|w| w.checkout == checkout) {
+                let mut w = self.waiters[index].clone();
+                w.indexed = None;
+                self.index(&mut w);
+                self.waiters[index] = w;
+            }
+        }
         self.serve(now);
+    }
+
+    /// Puts the waiter's current expiry in the index (replacing its entry).
+    fn index(&mut self, waiter: &mut Waiter) {
+        if let Some(old) = waiter.indexed.take() {
+            self.expiries.remove(&(old, waiter.checkout));
+        }
+        waiter.indexed = waiter.expiry();
+        if let Some(at) = waiter.indexed {
+            self.expiries.insert((at, waiter.checkout));
+        }
+    }
+
+    /// Takes a waiter out of the queue and the index.
+    fn remove_waiter(&mut self, index: usize) -> Option<Waiter> {
+        let waiter = self.waiters.remove(index)?;
+        if let Some(at) = waiter.indexed {
+            self.expiries.remove(&(at, waiter.checkout));
+        }
+        Some(waiter)
     }
 
     /// CM-3, LB-13: the wait-queue timeout message; in load-balanced mode it counts the
@@ -809,7 +854,7 @@ impl Pool {
             }
             match self.take_available(now) {
                 Some(connection) => {
-                    if let Some(w) = self.waiters.remove(index) {
+                    if let Some(w) = self.remove_waiter(index) {
                         self.give(w, connection, now);
                     }
                 }
@@ -941,12 +986,12 @@ impl Pool {
         let conn = self.connections.remove(index);
         self.available.retain(|a| *a != id);
         // A checkout that was waiting for this connection waits for another.
-        for w in self
-            .waiters
-            .iter_mut()
-            .filter(|w| w.establishing == Some(id))
-        {
-            w.establishing = None;
+        if let Some(index) = self.waiters.iter().position(|w| w.establishing == Some(id)) {
+            if let Some(mut w) = self.waiters.get(index).cloned() {
+                w.establishing = None;
+                self.index(&mut w);
+                self.waiters[index] = w;
+            }
         }
         if let Some(service) = conn.service_id {
             if let Some(pos) = self.services.iter().position(|s| s.service_id == service) {

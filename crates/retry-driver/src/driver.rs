@@ -296,11 +296,13 @@ impl Driver {
                 },
             );
         }
-        while let Some(transmit) = self.engine.poll_transmit() {
+        let mut buf = Vec::new();
+        while let Some(conn) = self.engine.poll_transmit(&mut buf) {
             progressed = true;
-            if let Some(socket) = self.sockets.get_mut(&transmit.conn) {
-                socket.outgoing.extend(transmit.bytes);
+            if let Some(socket) = self.sockets.get_mut(&conn) {
+                socket.outgoing.extend(buf.drain(..));
             }
+            buf.clear();
         }
         while let Some(conn) = self.engine.poll_close() {
             progressed = true;

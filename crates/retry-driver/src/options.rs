@@ -230,12 +230,9 @@ impl ClientOptions {
                 .with_application_name(name.clone())
                 .map_err(|e| OptionsError::new("appName", name, e.to_string()))?;
         }
-        let handshake = HandshakeOptions {
-            metadata,
-            load_balanced: self.load_balanced,
-            server_api: None,
-            compressors: Vec::new(),
-        };
+        let mut handshake = HandshakeOptions::new();
+        handshake.metadata = metadata;
+        handshake.load_balanced = self.load_balanced;
         let mut options = EngineOptions::new(topology, handshake);
         options.retry = RetryOptions::default()
             .retry_reads(self.retry_reads)

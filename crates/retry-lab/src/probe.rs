@@ -147,5 +147,6 @@ pub fn describe(event: &EngineEvent) -> String {
         EngineEvent::CursorOpened { op, cursor } => {
             format!("operation {}: cursor {} opened", op.0, cursor.0)
         }
+        other => format!("{other:?}"),
     }
 }

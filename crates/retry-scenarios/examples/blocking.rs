@@ -3,6 +3,9 @@
 //!
 //! `cargo run -p retry-scenarios --example blocking -- 127.0.0.1:27017` pings a server; as a
 //! test (`cargo test -p retry-scenarios --example blocking`) it pings a retry-testkit server.
+//!
+//! The same driving loop, on one thread with non-blocking reads, runs as a doctest in retry-core's
+//! crate docs ("Driving the engine", `crates/retry-core/src/lib.rs`).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -50,12 +53,8 @@ pub fn run(seed: ServerAddress, command: Document) -> Result<Document, Operation
     let origin = std::time::Instant::now();
     let now = || Instant::ZERO.saturating_add(origin.elapsed());
     let metadata = ClientMetadata::new("retry-blocking-example", "0.1.0");
-    let handshake = HandshakeOptions {
-        metadata,
-        load_balanced: false,
-        server_api: None,
-        compressors: Vec::new(),
-    };
+    let mut handshake = HandshakeOptions::new();
+    handshake.metadata = metadata;
     let mut options = EngineOptions::new(TopologySettings::new(vec![seed]), handshake);
     // std's RandomState is keyed from the OS's randomness.
     options.seed =
@@ -67,17 +66,17 @@ pub fn run(seed: ServerAddress, command: Document) -> Result<Document, Operation
     let op = engine.start_operation(request, now());
     let (inputs, received) = channel();
     let mut sockets: BTreeMap<ConnId, TcpStream> = BTreeMap::new();
+    let mut buf = Vec::new();
     loop {
         while let Some(connect) = engine.poll_connect() {
             open(connect.conn, connect.address, inputs.clone());
         }
-        while let Some(transmit) = engine.poll_transmit() {
-            let written = sockets
-                .get_mut(&transmit.conn)
-                .map(|s| s.write_all(&transmit.bytes));
+        while let Some(conn) = engine.poll_transmit(&mut buf) {
+            let written = sockets.get_mut(&conn).map(|s| s.write_all(&buf));
+            buf.clear();
             if let Some(Err(_)) = written {
-                sockets.remove(&transmit.conn);
-                engine.handle_closed(transmit.conn, NetworkErrorKind::Io, now());
+                sockets.remove(&conn);
+                engine.handle_closed(conn, NetworkErrorKind::Io, now());
             }
         }
         while let Some(conn) = engine.poll_close() {

@@ -177,6 +177,8 @@ pub struct Sim {
     pub now: Instant,
     /// Every event the engine emitted, with when.
     pub events: Vec<(Instant, EngineEvent)>,
+    /// The buffer `poll_transmit` appends to, reused.
+    transmit_buf: Vec<u8>,
 }
 
 /// An overload error reply with both labels (BP-1, BP-2).
@@ -187,12 +189,9 @@ pub fn overload(code: i32) -> Document {
 /// The handshake options of the simulated client.
 pub fn handshake() -> HandshakeOptions {
     let metadata = ClientMetadata::new("retry-core-sim", "0.1.0");
-    HandshakeOptions {
-        metadata,
-        load_balanced: false,
-        server_api: None,
-        compressors: Vec::new(),
-    }
+    let mut options = HandshakeOptions::new();
+    options.metadata = metadata;
+    options
 }
 
 /// `host:27017`.
@@ -228,6 +227,7 @@ impl Sim {
             sequence: 0,
             now: Instant::ZERO,
             events: Vec::new(),
+            transmit_buf: Vec::new(),
         };
         sim.drain();
         sim
@@ -254,10 +254,13 @@ impl Sim {
                 );
                 self.engine.handle_connected(connect.conn, self.now);
             }
-            while let Some(transmit) = self.engine.poll_transmit() {
+            let mut buf = core::mem::take(&mut self.transmit_buf);
+            while let Some(conn) = self.engine.poll_transmit(&mut buf) {
                 progressed = true;
-                self.serve(transmit.conn, &transmit.bytes);
+                self.serve(conn, &buf);
+                buf.clear();
             }
+            self.transmit_buf = buf;
             while let Some(conn) = self.engine.poll_close() {
                 progressed = true;
                 if self.sockets.remove(&conn).is_some() {

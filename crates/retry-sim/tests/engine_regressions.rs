@@ -80,7 +80,7 @@ fn bug4_a_failed_monitor_socket_is_closed_once() {
     engine.handle_timeout(Instant::ZERO);
     let connect = engine.poll_connect().expect("the monitor connects");
     engine.handle_connected(connect.conn, Instant::ZERO);
-    while engine.poll_transmit().is_some() {}
+    while engine.poll_transmit(&mut Vec::new()).is_some() {}
     engine.handle_closed(
         connect.conn,
         NetworkErrorKind::Reset,

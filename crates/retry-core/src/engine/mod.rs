@@ -1,0 +1,838 @@
+//! The engine: the retry machines, server selection, the SDAM topology with its pools, the server
+//! monitors and the connections, composed behind one sans-IO interface for adapters.
+//!
+//! # Driving it
+//!
+//! Inputs take `now`: [`Engine::start_operation`], [`Engine::cancel_operation`],
+//! [`Engine::handle_connected`], [`Engine::handle_bytes`], [`Engine::handle_closed`],
+//! [`Engine::handle_timeout`], [`Engine::end_session`] and [`Engine::close`]. Outputs are polled until
+//! `None`: [`Engine::poll_connect`] (open a socket), [`Engine::poll_transmit`] (bytes to write,
+//! appended to the caller's buffer), [`Engine::poll_close`] (close a socket), [`Engine::poll_event`]
+//! (operation results and monitoring events). After any input, drain every `poll_*`, then wait for
+//! the earlier of [`Engine::poll_timeout`] and the next input. A spurious `handle_timeout` is
+//! harmless. The [crate docs](crate#driving-the-engine) run this loop against a server on a
+//! loopback socket.
+//!
+//! ```text
+//! let mut buf = Vec::new();
+//! loop {
+//!     while let Some(c) = engine.poll_connect()  { open a socket to c.address, then handle_connected(c.conn) }
+//!     while let Some(conn) = engine.poll_transmit(&mut buf) { write buf to conn; buf.clear() }
+//!     while let Some(c) = engine.poll_close()    { close c }
+//!     while let Some(e) = engine.poll_event()    { deliver e }
+//!     wait for bytes (handle_bytes), a closed socket (handle_closed) or poll_timeout() (handle_timeout)
+//! }
+//! ```
+//!
+//! # Routing
+//!
+//! An input goes to the one machine it is for. Each machine that has something to do is put once
+//! on a first-in, first-out worklist; taking it off, the engine drains its outputs and hands each
+//! one straight to its consumer (a pool's `CheckedOut` to the operation that asked for it, a
+//! socket's reply to the operation whose command is on it, ...), which is then put on the
+//! worklist in turn. Nothing sweeps every machine: an input costs what it touches. Timers are kept
+//! in one ordered queue (`worklist`), so `handle_timeout` wakes only the machines that are due and
+//! `poll_timeout` reads its head. The same seed and inputs give the same trace, bit for bit.
+//!
+//! The modules: `operations` (the retry machines, selection, sending and replies), `sockets`
+//! (the connection machines), `monitoring` (the topology, its pools and the monitors), `pins`
+//! (transaction and cursor pins), `commands` (command monitoring events, EV-1..EV-6) and
+//! `worklist` (the worklist and the timer queue).
+//!
+//! # Event order
+//!
+//! Consumers may rely on this order of [`Engine::poll_event`] for one operation (BP-26, BP-27):
+//! `CommandStarted` after the pool's `CheckedOut`; then `CommandSucceeded` or `CommandFailed`;
+//! then the pool's `CheckedIn` of the attempt's connection (unless a cursor or transaction keeps
+//! it); then `RetryScheduled` or `RetryDenied`; the next attempt's events; and last
+//! `CursorOpened` (if the operation opened one) and `OperationFinished`, exactly once. A
+//! connection whose socket failed under an attempt is checked in (and closed) as it fails, so its
+//! `CheckedIn` comes just before that attempt's `CommandFailed`. Pool events of one pool and SDAM
+//! events keep the order their machine produced them in.
+//!
+//! # The path of one operation
+//!
+//! `start_operation` creates a [`RetryMachine`]. Its `SelectServer` starts a [`ServerSelection`]
+//! over the topology, avoiding the machine's deprioritized addresses; a selected server goes back
+//! to the machine, whose `Dispatch` checks a connection out of that server's pool. The command,
+//! modified as the attempt says (`txnNumber`, `startTransaction`, write concern, `$db`), is written
+//! on the connection, and the reply (or the connection's failure) goes back to the machine, which
+//! releases the connection before it backs off, retries or finishes. Errors also go to the
+//! topology's error handling, which may mark the server Unknown and clear its pool.
+//!
+//! Every operation ends exactly once: when its server leaves the topology its checkout fails and
+//! its connection is closed under it; when a socket cannot be built its checkout fails; after
+//! [`Engine::close`] it is cancelled. Each of these failures goes through the retry rules.
+
+mod commands;
+mod monitoring;
+mod operations;
+mod pins;
+mod sockets;
+mod worklist;
+
+use alloc::boxed::Box;
+use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+use alloc::string::String;
+use alloc::vec::Vec;
+use bson::{Bson, Document};
+use core::time::Duration;
+
+use crate::address::ServerAddress;
+use crate::connection::{Connection, ConnectionConfig, Request, DEFAULT_CONNECT_TIMEOUT};
+use crate::error::{NetworkErrorKind, OperationError};
+use crate::handshake::HandshakeOptions;
+use crate::monitor::{HeartbeatEvent, Monitor, DEFAULT_HEARTBEAT_FREQUENCY};
+use crate::pinning::{CursorPin, TransactionPin};
+use crate::policy::RetryOptions;
+use crate::pool::{CheckoutId, ConnectionId, Pool, PoolEvent};
+use crate::retry::{
+    Attempt, AttemptServer, OperationKind, RetryEvent, RetryMachine, UnexpectedInput,
+    WriteConcernRule, COMMIT_RETRY_WTIMEOUT,
+};
+use crate::rng::EngineRng;
+use crate::selection::{SelectionCriteria, SelectionSettings, ServerSelection};
+use crate::time::{Instant, OperationTimeout};
+use crate::topology::{SdamEvent, Topology, TopologySettings};
+
+pub use commands::{CommandEvent, CommandInfo};
+use worklist::{Machine, Timers};
+
+/// A socket the engine asked for, unique for the engine's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnId(pub u64);
+
+/// An operation started with [`Engine::start_operation`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpId(pub u64);
+
+/// Everything the engine needs to know at creation. Made with [`EngineOptions::new`]; every field
+/// may then be changed.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct EngineOptions {
+    /// The seeds and the deployment mode (replica set name, direct connection, load balanced) and
+    /// the pool options.
+    pub topology: TopologySettings,
+    /// The retry options and policy.
+    pub retry: RetryOptions,
+    /// Server selection settings (`localThresholdMS`, `serverSelectionTimeoutMS`).
+    pub selection: SelectionSettings,
+    /// `heartbeatFrequencyMS`.
+    pub heartbeat_frequency: Duration,
+    /// `connectTimeoutMS`.
+    pub connect_timeout: Duration,
+    /// `socketTimeoutMS`, if any.
+    pub socket_timeout: Option<Duration>,
+    /// The handshake: client metadata, API version, compressors. `load_balanced` is taken from
+    /// the topology settings.
+    pub handshake: HandshakeOptions,
+    /// The seed of the engine's RNG (jitter, the power-of-two choice). Adapters seed it from the OS.
+    pub seed: u64,
+    /// Publish [`EngineEvent::Command`] events (EV-1..EV-6). Off by default: each event copies its
+    /// command or reply, so turn it on when someone listens (a driver's command listeners, the
+    /// unified tests).
+    pub command_monitoring: bool,
+}
+
+impl EngineOptions {
+    /// Options with the defaults for everything but the topology and the handshake.
+    pub fn new(topology: TopologySettings, handshake: HandshakeOptions) -> EngineOptions {
+        EngineOptions {
+            topology,
+            retry: RetryOptions::default(),
+            selection: SelectionSettings::default(),
+            heartbeat_frequency: DEFAULT_HEARTBEAT_FREQUENCY,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            socket_timeout: None,
+            handshake,
+            seed: 0,
+            command_monitoring: false,
+        }
+    }
+}
+
+/// One operation to run. Made with [`OperationRequest::new`]; every field may then be changed.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct OperationRequest {
+    /// The database.
+    pub db: String,
+    /// The command, without `$db`.
+    pub command: Document,
+    /// What kind of operation it is (the retry rules depend on it).
+    pub kind: OperationKind,
+    /// Where it may run.
+    pub criteria: SelectionCriteria,
+    /// Its CSOT timeout.
+    pub timeout: OperationTimeout,
+    /// The session's transaction number, for retryable writes and transactions.
+    pub txn_number: Option<i64>,
+    /// How the operation relates to a cursor: a getMore or killCursors goes where its cursor lives.
+    pub cursor: CursorUse,
+    /// The session, for the transaction pinning rules (TX-3..TX-5): a transaction's commands follow
+    /// its first command's mongos (or connection, in load-balanced mode).
+    pub session: Option<SessionId>,
+}
+
+impl OperationRequest {
+    /// A request with no CSOT timeout, no transaction number and no cursor.
+    pub fn new(
+        db: impl Into<String>,
+        command: Document,
+        kind: OperationKind,
+        criteria: SelectionCriteria,
+    ) -> OperationRequest {
+        OperationRequest {
+            db: db.into(),
+            command,
+            kind,
+            criteria,
+            timeout: OperationTimeout::Off,
+            txn_number: None,
+            cursor: CursorUse::None,
+            session: None,
+        }
+    }
+}
+
+/// A session, named by the caller; the engine keeps its transaction pin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SessionId(pub u64);
+
+/// A cursor the engine keeps between a cursor-creating command and its last `getMore`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CursorHandle(pub u64);
+
+/// How an operation relates to a cursor.
+///
+/// A cursor lives on one server, so its `getMore`s and its `killCursors` skip server selection and
+/// go there. In load-balanced mode they also use the very connection that created the cursor
+/// (LB-10): it stays checked out, counted as in use by a cursor (LB-13), until a `getMore` returns
+/// cursor id 0 or the cursor is closed. After a network error on that connection, closing the cursor
+/// sends no `killCursors` and the connection is closed (LB-11). Running two operations on one cursor
+/// at the same time is not supported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum CursorUse {
+    /// Not a cursor operation.
+    #[default]
+    None,
+    /// A cursor-creating command (find, aggregate, listCollections, listIndexes): a reply with a
+    /// non-zero `cursor.id` opens a cursor, reported by [`EngineEvent::CursorOpened`].
+    Open,
+    /// A `getMore` of this cursor; a reply with `cursor.id` 0 ends the cursor.
+    GetMore(CursorHandle),
+    /// The `killCursors` that closes this cursor.
+    Close(CursorHandle),
+}
+
+/// A socket to open.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Connect {
+    /// The engine's id for it.
+    pub conn: ConnId,
+    /// Where.
+    pub address: ServerAddress,
+}
+
+/// What the engine reports.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum EngineEvent {
+    /// An operation finished: the reply document, or the error the retry rules chose.
+    OperationFinished {
+        /// The operation.
+        op: OpId,
+        /// Its result.
+        result: Result<Document, OperationError>,
+    },
+    /// A command monitoring event in the spec's shape (EV-1..EV-6), when
+    /// [`EngineOptions::command_monitoring`] is on.
+    Command(CommandEvent),
+    /// A command monitoring or retry event of an operation.
+    Operation {
+        /// The operation.
+        op: OpId,
+        /// The event.
+        event: RetryEvent,
+    },
+    /// A CMAP event of a server's pool.
+    Pool {
+        /// The server.
+        address: ServerAddress,
+        /// The event.
+        event: PoolEvent,
+    },
+    /// A heartbeat event of a server's monitor.
+    Heartbeat {
+        /// The server.
+        address: ServerAddress,
+        /// The event.
+        event: HeartbeatEvent,
+    },
+    /// An SDAM event.
+    Topology(SdamEvent),
+    /// A cursor-creating operation opened a cursor (reported just before its
+    /// [`EngineEvent::OperationFinished`]); later `getMore`s name it with [`CursorUse::GetMore`].
+    CursorOpened {
+        /// The operation that created it.
+        op: OpId,
+        /// The cursor.
+        cursor: CursorHandle,
+    },
+}
+
+/// A server's dense index in the engine's tables, for as long as it is in the topology (a server
+/// that leaves and comes back gets a new one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct ServerId(u32);
+
+/// What the engine keeps per server.
+struct Server {
+    address: ServerAddress,
+    /// Its monitor (none in load-balanced mode, LB-3, and none once the server left).
+    monitor: Option<MonitorState>,
+    /// The pool after the server left the topology: its in-use connections are still checked
+    /// into it, and it closes them.
+    retired_pool: Option<Box<Pool>>,
+    /// The pool's registered timer.
+    pool_timer: Option<Instant>,
+    pool_queued: bool,
+    /// SS-15: operations with an attempt on this server.
+    in_flight: u32,
+}
+
+/// Who owns a socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Owner {
+    Pool(ConnectionId),
+    Monitor,
+}
+
+struct Socket {
+    server: ServerId,
+    address: ServerAddress,
+    owner: Owner,
+    machine: Connection,
+    /// The operation whose command is on this connection.
+    op: Option<OpId>,
+    /// Whether the socket is in the engine's transmit queue.
+    transmit_queued: bool,
+    /// The command on it, for its closing command event (EV-1).
+    command: Option<commands::PendingCommand>,
+    timer: Option<Instant>,
+    queued: bool,
+}
+
+struct Operation {
+    machine: RetryMachine,
+    /// The request; its command has moved to `wire`.
+    request: OperationRequest,
+    /// The command with `$db`, built once and sent as it is by every attempt that modifies
+    /// nothing (WP-5).
+    wire: Request,
+    selection: Option<ServerSelection>,
+    /// When a waiting selection should look again.
+    wake: Option<Instant>,
+    server: Option<AttemptServer>,
+    attempt: Option<Attempt>,
+    /// The server the current attempt is counted on (SS-15).
+    counted: Option<ServerId>,
+    /// The pending checkout: checkout ids are per pool, so with its server.
+    checkout: Option<(ServerId, CheckoutId)>,
+    conn: Option<ConnId>,
+    reply: Option<Document>,
+    /// A cursor operation's server: no selection (LB-10 and ordinary cursor server pinning).
+    pinned_server: Option<AttemptServer>,
+    /// A load-balanced cursor's connection: no checkout, and no check-in on release (LB-10).
+    pinned_conn: Option<ConnId>,
+    /// Check the pinned connection in when the operation releases it (the cursor ended).
+    release_pinned: bool,
+    /// The connection now belongs to the cursor this operation opened.
+    keep_conn: bool,
+    /// The cursor this operation opened.
+    opened: Option<CursorHandle>,
+    timer: Option<Instant>,
+    queued: bool,
+}
+
+/// A session's transaction pin, and in load-balanced mode the pinned connection (TX-3..TX-5).
+#[derive(Default)]
+struct Session {
+    pin: TransactionPin,
+    conn: Option<ConnId>,
+}
+
+/// A cursor between its creation and its end.
+struct Cursor {
+    server: AttemptServer,
+    /// Load-balanced mode: the pinned connection.
+    conn: Option<ConnId>,
+    pin: CursorPin,
+}
+
+struct MonitorState {
+    monitor: Monitor,
+    conn: Option<ConnId>,
+    timer: Option<Instant>,
+    queued: bool,
+}
+
+/// The engine. See the [module docs](self).
+pub struct Engine {
+    options: EngineOptions,
+    topology: Topology,
+    servers: Vec<Server>,
+    server_ids: BTreeMap<ServerAddress, ServerId>,
+    sockets: BTreeMap<ConnId, Socket>,
+    /// Pool connection → socket.
+    pool_sockets: BTreeMap<(ServerId, ConnectionId), ConnId>,
+    ops: BTreeMap<OpId, Operation>,
+    /// Pending checkout → operation.
+    checkouts: BTreeMap<(ServerId, CheckoutId), OpId>,
+    /// Operations whose selection waits for a topology change (SS-16).
+    waiting: BTreeSet<OpId>,
+    cursors: BTreeMap<CursorHandle, Cursor>,
+    next_cursor: u64,
+    sessions: BTreeMap<SessionId, Session>,
+    rng: EngineRng,
+    next_conn: u64,
+    next_op: u64,
+    /// The handshake command every socket sends, built once (HS-2).
+    handshake: Document,
+    /// Machines with something to do, first in, first out; each at most once.
+    work: VecDeque<Machine>,
+    topology_queued: bool,
+    timers: Timers,
+    connects: VecDeque<Connect>,
+    /// Sockets with bytes to write, in the order their bytes appeared.
+    transmits: VecDeque<ConnId>,
+    closes: VecDeque<ConnId>,
+    events: VecDeque<EngineEvent>,
+    /// Set by [`Engine::close`].
+    closed: bool,
+}
+
+impl core::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Engine")
+            .field("topology_type", &self.topology.description().topology_type)
+            .field("servers", &self.topology.description().servers.len())
+            .field("operations", &self.ops.len())
+            .field("sockets", &self.sockets.len())
+            .field("cursors", &self.cursors.len())
+            .field("sessions", &self.sessions.len())
+            .field("closed", &self.closed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why an engine could not be created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The topology settings are inconsistent (LB-2 conflicts, a direct connection to several
+    /// seeds, no seeds).
+    Settings(crate::topology::SettingsError),
+    /// The client metadata of the handshake cannot be built (HS-5, HS-6), so no socket could ever
+    /// be established.
+    Handshake(crate::handshake::MetadataError),
+    /// The handshake command cannot be encoded (WP-7).
+    HandshakeEncoding(crate::wire::EncodeError),
+}
+
+impl core::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            EngineError::Settings(e) => write!(f, "invalid topology settings: {e}"),
+            EngineError::Handshake(e) => write!(f, "invalid handshake: {e}"),
+            EngineError::HandshakeEncoding(e) => write!(f, "the handshake cannot be encoded: {e}"),
+        }
+    }
+}
+
+impl core::error::Error for EngineError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            EngineError::Settings(e) => Some(e),
+            EngineError::Handshake(e) => Some(e),
+            EngineError::HandshakeEncoding(e) => Some(e),
+        }
+    }
+}
+
+impl From<crate::topology::SettingsError> for EngineError {
+    fn from(e: crate::topology::SettingsError) -> EngineError {
+        EngineError::Settings(e)
+    }
+}
+
+impl Engine {
+    /// An engine for `options`, starting at `now`: monitors start at once (none in load-balanced
+    /// mode, LB-3).
+    ///
+    /// Fails when the topology settings are inconsistent or the handshake cannot be built.
+    pub fn new(mut options: EngineOptions, now: Instant) -> Result<Engine, EngineError> {
+        options.handshake.load_balanced = options.topology.load_balanced;
+        let topology = Topology::new(options.topology.clone(), now)?;
+        // Built and encoded once here, so that opening a socket cannot fail later.
+        let handshake = options
+            .handshake
+            .command()
+            .map_err(EngineError::Handshake)?;
+        Connection::new(
+            ConnectionConfig::new(ServerAddress::new("localhost", 27017)),
+            handshake.clone(),
+            now,
+        )
+        .map_err(EngineError::HandshakeEncoding)?;
+        let rng = EngineRng::from_seed_u64(options.seed);
+        let mut engine = Engine {
+            options,
+            topology,
+            servers: Vec::new(),
+            server_ids: BTreeMap::new(),
+            sockets: BTreeMap::new(),
+            pool_sockets: BTreeMap::new(),
+            ops: BTreeMap::new(),
+            checkouts: BTreeMap::new(),
+            waiting: BTreeSet::new(),
+            cursors: BTreeMap::new(),
+            next_cursor: 1,
+            sessions: BTreeMap::new(),
+            rng,
+            next_conn: 1,
+            next_op: 1,
+            handshake,
+            work: VecDeque::new(),
+            topology_queued: false,
+            timers: Timers::default(),
+            connects: VecDeque::new(),
+            transmits: VecDeque::new(),
+            closes: VecDeque::new(),
+            events: VecDeque::new(),
+            closed: false,
+        };
+        engine.schedule(Machine::Topology);
+        engine.schedule_every_pool();
+        engine.run(now);
+        Ok(engine)
+    }
+
+    /// The current topology description.
+    pub fn topology(&self) -> &crate::topology::TopologyDescription {
+        self.topology.description()
+    }
+
+    /// Gives up on `op`: it finishes with [`crate::error::ErrorKind::Cancelled`], an attempt in
+    /// flight is failed and its connection closed, and a pending checkout is withdrawn. Unknown or
+    /// finished operations are ignored.
+    pub fn cancel_operation(&mut self, op: OpId, now: Instant) {
+        self.cancel(op, now);
+        self.run(now);
+    }
+
+    /// Closes the client: every unfinished operation finishes exactly once with
+    /// [`crate::error::ErrorKind::Cancelled`] (an attempt in flight is failed and its connection
+    /// closed), cursors and sessions let their connections go, every pool closes (CMAP
+    /// `PoolClosed`), every monitor stops, every socket is closed (`poll_close`), and the topology
+    /// publishes its closing SDAM events (`ServerClosed` per server, the change to an empty
+    /// description, `TopologyClosed`). Afterwards inputs change nothing and
+    /// [`Engine::start_operation`] finishes at once with the same error. Closing twice does
+    /// nothing.
+    pub fn close(&mut self, now: Instant) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        let ops: Vec<OpId> = self.ops.keys().copied().collect();
+        for op in ops {
+            self.cancel(op, now);
+        }
+        self.run(now);
+        debug_assert!(self.ops.is_empty(), "every operation finished on close");
+        let sessions: Vec<SessionId> = self.sessions.keys().copied().collect();
+        for session in sessions {
+            self.unpin_connection(session, true, now);
+        }
+        self.sessions.clear();
+        let cursors: Vec<ConnId> = self.cursors.values().filter_map(|c| c.conn).collect();
+        for conn in cursors {
+            self.release(conn, true, now);
+        }
+        self.cursors.clear();
+        self.topology.close(now);
+        self.schedule(Machine::Topology);
+        self.run(now);
+        let sockets: Vec<ConnId> = self.sockets.keys().copied().collect();
+        for conn in sockets {
+            self.close_socket(conn, now);
+        }
+    }
+
+    /// The socket `conn` asked for by [`Engine::poll_connect`] is open.
+    pub fn handle_connected(&mut self, conn: ConnId, now: Instant) {
+        if let Some(socket) = self.sockets.get_mut(&conn) {
+            socket.machine.handle_connected(now);
+            self.schedule(Machine::Socket(conn));
+            self.run(now);
+        }
+    }
+
+    /// Bytes arrived on `conn`.
+    pub fn handle_bytes(&mut self, conn: ConnId, bytes: &[u8], now: Instant) {
+        if let Some(socket) = self.sockets.get_mut(&conn) {
+            socket.machine.handle_bytes(bytes, now);
+            self.schedule(Machine::Socket(conn));
+            self.run(now);
+        }
+    }
+
+    /// `conn` closed, or could not be opened, with `kind`.
+    pub fn handle_closed(&mut self, conn: ConnId, kind: NetworkErrorKind, now: Instant) {
+        if let Some(socket) = self.sockets.get_mut(&conn) {
+            socket.machine.handle_closed(kind, now);
+            self.schedule(Machine::Socket(conn));
+            self.run(now);
+        }
+    }
+
+    /// Time has passed: fires the timers that are due, and only those.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(machine) = self.timers.pop_due(now) {
+            match machine {
+                Machine::Socket(conn) => {
+                    if let Some(socket) = self.sockets.get_mut(&conn) {
+                        socket.timer = None;
+                        socket.machine.handle_timeout(now);
+                    }
+                }
+                Machine::Monitor(server) => {
+                    if let Some(state) = self.server_mut(server).monitor.as_mut() {
+                        state.timer = None;
+                        state.monitor.handle_timeout(now);
+                    }
+                }
+                Machine::Pool(server) => {
+                    self.server_mut(server).pool_timer = None;
+                    if let Some(pool) = self.pool_mut(server) {
+                        pool.handle_timeout(now);
+                    }
+                }
+                Machine::Operation(op) => {
+                    if let Some(operation) = self.ops.get_mut(&op) {
+                        operation.timer = None;
+                        operation.machine.handle_timeout(now);
+                    }
+                }
+                Machine::Topology => {}
+            }
+            self.schedule(machine);
+        }
+        self.run(now);
+    }
+
+    /// The next socket to open.
+    #[must_use]
+    pub fn poll_connect(&mut self) -> Option<Connect> {
+        self.connects.pop_front()
+    }
+
+    /// Appends the next pending bytes of one socket to `buf` and returns that socket; `None` when
+    /// nothing is waiting. The caller clears (and reuses) `buf` between calls; bytes for one socket
+    /// come out in the order they must be written.
+    #[must_use]
+    pub fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<ConnId> {
+        while let Some(conn) = self.transmits.pop_front() {
+            if let Some(socket) = self.sockets.get_mut(&conn) {
+                socket.transmit_queued = false;
+                if socket.machine.poll_transmit(buf) {
+                    return Some(conn);
+                }
+            }
+        }
+        None
+    }
+
+    /// The next socket to close.
+    #[must_use]
+    pub fn poll_close(&mut self) -> Option<ConnId> {
+        self.closes.pop_front()
+    }
+
+    /// The next event.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<EngineEvent> {
+        self.events.pop_front()
+    }
+
+    /// The earliest instant at which [`Engine::handle_timeout`] has work to do: the head of the
+    /// timer queue.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next()
+    }
+
+    /// The server's entry.
+    fn server(&self, server: ServerId) -> &Server {
+        &self.servers[server.0 as usize]
+    }
+
+    fn server_mut(&mut self, server: ServerId) -> &mut Server {
+        &mut self.servers[server.0 as usize]
+    }
+
+    /// The id of the server at `address` while it is in the topology, made on first use.
+    fn server_id(&mut self, address: &ServerAddress) -> ServerId {
+        if let Some(id) = self.server_ids.get(address) {
+            return *id;
+        }
+        let id = ServerId(self.servers.len() as u32);
+        self.servers.push(Server {
+            address: address.clone(),
+            monitor: None,
+            retired_pool: None,
+            pool_timer: None,
+            pool_queued: false,
+            in_flight: 0,
+        });
+        self.server_ids.insert(address.clone(), id);
+        id
+    }
+
+    /// The server's pool: the topology's while it is a member, then the retired one.
+    fn pool_mut(&mut self, server: ServerId) -> Option<&mut Pool> {
+        let entry = &mut self.servers[server.0 as usize];
+        match entry.retired_pool.as_deref_mut() {
+            Some(pool) => Some(pool),
+            None => self.topology.pool_mut(&entry.address),
+        }
+    }
+
+    fn pool(&self, server: ServerId) -> Option<&Pool> {
+        let entry = self.server(server);
+        match entry.retired_pool.as_deref() {
+            Some(pool) => Some(pool),
+            None => self.topology.pool(&entry.address),
+        }
+    }
+}
+
+/// A lower machine refused an input: a bug of the engine's, which tests catch.
+fn expect_accepted(result: Result<(), UnexpectedInput>) {
+    debug_assert!(result.is_ok(), "{result:?}");
+}
+
+/// The command of an attempt that modifies it (RW-6, RW-7, TX-1, TX-11, TX-12): the operation's
+/// command (`base`, with `$db`) with the attempt's fields, `$db` last; `None` when the attempt
+/// modifies nothing and `base` is sent as it is.
+fn command_for(base: &Document, db: &str, attempt: &Attempt) -> Option<Document> {
+    if attempt.txn_number.is_none()
+        && !attempt.start_transaction
+        && attempt.write_concern != WriteConcernRule::Majority
+    {
+        return None;
+    }
+    let mut body = base.clone();
+    body.remove("$db");
+    if let Some(n) = attempt.txn_number {
+        body.insert("txnNumber", Bson::Int64(n));
+    }
+    if attempt.start_transaction {
+        body.insert("startTransaction", true);
+    }
+    if attempt.write_concern == WriteConcernRule::Majority {
+        let mut wc = match body.get("writeConcern") {
+            Some(Bson::Document(d)) => d.clone(),
+            _ => Document::new(),
+        };
+        wc.insert("w", "majority");
+        if !wc.contains_key("wtimeout") {
+            wc.insert(
+                "wtimeout",
+                Bson::Int64(COMMIT_RETRY_WTIMEOUT.as_millis() as i64),
+            );
+        }
+        body.insert("writeConcern", wc);
+    }
+    body.insert("$db", db);
+    Some(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::monitor::HeartbeatEvent;
+    use crate::selection::{ReadPreference, ReadPreferenceMode};
+
+    /// An engine whose sockets can never be built: its handshake command no longer encodes (a key
+    /// with a NUL byte). `Engine::new` refuses such a handshake, so this is set afterwards.
+    fn unbuildable(load_balanced: bool) -> Engine {
+        let mut settings = TopologySettings::new(alloc::vec![ServerAddress::new("db", 27017)]);
+        settings.load_balanced = load_balanced;
+        let mut engine = Engine::new(
+            EngineOptions::new(settings, HandshakeOptions::new()),
+            Instant::ZERO,
+        )
+        .expect("valid");
+        engine.handshake = bson::doc! { "hel\0lo": 1 };
+        engine
+    }
+
+    fn events(engine: &mut Engine) -> Vec<EngineEvent> {
+        core::iter::from_fn(|| engine.poll_event()).collect()
+    }
+
+    /// Issue 9 item 2: a socket that cannot be built fails the pool's pending connection, so the
+    /// checkout, and the operation ends exactly once with the handshake error.
+    #[test]
+    fn a_connection_that_cannot_be_built_fails_its_checkout_once() {
+        let mut engine = unbuildable(true);
+        let primary = ReadPreference::new(ReadPreferenceMode::Primary, Vec::new(), None).unwrap();
+        let request = OperationRequest::new(
+            "test",
+            bson::doc! { "ping": 1 },
+            OperationKind::Read,
+            SelectionCriteria::Read(primary),
+        );
+        let op = engine.start_operation(request, Instant::ZERO);
+        assert_eq!(engine.poll_connect(), None, "no socket was asked for");
+        let finished: Vec<_> = events(&mut engine)
+            .into_iter()
+            .filter_map(|e| match e {
+                EngineEvent::OperationFinished { op: o, result } if o == op => Some(result),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(finished.len(), 1);
+        let error = finished[0].as_ref().unwrap_err();
+        assert!(
+            matches!(error.kind, crate::error::ErrorKind::Handshake { .. }),
+            "{error:?}"
+        );
+        assert!(engine.ops.is_empty() && engine.checkouts.is_empty());
+    }
+
+    /// Issue 9 item 2: a monitor whose socket cannot be built completes its check as failed.
+    #[test]
+    fn a_monitor_socket_that_cannot_be_built_fails_the_check() {
+        let mut engine = unbuildable(false);
+        engine.handle_timeout(Instant::ZERO);
+        assert_eq!(engine.poll_connect(), None);
+        let failed = events(&mut engine).into_iter().any(|e| {
+            matches!(
+                e,
+                EngineEvent::Heartbeat {
+                    event: HeartbeatEvent::Failed { .. },
+                    ..
+                }
+            )
+        });
+        assert!(failed, "the check failed");
+        assert!(
+            engine.poll_timeout().is_some(),
+            "the next check is scheduled"
+        );
+    }
+}

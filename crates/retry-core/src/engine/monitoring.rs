@@ -1,0 +1,306 @@
+//! The topology, its pools and the server monitors.
+//!
+//! The topology's actions start and stop monitors, ask for immediate checks and cancel them; a
+//! changed description wakes the selections waiting for one (SS-16). A server that leaves the
+//! topology hands its closed pool over: the engine keeps it, so that its waiters fail and its
+//! in-use connections are closed under their operations, which then fail like any other attempt.
+//! A pool's outputs are routed to the operation that asked (checkouts) or to the sockets (opening,
+//! closing).
+
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+use bson::doc;
+
+use super::Engine;
+use super::{ConnId, EngineEvent, MonitorState, OpId, Owner, ServerId};
+use crate::address::ServerAddress;
+use crate::connection::Request;
+use crate::error::{NetworkErrorKind, NetworkPhase, OperationError};
+use crate::monitor::{Monitor, MonitorAction};
+use crate::pool::{ConnectionId, Pool, PoolAction};
+use crate::time::Instant;
+use crate::topology::{SdamEvent, TopologyAction};
+
+use super::worklist::Machine;
+
+impl Engine {
+    /// The topology was handed an input about `server`: its events and actions, and the server's
+    /// pool (which SDAM may have marked ready or cleared), have work.
+    pub(super) fn topology_touched(&mut self, server: ServerId) {
+        self.schedule(Machine::Topology);
+        self.schedule(Machine::Pool(server));
+    }
+
+    /// Routes the topology's events and actions.
+    pub(super) fn drain_topology(&mut self, now: Instant) {
+        let mut changed = false;
+        while let Some(event) = self.topology.poll_event() {
+            changed |= matches!(event, SdamEvent::TopologyDescriptionChanged { .. });
+            self.events.push_back(EngineEvent::Topology(event));
+        }
+        while let Some(action) = self.topology.poll_action() {
+            match action {
+                TopologyAction::StartMonitoring(address) => {
+                    let server = self.server_id(&address);
+                    let monitor = Monitor::new(address, self.options.heartbeat_frequency, now);
+                    self.server_mut(server).monitor = Some(MonitorState {
+                        monitor,
+                        conn: None,
+                        timer: None,
+                        queued: false,
+                    });
+                    self.schedule(Machine::Monitor(server));
+                }
+                TopologyAction::StopMonitoring { address, pool } => {
+                    self.server_removed(&address, pool, now)
+                }
+                TopologyAction::CheckNow(address) => {
+                    if let Some(server) = self.server_ids.get(&address).copied() {
+                        if let Some(state) = self.server_mut(server).monitor.as_mut() {
+                            state.monitor.request_immediate_check(now);
+                            self.schedule(Machine::Monitor(server));
+                        }
+                    }
+                }
+                TopologyAction::CancelCheck(address) => {
+                    let server = self.server_ids.get(&address).copied();
+                    let conn = server
+                        .and_then(|s| self.server_mut(s).monitor.as_mut())
+                        .and_then(|state| state.conn.take());
+                    if let Some(conn) = conn {
+                        self.close_socket(conn, now);
+                    }
+                }
+            }
+        }
+        if changed {
+            // A new description: every waiting selection looks again (SS-16), and any pool may
+            // have been made ready or cleared.
+            let waiting: Vec<OpId> = self.waiting.iter().copied().collect();
+            for op in waiting {
+                if let Some(operation) = self.ops.get_mut(&op) {
+                    operation.wake = Some(now);
+                    self.schedule(Machine::Operation(op));
+                }
+            }
+            self.schedule_every_pool();
+        }
+    }
+
+    /// The server left the topology (a replica-set member removed by the primary's `hosts`, a
+    /// mongos gone, client close): its monitor stops, its closed pool fails its waiters, and every
+    /// pooled socket of it is closed, failing the attempt on it (which the retry rules then
+    /// handle) or the pin that holds it.
+    fn server_removed(&mut self, address: &ServerAddress, pool: Box<Pool>, now: Instant) {
+        let Some(server) = self.server_ids.remove(address) else {
+            return;
+        };
+        if let Some(mut state) = self.server_mut(server).monitor.take() {
+            self.timers
+                .set(Machine::Monitor(server), &mut state.timer, None);
+            if let Some(conn) = state.conn {
+                self.close_socket(conn, now);
+            }
+        }
+        self.server_mut(server).retired_pool = Some(pool);
+        self.schedule(Machine::Pool(server));
+        let conns: Vec<ConnId> = self
+            .pool_sockets
+            .range((server, ConnectionId(0))..=(server, ConnectionId(u32::MAX)))
+            .map(|(_, conn)| *conn)
+            .collect();
+        for conn in conns {
+            if let Some(socket) = self.sockets.get_mut(&conn) {
+                socket.machine.handle_closed(NetworkErrorKind::Closed, now);
+                self.schedule(Machine::Socket(conn));
+            }
+        }
+    }
+
+    /// Routes a monitor's events and checks.
+    pub(super) fn drain_monitor(&mut self, server: ServerId, now: Instant) {
+        let address = self.server(server).address.clone();
+        loop {
+            let Some(state) = self.server_mut(server).monitor.as_mut() else {
+                return;
+            };
+            if let Some(event) = state.monitor.poll_event() {
+                self.events.push_back(EngineEvent::Heartbeat {
+                    address: address.clone(),
+                    event,
+                });
+                continue;
+            }
+            let Some(MonitorAction::Check) = state.monitor.poll_action() else {
+                return;
+            };
+            let conn = state.conn;
+            let ready = conn
+                .and_then(|c| self.sockets.get(&c))
+                .is_some_and(|s| s.machine.handshake().is_some());
+            match (conn, ready) {
+                (Some(conn), true) => self.send_monitoring_hello(server, conn, now),
+                // The handshake is under way; its completion sends the check.
+                (Some(_), false) => {}
+                (None, _) => match self.open_socket(server, Owner::Monitor, 0, now) {
+                    Some(conn) => {
+                        if let Some(state) = self.server_mut(server).monitor.as_mut() {
+                            state.conn = Some(conn);
+                        }
+                    }
+                    None => {
+                        let error = self.unbuildable(server);
+                        self.monitor_check_failed(server, &error, now);
+                    }
+                },
+            }
+        }
+    }
+
+    /// HS-3: checks after the handshake use `hello` (or legacy hello when the server did not say
+    /// `helloOk`), without the handshake's arguments.
+    pub(super) fn send_monitoring_hello(&mut self, server: ServerId, conn: ConnId, now: Instant) {
+        let uses_hello = self.options.handshake.uses_hello();
+        let Some(socket) = self.sockets.get_mut(&conn) else {
+            return;
+        };
+        let hello = socket.machine.handshake().is_some_and(|h| h.hello_ok) || uses_hello;
+        let command = if hello {
+            doc! { "hello": 1, "$db": "admin" }
+        } else {
+            doc! { "isMaster": 1, "$db": "admin" }
+        };
+        let sent = socket.machine.send_command(Request::new(command), now);
+        self.schedule(Machine::Socket(conn));
+        if sent.is_err() {
+            let address = self.server(server).address.clone();
+            let error =
+                OperationError::network(NetworkErrorKind::Io, NetworkPhase::BeforeSend, address);
+            self.monitor_check_failed(server, &error, now);
+        }
+    }
+
+    /// A monitor's check failed: its socket goes, and after the monitor's one retry the topology
+    /// marks the server Unknown.
+    pub(super) fn monitor_check_failed(
+        &mut self,
+        server: ServerId,
+        error: &OperationError,
+        now: Instant,
+    ) {
+        let Some(conn) = self
+            .server_mut(server)
+            .monitor
+            .as_mut()
+            .map(|s| s.conn.take())
+        else {
+            return;
+        };
+        if let Some(conn) = conn {
+            self.close_socket(conn, now);
+        }
+        let Some(state) = self.server_mut(server).monitor.as_mut() else {
+            return;
+        };
+        let give_up = state.monitor.handle_check_failed(error, now);
+        self.schedule(Machine::Monitor(server));
+        if give_up {
+            let address = self.server(server).address.clone();
+            self.topology.handle_check_failed(&address, error, now);
+            self.topology_touched(server);
+        }
+    }
+
+    /// Moves a pool's events to the engine's, so that they come out in causal order with the
+    /// operation events that follow (BP-27).
+    pub(super) fn flush_pool_events(&mut self, server: ServerId) {
+        let address = self.server(server).address.clone();
+        while let Some(event) = self.pool_mut(server).and_then(|p| p.poll_event()) {
+            self.events.push_back(EngineEvent::Pool {
+                address: address.clone(),
+                event,
+            });
+        }
+        self.schedule(Machine::Pool(server));
+    }
+
+    /// Routes a pool's events and actions.
+    pub(super) fn drain_pool(&mut self, server: ServerId, now: Instant) {
+        let address = self.server(server).address.clone();
+        loop {
+            let Some(pool) = self.pool_mut(server) else {
+                return;
+            };
+            if let Some(event) = pool.poll_event() {
+                self.events.push_back(EngineEvent::Pool {
+                    address: address.clone(),
+                    event,
+                });
+                continue;
+            }
+            let Some(action) = pool.poll_action() else {
+                return;
+            };
+            match action {
+                PoolAction::Establish { connection } => {
+                    let generation = pool.generation();
+                    if self
+                        .open_socket(server, Owner::Pool(connection), generation, now)
+                        .is_none()
+                    {
+                        // The checkout that wanted it fails (a handshake error: nothing was sent).
+                        let error = self.unbuildable(server);
+                        if let Some(pool) = self.pool_mut(server) {
+                            pool.handle_establish_failed(connection, error, now);
+                        }
+                    }
+                }
+                PoolAction::Close { connection, .. } => {
+                    if let Some(conn) = self.pool_socket(server, connection) {
+                        self.close_socket(conn, now);
+                    }
+                }
+                PoolAction::CheckedOut {
+                    checkout,
+                    connection,
+                } => {
+                    let op = self.checkouts.remove(&(server, checkout));
+                    match (op, self.pool_socket(server, connection)) {
+                        (Some(op), Some(conn)) => self.send_attempt(op, conn, now),
+                        // Its operation is gone (cancelled): the connection goes straight back.
+                        (None, _) => {
+                            if let Some(pool) = self.pool_mut(server) {
+                                pool.check_in(connection, true, now);
+                            }
+                        }
+                        // The socket is gone: the connection is given back to be closed and the
+                        // attempt fails before sending.
+                        (Some(op), None) => {
+                            if let Some(pool) = self.pool_mut(server) {
+                                pool.check_in(connection, false, now);
+                            }
+                            self.flush_pool_events(server);
+                            if let Some(operation) = self.ops.get_mut(&op) {
+                                operation.checkout = None;
+                            }
+                            let error = OperationError::network(
+                                NetworkErrorKind::Closed,
+                                NetworkPhase::BeforeSend,
+                                address.clone(),
+                            );
+                            self.fail_attempt(op, error, false, now);
+                        }
+                    }
+                }
+                PoolAction::CheckoutFailed { checkout, error } => {
+                    if let Some(op) = self.checkouts.remove(&(server, checkout)) {
+                        if let Some(operation) = self.ops.get_mut(&op) {
+                            operation.checkout = None;
+                        }
+                        self.fail_attempt(op, error.into_operation_error(&address), false, now);
+                    }
+                }
+            }
+        }
+    }
+}

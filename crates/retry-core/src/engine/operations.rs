@@ -1,0 +1,518 @@
+//! Operations: one retry machine each, with its server selection, checkout, command and reply.
+//!
+//! A retry machine's actions are routed: `SelectServer` to a [`ServerSelection`] over the topology
+//! (or the cursor's or transaction's pinned server), `Dispatch` to a checkout from the server's
+//! pool (or the pinned connection), `ReleaseConnection` to a check-in, `Finished` to the
+//! operation's one `OperationFinished`. Replies and failures come back from the sockets and pools.
+
+use bson::{Bson, Document};
+use rand_core::RngCore;
+
+use super::{
+    command_for, expect_accepted, ConnId, CursorUse, Engine, EngineEvent, OpId, Operation,
+    OperationRequest, Owner, ServerId,
+};
+use crate::address::ServerAddress;
+use crate::connection::{Request, SendError};
+use crate::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
+use crate::pinning::transaction_labels;
+use crate::pool::Purpose;
+use crate::retry::{Action, Attempt, AttemptServer, OperationSpec, RetryEvent, RetryMachine};
+use crate::selection::{SelectionStep, ServerSelection};
+use crate::time::Instant;
+
+use super::worklist::Machine;
+
+impl Engine {
+    /// Starts an operation; its result comes as [`EngineEvent::OperationFinished`]. After
+    /// [`Engine::close`] it finishes at once with [`crate::error::ErrorKind::Cancelled`].
+    pub fn start_operation(&mut self, mut request: OperationRequest, now: Instant) -> OpId {
+        let op = OpId(self.next_op);
+        self.next_op += 1;
+        if self.closed {
+            self.events.push_back(EngineEvent::OperationFinished {
+                op,
+                result: Err(OperationError::cancelled()),
+            });
+            return op;
+        }
+        let spec = OperationSpec {
+            kind: request.kind,
+            timeout: request.timeout,
+            txn_number: request.txn_number,
+            min_wire_version: 0,
+        };
+        let machine = RetryMachine::new(spec, &self.options.retry, self.rng.next_u64(), now);
+        let (mut pinned_server, mut pinned_conn) = (None, None);
+        if let CursorUse::GetMore(handle) | CursorUse::Close(handle) = request.cursor {
+            match self.cursor_route(op, handle, request.cursor, now) {
+                Some((server, conn)) => {
+                    pinned_server = Some(server);
+                    pinned_conn = conn;
+                }
+                None => {
+                    self.run(now);
+                    return op;
+                }
+            }
+        }
+        if let Some(session) = request.session {
+            let (server, conn) = self.session_route(session, request.kind, now);
+            pinned_server = pinned_server.or(server);
+            pinned_conn = pinned_conn.or(conn);
+        }
+        let mut body = core::mem::take(&mut request.command);
+        body.insert("$db", request.db.as_str());
+        self.ops.insert(
+            op,
+            Operation {
+                machine,
+                wire: Request::new(body),
+                request,
+                selection: None,
+                wake: None,
+                server: None,
+                attempt: None,
+                counted: None,
+                checkout: None,
+                conn: None,
+                reply: None,
+                pinned_server,
+                pinned_conn,
+                release_pinned: false,
+                keep_conn: false,
+                opened: None,
+                timer: None,
+                queued: false,
+            },
+        );
+        self.schedule(Machine::Operation(op));
+        self.run(now);
+        op
+    }
+
+    /// Cancels `op` without running the worklist.
+    pub(super) fn cancel(&mut self, op: OpId, now: Instant) {
+        let Some(operation) = self.ops.get_mut(&op) else {
+            return;
+        };
+        let checkout = operation.checkout.take();
+        operation.selection = None;
+        operation.wake = None;
+        expect_accepted(operation.machine.cancel(now));
+        // EV-1: a command in flight gets its failed event.
+        let pending = operation
+            .conn
+            .and_then(|conn| self.sockets.get_mut(&conn))
+            .filter(|socket| socket.op == Some(op))
+            .and_then(|socket| socket.command.take());
+        if let Some(pending) = pending {
+            self.command_failed(pending, &OperationError::cancelled(), now);
+        }
+        self.waiting.remove(&op);
+        self.schedule(Machine::Operation(op));
+        if let Some((server, checkout)) = checkout {
+            self.checkouts.remove(&(server, checkout));
+            if let Some(pool) = self.pool_mut(server) {
+                pool.cancel_checkout(checkout, now);
+            }
+            self.schedule(Machine::Pool(server));
+        }
+    }
+
+    /// Routes an operation's selection wake-up, events and actions.
+    pub(super) fn drain_operation(&mut self, op_id: OpId, now: Instant) {
+        // A waiting selection that is due looks again.
+        if self
+            .ops
+            .get(&op_id)
+            .is_some_and(|o| o.wake.is_some_and(|w| now >= w))
+        {
+            self.poll_selection(op_id, now);
+        }
+        // BP-27: a retry event waits until the attempt's connection is checked in.
+        let mut held: smallvec::SmallVec<[RetryEvent; 2]> = smallvec::SmallVec::new();
+        loop {
+            let Some(op) = self.ops.get_mut(&op_id) else {
+                return;
+            };
+            if let Some(event) = op.machine.poll_event() {
+                match event {
+                    RetryEvent::RetryScheduled { .. } | RetryEvent::RetryDenied { .. } => {
+                        held.push(event)
+                    }
+                    event => self
+                        .events
+                        .push_back(EngineEvent::Operation { op: op_id, event }),
+                }
+                continue;
+            }
+            let Some(action) = op.machine.poll_action() else {
+                break;
+            };
+            let release = matches!(action, Action::ReleaseConnection { .. });
+            if !release {
+                self.emit_held(op_id, &mut held);
+            }
+            self.route_action(op_id, action, now);
+            if release {
+                self.emit_held(op_id, &mut held);
+            }
+        }
+        self.emit_held(op_id, &mut held);
+    }
+
+    fn emit_held(&mut self, op: OpId, held: &mut smallvec::SmallVec<[RetryEvent; 2]>) {
+        for event in held.drain(..) {
+            self.events.push_back(EngineEvent::Operation { op, event });
+        }
+    }
+
+    fn route_action(&mut self, op_id: OpId, action: Action, now: Instant) {
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        match action {
+            Action::SelectServer => match op.pinned_server.clone() {
+                // A cursor's or a pinned transaction's operations go where the pin is.
+                Some(server) => {
+                    op.server = Some(server.clone());
+                    expect_accepted(op.machine.handle_server_selected(server, now));
+                }
+                None => {
+                    let selection = ServerSelection::new(
+                        op.request.criteria.clone(),
+                        op.machine.deprioritized(),
+                        self.options.selection,
+                        op.request.timeout,
+                        now,
+                    );
+                    op.selection = Some(selection);
+                    self.poll_selection(op_id, now);
+                }
+            },
+            Action::Dispatch(attempt) => {
+                let server = self.server_id(&attempt.address);
+                self.set_attempt(op_id, server, attempt);
+                let Some(op) = self.ops.get_mut(&op_id) else {
+                    return;
+                };
+                if let Some(pinned) = op.pinned_conn {
+                    match self.sockets.contains_key(&pinned) {
+                        true => self.send_attempt(op_id, pinned, now),
+                        false => {
+                            let address = self.server(server).address.clone();
+                            let error = OperationError::network(
+                                NetworkErrorKind::Closed,
+                                NetworkPhase::BeforeSend,
+                                address,
+                            );
+                            self.fail_attempt(op_id, error, false, now);
+                        }
+                    }
+                    return;
+                }
+                let deadline = op.request.timeout.deadline();
+                // LB-13: a cursor-creating command's connection may stay with its cursor.
+                let purpose = if op.request.cursor == CursorUse::Open
+                    && self.options.topology.load_balanced
+                {
+                    Purpose::Cursor
+                } else {
+                    Purpose::Other
+                };
+                let member = self.server(server).retired_pool.is_none();
+                let checkout = self
+                    .pool_mut(server)
+                    .filter(|_| member)
+                    .map(|p| p.check_out(purpose, deadline, now));
+                match checkout {
+                    Some(id) => {
+                        if let Some(op) = self.ops.get_mut(&op_id) {
+                            op.checkout = Some((server, id));
+                        }
+                        self.checkouts.insert((server, id), op_id);
+                        self.schedule(Machine::Pool(server));
+                    }
+                    None => {
+                        let address = self.server(server).address.clone();
+                        let error = OperationError::server_selection(alloc::format!(
+                            "{address} is no longer part of the topology"
+                        ));
+                        self.fail_attempt(op_id, error, false, now);
+                    }
+                }
+            }
+            Action::ReleaseConnection { close } => {
+                op.checkout = None;
+                let conn = op.conn.take();
+                // A pinned connection goes back only when this operation ended its pin; one this
+                // operation's cursor or transaction now owns stays checked out (LB-10, TX-5); any
+                // other goes back (BP-27).
+                let release = match op.pinned_conn {
+                    Some(pinned) => op.release_pinned.then_some(pinned),
+                    None => conn.filter(|_| !op.keep_conn),
+                };
+                self.clear_attempt(op_id);
+                if let Some(conn) = release {
+                    self.release(conn, !close, now);
+                }
+            }
+            Action::Wait { .. } => {}
+            Action::Finished(result) => self.finish(op_id, result, now),
+        }
+    }
+
+    /// The operation is over: its one `OperationFinished`.
+    fn finish(&mut self, op_id: OpId, result: Result<(), OperationError>, now: Instant) {
+        let Some(op) = self.ops.get(&op_id) else {
+            return;
+        };
+        // LB-10: closing a cursor gives its connection back whatever killCursors did.
+        if let (CursorUse::Close(handle), false) = (op.request.cursor, op.release_pinned) {
+            if let Some(conn) = self.cursors.remove(&handle).and_then(|c| c.conn) {
+                self.release(conn, true, now);
+            }
+        }
+        self.clear_attempt(op_id);
+        self.waiting.remove(&op_id);
+        let Some(mut op) = self.ops.remove(&op_id) else {
+            return;
+        };
+        self.timers
+            .set(Machine::Operation(op_id), &mut op.timer, None);
+        if let Some(key) = op.checkout.take() {
+            self.checkouts.remove(&key);
+        }
+        if let Some(cursor) = op.opened.filter(|_| result.is_ok()) {
+            self.events
+                .push_back(EngineEvent::CursorOpened { op: op_id, cursor });
+        }
+        let result = result.map(|()| op.reply.take().unwrap_or_default());
+        self.events
+            .push_back(EngineEvent::OperationFinished { op: op_id, result });
+    }
+
+    /// The attempt is on `server` (SS-15 counts it there).
+    fn set_attempt(&mut self, op_id: OpId, server: ServerId, attempt: Attempt) {
+        self.clear_attempt(op_id);
+        if let Some(op) = self.ops.get_mut(&op_id) {
+            op.attempt = Some(attempt);
+            op.counted = Some(server);
+            self.servers[server.0 as usize].in_flight += 1;
+        }
+    }
+
+    fn clear_attempt(&mut self, op_id: OpId) {
+        if let Some(op) = self.ops.get_mut(&op_id) {
+            op.attempt = None;
+            if let Some(server) = op.counted.take() {
+                let entry = &mut self.servers[server.0 as usize];
+                entry.in_flight = entry.in_flight.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Runs one pass of an operation's selection loop.
+    fn poll_selection(&mut self, op_id: OpId, now: Instant) {
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        op.wake = None;
+        let Some(selection) = op.selection.as_mut() else {
+            self.waiting.remove(&op_id);
+            return;
+        };
+        let (ids, servers) = (&self.server_ids, &self.servers);
+        // SS-15: operations in flight per server, for the power-of-two choice.
+        let count = |address: &ServerAddress| {
+            ids.get(address)
+                .map_or(0, |id| servers[id.0 as usize].in_flight)
+        };
+        match selection.poll(self.topology.description(), count, &mut self.rng, now) {
+            SelectionStep::Selected(server) => {
+                let attempt_server = AttemptServer::from_description(
+                    server,
+                    self.topology.description().topology_type,
+                );
+                op.selection = None;
+                op.server = Some(attempt_server.clone());
+                expect_accepted(op.machine.handle_server_selected(attempt_server, now));
+                self.waiting.remove(&op_id);
+            }
+            SelectionStep::Wait { until, .. } => {
+                op.wake = Some(until);
+                self.waiting.insert(op_id);
+                for server in 0..self.servers.len() {
+                    if let Some(state) = self.servers[server].monitor.as_mut() {
+                        state.monitor.request_immediate_check(now);
+                        self.schedule(Machine::Monitor(ServerId(server as u32)));
+                    }
+                }
+            }
+            SelectionStep::Failed(error) => {
+                op.selection = None;
+                self.waiting.remove(&op_id);
+                let error = OperationError::server_selection(error.to_string());
+                self.fail_attempt(op_id, error, true, now);
+            }
+        }
+        self.schedule(Machine::Operation(op_id));
+    }
+
+    /// Writes the attempt's command on its checked-out connection.
+    pub(super) fn send_attempt(&mut self, op_id: OpId, conn: ConnId, now: Instant) {
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        op.checkout = None;
+        op.conn = Some(conn);
+        let Some(attempt) = op.attempt.as_ref() else {
+            return;
+        };
+        let deadline = op.request.timeout.deadline();
+        let mut modified = command_for(&op.wire.body, &op.request.db, attempt).map(Request::new);
+        let request = modified.as_mut().unwrap_or(&mut op.wire);
+        request.deadline = deadline;
+        // EV-2: the command as sent, for the started event.
+        let published = self
+            .options
+            .command_monitoring
+            .then(|| request.body.clone());
+        let Some(socket) = self.sockets.get_mut(&conn) else {
+            return;
+        };
+        socket.op = Some(op_id);
+        let sent = socket.machine.send(request, now);
+        let failed = match sent {
+            Ok(request_id) => {
+                expect_accepted(op.machine.handle_sent(now));
+                if let Some(command) = published {
+                    self.command_started(op_id, conn, request_id, &command, now);
+                }
+                None
+            }
+            Err(e) => {
+                socket.op = None;
+                let kind = match e {
+                    SendError::DeadlinePassed => NetworkErrorKind::Timeout,
+                    _ => NetworkErrorKind::Io,
+                };
+                Some(OperationError::network(
+                    kind,
+                    NetworkPhase::BeforeSend,
+                    socket.address.clone(),
+                ))
+            }
+        };
+        self.schedule(Machine::Socket(conn));
+        self.schedule(Machine::Operation(op_id));
+        if let Some(error) = failed {
+            self.fail_attempt(op_id, error, false, now);
+        }
+    }
+
+    /// A reply to the attempt's command: an error goes to SDAM error handling and the retry rules,
+    /// a success to the cursor and transaction pins.
+    pub(super) fn attempt_replied(
+        &mut self,
+        op_id: OpId,
+        conn: ConnId,
+        body: Document,
+        now: Instant,
+    ) {
+        let Some(socket) = self.sockets.get_mut(&conn) else {
+            return;
+        };
+        socket.op = None;
+        let (server, owner) = (socket.server, socket.owner);
+        let error = OperationError::from_reply(&body, &socket.address);
+        if let Some(pending) = socket.command.take() {
+            self.command_replied(pending, &body, now);
+        }
+        if let (Some(error), Owner::Pool(id)) = (&error, owner) {
+            let context = self.error_context(server, id, true);
+            self.application_error(server, error, context, now);
+        }
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        match error {
+            Some(error) => self.fail_attempt(op_id, error, false, now),
+            None => {
+                // Looked up without `get_document`, whose miss builds an error.
+                let cursor_id = match body.get("cursor") {
+                    Some(Bson::Document(c)) => match c.get("id") {
+                        Some(Bson::Int64(id)) => Some(*id),
+                        Some(Bson::Int32(id)) => Some(i64::from(*id)),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                op.reply = Some(body);
+                expect_accepted(op.machine.handle_succeeded(now));
+                self.schedule(Machine::Operation(op_id));
+                self.cursor_replied(op_id, conn, cursor_id.unwrap_or(0));
+                self.transaction_succeeded(op_id, conn);
+            }
+        }
+    }
+
+    /// Hands a failure to the operation's retry machine, after the transaction rules: the driver's
+    /// TX-7/TX-8 labels, and TX-4 (1–3) unpinning before a retry selects a server.
+    pub(super) fn fail_attempt(
+        &mut self,
+        op_id: OpId,
+        error: OperationError,
+        selection: bool,
+        now: Instant,
+    ) {
+        let Some(op) = self.ops.get(&op_id) else {
+            return;
+        };
+        let (kind, session) = (op.request.kind, op.request.session);
+        let mut error = error;
+        if let (Some(command), Some(session)) = (Engine::transaction_command(kind), session) {
+            error = error
+                .clone()
+                .with_labels(transaction_labels(&error, command));
+            let unpinned = self
+                .sessions
+                .get_mut(&session)
+                .and_then(|s| s.pin.command_failed(command, &error));
+            if unpinned.is_some() {
+                let healthy = !matches!(error.kind, ErrorKind::Network(_));
+                self.unpin_connection(session, healthy, now);
+                if let Some(op) = self.ops.get_mut(&op_id) {
+                    op.pinned_server = None;
+                    op.pinned_conn = None;
+                }
+            }
+        }
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        expect_accepted(if selection {
+            op.machine.handle_selection_failed(error, now)
+        } else {
+            op.machine.handle_failed(error, now)
+        });
+        self.schedule(Machine::Operation(op_id));
+    }
+
+    /// Checks a connection back in (BP-27: before any backoff, and its `CheckedIn` event before
+    /// the retry's), or closes it.
+    pub(super) fn release(&mut self, conn: ConnId, healthy: bool, now: Instant) {
+        let Some(socket) = self.sockets.get_mut(&conn) else {
+            return;
+        };
+        socket.op = None;
+        let (server, owner) = (socket.server, socket.owner);
+        if let Owner::Pool(id) = owner {
+            if let Some(pool) = self.pool_mut(server) {
+                pool.check_in(id, healthy, now);
+            }
+            self.flush_pool_events(server);
+        }
+    }
+}

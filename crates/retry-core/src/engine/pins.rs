@@ -1,0 +1,202 @@
+//! Pins: a transaction's session pinned to its mongos or (load-balanced) connection, and a
+//! cursor pinned to its server and (load-balanced) connection (TX-3..TX-5, LB-10..LB-13).
+//!
+//! They decide where an operation goes before selection (`session_route`, `cursor_route`),
+//! what a success pins (`transaction_succeeded`, `cursor_replied`) and when a pinned connection
+//! goes back to its pool.
+
+use bson::Document;
+
+use super::{ConnId, Cursor, CursorHandle, CursorUse, Engine, EngineEvent, OpId, Owner, SessionId};
+use crate::error::OperationError;
+use crate::pinning::{CursorClose, CursorPin, Pin, TransactionCommand};
+use crate::retry::{AttemptServer, OperationKind};
+use crate::time::Instant;
+
+impl Engine {
+    /// Where a `getMore` or `killCursors` of `handle` goes: the cursor's server and (load-balanced)
+    /// connection. `None` when the operation is already over: the cursor is not open (a usage
+    /// error), or LB-11 closes it without a `killCursors`.
+    pub(super) fn cursor_route(
+        &mut self,
+        op: OpId,
+        handle: CursorHandle,
+        cursor_use: CursorUse,
+        now: Instant,
+    ) -> Option<(AttemptServer, Option<ConnId>)> {
+        let Some(cursor) = self.cursors.get_mut(&handle) else {
+            let error = OperationError::usage(alloc::format!("cursor {} is not open", handle.0));
+            self.events.push_back(EngineEvent::OperationFinished {
+                op,
+                result: Err(error),
+            });
+            return None;
+        };
+        if let (CursorUse::Close(_), Some(conn)) = (cursor_use, cursor.conn) {
+            if let CursorClose::ReleaseBroken(_) = cursor.pin.close() {
+                // LB-11: after a network error, no killCursors; the connection goes back and is
+                // closed.
+                self.cursors.remove(&handle);
+                self.release(conn, false, now);
+                self.events.push_back(EngineEvent::OperationFinished {
+                    op,
+                    result: Ok(Document::new()),
+                });
+                return None;
+            }
+        }
+        Some((cursor.server.clone(), cursor.conn))
+    }
+
+    /// Where a session's operation of `kind` must go (TX-3, TX-5), after the TX-4 unpinning rules
+    /// that apply before selection: a new transaction (4) and a non-transaction operation (5)
+    /// unpin; the later commands of a transaction follow the pin.
+    pub(super) fn session_route(
+        &mut self,
+        session: SessionId,
+        kind: OperationKind,
+        now: Instant,
+    ) -> (Option<AttemptServer>, Option<ConnId>) {
+        let state = self.sessions.entry(session).or_default();
+        let unpinned = match kind {
+            OperationKind::InTransaction { first: true, .. } => state.pin.start_transaction(),
+            OperationKind::InTransaction { first: false, .. }
+            | OperationKind::CommitTransaction { .. }
+            | OperationKind::AbortTransaction => None,
+            _ => state.pin.non_transaction_operation(),
+        };
+        if unpinned.is_some() {
+            self.unpin_connection(session, true, now);
+            return (None, None);
+        }
+        let Some(state) = self.sessions.get(&session) else {
+            return (None, None);
+        };
+        let (address, conn) = match state.pin.pinned() {
+            Some(Pin::Mongos(address)) => (Some(address.clone()), None),
+            Some(Pin::Connection(_)) => {
+                let socket = state.conn.and_then(|c| self.sockets.get(&c));
+                (socket.map(|s| s.address.clone()), state.conn)
+            }
+            None => return (None, None),
+        };
+        let topology = self.topology.description();
+        let server = address
+            .and_then(|a| topology.server(&a))
+            .map(|d| AttemptServer::from_description(d, topology.topology_type));
+        (server, conn)
+    }
+
+    /// Gives a session's pinned load-balanced connection back to its pool, if it has one.
+    pub(super) fn unpin_connection(&mut self, session: SessionId, healthy: bool, now: Instant) {
+        if let Some(conn) = self.sessions.get_mut(&session).and_then(|s| s.conn.take()) {
+            self.release(conn, healthy, now);
+        }
+    }
+
+    /// The session ended (TX-4 (6)): its pin goes, and a pinned connection goes back to the pool.
+    pub fn end_session(&mut self, session: SessionId, now: Instant) {
+        if let Some(state) = self.sessions.get_mut(&session) {
+            state.pin.end_session();
+        }
+        self.unpin_connection(session, true, now);
+        self.sessions.remove(&session);
+        self.run(now);
+    }
+
+    /// The transaction command an operation is, if it is one.
+    pub(super) fn transaction_command(kind: OperationKind) -> Option<TransactionCommand> {
+        match kind {
+            OperationKind::InTransaction { .. } => Some(TransactionCommand::Statement),
+            OperationKind::CommitTransaction { .. } => Some(TransactionCommand::Commit),
+            OperationKind::AbortTransaction => Some(TransactionCommand::Abort),
+            _ => None,
+        }
+    }
+
+    /// TX-3, TX-5: a transaction's first command pins its session to the mongos it ran on, or in
+    /// load-balanced mode to its connection; abort unpins whatever happened (TX-4 (1)).
+    pub(super) fn transaction_succeeded(&mut self, op_id: OpId, conn: ConnId) {
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        let Some(session) = op.request.session else {
+            return;
+        };
+        match op.request.kind {
+            OperationKind::InTransaction { first: true, .. } => {
+                let load_balanced = self.options.topology.load_balanced;
+                let pool_id = match self.sockets.get(&conn).map(|s| &s.owner) {
+                    Some(Owner::Pool(id)) => *id,
+                    _ => return,
+                };
+                let state = self.sessions.entry(session).or_default();
+                if load_balanced {
+                    op.keep_conn = true;
+                    state.conn = Some(conn);
+                    state.pin.pin(Pin::Connection(pool_id));
+                } else if let Some(server) =
+                    op.server.as_ref().filter(|s| s.topology_type.is_sharded())
+                {
+                    state.pin.pin(Pin::Mongos(server.address.clone()));
+                }
+            }
+            OperationKind::AbortTransaction => {
+                if let Some(state) = self.sessions.get_mut(&session) {
+                    let _unpinned = state.pin.aborted();
+                }
+                // The abort's own release checks the connection in.
+                op.release_pinned = true;
+                if let Some(state) = self.sessions.get_mut(&session) {
+                    state.conn = None;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// LB-10: a cursor operation succeeded with `cursor_id`: open, keep or end the cursor.
+    pub(super) fn cursor_replied(&mut self, op_id: OpId, conn: ConnId, cursor_id: i64) {
+        let load_balanced = self.options.topology.load_balanced;
+        let pool_id = match self.sockets.get(&conn).map(|s| &s.owner) {
+            Some(Owner::Pool(id)) => *id,
+            _ => return,
+        };
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        match op.request.cursor {
+            CursorUse::None => {}
+            CursorUse::Open => {
+                let Some(server) = op.server.clone() else {
+                    return;
+                };
+                if cursor_id == 0 {
+                    return;
+                }
+                let mut pin = CursorPin::new();
+                let conn = load_balanced.then(|| {
+                    pin.created(pool_id, cursor_id);
+                    op.keep_conn = true;
+                    conn
+                });
+                let handle = CursorHandle(self.next_cursor);
+                self.next_cursor += 1;
+                op.opened = Some(handle);
+                self.cursors.insert(handle, Cursor { server, conn, pin });
+            }
+            CursorUse::GetMore(handle) => {
+                if cursor_id == 0 {
+                    op.release_pinned = true;
+                    if let Some(mut cursor) = self.cursors.remove(&handle) {
+                        let _ended = cursor.pin.get_more_succeeded(0);
+                    }
+                }
+            }
+            CursorUse::Close(handle) => {
+                op.release_pinned = true;
+                self.cursors.remove(&handle);
+            }
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! Sockets: one connection machine per socket, owned by a pool or a monitor.
+//!
+//! A socket is opened for a pool's `Establish` or a monitor's check, and its outputs are routed by
+//! its owner: a completed handshake to the pool (`handle_established`) or the monitor (its
+//! `hello`), a reply to the operation whose command is on it or to the monitor, a failure to the
+//! operation, SDAM error handling and the pool, or to the monitor.
+
+use bson::Document;
+use core::time::Duration;
+
+use super::{ConnId, CursorUse, Engine, OpId, Owner, ServerId, Socket};
+use crate::connection::{Connection, ConnectionConfig, ConnectionEvent};
+use crate::error::{ErrorKind, Labels, NetworkErrorKind, OperationError};
+use crate::pool::ConnectionId;
+use crate::time::Instant;
+use crate::topology::ErrorContext;
+
+use super::worklist::Machine;
+
+impl Engine {
+    /// Opens a socket to `server` for `owner`; `None` if its connection machine cannot be built
+    /// (the caller fails what it was for).
+    pub(super) fn open_socket(
+        &mut self,
+        server: ServerId,
+        owner: Owner,
+        generation: u32,
+        now: Instant,
+    ) -> Option<ConnId> {
+        let address = self.server(server).address.clone();
+        let mut config = ConnectionConfig::new(address.clone());
+        config.generation = generation;
+        config.connect_timeout = self.options.connect_timeout;
+        config.socket_timeout = self.options.socket_timeout;
+        config.load_balanced = self.options.topology.load_balanced;
+        let machine = Connection::new(config, self.handshake.clone(), now).ok()?;
+        let conn = ConnId(self.next_conn);
+        self.next_conn += 1;
+        if let Owner::Pool(id) = owner {
+            self.pool_sockets.insert((server, id), conn);
+        }
+        self.sockets.insert(
+            conn,
+            Socket {
+                server,
+                address: address.clone(),
+                owner,
+                machine,
+                op: None,
+                transmit_queued: false,
+                command: None,
+                timer: None,
+                queued: false,
+            },
+        );
+        self.connects.push_back(super::Connect { conn, address });
+        // Registers the connect timer.
+        self.schedule(Machine::Socket(conn));
+        Some(conn)
+    }
+
+    /// The error of a socket whose connection machine could not be built: no handshake was sent.
+    pub(super) fn unbuildable(&self, server: ServerId) -> OperationError {
+        OperationError {
+            kind: ErrorKind::Handshake {
+                message: "the connection's handshake could not be built".into(),
+            },
+            labels: Labels::NONE,
+            address: Some(self.server(server).address.clone()),
+        }
+    }
+
+    /// Forgets a socket (its timer, its pool index entry).
+    fn remove_socket(&mut self, conn: ConnId) -> Option<Socket> {
+        let mut socket = self.sockets.remove(&conn)?;
+        self.timers
+            .set(Machine::Socket(conn), &mut socket.timer, None);
+        if let Owner::Pool(id) = socket.owner {
+            self.pool_sockets.remove(&(socket.server, id));
+        }
+        Some(socket)
+    }
+
+    /// Closes a socket. One with an attempt on it (a pool closing an in-use connection, CM-4's
+    /// interruption) fails like a socket the peer closed, so its operation hears of it.
+    pub(super) fn close_socket(&mut self, conn: ConnId, now: Instant) {
+        match self.sockets.get_mut(&conn) {
+            Some(socket) if socket.op.is_some() => {
+                socket.machine.handle_closed(NetworkErrorKind::Closed, now);
+                self.schedule(Machine::Socket(conn));
+            }
+            Some(_) => {
+                self.remove_socket(conn);
+                self.closes.push_back(conn);
+            }
+            None => {}
+        }
+    }
+
+    /// The socket of a pool's connection.
+    pub(super) fn pool_socket(&self, server: ServerId, id: ConnectionId) -> Option<ConnId> {
+        self.pool_sockets.get(&(server, id)).copied()
+    }
+
+    /// Routes the outputs of one socket's connection machine.
+    pub(super) fn drain_socket(&mut self, conn: ConnId, now: Instant) {
+        loop {
+            let Some(socket) = self.sockets.get_mut(&conn) else {
+                return;
+            };
+            if !socket.transmit_queued && socket.machine.has_transmit() {
+                socket.transmit_queued = true;
+                self.transmits.push_back(conn);
+            }
+            let Some(event) = socket.machine.poll_event() else {
+                return;
+            };
+            let (server, owner, op) = (socket.server, socket.owner, socket.op);
+            let handshaken = socket.machine.handshake().is_some();
+            match event {
+                ConnectionEvent::HandshakeComplete { reply, .. } => match owner {
+                    Owner::Monitor => self.send_monitoring_hello(server, conn, now),
+                    Owner::Pool(id) => {
+                        if let Some(pool) = self.pool_mut(server) {
+                            pool.handle_established(id, reply.service_id, now);
+                        }
+                        self.schedule(Machine::Pool(server));
+                    }
+                },
+                ConnectionEvent::Reply { reply, .. } => match (owner, op) {
+                    (Owner::Monitor, _) => self.monitor_replied(server, &reply.body, now),
+                    (Owner::Pool(_), Some(op)) => self.attempt_replied(op, conn, reply.body, now),
+                    (Owner::Pool(_), None) => {}
+                },
+                ConnectionEvent::Failed(failure) => {
+                    let address = self.server(server).address.clone();
+                    let error = failure.to_operation_error(&address);
+                    let pending = self.remove_socket(conn).and_then(|s| s.command);
+                    self.closes.push_back(conn);
+                    if let Some(pending) = pending {
+                        self.command_failed(pending, &error, now);
+                    }
+                    match owner {
+                        Owner::Monitor => self.monitor_check_failed(server, &error, now),
+                        Owner::Pool(id) => {
+                            self.pool_socket_failed(server, id, conn, op, handshaken, error, now)
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A pooled connection failed.
+    #[allow(clippy::too_many_arguments)]
+    fn pool_socket_failed(
+        &mut self,
+        server: ServerId,
+        id: ConnectionId,
+        conn: ConnId,
+        op: Option<OpId>,
+        handshaken: bool,
+        error: OperationError,
+        now: Instant,
+    ) {
+        let context = self.error_context(server, id, handshaken);
+        match op {
+            Some(op_id) => {
+                self.application_error(server, &error, context, now);
+                // LB-11: the cursor stays pinned, but will send no killCursors.
+                let cursor = self.ops.get(&op_id).map(|o| o.request.cursor);
+                if let Some(CursorUse::GetMore(handle)) = cursor {
+                    if let Some(cursor) = self.cursors.get_mut(&handle) {
+                        cursor.pin.get_more_failed(&error);
+                    }
+                }
+                if let Some(op) = self.ops.get_mut(&op_id) {
+                    op.conn = None;
+                }
+                // The connection goes back (and is closed) before the retry rules run (BP-27).
+                if let Some(pool) = self.pool_mut(server) {
+                    pool.check_in(id, false, now);
+                }
+                self.flush_pool_events(server);
+                self.fail_attempt(op_id, error, false, now);
+            }
+            // An established connection no operation was using (idle, or pinned between
+            // operations) died: no SDAM error handling, as no operation saw it; the pool frees
+            // its slot, and a cursor pinned to it will send no killCursors (LB-11).
+            None if handshaken => {
+                for cursor in self.cursors.values_mut().filter(|c| c.conn == Some(conn)) {
+                    cursor.pin.get_more_failed(&error);
+                }
+                if let Some(pool) = self.pool_mut(server) {
+                    pool.handle_connection_lost(id, now);
+                }
+                self.schedule(Machine::Pool(server));
+            }
+            // The handshake failed: SDAM error handling (HS-9), and the checkout that wanted the
+            // connection fails.
+            None => {
+                self.application_error(server, &error, context, now);
+                if let Some(pool) = self.pool_mut(server) {
+                    pool.handle_establish_failed(id, error, now);
+                }
+                self.schedule(Machine::Pool(server));
+            }
+        }
+    }
+
+    /// SDAM error handling of an operation's error on `server`.
+    pub(super) fn application_error(
+        &mut self,
+        server: ServerId,
+        error: &OperationError,
+        context: ErrorContext,
+        now: Instant,
+    ) {
+        let address = self.server(server).address.clone();
+        self.topology
+            .handle_application_error(&address, error, context, now);
+        self.topology_touched(server);
+    }
+
+    /// What SDAM error handling needs to know about the pooled connection an error happened on:
+    /// its generation and service (CM-1, CM-5) and whether its handshake had completed (HS-9,
+    /// LB-14).
+    pub(super) fn error_context(
+        &self,
+        server: ServerId,
+        id: ConnectionId,
+        handshake_completed: bool,
+    ) -> ErrorContext {
+        let (generation, service_id) = self
+            .pool(server)
+            .and_then(|p| p.connection_generation(id))
+            .unwrap_or((0, None));
+        ErrorContext {
+            generation,
+            service_id,
+            handshake_completed,
+        }
+    }
+
+    /// A monitor's `hello` came back.
+    fn monitor_replied(&mut self, server: ServerId, body: &Document, now: Instant) {
+        let address = self.server(server).address.clone();
+        let Some(state) = self.server_mut(server).monitor.as_mut() else {
+            return;
+        };
+        let rtt = state
+            .monitor
+            .handle_check_succeeded(body, now)
+            .unwrap_or(Duration::ZERO);
+        self.schedule(Machine::Monitor(server));
+        self.topology.handle_hello(&address, body, rtt, now);
+        self.topology_touched(server);
+    }
+}

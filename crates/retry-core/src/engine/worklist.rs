@@ -1,0 +1,180 @@
+//! The worklist and the timer queue: which machine runs next, and which is due when.
+//!
+//! A machine goes on the worklist when something was handed to it (an input, another machine's
+//! output); it is on it at most once, and the list is first in, first out, so the order in which
+//! machines run depends only on the order of the inputs. Draining a machine hands its outputs to
+//! their consumers and registers the machine's next deadline in [`Timers`], an ordered set of
+//! `(deadline, machine)`: `poll_timeout` reads its head and `handle_timeout` takes only what is due.
+
+use alloc::collections::BTreeSet;
+use alloc::vec::Vec;
+
+use super::{ConnId, Engine, OpId, ServerId};
+use crate::time::Instant;
+
+/// A machine the engine drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) enum Machine {
+    /// The SDAM topology (its events and actions; its pools are [`Machine::Pool`]).
+    Topology,
+    /// A server's monitor.
+    Monitor(ServerId),
+    /// A server's pool.
+    Pool(ServerId),
+    /// A socket's connection machine.
+    Socket(ConnId),
+    /// An operation's retry machine and selection.
+    Operation(OpId),
+}
+
+/// Every registered deadline, ordered. Each machine has at most one entry; its own copy of the
+/// deadline (the `timer` fields) finds the entry to replace.
+#[derive(Default)]
+pub(super) struct Timers {
+    queue: BTreeSet<(Instant, Machine)>,
+}
+
+impl Timers {
+    /// Makes `at` the deadline of `machine`, whose current one is in `slot`.
+    pub(super) fn set(
+        &mut self,
+        machine: Machine,
+        slot: &mut Option<Instant>,
+        at: Option<Instant>,
+    ) {
+        if *slot == at {
+            return;
+        }
+        if let Some(old) = slot.take() {
+            self.queue.remove(&(old, machine));
+        }
+        if let Some(at) = at {
+            self.queue.insert((at, machine));
+        }
+        *slot = at;
+    }
+
+    /// The earliest deadline.
+    pub(super) fn next(&self) -> Option<Instant> {
+        self.queue.first().map(|(at, _)| *at)
+    }
+
+    /// Takes the earliest entry if it is due at `now`; its machine must clear its slot.
+    pub(super) fn pop_due(&mut self, now: Instant) -> Option<Machine> {
+        match self.queue.first() {
+            Some((at, _)) if *at <= now => self.queue.pop_first().map(|(_, machine)| machine),
+            _ => None,
+        }
+    }
+}
+
+impl Engine {
+    /// Puts `machine` on the worklist unless it is there already (or gone).
+    pub(super) fn schedule(&mut self, machine: Machine) {
+        let queued = match machine {
+            Machine::Topology => Some(&mut self.topology_queued),
+            Machine::Monitor(server) => self
+                .servers
+                .get_mut(server.0 as usize)
+                .and_then(|s| s.monitor.as_mut())
+                .map(|m| &mut m.queued),
+            Machine::Pool(server) => self
+                .servers
+                .get_mut(server.0 as usize)
+                .map(|s| &mut s.pool_queued),
+            Machine::Socket(conn) => self.sockets.get_mut(&conn).map(|s| &mut s.queued),
+            Machine::Operation(op) => self.ops.get_mut(&op).map(|o| &mut o.queued),
+        };
+        if let Some(queued) = queued {
+            if !*queued {
+                *queued = true;
+                self.work.push_back(machine);
+            }
+        }
+    }
+
+    /// Every pool of the topology, after a change that may have touched any of them.
+    pub(super) fn schedule_every_pool(&mut self) {
+        let addresses: Vec<_> = self.topology.pools().map(|p| p.address().clone()).collect();
+        for address in addresses {
+            let server = self.server_id(&address);
+            self.schedule(crate::engine::worklist::Machine::Pool(server));
+        }
+    }
+
+    /// Runs the worklist until no machine has anything left to do.
+    pub(super) fn run(&mut self, now: Instant) {
+        // Each machine runs a bounded number of times per input; a loop that does not settle is a
+        // bug, and fails loudly in tests.
+        let bound = 64 * (self.ops.len() + self.sockets.len() + self.servers.len() + 16);
+        let mut steps = 0usize;
+        while let Some(machine) = self.work.pop_front() {
+            steps += 1;
+            debug_assert!(steps <= bound, "the engine's worklist does not settle");
+            self.unqueue(machine);
+            match machine {
+                Machine::Topology => self.drain_topology(now),
+                Machine::Monitor(server) => self.drain_monitor(server, now),
+                Machine::Pool(server) => self.drain_pool(server, now),
+                Machine::Socket(conn) => self.drain_socket(conn, now),
+                Machine::Operation(op) => self.drain_operation(op, now),
+            }
+            self.refresh_timer(machine);
+        }
+    }
+
+    fn unqueue(&mut self, machine: Machine) {
+        match machine {
+            Machine::Topology => self.topology_queued = false,
+            Machine::Monitor(server) => {
+                if let Some(state) = self.server_mut(server).monitor.as_mut() {
+                    state.queued = false;
+                }
+            }
+            Machine::Pool(server) => self.server_mut(server).pool_queued = false,
+            Machine::Socket(conn) => {
+                if let Some(socket) = self.sockets.get_mut(&conn) {
+                    socket.queued = false;
+                }
+            }
+            Machine::Operation(op) => {
+                if let Some(operation) = self.ops.get_mut(&op) {
+                    operation.queued = false;
+                }
+            }
+        }
+    }
+
+    /// Registers the machine's next deadline.
+    fn refresh_timer(&mut self, machine: Machine) {
+        match machine {
+            Machine::Topology => {}
+            Machine::Monitor(server) => {
+                if let Some(state) = self.servers[server.0 as usize].monitor.as_mut() {
+                    let at = state.monitor.poll_timeout();
+                    self.timers.set(machine, &mut state.timer, at);
+                }
+            }
+            Machine::Pool(server) => {
+                let at = self.pool(server).and_then(|p| p.poll_timeout());
+                let slot = &mut self.servers[server.0 as usize].pool_timer;
+                self.timers.set(machine, slot, at);
+            }
+            Machine::Socket(conn) => {
+                if let Some(socket) = self.sockets.get_mut(&conn) {
+                    let at = socket.machine.poll_timeout();
+                    self.timers.set(machine, &mut socket.timer, at);
+                }
+            }
+            Machine::Operation(op) => {
+                if let Some(operation) = self.ops.get_mut(&op) {
+                    let at = match (operation.machine.poll_timeout(), operation.wake) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    self.timers.set(machine, &mut operation.timer, at);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,518 @@
+//! Every operation ends exactly once (issue 9 item 2, house rule 8), the engine's event order
+//! (BP-27, item 3) and `Engine::close` (item 5), on a small in-memory network of scripted servers:
+//! replies arrive at once, time moves only to the engine's next timer, every loop is bounded.
+
+use std::collections::BTreeMap;
+use std::error::Error as _;
+
+use bson::{doc, oid::ObjectId, Document};
+use retry_core::address::ServerAddress;
+use retry_core::engine::{
+    CommandEvent, ConnId, Engine, EngineError, EngineEvent, EngineOptions, OpId, OperationRequest,
+};
+use retry_core::error::{ErrorKind, OperationError};
+use retry_core::handshake::{ClientMetadata, HandshakeOptions};
+use retry_core::pool::PoolEvent;
+use retry_core::retry::{OperationKind, RetryEvent};
+use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
+use retry_core::time::Instant;
+use retry_core::topology::{SdamEvent, TopologySettings};
+use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
+
+const STEPS: usize = 10_000;
+
+/// What a scripted server answers: `None` keeps the command unanswered (in flight).
+type Script = Box<dyn FnMut(&ServerAddress, &Document) -> Option<Document>>;
+
+struct Net {
+    engine: Engine,
+    now: Instant,
+    sockets: BTreeMap<ConnId, (ServerAddress, FrameDecoder)>,
+    events: Vec<EngineEvent>,
+    script: Script,
+}
+
+impl Net {
+    fn new(options: EngineOptions, script: Script) -> Net {
+        let engine = Engine::new(options, Instant::ZERO).expect("valid options");
+        let mut net = Net {
+            engine,
+            now: Instant::ZERO,
+            sockets: BTreeMap::new(),
+            events: Vec::new(),
+            script,
+        };
+        net.drain();
+        // The first checks are due at once.
+        net.run_until(Instant::ZERO);
+        net
+    }
+
+    /// Drains every output; each command is answered at once (or never).
+    fn drain(&mut self) {
+        let mut buf = Vec::new();
+        for _ in 0..STEPS {
+            let mut progressed = false;
+            while let Some(connect) = self.engine.poll_connect() {
+                progressed = true;
+                let decoder = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
+                self.sockets
+                    .insert(connect.conn, (connect.address, decoder));
+                self.engine.handle_connected(connect.conn, self.now);
+            }
+            let mut replies = Vec::new();
+            while let Some(conn) = self.engine.poll_transmit(&mut buf) {
+                progressed = true;
+                if let Some((address, decoder)) = self.sockets.get_mut(&conn) {
+                    let mut rest = &buf[..];
+                    while !rest.is_empty() {
+                        let (used, message) = decoder.decode(rest).expect("valid OP_MSG");
+                        rest = &rest[used..];
+                        let Some(request) = message else { continue };
+                        if let Some(body) = (self.script)(address, &request.body) {
+                            let reply = OpMsg {
+                                request_id: 0,
+                                response_to: request.request_id,
+                                flags: MsgFlags::NONE,
+                                body,
+                                sequences: Vec::new(),
+                            };
+                            let mut bytes = Vec::new();
+                            reply
+                                .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut bytes)
+                                .expect("encodable");
+                            replies.push((conn, bytes));
+                        }
+                    }
+                }
+                buf.clear();
+            }
+            while let Some(conn) = self.engine.poll_close() {
+                progressed = true;
+                self.sockets.remove(&conn);
+            }
+            while let Some(event) = self.engine.poll_event() {
+                progressed = true;
+                self.events.push(event);
+            }
+            for (conn, bytes) in replies {
+                if self.sockets.contains_key(&conn) {
+                    self.engine.handle_bytes(conn, &bytes, self.now);
+                }
+            }
+            if !progressed {
+                return;
+            }
+        }
+        panic!("the engine kept producing output");
+    }
+
+    /// Moves time to the engine's next timer, if it is before `limit`, and fires it.
+    fn step(&mut self, limit: Instant) -> bool {
+        let Some(next) = self.engine.poll_timeout().filter(|t| *t <= limit) else {
+            return false;
+        };
+        assert!(next >= self.now, "poll_timeout named the past");
+        self.now = next;
+        self.engine.handle_timeout(self.now);
+        self.drain();
+        true
+    }
+
+    /// Runs until `limit` in virtual time (bounded in steps).
+    fn run_until(&mut self, limit: Instant) {
+        for _ in 0..STEPS {
+            if !self.step(limit) {
+                return;
+            }
+        }
+        panic!("step cap reached");
+    }
+
+    fn start(&mut self, request: OperationRequest) -> OpId {
+        let op = self.engine.start_operation(request, self.now);
+        self.drain();
+        op
+    }
+
+    fn finished(&self, op: OpId) -> Vec<&Result<Document, OperationError>> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                EngineEvent::OperationFinished { op: o, result } if *o == op => Some(result),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The position of the first event matching `f`.
+    fn position(&self, f: impl Fn(&EngineEvent) -> bool) -> usize {
+        self.events
+            .iter()
+            .position(f)
+            .expect("the event was emitted")
+    }
+}
+
+fn address(host: &str) -> ServerAddress {
+    ServerAddress::new(host, 27017)
+}
+
+fn handshake() -> HandshakeOptions {
+    let mut options = HandshakeOptions::new();
+    options.metadata = ClientMetadata::new("engine-lifecycle", "0.1.0");
+    options
+}
+
+fn read(mode: ReadPreferenceMode) -> OperationRequest {
+    let preference = ReadPreference::new(mode, Vec::new(), None).expect("valid");
+    OperationRequest::new(
+        "test",
+        doc! { "find": "c" },
+        OperationKind::Read,
+        SelectionCriteria::Read(preference),
+    )
+}
+
+fn is_hello(body: &Document) -> bool {
+    body.keys()
+        .next()
+        .is_some_and(|k| k == "hello" || k.eq_ignore_ascii_case("ismaster"))
+}
+
+/// A replica-set member's hello: `a` is the primary listing `hosts`, `b` a secondary.
+fn member_hello(address: &ServerAddress, hosts: &[&str]) -> Document {
+    let hosts: Vec<String> = hosts.iter().map(|h| format!("{h}:27017")).collect();
+    let primary = address.host() == "a";
+    let mut reply = doc! { "ok": 1, "helloOk": true, "isWritablePrimary": primary,
+    "secondary": !primary, "setName": "rs", "hosts": hosts, "maxWireVersion": 25,
+    "minWireVersion": 0, "logicalSessionTimeoutMinutes": 30,
+    "me": format!("{}:27017", address.host()) };
+    if primary {
+        reply.insert("setVersion", 1);
+        reply.insert(
+            "electionId",
+            ObjectId::parse_str("7fffffff0000000000000001").expect("valid"),
+        );
+    }
+    reply
+}
+
+fn mongos_hello() -> Document {
+    doc! { "ok": 1, "helloOk": true, "isWritablePrimary": true, "msg": "isdbgrid",
+    "maxWireVersion": 25, "minWireVersion": 0, "logicalSessionTimeoutMinutes": 30, "connectionId": 42 }
+}
+
+/// Item 2, SDAM: a reconfig removes the secondary `b` while a read is in flight on it. The read's
+/// connection is closed under it; the network error goes through the retry rules (RR-2) and the
+/// retry runs on the primary; the operation finishes exactly once.
+#[test]
+fn a_read_in_flight_on_a_member_the_reconfig_removes_finishes_once_by_its_retry() {
+    let removed = std::rc::Rc::new(std::cell::Cell::new(false));
+    let gone = removed.clone();
+    let script: Script = Box::new(move |address, body| {
+        if is_hello(body) {
+            let hosts: &[&str] = if gone.get() { &["a"] } else { &["a", "b"] };
+            return Some(member_hello(address, hosts));
+        }
+        // b never answers: the read stays in flight there.
+        (address.host() == "a")
+            .then(|| doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } })
+    });
+    let mut settings = TopologySettings::new(vec![address("a"), address("b")]);
+    settings.replica_set = Some("rs".into());
+    let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
+    let op = net.start(read(ReadPreferenceMode::SecondaryPreferred));
+    let started_on_b = net.events.iter().any(|e| {
+        matches!(e, EngineEvent::Operation { op: o, event: RetryEvent::CommandStarted { address, .. } }
+            if *o == op && address.host() == "b")
+    });
+    assert!(started_on_b, "the read went to the secondary");
+    assert!(net.finished(op).is_empty());
+    // The next heartbeat of the primary no longer lists b.
+    removed.set(true);
+    net.run_until(Instant::from_millis(30_000));
+    let results = net.finished(op);
+    assert_eq!(results.len(), 1, "finished exactly once: {results:?}");
+    assert!(results[0].is_ok(), "the retry on the primary succeeded");
+    let closed_b = net.position(
+        |e| matches!(e, EngineEvent::Topology(SdamEvent::ServerClosed { address }) if address.host() == "b"),
+    );
+    let retried_on_a = net.position(|e| {
+        matches!(e, EngineEvent::Operation { op: o, event: RetryEvent::CommandStarted { address, attempt: 2, .. } }
+            if *o == op && address.host() == "a")
+    });
+    assert!(closed_b < retried_on_a);
+}
+
+/// Item 2, CMAP CM-2: a reconfig removes `b` while one read is in flight on it and another waits
+/// in its pool's queue. The closed pool fails the waiting checkout and the in-flight read's
+/// connection is closed under it; both go through the retry rules and end exactly once.
+#[test]
+fn a_checkout_on_a_server_that_leaves_fails_and_the_operation_ends_once() {
+    let removed = std::rc::Rc::new(std::cell::Cell::new(false));
+    let gone = removed.clone();
+    let script: Script = Box::new(move |address, body| {
+        if is_hello(body) {
+            let hosts: &[&str] = if gone.get() { &["a"] } else { &["a", "b"] };
+            return Some(member_hello(address, hosts));
+        }
+        None
+    });
+    let mut settings = TopologySettings::new(vec![address("a"), address("b")]);
+    settings.replica_set = Some("rs".into());
+    // One connection per pool: the second read on b waits in b's queue.
+    settings.pool.max_pool_size = 1;
+    let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
+    let first = net.start(read(ReadPreferenceMode::Secondary));
+    let second = net.start(read(ReadPreferenceMode::Secondary));
+    assert!(net.finished(first).is_empty() && net.finished(second).is_empty());
+    removed.set(true);
+    net.run_until(Instant::from_millis(60_000));
+    for op in [first, second] {
+        let results = net.finished(op);
+        assert_eq!(
+            results.len(),
+            1,
+            "{op:?} finished exactly once: {results:?}"
+        );
+        // No secondary is left for a retry, so the network error of the closed connection (or,
+        // for the read still queued, the closed pool's checkout error) is raised (RR-6).
+        let error = results[0].as_ref().expect_err("no secondary left");
+        assert!(
+            matches!(
+                error.kind,
+                ErrorKind::Network(_) | ErrorKind::Checkout { .. } | ErrorKind::PoolCleared { .. }
+            ),
+            "{error:?}"
+        );
+    }
+    assert!(net.engine.poll_timeout().is_some(), "monitoring goes on");
+}
+
+/// Item 5: a handshake that can never be built is refused when the engine is made, with the
+/// cause as the error's source, instead of failing every checkout later.
+#[test]
+fn an_unbuildable_handshake_is_an_engine_error_with_its_cause() {
+    let mut handshake = handshake();
+    handshake.metadata = ClientMetadata::new("d".repeat(600), "0.1.0");
+    let options = EngineOptions::new(TopologySettings::new(vec![address("a")]), handshake);
+    let error = Engine::new(options, Instant::ZERO).expect_err("too large");
+    assert!(matches!(error, EngineError::Handshake(_)), "{error:?}");
+    assert!(error.source().is_some());
+    assert!(!error.to_string().is_empty());
+}
+
+/// BP-27 and item 3: the attempt's `CheckedIn` comes before its `RetryScheduled`, and the last
+/// attempt's before `OperationFinished`.
+#[test]
+fn bp27_checked_in_comes_before_retry_scheduled_and_operation_finished() {
+    let mut failures = 1;
+    let script: Script = Box::new(move |_, body| {
+        if is_hello(body) {
+            return Some(mongos_hello());
+        }
+        if failures > 0 {
+            failures -= 1;
+            return Some(doc! { "ok": 0, "code": 462, "errmsg": "overloaded",
+            "errorLabels": ["SystemOverloadedError", "RetryableError"] });
+        }
+        Some(doc! { "ok": 1 })
+    });
+    let settings = TopologySettings::new(vec![address("m1")]);
+    let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
+    let op = net.start(read(ReadPreferenceMode::Primary));
+    net.run_until(Instant::from_millis(10_000));
+    assert_eq!(net.finished(op).len(), 1);
+    assert!(
+        !net.events
+            .iter()
+            .any(|e| matches!(e, EngineEvent::Command(_))),
+        "no command events unless asked for"
+    );
+    let sequence: Vec<&str> = net
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            EngineEvent::Pool {
+                event: PoolEvent::CheckedOut { .. },
+                ..
+            } => Some("out"),
+            EngineEvent::Pool {
+                event: PoolEvent::CheckedIn { .. },
+                ..
+            } => Some("in"),
+            EngineEvent::Operation { event, .. } => Some(match event {
+                RetryEvent::CommandStarted { .. } => "started",
+                RetryEvent::CommandSucceeded { .. } => "succeeded",
+                RetryEvent::CommandFailed { .. } => "failed",
+                RetryEvent::RetryScheduled { .. } => "retry",
+                RetryEvent::RetryDenied { .. } => "denied",
+            }),
+            EngineEvent::OperationFinished { .. } => Some("finished"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        sequence,
+        [
+            "out",
+            "started",
+            "failed",
+            "in",
+            "retry",
+            "out",
+            "started",
+            "succeeded",
+            "in",
+            "finished"
+        ]
+    );
+}
+
+/// Item 5: `close` finishes every unfinished operation exactly once with `Cancelled`, whatever it
+/// was doing (in flight, waiting in the pool's queue, waiting for a server), closes every socket,
+/// publishes the closing SDAM events, and later operations end at once.
+#[test]
+fn close_fails_every_operation_once_and_publishes_the_closing_events() {
+    let script: Script = Box::new(|_, body| is_hello(body).then(mongos_hello));
+    let mut settings = TopologySettings::new(vec![address("m1")]);
+    settings.pool.max_pool_size = 1;
+    let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
+    let in_flight = net.start(read(ReadPreferenceMode::Primary));
+    let queued = net.start(read(ReadPreferenceMode::Primary));
+    // A secondary read on a sharded cluster waits for a suitable server.
+    let mut waiting = read(ReadPreferenceMode::Primary);
+    waiting.criteria = SelectionCriteria::Read(
+        ReadPreference::new(ReadPreferenceMode::Secondary, Vec::new(), None).expect("valid"),
+    );
+    let waiting = net.start(waiting);
+    let open_sockets = net.sockets.len();
+    assert!(open_sockets >= 2, "a monitor and a pooled socket");
+    net.engine.close(net.now);
+    net.drain();
+    for op in [in_flight, queued, waiting] {
+        let results = net.finished(op);
+        assert_eq!(results.len(), 1, "{op:?} finished exactly once");
+        let error = results[0].as_ref().expect_err("cancelled");
+        assert_eq!(error.kind, ErrorKind::Cancelled);
+    }
+    assert!(net.sockets.is_empty(), "every socket was closed");
+    assert!(net
+        .events
+        .iter()
+        .any(|e| matches!(e, EngineEvent::Topology(SdamEvent::TopologyClosed))));
+    assert!(net.events.iter().any(|e| matches!(
+        e,
+        EngineEvent::Pool {
+            event: PoolEvent::PoolClosed,
+            ..
+        }
+    )));
+    assert_eq!(net.engine.poll_timeout(), None, "nothing is left to wake");
+    let after = net.start(read(ReadPreferenceMode::Primary));
+    let results = net.finished(after);
+    assert_eq!(results.len(), 1);
+    assert_eq!(
+        results[0].as_ref().map_err(|e| e.kind.clone()),
+        Err(ErrorKind::Cancelled)
+    );
+    let events = net.events.len();
+    net.engine.close(net.now);
+    net.drain();
+    assert_eq!(net.events.len(), events, "closing twice does nothing");
+}
+
+/// EV-1, EV-2, EV-3, EV-8: one started event and exactly one succeeded or failed event per
+/// attempt, with the same request id, the operation as `operationId`, the command as sent, the
+/// handshake's `connectionId`; none for handshakes and heartbeats.
+#[test]
+fn ev1_ev2_each_attempt_publishes_one_started_and_one_closing_command_event() {
+    let mut failures = 1;
+    let script: Script = Box::new(move |_, body| {
+        if is_hello(body) {
+            return Some(mongos_hello());
+        }
+        if failures > 0 {
+            failures -= 1;
+            return Some(doc! { "ok": 0, "code": 462, "errmsg": "overloaded",
+            "errorLabels": ["SystemOverloadedError", "RetryableError"] });
+        }
+        Some(doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } })
+    });
+    let settings = TopologySettings::new(vec![address("m1")]);
+    let mut options = EngineOptions::new(settings, handshake());
+    options.command_monitoring = true;
+    let mut net = Net::new(options, script);
+    let op = net.start(read(ReadPreferenceMode::Primary));
+    net.run_until(Instant::from_millis(10_000));
+    assert!(net.finished(op)[0].is_ok());
+    let commands: Vec<&CommandEvent> = net
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            EngineEvent::Command(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(commands.len(), 4, "two attempts, no hello: {commands:#?}");
+    let mut request_ids = Vec::new();
+    for pair in commands.chunks(2) {
+        let CommandEvent::Started { info, command } = pair[0] else {
+            panic!("started first: {pair:?}");
+        };
+        assert_eq!(info.command_name, "find");
+        assert_eq!(info.database_name, "test");
+        assert_eq!(info.operation_id, op);
+        assert_eq!(info.server_connection_id, Some(42));
+        assert_eq!(command.get_str("$db").ok(), Some("test"));
+        let closing = match pair[1] {
+            CommandEvent::Succeeded { info, .. } | CommandEvent::Failed { info, .. } => info,
+            other => panic!("a closing event: {other:?}"),
+        };
+        assert_eq!(
+            closing.request_id, info.request_id,
+            "EV-1: paired by request id"
+        );
+        request_ids.push(info.request_id);
+    }
+    assert!(matches!(commands[1], CommandEvent::Failed { .. }));
+    assert!(
+        matches!(commands[3], CommandEvent::Succeeded { reply, .. } if reply.contains_key("cursor"))
+    );
+    assert_ne!(request_ids[0], request_ids[1]);
+}
+
+/// EV-6: a security-sensitive command is published without its command and reply.
+#[test]
+fn ev6_sensitive_commands_are_redacted() {
+    let script: Script = Box::new(|_, body| {
+        Some(if is_hello(body) {
+            mongos_hello()
+        } else {
+            doc! { "ok": 1, "conversationId": 1, "payload": "secret" }
+        })
+    });
+    let settings = TopologySettings::new(vec![address("m1")]);
+    let mut options = EngineOptions::new(settings, handshake());
+    options.command_monitoring = true;
+    let mut net = Net::new(options, script);
+    let mut request = read(ReadPreferenceMode::Primary);
+    request.command = doc! { "saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": "secret" };
+    request.kind = OperationKind::RunCommand;
+    request.db = "admin".into();
+    let op = net.start(request);
+    assert_eq!(net.finished(op).len(), 1);
+    let commands: Vec<&CommandEvent> = net
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            EngineEvent::Command(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    assert!(matches!(commands[..], [
+        CommandEvent::Started { info, command },
+        CommandEvent::Succeeded { reply, .. },
+    ] if info.command_name == "saslStart" && command.is_empty() && reply.is_empty()));
+}
