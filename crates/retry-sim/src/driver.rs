@@ -189,11 +189,19 @@ impl SimServer {
         *self.executed.entry(name.clone()).or_default() += 1;
         self.log.push((name.clone(), conn));
         if self.role == Role::Member && !self.member.primary {
-            // A secondary refuses what the simulated client sends it (all of it targets the
-            // primary): NotWritablePrimary, an SDAM state-change error.
-            return Step::reply(
-                doc! { "ok": 0, "code": 10107, "codeName": "NotWritablePrimary", "errmsg": "not primary" },
-            );
+            // A secondary refuses what the simulated client sends it, since the client sends no
+            // `$readPreference` (a primary read): NotPrimaryNoSecondaryOk, an SDAM state-change
+            // error. It takes the script's next step for the timing (a slow step is a slow
+            // refusal) and the failures (resets, garbage).
+            let refusal = doc! { "ok": 0, "code": 13435, "codeName": "NotPrimaryNoSecondaryOk", "errmsg": "not primary and secondaryOk=false" };
+            return match self.script.pop_front() {
+                Some(Step::Reply { delay, .. }) => Step::Reply {
+                    body: refusal,
+                    delay,
+                },
+                None => Step::reply(refusal),
+                Some(other) => other,
+            };
         }
         if let Some((command, reply)) = &self.always {
             if *command == name {

@@ -34,7 +34,7 @@ use retry_core::engine::{ConnId, EngineEvent, OpId, OperationRequest};
 use retry_core::error::NetworkErrorKind;
 use retry_core::pool::{ConnectionId, PoolEvent};
 use retry_core::retry::{OperationKind, RetryEvent};
-use retry_core::selection::SelectionCriteria;
+use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use retry_core::time::{Instant, OperationTimeout};
 
 use retry_sim::{address, overload, Role, Sim, SimServer, Step};
@@ -119,6 +119,9 @@ enum Input {
     Start {
         kind: usize,
         timeout_ms: Option<u64>,
+        /// Reads (find, getMore, runCommand) with read preference nearest instead of primary,
+        /// so they also go to secondaries and mongos alike.
+        nearest: bool,
     },
     /// Advance virtual time by this many milliseconds (0: the same instant again).
     Advance(u64),
@@ -256,7 +259,7 @@ fn close_kind() -> impl Strategy<Value = NetworkErrorKind> {
 fn input() -> impl Strategy<Value = Input> {
     let timeout = prop_oneof![Just(None), Just(Some(0)), (1..20_000_u64).prop_map(Some),];
     prop_oneof![
-        4 => (0..KINDS.len(), timeout).prop_map(|(kind, timeout_ms)| Input::Start { kind, timeout_ms }),
+        4 => (0..KINDS.len(), timeout, any::<bool>()).prop_map(|(kind, timeout_ms, nearest)| Input::Start { kind, timeout_ms, nearest }),
         4 => prop_oneof![Just(0_u64), 0..50_u64, 0..15_000_u64].prop_map(Input::Advance),
         1 => Just(Input::SpuriousTimeout),
         1 => (any::<usize>(), close_kind()).prop_map(|(pick, kind)| Input::Close(pick, kind)),
@@ -480,14 +483,25 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
     let mut ops = Vec::new();
     for input in &case.inputs {
         match input {
-            Input::Start { kind, timeout_ms } => {
+            Input::Start {
+                kind,
+                timeout_ms,
+                nearest,
+            } => {
                 let timeout = match timeout_ms {
                     None => OperationTimeout::Off,
                     Some(ms) => {
                         OperationTimeout::from_timeout_ms(sim.now, Duration::from_millis(*ms))
                     }
                 };
-                let op = sim.start_request(request(KINDS[*kind], timeout));
+                let mut request = request(KINDS[*kind], timeout);
+                if *nearest && matches!(request.criteria, SelectionCriteria::Read(_)) {
+                    let nearest =
+                        ReadPreference::new(ReadPreferenceMode::Nearest, Vec::new(), None)
+                            .expect("valid");
+                    request.criteria = SelectionCriteria::Read(nearest);
+                }
+                let op = sim.start_request(request);
                 ops.push(Started {
                     op,
                     deadline: timeout.deadline(),
@@ -810,6 +824,7 @@ fn one_read_finishes_on_every_topology() {
             inputs: vec![Input::Start {
                 kind: 0,
                 timeout_ms: None,
+                nearest: false,
             }],
         };
         let (sim, ops) = run(&case).expect("runs");
