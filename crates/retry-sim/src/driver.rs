@@ -32,6 +32,36 @@ pub enum Role {
         /// Whether its hello carries a `serviceId`.
         service_id: bool,
     },
+    /// A replica-set member; what its hello says is in [`SimServer::member`].
+    Member,
+}
+
+/// What a replica-set member's hello says (SDAM): the set's config as this member sees it, and
+/// whether it is the primary. Tests change it between steps to move the set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemberState {
+    /// `setName`.
+    pub set_name: String,
+    /// Whether the member is the primary (`isWritablePrimary`); else a secondary.
+    pub primary: bool,
+    /// `hosts`: the members of the set, as `host:port`.
+    pub hosts: Vec<String>,
+    /// `setVersion`.
+    pub set_version: i32,
+    /// The counter of the primary's `electionId` (sent by a primary only).
+    pub election: u32,
+}
+
+impl Default for MemberState {
+    fn default() -> MemberState {
+        MemberState {
+            set_name: "rs".into(),
+            primary: false,
+            hosts: Vec::new(),
+            set_version: 1,
+            election: 1,
+        }
+    }
 }
 
 /// What a scripted server does with one command (hello excluded).
@@ -74,6 +104,11 @@ pub struct SimServer {
     pub handshake_delay: Duration,
     /// The `serviceId` a load balancer's hello carries.
     pub service_id: ObjectId,
+    /// What a [`Role::Member`] says in its hello.
+    pub member: MemberState,
+    /// While true, the server is down: it resets every connection at its first command (hello
+    /// included), so monitors and pools see it unreachable.
+    pub down: bool,
     /// Commands executed (not hello), by name.
     pub executed: BTreeMap<String, u32>,
     /// Every command (not hello) with the socket it arrived on, in order.
@@ -90,6 +125,8 @@ impl SimServer {
             reset_handshakes: 0,
             handshake_delay: Duration::ZERO,
             service_id: ObjectId::parse_str("65a1b2c3d4e5f60718293a4b").unwrap(),
+            member: MemberState::default(),
+            down: false,
             executed: BTreeMap::new(),
             log: Vec::new(),
         }
@@ -101,6 +138,20 @@ impl SimServer {
         "maxWriteBatchSize": 100_000, "logicalSessionTimeoutMinutes": 30 };
         match self.role {
             Role::Standalone => {}
+            Role::Member => {
+                let member = &self.member;
+                reply.insert("isWritablePrimary", member.primary);
+                reply.insert("secondary", !member.primary);
+                reply.insert("setName", member.set_name.clone());
+                reply.insert("hosts", member.hosts.clone());
+                reply.insert("setVersion", member.set_version);
+                if member.primary {
+                    let mut id = [0_u8; 12];
+                    id[0] = 0x7f;
+                    id[8..].copy_from_slice(&member.election.to_be_bytes());
+                    reply.insert("electionId", ObjectId::from_bytes(id));
+                }
+            }
             Role::Mongos => {
                 reply.insert("msg", "isdbgrid");
             }
@@ -117,6 +168,9 @@ impl SimServer {
     /// What the server does with one command; `handshake` is true for a socket's first command.
     fn answer(&mut self, request: &Document, handshake: bool, conn: ConnId) -> Step {
         let name = request.keys().next().cloned().unwrap_or_default();
+        if self.down {
+            return Step::Reset;
+        }
         if name == "hello" || name.eq_ignore_ascii_case("ismaster") {
             if handshake && self.reset_handshakes > 0 {
                 self.reset_handshakes -= 1;
@@ -134,6 +188,21 @@ impl SimServer {
         }
         *self.executed.entry(name.clone()).or_default() += 1;
         self.log.push((name.clone(), conn));
+        if self.role == Role::Member && !self.member.primary {
+            // A secondary refuses what the simulated client sends it, since the client sends no
+            // `$readPreference` (a primary read): NotPrimaryNoSecondaryOk, an SDAM state-change
+            // error. It takes the script's next step for the timing (a slow step is a slow
+            // refusal) and the failures (resets, garbage).
+            let refusal = doc! { "ok": 0, "code": 13435, "codeName": "NotPrimaryNoSecondaryOk", "errmsg": "not primary and secondaryOk=false" };
+            return match self.script.pop_front() {
+                Some(Step::Reply { delay, .. }) => Step::Reply {
+                    body: refusal,
+                    delay,
+                },
+                None => Step::reply(refusal),
+                Some(other) => other,
+            };
+        }
         if let Some((command, reply)) = &self.always {
             if *command == name {
                 return Step::reply(reply.clone());

@@ -5,6 +5,8 @@
 use bson::{doc, Document};
 use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
 
+use retry_core::engine::EngineEvent;
+
 use crate::{address, Role, Sim, SimServer};
 
 /// Operations run before measuring, so that every mongos is discovered and has a pooled
@@ -65,4 +67,34 @@ pub fn codec_round_trip(request: &OpMsg, reply: &OpMsg) -> usize {
         total += decoded.len();
     }
     total
+}
+
+/// Starts `n` reads at once (read preference primary), then runs the driver until all of them
+/// have finished, each successfully. Returns the number of replies' fields, so the work is not
+/// optimized away. The driver's event log is emptied as it goes, so its memory stays flat.
+///
+/// Panics if an operation fails or the burst does not finish within 10 minutes of virtual time.
+pub fn burst(sim: &mut Sim, n: usize) -> usize {
+    sim.events.clear();
+    for _ in 0..n {
+        sim.read(doc! { "find": "c" });
+    }
+    let limit = sim.now.saturating_add(std::time::Duration::from_secs(600));
+    let mut finished = 0;
+    let mut fields = 0;
+    loop {
+        for (_, event) in sim.events.drain(..) {
+            if let EngineEvent::OperationFinished { result, .. } = event {
+                fields += result.expect("a healthy mongos answers").len();
+                finished += 1;
+            }
+        }
+        if finished == n {
+            return fields;
+        }
+        assert!(
+            sim.step(limit),
+            "the burst of {n} did not finish by {limit}"
+        );
+    }
 }

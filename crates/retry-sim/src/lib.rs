@@ -7,16 +7,18 @@
 //! - **Virtual clock.** [`Sim::now`] only moves when the driver steps to the next delivery or
 //!   engine timer ([`Sim::step`], [`Sim::advance_to`], [`Sim::run`]); timing assertions are exact.
 //! - **Scripted servers.** A [`SimServer`] answers `hello` by its [`Role`] (standalone, mongos,
-//!   load balancer) and every other command by its script of [`Step`]s:
+//!   load balancer, replica-set member with its [`MemberState`]) and every
+//!   other command by its script of [`Step`]s:
 //!   replies (optionally late), connection resets, bytes that are not OP_MSG. Tests change a
 //!   server's role or script between steps to move the topology.
 //! - **Step cap.** Every loop of the driver is capped at [`MAX_STEPS`] and every run at a bound of
 //!   virtual time; a run that does not settle panics instead of spinning (house rule 12).
 //!
 //! Users: this crate's tests (`engine_sim`, the engine property test `engine_properties`, the
-//! regressions it found), the criterion bench `benches/engine.rs`, and the example
-//! `engine_calls` (instructions and allocations of one operation); their shared workloads are
-//! in [`engine_ops`].
+//! regressions it found), the criterion bench `benches/engine.rs`, and the examples
+//! `engine_calls` (instructions and allocations of one operation) and `engine_scaling` (a burst of
+//! N operations in flight, for `scripts/bench-engine-scaling.sh`); their shared workloads are in
+//! [`engine_ops`].
 //!
 //! ```
 //! use bson::doc;

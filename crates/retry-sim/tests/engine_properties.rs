@@ -1,16 +1,28 @@
 //! A proptest of the whole engine on random input sequences, in the simulated driver of
-//! `retry-sim`: random topologies (a standalone, one to three mongos, a load balancer),
-//! random server scripts (replies, overload and retryable errors, resets in the middle of a
-//! command and during handshakes, bytes that are not OP_MSG, slow replies, handshakes slower than the connect timeout), random operations
-//! with random CSOT timeouts, random early socket closes, time that advances by random amounts or
-//! not at all, spurious `handle_timeout` calls, and events for connections the engine never gave
-//! out or already closed.
+//! `retry-sim` (issue 9 item 2, house rule 8). Topologies: a standalone; a sharded cluster of one
+//! to three mongos that go down and come back; a load balancer (down and back too); a replica set
+//! of four members, one to three of them in the initial config, with members added and removed by
+//! the config the primary reports (`hosts`, each change with the next `setVersion`), primaries
+//! stepping down to another member with a new or the same `electionId` and `setVersion`, members
+//! going down and coming back, and secondaries refusing commands with NotWritablePrimary.
+//! Random server scripts (replies, overload and retryable errors, resets in the middle of a command
+//! and during handshakes, bytes that are not OP_MSG, slow replies, handshakes slower than the
+//! connect timeout), random operations of every kind with random CSOT timeouts, random
+//! `heartbeatFrequencyMS`, random early socket closes, time that advances by random amounts or not
+//! at all, spurious `handle_timeout` calls, and events for connections the engine never gave out
+//! or already closed.
 //!
 //! Invariants: nothing panics; every started operation gets exactly one `OperationFinished`, within
-//! a bounded virtual time, and by its CSOT deadline if it has one; every `CommandStarted` gets exactly one succeeded or failed partner
-//! before the next attempt starts and before the operation finishes; `poll_timeout` never names a
-//! past instant, and names the present one only for a few more `handle_timeout` calls; no pool has more than `maxPoolSize`
-//! connections open or checked out; the same case run twice gives the same trace.
+//! a bounded virtual time (every loop is capped in steps), and by its CSOT deadline if it has one
+//! (CS-2); every `CommandStarted` gets exactly one succeeded or failed partner before the next
+//! attempt starts and before the operation finishes (BP-26); `poll_timeout` never names a past
+//! instant, and names the present one only for a few more `handle_timeout` calls; pool accounting
+//! is consistent (no check-out of a closed or already checked-out connection, no check-in of one
+//! not out, no pool over `maxPoolSize` open or checked out, nothing left checked out once every
+//! operation finished); the same case run twice gives the same trace.
+//!
+//! Cases: 1,000 by default (about 7 s in a debug build, 1 s in release); `PROPTEST_CASES=N` for a
+//! long run. One run of 100,000 cases: see `docs/benchmarks.md`, "Engine property test".
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -22,7 +34,7 @@ use retry_core::engine::{ConnId, EngineEvent, OpId, OperationRequest};
 use retry_core::error::NetworkErrorKind;
 use retry_core::pool::{ConnectionId, PoolEvent};
 use retry_core::retry::{OperationKind, RetryEvent};
-use retry_core::selection::SelectionCriteria;
+use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use retry_core::time::{Instant, OperationTimeout};
 
 use retry_sim::{address, overload, Role, Sim, SimServer, Step};
@@ -35,9 +47,17 @@ const SETTLE: Duration = Duration::from_secs(15 * 60);
 #[derive(Clone, Copy, Debug)]
 enum Topology {
     Standalone,
+    /// A sharded cluster: this many mongos (of `SERVERS`) seeded; they go down and come back.
     Mongos(usize),
     LoadBalanced,
+    /// A replica set: `SERVERS` members exist, this many of them are in the initial config
+    /// (`hosts`) and seeded, the first one primary. Members are added and removed by the
+    /// primary's `hosts`, primaries step down, `setVersion` and `electionId` change.
+    ReplicaSet(usize),
 }
+
+/// How many simulated servers a case has (members of a replica set, mongos, ...).
+const SERVERS: usize = 4;
 
 /// One scripted answer to a command.
 #[derive(Clone, Debug)]
@@ -99,6 +119,9 @@ enum Input {
     Start {
         kind: usize,
         timeout_ms: Option<u64>,
+        /// Reads (find, getMore, runCommand) with read preference nearest instead of primary,
+        /// so they also go to secondaries and mongos alike.
+        nearest: bool,
     },
     /// Advance virtual time by this many milliseconds (0: the same instant again).
     Advance(u64),
@@ -110,6 +133,19 @@ enum Input {
     UnknownBytes(u64, Vec<u8>),
     /// `handle_closed` for a connection that is closed or was never given out.
     UnknownClosed(u64),
+    /// A server (an index into them) goes down (`true`: resets every connection at its first
+    /// command, hello included) or comes back: a mongos, a load balancer or a member.
+    Down(usize, bool),
+    /// Replica sets: the primary steps down and the current member at index `to` of `hosts`
+    /// becomes primary, with a new `electionId` and `setVersion` or the same ones.
+    StepDown {
+        to: usize,
+        new_election: bool,
+        new_set_version: bool,
+    },
+    /// Replica sets: the set's config adds (`true`) or removes a member (never the primary, never
+    /// the last one), with the next `setVersion`.
+    Reconfig(usize, bool),
 }
 
 #[derive(Clone, Debug)]
@@ -122,6 +158,8 @@ struct Case {
     connect_timeout_ms: u64,
     socket_timeout_ms: Option<u64>,
     inputs: Vec<Input>,
+    /// `heartbeatFrequencyMS`: how soon the monitors see a server go down or the set change.
+    heartbeat_ms: u64,
 }
 
 const KINDS: [OperationKind; 10] = [
@@ -221,20 +259,26 @@ fn close_kind() -> impl Strategy<Value = NetworkErrorKind> {
 fn input() -> impl Strategy<Value = Input> {
     let timeout = prop_oneof![Just(None), Just(Some(0)), (1..20_000_u64).prop_map(Some),];
     prop_oneof![
-        4 => (0..KINDS.len(), timeout).prop_map(|(kind, timeout_ms)| Input::Start { kind, timeout_ms }),
+        4 => (0..KINDS.len(), timeout, any::<bool>()).prop_map(|(kind, timeout_ms, nearest)| Input::Start { kind, timeout_ms, nearest }),
         4 => prop_oneof![Just(0_u64), 0..50_u64, 0..15_000_u64].prop_map(Input::Advance),
         1 => Just(Input::SpuriousTimeout),
         1 => (any::<usize>(), close_kind()).prop_map(|(pick, kind)| Input::Close(pick, kind)),
         1 => (any::<u64>(), prop::collection::vec(any::<u8>(), 0..64)).prop_map(|(c, b)| Input::UnknownBytes(c, b)),
         1 => any::<u64>().prop_map(Input::UnknownClosed),
+        1 => (0..SERVERS, any::<bool>()).prop_map(|(pick, down)| Input::Down(pick, down)),
+        1 => (0..SERVERS, any::<bool>(), any::<bool>()).prop_map(|(to, new_election, new_set_version)| {
+            Input::StepDown { to, new_election, new_set_version }
+        }),
+        1 => (0..SERVERS, any::<bool>()).prop_map(|(pick, add)| Input::Reconfig(pick, add)),
     ]
 }
 
 fn case() -> impl Strategy<Value = Case> {
     let topology = prop_oneof![
-        Just(Topology::Standalone),
-        (1..=3_usize).prop_map(Topology::Mongos),
-        Just(Topology::LoadBalanced),
+        1 => Just(Topology::Standalone),
+        1 => (1..=3_usize).prop_map(Topology::Mongos),
+        1 => Just(Topology::LoadBalanced),
+        2 => (1..=3_usize).prop_map(Topology::ReplicaSet),
     ];
     let late_handshake = prop_oneof![3 => Just(None), 1 => (0..2_000_u64).prop_map(Some)];
     let script = (
@@ -251,13 +295,14 @@ fn case() -> impl Strategy<Value = Case> {
         );
     (
         topology,
-        prop::collection::vec(script, 3),
+        prop::collection::vec(script, SERVERS),
         1..=3_u32,
         any::<u64>(),
         0..5_000_u64,
         100..10_000_u64,
         prop::option::of(100..10_000_u64),
         prop::collection::vec(input(), 1..40),
+        prop::sample::select(vec![500_u64, 2_000, 10_000]),
     )
         .prop_map(
             |(
@@ -269,6 +314,7 @@ fn case() -> impl Strategy<Value = Case> {
                 connect_timeout_ms,
                 socket_timeout_ms,
                 inputs,
+                heartbeat_ms,
             )| Case {
                 topology,
                 scripts,
@@ -278,6 +324,7 @@ fn case() -> impl Strategy<Value = Case> {
                 connect_timeout_ms,
                 socket_timeout_ms,
                 inputs,
+                heartbeat_ms,
             },
         )
 }
@@ -328,6 +375,58 @@ fn settle_instant(sim: &mut Sim) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// The replica set's current config: the primary's (else the newest member's) `hosts`,
+/// `setVersion` and the highest `electionId` counter any member has had.
+fn set_config(sim: &Sim) -> (Vec<String>, i32, u32) {
+    let members = sim.servers.values().map(|s| &s.member);
+    let newest = members
+        .clone()
+        .max_by_key(|m| (m.primary, m.set_version))
+        .expect("a replica set has members");
+    let election = members.map(|m| m.election).max().unwrap_or(1);
+    (newest.hosts.clone(), newest.set_version, election)
+}
+
+/// Every member takes the config `hosts` at `set_version` (what a reconfig propagates).
+fn apply_config(sim: &mut Sim, hosts: &[String], set_version: i32) {
+    for server in sim.servers.values_mut() {
+        server.member.hosts = hosts.to_vec();
+        server.member.set_version = set_version;
+    }
+}
+
+/// The primary steps down; member `to` of the config becomes primary.
+fn step_down(sim: &mut Sim, to: usize, new_election: bool, new_set_version: bool) {
+    let (hosts, set_version, election) = set_config(sim);
+    let set_version = set_version + i32::from(new_set_version);
+    apply_config(sim, &hosts, set_version);
+    let next = &hosts[to % hosts.len()];
+    for (address, server) in sim.servers.iter_mut() {
+        server.member.primary = address.to_string() == *next;
+        if server.member.primary {
+            server.member.election = election + u32::from(new_election);
+        }
+    }
+}
+
+/// The config adds or removes member `pick` (never the primary nor the last member).
+fn reconfig(sim: &mut Sim, pick: usize, add: bool) {
+    let (mut hosts, set_version, _) = set_config(sim);
+    let Some((address, server)) = sim.servers.iter().nth(pick) else {
+        return;
+    };
+    let member = address.to_string();
+    let present = hosts.contains(&member);
+    if add && !present {
+        hosts.push(member);
+    } else if !add && present && !server.member.primary && hosts.len() > 1 {
+        hosts.retain(|h| *h != member);
+    } else {
+        return;
+    }
+    apply_config(sim, &hosts, set_version + 1);
+}
+
 /// An operation the case started, with its CSOT deadline if it has one.
 struct Started {
     op: OpId,
@@ -336,16 +435,32 @@ struct Started {
 
 /// Runs one case and returns the simulation and the operations it started.
 fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
-    let (role, hosts): (Role, Vec<String>) = match case.topology {
-        Topology::Standalone => (Role::Standalone, vec!["db".into()]),
-        Topology::Mongos(n) => (Role::Mongos, (1..=n).map(|i| format!("m{i}")).collect()),
-        Topology::LoadBalanced => (Role::LoadBalancer { service_id: true }, vec!["lb".into()]),
+    let (role, hosts, seeded): (Role, Vec<String>, usize) = match case.topology {
+        Topology::Standalone => (Role::Standalone, vec!["db".into()], 1),
+        Topology::Mongos(n) => (Role::Mongos, (1..=n).map(|i| format!("m{i}")).collect(), n),
+        Topology::LoadBalanced => (
+            Role::LoadBalancer { service_id: true },
+            vec!["lb".into()],
+            1,
+        ),
+        Topology::ReplicaSet(n) => (
+            Role::Member,
+            (0..SERVERS).map(|i| format!("r{i}")).collect(),
+            n,
+        ),
     };
-    let servers = hosts
+    let config: Vec<String> = hosts[..seeded]
+        .iter()
+        .map(|h| address(h).to_string())
+        .collect();
+    let servers: Vec<(ServerAddress, SimServer)> = hosts
         .iter()
         .zip(&case.scripts)
-        .map(|(host, script)| {
+        .enumerate()
+        .map(|(i, (host, script))| {
             let mut server = SimServer::new(role);
+            server.member.hosts = config.clone();
+            server.member.primary = i == 0;
             server.script = script.steps.iter().map(ScriptStep::step).collect();
             server.reset_handshakes = script.reset_handshakes;
             if let Some(late) = script.late_handshake_ms {
@@ -354,7 +469,10 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
             (address(host), server)
         })
         .collect();
+    let seeds: Vec<ServerAddress> = servers[..seeded].iter().map(|(a, _)| a.clone()).collect();
     let mut sim = Sim::new(servers, |o| {
+        o.topology.seeds = seeds;
+        o.heartbeat_frequency = Duration::from_millis(case.heartbeat_ms);
         o.seed = case.seed;
         o.topology.load_balanced = matches!(case.topology, Topology::LoadBalanced);
         o.topology.pool.max_pool_size = case.max_pool_size;
@@ -365,14 +483,25 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
     let mut ops = Vec::new();
     for input in &case.inputs {
         match input {
-            Input::Start { kind, timeout_ms } => {
+            Input::Start {
+                kind,
+                timeout_ms,
+                nearest,
+            } => {
                 let timeout = match timeout_ms {
                     None => OperationTimeout::Off,
                     Some(ms) => {
                         OperationTimeout::from_timeout_ms(sim.now, Duration::from_millis(*ms))
                     }
                 };
-                let op = sim.start_request(request(KINDS[*kind], timeout));
+                let mut request = request(KINDS[*kind], timeout);
+                if *nearest && matches!(request.criteria, SelectionCriteria::Read(_)) {
+                    let nearest =
+                        ReadPreference::new(ReadPreferenceMode::Nearest, Vec::new(), None)
+                            .expect("valid");
+                    request.criteria = SelectionCriteria::Read(nearest);
+                }
+                let op = sim.start_request(request);
                 ops.push(Started {
                     op,
                     deadline: timeout.deadline(),
@@ -402,6 +531,25 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
                 sim.engine
                     .handle_closed(conn, NetworkErrorKind::Closed, sim.now);
                 sim.drain();
+            }
+            Input::Down(pick, down) => {
+                if let Some(server) = sim.servers.values_mut().nth(*pick) {
+                    server.down = *down;
+                }
+            }
+            Input::StepDown {
+                to,
+                new_election,
+                new_set_version,
+            } => {
+                if matches!(case.topology, Topology::ReplicaSet(_)) {
+                    step_down(&mut sim, *to, *new_election, *new_set_version);
+                }
+            }
+            Input::Reconfig(pick, add) => {
+                if matches!(case.topology, Topology::ReplicaSet(_)) {
+                    reconfig(&mut sim, *pick, *add);
+                }
             }
         }
         check_timeout(&sim)?;
@@ -487,8 +635,11 @@ fn check_command_events(sim: &Sim) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// No pool has more than `maxPoolSize` connections open, or checked out, at any time.
-fn check_pools(sim: &Sim, max_pool_size: u32) -> Result<(), TestCaseError> {
+/// Pool accounting (CMAP): a connection is created once, checked out only while open and not
+/// already out, checked in only while out; no pool has more than `maxPoolSize` connections open,
+/// or checked out, at any time; and once every operation has finished, no connection is left
+/// checked out (`settled`: nothing leaks a check-out).
+fn check_pools(sim: &Sim, max_pool_size: u32, settled: bool) -> Result<(), TestCaseError> {
     #[derive(Default)]
     struct Counts {
         open: BTreeSet<ConnectionId>,
@@ -535,11 +686,29 @@ fn check_pools(sim: &Sim, max_pool_size: u32) -> Result<(), TestCaseError> {
             pool.in_use.len()
         );
     }
+    if settled {
+        for (address, pool) in &pools {
+            prop_assert!(
+                pool.in_use.is_empty(),
+                "{address}: {:?} still checked out after every operation finished",
+                pool.in_use
+            );
+        }
+    }
     Ok(())
 }
 
+/// The number of cases: `PROPTEST_CASES` if set, else 1,000.
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    // 1,000 cases by default (about N s in CI); `PROPTEST_CASES` sets another count for a long run.
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn the_engine_ends_every_operation_once_and_keeps_its_invariants(case in case()) {
@@ -567,7 +736,7 @@ proptest! {
         }
         prop_assert_eq!(finished.len(), ops.len(), "only started operations finish");
         check_command_events(&sim)?;
-        check_pools(&sim, case.max_pool_size)?;
+        check_pools(&sim, case.max_pool_size, true)?;
 
         let (again, _) = run(&case)?;
         prop_assert!(sim.events == again.events, "the same case gave another trace");
@@ -609,8 +778,21 @@ fn the_checks_catch_broken_traces() {
             },
         ));
     }
-    assert!(check_pools(&sim, 2).is_ok());
-    assert!(check_pools(&sim, 1).is_err());
+    assert!(check_pools(&sim, 2, true).is_ok());
+    assert!(check_pools(&sim, 1, true).is_err());
+    sim.events.push((
+        Instant::ZERO,
+        EngineEvent::Pool {
+            address: db.clone(),
+            event: PoolEvent::CheckedOut {
+                checkout: retry_core::pool::CheckoutId(1),
+                connection: ConnectionId(1),
+                duration: Duration::ZERO,
+            },
+        },
+    ));
+    assert!(check_pools(&sim, 2, false).is_ok());
+    assert!(check_pools(&sim, 2, true).is_err(), "a leaked check-out");
 }
 
 /// A sanity run of the generator's shape that must succeed: one read on each topology.
@@ -620,6 +802,8 @@ fn one_read_finishes_on_every_topology() {
         Topology::Standalone,
         Topology::Mongos(3),
         Topology::LoadBalanced,
+        Topology::ReplicaSet(1),
+        Topology::ReplicaSet(3),
     ] {
         let case = Case {
             topology,
@@ -629,16 +813,18 @@ fn one_read_finishes_on_every_topology() {
                     reset_handshakes: 0,
                     late_handshake_ms: None,
                 };
-                3
+                SERVERS
             ],
             max_pool_size: 1,
             seed: 1,
             selection_timeout_ms: 1_000,
             connect_timeout_ms: 1_000,
             socket_timeout_ms: None,
+            heartbeat_ms: 10_000,
             inputs: vec![Input::Start {
                 kind: 0,
                 timeout_ms: None,
+                nearest: false,
             }],
         };
         let (sim, ops) = run(&case).expect("runs");

@@ -7,6 +7,7 @@ use bson::doc;
 use retry_core::engine::{ConnId, EngineEvent, OperationRequest};
 use retry_core::error::NetworkErrorKind;
 use retry_core::retry::OperationKind;
+use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use retry_core::time::{Instant, OperationTimeout};
 
 use retry_sim::{address, primary, Role, Sim, SimServer};
@@ -91,4 +92,63 @@ fn bug4_a_failed_monitor_socket_is_closed_once() {
         closes.push(conn);
     }
     assert_eq!(closes, [connect.conn], "each socket is closed once");
+}
+
+/// Found by the widened engine proptest on main before issue 9 (saved seed 51b4ffe4… in
+/// `engine_properties.proptest-regressions`, a replica set whose member is removed with reads in
+/// flight on it): an operation dispatched to a member that the primary's `hosts` then removes was
+/// never finished; its pool was closed and its socket dropped, and nothing failed it (house rule 8,
+/// issue 9 item 2). Now it ends exactly once, by a network error that goes through the retry rules.
+#[test]
+fn a_read_in_flight_on_a_removed_member_finishes_once() {
+    let hosts = vec!["r0:27017".to_string(), "r1:27017".to_string()];
+    let members = ["r0", "r1"]
+        .into_iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let mut server = SimServer::new(Role::Member);
+            server.member.hosts = hosts.clone();
+            server.member.primary = i == 0;
+            (address(host), server)
+        })
+        .collect();
+    let mut sim = Sim::new(members, |o| {
+        o.heartbeat_frequency = Duration::from_millis(500)
+    });
+    // r1's answer (a refusal, it is a secondary) comes 5 s late, long after the reconfig is seen.
+    sim.servers
+        .get_mut(&address("r1"))
+        .unwrap()
+        .script
+        .push_back(retry_sim::Step::Reply {
+            body: doc! { "ok": 1 },
+            delay: Duration::from_secs(5),
+        });
+    let secondary = ReadPreference::new(ReadPreferenceMode::Secondary, Vec::new(), None).unwrap();
+    let op = sim.start(
+        doc! { "find": "c" },
+        OperationKind::Read,
+        SelectionCriteria::Read(secondary),
+    );
+    assert!(sim.advance_to(Instant::from_millis(100)));
+    assert_eq!(
+        sim.attempt_servers(op),
+        ["r1"],
+        "dispatched to the secondary"
+    );
+    // The set's config drops r1 (setVersion 2); r0's monitor sees it at its next check.
+    for server in sim.servers.values_mut() {
+        server.member.hosts = vec!["r0:27017".to_string()];
+        server.member.set_version = 2;
+    }
+    assert!(sim.advance_to(Instant::from_millis(60_000)));
+    let finishes = sim
+        .events
+        .iter()
+        .filter(|(_, e)| matches!(e, EngineEvent::OperationFinished { op: o, .. } if *o == op))
+        .count();
+    assert_eq!(
+        finishes, 1,
+        "the read on the removed member finishes exactly once"
+    );
 }

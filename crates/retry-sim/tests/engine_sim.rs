@@ -8,6 +8,7 @@ use bson::{doc, Bson, Document};
 use retry_core::engine::{CursorHandle, CursorUse, EngineEvent, OpId, OperationRequest, SessionId};
 use retry_core::pool::PoolEvent;
 use retry_core::retry::{OperationKind, RetryEvent};
+use retry_core::selection::SelectionCriteria;
 use retry_core::time::Instant;
 
 use retry_sim::{address, overload, Role, Sim, SimServer, Step};
@@ -554,4 +555,47 @@ fn a_cancelled_operation_ends_at_once_and_leaks_no_connection() {
     // operation still gets a connection.
     let next = sim.read(doc! { "ping": 1 });
     sim.run(next).expect("the pool still serves");
+}
+
+/// A two-member replica set (SDAM): writes go to the primary; after it steps down and the other
+/// member wins an election (a higher `electionId`), the monitors' next checks move them there.
+/// The old primary, now a secondary, would refuse them with NotWritablePrimary.
+#[test]
+fn writes_follow_the_primary_across_a_step_down() {
+    let hosts = vec!["r0:27017".to_string(), "r1:27017".to_string()];
+    let members = ["r0", "r1"]
+        .into_iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let mut server = SimServer::new(Role::Member);
+            server.member.hosts = hosts.clone();
+            server.member.primary = i == 0;
+            (address(host), server)
+        })
+        .collect();
+    let mut sim = Sim::new(members, |_| {});
+    let insert = || doc! { "insert": "c", "documents": [{ "x": 1 }] };
+    let op = sim.start(
+        insert(),
+        OperationKind::RetryableWrite,
+        SelectionCriteria::Write,
+    );
+    sim.run(op).expect("the primary accepts the write");
+    assert_eq!(sim.attempt_servers(op), ["r0"]);
+
+    for (i, server) in sim.servers.values_mut().enumerate() {
+        server.member.primary = i == 1;
+        server.member.election = 2;
+    }
+    // The default heartbeatFrequencyMS is 10 s: by then both monitors have seen the election.
+    let later = sim.now.saturating_add(std::time::Duration::from_secs(11));
+    assert!(sim.advance_to(later));
+    let op = sim.start(
+        insert(),
+        OperationKind::RetryableWrite,
+        SelectionCriteria::Write,
+    );
+    sim.run(op).expect("the new primary accepts the write");
+    assert_eq!(sim.attempt_servers(op), ["r1"]);
+    assert_eq!(sim.servers[&address("r0")].executed.get("insert"), Some(&1));
 }

@@ -1,0 +1,94 @@
+//! N reads started at once on three mongos (default pool options) in the simulated driver and run
+//! to completion, after a warm-up burst of the same size, for `scripts/bench-engine-scaling.sh`
+//! (issue 9: cost follows the work, house rule 9). Only the never-inlined [`measured`] burst is
+//! counted: by callgrind (`--toggle-collect=engine_scaling::measured`) for instructions, and by the
+//! counting allocator below for allocations, which this program prints.
+//!
+//! `codec` instead runs N OP_MSG round trips through the codec alone (the baseline).
+//!
+//! ```sh
+//! cargo run --release -p retry-sim --example engine_scaling -- engine 100
+//! ```
+
+#![allow(unsafe_code)] // The counting allocator forwards to `System`; nothing else is unsafe.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use retry_core::wire::OpMsg;
+use retry_sim::engine_ops;
+
+/// Counts allocations while [`COUNTING`] is on.
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counters are plain
+// atomics, so touching them never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// The measured burst; never inlined, so callgrind can count it alone.
+#[inline(never)]
+fn measured(sim: Option<&mut retry_sim::Sim>, messages: &(OpMsg, OpMsg), n: usize) -> usize {
+    match sim {
+        Some(sim) => engine_ops::burst(sim, n),
+        None => (0..n)
+            .map(|_| engine_ops::codec_round_trip(black_box(&messages.0), black_box(&messages.1)))
+            .sum(),
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let parsed = match args.as_slice() {
+        [case, n] if case == "engine" || case == "codec" => n
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .map(|n| (case.as_str(), n)),
+        _ => None,
+    };
+    let Some((case, n)) = parsed else {
+        eprintln!("usage: engine_scaling engine|codec N (N > 0)");
+        return ExitCode::FAILURE;
+    };
+    let messages = engine_ops::round_trip_messages();
+    let mut sim = engine_ops::three_mongos();
+    // The warm-up burst: the pools grow to what N in flight needs, the buffers to their size.
+    let warm = match case {
+        "engine" => engine_ops::burst(&mut sim, n),
+        _ => measured(None, &messages, n),
+    };
+    COUNTING.store(true, Ordering::Relaxed);
+    let checksum = measured((case == "engine").then_some(&mut sim), &messages, n);
+    COUNTING.store(false, Ordering::Relaxed);
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
+    println!(
+        "case={case} in_flight={n} allocations={allocations} allocations_per_op={:.1} checksum={}",
+        allocations as f64 / n as f64,
+        checksum + warm
+    );
+    ExitCode::SUCCESS
+}
