@@ -40,7 +40,9 @@ mod client;
 mod driver;
 mod options;
 mod runtime;
+mod shared;
 
-pub use client::{Client, CommandOptions, ConnectError, Events, Reply, TimedEvent};
+pub use client::{Client, CommandOptions, ConnectError, Events};
 pub use options::{ClientOptions, OptionsError};
 pub use runtime::{literal_address, timer_offset, AsyncTimer, BoxFuture, Runtime, Socket};
+pub use shared::{Reply, TimedEvent};
