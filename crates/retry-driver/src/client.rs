@@ -256,7 +256,7 @@ impl<R> Client<R> {
     }
 }
 
-/// A stream of timed [`EngineEvent`]s from [`Client::events`].
+/// A stream of timed [`EngineEvent`](retry_core::engine::EngineEvent)s from [`Client::events`].
 pub struct Events {
     queue: Arc<EventQueue>,
     /// The client's driver, when its futures drive it.
