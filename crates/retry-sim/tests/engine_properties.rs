@@ -21,8 +21,8 @@
 //! not out, no pool over `maxPoolSize` open or checked out, nothing left checked out once every
 //! operation finished); the same case run twice gives the same trace.
 //!
-//! Cases: 1,000 by default (about 7 s in a debug build, 1 s in release); `PROPTEST_CASES=N` for a
-//! long run. One run of 100,000 cases: see `docs/benchmarks.md`, "Engine property test".
+//! Cases: 1,000 by default (about 15 s in a debug build on the shared 2-core machine, 1-2 s in release); `PROPTEST_CASES=N` for a
+//! long run. One run of 100,000 cases (152 s, release): `docs/benchmarks.md`, "Engine property test".
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
