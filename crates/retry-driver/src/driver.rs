@@ -195,6 +195,10 @@ impl Driver {
         let (requests, closing) = {
             let mut state = lock(&self.shared.state);
             state.driver = Some(cx.waker().clone());
+            // EV-1: command events cost a copy of each command and reply; publish them only
+            // while someone listens.
+            let listening = state.subscribers.iter().any(|s| Arc::strong_count(s) > 1);
+            self.engine.set_command_monitoring(listening);
             (core::mem::take(&mut state.requests), state.closing)
         };
         let progressed = !requests.is_empty();
