@@ -2,9 +2,12 @@
 //!
 //! retry-core's engine on [`async-io`](async_io), the reactor async-std sat on and smol sits on
 //! (async-std itself is discontinued, RUSTSEC-2025-0052). [`AsyncIoRuntime`] gives retry-driver
-//! `std::time::Instant` as its clock, `async_io::Timer`s, `Async<TcpStream>` sockets, and runs the
-//! driver on a thread of its own under `async_io::block_on`, so a [`Client`] works under any
-//! executor: `async_std::task::block_on`, `smol::block_on`, or none at all.
+//! `std::time::Instant` as its clock, `async_io::Timer`s and `Async<TcpStream>` sockets, and no spawn:
+//! the client's own futures (operations, event streams, shutdown) drive the engine on the
+//! caller's executor, whichever of them is polled, with no task or thread of its own and no
+//! hand-off between threads. A [`Client`] works under any executor: `async_std::task::block_on`,
+//! `smol::block_on`, or `futures_lite::future::block_on`. Server monitoring runs while one of
+//! those futures is polled (an idle client catches up on its next operation).
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -73,12 +76,10 @@ impl Runtime for AsyncIoRuntime {
         })
     }
 
-    /// The driver gets a thread of its own: async-io has no executor, and the caller's may be any.
-    fn spawn(&self, future: BoxFuture<()>) -> io::Result<()> {
-        std::thread::Builder::new()
-            .name("retry-async-std-driver".into())
-            .spawn(move || async_io::block_on(future))
-            .map(drop)
+    /// async-io has no executor: the client's futures drive the engine on the caller's (no task,
+    /// no thread, no hand-off).
+    fn spawns(&self) -> bool {
+        false
     }
 
     fn connect(&self, host: String, port: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {

@@ -3,26 +3,20 @@
 use core::fmt;
 use core::future::{poll_fn, Future};
 use core::marker::PhantomData;
-use core::task::{Context, Poll};
+use core::task::{Context, Poll, Waker};
 use std::io;
 use std::sync::Arc;
 
 use bson::Document;
-use retry_core::engine::{
-    CursorHandle, CursorUse, Engine, EngineError, EngineEvent, OperationRequest, SessionId,
-};
+use retry_core::engine::{CursorUse, Engine, EngineError, OperationRequest, SessionId};
 use retry_core::error::OperationError;
 use retry_core::retry::OperationKind;
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
-use retry_core::time::Instant;
 
-use crate::driver::{lock, Driver, EventQueue, Request, Shared, Slot};
+use crate::driver::{Driver, LocalDriver};
 use crate::options::{ClientOptions, OptionsError};
 use crate::runtime::Runtime;
-
-/// An engine event with the instant, on the client's clock (time since its creation), at which
-/// the driver took it from the engine.
-pub type TimedEvent = (Instant, EngineEvent);
+use crate::shared::{lock, EventQueue, Reply, Request, Shared, Slot, TimedEvent};
 
 /// How [`Client::run`] runs one command; the default is [`Client::run_command`]'s.
 #[derive(Clone, Debug, Default)]
@@ -35,15 +29,6 @@ pub struct CommandOptions {
     pub session: Option<SessionId>,
     /// The session's transaction number.
     pub txn_number: Option<i64>,
-}
-
-/// A successful command's reply.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Reply {
-    /// The reply document.
-    pub document: Document,
-    /// The cursor the command opened (with [`CursorUse::Open`] and a non-zero `cursor.id`).
-    pub cursor: Option<CursorHandle>,
 }
 
 /// Why a client could not be created.
@@ -78,11 +63,36 @@ impl From<OptionsError> for ConnectError {
 /// Closes the client when the last clone goes.
 struct Inner {
     shared: Arc<Shared>,
+    /// The driver, when the runtime does not spawn it: the client's futures drive it.
+    local: Option<Arc<LocalDriver>>,
+}
+
+impl Inner {
+    /// Lets the driver run, when the client's futures drive it; registers `cx` for its wakes.
+    fn drive(&self, cx: &Context<'_>) {
+        if let Some(local) = &self.local {
+            local.drive(cx);
+        }
+    }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         self.shared.close();
+        // A driver without a task of its own closes now: nobody else will poll it.
+        self.drive(&Context::from_waker(Waker::noop()));
+    }
+}
+
+/// Cancels its operation in the engine if the `run` future is dropped before it finished.
+struct CancelOnDrop<'a> {
+    shared: &'a Shared,
+    slot: &'a Slot,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        self.shared.abandon(self.slot);
     }
 }
 
@@ -109,19 +119,25 @@ impl<R> fmt::Debug for Client<R> {
 }
 
 impl<R: Runtime> Client<R> {
-    /// Creates the engine and spawns its driver on a new `R`. Server monitoring starts at once;
-    /// nothing waits for a server.
+    /// Creates the engine and its driver on a new `R`: spawned when the runtime spawns (server
+    /// monitoring starts at once), otherwise driven by the client's futures on the caller's
+    /// executor (monitoring runs while one of them is polled). Nothing waits for a server.
     pub fn connect(options: ClientOptions) -> Result<Client<R>, ConnectError> {
         let runtime: Arc<dyn Runtime> = Arc::new(R::start().map_err(ConnectError::Runtime)?);
         let engine_options = options.engine_options()?;
         let engine = Engine::new(engine_options, runtime.now()).map_err(ConnectError::Settings)?;
         let shared = Arc::new(Shared::default());
         let driver = Driver::new(runtime.clone(), engine, shared.clone(), options.timeout);
-        runtime
-            .spawn(Box::pin(driver))
-            .map_err(ConnectError::Runtime)?;
+        let local = if runtime.spawns() {
+            runtime
+                .spawn(Box::pin(driver))
+                .map_err(ConnectError::Runtime)?;
+            None
+        } else {
+            Some(Arc::new(LocalDriver::new(driver)))
+        };
         Ok(Client {
-            inner: Arc::new(Inner { shared }),
+            inner: Arc::new(Inner { shared, local }),
             runtime: PhantomData,
         })
     }
@@ -150,7 +166,9 @@ impl<R> Client<R> {
 
     /// [`Client::run_command`] with explicit selection criteria, cursor use, session and
     /// transaction number. The reply carries the cursor a [`CursorUse::Open`] command opened, for
-    /// its `getMore`s ([`CursorUse::GetMore`]) to follow it to its server.
+    /// its `getMore`s ([`CursorUse::GetMore`]) to follow it to its server. Dropping the future
+    /// before it finished cancels the operation in the engine (its attempt in flight is failed and
+    /// its connection closed).
     pub async fn run(
         &self,
         db: &str,
@@ -186,11 +204,19 @@ impl<R> Client<R> {
                 operation,
                 reply: reply.clone(),
             });
-            if let Some(waker) = state.driver.take() {
-                waker.wake();
-            }
+            state.wake_driver();
         }
-        poll_fn(|cx| reply.poll(cx)).await
+        let cancel = CancelOnDrop {
+            shared: &self.inner.shared,
+            slot: &reply,
+        };
+        let result = poll_fn(|cx| {
+            self.inner.drive(cx);
+            reply.poll(cx)
+        })
+        .await;
+        core::mem::forget(cancel);
+        result
     }
 
     /// Every engine event from now on (operation results, command and retry events, CMAP, SDAM
@@ -207,7 +233,10 @@ impl<R> Client<R> {
         } else {
             state.subscribers.push(queue.clone());
         }
-        Events { queue }
+        Events {
+            queue,
+            local: self.inner.local.clone(),
+        }
     }
 
     /// Shuts the client down: every operation in flight or queued fails with
@@ -216,6 +245,7 @@ impl<R> Client<R> {
     pub async fn shutdown(&self) {
         self.inner.shared.close();
         poll_fn(|cx| {
+            self.inner.drive(cx);
             let mut state = lock(&self.inner.shared.state);
             if state.done {
                 Poll::Ready(())
@@ -228,9 +258,11 @@ impl<R> Client<R> {
     }
 }
 
-/// A stream of timed [`EngineEvent`]s from [`Client::events`].
+/// A stream of timed [`EngineEvent`](retry_core::engine::EngineEvent)s from [`Client::events`].
 pub struct Events {
     queue: Arc<EventQueue>,
+    /// The client's driver, when its futures drive it.
+    local: Option<Arc<LocalDriver>>,
 }
 
 impl fmt::Debug for Events {
@@ -247,6 +279,9 @@ impl Events {
 
     /// Polls for the next event (the `Stream::poll_next` of the futures crates).
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<TimedEvent>> {
+        if let Some(local) = &self.local {
+            local.drive(cx);
+        }
         self.queue.poll_next(cx)
     }
 

@@ -4,16 +4,18 @@
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::io;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
+use std::task::Wake;
 
-use retry_core::engine::{ConnId, CursorHandle, Engine, EngineEvent, OpId, OperationRequest};
+use retry_core::engine::{ConnId, CursorHandle, Engine, EngineEvent, OpId};
 use retry_core::error::{NetworkErrorKind, OperationError};
 use retry_core::time::{Instant, OperationTimeout};
 
-use crate::client::{Reply, TimedEvent};
 use crate::runtime::{AsyncTimer, BoxFuture, Runtime, Socket};
+use crate::shared::{lock, Reply, Shared, Slot};
 
 /// Rounds of work in one poll before the driver yields to its executor (tokio's coop budget and
 /// fairness to other tasks); it wakes itself to continue.
@@ -22,90 +24,9 @@ const ROUNDS_PER_POLL: usize = 64;
 const READS_PER_ROUND: usize = 8;
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 
-/// Locks `mutex`; a panic elsewhere while it was held does not poison the client.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// What an operation ends with.
-type OperationResult = Result<Reply, OperationError>;
-
-/// Where one operation's result goes: a one-shot slot the caller awaits.
-#[derive(Default)]
-pub(crate) struct Slot {
-    state: Mutex<(Option<OperationResult>, Option<Waker>)>,
-}
-
-impl Slot {
-    pub(crate) fn complete(&self, result: OperationResult) {
-        let mut state = lock(&self.state);
-        if state.0.is_none() {
-            state.0 = Some(result);
-        }
-        if let Some(waker) = state.1.take() {
-            waker.wake();
-        }
-    }
-
-    pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<OperationResult> {
-        let mut state = lock(&self.state);
-        match state.0.take() {
-            Some(result) => Poll::Ready(result),
-            None => {
-                state.1 = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }
-    }
-}
-
-/// The monitoring events of one subscriber, in order.
-#[derive(Default)]
-pub(crate) struct EventQueue {
-    state: Mutex<(VecDeque<TimedEvent>, Option<Waker>, bool)>,
-}
-
-impl EventQueue {
-    fn push(&self, event: TimedEvent) {
-        let mut state = lock(&self.state);
-        state.0.push_back(event);
-        if let Some(waker) = state.1.take() {
-            waker.wake();
-        }
-    }
-
-    /// Ends the stream once its events are taken.
-    pub(crate) fn close(&self) {
-        let mut state = lock(&self.state);
-        state.2 = true;
-        if let Some(waker) = state.1.take() {
-            waker.wake();
-        }
-    }
-
-    /// The next event; `None` once the client has shut down and every event was taken.
-    pub(crate) fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<TimedEvent>> {
-        let mut state = lock(&self.state);
-        if let Some(event) = state.0.pop_front() {
-            return Poll::Ready(Some(event));
-        }
-        if state.2 {
-            return Poll::Ready(None);
-        }
-        state.1 = Some(cx.waker().clone());
-        Poll::Pending
-    }
-
-    pub(crate) fn try_next(&self) -> Option<TimedEvent> {
-        lock(&self.state).0.pop_front()
-    }
-}
-
-/// An operation the client asked for.
-pub(crate) struct Request {
-    /// The operation; the driver sets its CSOT deadline from `timeoutMS`.
-    pub(crate) operation: OperationRequest,
-    pub(crate) reply: Arc<Slot>,
+enum Link {
+    Connecting(BoxFuture<io::Result<Pin<Box<dyn Socket>>>>),
+    Open(Pin<Box<dyn Socket>>),
 }
 
 /// An operation in the engine: where its result goes, and the cursor it opened.
@@ -114,44 +35,12 @@ struct Pending {
     cursor: Option<CursorHandle>,
 }
 
-/// What the client and its driver share.
-#[derive(Default)]
-pub(crate) struct Shared {
-    pub(crate) state: Mutex<SharedState>,
-}
-
-#[derive(Default)]
-pub(crate) struct SharedState {
-    pub(crate) requests: VecDeque<Request>,
-    pub(crate) driver: Option<Waker>,
-    /// Shutdown was asked for.
-    pub(crate) closing: bool,
-    /// The driver has stopped: every operation has its result.
-    pub(crate) done: bool,
-    pub(crate) done_wakers: Vec<Waker>,
-    pub(crate) subscribers: Vec<Arc<EventQueue>>,
-}
-
-impl Shared {
-    /// Asks the driver to shut down.
-    pub(crate) fn close(&self) {
-        let mut state = lock(&self.state);
-        state.closing = true;
-        if let Some(waker) = state.driver.take() {
-            waker.wake();
-        }
-    }
-}
-
-enum Link {
-    Connecting(BoxFuture<io::Result<Pin<Box<dyn Socket>>>>),
-    Open(Pin<Box<dyn Socket>>),
-}
-
 struct SocketState {
     link: Link,
-    /// Bytes the engine asked to write, not yet written.
-    outgoing: VecDeque<u8>,
+    /// Bytes the engine asked to write: `outgoing[written..]` are not written yet. The buffer is
+    /// reused: it is swapped with the engine's transmit buffer, never copied, when it was empty.
+    outgoing: Vec<u8>,
+    written: usize,
 }
 
 /// The task that owns the engine. Spawned once per client.
@@ -166,6 +55,10 @@ pub(crate) struct Driver {
     /// `timeoutMS`, for each operation's CSOT deadline.
     timeout: Option<core::time::Duration>,
     read_buffer: Vec<u8>,
+    /// Where `Engine::poll_transmit` appends; swapped into an idle socket's `outgoing`.
+    transmit: Vec<u8>,
+    /// The socket ids of one round (reused).
+    ids: Vec<ConnId>,
 }
 
 impl Driver {
@@ -186,23 +79,45 @@ impl Driver {
             pending: BTreeMap::new(),
             timeout,
             read_buffer: vec![0; READ_BUFFER_BYTES],
+            transmit: Vec::new(),
+            ids: Vec::new(),
         }
     }
 
     /// Starts the operations the client queued. Returns whether there were any, and whether the
     /// client is closing.
     fn take_requests(&mut self, cx: &mut Context<'_>, now: Instant) -> (bool, bool) {
-        let (requests, closing) = {
+        let (requests, cancels, closing) = {
             let mut state = lock(&self.shared.state);
-            state.driver = Some(cx.waker().clone());
+            if !state
+                .driver
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()))
+            {
+                state.driver = Some(cx.waker().clone());
+            }
             // EV-1: command events cost a copy of each command and reply; publish them only
             // while someone listens.
             let listening = state.subscribers.iter().any(|s| Arc::strong_count(s) > 1);
             self.engine.set_command_monitoring(listening);
-            (core::mem::take(&mut state.requests), state.closing)
+            if state.requests.is_empty() && state.cancels.is_empty() {
+                return (false, state.closing);
+            }
+            (
+                core::mem::take(&mut state.requests),
+                core::mem::take(&mut state.cancels),
+                state.closing,
+            )
         };
-        let progressed = !requests.is_empty();
+        // A dropped `run` future cancels its operation in the engine.
+        for op in cancels {
+            self.pending.remove(&op);
+            self.engine.cancel_operation(op, now);
+        }
         for request in requests {
+            if request.reply.is_abandoned() {
+                continue;
+            }
             let timeout = match self.timeout {
                 Some(t) => OperationTimeout::from_timeout_ms(now, t),
                 None => OperationTimeout::Off,
@@ -210,20 +125,27 @@ impl Driver {
             let mut operation = request.operation;
             operation.timeout = timeout;
             let op = self.engine.start_operation(operation, now);
+            if !request.reply.started(op) {
+                // Dropped while it was being started.
+                self.engine.cancel_operation(op, now);
+                continue;
+            }
             let pending = Pending {
                 slot: request.reply,
                 cursor: None,
             };
             self.pending.insert(op, pending);
         }
-        (progressed, closing)
+        (true, closing)
     }
 
     /// Connects, writes and reads every socket as far as it goes without waiting.
     fn poll_sockets(&mut self, cx: &mut Context<'_>, now: Instant) -> bool {
         let mut progressed = false;
-        let ids: Vec<ConnId> = self.sockets.keys().copied().collect();
-        for conn in ids {
+        let mut ids = core::mem::take(&mut self.ids);
+        ids.clear();
+        ids.extend(self.sockets.keys().copied());
+        for &conn in &ids {
             let Some(socket) = self.sockets.get_mut(&conn) else {
                 continue;
             };
@@ -240,19 +162,26 @@ impl Driver {
                     }
                 }
                 // The engine may have written the handshake, or closed the socket.
+                self.ids = ids;
                 return true;
             }
             let Link::Open(stream) = &mut socket.link else {
                 continue;
             };
             let mut failure = None;
-            while !socket.outgoing.is_empty() && failure.is_none() {
-                let (bytes, _) = socket.outgoing.as_slices();
-                match stream.as_mut().poll_write(cx, bytes) {
+            while socket.written < socket.outgoing.len() && failure.is_none() {
+                match stream
+                    .as_mut()
+                    .poll_write(cx, &socket.outgoing[socket.written..])
+                {
                     Poll::Pending => break,
                     Poll::Ready(Ok(0)) => failure = Some(NetworkErrorKind::Closed),
                     Poll::Ready(Ok(n)) => {
-                        socket.outgoing.drain(..n);
+                        socket.written += n;
+                        if socket.written == socket.outgoing.len() {
+                            socket.outgoing.clear();
+                            socket.written = 0;
+                        }
                         progressed = true;
                     }
                     Poll::Ready(Err(error)) => failure = Some(error_kind(&error)),
@@ -279,6 +208,7 @@ impl Driver {
                 self.engine.handle_closed(conn, kind, now);
             }
         }
+        self.ids = ids;
         progressed
     }
 
@@ -296,37 +226,38 @@ impl Driver {
                 connect.conn,
                 SocketState {
                     link: Link::Connecting(future),
-                    outgoing: VecDeque::new(),
+                    outgoing: Vec::new(),
+                    written: 0,
                 },
             );
         }
-        let mut buf = Vec::new();
-        while let Some(conn) = self.engine.poll_transmit(&mut buf) {
+        while let Some(conn) = self.engine.poll_transmit(&mut self.transmit) {
             progressed = true;
             if let Some(socket) = self.sockets.get_mut(&conn) {
-                socket.outgoing.extend(buf.drain(..));
+                if socket.outgoing.is_empty() {
+                    // No copy: the socket takes the bytes' buffer and lends its own.
+                    core::mem::swap(&mut socket.outgoing, &mut self.transmit);
+                } else {
+                    socket.outgoing.extend_from_slice(&self.transmit);
+                }
             }
-            buf.clear();
+            self.transmit.clear();
         }
         while let Some(conn) = self.engine.poll_close() {
             progressed = true;
             self.sockets.remove(&conn);
         }
-        let events: Vec<EngineEvent> = core::iter::from_fn(|| self.engine.poll_event()).collect();
-        if events.is_empty() {
+        let Some(first) = self.engine.poll_event() else {
             return progressed;
-        }
+        };
         // Subscribers get an operation's events before its caller gets its result.
-        {
-            let mut state = lock(&self.shared.state);
-            state.subscribers.retain(|s| Arc::strong_count(s) > 1);
+        let mut state = lock(&self.shared.state);
+        state.subscribers.retain(|s| Arc::strong_count(s) > 1);
+        let mut next = Some(first);
+        while let Some(event) = next {
             for subscriber in &state.subscribers {
-                for event in &events {
-                    subscriber.push((now, event.clone()));
-                }
+                subscriber.push((now, event.clone()));
             }
-        }
-        for event in events {
             match event {
                 EngineEvent::CursorOpened { op, cursor } => {
                     if let Some(pending) = self.pending.get_mut(&op) {
@@ -343,6 +274,7 @@ impl Driver {
                 }
                 _ => {}
             }
+            next = self.engine.poll_event();
         }
         true
     }
@@ -369,9 +301,12 @@ impl Driver {
         false
     }
 
-    /// Fails every operation in flight or queued with a cancellation, closes every socket and
+    /// Closes the engine (every operation in flight finishes once with its cancellation, the
+    /// closing events are delivered), fails the operations still queued, closes every socket and
     /// ends every event stream.
-    fn finish(&mut self) {
+    fn finish(&mut self, now: Instant) {
+        self.engine.close(now);
+        self.flush_engine(now);
         self.sockets.clear();
         for (_, pending) in core::mem::take(&mut self.pending) {
             pending.slot.complete(Err(OperationError::cancelled()));
@@ -399,7 +334,7 @@ impl Future for Driver {
             let now = this.runtime.now();
             let (mut progressed, closing) = this.take_requests(cx, now);
             if closing {
-                this.finish();
+                this.finish(now);
                 return Poll::Ready(());
             }
             progressed |= this.flush_engine(now);
@@ -412,6 +347,84 @@ impl Future for Driver {
         }
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+}
+
+/// A driver without a task of its own, for runtimes without a spawn of their own (async-io under
+/// `async_std::task::block_on` or `smol::block_on`): the client's futures (operations, event
+/// streams, shutdown) drive it on the caller's executor. Whichever of them is polled, and finds
+/// the driver idle and its wake flag set, runs the driver's rounds; the driver's own waker (the
+/// one its sockets and timer hold) sets the flag and wakes every future waiting on it.
+pub(crate) struct LocalDriver {
+    driver: Mutex<Option<Driver>>,
+    waker: Arc<DriverWaker>,
+}
+
+/// The waker the driver's sockets and timer hold: "the driver has something to do".
+#[derive(Default)]
+struct DriverWaker {
+    /// Set by every wake, cleared when a round of the driver starts.
+    dirty: AtomicBool,
+    /// The tasks waiting on the client, one waker each.
+    waiting: Mutex<Vec<Waker>>,
+}
+
+impl Wake for DriverWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.dirty.store(true, Ordering::Release);
+        for waker in core::mem::take(&mut *lock(&self.waiting)) {
+            waker.wake();
+        }
+    }
+}
+
+/// Driving passes in one poll of a client future, before it yields to its executor (it was woken,
+/// so it is polled again).
+const PASSES_PER_POLL: usize = 4;
+
+impl LocalDriver {
+    pub(crate) fn new(driver: Driver) -> LocalDriver {
+        LocalDriver {
+            driver: Mutex::new(Some(driver)),
+            waker: Arc::new(DriverWaker {
+                dirty: AtomicBool::new(true),
+                waiting: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// Registers `cx`'s task as waiting on the client and runs the driver if it has something
+    /// to do and no other task is running it (that one re-checks the flag when it is done).
+    pub(crate) fn drive(&self, cx: &Context<'_>) {
+        {
+            let mut waiting = lock(&self.waker.waiting);
+            if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                waiting.push(cx.waker().clone());
+            }
+        }
+        let waker = Waker::from(self.waker.clone());
+        let mut driver_cx = Context::from_waker(&waker);
+        for _ in 0..PASSES_PER_POLL {
+            if !self.waker.dirty.load(Ordering::Acquire) {
+                return;
+            }
+            let mut guard = match self.driver.try_lock() {
+                Ok(guard) => guard,
+                Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
+            self.waker.dirty.store(false, Ordering::Release);
+            if let Some(driver) = guard.as_mut() {
+                if Pin::new(driver).poll(&mut driver_cx).is_ready() {
+                    // Shut down: the driver (and its engine and sockets) goes now.
+                    *guard = None;
+                }
+            }
+        }
     }
 }
 

@@ -42,9 +42,11 @@ mod driver;
 mod io_error;
 mod options;
 mod runtime;
+mod shared;
 
-pub use client::{Client, CommandOptions, ConnectError, Events, Reply, TimedEvent};
+pub use client::{Client, CommandOptions, ConnectError, Events};
 pub use connection_string::{ConnectionString, Host, HostKind, OptionValue};
 pub use io_error::{classify_io_error, io_cause, LOOKUP_FAILED};
 pub use options::{ClientOptions, OptionsError};
 pub use runtime::{literal_address, timer_offset, AsyncTimer, BoxFuture, Runtime, Socket};
+pub use shared::{Reply, TimedEvent};

@@ -1,5 +1,5 @@
 //! What a driver needs from an async runtime, in the manner of quinn's `Runtime`: a clock, timers,
-//! one spawn and TCP sockets. Nothing here decides anything; the engine does.
+//! an optional spawn and TCP sockets. Nothing here decides anything; the engine does.
 
 use core::fmt;
 use core::future::Future;
@@ -28,8 +28,22 @@ pub trait Runtime: Send + Sync + fmt::Debug + 'static {
     /// A timer that fires at `at` (on the clock of [`Runtime::now`]).
     fn new_timer(&self, at: Instant) -> Pin<Box<dyn AsyncTimer>>;
 
-    /// Runs `future` to completion in the background, or says why it cannot.
-    fn spawn(&self, future: BoxFuture<()>) -> io::Result<()>;
+    /// Whether the driver gets a task of its own ([`Runtime::spawn`]). `false` for runtimes
+    /// without an executor of their own: the client's futures (operations, event streams,
+    /// shutdown) then drive it on the caller's executor, with no task and no thread.
+    fn spawns(&self) -> bool {
+        true
+    }
+
+    /// Runs `future` to completion in the background, or says why it cannot. Called only when
+    /// [`Runtime::spawns`]; the default cannot.
+    fn spawn(&self, future: BoxFuture<()>) -> io::Result<()> {
+        drop(future);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this runtime has no executor; the client drives its engine on the caller's",
+        ))
+    }
 
     /// Opens a TCP connection to `host:port`.
     fn connect(&self, host: String, port: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>>;

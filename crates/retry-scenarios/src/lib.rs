@@ -680,6 +680,139 @@ pub async fn shutdown_fails_operations_in_flight<R: Runtime>() {
     .await
 }
 
+/// `(op, class)` of every `OperationFinished` in `events`, in order.
+fn finished(
+    events: &[(Instant, EngineEvent)],
+) -> Vec<(retry_core::engine::OpId, Option<ErrorClass>)> {
+    events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            EngineEvent::OperationFinished { op, result } => Some((
+                *op,
+                result.as_ref().err().map(|error| error.summary().class),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A `find` the server holds for an hour.
+fn held_find(server: &Server) {
+    server.handle.set_fail_command(Some(
+        FailCommand::new(FailPointMode::AlwaysOn, ["find"]).with_block(Duration::from_secs(3600)),
+    ));
+}
+
+/// Polls `future` (without finishing it) until the server has received `finds` `find`s.
+async fn poll_until_received<F: Future>(
+    handle: &ServerHandle,
+    finds: u64,
+    future: &mut core::pin::Pin<&mut F>,
+) {
+    for _ in 0..100_000 {
+        if handle.counters().command("find").received >= finds {
+            return;
+        }
+        let _ = poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx).is_ready())).await;
+        yield_now().await;
+    }
+    panic!("the server never received {finds} finds");
+}
+
+/// Dropping a `run` future cancels its operation in the engine: it finishes once with a
+/// cancellation (an `OperationFinished` event, the attempt in flight failed), and the client
+/// goes on serving other operations.
+pub async fn dropped_run_cancels_its_operation<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let server = Server::with_role(Role::Standalone).await;
+        held_find(&server);
+        let client = connect::<R>(options(&[&server]));
+        let mut events = client.events();
+        {
+            let held = client.run_command("test", doc! { "find": "items" }, OperationKind::Read);
+            let mut held = pin!(held);
+            poll_until_received(&server.handle, 1, &mut held).await;
+        }
+        // The ping runs after the cancellation was handed over: its result comes after the
+        // find's end.
+        ping(&client).await;
+        let ends = finished(&events.drain());
+        assert_eq!(ends.len(), 2, "{ends:?}");
+        assert_eq!(ends[0].1, Some(ErrorClass::Cancelled), "{ends:?}");
+        assert_eq!(ends[1].1, None, "{ends:?}");
+        client.shutdown().await;
+        let late = finished(&events.drain());
+        assert!(late.is_empty(), "the cancelled find ended once: {late:?}");
+        server.stop().await;
+    })
+    .await
+}
+
+/// Shutdown ends every operation in flight exactly once, through the engine's close: each caller
+/// gets a cancellation, and the event stream carries one `OperationFinished` per operation.
+pub async fn shutdown_ends_every_operation_once<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let server = Server::with_role(Role::Standalone).await;
+        held_find(&server);
+        let client = connect::<R>(options(&[&server]));
+        let mut events = client.events();
+        let find = || client.run_command("test", doc! { "find": "items" }, OperationKind::Read);
+        let mut held = pin!(async {
+            let (a, b, c) = (find(), find(), find());
+            let (mut a, mut b, mut c) = (pin!(a), pin!(b), pin!(c));
+            let mut results = [None, None, None];
+            poll_fn(|cx| {
+                for (slot, future) in results.iter_mut().zip([
+                    a.as_mut().poll(cx),
+                    b.as_mut().poll(cx),
+                    c.as_mut().poll(cx),
+                ]) {
+                    if let Poll::Ready(result) = future {
+                        slot.get_or_insert(result);
+                    }
+                }
+                if results.iter().all(Option::is_some) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            results.map(Option::unwrap)
+        });
+        poll_until_received(&server.handle, 3, &mut held).await;
+        let mut shutdown = pin!(client.shutdown());
+        let mut shut = false;
+        let results = poll_fn(|cx| {
+            shut = shut || shutdown.as_mut().poll(cx).is_ready();
+            held.as_mut().poll(cx)
+        })
+        .await;
+        for result in results {
+            let error = result.expect_err("cancelled by the shutdown");
+            assert_eq!(error.summary().class, ErrorClass::Cancelled, "{error}");
+        }
+        if !shut {
+            shutdown.await;
+        }
+        let mut all = Vec::new();
+        while let Some(event) = events.next_event().await {
+            all.push(event);
+        }
+        let ends = finished(&all);
+        assert_eq!(ends.len(), 3, "{ends:?}");
+        let mut ops: Vec<_> = ends.iter().map(|(op, _)| *op).collect();
+        ops.sort();
+        ops.dedup();
+        assert_eq!(ops.len(), 3, "each operation ends once: {ends:?}");
+        assert!(ends
+            .iter()
+            .all(|(_, class)| *class == Some(ErrorClass::Cancelled)));
+        server.stop().await;
+    })
+    .await
+}
+
 /// Yields once to the executor.
 async fn yield_now() {
     let mut yielded = false;
@@ -713,6 +846,8 @@ macro_rules! suite {
             overloaded_get_more_is_retried,
             connection_is_checked_in_between_attempts,
             shutdown_fails_operations_in_flight,
+            dropped_run_cancels_its_operation,
+            shutdown_ends_every_operation_once,
             fault_soak,
         );
     };

@@ -1,0 +1,202 @@
+//! What a client and its driver share: the queue of operations to start and to cancel, each
+//! operation's result slot, the event streams, and the shutdown flag. Plain data behind mutexes;
+//! the driver (`driver.rs`) fills it and the client (`client.rs`) reads it.
+
+use core::task::{Context, Poll, Waker};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use bson::Document;
+use retry_core::engine::{CursorHandle, EngineEvent, OpId, OperationRequest};
+use retry_core::error::OperationError;
+use retry_core::time::Instant;
+
+/// An engine event with the instant, on the client's clock (time since its creation), at which
+/// the driver took it from the engine.
+pub type TimedEvent = (Instant, EngineEvent);
+
+/// A successful command's reply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reply {
+    /// The reply document.
+    pub document: Document,
+    /// The cursor the command opened (with `CursorUse::Open` and a non-zero `cursor.id`).
+    pub cursor: Option<CursorHandle>,
+}
+
+/// Locks `mutex`; a panic elsewhere while it was held does not poison the client.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What an operation ends with.
+pub(crate) type OperationResult = Result<Reply, OperationError>;
+
+#[derive(Default)]
+struct SlotState {
+    result: Option<OperationResult>,
+    waker: Option<Waker>,
+    /// The engine's id for the operation, once the driver started it.
+    op: Option<OpId>,
+    /// The caller dropped its future: the driver must not start it, or must cancel it.
+    abandoned: bool,
+}
+
+/// Where one operation's result goes: a one-shot slot the caller awaits.
+#[derive(Default)]
+pub(crate) struct Slot {
+    state: Mutex<SlotState>,
+}
+
+impl Slot {
+    pub(crate) fn complete(&self, result: OperationResult) {
+        let mut state = lock(&self.state);
+        if state.result.is_none() {
+            state.result = Some(result);
+        }
+        if let Some(waker) = state.waker.take() {
+            waker.wake();
+        }
+    }
+
+    pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<OperationResult> {
+        let mut state = lock(&self.state);
+        match state.result.take() {
+            Some(result) => {
+                // Taken: nothing is left to cancel.
+                state.op = None;
+                Poll::Ready(result)
+            }
+            None => {
+                if !state
+                    .waker
+                    .as_ref()
+                    .is_some_and(|w| w.will_wake(cx.waker()))
+                {
+                    state.waker = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    /// The driver started the operation as `op`; `false` if the caller already gave up on it.
+    pub(crate) fn started(&self, op: OpId) -> bool {
+        let mut state = lock(&self.state);
+        state.op = Some(op);
+        !state.abandoned
+    }
+
+    /// Whether the caller gave up on the operation before it started.
+    pub(crate) fn is_abandoned(&self) -> bool {
+        lock(&self.state).abandoned
+    }
+
+    /// The caller gives up: the engine's operation to cancel, if it started and has no result.
+    pub(crate) fn abandon(&self) -> Option<OpId> {
+        let mut state = lock(&self.state);
+        state.abandoned = true;
+        state.waker = None;
+        match state.result {
+            Some(_) => None,
+            None => state.op,
+        }
+    }
+}
+
+/// The monitoring events of one subscriber, in order.
+#[derive(Default)]
+pub(crate) struct EventQueue {
+    state: Mutex<(VecDeque<TimedEvent>, Option<Waker>, bool)>,
+}
+
+impl EventQueue {
+    pub(crate) fn push(&self, event: TimedEvent) {
+        let mut state = lock(&self.state);
+        state.0.push_back(event);
+        if let Some(waker) = state.1.take() {
+            waker.wake();
+        }
+    }
+
+    /// Ends the stream once its events are taken.
+    pub(crate) fn close(&self) {
+        let mut state = lock(&self.state);
+        state.2 = true;
+        if let Some(waker) = state.1.take() {
+            waker.wake();
+        }
+    }
+
+    /// The next event; `None` once the client has shut down and every event was taken.
+    pub(crate) fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<TimedEvent>> {
+        let mut state = lock(&self.state);
+        if let Some(event) = state.0.pop_front() {
+            return Poll::Ready(Some(event));
+        }
+        if state.2 {
+            return Poll::Ready(None);
+        }
+        state.1 = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    pub(crate) fn try_next(&self) -> Option<TimedEvent> {
+        lock(&self.state).0.pop_front()
+    }
+}
+
+/// An operation the client asked for.
+pub(crate) struct Request {
+    /// The operation; the driver sets its CSOT deadline from `timeoutMS`.
+    pub(crate) operation: OperationRequest,
+    pub(crate) reply: Arc<Slot>,
+}
+
+/// What the client and its driver share.
+#[derive(Default)]
+pub(crate) struct Shared {
+    pub(crate) state: Mutex<SharedState>,
+}
+
+#[derive(Default)]
+pub(crate) struct SharedState {
+    pub(crate) requests: VecDeque<Request>,
+    /// Started operations whose callers dropped their futures.
+    pub(crate) cancels: Vec<OpId>,
+    pub(crate) driver: Option<Waker>,
+    /// Shutdown was asked for.
+    pub(crate) closing: bool,
+    /// The driver has stopped: every operation has its result.
+    pub(crate) done: bool,
+    pub(crate) done_wakers: Vec<Waker>,
+    pub(crate) subscribers: Vec<Arc<EventQueue>>,
+}
+
+impl SharedState {
+    /// Wakes the driver, for new work.
+    pub(crate) fn wake_driver(&mut self) {
+        if let Some(waker) = self.driver.take() {
+            waker.wake();
+        }
+    }
+}
+
+impl Shared {
+    /// Asks the driver to shut down.
+    pub(crate) fn close(&self) {
+        let mut state = lock(&self.state);
+        state.closing = true;
+        state.wake_driver();
+    }
+
+    /// The caller of `slot`'s operation gave up on it: the driver cancels it in the engine.
+    pub(crate) fn abandon(&self, slot: &Slot) {
+        let Some(op) = slot.abandon() else {
+            return;
+        };
+        let mut state = lock(&self.state);
+        state.cancels.push(op);
+        state.wake_driver();
+    }
+}
