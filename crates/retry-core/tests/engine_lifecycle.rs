@@ -10,7 +10,7 @@ use retry_core::address::ServerAddress;
 use retry_core::engine::{
     CommandEvent, ConnId, Engine, EngineError, EngineEvent, EngineOptions, OpId, OperationRequest,
 };
-use retry_core::error::{ErrorKind, OperationError};
+use retry_core::error::{ErrorKind, NetworkErrorKind, OperationError};
 use retry_core::handshake::{ClientMetadata, HandshakeOptions};
 use retry_core::pool::PoolEvent;
 use retry_core::retry::{OperationKind, RetryEvent};
@@ -515,4 +515,136 @@ fn ev6_sensitive_commands_are_redacted() {
         CommandEvent::Started { info, command },
         CommandEvent::Succeeded { reply, .. },
     ] if info.command_name == "saslStart" && command.is_empty() && reply.is_empty()));
+}
+
+/// The command events so far.
+fn command_events(net: &Net) -> Vec<CommandEvent> {
+    net.events
+        .iter()
+        .filter_map(|e| match e {
+            EngineEvent::Command(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Delivers `body` as the reply to `request_id` on `conn` at the net's current time.
+fn reply_to(net: &mut Net, conn: ConnId, request_id: i32, body: Document) {
+    let reply = OpMsg {
+        request_id: 0,
+        response_to: request_id,
+        flags: MsgFlags::NONE,
+        body,
+        sequences: Vec::new(),
+    };
+    let mut bytes = Vec::new();
+    reply
+        .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut bytes)
+        .expect("encodable");
+    net.engine.handle_bytes(conn, &bytes, net.now);
+    net.drain();
+}
+
+/// EV-1, EV-2: durations are exact in virtual time, from the write to the failure (a closed
+/// socket) or the reply; the retry is a second pair with the same operation id on a new
+/// connection whose handshake publishes nothing (EV-8). Turning monitoring off still closes the
+/// command in flight (EV-1), and later commands publish nothing.
+#[test]
+fn ev1_ev2_durations_are_exact_and_a_pending_command_closes_after_monitoring_stops() {
+    let script: Script = Box::new(|_, body| is_hello(body).then(mongos_hello));
+    let settings = TopologySettings::new(vec![address("m1")]);
+    let mut options = EngineOptions::new(settings, handshake());
+    options.command_monitoring = true;
+    let mut net = Net::new(options, script);
+    let op = net.start(read(ReadPreferenceMode::Primary));
+    let [CommandEvent::Started { info: first, .. }] = &command_events(&net)[..] else {
+        panic!("one started event: {:#?}", command_events(&net));
+    };
+    assert_eq!(first.operation_id, op);
+    assert_eq!(first.address, address("m1"));
+    assert_eq!(first.service_id, None);
+    // The socket breaks 250 ms after the write.
+    net.now = Instant::from_millis(250);
+    net.engine
+        .handle_closed(first.connection, NetworkErrorKind::Io, net.now);
+    net.drain();
+    // The server is Unknown until its next check (minHeartbeatFrequencyMS after the first, at
+    // 500 ms); then the retry runs.
+    net.run_until(Instant::from_millis(500));
+    let events = command_events(&net);
+    let CommandEvent::Failed { info, duration, .. } = &events[1] else {
+        panic!("a failed event: {events:#?}");
+    };
+    assert_eq!(info, first);
+    assert_eq!(*duration, std::time::Duration::from_millis(250));
+    // The retry's started event, on a new connection (its handshake published nothing).
+    let [_, _, CommandEvent::Started { info: second, .. }] = &events[..] else {
+        panic!("the retry's started event only: {events:#?}");
+    };
+    assert_eq!(second.operation_id, op);
+    assert_ne!(second.connection, first.connection);
+    assert_ne!(second.driver_connection_id, first.driver_connection_id);
+    assert_eq!(second.server_connection_id, Some(42));
+    net.engine.set_command_monitoring(false);
+    net.now = Instant::from_millis(650);
+    let reply = doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } };
+    reply_to(
+        &mut net,
+        second.connection,
+        second.request_id,
+        reply.clone(),
+    );
+    assert!(net.finished(op)[0].is_ok());
+    let events = command_events(&net);
+    assert_eq!(events.len(), 4, "{events:#?}");
+    assert_eq!(
+        events[3],
+        CommandEvent::Succeeded {
+            info: second.clone(),
+            duration: std::time::Duration::from_millis(150),
+            reply,
+        }
+    );
+    // Monitoring is off: the next operation publishes no command events.
+    let next = net.start(read(ReadPreferenceMode::Primary));
+    assert!(net.finished(next).is_empty());
+    assert_eq!(command_events(&net).len(), 4);
+}
+
+/// EV-6: a hello carrying `speculativeAuthenticate` sent as an application command is redacted
+/// (command and reply), with the name as sent; a plain hello is not.
+#[test]
+fn ev6_a_hello_with_speculative_authenticate_is_redacted_a_plain_one_is_not() {
+    let script: Script = Box::new(|_, body| is_hello(body).then(mongos_hello));
+    let settings = TopologySettings::new(vec![address("m1")]);
+    let mut options = EngineOptions::new(settings, handshake());
+    options.command_monitoring = true;
+    let mut net = Net::new(options, script);
+    for (command, redacted) in [
+        (
+            doc! { "isMaster": 1, "speculativeAuthenticate": { "db": "admin" } },
+            true,
+        ),
+        (doc! { "hello": 1 }, false),
+    ] {
+        let before = command_events(&net).len();
+        let mut request = read(ReadPreferenceMode::Primary);
+        request.command = command.clone();
+        request.kind = OperationKind::RunCommand;
+        request.db = "admin".into();
+        let op = net.start(request);
+        assert!(net.finished(op)[0].is_ok());
+        let events = command_events(&net);
+        let [CommandEvent::Started {
+            info,
+            command: sent,
+        }, CommandEvent::Succeeded { reply, .. }] = &events[before..]
+        else {
+            panic!("one pair: {events:#?}");
+        };
+        let name = command.keys().next().expect("a name");
+        assert_eq!(&info.command_name, name, "EV-6: the name as sent");
+        assert_eq!(sent.is_empty(), redacted, "{sent}");
+        assert_eq!(reply.is_empty(), redacted, "{reply}");
+    }
 }

@@ -222,7 +222,9 @@ impl<R> Client<R> {
     /// Every engine event from now on (operation results, command and retry events, CMAP, SDAM
     /// and heartbeat events), in order, each with the instant on the client's clock (time since
     /// its creation) at which the driver took it from the engine. Ends when the client shuts
-    /// down. Events queue until taken; drop the stream to stop them.
+    /// down. Events queue until taken; drop the stream to stop them. Command events
+    /// ([`EngineEvent::Command`], EV-1..EV-6) are published only while a stream is alive, for
+    /// commands written from then on.
     pub fn events(&self) -> Events {
         let queue = Arc::new(EventQueue::default());
         let mut state = lock(&self.inner.shared.state);

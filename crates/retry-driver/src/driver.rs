@@ -96,6 +96,10 @@ impl Driver {
             {
                 state.driver = Some(cx.waker().clone());
             }
+            // EV-1: command events cost a copy of each command and reply; publish them only
+            // while someone listens.
+            let listening = state.subscribers.iter().any(|s| Arc::strong_count(s) > 1);
+            self.engine.set_command_monitoring(listening);
             if state.requests.is_empty() && state.cancels.is_empty() {
                 return (false, state.closing);
             }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::io::{self, Write};
 
 use bson::doc;
-use retry_core::engine::EngineEvent;
+use retry_core::engine::{CommandEvent, EngineEvent};
 use retry_core::error::ErrorSummary;
 use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::time::Instant;
@@ -160,6 +160,30 @@ pub fn describe(event: &EngineEvent) -> String {
         EngineEvent::CursorOpened { op, cursor } => {
             format!("operation {}: cursor {} opened", op.0, cursor.0)
         }
+        EngineEvent::Command(event) => command(event),
+        other => format!("{other:?}"),
+    }
+}
+
+/// A command event in one line: its name, request id and, once it ended, its duration (EV-2).
+fn command(event: &CommandEvent) -> String {
+    match event {
+        CommandEvent::Started { info, .. } => format!(
+            "command {} request {} started on {}",
+            info.command_name, info.request_id, info.address
+        ),
+        CommandEvent::Succeeded { info, duration, .. } => format!(
+            "command {} request {} succeeded in {duration:?}",
+            info.command_name, info.request_id
+        ),
+        CommandEvent::Failed {
+            info,
+            duration,
+            failure,
+        } => format!(
+            "command {} request {} failed in {duration:?}: {failure}",
+            info.command_name, info.request_id
+        ),
         other => format!("{other:?}"),
     }
 }

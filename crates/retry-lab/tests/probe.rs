@@ -31,12 +31,19 @@ async fn a_ping_against_a_standalone_prints_the_handshake_and_the_command() {
         format!("server {address}: Unknown -> Standalone"),
         format!("operation 1: attempt 1 started on {address}"),
         format!("operation 1: attempt 1 succeeded on {address}"),
+        // EV-1, EV-2: the command events, one line each (the handshake publishes none, EV-8).
+        format!(" started on {address}"),
+        "command ping request ".to_string(),
+        " succeeded in ".to_string(),
         "operation 1 finished: { \"ok\": 1".to_string(),
         "ping succeeded".to_string(),
     ] {
         assert!(text.contains(&expected), "no {expected:?} in\n{text}");
     }
     assert!(!text.contains("retry"), "{text}");
+    // EV-8: no command events for handshakes or heartbeats.
+    assert!(!text.contains("command hello"), "{text}");
+    assert!(!text.contains("command isMaster"), "{text}");
     // The server saw one ping; each connection's first handshake (the one with the client
     // metadata; later heartbeats are plain hellos) announced backpressure support (BP-25).
     let handle = server.handle();
@@ -75,6 +82,8 @@ async fn an_overloaded_ping_is_retried_and_every_attempt_is_printed() {
         "operation 1: retry 1 in",
         "operation 1: attempt 2 started",
         "operation 1: attempt 2 succeeded",
+        // EV-3: the ok:0 reply is a failed command event, the retry a second pair.
+        " failed in ",
         "ping succeeded",
     ] {
         assert!(text.contains(expected), "no {expected:?} in\n{text}");

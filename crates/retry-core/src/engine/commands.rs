@@ -97,7 +97,7 @@ pub(super) fn is_sensitive(command: &Document) -> bool {
     let Some(name) = command.keys().next() else {
         return false;
     };
-    let hello = name == "hello" || name.eq_ignore_ascii_case("ismaster");
+    let hello = name.eq_ignore_ascii_case("hello") || name.eq_ignore_ascii_case("ismaster");
     SENSITIVE.iter().any(|s| s.eq_ignore_ascii_case(name))
         || (hello && command.contains_key("speculativeAuthenticate"))
 }
@@ -215,11 +215,16 @@ impl Engine {
         now: Instant,
     ) {
         let duration = now.saturating_duration_since(pending.sent_at);
+        let failure = if pending.sensitive {
+            redact(failure.clone())
+        } else {
+            failure.clone()
+        };
         self.events
             .push_back(EngineEvent::Command(CommandEvent::Failed {
                 info: pending.info,
                 duration,
-                failure: failure.clone(),
+                failure,
             }));
     }
 }
@@ -240,7 +245,15 @@ mod tests {
         assert!(is_sensitive(
             &doc! { "isMaster": 1, "speculativeAuthenticate": {} }
         ));
+        assert!(is_sensitive(
+            &doc! { "ismaster": 1, "speculativeAuthenticate": {} }
+        ));
+        assert!(is_sensitive(&doc! { "SASLSTART": 1 }));
+        assert!(is_sensitive(&doc! { "copydbsaslstart": 1 }));
         assert!(!is_sensitive(&doc! { "hello": 1 }));
+        assert!(!is_sensitive(&doc! { "isMaster": 1 }));
+        // The command name is the first key: a later `saslStart` field does not count.
+        assert!(!is_sensitive(&doc! { "find": "c", "saslStart": 1 }));
         assert!(!is_sensitive(&doc! { "find": "c" }));
     }
 

@@ -662,6 +662,12 @@ impl Engine {
         self.closes.pop_front()
     }
 
+    /// Turns [`EngineOptions::command_monitoring`] on or off from the next command written on;
+    /// a command already in flight still gets its closing event (EV-1).
+    pub fn set_command_monitoring(&mut self, on: bool) {
+        self.options.command_monitoring = on;
+    }
+
     /// The next event.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<EngineEvent> {
