@@ -1,5 +1,6 @@
 //! The commands the server runs once a request is admitted: hello, ping, the in-memory CRUD
-//! subset, `configureFailPoint` and a few no-ops.
+//! commands (TK-*), `configureFailPoint` and a few no-ops. A command not listed in [`execute`]
+//! is answered with `CommandNotFound` (59).
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
@@ -16,8 +17,31 @@ use retry_core::wire::OpMsg;
 /// The `electionId` a primary reports; constant, since the test server never holds an election.
 const ELECTION_ID: [u8; 12] = [0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 1];
 
-/// The version `buildInfo` reports.
-const VERSION: &str = "8.2.0";
+/// The server version `buildInfo` reports for a `maxWireVersion` (TK-*: consistent with hello):
+/// 25 is 8.0, 21 is 7.0, 17 is 6.0, 13 is 5.0, 9 is 4.4, 8 is 4.2.
+pub(crate) fn version_for_wire(max_wire_version: i32) -> [i32; 3] {
+    match max_wire_version {
+        v if v >= 27 => [8, 2, 0],
+        26 => [8, 1, 0],
+        25 => [8, 0, 0],
+        22..=24 => [7, v_minor(max_wire_version, 21), 0],
+        21 => [7, 0, 0],
+        18..=20 => [6, v_minor(max_wire_version, 17), 0],
+        17 => [6, 0, 0],
+        14..=16 => [5, v_minor(max_wire_version, 13), 0],
+        13 => [5, 0, 0],
+        9..=12 => [4, 4, 0],
+        8 => [4, 2, 0],
+        7 => [4, 0, 0],
+        6 => [3, 6, 0],
+        _ => [3, 4, 0],
+    }
+}
+
+/// The rapid releases between majors: one wire version each.
+fn v_minor(max_wire_version: i32, major_wire: i32) -> i32 {
+    max_wire_version - major_wire
+}
 
 /// Whether `name` is a handshake command: never rate limited (BP-6), recorded for tests.
 pub(crate) fn is_hello(name: &str) -> bool {
@@ -31,17 +55,21 @@ pub(crate) fn is_retryable_write(name: &str, command: &Document) -> bool {
         || (command.contains_key("txnNumber") && !command.contains_key("autocommit"))
 }
 
-/// The identity of a retryable `insert` (the one write the server runs), when it is one: a retry
-/// with the same `lsid` and `txnNumber` gets the first reply and does not run again.
+/// The identity of a retryable write (`insert`, `update`, `delete`, `findAndModify`), when it
+/// is one: a retry with the same `lsid`, `txnNumber` and `stmtId` gets the first reply and does
+/// not run again (TK-*).
 pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
-    if name != "insert" || !is_retryable_write(name, command) {
+    let write = matches!(name, "insert" | "update" | "delete" | "findAndModify");
+    if !write || !is_retryable_write(name, command) {
         return None;
     }
     let session = command.get_document("lsid").ok()?.to_vec().ok()?;
     let txn_number = command.get("txnNumber").and_then(integer)?;
+    let stmt_id = command.get("stmtId").and_then(integer).unwrap_or(0);
     Some(WriteKey {
         session,
         txn_number,
+        stmt_id,
     })
 }
 
@@ -133,17 +161,25 @@ pub(crate) fn hello_reply(
 }
 
 /// Runs an admitted, non-hello command. `None` when the server does not know the command.
-pub(crate) fn execute(state: &mut State, name: &str, request: &OpMsg) -> Option<Document> {
+pub(crate) fn execute(
+    state: &mut State,
+    name: &str,
+    request: &OpMsg,
+    max_wire_version: i32,
+) -> Option<Document> {
     let command = &request.body;
     let db = command.get_str("$db").unwrap_or_default();
     Some(match name {
         "ping" | "endSessions" => ok(),
-        "buildInfo" | "buildinfo" => doc! {
-            "version": VERSION,
-            "versionArray": [8, 2, 0, 0],
+        "buildInfo" | "buildinfo" => {
+            let [major, minor, patch] = version_for_wire(max_wire_version);
+            doc! {
+            "version": format!("{major}.{minor}.{patch}"),
+            "versionArray": [major, minor, patch, 0],
             "maxBsonObjectSize": MAX_BSON_OBJECT_SIZE,
             "ok": 1.0,
-        },
+            }
+        }
         "configureFailPoint" => match FailCommand::from_command(command) {
             Ok(fail) => {
                 state.fail_point = fail;
@@ -152,6 +188,73 @@ pub(crate) fn execute(state: &mut State, name: &str, request: &OpMsg) -> Option<
             Err(e) => error_reply(2, &e.to_string()),
         },
         "insert" => insert(state, db, request),
+        "update" => update(state, db, request),
+        "delete" => delete(state, db, request),
+        "findAndModify" => find_and_modify(state, db, command),
+        "count" => count(state, db, command),
+        "distinct" => distinct(state, db, command),
+        "aggregate" => aggregate(state, db, command),
+        "create" => match collection_name(command, "create") {
+            Ok(c) if state.store.create(&format!("{db}.{c}")) => ok(),
+            Ok(c) => error_reply(48, &format!("Collection {db}.{c} already exists.")),
+            Err(e) => e,
+        },
+        "drop" => match collection_name(command, "drop") {
+            Ok(c) if state.store.drop_collection(&format!("{db}.{c}")) => ok(),
+            Ok(c) => error_reply(26, &format!("ns not found: {db}.{c}")),
+            Err(e) => e,
+        },
+        "dropDatabase" => {
+            for c in state.store.collection_names(db) {
+                state.store.drop_collection(&format!("{db}.{c}"));
+            }
+            ok()
+        }
+        "listCollections" => {
+            let names = state.store.collection_names(db);
+            let docs = names
+                .into_iter()
+                .map(|n| doc! { "name": n, "type": "collection", "options": {} })
+                .collect();
+            let ns = format!("{db}.$cmd.listCollections");
+            let batch = state
+                .store
+                .open_cursor(&ns, docs, state.batch_size as usize);
+            cursor_reply("firstBatch", &ns, batch)
+        }
+        "listDatabases" => {
+            let names = state.store.database_names();
+            let dbs: Vec<Document> = names
+                .into_iter()
+                .map(|n| doc! { "name": n, "sizeOnDisk": 8192_i64, "empty": false })
+                .collect();
+            doc! { "databases": dbs, "totalSize": 0_i64, "ok": 1.0 }
+        }
+        "listIndexes" => match collection_name(command, "listIndexes") {
+            Ok(c) => {
+                let ns = format!("{db}.{c}");
+                let ids = doc! { "v": 2, "key": { "_id": 1 }, "name": "_id_" };
+                let batch = state
+                    .store
+                    .open_cursor(&ns, vec![ids], state.batch_size as usize);
+                cursor_reply("firstBatch", &ns, batch)
+            }
+            Err(e) => e,
+        },
+        "createIndexes" | "dropIndexes" => match collection_name(command, name) {
+            Ok(c) => {
+                state.store.create(&format!("{db}.{c}"));
+                ok()
+            }
+            Err(e) => e,
+        },
+        "commitTransaction" | "abortTransaction" => {
+            if command.contains_key("lsid") && command.contains_key("txnNumber") {
+                ok()
+            } else {
+                error_reply(251, "NoSuchTransaction: no transaction in progress")
+            }
+        }
         "find" => find(state, db, command),
         "getMore" => get_more(state, db, command),
         "killCursors" => kill_cursors(state, db, command),
@@ -163,27 +266,387 @@ fn ok() -> Document {
     doc! { "ok": 1.0 }
 }
 
-/// `{insert: coll, documents: [...]}`, the documents in the body or in a kind-1 sequence.
-fn insert(state: &mut State, db: &str, request: &OpMsg) -> Document {
-    let Ok(collection) = request.body.get_str("insert") else {
-        return error_reply(2, "insert needs a collection name");
-    };
+/// The collection a command names in its first field, or an error reply.
+fn collection_name<'a>(command: &'a Document, field: &str) -> Result<&'a str, Document> {
+    command
+        .get_str(field)
+        .map_err(|_| error_reply(2, &format!("{field} needs a collection name")))
+}
+
+/// The documents of array `field`, from the body or from a kind-1 sequence of that name.
+fn documents_of(request: &OpMsg, field: &str) -> Result<Vec<Document>, Document> {
     let mut documents = Vec::new();
-    if let Ok(array) = request.body.get_array("documents") {
+    if let Ok(array) = request.body.get_array(field) {
         for item in array {
             let Bson::Document(d) = item else {
-                return error_reply(2, "insert documents must be documents");
+                return Err(error_reply(2, &format!("{field} must hold documents")));
             };
             documents.push(d.clone());
         }
     }
     for sequence in &request.sequences {
-        if sequence.identifier == "documents" {
+        if sequence.identifier == field {
             documents.extend(sequence.documents.iter().cloned());
         }
     }
-    let n = state.store.insert(&format!("{db}.{collection}"), documents);
-    doc! { "n": i32::try_from(n).unwrap_or(i32::MAX), "ok": 1.0 }
+    Ok(documents)
+}
+
+/// `ordered`, true unless the command says otherwise.
+fn ordered(command: &Document) -> bool {
+    !matches!(command.get("ordered"), Some(Bson::Boolean(false)))
+}
+
+fn count_i32(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// `{insert: coll, documents: [...], ordered}`; a duplicate `_id` is a write error 11000.
+fn insert(state: &mut State, db: &str, request: &OpMsg) -> Document {
+    let collection = match collection_name(&request.body, "insert") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let documents = match documents_of(request, "documents") {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let ns = format!("{db}.{collection}");
+    let outcome = state.store.insert(&ns, documents, ordered(&request.body));
+    let mut reply = doc! { "n": count_i32(outcome.n) };
+    if !outcome.duplicates.is_empty() {
+        let errors: Vec<Document> = outcome
+            .duplicates
+            .into_iter()
+            .map(|(index, id)| {
+                doc! {
+                    "index": count_i32(index),
+                    "code": 11000,
+                    "errmsg": format!("E11000 duplicate key error collection: {ns} index: _id_ dup key: {{ _id: {id} }}"),
+                }
+            })
+            .collect();
+        reply.insert("writeErrors", errors);
+    }
+    reply.insert("ok", 1.0);
+    reply
+}
+
+/// `{update: coll, updates: [{q, u, multi, upsert}], ordered}`.
+fn update(state: &mut State, db: &str, request: &OpMsg) -> Document {
+    let collection = match collection_name(&request.body, "update") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let statements = match documents_of(request, "updates") {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let ns = format!("{db}.{collection}");
+    let (mut n, mut modified, mut upserted) = (0, 0, Vec::new());
+    for (index, statement) in statements.iter().enumerate() {
+        let (Ok(filter), Ok(update)) = (statement.get_document("q"), statement.get_document("u"))
+        else {
+            return error_reply(
+                2,
+                "each update needs q and u documents (pipelines are not supported)",
+            );
+        };
+        let multi = statement.get_bool("multi").unwrap_or(false);
+        let upsert = statement.get_bool("upsert").unwrap_or(false);
+        match state.store.update(&ns, filter, update, multi, upsert) {
+            Ok(outcome) => {
+                n += outcome.matched;
+                modified += outcome.modified;
+                if let Some(id) = outcome.upserted {
+                    n += 1;
+                    upserted.push(doc! { "index": count_i32(index), "_id": id });
+                }
+            }
+            Err(e) => return query_error(e),
+        }
+    }
+    let mut reply = doc! { "n": count_i32(n), "nModified": count_i32(modified) };
+    if !upserted.is_empty() {
+        reply.insert("upserted", upserted);
+    }
+    reply.insert("ok", 1.0);
+    reply
+}
+
+/// `{delete: coll, deletes: [{q, limit}], ordered}`.
+fn delete(state: &mut State, db: &str, request: &OpMsg) -> Document {
+    let collection = match collection_name(&request.body, "delete") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let statements = match documents_of(request, "deletes") {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let ns = format!("{db}.{collection}");
+    let mut n = 0;
+    for statement in &statements {
+        let Ok(filter) = statement.get_document("q") else {
+            return error_reply(2, "each delete needs a q document");
+        };
+        let multi = statement.get("limit").and_then(integer) == Some(0);
+        match state.store.delete(&ns, filter, multi) {
+            Ok(removed) => n += removed.len(),
+            Err(e) => return query_error(e),
+        }
+    }
+    doc! { "n": count_i32(n), "ok": 1.0 }
+}
+
+/// `{findAndModify: coll, query, update | remove, new, upsert}` (no sort, no fields).
+fn find_and_modify(state: &mut State, db: &str, command: &Document) -> Document {
+    let collection = match collection_name(command, "findAndModify") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    for unsupported in ["sort", "fields", "arrayFilters"] {
+        if command.contains_key(unsupported) {
+            return error_reply(
+                2,
+                &format!("the test server's findAndModify has no {unsupported}"),
+            );
+        }
+    }
+    let ns = format!("{db}.{collection}");
+    let filter = command.get_document("query").cloned().unwrap_or_default();
+    let before = match state.store.matching(&ns, &filter) {
+        Ok(docs) => docs.into_iter().next(),
+        Err(e) => return query_error(e),
+    };
+    if command.get_bool("remove").unwrap_or(false) {
+        if let Err(e) = state.store.delete(&ns, &filter, false) {
+            return query_error(e);
+        }
+        let n = i32::from(before.is_some());
+        let value = before.map_or(Bson::Null, Bson::Document);
+        return doc! { "lastErrorObject": { "n": n }, "value": value, "ok": 1.0 };
+    }
+    let Ok(update) = command.get_document("update") else {
+        return error_reply(2, "findAndModify needs update or remove");
+    };
+    let upsert = command.get_bool("upsert").unwrap_or(false);
+    let outcome = match state.store.update(&ns, &filter, update, false, upsert) {
+        Ok(o) => o,
+        Err(e) => return query_error(e),
+    };
+    let after_filter = match (
+        &outcome.upserted,
+        before.as_ref().and_then(|d| d.get("_id")),
+    ) {
+        (Some(id), _) | (None, Some(id)) => doc! { "_id": id.clone() },
+        (None, None) => {
+            return doc! { "lastErrorObject": { "n": 0, "updatedExisting": false }, "value": Bson::Null, "ok": 1.0 }
+        }
+    };
+    let value = if command.get_bool("new").unwrap_or(false) {
+        state
+            .store
+            .matching(&ns, &after_filter)
+            .ok()
+            .and_then(|d| d.into_iter().next())
+    } else {
+        before
+    };
+    let mut last_error = doc! { "n": 1, "updatedExisting": outcome.upserted.is_none() };
+    if let Some(id) = outcome.upserted {
+        last_error.insert("upserted", id);
+    }
+    doc! { "lastErrorObject": last_error, "value": value.map_or(Bson::Null, Bson::Document), "ok": 1.0 }
+}
+
+/// `{count: coll, query, skip, limit}`.
+fn count(state: &mut State, db: &str, command: &Document) -> Document {
+    let collection = match collection_name(command, "count") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let filter = command.get_document("query").cloned().unwrap_or_default();
+    match state.store.matching(&format!("{db}.{collection}"), &filter) {
+        Ok(docs) => {
+            let skip = command.get("skip").and_then(integer).unwrap_or(0).max(0) as usize;
+            let mut n = docs.len().saturating_sub(skip);
+            if let Some(limit) = command.get("limit").and_then(integer).filter(|&l| l > 0) {
+                n = n.min(limit as usize);
+            }
+            doc! { "n": count_i32(n), "ok": 1.0 }
+        }
+        Err(e) => query_error(e),
+    }
+}
+
+/// `{distinct: coll, key, query}`: top-level keys.
+fn distinct(state: &mut State, db: &str, command: &Document) -> Document {
+    let collection = match collection_name(command, "distinct") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let Ok(key) = command.get_str("key") else {
+        return error_reply(2, "distinct needs a key");
+    };
+    let filter = command.get_document("query").cloned().unwrap_or_default();
+    match state.store.matching(&format!("{db}.{collection}"), &filter) {
+        Ok(docs) => {
+            let mut values: Vec<Bson> = Vec::new();
+            for value in docs.iter().filter_map(|d| d.get(key)) {
+                if !values.iter().any(|v| crate::query::equal(v, value)) {
+                    values.push(value.clone());
+                }
+            }
+            doc! { "values": values, "ok": 1.0 }
+        }
+        Err(e) => query_error(e),
+    }
+}
+
+/// `{aggregate: coll | 1, pipeline, cursor}` with the stages `$match`, `$skip`, `$limit`,
+/// `$count`, `$project` (inclusion / exclusion of top-level fields), `$addFields`, and a leading
+/// `$changeStream` (an open cursor with an empty first batch). `$out` / `$merge` and any other
+/// stage are refused by name.
+fn aggregate(state: &mut State, db: &str, command: &Document) -> Document {
+    let collection = match command.get("aggregate") {
+        Some(Bson::String(c)) => c.clone(),
+        Some(v) if integer(v) == Some(1) => String::from("$cmd.aggregate"),
+        _ => return error_reply(2, "aggregate needs a collection name or 1"),
+    };
+    let Ok(pipeline) = command.get_array("pipeline") else {
+        return error_reply(2, "aggregate needs a pipeline array");
+    };
+    let Ok(cursor) = command.get_document("cursor") else {
+        return error_reply(9, "The 'cursor' option is required");
+    };
+    let batch_size = match cursor.get("batchSize") {
+        None => state.batch_size as usize,
+        Some(v) => match integer(v).and_then(|v| usize::try_from(v).ok()) {
+            Some(b) => b,
+            None => return error_reply(2, "batchSize must be a non-negative integer"),
+        },
+    };
+    let ns = format!("{db}.{collection}");
+    let mut stages = Vec::new();
+    for stage in pipeline {
+        let Bson::Document(stage) = stage else {
+            return error_reply(2, "each pipeline stage must be a document");
+        };
+        let Some((name, spec)) = stage.iter().next() else {
+            return error_reply(2, "empty pipeline stage");
+        };
+        stages.push((name.as_str(), spec));
+    }
+    if let Some(("$changeStream", _)) = stages.first() {
+        if stages.len() > 1 {
+            return error_reply(2, "the test server runs $changeStream alone");
+        }
+        let mut batch = state.store.open_cursor(&ns, Vec::new(), 0);
+        batch.cursor_id = state.store.open_change_stream(&ns);
+        let mut reply = cursor_reply("firstBatch", &ns, batch);
+        if let Ok(cursor) = reply.get_document_mut("cursor") {
+            cursor.insert("postBatchResumeToken", doc! { "_data": "00" });
+        }
+        return reply;
+    }
+    let mut documents = state.store.documents(&ns);
+    for (name, spec) in stages {
+        documents = match (name, spec) {
+            ("$match", Bson::Document(filter)) => {
+                let mut kept = Vec::new();
+                for d in documents {
+                    match crate::query::matches(&d, filter) {
+                        Ok(true) => kept.push(d),
+                        Ok(false) => {}
+                        Err(e) => return query_error(QueryError::UnsupportedFilter(e.0)),
+                    }
+                }
+                kept
+            }
+            ("$skip", n) => documents
+                .into_iter()
+                .skip(integer(n).unwrap_or(0).max(0) as usize)
+                .collect(),
+            ("$limit", n) => documents
+                .into_iter()
+                .take(integer(n).unwrap_or(0).max(0) as usize)
+                .collect(),
+            ("$count", Bson::String(field)) => vec![doc! { field: count_i32(documents.len()) }],
+            ("$project" | "$addFields", Bson::Document(spec)) => {
+                match project(documents, spec, name == "$addFields") {
+                    Ok(d) => d,
+                    Err(e) => return e,
+                }
+            }
+            (other, _) => {
+                return error_reply(
+                    40324,
+                    &format!(
+                        "Unrecognized pipeline stage name: '{other}' (the test server's aggregate)"
+                    ),
+                )
+            }
+        };
+    }
+    let batch = state.store.open_cursor(&ns, documents, batch_size);
+    cursor_reply("firstBatch", &ns, batch)
+}
+
+/// `$project` by inclusion or exclusion of top-level fields (`_id` kept unless excluded), or
+/// `$addFields` with literal values.
+fn project(
+    documents: Vec<Document>,
+    spec: &Document,
+    add: bool,
+) -> Result<Vec<Document>, Document> {
+    let literal = |v: &Bson| {
+        !matches!(v, Bson::String(s) if s.starts_with('$')) && !matches!(v, Bson::Document(_))
+    };
+    if add {
+        if !spec.values().all(literal) {
+            return Err(error_reply(
+                2,
+                "the test server's $addFields takes literal values only",
+            ));
+        }
+        return Ok(documents
+            .into_iter()
+            .map(|mut d| {
+                d.extend(spec.clone());
+                d
+            })
+            .collect());
+    }
+    let include = spec.iter().any(|(k, v)| {
+        k != "_id" && (integer(v).is_some_and(|v| v != 0) || matches!(v, Bson::Boolean(true)))
+    });
+    if !spec
+        .values()
+        .all(|v| integer(v).is_some() || matches!(v, Bson::Boolean(_)))
+    {
+        return Err(error_reply(
+            2,
+            "the test server's $project takes 0/1 fields only",
+        ));
+    }
+    let keep_id = !spec
+        .get("_id")
+        .is_some_and(|v| integer(v) == Some(0) || matches!(v, Bson::Boolean(false)));
+    Ok(documents
+        .into_iter()
+        .map(|d| {
+            d.into_iter()
+                .filter(|(k, _)| {
+                    if k == "_id" {
+                        return keep_id;
+                    }
+                    let listed = spec.contains_key(k);
+                    listed == include
+                })
+                .collect()
+        })
+        .collect())
 }
 
 /// `{find: coll, filter, batchSize, limit, singleBatch}`: top-level equality filters only.

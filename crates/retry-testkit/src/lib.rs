@@ -70,6 +70,7 @@ mod counters;
 mod fail_point;
 mod faults;
 mod limiter;
+mod query;
 mod server;
 mod store;
 

@@ -19,7 +19,10 @@ use crate::config::{
     IngressLimit, RateLimit, ReplicaSetMember, Role, ServerConfig, MAX_MESSAGE_SIZE_BYTES,
 };
 use crate::counters::Counters;
-use crate::fail_point::{error_reply, FailCommand, FailPointMode};
+use crate::fail_point::{error_reply, FailCommand, FailPointMode, FailPointRng};
+
+/// The seed of every server's `activationProbability` generator.
+const FAIL_POINT_SEED: u64 = 0x5eed_fa11;
 use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfig};
 use crate::limiter::TokenBucket;
 use crate::store::Store;
@@ -45,6 +48,8 @@ pub(crate) struct State {
     topology_counter: i64,
     pub(crate) batch_size: u32,
     pub(crate) fail_point: Option<FailCommand>,
+    /// Draws for `activationProbability`, seeded with a constant so runs repeat.
+    pub(crate) fail_point_rng: FailPointRng,
     ingress: Option<(IngressLimit, TokenBucket)>,
     connection_limit: Option<TokenBucket>,
     faults: FaultConfig,
@@ -80,12 +85,13 @@ impl State {
             return None;
         }
         let fired = fail.clone();
-        if let FailPointMode::Times(n) = &mut fail.mode {
-            if *n <= 1 {
-                self.fail_point = None;
-            } else {
-                *n -= 1;
-            }
+        let rng = &mut self.fail_point_rng;
+        let (fires, stays) = fail.mode.fire(|| rng.next_unit());
+        if !stays {
+            self.fail_point = None;
+        }
+        if !fires {
+            return None;
         }
         self.counters.fail_points_triggered += 1;
         Some(fired)
@@ -141,6 +147,7 @@ impl TestServer {
             topology_counter: 0,
             batch_size: config.batch_size,
             fail_point: None,
+            fail_point_rng: FailPointRng::new(FAIL_POINT_SEED),
             ingress: config
                 .ingress_limit
                 .map(|limit| (limit, TokenBucket::new(limit.rate, now))),
@@ -324,10 +331,11 @@ impl ServerHandle {
         state.topology_counter += 1;
     }
 
-    /// Appends documents to the namespace `ns` (`db.collection`), as `insert` does, without
-    /// counting a command.
-    pub fn insert(&self, ns: &str, documents: Vec<Document>) {
-        self.shared.lock().store.insert(ns, documents);
+    /// Appends documents to the namespace `ns` (`db.collection`), as an unordered `insert`
+    /// does, without counting a command; returns how many went in (a duplicate `_id` is left
+    /// out, TK-*).
+    pub fn insert(&self, ns: &str, documents: Vec<Document>) -> usize {
+        self.shared.lock().store.insert(ns, documents, false).n
     }
 
     /// The documents of the namespace `ns`, in insertion order.
@@ -564,7 +572,7 @@ impl Connection {
                 &context,
             ))
         } else {
-            execute(&mut state, name, request)
+            execute(&mut state, name, request, shared.max_wire_version)
         };
         let Some(mut reply) = reply else {
             return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));
@@ -575,9 +583,15 @@ impl Connection {
                 state.store.record_write(key, reply.clone());
             }
         }
-        if let Some(error) = fired.and_then(|f| f.write_concern_error) {
+        if let Some(fail) = fired.filter(|f| f.write_concern_error.is_some()) {
             if reply.get("ok").is_some_and(is_ok) {
-                reply.insert("writeConcernError", error);
+                let labels = fail.write_concern_labels(name, command);
+                if let Some(error) = fail.write_concern_error {
+                    reply.insert("writeConcernError", error);
+                }
+                if !labels.is_empty() {
+                    reply.insert("errorLabels", labels);
+                }
             }
         }
         Response::Reply(reply)
