@@ -12,6 +12,7 @@ pub mod json;
 pub mod rtt;
 pub mod sdam;
 pub mod server_selection;
+pub mod unified;
 
 use std::path::Path;
 
