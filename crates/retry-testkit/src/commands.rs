@@ -11,7 +11,7 @@ use crate::config::{
 };
 use crate::fail_point::{error_reply, FailCommand};
 use crate::server::State;
-use crate::store::{Batch, QueryError, WriteKey};
+use crate::store::{Batch, QueryError, Store, WriteKey};
 use retry_core::wire::OpMsg;
 
 /// The `electionId` a primary reports; constant, since the test server never holds an election.
@@ -167,6 +167,38 @@ pub(crate) fn execute(
     request: &OpMsg,
     max_wire_version: i32,
 ) -> Option<Document> {
+    if name == "configureFailPoint" {
+        return Some(match FailCommand::from_command(&request.body) {
+            Ok(fail) => {
+                state.fail_point = fail;
+                ok()
+            }
+            Err(e) => error_reply(2, &e.to_string()),
+        });
+    }
+    let data = state.data.clone();
+    let mut store = data.lock();
+    let mut context = Context {
+        store: &mut store,
+        batch_size: state.batch_size,
+    };
+    run(&mut context, name, request, max_wire_version)
+}
+
+/// What a data command works on: the (possibly shared) store, locked once for the command, and
+/// the server's default batch size.
+struct Context<'a> {
+    store: &'a mut Store,
+    batch_size: u32,
+}
+
+/// Runs a data command; `None` when the server does not know it.
+fn run(
+    state: &mut Context<'_>,
+    name: &str,
+    request: &OpMsg,
+    max_wire_version: i32,
+) -> Option<Document> {
     let command = &request.body;
     let db = command.get_str("$db").unwrap_or_default();
     Some(match name {
@@ -180,13 +212,6 @@ pub(crate) fn execute(
             "ok": 1.0,
             }
         }
-        "configureFailPoint" => match FailCommand::from_command(command) {
-            Ok(fail) => {
-                state.fail_point = fail;
-                ok()
-            }
-            Err(e) => error_reply(2, &e.to_string()),
-        },
         "insert" => insert(state, db, request),
         "update" => update(state, db, request),
         "delete" => delete(state, db, request),
@@ -302,7 +327,7 @@ fn count_i32(n: usize) -> i32 {
 }
 
 /// `{insert: coll, documents: [...], ordered}`; a duplicate `_id` is a write error 11000.
-fn insert(state: &mut State, db: &str, request: &OpMsg) -> Document {
+fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     let collection = match collection_name(&request.body, "insert") {
         Ok(c) => c,
         Err(e) => return e,
@@ -333,7 +358,7 @@ fn insert(state: &mut State, db: &str, request: &OpMsg) -> Document {
 }
 
 /// `{update: coll, updates: [{q, u, multi, upsert}], ordered}`.
-fn update(state: &mut State, db: &str, request: &OpMsg) -> Document {
+fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     let collection = match collection_name(&request.body, "update") {
         Ok(c) => c,
         Err(e) => return e,
@@ -375,7 +400,7 @@ fn update(state: &mut State, db: &str, request: &OpMsg) -> Document {
 }
 
 /// `{delete: coll, deletes: [{q, limit}], ordered}`.
-fn delete(state: &mut State, db: &str, request: &OpMsg) -> Document {
+fn delete(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     let collection = match collection_name(&request.body, "delete") {
         Ok(c) => c,
         Err(e) => return e,
@@ -400,7 +425,7 @@ fn delete(state: &mut State, db: &str, request: &OpMsg) -> Document {
 }
 
 /// `{findAndModify: coll, query, update | remove, new, upsert}` (no sort, no fields).
-fn find_and_modify(state: &mut State, db: &str, command: &Document) -> Document {
+fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let collection = match collection_name(command, "findAndModify") {
         Ok(c) => c,
         Err(e) => return e,
@@ -461,7 +486,7 @@ fn find_and_modify(state: &mut State, db: &str, command: &Document) -> Document 
 }
 
 /// `{count: coll, query, skip, limit}`.
-fn count(state: &mut State, db: &str, command: &Document) -> Document {
+fn count(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let collection = match collection_name(command, "count") {
         Ok(c) => c,
         Err(e) => return e,
@@ -481,7 +506,7 @@ fn count(state: &mut State, db: &str, command: &Document) -> Document {
 }
 
 /// `{distinct: coll, key, query}`: top-level keys.
-fn distinct(state: &mut State, db: &str, command: &Document) -> Document {
+fn distinct(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let collection = match collection_name(command, "distinct") {
         Ok(c) => c,
         Err(e) => return e,
@@ -508,7 +533,7 @@ fn distinct(state: &mut State, db: &str, command: &Document) -> Document {
 /// `$count`, `$project` (inclusion / exclusion of top-level fields), `$addFields`, and a leading
 /// `$changeStream` (an open cursor with an empty first batch). `$out` / `$merge` and any other
 /// stage are refused by name.
-fn aggregate(state: &mut State, db: &str, command: &Document) -> Document {
+fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let collection = match command.get("aggregate") {
         Some(Bson::String(c)) => c.clone(),
         Some(v) if integer(v) == Some(1) => String::from("$cmd.aggregate"),
@@ -650,7 +675,7 @@ fn project(
 }
 
 /// `{find: coll, filter, batchSize, limit, singleBatch}`: top-level equality filters only.
-fn find(state: &mut State, db: &str, command: &Document) -> Document {
+fn find(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let Ok(collection) = command.get_str("find") else {
         return error_reply(2, "find needs a collection name");
     };
@@ -682,7 +707,7 @@ fn find(state: &mut State, db: &str, command: &Document) -> Document {
 }
 
 /// `{getMore: id, collection, batchSize}`.
-fn get_more(state: &mut State, db: &str, command: &Document) -> Document {
+fn get_more(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let Some(id) = command.get("getMore").and_then(integer) else {
         return error_reply(2, "getMore needs a cursor id");
     };
@@ -700,7 +725,7 @@ fn get_more(state: &mut State, db: &str, command: &Document) -> Document {
 }
 
 /// `{killCursors: coll, cursors: [ids]}`.
-fn kill_cursors(state: &mut State, db: &str, command: &Document) -> Document {
+fn kill_cursors(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let Ok(collection) = command.get_str("killCursors") else {
         return error_reply(2, "killCursors needs a collection name");
     };

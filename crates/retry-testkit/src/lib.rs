@@ -83,3 +83,4 @@ pub use counters::{CommandCounts, Counters, FaultCounts};
 pub use fail_point::{code_name, FailCommand, FailPointError, FailPointMode, FAIL_POINT_MESSAGE};
 pub use faults::{Fault, FaultConfig, DEFAULT_STALL};
 pub use server::{Handshake, ServerHandle, TestServer, INGRESS_RATE_LIMIT_CODE, OVERLOAD_LABELS};
+pub use store::DataStore;

@@ -25,7 +25,7 @@ use crate::fail_point::{error_reply, FailCommand, FailPointMode, FailPointRng};
 const FAIL_POINT_SEED: u64 = 0x5eed_fa11;
 use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfig};
 use crate::limiter::TokenBucket;
-use crate::store::Store;
+use crate::store::DataStore;
 
 /// BP-3: the code of an ingress rate-limiter rejection.
 pub const INGRESS_RATE_LIMIT_CODE: i32 = 462;
@@ -53,7 +53,8 @@ pub(crate) struct State {
     ingress: Option<(IngressLimit, TokenBucket)>,
     connection_limit: Option<TokenBucket>,
     faults: FaultConfig,
-    pub(crate) store: Store,
+    /// The data, possibly shared with other servers.
+    pub(crate) data: DataStore,
     counters: Counters,
     handshakes: Vec<Handshake>,
     last_connection_id: i32,
@@ -139,6 +140,11 @@ impl TestServer {
     /// Binds an ephemeral port on 127.0.0.1 and starts serving. Must be called inside a tokio
     /// runtime; the server's tasks run on it.
     pub async fn start(config: ServerConfig) -> io::Result<TestServer> {
+        TestServer::start_with_data(config, DataStore::new()).await
+    }
+
+    /// Like [`TestServer::start`], serving `data`, which other servers may share (TK-*).
+    pub async fn start_with_data(config: ServerConfig, data: DataStore) -> io::Result<TestServer> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let address = listener.local_addr()?;
         let now = Instant::now();
@@ -155,7 +161,7 @@ impl TestServer {
                 .connection_limit
                 .map(|rate| TokenBucket::new(rate, now)),
             faults: config.faults,
-            store: Store::default(),
+            data,
             counters: Counters::default(),
             handshakes: Vec::new(),
             last_connection_id: 0,
@@ -178,7 +184,23 @@ impl TestServer {
         })
     }
 
-    /// Starts a replica set named `set_name` of `members` servers (at least one), each from
+    /// Starts `count` mongos (at least one) from `config` with the role `Mongos`, sharing one
+    /// data store, as the routers of one sharded cluster (TK-*).
+    pub async fn start_mongoses(count: usize, config: ServerConfig) -> io::Result<Vec<TestServer>> {
+        let data = DataStore::new();
+        let mut servers = Vec::with_capacity(count.max(1));
+        for _ in 0..count.max(1) {
+            let config = ServerConfig {
+                role: Role::Mongos,
+                ..config.clone()
+            };
+            servers.push(TestServer::start_with_data(config, data.clone()).await?);
+        }
+        Ok(servers)
+    }
+
+    /// Starts a replica set named `set_name` of `members` servers (at least one) sharing one data
+    /// store, each from
     /// `config` with its role replaced: the first is the primary, the others secondaries, and every
     /// member reports all their addresses as `hosts` and the first as `primary`.
     pub async fn start_replica_set(
@@ -187,6 +209,7 @@ impl TestServer {
         config: ServerConfig,
     ) -> io::Result<Vec<TestServer>> {
         let mut servers = Vec::with_capacity(members.max(1));
+        let data = DataStore::new();
         for i in 0..members.max(1) {
             let member = if i == 0 {
                 ReplicaSetMember::primary(set_name)
@@ -197,7 +220,7 @@ impl TestServer {
                 role: Role::ReplicaSetMember(member),
                 ..config.clone()
             };
-            servers.push(TestServer::start(config).await?);
+            servers.push(TestServer::start_with_data(config, data.clone()).await?);
         }
         let hosts: Vec<String> = servers.iter().map(|s| s.address.to_string()).collect();
         for (i, server) in servers.iter().enumerate() {
@@ -335,17 +358,22 @@ impl ServerHandle {
     /// does, without counting a command; returns how many went in (a duplicate `_id` is left
     /// out, TK-*).
     pub fn insert(&self, ns: &str, documents: Vec<Document>) -> usize {
-        self.shared.lock().store.insert(ns, documents, false).n
+        self.shared
+            .lock()
+            .data
+            .lock()
+            .insert(ns, documents, false)
+            .n
     }
 
     /// The documents of the namespace `ns`, in insertion order.
     pub fn documents(&self, ns: &str) -> Vec<Document> {
-        self.shared.lock().store.documents(ns)
+        self.shared.lock().data.lock().documents(ns)
     }
 
     /// How many cursors are open.
     pub fn open_cursors(&self) -> usize {
-        self.shared.lock().store.open_cursors()
+        self.shared.lock().data.lock().open_cursors()
     }
 
     /// `topologyVersion.processId`, which a load balancer also reports as `serviceId` (LB-17).
@@ -552,7 +580,10 @@ impl Connection {
         }
         let mut state = shared.lock();
         let write_key = write_key(name, command);
-        if let Some(reply) = write_key.as_ref().and_then(|k| state.store.write_result(k)) {
+        if let Some(reply) = write_key
+            .as_ref()
+            .and_then(|k| state.data.lock().write_result(k))
+        {
             state.counters.command_mut(name).replayed += 1;
             return Response::Reply(reply);
         }
@@ -580,7 +611,7 @@ impl Connection {
         state.counters.command_mut(name).executed += 1;
         if let Some(key) = write_key {
             if reply.get("ok").is_some_and(is_ok) {
-                state.store.record_write(key, reply.clone());
+                state.data.lock().record_write(key, reply.clone());
             }
         }
         if let Some(fail) = fired.filter(|f| f.write_concern_error.is_some()) {

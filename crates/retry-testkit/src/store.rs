@@ -2,11 +2,29 @@
 //! the replies of retryable writes.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bson::oid::ObjectId;
 use bson::{Bson, Document};
 
 use crate::query::{apply_update, equal, matches, upsert_seed, Unsupported};
+
+/// One data store, shared by every server started with it (TK-*: the members of a replica set or
+/// several mongos see the same data, cursors and retryable-write records). Cloning shares it.
+#[derive(Clone, Debug, Default)]
+pub struct DataStore(Arc<Mutex<Store>>);
+
+impl DataStore {
+    /// A new, empty data store.
+    pub fn new() -> DataStore {
+        DataStore::default()
+    }
+
+    /// The store, locked; a panicking test thread must not poison it for the others.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Store> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 /// Collections by namespace (`db.collection`), the open cursors, and the results of retryable
 /// writes.

@@ -344,3 +344,55 @@ async fn write_concern_error_carries_labels() {
     })
     .await;
 }
+
+/// TK-*: several mongos (and a replica set's members) share one data store, so a write through
+/// one is read through another, and a retried write on another router is not run twice.
+#[tokio::test]
+async fn mongoses_share_one_data_store() {
+    bounded(async {
+        let servers = TestServer::start_mongoses(2, ServerConfig::default())
+            .await
+            .expect("mongoses start");
+        let mut first = RawClient::connect(servers[0].address()).await.unwrap();
+        let mut second = RawClient::connect(servers[1].address()).await.unwrap();
+        let insert = doc! { "insert": "c", "documents": [{ "_id": 1 }], "lsid": { "id": 1 },
+        "txnNumber": 1_i64, "$db": "db" };
+        assert_eq!(
+            first
+                .command(insert.clone())
+                .await
+                .unwrap()
+                .get_i32("n")
+                .ok(),
+            Some(1)
+        );
+        let retry = second.command(insert).await.unwrap();
+        assert_eq!(
+            retry.get_i32("n").ok(),
+            Some(1),
+            "the retry gets the first reply"
+        );
+        assert!(
+            !retry.contains_key("writeErrors"),
+            "and is not run again: {retry}"
+        );
+        let reply = second
+            .command(doc! { "count": "c", "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(reply.get_i32("n").ok(), Some(1));
+        for server in servers {
+            server.shutdown().await;
+        }
+
+        let members = TestServer::start_replica_set("rs0", 2, ServerConfig::default())
+            .await
+            .expect("replica set starts");
+        members[0].handle().insert("db.c", vec![doc! { "_id": 1 }]);
+        assert_eq!(members[1].handle().documents("db.c").len(), 1);
+        for member in members {
+            member.shutdown().await;
+        }
+    })
+    .await;
+}
