@@ -10,6 +10,7 @@ use crate::config::{
     MAX_WRITE_BATCH_SIZE,
 };
 use crate::fail_point::{error_reply, FailCommand};
+use crate::on_primary_write::OnPrimaryWrite;
 use crate::server::State;
 use crate::store::{Batch, QueryError, Store, WriteKey};
 use retry_core::wire::OpMsg;
@@ -167,6 +168,23 @@ pub(crate) fn execute(
     request: &OpMsg,
     max_wire_version: i32,
 ) -> Option<Document> {
+    if name == "configureFailPoint"
+        && request.body.get_str(name).ok() == Some("onPrimaryTransactionalWrite")
+    {
+        if matches!(state.role, Role::Mongos | Role::LoadBalancer { .. }) {
+            return Some(error_reply(
+                2,
+                "onPrimaryTransactionalWrite is a mongod fail point",
+            ));
+        }
+        return Some(match OnPrimaryWrite::from_command(&request.body) {
+            Ok(fail) => {
+                state.on_primary_write = fail;
+                ok()
+            }
+            Err(e) => error_reply(2, &e.to_string()),
+        });
+    }
     if name == "configureFailPoint" {
         return Some(match FailCommand::from_command(&request.body) {
             Ok(fail) => {

@@ -105,6 +105,13 @@ impl fmt::Display for FailPointError {
 
 impl std::error::Error for FailPointError {}
 
+impl FailPointError {
+    /// A refusal with this message.
+    pub(crate) fn new(message: impl Into<String>) -> FailPointError {
+        FailPointError(message.into())
+    }
+}
+
 fn bad(message: impl Into<String>) -> FailPointError {
     FailPointError(message.into())
 }

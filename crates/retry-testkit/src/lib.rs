@@ -70,6 +70,7 @@ mod counters;
 mod fail_point;
 mod faults;
 mod limiter;
+mod on_primary_write;
 mod query;
 mod server;
 mod store;

@@ -25,6 +25,7 @@ use crate::fail_point::{error_reply, FailCommand, FailPointMode, FailPointRng};
 const FAIL_POINT_SEED: u64 = 0x5eed_fa11;
 use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfig};
 use crate::limiter::TokenBucket;
+use crate::on_primary_write::{Firing, OnPrimaryWrite};
 use crate::store::DataStore;
 
 /// BP-3: the code of an ingress rate-limiter rejection.
@@ -44,10 +45,12 @@ pub struct Handshake {
 
 /// The state every connection shares, behind one lock that is never held across an await.
 pub(crate) struct State {
-    role: Role,
+    pub(crate) role: Role,
     topology_counter: i64,
     pub(crate) batch_size: u32,
     pub(crate) fail_point: Option<FailCommand>,
+    /// TK-11: the `onPrimaryTransactionalWrite` fail point.
+    pub(crate) on_primary_write: Option<OnPrimaryWrite>,
     /// Draws for `activationProbability`, seeded with a constant so runs repeat.
     pub(crate) fail_point_rng: FailPointRng,
     ingress: Option<(IngressLimit, TokenBucket)>,
@@ -77,6 +80,19 @@ impl State {
         }
         self.counters.ingress_rejected += 1;
         Some(reply)
+    }
+
+    /// TK-11: whether `onPrimaryTransactionalWrite` fires on the retryable write about to
+    /// commit, consuming one of its `times` / `skip`.
+    fn on_primary_write_firing(&mut self) -> Option<Firing> {
+        let fail = self.on_primary_write.as_mut()?;
+        let rng = &mut self.fail_point_rng;
+        let (fires, stays) = fail.mode.fire(|| rng.next_unit());
+        let firing = fail.firing();
+        if !stays {
+            self.on_primary_write = None;
+        }
+        fires.then_some(firing)
     }
 
     /// The fail point's action for this command, consuming one of its `times`.
@@ -154,6 +170,7 @@ impl TestServer {
             batch_size: config.batch_size,
             fail_point: None,
             fail_point_rng: FailPointRng::new(FAIL_POINT_SEED),
+            on_primary_write: None,
             ingress: config
                 .ingress_limit
                 .map(|limit| (limit, TokenBucket::new(limit.rate, now))),
@@ -587,6 +604,14 @@ impl Connection {
             state.counters.command_mut(name).replayed += 1;
             return Response::Reply(reply);
         }
+        let mut close_after_commit = false;
+        if write_key.is_some() {
+            match state.on_primary_write_firing() {
+                Some(Firing::CloseWithoutCommit) => return Response::Close,
+                Some(Firing::CommitThenClose) => close_after_commit = true,
+                Some(Firing::Nothing) | None => {}
+            }
+        }
         let reply = if hello {
             let context = HelloContext {
                 me: &shared.me,
@@ -613,6 +638,9 @@ impl Connection {
             if reply.get("ok").is_some_and(is_ok) {
                 state.data.lock().record_write(key, reply.clone());
             }
+        }
+        if close_after_commit {
+            return Response::Close;
         }
         if let Some(fail) = fired.filter(|f| f.write_concern_error.is_some()) {
             if reply.get("ok").is_some_and(is_ok) {

@@ -396,3 +396,80 @@ async fn mongoses_share_one_data_store() {
     })
     .await;
 }
+
+/// TK-11: `onPrimaryTransactionalWrite` commits then closes (default), or closes without
+/// committing with `failBeforeCommitExceptionCode`; a deduplicated retry never fires it; a mongos
+/// refuses it.
+#[tokio::test]
+async fn on_primary_transactional_write() {
+    bounded(async {
+        let members = TestServer::start_replica_set("rs0", 1, ServerConfig::default())
+            .await
+            .expect("replica set starts");
+        let address = members[0].address();
+        let handle = members[0].handle();
+        let mut client = RawClient::connect(address).await.unwrap();
+        let set = |mode: Bson, data: Document| {
+            doc! { "configureFailPoint": "onPrimaryTransactionalWrite", "mode": mode,
+            "data": data, "$db": "admin" }
+        };
+        let insert = |id: i32, txn: i64| {
+            doc! { "insert": "c", "documents": [{ "_id": id }], "lsid": { "id": 1 },
+            "txnNumber": txn, "$db": "db" }
+        };
+        let reply = client
+            .command(set("alwaysOn".into(), doc! {}))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        assert!(
+            client.command(insert(1, 1)).await.is_err(),
+            "closed after the commit"
+        );
+        assert_eq!(handle.documents("db.c").len(), 1, "committed");
+        let mut client = RawClient::connect(address).await.unwrap();
+        let retry = client.command(insert(1, 1)).await.unwrap();
+        assert_eq!(
+            retry.get_i32("n").ok(),
+            Some(1),
+            "a replayed retry does not fire: {retry}"
+        );
+
+        let data = doc! { "failBeforeCommitExceptionCode": 1 };
+        client
+            .command(set(doc! { "times": 1 }.into(), data))
+            .await
+            .unwrap();
+        assert!(client.command(insert(2, 2)).await.is_err(), "closed");
+        assert_eq!(handle.documents("db.c").len(), 1, "not committed");
+        let mut client = RawClient::connect(address).await.unwrap();
+        let retry = client.command(insert(2, 2)).await.unwrap();
+        assert_eq!(
+            retry.get_i32("n").ok(),
+            Some(1),
+            "the retry commits: {retry}"
+        );
+        assert_eq!(handle.documents("db.c").len(), 2);
+        for member in members {
+            member.shutdown().await;
+        }
+
+        let mongos = TestServer::start_mongoses(1, ServerConfig::default())
+            .await
+            .unwrap();
+        let mut client = RawClient::connect(mongos[0].address()).await.unwrap();
+        let reply = client
+            .command(set("alwaysOn".into(), doc! {}))
+            .await
+            .unwrap();
+        assert_eq!(
+            code(&reply),
+            Some(2),
+            "mongos has no such fail point: {reply}"
+        );
+        for server in mongos {
+            server.shutdown().await;
+        }
+    })
+    .await;
+}
