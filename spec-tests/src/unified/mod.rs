@@ -7,6 +7,7 @@
 //! built yet: every test that is neither skipped nor refused is counted as a harness failure
 //! with the reason [`NOT_EXECUTED`], never as a pass.
 
+pub mod matching;
 pub mod requirements;
 pub mod schema;
 
