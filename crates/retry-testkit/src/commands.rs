@@ -9,7 +9,7 @@ use crate::config::{
     Role, LOGICAL_SESSION_TIMEOUT_MINUTES, MAX_BSON_OBJECT_SIZE, MAX_MESSAGE_SIZE_BYTES,
     MAX_WRITE_BATCH_SIZE,
 };
-use crate::fail_point::{error_reply, FailCommand};
+use crate::fail_point::{error_reply, FailCommand, TESTKIT_UNSUPPORTED};
 use crate::on_primary_write::OnPrimaryWrite;
 use crate::server::State;
 use crate::store::{Batch, QueryError, Store, WriteKey};
@@ -390,10 +390,10 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     for (index, statement) in statements.iter().enumerate() {
         let (Ok(filter), Ok(update)) = (statement.get_document("q"), statement.get_document("u"))
         else {
-            return error_reply(
-                2,
-                "each update needs q and u documents (pipelines are not supported)",
-            );
+            if matches!(statement.get("u"), Some(Bson::Array(_))) {
+                return unsupported_reply("pipeline updates");
+            }
+            return error_reply(2, "each update needs q and u documents");
         };
         let multi = statement.get_bool("multi").unwrap_or(false);
         let upsert = statement.get_bool("upsert").unwrap_or(false);
@@ -450,10 +450,7 @@ fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Doc
     };
     for unsupported in ["sort", "fields", "arrayFilters"] {
         if command.contains_key(unsupported) {
-            return error_reply(
-                2,
-                &format!("the test server's findAndModify has no {unsupported}"),
-            );
+            return unsupported_reply(&format!("findAndModify {unsupported}"));
         }
     }
     let ns = format!("{db}.{collection}");
@@ -583,7 +580,7 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
     }
     if let Some(("$changeStream", _)) = stages.first() {
         if stages.len() > 1 {
-            return error_reply(2, "the test server runs $changeStream alone");
+            return unsupported_reply("$changeStream followed by other stages");
         }
         let mut batch = state.store.open_cursor(&ns, Vec::new(), 0);
         batch.cursor_id = state.store.open_change_stream(&ns);
@@ -622,14 +619,7 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
                     Err(e) => return e,
                 }
             }
-            (other, _) => {
-                return error_reply(
-                    40324,
-                    &format!(
-                        "Unrecognized pipeline stage name: '{other}' (the test server's aggregate)"
-                    ),
-                )
-            }
+            (other, _) => return unsupported_reply(&format!("pipeline stage {other}")),
         };
     }
     let batch = state.store.open_cursor(&ns, documents, batch_size);
@@ -648,10 +638,7 @@ fn project(
     };
     if add {
         if !spec.values().all(literal) {
-            return Err(error_reply(
-                2,
-                "the test server's $addFields takes literal values only",
-            ));
+            return Err(unsupported_reply("$addFields with non-literal values"));
         }
         return Ok(documents
             .into_iter()
@@ -668,10 +655,7 @@ fn project(
         .values()
         .all(|v| integer(v).is_some() || matches!(v, Bson::Boolean(_)))
     {
-        return Err(error_reply(
-            2,
-            "the test server's $project takes 0/1 fields only",
-        ));
+        return Err(unsupported_reply("$project with values other than 0/1"));
     }
     let keep_id = !spec
         .get("_id")
@@ -773,12 +757,19 @@ fn cursor_reply(batch_field: &str, ns: &str, batch: Batch) -> Document {
     doc! { "cursor": cursor, "ok": 1.0 }
 }
 
+/// TK-2: the reply to something a real server would run but the test server does not: code
+/// [`TESTKIT_UNSUPPORTED`] (`TestkitUnsupported`), which no test expects, so it can never pass
+/// as an expected error.
+pub(crate) fn unsupported_reply(what: &str) -> Document {
+    error_reply(
+        TESTKIT_UNSUPPORTED,
+        &format!("not supported by retry-testkit: {what}"),
+    )
+}
+
 fn query_error(error: QueryError) -> Document {
     match error {
-        QueryError::UnsupportedFilter(key) => error_reply(
-            2,
-            &format!("the test server supports equality filters only, not {key}"),
-        ),
+        QueryError::UnsupportedFilter(key) => unsupported_reply(&format!("query operator {key}")),
         QueryError::CursorNotFound(id) => error_reply(43, &format!("cursor id {id} not found")),
     }
 }

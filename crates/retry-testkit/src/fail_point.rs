@@ -203,6 +203,21 @@ impl FailCommand {
             Some(Bson::Document(d)) => d,
             _ => return Err(bad("failCommand needs a data document")),
         };
+        const KNOWN: &[&str] = &[
+            "failCommands",
+            "errorCode",
+            "errorLabels",
+            "closeConnection",
+            "blockConnection",
+            "blockTimeMS",
+            "appName",
+            "writeConcernError",
+        ];
+        if let Some(unknown) = data.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+            return Err(bad(format!(
+                "failCommand data field {unknown:?} is not supported"
+            )));
+        }
         let commands = match data.get("failCommands") {
             Some(Bson::Array(names)) => names
                 .iter()
@@ -318,6 +333,10 @@ pub(crate) fn error_reply(code: i32, message: &str) -> Document {
     reply
 }
 
+/// TK-2: the code of a reply to something the test server does not support; no real server
+/// uses it.
+pub const TESTKIT_UNSUPPORTED: i32 = 9_999_999;
+
 /// The `codeName` of the server error codes tests use.
 pub fn code_name(code: i32) -> Option<&'static str> {
     Some(match code {
@@ -342,6 +361,7 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         13435 => "NotPrimaryNoSecondaryOk",
         13436 => "NotPrimaryOrSecondary",
         40571 => "Location40571",
+        TESTKIT_UNSUPPORTED => "TestkitUnsupported",
         _ => return None,
     })
 }

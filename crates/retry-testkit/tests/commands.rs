@@ -5,7 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use retry_testkit::{RawClient, ServerConfig, TestServer};
+use retry_testkit::{RawClient, ServerConfig, TestServer, TESTKIT_UNSUPPORTED};
 
 async fn bounded<F: Future<Output = ()>>(body: F) {
     tokio::time::timeout(Duration::from_secs(20), body)
@@ -139,15 +139,15 @@ async fn crud_commands() {
         .await;
         assert_eq!(
             code(&reply),
-            Some(40324),
-            "an unsupported stage is refused: {reply}"
+            Some(TESTKIT_UNSUPPORTED),
+            "TK-2: an unsupported stage is refused loudly: {reply}"
         );
         let reply =
             run(doc! { "find": "c", "filter": { "x": { "$regex": "1" } }, "$db": "db" }).await;
         assert_eq!(
-            reply.get_f64("ok").ok(),
-            Some(0.0),
-            "an unsupported filter is refused"
+            code(&reply),
+            Some(TESTKIT_UNSUPPORTED),
+            "TK-2: an unsupported filter too"
         );
         server.shutdown().await;
     })
@@ -295,6 +295,16 @@ async fn fail_point_modes_skip_and_probability() {
             "about half of 200 fired: {fired}"
         );
 
+        let unknown = doc! { "failCommands": ["ping"], "errorCodes": 1 };
+        let reply = client
+            .command(fail_point("alwaysOn".into(), unknown))
+            .await
+            .unwrap();
+        assert_eq!(
+            code(&reply),
+            Some(2),
+            "TK-10: an unknown data field is refused"
+        );
         for bad in [
             doc! { "skip": -1 },
             doc! { "activationProbability": 2.0 },
