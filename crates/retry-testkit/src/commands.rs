@@ -167,6 +167,7 @@ pub(crate) fn execute(
     name: &str,
     request: &OpMsg,
     max_wire_version: i32,
+    process_id: ObjectId,
 ) -> Option<Document> {
     if name == "configureFailPoint"
         && request.body.get_str(name).ok() == Some("onPrimaryTransactionalWrite")
@@ -199,6 +200,7 @@ pub(crate) fn execute(
     let mut context = Context {
         store: &mut store,
         batch_size: state.batch_size,
+        owner: process_id,
     };
     run(&mut context, name, request, max_wire_version)
 }
@@ -208,6 +210,8 @@ pub(crate) fn execute(
 struct Context<'a> {
     store: &'a mut Store,
     batch_size: u32,
+    /// The server process running the command; its cursors stay with it (TK-12).
+    owner: ObjectId,
 }
 
 /// Runs a data command; `None` when the server does not know it.
@@ -262,7 +266,7 @@ fn run(
             let ns = format!("{db}.$cmd.listCollections");
             let batch = state
                 .store
-                .open_cursor(&ns, docs, state.batch_size as usize);
+                .open_cursor(state.owner, &ns, docs, state.batch_size as usize);
             cursor_reply("firstBatch", &ns, batch)
         }
         "listDatabases" => {
@@ -277,9 +281,10 @@ fn run(
             Ok(c) => {
                 let ns = format!("{db}.{c}");
                 let ids = doc! { "v": 2, "key": { "_id": 1 }, "name": "_id_" };
-                let batch = state
-                    .store
-                    .open_cursor(&ns, vec![ids], state.batch_size as usize);
+                let batch =
+                    state
+                        .store
+                        .open_cursor(state.owner, &ns, vec![ids], state.batch_size as usize);
                 cursor_reply("firstBatch", &ns, batch)
             }
             Err(e) => e,
@@ -582,8 +587,8 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
         if stages.len() > 1 {
             return unsupported_reply("$changeStream followed by other stages");
         }
-        let mut batch = state.store.open_cursor(&ns, Vec::new(), 0);
-        batch.cursor_id = state.store.open_change_stream(&ns);
+        let mut batch = state.store.open_cursor(state.owner, &ns, Vec::new(), 0);
+        batch.cursor_id = state.store.open_change_stream(state.owner, &ns);
         let mut reply = cursor_reply("firstBatch", &ns, batch);
         if let Ok(cursor) = reply.get_document_mut("cursor") {
             cursor.insert("postBatchResumeToken", doc! { "_data": "00" });
@@ -622,7 +627,9 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
             (other, _) => return unsupported_reply(&format!("pipeline stage {other}")),
         };
     }
-    let batch = state.store.open_cursor(&ns, documents, batch_size);
+    let batch = state
+        .store
+        .open_cursor(state.owner, &ns, documents, batch_size);
     cursor_reply("firstBatch", &ns, batch)
 }
 
@@ -696,10 +703,15 @@ fn find(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
         .filter(|&l| l > 0)
         .map(|l| usize::try_from(l).unwrap_or(usize::MAX));
     let single_batch = matches!(command.get("singleBatch"), Some(Bson::Boolean(true)));
-    match state.store.find(&ns, &filter, limit, batch_size) {
+    match state
+        .store
+        .find(state.owner, &ns, &filter, limit, batch_size)
+    {
         Ok(mut batch) => {
             if single_batch && batch.cursor_id != 0 {
-                state.store.kill_cursors(&ns, &[batch.cursor_id]);
+                state
+                    .store
+                    .kill_cursors(state.owner, &ns, &[batch.cursor_id]);
                 batch.cursor_id = 0;
             }
             cursor_reply("firstBatch", &ns, batch)
@@ -720,7 +732,7 @@ fn get_more(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
         return error_reply(2, "batchSize must be a non-negative integer");
     };
     let ns = format!("{db}.{collection}");
-    match state.store.get_more(&ns, id, batch_size) {
+    match state.store.get_more(state.owner, &ns, id, batch_size) {
         Ok(batch) => cursor_reply("nextBatch", &ns, batch),
         Err(e) => query_error(e),
     }
@@ -737,9 +749,10 @@ fn kill_cursors(state: &mut Context<'_>, db: &str, command: &Document) -> Docume
     let Some(ids) = cursors.iter().map(integer).collect::<Option<Vec<i64>>>() else {
         return error_reply(2, "cursor ids must be integers");
     };
-    let (killed, not_found) = state
-        .store
-        .kill_cursors(&format!("{db}.{collection}"), &ids);
+    let (killed, not_found) =
+        state
+            .store
+            .kill_cursors(state.owner, &format!("{db}.{collection}"), &ids);
     doc! {
         "cursorsKilled": killed,
         "cursorsNotFound": not_found,

@@ -628,7 +628,13 @@ impl Connection {
                 &context,
             ))
         } else {
-            execute(&mut state, name, request, shared.max_wire_version)
+            execute(
+                &mut state,
+                name,
+                request,
+                shared.max_wire_version,
+                shared.process_id,
+            )
         };
         let Some(mut reply) = reply else {
             return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));

@@ -63,6 +63,8 @@ pub(crate) struct UpdateOutcome {
 
 #[derive(Debug)]
 struct Cursor {
+    /// The server process that opened it: a cursor stays with it (TK-12).
+    owner: ObjectId,
     ns: String,
     remaining: VecDeque<Document>,
     /// A change stream's cursor: stays open when empty.
@@ -229,11 +231,13 @@ impl Store {
     /// A batch of `documents` with a cursor for the rest, as `find` and `aggregate` reply.
     pub(crate) fn open_cursor(
         &mut self,
+        owner: ObjectId,
         ns: &str,
         documents: Vec<Document>,
         batch_size: usize,
     ) -> Batch {
         let cursor = Cursor {
+            owner,
             ns: ns.into(),
             remaining: documents.into(),
             tailable: false,
@@ -249,6 +253,7 @@ impl Store {
     /// The documents of `ns` matching `filter`, at most `limit` of them, the first `batch_size` now and a cursor for the rest.
     pub(crate) fn find(
         &mut self,
+        owner: ObjectId,
         ns: &str,
         filter: &Document,
         limit: Option<usize>,
@@ -256,18 +261,21 @@ impl Store {
     ) -> Result<Batch, QueryError> {
         let mut documents = self.matching(ns, filter)?;
         documents.truncate(limit.unwrap_or(usize::MAX));
-        Ok(self.open_cursor(ns, documents, batch_size))
+        Ok(self.open_cursor(owner, ns, documents, batch_size))
     }
 
     /// The next batch of cursor `id`, which must belong to `ns`.
     pub(crate) fn get_more(
         &mut self,
+        owner: ObjectId,
         ns: &str,
         id: i64,
         batch_size: usize,
     ) -> Result<Batch, QueryError> {
         match self.cursors.remove(&id) {
-            Some(cursor) if cursor.ns == ns => Ok(self.next_batch(Some(id), cursor, batch_size)),
+            Some(cursor) if cursor.ns == ns && cursor.owner == owner => {
+                Ok(self.next_batch(Some(id), cursor, batch_size))
+            }
             Some(cursor) => {
                 self.cursors.insert(id, cursor);
                 Err(QueryError::CursorNotFound(id))
@@ -277,9 +285,17 @@ impl Store {
     }
 
     /// Closes the cursors of `ns` among `ids`: returns those killed and those not found.
-    pub(crate) fn kill_cursors(&mut self, ns: &str, ids: &[i64]) -> (Vec<i64>, Vec<i64>) {
+    pub(crate) fn kill_cursors(
+        &mut self,
+        owner: ObjectId,
+        ns: &str,
+        ids: &[i64],
+    ) -> (Vec<i64>, Vec<i64>) {
         ids.iter().partition(|id| {
-            let owned = self.cursors.get(id).is_some_and(|c| c.ns == ns);
+            let owned = self
+                .cursors
+                .get(id)
+                .is_some_and(|c| c.ns == ns && c.owner == owner);
             owned && self.cursors.remove(id).is_some()
         })
     }
@@ -296,9 +312,10 @@ impl Store {
 
     /// Opens a change stream's cursor on `ns`: no events ever arrive, and it stays open until
     /// killed.
-    pub(crate) fn open_change_stream(&mut self, ns: &str) -> i64 {
+    pub(crate) fn open_change_stream(&mut self, owner: ObjectId, ns: &str) -> i64 {
         self.last_cursor_id += 1;
         let cursor = Cursor {
+            owner,
             ns: ns.into(),
             remaining: VecDeque::new(),
             tailable: true,
@@ -343,6 +360,8 @@ mod tests {
     use super::*;
     use bson::doc;
 
+    const OWNER: ObjectId = ObjectId::from_bytes([1; 12]);
+
     fn store_with(n: i32) -> Store {
         let mut store = Store::default();
         let docs = (0..n)
@@ -369,21 +388,21 @@ mod tests {
     #[test]
     fn find_then_get_more_until_exhausted() {
         let mut store = store_with(5);
-        let first = store.find("db.c", &doc! {}, None, 2).unwrap();
+        let first = store.find(OWNER, "db.c", &doc! {}, None, 2).unwrap();
         assert_eq!(first.documents.len(), 2);
         assert_ne!(first.cursor_id, 0);
-        let second = store.get_more("db.c", first.cursor_id, 2).unwrap();
+        let second = store.get_more(OWNER, "db.c", first.cursor_id, 2).unwrap();
         assert_eq!(second.documents[0].get_i32("_id").ok(), Some(2));
         assert_eq!(
             second.cursor_id, first.cursor_id,
             "TK-*: a cursor keeps its id"
         );
-        let last = store.get_more("db.c", second.cursor_id, 2).unwrap();
+        let last = store.get_more(OWNER, "db.c", second.cursor_id, 2).unwrap();
         assert_eq!(last.documents.len(), 1);
         assert_eq!(last.cursor_id, 0);
         assert_eq!(store.open_cursors(), 0);
         assert_eq!(
-            store.get_more("db.c", second.cursor_id, 2),
+            store.get_more(OWNER, "db.c", second.cursor_id, 2),
             Err(QueryError::CursorNotFound(second.cursor_id))
         );
     }
@@ -392,14 +411,14 @@ mod tests {
     fn filter_and_limit() {
         let mut store = store_with(6);
         let evens = store
-            .find("db.c", &doc! { "even": true }, None, 10)
+            .find(OWNER, "db.c", &doc! { "even": true }, None, 10)
             .unwrap();
         assert_eq!(evens.documents.len(), 3);
         assert_eq!(evens.cursor_id, 0);
-        let limited = store.find("db.c", &doc! {}, Some(1), 10).unwrap();
+        let limited = store.find(OWNER, "db.c", &doc! {}, Some(1), 10).unwrap();
         assert_eq!(limited.documents.len(), 1);
         assert_eq!(
-            store.find("db.c", &doc! { "_id": { "$regex": "1" } }, None, 10),
+            store.find(OWNER, "db.c", &doc! { "_id": { "$regex": "1" } }, None, 10),
             Err(QueryError::UnsupportedFilter("$regex".into()))
         );
     }
@@ -407,17 +426,20 @@ mod tests {
     #[test]
     fn kill_cursors_only_in_their_namespace() {
         let mut store = store_with(5);
-        let open = store.find("db.c", &doc! {}, None, 1).unwrap().cursor_id;
+        let open = store
+            .find(OWNER, "db.c", &doc! {}, None, 1)
+            .unwrap()
+            .cursor_id;
         assert_eq!(
-            store.get_more("db.other", open, 1),
+            store.get_more(OWNER, "db.other", open, 1),
             Err(QueryError::CursorNotFound(open))
         );
         assert_eq!(
-            store.kill_cursors("db.other", &[open]),
+            store.kill_cursors(OWNER, "db.other", &[open]),
             (vec![], vec![open])
         );
         assert_eq!(
-            store.kill_cursors("db.c", &[open, 999]),
+            store.kill_cursors(OWNER, "db.c", &[open, 999]),
             (vec![open], vec![999])
         );
         assert_eq!(store.open_cursors(), 0);

@@ -483,3 +483,28 @@ async fn on_primary_transactional_write() {
     })
     .await;
 }
+
+/// TK-12: a cursor stays with the mongos that opened it; a getMore through another is 43.
+#[tokio::test]
+async fn a_cursor_stays_with_its_mongos() {
+    bounded(async {
+        let servers = TestServer::start_mongoses(2, ServerConfig::default())
+            .await
+            .expect("mongoses start");
+        servers[0]
+            .handle()
+            .insert("db.c", (0..3).map(|i| doc! { "_id": i }).collect());
+        let mut first = RawClient::connect(servers[0].address()).await.unwrap();
+        let mut second = RawClient::connect(servers[1].address()).await.unwrap();
+        let find = doc! { "find": "c", "batchSize": 1, "$db": "db" };
+        let reply = first.command(find).await.unwrap();
+        let id = reply.get_document("cursor").unwrap().get_i64("id").unwrap();
+        let more = doc! { "getMore": id, "collection": "c", "$db": "db" };
+        assert_eq!(code(&second.command(more.clone()).await.unwrap()), Some(43));
+        assert_eq!(code(&first.command(more).await.unwrap()), None);
+        for server in servers {
+            server.shutdown().await;
+        }
+    })
+    .await;
+}
