@@ -617,6 +617,13 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
                 .into_iter()
                 .take(integer(n).unwrap_or(0).max(0) as usize)
                 .collect(),
+            ("$sort", Bson::Document(sort)) => {
+                let mut documents = documents;
+                if let Err(e) = sort_documents(&mut documents, sort) {
+                    return e;
+                }
+                documents
+            }
             ("$count", Bson::String(field)) => vec![doc! { field: count_i32(documents.len()) }],
             ("$project" | "$addFields", Bson::Document(spec)) => {
                 match project(documents, spec, name == "$addFields") {
@@ -688,6 +695,9 @@ fn find(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let Ok(collection) = command.get_str("find") else {
         return error_reply(2, "find needs a collection name");
     };
+    if let Some(field) = command.keys().find(|k| !FIND_FIELDS.contains(&k.as_str())) {
+        return unsupported_reply(&format!("find option {field}"));
+    }
     let ns = format!("{db}.{collection}");
     let filter = match command.get("filter") {
         None => Document::new(),
@@ -702,22 +712,88 @@ fn find(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
         .and_then(integer)
         .filter(|&l| l > 0)
         .map(|l| usize::try_from(l).unwrap_or(usize::MAX));
+    let skip = command.get("skip").and_then(integer).unwrap_or(0).max(0) as usize;
     let single_batch = matches!(command.get("singleBatch"), Some(Bson::Boolean(true)));
-    match state
-        .store
-        .find(state.owner, &ns, &filter, limit, batch_size)
-    {
-        Ok(mut batch) => {
-            if single_batch && batch.cursor_id != 0 {
-                state
-                    .store
-                    .kill_cursors(state.owner, &ns, &[batch.cursor_id]);
-                batch.cursor_id = 0;
-            }
-            cursor_reply("firstBatch", &ns, batch)
+    let mut documents = match state.store.matching(&ns, &filter) {
+        Ok(d) => d,
+        Err(e) => return query_error(e),
+    };
+    if let Ok(sort) = command.get_document("sort") {
+        if let Err(e) = sort_documents(&mut documents, sort) {
+            return e;
         }
-        Err(e) => query_error(e),
     }
+    let mut documents: Vec<Document> = documents
+        .into_iter()
+        .skip(skip)
+        .take(limit.unwrap_or(usize::MAX))
+        .collect();
+    if let Ok(projection) = command.get_document("projection") {
+        documents = match project(documents, projection, false) {
+            Ok(d) => d,
+            Err(e) => return e,
+        };
+    }
+    let mut batch = state
+        .store
+        .open_cursor(state.owner, &ns, documents, batch_size);
+    if single_batch && batch.cursor_id != 0 {
+        state
+            .store
+            .kill_cursors(state.owner, &ns, &[batch.cursor_id]);
+        batch.cursor_id = 0;
+    }
+    cursor_reply("firstBatch", &ns, batch)
+}
+
+/// The fields `find` understands: its own options and the envelope every command may carry.
+/// Anything else is `TestkitUnsupported` (TK-2), never ignored.
+const FIND_FIELDS: &[&str] = &[
+    "find",
+    "filter",
+    "sort",
+    "projection",
+    "skip",
+    "limit",
+    "batchSize",
+    "singleBatch",
+    "comment",
+    "maxTimeMS",
+    "readConcern",
+    "$readPreference",
+    "lsid",
+    "txnNumber",
+    "autocommit",
+    "startTransaction",
+    "$clusterTime",
+    "$db",
+    "apiVersion",
+    "apiStrict",
+    "apiDeprecationErrors",
+];
+
+/// `sort` / `$sort` on top-level fields, `1` or `-1` each; numbers by value, strings by bytes,
+/// a missing field first (as null).
+fn sort_documents(documents: &mut [Document], sort: &Document) -> Result<(), Document> {
+    let mut keys = Vec::new();
+    for (field, direction) in sort {
+        match integer(direction) {
+            Some(1) => keys.push((field.clone(), false)),
+            Some(-1) => keys.push((field.clone(), true)),
+            _ => return Err(unsupported_reply(&format!("sort direction {direction}"))),
+        }
+    }
+    documents.sort_by(|a, b| {
+        for (field, descending) in &keys {
+            let order = crate::query::order(a.get(field), b.get(field));
+            let order = if *descending { order.reverse() } else { order };
+            if order.is_ne() {
+                return order;
+            }
+        }
+        core::cmp::Ordering::Equal
+    });
+    Ok(())
 }
 
 /// `{getMore: id, collection, batchSize}`.

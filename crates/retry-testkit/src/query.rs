@@ -113,6 +113,21 @@ fn compare(value: Option<&Bson>, operand: &Bson) -> Option<Ordering> {
     }
 }
 
+/// A total order for sorting: absent and null first, then numbers by value, then strings, then
+/// anything else as equal.
+pub(crate) fn order(a: Option<&Bson>, b: Option<&Bson>) -> Ordering {
+    let rank = |v: Option<&Bson>| match v {
+        None | Some(Bson::Null) => 0,
+        Some(v) if number(v).is_some() => 1,
+        Some(Bson::String(_)) => 2,
+        Some(_) => 3,
+    };
+    rank(a).cmp(&rank(b)).then_with(|| match (a, b) {
+        (Some(x), Some(y)) => compare(Some(x), y).unwrap_or(Ordering::Equal),
+        _ => Ordering::Equal,
+    })
+}
+
 fn number(value: &Bson) -> Option<f64> {
     match value {
         Bson::Int32(v) => Some(f64::from(*v)),

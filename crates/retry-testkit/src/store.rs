@@ -250,7 +250,9 @@ impl Store {
         self.collections.get(ns).cloned().unwrap_or_default()
     }
 
-    /// The documents of `ns` matching `filter`, at most `limit` of them, the first `batch_size` now and a cursor for the rest.
+    /// The documents of `ns` matching `filter`, at most `limit` of them, the first `batch_size`
+    /// now and a cursor for the rest: `find` without its other options, for the tests here.
+    #[cfg(test)]
     pub(crate) fn find(
         &mut self,
         owner: ObjectId,

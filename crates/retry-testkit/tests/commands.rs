@@ -508,3 +508,39 @@ async fn a_cursor_stays_with_its_mongos() {
     })
     .await;
 }
+
+/// TK-14: find's sort, skip, limit and projection, aggregate's $sort; an unknown find option is
+/// TestkitUnsupported, never ignored (TK-2).
+#[tokio::test]
+async fn find_options_and_sort() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let docs = vec![
+            doc! { "_id": 2, "x": "b" },
+            doc! { "_id": 1, "x": "a" },
+            doc! { "_id": 3 },
+        ];
+        server.handle().insert("db.c", docs);
+        let find = doc! { "find": "c", "sort": { "_id": -1 }, "skip": 1, "limit": 1,
+        "projection": { "_id": 0 }, "$db": "db" };
+        let reply = client.command(find).await.unwrap();
+        assert_eq!(first_batch(&reply), vec![doc! { "x": "b" }]);
+        let pipeline = vec![doc! { "$sort": { "x": 1 } }];
+        let reply = client
+            .command(doc! { "aggregate": "c", "pipeline": pipeline, "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        let ids: Vec<i32> = first_batch(&reply)
+            .iter()
+            .map(|d| d.get_i32("_id").unwrap())
+            .collect();
+        assert_eq!(ids, [3, 1, 2], "a missing field sorts first");
+        let reply = client
+            .command(doc! { "find": "c", "hint": "_id_", "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{reply}");
+        server.shutdown().await;
+    })
+    .await;
+}
