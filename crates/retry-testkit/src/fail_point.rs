@@ -352,6 +352,7 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         112 => "WriteConflict",
         134 => "ReadConcernMajorityNotAvailableYet",
         189 => "PrimarySteppedDown",
+        225 => "TransactionTooOld",
         262 => "ExceededTimeLimit",
         462 => "IngressRequestRateLimitExceeded",
         9001 => "SocketException",

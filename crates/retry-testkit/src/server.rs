@@ -604,6 +604,18 @@ impl Connection {
             state.counters.command_mut(name).replayed += 1;
             return Response::Reply(reply);
         }
+        if let Some(key) = &write_key {
+            if !state.data.lock().begin_write(key) {
+                return Response::Reply(error_reply(
+                    225,
+                    &format!(
+                        "Cannot start transaction {} on session because a newer transaction has \
+                         already started",
+                        key.txn_number
+                    ),
+                ));
+            }
+        }
         let mut close_after_commit = false;
         if write_key.is_some() {
             match state.on_primary_write_firing() {

@@ -34,6 +34,8 @@ pub(crate) struct Store {
     cursors: BTreeMap<i64, Cursor>,
     last_cursor_id: i64,
     write_results: BTreeMap<WriteKey, Document>,
+    /// The highest `txnNumber` each session (lsid bytes) has used.
+    txn_numbers: BTreeMap<Vec<u8>, i64>,
 }
 
 /// A retryable write's identity: its session (`lsid`, as BSON bytes), `txnNumber` and
@@ -305,6 +307,20 @@ impl Store {
     /// The reply of the retryable write `key`, if it already ran.
     pub(crate) fn write_result(&self, key: &WriteKey) -> Option<Document> {
         self.write_results.get(key).cloned()
+    }
+
+    /// TK-6: starts the retryable write `key` in its session; `false` (TransactionTooOld) when
+    /// the session already used a higher `txnNumber`.
+    pub(crate) fn begin_write(&mut self, key: &WriteKey) -> bool {
+        let highest = self
+            .txn_numbers
+            .entry(key.session.clone())
+            .or_insert(key.txn_number);
+        if key.txn_number < *highest {
+            return false;
+        }
+        *highest = key.txn_number;
+        true
     }
 
     /// Remembers the reply of the retryable write `key`, so a retry returns it without running.

@@ -245,6 +245,10 @@ async fn retryable_writes_are_deduplicated_for_every_write_type() {
         }
         let docs = server.handle().documents("db.c");
         assert_eq!(docs, vec![doc! { "_id": 2 }], "the update ran once, the delete once");
+        let old = doc! { "insert": "c", "documents": [{ "_id": 5 }], "lsid": lsid.clone(),
+                         "txnNumber": 0_i64, "$db": "db" };
+        let reply = client.command(old).await.unwrap();
+        assert_eq!(code(&reply), Some(225), "TK-6: TransactionTooOld: {reply}");
         server.shutdown().await;
     })
     .await;
