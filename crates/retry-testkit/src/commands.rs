@@ -224,7 +224,7 @@ fn run(
     let command = &request.body;
     let db = command.get_str("$db").unwrap_or_default();
     Some(match name {
-        "ping" | "endSessions" => ok(),
+        "ping" | "endSessions" | "killAllSessions" => ok(),
         "buildInfo" | "buildinfo" => {
             let [major, minor, patch] = version_for_wire(max_wire_version);
             doc! {
