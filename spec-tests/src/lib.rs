@@ -12,6 +12,7 @@ pub mod json;
 pub mod rtt;
 pub mod sdam;
 pub mod server_selection;
+pub mod unified;
 pub mod uri;
 
 use std::path::Path;

@@ -1,5 +1,6 @@
 //! The spec-test harness: one test case per JSON file, named by its path under the corpus root,
-//! then a `suite: passed/total` line per suite.
+//! then a `suite: passed/total` line per suite; then one trial per unified-format suite and its
+//! `unified/<suite>: passed/total (skipped s)` line (issue 11).
 //!
 //! The corpus comes from `$MONGODB_SPECS_DIR`, else `../shared/specifications` beside the checkout.
 //! Without it the run is reported as ignored, except under `CI=true`, where it fails.
@@ -9,6 +10,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use libtest_mimic::{Arguments, Failed, Trial};
+use spec_tests::unified::{self, Deployment, SuiteReport, UNIFIED_SUITES};
 use spec_tests::{corpus, CaseSuite, Outcome, Suite, CASE_SUITES, SUITES};
 
 /// Passed and run counts per suite, filled in by the trials as they finish.
@@ -16,11 +18,14 @@ type Tally = Arc<Mutex<BTreeMap<&'static str, (usize, usize)>>>;
 
 /// Per case suite: passed, total, and the skip reasons with their counts.
 type CaseTally = BTreeMap<&'static str, (usize, usize, BTreeMap<String, usize>)>;
+/// The unified suites' reports, filled in by their trials.
+type Reports = Arc<Mutex<BTreeMap<&'static str, SuiteReport>>>;
 
 fn main() {
     let args = Arguments::from_args();
     let root = corpus::root();
     let tally: Tally = Arc::default();
+    let reports: Reports = Arc::default();
     let mut trials = Vec::new();
     let mut case_tally = CaseTally::new();
     if root.join("source").is_dir() {
@@ -30,6 +35,7 @@ fn main() {
         for suite in CASE_SUITES {
             trials.extend(case_suite_trials(suite, &root, &mut case_tally));
         }
+        trials.extend(unified_trials(&root, &reports));
     } else {
         let message = format!(
             "spec corpus not found at {} (set {})",
@@ -54,6 +60,17 @@ fn main() {
             println!("{}: {passed}/{total} ({skipped} skipped)", suite.name);
             for (reason, count) in skips {
                 println!("  skipped {count}: {reason}");
+            }
+        }
+    }
+    if let Ok(reports) = reports.lock() {
+        for suite in UNIFIED_SUITES {
+            if let Some(report) = reports.get(suite.name) {
+                println!("{}", report.line(suite.name));
+                if std::env::var_os("UNIFIED_VERBOSE").is_some() {
+                    println!("  skipped: {:?}", report.skipped);
+                    println!("  failed: {:?}", report.failed);
+                }
             }
         }
     }
@@ -122,6 +139,72 @@ fn case_suite_trials(suite: &'static CaseSuite, root: &Path, tally: &mut CaseTal
         },
     ));
     trials
+}
+
+/// UT-5: the deployment's facts, asked of a retry-testkit server started on 127.0.0.1.
+fn probe_deployment() -> Result<Deployment, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let probe = async {
+            let server = retry_testkit::TestServer::start(retry_testkit::ServerConfig::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut client = retry_testkit::RawClient::connect(server.address())
+                .await
+                .map_err(|e| e.to_string())?;
+            let reply = client
+                .command(bson::doc! { "buildInfo": 1, "$db": "admin" })
+                .await
+                .map_err(|e| e.to_string())?;
+            server.shutdown().await;
+            let parts = reply.get_array("versionArray").map_err(|e| e.to_string())?;
+            let mut version = [0u32; 3];
+            for (slot, part) in version.iter_mut().zip(parts) {
+                *slot = part
+                    .as_i32()
+                    .and_then(|p| u32::try_from(p).ok())
+                    .ok_or("versionArray holds non-integers")?;
+            }
+            Ok(Deployment {
+                version,
+                auth: false,
+            })
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), probe)
+            .await
+            .map_err(|_| String::from("buildInfo probe timed out"))?
+    })
+}
+
+/// One trial per unified suite: it fails only when the suite cannot be loaded and counted; a
+/// test that fails is counted in the suite's line (issue 11, item 4), not a cargo test failure.
+fn unified_trials(root: &Path, reports: &Reports) -> Vec<Trial> {
+    let deployment = match probe_deployment() {
+        Ok(d) => Arc::new(d),
+        Err(e) => {
+            return vec![Trial::test("unified/deployment", move || {
+                Err(Failed::from(e.as_str()))
+            })]
+        }
+    };
+    UNIFIED_SUITES
+        .iter()
+        .map(|suite| {
+            let root = root.to_path_buf();
+            let reports = Arc::clone(reports);
+            let deployment = Arc::clone(&deployment);
+            Trial::test(format!("unified/{}", suite.name), move || {
+                let report = unified::run_suite(suite, &root, &deployment)?;
+                if let Ok(mut reports) = reports.lock() {
+                    reports.insert(suite.name, report);
+                }
+                Ok(())
+            })
+        })
+        .collect()
 }
 
 /// One trial per file of `suite`, plus one that checks the file count.

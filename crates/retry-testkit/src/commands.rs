@@ -1,5 +1,6 @@
 //! The commands the server runs once a request is admitted: hello, ping, the in-memory CRUD
-//! subset, `configureFailPoint` and a few no-ops.
+//! commands (TK-*), `configureFailPoint` and a few no-ops. A command not listed in [`execute`]
+//! is answered with `CommandNotFound` (59).
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
@@ -8,16 +9,40 @@ use crate::config::{
     Role, LOGICAL_SESSION_TIMEOUT_MINUTES, MAX_BSON_OBJECT_SIZE, MAX_MESSAGE_SIZE_BYTES,
     MAX_WRITE_BATCH_SIZE,
 };
-use crate::fail_point::{error_reply, FailCommand};
+use crate::fail_point::{error_reply, FailCommand, TESTKIT_UNSUPPORTED};
+use crate::on_primary_write::OnPrimaryWrite;
 use crate::server::State;
-use crate::store::{Batch, QueryError, WriteKey};
+use crate::store::{Batch, QueryError, Store, WriteKey};
 use retry_core::wire::OpMsg;
 
 /// The `electionId` a primary reports; constant, since the test server never holds an election.
 const ELECTION_ID: [u8; 12] = [0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 1];
 
-/// The version `buildInfo` reports.
-const VERSION: &str = "8.2.0";
+/// The server version `buildInfo` reports for a `maxWireVersion` (TK-*: consistent with hello):
+/// 25 is 8.0, 21 is 7.0, 17 is 6.0, 13 is 5.0, 9 is 4.4, 8 is 4.2.
+pub(crate) fn version_for_wire(max_wire_version: i32) -> [i32; 3] {
+    match max_wire_version {
+        v if v >= 27 => [8, 2, 0],
+        26 => [8, 1, 0],
+        25 => [8, 0, 0],
+        22..=24 => [7, v_minor(max_wire_version, 21), 0],
+        21 => [7, 0, 0],
+        18..=20 => [6, v_minor(max_wire_version, 17), 0],
+        17 => [6, 0, 0],
+        14..=16 => [5, v_minor(max_wire_version, 13), 0],
+        13 => [5, 0, 0],
+        9..=12 => [4, 4, 0],
+        8 => [4, 2, 0],
+        7 => [4, 0, 0],
+        6 => [3, 6, 0],
+        _ => [3, 4, 0],
+    }
+}
+
+/// The rapid releases between majors: one wire version each.
+fn v_minor(max_wire_version: i32, major_wire: i32) -> i32 {
+    max_wire_version - major_wire
+}
 
 /// Whether `name` is a handshake command: never rate limited (BP-6), recorded for tests.
 pub(crate) fn is_hello(name: &str) -> bool {
@@ -31,17 +56,21 @@ pub(crate) fn is_retryable_write(name: &str, command: &Document) -> bool {
         || (command.contains_key("txnNumber") && !command.contains_key("autocommit"))
 }
 
-/// The identity of a retryable `insert` (the one write the server runs), when it is one: a retry
-/// with the same `lsid` and `txnNumber` gets the first reply and does not run again.
+/// The identity of a retryable write (`insert`, `update`, `delete`, `findAndModify`), when it
+/// is one: a retry with the same `lsid`, `txnNumber` and `stmtId` gets the first reply and does
+/// not run again (TK-*).
 pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
-    if name != "insert" || !is_retryable_write(name, command) {
+    let write = matches!(name, "insert" | "update" | "delete" | "findAndModify");
+    if !write || !is_retryable_write(name, command) {
         return None;
     }
     let session = command.get_document("lsid").ok()?.to_vec().ok()?;
     let txn_number = command.get("txnNumber").and_then(integer)?;
+    let stmt_id = command.get("stmtId").and_then(integer).unwrap_or(0);
     Some(WriteKey {
         session,
         txn_number,
+        stmt_id,
     })
 }
 
@@ -133,25 +162,147 @@ pub(crate) fn hello_reply(
 }
 
 /// Runs an admitted, non-hello command. `None` when the server does not know the command.
-pub(crate) fn execute(state: &mut State, name: &str, request: &OpMsg) -> Option<Document> {
-    let command = &request.body;
-    let db = command.get_str("$db").unwrap_or_default();
-    Some(match name {
-        "ping" | "endSessions" => ok(),
-        "buildInfo" | "buildinfo" => doc! {
-            "version": VERSION,
-            "versionArray": [8, 2, 0, 0],
-            "maxBsonObjectSize": MAX_BSON_OBJECT_SIZE,
-            "ok": 1.0,
-        },
-        "configureFailPoint" => match FailCommand::from_command(command) {
+pub(crate) fn execute(
+    state: &mut State,
+    name: &str,
+    request: &OpMsg,
+    max_wire_version: i32,
+    process_id: ObjectId,
+) -> Option<Document> {
+    if name == "configureFailPoint"
+        && request.body.get_str(name).ok() == Some("onPrimaryTransactionalWrite")
+    {
+        if matches!(state.role, Role::Mongos | Role::LoadBalancer { .. }) {
+            return Some(error_reply(
+                2,
+                "onPrimaryTransactionalWrite is a mongod fail point",
+            ));
+        }
+        return Some(match OnPrimaryWrite::from_command(&request.body) {
+            Ok(fail) => {
+                state.on_primary_write = fail;
+                ok()
+            }
+            Err(e) => error_reply(2, &e.to_string()),
+        });
+    }
+    if name == "configureFailPoint" {
+        return Some(match FailCommand::from_command(&request.body) {
             Ok(fail) => {
                 state.fail_point = fail;
                 ok()
             }
             Err(e) => error_reply(2, &e.to_string()),
-        },
+        });
+    }
+    let data = state.data.clone();
+    let mut store = data.lock();
+    let mut context = Context {
+        store: &mut store,
+        batch_size: state.batch_size,
+        owner: process_id,
+    };
+    run(&mut context, name, request, max_wire_version)
+}
+
+/// What a data command works on: the (possibly shared) store, locked once for the command, and
+/// the server's default batch size.
+struct Context<'a> {
+    store: &'a mut Store,
+    batch_size: u32,
+    /// The server process running the command; its cursors stay with it (TK-12).
+    owner: ObjectId,
+}
+
+/// Runs a data command; `None` when the server does not know it.
+fn run(
+    state: &mut Context<'_>,
+    name: &str,
+    request: &OpMsg,
+    max_wire_version: i32,
+) -> Option<Document> {
+    let command = &request.body;
+    let db = command.get_str("$db").unwrap_or_default();
+    Some(match name {
+        "ping" | "endSessions" | "killAllSessions" => ok(),
+        "buildInfo" | "buildinfo" => {
+            let [major, minor, patch] = version_for_wire(max_wire_version);
+            doc! {
+            "version": format!("{major}.{minor}.{patch}"),
+            "versionArray": [major, minor, patch, 0],
+            "maxBsonObjectSize": MAX_BSON_OBJECT_SIZE,
+            "ok": 1.0,
+            }
+        }
         "insert" => insert(state, db, request),
+        "update" => update(state, db, request),
+        "delete" => delete(state, db, request),
+        "findAndModify" => find_and_modify(state, db, command),
+        "count" => count(state, db, command),
+        "distinct" => distinct(state, db, command),
+        "aggregate" => aggregate(state, db, command),
+        "create" => match collection_name(command, "create") {
+            Ok(c) if state.store.create(&format!("{db}.{c}")) => ok(),
+            Ok(c) => error_reply(48, &format!("Collection {db}.{c} already exists.")),
+            Err(e) => e,
+        },
+        "drop" => match collection_name(command, "drop") {
+            Ok(c) if state.store.drop_collection(&format!("{db}.{c}")) => ok(),
+            Ok(c) => error_reply(26, &format!("ns not found: {db}.{c}")),
+            Err(e) => e,
+        },
+        "dropDatabase" => {
+            for c in state.store.collection_names(db) {
+                state.store.drop_collection(&format!("{db}.{c}"));
+            }
+            ok()
+        }
+        "listCollections" => {
+            let names = state.store.collection_names(db);
+            let docs = names
+                .into_iter()
+                .map(|n| doc! { "name": n, "type": "collection", "options": {} })
+                .collect();
+            let ns = format!("{db}.$cmd.listCollections");
+            let batch = state
+                .store
+                .open_cursor(state.owner, &ns, docs, state.batch_size as usize);
+            cursor_reply("firstBatch", &ns, batch)
+        }
+        "listDatabases" => {
+            let names = state.store.database_names();
+            let dbs: Vec<Document> = names
+                .into_iter()
+                .map(|n| doc! { "name": n, "sizeOnDisk": 8192_i64, "empty": false })
+                .collect();
+            doc! { "databases": dbs, "totalSize": 0_i64, "ok": 1.0 }
+        }
+        "listIndexes" => match collection_name(command, "listIndexes") {
+            Ok(c) => {
+                let ns = format!("{db}.{c}");
+                let ids = doc! { "v": 2, "key": { "_id": 1 }, "name": "_id_" };
+                let batch =
+                    state
+                        .store
+                        .open_cursor(state.owner, &ns, vec![ids], state.batch_size as usize);
+                cursor_reply("firstBatch", &ns, batch)
+            }
+            Err(e) => e,
+        },
+        "createIndexes" | "dropIndexes" => match collection_name(command, name) {
+            Ok(c) => {
+                state.store.create(&format!("{db}.{c}"));
+                ok()
+            }
+            Err(e) => e,
+        },
+        "commitTransaction" | "abortTransaction" => {
+            if command.contains_key("lsid") && command.contains_key("txnNumber") {
+                ok()
+            } else {
+                error_reply(251, "NoSuchTransaction: no transaction in progress")
+            }
+        }
         "find" => find(state, db, command),
         "getMore" => get_more(state, db, command),
         "killCursors" => kill_cursors(state, db, command),
@@ -163,34 +314,390 @@ fn ok() -> Document {
     doc! { "ok": 1.0 }
 }
 
-/// `{insert: coll, documents: [...]}`, the documents in the body or in a kind-1 sequence.
-fn insert(state: &mut State, db: &str, request: &OpMsg) -> Document {
-    let Ok(collection) = request.body.get_str("insert") else {
-        return error_reply(2, "insert needs a collection name");
-    };
+/// The collection a command names in its first field, or an error reply.
+fn collection_name<'a>(command: &'a Document, field: &str) -> Result<&'a str, Document> {
+    command
+        .get_str(field)
+        .map_err(|_| error_reply(2, &format!("{field} needs a collection name")))
+}
+
+/// The documents of array `field`, from the body or from a kind-1 sequence of that name.
+fn documents_of(request: &OpMsg, field: &str) -> Result<Vec<Document>, Document> {
     let mut documents = Vec::new();
-    if let Ok(array) = request.body.get_array("documents") {
+    if let Ok(array) = request.body.get_array(field) {
         for item in array {
             let Bson::Document(d) = item else {
-                return error_reply(2, "insert documents must be documents");
+                return Err(error_reply(2, &format!("{field} must hold documents")));
             };
             documents.push(d.clone());
         }
     }
     for sequence in &request.sequences {
-        if sequence.identifier == "documents" {
+        if sequence.identifier == field {
             documents.extend(sequence.documents.iter().cloned());
         }
     }
-    let n = state.store.insert(&format!("{db}.{collection}"), documents);
-    doc! { "n": i32::try_from(n).unwrap_or(i32::MAX), "ok": 1.0 }
+    Ok(documents)
+}
+
+/// `ordered`, true unless the command says otherwise.
+fn ordered(command: &Document) -> bool {
+    !matches!(command.get("ordered"), Some(Bson::Boolean(false)))
+}
+
+fn count_i32(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// `{insert: coll, documents: [...], ordered}`; a duplicate `_id` is a write error 11000.
+fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
+    let collection = match collection_name(&request.body, "insert") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let documents = match documents_of(request, "documents") {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let ns = format!("{db}.{collection}");
+    let outcome = state.store.insert(&ns, documents, ordered(&request.body));
+    let mut reply = doc! { "n": count_i32(outcome.n) };
+    if !outcome.duplicates.is_empty() {
+        let errors: Vec<Document> = outcome
+            .duplicates
+            .into_iter()
+            .map(|(index, id)| {
+                doc! {
+                    "index": count_i32(index),
+                    "code": 11000,
+                    "errmsg": format!("E11000 duplicate key error collection: {ns} index: _id_ dup key: {{ _id: {id} }}"),
+                }
+            })
+            .collect();
+        reply.insert("writeErrors", errors);
+    }
+    reply.insert("ok", 1.0);
+    reply
+}
+
+/// `{update: coll, updates: [{q, u, multi, upsert}], ordered}`.
+fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
+    let collection = match collection_name(&request.body, "update") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let statements = match documents_of(request, "updates") {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let ns = format!("{db}.{collection}");
+    let (mut n, mut modified, mut upserted) = (0, 0, Vec::new());
+    for (index, statement) in statements.iter().enumerate() {
+        let (Ok(filter), Ok(update)) = (statement.get_document("q"), statement.get_document("u"))
+        else {
+            if matches!(statement.get("u"), Some(Bson::Array(_))) {
+                return unsupported_reply("pipeline updates");
+            }
+            return error_reply(2, "each update needs q and u documents");
+        };
+        let multi = statement.get_bool("multi").unwrap_or(false);
+        let upsert = statement.get_bool("upsert").unwrap_or(false);
+        match state.store.update(&ns, filter, update, multi, upsert) {
+            Ok(outcome) => {
+                n += outcome.matched;
+                modified += outcome.modified;
+                if let Some(id) = outcome.upserted {
+                    n += 1;
+                    upserted.push(doc! { "index": count_i32(index), "_id": id });
+                }
+            }
+            Err(e) => return query_error(e),
+        }
+    }
+    let mut reply = doc! { "n": count_i32(n), "nModified": count_i32(modified) };
+    if !upserted.is_empty() {
+        reply.insert("upserted", upserted);
+    }
+    reply.insert("ok", 1.0);
+    reply
+}
+
+/// `{delete: coll, deletes: [{q, limit}], ordered}`.
+fn delete(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
+    let collection = match collection_name(&request.body, "delete") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let statements = match documents_of(request, "deletes") {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let ns = format!("{db}.{collection}");
+    let mut n = 0;
+    for statement in &statements {
+        let Ok(filter) = statement.get_document("q") else {
+            return error_reply(2, "each delete needs a q document");
+        };
+        let multi = statement.get("limit").and_then(integer) == Some(0);
+        match state.store.delete(&ns, filter, multi) {
+            Ok(removed) => n += removed.len(),
+            Err(e) => return query_error(e),
+        }
+    }
+    doc! { "n": count_i32(n), "ok": 1.0 }
+}
+
+/// `{findAndModify: coll, query, update | remove, new, upsert}` (no sort, no fields).
+fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
+    let collection = match collection_name(command, "findAndModify") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    for unsupported in ["sort", "fields", "arrayFilters"] {
+        if command.contains_key(unsupported) {
+            return unsupported_reply(&format!("findAndModify {unsupported}"));
+        }
+    }
+    let ns = format!("{db}.{collection}");
+    let filter = command.get_document("query").cloned().unwrap_or_default();
+    let before = match state.store.matching(&ns, &filter) {
+        Ok(docs) => docs.into_iter().next(),
+        Err(e) => return query_error(e),
+    };
+    if command.get_bool("remove").unwrap_or(false) {
+        if let Err(e) = state.store.delete(&ns, &filter, false) {
+            return query_error(e);
+        }
+        let n = i32::from(before.is_some());
+        let value = before.map_or(Bson::Null, Bson::Document);
+        return doc! { "lastErrorObject": { "n": n }, "value": value, "ok": 1.0 };
+    }
+    let Ok(update) = command.get_document("update") else {
+        return error_reply(2, "findAndModify needs update or remove");
+    };
+    let upsert = command.get_bool("upsert").unwrap_or(false);
+    let outcome = match state.store.update(&ns, &filter, update, false, upsert) {
+        Ok(o) => o,
+        Err(e) => return query_error(e),
+    };
+    let after_filter = match (
+        &outcome.upserted,
+        before.as_ref().and_then(|d| d.get("_id")),
+    ) {
+        (Some(id), _) | (None, Some(id)) => doc! { "_id": id.clone() },
+        (None, None) => {
+            return doc! { "lastErrorObject": { "n": 0, "updatedExisting": false }, "value": Bson::Null, "ok": 1.0 }
+        }
+    };
+    let value = if command.get_bool("new").unwrap_or(false) {
+        state
+            .store
+            .matching(&ns, &after_filter)
+            .ok()
+            .and_then(|d| d.into_iter().next())
+    } else {
+        before
+    };
+    let mut last_error = doc! { "n": 1, "updatedExisting": outcome.upserted.is_none() };
+    if let Some(id) = outcome.upserted {
+        last_error.insert("upserted", id);
+    }
+    doc! { "lastErrorObject": last_error, "value": value.map_or(Bson::Null, Bson::Document), "ok": 1.0 }
+}
+
+/// `{count: coll, query, skip, limit}`.
+fn count(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
+    let collection = match collection_name(command, "count") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let filter = command.get_document("query").cloned().unwrap_or_default();
+    match state.store.matching(&format!("{db}.{collection}"), &filter) {
+        Ok(docs) => {
+            let skip = command.get("skip").and_then(integer).unwrap_or(0).max(0) as usize;
+            let mut n = docs.len().saturating_sub(skip);
+            if let Some(limit) = command.get("limit").and_then(integer).filter(|&l| l > 0) {
+                n = n.min(limit as usize);
+            }
+            doc! { "n": count_i32(n), "ok": 1.0 }
+        }
+        Err(e) => query_error(e),
+    }
+}
+
+/// `{distinct: coll, key, query}`: top-level keys.
+fn distinct(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
+    let collection = match collection_name(command, "distinct") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let Ok(key) = command.get_str("key") else {
+        return error_reply(2, "distinct needs a key");
+    };
+    let filter = command.get_document("query").cloned().unwrap_or_default();
+    match state.store.matching(&format!("{db}.{collection}"), &filter) {
+        Ok(docs) => {
+            let mut values: Vec<Bson> = Vec::new();
+            for value in docs.iter().filter_map(|d| d.get(key)) {
+                if !values.iter().any(|v| crate::query::equal(v, value)) {
+                    values.push(value.clone());
+                }
+            }
+            doc! { "values": values, "ok": 1.0 }
+        }
+        Err(e) => query_error(e),
+    }
+}
+
+/// `{aggregate: coll | 1, pipeline, cursor}` with the stages `$match`, `$skip`, `$limit`,
+/// `$count`, `$project` (inclusion / exclusion of top-level fields), `$addFields`, and a leading
+/// `$changeStream` (an open cursor with an empty first batch). `$out` / `$merge` and any other
+/// stage are refused by name.
+fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
+    let collection = match command.get("aggregate") {
+        Some(Bson::String(c)) => c.clone(),
+        Some(v) if integer(v) == Some(1) => String::from("$cmd.aggregate"),
+        _ => return error_reply(2, "aggregate needs a collection name or 1"),
+    };
+    let Ok(pipeline) = command.get_array("pipeline") else {
+        return error_reply(2, "aggregate needs a pipeline array");
+    };
+    let Ok(cursor) = command.get_document("cursor") else {
+        return error_reply(9, "The 'cursor' option is required");
+    };
+    let batch_size = match cursor.get("batchSize") {
+        None => state.batch_size as usize,
+        Some(v) => match integer(v).and_then(|v| usize::try_from(v).ok()) {
+            Some(b) => b,
+            None => return error_reply(2, "batchSize must be a non-negative integer"),
+        },
+    };
+    let ns = format!("{db}.{collection}");
+    let mut stages = Vec::new();
+    for stage in pipeline {
+        let Bson::Document(stage) = stage else {
+            return error_reply(2, "each pipeline stage must be a document");
+        };
+        let Some((name, spec)) = stage.iter().next() else {
+            return error_reply(2, "empty pipeline stage");
+        };
+        stages.push((name.as_str(), spec));
+    }
+    if let Some(("$changeStream", _)) = stages.first() {
+        if stages.len() > 1 {
+            return unsupported_reply("$changeStream followed by other stages");
+        }
+        let mut batch = state.store.open_cursor(state.owner, &ns, Vec::new(), 0);
+        batch.cursor_id = state.store.open_change_stream(state.owner, &ns);
+        let mut reply = cursor_reply("firstBatch", &ns, batch);
+        if let Ok(cursor) = reply.get_document_mut("cursor") {
+            cursor.insert("postBatchResumeToken", doc! { "_data": "00" });
+        }
+        return reply;
+    }
+    let mut documents = state.store.documents(&ns);
+    for (name, spec) in stages {
+        documents = match (name, spec) {
+            ("$match", Bson::Document(filter)) => {
+                let mut kept = Vec::new();
+                for d in documents {
+                    match crate::query::matches(&d, filter) {
+                        Ok(true) => kept.push(d),
+                        Ok(false) => {}
+                        Err(e) => return query_error(QueryError::UnsupportedFilter(e.0)),
+                    }
+                }
+                kept
+            }
+            ("$skip", n) => documents
+                .into_iter()
+                .skip(integer(n).unwrap_or(0).max(0) as usize)
+                .collect(),
+            ("$limit", n) => documents
+                .into_iter()
+                .take(integer(n).unwrap_or(0).max(0) as usize)
+                .collect(),
+            ("$sort", Bson::Document(sort)) => {
+                let mut documents = documents;
+                if let Err(e) = sort_documents(&mut documents, sort) {
+                    return e;
+                }
+                documents
+            }
+            ("$count", Bson::String(field)) => vec![doc! { field: count_i32(documents.len()) }],
+            ("$project" | "$addFields", Bson::Document(spec)) => {
+                match project(documents, spec, name == "$addFields") {
+                    Ok(d) => d,
+                    Err(e) => return e,
+                }
+            }
+            (other, _) => return unsupported_reply(&format!("pipeline stage {other}")),
+        };
+    }
+    let batch = state
+        .store
+        .open_cursor(state.owner, &ns, documents, batch_size);
+    cursor_reply("firstBatch", &ns, batch)
+}
+
+/// `$project` by inclusion or exclusion of top-level fields (`_id` kept unless excluded), or
+/// `$addFields` with literal values.
+fn project(
+    documents: Vec<Document>,
+    spec: &Document,
+    add: bool,
+) -> Result<Vec<Document>, Document> {
+    let literal = |v: &Bson| {
+        !matches!(v, Bson::String(s) if s.starts_with('$')) && !matches!(v, Bson::Document(_))
+    };
+    if add {
+        if !spec.values().all(literal) {
+            return Err(unsupported_reply("$addFields with non-literal values"));
+        }
+        return Ok(documents
+            .into_iter()
+            .map(|mut d| {
+                d.extend(spec.clone());
+                d
+            })
+            .collect());
+    }
+    let include = spec.iter().any(|(k, v)| {
+        k != "_id" && (integer(v).is_some_and(|v| v != 0) || matches!(v, Bson::Boolean(true)))
+    });
+    if !spec
+        .values()
+        .all(|v| integer(v).is_some() || matches!(v, Bson::Boolean(_)))
+    {
+        return Err(unsupported_reply("$project with values other than 0/1"));
+    }
+    let keep_id = !spec
+        .get("_id")
+        .is_some_and(|v| integer(v) == Some(0) || matches!(v, Bson::Boolean(false)));
+    Ok(documents
+        .into_iter()
+        .map(|d| {
+            d.into_iter()
+                .filter(|(k, _)| {
+                    if k == "_id" {
+                        return keep_id;
+                    }
+                    let listed = spec.contains_key(k);
+                    listed == include
+                })
+                .collect()
+        })
+        .collect())
 }
 
 /// `{find: coll, filter, batchSize, limit, singleBatch}`: top-level equality filters only.
-fn find(state: &mut State, db: &str, command: &Document) -> Document {
+fn find(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let Ok(collection) = command.get_str("find") else {
         return error_reply(2, "find needs a collection name");
     };
+    if let Some(field) = command.keys().find(|k| !FIND_FIELDS.contains(&k.as_str())) {
+        return unsupported_reply(&format!("find option {field}"));
+    }
     let ns = format!("{db}.{collection}");
     let filter = match command.get("filter") {
         None => Document::new(),
@@ -205,21 +712,92 @@ fn find(state: &mut State, db: &str, command: &Document) -> Document {
         .and_then(integer)
         .filter(|&l| l > 0)
         .map(|l| usize::try_from(l).unwrap_or(usize::MAX));
+    let skip = command.get("skip").and_then(integer).unwrap_or(0).max(0) as usize;
     let single_batch = matches!(command.get("singleBatch"), Some(Bson::Boolean(true)));
-    match state.store.find(&ns, &filter, limit, batch_size) {
-        Ok(mut batch) => {
-            if single_batch && batch.cursor_id != 0 {
-                state.store.kill_cursors(&ns, &[batch.cursor_id]);
-                batch.cursor_id = 0;
-            }
-            cursor_reply("firstBatch", &ns, batch)
+    let mut documents = match state.store.matching(&ns, &filter) {
+        Ok(d) => d,
+        Err(e) => return query_error(e),
+    };
+    if let Ok(sort) = command.get_document("sort") {
+        if let Err(e) = sort_documents(&mut documents, sort) {
+            return e;
         }
-        Err(e) => query_error(e),
     }
+    let mut documents: Vec<Document> = documents
+        .into_iter()
+        .skip(skip)
+        .take(limit.unwrap_or(usize::MAX))
+        .collect();
+    if let Ok(projection) = command.get_document("projection") {
+        documents = match project(documents, projection, false) {
+            Ok(d) => d,
+            Err(e) => return e,
+        };
+    }
+    let mut batch = state
+        .store
+        .open_cursor(state.owner, &ns, documents, batch_size);
+    if single_batch && batch.cursor_id != 0 {
+        state
+            .store
+            .kill_cursors(state.owner, &ns, &[batch.cursor_id]);
+        batch.cursor_id = 0;
+    }
+    cursor_reply("firstBatch", &ns, batch)
+}
+
+/// The fields `find` understands: its own options and the envelope every command may carry.
+/// Anything else is `TestkitUnsupported` (TK-2), never ignored.
+const FIND_FIELDS: &[&str] = &[
+    "find",
+    "filter",
+    "sort",
+    "projection",
+    "skip",
+    "limit",
+    "batchSize",
+    "singleBatch",
+    "comment",
+    "maxTimeMS",
+    "readConcern",
+    "$readPreference",
+    "lsid",
+    "txnNumber",
+    "autocommit",
+    "startTransaction",
+    "$clusterTime",
+    "$db",
+    "apiVersion",
+    "apiStrict",
+    "apiDeprecationErrors",
+];
+
+/// `sort` / `$sort` on top-level fields, `1` or `-1` each; numbers by value, strings by bytes,
+/// a missing field first (as null).
+fn sort_documents(documents: &mut [Document], sort: &Document) -> Result<(), Document> {
+    let mut keys = Vec::new();
+    for (field, direction) in sort {
+        match integer(direction) {
+            Some(1) => keys.push((field.clone(), false)),
+            Some(-1) => keys.push((field.clone(), true)),
+            _ => return Err(unsupported_reply(&format!("sort direction {direction}"))),
+        }
+    }
+    documents.sort_by(|a, b| {
+        for (field, descending) in &keys {
+            let order = crate::query::order(a.get(field), b.get(field));
+            let order = if *descending { order.reverse() } else { order };
+            if order.is_ne() {
+                return order;
+            }
+        }
+        core::cmp::Ordering::Equal
+    });
+    Ok(())
 }
 
 /// `{getMore: id, collection, batchSize}`.
-fn get_more(state: &mut State, db: &str, command: &Document) -> Document {
+fn get_more(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let Some(id) = command.get("getMore").and_then(integer) else {
         return error_reply(2, "getMore needs a cursor id");
     };
@@ -230,14 +808,14 @@ fn get_more(state: &mut State, db: &str, command: &Document) -> Document {
         return error_reply(2, "batchSize must be a non-negative integer");
     };
     let ns = format!("{db}.{collection}");
-    match state.store.get_more(&ns, id, batch_size) {
+    match state.store.get_more(state.owner, &ns, id, batch_size) {
         Ok(batch) => cursor_reply("nextBatch", &ns, batch),
         Err(e) => query_error(e),
     }
 }
 
 /// `{killCursors: coll, cursors: [ids]}`.
-fn kill_cursors(state: &mut State, db: &str, command: &Document) -> Document {
+fn kill_cursors(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let Ok(collection) = command.get_str("killCursors") else {
         return error_reply(2, "killCursors needs a collection name");
     };
@@ -247,9 +825,10 @@ fn kill_cursors(state: &mut State, db: &str, command: &Document) -> Document {
     let Some(ids) = cursors.iter().map(integer).collect::<Option<Vec<i64>>>() else {
         return error_reply(2, "cursor ids must be integers");
     };
-    let (killed, not_found) = state
-        .store
-        .kill_cursors(&format!("{db}.{collection}"), &ids);
+    let (killed, not_found) =
+        state
+            .store
+            .kill_cursors(state.owner, &format!("{db}.{collection}"), &ids);
     doc! {
         "cursorsKilled": killed,
         "cursorsNotFound": not_found,
@@ -267,12 +846,19 @@ fn cursor_reply(batch_field: &str, ns: &str, batch: Batch) -> Document {
     doc! { "cursor": cursor, "ok": 1.0 }
 }
 
+/// TK-2: the reply to something a real server would run but the test server does not: code
+/// [`TESTKIT_UNSUPPORTED`] (`TestkitUnsupported`), which no test expects, so it can never pass
+/// as an expected error.
+pub(crate) fn unsupported_reply(what: &str) -> Document {
+    error_reply(
+        TESTKIT_UNSUPPORTED,
+        &format!("not supported by retry-testkit: {what}"),
+    )
+}
+
 fn query_error(error: QueryError) -> Document {
     match error {
-        QueryError::UnsupportedFilter(key) => error_reply(
-            2,
-            &format!("the test server supports equality filters only, not {key}"),
-        ),
+        QueryError::UnsupportedFilter(key) => unsupported_reply(&format!("query operator {key}")),
         QueryError::CursorNotFound(id) => error_reply(43, &format!("cursor id {id} not found")),
     }
 }

@@ -101,8 +101,8 @@ pub struct ServerConfig {
     pub min_wire_version: i32,
     /// `maxWireVersion` in the hello reply (25: MongoDB 8.0).
     pub max_wire_version: i32,
-    /// Documents per `find` / `getMore` batch when the command gives no `batchSize`. Small by
-    /// default so that `getMore` matters.
+    /// Documents per `find` / `getMore` / `aggregate` batch when the command gives no
+    /// `batchSize`: 101 by default, as a real server's first batch (TK-*).
     pub batch_size: u32,
     /// The ingress request rate limiter, if any.
     pub ingress_limit: Option<IngressLimit>,
@@ -133,7 +133,7 @@ impl Default for ServerConfig {
             role: Role::Standalone,
             min_wire_version: 0,
             max_wire_version: 25,
-            batch_size: 2,
+            batch_size: 101,
             ingress_limit: None,
             connection_limit: None,
             faults: FaultConfig::default(),

@@ -9,13 +9,62 @@ use retry_core::error::RETRYABLE_WRITE_CODES;
 
 use crate::commands::{integer, is_retryable_write};
 
-/// How many more times the fail point fires.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// When the fail point fires (TK-*: the server's fail point modes).
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum FailPointMode {
     /// `"alwaysOn"`: every matching command.
     AlwaysOn,
     /// `{times: n}`: the next `n` matching commands, then off; `Times(0)` is off.
     Times(u32),
+    /// `{skip: n}`: lets the next `n` matching commands through, then fires on every one.
+    Skip(u32),
+    /// `{activationProbability: p}`: each matching command with probability `p` (0 to 1), drawn
+    /// from the server's seeded generator, so a run repeats exactly.
+    ActivationProbability(f64),
+}
+
+impl FailPointMode {
+    /// Whether a matching command fires now, updating the mode's count; `draw` gives a uniform
+    /// number in `[0, 1)` when the mode needs one. The second value is `false` when the fail point
+    /// is spent and turns off.
+    pub(crate) fn fire(&mut self, draw: impl FnOnce() -> f64) -> (bool, bool) {
+        match self {
+            FailPointMode::AlwaysOn => (true, true),
+            FailPointMode::Times(n) => {
+                let fires = *n > 0;
+                *n = n.saturating_sub(1);
+                (fires, *n > 0)
+            }
+            FailPointMode::Skip(n) if *n > 0 => {
+                *n -= 1;
+                (false, true)
+            }
+            FailPointMode::Skip(_) => (true, true),
+            FailPointMode::ActivationProbability(p) => (draw() < *p, true),
+        }
+    }
+}
+
+/// The server's deterministic generator for `activationProbability` (splitmix64).
+#[derive(Clone, Debug)]
+pub(crate) struct FailPointRng(u64);
+
+impl FailPointRng {
+    /// A generator whose sequence depends only on `seed`.
+    pub(crate) fn new(seed: u64) -> FailPointRng {
+        FailPointRng(seed)
+    }
+
+    /// The next number, uniform in `[0, 1)`.
+    pub(crate) fn next_unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
 }
 
 /// The `failCommand` fail point: which commands it matches and what it does to them.
@@ -55,6 +104,13 @@ impl fmt::Display for FailPointError {
 }
 
 impl std::error::Error for FailPointError {}
+
+impl FailPointError {
+    /// A refusal with this message.
+    pub(crate) fn new(message: impl Into<String>) -> FailPointError {
+        FailPointError(message.into())
+    }
+}
 
 fn bad(message: impl Into<String>) -> FailPointError {
     FailPointError(message.into())
@@ -132,17 +188,36 @@ impl FailCommand {
         let mode = match command.get("mode") {
             Some(Bson::String(m)) if m == "alwaysOn" => FailPointMode::AlwaysOn,
             Some(Bson::String(m)) if m == "off" => return Ok(None),
-            Some(Bson::Document(m)) => match m.get("times").and_then(non_negative) {
-                Some(0) => return Ok(None),
-                Some(n) => FailPointMode::Times(n),
-                None => return Err(bad("mode.times must be a non-negative integer")),
-            },
-            _ => return Err(bad("mode must be \"alwaysOn\", \"off\" or {times: n}")),
+            Some(Bson::Document(m)) => mode_document(m)?,
+            _ => {
+                return Err(bad(
+                    "mode must be \"alwaysOn\", \"off\", {times: n}, {skip: n} or \
+                     {activationProbability: p}",
+                ))
+            }
         };
+        if mode == FailPointMode::Times(0) {
+            return Ok(None);
+        }
         let data = match command.get("data") {
             Some(Bson::Document(d)) => d,
             _ => return Err(bad("failCommand needs a data document")),
         };
+        const KNOWN: &[&str] = &[
+            "failCommands",
+            "errorCode",
+            "errorLabels",
+            "closeConnection",
+            "blockConnection",
+            "blockTimeMS",
+            "appName",
+            "writeConcernError",
+        ];
+        if let Some(unknown) = data.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+            return Err(bad(format!(
+                "failCommand data field {unknown:?} is not supported"
+            )));
+        }
         let commands = match data.get("failCommands") {
             Some(Bson::Array(names)) => names
                 .iter()
@@ -199,6 +274,29 @@ impl FailCommand {
                 .is_none_or(|wanted| app_name == Some(wanted))
     }
 
+    /// The labels a reply carrying the fail point's `writeConcernError` gets: `errorLabels` when
+    /// given, else `RetryableWriteError` for a retryable write whose write concern error code is
+    /// retryable, as 4.4+ servers add it (RW-9, TK-*).
+    pub(crate) fn write_concern_labels(&self, name: &str, command: &Document) -> Vec<String> {
+        if let Some(labels) = &self.error_labels {
+            return labels.clone();
+        }
+        let code = self
+            .write_concern_error
+            .as_ref()
+            .and_then(|e| e.get("code"))
+            .and_then(integer)
+            .and_then(|c| i32::try_from(c).ok());
+        match code {
+            Some(code)
+                if RETRYABLE_WRITE_CODES.contains(&code) && is_retryable_write(name, command) =>
+            {
+                vec![String::from("RetryableWriteError")]
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// The error reply for `command` (named `name`), when the fail point has an `errorCode`.
     pub(crate) fn error_reply(&self, name: &str, command: &Document) -> Option<Document> {
         let code = self.error_code?;
@@ -235,6 +333,10 @@ pub(crate) fn error_reply(code: i32, message: &str) -> Document {
     reply
 }
 
+/// TK-2: the code of a reply to something the test server does not support; no real server
+/// uses it.
+pub const TESTKIT_UNSUPPORTED: i32 = 9_999_999;
+
 /// The `codeName` of the server error codes tests use.
 pub fn code_name(code: i32) -> Option<&'static str> {
     Some(match code {
@@ -250,6 +352,7 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         112 => "WriteConflict",
         134 => "ReadConcernMajorityNotAvailableYet",
         189 => "PrimarySteppedDown",
+        225 => "TransactionTooOld",
         262 => "ExceededTimeLimit",
         462 => "IngressRequestRateLimitExceeded",
         9001 => "SocketException",
@@ -259,8 +362,39 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         13435 => "NotPrimaryNoSecondaryOk",
         13436 => "NotPrimaryOrSecondary",
         40571 => "Location40571",
+        TESTKIT_UNSUPPORTED => "TestkitUnsupported",
         _ => return None,
     })
+}
+
+/// `{times: n}`, `{skip: n}` or `{activationProbability: p}`: exactly one field.
+fn mode_document(mode: &Document) -> Result<FailPointMode, FailPointError> {
+    let mut fields = mode.iter();
+    let (Some((key, value)), None) = (fields.next(), fields.next()) else {
+        return Err(bad(
+            "mode must have exactly one of times, skip, activationProbability",
+        ));
+    };
+    match key.as_str() {
+        "times" => non_negative(value)
+            .map(FailPointMode::Times)
+            .ok_or_else(|| bad("mode.times must be a non-negative integer")),
+        "skip" => non_negative(value)
+            .map(FailPointMode::Skip)
+            .ok_or_else(|| bad("mode.skip must be a non-negative integer")),
+        "activationProbability" => match value {
+            Bson::Double(p) if (0.0..=1.0).contains(p) => {
+                Ok(FailPointMode::ActivationProbability(*p))
+            }
+            other => match integer(other) {
+                Some(p @ (0 | 1)) => Ok(FailPointMode::ActivationProbability(p as f64)),
+                _ => Err(bad(
+                    "mode.activationProbability must be a number from 0 to 1",
+                )),
+            },
+        },
+        other => Err(bad(format!("unknown fail point mode {other:?}"))),
+    }
 }
 
 fn non_negative(value: &Bson) -> Option<u32> {

@@ -70,6 +70,8 @@ mod counters;
 mod fail_point;
 mod faults;
 mod limiter;
+mod on_primary_write;
+mod query;
 mod server;
 mod store;
 
@@ -79,6 +81,9 @@ pub use config::{
     MAX_BSON_OBJECT_SIZE, MAX_MESSAGE_SIZE_BYTES, MAX_WRITE_BATCH_SIZE,
 };
 pub use counters::{CommandCounts, Counters, FaultCounts};
-pub use fail_point::{code_name, FailCommand, FailPointError, FailPointMode, FAIL_POINT_MESSAGE};
+pub use fail_point::{
+    code_name, FailCommand, FailPointError, FailPointMode, FAIL_POINT_MESSAGE, TESTKIT_UNSUPPORTED,
+};
 pub use faults::{Fault, FaultConfig, DEFAULT_STALL};
 pub use server::{Handshake, ServerHandle, TestServer, INGRESS_RATE_LIMIT_CODE, OVERLOAD_LABELS};
+pub use store::DataStore;

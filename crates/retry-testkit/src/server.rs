@@ -19,10 +19,14 @@ use crate::config::{
     IngressLimit, RateLimit, ReplicaSetMember, Role, ServerConfig, MAX_MESSAGE_SIZE_BYTES,
 };
 use crate::counters::Counters;
-use crate::fail_point::{error_reply, FailCommand, FailPointMode};
+use crate::fail_point::{error_reply, FailCommand, FailPointMode, FailPointRng};
+
+/// The seed of every server's `activationProbability` generator.
+const FAIL_POINT_SEED: u64 = 0x5eed_fa11;
 use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfig};
 use crate::limiter::TokenBucket;
-use crate::store::Store;
+use crate::on_primary_write::{Firing, OnPrimaryWrite};
+use crate::store::DataStore;
 
 /// BP-3: the code of an ingress rate-limiter rejection.
 pub const INGRESS_RATE_LIMIT_CODE: i32 = 462;
@@ -41,14 +45,19 @@ pub struct Handshake {
 
 /// The state every connection shares, behind one lock that is never held across an await.
 pub(crate) struct State {
-    role: Role,
+    pub(crate) role: Role,
     topology_counter: i64,
     pub(crate) batch_size: u32,
     pub(crate) fail_point: Option<FailCommand>,
+    /// TK-11: the `onPrimaryTransactionalWrite` fail point.
+    pub(crate) on_primary_write: Option<OnPrimaryWrite>,
+    /// Draws for `activationProbability`, seeded with a constant so runs repeat.
+    pub(crate) fail_point_rng: FailPointRng,
     ingress: Option<(IngressLimit, TokenBucket)>,
     connection_limit: Option<TokenBucket>,
     faults: FaultConfig,
-    pub(crate) store: Store,
+    /// The data, possibly shared with other servers.
+    pub(crate) data: DataStore,
     counters: Counters,
     handshakes: Vec<Handshake>,
     last_connection_id: i32,
@@ -73,6 +82,19 @@ impl State {
         Some(reply)
     }
 
+    /// TK-11: whether `onPrimaryTransactionalWrite` fires on the retryable write about to
+    /// commit, consuming one of its `times` / `skip`.
+    fn on_primary_write_firing(&mut self) -> Option<Firing> {
+        let fail = self.on_primary_write.as_mut()?;
+        let rng = &mut self.fail_point_rng;
+        let (fires, stays) = fail.mode.fire(|| rng.next_unit());
+        let firing = fail.firing();
+        if !stays {
+            self.on_primary_write = None;
+        }
+        fires.then_some(firing)
+    }
+
     /// The fail point's action for this command, consuming one of its `times`.
     fn trigger_fail_point(&mut self, name: &str, app_name: Option<&str>) -> Option<FailCommand> {
         let fail = self.fail_point.as_mut()?;
@@ -80,12 +102,13 @@ impl State {
             return None;
         }
         let fired = fail.clone();
-        if let FailPointMode::Times(n) = &mut fail.mode {
-            if *n <= 1 {
-                self.fail_point = None;
-            } else {
-                *n -= 1;
-            }
+        let rng = &mut self.fail_point_rng;
+        let (fires, stays) = fail.mode.fire(|| rng.next_unit());
+        if !stays {
+            self.fail_point = None;
+        }
+        if !fires {
+            return None;
         }
         self.counters.fail_points_triggered += 1;
         Some(fired)
@@ -133,6 +156,11 @@ impl TestServer {
     /// Binds an ephemeral port on 127.0.0.1 and starts serving. Must be called inside a tokio
     /// runtime; the server's tasks run on it.
     pub async fn start(config: ServerConfig) -> io::Result<TestServer> {
+        TestServer::start_with_data(config, DataStore::new()).await
+    }
+
+    /// Like [`TestServer::start`], serving `data`, which other servers may share (TK-*).
+    pub async fn start_with_data(config: ServerConfig, data: DataStore) -> io::Result<TestServer> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let address = listener.local_addr()?;
         let now = Instant::now();
@@ -141,6 +169,8 @@ impl TestServer {
             topology_counter: 0,
             batch_size: config.batch_size,
             fail_point: None,
+            fail_point_rng: FailPointRng::new(FAIL_POINT_SEED),
+            on_primary_write: None,
             ingress: config
                 .ingress_limit
                 .map(|limit| (limit, TokenBucket::new(limit.rate, now))),
@@ -148,7 +178,7 @@ impl TestServer {
                 .connection_limit
                 .map(|rate| TokenBucket::new(rate, now)),
             faults: config.faults,
-            store: Store::default(),
+            data,
             counters: Counters::default(),
             handshakes: Vec::new(),
             last_connection_id: 0,
@@ -171,7 +201,23 @@ impl TestServer {
         })
     }
 
-    /// Starts a replica set named `set_name` of `members` servers (at least one), each from
+    /// Starts `count` mongos (at least one) from `config` with the role `Mongos`, sharing one
+    /// data store, as the routers of one sharded cluster (TK-*).
+    pub async fn start_mongoses(count: usize, config: ServerConfig) -> io::Result<Vec<TestServer>> {
+        let data = DataStore::new();
+        let mut servers = Vec::with_capacity(count.max(1));
+        for _ in 0..count.max(1) {
+            let config = ServerConfig {
+                role: Role::Mongos,
+                ..config.clone()
+            };
+            servers.push(TestServer::start_with_data(config, data.clone()).await?);
+        }
+        Ok(servers)
+    }
+
+    /// Starts a replica set named `set_name` of `members` servers (at least one) sharing one data
+    /// store, each from
     /// `config` with its role replaced: the first is the primary, the others secondaries, and every
     /// member reports all their addresses as `hosts` and the first as `primary`.
     pub async fn start_replica_set(
@@ -180,6 +226,7 @@ impl TestServer {
         config: ServerConfig,
     ) -> io::Result<Vec<TestServer>> {
         let mut servers = Vec::with_capacity(members.max(1));
+        let data = DataStore::new();
         for i in 0..members.max(1) {
             let member = if i == 0 {
                 ReplicaSetMember::primary(set_name)
@@ -190,7 +237,7 @@ impl TestServer {
                 role: Role::ReplicaSetMember(member),
                 ..config.clone()
             };
-            servers.push(TestServer::start(config).await?);
+            servers.push(TestServer::start_with_data(config, data.clone()).await?);
         }
         let hosts: Vec<String> = servers.iter().map(|s| s.address.to_string()).collect();
         for (i, server) in servers.iter().enumerate() {
@@ -324,20 +371,26 @@ impl ServerHandle {
         state.topology_counter += 1;
     }
 
-    /// Appends documents to the namespace `ns` (`db.collection`), as `insert` does, without
-    /// counting a command.
-    pub fn insert(&self, ns: &str, documents: Vec<Document>) {
-        self.shared.lock().store.insert(ns, documents);
+    /// Appends documents to the namespace `ns` (`db.collection`), as an unordered `insert`
+    /// does, without counting a command; returns how many went in (a duplicate `_id` is left
+    /// out, TK-*).
+    pub fn insert(&self, ns: &str, documents: Vec<Document>) -> usize {
+        self.shared
+            .lock()
+            .data
+            .lock()
+            .insert(ns, documents, false)
+            .n
     }
 
     /// The documents of the namespace `ns`, in insertion order.
     pub fn documents(&self, ns: &str) -> Vec<Document> {
-        self.shared.lock().store.documents(ns)
+        self.shared.lock().data.lock().documents(ns)
     }
 
     /// How many cursors are open.
     pub fn open_cursors(&self) -> usize {
-        self.shared.lock().store.open_cursors()
+        self.shared.lock().data.lock().open_cursors()
     }
 
     /// `topologyVersion.processId`, which a load balancer also reports as `serviceId` (LB-17).
@@ -544,9 +597,32 @@ impl Connection {
         }
         let mut state = shared.lock();
         let write_key = write_key(name, command);
-        if let Some(reply) = write_key.as_ref().and_then(|k| state.store.write_result(k)) {
+        if let Some(reply) = write_key
+            .as_ref()
+            .and_then(|k| state.data.lock().write_result(k))
+        {
             state.counters.command_mut(name).replayed += 1;
             return Response::Reply(reply);
+        }
+        if let Some(key) = &write_key {
+            if !state.data.lock().begin_write(key) {
+                return Response::Reply(error_reply(
+                    225,
+                    &format!(
+                        "Cannot start transaction {} on session because a newer transaction has \
+                         already started",
+                        key.txn_number
+                    ),
+                ));
+            }
+        }
+        let mut close_after_commit = false;
+        if write_key.is_some() {
+            match state.on_primary_write_firing() {
+                Some(Firing::CloseWithoutCommit) => return Response::Close,
+                Some(Firing::CommitThenClose) => close_after_commit = true,
+                Some(Firing::Nothing) | None => {}
+            }
         }
         let reply = if hello {
             let context = HelloContext {
@@ -564,7 +640,13 @@ impl Connection {
                 &context,
             ))
         } else {
-            execute(&mut state, name, request)
+            execute(
+                &mut state,
+                name,
+                request,
+                shared.max_wire_version,
+                shared.process_id,
+            )
         };
         let Some(mut reply) = reply else {
             return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));
@@ -572,12 +654,21 @@ impl Connection {
         state.counters.command_mut(name).executed += 1;
         if let Some(key) = write_key {
             if reply.get("ok").is_some_and(is_ok) {
-                state.store.record_write(key, reply.clone());
+                state.data.lock().record_write(key, reply.clone());
             }
         }
-        if let Some(error) = fired.and_then(|f| f.write_concern_error) {
+        if close_after_commit {
+            return Response::Close;
+        }
+        if let Some(fail) = fired.filter(|f| f.write_concern_error.is_some()) {
             if reply.get("ok").is_some_and(is_ok) {
-                reply.insert("writeConcernError", error);
+                let labels = fail.write_concern_labels(name, command);
+                if let Some(error) = fail.write_concern_error {
+                    reply.insert("writeConcernError", error);
+                }
+                if !labels.is_empty() {
+                    reply.insert("errorLabels", labels);
+                }
             }
         }
         Response::Reply(reply)

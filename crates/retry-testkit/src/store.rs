@@ -1,9 +1,30 @@
-//! The in-memory data behind `insert`, `find`, `getMore` and `killCursors`.
+//! The in-memory data behind the CRUD commands: collections, open cursors, unique `_id`s and
+//! the replies of retryable writes.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bson::oid::ObjectId;
 use bson::{Bson, Document};
+
+use crate::query::{apply_update, equal, matches, upsert_seed, Unsupported};
+
+/// One data store, shared by every server started with it (TK-*: the members of a replica set or
+/// several mongos see the same data, cursors and retryable-write records). Cloning shares it.
+#[derive(Clone, Debug, Default)]
+pub struct DataStore(Arc<Mutex<Store>>);
+
+impl DataStore {
+    /// A new, empty data store.
+    pub fn new() -> DataStore {
+        DataStore::default()
+    }
+
+    /// The store, locked; a panicking test thread must not poison it for the others.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Store> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 /// Collections by namespace (`db.collection`), the open cursors, and the results of retryable
 /// writes.
@@ -13,25 +34,49 @@ pub(crate) struct Store {
     cursors: BTreeMap<i64, Cursor>,
     last_cursor_id: i64,
     write_results: BTreeMap<WriteKey, Document>,
+    /// The highest `txnNumber` each session (lsid bytes) has used.
+    txn_numbers: BTreeMap<Vec<u8>, i64>,
 }
 
-/// A retryable write's identity: its session (`lsid`, as BSON bytes) and `txnNumber`.
+/// A retryable write's identity: its session (`lsid`, as BSON bytes), `txnNumber` and
+/// statement (`stmtId`, 0 when the command sends none) (TK-*: dedup for every write type).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct WriteKey {
     pub(crate) session: Vec<u8>,
     pub(crate) txn_number: i64,
+    pub(crate) stmt_id: i64,
+}
+
+/// The result of an insert: how many documents went in, and the duplicate-key failures by
+/// index in the batch.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct InsertOutcome {
+    pub(crate) n: usize,
+    pub(crate) duplicates: Vec<(usize, Bson)>,
+}
+
+/// The result of one update statement.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct UpdateOutcome {
+    pub(crate) matched: usize,
+    pub(crate) modified: usize,
+    pub(crate) upserted: Option<Bson>,
 }
 
 #[derive(Debug)]
 struct Cursor {
+    /// The server process that opened it: a cursor stays with it (TK-12).
+    owner: ObjectId,
     ns: String,
     remaining: VecDeque<Document>,
+    /// A change stream's cursor: stays open when empty.
+    tailable: bool,
 }
 
 /// Why a query was refused.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum QueryError {
-    /// The filter uses an operator; only top-level equality is supported.
+    /// The filter or update uses an operator the server does not evaluate.
     UnsupportedFilter(String),
     /// No open cursor has this id in this namespace.
     CursorNotFound(i64),
@@ -45,17 +90,161 @@ pub(crate) struct Batch {
 }
 
 impl Store {
-    /// Appends `documents` to `ns`, giving an `_id` to those without one.
-    pub(crate) fn insert(&mut self, ns: &str, documents: Vec<Document>) -> usize {
+    /// Appends `documents` to `ns`, giving an `_id` to those without one. A document whose
+    /// `_id` is already there is refused (error 11000); `ordered` stops at the first refusal.
+    pub(crate) fn insert(
+        &mut self,
+        ns: &str,
+        documents: Vec<Document>,
+        ordered: bool,
+    ) -> InsertOutcome {
         let collection = self.collections.entry(ns.into()).or_default();
-        let n = documents.len();
-        collection.extend(documents.into_iter().map(|mut d| {
+        let mut outcome = InsertOutcome::default();
+        for (index, mut d) in documents.into_iter().enumerate() {
             if !d.contains_key("_id") {
                 d.insert("_id", ObjectId::new());
             }
-            d
-        }));
-        n
+            let id = d.get("_id").cloned().unwrap_or(Bson::Null);
+            if collection
+                .iter()
+                .any(|c| c.get("_id").is_some_and(|c| equal(c, &id)))
+            {
+                outcome.duplicates.push((index, id));
+                if ordered {
+                    break;
+                }
+                continue;
+            }
+            collection.push(d);
+            outcome.n += 1;
+        }
+        outcome
+    }
+
+    /// Updates the first (or with `multi` every) document of `ns` matching `filter`; with
+    /// `upsert`, inserts one when none matches.
+    pub(crate) fn update(
+        &mut self,
+        ns: &str,
+        filter: &Document,
+        update: &Document,
+        multi: bool,
+        upsert: bool,
+    ) -> Result<UpdateOutcome, QueryError> {
+        let collection = self.collections.entry(ns.into()).or_default();
+        let mut outcome = UpdateOutcome::default();
+        for document in collection.iter_mut() {
+            if !matches(document, filter).map_err(unsupported)? {
+                continue;
+            }
+            let before = document.clone();
+            apply_update(document, update).map_err(unsupported)?;
+            outcome.matched += 1;
+            outcome.modified += usize::from(*document != before);
+            if !multi {
+                break;
+            }
+        }
+        if outcome.matched == 0 && upsert {
+            let mut document = upsert_seed(filter);
+            apply_update(&mut document, update).map_err(unsupported)?;
+            if !document.contains_key("_id") {
+                document.insert("_id", ObjectId::new());
+            }
+            outcome.upserted = document.get("_id").cloned();
+            collection.push(document);
+        }
+        Ok(outcome)
+    }
+
+    /// Removes the documents of `ns` matching `filter`, at most one unless `multi`; returns
+    /// them.
+    pub(crate) fn delete(
+        &mut self,
+        ns: &str,
+        filter: &Document,
+        multi: bool,
+    ) -> Result<Vec<Document>, QueryError> {
+        let Some(collection) = self.collections.get_mut(ns) else {
+            return Ok(Vec::new());
+        };
+        let mut removed = Vec::new();
+        let mut kept = Vec::with_capacity(collection.len());
+        for document in collection.drain(..) {
+            if (multi || removed.is_empty()) && matches(&document, filter).map_err(unsupported)? {
+                removed.push(document);
+            } else {
+                kept.push(document);
+            }
+        }
+        *collection = kept;
+        Ok(removed)
+    }
+
+    /// The documents of `ns` matching `filter`, in insertion order.
+    pub(crate) fn matching(
+        &self,
+        ns: &str,
+        filter: &Document,
+    ) -> Result<Vec<Document>, QueryError> {
+        let mut out = Vec::new();
+        for document in self.collections.get(ns).into_iter().flatten() {
+            if matches(document, filter).map_err(unsupported)? {
+                out.push(document.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Creates `ns`; `false` when it already exists.
+    pub(crate) fn create(&mut self, ns: &str) -> bool {
+        if self.collections.contains_key(ns) {
+            return false;
+        }
+        self.collections.insert(ns.into(), Vec::new());
+        true
+    }
+
+    /// Drops `ns`; `false` when it did not exist.
+    pub(crate) fn drop_collection(&mut self, ns: &str) -> bool {
+        self.collections.remove(ns).is_some()
+    }
+
+    /// The collections of database `db`, by name.
+    pub(crate) fn collection_names(&self, db: &str) -> Vec<String> {
+        let prefix = format!("{db}.");
+        self.collections
+            .keys()
+            .filter_map(|ns| ns.strip_prefix(&prefix).map(str::to_owned))
+            .collect()
+    }
+
+    /// The databases holding at least one collection.
+    pub(crate) fn database_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .collections
+            .keys()
+            .filter_map(|ns| ns.split_once('.').map(|(db, _)| db.to_owned()))
+            .collect();
+        names.dedup();
+        names
+    }
+
+    /// A batch of `documents` with a cursor for the rest, as `find` and `aggregate` reply.
+    pub(crate) fn open_cursor(
+        &mut self,
+        owner: ObjectId,
+        ns: &str,
+        documents: Vec<Document>,
+        batch_size: usize,
+    ) -> Batch {
+        let cursor = Cursor {
+            owner,
+            ns: ns.into(),
+            remaining: documents.into(),
+            tailable: false,
+        };
+        self.next_batch(None, cursor, batch_size)
     }
 
     /// The documents of `ns`, in insertion order.
@@ -63,40 +252,34 @@ impl Store {
         self.collections.get(ns).cloned().unwrap_or_default()
     }
 
-    /// The documents of `ns` equal to `filter` on each of its top-level fields, at most `limit`
-    /// of them, the first `batch_size` now and a cursor for the rest.
+    /// The documents of `ns` matching `filter`, at most `limit` of them, the first `batch_size`
+    /// now and a cursor for the rest: `find` without its other options, for the tests here.
+    #[cfg(test)]
     pub(crate) fn find(
         &mut self,
+        owner: ObjectId,
         ns: &str,
         filter: &Document,
         limit: Option<usize>,
         batch_size: usize,
     ) -> Result<Batch, QueryError> {
-        if let Some(key) = filter.iter().find_map(|(k, v)| uses_operator(k, v)) {
-            return Err(QueryError::UnsupportedFilter(key));
-        }
-        let matching = self.collections.get(ns).into_iter().flatten();
-        let remaining: VecDeque<Document> = matching
-            .filter(|d| filter.iter().all(|(k, v)| d.get(k) == Some(v)))
-            .take(limit.unwrap_or(usize::MAX))
-            .cloned()
-            .collect();
-        let cursor = Cursor {
-            ns: ns.into(),
-            remaining,
-        };
-        Ok(self.next_batch(cursor, batch_size))
+        let mut documents = self.matching(ns, filter)?;
+        documents.truncate(limit.unwrap_or(usize::MAX));
+        Ok(self.open_cursor(owner, ns, documents, batch_size))
     }
 
     /// The next batch of cursor `id`, which must belong to `ns`.
     pub(crate) fn get_more(
         &mut self,
+        owner: ObjectId,
         ns: &str,
         id: i64,
         batch_size: usize,
     ) -> Result<Batch, QueryError> {
         match self.cursors.remove(&id) {
-            Some(cursor) if cursor.ns == ns => Ok(self.next_batch(cursor, batch_size)),
+            Some(cursor) if cursor.ns == ns && cursor.owner == owner => {
+                Ok(self.next_batch(Some(id), cursor, batch_size))
+            }
             Some(cursor) => {
                 self.cursors.insert(id, cursor);
                 Err(QueryError::CursorNotFound(id))
@@ -106,9 +289,17 @@ impl Store {
     }
 
     /// Closes the cursors of `ns` among `ids`: returns those killed and those not found.
-    pub(crate) fn kill_cursors(&mut self, ns: &str, ids: &[i64]) -> (Vec<i64>, Vec<i64>) {
+    pub(crate) fn kill_cursors(
+        &mut self,
+        owner: ObjectId,
+        ns: &str,
+        ids: &[i64],
+    ) -> (Vec<i64>, Vec<i64>) {
         ids.iter().partition(|id| {
-            let owned = self.cursors.get(id).is_some_and(|c| c.ns == ns);
+            let owned = self
+                .cursors
+                .get(id)
+                .is_some_and(|c| c.ns == ns && c.owner == owner);
             owned && self.cursors.remove(id).is_some()
         })
     }
@@ -118,9 +309,37 @@ impl Store {
         self.write_results.get(key).cloned()
     }
 
+    /// TK-6: starts the retryable write `key` in its session; `false` (TransactionTooOld) when
+    /// the session already used a higher `txnNumber`.
+    pub(crate) fn begin_write(&mut self, key: &WriteKey) -> bool {
+        let highest = self
+            .txn_numbers
+            .entry(key.session.clone())
+            .or_insert(key.txn_number);
+        if key.txn_number < *highest {
+            return false;
+        }
+        *highest = key.txn_number;
+        true
+    }
+
     /// Remembers the reply of the retryable write `key`, so a retry returns it without running.
     pub(crate) fn record_write(&mut self, key: WriteKey, reply: Document) {
         self.write_results.insert(key, reply);
+    }
+
+    /// Opens a change stream's cursor on `ns`: no events ever arrive, and it stays open until
+    /// killed.
+    pub(crate) fn open_change_stream(&mut self, owner: ObjectId, ns: &str) -> i64 {
+        self.last_cursor_id += 1;
+        let cursor = Cursor {
+            owner,
+            ns: ns.into(),
+            remaining: VecDeque::new(),
+            tailable: true,
+        };
+        self.cursors.insert(self.last_cursor_id, cursor);
+        self.last_cursor_id
     }
 
     /// How many cursors are open.
@@ -128,15 +347,20 @@ impl Store {
         self.cursors.len()
     }
 
-    fn next_batch(&mut self, mut cursor: Cursor, batch_size: usize) -> Batch {
+    /// The next batch of `cursor`; an unfinished cursor keeps its `id` (TK-*: stable cursor
+    /// ids) or gets a new one when it has none yet.
+    fn next_batch(&mut self, id: Option<i64>, mut cursor: Cursor, batch_size: usize) -> Batch {
         let take = batch_size.min(cursor.remaining.len());
         let documents: Vec<Document> = cursor.remaining.drain(..take).collect();
-        let cursor_id = if cursor.remaining.is_empty() {
+        let cursor_id = if cursor.remaining.is_empty() && !cursor.tailable {
             0
         } else {
-            self.last_cursor_id += 1;
-            self.cursors.insert(self.last_cursor_id, cursor);
-            self.last_cursor_id
+            let id = id.unwrap_or_else(|| {
+                self.last_cursor_id += 1;
+                self.last_cursor_id
+            });
+            self.cursors.insert(id, cursor);
+            id
         };
         Batch {
             documents,
@@ -145,15 +369,8 @@ impl Store {
     }
 }
 
-/// The offending key when a filter entry is an operator (`$gt`, `{$in: …}`, …).
-fn uses_operator(key: &str, value: &Bson) -> Option<String> {
-    if key.starts_with('$') {
-        return Some(key.into());
-    }
-    match value {
-        Bson::Document(d) => d.keys().find(|k| k.starts_with('$')).cloned(),
-        _ => None,
-    }
+fn unsupported(error: Unsupported) -> QueryError {
+    QueryError::UnsupportedFilter(error.0)
 }
 
 #[cfg(test)]
@@ -161,19 +378,25 @@ mod tests {
     use super::*;
     use bson::doc;
 
+    const OWNER: ObjectId = ObjectId::from_bytes([1; 12]);
+
     fn store_with(n: i32) -> Store {
         let mut store = Store::default();
         let docs = (0..n)
             .map(|i| doc! { "_id": i, "even": i % 2 == 0 })
             .collect();
-        assert_eq!(store.insert("db.c", docs), n as usize);
+        assert_eq!(store.insert("db.c", docs, true).n, n as usize);
         store
     }
 
     #[test]
     fn insert_adds_missing_ids() {
         let mut store = Store::default();
-        store.insert("db.c", vec![doc! { "x": 1 }, doc! { "_id": 7, "x": 2 }]);
+        store.insert(
+            "db.c",
+            vec![doc! { "x": 1 }, doc! { "_id": 7, "x": 2 }],
+            true,
+        );
         let docs = store.documents("db.c");
         assert!(matches!(docs[0].get("_id"), Some(Bson::ObjectId(_))));
         assert_eq!(docs[1].get_i32("_id").ok(), Some(7));
@@ -183,18 +406,21 @@ mod tests {
     #[test]
     fn find_then_get_more_until_exhausted() {
         let mut store = store_with(5);
-        let first = store.find("db.c", &doc! {}, None, 2).unwrap();
+        let first = store.find(OWNER, "db.c", &doc! {}, None, 2).unwrap();
         assert_eq!(first.documents.len(), 2);
         assert_ne!(first.cursor_id, 0);
-        let second = store.get_more("db.c", first.cursor_id, 2).unwrap();
+        let second = store.get_more(OWNER, "db.c", first.cursor_id, 2).unwrap();
         assert_eq!(second.documents[0].get_i32("_id").ok(), Some(2));
-        assert_ne!(second.cursor_id, 0);
-        let last = store.get_more("db.c", second.cursor_id, 2).unwrap();
+        assert_eq!(
+            second.cursor_id, first.cursor_id,
+            "TK-*: a cursor keeps its id"
+        );
+        let last = store.get_more(OWNER, "db.c", second.cursor_id, 2).unwrap();
         assert_eq!(last.documents.len(), 1);
         assert_eq!(last.cursor_id, 0);
         assert_eq!(store.open_cursors(), 0);
         assert_eq!(
-            store.get_more("db.c", second.cursor_id, 2),
+            store.get_more(OWNER, "db.c", second.cursor_id, 2),
             Err(QueryError::CursorNotFound(second.cursor_id))
         );
     }
@@ -203,34 +429,96 @@ mod tests {
     fn filter_and_limit() {
         let mut store = store_with(6);
         let evens = store
-            .find("db.c", &doc! { "even": true }, None, 10)
+            .find(OWNER, "db.c", &doc! { "even": true }, None, 10)
             .unwrap();
         assert_eq!(evens.documents.len(), 3);
         assert_eq!(evens.cursor_id, 0);
-        let limited = store.find("db.c", &doc! {}, Some(1), 10).unwrap();
+        let limited = store.find(OWNER, "db.c", &doc! {}, Some(1), 10).unwrap();
         assert_eq!(limited.documents.len(), 1);
         assert_eq!(
-            store.find("db.c", &doc! { "_id": { "$gt": 1 } }, None, 10),
-            Err(QueryError::UnsupportedFilter("$gt".into()))
+            store.find(OWNER, "db.c", &doc! { "_id": { "$regex": "1" } }, None, 10),
+            Err(QueryError::UnsupportedFilter("$regex".into()))
         );
     }
 
     #[test]
     fn kill_cursors_only_in_their_namespace() {
         let mut store = store_with(5);
-        let open = store.find("db.c", &doc! {}, None, 1).unwrap().cursor_id;
+        let open = store
+            .find(OWNER, "db.c", &doc! {}, None, 1)
+            .unwrap()
+            .cursor_id;
         assert_eq!(
-            store.get_more("db.other", open, 1),
+            store.get_more(OWNER, "db.other", open, 1),
             Err(QueryError::CursorNotFound(open))
         );
         assert_eq!(
-            store.kill_cursors("db.other", &[open]),
+            store.kill_cursors(OWNER, "db.other", &[open]),
             (vec![], vec![open])
         );
         assert_eq!(
-            store.kill_cursors("db.c", &[open, 999]),
+            store.kill_cursors(OWNER, "db.c", &[open, 999]),
             (vec![open], vec![999])
         );
         assert_eq!(store.open_cursors(), 0);
+    }
+
+    #[test]
+    fn duplicate_ids_are_refused_ordered_stops() {
+        let mut store = store_with(2);
+        let batch = vec![doc! { "_id": 5 }, doc! { "_id": 1 }, doc! { "_id": 6 }];
+        let outcome = store.insert("db.c", batch.clone(), true);
+        assert_eq!(outcome.n, 1);
+        assert_eq!(outcome.duplicates, vec![(1, Bson::Int32(1))]);
+        let mut store = store_with(2);
+        let outcome = store.insert("db.c", batch, false);
+        assert_eq!(outcome.n, 2);
+        assert_eq!(store.documents("db.c").len(), 4);
+    }
+
+    #[test]
+    fn update_delete_upsert() {
+        let mut store = store_with(4);
+        let one = store
+            .update(
+                "db.c",
+                &doc! { "even": true },
+                &doc! { "$set": { "x": 1 } },
+                false,
+                false,
+            )
+            .unwrap();
+        assert_eq!((one.matched, one.modified, one.upserted), (1, 1, None));
+        let many = store
+            .update(
+                "db.c",
+                &doc! { "even": true },
+                &doc! { "$set": { "x": 1 } },
+                true,
+                false,
+            )
+            .unwrap();
+        assert_eq!((many.matched, many.modified), (2, 1));
+        let up = store
+            .update(
+                "db.c",
+                &doc! { "_id": 9 },
+                &doc! { "$set": { "x": 2 } },
+                false,
+                true,
+            )
+            .unwrap();
+        assert_eq!(up.upserted, Some(Bson::Int32(9)));
+        assert_eq!(
+            store.delete("db.c", &doc! { "x": 1 }, false).unwrap().len(),
+            1
+        );
+        assert_eq!(store.delete("db.c", &doc! {}, true).unwrap().len(), 4);
+        assert!(store.create("db.d"));
+        assert!(!store.create("db.d"));
+        assert_eq!(store.collection_names("db"), vec!["c", "d"]);
+        assert_eq!(store.database_names(), vec!["db"]);
+        assert!(store.drop_collection("db.d"));
+        assert!(!store.drop_collection("db.d"));
     }
 }

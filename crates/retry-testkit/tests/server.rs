@@ -452,7 +452,7 @@ async fn find_get_more_kill_cursors_round_trip() {
         );
 
         let reply = client
-            .command(doc! { "find": "c", "$db": "db" })
+            .command(doc! { "find": "c", "batchSize": 2, "$db": "db" })
             .await
             .unwrap();
         let cursor = reply.get_document("cursor").unwrap();
@@ -461,7 +461,7 @@ async fn find_get_more_kill_cursors_round_trip() {
         let id = cursor.get_i64("id").unwrap();
         assert_ne!(id, 0);
 
-        let get_more = doc! { "getMore": id, "collection": "c", "$db": "db" };
+        let get_more = doc! { "getMore": id, "collection": "c", "batchSize": 2, "$db": "db" };
         let reply = client.command(get_more).await.unwrap();
         let cursor = reply.get_document("cursor").unwrap();
         let batch = cursor.get_array("nextBatch").unwrap();

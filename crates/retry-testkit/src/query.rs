@@ -1,0 +1,254 @@
+//! Query filters and update documents as the test server evaluates them: equality, the
+//! comparison operators (`$eq`, `$ne`, `$gt`, `$gte`, `$lt`, `$lte`, `$in`, `$nin`, `$exists`),
+//! `$and` / `$or`, and the update operators `$set`, `$unset`, `$inc` or a replacement. Anything
+//! else is refused by name (TK-*: a filter the server cannot evaluate is an error, never a guess).
+
+use core::cmp::Ordering;
+
+use bson::{Bson, Document};
+
+/// An operator the test server does not evaluate.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Unsupported(pub(crate) String);
+
+/// Whether `document` matches `filter`.
+pub(crate) fn matches(document: &Document, filter: &Document) -> Result<bool, Unsupported> {
+    for (key, condition) in filter {
+        let ok = match key.as_str() {
+            "$and" => all_of(document, condition, true)?,
+            "$or" => all_of(document, condition, false)?,
+            k if k.starts_with('$') => return Err(Unsupported(k.into())),
+            k => field_matches(lookup(document, k), condition)?,
+        };
+        if !ok {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// `$and` (`all`) or `$or` over an array of filters.
+fn all_of(document: &Document, filters: &Bson, all: bool) -> Result<bool, Unsupported> {
+    let Bson::Array(filters) = filters else {
+        return Err(Unsupported("$and/$or need an array".into()));
+    };
+    for filter in filters {
+        let Bson::Document(filter) = filter else {
+            return Err(Unsupported("$and/$or need documents".into()));
+        };
+        if matches(document, filter)? != all {
+            return Ok(!all);
+        }
+    }
+    Ok(all)
+}
+
+/// A dotted path's value.
+fn lookup<'a>(document: &'a Document, path: &str) -> Option<&'a Bson> {
+    let mut parts = path.split('.');
+    let mut value = document.get(parts.next()?)?;
+    for part in parts {
+        value = match value {
+            Bson::Document(d) => d.get(part)?,
+            _ => return None,
+        };
+    }
+    Some(value)
+}
+
+fn field_matches(value: Option<&Bson>, condition: &Bson) -> Result<bool, Unsupported> {
+    let Bson::Document(operators) = condition else {
+        return Ok(value.is_some_and(|v| equal(v, condition)));
+    };
+    if !operators.keys().next().is_some_and(|k| k.starts_with('$')) {
+        return Ok(value.is_some_and(|v| equal(v, condition)));
+    }
+    for (op, operand) in operators {
+        let ok = match op.as_str() {
+            "$eq" => value.is_some_and(|v| equal(v, operand)),
+            "$ne" => !value.is_some_and(|v| equal(v, operand)),
+            "$gt" => compare(value, operand) == Some(Ordering::Greater),
+            "$gte" => matches!(
+                compare(value, operand),
+                Some(Ordering::Greater | Ordering::Equal)
+            ),
+            "$lt" => compare(value, operand) == Some(Ordering::Less),
+            "$lte" => matches!(
+                compare(value, operand),
+                Some(Ordering::Less | Ordering::Equal)
+            ),
+            "$in" | "$nin" => {
+                let Bson::Array(items) = operand else {
+                    return Err(Unsupported(format!("{op} needs an array")));
+                };
+                let found = value.is_some_and(|v| items.iter().any(|i| equal(v, i)));
+                found == (op == "$in")
+            }
+            "$exists" => value.is_some() == matches!(operand, Bson::Boolean(true) | Bson::Int32(1)),
+            other => return Err(Unsupported(other.into())),
+        };
+        if !ok {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Equality as the server sees it: numbers by value across their types.
+pub(crate) fn equal(a: &Bson, b: &Bson) -> bool {
+    match (number(a), number(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+fn compare(value: Option<&Bson>, operand: &Bson) -> Option<Ordering> {
+    let value = value?;
+    match (number(value), number(operand)) {
+        (Some(x), Some(y)) => x.partial_cmp(&y),
+        _ => match (value, operand) {
+            (Bson::String(x), Bson::String(y)) => Some(x.cmp(y)),
+            _ => None,
+        },
+    }
+}
+
+/// A total order for sorting: absent and null first, then numbers by value, then strings, then
+/// anything else as equal.
+pub(crate) fn order(a: Option<&Bson>, b: Option<&Bson>) -> Ordering {
+    let rank = |v: Option<&Bson>| match v {
+        None | Some(Bson::Null) => 0,
+        Some(v) if number(v).is_some() => 1,
+        Some(Bson::String(_)) => 2,
+        Some(_) => 3,
+    };
+    rank(a).cmp(&rank(b)).then_with(|| match (a, b) {
+        (Some(x), Some(y)) => compare(Some(x), y).unwrap_or(Ordering::Equal),
+        _ => Ordering::Equal,
+    })
+}
+
+fn number(value: &Bson) -> Option<f64> {
+    match value {
+        Bson::Int32(v) => Some(f64::from(*v)),
+        Bson::Int64(v) => Some(*v as f64),
+        Bson::Double(v) => Some(*v),
+        _ => None,
+    }
+}
+
+/// Applies `update` (operators, or a replacement keeping `_id`) to `document`.
+pub(crate) fn apply_update(document: &mut Document, update: &Document) -> Result<(), Unsupported> {
+    if !update.keys().next().is_some_and(|k| k.starts_with('$')) {
+        let id = document.get("_id").cloned();
+        *document = update.clone();
+        if let Some(id) = id {
+            document.insert("_id", id);
+        }
+        return Ok(());
+    }
+    for (op, fields) in update {
+        let Bson::Document(fields) = fields else {
+            return Err(Unsupported(format!("{op} needs a document")));
+        };
+        for (field, value) in fields {
+            if field.contains('.') {
+                return Err(Unsupported(format!("dotted update path {field}")));
+            }
+            match op.as_str() {
+                "$set" => {
+                    document.insert(field, value.clone());
+                }
+                "$unset" => {
+                    document.remove(field);
+                }
+                "$inc" => {
+                    let sum = match (document.get(field), value) {
+                        (None, v) => v.clone(),
+                        (Some(Bson::Int32(a)), Bson::Int32(b)) => Bson::Int32(a.wrapping_add(*b)),
+                        (Some(a), b) => match (number(a), number(b)) {
+                            (Some(x), Some(y))
+                                if matches!(a, Bson::Double(_)) || matches!(b, Bson::Double(_)) =>
+                            {
+                                Bson::Double(x + y)
+                            }
+                            (Some(x), Some(y)) => Bson::Int64(x as i64 + y as i64),
+                            _ => return Err(Unsupported(format!("$inc on non-number {field}"))),
+                        },
+                    };
+                    document.insert(field, sum);
+                }
+                other => return Err(Unsupported(other.into())),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The document an upsert inserts: the filter's equality fields, then the update.
+pub(crate) fn upsert_seed(filter: &Document) -> Document {
+    filter
+        .iter()
+        .filter(|(k, v)| {
+            !k.starts_with('$')
+                && !k.contains('.')
+                && !matches!(v, Bson::Document(d) if d.keys().any(|k| k.starts_with('$')))
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    #[test]
+    fn comparison_operators() {
+        let d = doc! { "_id": 2, "x": { "y": "b" } };
+        let cases = [
+            (doc! { "_id": 2_i64 }, true),
+            (doc! { "_id": { "$gt": 1 } }, true),
+            (doc! { "_id": { "$gte": 3 } }, false),
+            (doc! { "_id": { "$lt": 2.5 } }, true),
+            (doc! { "_id": { "$in": [1, 2] } }, true),
+            (doc! { "_id": { "$nin": [1, 2] } }, false),
+            (doc! { "z": { "$exists": false } }, true),
+            (doc! { "x.y": "b" }, true),
+            (doc! { "$or": [{ "_id": 1 }, { "_id": 2 }] }, true),
+            (
+                doc! { "$and": [{ "_id": 2 }, { "_id": { "$ne": 2 } }] },
+                false,
+            ),
+        ];
+        for (filter, expected) in cases {
+            assert_eq!(matches(&d, &filter), Ok(expected), "{filter}");
+        }
+        assert_eq!(
+            matches(&d, &doc! { "_id": { "$regex": "a" } }),
+            Err(Unsupported("$regex".into()))
+        );
+        assert_eq!(
+            matches(&d, &doc! { "$where": "1" }),
+            Err(Unsupported("$where".into()))
+        );
+    }
+
+    #[test]
+    fn updates_and_replacements() {
+        let mut d = doc! { "_id": 1, "x": 1, "y": 2 };
+        apply_update(
+            &mut d,
+            &doc! { "$inc": { "x": 1 }, "$unset": { "y": "" }, "$set": { "z": 3 } },
+        )
+        .unwrap();
+        assert_eq!(d, doc! { "_id": 1, "x": 2, "z": 3 });
+        apply_update(&mut d, &doc! { "w": 1 }).unwrap();
+        assert_eq!(d, doc! { "w": 1, "_id": 1 });
+        assert!(apply_update(&mut d, &doc! { "$push": { "a": 1 } }).is_err());
+        assert_eq!(
+            upsert_seed(&doc! { "_id": 4, "x": { "$gt": 1 } }),
+            doc! { "_id": 4 }
+        );
+    }
+}

@@ -1,0 +1,550 @@
+//! The test server's command set and fail point modes (TK-*), over a real connection on
+//! 127.0.0.1. Every test is bounded.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+use retry_testkit::{RawClient, ServerConfig, TestServer, TESTKIT_UNSUPPORTED};
+
+async fn bounded<F: Future<Output = ()>>(body: F) {
+    tokio::time::timeout(Duration::from_secs(20), body)
+        .await
+        .expect("the test finished within its bound");
+}
+
+async fn start() -> (TestServer, RawClient) {
+    let server = TestServer::start(ServerConfig::default())
+        .await
+        .expect("server starts");
+    let client = RawClient::connect(server.address())
+        .await
+        .expect("client connects");
+    (server, client)
+}
+
+fn code(reply: &Document) -> Option<i32> {
+    reply.get_i32("code").ok()
+}
+
+fn labels(reply: &Document) -> Vec<&str> {
+    reply
+        .get_array("errorLabels")
+        .map(|a| a.iter().filter_map(Bson::as_str).collect())
+        .unwrap_or_default()
+}
+
+fn first_batch(reply: &Document) -> Vec<Document> {
+    let cursor = reply.get_document("cursor").expect("a cursor reply");
+    let batch = cursor.get_array("firstBatch").expect("a first batch");
+    batch
+        .iter()
+        .filter_map(|d| d.as_document().cloned())
+        .collect()
+}
+
+/// TK-*: a command the server does not implement is CommandNotFound (59), never a success.
+#[tokio::test]
+async fn unknown_commands_are_command_not_found() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        for name in ["mapReduce", "bulkWrite", "renameCollection"] {
+            let reply = client
+                .command(doc! { name: "c", "$db": "db" })
+                .await
+                .unwrap();
+            assert_eq!(code(&reply), Some(59), "{name}: {reply}");
+            assert_eq!(reply.get_str("codeName").ok(), Some("CommandNotFound"));
+        }
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-*: insert, update, delete, findAndModify, count, distinct, aggregate; unique `_id`
+/// with error 11000 and `ordered` stopping at the first write error.
+#[tokio::test]
+async fn crud_commands() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let mut run = async |body: Document| client.command(body).await.unwrap();
+        let docs = vec![doc! { "_id": 1, "x": 11 }, doc! { "_id": 2, "x": 22 }];
+        let reply = run(doc! { "insert": "c", "documents": docs, "$db": "db" }).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(2));
+
+        let dups = vec![doc! { "_id": 3 }, doc! { "_id": 1 }, doc! { "_id": 4 }];
+        let reply = run(doc! { "insert": "c", "documents": dups.clone(), "$db": "db" }).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "ordered stops at _id 1");
+        let error = reply.get_array("writeErrors").unwrap()[0]
+            .as_document()
+            .unwrap();
+        assert_eq!(error.get_i32("index").ok(), Some(1));
+        assert_eq!(error.get_i32("code").ok(), Some(11000));
+        let reply =
+            run(doc! { "insert": "c", "documents": dups, "ordered": false, "$db": "db" }).await;
+        assert_eq!(
+            reply.get_i32("n").ok(),
+            Some(1),
+            "unordered goes on to _id 4"
+        );
+
+        let reply = run(doc! { "count": "c", "query": { "_id": { "$gt": 1 } }, "$db": "db" }).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(3));
+        let reply = run(doc! { "distinct": "c", "key": "x", "$db": "db" }).await;
+        assert_eq!(reply.get_array("values").unwrap().len(), 2);
+
+        let update = doc! {
+            "update": "c",
+            "updates": [
+                { "q": { "_id": 1 }, "u": { "$inc": { "x": 1 } } },
+                { "q": { "_id": 9 }, "u": { "$set": { "x": 9 } }, "upsert": true },
+            ],
+            "$db": "db",
+        };
+        let reply = run(update).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(2));
+        assert_eq!(reply.get_i32("nModified").ok(), Some(1));
+        assert_eq!(reply.get_array("upserted").unwrap().len(), 1);
+
+        let fam = doc! { "findAndModify": "c", "query": { "_id": 2 },
+        "update": { "$set": { "x": 0 } }, "new": true, "$db": "db" };
+        let reply = run(fam).await;
+        assert_eq!(
+            reply.get_document("value").unwrap().get_i32("x").ok(),
+            Some(0)
+        );
+
+        let delete = doc! { "delete": "c", "deletes": [{ "q": { "x": { "$gte": 9 } }, "limit": 0 }],
+        "$db": "db" };
+        assert_eq!(
+            run(delete).await.get_i32("n").ok(),
+            Some(2),
+            "_id 1 (x 12) and 9"
+        );
+
+        let pipeline = vec![
+            doc! { "$match": { "_id": { "$lte": 3 } } },
+            doc! { "$project": { "x": 1 } },
+            doc! { "$limit": 2 },
+        ];
+        let reply =
+            run(doc! { "aggregate": "c", "pipeline": pipeline, "cursor": {}, "$db": "db" }).await;
+        let batch = first_batch(&reply);
+        assert_eq!(batch, vec![doc! { "_id": 2, "x": 0 }, doc! { "_id": 3 }]);
+
+        let reply = run(
+            doc! { "aggregate": "c", "pipeline": [{ "$group": { "_id": 1 } }],
+            "cursor": {}, "$db": "db" },
+        )
+        .await;
+        assert_eq!(
+            code(&reply),
+            Some(TESTKIT_UNSUPPORTED),
+            "TK-2: an unsupported stage is refused loudly: {reply}"
+        );
+        let reply =
+            run(doc! { "find": "c", "filter": { "x": { "$regex": "1" } }, "$db": "db" }).await;
+        assert_eq!(
+            code(&reply),
+            Some(TESTKIT_UNSUPPORTED),
+            "TK-2: an unsupported filter too"
+        );
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-*: the default batch size is 101, and a cursor continues under its id.
+#[tokio::test]
+async fn default_batch_size_is_101() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let docs: Vec<Document> = (0..150).map(|i| doc! { "_id": i }).collect();
+        server.handle().insert("db.c", docs);
+        let reply = client
+            .command(doc! { "find": "c", "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(first_batch(&reply).len(), 101);
+        let id = reply.get_document("cursor").unwrap().get_i64("id").unwrap();
+        let more = doc! { "getMore": id, "collection": "c", "$db": "db" };
+        let reply = client.command(more).await.unwrap();
+        let cursor = reply.get_document("cursor").unwrap();
+        assert_eq!(cursor.get_array("nextBatch").unwrap().len(), 49);
+        assert_eq!(cursor.get_i64("id").ok(), Some(0));
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-*: collections, databases and indexes can be created, listed and dropped; a change
+/// stream opens a cursor that stays open.
+#[tokio::test]
+async fn catalog_commands_and_change_streams() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let mut run = async |body: Document| client.command(body).await.unwrap();
+        assert_eq!(code(&run(doc! { "create": "a", "$db": "db" }).await), None);
+        assert_eq!(
+            code(&run(doc! { "create": "a", "$db": "db" }).await),
+            Some(48)
+        );
+        let reply = run(doc! { "createIndexes": "b", "indexes": [], "$db": "db" }).await;
+        assert_eq!(code(&reply), None);
+        let reply = run(doc! { "listCollections": 1, "$db": "db" }).await;
+        let names: Vec<String> = first_batch(&reply)
+            .iter()
+            .map(|d| d.get_str("name").unwrap().to_owned())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        let reply = run(doc! { "listDatabases": 1, "$db": "admin" }).await;
+        assert_eq!(reply.get_array("databases").unwrap().len(), 1);
+        let reply = run(doc! { "listIndexes": "a", "$db": "db" }).await;
+        assert_eq!(first_batch(&reply)[0].get_str("name").ok(), Some("_id_"));
+        assert_eq!(code(&run(doc! { "drop": "a", "$db": "db" }).await), None);
+        assert_eq!(
+            code(&run(doc! { "drop": "a", "$db": "db" }).await),
+            Some(26)
+        );
+
+        let reply = run(
+            doc! { "aggregate": "b", "pipeline": [{ "$changeStream": {} }],
+            "cursor": {}, "$db": "db" },
+        )
+        .await;
+        let id = reply.get_document("cursor").unwrap().get_i64("id").unwrap();
+        assert_ne!(id, 0);
+        let reply = run(doc! { "getMore": id, "collection": "b", "$db": "db" }).await;
+        assert_eq!(
+            reply.get_document("cursor").unwrap().get_i64("id").ok(),
+            Some(id)
+        );
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-*: a retried write with the same lsid and txnNumber runs once and gets the first reply,
+/// for update and delete as for insert.
+#[tokio::test]
+async fn retryable_writes_are_deduplicated_for_every_write_type() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        server.handle().insert("db.c", vec![doc! { "_id": 1, "x": 0 }, doc! { "_id": 2 }]);
+        let lsid = doc! { "id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![7; 16] }) };
+        let inc = doc! { "update": "c", "updates": [{ "q": { "_id": 1 }, "u": { "$inc": { "x": 1 } } }],
+                         "lsid": lsid.clone(), "txnNumber": 1_i64, "$db": "db" };
+        for _ in 0..2 {
+            let reply = client.command(inc.clone()).await.unwrap();
+            assert_eq!(reply.get_i32("nModified").ok(), Some(1));
+        }
+        let delete = doc! { "delete": "c", "deletes": [{ "q": {}, "limit": 1 }],
+                            "lsid": lsid.clone(), "txnNumber": 2_i64, "$db": "db" };
+        for _ in 0..2 {
+            assert_eq!(client.command(delete.clone()).await.unwrap().get_i32("n").ok(), Some(1));
+        }
+        let docs = server.handle().documents("db.c");
+        assert_eq!(docs, vec![doc! { "_id": 2 }], "the update ran once, the delete once");
+        let old = doc! { "insert": "c", "documents": [{ "_id": 5 }], "lsid": lsid.clone(),
+                         "txnNumber": 0_i64, "$db": "db" };
+        let reply = client.command(old).await.unwrap();
+        assert_eq!(code(&reply), Some(225), "TK-6: TransactionTooOld: {reply}");
+        server.shutdown().await;
+    })
+    .await;
+}
+
+fn fail_point(mode: Bson, data: Document) -> Document {
+    doc! { "configureFailPoint": "failCommand", "mode": mode, "data": data, "$db": "admin" }
+}
+
+/// TK-*: `skip` lets n commands through then fires on every one; `activationProbability`
+/// fires on a deterministic share; a bad mode is refused.
+#[tokio::test]
+async fn fail_point_modes_skip_and_probability() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let data = doc! { "failCommands": ["ping"], "errorCode": 91 };
+        let reply = client
+            .command(fail_point(doc! { "skip": 2 }.into(), data.clone()))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let mut codes = Vec::new();
+        for _ in 0..4 {
+            codes.push(code(
+                &client
+                    .command(doc! { "ping": 1, "$db": "admin" })
+                    .await
+                    .unwrap(),
+            ));
+        }
+        assert_eq!(codes, [None, None, Some(91), Some(91)]);
+
+        let mode = doc! { "activationProbability": 0.5 };
+        client
+            .command(fail_point(mode.into(), data.clone()))
+            .await
+            .unwrap();
+        let mut fired = 0;
+        for _ in 0..200 {
+            let reply = client
+                .command(doc! { "ping": 1, "$db": "admin" })
+                .await
+                .unwrap();
+            fired += usize::from(code(&reply) == Some(91));
+        }
+        assert!(
+            (60..140).contains(&fired),
+            "about half of 200 fired: {fired}"
+        );
+
+        let unknown = doc! { "failCommands": ["ping"], "errorCodes": 1 };
+        let reply = client
+            .command(fail_point("alwaysOn".into(), unknown))
+            .await
+            .unwrap();
+        assert_eq!(
+            code(&reply),
+            Some(2),
+            "TK-10: an unknown data field is refused"
+        );
+        for bad in [
+            doc! { "skip": -1 },
+            doc! { "activationProbability": 2.0 },
+            doc! { "often": 1 },
+        ] {
+            let reply = client
+                .command(fail_point(bad.into(), data.clone()))
+                .await
+                .unwrap();
+            assert_eq!(code(&reply), Some(2), "{reply}");
+        }
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-*, RW-9: a writeConcernError fail point adds its errorLabels, or RetryableWriteError for a
+/// retryable write with a retryable code, as an 8.x server does.
+#[tokio::test]
+async fn write_concern_error_carries_labels() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let data = doc! { "failCommands": ["insert"],
+        "writeConcernError": { "code": 91, "errmsg": "shutting down" } };
+        client
+            .command(fail_point(doc! { "times": 2 }.into(), data))
+            .await
+            .unwrap();
+        let lsid = doc! { "id": 1 };
+        let insert = doc! { "insert": "c", "documents": [{ "_id": 1 }], "lsid": lsid,
+        "txnNumber": 1_i64, "$db": "db" };
+        let reply = client.command(insert).await.unwrap();
+        assert_eq!(
+            reply
+                .get_document("writeConcernError")
+                .unwrap()
+                .get_i32("code")
+                .ok(),
+            Some(91)
+        );
+        assert_eq!(labels(&reply), ["RetryableWriteError"]);
+        let plain = doc! { "insert": "c", "documents": [{ "_id": 2 }], "$db": "db" };
+        let reply = client.command(plain).await.unwrap();
+        assert!(reply.contains_key("writeConcernError"));
+        assert!(labels(&reply).is_empty(), "not a retryable write: {reply}");
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-*: several mongos (and a replica set's members) share one data store, so a write through
+/// one is read through another, and a retried write on another router is not run twice.
+#[tokio::test]
+async fn mongoses_share_one_data_store() {
+    bounded(async {
+        let servers = TestServer::start_mongoses(2, ServerConfig::default())
+            .await
+            .expect("mongoses start");
+        let mut first = RawClient::connect(servers[0].address()).await.unwrap();
+        let mut second = RawClient::connect(servers[1].address()).await.unwrap();
+        let insert = doc! { "insert": "c", "documents": [{ "_id": 1 }], "lsid": { "id": 1 },
+        "txnNumber": 1_i64, "$db": "db" };
+        assert_eq!(
+            first
+                .command(insert.clone())
+                .await
+                .unwrap()
+                .get_i32("n")
+                .ok(),
+            Some(1)
+        );
+        let retry = second.command(insert).await.unwrap();
+        assert_eq!(
+            retry.get_i32("n").ok(),
+            Some(1),
+            "the retry gets the first reply"
+        );
+        assert!(
+            !retry.contains_key("writeErrors"),
+            "and is not run again: {retry}"
+        );
+        let reply = second
+            .command(doc! { "count": "c", "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(reply.get_i32("n").ok(), Some(1));
+        for server in servers {
+            server.shutdown().await;
+        }
+
+        let members = TestServer::start_replica_set("rs0", 2, ServerConfig::default())
+            .await
+            .expect("replica set starts");
+        members[0].handle().insert("db.c", vec![doc! { "_id": 1 }]);
+        assert_eq!(members[1].handle().documents("db.c").len(), 1);
+        for member in members {
+            member.shutdown().await;
+        }
+    })
+    .await;
+}
+
+/// TK-11: `onPrimaryTransactionalWrite` commits then closes (default), or closes without
+/// committing with `failBeforeCommitExceptionCode`; a deduplicated retry never fires it; a mongos
+/// refuses it.
+#[tokio::test]
+async fn on_primary_transactional_write() {
+    bounded(async {
+        let members = TestServer::start_replica_set("rs0", 1, ServerConfig::default())
+            .await
+            .expect("replica set starts");
+        let address = members[0].address();
+        let handle = members[0].handle();
+        let mut client = RawClient::connect(address).await.unwrap();
+        let set = |mode: Bson, data: Document| {
+            doc! { "configureFailPoint": "onPrimaryTransactionalWrite", "mode": mode,
+            "data": data, "$db": "admin" }
+        };
+        let insert = |id: i32, txn: i64| {
+            doc! { "insert": "c", "documents": [{ "_id": id }], "lsid": { "id": 1 },
+            "txnNumber": txn, "$db": "db" }
+        };
+        let reply = client
+            .command(set("alwaysOn".into(), doc! {}))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        assert!(
+            client.command(insert(1, 1)).await.is_err(),
+            "closed after the commit"
+        );
+        assert_eq!(handle.documents("db.c").len(), 1, "committed");
+        let mut client = RawClient::connect(address).await.unwrap();
+        let retry = client.command(insert(1, 1)).await.unwrap();
+        assert_eq!(
+            retry.get_i32("n").ok(),
+            Some(1),
+            "a replayed retry does not fire: {retry}"
+        );
+
+        let data = doc! { "failBeforeCommitExceptionCode": 1 };
+        client
+            .command(set(doc! { "times": 1 }.into(), data))
+            .await
+            .unwrap();
+        assert!(client.command(insert(2, 2)).await.is_err(), "closed");
+        assert_eq!(handle.documents("db.c").len(), 1, "not committed");
+        let mut client = RawClient::connect(address).await.unwrap();
+        let retry = client.command(insert(2, 2)).await.unwrap();
+        assert_eq!(
+            retry.get_i32("n").ok(),
+            Some(1),
+            "the retry commits: {retry}"
+        );
+        assert_eq!(handle.documents("db.c").len(), 2);
+        for member in members {
+            member.shutdown().await;
+        }
+
+        let mongos = TestServer::start_mongoses(1, ServerConfig::default())
+            .await
+            .unwrap();
+        let mut client = RawClient::connect(mongos[0].address()).await.unwrap();
+        let reply = client
+            .command(set("alwaysOn".into(), doc! {}))
+            .await
+            .unwrap();
+        assert_eq!(
+            code(&reply),
+            Some(2),
+            "mongos has no such fail point: {reply}"
+        );
+        for server in mongos {
+            server.shutdown().await;
+        }
+    })
+    .await;
+}
+
+/// TK-12: a cursor stays with the mongos that opened it; a getMore through another is 43.
+#[tokio::test]
+async fn a_cursor_stays_with_its_mongos() {
+    bounded(async {
+        let servers = TestServer::start_mongoses(2, ServerConfig::default())
+            .await
+            .expect("mongoses start");
+        servers[0]
+            .handle()
+            .insert("db.c", (0..3).map(|i| doc! { "_id": i }).collect());
+        let mut first = RawClient::connect(servers[0].address()).await.unwrap();
+        let mut second = RawClient::connect(servers[1].address()).await.unwrap();
+        let find = doc! { "find": "c", "batchSize": 1, "$db": "db" };
+        let reply = first.command(find).await.unwrap();
+        let id = reply.get_document("cursor").unwrap().get_i64("id").unwrap();
+        let more = doc! { "getMore": id, "collection": "c", "$db": "db" };
+        assert_eq!(code(&second.command(more.clone()).await.unwrap()), Some(43));
+        assert_eq!(code(&first.command(more).await.unwrap()), None);
+        for server in servers {
+            server.shutdown().await;
+        }
+    })
+    .await;
+}
+
+/// TK-14: find's sort, skip, limit and projection, aggregate's $sort; an unknown find option is
+/// TestkitUnsupported, never ignored (TK-2).
+#[tokio::test]
+async fn find_options_and_sort() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let docs = vec![
+            doc! { "_id": 2, "x": "b" },
+            doc! { "_id": 1, "x": "a" },
+            doc! { "_id": 3 },
+        ];
+        server.handle().insert("db.c", docs);
+        let find = doc! { "find": "c", "sort": { "_id": -1 }, "skip": 1, "limit": 1,
+        "projection": { "_id": 0 }, "$db": "db" };
+        let reply = client.command(find).await.unwrap();
+        assert_eq!(first_batch(&reply), vec![doc! { "x": "b" }]);
+        let pipeline = vec![doc! { "$sort": { "x": 1 } }];
+        let reply = client
+            .command(doc! { "aggregate": "c", "pipeline": pipeline, "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        let ids: Vec<i32> = first_batch(&reply)
+            .iter()
+            .map(|d| d.get_i32("_id").unwrap())
+            .collect();
+        assert_eq!(ids, [3, 1, 2], "a missing field sorts first");
+        let reply = client
+            .command(doc! { "find": "c", "hint": "_id_", "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{reply}");
+        server.shutdown().await;
+    })
+    .await;
+}
