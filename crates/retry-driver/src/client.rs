@@ -223,7 +223,7 @@ impl<R> Client<R> {
     /// and heartbeat events), in order, each with the instant on the client's clock (time since
     /// its creation) at which the driver took it from the engine. Ends when the client shuts
     /// down. Events queue until taken; drop the stream to stop them. Command events
-    /// ([`EngineEvent::Command`], EV-1..EV-6) are published only while a stream is alive, for
+    /// ([`EngineEvent::Command`](retry_core::engine::EngineEvent::Command), EV-1..EV-6) are published only while a stream is alive, for
     /// commands written from then on.
     pub fn events(&self) -> Events {
         let queue = Arc::new(EventQueue::default());

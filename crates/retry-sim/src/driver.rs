@@ -188,10 +188,16 @@ impl SimServer {
         }
         *self.executed.entry(name.clone()).or_default() += 1;
         self.log.push((name.clone(), conn));
-        if self.role == Role::Member && !self.member.primary {
-            // A secondary refuses what the simulated client sends it, since the client sends no
-            // `$readPreference` (a primary read): NotPrimaryNoSecondaryOk, an SDAM state-change
-            // error. It takes the script's next step for the timing (a slow step is a slow
+        // A secondary serves what carries a non-primary `$readPreference` (SS-9: secondaryOk
+        // on OP_MSG) and refuses everything else, as a real one does for a primary read:
+        // NotPrimaryNoSecondaryOk, an SDAM state-change error.
+        let secondary_ok = request
+            .get_document("$readPreference")
+            .ok()
+            .and_then(|p| p.get_str("mode").ok())
+            .is_some_and(|mode| mode != "primary");
+        if self.role == Role::Member && !self.member.primary && !secondary_ok {
+            // The refusal takes the script's next step for the timing (a slow step is a slow
             // refusal) and the failures (resets, garbage).
             let refusal = doc! { "ok": 0, "code": 13435, "codeName": "NotPrimaryNoSecondaryOk", "errmsg": "not primary and secondaryOk=false" };
             return match self.script.pop_front() {

@@ -160,9 +160,6 @@ struct Case {
     inputs: Vec<Input>,
     /// `heartbeatFrequencyMS`: how soon the monitors see a server go down or the set change.
     heartbeat_ms: u64,
-    /// Whether `run` plays the inputs of the known engine gap as drawn (the ignored regression
-    /// tests) instead of avoiding them (the property test).
-    known_gaps: bool,
 }
 
 const KINDS: [OperationKind; 10] = [
@@ -328,7 +325,6 @@ fn case() -> impl Strategy<Value = Case> {
                 socket_timeout_ms,
                 inputs,
                 heartbeat_ms,
-                known_gaps: false,
             },
         )
 }
@@ -499,14 +495,7 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
                     }
                 };
                 let mut request = request(KINDS[*kind], timeout);
-                // Known engine gap (the ignored tests `a_nearest_read_*`): a nearest read with
-                // `timeoutMS=0` (CSOT without a limit) can be lost when a connection fails in a
-                // replica set. Not drawn until the engine is fixed; drop `*timeout_ms != Some(0)`
-                // then.
-                if *nearest
-                    && (*timeout_ms != Some(0) || case.known_gaps)
-                    && matches!(request.criteria, SelectionCriteria::Read(_))
-                {
+                if *nearest && matches!(request.criteria, SelectionCriteria::Read(_)) {
                     let nearest =
                         ReadPreference::new(ReadPreferenceMode::Nearest, Vec::new(), None)
                             .expect("valid");
@@ -832,7 +821,6 @@ fn one_read_finishes_on_every_topology() {
             connect_timeout_ms: 1_000,
             socket_timeout_ms: None,
             heartbeat_ms: 10_000,
-            known_gaps: false,
             inputs: vec![Input::Start {
                 kind: 0,
                 timeout_ms: None,
@@ -848,10 +836,10 @@ fn one_read_finishes_on_every_topology() {
 
 /// The minimal case the widened proptest found on the merged routed engine (saved seed
 /// c749765a…): a two-member replica set; a primary read, then a nearest read with `timeoutMS=0`
-/// while the primary goes down and a socket closes. The nearest read never finishes (house rule 8,
-/// issue 9 item 2). Open gap, not yet fixed by branch `engine`: ignored only until it is.
+/// while the primary goes down and a socket closes. Without `$readPreference` on the wire the
+/// secondary refused the nearest read with NotPrimaryNoSecondaryOk, and with `timeoutMS=0` (no
+/// limit, RR-21) it was retried forever; SS-9 sends `nearest`, so the secondary answers.
 #[test]
-#[ignore = "open engine gap (issue 9 item 2): to be fixed by branch engine"]
 fn a_nearest_read_while_the_primary_goes_down_finishes() {
     let script = |reset_handshakes| ServerScript {
         steps: Vec::new(),
@@ -867,7 +855,6 @@ fn a_nearest_read_while_the_primary_goes_down_finishes() {
         connect_timeout_ms: 100,
         socket_timeout_ms: None,
         heartbeat_ms: 500,
-        known_gaps: true,
         inputs: vec![
             Input::Start {
                 kind: 0,
@@ -890,18 +877,22 @@ fn a_nearest_read_while_the_primary_goes_down_finishes() {
 /// Every operation `case` starts finishes exactly once.
 fn assert_case_finishes(case: &Case) {
     let (sim, ops) = run(case).expect("runs");
+    if std::env::var_os("DEBUG_TRACE").is_some() {
+        for (at, event) in sim.events.iter().take(400) {
+            eprintln!("{at:?} {event:?}");
+        }
+    }
     let finished = finished_ops(&sim);
     for started in &ops {
         assert_eq!(finished.get(&started.op), Some(&1), "{:?}", started.op);
     }
 }
 
-/// The second minimal case of the same gap (saved seed 0da5ad1d…): a two-member replica set whose
+/// The second minimal case of the same cause (saved seed 0da5ad1d…): a two-member replica set whose
 /// second member's handshakes all time out; it becomes primary (same `electionId` and
-/// `setVersion`), then a nearest read with `timeoutMS=0` never finishes (house rule 8, issue 9
-/// item 2). Open gap, not yet fixed by branch `engine`: ignored only until it is.
+/// `setVersion`), then a nearest read with `timeoutMS=0` goes to the remaining secondary, which
+/// must accept it because the command carries `$readPreference: nearest` (SS-9).
 #[test]
-#[ignore = "open engine gap (issue 9 item 2): to be fixed by branch engine"]
 fn a_nearest_read_after_a_step_down_to_an_unreachable_member_finishes() {
     let script = |late_handshake_ms| ServerScript {
         steps: Vec::new(),
@@ -917,7 +908,6 @@ fn a_nearest_read_after_a_step_down_to_an_unreachable_member_finishes() {
         connect_timeout_ms: 100,
         socket_timeout_ms: None,
         heartbeat_ms: 500,
-        known_gaps: true,
         inputs: vec![
             Input::StepDown {
                 to: 1,

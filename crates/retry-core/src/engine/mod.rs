@@ -730,18 +730,28 @@ fn expect_accepted(result: Result<(), UnexpectedInput>) {
     debug_assert!(result.is_ok(), "{result:?}");
 }
 
-/// The command of an attempt that modifies it (RW-6, RW-7, TX-1, TX-11, TX-12): the operation's
-/// command (`base`, with `$db`) with the attempt's fields, `$db` last; `None` when the attempt
-/// modifies nothing and `base` is sent as it is.
-fn command_for(base: &Document, db: &str, attempt: &Attempt) -> Option<Document> {
+/// The command of an attempt that modifies it (RW-6, RW-7, TX-1, TX-11, TX-12) or that carries a
+/// `$readPreference` for its server (SS-9, LB-6): the operation's command (`base`, with `$db`)
+/// with the attempt's fields, `$db` last; `None` when the attempt modifies nothing and `base` is
+/// sent as it is.
+fn command_for(
+    base: &Document,
+    db: &str,
+    attempt: &Attempt,
+    read_preference: Option<Document>,
+) -> Option<Document> {
     if attempt.txn_number.is_none()
         && !attempt.start_transaction
         && attempt.write_concern != WriteConcernRule::Majority
+        && read_preference.is_none()
     {
         return None;
     }
     let mut body = base.clone();
     body.remove("$db");
+    if let Some(read_preference) = read_preference {
+        body.insert("$readPreference", read_preference);
+    }
     if let Some(n) = attempt.txn_number {
         body.insert("txnNumber", Bson::Int64(n));
     }

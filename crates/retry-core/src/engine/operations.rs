@@ -17,6 +17,7 @@ use crate::connection::{Request, SendError};
 use crate::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::pinning::transaction_labels;
 use crate::pool::Purpose;
+use crate::read_preference_wire::read_preference_document;
 use crate::retry::{Action, Attempt, AttemptServer, OperationSpec, RetryEvent, RetryMachine};
 use crate::selection::{SelectionStep, ServerSelection};
 use crate::time::Instant;
@@ -371,7 +372,16 @@ impl Engine {
             return;
         };
         let deadline = op.request.timeout.deadline();
-        let mut modified = command_for(&op.wire.body, &op.request.db, attempt).map(Request::new);
+        // SS-9, LB-6: the read preference goes on the wire as the server's type requires.
+        let read_preference = op.server.as_ref().and_then(|server| {
+            read_preference_document(
+                &op.request.criteria,
+                server.topology_type,
+                server.server_type,
+            )
+        });
+        let mut modified =
+            command_for(&op.wire.body, &op.request.db, attempt, read_preference).map(Request::new);
         let request = modified.as_mut().unwrap_or(&mut op.wire);
         request.deadline = deadline;
         // EV-2: the command as sent, for the started event.
