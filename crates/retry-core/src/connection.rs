@@ -108,8 +108,11 @@ pub struct Request {
     /// only for `getMore` and `hello` / legacy hello.
     pub exhaust_allowed: bool,
     /// The CSOT deadline of the attempt (CS-4), if any; `socketTimeoutMS` applies when it is later
-    /// or absent.
+    /// or absent, unless [`Request::under_timeout_ms`].
     pub deadline: Option<Instant>,
+    /// TO-8: the operation runs under `timeoutMS` (`0` included): `socketTimeoutMS` does not
+    /// apply, only [`Request::deadline`].
+    pub under_timeout_ms: bool,
 }
 
 impl Request {
@@ -121,6 +124,7 @@ impl Request {
             unacknowledged: false,
             exhaust_allowed: false,
             deadline: None,
+            under_timeout_ms: false,
         }
     }
 }
@@ -295,6 +299,8 @@ struct Outstanding {
     exhaust: bool,
     /// The request's own (CSOT) deadline.
     deadline: Option<Instant>,
+    /// TO-8: `socketTimeoutMS` does not apply.
+    under_timeout_ms: bool,
     /// When it was queued (the handshake's round-trip time starts here).
     queued_at: Instant,
     /// Whether the adapter has taken its bytes (from then on it may have reached the server).
@@ -381,6 +387,7 @@ impl Connection {
             response_to: 1,
             exhaust: false,
             deadline: None,
+            under_timeout_ms: false,
             queued_at: now,
             handed_over: false,
         });
@@ -466,12 +473,28 @@ impl Connection {
             response_to: request_id,
             exhaust: request.exhaust_allowed,
             deadline: request.deadline,
+            under_timeout_ms: request.under_timeout_ms,
             queued_at: now,
             handed_over: false,
         });
-        self.deadline = earliest(request.deadline, self.socket_deadline(now));
+        self.deadline = self.request_deadline(request.deadline, request.under_timeout_ms, now);
         self.state = ConnectionState::InFlight;
         Ok(request_id)
+    }
+
+    /// A request's deadline: its own, and `now + socketTimeoutMS` unless it runs under
+    /// `timeoutMS` (TO-8).
+    fn request_deadline(
+        &self,
+        own: Option<Instant>,
+        under_timeout_ms: bool,
+        now: Instant,
+    ) -> Option<Instant> {
+        if under_timeout_ms {
+            own
+        } else {
+            earliest(own, self.socket_deadline(now))
+        }
     }
 
     /// `now + socketTimeoutMS`, unless unset or zero.
@@ -563,7 +586,8 @@ impl Connection {
                     response_to: message.request_id,
                     ..outstanding
                 });
-                self.deadline = earliest(outstanding.deadline, self.socket_deadline(now));
+                self.deadline =
+                    self.request_deadline(outstanding.deadline, outstanding.under_timeout_ms, now);
                 self.events.push_back(ConnectionEvent::Reply {
                     request_id: outstanding.request_id,
                     reply: Box::new(message),

@@ -652,6 +652,19 @@ impl<R: RngCore> RetryMachine<R> {
         }
     }
 
+    /// CS-4, TO-10: the dispatched attempt was not sent because the remaining time is not more
+    /// than the server's minimum RTT. The connection goes back (not closed) and the operation
+    /// ends with a timeout error wrapping the error it had, if any (CS-5).
+    pub fn handle_expired_before_send(&mut self, _now: Instant) -> Result<(), UnexpectedInput> {
+        if !matches!(self.state, State::Dispatched { .. }) {
+            return self.unexpected("expired before send");
+        }
+        self.actions
+            .push(Action::ReleaseConnection { close: false });
+        self.finish_timed_out();
+        Ok(())
+    }
+
     /// The attempt's command was written to a connection: emits [`RetryEvent::CommandStarted`].
     pub fn handle_sent(&mut self, now: Instant) -> Result<(), UnexpectedInput> {
         let State::Dispatched { server } = &self.state else {

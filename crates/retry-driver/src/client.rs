@@ -8,7 +8,7 @@ use std::io;
 use std::sync::Arc;
 
 use bson::Document;
-use retry_core::engine::{CursorUse, Engine, EngineError, OperationRequest, SessionId};
+use retry_core::engine::{CursorUse, Engine, EngineError, OperationRequest, SessionHandle};
 use retry_core::error::OperationError;
 use retry_core::retry::OperationKind;
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
@@ -25,10 +25,9 @@ pub struct CommandOptions {
     pub criteria: Option<SelectionCriteria>,
     /// How it relates to a cursor.
     pub cursor: CursorUse,
-    /// The session, for transaction pinning.
-    pub session: Option<SessionId>,
-    /// The session's transaction number.
-    pub txn_number: Option<i64>,
+    /// The explicit session (from [`Client::start_session`](crate::Client::start_session));
+    /// `None` runs the command in an implicit session (SE-9).
+    pub session: Option<SessionHandle>,
 }
 
 /// Why a client could not be created.
@@ -164,8 +163,7 @@ impl<R> Client<R> {
         Ok(reply.document)
     }
 
-    /// [`Client::run_command`] with explicit selection criteria, cursor use, session and
-    /// transaction number. The reply carries the cursor a [`CursorUse::Open`] command opened, for
+    /// [`Client::run_command`] with explicit selection criteria, cursor use and session. The reply carries the cursor a [`CursorUse::Open`] command opened, for
     /// its `getMore`s ([`CursorUse::GetMore`]) to follow it to its server. Dropping the future
     /// before it finished cancels the operation in the engine (its attempt in flight is failed and
     /// its connection closed).
@@ -193,7 +191,6 @@ impl<R> Client<R> {
         let mut operation = OperationRequest::new(db, command, kind, criteria);
         operation.cursor = options.cursor;
         operation.session = options.session;
-        operation.txn_number = options.txn_number;
         let reply = Arc::new(Slot::default());
         {
             let mut state = lock(&self.inner.shared.state);

@@ -30,7 +30,7 @@ use std::time::Duration;
 use bson::{doc, Document};
 use proptest::prelude::*;
 use retry_core::address::ServerAddress;
-use retry_core::engine::{ConnId, EngineEvent, OpId, OperationRequest};
+use retry_core::engine::{ConnId, EngineEvent, OpId, OperationRequest, SessionHandle};
 use retry_core::error::NetworkErrorKind;
 use retry_core::pool::{ConnectionId, PoolEvent};
 use retry_core::retry::{OperationKind, RetryEvent};
@@ -182,46 +182,37 @@ const KINDS: [OperationKind; 10] = [
 ];
 
 fn request(kind: OperationKind, timeout: OperationTimeout) -> OperationRequest {
-    let (command, criteria, txn_number) = match kind {
-        OperationKind::Read => (doc! { "find": "c" }, retry_sim::primary(), None),
+    let (command, criteria) = match kind {
+        OperationKind::Read => (doc! { "find": "c" }, retry_sim::primary()),
         OperationKind::GetMore => (
             doc! { "getMore": 1_i64, "collection": "c" },
             retry_sim::primary(),
-            None,
         ),
-        OperationKind::RunCommand => (doc! { "ping": 1 }, retry_sim::primary(), None),
+        OperationKind::RunCommand => (doc! { "ping": 1 }, retry_sim::primary()),
         OperationKind::RetryableWrite => (
             doc! { "insert": "c", "documents": [{ "x": 1 }] },
             SelectionCriteria::Write,
-            Some(1),
         ),
         OperationKind::NonRetryableWrite => (
             doc! { "delete": "c", "deletes": [{ "q": {}, "limit": 0 }] },
             SelectionCriteria::Write,
-            None,
         ),
-        OperationKind::CommitTransaction { .. } => (
-            doc! { "commitTransaction": 1 },
-            SelectionCriteria::Write,
-            Some(2),
-        ),
-        OperationKind::AbortTransaction => (
-            doc! { "abortTransaction": 1 },
-            SelectionCriteria::Write,
-            Some(2),
-        ),
+        OperationKind::CommitTransaction { .. } => {
+            (doc! { "commitTransaction": 1 }, SelectionCriteria::Write)
+        }
+        OperationKind::AbortTransaction => {
+            (doc! { "abortTransaction": 1 }, SelectionCriteria::Write)
+        }
         OperationKind::InTransaction { read: true, .. } => {
-            (doc! { "find": "c" }, retry_sim::primary(), Some(2))
+            (doc! { "find": "c" }, retry_sim::primary())
         }
         OperationKind::InTransaction { read: false, .. } => (
             doc! { "insert": "c", "documents": [{ "x": 2 }] },
             SelectionCriteria::Write,
-            Some(2),
         ),
     };
     let mut request = OperationRequest::new("test", command, kind, criteria);
     request.timeout = timeout;
-    request.txn_number = txn_number;
     request
 }
 
@@ -481,6 +472,9 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
         o.socket_timeout = case.socket_timeout_ms.map(Duration::from_millis);
     });
     let mut ops = Vec::new();
+    // The explicit session of each transaction command, ended as soon as the command has
+    // (TX-4 (6)): a load-balanced transaction keeps its connection until then.
+    let mut sessions: Vec<(OpId, SessionHandle)> = Vec::new();
     for input in &case.inputs {
         match input {
             Input::Start {
@@ -501,7 +495,18 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
                             .expect("valid");
                     request.criteria = SelectionCriteria::Read(nearest);
                 }
+                // TX-1: a transaction's commands run in an explicit session.
+                if matches!(
+                    request.kind,
+                    OperationKind::InTransaction { .. }
+                        | OperationKind::CommitTransaction { .. }
+                        | OperationKind::AbortTransaction
+                ) {
+                    request.session = Some(sim.engine.start_session());
+                }
+                let session = request.session;
                 let op = sim.start_request(request);
+                sessions.extend(session.map(|s| (op, s)));
                 ops.push(Started {
                     op,
                     deadline: timeout.deadline(),
@@ -552,6 +557,7 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
                 }
             }
         }
+        end_finished_sessions(&mut sim, &mut sessions);
         check_timeout(&sim)?;
         if matches!(input, Input::Advance(_) | Input::SpuriousTimeout) {
             settle_instant(&mut sim)?;
@@ -567,9 +573,24 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
         if !sim.step(limit) {
             break;
         }
+        end_finished_sessions(&mut sim, &mut sessions);
         check_timeout(&sim)?;
     }
     Ok((sim, ops))
+}
+
+/// Ends the sessions whose operation has finished.
+fn end_finished_sessions(sim: &mut Sim, sessions: &mut Vec<(OpId, SessionHandle)>) {
+    let finished = finished_ops(sim);
+    let now = sim.now;
+    sessions.retain(|(op, session)| {
+        let done = finished.contains_key(op);
+        if done {
+            sim.engine.end_session(*session, now);
+        }
+        !done
+    });
+    sim.drain();
 }
 
 fn finish_time(sim: &Sim, op: OpId) -> Option<Instant> {

@@ -5,7 +5,9 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use retry_core::engine::{CursorHandle, CursorUse, EngineEvent, OpId, OperationRequest, SessionId};
+use retry_core::engine::{
+    CursorHandle, CursorUse, EngineEvent, OpId, OperationRequest, SessionHandle,
+};
 use retry_core::pool::PoolEvent;
 use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::selection::SelectionCriteria;
@@ -201,7 +203,12 @@ fn cursor_op(sim: &mut Sim, command: Document, kind: OperationKind, cursor: Curs
     sim.start_request(request)
 }
 
-fn in_session(sim: &mut Sim, session: SessionId, command: Document, kind: OperationKind) -> OpId {
+fn in_session(
+    sim: &mut Sim,
+    session: SessionHandle,
+    command: Document,
+    kind: OperationKind,
+) -> OpId {
     let mut request = OperationRequest::new(
         "test",
         command,
@@ -209,7 +216,6 @@ fn in_session(sim: &mut Sim, session: SessionId, command: Document, kind: Operat
         retry_core::selection::SelectionCriteria::Write,
     );
     request.session = Some(session);
-    request.txn_number = Some(1);
     sim.start_request(request)
 }
 
@@ -390,7 +396,7 @@ fn three_mongos() -> Sim {
 fn tx3_a_sharded_transaction_stays_on_the_mongos_of_its_first_command() {
     use OperationKind::{CommitTransaction, InTransaction};
     let mut sim = three_mongos();
-    let session = SessionId(1);
+    let session = sim.engine.start_session();
     let insert = doc! { "insert": "c", "documents": [{}] };
     let first = in_session(
         &mut sim,
@@ -447,7 +453,7 @@ fn tx3_a_sharded_transaction_stays_on_the_mongos_of_its_first_command() {
 fn tx4_a_commit_with_an_unknown_result_is_unpinned_before_its_retry() {
     use OperationKind::{CommitTransaction, InTransaction};
     let mut sim = three_mongos();
-    let session = SessionId(7);
+    let session = sim.engine.start_session();
     let first = in_session(
         &mut sim,
         session,
@@ -485,7 +491,7 @@ fn tx4_a_commit_with_an_unknown_result_is_unpinned_before_its_retry() {
 fn tx5_a_load_balanced_transaction_keeps_one_connection_until_the_session_ends() {
     use OperationKind::{CommitTransaction, InTransaction};
     let mut sim = lb_sim(Vec::new());
-    let session = SessionId(3);
+    let session = sim.engine.start_session();
     let first = in_session(
         &mut sim,
         session,

@@ -5,7 +5,8 @@
 //!
 //! Inputs take `now`: [`Engine::start_operation`], [`Engine::cancel_operation`],
 //! [`Engine::handle_connected`], [`Engine::handle_bytes`], [`Engine::handle_closed`],
-//! [`Engine::handle_timeout`], [`Engine::end_session`] and [`Engine::close`]. Outputs are polled until
+//! [`Engine::handle_timeout`], [`Engine::start_session`], [`Engine::end_session`] and
+//! [`Engine::close`]. Outputs are polled until
 //! `None`: [`Engine::poll_connect`] (open a socket), [`Engine::poll_transmit`] (bytes to write,
 //! appended to the caller's buffer), [`Engine::poll_close`] (close a socket), [`Engine::poll_event`]
 //! (operation results and monitoring events). After any input, drain every `poll_*`, then wait for
@@ -36,8 +37,9 @@
 //!
 //! The modules: `operations` (the retry machines, selection, sending and replies), `sockets`
 //! (the connection machines), `monitoring` (the topology, its pools and the monitors), `pins`
-//! (transaction and cursor pins), `commands` (command monitoring events, EV-1..EV-6) and
-//! `worklist` (the worklist and the timer queue).
+//! (transaction and cursor pins), `sessions` (server sessions, `txnNumber`, `$clusterTime`,
+//! `maxTimeMS` and `endSessions` at close), `commands` (command monitoring events, EV-1..EV-6)
+//! and `worklist` (the worklist and the timer queue).
 //!
 //! # Event order
 //!
@@ -54,20 +56,36 @@
 //!
 //! `start_operation` creates a [`RetryMachine`]. Its `SelectServer` starts a [`ServerSelection`]
 //! over the topology, avoiding the machine's deprioritized addresses; a selected server goes back
-//! to the machine, whose `Dispatch` checks a connection out of that server's pool. The command,
-//! modified as the attempt says (`txnNumber`, `startTransaction`, write concern, `$db`), is written
-//! on the connection, and the reply (or the connection's failure) goes back to the machine, which
+//! to the machine, whose `Dispatch` checks a connection out of that server's pool. Only then does
+//! the operation take a server session (SE-7, SE-8; see [`crate::session`]). The command, with the
+//! session's `lsid`, the `txnNumber` the engine allocated (RW-6, the same on every retry, RW-7),
+//! `$clusterTime` (SE-17), `maxTimeMS` (CS-4) and what the attempt modifies (`startTransaction`,
+//! write concern, `$readPreference`, `$db`), is written on the connection, and the reply (or the connection's failure) goes back to the machine, which
 //! releases the connection before it backs off, retries or finishes. Errors also go to the
 //! topology's error handling, which may mark the server Unknown and clear its pool.
 //!
 //! Every operation ends exactly once: when its server leaves the topology its checkout fails and
 //! its connection is closed under it; when a socket cannot be built its checkout fails; after
 //! [`Engine::close`] it is cancelled. Each of these failures goes through the retry rules.
+//!
+//! # Sessions
+//!
+//! A caller never passes `lsid` or `txnNumber`. An operation without an explicit session gets an
+//! implicit one from the engine's [`SessionPool`] after checkout, when the connection's own
+//! handshake reply supports sessions and the command may carry one (SE-7, SE-8, SE-13: not for
+//! unacknowledged writes); it goes back to the pool when the operation ends, or stays with the
+//! cursor the operation opened until the cursor ends (SE-14). A network error makes it dirty: it
+//! serves the retries and is then discarded (SE-12). Explicit sessions are
+//! [`Engine::start_session`] / [`OperationRequest::session`] / [`Engine::end_session`]; they take
+//! their server session the same way, at first use, and an explicit session on a connection
+//! without session support fails with [`crate::session::SESSIONS_UNSUPPORTED`]. [`Engine::close`]
+//! ends the pooled sessions with `endSessions` (SE-15) before it closes the pools.
 
 mod commands;
 mod monitoring;
 mod operations;
 mod pins;
+mod sessions;
 mod sockets;
 mod worklist;
 
@@ -92,6 +110,7 @@ use crate::retry::{
 };
 use crate::rng::EngineRng;
 use crate::selection::{SelectionCriteria, SelectionSettings, ServerSelection};
+use crate::session::{ClusterClock, ServerSession, SessionPool};
 use crate::time::{Instant, OperationTimeout};
 use crate::topology::{SdamEvent, Topology, TopologySettings};
 
@@ -120,9 +139,12 @@ pub struct EngineOptions {
     pub selection: SelectionSettings,
     /// `heartbeatFrequencyMS`.
     pub heartbeat_frequency: Duration,
-    /// `connectTimeoutMS`.
+    /// `connectTimeoutMS` (TO-2): bounds opening a socket and its handshake, default 10 s, zero
+    /// for no limit; monitoring connections also use it as their socket timeout (MO-4).
     pub connect_timeout: Duration,
-    /// `socketTimeoutMS`, if any.
+    /// `socketTimeoutMS` (TO-3): bounds each command's round trip on application connections when
+    /// the operation has no `timeoutMS` (TO-8); a timeout closes the connection with a network
+    /// timeout error, which the retry rules then judge. `None` (the default) or zero for no limit.
     pub socket_timeout: Option<Duration>,
     /// The handshake: client metadata, API version, compressors. `load_balanced` is taken from
     /// the topology settings.
@@ -164,19 +186,19 @@ pub struct OperationRequest {
     pub kind: OperationKind,
     /// Where it may run.
     pub criteria: SelectionCriteria,
-    /// Its CSOT timeout.
+    /// Its CSOT timeout: every attempt carries `maxTimeMS = remaining − minRTT` (CS-4).
     pub timeout: OperationTimeout,
-    /// The session's transaction number, for retryable writes and transactions.
-    pub txn_number: Option<i64>,
-    /// How the operation relates to a cursor: a getMore or killCursors goes where its cursor lives.
+    /// How the operation relates to a cursor: a getMore or killCursors goes where its cursor lives,
+    /// with the cursor's session (SE-14).
     pub cursor: CursorUse,
-    /// The session, for the transaction pinning rules (TX-3..TX-5): a transaction's commands follow
-    /// its first command's mongos (or connection, in load-balanced mode).
-    pub session: Option<SessionId>,
+    /// The explicit session from [`Engine::start_session`]; `None` runs the operation in an
+    /// implicit session (SE-9). Transactions need one: their commands share its `lsid` and
+    /// `txnNumber` (TX-1) and follow its pin (TX-3..TX-5).
+    pub session: Option<SessionHandle>,
 }
 
 impl OperationRequest {
-    /// A request with no CSOT timeout, no transaction number and no cursor.
+    /// A request with no CSOT timeout, no cursor and an implicit session.
     pub fn new(
         db: impl Into<String>,
         command: Document,
@@ -189,16 +211,16 @@ impl OperationRequest {
             kind,
             criteria,
             timeout: OperationTimeout::Off,
-            txn_number: None,
             cursor: CursorUse::None,
             session: None,
         }
     }
 }
 
-/// A session, named by the caller; the engine keeps its transaction pin.
+/// An explicit session, from [`Engine::start_session`] until [`Engine::end_session`]. The engine
+/// keeps its server session (`lsid`, `txnNumber`), its cluster time and its transaction pin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct SessionId(pub u64);
+pub struct SessionHandle(u64);
 
 /// A cursor the engine keeps between a cursor-creating command and its last `getMore`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -354,15 +376,41 @@ struct Operation {
     keep_conn: bool,
     /// The cursor this operation opened.
     opened: Option<CursorHandle>,
+    /// Its server session (SE-7, SE-9, SE-14).
+    session: OpSession,
+    /// The `txnNumber` its attempts carry, allocated at its first attempt that needs one (RW-6,
+    /// RW-7, TX-1).
+    txn_number: Option<i64>,
+    /// The current attempt carries the session's `lsid` (a network error makes it dirty, SE-12).
+    lsid_sent: bool,
+    /// The command sends and absorbs `$clusterTime` (SE-16, SE-19).
+    gossip: bool,
+    /// An `endSessions` of [`Engine::close`]: no `OperationFinished`, no session (SE-15).
+    internal: bool,
     timer: Option<Instant>,
     queued: bool,
 }
 
-/// A session's transaction pin, and in load-balanced mode the pinned connection (TX-3..TX-5).
+/// An explicit session: its server session once used (SE-7), its cluster time (SE-18), its
+/// transaction pin and in load-balanced mode the pinned connection (TX-3..TX-5).
 #[derive(Default)]
 struct Session {
+    server: Option<ServerSession>,
+    clock: ClusterClock,
     pin: TransactionPin,
     conn: Option<ConnId>,
+}
+
+/// Which server session an operation's commands carry.
+#[derive(Debug, Default)]
+enum OpSession {
+    /// None: the command may not carry one (SE-13), or the cursor it continues had none.
+    #[default]
+    Never,
+    /// An implicit session, taken from the pool after checkout (SE-7); `None` until then.
+    Implicit(Option<ServerSession>),
+    /// The caller's explicit session.
+    Explicit(SessionHandle),
 }
 
 /// A cursor between its creation and its end.
@@ -371,6 +419,8 @@ struct Cursor {
     /// Load-balanced mode: the pinned connection.
     conn: Option<ConnId>,
     pin: CursorPin,
+    /// The session of the command that opened it, for its `getMore`s and `killCursors` (SE-14).
+    session: OpSession,
 }
 
 struct MonitorState {
@@ -396,7 +446,12 @@ pub struct Engine {
     waiting: BTreeSet<OpId>,
     cursors: BTreeMap<CursorHandle, Cursor>,
     next_cursor: u64,
-    sessions: BTreeMap<SessionId, Session>,
+    sessions: BTreeMap<SessionHandle, Session>,
+    next_session: u64,
+    /// The server sessions not in use (SE-1).
+    session_pool: SessionPool,
+    /// The highest `$clusterTime` seen (SE-16).
+    cluster_clock: ClusterClock,
     rng: EngineRng,
     next_conn: u64,
     next_op: u64,
@@ -413,6 +468,8 @@ pub struct Engine {
     events: VecDeque<EngineEvent>,
     /// Set by [`Engine::close`].
     closed: bool,
+    /// [`Engine::close`] waits for its `endSessions` operations before it closes the pools.
+    ending_sessions: bool,
 }
 
 impl core::fmt::Debug for Engine {
@@ -502,6 +559,9 @@ impl Engine {
             cursors: BTreeMap::new(),
             next_cursor: 1,
             sessions: BTreeMap::new(),
+            next_session: 1,
+            session_pool: SessionPool::new(),
+            cluster_clock: ClusterClock::new(),
             rng,
             next_conn: 1,
             next_op: 1,
@@ -514,6 +574,7 @@ impl Engine {
             closes: VecDeque::new(),
             events: VecDeque::new(),
             closed: false,
+            ending_sessions: false,
         };
         engine.schedule(Machine::Topology);
         engine.schedule_every_pool();
@@ -536,12 +597,16 @@ impl Engine {
 
     /// Closes the client: every unfinished operation finishes exactly once with
     /// [`crate::error::ErrorKind::Cancelled`] (an attempt in flight is failed and its connection
-    /// closed), cursors and sessions let their connections go, every pool closes (CMAP
-    /// `PoolClosed`), every monitor stops, every socket is closed (`poll_close`), and the topology
-    /// publishes its closing SDAM events (`ServerClosed` per server, the change to an empty
-    /// description, `TopologyClosed`). Afterwards inputs change nothing and
-    /// [`Engine::start_operation`] finishes at once with the same error. Closing twice does
-    /// nothing.
+    /// closed), cursors and sessions let their connections and server sessions go. Then, when the
+    /// pool holds server sessions and a server is selectable, it ends them with `endSessions`
+    /// commands on `admin` (primaryPreferred, at most 10,000 ids each, errors ignored, SE-15),
+    /// bounded by `serverSelectionTimeoutMS` from now; these are the engine's own operations and
+    /// report no `OperationFinished`. Drive the engine as usual until [`Engine::is_closed`]. Once
+    /// they have ended, every pool closes (CMAP `PoolClosed`), every monitor stops, every socket
+    /// is closed (`poll_close`), and the topology publishes its closing SDAM events
+    /// (`ServerClosed` per server, the change to an empty description, `TopologyClosed`).
+    /// Afterwards inputs change nothing. From the call on, [`Engine::start_operation`] finishes at
+    /// once with the cancellation error. Closing twice does nothing.
     pub fn close(&mut self, now: Instant) {
         if self.closed {
             return;
@@ -553,16 +618,30 @@ impl Engine {
         }
         self.run(now);
         debug_assert!(self.ops.is_empty(), "every operation finished on close");
-        let sessions: Vec<SessionId> = self.sessions.keys().copied().collect();
+        let sessions: Vec<SessionHandle> = self.sessions.keys().copied().collect();
         for session in sessions {
             self.unpin_connection(session, true, now);
         }
-        self.sessions.clear();
         let cursors: Vec<ConnId> = self.cursors.values().filter_map(|c| c.conn).collect();
         for conn in cursors {
             self.release(conn, true, now);
         }
-        self.cursors.clear();
+        self.return_sessions(now);
+        self.ending_sessions = self.end_sessions(now);
+        if !self.ending_sessions {
+            self.close_pools(now);
+        }
+        self.run(now);
+    }
+
+    /// Whether [`Engine::close`] has finished: its `endSessions` ended and every pool, monitor
+    /// and socket is closed.
+    pub fn is_closed(&self) -> bool {
+        self.closed && !self.ending_sessions
+    }
+
+    /// The last step of [`Engine::close`].
+    fn close_pools(&mut self, now: Instant) {
         self.topology.close(now);
         self.schedule(Machine::Topology);
         self.run(now);
@@ -730,18 +809,17 @@ fn expect_accepted(result: Result<(), UnexpectedInput>) {
     debug_assert!(result.is_ok(), "{result:?}");
 }
 
-/// The command of an attempt that modifies it (RW-6, RW-7, TX-1, TX-11, TX-12) or that carries a
-/// `$readPreference` for its server (SS-9, LB-6): the operation's command (`base`, with `$db`)
-/// with the attempt's fields, `$db` last; `None` when the attempt modifies nothing and `base` is
-/// sent as it is.
+/// The command of an attempt that modifies it (TX-11, TX-12) or that carries a `$readPreference`
+/// for its server (SS-9, LB-6): the operation's command (`base`, with `$db` and the session
+/// fields) with the attempt's fields, `$db` last; `None` when the attempt modifies nothing and
+/// `base` is sent as it is.
 fn command_for(
     base: &Document,
     db: &str,
     attempt: &Attempt,
     read_preference: Option<Document>,
 ) -> Option<Document> {
-    if attempt.txn_number.is_none()
-        && !attempt.start_transaction
+    if !attempt.start_transaction
         && attempt.write_concern != WriteConcernRule::Majority
         && read_preference.is_none()
     {
@@ -751,9 +829,6 @@ fn command_for(
     body.remove("$db");
     if let Some(read_preference) = read_preference {
         body.insert("$readPreference", read_preference);
-    }
-    if let Some(n) = attempt.txn_number {
-        body.insert("txnNumber", Bson::Int64(n));
     }
     if attempt.start_transaction {
         body.insert("startTransaction", true);

@@ -8,9 +8,10 @@
 use bson::{Bson, Document};
 use rand_core::RngCore;
 
+use super::sessions::Prepared;
 use super::{
-    command_for, expect_accepted, ConnId, CursorUse, Engine, EngineEvent, OpId, Operation,
-    OperationRequest, Owner, ServerId,
+    command_for, expect_accepted, ConnId, CursorUse, Engine, EngineEvent, OpId, OpSession,
+    Operation, OperationRequest, Owner, ServerId,
 };
 use crate::address::ServerAddress;
 use crate::connection::{Request, SendError};
@@ -26,21 +27,57 @@ use super::worklist::Machine;
 
 impl Engine {
     /// Starts an operation; its result comes as [`EngineEvent::OperationFinished`]. After
-    /// [`Engine::close`] it finishes at once with [`crate::error::ErrorKind::Cancelled`].
-    pub fn start_operation(&mut self, mut request: OperationRequest, now: Instant) -> OpId {
-        let op = OpId(self.next_op);
-        self.next_op += 1;
+    /// [`Engine::close`] it finishes at once with [`crate::error::ErrorKind::Cancelled`]. A
+    /// request the session rules refuse (an ended session, SE-10; a transaction without an
+    /// explicit session; an explicit session with `w: 0`, SE-13) finishes at once with a usage
+    /// error.
+    pub fn start_operation(&mut self, request: OperationRequest, now: Instant) -> OpId {
         if self.closed {
+            let op = self.next_op_id();
             self.events.push_back(EngineEvent::OperationFinished {
                 op,
                 result: Err(OperationError::cancelled()),
             });
             return op;
         }
+        self.launch(request, false, now)
+    }
+
+    fn next_op_id(&mut self) -> OpId {
+        let op = OpId(self.next_op);
+        self.next_op += 1;
+        op
+    }
+
+    /// Starts an operation; `internal` for the engine's own (`endSessions` at close), which
+    /// reports no `OperationFinished` and carries no session.
+    pub(super) fn launch(
+        &mut self,
+        mut request: OperationRequest,
+        internal: bool,
+        now: Instant,
+    ) -> OpId {
+        let op = self.next_op_id();
+        let (mut session, gossip) = match self.operation_session(&request) {
+            Ok(session) => session,
+            Err(error) => {
+                self.events.push_back(EngineEvent::OperationFinished {
+                    op,
+                    result: Err(error),
+                });
+                return op;
+            }
+        };
+        if internal {
+            session = OpSession::Never;
+        }
         let spec = OperationSpec {
             kind: request.kind,
             timeout: request.timeout,
-            txn_number: request.txn_number,
+            // RW-6: the engine allocates the number from the session after checkout; the retry
+            // machine only says which attempts carry it (RW-2, RW-4), and a write that cannot
+            // have a session gets none.
+            txn_number: (!matches!(session, OpSession::Never)).then_some(1),
             min_wire_version: 0,
         };
         let machine = RetryMachine::new(spec, &self.options.retry, self.rng.next_u64(), now);
@@ -50,6 +87,8 @@ impl Engine {
                 Some((server, conn)) => {
                     pinned_server = Some(server);
                     pinned_conn = conn;
+                    // SE-14: a cursor's commands use the session of the command that opened it.
+                    session = self.take_cursor_session(handle);
                 }
                 None => {
                     self.run(now);
@@ -83,6 +122,11 @@ impl Engine {
                 release_pinned: false,
                 keep_conn: false,
                 opened: None,
+                session,
+                txn_number: None,
+                lsid_sent: false,
+                gossip,
+                internal,
                 timer: None,
                 queued: false,
             },
@@ -101,14 +145,18 @@ impl Engine {
         operation.selection = None;
         operation.wake = None;
         expect_accepted(operation.machine.cancel(now));
-        // EV-1: a command in flight gets its failed event.
-        let pending = operation
+        let in_flight = operation
             .conn
             .and_then(|conn| self.sockets.get_mut(&conn))
-            .filter(|socket| socket.op == Some(op))
-            .and_then(|socket| socket.command.take());
-        if let Some(pending) = pending {
-            self.command_failed(pending, &OperationError::cancelled(), now);
+            .filter(|socket| socket.op == Some(op));
+        let in_flight = in_flight.map(|socket| socket.command.take());
+        if let Some(pending) = in_flight {
+            // EV-1: a command in flight gets its failed event.
+            if let Some(pending) = pending {
+                self.command_failed(pending, &OperationError::cancelled(), now);
+            }
+            // SE-12: the connection closes under the command, as after a network error.
+            self.mark_session_dirty(op);
         }
         self.waiting.remove(&op);
         self.schedule(Machine::Operation(op));
@@ -271,8 +319,11 @@ impl Engine {
         };
         // LB-10: closing a cursor gives its connection back whatever killCursors did.
         if let (CursorUse::Close(handle), false) = (op.request.cursor, op.release_pinned) {
-            if let Some(conn) = self.cursors.remove(&handle).and_then(|c| c.conn) {
-                self.release(conn, true, now);
+            if let Some(cursor) = self.cursors.remove(&handle) {
+                if let Some(conn) = cursor.conn {
+                    self.release(conn, true, now);
+                }
+                self.cursor_session_ended(cursor.session, now);
             }
         }
         self.clear_attempt(op_id);
@@ -284,6 +335,10 @@ impl Engine {
             .set(Machine::Operation(op_id), &mut op.timer, None);
         if let Some(key) = op.checkout.take() {
             self.checkouts.remove(&key);
+        }
+        self.operation_session_ended(&mut op, result.is_ok(), now);
+        if op.internal {
+            return;
         }
         if let Some(cursor) = op.opened.filter(|_| result.is_ok()) {
             self.events
@@ -368,6 +423,34 @@ impl Engine {
         };
         op.checkout = None;
         op.conn = Some(conn);
+        let Some(with_txn_number) = op.attempt.as_ref().map(|a| a.txn_number.is_some()) else {
+            return;
+        };
+        let supports_sessions = self.connection_supports_sessions(conn);
+        // CS-4: the minimum RTT of the server the attempt goes to.
+        let min_rtt = self
+            .sockets
+            .get(&conn)
+            .and_then(|s| self.server(s.server).monitor.as_ref())
+            .map_or(core::time::Duration::ZERO, |m| m.monitor.min_rtt());
+        match self.prepare_attempt(op_id, supports_sessions, with_txn_number, min_rtt, now) {
+            Prepared::Send => {}
+            Prepared::Expired => {
+                // CS-4, TO-10: not sent; the connection goes back and the operation times out.
+                if let Some(op) = self.ops.get_mut(&op_id) {
+                    expect_accepted(op.machine.handle_expired_before_send(now));
+                }
+                self.schedule(Machine::Operation(op_id));
+                return;
+            }
+            Prepared::Refused(error) => {
+                self.fail_attempt(op_id, error, false, now);
+                return;
+            }
+        }
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
         let Some(attempt) = op.attempt.as_ref() else {
             return;
         };
@@ -384,6 +467,8 @@ impl Engine {
             command_for(&op.wire.body, &op.request.db, attempt, read_preference).map(Request::new);
         let request = modified.as_mut().unwrap_or(&mut op.wire);
         request.deadline = deadline;
+        // TO-8: under timeoutMS (0 included) socketTimeoutMS does not apply.
+        request.under_timeout_ms = op.request.timeout.is_csot();
         // EV-2: the command as sent, for the started event.
         let published = self
             .options
@@ -444,6 +529,7 @@ impl Engine {
             let context = self.error_context(server, id, true);
             self.application_error(server, error, context, now);
         }
+        self.session_replied(op_id, &body);
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
@@ -477,6 +563,7 @@ impl Engine {
         selection: bool,
         now: Instant,
     ) {
+        self.session_failed(op_id, &error);
         let Some(op) = self.ops.get(&op_id) else {
             return;
         };

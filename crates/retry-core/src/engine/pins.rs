@@ -7,7 +7,9 @@
 
 use bson::Document;
 
-use super::{ConnId, Cursor, CursorHandle, CursorUse, Engine, EngineEvent, OpId, Owner, SessionId};
+use super::{
+    ConnId, Cursor, CursorHandle, CursorUse, Engine, EngineEvent, OpId, Owner, SessionHandle,
+};
 use crate::error::OperationError;
 use crate::pinning::{CursorClose, CursorPin, Pin, TransactionCommand};
 use crate::retry::{AttemptServer, OperationKind};
@@ -36,7 +38,9 @@ impl Engine {
             if let CursorClose::ReleaseBroken(_) = cursor.pin.close() {
                 // LB-11: after a network error, no killCursors; the connection goes back and is
                 // closed.
-                self.cursors.remove(&handle);
+                if let Some(cursor) = self.cursors.remove(&handle) {
+                    self.cursor_session_ended(cursor.session, now);
+                }
                 self.release(conn, false, now);
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
@@ -53,11 +57,13 @@ impl Engine {
     /// unpin; the later commands of a transaction follow the pin.
     pub(super) fn session_route(
         &mut self,
-        session: SessionId,
+        session: SessionHandle,
         kind: OperationKind,
         now: Instant,
     ) -> (Option<AttemptServer>, Option<ConnId>) {
-        let state = self.sessions.entry(session).or_default();
+        let Some(state) = self.sessions.get_mut(&session) else {
+            return (None, None);
+        };
         let unpinned = match kind {
             OperationKind::InTransaction { first: true, .. } => state.pin.start_transaction(),
             OperationKind::InTransaction { first: false, .. }
@@ -88,20 +94,10 @@ impl Engine {
     }
 
     /// Gives a session's pinned load-balanced connection back to its pool, if it has one.
-    pub(super) fn unpin_connection(&mut self, session: SessionId, healthy: bool, now: Instant) {
+    pub(super) fn unpin_connection(&mut self, session: SessionHandle, healthy: bool, now: Instant) {
         if let Some(conn) = self.sessions.get_mut(&session).and_then(|s| s.conn.take()) {
             self.release(conn, healthy, now);
         }
-    }
-
-    /// The session ended (TX-4 (6)): its pin goes, and a pinned connection goes back to the pool.
-    pub fn end_session(&mut self, session: SessionId, now: Instant) {
-        if let Some(state) = self.sessions.get_mut(&session) {
-            state.pin.end_session();
-        }
-        self.unpin_connection(session, true, now);
-        self.sessions.remove(&session);
-        self.run(now);
     }
 
     /// The transaction command an operation is, if it is one.
@@ -130,7 +126,9 @@ impl Engine {
                     Some(Owner::Pool(id)) => *id,
                     _ => return,
                 };
-                let state = self.sessions.entry(session).or_default();
+                let Some(state) = self.sessions.get_mut(&session) else {
+                    return;
+                };
                 if load_balanced {
                     op.keep_conn = true;
                     state.conn = Some(conn);
@@ -183,7 +181,15 @@ impl Engine {
                 let handle = CursorHandle(self.next_cursor);
                 self.next_cursor += 1;
                 op.opened = Some(handle);
-                self.cursors.insert(handle, Cursor { server, conn, pin });
+                self.cursors.insert(
+                    handle,
+                    Cursor {
+                        server,
+                        conn,
+                        pin,
+                        session: super::OpSession::Never,
+                    },
+                );
             }
             CursorUse::GetMore(handle) => {
                 if cursor_id == 0 {

@@ -31,7 +31,12 @@ impl Engine {
         let mut config = ConnectionConfig::new(address.clone());
         config.generation = generation;
         config.connect_timeout = self.options.connect_timeout;
-        config.socket_timeout = self.options.socket_timeout;
+        config.socket_timeout = match owner {
+            // TO-3: socketTimeoutMS is for application connections only.
+            Owner::Pool(_) => self.options.socket_timeout,
+            // MO-4: a monitor's checks use connectTimeoutMS as their socket timeout.
+            Owner::Monitor => Some(self.options.connect_timeout),
+        };
         config.load_balanced = self.options.topology.load_balanced;
         let machine = Connection::new(config, self.handshake.clone(), now).ok()?;
         let conn = ConnId(self.next_conn);

@@ -121,6 +121,11 @@ impl Engine {
             }
             self.refresh_timer(machine);
         }
+        // SE-15: the last `endSessions` of `close` ended; the pools close now.
+        if self.ending_sessions && self.ops.is_empty() {
+            self.ending_sessions = false;
+            self.close_pools(now);
+        }
     }
 
     fn unqueue(&mut self, machine: Machine) {

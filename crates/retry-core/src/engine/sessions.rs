@@ -1,0 +1,365 @@
+//! Sessions and timeouts on the wire: the server session an operation's commands carry (implicit
+//! or explicit), its `txnNumber`, `$clusterTime` gossip, `maxTimeMS`, and `endSessions` at close.
+//!
+//! The call sequence is the one of [`crate::session`]'s module docs: a session is taken only
+//! after checkout, on a connection whose own handshake supports sessions (SE-7, SE-8); every
+//! attempt carries its `lsid`, the operation's `txnNumber` (allocated once, RW-6, RW-7) and the
+//! greater of the client's and the session's `$clusterTime` (SE-17); every reply advances them
+//! (SE-16, SE-18); a network error marks the session dirty (SE-12); the operation's end returns
+//! it to the pool, or to the cursor it opened (SE-9, SE-14). Each step is a lookup by operation,
+//! cursor or session handle: no step looks at unrelated operations.
+
+use bson::{Bson, Document};
+
+use super::{Engine, OpId, OpSession, Operation, OperationRequest, Session, SessionHandle};
+use crate::classify::is_unacknowledged;
+use crate::error::{ErrorKind, OperationError};
+use crate::max_time::{max_time_ms, MaxTime};
+use crate::retry::OperationKind;
+use crate::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
+use crate::session::{
+    attaches_session, connection_supports_sessions, gossips_cluster_time, ClusterTime,
+    ServerSession, SessionTimeout, SESSIONS_UNSUPPORTED,
+};
+use crate::time::{Instant, OperationTimeout};
+
+/// What [`Engine::prepare_attempt`] decided about an attempt about to be written.
+pub(super) enum Prepared {
+    /// Send it.
+    Send,
+    /// CS-4: the remaining time is not more than the minimum RTT; do not send it.
+    Expired,
+    /// It cannot be sent (an ended or unsupported explicit session, SE-8, SE-10).
+    Refused(OperationError),
+}
+
+impl Engine {
+    /// Starts an explicit session (SE-10). Its server session is taken at its first use, after
+    /// checkout (SE-7); [`Engine::end_session`] gives it back to the pool.
+    pub fn start_session(&mut self) -> SessionHandle {
+        let handle = SessionHandle(self.next_session);
+        self.next_session += 1;
+        self.sessions.insert(handle, Session::default());
+        handle
+    }
+
+    /// Ends an explicit session: its transaction pin goes (TX-4 (6)), a pinned connection goes
+    /// back to its pool, and its server session returns to the pool (SE-5; a dirty one is
+    /// discarded, SE-12). Ending it again, or an unknown handle, does nothing (SE-10). An
+    /// operation still running in it fails its next attempt with a usage error.
+    pub fn end_session(&mut self, session: SessionHandle, now: Instant) {
+        if let Some(state) = self.sessions.get_mut(&session) {
+            state.pin.end_session();
+        }
+        self.unpin_connection(session, true, now);
+        if let Some(server) = self.sessions.remove(&session).and_then(|s| s.server) {
+            let timeout = self.session_timeout();
+            self.session_pool.release(server, timeout, now);
+        }
+        self.run(now);
+    }
+
+    /// SE-6, LB-5: how long the server keeps an idle session, for the pool's rules.
+    fn session_timeout(&self) -> SessionTimeout {
+        SessionTimeout::new(
+            self.topology.description().logical_session_timeout(),
+            self.options.topology.load_balanced,
+        )
+    }
+
+    /// The session a new operation's commands carry, and whether they gossip `$clusterTime`;
+    /// an error for a request the session rules refuse before anything is sent.
+    pub(super) fn operation_session(
+        &self,
+        request: &OperationRequest,
+    ) -> Result<(OpSession, bool), OperationError> {
+        let name = request.command.keys().next().map_or("", String::as_str);
+        let unacknowledged = match request.command.get("writeConcern") {
+            Some(Bson::Document(write_concern)) => is_unacknowledged(write_concern),
+            _ => false,
+        };
+        let transaction = matches!(
+            request.kind,
+            OperationKind::InTransaction { .. }
+                | OperationKind::CommitTransaction { .. }
+                | OperationKind::AbortTransaction
+        );
+        let session = match request.session {
+            // SE-10: an ended (or never started) session.
+            Some(handle) if !self.sessions.contains_key(&handle) => {
+                return Err(OperationError::usage("the session has ended"));
+            }
+            // SE-13: an explicit session with an unacknowledged write is an error.
+            Some(_) if unacknowledged => {
+                return Err(OperationError::usage(
+                    "an unacknowledged write (w: 0) cannot run in an explicit session",
+                ));
+            }
+            Some(handle) => OpSession::Explicit(handle),
+            // TX-1: a transaction's commands share one session's lsid and txnNumber.
+            None if transaction => {
+                return Err(OperationError::usage(
+                    "a transaction's commands need an explicit session",
+                ));
+            }
+            // SE-9, SE-13: an implicit session unless the command may not carry one.
+            None if attaches_session(name, unacknowledged) => OpSession::Implicit(None),
+            None => OpSession::Never,
+        };
+        Ok((session, gossips_cluster_time(name)))
+    }
+
+    /// Adds to the operation's command what this attempt on `conn` carries besides the attempt's
+    /// own modifications: the session's `lsid` and the `txnNumber` when the retry machine says
+    /// the attempt has one (`with_txn_number`, RW-2, RW-6, RW-7, TX-1), `$clusterTime` (SE-17) and
+    /// `maxTimeMS` (CS-4, TO-9; none on a `getMore`, TO-13). The fields go into the operation's
+    /// own copy of the command, replacing those of the previous attempt.
+    pub(super) fn prepare_attempt(
+        &mut self,
+        op_id: OpId,
+        supports_sessions: bool,
+        with_txn_number: bool,
+        min_rtt: core::time::Duration,
+        now: Instant,
+    ) -> Prepared {
+        let timeout = self.session_timeout();
+        let load_balanced = self.options.topology.load_balanced;
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return Prepared::Send;
+        };
+        let supported = supports_sessions || load_balanced;
+        // SE-7, SE-8: the server session, taken now if it was not yet.
+        let (server, explicit) =
+            match &mut op.session {
+                OpSession::Never => (None, None),
+                OpSession::Implicit(_) if !supported => (None, None),
+                OpSession::Implicit(slot) => (
+                    Some(slot.get_or_insert_with(|| {
+                        self.session_pool.acquire(timeout, &mut self.rng, now)
+                    })),
+                    None,
+                ),
+                OpSession::Explicit(handle) => {
+                    let Some(state) = self.sessions.get_mut(handle) else {
+                        return Prepared::Refused(OperationError::usage("the session has ended"));
+                    };
+                    if !supported {
+                        return Prepared::Refused(OperationError::usage(SESSIONS_UNSUPPORTED));
+                    }
+                    let server = state.server.get_or_insert_with(|| {
+                        self.session_pool.acquire(timeout, &mut self.rng, now)
+                    });
+                    (Some(server), Some(&state.clock))
+                }
+            };
+        let body = &mut op.wire.body;
+        match server {
+            Some(server) => {
+                if !op.lsid_sent {
+                    body.insert("lsid", server.id().lsid());
+                }
+                server.mark_used(now);
+                op.lsid_sent = true;
+                if with_txn_number {
+                    let kind = op.request.kind;
+                    let number = *op.txn_number.get_or_insert_with(|| match kind {
+                        // TX-1: the later commands of a transaction use its number.
+                        OperationKind::InTransaction { first: false, .. }
+                        | OperationKind::CommitTransaction { .. }
+                        | OperationKind::AbortTransaction => server.txn_number(),
+                        _ => server.next_txn_number(),
+                    });
+                    body.insert("txnNumber", Bson::Int64(number));
+                }
+            }
+            None => {
+                // Never a txnNumber without an lsid: a server refuses it.
+                body.remove("lsid");
+                body.remove("txnNumber");
+                op.lsid_sent = false;
+            }
+        }
+        if op.gossip {
+            let session_time = explicit.and_then(|clock| clock.current());
+            if let Some(time) = ClusterTime::greater(self.cluster_clock.current(), session_time) {
+                if body.get("$clusterTime") != Some(&Bson::Document(time.document().clone())) {
+                    body.insert("$clusterTime", time.document().clone());
+                }
+            }
+        }
+        if op.internal || matches!(op.request.cursor, super::CursorUse::GetMore(_)) {
+            return Prepared::Send;
+        }
+        match max_time_ms(op.request.timeout, min_rtt, now) {
+            MaxTime::Omit => Prepared::Send,
+            MaxTime::Send(ms) => {
+                body.insert(
+                    "maxTimeMS",
+                    Bson::Int64(i64::try_from(ms).unwrap_or(i64::MAX)),
+                );
+                Prepared::Send
+            }
+            MaxTime::Expired => Prepared::Expired,
+        }
+    }
+
+    /// SE-8 by the connection's own handshake reply (LB-5: always in load-balanced mode).
+    pub(super) fn connection_supports_sessions(&self, conn: super::ConnId) -> bool {
+        self.sockets
+            .get(&conn)
+            .and_then(|s| s.machine.handshake())
+            .is_some_and(|h| connection_supports_sessions(h, self.options.topology.load_balanced))
+    }
+
+    /// SE-12: a network error on an attempt that carried the session's `lsid` makes the session
+    /// dirty for good.
+    pub(super) fn session_failed(&mut self, op_id: OpId, error: &OperationError) {
+        if matches!(error.kind, ErrorKind::Network(_)) {
+            self.mark_session_dirty(op_id);
+        }
+    }
+
+    /// SE-12: the operation's session is dirty if its current attempt carried the `lsid`: a
+    /// network error, or a cancellation that closes the connection under the command.
+    pub(super) fn mark_session_dirty(&mut self, op_id: OpId) {
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        if !op.lsid_sent {
+            return;
+        }
+        match &mut op.session {
+            OpSession::Implicit(Some(server)) => server.mark_dirty(),
+            OpSession::Explicit(handle) => {
+                if let Some(server) = self
+                    .sessions
+                    .get_mut(handle)
+                    .and_then(|s| s.server.as_mut())
+                {
+                    server.mark_dirty();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// SE-16, SE-18: a reply's `$clusterTime` advances the client's clock and the explicit
+    /// session's (never for SDAM commands, SE-19: those replies do not come here).
+    pub(super) fn session_replied(&mut self, op_id: OpId, reply: &Document) {
+        let Some(op) = self.ops.get(&op_id).filter(|op| op.gossip) else {
+            return;
+        };
+        let Some(time) = ClusterTime::from_reply(reply) else {
+            return;
+        };
+        if let OpSession::Explicit(handle) = op.session {
+            if let Some(state) = self.sessions.get_mut(&handle) {
+                state.clock.advance(time.clone());
+            }
+        }
+        self.cluster_clock.advance(time);
+    }
+
+    /// The operation ended: its implicit session goes to the cursor it opened or continues
+    /// (SE-14), else back to the pool (SE-9, SE-5); an explicit session stays with the caller
+    /// (and with the cursor it opened).
+    pub(super) fn operation_session_ended(
+        &mut self,
+        op: &mut Operation,
+        succeeded: bool,
+        now: Instant,
+    ) {
+        let session = core::mem::take(&mut op.session);
+        let cursor = match (op.opened.filter(|_| succeeded), op.request.cursor) {
+            (Some(handle), _) => Some(handle),
+            (None, super::CursorUse::GetMore(handle)) => Some(handle),
+            _ => None,
+        };
+        let cursor = cursor.and_then(|handle| self.cursors.get_mut(&handle));
+        match (session, cursor) {
+            (session @ (OpSession::Implicit(Some(_)) | OpSession::Explicit(_)), Some(cursor)) => {
+                cursor.session = session;
+            }
+            (OpSession::Implicit(Some(server)), None) => self.release_server_session(server, now),
+            _ => {}
+        }
+    }
+
+    /// The session a cursor's `getMore` or `killCursors` takes from its cursor (SE-14): the
+    /// implicit one moves to the operation until it ends; none if the cursor's command had none.
+    pub(super) fn take_cursor_session(&mut self, handle: super::CursorHandle) -> OpSession {
+        let Some(cursor) = self.cursors.get_mut(&handle) else {
+            return OpSession::Never;
+        };
+        match &mut cursor.session {
+            OpSession::Implicit(server) => match server.take() {
+                Some(server) => OpSession::Implicit(Some(server)),
+                None => OpSession::Never,
+            },
+            OpSession::Explicit(handle) => OpSession::Explicit(*handle),
+            OpSession::Never => OpSession::Never,
+        }
+    }
+
+    /// A cursor ended: its implicit session goes back to the pool (SE-14).
+    pub(super) fn cursor_session_ended(&mut self, session: OpSession, now: Instant) {
+        if let OpSession::Implicit(Some(server)) = session {
+            self.release_server_session(server, now);
+        }
+    }
+
+    /// A server session goes back to the pool (SE-5; dirty ones are discarded, SE-12).
+    pub(super) fn release_server_session(&mut self, server: ServerSession, now: Instant) {
+        let timeout = self.session_timeout();
+        self.session_pool.release(server, timeout, now);
+    }
+
+    /// At close: every explicit session's and cursor's server session goes back to the pool.
+    pub(super) fn return_sessions(&mut self, now: Instant) {
+        let explicit: alloc::vec::Vec<ServerSession> = core::mem::take(&mut self.sessions)
+            .into_values()
+            .filter_map(|s| s.server)
+            .collect();
+        let cursors: alloc::vec::Vec<ServerSession> = core::mem::take(&mut self.cursors)
+            .into_values()
+            .filter_map(|c| match c.session {
+                OpSession::Implicit(server) => server,
+                _ => None,
+            })
+            .collect();
+        for server in explicit.into_iter().chain(cursors) {
+            self.release_server_session(server, now);
+        }
+    }
+
+    /// SE-15: starts the `endSessions` operations for the pooled sessions, when a server is
+    /// selectable now (none is waited for): on `admin`, primaryPreferred, without a session, as
+    /// run commands whose errors are ignored, all bounded by `serverSelectionTimeoutMS` from
+    /// `now`. Returns whether any was started.
+    pub(super) fn end_sessions(&mut self, now: Instant) -> bool {
+        let selectable = self
+            .topology
+            .description()
+            .servers
+            .iter()
+            .any(|s| s.is_data_bearing());
+        if self.session_pool.is_empty() || !selectable {
+            return false;
+        }
+        let deadline = now.saturating_add(self.options.selection.server_selection_timeout);
+        let criteria = SelectionCriteria::Read(ReadPreference::from_mode(
+            ReadPreferenceMode::PrimaryPreferred,
+        ));
+        for command in self.session_pool.drain_end_sessions() {
+            let mut request = OperationRequest::new(
+                "admin",
+                command,
+                OperationKind::RunCommand,
+                criteria.clone(),
+            );
+            request.timeout = OperationTimeout::Until(deadline);
+            self.launch(request, true, now);
+        }
+        !self.ops.is_empty()
+    }
+}
