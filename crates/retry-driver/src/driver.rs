@@ -334,8 +334,13 @@ impl Future for Driver {
             let now = this.runtime.now();
             let (mut progressed, closing) = this.take_requests(cx, now);
             if closing {
-                this.finish(now);
-                return Poll::Ready(());
+                // SE-15: the engine ends its sessions (bounded) before it closes; drive it until
+                // it has.
+                this.engine.close(now);
+                if this.engine.is_closed() {
+                    this.finish(now);
+                    return Poll::Ready(());
+                }
             }
             progressed |= this.flush_engine(now);
             progressed |= this.poll_sockets(cx, now);

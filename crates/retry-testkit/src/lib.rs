@@ -72,6 +72,7 @@ mod faults;
 mod limiter;
 mod on_primary_write;
 mod query;
+mod refusals;
 mod server;
 mod store;
 

@@ -572,6 +572,9 @@ impl Connection {
                     "OP_MSG requests require a $db argument",
                 ));
             }
+            if let Some(refusal) = crate::refusals::refusal(&state.role, name, command) {
+                return Response::Reply(refusal);
+            }
             let admin_command = hello || name == "configureFailPoint";
             if !admin_command {
                 if let Some(rejection) = state.ingress_rejection(Instant::now()) {

@@ -23,6 +23,24 @@ async fn start() -> (TestServer, RawClient) {
     (server, client)
 }
 
+/// A one-member replica set's primary: a standalone refuses `txnNumber` (code 20), as a real one
+/// does.
+async fn start_primary() -> (TestServer, RawClient) {
+    let server = TestServer::start_replica_set("rs0", 1, ServerConfig::default())
+        .await
+        .expect("replica set starts")
+        .remove(0);
+    let client = RawClient::connect(server.address())
+        .await
+        .expect("client connects");
+    (server, client)
+}
+
+/// An `lsid` as a real server takes it: `{id: <UUID>}`.
+fn lsid() -> Document {
+    doc! { "id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![1; 16] }) }
+}
+
 fn code(reply: &Document) -> Option<i32> {
     reply.get_i32("code").ok()
 }
@@ -229,7 +247,7 @@ async fn catalog_commands_and_change_streams() {
 #[tokio::test]
 async fn retryable_writes_are_deduplicated_for_every_write_type() {
     bounded(async {
-        let (server, mut client) = start().await;
+        let (server, mut client) = start_primary().await;
         server.handle().insert("db.c", vec![doc! { "_id": 1, "x": 0 }, doc! { "_id": 2 }]);
         let lsid = doc! { "id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![7; 16] }) };
         let inc = doc! { "update": "c", "updates": [{ "q": { "_id": 1 }, "u": { "$inc": { "x": 1 } } }],
@@ -330,14 +348,14 @@ async fn fail_point_modes_skip_and_probability() {
 #[tokio::test]
 async fn write_concern_error_carries_labels() {
     bounded(async {
-        let (server, mut client) = start().await;
+        let (server, mut client) = start_primary().await;
         let data = doc! { "failCommands": ["insert"],
         "writeConcernError": { "code": 91, "errmsg": "shutting down" } };
         client
             .command(fail_point(doc! { "times": 2 }.into(), data))
             .await
             .unwrap();
-        let lsid = doc! { "id": 1 };
+        let lsid = lsid();
         let insert = doc! { "insert": "c", "documents": [{ "_id": 1 }], "lsid": lsid,
         "txnNumber": 1_i64, "$db": "db" };
         let reply = client.command(insert).await.unwrap();
@@ -369,7 +387,7 @@ async fn mongoses_share_one_data_store() {
             .expect("mongoses start");
         let mut first = RawClient::connect(servers[0].address()).await.unwrap();
         let mut second = RawClient::connect(servers[1].address()).await.unwrap();
-        let insert = doc! { "insert": "c", "documents": [{ "_id": 1 }], "lsid": { "id": 1 },
+        let insert = doc! { "insert": "c", "documents": [{ "_id": 1 }], "lsid": lsid(),
         "txnNumber": 1_i64, "$db": "db" };
         assert_eq!(
             first
@@ -428,7 +446,7 @@ async fn on_primary_transactional_write() {
             "data": data, "$db": "admin" }
         };
         let insert = |id: i32, txn: i64| {
-            doc! { "insert": "c", "documents": [{ "_id": id }], "lsid": { "id": 1 },
+            doc! { "insert": "c", "documents": [{ "_id": id }], "lsid": lsid(),
             "txnNumber": txn, "$db": "db" }
         };
         let reply = client
