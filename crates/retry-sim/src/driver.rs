@@ -113,6 +113,14 @@ pub struct SimServer {
     pub executed: BTreeMap<String, u32>,
     /// Every command (not hello) with the socket it arrived on, in order.
     pub log: Vec<(String, ConnId)>,
+    /// Whether its hello reports `logicalSessionTimeoutMinutes: 30` (SE-8); default true.
+    pub sessions: bool,
+    /// Keep every command (not hello) as received in [`SimServer::commands`]; default false.
+    pub record_commands: bool,
+    /// The commands received (not hello), when [`SimServer::record_commands`] is on.
+    pub commands: Vec<Document>,
+    /// A `$clusterTime` document every reply (not hello) carries (SE-16).
+    pub cluster_time: Option<Document>,
 }
 
 impl SimServer {
@@ -129,13 +137,20 @@ impl SimServer {
             down: false,
             executed: BTreeMap::new(),
             log: Vec::new(),
+            sessions: true,
+            record_commands: false,
+            commands: Vec::new(),
+            cluster_time: None,
         }
     }
 
     fn hello(&self, request: &Document) -> Document {
         let mut reply = doc! { "ok": 1, "isWritablePrimary": true, "helloOk": true, "maxWireVersion": 25,
         "minWireVersion": 0, "maxBsonObjectSize": 16_777_216, "maxMessageSizeBytes": 48_000_000,
-        "maxWriteBatchSize": 100_000, "logicalSessionTimeoutMinutes": 30 };
+        "maxWriteBatchSize": 100_000 };
+        if self.sessions {
+            reply.insert("logicalSessionTimeoutMinutes", 30);
+        }
         match self.role {
             Role::Standalone => {}
             Role::Member => {
@@ -185,6 +200,34 @@ impl SimServer {
                 body: self.hello(request),
                 delay,
             };
+        }
+        if self.record_commands {
+            self.commands.push(request.clone());
+        }
+        let mut step = self.run_command(name, request, conn);
+        if let (Some(time), Step::Reply { body, .. }) = (&self.cluster_time, &mut step) {
+            body.insert("$clusterTime", time.clone());
+        }
+        step
+    }
+
+    /// What a real server refuses before running a command: a `txnNumber` without an `lsid` (72)
+    /// or on a standalone (20).
+    fn refusal(&self, request: &Document) -> Option<Document> {
+        if !request.contains_key("txnNumber") {
+            return None;
+        }
+        if !request.contains_key("lsid") {
+            return Some(
+                doc! { "ok": 0, "code": 72, "codeName": "InvalidOptions", "errmsg": "Transaction number requires a session ID to also be specified" },
+            );
+        }
+        (self.role == Role::Standalone).then(|| doc! { "ok": 0, "code": 20, "codeName": "IllegalOperation", "errmsg": "Transaction numbers are only allowed on a replica set member or mongos" })
+    }
+
+    fn run_command(&mut self, name: String, request: &Document, conn: ConnId) -> Step {
+        if let Some(refusal) = self.refusal(request) {
+            return Step::reply(refusal);
         }
         *self.executed.entry(name.clone()).or_default() += 1;
         self.log.push((name.clone(), conn));
