@@ -11,7 +11,7 @@ use bson::Document;
 use retry_core::engine::{CursorUse, Engine, EngineError, OperationRequest, SessionHandle};
 use retry_core::error::OperationError;
 use retry_core::retry::OperationKind;
-use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
+use retry_core::selection::{ReadPreference, SelectionCriteria};
 
 use crate::driver::{Driver, LocalDriver};
 use crate::options::{ClientOptions, OptionsError};
@@ -21,7 +21,8 @@ use crate::shared::{lock, EventQueue, Reply, Request, Shared, Slot, TimedEvent};
 /// How [`Client::run`] runs one command; the default is [`Client::run_command`]'s.
 #[derive(Clone, Debug, Default)]
 pub struct CommandOptions {
-    /// Where it may run; `None` picks a writable server for writes and the primary otherwise.
+    /// Where it may run; `None` picks a writable server for writes and the client's read
+    /// preference otherwise (SS-2).
     pub criteria: Option<SelectionCriteria>,
     /// How it relates to a cursor.
     pub cursor: CursorUse,
@@ -62,6 +63,8 @@ impl From<OptionsError> for ConnectError {
 /// Closes the client when the last clone goes.
 struct Inner {
     shared: Arc<Shared>,
+    /// SS-2: the read preference of reads that name none (`readPreference`, ...).
+    read_preference: ReadPreference,
     /// The driver, when the runtime does not spawn it: the client's futures drive it.
     local: Option<Arc<LocalDriver>>,
 }
@@ -136,7 +139,11 @@ impl<R: Runtime> Client<R> {
             Some(Arc::new(LocalDriver::new(driver)))
         };
         Ok(Client {
-            inner: Arc::new(Inner { shared, local }),
+            inner: Arc::new(Inner {
+                shared,
+                read_preference: options.read_preference.clone(),
+                local,
+            }),
             runtime: PhantomData,
         })
     }
@@ -148,9 +155,21 @@ impl<R: Runtime> Client<R> {
 }
 
 impl<R> Client<R> {
+    /// What the client shares with its driver.
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
+    /// Lets the driver run when the client's futures drive it (see [`Inner::drive`]).
+    pub(crate) fn drive(&self, cx: &Context<'_>) {
+        self.inner.drive(cx);
+    }
+
     /// Runs `command` on `db` as an operation of `kind`: writes go to a writable server, the rest
-    /// use the primary read preference. Returns the reply, or the error the engine's retry rules
-    /// chose; [`OperationError::cancelled`] once the client is shut down.
+    /// use the client's read preference (`readPreference`, primary by default, SS-2). Returns
+    /// the reply, or the error the engine's retry rules chose; [`OperationError::cancelled`] once
+    /// the client is shut down. The engine adds the session fields (`lsid`, `txnNumber`,
+    /// `$clusterTime`) and `maxTimeMS` itself.
     pub async fn run_command(
         &self,
         db: &str,
@@ -163,10 +182,11 @@ impl<R> Client<R> {
         Ok(reply.document)
     }
 
-    /// [`Client::run_command`] with explicit selection criteria, cursor use and session. The reply carries the cursor a [`CursorUse::Open`] command opened, for
-    /// its `getMore`s ([`CursorUse::GetMore`]) to follow it to its server. Dropping the future
-    /// before it finished cancels the operation in the engine (its attempt in flight is failed and
-    /// its connection closed).
+    /// [`Client::run_command`] with explicit selection criteria, cursor use and session. The
+    /// reply carries the cursor a [`CursorUse::Open`] command opened, for its `getMore`s
+    /// ([`CursorUse::GetMore`]) to follow it to its server (with its session, SE-14). Dropping
+    /// the future before it finished cancels the operation in the engine (its attempt in flight
+    /// is failed and its connection closed).
     pub async fn run(
         &self,
         db: &str,
@@ -183,10 +203,7 @@ impl<R> Client<R> {
             {
                 SelectionCriteria::Write
             }
-            None => SelectionCriteria::Read(
-                ReadPreference::new(ReadPreferenceMode::Primary, Vec::new(), None)
-                    .map_err(|e| OperationError::server_selection(e.to_string()))?,
-            ),
+            None => SelectionCriteria::Read(self.inner.read_preference.clone()),
         };
         let mut operation = OperationRequest::new(db, command, kind, criteria);
         operation.cursor = options.cursor;

@@ -100,8 +100,10 @@ impl Driver {
             // while someone listens.
             let listening = state.subscribers.iter().any(|s| Arc::strong_count(s) > 1);
             self.engine.set_command_monitoring(listening);
+            // Explicit sessions to start and end (`session.rs`).
+            let sessions = crate::session::serve(&mut self.engine, &mut state.sessions, now);
             if state.requests.is_empty() && state.cancels.is_empty() {
-                return (false, state.closing);
+                return (sessions, state.closing);
             }
             (
                 core::mem::take(&mut state.requests),
@@ -315,6 +317,7 @@ impl Driver {
         for request in core::mem::take(&mut state.requests) {
             request.reply.complete(Err(OperationError::cancelled()));
         }
+        state.sessions.refuse_starts();
         for subscriber in core::mem::take(&mut state.subscribers) {
             subscriber.close();
         }

@@ -42,6 +42,7 @@ mod driver;
 mod io_error;
 mod options;
 mod runtime;
+mod session;
 mod shared;
 
 pub use client::{Client, CommandOptions, ConnectError, Events};
@@ -49,4 +50,5 @@ pub use connection_string::{ConnectionString, Host, HostKind, OptionValue};
 pub use io_error::{classify_io_error, io_cause, LOOKUP_FAILED};
 pub use options::{ClientOptions, OptionsError};
 pub use runtime::{literal_address, timer_offset, AsyncTimer, BoxFuture, Runtime, Socket};
+pub use session::Session;
 pub use shared::{Reply, TimedEvent};

@@ -171,6 +171,8 @@ pub(crate) struct SharedState {
     pub(crate) done: bool,
     pub(crate) done_wakers: Vec<Waker>,
     pub(crate) subscribers: Vec<Arc<EventQueue>>,
+    /// Explicit sessions to start and to end.
+    pub(crate) sessions: crate::session::SessionRequests,
 }
 
 impl SharedState {

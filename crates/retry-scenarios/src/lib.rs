@@ -30,7 +30,14 @@ use retry_testkit::{
     OVERLOAD_LABELS,
 };
 
+mod sessions;
 mod soak;
+pub use sessions::{
+    explicit_session_runs_several_operations, max_time_ms_is_on_every_attempt_under_timeout_ms,
+    retried_insert_runs_once_with_one_lsid_and_txn_number,
+    secondary_read_carries_read_preference_and_lsid,
+    socket_timeout_bounds_a_server_that_never_answers,
+};
 pub use soak::{fault_soak, SOAK_OPERATIONS_DEFAULT};
 
 /// The longest any scenario may run before it fails.
@@ -851,6 +858,12 @@ macro_rules! suite {
             dropped_run_cancels_its_operation,
             shutdown_ends_every_operation_once,
             fault_soak,
+            // What the client sends (sessions.rs).
+            retried_insert_runs_once_with_one_lsid_and_txn_number,
+            secondary_read_carries_read_preference_and_lsid,
+            max_time_ms_is_on_every_attempt_under_timeout_ms,
+            socket_timeout_bounds_a_server_that_never_answers,
+            explicit_session_runs_several_operations,
         );
     };
     (@tests $runtime:ty, $block_on:expr; $($name:ident,)*) => {
