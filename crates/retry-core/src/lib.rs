@@ -251,6 +251,7 @@
 extern crate alloc;
 
 pub mod address;
+pub mod auth;
 pub mod backoff;
 pub mod budget;
 pub mod classify;
