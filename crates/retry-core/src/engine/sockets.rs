@@ -214,13 +214,14 @@ impl Engine {
                 }
                 self.schedule(Machine::Pool(server));
             }
-            // The handshake failed: SDAM error handling (HS-9), and the checkout that wanted the
-            // connection fails.
+            // The handshake (or authentication, AU-11) failed: the checkout that wanted the
+            // connection fails with this error, then SDAM error handling (HS-9) may clear the
+            // pool, failing the other waiters with PoolClearedError (CM-2).
             None => {
-                self.application_error(server, &error, context, now);
                 if let Some(pool) = self.pool_mut(server) {
-                    pool.handle_establish_failed(id, error, now);
+                    pool.handle_establish_failed(id, error.clone(), now);
                 }
+                self.application_error(server, &error, context, now);
                 self.schedule(Machine::Pool(server));
             }
         }
