@@ -109,7 +109,8 @@ pub(crate) fn from_uri(uri: UriAuth<'_>) -> Result<Option<Credential>, OptionsEr
             let environment = properties.get_str("ENVIRONMENT").ok();
             let token_resource = properties.contains_key("TOKEN_RESOURCE");
             match environment {
-                None => return error("needs an ENVIRONMENT property or a callback"),
+                // A callback may still come from the application: see `check_complete`.
+                None => {}
                 Some("azure" | "gcp") if !token_resource => {
                     return error("needs TOKEN_RESOURCE with the azure and gcp environments")
                 }
@@ -119,7 +120,7 @@ pub(crate) fn from_uri(uri: UriAuth<'_>) -> Result<Option<Credential>, OptionsEr
                 Some("azure" | "gcp" | "test" | "k8s") => {}
                 Some(_) => return error("ENVIRONMENT must be test, azure, gcp or k8s"),
             }
-            if user && environment != Some("azure") {
+            if user && environment.is_some_and(|e| e != "azure") {
                 return error("a user name is only for the azure environment");
             }
         }
@@ -132,6 +133,21 @@ pub(crate) fn from_uri(uri: UriAuth<'_>) -> Result<Option<Credential>, OptionsEr
     credential.mechanism = uri.mechanism.map(str::to_string);
     credential.mechanism_properties = properties;
     Ok(Some(credential))
+}
+
+/// AU-13: what only the client can check, since the application may add to the URI's
+/// credential: MONGODB-OIDC needs an `ENVIRONMENT` property or a callback, and this client takes
+/// no callbacks.
+pub(crate) fn check_complete(credential: &Credential) -> Result<(), OptionsError> {
+    let oidc = credential.mechanism.as_deref() == Some("MONGODB-OIDC");
+    if oidc && !credential.mechanism_properties.contains_key("ENVIRONMENT") {
+        return Err(OptionsError::new(
+            "authMechanismProperties",
+            "",
+            "MONGODB-OIDC needs an ENVIRONMENT property or a callback",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -196,7 +212,6 @@ mod tests {
             "mongodb://u@h/?authMechanism=GSSAPI&authMechanismProperties=CANONICALIZE_HOST_NAME:maybe",
             "mongodb://u:p@h/?authMechanism=MONGODB-X509",
             "mongodb://u:p@h/?authMechanism=MONGODB-AWS",
-            "mongodb://h/?authMechanism=MONGODB-OIDC",
             "mongodb://h/?authMechanism=MONGODB-OIDC&authMechanismProperties=ENVIRONMENT:azure",
             "mongodb://u@h/?authMechanism=MONGODB-OIDC&authMechanismProperties=ENVIRONMENT:test",
             "mongodb://u:p@h/?authMechanism=SCRAM-SHA-1&authMechanismProperties=A:b",

@@ -193,6 +193,7 @@ impl ClientOptions {
         }
         let credential = cs.credential().cloned();
         if let Some(credential) = &credential {
+            crate::credential::check_complete(credential)?;
             check_credential(credential)?;
         }
         let mut hosts = Vec::with_capacity(cs.hosts.len());
@@ -382,7 +383,8 @@ fn check_credential(credential: &Credential) -> Result<(), OptionsError> {
         return Err(OptionsError::new(
             "authMechanism",
             other,
-            "this mechanism is not supported by this client (SCRAM-SHA-256 and SCRAM-SHA-1 are);              implement retry_core::auth::Mechanism and set ClientOptions::auth",
+            "this mechanism is not supported by this client (SCRAM-SHA-256 and SCRAM-SHA-1 are); \
+             implement retry_core::auth::Mechanism and set ClientOptions::auth",
         ));
     }
     if credential.password.is_none() {
