@@ -37,13 +37,22 @@ pub async fn scram_right_password_authenticates<R: Runtime>() {
             (&[ScramVersion::Sha1][..], 1),
         ] {
             let server = server_with_alice(mechanisms).await;
-            let client = connect::<R>(with_credential(&server, "alice", "pencil"));
+            let options = with_credential(&server, "alice", "pencil");
+            let client = connect::<R>(options.clone());
+            // Listening turns command monitoring on (EV-6: no credential in any event).
+            let mut events = client.events();
             let reply = client
                 .run_command("test", doc! { "find": "items" }, OperationKind::Read)
                 .await
                 .expect("an authenticated find");
             assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{reply}");
             client.shutdown().await;
+            let printed = format!("{options:?} {:?}", events.drain());
+            assert!(printed.contains("CommandStarted"), "command monitoring is on");
+            assert!(
+                !printed.contains("pencil") && !printed.contains("alice"),
+                "no credential in Debug or events: {printed}"
+            );
             let counters = server.handle.counters();
             assert_eq!(counters.command("saslStart").received, sasl_starts);
             assert_eq!(counters.command("saslContinue").received, 1);
