@@ -48,7 +48,10 @@ pub async fn scram_right_password_authenticates<R: Runtime>() {
             assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{reply}");
             client.shutdown().await;
             let printed = format!("{options:?} {:?}", events.drain());
-            assert!(printed.contains("CommandStarted"), "command monitoring is on");
+            assert!(
+                printed.contains("CommandStarted"),
+                "command monitoring is on"
+            );
             assert!(
                 !printed.contains("pencil") && !printed.contains("alice"),
                 "no credential in Debug or events: {printed}"

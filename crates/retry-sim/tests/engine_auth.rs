@@ -114,8 +114,10 @@ fn au2_au5_a_pooled_connection_authenticates_before_its_first_command() {
 fn au11_an_authentication_failure_clears_the_pool_and_marks_the_server_unknown() {
     let trace = || {
         let mut sim = sim(vec![
-            Step::reply(doc! { "ok": 0, "code": 18, "codeName": "AuthenticationFailed",
-                "errmsg": "Authentication failed.", "errorLabels": ["SystemOverloadedError", "RetryableError"] }),
+            Step::reply(
+                doc! { "ok": 0, "code": 18, "codeName": "AuthenticationFailed",
+                "errmsg": "Authentication failed.", "errorLabels": ["SystemOverloadedError", "RetryableError"] },
+            ),
             Step::reply(sasl(b"welcome", false)),
             Step::reply(sasl(b"", true)),
         ]);
