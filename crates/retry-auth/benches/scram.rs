@@ -2,6 +2,8 @@
 //! client-final message (start + server-first), with a fresh mechanism (keys derived: PBKDF2 at
 //! 4096 iterations) and with one whose cache already holds the salt's keys.
 
+#![allow(missing_docs)] // criterion's macros generate undocumented functions.
+
 use std::sync::{Arc, Mutex};
 
 use base64::engine::general_purpose::STANDARD as B64;
