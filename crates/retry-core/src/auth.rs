@@ -328,13 +328,22 @@ struct Speculation {
 }
 
 /// One connection's authentication (see the module docs). Made by [`Authentication::new`] when
-/// the connection is created, so that its `hello` can carry the speculative start.
-#[derive(Debug)]
+/// the connection is created, so that its `hello` can carry the speculative start. `Debug` shows
+/// the options and the phase, never the hello fields (they hold the user name).
 pub struct Authentication {
     options: AuthOptions,
     phase: Phase,
     /// The fields [`Authentication::add_to_hello`] adds.
     hello_fields: Document,
+}
+
+impl fmt::Debug for Authentication {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Authentication")
+            .field("options", &self.options)
+            .field("phase", &self.phase)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Authentication {
@@ -734,7 +743,11 @@ mod tests {
     #[test]
     fn credentials_are_never_in_debug() {
         let c = Credential::new("alice", "s3cret", "admin");
-        let s = alloc::format!("{c:?} {:?}", negotiated());
+        let s = alloc::format!(
+            "{c:?} {:?} {:?}",
+            negotiated(),
+            Authentication::new(&negotiated())
+        );
         assert!(
             !s.contains("alice") && !s.contains("s3cret") && !s.contains("al.ice"),
             "{s}"

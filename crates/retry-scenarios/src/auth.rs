@@ -76,46 +76,53 @@ pub async fn scram_right_password_authenticates<R: Runtime>() {
     .await
 }
 
-/// AU-11, HS-9: a wrong password fails the operation with the server's 18 AuthenticationFailed,
-/// no overload labels and no retry; the pool is cleared and the server marked Unknown.
+/// AU-11, HS-9: a wrong password (and an unknown user, prose step 3) fails the operation with
+/// the server's 18 AuthenticationFailed, no overload labels and no retry; the pool is cleared and
+/// the server marked Unknown.
 pub async fn scram_wrong_password_is_a_clear_error<R: Runtime>() {
     bounded(SCENARIO_LIMIT, async {
-        let server = server_with_alice(&[]).await;
-        let client = connect::<R>(with_credential(&server, "alice", "wrong"));
-        let mut events = client.events();
-        let error = client
-            .run_command("test", doc! { "find": "items" }, OperationKind::Read)
-            .await
-            .expect_err("a wrong password");
-        client.shutdown().await;
-        let text = error.to_string();
-        assert!(text.contains("Authentication failed"), "{text}");
-        assert!(!text.contains("wrong") && !text.contains("alice"), "{text}");
-        assert!(error.labels.is_empty(), "HS-9: {error}");
-        assert_eq!(error.server_error().and_then(|e| e.code), Some(18));
-        assert_eq!(server.handle.counters().command("find").received, 0);
-        let events = events.drain();
-        assert!(
-            events.iter().any(|(_, e)| matches!(
-                e,
-                EngineEvent::Pool {
-                    event: PoolEvent::PoolCleared { .. },
-                    ..
-                }
-            )),
-            "AU-11: the pool is cleared"
-        );
-        assert!(
-            events.iter().any(|(_, e)| matches!(
-                e,
-                EngineEvent::Topology(SdamEvent::ServerDescriptionChanged { new, .. })
-                    if new.server_type == ServerType::Unknown
-            )),
-            "AU-11: the server is marked Unknown"
-        );
-        server.stop().await;
+        for (user, password) in [("alice", "wrong"), ("mallory", "pencil")] {
+            wrong_credential::<R>(user, password).await;
+        }
     })
     .await
+}
+
+async fn wrong_credential<R: Runtime>(user: &str, password: &str) {
+    let server = server_with_alice(&[]).await;
+    let client = connect::<R>(with_credential(&server, user, password));
+    let mut events = client.events();
+    let error = client
+        .run_command("test", doc! { "find": "items" }, OperationKind::Read)
+        .await
+        .expect_err("a wrong password");
+    client.shutdown().await;
+    let text = error.to_string();
+    assert!(text.contains("Authentication failed"), "{text}");
+    assert!(!text.contains(password) && !text.contains(user), "{text}");
+    assert!(error.labels.is_empty(), "HS-9: {error}");
+    assert_eq!(error.server_error().and_then(|e| e.code), Some(18));
+    assert_eq!(server.handle.counters().command("find").received, 0);
+    let events = events.drain();
+    assert!(
+        events.iter().any(|(_, e)| matches!(
+            e,
+            EngineEvent::Pool {
+                event: PoolEvent::PoolCleared { .. },
+                ..
+            }
+        )),
+        "AU-11: the pool is cleared"
+    );
+    assert!(
+        events.iter().any(|(_, e)| matches!(
+            e,
+            EngineEvent::Topology(SdamEvent::ServerDescriptionChanged { new, .. })
+                if new.server_type == ServerType::Unknown
+        )),
+        "AU-11: the server is marked Unknown"
+    );
+    server.stop().await;
 }
 
 /// AU-11: a server that stops mid-conversation (its connection closed on `saslContinue`) gives a
