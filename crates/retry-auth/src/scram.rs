@@ -702,6 +702,33 @@ mod tests {
     }
 
     #[test]
+    fn no_server_message_panics_the_client() {
+        let messages = [
+            &b""[..],
+            b",,,",
+            b"r=",
+            b"r=abc",
+            b"r=abcd,s=!!!,i=5000",
+            b"r=abcd,s=QQ==,i=-1",
+            b"r=abcd,s=QQ==,i=99999999999",
+            b"\xff\xfe",
+            b"v=",
+            b"e=",
+            b"x",
+            b"=",
+        ];
+        for first in messages {
+            for second in messages {
+                let (_, mut conv) = raw(ScramVersion::Sha256, "u", "p", "abc");
+                let _ = conv.step(first);
+                let _ = conv.step(second);
+                let _ = conv.step(b"");
+                assert!(!conv.is_complete(), "{first:?} {second:?}");
+            }
+        }
+    }
+
+    #[test]
     fn credentials_are_not_in_debug_or_errors() {
         let client = scram(ScramVersion::Sha256, "alice", "s3cret", 8);
         let MechanismStart::Sasl { conversation, .. } = client.start().unwrap() else {

@@ -740,6 +740,34 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// No reply, however malformed, panics the conversation, and it ends within MAX_STEPS.
+        #[test]
+        fn no_reply_sequence_panics(
+            replies in proptest::collection::vec(
+                (proptest::option::of(0i32..3), proptest::option::of(proptest::collection::vec(0u8..255, 0..8)),
+                 proptest::option::of(proptest::bool::ANY), 0i32..3),
+                0..20,
+            )
+        ) {
+            let mut auth = Authentication::new(&negotiated());
+            let mut step = auth.handle_hello(&doc! { "ok": 1 });
+            let mut sent = 0;
+            for (id, payload, done, ok) in replies {
+                if !matches!(step, Ok(AuthStep::Send(_))) {
+                    break;
+                }
+                sent += 1;
+                let mut reply = doc! { "ok": ok };
+                if let Some(id) = id { reply.insert("conversationId", id); }
+                if let Some(p) = payload { reply.insert("payload", bin(&p)); }
+                if let Some(d) = done { reply.insert("done", d); }
+                step = auth.handle_reply(&reply);
+            }
+            proptest::prop_assert!(sent <= MAX_STEPS + 1);
+        }
+    }
+
     #[test]
     fn credentials_are_never_in_debug() {
         let c = Credential::new("alice", "s3cret", "admin");
