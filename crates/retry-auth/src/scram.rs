@@ -421,10 +421,55 @@ pub mod server {
         }
     }
 
+    /// What a server stores for one user and mechanism (RFC 5802): the salt, the iteration
+    /// count, StoredKey and ServerKey; never the password. `Debug` shows the mechanism only.
+    #[derive(Clone)]
+    pub struct StoredCredential {
+        version: ScramVersion,
+        salt: Vec<u8>,
+        iterations: u32,
+        stored_key: Vec<u8>,
+        server_key: Vec<u8>,
+    }
+
+    impl fmt::Debug for StoredCredential {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("StoredCredential")
+                .field("mechanism", &self.version.name())
+                .field("iterations", &self.iterations)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl StoredCredential {
+        /// Derives the stored keys of `user` / `password` with `salt` and `iterations` (AU-7's
+        /// password preparation included).
+        pub fn derive(
+            version: ScramVersion,
+            user: &str,
+            password: &str,
+            salt: &[u8],
+            iterations: u32,
+        ) -> Result<StoredCredential, AuthError> {
+            let keys = version.keys(&version.prepare_password(user, password)?, salt, iterations);
+            Ok(StoredCredential {
+                version,
+                salt: salt.to_vec(),
+                iterations,
+                stored_key: version.hash(&keys.client),
+                server_key: keys.server,
+            })
+        }
+
+        /// The mechanism.
+        pub fn version(&self) -> ScramVersion {
+            self.version
+        }
+    }
+
     /// One server conversation after the client-first message.
     pub struct ServerConversation {
-        version: ScramVersion,
-        keys: Keys,
+        credential: StoredCredential,
         auth_prefix: String,
         nonce: String,
     }
@@ -432,32 +477,31 @@ pub mod server {
     impl fmt::Debug for ServerConversation {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.debug_struct("ServerConversation")
-                .field("mechanism", &self.version.name())
+                .field("mechanism", &self.credential.version.name())
                 .finish_non_exhaustive()
         }
     }
 
     impl ServerConversation {
-        /// Starts answering `first` for a user whose password is `password`, with `salt`,
-        /// `iterations` and the server's part of the nonce. Returns the server-first message.
+        /// Starts answering `first` for a user stored as `credential`, with the server's part of
+        /// the nonce. Returns the server-first message.
         pub fn new(
-            version: ScramVersion,
             first: &ClientFirst,
-            password: &str,
-            salt: &[u8],
-            iterations: u32,
+            credential: &StoredCredential,
             server_nonce: &str,
-        ) -> Result<(ServerConversation, Vec<u8>), AuthError> {
-            let prepared = version.prepare_password(&first.user, password)?;
+        ) -> (ServerConversation, Vec<u8>) {
             let nonce = format!("{}{server_nonce}", first.nonce);
-            let server_first = format!("r={nonce},s={},i={iterations}", B64.encode(salt));
+            let server_first = format!(
+                "r={nonce},s={},i={}",
+                B64.encode(&credential.salt),
+                credential.iterations
+            );
             let conversation = ServerConversation {
-                version,
-                keys: version.keys(&prepared, salt, iterations),
+                credential: credential.clone(),
                 auth_prefix: format!("{},{server_first}", first.bare),
                 nonce,
             };
-            Ok((conversation, server_first.into_bytes()))
+            (conversation, server_first.into_bytes())
         }
 
         /// Checks the client-final message; the server-final message (`v=<signature>`) when
@@ -473,15 +517,14 @@ pub mod server {
             }
             let proof = B64.decode(proof).ok()?;
             let auth_message = format!("{},{without_proof}", self.auth_prefix);
-            let stored = self.version.hash(&self.keys.client);
-            let signature = self.version.hmac(&stored, auth_message.as_bytes());
+            let version = self.credential.version;
+            let signature = version.hmac(&self.credential.stored_key, auth_message.as_bytes());
             let client_key = xor(&proof, &signature);
-            if !same(&self.version.hash(&client_key), &stored) {
+            if !same(&version.hash(&client_key), &self.credential.stored_key) {
                 return None;
             }
-            let server_signature = self
-                .version
-                .hmac(&self.keys.server, auth_message.as_bytes());
+            let server_signature =
+                version.hmac(&self.credential.server_key, auth_message.as_bytes());
             Some(format!("v={}", B64.encode(server_signature)).into_bytes())
         }
     }
@@ -489,7 +532,7 @@ pub mod server {
 
 #[cfg(test)]
 mod tests {
-    use super::server::{ClientFirst, ServerConversation};
+    use super::server::{ClientFirst, ServerConversation, StoredCredential};
     use super::*;
     use retry_core::rng::EngineRng;
 
@@ -646,9 +689,9 @@ mod tests {
         } else {
             ScramVersion::Sha256
         };
-        let (server, server_first) =
-            ServerConversation::new(version, &first, server_password, salt, 4096, "srv")
-                .map_err(|e| e.to_string())?;
+        let stored = StoredCredential::derive(version, &first.user, server_password, salt, 4096)
+            .map_err(|e| e.to_string())?;
+        let (server, server_first) = ServerConversation::new(&first, &stored, "srv");
         let client_final = conversation
             .step(&server_first)
             .map_err(|e| e.to_string())?;

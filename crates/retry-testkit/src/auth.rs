@@ -1,8 +1,11 @@
 //! SCRAM users (AU-3..AU-8), as strict as a `mongod` with access control: `saslStart` /
 //! `saslContinue` on the user's database, `saslSupportedMechs` and `speculativeAuthenticate` in
 //! the hello, and error 13 `Unauthorized` for any other command before the connection has
-//! authenticated. The server side of SCRAM is retry-auth's [`server`] module; salts and server
-//! nonces come from the connection's seeded generator, so runs repeat.
+//! authenticated. The server side of SCRAM is retry-auth's [`server`] module. Like a real server,
+//! it stores per user and mechanism a salt (fixed, derived from the user's name, database and
+//! mechanism, so runs repeat) and the derived keys, computed once when the server starts, so a
+//! client's key cache (AU-9) hits on every connection after its first; server nonces come from the
+//! connection's seeded generator.
 //!
 //! A wrong password, an unknown user, a mechanism the user does not have or a database the user is
 //! not defined in all fail with 18 `AuthenticationFailed`, as a real server answers. To stop a
@@ -14,7 +17,7 @@ use std::fmt;
 use bson::spec::BinarySubtype;
 use bson::{doc, Binary, Bson, Document};
 use rand_core::RngCore;
-use retry_auth::scram::server::{ClientFirst, ServerConversation};
+use retry_auth::scram::server::{ClientFirst, ServerConversation, StoredCredential};
 pub use retry_auth::ScramVersion;
 use retry_core::rng::EngineRng;
 
@@ -58,6 +61,63 @@ impl fmt::Debug for ScramUser {
             .field("mechanisms", &self.mechanisms)
             .finish()
     }
+}
+
+/// The users with their stored credentials, derived once.
+#[derive(Default)]
+pub(crate) struct UserStore {
+    users: Vec<(ScramUser, Vec<StoredCredential>)>,
+}
+
+impl UserStore {
+    /// Derives every user's stored credentials (a user whose password SASLprep refuses has no
+    /// SCRAM-SHA-256 credential).
+    pub(crate) fn new(users: &[ScramUser]) -> UserStore {
+        let users = users
+            .iter()
+            .map(|user| {
+                let stored = user
+                    .mechanisms
+                    .iter()
+                    .filter_map(|&version| {
+                        let salt = salt(&user.name, &user.db, version);
+                        StoredCredential::derive(
+                            version,
+                            &user.name,
+                            &user.password,
+                            &salt,
+                            SCRAM_ITERATIONS,
+                        )
+                        .ok()
+                    })
+                    .collect();
+                (user.clone(), stored)
+            })
+            .collect();
+        UserStore { users }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.users.is_empty()
+    }
+
+    fn user(&self, name: &str, db: &str) -> Option<&(ScramUser, Vec<StoredCredential>)> {
+        self.users
+            .iter()
+            .find(|(u, _)| u.name == name && u.db == db)
+    }
+}
+
+/// A user's fixed salt for one mechanism: 16 bytes from a generator seeded with an FNV-1a hash
+/// of the name, database and mechanism.
+fn salt(name: &str, db: &str, version: ScramVersion) -> [u8; 16] {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in [name, "\0", db, "\0", version.name()].concat().bytes() {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut salt = [0u8; 16];
+    EngineRng::from_seed_u64(hash).fill_bytes(&mut salt);
+    salt
 }
 
 /// Commands a connection may run before it authenticates.
@@ -105,7 +165,7 @@ fn version_named(name: &str) -> Option<ScramVersion> {
 
 impl ConnectionAuth {
     /// Error 13 for a command this connection may not run yet; `None` when it may.
-    pub(crate) fn refuse(&self, users: &[ScramUser], name: &str) -> Option<Document> {
+    pub(crate) fn refuse(&self, users: &UserStore, name: &str) -> Option<Document> {
         if users.is_empty() || self.authenticated || allowed_unauthenticated(name) {
             return None;
         }
@@ -117,7 +177,7 @@ impl ConnectionAuth {
     /// The reply to `saslStart` / `saslContinue`; `None` for any other command.
     pub(crate) fn dispatch(
         &mut self,
-        users: &[ScramUser],
+        users: &UserStore,
         name: &str,
         command: &Document,
         rng: &mut EngineRng,
@@ -139,16 +199,16 @@ impl ConnectionAuth {
     /// AU-3, AU-4: answers `saslSupportedMechs` and `speculativeAuthenticate` in a hello reply.
     pub(crate) fn hello(
         &mut self,
-        users: &[ScramUser],
+        users: &UserStore,
         command: &Document,
         reply: &mut Document,
         rng: &mut EngineRng,
     ) {
         if let Ok(query) = command.get_str("saslSupportedMechs") {
-            let user = users
-                .iter()
-                .find(|u| query.split_once('.') == Some((u.db.as_str(), u.name.as_str())));
-            if let Some(user) = user {
+            let user = query
+                .split_once('.')
+                .and_then(|(db, name)| users.user(name, db));
+            if let Some((user, _)) = user {
                 let names: Vec<&str> = user.mechanisms.iter().map(|m| m.name()).collect();
                 reply.insert("saslSupportedMechs", names);
             }
@@ -167,7 +227,7 @@ impl ConnectionAuth {
     /// `saslStart`: the first SASL reply (without `ok`), or `None` to fail with 18.
     fn start(
         &mut self,
-        users: &[ScramUser],
+        users: &UserStore,
         command: &Document,
         db: &str,
         rng: &mut EngineRng,
@@ -179,23 +239,12 @@ impl ConnectionAuth {
             _ => return None,
         };
         let first = ClientFirst::parse(payload)?;
-        let user = users
-            .iter()
-            .find(|u| u.name == first.user && u.db == db && u.mechanisms.contains(&version))?;
-        let mut salt = [0u8; 16];
-        rng.fill_bytes(&mut salt);
+        let (_, stored) = users.user(&first.user, db)?;
+        let stored = stored.iter().find(|c| c.version() == version)?;
         let mut nonce = [0u8; 18];
         rng.fill_bytes(&mut nonce);
         let nonce: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
-        let (server, server_first) = ServerConversation::new(
-            version,
-            &first,
-            &user.password,
-            &salt,
-            SCRAM_ITERATIONS,
-            &nonce,
-        )
-        .ok()?;
+        let (server, server_first) = ServerConversation::new(&first, stored, &nonce);
         let skip_empty_exchange = command
             .get_document("options")
             .and_then(|o| o.get_bool("skipEmptyExchange"))

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::{sleep, Duration, Instant};
 
-use crate::auth::{ConnectionAuth, ScramUser};
+use crate::auth::{ConnectionAuth, UserStore};
 use crate::commands::{execute, hello_reply, is_hello, write_key, HelloContext};
 use crate::config::{
     IngressLimit, RateLimit, ReplicaSetMember, Role, ServerConfig, MAX_MESSAGE_SIZE_BYTES,
@@ -63,7 +63,7 @@ pub(crate) struct State {
     handshakes: Vec<Handshake>,
     last_connection_id: i32,
     /// SCRAM users (crate `auth`).
-    users: Vec<ScramUser>,
+    users: UserStore,
 }
 
 impl State {
@@ -185,7 +185,7 @@ impl TestServer {
             counters: Counters::default(),
             handshakes: Vec::new(),
             last_connection_id: 0,
-            users: config.users,
+            users: UserStore::new(&config.users),
         };
         let shared = Arc::new(Shared {
             me: address.to_string(),

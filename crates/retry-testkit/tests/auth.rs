@@ -156,3 +156,37 @@ async fn au3_au4_hello_lists_mechanisms_and_answers_a_speculative_start() {
     assert_eq!(found.get_f64("ok").ok(), Some(1.0), "{found}");
     server.shutdown().await;
 }
+
+/// Like a real server, the salt of a user is fixed: a client's key cache (AU-9) serves every
+/// connection after its first.
+#[tokio::test]
+async fn au9_the_salt_is_fixed_so_a_clients_key_cache_hits() {
+    let server = server().await;
+    let credential = Credential::new("alice", "pencil", "admin");
+    let rng = Arc::new(Mutex::new(EngineRng::from_seed_u64(2)));
+    let scram = Scram::new(ScramVersion::Sha256, &credential, rng).unwrap();
+    for _ in 0..3 {
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let MechanismStart::Sasl {
+            payload: first,
+            mut conversation,
+        } = scram.start().unwrap()
+        else {
+            unreachable!()
+        };
+        let reply = client
+            .command(sasl_start("SCRAM-SHA-256", first, true))
+            .await
+            .unwrap();
+        let id = reply.get("conversationId").unwrap().clone();
+        let client_final = conversation.step(&payload(&reply)).unwrap();
+        let reply = client
+            .command(sasl_continue(&id, client_final))
+            .await
+            .unwrap();
+        conversation.step(&payload(&reply)).unwrap();
+        assert!(conversation.is_complete());
+    }
+    assert_eq!(scram.cached_keys(), 1);
+    server.shutdown().await;
+}
