@@ -153,3 +153,70 @@ pub async fn scram_server_stopping_mid_conversation_is_a_network_error<R: Runtim
     })
     .await
 }
+
+/// AU-11, the SDAM unified `auth-*` cases on the test server: a `saslContinue` failing with 18,
+/// 91 (`ShutdownInProgress`), 1 (`InternalError`), a closed connection, or blocked past
+/// `connectTimeoutMS` / `socketTimeoutMS` of 250 ms fails a non-retryable write (nothing reaches
+/// the server), with exactly one Unknown server description and one pool clear; then the next
+/// write authenticates and runs.
+pub async fn scram_sdam_auth_errors_clear_the_pool_once<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let fail = || FailCommand::new(FailPointMode::Times(1), ["saslContinue"]);
+        let cases = [
+            ("auth-error", fail().with_error_code(18)),
+            ("auth-shutdown-error", fail().with_error_code(91)),
+            ("auth-misc-command-error", fail().with_error_code(1)),
+            ("auth-network-error", fail().with_close_connection()),
+            (
+                "auth-network-timeout-error",
+                fail().with_block(std::time::Duration::from_millis(500)),
+            ),
+        ];
+        for (name, fail_point) in cases {
+            let server = server_with_alice(&[]).await;
+            server.handle.set_fail_command(Some(fail_point));
+            let mut options = with_credential(&server, "alice", "pencil");
+            options.retry_writes = false;
+            options.connect_timeout = std::time::Duration::from_millis(250);
+            options.socket_timeout = Some(std::time::Duration::from_millis(250));
+            let client = connect::<R>(options);
+            let mut events = client.events();
+            let insert = |x: i32| doc! { "insert": "items", "documents": [{ "_id": x }] };
+            let error = client
+                .run_command("test", insert(1), OperationKind::NonRetryableWrite)
+                .await
+                .expect_err(name);
+            assert!(error.labels.is_empty(), "{name}: HS-9: {error}");
+            assert_eq!(server.handle.counters().command("insert").received, 0);
+            let events = events.drain();
+            let cleared = events
+                .iter()
+                .filter(|(_, e)| {
+                    matches!(
+                        e,
+                        EngineEvent::Pool {
+                            event: PoolEvent::PoolCleared { .. },
+                            ..
+                        }
+                    )
+                })
+                .count();
+            let unknown = events
+                .iter()
+                .filter(|(_, e)| {
+                    matches!(e, EngineEvent::Topology(SdamEvent::ServerDescriptionChanged { new, .. })
+                        if new.server_type == ServerType::Unknown)
+                })
+                .count();
+            assert_eq!((cleared, unknown), (1, 1), "{name}: {error}");
+            client
+                .run_command("test", insert(2), OperationKind::NonRetryableWrite)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: the next write: {e}"));
+            assert_eq!(server.handle.documents("test.items").len(), 1, "{name}");
+            client.shutdown().await;
+            server.stop().await;
+        }
+    })
+    .await
+}

@@ -33,7 +33,8 @@ use retry_testkit::{
 mod auth;
 mod soak;
 pub use auth::{
-    scram_right_password_authenticates, scram_server_stopping_mid_conversation_is_a_network_error,
+    scram_right_password_authenticates, scram_sdam_auth_errors_clear_the_pool_once,
+    scram_server_stopping_mid_conversation_is_a_network_error,
     scram_wrong_password_is_a_clear_error,
 };
 pub use soak::{fault_soak, SOAK_OPERATIONS_DEFAULT};
@@ -857,6 +858,7 @@ macro_rules! suite {
             scram_right_password_authenticates,
             scram_wrong_password_is_a_clear_error,
             scram_server_stopping_mid_conversation_is_a_network_error,
+            scram_sdam_auth_errors_clear_the_pool_once,
         );
     };
     (@tests $runtime:ty, $block_on:expr; $($name:ident,)*) => {
