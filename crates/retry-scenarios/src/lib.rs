@@ -30,8 +30,14 @@ use retry_testkit::{
     OVERLOAD_LABELS,
 };
 
+mod auth;
 mod sessions;
 mod soak;
+pub use auth::{
+    scram_right_password_authenticates, scram_sdam_auth_errors_clear_the_pool_once,
+    scram_server_stopping_mid_conversation_is_a_network_error,
+    scram_wrong_password_is_a_clear_error,
+};
 pub use sessions::{
     explicit_session_runs_several_operations, max_time_ms_is_on_every_attempt_under_timeout_ms,
     retried_insert_runs_once_with_one_lsid_and_txn_number,
@@ -858,6 +864,10 @@ macro_rules! suite {
             dropped_run_cancels_its_operation,
             shutdown_ends_every_operation_once,
             fault_soak,
+            scram_right_password_authenticates,
+            scram_wrong_password_is_a_clear_error,
+            scram_server_stopping_mid_conversation_is_a_network_error,
+            scram_sdam_auth_errors_clear_the_pool_once,
             // What the client sends (sessions.rs).
             retried_insert_runs_once_with_one_lsid_and_txn_number,
             secondary_read_carries_read_preference_and_lsid,
