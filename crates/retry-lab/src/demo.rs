@@ -150,10 +150,22 @@ pub async fn run_policy(
     let client =
         Client::connect(client_options(policy, &cluster, args.seed)?).map_err(DemoError::Client)?;
     let mut events = client.events();
-    // The stream ends when the client shuts down, after the last operation.
+    // Until the demo's last read finished: what the client does at shutdown (its `endSessions`,
+    // SE-15) is not one of the demo's reads.
+    let reads = u64::from(args.operations);
     let collector = tokio::spawn(async move {
         let mut tally = Tally::new();
-        while let Some((_, event)) = events.next_event().await {
+        let mut finished = 0;
+        while finished < reads {
+            let Some((_, event)) = events.next_event().await else {
+                break;
+            };
+            if matches!(
+                event,
+                retry_core::engine::EngineEvent::OperationFinished { .. }
+            ) {
+                finished += 1;
+            }
             tally.observe(&event);
         }
         tally
@@ -185,12 +197,12 @@ pub async fn run_policy(
     while let Some(worker) = workers.join_next().await {
         latencies.extend(worker.map_err(DemoError::Task)?);
     }
-    client.shutdown().await;
     let mut tally = collector.await.map_err(DemoError::Task)?;
+    let servers = cluster.totals(COMMAND);
+    client.shutdown().await;
     for latency in latencies {
         tally.record_latency(latency);
     }
-    let servers = cluster.totals(COMMAND);
     cluster.shutdown().await;
     Ok(PolicyRun {
         policy,

@@ -182,8 +182,11 @@ impl Engine {
         if op.gossip {
             let session_time = explicit.and_then(|clock| clock.current());
             if let Some(time) = ClusterTime::greater(self.cluster_clock.current(), session_time) {
-                if body.get("$clusterTime") != Some(&Bson::Document(time.document().clone())) {
-                    body.insert("$clusterTime", time.document().clone());
+                match body.get("$clusterTime") {
+                    Some(Bson::Document(sent)) if sent == time.document() => {}
+                    _ => {
+                        body.insert("$clusterTime", time.document().clone());
+                    }
                 }
             }
         }
