@@ -505,3 +505,38 @@ fn to8_socket_timeout_is_ignored_under_timeout_ms() {
     sim.run(op)
         .expect("slower than socketTimeoutMS, within timeoutMS");
 }
+
+/// TO-1, TO-2: `connectTimeoutMS` bounds establishing a connection (TCP and handshake): a load
+/// balancer (no monitors) that never answers the handshake fails the connection exactly
+/// `connectTimeoutMS` after it was opened, with a network timeout.
+#[test]
+fn to2_connect_timeout_bounds_a_handshake_that_never_answers() {
+    let mut server = SimServer::new(Role::LoadBalancer { service_id: true });
+    server.handshake_delay = Duration::from_secs(3600);
+    let mut sim = Sim::new(vec![(address("lb"), server)], |o| {
+        o.topology.load_balanced = true;
+        o.connect_timeout = Duration::from_millis(300);
+    });
+    let start = sim.now;
+    let op = sim.read(doc! { "find": "c" });
+    let error = sim.run(op).expect_err("no connection");
+    match &error.kind {
+        ErrorKind::Network(n) => assert_eq!(n.kind, NetworkErrorKind::Timeout, "{error:?}"),
+        other => panic!("{other:?}"),
+    }
+    let closed: Vec<Instant> = sim
+        .events
+        .iter()
+        .filter_map(|(at, e)| match e {
+            EngineEvent::Pool {
+                event: PoolEvent::ConnectionClosed { .. },
+                ..
+            } => Some(*at),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        closed.first(),
+        Some(&start.saturating_add(Duration::from_millis(300)))
+    );
+}
