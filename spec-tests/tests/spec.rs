@@ -149,9 +149,11 @@ fn probe_deployment() -> Result<Deployment, String> {
         .map_err(|e| e.to_string())?;
     runtime.block_on(async {
         let probe = async {
-            let server = retry_testkit::TestServer::start(retry_testkit::ServerConfig::default())
-                .await
-                .map_err(|e| e.to_string())?;
+            let server = retry_testkit::TestServer::start(unified::deploy::server_config(
+                retry_testkit::Role::Standalone,
+            ))
+            .await
+            .map_err(|e| e.to_string())?;
             let mut client = retry_testkit::RawClient::connect(server.address())
                 .await
                 .map_err(|e| e.to_string())?;
@@ -171,6 +173,7 @@ fn probe_deployment() -> Result<Deployment, String> {
             Ok(Deployment {
                 version,
                 auth: false,
+                topology: "single",
             })
         };
         tokio::time::timeout(std::time::Duration::from_secs(10), probe)

@@ -11,7 +11,7 @@ use crate::config::{
 };
 use crate::fail_point::{error_reply, FailCommand, TESTKIT_UNSUPPORTED};
 use crate::on_primary_write::OnPrimaryWrite;
-use crate::server::State;
+use crate::server::{is_ok, State};
 use crate::store::{Batch, QueryError, Store, WriteKey};
 use retry_core::wire::OpMsg;
 
@@ -854,6 +854,14 @@ pub(crate) fn unsupported_reply(what: &str) -> Document {
         TESTKIT_UNSUPPORTED,
         &format!("not supported by retry-testkit: {what}"),
     )
+}
+
+/// TK-2, TK-16: what a reply refuses for the unsupported log: a `TestkitUnsupported` reply, or
+/// a fail point the server would not set (no test expects `configureFailPoint` to fail).
+pub(crate) fn refusal(name: &str, reply: &Document) -> Option<String> {
+    let refused = reply.get_i32("code").ok() == Some(TESTKIT_UNSUPPORTED)
+        || (name == "configureFailPoint" && !reply.get("ok").is_some_and(is_ok));
+    refused.then(|| format!("{name}: {}", reply.get_str("errmsg").unwrap_or("")))
 }
 
 fn query_error(error: QueryError) -> Document {

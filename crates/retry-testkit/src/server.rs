@@ -61,6 +61,8 @@ pub(crate) struct State {
     counters: Counters,
     handshakes: Vec<Handshake>,
     last_connection_id: i32,
+    /// TK-2, TK-16: what the server refused as unknown or unsupported, in order.
+    unsupported: Vec<String>,
 }
 
 impl State {
@@ -182,6 +184,7 @@ impl TestServer {
             counters: Counters::default(),
             handshakes: Vec::new(),
             last_connection_id: 0,
+            unsupported: Vec::new(),
         };
         let shared = Arc::new(Shared {
             me: address.to_string(),
@@ -386,6 +389,19 @@ impl ServerHandle {
     /// The documents of the namespace `ns`, in insertion order.
     pub fn documents(&self, ns: &str) -> Vec<Document> {
         self.shared.lock().data.lock().documents(ns)
+    }
+
+    /// Creates the namespace `ns` (`db.collection`) empty, as `create` does; `false` when it
+    /// already exists.
+    pub fn create_collection(&self, ns: &str) -> bool {
+        self.shared.lock().data.lock().create(ns)
+    }
+
+    /// TK-2, TK-16: every command, operator, option or fail point the server refused as unknown
+    /// or unsupported (`CommandNotFound` or `TestkitUnsupported`), in order. A test that made the
+    /// server refuse something did not test what it meant to (UT-20).
+    pub fn unsupported(&self) -> Vec<String> {
+        self.shared.lock().unsupported.clone()
     }
 
     /// How many cursors are open.
@@ -649,8 +665,12 @@ impl Connection {
             )
         };
         let Some(mut reply) = reply else {
+            state.unsupported.push(format!("command {name}"));
             return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));
         };
+        if let Some(what) = crate::commands::refusal(name, &reply) {
+            state.unsupported.push(what);
+        }
         state.counters.command_mut(name).executed += 1;
         if let Some(key) = write_key {
             if reply.get("ok").is_some_and(is_ok) {
@@ -750,7 +770,7 @@ impl Connection {
 }
 
 /// `ok` is 1 in any numeric type.
-fn is_ok(value: &Bson) -> bool {
+pub(crate) fn is_ok(value: &Bson) -> bool {
     match value {
         Bson::Double(v) => *v == 1.0,
         Bson::Int32(v) => *v == 1,

@@ -3,12 +3,17 @@
 //! `runOnRequirements` and `skipReason` against the deployment actually started (UT-4..6), and
 //! counts every test of every file (UT-6, UT-20).
 //!
-//! Executing a test (entities, `initialData`, operations, `expectEvents`, `outcome`) is not
-//! built yet: every test that is neither skipped nor refused is counted as a harness failure
-//! with the reason [`NOT_EXECUTED`], never as a pass.
+//! A test that is neither skipped nor refused runs on a fresh retry-testkit deployment of the
+//! first topology its requirements allow, in the order [`deploy::TOPOLOGIES`] (replica set,
+//! sharded, load balanced, single), through the product's tokio client ([`runner`]). It passes
+//! only when every check ran and held and the test server refused nothing (UT-20).
 
+pub mod deploy;
+pub mod entities;
 pub mod matching;
+pub mod operations;
 pub mod requirements;
+pub mod runner;
 pub mod schema;
 
 use std::collections::BTreeMap;
@@ -19,8 +24,8 @@ use serde_json::Value;
 use crate::corpus;
 pub use requirements::Deployment;
 
-/// The reason of every test the runner cannot execute yet (UT-20: a harness failure).
-pub const NOT_EXECUTED: &str = "runner: test execution (entities, operations, events) not built";
+/// A test that runs longer than this is failed (every wait in it is bounded, rule 12).
+const TEST_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// A unified-format suite: its name in the summary line and its directory under the corpus root.
 #[derive(Clone, Copy, Debug)]
@@ -114,10 +119,22 @@ pub fn run_suite(
     let dir = root.join(suite.dir);
     let files =
         corpus::json_files(&dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("no tokio runtime: {e}"))?;
+    let verbose = std::env::var_os("UNIFIED_VERBOSE").is_some();
     let mut report = SuiteReport::default();
     for path in files {
         let file = corpus::read_json(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        for outcome in run_file(&file, deployment)? {
+        let outcomes = run_file(&file, deployment, &runtime)?;
+        for (index, outcome) in outcomes.into_iter().enumerate() {
+            if verbose {
+                if let TestOutcome::Failed(reason) = &outcome {
+                    let name = path.file_name().unwrap_or_default().to_string_lossy();
+                    println!("FAIL {}/{name}#{index}: {reason}", suite.name);
+                }
+            }
             report.record(outcome);
         }
     }
@@ -126,28 +143,29 @@ pub fn run_suite(
 
 /// The outcome of each test of one file, in order. `Err` only when the file has no `tests`
 /// array (it cannot be counted).
-pub fn run_file(file: &Value, deployment: &Deployment) -> Result<Vec<TestOutcome>, String> {
+pub fn run_file(
+    file: &Value,
+    deployment: &Deployment,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<Vec<TestOutcome>, String> {
     let tests = file
         .get("tests")
         .and_then(Value::as_array)
         .ok_or("a unified file needs a tests array")?;
-    let file_gate = file_gate(file, deployment);
+    let file_gate = file_gate(file);
     Ok(tests
         .iter()
         .map(|test| match &file_gate {
             Some(outcome) => outcome.clone(),
-            None => test_outcome(test, deployment),
+            None => test_outcome(file, test, deployment, runtime),
         })
         .collect())
 }
 
-/// What the file's schema version, `runOnRequirements` and entities decide for all its tests.
-fn file_gate(file: &Value, deployment: &Deployment) -> Option<TestOutcome> {
+/// What the file's schema version and entities decide for all its tests.
+fn file_gate(file: &Value) -> Option<TestOutcome> {
     if let Err(e) = schema::check(file.get("schemaVersion")) {
         return Some(TestOutcome::Failed(e));
-    }
-    if let Some(reason) = requirements::unmet(file.get("runOnRequirements"), deployment) {
-        return Some(TestOutcome::Skipped(reason));
     }
     let entities = file.get("createEntities").and_then(Value::as_array);
     if entities
@@ -160,16 +178,57 @@ fn file_gate(file: &Value, deployment: &Deployment) -> Option<TestOutcome> {
     None
 }
 
-/// UT-4: the test's own `runOnRequirements`, then `skipReason`; then execution.
-fn test_outcome(test: &Value, deployment: &Deployment) -> TestOutcome {
-    if let Some(reason) = requirements::unmet(test.get("runOnRequirements"), deployment) {
-        return TestOutcome::Skipped(reason);
+/// UT-4: the file's `runOnRequirements`, then the test's, on the first topology that meets
+/// both; then `skipReason`; then execution on a fresh deployment of that topology.
+fn test_outcome(
+    file: &Value,
+    test: &Value,
+    deployment: &Deployment,
+    runtime: &tokio::runtime::Runtime,
+) -> TestOutcome {
+    let mut first_reason = None;
+    let mut chosen = None;
+    for topology in deploy::TOPOLOGIES {
+        let facts = Deployment {
+            topology: topology.name(),
+            ..deployment.clone()
+        };
+        let unmet = requirements::unmet(file.get("runOnRequirements"), &facts)
+            .or_else(|| requirements::unmet(test.get("runOnRequirements"), &facts));
+        match unmet {
+            None => {
+                chosen = Some(topology);
+                break;
+            }
+            Some(reason) if reason != requirements::TOPOLOGY || first_reason.is_none() => {
+                first_reason = first_reason
+                    .filter(|r| *r != requirements::TOPOLOGY)
+                    .or(Some(reason));
+            }
+            Some(_) => {}
+        }
     }
+    let Some(topology) = chosen else {
+        return TestOutcome::Skipped(first_reason.unwrap_or(requirements::TOPOLOGY));
+    };
     if test.get("skipReason").is_some() {
         return TestOutcome::Skipped(requirements::SKIP_REASON);
     }
     if test.get("expectLogMessages").is_some() {
         return TestOutcome::Skipped(requirements::LOGGING);
     }
-    TestOutcome::Failed(NOT_EXECUTED.into())
+    let result = runtime.block_on(async {
+        let cluster = deploy::Cluster::start(topology)
+            .await
+            .map_err(|e| format!("harness: cannot start {}: {e}", topology.name()))?;
+        let result = tokio::time::timeout(TEST_LIMIT, runner::run_test(file, test, &cluster))
+            .await
+            .unwrap_or_else(|_| Err(format!("test did not end within {TEST_LIMIT:?}")));
+        cluster.shutdown().await;
+        result
+    });
+    match result {
+        Ok(()) => TestOutcome::Passed,
+        Err(reason) => TestOutcome::Failed(reason),
+    }
 }

@@ -30,17 +30,12 @@ pub struct Deployment {
     pub version: [u32; 3],
     /// Whether the deployment authenticates (the test server does not).
     pub auth: bool,
+    /// The topology started for the test (`single`, `replicaset`, `sharded`, `load-balanced`).
+    pub topology: &'static str,
 }
 
-/// The topologies the runner can start on retry-testkit; `sharded-replicaset` counts as
-/// sharded (UT-5).
-const TOPOLOGIES: &[&str] = &[
-    "single",
-    "replicaset",
-    "sharded",
-    "sharded-replicaset",
-    "load-balanced",
-];
+/// Skip reason: no topology the runner starts meets the requirements.
+pub const TOPOLOGY: &str = "topology";
 
 /// UT-4: `None` when `requirements` (absent, or an array any of whose objects holds) is met, else
 /// the skip reason of the first object's first unmet field.
@@ -86,8 +81,11 @@ fn unmet_one(requirement: &Value, deployment: &Deployment) -> Option<&'static st
                     .into_iter()
                     .flatten()
                     .filter_map(Value::as_str)
-                    .any(|t| TOPOLOGIES.contains(&t));
-                (!any).then_some(UNSUPPORTED_REQUIREMENT)
+                    .any(|t| {
+                        t == deployment.topology
+                            || (t == "sharded-replicaset" && deployment.topology == "sharded")
+                    });
+                (!any).then_some(TOPOLOGY)
             }
             "serverless" => match value.as_str() {
                 Some("forbid" | "allow") => None,
@@ -121,6 +119,7 @@ mod tests {
         Deployment {
             version: [8, 0, 0],
             auth: false,
+            topology: "sharded",
         }
     }
 
