@@ -18,6 +18,7 @@ pub mod schema;
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::rc::Rc;
 
 use serde_json::Value;
 
@@ -110,7 +111,19 @@ impl SuiteReport {
     }
 }
 
-/// Runs every file of `suite` under `root` against `deployment`.
+/// How many tests of a suite run at once, each on its own deployment. Most of a test's time is
+/// the product waiting (e.g. `minHeartbeatFrequencyMS` before a server is checked again after a
+/// state-change error), so a few at a time keep a run short without loading the cores.
+const CONCURRENCY: usize = 8;
+
+/// What becomes of one test before it runs: decided already, or run on a topology.
+enum Plan {
+    Decided(TestOutcome),
+    Run(deploy::Topology),
+}
+
+/// Runs every file of `suite` under `root` against `deployment`: every test's plan first, then
+/// the tests to run, [`CONCURRENCY`] at a time on one thread; outcomes are counted in file order.
 pub fn run_suite(
     suite: &UnifiedSuite,
     root: &Path,
@@ -123,31 +136,61 @@ pub fn run_suite(
         .enable_all()
         .build()
         .map_err(|e| format!("no tokio runtime: {e}"))?;
+    let local = tokio::task::LocalSet::new();
+    let permits = Rc::new(tokio::sync::Semaphore::new(CONCURRENCY));
+    let mut jobs = Vec::new();
+    for path in files {
+        let file =
+            Rc::new(corpus::read_json(&path).map_err(|e| format!("{}: {e}", path.display()))?);
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        for (index, plan) in plan_file(&file, deployment)?.into_iter().enumerate() {
+            let job = match plan {
+                Plan::Decided(outcome) => Job::Decided(outcome),
+                Plan::Run(topology) => {
+                    let (file, permits) = (Rc::clone(&file), Rc::clone(&permits));
+                    Job::Running(local.spawn_local(async move {
+                        let _permit = permits.acquire().await;
+                        execute(&file, index, topology).await
+                    }))
+                }
+            };
+            jobs.push((format!("{name}#{index}"), job));
+        }
+    }
     let verbose = std::env::var_os("UNIFIED_VERBOSE").is_some();
     let mut report = SuiteReport::default();
-    for path in files {
-        let file = corpus::read_json(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let outcomes = run_file(&file, deployment, &runtime)?;
-        for (index, outcome) in outcomes.into_iter().enumerate() {
+    runtime.block_on(local.run_until(async {
+        for (name, job) in jobs {
+            let outcome = match job {
+                Job::Decided(outcome) => outcome,
+                Job::Running(handle) => handle.await.unwrap_or_else(|e| {
+                    TestOutcome::Failed(format!("harness: the test panicked: {e}"))
+                }),
+            };
             if verbose {
                 if let TestOutcome::Failed(reason) = &outcome {
-                    let name = path.file_name().unwrap_or_default().to_string_lossy();
-                    println!("FAIL {}/{name}#{index}: {reason}", suite.name);
+                    println!("FAIL {}/{name}: {reason}", suite.name);
                 }
             }
             report.record(outcome);
         }
-    }
+    }));
     Ok(report)
 }
 
-/// The outcome of each test of one file, in order. `Err` only when the file has no `tests`
+/// A test decided before running, or running.
+enum Job {
+    Decided(TestOutcome),
+    Running(tokio::task::JoinHandle<TestOutcome>),
+}
+
+/// The plan of each test of one file, in order. `Err` only when the file has no `tests`
 /// array (it cannot be counted).
-pub fn run_file(
-    file: &Value,
-    deployment: &Deployment,
-    runtime: &tokio::runtime::Runtime,
-) -> Result<Vec<TestOutcome>, String> {
+fn plan_file(file: &Value, deployment: &Deployment) -> Result<Vec<Plan>, String> {
     let tests = file
         .get("tests")
         .and_then(Value::as_array)
@@ -156,8 +199,8 @@ pub fn run_file(
     Ok(tests
         .iter()
         .map(|test| match &file_gate {
-            Some(outcome) => outcome.clone(),
-            None => test_outcome(file, test, deployment, runtime),
+            Some(outcome) => Plan::Decided(outcome.clone()),
+            None => plan(file, test, deployment),
         })
         .collect())
 }
@@ -179,13 +222,8 @@ fn file_gate(file: &Value) -> Option<TestOutcome> {
 }
 
 /// UT-4: the file's `runOnRequirements`, then the test's, on the first topology that meets
-/// both; then `skipReason`; then execution on a fresh deployment of that topology.
-fn test_outcome(
-    file: &Value,
-    test: &Value,
-    deployment: &Deployment,
-    runtime: &tokio::runtime::Runtime,
-) -> TestOutcome {
+/// both; then `skipReason`; else the test runs on that topology.
+fn plan(file: &Value, test: &Value, deployment: &Deployment) -> Plan {
     let mut first_reason = None;
     let mut chosen = None;
     for topology in deploy::TOPOLOGIES {
@@ -200,24 +238,35 @@ fn test_outcome(
                 chosen = Some(topology);
                 break;
             }
-            Some(reason) if reason != requirements::TOPOLOGY || first_reason.is_none() => {
-                first_reason = first_reason
-                    .filter(|r| *r != requirements::TOPOLOGY)
-                    .or(Some(reason));
+            Some(reason) => {
+                // A reason other than the topology says more about why nothing fits.
+                if first_reason.is_none_or(|r| r == requirements::TOPOLOGY) {
+                    first_reason = Some(reason);
+                }
             }
-            Some(_) => {}
         }
     }
     let Some(topology) = chosen else {
-        return TestOutcome::Skipped(first_reason.unwrap_or(requirements::TOPOLOGY));
+        return Plan::Decided(TestOutcome::Skipped(
+            first_reason.unwrap_or(requirements::TOPOLOGY),
+        ));
     };
     if test.get("skipReason").is_some() {
-        return TestOutcome::Skipped(requirements::SKIP_REASON);
+        return Plan::Decided(TestOutcome::Skipped(requirements::SKIP_REASON));
     }
     if test.get("expectLogMessages").is_some() {
-        return TestOutcome::Skipped(requirements::LOGGING);
+        return Plan::Decided(TestOutcome::Skipped(requirements::LOGGING));
     }
-    let result = runtime.block_on(async {
+    Plan::Run(topology)
+}
+
+/// Runs test `index` of `file` on a fresh deployment of `topology`, within [`TEST_LIMIT`].
+async fn execute(file: &Value, index: usize, topology: deploy::Topology) -> TestOutcome {
+    let Some(test) = file.get("tests").and_then(|t| t.get(index)) else {
+        return TestOutcome::Failed(format!("harness: no test {index}"));
+    };
+    let started = std::time::Instant::now();
+    let result = async {
         let cluster = deploy::Cluster::start(topology)
             .await
             .map_err(|e| format!("harness: cannot start {}: {e}", topology.name()))?;
@@ -226,7 +275,15 @@ fn test_outcome(
             .unwrap_or_else(|_| Err(format!("test did not end within {TEST_LIMIT:?}")));
         cluster.shutdown().await;
         result
-    });
+    }
+    .await;
+    if std::env::var_os("UNIFIED_TIMES").is_some() {
+        let name = test
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        println!("TIME {:>6} ms {name}", started.elapsed().as_millis());
+    }
     match result {
         Ok(()) => TestOutcome::Passed,
         Err(reason) => TestOutcome::Failed(reason),
