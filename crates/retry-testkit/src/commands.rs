@@ -223,6 +223,9 @@ fn run(
 ) -> Option<Document> {
     let command = &request.body;
     let db = command.get_str("$db").unwrap_or_default();
+    if let Ok(lsid) = command.get_document("lsid") {
+        state.store.note_session(lsid);
+    }
     Some(match name {
         "ping" | "endSessions" | "killAllSessions" => ok(),
         "buildInfo" | "buildinfo" => {
@@ -447,23 +450,36 @@ fn delete(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     doc! { "n": count_i32(n), "ok": 1.0 }
 }
 
-/// `{findAndModify: coll, query, update | remove, new, upsert}` (no sort, no fields).
+/// `{findAndModify: coll, query, sort, update | remove, new, upsert}` (no fields).
 fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let collection = match collection_name(command, "findAndModify") {
         Ok(c) => c,
         Err(e) => return e,
     };
-    for unsupported in ["sort", "fields", "arrayFilters"] {
+    for unsupported in ["fields", "arrayFilters"] {
         if command.contains_key(unsupported) {
             return unsupported_reply(&format!("findAndModify {unsupported}"));
         }
     }
     let ns = format!("{db}.{collection}");
-    let filter = command.get_document("query").cloned().unwrap_or_default();
-    let before = match state.store.matching(&ns, &filter) {
-        Ok(docs) => docs.into_iter().next(),
+    let mut filter = command.get_document("query").cloned().unwrap_or_default();
+    let mut matching = match state.store.matching(&ns, &filter) {
+        Ok(docs) => docs,
         Err(e) => return query_error(e),
     };
+    // TK-14: with `sort`, the first document in that order is the one modified.
+    if let Some(sort) = command.get("sort") {
+        let Bson::Document(sort) = sort else {
+            return error_reply(2, "sort must be a document");
+        };
+        if let Err(e) = sort_documents(&mut matching, sort) {
+            return e;
+        }
+        if let Some(id) = matching.first().and_then(|d| d.get("_id")) {
+            filter = doc! { "_id": id.clone() };
+        }
+    }
+    let before = matching.into_iter().next();
     if command.get_bool("remove").unwrap_or(false) {
         if let Err(e) = state.store.delete(&ns, &filter, false) {
             return query_error(e);
@@ -596,7 +612,10 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
         return reply;
     }
     let mut documents = state.store.documents(&ns);
-    for (name, spec) in stages {
+    let mut first = true;
+    let stage_count = stages.len();
+    for (index, (name, spec)) in stages.into_iter().enumerate() {
+        let last = index + 1 == stage_count;
         documents = match (name, spec) {
             ("$match", Bson::Document(filter)) => {
                 let mut kept = Vec::new();
@@ -631,8 +650,41 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
                     Err(e) => return e,
                 }
             }
+            ("$group", Bson::Document(spec)) => match group(documents, spec) {
+                Ok(d) => d,
+                Err(e) => return e,
+            },
+            ("$listLocalSessions", Bson::Document(spec)) if spec.is_empty() && first => {
+                if collection != "$cmd.aggregate" {
+                    return error_reply(
+                        73,
+                        "$listLocalSessions must be run against the database with {aggregate: \
+                         1}, not a collection",
+                    );
+                }
+                state.store.local_sessions()
+            }
+            ("$out" | "$merge", target) if last => {
+                let into = match (name, target) {
+                    ("$out", Bson::String(c)) => c.clone(),
+                    ("$merge", Bson::String(c)) => c.clone(),
+                    ("$merge", Bson::Document(m)) if m.len() == 1 => match m.get("into") {
+                        Some(Bson::String(c)) => c.clone(),
+                        _ => return unsupported_reply("$merge other than {into: <collection>}"),
+                    },
+                    _ => return unsupported_reply(&format!("{name} other than a collection name")),
+                };
+                let target = format!("{db}.{into}");
+                if name == "$out" {
+                    state.store.replace_collection(&target, documents);
+                } else {
+                    state.store.merge(&target, documents);
+                }
+                Vec::new()
+            }
             (other, _) => return unsupported_reply(&format!("pipeline stage {other}")),
         };
+        first = false;
     }
     let batch = state
         .store
@@ -854,6 +906,49 @@ pub(crate) fn unsupported_reply(what: &str) -> Document {
         TESTKIT_UNSUPPORTED,
         &format!("not supported by retry-testkit: {what}"),
     )
+}
+
+/// TK-14: `$group` with a constant `_id` and `{$sum: <number>}` accumulators (one group, none
+/// for no input, as a real server); anything else is refused (TK-2).
+fn group(documents: Vec<Document>, spec: &Document) -> Result<Vec<Document>, Document> {
+    let id = spec
+        .get("_id")
+        .ok_or_else(|| error_reply(15955, "a group specification must include an _id"))?;
+    let constant = match id {
+        Bson::String(s) => !s.starts_with('$'),
+        Bson::Document(_) | Bson::Array(_) => false,
+        _ => true,
+    };
+    if !constant {
+        return Err(unsupported_reply("$group with a non-constant _id"));
+    }
+    if documents.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut out = doc! { "_id": id.clone() };
+    for (field, accumulator) in spec.iter().filter(|(k, _)| k.as_str() != "_id") {
+        let sum = match accumulator {
+            Bson::Document(a) if a.len() == 1 => match a.get("$sum") {
+                Some(Bson::Int32(n)) => i64::from(*n) * documents.len() as i64,
+                Some(Bson::Int64(n)) => n * documents.len() as i64,
+                _ => {
+                    return Err(unsupported_reply(
+                        "$group accumulator other than {$sum: <int>}",
+                    ))
+                }
+            },
+            _ => {
+                return Err(unsupported_reply(
+                    "$group accumulator other than {$sum: <int>}",
+                ))
+            }
+        };
+        out.insert(
+            field.clone(),
+            i32::try_from(sum).map_or(Bson::Int64(sum), Bson::Int32),
+        );
+    }
+    Ok(vec![out])
 }
 
 /// TK-2, TK-16: what a reply refuses for the unsupported log: a `TestkitUnsupported` reply, or

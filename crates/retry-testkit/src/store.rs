@@ -36,6 +36,8 @@ pub(crate) struct Store {
     write_results: BTreeMap<WriteKey, Document>,
     /// The highest `txnNumber` each session (lsid bytes) has used.
     txn_numbers: BTreeMap<Vec<u8>, i64>,
+    /// The sessions commands named (`lsid`), for `$listLocalSessions`, in first-use order.
+    sessions: Vec<Document>,
 }
 
 /// A retryable write's identity: its session (`lsid`, as BSON bytes), `txnNumber` and
@@ -194,6 +196,41 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// Remembers a session a command named, for `$listLocalSessions`.
+    pub(crate) fn note_session(&mut self, lsid: &Document) {
+        if !self.sessions.contains(lsid) {
+            self.sessions.push(lsid.clone());
+        }
+    }
+
+    /// `$listLocalSessions: {}`: one `{_id: lsid}` per session commands named.
+    pub(crate) fn local_sessions(&self) -> Vec<Document> {
+        self.sessions
+            .iter()
+            .map(|lsid| bson::doc! { "_id": lsid.clone() })
+            .collect()
+    }
+
+    /// `$out`: `ns` holds exactly `documents` afterwards.
+    pub(crate) fn replace_collection(&mut self, ns: &str, documents: Vec<Document>) {
+        self.collections.insert(ns.into(), documents);
+    }
+
+    /// `$merge {into}` with the default `whenMatched: "merge"`, `whenNotMatched: "insert"`: a
+    /// document with the `_id` of an existing one is merged into it, others are appended.
+    pub(crate) fn merge(&mut self, ns: &str, documents: Vec<Document>) {
+        let target = self.collections.entry(ns.into()).or_default();
+        for document in documents {
+            let existing = target
+                .iter_mut()
+                .find(|d| matches!((d.get("_id"), document.get("_id")), (Some(a), Some(b)) if equal(a, b)));
+            match existing {
+                Some(existing) => existing.extend(document),
+                None => target.push(document),
+            }
+        }
     }
 
     /// Creates `ns`; `false` when it already exists.

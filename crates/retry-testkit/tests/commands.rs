@@ -133,7 +133,7 @@ async fn crud_commands() {
         assert_eq!(batch, vec![doc! { "_id": 2, "x": 0 }, doc! { "_id": 3 }]);
 
         let reply = run(
-            doc! { "aggregate": "c", "pipeline": [{ "$group": { "_id": 1 } }],
+            doc! { "aggregate": "c", "pipeline": [{ "$unwind": "$x" }],
             "cursor": {}, "$db": "db" },
         )
         .await;
@@ -544,6 +544,90 @@ async fn find_options_and_sort() {
             .await
             .unwrap();
         assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{reply}");
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-14: `$group` with a constant `_id` and `$sum`, `$out`, `$merge {into}`, and
+/// `$listLocalSessions` on a collectionless aggregate; other forms are refused (TK-2) and logged
+/// (TK-16).
+#[tokio::test]
+async fn aggregate_group_out_merge_and_local_sessions() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let handle = server.handle();
+        handle.insert("db.c", vec![doc! { "_id": 1, "x": 1 }, doc! { "_id": 2, "x": 2 }]);
+        let count = doc! { "$group": { "_id": 1, "n": { "$sum": 1 } } };
+        let reply = client
+            .command(doc! { "aggregate": "c", "pipeline": [count.clone()], "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(first_batch(&reply), vec![doc! { "_id": 1, "n": 2 }]);
+        let empty = client
+            .command(doc! { "aggregate": "none", "pipeline": [count], "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        assert!(first_batch(&empty).is_empty(), "no input, no group");
+        let out = client
+            .command(doc! { "aggregate": "c", "pipeline": [{ "$out": "o" }], "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        assert!(first_batch(&out).is_empty());
+        assert_eq!(handle.documents("db.o").len(), 2);
+        handle.insert("db.m", vec![doc! { "_id": 1, "y": 1 }]);
+        client
+            .command(doc! { "aggregate": "c", "pipeline": [{ "$merge": { "into": "m" } }], "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(
+            handle.documents("db.m"),
+            vec![doc! { "_id": 1, "y": 1, "x": 1 }, doc! { "_id": 2, "x": 2 }]
+        );
+        let lsid = doc! { "id": 7 };
+        client
+            .command(doc! { "ping": 1, "lsid": lsid.clone(), "$db": "db" })
+            .await
+            .unwrap();
+        let sessions = client
+            .command(doc! { "aggregate": 1, "pipeline": [{ "$listLocalSessions": {} }], "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(first_batch(&sessions), vec![doc! { "_id": lsid }]);
+        assert!(handle.unsupported().is_empty());
+        let refused = client
+            .command(doc! { "aggregate": "c", "pipeline": [{ "$group": { "_id": "$x" } }], "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(code(&refused), Some(TESTKIT_UNSUPPORTED));
+        assert_eq!(handle.unsupported().len(), 1, "{:?}", handle.unsupported());
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-14: findAndModify with `sort` modifies the first matching document in that order.
+#[tokio::test]
+async fn find_and_modify_sort() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let handle = server.handle();
+        handle.insert(
+            "db.c",
+            vec![doc! { "_id": 1, "x": 1 }, doc! { "_id": 2, "x": 1 }],
+        );
+        let reply = client
+            .command(doc! {
+                "findAndModify": "c", "query": { "x": 1 }, "sort": { "_id": -1 }, "remove": true,
+                "$db": "db",
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            reply.get_document("value").unwrap(),
+            &doc! { "_id": 2, "x": 1 }
+        );
+        assert_eq!(handle.documents("db.c"), vec![doc! { "_id": 1, "x": 1 }]);
         server.shutdown().await;
     })
     .await;

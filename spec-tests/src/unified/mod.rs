@@ -257,6 +257,13 @@ fn plan(file: &Value, test: &Value, deployment: &Deployment) -> Plan {
     if test.get("expectLogMessages").is_some() {
         return Plan::Decided(TestOutcome::Skipped(requirements::LOGGING));
     }
+    // UT-6: a mapReduce that must succeed needs server-side JavaScript.
+    let operations = test.get("operations").and_then(Value::as_array);
+    if operations.into_iter().flatten().any(|o| {
+        o.get("name").and_then(Value::as_str) == Some("mapReduce") && o.get("expectError").is_none()
+    }) {
+        return Plan::Decided(TestOutcome::Skipped(requirements::SERVER_JS));
+    }
     Plan::Run(topology)
 }
 

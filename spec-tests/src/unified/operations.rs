@@ -605,7 +605,18 @@ async fn run_inner(
             let reply = single(entities, target, command).await?;
             Ok(Produced::Value(Bson::Document(reply)))
         }
-        "mapReduce" => Err(Err("mapReduce needs server JavaScript".into())),
+        "mapReduce" => {
+            let coll = target.collection().map_err(harness)?;
+            let mut command = doc! { "mapReduce": coll };
+            for field in ["map", "reduce", "out"] {
+                let value = args.bson(field).map_err(harness)?;
+                command.insert(field, value.ok_or(Err(format!("{field} missing")))?);
+            }
+            let reply = single(entities, target, with_read_concern(command, target)).await?;
+            Ok(Produced::Value(
+                reply.get("results").cloned().unwrap_or(Bson::Null),
+            ))
+        }
         "insertOne" | "insertMany" => {
             let coll = target.collection().map_err(harness)?;
             let documents: Vec<Document> = if name == "insertOne" {

@@ -15,6 +15,8 @@ pub const SERVER_4_2: &str = "server<=4.2";
 pub const SKIP_REASON: &str = "skipReason";
 /// Skip reason: GridFS (`bucket` entities, UT-11).
 pub const GRIDFS: &str = "gridfs";
+/// Skip reason: the test needs server-side JavaScript (`mapReduce` results, UT-6).
+pub const SERVER_JS: &str = "server-js";
 /// Skip reason: log messages (`expectLogMessages`, UT-24).
 pub const LOGGING: &str = "logging";
 /// Skip reason: a serverless deployment is required.
