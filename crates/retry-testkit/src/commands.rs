@@ -60,7 +60,10 @@ pub(crate) fn is_retryable_write(name: &str, command: &Document) -> bool {
 /// is one: a retry with the same `lsid`, `txnNumber` and `stmtId` gets the first reply and does
 /// not run again (TK-*).
 pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
-    let write = matches!(name, "insert" | "update" | "delete" | "findAndModify");
+    let write = matches!(
+        name,
+        "insert" | "update" | "delete" | "findAndModify" | "bulkWrite"
+    );
     if !write || !is_retryable_write(name, command) {
         return None;
     }
@@ -241,6 +244,8 @@ fn run(
         "update" => update(state, db, request),
         "delete" => delete(state, db, request),
         "findAndModify" => find_and_modify(state, db, command),
+        // TK-1, TK-14: the client bulk write command of MongoDB 8.0 (wire 25).
+        "bulkWrite" if max_wire_version >= 25 => bulk_write(state, db, request),
         "count" => count(state, db, command),
         "distinct" => distinct(state, db, command),
         "aggregate" => aggregate(state, db, command),
@@ -448,6 +453,128 @@ fn delete(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
         }
     }
     doc! { "n": count_i32(n), "ok": 1.0 }
+}
+
+/// TK-14: `{bulkWrite: 1, ops, nsInfo, errorsOnly, ordered}` on `admin` (MongoDB 8.0): each op
+/// `{insert: i, document}`, `{update: i, filter, updateMods, multi, upsert}` or
+/// `{delete: i, filter, multi}` runs on `nsInfo[i].ns`; the per-op results come back in a cursor
+/// (only the errors with `errorsOnly`) with the summary counts. An ordered bulk stops at its first
+/// error. Op fields it does not evaluate (collation, hint, arrayFilters, sort) are refused (TK-2).
+fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
+    if db != "admin" {
+        return error_reply(13, "bulkWrite may only be run against the admin database.");
+    }
+    let (ops, ns_info) = match (
+        documents_of(request, "ops"),
+        documents_of(request, "nsInfo"),
+    ) {
+        (Ok(ops), Ok(ns_info)) => (ops, ns_info),
+        (Err(e), _) | (_, Err(e)) => return e,
+    };
+    let errors_only = request.body.get_bool("errorsOnly").unwrap_or(false);
+    let ordered = ordered(&request.body);
+    let mut counts = [0usize; 6];
+    let [errors, inserted, matched, modified, upserted, deleted] = [0, 1, 2, 3, 4, 5];
+    let mut results = Vec::new();
+    for (index, op) in ops.iter().enumerate() {
+        let Some((kind, target)) = op.iter().next() else {
+            return error_reply(2, "empty bulkWrite op");
+        };
+        let allowed: &[&str] = match kind.as_str() {
+            "insert" => &["insert", "document"],
+            "update" => &["update", "filter", "updateMods", "multi", "upsert"],
+            "delete" => &["delete", "filter", "multi"],
+            other => return error_reply(2, &format!("unknown bulkWrite op {other}")),
+        };
+        if let Some(field) = op.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return unsupported_reply(&format!("bulkWrite {kind} field {field}"));
+        }
+        let ns = match integer(target)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| ns_info.get(i))
+            .and_then(|info| info.get_str("ns").ok())
+        {
+            Some(ns) => ns.to_owned(),
+            None => return error_reply(2, "bulkWrite op names no nsInfo entry"),
+        };
+        let filter = op.get_document("filter").cloned().unwrap_or_default();
+        let multi = op.get_bool("multi").unwrap_or(false);
+        let mut result = doc! { "ok": 1.0, "idx": count_i32(index) };
+        let mut failed = false;
+        match kind.as_str() {
+            "insert" => {
+                let Ok(document) = op.get_document("document") else {
+                    return error_reply(2, "a bulkWrite insert needs a document");
+                };
+                let outcome = state.store.insert(&ns, vec![document.clone()], true);
+                if let Some((_, id)) = outcome.duplicates.first() {
+                    failed = true;
+                    result = doc! {
+                        "ok": 0.0, "idx": count_i32(index), "code": 11000,
+                        "codeName": "DuplicateKey",
+                        "errmsg": format!("E11000 duplicate key error collection: {ns} index: _id_ dup key: {{ _id: {id} }}"),
+                    };
+                } else {
+                    counts[inserted] += outcome.n;
+                    result.insert("n", count_i32(outcome.n));
+                }
+            }
+            "update" => {
+                let Ok(update) = op.get_document("updateMods") else {
+                    if matches!(op.get("updateMods"), Some(Bson::Array(_))) {
+                        return unsupported_reply("pipeline updates");
+                    }
+                    return error_reply(2, "a bulkWrite update needs updateMods");
+                };
+                let upsert = op.get_bool("upsert").unwrap_or(false);
+                match state.store.update(&ns, &filter, update, multi, upsert) {
+                    Ok(outcome) => {
+                        counts[matched] += outcome.matched;
+                        counts[modified] += outcome.modified;
+                        let n = outcome.matched + usize::from(outcome.upserted.is_some());
+                        result.insert("n", count_i32(n));
+                        result.insert("nModified", count_i32(outcome.modified));
+                        if let Some(id) = outcome.upserted {
+                            counts[upserted] += 1;
+                            result.insert("upserted", doc! { "_id": id });
+                        }
+                    }
+                    Err(e) => return query_error(e),
+                }
+            }
+            _ => match state.store.delete(&ns, &filter, multi) {
+                Ok(removed) => {
+                    counts[deleted] += removed.len();
+                    result.insert("n", count_i32(removed.len()));
+                }
+                Err(e) => return query_error(e),
+            },
+        }
+        if failed {
+            counts[errors] += 1;
+        }
+        if failed || !errors_only {
+            results.push(result);
+        }
+        if failed && ordered {
+            break;
+        }
+    }
+    let batch = state
+        .store
+        .open_cursor(state.owner, "admin.$cmd.bulkWrite", results, usize::MAX);
+    let mut reply = cursor_reply("firstBatch", "admin.$cmd.bulkWrite", batch);
+    for (field, slot) in [
+        ("nErrors", errors),
+        ("nInserted", inserted),
+        ("nMatched", matched),
+        ("nModified", modified),
+        ("nUpserted", upserted),
+        ("nDeleted", deleted),
+    ] {
+        reply.insert(field, count_i32(counts[slot]));
+    }
+    reply
 }
 
 /// `{findAndModify: coll, query, sort, update | remove, new, upsert}` (no fields).

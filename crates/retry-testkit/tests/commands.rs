@@ -48,7 +48,7 @@ fn first_batch(reply: &Document) -> Vec<Document> {
 async fn unknown_commands_are_command_not_found() {
     bounded(async {
         let (server, mut client) = start().await;
-        for name in ["mapReduce", "bulkWrite", "renameCollection"] {
+        for name in ["mapReduce", "collMod", "renameCollection"] {
             let reply = client
                 .command(doc! { name: "c", "$db": "db" })
                 .await
@@ -132,10 +132,8 @@ async fn crud_commands() {
         let batch = first_batch(&reply);
         assert_eq!(batch, vec![doc! { "_id": 2, "x": 0 }, doc! { "_id": 3 }]);
 
-        let reply = run(
-            doc! { "aggregate": "c", "pipeline": [{ "$unwind": "$x" }],
-            "cursor": {}, "$db": "db" },
-        )
+        let reply = run(doc! { "aggregate": "c", "pipeline": [{ "$unwind": "$x" }],
+        "cursor": {}, "$db": "db" })
         .await;
         assert_eq!(
             code(&reply),

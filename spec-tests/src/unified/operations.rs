@@ -751,6 +751,7 @@ async fn run_inner(
             ))
         }
         "bulkWrite" => bulk_write(entities, target, args).await,
+        "clientBulkWrite" => client_bulk_write(entities, target, args).await,
         "createIndex" => {
             let coll = target.collection().map_err(harness)?;
             let keys = args.document("keys").map_err(harness)?;
@@ -999,4 +1000,182 @@ async fn bulk_write(entities: &mut Entities, target: &Target, args: &mut Args) -
 /// Whether statement `i` of an ordered batch ran (before its first write error).
 fn ordered_ok(ordered: bool, failed: &[i64], i: usize) -> bool {
     !ordered || failed.iter().all(|&f| (i as i64) < f)
+}
+
+/// UT-17: `clientBulkWrite` as one admin `bulkWrite` command (8.0); the result has the five
+/// counts and, with `verboseResults`, the per-model results by index.
+async fn client_bulk_write(entities: &mut Entities, target: &Target, args: &mut Args) -> OpResult {
+    let models = match args.bson("models").map_err(Err)? {
+        Some(Bson::Array(m)) => m,
+        _ => return Err(Err("models missing".into())),
+    };
+    let verbose = args
+        .take("verboseResults")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    let ordered = args
+        .take("ordered")
+        .map(|v| v.as_bool() != Some(false))
+        .unwrap_or(true);
+    let mut namespaces: Vec<String> = Vec::new();
+    let mut ops = Vec::new();
+    let mut inserted_ids = Vec::new();
+    for model in &models {
+        let model = model
+            .as_document()
+            .ok_or(Err("a model must be a document".to_owned()))?;
+        let (kind, body) = model.iter().next().ok_or(Err("empty model".to_owned()))?;
+        let body = body
+            .as_document()
+            .ok_or(Err("a model body must be a document".to_owned()))?;
+        let allowed: &[&str] = match kind.as_str() {
+            "insertOne" => &["namespace", "document"],
+            "updateOne" | "updateMany" => &["namespace", "filter", "update", "upsert"],
+            "replaceOne" => &["namespace", "filter", "replacement", "upsert"],
+            "deleteOne" | "deleteMany" => &["namespace", "filter"],
+            other => return Err(Err(format!("unsupported clientBulkWrite model {other}"))),
+        };
+        if let Some(key) = body.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(Err(format!("unsupported {kind} field {key}")));
+        }
+        let namespace = body.get_str("namespace").map_err(|e| Err(e.to_string()))?;
+        let index = match namespaces.iter().position(|n| n == namespace) {
+            Some(i) => i,
+            None => {
+                namespaces.push(namespace.to_owned());
+                namespaces.len() - 1
+            }
+        } as i32;
+        let filter = || {
+            body.get_document("filter")
+                .cloned()
+                .map_err(|e| Err(e.to_string()))
+        };
+        let op = match kind.as_str() {
+            "insertOne" => {
+                let document = body
+                    .get_document("document")
+                    .map_err(|e| Err(e.to_string()))?;
+                let (document, id) = with_id(document.clone());
+                inserted_ids.push(Some(id));
+                doc! { "insert": index, "document": document }
+            }
+            "deleteOne" | "deleteMany" => {
+                inserted_ids.push(None);
+                doc! { "delete": index, "filter": filter()?, "multi": kind == "deleteMany" }
+            }
+            _ => {
+                inserted_ids.push(None);
+                let update = body
+                    .get("update")
+                    .or(body.get("replacement"))
+                    .cloned()
+                    .ok_or(Err("update missing".to_owned()))?;
+                let mut op = doc! {
+                    "update": index, "filter": filter()?, "updateMods": update,
+                    "multi": kind == "updateMany",
+                };
+                if let Some(upsert) = body.get("upsert") {
+                    op.insert("upsert", upsert.clone());
+                }
+                op
+            }
+        };
+        ops.push(op);
+    }
+    let ns_info: Vec<Document> = namespaces
+        .iter()
+        .map(|ns| doc! { "ns": ns.clone() })
+        .collect();
+    let command = with_write_concern(
+        doc! {
+            "bulkWrite": 1, "errorsOnly": !verbose, "ordered": ordered, "ops": ops,
+            "nsInfo": ns_info,
+        },
+        target,
+    );
+    let admin = Target {
+        client: target.client.clone(),
+        db: "admin".into(),
+        collection: None,
+        options: target.options.clone(),
+    };
+    let reply = single(entities, &admin, command).await?;
+    let mut result = doc! {
+        "insertedCount": number(&reply, "nInserted"),
+        "upsertedCount": number(&reply, "nUpserted"),
+        "matchedCount": number(&reply, "nMatched"),
+        "modifiedCount": number(&reply, "nModified"),
+        "deletedCount": number(&reply, "nDeleted"),
+    };
+    let batch = reply
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .cloned()
+        .unwrap_or_default();
+    if reply
+        .get_document("cursor")
+        .is_ok_and(|c| number(c, "id") != 0)
+    {
+        return Err(Err("clientBulkWrite results in more than one batch".into()));
+    }
+    let (mut inserts, mut updates, mut deletes) =
+        (Document::new(), Document::new(), Document::new());
+    let mut write_errors = Vec::new();
+    for entry in batch.iter().filter_map(Bson::as_document) {
+        let index = number(entry, "idx") as usize;
+        if number(entry, "ok") != 1 {
+            write_errors.push(Bson::Document(entry.clone()));
+            continue;
+        }
+        let key = index.to_string();
+        match models
+            .get(index)
+            .and_then(Bson::as_document)
+            .and_then(|m| m.keys().next())
+            .map(String::as_str)
+        {
+            Some("insertOne") => {
+                if let Some(Some(id)) = inserted_ids.get(index) {
+                    inserts.insert(key, doc! { "insertedId": id.clone() });
+                }
+            }
+            Some("deleteOne" | "deleteMany") => {
+                deletes.insert(key, doc! { "deletedCount": number(entry, "n") });
+            }
+            Some(_) => {
+                let upserted = entry
+                    .get_document("upserted")
+                    .ok()
+                    .and_then(|u| u.get("_id"))
+                    .cloned();
+                let mut update = doc! {
+                    "matchedCount": number(entry, "n") - i64::from(upserted.is_some()),
+                    "modifiedCount": number(entry, "nModified"),
+                };
+                if let Some(id) = upserted {
+                    update.insert("upsertedId", id);
+                }
+                updates.insert(key, update);
+            }
+            None => {
+                return Err(Err(format!(
+                    "a result for model {index}, which does not exist"
+                )))
+            }
+        }
+    }
+    if verbose {
+        result.insert("insertResults", inserts);
+        result.insert("updateResults", updates);
+        result.insert("deleteResults", deletes);
+    }
+    if !write_errors.is_empty() {
+        return Err(Ok(Box::new(Failure::write_errors(
+            &reply,
+            &write_errors,
+            Some(Bson::Document(result)),
+        ))));
+    }
+    Ok(Produced::Value(Bson::Document(result)))
 }
