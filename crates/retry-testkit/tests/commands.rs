@@ -630,3 +630,44 @@ async fn find_and_modify_sort() {
     })
     .await;
 }
+
+/// TK-14: the 8.0 admin `bulkWrite`: per-op results and counts, only errors with `errorsOnly`,
+/// an ordered bulk stops at its first error, other databases are refused.
+#[tokio::test]
+async fn client_bulk_write() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let handle = server.handle();
+        handle.insert("db.c", vec![doc! { "_id": 1, "x": 1 }]);
+        let ops = vec![
+            doc! { "insert": 0, "document": { "_id": 2 } },
+            doc! { "update": 0, "filter": { "_id": 1 }, "updateMods": { "$set": { "x": 2 } }, "multi": false },
+            doc! { "insert": 0, "document": { "_id": 1 } },
+            doc! { "delete": 0, "filter": { "_id": 2 }, "multi": false },
+        ];
+        let command = doc! {
+            "bulkWrite": 1, "ops": ops, "nsInfo": [{ "ns": "db.c" }], "errorsOnly": false,
+            "ordered": true, "$db": "admin",
+        };
+        let reply = client.command(command.clone()).await.unwrap();
+        let results = first_batch(&reply);
+        assert_eq!(results.len(), 3, "stopped at the duplicate: {reply}");
+        assert_eq!(results[2].get_i32("code").ok(), Some(11000));
+        assert_eq!(
+            (reply.get_i32("nInserted").ok(), reply.get_i32("nModified").ok(), reply.get_i32("nErrors").ok()),
+            (Some(1), Some(1), Some(1))
+        );
+        let mut errors_only = command.clone();
+        errors_only.insert("errorsOnly", true);
+        errors_only.insert("ordered", false);
+        handle.insert("db.c", vec![doc! { "_id": 3 }]);
+        let reply = client.command(errors_only).await.unwrap();
+        assert_eq!(first_batch(&reply).len(), 2, "two duplicates, nothing else: {reply}");
+        assert_eq!(reply.get_i32("nDeleted").ok(), Some(1));
+        let mut elsewhere = command;
+        elsewhere.insert("$db", "db");
+        assert_eq!(code(&client.command(elsewhere).await.unwrap()), Some(13));
+        server.shutdown().await;
+    })
+    .await;
+}
