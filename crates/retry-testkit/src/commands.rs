@@ -265,43 +265,55 @@ fn run(
             }
             ok()
         }
-        "listCollections" => {
-            let names = state.store.collection_names(db);
-            let docs = names
-                .into_iter()
-                .map(|n| doc! { "name": n, "type": "collection", "options": {} })
-                .collect();
-            let ns = format!("{db}.$cmd.listCollections");
-            let batch = state
-                .store
-                .open_cursor(state.owner, &ns, docs, state.batch_size as usize);
-            cursor_reply("firstBatch", &ns, batch)
-        }
+        "listCollections" => list_collections(state, db, command),
         "listDatabases" => {
             let names = state.store.database_names();
             let dbs: Vec<Document> = names
                 .into_iter()
                 .map(|n| doc! { "name": n, "sizeOnDisk": 8192_i64, "empty": false })
                 .collect();
-            doc! { "databases": dbs, "totalSize": 0_i64, "ok": 1.0 }
+            let dbs = match filtered(dbs, command.get("filter")) {
+                Ok(d) => d,
+                Err(e) => return Some(e),
+            };
+            if command.get_bool("nameOnly").unwrap_or(false) {
+                let names: Vec<Document> = dbs
+                    .into_iter()
+                    .map(|d| doc! { "name": d.get("name").cloned().unwrap_or(Bson::Null) })
+                    .collect();
+                doc! { "databases": names, "ok": 1.0 }
+            } else {
+                doc! { "databases": dbs, "totalSize": 0_i64, "ok": 1.0 }
+            }
         }
-        "listIndexes" => match collection_name(command, "listIndexes") {
-            Ok(c) => {
+        "listIndexes" => match (
+            collection_name(command, "listIndexes"),
+            cursor_batch_size(command, state.batch_size),
+        ) {
+            (Ok(c), Ok(batch_size)) => {
                 let ns = format!("{db}.{c}");
-                let ids = doc! { "v": 2, "key": { "_id": 1 }, "name": "_id_" };
-                let batch =
-                    state
-                        .store
-                        .open_cursor(state.owner, &ns, vec![ids], state.batch_size as usize);
+                if !state.store.collection_names(db).iter().any(|n| n == c) {
+                    return Some(error_reply(26, &format!("ns does not exist: {ns}")));
+                }
+                let indexes = state.store.indexes(&ns);
+                let batch = state
+                    .store
+                    .open_cursor(state.owner, &ns, indexes, batch_size);
                 cursor_reply("firstBatch", &ns, batch)
             }
-            Err(e) => e,
+            (Err(e), _) | (_, Err(e)) => e,
         },
-        "createIndexes" | "dropIndexes" => match collection_name(command, name) {
-            Ok(c) => {
-                state.store.create(&format!("{db}.{c}"));
-                ok()
-            }
+        "createIndexes" => create_indexes(state, db, command),
+        "dropIndexes" | "deleteIndexes" => match collection_name(command, name) {
+            Ok(c) => match command.get("index") {
+                Some(Bson::String(index)) => {
+                    match state.store.drop_index(&format!("{db}.{c}"), index) {
+                        Ok(()) => ok(),
+                        Err((code, message)) => error_reply(code, &message),
+                    }
+                }
+                _ => unsupported_reply("dropIndexes with an index other than a name or \"*\""),
+            },
             Err(e) => e,
         },
         "commitTransaction" | "abortTransaction" => {
@@ -1078,6 +1090,98 @@ fn group(documents: Vec<Document>, spec: &Document) -> Result<Vec<Document>, Doc
     Ok(vec![out])
 }
 
+/// `{createIndexes: coll, indexes: [{key, name}]}`; index options it does not keep (unique,
+/// sparse, TTL, …) are refused (TK-2).
+fn create_indexes(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
+    let collection = match collection_name(command, "createIndexes") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let indexes = match command.get_array("indexes") {
+        Ok(indexes) if !indexes.is_empty() => indexes,
+        _ => return error_reply(2, "Must specify at least one index to create"),
+    };
+    let ns = format!("{db}.{collection}");
+    for index in indexes {
+        let Some(index) = index.as_document() else {
+            return error_reply(2, "each index must be a document");
+        };
+        if let Some(option) = index
+            .keys()
+            .find(|k| !["key", "name"].contains(&k.as_str()))
+        {
+            return unsupported_reply(&format!("index option {option}"));
+        }
+        let (Ok(key), Ok(name)) = (index.get_document("key"), index.get_str("name")) else {
+            return error_reply(2, "an index needs a key document and a name");
+        };
+        if let Err((code, message)) = state.store.create_index(&ns, key, name) {
+            return error_reply(code, &message);
+        }
+    }
+    ok()
+}
+
+/// TK-3: `cursor.batchSize`, or the server's default.
+fn cursor_batch_size(command: &Document, default: u32) -> Result<usize, Document> {
+    match command
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get("batchSize"))
+    {
+        None => Ok(default as usize),
+        Some(v) => integer(v)
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| error_reply(2, "batchSize must be a non-negative integer")),
+    }
+}
+
+/// The documents matching an optional `filter`.
+fn filtered(documents: Vec<Document>, filter: Option<&Bson>) -> Result<Vec<Document>, Document> {
+    let filter = match filter {
+        None => return Ok(documents),
+        Some(Bson::Document(f)) => f,
+        Some(_) => return Err(error_reply(2, "filter must be a document")),
+    };
+    let mut kept = Vec::new();
+    for d in documents {
+        match crate::query::matches(&d, filter) {
+            Ok(true) => kept.push(d),
+            Ok(false) => {}
+            Err(e) => return Err(query_error(QueryError::UnsupportedFilter(e.0))),
+        }
+    }
+    Ok(kept)
+}
+
+/// `{listCollections: 1, filter, nameOnly, cursor: {batchSize}}` (TK-3, TK-14).
+fn list_collections(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
+    let batch_size = match cursor_batch_size(command, state.batch_size) {
+        Ok(b) => b,
+        Err(e) => return e,
+    };
+    let name_only = command.get_bool("nameOnly").unwrap_or(false);
+    let docs = state
+        .store
+        .collection_names(db)
+        .into_iter()
+        .map(|n| doc! { "name": n, "type": "collection", "options": {}, "info": { "readOnly": false } })
+        .collect();
+    let mut docs = match filtered(docs, command.get("filter")) {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    if name_only {
+        for d in &mut docs {
+            d.remove("options");
+            d.remove("info");
+        }
+    }
+    let ns = format!("{db}.$cmd.listCollections");
+    let batch = state.store.open_cursor(state.owner, &ns, docs, batch_size);
+    cursor_reply("firstBatch", &ns, batch)
+}
+
 /// TK-2, TK-16: what a reply refuses for the unsupported log: a `TestkitUnsupported` reply, or
 /// a fail point the server would not set (no test expects `configureFailPoint` to fail).
 pub(crate) fn refusal(name: &str, reply: &Document) -> Option<String> {
@@ -1088,7 +1192,10 @@ pub(crate) fn refusal(name: &str, reply: &Document) -> Option<String> {
 
 fn query_error(error: QueryError) -> Document {
     match error {
-        QueryError::UnsupportedFilter(key) => unsupported_reply(&format!("query operator {key}")),
+        QueryError::UnsupportedFilter(key) => match key.strip_prefix(crate::query::BAD_VALUE) {
+            Some(message) => error_reply(2, message),
+            None => unsupported_reply(&format!("query operator {key}")),
+        },
         QueryError::CursorNotFound(id) => error_reply(43, &format!("cursor id {id} not found")),
     }
 }

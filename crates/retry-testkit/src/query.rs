@@ -11,6 +11,17 @@ use bson::{Bson, Document};
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Unsupported(pub(crate) String);
 
+/// The prefix of an [`Unsupported`] that is really the client's mistake: a real server answers
+/// it with BadValue (2), e.g. `{$or: true}` (TK-14).
+pub(crate) const BAD_VALUE: &str = "BadValue: ";
+
+impl Unsupported {
+    /// A malformed filter a real server refuses with BadValue.
+    fn bad_value(message: &str) -> Unsupported {
+        Unsupported(format!("{BAD_VALUE}{message}"))
+    }
+}
+
 /// Whether `document` matches `filter`.
 pub(crate) fn matches(document: &Document, filter: &Document) -> Result<bool, Unsupported> {
     for (key, condition) in filter {
@@ -30,11 +41,15 @@ pub(crate) fn matches(document: &Document, filter: &Document) -> Result<bool, Un
 /// `$and` (`all`) or `$or` over an array of filters.
 fn all_of(document: &Document, filters: &Bson, all: bool) -> Result<bool, Unsupported> {
     let Bson::Array(filters) = filters else {
-        return Err(Unsupported("$and/$or need an array".into()));
+        return Err(Unsupported::bad_value(
+            "$and/$or/$nor must be a nonempty array",
+        ));
     };
     for filter in filters {
         let Bson::Document(filter) = filter else {
-            return Err(Unsupported("$and/$or need documents".into()));
+            return Err(Unsupported::bad_value(
+                "$or/$and/$nor entries need to be full objects",
+            ));
         };
         if matches(document, filter)? != all {
             return Ok(!all);
@@ -79,7 +94,7 @@ fn field_matches(value: Option<&Bson>, condition: &Bson) -> Result<bool, Unsuppo
             ),
             "$in" | "$nin" => {
                 let Bson::Array(items) = operand else {
-                    return Err(Unsupported(format!("{op} needs an array")));
+                    return Err(Unsupported::bad_value(&format!("{op} needs an array")));
                 };
                 let found = value.is_some_and(|v| items.iter().any(|i| equal(v, i)));
                 found == (op == "$in")

@@ -38,6 +38,8 @@ pub(crate) struct Store {
     txn_numbers: BTreeMap<Vec<u8>, i64>,
     /// The sessions commands named (`lsid`), for `$listLocalSessions`, in first-use order.
     sessions: Vec<Document>,
+    /// Secondary indexes by namespace (`{v, key, name}`), in creation order; `_id_` is implied.
+    indexes: BTreeMap<String, Vec<Document>>,
 }
 
 /// A retryable write's identity: its session (`lsid`, as BSON bytes), `txnNumber` and
@@ -133,6 +135,7 @@ impl Store {
         multi: bool,
         upsert: bool,
     ) -> Result<UpdateOutcome, QueryError> {
+        validate(filter)?;
         let collection = self.collections.entry(ns.into()).or_default();
         let mut outcome = UpdateOutcome::default();
         for document in collection.iter_mut() {
@@ -167,6 +170,7 @@ impl Store {
         filter: &Document,
         multi: bool,
     ) -> Result<Vec<Document>, QueryError> {
+        validate(filter)?;
         let Some(collection) = self.collections.get_mut(ns) else {
             return Ok(Vec::new());
         };
@@ -189,6 +193,7 @@ impl Store {
         ns: &str,
         filter: &Document,
     ) -> Result<Vec<Document>, QueryError> {
+        validate(filter)?;
         let mut out = Vec::new();
         for document in self.collections.get(ns).into_iter().flatten() {
             if matches(document, filter).map_err(unsupported)? {
@@ -196,6 +201,63 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// The indexes of `ns`: `_id_` first, then the ones created, in order.
+    pub(crate) fn indexes(&self, ns: &str) -> Vec<Document> {
+        let mut list = vec![bson::doc! { "v": 2, "key": { "_id": 1 }, "name": "_id_" }];
+        list.extend(self.indexes.get(ns).into_iter().flatten().cloned());
+        list
+    }
+
+    /// Creates the index `name` on `key` (and `ns` if needed); `Err` with a real server's code and
+    /// message when the name is taken by another key.
+    pub(crate) fn create_index(
+        &mut self,
+        ns: &str,
+        key: &Document,
+        name: &str,
+    ) -> Result<(), (i32, String)> {
+        self.collections.entry(ns.into()).or_default();
+        let list = self.indexes.entry(ns.into()).or_default();
+        match list.iter().find(|i| i.get_str("name").ok() == Some(name)) {
+            Some(existing) if existing.get_document("key").ok() == Some(key) => Ok(()),
+            Some(_) => Err((
+                86,
+                format!("An existing index has the same name as the requested index: {name}"),
+            )),
+            None if name == "_id_" => Err((197, "cannot create an _id_ index".into())),
+            None => {
+                list.push(bson::doc! { "v": 2, "key": key.clone(), "name": name });
+                Ok(())
+            }
+        }
+    }
+
+    /// Drops the index `name` of `ns`, or every secondary index for `*`; `Err` with a real
+    /// server's code and message when there is no such collection or index.
+    pub(crate) fn drop_index(&mut self, ns: &str, name: &str) -> Result<(), (i32, String)> {
+        if !self.collections.contains_key(ns) {
+            return Err((26, format!("ns not found {ns}")));
+        }
+        let list = self.indexes.entry(ns.into()).or_default();
+        if name == "*" {
+            list.clear();
+            return Ok(());
+        }
+        if name == "_id_" {
+            return Err((72, "cannot drop _id index".into()));
+        }
+        match list
+            .iter()
+            .position(|i| i.get_str("name").ok() == Some(name))
+        {
+            Some(position) => {
+                list.remove(position);
+                Ok(())
+            }
+            None => Err((27, format!("index not found with name [{name}]"))),
+        }
     }
 
     /// Remembers a session a command named, for `$listLocalSessions`.
@@ -242,8 +304,9 @@ impl Store {
         true
     }
 
-    /// Drops `ns`; `false` when it did not exist.
+    /// Drops `ns` and its indexes; `false` when it did not exist.
     pub(crate) fn drop_collection(&mut self, ns: &str) -> bool {
+        self.indexes.remove(ns);
         self.collections.remove(ns).is_some()
     }
 
@@ -404,6 +467,14 @@ impl Store {
             cursor_id,
         }
     }
+}
+
+/// A filter is checked whole before any document is read, as a real server parses it first:
+/// `{$or: true}` fails even on an empty collection (TK-14).
+fn validate(filter: &Document) -> Result<(), QueryError> {
+    matches(&Document::new(), filter)
+        .map(|_| ())
+        .map_err(unsupported)
 }
 
 fn unsupported(error: Unsupported) -> QueryError {

@@ -188,7 +188,23 @@ async fn catalog_commands_and_change_streams() {
             Some(48)
         );
         let reply = run(doc! { "createIndexes": "b", "indexes": [], "$db": "db" }).await;
+        assert_eq!(code(&reply), Some(2), "no index to create");
+        let index = doc! { "key": { "x": 1 }, "name": "x_1" };
+        let reply = run(doc! { "createIndexes": "b", "indexes": [index], "$db": "db" }).await;
         assert_eq!(code(&reply), None);
+        let reply =
+            run(doc! { "listIndexes": "b", "cursor": { "batchSize": 1 }, "$db": "db" }).await;
+        assert_eq!(first_batch(&reply).len(), 1, "TK-3: cursor.batchSize");
+        let reply = run(doc! { "dropIndexes": "b", "index": "x_1", "$db": "db" }).await;
+        assert_eq!(code(&reply), None);
+        let reply = run(doc! { "dropIndexes": "b", "index": "x_1", "$db": "db" }).await;
+        assert_eq!(code(&reply), Some(27), "IndexNotFound");
+        let reply = run(doc! { "find": "b", "filter": { "$or": true }, "$db": "db" }).await;
+        assert_eq!(
+            code(&reply),
+            Some(2),
+            "BadValue even on an empty collection"
+        );
         let reply = run(doc! { "listCollections": 1, "$db": "db" }).await;
         let names: Vec<String> = first_batch(&reply)
             .iter()

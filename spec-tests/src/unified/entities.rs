@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use bson::{doc, Bson, Document};
 use retry_core::engine::{CommandEvent, CursorHandle, EngineEvent};
 use retry_core::pool::PoolEvent;
+use retry_core::selection::ReadPreference;
 use serde_json::Value;
 
 use super::deploy::Cluster;
@@ -141,6 +142,8 @@ pub struct Options {
     pub write_concern: Option<Document>,
     /// `readConcern`, sent with its read commands.
     pub read_concern: Option<Document>,
+    /// `readPreference`: where its reads may run (the product adds `$readPreference`).
+    pub read_preference: Option<ReadPreference>,
 }
 
 /// A cursor entity: `createFindCursor` / `createChangeStream` results.
@@ -253,6 +256,9 @@ impl Entities {
                         options: Options {
                             write_concern: own.write_concern.or(db_options.write_concern.clone()),
                             read_concern: own.read_concern.or(db_options.read_concern.clone()),
+                            read_preference: own
+                                .read_preference
+                                .or(db_options.read_preference.clone()),
                         },
                     }
                 }
@@ -318,6 +324,10 @@ fn options(value: Option<&Value>) -> Result<Options, String> {
     };
     let object = value.as_object().ok_or("options must be an object")?;
     for (key, value) in object {
+        if key == "readPreference" {
+            options.read_preference = Some(read_preference(value)?);
+            continue;
+        }
         let Bson::Document(document) = to_bson(value)? else {
             return Err(format!("{key} must be a document"));
         };
@@ -328,6 +338,29 @@ fn options(value: Option<&Value>) -> Result<Options, String> {
         }
     }
     Ok(options)
+}
+
+/// UT-9: a `readPreference` document (`mode` and optional `tagSets`, `maxStalenessSeconds`).
+pub fn read_preference(value: &Value) -> Result<ReadPreference, String> {
+    let object = value
+        .as_object()
+        .ok_or("readPreference must be an object")?;
+    if let Some(key) = object
+        .keys()
+        .find(|k| !["mode", "tagSets", "maxStalenessSeconds"].contains(&k.as_str()))
+    {
+        return Err(format!("unsupported readPreference field {key}"));
+    }
+    let mut renamed = serde_json::Map::new();
+    for (key, value) in object {
+        let key = if key == "tagSets" {
+            "tag_sets"
+        } else {
+            key.as_str()
+        };
+        renamed.insert(key.to_owned(), value.clone());
+    }
+    crate::json::read_preference(&Value::Object(renamed))?
 }
 
 /// UT-8: a product client on the deployment with the entity's `uriOptions`.

@@ -12,6 +12,7 @@ use retry_core::classify::classify;
 use retry_core::engine::CursorUse;
 use retry_core::error::{ErrorKind, OperationError};
 use retry_core::retry::OperationKind;
+use retry_core::selection::SelectionCriteria;
 use retry_tokio::CommandOptions;
 use serde_json::{Map, Value};
 
@@ -160,6 +161,7 @@ impl Args {
 }
 
 /// Where an operation runs: a client entity, a database and maybe a collection.
+#[derive(Clone)]
 pub struct Target {
     /// The client entity.
     pub client: String,
@@ -229,8 +231,14 @@ pub async fn execute(
         Ok(client) => client.client.clone(),
         Err(e) => return Err(OperationError::usage(e)),
     };
+    let read = matches!(kind, OperationKind::Read | OperationKind::RunCommand);
+    let criteria = match &target.options.read_preference {
+        Some(preference) if read => Some(SelectionCriteria::Read(preference.clone())),
+        _ => None,
+    };
     let options = CommandOptions {
         cursor,
+        criteria,
         ..CommandOptions::default()
     };
     client.run(&target.db, command, kind, options).await
@@ -599,10 +607,12 @@ async fn run_inner(
                     "commandName {command_name} is not the first key"
                 )));
             }
-            if args.take("readPreference").is_some() {
-                return Err(Err("runCommand readPreference is not supported yet".into()));
+            let mut target = target.clone();
+            if let Some(preference) = args.take("readPreference") {
+                target.options.read_preference =
+                    Some(super::entities::read_preference(&preference).map_err(harness)?);
             }
-            let reply = single(entities, target, command).await?;
+            let reply = single(entities, &target, command).await?;
             Ok(Produced::Value(Bson::Document(reply)))
         }
         "mapReduce" => {
