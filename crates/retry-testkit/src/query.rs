@@ -28,6 +28,8 @@ pub(crate) fn matches(document: &Document, filter: &Document) -> Result<bool, Un
         let ok = match key.as_str() {
             "$and" => all_of(document, condition, true)?,
             "$or" => all_of(document, condition, false)?,
+            // TK-14: only `"sleep(N) || true"`, whose sleep the server took before running.
+            "$where" if where_sleep_ms(condition).is_some() => true,
             k if k.starts_with('$') => return Err(Unsupported(k.into())),
             k => field_matches(lookup(document, k), condition)?,
         };
@@ -36,6 +38,39 @@ pub(crate) fn matches(document: &Document, filter: &Document) -> Result<bool, Un
         }
     }
     Ok(true)
+}
+
+/// The N of a `$where: "sleep(N) || true"`, the one form the test server evaluates (TK-14).
+fn where_sleep_ms(condition: &Bson) -> Option<u64> {
+    let Bson::String(code) = condition else {
+        return None;
+    };
+    code.strip_prefix("sleep(")?
+        .strip_suffix(") || true")?
+        .parse()
+        .ok()
+}
+
+/// TK-14: how long a command's `$where: "sleep(N) || true"` filter makes it wait before it
+/// runs (find's `filter`, an update's or delete's `q`, findAndModify's `query`), at most 10 s.
+/// A client that closes meanwhile does not wait: its reply is never read.
+pub(crate) fn where_sleep(command: &Document) -> Option<core::time::Duration> {
+    let statements = ["updates", "deletes"].into_iter().flat_map(|field| {
+        command
+            .get_array(field)
+            .into_iter()
+            .flatten()
+            .filter_map(Bson::as_document)
+            .filter_map(|s| s.get_document("q").ok())
+    });
+    let filters = ["filter", "query"]
+        .into_iter()
+        .filter_map(|field| command.get_document(field).ok())
+        .chain(statements);
+    let total: u64 = filters
+        .filter_map(|f| f.get("$where").and_then(where_sleep_ms))
+        .sum();
+    (total > 0).then(|| core::time::Duration::from_millis(total.min(10_000)))
 }
 
 /// `$and` (`all`) or `$or` over an array of filters.
@@ -247,6 +282,16 @@ mod tests {
             matches(&d, &doc! { "$where": "1" }),
             Err(Unsupported("$where".into()))
         );
+        assert_eq!(
+            matches(&d, &doc! { "$where": "sleep(20) || true" }),
+            Ok(true)
+        );
+        let find = doc! { "find": "c", "filter": { "$where": "sleep(20) || true" } };
+        assert_eq!(
+            where_sleep(&find),
+            Some(core::time::Duration::from_millis(20))
+        );
+        assert_eq!(where_sleep(&doc! { "find": "c", "filter": {} }), None);
     }
 
     #[test]

@@ -611,6 +611,9 @@ impl Connection {
                 return Response::Reply(reply);
             }
         }
+        if let Some(wait) = crate::query::where_sleep(command) {
+            sleep(wait).await;
+        }
         let mut state = shared.lock();
         let write_key = write_key(name, command);
         if let Some(reply) = write_key

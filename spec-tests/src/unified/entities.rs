@@ -242,6 +242,8 @@ pub enum Entity {
     Cursor(Box<CursorEntity>),
     /// A saved result.
     Value(Bson),
+    /// A thread (UT-11): the operations started on it, each a task on the test's thread.
+    Thread(Vec<tokio::task::JoinHandle<Result<(), String>>>),
 }
 
 /// UT-7: the entity map of one test.
@@ -315,7 +317,10 @@ impl Entities {
                 "session" => {
                     return Err("session entities: the driver has no explicit sessions yet".into())
                 }
-                "thread" => return Err("thread entities are not supported yet".into()),
+                "thread" => {
+                    check_fields(spec, &["id"])?;
+                    Entity::Thread(Vec::new())
+                }
                 other => return Err(format!("entity type {other} is not supported")),
             };
             self.map.insert(id, entity);
@@ -343,8 +348,10 @@ impl Entities {
     /// UT-25: shuts every client down.
     pub async fn close(&mut self) {
         for entity in self.map.values() {
-            if let Entity::Client(client) = entity {
-                client.client.shutdown().await;
+            match entity {
+                Entity::Client(client) => client.client.shutdown().await,
+                Entity::Thread(tasks) => tasks.iter().for_each(|t| t.abort()),
+                _ => {}
             }
         }
         self.map.clear();

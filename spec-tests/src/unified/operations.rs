@@ -165,6 +165,8 @@ impl Args {
 pub struct Target {
     /// The client entity.
     pub client: String,
+    /// The product client of that entity.
+    pub handle: retry_tokio::Client,
     /// The database.
     pub db: String,
     /// The collection, for collection operations.
@@ -176,38 +178,40 @@ pub struct Target {
 impl Target {
     /// The entity `id` as a target.
     pub fn of(entities: &Entities, id: &str) -> Result<Target, String> {
-        match entities.map.get(id) {
-            Some(Entity::Client(_)) => Ok(Target {
-                client: id.to_owned(),
-                db: "admin".into(),
-                collection: None,
-                options: Options::default(),
-            }),
+        let (client, db, collection, options) = match entities.map.get(id) {
+            Some(Entity::Client(_)) => (id, "admin", None, Options::default()),
             Some(Entity::Database {
                 client,
                 name,
                 options,
-            }) => Ok(Target {
-                client: client.clone(),
-                db: name.clone(),
-                collection: None,
-                options: options.clone(),
-            }),
+            }) => (client.as_str(), name.as_str(), None, options.clone()),
             Some(Entity::Collection {
                 client,
                 db,
                 name,
                 options,
-            }) => Ok(Target {
-                client: client.clone(),
-                db: db.clone(),
-                collection: Some(name.clone()),
-                options: options.clone(),
-            }),
-            _ => Err(format!(
-                "{id} is not a client, database or collection entity"
-            )),
-        }
+            }) => (
+                client.as_str(),
+                db.as_str(),
+                Some(name.clone()),
+                options.clone(),
+            ),
+            _ => {
+                return Err(format!(
+                    "{id} is not a client, database or collection entity"
+                ))
+            }
+        };
+        let Some(Entity::Client(entity)) = entities.map.get(client) else {
+            return Err(format!("{client} is not a client entity"));
+        };
+        Ok(Target {
+            client: client.to_owned(),
+            handle: entity.client.clone(),
+            db: db.to_owned(),
+            collection,
+            options,
+        })
     }
 
     fn collection(&self) -> Result<&str, String> {
@@ -221,16 +225,11 @@ impl Target {
 /// primary for reads (no `readPreference` argument is supported yet) and a writable server for
 /// writes.
 pub async fn execute(
-    entities: &mut Entities,
     target: &Target,
     command: Document,
     cursor: CursorUse,
 ) -> Result<retry_tokio::Reply, OperationError> {
     let kind = classify(&command, &[], target.options.write_concern.as_ref());
-    let client = match entities.client(&target.client) {
-        Ok(client) => client.client.clone(),
-        Err(e) => return Err(OperationError::usage(e)),
-    };
     let read = matches!(kind, OperationKind::Read | OperationKind::RunCommand);
     let criteria = match &target.options.read_preference {
         Some(preference) if read => Some(SelectionCriteria::Read(preference.clone())),
@@ -241,7 +240,7 @@ pub async fn execute(
         criteria,
         ..CommandOptions::default()
     };
-    client.run(&target.db, command, kind, options).await
+    target.handle.run(&target.db, command, kind, options).await
 }
 
 /// A read command with the target's read concern.
@@ -266,15 +265,15 @@ fn product(error: OperationError) -> Result<Box<Failure>, String> {
 
 /// Runs a cursor-opening command and its getMores to the end (UT-16); on a getMore failure the
 /// cursor is killed and the error returned.
-async fn drain(entities: &mut Entities, target: &Target, command: Document) -> OpResult {
-    let mut cursor = open_cursor(entities, target, command).await?;
+async fn drain(target: &Target, command: Document) -> OpResult {
+    let mut cursor = open_cursor(target, command).await?;
     let mut documents: Vec<Bson> = cursor.buffer.drain(..).collect();
     for _ in 0..MAX_GET_MORES {
         if cursor.id == 0 {
             return Ok(Produced::Value(Bson::Array(documents)));
         }
-        if let Err(failure) = get_more(entities, target, &mut cursor).await {
-            kill(entities, target, &cursor).await;
+        if let Err(failure) = get_more(target, &mut cursor).await {
+            kill(target, &cursor).await;
             return Err(failure);
         }
         documents.extend(cursor.buffer.drain(..));
@@ -284,7 +283,6 @@ async fn drain(entities: &mut Entities, target: &Target, command: Document) -> O
 
 /// The first command of a cursor: its batch and id.
 async fn open_cursor(
-    entities: &mut Entities,
     target: &Target,
     command: Document,
 ) -> Result<CursorEntity, Result<Box<Failure>, String>> {
@@ -293,7 +291,7 @@ async fn open_cursor(
         .ok()
         .and_then(|c| c.get_i32("batchSize").ok())
         .or(command.get_i32("batchSize").ok());
-    let reply = execute(entities, target, command, CursorUse::Open)
+    let reply = execute(target, command, CursorUse::Open)
         .await
         .map_err(product)?;
     let cursor = reply
@@ -318,7 +316,6 @@ async fn open_cursor(
 
 /// One getMore of `cursor` into its buffer.
 pub async fn get_more(
-    entities: &mut Entities,
     target: &Target,
     cursor: &mut CursorEntity,
 ) -> Result<(), Result<Box<Failure>, String>> {
@@ -329,7 +326,7 @@ pub async fn get_more(
     if let Some(batch_size) = cursor.batch_size {
         command.insert("batchSize", batch_size);
     }
-    let reply = execute(entities, target, command, CursorUse::GetMore(handle))
+    let reply = execute(target, command, CursorUse::GetMore(handle))
         .await
         .map_err(product)?;
     let next = reply
@@ -345,7 +342,7 @@ pub async fn get_more(
 }
 
 /// Sends `killCursors` for an open cursor; its errors are swallowed (UT-16).
-pub async fn kill(entities: &mut Entities, target: &Target, cursor: &CursorEntity) {
+pub async fn kill(target: &Target, cursor: &CursorEntity) {
     if cursor.id == 0 {
         return;
     }
@@ -353,16 +350,15 @@ pub async fn kill(entities: &mut Entities, target: &Target, cursor: &CursorEntit
         return;
     };
     let command = doc! { "killCursors": cursor.collection.clone(), "cursors": [cursor.id] };
-    let _ = execute(entities, target, command, CursorUse::Close(handle)).await;
+    let _ = execute(target, command, CursorUse::Close(handle)).await;
 }
 
 /// A single command's reply as a result value, or its error.
 async fn single(
-    entities: &mut Entities,
     target: &Target,
     command: Document,
 ) -> Result<Document, Result<Box<Failure>, String>> {
-    let reply = execute(entities, target, command, CursorUse::None)
+    let reply = execute(target, command, CursorUse::None)
         .await
         .map_err(product)?;
     Ok(reply.document)
@@ -428,20 +424,15 @@ fn with_id(mut document: Document) -> (Document, Bson) {
 }
 
 /// Runs one entity operation `name` on `target`.
-pub async fn run(entities: &mut Entities, target: &Target, name: &str, mut args: Args) -> OpResult {
-    let result = run_inner(entities, target, name, &mut args).await;
+pub async fn run(target: &Target, name: &str, mut args: Args) -> OpResult {
+    let result = run_inner(target, name, &mut args).await;
     if let Err(e) = args.finish() {
         return Err(Err(e));
     }
     result
 }
 
-async fn run_inner(
-    entities: &mut Entities,
-    target: &Target,
-    name: &str,
-    args: &mut Args,
-) -> OpResult {
+async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
     let harness = |e: String| Err(e);
     match name {
         "find" | "findOne" | "createFindCursor" => {
@@ -465,10 +456,10 @@ async fn run_inner(
             }
             let command = with_read_concern(command, target);
             if name == "createFindCursor" {
-                let cursor = open_cursor(entities, target, command).await?;
+                let cursor = open_cursor(target, command).await?;
                 return Ok(Produced::Cursor(Box::new(cursor)));
             }
-            let result = drain(entities, target, command).await?;
+            let result = drain(target, command).await?;
             if name == "findOne" {
                 if let Produced::Value(Bson::Array(docs)) = result {
                     return Ok(Produced::Value(
@@ -517,10 +508,10 @@ async fn run_inner(
                 with_read_concern(command, target)
             };
             if name == "createChangeStream" {
-                let cursor = open_cursor(entities, target, command).await?;
+                let cursor = open_cursor(target, command).await?;
                 return Ok(Produced::Cursor(Box::new(cursor)));
             }
-            let result = drain(entities, target, command).await?;
+            let result = drain(target, command).await?;
             if name == "countDocuments" {
                 if let Produced::Value(Bson::Array(docs)) = &result {
                     let n = docs
@@ -539,7 +530,7 @@ async fn run_inner(
             if name == "count" {
                 command.insert("query", args.document("filter").map_err(harness)?);
             }
-            let reply = single(entities, target, with_read_concern(command, target)).await?;
+            let reply = single(target, with_read_concern(command, target)).await?;
             Ok(Produced::Value(
                 reply.get("n").cloned().unwrap_or(Bson::Null),
             ))
@@ -549,7 +540,7 @@ async fn run_inner(
             let key = args.string("fieldName").map_err(harness)?;
             let filter = args.document("filter").map_err(harness)?;
             let command = doc! { "distinct": coll, "key": key, "query": filter };
-            let reply = single(entities, target, with_read_concern(command, target)).await?;
+            let reply = single(target, with_read_concern(command, target)).await?;
             Ok(Produced::Value(
                 reply.get("values").cloned().unwrap_or(Bson::Null),
             ))
@@ -564,10 +555,9 @@ async fn run_inner(
             let admin = Target {
                 db: "admin".into(),
                 collection: None,
-                client: target.client.clone(),
-                options: target.options.clone(),
+                ..target.clone()
             };
-            let reply = single(entities, &admin, command).await?;
+            let reply = single(&admin, command).await?;
             let databases = reply.get_array("databases").cloned().unwrap_or_default();
             Ok(Produced::Value(match name {
                 "listDatabaseNames" => names(&databases),
@@ -586,7 +576,7 @@ async fn run_inner(
                 cursor.insert("batchSize", size);
             }
             command.insert("cursor", cursor);
-            let result = drain(entities, target, command).await?;
+            let result = drain(target, command).await?;
             Ok(names_if(name == "listCollectionNames", result))
         }
         "listIndexes" | "listIndexNames" => {
@@ -596,7 +586,7 @@ async fn run_inner(
                 cursor.insert("batchSize", size);
             }
             let command = doc! { "listIndexes": coll, "cursor": cursor };
-            let result = drain(entities, target, command).await?;
+            let result = drain(target, command).await?;
             Ok(names_if(name == "listIndexNames", result))
         }
         "runCommand" => {
@@ -612,7 +602,7 @@ async fn run_inner(
                 target.options.read_preference =
                     Some(super::entities::read_preference(&preference).map_err(harness)?);
             }
-            let reply = single(entities, &target, command).await?;
+            let reply = single(&target, command).await?;
             Ok(Produced::Value(Bson::Document(reply)))
         }
         "mapReduce" => {
@@ -622,7 +612,7 @@ async fn run_inner(
                 let value = args.bson(field).map_err(harness)?;
                 command.insert(field, value.ok_or(Err(format!("{field} missing")))?);
             }
-            let reply = single(entities, target, with_read_concern(command, target)).await?;
+            let reply = single(target, with_read_concern(command, target)).await?;
             Ok(Produced::Value(
                 reply.get("results").cloned().unwrap_or(Bson::Null),
             ))
@@ -658,7 +648,7 @@ async fn run_inner(
                 doc! { "insert": coll, "documents": sent, "ordered": ordered },
                 target,
             );
-            let reply = single(entities, target, command).await?;
+            let reply = single(target, command).await?;
             let inserted = |reply: &Document| {
                 let failed: Vec<i64> = failed_indexes(reply);
                 let mut map = Document::new();
@@ -703,7 +693,7 @@ async fn run_inner(
                 doc! { "update": coll, "updates": [statement], "ordered": true },
                 target,
             );
-            let reply = single(entities, target, command).await?;
+            let reply = single(target, command).await?;
             let reply = write_reply(reply, update_result)?;
             Ok(Produced::Value(update_result(&reply)))
         }
@@ -715,7 +705,7 @@ async fn run_inner(
                 doc! { "delete": coll, "deletes": [{ "q": filter, "limit": limit }], "ordered": true },
                 target,
             );
-            let reply = single(entities, target, command).await?;
+            let reply = single(target, command).await?;
             let reply = write_reply(reply, |r| {
                 Bson::Document(doc! { "deletedCount": number(r, "n") })
             })?;
@@ -755,13 +745,13 @@ async fn run_inner(
             )
             .map_err(harness)?;
             let command = with_write_concern(command, target);
-            let reply = single(entities, target, command).await?;
+            let reply = single(target, command).await?;
             Ok(Produced::Value(
                 reply.get("value").cloned().unwrap_or(Bson::Null),
             ))
         }
-        "bulkWrite" => bulk_write(entities, target, args).await,
-        "clientBulkWrite" => client_bulk_write(entities, target, args).await,
+        "bulkWrite" => bulk_write(target, args).await,
+        "clientBulkWrite" => client_bulk_write(target, args).await,
         "createIndex" => {
             let coll = target.collection().map_err(harness)?;
             let keys = args.document("keys").map_err(harness)?;
@@ -770,7 +760,7 @@ async fn run_inner(
                 doc! { "createIndexes": coll, "indexes": [{ "key": keys, "name": name.clone() }] },
                 target,
             );
-            single(entities, target, command).await?;
+            single(target, command).await?;
             Ok(Produced::Value(Bson::String(name)))
         }
         "dropIndex" | "dropIndexes" => {
@@ -780,7 +770,7 @@ async fn run_inner(
                 _ => "*".into(),
             };
             let command = with_write_concern(doc! { "dropIndexes": coll, "index": index }, target);
-            single(entities, target, command).await?;
+            single(target, command).await?;
             Ok(Produced::Value(Bson::Null))
         }
         other => Err(Err(format!("unsupported operation {other}"))),
@@ -887,7 +877,7 @@ fn model(request: &Bson) -> Result<Model, String> {
 }
 
 /// UT-17: `bulkWrite` as consecutive same-kind batches, in order, with the five counts.
-async fn bulk_write(entities: &mut Entities, target: &Target, args: &mut Args) -> OpResult {
+async fn bulk_write(target: &Target, args: &mut Args) -> OpResult {
     let coll = target.collection().map_err(Err)?.to_owned();
     let requests = match args.bson("requests").map_err(Err)? {
         Some(Bson::Array(r)) => r,
@@ -958,7 +948,7 @@ async fn bulk_write(entities: &mut Entities, target: &Target, args: &mut Args) -
         command.insert(field, statements);
         command.insert("ordered", ordered);
         let command = with_write_concern(command, target);
-        let reply = single(entities, target, command).await?;
+        let reply = single(target, command).await?;
         let n = number(&reply, "n");
         let failed = failed_indexes(&reply);
         match kind {
@@ -1014,7 +1004,7 @@ fn ordered_ok(ordered: bool, failed: &[i64], i: usize) -> bool {
 
 /// UT-17: `clientBulkWrite` as one admin `bulkWrite` command (8.0); the result has the five
 /// counts and, with `verboseResults`, the per-model results by index.
-async fn client_bulk_write(entities: &mut Entities, target: &Target, args: &mut Args) -> OpResult {
+async fn client_bulk_write(target: &Target, args: &mut Args) -> OpResult {
     let models = match args.bson("models").map_err(Err)? {
         Some(Bson::Array(m)) => m,
         _ => return Err(Err("models missing".into())),
@@ -1105,12 +1095,11 @@ async fn client_bulk_write(entities: &mut Entities, target: &Target, args: &mut 
         target,
     );
     let admin = Target {
-        client: target.client.clone(),
         db: "admin".into(),
         collection: None,
-        options: target.options.clone(),
+        ..target.clone()
     };
-    let reply = single(entities, &admin, command).await?;
+    let reply = single(&admin, command).await?;
     let mut result = doc! {
         "insertedCount": number(&reply, "nInserted"),
         "upsertedCount": number(&reply, "nUpserted"),

@@ -220,16 +220,47 @@ async fn run_operation(
         }
         Some(Entity::Client(_) | Entity::Database { .. } | Entity::Collection { .. }) => {
             let target = Target::of(entities, object)?;
-            operations::run(entities, &target, name, args).await
+            operations::run(&target, name, args).await
         }
         _ => return Err(format!("no entity {object} for {name}")),
     };
+    let Some(produced) = check_result(operation, name, result)? else {
+        return Ok(());
+    };
+    if let Some(id) = operation.get("saveResultAsEntity").and_then(Value::as_str) {
+        let entity = match produced {
+            Produced::Value(value) => Entity::Value(value),
+            Produced::Cursor(cursor) => Entity::Cursor(cursor),
+        };
+        if entities.map.insert(id.to_owned(), entity).is_some() {
+            return Err(format!("entity {id} already exists"));
+        }
+    } else if let Produced::Cursor(cursor) = produced {
+        // An unsaved change stream closes at once (UT-16).
+        let target = cursor_target(&cursor, entities)?;
+        operations::kill(&target, &cursor).await;
+    }
+    Ok(())
+}
+
+/// UT-18: `ignoreResultAndError`, then `expectError` or success, then `expectResult`; what
+/// the operation produced, for `saveResultAsEntity` (`None` when ignored).
+fn check_result(
+    operation: &Value,
+    name: &str,
+    result: OpResult,
+) -> Result<Option<Produced>, String> {
     if operation.get("ignoreResultAndError") == Some(&Value::Bool(true)) {
-        return result.map(|_| ()).or_else(|e| e.map(|_| ()));
+        return match result {
+            Err(Err(harness)) => Err(format!("harness: {harness}")),
+            _ => Ok(None),
+        };
     }
     let produced = match (result, operation.get("expectError")) {
         (Err(Err(harness)), _) => return Err(format!("harness: {harness}")),
-        (Err(Ok(failure)), Some(expected)) => return expect_error(expected, &failure),
+        (Err(Ok(failure)), Some(expected)) => {
+            return expect_error(expected, &failure).map(|()| None)
+        }
         (Err(Ok(failure)), None) => {
             return Err(format!(
                 "{name} failed: {} (labels {:?})",
@@ -246,18 +277,61 @@ async fn run_operation(
         matches_root(&to_bson(expected)?, Some(actual), &no_sessions)
             .map_err(|e| format!("{name} result: {e}"))?;
     }
-    if let Some(id) = operation.get("saveResultAsEntity").and_then(Value::as_str) {
-        let entity = match produced {
-            Produced::Value(value) => Entity::Value(value),
-            Produced::Cursor(cursor) => Entity::Cursor(cursor),
-        };
-        if entities.map.insert(id.to_owned(), entity).is_some() {
-            return Err(format!("entity {id} already exists"));
+    Ok(Some(produced))
+}
+
+/// UT-11: starts an entity operation on a thread without waiting for it; its checks run there.
+fn run_on_thread(thread: &str, operation: Value, entities: &mut Entities) -> Result<(), String> {
+    check_keys(
+        &operation,
+        &[
+            "name",
+            "object",
+            "arguments",
+            "expectResult",
+            "expectError",
+            "ignoreResultAndError",
+        ],
+    )?;
+    let name = operation
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or("an operation needs a name")?
+        .to_owned();
+    let object = operation
+        .get("object")
+        .and_then(Value::as_str)
+        .ok_or("an operation needs an object")?;
+    let target = Target::of(entities, object)?;
+    let args = Args::new(operation.get("arguments"))?;
+    let task = tokio::task::spawn_local(async move {
+        let result = operations::run(&target, &name, args).await;
+        check_result(&operation, &name, result).map(|_| ())
+    });
+    match entities.map.get_mut(thread) {
+        Some(Entity::Thread(tasks)) => {
+            tasks.push(task);
+            Ok(())
         }
-    } else if let Produced::Cursor(cursor) = produced {
-        // An unsaved change stream closes at once (UT-16).
-        let target = cursor_target(&cursor, entities)?;
-        operations::kill(entities, &target, &cursor).await;
+        _ => {
+            task.abort();
+            Err(format!("{thread} is not a thread entity"))
+        }
+    }
+}
+
+/// UT-11: waits for every operation started on `thread`; fails on the first error or after 10 s.
+async fn wait_for_thread(thread: &str, entities: &mut Entities) -> Result<(), String> {
+    let Some(Entity::Thread(tasks)) = entities.map.get_mut(thread) else {
+        return Err(format!("{thread} is not a thread entity"));
+    };
+    let deadline = tokio::time::Instant::now() + WAIT_LIMIT;
+    for task in tasks.drain(..) {
+        match tokio::time::timeout_at(deadline, task).await {
+            Ok(Ok(result)) => result.map_err(|e| format!("{thread}: {e}"))?,
+            Ok(Err(e)) => return Err(format!("{thread}: the operation panicked: {e}")),
+            Err(_) => return Err(format!("{thread}: not done after 10 s")),
+        }
     }
     Ok(())
 }
@@ -293,7 +367,7 @@ async fn cursor_operation(id: &str, name: &str, args: Args, entities: &mut Entit
                     result = Err(Err("iterating an exhausted cursor".to_owned()));
                     break;
                 }
-                if let Err(e) = operations::get_more(entities, &target, &mut cursor).await {
+                if let Err(e) = operations::get_more(&target, &mut cursor).await {
                     result = Err(e);
                     break;
                 }
@@ -304,7 +378,7 @@ async fn cursor_operation(id: &str, name: &str, args: Args, entities: &mut Entit
             result
         }
         "close" => {
-            operations::kill(entities, &target, &cursor).await;
+            operations::kill(&target, &cursor).await;
             cursor.id = 0;
             Ok(Produced::Value(Bson::Null))
         }
@@ -381,14 +455,10 @@ async fn test_runner(
             let fail_point = args.document("failPoint")?;
             args.finish()?;
             let target = Target::of(entities, &client)?;
-            let reply = operations::execute(
-                entities,
-                &target,
-                fail_point,
-                retry_core::engine::CursorUse::None,
-            )
-            .await
-            .map_err(|e| format!("harness: configureFailPoint failed: {e}"))?;
+            let reply =
+                operations::execute(&target, fail_point, retry_core::engine::CursorUse::None)
+                    .await
+                    .map_err(|e| format!("harness: configureFailPoint failed: {e}"))?;
             match reply.document.get("ok") {
                 Some(Bson::Double(ok)) if *ok == 1.0 => Ok(()),
                 _ => Err(format!("harness: configureFailPoint: {}", reply.document)),
@@ -452,6 +522,17 @@ async fn test_runner(
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
+        }
+        "runOnThread" => {
+            let thread = args.string("thread")?;
+            let operation = args.take("operation").ok_or("operation missing")?;
+            args.finish()?;
+            run_on_thread(&thread, operation, entities)
+        }
+        "waitForThread" => {
+            let thread = args.string("thread")?;
+            args.finish()?;
+            wait_for_thread(&thread, entities).await
         }
         "wait" => {
             let ms = args
