@@ -198,14 +198,68 @@ pub(crate) fn execute(
             Err(e) => error_reply(2, &e.to_string()),
         });
     }
+    if state.role == Role::Standalone && request.body.contains_key("txnNumber") {
+        return Some(error_reply(
+            20,
+            "Transaction numbers are only allowed on a replica set member or mongos",
+        ));
+    }
     let data = state.data.clone();
     let mut store = data.lock();
+    let in_transaction = request.body.get("autocommit") == Some(&Bson::Boolean(false));
+    let ends = matches!(name, "commitTransaction" | "abortTransaction");
+    if in_transaction && !ends {
+        if let Err((code, message)) = transaction_command(&mut store, &request.body) {
+            let mut reply = error_reply(code, &message);
+            if let Some(labels) = transaction_labels(name, code) {
+                reply.insert("errorLabels", labels);
+            }
+            return Some(reply);
+        }
+    }
     let mut context = Context {
         store: &mut store,
         batch_size: state.batch_size,
         owner: process_id,
     };
-    run(&mut context, name, request, max_wire_version)
+    let mut reply = run(&mut context, name, request, max_wire_version)?;
+    // TK-15: a mongos answers every command of a transaction with a recovery token.
+    let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+    let transactional = in_transaction || ends;
+    if router && transactional {
+        reply.insert("recoveryToken", doc! { "recoveryShardId": "shard0" });
+    }
+    Some(reply)
+}
+
+/// TK-15: checks (and with `startTransaction: true`, starts) the transaction a command with
+/// `autocommit: false` belongs to.
+fn transaction_command(store: &mut Store, command: &Document) -> Result<(), (i32, String)> {
+    let session = command
+        .get_document("lsid")
+        .ok()
+        .and_then(|l| l.to_vec().ok());
+    let number = command.get("txnNumber").and_then(integer);
+    let (Some(session), Some(number)) = (session, number) else {
+        return Err((
+            50768,
+            "a command with autocommit: false needs lsid and txnNumber".into(),
+        ));
+    };
+    let start = command.get("startTransaction") == Some(&Bson::Boolean(true));
+    store.transaction_command(session, number, start)
+}
+
+/// TK-7: the `TransientTransactionError` label a server adds to an error of a transaction's
+/// command: 24, 91, 10107, 112 and 251 on its statements, 24 and 251 on `commitTransaction`;
+/// `None` for anything else (e.g. 11601, 50, 51).
+pub(crate) fn transaction_labels(name: &str, code: i32) -> Option<Vec<String>> {
+    let transient = match name {
+        "commitTransaction" => matches!(code, 24 | 251),
+        "abortTransaction" => false,
+        _ => matches!(code, 24 | 91 | 10107 | 112 | 251),
+    };
+    transient.then(|| vec![String::from("TransientTransactionError")])
 }
 
 /// What a data command works on: the (possibly shared) store, locked once for the command, and
@@ -317,10 +371,29 @@ fn run(
             Err(e) => e,
         },
         "commitTransaction" | "abortTransaction" => {
-            if command.contains_key("lsid") && command.contains_key("txnNumber") {
-                ok()
-            } else {
-                error_reply(251, "NoSuchTransaction: no transaction in progress")
+            if db != "admin" {
+                return Some(error_reply(
+                    13,
+                    &format!("{name} may only be run against the admin database."),
+                ));
+            }
+            let session = command
+                .get_document("lsid")
+                .ok()
+                .and_then(|l| l.to_vec().ok());
+            let number = command.get("txnNumber").and_then(integer);
+            let (Some(session), Some(number)) = (session, number) else {
+                return Some(error_reply(
+                    50768,
+                    &format!("{name} must be run within a transaction"),
+                ));
+            };
+            match state
+                .store
+                .end_transaction(&session, number, name == "commitTransaction")
+            {
+                Ok(()) => ok(),
+                Err((code, message)) => error_reply(code, &message),
             }
         }
         "find" => find(state, db, command),

@@ -38,6 +38,8 @@ pub(crate) struct Store {
     txn_numbers: BTreeMap<Vec<u8>, i64>,
     /// The sessions commands named (`lsid`), for `$listLocalSessions`, in first-use order.
     sessions: Vec<Document>,
+    /// TK-15: each session's latest transaction (lsid bytes).
+    transactions: BTreeMap<Vec<u8>, Transaction>,
     /// Secondary indexes by namespace (`{v, key, name}`), in creation order; `_id_` is implied.
     indexes: BTreeMap<String, Vec<Document>>,
 }
@@ -50,6 +52,26 @@ pub(crate) struct WriteKey {
     pub(crate) txn_number: i64,
     pub(crate) stmt_id: i64,
 }
+
+/// TK-15: a session's transaction: its number, its state and the data as it was when it
+/// started (an abort puts it back). Isolation is not modelled: other sessions see its writes at
+/// once, and an abort also undoes what they wrote meanwhile.
+#[derive(Debug)]
+struct Transaction {
+    number: i64,
+    state: TransactionState,
+    before: BTreeMap<String, Vec<Document>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TransactionState {
+    InProgress,
+    Committed,
+    Aborted,
+}
+
+/// A server error: code and message.
+pub(crate) type Refusal = (i32, String);
 
 /// The result of an insert: how many documents went in, and the duplicate-key failures by
 /// index in the batch.
@@ -201,6 +223,92 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// TK-15: a command of transaction `number` of `session` (`autocommit: false`): with `start`
+    /// it starts that transaction (a number below the session's highest is TransactionTooOld,
+    /// 225; a number already used, NoSuchTransaction 251); without, the transaction must be in
+    /// progress (else NoSuchTransaction, 251).
+    pub(crate) fn transaction_command(
+        &mut self,
+        session: Vec<u8>,
+        number: i64,
+        start: bool,
+    ) -> Result<(), Refusal> {
+        let highest = self.txn_numbers.get(&session).copied();
+        let current = self.transactions.get(&session);
+        if start {
+            if highest.is_some_and(|h| number < h) {
+                return Err((
+                    225,
+                    format!("Cannot start transaction {number} on session because a newer transaction has already started"),
+                ));
+            }
+            if current.is_some_and(|t| t.number == number) || highest == Some(number) {
+                return Err((
+                    251,
+                    format!("Transaction {number} has already been started"),
+                ));
+            }
+            self.txn_numbers.insert(session.clone(), number);
+            let before = self.collections.clone();
+            self.transactions.insert(
+                session,
+                Transaction {
+                    number,
+                    state: TransactionState::InProgress,
+                    before,
+                },
+            );
+            return Ok(());
+        }
+        match current {
+            Some(t) if t.number == number && t.state == TransactionState::InProgress => Ok(()),
+            _ => Err((
+                251,
+                format!(
+                    "Given transaction number {number} does not match any in-progress transactions"
+                ),
+            )),
+        }
+    }
+
+    /// TK-15: `commitTransaction` (idempotent once committed) or `abortTransaction` (puts the
+    /// data back) of transaction `number` of `session`.
+    pub(crate) fn end_transaction(
+        &mut self,
+        session: &[u8],
+        number: i64,
+        commit: bool,
+    ) -> Result<(), Refusal> {
+        let Some(transaction) = self
+            .transactions
+            .get_mut(session)
+            .filter(|t| t.number == number)
+        else {
+            return Err((
+                251,
+                format!(
+                    "Given transaction number {number} does not match any in-progress transactions"
+                ),
+            ));
+        };
+        match (transaction.state, commit) {
+            (TransactionState::InProgress, true) | (TransactionState::Committed, true) => {
+                transaction.state = TransactionState::Committed;
+                Ok(())
+            }
+            (TransactionState::InProgress, false) => {
+                transaction.state = TransactionState::Aborted;
+                self.collections = core::mem::take(&mut transaction.before);
+                Ok(())
+            }
+            (TransactionState::Committed, false) => Err((
+                256,
+                "Cannot abort a transaction that has been committed".into(),
+            )),
+            (TransactionState::Aborted, _) => Err((251, "Transaction has been aborted".into())),
+        }
     }
 
     /// The indexes of `ns`: `_id_` first, then the ones created, in order.

@@ -13,8 +13,9 @@ async fn bounded<F: Future<Output = ()>>(body: F) {
         .expect("the test finished within its bound");
 }
 
+/// A mongos: retryable writes and transactions need a replica-set member or a mongos.
 async fn start() -> (TestServer, RawClient) {
-    let server = TestServer::start(ServerConfig::default())
+    let server = TestServer::start(ServerConfig::new(retry_testkit::Role::Mongos))
         .await
         .expect("server starts");
     let client = RawClient::connect(server.address())
@@ -683,6 +684,56 @@ async fn client_bulk_write() {
         let mut elsewhere = command;
         elsewhere.insert("$db", "db");
         assert_eq!(code(&client.command(elsewhere).await.unwrap()), Some(13));
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-15: a transaction starts with its first command, commits idempotently, aborts by putting
+/// the data back; a command of no transaction in progress is NoSuchTransaction (251) with
+/// TransientTransactionError (TK-7); a mongos adds a recovery token.
+#[tokio::test]
+async fn transactions() {
+    bounded(async {
+        let server = TestServer::start(ServerConfig::new(retry_testkit::Role::Mongos))
+            .await
+            .unwrap();
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let handle = server.handle();
+        let lsid = doc! { "id": 1 };
+        let insert = |txn: i64, start: bool, id: i32| {
+            let mut command = doc! {
+                "insert": "c", "documents": [{ "_id": id }], "lsid": lsid.clone(),
+                "txnNumber": txn, "autocommit": false, "$db": "db",
+            };
+            if start {
+                command.insert("startTransaction", true);
+            }
+            command
+        };
+        let end = |name: &str, txn: i64| {
+            doc! { name: 1, "lsid": lsid.clone(), "txnNumber": txn, "autocommit": false, "$db": "admin" }
+        };
+        let reply = client.command(insert(1, true, 1)).await.unwrap();
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        assert!(reply.contains_key("recoveryToken"));
+        for _ in 0..2 {
+            let reply = client.command(end("commitTransaction", 1)).await.unwrap();
+            assert_eq!(code(&reply), None, "commit is idempotent: {reply}");
+        }
+        let reply = client.command(insert(1, false, 2)).await.unwrap();
+        assert_eq!(code(&reply), Some(251));
+        assert_eq!(labels(&reply), ["TransientTransactionError"]);
+        client.command(insert(2, true, 2)).await.unwrap();
+        assert_eq!(handle.documents("db.c").len(), 2);
+        let reply = client.command(end("abortTransaction", 2)).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        assert_eq!(handle.documents("db.c"), vec![doc! { "_id": 1 }], "the abort undid it");
+        let reply = client.command(end("commitTransaction", 2)).await.unwrap();
+        assert_eq!(code(&reply), Some(251), "an aborted transaction cannot commit");
+        let reply = client.command(insert(1, true, 3)).await.unwrap();
+        assert_eq!(code(&reply), Some(225), "TransactionTooOld: {reply}");
+        assert!(handle.unsupported().is_empty());
         server.shutdown().await;
     })
     .await;
