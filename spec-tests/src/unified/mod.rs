@@ -257,8 +257,16 @@ fn plan(file: &Value, test: &Value, deployment: &Deployment) -> Plan {
     if test.get("expectLogMessages").is_some() {
         return Plan::Decided(TestOutcome::Skipped(requirements::LOGGING));
     }
-    // UT-6: a mapReduce that must succeed needs server-side JavaScript.
     let operations = test.get("operations").and_then(Value::as_array);
+    // UT-6: stepping a primary down needs a real election.
+    if operations.into_iter().flatten().any(|o| {
+        o.get("arguments")
+            .and_then(|a| a.get("command"))
+            .is_some_and(|c| c.get("replSetStepDown").is_some())
+    }) {
+        return Plan::Decided(TestOutcome::Skipped(requirements::ELECTION));
+    }
+    // UT-6: a mapReduce that must succeed needs server-side JavaScript.
     if operations.into_iter().flatten().any(|o| {
         o.get("name").and_then(Value::as_str) == Some("mapReduce") && o.get("expectError").is_none()
     }) {

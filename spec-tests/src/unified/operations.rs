@@ -39,6 +39,8 @@ pub struct Failure {
     pub message: String,
     /// A bulk write's partial result.
     pub partial: Option<Bson>,
+    /// The write concern errors, as `{code, message}` (clientBulkWrite's `writeConcernErrors`).
+    pub write_concern_errors: Vec<Bson>,
 }
 
 impl Failure {
@@ -59,6 +61,16 @@ impl Failure {
             labels,
             message: error.to_string(),
             partial: None,
+            write_concern_errors: wce
+                .map(|w| {
+                    let mut error = doc! { "message": w.message.clone() };
+                    if let Some(code) = w.code {
+                        error.insert("code", code);
+                    }
+                    Bson::Document(error)
+                })
+                .into_iter()
+                .collect(),
         }
     }
 
@@ -86,6 +98,7 @@ impl Failure {
                 .unwrap_or_default(),
             message,
             partial,
+            write_concern_errors: Vec::new(),
         }
     }
 }

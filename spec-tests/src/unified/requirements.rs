@@ -17,6 +17,8 @@ pub const SKIP_REASON: &str = "skipReason";
 pub const GRIDFS: &str = "gridfs";
 /// Skip reason: the test needs server-side JavaScript (`mapReduce` results, UT-6).
 pub const SERVER_JS: &str = "server-js";
+/// Skip reason: the test steps a primary down and waits for a new one (UT-6).
+pub const ELECTION: &str = "election";
 /// Skip reason: log messages (`expectLogMessages`, UT-24).
 pub const LOGGING: &str = "logging";
 /// Skip reason: a serverless deployment is required.

@@ -426,6 +426,12 @@ fn expect_error(expected: &Value, failure: &Failure) -> Result<(), String> {
                     .map_err(|e| format!("expectError.expectResult: {e}"))?;
                 true
             }
+            ("writeConcernErrors", expected) => {
+                let actual = Bson::Array(failure.write_concern_errors.clone());
+                matches_root(&to_bson(expected)?, Some(&actual), &no_sessions)
+                    .map_err(|e| format!("expectError.writeConcernErrors: {e}"))?;
+                true
+            }
             (other, _) => return Err(format!("harness: unsupported expectError.{other}")),
         };
         if !held {
