@@ -81,8 +81,11 @@ pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
 pub(crate) struct HelloContext<'a> {
     /// The server's `host:port`, for `me`.
     pub(crate) me: &'a str,
-    /// `topologyVersion.processId`, also the `serviceId` (LB-17).
+    /// `topologyVersion.processId`.
     pub(crate) process_id: ObjectId,
+    /// The `serviceId` a load balancer reports for this connection (LB-17): the process id, or
+    /// with several services behind it, the one the connection was routed to.
+    pub(crate) service_id: ObjectId,
     /// The connection's id.
     pub(crate) connection_id: i32,
     /// `minWireVersion`.
@@ -127,7 +130,7 @@ pub(crate) fn hello_reply(
         Role::LoadBalancer { service_id } => {
             reply.insert("msg", "isdbgrid");
             if *service_id && matches!(command.get("loadBalanced"), Some(Bson::Boolean(true))) {
-                reply.insert("serviceId", context.process_id);
+                reply.insert("serviceId", context.service_id);
             }
         }
         Role::ReplicaSetMember(member) => {
@@ -1305,6 +1308,7 @@ mod tests {
         HelloContext {
             me: "127.0.0.1:40000",
             process_id: ObjectId::from_bytes([1; 12]),
+            service_id: ObjectId::from_bytes([1; 12]),
             connection_id: 3,
             min_wire_version: 0,
             max_wire_version: 25,

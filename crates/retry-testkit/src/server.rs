@@ -63,6 +63,9 @@ pub(crate) struct State {
     last_connection_id: i32,
     /// TK-2, TK-16: what the server refused as unknown or unsupported, in order.
     unsupported: Vec<String>,
+    /// TK-12: the services a load balancer routes new connections to, round robin (empty: one,
+    /// the process itself).
+    services: Vec<ObjectId>,
 }
 
 impl State {
@@ -185,6 +188,7 @@ impl TestServer {
             handshakes: Vec::new(),
             last_connection_id: 0,
             unsupported: Vec::new(),
+            services: Vec::new(),
         };
         let shared = Arc::new(Shared {
             me: address.to_string(),
@@ -389,6 +393,14 @@ impl ServerHandle {
     /// The documents of the namespace `ns`, in insertion order.
     pub fn documents(&self, ns: &str) -> Vec<Document> {
         self.shared.lock().data.lock().documents(ns)
+    }
+
+    /// TK-12: a load balancer in front of `count` mongos: new connections are routed round robin
+    /// and report that mongos' `serviceId` (the first is the process id). 1 or 0: one service.
+    pub fn set_load_balanced_services(&self, count: usize) {
+        let mut services = vec![self.shared.process_id];
+        services.extend((1..count).map(|_| ObjectId::new()));
+        self.shared.lock().services = if count > 1 { services } else { Vec::new() };
     }
 
     /// Creates the namespace `ns` (`db.collection`) empty, as `create` does; `false` when it
@@ -644,9 +656,14 @@ impl Connection {
             }
         }
         let reply = if hello {
+            let service_id = match state.services.len() {
+                0 => shared.process_id,
+                n => state.services[self.id.unsigned_abs() as usize % n],
+            };
             let context = HelloContext {
                 me: &shared.me,
                 process_id: shared.process_id,
+                service_id,
                 connection_id: self.id,
                 min_wire_version: shared.min_wire_version,
                 max_wire_version: shared.max_wire_version,

@@ -738,3 +738,28 @@ async fn transactions() {
     })
     .await;
 }
+
+/// TK-12: a load balancer in front of two mongos routes new connections round robin; each
+/// connection's hello reports its mongos' `serviceId`.
+#[tokio::test]
+async fn load_balancer_in_front_of_two_mongos() {
+    bounded(async {
+        let role = retry_testkit::Role::LoadBalancer { service_id: true };
+        let server = TestServer::start(ServerConfig::new(role)).await.unwrap();
+        server.handle().set_load_balanced_services(2);
+        let mut ids = Vec::new();
+        for _ in 0..4 {
+            let mut client = RawClient::connect(server.address()).await.unwrap();
+            let hello = client
+                .command(doc! { "hello": 1, "loadBalanced": true, "$db": "admin" })
+                .await
+                .unwrap();
+            ids.push(hello.get_object_id("serviceId").unwrap());
+        }
+        assert_ne!(ids[0], ids[1]);
+        assert_eq!((ids[0], ids[1]), (ids[2], ids[3]), "round robin");
+        assert!(ids.contains(&server.handle().process_id()));
+        server.shutdown().await;
+    })
+    .await;
+}

@@ -3,7 +3,7 @@
 
 use std::io;
 
-use retry_testkit::{Role, ServerConfig, ServerHandle, TestServer};
+use retry_testkit::{DataStore, Role, ServerConfig, ServerHandle, TestServer};
 
 /// The topologies the runner starts, in the order it tries them for a test (UT-5, §5).
 pub const TOPOLOGIES: [Topology; 4] = [
@@ -22,7 +22,8 @@ pub enum Topology {
     ReplicaSet,
     /// `sharded` (and `sharded-replicaset`): two mongos sharing one store.
     Sharded,
-    /// `load-balanced`: one mongos that answers as behind a load balancer.
+    /// `load-balanced`: a load balancer in front of one mongos (`useMultipleMongoses: false`)
+    /// and one in front of two (connections alternate between their `serviceId`s).
     LoadBalanced,
 }
 
@@ -65,9 +66,15 @@ impl Cluster {
                 TestServer::start_replica_set("rs", 3, server_config(Role::Standalone)).await?
             }
             Topology::Sharded => TestServer::start_mongoses(2, server_config(Role::Mongos)).await?,
-            Topology::LoadBalanced => vec![
-                TestServer::start(server_config(Role::LoadBalancer { service_id: true })).await?,
-            ],
+            Topology::LoadBalanced => {
+                // TK-12: a single-mongos LB and one in front of two mongos, one store.
+                let data = DataStore::new();
+                let role = || server_config(Role::LoadBalancer { service_id: true });
+                let single = TestServer::start_with_data(role(), data.clone()).await?;
+                let multiple = TestServer::start_with_data(role(), data).await?;
+                multiple.handle().set_load_balanced_services(2);
+                vec![single, multiple]
+            }
         };
         Ok(Cluster { topology, servers })
     }
