@@ -44,9 +44,13 @@ pub struct ClientEntity {
 }
 
 impl ClientEntity {
-    /// Takes the product's events delivered so far into `observed`.
+    /// Takes the product's events delivered so far into `observed` (`UNIFIED_EVENTS=1` prints
+    /// every one, a debugging aid).
     pub fn collect(&mut self) {
         for (_, event) in self.events.drain() {
+            if std::env::var_os("UNIFIED_EVENTS").is_some() {
+                println!("EVENT {event:?}");
+            }
             self.take(event);
         }
     }

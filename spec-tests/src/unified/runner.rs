@@ -524,7 +524,15 @@ async fn test_runner(
                     return Ok(());
                 }
                 if tokio::time::Instant::now() >= deadline {
-                    return Err(format!("waitForEvent: {found} of {count} after 10 s"));
+                    let seen: Vec<&str> = entities
+                        .client(&client)?
+                        .observed
+                        .iter()
+                        .map(|o| o.name)
+                        .collect();
+                    return Err(format!(
+                        "waitForEvent: {found} of {count} after 10 s (observed {seen:?})"
+                    ));
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
