@@ -35,6 +35,9 @@ pub struct UnifiedSuite {
     pub name: &'static str,
     /// The directory of its `*.json` files, relative to the corpus root.
     pub dir: &'static str,
+    /// The fewest tests that must pass: a run below it fails the suite's trial, so a regression
+    /// in the product, the runner or the test server cannot go unnoticed. Raise it as tests pass.
+    pub min_passed: usize,
 }
 
 /// The suites issue 11 runs, in the order they are reported.
@@ -42,22 +45,28 @@ pub const UNIFIED_SUITES: &[UnifiedSuite] = &[
     UnifiedSuite {
         name: "client-backpressure",
         dir: "source/client-backpressure/tests",
+        min_passed: 103,
     },
     UnifiedSuite {
         name: "retryable-reads",
         dir: "source/retryable-reads/tests/unified",
+        min_passed: 313,
     },
     UnifiedSuite {
         name: "retryable-writes",
         dir: "source/retryable-writes/tests/unified",
+        min_passed: 39,
     },
     UnifiedSuite {
         name: "load-balancers",
         dir: "source/load-balancers/tests",
+        min_passed: 17,
     },
     UnifiedSuite {
         name: "sdam",
         dir: "source/server-discovery-and-monitoring/tests/unified",
+        // Two below the usual 23: two tests wait on monitor timing a loaded machine may miss.
+        min_passed: 21,
     },
 ];
 
