@@ -323,3 +323,79 @@ async fn execute(file: &Value, index: usize, topology: deploy::Topology) -> Test
         Err(reason) => TestOutcome::Failed(reason),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run_one(file: Value) -> TestOutcome {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let local = tokio::task::LocalSet::new();
+        runtime.block_on(local.run_until(execute(&file, 0, deploy::Topology::ReplicaSet)))
+    }
+
+    fn file(operations: Value) -> Value {
+        json!({
+            "schemaVersion": "1.0",
+            "createEntities": [
+                { "client": { "id": "c", "observeEvents": ["commandStartedEvent"] } },
+                { "database": { "id": "d", "client": "c", "databaseName": "db" } },
+                { "collection": { "id": "coll", "database": "d", "collectionName": "x" } }
+            ],
+            "initialData": [{ "databaseName": "db", "collectionName": "x", "documents": [{ "_id": 1 }] }],
+            "tests": [{ "description": "t", "operations": operations }]
+        })
+    }
+
+    /// UT-20: an expected error met by the test server's refusal (CommandNotFound) is a harness
+    /// failure, never a pass.
+    #[test]
+    fn a_refusal_by_the_test_server_fails_the_test() {
+        let outcome = run_one(file(json!([{
+            "name": "runCommand", "object": "d",
+            "arguments": { "command": { "collMod": "x" }, "commandName": "collMod" },
+            "expectError": { "isError": true }
+        }])));
+        let TestOutcome::Failed(reason) = outcome else {
+            panic!("passed: {outcome:?}");
+        };
+        assert!(reason.contains("refused command collMod"), "{reason}");
+    }
+
+    /// UT-14: an unknown argument is an error, never ignored.
+    #[test]
+    fn an_unknown_argument_fails_the_test() {
+        let outcome = run_one(file(json!([{
+            "name": "find", "object": "coll", "arguments": { "filter": {}, "hint": "x" }
+        }])));
+        assert!(
+            matches!(&outcome, TestOutcome::Failed(r) if r.contains("unsupported argument hint")),
+            "{outcome:?}"
+        );
+    }
+
+    /// UT-18, UT-21, UT-13: a find through the product passes with its result, its event and
+    /// the outcome; a wrong expected result fails.
+    #[test]
+    fn a_find_passes_and_a_wrong_result_fails() {
+        let mut good = file(json!([{
+            "name": "find", "object": "coll", "arguments": { "filter": {} },
+            "expectResult": [{ "_id": 1 }]
+        }]));
+        good["tests"][0]["expectEvents"] = json!([{ "client": "c", "events": [
+            { "commandStartedEvent": { "command": { "find": "x", "filter": {} }, "databaseName": "db" } }
+        ] }]);
+        good["tests"][0]["outcome"] =
+            json!([{ "databaseName": "db", "collectionName": "x", "documents": [{ "_id": 1 }] }]);
+        assert_eq!(run_one(good), TestOutcome::Passed);
+        let bad = file(json!([{
+            "name": "find", "object": "coll", "arguments": { "filter": {} },
+            "expectResult": [{ "_id": 2 }]
+        }]));
+        assert!(matches!(run_one(bad), TestOutcome::Failed(_)));
+    }
+}
