@@ -66,6 +66,8 @@ pub(crate) struct State {
     /// TK-12: the services a load balancer routes new connections to, round robin (empty: one,
     /// the process itself).
     services: Vec<ObjectId>,
+    /// How many connections were routed to a service so far.
+    routed: usize,
 }
 
 impl State {
@@ -189,6 +191,7 @@ impl TestServer {
             last_connection_id: 0,
             unsupported: Vec::new(),
             services: Vec::new(),
+            routed: 0,
         };
         let shared = Arc::new(Shared {
             me: address.to_string(),
@@ -494,6 +497,7 @@ fn admit(shared: &Shared) -> Option<Connection> {
     Some(Connection {
         id,
         app_name: None,
+        service: None,
         rng: connection_rng(shared.seed, id),
         last_request_id: 0,
     })
@@ -506,6 +510,8 @@ struct Connection {
     app_name: Option<String>,
     rng: EngineRng,
     last_request_id: i32,
+    /// TK-12: the service a load balancer routed it to, chosen at its first hello.
+    service: Option<ObjectId>,
 }
 
 /// What to do after a request.
@@ -656,9 +662,15 @@ impl Connection {
             }
         }
         let reply = if hello {
-            let service_id = match state.services.len() {
-                0 => shared.process_id,
-                n => state.services[self.id.unsigned_abs() as usize % n],
+            let service_id = match (self.service, state.services.len()) {
+                (Some(service), _) => service,
+                (None, 0) => shared.process_id,
+                (None, n) => {
+                    let service = state.services[state.routed % n];
+                    state.routed += 1;
+                    self.service = Some(service);
+                    service
+                }
             };
             let context = HelloContext {
                 me: &shared.me,

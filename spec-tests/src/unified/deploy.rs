@@ -80,7 +80,8 @@ impl Cluster {
     }
 
     /// UT-8: the base URI of a client; `multiple` is `useMultipleMongoses` (sharded: every
-    /// mongos when true, always the same first one when false).
+    /// mongos when true, always the same first one when false; load balanced: the LB in front of
+    /// two mongos when true, the single-mongos one when false).
     pub fn uri(&self, multiple: bool) -> String {
         let hosts: Vec<String> = match self.topology {
             Topology::Sharded if multiple => self
@@ -93,6 +94,7 @@ impl Cluster {
                 .iter()
                 .map(|s| s.address().to_string())
                 .collect(),
+            Topology::LoadBalanced if multiple => vec![self.servers[1].address().to_string()],
             _ => vec![self.servers[0].address().to_string()],
         };
         let options = match self.topology {

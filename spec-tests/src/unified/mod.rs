@@ -60,7 +60,7 @@ pub const UNIFIED_SUITES: &[UnifiedSuite] = &[
     UnifiedSuite {
         name: "load-balancers",
         dir: "source/load-balancers/tests",
-        min_passed: 17,
+        min_passed: 18,
     },
     UnifiedSuite {
         name: "sdam",
