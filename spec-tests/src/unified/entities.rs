@@ -479,7 +479,16 @@ fn client(spec: &Value, cluster: &Cluster) -> Result<ClientEntity, String> {
             .map(str::to_owned)
             .collect()
     };
-    let client = retry_tokio::Client::with_uri(&uri).map_err(|e| format!("client {uri}: {e}"))?;
+    let options =
+        retry_tokio::ClientOptions::parse(&uri).map_err(|e| format!("client {uri}: {e}"))?;
+    // UT-8: an option the product ignores with a warning would make the test pass untested.
+    if !options.warnings.is_empty() {
+        return Err(format!(
+            "client {uri}: options ignored: {:?}",
+            options.warnings
+        ));
+    }
+    let client = retry_tokio::Client::connect(options).map_err(|e| format!("client {uri}: {e}"))?;
     let events = client.events();
     Ok(ClientEntity {
         client,

@@ -624,6 +624,9 @@ async fn expect_events(expected: &Value, entities: &mut Entities) -> Result<(), 
             .get("eventType")
             .and_then(Value::as_str)
             .unwrap_or("command");
+        if !["command", "cmap", "sdam"].contains(&kind) {
+            return Err(format!("harness: unsupported eventType {kind}"));
+        }
         let ignore_extra = entry.get("ignoreExtraEvents") == Some(&Value::Bool(true));
         let events = entry
             .get("events")
