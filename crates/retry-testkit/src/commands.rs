@@ -286,6 +286,9 @@ fn run(
     if let Ok(lsid) = command.get_document("lsid") {
         state.store.note_session(lsid);
     }
+    if let Some(refusal) = unknown_field(name, command) {
+        return Some(refusal);
+    }
     Some(match name {
         "ping" | "endSessions" | "killAllSessions" => ok(),
         "buildInfo" | "buildinfo" => {
@@ -489,6 +492,12 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     let ns = format!("{db}.{collection}");
     let (mut n, mut modified, mut upserted) = (0, 0, Vec::new());
     for (index, statement) in statements.iter().enumerate() {
+        if let Some(field) = statement
+            .keys()
+            .find(|k| !["q", "u", "multi", "upsert"].contains(&k.as_str()))
+        {
+            return unsupported_reply(&format!("update statement field {field}"));
+        }
         let (Ok(filter), Ok(update)) = (statement.get_document("q"), statement.get_document("u"))
         else {
             if matches!(statement.get("u"), Some(Bson::Array(_))) {
@@ -531,6 +540,12 @@ fn delete(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     let ns = format!("{db}.{collection}");
     let mut n = 0;
     for statement in &statements {
+        if let Some(field) = statement
+            .keys()
+            .find(|k| !["q", "limit"].contains(&k.as_str()))
+        {
+            return unsupported_reply(&format!("delete statement field {field}"));
+        }
         let Ok(filter) = statement.get_document("q") else {
             return error_reply(2, "each delete needs a q document");
         };
@@ -1196,6 +1211,65 @@ fn create_indexes(state: &mut Context<'_>, db: &str, command: &Document) -> Docu
         }
     }
     ok()
+}
+
+/// What any command may carry besides its own fields: the session, transaction, cluster time,
+/// read preference, timeout, concerns and API version (the server reads or tolerates these).
+const ENVELOPE: &[&str] = &[
+    "$db",
+    "lsid",
+    "txnNumber",
+    "autocommit",
+    "startTransaction",
+    "$clusterTime",
+    "$readPreference",
+    "maxTimeMS",
+    "readConcern",
+    "writeConcern",
+    "comment",
+    "apiVersion",
+    "apiStrict",
+    "apiDeprecationErrors",
+];
+
+/// TK-2: a field the server would act on but the test server does not evaluate is refused,
+/// never ignored (`find` has its own list, [`FIND_FIELDS`]). Commands not listed are not checked.
+fn unknown_field(name: &str, command: &Document) -> Option<Document> {
+    let own: &[&str] = match name {
+        "insert" => &["insert", "documents", "ordered"],
+        "update" => &["update", "updates", "ordered"],
+        "delete" => &["delete", "deletes", "ordered"],
+        "findAndModify" => &[
+            "findAndModify",
+            "query",
+            "sort",
+            "update",
+            "remove",
+            "new",
+            "upsert",
+            "fields",
+            "arrayFilters",
+        ],
+        "count" => &["count", "query", "skip", "limit"],
+        "distinct" => &["distinct", "key", "query"],
+        "aggregate" => &["aggregate", "pipeline", "cursor"],
+        "listCollections" => &["listCollections", "filter", "nameOnly", "cursor"],
+        "listDatabases" => &["listDatabases", "filter", "nameOnly"],
+        "listIndexes" => &["listIndexes", "cursor"],
+        "createIndexes" => &["createIndexes", "indexes"],
+        "dropIndexes" | "deleteIndexes" => &[name, "index"],
+        "create" => &["create"],
+        "drop" => &["drop"],
+        "getMore" => &["getMore", "collection", "batchSize"],
+        "killCursors" => &["killCursors", "cursors"],
+        "bulkWrite" => &["bulkWrite", "ops", "nsInfo", "errorsOnly", "ordered"],
+        "commitTransaction" | "abortTransaction" => &[name, "recoveryToken"],
+        _ => return None,
+    };
+    let field = command
+        .keys()
+        .find(|k| !own.contains(&k.as_str()) && !ENVELOPE.contains(&k.as_str()))?;
+    Some(unsupported_reply(&format!("{name} field {field}")))
 }
 
 /// TK-3: `cursor.batchSize`, or the server's default.

@@ -763,3 +763,24 @@ async fn load_balancer_in_front_of_two_mongos() {
     })
     .await;
 }
+
+/// TK-2: fields a real server acts on but the test server does not evaluate are refused and
+/// logged, never ignored: a command's own fields and an update or delete statement's.
+#[tokio::test]
+async fn unknown_fields_are_refused() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        for command in [
+            doc! { "insert": "c", "documents": [{ "_id": 1 }], "bypassDocumentValidation": true, "$db": "db" },
+            doc! { "update": "c", "updates": [{ "q": {}, "u": { "$set": { "x": 1 } }, "hint": "_id_" }], "$db": "db" },
+            doc! { "delete": "c", "deletes": [{ "q": {}, "limit": 1, "collation": { "locale": "fr" } }], "$db": "db" },
+            doc! { "aggregate": "c", "pipeline": [], "cursor": {}, "allowDiskUse": true, "$db": "db" },
+        ] {
+            let reply = client.command(command.clone()).await.unwrap();
+            assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{command}: {reply}");
+        }
+        assert_eq!(server.handle().unsupported().len(), 4);
+        server.shutdown().await;
+    })
+    .await;
+}
