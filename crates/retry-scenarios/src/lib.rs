@@ -30,7 +30,13 @@ use retry_testkit::{
     OVERLOAD_LABELS,
 };
 
+mod auth;
 mod soak;
+pub use auth::{
+    scram_right_password_authenticates, scram_sdam_auth_errors_clear_the_pool_once,
+    scram_server_stopping_mid_conversation_is_a_network_error,
+    scram_wrong_password_is_a_clear_error,
+};
 pub use soak::{fault_soak, SOAK_OPERATIONS_DEFAULT};
 
 /// The longest any scenario may run before it fails.
@@ -849,6 +855,10 @@ macro_rules! suite {
             dropped_run_cancels_its_operation,
             shutdown_ends_every_operation_once,
             fault_soak,
+            scram_right_password_authenticates,
+            scram_wrong_password_is_a_clear_error,
+            scram_server_stopping_mid_conversation_is_a_network_error,
+            scram_sdam_auth_errors_clear_the_pool_once,
         );
     };
     (@tests $runtime:ty, $block_on:expr; $($name:ident,)*) => {

@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::{sleep, Duration, Instant};
 
+use crate::auth::{ConnectionAuth, UserStore};
 use crate::commands::{execute, hello_reply, is_hello, write_key, HelloContext};
 use crate::config::{
     IngressLimit, RateLimit, ReplicaSetMember, Role, ServerConfig, MAX_MESSAGE_SIZE_BYTES,
@@ -68,6 +69,8 @@ pub(crate) struct State {
     services: Vec<ObjectId>,
     /// How many connections were routed to a service so far.
     routed: usize,
+    /// SCRAM users (crate `auth`).
+    users: UserStore,
 }
 
 impl State {
@@ -192,6 +195,7 @@ impl TestServer {
             unsupported: Vec::new(),
             services: Vec::new(),
             routed: 0,
+            users: UserStore::new(&config.users),
         };
         let shared = Arc::new(Shared {
             me: address.to_string(),
@@ -500,6 +504,7 @@ fn admit(shared: &Shared) -> Option<Connection> {
         service: None,
         rng: connection_rng(shared.seed, id),
         last_request_id: 0,
+        auth: ConnectionAuth::default(),
     })
 }
 
@@ -512,6 +517,8 @@ struct Connection {
     last_request_id: i32,
     /// TK-12: the service a load balancer routed it to, chosen at its first hello.
     service: Option<ObjectId>,
+    /// Its authentication (crate `auth`).
+    auth: ConnectionAuth,
 }
 
 /// What to do after a request.
@@ -606,6 +613,9 @@ impl Connection {
                     "OP_MSG requests require a $db argument",
                 ));
             }
+            if let Some(refusal) = self.auth.refuse(&state.users, name) {
+                return Response::Reply(refusal);
+            }
             let admin_command = hello || name == "configureFailPoint";
             if !admin_command {
                 if let Some(rejection) = state.ingress_rejection(Instant::now()) {
@@ -680,13 +690,16 @@ impl Connection {
                 min_wire_version: shared.min_wire_version,
                 max_wire_version: shared.max_wire_version,
             };
-            Some(hello_reply(
-                name,
-                command,
-                &state.role,
-                state.topology_counter,
-                &context,
-            ))
+            let mut reply =
+                hello_reply(name, command, &state.role, state.topology_counter, &context);
+            self.auth
+                .hello(&state.users, command, &mut reply, &mut self.rng);
+            Some(reply)
+        } else if let Some(reply) = self
+            .auth
+            .dispatch(&state.users, name, command, &mut self.rng)
+        {
+            Some(reply)
         } else {
             execute(
                 &mut state,
