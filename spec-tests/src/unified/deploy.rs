@@ -50,16 +50,29 @@ pub fn server_config(role: Role) -> ServerConfig {
     }
 }
 
+/// The SCRAM user of a deployment that authenticates (UT-5: real SASL, never faked).
+pub const USER: (&str, &str) = ("unified", "unified-password");
+
 /// A started deployment.
 pub struct Cluster {
     /// Its topology.
     pub topology: Topology,
+    /// Whether its servers require authentication (as [`USER`]).
+    pub auth: bool,
     servers: Vec<TestServer>,
 }
 
 impl Cluster {
-    /// Starts `topology` on 127.0.0.1 with an empty shared store.
-    pub async fn start(topology: Topology) -> io::Result<Cluster> {
+    /// Starts `topology` on 127.0.0.1 with an empty shared store; with `auth`, every server
+    /// requires [`USER`] to authenticate.
+    pub async fn start(topology: Topology, auth: bool) -> io::Result<Cluster> {
+        let server_config = |role: Role| {
+            let config = server_config(role);
+            match auth {
+                true => config.with_user(USER.0, USER.1, &[]),
+                false => config,
+            }
+        };
         let servers = match topology {
             Topology::Single => vec![TestServer::start(server_config(Role::Standalone)).await?],
             Topology::ReplicaSet => {
@@ -76,7 +89,11 @@ impl Cluster {
                 vec![single, multiple]
             }
         };
-        Ok(Cluster { topology, servers })
+        Ok(Cluster {
+            topology,
+            auth,
+            servers,
+        })
     }
 
     /// UT-8: the base URI of a client; `multiple` is `useMultipleMongoses` (sharded: every
@@ -102,7 +119,11 @@ impl Cluster {
             Topology::LoadBalanced => "?loadBalanced=true",
             Topology::Single | Topology::Sharded => "?",
         };
-        format!("mongodb://{}/{options}", hosts.join(","))
+        let credentials = match self.auth {
+            true => format!("{}:{}@", USER.0, USER.1),
+            false => String::new(),
+        };
+        format!("mongodb://{credentials}{}/{options}", hosts.join(","))
     }
 
     /// The server that holds the data and takes writes (the primary, or the first mongos).

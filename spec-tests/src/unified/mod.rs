@@ -5,7 +5,8 @@
 //!
 //! A test that is neither skipped nor refused runs on a fresh retry-testkit deployment of the
 //! first topology its requirements allow, in the order [`deploy::TOPOLOGIES`] (replica set,
-//! sharded, load balanced, single), through the product's tokio client ([`runner`]). It passes
+//! sharded, load balanced, single), without authentication unless it asks for `auth: true`
+//! (then the servers have a SCRAM user and the clients authenticate for real, UT-5), through the product's tokio client ([`runner`]). It passes
 //! only when every check ran and held and the test server refused nothing (UT-20).
 
 pub mod deploy;
@@ -50,7 +51,7 @@ pub const UNIFIED_SUITES: &[UnifiedSuite] = &[
     UnifiedSuite {
         name: "retryable-reads",
         dir: "source/retryable-reads/tests/unified",
-        min_passed: 313,
+        min_passed: 345,
     },
     UnifiedSuite {
         name: "retryable-writes",
@@ -65,8 +66,8 @@ pub const UNIFIED_SUITES: &[UnifiedSuite] = &[
     UnifiedSuite {
         name: "sdam",
         dir: "source/server-discovery-and-monitoring/tests/unified",
-        // Two below the usual 23: two tests wait on monitor timing a loaded machine may miss.
-        min_passed: 21,
+        // Two below the usual 29: two tests wait on monitor timing a loaded machine may miss.
+        min_passed: 27,
     },
 ];
 
@@ -128,7 +129,8 @@ const CONCURRENCY: usize = 8;
 /// What becomes of one test before it runs: decided already, or run on a topology.
 enum Plan {
     Decided(TestOutcome),
-    Run(deploy::Topology),
+    /// On this topology, authenticating or not.
+    Run(deploy::Topology, bool),
 }
 
 /// Runs every file of `suite` under `root` against `deployment`: every test's plan first, then
@@ -169,11 +171,11 @@ pub fn run_suite(
         for (index, plan) in plan_file(&file, deployment)?.into_iter().enumerate() {
             let job = match plan {
                 Plan::Decided(outcome) => Job::Decided(outcome),
-                Plan::Run(topology) => {
+                Plan::Run(topology, auth) => {
                     let (file, permits) = (Rc::clone(&file), Rc::clone(&permits));
                     Job::Running(local.spawn_local(async move {
                         let _permit = permits.acquire().await;
-                        execute(&file, index, topology).await
+                        execute(&file, index, topology, auth).await
                     }))
                 }
             };
@@ -245,16 +247,21 @@ fn file_gate(file: &Value) -> Option<TestOutcome> {
 fn plan(file: &Value, test: &Value, deployment: &Deployment) -> Plan {
     let mut first_reason = None;
     let mut chosen = None;
-    for topology in deploy::TOPOLOGIES {
+    // A deployment without authentication first; one with a SCRAM user when the test needs it.
+    let candidates = [false, true]
+        .into_iter()
+        .flat_map(|auth| deploy::TOPOLOGIES.into_iter().map(move |t| (t, auth)));
+    for (topology, auth) in candidates {
         let facts = Deployment {
             topology: topology.name(),
+            auth,
             ..deployment.clone()
         };
         let unmet = requirements::unmet(file.get("runOnRequirements"), &facts)
             .or_else(|| requirements::unmet(test.get("runOnRequirements"), &facts));
         match unmet {
             None => {
-                chosen = Some(topology);
+                chosen = Some((topology, auth));
                 break;
             }
             Some(reason) => {
@@ -265,7 +272,7 @@ fn plan(file: &Value, test: &Value, deployment: &Deployment) -> Plan {
             }
         }
     }
-    let Some(topology) = chosen else {
+    let Some((topology, auth)) = chosen else {
         return Plan::Decided(TestOutcome::Skipped(
             first_reason.unwrap_or(requirements::TOPOLOGY),
         ));
@@ -291,17 +298,23 @@ fn plan(file: &Value, test: &Value, deployment: &Deployment) -> Plan {
     }) {
         return Plan::Decided(TestOutcome::Skipped(requirements::SERVER_JS));
     }
-    Plan::Run(topology)
+    Plan::Run(topology, auth)
 }
 
-/// Runs test `index` of `file` on a fresh deployment of `topology`, within [`TEST_LIMIT`].
-async fn execute(file: &Value, index: usize, topology: deploy::Topology) -> TestOutcome {
+/// Runs test `index` of `file` on a fresh deployment of `topology` (with a SCRAM user when
+/// `auth`), within [`TEST_LIMIT`].
+async fn execute(
+    file: &Value,
+    index: usize,
+    topology: deploy::Topology,
+    auth: bool,
+) -> TestOutcome {
     let Some(test) = file.get("tests").and_then(|t| t.get(index)) else {
         return TestOutcome::Failed(format!("harness: no test {index}"));
     };
     let started = std::time::Instant::now();
     let result = async {
-        let cluster = deploy::Cluster::start(topology)
+        let cluster = deploy::Cluster::start(topology, auth)
             .await
             .map_err(|e| format!("harness: cannot start {}: {e}", topology.name()))?;
         let result = tokio::time::timeout(TEST_LIMIT, runner::run_test(file, test, &cluster))
@@ -335,7 +348,7 @@ mod tests {
             .build()
             .expect("runtime");
         let local = tokio::task::LocalSet::new();
-        runtime.block_on(local.run_until(execute(&file, 0, deploy::Topology::ReplicaSet)))
+        runtime.block_on(local.run_until(execute(&file, 0, deploy::Topology::ReplicaSet, false)))
     }
 
     fn file(operations: Value) -> Value {

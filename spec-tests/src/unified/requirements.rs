@@ -5,7 +5,8 @@ use serde_json::Value;
 
 use super::schema::parse_version;
 
-/// Skip reason: the test needs authentication (UT-5: never faked).
+/// Skip reason: the test needs (or refuses) authentication and no deployment offers it. The
+/// runner starts deployments with a SCRAM user for `auth: true` (UT-5: real SASL, never faked).
 pub const AUTH: &str = "auth";
 /// Skip reason: the test needs a server version the test server does not report.
 pub const SERVER_VERSION: &str = "server version";
@@ -32,7 +33,7 @@ pub const UNSUPPORTED_REQUIREMENT: &str = "unsupported requirement";
 pub struct Deployment {
     /// `buildInfo.versionArray[0..3]`.
     pub version: [u32; 3],
-    /// Whether the deployment authenticates (the test server does not).
+    /// Whether the deployment authenticates (its servers have a SCRAM user).
     pub auth: bool,
     /// The topology started for the test (`single`, `replicaset`, `sharded`, `load-balanced`).
     pub topology: &'static str,
