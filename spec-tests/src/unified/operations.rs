@@ -41,6 +41,10 @@ pub struct Failure {
     pub partial: Option<Bson>,
     /// The write concern errors, as `{code, message}` (clientBulkWrite's `writeConcernErrors`).
     pub write_concern_errors: Vec<Bson>,
+    /// clientBulkWrite's write errors by model index, as `{code, message}`.
+    pub write_errors: Option<Document>,
+    /// The server's error reply, when the error came from one (`errorResponse`).
+    pub response: Option<Document>,
 }
 
 impl Failure {
@@ -61,6 +65,8 @@ impl Failure {
             labels,
             message: error.to_string(),
             partial: None,
+            write_errors: None,
+            response: server.map(|s| s.raw.clone()),
             write_concern_errors: wce
                 .map(|w| {
                     let mut error = doc! { "message": w.message.clone() };
@@ -99,6 +105,8 @@ impl Failure {
             message,
             partial,
             write_concern_errors: Vec::new(),
+            write_errors: None,
+            response: Some(reply.clone()),
         }
     }
 }
@@ -1183,11 +1191,18 @@ async fn client_bulk_write(target: &Target, args: &mut Args) -> OpResult {
         result.insert("deleteResults", deletes);
     }
     if !write_errors.is_empty() {
-        return Err(Ok(Box::new(Failure::write_errors(
-            &reply,
-            &write_errors,
-            Some(Bson::Document(result)),
-        ))));
+        let mut by_index = Document::new();
+        for error in write_errors.iter().filter_map(Bson::as_document) {
+            let mut entry = doc! { "message": error.get_str("errmsg").unwrap_or_default() };
+            if let Some(code) = error.get("code") {
+                entry.insert("code", code.clone());
+            }
+            by_index.insert(number(error, "idx").to_string(), entry);
+        }
+        let mut failure =
+            Failure::write_errors(&reply, &write_errors, Some(Bson::Document(result)));
+        failure.write_errors = Some(by_index);
+        return Err(Ok(Box::new(failure)));
     }
     Ok(Produced::Value(Bson::Document(result)))
 }

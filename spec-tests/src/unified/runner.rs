@@ -426,6 +426,31 @@ fn expect_error(expected: &Value, failure: &Failure) -> Result<(), String> {
                     .map_err(|e| format!("expectError.expectResult: {e}"))?;
                 true
             }
+            ("writeErrors", expected) => {
+                let Some(actual) = &failure.write_errors else {
+                    return Err("expectError.writeErrors but the error has none".into());
+                };
+                // A map by index with exactly the expected indexes; each error is root-level.
+                let Bson::Document(expected) = to_bson(expected)? else {
+                    return Err("expectError.writeErrors must be a document".into());
+                };
+                let same_keys = expected.len() == actual.len()
+                    && expected.keys().all(|k| actual.contains_key(k));
+                for (index, error) in &expected {
+                    matches_root(error, actual.get(index), &no_sessions)
+                        .map_err(|e| format!("expectError.writeErrors.{index}: {e}"))?;
+                }
+                same_keys
+            }
+            ("errorResponse", expected) => {
+                let Some(actual) = &failure.response else {
+                    return Err("expectError.errorResponse but no server reply".into());
+                };
+                let actual = Bson::Document(actual.clone());
+                matches_root(&to_bson(expected)?, Some(&actual), &no_sessions)
+                    .map_err(|e| format!("expectError.errorResponse: {e}"))?;
+                true
+            }
             ("writeConcernErrors", expected) => {
                 let actual = Bson::Array(failure.write_concern_errors.clone());
                 matches_root(&to_bson(expected)?, Some(&actual), &no_sessions)
