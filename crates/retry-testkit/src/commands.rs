@@ -506,6 +506,12 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
             return error_reply(2, "each update needs q and u documents");
         };
         let multi = statement.get_bool("multi").unwrap_or(false);
+        if multi && is_retryable_write("update", &request.body) {
+            return error_reply(
+                72,
+                "Cannot use (or request) retryable writes with multi=true",
+            );
+        }
         let upsert = statement.get_bool("upsert").unwrap_or(false);
         match state.store.update(&ns, filter, update, multi, upsert) {
             Ok(outcome) => {
@@ -550,6 +556,9 @@ fn delete(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
             return error_reply(2, "each delete needs a q document");
         };
         let multi = statement.get("limit").and_then(integer) == Some(0);
+        if multi && is_retryable_write("delete", &request.body) {
+            return error_reply(72, "Cannot use (or request) retryable writes with limit=0");
+        }
         match state.store.delete(&ns, filter, multi) {
             Ok(removed) => n += removed.len(),
             Err(e) => return query_error(e),

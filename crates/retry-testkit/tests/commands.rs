@@ -784,3 +784,25 @@ async fn unknown_fields_are_refused() {
     })
     .await;
 }
+
+/// TK-6: a retryable write (lsid + txnNumber, no transaction) may not touch several documents:
+/// `multi: true` and `limit: 0` are InvalidOptions (72).
+#[tokio::test]
+async fn multi_document_writes_refuse_a_txn_number() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let lsid = doc! { "id": 9 };
+        let update = doc! {
+            "update": "c", "updates": [{ "q": {}, "u": { "$set": { "x": 1 } }, "multi": true }],
+            "lsid": lsid.clone(), "txnNumber": 1_i64, "$db": "db",
+        };
+        assert_eq!(code(&client.command(update).await.unwrap()), Some(72));
+        let delete = doc! {
+            "delete": "c", "deletes": [{ "q": {}, "limit": 0 }],
+            "lsid": lsid, "txnNumber": 2_i64, "$db": "db",
+        };
+        assert_eq!(code(&client.command(delete).await.unwrap()), Some(72));
+        server.shutdown().await;
+    })
+    .await;
+}
