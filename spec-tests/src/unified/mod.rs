@@ -134,7 +134,7 @@ enum Plan {
 }
 
 /// Runs every file of `suite` under `root` against `deployment`: every test's plan first, then
-/// the tests to run, [`CONCURRENCY`] at a time on one thread; outcomes are counted in file order.
+/// the tests to run, 8 at a time on one thread; outcomes are counted in file order.
 pub fn run_suite(
     suite: &UnifiedSuite,
     root: &Path,
