@@ -17,6 +17,7 @@ use crate::driver::{Driver, LocalDriver};
 use crate::options::{ClientOptions, OptionsError};
 use crate::runtime::Runtime;
 use crate::shared::{lock, EventQueue, Reply, Request, Shared, Slot, TimedEvent};
+use crate::tls::TlsRuntime;
 
 /// How [`Client::run`] runs one command; the default is [`Client::run_command`]'s.
 #[derive(Clone, Debug, Default)]
@@ -123,7 +124,10 @@ impl<R: Runtime> Client<R> {
     /// monitoring starts at once), otherwise driven by the client's futures on the caller's
     /// executor (monitoring runs while one of them is polled). Nothing waits for a server.
     pub fn connect(options: ClientOptions) -> Result<Client<R>, ConnectError> {
-        let runtime: Arc<dyn Runtime> = Arc::new(R::start().map_err(ConnectError::Runtime)?);
+        let mut runtime: Arc<dyn Runtime> = Arc::new(R::start().map_err(ConnectError::Runtime)?);
+        if let Some(tls) = &options.tls {
+            runtime = Arc::new(TlsRuntime::new(runtime, tls.client_config()?));
+        }
         let engine_options = options.engine_options()?;
         let engine = Engine::new(engine_options, runtime.now()).map_err(ConnectError::Settings)?;
         let shared = Arc::new(Shared::default());

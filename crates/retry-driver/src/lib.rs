@@ -43,6 +43,7 @@ mod io_error;
 mod options;
 mod runtime;
 mod shared;
+mod tls;
 
 pub use client::{Client, CommandOptions, ConnectError, Events};
 pub use connection_string::{ConnectionString, Host, HostKind, OptionValue};
@@ -50,3 +51,4 @@ pub use io_error::{classify_io_error, io_cause, LOOKUP_FAILED};
 pub use options::{ClientOptions, OptionsError};
 pub use runtime::{literal_address, timer_offset, AsyncTimer, BoxFuture, Runtime, Socket};
 pub use shared::{Reply, TimedEvent};
+pub use tls::{TlsError, TlsOptions, TlsRuntime};
