@@ -31,7 +31,12 @@ use retry_testkit::{
 };
 
 mod soak;
+mod tls;
 pub use soak::{fault_soak, SOAK_OPERATIONS_DEFAULT};
+pub use tls::{
+    tls_expired_certificate_is_refused_unless_insecure, tls_with_the_test_ca_works,
+    tls_wrong_host_certificate_is_refused_unless_allowed,
+};
 
 /// The longest any scenario may run before it fails.
 pub const SCENARIO_LIMIT: Duration = Duration::from_secs(60);
@@ -849,6 +854,9 @@ macro_rules! suite {
             dropped_run_cancels_its_operation,
             shutdown_ends_every_operation_once,
             fault_soak,
+            tls_with_the_test_ca_works,
+            tls_expired_certificate_is_refused_unless_insecure,
+            tls_wrong_host_certificate_is_refused_unless_allowed,
         );
     };
     (@tests $runtime:ty, $block_on:expr; $($name:ident,)*) => {

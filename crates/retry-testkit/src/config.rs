@@ -1,6 +1,7 @@
 //! What a test server is: its role, wire versions, batch size, limiters, faults and seed.
 
 use crate::faults::FaultConfig;
+use crate::tls::ServerTls;
 
 /// The kind of server the test server pretends to be; it shapes the hello reply (HS-4).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,6 +115,8 @@ pub struct ServerConfig {
     /// The seed of the fault injector; each connection draws from its own generator derived from
     /// it, so a connection's faults do not depend on how other connections are scheduled.
     pub seed: u64,
+    /// TLS on every connection (TK-TLS): `None` serves plain TCP.
+    pub tls: Option<ServerTls>,
 }
 
 impl ServerConfig {
@@ -138,6 +141,7 @@ impl Default for ServerConfig {
             connection_limit: None,
             faults: FaultConfig::default(),
             seed: 0,
+            tls: None,
         }
     }
 }

@@ -74,6 +74,7 @@ mod on_primary_write;
 mod query;
 mod server;
 mod store;
+mod tls;
 
 pub use client::RawClient;
 pub use config::{
@@ -87,3 +88,4 @@ pub use fail_point::{
 pub use faults::{Fault, FaultConfig, DEFAULT_STALL};
 pub use server::{Handshake, ServerHandle, TestServer, INGRESS_RATE_LIMIT_CODE, OVERLOAD_LABELS};
 pub use store::DataStore;
+pub use tls::{ServerCertificate, ServerTls, TestCa};
