@@ -38,6 +38,7 @@
 
 mod client;
 mod connection_string;
+mod credential;
 mod driver;
 mod io_error;
 mod options;

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Document};
+use bson::{doc, oid::ObjectId, Bson, Document};
 use retry_core::address::ServerAddress;
 use retry_core::engine::{ConnId, Engine, EngineEvent, EngineOptions, OpId, OperationRequest};
 use retry_core::error::{NetworkErrorKind, OperationError};
@@ -191,11 +191,13 @@ impl SimServer {
         // A secondary serves what carries a non-primary `$readPreference` (SS-9: secondaryOk
         // on OP_MSG) and refuses everything else, as a real one does for a primary read:
         // NotPrimaryNoSecondaryOk, an SDAM state-change error.
-        let secondary_ok = request
-            .get_document("$readPreference")
-            .ok()
-            .and_then(|p| p.get_str("mode").ok())
-            .is_some_and(|mode| mode != "primary");
+        // Looked up without `get_document`, whose miss builds an error (an allocation per read).
+        let secondary_ok = match request.get("$readPreference") {
+            Some(Bson::Document(p)) => {
+                matches!(p.get("mode"), Some(Bson::String(m)) if m != "primary")
+            }
+            _ => false,
+        };
         if self.role == Role::Member && !self.member.primary && !secondary_ok {
             // The refusal takes the script's next step for the timing (a slow step is a slow
             // refusal) and the failures (resets, garbage).

@@ -1,5 +1,6 @@
 //! What a test server is: its role, wire versions, batch size, limiters, faults and seed.
 
+use crate::auth::{ScramUser, ScramVersion};
 use crate::faults::FaultConfig;
 use crate::tls::ServerTls;
 
@@ -117,6 +118,10 @@ pub struct ServerConfig {
     pub seed: u64,
     /// TLS on every connection (TK-TLS): `None` serves plain TCP.
     pub tls: Option<ServerTls>,
+    /// SCRAM users (AU-*): when any is set, a connection must authenticate before it may run
+    /// anything but the handshake, `saslStart` / `saslContinue`, `ping` and `buildInfo` (13
+    /// `Unauthorized`), as on a `mongod` with access control.
+    pub users: Vec<ScramUser>,
 }
 
 impl ServerConfig {
@@ -126,6 +131,22 @@ impl ServerConfig {
             role,
             ..ServerConfig::default()
         }
+    }
+
+    /// Adds a user of `admin` with credentials for `mechanisms` (all SCRAM mechanisms when
+    /// empty).
+    pub fn with_user(
+        mut self,
+        name: impl Into<String>,
+        password: impl Into<String>,
+        mechanisms: &[ScramVersion],
+    ) -> ServerConfig {
+        let mut user = ScramUser::new(name, password);
+        if !mechanisms.is_empty() {
+            user.mechanisms = mechanisms.to_vec();
+        }
+        self.users.push(user);
+        self
     }
 }
 
@@ -142,6 +163,7 @@ impl Default for ServerConfig {
             faults: FaultConfig::default(),
             seed: 0,
             tls: None,
+            users: Vec::new(),
         }
     }
 }

@@ -63,6 +63,7 @@
 
 #![forbid(unsafe_code)]
 
+mod auth;
 mod client;
 mod commands;
 mod config;
@@ -76,6 +77,7 @@ mod server;
 mod store;
 mod tls;
 
+pub use auth::{ScramUser, ScramVersion, SCRAM_ITERATIONS};
 pub use client::RawClient;
 pub use config::{
     IngressLimit, RateLimit, ReplicaSetMember, Role, ServerConfig, LOGICAL_SESSION_TIMEOUT_MINUTES,
