@@ -2,14 +2,9 @@
 //!
 //! [`ClientOptions::parse`] reads a URI with [`ConnectionString::parse`] (the spec's syntax,
 //! types, ranges and conflicts, URI-*) and then keeps what this client supports. Features it
-<<<<<<< HEAD
-//! does not have are errors that name them: `mongodb+srv` (SRV lookups), credentials and the auth
-//! options, Unix domain sockets, encrypted TLS keys and SOCKS5 proxies. TLS is [`TlsOptions`]. Compression is refused with a warning
-=======
 //! does not have are errors that name them: `mongodb+srv` (SRV lookups), authentication
-//! mechanisms other than SCRAM-SHA-256 and SCRAM-SHA-1, Unix domain sockets, TLS and SOCKS5
-//! proxies. Compression is refused with a warning
->>>>>>> main
+//! mechanisms other than SCRAM-SHA-256 and SCRAM-SHA-1, Unix domain sockets, encrypted TLS keys
+//! and SOCKS5 proxies. TLS is [`TlsOptions`]. Compression is refused with a warning
 //! (URI-9: compressors a client does not support are left out of the handshake), as is the
 //! single-threaded `serverSelectionTryOnce` (SS-1).
 
@@ -323,7 +318,6 @@ impl ClientOptions {
             // Read by `read_preference` and `write_concern` as a whole.
             ("readPreference" | "readPreferenceTags" | "maxStalenessSeconds", _) => {}
             ("w" | "wTimeoutMS" | "journal", _) => {}
-<<<<<<< HEAD
             ("tls", OptionValue::Bool(on)) => {
                 self.tls = on.then(|| self.tls.take().unwrap_or_default());
             }
@@ -361,13 +355,8 @@ impl ClientOptions {
                     "encrypted private keys are not supported by this client",
                 ))
             }
-            (n, _) if n.starts_with("auth") => return unsupported("authentication"),
-=======
-            ("tls", OptionValue::Bool(false)) => {}
-            (n, _) if n.starts_with("tls") => return unsupported("TLS"),
             // Read by `ConnectionString::credential` as a whole (AU-1).
             ("authMechanism" | "authSource" | "authMechanismProperties", _) => {}
->>>>>>> main
             (n, _) if n.starts_with("proxy") => return unsupported("a SOCKS5 proxy"),
             ("compressors" | "zlibCompressionLevel", _) => self.warnings.push(format!(
                 "'{name}' ignored: compression is not supported by this client"
@@ -554,17 +543,11 @@ mod tests {
             ("mongodb://", "host", ""),
             ("mongodb://x:notaport", "host", "x:notaport"),
             ("mongodb://%2Ftmp%2Fm.sock", "host", "/tmp/m.sock"),
-<<<<<<< HEAD
             (
                 "mongodb://x/?tlsCertificateKeyFilePassword=secret",
                 "tlsCertificateKeyFilePassword",
                 "<redacted>",
             ),
-            ("mongodb://x/?authSource=admin", "authSource", "admin"),
-=======
-            ("mongodb://x/?tls=true", "tls", "true"),
-            ("mongodb://x/?tlsCAFile=ca.pem", "tlsCAFile", "ca.pem"),
->>>>>>> main
             ("mongodb://x/?proxyHost=p", "proxyHost", "p"),
             ("mongodb://x/?loadBalanced", "option", "loadBalanced"),
             ("mongodb://x/?=1", "option", "=1"),

@@ -32,15 +32,12 @@ use retry_testkit::{
 
 mod auth;
 mod soak;
-<<<<<<< HEAD
 mod tls;
-=======
 pub use auth::{
     scram_right_password_authenticates, scram_sdam_auth_errors_clear_the_pool_once,
     scram_server_stopping_mid_conversation_is_a_network_error,
     scram_wrong_password_is_a_clear_error,
 };
->>>>>>> main
 pub use soak::{fault_soak, SOAK_OPERATIONS_DEFAULT};
 pub use tls::{
     tls_expired_certificate_is_refused_unless_insecure, tls_with_the_test_ca_works,
@@ -863,16 +860,13 @@ macro_rules! suite {
             dropped_run_cancels_its_operation,
             shutdown_ends_every_operation_once,
             fault_soak,
-<<<<<<< HEAD
             tls_with_the_test_ca_works,
             tls_expired_certificate_is_refused_unless_insecure,
             tls_wrong_host_certificate_is_refused_unless_allowed,
-=======
             scram_right_password_authenticates,
             scram_wrong_password_is_a_clear_error,
             scram_server_stopping_mid_conversation_is_a_network_error,
             scram_sdam_auth_errors_clear_the_pool_once,
->>>>>>> main
         );
     };
     (@tests $runtime:ty, $block_on:expr; $($name:ident,)*) => {
