@@ -190,12 +190,13 @@ impl ClientOptions {
                 format!("{what} is not supported by this client"),
             ))
         };
-        if cs.srv {
-            return unsupported(
+        if cs.srv && !cs.seedlist_resolved() {
+            return Err(OptionsError::new(
                 "uri",
                 "mongodb+srv",
-                "mongodb+srv (DNS SRV and TXT lookups)",
-            );
+                "a mongodb+srv URI needs its DNS lookups first: use Client::with_uri_async or \
+                 resolve_seedlist (SRV-2)",
+            ));
         }
         let credential = cs.credential().cloned();
         if let Some(credential) = &credential {
@@ -355,6 +356,8 @@ impl ClientOptions {
                     "encrypted private keys are not supported by this client",
                 ))
             }
+            // Used by the seedlist lookup, before these options are built (SRV-2, SRV-4).
+            ("srvMaxHosts" | "srvServiceName", _) => {}
             // Read by `ConnectionString::credential` as a whole (AU-1).
             ("authMechanism" | "authSource" | "authMechanismProperties", _) => {}
             (n, _) if n.starts_with("proxy") => return unsupported("a SOCKS5 proxy"),
@@ -496,7 +499,7 @@ fn write_concern(cs: &ConnectionString) -> Option<Document> {
 }
 
 /// A seed from the OS: std's `RandomState` keys come from the OS's randomness.
-fn os_seed() -> u64 {
+pub(crate) fn os_seed() -> u64 {
     std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64)
 }
 

@@ -32,6 +32,7 @@ use rustls::{
 
 use crate::options::OptionsError;
 use crate::runtime::{AsyncTimer, BoxFuture, Runtime, Socket};
+use crate::srv::SrvRecord;
 
 /// The TLS settings of a client (TL-2). [`Default`] is the secure default: Mozilla's roots,
 /// certificates and host names verified, no client certificate.
@@ -258,6 +259,14 @@ impl Runtime for TlsRuntime {
 
     fn spawn(&self, future: BoxFuture<()>) -> io::Result<()> {
         self.inner.spawn(future)
+    }
+
+    fn resolve_srv(&self, name: String) -> BoxFuture<io::Result<Vec<SrvRecord>>> {
+        self.inner.resolve_srv(name)
+    }
+
+    fn resolve_txt(&self, name: String) -> BoxFuture<io::Result<Vec<Vec<String>>>> {
+        self.inner.resolve_txt(name)
     }
 
     fn connect(&self, host: String, port: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
