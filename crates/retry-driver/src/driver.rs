@@ -430,6 +430,10 @@ impl LocalDriver {
 
 /// The engine's name for an I/O error.
 pub(crate) fn error_kind(error: &io::Error) -> NetworkErrorKind {
+    // HS-9: TLS failures are unlabelled, whatever the io kind around them.
+    if crate::TlsError::is_tls(error) {
+        return NetworkErrorKind::TlsCertificate;
+    }
     match error.kind() {
         io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted => {
             NetworkErrorKind::Reset

@@ -32,12 +32,17 @@ use retry_testkit::{
 
 mod auth;
 mod soak;
+mod tls;
 pub use auth::{
     scram_right_password_authenticates, scram_sdam_auth_errors_clear_the_pool_once,
     scram_server_stopping_mid_conversation_is_a_network_error,
     scram_wrong_password_is_a_clear_error,
 };
 pub use soak::{fault_soak, SOAK_OPERATIONS_DEFAULT};
+pub use tls::{
+    tls_expired_certificate_is_refused_unless_insecure, tls_with_the_test_ca_works,
+    tls_wrong_host_certificate_is_refused_unless_allowed,
+};
 
 /// The longest any scenario may run before it fails.
 pub const SCENARIO_LIMIT: Duration = Duration::from_secs(60);
@@ -855,6 +860,9 @@ macro_rules! suite {
             dropped_run_cancels_its_operation,
             shutdown_ends_every_operation_once,
             fault_soak,
+            tls_with_the_test_ca_works,
+            tls_expired_certificate_is_refused_unless_insecure,
+            tls_wrong_host_certificate_is_refused_unless_allowed,
             scram_right_password_authenticates,
             scram_wrong_password_is_a_clear_error,
             scram_server_stopping_mid_conversation_is_a_network_error,
