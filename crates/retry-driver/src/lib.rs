@@ -38,6 +38,7 @@
 
 mod client;
 mod connection_string;
+mod cursor;
 mod driver;
 mod io_error;
 mod options;
@@ -46,6 +47,7 @@ mod shared;
 
 pub use client::{Client, CommandOptions, ConnectError, Events};
 pub use connection_string::{ConnectionString, Host, HostKind, OptionValue};
+pub use cursor::Cursor;
 pub use io_error::{classify_io_error, io_cause, LOOKUP_FAILED};
 pub use options::{ClientOptions, OptionsError};
 pub use runtime::{literal_address, timer_offset, AsyncTimer, BoxFuture, Runtime, Socket};

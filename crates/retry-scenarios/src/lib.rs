@@ -30,7 +30,13 @@ use retry_testkit::{
     OVERLOAD_LABELS,
 };
 
+mod driver_api;
 mod soak;
+pub use driver_api::{
+    commands_are_classified_by_default, cursors_fetch_batches_and_are_killed_when_dropped,
+    errors_say_their_cause, the_monitors_first_check_is_its_handshake,
+    write_errors_are_errors_that_keep_the_reply,
+};
 pub use soak::{fault_soak, SOAK_OPERATIONS_DEFAULT};
 
 /// The longest any scenario may run before it fails.
@@ -849,6 +855,11 @@ macro_rules! suite {
             dropped_run_cancels_its_operation,
             shutdown_ends_every_operation_once,
             fault_soak,
+            errors_say_their_cause,
+            cursors_fetch_batches_and_are_killed_when_dropped,
+            write_errors_are_errors_that_keep_the_reply,
+            commands_are_classified_by_default,
+            the_monitors_first_check_is_its_handshake,
         );
     };
     (@tests $runtime:ty, $block_on:expr; $($name:ident,)*) => {
