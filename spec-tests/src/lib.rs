@@ -5,6 +5,7 @@
 //! files; each file is one test case, run by the suite's runner, which returns `Err` with a message
 //! naming what differed.
 
+pub mod auth;
 pub mod cmap;
 pub mod corpus;
 pub mod in_window;
@@ -152,6 +153,13 @@ pub const CASE_SUITES: &[CaseSuite] = &[
         expected_files: 12,
         expected_cases: 159,
         run: uri::run_file,
+    },
+    CaseSuite {
+        name: "auth",
+        dir: "source/auth/tests/legacy",
+        expected_files: 1,
+        expected_cases: 67,
+        run: auth::run_file,
     },
     CaseSuite {
         name: "read-write-concern-uri",

@@ -1,14 +1,23 @@
-//! One connection's state machine: connecting → handshaking → ready ⇄ in flight → closed.
+//! One connection's state machine: connecting → handshaking → (authenticating) → ready ⇄ in
+//! flight → closed.
 //!
 //! ```text
 //!              handle_connected          handshake reply valid
 //!  Connecting ─────────────────▶ Handshaking ─────────────────▶ Ready ◀──────────┐
-//!      │                             │                            │ send_command  │ reply
-//!      │ closed / connect timeout    │ closed / timeout /         ▼               │
-//!      │                             │ bad reply              InFlight ──────────┘
-//!      ▼                             ▼                            │ closed / request timeout /
-//!    Closed ◀────────────────────────┴────────────────────────────┘ garbage
+//!      │                             │    │                   ▲   │ send_command  │ reply
+//!      │                             │    │ with credentials  │   ▼               │
+//!      │                             │    └──▶ Authenticating ┘ InFlight ─────────┘
+//!      │ closed / connect timeout    │ closed / timeout /  │          │ closed / request timeout /
+//!      ▼                             ▼ bad reply           ▼          ▼ garbage
+//!    Closed ◀────────────────────────┴─────────────────────┴──────────┘
 //! ```
+//!
+//! A pooled connection with an [`Authentication`] (AU-2) runs its conversation between the
+//! handshake reply and `Ready`: each step's command goes out as OP_MSG and its reply goes back to
+//! the conversation, under the establishment deadline. Only then is the handshake complete
+//! ([`ConnectionEvent::HandshakeComplete`], [`Connection::handshake`]): an authentication failure
+//! is an error before the handshake completed (AU-11), in [`NetworkPhase::Authentication`], which
+//! carries no overload labels (HS-9).
 //!
 //! The machine owns no socket and reads no clock (quinn-proto style). The adapter feeds it
 //! `handle_connected`, `handle_bytes`, `handle_closed` and `handle_timeout`, each with `now`, then
@@ -30,9 +39,11 @@ use core::fmt;
 use core::time::Duration;
 
 use crate::address::ServerAddress;
+use crate::auth::{AuthFailure, AuthStep, Authentication};
 use crate::error::{NetworkCause, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::handshake::{validate_reply, HandshakeError, HandshakeReply};
 use crate::time::Instant;
+use crate::topology::ServerType;
 use crate::wire::{
     DecodeError, Decompressor, DocumentSequence, EncodeError, FrameDecoder, MsgFlags, OpMsg,
     DEFAULT_MAX_MESSAGE_SIZE_BYTES,
@@ -87,6 +98,8 @@ pub enum ConnectionState {
     Connecting,
     /// The handshake command is out; waiting for its reply.
     Handshaking,
+    /// AU-2: an authentication command is out; waiting for its reply.
+    Authenticating,
     /// Idle and usable.
     Ready,
     /// A command is out; waiting for its reply.
@@ -207,6 +220,8 @@ pub enum FailureCause {
     Protocol(ProtocolError),
     /// The handshake reply was rejected.
     Handshake(HandshakeError),
+    /// Authentication failed (AU-11).
+    Authentication(AuthFailure),
 }
 
 /// A connection failure, with the facts the retry and SDAM rules read.
@@ -237,6 +252,7 @@ impl ConnectionError {
                 Some(NetworkCause::Protocol(p.to_string())),
             ),
             FailureCause::Handshake(e) => return e.clone().into_operation_error(address),
+            FailureCause::Authentication(e) => return e.clone().into_operation_error(address),
         };
         let error = OperationError::network(kind, self.phase, address.clone());
         match cause {
@@ -256,6 +272,7 @@ impl fmt::Display for ConnectionError {
             FailureCause::Timeout => f.write_str("timed out")?,
             FailureCause::Protocol(e) => write!(f, "protocol error: {e}")?,
             FailureCause::Handshake(e) => write!(f, "handshake rejected: {e}")?,
+            FailureCause::Authentication(e) => write!(f, "{e}")?,
         }
         write!(f, " during {:?}", self.phase)
     }
@@ -314,6 +331,12 @@ pub struct Connection {
     /// The encoded handshake message (request id 1) until it is queued.
     hello: Vec<u8>,
     handshake: Option<HandshakeReply>,
+    /// AU-2: the conversation of a connection that authenticates, until it is done.
+    authentication: Option<Authentication>,
+    /// The validated handshake reply while authentication runs.
+    authenticating: Option<HandshakeReply>,
+    /// The connect deadline (CS-3 capped), which also bounds authentication.
+    establishment_deadline: Option<Instant>,
     /// Request ids are per connection: 1 (the handshake), 2, ... wrapping to 1 after `i32::MAX`.
     next_request_id: i32,
     outstanding: Option<Outstanding>,
@@ -350,12 +373,24 @@ impl Connection {
             decoder,
             hello,
             handshake: None,
+            authentication: None,
+            authenticating: None,
+            establishment_deadline: deadline,
             next_request_id: 2,
             outstanding: None,
             deadline,
             outbound: Vec::new(),
             events: VecDeque::new(),
         })
+    }
+
+    /// AU-2: this connection authenticates with `authentication` after the handshake, whose
+    /// command must already carry [`Authentication::add_to_hello`]'s fields. Ignored once the
+    /// socket is open.
+    pub fn set_authentication(&mut self, authentication: Authentication) {
+        if self.state == ConnectionState::Connecting {
+            self.authentication = Some(authentication);
+        }
     }
 
     /// The current state.
@@ -368,7 +403,7 @@ impl Connection {
         &self.config
     }
 
-    /// The validated handshake reply, once the handshake is complete.
+    /// The validated handshake reply, once the handshake (and authentication) is complete.
     pub fn handshake(&self) -> Option<&HandshakeReply> {
         self.handshake.as_ref()
     }
@@ -557,15 +592,26 @@ impl Connection {
                     Ok(reply) => {
                         self.decoder
                             .set_max_message_size(reply.max_message_size_bytes);
-                        self.handshake = Some(reply.clone());
-                        self.become_ready();
-                        self.events.push_back(ConnectionEvent::HandshakeComplete {
-                            reply: Box::new(reply),
-                            generation: self.config.generation,
-                        });
+                        // AU-2: arbiters hold no users and are not authenticated.
+                        let arbiter = reply.description.server_type == ServerType::RsArbiter;
+                        match self.authentication.as_mut().filter(|_| !arbiter) {
+                            Some(auth) => {
+                                let step = auth.handle_hello(&message.body);
+                                self.authenticating = Some(reply);
+                                self.auth_step(step, now);
+                            }
+                            None => self.complete_handshake(reply),
+                        }
                     }
                     Err(e) => self.fail(FailureCause::Handshake(e)),
                 }
+            }
+            ConnectionState::Authenticating => {
+                let step = match self.authentication.as_mut() {
+                    Some(auth) => auth.handle_reply(&message.body),
+                    None => Err(AuthFailure::Protocol("no conversation".into())),
+                };
+                self.auth_step(step, now);
             }
             _ if more_to_come => {
                 // WP-6: the next reply answers this one; each gets a fresh socket timeout.
@@ -589,6 +635,52 @@ impl Connection {
         }
     }
 
+    /// The handshake, authentication included, is complete: the connection is ready.
+    fn complete_handshake(&mut self, reply: HandshakeReply) {
+        self.authentication = None;
+        self.handshake = Some(reply.clone());
+        self.become_ready();
+        self.events.push_back(ConnectionEvent::HandshakeComplete {
+            reply: Box::new(reply),
+            generation: self.config.generation,
+        });
+    }
+
+    /// AU-5: sends the conversation's next command, or completes the handshake, or fails.
+    fn auth_step(&mut self, step: Result<AuthStep, AuthFailure>, now: Instant) {
+        match step {
+            Ok(AuthStep::Done) => match self.authenticating.take() {
+                Some(reply) => self.complete_handshake(reply),
+                None => self.fail(FailureCause::Authentication(AuthFailure::Protocol(
+                    "no handshake reply".into(),
+                ))),
+            },
+            Ok(AuthStep::Send(command)) => {
+                let request_id = self.next_request_id;
+                let message = OpMsg::command(request_id, command);
+                if let Err(e) = message.encode(self.decoder.max_message_size(), &mut self.outbound)
+                {
+                    return self.fail(FailureCause::Authentication(AuthFailure::Protocol(
+                        alloc::format!("the command cannot be sent: {e}"),
+                    )));
+                }
+                self.next_request_id = request_id.checked_add(1).unwrap_or(1);
+                self.outstanding = Some(Outstanding {
+                    request_id,
+                    response_to: request_id,
+                    exhaust: false,
+                    deadline: None,
+                    queued_at: now,
+                    handed_over: false,
+                });
+                // The establishment deadline keeps running; socketTimeoutMS bounds each step.
+                self.deadline = earliest(self.establishment_deadline, self.socket_deadline(now));
+                self.state = ConnectionState::Authenticating;
+            }
+            Err(failure) => self.fail(FailureCause::Authentication(failure)),
+        }
+    }
+
     fn become_ready(&mut self) {
         self.state = ConnectionState::Ready;
         self.outstanding = None;
@@ -601,6 +693,7 @@ impl Connection {
             ConnectionState::Closed => return,
             ConnectionState::Connecting => NetworkPhase::Connect,
             ConnectionState::Handshaking => NetworkPhase::Handshake,
+            ConnectionState::Authenticating => NetworkPhase::Authentication,
             ConnectionState::Ready => NetworkPhase::BeforeSend,
             ConnectionState::InFlight => match self.outstanding {
                 Some(o) if o.handed_over => NetworkPhase::AfterSend,
@@ -612,6 +705,8 @@ impl Connection {
             _ => None,
         };
         self.state = ConnectionState::Closed;
+        self.authentication = None;
+        self.authenticating = None;
         self.outstanding = None;
         self.deadline = None;
         self.outbound.clear();
@@ -637,7 +732,6 @@ mod tests {
     use super::*;
     use crate::error::{ErrorKind, Labels, NetworkError};
     use crate::handshake::{ClientMetadata, HandshakeOptions, LOAD_BALANCER_UNSUPPORTED};
-    use crate::topology::ServerType;
     use bson::doc;
     use bson::oid::ObjectId;
 
@@ -1164,5 +1258,227 @@ mod tests {
             conn.send_command(Request::new(doc! { "ping": 1 }), at(1)),
             Err(SendError::NotReady(ConnectionState::Connecting))
         );
+    }
+}
+
+/// AU-2, AU-11: the authentication phase between the handshake reply and `Ready`.
+#[cfg(test)]
+mod auth_tests {
+    use super::*;
+    use crate::auth::toy::Toy;
+    use crate::auth::AuthOptions;
+    use crate::error::Labels;
+    use crate::handshake::HandshakeOptions;
+    use alloc::sync::Arc;
+    use bson::spec::BinarySubtype;
+    use bson::{doc, Binary};
+
+    fn at(ms: u64) -> Instant {
+        Instant::from_millis(1_000 + ms)
+    }
+
+    fn bin(b: &[u8]) -> Binary {
+        Binary {
+            subtype: BinarySubtype::Generic,
+            bytes: b.to_vec(),
+        }
+    }
+
+    /// A connection authenticating with the toy mechanism (speculative or not), its hello sent.
+    fn authenticating(speculative: bool) -> (Connection, OpMsg) {
+        let options = AuthOptions::new("db1", Arc::new(Toy("TOY", speculative)));
+        let auth = Authentication::new(&options);
+        let mut hello = HandshakeOptions::new().command().unwrap();
+        auth.add_to_hello(&mut hello);
+        let mut config = ConnectionConfig::new(ServerAddress::new("db", 27017));
+        config.socket_timeout = Some(Duration::from_secs(5));
+        let mut conn = Connection::new(config, hello, at(0)).unwrap();
+        conn.set_authentication(auth);
+        conn.handle_connected(at(1));
+        let hello = sent(&mut conn).remove(0);
+        (conn, hello)
+    }
+
+    fn sent(conn: &mut Connection) -> Vec<OpMsg> {
+        let mut bytes = Vec::new();
+        while conn.poll_transmit(&mut bytes) {}
+        let mut dec = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
+        let (mut rest, mut out) = (&bytes[..], Vec::new());
+        while !rest.is_empty() {
+            let (n, msg) = dec.decode(rest).unwrap();
+            rest = &rest[n..];
+            out.push(msg.unwrap());
+        }
+        out
+    }
+
+    fn reply(conn: &mut Connection, response_to: i32, body: Document, now: Instant) {
+        let mut msg = OpMsg::command(500 + response_to, body);
+        msg.response_to = response_to;
+        let mut bytes = Vec::new();
+        msg.encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut bytes)
+            .unwrap();
+        conn.handle_bytes(&bytes, now);
+    }
+
+    fn hello_reply(extra: Document) -> Document {
+        let mut d = doc! { "ok": 1, "isWritablePrimary": true, "maxWireVersion": 21 };
+        d.extend(extra);
+        d
+    }
+
+    #[test]
+    fn au2_au5_two_step_conversation_runs_before_the_handshake_completes() {
+        let (mut conn, hello) = authenticating(false);
+        assert!(!hello.body.contains_key("speculativeAuthenticate"));
+        reply(&mut conn, 1, hello_reply(doc! {}), at(3));
+        assert_eq!(
+            conn.poll_event(),
+            None,
+            "not complete before authentication"
+        );
+        assert_eq!(conn.state(), ConnectionState::Authenticating);
+        assert!(conn.handshake().is_none());
+        assert_eq!(
+            conn.poll_timeout(),
+            Some(at(3 + 5_000)),
+            "socketTimeoutMS per step"
+        );
+        let start = sent(&mut conn).remove(0);
+        assert_eq!(start.request_id, 2);
+        assert_eq!(start.body.get_str("$db").unwrap(), "db1");
+        assert_eq!(start.body.get_i32("saslStart").unwrap(), 1);
+        assert!(!start.body.contains_key("lsid") && !start.body.contains_key("$clusterTime"));
+        reply(
+            &mut conn,
+            2,
+            doc! { "ok": 1, "conversationId": 3, "payload": bin(b"proof"), "done": false },
+            at(4),
+        );
+        let cont = sent(&mut conn).remove(0);
+        assert_eq!(cont.request_id, 3);
+        assert_eq!(
+            cont.body,
+            doc! { "saslContinue": 1, "conversationId": 3, "payload": bin(b"ok"), "$db": "db1" }
+        );
+        reply(
+            &mut conn,
+            3,
+            doc! { "ok": 1, "conversationId": 3, "payload": bin(b"verified"), "done": true },
+            at(5),
+        );
+        let Some(ConnectionEvent::HandshakeComplete { reply, .. }) = conn.poll_event() else {
+            panic!("no handshake event");
+        };
+        assert_eq!(
+            reply.description.average_rtt.get(),
+            Some(Duration::from_millis(2)),
+            "the hello's round trip"
+        );
+        assert_eq!(
+            (conn.state(), conn.poll_timeout()),
+            (ConnectionState::Ready, None)
+        );
+        assert!(conn.handshake().is_some());
+        assert_eq!(
+            conn.send_command(Request::new(doc! { "ping": 1 }), at(6)),
+            Ok(4)
+        );
+    }
+
+    #[test]
+    fn au4_speculative_reply_in_the_hello_skips_sasl_start() {
+        let (mut conn, hello) = authenticating(true);
+        let spec = hello.body.get_document("speculativeAuthenticate").unwrap();
+        assert_eq!(spec.get_str("db").unwrap(), "db1");
+        let first = doc! { "conversationId": 1, "payload": bin(b"proof"), "done": false };
+        reply(
+            &mut conn,
+            1,
+            hello_reply(doc! { "speculativeAuthenticate": first }),
+            at(3),
+        );
+        let cont = sent(&mut conn).remove(0);
+        assert_eq!(cont.body.get_i32("saslContinue").unwrap(), 1);
+        reply(
+            &mut conn,
+            2,
+            doc! { "ok": 1, "conversationId": 1, "payload": bin(b"verified"), "done": true },
+            at(4),
+        );
+        assert!(matches!(
+            conn.poll_event(),
+            Some(ConnectionEvent::HandshakeComplete { .. })
+        ));
+    }
+
+    #[test]
+    fn au11_hs9_failures_while_authenticating_carry_no_overload_labels() {
+        let address = ServerAddress::new("db", 27017);
+        // A wrong password: the server's error 18.
+        let (mut conn, _) = authenticating(false);
+        reply(&mut conn, 1, hello_reply(doc! {}), at(3));
+        sent(&mut conn);
+        reply(
+            &mut conn,
+            2,
+            doc! { "ok": 0, "code": 18, "codeName": "AuthenticationFailed",
+            "errmsg": "Authentication failed." },
+            at(4),
+        );
+        let Some(ConnectionEvent::Failed(e)) = conn.poll_event() else {
+            panic!("no failure");
+        };
+        assert_eq!(e.phase, NetworkPhase::Authentication);
+        let op = e.to_operation_error(&address);
+        assert_eq!(op.server_error().and_then(|s| s.code), Some(18));
+        assert_eq!(op.labels, Labels::NONE);
+        assert_eq!(conn.state(), ConnectionState::Closed);
+
+        // The server stops mid-conversation: a network error of the authentication phase.
+        let (mut conn, _) = authenticating(false);
+        reply(&mut conn, 1, hello_reply(doc! {}), at(3));
+        sent(&mut conn);
+        conn.handle_closed(NetworkErrorKind::Closed, None, at(4));
+        let Some(ConnectionEvent::Failed(e)) = conn.poll_event() else {
+            panic!("no failure");
+        };
+        let op = e.to_operation_error(&address);
+        assert!(matches!(
+            op.kind,
+            crate::error::ErrorKind::Network(crate::error::NetworkError {
+                phase: NetworkPhase::Authentication,
+                ..
+            })
+        ));
+        assert_eq!(op.labels, Labels::NONE, "HS-9: not an overload error");
+
+        // A step that times out.
+        let (mut conn, _) = authenticating(false);
+        reply(&mut conn, 1, hello_reply(doc! {}), at(3));
+        conn.handle_timeout(at(5_003));
+        let Some(ConnectionEvent::Failed(e)) = conn.poll_event() else {
+            panic!("no failure");
+        };
+        assert_eq!(
+            (e.cause, e.phase),
+            (FailureCause::Timeout, NetworkPhase::Authentication)
+        );
+    }
+
+    #[test]
+    fn au2_arbiters_are_not_authenticated() {
+        let (mut conn, _) = authenticating(false);
+        reply(
+            &mut conn,
+            1,
+            doc! { "ok": 1, "arbiterOnly": true, "setName": "rs", "maxWireVersion": 21 },
+            at(3),
+        );
+        assert!(matches!(
+            conn.poll_event(),
+            Some(ConnectionEvent::HandshakeComplete { .. })
+        ));
+        assert!(!conn.has_transmit());
     }
 }

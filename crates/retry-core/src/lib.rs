@@ -17,6 +17,7 @@
 //! | --- | --- |
 //! | [`time`] | the monotonic [`time::Instant`] newtype and CSOT deadlines |
 //! | [`address`] | [`address::ServerAddress`] |
+//! | [`auth`] | authentication in connection establishment: the pluggable [`auth::Mechanism`], negotiation, speculative auth, the SASL conversation |
 //! | [`topology`] | server and topology descriptions from `hello` replies; the SDAM update machine ([`topology::Topology`]): update rules, error handling, pools per server, SDAM events |
 //! | [`selection`] | server selection with deprioritization, the latency window and the selection loop |
 //! | [`engine`] | composes every machine behind one sans-IO interface for adapters |
@@ -251,6 +252,7 @@
 extern crate alloc;
 
 pub mod address;
+pub mod auth;
 pub mod backoff;
 pub mod budget;
 pub mod classify;

@@ -12,7 +12,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::credential::{self, UriAuth};
 use crate::options::OptionsError;
+use retry_core::auth::Credential;
 
 /// The kind of a host in the seed list (URI-4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -55,8 +57,8 @@ pub enum OptionValue {
     TagSets(Vec<Vec<(String, String)>>),
 }
 
-/// A parsed connection string (see the module docs).
-#[derive(Clone, Debug, PartialEq)]
+/// A parsed connection string (see the module docs). `Debug` redacts the user name and password.
+#[derive(Clone, PartialEq)]
 pub struct ConnectionString {
     /// Whether the scheme is `mongodb+srv` (SRV-1).
     pub srv: bool,
@@ -70,6 +72,24 @@ pub struct ConnectionString {
     pub database: Option<String>,
     options: BTreeMap<&'static str, OptionValue>,
     warnings: Vec<String>,
+    /// AU-1: the credential the userinfo and auth options describe.
+    credential: Option<Credential>,
+}
+
+impl fmt::Debug for ConnectionString {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let redacted = |v: &Option<String>| v.as_ref().map(|_| "<redacted>");
+        f.debug_struct("ConnectionString")
+            .field("srv", &self.srv)
+            .field("hosts", &self.hosts)
+            .field("username", &redacted(&self.username))
+            .field("password", &redacted(&self.password))
+            .field("database", &self.database)
+            .field("options", &self.options)
+            .field("warnings", &self.warnings)
+            .field("credential", &self.credential)
+            .finish()
+    }
 }
 
 /// How an option's value is read.
@@ -267,11 +287,13 @@ impl ConnectionString {
             database,
             options: BTreeMap::new(),
             warnings: Vec::new(),
+            credential: None,
         };
         if let Some(query) = query {
             parsed.parse_options(query)?;
         }
         parsed.validate()?;
+        parsed.credential = parsed.uri_credential()?;
         Ok(parsed)
     }
 
@@ -286,6 +308,32 @@ impl ConnectionString {
     /// Every option that was set, by canonical name.
     pub fn options(&self) -> impl Iterator<Item = (&'static str, &OptionValue)> {
         self.options.iter().map(|(k, v)| (*k, v))
+    }
+
+    /// AU-1: the credential of the userinfo and the auth options, checked by the auth spec's
+    /// rules for its mechanism (AU-10, AU-13); `None` when the URI has neither
+    /// userinfo nor `authMechanism`.
+    pub fn credential(&self) -> Option<&Credential> {
+        self.credential.as_ref()
+    }
+
+    fn uri_credential(&self) -> Result<Option<Credential>, OptionsError> {
+        let text = |name: &str| match self.options.get(name) {
+            Some(OptionValue::Str(s)) => Some(s.as_str()),
+            _ => None,
+        };
+        let properties = match self.options.get("authMechanismProperties") {
+            Some(OptionValue::Map(pairs)) => pairs.as_slice(),
+            _ => &[],
+        };
+        credential::from_uri(UriAuth {
+            username: self.username.as_deref(),
+            password: self.password.as_deref(),
+            database: self.database.as_deref(),
+            mechanism: text("authMechanism"),
+            source: text("authSource"),
+            properties,
+        })
     }
 
     /// The warnings (URI-7, URI-8, URI-10): unknown options, ignored values, deprecated names.
@@ -534,9 +582,10 @@ pub(crate) fn read_value(
 }
 
 /// URI-3: `user[:password]`, percent-decoded; an unescaped `@` or a second `:` is an error, as is
-/// any character outside RFC 3986 userinfo.
+/// any character outside RFC 3986 userinfo. Errors never show the userinfo (it holds the
+/// password).
 fn parse_userinfo(userinfo: &str) -> Result<(String, Option<String>), OptionsError> {
-    let bad = |reason: &str| OptionsError::new("userinfo", userinfo, reason);
+    let bad = |reason: &str| OptionsError::new("userinfo", "<redacted>", reason);
     if userinfo.contains('@') {
         return Err(bad(
             "an '@' in the user name or password must be escaped as %40",

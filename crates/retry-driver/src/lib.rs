@@ -38,6 +38,7 @@
 
 mod client;
 mod connection_string;
+mod credential;
 mod cursor;
 mod driver;
 mod io_error;

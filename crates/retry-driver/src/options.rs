@@ -2,8 +2,9 @@
 //!
 //! [`ClientOptions::parse`] reads a URI with [`ConnectionString::parse`] (the spec's syntax,
 //! types, ranges and conflicts, URI-*) and then keeps what this client supports. Features it
-//! does not have are errors that name them: `mongodb+srv` (SRV lookups), credentials and the auth
-//! options, Unix domain sockets, TLS and SOCKS5 proxies. Compression is refused with a warning
+//! does not have are errors that name them: `mongodb+srv` (SRV lookups), authentication
+//! mechanisms other than SCRAM-SHA-256 and SCRAM-SHA-1, Unix domain sockets, TLS and SOCKS5
+//! proxies. Compression is refused with a warning
 //! (URI-9: compressors a client does not support are left out of the handshake), as is the
 //! single-threaded `serverSelectionTryOnce` (SS-1).
 
@@ -13,6 +14,7 @@ use std::hash::BuildHasher;
 
 use bson::{Bson, Document};
 use retry_core::address::ServerAddress;
+use retry_core::auth::{AuthOptions, Credential};
 use retry_core::connection::DEFAULT_CONNECT_TIMEOUT;
 use retry_core::engine::EngineOptions;
 use retry_core::handshake::{ClientMetadata, HandshakeOptions};
@@ -119,6 +121,13 @@ pub struct ClientOptions {
     pub policy: RetryPolicy,
     /// The seed of the engine's RNG (not a URI option); `None` draws one from the OS.
     pub seed: Option<u64>,
+    /// The credential of the URI's userinfo, `authSource`, `authMechanism` and
+    /// `authMechanismProperties` (AU-1, AU-10), used with retry-auth's SCRAM (nonces from the
+    /// OS). `Debug` redacts it.
+    pub credential: Option<Credential>,
+    /// Your own authentication: a [`retry_core::auth::Mechanism`] of yours (X.509, OIDC, AWS,
+    /// ...) in [`AuthOptions`]. When set, [`ClientOptions::credential`] is not used.
+    pub auth: Option<AuthOptions>,
     /// What parsing the URI warned about (URI-7, URI-8, URI-10, and options this client
     /// ignores), for the application to log.
     pub warnings: Vec<String>,
@@ -151,6 +160,8 @@ impl ClientOptions {
             app_name: None,
             policy: RetryPolicy::Current,
             seed: None,
+            credential: None,
+            auth: None,
             warnings: Vec::new(),
         }
     }
@@ -180,8 +191,10 @@ impl ClientOptions {
                 "mongodb+srv (DNS SRV and TXT lookups)",
             );
         }
-        if let Some(user) = &cs.username {
-            return unsupported("userinfo", user, "authentication");
+        let credential = cs.credential().cloned();
+        if let Some(credential) = &credential {
+            crate::credential::check_complete(credential)?;
+            check_credential(credential)?;
         }
         let mut hosts = Vec::with_capacity(cs.hosts.len());
         for host in &cs.hosts {
@@ -191,6 +204,7 @@ impl ClientOptions {
             hosts.push(ServerAddress::new(&host.host, host.port.unwrap_or(27017)));
         }
         let mut options = ClientOptions::new(hosts);
+        options.credential = credential;
         options.warnings = cs.warnings().to_vec();
         for (name, value) in cs.options() {
             options.apply(name, value)?;
@@ -221,6 +235,9 @@ impl ClientOptions {
                 value,
                 "set `read_preference` or `write_concern` instead",
             ));
+        }
+        if canonical.starts_with("auth") {
+            return Err(OptionsError::new(name, value, "set `credential` instead"));
         }
         let mut warnings = Vec::new();
         match connection_string::read_value(canonical, kind, value, &mut warnings)? {
@@ -289,7 +306,8 @@ impl ClientOptions {
             ("w" | "wTimeoutMS" | "journal", _) => {}
             ("tls", OptionValue::Bool(false)) => {}
             (n, _) if n.starts_with("tls") => return unsupported("TLS"),
-            (n, _) if n.starts_with("auth") => return unsupported("authentication"),
+            // Read by `ConnectionString::credential` as a whole (AU-1).
+            ("authMechanism" | "authSource" | "authMechanismProperties", _) => {}
             (n, _) if n.starts_with("proxy") => return unsupported("a SOCKS5 proxy"),
             ("compressors" | "zlibCompressionLevel", _) => self.warnings.push(format!(
                 "'{name}' ignored: compression is not supported by this client"
@@ -345,8 +363,38 @@ impl ClientOptions {
         options.connect_timeout = self.connect_timeout;
         options.socket_timeout = self.socket_timeout;
         options.seed = self.seed.unwrap_or_else(os_seed);
+        options.auth = match (&self.auth, &self.credential) {
+            (Some(auth), _) => Some(auth.clone()),
+            (None, Some(credential)) => Some(
+                retry_auth::auth_options(credential, retry_auth::os_rng())
+                    .map_err(|e| OptionsError::new("authMechanism", &e.mechanism, e.message))?,
+            ),
+            (None, None) => None,
+        };
         Ok(options)
     }
+}
+
+/// The mechanisms this client implements (retry-auth's SCRAM); the others are refused by name,
+/// and SCRAM needs a password (AU-13).
+fn check_credential(credential: &Credential) -> Result<(), OptionsError> {
+    let mechanism = credential.mechanism.as_deref();
+    if let Some(other) = mechanism.filter(|m| !matches!(*m, "SCRAM-SHA-256" | "SCRAM-SHA-1")) {
+        return Err(OptionsError::new(
+            "authMechanism",
+            other,
+            "this mechanism is not supported by this client (SCRAM-SHA-256 and SCRAM-SHA-1 are); \
+             implement retry_core::auth::Mechanism and set ClientOptions::auth",
+        ));
+    }
+    if credential.password.is_none() {
+        return Err(OptionsError::new(
+            "userinfo",
+            "<redacted>",
+            format!("{} needs a password", mechanism.unwrap_or("SCRAM")),
+        ));
+    }
+    Ok(())
 }
 
 /// SS-2: the read preference of `readPreference`, `readPreferenceTags` and
@@ -437,13 +485,17 @@ mod tests {
         let cases = [
             ("http://x", "uri", "http://x"),
             ("mongodb+srv://x.example.com", "uri", "mongodb+srv"),
-            ("mongodb://u:p@x", "userinfo", "u"),
+            ("mongodb://u@x", "userinfo", "<redacted>"),
+            (
+                "mongodb://u:p@x/?authMechanism=PLAIN",
+                "authMechanism",
+                "PLAIN",
+            ),
             ("mongodb://", "host", ""),
             ("mongodb://x:notaport", "host", "x:notaport"),
             ("mongodb://%2Ftmp%2Fm.sock", "host", "/tmp/m.sock"),
             ("mongodb://x/?tls=true", "tls", "true"),
             ("mongodb://x/?tlsCAFile=ca.pem", "tlsCAFile", "ca.pem"),
-            ("mongodb://x/?authSource=admin", "authSource", "admin"),
             ("mongodb://x/?proxyHost=p", "proxyHost", "p"),
             ("mongodb://x/?loadBalanced", "option", "loadBalanced"),
             ("mongodb://x/?=1", "option", "=1"),
@@ -542,6 +594,37 @@ mod tests {
             .map(|_| options.engine_options().unwrap().seed)
             .collect();
         assert!(seeds.len() > 1, "OS seeds repeat: {seeds:?}");
+    }
+
+    #[test]
+    fn au1_au3_uri_credentials_reach_the_engine_redacted() {
+        let options =
+            ClientOptions::parse("mongodb://al%3Aice:s3cr%40t@x/db?authSource=admin").unwrap();
+        let credential = options.credential.as_ref().unwrap();
+        assert_eq!(credential.username.as_deref(), Some("al:ice"));
+        assert_eq!(credential.password.as_deref(), Some("s3cr@t"));
+        assert_eq!(credential.source, "admin");
+        let engine = options.engine_options().unwrap();
+        let printed = format!(
+            "{options:?} {engine:?} {:?}",
+            ConnectionString::parse("mongodb://al%3Aice:s3cr%40t@x").unwrap()
+        );
+        assert!(
+            !printed.contains("s3cr")
+                && !printed.contains("al:ice")
+                && !printed.contains("al%3Aice"),
+            "{printed}"
+        );
+        assert!(format!("{:?}", engine.auth).contains("SCRAM-SHA-256"));
+        let mut set = ClientOptions::new(vec![ServerAddress::new("x", 1)]);
+        assert!(
+            set.set("authSource", "admin").is_err(),
+            "set `credential` instead"
+        );
+        let bad = ClientOptions::parse("mongodb://u:bad%40pass:word@x")
+            .unwrap_err()
+            .to_string();
+        assert!(!bad.contains("bad"), "{bad}");
     }
 
     proptest::proptest! {

@@ -37,6 +37,12 @@ pub use driver_api::{
     errors_say_their_cause, the_monitors_first_check_is_its_handshake,
     write_errors_are_errors_that_keep_the_reply,
 };
+mod auth;
+pub use auth::{
+    scram_right_password_authenticates, scram_sdam_auth_errors_clear_the_pool_once,
+    scram_server_stopping_mid_conversation_is_a_network_error,
+    scram_wrong_password_is_a_clear_error,
+};
 pub use soak::{fault_soak, SOAK_OPERATIONS_DEFAULT};
 
 /// The longest any scenario may run before it fails.
@@ -860,6 +866,10 @@ macro_rules! suite {
             write_errors_are_errors_that_keep_the_reply,
             commands_are_classified_by_default,
             the_monitors_first_check_is_its_handshake,
+            scram_right_password_authenticates,
+            scram_wrong_password_is_a_clear_error,
+            scram_server_stopping_mid_conversation_is_a_network_error,
+            scram_sdam_auth_errors_clear_the_pool_once,
         );
     };
     (@tests $runtime:ty, $block_on:expr; $($name:ident,)*) => {

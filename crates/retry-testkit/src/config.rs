@@ -1,5 +1,6 @@
 //! What a test server is: its role, wire versions, batch size, limiters, faults and seed.
 
+use crate::auth::{ScramUser, ScramVersion};
 use crate::faults::FaultConfig;
 
 /// The kind of server the test server pretends to be; it shapes the hello reply (HS-4).
@@ -114,6 +115,10 @@ pub struct ServerConfig {
     /// The seed of the fault injector; each connection draws from its own generator derived from
     /// it, so a connection's faults do not depend on how other connections are scheduled.
     pub seed: u64,
+    /// SCRAM users (AU-*): when any is set, a connection must authenticate before it may run
+    /// anything but the handshake, `saslStart` / `saslContinue`, `ping` and `buildInfo` (13
+    /// `Unauthorized`), as on a `mongod` with access control.
+    pub users: Vec<ScramUser>,
 }
 
 impl ServerConfig {
@@ -123,6 +128,22 @@ impl ServerConfig {
             role,
             ..ServerConfig::default()
         }
+    }
+
+    /// Adds a user of `admin` with credentials for `mechanisms` (all SCRAM mechanisms when
+    /// empty).
+    pub fn with_user(
+        mut self,
+        name: impl Into<String>,
+        password: impl Into<String>,
+        mechanisms: &[ScramVersion],
+    ) -> ServerConfig {
+        let mut user = ScramUser::new(name, password);
+        if !mechanisms.is_empty() {
+            user.mechanisms = mechanisms.to_vec();
+        }
+        self.users.push(user);
+        self
     }
 }
 
@@ -138,6 +159,7 @@ impl Default for ServerConfig {
             connection_limit: None,
             faults: FaultConfig::default(),
             seed: 0,
+            users: Vec::new(),
         }
     }
 }

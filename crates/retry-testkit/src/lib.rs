@@ -63,6 +63,7 @@
 
 #![forbid(unsafe_code)]
 
+mod auth;
 mod client;
 mod commands;
 mod config;
@@ -75,6 +76,7 @@ mod query;
 mod server;
 mod store;
 
+pub use auth::{ScramUser, ScramVersion, SCRAM_ITERATIONS};
 pub use client::RawClient;
 pub use config::{
     IngressLimit, RateLimit, ReplicaSetMember, Role, ServerConfig, LOGICAL_SESSION_TIMEOUT_MINUTES,

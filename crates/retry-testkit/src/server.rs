@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::{sleep, Duration, Instant};
 
+use crate::auth::{ConnectionAuth, UserStore};
 use crate::commands::{execute, hello_reply, is_hello, write_key, HelloContext};
 use crate::config::{
     IngressLimit, RateLimit, ReplicaSetMember, Role, ServerConfig, MAX_MESSAGE_SIZE_BYTES,
@@ -61,6 +62,8 @@ pub(crate) struct State {
     counters: Counters,
     handshakes: Vec<Handshake>,
     last_connection_id: i32,
+    /// SCRAM users (crate `auth`).
+    users: UserStore,
 }
 
 impl State {
@@ -182,6 +185,7 @@ impl TestServer {
             counters: Counters::default(),
             handshakes: Vec::new(),
             last_connection_id: 0,
+            users: UserStore::new(&config.users),
         };
         let shared = Arc::new(Shared {
             me: address.to_string(),
@@ -468,6 +472,7 @@ fn admit(shared: &Shared) -> Option<Connection> {
         app_name: None,
         rng: connection_rng(shared.seed, id),
         last_request_id: 0,
+        auth: ConnectionAuth::default(),
     })
 }
 
@@ -478,6 +483,8 @@ struct Connection {
     app_name: Option<String>,
     rng: EngineRng,
     last_request_id: i32,
+    /// Its authentication (crate `auth`).
+    auth: ConnectionAuth,
 }
 
 /// What to do after a request.
@@ -572,6 +579,9 @@ impl Connection {
                     "OP_MSG requests require a $db argument",
                 ));
             }
+            if let Some(refusal) = self.auth.refuse(&state.users, name) {
+                return Response::Reply(refusal);
+            }
             let admin_command = hello || name == "configureFailPoint";
             if !admin_command {
                 if let Some(rejection) = state.ingress_rejection(Instant::now()) {
@@ -632,13 +642,16 @@ impl Connection {
                 min_wire_version: shared.min_wire_version,
                 max_wire_version: shared.max_wire_version,
             };
-            Some(hello_reply(
-                name,
-                command,
-                &state.role,
-                state.topology_counter,
-                &context,
-            ))
+            let mut reply =
+                hello_reply(name, command, &state.role, state.topology_counter, &context);
+            self.auth
+                .hello(&state.users, command, &mut reply, &mut self.rng);
+            Some(reply)
+        } else if let Some(reply) = self
+            .auth
+            .dispatch(&state.users, name, command, &mut self.rng)
+        {
+            Some(reply)
         } else {
             execute(
                 &mut state,

@@ -129,6 +129,9 @@ pub struct EngineOptions {
     pub handshake: HandshakeOptions,
     /// The seed of the engine's RNG (jitter, the power-of-two choice). Adapters seed it from the OS.
     pub seed: u64,
+    /// AU-2: authenticate every pooled connection after its handshake (monitoring connections
+    /// never do); `None` for a server without access control.
+    pub auth: Option<crate::auth::AuthOptions>,
     /// Publish [`EngineEvent::Command`] events (EV-1..EV-6). Off by default: each event copies its
     /// command or reply, so turn it on when someone listens (a driver's command listeners, the
     /// unified tests).
@@ -147,6 +150,7 @@ impl EngineOptions {
             socket_timeout: None,
             handshake,
             seed: 0,
+            auth: None,
             command_monitoring: false,
         }
     }

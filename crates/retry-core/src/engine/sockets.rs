@@ -4,11 +4,17 @@
 //! its owner: a completed handshake to the pool (`handle_established`) or the monitor (its
 //! `hello`), a reply to the operation whose command is on it or to the monitor, a failure to the
 //! operation, SDAM error handling and the pool, or to the monitor.
+//!
+//! AU-2, AU-11: a pooled socket of a client with credentials authenticates before its handshake
+//! completes, so an authentication failure is a failure before the handshake completed: the
+//! server is marked Unknown and its pool cleared (HS-9; the error has no overload labels), and the
+//! checkout that wanted the connection fails.
 
 use bson::Document;
 use core::time::Duration;
 
 use super::{ConnId, CursorUse, Engine, OpId, Owner, ServerId, Socket};
+use crate::auth::Authentication;
 use crate::connection::{Connection, ConnectionConfig, ConnectionEvent};
 use crate::error::{ErrorKind, Labels, NetworkErrorKind, OperationError};
 use crate::pool::ConnectionId;
@@ -33,7 +39,18 @@ impl Engine {
         config.connect_timeout = self.options.connect_timeout;
         config.socket_timeout = self.options.socket_timeout;
         config.load_balanced = self.options.topology.load_balanced;
-        let machine = Connection::new(config, self.handshake.clone(), now).ok()?;
+        let machine = match (&self.options.auth, owner) {
+            // AU-2: pooled connections authenticate; the hello carries the speculative start.
+            (Some(auth), Owner::Pool(_)) => {
+                let auth = Authentication::new(auth);
+                let mut hello = self.handshake.clone();
+                auth.add_to_hello(&mut hello);
+                let mut machine = Connection::new(config, hello, now).ok()?;
+                machine.set_authentication(auth);
+                machine
+            }
+            _ => Connection::new(config, self.handshake.clone(), now).ok()?,
+        };
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
         if let Owner::Pool(id) = owner {
@@ -200,13 +217,14 @@ impl Engine {
                 }
                 self.schedule(Machine::Pool(server));
             }
-            // The handshake failed: SDAM error handling (HS-9), and the checkout that wanted the
-            // connection fails.
+            // The handshake (or authentication, AU-11) failed: the checkout that wanted the
+            // connection fails with this error, then SDAM error handling (HS-9) may clear the
+            // pool, failing the other waiters with PoolClearedError (CM-2).
             None => {
-                self.application_error(server, &error, context, now);
                 if let Some(pool) = self.pool_mut(server) {
-                    pool.handle_establish_failed(id, error, now);
+                    pool.handle_establish_failed(id, error.clone(), now);
                 }
+                self.application_error(server, &error, context, now);
                 self.schedule(Machine::Pool(server));
             }
         }
