@@ -13,10 +13,13 @@ use retry_core::error::OperationError;
 use retry_core::retry::OperationKind;
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 
+use crate::connection_string::ConnectionString;
 use crate::driver::{Driver, LocalDriver};
 use crate::options::{ClientOptions, OptionsError};
 use crate::runtime::Runtime;
 use crate::shared::{lock, EventQueue, Reply, Request, Shared, Slot, TimedEvent};
+use crate::srv::resolve_seedlist;
+use crate::tls::TlsRuntime;
 
 /// How [`Client::run`] runs one command; the default is [`Client::run_command`]'s.
 #[derive(Clone, Debug, Default)]
@@ -125,7 +128,10 @@ impl<R: Runtime> Client<R> {
     /// monitoring starts at once), otherwise driven by the client's futures on the caller's
     /// executor (monitoring runs while one of them is polled). Nothing waits for a server.
     pub fn connect(options: ClientOptions) -> Result<Client<R>, ConnectError> {
-        let runtime: Arc<dyn Runtime> = Arc::new(R::start().map_err(ConnectError::Runtime)?);
+        let mut runtime: Arc<dyn Runtime> = Arc::new(R::start().map_err(ConnectError::Runtime)?);
+        if let Some(tls) = &options.tls {
+            runtime = Arc::new(TlsRuntime::new(runtime, tls.client_config()?));
+        }
         let engine_options = options.engine_options()?;
         let write_concern = options.write_concern.clone();
         let engine = Engine::new(engine_options, runtime.now()).map_err(ConnectError::Settings)?;
@@ -147,6 +153,18 @@ impl<R: Runtime> Client<R> {
             }),
             runtime: PhantomData,
         })
+    }
+
+    /// [`Client::with_uri`] for `mongodb+srv://` URIs as well: their SRV and TXT records are
+    /// looked up through the runtime ([`Runtime::resolve_srv`], [`Runtime::resolve_txt`]) before
+    /// anything connects (SRV-2), and the seed list they give is used (SRV-3..SRV-6).
+    pub async fn with_uri_async(uri: &str) -> Result<Client<R>, ConnectError> {
+        let mut cs = ConnectionString::parse(uri)?;
+        if cs.srv {
+            let runtime = R::start().map_err(ConnectError::Runtime)?;
+            cs = resolve_seedlist(&runtime, &cs, crate::options::os_seed()).await?;
+        }
+        Client::connect(ClientOptions::from_connection_string(&cs)?)
     }
 
     /// [`Client::connect`] with the options of a `mongodb://` URI.

@@ -32,6 +32,7 @@ use retry_testkit::{
 
 mod driver_api;
 mod soak;
+mod tls;
 pub use driver_api::{
     commands_are_classified_by_default, cursors_fetch_batches_and_are_killed_when_dropped,
     errors_say_their_cause, monitoring_streams_or_polls_as_the_mode_says,
@@ -44,6 +45,10 @@ pub use auth::{
     scram_wrong_password_is_a_clear_error,
 };
 pub use soak::{fault_soak, SOAK_OPERATIONS_DEFAULT};
+pub use tls::{
+    tls_expired_certificate_is_refused_unless_insecure, tls_with_the_test_ca_works,
+    tls_wrong_host_certificate_is_refused_unless_allowed,
+};
 
 /// The longest any scenario may run before it fails.
 pub const SCENARIO_LIMIT: Duration = Duration::from_secs(60);
@@ -861,6 +866,9 @@ macro_rules! suite {
             dropped_run_cancels_its_operation,
             shutdown_ends_every_operation_once,
             fault_soak,
+            tls_with_the_test_ca_works,
+            tls_expired_certificate_is_refused_unless_insecure,
+            tls_wrong_host_certificate_is_refused_unless_allowed,
             errors_say_their_cause,
             cursors_fetch_batches_and_are_killed_when_dropped,
             write_errors_are_errors_that_keep_the_reply,

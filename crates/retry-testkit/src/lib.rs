@@ -53,8 +53,12 @@
 //! 4. The `failCommand` fail point, when it matches, blocks, closes the connection, fails the
 //!    command or adds a `writeConcernError` ([`FailCommand`]).
 //! 5. The command runs ([`CommandCounts::executed`]), unless it is the retry of a retryable
-//!    `insert` that already ran (same `lsid` and `txnNumber`): that gets the first reply again
-//!    ([`CommandCounts::replayed`]).
+//!    write (`insert`, `update`, `delete`, `findAndModify`, `bulkWrite`) that already ran (same
+//!    `lsid`, `txnNumber` and `stmtId`): that gets the first reply again
+//!    ([`CommandCounts::replayed`]). A command with `autocommit: false` belongs to its session's
+//!    transaction (TK-15). A command, operator, stage, option or fail point the server does not
+//!    evaluate is refused (`CommandNotFound` or `TestkitUnsupported`) and logged
+//!    ([`ServerHandle::unsupported`]), never ignored.
 //! 6. The reply is written unless the request had `moreToCome`, or replaced by a random fault
 //!    ([`FaultConfig`]).
 //!
@@ -75,6 +79,7 @@ mod on_primary_write;
 mod query;
 mod server;
 mod store;
+mod tls;
 
 pub use auth::{ScramUser, ScramVersion, SCRAM_ITERATIONS};
 pub use client::RawClient;
@@ -89,3 +94,4 @@ pub use fail_point::{
 pub use faults::{Fault, FaultConfig, DEFAULT_STALL};
 pub use server::{Handshake, ServerHandle, TestServer, INGRESS_RATE_LIMIT_CODE, OVERLOAD_LABELS};
 pub use store::DataStore;
+pub use tls::{ServerCertificate, ServerTls, TestCa};

@@ -8,7 +8,7 @@ use bson::oid::ObjectId;
 use bson::{Bson, Document};
 use retry_core::rng::EngineRng;
 use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::{JoinError, JoinHandle, JoinSet};
@@ -30,6 +30,7 @@ use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfi
 use crate::limiter::TokenBucket;
 use crate::on_primary_write::{Firing, OnPrimaryWrite};
 use crate::store::DataStore;
+use crate::tls::ServerTls;
 
 /// BP-3: the code of an ingress rate-limiter rejection.
 pub const INGRESS_RATE_LIMIT_CODE: i32 = 462;
@@ -64,6 +65,13 @@ pub(crate) struct State {
     counters: Counters,
     handshakes: Vec<Handshake>,
     last_connection_id: i32,
+    /// TK-2, TK-16: what the server refused as unknown or unsupported, in order.
+    unsupported: Vec<String>,
+    /// TK-12: the services a load balancer routes new connections to, round robin (empty: one,
+    /// the process itself).
+    services: Vec<ObjectId>,
+    /// How many connections were routed to a service so far.
+    routed: usize,
     /// SCRAM users (crate `auth`).
     users: UserStore,
 }
@@ -127,6 +135,8 @@ struct Shared {
     seed: u64,
     min_wire_version: i32,
     max_wire_version: i32,
+    /// The TLS handshake every accepted socket goes through first, if any.
+    tls: Option<ServerTls>,
     state: Mutex<State>,
 }
 
@@ -187,6 +197,9 @@ impl TestServer {
             counters: Counters::default(),
             handshakes: Vec::new(),
             last_connection_id: 0,
+            unsupported: Vec::new(),
+            services: Vec::new(),
+            routed: 0,
             users: UserStore::new(&config.users),
         };
         let shared = Arc::new(Shared {
@@ -195,6 +208,7 @@ impl TestServer {
             seed: config.seed,
             min_wire_version: config.min_wire_version,
             max_wire_version: config.max_wire_version,
+            tls: config.tls,
             state: Mutex::new(state),
         });
         let (stop, stopped) = oneshot::channel();
@@ -394,6 +408,27 @@ impl ServerHandle {
         self.shared.lock().data.lock().documents(ns)
     }
 
+    /// TK-12: a load balancer in front of `count` mongos: new connections are routed round robin
+    /// and report that mongos' `serviceId` (the first is the process id). 1 or 0: one service.
+    pub fn set_load_balanced_services(&self, count: usize) {
+        let mut services = vec![self.shared.process_id];
+        services.extend((1..count).map(|_| ObjectId::new()));
+        self.shared.lock().services = if count > 1 { services } else { Vec::new() };
+    }
+
+    /// Creates the namespace `ns` (`db.collection`) empty, as `create` does; `false` when it
+    /// already exists.
+    pub fn create_collection(&self, ns: &str) -> bool {
+        self.shared.lock().data.lock().create(ns)
+    }
+
+    /// TK-2, TK-16: every command, operator, option or fail point the server refused as unknown
+    /// or unsupported (`CommandNotFound` or `TestkitUnsupported`), in order. A test that made the
+    /// server refuse something did not test what it meant to (UT-20).
+    pub fn unsupported(&self) -> Vec<String> {
+        self.shared.lock().unsupported.clone()
+    }
+
     /// How many cursors are open.
     pub fn open_cursors(&self) -> usize {
         self.shared.lock().data.lock().open_cursors()
@@ -424,9 +459,19 @@ async fn accept_loop(
                     // client, not the kernel's timer. A socket that refuses still works.
                     let _ = stream.set_nodelay(true);
                     match admit(&shared) {
-                        Some(connection) => {
-                            connections.spawn(serve(Arc::clone(&shared), stream, connection));
-                        }
+                        Some(connection) => match shared.tls.clone() {
+                            None => {
+                                connections.spawn(serve(Arc::clone(&shared), stream, connection));
+                            }
+                            Some(tls) => {
+                                connections.spawn(serve_tls(
+                                    Arc::clone(&shared),
+                                    tls,
+                                    stream,
+                                    connection,
+                                ));
+                            }
+                        },
                         // Over the connection rate: reset it (SO_LINGER 0) as it is dropped. A
                         // socket that refuses the option is closed plainly, still unanswered.
                         None => {
@@ -472,6 +517,7 @@ fn admit(shared: &Shared) -> Option<Connection> {
     Some(Connection {
         id,
         app_name: None,
+        service: None,
         rng: connection_rng(shared.seed, id),
         last_request_id: 0,
         auth: ConnectionAuth::default(),
@@ -485,6 +531,8 @@ struct Connection {
     app_name: Option<String>,
     rng: EngineRng,
     last_request_id: i32,
+    /// TK-12: the service a load balancer routed it to, chosen at its first hello.
+    service: Option<ObjectId>,
     /// Its authentication (crate `auth`).
     auth: ConnectionAuth,
 }
@@ -508,10 +556,43 @@ impl Drop for ClosedGuard {
 
 const READ_CHUNK: usize = 16 * 1024;
 
+/// A server's socket: plain TCP or TLS over it, reset through the TCP socket beneath.
+trait ServerStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// Makes the close that follows a reset (SO_LINGER 0).
+    fn set_zero_linger(&self) -> io::Result<()>;
+}
+
+impl ServerStream for TcpStream {
+    fn set_zero_linger(&self) -> io::Result<()> {
+        TcpStream::set_zero_linger(self)
+    }
+}
+
+impl ServerStream for tokio_rustls::server::TlsStream<TcpStream> {
+    fn set_zero_linger(&self) -> io::Result<()> {
+        self.get_ref().0.set_zero_linger()
+    }
+}
+
+/// Serves one plain TCP connection ([`serve_stream`]).
+async fn serve(shared: Arc<Shared>, stream: TcpStream, connection: Connection) {
+    let _closed = ClosedGuard(Arc::clone(&shared));
+    serve_stream(&shared, stream, connection).await;
+}
+
+/// Runs the TLS handshake, then serves the connection; a failed handshake (the client refused
+/// the certificate, or spoke no TLS) closes it.
+async fn serve_tls(shared: Arc<Shared>, tls: ServerTls, stream: TcpStream, connection: Connection) {
+    let _closed = ClosedGuard(Arc::clone(&shared));
+    match tls.acceptor().accept(stream).await {
+        Ok(stream) => serve_stream(&shared, stream, connection).await,
+        Err(_) => shared.lock().counters.tls_handshakes_failed += 1,
+    }
+}
+
 /// Serves one connection until the client closes it, sends bytes that do not frame, or a reply
 /// ends it (a fail point's `closeConnection`, a fault).
-async fn serve(shared: Arc<Shared>, mut stream: TcpStream, mut connection: Connection) {
-    let _closed = ClosedGuard(Arc::clone(&shared));
+async fn serve_stream<S: ServerStream>(shared: &Shared, mut stream: S, mut connection: Connection) {
     let mut decoder = FrameDecoder::new(MAX_MESSAGE_SIZE_BYTES as u32);
     let mut chunk = vec![0; READ_CHUNK];
     loop {
@@ -531,7 +612,7 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream, mut connection: Conne
             };
             input = &input[used..];
             if let Some(request) = message {
-                if !connection.respond(&shared, &mut stream, request).await {
+                if !connection.respond(shared, &mut stream, request).await {
                     return;
                 }
             } else if used == 0 {
@@ -543,7 +624,12 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream, mut connection: Conne
 
 impl Connection {
     /// Handles one request and writes its reply; `false` means close the connection.
-    async fn respond(&mut self, shared: &Shared, stream: &mut TcpStream, request: OpMsg) -> bool {
+    async fn respond<S: ServerStream>(
+        &mut self,
+        shared: &Shared,
+        stream: &mut S,
+        request: OpMsg,
+    ) -> bool {
         let name = request.body.keys().next().cloned().unwrap_or_default();
         let exempt_from_faults = name == "configureFailPoint";
         if let Some(wait) = awaitable::awaitable(shared, &request) {
@@ -610,6 +696,9 @@ impl Connection {
                 return Response::Reply(reply);
             }
         }
+        if let Some(wait) = crate::query::where_sleep(command) {
+            sleep(wait).await;
+        }
         let mut state = shared.lock();
         let write_key = write_key(name, command);
         if let Some(reply) = write_key
@@ -640,9 +729,20 @@ impl Connection {
             }
         }
         let reply = if hello {
+            let service_id = match (self.service, state.services.len()) {
+                (Some(service), _) => service,
+                (None, 0) => shared.process_id,
+                (None, n) => {
+                    let service = state.services[state.routed % n];
+                    state.routed += 1;
+                    self.service = Some(service);
+                    service
+                }
+            };
             let context = HelloContext {
                 me: &shared.me,
                 process_id: shared.process_id,
+                service_id,
                 connection_id: self.id,
                 min_wire_version: shared.min_wire_version,
                 max_wire_version: shared.max_wire_version,
@@ -667,8 +767,12 @@ impl Connection {
             )
         };
         let Some(mut reply) = reply else {
+            state.unsupported.push(format!("command {name}"));
             return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));
         };
+        if let Some(what) = crate::commands::refusal(name, &reply) {
+            state.unsupported.push(what);
+        }
         state.counters.command_mut(name).executed += 1;
         if let Some(key) = write_key {
             if reply.get("ok").is_some_and(is_ok) {
@@ -708,10 +812,10 @@ impl Connection {
     }
 
     /// Encodes and writes a reply, or the random fault that replaces it; `false` means close.
-    async fn send(
+    async fn send<S: ServerStream>(
         &mut self,
         shared: &Shared,
-        stream: &mut TcpStream,
+        stream: &mut S,
         response_to: i32,
         reply: Document,
         exempt_from_faults: bool,
@@ -768,7 +872,7 @@ impl Connection {
 }
 
 /// `ok` is 1 in any numeric type.
-fn is_ok(value: &Bson) -> bool {
+pub(crate) fn is_ok(value: &Bson) -> bool {
     match value {
         Bson::Double(v) => *v == 1.0,
         Bson::Int32(v) => *v == 1,
