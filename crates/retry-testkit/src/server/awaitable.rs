@@ -10,10 +10,9 @@
 use bson::{Bson, Document};
 use retry_core::wire::{MsgFlags, OpMsg};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::{sleep, Duration};
 
-use super::{is_ok, Connection, Response, Shared, MAX_MESSAGE_SIZE_BYTES};
+use super::{is_ok, Connection, Response, ServerStream, Shared, MAX_MESSAGE_SIZE_BYTES};
 use crate::commands::is_hello;
 use crate::fail_point::error_reply;
 
@@ -67,10 +66,10 @@ pub(super) fn awaitable(shared: &Shared, request: &OpMsg) -> Option<Awaitable> {
 
 impl Connection {
     /// Answers an awaitable `hello` (and streams, with `exhaustAllowed`); `false` means close.
-    pub(super) async fn await_hello(
+    pub(super) async fn await_hello<S: ServerStream>(
         &mut self,
         shared: &Shared,
-        stream: &mut TcpStream,
+        stream: &mut S,
         request: OpMsg,
         awaitable: Awaitable,
     ) -> bool {
@@ -113,9 +112,9 @@ impl Connection {
     }
 
     /// Writes `reply` with `moreToCome`; returns its request id, which the next reply answers.
-    async fn push(
+    async fn push<S: ServerStream>(
         &mut self,
-        stream: &mut TcpStream,
+        stream: &mut S,
         response_to: i32,
         reply: Document,
     ) -> Option<i32> {
