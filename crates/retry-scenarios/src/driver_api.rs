@@ -185,7 +185,7 @@ pub async fn write_errors_are_errors_that_keep_the_reply<R: Runtime>() {
     .await
 }
 
-/// Item 4, RR-3, RW-4: [`Client::command`] classifies by default: a `find` is a retryable read
+/// Item 4, RR-3, RW-4: [`retry_driver::Client::command`] classifies by default: a `find` is a retryable read
 /// (retried once after a retryable error), an `aggregate` with `$out` is a write that is not
 /// retryable (run once); the caller's explicit kind still wins.
 pub async fn commands_are_classified_by_default<R: Runtime>() {
