@@ -27,7 +27,7 @@ const FAIL_POINT_SEED: u64 = 0x5eed_fa11;
 use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfig};
 use crate::limiter::TokenBucket;
 use crate::on_primary_write::{Firing, OnPrimaryWrite};
-use crate::store::DataStore;
+use crate::store::{DataStore, WriteKey};
 
 /// BP-3: the code of an ingress rate-limiter rejection.
 pub const INGRESS_RATE_LIMIT_CODE: i32 = 462;
@@ -521,6 +521,133 @@ struct Connection {
     auth: ConnectionAuth,
 }
 
+/// TK-8: the fail point's `writeConcernError` (with its labels) on a reply that succeeded.
+fn add_write_concern_error(
+    fired: Option<FailCommand>,
+    name: &str,
+    command: &Document,
+    reply: &mut Document,
+) {
+    if let Some(fail) = fired.filter(|f| f.write_concern_error.is_some()) {
+        if reply.get("ok").is_some_and(is_ok) {
+            let labels = fail.write_concern_labels(name, command);
+            if let Some(error) = fail.write_concern_error {
+                reply.insert("writeConcernError", error);
+            }
+            if !labels.is_empty() {
+                reply.insert("errorLabels", labels);
+            }
+        }
+    }
+}
+
+/// TK-5, TK-11: a retryable `update` / `delete` of several statements, statement by statement:
+/// a statement already done (same lsid, txnNumber, stmtId = the command's + its index) is not run
+/// again, each other one fires `onPrimaryTransactionalWrite` on its own, and the replies are
+/// combined as one command's (indexes of `upserted` and `writeErrors` by statement).
+fn statement_writes(
+    state: &mut State,
+    shared: &Shared,
+    name: &str,
+    key: &WriteKey,
+    statements: Vec<OpMsg>,
+) -> Response {
+    if !state.data.lock().begin_write(key) {
+        return Response::Reply(error_reply(
+            225,
+            &format!(
+                "Cannot start transaction {} on session because a newer transaction has \
+                 already started",
+                key.txn_number
+            ),
+        ));
+    }
+    let ordered = crate::commands::ordered(&statements[0].body);
+    let (mut n, mut modified) = (0_i64, 0_i64);
+    let (mut upserted, mut errors) = (Vec::new(), Vec::new());
+    let mut replayed = true;
+    for (index, statement) in statements.iter().enumerate() {
+        let sub = WriteKey {
+            stmt_id: key.stmt_id + index as i64,
+            ..key.clone()
+        };
+        let known = state.data.lock().write_result(&sub);
+        let reply = match known {
+            Some(reply) => reply,
+            None => {
+                replayed = false;
+                let firing = state.on_primary_write_firing();
+                if firing == Some(Firing::CloseWithoutCommit) {
+                    return Response::Close;
+                }
+                let Some(reply) = execute(
+                    state,
+                    name,
+                    statement,
+                    shared.max_wire_version,
+                    shared.process_id,
+                ) else {
+                    return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));
+                };
+                let done = reply.get("ok").is_some_and(is_ok) && !reply.contains_key("writeErrors");
+                if done {
+                    state.data.lock().record_write(sub, reply.clone());
+                }
+                if firing == Some(Firing::CommitThenClose) {
+                    return Response::Close;
+                }
+                reply
+            }
+        };
+        if !reply.get("ok").is_some_and(is_ok) {
+            return Response::Reply(reply);
+        }
+        let count = |field: &str| match reply.get(field) {
+            Some(Bson::Int32(v)) => i64::from(*v),
+            Some(Bson::Int64(v)) => *v,
+            _ => 0,
+        };
+        n += count("n");
+        modified += count("nModified");
+        let reindex = |mut entry: Document| {
+            entry.insert("index", index as i32);
+            Bson::Document(entry)
+        };
+        for list in [("upserted", &mut upserted), ("writeErrors", &mut errors)] {
+            if let Ok(entries) = reply.get_array(list.0) {
+                list.1.extend(
+                    entries
+                        .iter()
+                        .filter_map(Bson::as_document)
+                        .cloned()
+                        .map(reindex),
+                );
+            }
+        }
+        if ordered && !errors.is_empty() {
+            break;
+        }
+    }
+    let counts = state.counters.command_mut(name);
+    if replayed {
+        counts.replayed += 1;
+    } else {
+        counts.executed += 1;
+    }
+    let mut reply = bson::doc! { "n": i32::try_from(n).unwrap_or(i32::MAX) };
+    if name == "update" {
+        reply.insert("nModified", i32::try_from(modified).unwrap_or(i32::MAX));
+    }
+    if !upserted.is_empty() {
+        reply.insert("upserted", upserted);
+    }
+    if !errors.is_empty() {
+        reply.insert("writeErrors", errors);
+    }
+    reply.insert("ok", 1.0);
+    Response::Reply(reply)
+}
+
 /// What to do after a request.
 enum Response {
     /// Send this reply, unless the request had `moreToCome`.
@@ -644,6 +771,18 @@ impl Connection {
         }
         let mut state = shared.lock();
         let write_key = write_key(name, command);
+        let statements = write_key
+            .as_ref()
+            .and_then(|_| crate::commands::statement_requests(name, request));
+        if let (Some(key), Some(statements)) = (&write_key, statements) {
+            return match statement_writes(&mut state, shared, name, key, statements) {
+                Response::Reply(mut reply) => {
+                    add_write_concern_error(fired, name, command, &mut reply);
+                    Response::Reply(reply)
+                }
+                close => close,
+            };
+        }
         if let Some(reply) = write_key
             .as_ref()
             .and_then(|k| state.data.lock().write_result(k))
@@ -725,17 +864,7 @@ impl Connection {
         if close_after_commit {
             return Response::Close;
         }
-        if let Some(fail) = fired.filter(|f| f.write_concern_error.is_some()) {
-            if reply.get("ok").is_some_and(is_ok) {
-                let labels = fail.write_concern_labels(name, command);
-                if let Some(error) = fail.write_concern_error {
-                    reply.insert("writeConcernError", error);
-                }
-                if !labels.is_empty() {
-                    reply.insert("errorLabels", labels);
-                }
-            }
-        }
+        add_write_concern_error(fired, name, command, &mut reply);
         Response::Reply(reply)
     }
 
