@@ -74,6 +74,8 @@ pub struct ConnectionString {
     warnings: Vec<String>,
     /// AU-1: the credential the userinfo and auth options describe.
     credential: Option<Credential>,
+    /// SRV-6: a `mongodb+srv` string whose seed list came from its DNS records.
+    seedlist_resolved: bool,
 }
 
 impl fmt::Debug for ConnectionString {
@@ -288,6 +290,7 @@ impl ConnectionString {
             options: BTreeMap::new(),
             warnings: Vec::new(),
             credential: None,
+            seedlist_resolved: false,
         };
         if let Some(query) = query {
             parsed.parse_options(query)?;
@@ -334,6 +337,40 @@ impl ConnectionString {
             source: text("authSource"),
             properties,
         })
+    }
+
+    /// Whether this is a `mongodb+srv` string whose seed list came from DNS
+    /// ([`crate::resolve_seedlist`]); `false` for `mongodb://`.
+    pub fn seedlist_resolved(&self) -> bool {
+        self.seedlist_resolved
+    }
+
+    /// SRV-5, SRV-6: this `mongodb+srv` string with `hosts` as its seed list and the options of
+    /// its TXT record (`txt`, already restricted to the allowed keys) under its own, checked
+    /// again as a whole.
+    pub(crate) fn with_seedlist(
+        &self,
+        hosts: Vec<Host>,
+        txt: Option<&str>,
+    ) -> Result<ConnectionString, OptionsError> {
+        let mut resolved = self.clone();
+        resolved.hosts = hosts;
+        resolved.seedlist_resolved = true;
+        if let Some(txt) = txt {
+            let mut from_txt = ConnectionString {
+                options: BTreeMap::new(),
+                warnings: Vec::new(),
+                ..self.clone()
+            };
+            from_txt.parse_options(txt)?;
+            for (name, value) in from_txt.options {
+                resolved.options.entry(name).or_insert(value);
+            }
+            resolved.warnings.extend(from_txt.warnings);
+        }
+        resolved.validate()?;
+        resolved.credential = resolved.uri_credential()?;
+        Ok(resolved)
     }
 
     /// The warnings (URI-7, URI-8, URI-10): unknown options, ignored values, deprecated names.

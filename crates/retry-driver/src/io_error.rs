@@ -20,7 +20,9 @@ pub const LOOKUP_FAILED: &str = "failed to lookup address information";
 /// ([`retry_core::error::OperationError::with_cause`]). `connecting` is true while the socket is
 /// being opened (name resolution and TCP connect), false once it is open.
 pub fn classify_io_error(error: &io::Error, connecting: bool) -> (NetworkErrorKind, NetworkCause) {
-    let kind = if connecting && is_dns_failure(error) {
+    let kind = if crate::TlsError::is_tls(error) {
+        NetworkErrorKind::TlsCertificate
+    } else if connecting && is_dns_failure(error) {
         NetworkErrorKind::Dns
     } else {
         match error.kind() {

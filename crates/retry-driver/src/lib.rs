@@ -39,15 +39,21 @@
 mod client;
 mod connection_string;
 mod credential;
+mod cursor;
 mod driver;
 mod io_error;
 mod options;
 mod runtime;
 mod shared;
+mod srv;
+mod tls;
 
 pub use client::{Client, CommandOptions, ConnectError, Events};
 pub use connection_string::{ConnectionString, Host, HostKind, OptionValue};
+pub use cursor::Cursor;
 pub use io_error::{classify_io_error, io_cause, LOOKUP_FAILED};
 pub use options::{ClientOptions, OptionsError};
 pub use runtime::{literal_address, timer_offset, AsyncTimer, BoxFuture, Runtime, Socket};
 pub use shared::{Reply, TimedEvent};
+pub use srv::{apply_seedlist, resolve_seedlist, srv_query_name, SrvRecord};
+pub use tls::{TlsError, TlsOptions, TlsRuntime};

@@ -3,8 +3,8 @@
 //! [`ClientOptions::parse`] reads a URI with [`ConnectionString::parse`] (the spec's syntax,
 //! types, ranges and conflicts, URI-*) and then keeps what this client supports. Features it
 //! does not have are errors that name them: `mongodb+srv` (SRV lookups), authentication
-//! mechanisms other than SCRAM-SHA-256 and SCRAM-SHA-1, Unix domain sockets, TLS and SOCKS5
-//! proxies. Compression is refused with a warning
+//! mechanisms other than SCRAM-SHA-256 and SCRAM-SHA-1, Unix domain sockets, encrypted TLS keys
+//! and SOCKS5 proxies. TLS is [`TlsOptions`]. Compression is refused with a warning
 //! (URI-9: compressors a client does not support are left out of the handshake), as is the
 //! single-threaded `serverSelectionTryOnce` (SS-1).
 
@@ -25,6 +25,7 @@ use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionSetting
 use retry_core::topology::{TagSet, TopologySettings};
 
 use crate::connection_string::{self, ConnectionString, HostKind, OptionValue};
+use crate::tls::TlsOptions;
 
 /// An option, or a URI, that could not be used: which option, what value, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +118,10 @@ pub struct ClientOptions {
     pub server_monitoring_mode: ServerMonitoringMode,
     /// `appName`.
     pub app_name: Option<String>,
+    /// `tls` / `ssl` and the `tls*` options (TL-1, TL-2): `None` is a plain TCP connection.
+    /// `mongodb+srv` turns TLS on unless `tls=false`; any other `tls*` option turns it on too
+    /// (documented implicit enabling, TL-1), except with an explicit `tls=false`.
+    pub tls: Option<TlsOptions>,
     /// The retry policy (not a URI option); the current spec's by default.
     pub policy: RetryPolicy,
     /// The seed of the engine's RNG (not a URI option); `None` draws one from the OS.
@@ -158,6 +163,7 @@ impl ClientOptions {
             write_concern: None,
             server_monitoring_mode: ServerMonitoringMode::Auto,
             app_name: None,
+            tls: None,
             policy: RetryPolicy::Current,
             seed: None,
             credential: None,
@@ -173,7 +179,7 @@ impl ClientOptions {
     }
 
     /// The client options of a parsed connection string. Errors name the feature this client
-    /// does not have (`mongodb+srv`, authentication, Unix sockets, TLS, SOCKS5 proxies);
+    /// does not have (`mongodb+srv`, authentication, Unix sockets, SOCKS5 proxies);
     /// compressors and `serverSelectionTryOnce` are ignored with a warning. The connection
     /// string's own warnings are kept in [`ClientOptions::warnings`].
     pub fn from_connection_string(cs: &ConnectionString) -> Result<ClientOptions, OptionsError> {
@@ -184,12 +190,13 @@ impl ClientOptions {
                 format!("{what} is not supported by this client"),
             ))
         };
-        if cs.srv {
-            return unsupported(
+        if cs.srv && !cs.seedlist_resolved() {
+            return Err(OptionsError::new(
                 "uri",
                 "mongodb+srv",
-                "mongodb+srv (DNS SRV and TXT lookups)",
-            );
+                "a mongodb+srv URI needs its DNS lookups first: use Client::with_uri_async or \
+                 resolve_seedlist (SRV-2)",
+            ));
         }
         let credential = cs.credential().cloned();
         if let Some(credential) = &credential {
@@ -208,6 +215,14 @@ impl ClientOptions {
         options.warnings = cs.warnings().to_vec();
         for (name, value) in cs.options() {
             options.apply(name, value)?;
+        }
+        // TL-1: an explicit `tls=false` wins over the other `tls*` options and over SRV.
+        match cs.option("tls") {
+            Some(OptionValue::Bool(false)) => options.tls = None,
+            None if cs.srv => {
+                options.tls.get_or_insert_with(TlsOptions::default);
+            }
+            _ => {}
         }
         options.read_preference = read_preference(cs)?;
         options.write_concern = write_concern(cs);
@@ -304,8 +319,45 @@ impl ClientOptions {
             // Read by `read_preference` and `write_concern` as a whole.
             ("readPreference" | "readPreferenceTags" | "maxStalenessSeconds", _) => {}
             ("w" | "wTimeoutMS" | "journal", _) => {}
-            ("tls", OptionValue::Bool(false)) => {}
-            (n, _) if n.starts_with("tls") => return unsupported("TLS"),
+            ("tls", OptionValue::Bool(on)) => {
+                self.tls = on.then(|| self.tls.take().unwrap_or_default());
+            }
+            ("tlsCAFile", OptionValue::Str(path)) => {
+                self.tls.get_or_insert_with(TlsOptions::default).ca_file = Some(path.into())
+            }
+            ("tlsCertificateKeyFile", OptionValue::Str(path)) => {
+                self.tls
+                    .get_or_insert_with(TlsOptions::default)
+                    .certificate_key_file = Some(path.into())
+            }
+            ("tlsAllowInvalidCertificates", OptionValue::Bool(b)) => {
+                self.tls
+                    .get_or_insert_with(TlsOptions::default)
+                    .allow_invalid_certificates = *b
+            }
+            ("tlsAllowInvalidHostnames", OptionValue::Bool(b)) => {
+                self.tls
+                    .get_or_insert_with(TlsOptions::default)
+                    .allow_invalid_hostnames = *b
+            }
+            ("tlsInsecure", OptionValue::Bool(b)) => {
+                let tls = self.tls.get_or_insert_with(TlsOptions::default);
+                tls.allow_invalid_certificates = *b;
+                tls.allow_invalid_hostnames = *b;
+            }
+            // rustls checks neither OCSP nor revocation lists (TL-2): nothing to turn off.
+            ("tlsDisableOCSPEndpointCheck" | "tlsDisableCertificateRevocationCheck", _) => {
+                self.tls.get_or_insert_with(TlsOptions::default);
+            }
+            ("tlsCertificateKeyFilePassword", _) => {
+                return Err(OptionsError::new(
+                    name,
+                    "<redacted>",
+                    "encrypted private keys are not supported by this client",
+                ))
+            }
+            // Used by the seedlist lookup, before these options are built (SRV-2, SRV-4).
+            ("srvMaxHosts" | "srvServiceName", _) => {}
             // Read by `ConnectionString::credential` as a whole (AU-1).
             ("authMechanism" | "authSource" | "authMechanismProperties", _) => {}
             (n, _) if n.starts_with("proxy") => return unsupported("a SOCKS5 proxy"),
@@ -447,7 +499,7 @@ fn write_concern(cs: &ConnectionString) -> Option<Document> {
 }
 
 /// A seed from the OS: std's `RandomState` keys come from the OS's randomness.
-fn os_seed() -> u64 {
+pub(crate) fn os_seed() -> u64 {
     std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64)
 }
 
@@ -494,8 +546,11 @@ mod tests {
             ("mongodb://", "host", ""),
             ("mongodb://x:notaport", "host", "x:notaport"),
             ("mongodb://%2Ftmp%2Fm.sock", "host", "/tmp/m.sock"),
-            ("mongodb://x/?tls=true", "tls", "true"),
-            ("mongodb://x/?tlsCAFile=ca.pem", "tlsCAFile", "ca.pem"),
+            (
+                "mongodb://x/?tlsCertificateKeyFilePassword=secret",
+                "tlsCertificateKeyFilePassword",
+                "<redacted>",
+            ),
             ("mongodb://x/?proxyHost=p", "proxyHost", "p"),
             ("mongodb://x/?loadBalanced", "option", "loadBalanced"),
             ("mongodb://x/?=1", "option", "=1"),
@@ -516,6 +571,32 @@ mod tests {
                 "{message}"
             );
         }
+    }
+
+    #[test]
+    fn tl1_tl2_tls_options_turn_tls_on_and_tls_false_turns_it_off() {
+        let tls = |uri: &str| ClientOptions::parse(uri).unwrap().tls;
+        assert_eq!(tls("mongodb://x/"), None);
+        assert_eq!(tls("mongodb://x/?tls=true"), Some(TlsOptions::default()));
+        assert_eq!(tls("mongodb://x/?ssl=true"), Some(TlsOptions::default()));
+        assert_eq!(tls("mongodb://x/?tls=false&tlsCAFile=ca.pem"), None);
+        let implicit = tls("mongodb://x/?tlsCAFile=ca.pem&tlsCertificateKeyFile=me.pem").unwrap();
+        assert_eq!(implicit.ca_file, Some("ca.pem".into()));
+        assert_eq!(implicit.certificate_key_file, Some("me.pem".into()));
+        assert_eq!(
+            tls("mongodb://x/?tls=true&tlsInsecure=true"),
+            Some(TlsOptions::insecure())
+        );
+        let hostnames = tls("mongodb://x/?tls=true&tlsAllowInvalidHostnames=true").unwrap();
+        assert!(hostnames.allow_invalid_hostnames && !hostnames.allow_invalid_certificates);
+        let certificates = tls("mongodb://x/?tls=true&tlsAllowInvalidCertificates=true").unwrap();
+        assert!(certificates.allow_invalid_certificates && !certificates.allow_invalid_hostnames);
+        // URI-11: conflicts are errors by presence.
+        assert!(ClientOptions::parse(
+            "mongodb://x/?tlsInsecure=true&tlsAllowInvalidHostnames=false"
+        )
+        .is_err());
+        assert!(ClientOptions::parse("mongodb://x/?tls=true&ssl=false").is_err());
     }
 
     #[test]

@@ -9,6 +9,8 @@ use std::io;
 
 use retry_core::time::Instant;
 
+use crate::srv::SrvRecord;
+
 /// A boxed, sendable future.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -47,6 +49,24 @@ pub trait Runtime: Send + Sync + fmt::Debug + 'static {
 
     /// Opens a TCP connection to `host:port`.
     fn connect(&self, host: String, port: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>>;
+
+    /// The SRV records of `name` (SRV-2), for `mongodb+srv`. The default has no resolver.
+    fn resolve_srv(&self, name: String) -> BoxFuture<io::Result<Vec<SrvRecord>>> {
+        Box::pin(async move { Err(no_resolver(&name)) })
+    }
+
+    /// The TXT records of `name`, each as its character strings in order (SRV-5); an error of
+    /// kind `NotFound` when the name has none. The default has no resolver.
+    fn resolve_txt(&self, name: String) -> BoxFuture<io::Result<Vec<Vec<String>>>> {
+        Box::pin(async move { Err(no_resolver(&name)) })
+    }
+}
+
+fn no_resolver(name: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("cannot look up {name}: this runtime has no DNS resolver for SRV and TXT records"),
+    )
 }
 
 /// A resettable timer.

@@ -2,6 +2,7 @@
 
 use crate::auth::{ScramUser, ScramVersion};
 use crate::faults::FaultConfig;
+use crate::tls::ServerTls;
 
 /// The kind of server the test server pretends to be; it shapes the hello reply (HS-4).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,6 +116,8 @@ pub struct ServerConfig {
     /// The seed of the fault injector; each connection draws from its own generator derived from
     /// it, so a connection's faults do not depend on how other connections are scheduled.
     pub seed: u64,
+    /// TLS on every connection (TK-TLS): `None` serves plain TCP.
+    pub tls: Option<ServerTls>,
     /// SCRAM users (AU-*): when any is set, a connection must authenticate before it may run
     /// anything but the handshake, `saslStart` / `saslContinue`, `ping` and `buildInfo` (13
     /// `Unauthorized`), as on a `mongod` with access control.
@@ -159,6 +162,7 @@ impl Default for ServerConfig {
             connection_limit: None,
             faults: FaultConfig::default(),
             seed: 0,
+            tls: None,
             users: Vec::new(),
         }
     }

@@ -70,6 +70,9 @@ pub struct Counters {
     pub faults: FaultCounts,
     /// Connections closed because the client sent bytes that are not a valid OP_MSG.
     pub protocol_errors: u64,
+    /// Accepted sockets whose TLS handshake failed (the client refused the certificate, or did
+    /// not speak TLS).
+    pub tls_handshakes_failed: u64,
 }
 
 impl Counters {

@@ -79,6 +79,7 @@ mod on_primary_write;
 mod query;
 mod server;
 mod store;
+mod tls;
 
 pub use auth::{ScramUser, ScramVersion, SCRAM_ITERATIONS};
 pub use client::RawClient;
@@ -93,3 +94,4 @@ pub use fail_point::{
 pub use faults::{Fault, FaultConfig, DEFAULT_STALL};
 pub use server::{Handshake, ServerHandle, TestServer, INGRESS_RATE_LIMIT_CODE, OVERLOAD_LABELS};
 pub use store::DataStore;
+pub use tls::{ServerCertificate, ServerTls, TestCa};

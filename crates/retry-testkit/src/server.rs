@@ -8,7 +8,7 @@ use bson::oid::ObjectId;
 use bson::{Bson, Document};
 use retry_core::rng::EngineRng;
 use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::{JoinError, JoinHandle, JoinSet};
@@ -28,6 +28,7 @@ use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfi
 use crate::limiter::TokenBucket;
 use crate::on_primary_write::{Firing, OnPrimaryWrite};
 use crate::store::{DataStore, WriteKey};
+use crate::tls::ServerTls;
 
 /// BP-3: the code of an ingress rate-limiter rejection.
 pub const INGRESS_RATE_LIMIT_CODE: i32 = 462;
@@ -132,6 +133,8 @@ struct Shared {
     seed: u64,
     min_wire_version: i32,
     max_wire_version: i32,
+    /// The TLS handshake every accepted socket goes through first, if any.
+    tls: Option<ServerTls>,
     state: Mutex<State>,
 }
 
@@ -203,6 +206,7 @@ impl TestServer {
             seed: config.seed,
             min_wire_version: config.min_wire_version,
             max_wire_version: config.max_wire_version,
+            tls: config.tls,
             state: Mutex::new(state),
         });
         let (stop, stopped) = oneshot::channel();
@@ -453,9 +457,19 @@ async fn accept_loop(
                     // client, not the kernel's timer. A socket that refuses still works.
                     let _ = stream.set_nodelay(true);
                     match admit(&shared) {
-                        Some(connection) => {
-                            connections.spawn(serve(Arc::clone(&shared), stream, connection));
-                        }
+                        Some(connection) => match shared.tls.clone() {
+                            None => {
+                                connections.spawn(serve(Arc::clone(&shared), stream, connection));
+                            }
+                            Some(tls) => {
+                                connections.spawn(serve_tls(
+                                    Arc::clone(&shared),
+                                    tls,
+                                    stream,
+                                    connection,
+                                ));
+                            }
+                        },
                         // Over the connection rate: reset it (SO_LINGER 0) as it is dropped. A
                         // socket that refuses the option is closed plainly, still unanswered.
                         None => {
@@ -667,10 +681,43 @@ impl Drop for ClosedGuard {
 
 const READ_CHUNK: usize = 16 * 1024;
 
+/// A server's socket: plain TCP or TLS over it, reset through the TCP socket beneath.
+trait ServerStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// Makes the close that follows a reset (SO_LINGER 0).
+    fn set_zero_linger(&self) -> io::Result<()>;
+}
+
+impl ServerStream for TcpStream {
+    fn set_zero_linger(&self) -> io::Result<()> {
+        TcpStream::set_zero_linger(self)
+    }
+}
+
+impl ServerStream for tokio_rustls::server::TlsStream<TcpStream> {
+    fn set_zero_linger(&self) -> io::Result<()> {
+        self.get_ref().0.set_zero_linger()
+    }
+}
+
+/// Serves one plain TCP connection ([`serve_stream`]).
+async fn serve(shared: Arc<Shared>, stream: TcpStream, connection: Connection) {
+    let _closed = ClosedGuard(Arc::clone(&shared));
+    serve_stream(&shared, stream, connection).await;
+}
+
+/// Runs the TLS handshake, then serves the connection; a failed handshake (the client refused
+/// the certificate, or spoke no TLS) closes it.
+async fn serve_tls(shared: Arc<Shared>, tls: ServerTls, stream: TcpStream, connection: Connection) {
+    let _closed = ClosedGuard(Arc::clone(&shared));
+    match tls.acceptor().accept(stream).await {
+        Ok(stream) => serve_stream(&shared, stream, connection).await,
+        Err(_) => shared.lock().counters.tls_handshakes_failed += 1,
+    }
+}
+
 /// Serves one connection until the client closes it, sends bytes that do not frame, or a reply
 /// ends it (a fail point's `closeConnection`, a fault).
-async fn serve(shared: Arc<Shared>, mut stream: TcpStream, mut connection: Connection) {
-    let _closed = ClosedGuard(Arc::clone(&shared));
+async fn serve_stream<S: ServerStream>(shared: &Shared, mut stream: S, mut connection: Connection) {
     let mut decoder = FrameDecoder::new(MAX_MESSAGE_SIZE_BYTES as u32);
     let mut chunk = vec![0; READ_CHUNK];
     loop {
@@ -690,7 +737,7 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream, mut connection: Conne
             };
             input = &input[used..];
             if let Some(request) = message {
-                if !connection.respond(&shared, &mut stream, request).await {
+                if !connection.respond(shared, &mut stream, request).await {
                     return;
                 }
             } else if used == 0 {
@@ -702,7 +749,12 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream, mut connection: Conne
 
 impl Connection {
     /// Handles one request and writes its reply; `false` means close the connection.
-    async fn respond(&mut self, shared: &Shared, stream: &mut TcpStream, request: OpMsg) -> bool {
+    async fn respond<S: ServerStream>(
+        &mut self,
+        shared: &Shared,
+        stream: &mut S,
+        request: OpMsg,
+    ) -> bool {
         let name = request.body.keys().next().cloned().unwrap_or_default();
         let exempt_from_faults = name == "configureFailPoint";
         match self.handle(shared, &name, &request).await {
@@ -884,10 +936,10 @@ impl Connection {
     }
 
     /// Encodes and writes a reply, or the random fault that replaces it; `false` means close.
-    async fn send(
+    async fn send<S: ServerStream>(
         &mut self,
         shared: &Shared,
-        stream: &mut TcpStream,
+        stream: &mut S,
         response_to: i32,
         reply: Document,
         exempt_from_faults: bool,

@@ -28,8 +28,10 @@ use core::pin::Pin;
 use core::task::{Context, Poll};
 use std::io;
 
+use hickory_resolver::proto::rr::RData;
+use hickory_resolver::TokioResolver;
 use retry_core::time::Instant;
-use retry_driver::{AsyncTimer, BoxFuture, Runtime, Socket};
+use retry_driver::{AsyncTimer, BoxFuture, Runtime, Socket, SrvRecord};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
@@ -79,12 +81,71 @@ impl Runtime for TokioRuntime {
         Ok(())
     }
 
+    /// SRV-2: hickory's resolver on tokio, configured from the system (`/etc/resolv.conf`).
+    fn resolve_srv(&self, name: String) -> BoxFuture<io::Result<Vec<SrvRecord>>> {
+        Box::pin(async move {
+            let lookup = resolver()?
+                .srv_lookup(name.as_str())
+                .await
+                .map_err(dns_error)?;
+            Ok(lookup
+                .answers()
+                .iter()
+                .filter_map(|record| match &record.data {
+                    RData::SRV(srv) => Some(SrvRecord {
+                        target: srv.target.to_ascii(),
+                        port: srv.port,
+                    }),
+                    _ => None,
+                })
+                .collect())
+        })
+    }
+
+    /// SRV-5: each TXT record's strings, in order.
+    fn resolve_txt(&self, name: String) -> BoxFuture<io::Result<Vec<Vec<String>>>> {
+        Box::pin(async move {
+            let lookup = resolver()?
+                .txt_lookup(name.as_str())
+                .await
+                .map_err(dns_error)?;
+            Ok(lookup
+                .answers()
+                .iter()
+                .filter_map(|record| match &record.data {
+                    RData::TXT(txt) => Some(
+                        txt.txt_data
+                            .iter()
+                            .map(|s| String::from_utf8_lossy(s).into_owned())
+                            .collect(),
+                    ),
+                    _ => None,
+                })
+                .collect())
+        })
+    }
+
     fn connect(&self, host: String, port: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
         Box::pin(async move {
             let stream = TcpStream::connect((host.as_str(), port)).await?;
             stream.set_nodelay(true)?;
             Ok(Box::pin(Stream(stream)) as Pin<Box<dyn Socket>>)
         })
+    }
+}
+
+fn resolver() -> io::Result<TokioResolver> {
+    TokioResolver::builder_tokio()
+        .and_then(|builder| builder.build())
+        .map_err(io::Error::other)
+}
+
+/// A failed lookup; a name without records of the type is `NotFound`.
+fn dns_error(error: hickory_resolver::net::NetError) -> io::Error {
+    if error.is_no_records_found() {
+        io::Error::new(io::ErrorKind::NotFound, error.to_string())
+    } else {
+        io::Error::other(error.to_string())
     }
 }
 
