@@ -70,6 +70,8 @@ pub(crate) struct State {
     services: Vec<ObjectId>,
     /// How many connections were routed to a service so far.
     routed: usize,
+    /// TK-16: every command received, when the log is on (off by default: it grows).
+    command_log: Option<Vec<LoggedCommand>>,
     /// SCRAM users (crate `auth`).
     users: UserStore,
 }
@@ -198,6 +200,7 @@ impl TestServer {
             unsupported: Vec::new(),
             services: Vec::new(),
             routed: 0,
+            command_log: None,
             users: UserStore::new(&config.users),
         };
         let shared = Arc::new(Shared {
@@ -412,6 +415,18 @@ impl ServerHandle {
         let mut services = vec![self.shared.process_id];
         services.extend((1..count).map(|_| ObjectId::new()));
         self.shared.lock().services = if count > 1 { services } else { Vec::new() };
+    }
+
+    /// TK-16: turns the command log on (empty) or off. Off by default, as it grows with every
+    /// command.
+    pub fn set_command_log(&self, on: bool) {
+        self.shared.lock().command_log = on.then(Vec::new);
+    }
+
+    /// TK-16: every command received since the log was turned on, in order, with its `lsid` and
+    /// `txnNumber` (handshakes included); empty when the log is off.
+    pub fn command_log(&self) -> Vec<LoggedCommand> {
+        self.shared.lock().command_log.clone().unwrap_or_default()
     }
 
     /// Creates the namespace `ns` (`db.collection`) empty, as `create` does; `false` when it
@@ -662,6 +677,17 @@ fn statement_writes(
     Response::Reply(reply)
 }
 
+/// TK-16: one command as the server received it, for [`ServerHandle::command_log`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoggedCommand {
+    /// The command name (the first key of its body).
+    pub name: String,
+    /// Its `lsid`, if any.
+    pub lsid: Option<Document>,
+    /// Its `txnNumber`, if any (an int64 on the wire).
+    pub txn_number: Option<i64>,
+}
+
 /// What to do after a request.
 enum Response {
     /// Send this reply, unless the request had `moreToCome`.
@@ -783,6 +809,13 @@ impl Connection {
         let fired = {
             let mut state = shared.lock();
             state.counters.command_mut(name).received += 1;
+            if let Some(log) = &mut state.command_log {
+                log.push(LoggedCommand {
+                    name: name.to_owned(),
+                    lsid: command.get_document("lsid").ok().cloned(),
+                    txn_number: command.get("txnNumber").and_then(Bson::as_i64),
+                });
+            }
             if hello {
                 self.record_handshake(&mut state, command);
             }

@@ -866,3 +866,38 @@ async fn statements_are_deduplicated_and_fire_one_by_one() {
     })
     .await;
 }
+
+/// TK-16: the opt-in command log records each command with its lsid and txnNumber.
+#[tokio::test]
+async fn command_log() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let handle = server.handle();
+        client
+            .command(doc! { "ping": 1, "$db": "admin" })
+            .await
+            .unwrap();
+        assert!(handle.command_log().is_empty(), "off by default");
+        handle.set_command_log(true);
+        let lsid = doc! { "id": 3 };
+        client
+            .command(
+                doc! { "insert": "c", "documents": [{ "_id": 1 }], "lsid": lsid.clone(),
+                "txnNumber": 4_i64, "$db": "db" },
+            )
+            .await
+            .unwrap();
+        let log = handle.command_log();
+        assert_eq!(log.len(), 1);
+        assert_eq!(
+            (
+                log[0].name.as_str(),
+                log[0].lsid.as_ref(),
+                log[0].txn_number
+            ),
+            ("insert", Some(&lsid), Some(4))
+        );
+        server.shutdown().await;
+    })
+    .await;
+}
