@@ -14,6 +14,8 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::{sleep, Duration, Instant};
 
+mod awaitable;
+
 use crate::auth::{ConnectionAuth, UserStore};
 use crate::commands::{execute, hello_reply, is_hello, write_key, HelloContext};
 use crate::config::{
@@ -783,6 +785,9 @@ impl Connection {
     ) -> bool {
         let name = request.body.keys().next().cloned().unwrap_or_default();
         let exempt_from_faults = name == "configureFailPoint";
+        if let Some(wait) = awaitable::awaitable(shared, &request) {
+            return self.await_hello(shared, stream, request, wait).await;
+        }
         match self.handle(shared, &name, &request).await {
             Response::Reply(reply) => {
                 shared.count_reply(&name, &reply);
