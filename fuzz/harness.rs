@@ -166,7 +166,7 @@ pub fn connection(data: &[u8]) {
                 now = now.saturating_add(Duration::from_millis(step * 10));
                 conn.handle_timeout(now);
             }
-            3 => conn.handle_closed(NetworkErrorKind::Reset, now),
+            3 => conn.handle_closed(NetworkErrorKind::Reset, None, now),
             5 => {
                 let mut request = Request::new(doc! { "hello": 1, "$db": "admin" });
                 request.exhaust_allowed = true;

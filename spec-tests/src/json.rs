@@ -202,6 +202,9 @@ pub fn to_bson(value: &Value) -> Result<bson::Bson, String> {
                 Some((k, Value::String(hex))) if k == "$oid" => Bson::ObjectId(
                     bson::oid::ObjectId::parse_str(hex).map_err(|e| format!("bad $oid: {e}"))?,
                 ),
+                Some((k, Value::String(code))) if k == "$code" => {
+                    Bson::JavaScriptCode(code.clone())
+                }
                 Some((k, Value::String(n))) if k == "$numberLong" => {
                     Bson::Int64(n.parse().map_err(|e| format!("bad $numberLong: {e}"))?)
                 }

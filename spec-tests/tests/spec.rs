@@ -149,9 +149,11 @@ fn probe_deployment() -> Result<Deployment, String> {
         .map_err(|e| e.to_string())?;
     runtime.block_on(async {
         let probe = async {
-            let server = retry_testkit::TestServer::start(retry_testkit::ServerConfig::default())
-                .await
-                .map_err(|e| e.to_string())?;
+            let server = retry_testkit::TestServer::start(unified::deploy::server_config(
+                retry_testkit::Role::Standalone,
+            ))
+            .await
+            .map_err(|e| e.to_string())?;
             let mut client = retry_testkit::RawClient::connect(server.address())
                 .await
                 .map_err(|e| e.to_string())?;
@@ -171,6 +173,7 @@ fn probe_deployment() -> Result<Deployment, String> {
             Ok(Deployment {
                 version,
                 auth: false,
+                topology: "single",
             })
         };
         tokio::time::timeout(std::time::Duration::from_secs(10), probe)
@@ -179,8 +182,9 @@ fn probe_deployment() -> Result<Deployment, String> {
     })
 }
 
-/// One trial per unified suite: it fails only when the suite cannot be loaded and counted; a
-/// test that fails is counted in the suite's line (issue 11, item 4), not a cargo test failure.
+/// One trial per unified suite: it fails when the suite cannot be loaded and counted, or when
+/// fewer tests pass than its floor ([`unified::UnifiedSuite::min_passed`]); each failing test is
+/// counted in the suite's line (issue 11, item 4).
 fn unified_trials(root: &Path, reports: &Reports) -> Vec<Trial> {
     let deployment = match probe_deployment() {
         Ok(d) => Arc::new(d),
@@ -198,8 +202,17 @@ fn unified_trials(root: &Path, reports: &Reports) -> Vec<Trial> {
             let deployment = Arc::clone(&deployment);
             Trial::test(format!("unified/{}", suite.name), move || {
                 let report = unified::run_suite(suite, &root, &deployment)?;
+                let passed = report.passed;
                 if let Ok(mut reports) = reports.lock() {
                     reports.insert(suite.name, report);
+                }
+                let filtered = std::env::var_os("UNIFIED_FILTER").is_some();
+                if passed < suite.min_passed && !filtered {
+                    return Err(format!(
+                        "unified/{}: {passed} passed, fewer than the {} it must",
+                        suite.name, suite.min_passed
+                    )
+                    .into());
                 }
                 Ok(())
             })

@@ -211,8 +211,9 @@ impl fmt::Display for ProtocolError {
 /// What made a connection fail.
 #[derive(Clone, Debug, PartialEq)]
 pub enum FailureCause {
-    /// The adapter reported the socket closed, reset, or failing (DNS, TLS, I/O, ...).
-    Network(NetworkErrorKind),
+    /// The adapter reported the socket closed, reset, or failing (DNS, TLS, I/O, ...), with the
+    /// I/O error's kind and message when it gave them.
+    Network(NetworkErrorKind, Option<NetworkCause>),
     /// The connect timeout or the request deadline passed.
     Timeout,
     /// The peer broke the protocol.
@@ -241,7 +242,7 @@ impl ConnectionError {
     /// (HS-9); a rejected handshake reply becomes [`HandshakeError::into_operation_error`].
     pub fn to_operation_error(&self, address: &ServerAddress) -> OperationError {
         let (kind, cause) = match &self.cause {
-            FailureCause::Network(kind) => (*kind, None),
+            FailureCause::Network(kind, cause) => (*kind, cause.clone()),
             FailureCause::Timeout => (NetworkErrorKind::Timeout, None),
             FailureCause::Protocol(ProtocolError::Decode(e)) => {
                 (NetworkErrorKind::Io, Some(NetworkCause::Decode(e.clone())))
@@ -264,7 +265,10 @@ impl ConnectionError {
 impl fmt::Display for ConnectionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.cause {
-            FailureCause::Network(kind) => write!(f, "network error {kind:?}")?,
+            FailureCause::Network(kind, None) => write!(f, "network error {kind:?}")?,
+            FailureCause::Network(kind, Some(cause)) => {
+                write!(f, "network error {kind:?}: {cause}")?
+            }
             FailureCause::Timeout => f.write_str("timed out")?,
             FailureCause::Protocol(e) => write!(f, "protocol error: {e}")?,
             FailureCause::Handshake(e) => write!(f, "handshake rejected: {e}")?,
@@ -438,9 +442,15 @@ impl Connection {
         }
     }
 
-    /// Input: the socket closed or failed, for `kind` of reason. Ignored once closed.
-    pub fn handle_closed(&mut self, kind: NetworkErrorKind, _now: Instant) {
-        self.fail(FailureCause::Network(kind));
+    /// Input: the socket closed or failed, for `kind` of reason, with the adapter's I/O error as
+    /// `cause` when it has one (kept by the operation error). Ignored once closed.
+    pub fn handle_closed(
+        &mut self,
+        kind: NetworkErrorKind,
+        cause: Option<NetworkCause>,
+        _now: Instant,
+    ) {
+        self.fail(FailureCause::Network(kind, cause));
     }
 
     /// Input: the timer fired. Fails the connection with a timeout if its deadline has passed;
@@ -1079,17 +1089,17 @@ mod tests {
         let mut conn = open(config());
         conn.handle_connected(at(1));
         sent(&mut conn);
-        conn.handle_closed(NetworkErrorKind::Reset, at(2));
+        conn.handle_closed(NetworkErrorKind::Reset, None, at(2));
         let e = failure(&mut conn);
         assert_eq!(e.phase, NetworkPhase::Handshake);
         assert!(e
             .to_operation_error(&conn.config().address)
             .is_retryable_overload());
-        conn.handle_closed(NetworkErrorKind::Closed, at(3));
+        conn.handle_closed(NetworkErrorKind::Closed, None, at(3));
         assert_eq!(conn.poll_event(), None, "one failure per connection");
 
         let mut conn = open(config());
-        conn.handle_closed(NetworkErrorKind::Dns, at(1));
+        conn.handle_closed(NetworkErrorKind::Dns, None, at(1));
         let e = failure(&mut conn);
         assert_eq!(e.phase, NetworkPhase::Connect);
         assert_eq!(
@@ -1127,7 +1137,7 @@ mod tests {
         let id = conn
             .send_command(Request::new(doc! { "ping": 1 }), at(20))
             .unwrap();
-        conn.handle_closed(NetworkErrorKind::Closed, at(21));
+        conn.handle_closed(NetworkErrorKind::Closed, None, at(21));
         let e = failure(&mut conn);
         assert_eq!(
             (e.phase, e.request_id),
@@ -1429,7 +1439,7 @@ mod auth_tests {
         let (mut conn, _) = authenticating(false);
         reply(&mut conn, 1, hello_reply(doc! {}), at(3));
         sent(&mut conn);
-        conn.handle_closed(NetworkErrorKind::Closed, at(4));
+        conn.handle_closed(NetworkErrorKind::Closed, None, at(4));
         let Some(ConnectionEvent::Failed(e)) = conn.poll_event() else {
             panic!("no failure");
         };

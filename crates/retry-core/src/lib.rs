@@ -159,7 +159,7 @@
 //!                 sockets.insert(connect.conn, stream);
 //!                 engine.handle_connected(connect.conn, now());
 //!             }
-//!             Err(_) => engine.handle_closed(connect.conn, NetworkErrorKind::Io, now()),
+//!             Err(_) => engine.handle_closed(connect.conn, NetworkErrorKind::Io, None, now()),
 //!         }
 //!     }
 //!     while let Some(conn) = engine.poll_transmit(&mut out) {
@@ -194,7 +194,7 @@
 //!     }
 //!     for (conn, kind) in closed {
 //!         sockets.remove(&conn);
-//!         engine.handle_closed(conn, kind, now());
+//!         engine.handle_closed(conn, kind, None, now());
 //!         idle = false;
 //!     }
 //!     if engine.poll_timeout().is_some_and(|at| at <= now()) {

@@ -215,33 +215,28 @@ impl Monitor {
         let State::Checking { started } = self.state else {
             return None;
         };
-        self.finish_check(reply, now.saturating_duration_since(started), now)
+        self.finish_check(reply_ok(reply), now.saturating_duration_since(started), now)
     }
 
     /// MO-1, MO-12: the check in flight opened a new monitoring connection, and that connection's
-    /// handshake reply arrived at `now`, for a `hello` written at `hello_sent`. The handshake
-    /// reply *is* the check's result (no second `hello` is sent), and the handshake's round trip
-    /// (`now - hello_sent`, without the TCP connect) is the RTT sample and the succeeded event's
-    /// duration (MO-15). Returns what [`Monitor::handle_check_succeeded`] returns.
-    pub fn handle_handshake_reply(
-        &mut self,
-        reply: &Document,
-        hello_sent: Instant,
-        now: Instant,
-    ) -> Option<Duration> {
-        let State::Checking { started } = self.state else {
+    /// handshake completed at `now` with a valid (`ok: 1`) reply after `round_trip` (from the
+    /// handshake `hello` being written to its reply, without the TCP connect). The handshake *is*
+    /// the check (no second `hello` is sent) and its round trip is the RTT sample and the
+    /// succeeded event's duration (MO-15). Returns the average RTT to report with the reply
+    /// (SS-14), or `None` when no check is in flight.
+    pub fn handle_handshake(&mut self, round_trip: Duration, now: Instant) -> Option<Duration> {
+        let State::Checking { .. } = self.state else {
             return None;
         };
-        let rtt = now.saturating_duration_since(hello_sent.max(started));
-        self.finish_check(reply, rtt, now)
+        self.finish_check(true, round_trip, now)
     }
 
-    fn finish_check(&mut self, reply: &Document, rtt: Duration, now: Instant) -> Option<Duration> {
+    fn finish_check(&mut self, ok: bool, rtt: Duration, now: Instant) -> Option<Duration> {
         self.events
             .push_back(HeartbeatEvent::Succeeded { duration: rtt });
         self.retrying = false;
         self.schedule_after_check(now);
-        self.known = reply_ok(reply);
+        self.known = ok;
         if !self.known {
             self.forget_rtt();
             return None;
@@ -475,7 +470,7 @@ mod tests {
         assert_eq!(m.poll_event(), Some(HeartbeatEvent::Started));
         // TCP connect took 40 ms, the handshake hello written at 40 was answered at 47.
         assert_eq!(
-            m.handle_handshake_reply(&hello(), ms(40), ms(47)),
+            m.handle_handshake(Duration::from_millis(7), ms(47)),
             Some(Duration::from_millis(7))
         );
         assert_eq!(
@@ -497,15 +492,10 @@ mod tests {
     }
 
     #[test]
-    fn mo1_a_handshake_reply_outside_a_check_is_ignored_and_a_failed_one_forgets_the_rtt() {
+    fn mo1_a_handshake_outside_a_check_is_ignored() {
         let mut m = monitor();
-        assert_eq!(m.handle_handshake_reply(&hello(), ms(0), ms(1)), None);
+        assert_eq!(m.handle_handshake(Duration::from_millis(1), ms(1)), None);
         assert_eq!(m.poll_event(), None);
-        m.handle_timeout(ms(0));
-        assert_eq!(
-            m.handle_handshake_reply(&doc! { "ok": 0 }, ms(1), ms(2)),
-            None
-        );
         assert_eq!(m.average_rtt(), None);
     }
 

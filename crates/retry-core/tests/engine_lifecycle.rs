@@ -566,7 +566,7 @@ fn ev1_ev2_durations_are_exact_and_a_pending_command_closes_after_monitoring_sto
     // The socket breaks 250 ms after the write.
     net.now = Instant::from_millis(250);
     net.engine
-        .handle_closed(first.connection, NetworkErrorKind::Io, net.now);
+        .handle_closed(first.connection, NetworkErrorKind::Io, None, net.now);
     net.drain();
     // The server is Unknown until its next check (minHeartbeatFrequencyMS after the first, at
     // 500 ms); then the retry runs.

@@ -68,6 +68,8 @@ struct Inner {
     shared: Arc<Shared>,
     /// The driver, when the runtime does not spawn it: the client's futures drive it.
     local: Option<Arc<LocalDriver>>,
+    /// The client's write concern (`w`, ...), inherited by commands without their own.
+    write_concern: Option<Document>,
 }
 
 impl Inner {
@@ -131,6 +133,7 @@ impl<R: Runtime> Client<R> {
             runtime = Arc::new(TlsRuntime::new(runtime, tls.client_config()?));
         }
         let engine_options = options.engine_options()?;
+        let write_concern = options.write_concern.clone();
         let engine = Engine::new(engine_options, runtime.now()).map_err(ConnectError::Settings)?;
         let shared = Arc::new(Shared::default());
         let driver = Driver::new(runtime.clone(), engine, shared.clone(), options.timeout);
@@ -143,7 +146,11 @@ impl<R: Runtime> Client<R> {
             Some(Arc::new(LocalDriver::new(driver)))
         };
         Ok(Client {
-            inner: Arc::new(Inner { shared, local }),
+            inner: Arc::new(Inner {
+                shared,
+                local,
+                write_concern,
+            }),
             runtime: PhantomData,
         })
     }
@@ -194,6 +201,48 @@ impl<R> Client<R> {
         kind: OperationKind,
         options: CommandOptions,
     ) -> Result<Reply, OperationError> {
+        let operation = Client::<R>::request(db, command, kind, options)?;
+        let reply = self.submit(operation)?;
+        let cancel = CancelOnDrop {
+            shared: &self.inner.shared,
+            slot: &reply,
+        };
+        let result = poll_fn(|cx| {
+            self.inner.drive(cx);
+            reply.poll(cx)
+        })
+        .await;
+        core::mem::forget(cancel);
+        result
+    }
+
+    /// Item 4 of #10 (RR-3, RR-4, RW-3, RW-4): [`Client::run_command`] with the kind
+    /// [`retry_core::classify::classify`] reads from the command and the client's write concern
+    /// (`update` with `multi: true`, `delete` with `limit: 0`, `aggregate` with `$out` / `$merge`
+    /// and `w: 0` are not retryable writes; `find`, `count`, ... are retryable reads; unknown
+    /// commands are neither). A write reply with `writeErrors` is an error
+    /// ([`retry_core::error::ErrorKind::Write`], keeping the reply); one with a
+    /// `writeConcernError` is a server error, retried by the retryable-writes rules.
+    pub async fn command(&self, db: &str, command: Document) -> Result<Document, OperationError> {
+        let kind = self.classify(&command);
+        self.run_command(db, command, kind).await
+    }
+
+    /// The [`OperationKind`] [`Client::command`] and [`Client::cursor`] give `command`: by the
+    /// retryable-reads and retryable-writes specs, with the client's `w` as the inherited write
+    /// concern.
+    pub fn classify(&self, command: &Document) -> OperationKind {
+        retry_core::classify::classify(command, &[], self.inner.write_concern.as_ref())
+    }
+
+    /// The engine's request for `command`: `options.criteria`, or a writable server for writes
+    /// and the primary otherwise.
+    pub(crate) fn request(
+        db: &str,
+        command: Document,
+        kind: OperationKind,
+        options: CommandOptions,
+    ) -> Result<OperationRequest, OperationError> {
         let criteria = match options.criteria {
             Some(criteria) => criteria,
             None if matches!(
@@ -212,29 +261,23 @@ impl<R> Client<R> {
         operation.cursor = options.cursor;
         operation.session = options.session;
         operation.txn_number = options.txn_number;
+        Ok(operation)
+    }
+
+    /// Queues `operation` for the driver; its result will be in the returned slot.
+    /// [`OperationError::cancelled`] once the client is shut down.
+    pub(crate) fn submit(&self, operation: OperationRequest) -> Result<Arc<Slot>, OperationError> {
         let reply = Arc::new(Slot::default());
-        {
-            let mut state = lock(&self.inner.shared.state);
-            if state.closing {
-                return Err(OperationError::cancelled());
-            }
-            state.requests.push_back(Request {
-                operation,
-                reply: reply.clone(),
-            });
-            state.wake_driver();
+        let mut state = lock(&self.inner.shared.state);
+        if state.closing {
+            return Err(OperationError::cancelled());
         }
-        let cancel = CancelOnDrop {
-            shared: &self.inner.shared,
-            slot: &reply,
-        };
-        let result = poll_fn(|cx| {
-            self.inner.drive(cx);
-            reply.poll(cx)
-        })
-        .await;
-        core::mem::forget(cancel);
-        result
+        state.requests.push_back(Request {
+            operation,
+            reply: reply.clone(),
+        });
+        state.wake_driver();
+        Ok(reply)
     }
 
     /// Every engine event from now on (operation results, command and retry events, CMAP, SDAM

@@ -10,10 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::task::Wake;
 
+use retry_core::address::ServerAddress;
 use retry_core::engine::{ConnId, CursorHandle, Engine, EngineEvent, OpId};
-use retry_core::error::{NetworkErrorKind, OperationError};
+use retry_core::error::{NetworkCause, NetworkErrorKind, OperationError};
+use retry_core::retry::RetryEvent;
 use retry_core::time::{Instant, OperationTimeout};
 
+use crate::io_error::classify_io_error;
 use crate::runtime::{AsyncTimer, BoxFuture, Runtime, Socket};
 use crate::shared::{lock, Reply, Shared, Slot};
 
@@ -29,10 +32,12 @@ enum Link {
     Open(Pin<Box<dyn Socket>>),
 }
 
-/// An operation in the engine: where its result goes, and the cursor it opened.
+/// An operation in the engine: where its result goes, the cursor it opened, and the server of
+/// its last successful attempt (for the error of a reply with `writeErrors`).
 struct Pending {
     slot: Arc<Slot>,
     cursor: Option<CursorHandle>,
+    address: Option<ServerAddress>,
 }
 
 struct SocketState {
@@ -133,6 +138,7 @@ impl Driver {
             let pending = Pending {
                 slot: request.reply,
                 cursor: None,
+                address: None,
             };
             self.pending.insert(op, pending);
         }
@@ -158,7 +164,9 @@ impl Driver {
                     }
                     Poll::Ready(Err(error)) => {
                         self.sockets.remove(&conn);
-                        self.engine.handle_closed(conn, error_kind(&error), now);
+                        // HS-9: a failed name lookup is a DNS error (no labels).
+                        let (kind, cause) = classify_io_error(&error, true);
+                        self.engine.handle_closed(conn, kind, Some(cause), now);
                     }
                 }
                 // The engine may have written the handshake, or closed the socket.
@@ -175,7 +183,7 @@ impl Driver {
                     .poll_write(cx, &socket.outgoing[socket.written..])
                 {
                     Poll::Pending => break,
-                    Poll::Ready(Ok(0)) => failure = Some(NetworkErrorKind::Closed),
+                    Poll::Ready(Ok(0)) => failure = Some(closed_by_peer()),
                     Poll::Ready(Ok(n)) => {
                         socket.written += n;
                         if socket.written == socket.outgoing.len() {
@@ -184,7 +192,7 @@ impl Driver {
                         }
                         progressed = true;
                     }
-                    Poll::Ready(Err(error)) => failure = Some(error_kind(&error)),
+                    Poll::Ready(Err(error)) => failure = Some(classify_io_error(&error, false)),
                 }
             }
             for _ in 0..READS_PER_ROUND {
@@ -193,19 +201,19 @@ impl Driver {
                 }
                 match stream.as_mut().poll_read(cx, &mut self.read_buffer) {
                     Poll::Pending => break,
-                    Poll::Ready(Ok(0)) => failure = Some(NetworkErrorKind::Closed),
+                    Poll::Ready(Ok(0)) => failure = Some(closed_by_peer()),
                     Poll::Ready(Ok(n)) => {
                         progressed = true;
                         // Bytes after a frame the engine rejected are ignored by it.
                         self.engine.handle_bytes(conn, &self.read_buffer[..n], now);
                     }
-                    Poll::Ready(Err(error)) => failure = Some(error_kind(&error)),
+                    Poll::Ready(Err(error)) => failure = Some(classify_io_error(&error, false)),
                 }
             }
-            if let Some(kind) = failure {
+            if let Some((kind, cause)) = failure {
                 progressed = true;
                 self.sockets.remove(&conn);
-                self.engine.handle_closed(conn, kind, now);
+                self.engine.handle_closed(conn, kind, Some(cause), now);
             }
         }
         self.ids = ids;
@@ -264,12 +272,27 @@ impl Driver {
                         pending.cursor = Some(cursor);
                     }
                 }
+                EngineEvent::Operation {
+                    op,
+                    event: RetryEvent::CommandSucceeded { address, .. },
+                } => {
+                    if let Some(pending) = self.pending.get_mut(&op) {
+                        pending.address = Some(address);
+                    }
+                }
                 EngineEvent::OperationFinished { op, result } => {
                     if let Some(pending) = self.pending.remove(&op) {
                         let cursor = pending.cursor;
-                        pending
-                            .slot
-                            .complete(result.map(|document| Reply { document, cursor }));
+                        let address = pending.address.unwrap_or_else(unknown_address);
+                        // The engine's success may still carry write errors: an error for the
+                        // caller, keeping the reply (never retried, RW-3).
+                        let result = result.and_then(|document| {
+                            match OperationError::from_write_reply(&document, &address) {
+                                Some(error) => Err(error),
+                                None => Ok(Reply { document, cursor }),
+                            }
+                        });
+                        pending.slot.complete(result);
                     }
                 }
                 _ => {}
@@ -428,6 +451,7 @@ impl LocalDriver {
     }
 }
 
+<<<<<<< HEAD
 /// The engine's name for an I/O error.
 pub(crate) fn error_kind(error: &io::Error) -> NetworkErrorKind {
     // HS-9: TLS failures are unlabelled, whatever the io kind around them.
@@ -443,22 +467,17 @@ pub(crate) fn error_kind(error: &io::Error) -> NetworkErrorKind {
         io::ErrorKind::InvalidInput | io::ErrorKind::NotFound => NetworkErrorKind::Dns,
         _ => NetworkErrorKind::Io,
     }
+=======
+/// The address of a reply whose attempt event was not seen (never, for a success).
+fn unknown_address() -> ServerAddress {
+    ServerAddress::new("unknown", 0)
+>>>>>>> surface
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn io_errors_map_to_the_engines_kinds() {
-        let kind = |k| error_kind(&io::Error::from(k));
-        assert_eq!(
-            kind(io::ErrorKind::ConnectionReset),
-            NetworkErrorKind::Reset
-        );
-        assert_eq!(kind(io::ErrorKind::UnexpectedEof), NetworkErrorKind::Closed);
-        assert_eq!(kind(io::ErrorKind::TimedOut), NetworkErrorKind::Timeout);
-        assert_eq!(kind(io::ErrorKind::InvalidInput), NetworkErrorKind::Dns);
-        assert_eq!(kind(io::ErrorKind::ConnectionRefused), NetworkErrorKind::Io);
-    }
+/// The peer closed the stream (a read or write of zero bytes).
+fn closed_by_peer() -> (NetworkErrorKind, NetworkCause) {
+    (
+        NetworkErrorKind::Closed,
+        NetworkCause::io("UnexpectedEof", "the server closed the connection"),
+    )
 }

@@ -39,6 +39,7 @@
 mod client;
 mod connection_string;
 mod credential;
+mod cursor;
 mod driver;
 mod io_error;
 mod options;
@@ -49,6 +50,7 @@ mod tls;
 
 pub use client::{Client, CommandOptions, ConnectError, Events};
 pub use connection_string::{ConnectionString, Host, HostKind, OptionValue};
+pub use cursor::Cursor;
 pub use io_error::{classify_io_error, io_cause, LOOKUP_FAILED};
 pub use options::{ClientOptions, OptionsError};
 pub use runtime::{literal_address, timer_offset, AsyncTimer, BoxFuture, Runtime, Socket};

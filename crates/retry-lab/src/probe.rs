@@ -77,7 +77,14 @@ pub async fn probe(uri: &str, out: &mut impl Write) -> Result<bool, ProbeError> 
     }
     match &result {
         Ok(reply) => writeln!(out, "ping succeeded: {reply}")?,
-        Err(error) => writeln!(out, "ping failed: {error}")?,
+        Err(error) => {
+            writeln!(out, "ping failed: {error}")?;
+            let mut source = std::error::Error::source(error);
+            while let Some(cause) = source {
+                writeln!(out, "  caused by: {cause}")?;
+                source = cause.source();
+            }
+        }
     }
     Ok(result.is_ok())
 }
@@ -148,10 +155,17 @@ pub fn describe(event: &EngineEvent) -> String {
                 address,
                 previous,
                 new,
-            } => format!(
-                "server {address}: {:?} -> {:?}",
-                previous.server_type, new.server_type
-            ),
+            } => {
+                // Item 7: an Unknown server says why (the I/O error or decoder reason kept).
+                let why = new
+                    .error
+                    .as_ref()
+                    .map_or_else(String::new, |e| format!(" ({e})"));
+                format!(
+                    "server {address}: {:?} -> {:?}{why}",
+                    previous.server_type, new.server_type
+                )
+            }
             SdamEvent::TopologyDescriptionChanged { new, .. } => format!("topology: {new}"),
             SdamEvent::ServerOpening { address } => format!("server {address}: opening"),
             SdamEvent::ServerClosed { address } => format!("server {address}: closed"),

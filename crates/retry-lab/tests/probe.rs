@@ -129,6 +129,8 @@ async fn a_server_that_is_not_there_fails_server_selection() {
     );
     assert!(!text.contains("attempt 1 started"), "{text}");
     assert!(text.contains("ping failed"), "{text}");
+    // Item 7: the refused connection says so.
+    assert!(text.contains("(ConnectionRefused)"), "{text}");
 }
 
 #[tokio::test]

@@ -76,7 +76,7 @@ pub fn run(seed: ServerAddress, command: Document) -> Result<Document, Operation
             buf.clear();
             if let Some(Err(_)) = written {
                 sockets.remove(&conn);
-                engine.handle_closed(conn, NetworkErrorKind::Io, now());
+                engine.handle_closed(conn, NetworkErrorKind::Io, None, now());
             }
         }
         while let Some(conn) = engine.poll_close() {
@@ -101,12 +101,12 @@ pub fn run(seed: ServerAddress, command: Document) -> Result<Document, Operation
                 engine.handle_connected(conn, now());
             }
             Ok(Input::Connected(conn, Err(_))) => {
-                engine.handle_closed(conn, NetworkErrorKind::Io, now())
+                engine.handle_closed(conn, NetworkErrorKind::Io, None, now())
             }
             Ok(Input::Bytes(conn, bytes)) => engine.handle_bytes(conn, &bytes, now()),
             Ok(Input::Closed(conn)) => {
                 sockets.remove(&conn);
-                engine.handle_closed(conn, NetworkErrorKind::Closed, now());
+                engine.handle_closed(conn, NetworkErrorKind::Closed, None, now());
             }
             Err(RecvTimeoutError::Timeout) => engine.handle_timeout(now()),
             Err(RecvTimeoutError::Disconnected) => unreachable!("this thread holds a sender"),

@@ -30,9 +30,15 @@ use retry_testkit::{
     OVERLOAD_LABELS,
 };
 
-mod auth;
+mod driver_api;
 mod soak;
 mod tls;
+pub use driver_api::{
+    commands_are_classified_by_default, cursors_fetch_batches_and_are_killed_when_dropped,
+    errors_say_their_cause, the_monitors_first_check_is_its_handshake,
+    write_errors_are_errors_that_keep_the_reply,
+};
+mod auth;
 pub use auth::{
     scram_right_password_authenticates, scram_sdam_auth_errors_clear_the_pool_once,
     scram_server_stopping_mid_conversation_is_a_network_error,
@@ -863,6 +869,11 @@ macro_rules! suite {
             tls_with_the_test_ca_works,
             tls_expired_certificate_is_refused_unless_insecure,
             tls_wrong_host_certificate_is_refused_unless_allowed,
+            errors_say_their_cause,
+            cursors_fetch_batches_and_are_killed_when_dropped,
+            write_errors_are_errors_that_keep_the_reply,
+            commands_are_classified_by_default,
+            the_monitors_first_check_is_its_handshake,
             scram_right_password_authenticates,
             scram_wrong_password_is_a_clear_error,
             scram_server_stopping_mid_conversation_is_a_network_error,

@@ -405,7 +405,7 @@ impl Sim {
     pub fn peer_close(&mut self, conn: ConnId, kind: NetworkErrorKind) {
         if self.sockets.remove(&conn).is_some() {
             self.retired.insert(conn);
-            self.engine.handle_closed(conn, kind, self.now);
+            self.engine.handle_closed(conn, kind, None, self.now);
             self.drain();
         }
     }
@@ -438,7 +438,7 @@ impl Sim {
                     self.sockets.remove(&conn);
                     self.retired.insert(conn);
                     self.engine
-                        .handle_closed(conn, NetworkErrorKind::Reset, self.now);
+                        .handle_closed(conn, NetworkErrorKind::Reset, None, self.now);
                 }
             }
             self.drain();

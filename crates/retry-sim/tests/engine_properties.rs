@@ -529,7 +529,7 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
             Input::UnknownClosed(pick) => {
                 let conn = unknown_conn(&sim, *pick);
                 sim.engine
-                    .handle_closed(conn, NetworkErrorKind::Closed, sim.now);
+                    .handle_closed(conn, NetworkErrorKind::Closed, None, sim.now);
                 sim.drain();
             }
             Input::Down(pick, down) => {

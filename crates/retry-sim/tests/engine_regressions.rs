@@ -85,6 +85,7 @@ fn bug4_a_failed_monitor_socket_is_closed_once() {
     engine.handle_closed(
         connect.conn,
         NetworkErrorKind::Reset,
+        None,
         Instant::from_nanos(1_000),
     );
     let mut closes = Vec::new();

@@ -11,7 +11,7 @@ use crate::config::{
 };
 use crate::fail_point::{error_reply, FailCommand, TESTKIT_UNSUPPORTED};
 use crate::on_primary_write::OnPrimaryWrite;
-use crate::server::State;
+use crate::server::{is_ok, State};
 use crate::store::{Batch, QueryError, Store, WriteKey};
 use retry_core::wire::OpMsg;
 
@@ -60,7 +60,10 @@ pub(crate) fn is_retryable_write(name: &str, command: &Document) -> bool {
 /// is one: a retry with the same `lsid`, `txnNumber` and `stmtId` gets the first reply and does
 /// not run again (TK-*).
 pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
-    let write = matches!(name, "insert" | "update" | "delete" | "findAndModify");
+    let write = matches!(
+        name,
+        "insert" | "update" | "delete" | "findAndModify" | "bulkWrite"
+    );
     if !write || !is_retryable_write(name, command) {
         return None;
     }
@@ -78,8 +81,11 @@ pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
 pub(crate) struct HelloContext<'a> {
     /// The server's `host:port`, for `me`.
     pub(crate) me: &'a str,
-    /// `topologyVersion.processId`, also the `serviceId` (LB-17).
+    /// `topologyVersion.processId`.
     pub(crate) process_id: ObjectId,
+    /// The `serviceId` a load balancer reports for this connection (LB-17): the process id, or
+    /// with several services behind it, the one the connection was routed to.
+    pub(crate) service_id: ObjectId,
     /// The connection's id.
     pub(crate) connection_id: i32,
     /// `minWireVersion`.
@@ -124,7 +130,7 @@ pub(crate) fn hello_reply(
         Role::LoadBalancer { service_id } => {
             reply.insert("msg", "isdbgrid");
             if *service_id && matches!(command.get("loadBalanced"), Some(Bson::Boolean(true))) {
-                reply.insert("serviceId", context.process_id);
+                reply.insert("serviceId", context.service_id);
             }
         }
         Role::ReplicaSetMember(member) => {
@@ -195,14 +201,68 @@ pub(crate) fn execute(
             Err(e) => error_reply(2, &e.to_string()),
         });
     }
+    if state.role == Role::Standalone && request.body.contains_key("txnNumber") {
+        return Some(error_reply(
+            20,
+            "Transaction numbers are only allowed on a replica set member or mongos",
+        ));
+    }
     let data = state.data.clone();
     let mut store = data.lock();
+    let in_transaction = request.body.get("autocommit") == Some(&Bson::Boolean(false));
+    let ends = matches!(name, "commitTransaction" | "abortTransaction");
+    if in_transaction && !ends {
+        if let Err((code, message)) = transaction_command(&mut store, &request.body) {
+            let mut reply = error_reply(code, &message);
+            if let Some(labels) = transaction_labels(name, code) {
+                reply.insert("errorLabels", labels);
+            }
+            return Some(reply);
+        }
+    }
     let mut context = Context {
         store: &mut store,
         batch_size: state.batch_size,
         owner: process_id,
     };
-    run(&mut context, name, request, max_wire_version)
+    let mut reply = run(&mut context, name, request, max_wire_version)?;
+    // TK-15: a mongos answers every command of a transaction with a recovery token.
+    let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+    let transactional = in_transaction || ends;
+    if router && transactional {
+        reply.insert("recoveryToken", doc! { "recoveryShardId": "shard0" });
+    }
+    Some(reply)
+}
+
+/// TK-15: checks (and with `startTransaction: true`, starts) the transaction a command with
+/// `autocommit: false` belongs to.
+fn transaction_command(store: &mut Store, command: &Document) -> Result<(), (i32, String)> {
+    let session = command
+        .get_document("lsid")
+        .ok()
+        .and_then(|l| l.to_vec().ok());
+    let number = command.get("txnNumber").and_then(integer);
+    let (Some(session), Some(number)) = (session, number) else {
+        return Err((
+            50768,
+            "a command with autocommit: false needs lsid and txnNumber".into(),
+        ));
+    };
+    let start = command.get("startTransaction") == Some(&Bson::Boolean(true));
+    store.transaction_command(session, number, start)
+}
+
+/// TK-7: the `TransientTransactionError` label a server adds to an error of a transaction's
+/// command: 24, 91, 10107, 112 and 251 on its statements, 24 and 251 on `commitTransaction`;
+/// `None` for anything else (e.g. 11601, 50, 51).
+pub(crate) fn transaction_labels(name: &str, code: i32) -> Option<Vec<String>> {
+    let transient = match name {
+        "commitTransaction" => matches!(code, 24 | 251),
+        "abortTransaction" => false,
+        _ => matches!(code, 24 | 91 | 10107 | 112 | 251),
+    };
+    transient.then(|| vec![String::from("TransientTransactionError")])
 }
 
 /// What a data command works on: the (possibly shared) store, locked once for the command, and
@@ -223,6 +283,12 @@ fn run(
 ) -> Option<Document> {
     let command = &request.body;
     let db = command.get_str("$db").unwrap_or_default();
+    if let Ok(lsid) = command.get_document("lsid") {
+        state.store.note_session(lsid);
+    }
+    if let Some(refusal) = unknown_field(name, command) {
+        return Some(refusal);
+    }
     Some(match name {
         "ping" | "endSessions" | "killAllSessions" => ok(),
         "buildInfo" | "buildinfo" => {
@@ -238,6 +304,8 @@ fn run(
         "update" => update(state, db, request),
         "delete" => delete(state, db, request),
         "findAndModify" => find_and_modify(state, db, command),
+        // TK-1, TK-14: the client bulk write command of MongoDB 8.0 (wire 25).
+        "bulkWrite" if max_wire_version >= 25 => bulk_write(state, db, request),
         "count" => count(state, db, command),
         "distinct" => distinct(state, db, command),
         "aggregate" => aggregate(state, db, command),
@@ -257,50 +325,81 @@ fn run(
             }
             ok()
         }
-        "listCollections" => {
-            let names = state.store.collection_names(db);
-            let docs = names
-                .into_iter()
-                .map(|n| doc! { "name": n, "type": "collection", "options": {} })
-                .collect();
-            let ns = format!("{db}.$cmd.listCollections");
-            let batch = state
-                .store
-                .open_cursor(state.owner, &ns, docs, state.batch_size as usize);
-            cursor_reply("firstBatch", &ns, batch)
-        }
+        "listCollections" => list_collections(state, db, command),
         "listDatabases" => {
             let names = state.store.database_names();
             let dbs: Vec<Document> = names
                 .into_iter()
                 .map(|n| doc! { "name": n, "sizeOnDisk": 8192_i64, "empty": false })
                 .collect();
-            doc! { "databases": dbs, "totalSize": 0_i64, "ok": 1.0 }
+            let dbs = match filtered(dbs, command.get("filter")) {
+                Ok(d) => d,
+                Err(e) => return Some(e),
+            };
+            if command.get_bool("nameOnly").unwrap_or(false) {
+                let names: Vec<Document> = dbs
+                    .into_iter()
+                    .map(|d| doc! { "name": d.get("name").cloned().unwrap_or(Bson::Null) })
+                    .collect();
+                doc! { "databases": names, "ok": 1.0 }
+            } else {
+                doc! { "databases": dbs, "totalSize": 0_i64, "ok": 1.0 }
+            }
         }
-        "listIndexes" => match collection_name(command, "listIndexes") {
-            Ok(c) => {
+        "listIndexes" => match (
+            collection_name(command, "listIndexes"),
+            cursor_batch_size(command, state.batch_size),
+        ) {
+            (Ok(c), Ok(batch_size)) => {
                 let ns = format!("{db}.{c}");
-                let ids = doc! { "v": 2, "key": { "_id": 1 }, "name": "_id_" };
-                let batch =
-                    state
-                        .store
-                        .open_cursor(state.owner, &ns, vec![ids], state.batch_size as usize);
+                if !state.store.collection_names(db).iter().any(|n| n == c) {
+                    return Some(error_reply(26, &format!("ns does not exist: {ns}")));
+                }
+                let indexes = state.store.indexes(&ns);
+                let batch = state
+                    .store
+                    .open_cursor(state.owner, &ns, indexes, batch_size);
                 cursor_reply("firstBatch", &ns, batch)
             }
-            Err(e) => e,
+            (Err(e), _) | (_, Err(e)) => e,
         },
-        "createIndexes" | "dropIndexes" => match collection_name(command, name) {
-            Ok(c) => {
-                state.store.create(&format!("{db}.{c}"));
-                ok()
-            }
+        "createIndexes" => create_indexes(state, db, command),
+        "dropIndexes" | "deleteIndexes" => match collection_name(command, name) {
+            Ok(c) => match command.get("index") {
+                Some(Bson::String(index)) => {
+                    match state.store.drop_index(&format!("{db}.{c}"), index) {
+                        Ok(()) => ok(),
+                        Err((code, message)) => error_reply(code, &message),
+                    }
+                }
+                _ => unsupported_reply("dropIndexes with an index other than a name or \"*\""),
+            },
             Err(e) => e,
         },
         "commitTransaction" | "abortTransaction" => {
-            if command.contains_key("lsid") && command.contains_key("txnNumber") {
-                ok()
-            } else {
-                error_reply(251, "NoSuchTransaction: no transaction in progress")
+            if db != "admin" {
+                return Some(error_reply(
+                    13,
+                    &format!("{name} may only be run against the admin database."),
+                ));
+            }
+            let session = command
+                .get_document("lsid")
+                .ok()
+                .and_then(|l| l.to_vec().ok());
+            let number = command.get("txnNumber").and_then(integer);
+            let (Some(session), Some(number)) = (session, number) else {
+                return Some(error_reply(
+                    50768,
+                    &format!("{name} must be run within a transaction"),
+                ));
+            };
+            match state
+                .store
+                .end_transaction(&session, number, name == "commitTransaction")
+            {
+                Ok(()) => ok(),
+                Err((code, message)) => error_reply(code, &message),
             }
         }
         "find" => find(state, db, command),
@@ -393,6 +492,12 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     let ns = format!("{db}.{collection}");
     let (mut n, mut modified, mut upserted) = (0, 0, Vec::new());
     for (index, statement) in statements.iter().enumerate() {
+        if let Some(field) = statement
+            .keys()
+            .find(|k| !["q", "u", "multi", "upsert"].contains(&k.as_str()))
+        {
+            return unsupported_reply(&format!("update statement field {field}"));
+        }
         let (Ok(filter), Ok(update)) = (statement.get_document("q"), statement.get_document("u"))
         else {
             if matches!(statement.get("u"), Some(Bson::Array(_))) {
@@ -401,6 +506,12 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
             return error_reply(2, "each update needs q and u documents");
         };
         let multi = statement.get_bool("multi").unwrap_or(false);
+        if multi && is_retryable_write("update", &request.body) {
+            return error_reply(
+                72,
+                "Cannot use (or request) retryable writes with multi=true",
+            );
+        }
         let upsert = statement.get_bool("upsert").unwrap_or(false);
         match state.store.update(&ns, filter, update, multi, upsert) {
             Ok(outcome) => {
@@ -435,10 +546,19 @@ fn delete(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     let ns = format!("{db}.{collection}");
     let mut n = 0;
     for statement in &statements {
+        if let Some(field) = statement
+            .keys()
+            .find(|k| !["q", "limit"].contains(&k.as_str()))
+        {
+            return unsupported_reply(&format!("delete statement field {field}"));
+        }
         let Ok(filter) = statement.get_document("q") else {
             return error_reply(2, "each delete needs a q document");
         };
         let multi = statement.get("limit").and_then(integer) == Some(0);
+        if multi && is_retryable_write("delete", &request.body) {
+            return error_reply(72, "Cannot use (or request) retryable writes with limit=0");
+        }
         match state.store.delete(&ns, filter, multi) {
             Ok(removed) => n += removed.len(),
             Err(e) => return query_error(e),
@@ -447,23 +567,158 @@ fn delete(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     doc! { "n": count_i32(n), "ok": 1.0 }
 }
 
-/// `{findAndModify: coll, query, update | remove, new, upsert}` (no sort, no fields).
+/// TK-14: `{bulkWrite: 1, ops, nsInfo, errorsOnly, ordered}` on `admin` (MongoDB 8.0): each op
+/// `{insert: i, document}`, `{update: i, filter, updateMods, multi, upsert}` or
+/// `{delete: i, filter, multi}` runs on `nsInfo[i].ns`; the per-op results come back in a cursor
+/// (only the errors with `errorsOnly`) with the summary counts. An ordered bulk stops at its first
+/// error. Op fields it does not evaluate (collation, hint, arrayFilters, sort) are refused (TK-2).
+fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
+    if db != "admin" {
+        return error_reply(13, "bulkWrite may only be run against the admin database.");
+    }
+    let (ops, ns_info) = match (
+        documents_of(request, "ops"),
+        documents_of(request, "nsInfo"),
+    ) {
+        (Ok(ops), Ok(ns_info)) => (ops, ns_info),
+        (Err(e), _) | (_, Err(e)) => return e,
+    };
+    let errors_only = request.body.get_bool("errorsOnly").unwrap_or(false);
+    let ordered = ordered(&request.body);
+    let mut counts = [0usize; 6];
+    let [errors, inserted, matched, modified, upserted, deleted] = [0, 1, 2, 3, 4, 5];
+    let mut results = Vec::new();
+    for (index, op) in ops.iter().enumerate() {
+        let Some((kind, target)) = op.iter().next() else {
+            return error_reply(2, "empty bulkWrite op");
+        };
+        let allowed: &[&str] = match kind.as_str() {
+            "insert" => &["insert", "document"],
+            "update" => &["update", "filter", "updateMods", "multi", "upsert"],
+            "delete" => &["delete", "filter", "multi"],
+            other => return error_reply(2, &format!("unknown bulkWrite op {other}")),
+        };
+        if let Some(field) = op.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return unsupported_reply(&format!("bulkWrite {kind} field {field}"));
+        }
+        let ns = match integer(target)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| ns_info.get(i))
+            .and_then(|info| info.get_str("ns").ok())
+        {
+            Some(ns) => ns.to_owned(),
+            None => return error_reply(2, "bulkWrite op names no nsInfo entry"),
+        };
+        let filter = op.get_document("filter").cloned().unwrap_or_default();
+        let multi = op.get_bool("multi").unwrap_or(false);
+        let mut result = doc! { "ok": 1.0, "idx": count_i32(index) };
+        let mut failed = false;
+        match kind.as_str() {
+            "insert" => {
+                let Ok(document) = op.get_document("document") else {
+                    return error_reply(2, "a bulkWrite insert needs a document");
+                };
+                let outcome = state.store.insert(&ns, vec![document.clone()], true);
+                if let Some((_, id)) = outcome.duplicates.first() {
+                    failed = true;
+                    result = doc! {
+                        "ok": 0.0, "idx": count_i32(index), "code": 11000,
+                        "codeName": "DuplicateKey",
+                        "errmsg": format!("E11000 duplicate key error collection: {ns} index: _id_ dup key: {{ _id: {id} }}"),
+                    };
+                } else {
+                    counts[inserted] += outcome.n;
+                    result.insert("n", count_i32(outcome.n));
+                }
+            }
+            "update" => {
+                let Ok(update) = op.get_document("updateMods") else {
+                    if matches!(op.get("updateMods"), Some(Bson::Array(_))) {
+                        return unsupported_reply("pipeline updates");
+                    }
+                    return error_reply(2, "a bulkWrite update needs updateMods");
+                };
+                let upsert = op.get_bool("upsert").unwrap_or(false);
+                match state.store.update(&ns, &filter, update, multi, upsert) {
+                    Ok(outcome) => {
+                        counts[matched] += outcome.matched;
+                        counts[modified] += outcome.modified;
+                        let n = outcome.matched + usize::from(outcome.upserted.is_some());
+                        result.insert("n", count_i32(n));
+                        result.insert("nModified", count_i32(outcome.modified));
+                        if let Some(id) = outcome.upserted {
+                            counts[upserted] += 1;
+                            result.insert("upserted", doc! { "_id": id });
+                        }
+                    }
+                    Err(e) => return query_error(e),
+                }
+            }
+            _ => match state.store.delete(&ns, &filter, multi) {
+                Ok(removed) => {
+                    counts[deleted] += removed.len();
+                    result.insert("n", count_i32(removed.len()));
+                }
+                Err(e) => return query_error(e),
+            },
+        }
+        if failed {
+            counts[errors] += 1;
+        }
+        if failed || !errors_only {
+            results.push(result);
+        }
+        if failed && ordered {
+            break;
+        }
+    }
+    let batch = state
+        .store
+        .open_cursor(state.owner, "admin.$cmd.bulkWrite", results, usize::MAX);
+    let mut reply = cursor_reply("firstBatch", "admin.$cmd.bulkWrite", batch);
+    for (field, slot) in [
+        ("nErrors", errors),
+        ("nInserted", inserted),
+        ("nMatched", matched),
+        ("nModified", modified),
+        ("nUpserted", upserted),
+        ("nDeleted", deleted),
+    ] {
+        reply.insert(field, count_i32(counts[slot]));
+    }
+    reply
+}
+
+/// `{findAndModify: coll, query, sort, update | remove, new, upsert}` (no fields).
 fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let collection = match collection_name(command, "findAndModify") {
         Ok(c) => c,
         Err(e) => return e,
     };
-    for unsupported in ["sort", "fields", "arrayFilters"] {
+    for unsupported in ["fields", "arrayFilters"] {
         if command.contains_key(unsupported) {
             return unsupported_reply(&format!("findAndModify {unsupported}"));
         }
     }
     let ns = format!("{db}.{collection}");
-    let filter = command.get_document("query").cloned().unwrap_or_default();
-    let before = match state.store.matching(&ns, &filter) {
-        Ok(docs) => docs.into_iter().next(),
+    let mut filter = command.get_document("query").cloned().unwrap_or_default();
+    let mut matching = match state.store.matching(&ns, &filter) {
+        Ok(docs) => docs,
         Err(e) => return query_error(e),
     };
+    // TK-14: with `sort`, the first document in that order is the one modified.
+    if let Some(sort) = command.get("sort") {
+        let Bson::Document(sort) = sort else {
+            return error_reply(2, "sort must be a document");
+        };
+        if let Err(e) = sort_documents(&mut matching, sort) {
+            return e;
+        }
+        if let Some(id) = matching.first().and_then(|d| d.get("_id")) {
+            filter = doc! { "_id": id.clone() };
+        }
+    }
+    let before = matching.into_iter().next();
     if command.get_bool("remove").unwrap_or(false) {
         if let Err(e) = state.store.delete(&ns, &filter, false) {
             return query_error(e);
@@ -596,7 +851,10 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
         return reply;
     }
     let mut documents = state.store.documents(&ns);
-    for (name, spec) in stages {
+    let mut first = true;
+    let stage_count = stages.len();
+    for (index, (name, spec)) in stages.into_iter().enumerate() {
+        let last = index + 1 == stage_count;
         documents = match (name, spec) {
             ("$match", Bson::Document(filter)) => {
                 let mut kept = Vec::new();
@@ -631,8 +889,41 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
                     Err(e) => return e,
                 }
             }
+            ("$group", Bson::Document(spec)) => match group(documents, spec) {
+                Ok(d) => d,
+                Err(e) => return e,
+            },
+            ("$listLocalSessions", Bson::Document(spec)) if spec.is_empty() && first => {
+                if collection != "$cmd.aggregate" {
+                    return error_reply(
+                        73,
+                        "$listLocalSessions must be run against the database with {aggregate: \
+                         1}, not a collection",
+                    );
+                }
+                state.store.local_sessions()
+            }
+            ("$out" | "$merge", target) if last => {
+                let into = match (name, target) {
+                    ("$out", Bson::String(c)) => c.clone(),
+                    ("$merge", Bson::String(c)) => c.clone(),
+                    ("$merge", Bson::Document(m)) if m.len() == 1 => match m.get("into") {
+                        Some(Bson::String(c)) => c.clone(),
+                        _ => return unsupported_reply("$merge other than {into: <collection>}"),
+                    },
+                    _ => return unsupported_reply(&format!("{name} other than a collection name")),
+                };
+                let target = format!("{db}.{into}");
+                if name == "$out" {
+                    state.store.replace_collection(&target, documents);
+                } else {
+                    state.store.merge(&target, documents);
+                }
+                Vec::new()
+            }
             (other, _) => return unsupported_reply(&format!("pipeline stage {other}")),
         };
+        first = false;
     }
     let batch = state
         .store
@@ -856,9 +1147,214 @@ pub(crate) fn unsupported_reply(what: &str) -> Document {
     )
 }
 
+/// TK-14: `$group` with a constant `_id` and `{$sum: <number>}` accumulators (one group, none
+/// for no input, as a real server); anything else is refused (TK-2).
+fn group(documents: Vec<Document>, spec: &Document) -> Result<Vec<Document>, Document> {
+    let id = spec
+        .get("_id")
+        .ok_or_else(|| error_reply(15955, "a group specification must include an _id"))?;
+    let constant = match id {
+        Bson::String(s) => !s.starts_with('$'),
+        Bson::Document(_) | Bson::Array(_) => false,
+        _ => true,
+    };
+    if !constant {
+        return Err(unsupported_reply("$group with a non-constant _id"));
+    }
+    if documents.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut out = doc! { "_id": id.clone() };
+    for (field, accumulator) in spec.iter().filter(|(k, _)| k.as_str() != "_id") {
+        let sum = match accumulator {
+            Bson::Document(a) if a.len() == 1 => match a.get("$sum") {
+                Some(Bson::Int32(n)) => i64::from(*n) * documents.len() as i64,
+                Some(Bson::Int64(n)) => n * documents.len() as i64,
+                _ => {
+                    return Err(unsupported_reply(
+                        "$group accumulator other than {$sum: <int>}",
+                    ))
+                }
+            },
+            _ => {
+                return Err(unsupported_reply(
+                    "$group accumulator other than {$sum: <int>}",
+                ))
+            }
+        };
+        out.insert(
+            field.clone(),
+            i32::try_from(sum).map_or(Bson::Int64(sum), Bson::Int32),
+        );
+    }
+    Ok(vec![out])
+}
+
+/// `{createIndexes: coll, indexes: [{key, name}]}`; index options it does not keep (unique,
+/// sparse, TTL, …) are refused (TK-2).
+fn create_indexes(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
+    let collection = match collection_name(command, "createIndexes") {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let indexes = match command.get_array("indexes") {
+        Ok(indexes) if !indexes.is_empty() => indexes,
+        _ => return error_reply(2, "Must specify at least one index to create"),
+    };
+    let ns = format!("{db}.{collection}");
+    for index in indexes {
+        let Some(index) = index.as_document() else {
+            return error_reply(2, "each index must be a document");
+        };
+        if let Some(option) = index
+            .keys()
+            .find(|k| !["key", "name"].contains(&k.as_str()))
+        {
+            return unsupported_reply(&format!("index option {option}"));
+        }
+        let (Ok(key), Ok(name)) = (index.get_document("key"), index.get_str("name")) else {
+            return error_reply(2, "an index needs a key document and a name");
+        };
+        if let Err((code, message)) = state.store.create_index(&ns, key, name) {
+            return error_reply(code, &message);
+        }
+    }
+    ok()
+}
+
+/// What any command may carry besides its own fields: the session, transaction, cluster time,
+/// read preference, timeout, concerns and API version (the server reads or tolerates these).
+const ENVELOPE: &[&str] = &[
+    "$db",
+    "lsid",
+    "txnNumber",
+    "autocommit",
+    "startTransaction",
+    "$clusterTime",
+    "$readPreference",
+    "maxTimeMS",
+    "readConcern",
+    "writeConcern",
+    "comment",
+    "apiVersion",
+    "apiStrict",
+    "apiDeprecationErrors",
+];
+
+/// TK-2: a field the server would act on but the test server does not evaluate is refused,
+/// never ignored (`find` has its own list, [`FIND_FIELDS`]). Commands not listed are not checked.
+fn unknown_field(name: &str, command: &Document) -> Option<Document> {
+    let own: &[&str] = match name {
+        "insert" => &["insert", "documents", "ordered"],
+        "update" => &["update", "updates", "ordered"],
+        "delete" => &["delete", "deletes", "ordered"],
+        "findAndModify" => &[
+            "findAndModify",
+            "query",
+            "sort",
+            "update",
+            "remove",
+            "new",
+            "upsert",
+            "fields",
+            "arrayFilters",
+        ],
+        "count" => &["count", "query", "skip", "limit"],
+        "distinct" => &["distinct", "key", "query"],
+        "aggregate" => &["aggregate", "pipeline", "cursor"],
+        "listCollections" => &["listCollections", "filter", "nameOnly", "cursor"],
+        "listDatabases" => &["listDatabases", "filter", "nameOnly"],
+        "listIndexes" => &["listIndexes", "cursor"],
+        "createIndexes" => &["createIndexes", "indexes"],
+        "dropIndexes" | "deleteIndexes" => &[name, "index"],
+        "create" => &["create"],
+        "drop" => &["drop"],
+        "getMore" => &["getMore", "collection", "batchSize"],
+        "killCursors" => &["killCursors", "cursors"],
+        "bulkWrite" => &["bulkWrite", "ops", "nsInfo", "errorsOnly", "ordered"],
+        "commitTransaction" | "abortTransaction" => &[name, "recoveryToken"],
+        _ => return None,
+    };
+    let field = command
+        .keys()
+        .find(|k| !own.contains(&k.as_str()) && !ENVELOPE.contains(&k.as_str()))?;
+    Some(unsupported_reply(&format!("{name} field {field}")))
+}
+
+/// TK-3: `cursor.batchSize`, or the server's default.
+fn cursor_batch_size(command: &Document, default: u32) -> Result<usize, Document> {
+    match command
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get("batchSize"))
+    {
+        None => Ok(default as usize),
+        Some(v) => integer(v)
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| error_reply(2, "batchSize must be a non-negative integer")),
+    }
+}
+
+/// The documents matching an optional `filter`.
+fn filtered(documents: Vec<Document>, filter: Option<&Bson>) -> Result<Vec<Document>, Document> {
+    let filter = match filter {
+        None => return Ok(documents),
+        Some(Bson::Document(f)) => f,
+        Some(_) => return Err(error_reply(2, "filter must be a document")),
+    };
+    let mut kept = Vec::new();
+    for d in documents {
+        match crate::query::matches(&d, filter) {
+            Ok(true) => kept.push(d),
+            Ok(false) => {}
+            Err(e) => return Err(query_error(QueryError::UnsupportedFilter(e.0))),
+        }
+    }
+    Ok(kept)
+}
+
+/// `{listCollections: 1, filter, nameOnly, cursor: {batchSize}}` (TK-3, TK-14).
+fn list_collections(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
+    let batch_size = match cursor_batch_size(command, state.batch_size) {
+        Ok(b) => b,
+        Err(e) => return e,
+    };
+    let name_only = command.get_bool("nameOnly").unwrap_or(false);
+    let docs = state
+        .store
+        .collection_names(db)
+        .into_iter()
+        .map(|n| doc! { "name": n, "type": "collection", "options": {}, "info": { "readOnly": false } })
+        .collect();
+    let mut docs = match filtered(docs, command.get("filter")) {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    if name_only {
+        for d in &mut docs {
+            d.remove("options");
+            d.remove("info");
+        }
+    }
+    let ns = format!("{db}.$cmd.listCollections");
+    let batch = state.store.open_cursor(state.owner, &ns, docs, batch_size);
+    cursor_reply("firstBatch", &ns, batch)
+}
+
+/// TK-2, TK-16: what a reply refuses for the unsupported log: a `TestkitUnsupported` reply, or
+/// a fail point the server would not set (no test expects `configureFailPoint` to fail).
+pub(crate) fn refusal(name: &str, reply: &Document) -> Option<String> {
+    let refused = reply.get_i32("code").ok() == Some(TESTKIT_UNSUPPORTED)
+        || (name == "configureFailPoint" && !reply.get("ok").is_some_and(is_ok));
+    refused.then(|| format!("{name}: {}", reply.get_str("errmsg").unwrap_or("")))
+}
+
 fn query_error(error: QueryError) -> Document {
     match error {
-        QueryError::UnsupportedFilter(key) => unsupported_reply(&format!("query operator {key}")),
+        QueryError::UnsupportedFilter(key) => match key.strip_prefix(crate::query::BAD_VALUE) {
+            Some(message) => error_reply(2, message),
+            None => unsupported_reply(&format!("query operator {key}")),
+        },
         QueryError::CursorNotFound(id) => error_reply(43, &format!("cursor id {id} not found")),
     }
 }
@@ -895,6 +1391,7 @@ mod tests {
         HelloContext {
             me: "127.0.0.1:40000",
             process_id: ObjectId::from_bytes([1; 12]),
+            service_id: ObjectId::from_bytes([1; 12]),
             connection_id: 3,
             min_wire_version: 0,
             max_wire_version: 25,

@@ -7,7 +7,7 @@ use core::time::Duration;
 use bson::{doc, Bson, Document};
 use retry_core::error::RETRYABLE_WRITE_CODES;
 
-use crate::commands::{integer, is_retryable_write};
+use crate::commands::{integer, is_retryable_write, transaction_labels};
 
 /// When the fail point fires (TK-*: the server's fail point modes).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -301,12 +301,20 @@ impl FailCommand {
     pub(crate) fn error_reply(&self, name: &str, command: &Document) -> Option<Document> {
         let code = self.error_code?;
         let mut reply = error_reply(code, FAIL_POINT_MESSAGE);
+        let in_transaction = command.get("autocommit") == Some(&Bson::Boolean(false))
+            || matches!(name, "commitTransaction" | "abortTransaction");
         let labels = match &self.error_labels {
             Some(labels) => labels.clone(),
-            None if RETRYABLE_WRITE_CODES.contains(&code) && is_retryable_write(name, command) => {
-                vec![String::from("RetryableWriteError")]
+            None => {
+                let mut labels = Vec::new();
+                if RETRYABLE_WRITE_CODES.contains(&code) && is_retryable_write(name, command) {
+                    labels.push(String::from("RetryableWriteError"));
+                }
+                if in_transaction {
+                    labels.extend(transaction_labels(name, code).into_iter().flatten());
+                }
+                labels
             }
-            None => Vec::new(),
         };
         if !labels.is_empty() {
             reply.insert("errorLabels", labels);
@@ -343,10 +351,25 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         2 => "BadValue",
         6 => "HostUnreachable",
         7 => "HostNotFound",
+        9 => "FailedToParse",
         13 => "Unauthorized",
+        20 => "IllegalOperation",
+        24 => "LockTimeout",
+        26 => "NamespaceNotFound",
+        27 => "IndexNotFound",
         43 => "CursorNotFound",
+        48 => "NamespaceExists",
         50 => "MaxTimeMSExpired",
+        51 => "ManualInterventionRequired",
         59 => "CommandNotFound",
+        64 => "WriteConcernFailed",
+        72 => "InvalidOptions",
+        73 => "InvalidNamespace",
+        86 => "IndexKeySpecsConflict",
+        100 => "UnsatisfiableWriteConcern",
+        197 => "InvalidIndexSpecificationOption",
+        251 => "NoSuchTransaction",
+        256 => "TransactionCommitted",
         89 => "NetworkTimeout",
         91 => "ShutdownInProgress",
         112 => "WriteConflict",
@@ -356,6 +379,8 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         262 => "ExceededTimeLimit",
         462 => "IngressRequestRateLimitExceeded",
         9001 => "SocketException",
+        11000 => "DuplicateKey",
+        11601 => "Interrupted",
         10107 => "NotWritablePrimary",
         11600 => "InterruptedAtShutdown",
         11602 => "InterruptedDueToReplStateChange",

@@ -53,8 +53,12 @@
 //! 4. The `failCommand` fail point, when it matches, blocks, closes the connection, fails the
 //!    command or adds a `writeConcernError` ([`FailCommand`]).
 //! 5. The command runs ([`CommandCounts::executed`]), unless it is the retry of a retryable
-//!    `insert` that already ran (same `lsid` and `txnNumber`): that gets the first reply again
-//!    ([`CommandCounts::replayed`]).
+//!    write (`insert`, `update`, `delete`, `findAndModify`, `bulkWrite`) that already ran (same
+//!    `lsid`, `txnNumber` and `stmtId`): that gets the first reply again
+//!    ([`CommandCounts::replayed`]). A command with `autocommit: false` belongs to its session's
+//!    transaction (TK-15). A command, operator, stage, option or fail point the server does not
+//!    evaluate is refused (`CommandNotFound` or `TestkitUnsupported`) and logged
+//!    ([`ServerHandle::unsupported`]), never ignored.
 //! 6. The reply is written unless the request had `moreToCome`, or replaced by a random fault
 //!    ([`FaultConfig`]).
 //!

@@ -11,12 +11,25 @@ use bson::{Bson, Document};
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Unsupported(pub(crate) String);
 
+/// The prefix of an [`Unsupported`] that is really the client's mistake: a real server answers
+/// it with BadValue (2), e.g. `{$or: true}` (TK-14).
+pub(crate) const BAD_VALUE: &str = "BadValue: ";
+
+impl Unsupported {
+    /// A malformed filter a real server refuses with BadValue.
+    fn bad_value(message: &str) -> Unsupported {
+        Unsupported(format!("{BAD_VALUE}{message}"))
+    }
+}
+
 /// Whether `document` matches `filter`.
 pub(crate) fn matches(document: &Document, filter: &Document) -> Result<bool, Unsupported> {
     for (key, condition) in filter {
         let ok = match key.as_str() {
             "$and" => all_of(document, condition, true)?,
             "$or" => all_of(document, condition, false)?,
+            // TK-14: only `"sleep(N) || true"`, whose sleep the server took before running.
+            "$where" if where_sleep_ms(condition).is_some() => true,
             k if k.starts_with('$') => return Err(Unsupported(k.into())),
             k => field_matches(lookup(document, k), condition)?,
         };
@@ -27,14 +40,51 @@ pub(crate) fn matches(document: &Document, filter: &Document) -> Result<bool, Un
     Ok(true)
 }
 
+/// The N of a `$where: "sleep(N) || true"`, the one form the test server evaluates (TK-14).
+fn where_sleep_ms(condition: &Bson) -> Option<u64> {
+    let Bson::String(code) = condition else {
+        return None;
+    };
+    code.strip_prefix("sleep(")?
+        .strip_suffix(") || true")?
+        .parse()
+        .ok()
+}
+
+/// TK-14: how long a command's `$where: "sleep(N) || true"` filter makes it wait before it
+/// runs (find's `filter`, an update's or delete's `q`, findAndModify's `query`), at most 10 s.
+/// A client that closes meanwhile does not wait: its reply is never read.
+pub(crate) fn where_sleep(command: &Document) -> Option<core::time::Duration> {
+    let statements = ["updates", "deletes"].into_iter().flat_map(|field| {
+        command
+            .get_array(field)
+            .into_iter()
+            .flatten()
+            .filter_map(Bson::as_document)
+            .filter_map(|s| s.get_document("q").ok())
+    });
+    let filters = ["filter", "query"]
+        .into_iter()
+        .filter_map(|field| command.get_document(field).ok())
+        .chain(statements);
+    let total: u64 = filters
+        .filter_map(|f| f.get("$where").and_then(where_sleep_ms))
+        .sum();
+    (total > 0).then(|| core::time::Duration::from_millis(total.min(10_000)))
+}
+
 /// `$and` (`all`) or `$or` over an array of filters.
 fn all_of(document: &Document, filters: &Bson, all: bool) -> Result<bool, Unsupported> {
     let Bson::Array(filters) = filters else {
-        return Err(Unsupported("$and/$or need an array".into()));
+        return Err(Unsupported::bad_value(
+            "$and/$or/$nor must be a nonempty array",
+        ));
     };
     for filter in filters {
         let Bson::Document(filter) = filter else {
-            return Err(Unsupported("$and/$or need documents".into()));
+            return Err(Unsupported::bad_value(
+                "$or/$and/$nor entries need to be full objects",
+            ));
         };
         if matches(document, filter)? != all {
             return Ok(!all);
@@ -79,7 +129,7 @@ fn field_matches(value: Option<&Bson>, condition: &Bson) -> Result<bool, Unsuppo
             ),
             "$in" | "$nin" => {
                 let Bson::Array(items) = operand else {
-                    return Err(Unsupported(format!("{op} needs an array")));
+                    return Err(Unsupported::bad_value(&format!("{op} needs an array")));
                 };
                 let found = value.is_some_and(|v| items.iter().any(|i| equal(v, i)));
                 found == (op == "$in")
@@ -232,6 +282,16 @@ mod tests {
             matches(&d, &doc! { "$where": "1" }),
             Err(Unsupported("$where".into()))
         );
+        assert_eq!(
+            matches(&d, &doc! { "$where": "sleep(20) || true" }),
+            Ok(true)
+        );
+        let find = doc! { "find": "c", "filter": { "$where": "sleep(20) || true" } };
+        assert_eq!(
+            where_sleep(&find),
+            Some(core::time::Duration::from_millis(20))
+        );
+        assert_eq!(where_sleep(&doc! { "find": "c", "filter": {} }), None);
     }
 
     #[test]

@@ -63,6 +63,13 @@ pub(crate) struct State {
     counters: Counters,
     handshakes: Vec<Handshake>,
     last_connection_id: i32,
+    /// TK-2, TK-16: what the server refused as unknown or unsupported, in order.
+    unsupported: Vec<String>,
+    /// TK-12: the services a load balancer routes new connections to, round robin (empty: one,
+    /// the process itself).
+    services: Vec<ObjectId>,
+    /// How many connections were routed to a service so far.
+    routed: usize,
     /// SCRAM users (crate `auth`).
     users: UserStore,
 }
@@ -188,6 +195,9 @@ impl TestServer {
             counters: Counters::default(),
             handshakes: Vec::new(),
             last_connection_id: 0,
+            unsupported: Vec::new(),
+            services: Vec::new(),
+            routed: 0,
             users: UserStore::new(&config.users),
         };
         let shared = Arc::new(Shared {
@@ -396,6 +406,27 @@ impl ServerHandle {
         self.shared.lock().data.lock().documents(ns)
     }
 
+    /// TK-12: a load balancer in front of `count` mongos: new connections are routed round robin
+    /// and report that mongos' `serviceId` (the first is the process id). 1 or 0: one service.
+    pub fn set_load_balanced_services(&self, count: usize) {
+        let mut services = vec![self.shared.process_id];
+        services.extend((1..count).map(|_| ObjectId::new()));
+        self.shared.lock().services = if count > 1 { services } else { Vec::new() };
+    }
+
+    /// Creates the namespace `ns` (`db.collection`) empty, as `create` does; `false` when it
+    /// already exists.
+    pub fn create_collection(&self, ns: &str) -> bool {
+        self.shared.lock().data.lock().create(ns)
+    }
+
+    /// TK-2, TK-16: every command, operator, option or fail point the server refused as unknown
+    /// or unsupported (`CommandNotFound` or `TestkitUnsupported`), in order. A test that made the
+    /// server refuse something did not test what it meant to (UT-20).
+    pub fn unsupported(&self) -> Vec<String> {
+        self.shared.lock().unsupported.clone()
+    }
+
     /// How many cursors are open.
     pub fn open_cursors(&self) -> usize {
         self.shared.lock().data.lock().open_cursors()
@@ -484,6 +515,7 @@ fn admit(shared: &Shared) -> Option<Connection> {
     Some(Connection {
         id,
         app_name: None,
+        service: None,
         rng: connection_rng(shared.seed, id),
         last_request_id: 0,
         auth: ConnectionAuth::default(),
@@ -497,6 +529,8 @@ struct Connection {
     app_name: Option<String>,
     rng: EngineRng,
     last_request_id: i32,
+    /// TK-12: the service a load balancer routed it to, chosen at its first hello.
+    service: Option<ObjectId>,
     /// Its authentication (crate `auth`).
     auth: ConnectionAuth,
 }
@@ -657,6 +691,9 @@ impl Connection {
                 return Response::Reply(reply);
             }
         }
+        if let Some(wait) = crate::query::where_sleep(command) {
+            sleep(wait).await;
+        }
         let mut state = shared.lock();
         let write_key = write_key(name, command);
         if let Some(reply) = write_key
@@ -687,9 +724,20 @@ impl Connection {
             }
         }
         let reply = if hello {
+            let service_id = match (self.service, state.services.len()) {
+                (Some(service), _) => service,
+                (None, 0) => shared.process_id,
+                (None, n) => {
+                    let service = state.services[state.routed % n];
+                    state.routed += 1;
+                    self.service = Some(service);
+                    service
+                }
+            };
             let context = HelloContext {
                 me: &shared.me,
                 process_id: shared.process_id,
+                service_id,
                 connection_id: self.id,
                 min_wire_version: shared.min_wire_version,
                 max_wire_version: shared.max_wire_version,
@@ -714,8 +762,12 @@ impl Connection {
             )
         };
         let Some(mut reply) = reply else {
+            state.unsupported.push(format!("command {name}"));
             return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));
         };
+        if let Some(what) = crate::commands::refusal(name, &reply) {
+            state.unsupported.push(what);
+        }
         state.counters.command_mut(name).executed += 1;
         if let Some(key) = write_key {
             if reply.get("ok").is_some_and(is_ok) {
@@ -815,7 +867,7 @@ impl Connection {
 }
 
 /// `ok` is 1 in any numeric type.
-fn is_ok(value: &Bson) -> bool {
+pub(crate) fn is_ok(value: &Bson) -> bool {
     match value {
         Bson::Double(v) => *v == 1.0,
         Bson::Int32(v) => *v == 1,

@@ -36,6 +36,12 @@ pub(crate) struct Store {
     write_results: BTreeMap<WriteKey, Document>,
     /// The highest `txnNumber` each session (lsid bytes) has used.
     txn_numbers: BTreeMap<Vec<u8>, i64>,
+    /// The sessions commands named (`lsid`), for `$listLocalSessions`, in first-use order.
+    sessions: Vec<Document>,
+    /// TK-15: each session's latest transaction (lsid bytes).
+    transactions: BTreeMap<Vec<u8>, Transaction>,
+    /// Secondary indexes by namespace (`{v, key, name}`), in creation order; `_id_` is implied.
+    indexes: BTreeMap<String, Vec<Document>>,
 }
 
 /// A retryable write's identity: its session (`lsid`, as BSON bytes), `txnNumber` and
@@ -46,6 +52,26 @@ pub(crate) struct WriteKey {
     pub(crate) txn_number: i64,
     pub(crate) stmt_id: i64,
 }
+
+/// TK-15: a session's transaction: its number, its state and the data as it was when it
+/// started (an abort puts it back). Isolation is not modelled: other sessions see its writes at
+/// once, and an abort also undoes what they wrote meanwhile.
+#[derive(Debug)]
+struct Transaction {
+    number: i64,
+    state: TransactionState,
+    before: BTreeMap<String, Vec<Document>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TransactionState {
+    InProgress,
+    Committed,
+    Aborted,
+}
+
+/// A server error: code and message.
+pub(crate) type Refusal = (i32, String);
 
 /// The result of an insert: how many documents went in, and the duplicate-key failures by
 /// index in the batch.
@@ -131,6 +157,7 @@ impl Store {
         multi: bool,
         upsert: bool,
     ) -> Result<UpdateOutcome, QueryError> {
+        validate(filter)?;
         let collection = self.collections.entry(ns.into()).or_default();
         let mut outcome = UpdateOutcome::default();
         for document in collection.iter_mut() {
@@ -165,6 +192,7 @@ impl Store {
         filter: &Document,
         multi: bool,
     ) -> Result<Vec<Document>, QueryError> {
+        validate(filter)?;
         let Some(collection) = self.collections.get_mut(ns) else {
             return Ok(Vec::new());
         };
@@ -187,6 +215,7 @@ impl Store {
         ns: &str,
         filter: &Document,
     ) -> Result<Vec<Document>, QueryError> {
+        validate(filter)?;
         let mut out = Vec::new();
         for document in self.collections.get(ns).into_iter().flatten() {
             if matches(document, filter).map_err(unsupported)? {
@@ -194,6 +223,184 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// TK-15: a command of transaction `number` of `session` (`autocommit: false`): with `start`
+    /// it starts that transaction (a number below the session's highest is TransactionTooOld,
+    /// 225; a number already used, NoSuchTransaction 251); without, the transaction must be in
+    /// progress (else NoSuchTransaction, 251).
+    pub(crate) fn transaction_command(
+        &mut self,
+        session: Vec<u8>,
+        number: i64,
+        start: bool,
+    ) -> Result<(), Refusal> {
+        let highest = self.txn_numbers.get(&session).copied();
+        let current = self.transactions.get(&session);
+        if start {
+            if highest.is_some_and(|h| number < h) {
+                return Err((
+                    225,
+                    format!("Cannot start transaction {number} on session because a newer transaction has already started"),
+                ));
+            }
+            if current.is_some_and(|t| t.number == number) || highest == Some(number) {
+                return Err((
+                    251,
+                    format!("Transaction {number} has already been started"),
+                ));
+            }
+            self.txn_numbers.insert(session.clone(), number);
+            let before = self.collections.clone();
+            self.transactions.insert(
+                session,
+                Transaction {
+                    number,
+                    state: TransactionState::InProgress,
+                    before,
+                },
+            );
+            return Ok(());
+        }
+        match current {
+            Some(t) if t.number == number && t.state == TransactionState::InProgress => Ok(()),
+            _ => Err((
+                251,
+                format!(
+                    "Given transaction number {number} does not match any in-progress transactions"
+                ),
+            )),
+        }
+    }
+
+    /// TK-15: `commitTransaction` (idempotent once committed) or `abortTransaction` (puts the
+    /// data back) of transaction `number` of `session`.
+    pub(crate) fn end_transaction(
+        &mut self,
+        session: &[u8],
+        number: i64,
+        commit: bool,
+    ) -> Result<(), Refusal> {
+        let Some(transaction) = self
+            .transactions
+            .get_mut(session)
+            .filter(|t| t.number == number)
+        else {
+            return Err((
+                251,
+                format!(
+                    "Given transaction number {number} does not match any in-progress transactions"
+                ),
+            ));
+        };
+        match (transaction.state, commit) {
+            (TransactionState::InProgress, true) | (TransactionState::Committed, true) => {
+                transaction.state = TransactionState::Committed;
+                Ok(())
+            }
+            (TransactionState::InProgress, false) => {
+                transaction.state = TransactionState::Aborted;
+                self.collections = core::mem::take(&mut transaction.before);
+                Ok(())
+            }
+            (TransactionState::Committed, false) => Err((
+                256,
+                "Cannot abort a transaction that has been committed".into(),
+            )),
+            (TransactionState::Aborted, _) => Err((251, "Transaction has been aborted".into())),
+        }
+    }
+
+    /// The indexes of `ns`: `_id_` first, then the ones created, in order.
+    pub(crate) fn indexes(&self, ns: &str) -> Vec<Document> {
+        let mut list = vec![bson::doc! { "v": 2, "key": { "_id": 1 }, "name": "_id_" }];
+        list.extend(self.indexes.get(ns).into_iter().flatten().cloned());
+        list
+    }
+
+    /// Creates the index `name` on `key` (and `ns` if needed); `Err` with a real server's code and
+    /// message when the name is taken by another key.
+    pub(crate) fn create_index(
+        &mut self,
+        ns: &str,
+        key: &Document,
+        name: &str,
+    ) -> Result<(), (i32, String)> {
+        self.collections.entry(ns.into()).or_default();
+        let list = self.indexes.entry(ns.into()).or_default();
+        match list.iter().find(|i| i.get_str("name").ok() == Some(name)) {
+            Some(existing) if existing.get_document("key").ok() == Some(key) => Ok(()),
+            Some(_) => Err((
+                86,
+                format!("An existing index has the same name as the requested index: {name}"),
+            )),
+            None if name == "_id_" => Err((197, "cannot create an _id_ index".into())),
+            None => {
+                list.push(bson::doc! { "v": 2, "key": key.clone(), "name": name });
+                Ok(())
+            }
+        }
+    }
+
+    /// Drops the index `name` of `ns`, or every secondary index for `*`; `Err` with a real
+    /// server's code and message when there is no such collection or index.
+    pub(crate) fn drop_index(&mut self, ns: &str, name: &str) -> Result<(), (i32, String)> {
+        if !self.collections.contains_key(ns) {
+            return Err((26, format!("ns not found {ns}")));
+        }
+        let list = self.indexes.entry(ns.into()).or_default();
+        if name == "*" {
+            list.clear();
+            return Ok(());
+        }
+        if name == "_id_" {
+            return Err((72, "cannot drop _id index".into()));
+        }
+        match list
+            .iter()
+            .position(|i| i.get_str("name").ok() == Some(name))
+        {
+            Some(position) => {
+                list.remove(position);
+                Ok(())
+            }
+            None => Err((27, format!("index not found with name [{name}]"))),
+        }
+    }
+
+    /// Remembers a session a command named, for `$listLocalSessions`.
+    pub(crate) fn note_session(&mut self, lsid: &Document) {
+        if !self.sessions.contains(lsid) {
+            self.sessions.push(lsid.clone());
+        }
+    }
+
+    /// `$listLocalSessions: {}`: one `{_id: lsid}` per session commands named.
+    pub(crate) fn local_sessions(&self) -> Vec<Document> {
+        self.sessions
+            .iter()
+            .map(|lsid| bson::doc! { "_id": lsid.clone() })
+            .collect()
+    }
+
+    /// `$out`: `ns` holds exactly `documents` afterwards.
+    pub(crate) fn replace_collection(&mut self, ns: &str, documents: Vec<Document>) {
+        self.collections.insert(ns.into(), documents);
+    }
+
+    /// `$merge {into}` with the default `whenMatched: "merge"`, `whenNotMatched: "insert"`: a
+    /// document with the `_id` of an existing one is merged into it, others are appended.
+    pub(crate) fn merge(&mut self, ns: &str, documents: Vec<Document>) {
+        let target = self.collections.entry(ns.into()).or_default();
+        for document in documents {
+            let existing = target
+                .iter_mut()
+                .find(|d| matches!((d.get("_id"), document.get("_id")), (Some(a), Some(b)) if equal(a, b)));
+            match existing {
+                Some(existing) => existing.extend(document),
+                None => target.push(document),
+            }
+        }
     }
 
     /// Creates `ns`; `false` when it already exists.
@@ -205,8 +412,9 @@ impl Store {
         true
     }
 
-    /// Drops `ns`; `false` when it did not exist.
+    /// Drops `ns` and its indexes; `false` when it did not exist.
     pub(crate) fn drop_collection(&mut self, ns: &str) -> bool {
+        self.indexes.remove(ns);
         self.collections.remove(ns).is_some()
     }
 
@@ -367,6 +575,14 @@ impl Store {
             cursor_id,
         }
     }
+}
+
+/// A filter is checked whole before any document is read, as a real server parses it first:
+/// `{$or: true}` fails even on an empty collection (TK-14).
+fn validate(filter: &Document) -> Result<(), QueryError> {
+    matches(&Document::new(), filter)
+        .map(|_| ())
+        .map_err(unsupported)
 }
 
 fn unsupported(error: Unsupported) -> QueryError {

@@ -13,8 +13,9 @@ async fn bounded<F: Future<Output = ()>>(body: F) {
         .expect("the test finished within its bound");
 }
 
+/// A mongos: retryable writes and transactions need a replica-set member or a mongos.
 async fn start() -> (TestServer, RawClient) {
-    let server = TestServer::start(ServerConfig::default())
+    let server = TestServer::start(ServerConfig::new(retry_testkit::Role::Mongos))
         .await
         .expect("server starts");
     let client = RawClient::connect(server.address())
@@ -48,7 +49,7 @@ fn first_batch(reply: &Document) -> Vec<Document> {
 async fn unknown_commands_are_command_not_found() {
     bounded(async {
         let (server, mut client) = start().await;
-        for name in ["mapReduce", "bulkWrite", "renameCollection"] {
+        for name in ["mapReduce", "collMod", "renameCollection"] {
             let reply = client
                 .command(doc! { name: "c", "$db": "db" })
                 .await
@@ -132,10 +133,8 @@ async fn crud_commands() {
         let batch = first_batch(&reply);
         assert_eq!(batch, vec![doc! { "_id": 2, "x": 0 }, doc! { "_id": 3 }]);
 
-        let reply = run(
-            doc! { "aggregate": "c", "pipeline": [{ "$group": { "_id": 1 } }],
-            "cursor": {}, "$db": "db" },
-        )
+        let reply = run(doc! { "aggregate": "c", "pipeline": [{ "$unwind": "$x" }],
+        "cursor": {}, "$db": "db" })
         .await;
         assert_eq!(
             code(&reply),
@@ -190,7 +189,23 @@ async fn catalog_commands_and_change_streams() {
             Some(48)
         );
         let reply = run(doc! { "createIndexes": "b", "indexes": [], "$db": "db" }).await;
+        assert_eq!(code(&reply), Some(2), "no index to create");
+        let index = doc! { "key": { "x": 1 }, "name": "x_1" };
+        let reply = run(doc! { "createIndexes": "b", "indexes": [index], "$db": "db" }).await;
         assert_eq!(code(&reply), None);
+        let reply =
+            run(doc! { "listIndexes": "b", "cursor": { "batchSize": 1 }, "$db": "db" }).await;
+        assert_eq!(first_batch(&reply).len(), 1, "TK-3: cursor.batchSize");
+        let reply = run(doc! { "dropIndexes": "b", "index": "x_1", "$db": "db" }).await;
+        assert_eq!(code(&reply), None);
+        let reply = run(doc! { "dropIndexes": "b", "index": "x_1", "$db": "db" }).await;
+        assert_eq!(code(&reply), Some(27), "IndexNotFound");
+        let reply = run(doc! { "find": "b", "filter": { "$or": true }, "$db": "db" }).await;
+        assert_eq!(
+            code(&reply),
+            Some(2),
+            "BadValue even on an empty collection"
+        );
         let reply = run(doc! { "listCollections": 1, "$db": "db" }).await;
         let names: Vec<String> = first_batch(&reply)
             .iter()
@@ -544,6 +559,249 @@ async fn find_options_and_sort() {
             .await
             .unwrap();
         assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{reply}");
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-14: `$group` with a constant `_id` and `$sum`, `$out`, `$merge {into}`, and
+/// `$listLocalSessions` on a collectionless aggregate; other forms are refused (TK-2) and logged
+/// (TK-16).
+#[tokio::test]
+async fn aggregate_group_out_merge_and_local_sessions() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let handle = server.handle();
+        handle.insert("db.c", vec![doc! { "_id": 1, "x": 1 }, doc! { "_id": 2, "x": 2 }]);
+        let count = doc! { "$group": { "_id": 1, "n": { "$sum": 1 } } };
+        let reply = client
+            .command(doc! { "aggregate": "c", "pipeline": [count.clone()], "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(first_batch(&reply), vec![doc! { "_id": 1, "n": 2 }]);
+        let empty = client
+            .command(doc! { "aggregate": "none", "pipeline": [count], "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        assert!(first_batch(&empty).is_empty(), "no input, no group");
+        let out = client
+            .command(doc! { "aggregate": "c", "pipeline": [{ "$out": "o" }], "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        assert!(first_batch(&out).is_empty());
+        assert_eq!(handle.documents("db.o").len(), 2);
+        handle.insert("db.m", vec![doc! { "_id": 1, "y": 1 }]);
+        client
+            .command(doc! { "aggregate": "c", "pipeline": [{ "$merge": { "into": "m" } }], "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(
+            handle.documents("db.m"),
+            vec![doc! { "_id": 1, "y": 1, "x": 1 }, doc! { "_id": 2, "x": 2 }]
+        );
+        let lsid = doc! { "id": 7 };
+        client
+            .command(doc! { "ping": 1, "lsid": lsid.clone(), "$db": "db" })
+            .await
+            .unwrap();
+        let sessions = client
+            .command(doc! { "aggregate": 1, "pipeline": [{ "$listLocalSessions": {} }], "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(first_batch(&sessions), vec![doc! { "_id": lsid }]);
+        assert!(handle.unsupported().is_empty());
+        let refused = client
+            .command(doc! { "aggregate": "c", "pipeline": [{ "$group": { "_id": "$x" } }], "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(code(&refused), Some(TESTKIT_UNSUPPORTED));
+        assert_eq!(handle.unsupported().len(), 1, "{:?}", handle.unsupported());
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-14: findAndModify with `sort` modifies the first matching document in that order.
+#[tokio::test]
+async fn find_and_modify_sort() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let handle = server.handle();
+        handle.insert(
+            "db.c",
+            vec![doc! { "_id": 1, "x": 1 }, doc! { "_id": 2, "x": 1 }],
+        );
+        let reply = client
+            .command(doc! {
+                "findAndModify": "c", "query": { "x": 1 }, "sort": { "_id": -1 }, "remove": true,
+                "$db": "db",
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            reply.get_document("value").unwrap(),
+            &doc! { "_id": 2, "x": 1 }
+        );
+        assert_eq!(handle.documents("db.c"), vec![doc! { "_id": 1, "x": 1 }]);
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-14: the 8.0 admin `bulkWrite`: per-op results and counts, only errors with `errorsOnly`,
+/// an ordered bulk stops at its first error, other databases are refused.
+#[tokio::test]
+async fn client_bulk_write() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let handle = server.handle();
+        handle.insert("db.c", vec![doc! { "_id": 1, "x": 1 }]);
+        let ops = vec![
+            doc! { "insert": 0, "document": { "_id": 2 } },
+            doc! { "update": 0, "filter": { "_id": 1 }, "updateMods": { "$set": { "x": 2 } }, "multi": false },
+            doc! { "insert": 0, "document": { "_id": 1 } },
+            doc! { "delete": 0, "filter": { "_id": 2 }, "multi": false },
+        ];
+        let command = doc! {
+            "bulkWrite": 1, "ops": ops, "nsInfo": [{ "ns": "db.c" }], "errorsOnly": false,
+            "ordered": true, "$db": "admin",
+        };
+        let reply = client.command(command.clone()).await.unwrap();
+        let results = first_batch(&reply);
+        assert_eq!(results.len(), 3, "stopped at the duplicate: {reply}");
+        assert_eq!(results[2].get_i32("code").ok(), Some(11000));
+        assert_eq!(
+            (reply.get_i32("nInserted").ok(), reply.get_i32("nModified").ok(), reply.get_i32("nErrors").ok()),
+            (Some(1), Some(1), Some(1))
+        );
+        let mut errors_only = command.clone();
+        errors_only.insert("errorsOnly", true);
+        errors_only.insert("ordered", false);
+        handle.insert("db.c", vec![doc! { "_id": 3 }]);
+        let reply = client.command(errors_only).await.unwrap();
+        assert_eq!(first_batch(&reply).len(), 2, "two duplicates, nothing else: {reply}");
+        assert_eq!(reply.get_i32("nDeleted").ok(), Some(1));
+        let mut elsewhere = command;
+        elsewhere.insert("$db", "db");
+        assert_eq!(code(&client.command(elsewhere).await.unwrap()), Some(13));
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-15: a transaction starts with its first command, commits idempotently, aborts by putting
+/// the data back; a command of no transaction in progress is NoSuchTransaction (251) with
+/// TransientTransactionError (TK-7); a mongos adds a recovery token.
+#[tokio::test]
+async fn transactions() {
+    bounded(async {
+        let server = TestServer::start(ServerConfig::new(retry_testkit::Role::Mongos))
+            .await
+            .unwrap();
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let handle = server.handle();
+        let lsid = doc! { "id": 1 };
+        let insert = |txn: i64, start: bool, id: i32| {
+            let mut command = doc! {
+                "insert": "c", "documents": [{ "_id": id }], "lsid": lsid.clone(),
+                "txnNumber": txn, "autocommit": false, "$db": "db",
+            };
+            if start {
+                command.insert("startTransaction", true);
+            }
+            command
+        };
+        let end = |name: &str, txn: i64| {
+            doc! { name: 1, "lsid": lsid.clone(), "txnNumber": txn, "autocommit": false, "$db": "admin" }
+        };
+        let reply = client.command(insert(1, true, 1)).await.unwrap();
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        assert!(reply.contains_key("recoveryToken"));
+        for _ in 0..2 {
+            let reply = client.command(end("commitTransaction", 1)).await.unwrap();
+            assert_eq!(code(&reply), None, "commit is idempotent: {reply}");
+        }
+        let reply = client.command(insert(1, false, 2)).await.unwrap();
+        assert_eq!(code(&reply), Some(251));
+        assert_eq!(labels(&reply), ["TransientTransactionError"]);
+        client.command(insert(2, true, 2)).await.unwrap();
+        assert_eq!(handle.documents("db.c").len(), 2);
+        let reply = client.command(end("abortTransaction", 2)).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        assert_eq!(handle.documents("db.c"), vec![doc! { "_id": 1 }], "the abort undid it");
+        let reply = client.command(end("commitTransaction", 2)).await.unwrap();
+        assert_eq!(code(&reply), Some(251), "an aborted transaction cannot commit");
+        let reply = client.command(insert(1, true, 3)).await.unwrap();
+        assert_eq!(code(&reply), Some(225), "TransactionTooOld: {reply}");
+        assert!(handle.unsupported().is_empty());
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-12: a load balancer in front of two mongos routes new connections round robin; each
+/// connection's hello reports its mongos' `serviceId`.
+#[tokio::test]
+async fn load_balancer_in_front_of_two_mongos() {
+    bounded(async {
+        let role = retry_testkit::Role::LoadBalancer { service_id: true };
+        let server = TestServer::start(ServerConfig::new(role)).await.unwrap();
+        server.handle().set_load_balanced_services(2);
+        let mut ids = Vec::new();
+        for _ in 0..4 {
+            let mut client = RawClient::connect(server.address()).await.unwrap();
+            let hello = client
+                .command(doc! { "hello": 1, "loadBalanced": true, "$db": "admin" })
+                .await
+                .unwrap();
+            ids.push(hello.get_object_id("serviceId").unwrap());
+        }
+        assert_ne!(ids[0], ids[1]);
+        assert_eq!((ids[0], ids[1]), (ids[2], ids[3]), "round robin");
+        assert!(ids.contains(&server.handle().process_id()));
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-2: fields a real server acts on but the test server does not evaluate are refused and
+/// logged, never ignored: a command's own fields and an update or delete statement's.
+#[tokio::test]
+async fn unknown_fields_are_refused() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        for command in [
+            doc! { "insert": "c", "documents": [{ "_id": 1 }], "bypassDocumentValidation": true, "$db": "db" },
+            doc! { "update": "c", "updates": [{ "q": {}, "u": { "$set": { "x": 1 } }, "hint": "_id_" }], "$db": "db" },
+            doc! { "delete": "c", "deletes": [{ "q": {}, "limit": 1, "collation": { "locale": "fr" } }], "$db": "db" },
+            doc! { "aggregate": "c", "pipeline": [], "cursor": {}, "allowDiskUse": true, "$db": "db" },
+        ] {
+            let reply = client.command(command.clone()).await.unwrap();
+            assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{command}: {reply}");
+        }
+        assert_eq!(server.handle().unsupported().len(), 4);
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-6: a retryable write (lsid + txnNumber, no transaction) may not touch several documents:
+/// `multi: true` and `limit: 0` are InvalidOptions (72).
+#[tokio::test]
+async fn multi_document_writes_refuse_a_txn_number() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let lsid = doc! { "id": 9 };
+        let update = doc! {
+            "update": "c", "updates": [{ "q": {}, "u": { "$set": { "x": 1 } }, "multi": true }],
+            "lsid": lsid.clone(), "txnNumber": 1_i64, "$db": "db",
+        };
+        assert_eq!(code(&client.command(update).await.unwrap()), Some(72));
+        let delete = doc! {
+            "delete": "c", "deletes": [{ "q": {}, "limit": 0 }],
+            "lsid": lsid, "txnNumber": 2_i64, "$db": "db",
+        };
+        assert_eq!(code(&client.command(delete).await.unwrap()), Some(72));
         server.shutdown().await;
     })
     .await;

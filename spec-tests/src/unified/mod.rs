@@ -3,24 +3,31 @@
 //! `runOnRequirements` and `skipReason` against the deployment actually started (UT-4..6), and
 //! counts every test of every file (UT-6, UT-20).
 //!
-//! Executing a test (entities, `initialData`, operations, `expectEvents`, `outcome`) is not
-//! built yet: every test that is neither skipped nor refused is counted as a harness failure
-//! with the reason [`NOT_EXECUTED`], never as a pass.
+//! A test that is neither skipped nor refused runs on a fresh retry-testkit deployment of the
+//! first topology its requirements allow, in the order [`deploy::TOPOLOGIES`] (replica set,
+//! sharded, load balanced, single), without authentication unless it asks for `auth: true`
+//! (then the servers have a SCRAM user and the clients authenticate for real, UT-5), through the product's tokio client ([`runner`]). It passes
+//! only when every check ran and held and the test server refused nothing (UT-20).
 
+pub mod deploy;
+pub mod entities;
 pub mod matching;
+pub mod operations;
 pub mod requirements;
+pub mod runner;
 pub mod schema;
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::rc::Rc;
 
 use serde_json::Value;
 
 use crate::corpus;
 pub use requirements::Deployment;
 
-/// The reason of every test the runner cannot execute yet (UT-20: a harness failure).
-pub const NOT_EXECUTED: &str = "runner: test execution (entities, operations, events) not built";
+/// A test that runs longer than this is failed (every wait in it is bounded, rule 12).
+const TEST_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// A unified-format suite: its name in the summary line and its directory under the corpus root.
 #[derive(Clone, Copy, Debug)]
@@ -29,6 +36,9 @@ pub struct UnifiedSuite {
     pub name: &'static str,
     /// The directory of its `*.json` files, relative to the corpus root.
     pub dir: &'static str,
+    /// The fewest tests that must pass: a run below it fails the suite's trial, so a regression
+    /// in the product, the runner or the test server cannot go unnoticed. Raise it as tests pass.
+    pub min_passed: usize,
 }
 
 /// The suites issue 11 runs, in the order they are reported.
@@ -36,22 +46,28 @@ pub const UNIFIED_SUITES: &[UnifiedSuite] = &[
     UnifiedSuite {
         name: "client-backpressure",
         dir: "source/client-backpressure/tests",
+        min_passed: 103,
     },
     UnifiedSuite {
         name: "retryable-reads",
         dir: "source/retryable-reads/tests/unified",
+        min_passed: 345,
     },
     UnifiedSuite {
         name: "retryable-writes",
         dir: "source/retryable-writes/tests/unified",
+        min_passed: 39,
     },
     UnifiedSuite {
         name: "load-balancers",
         dir: "source/load-balancers/tests",
+        min_passed: 18,
     },
     UnifiedSuite {
         name: "sdam",
         dir: "source/server-discovery-and-monitoring/tests/unified",
+        // Two below the usual 29: two tests wait on monitor timing a loaded machine may miss.
+        min_passed: 27,
     },
 ];
 
@@ -105,7 +121,20 @@ impl SuiteReport {
     }
 }
 
-/// Runs every file of `suite` under `root` against `deployment`.
+/// How many tests of a suite run at once, each on its own deployment. Most of a test's time is
+/// the product waiting (e.g. `minHeartbeatFrequencyMS` before a server is checked again after a
+/// state-change error), so a few at a time keep a run short without loading the cores.
+const CONCURRENCY: usize = 8;
+
+/// What becomes of one test before it runs: decided already, or run on a topology.
+enum Plan {
+    Decided(TestOutcome),
+    /// On this topology, authenticating or not.
+    Run(deploy::Topology, bool),
+}
+
+/// Runs every file of `suite` under `root` against `deployment`: every test's plan first, then
+/// the tests to run, 8 at a time on one thread; outcomes are counted in file order.
 pub fn run_suite(
     suite: &UnifiedSuite,
     root: &Path,
@@ -114,40 +143,93 @@ pub fn run_suite(
     let dir = root.join(suite.dir);
     let files =
         corpus::json_files(&dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
-    let mut report = SuiteReport::default();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("no tokio runtime: {e}"))?;
+    let local = tokio::task::LocalSet::new();
+    let permits = Rc::new(tokio::sync::Semaphore::new(CONCURRENCY));
+    let mut jobs = Vec::new();
+    // UNIFIED_FILTER=<text>: only the files whose name contains it (a debugging aid; the
+    // suite's line then counts only those).
+    let only = std::env::var("UNIFIED_FILTER").ok();
     for path in files {
-        let file = corpus::read_json(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        for outcome in run_file(&file, deployment)? {
-            report.record(outcome);
+        let file_name = path.file_name().unwrap_or_default().to_string_lossy();
+        if only
+            .as_ref()
+            .is_some_and(|o| !file_name.contains(o.as_str()))
+        {
+            continue;
+        }
+        let file =
+            Rc::new(corpus::read_json(&path).map_err(|e| format!("{}: {e}", path.display()))?);
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        for (index, plan) in plan_file(&file, deployment)?.into_iter().enumerate() {
+            let job = match plan {
+                Plan::Decided(outcome) => Job::Decided(outcome),
+                Plan::Run(topology, auth) => {
+                    let (file, permits) = (Rc::clone(&file), Rc::clone(&permits));
+                    Job::Running(local.spawn_local(async move {
+                        let _permit = permits.acquire().await;
+                        execute(&file, index, topology, auth).await
+                    }))
+                }
+            };
+            jobs.push((format!("{name}#{index}"), job));
         }
     }
+    let verbose = std::env::var_os("UNIFIED_VERBOSE").is_some();
+    let mut report = SuiteReport::default();
+    runtime.block_on(local.run_until(async {
+        for (name, job) in jobs {
+            let outcome = match job {
+                Job::Decided(outcome) => outcome,
+                Job::Running(handle) => handle.await.unwrap_or_else(|e| {
+                    TestOutcome::Failed(format!("harness: the test panicked: {e}"))
+                }),
+            };
+            if verbose {
+                if let TestOutcome::Failed(reason) = &outcome {
+                    println!("FAIL {}/{name}: {reason}", suite.name);
+                }
+            }
+            report.record(outcome);
+        }
+    }));
     Ok(report)
 }
 
-/// The outcome of each test of one file, in order. `Err` only when the file has no `tests`
+/// A test decided before running, or running.
+enum Job {
+    Decided(TestOutcome),
+    Running(tokio::task::JoinHandle<TestOutcome>),
+}
+
+/// The plan of each test of one file, in order. `Err` only when the file has no `tests`
 /// array (it cannot be counted).
-pub fn run_file(file: &Value, deployment: &Deployment) -> Result<Vec<TestOutcome>, String> {
+fn plan_file(file: &Value, deployment: &Deployment) -> Result<Vec<Plan>, String> {
     let tests = file
         .get("tests")
         .and_then(Value::as_array)
         .ok_or("a unified file needs a tests array")?;
-    let file_gate = file_gate(file, deployment);
+    let file_gate = file_gate(file);
     Ok(tests
         .iter()
         .map(|test| match &file_gate {
-            Some(outcome) => outcome.clone(),
-            None => test_outcome(test, deployment),
+            Some(outcome) => Plan::Decided(outcome.clone()),
+            None => plan(file, test, deployment),
         })
         .collect())
 }
 
-/// What the file's schema version, `runOnRequirements` and entities decide for all its tests.
-fn file_gate(file: &Value, deployment: &Deployment) -> Option<TestOutcome> {
+/// What the file's schema version and entities decide for all its tests.
+fn file_gate(file: &Value) -> Option<TestOutcome> {
     if let Err(e) = schema::check(file.get("schemaVersion")) {
         return Some(TestOutcome::Failed(e));
-    }
-    if let Some(reason) = requirements::unmet(file.get("runOnRequirements"), deployment) {
-        return Some(TestOutcome::Skipped(reason));
     }
     let entities = file.get("createEntities").and_then(Value::as_array);
     if entities
@@ -160,16 +242,173 @@ fn file_gate(file: &Value, deployment: &Deployment) -> Option<TestOutcome> {
     None
 }
 
-/// UT-4: the test's own `runOnRequirements`, then `skipReason`; then execution.
-fn test_outcome(test: &Value, deployment: &Deployment) -> TestOutcome {
-    if let Some(reason) = requirements::unmet(test.get("runOnRequirements"), deployment) {
-        return TestOutcome::Skipped(reason);
+/// UT-4: the file's `runOnRequirements`, then the test's, on the first topology that meets
+/// both; then `skipReason`; else the test runs on that topology.
+fn plan(file: &Value, test: &Value, deployment: &Deployment) -> Plan {
+    let mut first_reason = None;
+    let mut chosen = None;
+    // A deployment without authentication first; one with a SCRAM user when the test needs it.
+    let candidates = [false, true]
+        .into_iter()
+        .flat_map(|auth| deploy::TOPOLOGIES.into_iter().map(move |t| (t, auth)));
+    for (topology, auth) in candidates {
+        let facts = Deployment {
+            topology: topology.name(),
+            auth,
+            ..deployment.clone()
+        };
+        let unmet = requirements::unmet(file.get("runOnRequirements"), &facts)
+            .or_else(|| requirements::unmet(test.get("runOnRequirements"), &facts));
+        match unmet {
+            None => {
+                chosen = Some((topology, auth));
+                break;
+            }
+            Some(reason) => {
+                // A reason other than the topology says more about why nothing fits.
+                if first_reason.is_none_or(|r| r == requirements::TOPOLOGY) {
+                    first_reason = Some(reason);
+                }
+            }
+        }
     }
+    let Some((topology, auth)) = chosen else {
+        return Plan::Decided(TestOutcome::Skipped(
+            first_reason.unwrap_or(requirements::TOPOLOGY),
+        ));
+    };
     if test.get("skipReason").is_some() {
-        return TestOutcome::Skipped(requirements::SKIP_REASON);
+        return Plan::Decided(TestOutcome::Skipped(requirements::SKIP_REASON));
     }
     if test.get("expectLogMessages").is_some() {
-        return TestOutcome::Skipped(requirements::LOGGING);
+        return Plan::Decided(TestOutcome::Skipped(requirements::LOGGING));
     }
-    TestOutcome::Failed(NOT_EXECUTED.into())
+    let operations = test.get("operations").and_then(Value::as_array);
+    // UT-6: stepping a primary down needs a real election.
+    if operations.into_iter().flatten().any(|o| {
+        o.get("arguments")
+            .and_then(|a| a.get("command"))
+            .is_some_and(|c| c.get("replSetStepDown").is_some())
+    }) {
+        return Plan::Decided(TestOutcome::Skipped(requirements::ELECTION));
+    }
+    // UT-6: a mapReduce that must succeed needs server-side JavaScript.
+    if operations.into_iter().flatten().any(|o| {
+        o.get("name").and_then(Value::as_str) == Some("mapReduce") && o.get("expectError").is_none()
+    }) {
+        return Plan::Decided(TestOutcome::Skipped(requirements::SERVER_JS));
+    }
+    Plan::Run(topology, auth)
+}
+
+/// Runs test `index` of `file` on a fresh deployment of `topology` (with a SCRAM user when
+/// `auth`), within [`TEST_LIMIT`].
+async fn execute(
+    file: &Value,
+    index: usize,
+    topology: deploy::Topology,
+    auth: bool,
+) -> TestOutcome {
+    let Some(test) = file.get("tests").and_then(|t| t.get(index)) else {
+        return TestOutcome::Failed(format!("harness: no test {index}"));
+    };
+    let started = std::time::Instant::now();
+    let result = async {
+        let cluster = deploy::Cluster::start(topology, auth)
+            .await
+            .map_err(|e| format!("harness: cannot start {}: {e}", topology.name()))?;
+        let result = tokio::time::timeout(TEST_LIMIT, runner::run_test(file, test, &cluster))
+            .await
+            .unwrap_or_else(|_| Err(format!("test did not end within {TEST_LIMIT:?}")));
+        cluster.shutdown().await;
+        result
+    }
+    .await;
+    if std::env::var_os("UNIFIED_TIMES").is_some() {
+        let name = test
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        println!("TIME {:>6} ms {name}", started.elapsed().as_millis());
+    }
+    match result {
+        Ok(()) => TestOutcome::Passed,
+        Err(reason) => TestOutcome::Failed(reason),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run_one(file: Value) -> TestOutcome {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let local = tokio::task::LocalSet::new();
+        runtime.block_on(local.run_until(execute(&file, 0, deploy::Topology::ReplicaSet, false)))
+    }
+
+    fn file(operations: Value) -> Value {
+        json!({
+            "schemaVersion": "1.0",
+            "createEntities": [
+                { "client": { "id": "c", "observeEvents": ["commandStartedEvent"] } },
+                { "database": { "id": "d", "client": "c", "databaseName": "db" } },
+                { "collection": { "id": "coll", "database": "d", "collectionName": "x" } }
+            ],
+            "initialData": [{ "databaseName": "db", "collectionName": "x", "documents": [{ "_id": 1 }] }],
+            "tests": [{ "description": "t", "operations": operations }]
+        })
+    }
+
+    /// UT-20: an expected error met by the test server's refusal (CommandNotFound) is a harness
+    /// failure, never a pass.
+    #[test]
+    fn a_refusal_by_the_test_server_fails_the_test() {
+        let outcome = run_one(file(json!([{
+            "name": "runCommand", "object": "d",
+            "arguments": { "command": { "collMod": "x" }, "commandName": "collMod" },
+            "expectError": { "isError": true }
+        }])));
+        let TestOutcome::Failed(reason) = outcome else {
+            panic!("passed: {outcome:?}");
+        };
+        assert!(reason.contains("refused command collMod"), "{reason}");
+    }
+
+    /// UT-14: an unknown argument is an error, never ignored.
+    #[test]
+    fn an_unknown_argument_fails_the_test() {
+        let outcome = run_one(file(json!([{
+            "name": "find", "object": "coll", "arguments": { "filter": {}, "hint": "x" }
+        }])));
+        assert!(
+            matches!(&outcome, TestOutcome::Failed(r) if r.contains("unsupported argument hint")),
+            "{outcome:?}"
+        );
+    }
+
+    /// UT-18, UT-21, UT-13: a find through the product passes with its result, its event and
+    /// the outcome; a wrong expected result fails.
+    #[test]
+    fn a_find_passes_and_a_wrong_result_fails() {
+        let mut good = file(json!([{
+            "name": "find", "object": "coll", "arguments": { "filter": {} },
+            "expectResult": [{ "_id": 1 }]
+        }]));
+        good["tests"][0]["expectEvents"] = json!([{ "client": "c", "events": [
+            { "commandStartedEvent": { "command": { "find": "x", "filter": {} }, "databaseName": "db" } }
+        ] }]);
+        good["tests"][0]["outcome"] =
+            json!([{ "databaseName": "db", "collectionName": "x", "documents": [{ "_id": 1 }] }]);
+        assert_eq!(run_one(good), TestOutcome::Passed);
+        let bad = file(json!([{
+            "name": "find", "object": "coll", "arguments": { "filter": {} },
+            "expectResult": [{ "_id": 2 }]
+        }]));
+        assert!(matches!(run_one(bad), TestOutcome::Failed(_)));
+    }
 }

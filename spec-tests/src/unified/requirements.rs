@@ -5,7 +5,8 @@ use serde_json::Value;
 
 use super::schema::parse_version;
 
-/// Skip reason: the test needs authentication (UT-5: never faked).
+/// Skip reason: the test needs (or refuses) authentication and no deployment offers it. The
+/// runner starts deployments with a SCRAM user for `auth: true` (UT-5: real SASL, never faked).
 pub const AUTH: &str = "auth";
 /// Skip reason: the test needs a server version the test server does not report.
 pub const SERVER_VERSION: &str = "server version";
@@ -15,6 +16,10 @@ pub const SERVER_4_2: &str = "server<=4.2";
 pub const SKIP_REASON: &str = "skipReason";
 /// Skip reason: GridFS (`bucket` entities, UT-11).
 pub const GRIDFS: &str = "gridfs";
+/// Skip reason: the test needs server-side JavaScript (`mapReduce` results, UT-6).
+pub const SERVER_JS: &str = "server-js";
+/// Skip reason: the test steps a primary down and waits for a new one (UT-6).
+pub const ELECTION: &str = "election";
 /// Skip reason: log messages (`expectLogMessages`, UT-24).
 pub const LOGGING: &str = "logging";
 /// Skip reason: a serverless deployment is required.
@@ -28,19 +33,14 @@ pub const UNSUPPORTED_REQUIREMENT: &str = "unsupported requirement";
 pub struct Deployment {
     /// `buildInfo.versionArray[0..3]`.
     pub version: [u32; 3],
-    /// Whether the deployment authenticates (the test server does not).
+    /// Whether the deployment authenticates (its servers have a SCRAM user).
     pub auth: bool,
+    /// The topology started for the test (`single`, `replicaset`, `sharded`, `load-balanced`).
+    pub topology: &'static str,
 }
 
-/// The topologies the runner can start on retry-testkit; `sharded-replicaset` counts as
-/// sharded (UT-5).
-const TOPOLOGIES: &[&str] = &[
-    "single",
-    "replicaset",
-    "sharded",
-    "sharded-replicaset",
-    "load-balanced",
-];
+/// Skip reason: no topology the runner starts meets the requirements.
+pub const TOPOLOGY: &str = "topology";
 
 /// UT-4: `None` when `requirements` (absent, or an array any of whose objects holds) is met, else
 /// the skip reason of the first object's first unmet field.
@@ -86,8 +86,11 @@ fn unmet_one(requirement: &Value, deployment: &Deployment) -> Option<&'static st
                     .into_iter()
                     .flatten()
                     .filter_map(Value::as_str)
-                    .any(|t| TOPOLOGIES.contains(&t));
-                (!any).then_some(UNSUPPORTED_REQUIREMENT)
+                    .any(|t| {
+                        t == deployment.topology
+                            || (t == "sharded-replicaset" && deployment.topology == "sharded")
+                    });
+                (!any).then_some(TOPOLOGY)
             }
             "serverless" => match value.as_str() {
                 Some("forbid" | "allow") => None,
@@ -121,6 +124,7 @@ mod tests {
         Deployment {
             version: [8, 0, 0],
             auth: false,
+            topology: "sharded",
         }
     }
 

@@ -80,7 +80,7 @@ use core::time::Duration;
 
 use crate::address::ServerAddress;
 use crate::connection::{Connection, ConnectionConfig, Request, DEFAULT_CONNECT_TIMEOUT};
-use crate::error::{NetworkErrorKind, OperationError};
+use crate::error::{NetworkCause, NetworkErrorKind, OperationError};
 use crate::handshake::HandshakeOptions;
 use crate::monitor::{HeartbeatEvent, Monitor, DEFAULT_HEARTBEAT_FREQUENCY};
 use crate::pinning::{CursorPin, TransactionPin};
@@ -594,10 +594,18 @@ impl Engine {
         }
     }
 
-    /// `conn` closed, or could not be opened, with `kind`.
-    pub fn handle_closed(&mut self, conn: ConnId, kind: NetworkErrorKind, now: Instant) {
+    /// `conn` closed, or could not be opened, with `kind`. `cause` is the I/O error behind it (its
+    /// kind's name and message, e.g. from `std::io::Error`), when the adapter has one: the
+    /// operation error keeps it, prints it and returns it from `source()`.
+    pub fn handle_closed(
+        &mut self,
+        conn: ConnId,
+        kind: NetworkErrorKind,
+        cause: Option<NetworkCause>,
+        now: Instant,
+    ) {
         if let Some(socket) = self.sockets.get_mut(&conn) {
-            socket.machine.handle_closed(kind, now);
+            socket.machine.handle_closed(kind, cause, now);
             self.schedule(Machine::Socket(conn));
             self.run(now);
         }

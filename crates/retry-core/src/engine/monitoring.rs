@@ -16,10 +16,11 @@ use super::{ConnId, EngineEvent, MonitorState, OpId, Owner, ServerId};
 use crate::address::ServerAddress;
 use crate::connection::Request;
 use crate::error::{NetworkErrorKind, NetworkPhase, OperationError};
+use crate::handshake::HandshakeReply;
 use crate::monitor::{Monitor, MonitorAction};
 use crate::pool::{ConnectionId, Pool, PoolAction};
 use crate::time::Instant;
-use crate::topology::{SdamEvent, TopologyAction};
+use crate::topology::{AverageRtt, SdamEvent, TopologyAction};
 
 use super::worklist::Machine;
 
@@ -111,7 +112,9 @@ impl Engine {
             .collect();
         for conn in conns {
             if let Some(socket) = self.sockets.get_mut(&conn) {
-                socket.machine.handle_closed(NetworkErrorKind::Closed, now);
+                socket
+                    .machine
+                    .handle_closed(NetworkErrorKind::Closed, None, now);
                 self.schedule(Machine::Socket(conn));
             }
         }
@@ -155,6 +158,53 @@ impl Engine {
                 },
             }
         }
+    }
+
+    /// MO-1, MO-12: the monitoring connection's handshake completed: its reply is the result of
+    /// the check that opened the connection (no second `hello` follows) and its round trip is the
+    /// check's RTT sample.
+    pub(super) fn monitor_handshake_completed(
+        &mut self,
+        server: ServerId,
+        reply: &HandshakeReply,
+        now: Instant,
+    ) {
+        let Some(state) = self.server_mut(server).monitor.as_mut() else {
+            return;
+        };
+        let round_trip = reply.description.average_rtt.get().unwrap_or_default();
+        let Some(average) = state.monitor.handle_handshake(round_trip, now) else {
+            return;
+        };
+        self.schedule(Machine::Monitor(server));
+        let mut description = reply.description.clone();
+        description.average_rtt = AverageRtt::from_duration(average);
+        self.topology.handle_handshake(description, now);
+        self.topology_touched(server);
+    }
+
+    /// MO-2: an application connection's handshake describes its server as a monitor's reply
+    /// does. Its round trip is not an RTT sample: the description carries the monitor's average
+    /// (the handshake's own round trip while the monitor has none). A failed handshake goes
+    /// through SDAM error handling instead, where HS-9's overload errors leave the server as it
+    /// is.
+    pub(super) fn pool_handshake_completed(
+        &mut self,
+        server: ServerId,
+        reply: &HandshakeReply,
+        now: Instant,
+    ) {
+        let mut description = reply.description.clone();
+        let monitored = self
+            .server(server)
+            .monitor
+            .as_ref()
+            .and_then(|state| state.monitor.average_rtt());
+        if let Some(average) = monitored {
+            description.average_rtt = AverageRtt::from_duration(average);
+        }
+        self.topology.handle_handshake(description, now);
+        self.topology_touched(server);
     }
 
     /// HS-3: checks after the handshake use `hello` (or legacy hello when the server did not say

@@ -103,7 +103,9 @@ impl Engine {
     pub(super) fn close_socket(&mut self, conn: ConnId, now: Instant) {
         match self.sockets.get_mut(&conn) {
             Some(socket) if socket.op.is_some() => {
-                socket.machine.handle_closed(NetworkErrorKind::Closed, now);
+                socket
+                    .machine
+                    .handle_closed(NetworkErrorKind::Closed, None, now);
                 self.schedule(Machine::Socket(conn));
             }
             Some(_) => {
@@ -136,12 +138,13 @@ impl Engine {
             let handshaken = socket.machine.handshake().is_some();
             match event {
                 ConnectionEvent::HandshakeComplete { reply, .. } => match owner {
-                    Owner::Monitor => self.send_monitoring_hello(server, conn, now),
+                    Owner::Monitor => self.monitor_handshake_completed(server, &reply, now),
                     Owner::Pool(id) => {
                         if let Some(pool) = self.pool_mut(server) {
                             pool.handle_established(id, reply.service_id, now);
                         }
                         self.schedule(Machine::Pool(server));
+                        self.pool_handshake_completed(server, &reply, now);
                     }
                 },
                 ConnectionEvent::Reply { reply, .. } => match (owner, op) {

@@ -262,6 +262,13 @@ impl Topology {
         }
     }
 
+    /// MO-1, MO-2: a connection's handshake to a server returned a valid reply, already read into
+    /// `description` (with the RTT to report): it updates the topology like a monitor's `hello`
+    /// reply, under the same rules (topologyVersion order, LB-3).
+    pub fn handle_handshake(&mut self, description: ServerDescription, now: Instant) {
+        self.apply_description(description, now);
+    }
+
     /// A monitor's check of `address` failed at `now` with `error` (the monitoring connection
     /// could not be opened, or its `hello` failed on the network), as the monitor reports it after
     /// its one immediate retry: the server becomes Unknown and its pool is cleared, closing in-use

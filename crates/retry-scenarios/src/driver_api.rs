@@ -1,0 +1,259 @@
+//! Scenarios of the driver's API on every runtime (issue #10 items 4, 7, 8): command
+//! classification by default, errors that keep their cause, cursors and write errors.
+
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+use retry_core::error::{ErrorKind, OperationError};
+use retry_core::retry::OperationKind;
+use retry_driver::{ClientOptions, Runtime};
+use retry_testkit::{FailCommand, FailPointMode, Role};
+
+use super::{bounded, connect, options, ping, servers_runtime, Server, SCENARIO_LIMIT};
+
+/// A ping's error from a client of `uri` with a short selection timeout.
+async fn ping_error<R: Runtime>(uri: &str) -> OperationError {
+    let mut options = ClientOptions::parse(uri).expect("a valid URI");
+    options.server_selection_timeout = Duration::from_millis(500);
+    let client = connect::<R>(options);
+    let error = client
+        .run_command("admin", doc! { "ping": 1 }, OperationKind::RunCommand)
+        .await
+        .expect_err("nothing answers");
+    client.shutdown().await;
+    error
+}
+
+/// Item 7, HS-9: a DNS failure, a refused connection and an HTTP server each give an error that
+/// says so (the topology's error names the I/O error's kind and message, or the decoder's
+/// reason); a DNS failure has no overload labels.
+pub async fn errors_say_their_cause<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let dns = ping_error::<R>("mongodb://no-such-host.invalid:27017").await;
+        let message = dns.to_string();
+        assert!(message.contains("Dns during Connect"), "{message}");
+        assert!(message.contains("no-such-host.invalid"), "{message}");
+        assert!(
+            !message.contains("SystemOverloadedError"),
+            "HS-9: {message}"
+        );
+
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+            listener.local_addr().expect("its address").port()
+        };
+        let refused = ping_error::<R>(&format!("mongodb://127.0.0.1:{port}")).await;
+        let message = refused.to_string();
+        assert!(message.contains("(ConnectionRefused)"), "{message}");
+
+        let http = servers_runtime()
+            .spawn(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .await
+            .expect("the bind task")
+            .expect("a listener");
+        let port = http.local_addr().expect("its address").port();
+        let server = servers_runtime().spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            // Bounded: a monitor and its retry connect a few times in 500 ms.
+            for _ in 0..64 {
+                let Ok((mut socket, _)) = http.accept().await else {
+                    return;
+                };
+                let mut request = [0; 512];
+                let _ = socket.read(&mut request).await;
+                let _ = socket
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                    .await;
+            }
+        });
+        let not_mongodb = ping_error::<R>(&format!("mongodb://127.0.0.1:{port}")).await;
+        server.abort();
+        let message = not_mongodb.to_string();
+        assert!(
+            message.contains("bad message length") && message.contains("HTTP"),
+            "{message}"
+        );
+    })
+    .await
+}
+
+fn documents(n: i32) -> Vec<Document> {
+    (0..n).map(|i| doc! { "_id": i }).collect()
+}
+
+/// Item 8, RR-4, SE-14: a cursor returns every document over its batches with `getMore`s on its
+/// server, ends on cursor id 0 without `killCursors`; one dropped early is killed, and one closed
+/// early is killed before `close` returns.
+pub async fn cursors_fetch_batches_and_are_killed_when_dropped<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let server = Server::with_role(Role::Standalone).await;
+        server.handle.insert("test.items", documents(5));
+        let client = connect::<R>(options(&[&server]));
+        let mut cursor = client
+            .cursor("test", doc! { "find": "items", "batchSize": 2 })
+            .await
+            .expect("find opens a cursor");
+        assert_ne!(cursor.id(), 0);
+        let mut seen = Vec::new();
+        while let Some(document) = cursor.next().await.expect("every batch arrives") {
+            seen.push(document);
+        }
+        assert_eq!(seen, documents(5));
+        assert!(cursor.is_exhausted());
+        let counters = server.handle.counters();
+        assert_eq!(counters.command("getMore").executed, 2, "batches 2 + 2 + 1");
+        drop(cursor);
+        ping(&client).await;
+        assert_eq!(
+            server.handle.counters().command("killCursors").received,
+            0,
+            "an exhausted cursor is not killed"
+        );
+
+        let mut closed = client
+            .cursor("test", doc! { "find": "items", "batchSize": 2 })
+            .await
+            .expect("find opens a cursor");
+        assert_eq!(closed.next_batch().await.expect("the first batch").len(), 2);
+        closed.close().await.expect("killCursors succeeds");
+        assert_eq!(server.handle.counters().command("killCursors").executed, 1);
+
+        let mut dropped = client
+            .cursor("test", doc! { "find": "items", "batchSize": 2 })
+            .await
+            .expect("find opens a cursor");
+        assert!(dropped.next().await.expect("a document").is_some());
+        drop(dropped);
+        // Bounded: the queued killCursors runs while the client is driven.
+        for _ in 0..200 {
+            if server.handle.counters().command("killCursors").received == 2 {
+                break;
+            }
+            ping(&client).await;
+        }
+        assert_eq!(server.handle.counters().command("killCursors").executed, 2);
+        client.shutdown().await;
+        server.stop().await;
+    })
+    .await
+}
+
+/// Item 8, RW-3: a write reply with `writeErrors` is a typed error keeping the reply (never
+/// retried); a `writeConcernError` is a server error keeping the reply.
+pub async fn write_errors_are_errors_that_keep_the_reply<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let server = Server::with_role(Role::Standalone).await;
+        server.handle.insert("test.items", documents(1));
+        let client = connect::<R>(options(&[&server]));
+        let error = client
+            .command(
+                "test",
+                doc! { "insert": "items", "documents": [{ "_id": 0 }, { "_id": 7 }] },
+            )
+            .await
+            .expect_err("a duplicate key");
+        let ErrorKind::Write(write) = &error.kind else {
+            panic!("{error:?}")
+        };
+        assert_eq!(write.errors.len(), 1);
+        assert_eq!(write.errors[0].code, Some(11000));
+        // Ordered: the insert stopped at the duplicate.
+        assert_eq!(write.reply.get_i32("n").ok(), Some(0), "the reply is kept");
+        assert_eq!(write.errors[0].index, Some(0));
+        assert_eq!(server.handle.counters().command("insert").received, 1);
+
+        server.handle.set_fail_command(Some(
+            FailCommand::new(FailPointMode::Times(1), ["insert"])
+                .with_write_concern_error(doc! { "code": 100, "errmsg": "not satisfied" }),
+        ));
+        let error = client
+            .command(
+                "test",
+                doc! { "insert": "items", "documents": [{ "_id": 8 }] },
+            )
+            .await
+            .expect_err("a write concern error");
+        let server_error = error.server_error().expect("a server error");
+        let wce = server_error.write_concern_error.as_ref().expect("kept");
+        assert_eq!(wce.code, Some(100));
+        assert!(server_error.raw.contains_key("writeConcernError"));
+        client.shutdown().await;
+        server.stop().await;
+    })
+    .await
+}
+
+/// Item 4, RR-3, RW-4: [`Client::command`] classifies by default: a `find` is a retryable read
+/// (retried once after a retryable error), an `aggregate` with `$out` is a write that is not
+/// retryable (run once); the caller's explicit kind still wins.
+pub async fn commands_are_classified_by_default<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let server = Server::with_role(Role::Standalone).await;
+        let client = connect::<R>(options(&[&server]));
+        let fail = |name: &str| {
+            Some(
+                // 91 (ShutdownInProgress): retryable for reads and writes, no overload labels.
+                FailCommand::new(FailPointMode::Times(1), [name.to_owned()]).with_error_code(91),
+            )
+        };
+        server.handle.set_fail_command(fail("find"));
+        client
+            .command("test", doc! { "find": "items" })
+            .await
+            .expect("RR-3: the find is retried");
+        assert_eq!(server.handle.counters().command("find").received, 2);
+
+        server.handle.set_fail_command(fail("aggregate"));
+        let out = doc! { "aggregate": "items", "pipeline": [{ "$out": "copy" }], "cursor": {} };
+        assert_eq!(client.classify(&out), OperationKind::NonRetryableWrite);
+        let error = client
+            .command("test", out)
+            .await
+            .expect_err("RW-4: not retried");
+        assert_eq!(error.code(), Some(91));
+        assert_eq!(server.handle.counters().command("aggregate").received, 1);
+
+        // Explicit: a find run as a generic command is not retried.
+        server.handle.set_fail_command(fail("find"));
+        let error = client
+            .run_command("test", doc! { "find": "items" }, OperationKind::RunCommand)
+            .await
+            .expect_err("not retried");
+        assert_eq!(error.code(), Some(91));
+        assert_eq!(server.handle.counters().command("find").received, 3);
+        client.shutdown().await;
+
+        // RW-4: the client's `w: 0` is inherited: an insert is not a retryable write.
+        let mut unacknowledged = options(&[&server]);
+        unacknowledged.write_concern = Some(doc! { "w": 0 });
+        let client = connect::<R>(unacknowledged);
+        let insert = doc! { "insert": "items", "documents": [Bson::Document(doc! {})] };
+        assert_eq!(client.classify(&insert), OperationKind::NonRetryableWrite);
+        client.shutdown().await;
+        server.stop().await;
+    })
+    .await
+}
+
+/// MO-1, MO-12, MO-2: the monitor's first check is its connection's handshake (no second
+/// `hello` follows it): a ping costs two `hello`s, the monitor's handshake and the application
+/// connection's.
+pub async fn the_monitors_first_check_is_its_handshake<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let server = Server::with_role(Role::Standalone).await;
+        let mut options = options(&[&server]);
+        // No second check during the test.
+        options.heartbeat_frequency = Duration::from_secs(600);
+        let client = connect::<R>(options);
+        ping(&client).await;
+        // Selection waited for the monitor's check: had it sent a hello after its handshake,
+        // the server would have received it before the ping.
+        let counters = server.handle.counters();
+        let hellos = counters.command("hello").received + counters.command("isMaster").received;
+        assert_eq!(hellos, 2, "the monitor's handshake and the pool's");
+        assert_eq!(server.handle.handshakes().len(), 2);
+        client.shutdown().await;
+        server.stop().await;
+    })
+    .await
+}

@@ -1,0 +1,691 @@
+//! One test's lifecycle (UT-12 → operations → UT-21 → UT-13 → UT-20 → UT-25) on a fresh
+//! deployment: `initialData` through the test server's in-process API, entities, each operation
+//! with its `expectResult` / `expectError`, `expectEvents`, `outcome`, the test server's
+//! unsupported log, teardown. Every wait is bounded in steps and time.
+
+use std::time::Duration;
+
+use bson::{Bson, Document};
+use serde_json::Value;
+
+use super::deploy::Cluster;
+use super::entities::{Entities, Entity};
+use super::matching::matches_root;
+use super::operations::{self, Args, Failure, OpResult, Produced, Target};
+use crate::json::to_bson;
+
+/// `waitForEvent` and `waitForThread` give up after this long (§1.6).
+const WAIT_LIMIT: Duration = Duration::from_secs(10);
+
+/// No session entities exist yet: `$$sessionLsid` never matches.
+fn no_sessions(_: &str) -> Option<Document> {
+    None
+}
+
+/// Runs `test` of `file` on `cluster`; `Err` is the first failed check or harness failure.
+pub async fn run_test(file: &Value, test: &Value, cluster: &Cluster) -> Result<(), String> {
+    let mut entities = Entities::default();
+    let result = run_in(file, test, cluster, &mut entities).await;
+    entities.close().await;
+    let refused: Vec<String> = cluster
+        .handles()
+        .iter()
+        .flat_map(|h| h.unsupported())
+        .collect();
+    // UT-20: whatever the checks said, a refusal by the test server is a harness failure.
+    if !refused.is_empty() {
+        return Err(format!(
+            "harness: test server refused {}",
+            refused.join("; ")
+        ));
+    }
+    result
+}
+
+async fn run_in(
+    file: &Value,
+    test: &Value,
+    cluster: &Cluster,
+    entities: &mut Entities,
+) -> Result<(), String> {
+    check_keys(
+        test,
+        &[
+            "description",
+            "runOnRequirements",
+            "skipReason",
+            "operations",
+            "expectEvents",
+            "outcome",
+        ],
+    )?;
+    initial_data(file.get("initialData"), cluster)?;
+    if let Some(list) = file.get("createEntities") {
+        entities.create(list, cluster).await?;
+    }
+    let operations = test
+        .get("operations")
+        .and_then(Value::as_array)
+        .ok_or("a test needs operations")?;
+    for (index, operation) in operations.iter().enumerate() {
+        run_operation(operation, cluster, entities)
+            .await
+            .map_err(|e| format!("operation {index}: {e}"))?;
+    }
+    if let Some(expected) = test.get("expectEvents") {
+        expect_events(expected, entities).await?;
+    }
+    if let Some(outcome) = test.get("outcome") {
+        check_outcome(outcome, cluster)?;
+    }
+    Ok(())
+}
+
+/// UT-14: unknown keys are errors.
+fn check_keys(value: &Value, known: &[&str]) -> Result<(), String> {
+    let object = value.as_object().ok_or("expected an object")?;
+    match object.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(key) => Err(format!("unsupported field {key}")),
+        None => Ok(()),
+    }
+}
+
+/// UT-12: the collections' initial documents, through the in-process API before any client.
+fn initial_data(data: Option<&Value>, cluster: &Cluster) -> Result<(), String> {
+    let Some(data) = data else {
+        return Ok(());
+    };
+    let primary = cluster.primary();
+    for entry in data.as_array().ok_or("initialData must be an array")? {
+        check_keys(entry, &["collectionName", "databaseName", "documents"])?;
+        let collection = entry.get("collectionName").and_then(Value::as_str);
+        let database = entry.get("databaseName").and_then(Value::as_str);
+        let (Some(collection), Some(database)) = (collection, database) else {
+            return Err("initialData needs collectionName and databaseName".into());
+        };
+        let ns = format!("{database}.{collection}");
+        let documents = documents(entry.get("documents"))?;
+        primary.create_collection(&ns);
+        let count = documents.len();
+        if primary.insert(&ns, documents) != count {
+            return Err(format!("initialData: not every document of {ns} went in"));
+        }
+    }
+    Ok(())
+}
+
+fn documents(value: Option<&Value>) -> Result<Vec<Document>, String> {
+    match value.map(to_bson).transpose()? {
+        Some(Bson::Array(list)) => list
+            .into_iter()
+            .map(|d| match d {
+                Bson::Document(d) => Ok(d),
+                other => Err(format!("{other} is not a document")),
+            })
+            .collect(),
+        _ => Err("documents must be an array".into()),
+    }
+}
+
+/// UT-13: every collection's documents, sorted by `_id`, exactly as expected.
+fn check_outcome(outcome: &Value, cluster: &Cluster) -> Result<(), String> {
+    let primary = cluster.primary();
+    for entry in outcome.as_array().ok_or("outcome must be an array")? {
+        check_keys(entry, &["collectionName", "databaseName", "documents"])?;
+        let ns = format!(
+            "{}.{}",
+            entry
+                .get("databaseName")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+            entry
+                .get("collectionName")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+        );
+        let expected = documents(entry.get("documents"))?;
+        let mut actual = primary.documents(&ns);
+        actual.sort_by(|a, b| compare(a.get("_id"), b.get("_id")));
+        if actual != expected {
+            return Err(format!(
+                "outcome of {ns}: expected {expected:?}, found {actual:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `_id` order for the outcome: numbers by value, then strings, then the rest as text.
+fn compare(a: Option<&Bson>, b: Option<&Bson>) -> std::cmp::Ordering {
+    let key = |v: Option<&Bson>| match v {
+        Some(Bson::Int32(n)) => (0, f64::from(*n), String::new()),
+        Some(Bson::Int64(n)) => (0, *n as f64, String::new()),
+        Some(Bson::Double(n)) => (0, *n, String::new()),
+        Some(Bson::String(s)) => (1, 0.0, s.clone()),
+        Some(other) => (2, 0.0, other.to_string()),
+        None => (3, 0.0, String::new()),
+    };
+    let (a, b) = (key(a), key(b));
+    a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2))
+}
+
+/// Lets the product's drivers deliver what they have, then takes every client's events.
+async fn settle(entities: &mut Entities) {
+    for _ in 0..4 {
+        tokio::task::yield_now().await;
+    }
+    for entity in entities.map.values_mut() {
+        if let Entity::Client(client) = entity {
+            client.collect();
+        }
+    }
+}
+
+/// One operation and its checks (UT-18).
+async fn run_operation(
+    operation: &Value,
+    cluster: &Cluster,
+    entities: &mut Entities,
+) -> Result<(), String> {
+    check_keys(
+        operation,
+        &[
+            "name",
+            "object",
+            "arguments",
+            "expectResult",
+            "expectError",
+            "saveResultAsEntity",
+            "ignoreResultAndError",
+        ],
+    )?;
+    let name = operation
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or("an operation needs a name")?;
+    let object = operation
+        .get("object")
+        .and_then(Value::as_str)
+        .ok_or("an operation needs an object")?;
+    let args = Args::new(operation.get("arguments"))?;
+    if object == "testRunner" {
+        return test_runner(name, args, cluster, entities).await;
+    }
+    let result: OpResult = match entities.map.get(object) {
+        Some(Entity::Cursor(_)) => cursor_operation(object, name, args, entities).await,
+        Some(Entity::Client(client)) if name == "close" => {
+            args.finish()?;
+            client.client.shutdown().await;
+            Ok(Produced::Value(Bson::Null))
+        }
+        Some(Entity::Client(_) | Entity::Database { .. } | Entity::Collection { .. }) => {
+            let target = Target::of(entities, object)?;
+            operations::run(&target, name, args).await
+        }
+        _ => return Err(format!("no entity {object} for {name}")),
+    };
+    let Some(produced) = check_result(operation, name, result)? else {
+        return Ok(());
+    };
+    if let Some(id) = operation.get("saveResultAsEntity").and_then(Value::as_str) {
+        let entity = match produced {
+            Produced::Value(value) => Entity::Value(value),
+            Produced::Cursor(cursor) => Entity::Cursor(cursor),
+        };
+        if entities.map.insert(id.to_owned(), entity).is_some() {
+            return Err(format!("entity {id} already exists"));
+        }
+    } else if let Produced::Cursor(cursor) = produced {
+        // An unsaved change stream closes at once (UT-16).
+        let target = cursor_target(&cursor, entities)?;
+        operations::kill(&target, &cursor).await;
+    }
+    Ok(())
+}
+
+/// UT-18: `ignoreResultAndError`, then `expectError` or success, then `expectResult`; what
+/// the operation produced, for `saveResultAsEntity` (`None` when ignored).
+fn check_result(
+    operation: &Value,
+    name: &str,
+    result: OpResult,
+) -> Result<Option<Produced>, String> {
+    if operation.get("ignoreResultAndError") == Some(&Value::Bool(true)) {
+        return match result {
+            Err(Err(harness)) => Err(format!("harness: {harness}")),
+            _ => Ok(None),
+        };
+    }
+    let produced = match (result, operation.get("expectError")) {
+        (Err(Err(harness)), _) => return Err(format!("harness: {harness}")),
+        (Err(Ok(failure)), Some(expected)) => {
+            return expect_error(expected, &failure).map(|()| None)
+        }
+        (Err(Ok(failure)), None) => {
+            return Err(format!(
+                "{name} failed: {} (labels {:?})",
+                failure.message, failure.labels
+            ))
+        }
+        (Ok(_), Some(_)) => return Err(format!("{name} succeeded but an error was expected")),
+        (Ok(produced), None) => produced,
+    };
+    if let Some(expected) = operation.get("expectResult") {
+        let Produced::Value(actual) = &produced else {
+            return Err("expectResult on a cursor".into());
+        };
+        matches_root(&to_bson(expected)?, Some(actual), &no_sessions)
+            .map_err(|e| format!("{name} result: {e}"))?;
+    }
+    Ok(Some(produced))
+}
+
+/// UT-11: starts an entity operation on a thread without waiting for it; its checks run there.
+fn run_on_thread(thread: &str, operation: Value, entities: &mut Entities) -> Result<(), String> {
+    check_keys(
+        &operation,
+        &[
+            "name",
+            "object",
+            "arguments",
+            "expectResult",
+            "expectError",
+            "ignoreResultAndError",
+        ],
+    )?;
+    let name = operation
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or("an operation needs a name")?
+        .to_owned();
+    let object = operation
+        .get("object")
+        .and_then(Value::as_str)
+        .ok_or("an operation needs an object")?;
+    let target = Target::of(entities, object)?;
+    let args = Args::new(operation.get("arguments"))?;
+    let task = tokio::task::spawn_local(async move {
+        let result = operations::run(&target, &name, args).await;
+        check_result(&operation, &name, result).map(|_| ())
+    });
+    match entities.map.get_mut(thread) {
+        Some(Entity::Thread(tasks)) => {
+            tasks.push(task);
+            Ok(())
+        }
+        _ => {
+            task.abort();
+            Err(format!("{thread} is not a thread entity"))
+        }
+    }
+}
+
+/// UT-11: waits for every operation started on `thread`; fails on the first error or after 10 s.
+async fn wait_for_thread(thread: &str, entities: &mut Entities) -> Result<(), String> {
+    let Some(Entity::Thread(tasks)) = entities.map.get_mut(thread) else {
+        return Err(format!("{thread} is not a thread entity"));
+    };
+    let deadline = tokio::time::Instant::now() + WAIT_LIMIT;
+    for task in tasks.drain(..) {
+        match tokio::time::timeout_at(deadline, task).await {
+            Ok(Ok(result)) => result.map_err(|e| format!("{thread}: {e}"))?,
+            Ok(Err(e)) => return Err(format!("{thread}: the operation panicked: {e}")),
+            Err(_) => return Err(format!("{thread}: not done after 10 s")),
+        }
+    }
+    Ok(())
+}
+
+fn cursor_target(
+    cursor: &super::entities::CursorEntity,
+    entities: &Entities,
+) -> Result<Target, String> {
+    let mut target = Target::of(entities, &cursor.client)?;
+    target.db = cursor.db.clone();
+    Ok(target)
+}
+
+/// UT-16: `iterateUntilDocumentOrError`, `iterateOnce` and `close` on a cursor entity.
+async fn cursor_operation(id: &str, name: &str, args: Args, entities: &mut Entities) -> OpResult {
+    args.finish().map_err(Err)?;
+    let Some(Entity::Cursor(mut cursor)) = entities.map.remove(id) else {
+        return Err(Err(format!("{id} is not a cursor")));
+    };
+    let target = match cursor_target(&cursor, entities) {
+        Ok(t) => t,
+        Err(e) => return Err(Err(e)),
+    };
+    let result = match name {
+        "iterateUntilDocumentOrError" | "iterateOnce" => {
+            let mut result = Ok(Produced::Value(Bson::Null));
+            for _ in 0..1000 {
+                if let Some(document) = cursor.buffer.pop_front() {
+                    result = Ok(Produced::Value(document));
+                    break;
+                }
+                if cursor.id == 0 {
+                    result = Err(Err("iterating an exhausted cursor".to_owned()));
+                    break;
+                }
+                if let Err(e) = operations::get_more(&target, &mut cursor).await {
+                    result = Err(e);
+                    break;
+                }
+                if name == "iterateOnce" {
+                    break;
+                }
+            }
+            result
+        }
+        "close" => {
+            operations::kill(&target, &cursor).await;
+            cursor.id = 0;
+            Ok(Produced::Value(Bson::Null))
+        }
+        other => Err(Err(format!("unsupported cursor operation {other}"))),
+    };
+    entities.map.insert(id.to_owned(), Entity::Cursor(cursor));
+    result
+}
+
+/// UT-19: every field of `expectError` against the product's error.
+fn expect_error(expected: &Value, failure: &Failure) -> Result<(), String> {
+    let object = expected
+        .as_object()
+        .ok_or("expectError must be an object")?;
+    for (key, value) in object {
+        let held = match (key.as_str(), value) {
+            ("isError", Value::Bool(true)) => true,
+            ("isClientError", Value::Bool(b)) => failure.client_error == *b,
+            ("isTimeoutError", Value::Bool(b)) => failure.timeout == *b,
+            ("errorContains", Value::String(s)) => {
+                failure.message.to_lowercase().contains(&s.to_lowercase())
+            }
+            ("errorCode", Value::Number(n)) => failure.code.map(i64::from) == n.as_i64(),
+            ("errorCodeName", Value::String(s)) => failure
+                .code_name
+                .as_deref()
+                .is_some_and(|c| c.eq_ignore_ascii_case(s)),
+            ("errorLabelsContain", Value::Array(labels)) => labels.iter().all(|l| {
+                failure
+                    .labels
+                    .iter()
+                    .any(|f| Some(f.as_str()) == l.as_str())
+            }),
+            ("errorLabelsOmit", Value::Array(labels)) => labels.iter().all(|l| {
+                !failure
+                    .labels
+                    .iter()
+                    .any(|f| Some(f.as_str()) == l.as_str())
+            }),
+            ("expectResult", expected) => {
+                let Some(partial) = &failure.partial else {
+                    return Err("expectError.expectResult but no partial result".into());
+                };
+                matches_root(&to_bson(expected)?, Some(partial), &no_sessions)
+                    .map_err(|e| format!("expectError.expectResult: {e}"))?;
+                true
+            }
+            ("writeErrors", expected) => {
+                let Some(actual) = &failure.write_errors else {
+                    return Err("expectError.writeErrors but the error has none".into());
+                };
+                // A map by index with exactly the expected indexes; each error is root-level.
+                let Bson::Document(expected) = to_bson(expected)? else {
+                    return Err("expectError.writeErrors must be a document".into());
+                };
+                let same_keys = expected.len() == actual.len()
+                    && expected.keys().all(|k| actual.contains_key(k));
+                for (index, error) in &expected {
+                    matches_root(error, actual.get(index), &no_sessions)
+                        .map_err(|e| format!("expectError.writeErrors.{index}: {e}"))?;
+                }
+                same_keys
+            }
+            ("errorResponse", expected) => {
+                let Some(actual) = &failure.response else {
+                    return Err("expectError.errorResponse but no server reply".into());
+                };
+                let actual = Bson::Document(actual.clone());
+                matches_root(&to_bson(expected)?, Some(&actual), &no_sessions)
+                    .map_err(|e| format!("expectError.errorResponse: {e}"))?;
+                true
+            }
+            ("writeConcernErrors", expected) => {
+                let actual = Bson::Array(failure.write_concern_errors.clone());
+                matches_root(&to_bson(expected)?, Some(&actual), &no_sessions)
+                    .map_err(|e| format!("expectError.writeConcernErrors: {e}"))?;
+                true
+            }
+            (other, _) => return Err(format!("harness: unsupported expectError.{other}")),
+        };
+        if !held {
+            return Err(format!(
+                "expectError.{key} {value} does not hold for {failure:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// §1.6: the test-runner operations.
+async fn test_runner(
+    name: &str,
+    mut args: Args,
+    cluster: &Cluster,
+    entities: &mut Entities,
+) -> Result<(), String> {
+    match name {
+        "createEntities" => {
+            let list = args.take("entities").ok_or("entities missing")?;
+            args.finish()?;
+            entities.create(&list, cluster).await
+        }
+        "failPoint" => {
+            let client = args.string("client")?;
+            let fail_point = args.document("failPoint")?;
+            args.finish()?;
+            let target = Target::of(entities, &client)?;
+            let reply =
+                operations::execute(&target, fail_point, retry_core::engine::CursorUse::None)
+                    .await
+                    .map_err(|e| format!("harness: configureFailPoint failed: {e}"))?;
+            match reply.document.get("ok") {
+                Some(Bson::Double(ok)) if *ok == 1.0 => Ok(()),
+                _ => Err(format!("harness: configureFailPoint: {}", reply.document)),
+            }
+        }
+        "assertNumberConnectionsCheckedOut" => {
+            let client = args.string("client")?;
+            let expected = args.take("connections").and_then(|v| v.as_i64());
+            args.finish()?;
+            settle(entities).await;
+            let actual = entities.client(&client)?.checked_out;
+            if Some(actual) == expected {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{actual} connections checked out, expected {expected:?}"
+                ))
+            }
+        }
+        "assertSameLsidOnLastTwoCommands" | "assertDifferentLsidOnLastTwoCommands" => {
+            let client = args.string("client")?;
+            args.finish()?;
+            settle(entities).await;
+            let started = &entities.client(&client)?.started;
+            let [.., a, b] = started.as_slice() else {
+                return Err("fewer than two commands were started".into());
+            };
+            let (Ok(a), Ok(b)) = (a.get_document("lsid"), b.get_document("lsid")) else {
+                return Err("the last two commands do not both carry an lsid".into());
+            };
+            if (a == b) == (name == "assertSameLsidOnLastTwoCommands") {
+                Ok(())
+            } else {
+                Err(format!("{name} does not hold"))
+            }
+        }
+        "waitForEvent" | "assertEventCount" => {
+            let client = args.string("client")?;
+            let event = args.document("event")?;
+            let count = args
+                .take("count")
+                .and_then(|v| v.as_u64())
+                .ok_or("count missing")? as usize;
+            args.finish()?;
+            let deadline = tokio::time::Instant::now() + WAIT_LIMIT;
+            loop {
+                settle(entities).await;
+                let found = count_matching(entities.client(&client)?, &event)?;
+                if name == "assertEventCount" {
+                    return if found == count {
+                        Ok(())
+                    } else {
+                        Err(format!("{found} events match, expected {count}"))
+                    };
+                }
+                if found >= count {
+                    return Ok(());
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    let seen: Vec<&str> = entities
+                        .client(&client)?
+                        .observed
+                        .iter()
+                        .map(|o| o.name)
+                        .collect();
+                    return Err(format!(
+                        "waitForEvent: {found} of {count} after 10 s (observed {seen:?})"
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        "runOnThread" => {
+            let thread = args.string("thread")?;
+            let operation = args.take("operation").ok_or("operation missing")?;
+            args.finish()?;
+            run_on_thread(&thread, operation, entities)
+        }
+        "waitForThread" => {
+            let thread = args.string("thread")?;
+            args.finish()?;
+            wait_for_thread(&thread, entities).await
+        }
+        "wait" => {
+            let ms = args
+                .take("ms")
+                .and_then(|v| v.as_u64())
+                .ok_or("ms missing")?;
+            args.finish()?;
+            tokio::time::sleep(Duration::from_millis(ms.min(10_000))).await;
+            Ok(())
+        }
+        other => Err(format!(
+            "harness: unsupported test-runner operation {other}"
+        )),
+    }
+}
+
+fn count_matching(
+    client: &super::entities::ClientEntity,
+    event: &Document,
+) -> Result<usize, String> {
+    let (name, body) = event.iter().next().ok_or("empty event")?;
+    let mut found = 0;
+    for observed in &client.observed {
+        if observed.name == name {
+            match event_matches(body, &observed.body) {
+                Ok(()) => found += 1,
+                Err(e) if e.starts_with("harness:") => return Err(e),
+                Err(_) => {}
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// UT-22: an expected event's fields; `command` and `reply` are root-level documents.
+fn event_matches(expected: &Bson, actual: &Document) -> Result<(), String> {
+    let Bson::Document(expected) = expected else {
+        return Err("an expected event must be a document".into());
+    };
+    for (key, value) in expected {
+        match key.as_str() {
+            "command"
+            | "reply"
+            | "commandName"
+            | "databaseName"
+            | "hasServiceId"
+            | "hasServerConnectionId"
+            | "reason"
+            | "interruptInUseConnections"
+            | "previousDescription"
+            | "newDescription"
+            | "awaited" => {
+                matches_root(value, actual.get(key), &no_sessions)
+                    .map_err(|e| format!("{key}: {e}"))?;
+            }
+            other => return Err(format!("harness: unsupported event field {other}")),
+        }
+    }
+    Ok(())
+}
+
+/// UT-21: each client's observed events of the type equal the expected list.
+async fn expect_events(expected: &Value, entities: &mut Entities) -> Result<(), String> {
+    settle(entities).await;
+    for entry in expected.as_array().ok_or("expectEvents must be an array")? {
+        check_keys(
+            entry,
+            &["client", "events", "eventType", "ignoreExtraEvents"],
+        )?;
+        let client = entry
+            .get("client")
+            .and_then(Value::as_str)
+            .ok_or("expectEvents needs a client")?;
+        let kind = entry
+            .get("eventType")
+            .and_then(Value::as_str)
+            .unwrap_or("command");
+        if !["command", "cmap", "sdam"].contains(&kind) {
+            return Err(format!("harness: unsupported eventType {kind}"));
+        }
+        let ignore_extra = entry.get("ignoreExtraEvents") == Some(&Value::Bool(true));
+        let events = entry
+            .get("events")
+            .and_then(Value::as_array)
+            .ok_or("expectEvents needs events")?;
+        let actual: Vec<_> = entities
+            .client(client)?
+            .observed
+            .iter()
+            .filter(|o| o.kind == kind)
+            .cloned()
+            .collect();
+        let names: Vec<&str> = actual.iter().map(|o| o.name).collect();
+        if actual.len() < events.len() || (!ignore_extra && actual.len() != events.len()) {
+            return Err(format!(
+                "{client}: expected {} {kind} events, observed {}: {names:?}",
+                events.len(),
+                actual.len()
+            ));
+        }
+        for (index, (expected, actual)) in events.iter().zip(&actual).enumerate() {
+            let Bson::Document(expected) = to_bson(expected)? else {
+                return Err("an expected event must be a document".into());
+            };
+            let (name, body) = expected.iter().next().ok_or("empty expected event")?;
+            if name != actual.name {
+                return Err(format!(
+                    "{client} event {index}: expected {name}, observed {}: {names:?}",
+                    actual.name
+                ));
+            }
+            event_matches(body, &actual.body)
+                .map_err(|e| format!("{client} event {index} ({name}): {e}"))?;
+        }
+    }
+    Ok(())
+}
