@@ -451,27 +451,9 @@ impl LocalDriver {
     }
 }
 
-<<<<<<< HEAD
-/// The engine's name for an I/O error.
-pub(crate) fn error_kind(error: &io::Error) -> NetworkErrorKind {
-    // HS-9: TLS failures are unlabelled, whatever the io kind around them.
-    if crate::TlsError::is_tls(error) {
-        return NetworkErrorKind::TlsCertificate;
-    }
-    match error.kind() {
-        io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted => {
-            NetworkErrorKind::Reset
-        }
-        io::ErrorKind::UnexpectedEof | io::ErrorKind::BrokenPipe => NetworkErrorKind::Closed,
-        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => NetworkErrorKind::Timeout,
-        io::ErrorKind::InvalidInput | io::ErrorKind::NotFound => NetworkErrorKind::Dns,
-        _ => NetworkErrorKind::Io,
-    }
-=======
 /// The address of a reply whose attempt event was not seen (never, for a success).
 fn unknown_address() -> ServerAddress {
     ServerAddress::new("unknown", 0)
->>>>>>> surface
 }
 
 /// The peer closed the stream (a read or write of zero bytes).

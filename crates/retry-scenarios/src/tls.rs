@@ -75,8 +75,8 @@ async fn connect_error<R: Runtime>(server: &Server, tls: TlsOptions) -> std::io:
     }
 }
 
-/// HS-9: a certificate error is no overload and marks the server with a TLS error; the TLS
-/// layer's own error says what was wrong.
+/// HS-9: a certificate error is no overload and marks the server with a TLS error whose message
+/// says what was wrong, as the TLS layer's own error does.
 async fn assert_certificate_error<R: Runtime>(
     error: &OperationError,
     server: &Server,
@@ -86,6 +86,8 @@ async fn assert_certificate_error<R: Runtime>(
     assert!(!error.has_label(Labels::SYSTEM_OVERLOADED), "{error}");
     assert!(!error.has_label(Labels::RETRYABLE), "{error}");
     assert!(error.to_string().contains("TlsCertificate"), "{error}");
+    // The operation's error keeps the TLS layer's message (item 7 of issue #10).
+    assert!(error.to_string().contains(cause), "{error}");
     let io = connect_error::<R>(server, tls).await;
     assert!(TlsError::is_tls(&io), "{io}");
     let message = io.to_string();
