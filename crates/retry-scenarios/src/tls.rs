@@ -111,8 +111,37 @@ pub async fn tls_with_the_test_ca_works<R: Runtime>() {
             ca_file: Some(file.0.clone()),
             ..TlsOptions::default()
         };
-        ping_with::<R>(&server, tls).await.expect("ping over TLS");
+        ping_with::<R>(&server, tls.clone())
+            .await
+            .expect("ping over TLS");
         assert_eq!(server.handle.counters().tls_handshakes_failed, 0);
+        // Messages far larger than a TLS record and rustls's buffers, both ways.
+        let big = "x".repeat(3 * 1024 * 1024 / 2);
+        let mut options: ClientOptions = options(&[&server]);
+        options.tls = Some(tls);
+        let client = Client::<R>::connect(options).expect("the client starts");
+        let insert = doc! { "insert": "big", "documents": [{ "_id": 1, "payload": big.as_str() }] };
+        client
+            .run_command("test", insert, OperationKind::RetryableWrite)
+            .await
+            .expect("a 1.5 MB insert over TLS");
+        let reply = client
+            .run_command(
+                "test",
+                doc! { "find": "big", "filter": { "_id": 1 } },
+                OperationKind::Read,
+            )
+            .await
+            .expect("its find over TLS");
+        let payload = reply
+            .get_document("cursor")
+            .and_then(|c| c.get_array("firstBatch"))
+            .ok()
+            .and_then(|batch| batch.first())
+            .and_then(|d| d.as_document())
+            .and_then(|d| d.get_str("payload").ok());
+        assert_eq!(payload, Some(big.as_str()));
+        client.shutdown().await;
         // Without the CA the certificate is from an unknown issuer (the default roots).
         let error = ping_with::<R>(&server, TlsOptions::default())
             .await
