@@ -178,7 +178,7 @@ impl TestServer {
 
     /// Like [`TestServer::start`], serving `data`, which other servers may share (TK-*).
     pub async fn start_with_data(config: ServerConfig, data: DataStore) -> io::Result<TestServer> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, config.port)).await?;
         let address = listener.local_addr()?;
         let now = Instant::now();
         let state = State {
