@@ -46,6 +46,7 @@ pub use auth::{
 };
 pub use soak::{fault_soak, SOAK_OPERATIONS_DEFAULT};
 pub use tls::{
+    srv_seedlist_connects_with_tls_to_its_target,
     tls_expired_certificate_is_refused_unless_insecure, tls_with_the_test_ca_works,
     tls_wrong_host_certificate_is_refused_unless_allowed,
 };
@@ -869,6 +870,7 @@ macro_rules! suite {
             tls_with_the_test_ca_works,
             tls_expired_certificate_is_refused_unless_insecure,
             tls_wrong_host_certificate_is_refused_unless_allowed,
+            srv_seedlist_connects_with_tls_to_its_target,
             errors_say_their_cause,
             cursors_fetch_batches_and_are_killed_when_dropped,
             write_errors_are_errors_that_keep_the_reply,

@@ -341,15 +341,6 @@ impl Entities {
         }
     }
 
-    /// Every client entity's id.
-    pub fn client_ids(&self) -> Vec<String> {
-        self.map
-            .iter()
-            .filter(|(_, e)| matches!(e, Entity::Client(_)))
-            .map(|(id, _)| id.clone())
-            .collect()
-    }
-
     /// UT-25: shuts every client down.
     pub async fn close(&mut self) {
         for entity in self.map.values() {
