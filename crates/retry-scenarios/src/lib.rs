@@ -35,8 +35,8 @@ mod soak;
 mod tls;
 pub use driver_api::{
     commands_are_classified_by_default, cursors_fetch_batches_and_are_killed_when_dropped,
-    errors_say_their_cause, the_monitors_first_check_is_its_handshake,
-    write_errors_are_errors_that_keep_the_reply,
+    errors_say_their_cause, monitoring_streams_or_polls_as_the_mode_says,
+    the_monitors_first_check_is_its_handshake, write_errors_are_errors_that_keep_the_reply,
 };
 mod auth;
 pub use auth::{
@@ -877,6 +877,7 @@ macro_rules! suite {
             write_errors_are_errors_that_keep_the_reply,
             commands_are_classified_by_default,
             the_monitors_first_check_is_its_handshake,
+            monitoring_streams_or_polls_as_the_mode_says,
             scram_right_password_authenticates,
             scram_wrong_password_is_a_clear_error,
             scram_server_stopping_mid_conversation_is_a_network_error,

@@ -124,6 +124,8 @@ pub struct EngineOptions {
     pub connect_timeout: Duration,
     /// `socketTimeoutMS`, if any.
     pub socket_timeout: Option<Duration>,
+    /// `serverMonitoringMode` (MO-7): whether monitors may stream.
+    pub server_monitoring_mode: crate::monitor::ServerMonitoringMode,
     /// The handshake: client metadata, API version, compressors. `load_balanced` is taken from
     /// the topology settings.
     pub handshake: HandshakeOptions,
@@ -148,6 +150,7 @@ impl EngineOptions {
             heartbeat_frequency: DEFAULT_HEARTBEAT_FREQUENCY,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             socket_timeout: None,
+            server_monitoring_mode: crate::monitor::ServerMonitoringMode::Auto,
             handshake,
             seed: 0,
             auth: None,
@@ -313,6 +316,8 @@ struct Server {
 enum Owner {
     Pool(ConnectionId),
     Monitor,
+    /// MO-12: a streaming monitor's RTT connection.
+    Rtt,
 }
 
 struct Socket {
@@ -380,6 +385,8 @@ struct Cursor {
 struct MonitorState {
     monitor: Monitor,
     conn: Option<ConnId>,
+    /// MO-12: the RTT connection while streaming.
+    rtt_conn: Option<ConnId>,
     timer: Option<Instant>,
     queued: bool,
 }
