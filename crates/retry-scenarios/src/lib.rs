@@ -46,7 +46,7 @@ pub use auth::{
 };
 pub use soak::{fault_soak, SOAK_OPERATIONS_DEFAULT};
 pub use tls::{
-    srv_seedlist_connects_with_tls_to_its_target,
+    srv_seedlist_connects_with_tls_to_its_target, tls_client_certificate_from_the_key_file,
     tls_expired_certificate_is_refused_unless_insecure, tls_with_the_test_ca_works,
     tls_wrong_host_certificate_is_refused_unless_allowed,
 };
@@ -871,6 +871,7 @@ macro_rules! suite {
             tls_expired_certificate_is_refused_unless_insecure,
             tls_wrong_host_certificate_is_refused_unless_allowed,
             srv_seedlist_connects_with_tls_to_its_target,
+            tls_client_certificate_from_the_key_file,
             errors_say_their_cause,
             cursors_fetch_batches_and_are_killed_when_dropped,
             write_errors_are_errors_that_keep_the_reply,

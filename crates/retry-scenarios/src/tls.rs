@@ -153,6 +153,47 @@ pub async fn tls_with_the_test_ca_works<R: Runtime>() {
     .await;
 }
 
+/// TL-2: `tlsCertificateKeyFile` (certificate and key in one PEM) is presented to a server that
+/// requires a client certificate; without it the server refuses the handshake.
+pub async fn tls_client_certificate_from_the_key_file<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let ca = TestCa::new().expect("a CA");
+        let file = CaFile::write(&ca);
+        let key_file = CaFile(file.0.with_extension("client.pem"));
+        std::fs::write(
+            &key_file.0,
+            ca.client_certificate_key_pem()
+                .expect("a client certificate"),
+        )
+        .expect("the key file is written");
+        let config = ServerConfig {
+            tls: Some(
+                ca.server_tls_requiring_client(&ServerCertificate::Valid)
+                    .expect("a server certificate"),
+            ),
+            ..ServerConfig::default()
+        };
+        let server = Server::start(config).await;
+        let with_key = TlsOptions {
+            ca_file: Some(file.0.clone()),
+            certificate_key_file: Some(key_file.0.clone()),
+            ..TlsOptions::default()
+        };
+        ping_with::<R>(&server, with_key)
+            .await
+            .expect("ping with a client certificate");
+        let without = TlsOptions {
+            ca_file: Some(file.0.clone()),
+            ..TlsOptions::default()
+        };
+        let error = ping_with::<R>(&server, without).await.unwrap_err();
+        assert!(!error.has_label(Labels::SYSTEM_OVERLOADED), "{error}");
+        assert!(server.handle.counters().tls_handshakes_failed > 0);
+        server.stop().await;
+    })
+    .await;
+}
+
 /// TL-2, HS-9: an expired certificate fails with an unlabelled error naming the expiry;
 /// `tlsInsecure` and `tlsAllowInvalidCertificates` accept it, `tlsAllowInvalidHostnames` does not.
 pub async fn tls_expired_certificate_is_refused_unless_insecure<R: Runtime>() {
