@@ -1,7 +1,7 @@
 //! The connection-string and URI-options suites (URI-14): each case's URI goes through
 //! [`ConnectionString::parse`], whose validity, warnings, hosts, auth and options are compared
 //! with the case; then through [`ClientOptions::from_connection_string`]. A case whose parse
-//! matches but that this client refuses (TLS, authentication, `mongodb+srv`, Unix sockets,
+//! matches but that this client refuses (some authentication mechanisms, Unix sockets,
 //! proxies) or warns about where the case expects no warning (compression) is *skipped* with the
 //! client's reason, never counted as passed.
 //!
@@ -11,7 +11,9 @@
 use std::path::Path;
 
 use bson::Bson;
-use retry_driver::{ClientOptions, ConnectionString, HostKind, OptionValue};
+use retry_driver::{
+    apply_seedlist, ClientOptions, ConnectionString, HostKind, OptionValue, SrvRecord,
+};
 use serde_json::Value;
 
 use crate::corpus::read_json;
@@ -62,6 +64,21 @@ fn run_case(case: &Value) -> Outcome {
     if let Err(message) = compare(case, &parsed) {
         return Outcome::Failed(format!("{uri}: {message}"));
     }
+    let parsed = if parsed.srv {
+        // SRV-6 (URI-15: srv-options uses real SRV names): a stub DNS answer, one record in the
+        // host's domain and no TXT record, stands in for the lookup; the case asserts options
+        // and validity, not the seed list.
+        let record = SrvRecord {
+            target: format!("stub.{}", parsed.hosts[0].host),
+            port: 27017,
+        };
+        match (apply_seedlist(&parsed, vec![record], &[], 0), valid) {
+            (Ok(resolved), _) => resolved,
+            (Err(e), _) => return Outcome::Failed(format!("{uri}: after the stub lookup: {e}")),
+        }
+    } else {
+        parsed
+    };
     match ClientOptions::from_connection_string(&parsed) {
         Err(e) => Outcome::Skipped(e.reason().to_string()),
         Ok(options) => {

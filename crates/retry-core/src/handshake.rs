@@ -256,6 +256,12 @@ impl ClientMetadata {
         }
     }
 
+    /// MO-7, HS-5: whether the process runs in a FaaS environment (`env.name` is set), where
+    /// `serverMonitoringMode=auto` polls.
+    pub fn is_faas(&self) -> bool {
+        self.env.as_ref().is_some_and(|env| env.name.is_some())
+    }
+
     /// Sets `application.name` (the `appName` option); HS-5: more than 128 bytes is an error.
     pub fn with_application_name(
         mut self,

@@ -1,9 +1,14 @@
 //! Server monitoring (SDAM server monitoring): when to check a server, its round-trip-time
 //! statistics, and the description each check produces.
 //!
-//! A [`Monitor`] runs the polling protocol for one server. It asks for a check
-//! ([`MonitorAction::Check`]: send `hello` on the monitor's own connection) and measures the round
-//! trip; the caller hands each outcome, with the average RTT, to the topology's update rules.
+//! A [`Monitor`] runs the polling or the streaming protocol for one server. It asks for a check
+//! ([`MonitorAction::Check`]: send `hello` on the monitor's own connection, or open it: its
+//! handshake is the check, MO-1) and measures the round trip; the caller hands each outcome, with
+//! the average RTT, to the topology's update rules. When `serverMonitoringMode` allows it and the
+//! server's last reply had a `topologyVersion`, the monitor streams instead (MO-7..MO-10): it asks
+//! for an awaitable `hello` ([`MonitorAction::Await`], sent with `exhaustAllowed`) and each reply
+//! the server pushes is an awaited check; round trips then come from the RTT connection
+//! ([`Monitor::handle_rtt_sample`], MO-12), never from streamed replies.
 //! Checks run every `heartbeatFrequencyMS` (10 s by default); a
 //! requested immediate check (server selection found no suitable server) runs at once, but never
 //! sooner than `minHeartbeatFrequencyMS` (500 ms) after the previous one. A network error on a
@@ -79,20 +84,35 @@ pub fn awaitable_hello(
 /// What the caller must do for the monitor.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MonitorAction {
-    /// Send `hello` on the monitoring connection (opening it first if needed), then call
-    /// [`Monitor::handle_check_succeeded`] or [`Monitor::handle_check_failed`].
+    /// Send `hello` on the monitoring connection (opening it first if needed: its handshake is
+    /// the check, [`Monitor::handle_handshake`]), then call [`Monitor::handle_check_succeeded`] or
+    /// [`Monitor::handle_check_failed`].
     Check,
+    /// MO-8, MO-9: send this awaitable `hello` ([`awaitable_hello`]) with `exhaustAllowed` on the
+    /// monitoring connection; every reply goes to [`Monitor::handle_streamed_reply`], a failure
+    /// to [`Monitor::handle_check_failed`].
+    Await(Document),
+    /// MO-12: while streaming, measure a round trip on the RTT connection: send `hello` on it, or
+    /// open it (its handshake is the sample); report with [`Monitor::handle_rtt_sample`] or
+    /// [`Monitor::handle_rtt_failed`]. No events are published for it.
+    MeasureRtt,
 }
 
-/// A heartbeat monitoring event (SDAM).
+/// A heartbeat monitoring event (SDAM, MO-15). `awaited` is true for the checks of the streaming
+/// protocol, whose durations are not round trips.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HeartbeatEvent {
     /// `ServerHeartbeatStartedEvent`.
-    Started,
+    Started {
+        /// An awaited (streamed) check.
+        awaited: bool,
+    },
     /// `ServerHeartbeatSucceededEvent`.
     Succeeded {
-        /// The check's round trip.
+        /// The check's round trip (for an awaited check: from its start to the reply).
         duration: Duration,
+        /// An awaited (streamed) check.
+        awaited: bool,
     },
     /// `ServerHeartbeatFailedEvent`.
     Failed {
@@ -100,6 +120,8 @@ pub enum HeartbeatEvent {
         duration: Duration,
         /// The failure.
         error: ErrorSummary,
+        /// An awaited (streamed) check.
+        awaited: bool,
     },
 }
 
@@ -109,6 +131,8 @@ enum State {
     Idle { next: Instant },
     /// A check is in flight since `started`.
     Checking { started: Instant },
+    /// MO-9: streaming; the awaited check in flight started at `started`.
+    Streaming { started: Instant },
 }
 
 /// The monitor of one server. See the [module docs](self).
@@ -116,6 +140,16 @@ enum State {
 pub struct Monitor {
     address: ServerAddress,
     heartbeat_frequency: Duration,
+    /// MO-7: `serverMonitoringMode` and the FaaS detection allow streaming.
+    may_stream: bool,
+    /// HS-3: awaitable hellos use `hello` (else legacy `isMaster`).
+    use_hello: bool,
+    /// MO-8: the last reply's `topologyVersion`.
+    topology_version: Option<TopologyVersion>,
+    /// MO-12: while streaming, when the next RTT measurement is due (`None` while one runs).
+    rtt_next: Option<Instant>,
+    /// MO-12: when the RTT measurement in flight started.
+    rtt_started: Option<Instant>,
     state: State,
     last_check_started: Option<Instant>,
     /// The last description was not Unknown (a network error then earns one immediate retry).
@@ -130,12 +164,17 @@ pub struct Monitor {
 }
 
 impl Monitor {
-    /// A monitor that checks `address` every `heartbeat_frequency` (at least
+    /// A polling monitor that checks `address` every `heartbeat_frequency` (at least
     /// [`MIN_HEARTBEAT_FREQUENCY`]); the first check is due at `now`.
     pub fn new(address: ServerAddress, heartbeat_frequency: Duration, now: Instant) -> Monitor {
         Monitor {
             address,
             heartbeat_frequency: heartbeat_frequency.max(MIN_HEARTBEAT_FREQUENCY),
+            may_stream: false,
+            use_hello: true,
+            topology_version: None,
+            rtt_next: None,
+            rtt_started: None,
             state: State::Idle { next: now },
             last_check_started: None,
             known: false,
@@ -145,6 +184,46 @@ impl Monitor {
             recent_rtts: SmallVec::new(),
             actions: VecDeque::new(),
             events: VecDeque::new(),
+        }
+    }
+
+    /// MO-7: lets the monitor stream with servers that support it when `mode` allows it for a
+    /// process that `faas` or not (HS-5); awaitable hellos use legacy `isMaster` unless
+    /// `use_hello` (HS-3).
+    pub fn with_mode(mut self, mode: ServerMonitoringMode, faas: bool, use_hello: bool) -> Monitor {
+        self.may_stream = mode.streams(faas, true);
+        self.use_hello = use_hello;
+        self
+    }
+
+    /// MO-7, MO-12: whether the monitor streams now (its server supports it and the mode allows
+    /// it): the caller then keeps an RTT connection, and closes it when this turns false.
+    pub fn is_streaming(&self) -> bool {
+        matches!(self.state, State::Streaming { .. })
+    }
+
+    /// MO-12: a round trip measured on the RTT connection at `now` (its handshake or a `hello`);
+    /// the next is due a heartbeat later. The new average goes out with the next streamed reply.
+    pub fn handle_rtt_sample(&mut self, rtt: Duration, now: Instant) {
+        if self.is_streaming() {
+            self.add_sample(rtt);
+            self.rtt_next = Some(now.saturating_add(self.heartbeat_frequency));
+        }
+    }
+
+    /// MO-12: the RTT connection's `hello` (sent for [`MonitorAction::MeasureRtt`]) came back at
+    /// `now`: its round trip is a sample.
+    pub fn handle_rtt_reply(&mut self, now: Instant) {
+        if let Some(started) = self.rtt_started.take() {
+            self.handle_rtt_sample(now.saturating_duration_since(started), now);
+        }
+    }
+
+    /// MO-12: the RTT connection failed at `now`: the statistics are kept and the caller opens a
+    /// new one when the next measurement is due, a heartbeat later.
+    pub fn handle_rtt_failed(&mut self, now: Instant) {
+        if self.is_streaming() {
+            self.rtt_next = Some(now.saturating_add(self.heartbeat_frequency));
         }
     }
 
@@ -183,22 +262,29 @@ impl Monitor {
     pub fn poll_timeout(&self) -> Option<Instant> {
         match self.state {
             State::Idle { next } => Some(next),
+            State::Streaming { .. } => self.rtt_next,
             State::Checking { .. } => None,
         }
     }
 
-    /// Starts a check that is due. Spurious calls are harmless.
+    /// Starts a check (or, streaming, an RTT measurement) that is due. Spurious calls are
+    /// harmless.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if let State::Idle { next } = self.state {
-            if now >= next {
-                self.start_check(now);
+        match self.state {
+            State::Idle { next } if now >= next => self.start_check(now),
+            State::Streaming { .. } if self.rtt_next.is_some_and(|at| now >= at) => {
+                self.rtt_next = None;
+                self.rtt_started = Some(now);
+                self.actions.push_back(MonitorAction::MeasureRtt);
             }
+            _ => {}
         }
     }
 
     /// Server selection found no suitable server: check as soon as `minHeartbeatFrequencyMS`
     /// allows.
     pub fn request_immediate_check(&mut self, now: Instant) {
+        // MO-5: ignored during a check (a streaming monitor hears of changes at once).
         self.immediate_requested = true;
         if let State::Idle { next } = self.state {
             let earliest = self.earliest_check(now);
@@ -215,7 +301,48 @@ impl Monitor {
         let State::Checking { started } = self.state else {
             return None;
         };
+        self.topology_version = TopologyVersion::from_reply(reply);
         self.finish_check(reply_ok(reply), now.saturating_duration_since(started), now)
+    }
+
+    /// MO-9, MO-10: a reply of the streaming protocol arrived at `now`; `more_to_come` when the
+    /// server will push another on its own. An `ok: 1` reply ends the awaited check and starts
+    /// the next at once (with `more_to_come` the caller just reads on, otherwise it gets
+    /// [`MonitorAction::Await`] with the new `topologyVersion`); it is no RTT sample (MO-12).
+    /// Returns the average RTT to report with the reply, or `None` for a reply to report as a
+    /// failed check (`ok: 0`: the caller closes the connection, MO-11) or outside streaming.
+    pub fn handle_streamed_reply(
+        &mut self,
+        reply: &Document,
+        more_to_come: bool,
+        now: Instant,
+    ) -> Option<Duration> {
+        let State::Streaming { started } = self.state else {
+            return None;
+        };
+        let duration = now.saturating_duration_since(started);
+        self.events.push_back(HeartbeatEvent::Succeeded {
+            duration,
+            awaited: true,
+        });
+        self.retrying = false;
+        self.last_check_started = Some(started);
+        self.topology_version = TopologyVersion::from_reply(reply);
+        self.known = reply_ok(reply);
+        if !self.known {
+            self.forget_rtt();
+            self.rtt_next = None;
+            self.schedule_after_check(now);
+            return None;
+        }
+        if more_to_come {
+            self.state = State::Streaming { started: now };
+            self.events
+                .push_back(HeartbeatEvent::Started { awaited: true });
+        } else {
+            self.stream_or_wait(now);
+        }
+        Some(self.average_rtt.get().unwrap_or_default())
     }
 
     /// MO-1, MO-12: the check in flight opened a new monitoring connection, and that connection's
@@ -224,29 +351,64 @@ impl Monitor {
     /// the check (no second `hello` is sent) and its round trip is the RTT sample and the
     /// succeeded event's duration (MO-15). Returns the average RTT to report with the reply
     /// (SS-14), or `None` when no check is in flight.
-    pub fn handle_handshake(&mut self, round_trip: Duration, now: Instant) -> Option<Duration> {
+    /// `topology_version` is the reply's (MO-8: a server that sends one can stream).
+    pub fn handle_handshake(
+        &mut self,
+        topology_version: Option<TopologyVersion>,
+        round_trip: Duration,
+        now: Instant,
+    ) -> Option<Duration> {
         let State::Checking { .. } = self.state else {
             return None;
         };
+        self.topology_version = topology_version;
         self.finish_check(true, round_trip, now)
     }
 
     fn finish_check(&mut self, ok: bool, rtt: Duration, now: Instant) -> Option<Duration> {
-        self.events
-            .push_back(HeartbeatEvent::Succeeded { duration: rtt });
+        self.events.push_back(HeartbeatEvent::Succeeded {
+            duration: rtt,
+            awaited: false,
+        });
         self.retrying = false;
-        self.schedule_after_check(now);
         self.known = ok;
         if !self.known {
             self.forget_rtt();
+            self.schedule_after_check(now);
             return None;
         }
+        let average = self.add_sample(rtt);
+        self.stream_or_wait(now);
+        Some(average)
+    }
+
+    /// MO-10: after a successful check, stream at once when the server supports it (its reply
+    /// had a `topologyVersion`) and the mode allows it; otherwise wait for the next check.
+    fn stream_or_wait(&mut self, now: Instant) {
+        match self.topology_version.filter(|_| self.may_stream) {
+            Some(version) => {
+                if !self.is_streaming() {
+                    // MO-12: the RTT connection starts with the stream.
+                    self.rtt_next = Some(now);
+                }
+                self.state = State::Streaming { started: now };
+                self.events
+                    .push_back(HeartbeatEvent::Started { awaited: true });
+                let hello = awaitable_hello(self.use_hello, &version, self.heartbeat_frequency);
+                self.actions.push_back(MonitorAction::Await(hello));
+            }
+            None => self.schedule_after_check(now),
+        }
+    }
+
+    /// Adds an RTT sample (SS-14, MO-13); returns the new average.
+    fn add_sample(&mut self, rtt: Duration) -> Duration {
         let average = self.average_rtt.update(rtt);
         if self.recent_rtts.len() == MIN_RTT_SAMPLES {
             self.recent_rtts.remove(0);
         }
         self.recent_rtts.push(rtt);
-        Some(average)
+        average
     }
 
     /// The check failed at `now` (the connection could not be opened, or the `hello` failed on
@@ -254,13 +416,19 @@ impl Monitor {
     /// retried once at once and returns false; otherwise returns true: report the failure to the
     /// topology, which marks the server Unknown.
     pub fn handle_check_failed(&mut self, error: &OperationError, now: Instant) -> bool {
-        let State::Checking { started } = self.state else {
-            return false;
+        let (started, awaited) = match self.state {
+            State::Checking { started } => (started, false),
+            State::Streaming { started } => (started, true),
+            State::Idle { .. } => return false,
         };
         self.events.push_back(HeartbeatEvent::Failed {
             duration: now.saturating_duration_since(started),
             error: error.summary(),
+            awaited,
         });
+        // MO-11: the next check opens a new connection and polls until it may stream again.
+        self.topology_version = None;
+        self.rtt_next = None;
         self.forget_rtt();
         let network = matches!(error.kind, ErrorKind::Network(_));
         if network && self.known && !self.retrying {
@@ -279,7 +447,8 @@ impl Monitor {
         self.state = State::Checking { started: now };
         self.last_check_started = Some(now);
         self.immediate_requested = false;
-        self.events.push_back(HeartbeatEvent::Started);
+        self.events
+            .push_back(HeartbeatEvent::Started { awaited: false });
         self.actions.push_back(MonitorAction::Check);
     }
 
@@ -367,11 +536,15 @@ mod tests {
             Some(ms(10_000)),
             "the next check is 10 s after the last one began"
         );
-        assert_eq!(m.poll_event(), Some(HeartbeatEvent::Started));
+        assert_eq!(
+            m.poll_event(),
+            Some(HeartbeatEvent::Started { awaited: false })
+        );
         assert_eq!(
             m.poll_event(),
             Some(HeartbeatEvent::Succeeded {
-                duration: Duration::from_millis(5)
+                duration: Duration::from_millis(5),
+                awaited: false
             })
         );
     }
@@ -467,16 +640,20 @@ mod tests {
         let mut m = monitor();
         m.handle_timeout(ms(0));
         assert_eq!(m.poll_action(), Some(MonitorAction::Check));
-        assert_eq!(m.poll_event(), Some(HeartbeatEvent::Started));
+        assert_eq!(
+            m.poll_event(),
+            Some(HeartbeatEvent::Started { awaited: false })
+        );
         // TCP connect took 40 ms, the handshake hello written at 40 was answered at 47.
         assert_eq!(
-            m.handle_handshake(Duration::from_millis(7), ms(47)),
+            m.handle_handshake(None, Duration::from_millis(7), ms(47)),
             Some(Duration::from_millis(7))
         );
         assert_eq!(
             m.poll_event(),
             Some(HeartbeatEvent::Succeeded {
-                duration: Duration::from_millis(7)
+                duration: Duration::from_millis(7),
+                awaited: false
             })
         );
         // No second hello: the next check is a heartbeat later, counted from the check's start.
@@ -494,9 +671,117 @@ mod tests {
     #[test]
     fn mo1_a_handshake_outside_a_check_is_ignored() {
         let mut m = monitor();
-        assert_eq!(m.handle_handshake(Duration::from_millis(1), ms(1)), None);
+        assert_eq!(
+            m.handle_handshake(None, Duration::from_millis(1), ms(1)),
+            None
+        );
         assert_eq!(m.poll_event(), None);
         assert_eq!(m.average_rtt(), None);
+    }
+
+    fn streamable_hello() -> Document {
+        doc! { "ok": 1, "isWritablePrimary": true, "maxWireVersion": 25,
+        "topologyVersion": { "processId": bson::oid::ObjectId::from_bytes([7; 12]),
+        "counter": 2_i64 } }
+    }
+
+    #[test]
+    fn mo9_mo10_mo15_after_the_handshake_a_streaming_monitor_awaits_and_reads_on() {
+        let mut m = monitor().with_mode(ServerMonitoringMode::Stream, false, true);
+        m.handle_timeout(ms(0));
+        assert_eq!(m.poll_action(), Some(MonitorAction::Check));
+        let _ = m.handle_handshake(
+            TopologyVersion::from_reply(&streamable_hello()),
+            Duration::from_millis(4),
+            ms(5),
+        );
+        // MO-16: started(false), succeeded(false), started(true).
+        let events: Vec<_> = core::iter::from_fn(|| m.poll_event()).collect();
+        assert_eq!(
+            events,
+            [
+                HeartbeatEvent::Started { awaited: false },
+                HeartbeatEvent::Succeeded {
+                    duration: Duration::from_millis(4),
+                    awaited: false
+                },
+                HeartbeatEvent::Started { awaited: true },
+            ]
+        );
+        let Some(MonitorAction::Await(hello)) = m.poll_action() else {
+            panic!("an awaitable hello")
+        };
+        assert_eq!(hello.get_i64("maxAwaitTimeMS").ok(), Some(10_000));
+        // MO-12: the RTT connection is measured at once, then every heartbeat.
+        assert!(m.is_streaming());
+        assert_eq!(m.poll_timeout(), Some(ms(5)));
+        m.handle_timeout(ms(5));
+        assert_eq!(m.poll_action(), Some(MonitorAction::MeasureRtt));
+        assert_eq!(m.poll_timeout(), None, "one measurement at a time");
+        // A pushed reply (moreToCome): an awaited check, no RTT sample, the next one started.
+        assert_eq!(
+            m.handle_streamed_reply(&streamable_hello(), true, ms(10_005)),
+            Some(Duration::from_millis(4))
+        );
+        assert_eq!(m.poll_action(), None, "MO-9: read on");
+        assert_eq!(
+            m.poll_event(),
+            Some(HeartbeatEvent::Succeeded {
+                duration: Duration::from_millis(10_000),
+                awaited: true
+            })
+        );
+        assert_eq!(
+            m.poll_event(),
+            Some(HeartbeatEvent::Started { awaited: true })
+        );
+        assert_eq!(m.min_rtt(), Duration::ZERO, "MO-12: one sample only");
+        // MO-12: the RTT connection's samples feed the statistics.
+        m.handle_rtt_sample(Duration::from_millis(2), ms(10_006));
+        assert_eq!(m.min_rtt(), Duration::from_millis(2));
+        assert_eq!(m.poll_timeout(), Some(ms(20_006)));
+        assert_eq!(
+            m.poll_event(),
+            None,
+            "MO-12: no events for RTT measurements"
+        );
+        // Without moreToCome: a new awaitable hello at once.
+        let _ = m.handle_streamed_reply(&streamable_hello(), false, ms(20_000));
+        assert!(matches!(m.poll_action(), Some(MonitorAction::Await(_))));
+        // MO-11: a failure ends streaming; a known server is rechecked at once by polling.
+        assert!(!m.handle_check_failed(&reset(), ms(20_001)));
+        assert!(!m.is_streaming());
+        assert_eq!(m.poll_action(), Some(MonitorAction::Check));
+    }
+
+    #[test]
+    fn mo7_poll_mode_and_servers_without_topology_version_never_stream() {
+        for (mode, reply) in [
+            (ServerMonitoringMode::Poll, streamable_hello()),
+            (ServerMonitoringMode::Stream, hello()),
+        ] {
+            let mut m = monitor().with_mode(mode, false, true);
+            m.handle_timeout(ms(0));
+            while m.poll_action().is_some() {}
+            let _ = m.handle_handshake(
+                TopologyVersion::from_reply(&reply),
+                Duration::from_millis(1),
+                ms(1),
+            );
+            assert_eq!(m.poll_action(), None);
+            assert!(!m.is_streaming());
+            assert_eq!(m.poll_timeout(), Some(ms(10_000)));
+        }
+        // auto polls in a FaaS environment.
+        let mut m = monitor().with_mode(ServerMonitoringMode::Auto, true, true);
+        m.handle_timeout(ms(0));
+        while m.poll_action().is_some() {}
+        let _ = m.handle_handshake(
+            TopologyVersion::from_reply(&streamable_hello()),
+            Duration::from_millis(1),
+            ms(1),
+        );
+        assert!(!m.is_streaming());
     }
 
     #[test]

@@ -87,9 +87,30 @@ impl fmt::Debug for ConnectionString {
             .field("username", &redacted(&self.username))
             .field("password", &redacted(&self.password))
             .field("database", &self.database)
-            .field("options", &self.options)
+            .field("options", &RedactedOptions(&self.options))
             .field("warnings", &self.warnings)
             .field("credential", &self.credential)
+            .finish()
+    }
+}
+
+/// Options whose values are secrets, left out of `Debug`.
+const SECRET_OPTIONS: [&str; 2] = ["tlsCertificateKeyFilePassword", "proxyPassword"];
+
+/// The option map for `Debug`, with [`SECRET_OPTIONS`] redacted.
+struct RedactedOptions<'a>(&'a BTreeMap<&'static str, OptionValue>);
+
+impl fmt::Debug for RedactedOptions<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|(name, value)| {
+                let value: &dyn fmt::Debug = if SECRET_OPTIONS.contains(name) {
+                    &"<redacted>"
+                } else {
+                    value
+                };
+                (name, value)
+            }))
             .finish()
     }
 }

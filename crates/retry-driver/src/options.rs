@@ -414,6 +414,7 @@ impl ClientOptions {
         options.heartbeat_frequency = self.heartbeat_frequency;
         options.connect_timeout = self.connect_timeout;
         options.socket_timeout = self.socket_timeout;
+        options.server_monitoring_mode = self.server_monitoring_mode;
         options.seed = self.seed.unwrap_or_else(os_seed);
         options.auth = match (&self.auth, &self.credential) {
             (Some(auth), _) => Some(auth.clone()),

@@ -491,6 +491,21 @@ mod tests {
     }
 
     #[test]
+    fn the_key_file_password_never_appears_in_debug_output() {
+        let cs = crate::ConnectionString::parse(
+            "mongodb://x/?tls=true&tlsCertificateKeyFilePassword=hunter2&proxyHost=p\
+             &proxyUsername=u&proxyPassword=swordfish",
+        )
+        .unwrap();
+        let debug = format!("{cs:?}");
+        assert!(
+            !debug.contains("hunter2") && !debug.contains("swordfish"),
+            "{debug}"
+        );
+        assert!(debug.contains("tlsCertificateKeyFilePassword"), "{debug}");
+    }
+
+    #[test]
     fn hs9_tls_errors_are_recognised_inside_io_errors() {
         let error = io::Error::new(
             io::ErrorKind::InvalidData,

@@ -33,6 +33,8 @@ pub enum Command {
     Probe(ProbeArgs),
     /// Compare the retry policies in a deterministic simulation of many clients and servers.
     Simulate(crate::simulate::SimulateArgs),
+    /// Run the fault-injecting test server on 127.0.0.1, print its URI, serve until Ctrl-C.
+    Serve(crate::serve::ServeArgs),
 }
 
 /// The demo's options.

@@ -4,6 +4,7 @@
 //! routers on 127.0.0.1 behind ingress rate limiters and drives the same concurrent load through
 //! the tokio client under each retry policy, then prints what each policy cost and achieved.
 //! `retry-lab probe <uri>` connects to any server, runs a ping with retries and prints every event.
+//! `retry-lab serve` runs the fault-injecting test server from the command line ([`serve`]).
 //! `retry-lab simulate` compares the policies in a deterministic simulation ([`simulate`]).
 //!
 //! The lab decides nothing: every retry decision is retry-core's. It only drives the client and
@@ -16,6 +17,7 @@ pub mod cluster;
 pub mod demo;
 pub mod probe;
 pub mod report;
+pub mod serve;
 pub mod service_config;
 pub mod simulate;
 pub mod stats;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use retry_lab::cli::{Cli, Command, DemoArgs};
-use retry_lab::{demo, probe, report};
+use retry_lab::{demo, probe, report, serve};
 
 mod simulate_main;
 
@@ -27,6 +27,7 @@ fn main() -> ExitCode {
     match command {
         Command::Demo(args) => runtime.block_on(run_demo(&args)),
         Command::Simulate(_) => ExitCode::SUCCESS,
+        Command::Serve(args) => runtime.block_on(run_serve(&args)),
         Command::Probe(args) => {
             let mut out = io::stdout().lock();
             match runtime.block_on(probe::probe(&args.uri, &mut out)) {
@@ -59,6 +60,29 @@ async fn run_demo(args: &DemoArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("retry-lab demo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `retry-lab serve`: prints the URI on the first line of stdout, then serves until Ctrl-C.
+async fn run_serve(args: &serve::ServeArgs) -> ExitCode {
+    let served = match serve::start(args).await {
+        Ok(served) => served,
+        Err(e) => {
+            eprintln!("retry-lab serve: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("{}", served.uri);
+    let _ = io::stdout().flush();
+    eprintln!("retry-lab serve: listening; Ctrl-C stops it");
+    let stopped = tokio::signal::ctrl_c().await;
+    served.server.shutdown().await;
+    match stopped {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("retry-lab serve: cannot wait for Ctrl-C: {e}");
             ExitCode::FAILURE
         }
     }

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
+use retry_core::engine::EngineEvent;
 use retry_core::error::{ErrorKind, OperationError};
+use retry_core::monitor::{HeartbeatEvent, ServerMonitoringMode};
 use retry_core::retry::OperationKind;
 use retry_driver::{ClientOptions, Runtime};
 use retry_testkit::{FailCommand, FailPointMode, Role};
@@ -183,7 +185,7 @@ pub async fn write_errors_are_errors_that_keep_the_reply<R: Runtime>() {
     .await
 }
 
-/// Item 4, RR-3, RW-4: [`Client::command`] classifies by default: a `find` is a retryable read
+/// Item 4, RR-3, RW-4: [`retry_driver::Client::command`] classifies by default: a `find` is a retryable read
 /// (retried once after a retryable error), an `aggregate` with `$out` is a write that is not
 /// retryable (run once); the caller's explicit kind still wins.
 pub async fn commands_are_classified_by_default<R: Runtime>() {
@@ -242,8 +244,9 @@ pub async fn the_monitors_first_check_is_its_handshake<R: Runtime>() {
     bounded(SCENARIO_LIMIT, async {
         let server = Server::with_role(Role::Standalone).await;
         let mut options = options(&[&server]);
-        // No second check during the test.
+        // No second check during the test, and no stream after the handshake.
         options.heartbeat_frequency = Duration::from_secs(600);
+        options.server_monitoring_mode = ServerMonitoringMode::Poll;
         let client = connect::<R>(options);
         ping(&client).await;
         // Selection waited for the monitor's check: had it sent a hello after its handshake,
@@ -252,6 +255,107 @@ pub async fn the_monitors_first_check_is_its_handshake<R: Runtime>() {
         let hellos = counters.command("hello").received + counters.command("isMaster").received;
         assert_eq!(hellos, 2, "the monitor's handshake and the pool's");
         assert_eq!(server.handle.handshakes().len(), 2);
+        client.shutdown().await;
+        server.stop().await;
+    })
+    .await
+}
+
+/// Heartbeat events from `events` until `count` succeeded ones with `awaited` arrived (bounded by
+/// the scenario's limit).
+async fn heartbeats_until(
+    events: &mut retry_driver::Events,
+    awaited: bool,
+    count: usize,
+) -> Vec<HeartbeatEvent> {
+    let mut seen = Vec::new();
+    let mut matching = 0;
+    while matching < count {
+        let Some((_, event)) = events.next_event().await else {
+            panic!("the client closed; heartbeats so far: {seen:?}");
+        };
+        if let EngineEvent::Heartbeat { event, .. } = event {
+            if matches!(event, HeartbeatEvent::Succeeded { awaited: a, .. } if a == awaited) {
+                matching += 1;
+            }
+            seen.push(event);
+        }
+    }
+    seen
+}
+
+/// The hellos the server received that were awaitable (MO-8), and the connections that sent a
+/// handshake (`client` metadata, HS-5).
+fn hellos(server: &Server) -> (Vec<Document>, usize) {
+    let handshakes = server.handle.handshakes();
+    let awaitable = handshakes
+        .iter()
+        .filter(|h| h.command.contains_key("maxAwaitTimeMS"))
+        .map(|h| h.command.clone())
+        .collect();
+    let mut connections: Vec<i32> = handshakes
+        .iter()
+        .filter(|h| h.command.contains_key("client"))
+        .map(|h| h.connection_id)
+        .collect();
+    connections.dedup();
+    (awaitable, connections.len())
+}
+
+/// MO-7..MO-12, MO-15: with `serverMonitoringMode` `stream` (as `auto` outside FaaS) the monitor
+/// streams after its handshake: an awaitable `hello` with the server's `topologyVersion` and
+/// `maxAwaitTimeMS` = `heartbeatFrequencyMS`, sent with `exhaustAllowed`; the server pushes replies
+/// (awaited heartbeats), and a separate RTT connection is opened. With `poll`, no awaitable hello
+/// and no RTT connection.
+pub async fn monitoring_streams_or_polls_as_the_mode_says<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let server = Server::with_role(Role::Standalone).await;
+        let mut streaming = options(&[&server]);
+        streaming.server_monitoring_mode = ServerMonitoringMode::Stream;
+        let client = connect::<R>(streaming);
+        let mut events = client.events();
+        // Two pushed replies: the stream goes on with moreToCome (MO-9).
+        let seen = heartbeats_until(&mut events, true, 2).await;
+        assert!(
+            seen.contains(&HeartbeatEvent::Started { awaited: true }),
+            "{seen:?}"
+        );
+        ping(&client).await;
+        let (awaitable, connections) = hellos(&server);
+        assert!(!awaitable.is_empty());
+        let hello = &awaitable[0];
+        assert_eq!(hello.get_i64("maxAwaitTimeMS").ok(), Some(500), "{hello}");
+        let version = hello.get_document("topologyVersion").expect("MO-8");
+        assert_eq!(
+            version.get_object_id("processId").ok(),
+            Some(server.handle.process_id())
+        );
+        assert!(
+            !hello.contains_key("lsid") && !hello.contains_key("$clusterTime"),
+            "MO-3"
+        );
+        // The monitor's, the RTT connection's (MO-12) and the pool's.
+        assert_eq!(connections, 3);
+        client.shutdown().await;
+        server.stop().await;
+
+        let server = Server::with_role(Role::Standalone).await;
+        let mut polling = options(&[&server]);
+        polling.server_monitoring_mode = ServerMonitoringMode::Poll;
+        let client = connect::<R>(polling);
+        let mut events = client.events();
+        let seen = heartbeats_until(&mut events, false, 2).await;
+        assert!(
+            !seen.iter().any(|e| matches!(
+                e,
+                HeartbeatEvent::Started { awaited: true }
+                    | HeartbeatEvent::Succeeded { awaited: true, .. }
+            )),
+            "{seen:?}"
+        );
+        let (awaitable, connections) = hellos(&server);
+        assert!(awaitable.is_empty(), "{awaitable:?}");
+        assert_eq!(connections, 1, "MO-7: no RTT connection when polling");
         client.shutdown().await;
         server.stop().await;
     })

@@ -36,8 +36,8 @@ mod soak;
 mod tls;
 pub use driver_api::{
     commands_are_classified_by_default, cursors_fetch_batches_and_are_killed_when_dropped,
-    errors_say_their_cause, the_monitors_first_check_is_its_handshake,
-    write_errors_are_errors_that_keep_the_reply,
+    errors_say_their_cause, monitoring_streams_or_polls_as_the_mode_says,
+    the_monitors_first_check_is_its_handshake, write_errors_are_errors_that_keep_the_reply,
 };
 mod auth;
 pub use auth::{
@@ -53,6 +53,7 @@ pub use sessions::{
 };
 pub use soak::{fault_soak, SOAK_OPERATIONS_DEFAULT};
 pub use tls::{
+    srv_seedlist_connects_with_tls_to_its_target, tls_client_certificate_from_the_key_file,
     tls_expired_certificate_is_refused_unless_insecure, tls_with_the_test_ca_works,
     tls_wrong_host_certificate_is_refused_unless_allowed,
 };
@@ -878,11 +879,14 @@ macro_rules! suite {
             tls_with_the_test_ca_works,
             tls_expired_certificate_is_refused_unless_insecure,
             tls_wrong_host_certificate_is_refused_unless_allowed,
+            srv_seedlist_connects_with_tls_to_its_target,
+            tls_client_certificate_from_the_key_file,
             errors_say_their_cause,
             cursors_fetch_batches_and_are_killed_when_dropped,
             write_errors_are_errors_that_keep_the_reply,
             commands_are_classified_by_default,
             the_monitors_first_check_is_its_handshake,
+            monitoring_streams_or_polls_as_the_mode_says,
             scram_right_password_authenticates,
             scram_wrong_password_is_a_clear_error,
             scram_server_stopping_mid_conversation_is_a_network_error,

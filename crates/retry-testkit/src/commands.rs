@@ -439,8 +439,39 @@ fn documents_of(request: &OpMsg, field: &str) -> Result<Vec<Document>, Document>
     Ok(documents)
 }
 
+/// TK-5, TK-11: an `update` or `delete` of several statements as one single-statement request
+/// per statement, in order (each statement of a retryable write is deduplicated and fires
+/// `onPrimaryTransactionalWrite` on its own); `None` for anything else.
+pub(crate) fn statement_requests(name: &str, request: &OpMsg) -> Option<Vec<OpMsg>> {
+    let field = match name {
+        "update" => "updates",
+        "delete" => "deletes",
+        _ => return None,
+    };
+    let statements = documents_of(request, field).ok()?;
+    if statements.len() < 2 {
+        return None;
+    }
+    let mut body = request.body.clone();
+    body.remove(field);
+    Some(
+        statements
+            .into_iter()
+            .map(|statement| {
+                let mut body = body.clone();
+                body.insert(field, vec![statement]);
+                OpMsg {
+                    body,
+                    sequences: Vec::new(),
+                    ..request.clone()
+                }
+            })
+            .collect(),
+    )
+}
+
 /// `ordered`, true unless the command says otherwise.
-fn ordered(command: &Document) -> bool {
+pub(crate) fn ordered(command: &Document) -> bool {
     !matches!(command.get("ordered"), Some(Bson::Boolean(false)))
 }
 

@@ -116,8 +116,10 @@ pub struct ServerConfig {
     /// The seed of the fault injector; each connection draws from its own generator derived from
     /// it, so a connection's faults do not depend on how other connections are scheduled.
     pub seed: u64,
-    /// TLS on every connection (TK-TLS): `None` serves plain TCP.
+    /// TLS on every connection: `None` serves plain TCP.
     pub tls: Option<ServerTls>,
+    /// The port to listen on, on 127.0.0.1; 0 (the default) picks a free one.
+    pub port: u16,
     /// SCRAM users (AU-*): when any is set, a connection must authenticate before it may run
     /// anything but the handshake, `saslStart` / `saslContinue`, `ping` and `buildInfo` (13
     /// `Unauthorized`), as on a `mongod` with access control.
@@ -163,6 +165,7 @@ impl Default for ServerConfig {
             faults: FaultConfig::default(),
             seed: 0,
             tls: None,
+            port: 0,
             users: Vec::new(),
         }
     }

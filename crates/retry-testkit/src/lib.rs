@@ -93,6 +93,8 @@ pub use fail_point::{
     code_name, FailCommand, FailPointError, FailPointMode, FAIL_POINT_MESSAGE, TESTKIT_UNSUPPORTED,
 };
 pub use faults::{Fault, FaultConfig, DEFAULT_STALL};
-pub use server::{Handshake, ServerHandle, TestServer, INGRESS_RATE_LIMIT_CODE, OVERLOAD_LABELS};
+pub use server::{
+    Handshake, LoggedCommand, ServerHandle, TestServer, INGRESS_RATE_LIMIT_CODE, OVERLOAD_LABELS,
+};
 pub use store::DataStore;
 pub use tls::{ServerCertificate, ServerTls, TestCa};

@@ -4,7 +4,8 @@
 //! the write commits and the connection closes without a reply; `failBeforeCommitExceptionCode`
 //! skips the commit and still closes.
 //!
-//! Gap: a command fires at most once (a real server checks each `update` / `delete` statement).
+//! An `insert` fires once for all its documents; an `update` or `delete` of several statements
+//! fires once per statement (the server runs those statement by statement, TK-5).
 
 use bson::{Bson, Document};
 

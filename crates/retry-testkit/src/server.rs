@@ -14,6 +14,8 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::{sleep, Duration, Instant};
 
+mod awaitable;
+
 use crate::auth::{ConnectionAuth, UserStore};
 use crate::commands::{execute, hello_reply, is_hello, write_key, HelloContext};
 use crate::config::{
@@ -27,7 +29,7 @@ const FAIL_POINT_SEED: u64 = 0x5eed_fa11;
 use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfig};
 use crate::limiter::TokenBucket;
 use crate::on_primary_write::{Firing, OnPrimaryWrite};
-use crate::store::DataStore;
+use crate::store::{DataStore, WriteKey};
 use crate::tls::ServerTls;
 
 /// BP-3: the code of an ingress rate-limiter rejection.
@@ -70,6 +72,8 @@ pub(crate) struct State {
     services: Vec<ObjectId>,
     /// How many connections were routed to a service so far.
     routed: usize,
+    /// TK-16: every command received, when the log is on (off by default: it grows).
+    command_log: Option<Vec<LoggedCommand>>,
     /// SCRAM users (crate `auth`).
     users: UserStore,
 }
@@ -174,7 +178,7 @@ impl TestServer {
 
     /// Like [`TestServer::start`], serving `data`, which other servers may share (TK-*).
     pub async fn start_with_data(config: ServerConfig, data: DataStore) -> io::Result<TestServer> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, config.port)).await?;
         let address = listener.local_addr()?;
         let now = Instant::now();
         let state = State {
@@ -198,6 +202,7 @@ impl TestServer {
             unsupported: Vec::new(),
             services: Vec::new(),
             routed: 0,
+            command_log: None,
             users: UserStore::new(&config.users),
         };
         let shared = Arc::new(Shared {
@@ -414,6 +419,18 @@ impl ServerHandle {
         self.shared.lock().services = if count > 1 { services } else { Vec::new() };
     }
 
+    /// TK-16: turns the command log on (empty) or off. Off by default, as it grows with every
+    /// command.
+    pub fn set_command_log(&self, on: bool) {
+        self.shared.lock().command_log = on.then(Vec::new);
+    }
+
+    /// TK-16: every command received since the log was turned on, in order, with its `lsid` and
+    /// `txnNumber` (handshakes included); empty when the log is off.
+    pub fn command_log(&self) -> Vec<LoggedCommand> {
+        self.shared.lock().command_log.clone().unwrap_or_default()
+    }
+
     /// Creates the namespace `ns` (`db.collection`) empty, as `create` does; `false` when it
     /// already exists.
     pub fn create_collection(&self, ns: &str) -> bool {
@@ -535,6 +552,144 @@ struct Connection {
     auth: ConnectionAuth,
 }
 
+/// TK-8: the fail point's `writeConcernError` (with its labels) on a reply that succeeded.
+fn add_write_concern_error(
+    fired: Option<FailCommand>,
+    name: &str,
+    command: &Document,
+    reply: &mut Document,
+) {
+    if let Some(fail) = fired.filter(|f| f.write_concern_error.is_some()) {
+        if reply.get("ok").is_some_and(is_ok) {
+            let labels = fail.write_concern_labels(name, command);
+            if let Some(error) = fail.write_concern_error {
+                reply.insert("writeConcernError", error);
+            }
+            if !labels.is_empty() {
+                reply.insert("errorLabels", labels);
+            }
+        }
+    }
+}
+
+/// TK-5, TK-11: a retryable `update` / `delete` of several statements, statement by statement:
+/// a statement already done (same lsid, txnNumber, stmtId = the command's + its index) is not run
+/// again, each other one fires `onPrimaryTransactionalWrite` on its own, and the replies are
+/// combined as one command's (indexes of `upserted` and `writeErrors` by statement).
+fn statement_writes(
+    state: &mut State,
+    shared: &Shared,
+    name: &str,
+    key: &WriteKey,
+    statements: Vec<OpMsg>,
+) -> Response {
+    if !state.data.lock().begin_write(key) {
+        return Response::Reply(error_reply(
+            225,
+            &format!(
+                "Cannot start transaction {} on session because a newer transaction has \
+                 already started",
+                key.txn_number
+            ),
+        ));
+    }
+    let ordered = crate::commands::ordered(&statements[0].body);
+    let (mut n, mut modified) = (0_i64, 0_i64);
+    let (mut upserted, mut errors) = (Vec::new(), Vec::new());
+    let mut replayed = true;
+    for (index, statement) in statements.iter().enumerate() {
+        let sub = WriteKey {
+            stmt_id: key.stmt_id + index as i64,
+            ..key.clone()
+        };
+        let known = state.data.lock().write_result(&sub);
+        let reply = match known {
+            Some(reply) => reply,
+            None => {
+                replayed = false;
+                let firing = state.on_primary_write_firing();
+                if firing == Some(Firing::CloseWithoutCommit) {
+                    return Response::Close;
+                }
+                let Some(reply) = execute(
+                    state,
+                    name,
+                    statement,
+                    shared.max_wire_version,
+                    shared.process_id,
+                ) else {
+                    return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));
+                };
+                let done = reply.get("ok").is_some_and(is_ok) && !reply.contains_key("writeErrors");
+                if done {
+                    state.data.lock().record_write(sub, reply.clone());
+                }
+                if firing == Some(Firing::CommitThenClose) {
+                    return Response::Close;
+                }
+                reply
+            }
+        };
+        if !reply.get("ok").is_some_and(is_ok) {
+            return Response::Reply(reply);
+        }
+        let count = |field: &str| match reply.get(field) {
+            Some(Bson::Int32(v)) => i64::from(*v),
+            Some(Bson::Int64(v)) => *v,
+            _ => 0,
+        };
+        n += count("n");
+        modified += count("nModified");
+        let reindex = |mut entry: Document| {
+            entry.insert("index", index as i32);
+            Bson::Document(entry)
+        };
+        for list in [("upserted", &mut upserted), ("writeErrors", &mut errors)] {
+            if let Ok(entries) = reply.get_array(list.0) {
+                list.1.extend(
+                    entries
+                        .iter()
+                        .filter_map(Bson::as_document)
+                        .cloned()
+                        .map(reindex),
+                );
+            }
+        }
+        if ordered && !errors.is_empty() {
+            break;
+        }
+    }
+    let counts = state.counters.command_mut(name);
+    if replayed {
+        counts.replayed += 1;
+    } else {
+        counts.executed += 1;
+    }
+    let mut reply = bson::doc! { "n": i32::try_from(n).unwrap_or(i32::MAX) };
+    if name == "update" {
+        reply.insert("nModified", i32::try_from(modified).unwrap_or(i32::MAX));
+    }
+    if !upserted.is_empty() {
+        reply.insert("upserted", upserted);
+    }
+    if !errors.is_empty() {
+        reply.insert("writeErrors", errors);
+    }
+    reply.insert("ok", 1.0);
+    Response::Reply(reply)
+}
+
+/// TK-16: one command as the server received it, for [`ServerHandle::command_log`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoggedCommand {
+    /// The command name (the first key of its body).
+    pub name: String,
+    /// Its `lsid`, if any.
+    pub lsid: Option<Document>,
+    /// Its `txnNumber`, if any (an int64 on the wire).
+    pub txn_number: Option<i64>,
+}
+
 /// What to do after a request.
 enum Response {
     /// Send this reply, unless the request had `moreToCome`.
@@ -630,6 +785,9 @@ impl Connection {
     ) -> bool {
         let name = request.body.keys().next().cloned().unwrap_or_default();
         let exempt_from_faults = name == "configureFailPoint";
+        if let Some(wait) = awaitable::awaitable(shared, &request) {
+            return self.await_hello(shared, stream, request, wait).await;
+        }
         match self.handle(shared, &name, &request).await {
             Response::Reply(reply) => {
                 shared.count_reply(&name, &reply);
@@ -656,6 +814,13 @@ impl Connection {
         let fired = {
             let mut state = shared.lock();
             state.counters.command_mut(name).received += 1;
+            if let Some(log) = &mut state.command_log {
+                log.push(LoggedCommand {
+                    name: name.to_owned(),
+                    lsid: command.get_document("lsid").ok().cloned(),
+                    txn_number: command.get("txnNumber").and_then(Bson::as_i64),
+                });
+            }
             if hello {
                 self.record_handshake(&mut state, command);
             }
@@ -699,6 +864,18 @@ impl Connection {
         }
         let mut state = shared.lock();
         let write_key = write_key(name, command);
+        let statements = write_key
+            .as_ref()
+            .and_then(|_| crate::commands::statement_requests(name, request));
+        if let (Some(key), Some(statements)) = (&write_key, statements) {
+            return match statement_writes(&mut state, shared, name, key, statements) {
+                Response::Reply(mut reply) => {
+                    add_write_concern_error(fired, name, command, &mut reply);
+                    Response::Reply(reply)
+                }
+                close => close,
+            };
+        }
         if let Some(reply) = write_key
             .as_ref()
             .and_then(|k| state.data.lock().write_result(k))
@@ -780,17 +957,7 @@ impl Connection {
         if close_after_commit {
             return Response::Close;
         }
-        if let Some(fail) = fired.filter(|f| f.write_concern_error.is_some()) {
-            if reply.get("ok").is_some_and(is_ok) {
-                let labels = fail.write_concern_labels(name, command);
-                if let Some(error) = fail.write_concern_error {
-                    reply.insert("writeConcernError", error);
-                }
-                if !labels.is_empty() {
-                    reply.insert("errorLabels", labels);
-                }
-            }
-        }
+        add_write_concern_error(fired, name, command, &mut reply);
         Response::Reply(reply)
     }
 

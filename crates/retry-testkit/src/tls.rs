@@ -98,6 +98,41 @@ impl TestCa {
         Ok((certificate.der().clone(), key))
     }
 
+    /// A client certificate signed by this CA and its key, PEM-encoded in one string (what a
+    /// client's `tlsCertificateKeyFile` holds).
+    pub fn client_certificate_key_pem(&self) -> Result<String, rcgen::Error> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "retry-testkit client");
+        let certificate = params.signed_by(&key, &self.issuer)?;
+        Ok(format!("{}{}", certificate.pem(), key.serialize_pem()))
+    }
+
+    /// Like [`TestCa::server_tls`], and the server requires a client certificate from this CA.
+    pub fn server_tls_requiring_client(&self, kind: &ServerCertificate) -> io::Result<ServerTls> {
+        let (certificate, key) = self.issue(kind).map_err(io::Error::other)?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(self.certificate.clone())
+            .map_err(io::Error::other)?;
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .map_err(io::Error::other)?;
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(io::Error::other)?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(vec![certificate, self.certificate.clone()], key)
+            .map_err(io::Error::other)?;
+        Ok(ServerTls::from_config(Arc::new(config)))
+    }
+
     /// The server side of TLS with a certificate of the given kind from this CA.
     pub fn server_tls(&self, kind: &ServerCertificate) -> io::Result<ServerTls> {
         let (certificate, key) = self.issue(kind).map_err(io::Error::other)?;
@@ -113,7 +148,8 @@ pub struct ServerTls {
 }
 
 impl ServerTls {
-    /// A server presenting `chain` (leaf first) with `key`; no client certificate is asked for.
+    /// A server presenting `chain` (leaf first) with `key`; no client certificate is asked for
+    /// ([`TestCa::server_tls_requiring_client`] asks for one).
     pub fn new(
         chain: Vec<CertificateDer<'static>>,
         key: PrivateKeyDer<'static>,
@@ -123,11 +159,14 @@ impl ServerTls {
             .with_safe_default_protocol_versions()
             .and_then(|builder| builder.with_no_client_auth().with_single_cert(chain, key))
             .map_err(io::Error::other)?;
-        let config = Arc::new(config);
-        Ok(ServerTls {
+        Ok(ServerTls::from_config(Arc::new(config)))
+    }
+
+    fn from_config(config: Arc<rustls::ServerConfig>) -> ServerTls {
+        ServerTls {
             acceptor: TlsAcceptor::from(config.clone()),
             config,
-        })
+        }
     }
 
     /// A server presenting the PEM certificate chain and key in these files (`retry-lab serve

@@ -829,3 +829,98 @@ async fn multi_document_writes_refuse_a_txn_number() {
     })
     .await;
 }
+
+/// TK-5, TK-11: an update of two statements is a retryable write statement by statement: with
+/// `onPrimaryTransactionalWrite {skip: 1}` the first statement commits, the second commits and
+/// the connection closes; the retry runs neither again and answers for both.
+#[tokio::test]
+async fn statements_are_deduplicated_and_fire_one_by_one() {
+    bounded(async {
+        let members = TestServer::start_replica_set("rs0", 1, ServerConfig::default())
+            .await
+            .expect("replica set starts");
+        let address = members[0].address();
+        let handle = members[0].handle();
+        handle.insert(
+            "db.c",
+            vec![doc! { "_id": 1, "x": 0 }, doc! { "_id": 2, "x": 0 }],
+        );
+        let mut client = RawClient::connect(address).await.unwrap();
+        let set = doc! {
+            "configureFailPoint": "onPrimaryTransactionalWrite", "mode": { "skip": 1 },
+            "$db": "admin",
+        };
+        assert_eq!(code(&client.command(set).await.unwrap()), None);
+        let update = doc! {
+            "update": "c",
+            "updates": [
+                { "q": { "_id": 1 }, "u": { "$inc": { "x": 1 } } },
+                { "q": { "_id": 2 }, "u": { "$inc": { "x": 1 } } },
+            ],
+            "lsid": lsid_of(5), "txnNumber": 1_i64, "$db": "db",
+        };
+        assert!(
+            client.command(update.clone()).await.is_err(),
+            "closed after statement 1"
+        );
+        let after = |id: i32| {
+            handle
+                .documents("db.c")
+                .into_iter()
+                .find(|d| d.get_i32("_id").ok() == Some(id))
+                .and_then(|d| d.get_i32("x").ok())
+        };
+        assert_eq!((after(1), after(2)), (Some(1), Some(1)), "both committed");
+        let mut client = RawClient::connect(address).await.unwrap();
+        let retry = client.command(update).await.unwrap();
+        assert_eq!(
+            (retry.get_i32("n").ok(), retry.get_i32("nModified").ok()),
+            (Some(2), Some(2)),
+            "{retry}"
+        );
+        assert_eq!(
+            (after(1), after(2)),
+            (Some(1), Some(1)),
+            "nothing ran twice"
+        );
+        for member in members {
+            member.shutdown().await;
+        }
+    })
+    .await;
+}
+
+/// TK-16: the opt-in command log records each command with its lsid and txnNumber.
+#[tokio::test]
+async fn command_log() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let handle = server.handle();
+        client
+            .command(doc! { "ping": 1, "$db": "admin" })
+            .await
+            .unwrap();
+        assert!(handle.command_log().is_empty(), "off by default");
+        handle.set_command_log(true);
+        let lsid = lsid_of(3);
+        client
+            .command(
+                doc! { "insert": "c", "documents": [{ "_id": 1 }], "lsid": lsid.clone(),
+                "txnNumber": 4_i64, "$db": "db" },
+            )
+            .await
+            .unwrap();
+        let log = handle.command_log();
+        assert_eq!(log.len(), 1);
+        assert_eq!(
+            (
+                log[0].name.as_str(),
+                log[0].lsid.as_ref(),
+                log[0].txn_number
+            ),
+            ("insert", Some(&lsid), Some(4))
+        );
+        server.shutdown().await;
+    })
+    .await;
+}

@@ -160,15 +160,16 @@ fn convert(event: &EngineEvent) -> Option<(&'static str, &'static str, Document)
             };
             ("sdam", name, body)
         }
-        // The product's heartbeat events carry no `awaited` flag yet (streaming is not built):
-        // an expected `awaited` fails to match, honestly.
+        // MO-15: every heartbeat event says whether its check was awaited (streaming).
         EngineEvent::Heartbeat { event, .. } => {
-            let name = match event {
-                HeartbeatEvent::Started => "serverHeartbeatStartedEvent",
-                HeartbeatEvent::Succeeded { .. } => "serverHeartbeatSucceededEvent",
-                HeartbeatEvent::Failed { .. } => "serverHeartbeatFailedEvent",
+            let (name, awaited) = match event {
+                HeartbeatEvent::Started { awaited } => ("serverHeartbeatStartedEvent", awaited),
+                HeartbeatEvent::Succeeded { awaited, .. } => {
+                    ("serverHeartbeatSucceededEvent", awaited)
+                }
+                HeartbeatEvent::Failed { awaited, .. } => ("serverHeartbeatFailedEvent", awaited),
             };
-            ("sdam", name, doc! {})
+            ("sdam", name, doc! { "awaited": *awaited })
         }
         _ => return None,
     })
@@ -338,15 +339,6 @@ impl Entities {
             Some(Entity::Client(client)) => Ok(client),
             _ => Err(format!("{id} is not a client entity")),
         }
-    }
-
-    /// Every client entity's id.
-    pub fn client_ids(&self) -> Vec<String> {
-        self.map
-            .iter()
-            .filter(|(_, e)| matches!(e, Entity::Client(_)))
-            .map(|(id, _)| id.clone())
-            .collect()
     }
 
     /// UT-25: shuts every client down.

@@ -66,8 +66,9 @@ pub const UNIFIED_SUITES: &[UnifiedSuite] = &[
     UnifiedSuite {
         name: "sdam",
         dir: "source/server-discovery-and-monitoring/tests/unified",
-        // Two below the usual 29: two tests wait on monitor timing a loaded machine may miss.
-        min_passed: 27,
+        // Below the usual 30-31: a few tests wait on monitor and authentication timing that a
+        // loaded machine may miss.
+        min_passed: 28,
     },
 ];
 

@@ -379,10 +379,15 @@ async fn single(
     target: &Target,
     command: Document,
 ) -> Result<Document, Result<Box<Failure>, String>> {
-    let reply = execute(target, command, CursorUse::None)
-        .await
-        .map_err(product)?;
-    Ok(reply.document)
+    match execute(target, command, CursorUse::None).await {
+        Ok(reply) => Ok(reply.document),
+        // The product's write-errors error keeps the reply: the result shaping below reads the
+        // counts and the write errors from it (partial results, unordered bulks go on).
+        Err(error) => match error.kind {
+            ErrorKind::Write(write) => Ok(write.reply),
+            _ => Err(product(error)),
+        },
+    }
 }
 
 /// A write reply: `writeErrors` become the operation's error (TK-4).

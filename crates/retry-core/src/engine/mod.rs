@@ -146,6 +146,8 @@ pub struct EngineOptions {
     /// the operation has no `timeoutMS` (TO-8); a timeout closes the connection with a network
     /// timeout error, which the retry rules then judge. `None` (the default) or zero for no limit.
     pub socket_timeout: Option<Duration>,
+    /// `serverMonitoringMode` (MO-7): whether monitors may stream.
+    pub server_monitoring_mode: crate::monitor::ServerMonitoringMode,
     /// The handshake: client metadata, API version, compressors. `load_balanced` is taken from
     /// the topology settings.
     pub handshake: HandshakeOptions,
@@ -170,6 +172,7 @@ impl EngineOptions {
             heartbeat_frequency: DEFAULT_HEARTBEAT_FREQUENCY,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             socket_timeout: None,
+            server_monitoring_mode: crate::monitor::ServerMonitoringMode::Auto,
             handshake,
             seed: 0,
             auth: None,
@@ -335,6 +338,8 @@ struct Server {
 enum Owner {
     Pool(ConnectionId),
     Monitor,
+    /// MO-12: a streaming monitor's RTT connection.
+    Rtt,
 }
 
 struct Socket {
@@ -430,6 +435,8 @@ struct Cursor {
 struct MonitorState {
     monitor: Monitor,
     conn: Option<ConnId>,
+    /// MO-12: the RTT connection while streaming.
+    rtt_conn: Option<ConnId>,
     timer: Option<Instant>,
     queued: bool,
 }

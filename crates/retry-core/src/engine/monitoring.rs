@@ -9,7 +9,7 @@
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
-use bson::doc;
+use bson::{doc, Document};
 
 use super::Engine;
 use super::{ConnId, EngineEvent, MonitorState, OpId, Owner, ServerId};
@@ -20,7 +20,8 @@ use crate::handshake::HandshakeReply;
 use crate::monitor::{Monitor, MonitorAction};
 use crate::pool::{ConnectionId, Pool, PoolAction};
 use crate::time::Instant;
-use crate::topology::{AverageRtt, SdamEvent, TopologyAction};
+use crate::topology::{AverageRtt, SdamEvent, ServerDescription, TopologyAction};
+use crate::wire::{MsgFlags, OpMsg};
 
 use super::worklist::Machine;
 
@@ -43,10 +44,16 @@ impl Engine {
             match action {
                 TopologyAction::StartMonitoring(address) => {
                     let server = self.server_id(&address);
-                    let monitor = Monitor::new(address, self.options.heartbeat_frequency, now);
+                    let monitor = Monitor::new(address, self.options.heartbeat_frequency, now)
+                        .with_mode(
+                            self.options.server_monitoring_mode,
+                            self.options.handshake.metadata.is_faas(),
+                            self.options.handshake.uses_hello(),
+                        );
                     self.server_mut(server).monitor = Some(MonitorState {
                         monitor,
                         conn: None,
+                        rtt_conn: None,
                         timer: None,
                         queued: false,
                     });
@@ -64,13 +71,25 @@ impl Engine {
                     }
                 }
                 TopologyAction::CancelCheck(address) => {
-                    let server = self.server_ids.get(&address).copied();
-                    let conn = server
-                        .and_then(|s| self.server_mut(s).monitor.as_mut())
-                        .and_then(|state| state.conn.take());
-                    if let Some(conn) = conn {
-                        self.close_socket(conn, now);
-                    }
+                    let Some(server) = self.server_ids.get(&address).copied() else {
+                        continue;
+                    };
+                    let Some(state) = self.server_mut(server).monitor.as_mut() else {
+                        continue;
+                    };
+                    let Some(conn) = state.conn.take() else {
+                        continue;
+                    };
+                    // MO-14: the check in flight (a streamed one included) ends once, failed;
+                    // the topology already knows (it asked), so it is not told again.
+                    let error = OperationError::network(
+                        NetworkErrorKind::Closed,
+                        NetworkPhase::AfterSend,
+                        address.clone(),
+                    );
+                    let _ = state.monitor.handle_check_failed(&error, now);
+                    self.schedule(Machine::Monitor(server));
+                    self.close_socket(conn, now);
                 }
             }
         }
@@ -99,7 +118,7 @@ impl Engine {
         if let Some(mut state) = self.server_mut(server).monitor.take() {
             self.timers
                 .set(Machine::Monitor(server), &mut state.timer, None);
-            if let Some(conn) = state.conn {
+            for conn in [state.conn, state.rtt_conn].into_iter().flatten() {
                 self.close_socket(conn, now);
             }
         }
@@ -134,29 +153,65 @@ impl Engine {
                 });
                 continue;
             }
-            let Some(MonitorAction::Check) = state.monitor.poll_action() else {
-                return;
-            };
+            if !state.monitor.is_streaming() {
+                // MO-7, MO-12: no RTT connection unless streaming.
+                if let Some(rtt) = state.rtt_conn.take() {
+                    self.close_socket(rtt, now);
+                    continue;
+                }
+            }
+            let action = state.monitor.poll_action();
             let conn = state.conn;
-            let ready = conn
-                .and_then(|c| self.sockets.get(&c))
-                .is_some_and(|s| s.machine.handshake().is_some());
-            match (conn, ready) {
-                (Some(conn), true) => self.send_monitoring_hello(server, conn, now),
-                // The handshake is under way; its completion sends the check.
-                (Some(_), false) => {}
-                (None, _) => match self.open_socket(server, Owner::Monitor, 0, now) {
-                    Some(conn) => {
-                        if let Some(state) = self.server_mut(server).monitor.as_mut() {
-                            state.conn = Some(conn);
+            let rtt_conn = state.rtt_conn;
+            match action {
+                None => return,
+                Some(MonitorAction::Check) => self.start_monitor_check(server, conn, now),
+                Some(MonitorAction::Await(hello)) => match conn {
+                    Some(conn) => self.send_monitor_hello(server, conn, hello, true, now),
+                    None => self.monitor_check_failed(server, &self.unbuildable(server), now),
+                },
+                Some(MonitorAction::MeasureRtt) => match rtt_conn {
+                    Some(rtt) => {
+                        let hello = self.polling_hello(rtt);
+                        self.send_monitor_hello(server, rtt, hello, false, now);
+                    }
+                    None => match self.open_socket(server, Owner::Rtt, 0, now) {
+                        Some(rtt) => {
+                            if let Some(state) = self.server_mut(server).monitor.as_mut() {
+                                state.rtt_conn = Some(rtt);
+                            }
                         }
-                    }
-                    None => {
-                        let error = self.unbuildable(server);
-                        self.monitor_check_failed(server, &error, now);
-                    }
+                        None => self.rtt_failed(server, None, now),
+                    },
                 },
             }
+        }
+    }
+
+    /// A polling check: `hello` on the open monitoring connection, or a new connection whose
+    /// handshake is the check (MO-1).
+    fn start_monitor_check(&mut self, server: ServerId, conn: Option<ConnId>, now: Instant) {
+        let ready = conn
+            .and_then(|c| self.sockets.get(&c))
+            .is_some_and(|s| s.machine.handshake().is_some());
+        match (conn, ready) {
+            (Some(conn), true) => {
+                let hello = self.polling_hello(conn);
+                self.send_monitor_hello(server, conn, hello, false, now);
+            }
+            // The handshake is under way; its completion ends the check.
+            (Some(_), false) => {}
+            (None, _) => match self.open_socket(server, Owner::Monitor, 0, now) {
+                Some(conn) => {
+                    if let Some(state) = self.server_mut(server).monitor.as_mut() {
+                        state.conn = Some(conn);
+                    }
+                }
+                None => {
+                    let error = self.unbuildable(server);
+                    self.monitor_check_failed(server, &error, now);
+                }
+            },
         }
     }
 
@@ -173,7 +228,8 @@ impl Engine {
             return;
         };
         let round_trip = reply.description.average_rtt.get().unwrap_or_default();
-        let Some(average) = state.monitor.handle_handshake(round_trip, now) else {
+        let version = reply.description.topology_version;
+        let Some(average) = state.monitor.handle_handshake(version, round_trip, now) else {
             return;
         };
         self.schedule(Machine::Monitor(server));
@@ -207,26 +263,130 @@ impl Engine {
         self.topology_touched(server);
     }
 
-    /// HS-3: checks after the handshake use `hello` (or legacy hello when the server did not say
-    /// `helloOk`), without the handshake's arguments.
-    pub(super) fn send_monitoring_hello(&mut self, server: ServerId, conn: ConnId, now: Instant) {
-        let uses_hello = self.options.handshake.uses_hello();
+    /// HS-3, MO-10: a polling `hello` (or legacy hello when the server did not say `helloOk`),
+    /// without the handshake's arguments.
+    fn polling_hello(&self, conn: ConnId) -> Document {
+        let hello_ok = self
+            .sockets
+            .get(&conn)
+            .and_then(|s| s.machine.handshake())
+            .is_some_and(|h| h.hello_ok);
+        if hello_ok || self.options.handshake.uses_hello() {
+            doc! { "hello": 1 }
+        } else {
+            doc! { "isMaster": 1 }
+        }
+    }
+
+    /// Sends a monitoring `hello` on `conn` (the monitor's or its RTT connection): a polling one
+    /// bounded by `connectTimeoutMS` (MO-4), or an awaitable one with `exhaustAllowed` (MO-9),
+    /// bounded per reply by the monitoring socket's timeout. No `lsid`, `$clusterTime` or
+    /// `maxTimeMS` (MO-3).
+    fn send_monitor_hello(
+        &mut self,
+        server: ServerId,
+        conn: ConnId,
+        mut hello: Document,
+        awaited: bool,
+        now: Instant,
+    ) {
+        hello.insert("$db", "admin");
+        let mut request = Request::new(hello);
+        request.exhaust_allowed = awaited;
+        if !awaited {
+            request.deadline = Some(self.options.connect_timeout)
+                .filter(|t| !t.is_zero())
+                .map(|t| now.saturating_add(t));
+        }
         let Some(socket) = self.sockets.get_mut(&conn) else {
             return;
         };
-        let hello = socket.machine.handshake().is_some_and(|h| h.hello_ok) || uses_hello;
-        let command = if hello {
-            doc! { "hello": 1, "$db": "admin" }
-        } else {
-            doc! { "isMaster": 1, "$db": "admin" }
-        };
-        let sent = socket.machine.send_command(Request::new(command), now);
+        let owner = socket.owner;
+        let sent = socket.machine.send_command(request, now);
         self.schedule(Machine::Socket(conn));
         if sent.is_err() {
-            let address = self.server(server).address.clone();
-            let error =
-                OperationError::network(NetworkErrorKind::Io, NetworkPhase::BeforeSend, address);
-            self.monitor_check_failed(server, &error, now);
+            match owner {
+                Owner::Rtt => self.rtt_failed(server, Some(conn), now),
+                _ => {
+                    let address = self.server(server).address.clone();
+                    let error = OperationError::network(
+                        NetworkErrorKind::Io,
+                        NetworkPhase::BeforeSend,
+                        address,
+                    );
+                    self.monitor_check_failed(server, &error, now);
+                }
+            }
+        }
+    }
+
+    /// A reply on the monitoring connection: a polling check's, or one of the stream's (MO-9).
+    /// A failed streamed reply (`ok: 0`) closes the connection (MO-11).
+    pub(super) fn monitor_replied(
+        &mut self,
+        server: ServerId,
+        conn: ConnId,
+        reply: &OpMsg,
+        now: Instant,
+    ) {
+        let address = self.server(server).address.clone();
+        let Some(state) = self.server_mut(server).monitor.as_mut() else {
+            return;
+        };
+        let streaming = state.monitor.is_streaming();
+        let average = if streaming {
+            let more_to_come = reply.flags.contains(MsgFlags::MORE_TO_COME);
+            state
+                .monitor
+                .handle_streamed_reply(&reply.body, more_to_come, now)
+        } else {
+            state.monitor.handle_check_succeeded(&reply.body, now)
+        };
+        if streaming && average.is_none() {
+            state.conn = None;
+            self.close_socket(conn, now);
+        }
+        self.schedule(Machine::Monitor(server));
+        self.topology
+            .handle_hello(&address, &reply.body, average.unwrap_or_default(), now);
+        self.topology_touched(server);
+    }
+
+    /// MO-12: the RTT connection's handshake completed; its round trip is a sample.
+    pub(super) fn rtt_measured(
+        &mut self,
+        server: ServerId,
+        description: &ServerDescription,
+        now: Instant,
+    ) {
+        if let Some(state) = self.server_mut(server).monitor.as_mut() {
+            let round_trip = description.average_rtt.get().unwrap_or_default();
+            state.monitor.handle_rtt_sample(round_trip, now);
+            self.schedule(Machine::Monitor(server));
+        }
+    }
+
+    /// MO-12: the RTT connection's `hello` came back (its reply is ignored).
+    pub(super) fn rtt_replied(&mut self, server: ServerId, now: Instant) {
+        if let Some(state) = self.server_mut(server).monitor.as_mut() {
+            state.monitor.handle_rtt_reply(now);
+            self.schedule(Machine::Monitor(server));
+        }
+    }
+
+    /// MO-12: the RTT connection failed (or could not be built): it is closed, the topology is
+    /// not touched, the statistics are kept; a new one is opened a heartbeat later.
+    pub(super) fn rtt_failed(&mut self, server: ServerId, conn: Option<ConnId>, now: Instant) {
+        let Some(state) = self.server_mut(server).monitor.as_mut() else {
+            return;
+        };
+        if conn.is_none() || state.rtt_conn == conn {
+            state.rtt_conn = None;
+        }
+        state.monitor.handle_rtt_failed(now);
+        self.schedule(Machine::Monitor(server));
+        if let Some(conn) = conn {
+            self.close_socket(conn, now);
         }
     }
 

@@ -10,9 +10,6 @@
 //! server is marked Unknown and its pool cleared (HS-9; the error has no overload labels), and the
 //! checkout that wanted the connection fails.
 
-use bson::Document;
-use core::time::Duration;
-
 use super::{ConnId, CursorUse, Engine, OpId, Owner, ServerId, Socket};
 use crate::auth::Authentication;
 use crate::connection::{Connection, ConnectionConfig, ConnectionEvent};
@@ -40,8 +37,10 @@ impl Engine {
         config.socket_timeout = match owner {
             // TO-3: socketTimeoutMS is for application connections only.
             Owner::Pool(_) => self.options.socket_timeout,
-            // MO-4: a monitor's checks use connectTimeoutMS as their socket timeout.
-            Owner::Monitor => Some(self.options.connect_timeout),
+            // MO-4: an awaited reply may take a heartbeat; polling hellos set their own deadline.
+            Owner::Monitor | Owner::Rtt => Some(self.options.connect_timeout)
+                .filter(|t| !t.is_zero())
+                .map(|t| t.saturating_add(self.options.heartbeat_frequency)),
         };
         config.load_balanced = self.options.topology.load_balanced;
         let machine = match (&self.options.auth, owner) {
@@ -144,6 +143,7 @@ impl Engine {
             match event {
                 ConnectionEvent::HandshakeComplete { reply, .. } => match owner {
                     Owner::Monitor => self.monitor_handshake_completed(server, &reply, now),
+                    Owner::Rtt => self.rtt_measured(server, &reply.description, now),
                     Owner::Pool(id) => {
                         if let Some(pool) = self.pool_mut(server) {
                             pool.handle_established(id, reply.service_id, now);
@@ -153,7 +153,8 @@ impl Engine {
                     }
                 },
                 ConnectionEvent::Reply { reply, .. } => match (owner, op) {
-                    (Owner::Monitor, _) => self.monitor_replied(server, &reply.body, now),
+                    (Owner::Monitor, _) => self.monitor_replied(server, conn, &reply, now),
+                    (Owner::Rtt, _) => self.rtt_replied(server, now),
                     (Owner::Pool(_), Some(op)) => self.attempt_replied(op, conn, reply.body, now),
                     (Owner::Pool(_), None) => {}
                 },
@@ -167,6 +168,7 @@ impl Engine {
                     }
                     match owner {
                         Owner::Monitor => self.monitor_check_failed(server, &error, now),
+                        Owner::Rtt => self.rtt_failed(server, Some(conn), now),
                         Owner::Pool(id) => {
                             self.pool_socket_failed(server, id, conn, op, handshaken, error, now)
                         }
@@ -267,20 +269,5 @@ impl Engine {
             service_id,
             handshake_completed,
         }
-    }
-
-    /// A monitor's `hello` came back.
-    fn monitor_replied(&mut self, server: ServerId, body: &Document, now: Instant) {
-        let address = self.server(server).address.clone();
-        let Some(state) = self.server_mut(server).monitor.as_mut() else {
-            return;
-        };
-        let rtt = state
-            .monitor
-            .handle_check_succeeded(body, now)
-            .unwrap_or(Duration::ZERO);
-        self.schedule(Machine::Monitor(server));
-        self.topology.handle_hello(&address, body, rtt, now);
-        self.topology_touched(server);
     }
 }
