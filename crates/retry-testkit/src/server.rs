@@ -876,11 +876,15 @@ impl Connection {
                 close => close,
             };
         }
-        if let Some(reply) = write_key
+        if let Some(mut reply) = write_key
             .as_ref()
             .and_then(|k| state.data.lock().write_result(k))
         {
             state.counters.command_mut(name).replayed += 1;
+            // A replayed retry still passes through failCommand: its writeConcernError applies
+            // to the replayed reply as to a first execution (RW unified
+            // insertOne-errorLabels "fails after multiple retryable writeConcernErrors").
+            add_write_concern_error(fired, name, command, &mut reply);
             return Response::Reply(reply);
         }
         if let Some(key) = &write_key {
