@@ -311,8 +311,15 @@ impl ClusterTime {
     /// The top-level `$clusterTime` of a reply, if it has a well-formed one
     /// (`{clusterTime: Timestamp, ...}`); the whole document is kept, signature included (SE-17).
     pub fn from_reply(reply: &Document) -> Option<ClusterTime> {
-        let document = reply.get_document("$clusterTime").ok()?;
-        let timestamp = document.get_timestamp("clusterTime").ok()?;
+        // Looked up without `get_document` / `get_timestamp`, whose misses build an error (an
+        // allocation per reply from a server that does not gossip).
+        let Some(Bson::Document(document)) = reply.get("$clusterTime") else {
+            return None;
+        };
+        let Some(Bson::Timestamp(timestamp)) = document.get("clusterTime") else {
+            return None;
+        };
+        let timestamp = *timestamp;
         Some(ClusterTime {
             timestamp,
             document: document.clone(),
