@@ -225,12 +225,17 @@ impl Engine {
             }
             // The handshake (or authentication, AU-11) failed: the checkout that wanted the
             // connection fails with this error, then SDAM error handling (HS-9) may clear the
-            // pool, failing the other waiters with PoolClearedError (CM-2).
+            // pool, failing the other waiters with PoolClearedError (CM-2); only then is the
+            // connection closed and that checkout failed, so PoolClearedEvent comes first (CM-4,
+            // LB-14).
             None => {
                 if let Some(pool) = self.pool_mut(server) {
-                    pool.handle_establish_failed(id, error.clone(), now);
+                    pool.hold_establishing_checkout(id);
                 }
                 self.application_error(server, &error, context, now);
+                if let Some(pool) = self.pool_mut(server) {
+                    pool.handle_establish_failed(id, error, now);
+                }
                 self.schedule(Machine::Pool(server));
             }
         }
