@@ -339,7 +339,7 @@ pub struct Connection {
     handshake: Option<HandshakeReply>,
     /// AU-2: the conversation of a connection that authenticates, until it is done.
     authentication: Option<Authentication>,
-    /// The validated handshake reply while authentication runs.
+    /// The validated handshake reply while authentication runs (kept after a failure: LB-14).
     authenticating: Option<HandshakeReply>,
     /// The connect deadline (CS-3 capped), which also bounds authentication.
     establishment_deadline: Option<Instant>,
@@ -412,6 +412,15 @@ impl Connection {
     /// The validated handshake reply, once the handshake (and authentication) is complete.
     pub fn handshake(&self) -> Option<&HandshakeReply> {
         self.handshake.as_ref()
+    }
+
+    /// The `serviceId` of the hello reply, known from the handshake on, authentication included
+    /// (LB-14: an authentication error can then clear that service's pool).
+    pub fn service_id(&self) -> Option<bson::oid::ObjectId> {
+        self.handshake
+            .as_ref()
+            .or(self.authenticating.as_ref())
+            .and_then(|r| r.service_id)
     }
 
     /// Input: the socket is open (TCP and TLS done). Sends the handshake (HS-1: the first command
@@ -731,7 +740,6 @@ impl Connection {
         };
         self.state = ConnectionState::Closed;
         self.authentication = None;
-        self.authenticating = None;
         self.outstanding = None;
         self.deadline = None;
         self.outbound.clear();

@@ -355,6 +355,9 @@ pub struct Pool {
     /// Available connections, most recently checked in last.
     available: Vec<ConnectionId>,
     waiters: VecDeque<Waiter>,
+    /// The checkout whose connection's establishment failed, held out of `waiters` (so a clear
+    /// does not fail it) until the connection is closed (CM-4).
+    failed_establishment: Option<(ConnectionId, Waiter)>,
     /// The waiters' expiries, ordered, so that [`Pool::poll_timeout`] reads the earliest without
     /// scanning the queue. An entry may be earlier than its waiter's expiry (a checkout whose
     /// connection is being established no longer has the queue's deadline): that only makes a
@@ -380,6 +383,7 @@ impl Pool {
             connections: Vec::new(),
             available: Vec::new(),
             waiters: VecDeque::new(),
+            failed_establishment: None,
             expiries: alloc::collections::BTreeSet::new(),
             next_connection: 1,
             next_checkout: 1,
@@ -620,25 +624,45 @@ impl Pool {
         self.serve(now);
     }
 
-    /// Establishing the connection failed: it is closed, and the checkout that asked for it fails
-    /// with the error.
-    pub fn handle_establish_failed(
-        &mut self,
-        connection: ConnectionId,
-        error: OperationError,
-        now: Instant,
-    ) {
+    /// Establishing the connection failed, first step: the checkout that asked for it is taken
+    /// out of the queue (a clear does not fail it), and the connection stays pending until
+    /// [`Pool::handle_establish_failed`] closes it and fails that checkout with the error. Between
+    /// the two the engine runs SDAM error handling, so the events come in the spec's order:
+    /// `PoolClearedEvent`, `ConnectionClosedEvent`, `ConnectionCheckOutFailedEvent` (CM-4, LB-14).
+    pub fn hold_establishing_checkout(&mut self, connection: ConnectionId) {
         let Some(conn) = self.connection(connection) else {
             return;
         };
         let ConnectionState::Pending { for_checkout } = conn.state else {
             return;
         };
-        self.close_connection(connection, CloseReason::Error);
         if let Some(index) =
             for_checkout.and_then(|id| self.waiters.iter().position(|w| w.checkout == id))
         {
             if let Some(w) = self.remove_waiter(index) {
+                self.set_state(connection, ConnectionState::Pending { for_checkout: None });
+                self.failed_establishment = Some((connection, w));
+            }
+        }
+    }
+
+    /// Establishing the connection failed: it is closed, and the checkout that asked for it
+    /// (also when [`Pool::hold_establishing_checkout`] held it) fails with the error.
+    pub fn handle_establish_failed(
+        &mut self,
+        connection: ConnectionId,
+        error: OperationError,
+        now: Instant,
+    ) {
+        let held = match self.failed_establishment.take() {
+            Some((id, w)) if id == connection => Some(w),
+            other => {
+                self.failed_establishment = other;
+                None
+            }
+        };
+        let Some(conn) = self.connection(connection) else {
+            if let Some(w) = held {
                 self.fail(
                     w.checkout,
                     w.started,
@@ -646,6 +670,22 @@ impl Pool {
                     CheckoutError::Establishment(error),
                 );
             }
+            return;
+        };
+        let ConnectionState::Pending { for_checkout } = conn.state else {
+            return;
+        };
+        self.close_connection(connection, CloseReason::Error);
+        let waiting = for_checkout
+            .and_then(|id| self.waiters.iter().position(|w| w.checkout == id))
+            .and_then(|index| self.remove_waiter(index));
+        if let Some(w) = held.or(waiting) {
+            self.fail(
+                w.checkout,
+                w.started,
+                now,
+                CheckoutError::Establishment(error),
+            );
         }
         self.serve(now);
     }

@@ -17,6 +17,7 @@ use crate::error::{ErrorKind, Labels, NetworkErrorKind, OperationError};
 use crate::pool::ConnectionId;
 use crate::time::Instant;
 use crate::topology::ErrorContext;
+use bson::oid::ObjectId;
 
 use super::worklist::Machine;
 
@@ -140,6 +141,7 @@ impl Engine {
             };
             let (server, owner, op) = (socket.server, socket.owner, socket.op);
             let handshaken = socket.machine.handshake().is_some();
+            let hello_service = socket.machine.service_id();
             match event {
                 ConnectionEvent::HandshakeComplete { reply, .. } => match owner {
                     Owner::Monitor => self.monitor_handshake_completed(server, &reply, now),
@@ -170,7 +172,8 @@ impl Engine {
                         Owner::Monitor => self.monitor_check_failed(server, &error, now),
                         Owner::Rtt => self.rtt_failed(server, Some(conn), now),
                         Owner::Pool(id) => {
-                            self.pool_socket_failed(server, id, conn, op, handshaken, error, now)
+                            let failure = (op, handshaken, hello_service);
+                            self.pool_socket_failed(server, id, conn, failure, error, now)
                         }
                     }
                     return;
@@ -186,12 +189,13 @@ impl Engine {
         server: ServerId,
         id: ConnectionId,
         conn: ConnId,
-        op: Option<OpId>,
-        handshaken: bool,
+        (op, handshaken, hello_service): (Option<OpId>, bool, Option<ObjectId>),
         error: OperationError,
         now: Instant,
     ) {
-        let context = self.error_context(server, id, handshaken);
+        let mut context = self.error_context(server, id, handshaken);
+        // LB-14: an error after the hello (during authentication) knows its serviceId.
+        context.service_id = context.service_id.or(hello_service);
         match op {
             Some(op_id) => {
                 self.application_error(server, &error, context, now);
@@ -226,12 +230,17 @@ impl Engine {
             }
             // The handshake (or authentication, AU-11) failed: the checkout that wanted the
             // connection fails with this error, then SDAM error handling (HS-9) may clear the
-            // pool, failing the other waiters with PoolClearedError (CM-2).
+            // pool, failing the other waiters with PoolClearedError (CM-2); only then is the
+            // connection closed and that checkout failed, so PoolClearedEvent comes first (CM-4,
+            // LB-14).
             None => {
                 if let Some(pool) = self.pool_mut(server) {
-                    pool.handle_establish_failed(id, error.clone(), now);
+                    pool.hold_establishing_checkout(id);
                 }
                 self.application_error(server, &error, context, now);
+                if let Some(pool) = self.pool_mut(server) {
+                    pool.handle_establish_failed(id, error, now);
+                }
                 self.schedule(Machine::Pool(server));
             }
         }
