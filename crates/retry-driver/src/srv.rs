@@ -23,6 +23,9 @@ pub struct SrvRecord {
     pub target: String,
     /// The target port.
     pub port: u16,
+    /// The record's TTL, when the resolver reports it: SRV polling rescans after the lowest TTL
+    /// of the last answer, but no sooner than 60 s (every 60 s without TTLs).
+    pub ttl: Option<core::time::Duration>,
 }
 
 /// The TXT options a seedlist may carry (SRV-5).
@@ -197,6 +200,7 @@ mod tests {
         SrvRecord {
             target: target.into(),
             port,
+            ttl: None,
         }
     }
 

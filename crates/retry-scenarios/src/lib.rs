@@ -30,6 +30,7 @@ use retry_testkit::{
     OVERLOAD_LABELS,
 };
 
+mod dns;
 mod driver_api;
 mod sessions;
 mod soak;
@@ -45,6 +46,7 @@ pub use auth::{
     scram_server_stopping_mid_conversation_is_a_network_error,
     scram_wrong_password_is_a_clear_error,
 };
+pub use dns::{srv_seedlist_through_a_dns_server, DnsRecords, DnsServer};
 pub use sessions::{
     explicit_session_runs_several_operations, max_time_ms_is_on_every_attempt_under_timeout_ms,
     retried_insert_runs_once_with_one_lsid_and_txn_number,
