@@ -144,7 +144,8 @@ impl<R: Runtime> Client<R> {
         let write_concern = options.write_concern.clone();
         let engine = Engine::new(engine_options, runtime.now()).map_err(ConnectError::Settings)?;
         let shared = Arc::new(Shared::default());
-        let driver = Driver::new(runtime.clone(), engine, shared.clone(), options.timeout);
+        let driver = Driver::new(runtime.clone(), engine, shared.clone(), options.timeout)
+            .with_srv_polling(options.srv.clone());
         let local = if runtime.spawns() {
             runtime
                 .spawn(Box::pin(driver))

@@ -59,5 +59,5 @@ pub use options::{ClientOptions, OptionsError};
 pub use runtime::{literal_address, timer_offset, AsyncTimer, BoxFuture, Runtime, Socket};
 pub use session::Session;
 pub use shared::{Reply, TimedEvent};
-pub use srv::{apply_seedlist, resolve_seedlist, srv_query_name, SrvRecord};
+pub use srv::{apply_seedlist, resolve_seedlist, srv_query_name, SrvPolling, SrvRecord};
 pub use tls::{TlsError, TlsOptions, TlsRuntime};
