@@ -32,6 +32,7 @@ use retry_testkit::{
 
 mod dns;
 mod driver_api;
+mod lb_auth;
 mod sessions;
 mod soak;
 mod tls;
@@ -47,6 +48,7 @@ pub use auth::{
     scram_wrong_password_is_a_clear_error,
 };
 pub use dns::{srv_seedlist_through_a_dns_server, DnsRecords, DnsServer};
+pub use lb_auth::scram_authenticates_through_a_load_balancer;
 pub use sessions::{
     explicit_session_runs_several_operations, max_time_ms_is_on_every_attempt_under_timeout_ms,
     retried_insert_runs_once_with_one_lsid_and_txn_number,
@@ -893,6 +895,7 @@ macro_rules! suite {
             scram_wrong_password_is_a_clear_error,
             scram_server_stopping_mid_conversation_is_a_network_error,
             scram_sdam_auth_errors_clear_the_pool_once,
+            scram_authenticates_through_a_load_balancer,
             // What the client sends (sessions.rs).
             retried_insert_runs_once_with_one_lsid_and_txn_number,
             secondary_read_carries_read_preference_and_lsid,
