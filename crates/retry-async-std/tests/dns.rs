@@ -18,3 +18,8 @@ fn srv_seedlist_through_a_dns_server_on_async_std() {
 fn srv_seedlist_through_a_dns_server_on_smol() {
     smol::block_on(retry_scenarios::srv_seedlist_through_a_dns_server(runtime));
 }
+
+#[test]
+fn srv_polling_follows_the_records_on_async_std() {
+    async_std::task::block_on(retry_scenarios::srv_polling_follows_the_records(runtime));
+}

@@ -1,7 +1,8 @@
 //! A DNS server on 127.0.0.1 for the adapters' real resolvers (SRV-2..SRV-6 through hickory, not a
 //! stub): [`DnsServer`] answers SRV, TXT and A queries from a zone the scenario edits, and
 //! [`srv_seedlist_through_a_dns_server`] points a runtime at it with
-//! [`retry_driver::Nameservers::Fixed`].
+//! [`retry_driver::Nameservers::Fixed`]; [`srv_polling_follows_the_records`] rescans through it on
+//! an [`Accelerated`] clock.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -234,6 +235,159 @@ pub async fn srv_seedlist_through_a_dns_server<R: Runtime>(runtime: impl Fn(Name
         assert!(error.contains("SRV-3"), "{error}");
         assert_eq!(server.handle.counters().connections_accepted, accepted);
         server.stop().await;
+    })
+    .await;
+}
+
+/// How many times faster [`Accelerated`]'s clock runs: SRV polling's 60 s floor (SP-2) passes in
+/// 3 s, while `connectTimeoutMS` (10 s, so 0.5 s) still dwarfs a loopback connect.
+const ACCELERATION: u64 = 20;
+
+/// `R` with its clock and timers running 20 times faster, so SRV polling's
+/// minutes pass in seconds end to end. Every other call goes to `R`; made from a started `R`
+/// ([`Runtime::start`] is refused).
+#[derive(Debug)]
+pub struct Accelerated<R>(pub R);
+
+impl<R: Runtime> Runtime for Accelerated<R> {
+    fn start() -> std::io::Result<Self> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "an accelerated runtime wraps a started one",
+        ))
+    }
+
+    fn now(&self) -> retry_core::time::Instant {
+        let real = self.0.now().as_nanos();
+        retry_core::time::Instant::from_nanos(real.saturating_mul(ACCELERATION))
+    }
+
+    fn new_timer(
+        &self,
+        at: retry_core::time::Instant,
+    ) -> core::pin::Pin<Box<dyn retry_driver::AsyncTimer>> {
+        Box::pin(AcceleratedTimer(self.0.new_timer(slow(at))))
+    }
+
+    fn spawns(&self) -> bool {
+        self.0.spawns()
+    }
+
+    fn spawn(&self, future: retry_driver::BoxFuture<()>) -> std::io::Result<()> {
+        self.0.spawn(future)
+    }
+
+    fn connect(
+        &self,
+        host: String,
+        port: u16,
+    ) -> retry_driver::BoxFuture<std::io::Result<core::pin::Pin<Box<dyn retry_driver::Socket>>>>
+    {
+        self.0.connect(host, port)
+    }
+
+    fn resolve_srv(
+        &self,
+        name: String,
+    ) -> retry_driver::BoxFuture<std::io::Result<Vec<retry_driver::SrvRecord>>> {
+        self.0.resolve_srv(name)
+    }
+
+    fn resolve_txt(
+        &self,
+        name: String,
+    ) -> retry_driver::BoxFuture<std::io::Result<Vec<Vec<String>>>> {
+        self.0.resolve_txt(name)
+    }
+}
+
+/// An accelerated instant on the inner runtime's clock.
+fn slow(at: retry_core::time::Instant) -> retry_core::time::Instant {
+    retry_core::time::Instant::from_nanos(at.as_nanos() / ACCELERATION)
+}
+
+#[derive(Debug)]
+struct AcceleratedTimer(core::pin::Pin<Box<dyn retry_driver::AsyncTimer>>);
+
+impl retry_driver::AsyncTimer for AcceleratedTimer {
+    fn reset(mut self: core::pin::Pin<&mut Self>, at: retry_core::time::Instant) {
+        self.0.as_mut().reset(slow(at));
+    }
+
+    fn poll(
+        mut self: core::pin::Pin<&mut Self>,
+        cx: &mut core::task::Context<'_>,
+    ) -> core::task::Poll<()> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+/// Waits (bounded by the scenario's limit) for an SDAM event `wanted` accepts.
+async fn wait_for(
+    events: &mut retry_driver::Events,
+    wanted: impl Fn(&retry_core::topology::SdamEvent) -> bool,
+) {
+    loop {
+        match events.next_event().await {
+            Some((_, retry_core::engine::EngineEvent::Topology(event))) if wanted(&event) => return,
+            Some(_) => {}
+            None => panic!("the event stream ended first"),
+        }
+    }
+}
+
+/// SP-1..SP-6 end to end (prose 1 and 2 of the polling tests): a sharded `mongodb+srv` client
+/// rescans its SRV name through the runtime's resolver (accelerated: 60 s pass in 3 s) and its
+/// topology follows the records: a mongos added to them joins (`ServerOpening`), one removed
+/// leaves (`ServerClosed`), and operations then run on the one left.
+pub async fn srv_polling_follows_the_records<R: Runtime>(runtime: impl Fn(Nameservers) -> R) {
+    bounded(SCENARIO_LIMIT, async {
+        let dns = DnsServer::start();
+        let a = Server::with_role(Role::Mongos).await;
+        let b = Server::with_role(Role::Mongos).await;
+        let (port_a, port_b) = (a.address.port(), b.address.port());
+        let records = |ports: &[u16]| DnsRecords {
+            srv: ports
+                .iter()
+                .map(|p| ("node.test.local".to_string(), *p, 1))
+                .collect(),
+            ..DnsRecords::default()
+        };
+        dns.set("_mongodb._tcp.poll.test.local", records(&[port_a]));
+        dns.set(
+            "node.test.local",
+            DnsRecords {
+                a: vec![Ipv4Addr::LOCALHOST],
+                ..DnsRecords::default()
+            },
+        );
+        let uri = "mongodb+srv://poll.test.local/?tls=false&heartbeatFrequencyMS=500";
+        let client = Client::with_uri_async_on(Accelerated(runtime(dns.nameservers())), uri)
+            .await
+            .expect("the seedlist resolves");
+        let mut events = client.events();
+        let ping = || client.run_command("admin", doc! { "ping": 1 }, OperationKind::RunCommand);
+        ping().await.expect("ping the first mongos");
+        let node = |port| retry_core::address::ServerAddress::new("node.test.local", port);
+        // Prose 1: a record is added.
+        dns.set("_mongodb._tcp.poll.test.local", records(&[port_a, port_b]));
+        wait_for(&mut events, |e| {
+            matches!(e, retry_core::topology::SdamEvent::ServerOpening { address } if *address == node(port_b))
+        })
+        .await;
+        // Prose 2: a record is removed.
+        dns.set("_mongodb._tcp.poll.test.local", records(&[port_b]));
+        wait_for(&mut events, |e| {
+            matches!(e, retry_core::topology::SdamEvent::ServerClosed { address } if *address == node(port_a))
+        })
+        .await;
+        let pings_on_a = a.handle.counters().command("ping").executed;
+        ping().await.expect("ping the mongos left");
+        assert_eq!(a.handle.counters().command("ping").executed, pings_on_a);
+        assert_eq!(b.handle.counters().command("ping").executed, 1);
+        client.shutdown().await;
+        a.stop().await;
+        b.stop().await;
     })
     .await;
 }

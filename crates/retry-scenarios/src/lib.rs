@@ -47,7 +47,10 @@ pub use auth::{
     scram_server_stopping_mid_conversation_is_a_network_error,
     scram_wrong_password_is_a_clear_error,
 };
-pub use dns::{srv_seedlist_through_a_dns_server, DnsRecords, DnsServer};
+pub use dns::{
+    srv_polling_follows_the_records, srv_seedlist_through_a_dns_server, Accelerated, DnsRecords,
+    DnsServer,
+};
 pub use lb_auth::scram_authenticates_through_a_load_balancer;
 pub use sessions::{
     explicit_session_runs_several_operations, max_time_ms_is_on_every_attempt_under_timeout_ms,

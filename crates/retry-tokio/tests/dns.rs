@@ -12,3 +12,13 @@ async fn srv_seedlist_through_a_dns_server_on_tokio() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn srv_polling_follows_the_records_on_tokio() {
+    retry_scenarios::srv_polling_follows_the_records(|nameservers| {
+        TokioRuntime::start()
+            .expect("inside a tokio runtime")
+            .with_nameservers(nameservers)
+    })
+    .await;
+}
