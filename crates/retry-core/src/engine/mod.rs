@@ -741,7 +741,7 @@ impl Engine {
             self.schedule(machine);
         }
         if let Some(srv) = &mut self.srv {
-            srv.handle_timeout(self.topology.description().topology_type, now);
+            srv.handle_timeout(&self.topology, now);
         }
         self.run(now);
     }

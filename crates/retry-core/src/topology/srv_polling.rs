@@ -113,13 +113,13 @@ impl SrvPoller {
         }
     }
 
-    /// Time has passed; `topology_type` is the topology's type now. A due rescan is handed out
-    /// by [`SrvPoller::poll_rescan`] while the topology is Sharded or Unknown; in any other type
-    /// polling stops for good (SP-1).
-    pub fn handle_timeout(&mut self, topology_type: TopologyType, now: Instant) {
+    /// Time has passed. A due rescan is handed out by [`SrvPoller::poll_rescan`] while
+    /// `topology` is Sharded or Unknown; in any other type, or once it is closed, polling stops
+    /// for good (SP-1).
+    pub fn handle_timeout(&mut self, topology: &Topology, now: Instant) {
         if let State::Waiting(at) = self.state {
             if now >= at {
-                self.state = if polls(topology_type) {
+                self.state = if polls(topology) {
                     State::Due
                 } else {
                     State::Stopped
@@ -154,7 +154,7 @@ impl SrvPoller {
         if self.state != State::Resolving {
             return;
         }
-        if topology.is_closed() || !polls(topology.description().topology_type) {
+        if !polls(topology) {
             self.state = State::Stopped;
             return;
         }
@@ -168,9 +168,13 @@ impl SrvPoller {
     }
 }
 
-/// SP-1: whether a topology of this type is polled.
-fn polls(topology_type: TopologyType) -> bool {
-    matches!(topology_type, TopologyType::Sharded | TopologyType::Unknown)
+/// SP-1: whether `topology` is polled: open, and Sharded or Unknown.
+fn polls(topology: &Topology) -> bool {
+    !topology.is_closed()
+        && matches!(
+            topology.description().topology_type,
+            TopologyType::Sharded | TopologyType::Unknown
+        )
 }
 
 /// SP-2: the lowest TTL, but at least 60 s; 60 s without TTLs.
@@ -296,7 +300,7 @@ mod tests {
     /// Runs the rescan due at `poller`'s timeout, answered with `ports` (TTL unknown).
     fn rescan(poller: &mut SrvPoller, topology: &mut Topology, ports: &[u16], rng: &mut EngineRng) {
         let now = poller.poll_timeout().expect("a rescan is scheduled");
-        poller.handle_timeout(topology.description().topology_type, now);
+        poller.handle_timeout(topology, now);
         assert!(poller.poll_rescan(), "a rescan is due at {now:?}");
         assert!(!poller.poll_rescan(), "handed out once");
         poller.handle_hosts(topology, hosts(ports), None, rng, now);
@@ -314,12 +318,9 @@ mod tests {
         let mut topology = sharded(&[27017, 27018]);
         let mut rng = EngineRng::from_seed_u64(1);
         // Not due a nanosecond early.
-        poller.handle_timeout(
-            TopologyType::Sharded,
-            secs(60).saturating_sub(Duration::from_nanos(1)),
-        );
+        poller.handle_timeout(&topology, secs(60).saturating_sub(Duration::from_nanos(1)));
         assert!(!poller.poll_rescan());
-        poller.handle_timeout(TopologyType::Sharded, secs(60));
+        poller.handle_timeout(&topology, secs(60));
         assert!(poller.poll_rescan());
         assert_eq!(poller.poll_timeout(), None, "no timer while resolving");
         // The lookup ended at 62 s; its lowest TTL was 120 s.
@@ -499,20 +500,25 @@ mod tests {
         let lb = Topology::new(settings, Instant::ZERO).expect("valid settings");
         // A replica set.
         let mut rs = replica_set();
-        for topology_type in [
-            lb.description().topology_type,
-            rs.description().topology_type,
-        ] {
+        let sharded_later = sharded(&[27017]);
+        for topology in [&lb, &rs] {
+            let topology_type = topology.description().topology_type;
             let mut poller = poller(0);
-            poller.handle_timeout(topology_type, secs(60));
+            poller.handle_timeout(topology, secs(60));
             assert!(!poller.poll_rescan(), "{topology_type:?}");
             assert_eq!(poller.poll_timeout(), None, "stopped for good");
-            poller.handle_timeout(TopologyType::Sharded, secs(600));
+            poller.handle_timeout(&sharded_later, secs(600));
             assert!(!poller.poll_rescan());
         }
         // Unknown is polled.
+        let unknown_topology = Topology::new(TopologySettings::new(hosts(&[27017])), Instant::ZERO)
+            .expect("valid settings");
+        assert_eq!(
+            unknown_topology.description().topology_type,
+            TopologyType::Unknown
+        );
         let mut unknown = poller(0);
-        unknown.handle_timeout(TopologyType::Unknown, secs(60));
+        unknown.handle_timeout(&unknown_topology, secs(60));
         assert!(unknown.poll_rescan());
         // A topology that became a replica set while the lookup ran is left alone.
         unknown.handle_hosts(
@@ -540,12 +546,17 @@ mod tests {
         poller.handle_hosts(&mut topology, hosts(&[27019]), None, &mut rng, secs(1));
         assert_eq!(ports(&topology), [27017]);
         assert_eq!(poller.poll_timeout(), Some(secs(60)));
-        poller.handle_timeout(TopologyType::Sharded, secs(60));
+        poller.handle_timeout(&topology, secs(60));
         assert!(poller.poll_rescan());
         topology.close(secs(61));
         drain(&mut topology);
         poller.handle_hosts(&mut topology, hosts(&[27019]), None, &mut rng, secs(62));
         assert!(topology.description().servers.is_empty());
+        assert_eq!(poller.poll_timeout(), None);
+        // A closed topology (Unknown and empty) is not polled either.
+        let mut poller = SrvPoller::new(&SrvPollingOptions::new(0, None), HEARTBEAT, secs(62));
+        poller.handle_timeout(&topology, secs(200));
+        assert!(!poller.poll_rescan());
         assert_eq!(poller.poll_timeout(), None);
     }
 
@@ -596,6 +607,10 @@ mod tests {
             next <= secs(151),
             "the next rescan at 151 s at the latest: {next:?}"
         );
+        // A closed engine asks for no more rescans.
+        engine.close(secs(100));
+        engine.handle_timeout(secs(1_000));
+        assert!(!engine.poll_srv_rescan());
         // No polling without the option.
         let plain = EngineOptions::new(
             TopologySettings::new(hosts(&[27017])),
