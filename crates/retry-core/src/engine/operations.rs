@@ -433,22 +433,28 @@ impl Engine {
             .get(&conn)
             .and_then(|s| self.server(s.server).monitor.as_ref())
             .map_or(core::time::Duration::ZERO, |m| m.monitor.min_rtt());
-        let lsid =
-            match self.prepare_attempt(op_id, supports_sessions, with_txn_number, min_rtt, now) {
-                Prepared::Send(lsid) => lsid,
-                Prepared::Expired => {
-                    // CS-4, TO-10: not sent; the connection goes back and the operation times out.
-                    if let Some(op) = self.ops.get_mut(&op_id) {
-                        expect_accepted(op.machine.handle_expired_before_send(now));
-                    }
-                    self.schedule(Machine::Operation(op_id));
-                    return;
+        let prepared =
+            self.prepare_attempt(op_id, supports_sessions, with_txn_number, min_rtt, now);
+        let lsid = match prepared {
+            Prepared::Send(lsid) => lsid,
+            Prepared::Expired => {
+                // CS-4, TO-10: not sent; the connection goes back and the operation times out.
+                if let Some(op) = self.ops.get_mut(&op_id) {
+                    expect_accepted(op.machine.handle_expired_before_send(now));
                 }
-                Prepared::Refused(error) => {
-                    self.fail_attempt(op_id, error, false, now);
-                    return;
-                }
-            };
+                self.schedule(Machine::Operation(op_id));
+                return;
+            }
+            Prepared::Refused(error) => {
+                self.fail_attempt(op_id, error, false, now);
+                return;
+            }
+            // RW-14: the retry machine released the connection and ended the operation.
+            Prepared::Withdrawn => {
+                self.schedule(Machine::Operation(op_id));
+                return;
+            }
+        };
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };

@@ -32,6 +32,9 @@ pub(super) enum Prepared {
     Send(Option<SessionId>),
     /// CS-4: the remaining time is not more than the minimum RTT; do not send it.
     Expired,
+    /// The retry machine withdrew the attempt (a retry that cannot carry its `txnNumber`, RW-14);
+    /// its actions release the connection and end the operation.
+    Withdrawn,
     /// It cannot be sent (an ended or unsupported explicit session, SE-8, SE-10).
     Refused(OperationError),
 }
@@ -213,6 +216,14 @@ impl Engine {
                 // Never a txnNumber without an lsid: a server refuses it.
                 body.remove("txnNumber");
                 op.lsid_sent = false;
+                if with_txn_number {
+                    // RW-2, SE-8: the server's description supports sessions but this
+                    // connection does not: the attempt is not a retryable write (issue 10 a).
+                    super::expect_accepted(op.machine.handle_attempt_without_txn_number(now));
+                    if op.machine.is_finished() {
+                        return Prepared::Withdrawn;
+                    }
+                }
             }
         }
         if op.gossip {
