@@ -103,6 +103,7 @@ impl Engine {
         }
         let mut body = core::mem::take(&mut request.command);
         body.insert("$db", request.db.as_str());
+        self.session_operation_started(&session);
         self.ops.insert(
             op,
             Operation {
