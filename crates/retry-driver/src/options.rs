@@ -109,10 +109,13 @@ pub struct ClientOptions {
     /// `readPreference`, `readPreferenceTags`, `maxStalenessSeconds`: the default read
     /// preference of reads that name none (SS-2).
     pub read_preference: ReadPreference,
-    /// `readConcernLevel`, if given.
+    /// `readConcernLevel`, if given: the `readConcern` of the reads [`crate::Client::command`]
+    /// and [`crate::Client::cursor`] send without one of their own.
     pub read_concern_level: Option<String>,
     /// `w`, `wTimeoutMS`, `journal` as the `writeConcern` document servers take (`w`, `wtimeout`,
-    /// `j`), if any was given.
+    /// `j`), if any was given: the `writeConcern` of the writes [`crate::Client::command`] and
+    /// [`crate::Client::cursor`] send without one of their own (`wtimeout` not under
+    /// `timeoutMS`, TO-8). [`crate::Client::run_command`] adds neither concern.
     pub write_concern: Option<Document>,
     /// `serverMonitoringMode` (MO-7). The engine's monitors poll in every mode for now.
     pub server_monitoring_mode: ServerMonitoringMode,
