@@ -408,6 +408,10 @@ struct Session {
     clock: ClusterClock,
     pin: TransactionPin,
     conn: Option<ConnId>,
+    /// Its operations that have not finished (SE-12: it ends only after the last one).
+    in_flight: u32,
+    /// [`Engine::end_session`] was called while operations were in flight.
+    ending: bool,
 }
 
 /// Which server session an operation's commands carry.

@@ -103,6 +103,7 @@ impl Engine {
         }
         let mut body = core::mem::take(&mut request.command);
         strip_command_fields(&mut body);
+        self.session_operation_started(&session);
         self.ops.insert(
             op,
             Operation {

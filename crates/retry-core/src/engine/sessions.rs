@@ -85,18 +85,43 @@ impl Engine {
 
     /// Ends an explicit session: its transaction pin goes (TX-4 (6)), a pinned connection goes
     /// back to its pool, and its server session returns to the pool (SE-5; a dirty one is
-    /// discarded, SE-12). Ending it again, or an unknown handle, does nothing (SE-10). An
-    /// operation still running in it fails its next attempt with a usage error.
+    /// discarded, SE-12). Ending it again, or an unknown handle, does nothing (SE-10). From the
+    /// call on, new operations in it are refused, and an operation still running in it fails its
+    /// next attempt with a usage error; while any runs, the session ends only when the last one
+    /// finishes, so that its server session is neither shared nor returned clean while a command
+    /// that carries its `lsid` may still be cut off (SE-12).
     pub fn end_session(&mut self, session: SessionHandle, now: Instant) {
+        match self.sessions.get_mut(&session) {
+            Some(state) if state.in_flight > 0 => state.ending = true,
+            Some(_) => self.close_session(session, now),
+            None => {}
+        }
+        self.run(now);
+    }
+
+    /// The session's end of [`Engine::end_session`], once no operation of it is in flight.
+    fn close_session(&mut self, session: SessionHandle, now: Instant) {
         if let Some(state) = self.sessions.get_mut(&session) {
             state.pin.end_session();
         }
         self.unpin_connection(session, true, now);
         if let Some(server) = self.sessions.remove(&session).and_then(|s| s.server) {
-            let timeout = self.session_timeout();
-            self.session_pool.release(server, timeout, now);
+            self.release_server_session(server, now);
         }
-        self.run(now);
+    }
+
+    /// An operation carrying `session` starts: an explicit session counts it (SE-12).
+    pub(super) fn session_operation_started(&mut self, session: &OpSession) {
+        if let OpSession::Explicit(handle) = session {
+            if let Some(state) = self.sessions.get_mut(handle) {
+                state.in_flight += 1;
+            }
+        }
+    }
+
+    /// The explicit session `handle` is usable: started and not being ended (SE-10).
+    fn session_open(&self, handle: SessionHandle) -> bool {
+        self.sessions.get(&handle).is_some_and(|s| !s.ending)
     }
 
     /// SE-6, LB-5: how long the server keeps an idle session, for the pool's rules.
@@ -126,7 +151,7 @@ impl Engine {
         );
         let session = match request.session {
             // SE-10: an ended (or never started) session.
-            Some(handle) if !self.sessions.contains_key(&handle) => {
+            Some(handle) if !self.session_open(handle) => {
                 return Err(OperationError::usage("the session has ended"));
             }
             // SE-13: an explicit session with an unacknowledged write is an error.
@@ -182,7 +207,7 @@ impl Engine {
                     None,
                 ),
                 OpSession::Explicit(handle) => {
-                    let Some(state) = self.sessions.get_mut(handle) else {
+                    let Some(state) = self.sessions.get_mut(handle).filter(|s| !s.ending) else {
                         return Prepared::Refused(OperationError::usage("the session has ended"));
                     };
                     if !supported {
@@ -312,7 +337,8 @@ impl Engine {
 
     /// The operation ended: its implicit session goes to the cursor it opened or continues
     /// (SE-14), else back to the pool (SE-9, SE-5); an explicit session stays with the caller
-    /// (and with the cursor it opened).
+    /// (and with the cursor it opened), or ends now if [`Engine::end_session`] waited for this
+    /// operation (SE-12).
     pub(super) fn operation_session_ended(
         &mut self,
         op: &mut Operation,
@@ -320,6 +346,14 @@ impl Engine {
         now: Instant,
     ) {
         let session = core::mem::take(&mut op.session);
+        if let OpSession::Explicit(handle) = session {
+            if let Some(state) = self.sessions.get_mut(&handle) {
+                state.in_flight = state.in_flight.saturating_sub(1);
+                if state.ending && state.in_flight == 0 {
+                    self.close_session(handle, now);
+                }
+            }
+        }
         let cursor = match (op.opened.filter(|_| succeeded), op.request.cursor) {
             (Some(handle), _) => Some(handle),
             (None, super::CursorUse::GetMore(handle)) => Some(handle),
