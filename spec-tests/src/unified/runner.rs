@@ -24,7 +24,10 @@ fn no_sessions(_: &str) -> Option<Document> {
 
 /// Runs `test` of `file` on `cluster`; `Err` is the first failed check or harness failure.
 pub async fn run_test(file: &Value, test: &Value, cluster: &Cluster) -> Result<(), String> {
-    let mut entities = Entities::default();
+    let mut entities = Entities {
+        fail_points: super::entities::may_set_fail_point(test),
+        ..Entities::default()
+    };
     let result = run_in(file, test, cluster, &mut entities).await;
     entities.close().await;
     let refused: Vec<String> = cluster
