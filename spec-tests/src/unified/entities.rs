@@ -3,6 +3,7 @@
 //! product's own stream ([`retry_tokio::Events`]); the runner only filters and renames them.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use bson::{doc, Bson, Document};
 use retry_core::engine::{CommandEvent, CursorHandle, EngineEvent};
@@ -217,7 +218,12 @@ pub struct CursorEntity {
     pub buffer: std::collections::VecDeque<Bson>,
     /// `batchSize` for its getMores.
     pub batch_size: Option<i32>,
+    /// The explicit session it was opened in: its `getMore`s run in it (SE-14, TX-1).
+    pub session: Option<Arc<Session>>,
 }
+
+/// The product's explicit session on tokio.
+pub type Session = retry_driver::Session<retry_tokio::TokioRuntime>;
 
 /// One entity of the map.
 pub enum Entity {
@@ -245,6 +251,13 @@ pub enum Entity {
     },
     /// A cursor or change stream.
     Cursor(Box<CursorEntity>),
+    /// An explicit session of a client (UT-10); `None` once ended.
+    Session {
+        /// The client entity.
+        client: String,
+        /// The product's session.
+        session: Option<Arc<Session>>,
+    },
     /// A saved result.
     Value(Bson),
     /// A thread (UT-11): the operations started on it, each a task on the test's thread.
@@ -349,7 +362,20 @@ impl Entities {
                     }
                 }
                 "session" => {
-                    return Err("session entities: the driver has no explicit sessions yet".into())
+                    // UT-10: `sessionOptions` (causal consistency, default transaction options)
+                    // are not supported by the product's sessions yet.
+                    check_fields(spec, &["id", "client"])?;
+                    let client = str_field(spec, "client")?;
+                    let session = self
+                        .client(&client)?
+                        .client
+                        .start_session()
+                        .await
+                        .map_err(|e| format!("session {id}: {e}"))?;
+                    Entity::Session {
+                        client,
+                        session: Some(Arc::new(session)),
+                    }
                 }
                 "thread" => {
                     check_fields(spec, &["id"])?;
@@ -370,8 +396,13 @@ impl Entities {
         }
     }
 
-    /// UT-25: shuts every client down.
+    /// UT-10, UT-25: ends every session, then shuts every client down.
     pub async fn close(&mut self) {
+        for entity in self.map.values_mut() {
+            if let Entity::Session { session, .. } = entity {
+                session.take();
+            }
+        }
         for entity in self.map.values() {
             match entity {
                 Entity::Client(client) => client.client.shutdown().await,

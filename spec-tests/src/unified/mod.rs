@@ -61,7 +61,7 @@ pub const UNIFIED_SUITES: &[UnifiedSuite] = &[
     UnifiedSuite {
         name: "load-balancers",
         dir: "source/load-balancers/tests",
-        min_passed: 19,
+        min_passed: 39,
     },
     UnifiedSuite {
         name: "sdam",
