@@ -321,7 +321,7 @@ impl Engine {
         // LB-10: closing a cursor gives its connection back whatever killCursors did.
         if let (CursorUse::Close(handle), false) = (op.request.cursor, op.release_pinned) {
             if let Some(cursor) = self.cursors.remove(&handle) {
-                if let Some(conn) = cursor.conn {
+                if let Some(conn) = cursor.conn.filter(|c| !self.is_transaction_conn(*c)) {
                     self.release(conn, true, now);
                 }
                 self.cursor_session_ended(cursor.session, now);
@@ -544,7 +544,10 @@ impl Engine {
             return;
         };
         match error {
-            Some(error) => self.fail_attempt(op_id, error, false, now),
+            Some(error) => {
+                self.transaction_error_reply(op_id, conn, &error);
+                self.fail_attempt(op_id, error, false, now);
+            }
             None => {
                 // Looked up without `get_document`, whose miss builds an error.
                 let cursor_id = match body.get("cursor") {
