@@ -129,7 +129,7 @@ impl Driver {
     /// Starts the operations the client queued. Returns whether there were any, and whether the
     /// client is closing.
     fn take_requests(&mut self, cx: &mut Context<'_>, now: Instant) -> (bool, bool) {
-        let (requests, cancels, closing) = {
+        let (requests, closing) = {
             let mut state = lock(&self.shared.state);
             if !state
                 .driver
@@ -142,22 +142,21 @@ impl Driver {
             // while someone listens.
             let listening = state.subscribers.iter().any(|s| Arc::strong_count(s) > 1);
             self.engine.set_command_monitoring(listening);
+            // A dropped `run` future cancels its operation in the engine, before a session
+            // dropped after it ends (SE-12: the cancel may make the session dirty).
+            let cancels = core::mem::take(&mut state.cancels);
+            let cancelled = !cancels.is_empty();
+            for op in cancels {
+                self.pending.remove(&op);
+                self.engine.cancel_operation(op, now);
+            }
             // Explicit sessions to start and end (`session.rs`).
             let sessions = crate::session::serve(&mut self.engine, &mut state.sessions, now);
-            if state.requests.is_empty() && state.cancels.is_empty() {
-                return (sessions, state.closing);
+            if state.requests.is_empty() {
+                return (sessions || cancelled, state.closing);
             }
-            (
-                core::mem::take(&mut state.requests),
-                core::mem::take(&mut state.cancels),
-                state.closing,
-            )
+            (core::mem::take(&mut state.requests), state.closing)
         };
-        // A dropped `run` future cancels its operation in the engine.
-        for op in cancels {
-            self.pending.remove(&op);
-            self.engine.cancel_operation(op, now);
-        }
         for request in requests {
             if request.reply.is_abandoned() {
                 continue;

@@ -37,6 +37,7 @@
 //! rounds it yields and wakes itself, so it never exhausts tokio's coop budget in one poll.
 
 mod client;
+mod concerns;
 mod connection_string;
 mod credential;
 mod cursor;

@@ -53,7 +53,8 @@ pub use dns::{
 };
 pub use lb_auth::scram_authenticates_through_a_load_balancer;
 pub use sessions::{
-    explicit_session_runs_several_operations, max_time_ms_is_on_every_attempt_under_timeout_ms,
+    client_concerns_reach_command_and_cursor, explicit_session_runs_several_operations,
+    max_time_ms_is_on_every_attempt_under_timeout_ms,
     retried_insert_runs_once_with_one_lsid_and_txn_number,
     secondary_read_carries_read_preference_and_lsid,
     socket_timeout_bounds_a_server_that_never_answers,
@@ -905,6 +906,7 @@ macro_rules! suite {
             max_time_ms_is_on_every_attempt_under_timeout_ms,
             socket_timeout_bounds_a_server_that_never_answers,
             explicit_session_runs_several_operations,
+            client_concerns_reach_command_and_cursor,
         );
     };
     (@tests $runtime:ty, $block_on:expr; $($name:ident,)*) => {

@@ -412,6 +412,10 @@ struct Session {
     clock: ClusterClock,
     pin: TransactionPin,
     conn: Option<ConnId>,
+    /// Its operations that have not finished (SE-12: it ends only after the last one).
+    in_flight: u32,
+    /// [`Engine::end_session`] was called while operations were in flight.
+    ending: bool,
 }
 
 /// Which server session an operation's commands carry.
@@ -870,12 +874,11 @@ fn expect_accepted(result: Result<(), UnexpectedInput>) {
 }
 
 /// The command of an attempt that modifies it (TX-11, TX-12) or that carries a `$readPreference`
-/// for its server (SS-9, LB-6): the operation's command (`base`, with `$db` and the session
-/// fields) with the attempt's fields, `$db` last; `None` when the attempt modifies nothing and
-/// `base` is sent as it is.
+/// for its server (SS-9, LB-6): the operation's command (`base`, with the session fields) with
+/// the attempt's fields (`$db` and `lsid` are appended at encode time); `None` when the attempt
+/// modifies nothing and `base` is sent as it is.
 fn command_for(
     base: &Document,
-    db: &str,
     attempt: &Attempt,
     read_preference: Option<Document>,
 ) -> Option<Document> {
@@ -886,7 +889,6 @@ fn command_for(
         return None;
     }
     let mut body = base.clone();
-    body.remove("$db");
     if let Some(read_preference) = read_preference {
         body.insert("$readPreference", read_preference);
     }
@@ -907,7 +909,6 @@ fn command_for(
         }
         body.insert("writeConcern", wc);
     }
-    body.insert("$db", db);
     Some(body)
 }
 
