@@ -56,7 +56,7 @@ pub const UNIFIED_SUITES: &[UnifiedSuite] = &[
     UnifiedSuite {
         name: "retryable-writes",
         dir: "source/retryable-writes/tests/unified",
-        min_passed: 136,
+        min_passed: 139,
     },
     UnifiedSuite {
         name: "load-balancers",
