@@ -488,6 +488,17 @@ impl Connection {
     /// [`Connection::send_command`], leaving the request with the caller (its body and sequences
     /// are encoded, then put back), so that a retry can send it again without rebuilding it.
     pub fn send(&mut self, request: &mut Request, now: Instant) -> Result<i32, SendError> {
+        self.send_with(request, now, |_| Ok(()))
+    }
+
+    /// [`Connection::send`], with `append` writing pre-encoded elements at the end of the body
+    /// (the engine's `$db` and `lsid`).
+    pub(crate) fn send_with(
+        &mut self,
+        request: &mut Request,
+        now: Instant,
+        append: impl FnOnce(&mut Vec<u8>) -> Result<(), EncodeError>,
+    ) -> Result<i32, SendError> {
         if self.state != ConnectionState::Ready {
             return Err(SendError::NotReady(self.state));
         }
@@ -514,7 +525,8 @@ impl Connection {
             body: core::mem::take(&mut request.body),
             sequences: core::mem::take(&mut request.sequences),
         };
-        let encoded = message.encode(self.decoder.max_message_size(), &mut self.outbound);
+        let encoded =
+            message.encode_with(self.decoder.max_message_size(), &mut self.outbound, append);
         request.body = message.body;
         request.sequences = message.sequences;
         encoded.map_err(SendError::Encode)?;
