@@ -221,9 +221,10 @@ impl Engine {
         match max_time_ms(op.request.timeout, min_rtt, now) {
             MaxTime::Omit => Prepared::Send,
             MaxTime::Send(ms) => {
+                // At most `i32::MAX` (`MAX_TIME_MS_LIMIT`): sent as the Int32 servers parse.
                 body.insert(
                     "maxTimeMS",
-                    Bson::Int64(i64::try_from(ms).unwrap_or(i64::MAX)),
+                    Bson::Int32(i32::try_from(ms).unwrap_or(i32::MAX)),
                 );
                 Prepared::Send
             }
