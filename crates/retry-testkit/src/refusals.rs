@@ -8,6 +8,10 @@
 //! - An `lsid` that is not `{id: <binary>}`: `TypeMismatch` (14).
 //! - A `txnNumber` that is not an Int64: `TypeMismatch` (14), "BSON field
 //!   'OperationSessionInfo.txnNumber' is the wrong type ..., expected type 'long'".
+//! - A `txnNumber` without `autocommit: false` on a command that is not a retryable write
+//!   (`commitTransaction` and `abortTransaction` included): `NotARetryableWriteCommand` (50768),
+//!   "txnNumber may only be provided for multi-document transactions and retryable write
+//!   commands. autocommit:false was not provided, and ... is not a retryable write command." (TX-1)
 //! - A `maxTimeMS` that is not a number, is negative or above `i32::MAX`, or is a fractional
 //!   double: `BadValue` (2), "maxTimeMS must be a number" / "is out of range" / "has
 //!   non-integral value" (the server's `parseMaxTimeMS`).
@@ -66,6 +70,20 @@ pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Doc
             return Some(error_reply(
                 20,
                 "Transaction numbers are only allowed on a replica set member or mongos",
+            ));
+        }
+        let retryable_write = matches!(
+            name,
+            "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "bulkWrite"
+        );
+        if !command.contains_key("autocommit") && !retryable_write {
+            return Some(error_reply(
+                50768,
+                &format!(
+                    "txnNumber may only be provided for multi-document transactions and \
+                     retryable write commands. autocommit:false was not provided, and {name} is \
+                     not a retryable write command."
+                ),
             ));
         }
     }
@@ -167,6 +185,16 @@ mod tests {
             let refused = refusal(&Role::Mongos, "find", &find(bad.clone()));
             assert_eq!(code(refused), Some(2), "{bad:?}");
         }
+        // TX-1: a transaction's commit without `autocommit: false`.
+        let commit = doc! { "commitTransaction": 1, "lsid": lsid(), "txnNumber": 1_i64 };
+        assert_eq!(
+            code(refusal(&Role::Mongos, "commitTransaction", &commit)),
+            Some(50768)
+        );
+        let mut in_transaction = commit.clone();
+        in_transaction.insert("autocommit", false);
+        let refused = refusal(&Role::Mongos, "commitTransaction", &in_transaction);
+        assert_eq!(code(refused), None);
         for bad in [Bson::Int32(1), Bson::Double(1.0)] {
             let insert = doc! { "insert": "c", "lsid": lsid(), "txnNumber": bad.clone() };
             let refused = refusal(&Role::Mongos, "insert", &insert);
