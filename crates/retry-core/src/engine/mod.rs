@@ -416,6 +416,8 @@ struct Session {
     in_flight: u32,
     /// [`Engine::end_session`] was called while operations were in flight.
     ending: bool,
+    /// TX-6: the latest `recoveryToken` of the transaction's `ok: 1` replies.
+    recovery_token: Option<Document>,
 }
 
 /// Which server session an operation's commands carry.
