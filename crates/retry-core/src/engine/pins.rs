@@ -133,8 +133,10 @@ impl Engine {
                     op.keep_conn = true;
                     state.conn = Some(conn);
                     state.pin.pin(Pin::Connection(pool_id));
-                } else if let Some(server) =
-                    op.server.as_ref().filter(|s| s.topology_type.is_sharded())
+                } else if let Some(server) = op.slots[0]
+                    .server
+                    .as_ref()
+                    .filter(|s| s.topology_type.is_sharded())
                 {
                     state.pin.pin(Pin::Mongos(server.address.clone()));
                 }
@@ -153,8 +155,15 @@ impl Engine {
         }
     }
 
-    /// LB-10: a cursor operation succeeded with `cursor_id`: open, keep or end the cursor.
-    pub(super) fn cursor_replied(&mut self, op_id: OpId, conn: ConnId, cursor_id: i64) {
+    /// LB-10: a cursor operation's `slot` (a hedged copy's, or the retry machine's) succeeded
+    /// with `cursor_id`: open, keep or end the cursor.
+    pub(super) fn cursor_replied(
+        &mut self,
+        op_id: OpId,
+        slot: usize,
+        conn: ConnId,
+        cursor_id: i64,
+    ) {
         let load_balanced = self.options.topology.load_balanced;
         let pool_id = match self.sockets.get(&conn).map(|s| &s.owner) {
             Some(Owner::Pool(id)) => *id,
@@ -166,7 +175,7 @@ impl Engine {
         match op.request.cursor {
             CursorUse::None => {}
             CursorUse::Open => {
-                let Some(server) = op.server.clone() else {
+                let Some(server) = op.slots[slot].server.clone() else {
                     return;
                 };
                 if cursor_id == 0 {

@@ -117,6 +117,7 @@ impl Engine {
     pub(super) fn prepare_attempt(
         &mut self,
         op_id: OpId,
+        slot: usize,
         supports_sessions: bool,
         with_txn_number: bool,
         min_rtt: core::time::Duration,
@@ -128,9 +129,15 @@ impl Engine {
             return Prepared::Send;
         };
         let supported = supports_sessions || load_balanced;
+        // Hedged copies share the command but each has its own session (SE-9): the `lsid` is
+        // written for every copy.
+        let shared_wire = op.slots.len() > 1;
+        let Some(slot) = op.slots.get_mut(slot) else {
+            return Prepared::Send;
+        };
         // SE-7, SE-8: the server session, taken now if it was not yet.
         let (server, explicit) =
-            match &mut op.session {
+            match &mut slot.session {
                 OpSession::Never => (None, None),
                 OpSession::Implicit(_) if !supported => (None, None),
                 OpSession::Implicit(slot) => (
@@ -155,11 +162,11 @@ impl Engine {
         let body = &mut op.wire.body;
         match server {
             Some(server) => {
-                if !op.lsid_sent {
+                if !slot.lsid_sent || shared_wire {
                     body.insert("lsid", server.id().lsid());
                 }
                 server.mark_used(now);
-                op.lsid_sent = true;
+                slot.lsid_sent = true;
                 if with_txn_number {
                     let kind = op.request.kind;
                     let number = *op.txn_number.get_or_insert_with(|| match kind {
@@ -176,7 +183,7 @@ impl Engine {
                 // Never a txnNumber without an lsid: a server refuses it.
                 body.remove("lsid");
                 body.remove("txnNumber");
-                op.lsid_sent = false;
+                slot.lsid_sent = false;
             }
         }
         if op.gossip {
@@ -216,22 +223,26 @@ impl Engine {
 
     /// SE-12: a network error on an attempt that carried the session's `lsid` makes the session
     /// dirty for good.
-    pub(super) fn session_failed(&mut self, op_id: OpId, error: &OperationError) {
+    pub(super) fn session_failed(&mut self, op_id: OpId, slot: usize, error: &OperationError) {
         if matches!(error.kind, ErrorKind::Network(_)) {
-            self.mark_session_dirty(op_id);
+            self.mark_session_dirty(op_id, slot);
         }
     }
 
     /// SE-12: the operation's session is dirty if its current attempt carried the `lsid`: a
     /// network error, or a cancellation that closes the connection under the command.
-    pub(super) fn mark_session_dirty(&mut self, op_id: OpId) {
-        let Some(op) = self.ops.get_mut(&op_id) else {
+    pub(super) fn mark_session_dirty(&mut self, op_id: OpId, slot: usize) {
+        let Some(slot) = self
+            .ops
+            .get_mut(&op_id)
+            .and_then(|op| op.slots.get_mut(slot))
+        else {
             return;
         };
-        if !op.lsid_sent {
+        if !slot.lsid_sent {
             return;
         }
-        match &mut op.session {
+        match &mut slot.session {
             OpSession::Implicit(Some(server)) => server.mark_dirty(),
             OpSession::Explicit(handle) => {
                 if let Some(server) = self
@@ -248,31 +259,40 @@ impl Engine {
 
     /// SE-16, SE-18: a reply's `$clusterTime` advances the client's clock and the explicit
     /// session's (never for SDAM commands, SE-19: those replies do not come here).
-    pub(super) fn session_replied(&mut self, op_id: OpId, reply: &Document) {
+    pub(super) fn session_replied(&mut self, op_id: OpId, slot: usize, reply: &Document) {
         let Some(op) = self.ops.get(&op_id).filter(|op| op.gossip) else {
             return;
         };
         let Some(time) = ClusterTime::from_reply(reply) else {
             return;
         };
-        if let OpSession::Explicit(handle) = op.session {
-            if let Some(state) = self.sessions.get_mut(&handle) {
+        if let Some(OpSession::Explicit(handle)) = op.slots.get(slot).map(|s| &s.session) {
+            if let Some(state) = self.sessions.get_mut(handle) {
                 state.clock.advance(time.clone());
             }
         }
         self.cluster_clock.advance(time);
     }
 
-    /// The operation ended: its implicit session goes to the cursor it opened or continues
-    /// (SE-14), else back to the pool (SE-9, SE-5); an explicit session stays with the caller
-    /// (and with the cursor it opened).
+    /// The operation ended: the implicit session of its `winner` slot goes to the cursor it
+    /// opened or continues (SE-14), else back to the pool (SE-9, SE-5); an explicit session stays
+    /// with the caller (and with the cursor it opened). The sessions of a hedged operation's
+    /// other copies go back to the pool.
     pub(super) fn operation_session_ended(
         &mut self,
         op: &mut Operation,
+        winner: usize,
         succeeded: bool,
         now: Instant,
     ) {
-        let session = core::mem::take(&mut op.session);
+        for (i, slot) in op.slots.iter_mut().enumerate() {
+            if let (true, OpSession::Implicit(server)) = (i != winner, &mut slot.session) {
+                if let Some(server) = server.take() {
+                    self.release_server_session(server, now);
+                }
+            }
+        }
+        let session = core::mem::take(&mut op.slots[winner].session);
         let cursor = match (op.opened.filter(|_| succeeded), op.request.cursor) {
             (Some(handle), _) => Some(handle),
             (None, super::CursorUse::GetMore(handle)) => Some(handle),
