@@ -70,42 +70,63 @@ impl OpMachine {
         }
     }
 
+    /// Whether the machine expects inputs for `slot`. A hedged copy the machine has cancelled may
+    /// still hear of its selection, checkout or reply before the engine handles the
+    /// cancellation, which then gives back whatever the copy holds; such news is dropped.
+    pub(super) fn is_live(&self, slot: usize) -> bool {
+        match self {
+            OpMachine::Retry(_) => true,
+            OpMachine::Hedging(m) => m.is_live(copy_of(slot)),
+        }
+    }
+
     pub(super) fn server_selected(&mut self, slot: usize, server: AttemptServer, now: Instant) {
         match self {
             OpMachine::Retry(m) => expect_accepted(m.handle_server_selected(server, now)),
-            OpMachine::Hedging(m) => {
+            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
                 expect_accepted(m.handle_server_selected(copy_of(slot), server.address, now))
             }
+            OpMachine::Hedging(_) => {}
         }
     }
 
     pub(super) fn selection_failed(&mut self, slot: usize, error: OperationError, now: Instant) {
         match self {
             OpMachine::Retry(m) => expect_accepted(m.handle_selection_failed(error, now)),
-            OpMachine::Hedging(m) => {
+            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
                 expect_accepted(m.handle_selection_failed(copy_of(slot), error, now))
             }
+            OpMachine::Hedging(_) => {}
         }
     }
 
     pub(super) fn sent(&mut self, slot: usize, now: Instant) {
         match self {
             OpMachine::Retry(m) => expect_accepted(m.handle_sent(now)),
-            OpMachine::Hedging(m) => expect_accepted(m.handle_sent(copy_of(slot), now)),
+            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
+                expect_accepted(m.handle_sent(copy_of(slot), now))
+            }
+            OpMachine::Hedging(_) => {}
         }
     }
 
     pub(super) fn succeeded(&mut self, slot: usize, now: Instant) {
         match self {
             OpMachine::Retry(m) => expect_accepted(m.handle_succeeded(now)),
-            OpMachine::Hedging(m) => expect_accepted(m.handle_succeeded(copy_of(slot), now)),
+            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
+                expect_accepted(m.handle_succeeded(copy_of(slot), now))
+            }
+            OpMachine::Hedging(_) => {}
         }
     }
 
     pub(super) fn failed(&mut self, slot: usize, error: OperationError, now: Instant) {
         match self {
             OpMachine::Retry(m) => expect_accepted(m.handle_failed(error, now)),
-            OpMachine::Hedging(m) => expect_accepted(m.handle_failed(copy_of(slot), error, now)),
+            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
+                expect_accepted(m.handle_failed(copy_of(slot), error, now))
+            }
+            OpMachine::Hedging(_) => {}
         }
     }
 
@@ -114,9 +135,10 @@ impl OpMachine {
     pub(super) fn expired_before_send(&mut self, slot: usize, now: Instant) {
         match self {
             OpMachine::Retry(m) => expect_accepted(m.handle_expired_before_send(now)),
-            OpMachine::Hedging(m) => {
+            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
                 expect_accepted(m.handle_failed(copy_of(slot), OperationError::timeout(None), now))
             }
+            OpMachine::Hedging(_) => {}
         }
     }
 }

@@ -492,6 +492,11 @@ impl Engine {
         let slot_state = &mut op.slots[slot];
         slot_state.checkout = None;
         slot_state.conn = Some(conn);
+        // A cancelled copy writes nothing; its cancellation checks the connection in.
+        if !op.machine.is_live(slot) {
+            self.schedule(Machine::Operation(op_id));
+            return;
+        }
         let Some(with_txn_number) = slot_state.attempt.as_ref().map(|a| a.txn_number.is_some())
         else {
             return;
@@ -611,6 +616,11 @@ impl Engine {
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
+        // A copy cancelled meanwhile: its cancellation checks the connection in.
+        if !op.machine.is_live(slot) {
+            self.schedule(Machine::Operation(op_id));
+            return;
+        }
         match error {
             Some(error) => self.fail_attempt(op_id, slot, error, false, now),
             None => {
