@@ -84,6 +84,11 @@ impl ConfigError {
     pub fn rule(&self) -> &str {
         &self.rule
     }
+
+    /// The value given.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
 }
 
 impl fmt::Display for ConfigError {

@@ -31,6 +31,8 @@ use retry_testkit::{
 };
 
 mod driver_api;
+mod hedging;
+pub use hedging::hedged_read_the_fast_copy_wins_and_the_slow_connection_is_checked_in;
 mod sessions;
 mod soak;
 mod tls;
@@ -897,6 +899,8 @@ macro_rules! suite {
             max_time_ms_is_on_every_attempt_under_timeout_ms,
             socket_timeout_bounds_a_server_that_never_answers,
             explicit_session_runs_several_operations,
+            // Hedged reads (hedging.rs).
+            hedged_read_the_fast_copy_wins_and_the_slow_connection_is_checked_in,
         );
     };
     (@tests $runtime:ty, $block_on:expr; $($name:ident,)*) => {

@@ -465,3 +465,34 @@ fn the_winner_reply_is_the_result() {
     assert_eq!(reply.get("server").cloned(), winner.map(Bson::String));
     let _: Document = reply;
 }
+
+/// A6 retries from the service config: a command's `retryPolicy` runs it under the gRPC retry
+/// rules (`maxAttempts` 2: one retry of the overloaded find), and a command named without a
+/// policy is not retried at all.
+#[test]
+fn a6_the_service_config_retry_policy_and_no_policy_apply_per_command() {
+    let config = ServiceConfig::from_document(&doc! { "methodConfig": [
+    { "name": [{ "service": "mongodb", "method": "find" }],
+      "retryPolicy": { "maxAttempts": 2, "initialBackoff": "0.01s", "maxBackoff": "0.01s",
+                       "backoffMultiplier": 1, "retryableStatusCodes": [462] } },
+    { "name": [{ "service": "mongodb", "method": "count" }] } ] })
+    .unwrap();
+    let servers = vec![(address("db"), {
+        let mut server = SimServer::new(Role::Standalone);
+        server.always = Some(("find".into(), overload(462)));
+        server
+    })];
+    let mut sim = Sim::new(servers, |o| o.service_config = Some(config));
+    sim.servers.get_mut(&address("db")).unwrap().script =
+        std::iter::repeat_n(Step::reply(overload(462)), 8).collect();
+    let find = sim.read(doc! { "find": "c" });
+    assert_eq!(sim.run(find).unwrap_err().code(), Some(462));
+    assert_eq!(sim.attempt_servers(find).len(), 2, "maxAttempts 2");
+    let count = sim.read(doc! { "count": "c" });
+    assert_eq!(sim.run(count).unwrap_err().code(), Some(462));
+    assert_eq!(sim.attempt_servers(count).len(), 1, "no policy: no retries");
+    // A command the config does not name keeps the client's retry rules (3 attempts, BP-10).
+    let distinct = sim.read(doc! { "distinct": "c", "key": "x" });
+    assert_eq!(sim.run(distinct).unwrap_err().code(), Some(462));
+    assert_eq!(sim.attempt_servers(distinct).len(), 3);
+}

@@ -1,7 +1,7 @@
 //! Hedged reads (gRPC A6 `hedgingPolicy`, A6-H1..A6-H7): an operation whose command has a
 //! hedging policy in [`super::EngineOptions::service_config`] runs a [`HedgingMachine`], with one
-//! attempt slot per copy; anything else runs a
-//! [`RetryMachine`](crate::retry::RetryMachine).
+//! attempt slot per copy; anything else runs a [`RetryMachine`], under the command's A6
+//! `retryPolicy` when it has one.
 //!
 //! - Which operations: reads ([`hedgeable`]) in an implicit session that are not a cursor's
 //!   `getMore` or `killCursors`. An explicit session is never hedged: two copies would use its one
@@ -21,7 +21,9 @@
 //!   Closing it at once would cost a new connection and handshake when the servers are busiest,
 //!   and a server keeps running a read whose client went away anyway.
 
+use alloc::sync::Arc;
 use bson::Document;
+use rand_core::RngCore;
 
 use super::{
     expect_accepted, ConnId, CursorUse, Drain, Engine, EngineEvent, OpId, OpMachine, OpSession,
@@ -30,8 +32,9 @@ use super::{
 use crate::address::ServerAddress;
 use crate::error::OperationError;
 use crate::hedging::{hedgeable, Action, CopyId, HedgingMachine};
+use crate::policy::RetryPolicy;
 use crate::pool::ConnectionId;
-use crate::retry::{Attempt, AttemptServer, WriteConcernRule};
+use crate::retry::{Attempt, AttemptServer, OperationSpec, RetryMachine, WriteConcernRule};
 use crate::service_config::MethodPolicy;
 use crate::session::ClusterTime;
 use crate::time::Instant;
@@ -144,28 +147,61 @@ impl OpMachine {
 }
 
 impl Engine {
-    /// A hedging machine for `request` when its command's policy is hedging and it may be hedged
-    /// (see the module docs); `None` runs it under the retry rules.
-    pub(super) fn hedging_machine(
-        &self,
+    /// The machine of a new operation, by its command's policy in the service config: a
+    /// hedging machine when the policy is hedging and the operation may be hedged (see the module
+    /// docs); else a retry machine under the command's A6 retry policy, with no retries for a
+    /// command named without a policy, or under the client's retry options. `pinned` operations
+    /// (a cursor's, a pinned transaction's, the engine's own) keep the client's options.
+    pub(super) fn operation_machine(
+        &mut self,
         request: &OperationRequest,
         session: &OpSession,
         pinned: bool,
+        spec: OperationSpec,
         now: Instant,
-    ) -> Option<HedgingMachine> {
-        let config = self.options.service_config.as_ref()?;
-        if !hedgeable(request.kind)
-            || pinned
-            || matches!(session, OpSession::Explicit(_))
-            || !matches!(request.cursor, CursorUse::None | CursorUse::Open)
-        {
-            return None;
-        }
-        let name = request.command.keys().next()?;
-        let MethodPolicy::Hedging(policy) = config.policy_for(name)? else {
-            return None;
+    ) -> OpMachine {
+        let policy = match (&self.options.service_config, pinned) {
+            (Some(config), false) => request
+                .command
+                .keys()
+                .next()
+                .and_then(|name| config.policy_for(name)),
+            _ => None,
         };
-        HedgingMachine::new(request.kind, request.timeout, policy, now).ok()
+        let retry = match policy {
+            Some(MethodPolicy::Hedging(policy))
+                if hedgeable(request.kind)
+                    && !matches!(session, OpSession::Explicit(_))
+                    && matches!(request.cursor, CursorUse::None | CursorUse::Open) =>
+            {
+                if let Ok(machine) = HedgingMachine::new(request.kind, request.timeout, policy, now)
+                {
+                    return OpMachine::Hedging(machine);
+                }
+                None
+            }
+            Some(MethodPolicy::Retry(policy)) => Some(
+                self.options
+                    .retry
+                    .clone()
+                    .policy(RetryPolicy::Grpc(Arc::new(policy.clone()))),
+            ),
+            // A6: a method named without a policy is not retried.
+            Some(MethodPolicy::NoRetries) => {
+                let mut options = self
+                    .options
+                    .retry
+                    .clone()
+                    .retry_reads(false)
+                    .retry_writes(false)
+                    .policy(RetryPolicy::Current);
+                options.max_adaptive_retries = 0;
+                Some(options)
+            }
+            _ => None,
+        };
+        let options = retry.as_ref().unwrap_or(&self.options.retry);
+        OpMachine::Retry(RetryMachine::new(spec, options, self.rng.next_u64(), now))
     }
 
     /// Routes a hedged operation's events and actions.

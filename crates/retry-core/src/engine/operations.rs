@@ -9,7 +9,6 @@
 //! machine one per copy.
 
 use bson::{Bson, Document};
-use rand_core::RngCore;
 
 use super::sessions::Prepared;
 use super::{
@@ -22,7 +21,7 @@ use crate::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::pinning::transaction_labels;
 use crate::pool::Purpose;
 use crate::read_preference_wire::read_preference_document;
-use crate::retry::{Action, Attempt, AttemptServer, OperationSpec, RetryEvent, RetryMachine};
+use crate::retry::{Action, Attempt, AttemptServer, OperationSpec, RetryEvent};
 use crate::selection::{SelectionStep, ServerSelection};
 use crate::time::Instant;
 
@@ -103,15 +102,13 @@ impl Engine {
             pinned_server = pinned_server.or(server);
             pinned_conn = pinned_conn.or(conn);
         }
-        let machine = match self.hedging_machine(&request, &session, pinned_server.is_some(), now) {
-            Some(machine) => OpMachine::Hedging(machine),
-            None => OpMachine::Retry(RetryMachine::new(
-                spec,
-                &self.options.retry,
-                self.rng.next_u64(),
-                now,
-            )),
-        };
+        let machine = self.operation_machine(
+            &request,
+            &session,
+            pinned_server.is_some() || internal,
+            spec,
+            now,
+        );
         let mut body = core::mem::take(&mut request.command);
         body.insert("$db", request.db.as_str());
         let mut slots = smallvec::SmallVec::new();
