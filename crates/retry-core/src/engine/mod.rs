@@ -35,7 +35,8 @@
 //! in one ordered queue (`worklist`), so `handle_timeout` wakes only the machines that are due and
 //! `poll_timeout` reads its head. The same seed and inputs give the same trace, bit for bit.
 //!
-//! The modules: `operations` (the retry machines, selection, sending and replies), `sockets`
+//! The modules: `operations` (the retry machines, selection, sending and replies), `hedged`
+//! (which machine an operation runs, hedged copies and their draining connections), `sockets`
 //! (the connection machines), `monitoring` (the topology, its pools and the monitors), `pins`
 //! (transaction and cursor pins), `sessions` (server sessions, `txnNumber`, `$clusterTime`,
 //! `maxTimeMS` and `endSessions` at close), `commands` (command monitoring events, EV-1..EV-6)
@@ -54,7 +55,9 @@
 //!
 //! # The path of one operation
 //!
-//! `start_operation` creates a [`RetryMachine`]. Its `SelectServer` starts a [`ServerSelection`]
+//! `start_operation` creates a [`RetryMachine`] (or, for a read whose command has an A6 hedging
+//! policy in [`EngineOptions::service_config`], a [`HedgingMachine`] with one attempt slot per copy:
+//! see `engine/hedged.rs` and `docs/hedging.md`). Its `SelectServer` starts a [`ServerSelection`]
 //! over the topology, avoiding the machine's deprioritized addresses; a selected server goes back
 //! to the machine, whose `Dispatch` checks a connection out of that server's pool. Only then does
 //! the operation take a server session (SE-7, SE-8; see [`crate::session`]). The command, with the
