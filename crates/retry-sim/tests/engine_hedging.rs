@@ -496,3 +496,49 @@ fn a6_the_service_config_retry_policy_and_no_policy_apply_per_command() {
     assert_eq!(sim.run(distinct).unwrap_err().code(), Some(462));
     assert_eq!(sim.attempt_servers(distinct).len(), 3);
 }
+
+/// A cancelled copy whose drained reply opened a cursor gets it closed: a `killCursors` for that
+/// cursor on that server, with the copy's own `lsid` (SE-14), and no operation reports it.
+#[test]
+fn a_drained_reply_that_opened_a_cursor_is_followed_by_kill_cursors() {
+    let mut sim = cluster(hedging_config(3, "0s"), 7);
+    for host in ["m1", "m2"] {
+        let body = doc! { "ok": 1, "server": host,
+        "cursor": { "id": 42_i64, "ns": "test.c", "firstBatch": [{ "x": 1 }] } };
+        sim.servers.get_mut(&address(host)).unwrap().script =
+            [Step::Reply { body, delay: SLOW }].into_iter().collect();
+    }
+    let op = sim.read(doc! { "find": "c" });
+    assert_eq!(sim.run(op).unwrap().get_str("server").ok(), Some("m3"));
+    assert!(sim.advance_to(
+        sim.now
+            .saturating_add(SLOW)
+            .saturating_add(Duration::from_millis(50))
+    ));
+    for host in ["m1", "m2"] {
+        let commands = &sim.servers[&address(host)].commands;
+        let find = commands
+            .iter()
+            .find(|c| c.contains_key("find"))
+            .expect("a find");
+        let kill = commands
+            .iter()
+            .find(|c| c.contains_key("killCursors"))
+            .unwrap_or_else(|| panic!("{host}: no killCursors in {commands:?}"));
+        assert_eq!(kill.get_str("killCursors").ok(), Some("c"));
+        assert_eq!(kill.get_array("cursors").unwrap(), &vec![Bson::Int64(42)]);
+        assert_eq!(kill.get_str("$db").ok(), Some("test"));
+        assert_eq!(
+            kill.get("lsid"),
+            find.get("lsid"),
+            "{host}: the copy's session"
+        );
+    }
+    let finished = sim
+        .events
+        .iter()
+        .filter(|(_, e)| matches!(e, EngineEvent::OperationFinished { .. }))
+        .count();
+    assert_eq!(finished, 1, "the killCursors are the engine's own");
+    assert_command_events_balance(&sim);
+}

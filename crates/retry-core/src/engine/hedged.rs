@@ -21,25 +21,46 @@
 //!   Closing it at once would cost a new connection and handshake when the servers are busiest,
 //!   and a server keeps running a read whose client went away anyway.
 
+use alloc::string::String;
 use alloc::sync::Arc;
-use bson::Document;
+use bson::{doc, Bson, Document};
 use rand_core::RngCore;
 
 use super::{
-    expect_accepted, ConnId, CursorUse, Drain, Engine, EngineEvent, OpId, OpMachine, OpSession,
-    OperationRequest, Owner, ServerId, Slot,
+    expect_accepted, ConnId, Cursor, CursorHandle, CursorUse, Drain, Engine, EngineEvent, OpId,
+    OpMachine, OpSession, OperationRequest, Owner, ServerId, Slot,
 };
 use crate::address::ServerAddress;
 use crate::error::OperationError;
 use crate::hedging::{hedgeable, Action, CopyId, HedgingMachine};
+use crate::pinning::CursorPin;
 use crate::policy::RetryPolicy;
 use crate::pool::ConnectionId;
+use crate::retry::OperationKind;
 use crate::retry::{Attempt, AttemptServer, OperationSpec, RetryMachine, WriteConcernRule};
+use crate::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use crate::service_config::MethodPolicy;
-use crate::session::ClusterTime;
+use crate::session::{ClusterTime, ServerSession};
 use crate::time::Instant;
 
 use super::worklist::Machine;
+
+/// The id and namespace (`db`, collection) of the cursor a reply opened, if it opened one.
+fn opened_cursor(reply: &Document) -> Option<(i64, (String, String))> {
+    let Some(Bson::Document(cursor)) = reply.get("cursor") else {
+        return None;
+    };
+    let id = match cursor.get("id") {
+        Some(Bson::Int64(id)) => *id,
+        Some(Bson::Int32(id)) => i64::from(*id),
+        _ => return None,
+    };
+    let Some(Bson::String(ns)) = cursor.get("ns") else {
+        return None;
+    };
+    let (db, collection) = ns.split_once('.')?;
+    (id != 0).then(|| (id, (db.into(), collection.into())))
+}
 
 /// The copy of a slot: copy `n` is in slot `n - 1`.
 fn copy_of(slot: usize) -> CopyId {
@@ -366,10 +387,73 @@ impl Engine {
                 self.cluster_clock.advance(time);
             }
         }
-        if let Some(session) = drain.session {
-            self.release_server_session(session, now);
+        match opened_cursor(body).filter(|_| !self.closed) {
+            Some((id, ns)) => self.kill_cursor(server, conn, id, ns, drain.session, now),
+            None => {
+                if let Some(session) = drain.session {
+                    self.release_server_session(session, now);
+                }
+                self.release(conn, true, now);
+            }
         }
-        self.release(conn, true, now);
+    }
+
+    /// A cancelled copy's read opened a cursor nobody will read: an engine-internal
+    /// `killCursors` closes it on its server (in load-balanced mode on its very connection,
+    /// LB-10), with the copy's session (SE-14), which then goes back to the pool.
+    fn kill_cursor(
+        &mut self,
+        server: ServerId,
+        conn: ConnId,
+        id: i64,
+        (db, collection): (String, String),
+        session: Option<ServerSession>,
+        now: Instant,
+    ) {
+        let address = self.server(server).address.clone();
+        let topology = self.topology.description();
+        let Some(attempt_server) = topology
+            .server(&address)
+            .map(|d| AttemptServer::from_description(d, topology.topology_type))
+        else {
+            if let Some(session) = session {
+                self.release_server_session(session, now);
+            }
+            self.release(conn, true, now);
+            return;
+        };
+        let mut pin = CursorPin::new();
+        let pinned = match self.sockets.get(&conn).map(|s| s.owner) {
+            Some(Owner::Pool(pool_id)) if self.options.topology.load_balanced => {
+                let _ = pin.created(pool_id, id);
+                Some(conn)
+            }
+            _ => {
+                self.release(conn, true, now);
+                None
+            }
+        };
+        let handle = CursorHandle(self.next_cursor);
+        self.next_cursor += 1;
+        self.cursors.insert(
+            handle,
+            Cursor {
+                server: attempt_server,
+                conn: pinned,
+                pin,
+                session: session.map_or(OpSession::Never, |s| OpSession::Implicit(Some(s))),
+            },
+        );
+        let mut request = OperationRequest::new(
+            db,
+            doc! { "killCursors": collection, "cursors": [id] },
+            OperationKind::RunCommand,
+            SelectionCriteria::Read(ReadPreference::from_mode(
+                ReadPreferenceMode::PrimaryPreferred,
+            )),
+        );
+        request.cursor = CursorUse::Close(handle);
+        self.launch(request, true, now);
     }
 
     /// A draining connection failed (its deadline or socket timeout passed, or the peer closed
