@@ -34,6 +34,7 @@ mod dns;
 mod driver_api;
 mod hedging;
 pub use hedging::hedged_read_the_fast_copy_wins_and_the_slow_connection_is_checked_in;
+mod idle_sockets;
 mod lb_auth;
 mod sessions;
 mod soak;
@@ -53,6 +54,7 @@ pub use dns::{
     srv_polling_follows_the_records, srv_seedlist_through_a_dns_server, Accelerated, DnsRecords,
     DnsServer,
 };
+pub use idle_sockets::idle_sockets_are_not_polled;
 pub use lb_auth::scram_authenticates_through_a_load_balancer;
 pub use sessions::{
     client_concerns_reach_command_and_cursor, explicit_session_runs_several_operations,
@@ -911,6 +913,8 @@ macro_rules! suite {
             // Hedged reads (hedging.rs).
             hedged_read_the_fast_copy_wins_and_the_slow_connection_is_checked_in,
             client_concerns_reach_command_and_cursor,
+            // The driver polls only ready sockets (idle_sockets.rs).
+            idle_sockets_are_not_polled,
         );
     };
     (@tests $runtime:ty, $block_on:expr; $($name:ident,)*) => {
