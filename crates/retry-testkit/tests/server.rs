@@ -720,14 +720,14 @@ async fn state_change_errors_of_a_member_carry_its_topology_version() {
         let current = hello_reply.get_document("topologyVersion").unwrap().clone();
         let fail = |data: Document| {
             doc! { "configureFailPoint": "failCommand", "mode": { "times": 1 }, "data": data,
-                   "$db": "admin" }
+            "$db": "admin" }
         };
         let insert = doc! { "insert": "c", "documents": [{ "_id": 1 }], "$db": "db" };
         for data in [
             doc! { "failCommands": ["insert"], "errorCode": 10107 },
             doc! { "failCommands": ["insert"], "errorCode": 189 },
             doc! { "failCommands": ["insert"],
-                   "writeConcernError": { "code": 11602, "errmsg": "x" } },
+            "writeConcernError": { "code": 11602, "errmsg": "x" } },
         ] {
             client.command(fail(data)).await.unwrap();
             let reply = client.command(insert.clone()).await.unwrap();
@@ -748,7 +748,9 @@ async fn state_change_errors_of_a_member_carry_its_topology_version() {
 
         let (server, mut client) = start(ServerConfig::default()).await;
         client
-            .command(fail(doc! { "failCommands": ["insert"], "errorCode": 10107 }))
+            .command(fail(
+                doc! { "failCommands": ["insert"], "errorCode": 10107 },
+            ))
             .await
             .unwrap();
         let reply = client.command(insert).await.unwrap();
