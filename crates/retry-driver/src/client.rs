@@ -37,6 +37,7 @@ pub struct CommandOptions {
 
 /// Why a client could not be created.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ConnectError {
     /// A bad URI or option.
     Options(OptionsError),

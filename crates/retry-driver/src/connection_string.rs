@@ -59,6 +59,7 @@ pub enum OptionValue {
 
 /// A parsed connection string (see the module docs). `Debug` redacts the user name and password.
 #[derive(Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ConnectionString {
     /// Whether the scheme is `mongodb+srv` (SRV-1).
     pub srv: bool,

@@ -75,6 +75,7 @@ impl std::error::Error for OptionsError {}
 /// What a client is configured with. Field names follow the URI options; [`ClientOptions::set`]
 /// takes them by those names.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ClientOptions {
     /// The seed list.
     pub hosts: Vec<ServerAddress>,

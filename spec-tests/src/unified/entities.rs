@@ -169,6 +169,7 @@ fn convert(event: &EngineEvent) -> Option<(&'static str, &'static str, Document)
                     ("serverHeartbeatSucceededEvent", awaited)
                 }
                 HeartbeatEvent::Failed { awaited, .. } => ("serverHeartbeatFailedEvent", awaited),
+                _ => return None,
             };
             ("sdam", name, doc! { "awaited": *awaited })
         }

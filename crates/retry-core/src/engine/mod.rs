@@ -416,6 +416,8 @@ struct Session {
     in_flight: u32,
     /// [`Engine::end_session`] was called while operations were in flight.
     ending: bool,
+    /// TX-6: the latest `recoveryToken` of the transaction's `ok: 1` replies.
+    recovery_token: Option<Document>,
 }
 
 /// Which server session an operation's commands carry.
@@ -814,7 +816,7 @@ impl Engine {
     }
 
     /// The earliest instant at which [`Engine::handle_timeout`] has work to do: the head of the
-    /// timer queue.
+    /// timer queue, or SRV polling's next rescan if sooner.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let srv = self.srv.as_ref().and_then(|srv| srv.poll_timeout());
         match (self.timers.next(), srv) {

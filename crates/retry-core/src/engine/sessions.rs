@@ -176,11 +176,12 @@ impl Engine {
 
     /// Adds to the operation's command what this attempt on `conn` carries besides the attempt's
     /// own modifications: the `txnNumber` when the retry machine says the attempt has one
-    /// (`with_txn_number`, RW-2, RW-6, RW-7, TX-1), `$clusterTime` (SE-17) and `maxTimeMS` (CS-4,
-    /// TO-9; none on a `getMore`, TO-13). The fields go into the operation's own copy of the
-    /// command, replacing those of the previous attempt. The session's `lsid` (SE-3, SE-7) is not
-    /// inserted: [`Prepared::Send`] returns its id, which [`append_command_fields`] writes
-    /// pre-encoded when the command is encoded.
+    /// (`with_txn_number`, RW-2, RW-6, RW-7, TX-1), with `autocommit: false` on every transaction
+    /// command (TX-1) and the session's `recoveryToken` on commit and abort (TX-6), `$clusterTime`
+    /// (SE-17) and `maxTimeMS` (CS-4, TO-9; none on a `getMore`, TO-13). The fields go into the
+    /// operation's own copy of the command, replacing those of the previous attempt. The session's
+    /// `lsid` (SE-3, SE-7) is not inserted: [`Prepared::Send`] returns its id, which
+    /// [`append_command_fields`] writes pre-encoded when the command is encoded.
     pub(super) fn prepare_attempt(
         &mut self,
         op_id: OpId,
@@ -195,30 +196,43 @@ impl Engine {
             return Prepared::Send(None);
         };
         let supported = supports_sessions || load_balanced;
+        let kind = op.request.kind;
+        let mut recovery_token = None;
         // SE-7, SE-8: the server session, taken now if it was not yet.
-        let (server, explicit) =
-            match &mut op.session {
-                OpSession::Never => (None, None),
-                OpSession::Implicit(_) if !supported => (None, None),
-                OpSession::Implicit(slot) => (
+        let (server, explicit) = match &mut op.session {
+            OpSession::Never => (None, None),
+            OpSession::Implicit(_) if !supported => (None, None),
+            OpSession::Implicit(slot) => {
+                (
                     Some(slot.get_or_insert_with(|| {
                         self.session_pool.acquire(timeout, &mut self.rng, now)
                     })),
                     None,
-                ),
-                OpSession::Explicit(handle) => {
-                    let Some(state) = self.sessions.get_mut(handle).filter(|s| !s.ending) else {
-                        return Prepared::Refused(OperationError::usage("the session has ended"));
-                    };
-                    if !supported {
-                        return Prepared::Refused(OperationError::usage(SESSIONS_UNSUPPORTED));
-                    }
-                    let server = state.server.get_or_insert_with(|| {
-                        self.session_pool.acquire(timeout, &mut self.rng, now)
-                    });
-                    (Some(server), Some(&state.clock))
+                )
+            }
+            OpSession::Explicit(handle) => {
+                let Some(state) = self.sessions.get_mut(handle).filter(|s| !s.ending) else {
+                    return Prepared::Refused(OperationError::usage("the session has ended"));
+                };
+                if !supported {
+                    return Prepared::Refused(OperationError::usage(SESSIONS_UNSUPPORTED));
                 }
-            };
+                // TX-6: a new transaction starts without a token; commit and abort send it.
+                match kind {
+                    OperationKind::InTransaction { first: true, .. } => {
+                        state.recovery_token = None;
+                    }
+                    OperationKind::CommitTransaction { .. } | OperationKind::AbortTransaction => {
+                        recovery_token = state.recovery_token.clone();
+                    }
+                    _ => {}
+                }
+                let server = state
+                    .server
+                    .get_or_insert_with(|| self.session_pool.acquire(timeout, &mut self.rng, now));
+                (Some(server), Some(&state.clock))
+            }
+        };
         let body = &mut op.wire.body;
         let lsid = server.as_ref().map(|server| server.id());
         match server {
@@ -226,7 +240,6 @@ impl Engine {
                 server.mark_used(now);
                 op.lsid_sent = true;
                 if with_txn_number {
-                    let kind = op.request.kind;
                     let number = *op.txn_number.get_or_insert_with(|| match kind {
                         // TX-1: the later commands of a transaction use its number.
                         OperationKind::InTransaction { first: false, .. }
@@ -235,6 +248,13 @@ impl Engine {
                         _ => server.next_txn_number(),
                     });
                     body.insert("txnNumber", Bson::Int64(number));
+                    // TX-1: every command of a transaction says `autocommit: false`.
+                    if Engine::transaction_command(kind).is_some() {
+                        body.insert("autocommit", false);
+                    }
+                }
+                if let Some(token) = recovery_token {
+                    body.insert("recoveryToken", token);
                 }
             }
             None => {
@@ -268,9 +288,10 @@ impl Engine {
         match max_time_ms(op.request.timeout, min_rtt, now) {
             MaxTime::Omit => Prepared::Send(lsid),
             MaxTime::Send(ms) => {
+                // At most `i32::MAX` (`MAX_TIME_MS_LIMIT`): sent as the Int32 servers parse.
                 body.insert(
                     "maxTimeMS",
-                    Bson::Int64(i64::try_from(ms).unwrap_or(i64::MAX)),
+                    Bson::Int32(i32::try_from(ms).unwrap_or(i32::MAX)),
                 );
                 Prepared::Send(lsid)
             }
@@ -319,11 +340,28 @@ impl Engine {
     }
 
     /// SE-16, SE-18: a reply's `$clusterTime` advances the client's clock and the explicit
-    /// session's (never for SDAM commands, SE-19: those replies do not come here).
+    /// session's (never for SDAM commands, SE-19: those replies do not come here). TX-6: an
+    /// `ok: 1` reply to a transaction command leaves its `recoveryToken` with the session.
     pub(super) fn session_replied(&mut self, op_id: OpId, reply: &Document) {
-        let Some(op) = self.ops.get(&op_id).filter(|op| op.gossip) else {
+        let Some(op) = self.ops.get(&op_id) else {
             return;
         };
+        if let (OpSession::Explicit(handle), Some(Bson::Document(token))) =
+            (&op.session, reply.get("recoveryToken"))
+        {
+            let ok = matches!(
+                reply.get("ok"),
+                Some(Bson::Int32(1) | Bson::Int64(1) | Bson::Boolean(true))
+            ) || matches!(reply.get("ok"), Some(Bson::Double(v)) if *v == 1.0);
+            if ok && Engine::transaction_command(op.request.kind).is_some() {
+                if let Some(state) = self.sessions.get_mut(handle) {
+                    state.recovery_token = Some(token.clone());
+                }
+            }
+        }
+        if !op.gossip {
+            return;
+        }
         let Some(time) = ClusterTime::from_reply(reply) else {
             return;
         };
