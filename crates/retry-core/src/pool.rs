@@ -429,6 +429,24 @@ impl Pool {
             .map(|c| (c.generation, c.service_id))
     }
 
+    /// LB-13: what the in-use `connection` serves; `None` when it is not in use.
+    pub fn purpose(&self, connection: ConnectionId) -> Option<Purpose> {
+        match self.connection(connection)?.state {
+            ConnectionState::InUse { purpose } => Some(purpose),
+            _ => None,
+        }
+    }
+
+    /// LB-12, LB-13: the in-use `connection` now serves `purpose` (a transaction pinned it);
+    /// a connection not in use is left alone.
+    pub fn set_purpose(&mut self, connection: ConnectionId, purpose: Purpose) {
+        if let Some(c) = self.connection_mut(connection) {
+            if let ConnectionState::InUse { .. } = c.state {
+                c.state = ConnectionState::InUse { purpose };
+            }
+        }
+    }
+
     /// Connections in use, by purpose: (cursors, transactions, other) (LB-13).
     pub fn in_use(&self) -> (u32, u32, u32) {
         let mut counts = (0, 0, 0);

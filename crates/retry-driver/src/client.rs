@@ -37,6 +37,7 @@ pub struct CommandOptions {
 
 /// Why a client could not be created.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ConnectError {
     /// A bad URI or option.
     Options(OptionsError),
@@ -132,7 +133,13 @@ impl<R: Runtime> Client<R> {
     /// monitoring starts at once), otherwise driven by the client's futures on the caller's
     /// executor (monitoring runs while one of them is polled). Nothing waits for a server.
     pub fn connect(options: ClientOptions) -> Result<Client<R>, ConnectError> {
-        let mut runtime: Arc<dyn Runtime> = Arc::new(R::start().map_err(ConnectError::Runtime)?);
+        Client::connect_on(R::start().map_err(ConnectError::Runtime)?, options)
+    }
+
+    /// [`Client::connect`] on `runtime`, a started `R` configured beforehand (e.g. the name
+    /// servers of an adapter's `with_nameservers`), instead of a new one.
+    pub fn connect_on(runtime: R, options: ClientOptions) -> Result<Client<R>, ConnectError> {
+        let mut runtime: Arc<dyn Runtime> = Arc::new(runtime);
         if let Some(tls) = &options.tls {
             runtime = Arc::new(TlsRuntime::new(runtime, tls.client_config()?));
         }
@@ -144,7 +151,8 @@ impl<R: Runtime> Client<R> {
         );
         let engine = Engine::new(engine_options, runtime.now()).map_err(ConnectError::Settings)?;
         let shared = Arc::new(Shared::default());
-        let driver = Driver::new(runtime.clone(), engine, shared.clone(), options.timeout);
+        let driver = Driver::new(runtime.clone(), engine, shared.clone(), options.timeout)
+            .with_srv_polling(options.srv.clone());
         let local = if runtime.spawns() {
             runtime
                 .spawn(Box::pin(driver))
@@ -168,12 +176,17 @@ impl<R: Runtime> Client<R> {
     /// looked up through the runtime ([`Runtime::resolve_srv`], [`Runtime::resolve_txt`]) before
     /// anything connects (SRV-2), and the seed list they give is used (SRV-3..SRV-6).
     pub async fn with_uri_async(uri: &str) -> Result<Client<R>, ConnectError> {
+        Client::with_uri_async_on(R::start().map_err(ConnectError::Runtime)?, uri).await
+    }
+
+    /// [`Client::with_uri_async`] on `runtime`, a started `R` configured beforehand, which does
+    /// the DNS lookups too.
+    pub async fn with_uri_async_on(runtime: R, uri: &str) -> Result<Client<R>, ConnectError> {
         let mut cs = ConnectionString::parse(uri)?;
         if cs.srv {
-            let runtime = R::start().map_err(ConnectError::Runtime)?;
             cs = resolve_seedlist(&runtime, &cs, crate::options::os_seed()).await?;
         }
-        Client::connect(ClientOptions::from_connection_string(&cs)?)
+        Client::connect_on(runtime, ClientOptions::from_connection_string(&cs)?)
     }
 
     /// [`Client::connect`] with the options of a `mongodb://` URI.

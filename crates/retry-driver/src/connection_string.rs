@@ -59,6 +59,7 @@ pub enum OptionValue {
 
 /// A parsed connection string (see the module docs). `Debug` redacts the user name and password.
 #[derive(Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ConnectionString {
     /// Whether the scheme is `mongodb+srv` (SRV-1).
     pub srv: bool,
@@ -76,6 +77,9 @@ pub struct ConnectionString {
     credential: Option<Credential>,
     /// SRV-6: a `mongodb+srv` string whose seed list came from its DNS records.
     seedlist_resolved: bool,
+    /// What SRV polling needs of a resolved `mongodb+srv` string (set by
+    /// [`crate::apply_seedlist`]).
+    pub(crate) srv_polling: Option<crate::srv::SrvPolling>,
 }
 
 impl fmt::Debug for ConnectionString {
@@ -356,6 +360,7 @@ impl ConnectionString {
             warnings: Vec::new(),
             credential: None,
             seedlist_resolved: false,
+            srv_polling: None,
         };
         if let Some(query) = query {
             parsed.parse_options(query)?;

@@ -4,6 +4,7 @@
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
+use core::time::Duration;
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +20,7 @@ use retry_core::time::{Instant, OperationTimeout};
 use crate::io_error::classify_io_error;
 use crate::runtime::{AsyncTimer, BoxFuture, Runtime, Socket};
 use crate::shared::{lock, Reply, Shared, Slot};
+use crate::srv::SrvPolling;
 
 /// Rounds of work in one poll before the driver yields to its executor (tokio's coop budget and
 /// fairness to other tasks); it wakes itself to continue.
@@ -64,6 +66,10 @@ pub(crate) struct Driver {
     transmit: Vec<u8>,
     /// The socket ids of one round (reused).
     ids: Vec<ConnId>,
+    /// SRV polling's name, for a `mongodb+srv` client ([`Driver::with_srv_polling`]).
+    srv: Option<SrvPolling>,
+    /// The SRV rescan in flight, whose answer goes to the engine.
+    srv_lookup: Option<BoxFuture<(Vec<ServerAddress>, Option<Duration>)>>,
 }
 
 impl Driver {
@@ -86,7 +92,38 @@ impl Driver {
             read_buffer: vec![0; READ_BUFFER_BYTES],
             transmit: Vec::new(),
             ids: Vec::new(),
+            srv: None,
+            srv_lookup: None,
         }
+    }
+
+    /// This driver, making the SRV lookups the engine asks for (`polling`'s name, SP-1..SP-6).
+    pub(crate) fn with_srv_polling(mut self, polling: Option<SrvPolling>) -> Driver {
+        self.srv = polling;
+        self
+    }
+
+    /// Starts the SRV rescan the engine asks for and hands its answer back; the engine decides
+    /// when and what the hosts do.
+    fn poll_srv(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(polling) = &self.srv else {
+            return false;
+        };
+        if self.srv_lookup.is_none() && self.engine.poll_srv_rescan() {
+            let (runtime, polling) = (self.runtime.clone(), polling.clone());
+            self.srv_lookup = Some(Box::pin(async move {
+                crate::srv::rescan(&*runtime, &polling).await
+            }));
+        }
+        let Some(lookup) = &mut self.srv_lookup else {
+            return false;
+        };
+        let Poll::Ready((hosts, ttl)) = lookup.as_mut().poll(cx) else {
+            return false;
+        };
+        self.srv_lookup = None;
+        self.engine.handle_srv_hosts(hosts, ttl, self.runtime.now());
+        true
     }
 
     /// Starts the operations the client queued. Returns whether there were any, and whether the
@@ -371,6 +408,7 @@ impl Future for Driver {
             progressed |= this.poll_sockets(cx, now);
             progressed |= this.flush_engine(now);
             progressed |= this.poll_timer(cx, now);
+            progressed |= this.poll_srv(cx);
             if !progressed {
                 return Poll::Pending;
             }

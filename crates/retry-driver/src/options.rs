@@ -75,6 +75,7 @@ impl std::error::Error for OptionsError {}
 /// What a client is configured with. Field names follow the URI options; [`ClientOptions::set`]
 /// takes them by those names.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ClientOptions {
     /// The seed list.
     pub hosts: Vec<ServerAddress>,
@@ -139,6 +140,9 @@ pub struct ClientOptions {
     /// What parsing the URI warned about (URI-7, URI-8, URI-10, and options this client
     /// ignores), for the application to log.
     pub warnings: Vec<String>,
+    /// SRV polling for mongos discovery, for a client of a resolved `mongodb+srv` URI: the name
+    /// the driver rescans and what the engine needs (SP-1..SP-6).
+    pub srv: Option<crate::srv::SrvPolling>,
 }
 
 impl ClientOptions {
@@ -172,6 +176,7 @@ impl ClientOptions {
             credential: None,
             auth: None,
             warnings: Vec::new(),
+            srv: None,
         }
     }
 
@@ -229,6 +234,7 @@ impl ClientOptions {
         }
         options.read_preference = read_preference(cs)?;
         options.write_concern = write_concern(cs);
+        options.srv = cs.srv_polling.clone();
         Ok(options)
     }
 
@@ -430,6 +436,9 @@ impl ClientOptions {
         options.connect_timeout = self.connect_timeout;
         options.socket_timeout = self.socket_timeout;
         options.server_monitoring_mode = self.server_monitoring_mode;
+        options.srv_polling = self.srv.as_ref().map(|srv| {
+            retry_core::topology::SrvPollingOptions::new(srv.max_hosts, srv.initial_ttl)
+        });
         options.seed = self.seed.unwrap_or_else(os_seed);
         options.auth = match (&self.auth, &self.credential) {
             (Some(auth), _) => Some(auth.clone()),

@@ -11,6 +11,8 @@
 
 use bson::{Bson, Document};
 
+use alloc::vec::Vec;
+
 use super::{Engine, OpId, OpSession, Operation, OperationRequest, Session, SessionHandle};
 use crate::classify::is_unacknowledged;
 use crate::error::{ErrorKind, OperationError};
@@ -19,18 +21,56 @@ use crate::retry::OperationKind;
 use crate::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use crate::session::{
     attaches_session, connection_supports_sessions, gossips_cluster_time, ClusterTime,
-    ServerSession, SessionTimeout, SESSIONS_UNSUPPORTED,
+    ServerSession, SessionId, SessionTimeout, SESSIONS_UNSUPPORTED,
 };
 use crate::time::{Instant, OperationTimeout};
+use crate::wire::{append_lsid, append_str, EncodeError};
 
 /// What [`Engine::prepare_attempt`] decided about an attempt about to be written.
 pub(super) enum Prepared {
-    /// Send it.
-    Send,
+    /// Send it, with the `lsid` of this session id, if any ([`append_command_fields`]).
+    Send(Option<SessionId>),
     /// CS-4: the remaining time is not more than the minimum RTT; do not send it.
     Expired,
+    /// The retry machine withdrew the attempt (a retry that cannot carry its `txnNumber`, RW-14);
+    /// its actions release the connection and end the operation.
+    Withdrawn,
     /// It cannot be sent (an ended or unsupported explicit session, SE-8, SE-10).
     Refused(OperationError),
+}
+
+/// The fields the engine writes at the end of every operation command's body, pre-encoded
+/// instead of inserted into its document (no allocation per attempt): `$db` (WP-5) and, when the
+/// attempt carries a session, its `lsid` `{id: UUID}` (SE-3). The operation's command never
+/// holds them itself ([`strip_command_fields`]).
+pub(super) fn append_command_fields(
+    db: &str,
+    lsid: Option<SessionId>,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    append_str("$db", db, out)?;
+    match lsid {
+        Some(id) => append_lsid("lsid", id.as_bytes(), out),
+        None => Ok(()),
+    }
+}
+
+/// Removes from a caller's command the fields [`append_command_fields`] writes: the request's
+/// database is the `$db` sent (WP-5), and a caller never passes an `lsid`.
+pub(super) fn strip_command_fields(command: &mut Document) {
+    command.remove("$db");
+    command.remove("lsid");
+}
+
+/// EV-2: the command as sent, for the started event: `body` and the appended fields, in the
+/// order they are written.
+pub(super) fn command_as_sent(body: &Document, db: &str, lsid: Option<SessionId>) -> Document {
+    let mut command = body.clone();
+    command.insert("$db", db);
+    if let Some(id) = lsid {
+        command.insert("lsid", id.lsid());
+    }
+    command
 }
 
 impl Engine {
@@ -135,12 +175,13 @@ impl Engine {
     }
 
     /// Adds to the operation's command what this attempt on `conn` carries besides the attempt's
-    /// own modifications: the session's `lsid` and the `txnNumber` when the retry machine says
-    /// the attempt has one (`with_txn_number`, RW-2, RW-6, RW-7, TX-1), with `autocommit: false`
-    /// on every transaction command (TX-1) and the session's `recoveryToken` on commit and abort
-    /// (TX-6), `$clusterTime` (SE-17) and `maxTimeMS` (CS-4, TO-9; none on a `getMore`, TO-13).
-    /// The fields go into the operation's own copy of the command, replacing those of the
-    /// previous attempt.
+    /// own modifications: the `txnNumber` when the retry machine says the attempt has one
+    /// (`with_txn_number`, RW-2, RW-6, RW-7, TX-1), with `autocommit: false` on every transaction
+    /// command (TX-1) and the session's `recoveryToken` on commit and abort (TX-6), `$clusterTime`
+    /// (SE-17) and `maxTimeMS` (CS-4, TO-9; none on a `getMore`, TO-13). The fields go into the
+    /// operation's own copy of the command, replacing those of the previous attempt. The
+    /// session's `lsid` (SE-3, SE-7) is not inserted: [`Prepared::Send`] returns its id, which
+    /// [`append_command_fields`] writes pre-encoded when the command is encoded.
     pub(super) fn prepare_attempt(
         &mut self,
         op_id: OpId,
@@ -152,7 +193,7 @@ impl Engine {
         let timeout = self.session_timeout();
         let load_balanced = self.options.topology.load_balanced;
         let Some(op) = self.ops.get_mut(&op_id) else {
-            return Prepared::Send;
+            return Prepared::Send(None);
         };
         let supported = supports_sessions || load_balanced;
         let kind = op.request.kind;
@@ -193,11 +234,9 @@ impl Engine {
             }
         };
         let body = &mut op.wire.body;
+        let lsid = server.as_ref().map(|server| server.id());
         match server {
             Some(server) => {
-                if !op.lsid_sent {
-                    body.insert("lsid", server.id().lsid());
-                }
                 server.mark_used(now);
                 op.lsid_sent = true;
                 if with_txn_number {
@@ -220,9 +259,16 @@ impl Engine {
             }
             None => {
                 // Never a txnNumber without an lsid: a server refuses it.
-                body.remove("lsid");
                 body.remove("txnNumber");
                 op.lsid_sent = false;
+                if with_txn_number {
+                    // RW-2, SE-8: the server's description supports sessions but this
+                    // connection does not: the attempt is not a retryable write (issue 10 a).
+                    super::expect_accepted(op.machine.handle_attempt_without_txn_number(now));
+                    if op.machine.is_finished() {
+                        return Prepared::Withdrawn;
+                    }
+                }
             }
         }
         if op.gossip {
@@ -237,17 +283,17 @@ impl Engine {
             }
         }
         if op.internal || matches!(op.request.cursor, super::CursorUse::GetMore(_)) {
-            return Prepared::Send;
+            return Prepared::Send(lsid);
         }
         match max_time_ms(op.request.timeout, min_rtt, now) {
-            MaxTime::Omit => Prepared::Send,
+            MaxTime::Omit => Prepared::Send(lsid),
             MaxTime::Send(ms) => {
                 // At most `i32::MAX` (`MAX_TIME_MS_LIMIT`): sent as the Int32 servers parse.
                 body.insert(
                     "maxTimeMS",
                     Bson::Int32(i32::try_from(ms).unwrap_or(i32::MAX)),
                 );
-                Prepared::Send
+                Prepared::Send(lsid)
             }
             MaxTime::Expired => Prepared::Expired,
         }
