@@ -195,6 +195,13 @@ pub enum PoolAction {
         /// Why.
         reason: CloseReason,
     },
+    /// CM-4: a clear with `interruptInUseConnections` interrupts this in-use connection: close
+    /// its socket so that the operation on it fails with a network error, then check it in
+    /// ([`Pool::check_in`], not healthy), which emits `CheckedIn` and closes it.
+    Interrupt {
+        /// The connection, still in use.
+        connection: ConnectionId,
+    },
     /// The checkout got this connection.
     CheckedOut {
         /// The checkout.
@@ -766,19 +773,26 @@ impl Pool {
                 }
             }
         }
-        // Available connections of the old generation go now; in-use and pending ones too when
-        // interrupting.
-        let stale: Vec<ConnectionId> = self
+        // Available connections of the old generation go now; pending ones too when
+        // interrupting, and in-use ones are interrupted: their operations fail, then they are
+        // checked in and closed (CM-4; SDAM `interruptInUse-pool-clear.json`: PoolCleared,
+        // CheckedIn, ConnectionClosed).
+        let stale: Vec<(ConnectionId, bool)> = self
             .connections
             .iter()
             .filter(|c| self.is_stale(c))
             .filter(|c| {
                 interrupt_in_use_connections || matches!(c.state, ConnectionState::Available { .. })
             })
-            .map(|c| c.id)
+            .map(|c| (c.id, matches!(c.state, ConnectionState::InUse { .. })))
             .collect();
-        for id in stale {
-            self.close_connection(id, CloseReason::Stale);
+        for (id, in_use) in stale {
+            if in_use {
+                self.actions
+                    .push_back(PoolAction::Interrupt { connection: id });
+            } else {
+                self.close_connection(id, CloseReason::Stale);
+            }
         }
         if lb_service.is_none() {
             let error = self.pool_cleared_error(cause);

@@ -32,6 +32,7 @@ use retry_testkit::{
 
 mod dns;
 mod driver_api;
+mod idle_sockets;
 mod lb_auth;
 mod sessions;
 mod soak;
@@ -51,6 +52,7 @@ pub use dns::{
     srv_polling_follows_the_records, srv_seedlist_through_a_dns_server, Accelerated, DnsRecords,
     DnsServer,
 };
+pub use idle_sockets::idle_sockets_are_not_polled;
 pub use lb_auth::scram_authenticates_through_a_load_balancer;
 pub use sessions::{
     client_concerns_reach_command_and_cursor, explicit_session_runs_several_operations,
@@ -907,6 +909,8 @@ macro_rules! suite {
             socket_timeout_bounds_a_server_that_never_answers,
             explicit_session_runs_several_operations,
             client_concerns_reach_command_and_cursor,
+            // The driver polls only ready sockets (idle_sockets.rs).
+            idle_sockets_are_not_polled,
         );
     };
     (@tests $runtime:ty, $block_on:expr; $($name:ident,)*) => {

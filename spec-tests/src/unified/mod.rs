@@ -56,7 +56,7 @@ pub const UNIFIED_SUITES: &[UnifiedSuite] = &[
     UnifiedSuite {
         name: "retryable-writes",
         dir: "source/retryable-writes/tests/unified",
-        min_passed: 136,
+        min_passed: 139,
     },
     UnifiedSuite {
         name: "load-balancers",
@@ -66,9 +66,10 @@ pub const UNIFIED_SUITES: &[UnifiedSuite] = &[
     UnifiedSuite {
         name: "sdam",
         dir: "source/server-discovery-and-monitoring/tests/unified",
-        // Below the usual 30-31: a few tests wait on monitor and authentication timing that a
-        // loaded machine may miss.
-        min_passed: 36,
+        // One below the 41 that pass: auth-network-timeout-error.json waits on a socket
+        // timeout racing the test server's blocked authentication, which a loaded machine may
+        // miss.
+        min_passed: 40,
     },
 ];
 

@@ -988,7 +988,19 @@ async fn bulk_write(target: &Target, args: &mut Args) -> OpResult {
         command.insert(field, statements);
         command.insert("ordered", ordered);
         let command = with_write_concern(command, target);
-        let reply = single(target, command).await?;
+        let reply = match single(target, command).await {
+            Ok(reply) => reply,
+            // UT-19: a command that fails ends the bulk write; its error carries what the
+            // earlier commands did (`expectError.expectResult`).
+            Err(Ok(mut failure)) => {
+                let mut partial = counts.clone();
+                partial.insert("insertedIds", inserted_ids);
+                partial.insert("upsertedIds", upserted_ids);
+                failure.partial = Some(Bson::Document(partial));
+                return Err(Ok(failure));
+            }
+            Err(harness) => return Err(harness),
+        };
         let n = number(&reply, "n");
         let failed = failed_indexes(&reply);
         match kind {

@@ -816,7 +816,7 @@ impl Engine {
     }
 
     /// The earliest instant at which [`Engine::handle_timeout`] has work to do: the head of the
-    /// timer queue.
+    /// timer queue, or SRV polling's next rescan if sooner.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let srv = self.srv.as_ref().and_then(|srv| srv.poll_timeout());
         match (self.timers.next(), srv) {

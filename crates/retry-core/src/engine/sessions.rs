@@ -179,8 +179,8 @@ impl Engine {
     /// (`with_txn_number`, RW-2, RW-6, RW-7, TX-1), with `autocommit: false` on every transaction
     /// command (TX-1) and the session's `recoveryToken` on commit and abort (TX-6), `$clusterTime`
     /// (SE-17) and `maxTimeMS` (CS-4, TO-9; none on a `getMore`, TO-13). The fields go into the
-    /// operation's own copy of the command, replacing those of the previous attempt. The
-    /// session's `lsid` (SE-3, SE-7) is not inserted: [`Prepared::Send`] returns its id, which
+    /// operation's own copy of the command, replacing those of the previous attempt. The session's
+    /// `lsid` (SE-3, SE-7) is not inserted: [`Prepared::Send`] returns its id, which
     /// [`append_command_fields`] writes pre-encoded when the command is encoded.
     pub(super) fn prepare_attempt(
         &mut self,
