@@ -293,6 +293,10 @@ impl Runner {
                     PoolAction::Close { connection, .. } => {
                         self.establishing.retain(|(_, c, _)| *c != connection);
                     }
+                    // CM-4: whatever used the interrupted connection fails and gives it back.
+                    PoolAction::Interrupt { connection } => {
+                        self.pool.check_in(connection, false, self.now);
+                    }
                     PoolAction::CheckedOut {
                         checkout,
                         connection,

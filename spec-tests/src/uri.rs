@@ -71,6 +71,7 @@ fn run_case(case: &Value) -> Outcome {
         let record = SrvRecord {
             target: format!("stub.{}", parsed.hosts[0].host),
             port: 27017,
+            ttl: None,
         };
         match (apply_seedlist(&parsed, vec![record], &[], 0), valid) {
             (Ok(resolved), _) => resolved,

@@ -26,8 +26,10 @@
 //! # }
 //! ```
 //!
-//! Hosts must be IP literals or `localhost`: async-io has no resolver, and a blocking lookup would
-//! stall the driver.
+//! Host names, and the SRV and TXT records of `mongodb+srv` URIs ([`Client::with_uri_async`]),
+//! are looked up with hickory-resolver on async-io's sockets (the `dns` module), never with a
+//! blocking lookup that would stall the driver; the system's resolver configuration by default,
+//! or the name servers of [`AsyncIoRuntime::with_nameservers`].
 
 use core::future::Future;
 use core::pin::Pin;
@@ -38,7 +40,12 @@ use std::net::TcpStream;
 use async_io::{Async, Timer};
 use futures_lite::{AsyncRead, AsyncWrite};
 use retry_core::time::Instant;
-use retry_driver::{literal_address, AsyncTimer, BoxFuture, Runtime, Socket};
+use retry_driver::{
+    literal_address, lookup_ip, lookup_srv, lookup_txt, AsyncTimer, BoxFuture, Nameservers,
+    Runtime, Socket, SrvRecord,
+};
+
+mod dns;
 
 pub use retry_driver::{
     ClientOptions, CommandOptions, ConnectError, Events, OptionsError, Reply, TimedEvent,
@@ -47,10 +54,20 @@ pub use retry_driver::{
 /// A client driven by async-io.
 pub type Client = retry_driver::Client<AsyncIoRuntime>;
 
-/// async-io as a [`Runtime`]: the clock's origin.
+/// async-io as a [`Runtime`]: the clock's origin and where DNS queries go.
 #[derive(Debug)]
 pub struct AsyncIoRuntime {
     origin: std::time::Instant,
+    nameservers: Nameservers,
+}
+
+impl AsyncIoRuntime {
+    /// This runtime, with its DNS queries (host names, SRV and TXT records) sent to
+    /// `nameservers` instead of the system's ([`Runtime::start`]'s default).
+    pub fn with_nameservers(mut self, nameservers: Nameservers) -> AsyncIoRuntime {
+        self.nameservers = nameservers;
+        self
+    }
 }
 
 /// `at` on this runtime's clock.
@@ -62,6 +79,7 @@ impl Runtime for AsyncIoRuntime {
     fn start() -> io::Result<AsyncIoRuntime> {
         Ok(AsyncIoRuntime {
             origin: std::time::Instant::now(),
+            nameservers: Nameservers::System,
         })
     }
 
@@ -82,11 +100,55 @@ impl Runtime for AsyncIoRuntime {
         false
     }
 
+    /// IP literals and `localhost` directly; other names through hickory, each address in turn.
     fn connect(&self, host: String, port: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
+        let nameservers = self.nameservers.clone();
         Box::pin(async move {
-            let stream = Async::<TcpStream>::connect(literal_address(&host, port)?).await?;
-            stream.get_ref().set_nodelay(true)?;
-            Ok(Box::pin(Stream(stream)) as Pin<Box<dyn Socket>>)
+            let addresses = match literal_address(&host, port) {
+                Ok(address) => vec![address],
+                Err(_) => {
+                    let provider = dns::Provider::default();
+                    let lookup = lookup_ip(provider.clone(), &nameservers, &host);
+                    dns::drive(&provider, lookup)
+                        .await?
+                        .into_iter()
+                        .map(|ip| std::net::SocketAddr::new(ip, port))
+                        .collect()
+                }
+            };
+            let mut failure = None;
+            for address in addresses {
+                match Async::<TcpStream>::connect(address).await {
+                    Ok(stream) => {
+                        stream.get_ref().set_nodelay(true)?;
+                        return Ok(Box::pin(Stream(stream)) as Pin<Box<dyn Socket>>);
+                    }
+                    Err(e) => failure = Some(e),
+                }
+            }
+            Err(failure.unwrap_or_else(|| {
+                io::Error::new(io::ErrorKind::NotFound, format!("{host} has no addresses"))
+            }))
+        })
+    }
+
+    /// SRV-2: hickory on async-io.
+    fn resolve_srv(&self, name: String) -> BoxFuture<io::Result<Vec<SrvRecord>>> {
+        let nameservers = self.nameservers.clone();
+        Box::pin(async move {
+            let provider = dns::Provider::default();
+            let lookup = lookup_srv(provider.clone(), &nameservers, &name);
+            dns::drive(&provider, lookup).await
+        })
+    }
+
+    /// SRV-5: hickory on async-io.
+    fn resolve_txt(&self, name: String) -> BoxFuture<io::Result<Vec<Vec<String>>>> {
+        let nameservers = self.nameservers.clone();
+        Box::pin(async move {
+            let provider = dns::Provider::default();
+            let lookup = lookup_txt(provider.clone(), &nameservers, &name);
+            dns::drive(&provider, lookup).await
         })
     }
 }

@@ -25,6 +25,12 @@ use crate::SharedRng;
 /// AU-6: fewer iterations than this MUST fail.
 pub const MIN_ITERATIONS: u32 = 4096;
 
+/// More iterations than this are refused: the server's `scramIterationCount` and
+/// `scramSHA256IterationCount` are 32-bit signed integers (at least 5,000; defaults 10,000 and
+/// 15,000), so no MongoDB server can ask for more, and a larger count could only stall the
+/// client in PBKDF2.
+pub const MAX_ITERATIONS: u32 = i32::MAX as u32;
+
 /// Random bytes in a client nonce (base64-encoded on the wire: 32 characters).
 const NONCE_BYTES: usize = 24;
 
@@ -332,13 +338,28 @@ impl ClientConversation {
         let Ok(salt) = B64.decode(salt) else {
             return Err(self.error("the salt is not base64"));
         };
-        let iterations = match iterations.parse::<u32>() {
-            Ok(i) if i >= MIN_ITERATIONS => i,
-            Ok(i) => {
+        // A count of digits too long for u64 is still a count, just far too large.
+        let count = match iterations.parse::<u64>() {
+            Err(_) if !iterations.is_empty() && iterations.bytes().all(|b| b.is_ascii_digit()) => {
+                Ok(u64::MAX)
+            }
+            count => count,
+        };
+        let iterations = match count {
+            Ok(i) if i < u64::from(MIN_ITERATIONS) => {
                 return Err(self.error(format!(
                     "iteration count {i} is below the minimum of {MIN_ITERATIONS}"
                 )))
             }
+            Ok(i) => match u32::try_from(i) {
+                Ok(i) if i <= MAX_ITERATIONS => i,
+                _ => {
+                    return Err(self.error(format!(
+                        "iteration count {iterations} is above the maximum of {MAX_ITERATIONS} \
+                         (a server's SCRAM iteration count is a 32-bit integer)"
+                    )))
+                }
+            },
             Err(_) => return Err(self.error("the iteration count is not a number")),
         };
         let version = self.shared.version;
@@ -628,6 +649,15 @@ mod tests {
     #[test]
     fn au6_the_server_first_message_is_checked() {
         assert!(bad_server_first("r=abcdef,s=QSXCR+Q6sek8bf92,i=4095").contains("4095"));
+        // Above a server's 32-bit iteration count: refused before any hashing, even past u32.
+        for too_many in ["2147483648", "4294967296", "99999999999999999999"] {
+            let error = bad_server_first(&format!("r=abcdef,s=QSXCR+Q6sek8bf92,i={too_many}"));
+            assert!(
+                error.contains("above the maximum of 2147483647"),
+                "{too_many}: {error}"
+            );
+        }
+        assert!(bad_server_first("r=abcdef,s=QSXCR+Q6sek8bf92,i=-1").contains("not a number"));
         assert!(bad_server_first("r=xyzdef,s=QSXCR+Q6sek8bf92,i=4096").contains("nonce"));
         assert!(bad_server_first("r=abc,s=QSXCR+Q6sek8bf92,i=4096").contains("nonce"));
         assert!(bad_server_first("m=ext,r=abcdef,s=QSXCR+Q6sek8bf92,i=4096").contains("extension"));

@@ -244,6 +244,7 @@ impl AuthOptions {
 
 /// What the connection does next.
 #[derive(Debug, PartialEq)]
+#[non_exhaustive]
 pub enum AuthStep {
     /// Send this command (with `$db`) and feed its reply to [`Authentication::handle_reply`].
     Send(Document),
@@ -253,6 +254,7 @@ pub enum AuthStep {
 
 /// Why authentication failed.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum AuthFailure {
     /// The mechanism refused (see [`AuthError`]).
     Client(AuthError),

@@ -93,6 +93,7 @@ impl ConnectionConfig {
 
 /// Where a connection is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ConnectionState {
     /// Waiting for the adapter to open the socket.
     Connecting,
@@ -110,6 +111,7 @@ pub enum ConnectionState {
 
 /// A command to send on a ready connection.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Request {
     /// The command document, `$db` included (WP-5).
     pub body: Document,
@@ -144,6 +146,7 @@ impl Request {
 
 /// Why a command could not be sent. The connection is unchanged and nothing was written.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SendError {
     /// The connection is not [`ConnectionState::Ready`].
     NotReady(ConnectionState),
@@ -214,6 +217,7 @@ impl fmt::Display for ProtocolError {
 
 /// What made a connection fail.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum FailureCause {
     /// The adapter reported the socket closed, reset, or failing (DNS, TLS, I/O, ...), with the
     /// I/O error's kind and message when it gave them.
@@ -286,6 +290,7 @@ impl core::error::Error for ConnectionError {}
 
 /// An output of the machine, polled with [`Connection::poll_event`].
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum ConnectionEvent {
     /// The handshake reply was valid; the connection is ready. Carries the server description,
     /// `serviceId` and this connection's limits, and the generation it was created with.
@@ -488,6 +493,17 @@ impl Connection {
     /// [`Connection::send_command`], leaving the request with the caller (its body and sequences
     /// are encoded, then put back), so that a retry can send it again without rebuilding it.
     pub fn send(&mut self, request: &mut Request, now: Instant) -> Result<i32, SendError> {
+        self.send_with(request, now, |_| Ok(()))
+    }
+
+    /// [`Connection::send`], with `append` writing pre-encoded elements at the end of the body
+    /// (the engine's `$db` and `lsid`).
+    pub(crate) fn send_with(
+        &mut self,
+        request: &mut Request,
+        now: Instant,
+        append: impl FnOnce(&mut Vec<u8>) -> Result<(), EncodeError>,
+    ) -> Result<i32, SendError> {
         if self.state != ConnectionState::Ready {
             return Err(SendError::NotReady(self.state));
         }
@@ -514,7 +530,8 @@ impl Connection {
             body: core::mem::take(&mut request.body),
             sequences: core::mem::take(&mut request.sequences),
         };
-        let encoded = message.encode(self.decoder.max_message_size(), &mut self.outbound);
+        let encoded =
+            message.encode_with(self.decoder.max_message_size(), &mut self.outbound, append);
         request.body = message.body;
         request.sequences = message.sequences;
         encoded.map_err(SendError::Encode)?;

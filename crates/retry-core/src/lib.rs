@@ -27,6 +27,7 @@
 //! | [`budget`] | retry budgets shared through `&self` without locks |
 //! | [`monitor`] | server monitoring: check schedule, RTT, descriptions from checks |
 //! | [`pinning`] | transaction and load-balanced cursor pins (TX-3..5, LB-10..12) |
+//! | [`transaction`] | a session's transaction state: what start, commit, abort and each command do (TX-2) |
 //! | [`policy`] | retry options and policies, validated |
 //! | [`option_error`] | the error of an invalid option |
 //! | [`pool`] | connection-pool accounting (CMAP) for one server |
@@ -254,6 +255,7 @@ extern crate alloc;
 pub mod address;
 pub mod auth;
 pub mod backoff;
+mod bson_write;
 pub mod budget;
 pub mod classify;
 pub mod connection;
@@ -276,4 +278,5 @@ pub mod service_config;
 pub mod session;
 pub mod time;
 pub mod topology;
+pub mod transaction;
 pub mod wire;

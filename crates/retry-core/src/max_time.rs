@@ -9,6 +9,7 @@ use crate::time::{Instant, OperationTimeout};
 
 /// What an attempt does about `maxTimeMS` (CS-4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum MaxTime {
     /// Send no `maxTimeMS`: CSOT is off (TO-3: `socketTimeoutMS` never produces one) or
     /// `timeoutMS=0` (TO-7).

@@ -83,6 +83,7 @@ pub fn awaitable_hello(
 
 /// What the caller must do for the monitor.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum MonitorAction {
     /// Send `hello` on the monitoring connection (opening it first if needed: its handshake is
     /// the check, [`Monitor::handle_handshake`]), then call [`Monitor::handle_check_succeeded`] or
@@ -101,6 +102,7 @@ pub enum MonitorAction {
 /// A heartbeat monitoring event (SDAM, MO-15). `awaited` is true for the checks of the streaming
 /// protocol, whose durations are not round trips.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HeartbeatEvent {
     /// `ServerHeartbeatStartedEvent`.
     Started {

@@ -195,6 +195,13 @@ pub enum PoolAction {
         /// Why.
         reason: CloseReason,
     },
+    /// CM-4: a clear with `interruptInUseConnections` interrupts this in-use connection: close
+    /// its socket so that the operation on it fails with a network error, then check it in
+    /// ([`Pool::check_in`], not healthy), which emits `CheckedIn` and closes it.
+    Interrupt {
+        /// The connection, still in use.
+        connection: ConnectionId,
+    },
     /// The checkout got this connection.
     CheckedOut {
         /// The checkout.
@@ -427,6 +434,24 @@ impl Pool {
     ) -> Option<(u32, Option<ObjectId>)> {
         self.connection(connection)
             .map(|c| (c.generation, c.service_id))
+    }
+
+    /// LB-13: what the in-use `connection` serves; `None` when it is not in use.
+    pub fn purpose(&self, connection: ConnectionId) -> Option<Purpose> {
+        match self.connection(connection)?.state {
+            ConnectionState::InUse { purpose } => Some(purpose),
+            _ => None,
+        }
+    }
+
+    /// LB-12, LB-13: the in-use `connection` now serves `purpose` (a transaction pinned it);
+    /// a connection not in use is left alone.
+    pub fn set_purpose(&mut self, connection: ConnectionId, purpose: Purpose) {
+        if let Some(c) = self.connection_mut(connection) {
+            if let ConnectionState::InUse { .. } = c.state {
+                c.state = ConnectionState::InUse { purpose };
+            }
+        }
     }
 
     /// Connections in use, by purpose: (cursors, transactions, other) (LB-13).
@@ -748,19 +773,26 @@ impl Pool {
                 }
             }
         }
-        // Available connections of the old generation go now; in-use and pending ones too when
-        // interrupting.
-        let stale: Vec<ConnectionId> = self
+        // Available connections of the old generation go now; pending ones too when
+        // interrupting, and in-use ones are interrupted: their operations fail, then they are
+        // checked in and closed (CM-4; SDAM `interruptInUse-pool-clear.json`: PoolCleared,
+        // CheckedIn, ConnectionClosed).
+        let stale: Vec<(ConnectionId, bool)> = self
             .connections
             .iter()
             .filter(|c| self.is_stale(c))
             .filter(|c| {
                 interrupt_in_use_connections || matches!(c.state, ConnectionState::Available { .. })
             })
-            .map(|c| c.id)
+            .map(|c| (c.id, matches!(c.state, ConnectionState::InUse { .. })))
             .collect();
-        for id in stale {
-            self.close_connection(id, CloseReason::Stale);
+        for (id, in_use) in stale {
+            if in_use {
+                self.actions
+                    .push_back(PoolAction::Interrupt { connection: id });
+            } else {
+                self.close_connection(id, CloseReason::Stale);
+            }
         }
         if lb_service.is_none() {
             let error = self.pool_cleared_error(cause);

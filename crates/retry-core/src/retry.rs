@@ -670,6 +670,42 @@ impl<R: RngCore> RetryMachine<R> {
         Ok(())
     }
 
+    /// The dispatched attempt cannot carry its `txnNumber`: the connection it was checked out on
+    /// does not support sessions (its own handshake reply lacks `logicalSessionTimeoutMinutes`,
+    /// SE-8) although the server's description said it does.
+    ///
+    /// RW-2: a first attempt then runs as a write without a transaction number, once: no
+    /// retryable-write retry and no `RetryableWriteError` label (an overload retry, BP-5, remains,
+    /// as for a server that lacks support). A retry must carry the first attempt's `txnNumber`
+    /// (RW-7), so it is not sent: the connection goes back and the operation raises the previous
+    /// error (RW-14). Nothing changes for an attempt that carries no `txnNumber`. A
+    /// transaction's command cannot run without one (TX-1): for those this input is unexpected
+    /// (the caller refuses the attempt instead, SE-8).
+    pub fn handle_attempt_without_txn_number(
+        &mut self,
+        _now: Instant,
+    ) -> Result<(), UnexpectedInput> {
+        let State::Dispatched { server } = &self.state else {
+            return self.unexpected("attempt without txnNumber");
+        };
+        if !self.txn_attached {
+            return Ok(());
+        }
+        if self.spec.kind != OperationKind::RetryableWrite {
+            return self.unexpected("attempt without txnNumber");
+        }
+        if self.dispatched > 1 {
+            let server = server.clone();
+            self.actions
+                .push(Action::ReleaseConnection { close: false });
+            self.finish_ineligible(&server);
+            return Ok(());
+        }
+        self.txn_attached = false;
+        self.retryable_writes_supported = false;
+        Ok(())
+    }
+
     /// The attempt's command was written to a connection: emits [`RetryEvent::CommandStarted`].
     pub fn handle_sent(&mut self, now: Instant) -> Result<(), UnexpectedInput> {
         // The server moves from the old state to the new one.

@@ -19,6 +19,8 @@ use alloc::vec::Vec;
 use bson::{Document, RawDocument};
 use core::fmt;
 
+use crate::bson_write;
+
 /// The opcode of `OP_MSG` (WP-2).
 pub const OP_MSG: i32 = 2013;
 
@@ -147,24 +149,43 @@ impl OpMsg {
     /// Fails, leaving `out` as it was, when a document does not serialize, two sequences share an
     /// identifier (WP-3), or the message would be longer than `max_message_size` (WP-7).
     pub fn encode(&self, max_message_size: u32, out: &mut Vec<u8>) -> Result<usize, EncodeError> {
+        self.encode_with(max_message_size, out, |_| Ok(()))
+    }
+
+    /// [`OpMsg::encode`], with `append` writing more elements at the end of the body (the
+    /// engine's `$db` and `lsid`, pre-encoded rather than inserted into the document). The body
+    /// must not hold the keys `append` writes.
+    pub(crate) fn encode_with(
+        &self,
+        max_message_size: u32,
+        out: &mut Vec<u8>,
+        append: impl FnOnce(&mut Vec<u8>) -> Result<(), EncodeError>,
+    ) -> Result<usize, EncodeError> {
         let start = out.len();
-        let result = self.encode_unchecked_size(start, out).and_then(|len| {
-            if len > max_message_size as usize {
-                Err(EncodeError::TooLarge {
-                    length: len,
-                    max: max_message_size,
-                })
-            } else {
-                Ok(len)
-            }
-        });
+        let result = self
+            .encode_unchecked_size(start, out, append)
+            .and_then(|len| {
+                if len > max_message_size as usize {
+                    Err(EncodeError::TooLarge {
+                        length: len,
+                        max: max_message_size,
+                    })
+                } else {
+                    Ok(len)
+                }
+            });
         if result.is_err() {
             out.truncate(start);
         }
         result
     }
 
-    fn encode_unchecked_size(&self, start: usize, out: &mut Vec<u8>) -> Result<usize, EncodeError> {
+    fn encode_unchecked_size(
+        &self,
+        start: usize,
+        out: &mut Vec<u8>,
+        append: impl FnOnce(&mut Vec<u8>) -> Result<(), EncodeError>,
+    ) -> Result<usize, EncodeError> {
         for (i, seq) in self.sequences.iter().enumerate() {
             if self.sequences[..i]
                 .iter()
@@ -181,7 +202,15 @@ impl OpMsg {
         out.extend_from_slice(&[0; HEADER_LEN]);
         out.extend_from_slice(&self.flags.bits().to_le_bytes());
         out.push(0);
-        write_document(&self.body, out)?;
+        let body = out.len();
+        out.extend_from_slice(&[0; 4]);
+        for (key, value) in &self.body {
+            bson_write::element(key, value, out).map_err(bson_error)?;
+        }
+        append(out)?;
+        out.push(0);
+        let body_len = i32_len(out.len() - body)?;
+        out[body..body + 4].copy_from_slice(&body_len.to_le_bytes());
         for seq in &self.sequences {
             out.push(1);
             let size_at = out.len();
@@ -209,8 +238,30 @@ impl OpMsg {
 }
 
 fn write_document(doc: &Document, out: &mut Vec<u8>) -> Result<(), EncodeError> {
-    doc.to_writer(out)
-        .map_err(|e| EncodeError::Bson(alloc::format!("{e}")))
+    bson_write::document(doc, out).map_err(bson_error)
+}
+
+/// Appends the string element `key: value` to a body being encoded.
+pub(crate) fn append_str(key: &str, value: &str, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    bson_write::str_element(key, value, out).map_err(bson_error)
+}
+
+/// Appends `key: {id: <UUID>}` (SE-3: an `lsid`) to a body being encoded.
+pub(crate) fn append_lsid(key: &str, id: &[u8; 16], out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    bson_write::binary_document_element(key, "id", bson::spec::BinarySubtype::Uuid, id, out)
+        .map_err(bson_error)
+}
+
+fn bson_error(error: bson_write::WriteError) -> EncodeError {
+    match error {
+        bson_write::WriteError::Nul => EncodeError::Bson(String::from(
+            "a key or regular expression contains a NUL byte",
+        )),
+        bson_write::WriteError::TooLong(length) => EncodeError::TooLarge {
+            length,
+            max: i32::MAX as u32,
+        },
+    }
 }
 
 fn i32_len(len: usize) -> Result<i32, EncodeError> {

@@ -238,3 +238,73 @@ fn a_checkout_that_adopts_a_connection_pending_across_a_clear_is_answered() {
     }
     assert!(answered, "checkout {second:?} was neither served, nor given a new connection, nor failed by its deadline");
 }
+
+/// CM-4 (SDAM `interruptInUse-pool-clear.json`): a clear with `interruptInUseConnections`
+/// closes available connections at once and interrupts in-use ones: the pool asks for the
+/// interruption, keeps the connection in use, and its check-in then emits `CheckedIn` before
+/// `ConnectionClosed`, after `PoolCleared`.
+#[test]
+fn cm4_interrupting_a_clear_checks_the_in_use_connection_in_before_closing_it() {
+    let mut pool = Pool::new(address(), PoolOptions::default());
+    let t0 = Instant::ZERO;
+    pool.ready(t0);
+    let busy = pool.check_out(Purpose::Other, None, t0);
+    let busy = checked_out(&settle(&mut pool, None, t0), busy).unwrap();
+    let idle = pool.check_out(Purpose::Other, None, t0);
+    let idle = checked_out(&settle(&mut pool, None, t0), idle).unwrap();
+    pool.check_in(idle, true, t0);
+    let _ = events(&mut pool);
+
+    pool.clear(None, true, "monitor check timed out", t0);
+    let actions = settle(&mut pool, None, t0);
+    assert!(actions.contains(&PoolAction::Interrupt { connection: busy }));
+    assert!(!actions
+        .iter()
+        .any(|a| matches!(a, PoolAction::Close { connection, .. } if *connection == busy)));
+    assert_eq!(pool.in_use(), (0, 0, 1), "still in use until checked in");
+    pool.check_in(busy, false, t0);
+    assert_eq!(
+        events(&mut pool),
+        vec![
+            PoolEvent::PoolCleared {
+                service_id: None,
+                interrupt_in_use_connections: true
+            },
+            PoolEvent::ConnectionClosed {
+                connection: idle,
+                reason: CloseReason::Stale
+            },
+            PoolEvent::CheckedIn { connection: busy },
+            PoolEvent::ConnectionClosed {
+                connection: busy,
+                reason: CloseReason::Error
+            },
+        ]
+    );
+    assert_eq!(pool.total_connections(), 0);
+}
+
+/// LB-13: a connection a transaction pins counts as the transaction's from then on.
+#[test]
+fn lb13_a_pinned_connection_changes_purpose() {
+    let options = PoolOptions {
+        load_balanced: true,
+        ..PoolOptions::default()
+    };
+    let mut pool = Pool::new(address(), options);
+    let t0 = Instant::ZERO;
+    pool.ready(t0);
+    let id = pool.check_out(Purpose::Other, None, t0);
+    let conn = checked_out(&settle(&mut pool, Some(ObjectId::new()), t0), id).unwrap();
+    assert_eq!(pool.purpose(conn), Some(Purpose::Other));
+    pool.set_purpose(conn, Purpose::Transaction);
+    assert_eq!(pool.in_use(), (0, 1, 0));
+    pool.check_in(conn, true, t0);
+    assert_eq!(pool.purpose(conn), None);
+    pool.set_purpose(conn, Purpose::Cursor);
+    assert_eq!(
+        pool.in_use(),
+        (0, 0, 0),
+        "an available connection is left alone"
+    );
+}

@@ -7,7 +7,7 @@ mod support;
 use core::time::Duration;
 use retry_core::address::ServerAddress;
 use retry_core::budget::{GrpcThrottle, TokenBucket};
-use retry_core::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
+use retry_core::error::{ErrorKind, Labels, NetworkErrorKind, NetworkPhase, OperationError};
 use retry_core::policy::{GrpcPolicy, RetryOptions, RetryPolicy};
 use retry_core::retry::{
     Action, AttemptServer, DenyReason, OperationKind, OperationSpec, RetryEvent, RetryMachine,
@@ -203,6 +203,130 @@ fn rw14_ineligible_retry_server_raises_the_previous_error() {
     };
     m.handle_server_selected(old, Instant::ZERO).unwrap();
     assert!(matches!(m.poll_action(), Some(Action::Finished(Err(e))) if e.code() == Some(91)));
+}
+
+/// RW-2 (issue 10 residual a): the server's description supports sessions, but the connection
+/// the first attempt was checked out on does not (SE-8), so the write goes without its
+/// `txnNumber`: it runs once, a network error gets no `RetryableWriteError` label and is raised.
+#[test]
+fn rw2_a_first_attempt_without_its_txn_number_is_not_retried() {
+    let mut m = RetryMachine::new(
+        OperationSpec::new(OperationKind::RetryableWrite).with_txn_number(9),
+        &RetryOptions::default(),
+        1,
+        Instant::ZERO,
+    );
+    assert_eq!(m.poll_action(), Some(Action::SelectServer));
+    m.handle_server_selected(primary(), Instant::ZERO).unwrap();
+    assert!(matches!(m.poll_action(), Some(Action::Dispatch(a)) if a.txn_number == Some(9)));
+    m.handle_attempt_without_txn_number(Instant::ZERO).unwrap();
+    m.handle_sent(Instant::ZERO).unwrap();
+    let reset = OperationError::network(
+        NetworkErrorKind::Reset,
+        NetworkPhase::AfterSend,
+        ServerAddress::new("primary", 27017),
+    );
+    m.handle_failed(reset, Instant::ZERO).unwrap();
+    assert_eq!(
+        m.poll_action(),
+        Some(Action::ReleaseConnection { close: true })
+    );
+    match m.poll_action() {
+        Some(Action::Finished(Err(e))) => {
+            assert!(matches!(e.kind, ErrorKind::Network(_)), "{e}");
+            assert!(!e.has_label(Labels::RETRYABLE_WRITE), "RW-9: {e}");
+        }
+        other => panic!("finished with the network error, got {other:?}"),
+    }
+    assert_eq!(m.attempts(), 1);
+}
+
+/// RW-2, BP-5: a write that lost its `txnNumber` that way is still retried on a retryable
+/// overload error, as a write on a server without retryable writes is.
+#[test]
+fn rw2_bp5_a_write_without_its_txn_number_keeps_overload_retries() {
+    let mut m = RetryMachine::new(
+        OperationSpec::new(OperationKind::RetryableWrite).with_txn_number(9),
+        &RetryOptions::default(),
+        1,
+        Instant::ZERO,
+    );
+    let _ = m.poll_action();
+    m.handle_server_selected(primary(), Instant::ZERO).unwrap();
+    let _ = m.poll_action();
+    m.handle_attempt_without_txn_number(Instant::ZERO).unwrap();
+    m.handle_sent(Instant::ZERO).unwrap();
+    m.handle_failed(error(2, &OVERLOAD), Instant::ZERO).unwrap();
+    assert_eq!(
+        m.poll_action(),
+        Some(Action::ReleaseConnection { close: false })
+    );
+    assert!(matches!(m.poll_action(), Some(Action::Wait { .. })));
+}
+
+/// RW-7, RW-14: a retry must carry the first attempt's `txnNumber`; on a connection that cannot
+/// (SE-8) it is not sent: the connection goes back and the previous error is raised.
+#[test]
+fn rw7_rw14_a_retry_that_cannot_carry_its_txn_number_raises_the_previous_error() {
+    let mut m = RetryMachine::new(
+        OperationSpec::new(OperationKind::RetryableWrite).with_txn_number(9),
+        &RetryOptions::default(),
+        1,
+        Instant::ZERO,
+    );
+    let _ = m.poll_action();
+    m.handle_server_selected(primary(), Instant::ZERO).unwrap();
+    let _ = m.poll_action();
+    m.handle_sent(Instant::ZERO).unwrap();
+    m.handle_failed(error(91, &["RetryableWriteError"]), Instant::ZERO)
+        .unwrap();
+    let _ = m.poll_action();
+    assert_eq!(m.poll_action(), Some(Action::SelectServer));
+    m.handle_server_selected(primary(), Instant::ZERO).unwrap();
+    assert!(matches!(m.poll_action(), Some(Action::Dispatch(a)) if a.txn_number == Some(9)));
+    m.handle_attempt_without_txn_number(Instant::ZERO).unwrap();
+    assert_eq!(
+        m.poll_action(),
+        Some(Action::ReleaseConnection { close: false })
+    );
+    assert!(matches!(m.poll_action(), Some(Action::Finished(Err(e))) if e.code() == Some(91)));
+    assert!(m.handle_sent(Instant::ZERO).is_err(), "nothing is sent");
+}
+
+/// The input changes nothing for an attempt without a `txnNumber`, and is refused outside a
+/// dispatched attempt and for a transaction's command (TX-1: it cannot run without one).
+#[test]
+fn an_attempt_without_txn_number_is_a_no_op_for_reads_and_refused_elsewhere() {
+    let mut read = RetryMachine::new(
+        OperationSpec::new(OperationKind::Read),
+        &RetryOptions::default(),
+        1,
+        Instant::ZERO,
+    );
+    assert!(read
+        .handle_attempt_without_txn_number(Instant::ZERO)
+        .is_err());
+    let _ = read.poll_action();
+    read.handle_server_selected(primary(), Instant::ZERO)
+        .unwrap();
+    let _ = read.poll_action();
+    read.handle_attempt_without_txn_number(Instant::ZERO)
+        .unwrap();
+    assert_eq!(read.poll_action(), None);
+    let mut commit = RetryMachine::new(
+        OperationSpec::new(OperationKind::CommitTransaction { again: false }).with_txn_number(2),
+        &RetryOptions::default(),
+        1,
+        Instant::ZERO,
+    );
+    let _ = commit.poll_action();
+    commit
+        .handle_server_selected(primary(), Instant::ZERO)
+        .unwrap();
+    let _ = commit.poll_action();
+    assert!(commit
+        .handle_attempt_without_txn_number(Instant::ZERO)
+        .is_err());
 }
 
 /// RR-8: a command that needs a newer server than the selected one is not sent.

@@ -13,6 +13,7 @@ use retry_core::error::OperationError;
 use retry_core::retry::OperationKind;
 use retry_core::selection::{ReadPreference, SelectionCriteria};
 
+use crate::concerns::Concerns;
 use crate::connection_string::ConnectionString;
 use crate::driver::{Driver, LocalDriver};
 use crate::options::{ClientOptions, OptionsError};
@@ -36,6 +37,7 @@ pub struct CommandOptions {
 
 /// Why a client could not be created.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ConnectError {
     /// A bad URI or option.
     Options(OptionsError),
@@ -70,8 +72,9 @@ struct Inner {
     read_preference: ReadPreference,
     /// The driver, when the runtime does not spawn it: the client's futures drive it.
     local: Option<Arc<LocalDriver>>,
-    /// The client's write concern (`w`, ...), inherited by commands without their own.
-    write_concern: Option<Document>,
+    /// The client's write and read concern, inherited by [`Client::command`] and
+    /// [`Client::cursor`] commands without their own.
+    concerns: Concerns,
 }
 
 impl Inner {
@@ -130,15 +133,26 @@ impl<R: Runtime> Client<R> {
     /// monitoring starts at once), otherwise driven by the client's futures on the caller's
     /// executor (monitoring runs while one of them is polled). Nothing waits for a server.
     pub fn connect(options: ClientOptions) -> Result<Client<R>, ConnectError> {
-        let mut runtime: Arc<dyn Runtime> = Arc::new(R::start().map_err(ConnectError::Runtime)?);
+        Client::connect_on(R::start().map_err(ConnectError::Runtime)?, options)
+    }
+
+    /// [`Client::connect`] on `runtime`, a started `R` configured beforehand (e.g. the name
+    /// servers of an adapter's `with_nameservers`), instead of a new one.
+    pub fn connect_on(runtime: R, options: ClientOptions) -> Result<Client<R>, ConnectError> {
+        let mut runtime: Arc<dyn Runtime> = Arc::new(runtime);
         if let Some(tls) = &options.tls {
             runtime = Arc::new(TlsRuntime::new(runtime, tls.client_config()?));
         }
         let engine_options = options.engine_options()?;
-        let write_concern = options.write_concern.clone();
+        let concerns = Concerns::new(
+            options.write_concern.as_ref(),
+            options.read_concern_level.as_deref(),
+            options.timeout.is_some(),
+        );
         let engine = Engine::new(engine_options, runtime.now()).map_err(ConnectError::Settings)?;
         let shared = Arc::new(Shared::default());
-        let driver = Driver::new(runtime.clone(), engine, shared.clone(), options.timeout);
+        let driver = Driver::new(runtime.clone(), engine, shared.clone(), options.timeout)
+            .with_srv_polling(options.srv.clone());
         let local = if runtime.spawns() {
             runtime
                 .spawn(Box::pin(driver))
@@ -152,7 +166,7 @@ impl<R: Runtime> Client<R> {
                 shared,
                 read_preference: options.read_preference.clone(),
                 local,
-                write_concern,
+                concerns,
             }),
             runtime: PhantomData,
         })
@@ -162,12 +176,17 @@ impl<R: Runtime> Client<R> {
     /// looked up through the runtime ([`Runtime::resolve_srv`], [`Runtime::resolve_txt`]) before
     /// anything connects (SRV-2), and the seed list they give is used (SRV-3..SRV-6).
     pub async fn with_uri_async(uri: &str) -> Result<Client<R>, ConnectError> {
+        Client::with_uri_async_on(R::start().map_err(ConnectError::Runtime)?, uri).await
+    }
+
+    /// [`Client::with_uri_async`] on `runtime`, a started `R` configured beforehand, which does
+    /// the DNS lookups too.
+    pub async fn with_uri_async_on(runtime: R, uri: &str) -> Result<Client<R>, ConnectError> {
         let mut cs = ConnectionString::parse(uri)?;
         if cs.srv {
-            let runtime = R::start().map_err(ConnectError::Runtime)?;
             cs = resolve_seedlist(&runtime, &cs, crate::options::os_seed()).await?;
         }
-        Client::connect(ClientOptions::from_connection_string(&cs)?)
+        Client::connect_on(runtime, ClientOptions::from_connection_string(&cs)?)
     }
 
     /// [`Client::connect`] with the options of a `mongodb://` URI.
@@ -238,8 +257,14 @@ impl<R> Client<R> {
     /// commands are neither). A write reply with `writeErrors` is an error
     /// ([`retry_core::error::ErrorKind::Write`], keeping the reply); one with a
     /// `writeConcernError` is a server error, retried by the retryable-writes rules.
+    ///
+    /// Unlike [`Client::run_command`], it adds the client's write concern (`w`, `journal`,
+    /// `wTimeoutMS`; not `wTimeoutMS` under `timeoutMS`, TO-8) to a write and its
+    /// `readConcernLevel` to a read that support them and have none of their own (the
+    /// read-write-concern spec); so a `w=0` write is sent unacknowledged and without an implicit
+    /// session (SE-13).
     pub async fn command(&self, db: &str, command: Document) -> Result<Document, OperationError> {
-        let kind = self.classify(&command);
+        let (command, kind) = self.with_concerns(command);
         self.run_command(db, command, kind).await
     }
 
@@ -247,7 +272,15 @@ impl<R> Client<R> {
     /// retryable-reads and retryable-writes specs, with the client's `w` as the inherited write
     /// concern.
     pub fn classify(&self, command: &Document) -> OperationKind {
-        retry_core::classify::classify(command, &[], self.inner.write_concern.as_ref())
+        retry_core::classify::classify(command, &[], self.inner.concerns.write.as_ref())
+    }
+
+    /// `command` with the client's concerns where they apply ([`Client::command`]), and its
+    /// kind ([`Client::classify`]).
+    pub(crate) fn with_concerns(&self, mut command: Document) -> (Document, OperationKind) {
+        self.inner.concerns.apply(&mut command);
+        let kind = self.classify(&command);
+        (command, kind)
     }
 
     /// The engine's request for `command`: `options.criteria`, or a writable server for writes

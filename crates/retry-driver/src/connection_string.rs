@@ -59,6 +59,7 @@ pub enum OptionValue {
 
 /// A parsed connection string (see the module docs). `Debug` redacts the user name and password.
 #[derive(Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ConnectionString {
     /// Whether the scheme is `mongodb+srv` (SRV-1).
     pub srv: bool,
@@ -76,6 +77,9 @@ pub struct ConnectionString {
     credential: Option<Credential>,
     /// SRV-6: a `mongodb+srv` string whose seed list came from its DNS records.
     seedlist_resolved: bool,
+    /// What SRV polling needs of a resolved `mongodb+srv` string (set by
+    /// [`crate::apply_seedlist`]).
+    pub(crate) srv_polling: Option<crate::srv::SrvPolling>,
 }
 
 impl fmt::Debug for ConnectionString {
@@ -94,8 +98,40 @@ impl fmt::Debug for ConnectionString {
     }
 }
 
-/// Options whose values are secrets, left out of `Debug`.
-const SECRET_OPTIONS: [&str; 2] = ["tlsCertificateKeyFilePassword", "proxyPassword"];
+/// Options whose values are secrets, left out of `Debug`, errors and warnings
+/// (`authMechanismProperties` may hold `AWS_SESSION_TOKEN`).
+const SECRET_OPTIONS: [&str; 3] = [
+    "tlsCertificateKeyFilePassword",
+    "proxyPassword",
+    "authMechanismProperties",
+];
+
+/// The text that stands for a secret in errors, warnings and `Debug`.
+pub(crate) const REDACTED: &str = "<redacted>";
+
+/// `value` as errors and warnings may show it: [`REDACTED`] for the value of a secret option
+/// (any spelling of its name), or of an option whose name is unknown (it may be a mistyped
+/// secret).
+pub(crate) fn shown<'a>(name: &str, value: &'a str) -> &'a str {
+    match canonical(name) {
+        Some((name, _)) if !SECRET_OPTIONS.contains(&name) => value,
+        _ => REDACTED,
+    }
+}
+
+/// `uri` as errors may show it: everything between the scheme's `://` and the last `@`
+/// (the userinfo, however malformed the URI) is replaced by [`REDACTED`].
+pub(crate) fn redact_uri(uri: &str) -> String {
+    let Some(at) = uri.rfind('@') else {
+        return uri.to_string();
+    };
+    let keep = uri
+        .find("://")
+        .map(|i| i + 3)
+        .filter(|&i| i <= at)
+        .unwrap_or(0);
+    format!("{}{REDACTED}{}", &uri[..keep], &uri[at..])
+}
 
 /// The option map for `Debug`, with [`SECRET_OPTIONS`] redacted.
 struct RedactedOptions<'a>(&'a BTreeMap<&'static str, OptionValue>);
@@ -105,7 +141,7 @@ impl fmt::Debug for RedactedOptions<'_> {
         f.debug_map()
             .entries(self.0.iter().map(|(name, value)| {
                 let value: &dyn fmt::Debug = if SECRET_OPTIONS.contains(name) {
-                    &"<redacted>"
+                    &REDACTED
                 } else {
                     value
                 };
@@ -246,7 +282,7 @@ impl ConnectionString {
     /// Parses and validates `uri` (see the module docs). The error names the part or option at
     /// fault and the value.
     pub fn parse(uri: &str) -> Result<ConnectionString, OptionsError> {
-        let uri_error = |reason: &str| OptionsError::new("uri", uri, reason);
+        let uri_error = |reason: &str| OptionsError::new("uri", &redact_uri(uri), reason);
         let (srv, rest) = if let Some(rest) = uri.strip_prefix("mongodb://") {
             (false, rest)
         } else if let Some(rest) = uri.strip_prefix("mongodb+srv://") {
@@ -265,6 +301,13 @@ impl ConnectionString {
             Some((userinfo, hosts)) => (Some(userinfo), hosts),
             None => (None, authority),
         };
+        // An unescaped '/' or '?' in a password ends the authority early, so the hosts and the
+        // database may hold part of it: their errors then show no value.
+        let may_hold_userinfo = tail.contains('@');
+        let part_error = |part: &str, e: OptionsError| match may_hold_userinfo {
+            true => OptionsError::new(part, REDACTED, e.reason()),
+            false => e,
+        };
         let (username, password) = match userinfo {
             None => (None, None),
             Some(userinfo) => {
@@ -282,7 +325,8 @@ impl ConnectionString {
         let hosts = hosts_part
             .split(',')
             .map(parse_host)
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| part_error("host", e))?;
         if srv && (hosts.len() != 1 || hosts[0].port.is_some()) {
             return Err(uri_error(
                 "mongodb+srv takes exactly one host name and no port (SRV-1)",
@@ -291,12 +335,16 @@ impl ConnectionString {
         let database = match path.strip_prefix('/') {
             None | Some("") => None,
             Some(db) => {
-                let db = percent_decode(db).map_err(|r| OptionsError::new("database", db, r))?;
+                let db = percent_decode(db)
+                    .map_err(|r| part_error("database", OptionsError::new("database", db, r)))?;
                 if db.contains(['/', '\\', ' ', '"', '$']) {
-                    return Err(OptionsError::new(
+                    return Err(part_error(
                         "database",
-                        &db,
-                        "must not contain '/', '\\', ' ', '\"' or '$'",
+                        OptionsError::new(
+                            "database",
+                            &db,
+                            "must not contain '/', '\\', ' ', '\"' or '$'",
+                        ),
                     ));
                 }
                 Some(db)
@@ -312,6 +360,7 @@ impl ConnectionString {
             warnings: Vec::new(),
             credential: None,
             seedlist_resolved: false,
+            srv_polling: None,
         };
         if let Some(query) = query {
             parsed.parse_options(query)?;
@@ -411,17 +460,18 @@ impl ConnectionString {
                     "expected name=value (URI-6)",
                 ));
             };
-            let value = percent_decode(raw_value)
-                .map_err(|reason| OptionsError::new(raw_name, raw_value, reason))?;
+            let value = percent_decode(raw_value).map_err(|reason| {
+                OptionsError::new(raw_name, shown(raw_name, raw_value), reason)
+            })?;
             let replacement = DEPRECATED
                 .iter()
                 .find(|(old, _)| old.eq_ignore_ascii_case(raw_name));
             let Some((name, kind)) =
                 lookup(raw_name).or_else(|| replacement.and_then(|r| lookup(r.1)))
             else {
-                self.warnings.push(format!(
-                    "Unsupported option '{raw_name}' (value {value:?}) ignored"
-                ));
+                // No value: an unknown name may be a mistyped secret option.
+                self.warnings
+                    .push(format!("Unsupported option '{raw_name}' ignored"));
                 continue;
             };
             let Some(parsed) = read_value(name, kind, &value, &mut self.warnings)? else {
@@ -437,7 +487,7 @@ impl ConnectionString {
                 if NO_REPEAT.contains(&name) {
                     return Err(OptionsError::new(
                         raw_name,
-                        &value,
+                        shown(name, &value),
                         "may be given only once",
                     ));
                 }
@@ -577,6 +627,7 @@ pub(crate) fn read_value(
     warnings: &mut Vec<String>,
 ) -> Result<Option<OptionValue>, OptionsError> {
     let ignored = |warnings: &mut Vec<String>, reason: String| {
+        let value = shown(name, value);
         warnings.push(format!(
             "Unsupported value for '{name}': {value:?} ({reason}); ignored"
         ));
@@ -603,7 +654,11 @@ pub(crate) fn read_value(
         },
         Kind::Str => OptionValue::Str(value.into()),
         Kind::NonEmpty if value.is_empty() => {
-            return Err(OptionsError::new(name, value, "must not be empty"))
+            return Err(OptionsError::new(
+                name,
+                shown(name, value),
+                "must not be empty",
+            ))
         }
         Kind::NonEmpty => OptionValue::Str(value.into()),
         Kind::OneOf(values) => match values.iter().find(|v| v.eq_ignore_ascii_case(value)) {
@@ -643,7 +698,7 @@ pub(crate) fn read_value(
 /// any character outside RFC 3986 userinfo. Errors never show the userinfo (it holds the
 /// password).
 fn parse_userinfo(userinfo: &str) -> Result<(String, Option<String>), OptionsError> {
-    let bad = |reason: &str| OptionsError::new("userinfo", "<redacted>", reason);
+    let bad = |reason: &str| OptionsError::new("userinfo", REDACTED, reason);
     if userinfo.contains('@') {
         return Err(bad(
             "an '@' in the user name or password must be escaped as %40",

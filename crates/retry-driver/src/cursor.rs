@@ -92,10 +92,11 @@ impl Batch {
 impl<R> Client<R> {
     /// Runs a cursor-opening command (`find`, `aggregate`, `listCollections`, `listIndexes`, ...)
     /// on `db` and returns its cursor. The kind comes from
-    /// [`retry_core::classify::classify`] (an `aggregate` with `$out` is a write). Later batches
+    /// [`retry_core::classify::classify`] (an `aggregate` with `$out` is a write); the client's
+    /// read or write concern is added as [`Client::command`] adds it. Later batches
     /// use the command's `batchSize` (a `find`'s or the `cursor.batchSize` of an `aggregate`).
     pub async fn cursor(&self, db: &str, command: Document) -> Result<Cursor<R>, OperationError> {
-        let kind = self.classify(&command);
+        let (command, kind) = self.with_concerns(command);
         let batch_size = command.get("batchSize").cloned().or_else(|| {
             command
                 .get_document("cursor")

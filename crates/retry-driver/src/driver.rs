@@ -4,6 +4,7 @@
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
+use core::time::Duration;
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +20,7 @@ use retry_core::time::{Instant, OperationTimeout};
 use crate::io_error::classify_io_error;
 use crate::runtime::{AsyncTimer, BoxFuture, Runtime, Socket};
 use crate::shared::{lock, Reply, Shared, Slot};
+use crate::srv::SrvPolling;
 
 /// Rounds of work in one poll before the driver yields to its executor (tokio's coop budget and
 /// fairness to other tasks); it wakes itself to continue.
@@ -42,6 +44,10 @@ struct Pending {
 
 struct SocketState {
     link: Link,
+    /// The waker its runtime polls are given: it queues this socket in [`ReadySockets`].
+    waker: Waker,
+    /// This socket's entry in [`ReadySockets`].
+    ready: Arc<SocketWaker>,
     /// Bytes the engine asked to write: `outgoing[written..]` are not written yet. The buffer is
     /// reused: it is swapped with the engine's transmit buffer, never copied, when it was empty.
     outgoing: Vec<u8>,
@@ -62,8 +68,14 @@ pub(crate) struct Driver {
     read_buffer: Vec<u8>,
     /// Where `Engine::poll_transmit` appends; swapped into an idle socket's `outgoing`.
     transmit: Vec<u8>,
+    /// The sockets a round polls: woken by their runtime or given bytes by the engine.
+    ready: Arc<ReadySockets>,
     /// The socket ids of one round (reused).
     ids: Vec<ConnId>,
+    /// SRV polling's name, for a `mongodb+srv` client ([`Driver::with_srv_polling`]).
+    srv: Option<SrvPolling>,
+    /// The SRV rescan in flight, whose answer goes to the engine.
+    srv_lookup: Option<BoxFuture<(Vec<ServerAddress>, Option<Duration>)>>,
 }
 
 impl Driver {
@@ -85,14 +97,46 @@ impl Driver {
             timeout,
             read_buffer: vec![0; READ_BUFFER_BYTES],
             transmit: Vec::new(),
+            ready: Arc::default(),
             ids: Vec::new(),
+            srv: None,
+            srv_lookup: None,
         }
+    }
+
+    /// This driver, making the SRV lookups the engine asks for (`polling`'s name, SP-1..SP-6).
+    pub(crate) fn with_srv_polling(mut self, polling: Option<SrvPolling>) -> Driver {
+        self.srv = polling;
+        self
+    }
+
+    /// Starts the SRV rescan the engine asks for and hands its answer back; the engine decides
+    /// when and what the hosts do.
+    fn poll_srv(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(polling) = &self.srv else {
+            return false;
+        };
+        if self.srv_lookup.is_none() && self.engine.poll_srv_rescan() {
+            let (runtime, polling) = (self.runtime.clone(), polling.clone());
+            self.srv_lookup = Some(Box::pin(async move {
+                crate::srv::rescan(&*runtime, &polling).await
+            }));
+        }
+        let Some(lookup) = &mut self.srv_lookup else {
+            return false;
+        };
+        let Poll::Ready((hosts, ttl)) = lookup.as_mut().poll(cx) else {
+            return false;
+        };
+        self.srv_lookup = None;
+        self.engine.handle_srv_hosts(hosts, ttl, self.runtime.now());
+        true
     }
 
     /// Starts the operations the client queued. Returns whether there were any, and whether the
     /// client is closing.
     fn take_requests(&mut self, cx: &mut Context<'_>, now: Instant) -> (bool, bool) {
-        let (requests, cancels, closing) = {
+        let (requests, closing) = {
             let mut state = lock(&self.shared.state);
             if !state
                 .driver
@@ -105,22 +149,21 @@ impl Driver {
             // while someone listens.
             let listening = state.subscribers.iter().any(|s| Arc::strong_count(s) > 1);
             self.engine.set_command_monitoring(listening);
+            // A dropped `run` future cancels its operation in the engine, before a session
+            // dropped after it ends (SE-12: the cancel may make the session dirty).
+            let cancels = core::mem::take(&mut state.cancels);
+            let cancelled = !cancels.is_empty();
+            for op in cancels {
+                self.pending.remove(&op);
+                self.engine.cancel_operation(op, now);
+            }
             // Explicit sessions to start and end (`session.rs`).
             let sessions = crate::session::serve(&mut self.engine, &mut state.sessions, now);
-            if state.requests.is_empty() && state.cancels.is_empty() {
-                return (sessions, state.closing);
+            if state.requests.is_empty() {
+                return (sessions || cancelled, state.closing);
             }
-            (
-                core::mem::take(&mut state.requests),
-                core::mem::take(&mut state.cancels),
-                state.closing,
-            )
+            (core::mem::take(&mut state.requests), state.closing)
         };
-        // A dropped `run` future cancels its operation in the engine.
-        for op in cancels {
-            self.pending.remove(&op);
-            self.engine.cancel_operation(op, now);
-        }
         for request in requests {
             if request.reply.is_abandoned() {
                 continue;
@@ -147,21 +190,27 @@ impl Driver {
         (true, closing)
     }
 
-    /// Connects, writes and reads every socket as far as it goes without waiting.
+    /// Connects, writes and reads, as far as it goes without waiting, the sockets that are ready:
+    /// one socket's input costs the same however many others are open (house rule 9).
     fn poll_sockets(&mut self, cx: &mut Context<'_>, now: Instant) -> bool {
         let mut progressed = false;
         let mut ids = core::mem::take(&mut self.ids);
         ids.clear();
-        ids.extend(self.sockets.keys().copied());
+        self.ready.take(cx.waker(), &mut ids);
         for &conn in &ids {
             let Some(socket) = self.sockets.get_mut(&conn) else {
                 continue;
             };
+            // Cleared before the poll: a wake from now on queues the socket again.
+            socket.ready.queued.store(false, Ordering::Release);
+            let mut socket_cx = Context::from_waker(&socket.waker);
             if let Link::Connecting(connecting) = &mut socket.link {
-                match connecting.as_mut().poll(cx) {
+                match connecting.as_mut().poll(&mut socket_cx) {
                     Poll::Pending => continue,
                     Poll::Ready(Ok(stream)) => {
                         socket.link = Link::Open(stream);
+                        // Read next round, after the engine has written the handshake.
+                        socket.ready.queue();
                         self.engine.handle_connected(conn, now);
                     }
                     Poll::Ready(Err(error)) => {
@@ -171,9 +220,8 @@ impl Driver {
                         self.engine.handle_closed(conn, kind, Some(cause), now);
                     }
                 }
-                // The engine may have written the handshake, or closed the socket.
-                self.ids = ids;
-                return true;
+                progressed = true;
+                continue;
             }
             let Link::Open(stream) = &mut socket.link else {
                 continue;
@@ -182,7 +230,7 @@ impl Driver {
             while socket.written < socket.outgoing.len() && failure.is_none() {
                 match stream
                     .as_mut()
-                    .poll_write(cx, &socket.outgoing[socket.written..])
+                    .poll_write(&mut socket_cx, &socket.outgoing[socket.written..])
                 {
                     Poll::Pending => break,
                     Poll::Ready(Ok(0)) => failure = Some(closed_by_peer()),
@@ -197,12 +245,19 @@ impl Driver {
                     Poll::Ready(Err(error)) => failure = Some(classify_io_error(&error, false)),
                 }
             }
+            let mut read_all = false;
             for _ in 0..READS_PER_ROUND {
                 if failure.is_some() {
                     break;
                 }
-                match stream.as_mut().poll_read(cx, &mut self.read_buffer) {
-                    Poll::Pending => break,
+                match stream
+                    .as_mut()
+                    .poll_read(&mut socket_cx, &mut self.read_buffer)
+                {
+                    Poll::Pending => {
+                        read_all = true;
+                        break;
+                    }
                     Poll::Ready(Ok(0)) => failure = Some(closed_by_peer()),
                     Poll::Ready(Ok(n)) => {
                         progressed = true;
@@ -216,6 +271,9 @@ impl Driver {
                 progressed = true;
                 self.sockets.remove(&conn);
                 self.engine.handle_closed(conn, kind, Some(cause), now);
+            } else if !read_all {
+                // Its read budget ran out with bytes left: no waker is armed, poll it again.
+                socket.ready.queue();
             }
         }
         self.ids = ids;
@@ -232,10 +290,18 @@ impl Driver {
             let future = self
                 .runtime
                 .connect(connect.address.host().to_string(), connect.address.port());
+            let ready = Arc::new(SocketWaker {
+                conn: connect.conn,
+                queued: AtomicBool::new(false),
+                sockets: self.ready.clone(),
+            });
+            ready.queue();
             self.sockets.insert(
                 connect.conn,
                 SocketState {
                     link: Link::Connecting(future),
+                    waker: Waker::from(ready.clone()),
+                    ready,
                     outgoing: Vec::new(),
                     written: 0,
                 },
@@ -244,6 +310,7 @@ impl Driver {
         while let Some(conn) = self.engine.poll_transmit(&mut self.transmit) {
             progressed = true;
             if let Some(socket) = self.sockets.get_mut(&conn) {
+                socket.ready.queue();
                 if socket.outgoing.is_empty() {
                     // No copy: the socket takes the bytes' buffer and lends its own.
                     core::mem::swap(&mut socket.outgoing, &mut self.transmit);
@@ -372,12 +439,69 @@ impl Future for Driver {
             progressed |= this.poll_sockets(cx, now);
             progressed |= this.flush_engine(now);
             progressed |= this.poll_timer(cx, now);
+            progressed |= this.poll_srv(cx);
             if !progressed {
                 return Poll::Pending;
             }
         }
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+}
+
+/// The sockets that have something to do, in the order they became ready (woken by their
+/// runtime, given bytes by the engine, newly connected), and the driver's waker to wake for them.
+#[derive(Default)]
+struct ReadySockets {
+    state: Mutex<ReadyState>,
+}
+
+#[derive(Default)]
+struct ReadyState {
+    conns: Vec<ConnId>,
+    driver: Option<Waker>,
+}
+
+impl ReadySockets {
+    /// Moves the ready sockets into `into` and keeps `driver` as the waker to wake for the next.
+    fn take(&self, driver: &Waker, into: &mut Vec<ConnId>) {
+        let mut state = lock(&self.state);
+        if !state.driver.as_ref().is_some_and(|w| w.will_wake(driver)) {
+            state.driver = Some(driver.clone());
+        }
+        core::mem::swap(&mut state.conns, into);
+    }
+}
+
+/// One socket's waker: queues the socket once in [`ReadySockets`] and wakes the driver.
+struct SocketWaker {
+    conn: ConnId,
+    /// Whether the socket is in the queue (so a burst of wakes queues it once).
+    queued: AtomicBool,
+    sockets: Arc<ReadySockets>,
+}
+
+impl SocketWaker {
+    /// Queues the socket if it is not queued; returns the driver's waker if it did.
+    fn queue(&self) -> Option<Waker> {
+        if self.queued.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let mut state = lock(&self.sockets.state);
+        state.conns.push(self.conn);
+        state.driver.clone()
+    }
+}
+
+impl Wake for SocketWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if let Some(driver) = self.queue() {
+            driver.wake();
+        }
     }
 }
 

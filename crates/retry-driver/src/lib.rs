@@ -37,9 +37,11 @@
 //! rounds it yields and wakes itself, so it never exhausts tokio's coop budget in one poll.
 
 mod client;
+mod concerns;
 mod connection_string;
 mod credential;
 mod cursor;
+mod dns;
 mod driver;
 mod io_error;
 mod options;
@@ -52,10 +54,11 @@ mod tls;
 pub use client::{Client, CommandOptions, ConnectError, Events};
 pub use connection_string::{ConnectionString, Host, HostKind, OptionValue};
 pub use cursor::Cursor;
+pub use dns::{lookup_ip, lookup_srv, lookup_txt, Nameservers, RuntimeProvider};
 pub use io_error::{classify_io_error, io_cause, LOOKUP_FAILED};
 pub use options::{ClientOptions, OptionsError};
 pub use runtime::{literal_address, timer_offset, AsyncTimer, BoxFuture, Runtime, Socket};
 pub use session::Session;
 pub use shared::{Reply, TimedEvent};
-pub use srv::{apply_seedlist, resolve_seedlist, srv_query_name, SrvRecord};
+pub use srv::{apply_seedlist, resolve_seedlist, srv_query_name, SrvPolling, SrvRecord};
 pub use tls::{TlsError, TlsOptions, TlsRuntime};

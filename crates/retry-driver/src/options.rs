@@ -24,7 +24,7 @@ use retry_core::pool::PoolOptions;
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionSettings};
 use retry_core::topology::{TagSet, TopologySettings};
 
-use crate::connection_string::{self, ConnectionString, HostKind, OptionValue};
+use crate::connection_string::{self, shown, ConnectionString, HostKind, OptionValue, REDACTED};
 use crate::tls::TlsOptions;
 
 /// An option, or a URI, that could not be used: which option, what value, and why.
@@ -75,6 +75,7 @@ impl std::error::Error for OptionsError {}
 /// What a client is configured with. Field names follow the URI options; [`ClientOptions::set`]
 /// takes them by those names.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ClientOptions {
     /// The seed list.
     pub hosts: Vec<ServerAddress>,
@@ -109,10 +110,13 @@ pub struct ClientOptions {
     /// `readPreference`, `readPreferenceTags`, `maxStalenessSeconds`: the default read
     /// preference of reads that name none (SS-2).
     pub read_preference: ReadPreference,
-    /// `readConcernLevel`, if given.
+    /// `readConcernLevel`, if given: the `readConcern` of the reads [`crate::Client::command`]
+    /// and [`crate::Client::cursor`] send without one of their own.
     pub read_concern_level: Option<String>,
     /// `w`, `wTimeoutMS`, `journal` as the `writeConcern` document servers take (`w`, `wtimeout`,
-    /// `j`), if any was given.
+    /// `j`), if any was given: the `writeConcern` of the writes [`crate::Client::command`] and
+    /// [`crate::Client::cursor`] send without one of their own (`wtimeout` not under
+    /// `timeoutMS`, TO-8). [`crate::Client::run_command`] adds neither concern.
     pub write_concern: Option<Document>,
     /// `serverMonitoringMode` (MO-7). The engine's monitors poll in every mode for now.
     pub server_monitoring_mode: ServerMonitoringMode,
@@ -136,6 +140,9 @@ pub struct ClientOptions {
     /// What parsing the URI warned about (URI-7, URI-8, URI-10, and options this client
     /// ignores), for the application to log.
     pub warnings: Vec<String>,
+    /// SRV polling for mongos discovery, for a client of a resolved `mongodb+srv` URI: the name
+    /// the driver rescans and what the engine needs (SP-1..SP-6).
+    pub srv: Option<crate::srv::SrvPolling>,
 }
 
 impl ClientOptions {
@@ -169,6 +176,7 @@ impl ClientOptions {
             credential: None,
             auth: None,
             warnings: Vec::new(),
+            srv: None,
         }
     }
 
@@ -226,6 +234,7 @@ impl ClientOptions {
         }
         options.read_preference = read_preference(cs)?;
         options.write_concern = write_concern(cs);
+        options.srv = cs.srv_polling.clone();
         Ok(options)
     }
 
@@ -234,7 +243,11 @@ impl ClientOptions {
     /// here. Read preference and write concern options are set through their fields.
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), OptionsError> {
         let Some((canonical, kind)) = connection_string::canonical(name) else {
-            return Err(OptionsError::new(name, value, "unknown option"));
+            return Err(OptionsError::new(
+                name,
+                shown(name, value),
+                "unknown option",
+            ));
         };
         if matches!(
             canonical,
@@ -252,12 +265,20 @@ impl ClientOptions {
             ));
         }
         if canonical.starts_with("auth") {
-            return Err(OptionsError::new(name, value, "set `credential` instead"));
+            return Err(OptionsError::new(
+                name,
+                shown(name, value),
+                "set `credential` instead",
+            ));
         }
         let mut warnings = Vec::new();
         match connection_string::read_value(canonical, kind, value, &mut warnings)? {
             Some(parsed) if warnings.is_empty() => self.apply(canonical, &parsed),
-            _ => Err(OptionsError::new(name, value, warnings.join("; "))),
+            _ => Err(OptionsError::new(
+                name,
+                shown(name, value),
+                warnings.join("; "),
+            )),
         }
     }
 
@@ -266,7 +287,7 @@ impl ClientOptions {
         let unsupported = |what: &str| {
             Err(OptionsError::new(
                 name,
-                &value.to_string(),
+                shown(name, &value.to_string()),
                 format!("{what} is not supported by this client"),
             ))
         };
@@ -352,7 +373,7 @@ impl ClientOptions {
             ("tlsCertificateKeyFilePassword", _) => {
                 return Err(OptionsError::new(
                     name,
-                    "<redacted>",
+                    REDACTED,
                     "encrypted private keys are not supported by this client",
                 ))
             }
@@ -415,6 +436,9 @@ impl ClientOptions {
         options.connect_timeout = self.connect_timeout;
         options.socket_timeout = self.socket_timeout;
         options.server_monitoring_mode = self.server_monitoring_mode;
+        options.srv_polling = self.srv.as_ref().map(|srv| {
+            retry_core::topology::SrvPollingOptions::new(srv.max_hosts, srv.initial_ttl)
+        });
         options.seed = self.seed.unwrap_or_else(os_seed);
         options.auth = match (&self.auth, &self.credential) {
             (Some(auth), _) => Some(auth.clone()),
@@ -443,7 +467,7 @@ fn check_credential(credential: &Credential) -> Result<(), OptionsError> {
     if credential.password.is_none() {
         return Err(OptionsError::new(
             "userinfo",
-            "<redacted>",
+            REDACTED,
             format!("{} needs a password", mechanism.unwrap_or("SCRAM")),
         ));
     }
@@ -664,6 +688,57 @@ mod tests {
             socket.engine_options().unwrap().socket_timeout,
             Some(Duration::from_millis(750))
         );
+    }
+
+    /// URI-3 (review item 1): no error or warning of a URI, and no `Debug` of what it parses
+    /// into, shows a password or a secret option's value, however the URI is malformed.
+    #[test]
+    fn uri3_secrets_never_show_in_errors_warnings_or_debug() {
+        let leaks = |text: &str| text.contains("s3cr") || text.contains("3tPW");
+        let failing = [
+            "mongodb:/u:s3cr3tPW@h",
+            "mongodb+srv://u:s3cr3tPW@a.example.com,b.example.com/",
+            "mongodb+srv://u:s3cr3tPW@a.example.com:27018",
+            "mongodb://u:s3cr/3tPW@h/db",
+            "mongodb://u:s3cr?3tPW@h",
+            "mongodb://u:12/s3cr3tPW@h/db",
+            "mongodb://u:12/s3cr%ZZ3tPW@h",
+            "mongodb://u:s3cr3tPW:x@h",
+            "mongodb://u:s3cr3tPW@h/?tlsCertificateKeyFilePassword=%ZZs3cr3tPW",
+            "mongodb://h/?proxyHost=p&proxyUsername=u&proxyPassword=s3cr3tPW&proxyPassword=s3cr3tPW",
+            "mongodb://h/?tlsCertificateKeyFilePassword=s3cr3tPW",
+        ];
+        for uri in failing {
+            let error = ClientOptions::parse(uri).unwrap_err();
+            let printed = format!(
+                "{error} {error:?} {}",
+                crate::ConnectError::from(error.clone())
+            );
+            assert!(!leaks(&printed), "{uri}: {printed}");
+        }
+        let warning = [
+            "mongodb://h/?tlsCertificateKeyFilePasword=s3cr3tPW",
+            "mongodb://h/?authMechanismProperties=AWS_SESSION_TOKEN:s3cr3tPW,broken",
+        ];
+        for uri in warning {
+            let cs = ConnectionString::parse(uri).unwrap();
+            assert!(!cs.warnings().is_empty(), "{uri}");
+            let printed = format!("{:?} {cs:?}", cs.warnings());
+            assert!(!leaks(&printed), "{uri}: {printed}");
+            let options = ClientOptions::parse(uri).unwrap();
+            assert!(!leaks(&format!("{options:?}")), "{uri}");
+        }
+        let mut options = ClientOptions::new(vec![ServerAddress::new("127.0.0.1", 1)]);
+        for name in [
+            "proxyPassword",
+            "PROXYPASSWORD",
+            "tlsCertificateKeyFilePassword",
+            "tlsCertificateKeyFilePasword",
+            "authMechanismProperties",
+        ] {
+            let error = options.set(name, "s3cr3tPW").unwrap_err();
+            assert!(!leaks(&format!("{error} {error:?}")), "{name}: {error}");
+        }
     }
 
     #[test]

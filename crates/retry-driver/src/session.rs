@@ -7,6 +7,11 @@
 //! an implicit one the engine takes and returns by itself (SE-9). A deployment without session
 //! support fails an explicit session's operations with
 //! [`retry_core::session::SESSIONS_UNSUPPORTED`] (SE-8), without sending them.
+//!
+//! Transactions: [`Session::start_transaction`], the session's commands, then
+//! [`Session::commit_transaction`] or [`Session::abort_transaction`]. What each call does is
+//! [`retry_core::transaction::Transaction`]'s decision (TX-2); this module adds `autocommit:
+//! false` to every command of the transaction (TX-1) and runs commit and abort on `admin`.
 
 use core::fmt;
 use core::future::poll_fn;
@@ -15,9 +20,11 @@ use std::sync::{Arc, Mutex};
 
 use bson::Document;
 use retry_core::engine::{Engine, SessionHandle};
-use retry_core::error::OperationError;
+use retry_core::error::{ErrorKind, OperationError};
 use retry_core::retry::OperationKind;
+use retry_core::selection::SelectionCriteria;
 use retry_core::time::Instant;
+use retry_core::transaction::{Step, Transaction};
 
 use crate::client::{Client, CommandOptions};
 use crate::shared::{lock, Reply};
@@ -54,6 +61,8 @@ impl SessionStart {
 pub(crate) struct SessionRequests {
     starts: Vec<Arc<SessionStart>>,
     ends: Vec<SessionHandle>,
+    /// Sessions starting a transaction (TX-4 (4)), each with its completion.
+    transactions: Vec<(SessionHandle, Arc<SessionStart>)>,
 }
 
 impl SessionRequests {
@@ -62,14 +71,23 @@ impl SessionRequests {
         for start in self.starts.drain(..) {
             start.complete(None);
         }
+        for (_, start) in self.transactions.drain(..) {
+            start.complete(None);
+        }
     }
 }
 
 /// The driver's side: starts and ends the requested sessions in `engine`; whether there were any.
 pub(crate) fn serve(engine: &mut Engine, requests: &mut SessionRequests, now: Instant) -> bool {
-    let any = !requests.starts.is_empty() || !requests.ends.is_empty();
+    let any = !requests.starts.is_empty()
+        || !requests.ends.is_empty()
+        || !requests.transactions.is_empty();
     for start in requests.starts.drain(..) {
         start.complete(Some(engine.start_session()));
+    }
+    for (session, start) in requests.transactions.drain(..) {
+        engine.start_transaction(session, now);
+        start.complete(Some(session));
     }
     for session in requests.ends.drain(..) {
         engine.end_session(session, now);
@@ -100,6 +118,7 @@ impl<R> Client<R> {
             Some(handle) => Ok(Session {
                 client: self.clone(),
                 handle,
+                transaction: Mutex::new(Transaction::new()),
             }),
             None => Err(OperationError::cancelled()),
         }
@@ -113,6 +132,8 @@ impl<R> Client<R> {
 pub struct Session<R> {
     client: Client<R>,
     handle: SessionHandle,
+    /// TX-2: its transaction's state.
+    transaction: Mutex<Transaction>,
 }
 
 impl<R> fmt::Debug for Session<R> {
@@ -142,19 +163,99 @@ impl<R> Session<R> {
         Ok(reply.document)
     }
 
-    /// [`Client::run`] in this session (its `options.session` is replaced by this one).
+    /// [`Client::run`] in this session (its `options.session` is replaced by this one). Inside
+    /// a transaction the command gets `autocommit: false` and runs as
+    /// [`OperationKind::InTransaction`] on a writable server (TX-1); its `readConcern` and
+    /// `writeConcern` are the caller's to leave out. A command outside a transaction ends a
+    /// committed or aborted one (TX-2, TX-4 (5)).
     pub async fn run(
         &self,
         db: &str,
-        command: Document,
+        mut command: Document,
         kind: OperationKind,
         options: CommandOptions,
     ) -> Result<Reply, OperationError> {
-        let options = CommandOptions {
+        let (kind, in_transaction) = {
+            let mut transaction = lock(&self.transaction);
+            let active = transaction.is_active();
+            (transaction.statement(kind), active)
+        };
+        let mut options = CommandOptions {
             session: Some(self.handle),
             ..options
         };
+        if in_transaction {
+            command.insert("autocommit", false);
+            options.criteria = options.criteria.or(Some(SelectionCriteria::Write));
+        }
         self.client.run(db, command, kind, options).await
+    }
+
+    /// Starts a transaction (TX-2: an error while one is in progress). A connection or mongos
+    /// the session was pinned to is let go now (TX-4 (4)); the first command starts the
+    /// transaction on the server. Fails with [`OperationError::cancelled`] once the client is
+    /// shut down.
+    pub async fn start_transaction(&self) -> Result<(), OperationError> {
+        lock(&self.transaction).start()?;
+        let start = Arc::new(SessionStart::default());
+        {
+            let mut state = lock(&self.client.shared().state);
+            if state.closing {
+                return Err(OperationError::cancelled());
+            }
+            state
+                .sessions
+                .transactions
+                .push((self.handle, start.clone()));
+            state.wake_driver();
+        }
+        let started = poll_fn(|cx| {
+            self.client.drive(cx);
+            start.poll(cx)
+        })
+        .await;
+        match started {
+            Some(_) => Ok(()),
+            None => Err(OperationError::cancelled()),
+        }
+    }
+
+    /// Commits the transaction (TX-2): nothing is sent when it ran no command; a second commit
+    /// runs again with majority write concern (TX-11). The engine retries it once (TX-10) and
+    /// labels its errors (TX-8). The transaction is committed afterwards whatever the result.
+    pub async fn commit_transaction(&self) -> Result<(), OperationError> {
+        let step = lock(&self.transaction).commit()?;
+        self.end_transaction(step, "commitTransaction").await
+    }
+
+    /// Aborts the transaction (TX-2): nothing is sent when it ran no command; the engine
+    /// retries `abortTransaction` once (TX-10) and its errors are ignored (TX-10). The
+    /// transaction is aborted afterwards.
+    pub async fn abort_transaction(&self) -> Result<(), OperationError> {
+        let step = lock(&self.transaction).abort()?;
+        match self.end_transaction(step, "abortTransaction").await {
+            Err(error) if matches!(error.kind, ErrorKind::Cancelled) => Err(error),
+            _ => Ok(()),
+        }
+    }
+
+    /// Sends `name` on `admin` when `step` says so.
+    async fn end_transaction(&self, step: Step, name: &str) -> Result<(), OperationError> {
+        let Step::Send(kind) = step else {
+            return Ok(());
+        };
+        let mut command = Document::new();
+        command.insert(name, 1);
+        command.insert("autocommit", false);
+        let options = CommandOptions {
+            criteria: Some(SelectionCriteria::Write),
+            session: Some(self.handle),
+            ..CommandOptions::default()
+        };
+        self.client
+            .run("admin", command, kind, options)
+            .await
+            .map(|_| ())
     }
 
     /// Ends the session now (as dropping it does): its server session goes back to the pool.

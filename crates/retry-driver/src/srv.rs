@@ -3,14 +3,19 @@
 //! [`Runtime`] for those answers. Any resolver (or a test's fake one) feeds the same rules.
 //!
 //! Hosts under 3 labels are allowed (SRV-2), TLS defaults on (TL-1, in
-//! [`crate::ClientOptions::from_connection_string`]), and `srvMaxHosts` picks hosts with a
-//! Fisher–Yates shuffle drawn from a seeded [`EngineRng`], so a pinned seed picks the same hosts.
-//! Polling SRV records for sharded deployments is not implemented.
+//! [`crate::ClientOptions::from_connection_string`]), and `srvMaxHosts` picks hosts with the
+//! core's seeded Fisher–Yates shuffle ([`choose_srv_hosts`]), so a pinned seed picks the same
+//! hosts. A resolved URI carries [`SrvPolling`]: the engine decides when to rescan and what the
+//! answer does (`retry_core::topology::SrvPoller`); `rescan` is the lookup the driver makes for
+//! it.
 
 use std::io;
 
-use rand_core::RngCore;
+use core::time::Duration;
+
+use retry_core::address::ServerAddress;
 use retry_core::rng::EngineRng;
+use retry_core::topology::choose_srv_hosts;
 
 use crate::connection_string::{ConnectionString, Host, HostKind};
 use crate::options::OptionsError;
@@ -23,6 +28,9 @@ pub struct SrvRecord {
     pub target: String,
     /// The target port.
     pub port: u16,
+    /// The record's TTL, when the resolver reports it: SRV polling rescans after the lowest TTL
+    /// of the last answer, but no sooner than 60 s (every 60 s without TTLs).
+    pub ttl: Option<core::time::Duration>,
 }
 
 /// The TXT options a seedlist may carry (SRV-5).
@@ -93,21 +101,23 @@ fn txt_options(hostname: &str, records: &[Vec<String>]) -> Result<Option<String>
     }
 }
 
-/// SRV-4: at most `max_hosts` of `records` (0 = all), chosen by a Fisher–Yates shuffle from `rng`.
-fn choose_hosts(
-    mut records: Vec<SrvRecord>,
-    max_hosts: usize,
-    rng: &mut EngineRng,
-) -> Vec<SrvRecord> {
-    if max_hosts == 0 || max_hosts >= records.len() {
-        return records;
-    }
-    for i in (1..records.len()).rev() {
-        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
-        records.swap(i, j);
-    }
-    records.truncate(max_hosts);
-    records
+/// What SRV polling needs of a resolved `mongodb+srv` URI: the name to rescan, the host name
+/// whose domain the targets must be in (SRV-3), `srvMaxHosts` and the initial answer's lowest TTL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SrvPolling {
+    /// The SRV name, `_{srvServiceName}._tcp.{hostname}` (SRV-2).
+    pub query: String,
+    /// The URI's host name.
+    pub hostname: String,
+    /// `srvMaxHosts` (0 = no limit, SRV-4).
+    pub max_hosts: usize,
+    /// The lowest TTL of the initial SRV records, when the resolver reported TTLs.
+    pub initial_ttl: Option<Duration>,
+}
+
+/// The lowest TTL of `records`, if any reported one.
+fn min_ttl(records: &[SrvRecord]) -> Option<Duration> {
+    records.iter().filter_map(|r| r.ttl).min()
 }
 
 /// SRV-2..SRV-6: the connection string a `mongodb+srv` one stands for, given the answers to its
@@ -135,7 +145,13 @@ pub fn apply_seedlist(
         Some(crate::OptionValue::Int(n)) => usize::try_from(*n).unwrap_or(0),
         _ => 0,
     };
-    let chosen = choose_hosts(srv, max_hosts, &mut EngineRng::from_seed_u64(seed));
+    let polling = SrvPolling {
+        query: srv_query_name(hostname, service_name(cs)),
+        hostname: hostname.to_string(),
+        max_hosts,
+        initial_ttl: min_ttl(&srv),
+    };
+    let chosen = choose_srv_hosts(srv, max_hosts, &mut EngineRng::from_seed_u64(seed));
     let hosts = chosen
         .into_iter()
         .map(|record| Host {
@@ -144,7 +160,40 @@ pub fn apply_seedlist(
             kind: HostKind::Hostname,
         })
         .collect();
-    cs.with_seedlist(hosts, txt.as_deref())
+    let mut resolved = cs.with_seedlist(hosts, txt.as_deref())?;
+    resolved.srv_polling = Some(polling);
+    Ok(resolved)
+}
+
+/// `srvServiceName`, `mongodb` by default (SRV-2).
+fn service_name(cs: &ConnectionString) -> &str {
+    match cs.option("srvServiceName") {
+        Some(crate::OptionValue::Str(name)) => name.as_str(),
+        _ => "mongodb",
+    }
+}
+
+/// One SRV rescan for the engine (`Engine::poll_srv_rescan`): the targets of `polling.query`
+/// in the parent domain, as addresses, and their lowest TTL. A DNS error, no records, or no
+/// target in the domain give no hosts: the engine then keeps its topology (SP-3). Targets
+/// outside the domain are dropped without an error (SRV-3 as the polling spec applies it).
+pub(crate) async fn rescan(
+    runtime: &dyn Runtime,
+    polling: &SrvPolling,
+) -> (Vec<ServerAddress>, Option<Duration>) {
+    let Ok(records) = runtime.resolve_srv(polling.query.clone()).await else {
+        return (Vec::new(), None);
+    };
+    let valid: Vec<SrvRecord> = records
+        .into_iter()
+        .filter(|r| check_target(&polling.hostname, &r.target).is_ok())
+        .collect();
+    let ttl = min_ttl(&valid);
+    let hosts = valid
+        .iter()
+        .map(|r| ServerAddress::new(r.target.trim_end_matches('.'), r.port))
+        .collect();
+    (hosts, ttl)
 }
 
 /// The one host name of a `mongodb+srv` connection string (SRV-1).
@@ -167,11 +216,7 @@ pub async fn resolve_seedlist(
     seed: u64,
 ) -> Result<ConnectionString, OptionsError> {
     let hostname = srv_hostname(cs)?;
-    let service = match cs.option("srvServiceName") {
-        Some(crate::OptionValue::Str(name)) => name.as_str(),
-        _ => "mongodb",
-    };
-    let query = srv_query_name(hostname, service);
+    let query = srv_query_name(hostname, service_name(cs));
     let dns_error = |name: &str, error: io::Error| {
         OptionsError::new("srv", name, format!("DNS lookup failed: {error}"))
     };
@@ -197,6 +242,7 @@ mod tests {
         SrvRecord {
             target: target.into(),
             port,
+            ttl: None,
         }
     }
 
@@ -366,19 +412,6 @@ mod tests {
 
     #[test]
     fn srv4_srv_max_hosts_picks_that_many_deterministically() {
-        let records: Vec<SrvRecord> = (0..5)
-            .map(|i| record(&format!("h{i}.example.com"), 27017))
-            .collect();
-        let pick =
-            |max, seed| choose_hosts(records.clone(), max, &mut EngineRng::from_seed_u64(seed));
-        assert_eq!(pick(0, 1), records);
-        assert_eq!(pick(5, 1), records);
-        assert_eq!(pick(9, 1), records);
-        let two = pick(2, 1);
-        assert_eq!(two.len(), 2);
-        assert_ne!(two[0], two[1]);
-        assert!(two.iter().all(|r| records.contains(r)));
-        assert_eq!(two, pick(2, 1), "the same seed picks the same hosts");
         let options = resolve(
             "mongodb+srv://test1.test.build.10gen.cc/?srvMaxHosts=1",
             &[
@@ -389,5 +422,56 @@ mod tests {
         )
         .unwrap();
         assert_eq!(options.hosts.len(), 1);
+        let again = resolve(
+            "mongodb+srv://test1.test.build.10gen.cc/?srvMaxHosts=1",
+            &[
+                ("a.test.build.10gen.cc", 27017),
+                ("b.test.build.10gen.cc", 27018),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            options.hosts, again.hosts,
+            "the same seed picks the same host"
+        );
+    }
+
+    #[test]
+    fn sp2_a_resolved_uri_carries_what_srv_polling_needs() {
+        let cs = ConnectionString::parse(
+            "mongodb+srv://test22.test.build.10gen.cc/?srvServiceName=customname&srvMaxHosts=2",
+        )
+        .unwrap();
+        let srv = vec![
+            SrvRecord {
+                ttl: Some(Duration::from_secs(300)),
+                ..record("a.test.build.10gen.cc", 27017)
+            },
+            SrvRecord {
+                ttl: Some(Duration::from_secs(90)),
+                ..record("b.test.build.10gen.cc", 27018)
+            },
+        ];
+        let options =
+            ClientOptions::from_connection_string(&apply_seedlist(&cs, srv, &[], 7).unwrap())
+                .unwrap();
+        let polling = options.srv.clone().expect("SRV polling");
+        assert_eq!(polling.query, "_customname._tcp.test22.test.build.10gen.cc");
+        assert_eq!(polling.hostname, "test22.test.build.10gen.cc");
+        assert_eq!(polling.max_hosts, 2);
+        assert_eq!(polling.initial_ttl, Some(Duration::from_secs(90)));
+        let engine = options.engine_options().unwrap();
+        assert_eq!(
+            engine.srv_polling,
+            Some(retry_core::topology::SrvPollingOptions::new(
+                2,
+                Some(Duration::from_secs(90))
+            ))
+        );
+        assert!(ClientOptions::parse("mongodb://a.example.com")
+            .unwrap()
+            .srv
+            .is_none());
     }
 }

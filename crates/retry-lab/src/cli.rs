@@ -100,7 +100,7 @@ impl PolicyName {
 /// The probe's options.
 #[derive(Args, Clone, Debug, PartialEq)]
 pub struct ProbeArgs {
-    /// A `mongodb://` URI with the client's options, for example
+    /// A `mongodb://` or `mongodb+srv://` URI with the client's options, for example
     /// `mongodb://127.0.0.1:27017/?serverSelectionTimeoutMS=2000`.
     pub uri: String,
 }

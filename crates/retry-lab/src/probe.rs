@@ -1,4 +1,5 @@
 //! `retry-lab probe <uri>`: connect to a server, run a ping with retries, print every event.
+//! A `mongodb+srv` URI is resolved first (SRV-2..SRV-6) and the seed list it gives is printed.
 
 use std::fmt;
 use std::io::{self, Write};
@@ -9,7 +10,8 @@ use retry_core::error::ErrorSummary;
 use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::time::Instant;
 use retry_core::topology::SdamEvent;
-use retry_tokio::{Client, ClientOptions, ConnectError, OptionsError};
+use retry_driver::{resolve_seedlist, ConnectionString, Runtime};
+use retry_tokio::{Client, ClientOptions, ConnectError, OptionsError, TokioRuntime};
 
 /// Why a probe could not run.
 #[derive(Debug)]
@@ -54,11 +56,40 @@ impl From<io::Error> for ProbeError {
 /// as the client's options say, BP-11), and writes each event to `out` as it arrives, then the
 /// ping's result. Returns whether the ping succeeded. Must run inside a tokio runtime.
 pub async fn probe(uri: &str, out: &mut impl Write) -> Result<bool, ProbeError> {
-    let options = ClientOptions::parse(uri).map_err(ProbeError::Options)?;
+    let runtime =
+        TokioRuntime::start().map_err(|e| ProbeError::Connect(ConnectError::Runtime(e)))?;
+    probe_on(runtime, uri, out).await
+}
+
+/// [`probe`] on `runtime` (e.g. one whose DNS queries go to given name servers,
+/// [`TokioRuntime::with_nameservers`]). A `mongodb+srv` URI's SRV and TXT records are looked up
+/// through it first (SRV-2); a failed lookup or a seed list the rules refuse (SRV-3..SRV-6) is
+/// [`ProbeError::Options`], naming the DNS name or the option.
+pub async fn probe_on(
+    runtime: TokioRuntime,
+    uri: &str,
+    out: &mut impl Write,
+) -> Result<bool, ProbeError> {
+    let mut cs = ConnectionString::parse(uri).map_err(ProbeError::Options)?;
+    if cs.srv {
+        // SRV-4: srvMaxHosts draws from a fresh seed on every probe.
+        let seed =
+            std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u8);
+        cs = resolve_seedlist(&runtime, &cs, seed)
+            .await
+            .map_err(ProbeError::Options)?;
+        let seeds: Vec<String> = cs
+            .hosts
+            .iter()
+            .map(|h| format!("{}:{}", h.host, h.port.unwrap_or(27017)))
+            .collect();
+        writeln!(out, "seed list from DNS: {}", seeds.join(", "))?;
+    }
+    let options = ClientOptions::from_connection_string(&cs).map_err(ProbeError::Options)?;
     if !options.warnings.is_empty() {
         return Err(ProbeError::Ignored(options.warnings));
     }
-    let client = Client::connect(options).map_err(ProbeError::Connect)?;
+    let client = Client::connect_on(runtime, options).map_err(ProbeError::Connect)?;
     let mut events = client.events();
     let ping = client.run_command("admin", doc! { "ping": 1 }, OperationKind::RunCommand);
     tokio::pin!(ping);

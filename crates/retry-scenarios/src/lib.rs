@@ -30,7 +30,10 @@ use retry_testkit::{
     OVERLOAD_LABELS,
 };
 
+mod dns;
 mod driver_api;
+mod idle_sockets;
+mod lb_auth;
 mod sessions;
 mod soak;
 mod tls;
@@ -45,8 +48,15 @@ pub use auth::{
     scram_server_stopping_mid_conversation_is_a_network_error,
     scram_wrong_password_is_a_clear_error,
 };
+pub use dns::{
+    srv_polling_follows_the_records, srv_seedlist_through_a_dns_server, Accelerated, DnsRecords,
+    DnsServer,
+};
+pub use idle_sockets::idle_sockets_are_not_polled;
+pub use lb_auth::scram_authenticates_through_a_load_balancer;
 pub use sessions::{
-    explicit_session_runs_several_operations, max_time_ms_is_on_every_attempt_under_timeout_ms,
+    client_concerns_reach_command_and_cursor, explicit_session_runs_several_operations,
+    max_time_ms_is_on_every_attempt_under_timeout_ms,
     retried_insert_runs_once_with_one_lsid_and_txn_number,
     secondary_read_carries_read_preference_and_lsid,
     socket_timeout_bounds_a_server_that_never_answers,
@@ -891,12 +901,16 @@ macro_rules! suite {
             scram_wrong_password_is_a_clear_error,
             scram_server_stopping_mid_conversation_is_a_network_error,
             scram_sdam_auth_errors_clear_the_pool_once,
+            scram_authenticates_through_a_load_balancer,
             // What the client sends (sessions.rs).
             retried_insert_runs_once_with_one_lsid_and_txn_number,
             secondary_read_carries_read_preference_and_lsid,
             max_time_ms_is_on_every_attempt_under_timeout_ms,
             socket_timeout_bounds_a_server_that_never_answers,
             explicit_session_runs_several_operations,
+            client_concerns_reach_command_and_cursor,
+            // The driver polls only ready sockets (idle_sockets.rs).
+            idle_sockets_are_not_polled,
         );
     };
     (@tests $runtime:ty, $block_on:expr; $($name:ident,)*) => {

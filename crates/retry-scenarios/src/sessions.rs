@@ -246,3 +246,61 @@ pub async fn explicit_session_runs_several_operations<R: Runtime>() {
     })
     .await
 }
+
+/// Review item 2 (read-write-concern spec, URI options, SE-13): the client's `w=0` and
+/// `readConcernLevel` reach the commands [`Client::command`] and [`Client::cursor`] build: the
+/// insert goes out unacknowledged and without an implicit `lsid`, the reads carry
+/// `readConcern {level}`; [`Client::run_command`] sends its command as given.
+pub async fn client_concerns_reach_command_and_cursor<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let members = replica_set(1).await;
+        let mut options = options(&[&members[0]]);
+        options.write_concern = Some(doc! { "w": 0 });
+        options.read_concern_level = Some("majority".into());
+        let client: Client<R> = connect(options);
+        let mut events = client.events();
+        client
+            .command("test", insert_one())
+            .await
+            .expect("the w:0 insert");
+        client
+            .run_command("test", insert_one(), OperationKind::RetryableWrite)
+            .await
+            .expect("the generic insert");
+        client
+            .command("test", doc! { "find": "c" })
+            .await
+            .expect("the find");
+        drop(
+            client
+                .cursor("test", doc! { "find": "c" })
+                .await
+                .expect("a cursor"),
+        );
+        let events = events.drain();
+        let inserts = started(&events, "insert");
+        assert_eq!(inserts.len(), 2);
+        let (inherited, generic) = (&inserts[0].1, &inserts[1].1);
+        assert_eq!(
+            inherited.get_document("writeConcern").ok(),
+            Some(&doc! { "w": 0 })
+        );
+        assert!(!inherited.contains_key("lsid"), "SE-13: {inherited}");
+        assert!(!generic.contains_key("writeConcern"), "{generic}");
+        assert!(generic.contains_key("lsid"), "{generic}");
+        let finds = started(&events, "find");
+        assert_eq!(finds.len(), 2);
+        for (_, find) in &finds {
+            assert_eq!(
+                find.get_document("readConcern").ok(),
+                Some(&doc! { "level": "majority" }),
+                "{find}"
+            );
+        }
+        client.shutdown().await;
+        for member in members {
+            member.stop().await;
+        }
+    })
+    .await
+}

@@ -357,6 +357,7 @@ pub async fn srv_seedlist_connects_with_tls_to_its_target<R: Runtime>() {
                 vec![SrvRecord {
                     target: "node.test.local.".into(),
                     port: server.address.port(),
+                    ttl: None,
                 }],
                 vec![vec!["authSource=".into(), "admin".into()]],
             ),
@@ -381,6 +382,7 @@ pub async fn srv_seedlist_connects_with_tls_to_its_target<R: Runtime>() {
                 vec![SrvRecord {
                     target: "node.elsewhere.example".into(),
                     port: server.address.port(),
+                    ttl: None,
                 }],
                 Vec::new(),
             ),

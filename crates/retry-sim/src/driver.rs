@@ -182,7 +182,7 @@ impl SimServer {
 
     /// What the server does with one command; `handshake` is true for a socket's first command.
     fn answer(&mut self, request: &Document, handshake: bool, conn: ConnId) -> Step {
-        let name = request.keys().next().cloned().unwrap_or_default();
+        let name = request.keys().next().map_or("", String::as_str);
         if self.down {
             return Step::Reset;
         }
@@ -225,12 +225,18 @@ impl SimServer {
         (self.role == Role::Standalone).then(|| doc! { "ok": 0, "code": 20, "codeName": "IllegalOperation", "errmsg": "Transaction numbers are only allowed on a replica set member or mongos" })
     }
 
-    fn run_command(&mut self, name: String, request: &Document, conn: ConnId) -> Step {
+    fn run_command(&mut self, name: &str, request: &Document, conn: ConnId) -> Step {
         if let Some(refusal) = self.refusal(request) {
             return Step::reply(refusal);
         }
-        *self.executed.entry(name.clone()).or_default() += 1;
-        self.log.push((name.clone(), conn));
+        // Counted without cloning the name when it is already there.
+        match self.executed.get_mut(name) {
+            Some(count) => *count += 1,
+            None => {
+                self.executed.insert(name.to_owned(), 1);
+            }
+        }
+        self.log.push((name.to_owned(), conn));
         // A secondary serves what carries a non-primary `$readPreference` (SS-9: secondaryOk
         // on OP_MSG) and refuses everything else, as a real one does for a primary read:
         // NotPrimaryNoSecondaryOk, an SDAM state-change error.
@@ -255,7 +261,7 @@ impl SimServer {
             };
         }
         if let Some((command, reply)) = &self.always {
-            if *command == name {
+            if command == name {
                 return Step::reply(reply.clone());
             }
         }
@@ -299,6 +305,10 @@ pub struct Sim {
     pub events: Vec<(Instant, EngineEvent)>,
     /// The buffer `poll_transmit` appends to, reused.
     transmit_buf: Vec<u8>,
+    /// The servers' replies to one transmit, before they are scheduled; reused.
+    answers: Vec<(Duration, Delivery)>,
+    /// The buffer a reply is encoded into before it is copied out at its exact size; reused.
+    reply_buf: Vec<u8>,
 }
 
 /// An overload error reply with both labels (BP-1, BP-2).
@@ -348,6 +358,8 @@ impl Sim {
             now: Instant::ZERO,
             events: Vec::new(),
             transmit_buf: Vec::new(),
+            answers: Vec::new(),
+            reply_buf: Vec::new(),
         };
         sim.drain();
         sim
@@ -404,7 +416,7 @@ impl Sim {
         let Some(socket) = self.sockets.get_mut(&conn) else {
             return;
         };
-        let mut answers = Vec::new();
+        let mut answers = std::mem::take(&mut self.answers);
         while !bytes.is_empty() {
             let (used, message) = socket
                 .decoder
@@ -427,21 +439,22 @@ impl Sim {
                         body,
                         sequences: Vec::new(),
                     };
-                    let mut out = Vec::new();
+                    self.reply_buf.clear();
                     reply
-                        .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut out)
+                        .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut self.reply_buf)
                         .expect("encodable reply");
-                    (delay, Delivery::Bytes(out))
+                    (delay, Delivery::Bytes(self.reply_buf.as_slice().into()))
                 }
                 Step::Reset => (Duration::ZERO, Delivery::Reset),
                 Step::Garbage(garbage) => (Duration::ZERO, Delivery::Bytes(garbage)),
             };
             answers.push(answer);
         }
-        for (delay, delivery) in answers {
+        for (delay, delivery) in answers.drain(..) {
             let at = now.saturating_add(LATENCY).saturating_add(delay);
             self.deliver_at(at, conn, delivery);
         }
+        self.answers = answers;
     }
 
     /// The peer (or the network) closes `conn` now: the engine hears `handle_closed` with `kind`.

@@ -140,6 +140,42 @@ fn se8_without_session_support_implicit_sessions_are_dropped_and_explicit_ones_f
     assert_eq!(named(&sim, "find").len(), 1, "nothing was sent");
 }
 
+/// RW-2, SE-8 (issue 10 residual a): the monitors saw `logicalSessionTimeoutMinutes`, but the
+/// pools' connections' own handshakes do not carry it. The retryable write goes without lsid and
+/// txnNumber, so it is not a retryable write: an error labelled `RetryableWriteError` is raised,
+/// not retried on the other mongos (whose description still says it supports sessions).
+#[test]
+fn rw2_se8_a_write_on_a_connection_without_sessions_is_not_retried() {
+    let server = || {
+        let mut server = SimServer::new(Role::Mongos);
+        server.record_commands = true;
+        server.script.push_back(Step::reply(doc! { "ok": 0, "code": 262,
+        "codeName": "ExceededTimeLimit", "errmsg": "x", "errorLabels": ["RetryableWriteError"] }));
+        server
+    };
+    let mut sim = Sim::new(
+        vec![(address("m1"), server()), (address("m2"), server())],
+        |_| {},
+    );
+    // The monitors' checks complete with session support; the pools' handshakes come later.
+    assert!(sim.advance_to(Instant::from_millis(5)));
+    for server in sim.servers.values_mut() {
+        server.sessions = false;
+    }
+    let write = insert(&mut sim);
+    let error = sim.run(write).expect_err("the error is raised");
+    assert_eq!(error.code(), Some(262), "{error}");
+    let inserts: Vec<&Document> = sim
+        .servers
+        .values()
+        .flat_map(|s| s.commands.iter())
+        .filter(|c| c.contains_key("insert"))
+        .collect();
+    assert_eq!(inserts.len(), 1, "RW-2: not retried");
+    assert_eq!(txn_number(inserts[0]), None);
+    assert_eq!(lsid(inserts[0]), None);
+}
+
 /// SE-10: an explicit session serves several operations with one lsid and increasing
 /// txnNumbers; once ended it is refused, and its server session went back to the pool (SE-5).
 /// SE-13: an explicit session with `w: 0` and a transaction without a session are refused.

@@ -28,10 +28,12 @@ use core::pin::Pin;
 use core::task::{Context, Poll};
 use std::io;
 
-use hickory_resolver::proto::rr::RData;
-use hickory_resolver::TokioResolver;
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use retry_core::time::Instant;
-use retry_driver::{AsyncTimer, BoxFuture, Runtime, Socket, SrvRecord};
+use retry_driver::{
+    lookup_ip, lookup_srv, lookup_txt, AsyncTimer, BoxFuture, Nameservers, Runtime, Socket,
+    SrvRecord,
+};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
@@ -43,11 +45,22 @@ pub use retry_driver::{
 /// A client driven on tokio.
 pub type Client = retry_driver::Client<TokioRuntime>;
 
-/// tokio as a [`Runtime`]: the current runtime's handle and the clock's origin.
+/// tokio as a [`Runtime`]: the current runtime's handle, the clock's origin and where SRV and
+/// TXT queries go.
 #[derive(Debug)]
 pub struct TokioRuntime {
     handle: tokio::runtime::Handle,
     origin: tokio::time::Instant,
+    nameservers: Nameservers,
+}
+
+impl TokioRuntime {
+    /// This runtime, with its DNS queries (SRV and TXT records, and host names) sent to
+    /// `nameservers` through hickory, instead of the system's ([`Runtime::start`]'s default).
+    pub fn with_nameservers(mut self, nameservers: Nameservers) -> TokioRuntime {
+        self.nameservers = nameservers;
+        self
+    }
 }
 
 /// `at` on this runtime's clock.
@@ -61,6 +74,7 @@ impl Runtime for TokioRuntime {
         Ok(TokioRuntime {
             handle,
             origin: tokio::time::Instant::now(),
+            nameservers: Nameservers::System,
         })
     }
 
@@ -81,71 +95,43 @@ impl Runtime for TokioRuntime {
         Ok(())
     }
 
-    /// SRV-2: hickory's resolver on tokio, configured from the system (`/etc/resolv.conf`).
+    /// SRV-2: hickory's resolver on tokio, configured from the system (`/etc/resolv.conf`) unless
+    /// [`TokioRuntime::with_nameservers`] says otherwise.
     fn resolve_srv(&self, name: String) -> BoxFuture<io::Result<Vec<SrvRecord>>> {
-        Box::pin(async move {
-            let lookup = resolver()?
-                .srv_lookup(name.as_str())
-                .await
-                .map_err(dns_error)?;
-            Ok(lookup
-                .answers()
-                .iter()
-                .filter_map(|record| match &record.data {
-                    RData::SRV(srv) => Some(SrvRecord {
-                        target: srv.target.to_ascii(),
-                        port: srv.port,
-                    }),
-                    _ => None,
-                })
-                .collect())
-        })
+        let nameservers = self.nameservers.clone();
+        Box::pin(
+            async move { lookup_srv(TokioRuntimeProvider::default(), &nameservers, &name).await },
+        )
     }
 
     /// SRV-5: each TXT record's strings, in order.
     fn resolve_txt(&self, name: String) -> BoxFuture<io::Result<Vec<Vec<String>>>> {
-        Box::pin(async move {
-            let lookup = resolver()?
-                .txt_lookup(name.as_str())
-                .await
-                .map_err(dns_error)?;
-            Ok(lookup
-                .answers()
-                .iter()
-                .filter_map(|record| match &record.data {
-                    RData::TXT(txt) => Some(
-                        txt.txt_data
-                            .iter()
-                            .map(|s| String::from_utf8_lossy(s).into_owned())
-                            .collect(),
-                    ),
-                    _ => None,
-                })
-                .collect())
-        })
+        let nameservers = self.nameservers.clone();
+        Box::pin(
+            async move { lookup_txt(TokioRuntimeProvider::default(), &nameservers, &name).await },
+        )
     }
 
+    /// tokio's own name resolution (the system's), or hickory's when
+    /// [`TokioRuntime::with_nameservers`] named the name servers.
     fn connect(&self, host: String, port: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
+        let nameservers = self.nameservers.clone();
         Box::pin(async move {
-            let stream = TcpStream::connect((host.as_str(), port)).await?;
+            let stream = match nameservers {
+                Nameservers::Fixed(_) if host.parse::<std::net::IpAddr>().is_err() => {
+                    let ips =
+                        lookup_ip(TokioRuntimeProvider::default(), &nameservers, &host).await?;
+                    let addresses: Vec<std::net::SocketAddr> = ips
+                        .into_iter()
+                        .map(|ip| std::net::SocketAddr::new(ip, port))
+                        .collect();
+                    TcpStream::connect(addresses.as_slice()).await?
+                }
+                _ => TcpStream::connect((host.as_str(), port)).await?,
+            };
             stream.set_nodelay(true)?;
             Ok(Box::pin(Stream(stream)) as Pin<Box<dyn Socket>>)
         })
-    }
-}
-
-fn resolver() -> io::Result<TokioResolver> {
-    TokioResolver::builder_tokio()
-        .and_then(|builder| builder.build())
-        .map_err(io::Error::other)
-}
-
-/// A failed lookup; a name without records of the type is `NotFound`.
-fn dns_error(error: hickory_resolver::net::NetError) -> io::Error {
-    if error.is_no_records_found() {
-        io::Error::new(io::ErrorKind::NotFound, error.to_string())
-    } else {
-        io::Error::other(error.to_string())
     }
 }
 

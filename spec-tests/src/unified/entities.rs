@@ -3,6 +3,7 @@
 //! product's own stream ([`retry_tokio::Events`]); the runner only filters and renames them.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use bson::{doc, Bson, Document};
 use retry_core::engine::{CommandEvent, CursorHandle, EngineEvent};
@@ -168,6 +169,7 @@ fn convert(event: &EngineEvent) -> Option<(&'static str, &'static str, Document)
                     ("serverHeartbeatSucceededEvent", awaited)
                 }
                 HeartbeatEvent::Failed { awaited, .. } => ("serverHeartbeatFailedEvent", awaited),
+                _ => return None,
             };
             ("sdam", name, doc! { "awaited": *awaited })
         }
@@ -217,7 +219,12 @@ pub struct CursorEntity {
     pub buffer: std::collections::VecDeque<Bson>,
     /// `batchSize` for its getMores.
     pub batch_size: Option<i32>,
+    /// The explicit session it was opened in: its `getMore`s run in it (SE-14, TX-1).
+    pub session: Option<Arc<Session>>,
 }
+
+/// The product's explicit session on tokio.
+pub type Session = retry_driver::Session<retry_tokio::TokioRuntime>;
 
 /// One entity of the map.
 pub enum Entity {
@@ -245,6 +252,13 @@ pub enum Entity {
     },
     /// A cursor or change stream.
     Cursor(Box<CursorEntity>),
+    /// An explicit session of a client (UT-10); `None` once ended.
+    Session {
+        /// The client entity.
+        client: String,
+        /// The product's session.
+        session: Option<Arc<Session>>,
+    },
     /// A saved result.
     Value(Bson),
     /// A thread (UT-11): the operations started on it, each a task on the test's thread.
@@ -256,6 +270,35 @@ pub enum Entity {
 pub struct Entities {
     /// By id.
     pub map: BTreeMap<String, Entity>,
+    /// Whether the test may run `configureFailPoint`: its clients then check their servers every
+    /// [`FAIL_POINT_HEARTBEAT_MS`] unless their `uriOptions` set `heartbeatFrequencyMS`.
+    pub fail_points: bool,
+}
+
+/// UT-8: the `heartbeatFrequencyMS` of a client in a test that may set a fail point, unless the
+/// client sets its own; the format allows a reduced value there to speed up SDAM recovery. It is
+/// the lowest the product accepts (`minHeartbeatFrequencyMS`, MO-6). Without it a streaming
+/// monitor (MO-9) rediscovers a server marked Unknown by a shutdown error only when its awaited
+/// `hello` returns, 10 s later: an immediate-check request is ignored while a check is in
+/// progress (MO-5).
+pub const FAIL_POINT_HEARTBEAT_MS: u64 = 500;
+
+/// Whether `test` may run `configureFailPoint` (`failPoint`, `targetedFailPoint`, or a command
+/// run directly): any object in its operations with a `configureFailPoint` key.
+pub fn may_set_fail_point(test: &Value) -> bool {
+    fn walk(value: &Value, depth: usize) -> bool {
+        if depth > 64 {
+            return false;
+        }
+        match value {
+            Value::Object(map) => {
+                map.contains_key("configureFailPoint") || map.values().any(|v| walk(v, depth + 1))
+            }
+            Value::Array(items) => items.iter().any(|v| walk(v, depth + 1)),
+            _ => false,
+        }
+    }
+    test.get("operations").is_some_and(|o| walk(o, 0))
 }
 
 /// UT-8: the client options the runner refuses (removed from the format, or never supported).
@@ -278,7 +321,7 @@ impl Entities {
                 return Err(format!("entity {id} already exists"));
             }
             let entity = match kind.as_str() {
-                "client" => Entity::Client(Box::new(client(spec, cluster)?)),
+                "client" => Entity::Client(Box::new(client(spec, cluster, self.fail_points)?)),
                 "database" => {
                     check_fields(spec, &["id", "client", "databaseName", "databaseOptions"])?;
                     let client = str_field(spec, "client")?;
@@ -320,7 +363,20 @@ impl Entities {
                     }
                 }
                 "session" => {
-                    return Err("session entities: the driver has no explicit sessions yet".into())
+                    // UT-10: `sessionOptions` (causal consistency, default transaction options)
+                    // are not supported by the product's sessions yet.
+                    check_fields(spec, &["id", "client"])?;
+                    let client = str_field(spec, "client")?;
+                    let session = self
+                        .client(&client)?
+                        .client
+                        .start_session()
+                        .await
+                        .map_err(|e| format!("session {id}: {e}"))?;
+                    Entity::Session {
+                        client,
+                        session: Some(Arc::new(session)),
+                    }
                 }
                 "thread" => {
                     check_fields(spec, &["id"])?;
@@ -341,8 +397,13 @@ impl Entities {
         }
     }
 
-    /// UT-25: shuts every client down.
+    /// UT-10, UT-25: ends every session, then shuts every client down.
     pub async fn close(&mut self) {
+        for entity in self.map.values_mut() {
+            if let Entity::Session { session, .. } = entity {
+                session.take();
+            }
+        }
         for entity in self.map.values() {
             match entity {
                 Entity::Client(client) => client.client.shutdown().await,
@@ -416,8 +477,9 @@ pub fn read_preference(value: &Value) -> Result<ReadPreference, String> {
     crate::json::read_preference(&Value::Object(renamed))?
 }
 
-/// UT-8: a product client on the deployment with the entity's `uriOptions`.
-fn client(spec: &Value, cluster: &Cluster) -> Result<ClientEntity, String> {
+/// UT-8: a product client on the deployment with the entity's `uriOptions` (and the reduced
+/// [`FAIL_POINT_HEARTBEAT_MS`] when `fail_points` and they set no `heartbeatFrequencyMS`).
+fn client(spec: &Value, cluster: &Cluster, fail_points: bool) -> Result<ClientEntity, String> {
     check_fields(
         spec,
         &[
@@ -461,6 +523,16 @@ fn client(spec: &Value, cluster: &Cluster) -> Result<ClientEntity, String> {
             }
             uri.push_str(&format!("{key}={text}"));
         }
+    }
+    let sets_heartbeat = spec
+        .get("uriOptions")
+        .and_then(|o| o.get("heartbeatFrequencyMS"))
+        .is_some();
+    if fail_points && !sets_heartbeat {
+        if !uri.ends_with('?') {
+            uri.push('&');
+        }
+        uri.push_str(&format!("heartbeatFrequencyMS={FAIL_POINT_HEARTBEAT_MS}"));
     }
     let list = |key: &str| -> Vec<String> {
         spec.get(key)

@@ -56,19 +56,20 @@ pub const UNIFIED_SUITES: &[UnifiedSuite] = &[
     UnifiedSuite {
         name: "retryable-writes",
         dir: "source/retryable-writes/tests/unified",
-        min_passed: 136,
+        min_passed: 139,
     },
     UnifiedSuite {
         name: "load-balancers",
         dir: "source/load-balancers/tests",
-        min_passed: 19,
+        min_passed: 39,
     },
     UnifiedSuite {
         name: "sdam",
         dir: "source/server-discovery-and-monitoring/tests/unified",
-        // Below the usual 30-31: a few tests wait on monitor and authentication timing that a
-        // loaded machine may miss.
-        min_passed: 36,
+        // One below the 41 that pass: auth-network-timeout-error.json waits on a socket
+        // timeout racing the test server's blocked authentication, which a loaded machine may
+        // miss.
+        min_passed: 40,
     },
 ];
 
@@ -411,5 +412,23 @@ mod tests {
             "expectResult": [{ "_id": 2 }]
         }]));
         assert!(matches!(run_one(bad), TestOutcome::Failed(_)));
+    }
+
+    /// UT-8: only a test that may set a fail point gets the reduced heartbeat, wherever its
+    /// `configureFailPoint` is (a `failPoint` argument or a command run directly).
+    #[test]
+    fn a_fail_point_anywhere_in_the_operations_is_found() {
+        let through_runner = json!({ "operations": [{ "name": "failPoint", "object": "testRunner",
+            "arguments": { "client": "c", "failPoint": { "configureFailPoint": "failCommand" } } }] });
+        let direct = json!({ "operations": [{ "name": "runCommand", "object": "d",
+            "arguments": { "command": { "configureFailPoint": "failCommand", "mode": "off" } } }] });
+        let filter_key = json!({ "operations": [{ "name": "find", "object": "coll",
+            "arguments": { "filter": { "configureFailPoint": { "$exists": false } } } }] });
+        assert!(entities::may_set_fail_point(&through_runner));
+        assert!(entities::may_set_fail_point(&direct));
+        // A filter field of that name is still a possible fail point: the walk errs on the side
+        // of a faster recovery, never of a missed one.
+        assert!(entities::may_set_fail_point(&filter_key));
+        assert!(!entities::may_set_fail_point(&json!({ "operations": [] })));
     }
 }

@@ -5,6 +5,7 @@
 //! `$readPreference` or `maxTimeMS` and never retries (issue 11 item 2).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
@@ -16,7 +17,7 @@ use retry_core::selection::SelectionCriteria;
 use retry_tokio::CommandOptions;
 use serde_json::{Map, Value};
 
-use super::entities::{CursorEntity, Entities, Entity, Options};
+use super::entities::{CursorEntity, Entities, Entity, Options, Session};
 use crate::json::to_bson;
 
 /// At most this many `getMore`s drain one cursor (a bound on every loop, rule 12).
@@ -48,7 +49,8 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn product(error: &OperationError) -> Failure {
+    /// The product's error.
+    pub fn product(error: &OperationError) -> Failure {
         let server = error.server_error();
         let mut labels: Vec<String> = error.labels.names().map(str::to_owned).collect();
         if let Some(server) = server {
@@ -194,6 +196,8 @@ pub struct Target {
     pub collection: Option<String>,
     /// The inherited options.
     pub options: Options,
+    /// The explicit session of the operation (its `session` argument, UT-10).
+    pub session: Option<Arc<Session>>,
 }
 
 impl Target {
@@ -232,6 +236,7 @@ impl Target {
             db: db.to_owned(),
             collection,
             options,
+            session: None,
         })
     }
 
@@ -261,7 +266,11 @@ pub async fn execute(
         criteria,
         ..CommandOptions::default()
     };
-    target.handle.run(&target.db, command, kind, options).await
+    match &target.session {
+        // The session adds what a transaction needs (TX-1, TX-2): the product's decision.
+        Some(session) => session.run(&target.db, command, kind, options).await,
+        None => target.handle.run(&target.db, command, kind, options).await,
+    }
 }
 
 /// A read command with the target's read concern.
@@ -332,6 +341,7 @@ async fn open_cursor(
         handle: reply.cursor,
         buffer: batch.iter().cloned().collect(),
         batch_size,
+        session: target.session.clone(),
     })
 }
 
@@ -347,7 +357,11 @@ pub async fn get_more(
     if let Some(batch_size) = cursor.batch_size {
         command.insert("batchSize", batch_size);
     }
-    let reply = execute(target, command, CursorUse::GetMore(handle))
+    let target = Target {
+        session: cursor.session.clone(),
+        ..target.clone()
+    };
+    let reply = execute(&target, command, CursorUse::GetMore(handle))
         .await
         .map_err(product)?;
     let next = reply
@@ -974,7 +988,19 @@ async fn bulk_write(target: &Target, args: &mut Args) -> OpResult {
         command.insert(field, statements);
         command.insert("ordered", ordered);
         let command = with_write_concern(command, target);
-        let reply = single(target, command).await?;
+        let reply = match single(target, command).await {
+            Ok(reply) => reply,
+            // UT-19: a command that fails ends the bulk write; its error carries what the
+            // earlier commands did (`expectError.expectResult`).
+            Err(Ok(mut failure)) => {
+                let mut partial = counts.clone();
+                partial.insert("insertedIds", inserted_ids);
+                partial.insert("upsertedIds", upserted_ids);
+                failure.partial = Some(Bson::Document(partial));
+                return Err(Ok(failure));
+            }
+            Err(harness) => return Err(harness),
+        };
         let n = number(&reply, "n");
         let failed = failed_indexes(&reply);
         match kind {

@@ -3,13 +3,15 @@
 //! with its `expectResult` / `expectError`, `expectEvents`, `outcome`, the test server's
 //! unsupported log, teardown. Every wait is bounded in steps and time.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{Bson, Document};
 use serde_json::Value;
 
 use super::deploy::Cluster;
-use super::entities::{Entities, Entity};
+
+use super::entities::{Entities, Entity, Session};
 use super::matching::matches_root;
 use super::operations::{self, Args, Failure, OpResult, Produced, Target};
 use crate::json::to_bson;
@@ -24,7 +26,10 @@ fn no_sessions(_: &str) -> Option<Document> {
 
 /// Runs `test` of `file` on `cluster`; `Err` is the first failed check or harness failure.
 pub async fn run_test(file: &Value, test: &Value, cluster: &Cluster) -> Result<(), String> {
-    let mut entities = Entities::default();
+    let mut entities = Entities {
+        fail_points: super::entities::may_set_fail_point(test),
+        ..Entities::default()
+    };
     let result = run_in(file, test, cluster, &mut entities).await;
     entities.close().await;
     let refused: Vec<String> = cluster
@@ -207,19 +212,21 @@ async fn run_operation(
         .get("object")
         .and_then(Value::as_str)
         .ok_or("an operation needs an object")?;
-    let args = Args::new(operation.get("arguments"))?;
+    let mut args = Args::new(operation.get("arguments"))?;
     if object == "testRunner" {
         return test_runner(name, args, cluster, entities).await;
     }
     let result: OpResult = match entities.map.get(object) {
         Some(Entity::Cursor(_)) => cursor_operation(object, name, args, entities).await,
+        Some(Entity::Session { .. }) => session_operation(object, name, args, entities).await,
         Some(Entity::Client(client)) if name == "close" => {
             args.finish()?;
             client.client.shutdown().await;
             Ok(Produced::Value(Bson::Null))
         }
         Some(Entity::Client(_) | Entity::Database { .. } | Entity::Collection { .. }) => {
-            let target = Target::of(entities, object)?;
+            let mut target = Target::of(entities, object)?;
+            target.session = session_argument(&mut args, entities)?;
             operations::run(&target, name, args).await
         }
         _ => return Err(format!("no entity {object} for {name}")),
@@ -302,8 +309,9 @@ fn run_on_thread(thread: &str, operation: Value, entities: &mut Entities) -> Res
         .get("object")
         .and_then(Value::as_str)
         .ok_or("an operation needs an object")?;
-    let target = Target::of(entities, object)?;
-    let args = Args::new(operation.get("arguments"))?;
+    let mut target = Target::of(entities, object)?;
+    let mut args = Args::new(operation.get("arguments"))?;
+    target.session = session_argument(&mut args, entities)?;
     let task = tokio::task::spawn_local(async move {
         let result = operations::run(&target, &name, args).await;
         check_result(&operation, &name, result).map(|_| ())
@@ -343,6 +351,48 @@ fn cursor_target(
     let mut target = Target::of(entities, &cursor.client)?;
     target.db = cursor.db.clone();
     Ok(target)
+}
+
+/// UT-10: the session entity an operation's `session` argument names, if it has one.
+fn session_argument(args: &mut Args, entities: &Entities) -> Result<Option<Arc<Session>>, String> {
+    let Some(id) = args.take("session") else {
+        return Ok(None);
+    };
+    let id = id.as_str().ok_or("session must be an entity name")?;
+    match entities.map.get(id) {
+        Some(Entity::Session {
+            session: Some(session),
+            ..
+        }) => Ok(Some(session.clone())),
+        Some(Entity::Session { session: None, .. }) => Err(format!("session {id} has ended")),
+        _ => Err(format!("{id} is not a session entity")),
+    }
+}
+
+/// UT-10, TX-2: `startTransaction`, `commitTransaction`, `abortTransaction` and `endSession`
+/// on a session entity, each the product's own call.
+async fn session_operation(id: &str, name: &str, args: Args, entities: &mut Entities) -> OpResult {
+    args.finish().map_err(Err)?;
+    let Some(Entity::Session { session, .. }) = entities.map.get_mut(id) else {
+        return Err(Err(format!("{id} is not a session")));
+    };
+    if name == "endSession" {
+        // Dropping the product's session ends it (SE-10); the entity stays, ended.
+        session.take();
+        return Ok(Produced::Value(Bson::Null));
+    }
+    let Some(session) = session.clone() else {
+        return Err(Err(format!("session {id} has ended")));
+    };
+    let result = match name {
+        "startTransaction" => session.start_transaction().await,
+        "commitTransaction" => session.commit_transaction().await,
+        "abortTransaction" => session.abort_transaction().await,
+        other => return Err(Err(format!("unsupported session operation {other}"))),
+    };
+    result
+        .map(|()| Produced::Value(Bson::Null))
+        .map_err(|e| Ok(Box::new(Failure::product(&e))))
 }
 
 /// UT-16: `iterateUntilDocumentOrError`, `iterateOnce` and `close` on a cursor entity.

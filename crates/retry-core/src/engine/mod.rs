@@ -160,6 +160,9 @@ pub struct EngineOptions {
     /// command or reply, so turn it on when someone listens (a driver's command listeners, the
     /// unified tests).
     pub command_monitoring: bool,
+    /// SRV polling for mongos discovery, for a client made from a `mongodb+srv` URI (see
+    /// [`crate::topology::SrvPoller`]); `None` (the default) for no polling.
+    pub srv_polling: Option<crate::topology::SrvPollingOptions>,
 }
 
 impl EngineOptions {
@@ -177,6 +180,7 @@ impl EngineOptions {
             seed: 0,
             auth: None,
             command_monitoring: false,
+            srv_polling: None,
         }
     }
 }
@@ -408,6 +412,10 @@ struct Session {
     clock: ClusterClock,
     pin: TransactionPin,
     conn: Option<ConnId>,
+    /// Its operations that have not finished (SE-12: it ends only after the last one).
+    in_flight: u32,
+    /// [`Engine::end_session`] was called while operations were in flight.
+    ending: bool,
 }
 
 /// Which server session an operation's commands carry.
@@ -481,6 +489,8 @@ pub struct Engine {
     closed: bool,
     /// [`Engine::close`] waits for its `endSessions` operations before it closes the pools.
     ending_sessions: bool,
+    /// SRV polling (`srv_polling.rs`), when the options ask for it.
+    srv: Option<crate::topology::SrvPoller>,
 }
 
 impl core::fmt::Debug for Engine {
@@ -557,6 +567,10 @@ impl Engine {
         )
         .map_err(EngineError::HandshakeEncoding)?;
         let rng = EngineRng::from_seed_u64(options.seed);
+        let srv = options
+            .srv_polling
+            .as_ref()
+            .map(|srv| crate::topology::SrvPoller::new(srv, options.heartbeat_frequency, now));
         let mut engine = Engine {
             options,
             topology,
@@ -586,6 +600,7 @@ impl Engine {
             events: VecDeque::new(),
             closed: false,
             ending_sessions: false,
+            srv,
         };
         engine.schedule(Machine::Topology);
         engine.schedule_every_pool();
@@ -729,7 +744,33 @@ impl Engine {
             }
             self.schedule(machine);
         }
+        if let Some(srv) = &mut self.srv {
+            srv.handle_timeout(&self.topology, now);
+        }
         self.run(now);
+    }
+
+    /// Whether the `mongodb+srv` name must be looked up now for SRV polling; `true` once per
+    /// rescan. Answer with [`Engine::handle_srv_hosts`].
+    #[must_use]
+    pub fn poll_srv_rescan(&mut self) -> bool {
+        self.srv.as_mut().is_some_and(|srv| srv.poll_rescan())
+    }
+
+    /// The SRV rescan asked by [`Engine::poll_srv_rescan`] ended at `now` with `hosts` (the
+    /// targets in the parent domain; empty on a DNS error or no records) whose lowest TTL is
+    /// `min_ttl`: the topology follows them ([`crate::topology::SrvPoller::handle_hosts`]).
+    pub fn handle_srv_hosts(
+        &mut self,
+        hosts: Vec<ServerAddress>,
+        min_ttl: Option<Duration>,
+        now: Instant,
+    ) {
+        if let Some(srv) = &mut self.srv {
+            srv.handle_hosts(&mut self.topology, hosts, min_ttl, &mut self.rng, now);
+            self.schedule(Machine::Topology);
+            self.run(now);
+        }
     }
 
     /// The next socket to open.
@@ -775,7 +816,11 @@ impl Engine {
     /// The earliest instant at which [`Engine::handle_timeout`] has work to do: the head of the
     /// timer queue.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.next()
+        let srv = self.srv.as_ref().and_then(|srv| srv.poll_timeout());
+        match (self.timers.next(), srv) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The server's entry.
@@ -829,12 +874,11 @@ fn expect_accepted(result: Result<(), UnexpectedInput>) {
 }
 
 /// The command of an attempt that modifies it (TX-11, TX-12) or that carries a `$readPreference`
-/// for its server (SS-9, LB-6): the operation's command (`base`, with `$db` and the session
-/// fields) with the attempt's fields, `$db` last; `None` when the attempt modifies nothing and
-/// `base` is sent as it is.
+/// for its server (SS-9, LB-6): the operation's command (`base`, with the session fields) with
+/// the attempt's fields (`$db` and `lsid` are appended at encode time); `None` when the attempt
+/// modifies nothing and `base` is sent as it is.
 fn command_for(
     base: &Document,
-    db: &str,
     attempt: &Attempt,
     read_preference: Option<Document>,
 ) -> Option<Document> {
@@ -845,7 +889,6 @@ fn command_for(
         return None;
     }
     let mut body = base.clone();
-    body.remove("$db");
     if let Some(read_preference) = read_preference {
         body.insert("$readPreference", read_preference);
     }
@@ -866,7 +909,6 @@ fn command_for(
         }
         body.insert("writeConcern", wc);
     }
-    body.insert("$db", db);
     Some(body)
 }
 

@@ -470,6 +470,22 @@ impl Engine {
                         self.close_socket(conn, now);
                     }
                 }
+                // CM-4: the attempt on it fails like a socket the peer closed, and its failure
+                // checks the connection in; one no attempt is using goes back at once.
+                PoolAction::Interrupt { connection } => {
+                    let conn = self.pool_socket(server, connection);
+                    let busy = conn
+                        .and_then(|c| self.sockets.get(&c))
+                        .is_some_and(|s| s.op.is_some());
+                    if let Some(conn) = conn {
+                        self.close_socket(conn, now);
+                    }
+                    if !busy {
+                        if let Some(pool) = self.pool_mut(server) {
+                            pool.check_in(connection, false, now);
+                        }
+                    }
+                }
                 PoolAction::CheckedOut {
                     checkout,
                     connection,

@@ -8,7 +8,7 @@
 use bson::{Bson, Document};
 use rand_core::RngCore;
 
-use super::sessions::Prepared;
+use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
     command_for, expect_accepted, ConnId, CursorUse, Engine, EngineEvent, OpId, OpSession,
     Operation, OperationRequest, Owner, ServerId,
@@ -102,7 +102,8 @@ impl Engine {
             pinned_conn = pinned_conn.or(conn);
         }
         let mut body = core::mem::take(&mut request.command);
-        body.insert("$db", request.db.as_str());
+        strip_command_fields(&mut body);
+        self.session_operation_started(&session);
         self.ops.insert(
             op,
             Operation {
@@ -320,7 +321,7 @@ impl Engine {
         // LB-10: closing a cursor gives its connection back whatever killCursors did.
         if let (CursorUse::Close(handle), false) = (op.request.cursor, op.release_pinned) {
             if let Some(cursor) = self.cursors.remove(&handle) {
-                if let Some(conn) = cursor.conn {
+                if let Some(conn) = cursor.conn.filter(|c| !self.is_transaction_conn(*c)) {
                     self.release(conn, true, now);
                 }
                 self.cursor_session_ended(cursor.session, now);
@@ -433,8 +434,10 @@ impl Engine {
             .get(&conn)
             .and_then(|s| self.server(s.server).monitor.as_ref())
             .map_or(core::time::Duration::ZERO, |m| m.monitor.min_rtt());
-        match self.prepare_attempt(op_id, supports_sessions, with_txn_number, min_rtt, now) {
-            Prepared::Send => {}
+        let prepared =
+            self.prepare_attempt(op_id, supports_sessions, with_txn_number, min_rtt, now);
+        let lsid = match prepared {
+            Prepared::Send(lsid) => lsid,
             Prepared::Expired => {
                 // CS-4, TO-10: not sent; the connection goes back and the operation times out.
                 if let Some(op) = self.ops.get_mut(&op_id) {
@@ -447,7 +450,12 @@ impl Engine {
                 self.fail_attempt(op_id, error, false, now);
                 return;
             }
-        }
+            // RW-14: the retry machine released the connection and ended the operation.
+            Prepared::Withdrawn => {
+                self.schedule(Machine::Operation(op_id));
+                return;
+            }
+        };
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
@@ -463,8 +471,7 @@ impl Engine {
                 server.server_type,
             )
         });
-        let mut modified =
-            command_for(&op.wire.body, &op.request.db, attempt, read_preference).map(Request::new);
+        let mut modified = command_for(&op.wire.body, attempt, read_preference).map(Request::new);
         let request = modified.as_mut().unwrap_or(&mut op.wire);
         request.deadline = deadline;
         // TO-8: under timeoutMS (0 included) socketTimeoutMS does not apply.
@@ -473,12 +480,15 @@ impl Engine {
         let published = self
             .options
             .command_monitoring
-            .then(|| request.body.clone());
+            .then(|| command_as_sent(&request.body, &op.request.db, lsid));
         let Some(socket) = self.sockets.get_mut(&conn) else {
             return;
         };
         socket.op = Some(op_id);
-        let sent = socket.machine.send(request, now);
+        let db = op.request.db.as_str();
+        let sent = socket
+            .machine
+            .send_with(request, now, |out| append_command_fields(db, lsid, out));
         let failed = match sent {
             Ok(request_id) => {
                 expect_accepted(op.machine.handle_sent(now));
@@ -534,7 +544,10 @@ impl Engine {
             return;
         };
         match error {
-            Some(error) => self.fail_attempt(op_id, error, false, now),
+            Some(error) => {
+                self.transaction_error_reply(op_id, conn, &error);
+                self.fail_attempt(op_id, error, false, now);
+            }
             None => {
                 // Looked up without `get_document`, whose miss builds an error.
                 let cursor_id = match body.get("cursor") {

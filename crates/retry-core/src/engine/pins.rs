@@ -10,8 +10,9 @@ use bson::Document;
 use super::{
     ConnId, Cursor, CursorHandle, CursorUse, Engine, EngineEvent, OpId, Owner, SessionHandle,
 };
-use crate::error::OperationError;
+use crate::error::{Labels, OperationError};
 use crate::pinning::{CursorClose, CursorPin, Pin, TransactionCommand};
+use crate::pool::Purpose;
 use crate::retry::{AttemptServer, OperationKind};
 use crate::time::Instant;
 
@@ -35,13 +36,20 @@ impl Engine {
             return None;
         };
         if let (CursorUse::Close(_), Some(conn)) = (cursor_use, cursor.conn) {
-            if let CursorClose::ReleaseBroken(_) = cursor.pin.close() {
-                // LB-11: after a network error, no killCursors; the connection goes back and is
-                // closed.
+            if let CursorClose::ReleaseBroken(pool_id) = cursor.pin.close() {
+                // LB-11: after a network error, no killCursors; the connection, kept checked out
+                // since (its socket is gone), goes back now and is closed.
+                let address = cursor.server.address.clone();
                 if let Some(cursor) = self.cursors.remove(&handle) {
                     self.cursor_session_ended(cursor.session, now);
                 }
-                self.release(conn, false, now);
+                if !self.is_transaction_conn(conn) {
+                    let server = self.server_id(&address);
+                    if let Some(pool) = self.pool_mut(server) {
+                        pool.check_in(pool_id, false, now);
+                    }
+                    self.flush_pool_events(server);
+                }
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
                     result: Ok(Document::new()),
@@ -93,6 +101,18 @@ impl Engine {
         (server, conn)
     }
 
+    /// TX-4 (4): the session starts a new transaction (see [`crate::transaction::Transaction`]):
+    /// its pin goes now, before the transaction's first selection, and a pinned load-balanced
+    /// connection goes back to its pool. An unknown or ended session is ignored.
+    pub fn start_transaction(&mut self, session: SessionHandle, now: Instant) {
+        let Some(state) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        let _unpinned = state.pin.start_transaction();
+        self.unpin_connection(session, true, now);
+        self.run(now);
+    }
+
     /// Gives a session's pinned load-balanced connection back to its pool, if it has one.
     pub(super) fn unpin_connection(&mut self, session: SessionHandle, healthy: bool, now: Instant) {
         if let Some(conn) = self.sessions.get_mut(&session).and_then(|s| s.conn.take()) {
@@ -120,25 +140,7 @@ impl Engine {
             return;
         };
         match op.request.kind {
-            OperationKind::InTransaction { first: true, .. } => {
-                let load_balanced = self.options.topology.load_balanced;
-                let pool_id = match self.sockets.get(&conn).map(|s| &s.owner) {
-                    Some(Owner::Pool(id)) => *id,
-                    _ => return,
-                };
-                let Some(state) = self.sessions.get_mut(&session) else {
-                    return;
-                };
-                if load_balanced {
-                    op.keep_conn = true;
-                    state.conn = Some(conn);
-                    state.pin.pin(Pin::Connection(pool_id));
-                } else if let Some(server) =
-                    op.server.as_ref().filter(|s| s.topology_type.is_sharded())
-                {
-                    state.pin.pin(Pin::Mongos(server.address.clone()));
-                }
-            }
+            OperationKind::InTransaction { first: true, .. } => self.pin_transaction(op_id, conn),
             OperationKind::AbortTransaction => {
                 if let Some(state) = self.sessions.get_mut(&session) {
                     let _unpinned = state.pin.aborted();
@@ -153,9 +155,82 @@ impl Engine {
         }
     }
 
+    /// TX-3, TX-5: the transaction's first command got a server error reply on `conn`: the
+    /// session is pinned as after a success (the pin was made when the command went out); the
+    /// failure's TX-4 rules then unpin it for a `TransientTransactionError` and keep it for any
+    /// other error (LB `transactions.json`: "pinned connection is not released after a
+    /// non-transient CRUD error"). An overload error, which the retry rules may retry (TX-12),
+    /// pins nothing: the retry selects again and its own reply pins.
+    pub(super) fn transaction_error_reply(
+        &mut self,
+        op_id: OpId,
+        conn: ConnId,
+        error: &OperationError,
+    ) {
+        if error.has_label(Labels::OVERLOAD_RETRYABLE) {
+            return;
+        }
+        let first = self.ops.get(&op_id).is_some_and(|op| {
+            op.request.session.is_some()
+                && matches!(
+                    op.request.kind,
+                    OperationKind::InTransaction { first: true, .. }
+                )
+        });
+        if first {
+            self.pin_transaction(op_id, conn);
+        }
+    }
+
+    /// TX-3, TX-5: pins the operation's session to the mongos it ran on or, load-balanced, to
+    /// `conn`, which the pool then counts as a transaction's (LB-13).
+    fn pin_transaction(&mut self, op_id: OpId, conn: ConnId) {
+        let load_balanced = self.options.topology.load_balanced;
+        let Some((server, pool_id)) = self.sockets.get(&conn).and_then(|s| match s.owner {
+            Owner::Pool(id) => Some((s.server, id)),
+            _ => None,
+        }) else {
+            return;
+        };
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        let Some(state) = op.request.session.and_then(|s| self.sessions.get_mut(&s)) else {
+            return;
+        };
+        if load_balanced {
+            op.keep_conn = true;
+            state.conn = Some(conn);
+            state.pin.pin(Pin::Connection(pool_id));
+            if let Some(pool) = self.pool_mut(server) {
+                pool.set_purpose(pool_id, Purpose::Transaction);
+            }
+        } else if let Some(address) = op
+            .server
+            .as_ref()
+            .filter(|s| s.topology_type.is_sharded())
+            .map(|s| s.address.clone())
+        {
+            state.pin.pin(Pin::Mongos(address));
+        }
+    }
+
+    /// TX-5, LB-10: whether `conn` is pinned by a transaction; a cursor opened on it in that
+    /// transaction then never checks it in (the transaction's end does).
+    pub(super) fn is_transaction_conn(&self, conn: ConnId) -> bool {
+        self.sockets.get(&conn).is_some_and(|s| match s.owner {
+            Owner::Pool(id) => self
+                .pool(s.server)
+                .is_some_and(|p| p.purpose(id) == Some(Purpose::Transaction)),
+            _ => false,
+        })
+    }
+
     /// LB-10: a cursor operation succeeded with `cursor_id`: open, keep or end the cursor.
     pub(super) fn cursor_replied(&mut self, op_id: OpId, conn: ConnId, cursor_id: i64) {
         let load_balanced = self.options.topology.load_balanced;
+        // TX-5: a connection a transaction pins stays out when its cursor ends.
+        let shared = load_balanced && self.is_transaction_conn(conn);
         let pool_id = match self.sockets.get(&conn).map(|s| &s.owner) {
             Some(Owner::Pool(id)) => *id,
             _ => return,
@@ -193,14 +268,14 @@ impl Engine {
             }
             CursorUse::GetMore(handle) => {
                 if cursor_id == 0 {
-                    op.release_pinned = true;
+                    op.release_pinned = !shared;
                     if let Some(mut cursor) = self.cursors.remove(&handle) {
                         let _ended = cursor.pin.get_more_succeeded(0);
                     }
                 }
             }
             CursorUse::Close(handle) => {
-                op.release_pinned = true;
+                op.release_pinned = !shared;
                 self.cursors.remove(&handle);
             }
         }

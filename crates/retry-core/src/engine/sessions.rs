@@ -11,6 +11,8 @@
 
 use bson::{Bson, Document};
 
+use alloc::vec::Vec;
+
 use super::{Engine, OpId, OpSession, Operation, OperationRequest, Session, SessionHandle};
 use crate::classify::is_unacknowledged;
 use crate::error::{ErrorKind, OperationError};
@@ -19,18 +21,56 @@ use crate::retry::OperationKind;
 use crate::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use crate::session::{
     attaches_session, connection_supports_sessions, gossips_cluster_time, ClusterTime,
-    ServerSession, SessionTimeout, SESSIONS_UNSUPPORTED,
+    ServerSession, SessionId, SessionTimeout, SESSIONS_UNSUPPORTED,
 };
 use crate::time::{Instant, OperationTimeout};
+use crate::wire::{append_lsid, append_str, EncodeError};
 
 /// What [`Engine::prepare_attempt`] decided about an attempt about to be written.
 pub(super) enum Prepared {
-    /// Send it.
-    Send,
+    /// Send it, with the `lsid` of this session id, if any ([`append_command_fields`]).
+    Send(Option<SessionId>),
     /// CS-4: the remaining time is not more than the minimum RTT; do not send it.
     Expired,
+    /// The retry machine withdrew the attempt (a retry that cannot carry its `txnNumber`, RW-14);
+    /// its actions release the connection and end the operation.
+    Withdrawn,
     /// It cannot be sent (an ended or unsupported explicit session, SE-8, SE-10).
     Refused(OperationError),
+}
+
+/// The fields the engine writes at the end of every operation command's body, pre-encoded
+/// instead of inserted into its document (no allocation per attempt): `$db` (WP-5) and, when the
+/// attempt carries a session, its `lsid` `{id: UUID}` (SE-3). The operation's command never
+/// holds them itself ([`strip_command_fields`]).
+pub(super) fn append_command_fields(
+    db: &str,
+    lsid: Option<SessionId>,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    append_str("$db", db, out)?;
+    match lsid {
+        Some(id) => append_lsid("lsid", id.as_bytes(), out),
+        None => Ok(()),
+    }
+}
+
+/// Removes from a caller's command the fields [`append_command_fields`] writes: the request's
+/// database is the `$db` sent (WP-5), and a caller never passes an `lsid`.
+pub(super) fn strip_command_fields(command: &mut Document) {
+    command.remove("$db");
+    command.remove("lsid");
+}
+
+/// EV-2: the command as sent, for the started event: `body` and the appended fields, in the
+/// order they are written.
+pub(super) fn command_as_sent(body: &Document, db: &str, lsid: Option<SessionId>) -> Document {
+    let mut command = body.clone();
+    command.insert("$db", db);
+    if let Some(id) = lsid {
+        command.insert("lsid", id.lsid());
+    }
+    command
 }
 
 impl Engine {
@@ -45,18 +85,43 @@ impl Engine {
 
     /// Ends an explicit session: its transaction pin goes (TX-4 (6)), a pinned connection goes
     /// back to its pool, and its server session returns to the pool (SE-5; a dirty one is
-    /// discarded, SE-12). Ending it again, or an unknown handle, does nothing (SE-10). An
-    /// operation still running in it fails its next attempt with a usage error.
+    /// discarded, SE-12). Ending it again, or an unknown handle, does nothing (SE-10). From the
+    /// call on, new operations in it are refused, and an operation still running in it fails its
+    /// next attempt with a usage error; while any runs, the session ends only when the last one
+    /// finishes, so that its server session is neither shared nor returned clean while a command
+    /// that carries its `lsid` may still be cut off (SE-12).
     pub fn end_session(&mut self, session: SessionHandle, now: Instant) {
+        match self.sessions.get_mut(&session) {
+            Some(state) if state.in_flight > 0 => state.ending = true,
+            Some(_) => self.close_session(session, now),
+            None => {}
+        }
+        self.run(now);
+    }
+
+    /// The session's end of [`Engine::end_session`], once no operation of it is in flight.
+    fn close_session(&mut self, session: SessionHandle, now: Instant) {
         if let Some(state) = self.sessions.get_mut(&session) {
             state.pin.end_session();
         }
         self.unpin_connection(session, true, now);
         if let Some(server) = self.sessions.remove(&session).and_then(|s| s.server) {
-            let timeout = self.session_timeout();
-            self.session_pool.release(server, timeout, now);
+            self.release_server_session(server, now);
         }
-        self.run(now);
+    }
+
+    /// An operation carrying `session` starts: an explicit session counts it (SE-12).
+    pub(super) fn session_operation_started(&mut self, session: &OpSession) {
+        if let OpSession::Explicit(handle) = session {
+            if let Some(state) = self.sessions.get_mut(handle) {
+                state.in_flight += 1;
+            }
+        }
+    }
+
+    /// The explicit session `handle` is usable: started and not being ended (SE-10).
+    fn session_open(&self, handle: SessionHandle) -> bool {
+        self.sessions.get(&handle).is_some_and(|s| !s.ending)
     }
 
     /// SE-6, LB-5: how long the server keeps an idle session, for the pool's rules.
@@ -86,7 +151,7 @@ impl Engine {
         );
         let session = match request.session {
             // SE-10: an ended (or never started) session.
-            Some(handle) if !self.sessions.contains_key(&handle) => {
+            Some(handle) if !self.session_open(handle) => {
                 return Err(OperationError::usage("the session has ended"));
             }
             // SE-13: an explicit session with an unacknowledged write is an error.
@@ -110,10 +175,12 @@ impl Engine {
     }
 
     /// Adds to the operation's command what this attempt on `conn` carries besides the attempt's
-    /// own modifications: the session's `lsid` and the `txnNumber` when the retry machine says
-    /// the attempt has one (`with_txn_number`, RW-2, RW-6, RW-7, TX-1), `$clusterTime` (SE-17) and
-    /// `maxTimeMS` (CS-4, TO-9; none on a `getMore`, TO-13). The fields go into the operation's
-    /// own copy of the command, replacing those of the previous attempt.
+    /// own modifications: the `txnNumber` when the retry machine says the attempt has one
+    /// (`with_txn_number`, RW-2, RW-6, RW-7, TX-1), `$clusterTime` (SE-17) and `maxTimeMS` (CS-4,
+    /// TO-9; none on a `getMore`, TO-13). The fields go into the operation's own copy of the
+    /// command, replacing those of the previous attempt. The session's `lsid` (SE-3, SE-7) is not
+    /// inserted: [`Prepared::Send`] returns its id, which [`append_command_fields`] writes
+    /// pre-encoded when the command is encoded.
     pub(super) fn prepare_attempt(
         &mut self,
         op_id: OpId,
@@ -125,7 +192,7 @@ impl Engine {
         let timeout = self.session_timeout();
         let load_balanced = self.options.topology.load_balanced;
         let Some(op) = self.ops.get_mut(&op_id) else {
-            return Prepared::Send;
+            return Prepared::Send(None);
         };
         let supported = supports_sessions || load_balanced;
         // SE-7, SE-8: the server session, taken now if it was not yet.
@@ -140,7 +207,7 @@ impl Engine {
                     None,
                 ),
                 OpSession::Explicit(handle) => {
-                    let Some(state) = self.sessions.get_mut(handle) else {
+                    let Some(state) = self.sessions.get_mut(handle).filter(|s| !s.ending) else {
                         return Prepared::Refused(OperationError::usage("the session has ended"));
                     };
                     if !supported {
@@ -153,11 +220,9 @@ impl Engine {
                 }
             };
         let body = &mut op.wire.body;
+        let lsid = server.as_ref().map(|server| server.id());
         match server {
             Some(server) => {
-                if !op.lsid_sent {
-                    body.insert("lsid", server.id().lsid());
-                }
                 server.mark_used(now);
                 op.lsid_sent = true;
                 if with_txn_number {
@@ -174,9 +239,16 @@ impl Engine {
             }
             None => {
                 // Never a txnNumber without an lsid: a server refuses it.
-                body.remove("lsid");
                 body.remove("txnNumber");
                 op.lsid_sent = false;
+                if with_txn_number {
+                    // RW-2, SE-8: the server's description supports sessions but this
+                    // connection does not: the attempt is not a retryable write (issue 10 a).
+                    super::expect_accepted(op.machine.handle_attempt_without_txn_number(now));
+                    if op.machine.is_finished() {
+                        return Prepared::Withdrawn;
+                    }
+                }
             }
         }
         if op.gossip {
@@ -191,16 +263,16 @@ impl Engine {
             }
         }
         if op.internal || matches!(op.request.cursor, super::CursorUse::GetMore(_)) {
-            return Prepared::Send;
+            return Prepared::Send(lsid);
         }
         match max_time_ms(op.request.timeout, min_rtt, now) {
-            MaxTime::Omit => Prepared::Send,
+            MaxTime::Omit => Prepared::Send(lsid),
             MaxTime::Send(ms) => {
                 body.insert(
                     "maxTimeMS",
                     Bson::Int64(i64::try_from(ms).unwrap_or(i64::MAX)),
                 );
-                Prepared::Send
+                Prepared::Send(lsid)
             }
             MaxTime::Expired => Prepared::Expired,
         }
@@ -265,7 +337,8 @@ impl Engine {
 
     /// The operation ended: its implicit session goes to the cursor it opened or continues
     /// (SE-14), else back to the pool (SE-9, SE-5); an explicit session stays with the caller
-    /// (and with the cursor it opened).
+    /// (and with the cursor it opened), or ends now if [`Engine::end_session`] waited for this
+    /// operation (SE-12).
     pub(super) fn operation_session_ended(
         &mut self,
         op: &mut Operation,
@@ -273,6 +346,14 @@ impl Engine {
         now: Instant,
     ) {
         let session = core::mem::take(&mut op.session);
+        if let OpSession::Explicit(handle) = session {
+            if let Some(state) = self.sessions.get_mut(&handle) {
+                state.in_flight = state.in_flight.saturating_sub(1);
+                if state.ending && state.in_flight == 0 {
+                    self.close_session(handle, now);
+                }
+            }
+        }
         let cursor = match (op.opened.filter(|_| succeeded), op.request.cursor) {
             (Some(handle), _) => Some(handle),
             (None, super::CursorUse::GetMore(handle)) => Some(handle),

@@ -199,21 +199,28 @@ impl Engine {
         match op {
             Some(op_id) => {
                 self.application_error(server, &error, context, now);
-                // LB-11: the cursor stays pinned, but will send no killCursors.
+                // LB-11: the cursor stays pinned, but will send no killCursors; its connection
+                // stays checked out until the cursor is closed (LB `cursors.json`: "pinned
+                // connections are not returned after an network error during getMore").
                 let cursor = self.ops.get(&op_id).map(|o| o.request.cursor);
+                let mut pinned = false;
                 if let Some(CursorUse::GetMore(handle)) = cursor {
                     if let Some(cursor) = self.cursors.get_mut(&handle) {
                         cursor.pin.get_more_failed(&error);
+                        pinned = cursor.conn == Some(conn);
                     }
                 }
                 if let Some(op) = self.ops.get_mut(&op_id) {
                     op.conn = None;
                 }
-                // The connection goes back (and is closed) before the retry rules run (BP-27).
-                if let Some(pool) = self.pool_mut(server) {
-                    pool.check_in(id, false, now);
+                // Otherwise the connection goes back (and is closed) before the retry rules run
+                // (BP-27).
+                if !pinned {
+                    if let Some(pool) = self.pool_mut(server) {
+                        pool.check_in(id, false, now);
+                    }
+                    self.flush_pool_events(server);
                 }
-                self.flush_pool_events(server);
                 self.fail_attempt(op_id, error, false, now);
             }
             // An established connection no operation was using (idle, or pinned between

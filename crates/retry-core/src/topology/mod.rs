@@ -14,6 +14,7 @@ mod event;
 mod fixtures;
 mod rtt;
 mod server;
+mod srv_polling;
 mod tags;
 mod update;
 
@@ -25,6 +26,7 @@ pub use error_handling::{ErrorContext, ErrorHandling, StateChange};
 pub use event::{SdamEvent, TopologyAction};
 pub use rtt::AverageRtt;
 pub use server::{CheckError, ServerDescription, TopologyVersion};
+pub use srv_polling::{choose_srv_hosts, SrvPoller, SrvPollingOptions, MIN_RESCAN_INTERVAL};
 pub use tags::TagSet;
 pub use update::{SettingsError, Topology, TopologySettings};
 

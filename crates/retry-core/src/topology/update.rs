@@ -585,7 +585,7 @@ impl Topology {
     }
 
     /// A new Unknown server with a paused pool.
-    fn add_server(&mut self, address: ServerAddress) {
+    pub(super) fn add_server(&mut self, address: ServerAddress) {
         if self.description.server(&address).is_some() {
             return;
         }
@@ -598,7 +598,7 @@ impl Topology {
 
     /// SDAM `remove`: the server leaves the topology; its monitor stops and its pool is closed
     /// and handed to the owner.
-    fn remove(&mut self, address: &ServerAddress, now: Instant) {
+    pub(super) fn remove(&mut self, address: &ServerAddress, now: Instant) {
         self.description.servers.retain(|s| &s.address != address);
         if let Some(index) = self.pools.iter().position(|p| p.address() == address) {
             let mut pool = self.pools.remove(index);

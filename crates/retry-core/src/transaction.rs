@@ -1,0 +1,239 @@
+//! A session's transaction state (TX-2): no transaction, starting, in progress, committed,
+//! aborted. [`Transaction`] decides what each call of the transaction API does: which
+//! [`OperationKind`] a command of the session runs as (TX-1: the first one starts the
+//! transaction), whether commit and abort send a command (TX-2: not while starting) and which
+//! commit it is (TX-11: a second commit), and the usage errors of calls in the wrong state. A
+//! client-side error never changes the state (TX-2).
+//!
+//! Call sequence: `start` → the session's commands go through `statement` (each returns its
+//! kind; the first is [`OperationKind::InTransaction`] with `first: true`) → `commit` or `abort`
+//! (a [`Step`]) → `start` again, or a command outside a transaction (`statement` moves to no
+//! transaction). The engine does the rest: `startTransaction: true` and the `txnNumber` (TX-1),
+//! the pins (TX-3..TX-5, with [`crate::engine::Engine::start_transaction`] for TX-4 (4)), the
+//! labels (TX-7, TX-8) and the retries of commit and abort (TX-10).
+
+use crate::error::OperationError;
+use crate::retry::OperationKind;
+
+/// TX-2: where a session's transaction is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TransactionState {
+    /// No transaction (never started, or a command ran outside one after it ended).
+    #[default]
+    None,
+    /// Started; no command sent yet.
+    Starting,
+    /// At least one command sent.
+    InProgress,
+    /// Committed (`sent`: whether a `commitTransaction` was ever sent, i.e. the transaction had
+    /// a command).
+    Committed {
+        /// Whether the transaction sent a command (a commit then sends `commitTransaction`).
+        sent: bool,
+    },
+    /// Aborted.
+    Aborted,
+}
+
+/// What a commit or abort call does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// TX-2: nothing to send (the transaction never sent a command).
+    Nothing,
+    /// Send the command with this kind ([`OperationKind::CommitTransaction`] or
+    /// [`OperationKind::AbortTransaction`]).
+    Send(OperationKind),
+}
+
+/// TX-2 messages.
+const ALREADY_IN_PROGRESS: &str = "Transaction already in progress";
+const NOT_STARTED: &str = "No transaction started";
+const COMMIT_AFTER_ABORT: &str = "Cannot call commitTransaction after calling abortTransaction";
+const ABORT_AFTER_COMMIT: &str = "Cannot call abortTransaction after calling commitTransaction";
+const ABORT_TWICE: &str = "Cannot call abortTransaction twice";
+
+/// One session's transaction state machine (TX-2).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Transaction {
+    state: TransactionState,
+}
+
+impl Transaction {
+    /// No transaction.
+    pub fn new() -> Transaction {
+        Transaction::default()
+    }
+
+    /// The current state.
+    pub fn state(&self) -> TransactionState {
+        self.state
+    }
+
+    /// Whether a transaction is starting or in progress.
+    pub fn is_active(&self) -> bool {
+        matches!(
+            self.state,
+            TransactionState::Starting | TransactionState::InProgress
+        )
+    }
+
+    /// TX-2: starts a transaction; an error while one is starting or in progress.
+    pub fn start(&mut self) -> Result<(), OperationError> {
+        if self.is_active() {
+            return Err(OperationError::usage(ALREADY_IN_PROGRESS));
+        }
+        self.state = TransactionState::Starting;
+        Ok(())
+    }
+
+    /// TX-1, TX-2: the kind a command of the session runs as. Inside a transaction it is
+    /// [`OperationKind::InTransaction`] (`first` for the command that starts it; `read` for a
+    /// read or `getMore`, by `kind`); otherwise `kind` itself, and an ended transaction moves to
+    /// no transaction.
+    pub fn statement(&mut self, kind: OperationKind) -> OperationKind {
+        let read = matches!(kind, OperationKind::Read | OperationKind::GetMore);
+        match self.state {
+            TransactionState::Starting => {
+                self.state = TransactionState::InProgress;
+                OperationKind::InTransaction { read, first: true }
+            }
+            TransactionState::InProgress => OperationKind::InTransaction { read, first: false },
+            TransactionState::None
+            | TransactionState::Committed { .. }
+            | TransactionState::Aborted => {
+                self.state = TransactionState::None;
+                kind
+            }
+        }
+    }
+
+    /// TX-2, TX-10, TX-11: commits. Starting: nothing to send; in progress: the first commit;
+    /// committed: the same transaction again (majority write concern, TX-11). The state is
+    /// committed afterwards whatever the command's result (TX-10).
+    pub fn commit(&mut self) -> Result<Step, OperationError> {
+        let step = match self.state {
+            TransactionState::None => return Err(OperationError::usage(NOT_STARTED)),
+            TransactionState::Aborted => return Err(OperationError::usage(COMMIT_AFTER_ABORT)),
+            TransactionState::Starting | TransactionState::Committed { sent: false } => {
+                self.state = TransactionState::Committed { sent: false };
+                return Ok(Step::Nothing);
+            }
+            TransactionState::InProgress => OperationKind::CommitTransaction { again: false },
+            TransactionState::Committed { sent: true } => {
+                OperationKind::CommitTransaction { again: true }
+            }
+        };
+        self.state = TransactionState::Committed { sent: true };
+        Ok(Step::Send(step))
+    }
+
+    /// TX-2, TX-10: aborts. Starting: nothing to send; in progress: `abortTransaction`, whose
+    /// errors the caller swallows. The state is aborted afterwards.
+    pub fn abort(&mut self) -> Result<Step, OperationError> {
+        let step = match self.state {
+            TransactionState::None => return Err(OperationError::usage(NOT_STARTED)),
+            TransactionState::Committed { .. } => {
+                return Err(OperationError::usage(ABORT_AFTER_COMMIT))
+            }
+            TransactionState::Aborted => return Err(OperationError::usage(ABORT_TWICE)),
+            TransactionState::Starting => Step::Nothing,
+            TransactionState::InProgress => Step::Send(OperationKind::AbortTransaction),
+        };
+        self.state = TransactionState::Aborted;
+        Ok(step)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    fn message(error: OperationError) -> String {
+        match error.kind {
+            ErrorKind::Usage { message } => message,
+            other => panic!("not a usage error: {other:?}"),
+        }
+    }
+
+    /// TX-1: the first command starts the transaction, later ones continue it; reads stay reads.
+    #[test]
+    fn tx1_first_command_starts_the_transaction() {
+        let mut t = Transaction::new();
+        t.start().unwrap();
+        assert_eq!(
+            t.statement(OperationKind::RetryableWrite),
+            OperationKind::InTransaction {
+                read: false,
+                first: true
+            }
+        );
+        assert_eq!(
+            t.statement(OperationKind::Read),
+            OperationKind::InTransaction {
+                read: true,
+                first: false
+            }
+        );
+        assert_eq!(t.state(), TransactionState::InProgress);
+    }
+
+    /// TX-2, TX-11: commit sends the first commit, then commits again with `again`; a command
+    /// after it runs outside any transaction.
+    #[test]
+    fn tx2_commit_twice_then_a_plain_command() {
+        let mut t = Transaction::new();
+        t.start().unwrap();
+        t.statement(OperationKind::RetryableWrite);
+        assert_eq!(
+            t.commit().unwrap(),
+            Step::Send(OperationKind::CommitTransaction { again: false })
+        );
+        assert_eq!(
+            t.commit().unwrap(),
+            Step::Send(OperationKind::CommitTransaction { again: true })
+        );
+        assert_eq!(
+            message(t.abort().unwrap_err()),
+            "Cannot call abortTransaction after calling commitTransaction"
+        );
+        assert_eq!(
+            t.statement(OperationKind::RetryableWrite),
+            OperationKind::RetryableWrite
+        );
+        assert_eq!(t.state(), TransactionState::None);
+    }
+
+    /// TX-2: commit or abort while starting sends nothing; the wrong-state calls fail with the
+    /// spec's messages and change nothing.
+    #[test]
+    fn tx2_states_and_messages() {
+        let mut t = Transaction::new();
+        assert_eq!(message(t.commit().unwrap_err()), "No transaction started");
+        assert_eq!(message(t.abort().unwrap_err()), "No transaction started");
+        t.start().unwrap();
+        assert_eq!(
+            message(t.start().unwrap_err()),
+            "Transaction already in progress"
+        );
+        assert_eq!(t.state(), TransactionState::Starting);
+        assert_eq!(t.abort().unwrap(), Step::Nothing);
+        assert_eq!(
+            message(t.abort().unwrap_err()),
+            "Cannot call abortTransaction twice"
+        );
+        assert_eq!(
+            message(t.commit().unwrap_err()),
+            "Cannot call commitTransaction after calling abortTransaction"
+        );
+        t.start().unwrap();
+        assert_eq!(t.commit().unwrap(), Step::Nothing);
+        assert_eq!(t.commit().unwrap(), Step::Nothing);
+        t.start().unwrap();
+        t.statement(OperationKind::Read);
+        assert_eq!(
+            t.abort().unwrap(),
+            Step::Send(OperationKind::AbortTransaction)
+        );
+    }
+}
