@@ -166,8 +166,8 @@ impl<R> Session<R> {
 
     /// [`Client::run`] in this session (its `options.session` is replaced by this one). Inside
     /// a transaction the command runs as [`OperationKind::InTransaction`] on a writable server
-    /// (the engine adds the transaction fields, TX-1); its `readConcern` and `writeConcern` are
-    /// the caller's to leave out. A command outside a transaction ends a
+    /// (the engine adds `txnNumber` and `autocommit: false`, TX-1); its `readConcern` and
+    /// `writeConcern` are the caller's to leave out. A command outside a transaction ends a
     /// committed or aborted one (TX-2, TX-4 (5)).
     pub async fn run(
         &self,
