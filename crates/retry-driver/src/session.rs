@@ -10,8 +10,9 @@
 //!
 //! Transactions: [`Session::start_transaction`], the session's commands, then
 //! [`Session::commit_transaction`] or [`Session::abort_transaction`]. What each call does is
-//! [`retry_core::transaction::Transaction`]'s decision (TX-2); this module adds `autocommit:
-//! false` to every command of the transaction (TX-1) and runs commit and abort on `admin`.
+//! [`retry_core::transaction::Transaction`]'s decision (TX-2); this module runs the session's
+//! commands with the kind it gives (the engine then adds `autocommit: false`, `startTransaction`
+//! and the `txnNumber`, TX-1) and commit and abort on `admin`.
 
 use core::fmt;
 use core::future::poll_fn;
