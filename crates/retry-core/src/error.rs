@@ -509,6 +509,12 @@ pub enum ErrorKind {
     /// EV-3, and `writeErrors` never make a write retryable: RW-9); a driver turns such a reply
     /// into this error with [`OperationError::from_write_reply`]. Never retried.
     Write(Box<WriteErrors>),
+    /// A bug of the engine's: one of its machines refused an input. The operation ends with this
+    /// error rather than never (house rule 8); its connection is closed. Never retried.
+    Internal {
+        /// What was refused.
+        message: String,
+    },
 }
 
 /// One entry of a reply's `writeErrors`.
@@ -707,6 +713,17 @@ impl OperationError {
         }
     }
 
+    /// A bug of the engine's ended the operation (see [`ErrorKind::Internal`]).
+    pub fn internal(message: impl Into<String>) -> OperationError {
+        OperationError {
+            kind: ErrorKind::Internal {
+                message: message.into(),
+            },
+            labels: Labels::NONE,
+            address: None,
+        }
+    }
+
     /// The operation was cancelled.
     pub fn cancelled() -> OperationError {
         OperationError {
@@ -802,7 +819,11 @@ impl OperationError {
     /// the write began. Selection, checkout and connection-establishment errors were not sent.
     pub fn was_sent(&self) -> bool {
         match &self.kind {
-            ErrorKind::Server(_) | ErrorKind::Cancelled | ErrorKind::Write(_) => true,
+            // An internal error may have ended an attempt in flight: assume it was sent.
+            ErrorKind::Server(_)
+            | ErrorKind::Cancelled
+            | ErrorKind::Write(_)
+            | ErrorKind::Internal { .. } => true,
             ErrorKind::Usage { .. } => false,
             ErrorKind::Network(n) => n.was_sent(),
             ErrorKind::PoolCleared { .. }
@@ -843,6 +864,7 @@ impl OperationError {
             ErrorKind::Usage { .. } => ErrorClass::Usage,
             ErrorKind::Handshake { .. } => ErrorClass::Handshake,
             ErrorKind::Write(_) => ErrorClass::Write,
+            ErrorKind::Internal { .. } => ErrorClass::Internal,
         };
         ErrorSummary {
             class,
@@ -891,7 +913,9 @@ impl fmt::Display for OperationError {
             ErrorKind::Timeout { cause: Some(c) } => write!(f, "operation timed out: {c}")?,
             ErrorKind::Timeout { cause: None } => write!(f, "operation timed out")?,
             ErrorKind::Cancelled => write!(f, "operation cancelled")?,
-            ErrorKind::Usage { message } => f.write_str(message)?,
+            ErrorKind::Usage { message } | ErrorKind::Internal { message } => {
+                f.write_str(message)?
+            }
             ErrorKind::Handshake { message } => write!(f, "handshake failed: {message}")?,
             // `errors` is public and may have been emptied: no panic (house rule 11).
             ErrorKind::Write(w) if w.errors.is_empty() => write!(f, "write error")?,
@@ -963,6 +987,8 @@ pub enum ErrorClass {
     Handshake,
     /// [`ErrorKind::Write`].
     Write,
+    /// [`ErrorKind::Internal`].
+    Internal,
 }
 
 /// A copyable summary of an error, carried by monitoring events.

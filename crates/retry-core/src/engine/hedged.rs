@@ -26,9 +26,10 @@ use alloc::sync::Arc;
 use bson::{doc, Bson, Document};
 use rand_core::RngCore;
 
+use super::refused::refusal;
 use super::{
-    expect_accepted, ConnId, Cursor, CursorHandle, CursorUse, Drain, Engine, EngineEvent, OpId,
-    OpMachine, OpSession, OperationRequest, Owner, ServerId, Slot,
+    ConnId, Cursor, CursorHandle, CursorUse, Drain, Engine, EngineEvent, OpId, OpMachine,
+    OpSession, Operation, OperationRequest, Owner, ServerId, Slot,
 };
 use crate::address::ServerAddress;
 use crate::error::OperationError;
@@ -103,67 +104,77 @@ impl OpMachine {
             OpMachine::Hedging(m) => m.is_live(copy_of(slot)),
         }
     }
+}
 
+/// Inputs to the operation's machine. A refused input is a bug of the engine's; it is kept in
+/// `refused` and the engine finishes the operation with an internal error (house rule 8).
+impl Operation {
     pub(super) fn server_selected(&mut self, slot: usize, server: AttemptServer, now: Instant) {
-        match self {
-            OpMachine::Retry(m) => expect_accepted(m.handle_server_selected(server, now)),
-            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
-                expect_accepted(m.handle_server_selected(copy_of(slot), server.address, now))
-            }
-            OpMachine::Hedging(_) => {}
-        }
+        let result = match &mut self.machine {
+            OpMachine::Retry(m) => m.handle_server_selected(server, now).map_err(refusal),
+            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => m
+                .handle_server_selected(copy_of(slot), server.address, now)
+                .map_err(refusal),
+            OpMachine::Hedging(_) => Ok(()),
+        };
+        self.note(result);
     }
 
     pub(super) fn selection_failed(&mut self, slot: usize, error: OperationError, now: Instant) {
-        match self {
-            OpMachine::Retry(m) => expect_accepted(m.handle_selection_failed(error, now)),
-            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
-                expect_accepted(m.handle_selection_failed(copy_of(slot), error, now))
-            }
-            OpMachine::Hedging(_) => {}
-        }
+        let result = match &mut self.machine {
+            OpMachine::Retry(m) => m.handle_selection_failed(error, now).map_err(refusal),
+            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => m
+                .handle_selection_failed(copy_of(slot), error, now)
+                .map_err(refusal),
+            OpMachine::Hedging(_) => Ok(()),
+        };
+        self.note(result);
     }
 
     pub(super) fn sent(&mut self, slot: usize, now: Instant) {
-        match self {
-            OpMachine::Retry(m) => expect_accepted(m.handle_sent(now)),
+        let result = match &mut self.machine {
+            OpMachine::Retry(m) => m.handle_sent(now).map_err(refusal),
             OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
-                expect_accepted(m.handle_sent(copy_of(slot), now))
+                m.handle_sent(copy_of(slot), now).map_err(refusal)
             }
-            OpMachine::Hedging(_) => {}
-        }
+            OpMachine::Hedging(_) => Ok(()),
+        };
+        self.note(result);
     }
 
     pub(super) fn succeeded(&mut self, slot: usize, now: Instant) {
-        match self {
-            OpMachine::Retry(m) => expect_accepted(m.handle_succeeded(now)),
+        let result = match &mut self.machine {
+            OpMachine::Retry(m) => m.handle_succeeded(now).map_err(refusal),
             OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
-                expect_accepted(m.handle_succeeded(copy_of(slot), now))
+                m.handle_succeeded(copy_of(slot), now).map_err(refusal)
             }
-            OpMachine::Hedging(_) => {}
-        }
+            OpMachine::Hedging(_) => Ok(()),
+        };
+        self.note(result);
     }
 
     pub(super) fn failed(&mut self, slot: usize, error: OperationError, now: Instant) {
-        match self {
-            OpMachine::Retry(m) => expect_accepted(m.handle_failed(error, now)),
+        let result = match &mut self.machine {
+            OpMachine::Retry(m) => m.handle_failed(error, now).map_err(refusal),
             OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
-                expect_accepted(m.handle_failed(copy_of(slot), error, now))
+                m.handle_failed(copy_of(slot), error, now).map_err(refusal)
             }
-            OpMachine::Hedging(_) => {}
-        }
+            OpMachine::Hedging(_) => Ok(()),
+        };
+        self.note(result);
     }
 
     /// CS-4, TO-10: the attempt was not sent, as its time is up. A copy fails with the timeout
     /// error, which is fatal (A6-H3, CS-5).
     pub(super) fn expired_before_send(&mut self, slot: usize, now: Instant) {
-        match self {
-            OpMachine::Retry(m) => expect_accepted(m.handle_expired_before_send(now)),
-            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
-                expect_accepted(m.handle_failed(copy_of(slot), OperationError::timeout(None), now))
-            }
-            OpMachine::Hedging(_) => {}
-        }
+        let result = match &mut self.machine {
+            OpMachine::Retry(m) => m.handle_expired_before_send(now).map_err(refusal),
+            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => m
+                .handle_failed(copy_of(slot), OperationError::timeout(None), now)
+                .map_err(refusal),
+            OpMachine::Hedging(_) => Ok(()),
+        };
+        self.note(result);
     }
 }
 

@@ -89,6 +89,7 @@ mod hedged;
 mod monitoring;
 mod operations;
 mod pins;
+mod refused;
 mod sessions;
 mod sockets;
 mod worklist;
@@ -449,6 +450,9 @@ struct Operation {
     gossip: bool,
     /// An `endSessions` of [`Engine::close`]: no `OperationFinished`, no session (SE-15).
     internal: bool,
+    /// The first input its machine refused: a bug of the engine's, which finishes the operation
+    /// with [`OperationError::internal`] instead of leaving it unfinished (house rule 8).
+    refused: Option<String>,
     timer: Option<Instant>,
     queued: bool,
 }
@@ -919,11 +923,6 @@ impl Engine {
             None => self.topology.pool(&entry.address),
         }
     }
-}
-
-/// A lower machine refused an input: a bug of the engine's, which tests catch.
-fn expect_accepted<E: core::fmt::Debug>(result: Result<(), E>) {
-    debug_assert!(result.is_ok(), "{result:?}");
 }
 
 /// The command of an attempt that modifies it (TX-11, TX-12) or that carries a `$readPreference`

@@ -87,7 +87,11 @@ impl Engine {
                         NetworkPhase::AfterSend,
                         address.clone(),
                     );
-                    let _ = state.monitor.handle_check_failed(&error, now);
+                    // The monitor's answer says whether to report the failure to the topology.
+                    // No report is due: the topology sent this `CancelCheck` because it already
+                    // marked the server Unknown or removed it, and a retry check the monitor
+                    // starts instead runs on its own (scheduled below).
+                    let _report_to_topology = state.monitor.handle_check_failed(&error, now);
                     self.schedule(Machine::Monitor(server));
                     self.close_socket(conn, now);
                 }

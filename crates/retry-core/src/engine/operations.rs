@@ -12,8 +12,8 @@ use bson::{Bson, Document};
 
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
-    command_for, expect_accepted, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine,
-    OpSession, Operation, OperationRequest, Owner, ServerId, Slot,
+    command_for, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession, Operation,
+    OperationRequest, Owner, ServerId, Slot,
 };
 use crate::address::ServerAddress;
 use crate::connection::{Request, SendError};
@@ -134,6 +134,7 @@ impl Engine {
                 gossip,
                 internal,
                 timer: None,
+                refused: None,
                 queued: false,
             },
         );
@@ -156,7 +157,11 @@ impl Engine {
             }
             OpMachine::Retry(machine) => machine,
         };
-        expect_accepted(machine.cancel(now));
+        if let Err(error) = machine.cancel(now) {
+            operation
+                .refused
+                .get_or_insert(super::refused::refusal(error));
+        }
         let slot = &mut operation.slots[0];
         let checkout = slot.checkout.take();
         slot.selection = None;
@@ -187,6 +192,14 @@ impl Engine {
 
     /// Routes an operation's selection wake-up, events and actions.
     pub(super) fn drain_operation(&mut self, op_id: OpId, now: Instant) {
+        if !self.end_refused(op_id, now) {
+            self.drain_machine(op_id, now);
+            // House rule 8: an input refused while draining ends the operation now.
+            self.end_refused(op_id, now);
+        }
+    }
+
+    fn drain_machine(&mut self, op_id: OpId, now: Instant) {
         // A waiting selection that is due looks again.
         let slots = self.ops.get(&op_id).map_or(0, |o| o.slots.len());
         for slot in 0..slots {
@@ -256,7 +269,7 @@ impl Engine {
                 // A cursor's or a pinned transaction's operations go where the pin is.
                 Some(server) => {
                     op.slots[0].server = Some(server.clone());
-                    op.machine.server_selected(0, server, now);
+                    op.server_selected(0, server, now);
                 }
                 None => self.start_selection(op_id, 0, now),
             },
@@ -458,7 +471,7 @@ impl Engine {
                 );
                 slot.selection = None;
                 slot.server = Some(attempt_server.clone());
-                op.machine.server_selected(slot_index, attempt_server, now);
+                op.server_selected(slot_index, attempt_server, now);
                 self.waiting.remove(&op_id);
             }
             SelectionStep::Wait { until, .. } => {
@@ -519,7 +532,7 @@ impl Engine {
             Prepared::Expired => {
                 // CS-4, TO-10: not sent; the connection goes back and the operation times out.
                 if let Some(op) = self.ops.get_mut(&op_id) {
-                    op.machine.expired_before_send(slot, now);
+                    op.expired_before_send(slot, now);
                 }
                 self.schedule(Machine::Operation(op_id));
                 return;
@@ -569,7 +582,7 @@ impl Engine {
             .send_with(request, now, |out| append_command_fields(db, lsid, out));
         let failed = match sent {
             Ok(request_id) => {
-                op.machine.sent(slot, now);
+                op.sent(slot, now);
                 if let Some(command) = published {
                     self.command_started(op_id, conn, request_id, &command, now);
                 }
@@ -642,7 +655,7 @@ impl Engine {
                     _ => None,
                 };
                 op.reply = Some(body);
-                op.machine.succeeded(slot, now);
+                op.succeeded(slot, now);
                 self.schedule(Machine::Operation(op_id));
                 self.cursor_replied(op_id, slot, conn, cursor_id.unwrap_or(0));
                 self.transaction_succeeded(op_id, conn);
@@ -687,9 +700,9 @@ impl Engine {
             return;
         };
         if selection {
-            op.machine.selection_failed(slot, error, now);
+            op.selection_failed(slot, error, now);
         } else {
-            op.machine.failed(slot, error, now);
+            op.failed(slot, error, now);
         }
         self.schedule(Machine::Operation(op_id));
     }

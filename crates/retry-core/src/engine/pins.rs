@@ -108,6 +108,9 @@ impl Engine {
         let Some(state) = self.sessions.get_mut(&session) else {
             return;
         };
+        // The old pin needs no action here: a mongos pin holds nothing, and a connection pin's
+        // connection is the one `state.conn` holds (`pin_transaction` sets both together), which
+        // `unpin_connection` gives back.
         let _unpinned = state.pin.start_transaction();
         self.unpin_connection(session, true, now);
         self.run(now);
@@ -143,6 +146,8 @@ impl Engine {
             OperationKind::InTransaction { first: true, .. } => self.pin_transaction(op_id, conn),
             OperationKind::AbortTransaction => {
                 if let Some(state) = self.sessions.get_mut(&session) {
+                    // TX-4 (1): unpinned. A connection pin's connection is the one this abort
+                    // ran on; `release_pinned` below makes the abort's own release check it in.
                     let _unpinned = state.pin.aborted();
                 }
                 // The abort's own release checks the connection in.
@@ -277,6 +282,8 @@ impl Engine {
                 if cursor_id == 0 {
                     op.release_pinned = !shared;
                     if let Some(mut cursor) = self.cursors.remove(&handle) {
+                        // LB-10: id 0 ends the pin; a `Release` connection is the operation's
+                        // pinned connection, which `release_pinned` above checks in.
                         let _ended = cursor.pin.get_more_succeeded(0);
                     }
                 }

@@ -271,7 +271,9 @@ impl Engine {
                     // connection does not: the attempt is not a retryable write (issue 10 a).
                     // Only a retry machine's attempts carry a txnNumber.
                     if let super::OpMachine::Retry(machine) = &mut op.machine {
-                        super::expect_accepted(machine.handle_attempt_without_txn_number(now));
+                        if let Err(error) = machine.handle_attempt_without_txn_number(now) {
+                            op.refused.get_or_insert(super::refused::refusal(error));
+                        }
                         if machine.is_finished() {
                             return Prepared::Withdrawn;
                         }
