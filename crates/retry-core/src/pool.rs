@@ -14,7 +14,7 @@
 //! LB-15); the wait queue is first in, first out (CM-8); a wait-queue timeout in load-balanced mode
 //! names the connections in use by cursors, transactions and other operations (LB-13).
 
-use alloc::collections::VecDeque;
+use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -358,8 +358,17 @@ pub struct Pool {
     state: PoolState,
     generation: u32,
     services: Vec<ServiceGeneration>,
-    connections: Vec<Connection>,
-    /// Available connections, most recently checked in last.
+    /// The connections by id, so that one input costs the same however many exist (house rule 9);
+    /// ids grow, so iteration is in creation order.
+    connections: BTreeMap<ConnectionId, Connection>,
+    /// How many connections are pending (being established).
+    pending: usize,
+    /// Pending connections no checkout asked for (opened for `minPoolSize`).
+    unclaimed: BTreeSet<ConnectionId>,
+    /// Available connections by the time they became available, for idle expiry (CM-1).
+    idle: BTreeSet<(Instant, ConnectionId)>,
+    /// Available connections, most recently checked in last. A closed connection's id may stay
+    /// until it is popped (ids are never reused), so a close does not scan the stack.
     available: Vec<ConnectionId>,
     waiters: VecDeque<Waiter>,
     /// The checkout whose connection's establishment failed, held out of `waiters` (so a clear
@@ -387,7 +396,10 @@ impl Pool {
             state: PoolState::Paused,
             generation: 0,
             services: Vec::new(),
-            connections: Vec::new(),
+            connections: BTreeMap::new(),
+            pending: 0,
+            unclaimed: BTreeSet::new(),
+            idle: BTreeSet::new(),
             available: Vec::new(),
             waiters: VecDeque::new(),
             failed_establishment: None,
@@ -457,7 +469,7 @@ impl Pool {
     /// Connections in use, by purpose: (cursors, transactions, other) (LB-13).
     pub fn in_use(&self) -> (u32, u32, u32) {
         let mut counts = (0, 0, 0);
-        for c in &self.connections {
+        for c in self.connections.values() {
             match c.state {
                 ConnectionState::InUse {
                     purpose: Purpose::Cursor,
@@ -494,13 +506,11 @@ impl Pool {
     /// The earliest wait-queue deadline or idle expiry.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let waits = self.expiries.first().map(|(at, _)| *at);
-        let idle = self.options.max_idle_time.map(|max| {
-            self.connections.iter().filter_map(move |c| match c.state {
-                ConnectionState::Available { since } => Some(since.saturating_add(max)),
-                _ => None,
-            })
+        let idle = self.options.max_idle_time.and_then(|max| {
+            let (since, _) = self.idle.first()?;
+            Some(since.saturating_add(max))
         });
-        waits.into_iter().chain(idle.into_iter().flatten()).min()
+        waits.into_iter().chain(idle).min()
     }
 
     /// CM-2: opens a paused pool; emits [`PoolEvent::PoolReady`] unless it was already ready.
@@ -779,7 +789,7 @@ impl Pool {
         // CheckedIn, ConnectionClosed).
         let stale: Vec<(ConnectionId, bool)> = self
             .connections
-            .iter()
+            .values()
             .filter(|c| self.is_stale(c))
             .filter(|c| {
                 interrupt_in_use_connections || matches!(c.state, ConnectionState::Available { .. })
@@ -832,12 +842,14 @@ impl Pool {
     /// calls are harmless.
     pub fn handle_timeout(&mut self, now: Instant) {
         if let Some(max) = self.options.max_idle_time {
-            let idle: Vec<ConnectionId> = self
-                .connections
+            let mut idle: Vec<ConnectionId> = self
+                .idle
                 .iter()
-                .filter(|c| matches!(c.state, ConnectionState::Available { since } if now >= since.saturating_add(max)))
-                .map(|c| c.id)
+                .take_while(|(since, _)| now >= since.saturating_add(max))
+                .map(|(_, id)| *id)
                 .collect();
+            // Closed in creation order, as a scan of the connections would.
+            idle.sort_unstable();
             for id in idle {
                 self.close_connection(id, CloseReason::Idle);
             }
@@ -987,18 +999,11 @@ impl Pool {
     }
 
     fn unclaimed_pending(&self) -> Option<ConnectionId> {
-        self.connections
-            .iter()
-            .find(|c| c.state == ConnectionState::Pending { for_checkout: None })
-            .map(|c| c.id)
+        self.unclaimed.first().copied()
     }
 
     fn can_create(&self) -> bool {
-        let pending = self
-            .connections
-            .iter()
-            .filter(|c| matches!(c.state, ConnectionState::Pending { .. }))
-            .count();
+        let pending = self.pending;
         let below_max = self.options.max_pool_size == 0
             || (self.connections.len() as u64) < u64::from(self.options.max_pool_size);
         below_max && (pending as u64) < u64::from(self.options.max_connecting.max(1))
@@ -1007,13 +1012,18 @@ impl Pool {
     fn create(&mut self, for_checkout: Option<CheckoutId>, now: Instant) -> ConnectionId {
         let id = ConnectionId(self.next_connection);
         self.next_connection = self.next_connection.saturating_add(1);
-        self.connections.push(Connection {
+        let state = ConnectionState::Pending { for_checkout };
+        self.track(id, state, true);
+        self.connections.insert(
             id,
-            generation: self.generation,
-            service_id: None,
-            created: now,
-            state: ConnectionState::Pending { for_checkout },
-        });
+            Connection {
+                id,
+                generation: self.generation,
+                service_id: None,
+                created: now,
+                state,
+            },
+        );
         self.events
             .push_back(PoolEvent::ConnectionCreated { connection: id });
         self.actions
@@ -1052,13 +1062,22 @@ impl Pool {
     }
 
     fn close_connection(&mut self, id: ConnectionId, reason: CloseReason) {
-        let Some(index) = self.connections.iter().position(|c| c.id == id) else {
+        let Some(conn) = self.connections.remove(&id) else {
             return;
         };
-        let conn = self.connections.remove(index);
-        self.available.retain(|a| *a != id);
-        // A checkout that was waiting for this connection waits for another.
-        if let Some(index) = self.waiters.iter().position(|w| w.establishing == Some(id)) {
+        self.track(id, conn.state, false);
+        // Ids left in `available` by closes are dropped once they outnumber the connections.
+        if self.available.len() > 2 * self.connections.len() + 8 {
+            let connections = &self.connections;
+            self.available.retain(|a| connections.contains_key(a));
+        }
+        // A checkout that was waiting for this pending connection waits for another.
+        let pending = matches!(conn.state, ConnectionState::Pending { .. });
+        let establishing = match pending {
+            true => self.waiters.iter().position(|w| w.establishing == Some(id)),
+            false => None,
+        };
+        if let Some(index) = establishing {
             if let Some(mut w) = self.waiters.get(index).cloned() {
                 w.establishing = None;
                 self.index(&mut w);
@@ -1105,16 +1124,45 @@ impl Pool {
     }
 
     fn connection(&self, id: ConnectionId) -> Option<&Connection> {
-        self.connections.iter().find(|c| c.id == id)
+        self.connections.get(&id)
     }
 
     fn connection_mut(&mut self, id: ConnectionId) -> Option<&mut Connection> {
-        self.connections.iter_mut().find(|c| c.id == id)
+        self.connections.get_mut(&id)
     }
 
     fn set_state(&mut self, id: ConnectionId, state: ConnectionState) {
-        if let Some(c) = self.connection_mut(id) {
-            c.state = state;
+        let Some(c) = self.connections.get_mut(&id) else {
+            return;
+        };
+        let old = core::mem::replace(&mut c.state, state);
+        self.track(id, old, false);
+        self.track(id, state, true);
+    }
+
+    /// Keeps the indexes of `state` (`pending`, `unclaimed`, `idle`) as connection `id` enters
+    /// (`entered`) or leaves it.
+    fn track(&mut self, id: ConnectionId, state: ConnectionState, entered: bool) {
+        match state {
+            ConnectionState::Pending { for_checkout } => {
+                match entered {
+                    true => self.pending += 1,
+                    false => self.pending = self.pending.saturating_sub(1),
+                }
+                if for_checkout.is_none() {
+                    match entered {
+                        true => self.unclaimed.insert(id),
+                        false => self.unclaimed.remove(&id),
+                    };
+                }
+            }
+            ConnectionState::Available { since } => {
+                match entered {
+                    true => self.idle.insert((since, id)),
+                    false => self.idle.remove(&(since, id)),
+                };
+            }
+            ConnectionState::InUse { .. } => {}
         }
     }
 }

@@ -308,3 +308,62 @@ fn lb13_a_pinned_connection_changes_purpose() {
         "an available connection is left alone"
     );
 }
+
+/// CM-1, house rule 9: with the pool's connections indexed by id and by idle time, check-in,
+/// close and idle expiry behave as before among many connections: the earliest idle expiry is
+/// the timeout, connections expiring together close in creation order, and a connection closed
+/// while available is never handed out again.
+#[test]
+fn cm1_indexed_connections_expire_in_creation_order_and_closed_ones_are_never_handed_out() {
+    let options = PoolOptions {
+        max_pool_size: 0,
+        max_connecting: 100,
+        max_idle_time: Some(Duration::from_millis(100)),
+        ..PoolOptions::default()
+    };
+    let mut pool = Pool::new(address(), options);
+    let t0 = Instant::ZERO;
+    pool.ready(t0);
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        let checkout = pool.check_out(Purpose::Other, None, t0);
+        held.push(checked_out(&settle(&mut pool, None, t0), checkout).expect("checked out"));
+    }
+    // The last half goes back first (at 1 ms), the first half later (at 2 ms).
+    for (i, id) in held.iter().enumerate().rev() {
+        let at = if i >= 20 { 1 } else { 2 };
+        pool.check_in(*id, true, Instant::from_millis(at));
+    }
+    assert_eq!(pool.poll_timeout(), Some(Instant::from_millis(101)));
+    // Closed while available: the most recently returned ones.
+    for id in &held[..5] {
+        pool.handle_connection_lost(*id, Instant::from_millis(3));
+    }
+    assert_eq!(pool.total_connections(), 35);
+    let _ = events(&mut pool);
+    let checkout = pool.check_out(Purpose::Other, None, Instant::from_millis(4));
+    let got = checked_out(&settle(&mut pool, None, Instant::from_millis(4)), checkout);
+    assert_eq!(
+        got,
+        Some(held[5]),
+        "the most recently returned live connection"
+    );
+    let _ = events(&mut pool);
+    pool.handle_timeout(Instant::from_millis(101));
+    let closed: Vec<ConnectionId> = events(&mut pool)
+        .into_iter()
+        .filter_map(|e| match e {
+            PoolEvent::ConnectionClosed {
+                connection,
+                reason: CloseReason::Idle,
+            } => Some(connection),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        closed,
+        held[20..].to_vec(),
+        "the 1 ms ones, in creation order"
+    );
+    assert_eq!(pool.poll_timeout(), Some(Instant::from_millis(102)));
+}
