@@ -187,6 +187,7 @@ impl Engine {
     pub(super) fn prepare_attempt(
         &mut self,
         op_id: OpId,
+        slot: usize,
         supports_sessions: bool,
         with_txn_number: bool,
         min_rtt: core::time::Duration,
@@ -202,8 +203,12 @@ impl Engine {
         let mut recovery_token = None;
         let causal_read = reads_causally(kind, &op.wire.body);
         let mut after_cluster_time = None;
+        // Each hedged copy has its own session (SE-9): its `lsid` is appended as it is encoded.
+        let Some(slot) = op.slots.get_mut(slot) else {
+            return Prepared::Send(None);
+        };
         // SE-7, SE-8: the server session, taken now if it was not yet.
-        let (server, explicit) = match &mut op.session {
+        let (server, explicit) = match &mut slot.session {
             OpSession::Never => (None, None),
             OpSession::Implicit(_) if !supported => (None, None),
             OpSession::Implicit(slot) => {
@@ -245,7 +250,7 @@ impl Engine {
         match server {
             Some(server) => {
                 server.mark_used(now);
-                op.lsid_sent = true;
+                slot.lsid_sent = true;
                 if with_txn_number {
                     let number = *op.txn_number.get_or_insert_with(|| match kind {
                         // TX-1: the later commands of a transaction use its number.
@@ -270,13 +275,16 @@ impl Engine {
             None => {
                 // Never a txnNumber without an lsid: a server refuses it.
                 body.remove("txnNumber");
-                op.lsid_sent = false;
+                slot.lsid_sent = false;
                 if with_txn_number {
                     // RW-2, SE-8: the server's description supports sessions but this
                     // connection does not: the attempt is not a retryable write (issue 10 a).
-                    super::expect_accepted(op.machine.handle_attempt_without_txn_number(now));
-                    if op.machine.is_finished() {
-                        return Prepared::Withdrawn;
+                    // Only a retry machine's attempts carry a txnNumber.
+                    if let super::OpMachine::Retry(machine) = &mut op.machine {
+                        super::expect_accepted(machine.handle_attempt_without_txn_number(now));
+                        if machine.is_finished() {
+                            return Prepared::Withdrawn;
+                        }
                     }
                 }
             }
@@ -319,22 +327,26 @@ impl Engine {
 
     /// SE-12: a network error on an attempt that carried the session's `lsid` makes the session
     /// dirty for good.
-    pub(super) fn session_failed(&mut self, op_id: OpId, error: &OperationError) {
+    pub(super) fn session_failed(&mut self, op_id: OpId, slot: usize, error: &OperationError) {
         if matches!(error.kind, ErrorKind::Network(_)) {
-            self.mark_session_dirty(op_id);
+            self.mark_session_dirty(op_id, slot);
         }
     }
 
     /// SE-12: the operation's session is dirty if its current attempt carried the `lsid`: a
     /// network error, or a cancellation that closes the connection under the command.
-    pub(super) fn mark_session_dirty(&mut self, op_id: OpId) {
-        let Some(op) = self.ops.get_mut(&op_id) else {
+    pub(super) fn mark_session_dirty(&mut self, op_id: OpId, slot: usize) {
+        let Some(slot) = self
+            .ops
+            .get_mut(&op_id)
+            .and_then(|op| op.slots.get_mut(slot))
+        else {
             return;
         };
-        if !op.lsid_sent {
+        if !slot.lsid_sent {
             return;
         }
-        match &mut op.session {
+        match &mut slot.session {
             OpSession::Implicit(Some(server)) => server.mark_dirty(),
             OpSession::Explicit(handle) => {
                 if let Some(server) = self
@@ -352,13 +364,14 @@ impl Engine {
     /// SE-16, SE-18: a reply's `$clusterTime` advances the client's clock and the explicit
     /// session's (never for SDAM commands, SE-19: those replies do not come here). TX-6: an
     /// `ok: 1` reply to a transaction command leaves its `recoveryToken` with the session.
-    pub(super) fn session_replied(&mut self, op_id: OpId, reply: &Document) {
+    pub(super) fn session_replied(&mut self, op_id: OpId, slot: usize, reply: &Document) {
         let Some(op) = self.ops.get(&op_id) else {
             return;
         };
+        let session = op.slots.get(slot).map(|s| &s.session);
         // SE-21: every reply's `operationTime`, failures included, in an explicit session.
-        if let (OpSession::Explicit(handle), Some(Bson::Timestamp(time))) =
-            (&op.session, reply.get("operationTime"))
+        if let (Some(OpSession::Explicit(handle)), Some(Bson::Timestamp(time))) =
+            (session, reply.get("operationTime"))
         {
             if let Some(state) = self.sessions.get_mut(handle) {
                 let newer = state
@@ -369,8 +382,8 @@ impl Engine {
                 }
             }
         }
-        if let (OpSession::Explicit(handle), Some(Bson::Document(token))) =
-            (&op.session, reply.get("recoveryToken"))
+        if let (Some(OpSession::Explicit(handle)), Some(Bson::Document(token))) =
+            (session, reply.get("recoveryToken"))
         {
             let ok = matches!(
                 reply.get("ok"),
@@ -388,25 +401,34 @@ impl Engine {
         let Some(time) = ClusterTime::from_reply(reply) else {
             return;
         };
-        if let OpSession::Explicit(handle) = op.session {
-            if let Some(state) = self.sessions.get_mut(&handle) {
+        if let Some(OpSession::Explicit(handle)) = session {
+            if let Some(state) = self.sessions.get_mut(handle) {
                 state.clock.advance(time.clone());
             }
         }
         self.cluster_clock.advance(time);
     }
 
-    /// The operation ended: its implicit session goes to the cursor it opened or continues
-    /// (SE-14), else back to the pool (SE-9, SE-5); an explicit session stays with the caller
-    /// (and with the cursor it opened), or ends now if [`Engine::end_session`] waited for this
-    /// operation (SE-12).
+    /// The operation ended: the implicit session of its `winner` slot goes to the cursor it
+    /// opened or continues (SE-14), else back to the pool (SE-9, SE-5); an explicit session stays
+    /// with the caller (and with the cursor it opened), or ends now if [`Engine::end_session`]
+    /// waited for this operation (SE-12). The sessions of a hedged operation's other copies go
+    /// back to the pool.
     pub(super) fn operation_session_ended(
         &mut self,
         op: &mut Operation,
+        winner: usize,
         succeeded: bool,
         now: Instant,
     ) {
-        let session = core::mem::take(&mut op.session);
+        for (i, slot) in op.slots.iter_mut().enumerate() {
+            if let (true, OpSession::Implicit(server)) = (i != winner, &mut slot.session) {
+                if let Some(server) = server.take() {
+                    self.release_server_session(server, now);
+                }
+            }
+        }
+        let session = core::mem::take(&mut op.slots[winner].session);
         if let OpSession::Explicit(handle) = session {
             if let Some(state) = self.sessions.get_mut(&handle) {
                 state.in_flight = state.in_flight.saturating_sub(1);
