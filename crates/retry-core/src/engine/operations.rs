@@ -328,7 +328,16 @@ impl Engine {
         let Some(op) = self.ops.get(&op_id) else {
             return;
         };
-        let deadline = op.request.timeout.deadline();
+        // CS-3: under CSOT (`timeoutMS=0` included, CS-1) a checkout waits at most
+        // `computedServerSelectionTimeout` = min(serverSelectionTimeoutMS, remaining) from now,
+        // and waitQueueTimeoutMS does not apply (TO-4, TO-8); without CSOT, waitQueueTimeoutMS.
+        let timeout = op.request.timeout;
+        let deadline = timeout.is_csot().then(|| {
+            let own = now.saturating_add(self.options.selection.server_selection_timeout);
+            timeout
+                .deadline()
+                .map_or(own, |remaining| remaining.min(own))
+        });
         // LB-13: a cursor-creating command's connection may stay with its cursor.
         let purpose = if op.request.cursor == CursorUse::Open && self.options.topology.load_balanced
         {
