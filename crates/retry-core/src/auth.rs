@@ -280,9 +280,11 @@ impl AuthFailure {
     /// The error the operation waiting for the connection sees. A server error keeps its code
     /// (SDAM reads state-change codes) but loses the overload labels: HS-9 labels no error of the
     /// authentication step. The others are handshake errors naming the failure, with no labels.
+    /// Every one names `address`, the server that was authenticating.
     pub fn into_operation_error(self, address: &ServerAddress) -> OperationError {
         match self {
             AuthFailure::Server(mut e) => {
+                e.address = Some(address.clone());
                 e.labels = e
                     .labels
                     .names()
@@ -450,7 +452,9 @@ impl Authentication {
 
     /// Input: the reply to the command of the last [`AuthStep::Send`].
     pub fn handle_reply(&mut self, reply: &Document) -> Result<AuthStep, AuthFailure> {
-        if let Some(error) = OperationError::from_reply(reply, &ServerAddress::new("", 0)) {
+        if let Some(mut error) = OperationError::from_reply(reply, &ServerAddress::new("", 0)) {
+            // The conversation does not know its server: `into_operation_error` names it.
+            error.address = None;
             self.phase = Phase::Finished;
             return Err(AuthFailure::Server(error));
         }
@@ -722,10 +726,14 @@ mod tests {
         let Err(failure) = auth.handle_reply(&reply) else {
             panic!()
         };
+        assert!(!failure.to_string().contains(":0"), "{failure}");
         let e = failure.into_operation_error(&ServerAddress::new("db", 1));
         assert_eq!(e.labels, Labels::NO_WRITES_PERFORMED);
         assert_eq!(e.server_error().and_then(|s| s.code), Some(18));
         assert!(e.to_string().contains("Authentication failed"));
+        // Review item 15: the error names the server that refused the credential.
+        assert_eq!(e.address, Some(ServerAddress::new("db", 1)));
+        assert!(e.to_string().ends_with("from db:1"), "{e}");
     }
 
     #[test]

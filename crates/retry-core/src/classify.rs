@@ -25,9 +25,11 @@ use bson::{Bson, Document};
 use crate::retry::OperationKind;
 use crate::wire::DocumentSequence;
 
-/// Commands that are retryable reads (RR-3), with `aggregate` handled separately.
-const RETRYABLE_READS: [&str; 6] = [
+/// The read commands (RR-3): retryable reads, and the only commands a hedging policy applies to
+/// ([`crate::service_config`]). `aggregate` is a read only without a `$out` or `$merge` stage.
+pub const READ_COMMANDS: [&str; 7] = [
     "find",
+    "aggregate",
     "distinct",
     "count",
     "listDatabases",
@@ -123,7 +125,7 @@ fn is_read_command(name: &str, command: &Document) -> bool {
     match name {
         "aggregate" => !has_write_stage(command),
         "mapReduce" | "mapreduce" => false,
-        _ => RETRYABLE_READS.contains(&name),
+        _ => READ_COMMANDS.contains(&name),
     }
 }
 

@@ -893,6 +893,8 @@ impl fmt::Display for OperationError {
             ErrorKind::Cancelled => write!(f, "operation cancelled")?,
             ErrorKind::Usage { message } => f.write_str(message)?,
             ErrorKind::Handshake { message } => write!(f, "handshake failed: {message}")?,
+            // `errors` is public and may have been emptied: no panic (house rule 11).
+            ErrorKind::Write(w) if w.errors.is_empty() => write!(f, "write error")?,
             ErrorKind::Write(w) => {
                 let first = &w.errors[0];
                 write!(f, "write error")?;
@@ -1315,6 +1317,12 @@ mod tests {
         };
         assert_eq!(w.reply, reply);
         assert_eq!(w.errors[1].index, Some(2));
+        // Review item 16: `errors` is public; emptied, Display still works (house rule 11).
+        let mut emptied = e.clone();
+        if let ErrorKind::Write(w) = &mut emptied.kind {
+            w.errors.clear();
+        }
+        assert_eq!(emptied.to_string(), "write error from a:27017");
         // RW-9: never retryable, and it was sent.
         assert!(!e.is_retryable_write() && !e.is_retryable_read() && e.was_sent());
         assert_eq!(e.summary().class, ErrorClass::Write);

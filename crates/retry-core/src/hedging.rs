@@ -402,6 +402,13 @@ impl HedgingMachine {
             .count()
     }
 
+    /// Whether `copy` is selecting, dispatched or in flight: the one state in which an input for
+    /// it is expected. A caller that learns of a copy's outcome after the machine cancelled it
+    /// (the [`Action::Cancel`] not yet handled) drops that input.
+    pub fn is_live(&self, copy: CopyId) -> bool {
+        !self.finished && self.state(copy).is_some_and(|s| *s != CopyState::Done)
+    }
+
     /// Whether the operation has finished.
     pub fn is_finished(&self) -> bool {
         self.finished

@@ -14,19 +14,25 @@ pub enum MaxTime {
     /// Send no `maxTimeMS`: CSOT is off (TO-3: `socketTimeoutMS` never produces one) or
     /// `timeoutMS=0` (TO-7).
     Omit,
-    /// Append `maxTimeMS` with this many milliseconds (always at least 1).
+    /// Append `maxTimeMS` with this many milliseconds: at least 1 and at most
+    /// [`MAX_TIME_MS_LIMIT`], so it fits the Int32 a server takes.
     Send(u64),
     /// CS-4, TO-10: the remaining time is not more than the minimum RTT: do not send the command,
     /// fail the attempt with a timeout error.
     Expired,
 }
 
+/// The largest `maxTimeMS` a server accepts (`i32::MAX`; a larger value is refused with
+/// BadValue, code 2). A longer remaining time is sent as this and still enforced by the client's
+/// own deadline.
+pub const MAX_TIME_MS_LIMIT: u64 = i32::MAX as u64;
+
 /// CS-4: `maxTimeMS = remaining − minRTT` for an attempt about to be written at `now`, where
 /// `min_rtt` is the selected server's minimum RTT (the minimum of its last 10 samples, zero until
 /// two exist; MO-13).
 ///
 /// Milliseconds are rounded down. A result below 1 ms counts as expired: `maxTimeMS: 0` would mean
-/// "no limit" to the server.
+/// "no limit" to the server. A result above [`MAX_TIME_MS_LIMIT`] is clamped to it.
 pub fn max_time_ms(timeout: OperationTimeout, min_rtt: Duration, now: Instant) -> MaxTime {
     let OperationTimeout::Until(deadline) = timeout else {
         return MaxTime::Omit;
@@ -38,7 +44,7 @@ pub fn max_time_ms(timeout: OperationTimeout, min_rtt: Duration, now: Instant) -
             if ms == 0 {
                 MaxTime::Expired
             } else {
-                MaxTime::Send(ms)
+                MaxTime::Send(ms.min(MAX_TIME_MS_LIMIT))
             }
         }
         _ => MaxTime::Expired,
@@ -87,6 +93,26 @@ mod tests {
         // Less than a millisecond left would be maxTimeMS 0, which means "no limit".
         let now = Instant::from_millis(1_000).saturating_sub(Duration::from_micros(400));
         assert_eq!(max_time_ms(deadline, ms(0), now), MaxTime::Expired);
+    }
+
+    /// Review item 7, CS-4: a deadline further away than `i32::MAX` ms (about 24.8 days) sends
+    /// `maxTimeMS` = `i32::MAX`, which a server accepts.
+    #[test]
+    fn cs4_max_time_is_clamped_to_what_a_server_accepts() {
+        let far = OperationTimeout::Until(Instant::from_millis(i64::MAX as u64 / 2));
+        assert_eq!(
+            max_time_ms(far, ms(0), Instant::ZERO),
+            MaxTime::Send(i32::MAX as u64)
+        );
+        let edge = OperationTimeout::Until(Instant::from_millis(i32::MAX as u64 + 10));
+        assert_eq!(
+            max_time_ms(edge, ms(10), Instant::ZERO),
+            MaxTime::Send(i32::MAX as u64)
+        );
+        assert_eq!(
+            max_time_ms(edge, ms(11), Instant::ZERO),
+            MaxTime::Send(i32::MAX as u64 - 1)
+        );
     }
 
     #[test]

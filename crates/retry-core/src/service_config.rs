@@ -46,6 +46,7 @@ use core::time::Duration;
 use bson::{Bson, Document};
 
 use crate::budget::GrpcThrottle;
+use crate::classify::READ_COMMANDS;
 use crate::hedging::HedgingPolicy;
 use crate::policy::{GrpcPolicy, OptionError};
 
@@ -82,6 +83,11 @@ impl ConfigError {
     /// The rule the field breaks.
     pub fn rule(&self) -> &str {
         &self.rule
+    }
+
+    /// The value given.
+    pub fn value(&self) -> &str {
+        &self.value
     }
 }
 
@@ -123,17 +129,6 @@ pub struct ServiceConfig {
     policies: Vec<MethodPolicy>,
     throttle: Option<Arc<GrpcThrottle>>,
 }
-
-/// The MongoDB read commands, the only ones a hedging policy applies to.
-pub const READ_COMMANDS: [&str; 7] = [
-    "find",
-    "aggregate",
-    "count",
-    "distinct",
-    "listCollections",
-    "listIndexes",
-    "listDatabases",
-];
 
 /// The other MongoDB commands a method config may name.
 pub const OTHER_COMMANDS: [&str; 12] = [

@@ -22,6 +22,7 @@ use retry_core::monitor::ServerMonitoringMode;
 use retry_core::policy::{RetryOptions, RetryPolicy, DEFAULT_MAX_ADAPTIVE_RETRIES};
 use retry_core::pool::PoolOptions;
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionSettings};
+use retry_core::service_config::ServiceConfig;
 use retry_core::topology::{TagSet, TopologySettings};
 
 use crate::connection_string::{self, shown, ConnectionString, HostKind, OptionValue, REDACTED};
@@ -118,7 +119,9 @@ pub struct ClientOptions {
     /// [`crate::Client::cursor`] send without one of their own (`wtimeout` not under
     /// `timeoutMS`, TO-8). [`crate::Client::run_command`] adds neither concern.
     pub write_concern: Option<Document>,
-    /// `serverMonitoringMode` (MO-7). The engine's monitors poll in every mode for now.
+    /// `serverMonitoringMode` (MO-7): `stream` streams heartbeats (awaitable `hello`, MO-9, with
+    /// an RTT connection, MO-12), `poll` polls, `auto` (the default) streams except on a FaaS
+    /// platform.
     pub server_monitoring_mode: ServerMonitoringMode,
     /// `appName`.
     pub app_name: Option<String>,
@@ -130,6 +133,11 @@ pub struct ClientOptions {
     pub policy: RetryPolicy,
     /// The seed of the engine's RNG (not a URI option); `None` draws one from the OS.
     pub seed: Option<u64>,
+    /// A gRPC A6 service config (not a URI option), set with
+    /// [`ClientOptions::set_service_config`]: per command an A6 `retryPolicy`, or a
+    /// `hedgingPolicy` under which reads run as hedged copies (`retry_core::hedging`). `None`:
+    /// the client's retry rules for every command.
+    pub service_config: Option<ServiceConfig>,
     /// The credential of the URI's userinfo, `authSource`, `authMechanism` and
     /// `authMechanismProperties` (AU-1, AU-10), used with retry-auth's SCRAM (nonces from the
     /// OS). `Debug` redacts it.
@@ -173,6 +181,7 @@ impl ClientOptions {
             tls: None,
             policy: RetryPolicy::Current,
             seed: None,
+            service_config: None,
             credential: None,
             auth: None,
             warnings: Vec::new(),
@@ -394,6 +403,20 @@ impl ClientOptions {
         Ok(())
     }
 
+    /// Validates a gRPC A6 service config and sets [`ClientOptions::service_config`]. The config
+    /// is the JSON shape as a BSON document (`methodConfig` with `retryPolicy` or
+    /// `hedgingPolicy`, `retryThrottling`; retry-lab's `service_config::parse_json` reads the JSON
+    /// text). A field that breaks an A6 rule is an error naming it, e.g. option
+    /// `serviceConfig.methodConfig[0].hedgingPolicy.maxAttempts`, value `1`, reason `must be an
+    /// integer of at least 2`.
+    pub fn set_service_config(&mut self, config: &Document) -> Result<(), OptionsError> {
+        let config = ServiceConfig::from_document(config).map_err(|e| {
+            OptionsError::new(&format!("serviceConfig.{}", e.field()), e.value(), e.rule())
+        })?;
+        self.service_config = Some(config);
+        Ok(())
+    }
+
     /// The engine's options; the RNG seed is [`ClientOptions::seed`] or one from the OS.
     pub fn engine_options(&self) -> Result<EngineOptions, OptionsError> {
         let mut topology = TopologySettings::new(self.hosts.clone());
@@ -440,6 +463,7 @@ impl ClientOptions {
             retry_core::topology::SrvPollingOptions::new(srv.max_hosts, srv.initial_ttl)
         });
         options.seed = self.seed.unwrap_or_else(os_seed);
+        options.service_config = self.service_config.clone();
         options.auth = match (&self.auth, &self.credential) {
             (Some(auth), _) => Some(auth.clone()),
             (None, Some(credential)) => Some(
@@ -688,6 +712,36 @@ mod tests {
             socket.engine_options().unwrap().socket_timeout,
             Some(Duration::from_millis(750))
         );
+    }
+
+    /// Issue 12: a service config reaches the engine; an invalid one is an error naming its field.
+    #[test]
+    fn a6_a_service_config_is_validated_and_reaches_the_engine() {
+        let mut options = ClientOptions::new(vec![ServerAddress::new("127.0.0.1", 1)]);
+        let hedged = bson::doc! { "methodConfig": [{
+        "name": [{ "service": "mongodb", "method": "find" }],
+        "hedgingPolicy": { "maxAttempts": 3, "hedgingDelay": "0.01s" } }] };
+        options.set_service_config(&hedged).unwrap();
+        let engine = options.engine_options().unwrap();
+        let policy = engine
+            .service_config
+            .as_ref()
+            .and_then(|c| c.policy_for("find"));
+        assert!(
+            matches!(policy, Some(retry_core::service_config::MethodPolicy::Hedging(p)) if p.max_attempts() == 3),
+            "{policy:?}"
+        );
+        let bad = bson::doc! { "methodConfig": [{
+        "name": [{ "service": "mongodb", "method": "find" }],
+        "hedgingPolicy": { "maxAttempts": 1 } }] };
+        let error = options.set_service_config(&bad).unwrap_err();
+        assert_eq!(
+            error.option(),
+            "serviceConfig.methodConfig[0].hedgingPolicy.maxAttempts"
+        );
+        assert_eq!(error.value(), "1");
+        assert!(error.reason().contains("at least 2"), "{error}");
+        assert!(options.service_config.is_some(), "the valid config stays");
     }
 
     /// URI-3 (review item 1): no error or warning of a URI, and no `Debug` of what it parses

@@ -32,6 +32,8 @@ use retry_testkit::{
 
 mod dns;
 mod driver_api;
+mod hedging;
+pub use hedging::hedged_read_the_fast_copy_wins_and_the_slow_connection_is_checked_in;
 mod idle_sockets;
 mod lb_auth;
 mod sessions;
@@ -559,10 +561,7 @@ pub async fn overloaded_get_more_is_retried<R: Runtime>() {
                 .set_fail_command(Some(overload(FailPointMode::Times(1), &["getMore"])));
         }
         let client = connect::<R>(options(&[&first, &second]));
-        let find = CommandOptions {
-            cursor: CursorUse::Open,
-            ..CommandOptions::default()
-        };
+        let find = CommandOptions::default().with_cursor(CursorUse::Open);
         let command = doc! { "find": "items", "batchSize": 2 };
         let opened = client
             .run("test", command, OperationKind::Read, find)
@@ -581,10 +580,7 @@ pub async fn overloaded_get_more_is_retried<R: Runtime>() {
         } else {
             (&second, &first)
         };
-        let get_more = CommandOptions {
-            cursor: CursorUse::GetMore(cursor),
-            ..CommandOptions::default()
-        };
+        let get_more = CommandOptions::default().with_cursor(CursorUse::GetMore(cursor));
         let command = doc! { "getMore": id, "collection": "items", "batchSize": 2 };
         let next = client
             .run("test", command, OperationKind::GetMore, get_more)
@@ -908,6 +904,8 @@ macro_rules! suite {
             max_time_ms_is_on_every_attempt_under_timeout_ms,
             socket_timeout_bounds_a_server_that_never_answers,
             explicit_session_runs_several_operations,
+            // Hedged reads (hedging.rs).
+            hedged_read_the_fast_copy_wins_and_the_slow_connection_is_checked_in,
             client_concerns_reach_command_and_cursor,
             // The driver polls only ready sockets (idle_sockets.rs).
             idle_sockets_are_not_polled,

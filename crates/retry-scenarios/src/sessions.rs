@@ -146,10 +146,10 @@ pub async fn max_time_ms_is_on_every_attempt_under_timeout_ms<R: Runtime>() {
             .expect("the third attempt succeeds");
         let finds = started(&events.drain(), "find");
         assert_eq!(finds.len(), 3);
-        let mut previous = i64::MAX;
+        let mut previous = i32::MAX;
         for (_, find) in &finds {
             let max_time = match find.get("maxTimeMS") {
-                Some(Bson::Int64(ms)) => *ms,
+                Some(Bson::Int32(ms)) => *ms,
                 other => panic!("no maxTimeMS: {other:?} in {find}"),
             };
             assert!(max_time > 0 && max_time <= 10_000, "{max_time}");
@@ -183,10 +183,8 @@ pub async fn socket_timeout_bounds_a_server_that_never_answers<R: Runtime>() {
                 "test",
                 doc! { "find": "c" },
                 OperationKind::Read,
-                CommandOptions {
-                    criteria: Some(SelectionCriteria::Read(ReadPreference::PRIMARY)),
-                    ..CommandOptions::default()
-                },
+                CommandOptions::default()
+                    .with_criteria(SelectionCriteria::Read(ReadPreference::PRIMARY)),
             )
             .await
             .expect_err("never answered");

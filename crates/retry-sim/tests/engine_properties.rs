@@ -21,6 +21,14 @@
 //! not out, no pool over `maxPoolSize` open or checked out, nothing left checked out once every
 //! operation finished); the same case run twice gives the same trace.
 //!
+//! Hedged reads (issue 12 item 1): half the cases hedge `find` (a service config with a random
+//! `maxAttempts` and `hedgingDelay`, 462 non-fatal) and turn command monitoring on. Then also: no
+//! hedged read starts more than `maxAttempts` copies (A6-H1); every copy that was sent ends
+//! exactly once (succeeded, failed or cancelled) and at most one succeeds, which is the result
+//! (A6-H3); in a sharded cluster a copy goes to a server an earlier copy used only if no other
+//! mongos was known throughout (A6-H7); every command-started event has exactly one end (EV-1);
+//! and once the cancelled copies' connections have drained, nothing is left checked out.
+//!
 //! Cases: 1,000 by default (about 15 s in a debug build on the shared 2-core machine, 1-2 s in release); `PROPTEST_CASES=N` for a
 //! long run. One run of 100,000 cases (152 s, release): `docs/benchmarks.md`, "Engine property test".
 
@@ -30,12 +38,17 @@ use std::time::Duration;
 use bson::{doc, Document};
 use proptest::prelude::*;
 use retry_core::address::ServerAddress;
-use retry_core::engine::{ConnId, EngineEvent, OpId, OperationRequest, SessionHandle};
+use retry_core::engine::{
+    CommandEvent, ConnId, EngineEvent, OpId, OperationRequest, SessionHandle,
+};
 use retry_core::error::NetworkErrorKind;
+use retry_core::hedging::{CopyStage, HedgingEvent};
 use retry_core::pool::{ConnectionId, PoolEvent};
 use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
+use retry_core::service_config::ServiceConfig;
 use retry_core::time::{Instant, OperationTimeout};
+use retry_core::topology::{SdamEvent, ServerType};
 
 use retry_sim::{address, overload, Role, Sim, SimServer, Step};
 
@@ -160,6 +173,8 @@ struct Case {
     inputs: Vec<Input>,
     /// `heartbeatFrequencyMS`: how soon the monitors see a server go down or the set change.
     heartbeat_ms: u64,
+    /// Hedge `find`: `(maxAttempts, hedgingDelay in ms)`.
+    hedging: Option<(u32, u64)>,
 }
 
 const KINDS: [OperationKind; 10] = [
@@ -294,6 +309,10 @@ fn case() -> impl Strategy<Value = Case> {
         prop::option::of(100..10_000_u64),
         prop::collection::vec(input(), 1..40),
         prop::sample::select(vec![500_u64, 2_000, 10_000]),
+        prop::option::of((
+            2..=5_u32,
+            prop_oneof![Just(0_u64), 1..50_u64, 50..3_000_u64],
+        )),
     )
         .prop_map(
             |(
@@ -306,6 +325,7 @@ fn case() -> impl Strategy<Value = Case> {
                 socket_timeout_ms,
                 inputs,
                 heartbeat_ms,
+                hedging,
             )| Case {
                 topology,
                 scripts,
@@ -316,6 +336,7 @@ fn case() -> impl Strategy<Value = Case> {
                 socket_timeout_ms,
                 inputs,
                 heartbeat_ms,
+                hedging,
             },
         )
 }
@@ -421,6 +442,7 @@ fn reconfig(sim: &mut Sim, pick: usize, add: bool) {
 /// An operation the case started, with its CSOT deadline if it has one.
 struct Started {
     op: OpId,
+    at: Instant,
     deadline: Option<Instant>,
 }
 
@@ -470,6 +492,10 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
         o.selection.server_selection_timeout = Duration::from_millis(case.selection_timeout_ms);
         o.connect_timeout = Duration::from_millis(case.connect_timeout_ms);
         o.socket_timeout = case.socket_timeout_ms.map(Duration::from_millis);
+        if let Some((max_attempts, delay_ms)) = case.hedging {
+            o.service_config = Some(hedging_config(max_attempts, delay_ms));
+            o.command_monitoring = true;
+        }
     });
     let mut ops = Vec::new();
     // The explicit session of each transaction command, ended as soon as the command has
@@ -509,6 +535,7 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
                 sessions.extend(session.map(|s| (op, s)));
                 ops.push(Started {
                     op,
+                    at: sim.now,
                     deadline: timeout.deadline(),
                 });
             }
@@ -576,7 +603,180 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
         end_finished_sessions(&mut sim, &mut sessions);
         check_timeout(&sim)?;
     }
+    // A cancelled copy's connection drains until its reply (at most 5 s slow) or its timeout.
+    if case.hedging.is_some() {
+        let until = sim.now.saturating_add(Duration::from_secs(6));
+        prop_assert!(sim.advance_to(until), "step cap reached while draining");
+    }
     Ok((sim, ops))
+}
+
+/// `find` hedged with these parameters, 462 non-fatal.
+fn hedging_config(max_attempts: u32, delay_ms: u64) -> ServiceConfig {
+    ServiceConfig::from_document(&doc! { "methodConfig": [{
+    "name": [{ "service": "mongodb", "method": "find" }],
+    "hedgingPolicy": { "maxAttempts": max_attempts as i32,
+                       "hedgingDelay": format!("{}.{:03}s", delay_ms / 1000, delay_ms % 1000),
+                       "nonFatalStatusCodes": [462] } }] })
+    .expect("a valid config")
+}
+
+/// A hedged read's copy, from its events.
+#[derive(Default, Debug)]
+struct CopyTrace {
+    address: Option<ServerAddress>,
+    started: Option<Instant>,
+    ends: usize,
+    succeeded: bool,
+}
+
+/// The hedging invariants (see the module docs): A6-H1, A6-H3, A6-H7 and EV-1.
+fn check_hedging(
+    sim: &Sim,
+    ops: &[Started],
+    max_attempts: u32,
+    sharded: bool,
+) -> Result<(), TestCaseError> {
+    let mut copies: BTreeMap<OpId, BTreeMap<u32, CopyTrace>> = BTreeMap::new();
+    // The mongos known at each description change, in order.
+    let mut known: Vec<(Instant, BTreeSet<ServerAddress>)> = Vec::new();
+    let mut commands = BTreeSet::new();
+    // When a checkout started on which server: a selected copy's checkout starts at once.
+    let mut checkouts: Vec<(Instant, ServerAddress)> = Vec::new();
+    for (at, event) in &sim.events {
+        match event {
+            EngineEvent::Topology(SdamEvent::TopologyDescriptionChanged { new, .. }) => {
+                let mongos = new
+                    .servers
+                    .iter()
+                    .filter(|s| s.server_type == ServerType::Mongos)
+                    .map(|s| s.address.clone())
+                    .collect();
+                known.push((*at, mongos));
+            }
+            EngineEvent::Command(CommandEvent::Started { info, .. }) => {
+                prop_assert!(commands.insert((info.connection, info.request_id)));
+            }
+            EngineEvent::Pool {
+                address,
+                event: PoolEvent::CheckOutStarted { .. },
+            } => checkouts.push((*at, address.clone())),
+            EngineEvent::Command(
+                CommandEvent::Succeeded { info, .. } | CommandEvent::Failed { info, .. },
+            ) => {
+                prop_assert!(
+                    commands.remove(&(info.connection, info.request_id)),
+                    "EV-1: an end at {} without its start: {:?}",
+                    at,
+                    info
+                );
+            }
+            EngineEvent::Hedging { op, event } => {
+                let (copy, address, end) = match event {
+                    HedgingEvent::CopyStarted { copy, address } => {
+                        let trace = copies.entry(*op).or_default().entry(copy.0).or_default();
+                        prop_assert!(trace.started.is_none(), "{copy} of {op:?} started twice");
+                        trace.started = Some(*at);
+                        (copy, Some(address), false)
+                    }
+                    HedgingEvent::CopySucceeded { copy, address, .. } => {
+                        let trace = copies.entry(*op).or_default().entry(copy.0).or_default();
+                        trace.succeeded = true;
+                        (copy, Some(address), true)
+                    }
+                    HedgingEvent::CopyFailed { copy, address, .. } => (copy, Some(address), true),
+                    HedgingEvent::CopyCancelled { copy, stage } => match stage {
+                        CopyStage::Selecting => (copy, None, true),
+                        CopyStage::CheckedOut(a) | CopyStage::InFlight(a) => (copy, Some(a), true),
+                    },
+                    _ => continue,
+                };
+                let trace = copies.entry(*op).or_default().entry(copy.0).or_default();
+                if let Some(address) = address {
+                    prop_assert!(trace.address.as_ref().is_none_or(|a| a == address));
+                    trace.address = Some(address.clone());
+                }
+                if end {
+                    trace.ends += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    prop_assert!(
+        commands.is_empty(),
+        "EV-1: commands without an end: {:?}",
+        commands
+    );
+    for (op, traces) in &copies {
+        let most = traces.keys().max().copied().unwrap_or(0);
+        prop_assert!(
+            most <= max_attempts,
+            "A6-H1: {op:?} started copy {most} of {max_attempts}"
+        );
+        let wins = traces.values().filter(|t| t.succeeded).count();
+        let ok = sim.result(*op).is_some_and(|r| r.is_ok());
+        prop_assert_eq!(wins, usize::from(ok), "A6-H3: {:?} {:?}", op, traces);
+        for (copy, trace) in traces {
+            prop_assert!(
+                trace.ends <= 1,
+                "copy {copy} of {op:?} ended twice: {trace:?}"
+            );
+            if trace.started.is_some() {
+                prop_assert_eq!(trace.ends, 1, "copy {} of {:?} never ended", copy, op);
+            }
+        }
+        if !sharded {
+            continue;
+        }
+        // A6-H7: a server used again while another mongos, unused by earlier copies, was known
+        // throughout the time this copy's selection may have ended: from the first checkout
+        // started on its server since the operation began to the copy's start.
+        let Some(start) = ops.iter().find(|s| s.op == *op).map(|s| s.at) else {
+            continue;
+        };
+        for (copy, trace) in traces {
+            let (Some(address), Some(sent)) = (&trace.address, trace.started) else {
+                continue;
+            };
+            let earlier: BTreeSet<&ServerAddress> = traces
+                .range(..copy)
+                .filter_map(|(_, t)| t.address.as_ref())
+                .collect();
+            if !earlier.contains(address) {
+                continue;
+            }
+            let Some(selected) = checkouts
+                .iter()
+                .find(|(at, a)| *at >= start && *at <= sent && a == address)
+                .map(|(at, _)| *at)
+            else {
+                continue;
+            };
+            let before = known
+                .iter()
+                .rev()
+                .find(|(at, _)| *at < selected)
+                .map(|(_, k)| k);
+            let mut stable: BTreeSet<ServerAddress> = before.cloned().unwrap_or_default();
+            for (_, k) in known
+                .iter()
+                .filter(|(at, _)| *at >= selected && *at <= sent)
+            {
+                stable.retain(|a| k.contains(a));
+            }
+            let free: Vec<_> = stable.iter().filter(|a| !earlier.contains(a)).collect();
+            prop_assert!(
+                free.is_empty(),
+                "A6-H7: copy {} of {:?} went to {} again while {:?} was free",
+                copy,
+                op,
+                address,
+                free
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Ends the sessions whose operation has finished.
@@ -735,7 +935,7 @@ proptest! {
     fn the_engine_ends_every_operation_once_and_keeps_its_invariants(case in case()) {
         let (sim, ops) = run(&case)?;
         let finished = finished_ops(&sim);
-        for Started { op, deadline } in &ops {
+        for Started { op, deadline, .. } in &ops {
             prop_assert_eq!(
                 finished.get(op).copied(),
                 Some(1),
@@ -758,6 +958,10 @@ proptest! {
         prop_assert_eq!(finished.len(), ops.len(), "only started operations finish");
         check_command_events(&sim)?;
         check_pools(&sim, case.max_pool_size, true)?;
+        if let Some((max_attempts, _)) = case.hedging {
+            let sharded = matches!(case.topology, Topology::Mongos(_));
+            check_hedging(&sim, &ops, max_attempts, sharded)?;
+        }
 
         let (again, _) = run(&case)?;
         prop_assert!(sim.events == again.events, "the same case gave another trace");
@@ -842,6 +1046,7 @@ fn one_read_finishes_on_every_topology() {
             connect_timeout_ms: 1_000,
             socket_timeout_ms: None,
             heartbeat_ms: 10_000,
+            hedging: None,
             inputs: vec![Input::Start {
                 kind: 0,
                 timeout_ms: None,
@@ -876,6 +1081,7 @@ fn a_nearest_read_while_the_primary_goes_down_finishes() {
         connect_timeout_ms: 100,
         socket_timeout_ms: None,
         heartbeat_ms: 500,
+        hedging: None,
         inputs: vec![
             Input::Start {
                 kind: 0,
@@ -929,6 +1135,7 @@ fn a_nearest_read_after_a_step_down_to_an_unreachable_member_finishes() {
         connect_timeout_ms: 100,
         socket_timeout_ms: None,
         heartbeat_ms: 500,
+        hedging: None,
         inputs: vec![
             Input::StepDown {
                 to: 1,

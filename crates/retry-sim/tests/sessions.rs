@@ -430,13 +430,13 @@ fn cs4_max_time_ms_is_on_every_attempt_under_timeout_ms() {
     assert_eq!((finds.len(), at.len()), (2, 2));
     for (find, at) in finds.iter().zip(&at) {
         let remaining = deadline.saturating_duration_since(*at);
-        let expected = (remaining - retry_sim::LATENCY).as_millis() as i64;
-        assert_eq!(find.get("maxTimeMS"), Some(&Bson::Int64(expected)));
+        let expected = (remaining - retry_sim::LATENCY).as_millis() as i32;
+        assert_eq!(find.get("maxTimeMS"), Some(&Bson::Int32(expected)));
     }
     // The first attempt went out at once on the pooled connection; the retry once the mongos,
     // marked Unknown by the state-change error 91, was checked again 500 ms later.
-    assert_eq!(finds[0].get("maxTimeMS"), Some(&Bson::Int64(999)));
-    assert_eq!(finds[1].get("maxTimeMS"), Some(&Bson::Int64(497)));
+    assert_eq!(finds[0].get("maxTimeMS"), Some(&Bson::Int32(999)));
+    assert_eq!(finds[1].get("maxTimeMS"), Some(&Bson::Int32(497)));
     let legacy = sim.read(doc! { "find": "c" });
     sim.run(legacy).unwrap();
     assert_eq!(named(&sim, "find")[2].get("maxTimeMS"), None, "TO-3");

@@ -6,6 +6,15 @@
 //! - A `txnNumber` on a standalone: `IllegalOperation` (20), "Transaction numbers are only allowed
 //!   on a replica set member or mongos" (RW-2, RW-16).
 //! - An `lsid` that is not `{id: <binary>}`: `TypeMismatch` (14).
+//! - A `txnNumber` that is not an Int64: `TypeMismatch` (14), "BSON field
+//!   'OperationSessionInfo.txnNumber' is the wrong type ..., expected type 'long'".
+//! - A `txnNumber` without `autocommit: false` on a command that is not a retryable write
+//!   (`commitTransaction` and `abortTransaction` included): `NotARetryableWriteCommand` (50768),
+//!   "txnNumber may only be provided for multi-document transactions and retryable write
+//!   commands. autocommit:false was not provided, and ... is not a retryable write command." (TX-1)
+//! - A `maxTimeMS` that is not a number, is negative or above `i32::MAX`, or is a fractional
+//!   double: `BadValue` (2), "maxTimeMS must be a number" / "is out of range" / "has
+//!   non-integral value" (the server's `parseMaxTimeMS`).
 //! - A read on a secondary without a non-primary `$readPreference` (SS-9: OP_MSG's secondaryOk):
 //!   `NotPrimaryNoSecondaryOk` (13435).
 
@@ -37,7 +46,20 @@ pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Doc
             ));
         }
     }
-    if command.contains_key("txnNumber") {
+    if let Some(refusal) = command.get("maxTimeMS").and_then(max_time_refusal) {
+        return Some(refusal);
+    }
+    if let Some(number) = command.get("txnNumber") {
+        if !matches!(number, Bson::Int64(_)) {
+            return Some(error_reply(
+                14,
+                &format!(
+                    "BSON field 'OperationSessionInfo.txnNumber' is the wrong type '{}', \
+                     expected type 'long'",
+                    type_name(number)
+                ),
+            ));
+        }
         if !command.contains_key("lsid") {
             return Some(error_reply(
                 72,
@@ -48,6 +70,20 @@ pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Doc
             return Some(error_reply(
                 20,
                 "Transaction numbers are only allowed on a replica set member or mongos",
+            ));
+        }
+        let retryable_write = matches!(
+            name,
+            "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "bulkWrite"
+        );
+        if !command.contains_key("autocommit") && !retryable_write {
+            return Some(error_reply(
+                50768,
+                &format!(
+                    "txnNumber may only be provided for multi-document transactions and \
+                     retryable write commands. autocommit:false was not provided, and {name} is \
+                     not a retryable write command."
+                ),
             ));
         }
     }
@@ -61,6 +97,38 @@ pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Doc
         }
     }
     None
+}
+
+/// The server's `parseMaxTimeMS`: any number in `0..=i32::MAX` with an integral value.
+fn max_time_refusal(value: &Bson) -> Option<Document> {
+    let (whole, integral) = match value {
+        Bson::Int32(v) => (i64::from(*v), true),
+        Bson::Int64(v) => (*v, true),
+        // The server truncates toward zero (saturating) before the range check.
+        Bson::Double(v) => (*v as i64, v.fract() == 0.0),
+        Bson::Decimal128(_) => return Some(error_reply(2, "maxTimeMS is out of range")),
+        _ => return Some(error_reply(2, "maxTimeMS must be a number")),
+    };
+    if !(0..=i64::from(i32::MAX)).contains(&whole) {
+        return Some(error_reply(2, "maxTimeMS is out of range"));
+    }
+    (!integral).then(|| error_reply(2, "maxTimeMS has non-integral value"))
+}
+
+/// The server's name of a BSON type, for type errors.
+fn type_name(value: &Bson) -> &'static str {
+    match value {
+        Bson::Int32(_) => "int",
+        Bson::Int64(_) => "long",
+        Bson::Double(_) => "double",
+        Bson::Decimal128(_) => "decimal",
+        Bson::String(_) => "string",
+        Bson::Boolean(_) => "bool",
+        Bson::Null => "null",
+        Bson::Document(_) => "object",
+        Bson::Array(_) => "array",
+        _ => "other",
+    }
 }
 
 #[cfg(test)]
@@ -90,6 +158,50 @@ mod tests {
         );
         let bad = doc! { "insert": "c", "lsid": { "id": 1 } };
         assert_eq!(code(refusal(&Role::Mongos, "insert", &bad)), Some(14));
+    }
+
+    /// Review items 7 and 21 (house rule 7): `maxTimeMS` must be an integral number in
+    /// `0..=i32::MAX` (BadValue, 2) and `txnNumber` an Int64 (TypeMismatch, 14), as a real server
+    /// checks them.
+    #[test]
+    fn max_time_ms_and_txn_number_are_checked_like_a_real_server() {
+        let find = |max_time: Bson| doc! { "find": "c", "maxTimeMS": max_time };
+        for fine in [
+            Bson::Int32(0),
+            Bson::Int32(i32::MAX),
+            Bson::Int64(5),
+            Bson::Double(100.0),
+        ] {
+            assert_eq!(code(refusal(&Role::Mongos, "find", &find(fine))), None);
+        }
+        for bad in [
+            Bson::Int32(-1),
+            Bson::Int64(i64::from(i32::MAX) + 1),
+            Bson::Double(1.5),
+            Bson::Double(3.0e9),
+            Bson::String("5".into()),
+            Bson::Null,
+        ] {
+            let refused = refusal(&Role::Mongos, "find", &find(bad.clone()));
+            assert_eq!(code(refused), Some(2), "{bad:?}");
+        }
+        // TX-1: a transaction's commit without `autocommit: false`.
+        let commit = doc! { "commitTransaction": 1, "lsid": lsid(), "txnNumber": 1_i64 };
+        assert_eq!(
+            code(refusal(&Role::Mongos, "commitTransaction", &commit)),
+            Some(50768)
+        );
+        let mut in_transaction = commit.clone();
+        in_transaction.insert("autocommit", false);
+        let refused = refusal(&Role::Mongos, "commitTransaction", &in_transaction);
+        assert_eq!(code(refused), None);
+        for bad in [Bson::Int32(1), Bson::Double(1.0)] {
+            let insert = doc! { "insert": "c", "lsid": lsid(), "txnNumber": bad.clone() };
+            let refused = refusal(&Role::Mongos, "insert", &insert);
+            assert_eq!(code(refused.clone()), Some(14), "{bad:?}");
+            let message = refused.and_then(|r| r.get_str("errmsg").ok().map(str::to_owned));
+            assert!(message.is_some_and(|m| m.contains("expected type 'long'")));
+        }
     }
 
     #[test]

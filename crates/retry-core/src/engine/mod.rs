@@ -35,7 +35,8 @@
 //! in one ordered queue (`worklist`), so `handle_timeout` wakes only the machines that are due and
 //! `poll_timeout` reads its head. The same seed and inputs give the same trace, bit for bit.
 //!
-//! The modules: `operations` (the retry machines, selection, sending and replies), `sockets`
+//! The modules: `operations` (the retry machines, selection, sending and replies), `hedged`
+//! (which machine an operation runs, hedged copies and their draining connections), `sockets`
 //! (the connection machines), `monitoring` (the topology, its pools and the monitors), `pins`
 //! (transaction and cursor pins), `sessions` (server sessions, `txnNumber`, `$clusterTime`,
 //! `maxTimeMS` and `endSessions` at close), `commands` (command monitoring events, EV-1..EV-6)
@@ -54,7 +55,9 @@
 //!
 //! # The path of one operation
 //!
-//! `start_operation` creates a [`RetryMachine`]. Its `SelectServer` starts a [`ServerSelection`]
+//! `start_operation` creates a [`RetryMachine`] (or, for a read whose command has an A6 hedging
+//! policy in [`EngineOptions::service_config`], a [`HedgingMachine`] with one attempt slot per copy:
+//! see `engine/hedged.rs` and `docs/hedging.md`). Its `SelectServer` starts a [`ServerSelection`]
 //! over the topology, avoiding the machine's deprioritized addresses; a selected server goes back
 //! to the machine, whose `Dispatch` checks a connection out of that server's pool. Only then does
 //! the operation take a server session (SE-7, SE-8; see [`crate::session`]). The command, with the
@@ -82,6 +85,7 @@
 //! ends the pooled sessions with `endSessions` (SE-15) before it closes the pools.
 
 mod commands;
+mod hedged;
 mod monitoring;
 mod operations;
 mod pins;
@@ -95,21 +99,24 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use bson::{Bson, Document};
 use core::time::Duration;
+use smallvec::SmallVec;
 
 use crate::address::ServerAddress;
 use crate::connection::{Connection, ConnectionConfig, Request, DEFAULT_CONNECT_TIMEOUT};
 use crate::error::{NetworkCause, NetworkErrorKind, OperationError};
 use crate::handshake::HandshakeOptions;
+use crate::hedging::{HedgingEvent, HedgingMachine};
 use crate::monitor::{HeartbeatEvent, Monitor, DEFAULT_HEARTBEAT_FREQUENCY};
 use crate::pinning::{CursorPin, TransactionPin};
 use crate::policy::RetryOptions;
 use crate::pool::{CheckoutId, ConnectionId, Pool, PoolEvent};
 use crate::retry::{
-    Attempt, AttemptServer, OperationKind, RetryEvent, RetryMachine, UnexpectedInput,
-    WriteConcernRule, COMMIT_RETRY_WTIMEOUT,
+    Attempt, AttemptServer, OperationKind, RetryEvent, RetryMachine, WriteConcernRule,
+    COMMIT_RETRY_WTIMEOUT,
 };
 use crate::rng::EngineRng;
 use crate::selection::{SelectionCriteria, SelectionSettings, ServerSelection};
+use crate::service_config::ServiceConfig;
 use crate::session::{ClusterClock, ServerSession, SessionPool};
 use crate::time::{Instant, OperationTimeout};
 use crate::topology::{SdamEvent, Topology, TopologySettings};
@@ -160,6 +167,9 @@ pub struct EngineOptions {
     /// command or reply, so turn it on when someone listens (a driver's command listeners, the
     /// unified tests).
     pub command_monitoring: bool,
+    /// A gRPC A6 service config: a read whose command has a `hedgingPolicy` runs as hedged copies
+    /// ([`crate::hedging`]). `None` (the default): no hedging.
+    pub service_config: Option<ServiceConfig>,
     /// SRV polling for mongos discovery, for a client made from a `mongodb+srv` URI (see
     /// [`crate::topology::SrvPoller`]); `None` (the default) for no polling.
     pub srv_polling: Option<crate::topology::SrvPollingOptions>,
@@ -180,6 +190,7 @@ impl EngineOptions {
             seed: 0,
             auth: None,
             command_monitoring: false,
+            service_config: None,
             srv_polling: None,
         }
     }
@@ -284,6 +295,14 @@ pub enum EngineEvent {
     /// A command monitoring event in the spec's shape (EV-1..EV-6), when
     /// [`EngineOptions::command_monitoring`] is on.
     Command(CommandEvent),
+    /// A hedging event of an operation run as hedged copies (A6-H1..A6-H7): copies started,
+    /// succeeded, failed or cancelled.
+    Hedging {
+        /// The operation.
+        op: OpId,
+        /// The event.
+        event: HedgingEvent,
+    },
     /// A command monitoring or retry event of an operation.
     Operation {
         /// The operation.
@@ -351,8 +370,10 @@ struct Socket {
     address: ServerAddress,
     owner: Owner,
     machine: Connection,
-    /// The operation whose command is on this connection.
-    op: Option<OpId>,
+    /// The operation, and its slot, whose command is on this connection.
+    op: Option<(OpId, usize)>,
+    /// A cancelled hedged copy's command is on it: its reply checks the connection in.
+    drain: Option<Drain>,
     /// Whether the socket is in the engine's transmit queue.
     transmit_queued: bool,
     /// The command on it, for its closing command event (EV-1).
@@ -361,23 +382,55 @@ struct Socket {
     queued: bool,
 }
 
+/// A connection kept after its hedged copy was cancelled in flight (A6-H3), until its reply
+/// arrives (then checked in) or its deadline or socket timeout passes (then closed). Nobody else
+/// uses it meanwhile.
+struct Drain {
+    /// The copy's implicit server session, back to the pool with the connection (SE-7).
+    session: Option<ServerSession>,
+    /// The command gossips `$clusterTime`: the late reply's still advances the clock (SE-16).
+    gossip: bool,
+}
+
+/// The machine an operation runs: the retry rules, or hedged copies of a read (A6-H1..A6-H7).
+enum OpMachine {
+    Retry(RetryMachine),
+    Hedging(HedgingMachine),
+}
+
+/// One attempt of a retry machine, or one copy of a hedging machine: its selection, server,
+/// checkout, connection and server session use.
+#[derive(Default)]
+struct Slot {
+    selection: Option<ServerSelection>,
+    /// A hedged copy whose selection waits for the one before it to pick a server, so that it
+    /// avoids that server too (A6-H7).
+    select_queued: bool,
+    /// When a waiting selection should look again.
+    wake: Option<Instant>,
+    server: Option<AttemptServer>,
+    attempt: Option<Attempt>,
+    /// The server the attempt is counted on (SS-15).
+    counted: Option<ServerId>,
+    /// The pending checkout: checkout ids are per pool, so with its server.
+    checkout: Option<(ServerId, CheckoutId)>,
+    conn: Option<ConnId>,
+    /// Its server session (SE-7, SE-9, SE-14); each hedged copy has its own.
+    session: OpSession,
+    /// The attempt carries the session's `lsid` (a network error makes it dirty, SE-12).
+    lsid_sent: bool,
+}
+
 struct Operation {
-    machine: RetryMachine,
+    machine: OpMachine,
+    /// The attempt slot of a retry machine; one per copy of a hedging machine (copy `n` in slot
+    /// `n - 1`).
+    slots: SmallVec<[Slot; 1]>,
     /// The request; its command has moved to `wire`.
     request: OperationRequest,
     /// The command with `$db`, built once and sent as it is by every attempt that modifies
     /// nothing (WP-5).
     wire: Request,
-    selection: Option<ServerSelection>,
-    /// When a waiting selection should look again.
-    wake: Option<Instant>,
-    server: Option<AttemptServer>,
-    attempt: Option<Attempt>,
-    /// The server the current attempt is counted on (SS-15).
-    counted: Option<ServerId>,
-    /// The pending checkout: checkout ids are per pool, so with its server.
-    checkout: Option<(ServerId, CheckoutId)>,
-    conn: Option<ConnId>,
     reply: Option<Document>,
     /// A cursor operation's server: no selection (LB-10 and ordinary cursor server pinning).
     pinned_server: Option<AttemptServer>,
@@ -389,13 +442,9 @@ struct Operation {
     keep_conn: bool,
     /// The cursor this operation opened.
     opened: Option<CursorHandle>,
-    /// Its server session (SE-7, SE-9, SE-14).
-    session: OpSession,
     /// The `txnNumber` its attempts carry, allocated at its first attempt that needs one (RW-6,
     /// RW-7, TX-1).
     txn_number: Option<i64>,
-    /// The current attempt carries the session's `lsid` (a network error makes it dirty, SE-12).
-    lsid_sent: bool,
     /// The command sends and absorbs `$clusterTime` (SE-16, SE-19).
     gossip: bool,
     /// An `endSessions` of [`Engine::close`]: no `OperationFinished`, no session (SE-15).
@@ -416,6 +465,8 @@ struct Session {
     in_flight: u32,
     /// [`Engine::end_session`] was called while operations were in flight.
     ending: bool,
+    /// TX-6: the latest `recoveryToken` of the transaction's `ok: 1` replies.
+    recovery_token: Option<Document>,
 }
 
 /// Which server session an operation's commands carry.
@@ -460,7 +511,7 @@ pub struct Engine {
     pool_sockets: BTreeMap<(ServerId, ConnectionId), ConnId>,
     ops: BTreeMap<OpId, Operation>,
     /// Pending checkout → operation.
-    checkouts: BTreeMap<(ServerId, CheckoutId), OpId>,
+    checkouts: BTreeMap<(ServerId, CheckoutId), (OpId, usize)>,
     /// Operations whose selection waits for a topology change (SS-16).
     waiting: BTreeSet<OpId>,
     cursors: BTreeMap<CursorHandle, Cursor>,
@@ -675,6 +726,8 @@ impl Engine {
         for conn in sockets {
             self.close_socket(conn, now);
         }
+        // A draining connection (a cancelled hedged copy's) fails and goes back to its pool.
+        self.run(now);
     }
 
     /// The socket `conn` asked for by [`Engine::poll_connect`] is open.
@@ -814,7 +867,7 @@ impl Engine {
     }
 
     /// The earliest instant at which [`Engine::handle_timeout`] has work to do: the head of the
-    /// timer queue.
+    /// timer queue, or SRV polling's next rescan if sooner.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let srv = self.srv.as_ref().and_then(|srv| srv.poll_timeout());
         match (self.timers.next(), srv) {
@@ -869,7 +922,7 @@ impl Engine {
 }
 
 /// A lower machine refused an input: a bug of the engine's, which tests catch.
-fn expect_accepted(result: Result<(), UnexpectedInput>) {
+fn expect_accepted<E: core::fmt::Debug>(result: Result<(), E>) {
     debug_assert!(result.is_ok(), "{result:?}");
 }
 

@@ -99,7 +99,9 @@ impl Engine {
             let waiting: Vec<OpId> = self.waiting.iter().copied().collect();
             for op in waiting {
                 if let Some(operation) = self.ops.get_mut(&op) {
-                    operation.wake = Some(now);
+                    for slot in operation.slots.iter_mut().filter(|s| s.selection.is_some()) {
+                        slot.wake = Some(now);
+                    }
                     self.schedule(Machine::Operation(op));
                 }
             }
@@ -492,7 +494,7 @@ impl Engine {
                 } => {
                     let op = self.checkouts.remove(&(server, checkout));
                     match (op, self.pool_socket(server, connection)) {
-                        (Some(op), Some(conn)) => self.send_attempt(op, conn, now),
+                        (Some((op, slot)), Some(conn)) => self.send_attempt(op, slot, conn, now),
                         // Its operation is gone (cancelled): the connection goes straight back.
                         (None, _) => {
                             if let Some(pool) = self.pool_mut(server) {
@@ -501,29 +503,30 @@ impl Engine {
                         }
                         // The socket is gone: the connection is given back to be closed and the
                         // attempt fails before sending.
-                        (Some(op), None) => {
+                        (Some((op, slot)), None) => {
                             if let Some(pool) = self.pool_mut(server) {
                                 pool.check_in(connection, false, now);
                             }
                             self.flush_pool_events(server);
                             if let Some(operation) = self.ops.get_mut(&op) {
-                                operation.checkout = None;
+                                operation.slots[slot].checkout = None;
                             }
                             let error = OperationError::network(
                                 NetworkErrorKind::Closed,
                                 NetworkPhase::BeforeSend,
                                 address.clone(),
                             );
-                            self.fail_attempt(op, error, false, now);
+                            self.fail_attempt(op, slot, error, false, now);
                         }
                     }
                 }
                 PoolAction::CheckoutFailed { checkout, error } => {
-                    if let Some(op) = self.checkouts.remove(&(server, checkout)) {
+                    if let Some((op, slot)) = self.checkouts.remove(&(server, checkout)) {
                         if let Some(operation) = self.ops.get_mut(&op) {
-                            operation.checkout = None;
+                            operation.slots[slot].checkout = None;
                         }
-                        self.fail_attempt(op, error.into_operation_error(&address), false, now);
+                        let error = error.into_operation_error(&address);
+                        self.fail_attempt(op, slot, error, false, now);
                     }
                 }
             }

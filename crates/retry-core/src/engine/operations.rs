@@ -1,17 +1,19 @@
-//! Operations: one retry machine each, with its server selection, checkout, command and reply.
+//! Operations: one retry machine (or hedging machine, see `hedged`) each, with its server
+//! selection, checkout, command and reply per attempt slot.
 //!
 //! A retry machine's actions are routed: `SelectServer` to a [`ServerSelection`] over the topology
 //! (or the cursor's or transaction's pinned server), `Dispatch` to a checkout from the server's
 //! pool (or the pinned connection), `ReleaseConnection` to a check-in, `Finished` to the
-//! operation's one `OperationFinished`. Replies and failures come back from the sockets and pools.
+//! operation's one `OperationFinished`. Replies and failures come back from the sockets and pools,
+//! named by operation and slot: a retry machine has one slot, reused by each attempt; a hedging
+//! machine one per copy.
 
 use bson::{Bson, Document};
-use rand_core::RngCore;
 
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
-    command_for, expect_accepted, ConnId, CursorUse, Engine, EngineEvent, OpId, OpSession,
-    Operation, OperationRequest, Owner, ServerId,
+    command_for, expect_accepted, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine,
+    OpSession, Operation, OperationRequest, Owner, ServerId, Slot,
 };
 use crate::address::ServerAddress;
 use crate::connection::{Request, SendError};
@@ -19,7 +21,7 @@ use crate::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::pinning::transaction_labels;
 use crate::pool::Purpose;
 use crate::read_preference_wire::read_preference_document;
-use crate::retry::{Action, Attempt, AttemptServer, OperationSpec, RetryEvent, RetryMachine};
+use crate::retry::{Action, Attempt, AttemptServer, OperationSpec, RetryEvent};
 use crate::selection::{SelectionStep, ServerSelection};
 use crate::time::Instant;
 
@@ -80,7 +82,6 @@ impl Engine {
             txn_number: (!matches!(session, OpSession::Never)).then_some(1),
             min_wire_version: 0,
         };
-        let machine = RetryMachine::new(spec, &self.options.retry, self.rng.next_u64(), now);
         let (mut pinned_server, mut pinned_conn) = (None, None);
         if let CursorUse::GetMore(handle) | CursorUse::Close(handle) = request.cursor {
             match self.cursor_route(op, handle, request.cursor, now) {
@@ -101,31 +102,35 @@ impl Engine {
             pinned_server = pinned_server.or(server);
             pinned_conn = pinned_conn.or(conn);
         }
+        let machine = self.operation_machine(
+            &request,
+            &session,
+            pinned_server.is_some() || internal,
+            spec,
+            now,
+        );
         let mut body = core::mem::take(&mut request.command);
         strip_command_fields(&mut body);
         self.session_operation_started(&session);
+        let mut slots = smallvec::SmallVec::new();
+        slots.push(Slot {
+            session,
+            ..Slot::default()
+        });
         self.ops.insert(
             op,
             Operation {
                 machine,
+                slots,
                 wire: Request::new(body),
                 request,
-                selection: None,
-                wake: None,
-                server: None,
-                attempt: None,
-                counted: None,
-                checkout: None,
-                conn: None,
                 reply: None,
                 pinned_server,
                 pinned_conn,
                 release_pinned: false,
                 keep_conn: false,
                 opened: None,
-                session,
                 txn_number: None,
-                lsid_sent: false,
                 gossip,
                 internal,
                 timer: None,
@@ -142,14 +147,24 @@ impl Engine {
         let Some(operation) = self.ops.get_mut(&op) else {
             return;
         };
-        let checkout = operation.checkout.take();
-        operation.selection = None;
-        operation.wake = None;
-        expect_accepted(operation.machine.cancel(now));
-        let in_flight = operation
+        let machine = match &mut operation.machine {
+            // A6-H3: the machine cancels every copy; its actions stop them.
+            OpMachine::Hedging(machine) => {
+                machine.cancel(now);
+                self.schedule(Machine::Operation(op));
+                return;
+            }
+            OpMachine::Retry(machine) => machine,
+        };
+        expect_accepted(machine.cancel(now));
+        let slot = &mut operation.slots[0];
+        let checkout = slot.checkout.take();
+        slot.selection = None;
+        slot.wake = None;
+        let in_flight = slot
             .conn
             .and_then(|conn| self.sockets.get_mut(&conn))
-            .filter(|socket| socket.op == Some(op));
+            .filter(|socket| socket.op == Some((op, 0)));
         let in_flight = in_flight.map(|socket| socket.command.take());
         if let Some(pending) = in_flight {
             // EV-1: a command in flight gets its failed event.
@@ -157,7 +172,7 @@ impl Engine {
                 self.command_failed(pending, &OperationError::cancelled(), now);
             }
             // SE-12: the connection closes under the command, as after a network error.
-            self.mark_session_dirty(op);
+            self.mark_session_dirty(op, 0);
         }
         self.waiting.remove(&op);
         self.schedule(Machine::Operation(op));
@@ -173,12 +188,23 @@ impl Engine {
     /// Routes an operation's selection wake-up, events and actions.
     pub(super) fn drain_operation(&mut self, op_id: OpId, now: Instant) {
         // A waiting selection that is due looks again.
+        let slots = self.ops.get(&op_id).map_or(0, |o| o.slots.len());
+        for slot in 0..slots {
+            if self
+                .ops
+                .get(&op_id)
+                .is_some_and(|o| o.slots[slot].wake.is_some_and(|w| now >= w))
+            {
+                self.poll_selection(op_id, slot, now);
+            }
+        }
         if self
             .ops
             .get(&op_id)
-            .is_some_and(|o| o.wake.is_some_and(|w| now >= w))
+            .is_some_and(|o| matches!(o.machine, OpMachine::Hedging(_)))
         {
-            self.poll_selection(op_id, now);
+            self.drain_hedged(op_id, now);
+            return;
         }
         // BP-27: a retry event waits until the attempt's connection is checked in.
         let mut held: smallvec::SmallVec<[RetryEvent; 2]> = smallvec::SmallVec::new();
@@ -186,7 +212,10 @@ impl Engine {
             let Some(op) = self.ops.get_mut(&op_id) else {
                 return;
             };
-            if let Some(event) = op.machine.poll_event() {
+            let OpMachine::Retry(machine) = &mut op.machine else {
+                return;
+            };
+            if let Some(event) = machine.poll_event() {
                 match event {
                     RetryEvent::RetryScheduled { .. } | RetryEvent::RetryDenied { .. } => {
                         held.push(event)
@@ -197,7 +226,7 @@ impl Engine {
                 }
                 continue;
             }
-            let Some(action) = op.machine.poll_action() else {
+            let Some(action) = machine.poll_action() else {
                 break;
             };
             let release = matches!(action, Action::ReleaseConnection { .. });
@@ -226,30 +255,18 @@ impl Engine {
             Action::SelectServer => match op.pinned_server.clone() {
                 // A cursor's or a pinned transaction's operations go where the pin is.
                 Some(server) => {
-                    op.server = Some(server.clone());
-                    expect_accepted(op.machine.handle_server_selected(server, now));
+                    op.slots[0].server = Some(server.clone());
+                    op.machine.server_selected(0, server, now);
                 }
-                None => {
-                    let selection = ServerSelection::new(
-                        op.request.criteria.clone(),
-                        op.machine.deprioritized(),
-                        self.options.selection,
-                        op.request.timeout,
-                        now,
-                    );
-                    op.selection = Some(selection);
-                    self.poll_selection(op_id, now);
-                }
+                None => self.start_selection(op_id, 0, now),
             },
             Action::Dispatch(attempt) => {
+                let pinned = op.pinned_conn;
                 let server = self.server_id(&attempt.address);
-                self.set_attempt(op_id, server, attempt);
-                let Some(op) = self.ops.get_mut(&op_id) else {
-                    return;
-                };
-                if let Some(pinned) = op.pinned_conn {
+                self.set_attempt(op_id, 0, server, attempt);
+                if let Some(pinned) = pinned {
                     match self.sockets.contains_key(&pinned) {
-                        true => self.send_attempt(op_id, pinned, now),
+                        true => self.send_attempt(op_id, 0, pinned, now),
                         false => {
                             let address = self.server(server).address.clone();
                             let error = OperationError::network(
@@ -257,45 +274,17 @@ impl Engine {
                                 NetworkPhase::BeforeSend,
                                 address,
                             );
-                            self.fail_attempt(op_id, error, false, now);
+                            self.fail_attempt(op_id, 0, error, false, now);
                         }
                     }
                     return;
                 }
-                let deadline = op.request.timeout.deadline();
-                // LB-13: a cursor-creating command's connection may stay with its cursor.
-                let purpose = if op.request.cursor == CursorUse::Open
-                    && self.options.topology.load_balanced
-                {
-                    Purpose::Cursor
-                } else {
-                    Purpose::Other
-                };
-                let member = self.server(server).retired_pool.is_none();
-                let checkout = self
-                    .pool_mut(server)
-                    .filter(|_| member)
-                    .map(|p| p.check_out(purpose, deadline, now));
-                match checkout {
-                    Some(id) => {
-                        if let Some(op) = self.ops.get_mut(&op_id) {
-                            op.checkout = Some((server, id));
-                        }
-                        self.checkouts.insert((server, id), op_id);
-                        self.schedule(Machine::Pool(server));
-                    }
-                    None => {
-                        let address = self.server(server).address.clone();
-                        let error = OperationError::server_selection(alloc::format!(
-                            "{address} is no longer part of the topology"
-                        ));
-                        self.fail_attempt(op_id, error, false, now);
-                    }
-                }
+                self.check_out(op_id, 0, server, now);
             }
             Action::ReleaseConnection { close } => {
-                op.checkout = None;
-                let conn = op.conn.take();
+                let slot = &mut op.slots[0];
+                slot.checkout = None;
+                let conn = slot.conn.take();
                 // A pinned connection goes back only when this operation ended its pin; one this
                 // operation's cursor or transaction now owns stays checked out (LB-10, TX-5); any
                 // other goes back (BP-27).
@@ -303,23 +292,85 @@ impl Engine {
                     Some(pinned) => op.release_pinned.then_some(pinned),
                     None => conn.filter(|_| !op.keep_conn),
                 };
-                self.clear_attempt(op_id);
+                self.clear_attempt(op_id, 0);
                 if let Some(conn) = release {
                     self.release(conn, !close, now);
                 }
             }
             Action::Wait { .. } => {}
-            Action::Finished(result) => self.finish(op_id, result, now),
+            Action::Finished(result) => self.finish(op_id, result, 0, now),
         }
     }
 
-    /// The operation is over: its one `OperationFinished`.
-    fn finish(&mut self, op_id: OpId, result: Result<(), OperationError>, now: Instant) {
+    /// Starts the server selection of `slot`, avoiding the machine's deprioritized servers
+    /// (SS-11, A6-H7).
+    pub(super) fn start_selection(&mut self, op_id: OpId, slot: usize, now: Instant) {
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        let selection = ServerSelection::new(
+            op.request.criteria.clone(),
+            op.machine.deprioritized(),
+            self.options.selection,
+            op.request.timeout,
+            now,
+        );
+        op.slots[slot].selection = Some(selection);
+        self.poll_selection(op_id, slot, now);
+    }
+
+    /// Checks a connection to `server` out for `slot`'s attempt.
+    pub(super) fn check_out(&mut self, op_id: OpId, slot: usize, server: ServerId, now: Instant) {
         let Some(op) = self.ops.get(&op_id) else {
             return;
         };
+        let deadline = op.request.timeout.deadline();
+        // LB-13: a cursor-creating command's connection may stay with its cursor.
+        let purpose = if op.request.cursor == CursorUse::Open && self.options.topology.load_balanced
+        {
+            Purpose::Cursor
+        } else {
+            Purpose::Other
+        };
+        let member = self.server(server).retired_pool.is_none();
+        let checkout = self
+            .pool_mut(server)
+            .filter(|_| member)
+            .map(|p| p.check_out(purpose, deadline, now));
+        match checkout {
+            Some(id) => {
+                if let Some(op) = self.ops.get_mut(&op_id) {
+                    op.slots[slot].checkout = Some((server, id));
+                }
+                self.checkouts.insert((server, id), (op_id, slot));
+                self.schedule(Machine::Pool(server));
+            }
+            None => {
+                let address = self.server(server).address.clone();
+                let error = OperationError::server_selection(alloc::format!(
+                    "{address} is no longer part of the topology"
+                ));
+                self.fail_attempt(op_id, slot, error, false, now);
+            }
+        }
+    }
+
+    /// The operation is over: its one `OperationFinished`; the reply is `winner`'s (the slot of
+    /// the hedged copy that succeeded; 0 for a retry machine).
+    pub(super) fn finish(
+        &mut self,
+        op_id: OpId,
+        result: Result<(), OperationError>,
+        winner: usize,
+        now: Instant,
+    ) {
+        let Some(op) = self.ops.get(&op_id) else {
+            return;
+        };
+        let (cursor, release_pinned, slots) =
+            (op.request.cursor, op.release_pinned, op.slots.len());
         // LB-10: closing a cursor gives its connection back whatever killCursors did.
-        if let (CursorUse::Close(handle), false) = (op.request.cursor, op.release_pinned) {
+        if let (CursorUse::Close(handle), false) = (cursor, release_pinned) {
             if let Some(cursor) = self.cursors.remove(&handle) {
                 if let Some(conn) = cursor.conn.filter(|c| !self.is_transaction_conn(*c)) {
                     self.release(conn, true, now);
@@ -327,17 +378,21 @@ impl Engine {
                 self.cursor_session_ended(cursor.session, now);
             }
         }
-        self.clear_attempt(op_id);
+        for slot in 0..slots {
+            self.clear_attempt(op_id, slot);
+        }
         self.waiting.remove(&op_id);
         let Some(mut op) = self.ops.remove(&op_id) else {
             return;
         };
         self.timers
             .set(Machine::Operation(op_id), &mut op.timer, None);
-        if let Some(key) = op.checkout.take() {
-            self.checkouts.remove(&key);
+        for slot in &mut op.slots {
+            if let Some(key) = slot.checkout.take() {
+                self.checkouts.remove(&key);
+            }
         }
-        self.operation_session_ended(&mut op, result.is_ok(), now);
+        self.operation_session_ended(&mut op, winner, result.is_ok(), now);
         if op.internal {
             return;
         }
@@ -350,33 +405,42 @@ impl Engine {
             .push_back(EngineEvent::OperationFinished { op: op_id, result });
     }
 
-    /// The attempt is on `server` (SS-15 counts it there).
-    fn set_attempt(&mut self, op_id: OpId, server: ServerId, attempt: Attempt) {
-        self.clear_attempt(op_id);
+    /// `slot`'s attempt is on `server` (SS-15 counts it there).
+    pub(super) fn set_attempt(
+        &mut self,
+        op_id: OpId,
+        slot: usize,
+        server: ServerId,
+        attempt: Attempt,
+    ) {
+        self.clear_attempt(op_id, slot);
         if let Some(op) = self.ops.get_mut(&op_id) {
-            op.attempt = Some(attempt);
-            op.counted = Some(server);
+            let slot = &mut op.slots[slot];
+            slot.attempt = Some(attempt);
+            slot.counted = Some(server);
             self.servers[server.0 as usize].in_flight += 1;
         }
     }
 
-    fn clear_attempt(&mut self, op_id: OpId) {
+    pub(super) fn clear_attempt(&mut self, op_id: OpId, slot: usize) {
         if let Some(op) = self.ops.get_mut(&op_id) {
-            op.attempt = None;
-            if let Some(server) = op.counted.take() {
+            let slot = &mut op.slots[slot];
+            slot.attempt = None;
+            if let Some(server) = slot.counted.take() {
                 let entry = &mut self.servers[server.0 as usize];
                 entry.in_flight = entry.in_flight.saturating_sub(1);
             }
         }
     }
 
-    /// Runs one pass of an operation's selection loop.
-    fn poll_selection(&mut self, op_id: OpId, now: Instant) {
+    /// Runs one pass of the selection loop of an operation's slot.
+    fn poll_selection(&mut self, op_id: OpId, slot_index: usize, now: Instant) {
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
-        op.wake = None;
-        let Some(selection) = op.selection.as_mut() else {
+        let slot = &mut op.slots[slot_index];
+        slot.wake = None;
+        let Some(selection) = slot.selection.as_mut() else {
             self.waiting.remove(&op_id);
             return;
         };
@@ -392,13 +456,13 @@ impl Engine {
                     server,
                     self.topology.description().topology_type,
                 );
-                op.selection = None;
-                op.server = Some(attempt_server.clone());
-                expect_accepted(op.machine.handle_server_selected(attempt_server, now));
+                slot.selection = None;
+                slot.server = Some(attempt_server.clone());
+                op.machine.server_selected(slot_index, attempt_server, now);
                 self.waiting.remove(&op_id);
             }
             SelectionStep::Wait { until, .. } => {
-                op.wake = Some(until);
+                slot.wake = Some(until);
                 self.waiting.insert(op_id);
                 for server in 0..self.servers.len() {
                     if let Some(state) = self.servers[server].monitor.as_mut() {
@@ -408,23 +472,31 @@ impl Engine {
                 }
             }
             SelectionStep::Failed(error) => {
-                op.selection = None;
+                slot.selection = None;
                 self.waiting.remove(&op_id);
                 let error = OperationError::server_selection(error.to_string());
-                self.fail_attempt(op_id, error, true, now);
+                self.fail_attempt(op_id, slot_index, error, true, now);
             }
         }
         self.schedule(Machine::Operation(op_id));
+        self.start_queued_selection(op_id, now);
     }
 
-    /// Writes the attempt's command on its checked-out connection.
-    pub(super) fn send_attempt(&mut self, op_id: OpId, conn: ConnId, now: Instant) {
+    /// Writes the command of `slot`'s attempt on its checked-out connection.
+    pub(super) fn send_attempt(&mut self, op_id: OpId, slot: usize, conn: ConnId, now: Instant) {
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
-        op.checkout = None;
-        op.conn = Some(conn);
-        let Some(with_txn_number) = op.attempt.as_ref().map(|a| a.txn_number.is_some()) else {
+        let slot_state = &mut op.slots[slot];
+        slot_state.checkout = None;
+        slot_state.conn = Some(conn);
+        // A cancelled copy writes nothing; its cancellation checks the connection in.
+        if !op.machine.is_live(slot) {
+            self.schedule(Machine::Operation(op_id));
+            return;
+        }
+        let Some(with_txn_number) = slot_state.attempt.as_ref().map(|a| a.txn_number.is_some())
+        else {
             return;
         };
         let supports_sessions = self.connection_supports_sessions(conn);
@@ -434,20 +506,26 @@ impl Engine {
             .get(&conn)
             .and_then(|s| self.server(s.server).monitor.as_ref())
             .map_or(core::time::Duration::ZERO, |m| m.monitor.min_rtt());
-        let prepared =
-            self.prepare_attempt(op_id, supports_sessions, with_txn_number, min_rtt, now);
+        let prepared = self.prepare_attempt(
+            op_id,
+            slot,
+            supports_sessions,
+            with_txn_number,
+            min_rtt,
+            now,
+        );
         let lsid = match prepared {
             Prepared::Send(lsid) => lsid,
             Prepared::Expired => {
                 // CS-4, TO-10: not sent; the connection goes back and the operation times out.
                 if let Some(op) = self.ops.get_mut(&op_id) {
-                    expect_accepted(op.machine.handle_expired_before_send(now));
+                    op.machine.expired_before_send(slot, now);
                 }
                 self.schedule(Machine::Operation(op_id));
                 return;
             }
             Prepared::Refused(error) => {
-                self.fail_attempt(op_id, error, false, now);
+                self.fail_attempt(op_id, slot, error, false, now);
                 return;
             }
             // RW-14: the retry machine released the connection and ended the operation.
@@ -459,12 +537,12 @@ impl Engine {
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
-        let Some(attempt) = op.attempt.as_ref() else {
+        let Some(attempt) = op.slots[slot].attempt.as_ref() else {
             return;
         };
         let deadline = op.request.timeout.deadline();
         // SS-9, LB-6: the read preference goes on the wire as the server's type requires.
-        let read_preference = op.server.as_ref().and_then(|server| {
+        let read_preference = op.slots[slot].server.as_ref().and_then(|server| {
             read_preference_document(
                 &op.request.criteria,
                 server.topology_type,
@@ -484,14 +562,14 @@ impl Engine {
         let Some(socket) = self.sockets.get_mut(&conn) else {
             return;
         };
-        socket.op = Some(op_id);
+        socket.op = Some((op_id, slot));
         let db = op.request.db.as_str();
         let sent = socket
             .machine
             .send_with(request, now, |out| append_command_fields(db, lsid, out));
         let failed = match sent {
             Ok(request_id) => {
-                expect_accepted(op.machine.handle_sent(now));
+                op.machine.sent(slot, now);
                 if let Some(command) = published {
                     self.command_started(op_id, conn, request_id, &command, now);
                 }
@@ -513,7 +591,7 @@ impl Engine {
         self.schedule(Machine::Socket(conn));
         self.schedule(Machine::Operation(op_id));
         if let Some(error) = failed {
-            self.fail_attempt(op_id, error, false, now);
+            self.fail_attempt(op_id, slot, error, false, now);
         }
     }
 
@@ -521,7 +599,7 @@ impl Engine {
     /// a success to the cursor and transaction pins.
     pub(super) fn attempt_replied(
         &mut self,
-        op_id: OpId,
+        (op_id, slot): (OpId, usize),
         conn: ConnId,
         body: Document,
         now: Instant,
@@ -539,14 +617,19 @@ impl Engine {
             let context = self.error_context(server, id, true);
             self.application_error(server, error, context, now);
         }
-        self.session_replied(op_id, &body);
+        self.session_replied(op_id, slot, &body);
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
+        // A copy cancelled meanwhile: its cancellation checks the connection in.
+        if !op.machine.is_live(slot) {
+            self.schedule(Machine::Operation(op_id));
+            return;
+        }
         match error {
             Some(error) => {
                 self.transaction_error_reply(op_id, conn, &error);
-                self.fail_attempt(op_id, error, false, now);
+                self.fail_attempt(op_id, slot, error, false, now);
             }
             None => {
                 // Looked up without `get_document`, whose miss builds an error.
@@ -559,9 +642,9 @@ impl Engine {
                     _ => None,
                 };
                 op.reply = Some(body);
-                expect_accepted(op.machine.handle_succeeded(now));
+                op.machine.succeeded(slot, now);
                 self.schedule(Machine::Operation(op_id));
-                self.cursor_replied(op_id, conn, cursor_id.unwrap_or(0));
+                self.cursor_replied(op_id, slot, conn, cursor_id.unwrap_or(0));
                 self.transaction_succeeded(op_id, conn);
             }
         }
@@ -572,11 +655,12 @@ impl Engine {
     pub(super) fn fail_attempt(
         &mut self,
         op_id: OpId,
+        slot: usize,
         error: OperationError,
         selection: bool,
         now: Instant,
     ) {
-        self.session_failed(op_id, &error);
+        self.session_failed(op_id, slot, &error);
         let Some(op) = self.ops.get(&op_id) else {
             return;
         };
@@ -602,11 +686,11 @@ impl Engine {
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
-        expect_accepted(if selection {
-            op.machine.handle_selection_failed(error, now)
+        if selection {
+            op.machine.selection_failed(slot, error, now);
         } else {
-            op.machine.handle_failed(error, now)
-        });
+            op.machine.failed(slot, error, now);
+        }
         self.schedule(Machine::Operation(op_id));
     }
 

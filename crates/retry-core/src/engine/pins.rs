@@ -205,7 +205,7 @@ impl Engine {
             if let Some(pool) = self.pool_mut(server) {
                 pool.set_purpose(pool_id, Purpose::Transaction);
             }
-        } else if let Some(address) = op
+        } else if let Some(address) = op.slots[0]
             .server
             .as_ref()
             .filter(|s| s.topology_type.is_sharded())
@@ -226,8 +226,15 @@ impl Engine {
         })
     }
 
-    /// LB-10: a cursor operation succeeded with `cursor_id`: open, keep or end the cursor.
-    pub(super) fn cursor_replied(&mut self, op_id: OpId, conn: ConnId, cursor_id: i64) {
+    /// LB-10: a cursor operation's `slot` (a hedged copy's, or the retry machine's) succeeded
+    /// with `cursor_id`: open, keep or end the cursor.
+    pub(super) fn cursor_replied(
+        &mut self,
+        op_id: OpId,
+        slot: usize,
+        conn: ConnId,
+        cursor_id: i64,
+    ) {
         let load_balanced = self.options.topology.load_balanced;
         // TX-5: a connection a transaction pins stays out when its cursor ends.
         let shared = load_balanced && self.is_transaction_conn(conn);
@@ -241,7 +248,7 @@ impl Engine {
         match op.request.cursor {
             CursorUse::None => {}
             CursorUse::Open => {
-                let Some(server) = op.server.clone() else {
+                let Some(server) = op.slots[slot].server.clone() else {
                     return;
                 };
                 if cursor_id == 0 {

@@ -176,14 +176,16 @@ impl Engine {
 
     /// Adds to the operation's command what this attempt on `conn` carries besides the attempt's
     /// own modifications: the `txnNumber` when the retry machine says the attempt has one
-    /// (`with_txn_number`, RW-2, RW-6, RW-7, TX-1), `$clusterTime` (SE-17) and `maxTimeMS` (CS-4,
-    /// TO-9; none on a `getMore`, TO-13). The fields go into the operation's own copy of the
-    /// command, replacing those of the previous attempt. The session's `lsid` (SE-3, SE-7) is not
-    /// inserted: [`Prepared::Send`] returns its id, which [`append_command_fields`] writes
-    /// pre-encoded when the command is encoded.
+    /// (`with_txn_number`, RW-2, RW-6, RW-7, TX-1), with `autocommit: false` on every transaction
+    /// command (TX-1) and the session's `recoveryToken` on commit and abort (TX-6), `$clusterTime`
+    /// (SE-17) and `maxTimeMS` (CS-4, TO-9; none on a `getMore`, TO-13). The fields go into the
+    /// operation's own copy of the command, replacing those of the previous attempt. The session's
+    /// `lsid` (SE-3, SE-7) is not inserted: [`Prepared::Send`] returns its id, which
+    /// [`append_command_fields`] writes pre-encoded when the command is encoded.
     pub(super) fn prepare_attempt(
         &mut self,
         op_id: OpId,
+        slot: usize,
         supports_sessions: bool,
         with_txn_number: bool,
         min_rtt: core::time::Duration,
@@ -195,38 +197,54 @@ impl Engine {
             return Prepared::Send(None);
         };
         let supported = supports_sessions || load_balanced;
+        let kind = op.request.kind;
+        let mut recovery_token = None;
+        // Each hedged copy has its own session (SE-9): its `lsid` is appended as it is encoded.
+        let Some(slot) = op.slots.get_mut(slot) else {
+            return Prepared::Send(None);
+        };
         // SE-7, SE-8: the server session, taken now if it was not yet.
-        let (server, explicit) =
-            match &mut op.session {
-                OpSession::Never => (None, None),
-                OpSession::Implicit(_) if !supported => (None, None),
-                OpSession::Implicit(slot) => (
+        let (server, explicit) = match &mut slot.session {
+            OpSession::Never => (None, None),
+            OpSession::Implicit(_) if !supported => (None, None),
+            OpSession::Implicit(slot) => {
+                (
                     Some(slot.get_or_insert_with(|| {
                         self.session_pool.acquire(timeout, &mut self.rng, now)
                     })),
                     None,
-                ),
-                OpSession::Explicit(handle) => {
-                    let Some(state) = self.sessions.get_mut(handle).filter(|s| !s.ending) else {
-                        return Prepared::Refused(OperationError::usage("the session has ended"));
-                    };
-                    if !supported {
-                        return Prepared::Refused(OperationError::usage(SESSIONS_UNSUPPORTED));
-                    }
-                    let server = state.server.get_or_insert_with(|| {
-                        self.session_pool.acquire(timeout, &mut self.rng, now)
-                    });
-                    (Some(server), Some(&state.clock))
+                )
+            }
+            OpSession::Explicit(handle) => {
+                let Some(state) = self.sessions.get_mut(handle).filter(|s| !s.ending) else {
+                    return Prepared::Refused(OperationError::usage("the session has ended"));
+                };
+                if !supported {
+                    return Prepared::Refused(OperationError::usage(SESSIONS_UNSUPPORTED));
                 }
-            };
+                // TX-6: a new transaction starts without a token; commit and abort send it.
+                match kind {
+                    OperationKind::InTransaction { first: true, .. } => {
+                        state.recovery_token = None;
+                    }
+                    OperationKind::CommitTransaction { .. } | OperationKind::AbortTransaction => {
+                        recovery_token = state.recovery_token.clone();
+                    }
+                    _ => {}
+                }
+                let server = state
+                    .server
+                    .get_or_insert_with(|| self.session_pool.acquire(timeout, &mut self.rng, now));
+                (Some(server), Some(&state.clock))
+            }
+        };
         let body = &mut op.wire.body;
         let lsid = server.as_ref().map(|server| server.id());
         match server {
             Some(server) => {
                 server.mark_used(now);
-                op.lsid_sent = true;
+                slot.lsid_sent = true;
                 if with_txn_number {
-                    let kind = op.request.kind;
                     let number = *op.txn_number.get_or_insert_with(|| match kind {
                         // TX-1: the later commands of a transaction use its number.
                         OperationKind::InTransaction { first: false, .. }
@@ -235,18 +253,28 @@ impl Engine {
                         _ => server.next_txn_number(),
                     });
                     body.insert("txnNumber", Bson::Int64(number));
+                    // TX-1: every command of a transaction says `autocommit: false`.
+                    if Engine::transaction_command(kind).is_some() {
+                        body.insert("autocommit", false);
+                    }
+                }
+                if let Some(token) = recovery_token {
+                    body.insert("recoveryToken", token);
                 }
             }
             None => {
                 // Never a txnNumber without an lsid: a server refuses it.
                 body.remove("txnNumber");
-                op.lsid_sent = false;
+                slot.lsid_sent = false;
                 if with_txn_number {
                     // RW-2, SE-8: the server's description supports sessions but this
                     // connection does not: the attempt is not a retryable write (issue 10 a).
-                    super::expect_accepted(op.machine.handle_attempt_without_txn_number(now));
-                    if op.machine.is_finished() {
-                        return Prepared::Withdrawn;
+                    // Only a retry machine's attempts carry a txnNumber.
+                    if let super::OpMachine::Retry(machine) = &mut op.machine {
+                        super::expect_accepted(machine.handle_attempt_without_txn_number(now));
+                        if machine.is_finished() {
+                            return Prepared::Withdrawn;
+                        }
                     }
                 }
             }
@@ -268,9 +296,10 @@ impl Engine {
         match max_time_ms(op.request.timeout, min_rtt, now) {
             MaxTime::Omit => Prepared::Send(lsid),
             MaxTime::Send(ms) => {
+                // At most `i32::MAX` (`MAX_TIME_MS_LIMIT`): sent as the Int32 servers parse.
                 body.insert(
                     "maxTimeMS",
-                    Bson::Int64(i64::try_from(ms).unwrap_or(i64::MAX)),
+                    Bson::Int32(i32::try_from(ms).unwrap_or(i32::MAX)),
                 );
                 Prepared::Send(lsid)
             }
@@ -288,22 +317,26 @@ impl Engine {
 
     /// SE-12: a network error on an attempt that carried the session's `lsid` makes the session
     /// dirty for good.
-    pub(super) fn session_failed(&mut self, op_id: OpId, error: &OperationError) {
+    pub(super) fn session_failed(&mut self, op_id: OpId, slot: usize, error: &OperationError) {
         if matches!(error.kind, ErrorKind::Network(_)) {
-            self.mark_session_dirty(op_id);
+            self.mark_session_dirty(op_id, slot);
         }
     }
 
     /// SE-12: the operation's session is dirty if its current attempt carried the `lsid`: a
     /// network error, or a cancellation that closes the connection under the command.
-    pub(super) fn mark_session_dirty(&mut self, op_id: OpId) {
-        let Some(op) = self.ops.get_mut(&op_id) else {
+    pub(super) fn mark_session_dirty(&mut self, op_id: OpId, slot: usize) {
+        let Some(slot) = self
+            .ops
+            .get_mut(&op_id)
+            .and_then(|op| op.slots.get_mut(slot))
+        else {
             return;
         };
-        if !op.lsid_sent {
+        if !slot.lsid_sent {
             return;
         }
-        match &mut op.session {
+        match &mut slot.session {
             OpSession::Implicit(Some(server)) => server.mark_dirty(),
             OpSession::Explicit(handle) => {
                 if let Some(server) = self
@@ -319,33 +352,60 @@ impl Engine {
     }
 
     /// SE-16, SE-18: a reply's `$clusterTime` advances the client's clock and the explicit
-    /// session's (never for SDAM commands, SE-19: those replies do not come here).
-    pub(super) fn session_replied(&mut self, op_id: OpId, reply: &Document) {
-        let Some(op) = self.ops.get(&op_id).filter(|op| op.gossip) else {
+    /// session's (never for SDAM commands, SE-19: those replies do not come here). TX-6: an
+    /// `ok: 1` reply to a transaction command leaves its `recoveryToken` with the session.
+    pub(super) fn session_replied(&mut self, op_id: OpId, slot: usize, reply: &Document) {
+        let Some(op) = self.ops.get(&op_id) else {
             return;
         };
+        let session = op.slots.get(slot).map(|s| &s.session);
+        if let (Some(OpSession::Explicit(handle)), Some(Bson::Document(token))) =
+            (session, reply.get("recoveryToken"))
+        {
+            let ok = matches!(
+                reply.get("ok"),
+                Some(Bson::Int32(1) | Bson::Int64(1) | Bson::Boolean(true))
+            ) || matches!(reply.get("ok"), Some(Bson::Double(v)) if *v == 1.0);
+            if ok && Engine::transaction_command(op.request.kind).is_some() {
+                if let Some(state) = self.sessions.get_mut(handle) {
+                    state.recovery_token = Some(token.clone());
+                }
+            }
+        }
+        if !op.gossip {
+            return;
+        }
         let Some(time) = ClusterTime::from_reply(reply) else {
             return;
         };
-        if let OpSession::Explicit(handle) = op.session {
-            if let Some(state) = self.sessions.get_mut(&handle) {
+        if let Some(OpSession::Explicit(handle)) = session {
+            if let Some(state) = self.sessions.get_mut(handle) {
                 state.clock.advance(time.clone());
             }
         }
         self.cluster_clock.advance(time);
     }
 
-    /// The operation ended: its implicit session goes to the cursor it opened or continues
-    /// (SE-14), else back to the pool (SE-9, SE-5); an explicit session stays with the caller
-    /// (and with the cursor it opened), or ends now if [`Engine::end_session`] waited for this
-    /// operation (SE-12).
+    /// The operation ended: the implicit session of its `winner` slot goes to the cursor it
+    /// opened or continues (SE-14), else back to the pool (SE-9, SE-5); an explicit session stays
+    /// with the caller (and with the cursor it opened), or ends now if [`Engine::end_session`]
+    /// waited for this operation (SE-12). The sessions of a hedged operation's other copies go
+    /// back to the pool.
     pub(super) fn operation_session_ended(
         &mut self,
         op: &mut Operation,
+        winner: usize,
         succeeded: bool,
         now: Instant,
     ) {
-        let session = core::mem::take(&mut op.session);
+        for (i, slot) in op.slots.iter_mut().enumerate() {
+            if let (true, OpSession::Implicit(server)) = (i != winner, &mut slot.session) {
+                if let Some(server) = server.take() {
+                    self.release_server_session(server, now);
+                }
+            }
+        }
+        let session = core::mem::take(&mut op.slots[winner].session);
         if let OpSession::Explicit(handle) = session {
             if let Some(state) = self.sessions.get_mut(&handle) {
                 state.in_flight = state.in_flight.saturating_sub(1);
@@ -419,7 +479,8 @@ impl Engine {
     /// SE-15: starts the `endSessions` operations for the pooled sessions, when a server is
     /// selectable now (none is waited for): on `admin`, primaryPreferred, without a session, as
     /// run commands whose errors are ignored, all bounded by `serverSelectionTimeoutMS` from
-    /// `now`. Returns whether any was started.
+    /// `now`. Returns whether any was started ([`Engine::close`] then waits for them; one that
+    /// ended at once is caught by the worklist's end-of-run check).
     pub(super) fn end_sessions(&mut self, now: Instant) -> bool {
         let selectable = self
             .topology
@@ -434,6 +495,7 @@ impl Engine {
         let criteria = SelectionCriteria::Read(ReadPreference::from_mode(
             ReadPreferenceMode::PrimaryPreferred,
         ));
+        let mut started = false;
         for command in self.session_pool.drain_end_sessions() {
             let mut request = OperationRequest::new(
                 "admin",
@@ -443,7 +505,8 @@ impl Engine {
             );
             request.timeout = OperationTimeout::Until(deadline);
             self.launch(request, true, now);
+            started = true;
         }
-        !self.ops.is_empty()
+        started
     }
 }

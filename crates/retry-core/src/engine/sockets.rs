@@ -69,6 +69,7 @@ impl Engine {
                 owner,
                 machine,
                 op: None,
+                drain: None,
                 transmit_queued: false,
                 command: None,
                 timer: None,
@@ -107,7 +108,7 @@ impl Engine {
     /// interruption) fails like a socket the peer closed, so its operation hears of it.
     pub(super) fn close_socket(&mut self, conn: ConnId, now: Instant) {
         match self.sockets.get_mut(&conn) {
-            Some(socket) if socket.op.is_some() => {
+            Some(socket) if socket.op.is_some() || socket.drain.is_some() => {
                 socket
                     .machine
                     .handle_closed(NetworkErrorKind::Closed, None, now);
@@ -158,20 +159,25 @@ impl Engine {
                     (Owner::Monitor, _) => self.monitor_replied(server, conn, &reply, now),
                     (Owner::Rtt, _) => self.rtt_replied(server, now),
                     (Owner::Pool(_), Some(op)) => self.attempt_replied(op, conn, reply.body, now),
-                    (Owner::Pool(_), None) => {}
+                    (Owner::Pool(_), None) => self.drained_reply(conn, &reply.body, now),
                 },
                 ConnectionEvent::Failed(failure) => {
                     let address = self.server(server).address.clone();
                     let error = failure.to_operation_error(&address);
-                    let pending = self.remove_socket(conn).and_then(|s| s.command);
+                    let (pending, drain) = self
+                        .remove_socket(conn)
+                        .map_or((None, None), |s| (s.command, s.drain));
                     self.closes.push_back(conn);
                     if let Some(pending) = pending {
                         self.command_failed(pending, &error, now);
                     }
-                    match owner {
-                        Owner::Monitor => self.monitor_check_failed(server, &error, now),
-                        Owner::Rtt => self.rtt_failed(server, Some(conn), now),
-                        Owner::Pool(id) => {
+                    match (owner, drain) {
+                        (Owner::Monitor, _) => self.monitor_check_failed(server, &error, now),
+                        (Owner::Rtt, _) => self.rtt_failed(server, Some(conn), now),
+                        (Owner::Pool(id), Some(drain)) => {
+                            self.drain_failed(server, id, drain, &error, now)
+                        }
+                        (Owner::Pool(id), None) => {
                             let failure = (op, handshaken, hello_service);
                             self.pool_socket_failed(server, id, conn, failure, error, now)
                         }
@@ -189,7 +195,7 @@ impl Engine {
         server: ServerId,
         id: ConnectionId,
         conn: ConnId,
-        (op, handshaken, hello_service): (Option<OpId>, bool, Option<ObjectId>),
+        (op, handshaken, hello_service): (Option<(OpId, usize)>, bool, Option<ObjectId>),
         error: OperationError,
         now: Instant,
     ) {
@@ -197,7 +203,7 @@ impl Engine {
         // LB-14: an error after the hello (during authentication) knows its serviceId.
         context.service_id = context.service_id.or(hello_service);
         match op {
-            Some(op_id) => {
+            Some((op_id, slot)) => {
                 self.application_error(server, &error, context, now);
                 // LB-11: the cursor stays pinned, but will send no killCursors; its connection
                 // stays checked out until the cursor is closed (LB `cursors.json`: "pinned
@@ -211,7 +217,7 @@ impl Engine {
                     }
                 }
                 if let Some(op) = self.ops.get_mut(&op_id) {
-                    op.conn = None;
+                    op.slots[slot].conn = None;
                 }
                 // Otherwise the connection goes back (and is closed) before the retry rules run
                 // (BP-27).
@@ -221,7 +227,7 @@ impl Engine {
                     }
                     self.flush_pool_events(server);
                 }
-                self.fail_attempt(op_id, error, false, now);
+                self.fail_attempt(op_id, slot, error, false, now);
             }
             // An established connection no operation was using (idle, or pinned between
             // operations) died: no SDAM error handling, as no operation saw it; the pool frees

@@ -173,10 +173,13 @@ impl Engine {
             }
             Machine::Operation(op) => {
                 if let Some(operation) = self.ops.get_mut(&op) {
-                    let at = match (operation.machine.poll_timeout(), operation.wake) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
+                    let wakes = operation.slots.iter().filter_map(|s| s.wake);
+                    let at = operation
+                        .machine
+                        .poll_timeout()
+                        .into_iter()
+                        .chain(wakes)
+                        .min();
                     self.timers.set(machine, &mut operation.timer, at);
                 }
             }

@@ -1,0 +1,481 @@
+//! Hedged reads (gRPC A6 `hedgingPolicy`, A6-H1..A6-H7): an operation whose command has a
+//! hedging policy in [`super::EngineOptions::service_config`] runs a [`HedgingMachine`], with one
+//! attempt slot per copy; anything else runs a [`RetryMachine`], under the command's A6
+//! `retryPolicy` when it has one.
+//!
+//! - Which operations: reads ([`hedgeable`]) in an implicit session that are not a cursor's
+//!   `getMore` or `killCursors`. An explicit session is never hedged: two copies would use its one
+//!   server session at once (SE-10: a session is not for concurrent use).
+//! - A6-H7: the copies' server selections run one at a time, each avoiding every server an earlier
+//!   copy was sent to, so copies go to distinct servers while unused ones exist.
+//! - Sessions: each copy takes its own implicit server session at checkout (SE-7, SE-9). A server
+//!   runs the commands of one session one at a time, so copies sharing a session would queue
+//!   behind each other wherever they meet (a shard reached through two mongoses), and the slow
+//!   copy would hold up the fast one. The winner's session is the operation's (it goes with the
+//!   cursor it opened, SE-14); the others go back to the pool when the operation ends.
+//! - A6-H3: a cancelled copy still selecting stops; one waiting for or holding a connection it
+//!   wrote nothing to gives it back. A copy in flight gets its command-failed event with the
+//!   cancelled error at once (EV-1), and its connection [`Drain`]s: it stays checked out, lent to
+//!   nobody, until the reply arrives and it is checked in with the copy's server session (SE-7).
+//!   The connection machine closes it if the deadline or the socket timeout passes first.
+//!   Closing it at once would cost a new connection and handshake when the servers are busiest,
+//!   and a server keeps running a read whose client went away anyway.
+
+use alloc::string::String;
+use alloc::sync::Arc;
+use bson::{doc, Bson, Document};
+use rand_core::RngCore;
+
+use super::{
+    expect_accepted, ConnId, Cursor, CursorHandle, CursorUse, Drain, Engine, EngineEvent, OpId,
+    OpMachine, OpSession, OperationRequest, Owner, ServerId, Slot,
+};
+use crate::address::ServerAddress;
+use crate::error::OperationError;
+use crate::hedging::{hedgeable, Action, CopyId, HedgingMachine};
+use crate::pinning::CursorPin;
+use crate::policy::RetryPolicy;
+use crate::pool::ConnectionId;
+use crate::retry::OperationKind;
+use crate::retry::{Attempt, AttemptServer, OperationSpec, RetryMachine, WriteConcernRule};
+use crate::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
+use crate::service_config::MethodPolicy;
+use crate::session::{ClusterTime, ServerSession};
+use crate::time::Instant;
+
+use super::worklist::Machine;
+
+/// The id and namespace (`db`, collection) of the cursor a reply opened, if it opened one.
+fn opened_cursor(reply: &Document) -> Option<(i64, (String, String))> {
+    let Some(Bson::Document(cursor)) = reply.get("cursor") else {
+        return None;
+    };
+    let id = match cursor.get("id") {
+        Some(Bson::Int64(id)) => *id,
+        Some(Bson::Int32(id)) => i64::from(*id),
+        _ => return None,
+    };
+    let Some(Bson::String(ns)) = cursor.get("ns") else {
+        return None;
+    };
+    let (db, collection) = ns.split_once('.')?;
+    (id != 0).then(|| (id, (db.into(), collection.into())))
+}
+
+/// The copy of a slot: copy `n` is in slot `n - 1`.
+fn copy_of(slot: usize) -> CopyId {
+    CopyId(slot as u32 + 1)
+}
+
+fn slot_of(copy: CopyId) -> usize {
+    copy.0 as usize - 1
+}
+
+impl OpMachine {
+    /// The servers the next selection avoids (SS-11, A6-H7).
+    pub(super) fn deprioritized(&self) -> &[ServerAddress] {
+        match self {
+            OpMachine::Retry(m) => m.deprioritized(),
+            OpMachine::Hedging(m) => m.deprioritized(),
+        }
+    }
+
+    pub(super) fn poll_timeout(&self) -> Option<Instant> {
+        match self {
+            OpMachine::Retry(m) => m.poll_timeout(),
+            OpMachine::Hedging(m) => m.poll_timeout(),
+        }
+    }
+
+    pub(super) fn handle_timeout(&mut self, now: Instant) {
+        match self {
+            OpMachine::Retry(m) => m.handle_timeout(now),
+            OpMachine::Hedging(m) => m.handle_timeout(now),
+        }
+    }
+
+    /// Whether the machine expects inputs for `slot`. A hedged copy the machine has cancelled may
+    /// still hear of its selection, checkout or reply before the engine handles the
+    /// cancellation, which then gives back whatever the copy holds; such news is dropped.
+    pub(super) fn is_live(&self, slot: usize) -> bool {
+        match self {
+            OpMachine::Retry(_) => true,
+            OpMachine::Hedging(m) => m.is_live(copy_of(slot)),
+        }
+    }
+
+    pub(super) fn server_selected(&mut self, slot: usize, server: AttemptServer, now: Instant) {
+        match self {
+            OpMachine::Retry(m) => expect_accepted(m.handle_server_selected(server, now)),
+            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
+                expect_accepted(m.handle_server_selected(copy_of(slot), server.address, now))
+            }
+            OpMachine::Hedging(_) => {}
+        }
+    }
+
+    pub(super) fn selection_failed(&mut self, slot: usize, error: OperationError, now: Instant) {
+        match self {
+            OpMachine::Retry(m) => expect_accepted(m.handle_selection_failed(error, now)),
+            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
+                expect_accepted(m.handle_selection_failed(copy_of(slot), error, now))
+            }
+            OpMachine::Hedging(_) => {}
+        }
+    }
+
+    pub(super) fn sent(&mut self, slot: usize, now: Instant) {
+        match self {
+            OpMachine::Retry(m) => expect_accepted(m.handle_sent(now)),
+            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
+                expect_accepted(m.handle_sent(copy_of(slot), now))
+            }
+            OpMachine::Hedging(_) => {}
+        }
+    }
+
+    pub(super) fn succeeded(&mut self, slot: usize, now: Instant) {
+        match self {
+            OpMachine::Retry(m) => expect_accepted(m.handle_succeeded(now)),
+            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
+                expect_accepted(m.handle_succeeded(copy_of(slot), now))
+            }
+            OpMachine::Hedging(_) => {}
+        }
+    }
+
+    pub(super) fn failed(&mut self, slot: usize, error: OperationError, now: Instant) {
+        match self {
+            OpMachine::Retry(m) => expect_accepted(m.handle_failed(error, now)),
+            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
+                expect_accepted(m.handle_failed(copy_of(slot), error, now))
+            }
+            OpMachine::Hedging(_) => {}
+        }
+    }
+
+    /// CS-4, TO-10: the attempt was not sent, as its time is up. A copy fails with the timeout
+    /// error, which is fatal (A6-H3, CS-5).
+    pub(super) fn expired_before_send(&mut self, slot: usize, now: Instant) {
+        match self {
+            OpMachine::Retry(m) => expect_accepted(m.handle_expired_before_send(now)),
+            OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => {
+                expect_accepted(m.handle_failed(copy_of(slot), OperationError::timeout(None), now))
+            }
+            OpMachine::Hedging(_) => {}
+        }
+    }
+}
+
+impl Engine {
+    /// The machine of a new operation, by its command's policy in the service config: a
+    /// hedging machine when the policy is hedging and the operation may be hedged (see the module
+    /// docs); else a retry machine under the command's A6 retry policy, with no retries for a
+    /// command named without a policy, or under the client's retry options. `pinned` operations
+    /// (a cursor's, a pinned transaction's, the engine's own) keep the client's options.
+    pub(super) fn operation_machine(
+        &mut self,
+        request: &OperationRequest,
+        session: &OpSession,
+        pinned: bool,
+        spec: OperationSpec,
+        now: Instant,
+    ) -> OpMachine {
+        let policy = match (&self.options.service_config, pinned) {
+            (Some(config), false) => request
+                .command
+                .keys()
+                .next()
+                .and_then(|name| config.policy_for(name)),
+            _ => None,
+        };
+        let retry = match policy {
+            Some(MethodPolicy::Hedging(policy))
+                if hedgeable(request.kind)
+                    && !matches!(session, OpSession::Explicit(_))
+                    && matches!(request.cursor, CursorUse::None | CursorUse::Open) =>
+            {
+                if let Ok(machine) = HedgingMachine::new(request.kind, request.timeout, policy, now)
+                {
+                    return OpMachine::Hedging(machine);
+                }
+                None
+            }
+            Some(MethodPolicy::Retry(policy)) => Some(
+                self.options
+                    .retry
+                    .clone()
+                    .policy(RetryPolicy::Grpc(Arc::new(policy.clone()))),
+            ),
+            // A6: a method named without a policy is not retried.
+            Some(MethodPolicy::NoRetries) => {
+                let mut options = self
+                    .options
+                    .retry
+                    .clone()
+                    .retry_reads(false)
+                    .retry_writes(false)
+                    .policy(RetryPolicy::Current);
+                options.max_adaptive_retries = 0;
+                Some(options)
+            }
+            _ => None,
+        };
+        let options = retry.as_ref().unwrap_or(&self.options.retry);
+        OpMachine::Retry(RetryMachine::new(spec, options, self.rng.next_u64(), now))
+    }
+
+    /// Routes a hedged operation's events and actions.
+    pub(super) fn drain_hedged(&mut self, op_id: OpId, now: Instant) {
+        loop {
+            let Some(op) = self.ops.get_mut(&op_id) else {
+                return;
+            };
+            let OpMachine::Hedging(machine) = &mut op.machine else {
+                return;
+            };
+            if let Some(event) = machine.poll_event() {
+                self.events
+                    .push_back(EngineEvent::Hedging { op: op_id, event });
+                continue;
+            }
+            let Some(action) = machine.poll_action() else {
+                return;
+            };
+            self.route_copy_action(op_id, action, now);
+        }
+    }
+
+    fn route_copy_action(&mut self, op_id: OpId, action: Action, now: Instant) {
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        match action {
+            Action::SelectServer(copy) => {
+                let slot = slot_of(copy);
+                // SE-9: each copy has its own implicit session, taken at its checkout (SE-7).
+                while op.slots.len() <= slot {
+                    let session = match op.slots[0].session {
+                        OpSession::Never => OpSession::Never,
+                        _ => OpSession::Implicit(None),
+                    };
+                    op.slots.push(Slot {
+                        session,
+                        ..Slot::default()
+                    });
+                }
+                // A6-H7: one selection at a time, so that each avoids the servers of the copies
+                // before it.
+                if op.slots.iter().any(|s| s.selection.is_some()) {
+                    op.slots[slot].select_queued = true;
+                } else {
+                    self.start_selection(op_id, slot, now);
+                }
+            }
+            Action::Dispatch { copy, address } => {
+                let slot = slot_of(copy);
+                let server = self.server_id(&address);
+                let attempt = Attempt {
+                    number: copy.0,
+                    address,
+                    txn_number: None,
+                    start_transaction: false,
+                    write_concern: WriteConcernRule::AsRequested,
+                };
+                self.set_attempt(op_id, slot, server, attempt);
+                self.check_out(op_id, slot, server, now);
+            }
+            Action::Release { copy, close } => {
+                let slot = slot_of(copy);
+                let keep = op.keep_conn;
+                let state = &mut op.slots[slot];
+                state.checkout = None;
+                // LB-10: the winner's connection may now belong to the cursor it opened.
+                let release = state.conn.take().filter(|_| !keep);
+                self.clear_attempt(op_id, slot);
+                if let Some(conn) = release {
+                    self.release(conn, !close, now);
+                }
+            }
+            Action::Cancel { copy, .. } => self.cancel_copy(op_id, slot_of(copy), now),
+            Action::Finished(result) => {
+                let winner = result.as_ref().map_or(0, |copy| slot_of(*copy));
+                self.finish(op_id, result.map(|_| ()), winner, now);
+            }
+        }
+    }
+
+    /// Starts the selection of the first copy that waits for one (A6-H7), once none is running.
+    pub(super) fn start_queued_selection(&mut self, op_id: OpId, now: Instant) {
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        if op.slots.iter().any(|s| s.selection.is_some()) {
+            return;
+        }
+        if let Some(slot) = op.slots.iter().position(|s| s.select_queued) {
+            op.slots[slot].select_queued = false;
+            self.start_selection(op_id, slot, now);
+        }
+    }
+
+    /// A6-H3: stops a losing copy (see the module docs).
+    fn cancel_copy(&mut self, op_id: OpId, slot: usize, now: Instant) {
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        let gossip = op.gossip;
+        let state = &mut op.slots[slot];
+        state.selection = None;
+        state.wake = None;
+        state.select_queued = false;
+        let checkout = state.checkout.take();
+        let conn = state.conn.take();
+        let in_flight = conn
+            .and_then(|conn| self.sockets.get_mut(&conn))
+            .filter(|socket| socket.op == Some((op_id, slot)));
+        match in_flight {
+            Some(socket) => {
+                // The copy's server session stays with the command until its reply (SE-7).
+                let session = match &mut state.session {
+                    OpSession::Implicit(server) => server.take(),
+                    _ => None,
+                };
+                socket.op = None;
+                socket.drain = Some(Drain { session, gossip });
+                // EV-1: the command in flight ends with the cancellation.
+                if let Some(pending) = socket.command.take() {
+                    self.command_failed(pending, &OperationError::cancelled(), now);
+                }
+            }
+            // Checked out but nothing written: the connection goes straight back.
+            None => {
+                if let Some(conn) = conn {
+                    self.release(conn, true, now);
+                }
+            }
+        }
+        self.clear_attempt(op_id, slot);
+        if let Some((server, checkout)) = checkout {
+            self.checkouts.remove(&(server, checkout));
+            if let Some(pool) = self.pool_mut(server) {
+                pool.cancel_checkout(checkout, now);
+            }
+            self.schedule(Machine::Pool(server));
+        }
+    }
+
+    /// The reply to a cancelled copy arrived on its draining connection: SDAM error handling and
+    /// `$clusterTime` as for any reply (SE-16), then the connection is checked in and the copy's
+    /// server session goes back to the pool (SE-7).
+    pub(super) fn drained_reply(&mut self, conn: ConnId, body: &Document, now: Instant) {
+        let Some(socket) = self.sockets.get_mut(&conn) else {
+            return;
+        };
+        let Some(drain) = socket.drain.take() else {
+            return;
+        };
+        let (server, owner) = (socket.server, socket.owner);
+        if let (Some(error), Owner::Pool(id)) =
+            (OperationError::from_reply(body, &socket.address), owner)
+        {
+            let context = self.error_context(server, id, true);
+            self.application_error(server, &error, context, now);
+        }
+        if drain.gossip {
+            if let Some(time) = ClusterTime::from_reply(body) {
+                self.cluster_clock.advance(time);
+            }
+        }
+        match opened_cursor(body).filter(|_| !self.closed) {
+            Some((id, ns)) => self.kill_cursor(server, conn, id, ns, drain.session, now),
+            None => {
+                if let Some(session) = drain.session {
+                    self.release_server_session(session, now);
+                }
+                self.release(conn, true, now);
+            }
+        }
+    }
+
+    /// A cancelled copy's read opened a cursor nobody will read: an engine-internal
+    /// `killCursors` closes it on its server (in load-balanced mode on its very connection,
+    /// LB-10), with the copy's session (SE-14), which then goes back to the pool.
+    fn kill_cursor(
+        &mut self,
+        server: ServerId,
+        conn: ConnId,
+        id: i64,
+        (db, collection): (String, String),
+        session: Option<ServerSession>,
+        now: Instant,
+    ) {
+        let address = self.server(server).address.clone();
+        let topology = self.topology.description();
+        let Some(attempt_server) = topology
+            .server(&address)
+            .map(|d| AttemptServer::from_description(d, topology.topology_type))
+        else {
+            if let Some(session) = session {
+                self.release_server_session(session, now);
+            }
+            self.release(conn, true, now);
+            return;
+        };
+        let mut pin = CursorPin::new();
+        let pinned = match self.sockets.get(&conn).map(|s| s.owner) {
+            Some(Owner::Pool(pool_id)) if self.options.topology.load_balanced => {
+                let _ = pin.created(pool_id, id);
+                Some(conn)
+            }
+            _ => {
+                self.release(conn, true, now);
+                None
+            }
+        };
+        let handle = CursorHandle(self.next_cursor);
+        self.next_cursor += 1;
+        self.cursors.insert(
+            handle,
+            Cursor {
+                server: attempt_server,
+                conn: pinned,
+                pin,
+                session: session.map_or(OpSession::Never, |s| OpSession::Implicit(Some(s))),
+            },
+        );
+        let mut request = OperationRequest::new(
+            db,
+            doc! { "killCursors": collection, "cursors": [id] },
+            OperationKind::RunCommand,
+            SelectionCriteria::Read(ReadPreference::from_mode(
+                ReadPreferenceMode::PrimaryPreferred,
+            )),
+        );
+        request.cursor = CursorUse::Close(handle);
+        self.launch(request, true, now);
+    }
+
+    /// A draining connection failed (its deadline or socket timeout passed, or the peer closed
+    /// it): SDAM error handling, the copy's server session is dirty and discarded (SE-12), and the
+    /// connection goes back to be closed.
+    pub(super) fn drain_failed(
+        &mut self,
+        server: ServerId,
+        id: ConnectionId,
+        drain: Drain,
+        error: &OperationError,
+        now: Instant,
+    ) {
+        let context = self.error_context(server, id, true);
+        self.application_error(server, error, context, now);
+        if let Some(mut session) = drain.session {
+            session.mark_dirty();
+            self.release_server_session(session, now);
+        }
+        if let Some(pool) = self.pool_mut(server) {
+            pool.check_in(id, false, now);
+        }
+        self.flush_pool_events(server);
+    }
+}
