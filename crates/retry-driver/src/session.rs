@@ -128,8 +128,12 @@ impl<R> Client<R> {
 
 /// An explicit session of a [`Client`]: run several operations in it, then drop it (or call
 /// [`Session::end`]) to end it. Its operations carry one `lsid`; its retryable writes get
-/// increasing `txnNumber`s; after [`Session::end`] the engine refuses its handle (SE-10). A
-/// session keeps its client alive. Sessions are not meant for concurrent use (SE-10).
+/// increasing `txnNumber`s; after [`Session::end`] the engine refuses its handle (SE-10). It is
+/// causally consistent (SE-21, always on: there is no option to turn it off): the engine sends
+/// its `find`, `aggregate`, `count` and `distinct` reads (and a transaction's first command)
+/// with `readConcern.afterClusterTime`, the latest `operationTime` of its replies; generic
+/// commands ([`OperationKind::RunCommand`](retry_core::retry::OperationKind::RunCommand)) get
+/// none. A session keeps its client alive. Sessions are not meant for concurrent use (SE-10).
 pub struct Session<R> {
     client: Client<R>,
     handle: SessionHandle,
