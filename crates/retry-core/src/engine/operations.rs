@@ -532,8 +532,7 @@ impl Engine {
         if busy {
             if let Some(op) = self.ops.get_mut(&op_id) {
                 op.slots[slot].conn = None;
-                op.machine
-                    .failed(slot, OperationError::usage(PINNED_CONNECTION_IN_USE), now);
+                op.failed(slot, OperationError::usage(PINNED_CONNECTION_IN_USE), now);
             }
             self.schedule(Machine::Operation(op_id));
             return;
