@@ -350,6 +350,10 @@ struct Server {
     /// The pool after the server left the topology: its in-use connections are still checked
     /// into it, and it closes them.
     retired_pool: Option<Box<Pool>>,
+    /// The server left the topology: its pool is `retired_pool` (dropped once it has no
+    /// connections left), never the topology's pool of a server at the same address that joined
+    /// later (review item 12).
+    left: bool,
     /// The pool's registered timer.
     pool_timer: Option<Instant>,
     pool_queued: bool,
@@ -901,6 +905,7 @@ impl Engine {
             address: address.clone(),
             monitor: None,
             retired_pool: None,
+            left: false,
             pool_timer: None,
             pool_queued: false,
             in_flight: 0,
@@ -914,6 +919,7 @@ impl Engine {
         let entry = &mut self.servers[server.0 as usize];
         match entry.retired_pool.as_deref_mut() {
             Some(pool) => Some(pool),
+            None if entry.left => None,
             None => self.topology.pool_mut(&entry.address),
         }
     }
@@ -922,6 +928,7 @@ impl Engine {
         let entry = self.server(server);
         match entry.retired_pool.as_deref() {
             Some(pool) => Some(pool),
+            None if entry.left => None,
             None => self.topology.pool(&entry.address),
         }
     }
@@ -1018,6 +1025,37 @@ mod tests {
             "{error:?}"
         );
         assert!(engine.ops.is_empty() && engine.checkouts.is_empty());
+    }
+
+    /// Review item 12, house rule 9: the pool of a server that left is dropped once it has no
+    /// connections, and the server's entry never reaches the pool of a server that joins later
+    /// at the same address.
+    #[test]
+    fn a_retired_pool_without_connections_is_dropped() {
+        let (a, b) = (
+            ServerAddress::new("a", 27017),
+            ServerAddress::new("b", 27017),
+        );
+        let settings = TopologySettings::new(alloc::vec![a, b.clone()]);
+        let options = EngineOptions::new(settings, HandshakeOptions::new());
+        let mut engine = Engine::new(options, Instant::ZERO).expect("valid");
+        let id = engine.server_id(&b);
+        let mut pool = Box::new(Pool::new(b.clone(), crate::pool::PoolOptions::default()));
+        pool.close(Instant::ZERO);
+        engine.server_removed(&b, pool, Instant::ZERO);
+        engine.run(Instant::ZERO);
+        let closed = events(&mut engine).into_iter().any(|e| {
+            matches!(
+                e,
+                EngineEvent::Pool {
+                    event: PoolEvent::PoolClosed,
+                    ..
+                }
+            )
+        });
+        assert!(closed, "the retired pool's events were routed first");
+        assert!(engine.server(id).retired_pool.is_none());
+        assert!(engine.pool(id).is_none());
     }
 
     /// Issue 9 item 2: a monitor whose socket cannot be built completes its check as failed.

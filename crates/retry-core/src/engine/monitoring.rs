@@ -117,7 +117,12 @@ impl Engine {
     /// mongos gone, client close): its monitor stops, its closed pool fails its waiters, and every
     /// pooled socket of it is closed, failing the attempt on it (which the retry rules then
     /// handle) or the pin that holds it.
-    fn server_removed(&mut self, address: &ServerAddress, pool: Box<Pool>, now: Instant) {
+    pub(super) fn server_removed(
+        &mut self,
+        address: &ServerAddress,
+        pool: Box<Pool>,
+        now: Instant,
+    ) {
         let Some(server) = self.server_ids.remove(address) else {
             return;
         };
@@ -129,6 +134,7 @@ impl Engine {
             }
         }
         self.server_mut(server).retired_pool = Some(pool);
+        self.server_mut(server).left = true;
         self.schedule(Machine::Pool(server));
         let conns: Vec<ConnId> = self
             .pool_sockets
@@ -442,6 +448,27 @@ impl Engine {
         self.schedule(Machine::Pool(server));
     }
 
+    /// Review item 12: a retired pool with nothing left to say and no connections (none in the
+    /// pool, no pooled socket of it) is dropped, so servers that leave do not keep pools forever.
+    fn drop_empty_retired_pool(&mut self, server: ServerId) {
+        let sockets = self
+            .pool_sockets
+            .range((server, ConnectionId(0))..=(server, ConnectionId(u32::MAX)))
+            .next()
+            .is_some();
+        let entry = &mut self.servers[server.0 as usize];
+        let empty = entry
+            .retired_pool
+            .as_ref()
+            .is_some_and(|p| p.total_connections() == 0);
+        if sockets || !empty {
+            return;
+        }
+        entry.retired_pool = None;
+        self.timers
+            .set(Machine::Pool(server), &mut entry.pool_timer, None);
+    }
+
     /// Routes a pool's events and actions.
     pub(super) fn drain_pool(&mut self, server: ServerId, now: Instant) {
         let address = self.server(server).address.clone();
@@ -457,6 +484,7 @@ impl Engine {
                 continue;
             }
             let Some(action) = pool.poll_action() else {
+                self.drop_empty_retired_pool(server);
                 return;
             };
             match action {

@@ -358,7 +358,7 @@ impl Engine {
         } else {
             Purpose::Other
         };
-        let member = self.server(server).retired_pool.is_none();
+        let member = !self.server(server).left;
         let checkout = self
             .pool_mut(server)
             .filter(|_| member)
@@ -490,10 +490,14 @@ impl Engine {
             SelectionStep::Wait { until, .. } => {
                 slot.wake = Some(until);
                 self.waiting.insert(op_id);
-                for server in 0..self.servers.len() {
-                    if let Some(state) = self.servers[server].monitor.as_mut() {
+                // Only the members have monitors: servers that left are not visited.
+                let mut members: smallvec::SmallVec<[ServerId; 8]> =
+                    self.server_ids.values().copied().collect();
+                members.sort_unstable();
+                for server in members {
+                    if let Some(state) = self.server_mut(server).monitor.as_mut() {
                         state.monitor.request_immediate_check(now);
-                        self.schedule(Machine::Monitor(ServerId(server as u32)));
+                        self.schedule(Machine::Monitor(server));
                     }
                 }
             }
