@@ -703,6 +703,15 @@ impl Engine {
         for conn in cursors {
             self.release(conn, true, now);
         }
+        // SE-15: the sessions of cancelled hedged copies still draining are ended with the rest.
+        let drained: Vec<ServerSession> = self
+            .sockets
+            .values_mut()
+            .filter_map(|s| s.drain.as_mut().and_then(|d| d.session.take()))
+            .collect();
+        for session in drained {
+            self.release_server_session(session, now);
+        }
         self.return_sessions(now);
         self.ending_sessions = self.end_sessions(now);
         if !self.ending_sessions {
