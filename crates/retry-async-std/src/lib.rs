@@ -41,8 +41,8 @@ use async_io::{Async, Timer};
 use futures_lite::{AsyncRead, AsyncWrite};
 use retry_core::time::Instant;
 use retry_driver::{
-    literal_address, lookup_ip, lookup_srv, lookup_txt, AsyncTimer, BoxFuture, Nameservers,
-    Runtime, Socket, SrvRecord,
+    literal_address, lookup_ip, lookup_srv, lookup_txt, timer_deadline, AsyncTimer, BoxFuture,
+    Nameservers, Runtime, Socket, SrvRecord,
 };
 
 mod dns;
@@ -70,11 +70,6 @@ impl AsyncIoRuntime {
     }
 }
 
-/// `at` on this runtime's clock.
-fn deadline(origin: std::time::Instant, at: Instant) -> std::time::Instant {
-    origin + retry_driver::timer_offset(at)
-}
-
 impl Runtime for AsyncIoRuntime {
     fn start() -> io::Result<AsyncIoRuntime> {
         Ok(AsyncIoRuntime {
@@ -89,7 +84,7 @@ impl Runtime for AsyncIoRuntime {
 
     fn new_timer(&self, at: Instant) -> Pin<Box<dyn AsyncTimer>> {
         Box::pin(IoTimer {
-            timer: Timer::at(deadline(self.origin, at)),
+            timer: Timer::at(timer_deadline(self.origin, at)),
             origin: self.origin,
         })
     }
@@ -161,7 +156,7 @@ struct IoTimer {
 
 impl AsyncTimer for IoTimer {
     fn reset(mut self: Pin<&mut Self>, at: Instant) {
-        let deadline = deadline(self.origin, at);
+        let deadline = timer_deadline(self.origin, at);
         self.timer.set_at(deadline);
     }
 

@@ -420,7 +420,12 @@ impl<T, const N: usize> Queue<T, N> {
     }
 
     fn pop(&mut self) -> Option<T> {
-        (!self.0.is_empty()).then(|| self.0.remove(0))
+        match self.0.len() {
+            0 => None,
+            // The usual case: taking the only item moves nothing else.
+            1 => self.0.pop(),
+            _ => Some(self.0.remove(0)),
+        }
     }
 }
 
@@ -703,10 +708,14 @@ impl<R: RngCore> RetryMachine<R> {
 
     /// The attempt's command was written to a connection: emits [`RetryEvent::CommandStarted`].
     pub fn handle_sent(&mut self, now: Instant) -> Result<(), UnexpectedInput> {
-        let State::Dispatched { server } = &self.state else {
-            return self.unexpected("sent");
+        // The server moves from the old state to the new one.
+        let server = match core::mem::replace(&mut self.state, State::Finished) {
+            State::Dispatched { server } => server,
+            other => {
+                self.state = other;
+                return self.unexpected("sent");
+            }
         };
-        let server = server.clone();
         self.events.push(RetryEvent::CommandStarted {
             attempt: self.dispatched,
             address: server.address.clone(),
@@ -757,18 +766,23 @@ impl<R: RngCore> RetryMachine<R> {
         error: OperationError,
         now: Instant,
     ) -> Result<(), UnexpectedInput> {
-        let (server, sent_at) = match &self.state {
-            State::Dispatched { server } => (server.clone(), None),
-            State::InFlight { server, sent_at } => (server.clone(), Some(*sent_at)),
-            _ => return self.unexpected("failed"),
+        // The state is set again below, whatever the decision.
+        let (server, sent_at) = match core::mem::replace(&mut self.state, State::Finished) {
+            State::Dispatched { server } => (server, None),
+            State::InFlight { server, sent_at } => (server, Some(sent_at)),
+            other => {
+                self.state = other;
+                return self.unexpected("failed");
+            }
         };
         let error = self.with_driver_labels(error, &server);
+        let summary = error.summary();
         if let Some(sent_at) = sent_at {
             self.events.push(RetryEvent::CommandFailed {
                 attempt: self.dispatched,
                 address: server.address.clone(),
                 duration: now.saturating_duration_since(sent_at),
-                error: error.summary(),
+                error: summary,
             });
         }
         let close = matches!(error.kind, ErrorKind::Network(_));
@@ -781,7 +795,6 @@ impl<R: RngCore> RetryMachine<R> {
             RetryPolicy::Grpc(_) => self.decide_grpc(&error, sharded, now),
             _ => self.decide_backpressure(&error, sharded, now),
         };
-        let summary = error.summary();
         self.remember(error);
         match decision {
             Decision::Retry {

@@ -15,11 +15,12 @@
 //!                   && attaches_session(name, is_unacknowledged(write concern))          (SE-13)
 //!                       session = pool.acquire(SessionTimeout::new(topology lsTimeout, lb), rng, now)
 //!                       txn = session.next_txn_number() for a retryable write            (RW-6)
-//! every attempt:    SessionFields { lsid, txn_number: txn (same on retries, RW-7),
-//!                     cluster_time: gossips_cluster_time(name) then
-//!                       ClusterTime::greater(client clock, session clock) }.apply(&mut copy)
+//! every attempt:    the copy gets session.id()'s lsid, txn (same on retries, RW-7) and,
+//!                     if gossips_cluster_time(name),
+//!                     ClusterTime::greater(client clock, session clock)                  (SE-17)
 //!                   session.mark_used(now)                                               (SE-2)
-//! every reply:      if gossips_cluster_time(name): client_clock.observe_reply(reply)     (SE-16)
+//! every reply:      if gossips_cluster_time(name):
+//!                     client_clock.advance(ClusterTime::from_reply(reply))               (SE-16)
 //! network error:    session.mark_dirty()                                                 (SE-12)
 //! operation ends:   pool.release(session, timeout, now) (a cursor's session: at cursor id 0, SE-14)
 //! client close:     for each pool.drain_end_sessions(): run on admin, primaryPreferred,
@@ -384,42 +385,6 @@ impl ClusterClock {
             self.current = Some(time);
         }
     }
-
-    /// SE-16: advances from a reply's top-level `$clusterTime`. Call it for every reply of a
-    /// command for which [`gossips_cluster_time`] is true (never for SDAM replies, SE-19),
-    /// failures included.
-    pub fn observe_reply(&mut self, reply: &Document) {
-        if let Some(time) = ClusterTime::from_reply(reply) {
-            self.advance(time);
-        }
-    }
-}
-
-/// The session fields the driver adds to its own copy of a command (SE-13, SE-17, RW-6).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SessionFields {
-    /// The `lsid`, when [`attaches_session`] allows it and the connection supports sessions.
-    pub lsid: Option<Document>,
-    /// The `txnNumber` of a retryable write or transaction (RW-6, TX-1).
-    pub txn_number: Option<i64>,
-    /// The `$clusterTime` to gossip ([`ClusterTime::greater`] of client and session, SE-17).
-    pub cluster_time: Option<Document>,
-}
-
-impl SessionFields {
-    /// Sets the present fields as top-level `lsid`, `txnNumber` (BSON int64) and `$clusterTime`,
-    /// replacing any the command already had.
-    pub fn apply(&self, command: &mut Document) {
-        if let Some(lsid) = &self.lsid {
-            command.insert("lsid", lsid.clone());
-        }
-        if let Some(txn_number) = self.txn_number {
-            command.insert("txnNumber", Bson::Int64(txn_number));
-        }
-        if let Some(time) = &self.cluster_time {
-            command.insert("$clusterTime", time.clone());
-        }
-    }
 }
 
 #[cfg(test)]
@@ -610,11 +575,13 @@ mod tests {
     fn se16_the_clock_keeps_the_highest_cluster_time_by_seconds_then_increment() {
         let mut clock = ClusterClock::new();
         assert!(clock.current().is_none());
-        clock.observe_reply(&doc! { "ok": 1 });
-        assert!(clock.current().is_none());
-        clock.observe_reply(&reply_at(10, 5));
-        clock.observe_reply(&reply_at(10, 4));
-        clock.observe_reply(&reply_at(9, 99));
+        assert!(ClusterTime::from_reply(&doc! { "ok": 1 }).is_none());
+        let mut observe = |reply: &Document| {
+            clock.advance(ClusterTime::from_reply(reply).expect("a $clusterTime"));
+        };
+        observe(&reply_at(10, 5));
+        observe(&reply_at(10, 4));
+        observe(&reply_at(9, 99));
         assert_eq!(
             clock.current().unwrap().timestamp(),
             Timestamp {
@@ -622,7 +589,7 @@ mod tests {
                 increment: 5
             }
         );
-        clock.observe_reply(&reply_at(10, 6));
+        clock.advance(ClusterTime::from_reply(&reply_at(10, 6)).unwrap());
         assert_eq!(clock.current().unwrap().timestamp().increment, 6);
         // SE-17: the document is sent exactly as received, signature included.
         assert_eq!(
@@ -639,19 +606,6 @@ mod tests {
         assert_eq!(ClusterTime::greater(Some(&b), Some(&a)), Some(&b));
         assert_eq!(ClusterTime::greater(None, Some(&a)), Some(&a));
         assert_eq!(ClusterTime::greater(None, None), None);
-
-        let mut command = doc! { "insert": "c" };
-        SessionFields {
-            lsid: Some(SessionId::generate(&mut rng()).lsid()),
-            txn_number: Some(3),
-            cluster_time: Some(b.document().clone()),
-        }
-        .apply(&mut command);
-        assert_eq!(command.get("txnNumber"), Some(&Bson::Int64(3)));
-        assert!(command.contains_key("lsid") && command.contains_key("$clusterTime"));
-        let mut untouched = doc! { "ping": 1 };
-        SessionFields::default().apply(&mut untouched);
-        assert_eq!(untouched, doc! { "ping": 1 });
     }
 
     #[test]

@@ -22,8 +22,10 @@ use crate::shared::{lock, EventQueue, Reply, Request, Shared, Slot, TimedEvent};
 use crate::srv::resolve_seedlist;
 use crate::tls::TlsRuntime;
 
-/// How [`Client::run`] runs one command; the default is [`Client::run_command`]'s.
+/// How [`Client::run`] runs one command; the default is [`Client::run_command`]'s. Built with
+/// [`Default`] and the `with_*` methods.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct CommandOptions {
     /// Where it may run; `None` picks a writable server for writes and the client's read
     /// preference otherwise (SS-2).
@@ -33,6 +35,26 @@ pub struct CommandOptions {
     /// The explicit session (from [`Client::start_session`](crate::Client::start_session));
     /// `None` runs the command in an implicit session (SE-9).
     pub session: Option<SessionHandle>,
+}
+
+impl CommandOptions {
+    /// These options, run where `criteria` selects.
+    pub fn with_criteria(mut self, criteria: SelectionCriteria) -> CommandOptions {
+        self.criteria = Some(criteria);
+        self
+    }
+
+    /// These options, with the command opening, continuing or closing a cursor.
+    pub fn with_cursor(mut self, cursor: CursorUse) -> CommandOptions {
+        self.cursor = cursor;
+        self
+    }
+
+    /// These options, in the explicit session `session`.
+    pub fn with_session(mut self, session: SessionHandle) -> CommandOptions {
+        self.session = Some(session);
+        self
+    }
 }
 
 /// Why a client could not be created.

@@ -57,7 +57,7 @@ pub use cursor::Cursor;
 pub use dns::{lookup_ip, lookup_srv, lookup_txt, Nameservers, RuntimeProvider};
 pub use io_error::{classify_io_error, io_cause, LOOKUP_FAILED};
 pub use options::{ClientOptions, OptionsError};
-pub use runtime::{literal_address, timer_offset, AsyncTimer, BoxFuture, Runtime, Socket};
+pub use runtime::{literal_address, timer_deadline, AsyncTimer, BoxFuture, Runtime, Socket};
 pub use session::Session;
 pub use shared::{Reply, TimedEvent};
 pub use srv::{apply_seedlist, resolve_seedlist, srv_query_name, SrvPolling, SrvRecord};

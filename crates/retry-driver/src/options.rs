@@ -119,7 +119,9 @@ pub struct ClientOptions {
     /// [`crate::Client::cursor`] send without one of their own (`wtimeout` not under
     /// `timeoutMS`, TO-8). [`crate::Client::run_command`] adds neither concern.
     pub write_concern: Option<Document>,
-    /// `serverMonitoringMode` (MO-7). The engine's monitors poll in every mode for now.
+    /// `serverMonitoringMode` (MO-7): `stream` streams heartbeats (awaitable `hello`, MO-9, with
+    /// an RTT connection, MO-12), `poll` polls, `auto` (the default) streams except on a FaaS
+    /// platform.
     pub server_monitoring_mode: ServerMonitoringMode,
     /// `appName`.
     pub app_name: Option<String>,

@@ -95,11 +95,16 @@ pub trait Socket: Send {
     ) -> Poll<io::Result<usize>>;
 }
 
-/// How far after a runtime clock's origin a timer for `at` fires: "never" ([`Instant::MAX`], about
-/// 584 years) becomes 30 years, which every runtime's clock can represent.
-pub fn timer_offset(at: Instant) -> core::time::Duration {
+/// When, on a runtime's own clock whose instant `origin` is the engine's [`Instant::ZERO`], a
+/// timer for `at` fires: `origin` plus the time since the engine's origin, where "never"
+/// ([`Instant::MAX`], about 584 years) becomes 30 years, which every runtime's clock can
+/// represent. The one mapping every adapter's [`AsyncTimer`] uses.
+pub fn timer_deadline<T>(origin: T, at: Instant) -> T
+where
+    T: core::ops::Add<core::time::Duration, Output = T>,
+{
     const FAR: core::time::Duration = core::time::Duration::from_secs(86_400 * 365 * 30);
-    at.since_origin().min(FAR)
+    origin + at.since_origin().min(FAR)
 }
 
 /// The socket address of `host:port` when `host` is an IP literal or `localhost` (127.0.0.1), for
@@ -126,13 +131,14 @@ mod tests {
 
     #[test]
     fn never_is_thirty_years_and_other_instants_are_exact() {
+        let origin = std::time::Instant::now();
         assert_eq!(
-            timer_offset(Instant::from_millis(1_500)),
-            core::time::Duration::from_millis(1_500)
+            timer_deadline(origin, Instant::from_millis(1_500)),
+            origin + core::time::Duration::from_millis(1_500)
         );
         assert_eq!(
-            timer_offset(Instant::MAX),
-            core::time::Duration::from_secs(86_400 * 365 * 30)
+            timer_deadline(origin, Instant::MAX),
+            origin + core::time::Duration::from_secs(86_400 * 365 * 30)
         );
     }
 

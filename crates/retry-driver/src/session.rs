@@ -164,14 +164,14 @@ impl<R> Session<R> {
     }
 
     /// [`Client::run`] in this session (its `options.session` is replaced by this one). Inside
-    /// a transaction the command gets `autocommit: false` and runs as
-    /// [`OperationKind::InTransaction`] on a writable server (TX-1); its `readConcern` and
+    /// a transaction the command runs as [`OperationKind::InTransaction`] on a writable server
+    /// (the engine adds `txnNumber` and `autocommit: false`, TX-1); its `readConcern` and
     /// `writeConcern` are the caller's to leave out. A command outside a transaction ends a
     /// committed or aborted one (TX-2, TX-4 (5)).
     pub async fn run(
         &self,
         db: &str,
-        mut command: Document,
+        command: Document,
         kind: OperationKind,
         options: CommandOptions,
     ) -> Result<Reply, OperationError> {
@@ -185,7 +185,6 @@ impl<R> Session<R> {
             ..options
         };
         if in_transaction {
-            command.insert("autocommit", false);
             options.criteria = options.criteria.or(Some(SelectionCriteria::Write));
         }
         self.client.run(db, command, kind, options).await
@@ -246,7 +245,6 @@ impl<R> Session<R> {
         };
         let mut command = Document::new();
         command.insert(name, 1);
-        command.insert("autocommit", false);
         let options = CommandOptions {
             criteria: Some(SelectionCriteria::Write),
             session: Some(self.handle),

@@ -36,7 +36,10 @@ use crate::srv::SrvRecord;
 
 /// The TLS settings of a client (TL-2). [`Default`] is the secure default: Mozilla's roots,
 /// certificates and host names verified, no client certificate.
+///
+/// Built with [`Default`] (or [`TlsOptions::insecure`]) and the `with_*` methods.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TlsOptions {
     /// `tlsCAFile`: PEM certificates to trust instead of the default roots.
     pub ca_file: Option<PathBuf>,
@@ -52,6 +55,33 @@ pub struct TlsOptions {
 }
 
 impl TlsOptions {
+    /// These options, trusting the PEM certificates of `path` instead of the default roots
+    /// (`tlsCAFile`).
+    pub fn with_ca_file(mut self, path: impl Into<PathBuf>) -> TlsOptions {
+        self.ca_file = Some(path.into());
+        self
+    }
+
+    /// These options, presenting the PEM certificate chain and key of `path`
+    /// (`tlsCertificateKeyFile`).
+    pub fn with_certificate_key_file(mut self, path: impl Into<PathBuf>) -> TlsOptions {
+        self.certificate_key_file = Some(path.into());
+        self
+    }
+
+    /// These options, accepting any server certificate or not (`tlsAllowInvalidCertificates`).
+    pub fn with_allow_invalid_certificates(mut self, allow: bool) -> TlsOptions {
+        self.allow_invalid_certificates = allow;
+        self
+    }
+
+    /// These options, accepting a certificate for another host name or not
+    /// (`tlsAllowInvalidHostnames`).
+    pub fn with_allow_invalid_hostnames(mut self, allow: bool) -> TlsOptions {
+        self.allow_invalid_hostnames = allow;
+        self
+    }
+
     /// `tlsInsecure=true`: both relaxations at once (TL-2; OCSP is never checked).
     pub fn insecure() -> TlsOptions {
         TlsOptions {

@@ -561,10 +561,7 @@ pub async fn overloaded_get_more_is_retried<R: Runtime>() {
                 .set_fail_command(Some(overload(FailPointMode::Times(1), &["getMore"])));
         }
         let client = connect::<R>(options(&[&first, &second]));
-        let find = CommandOptions {
-            cursor: CursorUse::Open,
-            ..CommandOptions::default()
-        };
+        let find = CommandOptions::default().with_cursor(CursorUse::Open);
         let command = doc! { "find": "items", "batchSize": 2 };
         let opened = client
             .run("test", command, OperationKind::Read, find)
@@ -583,10 +580,7 @@ pub async fn overloaded_get_more_is_retried<R: Runtime>() {
         } else {
             (&second, &first)
         };
-        let get_more = CommandOptions {
-            cursor: CursorUse::GetMore(cursor),
-            ..CommandOptions::default()
-        };
+        let get_more = CommandOptions::default().with_cursor(CursorUse::GetMore(cursor));
         let command = doc! { "getMore": id, "collection": "items", "batchSize": 2 };
         let next = client
             .run("test", command, OperationKind::GetMore, get_more)

@@ -183,10 +183,8 @@ pub async fn socket_timeout_bounds_a_server_that_never_answers<R: Runtime>() {
                 "test",
                 doc! { "find": "c" },
                 OperationKind::Read,
-                CommandOptions {
-                    criteria: Some(SelectionCriteria::Read(ReadPreference::PRIMARY)),
-                    ..CommandOptions::default()
-                },
+                CommandOptions::default()
+                    .with_criteria(SelectionCriteria::Read(ReadPreference::PRIMARY)),
             )
             .await
             .expect_err("never answered");

@@ -107,10 +107,7 @@ pub async fn tls_with_the_test_ca_works<R: Runtime>() {
         let ca = TestCa::new().expect("a CA");
         let file = CaFile::write(&ca);
         let server = tls_server(&ca, ServerCertificate::Valid).await;
-        let tls = TlsOptions {
-            ca_file: Some(file.0.clone()),
-            ..TlsOptions::default()
-        };
+        let tls = TlsOptions::default().with_ca_file(file.0.clone());
         ping_with::<R>(&server, tls.clone())
             .await
             .expect("ping over TLS");
@@ -174,18 +171,13 @@ pub async fn tls_client_certificate_from_the_key_file<R: Runtime>() {
             ..ServerConfig::default()
         };
         let server = Server::start(config).await;
-        let with_key = TlsOptions {
-            ca_file: Some(file.0.clone()),
-            certificate_key_file: Some(key_file.0.clone()),
-            ..TlsOptions::default()
-        };
+        let with_key = TlsOptions::default()
+            .with_ca_file(file.0.clone())
+            .with_certificate_key_file(key_file.0.clone());
         ping_with::<R>(&server, with_key)
             .await
             .expect("ping with a client certificate");
-        let without = TlsOptions {
-            ca_file: Some(file.0.clone()),
-            ..TlsOptions::default()
-        };
+        let without = TlsOptions::default().with_ca_file(file.0.clone());
         let error = ping_with::<R>(&server, without).await.unwrap_err();
         assert!(!error.has_label(Labels::SYSTEM_OVERLOADED), "{error}");
         assert!(server.handle.counters().tls_handshakes_failed > 0);
@@ -201,19 +193,13 @@ pub async fn tls_expired_certificate_is_refused_unless_insecure<R: Runtime>() {
         let ca = TestCa::new().expect("a CA");
         let file = CaFile::write(&ca);
         let server = tls_server(&ca, ServerCertificate::Expired).await;
-        let with_ca = |tls: TlsOptions| TlsOptions {
-            ca_file: Some(file.0.clone()),
-            ..tls
-        };
+        let with_ca = |tls: TlsOptions| tls.with_ca_file(file.0.clone());
         let error = ping_with::<R>(&server, with_ca(TlsOptions::default()))
             .await
             .unwrap_err();
         assert_certificate_error::<R>(&error, &server, with_ca(TlsOptions::default()), "expired")
             .await;
-        let hostnames_only = TlsOptions {
-            allow_invalid_hostnames: true,
-            ..TlsOptions::default()
-        };
+        let hostnames_only = TlsOptions::default().with_allow_invalid_hostnames(true);
         let error = ping_with::<R>(&server, with_ca(hostnames_only.clone()))
             .await
             .unwrap_err();
@@ -221,10 +207,7 @@ pub async fn tls_expired_certificate_is_refused_unless_insecure<R: Runtime>() {
         ping_with::<R>(&server, with_ca(TlsOptions::insecure()))
             .await
             .expect("tlsInsecure accepts an expired certificate");
-        let certificates = TlsOptions {
-            allow_invalid_certificates: true,
-            ..TlsOptions::default()
-        };
+        let certificates = TlsOptions::default().with_allow_invalid_certificates(true);
         ping_with::<R>(&server, certificates)
             .await
             .expect("tlsAllowInvalidCertificates accepts it, CA or not");
@@ -241,10 +224,7 @@ pub async fn tls_wrong_host_certificate_is_refused_unless_allowed<R: Runtime>() 
         let file = CaFile::write(&ca);
         let other_host = ServerCertificate::ForHosts(vec!["db.example.com".into()]);
         let server = tls_server(&ca, other_host).await;
-        let with_ca = |tls: TlsOptions| TlsOptions {
-            ca_file: Some(file.0.clone()),
-            ..tls
-        };
+        let with_ca = |tls: TlsOptions| tls.with_ca_file(file.0.clone());
         let error = ping_with::<R>(&server, with_ca(TlsOptions::default()))
             .await
             .unwrap_err();
@@ -255,10 +235,7 @@ pub async fn tls_wrong_host_certificate_is_refused_unless_allowed<R: Runtime>() 
             "not valid for",
         )
         .await;
-        let hostnames = TlsOptions {
-            allow_invalid_hostnames: true,
-            ..TlsOptions::default()
-        };
+        let hostnames = TlsOptions::default().with_allow_invalid_hostnames(true);
         ping_with::<R>(&server, with_ca(hostnames))
             .await
             .expect("tlsAllowInvalidHostnames accepts a certificate for another host");

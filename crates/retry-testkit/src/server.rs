@@ -552,6 +552,41 @@ struct Connection {
     auth: ConnectionAuth,
 }
 
+/// The "not writable primary" and "node is recovering" codes a replica-set member's error reply
+/// carries its `topologyVersion` with (not the shutdown codes 91 and 11600), as a 4.4+ `mongod`
+/// does for fail point errors and write concern errors alike.
+const NOT_PRIMARY_CODES: [i32; 5] = [10107, 13435, 13436, 189, 11602];
+
+/// A replica-set member's state-change error reply (top-level code or `writeConcernError` code
+/// in [`NOT_PRIMARY_CODES`]) carries the member's current `topologyVersion`, as a real one's does
+/// (server monitoring spec: "Always include the server's topologyVersion in ... State Change
+/// Error replies"); a client then treats it as stale (equal, not newer) and keeps the server's
+/// description.
+fn add_topology_version(state: &State, process_id: ObjectId, reply: &mut Document) {
+    if !matches!(state.role, Role::ReplicaSetMember(_)) {
+        return;
+    }
+    let code = |d: &Document| match d.get("code") {
+        Some(Bson::Int32(c)) => Some(*c),
+        _ => None,
+    };
+    let top = code(reply);
+    let wce = match reply.get("writeConcernError") {
+        Some(Bson::Document(w)) => code(w),
+        _ => None,
+    };
+    if [top, wce]
+        .into_iter()
+        .flatten()
+        .any(|c| NOT_PRIMARY_CODES.contains(&c))
+    {
+        reply.insert(
+            "topologyVersion",
+            bson::doc! { "processId": process_id, "counter": state.topology_counter },
+        );
+    }
+}
+
 /// TK-8: the fail point's `writeConcernError` (with its labels) on a reply that succeeded.
 fn add_write_concern_error(
     fired: Option<FailCommand>,
@@ -855,7 +890,9 @@ impl Connection {
             if fail.close_connection {
                 return Response::Close;
             }
-            if let Some(reply) = fail.error_reply(name, command) {
+            if let Some(mut reply) = fail.error_reply(name, command) {
+                let state = shared.lock();
+                add_topology_version(&state, shared.process_id, &mut reply);
                 return Response::Reply(reply);
             }
         }
@@ -871,6 +908,7 @@ impl Connection {
             return match statement_writes(&mut state, shared, name, key, statements) {
                 Response::Reply(mut reply) => {
                     add_write_concern_error(fired, name, command, &mut reply);
+                    add_topology_version(&state, shared.process_id, &mut reply);
                     Response::Reply(reply)
                 }
                 close => close,
@@ -885,6 +923,7 @@ impl Connection {
             // to the replayed reply as to a first execution (RW unified
             // insertOne-errorLabels "fails after multiple retryable writeConcernErrors").
             add_write_concern_error(fired, name, command, &mut reply);
+            add_topology_version(&state, shared.process_id, &mut reply);
             return Response::Reply(reply);
         }
         if let Some(key) = &write_key {
@@ -962,6 +1001,7 @@ impl Connection {
             return Response::Close;
         }
         add_write_concern_error(fired, name, command, &mut reply);
+        add_topology_version(&state, shared.process_id, &mut reply);
         Response::Reply(reply)
     }
 

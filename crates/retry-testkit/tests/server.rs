@@ -706,3 +706,57 @@ async fn shutdown_closes_every_connection_and_counters_reset() {
     })
     .await;
 }
+
+/// TK (faithful errors): a replica-set member's "not writable primary" / "node is recovering"
+/// error reply carries its current `topologyVersion`, from `errorCode` and from a
+/// `writeConcernError` alike, as a 4.4+ mongod's does; shutdown errors (91) and a standalone's
+/// errors do not.
+#[tokio::test]
+async fn state_change_errors_of_a_member_carry_its_topology_version() {
+    bounded(async {
+        let role = Role::ReplicaSetMember(ReplicaSetMember::primary("rs0"));
+        let (server, mut client) = start(ServerConfig::new(role)).await;
+        let hello_reply = client.command(hello("lab")).await.unwrap();
+        let current = hello_reply.get_document("topologyVersion").unwrap().clone();
+        let fail = |data: Document| {
+            doc! { "configureFailPoint": "failCommand", "mode": { "times": 1 }, "data": data,
+            "$db": "admin" }
+        };
+        let insert = doc! { "insert": "c", "documents": [{ "_id": 1 }], "$db": "db" };
+        for data in [
+            doc! { "failCommands": ["insert"], "errorCode": 10107 },
+            doc! { "failCommands": ["insert"], "errorCode": 189 },
+            doc! { "failCommands": ["insert"],
+            "writeConcernError": { "code": 11602, "errmsg": "x" } },
+        ] {
+            client.command(fail(data)).await.unwrap();
+            let reply = client.command(insert.clone()).await.unwrap();
+            assert_eq!(
+                reply.get_document("topologyVersion").ok(),
+                Some(&current),
+                "{reply}"
+            );
+        }
+        client
+            .command(fail(doc! { "failCommands": ["insert"], "errorCode": 91 }))
+            .await
+            .unwrap();
+        let reply = client.command(insert.clone()).await.unwrap();
+        assert_eq!(code(&reply), Some(91));
+        assert!(!reply.contains_key("topologyVersion"), "{reply}");
+        server.shutdown().await;
+
+        let (server, mut client) = start(ServerConfig::default()).await;
+        client
+            .command(fail(
+                doc! { "failCommands": ["insert"], "errorCode": 10107 },
+            ))
+            .await
+            .unwrap();
+        let reply = client.command(insert).await.unwrap();
+        assert_eq!(code(&reply), Some(10107));
+        assert!(!reply.contains_key("topologyVersion"), "{reply}");
+        server.shutdown().await;
+    })
+    .await;
+}

@@ -31,8 +31,8 @@ use std::io;
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use retry_core::time::Instant;
 use retry_driver::{
-    lookup_ip, lookup_srv, lookup_txt, AsyncTimer, BoxFuture, Nameservers, Runtime, Socket,
-    SrvRecord,
+    lookup_ip, lookup_srv, lookup_txt, timer_deadline, AsyncTimer, BoxFuture, Nameservers, Runtime,
+    Socket, SrvRecord,
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -63,11 +63,6 @@ impl TokioRuntime {
     }
 }
 
-/// `at` on this runtime's clock.
-fn deadline(origin: tokio::time::Instant, at: Instant) -> tokio::time::Instant {
-    origin + retry_driver::timer_offset(at)
-}
-
 impl Runtime for TokioRuntime {
     fn start() -> io::Result<TokioRuntime> {
         let handle = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
@@ -85,7 +80,7 @@ impl Runtime for TokioRuntime {
 
     fn new_timer(&self, at: Instant) -> Pin<Box<dyn AsyncTimer>> {
         Box::pin(Timer {
-            sleep: Box::pin(tokio::time::sleep_until(deadline(self.origin, at))),
+            sleep: Box::pin(tokio::time::sleep_until(timer_deadline(self.origin, at))),
             origin: self.origin,
         })
     }
@@ -143,7 +138,7 @@ struct Timer {
 
 impl AsyncTimer for Timer {
     fn reset(mut self: Pin<&mut Self>, at: Instant) {
-        let deadline = deadline(self.origin, at);
+        let deadline = timer_deadline(self.origin, at);
         self.sleep.as_mut().reset(deadline);
     }
 

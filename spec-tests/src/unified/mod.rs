@@ -128,6 +128,32 @@ impl SuiteReport {
 /// state-change error), so a few at a time keep a run short without loading the cores.
 const CONCURRENCY: usize = 8;
 
+/// A client timeout below this (`connectTimeoutMS`, `socketTimeoutMS`) makes its test run alone,
+/// after the suite's other tests: their work on the same thread would eat into it.
+const SHORT_TIMEOUT_MS: u64 = 500;
+
+/// Whether `test` (or its file's entities) sets a client timeout below [`SHORT_TIMEOUT_MS`]
+/// (e.g. `auth-network-timeout-error.json`'s 250 ms `socketTimeoutMS`, which other tests'
+/// work on the same thread could otherwise exhaust).
+fn has_short_timeout(file: &Value, test: &Value) -> bool {
+    fn walk(value: &Value, depth: usize) -> bool {
+        if depth > 64 {
+            return false;
+        }
+        match value {
+            Value::Object(map) => map.iter().any(|(key, v)| {
+                (matches!(key.as_str(), "connectTimeoutMS" | "socketTimeoutMS")
+                    && v.as_u64().is_some_and(|ms| ms > 0 && ms < SHORT_TIMEOUT_MS))
+                    || walk(v, depth + 1)
+            }),
+            Value::Array(items) => items.iter().any(|v| walk(v, depth + 1)),
+            _ => false,
+        }
+    }
+    file.get("createEntities").is_some_and(|e| walk(e, 0))
+        || test.get("operations").is_some_and(|o| walk(o, 0))
+}
+
 /// What becomes of one test before it runs: decided already, or run on a topology.
 enum Plan {
     Decided(TestOutcome),
@@ -151,6 +177,10 @@ pub fn run_suite(
         .map_err(|e| format!("no tokio runtime: {e}"))?;
     let local = tokio::task::LocalSet::new();
     let permits = Rc::new(tokio::sync::Semaphore::new(CONCURRENCY));
+    // Tests with a short client timeout run last and alone (`has_short_timeout`): they wait for
+    // `others_done`, opened when the count of the other tests still to finish reaches 0.
+    let others = Rc::new(std::cell::Cell::new(0_usize));
+    let others_done = Rc::new(tokio::sync::Semaphore::new(0));
     let mut jobs = Vec::new();
     // UNIFIED_FILTER=<text>: only the files whose name contains it (a debugging aid; the
     // suite's line then counts only those).
@@ -175,14 +205,38 @@ pub fn run_suite(
                 Plan::Decided(outcome) => Job::Decided(outcome),
                 Plan::Run(topology, auth) => {
                     let (file, permits) = (Rc::clone(&file), Rc::clone(&permits));
+                    let alone = file
+                        .get("tests")
+                        .and_then(|t| t.get(index))
+                        .is_some_and(|test| has_short_timeout(&file, test));
+                    let (others, others_done) = (Rc::clone(&others), Rc::clone(&others_done));
+                    if !alone {
+                        others.set(others.get() + 1);
+                    }
                     Job::Running(local.spawn_local(async move {
-                        let _permit = permits.acquire().await;
-                        execute(&file, index, topology, auth).await
+                        if alone {
+                            // After every other test of the suite, one at a time.
+                            drop(others_done.acquire().await);
+                            let _permit = permits.acquire_many(CONCURRENCY as u32).await;
+                            return execute(&file, index, topology, auth).await;
+                        }
+                        let outcome = {
+                            let _permit = permits.acquire().await;
+                            execute(&file, index, topology, auth).await
+                        };
+                        others.set(others.get() - 1);
+                        if others.get() == 0 {
+                            others_done.add_permits(1);
+                        }
+                        outcome
                     }))
                 }
             };
             jobs.push((format!("{name}#{index}"), job));
         }
+    }
+    if others.get() == 0 {
+        others_done.add_permits(1);
     }
     let verbose = std::env::var_os("UNIFIED_VERBOSE").is_some();
     let mut report = SuiteReport::default();

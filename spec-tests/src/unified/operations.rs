@@ -261,11 +261,8 @@ pub async fn execute(
         Some(preference) if read => Some(SelectionCriteria::Read(preference.clone())),
         _ => None,
     };
-    let options = CommandOptions {
-        cursor,
-        criteria,
-        ..CommandOptions::default()
-    };
+    let mut options = CommandOptions::default().with_cursor(cursor);
+    options.criteria = criteria;
     match &target.session {
         // The session adds what a transaction needs (TX-1, TX-2): the product's decision.
         Some(session) => session.run(&target.db, command, kind, options).await,

@@ -479,7 +479,8 @@ impl Engine {
     /// SE-15: starts the `endSessions` operations for the pooled sessions, when a server is
     /// selectable now (none is waited for): on `admin`, primaryPreferred, without a session, as
     /// run commands whose errors are ignored, all bounded by `serverSelectionTimeoutMS` from
-    /// `now`. Returns whether any was started.
+    /// `now`. Returns whether any was started ([`Engine::close`] then waits for them; one that
+    /// ended at once is caught by the worklist's end-of-run check).
     pub(super) fn end_sessions(&mut self, now: Instant) -> bool {
         let selectable = self
             .topology
@@ -494,6 +495,7 @@ impl Engine {
         let criteria = SelectionCriteria::Read(ReadPreference::from_mode(
             ReadPreferenceMode::PrimaryPreferred,
         ));
+        let mut started = false;
         for command in self.session_pool.drain_end_sessions() {
             let mut request = OperationRequest::new(
                 "admin",
@@ -503,7 +505,8 @@ impl Engine {
             );
             request.timeout = OperationTimeout::Until(deadline);
             self.launch(request, true, now);
+            started = true;
         }
-        !self.ops.is_empty()
+        started
     }
 }

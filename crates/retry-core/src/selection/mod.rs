@@ -103,11 +103,13 @@ pub fn select_server<'a>(
     if let Some(reason) = topology.compatibility_error() {
         return Err(SelectionError::Incompatible(reason.into()));
     }
-    let mut suitable = suitable_servers(
+    let mut suitable = ServerList::new();
+    suitability::suitable_servers_into(
         topology,
         criteria,
         deprioritized,
         settings.heartbeat_frequency,
+        &mut suitable,
     )
     .map_err(SelectionError::InvalidReadPreference)?;
     retain_latency_window(&mut suitable, settings.local_threshold);

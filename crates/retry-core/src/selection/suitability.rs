@@ -24,29 +24,56 @@ pub fn suitable_servers<'a>(
     deprioritized: &[ServerAddress],
     heartbeat_frequency: Duration,
 ) -> Result<ServerList<'a>, ReadPreferenceError> {
+    let mut suitable = ServerList::new();
+    suitable_servers_into(
+        topology,
+        criteria,
+        deprioritized,
+        heartbeat_frequency,
+        &mut suitable,
+    )?;
+    Ok(suitable)
+}
+
+/// [`suitable_servers`] writing into `out` (cleared first), so the pipeline moves no lists.
+pub(super) fn suitable_servers_into<'a>(
+    topology: &'a TopologyDescription,
+    criteria: &SelectionCriteria,
+    deprioritized: &[ServerAddress],
+    heartbeat_frequency: Duration,
+    out: &mut ServerList<'a>,
+) -> Result<(), ReadPreferenceError> {
+    out.clear();
     let is_replica_set = matches!(
         topology.topology_type,
         TopologyType::ReplicaSetNoPrimary | TopologyType::ReplicaSetWithPrimary
     );
-    if let (true, SelectionCriteria::Read(rp)) = (is_replica_set, criteria) {
-        rp.check_max_staleness(heartbeat_frequency)?;
-    }
-    let staleness = StalenessReference::of(topology, heartbeat_frequency);
+    // SS-5: the staleness reference is needed only for a maximum staleness.
+    let staleness = match criteria {
+        SelectionCriteria::Read(rp) if rp.max_staleness().is_some() => {
+            if is_replica_set {
+                rp.check_max_staleness(heartbeat_frequency)?;
+            }
+            Some(StalenessReference::of(topology, heartbeat_frequency))
+        }
+        _ => None,
+    };
     if !deprioritized.is_empty() {
         let preferred = Pool {
             servers: &topology.servers,
             avoid: deprioritized,
         };
-        let suitable = preferred.suitable(topology.topology_type, criteria, &staleness);
-        if !suitable.is_empty() {
-            return Ok(suitable);
+        preferred.suitable(topology.topology_type, criteria, staleness.as_ref(), out);
+        if !out.is_empty() {
+            return Ok(());
         }
     }
     let all = Pool {
         servers: &topology.servers,
         avoid: &[],
     };
-    Ok(all.suitable(topology.topology_type, criteria, &staleness))
+    all.suitable(topology.topology_type, criteria, staleness.as_ref(), out);
+    Ok(())
 }
 
 /// The servers one pass of SS-11 looks at: the topology's, less the `avoid` addresses.
@@ -56,80 +83,85 @@ struct Pool<'a, 'b> {
 }
 
 impl<'a> Pool<'a, '_> {
-    /// The servers of the pool that satisfy `keep`, in topology order. At most one allocation,
-    /// and none up to [`super::INLINE_SERVERS`] servers.
-    fn collect(&self, keep: impl Fn(&ServerDescription) -> bool) -> ServerList<'a> {
-        let mut list = ServerList::new();
-        list.reserve(self.servers.len());
-        list.extend(
-            self.servers
-                .iter()
-                .filter(|s| keep(s) && !self.avoid.contains(&s.address)),
-        );
-        list
+    /// Appends the servers of the pool that satisfy `keep` to `out`, in topology order. At most
+    /// one allocation, and none up to [`super::INLINE_SERVERS`] servers.
+    fn collect(&self, keep: impl Fn(&ServerDescription) -> bool, out: &mut ServerList<'a>) {
+        if self.servers.len() > out.inline_size() {
+            out.reserve(self.servers.len());
+        }
+        for s in self.servers {
+            if keep(s) && !self.avoid.contains(&s.address) {
+                out.push(s);
+            }
+        }
     }
 
-    /// The topology rules (SS-7 for writes; SS-3, SS-8, SS-9 for reads).
+    /// The topology rules (SS-7 for writes; SS-3, SS-8, SS-9 for reads), appended to the empty
+    /// `out`.
     fn suitable(
         &self,
         topology_type: TopologyType,
         criteria: &SelectionCriteria,
-        staleness: &StalenessReference,
-    ) -> ServerList<'a> {
-        let of_type = |t: ServerType| self.collect(|s| s.server_type == t);
+        staleness: Option<&StalenessReference>,
+        out: &mut ServerList<'a>,
+    ) {
+        let of_type =
+            |t: ServerType, out: &mut ServerList<'a>| self.collect(|s| s.server_type == t, out);
         match (topology_type, criteria) {
-            (TopologyType::Unknown, _) => ServerList::new(),
-            (TopologyType::Single, _) => self.collect(ServerDescription::is_available),
-            (TopologyType::Sharded, _) => of_type(ServerType::Mongos),
-            (TopologyType::LoadBalanced, _) => of_type(ServerType::LoadBalancer),
+            (TopologyType::Unknown, _) => {}
+            (TopologyType::Single, _) => self.collect(ServerDescription::is_available, out),
+            (TopologyType::Sharded, _) => of_type(ServerType::Mongos, out),
+            (TopologyType::LoadBalanced, _) => of_type(ServerType::LoadBalancer, out),
             (
                 TopologyType::ReplicaSetNoPrimary | TopologyType::ReplicaSetWithPrimary,
                 SelectionCriteria::Write,
-            ) => of_type(ServerType::RsPrimary),
+            ) => of_type(ServerType::RsPrimary, out),
             (
                 TopologyType::ReplicaSetNoPrimary | TopologyType::ReplicaSetWithPrimary,
                 SelectionCriteria::Read(rp),
-            ) => self.replica_set_read(rp, staleness),
+            ) => self.replica_set_read(rp, staleness, out),
         }
     }
 
     /// SS-3: a replica-set read by mode, with the primaryPreferred / secondaryPreferred
-    /// fallbacks.
+    /// fallbacks, appended to the empty `out`. `staleness` is present when `rp` has a maximum
+    /// staleness.
     fn replica_set_read(
         &self,
         rp: &ReadPreference,
-        staleness: &StalenessReference,
-    ) -> ServerList<'a> {
-        let primaries = || self.collect(|s| s.server_type == ServerType::RsPrimary);
-        let eligible = |with_primary: bool| {
-            let mut candidates = self.collect(|s| {
-                s.server_type == ServerType::RsSecondary
-                    || (with_primary && s.server_type == ServerType::RsPrimary)
-            });
-            if let Some(max) = rp.max_staleness() {
-                candidates.retain(|s| staleness.is_fresh(s, max));
+        staleness: Option<&StalenessReference>,
+        out: &mut ServerList<'a>,
+    ) {
+        let primaries = |out: &mut ServerList<'a>| {
+            self.collect(|s| s.server_type == ServerType::RsPrimary, out)
+        };
+        let eligible = |with_primary: bool, out: &mut ServerList<'a>| {
+            self.collect(
+                |s| {
+                    s.server_type == ServerType::RsSecondary
+                        || (with_primary && s.server_type == ServerType::RsPrimary)
+                },
+                out,
+            );
+            if let (Some(max), Some(staleness)) = (rp.max_staleness(), staleness) {
+                out.retain(|s| staleness.is_fresh(s, max));
             }
-            retain_matching_tags(&mut candidates, rp.tag_sets());
-            candidates
+            retain_matching_tags(out, rp.tag_sets());
         };
         match rp.mode() {
-            ReadPreferenceMode::Primary => primaries(),
-            ReadPreferenceMode::Secondary => eligible(false),
-            ReadPreferenceMode::Nearest => eligible(true),
+            ReadPreferenceMode::Primary => primaries(out),
+            ReadPreferenceMode::Secondary => eligible(false, out),
+            ReadPreferenceMode::Nearest => eligible(true, out),
             ReadPreferenceMode::SecondaryPreferred => {
-                let secondaries = eligible(false);
-                if secondaries.is_empty() {
-                    primaries()
-                } else {
-                    secondaries
+                eligible(false, out);
+                if out.is_empty() {
+                    primaries(out);
                 }
             }
             ReadPreferenceMode::PrimaryPreferred => {
-                let primary = primaries();
-                if primary.is_empty() {
-                    eligible(false)
-                } else {
-                    primary
+                primaries(out);
+                if out.is_empty() {
+                    eligible(false, out);
                 }
             }
         }

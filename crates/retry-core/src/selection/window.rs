@@ -17,7 +17,10 @@ pub fn retain_latency_window(servers: &mut ServerList<'_>, local_threshold: Dura
         return;
     };
     let slowest_allowed = fastest.saturating_add(local_threshold);
-    servers.retain(|s| rtt(s) <= slowest_allowed);
+    // Most windows keep every server: only then is there nothing to move.
+    if servers.iter().any(|s| rtt(s) > slowest_allowed) {
+        servers.retain(|s| rtt(s) <= slowest_allowed);
+    }
 }
 
 /// SS-15: picks one server of the latency window.

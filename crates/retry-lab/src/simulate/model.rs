@@ -212,7 +212,8 @@ const REQUESTS: usize = 1;
 /// The lane of replies on their way back (the network delay after the server finished).
 const REPLIES: usize = 2;
 
-/// An item in a server's queue or on its workers.
+/// One attempt from its send to its reply: on its way, in a server's queue, on a worker, on its
+/// way back. Kept in [`Sim::works`] so that events carry only its index.
 #[derive(Clone, Copy, Debug)]
 struct Work {
     op: u32,
@@ -220,6 +221,8 @@ struct Work {
     gen: u32,
     copy: u8,
     shed: bool,
+    server: u8,
+    outcome: Outcome,
     deadline: u64,
 }
 
@@ -230,31 +233,15 @@ enum Outcome {
     Expired,
 }
 
+/// What happens at an event; `u32`s of work are indices into [`Sim::works`].
 #[derive(Clone, Copy, Debug)]
 enum Kind {
     Arrival,
-    AtServer {
-        server: u8,
-        work: Work,
-    },
-    Completed {
-        server: u8,
-        work: Work,
-        outcome: Outcome,
-    },
-    Reply {
-        work: Work,
-        outcome: Outcome,
-    },
-    Timer {
-        op: u32,
-        serial: u32,
-        gen: u32,
-    },
-    Deadline {
-        op: u32,
-        serial: u32,
-    },
+    AtServer(u32),
+    Completed(u32),
+    Reply(u32),
+    Timer { op: u32, serial: u32, gen: u32 },
+    Deadline { op: u32, serial: u32 },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -277,7 +264,14 @@ impl PartialOrd for Event {
 }
 impl Ord for Event {
     fn cmp(&self, other: &Event) -> std::cmp::Ordering {
-        (self.time, self.seq).cmp(&(other.time, other.seq))
+        self.key().cmp(&other.key())
+    }
+}
+
+impl Event {
+    /// (time, sequence) as one number: the order of events.
+    fn key(&self) -> u128 {
+        (u128::from(self.time) << 64) | u128::from(self.seq)
     }
 }
 
@@ -287,13 +281,14 @@ struct Server {
     admit_per_ns: f64,
     burst: f64,
     busy: u32,
-    queue: VecDeque<Work>,
+    queue: VecDeque<u32>,
     tokens: f64,
     refilled_at: u64,
     rng: EngineRng,
 }
 
 /// A baseline policy's per-operation state (naive, AWS, SRE).
+#[derive(Default)]
 struct Simple {
     attempts: u32,
     /// The server the latest attempt went to.
@@ -361,13 +356,24 @@ pub(crate) struct Sim<'a> {
     spec: &'a RunSpec,
     now: u64,
     seq: u64,
-    events: BinaryHeap<Reverse<Event>>,
+    /// Timers (backoffs, hedging delays).
+    timers: BinaryHeap<Reverse<Event>>,
+    /// Workers finishing, at most one per busy worker.
+    completions: BinaryHeap<Reverse<Event>>,
+    /// The next arrival: there is never more than one.
+    arrival: Option<Event>,
     /// Events a fixed delay after they were scheduled: [`DEADLINES`], [`REQUESTS`], [`REPLIES`].
     lanes: [VecDeque<Event>; 3],
+    /// The attempts between send and reply, and the free slots among them.
+    works: Vec<Work>,
+    free_works: Vec<u32>,
     servers: Vec<Server>,
     clients: Vec<Client>,
     ops: Vec<Option<Op>>,
     free: Vec<u32>,
+    /// Boxes of finished operations' retry machines, for the next operations.
+    #[expect(clippy::vec_box, reason = "the boxes themselves are what is reused")]
+    spare_machines: Vec<Box<RetryMachine>>,
     next_serial: u32,
     arrivals: EngineRng,
     arrivals_end: u64,
@@ -445,8 +451,12 @@ impl<'a> Sim<'a> {
             spec,
             now: 0,
             seq: 0,
-            events: BinaryHeap::with_capacity(1024),
+            timers: BinaryHeap::with_capacity(1024),
+            completions: BinaryHeap::with_capacity(64),
+            arrival: None,
             lanes: Default::default(),
+            works: Vec::new(),
+            free_works: Vec::new(),
             servers: (0..servers)
                 .map(|i| {
                     let workers = cluster.workers_of(i);
@@ -467,6 +477,7 @@ impl<'a> Sim<'a> {
             clients,
             ops: Vec::new(),
             free: Vec::new(),
+            spare_machines: Vec::new(),
             next_serial: 0,
             arrivals: EngineRng::from_seed_u64(load_seed),
             arrivals_end: nanos(spec.duration),
@@ -490,9 +501,10 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Schedules a timer (a backoff's end, a hedging delay).
     fn schedule(&mut self, time: u64, kind: Kind) {
         self.seq += 1;
-        self.events.push(Reverse(Event {
+        self.timers.push(Reverse(Event {
             time,
             seq: self.seq,
             kind,
@@ -526,7 +538,12 @@ impl<'a> Sim<'a> {
             }
             let accept = self.spec.load.at(t) / self.spec.load.max();
             if accept >= 1.0 || unit(&mut self.arrivals) < accept {
-                self.schedule(t, Kind::Arrival);
+                self.seq += 1;
+                self.arrival = Some(Event {
+                    time: t,
+                    seq: self.seq,
+                    kind: Kind::Arrival,
+                });
                 return;
             }
         }
@@ -543,22 +560,32 @@ impl<'a> Sim<'a> {
         });
     }
 
-    /// The earliest event of the heap and the lanes, by (time, sequence).
+    /// The earliest event of the lanes, the heaps and the arrival, by (time, sequence): the
+    /// same order as one queue of every event.
     fn next_event(&mut self) -> Option<Event> {
-        let mut best: Option<(u64, u64, usize)> = self
-            .events
-            .peek()
-            .map(|Reverse(e)| (e.time, e.seq, usize::MAX));
-        for (i, lane) in self.lanes.iter().enumerate() {
-            if let Some(e) = lane.front() {
-                if best.is_none_or(|(t, s, _)| (e.time, e.seq) < (t, s)) {
-                    best = Some((e.time, e.seq, i));
+        const TIMERS: usize = 3;
+        const COMPLETIONS: usize = 4;
+        const ARRIVAL: usize = 5;
+        let mut best = (u128::MAX, usize::MAX);
+        let mut consider = |e: Option<&Event>, source: usize| {
+            if let Some(e) = e {
+                let key = e.key();
+                if key < best.0 {
+                    best = (key, source);
                 }
             }
+        };
+        for (i, lane) in self.lanes.iter().enumerate() {
+            consider(lane.front(), i);
         }
-        match best? {
-            (_, _, usize::MAX) => self.events.pop().map(|Reverse(e)| e),
-            (_, _, lane) => self.lanes[lane].pop_front(),
+        consider(self.timers.peek().map(|Reverse(e)| e), TIMERS);
+        consider(self.completions.peek().map(|Reverse(e)| e), COMPLETIONS);
+        consider(self.arrival.as_ref(), ARRIVAL);
+        match best.1 {
+            TIMERS => self.timers.pop().map(|Reverse(e)| e),
+            COMPLETIONS => self.completions.pop().map(|Reverse(e)| e),
+            ARRIVAL => self.arrival.take(),
+            lane => self.lanes.get_mut(lane)?.pop_front(),
         }
     }
 
@@ -571,13 +598,9 @@ impl<'a> Sim<'a> {
                     self.start_operation();
                     self.next_arrival();
                 }
-                Kind::AtServer { server, work } => self.at_server(server, work),
-                Kind::Completed {
-                    server,
-                    work,
-                    outcome,
-                } => self.completed(server, work, outcome),
-                Kind::Reply { work, outcome } => self.reply(work, outcome),
+                Kind::AtServer(work) => self.at_server(work),
+                Kind::Completed(work) => self.completed(work),
+                Kind::Reply(work) => self.reply(work),
                 Kind::Timer { op, serial, gen } => self.timer(op, serial, gen),
                 Kind::Deadline { op, serial } => self.deadline(op, serial),
             }
@@ -591,8 +614,9 @@ impl<'a> Sim<'a> {
 
     // ---- servers ----
 
-    fn at_server(&mut self, index: u8, mut work: Work) {
+    fn at_server(&mut self, work: u32) {
         let now = self.now;
+        let index = self.works[work as usize].server;
         let server = &mut self.servers[usize::from(index)];
         server.tokens = (server.tokens + (now - server.refilled_at) as f64 * server.admit_per_ns)
             .min(server.burst);
@@ -600,7 +624,7 @@ impl<'a> Sim<'a> {
         if server.tokens >= 1.0 {
             server.tokens -= 1.0;
         } else {
-            work.shed = true;
+            self.works[work as usize].shed = true;
             self.result.shed += 1;
         }
         if server.busy < server.workers {
@@ -610,10 +634,11 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn begin(&mut self, index: u8, work: Work) {
+    fn begin(&mut self, index: u8, id: u32) {
         let now = self.now;
         let server = &mut self.servers[usize::from(index)];
         server.busy += 1;
+        let work = &mut self.works[id as usize];
         let (cost, outcome) = if work.shed {
             (self.shed_ns, Outcome::Overloaded)
         } else if now >= work.deadline {
@@ -627,19 +652,19 @@ impl<'a> Sim<'a> {
             }
             ((-(1.0 - u).ln() * mean) as u64 + 1, Outcome::Ok)
         };
-        self.schedule(
-            now + cost,
-            Kind::Completed {
-                server: index,
-                work,
-                outcome,
-            },
-        );
+        work.outcome = outcome;
+        self.seq += 1;
+        self.completions.push(Reverse(Event {
+            time: now + cost,
+            seq: self.seq,
+            kind: Kind::Completed(id),
+        }));
     }
 
     /// A worker finished: the reply leaves, the worker takes the next item.
-    fn completed(&mut self, index: u8, work: Work, outcome: Outcome) {
-        self.schedule_after(REPLIES, self.net_ns, Kind::Reply { work, outcome });
+    fn completed(&mut self, work: u32) {
+        self.schedule_after(REPLIES, self.net_ns, Kind::Reply(work));
+        let index = self.works[work as usize].server;
         let server = &mut self.servers[usize::from(index)];
         server.busy -= 1;
         if let Some(work) = server.queue.pop_front() {
@@ -658,12 +683,22 @@ impl<'a> Sim<'a> {
             OperationTimeout::from_timeout_ms(Instant::from_nanos(now), self.cluster.timeout);
         let c = &mut self.clients[client as usize];
         let machine = match &c.budget {
-            ClientBudget::Machine(options) => Machine::Retry(Box::new(RetryMachine::new(
-                OperationSpec::new(OperationKind::Read).with_timeout(timeout),
-                options,
-                c.rng.next_u64(),
-                Instant::from_nanos(now),
-            ))),
+            ClientBudget::Machine(options) => {
+                let machine = RetryMachine::new(
+                    OperationSpec::new(OperationKind::Read).with_timeout(timeout),
+                    options,
+                    c.rng.next_u64(),
+                    Instant::from_nanos(now),
+                );
+                // A finished operation's box takes the new machine: no allocation.
+                Machine::Retry(match self.spare_machines.pop() {
+                    Some(mut spare) => {
+                        *spare = machine;
+                        spare
+                    }
+                    None => Box::new(machine),
+                })
+            }
             ClientBudget::Hedging(policy) => Machine::Hedge(Box::new(
                 HedgingMachine::new(
                     OperationKind::Read,
@@ -739,6 +774,8 @@ impl<'a> Sim<'a> {
             gen: op.gen,
             copy,
             shed: false,
+            server,
+            outcome: Outcome::Ok,
             deadline: op.start + self.timeout_ns,
         };
         let measured = op.measured;
@@ -749,7 +786,17 @@ impl<'a> Sim<'a> {
         }
         let b = self.bucket(now);
         self.result.series_attempts[b] += 1;
-        self.schedule_after(REQUESTS, self.net_ns, Kind::AtServer { server, work });
+        let work = match self.free_works.pop() {
+            Some(slot) => {
+                self.works[slot as usize] = work;
+                slot
+            }
+            None => {
+                self.works.push(work);
+                (self.works.len() - 1) as u32
+            }
+        };
+        self.schedule_after(REQUESTS, self.net_ns, Kind::AtServer(work));
     }
 
     fn released(&mut self, client: u32, server: u8) {
@@ -759,8 +806,13 @@ impl<'a> Sim<'a> {
 
     fn end(&mut self, id: u32, ok: bool) {
         let now = self.now;
-        let op = self.ops[id as usize].take().expect("live op");
+        let mut op = self.ops[id as usize].take().expect("live op");
         self.free.push(id);
+        if let Machine::Retry(machine) =
+            std::mem::replace(&mut op.machine, Machine::Simple(Simple::default()))
+        {
+            self.spare_machines.push(machine);
+        }
         let latency_us = ((now - op.start) / 1000) as u32;
         let most = &mut self.result.max_attempts_per_operation;
         *most = (*most).max(op.attempts);
@@ -888,7 +940,10 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn reply(&mut self, work: Work, outcome: Outcome) {
+    fn reply(&mut self, slot: u32) {
+        let work = self.works[slot as usize];
+        self.free_works.push(slot);
+        let outcome = work.outcome;
         let now = self.now;
         let at = Instant::from_nanos(now);
         let error = |sim: &Sim, server: u8| sim.overloaded[usize::from(server)].clone();
