@@ -304,7 +304,22 @@ impl Monitor {
             return None;
         };
         self.topology_version = TopologyVersion::from_reply(reply);
-        self.finish_check(reply_ok(reply), now.saturating_duration_since(started), now)
+        let rtt = now.saturating_duration_since(started);
+        self.events.push_back(self.check_ended(reply, rtt, false));
+        self.finish_check(reply_ok(reply), rtt, now)
+    }
+
+    /// MO-15: the event that ends a check whose `hello` got `reply` after `duration`: succeeded
+    /// for `ok: 1`, failed with the server's error for `ok: 0`.
+    fn check_ended(&self, reply: &Document, duration: Duration, awaited: bool) -> HeartbeatEvent {
+        match OperationError::from_reply(reply, &self.address) {
+            Some(error) if !reply_ok(reply) => HeartbeatEvent::Failed {
+                duration,
+                error: error.summary(),
+                awaited,
+            },
+            _ => HeartbeatEvent::Succeeded { duration, awaited },
+        }
     }
 
     /// MO-9, MO-10: a reply of the streaming protocol arrived at `now`; `more_to_come` when the
@@ -323,10 +338,8 @@ impl Monitor {
             return None;
         };
         let duration = now.saturating_duration_since(started);
-        self.events.push_back(HeartbeatEvent::Succeeded {
-            duration,
-            awaited: true,
-        });
+        self.events
+            .push_back(self.check_ended(reply, duration, true));
         self.retrying = false;
         self.last_check_started = Some(started);
         self.topology_version = TopologyVersion::from_reply(reply);
@@ -364,14 +377,15 @@ impl Monitor {
             return None;
         };
         self.topology_version = topology_version;
+        self.events.push_back(HeartbeatEvent::Succeeded {
+            duration: round_trip,
+            awaited: false,
+        });
         self.finish_check(true, round_trip, now)
     }
 
+    /// Ends a polling check (its event is already out): `ok` with a sample of `rtt`, or failed.
     fn finish_check(&mut self, ok: bool, rtt: Duration, now: Instant) -> Option<Duration> {
-        self.events.push_back(HeartbeatEvent::Succeeded {
-            duration: rtt,
-            awaited: false,
-        });
         self.retrying = false;
         self.known = ok;
         if !self.known {
@@ -482,7 +496,7 @@ impl Monitor {
 }
 
 /// Whether a `hello` reply reports success (`ok: 1` as a number or boolean).
-fn reply_ok(reply: &Document) -> bool {
+pub(crate) fn reply_ok(reply: &Document) -> bool {
     match reply.get("ok") {
         Some(bson::Bson::Double(v)) => *v == 1.0,
         Some(bson::Bson::Int32(v)) => *v == 1,
@@ -603,6 +617,15 @@ mod tests {
         assert_eq!(
             m.handle_check_succeeded(&doc! { "ok": 0, "code": 13 }, ms(2)),
             None
+        );
+        // MO-15: an `ok: 0` reply ends the check with a failed event carrying the server's code.
+        let events: Vec<_> = core::iter::from_fn(|| m.poll_event()).collect();
+        assert!(
+            matches!(
+                events.last(),
+                Some(HeartbeatEvent::Failed { error, awaited: false, .. }) if error.code == Some(13)
+            ),
+            "{events:?}"
         );
         assert_eq!(m.average_rtt(), None);
         m.handle_timeout(ms(10_000));
@@ -754,6 +777,33 @@ mod tests {
         assert!(!m.handle_check_failed(&reset(), ms(20_001)));
         assert!(!m.is_streaming());
         assert_eq!(m.poll_action(), Some(MonitorAction::Check));
+    }
+
+    #[test]
+    fn mo11_mo15_a_streamed_ok_0_reply_is_a_failed_awaited_check() {
+        let mut m = monitor().with_mode(ServerMonitoringMode::Stream, false, true);
+        m.handle_timeout(ms(0));
+        while m.poll_action().is_some() {}
+        let _ = m.handle_handshake(
+            TopologyVersion::from_reply(&streamable_hello()),
+            Duration::from_millis(4),
+            ms(5),
+        );
+        while m.poll_event().is_some() {}
+        assert!(m.is_streaming());
+        let failed = doc! { "ok": 0, "code": 91, "errmsg": "shutting down" };
+        assert_eq!(m.handle_streamed_reply(&failed, false, ms(105)), None);
+        assert!(
+            matches!(
+                m.poll_event(),
+                Some(HeartbeatEvent::Failed { duration, error, awaited: true })
+                    if duration == Duration::from_millis(100) && error.code == Some(91)
+            ),
+            "MO-15: failed, not succeeded"
+        );
+        assert_eq!(m.poll_event(), None);
+        assert!(!m.is_streaming(), "MO-11: the stream ends");
+        assert_eq!(m.average_rtt(), None, "MO-11: the RTT statistics are reset");
     }
 
     #[test]

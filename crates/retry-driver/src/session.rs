@@ -10,8 +10,9 @@
 //!
 //! Transactions: [`Session::start_transaction`], the session's commands, then
 //! [`Session::commit_transaction`] or [`Session::abort_transaction`]. What each call does is
-//! [`retry_core::transaction::Transaction`]'s decision (TX-2); this module adds `autocommit:
-//! false` to every command of the transaction (TX-1) and runs commit and abort on `admin`.
+//! [`retry_core::transaction::Transaction`]'s decision (TX-2); this module runs the session's
+//! commands with the kind it gives (the engine then adds `autocommit: false`, `startTransaction`
+//! and the `txnNumber`, TX-1) and commit and abort on `admin`.
 
 use core::fmt;
 use core::future::poll_fn;
@@ -127,8 +128,12 @@ impl<R> Client<R> {
 
 /// An explicit session of a [`Client`]: run several operations in it, then drop it (or call
 /// [`Session::end`]) to end it. Its operations carry one `lsid`; its retryable writes get
-/// increasing `txnNumber`s; after [`Session::end`] the engine refuses its handle (SE-10). A
-/// session keeps its client alive. Sessions are not meant for concurrent use (SE-10).
+/// increasing `txnNumber`s; after [`Session::end`] the engine refuses its handle (SE-10). It is
+/// causally consistent (SE-21, always on: there is no option to turn it off): the engine sends
+/// its `find`, `aggregate`, `count` and `distinct` reads (and a transaction's first command)
+/// with `readConcern.afterClusterTime`, the latest `operationTime` of its replies; generic
+/// commands ([`OperationKind::RunCommand`](retry_core::retry::OperationKind::RunCommand)) get
+/// none. A session keeps its client alive. Sessions are not meant for concurrent use (SE-10).
 pub struct Session<R> {
     client: Client<R>,
     handle: SessionHandle,

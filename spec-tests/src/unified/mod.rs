@@ -128,13 +128,13 @@ impl SuiteReport {
 /// state-change error), so a few at a time keep a run short without loading the cores.
 const CONCURRENCY: usize = 8;
 
-/// A client timeout below this (`connectTimeoutMS`, `socketTimeoutMS`) makes its test run alone,
-/// after the suite's other tests: their work on the same thread would eat into it.
+/// A client `socketTimeoutMS` below this makes its test run alone, after the suite's other tests:
+/// their work on the same thread would eat into it.
 const SHORT_TIMEOUT_MS: u64 = 500;
 
-/// Whether `test` (or its file's entities) sets a client timeout below [`SHORT_TIMEOUT_MS`]
-/// (e.g. `auth-network-timeout-error.json`'s 250 ms `socketTimeoutMS`, which other tests'
-/// work on the same thread could otherwise exhaust).
+/// Whether `test` (or its file's entities) sets a client `socketTimeoutMS` below
+/// [`SHORT_TIMEOUT_MS`] (e.g. `auth-network-timeout-error.json`'s 250 ms, which other tests' work
+/// on the same thread could otherwise exhaust during an authentication).
 fn has_short_timeout(file: &Value, test: &Value) -> bool {
     fn walk(value: &Value, depth: usize) -> bool {
         if depth > 64 {
@@ -142,7 +142,7 @@ fn has_short_timeout(file: &Value, test: &Value) -> bool {
         }
         match value {
             Value::Object(map) => map.iter().any(|(key, v)| {
-                (matches!(key.as_str(), "connectTimeoutMS" | "socketTimeoutMS")
+                (key == "socketTimeoutMS"
                     && v.as_u64().is_some_and(|ms| ms > 0 && ms < SHORT_TIMEOUT_MS))
                     || walk(v, depth + 1)
             }),

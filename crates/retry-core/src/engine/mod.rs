@@ -467,6 +467,8 @@ struct Session {
     ending: bool,
     /// TX-6: the latest `recoveryToken` of the transaction's `ok: 1` replies.
     recovery_token: Option<Document>,
+    /// SE-21: the greatest `operationTime` of its replies, for `afterClusterTime`.
+    operation_time: Option<bson::Timestamp>,
 }
 
 /// Which server session an operation's commands carry.

@@ -323,7 +323,7 @@ impl Engine {
     }
 
     /// A reply on the monitoring connection: a polling check's, or one of the stream's (MO-9).
-    /// A failed streamed reply (`ok: 0`) closes the connection (MO-11).
+    /// A failed reply (`ok: 0`) closes the connection (MO-11).
     pub(super) fn monitor_replied(
         &mut self,
         server: ServerId,
@@ -344,7 +344,9 @@ impl Engine {
         } else {
             state.monitor.handle_check_succeeded(&reply.body, now)
         };
-        if streaming && average.is_none() {
+        // MO-11 (1): a failed check (`ok: 0`) closes the monitoring connection, polling or
+        // streaming; the next check opens a new one.
+        if !crate::monitor::reply_ok(&reply.body) {
             state.conn = None;
             self.close_socket(conn, now);
         }

@@ -16,7 +16,7 @@ use super::{
     OpSession, Operation, OperationRequest, Owner, ServerId, Slot,
 };
 use crate::address::ServerAddress;
-use crate::connection::{Request, SendError};
+use crate::connection::{ConnectionState, Request, SendError};
 use crate::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::pinning::transaction_labels;
 use crate::pool::Purpose;
@@ -26,6 +26,10 @@ use crate::selection::{SelectionStep, ServerSelection};
 use crate::time::Instant;
 
 use super::worklist::Machine;
+
+/// The usage error of an attempt whose pinned connection another operation is using (SE-10).
+const PINNED_CONNECTION_IN_USE: &str =
+    "the connection pinned to this session or cursor is in use by another operation";
 
 impl Engine {
     /// Starts an operation; its result comes as [`EngineEvent::OperationFinished`]. After
@@ -324,7 +328,16 @@ impl Engine {
         let Some(op) = self.ops.get(&op_id) else {
             return;
         };
-        let deadline = op.request.timeout.deadline();
+        // CS-3: under CSOT (`timeoutMS=0` included, CS-1) a checkout waits at most
+        // `computedServerSelectionTimeout` = min(serverSelectionTimeoutMS, remaining) from now,
+        // and waitQueueTimeoutMS does not apply (TO-4, TO-8); without CSOT, waitQueueTimeoutMS.
+        let timeout = op.request.timeout;
+        let deadline = timeout.is_csot().then(|| {
+            let own = now.saturating_add(self.options.selection.server_selection_timeout);
+            timeout
+                .deadline()
+                .map_or(own, |remaining| remaining.min(own))
+        });
         // LB-13: a cursor-creating command's connection may stay with its cursor.
         let purpose = if op.request.cursor == CursorUse::Open && self.options.topology.load_balanced
         {
@@ -495,6 +508,27 @@ impl Engine {
             self.schedule(Machine::Operation(op_id));
             return;
         }
+        // SE-10 (review item 5): a connection pinned to a session or cursor that another
+        // operation is using (concurrent use of one session or cursor) is left alone, so that
+        // operation keeps its reply; this attempt fails with a usage error, a client-side error
+        // that changes no transaction state (TX-2) and dirties no session.
+        let busy = self
+            .sockets
+            .get(&conn)
+            .is_some_and(|s| s.op.is_some() || s.machine.state() == ConnectionState::InFlight);
+        if busy {
+            if let Some(op) = self.ops.get_mut(&op_id) {
+                op.slots[slot].conn = None;
+                op.machine
+                    .failed(slot, OperationError::usage(PINNED_CONNECTION_IN_USE), now);
+            }
+            self.schedule(Machine::Operation(op_id));
+            return;
+        }
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        let slot_state = &mut op.slots[slot];
         let Some(with_txn_number) = slot_state.attempt.as_ref().map(|a| a.txn_number.is_some())
         else {
             return;

@@ -5,9 +5,11 @@
 //! after checkout, on a connection whose own handshake supports sessions (SE-7, SE-8); every
 //! attempt carries its `lsid`, the operation's `txnNumber` (allocated once, RW-6, RW-7) and the
 //! greater of the client's and the session's `$clusterTime` (SE-17); every reply advances them
-//! (SE-16, SE-18); a network error marks the session dirty (SE-12); the operation's end returns
-//! it to the pool, or to the cursor it opened (SE-9, SE-14). Each step is a lookup by operation,
-//! cursor or session handle: no step looks at unrelated operations.
+//! (SE-16, SE-18); an explicit session is causally consistent: its replies' `operationTime`
+//! goes on its later reads as `readConcern.afterClusterTime` (SE-21); a network error marks the
+//! session dirty (SE-12); the operation's end returns it to the pool, or to the cursor it opened
+//! (SE-9, SE-14); an explicit session ends after its last operation (SE-12). Each step is a
+//! lookup by operation, cursor or session handle: no step looks at unrelated operations.
 
 use bson::{Bson, Document};
 
@@ -199,6 +201,8 @@ impl Engine {
         let supported = supports_sessions || load_balanced;
         let kind = op.request.kind;
         let mut recovery_token = None;
+        let causal_read = reads_causally(kind, &op.wire.body);
+        let mut after_cluster_time = None;
         // Each hedged copy has its own session (SE-9): its `lsid` is appended as it is encoded.
         let Some(slot) = op.slots.get_mut(slot) else {
             return Prepared::Send(None);
@@ -232,6 +236,9 @@ impl Engine {
                     }
                     _ => {}
                 }
+                if causal_read {
+                    after_cluster_time = state.operation_time;
+                }
                 let server = state
                     .server
                     .get_or_insert_with(|| self.session_pool.acquire(timeout, &mut self.rng, now));
@@ -260,6 +267,9 @@ impl Engine {
                 }
                 if let Some(token) = recovery_token {
                     body.insert("recoveryToken", token);
+                }
+                if let Some(time) = after_cluster_time {
+                    add_after_cluster_time(body, time);
                 }
             }
             None => {
@@ -359,6 +369,19 @@ impl Engine {
             return;
         };
         let session = op.slots.get(slot).map(|s| &s.session);
+        // SE-21: every reply's `operationTime`, failures included, in an explicit session.
+        if let (Some(OpSession::Explicit(handle)), Some(Bson::Timestamp(time))) =
+            (session, reply.get("operationTime"))
+        {
+            if let Some(state) = self.sessions.get_mut(handle) {
+                let newer = state
+                    .operation_time
+                    .is_none_or(|t| (time.time, time.increment) > (t.time, t.increment));
+                if newer {
+                    state.operation_time = Some(*time);
+                }
+            }
+        }
         if let (Some(OpSession::Explicit(handle)), Some(Bson::Document(token))) =
             (session, reply.get("recoveryToken"))
         {
@@ -509,4 +532,33 @@ impl Engine {
         }
         started
     }
+}
+
+/// SE-21: whether an attempt of `kind` reads causally after its explicit session's earlier
+/// operations: a read that takes a read concern (`find`, `aggregate` without a write stage,
+/// `count`, `distinct`; never a generic command) or a transaction's first command (its
+/// `readConcern`, TX-1).
+fn reads_causally(kind: OperationKind, body: &Document) -> bool {
+    match kind {
+        OperationKind::Read => matches!(
+            body.keys().next().map(String::as_str),
+            Some("find" | "aggregate" | "count" | "distinct")
+        ),
+        OperationKind::InTransaction { first, .. } => first,
+        _ => false,
+    }
+}
+
+/// SE-21: `readConcern.afterClusterTime` (the level, if any, kept); not with the `snapshot`
+/// level, which has its own point in time (SE-22).
+fn add_after_cluster_time(body: &mut Document, time: bson::Timestamp) {
+    let mut read_concern = match body.get("readConcern") {
+        Some(Bson::Document(read_concern)) => read_concern.clone(),
+        _ => Document::new(),
+    };
+    if matches!(read_concern.get("level"), Some(Bson::String(level)) if level == "snapshot") {
+        return;
+    }
+    read_concern.insert("afterClusterTime", Bson::Timestamp(time));
+    body.insert("readConcern", read_concern);
 }

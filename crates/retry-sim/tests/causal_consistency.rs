@@ -1,0 +1,93 @@
+//! SE-21: an explicit session is causally consistent: the `operationTime` of its replies goes on
+//! its later reads as `readConcern.afterClusterTime`, as a scripted mongos receives them.
+
+use bson::{doc, Bson, Document, Timestamp};
+use retry_core::engine::{OperationRequest, SessionHandle};
+use retry_core::retry::OperationKind;
+use retry_core::selection::SelectionCriteria;
+
+use retry_sim::{address, Role, Sim, SimServer, Step};
+
+fn at(time: u32, increment: u32) -> Timestamp {
+    Timestamp { time, increment }
+}
+
+fn read_concern(command: &Document) -> Option<&Document> {
+    command.get_document("readConcern").ok()
+}
+
+/// SE-21 (review item 11): no `afterClusterTime` before the session has seen an
+/// `operationTime`; then the greatest one seen (failures included) on `find`, `aggregate`,
+/// `count`, `distinct` with the command's own level kept; never on a generic command, a write,
+/// or an operation outside the session.
+#[test]
+fn se21_reads_in_an_explicit_session_carry_after_cluster_time() {
+    let mut server = SimServer::new(Role::Mongos);
+    server.record_commands = true;
+    server.script.extend([
+        // The first find: no operationTime yet.
+        Step::reply(doc! { "ok": 1, "cursor": { "id": 0_i64, "ns": "test.c", "firstBatch": [] } }),
+        Step::reply(doc! { "ok": 1, "n": 1, "operationTime": at(10, 2) }),
+        // An older time does not go back; a failure's time counts.
+        Step::reply(doc! { "ok": 1, "operationTime": at(10, 1) }),
+        Step::reply(doc! { "ok": 0, "code": 2, "errmsg": "bad", "operationTime": at(11, 0) }),
+    ]);
+    let mut sim = Sim::new(vec![(address("m"), server)], |_| {});
+    let session = sim.engine.start_session();
+    let run = |sim: &mut Sim, session: Option<SessionHandle>, command: Document, kind| {
+        let criteria = match kind {
+            OperationKind::RetryableWrite => SelectionCriteria::Write,
+            _ => retry_sim::primary(),
+        };
+        let mut request = OperationRequest::new("test", command, kind, criteria);
+        request.session = session;
+        let op = sim.start_request(request);
+        let _ = sim.run(op);
+    };
+    let s = Some(session);
+    run(&mut sim, s, doc! { "find": "c" }, OperationKind::Read);
+    run(
+        &mut sim,
+        s,
+        doc! { "insert": "c", "documents": [{}] },
+        OperationKind::RetryableWrite,
+    );
+    run(&mut sim, s, doc! { "count": "c" }, OperationKind::Read);
+    run(&mut sim, s, doc! { "ping": 1 }, OperationKind::RunCommand);
+    run(
+        &mut sim,
+        s,
+        doc! { "find": "c", "readConcern": { "level": "majority" } },
+        OperationKind::Read,
+    );
+    run(
+        &mut sim,
+        s,
+        doc! { "distinct": "c", "key": "x" },
+        OperationKind::Read,
+    );
+    run(&mut sim, None, doc! { "find": "c" }, OperationKind::Read);
+
+    let commands = &sim.servers[&address("m")].commands;
+    assert_eq!(commands.len(), 7);
+    assert_eq!(read_concern(&commands[0]), None, "nothing seen yet");
+    assert_eq!(read_concern(&commands[1]), None, "a write");
+    assert_eq!(
+        read_concern(&commands[2]),
+        Some(&doc! { "afterClusterTime": at(10, 2) })
+    );
+    assert_eq!(read_concern(&commands[3]), None, "a generic command");
+    assert_eq!(
+        read_concern(&commands[4]),
+        Some(&doc! { "level": "majority", "afterClusterTime": at(11, 0) }),
+        "the greatest time, from a failure's reply, with the command's level"
+    );
+    assert_eq!(
+        commands[5]
+            .get_document("readConcern")
+            .ok()
+            .and_then(|r| r.get("afterClusterTime")),
+        Some(&Bson::Timestamp(at(11, 0)))
+    );
+    assert_eq!(read_concern(&commands[6]), None, "an implicit session");
+}
