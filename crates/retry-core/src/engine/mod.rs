@@ -511,7 +511,9 @@ pub struct Engine {
     sockets: BTreeMap<ConnId, Socket>,
     /// Pool connection → socket.
     pool_sockets: BTreeMap<(ServerId, ConnectionId), ConnId>,
-    ops: BTreeMap<OpId, Operation>,
+    /// Boxed: the map's inserts and removals then move a pointer, not the whole operation, so an
+    /// operation's cost does not grow with the number in flight (house rule 9, issue 9).
+    ops: BTreeMap<OpId, Box<Operation>>,
     /// Pending checkout → operation.
     checkouts: BTreeMap<(ServerId, CheckoutId), (OpId, usize)>,
     /// Operations whose selection waits for a topology change (SS-16).

@@ -123,7 +123,7 @@ impl Engine {
         });
         self.ops.insert(
             op,
-            Operation {
+            Box::new(Operation {
                 machine,
                 slots,
                 wire: Request::new(body),
@@ -139,7 +139,7 @@ impl Engine {
                 internal,
                 timer: None,
                 queued: false,
-            },
+            }),
         );
         self.schedule(Machine::Operation(op));
         self.run(now);

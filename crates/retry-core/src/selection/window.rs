@@ -13,12 +13,13 @@ use crate::topology::ServerDescription;
 /// 0 ms.
 pub fn retain_latency_window(servers: &mut ServerList<'_>, local_threshold: Duration) {
     let rtt = |s: &ServerDescription| s.average_rtt.get().unwrap_or(Duration::ZERO);
-    let Some(fastest) = servers.iter().map(|s| rtt(s)).min() else {
+    let all: &[&ServerDescription] = servers;
+    let Some(fastest) = all.iter().map(|s| rtt(s)).min() else {
         return;
     };
     let slowest_allowed = fastest.saturating_add(local_threshold);
-    // Most windows keep every server: only then is there nothing to move.
-    if servers.iter().any(|s| rtt(s) > slowest_allowed) {
+    // Most windows keep every server: then there is nothing to move.
+    if all.iter().any(|s| rtt(s) > slowest_allowed) {
         servers.retain(|s| rtt(s) <= slowest_allowed);
     }
 }

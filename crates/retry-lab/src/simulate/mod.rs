@@ -12,6 +12,7 @@
 pub mod model;
 pub mod output;
 pub mod policy;
+mod sort;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};

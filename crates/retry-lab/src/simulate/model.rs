@@ -30,6 +30,7 @@ use super::policy::{
     AWS_THROTTLING_BASE, AWS_THROTTLING_COST, AWS_TRANSIENT_BASE, AWS_TRANSIENT_COST,
     OVERLOAD_CODE, SRE_BACKOFF_BASE, SRE_MAX_ATTEMPTS,
 };
+use super::sort::sort_u32;
 
 /// The simulated cluster and its clients.
 #[derive(Clone, Debug, PartialEq)]
@@ -387,6 +388,8 @@ pub(crate) struct Sim<'a> {
     timeout_ns: u64,
     bucket_ns: u64,
     warmup_ns: u64,
+    /// Arrivals per nanosecond at the profile's highest load.
+    max_rate: f64,
 }
 
 fn address(i: usize) -> ServerAddress {
@@ -498,6 +501,7 @@ impl<'a> Sim<'a> {
             timeout_ns: nanos(cluster.timeout),
             bucket_ns: nanos(spec.bucket).max(1),
             warmup_ns: nanos(spec.warmup),
+            max_rate: spec.load.max() * cluster.capacity() / 1e9,
         }
     }
 
@@ -525,7 +529,7 @@ impl<'a> Sim<'a> {
 
     /// Poisson arrivals at the current rate, by thinning against the profile's highest rate.
     fn next_arrival(&mut self) {
-        let max_rate = self.spec.load.max() * self.cluster.capacity() / 1e9;
+        let max_rate = self.max_rate;
         if max_rate <= 0.0 {
             return;
         }
@@ -567,20 +571,22 @@ impl<'a> Sim<'a> {
         const COMPLETIONS: usize = 4;
         const ARRIVAL: usize = 5;
         let mut best = (u128::MAX, usize::MAX);
-        let mut consider = |e: Option<&Event>, source: usize| {
-            if let Some(e) = e {
-                let key = e.key();
+        let mut consider = |key: Option<u128>, source: usize| {
+            if let Some(key) = key {
                 if key < best.0 {
                     best = (key, source);
                 }
             }
         };
         for (i, lane) in self.lanes.iter().enumerate() {
-            consider(lane.front(), i);
+            consider(lane.front().map(Event::key), i);
         }
-        consider(self.timers.peek().map(|Reverse(e)| e), TIMERS);
-        consider(self.completions.peek().map(|Reverse(e)| e), COMPLETIONS);
-        consider(self.arrival.as_ref(), ARRIVAL);
+        consider(self.timers.peek().map(|Reverse(e)| e.key()), TIMERS);
+        consider(
+            self.completions.peek().map(|Reverse(e)| e.key()),
+            COMPLETIONS,
+        );
+        consider(self.arrival.as_ref().map(Event::key), ARRIVAL);
         match best.1 {
             TIMERS => self.timers.pop().map(|Reverse(e)| e),
             COMPLETIONS => self.completions.pop().map(|Reverse(e)| e),
@@ -608,7 +614,7 @@ impl<'a> Sim<'a> {
     }
 
     fn finish(mut self) -> RunResult {
-        self.result.latencies_us.sort_unstable();
+        sort_u32(&mut self.result.latencies_us);
         self.result
     }
 
@@ -756,11 +762,6 @@ impl<'a> Sim<'a> {
             .get_mut(id as usize)
             .and_then(Option::as_mut)
             .filter(|o| o.serial == serial)
-    }
-
-    fn select(&mut self, client: u32, deprioritized: &[ServerAddress]) -> u8 {
-        self.selector
-            .pick(&mut self.clients[client as usize], deprioritized)
     }
 
     fn send(&mut self, id: u32, server: u8, copy: u8) {
@@ -1173,11 +1174,13 @@ impl<'a> Sim<'a> {
                 return;
             }
         }
-        let deprioritized: SmallVec<[ServerAddress; 1]> = previous
-            .map(|p| address(usize::from(p)))
-            .into_iter()
-            .collect();
-        let server = self.select(client_id, &deprioritized);
+        let deprioritized = match previous {
+            Some(p) => std::slice::from_ref(&self.attempt_servers[usize::from(p)].address),
+            None => &[],
+        };
+        let server = self
+            .selector
+            .pick(&mut self.clients[client_id as usize], deprioritized);
         if let Some(Op {
             machine: Machine::Simple(s),
             ..
