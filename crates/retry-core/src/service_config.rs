@@ -234,8 +234,13 @@ impl ServiceConfig {
                 .find(|(s, _)| s == wanted)
                 .map(|(_, i)| &self.policies[*i])
         };
-        if let Some(p) = find(&Scope::Command(command.to_string())) {
-            return Some(p);
+        // Looked up without building a `Scope`, which would allocate the name per operation.
+        let own = self.entries.iter().find_map(|(s, i)| match s {
+            Scope::Command(c) if c == command => Some(&self.policies[*i]),
+            _ => None,
+        });
+        if own.is_some() {
+            return own;
         }
         let read = READ_COMMANDS.contains(&command);
         [Scope::EveryCommand, Scope::Everything]

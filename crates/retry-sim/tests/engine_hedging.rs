@@ -419,7 +419,8 @@ fn cancelling_a_hedged_read_drains_its_copies() {
     assert_eq!(finished, 1);
 }
 
-/// Closing the engine with a draining connection closes it and finishes.
+/// Closing the engine with draining connections closes them and finishes; their sessions are
+/// ended with the others (SE-15).
 #[test]
 fn close_closes_draining_connections() {
     let mut sim = cluster(hedging_config(3, "0s"), 7);
@@ -435,6 +436,15 @@ fn close_closes_draining_connections() {
         "{:?}",
         sim.sockets.keys().collect::<Vec<_>>()
     );
+    // SE-15: the three copies' sessions (the winner's and the two still draining) are ended.
+    let ended: usize = sim
+        .servers
+        .values()
+        .flat_map(|s| &s.commands)
+        .filter_map(|c| c.get_array("endSessions").ok())
+        .map(|ids| ids.len())
+        .sum();
+    assert_eq!(ended, 3);
 }
 
 /// House rule 2: the same seed and inputs give the same trace.

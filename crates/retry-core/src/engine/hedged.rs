@@ -490,3 +490,125 @@ impl Engine {
         self.flush_pool_events(server);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::address::ServerAddress;
+    use crate::engine::{EngineOptions, SessionHandle};
+    use crate::handshake::HandshakeOptions;
+    use crate::service_config::ServiceConfig;
+    use crate::topology::TopologySettings;
+
+    /// An engine (no servers answer) with `find` hedged and `count` under an A6 retry policy.
+    fn engine() -> Engine {
+        let mut options = EngineOptions::new(
+            TopologySettings::new(alloc::vec![ServerAddress::new("db", 27017)]),
+            HandshakeOptions::new(),
+        );
+        options.service_config = Some(
+            ServiceConfig::from_document(&doc! { "methodConfig": [
+            { "name": [{ "service": "mongodb", "method": "find" }],
+              "hedgingPolicy": { "maxAttempts": 3, "hedgingDelay": "0s" } },
+            { "name": [{ "service": "mongodb", "method": "count" }],
+              "retryPolicy": { "maxAttempts": 2, "initialBackoff": "0.1s",
+                               "maxBackoff": "1s", "backoffMultiplier": 2,
+                               "retryableStatusCodes": [462] } } ] })
+            .expect("valid"),
+        );
+        Engine::new(options, Instant::ZERO).expect("valid")
+    }
+
+    fn start(engine: &mut Engine, command: Document, kind: OperationKind) -> OpId {
+        let criteria = SelectionCriteria::Read(ReadPreference::PRIMARY);
+        let request = OperationRequest::new("test", command, kind, criteria);
+        engine.start_operation(request, Instant::ZERO)
+    }
+
+    fn hedged(engine: &Engine, op: OpId) -> bool {
+        matches!(engine.ops[&op].machine, OpMachine::Hedging(_))
+    }
+
+    /// A6-H1 and the choice of machine: a hedged find selects its copies one at a time (A6-H7),
+    /// each in a slot of its own; other commands and kinds run a retry machine with one slot.
+    #[test]
+    fn a6_h7_a_hedged_read_has_a_slot_per_copy_selecting_one_at_a_time() {
+        let mut engine = engine();
+        let find = start(&mut engine, doc! { "find": "c" }, OperationKind::Read);
+        assert!(hedged(&engine, find));
+        let op = &engine.ops[&find];
+        assert_eq!(
+            op.slots.len(),
+            3,
+            "maxAttempts 3, hedgingDelay 0: every copy at once"
+        );
+        // The topology is unknown: the first copy waits to select, the others wait for it.
+        assert!(op.slots[0].selection.is_some() && !op.slots[0].select_queued);
+        assert!(op.slots[1..]
+            .iter()
+            .all(|s| s.selection.is_none() && s.select_queued));
+        let count = start(&mut engine, doc! { "count": "c" }, OperationKind::Read);
+        let insert = start(
+            &mut engine,
+            doc! { "find": "c" },
+            OperationKind::RetryableWrite,
+        );
+        for op in [count, insert] {
+            assert!(!hedged(&engine, op));
+            assert_eq!(engine.ops[&op].slots.len(), 1);
+        }
+    }
+
+    /// SE-10: a read in an explicit session is not hedged.
+    #[test]
+    fn a_read_in_an_explicit_session_is_not_hedged() {
+        let mut engine = engine();
+        let session: SessionHandle = engine.start_session();
+        let criteria = SelectionCriteria::Read(ReadPreference::PRIMARY);
+        let mut request =
+            OperationRequest::new("test", doc! { "find": "c" }, OperationKind::Read, criteria);
+        request.session = Some(session);
+        let op = engine.start_operation(request, Instant::ZERO);
+        assert!(!hedged(&engine, op));
+    }
+
+    /// Cancelling a hedged read that is still selecting ends it once, with every copy cancelled.
+    #[test]
+    fn cancelling_a_hedged_read_while_selecting_ends_it_once() {
+        let mut engine = engine();
+        let find = start(&mut engine, doc! { "find": "c" }, OperationKind::Read);
+        engine.cancel_operation(find, Instant::ZERO);
+        let events: alloc::vec::Vec<_> = core::iter::from_fn(|| engine.poll_event()).collect();
+        let finished = events
+            .iter()
+            .filter(|e| matches!(e, EngineEvent::OperationFinished { op, .. } if *op == find))
+            .count();
+        let cancelled = events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    EngineEvent::Hedging {
+                        event: crate::hedging::HedgingEvent::CopyCancelled { .. },
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!((finished, cancelled), (1, 3));
+        assert!(engine.ops.is_empty() && engine.waiting.is_empty());
+    }
+
+    /// The cursor a drained reply opened, by id and namespace; none for id 0.
+    #[test]
+    fn opened_cursor_reads_id_and_namespace() {
+        let reply = doc! { "ok": 1, "cursor": { "id": 7_i64, "ns": "db.c.d", "firstBatch": [] } };
+        assert_eq!(
+            opened_cursor(&reply),
+            Some((7, ("db".into(), "c.d".into())))
+        );
+        let done = doc! { "ok": 1, "cursor": { "id": 0_i64, "ns": "db.c", "firstBatch": [] } };
+        assert_eq!(opened_cursor(&done), None);
+        assert_eq!(opened_cursor(&doc! { "ok": 1 }), None);
+    }
+}

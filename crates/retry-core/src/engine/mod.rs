@@ -519,7 +519,9 @@ pub struct Engine {
     sockets: BTreeMap<ConnId, Socket>,
     /// Pool connection → socket.
     pool_sockets: BTreeMap<(ServerId, ConnectionId), ConnId>,
-    ops: BTreeMap<OpId, Operation>,
+    /// Boxed: the map's inserts and removals then move a pointer, not the whole operation, so an
+    /// operation's cost does not grow with the number in flight (house rule 9, issue 9).
+    ops: BTreeMap<OpId, Box<Operation>>,
     /// Pending checkout → operation.
     checkouts: BTreeMap<(ServerId, CheckoutId), (OpId, usize)>,
     /// Operations whose selection waits for a topology change (SS-16).
@@ -712,6 +714,15 @@ impl Engine {
         let cursors: Vec<ConnId> = self.cursors.values().filter_map(|c| c.conn).collect();
         for conn in cursors {
             self.release(conn, true, now);
+        }
+        // SE-15: the sessions of cancelled hedged copies still draining are ended with the rest.
+        let drained: Vec<ServerSession> = self
+            .sockets
+            .values_mut()
+            .filter_map(|s| s.drain.as_mut().and_then(|d| d.session.take()))
+            .collect();
+        for session in drained {
+            self.release_server_session(session, now);
         }
         self.return_sessions(now);
         self.ending_sessions = self.end_sessions(now);

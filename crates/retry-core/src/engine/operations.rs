@@ -123,7 +123,7 @@ impl Engine {
         });
         self.ops.insert(
             op,
-            Operation {
+            Box::new(Operation {
                 machine,
                 slots,
                 wire: Request::new(body),
@@ -140,7 +140,7 @@ impl Engine {
                 timer: None,
                 refused: None,
                 queued: false,
-            },
+            }),
         );
         self.schedule(Machine::Operation(op));
         self.run(now);
@@ -204,22 +204,24 @@ impl Engine {
     }
 
     fn drain_machine(&mut self, op_id: OpId, now: Instant) {
+        // One lookup: the machine, and which slots' waiting selections are due (at most 5).
+        let Some(op) = self.ops.get(&op_id) else {
+            return;
+        };
+        let hedged = matches!(op.machine, OpMachine::Hedging(_));
+        let mut due = op
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.wake.is_some_and(|w| now >= w))
+            .fold(0_u32, |due, (i, _)| due | 1 << i);
         // A waiting selection that is due looks again.
-        let slots = self.ops.get(&op_id).map_or(0, |o| o.slots.len());
-        for slot in 0..slots {
-            if self
-                .ops
-                .get(&op_id)
-                .is_some_and(|o| o.slots[slot].wake.is_some_and(|w| now >= w))
-            {
-                self.poll_selection(op_id, slot, now);
-            }
+        while due != 0 {
+            let slot = due.trailing_zeros() as usize;
+            due &= due - 1;
+            self.poll_selection(op_id, slot, now);
         }
-        if self
-            .ops
-            .get(&op_id)
-            .is_some_and(|o| matches!(o.machine, OpMachine::Hedging(_)))
-        {
+        if hedged {
             self.drain_hedged(op_id, now);
             return;
         }
@@ -439,11 +441,13 @@ impl Engine {
         server: ServerId,
         attempt: Attempt,
     ) {
-        self.clear_attempt(op_id, slot);
         if let Some(op) = self.ops.get_mut(&op_id) {
             let slot = &mut op.slots[slot];
             slot.attempt = Some(attempt);
-            slot.counted = Some(server);
+            if let Some(previous) = slot.counted.replace(server) {
+                let entry = &mut self.servers[previous.0 as usize];
+                entry.in_flight = entry.in_flight.saturating_sub(1);
+            }
             self.servers[server.0 as usize].in_flight += 1;
         }
     }
@@ -464,6 +468,7 @@ impl Engine {
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
+        let hedged = matches!(op.machine, OpMachine::Hedging(_));
         let slot = &mut op.slots[slot_index];
         slot.wake = None;
         let Some(selection) = slot.selection.as_mut() else {
@@ -509,7 +514,9 @@ impl Engine {
             }
         }
         self.schedule(Machine::Operation(op_id));
-        self.start_queued_selection(op_id, now);
+        if hedged {
+            self.start_queued_selection(op_id, now);
+        }
     }
 
     /// Writes the command of `slot`'s attempt on its checked-out connection.
