@@ -9,7 +9,8 @@
 //! [`Engine::close`]. Outputs are polled until
 //! `None`: [`Engine::poll_connect`] (open a socket), [`Engine::poll_transmit`] (bytes to write,
 //! appended to the caller's buffer), [`Engine::poll_close`] (close a socket), [`Engine::poll_event`]
-//! (operation results and monitoring events). After any input, drain every `poll_*`, then wait for
+//! (operation results and monitoring events). A `mongodb+srv` client with SRV polling also asks
+//! [`Engine::poll_srv_rescan`] and answers with [`Engine::handle_srv_hosts`] (SP-1..SP-6). After any input, drain every `poll_*`, then wait for
 //! the earlier of [`Engine::poll_timeout`] and the next input. A spurious `handle_timeout` is
 //! harmless. The [crate docs](crate#driving-the-engine) run this loop against a server on a
 //! loopback socket.
