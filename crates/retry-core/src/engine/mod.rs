@@ -86,6 +86,7 @@
 //! ends the pooled sessions with `endSessions` (SE-15) before it closes the pools.
 
 mod commands;
+mod cursors;
 mod hedged;
 mod monitoring;
 mod operations;
@@ -527,7 +528,7 @@ pub struct Engine {
     checkouts: BTreeMap<(ServerId, CheckoutId), (OpId, usize)>,
     /// Operations whose selection waits for a topology change (SS-16).
     waiting: BTreeSet<OpId>,
-    cursors: BTreeMap<CursorHandle, Cursor>,
+    cursors: cursors::Cursors,
     next_cursor: u64,
     sessions: BTreeMap<SessionHandle, Session>,
     next_session: u64,
@@ -645,7 +646,7 @@ impl Engine {
             ops: BTreeMap::new(),
             checkouts: BTreeMap::new(),
             waiting: BTreeSet::new(),
-            cursors: BTreeMap::new(),
+            cursors: cursors::Cursors::default(),
             next_cursor: 1,
             sessions: BTreeMap::new(),
             next_session: 1,
@@ -712,7 +713,7 @@ impl Engine {
         for session in sessions {
             self.unpin_connection(session, true, now);
         }
-        let cursors: Vec<ConnId> = self.cursors.values().filter_map(|c| c.conn).collect();
+        let cursors: Vec<ConnId> = self.cursors.pinned_conns().collect();
         for conn in cursors {
             self.release(conn, true, now);
         }

@@ -489,7 +489,9 @@ impl Engine {
             .into_values()
             .filter_map(|s| s.server)
             .collect();
-        let cursors: alloc::vec::Vec<ServerSession> = core::mem::take(&mut self.cursors)
+        let cursors: alloc::vec::Vec<ServerSession> = self
+            .cursors
+            .take_all()
             .into_values()
             .filter_map(|c| match c.session {
                 OpSession::Implicit(server) => server,

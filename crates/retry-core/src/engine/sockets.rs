@@ -10,7 +10,7 @@
 //! server is marked Unknown and its pool cleared (HS-9; the error has no overload labels), and the
 //! checkout that wanted the connection fails.
 
-use super::{ConnId, CursorUse, Engine, OpId, Owner, ServerId, Socket};
+use super::{ConnId, CursorHandle, CursorUse, Engine, OpId, Owner, ServerId, Socket};
 use crate::auth::Authentication;
 use crate::connection::{Connection, ConnectionConfig, ConnectionEvent};
 use crate::error::{ErrorKind, Labels, NetworkErrorKind, OperationError};
@@ -18,6 +18,7 @@ use crate::pool::ConnectionId;
 use crate::time::Instant;
 use crate::topology::ErrorContext;
 use bson::oid::ObjectId;
+use smallvec::SmallVec;
 
 use super::worklist::Machine;
 
@@ -233,8 +234,11 @@ impl Engine {
             // operations) died: no SDAM error handling, as no operation saw it; the pool frees
             // its slot, and a cursor pinned to it will send no killCursors (LB-11).
             None if handshaken => {
-                for cursor in self.cursors.values_mut().filter(|c| c.conn == Some(conn)) {
-                    cursor.pin.get_more_failed(&error);
+                let pinned: SmallVec<[CursorHandle; 2]> = self.cursors.on_conn(conn).collect();
+                for handle in pinned {
+                    if let Some(cursor) = self.cursors.get_mut(&handle) {
+                        cursor.pin.get_more_failed(&error);
+                    }
                 }
                 if let Some(pool) = self.pool_mut(server) {
                     pool.handle_connection_lost(id, now);
