@@ -158,7 +158,8 @@ impl Driver {
                 self.engine.cancel_operation(op, now);
             }
             // Explicit sessions to start and end (`session.rs`).
-            let sessions = crate::session::serve(&mut self.engine, &mut state.sessions, now);
+            let sessions =
+                crate::session::serve(&mut self.engine, &mut state.sessions, self.timeout, now);
             if state.requests.is_empty() {
                 return (sessions || cancelled, state.closing);
             }

@@ -20,11 +20,11 @@ use core::task::{Context, Poll, Waker};
 use std::sync::{Arc, Mutex};
 
 use bson::Document;
-use retry_core::engine::{Engine, SessionHandle};
+use retry_core::engine::{Engine, OperationRequest, SessionHandle};
 use retry_core::error::{ErrorKind, OperationError};
 use retry_core::retry::OperationKind;
 use retry_core::selection::SelectionCriteria;
-use retry_core::time::Instant;
+use retry_core::time::{Instant, OperationTimeout};
 use retry_core::transaction::{Step, Transaction};
 
 use crate::client::{Client, CommandOptions};
@@ -64,6 +64,9 @@ pub(crate) struct SessionRequests {
     ends: Vec<SessionHandle>,
     /// Sessions starting a transaction (TX-4 (4)), each with its completion.
     transactions: Vec<(SessionHandle, Arc<SessionStart>)>,
+    /// The `abortTransaction` of a session ended with its transaction in progress (TX-2), started
+    /// before the session ends; its result is not awaited (TX-10: abort errors are ignored).
+    aborts: Vec<OperationRequest>,
 }
 
 impl SessionRequests {
@@ -78,11 +81,19 @@ impl SessionRequests {
     }
 }
 
-/// The driver's side: starts and ends the requested sessions in `engine`; whether there were any.
-pub(crate) fn serve(engine: &mut Engine, requests: &mut SessionRequests, now: Instant) -> bool {
+/// The driver's side: starts and ends the requested sessions in `engine`, aborting the
+/// transactions of the ending ones first (under the client's `timeoutMS`, `timeout`); whether
+/// there were any.
+pub(crate) fn serve(
+    engine: &mut Engine,
+    requests: &mut SessionRequests,
+    timeout: Option<core::time::Duration>,
+    now: Instant,
+) -> bool {
     let any = !requests.starts.is_empty()
         || !requests.ends.is_empty()
-        || !requests.transactions.is_empty();
+        || !requests.transactions.is_empty()
+        || !requests.aborts.is_empty();
     for start in requests.starts.drain(..) {
         start.complete(Some(engine.start_session()));
     }
@@ -90,6 +101,14 @@ pub(crate) fn serve(engine: &mut Engine, requests: &mut SessionRequests, now: In
         engine.start_transaction(session, now);
         start.complete(Some(session));
     }
+    for mut abort in requests.aborts.drain(..) {
+        if let Some(t) = timeout {
+            abort.timeout = OperationTimeout::from_timeout_ms(now, t);
+        }
+        // Nobody waits for it: the engine's `OperationFinished` finds no pending operation.
+        engine.start_operation(abort, now);
+    }
+    // After the aborts: the engine ends a session once its last operation finished (SE-12).
     for session in requests.ends.drain(..) {
         engine.end_session(session, now);
     }
@@ -261,14 +280,29 @@ impl<R> Session<R> {
             .map(|_| ())
     }
 
-    /// Ends the session now (as dropping it does): its server session goes back to the pool.
+    /// Ends the session now (as dropping it does): a transaction in progress is aborted (TX-2),
+    /// then its server session goes back to the pool.
     pub fn end(self) {}
 }
 
 impl<R> Drop for Session<R> {
+    /// Ends the session; a transaction in progress is aborted first (TX-2: ending a session
+    /// aborts its transaction), without waiting for the reply.
     fn drop(&mut self) {
+        let abort = match lock(&self.transaction).abort() {
+            Ok(Step::Send(kind)) => Some(kind),
+            _ => None,
+        };
         let mut state = lock(&self.client.shared().state);
         if !state.closing {
+            if let Some(kind) = abort {
+                let mut command = Document::new();
+                command.insert("abortTransaction", 1);
+                let mut request =
+                    OperationRequest::new("admin", command, kind, SelectionCriteria::Write);
+                request.session = Some(self.handle);
+                state.sessions.aborts.push(request);
+            }
             state.sessions.ends.push(self.handle);
             state.wake_driver();
         }

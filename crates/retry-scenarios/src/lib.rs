@@ -57,8 +57,8 @@ pub use dns::{
 pub use idle_sockets::idle_sockets_are_not_polled;
 pub use lb_auth::scram_authenticates_through_a_load_balancer;
 pub use sessions::{
-    client_concerns_reach_command_and_cursor, explicit_session_runs_several_operations,
-    max_time_ms_is_on_every_attempt_under_timeout_ms,
+    client_concerns_reach_command_and_cursor, ending_a_session_aborts_its_transaction,
+    explicit_session_runs_several_operations, max_time_ms_is_on_every_attempt_under_timeout_ms,
     retried_insert_runs_once_with_one_lsid_and_txn_number,
     secondary_read_carries_read_preference_and_lsid,
     socket_timeout_bounds_a_server_that_never_answers,
@@ -907,6 +907,7 @@ macro_rules! suite {
             // Hedged reads (hedging.rs).
             hedged_read_the_fast_copy_wins_and_the_slow_connection_is_checked_in,
             client_concerns_reach_command_and_cursor,
+            ending_a_session_aborts_its_transaction,
             // The driver polls only ready sockets (idle_sockets.rs).
             idle_sockets_are_not_polled,
         );

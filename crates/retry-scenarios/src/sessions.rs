@@ -302,3 +302,44 @@ pub async fn client_concerns_reach_command_and_cursor<R: Runtime>() {
     })
     .await
 }
+
+/// TX-2: ending a session whose transaction is in progress aborts the transaction first, with the
+/// session's `lsid`, the transaction's `txnNumber` and `autocommit: false` (TX-1); the session
+/// then ends.
+pub async fn ending_a_session_aborts_its_transaction<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let members = replica_set(1).await;
+        let client: Client<R> = connect(options(&[&members[0]]));
+        let mut events = client.events();
+        let session = client.start_session().await.expect("a session");
+        session.start_transaction().await.expect("a transaction");
+        session
+            .run_command("test", insert_one(), OperationKind::RetryableWrite)
+            .await
+            .expect("insert in the transaction");
+        drop(session);
+        let mut seen = Vec::new();
+        for _ in 0..1_000 {
+            seen.extend(events.drain());
+            if !started(&seen, "abortTransaction").is_empty() {
+                break;
+            }
+            client
+                .run_command("admin", doc! { "ping": 1 }, OperationKind::RunCommand)
+                .await
+                .expect("ping");
+        }
+        let inserts = started(&seen, "insert");
+        let aborts = started(&seen, "abortTransaction");
+        assert_eq!(aborts.len(), 1, "TX-2: one abortTransaction");
+        let (insert, abort) = (&inserts[0].1, &aborts[0].1);
+        assert_eq!(abort.get("lsid"), insert.get("lsid"));
+        assert_eq!(abort.get("txnNumber"), insert.get("txnNumber"));
+        assert_eq!(abort.get("autocommit"), Some(&Bson::Boolean(false)));
+        client.shutdown().await;
+        for member in members {
+            member.stop().await;
+        }
+    })
+    .await
+}
