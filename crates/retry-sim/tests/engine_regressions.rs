@@ -9,6 +9,7 @@ use retry_core::error::NetworkErrorKind;
 use retry_core::retry::OperationKind;
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use retry_core::time::{Instant, OperationTimeout};
+use retry_core::topology::SrvPollingOptions;
 
 use retry_sim::{address, primary, Role, Sim, SimServer};
 
@@ -152,4 +153,59 @@ fn a_read_in_flight_on_a_removed_member_finishes_once() {
         finishes, 1,
         "the read on the removed member finishes exactly once"
     );
+}
+
+/// SP-3, SP-4 with house rule 8: reads in flight on a mongos that an SRV rescan removes from a
+/// sharded topology each end exactly once; the retryable read goes to the mongos that is left
+/// (RR-5) and succeeds.
+#[test]
+fn reads_in_flight_on_a_mongos_removed_by_srv_polling_finish_once() {
+    let servers = ["m0", "m1"]
+        .map(|h| (address(h), SimServer::new(Role::Mongos)))
+        .into_iter()
+        .collect();
+    let mut sim = Sim::new(servers, |o| {
+        o.srv_polling = Some(SrvPollingOptions::new(0, None));
+    });
+    assert!(sim.advance_to(Instant::from_millis(100)));
+    // m1 answers its reads two minutes late: they are still in flight at the rescan.
+    let m1 = sim.servers.get_mut(&address("m1")).unwrap();
+    for _ in 0..8 {
+        m1.script.push_back(retry_sim::Step::Reply {
+            body: doc! { "ok": 1 },
+            delay: Duration::from_secs(120),
+        });
+    }
+    let ops: Vec<_> = (0..8).map(|_| sim.read(doc! { "find": "c" })).collect();
+    assert!(sim.advance_to(Instant::from_millis(200)));
+    let on_m1: Vec<_> = ops
+        .iter()
+        .copied()
+        .filter(|op| sim.result(*op).is_none())
+        .collect();
+    assert!(!on_m1.is_empty(), "some reads wait on m1");
+    assert!(on_m1.iter().all(|op| sim.attempt_servers(*op) == ["m1"]));
+    // SP-1: the rescan is due after the minimum interval; the new record set drops m1.
+    assert!(sim.advance_to(Instant::from_millis(61_000)));
+    assert!(sim.engine.poll_srv_rescan(), "the rescan is due");
+    let now = sim.now;
+    sim.engine.handle_srv_hosts(vec![address("m0")], None, now);
+    sim.drain();
+    assert!(sim.advance_to(Instant::from_millis(200_000)));
+    for op in ops {
+        let finishes = sim
+            .events
+            .iter()
+            .filter(|(_, e)| matches!(e, EngineEvent::OperationFinished { op: o, .. } if *o == op))
+            .count();
+        assert_eq!(finishes, 1, "{op:?} ends exactly once");
+        assert!(
+            sim.result(op).unwrap().is_ok(),
+            "{op:?}: {:?}",
+            sim.result(op)
+        );
+    }
+    for op in on_m1 {
+        assert_eq!(sim.attempt_servers(op), ["m1", "m0"], "RR-5: retried on m0");
+    }
 }
