@@ -406,20 +406,23 @@ impl State {
     }
 }
 
-/// A small first-in first-out queue that stays inline for the usual handful of items.
+/// A small first-in first-out queue that stays inline for the usual handful of items: the
+/// machines' action and event queues, so that running an operation allocates nothing.
 #[derive(Debug)]
-struct Queue<T, const N: usize>(SmallVec<[T; N]>);
+pub(crate) struct Queue<T, const N: usize>(SmallVec<[T; N]>);
 
 impl<T, const N: usize> Queue<T, N> {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Queue(SmallVec::new())
     }
 
-    fn push(&mut self, item: T) {
+    #[inline]
+    pub(crate) fn push(&mut self, item: T) {
         self.0.push(item);
     }
 
-    fn pop(&mut self) -> Option<T> {
+    #[inline]
+    pub(crate) fn pop(&mut self) -> Option<T> {
         match self.0.len() {
             0 => None,
             // The usual case: taking the only item moves nothing else.
