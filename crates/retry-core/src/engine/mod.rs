@@ -419,6 +419,9 @@ struct Slot {
     attempt: Option<Attempt>,
     /// The server the attempt is counted on (SS-15).
     counted: Option<ServerId>,
+    /// CS-3: the computed selection deadline, min(serverSelectionTimeoutMS, remaining timeoutMS)
+    /// from when the attempt's selection started; its checkout waits until it at most.
+    selection_deadline: Option<Instant>,
     /// The pending checkout: checkout ids are per pool, so with its server.
     checkout: Option<(ServerId, CheckoutId)>,
     conn: Option<ConnId>,
