@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Bson, Document};
+use bson::raw::RawBsonRef;
+use bson::{doc, oid::ObjectId, Document, RawDocument};
 use retry_core::address::ServerAddress;
 use retry_core::engine::{ConnId, Engine, EngineEvent, EngineOptions, OpId, OperationRequest};
 use retry_core::error::{NetworkErrorKind, OperationError};
@@ -144,7 +145,7 @@ impl SimServer {
         }
     }
 
-    fn hello(&self, request: &Document) -> Document {
+    fn hello(&self, request: &RawDocument) -> Document {
         let mut reply = doc! { "ok": 1, "isWritablePrimary": true, "helloOk": true, "maxWireVersion": 25,
         "minWireVersion": 0, "maxBsonObjectSize": 16_777_216, "maxMessageSizeBytes": 48_000_000,
         "maxWriteBatchSize": 100_000 };
@@ -181,8 +182,13 @@ impl SimServer {
     }
 
     /// What the server does with one command; `handshake` is true for a socket's first command.
-    fn answer(&mut self, request: &Document, handshake: bool, conn: ConnId) -> Step {
-        let name = request.keys().next().map_or("", String::as_str);
+    /// The command is read where it lies (a real server does not build a tree either), and
+    /// converted only to be recorded.
+    fn answer(&mut self, request: &RawDocument, handshake: bool, conn: ConnId) -> Step {
+        let name = match request.iter().next() {
+            Some(Ok((key, _))) => key.as_str(),
+            _ => "",
+        };
         if self.down {
             return Step::Reset;
         }
@@ -202,7 +208,8 @@ impl SimServer {
             };
         }
         if self.record_commands {
-            self.commands.push(request.clone());
+            let command = Document::try_from(request).expect("the codec validated it");
+            self.commands.push(command);
         }
         let mut step = self.run_command(name, request, conn);
         if let (Some(time), Step::Reply { body, .. }) = (&self.cluster_time, &mut step) {
@@ -213,11 +220,12 @@ impl SimServer {
 
     /// What a real server refuses before running a command: a `txnNumber` without an `lsid` (72)
     /// or on a standalone (20).
-    fn refusal(&self, request: &Document) -> Option<Document> {
-        if !request.contains_key("txnNumber") {
+    fn refusal(&self, request: &RawDocument) -> Option<Document> {
+        let has = |key: &str| matches!(request.get(key), Ok(Some(_)));
+        if !has("txnNumber") {
             return None;
         }
-        if !request.contains_key("lsid") {
+        if !has("lsid") {
             return Some(
                 doc! { "ok": 0, "code": 72, "codeName": "InvalidOptions", "errmsg": "Transaction number requires a session ID to also be specified" },
             );
@@ -225,7 +233,7 @@ impl SimServer {
         (self.role == Role::Standalone).then(|| doc! { "ok": 0, "code": 20, "codeName": "IllegalOperation", "errmsg": "Transaction numbers are only allowed on a replica set member or mongos" })
     }
 
-    fn run_command(&mut self, name: &str, request: &Document, conn: ConnId) -> Step {
+    fn run_command(&mut self, name: &str, request: &RawDocument, conn: ConnId) -> Step {
         if let Some(refusal) = self.refusal(request) {
             return Step::reply(refusal);
         }
@@ -240,10 +248,9 @@ impl SimServer {
         // A secondary serves what carries a non-primary `$readPreference` (SS-9: secondaryOk
         // on OP_MSG) and refuses everything else, as a real one does for a primary read:
         // NotPrimaryNoSecondaryOk, an SDAM state-change error.
-        // Looked up without `get_document`, whose miss builds an error (an allocation per read).
         let secondary_ok = match request.get("$readPreference") {
-            Some(Bson::Document(p)) => {
-                matches!(p.get("mode"), Some(Bson::String(m)) if m != "primary")
+            Ok(Some(RawBsonRef::Document(p))) => {
+                matches!(p.get("mode"), Ok(Some(RawBsonRef::String(m))) if m != "primary")
             }
             _ => false,
         };
@@ -420,7 +427,7 @@ impl Sim {
         while !bytes.is_empty() {
             let (used, message) = socket
                 .decoder
-                .decode(bytes)
+                .decode_raw(bytes)
                 .expect("the engine sends valid OP_MSG");
             bytes = &bytes[used..];
             let Some(request) = message else { continue };
