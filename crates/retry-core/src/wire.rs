@@ -136,7 +136,7 @@ pub struct OpMsg {
 }
 
 /// One OP_MSG whose documents are left encoded, from [`FrameDecoder::decode_raw`]: read the
-/// fields you need with [`RawDocumentBuf::get`] (no tree is built), or convert a document with
+/// fields you need with [`RawDocument::get`] (no tree is built), or convert a document with
 /// `Document::try_from`. The documents were validated as [`FrameDecoder::decode`] converts them.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
