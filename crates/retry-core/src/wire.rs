@@ -517,7 +517,7 @@ impl FrameDecoder {
     fn decode_as<M>(
         &mut self,
         input: &[u8],
-        parse: fn(&[u8]) -> Result<M, DecodeError>,
+        parse: impl Fn(&[u8]) -> Result<M, DecodeError>,
     ) -> Result<(usize, Option<M>), DecodeError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
@@ -533,7 +533,7 @@ impl FrameDecoder {
     fn decode_inner<M>(
         &mut self,
         input: &[u8],
-        parse: fn(&[u8]) -> Result<M, DecodeError>,
+        parse: impl Fn(&[u8]) -> Result<M, DecodeError>,
     ) -> Result<(usize, Option<M>), DecodeError> {
         // A whole uncompressed frame at the front of `input` with none in progress (the usual
         // case) is parsed where it lies, without copying it into `frame` first.
@@ -659,57 +659,84 @@ impl FrameDecoder {
 /// Public so a caller holding a whole frame (a test server, a fuzzer) can skip the framing step;
 /// `frame` must be exactly as long as its `messageLength` says, else [`DecodeError::Truncated`].
 pub fn parse_frame(frame: &[u8]) -> Result<OpMsg, DecodeError> {
-    let parsed = parse_frame_with(frame, parse_document)?;
-    Ok(OpMsg {
-        request_id: parsed.request_id,
-        response_to: parsed.response_to,
-        flags: parsed.flags,
-        body: parsed.body,
-        sequences: parsed
-            .sequences
-            .into_iter()
-            .map(|(identifier, documents)| DocumentSequence {
-                identifier,
-                documents,
-            })
-            .collect(),
-    })
+    parse_frame_as(frame)
 }
 
 /// [`parse_frame`], leaving the documents encoded ([`RawOpMsg`]); accepts and refuses the same
 /// frames.
 pub fn parse_frame_raw(frame: &[u8]) -> Result<RawOpMsg, DecodeError> {
-    let parsed = parse_frame_with(frame, parse_raw_document)?;
-    Ok(RawOpMsg {
-        request_id: parsed.request_id,
-        response_to: parsed.response_to,
-        flags: parsed.flags,
-        body: parsed.body,
-        sequences: parsed
-            .sequences
-            .into_iter()
-            .map(|(identifier, documents)| RawDocumentSequence {
-                identifier,
-                documents,
-            })
-            .collect(),
-    })
+    parse_frame_as(frame)
 }
 
-/// A parsed frame whose documents are `D`s.
-struct Parsed<D> {
-    request_id: i32,
-    response_to: i32,
-    flags: MsgFlags,
-    body: D,
-    sequences: Vec<(String, Vec<D>)>,
+/// A message type a frame parses into: how its documents are read and how it is assembled.
+trait Parsed: Sized {
+    type Doc;
+    type Seq;
+    fn document(bytes: &[u8]) -> Result<Self::Doc, DecodeError>;
+    fn sequence(identifier: String, documents: Vec<Self::Doc>) -> Self::Seq;
+    fn identifier(sequence: &Self::Seq) -> &str;
+    fn message(header: [i32; 2], flags: MsgFlags, body: Self::Doc, seqs: Vec<Self::Seq>) -> Self;
 }
 
-/// The frame layout checks of [`parse_frame`] (WP-2, WP-3), each document read by `document`.
-fn parse_frame_with<D>(
-    frame: &[u8],
-    document: fn(&[u8]) -> Result<D, DecodeError>,
-) -> Result<Parsed<D>, DecodeError> {
+impl Parsed for OpMsg {
+    type Doc = Document;
+    type Seq = DocumentSequence;
+    fn document(bytes: &[u8]) -> Result<Document, DecodeError> {
+        parse_document(bytes)
+    }
+    fn sequence(identifier: String, documents: Vec<Document>) -> DocumentSequence {
+        DocumentSequence {
+            identifier,
+            documents,
+        }
+    }
+    fn identifier(sequence: &DocumentSequence) -> &str {
+        &sequence.identifier
+    }
+    fn message(header: [i32; 2], flags: MsgFlags, body: Document, seqs: Vec<Self::Seq>) -> OpMsg {
+        OpMsg {
+            request_id: header[0],
+            response_to: header[1],
+            flags,
+            body,
+            sequences: seqs,
+        }
+    }
+}
+
+impl Parsed for RawOpMsg {
+    type Doc = RawDocumentBuf;
+    type Seq = RawDocumentSequence;
+    fn document(bytes: &[u8]) -> Result<RawDocumentBuf, DecodeError> {
+        parse_raw_document(bytes)
+    }
+    fn sequence(identifier: String, documents: Vec<RawDocumentBuf>) -> RawDocumentSequence {
+        RawDocumentSequence {
+            identifier,
+            documents,
+        }
+    }
+    fn identifier(sequence: &RawDocumentSequence) -> &str {
+        &sequence.identifier
+    }
+    fn message(
+        header: [i32; 2],
+        flags: MsgFlags,
+        body: RawDocumentBuf,
+        seqs: Vec<Self::Seq>,
+    ) -> Self {
+        RawOpMsg {
+            request_id: header[0],
+            response_to: header[1],
+            flags,
+            body,
+            sequences: seqs,
+        }
+    }
+}
+
+/// The frame layout checks of [`parse_frame`] (WP-2, WP-3), for either message type.
+fn parse_frame_as<M: Parsed>(frame: &[u8]) -> Result<M, DecodeError> {
     if frame.len() < HEADER_LEN + 4 || usize::try_from(read_i32(frame, 0)) != Ok(frame.len()) {
         return Err(DecodeError::Truncated);
     }
@@ -731,7 +758,7 @@ fn parse_frame_with<D>(
     }
     let mut body = None;
     let mut bodies = 0;
-    let mut sequences: Vec<(String, Vec<D>)> = Vec::new();
+    let mut sequences: Vec<M::Seq> = Vec::new();
     let mut at = HEADER_LEN + 4;
     while at < end {
         let kind = frame[at];
@@ -741,7 +768,7 @@ fn parse_frame_with<D>(
                 let len = section_len(frame, at, end, 5)?;
                 bodies += 1;
                 if bodies == 1 {
-                    body = Some(document(&frame[at..at + len])?);
+                    body = Some(M::document(&frame[at..at + len])?);
                 }
                 at += len;
             }
@@ -754,30 +781,29 @@ fn parse_frame_with<D>(
                     .ok_or(DecodeError::Truncated)?;
                 let identifier = core::str::from_utf8(&section[..nul])
                     .map_err(|e| DecodeError::Bson(alloc::format!("identifier: {e}")))?;
-                if sequences.iter().any(|(id, _)| id == identifier) {
+                if sequences.iter().any(|s| M::identifier(s) == identifier) {
                     return Err(DecodeError::DuplicateIdentifier(identifier.into()));
                 }
                 let mut documents = Vec::new();
                 let mut doc_at = nul + 1;
                 while doc_at < section.len() {
                     let doc_len = section_len(section, doc_at, section.len(), 5)?;
-                    documents.push(document(&section[doc_at..doc_at + doc_len])?);
+                    documents.push(M::document(&section[doc_at..doc_at + doc_len])?);
                     doc_at += doc_len;
                 }
-                sequences.push((identifier.into(), documents));
+                sequences.push(M::sequence(identifier.into(), documents));
                 at += len;
             }
             other => return Err(DecodeError::UnknownSectionKind(other)),
         }
     }
     match body {
-        Some(body) if bodies == 1 => Ok(Parsed {
-            request_id: read_i32(frame, 4),
-            response_to: read_i32(frame, 8),
+        Some(body) if bodies == 1 => Ok(M::message(
+            [read_i32(frame, 4), read_i32(frame, 8)],
             flags,
             body,
             sequences,
-        }),
+        )),
         _ => Err(DecodeError::BodyCount(bodies)),
     }
 }
