@@ -296,8 +296,9 @@ pub enum EngineEvent {
         result: Result<Document, OperationError>,
     },
     /// A command monitoring event in the spec's shape (EV-1..EV-6), when
-    /// [`EngineOptions::command_monitoring`] is on.
-    Command(CommandEvent),
+    /// [`EngineOptions::command_monitoring`] is on. Boxed: it is the largest event by far, and
+    /// every other event is moved through the event queue at the size of the largest.
+    Command(Box<CommandEvent>),
     /// A hedging event of an operation run as hedged copies (A6-H1..A6-H7): copies started,
     /// succeeded, failed or cancelled.
     Hedging {
