@@ -90,9 +90,12 @@ fn command_connections(sim: &Sim) -> BTreeMap<String, ConnId> {
     sim.events
         .iter()
         .filter_map(|(_, e)| match e {
-            EngineEvent::Command(CommandEvent::Started { info, .. }) => {
-                Some((info.address.host().to_string(), info.connection))
-            }
+            EngineEvent::Command(command) => match &**command {
+                CommandEvent::Started { info, .. } => {
+                    Some((info.address.host().to_string(), info.connection))
+                }
+                _ => None,
+            },
             _ => None,
         })
         .collect()
@@ -105,7 +108,7 @@ fn assert_command_events_balance(sim: &Sim) {
         let EngineEvent::Command(event) = event else {
             continue;
         };
-        match event {
+        match &**event {
             CommandEvent::Started { info, .. } => {
                 assert!(
                     open.insert((info.connection, info.request_id)),
@@ -162,9 +165,12 @@ fn a6_h3_the_fast_copy_wins_and_the_slow_copies_drain_and_are_checked_in() {
         .events
         .iter()
         .filter_map(|(at, e)| match e {
-            EngineEvent::Command(CommandEvent::Failed { info, failure, .. }) => {
-                Some((*at, info.address.host().to_string(), failure.kind.clone()))
-            }
+            EngineEvent::Command(command) => match &**command {
+                CommandEvent::Failed { info, failure, .. } => {
+                    Some((*at, info.address.host().to_string(), failure.kind.clone()))
+                }
+                _ => None,
+            },
             _ => None,
         })
         .collect();
