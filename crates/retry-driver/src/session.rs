@@ -94,6 +94,10 @@ pub(crate) fn serve(
         || !requests.ends.is_empty()
         || !requests.transactions.is_empty()
         || !requests.aborts.is_empty();
+    if !any {
+        // The common case, every round of the driver: nothing to drain.
+        return false;
+    }
     for start in requests.starts.drain(..) {
         start.complete(Some(engine.start_session()));
     }
@@ -129,8 +133,9 @@ impl<R> Client<R> {
             state.sessions.starts.push(start.clone());
             state.wake_driver();
         }
+        let waiter = self.waiter();
         let handle = poll_fn(|cx| {
-            self.drive(cx);
+            crate::client::drive(&waiter, cx);
             start.poll(cx)
         })
         .await;
@@ -232,8 +237,9 @@ impl<R> Session<R> {
                 .push((self.handle, start.clone()));
             state.wake_driver();
         }
+        let waiter = self.client.waiter();
         let started = poll_fn(|cx| {
-            self.client.drive(cx);
+            crate::client::drive(&waiter, cx);
             start.poll(cx)
         })
         .await;
