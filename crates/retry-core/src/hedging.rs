@@ -593,24 +593,23 @@ impl HedgingMachine {
         copy: CopyId,
         now: Instant,
     ) -> Result<(), UnexpectedInput> {
-        let Some(CopyState::Dispatched(address)) = self.state(copy).filter(|_| !self.finished)
+        let Some(&CopyState::Dispatched(server)) = self.state(copy).filter(|_| !self.finished)
         else {
             return Err(UnexpectedInput {
                 input: "expired before send",
                 copy,
             });
         };
-        let address = address.clone();
+        let address = self.server(server);
         self.set(copy, CopyState::Done);
-        self.events.push_back(HedgingEvent::CopyFailed {
+        self.events.push(HedgingEvent::CopyFailed {
             copy,
             address,
             duration: Duration::ZERO,
             error: OperationError::timeout(None).summary(),
             fatal: false,
         });
-        self.actions
-            .push_back(Action::Release { copy, close: false });
+        self.actions.push(Action::Release { copy, close: false });
         self.next_at = None;
         self.stopped = true;
         if self.live_copies() == 0 || self.timeout.expired(now) {
