@@ -329,6 +329,8 @@ pub struct HedgingMachine {
     /// (the machine stays small enough to sit next to a retry machine in the engine).
     actions: Queue<Action, 3>,
     events: Queue<HedgingEvent, 2>,
+    /// Whether monitoring events are recorded (see [`HedgingMachine::without_events`]).
+    record_events: bool,
 }
 
 impl HedgingMachine {
@@ -354,6 +356,7 @@ impl HedgingMachine {
             last_error: None,
             actions: Queue::new(),
             events: Queue::new(),
+            record_events: true,
         };
         if timeout.expired(now) {
             machine.finish(Err(OperationError::timeout(None)));
@@ -367,6 +370,16 @@ impl HedgingMachine {
     #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop()
+    }
+
+    /// The same machine recording no monitoring events: [`HedgingMachine::poll_event`] then
+    /// always returns `None`. For a caller that publishes none (no command-monitoring subscriber,
+    /// a simulation). The actions and every decision are the same with or without events.
+    #[must_use]
+    pub fn without_events(mut self) -> Self {
+        self.record_events = false;
+        self.events = Queue::new();
+        self
     }
 
     /// The next monitoring event, in order.
@@ -489,10 +502,12 @@ impl HedgingMachine {
                 copy,
             });
         };
-        self.events.push(HedgingEvent::CopyStarted {
-            copy,
-            address: self.server(server),
-        });
+        if self.record_events {
+            self.events.push(HedgingEvent::CopyStarted {
+                copy,
+                address: self.server(server),
+            });
+        }
         self.set(copy, CopyState::InFlight(server, now));
         Ok(())
     }
@@ -507,11 +522,13 @@ impl HedgingMachine {
                 copy,
             });
         };
-        self.events.push(HedgingEvent::CopySucceeded {
-            copy,
-            address: self.server(server),
-            duration: now.saturating_duration_since(sent_at),
-        });
+        if self.record_events {
+            self.events.push(HedgingEvent::CopySucceeded {
+                copy,
+                address: self.server(server),
+                duration: now.saturating_duration_since(sent_at),
+            });
+        }
         self.set(copy, CopyState::Done);
         if let Some(throttle) = &self.policy.throttle {
             throttle.record_success();
@@ -542,13 +559,15 @@ impl HedgingMachine {
         };
         self.set(copy, CopyState::Done);
         let fatal = !self.policy.is_non_fatal(&error);
-        self.events.push(HedgingEvent::CopyFailed {
-            copy,
-            address,
-            duration: sent_at.map_or(Duration::ZERO, |t| now.saturating_duration_since(t)),
-            error: error.summary(),
-            fatal,
-        });
+        if self.record_events {
+            self.events.push(HedgingEvent::CopyFailed {
+                copy,
+                address,
+                duration: sent_at.map_or(Duration::ZERO, |t| now.saturating_duration_since(t)),
+                error: error.summary(),
+                fatal,
+            });
+        }
         let close = matches!(error.kind, ErrorKind::Network(_));
         self.actions.push(Action::Release { copy, close });
         if fatal {
@@ -602,13 +621,15 @@ impl HedgingMachine {
         };
         let address = self.server(server);
         self.set(copy, CopyState::Done);
-        self.events.push(HedgingEvent::CopyFailed {
-            copy,
-            address,
-            duration: Duration::ZERO,
-            error: OperationError::timeout(None).summary(),
-            fatal: false,
-        });
+        if self.record_events {
+            self.events.push(HedgingEvent::CopyFailed {
+                copy,
+                address,
+                duration: Duration::ZERO,
+                error: OperationError::timeout(None).summary(),
+                fatal: false,
+            });
+        }
         self.actions.push(Action::Release { copy, close: false });
         self.next_at = None;
         self.stopped = true;
@@ -689,17 +710,21 @@ impl HedgingMachine {
         }
         let at = from.saturating_add(delay);
         self.next_at = Some(at);
-        self.events.push(HedgingEvent::HedgeScheduled {
-            copy: CopyId(self.copies() + 1),
-            at,
-            reason,
-        });
+        if self.record_events {
+            self.events.push(HedgingEvent::HedgeScheduled {
+                copy: CopyId(self.copies() + 1),
+                at,
+                reason,
+            });
+        }
     }
 
     fn stop(&mut self, reason: StopReason) {
         self.next_at = None;
         if !self.stopped && self.copies() < self.policy.max_attempts {
-            self.events.push(HedgingEvent::HedgesStopped { reason });
+            if self.record_events {
+                self.events.push(HedgingEvent::HedgesStopped { reason });
+            }
         }
         self.stopped = true;
     }
@@ -726,10 +751,12 @@ impl HedgingMachine {
             };
             self.copies[index] = CopyState::Done;
             let copy = CopyId(index as u32 + 1);
-            self.events.push(HedgingEvent::CopyCancelled {
-                copy,
-                stage: stage.clone(),
-            });
+            if self.record_events {
+                self.events.push(HedgingEvent::CopyCancelled {
+                    copy,
+                    stage: stage.clone(),
+                });
+            }
             self.actions.push(Action::Cancel { copy, stage });
         }
     }

@@ -698,7 +698,9 @@ impl<'a> Sim<'a> {
                     options,
                     c.rng.next_u64(),
                     Instant::from_nanos(now),
-                );
+                )
+                // Nothing here publishes monitoring events; the decisions are the same.
+                .without_events();
                 // A finished operation's box takes the new machine: no allocation.
                 Machine::Retry(match self.spare_machines.pop() {
                     Some(mut spare) => {
@@ -715,7 +717,8 @@ impl<'a> Sim<'a> {
                     policy,
                     Instant::from_nanos(now),
                 )
-                .expect("reads are hedgeable");
+                .expect("reads are hedgeable")
+                .without_events();
                 Machine::Hedge(match self.spare_hedges.pop() {
                     Some(mut spare) => {
                         *spare = machine;
@@ -853,7 +856,6 @@ impl<'a> Sim<'a> {
             let client = op.client;
             match &mut op.machine {
                 Machine::Retry(m) => {
-                    while m.poll_event().is_some() {}
                     let Some(action) = m.poll_action() else {
                         return;
                     };
@@ -893,7 +895,6 @@ impl<'a> Sim<'a> {
                     }
                 }
                 Machine::Hedge(m) => {
-                    while m.poll_event().is_some() {}
                     let Some(action) = m.poll_action() else {
                         if let Some(at) = m.poll_timeout() {
                             let at = at.as_nanos();
