@@ -721,10 +721,8 @@ impl HedgingMachine {
 
     fn stop(&mut self, reason: StopReason) {
         self.next_at = None;
-        if !self.stopped && self.copies() < self.policy.max_attempts {
-            if self.record_events {
-                self.events.push(HedgingEvent::HedgesStopped { reason });
-            }
+        if self.record_events && !self.stopped && self.copies() < self.policy.max_attempts {
+            self.events.push(HedgingEvent::HedgesStopped { reason });
         }
         self.stopped = true;
     }
