@@ -28,6 +28,9 @@ const ROUNDS_PER_POLL: usize = 64;
 /// Reads from one socket in one round, so that one busy socket cannot starve the others.
 const READS_PER_ROUND: usize = 8;
 const READ_BUFFER_BYTES: usize = 64 * 1024;
+/// Within this of its deadline the runtime's timer is polled in every round (tokio's timers
+/// fire on whole milliseconds).
+const TIMER_SLACK: Duration = Duration::from_millis(2);
 
 enum Link {
     Connecting(BoxFuture<io::Result<Pin<Box<dyn Socket>>>>),
@@ -61,6 +64,8 @@ pub(crate) struct Driver {
     shared: Arc<Shared>,
     timer: Pin<Box<dyn AsyncTimer>>,
     timer_at: Option<Instant>,
+    /// The runtime's timer was polled (its waker registered) for `timer_at`.
+    timer_armed: bool,
     sockets: BTreeMap<ConnId, SocketState>,
     pending: BTreeMap<OpId, Pending>,
     /// `timeoutMS`, for each operation's CSOT deadline.
@@ -92,6 +97,7 @@ impl Driver {
             shared,
             timer,
             timer_at: None,
+            timer_armed: false,
             sockets: BTreeMap::new(),
             pending: BTreeMap::new(),
             timeout,
@@ -385,12 +391,20 @@ impl Driver {
         if self.timer_at != Some(at) {
             self.timer.as_mut().reset(at);
             self.timer_at = Some(at);
+            self.timer_armed = false;
+        }
+        // Polled already for this deadline, with this task's waker, and the deadline is well
+        // ahead (more than a runtime's timer granularity): its firing wakes the task, which then
+        // finds the deadline passed or near and polls it again.
+        if self.timer_armed && now.saturating_add(TIMER_SLACK) < at {
+            return false;
         }
         if self.timer.as_mut().poll(cx).is_ready() {
             self.timer_at = None;
             self.engine.handle_timeout(self.runtime.now());
             return true;
         }
+        self.timer_armed = true;
         false
     }
 
