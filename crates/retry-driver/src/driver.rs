@@ -453,9 +453,17 @@ impl Future for Driver {
             progressed |= this.flush_engine(now);
             progressed |= this.poll_sockets(cx, now);
             progressed |= this.flush_engine(now);
-            progressed |= this.poll_timer(cx, now);
-            progressed |= this.poll_srv(cx);
-            if !progressed {
+            let timed_out = this.poll_timer(cx, now);
+            let srv = this.poll_srv(cx);
+            if !progressed && !timed_out && !srv {
+                return Poll::Pending;
+            }
+            // Another round only for work nothing will wake this task for: sockets the engine
+            // gave bytes or a connect after they were polled (queued, not woken), what a timeout
+            // or an SRV answer made the engine do, and a close still under way. Everything else
+            // was carried out above, and every socket, the timer and the client's queue hold this
+            // task's waker.
+            if !closing && !timed_out && !srv && this.ready.is_empty() {
                 return Poll::Pending;
             }
         }
@@ -478,6 +486,11 @@ struct ReadyState {
 }
 
 impl ReadySockets {
+    /// Whether no socket is queued.
+    fn is_empty(&self) -> bool {
+        lock(&self.state).conns.is_empty()
+    }
+
     /// Moves the ready sockets into `into` and keeps `driver` as the waker to wake for the next.
     fn take(&self, driver: &Waker, into: &mut Vec<ConnId>) {
         let mut state = lock(&self.state);
