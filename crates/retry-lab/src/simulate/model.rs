@@ -573,24 +573,29 @@ impl<'a> Sim<'a> {
         const TIMERS: usize = 3;
         const COMPLETIONS: usize = 4;
         const ARRIVAL: usize = 5;
-        let mut best = (u128::MAX, usize::MAX);
-        let mut consider = |key: Option<u128>, source: usize| {
-            if let Some(key) = key {
-                if key < best.0 {
-                    best = (key, source);
+        const NONE: u128 = u128::MAX;
+        let mut best = self.arrival.as_ref().map_or(NONE, Event::key);
+        let mut source = ARRIVAL;
+        for (i, lane) in self.lanes.iter().enumerate() {
+            if let Some(e) = lane.front() {
+                let key = e.key();
+                if key < best {
+                    (best, source) = (key, i);
                 }
             }
-        };
-        for (i, lane) in self.lanes.iter().enumerate() {
-            consider(lane.front().map(Event::key), i);
         }
-        consider(self.timers.peek().map(|Reverse(e)| e.key()), TIMERS);
-        consider(
-            self.completions.peek().map(|Reverse(e)| e.key()),
-            COMPLETIONS,
-        );
-        consider(self.arrival.as_ref().map(Event::key), ARRIVAL);
-        match best.1 {
+        for (heap, i) in [(&self.timers, TIMERS), (&self.completions, COMPLETIONS)] {
+            if let Some(Reverse(e)) = heap.peek() {
+                let key = e.key();
+                if key < best {
+                    (best, source) = (key, i);
+                }
+            }
+        }
+        if best == NONE {
+            return None;
+        }
+        match source {
             TIMERS => self.timers.pop().map(|Reverse(e)| e),
             COMPLETIONS => self.completions.pop().map(|Reverse(e)| e),
             ARRIVAL => self.arrival.take(),
