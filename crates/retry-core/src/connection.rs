@@ -45,8 +45,8 @@ use crate::handshake::{validate_reply, HandshakeError, HandshakeReply};
 use crate::time::Instant;
 use crate::topology::ServerType;
 use crate::wire::{
-    DecodeError, Decompressor, DocumentSequence, EncodeError, FrameDecoder, MsgFlags, OpMsg,
-    DEFAULT_MAX_MESSAGE_SIZE_BYTES,
+    DecodeError, Decompressor, DocumentSequence, EncodeError, FrameDecoder, MsgFlags, MsgParts,
+    OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES,
 };
 
 /// `connectTimeoutMS` when unset: 10 seconds, covering TCP, TLS and the handshake.
@@ -491,7 +491,7 @@ impl Connection {
     }
 
     /// [`Connection::send_command`], leaving the request with the caller (its body and sequences
-    /// are encoded, then put back), so that a retry can send it again without rebuilding it.
+    /// are encoded where they are), so that a retry can send it again without rebuilding it.
     pub fn send(&mut self, request: &mut Request, now: Instant) -> Result<i32, SendError> {
         self.send_with(request, now, |_| Ok(()))
     }
@@ -523,18 +523,16 @@ impl Connection {
             (false, false) => MsgFlags::NONE,
         };
         let request_id = self.next_request_id;
-        let message = OpMsg {
+        let message = MsgParts {
             request_id,
             response_to: 0,
             flags,
-            body: core::mem::take(&mut request.body),
-            sequences: core::mem::take(&mut request.sequences),
+            body: &request.body,
+            sequences: &request.sequences,
         };
-        let encoded =
-            message.encode_with(self.decoder.max_message_size(), &mut self.outbound, append);
-        request.body = message.body;
-        request.sequences = message.sequences;
-        encoded.map_err(SendError::Encode)?;
+        message
+            .encode_with(self.decoder.max_message_size(), &mut self.outbound, append)
+            .map_err(SendError::Encode)?;
         self.next_request_id = request_id.checked_add(1).unwrap_or(1);
         if request.unacknowledged {
             return Ok(request_id);

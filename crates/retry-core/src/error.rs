@@ -463,8 +463,10 @@ impl NetworkError {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum ErrorKind {
-    /// The server answered with an error.
-    Server(Box<ServerError>),
+    /// The server answered with an error. Shared, so that cloning an error (the engine and the
+    /// retry machine keep the error they may raise, monitoring and retries copy it) costs one
+    /// reference count, not a copy of the reply; [`Arc::make_mut`] edits a private copy.
+    Server(Arc<ServerError>),
     /// The network failed.
     Network(NetworkError),
     /// The connection pool was cleared while the attempt waited to check out a connection (CM-2).
@@ -576,7 +578,7 @@ impl OperationError {
     /// An error from a server reply, with the labels [`ServerError::from_reply`] found.
     pub fn server(error: ServerError, labels: Labels, address: ServerAddress) -> OperationError {
         OperationError {
-            kind: ErrorKind::Server(Box::new(error)),
+            kind: ErrorKind::Server(Arc::new(error)),
             labels,
             address: Some(address),
         }
@@ -845,7 +847,7 @@ impl OperationError {
     pub fn rewrite_unsupported_retryable_writes(mut self) -> OperationError {
         if let ErrorKind::Server(e) = &mut self.kind {
             if e.code == Some(20) && e.message.starts_with("Transaction numbers") {
-                e.message = RETRYABLE_WRITES_UNSUPPORTED.to_string();
+                Arc::make_mut(e).message = RETRYABLE_WRITES_UNSUPPORTED.to_string();
             }
         }
         self

@@ -255,6 +255,7 @@ extern crate alloc;
 pub mod address;
 pub mod auth;
 pub mod backoff;
+mod bson_read;
 mod bson_write;
 pub mod budget;
 pub mod classify;

@@ -126,13 +126,13 @@ impl OperationKind {
         }
     }
 
-    /// Whether running the command twice is harmless, so that gRPC may retry it after an error
-    /// that does not show the server skipped it.
+    /// Whether running the command twice is harmless whatever its attempt carried, so that gRPC
+    /// may retry it after an error that does not show the server skipped it. A `RetryableWrite`
+    /// is not: it is only when its attempt carries a `txnNumber` ([`RetryMachine`] decides, RW-2).
     fn idempotent(self) -> bool {
         matches!(
             self,
             OperationKind::Read
-                | OperationKind::RetryableWrite
                 | OperationKind::CommitTransaction { .. }
                 | OperationKind::AbortTransaction
         )
@@ -1013,6 +1013,17 @@ impl<R: RngCore> RetryMachine<R> {
         }
     }
 
+    /// Whether running the command twice is harmless (A6 retries a sent command only then):
+    /// a `RetryableWrite` only when its attempt carried a `txnNumber`, so the server
+    /// de-duplicates it (RW-2, RW-7); without one (a standalone, or a connection without
+    /// sessions, SE-8) a retry could apply the write twice.
+    fn idempotent(&self) -> bool {
+        match self.spec.kind {
+            OperationKind::RetryableWrite => self.txn_attached,
+            kind => kind.idempotent(),
+        }
+    }
+
     /// gRPC A6, mapped onto MongoDB errors (see [`crate::policy::GrpcPolicy`]).
     fn decide_grpc(&mut self, error: &OperationError, sharded: bool, now: Instant) -> Decision {
         let RetryPolicy::Grpc(policy) = &self.options.policy else {
@@ -1061,7 +1072,7 @@ impl<R: RngCore> RetryMachine<R> {
         }
         // Not sent, NoWritesPerformed, or an overload rejection: the server did not run it.
         let skipped_by_server = error.has_label(Labels::NO_WRITES_PERFORMED) || error.is_overload();
-        if !(kind.idempotent() || skipped_by_server) {
+        if !(self.idempotent() || skipped_by_server) {
             return Decision::Deny(DenyReason::NotRetryable);
         }
         if !enabled {

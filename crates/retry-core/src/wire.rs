@@ -16,10 +16,10 @@
 
 use alloc::string::String;
 use alloc::vec::Vec;
-use bson::{Document, RawDocument};
+use bson::{Document, RawDocument, RawDocumentBuf};
 use core::fmt;
 
-use crate::bson_write;
+use crate::{bson_read, bson_write};
 
 /// The opcode of `OP_MSG` (WP-2).
 pub const OP_MSG: i32 = 2013;
@@ -52,6 +52,9 @@ pub const MIN_MESSAGE_LEN: usize = HEADER_LEN + 4 + 1 + 5;
 /// The `maxMessageSizeBytes` a connection assumes until its handshake reply gives its own value
 /// (WP-7, C12: no spec states a default; servers report 48,000,000).
 pub const DEFAULT_MAX_MESSAGE_SIZE_BYTES: u32 = 48_000_000;
+
+/// The room [`OpMsg::encode`] reserves up front: most commands and replies fit.
+const SMALL_MESSAGE_LEN: usize = 256;
 
 /// CRC-32C (Castagnoli, the iSCSI polynomial), slice-by-16.
 const CRC32C: crc::Crc<u32, crc::Table<16>> =
@@ -132,6 +135,34 @@ pub struct OpMsg {
     pub sequences: Vec<DocumentSequence>,
 }
 
+/// One OP_MSG whose documents are left encoded, from [`FrameDecoder::decode_raw`]: read the
+/// fields you need with [`RawDocument::get`] (no tree is built), or convert a document with
+/// `Document::try_from`. The documents were validated as [`FrameDecoder::decode`] converts them.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct RawOpMsg {
+    /// `requestID`.
+    pub request_id: i32,
+    /// `responseTo`.
+    pub response_to: i32,
+    /// `flagBits`.
+    pub flags: MsgFlags,
+    /// The kind-0 section: the command or the reply.
+    pub body: RawDocumentBuf,
+    /// Kind-1 sections, in order (WP-3).
+    pub sequences: Vec<RawDocumentSequence>,
+}
+
+/// A kind-1 section of a [`RawOpMsg`] (WP-3, WP-4).
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct RawDocumentSequence {
+    /// The argument the sequence replaces.
+    pub identifier: String,
+    /// The documents, in order.
+    pub documents: Vec<RawDocumentBuf>,
+}
+
 impl OpMsg {
     /// A request carrying `body` and nothing else.
     pub fn command(request_id: i32, body: Document) -> OpMsg {
@@ -149,9 +180,32 @@ impl OpMsg {
     /// Fails, leaving `out` as it was, when a document does not serialize, two sequences share an
     /// identifier (WP-3), or the message would be longer than `max_message_size` (WP-7).
     pub fn encode(&self, max_message_size: u32, out: &mut Vec<u8>) -> Result<usize, EncodeError> {
-        self.encode_with(max_message_size, out, |_| Ok(()))
+        self.parts().encode_with(max_message_size, out, |_| Ok(()))
     }
 
+    /// The message as borrowed parts.
+    fn parts(&self) -> MsgParts<'_> {
+        MsgParts {
+            request_id: self.request_id,
+            response_to: self.response_to,
+            flags: self.flags,
+            body: &self.body,
+            sequences: &self.sequences,
+        }
+    }
+}
+
+/// An OP_MSG to encode, borrowed from its owner: the engine encodes a request's command without
+/// moving it into an [`OpMsg`] (and out again).
+pub(crate) struct MsgParts<'a> {
+    pub(crate) request_id: i32,
+    pub(crate) response_to: i32,
+    pub(crate) flags: MsgFlags,
+    pub(crate) body: &'a Document,
+    pub(crate) sequences: &'a [DocumentSequence],
+}
+
+impl MsgParts<'_> {
     /// [`OpMsg::encode`], with `append` writing more elements at the end of the body (the
     /// engine's `$db` and `lsid`, pre-encoded rather than inserted into the document). The body
     /// must not hold the keys `append` writes.
@@ -199,19 +253,22 @@ impl OpMsg {
                 )));
             }
         }
+        // One allocation for a small message in an empty buffer, instead of growing it 16, 32,
+        // 64, ... bytes at a time.
+        out.reserve(SMALL_MESSAGE_LEN);
         out.extend_from_slice(&[0; HEADER_LEN]);
         out.extend_from_slice(&self.flags.bits().to_le_bytes());
         out.push(0);
         let body = out.len();
         out.extend_from_slice(&[0; 4]);
-        for (key, value) in &self.body {
+        for (key, value) in self.body {
             bson_write::element(key, value, out).map_err(bson_error)?;
         }
         append(out)?;
         out.push(0);
         let body_len = i32_len(out.len() - body)?;
         out[body..body + 4].copy_from_slice(&body_len.to_le_bytes());
-        for seq in &self.sequences {
+        for seq in self.sequences {
             out.push(1);
             let size_at = out.len();
             out.extend_from_slice(&[0; 4]);
@@ -447,10 +504,25 @@ impl FrameDecoder {
     /// Returns how many bytes were consumed and the message, if one was completed; call again
     /// with the rest of the input. An error is final: every later call returns it again.
     pub fn decode(&mut self, input: &[u8]) -> Result<(usize, Option<OpMsg>), DecodeError> {
+        self.decode_as(input, parse_frame)
+    }
+
+    /// [`FrameDecoder::decode`], leaving the documents encoded ([`RawOpMsg`]): for a reader that
+    /// needs a few fields, not every document as a tree. Accepts and refuses exactly the frames
+    /// [`FrameDecoder::decode`] does (the documents are validated, not converted).
+    pub fn decode_raw(&mut self, input: &[u8]) -> Result<(usize, Option<RawOpMsg>), DecodeError> {
+        self.decode_as(input, parse_frame_raw)
+    }
+
+    fn decode_as<M>(
+        &mut self,
+        input: &[u8],
+        parse: impl Fn(&[u8]) -> Result<M, DecodeError>,
+    ) -> Result<(usize, Option<M>), DecodeError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        let result = self.decode_inner(input);
+        let result = self.decode_inner(input, parse);
         if let Err(e) = &result {
             self.failed = Some(e.clone());
             self.frame = Vec::new();
@@ -458,7 +530,19 @@ impl FrameDecoder {
         result
     }
 
-    fn decode_inner(&mut self, input: &[u8]) -> Result<(usize, Option<OpMsg>), DecodeError> {
+    fn decode_inner<M>(
+        &mut self,
+        input: &[u8],
+        parse: impl Fn(&[u8]) -> Result<M, DecodeError>,
+    ) -> Result<(usize, Option<M>), DecodeError> {
+        // A whole uncompressed frame at the front of `input` with none in progress (the usual
+        // case) is parsed where it lies, without copying it into `frame` first.
+        if self.frame.is_empty() && input.len() >= HEADER_LEN {
+            let len = Self::validate(&input[..HEADER_LEN], self.max_message_size)?;
+            if input.len() >= len && read_i32(input, 12) == OP_MSG {
+                return Ok((len, Some(parse(&input[..len])?)));
+            }
+        }
         let mut consumed = 0;
         let expected = match self.expected {
             Some(len) => len,
@@ -484,9 +568,9 @@ impl FrameDecoder {
         }
         self.expected = None;
         let msg = if read_i32(&self.frame, 12) == OP_COMPRESSED {
-            self.decompress().and_then(|frame| parse_frame(&frame))
+            self.decompress().and_then(|frame| parse(&frame))
         } else {
-            parse_frame(&self.frame)
+            parse(&self.frame)
         };
         if self.frame.capacity() > RETAINED_CAPACITY {
             self.frame = Vec::new();
@@ -499,15 +583,20 @@ impl FrameDecoder {
     /// WP-1, WP-7, WP-9: the length is within bounds and the opcode is OP_MSG, before any
     /// allocation for the body.
     fn validate_header(&self) -> Result<usize, DecodeError> {
-        let length = read_i32(&self.frame, 0);
-        let op_code = read_i32(&self.frame, 12);
+        Self::validate(&self.frame, self.max_message_size)
+    }
+
+    /// [`FrameDecoder::validate_header`] of the header at the start of `header`.
+    fn validate(header: &[u8], max_message_size: u32) -> Result<usize, DecodeError> {
+        let length = read_i32(header, 0);
+        let op_code = read_i32(header, 12);
         let in_bounds = usize::try_from(length)
             .ok()
-            .filter(|&l| l >= MIN_MESSAGE_LEN && l <= self.max_message_size as usize);
+            .filter(|&l| l >= MIN_MESSAGE_LEN && l <= max_message_size as usize);
         let Some(len) = in_bounds else {
             return Err(DecodeError::BadLength {
                 length,
-                max: self.max_message_size,
+                max: max_message_size,
             });
         };
         if op_code != OP_MSG && op_code != OP_COMPRESSED {
@@ -570,6 +659,84 @@ impl FrameDecoder {
 /// Public so a caller holding a whole frame (a test server, a fuzzer) can skip the framing step;
 /// `frame` must be exactly as long as its `messageLength` says, else [`DecodeError::Truncated`].
 pub fn parse_frame(frame: &[u8]) -> Result<OpMsg, DecodeError> {
+    parse_frame_as(frame)
+}
+
+/// [`parse_frame`], leaving the documents encoded ([`RawOpMsg`]); accepts and refuses the same
+/// frames.
+pub fn parse_frame_raw(frame: &[u8]) -> Result<RawOpMsg, DecodeError> {
+    parse_frame_as(frame)
+}
+
+/// A message type a frame parses into: how its documents are read and how it is assembled.
+trait Parsed: Sized {
+    type Doc;
+    type Seq;
+    fn document(bytes: &[u8]) -> Result<Self::Doc, DecodeError>;
+    fn sequence(identifier: String, documents: Vec<Self::Doc>) -> Self::Seq;
+    fn identifier(sequence: &Self::Seq) -> &str;
+    fn message(header: [i32; 2], flags: MsgFlags, body: Self::Doc, seqs: Vec<Self::Seq>) -> Self;
+}
+
+impl Parsed for OpMsg {
+    type Doc = Document;
+    type Seq = DocumentSequence;
+    fn document(bytes: &[u8]) -> Result<Document, DecodeError> {
+        parse_document(bytes)
+    }
+    fn sequence(identifier: String, documents: Vec<Document>) -> DocumentSequence {
+        DocumentSequence {
+            identifier,
+            documents,
+        }
+    }
+    fn identifier(sequence: &DocumentSequence) -> &str {
+        &sequence.identifier
+    }
+    fn message(header: [i32; 2], flags: MsgFlags, body: Document, seqs: Vec<Self::Seq>) -> OpMsg {
+        OpMsg {
+            request_id: header[0],
+            response_to: header[1],
+            flags,
+            body,
+            sequences: seqs,
+        }
+    }
+}
+
+impl Parsed for RawOpMsg {
+    type Doc = RawDocumentBuf;
+    type Seq = RawDocumentSequence;
+    fn document(bytes: &[u8]) -> Result<RawDocumentBuf, DecodeError> {
+        parse_raw_document(bytes)
+    }
+    fn sequence(identifier: String, documents: Vec<RawDocumentBuf>) -> RawDocumentSequence {
+        RawDocumentSequence {
+            identifier,
+            documents,
+        }
+    }
+    fn identifier(sequence: &RawDocumentSequence) -> &str {
+        &sequence.identifier
+    }
+    fn message(
+        header: [i32; 2],
+        flags: MsgFlags,
+        body: RawDocumentBuf,
+        seqs: Vec<Self::Seq>,
+    ) -> Self {
+        RawOpMsg {
+            request_id: header[0],
+            response_to: header[1],
+            flags,
+            body,
+            sequences: seqs,
+        }
+    }
+}
+
+/// The frame layout checks of [`parse_frame`] (WP-2, WP-3), for either message type.
+fn parse_frame_as<M: Parsed>(frame: &[u8]) -> Result<M, DecodeError> {
     if frame.len() < HEADER_LEN + 4 || usize::try_from(read_i32(frame, 0)) != Ok(frame.len()) {
         return Err(DecodeError::Truncated);
     }
@@ -591,7 +758,7 @@ pub fn parse_frame(frame: &[u8]) -> Result<OpMsg, DecodeError> {
     }
     let mut body = None;
     let mut bodies = 0;
-    let mut sequences: Vec<DocumentSequence> = Vec::new();
+    let mut sequences: Vec<M::Seq> = Vec::new();
     let mut at = HEADER_LEN + 4;
     while at < end {
         let kind = frame[at];
@@ -601,7 +768,7 @@ pub fn parse_frame(frame: &[u8]) -> Result<OpMsg, DecodeError> {
                 let len = section_len(frame, at, end, 5)?;
                 bodies += 1;
                 if bodies == 1 {
-                    body = Some(parse_document(&frame[at..at + len])?);
+                    body = Some(M::document(&frame[at..at + len])?);
                 }
                 at += len;
             }
@@ -614,33 +781,29 @@ pub fn parse_frame(frame: &[u8]) -> Result<OpMsg, DecodeError> {
                     .ok_or(DecodeError::Truncated)?;
                 let identifier = core::str::from_utf8(&section[..nul])
                     .map_err(|e| DecodeError::Bson(alloc::format!("identifier: {e}")))?;
-                if sequences.iter().any(|s| s.identifier == identifier) {
+                if sequences.iter().any(|s| M::identifier(s) == identifier) {
                     return Err(DecodeError::DuplicateIdentifier(identifier.into()));
                 }
                 let mut documents = Vec::new();
                 let mut doc_at = nul + 1;
                 while doc_at < section.len() {
                     let doc_len = section_len(section, doc_at, section.len(), 5)?;
-                    documents.push(parse_document(&section[doc_at..doc_at + doc_len])?);
+                    documents.push(M::document(&section[doc_at..doc_at + doc_len])?);
                     doc_at += doc_len;
                 }
-                sequences.push(DocumentSequence {
-                    identifier: identifier.into(),
-                    documents,
-                });
+                sequences.push(M::sequence(identifier.into(), documents));
                 at += len;
             }
             other => return Err(DecodeError::UnknownSectionKind(other)),
         }
     }
     match body {
-        Some(body) if bodies == 1 => Ok(OpMsg {
-            request_id: read_i32(frame, 4),
-            response_to: read_i32(frame, 8),
+        Some(body) if bodies == 1 => Ok(M::message(
+            [read_i32(frame, 4), read_i32(frame, 8)],
             flags,
             body,
             sequences,
-        }),
+        )),
         _ => Err(DecodeError::BodyCount(bodies)),
     }
 }
@@ -659,7 +822,15 @@ fn section_len(buf: &[u8], at: usize, end: usize, min: usize) -> Result<usize, D
 fn parse_document(bytes: &[u8]) -> Result<Document, DecodeError> {
     let raw =
         RawDocument::from_bytes(bytes).map_err(|e| DecodeError::Bson(alloc::format!("{e}")))?;
-    Document::try_from(raw).map_err(|e| DecodeError::Bson(alloc::format!("{e}")))
+    bson_read::document(raw).map_err(|e| DecodeError::Bson(alloc::format!("{e}")))
+}
+
+/// A document left encoded, validated as [`parse_document`] would convert it.
+fn parse_raw_document(bytes: &[u8]) -> Result<RawDocumentBuf, DecodeError> {
+    let raw =
+        RawDocument::from_bytes(bytes).map_err(|e| DecodeError::Bson(alloc::format!("{e}")))?;
+    bson_read::validate(raw).map_err(|e| DecodeError::Bson(alloc::format!("{e}")))?;
+    Ok(raw.to_owned())
 }
 
 fn le4(buf: &[u8], at: usize) -> [u8; 4] {
@@ -1028,6 +1199,45 @@ mod tests {
             }
             got.extend(decode_all(&mut dec, rest).unwrap());
             proptest::prop_assert_eq!(got, messages);
+        }
+
+        /// WP-2, WP-3: `decode_raw` accepts and refuses exactly what `decode` does (here a valid
+        /// message with bytes overwritten, fed whole or in two pieces), and its documents
+        /// convert to `decode`'s.
+        #[test]
+        fn decode_raw_agrees_with_decode(
+            message in arbitrary_message(),
+            flips in proptest::collection::vec((0usize..400, proptest::prelude::any::<u8>()), 0..3),
+            cut in 0usize..400,
+        ) {
+            let mut bytes = encoded(&message);
+            for (at, byte) in flips {
+                let len = bytes.len();
+                bytes[at % len] = byte;
+            }
+            let cut = cut % bytes.len();
+            let (mut tree, mut raw) = (
+                FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES),
+                FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES),
+            );
+            for piece in [&bytes[..cut], &bytes[cut..]] {
+                let expected = tree.decode(piece);
+                let got = raw.decode_raw(piece).map(|(n, m)| {
+                    (n, m.map(|m| OpMsg {
+                        request_id: m.request_id,
+                        response_to: m.response_to,
+                        flags: m.flags,
+                        body: Document::try_from(m.body).expect("validated"),
+                        sequences: m.sequences.into_iter().map(|s| DocumentSequence {
+                            identifier: s.identifier,
+                            documents: s.documents.into_iter()
+                                .map(|d| Document::try_from(d).expect("validated"))
+                                .collect(),
+                        }).collect(),
+                    }))
+                });
+                proptest::prop_assert_eq!(got, expected);
+            }
         }
     }
 

@@ -16,6 +16,7 @@ use retry_core::retry::{
 use retry_core::rng::FixedRng;
 use retry_core::scenario::{Script, StepOutcome};
 use retry_core::time::{Instant, OperationTimeout};
+use retry_core::topology::{ServerType, TopologyType};
 use std::sync::Arc;
 use support::*;
 
@@ -746,6 +747,71 @@ fn grpc_non_idempotent_commands_need_proof_the_server_skipped_them() {
         JITTER_ZERO,
     );
     assert_eq!(trace.result(), Some(&Ok(())));
+}
+
+/// RW-2, RW-7, A6 (review5 item 2): under a gRPC policy a `RetryableWrite` is idempotent only
+/// when its attempt carried a `txnNumber`. Sent without one (a standalone, which does not support
+/// retryable writes, or a connection whose handshake lacks `logicalSessionTimeoutMinutes`), a
+/// network error after send ends the operation: no second attempt.
+#[test]
+fn rw2_grpc_a_write_sent_without_txn_number_is_not_retried_after_send() {
+    let options = RetryOptions::default().policy(RetryPolicy::Grpc(Arc::new(grpc(3))));
+    let standalone = server("s", ServerType::Standalone, TopologyType::Single);
+    for lose_txn_number in [false, true] {
+        let mut m = RetryMachine::new(
+            OperationSpec::new(OperationKind::RetryableWrite).with_txn_number(9),
+            &options,
+            1,
+            Instant::ZERO,
+        );
+        assert_eq!(m.poll_action(), Some(Action::SelectServer));
+        let server = if lose_txn_number {
+            primary()
+        } else {
+            standalone.clone()
+        };
+        let address = server.address.clone();
+        m.handle_server_selected(server, Instant::ZERO).unwrap();
+        assert!(matches!(m.poll_action(), Some(Action::Dispatch(_))));
+        if lose_txn_number {
+            m.handle_attempt_without_txn_number(Instant::ZERO).unwrap();
+        }
+        m.handle_sent(Instant::ZERO).unwrap();
+        let reset =
+            OperationError::network(NetworkErrorKind::Reset, NetworkPhase::AfterSend, address);
+        m.handle_failed(reset, Instant::ZERO).unwrap();
+        assert_eq!(
+            m.poll_action(),
+            Some(Action::ReleaseConnection { close: true })
+        );
+        match m.poll_action() {
+            Some(Action::Finished(Err(e))) => assert!(matches!(e.kind, ErrorKind::Network(_)), "{e}"),
+            other => panic!("finished with the network error (lost txnNumber: {lose_txn_number}), got {other:?}"),
+        }
+        assert_eq!(m.attempts(), 1, "no second attempt");
+    }
+    // With its txnNumber the server de-duplicates: the same error is retried.
+    let mut m = RetryMachine::new(
+        OperationSpec::new(OperationKind::RetryableWrite).with_txn_number(9),
+        &options,
+        1,
+        Instant::ZERO,
+    );
+    let _ = m.poll_action();
+    m.handle_server_selected(primary(), Instant::ZERO).unwrap();
+    assert!(matches!(m.poll_action(), Some(Action::Dispatch(a)) if a.txn_number == Some(9)));
+    m.handle_sent(Instant::ZERO).unwrap();
+    let reset = OperationError::network(
+        NetworkErrorKind::Reset,
+        NetworkPhase::AfterSend,
+        ServerAddress::new("primary", 27017),
+    );
+    m.handle_failed(reset, Instant::ZERO).unwrap();
+    let _ = m.poll_action();
+    assert!(
+        matches!(m.poll_action(), Some(Action::Wait { .. })),
+        "retried"
+    );
 }
 
 /// Cancellation mid-flight fails the attempt, closes its connection and finishes the operation.

@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Bson, Document};
+use bson::raw::RawBsonRef;
+use bson::{doc, oid::ObjectId, Document, RawDocument};
 use retry_core::address::ServerAddress;
 use retry_core::engine::{ConnId, Engine, EngineEvent, EngineOptions, OpId, OperationRequest};
 use retry_core::error::{NetworkErrorKind, OperationError};
@@ -144,7 +145,7 @@ impl SimServer {
         }
     }
 
-    fn hello(&self, request: &Document) -> Document {
+    fn hello(&self, request: &RawDocument) -> Document {
         let mut reply = doc! { "ok": 1, "isWritablePrimary": true, "helloOk": true, "maxWireVersion": 25,
         "minWireVersion": 0, "maxBsonObjectSize": 16_777_216, "maxMessageSizeBytes": 48_000_000,
         "maxWriteBatchSize": 100_000 };
@@ -181,43 +182,51 @@ impl SimServer {
     }
 
     /// What the server does with one command; `handshake` is true for a socket's first command.
-    fn answer(&mut self, request: &Document, handshake: bool, conn: ConnId) -> Step {
-        let name = request.keys().next().map_or("", String::as_str);
+    /// The command is read where it lies, in one pass (a real server does not build a tree
+    /// either), and converted only to be recorded. `None` is the plain `{ok: 1}`.
+    fn answer(&mut self, request: &RawDocument, handshake: bool, conn: ConnId) -> Option<Step> {
+        let fields = Fields::read(request);
         if self.down {
-            return Step::Reset;
+            return Some(Step::Reset);
         }
+        let name = fields.name;
         if name == "hello" || name.eq_ignore_ascii_case("ismaster") {
             if handshake && self.reset_handshakes > 0 {
                 self.reset_handshakes -= 1;
-                return Step::Reset;
+                return Some(Step::Reset);
             }
             let delay = if handshake {
                 self.handshake_delay
             } else {
                 Duration::ZERO
             };
-            return Step::Reply {
+            return Some(Step::Reply {
                 body: self.hello(request),
                 delay,
-            };
+            });
         }
         if self.record_commands {
-            self.commands.push(request.clone());
+            let command = Document::try_from(request).expect("the codec validated it");
+            self.commands.push(command);
         }
-        let mut step = self.run_command(name, request, conn);
-        if let (Some(time), Step::Reply { body, .. }) = (&self.cluster_time, &mut step) {
+        let step = self.run_command(&fields, conn);
+        let Some(time) = &self.cluster_time else {
+            return step;
+        };
+        let mut step = step.unwrap_or_else(|| Step::reply(doc! { "ok": 1 }));
+        if let Step::Reply { body, .. } = &mut step {
             body.insert("$clusterTime", time.clone());
         }
-        step
+        Some(step)
     }
 
     /// What a real server refuses before running a command: a `txnNumber` without an `lsid` (72)
     /// or on a standalone (20).
-    fn refusal(&self, request: &Document) -> Option<Document> {
-        if !request.contains_key("txnNumber") {
+    fn refusal(&self, fields: &Fields<'_>) -> Option<Document> {
+        if !fields.txn_number {
             return None;
         }
-        if !request.contains_key("lsid") {
+        if !fields.lsid {
             return Some(
                 doc! { "ok": 0, "code": 72, "codeName": "InvalidOptions", "errmsg": "Transaction number requires a session ID to also be specified" },
             );
@@ -225,9 +234,10 @@ impl SimServer {
         (self.role == Role::Standalone).then(|| doc! { "ok": 0, "code": 20, "codeName": "IllegalOperation", "errmsg": "Transaction numbers are only allowed on a replica set member or mongos" })
     }
 
-    fn run_command(&mut self, name: &str, request: &Document, conn: ConnId) -> Step {
-        if let Some(refusal) = self.refusal(request) {
-            return Step::reply(refusal);
+    fn run_command(&mut self, fields: &Fields<'_>, conn: ConnId) -> Option<Step> {
+        let name = fields.name;
+        if let Some(refusal) = self.refusal(fields) {
+            return Some(Step::reply(refusal));
         }
         // Counted without cloning the name when it is already there.
         match self.executed.get_mut(name) {
@@ -240,34 +250,65 @@ impl SimServer {
         // A secondary serves what carries a non-primary `$readPreference` (SS-9: secondaryOk
         // on OP_MSG) and refuses everything else, as a real one does for a primary read:
         // NotPrimaryNoSecondaryOk, an SDAM state-change error.
-        // Looked up without `get_document`, whose miss builds an error (an allocation per read).
-        let secondary_ok = match request.get("$readPreference") {
-            Some(Bson::Document(p)) => {
-                matches!(p.get("mode"), Some(Bson::String(m)) if m != "primary")
-            }
-            _ => false,
-        };
+        let secondary_ok = fields.read_preference.is_some_and(
+            |p| matches!(p.get("mode"), Ok(Some(RawBsonRef::String(m))) if m != "primary"),
+        );
         if self.role == Role::Member && !self.member.primary && !secondary_ok {
             // The refusal takes the script's next step for the timing (a slow step is a slow
             // refusal) and the failures (resets, garbage).
             let refusal = doc! { "ok": 0, "code": 13435, "codeName": "NotPrimaryNoSecondaryOk", "errmsg": "not primary and secondaryOk=false" };
-            return match self.script.pop_front() {
+            return Some(match self.script.pop_front() {
                 Some(Step::Reply { delay, .. }) => Step::Reply {
                     body: refusal,
                     delay,
                 },
                 None => Step::reply(refusal),
                 Some(other) => other,
-            };
+            });
         }
         if let Some((command, reply)) = &self.always {
             if command == name {
-                return Step::reply(reply.clone());
+                return Some(Step::reply(reply.clone()));
             }
         }
-        self.script
-            .pop_front()
-            .unwrap_or_else(|| Step::reply(doc! { "ok": 1 }))
+        self.script.pop_front()
+    }
+}
+
+/// What the server reads of a command, in one pass over its elements.
+struct Fields<'a> {
+    /// The command name: the first key.
+    name: &'a str,
+    txn_number: bool,
+    lsid: bool,
+    read_preference: Option<&'a RawDocument>,
+}
+
+impl<'a> Fields<'a> {
+    fn read(request: &'a RawDocument) -> Fields<'a> {
+        let mut fields = Fields {
+            name: "",
+            txn_number: false,
+            lsid: false,
+            read_preference: None,
+        };
+        for (i, element) in request.iter().enumerate() {
+            let Ok((key, value)) = element else { break };
+            if i == 0 {
+                fields.name = key.as_str();
+            }
+            match key.as_str() {
+                "txnNumber" => fields.txn_number = true,
+                "lsid" => fields.lsid = true,
+                "$readPreference" => {
+                    if let RawBsonRef::Document(p) = value {
+                        fields.read_preference = Some(p);
+                    }
+                }
+                _ => {}
+            }
+        }
+        fields
     }
 }
 
@@ -309,6 +350,8 @@ pub struct Sim {
     answers: Vec<(Duration, Delivery)>,
     /// The buffer a reply is encoded into before it is copied out at its exact size; reused.
     reply_buf: Vec<u8>,
+    /// The plain `{ok: 1}` reply, encoded with `responseTo` 0.
+    ok_reply: Vec<u8>,
 }
 
 /// An overload error reply with both labels (BP-1, BP-2).
@@ -360,7 +403,11 @@ impl Sim {
             transmit_buf: Vec::new(),
             answers: Vec::new(),
             reply_buf: Vec::new(),
+            ok_reply: Vec::new(),
         };
+        OpMsg::command(0, doc! { "ok": 1 })
+            .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut sim.ok_reply)
+            .expect("encodable reply");
         sim.drain();
         sim
     }
@@ -420,7 +467,7 @@ impl Sim {
         while !bytes.is_empty() {
             let (used, message) = socket
                 .decoder
-                .decode(bytes)
+                .decode_raw(bytes)
                 .expect("the engine sends valid OP_MSG");
             bytes = &bytes[used..];
             let Some(request) = message else { continue };
@@ -431,7 +478,13 @@ impl Sim {
             let handshake = !socket.handshaken;
             socket.handshaken = true;
             let answer = match server.answer(&request.body, handshake, conn) {
-                Step::Reply { body, delay } => {
+                // The plain `{ok: 1}`, encoded once, with this request's `responseTo`.
+                None => {
+                    let mut bytes = self.ok_reply.clone();
+                    bytes[8..12].copy_from_slice(&request.request_id.to_le_bytes());
+                    (Duration::ZERO, Delivery::Bytes(bytes))
+                }
+                Some(Step::Reply { body, delay }) => {
                     let reply = OpMsg {
                         request_id: 0,
                         response_to: request.request_id,
@@ -445,8 +498,8 @@ impl Sim {
                         .expect("encodable reply");
                     (delay, Delivery::Bytes(self.reply_buf.as_slice().into()))
                 }
-                Step::Reset => (Duration::ZERO, Delivery::Reset),
-                Step::Garbage(garbage) => (Duration::ZERO, Delivery::Bytes(garbage)),
+                Some(Step::Reset) => (Duration::ZERO, Delivery::Reset),
+                Some(Step::Garbage(garbage)) => (Duration::ZERO, Delivery::Bytes(garbage)),
             };
             answers.push(answer);
         }

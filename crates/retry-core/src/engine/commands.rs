@@ -106,6 +106,7 @@ pub(super) fn is_sensitive(command: &Document) -> bool {
 fn redact(failure: OperationError) -> OperationError {
     let mut failure = failure;
     if let ErrorKind::Server(error) = &mut failure.kind {
+        let error = alloc::sync::Arc::make_mut(error);
         let mut raw = Document::new();
         for key in ["code", "codeName", "errorLabels"] {
             if let Some(value) = error.raw.get(key) {

@@ -754,11 +754,19 @@ impl Engine {
                 .get_mut(&session)
                 .and_then(|s| s.pin.command_failed(command, &error));
             if unpinned.is_some() {
-                let healthy = !matches!(error.kind, ErrorKind::Network(_));
-                self.unpin_connection(session, healthy, now);
+                // House rule 8 (review5 item 1): the connection this attempt ran on goes back
+                // once, by the machine's `ReleaseConnection` after the retry decision (BP-27);
+                // only a pinned connection the attempt did not hold is checked in here.
+                let own = self.ops.get(&op_id).and_then(|op| op.slots[slot].conn);
+                let pinned = self.sessions.get_mut(&session).and_then(|s| s.conn.take());
+                if let Some(conn) = pinned.filter(|c| Some(*c) != own) {
+                    let healthy = !matches!(error.kind, ErrorKind::Network(_));
+                    self.release(conn, healthy, now);
+                }
                 if let Some(op) = self.ops.get_mut(&op_id) {
                     op.pinned_server = None;
                     op.pinned_conn = None;
+                    op.keep_conn = false;
                 }
             }
         }

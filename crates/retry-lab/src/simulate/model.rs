@@ -436,7 +436,7 @@ impl<'a> Sim<'a> {
                 "errorLabels": ["SystemOverloadedError", "RetryableError"] };
                 let mut e = OperationError::from_reply(&reply, &address(i)).expect("an error");
                 if let ErrorKind::Server(s) = &mut e.kind {
-                    s.raw = bson::Document::new();
+                    std::sync::Arc::make_mut(s).raw = bson::Document::new();
                 }
                 e
             })
