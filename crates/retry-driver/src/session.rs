@@ -76,6 +76,8 @@ pub(crate) struct SessionRequests {
     ends: Vec<SessionHandle>,
     /// Sessions starting a transaction (TX-2, TX-4 (4)), each with its options and completion.
     transactions: Vec<(SessionHandle, TransactionOptions, Arc<TransactionStart>)>,
+    /// Sessions whose `lsid` was asked for, each with its completion.
+    lsids: Vec<(SessionHandle, Arc<SessionStart<Option<Document>>>)>,
     /// The `abortTransaction` of an ending session (TX-2: ending a session aborts its
     /// transaction; the engine sends it only when one is in progress), started before the
     /// session ends; its result is not awaited (TX-10: abort errors are ignored).
@@ -90,6 +92,9 @@ impl SessionRequests {
         }
         for (_, _, start) in self.transactions.drain(..) {
             start.complete(Err(OperationError::cancelled()));
+        }
+        for (_, answer) in self.lsids.drain(..) {
+            answer.complete(None);
         }
     }
 }
@@ -106,12 +111,16 @@ pub(crate) fn serve(
     let any = !requests.starts.is_empty()
         || !requests.ends.is_empty()
         || !requests.transactions.is_empty()
+        || !requests.lsids.is_empty()
         || !requests.aborts.is_empty();
     for start in requests.starts.drain(..) {
         start.complete(Some(engine.start_session()));
     }
     for (session, options, start) in requests.transactions.drain(..) {
         start.complete(engine.start_transaction(session, options, now));
+    }
+    for (session, answer) in requests.lsids.drain(..) {
+        answer.complete(engine.session_lsid(session));
     }
     for mut abort in requests.aborts.drain(..) {
         if let Some(t) = timeout {
@@ -232,15 +241,43 @@ impl<R> Session<R> {
     /// first command written starts the transaction on the server. Fails with
     /// [`OperationError::cancelled`] once the client is shut down.
     pub async fn start_transaction(&self) -> Result<(), OperationError> {
-        self.start_transaction_with(self.client.transaction_options())
+        self.start_transaction_with(TransactionOptions::default())
             .await
     }
 
-    /// [`Session::start_transaction`] with these concerns instead of the client's.
+    /// SE-3: the `lsid` its commands carry (`{id: UUID}`), once its first command took a server
+    /// session (SE-7); `None` before that, and once the client is shut down.
+    pub async fn lsid(&self) -> Option<Document> {
+        let answer = Arc::new(SessionStart::<Option<Document>>::default());
+        {
+            let mut state = lock(&self.client.shared().state);
+            if state.closing {
+                return None;
+            }
+            state.sessions.lsids.push((self.handle, answer.clone()));
+            state.wake_driver();
+        }
+        poll_fn(|cx| {
+            self.client.drive(cx);
+            answer.poll(cx)
+        })
+        .await
+    }
+
+    /// [`Session::start_transaction`] with these concerns in place of the client's, field by
+    /// field: a field left `None` keeps the client's (the transactions spec's inheritance).
     pub async fn start_transaction_with(
         &self,
         options: TransactionOptions,
     ) -> Result<(), OperationError> {
+        let mut merged = self.client.transaction_options();
+        if let Some(read_concern) = options.read_concern {
+            merged = merged.with_read_concern(read_concern);
+        }
+        if let Some(write_concern) = options.write_concern {
+            merged = merged.with_write_concern(write_concern);
+        }
+        let options = merged;
         let start = Arc::new(TransactionStart::default());
         {
             let mut state = lock(&self.client.shared().state);

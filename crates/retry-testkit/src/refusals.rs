@@ -23,7 +23,8 @@
 //!   autocommit=true is not allowed.", "'autocommit' field requires a transaction number to also
 //!   be specified", "'startTransaction' field requires 'autocommit' field to also be specified",
 //!   "Specifying startTransaction=false is not allowed."); `startTransaction` on a commit, an
-//!   abort or a `killCursors`: `OperationNotSupportedInTransaction` (263).
+//!   abort or a `killCursors`, and any command a transaction may not run (`count`, `ping`, ...):
+//!   `OperationNotSupportedInTransaction` (263).
 //! - Inside a transaction (`autocommit: false`): a `writeConcern` on a command other than commit
 //!   and abort ("writeConcern is not allowed within a multi-statement transaction", 72), and a
 //!   `readConcern` on a command that does not start it ("Only the first command in a transaction
@@ -180,6 +181,12 @@ fn transaction_refusal(name: &str, command: &Document) -> Option<Document> {
         }
     };
     let ends = matches!(name, "commitTransaction" | "abortTransaction");
+    if !TRANSACTION_COMMANDS.contains(&name) {
+        return Some(error_reply(
+            263,
+            &format!("Cannot run '{name}' in a multi-document transaction."),
+        ));
+    }
     if starts {
         let refused = match name {
             "killCursors" => Some(
@@ -207,6 +214,27 @@ fn transaction_refusal(name: &str, command: &Document) -> Option<Document> {
     }
     None
 }
+
+/// The commands a server runs inside a multi-document transaction; any other (`count`,
+/// `listCollections`, `ping`, ...) is `OperationNotSupportedInTransaction` (263).
+const TRANSACTION_COMMANDS: [&str; 16] = [
+    "abortTransaction",
+    "aggregate",
+    "bulkWrite",
+    "commitTransaction",
+    "create",
+    "createIndexes",
+    "delete",
+    "distinct",
+    "find",
+    "findAndModify",
+    "findandmodify",
+    "getMore",
+    "insert",
+    "killCursors",
+    "update",
+    "geoSearch",
+];
 
 /// The read concern levels a server knows.
 const READ_CONCERN_LEVELS: [&str; 5] =
@@ -464,6 +492,14 @@ mod tests {
         let mut starting_commit = commit.clone();
         starting_commit.insert("startTransaction", true);
         assert_eq!(refused(&starting_commit), Some(263));
+        let count = doc! {
+            "count": "c", "lsid": lsid(), "txnNumber": 1_i64, "autocommit": false,
+        };
+        assert_eq!(
+            refused(&count),
+            Some(263),
+            "count.json: not in a transaction"
+        );
     }
 
     /// SE-21 (review5 item 11): `readConcern` parses as on a server: a known level, an

@@ -487,6 +487,8 @@ struct Session {
     recovery_token: Option<Document>,
     /// TX-2: its transaction's state, through which every operation naming it is mapped.
     transaction: crate::transaction::Transaction,
+    /// TX-1: transactions started since its last `txnNumber` was taken (each takes one).
+    started_transactions: u32,
     /// TX-1, TX-11: the concerns of its transaction (from [`Engine::start_transaction`]).
     transaction_options: crate::transaction::TransactionOptions,
     /// SE-21: the greatest `operationTime` of its replies, for `afterClusterTime`.

@@ -66,19 +66,6 @@ impl Engine {
         now: Instant,
     ) -> OpId {
         let op = self.next_op_id();
-        let (mut session, gossip) = match self.operation_session(&request) {
-            Ok(session) => session,
-            Err(error) => {
-                self.events.push_back(EngineEvent::OperationFinished {
-                    op,
-                    result: Err(error),
-                });
-                return op;
-            }
-        };
-        if internal {
-            session = OpSession::Never;
-        }
         // TX-1, TX-2: an operation naming a session runs through its transaction.
         match self.transaction_request(&mut request) {
             Ok(true) => {}
@@ -96,6 +83,19 @@ impl Engine {
                 });
                 return op;
             }
+        }
+        let (mut session, gossip) = match self.operation_session(&request) {
+            Ok(session) => session,
+            Err(error) => {
+                self.events.push_back(EngineEvent::OperationFinished {
+                    op,
+                    result: Err(error),
+                });
+                return op;
+            }
+        };
+        if internal {
+            session = OpSession::Never;
         }
         let spec = OperationSpec {
             kind: request.kind,

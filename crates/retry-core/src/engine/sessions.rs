@@ -150,6 +150,10 @@ impl Engine {
         };
         state.transaction.start()?;
         state.transaction_options = options;
+        // TX-1: the `txnNumber` is incremented at `startTransaction`, even for a transaction
+        // that never writes a command; the number is taken with the server session, at the
+        // transaction's first command.
+        state.started_transactions += 1;
         // The old pin needs no action here: a mongos pin holds nothing, and a connection pin's
         // connection is the one `state.conn` holds (`pin_transaction` sets both together), which
         // `unpin_connection` gives back.
@@ -159,6 +163,14 @@ impl Engine {
         Ok(())
     }
 
+    /// SE-3: the `lsid` (`{id: UUID}`) the explicit session's commands carry, once its server
+    /// session was taken (at its first command, SE-7); `None` before, and for an unknown or
+    /// ended session.
+    pub fn session_lsid(&self, session: SessionHandle) -> Option<Document> {
+        let server = self.sessions.get(&session)?.server.as_ref()?;
+        Some(server.id().lsid())
+    }
+
     /// TX-2: where the explicit session's transaction is; `None` for an unknown or ended session.
     pub fn transaction_state(&self, session: SessionHandle) -> Option<TransactionState> {
         self.sessions.get(&session).map(|s| s.transaction.state())
@@ -166,7 +178,8 @@ impl Engine {
 
     /// TX-1, TX-2 (review5 items 4, 5): maps a request naming an open explicit session through
     /// its transaction: inside one, any kind runs as [`OperationKind::InTransaction`] on a
-    /// writable server (the transaction's read preference is primary), the first command with the
+    /// writable server (the transaction's read preference is primary: a read preference of
+    /// another mode is a usage error), the first command with the
     /// transaction's `readConcern`; commit and abort become the kind their state gives, with the
     /// transaction's `writeConcern`. `Ok(false)`: nothing to send (commit or abort of a
     /// transaction that wrote nothing); an error: a state or concern the rules refuse, with
@@ -198,6 +211,19 @@ impl Engine {
                         }
                         request.command.remove(field);
                     }
+                }
+                // The transaction's read preference is primary: an operation's other one is an
+                // error (the transactions spec's "read preference in a transaction must be
+                // primary"), checked before anything changes.
+                let secondary = matches!(
+                    &request.criteria,
+                    SelectionCriteria::Read(preference)
+                        if preference.mode() != ReadPreferenceMode::Primary
+                );
+                if joins && secondary {
+                    return Err(OperationError::usage(
+                        "read preference in a transaction must be primary",
+                    ));
                 }
                 let kind = state.transaction.statement(kind)?;
                 if let OperationKind::InTransaction { first, .. } = kind {
@@ -326,6 +352,8 @@ impl Engine {
         let kind = op.request.kind;
         let mut recovery_token = None;
         let causal_read = reads_causally(kind, &op.wire.body);
+        let first_command = matches!(kind, OperationKind::InTransaction { first: true, .. });
+        let mut skipped = 0;
         let mut after_cluster_time = None;
         // Each hedged copy has its own session (SE-9): its `lsid` is appended as it is encoded.
         let Some(slot) = op.slots.get_mut(slot) else {
@@ -374,6 +402,9 @@ impl Engine {
                 if causal_read {
                     after_cluster_time = state.operation_time;
                 }
+                if with_txn_number && op.txn_number.is_none() && first_command {
+                    skipped = core::mem::take(&mut state.started_transactions);
+                }
                 let server = state
                     .server
                     .get_or_insert_with(|| self.session_pool.acquire(timeout, &mut self.rng, now));
@@ -392,6 +423,14 @@ impl Engine {
                         OperationKind::InTransaction { first: false, .. }
                         | OperationKind::CommitTransaction { .. }
                         | OperationKind::AbortTransaction => server.txn_number(),
+                        // TX-1: each transaction started since the last number took one, the
+                        // ones that never wrote a command included.
+                        OperationKind::InTransaction { first: true, .. } => {
+                            for _ in 1..skipped {
+                                server.next_txn_number();
+                            }
+                            server.next_txn_number()
+                        }
                         _ => server.next_txn_number(),
                     });
                     body.insert("txnNumber", Bson::Int64(number));
