@@ -247,3 +247,86 @@ fn tx1_a_bare_request_naming_the_session_joins_its_transaction() {
         Some(&Bson::Boolean(true))
     );
 }
+
+/// TX-1 (`commit.json` "multiple commits after empty transaction"): the `txnNumber` is
+/// incremented at `startTransaction`, so a transaction that wrote nothing still uses a number:
+/// the third transaction's first command carries 3.
+#[test]
+fn tx1_an_empty_transaction_still_takes_a_txn_number() {
+    let mut sim = mongos(Vec::new());
+    let session = sim.engine.start_session();
+    let commit = || {
+        request(
+            "admin",
+            doc! { "commitTransaction": 1 },
+            OperationKind::CommitTransaction { again: false },
+            None,
+        )
+    };
+    for write in [true, false, true] {
+        start_transaction(&mut sim, session);
+        if write {
+            let op = sim.start_request(insert(Some(session)));
+            sim.run(op).unwrap();
+        }
+        let mut end = commit();
+        end.session = Some(session);
+        let op = sim.start_request(end);
+        sim.run(op).unwrap();
+    }
+    let numbers: Vec<i64> = received(&sim, "insert")
+        .iter()
+        .map(|c| c.get_i64("txnNumber").unwrap())
+        .collect();
+    assert_eq!(numbers, [1, 3]);
+    assert_eq!(
+        received(&sim, "commitTransaction").len(),
+        2,
+        "TX-2: none for the empty one"
+    );
+}
+
+/// TX-1 (the transactions spec: concerns and read preference in a transaction): an operation's
+/// own `writeConcern` in a transaction is a usage error, an inherited one is dropped (here an
+/// inherited `w: 0`, which outside a transaction an explicit session refuses, SE-13), and a
+/// read preference other than primary is a usage error; none of them changes the transaction.
+#[test]
+fn tx1_concerns_and_read_preference_inside_a_transaction() {
+    let mut sim = mongos(Vec::new());
+    let session = sim.engine.start_session();
+    start_transaction(&mut sim, session);
+    let own = |inherited: bool| {
+        let mut request = insert(Some(session));
+        request.command.insert("writeConcern", doc! { "w": 0 });
+        request.concerns_inherited = inherited;
+        request
+    };
+    let refused = sim.start_request(own(false));
+    let error = sim.run(refused).unwrap_err();
+    assert!(error.to_string().contains("writeConcern"), "{error}");
+    let mut secondary = request(
+        "test",
+        doc! { "find": "c" },
+        OperationKind::Read,
+        Some(session),
+    );
+    secondary.criteria = SelectionCriteria::Read(retry_core::selection::ReadPreference::from_mode(
+        retry_core::selection::ReadPreferenceMode::Secondary,
+    ));
+    let secondary = sim.start_request(secondary);
+    let error = sim.run(secondary).unwrap_err();
+    assert!(error.to_string().contains("must be primary"), "{error}");
+    assert_eq!(
+        sim.engine.transaction_state(session),
+        Some(TransactionState::Starting)
+    );
+    let inherited = sim.start_request(own(true));
+    sim.run(inherited).expect("the inherited w: 0 is dropped");
+    let inserts = received(&sim, "insert");
+    assert_eq!(inserts.len(), 1);
+    assert!(!inserts[0].contains_key("writeConcern"), "{}", inserts[0]);
+    assert_eq!(
+        inserts[0].get("startTransaction"),
+        Some(&Bson::Boolean(true))
+    );
+}
