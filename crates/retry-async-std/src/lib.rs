@@ -35,10 +35,11 @@ use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 use std::io;
+use std::io::Read;
 use std::net::TcpStream;
 
 use async_io::{Async, Timer};
-use futures_lite::{AsyncRead, AsyncWrite};
+use futures_lite::AsyncWrite;
 use retry_core::time::Instant;
 use retry_driver::{
     literal_address, lookup_ip, lookup_srv, lookup_txt, timer_deadline, AsyncTimer, BoxFuture,
@@ -116,7 +117,10 @@ impl Runtime for AsyncIoRuntime {
                 match Async::<TcpStream>::connect(address).await {
                     Ok(stream) => {
                         stream.get_ref().set_nodelay(true)?;
-                        return Ok(Box::pin(Stream(stream)) as Pin<Box<dyn Socket>>);
+                        return Ok(Box::pin(Stream {
+                            io: stream,
+                            drained: false,
+                        }) as Pin<Box<dyn Socket>>);
                     }
                     Err(e) => failure = Some(e),
                 }
@@ -165,7 +169,16 @@ impl AsyncTimer for IoTimer {
     }
 }
 
-struct Stream(Async<TcpStream>);
+/// A TCP stream on async-io's reactor that does not read when it knows there is nothing to read:
+/// `Async::poll_read` always tries the read first (a `recv` that fails with `EAGAIN` after every
+/// reply, and another right after each request is written), so this one reads only after a
+/// readiness event once a read came back short or empty.
+struct Stream {
+    io: Async<TcpStream>,
+    /// The last read emptied the socket's receive buffer (it returned less than asked, or would
+    /// block): wait for readiness before reading again.
+    drained: bool,
+}
 
 impl Socket for Stream {
     fn poll_read(
@@ -173,7 +186,25 @@ impl Socket for Stream {
         cx: &mut Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        // At most: a stale readiness, a read that would block, the registration.
+        loop {
+            if self.drained {
+                match self.io.poll_readable(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Ready(Ok(())) => self.drained = false,
+                }
+            }
+            match self.io.get_ref().read(buf) {
+                Ok(n) => {
+                    self.drained = n < buf.len();
+                    return Poll::Ready(Ok(n));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.drained = true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
     }
 
     fn poll_write(
@@ -181,6 +212,6 @@ impl Socket for Stream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 }

@@ -3,11 +3,15 @@
 //!
 //! The echo is the physical limit here: one write and one read of the ping's bytes per round trip,
 //! with no encoding, no server work and no engine. The adapters pay for the engine (selection,
-//! checkout, encode, decode, events), the retry-testkit server's command handling, and their
-//! runtime. After the criterion runs, interleaved rounds of every case print the ratios.
+//! checkout, encode, decode, events) and their runtime, and for the server's work: every client
+//! runs against a retry-testkit standalone and against the bench-only canned server (`canned`,
+//! no server work), so their own distance to the echo is measured apart from the server's. The
+//! servers run on a runtime and thread of their own, as a server process would. After the
+//! criterion runs, interleaved rounds of every case print the ratios.
 //!
 //! `cargo bench -p retry-bench --bench round_trip`; with `--features mongodb` the official
-//! `mongodb` crate runs the same pings against the same test server.
+//! `mongodb` crate runs the same pings against the same servers. `RETRY_BENCH_PROFILE` runs one
+//! case for a profiler instead ([`profile`]).
 
 #![allow(missing_docs)] // criterion's macros generate undocumented functions.
 
@@ -34,7 +38,7 @@ fn ping_bytes() -> Vec<u8> {
     out
 }
 
-/// A TCP echo server on 127.0.0.1: every byte read is written back.
+/// A TCP echo server on 127.0.0.1 on the current runtime: every byte read is written back.
 async fn echo_server() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
@@ -55,62 +59,243 @@ async fn echo_server() -> SocketAddr {
     address
 }
 
-/// Everything the cases share: a multi-threaded tokio runtime, the echo server, the test server,
-/// and one client per adapter.
-struct Setup {
-    runtime: tokio::runtime::Runtime,
-    echo: SocketAddr,
-    tokio_client: retry_tokio::Client,
-    async_std_client: retry_async_std::Client,
+/// The bench-only canned server: the adapters' distance to the physical limit without a
+/// server's work. It reads whole OP_MSG messages by their length prefix and answers a `hello`
+/// (`isMaster`, `ismaster`) with one fixed reply for a standalone and any other command with
+/// `{ok: 1}`, encoded once; per reply it only patches `requestID` and `responseTo`. It is not
+/// a MongoDB server (no `$db` check, no sessions, no errors): only for retry-bench.
+mod canned {
+    use bson::doc;
+    use retry_core::wire::{MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES, OP_MSG};
+    use std::net::SocketAddr;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// The encoded replies: `[hello, legacy isMaster, {ok: 1}]`.
+    fn replies() -> [Vec<u8>; 3] {
+        let hello = |writable: &str| {
+            let mut body = doc! { writable: true, "helloOk": true };
+            body.extend(doc! {
+                "maxBsonObjectSize": 16 * 1024 * 1024,
+                "maxMessageSizeBytes": 48_000_000,
+                "maxWriteBatchSize": 100_000,
+                "localTime": bson::DateTime::now(),
+                "logicalSessionTimeoutMinutes": 30,
+                "connectionId": 1,
+                "minWireVersion": 0,
+                "maxWireVersion": 21,
+                "readOnly": false,
+                "ok": 1.0,
+            });
+            body
+        };
+        [
+            hello("isWritablePrimary"),
+            hello("ismaster"),
+            doc! { "ok": 1.0 },
+        ]
+        .map(|body| {
+            let mut out = Vec::new();
+            OpMsg::command(0, body)
+                .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut out)
+                .expect("a canned reply encodes");
+            out
+        })
+    }
+
+    /// Starts the server on the current runtime.
+    pub(crate) async fn start() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1");
+        let address = listener.local_addr().expect("a local address");
+        let replies = std::sync::Arc::new(replies());
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                socket.set_nodelay(true).expect("nodelay");
+                tokio::spawn(serve(socket, replies.clone()));
+            }
+        });
+        address
+    }
+
+    /// The command name of an OP_MSG `frame` (its body section's first key), and whether the
+    /// client expects no reply (`moreToCome`); `None` if it is not an OP_MSG with a body.
+    fn command(frame: &[u8]) -> Option<(&[u8], bool)> {
+        let int = |at: usize| Some(i32::from_le_bytes(frame.get(at..at + 4)?.try_into().ok()?));
+        if int(12)? != OP_MSG {
+            return None;
+        }
+        let flags = MsgFlags::from_bits(int(16)? as u32);
+        let mut at = 20;
+        loop {
+            let kind = *frame.get(at)?;
+            let len = usize::try_from(int(at + 1)?).ok()?;
+            if kind == 0 {
+                let name = frame.get(at + 6..at + 1 + len)?;
+                let end = name.iter().position(|&b| b == 0)?;
+                return Some((&name[..end], flags.contains(MsgFlags::MORE_TO_COME)));
+            }
+            at += 1 + len;
+        }
+    }
+
+    async fn serve(mut socket: TcpStream, replies: std::sync::Arc<[Vec<u8>; 3]>) {
+        let mut input = Vec::with_capacity(64 * 1024);
+        let mut output = Vec::with_capacity(64 * 1024);
+        let mut request_id = 0i32;
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            let n = match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            input.extend_from_slice(&chunk[..n]);
+            let mut used = 0;
+            // Every whole message read so far, answered in one write.
+            while let Some(len) = input
+                .get(used..used + 4)
+                .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+            {
+                if len < 16 || len > DEFAULT_MAX_MESSAGE_SIZE_BYTES as usize {
+                    return;
+                }
+                if input.len() < used + len {
+                    break;
+                }
+                let frame = &input[used..used + len];
+                used += len;
+                let Some((name, more_to_come)) = command(frame) else {
+                    return;
+                };
+                if more_to_come {
+                    continue;
+                }
+                let reply = match name {
+                    b"hello" => &replies[0],
+                    b"isMaster" | b"ismaster" => &replies[1],
+                    _ => &replies[2],
+                };
+                request_id = request_id.wrapping_add(1);
+                let start = output.len();
+                output.extend_from_slice(reply);
+                output[start + 4..start + 8].copy_from_slice(&request_id.to_le_bytes());
+                output[start + 8..start + 12].copy_from_slice(&frame[4..8]);
+            }
+            input.drain(..used);
+            if !output.is_empty() {
+                if socket.write_all(&output).await.is_err() {
+                    return;
+                }
+                output.clear();
+            }
+        }
+    }
+}
+
+/// Which server the clients talk to.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Server {
+    /// A retry-testkit standalone (decodes, dispatches and encodes every command).
+    Testkit,
+    /// The bench-only canned server ([`canned`]): no server work.
+    Canned,
+}
+
+const SERVERS: [Server; 2] = [Server::Testkit, Server::Canned];
+
+impl Server {
+    fn label(self) -> &'static str {
+        match self {
+            Server::Testkit => "testkit",
+            Server::Canned => "canned",
+        }
+    }
+}
+
+/// One client per adapter (and the official driver) on one server.
+struct Clients {
+    tokio: retry_tokio::Client,
+    async_std: retry_async_std::Client,
     #[cfg(feature = "mongodb")]
     official: mongodb::Client,
+}
+
+/// Everything the cases share. The servers (echo, retry-testkit, canned) run on a tokio runtime
+/// of their own, on one thread ("bench-server"), as a server process would; the tokio clients on
+/// a 2-worker runtime (tokio's default kind); the async-io clients on the bench's thread.
+struct Setup {
+    // Fields drop in order: the clients before the runtimes they run on.
+    clients: [Clients; 2],
     _server: TestServer,
+    echo: SocketAddr,
+    /// An echo server on the clients' own runtime (the arrangement of the runs before
+    /// 2026-11-23 13:00), for comparison only.
+    echo_shared: SocketAddr,
+    runtime: tokio::runtime::Runtime,
+    /// The servers' runtime.
+    _servers: tokio::runtime::Runtime,
 }
 
 impl Setup {
     fn new() -> Setup {
+        let servers = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("bench-server")
+            .enable_all()
+            .build()
+            .expect("the servers' runtime");
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
+            .thread_name("bench-client")
             .enable_all()
             .build()
             .expect("a tokio runtime");
-        let (echo, server, tokio_client) = runtime.block_on(async {
-            let echo = echo_server().await;
+        let (echo, server, canned) = servers.block_on(async {
             let server = TestServer::start(ServerConfig::new(Role::Standalone))
                 .await
                 .expect("the test server starts");
-            let uri = format!("mongodb://{}/?directConnection=true", server.address());
-            let client = retry_tokio::Client::with_uri(&uri).expect("a tokio client");
-            (echo, server, client)
+            (echo_server().await, server, canned::start().await)
         });
-        let uri = format!("mongodb://{}/?directConnection=true", server.address());
-        let async_std_client =
-            retry_async_std::Client::with_uri(&uri).expect("an async-std client");
-        #[cfg(feature = "mongodb")]
-        let official = runtime.block_on(async {
-            mongodb::Client::with_uri_str(&uri)
-                .await
-                .expect("an official client")
+        let echo_shared = runtime.block_on(echo_server());
+        let clients = [server.address(), canned].map(|address| {
+            let uri = format!("mongodb://{address}/?directConnection=true");
+            let tokio = runtime
+                .block_on(async { retry_tokio::Client::with_uri(&uri).expect("a tokio client") });
+            Clients {
+                tokio,
+                async_std: retry_async_std::Client::with_uri(&uri).expect("an async-std client"),
+                #[cfg(feature = "mongodb")]
+                official: runtime.block_on(async {
+                    mongodb::Client::with_uri_str(&uri)
+                        .await
+                        .expect("an official client")
+                }),
+            }
         });
         let setup = Setup {
-            runtime,
-            echo,
-            tokio_client,
-            async_std_client,
-            #[cfg(feature = "mongodb")]
-            official,
+            clients,
             _server: server,
+            echo,
+            echo_shared,
+            runtime,
+            _servers: servers,
         };
-        // Warm up: discover the server and open the pools.
-        setup.tokio(8, 8);
-        setup.async_std(8, 8);
+        // Warm up: discover the servers and open the pools.
+        for server in SERVERS {
+            setup.tokio(server, 8, 8);
+            setup.async_std(server, 8, 8);
+        }
         setup
     }
 
-    /// `total` echo round trips over `concurrency` connections; the time they took.
-    fn echo(&self, concurrency: usize, total: u64) -> Duration {
+    fn clients(&self, server: Server) -> &Clients {
+        &self.clients[server as usize]
+    }
+
+    /// `total` echo round trips over `concurrency` connections to `echo`; the time they took.
+    fn echo_at(&self, echo: SocketAddr, concurrency: usize, total: u64) -> Duration {
         let bytes = ping_bytes();
-        let echo = self.echo;
         self.runtime.block_on(async move {
             let mut sockets = Vec::new();
             for _ in 0..concurrency {
@@ -141,6 +326,11 @@ impl Setup {
         })
     }
 
+    /// `total` echo round trips (the physical limit) with `concurrency` in flight.
+    fn echo(&self, concurrency: usize, total: u64) -> Duration {
+        self.echo_at(self.echo, concurrency, total)
+    }
+
     /// Runs `total` operations made by `op` on the tokio runtime, split over `concurrency` tasks;
     /// the time they took.
     fn on_tokio<F, Fut>(&self, concurrency: usize, total: u64, op: F) -> Duration
@@ -169,8 +359,8 @@ impl Setup {
     }
 
     /// `total` pings through retry-tokio with `concurrency` in flight; the time they took.
-    fn tokio(&self, concurrency: usize, total: u64) -> Duration {
-        let client = self.tokio_client.clone();
+    fn tokio(&self, server: Server, concurrency: usize, total: u64) -> Duration {
+        let client = self.clients(server).tokio.clone();
         self.on_tokio(concurrency, total, move || {
             let client = client.clone();
             async move {
@@ -185,8 +375,8 @@ impl Setup {
 
     /// `total` pings through the official `mongodb` crate with `concurrency` in flight.
     #[cfg(feature = "mongodb")]
-    fn official(&self, concurrency: usize, total: u64) -> Duration {
-        let admin = self.official.database("admin");
+    fn official(&self, server: Server, concurrency: usize, total: u64) -> Duration {
+        let admin = self.clients(server).official.database("admin");
         self.on_tokio(concurrency, total, move || {
             let admin = admin.clone();
             async move {
@@ -196,9 +386,41 @@ impl Setup {
         })
     }
 
-    /// `total` pings through retry-async-std with `concurrency` in flight; the time they took.
-    fn async_std(&self, concurrency: usize, total: u64) -> Duration {
-        let client = self.async_std_client.clone();
+    /// `total` pings through retry-async-std with `concurrency` in flight, the way docs/adapters.md
+    /// recommends: every caller on one thread's executor, which also drives async-io's reactor
+    /// (`smol::LocalExecutor` under `smol::block_on`).
+    fn async_std(&self, server: Server, concurrency: usize, total: u64) -> Duration {
+        let client = self.clients(server).async_std.clone();
+        let executor = smol::LocalExecutor::new();
+        smol::block_on(executor.run(async {
+            let start = Instant::now();
+            let tasks: Vec<_> = (0..concurrency)
+                .map(|i| {
+                    let client = client.clone();
+                    let n = share(total, concurrency, i);
+                    executor.spawn(async move {
+                        for _ in 0..n {
+                            let reply = client
+                                .run_command("admin", doc! { "ping": 1 }, OperationKind::RunCommand)
+                                .await
+                                .expect("ping");
+                            black_box(reply);
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await;
+            }
+            start.elapsed()
+        }))
+    }
+
+    /// [`Setup::async_std`] with the callers as `async_std::task::spawn` tasks (async-std's
+    /// multi-threaded executor) under `async_std::task::block_on`: the arrangement of the runs
+    /// before 2026-11-23 13:00, for comparison.
+    fn async_std_spawned(&self, server: Server, concurrency: usize, total: u64) -> Duration {
+        let client = self.clients(server).async_std.clone();
         async_std::task::block_on(async move {
             let start = Instant::now();
             let tasks: Vec<_> = (0..concurrency)
@@ -222,7 +444,31 @@ impl Setup {
             start.elapsed()
         })
     }
+
+    /// Runs `case` (a name of [`CASES`]) on `server`.
+    fn run(&self, case: &str, server: Server, concurrency: usize, total: u64) -> Duration {
+        match case {
+            "echo" => self.echo(concurrency, total),
+            "echo-shared" => self.echo_at(self.echo_shared, concurrency, total),
+            "tokio" => self.tokio(server, concurrency, total),
+            "async-std" => self.async_std(server, concurrency, total),
+            "async-std-spawned" => self.async_std_spawned(server, concurrency, total),
+            #[cfg(feature = "mongodb")]
+            "mongodb" => self.official(server, concurrency, total),
+            _ => panic!("unknown case {case:?}: one of {CASES:?}"),
+        }
+    }
 }
+
+/// The cases of `RETRY_BENCH_PROFILE` and the interleaved rounds.
+const CASES: [&str; 6] = [
+    "echo",
+    "echo-shared",
+    "tokio",
+    "async-std",
+    "async-std-spawned",
+    "mongodb",
+];
 
 /// Task `i`'s share of `total` operations split over `concurrency` tasks.
 fn share(total: u64, concurrency: usize, i: usize) -> u64 {
@@ -237,16 +483,19 @@ fn benches(c: &mut Criterion) {
         group.bench_function("raw TCP echo", |b| {
             b.iter_custom(|n| setup.echo(concurrency, n))
         });
-        group.bench_function("retry-tokio", |b| {
-            b.iter_custom(|n| setup.tokio(concurrency, n))
-        });
-        group.bench_function("retry-async-std", |b| {
-            b.iter_custom(|n| setup.async_std(concurrency, n))
-        });
-        #[cfg(feature = "mongodb")]
-        group.bench_function("mongodb crate", |b| {
-            b.iter_custom(|n| setup.official(concurrency, n))
-        });
+        for server in SERVERS {
+            let label = server.label();
+            group.bench_function(format!("retry-tokio, {label} server"), |b| {
+                b.iter_custom(|n| setup.tokio(server, concurrency, n))
+            });
+            group.bench_function(format!("retry-async-std, {label} server"), |b| {
+                b.iter_custom(|n| setup.async_std(server, concurrency, n))
+            });
+            #[cfg(feature = "mongodb")]
+            group.bench_function(format!("mongodb crate, {label} server"), |b| {
+                b.iter_custom(|n| setup.official(server, concurrency, n))
+            });
+        }
         group.finish();
     }
 }
@@ -255,45 +504,94 @@ fn benches(c: &mut Criterion) {
 fn ratios() {
     let setup = Setup::new();
     let (rounds, per_round) = (10, 2_000u64);
+    let cases: Vec<(&str, Server)> = {
+        let mut cases = vec![("echo", Server::Testkit), ("echo-shared", Server::Testkit)];
+        for server in SERVERS {
+            for case in ["tokio", "async-std", "async-std-spawned", "mongodb"] {
+                if case != "mongodb" || cfg!(feature = "mongodb") {
+                    cases.push((case, server));
+                }
+            }
+        }
+        cases
+    };
     println!();
     println!(
         "{rounds} interleaved rounds of {per_round} round trips (ns per round trip, wall time):"
     );
     for concurrency in CONCURRENCY {
-        let mut totals = [Duration::ZERO; 3];
+        let mut totals = vec![Duration::ZERO; cases.len()];
         for _ in 0..rounds {
-            totals[0] += setup.echo(concurrency, per_round);
-            totals[1] += setup.tokio(concurrency, per_round);
-            totals[2] += setup.async_std(concurrency, per_round);
+            for (total, &(case, server)) in totals.iter_mut().zip(&cases) {
+                *total += setup.run(case, server, concurrency, per_round);
+            }
         }
         let per_op = |d: Duration| d.as_nanos() as f64 / (rounds as f64 * per_round as f64);
         let echo = per_op(totals[0]);
-        println!(
-            "  concurrency {concurrency:>2}: echo {echo:.0} ns, retry-tokio {:.0} ns ({:.1}x), retry-async-std {:.0} ns ({:.1}x)",
-            per_op(totals[1]),
-            per_op(totals[1]) / echo,
-            per_op(totals[2]),
-            per_op(totals[2]) / echo,
-        );
-        #[cfg(feature = "mongodb")]
-        {
-            let mut official = Duration::ZERO;
-            for _ in 0..rounds {
-                official += setup.official(concurrency, per_round);
-            }
-            println!(
-                "  concurrency {concurrency:>2}: mongodb crate {:.0} ns ({:.1}x echo, {:.2}x retry-tokio)",
-                per_op(official),
-                per_op(official) / echo,
-                per_op(official) / per_op(totals[1]),
+        let time = |case: &str, server: Server| {
+            let i = cases.iter().position(|c| *c == (case, server));
+            i.map(|i| per_op(totals[i]))
+        };
+        println!("  concurrency {concurrency:>2}: echo (server on its own thread) {echo:.0} ns");
+        for (&(case, server), total) in cases.iter().zip(&totals).skip(1) {
+            let t = per_op(*total);
+            let mut line = format!(
+                "  concurrency {concurrency:>2}: {case}, {} server: {t:.0} ns ({:.2}x echo",
+                if case.starts_with("echo") {
+                    "its"
+                } else {
+                    server.label()
+                },
+                t / echo
             );
+            if let Some(tokio) = time("tokio", server).filter(|_| case.starts_with("async-std")) {
+                line += &format!(", {:.2}x retry-tokio", t / tokio);
+            }
+            if let Some(tokio) = time("tokio", server).filter(|_| case == "mongodb") {
+                line += &format!(", retry-tokio's throughput {:.2}x this", t / tokio);
+            }
+            println!("{line})");
         }
     }
+}
+
+/// `RETRY_BENCH_PROFILE="<case> <in flight> <round trips> [testkit|canned]"` (a case of
+/// [`CASES`]; the server defaults to `testkit`): after the setup and 1,000 round trips of
+/// warm-up, runs that many round trips of that one case and exits, for `valgrind` and `strace`
+/// (`scripts/bench-adapters-profile.sh` runs it at two counts and takes the difference).
+fn profile(spec: &str) {
+    let words: Vec<&str> = spec.split_whitespace().collect();
+    let (case, in_flight, total, server) = match words[..] {
+        [case, in_flight, total] => (case, in_flight, total, "testkit"),
+        [case, in_flight, total, server] => (case, in_flight, total, server),
+        _ => panic!(
+            "RETRY_BENCH_PROFILE is \"<case> <in flight> <round trips> [testkit|canned]\", not {spec:?}"
+        ),
+    };
+    let in_flight: usize = in_flight.parse().expect("in flight is a number");
+    let total: u64 = total.parse().expect("round trips is a number");
+    let server = match server {
+        "testkit" => Server::Testkit,
+        "canned" => Server::Canned,
+        other => panic!("unknown server {other:?}: testkit or canned"),
+    };
+    let setup = Setup::new();
+    setup.run(case, server, in_flight, 1_000);
+    let took = setup.run(case, server, in_flight, total);
+    println!(
+        "{case} server={} in_flight={in_flight} round_trips={total} ns_per_round_trip={:.0}",
+        server.label(),
+        took.as_nanos() as f64 / total as f64
+    );
 }
 
 criterion_group!(round_trip, benches);
 
 fn main() {
+    if let Ok(spec) = std::env::var("RETRY_BENCH_PROFILE") {
+        profile(&spec);
+        return;
+    }
     round_trip();
     Criterion::default().configure_from_args().final_summary();
     ratios();

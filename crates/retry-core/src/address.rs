@@ -13,10 +13,44 @@ use core::str::FromStr;
 pub const DEFAULT_PORT: u16 = 27017;
 
 /// A server's `host:port`. Cheap to clone; compares and hashes by value.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone)]
 pub struct ServerAddress {
     host: Arc<str>,
     port: u16,
+}
+
+// Compared by value, host then port, as derived; clones of one address share their host, so
+// the engine's lookups by address (every pool, every server id) usually skip the byte compare.
+impl PartialEq for ServerAddress {
+    fn eq(&self, other: &ServerAddress) -> bool {
+        self.port == other.port && (Arc::ptr_eq(&self.host, &other.host) || self.host == other.host)
+    }
+}
+
+impl Eq for ServerAddress {}
+
+impl core::hash::Hash for ServerAddress {
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        self.host.hash(state);
+        self.port.hash(state);
+    }
+}
+
+impl PartialOrd for ServerAddress {
+    fn partial_cmp(&self, other: &ServerAddress) -> Option<core::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ServerAddress {
+    fn cmp(&self, other: &ServerAddress) -> core::cmp::Ordering {
+        if Arc::ptr_eq(&self.host, &other.host) {
+            return self.port.cmp(&other.port);
+        }
+        self.host
+            .cmp(&other.host)
+            .then_with(|| self.port.cmp(&other.port))
+    }
 }
 
 impl ServerAddress {
@@ -125,6 +159,41 @@ impl FromStr for ServerAddress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Shared and separately built hosts compare alike: by value, host then port.
+    #[test]
+    fn addresses_compare_by_value_whether_or_not_they_share_their_host() {
+        use core::cmp::Ordering;
+        let a = ServerAddress::new("a", 1);
+        let cases = [
+            (a.clone(), Ordering::Equal),
+            (ServerAddress::new("a", 1), Ordering::Equal),
+            (
+                ServerAddress {
+                    port: 2,
+                    ..a.clone()
+                },
+                Ordering::Less,
+            ),
+            (
+                ServerAddress {
+                    port: 0,
+                    ..a.clone()
+                },
+                Ordering::Greater,
+            ),
+            (ServerAddress::new("b", 0), Ordering::Less),
+            (ServerAddress::new("", 9), Ordering::Greater),
+        ];
+        for (other, order) in cases {
+            assert_eq!(a.cmp(&other), order, "{other}");
+            assert_eq!(a == other, order == Ordering::Equal, "{other}");
+            assert_eq!(
+                (a.host(), a.port()).cmp(&(other.host(), other.port())),
+                order
+            );
+        }
+    }
 
     #[test]
     fn parses_the_usual_forms_and_lowercases_hosts() {

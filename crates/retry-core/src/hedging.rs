@@ -571,6 +571,43 @@ impl HedgingMachine {
         Ok(())
     }
 
+    /// CS-4: `copy` was not sent, as its remaining time is not more than its server's minimum
+    /// RTT. A6 deadline rule: a copy that cannot usefully be sent is just not sent; it fails
+    /// non-fatally (`CopyFailed { fatal: false }`) and no further copy starts, as any later one
+    /// would have even less time. The operation times out now only if no other copy is live;
+    /// else a live copy may still answer, and [`HedgingMachine::handle_timeout`] ends it at
+    /// the deadline.
+    pub fn handle_expired_before_send(
+        &mut self,
+        copy: CopyId,
+        now: Instant,
+    ) -> Result<(), UnexpectedInput> {
+        let Some(CopyState::Dispatched(address)) = self.state(copy).filter(|_| !self.finished)
+        else {
+            return Err(UnexpectedInput {
+                input: "expired before send",
+                copy,
+            });
+        };
+        let address = address.clone();
+        self.set(copy, CopyState::Done);
+        self.events.push_back(HedgingEvent::CopyFailed {
+            copy,
+            address,
+            duration: Duration::ZERO,
+            error: OperationError::timeout(None).summary(),
+            fatal: false,
+        });
+        self.actions
+            .push_back(Action::Release { copy, close: false });
+        self.next_at = None;
+        self.stopped = true;
+        if self.live_copies() == 0 || self.timeout.expired(now) {
+            self.finish_timed_out();
+        }
+        Ok(())
+    }
+
     /// Time has passed: starts a copy that is due, or ends the operation at its deadline.
     /// Spurious calls are harmless.
     pub fn handle_timeout(&mut self, now: Instant) {
@@ -1084,6 +1121,63 @@ mod tests {
         assert!(matches!(
             run.result.unwrap().unwrap_err().kind,
             ErrorKind::Timeout { .. }
+        ));
+    }
+
+    /// CS-4, A6 deadline rule (review5 item 10): a copy not sent for lack of time fails
+    /// non-fatally and stops further copies; with another copy live the operation waits for it,
+    /// with none it times out at once.
+    #[test]
+    fn cs4_a_copy_not_sent_for_lack_of_time_is_non_fatal() {
+        let timeout = OperationTimeout::from_timeout_ms(Instant::ZERO, MS(100));
+        let mut m =
+            HedgingMachine::new(OperationKind::Read, timeout, &policy(3, 60), Instant::ZERO)
+                .unwrap();
+        assert_eq!(m.poll_action(), Some(Action::SelectServer(CopyId(1))));
+        m.handle_server_selected(CopyId(1), addr(0), at(0)).unwrap();
+        let _ = m.poll_action();
+        m.handle_sent(CopyId(1), at(0)).unwrap();
+        m.handle_timeout(at(60));
+        assert_eq!(m.poll_action(), Some(Action::SelectServer(CopyId(2))));
+        m.handle_server_selected(CopyId(2), addr(1), at(60))
+            .unwrap();
+        let _ = m.poll_action();
+        m.handle_expired_before_send(CopyId(2), at(60)).unwrap();
+        assert_eq!(
+            m.poll_action(),
+            Some(Action::Release {
+                copy: CopyId(2),
+                close: false
+            })
+        );
+        assert_eq!(m.poll_action(), None, "copy 1 is still in flight");
+        assert_eq!(
+            m.poll_timeout(),
+            Some(at(100)),
+            "no third copy; the deadline"
+        );
+        m.handle_succeeded(CopyId(1), at(70)).unwrap();
+        assert_eq!(
+            m.poll_action(),
+            Some(Action::Release {
+                copy: CopyId(1),
+                close: false
+            })
+        );
+        assert_eq!(m.poll_action(), Some(Action::Finished(Ok(CopyId(1)))));
+
+        let mut m =
+            HedgingMachine::new(OperationKind::Read, timeout, &policy(3, 60), Instant::ZERO)
+                .unwrap();
+        let _ = m.poll_action();
+        m.handle_server_selected(CopyId(1), addr(0), at(95))
+            .unwrap();
+        let _ = m.poll_action();
+        m.handle_expired_before_send(CopyId(1), at(95)).unwrap();
+        let _ = m.poll_action();
+        assert!(matches!(
+            m.poll_action(),
+            Some(Action::Finished(Err(e))) if matches!(e.kind, ErrorKind::Timeout { .. })
         ));
     }
 

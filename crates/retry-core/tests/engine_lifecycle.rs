@@ -451,7 +451,7 @@ fn ev1_ev2_each_attempt_publishes_one_started_and_one_closing_command_event() {
         .events
         .iter()
         .filter_map(|e| match e {
-            EngineEvent::Command(c) => Some(c),
+            EngineEvent::Command(c) => Some(&**c),
             _ => None,
         })
         .collect();
@@ -507,7 +507,7 @@ fn ev6_sensitive_commands_are_redacted() {
         .events
         .iter()
         .filter_map(|e| match e {
-            EngineEvent::Command(c) => Some(c),
+            EngineEvent::Command(c) => Some(&**c),
             _ => None,
         })
         .collect();
@@ -522,7 +522,7 @@ fn command_events(net: &Net) -> Vec<CommandEvent> {
     net.events
         .iter()
         .filter_map(|e| match e {
-            EngineEvent::Command(c) => Some(c.clone()),
+            EngineEvent::Command(c) => Some((**c).clone()),
             _ => None,
         })
         .collect()

@@ -15,7 +15,7 @@ use retry_core::selection::{ReadPreference, SelectionCriteria};
 
 use crate::concerns::Concerns;
 use crate::connection_string::ConnectionString;
-use crate::driver::{Driver, LocalDriver};
+use crate::driver::{Driver, LocalDriver, Waiter};
 use crate::options::{ClientOptions, OptionsError};
 use crate::runtime::Runtime;
 use crate::shared::{lock, EventQueue, Reply, Request, Shared, Slot, TimedEvent};
@@ -111,20 +111,13 @@ struct Inner {
     concerns: Concerns,
 }
 
-impl Inner {
-    /// Lets the driver run, when the client's futures drive it; registers `cx` for its wakes.
-    fn drive(&self, cx: &Context<'_>) {
-        if let Some(local) = &self.local {
-            local.drive(cx);
-        }
-    }
-}
-
 impl Drop for Inner {
     fn drop(&mut self) {
         self.shared.close();
         // A driver without a task of its own closes now: nobody else will poll it.
-        self.drive(&Context::from_waker(Waker::noop()));
+        if let Some(local) = &self.local {
+            local.run(&Context::from_waker(Waker::noop()));
+        }
     }
 }
 
@@ -235,9 +228,10 @@ impl<R> Client<R> {
         &self.inner.shared
     }
 
-    /// Lets the driver run when the client's futures drive it (see [`Inner::drive`]).
-    pub(crate) fn drive(&self, cx: &Context<'_>) {
-        self.inner.drive(cx);
+    /// A place among the futures waiting on the driver, for a client future that waits on it
+    /// and runs it meanwhile ([`Waiter::drive`]), when the client's futures drive it.
+    pub(crate) fn waiter(&self) -> Option<Waiter> {
+        self.inner.local.as_ref().map(LocalDriver::waiter)
     }
 
     /// Runs `command` on `db` as an operation of `kind`: writes go to a writable server, the rest
@@ -270,13 +264,18 @@ impl<R> Client<R> {
         options: CommandOptions,
     ) -> Result<Reply, OperationError> {
         let operation = self.request(db, command, kind, options)?;
-        let reply = self.submit(operation)?;
+        let waiter = self.waiter();
+        // A future that drives the engine itself runs it next: no wake.
+        let reply = self.queue(operation, waiter.is_none())?;
+        if let Some(local) = &self.inner.local {
+            local.mark();
+        }
         let cancel = CancelOnDrop {
             shared: &self.inner.shared,
             slot: &reply,
         };
         let result = poll_fn(|cx| {
-            self.inner.drive(cx);
+            drive(&waiter, cx);
             reply.poll(cx)
         })
         .await;
@@ -357,9 +356,14 @@ impl<R> Client<R> {
         Ok(operation)
     }
 
-    /// Queues `operation` for the driver; its result will be in the returned slot.
+    /// Queues `operation` for the driver and wakes it; its result will be in the returned slot.
     /// [`OperationError::cancelled`] once the client is shut down.
     pub(crate) fn submit(&self, operation: OperationRequest) -> Result<Arc<Slot>, OperationError> {
+        self.queue(operation, true)
+    }
+
+    /// [`Client::submit`], waking the driver only if `wake`.
+    fn queue(&self, operation: OperationRequest, wake: bool) -> Result<Arc<Slot>, OperationError> {
         let reply = Arc::new(Slot::default());
         let mut state = lock(&self.inner.shared.state);
         if state.closing {
@@ -369,7 +373,9 @@ impl<R> Client<R> {
             operation,
             reply: reply.clone(),
         });
-        state.wake_driver();
+        if wake {
+            state.wake_driver();
+        }
         Ok(reply)
     }
 
@@ -389,7 +395,7 @@ impl<R> Client<R> {
         }
         Events {
             queue,
-            local: self.inner.local.clone(),
+            waiter: self.waiter(),
         }
     }
 
@@ -398,8 +404,9 @@ impl<R> Client<R> {
     /// when the driver has stopped; new operations fail at once.
     pub async fn shutdown(&self) {
         self.inner.shared.close();
+        let waiter = self.waiter();
         poll_fn(|cx| {
-            self.inner.drive(cx);
+            drive(&waiter, cx);
             let mut state = lock(&self.inner.shared.state);
             if state.done {
                 Poll::Ready(())
@@ -415,8 +422,8 @@ impl<R> Client<R> {
 /// A stream of timed [`EngineEvent`](retry_core::engine::EngineEvent)s from [`Client::events`].
 pub struct Events {
     queue: Arc<EventQueue>,
-    /// The client's driver, when its futures drive it.
-    local: Option<Arc<LocalDriver>>,
+    /// Its place among the futures that wait on (and run) the client's driver, when they do.
+    waiter: Option<Waiter>,
 }
 
 impl fmt::Debug for Events {
@@ -433,14 +440,24 @@ impl Events {
 
     /// Polls for the next event (the `Stream::poll_next` of the futures crates).
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<TimedEvent>> {
-        if let Some(local) = &self.local {
-            local.drive(cx);
+        drive(&self.waiter, cx);
+        let next = self.queue.poll_next(cx);
+        if let (Poll::Ready(_), Some(waiter)) = (&next, &self.waiter) {
+            // Waits no more until polled again.
+            waiter.leave();
         }
-        self.queue.poll_next(cx)
+        next
     }
 
     /// Every event already delivered, without waiting.
     pub fn drain(&mut self) -> Vec<TimedEvent> {
         core::iter::from_fn(|| self.queue.try_next()).collect()
+    }
+}
+
+/// Lets the driver run, when the client's futures drive it, and registers `cx` for its wakes.
+pub(crate) fn drive(waiter: &Option<Waiter>, cx: &Context<'_>) {
+    if let Some(waiter) = waiter {
+        waiter.drive(cx);
     }
 }

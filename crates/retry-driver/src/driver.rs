@@ -7,7 +7,7 @@ use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 use std::collections::BTreeMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::task::Wake;
 
@@ -508,12 +508,19 @@ impl Wake for SocketWaker {
 
 /// A driver without a task of its own, for runtimes without a spawn of their own (async-io under
 /// `async_std::task::block_on` or `smol::block_on`): the client's futures (operations, event
-/// streams, shutdown) drive it on the caller's executor. Whichever of them is polled, and finds
-/// the driver idle and its wake flag set, runs the driver's rounds; the driver's own waker (the
-/// one its sockets and timer hold) sets the flag and wakes every future waiting on it.
+/// streams, shutdown) drive it on the caller's executor, with no hand-off to another task or
+/// thread; an idle client catches up on its next operation.
+///
+/// Every wake of the driver (a socket ready, its timer due, a cancel, a session request) sets a
+/// flag and wakes one waiting future; whoever is polled, finds the flag set and the lock free runs
+/// the driver's rounds. Waking one, not all, keeps the cost of a wake flat in the number of
+/// operations waiting (house rule 9).
 pub(crate) struct LocalDriver {
     driver: Mutex<Option<Driver>>,
     waker: Arc<DriverWaker>,
+    /// `waker` as a [`Waker`], the one the driver's sockets and timer hold.
+    driver_waker: Waker,
+    next_waiter: AtomicU64,
 }
 
 /// The waker the driver's sockets and timer hold: "the driver has something to do".
@@ -521,8 +528,24 @@ pub(crate) struct LocalDriver {
 struct DriverWaker {
     /// Set by every wake, cleared when a round of the driver starts.
     dirty: AtomicBool,
-    /// The tasks waiting on the client, one waker each.
-    waiting: Mutex<Vec<Waker>>,
+    waiting: Mutex<Waiting>,
+}
+
+/// Who runs the driver next.
+#[derive(Default)]
+struct Waiting {
+    /// The client futures waiting on the driver, by their [`Waiter`] id.
+    futures: Vec<(u64, Waker)>,
+}
+
+impl DriverWaker {
+    /// Wakes one waiting future: it runs the driver when polled.
+    fn wake_one(&self) {
+        let next = lock(&self.waiting).futures.pop();
+        if let Some((_, waker)) = next {
+            waker.wake();
+        }
+    }
 }
 
 impl Wake for DriverWaker {
@@ -532,55 +555,116 @@ impl Wake for DriverWaker {
 
     fn wake_by_ref(self: &Arc<Self>) {
         self.dirty.store(true, Ordering::Release);
-        for waker in core::mem::take(&mut *lock(&self.waiting)) {
-            waker.wake();
-        }
+        self.wake_one();
     }
 }
 
-/// Driving passes in one poll of a client future, before it yields to its executor (it was woken,
-/// so it is polled again).
+/// Driving passes in one poll, before the poller yields to its executor (it wakes itself when
+/// the driver still has something to do).
 const PASSES_PER_POLL: usize = 4;
 
 impl LocalDriver {
     pub(crate) fn new(driver: Driver) -> LocalDriver {
+        let waker = Arc::new(DriverWaker {
+            dirty: AtomicBool::new(true),
+            waiting: Mutex::new(Waiting::default()),
+        });
         LocalDriver {
             driver: Mutex::new(Some(driver)),
-            waker: Arc::new(DriverWaker {
-                dirty: AtomicBool::new(true),
-                waiting: Mutex::new(Vec::new()),
-            }),
+            driver_waker: Waker::from(waker.clone()),
+            waker,
+            next_waiter: AtomicU64::new(0),
         }
     }
 
-    /// Registers `cx`'s task as waiting on the client and runs the driver if it has something
-    /// to do and no other task is running it (that one re-checks the flag when it is done).
-    pub(crate) fn drive(&self, cx: &Context<'_>) {
-        {
-            let mut waiting = lock(&self.waker.waiting);
-            if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
-                waiting.push(cx.waker().clone());
-            }
+    /// A place among the futures waiting on the driver, for one client future.
+    pub(crate) fn waiter(self: &Arc<Self>) -> Waiter {
+        Waiter {
+            local: self.clone(),
+            id: self.next_waiter.fetch_add(1, Ordering::Relaxed),
         }
-        let waker = Waker::from(self.waker.clone());
-        let mut driver_cx = Context::from_waker(&waker);
+    }
+
+    /// Marks the driver as having something to do without waking anyone: for a future that
+    /// queued work and runs the driver itself next ([`Waiter::drive`]).
+    pub(crate) fn mark(&self) {
+        self.waker.dirty.store(true, Ordering::Release);
+    }
+
+    /// Runs the driver if it has something to do and no one else runs it (that one re-checks
+    /// the flag when it is done). Returns whether the driver has stopped (shut down).
+    pub(crate) fn run(&self, cx: &Context<'_>) -> bool {
+        let mut driver_cx = Context::from_waker(&self.driver_waker);
         for _ in 0..PASSES_PER_POLL {
             if !self.waker.dirty.load(Ordering::Acquire) {
-                return;
+                return false;
             }
             let mut guard = match self.driver.try_lock() {
                 Ok(guard) => guard,
                 Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-                Err(TryLockError::WouldBlock) => return,
+                Err(TryLockError::WouldBlock) => return false,
             };
             self.waker.dirty.store(false, Ordering::Release);
-            if let Some(driver) = guard.as_mut() {
-                if Pin::new(driver).poll(&mut driver_cx).is_ready() {
-                    // Shut down: the driver (and its engine and sockets) goes now.
-                    *guard = None;
-                }
+            let Some(driver) = guard.as_mut() else {
+                return true;
+            };
+            if Pin::new(driver).poll(&mut driver_cx).is_ready() {
+                // Shut down: the driver (and its engine and sockets) goes now.
+                *guard = None;
+                drop(guard);
+                self.waker.wake_one();
+                return true;
             }
         }
+        if self.waker.dirty.load(Ordering::Acquire) {
+            // Passes used up with work left: come back after the executor's other tasks.
+            cx.waker().wake_by_ref();
+        }
+        false
+    }
+}
+
+/// One client future's place among those waiting on the driver ([`LocalDriver`]); it leaves
+/// when dropped.
+pub(crate) struct Waiter {
+    local: Arc<LocalDriver>,
+    id: u64,
+}
+
+impl Waiter {
+    /// Registers `cx`'s task as waiting and runs the driver if it has something to do and no one
+    /// else runs it.
+    pub(crate) fn drive(&self, cx: &Context<'_>) {
+        {
+            let mut waiting = lock(&self.local.waker.waiting);
+            match waiting.futures.iter_mut().find(|(id, _)| *id == self.id) {
+                Some((_, waker)) => {
+                    if !waker.will_wake(cx.waker()) {
+                        *waker = cx.waker().clone();
+                    }
+                }
+                None => waiting.futures.push((self.id, cx.waker().clone())),
+            }
+        }
+        self.local.run(cx);
+    }
+
+    /// Stops waiting (the future is done); if the driver has something to do, another waiting
+    /// future runs it (this one may have been the one woken for it).
+    pub(crate) fn leave(&self) {
+        let waker = &self.local.waker;
+        lock(&waker.waiting)
+            .futures
+            .retain(|(id, _)| *id != self.id);
+        if waker.dirty.load(Ordering::Acquire) {
+            waker.wake_one();
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        self.leave();
     }
 }
 
@@ -595,4 +679,49 @@ fn closed_by_peer() -> (NetworkErrorKind, NetworkCause) {
         NetworkErrorKind::Closed,
         NetworkCause::io("UnexpectedEof", "the server closed the connection"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A task's waker that counts its wakes.
+    struct Counted(AtomicUsize);
+
+    impl Wake for Counted {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn tasks(n: usize) -> Vec<Arc<Counted>> {
+        (0..n)
+            .map(|_| Arc::new(Counted(AtomicUsize::new(0))))
+            .collect()
+    }
+
+    fn woken(tasks: &[Arc<Counted>]) -> usize {
+        tasks.iter().map(|t| t.0.load(Ordering::Relaxed)).sum()
+    }
+
+    /// House rule 9: a wake of the driver (a socket ready) wakes one of the tasks waiting on the
+    /// client, however many wait, and the next wake another one.
+    #[test]
+    fn a_wake_wakes_one_waiting_task_however_many_wait() {
+        let driver = Arc::new(DriverWaker::default());
+        let tasks = tasks(64);
+        for (id, task) in tasks.iter().enumerate() {
+            lock(&driver.waiting)
+                .futures
+                .push((id as u64, Waker::from(task.clone())));
+        }
+        let waker = Waker::from(driver.clone());
+        waker.wake_by_ref();
+        assert_eq!(woken(&tasks), 1);
+        assert!(driver.dirty.load(Ordering::Acquire));
+        waker.wake_by_ref();
+        assert_eq!(woken(&tasks), 2);
+        assert_eq!(lock(&driver.waiting).futures.len(), 62);
+    }
 }

@@ -113,6 +113,10 @@ pub(crate) fn serve(
         || !requests.transactions.is_empty()
         || !requests.lsids.is_empty()
         || !requests.aborts.is_empty();
+    if !any {
+        // The common case, every round of the driver: nothing to drain.
+        return false;
+    }
     for start in requests.starts.drain(..) {
         start.complete(Some(engine.start_session()));
     }
@@ -150,8 +154,9 @@ impl<R> Client<R> {
             state.sessions.starts.push(start.clone());
             state.wake_driver();
         }
+        let waiter = self.waiter();
         let handle = poll_fn(|cx| {
-            self.drive(cx);
+            crate::client::drive(&waiter, cx);
             start.poll(cx)
         })
         .await;
@@ -257,8 +262,9 @@ impl<R> Session<R> {
             state.sessions.lsids.push((self.handle, answer.clone()));
             state.wake_driver();
         }
+        let waiter = self.client.waiter();
         poll_fn(|cx| {
-            self.client.drive(cx);
+            crate::client::drive(&waiter, cx);
             answer.poll(cx)
         })
         .await
@@ -290,8 +296,9 @@ impl<R> Session<R> {
                 .push((self.handle, options, start.clone()));
             state.wake_driver();
         }
+        let waiter = self.client.waiter();
         poll_fn(|cx| {
-            self.client.drive(cx);
+            crate::client::drive(&waiter, cx);
             start.poll(cx)
         })
         .await

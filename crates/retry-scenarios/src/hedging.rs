@@ -69,8 +69,9 @@ pub async fn hedged_read_the_fast_copy_wins_and_the_slow_connection_is_checked_i
             assert!(cancelled, "A6-H3: the slow copy is cancelled in flight");
             // EV-1: the slow copy's command ended with the cancelled error.
             let slow_failed = seen.iter().any(|(_, e)| {
-                matches!(e, EngineEvent::Command(CommandEvent::Failed { info, failure, .. })
-                    if info.address == slow_address && failure.kind == ErrorKind::Cancelled)
+                matches!(e, EngineEvent::Command(c) if matches!(&**c,
+                    CommandEvent::Failed { info, failure, .. }
+                    if info.address == slow_address && failure.kind == ErrorKind::Cancelled))
             });
             assert!(slow_failed, "the slow copy's command failed as cancelled");
             assert_eq!(slow_check_ins(&seen, &slow_address, op), 0, "still draining");

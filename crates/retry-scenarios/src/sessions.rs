@@ -42,11 +42,12 @@ fn started(events: &[(Instant, EngineEvent)], name: &str) -> Vec<(String, Docume
     events
         .iter()
         .filter_map(|(_, e)| match e {
-            EngineEvent::Command(CommandEvent::Started { info, command })
-                if info.command_name == name =>
-            {
-                Some((info.address.to_string(), command.clone()))
-            }
+            EngineEvent::Command(event) => match &**event {
+                CommandEvent::Started { info, command } if info.command_name == name => {
+                    Some((info.address.to_string(), command.clone()))
+                }
+                _ => None,
+            },
             _ => None,
         })
         .collect()

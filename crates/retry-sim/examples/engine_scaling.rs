@@ -81,12 +81,15 @@ fn main() -> ExitCode {
         "engine" => engine_ops::burst(&mut sim, n),
         _ => measured(None, &messages, n),
     };
+    let sockets_before = sim.sockets.len() + sim.retired.len();
     COUNTING.store(true, Ordering::Relaxed);
     let checksum = measured((case == "engine").then_some(&mut sim), &messages, n);
     COUNTING.store(false, Ordering::Relaxed);
+    let sockets_opened = sim.sockets.len() + sim.retired.len() - sockets_before;
     let allocations = ALLOCATIONS.load(Ordering::Relaxed);
     println!(
-        "case={case} in_flight={n} allocations={allocations} allocations_per_op={:.1} checksum={}",
+        "case={case} in_flight={n} allocations={allocations} allocations_per_op={:.1} \
+         sockets_opened={sockets_opened} checksum={}",
         allocations as f64 / n as f64,
         checksum + warm
     );

@@ -9,6 +9,7 @@ use bson::doc;
 use retry_core::engine::{EngineEvent, OpId, OperationRequest};
 use retry_core::retry::OperationKind;
 use retry_core::time::{Instant, OperationTimeout};
+use retry_core::topology::{SdamEvent, ServerType};
 
 use retry_sim::{address, Role, Sim, SimServer, Step};
 
@@ -79,4 +80,70 @@ fn cs3_checkout_is_bounded_by_the_computed_server_selection_timeout() {
         sim.result(busy).is_none(),
         "still waiting for its slow reply"
     );
+}
+
+/// CS-3, CS-1 (review5 item 8): selection and checkout share one computed selection timeout,
+/// counted from when selection starts; the checkout gets what is left of it, not a fresh
+/// serverSelectionTimeoutMS. A one-member replica set whose primary is seen as a secondary when
+/// the reads start and as the primary again at its next check (minHeartbeatFrequencyMS later),
+/// and whose only connection a slow read holds: with `timeoutMS=0` and with `timeoutMS` above
+/// serverSelectionTimeoutMS (1 s), the checkout fails exactly 1 s after the reads started.
+#[test]
+fn cs3_checkout_gets_what_is_left_of_the_selection_timeout() {
+    let host = "r0";
+    let mut server = SimServer::new(Role::Member);
+    server.member.hosts = vec![format!("{host}:27017")];
+    server.member.primary = true;
+    server.script.push_back(Step::Reply {
+        body: doc! { "ok": 1, "cursor": { "id": 0_i64, "ns": "test.c", "firstBatch": [] } },
+        delay: Duration::from_secs(100),
+    });
+    let mut sim = Sim::new(vec![(address(host), server)], |o| {
+        o.topology.pool.max_pool_size = 1;
+        o.selection.server_selection_timeout = Duration::from_secs(1);
+        o.heartbeat_frequency = Duration::from_secs(2);
+    });
+    let busy = read(&mut sim, OperationTimeout::Off);
+    sim.advance_to(sim.now.saturating_add(Duration::from_millis(10)));
+    assert!(sim.result(busy).is_none(), "holds the only connection");
+    // The member steps down; the engine sees it at its next heartbeat.
+    sim.servers.get_mut(&address(host)).unwrap().member.primary = false;
+    let seen = |sim: &Sim| {
+        sim.events.iter().any(|(_, e)| {
+            matches!(e, EngineEvent::Topology(SdamEvent::ServerDescriptionChanged { new, .. })
+                if new.server_type == ServerType::RsSecondary)
+        })
+    };
+    for _ in 0..100 {
+        if seen(&sim) {
+            break;
+        }
+        assert!(sim.step(sim.now.saturating_add(Duration::from_secs(5))));
+    }
+    assert!(seen(&sim), "the step-down was seen");
+    // It is primary again at its next check.
+    let member = &mut sim.servers.get_mut(&address(host)).unwrap().member;
+    member.primary = true;
+    member.election += 1;
+    let start = sim.now;
+    let unbounded = read(&mut sim, OperationTimeout::Unbounded);
+    let long = read(
+        &mut sim,
+        OperationTimeout::Until(start.saturating_add(Duration::from_secs(10))),
+    );
+    sim.advance_to(start.saturating_add(Duration::from_secs(5)));
+    let selected = sim.events.iter().any(|(at, e)| {
+        *at > start
+            && matches!(e, EngineEvent::Topology(SdamEvent::ServerDescriptionChanged { new, .. })
+                if new.server_type == ServerType::RsPrimary)
+    });
+    assert!(selected, "the primary came back during the selection");
+    for op in [unbounded, long] {
+        assert!(sim.result(op).is_some_and(|r| r.is_err()), "{op:?} failed");
+        assert_eq!(
+            finished_at(&sim, op),
+            Some(start.saturating_add(Duration::from_secs(1))),
+            "{op:?}"
+        );
+    }
 }

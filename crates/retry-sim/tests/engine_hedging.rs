@@ -90,9 +90,12 @@ fn command_connections(sim: &Sim) -> BTreeMap<String, ConnId> {
     sim.events
         .iter()
         .filter_map(|(_, e)| match e {
-            EngineEvent::Command(CommandEvent::Started { info, .. }) => {
-                Some((info.address.host().to_string(), info.connection))
-            }
+            EngineEvent::Command(command) => match &**command {
+                CommandEvent::Started { info, .. } => {
+                    Some((info.address.host().to_string(), info.connection))
+                }
+                _ => None,
+            },
             _ => None,
         })
         .collect()
@@ -105,7 +108,7 @@ fn assert_command_events_balance(sim: &Sim) {
         let EngineEvent::Command(event) = event else {
             continue;
         };
-        match event {
+        match &**event {
             CommandEvent::Started { info, .. } => {
                 assert!(
                     open.insert((info.connection, info.request_id)),
@@ -162,9 +165,12 @@ fn a6_h3_the_fast_copy_wins_and_the_slow_copies_drain_and_are_checked_in() {
         .events
         .iter()
         .filter_map(|(at, e)| match e {
-            EngineEvent::Command(CommandEvent::Failed { info, failure, .. }) => {
-                Some((*at, info.address.host().to_string(), failure.kind.clone()))
-            }
+            EngineEvent::Command(command) => match &**command {
+                CommandEvent::Failed { info, failure, .. } => {
+                    Some((*at, info.address.host().to_string(), failure.kind.clone()))
+                }
+                _ => None,
+            },
             _ => None,
         })
         .collect();
@@ -551,4 +557,81 @@ fn a_drained_reply_that_opened_a_cursor_is_followed_by_kill_cursors() {
         .count();
     assert_eq!(finished, 1, "the killCursors are the engine's own");
     assert_command_events_balance(&sim);
+}
+
+/// A6 deadline rule, CS-4, A6-H3 (review5 item 10): a late copy that cannot be sent (its
+/// remaining time is not more than its server's minimum RTT) is a non-fatal outcome that starts no
+/// further copy; the copy in flight still answers before the deadline and is the result.
+/// Here (scaled down from the review's 100/60/50 ms, the simulated minimum RTT being 1 ms):
+/// timeoutMS 61 ms, hedgingDelay 60 ms, each reply 59.5 ms late (60.5 ms after the request).
+#[test]
+fn a6_cs4_a_late_copy_that_cannot_be_sent_does_not_fail_the_copy_in_flight() {
+    let late = Duration::from_micros(59_500);
+    let servers = ["m1", "m2"]
+        .into_iter()
+        .map(|host| {
+            let mut server = SimServer::new(Role::Mongos);
+            let body = doc! { "ok": 1, "server": host };
+            server.script = (0..4)
+                .map(|_| Step::Reply {
+                    body: body.clone(),
+                    delay: late,
+                })
+                .collect();
+            (address(host), server)
+        })
+        .collect();
+    let mut sim = Sim::new(servers, |o| {
+        o.service_config = Some(hedging_config(2, "0.06s"));
+        o.heartbeat_frequency = Duration::from_millis(500);
+        // Both pools hold an idle connection, so each copy is sent when it is selected.
+        o.topology.pool.min_pool_size = 1;
+    });
+    // Several 1 ms heartbeats: each server's minimum RTT is 1 ms.
+    assert!(sim.advance_to(ms(2_000)));
+    let start = sim.now;
+    let mut request = OperationRequest::new(
+        "test",
+        doc! { "find": "c" },
+        OperationKind::Read,
+        SelectionCriteria::Write,
+    );
+    request.timeout = OperationTimeout::Until(start.saturating_add(Duration::from_millis(61)));
+    let op = sim.start_request(request);
+    let reply = sim.run(op).expect("copy 1 answers before the deadline");
+    assert_eq!(
+        finish_time(&sim, op),
+        start.saturating_add(Duration::from_micros(60_500)),
+        "copy 1's reply: 59.5 ms, then the 1 ms latency"
+    );
+    let events = hedging_events(&sim, op);
+    let copy_1 = events.iter().find_map(|(_, e)| match e {
+        HedgingEvent::CopySucceeded { copy, address, .. } => {
+            Some((*copy, address.host().to_string()))
+        }
+        _ => None,
+    });
+    assert_eq!(
+        copy_1
+            .as_ref()
+            .map(|(c, h)| (*c, reply.get_str("server").ok() == Some(h.as_str()))),
+        Some((CopyId(1), true))
+    );
+    let failed: Vec<(Instant, CopyId, bool)> = events
+        .iter()
+        .filter_map(|(at, e)| match e {
+            HedgingEvent::CopyFailed { copy, fatal, .. } => Some((*at, *copy, *fatal)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        failed,
+        [(
+            start.saturating_add(Duration::from_millis(60)),
+            CopyId(2),
+            false
+        )],
+        "copy 2 is not sent and fails non-fatally"
+    );
+    assert_eq!(started(&sim, op).len(), 1, "only copy 1 was sent");
 }

@@ -654,23 +654,24 @@ fn check_hedging(
                     .collect();
                 known.push((*at, mongos));
             }
-            EngineEvent::Command(CommandEvent::Started { info, .. }) => {
-                prop_assert!(commands.insert((info.connection, info.request_id)));
-            }
+            EngineEvent::Command(command) => match &**command {
+                CommandEvent::Started { info, .. } => {
+                    prop_assert!(commands.insert((info.connection, info.request_id)));
+                }
+                CommandEvent::Succeeded { info, .. } | CommandEvent::Failed { info, .. } => {
+                    prop_assert!(
+                        commands.remove(&(info.connection, info.request_id)),
+                        "EV-1: an end at {} without its start: {:?}",
+                        at,
+                        info
+                    );
+                }
+                _ => {}
+            },
             EngineEvent::Pool {
                 address,
                 event: PoolEvent::CheckOutStarted { .. },
             } => checkouts.push((*at, address.clone())),
-            EngineEvent::Command(
-                CommandEvent::Succeeded { info, .. } | CommandEvent::Failed { info, .. },
-            ) => {
-                prop_assert!(
-                    commands.remove(&(info.connection, info.request_id)),
-                    "EV-1: an end at {} without its start: {:?}",
-                    at,
-                    info
-                );
-            }
             EngineEvent::Hedging { op, event } => {
                 let (copy, address, end) = match event {
                     HedgingEvent::CopyStarted { copy, address } => {

@@ -81,8 +81,13 @@ impl Counters {
         self.commands.get(name).copied().unwrap_or_default()
     }
 
+    /// The counts of command `name`, to update (no allocation once the name was seen).
     pub(crate) fn command_mut(&mut self, name: &str) -> &mut CommandCounts {
-        self.commands.entry(name.into()).or_default()
+        if !self.commands.contains_key(name) {
+            self.commands
+                .insert(name.to_owned(), CommandCounts::default());
+        }
+        self.commands.get_mut(name).expect("inserted above")
     }
 }
 

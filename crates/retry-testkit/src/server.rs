@@ -535,6 +535,7 @@ fn admit(shared: &Shared) -> Option<Connection> {
         service: None,
         rng: connection_rng(shared.seed, id),
         last_request_id: 0,
+        out: Vec::new(),
         auth: ConnectionAuth::default(),
     })
 }
@@ -550,6 +551,8 @@ struct Connection {
     service: Option<ObjectId>,
     /// Its authentication (crate `auth`).
     auth: ConnectionAuth,
+    /// The encoded reply being written (reused).
+    out: Vec<u8>,
 }
 
 /// The "not writable primary" and "node is recovering" codes a replica-set member's error reply
@@ -870,15 +873,15 @@ impl Connection {
         stream: &mut S,
         request: OpMsg,
     ) -> bool {
-        let name = request.body.keys().next().cloned().unwrap_or_default();
-        let exempt_from_faults = name == "configureFailPoint";
         if let Some(wait) = awaitable::awaitable(shared, &request) {
             return self.await_hello(shared, stream, request, wait).await;
         }
-        match self.handle(shared, &name, &request).await {
+        let name = request.body.keys().next().map_or("", String::as_str);
+        let exempt_from_faults = name == "configureFailPoint";
+        match self.handle(shared, name, &request).await {
             Response::Reply(mut reply) => {
-                add_cluster_time(shared, &name, &mut reply);
-                shared.count_reply(&name, &reply);
+                add_cluster_time(shared, name, &mut reply);
+                shared.count_reply(name, &reply);
                 if request.flags.contains(MsgFlags::MORE_TO_COME) {
                     return true;
                 }
@@ -1094,8 +1097,10 @@ impl Connection {
             body: reply,
             sequences: Vec::new(),
         };
-        let mut bytes = Vec::new();
+        let mut bytes = core::mem::take(&mut self.out);
+        bytes.clear();
         if let Err(e) = message.encode(MAX_MESSAGE_SIZE_BYTES as u32, &mut bytes) {
+            bytes.clear();
             message.body = error_reply(10334, &format!("the reply does not encode: {e}"));
             if message
                 .encode(MAX_MESSAGE_SIZE_BYTES as u32, &mut bytes)
@@ -1133,6 +1138,10 @@ impl Connection {
                 stream.write_all(&header).await.map(|()| false)
             }
         };
+        // Kept for the next reply unless it grew large.
+        if bytes.capacity() <= READ_CHUNK {
+            self.out = bytes;
+        }
         written.unwrap_or(false)
     }
 }

@@ -61,8 +61,10 @@ impl ClientEntity {
         let Some((kind, name, body)) = convert(&event) else {
             return;
         };
-        if let EngineEvent::Command(CommandEvent::Started { command, .. }) = &event {
-            self.started.push(command.clone());
+        if let EngineEvent::Command(c) = &event {
+            if let CommandEvent::Started { command, .. } = &**c {
+                self.started.push(command.clone());
+            }
         }
         match name {
             "connectionCheckedOutEvent" => self.checked_out += 1,
@@ -88,7 +90,7 @@ impl ClientEntity {
 fn convert(event: &EngineEvent) -> Option<(&'static str, &'static str, Document)> {
     Some(match event {
         EngineEvent::Command(command) => {
-            let (name, info, extra) = match command {
+            let (name, info, extra) = match &**command {
                 CommandEvent::Started { info, command } => (
                     "commandStartedEvent",
                     info,

@@ -6,6 +6,7 @@
 //! failed for `ok: 0`, a network error, a timeout or a cancellation. Handshakes and monitoring
 //! checks publish none (EV-8). Security-sensitive commands are redacted (EV-6).
 
+use alloc::boxed::Box;
 use alloc::string::String;
 use bson::{oid::ObjectId, Bson, Document};
 use core::time::Duration;
@@ -164,10 +165,10 @@ impl Engine {
             sensitive,
         });
         self.events
-            .push_back(EngineEvent::Command(CommandEvent::Started {
+            .push_back(EngineEvent::Command(Box::new(CommandEvent::Started {
                 info,
                 command: published,
-            }));
+            })));
     }
 
     /// EV-1, EV-3: the reply to a pending command.
@@ -205,7 +206,7 @@ impl Engine {
                 },
             },
         };
-        self.events.push_back(EngineEvent::Command(event));
+        self.events.push_back(EngineEvent::Command(Box::new(event)));
     }
 
     /// EV-1: a pending command failed without a reply (network error, timeout, cancellation).
@@ -222,11 +223,11 @@ impl Engine {
             failure.clone()
         };
         self.events
-            .push_back(EngineEvent::Command(CommandEvent::Failed {
+            .push_back(EngineEvent::Command(Box::new(CommandEvent::Failed {
                 info: pending.info,
                 duration,
                 failure,
-            }));
+            })));
     }
 }
 

@@ -164,13 +164,13 @@ impl Operation {
         self.note(result);
     }
 
-    /// CS-4, TO-10: the attempt was not sent, as its time is up. A copy fails with the timeout
-    /// error, which is fatal (A6-H3, CS-5).
+    /// CS-4, TO-10: the attempt was not sent, as its time is up. A hedged copy is just not sent
+    /// (A6 deadline rule): the operation times out only when no other copy is in flight.
     pub(super) fn expired_before_send(&mut self, slot: usize, now: Instant) {
         let result = match &mut self.machine {
             OpMachine::Retry(m) => m.handle_expired_before_send(now).map_err(refusal),
             OpMachine::Hedging(m) if m.is_live(copy_of(slot)) => m
-                .handle_failed(copy_of(slot), OperationError::timeout(None), now)
+                .handle_expired_before_send(copy_of(slot), now)
                 .map_err(refusal),
             OpMachine::Hedging(_) => Ok(()),
         };

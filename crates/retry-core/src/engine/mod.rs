@@ -304,8 +304,9 @@ pub enum EngineEvent {
         result: Result<Document, OperationError>,
     },
     /// A command monitoring event in the spec's shape (EV-1..EV-6), when
-    /// [`EngineOptions::command_monitoring`] is on.
-    Command(CommandEvent),
+    /// [`EngineOptions::command_monitoring`] is on. Boxed: it is the largest event by far, and
+    /// every other event is moved through the event queue at the size of the largest.
+    Command(Box<CommandEvent>),
     /// A hedging event of an operation run as hedged copies (A6-H1..A6-H7): copies started,
     /// succeeded, failed or cancelled.
     Hedging {
@@ -369,6 +370,8 @@ struct Server {
     pool_queued: bool,
     /// SS-15: operations with an attempt on this server.
     in_flight: u32,
+    /// Where its pool was last found among the topology's (see `Engine::pool_mut`).
+    pool_at: usize,
 }
 
 /// Who owns a socket.
@@ -427,6 +430,9 @@ struct Slot {
     attempt: Option<Attempt>,
     /// The server the attempt is counted on (SS-15).
     counted: Option<ServerId>,
+    /// CS-3: the computed selection deadline, min(serverSelectionTimeoutMS, remaining timeoutMS)
+    /// from when the attempt's selection started; its checkout waits until it at most.
+    selection_deadline: Option<Instant>,
     /// The pending checkout: checkout ids are per pool, so with its server.
     checkout: Option<(ServerId, CheckoutId)>,
     conn: Option<ConnId>,
@@ -936,18 +942,29 @@ impl Engine {
             pool_timer: None,
             pool_queued: false,
             in_flight: 0,
+            pool_at: 0,
         });
         self.server_ids.insert(address.clone(), id);
         id
     }
 
-    /// The server's pool: the topology's while it is a member, then the retired one.
+    /// The server's pool: the topology's while it is a member, then the retired one. The
+    /// topology's is found at the position it had last time when it is still there (one
+    /// comparison, house rule 9), else looked up and its position kept.
     fn pool_mut(&mut self, server: ServerId) -> Option<&mut Pool> {
         let entry = &mut self.servers[server.0 as usize];
         match entry.retired_pool.as_deref_mut() {
             Some(pool) => Some(pool),
             None if entry.left => None,
-            None => self.topology.pool_mut(&entry.address),
+            None => {
+                let address = &entry.address;
+                let at = entry.pool_at;
+                let moved = self.topology.pools().nth(at).map(Pool::address) != Some(address);
+                if moved {
+                    entry.pool_at = self.topology.pools().position(|p| p.address() == address)?;
+                }
+                self.topology.pools_mut().nth(entry.pool_at)
+            }
         }
     }
 
@@ -956,7 +973,10 @@ impl Engine {
         match entry.retired_pool.as_deref() {
             Some(pool) => Some(pool),
             None if entry.left => None,
-            None => self.topology.pool(&entry.address),
+            None => match self.topology.pools().nth(entry.pool_at) {
+                Some(pool) if pool.address() == &entry.address => Some(pool),
+                _ => self.topology.pool(&entry.address),
+            },
         }
     }
 }

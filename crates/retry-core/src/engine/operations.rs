@@ -354,24 +354,30 @@ impl Engine {
             op.request.timeout,
             now,
         );
+        op.slots[slot].selection_deadline = Some(selection.deadline());
         op.slots[slot].selection = Some(selection);
         self.poll_selection(op_id, slot, now);
     }
 
     /// Checks a connection to `server` out for `slot`'s attempt.
     pub(super) fn check_out(&mut self, op_id: OpId, slot: usize, server: ServerId, now: Instant) {
-        let Some(op) = self.ops.get(&op_id) else {
+        let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
-        // CS-3: under CSOT (`timeoutMS=0` included, CS-1) a checkout waits at most
-        // `computedServerSelectionTimeout` = min(serverSelectionTimeoutMS, remaining) from now,
-        // and waitQueueTimeoutMS does not apply (TO-4, TO-8); without CSOT, waitQueueTimeoutMS.
+        // CS-3: under CSOT (`timeoutMS=0` included, CS-1) selection and checkout share one
+        // `computedServerSelectionTimeout` = min(serverSelectionTimeoutMS, remaining), computed
+        // when the attempt's selection started (review5 item 8; from now for an attempt that
+        // selected nothing, a pinned one), and waitQueueTimeoutMS does not apply (TO-4, TO-8);
+        // without CSOT, waitQueueTimeoutMS.
         let timeout = op.request.timeout;
+        let selected = op.slots[slot].selection_deadline.take();
         let deadline = timeout.is_csot().then(|| {
-            let own = now.saturating_add(self.options.selection.server_selection_timeout);
-            timeout
-                .deadline()
-                .map_or(own, |remaining| remaining.min(own))
+            selected.unwrap_or_else(|| {
+                let own = now.saturating_add(self.options.selection.server_selection_timeout);
+                timeout
+                    .deadline()
+                    .map_or(own, |remaining| remaining.min(own))
+            })
         });
         // LB-13: a cursor-creating command's connection may stay with its cursor.
         let purpose = if op.request.cursor == CursorUse::Open && self.options.topology.load_balanced

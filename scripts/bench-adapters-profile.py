@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Per-round-trip costs from two runs of one retry-bench case (scripts/bench-adapters-profile.sh).
+
+Usage: bench-adapters-profile.py DIR N1 N2 LABEL. DIR holds callgrind.N-* (one file per thread)
+and strace.N for N = N1 and N2 round trips; prints one line: the differences over N2 - N1.
+
+Instructions are self costs, grouped by the crate of each function's symbol. A thread that runs
+server code (retry-testkit, the bench's echo or canned server) is the server side; every other
+thread is the client side.
+"""
+import collections
+import glob
+import re
+import sys
+
+SERVER_CODE = ("retry_testkit::", "round_trip::canned", "round_trip::echo_server")
+GROUPS = [
+    ("adapter", ("retry_driver::", "retry_tokio::", "retry_async_std::")),
+    ("engine", ("retry_core::", "bson::")),
+    ("official", ("mongodb::", "bson2::")),
+    ("server", SERVER_CODE),
+    ("runtime", ("tokio::", "mio::", "async_io::", "async_executor::", "async_task::",
+                 "async_global_executor::", "async_std::", "polling::", "parking::",
+                 "futures_lite::", "futures_util::", "futures_core::", "concurrent_queue::",
+                 "event_listener", "smol::", "crossbeam", "std::sync::", "std::thread::",
+                 "std::sys::", "parking_lot", "slab::")),
+    ("alloc", ("malloc", "free", "realloc", "calloc", "_int_", "__rust_alloc", "__rust_dealloc",
+               "__rust_realloc", "alloc::alloc::", "tcache", "unlink_chunk", "arena_",
+               "sysmalloc", "memalign")),
+    ("mem", ("memcpy", "memmove", "memset", "memcmp", "bcmp", "__mem", "strlen")),
+]
+NAME = re.compile(r"^c?fn=\((\d+)\)(?: (.*))?$")
+
+
+def group(symbol):
+    name = symbol.lstrip("<")
+    for label, prefixes in GROUPS:
+        if any(name.startswith(p) or (label in ("alloc", "mem") and p in name) for p in prefixes):
+            return label
+    return "other"
+
+
+def callgrind_file(path):
+    """Self instructions per group of one thread's callgrind file."""
+    names = {}
+    costs = collections.Counter()
+    current = None
+    skip = False
+    with open(path, errors="replace") as f:
+        for line in f:
+            if line.startswith("fn="):
+                m = NAME.match(line.rstrip("\n"))
+                if m.group(2) is not None:
+                    names[m.group(1)] = m.group(2)
+                current = group(names.get(m.group(1), "?"))
+                continue
+            if line.startswith("cfn="):
+                m = NAME.match(line.rstrip("\n"))
+                if m and m.group(2) is not None:
+                    names[m.group(1)] = m.group(2)
+                continue
+            if line.startswith("calls="):
+                skip = True
+                continue
+            if current and line[:1] in "0123456789+-*":
+                if skip:
+                    skip = False
+                    continue
+                parts = line.split()
+                if len(parts) >= 2:
+                    costs[current] += int(parts[1])
+    return costs
+
+
+def callgrind(directory, n):
+    sides = {"client": collections.Counter(), "server": collections.Counter()}
+    for path in glob.glob(f"{directory}/callgrind.{n}*"):
+        costs = callgrind_file(path)
+        side = "server" if costs["server"] > 0.01 * sum(costs.values()) else "client"
+        sides[side].update(costs)
+    return sides
+
+
+SYSCALL = re.compile(r"^\d+\s+([a-z_0-9]+)\((.*)")
+
+
+def strace(directory, n):
+    counts = collections.Counter()
+    with open(f"{directory}/strace.{n}", errors="replace") as f:
+        for line in f:
+            m = SYSCALL.match(line)
+            if not m:
+                continue
+            name, rest = m.groups()
+            if name == "futex":
+                if "FUTEX_WAKE" in rest:
+                    counts["futex_wake"] += 1
+                    woke = re.search(r"= (\d+)", rest)
+                    if woke and int(woke.group(1)) > 0:
+                        counts["futex_woke_a_thread"] += 1
+                elif "FUTEX_WAIT" in rest:
+                    counts["futex_wait"] += 1
+                continue
+            if name in ("read", "write", "recvfrom", "sendto", "readv", "writev", "recvmsg",
+                        "sendmsg"):
+                kind = "socket" if "TCP" in rest.split(",")[0] else (
+                    "eventfd" if "eventfd" in rest.split(",")[0] else "other")
+                name = f"{name}({kind})"
+            if "EAGAIN" in rest:
+                counts[f"{name}=EAGAIN"] += 1
+            counts[name] += 1
+    return counts
+
+
+def main():
+    directory, n1, n2, label = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    per = n2 - n1
+    a, b = callgrind(directory, n1), callgrind(directory, n2)
+    parts = [label]
+    for side in ("client", "server"):
+        diff = {k: (b[side][k] - a[side][k]) / per for k in set(a[side]) | set(b[side])}
+        total = sum(diff.values())
+        detail = " ".join(f"{k}={v:.0f}" for k, v in sorted(diff.items(), key=lambda kv: -kv[1])
+                          if abs(v) >= 50)
+        parts.append(f"{side}_instructions={total:.0f} ({detail})")
+    sa, sb = strace(directory, n1), strace(directory, n2)
+    diff = {k: (sb[k] - sa[k]) / per for k in set(sa) | set(sb)}
+    total = sum(v for k, v in diff.items() if not k.endswith("EAGAIN") and k != "futex_woke_a_thread")
+    detail = " ".join(f"{k}={v:.2f}" for k, v in sorted(diff.items(), key=lambda kv: -kv[1])
+                      if abs(v) >= 0.01)
+    parts.append(f"syscalls={total:.2f} ({detail})")
+    print("\n  ".join(parts), flush=True)
+
+
+if __name__ == "__main__":
+    main()
