@@ -583,6 +583,41 @@ const CLOCKED_WRITES: [&str; 14] = [
     "abortTransaction",
 ];
 
+/// House rule 7: a write acknowledged by more members than the replica set has (`w: <n>` above
+/// its size) is applied but cannot satisfy its write concern: a replica-set member answers with
+/// `writeConcernError` `UnsatisfiableWriteConcern` (100), "Not enough data-bearing nodes".
+fn add_unsatisfiable_write_concern(shared: &Shared, command: &Document, reply: &mut Document) {
+    let Ok(write_concern) = command.get_document("writeConcern") else {
+        return;
+    };
+    let Some(w) = write_concern.get("w").and_then(|w| match w {
+        Bson::Int32(n) => Some(i64::from(*n)),
+        Bson::Int64(n) => Some(*n),
+        Bson::Double(n) => Some(*n as i64),
+        _ => None,
+    }) else {
+        return;
+    };
+    if !reply.get("ok").is_some_and(is_ok) || reply.contains_key("writeConcernError") {
+        return;
+    }
+    let state = shared.lock();
+    let Role::ReplicaSetMember(member) = &state.role else {
+        return;
+    };
+    let members = member.hosts.len().max(1) as i64;
+    if w > members {
+        reply.insert(
+            "writeConcernError",
+            bson::doc! {
+                "code": 100,
+                "codeName": "UnsatisfiableWriteConcern",
+                "errmsg": "Not enough data-bearing nodes",
+            },
+        );
+    }
+}
+
 /// SE-16, SE-21 (review5 item 11): a replica-set member's or a mongos's reply (not hello) carries
 /// `operationTime` and `$clusterTime` from the deployment's logical clock, as a server without
 /// authentication gives them (a zero signature); a write that succeeded moves the clock first.
@@ -880,6 +915,7 @@ impl Connection {
         let exempt_from_faults = name == "configureFailPoint";
         match self.handle(shared, name, &request).await {
             Response::Reply(mut reply) => {
+                add_unsatisfiable_write_concern(shared, &request.body, &mut reply);
                 add_cluster_time(shared, name, &mut reply);
                 shared.count_reply(name, &reply);
                 if request.flags.contains(MsgFlags::MORE_TO_COME) {

@@ -924,3 +924,55 @@ async fn command_log() {
     })
     .await;
 }
+
+/// Review5 item 11 (SE-16, SE-21, house rule 7): a replica-set member's replies carry
+/// `operationTime` and `$clusterTime` from the deployment's clock, which every write moves on;
+/// a `readConcern.afterClusterTime` ahead of it is refused (72); a `w` above the set's size is a
+/// `writeConcernError` 100 on an applied write, as on a real replica set.
+#[tokio::test]
+async fn cluster_time_and_write_concern_are_a_replica_sets() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let time = |reply: &Document| reply.get_timestamp("operationTime").expect("operationTime");
+        let ping = client
+            .command(doc! { "ping": 1, "$db": "admin" })
+            .await
+            .unwrap();
+        let before = time(&ping);
+        let cluster = ping.get_document("$clusterTime").expect("$clusterTime");
+        assert_eq!(cluster.get_timestamp("clusterTime").ok(), Some(before));
+        let insert = client
+            .command(doc! {
+                "insert": "c", "documents": [{ "_id": 1 }], "$db": "test",
+                "writeConcern": { "w": 5 },
+            })
+            .await
+            .unwrap();
+        let after = time(&insert);
+        assert!((after.time, after.increment) > (before.time, before.increment));
+        let error = insert
+            .get_document("writeConcernError")
+            .expect("w: 5 on a one-member set");
+        assert_eq!(code(error), Some(100));
+        let ahead = bson::Timestamp {
+            time: after.time,
+            increment: after.increment + 1,
+        };
+        let refused = client
+            .command(doc! {
+                "find": "c", "$db": "test", "readConcern": { "afterClusterTime": ahead },
+            })
+            .await
+            .unwrap();
+        assert_eq!(code(&refused), Some(72), "{refused}");
+        let fine = client
+            .command(doc! {
+                "find": "c", "$db": "test", "readConcern": { "afterClusterTime": after },
+            })
+            .await
+            .unwrap();
+        assert_eq!(first_batch(&fine).len(), 1);
+        server.shutdown().await;
+    })
+    .await
+}

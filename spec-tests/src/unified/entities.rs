@@ -468,12 +468,30 @@ pub fn transaction_options(value: &Value) -> Result<TransactionOptions, String> 
         };
         match key.as_str() {
             "readConcern" => options = options.with_read_concern(document),
-            "writeConcern" => options = options.with_write_concern(document),
+            "writeConcern" => options = options.with_write_concern(wire_write_concern(document)?),
             "readPreference" if document.get_str("mode").ok() == Some("primary") => {}
             other => return Err(format!("unsupported transaction option {other}: {value}")),
         }
     }
     Ok(options)
+}
+
+/// UT-15: a test file's write concern (`w`, `journal`, `wtimeoutMS`) as sent on the wire (`w`,
+/// `j`, `wtimeout`); another field is refused.
+fn wire_write_concern(given: Document) -> Result<Document, String> {
+    let mut wire = Document::new();
+    for (key, value) in given {
+        match key.as_str() {
+            "w" => wire.insert("w", value),
+            "journal" | "j" => wire.insert("j", value),
+            "wtimeoutMS" | "wtimeout" => match value.as_i64().or(value.as_i32().map(i64::from)) {
+                Some(ms) => wire.insert("wtimeout", ms),
+                None => return Err(format!("writeConcern {key} must be an integer")),
+            },
+            other => return Err(format!("unsupported writeConcern field {other}")),
+        };
+    }
+    Ok(wire)
 }
 
 fn check_fields(spec: &Value, known: &[&str]) -> Result<(), String> {
@@ -499,7 +517,7 @@ fn options(value: Option<&Value>) -> Result<Options, String> {
             return Err(format!("{key} must be a document"));
         };
         match key.as_str() {
-            "writeConcern" => options.write_concern = Some(document),
+            "writeConcern" => options.write_concern = Some(wire_write_concern(document)?),
             "readConcern" => options.read_concern = Some(document),
             other => return Err(format!("unsupported database/collection option {other}")),
         }

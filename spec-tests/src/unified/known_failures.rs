@@ -14,7 +14,7 @@ pub const SDAM: &[KnownFailure] = &[KnownFailure {
     may_pass: true,
 }];
 
-/// transactions: 121 known failures.
+/// transactions: 119 known failures.
 pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"abort.json: abort ignores TransactionAborted"#,
@@ -51,10 +51,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"commit.json: reset session state commit"#,
         "not diagnosed yet: client1 event 2 (commandStartedEvent): command: .readConcern: expected { 'afterClusterTime': { '$$exists': true }, 'level': { '$$exists': false } }, f",
-    ),
-    fails(
-        r#"commit.json: write concern error on commit"#,
-        "not diagnosed yet: operation 2: commitTransaction succeeded but an error was expected",
     ),
     fails(
         r#"create-collection.json: explicitly create collection using create command"#,
@@ -439,10 +435,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"retryable-commit-errorLabels.json: commitTransaction does not retry error without RetryableWriteError label"#,
         "testkit: no transaction isolation; an uncommitted or unaborted transaction's writes are visible (TK-15)",
-    ),
-    fails(
-        r#"retryable-commit.json: commitTransaction applies majority write concern on retries"#,
-        "not diagnosed yet: client1 event 1 (commandStartedEvent): command: .writeConcern.j: expected true, found nothing",
     ),
     fails(
         r#"retryable-commit.json: commitTransaction fails after Interrupted"#,
