@@ -330,3 +330,48 @@ fn tx1_concerns_and_read_preference_inside_a_transaction() {
         Some(&Bson::Boolean(true))
     );
 }
+
+/// SE-14, TX-1: a `getMore` sent without naming the session continues the cursor's session and
+/// so its transaction: the transaction's `txnNumber` and `autocommit: false`.
+#[test]
+fn tx1_a_get_more_of_a_transaction_cursor_joins_the_transaction() {
+    let mut sim = mongos(vec![
+        Step::reply(
+            doc! { "ok": 1, "cursor": { "id": 42_i64, "ns": "test.c", "firstBatch": [{}] } },
+        ),
+        Step::reply(doc! { "ok": 1, "cursor": { "id": 0_i64, "ns": "test.c", "nextBatch": [] } }),
+    ]);
+    let session = sim.engine.start_session();
+    start_transaction(&mut sim, session);
+    let mut find = request(
+        "test",
+        doc! { "find": "c", "batchSize": 1 },
+        OperationKind::Read,
+        Some(session),
+    );
+    find.cursor = CursorUse::Open;
+    let find = sim.start_request(find);
+    sim.run(find).unwrap();
+    let cursor = sim
+        .events
+        .iter()
+        .find_map(|(_, e)| match e {
+            EngineEvent::CursorOpened { op, cursor } if *op == find => Some(*cursor),
+            _ => None,
+        })
+        .expect("a cursor");
+    let mut get_more = request(
+        "test",
+        doc! { "getMore": 42_i64, "collection": "c" },
+        OperationKind::GetMore,
+        None,
+    );
+    get_more.cursor = CursorUse::GetMore(cursor);
+    let get_more = sim.start_request(get_more);
+    sim.run(get_more).unwrap();
+    let finds = received(&sim, "find");
+    let get_mores = received(&sim, "getMore");
+    assert_eq!(get_mores[0].get("txnNumber"), finds[0].get("txnNumber"));
+    assert_eq!(get_mores[0].get("autocommit"), Some(&Bson::Boolean(false)));
+    assert!(!get_mores[0].contains_key("startTransaction"));
+}

@@ -66,6 +66,23 @@ impl Engine {
         now: Instant,
     ) -> OpId {
         let op = self.next_op_id();
+        // SE-14, TX-1: a `getMore` runs in the session of the command that opened its cursor, and
+        // while that session's transaction is active, in the transaction (outside one it keeps
+        // the cursor's own route and pins).
+        if let (None, CursorUse::GetMore(handle)) = (request.session, request.cursor) {
+            if let Some(OpSession::Explicit(session)) =
+                self.cursors.get_mut(&handle).map(|c| &c.session)
+            {
+                let session = *session;
+                if self
+                    .sessions
+                    .get(&session)
+                    .is_some_and(|s| s.transaction.is_active())
+                {
+                    request.session = Some(session);
+                }
+            }
+        }
         // TX-1, TX-2: an operation naming a session runs through its transaction.
         match self.transaction_request(&mut request) {
             Ok(true) => {}
