@@ -21,7 +21,7 @@ use core::task::{Context, Poll, Waker};
 use std::sync::{Arc, Mutex};
 
 use bson::Document;
-use retry_core::engine::{Engine, OperationRequest, SessionHandle};
+use retry_core::engine::{Engine, OperationRequest, SessionHandle, SessionInfo};
 use retry_core::error::{ErrorKind, OperationError};
 use retry_core::retry::OperationKind;
 use retry_core::selection::SelectionCriteria;
@@ -76,8 +76,8 @@ pub(crate) struct SessionRequests {
     ends: Vec<SessionHandle>,
     /// Sessions starting a transaction (TX-2, TX-4 (4)), each with its options and completion.
     transactions: Vec<(SessionHandle, TransactionOptions, Arc<TransactionStart>)>,
-    /// Sessions whose `lsid` was asked for, each with its completion.
-    lsids: Vec<(SessionHandle, Arc<SessionStart<Option<Document>>>)>,
+    /// Sessions whose state was asked for, each with its completion.
+    infos: Vec<(SessionHandle, Arc<SessionStart<Option<SessionInfo>>>)>,
     /// The `abortTransaction` of an ending session (TX-2: ending a session aborts its
     /// transaction; the engine sends it only when one is in progress), started before the
     /// session ends; its result is not awaited (TX-10: abort errors are ignored).
@@ -93,7 +93,7 @@ impl SessionRequests {
         for (_, _, start) in self.transactions.drain(..) {
             start.complete(Err(OperationError::cancelled()));
         }
-        for (_, answer) in self.lsids.drain(..) {
+        for (_, answer) in self.infos.drain(..) {
             answer.complete(None);
         }
     }
@@ -111,7 +111,7 @@ pub(crate) fn serve(
     let any = !requests.starts.is_empty()
         || !requests.ends.is_empty()
         || !requests.transactions.is_empty()
-        || !requests.lsids.is_empty()
+        || !requests.infos.is_empty()
         || !requests.aborts.is_empty();
     if !any {
         // The common case, every round of the driver: nothing to drain.
@@ -123,8 +123,8 @@ pub(crate) fn serve(
     for (session, options, start) in requests.transactions.drain(..) {
         start.complete(engine.start_transaction(session, options, now));
     }
-    for (session, answer) in requests.lsids.drain(..) {
-        answer.complete(engine.session_lsid(session));
+    for (session, answer) in requests.infos.drain(..) {
+        answer.complete(engine.session_info(session));
     }
     for mut abort in requests.aborts.drain(..) {
         if let Some(t) = timeout {
@@ -250,16 +250,17 @@ impl<R> Session<R> {
             .await
     }
 
-    /// SE-3: the `lsid` its commands carry (`{id: UUID}`), once its first command took a server
-    /// session (SE-7); `None` before that, and once the client is shut down.
-    pub async fn lsid(&self) -> Option<Document> {
-        let answer = Arc::new(SessionStart::<Option<Document>>::default());
+    /// What the engine knows of this session ([`Engine::session_info`]: its `lsid` once its
+    /// first command took a server session, whether that is dirty, its transaction's pin and
+    /// state); `None` once the client is shut down.
+    pub async fn info(&self) -> Option<SessionInfo> {
+        let answer = Arc::new(SessionStart::<Option<SessionInfo>>::default());
         {
             let mut state = lock(&self.client.shared().state);
             if state.closing {
                 return None;
             }
-            state.sessions.lsids.push((self.handle, answer.clone()));
+            state.sessions.infos.push((self.handle, answer.clone()));
             state.wake_driver();
         }
         let waiter = self.client.waiter();

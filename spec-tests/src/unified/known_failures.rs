@@ -14,7 +14,7 @@ pub const SDAM: &[KnownFailure] = &[KnownFailure {
     may_pass: true,
 }];
 
-/// transactions: 119 known failures.
+/// transactions: 51 known failures.
 pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"abort.json: abort ignores TransactionAborted"#,
@@ -109,296 +109,24 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
         "testkit: no isolation or write conflicts between transactions (TK-15)",
     ),
     fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on aggregate aggregate"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on bulkWrite delete"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on bulkWrite insert"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on bulkWrite update"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on clientBulkWrite bulkWrite"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on countDocuments aggregate"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on deleteMany delete"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on deleteOne delete"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on distinct distinct"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on find find"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on findOneAndDelete findAndModify"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on findOneAndReplace findAndModify"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on findOneAndUpdate findAndModify"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on insertMany insert"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on insertOne"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on insertOne insert"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on replaceOne update"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
         r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on runCommand insert"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on updateMany update"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on updateOne update"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on aggregate aggregate"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on bulkWrite delete"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on bulkWrite insert"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on bulkWrite update"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on clientBulkWrite bulkWrite"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on countDocuments aggregate"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on deleteMany delete"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on deleteOne delete"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on distinct distinct"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on find find"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on findOneAndDelete findAndModify"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on findOneAndReplace findAndModify"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on findOneAndUpdate findAndModify"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on insertMany insert"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on insertOne insert"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on replaceOne update"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
+        "runner: runCommand's commandName check (insert not first key)",
     ),
     fails(
         r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on runCommand insert"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on updateMany update"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on updateOne update"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on aggregate aggregate"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on bulkWrite delete"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on bulkWrite insert"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on bulkWrite update"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on clientBulkWrite bulkWrite"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on countDocuments aggregate"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on deleteMany delete"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on deleteOne delete"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on distinct distinct"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on find find"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on findOneAndDelete findAndModify"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on findOneAndReplace findAndModify"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on findOneAndUpdate findAndModify"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on insertMany insert"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on insertOne insert"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on replaceOne update"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
+        "runner: runCommand's commandName check (insert not first key)",
     ),
     fails(
         r#"mongos-pin-auto.json: unpin after transient connection error on runCommand insert"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on updateMany update"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on updateOne update"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient error within a transaction"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-recovery-token-errorLabels.json: commitTransaction retry succeeds on new mongos"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-recovery-token.json: abortTransaction sends recoveryToken"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
+        "runner: runCommand's commandName check (insert not first key)",
     ),
     fails(
         r#"mongos-recovery-token.json: commitTransaction retry fails on new mongos"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-unpin.json: unpin after TransientTransactionError error on abort"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-unpin.json: unpin after TransientTransactionError error on commit"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-unpin.json: unpin after non-transient error on abort"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
-    ),
-    fails(
-        r#"mongos-unpin.json: unpin on successful abort"#,
-        "runner: the test-runner operation assertSessionUnpinned is not implemented",
-    ),
-    fails(
-        r#"mongos-unpin.json: unpin when a new transaction is started"#,
-        "runner: the test-runner operation assertSessionPinned is not implemented",
-    ),
-    fails(
-        r#"mongos-unpin.json: unpin when a non-transaction read operation uses a session"#,
-        "runner: the test-runner operation assertSessionPinned is not implemented",
-    ),
-    fails(
-        r#"mongos-unpin.json: unpin when a non-transaction write operation uses a session"#,
-        "runner: the test-runner operation assertSessionPinned is not implemented",
-    ),
-    fails(
-        r#"pin-mongos.json: multiple commits"#,
-        "runner: the test-runner operation assertSessionPinned is not implemented",
-    ),
-    fails(
-        r#"pin-mongos.json: remain pinned after non-transient error on commit"#,
-        "runner: the test-runner operation assertSessionPinned is not implemented",
-    ),
-    fails(
-        r#"pin-mongos.json: unpin after transient error within a transaction"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
+        "not diagnosed yet: operation 4: commitTransaction succeeded but an error was expected (the test server's mongoses share one transaction table, so a commit retried on another mongos finds the transaction)",
     ),
     fails(
         r#"pin-mongos.json: unpin after transient error within a transaction and commit"#,
-        "runner: the test-runner operation targetedFailPoint is not implemented",
+        "not diagnosed yet: operation 5: commitTransaction succeeded but an error was expected",
     ),
     fails(
         r#"read-pref.json: nearest readPreference"#,
@@ -494,20 +222,8 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
     ),
 ];
 
-/// sessions: 28 known failures.
+/// sessions: 25 known failures.
 pub const SESSIONS: &[KnownFailure] = &[
-    fails(
-        r#"driver-sessions-dirty-session-errors.json: Dirty explicit session is discarded (findAndModify)"#,
-        "runner: the test-runner operation assertSessionNotDirty is not implemented",
-    ),
-    fails(
-        r#"driver-sessions-dirty-session-errors.json: Dirty explicit session is discarded (insert)"#,
-        "runner: the test-runner operation assertSessionNotDirty is not implemented",
-    ),
-    fails(
-        r#"driver-sessions-server-support.json: Server supports explicit sessions"#,
-        "runner: the test-runner operation assertSessionNotDirty is not implemented",
-    ),
     fails(
         r#"snapshot-sessions-not-supported-server-error.json: Server returns an error on aggregate with snapshot"#,
         "product: snapshot sessions are not supported (SE-22)",

@@ -406,7 +406,7 @@ async fn session_operation(
         // Dropping the product's session ends it (SE-10); the entity stays, ended, with the
         // lsid it had (UT-23 `$$sessionLsid`).
         if let Some(ended) = session.take() {
-            if let Some(known) = ended.lsid().await {
+            if let Some(known) = ended.info().await.and_then(|i| i.lsid) {
                 *lsid = Some(known);
             }
         }
@@ -558,6 +558,25 @@ fn expect_error(expected: &Value, failure: &Failure) -> Result<(), String> {
     Ok(())
 }
 
+/// What the product's engine knows of the live session entity `id`.
+async fn session_info(
+    entities: &Entities,
+    id: &str,
+) -> Result<retry_core::engine::SessionInfo, String> {
+    let Some(Entity::Session {
+        session: Some(session),
+        ..
+    }) = entities.map.get(id)
+    else {
+        return Err(format!("{id} is not a live session"));
+    };
+    let session = Arc::clone(session);
+    session
+        .info()
+        .await
+        .ok_or_else(|| format!("session {id}: the client has shut down"))
+}
+
 /// §1.6: the test-runner operations.
 async fn test_runner(
     name: &str,
@@ -597,6 +616,72 @@ async fn test_runner(
                 Err(format!(
                     "{actual} connections checked out, expected {expected:?}"
                 ))
+            }
+        }
+        // UT-10, TX-3, TX-5: a fail point on the mongos the session is pinned to, set over a
+        // direct connection to it (the format's targetedFailPoint).
+        "targetedFailPoint" => {
+            let id = args.string("session")?;
+            let mut fail_point = args.document("failPoint")?;
+            args.finish()?;
+            let info = session_info(entities, &id).await?;
+            let address = info
+                .pinned
+                .ok_or_else(|| format!("targetedFailPoint: session {id} is not pinned"))?;
+            let socket: std::net::SocketAddr = address
+                .to_string()
+                .parse()
+                .map_err(|e| format!("harness: pinned address {address}: {e}"))?;
+            fail_point.insert("$db", "admin");
+            let mut direct = retry_testkit::RawClient::connect(socket)
+                .await
+                .map_err(|e| format!("harness: connect to {address}: {e}"))?;
+            let reply = direct
+                .command(fail_point)
+                .await
+                .map_err(|e| format!("harness: configureFailPoint on {address}: {e}"))?;
+            match reply.get("ok") {
+                Some(Bson::Double(ok)) if *ok == 1.0 => Ok(()),
+                _ => Err(format!("harness: configureFailPoint: {reply}")),
+            }
+        }
+        // UT-10: what the product's engine knows of a session (TX-2, TX-3, TX-5, SE-12).
+        "assertSessionPinned" | "assertSessionUnpinned" => {
+            let id = args.string("session")?;
+            args.finish()?;
+            let pinned = session_info(entities, &id).await?.pinned.is_some();
+            if pinned == (name == "assertSessionPinned") {
+                Ok(())
+            } else {
+                Err(format!("{name} does not hold"))
+            }
+        }
+        "assertSessionDirty" | "assertSessionNotDirty" => {
+            let id = args.string("session")?;
+            args.finish()?;
+            let dirty = session_info(entities, &id).await?.dirty;
+            if dirty == (name == "assertSessionDirty") {
+                Ok(())
+            } else {
+                Err(format!("{name} does not hold"))
+            }
+        }
+        "assertSessionTransactionState" => {
+            let id = args.string("session")?;
+            let expected = args.string("state")?;
+            args.finish()?;
+            use retry_core::transaction::TransactionState;
+            let actual = match session_info(entities, &id).await?.transaction {
+                TransactionState::None => "none",
+                TransactionState::Starting => "starting",
+                TransactionState::InProgress => "in_progress",
+                TransactionState::Committed { .. } => "committed",
+                TransactionState::Aborted => "aborted",
+            };
+            if actual == expected {
+                Ok(())
+            } else {
+                Err(format!("transaction state {actual}, expected {expected}"))
             }
         }
         "assertSameLsidOnLastTwoCommands" | "assertDifferentLsidOnLastTwoCommands" => {
@@ -735,7 +820,7 @@ async fn expect_events(expected: &Value, entities: &mut Entities) -> Result<(), 
     for (id, entity) in entities.map.iter_mut() {
         if let Entity::Session { session, lsid, .. } = entity {
             if let Some(session) = session {
-                if let Some(known) = session.lsid().await {
+                if let Some(known) = session.info().await.and_then(|i| i.lsid) {
                     *lsid = Some(known);
                 }
             }

@@ -250,6 +250,22 @@ impl OperationRequest {
     }
 }
 
+/// What [`Engine::session_info`] reports of an explicit session.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct SessionInfo {
+    /// SE-3: the `lsid` (`{id: UUID}`) its commands carry, once its first command took a server
+    /// session (SE-7).
+    pub lsid: Option<Document>,
+    /// SE-12: a network error made its server session dirty.
+    pub dirty: bool,
+    /// TX-3, TX-5: the mongos (or, load balanced, the pinned connection's server) its
+    /// transaction is pinned to.
+    pub pinned: Option<ServerAddress>,
+    /// TX-2: where its transaction is.
+    pub transaction: crate::transaction::TransactionState,
+}
+
 /// An explicit session, from [`Engine::start_session`] until [`Engine::end_session`]. The engine
 /// keeps its server session (`lsid`, `txnNumber`), its cluster time and its transaction pin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

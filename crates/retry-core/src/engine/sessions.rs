@@ -15,7 +15,9 @@ use bson::{Bson, Document};
 
 use alloc::vec::Vec;
 
-use super::{Engine, OpId, OpSession, Operation, OperationRequest, Session, SessionHandle};
+use super::{
+    Engine, OpId, OpSession, Operation, OperationRequest, Session, SessionHandle, SessionInfo,
+};
 use crate::classify::is_unacknowledged;
 use crate::error::{ErrorKind, OperationError};
 use crate::max_time::{max_time_ms, MaxTime};
@@ -163,12 +165,24 @@ impl Engine {
         Ok(())
     }
 
-    /// SE-3: the `lsid` (`{id: UUID}`) the explicit session's commands carry, once its server
-    /// session was taken (at its first command, SE-7); `None` before, and for an unknown or
-    /// ended session.
-    pub fn session_lsid(&self, session: SessionHandle) -> Option<Document> {
-        let server = self.sessions.get(&session)?.server.as_ref()?;
-        Some(server.id().lsid())
+    /// What the engine knows of an explicit session (for tests and diagnostics); `None` for an
+    /// unknown or ended session.
+    pub fn session_info(&self, session: SessionHandle) -> Option<SessionInfo> {
+        let state = self.sessions.get(&session)?;
+        let pinned = match state.pin.pinned() {
+            Some(crate::pinning::Pin::Mongos(address)) => Some(address.clone()),
+            Some(crate::pinning::Pin::Connection(_)) => state
+                .conn
+                .and_then(|c| self.sockets.get(&c))
+                .map(|s| s.address.clone()),
+            None => None,
+        };
+        Some(SessionInfo {
+            lsid: state.server.as_ref().map(|s| s.id().lsid()),
+            dirty: state.server.as_ref().is_some_and(ServerSession::is_dirty),
+            pinned,
+            transaction: state.transaction.state(),
+        })
     }
 
     /// TX-2: where the explicit session's transaction is; `None` for an unknown or ended session.
