@@ -293,6 +293,19 @@ impl Store {
         }
     }
 
+    /// TK-15: a statement of transaction `number` of `session` failed: a transaction in progress
+    /// is aborted (its data put back), as a real server aborts it.
+    pub(crate) fn abort_failed_statement(&mut self, session: &[u8], number: i64) {
+        if let Some(transaction) = self
+            .transactions
+            .get_mut(session)
+            .filter(|t| t.number == number && t.state == TransactionState::InProgress)
+        {
+            transaction.state = TransactionState::Aborted;
+            self.collections = core::mem::take(&mut transaction.before);
+        }
+    }
+
     /// TK-15: `commitTransaction` (idempotent once committed) or `abortTransaction` (puts the
     /// data back) of transaction `number` of `session`.
     pub(crate) fn end_transaction(

@@ -976,3 +976,39 @@ async fn cluster_time_and_write_concern_are_a_replica_sets() {
     })
     .await
 }
+
+/// TK-15 (house rule 7): a transaction statement that fails (here a duplicate key) aborts the
+/// transaction, as on a real server: its writes are undone and its next statement gets
+/// NoSuchTransaction (251).
+#[tokio::test]
+async fn a_failed_statement_aborts_its_transaction() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let statement = |id: i32, start: bool| {
+            let mut command = doc! {
+                "insert": "t", "documents": [{ "_id": id }], "$db": "test",
+                "lsid": lsid_of(9), "txnNumber": 1_i64, "autocommit": false,
+            };
+            if start {
+                command.insert("startTransaction", true);
+            }
+            command
+        };
+        let first = client.command(statement(1, true)).await.unwrap();
+        assert_eq!(first.get_i32("n").ok(), Some(1), "{first}");
+        let duplicate = client.command(statement(1, false)).await.unwrap();
+        assert!(duplicate.contains_key("writeErrors"), "{duplicate}");
+        let after = client.command(statement(2, false)).await.unwrap();
+        assert_eq!(code(&after), Some(251), "{after}");
+        let find = client
+            .command(doc! { "find": "t", "$db": "test" })
+            .await
+            .unwrap();
+        assert!(
+            first_batch(&find).is_empty(),
+            "the aborted insert is undone"
+        );
+        server.shutdown().await;
+    })
+    .await
+}

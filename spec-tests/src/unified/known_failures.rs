@@ -14,12 +14,8 @@ pub const SDAM: &[KnownFailure] = &[KnownFailure {
     may_pass: true,
 }];
 
-/// transactions: 51 known failures.
+/// transactions: 50 known failures.
 pub const TRANSACTIONS: &[KnownFailure] = &[
-    fails(
-        r#"abort.json: abort ignores TransactionAborted"#,
-        "not diagnosed yet: operation 3: expectError.errorCodeName 'NoSuchTransaction' does not hold for Failure { client_error: false, timeout: false, code: Some(11000), code_na",
-    ),
     fails(
         r#"backpressure-retryable-abort.json: abortTransaction is retried maxAttempts=2 times if backpressure labels are added"#,
         "testkit: no transaction isolation; an uncommitted or unaborted transaction's writes are visible (TK-15)",
