@@ -1,8 +1,8 @@
 //! BSON encoding straight into an output buffer: the bytes the `bson` crate's
 //! `Document::to_writer` produces, without its intermediate buffer per document (one allocation
 //! and up to five reallocations for a small command) or its `String` per array index. The wire
-//! codec writes every OP_MSG body and sequence document with it, and the engine appends
-//! pre-encoded fields (`$db`, `lsid`) to a command body without building documents for them.
+//! codec writes every OP_MSG body and sequence document with it (the engine's `$db` and `lsid`
+//! are appended by `wire::append_db` / `wire::append_lsid`, without building documents).
 //!
 //! Layout (bsonspec.org): a document is its int32 length, its elements, and a 0 byte; an element
 //! is its type byte, its key as a NUL-terminated string, and its value. A key with a NUL byte, or
@@ -34,28 +34,6 @@ pub(crate) fn document(doc: &Document, out: &mut Vec<u8>) -> Result<(), WriteErr
 pub(crate) fn element(key: &str, value: &Bson, out: &mut Vec<u8>) -> Result<(), WriteError> {
     self::key(value.element_type() as u8, key, out)?;
     self::value(value, out)
-}
-
-/// Appends a string element (type 0x02) without building a `Bson`.
-pub(crate) fn str_element(key: &str, value: &str, out: &mut Vec<u8>) -> Result<(), WriteError> {
-    self::key(0x02, key, out)?;
-    string(value, out)
-}
-
-/// Appends an embedded-document element (type 0x03) holding one binary field: `{key: {field:
-/// BinData(subtype, bytes)}}`, the shape of an `lsid` (SE-3).
-pub(crate) fn binary_document_element(
-    key: &str,
-    field: &str,
-    subtype: BinarySubtype,
-    bytes: &[u8],
-    out: &mut Vec<u8>,
-) -> Result<(), WriteError> {
-    self::key(0x03, key, out)?;
-    let start = open(out);
-    self::key(0x05, field, out)?;
-    binary(subtype, bytes, out)?;
-    close(start, out)
 }
 
 /// Reserves a document's length and returns where it starts.
@@ -240,21 +218,6 @@ mod tests {
             document(&doc! { "x": { "a\0b": 1 } }, &mut out),
             Err(WriteError::Nul)
         );
-    }
-
-    /// SE-3: the `lsid` shape, `{id: UUID}` with binary subtype 4.
-    #[test]
-    fn se3_a_binary_document_element_is_an_lsid() {
-        let mut out = Vec::new();
-        let start = open(&mut out);
-        binary_document_element("lsid", "id", BinarySubtype::Uuid, &[9; 16], &mut out).unwrap();
-        str_element("$db", "test", &mut out).unwrap();
-        close(start, &mut out).unwrap();
-        let expected = doc! {
-            "lsid": { "id": Binary { subtype: BinarySubtype::Uuid, bytes: vec![9; 16] } },
-            "$db": "test",
-        };
-        assert_eq!(out, expected.to_vec().unwrap());
     }
 
     fn leaf() -> impl Strategy<Value = Bson> {

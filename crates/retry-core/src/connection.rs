@@ -308,7 +308,7 @@ pub enum ConnectionEvent {
         /// The id [`Connection::send_command`] returned.
         request_id: i32,
         /// The reply message.
-        reply: Box<OpMsg>,
+        reply: OpMsg,
     },
     /// The connection failed and is closed.
     Failed(ConnectionError),
@@ -670,14 +670,14 @@ impl Connection {
                     self.request_deadline(outstanding.deadline, outstanding.under_timeout_ms, now);
                 self.events.push_back(ConnectionEvent::Reply {
                     request_id: outstanding.request_id,
-                    reply: Box::new(message),
+                    reply: message,
                 });
             }
             _ => {
                 self.become_ready();
                 self.events.push_back(ConnectionEvent::Reply {
                     request_id: outstanding.request_id,
-                    reply: Box::new(message),
+                    reply: message,
                 });
             }
         }

@@ -43,7 +43,6 @@
 //! closed. The machine expects no input for a cancelled copy; the engine reports a late reply to
 //! nobody but the pool, and publishes the copy's command-failed event with a cancelled error.
 
-use alloc::collections::VecDeque;
 use alloc::sync::Arc;
 use core::fmt;
 use core::time::Duration;
@@ -53,7 +52,7 @@ use crate::address::ServerAddress;
 use crate::budget::GrpcThrottle;
 use crate::error::{ErrorKind, ErrorSummary, OperationError, Pushback};
 use crate::policy::{OptionError, GRPC_MAX_ATTEMPTS_CAP};
-use crate::retry::OperationKind;
+use crate::retry::{OperationKind, Queue};
 use crate::time::{Instant, OperationTimeout};
 
 /// The A6 hedging policy of a method, validated.
@@ -303,11 +302,13 @@ impl fmt::Display for NotHedgeable {
 
 impl core::error::Error for NotHedgeable {}
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A copy's state; its server is an index into [`HedgingMachine::used`], which keeps the machine
+/// small.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum CopyState {
     Selecting,
-    Dispatched(ServerAddress),
-    InFlight(ServerAddress, Instant),
+    Dispatched(u8),
+    InFlight(u8, Instant),
     Done,
 }
 
@@ -324,8 +325,12 @@ pub struct HedgingMachine {
     stopped: bool,
     finished: bool,
     last_error: Option<OperationError>,
-    actions: VecDeque<Action>,
-    events: VecDeque<HedgingEvent>,
+    /// Inline for the usual case; only an end that cancels two copies or more spills to the heap
+    /// (the machine stays small enough to sit next to a retry machine in the engine).
+    actions: Queue<Action, 3>,
+    events: Queue<HedgingEvent, 2>,
+    /// Whether monitoring events are recorded (see [`HedgingMachine::without_events`]).
+    record_events: bool,
 }
 
 impl HedgingMachine {
@@ -349,8 +354,9 @@ impl HedgingMachine {
             stopped: false,
             finished: false,
             last_error: None,
-            actions: VecDeque::new(),
-            events: VecDeque::new(),
+            actions: Queue::new(),
+            events: Queue::new(),
+            record_events: true,
         };
         if timeout.expired(now) {
             machine.finish(Err(OperationError::timeout(None)));
@@ -363,13 +369,23 @@ impl HedgingMachine {
     /// The next thing to do, in order.
     #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.actions.pop_front()
+        self.actions.pop()
+    }
+
+    /// The same machine recording no monitoring events: [`HedgingMachine::poll_event`] then
+    /// always returns `None`. For a caller that publishes none (no command-monitoring subscriber,
+    /// a simulation). The actions and every decision are the same with or without events.
+    #[must_use]
+    pub fn without_events(mut self) -> Self {
+        self.record_events = false;
+        self.events = Queue::new();
+        self
     }
 
     /// The next monitoring event, in order.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<HedgingEvent> {
-        self.events.pop_front()
+        self.events.pop()
     }
 
     /// When [`HedgingMachine::handle_timeout`] must be called: the next copy's start or the
@@ -414,6 +430,11 @@ impl HedgingMachine {
         self.finished
     }
 
+    /// The address of a copy's server.
+    fn server(&self, server: u8) -> ServerAddress {
+        self.used[usize::from(server)].clone()
+    }
+
     fn state(&self, copy: CopyId) -> Option<&CopyState> {
         let index = usize::try_from(copy.0).ok()?.checked_sub(1)?;
         self.copies.get(index)
@@ -436,11 +457,16 @@ impl HedgingMachine {
                 copy,
             });
         }
-        if !self.used.contains(&address) {
-            self.used.push(address.clone());
-        }
-        self.set(copy, CopyState::Dispatched(address.clone()));
-        self.actions.push_back(Action::Dispatch { copy, address });
+        let server = match self.used.iter().position(|a| *a == address) {
+            Some(i) => i,
+            None => {
+                self.used.push(address.clone());
+                self.used.len() - 1
+            }
+        };
+        // At most `maxAttempts` (5) servers are ever used.
+        self.set(copy, CopyState::Dispatched(server as u8));
+        self.actions.push(Action::Dispatch { copy, address });
         Ok(())
     }
 
@@ -469,25 +495,26 @@ impl HedgingMachine {
 
     /// `copy`'s command was written to its connection.
     pub fn handle_sent(&mut self, copy: CopyId, now: Instant) -> Result<(), UnexpectedInput> {
-        let Some(CopyState::Dispatched(address)) = self.state(copy).filter(|_| !self.finished)
+        let Some(&CopyState::Dispatched(server)) = self.state(copy).filter(|_| !self.finished)
         else {
             return Err(UnexpectedInput {
                 input: "sent",
                 copy,
             });
         };
-        let address = address.clone();
-        self.events.push_back(HedgingEvent::CopyStarted {
-            copy,
-            address: address.clone(),
-        });
-        self.set(copy, CopyState::InFlight(address, now));
+        if self.record_events {
+            self.events.push(HedgingEvent::CopyStarted {
+                copy,
+                address: self.server(server),
+            });
+        }
+        self.set(copy, CopyState::InFlight(server, now));
         Ok(())
     }
 
     /// `copy` succeeded: it is the result (A6-H3); every other copy is cancelled.
     pub fn handle_succeeded(&mut self, copy: CopyId, now: Instant) -> Result<(), UnexpectedInput> {
-        let Some(CopyState::InFlight(address, sent_at)) =
+        let Some(&CopyState::InFlight(server, sent_at)) =
             self.state(copy).filter(|_| !self.finished)
         else {
             return Err(UnexpectedInput {
@@ -495,17 +522,18 @@ impl HedgingMachine {
                 copy,
             });
         };
-        self.events.push_back(HedgingEvent::CopySucceeded {
-            copy,
-            address: address.clone(),
-            duration: now.saturating_duration_since(*sent_at),
-        });
+        if self.record_events {
+            self.events.push(HedgingEvent::CopySucceeded {
+                copy,
+                address: self.server(server),
+                duration: now.saturating_duration_since(sent_at),
+            });
+        }
         self.set(copy, CopyState::Done);
         if let Some(throttle) = &self.policy.throttle {
             throttle.record_success();
         }
-        self.actions
-            .push_back(Action::Release { copy, close: false });
+        self.actions.push(Action::Release { copy, close: false });
         self.cancel_live();
         self.finish(Ok(copy));
         Ok(())
@@ -520,8 +548,8 @@ impl HedgingMachine {
         now: Instant,
     ) -> Result<(), UnexpectedInput> {
         let (address, sent_at) = match self.state(copy).filter(|_| !self.finished) {
-            Some(CopyState::Dispatched(a)) => (a.clone(), None),
-            Some(CopyState::InFlight(a, t)) => (a.clone(), Some(*t)),
+            Some(&CopyState::Dispatched(server)) => (self.server(server), None),
+            Some(&CopyState::InFlight(server, t)) => (self.server(server), Some(t)),
             _ => {
                 return Err(UnexpectedInput {
                     input: "failed",
@@ -531,15 +559,17 @@ impl HedgingMachine {
         };
         self.set(copy, CopyState::Done);
         let fatal = !self.policy.is_non_fatal(&error);
-        self.events.push_back(HedgingEvent::CopyFailed {
-            copy,
-            address,
-            duration: sent_at.map_or(Duration::ZERO, |t| now.saturating_duration_since(t)),
-            error: error.summary(),
-            fatal,
-        });
+        if self.record_events {
+            self.events.push(HedgingEvent::CopyFailed {
+                copy,
+                address,
+                duration: sent_at.map_or(Duration::ZERO, |t| now.saturating_duration_since(t)),
+                error: error.summary(),
+                fatal,
+            });
+        }
         let close = matches!(error.kind, ErrorKind::Network(_));
-        self.actions.push_back(Action::Release { copy, close });
+        self.actions.push(Action::Release { copy, close });
         if fatal {
             self.cancel_live();
             self.finish(Err(error));
@@ -582,24 +612,25 @@ impl HedgingMachine {
         copy: CopyId,
         now: Instant,
     ) -> Result<(), UnexpectedInput> {
-        let Some(CopyState::Dispatched(address)) = self.state(copy).filter(|_| !self.finished)
+        let Some(&CopyState::Dispatched(server)) = self.state(copy).filter(|_| !self.finished)
         else {
             return Err(UnexpectedInput {
                 input: "expired before send",
                 copy,
             });
         };
-        let address = address.clone();
+        let address = self.server(server);
         self.set(copy, CopyState::Done);
-        self.events.push_back(HedgingEvent::CopyFailed {
-            copy,
-            address,
-            duration: Duration::ZERO,
-            error: OperationError::timeout(None).summary(),
-            fatal: false,
-        });
-        self.actions
-            .push_back(Action::Release { copy, close: false });
+        if self.record_events {
+            self.events.push(HedgingEvent::CopyFailed {
+                copy,
+                address,
+                duration: Duration::ZERO,
+                error: OperationError::timeout(None).summary(),
+                fatal: false,
+            });
+        }
+        self.actions.push(Action::Release { copy, close: false });
         self.next_at = None;
         self.stopped = true;
         if self.live_copies() == 0 || self.timeout.expired(now) {
@@ -668,7 +699,7 @@ impl HedgingMachine {
         }
         self.copies.push(CopyState::Selecting);
         let copy = CopyId(self.copies());
-        self.actions.push_back(Action::SelectServer(copy));
+        self.actions.push(Action::SelectServer(copy));
         true
     }
 
@@ -679,18 +710,19 @@ impl HedgingMachine {
         }
         let at = from.saturating_add(delay);
         self.next_at = Some(at);
-        self.events.push_back(HedgingEvent::HedgeScheduled {
-            copy: CopyId(self.copies() + 1),
-            at,
-            reason,
-        });
+        if self.record_events {
+            self.events.push(HedgingEvent::HedgeScheduled {
+                copy: CopyId(self.copies() + 1),
+                at,
+                reason,
+            });
+        }
     }
 
     fn stop(&mut self, reason: StopReason) {
         self.next_at = None;
-        if !self.stopped && self.copies() < self.policy.max_attempts {
-            self.events
-                .push_back(HedgingEvent::HedgesStopped { reason });
+        if self.record_events && !self.stopped && self.copies() < self.policy.max_attempts {
+            self.events.push(HedgingEvent::HedgesStopped { reason });
         }
         self.stopped = true;
     }
@@ -709,19 +741,21 @@ impl HedgingMachine {
 
     fn cancel_live(&mut self) {
         for index in 0..self.copies.len() {
-            let stage = match &self.copies[index] {
+            let stage = match self.copies[index] {
                 CopyState::Done => continue,
                 CopyState::Selecting => CopyStage::Selecting,
-                CopyState::Dispatched(a) => CopyStage::CheckedOut(a.clone()),
-                CopyState::InFlight(a, _) => CopyStage::InFlight(a.clone()),
+                CopyState::Dispatched(server) => CopyStage::CheckedOut(self.server(server)),
+                CopyState::InFlight(server, _) => CopyStage::InFlight(self.server(server)),
             };
             self.copies[index] = CopyState::Done;
             let copy = CopyId(index as u32 + 1);
-            self.events.push_back(HedgingEvent::CopyCancelled {
-                copy,
-                stage: stage.clone(),
-            });
-            self.actions.push_back(Action::Cancel { copy, stage });
+            if self.record_events {
+                self.events.push(HedgingEvent::CopyCancelled {
+                    copy,
+                    stage: stage.clone(),
+                });
+            }
+            self.actions.push(Action::Cancel { copy, stage });
         }
     }
 
@@ -735,7 +769,7 @@ impl HedgingMachine {
     fn finish(&mut self, result: Result<CopyId, OperationError>) {
         self.finished = true;
         self.next_at = None;
-        self.actions.push_back(Action::Finished(result));
+        self.actions.push(Action::Finished(result));
     }
 }
 

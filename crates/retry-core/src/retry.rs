@@ -406,20 +406,23 @@ impl State {
     }
 }
 
-/// A small first-in first-out queue that stays inline for the usual handful of items.
+/// A small first-in first-out queue that stays inline for the usual handful of items: the
+/// machines' action and event queues, so that running an operation allocates nothing.
 #[derive(Debug)]
-struct Queue<T, const N: usize>(SmallVec<[T; N]>);
+pub(crate) struct Queue<T, const N: usize>(SmallVec<[T; N]>);
 
 impl<T, const N: usize> Queue<T, N> {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Queue(SmallVec::new())
     }
 
-    fn push(&mut self, item: T) {
+    #[inline]
+    pub(crate) fn push(&mut self, item: T) {
         self.0.push(item);
     }
 
-    fn pop(&mut self) -> Option<T> {
+    #[inline]
+    pub(crate) fn pop(&mut self) -> Option<T> {
         match self.0.len() {
             0 => None,
             // The usual case: taking the only item moves nothing else.
@@ -468,6 +471,8 @@ pub struct RetryMachine<R: RngCore = EngineRng> {
     raised: Option<OperationError>,
     actions: Queue<Action, 3>,
     events: Queue<RetryEvent, 3>,
+    /// Whether monitoring events are recorded (see [`RetryMachine::without_events`]).
+    record_events: bool,
 }
 
 impl RetryMachine<EngineRng> {
@@ -508,6 +513,7 @@ impl<R: RngCore> RetryMachine<R> {
             raised: None,
             actions: Queue::new(),
             events: Queue::new(),
+            record_events: true,
         };
         if spec.timeout.expired(now) {
             machine.finish(Err(OperationError::timeout(None)));
@@ -521,6 +527,17 @@ impl<R: RngCore> RetryMachine<R> {
     #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop()
+    }
+
+    /// The same machine recording no monitoring events: [`RetryMachine::poll_event`] then always
+    /// returns `None`. For a caller that publishes none (no command-monitoring subscriber, a
+    /// simulation), so that it does not pay for building and dropping them. The actions and every
+    /// decision are the same with or without events.
+    #[must_use]
+    pub fn without_events(mut self) -> Self {
+        self.record_events = false;
+        self.events = Queue::new();
+        self
     }
 
     /// The next monitoring event, in order.
@@ -716,10 +733,12 @@ impl<R: RngCore> RetryMachine<R> {
                 return self.unexpected("sent");
             }
         };
-        self.events.push(RetryEvent::CommandStarted {
-            attempt: self.dispatched,
-            address: server.address.clone(),
-        });
+        if self.record_events {
+            self.events.push(RetryEvent::CommandStarted {
+                attempt: self.dispatched,
+                address: server.address.clone(),
+            });
+        }
         self.state = State::InFlight {
             server,
             sent_at: now,
@@ -732,11 +751,13 @@ impl<R: RngCore> RetryMachine<R> {
         let State::InFlight { server, sent_at } = &self.state else {
             return self.unexpected("succeeded");
         };
-        self.events.push(RetryEvent::CommandSucceeded {
-            attempt: self.dispatched,
-            address: server.address.clone(),
-            duration: now.saturating_duration_since(*sent_at),
-        });
+        if self.record_events {
+            self.events.push(RetryEvent::CommandSucceeded {
+                attempt: self.dispatched,
+                address: server.address.clone(),
+                duration: now.saturating_duration_since(*sent_at),
+            });
+        }
         match &self.options.policy {
             RetryPolicy::Current => {}
             // TB-2, TB-3.
@@ -778,12 +799,14 @@ impl<R: RngCore> RetryMachine<R> {
         let error = self.with_driver_labels(error, &server);
         let summary = error.summary();
         if let Some(sent_at) = sent_at {
-            self.events.push(RetryEvent::CommandFailed {
-                attempt: self.dispatched,
-                address: server.address.clone(),
-                duration: now.saturating_duration_since(sent_at),
-                error: summary,
-            });
+            if self.record_events {
+                self.events.push(RetryEvent::CommandFailed {
+                    attempt: self.dispatched,
+                    address: server.address.clone(),
+                    duration: now.saturating_duration_since(sent_at),
+                    error: summary,
+                });
+            }
         }
         let close = matches!(error.kind, ErrorKind::Network(_));
         self.actions.push(Action::ReleaseConnection { close });
@@ -803,12 +826,14 @@ impl<R: RngCore> RetryMachine<R> {
                 deprioritize,
             } => {
                 let deprioritized = deprioritize.then(|| self.deprioritize(&server.address));
-                self.events.push(RetryEvent::RetryScheduled {
-                    retry: self.retries,
-                    delay,
-                    reason,
-                    deprioritized,
-                });
+                if self.record_events {
+                    self.events.push(RetryEvent::RetryScheduled {
+                        retry: self.retries,
+                        delay,
+                        reason,
+                        deprioritized,
+                    });
+                }
                 if delay.is_zero() {
                     self.state = State::Selecting;
                     self.actions.push(Action::SelectServer);
@@ -861,12 +886,14 @@ impl<R: RngCore> RetryMachine<R> {
         match &self.state {
             State::Finished => return self.unexpected("cancel"),
             State::InFlight { server, sent_at } => {
-                self.events.push(RetryEvent::CommandFailed {
-                    attempt: self.dispatched,
-                    address: server.address.clone(),
-                    duration: now.saturating_duration_since(*sent_at),
-                    error: error.summary(),
-                });
+                if self.record_events {
+                    self.events.push(RetryEvent::CommandFailed {
+                        attempt: self.dispatched,
+                        address: server.address.clone(),
+                        duration: now.saturating_duration_since(*sent_at),
+                        error: error.summary(),
+                    });
+                }
                 self.actions.push(Action::ReleaseConnection { close: true });
             }
             State::Dispatched { .. } => self
@@ -1138,7 +1165,9 @@ impl<R: RngCore> RetryMachine<R> {
     }
 
     fn deny(&mut self, reason: DenyReason, error: ErrorSummary) {
-        self.events.push(RetryEvent::RetryDenied { reason, error });
+        if self.record_events {
+            self.events.push(RetryEvent::RetryDenied { reason, error });
+        }
     }
 
     /// CS-5: after the deadline, raise a timeout error that wraps the error being handled.

@@ -298,15 +298,27 @@ fn write_document(doc: &Document, out: &mut Vec<u8>) -> Result<(), EncodeError> 
     bson_write::document(doc, out).map_err(bson_error)
 }
 
-/// Appends the string element `key: value` to a body being encoded.
-pub(crate) fn append_str(key: &str, value: &str, out: &mut Vec<u8>) -> Result<(), EncodeError> {
-    bson_write::str_element(key, value, out).map_err(bson_error)
+/// Appends `$db: <db>` (WP-5) to a body being encoded, written at once.
+pub(crate) fn append_db(db: &str, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    let len = i32_len(db.len() + 1)?;
+    out.extend_from_slice(b"\x02$db\0");
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(db.as_bytes());
+    out.push(0);
+    Ok(())
 }
 
-/// Appends `key: {id: <UUID>}` (SE-3: an `lsid`) to a body being encoded.
-pub(crate) fn append_lsid(key: &str, id: &[u8; 16], out: &mut Vec<u8>) -> Result<(), EncodeError> {
-    bson_write::binary_document_element(key, "id", bson::spec::BinarySubtype::Uuid, id, out)
-        .map_err(bson_error)
+/// Appends `lsid: {id: <UUID>}` (SE-3) to a body being encoded: the id's 16 bytes in a constant
+/// frame.
+pub(crate) fn append_lsid(id: &[u8; 16], out: &mut Vec<u8>) {
+    // 0x03 "lsid" NUL; the embedded document's length, 30; 0x05 "id" NUL; the binary's length,
+    // 16; subtype 4 (UUID). Then the id and the document's final NUL.
+    const HEAD: [u8; 19] = [
+        0x03, b'l', b's', b'i', b'd', 0, 30, 0, 0, 0, 0x05, b'i', b'd', 0, 16, 0, 0, 0, 4,
+    ];
+    out.extend_from_slice(&HEAD);
+    out.extend_from_slice(id);
+    out.push(0);
 }
 
 fn bson_error(error: bson_write::WriteError) -> EncodeError {
@@ -931,6 +943,23 @@ mod tests {
         }
         assert_eq!(got, expected);
         assert!(!bytewise.is_mid_frame());
+    }
+
+    /// WP-5, SE-3: `$db` and the `lsid` are appended as the bson crate writes them.
+    #[test]
+    fn wp5_se3_appended_db_and_lsid_are_the_bson_crate_bytes() {
+        let id = [9_u8; 16];
+        let mut body = vec![0; 4];
+        append_db("test", &mut body).unwrap();
+        append_lsid(&id, &mut body);
+        body.push(0);
+        let len = body.len() as i32;
+        body[..4].copy_from_slice(&len.to_le_bytes());
+        let expected = doc! {
+            "$db": "test",
+            "lsid": { "id": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: id.to_vec() } },
+        };
+        assert_eq!(body, expected.to_vec().unwrap());
     }
 
     #[test]

@@ -28,6 +28,9 @@ const ROUNDS_PER_POLL: usize = 64;
 /// Reads from one socket in one round, so that one busy socket cannot starve the others.
 const READS_PER_ROUND: usize = 8;
 const READ_BUFFER_BYTES: usize = 64 * 1024;
+/// Within this of its deadline the runtime's timer is polled in every round (tokio's timers
+/// fire on whole milliseconds).
+const TIMER_SLACK: Duration = Duration::from_millis(2);
 
 enum Link {
     Connecting(BoxFuture<io::Result<Pin<Box<dyn Socket>>>>),
@@ -61,6 +64,8 @@ pub(crate) struct Driver {
     shared: Arc<Shared>,
     timer: Pin<Box<dyn AsyncTimer>>,
     timer_at: Option<Instant>,
+    /// The runtime's timer was polled (its waker registered) for `timer_at`.
+    timer_armed: bool,
     sockets: BTreeMap<ConnId, SocketState>,
     pending: BTreeMap<OpId, Pending>,
     /// `timeoutMS`, for each operation's CSOT deadline.
@@ -92,6 +97,7 @@ impl Driver {
             shared,
             timer,
             timer_at: None,
+            timer_armed: false,
             sockets: BTreeMap::new(),
             pending: BTreeMap::new(),
             timeout,
@@ -385,12 +391,20 @@ impl Driver {
         if self.timer_at != Some(at) {
             self.timer.as_mut().reset(at);
             self.timer_at = Some(at);
+            self.timer_armed = false;
+        }
+        // Polled already for this deadline, with this task's waker, and the deadline is well
+        // ahead (more than a runtime's timer granularity): its firing wakes the task, which then
+        // finds the deadline passed or near and polls it again.
+        if self.timer_armed && now.saturating_add(TIMER_SLACK) < at {
+            return false;
         }
         if self.timer.as_mut().poll(cx).is_ready() {
             self.timer_at = None;
             self.engine.handle_timeout(self.runtime.now());
             return true;
         }
+        self.timer_armed = true;
         false
     }
 
@@ -439,9 +453,17 @@ impl Future for Driver {
             progressed |= this.flush_engine(now);
             progressed |= this.poll_sockets(cx, now);
             progressed |= this.flush_engine(now);
-            progressed |= this.poll_timer(cx, now);
-            progressed |= this.poll_srv(cx);
-            if !progressed {
+            let timed_out = this.poll_timer(cx, now);
+            let srv = this.poll_srv(cx);
+            if !progressed && !timed_out && !srv {
+                return Poll::Pending;
+            }
+            // Another round only for work nothing will wake this task for: sockets the engine
+            // gave bytes or a connect after they were polled (queued, not woken), what a timeout
+            // or an SRV answer made the engine do, and a close still under way. Everything else
+            // was carried out above, and every socket, the timer and the client's queue hold this
+            // task's waker.
+            if !closing && !timed_out && !srv && this.ready.is_empty() {
                 return Poll::Pending;
             }
         }
@@ -464,6 +486,11 @@ struct ReadyState {
 }
 
 impl ReadySockets {
+    /// Whether no socket is queued.
+    fn is_empty(&self) -> bool {
+        lock(&self.state).conns.is_empty()
+    }
+
     /// Moves the ready sockets into `into` and keeps `driver` as the waker to wake for the next.
     fn take(&self, driver: &Waker, into: &mut Vec<ConnId>) {
         let mut state = lock(&self.state);

@@ -29,7 +29,7 @@ use crate::session::{
 };
 use crate::time::{Instant, OperationTimeout};
 use crate::transaction::{Step, TransactionOptions, TransactionState};
-use crate::wire::{append_lsid, append_str, EncodeError};
+use crate::wire::{append_db, append_lsid, EncodeError};
 
 /// What [`Engine::prepare_attempt`] decided about an attempt about to be written.
 pub(super) enum Prepared {
@@ -53,11 +53,11 @@ pub(super) fn append_command_fields(
     lsid: Option<SessionId>,
     out: &mut Vec<u8>,
 ) -> Result<(), EncodeError> {
-    append_str("$db", db, out)?;
-    match lsid {
-        Some(id) => append_lsid("lsid", id.as_bytes(), out),
-        None => Ok(()),
+    append_db(db, out)?;
+    if let Some(id) = lsid {
+        append_lsid(id.as_bytes(), out);
     }
+    Ok(())
 }
 
 /// Removes from a caller's command the fields [`append_command_fields`] writes: the request's

@@ -372,9 +372,11 @@ pub(crate) struct Sim<'a> {
     clients: Vec<Client>,
     ops: Vec<Option<Op>>,
     free: Vec<u32>,
-    /// Boxes of finished operations' retry machines, for the next operations.
+    /// Boxes of finished operations' retry and hedging machines, for the next operations.
     #[expect(clippy::vec_box, reason = "the boxes themselves are what is reused")]
     spare_machines: Vec<Box<RetryMachine>>,
+    #[expect(clippy::vec_box, reason = "the boxes themselves are what is reused")]
+    spare_hedges: Vec<Box<HedgingMachine>>,
     next_serial: u32,
     arrivals: EngineRng,
     arrivals_end: u64,
@@ -481,6 +483,7 @@ impl<'a> Sim<'a> {
             ops: Vec::new(),
             free: Vec::new(),
             spare_machines: Vec::new(),
+            spare_hedges: Vec::new(),
             next_serial: 0,
             arrivals: EngineRng::from_seed_u64(load_seed),
             arrivals_end: nanos(spec.duration),
@@ -695,7 +698,9 @@ impl<'a> Sim<'a> {
                     options,
                     c.rng.next_u64(),
                     Instant::from_nanos(now),
-                );
+                )
+                // Nothing here publishes monitoring events; the decisions are the same.
+                .without_events();
                 // A finished operation's box takes the new machine: no allocation.
                 Machine::Retry(match self.spare_machines.pop() {
                     Some(mut spare) => {
@@ -705,15 +710,23 @@ impl<'a> Sim<'a> {
                     None => Box::new(machine),
                 })
             }
-            ClientBudget::Hedging(policy) => Machine::Hedge(Box::new(
-                HedgingMachine::new(
+            ClientBudget::Hedging(policy) => {
+                let machine = HedgingMachine::new(
                     OperationKind::Read,
                     timeout,
                     policy,
                     Instant::from_nanos(now),
                 )
-                .expect("reads are hedgeable"),
-            )),
+                .expect("reads are hedgeable")
+                .without_events();
+                Machine::Hedge(match self.spare_hedges.pop() {
+                    Some(mut spare) => {
+                        *spare = machine;
+                        spare
+                    }
+                    None => Box::new(machine),
+                })
+            }
             _ => Machine::Simple(Simple {
                 attempts: 0,
                 server: 0,
@@ -809,10 +822,10 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let mut op = self.ops[id as usize].take().expect("live op");
         self.free.push(id);
-        if let Machine::Retry(machine) =
-            std::mem::replace(&mut op.machine, Machine::Simple(Simple::default()))
-        {
-            self.spare_machines.push(machine);
+        match std::mem::replace(&mut op.machine, Machine::Simple(Simple::default())) {
+            Machine::Retry(machine) => self.spare_machines.push(machine),
+            Machine::Hedge(machine) => self.spare_hedges.push(machine),
+            Machine::Simple(_) => {}
         }
         let latency_us = ((now - op.start) / 1000) as u32;
         let most = &mut self.result.max_attempts_per_operation;
@@ -843,7 +856,6 @@ impl<'a> Sim<'a> {
             let client = op.client;
             match &mut op.machine {
                 Machine::Retry(m) => {
-                    while m.poll_event().is_some() {}
                     let Some(action) = m.poll_action() else {
                         return;
                     };
@@ -883,11 +895,12 @@ impl<'a> Sim<'a> {
                     }
                 }
                 Machine::Hedge(m) => {
-                    while m.poll_event().is_some() {}
                     let Some(action) = m.poll_action() else {
                         if let Some(at) = m.poll_timeout() {
                             let at = at.as_nanos();
-                            if at != op.timer_at {
+                            // A wake-up at the deadline is the deadline event's: that event was
+                            // scheduled first, so it runs first and ends the operation.
+                            if at != op.timer_at && at < op.start + self.timeout_ns {
                                 op.timer_at = at;
                                 let (serial, gen) = (op.serial, 0);
                                 self.schedule(

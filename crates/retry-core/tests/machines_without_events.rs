@@ -1,0 +1,158 @@
+//! `without_events`: a retry or hedging machine that records no monitoring events takes the same
+//! actions, in the same order, as one that does (the decisions never read the events).
+
+use bson::doc;
+use retry_core::address::ServerAddress;
+use retry_core::error::OperationError;
+use retry_core::hedging::{self, CopyId, HedgingMachine, HedgingPolicy};
+use retry_core::policy::RetryOptions;
+use retry_core::retry::{self, AttemptServer, OperationKind, OperationSpec, RetryMachine};
+use retry_core::time::{Instant, OperationTimeout};
+use retry_core::topology::{ServerType, TopologyType};
+use std::time::Duration;
+
+fn address(i: u16) -> ServerAddress {
+    ServerAddress::new("member", 27017 + i)
+}
+
+/// BP-2: a retryable overload error (462 with both labels).
+fn overload(i: u16) -> OperationError {
+    let reply = doc! { "ok": 0, "code": 462,
+    "errorLabels": ["SystemOverloadedError", "RetryableError"] };
+    OperationError::from_reply(&reply, &address(i)).expect("an error")
+}
+
+/// Drives a retry machine: two overload failures, then a success. Returns its actions and how
+/// many events it recorded.
+fn drive_retry(mut m: RetryMachine) -> (Vec<retry::Action>, usize) {
+    let (mut actions, mut events, mut failures) = (Vec::new(), 0, 0);
+    let mut now = Instant::from_millis(0);
+    for _ in 0..50 {
+        while m.poll_event().is_some() {
+            events += 1;
+        }
+        let Some(action) = m.poll_action() else {
+            break;
+        };
+        actions.push(action.clone());
+        match action {
+            retry::Action::SelectServer => {
+                let server = AttemptServer {
+                    address: address(0),
+                    server_type: ServerType::RsPrimary,
+                    topology_type: TopologyType::ReplicaSetWithPrimary,
+                    max_wire_version: 25,
+                    sessions_supported: true,
+                };
+                m.handle_server_selected(server, now).expect("selecting");
+            }
+            retry::Action::Dispatch(_) => {
+                m.handle_sent(now).expect("dispatched");
+                now = now.saturating_add(Duration::from_millis(3));
+                if failures < 2 {
+                    failures += 1;
+                    m.handle_failed(overload(0), now).expect("in flight");
+                } else {
+                    m.handle_succeeded(now).expect("in flight");
+                }
+            }
+            retry::Action::Wait { until } => {
+                now = until;
+                m.handle_timeout(now);
+            }
+            retry::Action::ReleaseConnection { .. } | retry::Action::Finished(_) => {}
+        }
+    }
+    (actions, events)
+}
+
+/// BP-8, BP-13: the backoffs, retries and result are the same without events.
+#[test]
+fn a_retry_machine_without_events_takes_the_same_actions() {
+    let make = || {
+        RetryMachine::new(
+            OperationSpec::new(OperationKind::Read)
+                .with_timeout(OperationTimeout::Until(Instant::from_millis(10_000))),
+            &RetryOptions::default(),
+            7,
+            Instant::from_millis(0),
+        )
+    };
+    let (with, recorded) = drive_retry(make());
+    let (without, none) = drive_retry(make().without_events());
+    assert_eq!(with, without);
+    assert!(matches!(with.last(), Some(retry::Action::Finished(Ok(())))));
+    assert_eq!(
+        with.iter()
+            .filter(|a| matches!(a, retry::Action::Wait { .. }))
+            .count(),
+        2
+    );
+    assert!(recorded > 0);
+    assert_eq!(none, 0);
+}
+
+/// Drives a hedging machine: copy 1 fails non-fatally, copy 2 (started at once, A6-H2) is left
+/// in flight, copy 3 starts after the delay and succeeds, cancelling copy 2 (A6-H3).
+fn drive_hedging(mut m: HedgingMachine) -> (Vec<String>, usize) {
+    let (mut actions, mut events) = (Vec::new(), 0);
+    let mut now = Instant::from_millis(0);
+    for _ in 0..50 {
+        while m.poll_event().is_some() {
+            events += 1;
+        }
+        let Some(action) = m.poll_action() else {
+            match m.poll_timeout() {
+                Some(at) if !m.is_finished() => {
+                    now = at;
+                    m.handle_timeout(now);
+                    continue;
+                }
+                _ => break,
+            }
+        };
+        actions.push(format!("{action:?}"));
+        match action {
+            hedging::Action::SelectServer(copy) => {
+                let server = address(copy.0 as u16);
+                m.handle_server_selected(copy, server, now)
+                    .expect("selecting");
+            }
+            hedging::Action::Dispatch { copy, .. } => {
+                m.handle_sent(copy, now).expect("dispatched");
+                if copy == CopyId(1) {
+                    m.handle_failed(copy, overload(1), now).expect("in flight");
+                } else if copy == CopyId(3) {
+                    m.handle_succeeded(copy, now).expect("in flight");
+                }
+            }
+            _ => {}
+        }
+    }
+    (actions, events)
+}
+
+/// A6-H2, A6-H3: the copies, cancellations and result are the same without events.
+#[test]
+fn a_hedging_machine_without_events_takes_the_same_actions() {
+    let policy = HedgingPolicy::new(3, Duration::from_millis(10), &[462]).expect("valid");
+    let make = || {
+        HedgingMachine::new(
+            OperationKind::Read,
+            OperationTimeout::Until(Instant::from_millis(1_000)),
+            &policy,
+            Instant::from_millis(0),
+        )
+        .expect("reads are hedgeable")
+    };
+    let (with, recorded) = drive_hedging(make());
+    let (without, none) = drive_hedging(make().without_events());
+    assert_eq!(with, without);
+    assert!(with.iter().any(|a| a.starts_with("Cancel")), "{with:?}");
+    assert!(
+        with.last().is_some_and(|a| a.starts_with("Finished(Ok")),
+        "{with:?}"
+    );
+    assert!(recorded > 0);
+    assert_eq!(none, 0);
+}
