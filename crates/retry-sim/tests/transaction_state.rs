@@ -375,3 +375,21 @@ fn tx1_a_get_more_of_a_transaction_cursor_joins_the_transaction() {
     assert_eq!(get_mores[0].get("autocommit"), Some(&Bson::Boolean(false)));
     assert!(!get_mores[0].contains_key("startTransaction"));
 }
+
+/// TX-2 (`write-concern.json` "start with unacknowledged write concern"): a transaction cannot
+/// start with `w: 0`; the usage error leaves the session without a transaction.
+#[test]
+fn tx2_a_transaction_cannot_start_unacknowledged() {
+    let mut sim = mongos(Vec::new());
+    let session = sim.engine.start_session();
+    let options = TransactionOptions::default().with_write_concern(doc! { "w": 0 });
+    let error = sim
+        .engine
+        .start_transaction(session, options, sim.now)
+        .unwrap_err();
+    assert!(error.to_string().contains("unacknowledged"), "{error}");
+    assert_eq!(
+        sim.engine.transaction_state(session),
+        Some(TransactionState::None)
+    );
+}

@@ -14,7 +14,7 @@ pub const SDAM: &[KnownFailure] = &[KnownFailure {
     may_pass: true,
 }];
 
-/// transactions: 50 known failures.
+/// transactions: 48 known failures.
 pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"backpressure-retryable-abort.json: abortTransaction is retried maxAttempts=2 times if backpressure labels are added"#,
@@ -207,14 +207,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"transaction-options.json: transaction options inherited from defaultTransactionOptions"#,
         "product: maxCommitTimeMS is not supported",
-    ),
-    fails(
-        r#"write-concern.json: start with implicit unacknowledged write concern"#,
-        "not diagnosed yet: operation 1: startTransaction succeeded but an error was expected",
-    ),
-    fails(
-        r#"write-concern.json: start with unacknowledged write concern"#,
-        "not diagnosed yet: operation 0: startTransaction succeeded but an error was expected",
     ),
 ];
 

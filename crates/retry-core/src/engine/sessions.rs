@@ -134,7 +134,8 @@ impl Engine {
 
     /// TX-2, TX-4 (4): starts a transaction in the explicit session `session` with `options`
     /// (TX-1, TX-11): a usage error while one is starting or in progress ("Transaction already
-    /// in progress"), or for an unknown or ended session. The session's pin goes now, before the
+    /// in progress"), with an unacknowledged write concern (`w: 0`), or for an unknown or ended
+    /// session. The session's pin goes now, before the
     /// transaction's first selection, and a pinned load-balanced connection goes back to its
     /// pool. From now on every operation naming the session runs in the transaction: the first
     /// one written carries `startTransaction` (the transaction is "starting" until then), later
@@ -150,6 +151,16 @@ impl Engine {
         let Some(state) = self.sessions.get_mut(&session).filter(|s| !s.ending) else {
             return Err(OperationError::usage("the session has ended"));
         };
+        // The transactions spec: an unacknowledged write concern cannot commit a transaction.
+        if options
+            .write_concern
+            .as_ref()
+            .is_some_and(is_unacknowledged)
+        {
+            return Err(OperationError::usage(
+                "transactions do not support unacknowledged write concern",
+            ));
+        }
         state.transaction.start()?;
         state.transaction_options = options;
         // TX-1: the `txnNumber` is incremented at `startTransaction`, even for a transaction
