@@ -466,7 +466,8 @@ pub struct RetryMachine<R: RngCore = EngineRng> {
     /// gRPC: retries since the last pushback, and transparent retries in a row.
     since_pushback: u32,
     transparent_in_a_row: u32,
-    deprioritized: SmallVec<[ServerAddress; 2]>,
+    /// Inline up to three addresses: a three-member replica set, the usual deployment.
+    deprioritized: SmallVec<[ServerAddress; 3]>,
     /// The error the operation would raise now (RW-17).
     raised: Option<OperationError>,
     actions: Queue<Action, 3>,
