@@ -5,15 +5,48 @@
 //! commit it is (TX-11: a second commit), and the usage errors of calls in the wrong state. A
 //! client-side error never changes the state (TX-2).
 //!
-//! Call sequence: `start` → the session's commands go through `statement` (each returns its
-//! kind; the first is [`OperationKind::InTransaction`] with `first: true`) → `commit` or `abort`
-//! (a [`Step`]) → `start` again, or a command outside a transaction (`statement` moves to no
-//! transaction). The engine does the rest: `startTransaction: true` and the `txnNumber` (TX-1),
-//! the pins (TX-3..TX-5, with [`crate::engine::Engine::start_transaction`] for TX-4 (4)), the
-//! labels (TX-7, TX-8) and the retries of commit and abort (TX-10).
+//! The engine keeps one per explicit session and maps every operation naming the session through
+//! it ([`crate::engine::Engine::start_transaction`], [`crate::engine::Engine::start_operation`]):
+//! `start` → each command of the session goes through `statement` (the first is
+//! [`OperationKind::InTransaction`] with `first: true`, and stays so until one is actually
+//! written: `first_sent` moves starting → in progress, TX-2) → `commit` or `abort` (a [`Step`]) →
+//! `start` again, or a command outside a transaction (`statement` moves to no transaction). The
+//! engine does the rest: `startTransaction: true` and the `txnNumber` (TX-1), the pins
+//! (TX-3..TX-5), the labels (TX-7, TX-8) and the retries of commit and abort (TX-10).
+
+use bson::Document;
 
 use crate::error::OperationError;
 use crate::retry::OperationKind;
+
+/// A transaction's concerns, given at [`crate::engine::Engine::start_transaction`] (a driver
+/// passes its session's or client's defaults): the engine puts `read_concern` on the
+/// transaction's first command only and `write_concern` on `commitTransaction` and
+/// `abortTransaction` only (TX-1; TX-11 makes a commit retry's `w` majority, keeping the rest).
+/// A command that carries its own keeps it. Made with [`Default`] and the `with_*` methods.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct TransactionOptions {
+    /// The `readConcern` document of the first command (`{level: ...}`), `None` for the
+    /// server's default.
+    pub read_concern: Option<Document>,
+    /// The `writeConcern` document of commit and abort, `None` for the server's default.
+    pub write_concern: Option<Document>,
+}
+
+impl TransactionOptions {
+    /// These options with `read_concern` on the first command.
+    pub fn with_read_concern(mut self, read_concern: Document) -> TransactionOptions {
+        self.read_concern = Some(read_concern);
+        self
+    }
+
+    /// These options with `write_concern` on commit and abort.
+    pub fn with_write_concern(mut self, write_concern: Document) -> TransactionOptions {
+        self.write_concern = Some(write_concern);
+        self
+    }
+}
 
 /// TX-2: where a session's transaction is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -87,23 +120,46 @@ impl Transaction {
     }
 
     /// TX-1, TX-2: the kind a command of the session runs as. Inside a transaction it is
-    /// [`OperationKind::InTransaction`] (`first` for the command that starts it; `read` for a
-    /// read or `getMore`, by `kind`); otherwise `kind` itself, and an ended transaction moves to
-    /// no transaction.
-    pub fn statement(&mut self, kind: OperationKind) -> OperationKind {
-        let read = matches!(kind, OperationKind::Read | OperationKind::GetMore);
-        match self.state {
-            TransactionState::Starting => {
-                self.state = TransactionState::InProgress;
-                OperationKind::InTransaction { read, first: true }
+    /// [`OperationKind::InTransaction`] (`first` until a command was written, [`Transaction::first_sent`];
+    /// `read` for a read or `getMore`, by `kind`); otherwise `kind` itself, and an ended
+    /// transaction moves to no transaction. A caller's own `InTransaction` kind says what it
+    /// means: `first: true` starts a transaction (an error while one is in progress), `first:
+    /// false` continues the active one (an error when none is).
+    pub fn statement(&mut self, kind: OperationKind) -> Result<OperationKind, OperationError> {
+        let read = matches!(
+            kind,
+            OperationKind::Read
+                | OperationKind::GetMore
+                | OperationKind::InTransaction { read: true, .. }
+        );
+        let first = OperationKind::InTransaction { read, first: true };
+        match (self.state, kind) {
+            (TransactionState::InProgress, OperationKind::InTransaction { first: true, .. }) => {
+                Err(OperationError::usage(ALREADY_IN_PROGRESS))
             }
-            TransactionState::InProgress => OperationKind::InTransaction { read, first: false },
-            TransactionState::None
-            | TransactionState::Committed { .. }
-            | TransactionState::Aborted => {
+            (TransactionState::Starting, _) => Ok(first),
+            (TransactionState::InProgress, _) => {
+                Ok(OperationKind::InTransaction { read, first: false })
+            }
+            (_, OperationKind::InTransaction { first: true, .. }) => {
+                self.state = TransactionState::Starting;
+                Ok(first)
+            }
+            (_, OperationKind::InTransaction { first: false, .. }) => {
+                Err(OperationError::usage(NOT_STARTED))
+            }
+            _ => {
                 self.state = TransactionState::None;
-                kind
+                Ok(kind)
             }
+        }
+    }
+
+    /// TX-2: the transaction's first command was written: starting → in progress. Until then a
+    /// failed first command (not sent) leaves it starting, and the next command starts it.
+    pub fn first_sent(&mut self) {
+        if self.state == TransactionState::Starting {
+            self.state = TransactionState::InProgress;
         }
     }
 
@@ -161,15 +217,17 @@ mod tests {
     fn tx1_first_command_starts_the_transaction() {
         let mut t = Transaction::new();
         t.start().unwrap();
+        let first = OperationKind::InTransaction {
+            read: false,
+            first: true,
+        };
+        assert_eq!(t.statement(OperationKind::RetryableWrite).unwrap(), first);
+        // TX-2: starting until the first command is written.
+        assert_eq!(t.state(), TransactionState::Starting);
+        assert_eq!(t.statement(OperationKind::RetryableWrite).unwrap(), first);
+        t.first_sent();
         assert_eq!(
-            t.statement(OperationKind::RetryableWrite),
-            OperationKind::InTransaction {
-                read: false,
-                first: true
-            }
-        );
-        assert_eq!(
-            t.statement(OperationKind::Read),
+            t.statement(OperationKind::Read).unwrap(),
             OperationKind::InTransaction {
                 read: true,
                 first: false
@@ -184,7 +242,8 @@ mod tests {
     fn tx2_commit_twice_then_a_plain_command() {
         let mut t = Transaction::new();
         t.start().unwrap();
-        t.statement(OperationKind::RetryableWrite);
+        t.statement(OperationKind::RetryableWrite).unwrap();
+        t.first_sent();
         assert_eq!(
             t.commit().unwrap(),
             Step::Send(OperationKind::CommitTransaction { again: false })
@@ -198,7 +257,7 @@ mod tests {
             "Cannot call abortTransaction after calling commitTransaction"
         );
         assert_eq!(
-            t.statement(OperationKind::RetryableWrite),
+            t.statement(OperationKind::RetryableWrite).unwrap(),
             OperationKind::RetryableWrite
         );
         assert_eq!(t.state(), TransactionState::None);
@@ -230,10 +289,45 @@ mod tests {
         assert_eq!(t.commit().unwrap(), Step::Nothing);
         assert_eq!(t.commit().unwrap(), Step::Nothing);
         t.start().unwrap();
-        t.statement(OperationKind::Read);
+        t.statement(OperationKind::Read).unwrap();
+        t.first_sent();
         assert_eq!(
             t.abort().unwrap(),
             Step::Send(OperationKind::AbortTransaction)
         );
+    }
+
+    /// TX-1, TX-2: a caller's `InTransaction` kind starts (`first: true`) or continues (`first:
+    /// false`) a transaction; the wrong state is a usage error that changes nothing.
+    #[test]
+    fn tx2_explicit_transaction_kinds() {
+        let mut t = Transaction::new();
+        let continued = OperationKind::InTransaction {
+            read: false,
+            first: false,
+        };
+        let starts = OperationKind::InTransaction {
+            read: false,
+            first: true,
+        };
+        assert_eq!(
+            message(t.statement(continued).unwrap_err()),
+            "No transaction started"
+        );
+        assert_eq!(t.statement(starts).unwrap(), starts);
+        assert_eq!(t.state(), TransactionState::Starting);
+        assert_eq!(
+            t.statement(continued).unwrap(),
+            starts,
+            "nothing written yet"
+        );
+        t.first_sent();
+        assert_eq!(
+            message(t.statement(starts).unwrap_err()),
+            "Transaction already in progress"
+        );
+        assert_eq!(t.statement(continued).unwrap(), continued);
+        t.commit().unwrap();
+        assert_eq!(t.statement(starts).unwrap(), starts, "a new transaction");
     }
 }

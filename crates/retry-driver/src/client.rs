@@ -35,6 +35,11 @@ pub struct CommandOptions {
     /// The explicit session (from [`Client::start_session`](crate::Client::start_session));
     /// `None` runs the command in an implicit session (SE-9).
     pub session: Option<SessionHandle>,
+    /// The command's `readConcern` / `writeConcern` are inherited defaults (the client's, a
+    /// database's or a collection's), not its own: inside a transaction the engine drops them
+    /// (TX-1), where its own would be a usage error
+    /// ([`OperationRequest::concerns_inherited`]).
+    pub concerns_inherited: bool,
 }
 
 impl CommandOptions {
@@ -53,6 +58,13 @@ impl CommandOptions {
     /// These options, in the explicit session `session`.
     pub fn with_session(mut self, session: SessionHandle) -> CommandOptions {
         self.session = Some(session);
+        self
+    }
+
+    /// These options, the command's concerns being inherited defaults (see
+    /// [`CommandOptions::concerns_inherited`]).
+    pub fn with_concerns_inherited(mut self) -> CommandOptions {
+        self.concerns_inherited = true;
         self
     }
 }
@@ -296,6 +308,19 @@ impl<R> Client<R> {
         retry_core::classify::classify(command, &[], self.inner.concerns.write.as_ref())
     }
 
+    /// TX-1, TX-11: the client's concerns as a transaction's: its read concern level on the
+    /// first command, its write concern on commit and abort.
+    pub(crate) fn transaction_options(&self) -> retry_core::transaction::TransactionOptions {
+        let mut options = retry_core::transaction::TransactionOptions::default();
+        if let Some(level) = &self.inner.concerns.read_level {
+            options = options.with_read_concern(bson::doc! { "level": level.as_str() });
+        }
+        if let Some(write) = &self.inner.concerns.write {
+            options = options.with_write_concern(write.clone());
+        }
+        options
+    }
+
     /// `command` with the client's concerns where they apply ([`Client::command`]), and its
     /// kind ([`Client::classify`]).
     pub(crate) fn with_concerns(&self, mut command: Document) -> (Document, OperationKind) {
@@ -327,6 +352,7 @@ impl<R> Client<R> {
         let mut operation = OperationRequest::new(db, command, kind, criteria);
         operation.cursor = options.cursor;
         operation.session = options.session;
+        operation.concerns_inherited = options.concerns_inherited;
         Ok(operation)
     }
 

@@ -3,8 +3,8 @@
 //! read-write-concern spec: a command with its own `readConcern` / `writeConcern` keeps it; a
 //! write that supports a write concern gets the client's, a read that supports a read concern
 //! gets `{level}`. The generic [`crate::Client::run_command`] sends the command as given (the
-//! spec forbids adding either there). Commands inside a transaction get neither (TX-1: a
-//! transaction's concerns belong to its session). Under `timeoutMS`, `wtimeout` is left out
+//! spec forbids adding either there). Inside a transaction the engine drops inherited concerns
+//! (TX-1: a transaction's concerns are its own, `TransactionOptions`). Under `timeoutMS`, `wtimeout` is left out
 //! (TO-5, TO-8), and a write concern of `wTimeoutMS` alone is none.
 
 use bson::{Bson, Document};
@@ -76,9 +76,7 @@ impl Concerns {
         let Some(name) = command.keys().next().cloned() else {
             return;
         };
-        if command.contains_key("autocommit")
-            || matches!(name.as_str(), "commitTransaction" | "abortTransaction")
-        {
+        if matches!(name.as_str(), "commitTransaction" | "abortTransaction") {
             return;
         }
         let write_stage = || {
@@ -158,7 +156,6 @@ mod tests {
         for untouched in [
             doc! { "ping": 1 },
             doc! { "listCollections": 1 },
-            doc! { "insert": "c", "documents": [], "autocommit": false, "txnNumber": 1_i64 },
             doc! { "commitTransaction": 1 },
         ] {
             assert_eq!(applied(&concerns, untouched.clone()), untouched);

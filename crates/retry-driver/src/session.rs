@@ -9,10 +9,11 @@
 //! [`retry_core::session::SESSIONS_UNSUPPORTED`] (SE-8), without sending them.
 //!
 //! Transactions: [`Session::start_transaction`], the session's commands, then
-//! [`Session::commit_transaction`] or [`Session::abort_transaction`]. What each call does is
-//! [`retry_core::transaction::Transaction`]'s decision (TX-2); this module runs the session's
-//! commands with the kind it gives (the engine then adds `autocommit: false`, `startTransaction`
-//! and the `txnNumber`, TX-1) and commit and abort on `admin`.
+//! [`Session::commit_transaction`] or [`Session::abort_transaction`]. The transaction's state
+//! lives in the engine's session ([`Engine::start_transaction`], TX-2): every operation naming
+//! the session, through this module or [`CommandOptions::with_session`], runs as the engine's
+//! transaction makes it (`autocommit: false`, `startTransaction`, the `txnNumber`, TX-1); this
+//! module forwards, with the client's concerns as the transaction's (TX-1, TX-11).
 
 use core::fmt;
 use core::future::poll_fn;
@@ -20,35 +21,43 @@ use core::task::{Context, Poll, Waker};
 use std::sync::{Arc, Mutex};
 
 use bson::Document;
-use retry_core::engine::{Engine, OperationRequest, SessionHandle};
+use retry_core::engine::{Engine, OperationRequest, SessionHandle, SessionInfo};
 use retry_core::error::{ErrorKind, OperationError};
 use retry_core::retry::OperationKind;
 use retry_core::selection::SelectionCriteria;
 use retry_core::time::{Instant, OperationTimeout};
-use retry_core::transaction::{Step, Transaction};
+use retry_core::transaction::TransactionOptions;
 
 use crate::client::{Client, CommandOptions};
 use crate::shared::{lock, Reply};
 
-/// Where a started session's handle goes: `Some(None)` when the client closed first.
-#[derive(Default)]
-pub(crate) struct SessionStart {
-    state: Mutex<(Option<Option<SessionHandle>>, Option<Waker>)>,
+/// Where the driver's answer to a session request goes: a started session's handle (`None` when
+/// the client closed first), or a transaction start's result.
+pub(crate) struct SessionStart<T = Option<SessionHandle>> {
+    state: Mutex<(Option<T>, Option<Waker>)>,
 }
 
-impl SessionStart {
-    fn complete(&self, handle: Option<SessionHandle>) {
+impl<T> Default for SessionStart<T> {
+    fn default() -> Self {
+        SessionStart {
+            state: Mutex::new((None, None)),
+        }
+    }
+}
+
+impl<T> SessionStart<T> {
+    fn complete(&self, answer: T) {
         let mut state = lock(&self.state);
-        state.0 = Some(handle);
+        state.0 = Some(answer);
         if let Some(waker) = state.1.take() {
             waker.wake();
         }
     }
 
-    fn poll(&self, cx: &Context<'_>) -> Poll<Option<SessionHandle>> {
+    fn poll(&self, cx: &Context<'_>) -> Poll<T> {
         let mut state = lock(&self.state);
-        match state.0 {
-            Some(handle) => Poll::Ready(handle),
+        match state.0.take() {
+            Some(answer) => Poll::Ready(answer),
             None => {
                 state.1 = Some(cx.waker().clone());
                 Poll::Pending
@@ -57,15 +66,21 @@ impl SessionStart {
     }
 }
 
+/// A transaction start's answer.
+type TransactionStart = SessionStart<Result<(), OperationError>>;
+
 /// The sessions the client asked the driver to start and to end.
 #[derive(Default)]
 pub(crate) struct SessionRequests {
     starts: Vec<Arc<SessionStart>>,
     ends: Vec<SessionHandle>,
-    /// Sessions starting a transaction (TX-4 (4)), each with its completion.
-    transactions: Vec<(SessionHandle, Arc<SessionStart>)>,
-    /// The `abortTransaction` of a session ended with its transaction in progress (TX-2), started
-    /// before the session ends; its result is not awaited (TX-10: abort errors are ignored).
+    /// Sessions starting a transaction (TX-2, TX-4 (4)), each with its options and completion.
+    transactions: Vec<(SessionHandle, TransactionOptions, Arc<TransactionStart>)>,
+    /// Sessions whose state was asked for, each with its completion.
+    infos: Vec<(SessionHandle, Arc<SessionStart<Option<SessionInfo>>>)>,
+    /// The `abortTransaction` of an ending session (TX-2: ending a session aborts its
+    /// transaction; the engine sends it only when one is in progress), started before the
+    /// session ends; its result is not awaited (TX-10: abort errors are ignored).
     aborts: Vec<OperationRequest>,
 }
 
@@ -75,8 +90,11 @@ impl SessionRequests {
         for start in self.starts.drain(..) {
             start.complete(None);
         }
-        for (_, start) in self.transactions.drain(..) {
-            start.complete(None);
+        for (_, _, start) in self.transactions.drain(..) {
+            start.complete(Err(OperationError::cancelled()));
+        }
+        for (_, answer) in self.infos.drain(..) {
+            answer.complete(None);
         }
     }
 }
@@ -93,6 +111,7 @@ pub(crate) fn serve(
     let any = !requests.starts.is_empty()
         || !requests.ends.is_empty()
         || !requests.transactions.is_empty()
+        || !requests.infos.is_empty()
         || !requests.aborts.is_empty();
     if !any {
         // The common case, every round of the driver: nothing to drain.
@@ -101,9 +120,11 @@ pub(crate) fn serve(
     for start in requests.starts.drain(..) {
         start.complete(Some(engine.start_session()));
     }
-    for (session, start) in requests.transactions.drain(..) {
-        engine.start_transaction(session, now);
-        start.complete(Some(session));
+    for (session, options, start) in requests.transactions.drain(..) {
+        start.complete(engine.start_transaction(session, options, now));
+    }
+    for (session, answer) in requests.infos.drain(..) {
+        answer.complete(engine.session_info(session));
     }
     for mut abort in requests.aborts.drain(..) {
         if let Some(t) = timeout {
@@ -143,7 +164,6 @@ impl<R> Client<R> {
             Some(handle) => Ok(Session {
                 client: self.clone(),
                 handle,
-                transaction: Mutex::new(Transaction::new()),
             }),
             None => Err(OperationError::cancelled()),
         }
@@ -161,8 +181,6 @@ impl<R> Client<R> {
 pub struct Session<R> {
     client: Client<R>,
     handle: SessionHandle,
-    /// TX-2: its transaction's state.
-    transaction: Mutex<Transaction>,
 }
 
 impl<R> fmt::Debug for Session<R> {
@@ -192,11 +210,22 @@ impl<R> Session<R> {
         Ok(reply.document)
     }
 
+    /// [`Client::command`] in this session: the client's write and read concern where they
+    /// apply, outside a transaction (inside one the engine drops them: the transaction's own
+    /// apply, TX-1), and the kind [`Client::classify`] gives.
+    pub async fn command(&self, db: &str, command: Document) -> Result<Document, OperationError> {
+        let (command, kind) = self.client.with_concerns(command);
+        let options = CommandOptions::default().with_concerns_inherited();
+        let reply = self.run(db, command, kind, options).await?;
+        Ok(reply.document)
+    }
+
     /// [`Client::run`] in this session (its `options.session` is replaced by this one). Inside
-    /// a transaction the command runs as [`OperationKind::InTransaction`] on a writable server
-    /// (the engine adds `txnNumber` and `autocommit: false`, TX-1); its `readConcern` and
-    /// `writeConcern` are the caller's to leave out. A command outside a transaction ends a
-    /// committed or aborted one (TX-2, TX-4 (5)).
+    /// a transaction the engine runs the command as [`OperationKind::InTransaction`] on a
+    /// writable server (with `txnNumber` and `autocommit: false`, TX-1); a `readConcern` or
+    /// `writeConcern` of its own is then a usage error, inherited ones
+    /// ([`CommandOptions::concerns_inherited`]) are dropped. A command outside a transaction
+    /// ends a committed or aborted one (TX-2, TX-4 (5)).
     pub async fn run(
         &self,
         db: &str,
@@ -204,28 +233,59 @@ impl<R> Session<R> {
         kind: OperationKind,
         options: CommandOptions,
     ) -> Result<Reply, OperationError> {
-        let (kind, in_transaction) = {
-            let mut transaction = lock(&self.transaction);
-            let active = transaction.is_active();
-            (transaction.statement(kind), active)
-        };
-        let mut options = CommandOptions {
+        let options = CommandOptions {
             session: Some(self.handle),
             ..options
         };
-        if in_transaction {
-            options.criteria = options.criteria.or(Some(SelectionCriteria::Write));
-        }
         self.client.run(db, command, kind, options).await
     }
 
-    /// Starts a transaction (TX-2: an error while one is in progress). A connection or mongos
-    /// the session was pinned to is let go now (TX-4 (4)); the first command starts the
-    /// transaction on the server. Fails with [`OperationError::cancelled`] once the client is
-    /// shut down.
+    /// Starts a transaction (TX-2: an error while one is in progress) with the client's read
+    /// concern level on its first command and its write concern on commit and abort (TX-1,
+    /// TX-11). A connection or mongos the session was pinned to is let go now (TX-4 (4)); the
+    /// first command written starts the transaction on the server. Fails with
+    /// [`OperationError::cancelled`] once the client is shut down.
     pub async fn start_transaction(&self) -> Result<(), OperationError> {
-        lock(&self.transaction).start()?;
-        let start = Arc::new(SessionStart::default());
+        self.start_transaction_with(TransactionOptions::default())
+            .await
+    }
+
+    /// What the engine knows of this session ([`Engine::session_info`]: its `lsid` once its
+    /// first command took a server session, whether that is dirty, its transaction's pin and
+    /// state); `None` once the client is shut down.
+    pub async fn info(&self) -> Option<SessionInfo> {
+        let answer = Arc::new(SessionStart::<Option<SessionInfo>>::default());
+        {
+            let mut state = lock(&self.client.shared().state);
+            if state.closing {
+                return None;
+            }
+            state.sessions.infos.push((self.handle, answer.clone()));
+            state.wake_driver();
+        }
+        let waiter = self.client.waiter();
+        poll_fn(|cx| {
+            crate::client::drive(&waiter, cx);
+            answer.poll(cx)
+        })
+        .await
+    }
+
+    /// [`Session::start_transaction`] with these concerns in place of the client's, field by
+    /// field: a field left `None` keeps the client's (the transactions spec's inheritance).
+    pub async fn start_transaction_with(
+        &self,
+        options: TransactionOptions,
+    ) -> Result<(), OperationError> {
+        let mut merged = self.client.transaction_options();
+        if let Some(read_concern) = options.read_concern {
+            merged = merged.with_read_concern(read_concern);
+        }
+        if let Some(write_concern) = options.write_concern {
+            merged = merged.with_write_concern(write_concern);
+        }
+        let options = merged;
+        let start = Arc::new(TransactionStart::default());
         {
             let mut state = lock(&self.client.shared().state);
             if state.closing {
@@ -234,45 +294,46 @@ impl<R> Session<R> {
             state
                 .sessions
                 .transactions
-                .push((self.handle, start.clone()));
+                .push((self.handle, options, start.clone()));
             state.wake_driver();
         }
         let waiter = self.client.waiter();
-        let started = poll_fn(|cx| {
+        poll_fn(|cx| {
             crate::client::drive(&waiter, cx);
             start.poll(cx)
         })
-        .await;
-        match started {
-            Some(_) => Ok(()),
-            None => Err(OperationError::cancelled()),
-        }
+        .await
     }
 
-    /// Commits the transaction (TX-2): nothing is sent when it ran no command; a second commit
+    /// Commits the transaction (TX-2): nothing is sent when it wrote no command; a second commit
     /// runs again with majority write concern (TX-11). The engine retries it once (TX-10) and
     /// labels its errors (TX-8). The transaction is committed afterwards whatever the result.
     pub async fn commit_transaction(&self) -> Result<(), OperationError> {
-        let step = lock(&self.transaction).commit()?;
-        self.end_transaction(step, "commitTransaction").await
+        self.end_transaction(
+            "commitTransaction",
+            OperationKind::CommitTransaction { again: false },
+        )
+        .await
     }
 
-    /// Aborts the transaction (TX-2): nothing is sent when it ran no command; the engine
-    /// retries `abortTransaction` once (TX-10) and its errors are ignored (TX-10). The
-    /// transaction is aborted afterwards.
+    /// Aborts the transaction (TX-2): nothing is sent when it wrote no command; the engine
+    /// retries `abortTransaction` once (TX-10) and its server and network errors are ignored
+    /// (TX-10); a call in the wrong state fails with its usage error. The transaction is aborted
+    /// afterwards.
     pub async fn abort_transaction(&self) -> Result<(), OperationError> {
-        let step = lock(&self.transaction).abort()?;
-        match self.end_transaction(step, "abortTransaction").await {
-            Err(error) if matches!(error.kind, ErrorKind::Cancelled) => Err(error),
+        match self
+            .end_transaction("abortTransaction", OperationKind::AbortTransaction)
+            .await
+        {
+            Err(error) if matches!(error.kind, ErrorKind::Cancelled | ErrorKind::Usage { .. }) => {
+                Err(error)
+            }
             _ => Ok(()),
         }
     }
 
-    /// Sends `name` on `admin` when `step` says so.
-    async fn end_transaction(&self, step: Step, name: &str) -> Result<(), OperationError> {
-        let Step::Send(kind) = step else {
-            return Ok(());
-        };
+    /// Sends `name` on `admin`; the engine decides whether it is sent (TX-2).
+    async fn end_transaction(&self, name: &str, kind: OperationKind) -> Result<(), OperationError> {
         let mut command = Document::new();
         command.insert(name, 1);
         let options = CommandOptions {
@@ -295,20 +356,19 @@ impl<R> Drop for Session<R> {
     /// Ends the session; a transaction in progress is aborted first (TX-2: ending a session
     /// aborts its transaction), without waiting for the reply.
     fn drop(&mut self) {
-        let abort = match lock(&self.transaction).abort() {
-            Ok(Step::Send(kind)) => Some(kind),
-            _ => None,
-        };
         let mut state = lock(&self.client.shared().state);
         if !state.closing {
-            if let Some(kind) = abort {
-                let mut command = Document::new();
-                command.insert("abortTransaction", 1);
-                let mut request =
-                    OperationRequest::new("admin", command, kind, SelectionCriteria::Write);
-                request.session = Some(self.handle);
-                state.sessions.aborts.push(request);
-            }
+            // The engine sends it only when the transaction is in progress (TX-2).
+            let mut command = Document::new();
+            command.insert("abortTransaction", 1);
+            let mut request = OperationRequest::new(
+                "admin",
+                command,
+                OperationKind::AbortTransaction,
+                SelectionCriteria::Write,
+            );
+            request.session = Some(self.handle);
+            state.sessions.aborts.push(request);
             state.sessions.ends.push(self.handle);
             state.wake_driver();
         }

@@ -57,10 +57,12 @@ pub use dns::{
 pub use idle_sockets::idle_sockets_are_not_polled;
 pub use lb_auth::scram_authenticates_through_a_load_balancer;
 pub use sessions::{
+    a_sessions_second_read_is_after_the_previous_operation_time,
     client_concerns_reach_command_and_cursor, ending_a_session_aborts_its_transaction,
     explicit_session_runs_several_operations, max_time_ms_is_on_every_attempt_under_timeout_ms,
     retried_insert_runs_once_with_one_lsid_and_txn_number,
     secondary_read_carries_read_preference_and_lsid,
+    sessions_and_transactions_inherit_the_client_concerns,
     socket_timeout_bounds_a_server_that_never_answers,
 };
 pub use soak::{fault_soak, SOAK_OPERATIONS_DEFAULT};
@@ -908,6 +910,8 @@ macro_rules! suite {
             hedged_read_the_fast_copy_wins_and_the_slow_connection_is_checked_in,
             client_concerns_reach_command_and_cursor,
             ending_a_session_aborts_its_transaction,
+            sessions_and_transactions_inherit_the_client_concerns,
+            a_sessions_second_read_is_after_the_previous_operation_time,
             // The driver polls only ready sockets (idle_sockets.rs).
             idle_sockets_are_not_polled,
         );

@@ -344,3 +344,116 @@ pub async fn ending_a_session_aborts_its_transaction<R: Runtime>() {
     })
     .await
 }
+
+/// TX-1, TX-11 (review5 item 9): an explicit session inherits the client's concerns
+/// (`w: majority`, `readConcernLevel: majority`): outside a transaction its write carries the
+/// `writeConcern`; inside one the first command carries the `readConcern` level and no
+/// `writeConcern`, the second neither, and `commitTransaction` the `writeConcern`. The test server
+/// refuses a `writeConcern` on a statement and a `readConcern` after the first command, as a
+/// real one does.
+pub async fn sessions_and_transactions_inherit_the_client_concerns<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let members = replica_set(1).await;
+        let mut options = options(&[&members[0]]);
+        options.write_concern = Some(doc! { "w": "majority" });
+        options.read_concern_level = Some("majority".into());
+        let client: Client<R> = connect(options);
+        let mut events = client.events();
+        let session = client.start_session().await.expect("a session");
+        session
+            .command("test", insert_one())
+            .await
+            .expect("the insert outside a transaction");
+        session.start_transaction().await.expect("a transaction");
+        for _ in 0..2 {
+            session
+                .command("test", insert_one())
+                .await
+                .expect("an insert in the transaction");
+        }
+        session.commit_transaction().await.expect("the commit");
+        let events = events.drain();
+        let inserts = started(&events, "insert");
+        assert_eq!(inserts.len(), 3);
+        let majority = doc! { "w": "majority" };
+        let (plain, first, second) = (&inserts[0].1, &inserts[1].1, &inserts[2].1);
+        assert_eq!(plain.get_document("writeConcern").ok(), Some(&majority));
+        assert!(!first.contains_key("writeConcern"), "TX-1: {first}");
+        let read_concern = first
+            .get_document("readConcern")
+            .expect("TX-1: readConcern");
+        assert_eq!(
+            read_concern.get_str("level").ok(),
+            Some("majority"),
+            "{first}"
+        );
+        assert!(!second.contains_key("writeConcern"), "TX-1: {second}");
+        assert!(!second.contains_key("readConcern"), "TX-1: {second}");
+        let commits = started(&events, "commitTransaction");
+        assert_eq!(commits.len(), 1);
+        assert_eq!(
+            commits[0].1.get_document("writeConcern").ok(),
+            Some(&majority),
+            "TX-11: the transaction's write concern"
+        );
+        drop(session);
+        client.shutdown().await;
+        for member in members {
+            member.stop().await;
+        }
+    })
+    .await
+}
+
+/// SE-21 (review5 item 11): a causally consistent session's second read carries
+/// `readConcern.afterClusterTime` equal to the `operationTime` of the previous reply, which the
+/// test server's logical clock gives as a replica-set member does.
+pub async fn a_sessions_second_read_is_after_the_previous_operation_time<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let members = replica_set(1).await;
+        let client: Client<R> = connect(options(&[&members[0]]));
+        let mut events = client.events();
+        let session = client.start_session().await.expect("a session");
+        let first = session
+            .command("test", doc! { "find": "c" })
+            .await
+            .expect("the first read");
+        let written = session
+            .command("test", insert_one())
+            .await
+            .expect("the insert");
+        session
+            .command("test", doc! { "find": "c" })
+            .await
+            .expect("the second read");
+        let events = events.drain();
+        let finds = started(&events, "find");
+        assert_eq!(finds.len(), 2);
+        assert!(
+            first.get_timestamp("operationTime").is_ok(),
+            "the test server gives operationTime: {first}"
+        );
+        assert!(
+            !finds[0].1.contains_key("readConcern"),
+            "SE-21: nothing to be after yet: {}",
+            finds[0].1
+        );
+        let after = finds[1]
+            .1
+            .get_document("readConcern")
+            .and_then(|rc| rc.get_timestamp("afterClusterTime"))
+            .expect("SE-21: afterClusterTime");
+        assert_eq!(Some(after), written.get_timestamp("operationTime").ok());
+        let before = first.get_timestamp("operationTime").expect("a time");
+        assert!(
+            (after.time, after.increment) > (before.time, before.increment),
+            "the insert moved the clock"
+        );
+        drop(session);
+        client.shutdown().await;
+        for member in members {
+            member.stop().await;
+        }
+    })
+    .await
+}

@@ -445,6 +445,14 @@ fn tx3_a_sharded_transaction_stays_on_the_mongos_of_its_first_command() {
         );
         sim.run(first).unwrap();
         used.insert(sim.attempt_servers(first)[0].clone());
+        // TX-2: the engine's session refuses a new transaction while this one is in progress.
+        let commit = in_session(
+            &mut sim,
+            session,
+            doc! { "commitTransaction": 1 },
+            CommitTransaction { again: false },
+        );
+        sim.run(commit).unwrap();
     }
     assert!(used.len() > 1, "{used:?}");
 }

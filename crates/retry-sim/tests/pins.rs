@@ -164,7 +164,9 @@ fn tx4_starting_a_transaction_unpins_at_once() {
     ));
     sim.run(commit).unwrap();
     assert_eq!(pool_events(&sim), ["out"], "a commit does not unpin");
-    sim.engine.start_transaction(session, sim.now);
+    sim.engine
+        .start_transaction(session, Default::default(), sim.now)
+        .unwrap();
     sim.drain();
     assert_eq!(pool_events(&sim), ["out", "in"]);
 }

@@ -226,6 +226,24 @@ pub(crate) fn execute(
         owner: process_id,
     };
     let mut reply = run(&mut context, name, request, max_wire_version)?;
+    // TK-15 (house rule 7): a statement that fails (an error or a write error) aborts its
+    // transaction on a real server; its later commands get NoSuchTransaction (251).
+    let failed = !reply
+        .get("ok")
+        .is_some_and(|ok| ok.as_f64() == Some(1.0) || ok.as_i32() == Some(1))
+        || reply.contains_key("writeErrors");
+    if in_transaction && !ends && failed {
+        let session = request
+            .body
+            .get_document("lsid")
+            .ok()
+            .and_then(|l| l.to_vec().ok());
+        if let (Some(session), Some(number)) =
+            (session, request.body.get("txnNumber").and_then(integer))
+        {
+            store.abort_failed_statement(&session, number);
+        }
+    }
     // TK-15: a mongos answers every command of a transaction with a recovery token.
     let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
     let transactional = in_transaction || ends;

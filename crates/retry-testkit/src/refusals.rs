@@ -17,6 +17,22 @@
 //!   non-integral value" (the server's `parseMaxTimeMS`).
 //! - A read on a secondary without a non-primary `$readPreference` (SS-9: OP_MSG's secondaryOk):
 //!   `NotPrimaryNoSecondaryOk` (13435).
+//! - The session fields of a transaction (TX-1, the server's session-info parsing): `autocommit`
+//!   other than `false`, or without a `txnNumber`; `startTransaction` other than `true`, or
+//!   without `autocommit`: `InvalidOptions` (72) with the server's messages ("Specifying
+//!   autocommit=true is not allowed.", "'autocommit' field requires a transaction number to also
+//!   be specified", "'startTransaction' field requires 'autocommit' field to also be specified",
+//!   "Specifying startTransaction=false is not allowed."); `startTransaction` on a commit, an
+//!   abort or a `killCursors`, and any command a transaction may not run (`count`, `ping`, ...):
+//!   `OperationNotSupportedInTransaction` (263).
+//! - Inside a transaction (`autocommit: false`): a `writeConcern` on a command other than commit
+//!   and abort ("writeConcern is not allowed within a multi-statement transaction", 72), and a
+//!   `readConcern` on a command that does not start it ("Only the first command in a transaction
+//!   may specify a readConcern", 72).
+//! - A `readConcern` that does not parse: not a document, or a field of the wrong type
+//!   (`TypeMismatch`, 14: `level` a string, `afterClusterTime` a Timestamp), an unknown field or
+//!   level (`FailedToParse`, 9). An `afterClusterTime` ahead of the deployment's clock is refused
+//!   where the clock is known (`crate::server`, [`after_cluster_time_refusal`]).
 
 use bson::{Bson, Document};
 
@@ -87,6 +103,12 @@ pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Doc
             ));
         }
     }
+    if let Some(refusal) = transaction_refusal(name, command) {
+        return Some(refusal);
+    }
+    if let Some(refusal) = command.get("readConcern").and_then(read_concern_refusal) {
+        return Some(refusal);
+    }
     if let Role::ReplicaSetMember(member) = role {
         let secondary_ok = matches!(
             command.get("$readPreference"),
@@ -97,6 +119,197 @@ pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Doc
         }
     }
     None
+}
+
+/// TX-1 (review5 item 11): what the server's session-info parsing and transaction checks refuse
+/// about `autocommit`, `startTransaction` and the concerns of a transaction's commands.
+fn transaction_refusal(name: &str, command: &Document) -> Option<Document> {
+    let autocommit = command.get("autocommit");
+    let start = command.get("startTransaction");
+    match autocommit {
+        None => {
+            if start.is_some() {
+                return Some(error_reply(
+                    72,
+                    "'startTransaction' field requires 'autocommit' field to also be specified",
+                ));
+            }
+            return None;
+        }
+        Some(Bson::Boolean(false)) => {}
+        Some(Bson::Boolean(true)) => {
+            return Some(error_reply(
+                72,
+                "Specifying autocommit=true is not allowed.",
+            ))
+        }
+        Some(other) => {
+            return Some(error_reply(
+                14,
+                &format!(
+                    "BSON field 'OperationSessionInfo.autocommit' is the wrong type '{}', \
+                     expected type 'bool'",
+                    type_name(other)
+                ),
+            ))
+        }
+    }
+    if !command.contains_key("txnNumber") {
+        return Some(error_reply(
+            72,
+            "'autocommit' field requires a transaction number to also be specified",
+        ));
+    }
+    let starts = match start {
+        None => false,
+        Some(Bson::Boolean(true)) => true,
+        Some(Bson::Boolean(false)) => {
+            return Some(error_reply(
+                72,
+                "Specifying startTransaction=false is not allowed.",
+            ))
+        }
+        Some(other) => {
+            return Some(error_reply(
+                14,
+                &format!(
+                    "BSON field 'OperationSessionInfo.startTransaction' is the wrong type '{}', \
+                     expected type 'bool'",
+                    type_name(other)
+                ),
+            ))
+        }
+    };
+    let ends = matches!(name, "commitTransaction" | "abortTransaction");
+    if !TRANSACTION_COMMANDS.contains(&name) {
+        return Some(error_reply(
+            263,
+            &format!("Cannot run '{name}' in a multi-document transaction."),
+        ));
+    }
+    if starts {
+        let refused = match name {
+            "killCursors" => Some(
+                "Cannot run killCursors as the first operation in a multi-document transaction.",
+            ),
+            "commitTransaction" => Some("Cannot start a transaction with a commit"),
+            "abortTransaction" => Some("Cannot start a transaction with an abort"),
+            _ => None,
+        };
+        if let Some(message) = refused {
+            return Some(error_reply(263, message));
+        }
+    }
+    if !ends && command.contains_key("writeConcern") {
+        return Some(error_reply(
+            72,
+            "writeConcern is not allowed within a multi-statement transaction",
+        ));
+    }
+    if !starts && command.contains_key("readConcern") {
+        return Some(error_reply(
+            72,
+            "Only the first command in a transaction may specify a readConcern",
+        ));
+    }
+    None
+}
+
+/// The commands a server runs inside a multi-document transaction; any other (`count`,
+/// `listCollections`, `ping`, ...) is `OperationNotSupportedInTransaction` (263).
+const TRANSACTION_COMMANDS: [&str; 16] = [
+    "abortTransaction",
+    "aggregate",
+    "bulkWrite",
+    "commitTransaction",
+    "create",
+    "createIndexes",
+    "delete",
+    "distinct",
+    "find",
+    "findAndModify",
+    "findandmodify",
+    "getMore",
+    "insert",
+    "killCursors",
+    "update",
+    "geoSearch",
+];
+
+/// The read concern levels a server knows.
+const READ_CONCERN_LEVELS: [&str; 5] =
+    ["local", "majority", "linearizable", "available", "snapshot"];
+
+/// What the server's `readConcern` parsing refuses (review5 item 11): a non-document, a field of
+/// the wrong type, an unknown field or level.
+fn read_concern_refusal(value: &Bson) -> Option<Document> {
+    let Bson::Document(read_concern) = value else {
+        return Some(error_reply(
+            14,
+            &format!(
+                "BSON field 'readConcern' is the wrong type '{}', expected type 'object'",
+                type_name(value)
+            ),
+        ));
+    };
+    for (field, value) in read_concern {
+        match (field.as_str(), value) {
+            ("level", Bson::String(level)) if READ_CONCERN_LEVELS.contains(&level.as_str()) => {}
+            ("level", Bson::String(level)) => {
+                return Some(error_reply(
+                    9,
+                    &format!("readConcern.level has an unknown value '{level}'"),
+                ))
+            }
+            ("afterClusterTime" | "atClusterTime", Bson::Timestamp(_))
+            | ("afterOpTime", Bson::Document(_)) => {}
+            ("level" | "afterClusterTime" | "atClusterTime" | "afterOpTime", other) => {
+                let expected = if field == "level" {
+                    "string"
+                } else {
+                    "timestamp"
+                };
+                return Some(error_reply(
+                    14,
+                    &format!(
+                        "BSON field 'readConcern.{field}' is the wrong type '{}', expected type \
+                         '{expected}'",
+                        type_name(other)
+                    ),
+                ));
+            }
+            (field, _) => {
+                return Some(error_reply(
+                    9,
+                    &format!("BSON field 'readConcern.{field}' is an unknown field."),
+                ))
+            }
+        }
+    }
+    None
+}
+
+/// SE-21 (review5 item 11): a read concern's `afterClusterTime` ahead of the deployment's
+/// current cluster time (`now`): `InvalidOptions` (72), as a server that never saw that time.
+pub(crate) fn after_cluster_time_refusal(
+    command: &Document,
+    now: bson::Timestamp,
+) -> Option<Document> {
+    let Ok(read_concern) = command.get_document("readConcern") else {
+        return None;
+    };
+    let Ok(after) = read_concern.get_timestamp("afterClusterTime") else {
+        return None;
+    };
+    ((after.time, after.increment) > (now.time, now.increment)).then(|| {
+        error_reply(
+            72,
+            &format!(
+                "readConcern afterClusterTime value must not be greater than the current \
+                 clusterTime. Requested clusterTime: {after}; current clusterTime: {now}"
+            ),
+        )
+    })
 }
 
 /// The server's `parseMaxTimeMS`: any number in `0..=i32::MAX` with an integral value.
@@ -127,6 +340,7 @@ fn type_name(value: &Bson) -> &'static str {
         Bson::Null => "null",
         Bson::Document(_) => "object",
         Bson::Array(_) => "array",
+        Bson::Timestamp(_) => "timestamp",
         _ => "other",
     }
 }
@@ -219,5 +433,97 @@ mod tests {
         let primary = Role::ReplicaSetMember(ReplicaSetMember::primary("rs"));
         assert_eq!(code(refusal(&primary, "find", &find)), None);
         assert_eq!(code(refusal(&secondary, "ping", &doc! { "ping": 1 })), None);
+    }
+
+    /// TX-1 (review5 item 11): the session fields and concerns of a transaction's commands are
+    /// checked as a server checks them.
+    #[test]
+    fn tx1_transaction_fields_and_concerns_are_checked_like_a_real_server() {
+        let statement = |extra: Document| {
+            let mut command = doc! { "insert": "c", "lsid": lsid(), "txnNumber": 1_i64 };
+            command.extend(extra);
+            command
+        };
+        let refused = |command: &Document| {
+            let name = command.keys().next().unwrap().clone();
+            code(refusal(&Role::Mongos, &name, command))
+        };
+        // startTransaction without autocommit: false; autocommit: true; startTransaction: false.
+        assert_eq!(
+            refused(&statement(doc! { "startTransaction": true })),
+            Some(72)
+        );
+        assert_eq!(refused(&statement(doc! { "autocommit": true })), Some(72));
+        assert_eq!(
+            refused(&statement(
+                doc! { "autocommit": false, "startTransaction": false }
+            )),
+            Some(72)
+        );
+        assert_eq!(
+            refused(&doc! { "insert": "c", "lsid": lsid(), "autocommit": false }),
+            Some(72),
+            "autocommit without a txnNumber"
+        );
+        let first = doc! { "autocommit": false, "startTransaction": true };
+        assert_eq!(refused(&statement(first.clone())), None);
+        // readConcern only on the first command.
+        let mut with_rc = first.clone();
+        with_rc.insert("readConcern", doc! { "level": "snapshot" });
+        assert_eq!(refused(&statement(with_rc)), None);
+        assert_eq!(
+            refused(&statement(
+                doc! { "autocommit": false, "readConcern": { "level": "local" } }
+            )),
+            Some(72)
+        );
+        // writeConcern only on commit and abort.
+        assert_eq!(
+            refused(&statement(
+                doc! { "autocommit": false, "writeConcern": { "w": 1 } }
+            )),
+            Some(72)
+        );
+        let commit = doc! {
+            "commitTransaction": 1, "lsid": lsid(), "txnNumber": 1_i64, "autocommit": false,
+            "writeConcern": { "w": "majority" },
+        };
+        assert_eq!(refused(&commit), None);
+        let mut starting_commit = commit.clone();
+        starting_commit.insert("startTransaction", true);
+        assert_eq!(refused(&starting_commit), Some(263));
+        let count = doc! {
+            "count": "c", "lsid": lsid(), "txnNumber": 1_i64, "autocommit": false,
+        };
+        assert_eq!(
+            refused(&count),
+            Some(263),
+            "count.json: not in a transaction"
+        );
+    }
+
+    /// SE-21 (review5 item 11): `readConcern` parses as on a server: a known level, an
+    /// `afterClusterTime` that is a Timestamp not ahead of the deployment's clock.
+    #[test]
+    fn se21_read_concern_is_validated() {
+        let find = |rc: Bson| doc! { "find": "c", "readConcern": rc };
+        let refused = |rc: Bson| code(refusal(&Role::Mongos, "find", &find(rc)));
+        let at = |increment| bson::Timestamp { time: 1, increment };
+        assert_eq!(refused(Bson::Document(doc! { "level": "majority" })), None);
+        assert_eq!(
+            refused(Bson::Document(doc! { "afterClusterTime": at(3) })),
+            None
+        );
+        assert_eq!(refused(Bson::Document(doc! { "level": "strong" })), Some(9));
+        assert_eq!(refused(Bson::Document(doc! { "level": 1 })), Some(14));
+        assert_eq!(
+            refused(Bson::Document(doc! { "afterClusterTime": 5_i64 })),
+            Some(14)
+        );
+        assert_eq!(refused(Bson::Document(doc! { "later": true })), Some(9));
+        assert_eq!(refused(Bson::String("majority".into())), Some(14));
+        let ahead = find(Bson::Document(doc! { "afterClusterTime": at(4) }));
+        assert_eq!(code(after_cluster_time_refusal(&ahead, at(3))), Some(72));
+        assert_eq!(code(after_cluster_time_refusal(&ahead, at(4))), None);
     }
 }

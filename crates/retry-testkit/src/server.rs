@@ -565,6 +565,93 @@ const NOT_PRIMARY_CODES: [i32; 5] = [10107, 13435, 13436, 189, 11602];
 /// (server monitoring spec: "Always include the server's topologyVersion in ... State Change
 /// Error replies"); a client then treats it as stale (equal, not newer) and keeps the server's
 /// description.
+/// Commands that change data: each moves the deployment's clock on (review5 item 11).
+const CLOCKED_WRITES: [&str; 14] = [
+    "insert",
+    "update",
+    "delete",
+    "findAndModify",
+    "findandmodify",
+    "bulkWrite",
+    "create",
+    "drop",
+    "dropDatabase",
+    "createIndexes",
+    "dropIndexes",
+    "renameCollection",
+    "commitTransaction",
+    "abortTransaction",
+];
+
+/// House rule 7: a write acknowledged by more members than the replica set has (`w: <n>` above
+/// its size) is applied but cannot satisfy its write concern: a replica-set member answers with
+/// `writeConcernError` `UnsatisfiableWriteConcern` (100), "Not enough data-bearing nodes".
+fn add_unsatisfiable_write_concern(shared: &Shared, command: &Document, reply: &mut Document) {
+    let Ok(write_concern) = command.get_document("writeConcern") else {
+        return;
+    };
+    let Some(w) = write_concern.get("w").and_then(|w| match w {
+        Bson::Int32(n) => Some(i64::from(*n)),
+        Bson::Int64(n) => Some(*n),
+        Bson::Double(n) => Some(*n as i64),
+        _ => None,
+    }) else {
+        return;
+    };
+    if !reply.get("ok").is_some_and(is_ok) || reply.contains_key("writeConcernError") {
+        return;
+    }
+    let state = shared.lock();
+    let Role::ReplicaSetMember(member) = &state.role else {
+        return;
+    };
+    let members = member.hosts.len().max(1) as i64;
+    if w > members {
+        reply.insert(
+            "writeConcernError",
+            bson::doc! {
+                "code": 100,
+                "codeName": "UnsatisfiableWriteConcern",
+                "errmsg": "Not enough data-bearing nodes",
+            },
+        );
+    }
+}
+
+/// SE-16, SE-21 (review5 item 11): a replica-set member's or a mongos's reply (not hello) carries
+/// `operationTime` and `$clusterTime` from the deployment's logical clock, as a server without
+/// authentication gives them (a zero signature); a write that succeeded moves the clock first.
+fn add_cluster_time(shared: &Shared, name: &str, reply: &mut Document) {
+    if is_hello(name) {
+        return;
+    }
+    let state = shared.lock();
+    if state.role == Role::Standalone {
+        return;
+    }
+    let mut store = state.data.lock();
+    let ok = reply.get("ok").is_some_and(is_ok);
+    let time = if ok && CLOCKED_WRITES.contains(&name) {
+        store.tick()
+    } else {
+        store.cluster_time()
+    };
+    reply.insert("operationTime", Bson::Timestamp(time));
+    reply.insert(
+        "$clusterTime",
+        bson::doc! {
+            "clusterTime": Bson::Timestamp(time),
+            "signature": {
+                "hash": Bson::Binary(bson::Binary {
+                    subtype: bson::spec::BinarySubtype::Generic,
+                    bytes: vec![0; 20],
+                }),
+                "keyId": 0_i64,
+            },
+        },
+    );
+}
+
 fn add_topology_version(state: &State, process_id: ObjectId, reply: &mut Document) {
     if !matches!(state.role, Role::ReplicaSetMember(_)) {
         return;
@@ -827,7 +914,9 @@ impl Connection {
         let name = request.body.keys().next().map_or("", String::as_str);
         let exempt_from_faults = name == "configureFailPoint";
         match self.handle(shared, name, &request).await {
-            Response::Reply(reply) => {
+            Response::Reply(mut reply) => {
+                add_unsatisfiable_write_concern(shared, &request.body, &mut reply);
+                add_cluster_time(shared, name, &mut reply);
                 shared.count_reply(name, &reply);
                 if request.flags.contains(MsgFlags::MORE_TO_COME) {
                     return true;
@@ -872,6 +961,10 @@ impl Connection {
                 return Response::Reply(refusal);
             }
             if let Some(refusal) = crate::refusals::refusal(&state.role, name, command) {
+                return Response::Reply(refusal);
+            }
+            let now = state.data.lock().cluster_time();
+            if let Some(refusal) = crate::refusals::after_cluster_time_refusal(command, now) {
                 return Response::Reply(refusal);
             }
             let admin_command = hello || name == "configureFailPoint";

@@ -42,7 +42,13 @@ pub(crate) struct Store {
     transactions: BTreeMap<Vec<u8>, Transaction>,
     /// Secondary indexes by namespace (`{v, key, name}`), in creation order; `_id_` is implied.
     indexes: BTreeMap<String, Vec<Document>>,
+    /// The deployment's logical clock (review5 item 11, SE-16..SE-21): the increment of its
+    /// cluster time, advanced by every write.
+    clock: u32,
 }
+
+/// The seconds of every cluster time the test server gives (its clock counts in increments).
+const CLUSTER_TIME_SECONDS: u32 = 1_700_000_000;
 
 /// A retryable write's identity: its session (`lsid`, as BSON bytes), `txnNumber` and
 /// statement (`stmtId`, 0 when the command sends none) (TK-*: dedup for every write type).
@@ -116,6 +122,20 @@ pub(crate) struct Batch {
 }
 
 impl Store {
+    /// The deployment's current cluster time.
+    pub(crate) fn cluster_time(&self) -> bson::Timestamp {
+        bson::Timestamp {
+            time: CLUSTER_TIME_SECONDS,
+            increment: self.clock.max(1),
+        }
+    }
+
+    /// A write happened: the clock moves on; its new time.
+    pub(crate) fn tick(&mut self) -> bson::Timestamp {
+        self.clock = self.clock.max(1).saturating_add(1);
+        self.cluster_time()
+    }
+
     /// Appends `documents` to `ns`, giving an `_id` to those without one. A document whose
     /// `_id` is already there is refused (error 11000); `ordered` stops at the first refusal.
     pub(crate) fn insert(
@@ -270,6 +290,19 @@ impl Store {
                     "Given transaction number {number} does not match any in-progress transactions"
                 ),
             )),
+        }
+    }
+
+    /// TK-15: a statement of transaction `number` of `session` failed: a transaction in progress
+    /// is aborted (its data put back), as a real server aborts it.
+    pub(crate) fn abort_failed_statement(&mut self, session: &[u8], number: i64) {
+        if let Some(transaction) = self
+            .transactions
+            .get_mut(session)
+            .filter(|t| t.number == number && t.state == TransactionState::InProgress)
+        {
+            transaction.state = TransactionState::Aborted;
+            self.collections = core::mem::take(&mut transaction.before);
         }
     }
 

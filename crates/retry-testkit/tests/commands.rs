@@ -924,3 +924,91 @@ async fn command_log() {
     })
     .await;
 }
+
+/// Review5 item 11 (SE-16, SE-21, house rule 7): a replica-set member's replies carry
+/// `operationTime` and `$clusterTime` from the deployment's clock, which every write moves on;
+/// a `readConcern.afterClusterTime` ahead of it is refused (72); a `w` above the set's size is a
+/// `writeConcernError` 100 on an applied write, as on a real replica set.
+#[tokio::test]
+async fn cluster_time_and_write_concern_are_a_replica_sets() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let time = |reply: &Document| reply.get_timestamp("operationTime").expect("operationTime");
+        let ping = client
+            .command(doc! { "ping": 1, "$db": "admin" })
+            .await
+            .unwrap();
+        let before = time(&ping);
+        let cluster = ping.get_document("$clusterTime").expect("$clusterTime");
+        assert_eq!(cluster.get_timestamp("clusterTime").ok(), Some(before));
+        let insert = client
+            .command(doc! {
+                "insert": "c", "documents": [{ "_id": 1 }], "$db": "test",
+                "writeConcern": { "w": 5 },
+            })
+            .await
+            .unwrap();
+        let after = time(&insert);
+        assert!((after.time, after.increment) > (before.time, before.increment));
+        let error = insert
+            .get_document("writeConcernError")
+            .expect("w: 5 on a one-member set");
+        assert_eq!(code(error), Some(100));
+        let ahead = bson::Timestamp {
+            time: after.time,
+            increment: after.increment + 1,
+        };
+        let refused = client
+            .command(doc! {
+                "find": "c", "$db": "test", "readConcern": { "afterClusterTime": ahead },
+            })
+            .await
+            .unwrap();
+        assert_eq!(code(&refused), Some(72), "{refused}");
+        let fine = client
+            .command(doc! {
+                "find": "c", "$db": "test", "readConcern": { "afterClusterTime": after },
+            })
+            .await
+            .unwrap();
+        assert_eq!(first_batch(&fine).len(), 1);
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// TK-15 (house rule 7): a transaction statement that fails (here a duplicate key) aborts the
+/// transaction, as on a real server: its writes are undone and its next statement gets
+/// NoSuchTransaction (251).
+#[tokio::test]
+async fn a_failed_statement_aborts_its_transaction() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let statement = |id: i32, start: bool| {
+            let mut command = doc! {
+                "insert": "t", "documents": [{ "_id": id }], "$db": "test",
+                "lsid": lsid_of(9), "txnNumber": 1_i64, "autocommit": false,
+            };
+            if start {
+                command.insert("startTransaction", true);
+            }
+            command
+        };
+        let first = client.command(statement(1, true)).await.unwrap();
+        assert_eq!(first.get_i32("n").ok(), Some(1), "{first}");
+        let duplicate = client.command(statement(1, false)).await.unwrap();
+        assert!(duplicate.contains_key("writeErrors"), "{duplicate}");
+        let after = client.command(statement(2, false)).await.unwrap();
+        assert_eq!(code(&after), Some(251), "{after}");
+        let find = client
+            .command(doc! { "find": "t", "$db": "test" })
+            .await
+            .unwrap();
+        assert!(
+            first_batch(&find).is_empty(),
+            "the aborted insert is undone"
+        );
+        server.shutdown().await;
+    })
+    .await
+}

@@ -11,6 +11,7 @@ use retry_core::monitor::HeartbeatEvent;
 use retry_core::pool::PoolEvent;
 use retry_core::selection::ReadPreference;
 use retry_core::topology::{SdamEvent, ServerType};
+use retry_core::transaction::TransactionOptions;
 use serde_json::Value;
 
 use super::deploy::Cluster;
@@ -260,6 +261,10 @@ pub enum Entity {
         client: String,
         /// The product's session.
         session: Option<Arc<Session>>,
+        /// Its `lsid` once known (for `$$sessionLsid`, kept after it ended).
+        lsid: Option<Document>,
+        /// Its `defaultTransactionOptions` (UT-10).
+        defaults: TransactionOptions,
     },
     /// A saved result.
     Value(Bson),
@@ -365,9 +370,10 @@ impl Entities {
                     }
                 }
                 "session" => {
-                    // UT-10: `sessionOptions` (causal consistency, default transaction options)
-                    // are not supported by the product's sessions yet.
-                    check_fields(spec, &["id", "client"])?;
+                    // UT-10: `sessionOptions`: causal consistency is always on in the product;
+                    // `defaultTransactionOptions` gives the session's transaction concerns.
+                    check_fields(spec, &["id", "client", "sessionOptions"])?;
+                    let defaults = session_options(spec.get("sessionOptions"))?;
                     let client = str_field(spec, "client")?;
                     let session = self
                         .client(&client)?
@@ -378,6 +384,8 @@ impl Entities {
                     Entity::Session {
                         client,
                         session: Some(Arc::new(session)),
+                        lsid: None,
+                        defaults,
                     }
                 }
                 "thread" => {
@@ -425,6 +433,67 @@ fn str_field(spec: &Value, key: &str) -> Result<String, String> {
 }
 
 /// UT-14: an unknown field is an error, never ignored.
+/// UT-10: a session's `sessionOptions`: `causalConsistency: true` (the product's only mode) and
+/// `defaultTransactionOptions`; anything else is refused.
+fn session_options(value: Option<&Value>) -> Result<TransactionOptions, String> {
+    let Some(value) = value else {
+        return Ok(TransactionOptions::default());
+    };
+    let object = value
+        .as_object()
+        .ok_or("sessionOptions must be an object")?;
+    let mut defaults = TransactionOptions::default();
+    for (key, value) in object {
+        match key.as_str() {
+            "causalConsistency" if value == &Value::Bool(true) => {}
+            "defaultTransactionOptions" => defaults = transaction_options(value)?,
+            other => return Err(format!("unsupported sessionOptions field {other}: {value}")),
+        }
+    }
+    Ok(defaults)
+}
+
+/// TX-1: transaction options (`startTransaction` arguments, `defaultTransactionOptions`):
+/// `readConcern`, `writeConcern`, and a `readPreference` of mode primary (the product's only
+/// transaction read preference); anything else is refused.
+pub fn transaction_options(value: &Value) -> Result<TransactionOptions, String> {
+    let object = value
+        .as_object()
+        .ok_or("transaction options must be an object")?;
+    let mut options = TransactionOptions::default();
+    for (key, value) in object {
+        let document = match crate::json::to_bson(value)? {
+            Bson::Document(d) => d,
+            _ => return Err(format!("transaction option {key} must be a document")),
+        };
+        match key.as_str() {
+            "readConcern" => options = options.with_read_concern(document),
+            "writeConcern" => options = options.with_write_concern(wire_write_concern(document)?),
+            "readPreference" if document.get_str("mode").ok() == Some("primary") => {}
+            other => return Err(format!("unsupported transaction option {other}: {value}")),
+        }
+    }
+    Ok(options)
+}
+
+/// UT-15: a test file's write concern (`w`, `journal`, `wtimeoutMS`) as sent on the wire (`w`,
+/// `j`, `wtimeout`); another field is refused.
+fn wire_write_concern(given: Document) -> Result<Document, String> {
+    let mut wire = Document::new();
+    for (key, value) in given {
+        match key.as_str() {
+            "w" => wire.insert("w", value),
+            "journal" | "j" => wire.insert("j", value),
+            "wtimeoutMS" | "wtimeout" => match value.as_i64().or(value.as_i32().map(i64::from)) {
+                Some(ms) => wire.insert("wtimeout", ms),
+                None => return Err(format!("writeConcern {key} must be an integer")),
+            },
+            other => return Err(format!("unsupported writeConcern field {other}")),
+        };
+    }
+    Ok(wire)
+}
+
 fn check_fields(spec: &Value, known: &[&str]) -> Result<(), String> {
     let object = spec.as_object().ok_or("an entity must be an object")?;
     match object.keys().find(|k| !known.contains(&k.as_str())) {
@@ -448,7 +517,7 @@ fn options(value: Option<&Value>) -> Result<Options, String> {
             return Err(format!("{key} must be a document"));
         };
         match key.as_str() {
-            "writeConcern" => options.write_concern = Some(document),
+            "writeConcern" => options.write_concern = Some(wire_write_concern(document)?),
             "readConcern" => options.read_concern = Some(document),
             other => return Err(format!("unsupported database/collection option {other}")),
         }

@@ -263,6 +263,10 @@ pub async fn execute(
     };
     let mut options = CommandOptions::default().with_cursor(cursor);
     options.criteria = criteria;
+    // UT-9: the entity's concerns are inherited, not the operation's own: a transaction drops
+    // them (TX-1).
+    options.concerns_inherited =
+        target.options.read_concern.is_some() || target.options.write_concern.is_some();
     match &target.session {
         // The session adds what a transaction needs (TX-1, TX-2): the product's decision.
         Some(session) => session.run(&target.db, command, kind, options).await,

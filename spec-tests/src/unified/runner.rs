@@ -371,21 +371,61 @@ fn session_argument(args: &mut Args, entities: &Entities) -> Result<Option<Arc<S
 
 /// UT-10, TX-2: `startTransaction`, `commitTransaction`, `abortTransaction` and `endSession`
 /// on a session entity, each the product's own call.
-async fn session_operation(id: &str, name: &str, args: Args, entities: &mut Entities) -> OpResult {
+async fn session_operation(
+    id: &str,
+    name: &str,
+    mut args: Args,
+    entities: &mut Entities,
+) -> OpResult {
+    // TX-1: `startTransaction`'s options, each over the session's default.
+    let mut given = serde_json::Map::new();
+    if name == "startTransaction" {
+        for key in [
+            "readConcern",
+            "writeConcern",
+            "readPreference",
+            "maxCommitTimeMS",
+        ] {
+            if let Some(value) = args.take(key) {
+                given.insert(key.to_owned(), value);
+            }
+        }
+    }
+    let given = super::entities::transaction_options(&Value::Object(given)).map_err(Err)?;
     args.finish().map_err(Err)?;
-    let Some(Entity::Session { session, .. }) = entities.map.get_mut(id) else {
+    let Some(Entity::Session {
+        session,
+        lsid,
+        defaults,
+        ..
+    }) = entities.map.get_mut(id)
+    else {
         return Err(Err(format!("{id} is not a session")));
     };
     if name == "endSession" {
-        // Dropping the product's session ends it (SE-10); the entity stays, ended.
-        session.take();
+        // Dropping the product's session ends it (SE-10); the entity stays, ended, with the
+        // lsid it had (UT-23 `$$sessionLsid`).
+        if let Some(ended) = session.take() {
+            if let Some(known) = ended.info().await.and_then(|i| i.lsid) {
+                *lsid = Some(known);
+            }
+        }
         return Ok(Produced::Value(Bson::Null));
     }
     let Some(session) = session.clone() else {
         return Err(Err(format!("session {id} has ended")));
     };
     let result = match name {
-        "startTransaction" => session.start_transaction().await,
+        "startTransaction" => {
+            let mut options = defaults.clone();
+            if let Some(read_concern) = given.read_concern {
+                options = options.with_read_concern(read_concern);
+            }
+            if let Some(write_concern) = given.write_concern {
+                options = options.with_write_concern(write_concern);
+            }
+            session.start_transaction_with(options).await
+        }
         "commitTransaction" => session.commit_transaction().await,
         "abortTransaction" => session.abort_transaction().await,
         other => return Err(Err(format!("unsupported session operation {other}"))),
@@ -518,6 +558,25 @@ fn expect_error(expected: &Value, failure: &Failure) -> Result<(), String> {
     Ok(())
 }
 
+/// What the product's engine knows of the live session entity `id`.
+async fn session_info(
+    entities: &Entities,
+    id: &str,
+) -> Result<retry_core::engine::SessionInfo, String> {
+    let Some(Entity::Session {
+        session: Some(session),
+        ..
+    }) = entities.map.get(id)
+    else {
+        return Err(format!("{id} is not a live session"));
+    };
+    let session = Arc::clone(session);
+    session
+        .info()
+        .await
+        .ok_or_else(|| format!("session {id}: the client has shut down"))
+}
+
 /// §1.6: the test-runner operations.
 async fn test_runner(
     name: &str,
@@ -557,6 +616,72 @@ async fn test_runner(
                 Err(format!(
                     "{actual} connections checked out, expected {expected:?}"
                 ))
+            }
+        }
+        // UT-10, TX-3, TX-5: a fail point on the mongos the session is pinned to, set over a
+        // direct connection to it (the format's targetedFailPoint).
+        "targetedFailPoint" => {
+            let id = args.string("session")?;
+            let mut fail_point = args.document("failPoint")?;
+            args.finish()?;
+            let info = session_info(entities, &id).await?;
+            let address = info
+                .pinned
+                .ok_or_else(|| format!("targetedFailPoint: session {id} is not pinned"))?;
+            let socket: std::net::SocketAddr = address
+                .to_string()
+                .parse()
+                .map_err(|e| format!("harness: pinned address {address}: {e}"))?;
+            fail_point.insert("$db", "admin");
+            let mut direct = retry_testkit::RawClient::connect(socket)
+                .await
+                .map_err(|e| format!("harness: connect to {address}: {e}"))?;
+            let reply = direct
+                .command(fail_point)
+                .await
+                .map_err(|e| format!("harness: configureFailPoint on {address}: {e}"))?;
+            match reply.get("ok") {
+                Some(Bson::Double(ok)) if *ok == 1.0 => Ok(()),
+                _ => Err(format!("harness: configureFailPoint: {reply}")),
+            }
+        }
+        // UT-10: what the product's engine knows of a session (TX-2, TX-3, TX-5, SE-12).
+        "assertSessionPinned" | "assertSessionUnpinned" => {
+            let id = args.string("session")?;
+            args.finish()?;
+            let pinned = session_info(entities, &id).await?.pinned.is_some();
+            if pinned == (name == "assertSessionPinned") {
+                Ok(())
+            } else {
+                Err(format!("{name} does not hold"))
+            }
+        }
+        "assertSessionDirty" | "assertSessionNotDirty" => {
+            let id = args.string("session")?;
+            args.finish()?;
+            let dirty = session_info(entities, &id).await?.dirty;
+            if dirty == (name == "assertSessionDirty") {
+                Ok(())
+            } else {
+                Err(format!("{name} does not hold"))
+            }
+        }
+        "assertSessionTransactionState" => {
+            let id = args.string("session")?;
+            let expected = args.string("state")?;
+            args.finish()?;
+            use retry_core::transaction::TransactionState;
+            let actual = match session_info(entities, &id).await?.transaction {
+                TransactionState::None => "none",
+                TransactionState::Starting => "starting",
+                TransactionState::InProgress => "in_progress",
+                TransactionState::Committed { .. } => "committed",
+                TransactionState::Aborted => "aborted",
+            };
+            if actual == expected {
+                Ok(())
+            } else {
+                Err(format!("transaction state {actual}, expected {expected}"))
             }
         }
         "assertSameLsidOnLastTwoCommands" | "assertDifferentLsidOnLastTwoCommands" => {
@@ -646,7 +771,7 @@ fn count_matching(
     let mut found = 0;
     for observed in &client.observed {
         if observed.name == name {
-            match event_matches(body, &observed.body) {
+            match event_matches(body, &observed.body, &no_sessions) {
                 Ok(()) => found += 1,
                 Err(e) if e.starts_with("harness:") => return Err(e),
                 Err(_) => {}
@@ -657,7 +782,11 @@ fn count_matching(
 }
 
 /// UT-22: an expected event's fields; `command` and `reply` are root-level documents.
-fn event_matches(expected: &Bson, actual: &Document) -> Result<(), String> {
+fn event_matches(
+    expected: &Bson,
+    actual: &Document,
+    sessions: super::matching::SessionLsids<'_>,
+) -> Result<(), String> {
     let Bson::Document(expected) = expected else {
         return Err("an expected event must be a document".into());
     };
@@ -674,7 +803,7 @@ fn event_matches(expected: &Bson, actual: &Document) -> Result<(), String> {
             | "previousDescription"
             | "newDescription"
             | "awaited" => {
-                matches_root(value, actual.get(key), &no_sessions)
+                matches_root(value, actual.get(key), sessions)
                     .map_err(|e| format!("{key}: {e}"))?;
             }
             other => return Err(format!("harness: unsupported event field {other}")),
@@ -686,6 +815,20 @@ fn event_matches(expected: &Bson, actual: &Document) -> Result<(), String> {
 /// UT-21: each client's observed events of the type equal the expected list.
 async fn expect_events(expected: &Value, entities: &mut Entities) -> Result<(), String> {
     settle(entities).await;
+    // UT-23 `$$sessionLsid`: each session entity's lsid, from the product (kept after its end).
+    let mut lsids = std::collections::BTreeMap::new();
+    for (id, entity) in entities.map.iter_mut() {
+        if let Entity::Session { session, lsid, .. } = entity {
+            if let Some(session) = session {
+                if let Some(known) = session.info().await.and_then(|i| i.lsid) {
+                    *lsid = Some(known);
+                }
+            }
+            if let Some(known) = lsid {
+                lsids.insert(id.clone(), known.clone());
+            }
+        }
+    }
     for entry in expected.as_array().ok_or("expectEvents must be an array")? {
         check_keys(
             entry,
@@ -733,7 +876,7 @@ async fn expect_events(expected: &Value, entities: &mut Entities) -> Result<(), 
                     actual.name
                 ));
             }
-            event_matches(body, &actual.body)
+            event_matches(body, &actual.body, &|id: &str| lsids.get(id).cloned())
                 .map_err(|e| format!("{client} event {index} ({name}): {e}"))?;
         }
     }

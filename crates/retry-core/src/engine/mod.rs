@@ -218,8 +218,15 @@ pub struct OperationRequest {
     pub cursor: CursorUse,
     /// The explicit session from [`Engine::start_session`]; `None` runs the operation in an
     /// implicit session (SE-9). Transactions need one: their commands share its `lsid` and
-    /// `txnNumber` (TX-1) and follow its pin (TX-3..TX-5).
+    /// `txnNumber` (TX-1) and follow its pin (TX-3..TX-5). Inside the session's transaction
+    /// ([`Engine::start_transaction`]) every operation naming it runs as a transaction command,
+    /// whatever its `kind` says (TX-1, TX-2).
     pub session: Option<SessionHandle>,
+    /// The command's `readConcern` / `writeConcern` were inherited (from a client, database or
+    /// collection default), not given for this operation. Inside a transaction inherited ones
+    /// are dropped (the transaction's own apply, TX-1), while an operation's own is a usage error
+    /// (the transactions spec: they cannot be given to an operation in a transaction).
+    pub concerns_inherited: bool,
 }
 
 impl OperationRequest {
@@ -238,8 +245,25 @@ impl OperationRequest {
             timeout: OperationTimeout::Off,
             cursor: CursorUse::None,
             session: None,
+            concerns_inherited: false,
         }
     }
+}
+
+/// What [`Engine::session_info`] reports of an explicit session.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct SessionInfo {
+    /// SE-3: the `lsid` (`{id: UUID}`) its commands carry, once its first command took a server
+    /// session (SE-7).
+    pub lsid: Option<Document>,
+    /// SE-12: a network error made its server session dirty.
+    pub dirty: bool,
+    /// TX-3, TX-5: the mongos (or, load balanced, the pinned connection's server) its
+    /// transaction is pinned to.
+    pub pinned: Option<ServerAddress>,
+    /// TX-2: where its transaction is.
+    pub transaction: crate::transaction::TransactionState,
 }
 
 /// An explicit session, from [`Engine::start_session`] until [`Engine::end_session`]. The engine
@@ -483,6 +507,12 @@ struct Session {
     ending: bool,
     /// TX-6: the latest `recoveryToken` of the transaction's `ok: 1` replies.
     recovery_token: Option<Document>,
+    /// TX-2: its transaction's state, through which every operation naming it is mapped.
+    transaction: crate::transaction::Transaction,
+    /// TX-1: transactions started since its last `txnNumber` was taken (each takes one).
+    started_transactions: u32,
+    /// TX-1, TX-11: the concerns of its transaction (from [`Engine::start_transaction`]).
+    transaction_options: crate::transaction::TransactionOptions,
     /// SE-21: the greatest `operationTime` of its replies, for `afterClusterTime`.
     operation_time: Option<bson::Timestamp>,
 }

@@ -35,8 +35,10 @@ impl Engine {
     /// Starts an operation; its result comes as [`EngineEvent::OperationFinished`]. After
     /// [`Engine::close`] it finishes at once with [`crate::error::ErrorKind::Cancelled`]. A
     /// request the session rules refuse (an ended session, SE-10; a transaction without an
-    /// explicit session; an explicit session with `w: 0`, SE-13) finishes at once with a usage
-    /// error.
+    /// explicit session; an explicit session with `w: 0`, SE-13; a transaction call in the wrong
+    /// state, TX-2) finishes at once with a usage error. A request naming an explicit session is
+    /// mapped through its transaction ([`Engine::start_transaction`]); a commit or abort of a
+    /// transaction that wrote nothing finishes at once with an empty reply (TX-2).
     pub fn start_operation(&mut self, request: OperationRequest, now: Instant) -> OpId {
         if self.closed {
             let op = self.next_op_id();
@@ -64,6 +66,41 @@ impl Engine {
         now: Instant,
     ) -> OpId {
         let op = self.next_op_id();
+        // SE-14, TX-1: a `getMore` runs in the session of the command that opened its cursor, and
+        // while that session's transaction is active, in the transaction (outside one it keeps
+        // the cursor's own route and pins).
+        if let (None, CursorUse::GetMore(handle)) = (request.session, request.cursor) {
+            if let Some(OpSession::Explicit(session)) =
+                self.cursors.get_mut(&handle).map(|c| &c.session)
+            {
+                let session = *session;
+                if self
+                    .sessions
+                    .get(&session)
+                    .is_some_and(|s| s.transaction.is_active())
+                {
+                    request.session = Some(session);
+                }
+            }
+        }
+        // TX-1, TX-2: an operation naming a session runs through its transaction.
+        match self.transaction_request(&mut request) {
+            Ok(true) => {}
+            Ok(false) => {
+                self.events.push_back(EngineEvent::OperationFinished {
+                    op,
+                    result: Ok(Document::new()),
+                });
+                return op;
+            }
+            Err(error) => {
+                self.events.push_back(EngineEvent::OperationFinished {
+                    op,
+                    result: Err(error),
+                });
+                return op;
+            }
+        }
         let (mut session, gossip) = match self.operation_session(&request) {
             Ok(session) => session,
             Err(error) => {
@@ -633,6 +670,8 @@ impl Engine {
         let failed = match sent {
             Ok(request_id) => {
                 op.sent(slot, now);
+                // TX-2: a transaction is in progress once its first command is written.
+                self.transaction_command_sent(op_id, slot);
                 if let Some(command) = published {
                     self.command_started(op_id, conn, request_id, &command, now);
                 }

@@ -101,21 +101,6 @@ impl Engine {
         (server, conn)
     }
 
-    /// TX-4 (4): the session starts a new transaction (see [`crate::transaction::Transaction`]):
-    /// its pin goes now, before the transaction's first selection, and a pinned load-balanced
-    /// connection goes back to its pool. An unknown or ended session is ignored.
-    pub fn start_transaction(&mut self, session: SessionHandle, now: Instant) {
-        let Some(state) = self.sessions.get_mut(&session) else {
-            return;
-        };
-        // The old pin needs no action here: a mongos pin holds nothing, and a connection pin's
-        // connection is the one `state.conn` holds (`pin_transaction` sets both together), which
-        // `unpin_connection` gives back.
-        let _unpinned = state.pin.start_transaction();
-        self.unpin_connection(session, true, now);
-        self.run(now);
-    }
-
     /// Gives a session's pinned load-balanced connection back to its pool, if it has one.
     pub(super) fn unpin_connection(&mut self, session: SessionHandle, healthy: bool, now: Instant) {
         if let Some(conn) = self.sessions.get_mut(&session).and_then(|s| s.conn.take()) {

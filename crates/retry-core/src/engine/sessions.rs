@@ -15,7 +15,9 @@ use bson::{Bson, Document};
 
 use alloc::vec::Vec;
 
-use super::{Engine, OpId, OpSession, Operation, OperationRequest, Session, SessionHandle};
+use super::{
+    Engine, OpId, OpSession, Operation, OperationRequest, Session, SessionHandle, SessionInfo,
+};
 use crate::classify::is_unacknowledged;
 use crate::error::{ErrorKind, OperationError};
 use crate::max_time::{max_time_ms, MaxTime};
@@ -26,6 +28,7 @@ use crate::session::{
     ServerSession, SessionId, SessionTimeout, SESSIONS_UNSUPPORTED,
 };
 use crate::time::{Instant, OperationTimeout};
+use crate::transaction::{Step, TransactionOptions, TransactionState};
 use crate::wire::{append_db, append_lsid, EncodeError};
 
 /// What [`Engine::prepare_attempt`] decided about an attempt about to be written.
@@ -88,10 +91,13 @@ impl Engine {
     /// Ends an explicit session: its transaction pin goes (TX-4 (6)), a pinned connection goes
     /// back to its pool, and its server session returns to the pool (SE-5; a dirty one is
     /// discarded, SE-12). Ending it again, or an unknown handle, does nothing (SE-10). From the
-    /// call on, new operations in it are refused, and an operation still running in it fails its
-    /// next attempt with a usage error; while any runs, the session ends only when the last one
-    /// finishes, so that its server session is neither shared nor returned clean while a command
-    /// that carries its `lsid` may still be cut off (SE-12).
+    /// call on, new operations in it are refused; operations started before the call (the
+    /// `abortTransaction` that ending a session with a transaction in progress starts, TX-2,
+    /// included) run all their attempts, TX-10 retries included. While any runs, the session
+    /// ends only when the last one finishes, so that its server session is neither shared nor
+    /// returned clean while a command that carries its `lsid` may still be cut off (SE-12). A
+    /// `killCursors` of a cursor opened in it and closed after it ended goes out without an
+    /// `lsid` (SE-13, SE-14).
     pub fn end_session(&mut self, session: SessionHandle, now: Instant) {
         match self.sessions.get_mut(&session) {
             Some(state) if state.in_flight > 0 => state.ending = true,
@@ -126,6 +132,171 @@ impl Engine {
         self.sessions.get(&handle).is_some_and(|s| !s.ending)
     }
 
+    /// TX-2, TX-4 (4): starts a transaction in the explicit session `session` with `options`
+    /// (TX-1, TX-11): a usage error while one is starting or in progress ("Transaction already
+    /// in progress"), with an unacknowledged write concern (`w: 0`), or for an unknown or ended
+    /// session. The session's pin goes now, before the
+    /// transaction's first selection, and a pinned load-balanced connection goes back to its
+    /// pool. From now on every operation naming the session runs in the transaction: the first
+    /// one written carries `startTransaction` (the transaction is "starting" until then), later
+    /// ones continue it, and `commitTransaction` / `abortTransaction` requests
+    /// ([`OperationKind::CommitTransaction`], [`OperationKind::AbortTransaction`]) end it,
+    /// finishing at once without a command when none was written (TX-2).
+    pub fn start_transaction(
+        &mut self,
+        session: SessionHandle,
+        options: TransactionOptions,
+        now: Instant,
+    ) -> Result<(), OperationError> {
+        let Some(state) = self.sessions.get_mut(&session).filter(|s| !s.ending) else {
+            return Err(OperationError::usage("the session has ended"));
+        };
+        // The transactions spec: an unacknowledged write concern cannot commit a transaction.
+        if options
+            .write_concern
+            .as_ref()
+            .is_some_and(is_unacknowledged)
+        {
+            return Err(OperationError::usage(
+                "transactions do not support unacknowledged write concern",
+            ));
+        }
+        state.transaction.start()?;
+        state.transaction_options = options;
+        // TX-1: the `txnNumber` is incremented at `startTransaction`, even for a transaction
+        // that never writes a command; the number is taken with the server session, at the
+        // transaction's first command.
+        state.started_transactions += 1;
+        // The old pin needs no action here: a mongos pin holds nothing, and a connection pin's
+        // connection is the one `state.conn` holds (`pin_transaction` sets both together), which
+        // `unpin_connection` gives back.
+        let _unpinned = state.pin.start_transaction();
+        self.unpin_connection(session, true, now);
+        self.run(now);
+        Ok(())
+    }
+
+    /// What the engine knows of an explicit session (for tests and diagnostics); `None` for an
+    /// unknown or ended session.
+    pub fn session_info(&self, session: SessionHandle) -> Option<SessionInfo> {
+        let state = self.sessions.get(&session)?;
+        let pinned = match state.pin.pinned() {
+            Some(crate::pinning::Pin::Mongos(address)) => Some(address.clone()),
+            Some(crate::pinning::Pin::Connection(_)) => state
+                .conn
+                .and_then(|c| self.sockets.get(&c))
+                .map(|s| s.address.clone()),
+            None => None,
+        };
+        Some(SessionInfo {
+            lsid: state.server.as_ref().map(|s| s.id().lsid()),
+            dirty: state.server.as_ref().is_some_and(ServerSession::is_dirty),
+            pinned,
+            transaction: state.transaction.state(),
+        })
+    }
+
+    /// TX-2: where the explicit session's transaction is; `None` for an unknown or ended session.
+    pub fn transaction_state(&self, session: SessionHandle) -> Option<TransactionState> {
+        self.sessions.get(&session).map(|s| s.transaction.state())
+    }
+
+    /// TX-1, TX-2 (review5 items 4, 5): maps a request naming an open explicit session through
+    /// its transaction: inside one, any kind runs as [`OperationKind::InTransaction`] on a
+    /// writable server (the transaction's read preference is primary: a read preference of
+    /// another mode is a usage error), the first command with the
+    /// transaction's `readConcern`; commit and abort become the kind their state gives, with the
+    /// transaction's `writeConcern`. `Ok(false)`: nothing to send (commit or abort of a
+    /// transaction that wrote nothing); an error: a state or concern the rules refuse, with
+    /// nothing changed.
+    pub(super) fn transaction_request(
+        &mut self,
+        request: &mut OperationRequest,
+    ) -> Result<bool, OperationError> {
+        let Some(state) = request
+            .session
+            .and_then(|handle| self.sessions.get_mut(&handle))
+            .filter(|s| !s.ending)
+        else {
+            return Ok(true);
+        };
+        let step = match request.kind {
+            OperationKind::CommitTransaction { .. } => state.transaction.commit()?,
+            OperationKind::AbortTransaction => state.transaction.abort()?,
+            kind => {
+                let joins = state.transaction.is_active()
+                    || matches!(kind, OperationKind::InTransaction { .. });
+                if joins {
+                    for field in ["readConcern", "writeConcern"] {
+                        if request.command.contains_key(field) && !request.concerns_inherited {
+                            return Err(OperationError::usage(alloc::format!(
+                                "{field} cannot be given to an operation in a transaction: the \
+                                 transaction's own applies (TX-1)"
+                            )));
+                        }
+                        request.command.remove(field);
+                    }
+                }
+                // The transaction's read preference is primary: an operation's other one is an
+                // error (the transactions spec's "read preference in a transaction must be
+                // primary"), checked before anything changes.
+                let secondary = matches!(
+                    &request.criteria,
+                    SelectionCriteria::Read(preference)
+                        if preference.mode() != ReadPreferenceMode::Primary
+                );
+                if joins && secondary {
+                    return Err(OperationError::usage(
+                        "read preference in a transaction must be primary",
+                    ));
+                }
+                let kind = state.transaction.statement(kind)?;
+                if let OperationKind::InTransaction { first, .. } = kind {
+                    if let (true, Some(read_concern)) =
+                        (first, &state.transaction_options.read_concern)
+                    {
+                        request.command.insert("readConcern", read_concern.clone());
+                    }
+                    request.criteria = SelectionCriteria::Write;
+                }
+                request.kind = kind;
+                return Ok(true);
+            }
+        };
+        match step {
+            Step::Nothing => Ok(false),
+            Step::Send(kind) => {
+                request.kind = kind;
+                if let Some(write_concern) = &state.transaction_options.write_concern {
+                    if !request.command.contains_key("writeConcern") {
+                        request
+                            .command
+                            .insert("writeConcern", write_concern.clone());
+                    }
+                }
+                request.criteria = SelectionCriteria::Write;
+                Ok(true)
+            }
+        }
+    }
+
+    /// TX-2: the transaction's first command was written (`op_id`'s attempt in `slot`): the
+    /// transaction is in progress from now on.
+    pub(super) fn transaction_command_sent(&mut self, op_id: OpId, slot: usize) {
+        let Some(op) = self.ops.get(&op_id) else {
+            return;
+        };
+        if let (
+            OperationKind::InTransaction { first: true, .. },
+            Some(OpSession::Explicit(handle)),
+        ) = (op.request.kind, op.slots.get(slot).map(|s| &s.session))
+        {
+            if let Some(state) = self.sessions.get_mut(handle) {
+                state.transaction.first_sent();
+            }
+        }
+    }
+
     /// SE-6, LB-5: how long the server keeps an idle session, for the pool's rules.
     fn session_timeout(&self) -> SessionTimeout {
         SessionTimeout::new(
@@ -151,7 +322,11 @@ impl Engine {
                 | OperationKind::CommitTransaction { .. }
                 | OperationKind::AbortTransaction
         );
+        let closing_cursor = matches!(request.cursor, super::CursorUse::Close(_));
         let session = match request.session {
+            // SE-13, SE-14: a cursor's `killCursors` takes the cursor's session (no `lsid` once
+            // that ended), so a cursor outlives its ended session without leaking on the server.
+            Some(handle) if closing_cursor && !self.session_open(handle) => OpSession::Never,
             // SE-10: an ended (or never started) session.
             Some(handle) if !self.session_open(handle) => {
                 return Err(OperationError::usage("the session has ended"));
@@ -202,6 +377,8 @@ impl Engine {
         let kind = op.request.kind;
         let mut recovery_token = None;
         let causal_read = reads_causally(kind, &op.wire.body);
+        let first_command = matches!(kind, OperationKind::InTransaction { first: true, .. });
+        let mut skipped = 0;
         let mut after_cluster_time = None;
         // Each hedged copy has its own session (SE-9): its `lsid` is appended as it is encoded.
         let Some(slot) = op.slots.get_mut(slot) else {
@@ -219,8 +396,19 @@ impl Engine {
                     None,
                 )
             }
+            // SE-13, SE-14: the `killCursors` of a cursor whose session has ended goes out
+            // without an `lsid` (none may be sent for an ended session).
+            OpSession::Explicit(handle)
+                if !self.sessions.contains_key(handle)
+                    && matches!(op.request.cursor, super::CursorUse::Close(_)) =>
+            {
+                (None, None)
+            }
             OpSession::Explicit(handle) => {
-                let Some(state) = self.sessions.get_mut(handle).filter(|s| !s.ending) else {
+                // TX-2, TX-10 (review5 item 3): an operation started before `end_session` runs
+                // all its attempts, the abort that ending the session started included; only new
+                // operations are refused (`operation_session`).
+                let Some(state) = self.sessions.get_mut(handle) else {
                     return Prepared::Refused(OperationError::usage("the session has ended"));
                 };
                 if !supported {
@@ -238,6 +426,9 @@ impl Engine {
                 }
                 if causal_read {
                     after_cluster_time = state.operation_time;
+                }
+                if with_txn_number && op.txn_number.is_none() && first_command {
+                    skipped = core::mem::take(&mut state.started_transactions);
                 }
                 let server = state
                     .server
@@ -257,6 +448,14 @@ impl Engine {
                         OperationKind::InTransaction { first: false, .. }
                         | OperationKind::CommitTransaction { .. }
                         | OperationKind::AbortTransaction => server.txn_number(),
+                        // TX-1: each transaction started since the last number took one, the
+                        // ones that never wrote a command included.
+                        OperationKind::InTransaction { first: true, .. } => {
+                            for _ in 1..skipped {
+                                server.next_txn_number();
+                            }
+                            server.next_txn_number()
+                        }
                         _ => server.next_txn_number(),
                     });
                     body.insert("txnNumber", Bson::Int64(number));
