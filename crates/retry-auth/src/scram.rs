@@ -6,9 +6,10 @@
 //! computation. The password fed to `Hi()` is `HEX(MD5(user ":mongo:" password))` for SHA-1 and
 //! the SASLprep'd password for SHA-256 (AU-7). Derived keys are cached per salt and iteration
 //! count (AU-9): a mechanism value belongs to one credential, so the password and mechanism parts
-//! of the spec's cache key are fixed.
+//! of the spec's cache key are fixed. The cache keeps the last [`CACHED_KEYS`] pairs only, and an
+//! iteration count above [`MAX_ITERATIONS`] is refused before any hashing (RFC 5802 section 9: a
+//! hostile server can ask for a costly count).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -25,11 +26,22 @@ use crate::SharedRng;
 /// AU-6: fewer iterations than this MUST fail.
 pub const MIN_ITERATIONS: u32 = 4096;
 
-/// More iterations than this are refused: the server's `scramIterationCount` and
-/// `scramSHA256IterationCount` are 32-bit signed integers (at least 5,000; defaults 10,000 and
-/// 15,000), so no MongoDB server can ask for more, and a larger count could only stall the
-/// client in PBKDF2.
-pub const MAX_ITERATIONS: u32 = i32::MAX as u32;
+/// More iterations than this are refused with an [`AuthError`], before any hashing (review5
+/// item 7). `Hi()` runs synchronously where the reply is handled, so a hostile or misconfigured
+/// server's count would stall every socket and deadline of the client meanwhile (house rule 8).
+/// The number: a server's `scramIterationCount` (SCRAM-SHA-1) defaults to 10,000 and its
+/// `scramSHA256IterationCount` to 15,000, both at least 5,000 and bounded only by their 32-bit
+/// type (2,147,483,647, about 140,000 times the default: tens of minutes of PBKDF2). The highest
+/// count a deployment plausibly chooses is the OWASP password-storage recommendation for
+/// PBKDF2 (2023: 1,300,000 for HMAC-SHA-1, 600,000 for HMAC-SHA-256), so the cap is
+/// 2,000,000: above both with room, 130 times the server's default, and a bounded stall (order
+/// of a second) instead of an unbounded one.
+pub const MAX_ITERATIONS: u32 = 2_000_000;
+
+/// AU-9: how many (salt, iterations) pairs a mechanism value keeps derived keys for: one per
+/// server of a deployment whose members do not share a user document is the usual worst case;
+/// the oldest entry goes first, so a server that rotates salts cannot grow it.
+pub const CACHED_KEYS: usize = 4;
 
 /// Random bytes in a client nonce (base64-encoded on the wire: 32 characters).
 const NONCE_BYTES: usize = 24;
@@ -130,20 +142,27 @@ struct Shared {
     user: String,
     /// The password `Hi()` takes, or why there is none.
     prepared: Result<String, AuthError>,
-    /// AU-9: (salt, iterations) → keys.
-    cache: Mutex<HashMap<(Vec<u8>, u32), Keys>>,
+    /// AU-9: (salt, iterations) → keys, the last [`CACHED_KEYS`] pairs, oldest first.
+    cache: Mutex<Vec<(Vec<u8>, u32, Keys)>>,
 }
 
 impl Shared {
     fn keys(&self, salt: &[u8], iterations: u32) -> Result<Keys, AuthError> {
         let prepared = self.prepared.as_ref().map_err(Clone::clone)?;
-        let key = (salt.to_vec(), iterations);
-        if let Some(keys) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        let cached = self.cache.lock().ok().and_then(|c| {
+            c.iter()
+                .find(|(s, i, _)| s == salt && *i == iterations)
+                .map(|(_, _, keys)| keys.clone())
+        });
+        if let Some(keys) = cached {
             return Ok(keys);
         }
         let keys = self.version.keys(prepared, salt, iterations);
         if let Ok(mut cache) = self.cache.lock() {
-            cache.insert(key, keys.clone());
+            if cache.len() >= CACHED_KEYS {
+                cache.remove(0);
+            }
+            cache.push((salt.to_vec(), iterations, keys.clone()));
         }
         Ok(keys)
     }
@@ -183,13 +202,13 @@ impl Scram {
                 version,
                 user: escape_user(user),
                 prepared: version.prepare_password(user, password),
-                cache: Mutex::new(HashMap::new()),
+                cache: Mutex::new(Vec::new()),
             }),
             rng,
         })
     }
 
-    /// The number of (salt, iterations) pairs whose keys are cached.
+    /// The number of (salt, iterations) pairs whose keys are cached (at most [`CACHED_KEYS`]).
     pub fn cached_keys(&self) -> usize {
         self.shared.cache.lock().map(|c| c.len()).unwrap_or(0)
     }
@@ -356,7 +375,7 @@ impl ClientConversation {
                 _ => {
                     return Err(self.error(format!(
                         "iteration count {iterations} is above the maximum of {MAX_ITERATIONS} \
-                         (a server's SCRAM iteration count is a 32-bit integer)"
+                         (server defaults: 10000 for SCRAM-SHA-1, 15000 for SCRAM-SHA-256)"
                     )))
                 }
             },
@@ -568,7 +587,7 @@ mod tests {
             version,
             user: escape_user(user),
             prepared: Ok(prepared.into()),
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(Vec::new()),
         });
         ClientConversation::start(shared, nonce.into())
     }
@@ -649,11 +668,16 @@ mod tests {
     #[test]
     fn au6_the_server_first_message_is_checked() {
         assert!(bad_server_first("r=abcdef,s=QSXCR+Q6sek8bf92,i=4095").contains("4095"));
-        // Above a server's 32-bit iteration count: refused before any hashing, even past u32.
-        for too_many in ["2147483648", "4294967296", "99999999999999999999"] {
+        // Above the cap: refused before any hashing, even past u32.
+        for too_many in [
+            "2000001",
+            "2147483648",
+            "4294967296",
+            "99999999999999999999",
+        ] {
             let error = bad_server_first(&format!("r=abcdef,s=QSXCR+Q6sek8bf92,i={too_many}"));
             assert!(
-                error.contains("above the maximum of 2147483647"),
+                error.contains("above the maximum of 2000000"),
                 "{too_many}: {error}"
             );
         }
@@ -758,6 +782,47 @@ mod tests {
         assert_eq!(client.cached_keys(), 1);
         login(&client, "p", b"salt-2").unwrap();
         assert_eq!(client.cached_keys(), 2);
+    }
+
+    /// AU-9, house rule 8 (review5 item 7): a server that rotates salts cannot grow the cache
+    /// beyond [`CACHED_KEYS`]; the newest pairs stay.
+    #[test]
+    fn au9_the_key_cache_is_bounded() {
+        let client = scram(ScramVersion::Sha1, "u", "p", 8);
+        for salt in 0..10u8 {
+            login(&client, "p", &[b's', salt]).unwrap();
+            assert!(client.cached_keys() <= CACHED_KEYS);
+        }
+        assert_eq!(client.cached_keys(), CACHED_KEYS);
+        let newest = client.shared.cache.lock().unwrap();
+        let salts: Vec<u8> = newest.iter().map(|(s, _, _)| s[1]).collect();
+        assert_eq!(salts, [6, 7, 8, 9]);
+    }
+
+    /// RFC 5802 section 9, house rule 8 (review5 item 7): a count above [`MAX_ITERATIONS`] fails
+    /// with a clear error and derives nothing (no key was computed, so none is cached).
+    #[test]
+    fn au6_an_iteration_count_above_the_cap_fails_without_deriving() {
+        let client = scram(ScramVersion::Sha256, "u", "p", 9);
+        let MechanismStart::Sasl {
+            payload,
+            mut conversation,
+        } = client.start().unwrap()
+        else {
+            panic!("SCRAM is SASL");
+        };
+        let payload = String::from_utf8(payload).unwrap();
+        let nonce = payload.rsplit("r=").next().unwrap();
+        let first = format!("r={nonce}srv,s=QSXCR+Q6sek8bf92,i={}", MAX_ITERATIONS + 1);
+        let error = conversation.step(first.as_bytes()).unwrap_err();
+        assert_eq!(error.mechanism, "SCRAM-SHA-256");
+        assert!(
+            error
+                .message
+                .contains("iteration count 2000001 is above the maximum of 2000000"),
+            "{error}"
+        );
+        assert_eq!(client.cached_keys(), 0, "nothing was derived");
     }
 
     #[test]
