@@ -93,10 +93,11 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// BP-3, BP-15: the ingress limiter's rejection, or `None` when the command is admitted.
-    fn ingress_rejection(&mut self, now: Instant) -> Option<Document> {
+    /// BP-3, BP-15: the ingress limiter's rejection, or `None` when the command is admitted
+    /// (the clock is read only when a limiter is set).
+    fn ingress_rejection(&mut self) -> Option<Document> {
         let (limit, bucket) = self.ingress.as_mut()?;
-        if bucket.try_acquire(now) {
+        if bucket.try_acquire(Instant::now()) {
             return None;
         }
         let mut reply = error_reply(
@@ -1050,7 +1051,7 @@ impl Connection {
             }
             let admin_command = hello || name == "configureFailPoint";
             if !admin_command {
-                if let Some(rejection) = state.ingress_rejection(Instant::now()) {
+                if let Some(rejection) = state.ingress_rejection() {
                     return Response::Reply(rejection);
                 }
             }

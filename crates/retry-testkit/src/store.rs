@@ -1,7 +1,7 @@
 //! The in-memory data behind the CRUD commands: collections, open cursors, unique `_id`s and
 //! the replies of retryable writes.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bson::oid::ObjectId;
@@ -40,9 +40,9 @@ pub(crate) struct Store {
     /// The sessions commands named (`lsid`), for `$listLocalSessions`, in first-use order.
     sessions: Vec<Document>,
     /// The encodings of the `sessions` that are `{id: <binary>}` alone, the lsids drivers send:
-    /// two such lsids are equal exactly when their bytes are, so they are found without a scan
-    /// (house rule 9).
-    plain_sessions: HashSet<Vec<u8>>,
+    /// two such lsids are equal exactly when their bytes are, so they are found by a search, not
+    /// a scan (house rule 9).
+    plain_sessions: BTreeSet<Vec<u8>>,
     /// TK-15: each session's latest transaction (lsid bytes).
     transactions: BTreeMap<Vec<u8>, Transaction>,
     /// Secondary indexes by namespace (`{v, key, name}`), in creation order; `_id_` is implied.

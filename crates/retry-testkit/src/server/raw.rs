@@ -32,7 +32,6 @@ use bson::raw::RawBinaryRef;
 use bson::spec::BinarySubtype;
 use bson::{Bson, Document, RawBsonRef, RawDocument, RawDocumentBuf, Timestamp};
 use retry_core::wire::{DocumentSequence, MsgFlags, OpMsg, RawOpMsg};
-use tokio::time::Instant;
 
 use super::{add_cluster_time, insert_cluster_time, Connection, LoggedCommand, Recorded};
 use super::{ServerStream, Shared};
@@ -72,11 +71,11 @@ pub(super) struct Hot<'a> {
 }
 
 impl<'a> Hot<'a> {
-    /// The body's hot command, or `None` when the Document path must answer it.
+    /// The body's hot command, or `None` when the Document path must answer it. Reads a field's
+    /// value only when the answer depends on it.
     pub(super) fn read(body: &'a RawDocument) -> Option<Hot<'a>> {
-        let mut fields = body.iter();
-        let (name, _) = fields.next()?.ok()?;
-        let name = name.as_str();
+        let mut fields = body.iter_elements();
+        let name = fields.next()?.ok()?.key().as_str();
         let hello = is_hello(name);
         if !hello && name != "ping" {
             return None;
@@ -91,14 +90,14 @@ impl<'a> Hot<'a> {
         };
         let mut seen = 0_u32;
         for field in fields {
-            let (key, value) = field.ok()?;
-            let (bit, accepted) = match key.as_str() {
+            let field = field.ok()?;
+            let (bit, accepted) = match field.key().as_str() {
                 "$db" => {
                     hot.has_db = true;
                     (0, true)
                 }
                 "lsid" => {
-                    hot.lsid = plain_lsid(value);
+                    hot.lsid = plain_lsid(field.value().ok()?);
                     (1, hot.lsid.is_some())
                 }
                 "$clusterTime" => (2, true),
@@ -108,19 +107,19 @@ impl<'a> Hot<'a> {
                 "apiDeprecationErrors" => (6, true),
                 "comment" => (7, true),
                 "maxTimeMS" => {
-                    let value = Bson::try_from(value).ok()?;
+                    let value = Bson::try_from(field.value().ok()?).ok()?;
                     (8, max_time_refusal(&value).is_none())
                 }
                 "helloOk" if hello => {
-                    hot.ask.hello_ok = value.as_bool() == Some(true);
+                    hot.ask.hello_ok = field.value().ok()?.as_bool() == Some(true);
                     (9, true)
                 }
                 "loadBalanced" if hello => {
-                    hot.ask.load_balanced = value.as_bool() == Some(true);
+                    hot.ask.load_balanced = field.value().ok()?.as_bool() == Some(true);
                     (10, true)
                 }
                 "client" if hello => {
-                    hot.app_name = app_name(value);
+                    hot.app_name = app_name(field.value().ok()?);
                     (11, true)
                 }
                 "compression" if hello => (12, true),
@@ -140,13 +139,17 @@ impl<'a> Hot<'a> {
 /// second length): the shape every check accepts and `Store::note_plain_session` takes.
 fn plain_lsid(value: RawBsonRef<'_>) -> Option<&RawDocument> {
     let lsid = value.as_document()?;
-    let mut fields = lsid.iter();
-    let (key, id) = fields.next()?.ok()?;
-    let plain = key.as_str() == "id"
-        && matches!(id, RawBsonRef::Binary(RawBinaryRef { subtype, .. })
-            if subtype != BinarySubtype::BinaryOld)
-        && fields.next().is_none();
-    plain.then_some(lsid)
+    let mut fields = lsid.iter_elements();
+    let id = fields.next()?.ok()?;
+    if id.key().as_str() != "id" || fields.next().is_some() {
+        return None;
+    }
+    match id.value().ok()? {
+        RawBsonRef::Binary(RawBinaryRef { subtype, .. }) if subtype != BinarySubtype::BinaryOld => {
+            Some(lsid)
+        }
+        _ => None,
+    }
 }
 
 /// The value of the last `key` in `document`, as a decoded `Document` keeps it.
@@ -253,7 +256,6 @@ impl Connection {
         {
             state.raw_answers += 1;
         }
-        state.counters.command_mut(name).received += 1;
         if let Some(log) = &mut state.command_log {
             log.push(LoggedCommand {
                 name: name.to_owned(),
@@ -262,17 +264,18 @@ impl Connection {
             });
         }
         if hot.hello {
-            state
-                .handshakes
-                .push((self.id, Recorded::Raw(body.clone())));
+            state.handshakes.push((self.id, Recorded::Raw(body.clone())));
             if let Some(app_name) = hot.app_name {
                 self.app_name = Some(app_name.to_owned());
             }
             let reply = self.hello_reply(&mut state, shared, name, hot.ask);
-            state.counters.command_mut(name).executed += 1;
+            let counts = state.counters.command_mut(name);
+            counts.received += 1;
+            counts.executed += 1;
             return Some(Answer::Reply(reply));
         }
-        if let Some(rejection) = state.ingress_rejection(Instant::now()) {
+        if let Some(rejection) = state.ingress_rejection() {
+            state.counters.command_mut(name).received += 1;
             return Some(Answer::Reply(rejection));
         }
         let time = {
@@ -282,7 +285,9 @@ impl Connection {
             }
             (state.role != Role::Standalone).then(|| store.cluster_time())
         };
+        // Counted once: the lock is held since the request was admitted.
         let counts = state.counters.command_mut(name);
+        counts.received += 1;
         counts.executed += 1;
         counts.succeeded += 1;
         drop(state);
