@@ -8,7 +8,7 @@
 //! named by operation and slot: a retry machine has one slot, reused by each attempt; a hedging
 //! machine one per copy.
 
-use bson::{Bson, Document};
+use bson::Document;
 
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
@@ -734,15 +734,7 @@ impl Engine {
                 self.fail_attempt(op_id, slot, error, false, now);
             }
             None => {
-                // Looked up without `get_document`, whose miss builds an error.
-                let cursor_id = match body.get("cursor") {
-                    Some(Bson::Document(c)) => match c.get("id") {
-                        Some(Bson::Int64(id)) => Some(*id),
-                        Some(Bson::Int32(id)) => Some(i64::from(*id)),
-                        _ => None,
-                    },
-                    _ => None,
-                };
+                let cursor_id = crate::reply::cursor_id(&body);
                 op.reply = Some(body);
                 op.succeeded(slot, now);
                 self.schedule(Machine::Operation(op_id));
@@ -781,7 +773,7 @@ impl Engine {
                 // once, by the machine's `ReleaseConnection` after the retry decision (BP-27);
                 // only a pinned connection the attempt did not hold is checked in here.
                 let own = self.ops.get(&op_id).and_then(|op| op.slots[slot].conn);
-                let pinned = self.sessions.get_mut(&session).and_then(|s| s.conn.take());
+                let pinned = self.unpinned_conn(session, unpinned);
                 if let Some(conn) = pinned.filter(|c| Some(*c) != own) {
                     let healthy = !matches!(error.kind, ErrorKind::Network(_));
                     self.release(conn, healthy, now);
