@@ -52,11 +52,10 @@ impl Engine {
                     // LB-11: after a network error, no killCursors; the connection, kept
                     // checked out since (its socket is gone), goes back now and is closed.
                     let (conn, address) = (cursor.conn, cursor.server.address.clone());
-                    let shared = conn.is_some_and(|c| self.is_transaction_conn(c));
                     if let Some(cursor) = self.cursors.remove(&handle) {
                         self.cursor_session_ended(cursor.session, now);
                     }
-                    if !shared {
+                    if !conn.is_some_and(|c| self.conn_held(c)) {
                         let server = self.server_id(&address);
                         if let Some(pool) = self.pool_mut(server) {
                             pool.check_in(id, false, now);
@@ -125,8 +124,37 @@ impl Engine {
         now: Instant,
     ) {
         if let Some(conn) = self.unpinned_conn(session, unpinned) {
-            self.release(conn, true, now);
+            self.transaction_released(conn, true, now);
         }
+    }
+
+    /// TX-4, LB-10: a transaction's pin let its connection go: it goes back to its pool, unless
+    /// a cursor opened in the transaction still uses it ([`Engine::keep_for_cursor`]).
+    pub(super) fn transaction_released(&mut self, conn: ConnId, healthy: bool, now: Instant) {
+        if !self.keep_for_cursor(conn) {
+            self.release(conn, healthy, now);
+        }
+    }
+
+    /// LB-10, LB-13: whether a cursor still uses `conn`, whose transaction pin went; the cursor
+    /// then keeps it, counted as a cursor's, until the cursor ends.
+    pub(super) fn keep_for_cursor(&mut self, conn: ConnId) -> bool {
+        if self.cursors.on_conn(conn).next().is_none() {
+            return false;
+        }
+        let socket = self.sockets.get(&conn).map(|s| (s.server, s.owner));
+        if let Some((server, Owner::Pool(id))) = socket {
+            if let Some(pool) = self.pool_mut(server) {
+                pool.set_purpose(id, Purpose::Cursor);
+            }
+        }
+        true
+    }
+
+    /// TX-5, LB-10: whether a transaction's pin or an open cursor holds `conn`, so that the end
+    /// of one of its other holders leaves it checked out.
+    pub(super) fn conn_held(&self, conn: ConnId) -> bool {
+        self.is_transaction_conn(conn) || self.cursors.on_conn(conn).next().is_some()
     }
 
     /// The connection a session held for its connection pin `unpinned`, taken from the session.
@@ -174,7 +202,8 @@ impl Engine {
             OperationKind::InTransaction { first: true, .. } => self.pin_transaction(op_id, conn),
             OperationKind::AbortTransaction => {
                 // TX-4 (1): unpinned. A connection pin's connection is the one this abort ran
-                // on: the abort's own release checks it in.
+                // on: the abort's own release checks it in, unless a cursor of the transaction
+                // still uses it (LB-10).
                 let pinned = op.pinned_conn;
                 let unpinned = self
                     .sessions
@@ -185,8 +214,9 @@ impl Engine {
                     conn.is_none() || conn == pinned,
                     "TX-5: the abort ran on it"
                 );
+                let release = conn.is_some_and(|c| !self.keep_for_cursor(c));
                 if let Some(op) = self.ops.get_mut(&op_id) {
-                    op.release_pinned = conn.is_some();
+                    op.release_pinned = release;
                 }
             }
             _ => {}
@@ -274,8 +304,14 @@ impl Engine {
         cursor_id: i64,
     ) {
         let load_balanced = self.options.topology.load_balanced;
-        // TX-5: a connection a transaction pins stays out when its cursor ends.
-        let shared = load_balanced && self.is_transaction_conn(conn);
+        // TX-5, LB-10: a cursor's connection goes back when the cursor ends, unless a
+        // transaction or another cursor still holds it.
+        let ended = match self.ops.get(&op_id).map(|op| op.request.cursor) {
+            Some(CursorUse::GetMore(handle)) if cursor_id == 0 => self.cursors.remove(&handle),
+            Some(CursorUse::Close(handle)) => self.cursors.remove(&handle),
+            _ => None,
+        };
+        let release = !self.conn_held(conn);
         let pool_id = match self.sockets.get(&conn).map(|s| &s.owner) {
             Some(Owner::Pool(id)) => *id,
             _ => return,
@@ -312,27 +348,22 @@ impl Engine {
                     },
                 );
             }
-            CursorUse::GetMore(handle) => {
-                if cursor_id == 0 {
-                    if let Some(mut cursor) = self.cursors.remove(&handle) {
-                        // LB-10: id 0 ends the pin; the released connection is the one this
-                        // getMore ran on, which the operation's release then checks in.
-                        match cursor.pin.get_more_succeeded(0) {
-                            CursorStep::Release(id) => {
-                                debug_assert_eq!(id, pool_id, "LB-10: the getMore's connection");
-                                op.release_pinned = !shared;
-                            }
-                            CursorStep::Keep => {
-                                debug_assert_eq!(op.pinned_conn, None, "LB-10: nothing pinned");
-                            }
+            CursorUse::GetMore(_) => {
+                if let Some(mut cursor) = ended {
+                    // LB-10: id 0 ends the pin; the released connection is the one this getMore
+                    // ran on, which the operation's release then checks in.
+                    match cursor.pin.get_more_succeeded(0) {
+                        CursorStep::Release(id) => {
+                            debug_assert_eq!(id, pool_id, "LB-10: the getMore's connection");
+                            op.release_pinned = release;
+                        }
+                        CursorStep::Keep => {
+                            debug_assert_eq!(op.pinned_conn, None, "LB-10: nothing pinned");
                         }
                     }
                 }
             }
-            CursorUse::Close(handle) => {
-                op.release_pinned = !shared;
-                self.cursors.remove(&handle);
-            }
+            CursorUse::Close(_) => op.release_pinned = release,
         }
     }
 }
