@@ -325,20 +325,18 @@ async fn open_cursor(
     let reply = execute(target, command, CursorUse::Open)
         .await
         .map_err(product)?;
-    let cursor = reply
+    let (id, batch) = cursor_batch(&reply.document, "firstBatch").map_err(Err)?;
+    let ns = reply
         .document
         .get_document("cursor")
-        .map_err(|_| Err(format!("reply without a cursor: {}", reply.document)))?;
-    let ns = cursor.get_str("ns").unwrap_or_default();
+        .and_then(|c| c.get_str("ns"))
+        .unwrap_or_default();
     let collection = ns.split_once('.').map(|(_, c)| c).unwrap_or_default();
-    let batch = cursor
-        .get_array("firstBatch")
-        .map_err(|_| Err("reply without firstBatch".to_owned()))?;
     Ok(CursorEntity {
         client: target.client.clone(),
         db: target.db.clone(),
         collection: collection.to_owned(),
-        id: cursor.get_i64("id").unwrap_or_default(),
+        id,
         handle: reply.cursor,
         buffer: batch.iter().cloned().collect(),
         batch_size,
@@ -365,16 +363,22 @@ pub async fn get_more(
     let reply = execute(&target, command, CursorUse::GetMore(handle))
         .await
         .map_err(product)?;
-    let next = reply
-        .document
-        .get_document("cursor")
-        .map_err(|_| Err("getMore reply without a cursor".to_owned()))?;
-    cursor.id = next.get_i64("id").unwrap_or_default();
-    let batch = next
-        .get_array("nextBatch")
-        .map_err(|_| Err("getMore reply without nextBatch".to_owned()))?;
+    let (id, batch) = cursor_batch(&reply.document, "nextBatch").map_err(Err)?;
+    cursor.id = id;
     cursor.buffer.extend(batch.iter().cloned());
     Ok(())
+}
+
+/// A cursor reply's id (read by the product's [`retry_core::reply::cursor_id`]: an Int32 id is
+/// an id, not 0) and its `firstBatch` or `nextBatch`.
+fn cursor_batch<'a>(reply: &'a Document, batch: &str) -> Result<(i64, &'a Vec<Bson>), String> {
+    let id = retry_core::reply::cursor_id(reply)
+        .ok_or_else(|| format!("reply without an integer cursor id: {reply}"))?;
+    let batch = reply
+        .get_document("cursor")
+        .and_then(|c| c.get_array(batch))
+        .map_err(|_| format!("reply without {batch}: {reply}"))?;
+    Ok((id, batch))
 }
 
 /// Sends `killCursors` for an open cursor; its errors are swallowed (UT-16).
@@ -1165,10 +1169,7 @@ async fn client_bulk_write(target: &Target, args: &mut Args) -> OpResult {
         .and_then(|c| c.get_array("firstBatch"))
         .cloned()
         .unwrap_or_default();
-    if reply
-        .get_document("cursor")
-        .is_ok_and(|c| number(c, "id") != 0)
-    {
+    if retry_core::reply::cursor_id(&reply).is_some_and(|id| id != 0) {
         return Err(Err("clientBulkWrite results in more than one batch".into()));
     }
     let (mut inserts, mut updates, mut deletes) =
@@ -1237,4 +1238,22 @@ async fn client_bulk_write(target: &Target, args: &mut Args) -> OpResult {
         return Err(Ok(Box::new(failure)));
     }
     Ok(Produced::Value(Bson::Document(result)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review5 item 14, UT-16: a cursor reply's Int32 id is the cursor's id, not 0 (which would
+    /// count the cursor as exhausted and never kill it).
+    #[test]
+    fn ut16_an_int32_cursor_id_is_read_as_the_id() {
+        let reply = doc! { "ok": 1, "cursor": { "id": 42_i32, "ns": "db.c", "firstBatch": [1] } };
+        let (id, batch) = cursor_batch(&reply, "firstBatch").expect("a cursor reply");
+        assert_eq!((id, batch.len()), (42, 1));
+        let next = doc! { "ok": 1, "cursor": { "id": 0_i64, "nextBatch": [] } };
+        assert_eq!(cursor_batch(&next, "nextBatch").map(|(id, _)| id), Ok(0));
+        assert!(cursor_batch(&next, "firstBatch").is_err());
+        assert!(cursor_batch(&doc! { "ok": 1 }, "firstBatch").is_err());
+    }
 }

@@ -109,10 +109,11 @@ impl Engine {
 
     /// The session's end of [`Engine::end_session`], once no operation of it is in flight.
     fn close_session(&mut self, session: SessionHandle, now: Instant) {
-        if let Some(state) = self.sessions.get_mut(&session) {
-            state.pin.end_session();
-        }
-        self.unpin_connection(session, true, now);
+        let unpinned = self
+            .sessions
+            .get_mut(&session)
+            .and_then(|s| s.pin.end_session());
+        self.transaction_unpinned(session, unpinned, now);
         if let Some(server) = self.sessions.remove(&session).and_then(|s| s.server) {
             self.release_server_session(server, now);
         }
@@ -167,11 +168,8 @@ impl Engine {
         // that never writes a command; the number is taken with the server session, at the
         // transaction's first command.
         state.started_transactions += 1;
-        // The old pin needs no action here: a mongos pin holds nothing, and a connection pin's
-        // connection is the one `state.conn` holds (`pin_transaction` sets both together), which
-        // `unpin_connection` gives back.
-        let _unpinned = state.pin.start_transaction();
-        self.unpin_connection(session, true, now);
+        let unpinned = state.pin.start_transaction();
+        self.transaction_unpinned(session, unpinned, now);
         self.run(now);
         Ok(())
     }
@@ -586,11 +584,8 @@ impl Engine {
         if let (Some(OpSession::Explicit(handle)), Some(Bson::Document(token))) =
             (session, reply.get("recoveryToken"))
         {
-            let ok = matches!(
-                reply.get("ok"),
-                Some(Bson::Int32(1) | Bson::Int64(1) | Bson::Boolean(true))
-            ) || matches!(reply.get("ok"), Some(Bson::Double(v)) if *v == 1.0);
-            if ok && Engine::transaction_command(op.request.kind).is_some() {
+            if crate::reply::is_ok(reply) && Engine::transaction_command(op.request.kind).is_some()
+            {
                 if let Some(state) = self.sessions.get_mut(handle) {
                     state.recovery_token = Some(token.clone());
                 }
