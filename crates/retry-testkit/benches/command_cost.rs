@@ -91,7 +91,8 @@ fn main() {
     stream.set_nodelay(true).expect("TCP_NODELAY");
     if let Ok(spec) = std::env::var("TESTKIT_COST") {
         let mut parts = spec.split_whitespace();
-        let (Some(name), Some(n)) = (parts.next(), parts.next().and_then(|n| n.parse().ok())) else {
+        let (Some(name), Some(n)) = (parts.next(), parts.next().and_then(|n| n.parse().ok()))
+        else {
             panic!("TESTKIT_COST is \"<command> <n>\", not {spec:?}");
         };
         round_trips(&mut stream, &command(name), n);

@@ -15,6 +15,7 @@ use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::{sleep, Duration, Instant};
 
 mod awaitable;
+mod elements;
 mod raw;
 #[cfg(test)]
 mod raw_equivalence;
@@ -589,6 +590,7 @@ fn admit(shared: &Shared) -> Option<Connection> {
         out: Vec::new(),
         auth: ConnectionAuth::default(),
         ping_reply: None,
+        noted_lsid: Vec::new(),
     })
 }
 
@@ -607,6 +609,9 @@ struct Connection {
     out: Vec<u8>,
     /// The raw path's ping reply body (`raw`).
     ping_reply: Option<raw::PingReply>,
+    /// The plain lsid the raw path noted last in the data store (`raw`), so a connection that
+    /// keeps its session does not look it up again.
+    noted_lsid: Vec<u8>,
 }
 
 /// The "not writable primary" and "node is recovering" codes a replica-set member's error reply

@@ -431,14 +431,18 @@ impl Store {
     /// [`Store::note_session`] of an encoded lsid that is `{id: <binary>}` alone, not of subtype
     /// `BinaryOld` (the raw path's check, `crate::server`): its bytes are the ones
     /// [`Store::note_session`] would encode.
-    pub(crate) fn note_plain_session(&mut self, lsid: &RawDocument) {
-        if self.plain_sessions.contains(lsid.as_bytes()) {
-            return;
+    /// `false` when `lsid` does not decode (it does once validated).
+    pub(crate) fn note_plain_session(&mut self, lsid: &[u8]) -> bool {
+        if self.plain_sessions.contains(lsid) {
+            return true;
         }
-        if let Ok(document) = Document::try_from(lsid) {
-            self.plain_sessions.insert(lsid.as_bytes().to_vec());
-            self.sessions.push(document);
-        }
+        let document = RawDocument::from_bytes(lsid).and_then(Document::try_from);
+        let Ok(document) = document else {
+            return false;
+        };
+        self.plain_sessions.insert(lsid.to_vec());
+        self.sessions.push(document);
+        true
     }
 
     /// `$listLocalSessions: {}`: one `{_id: lsid}` per session commands named.
