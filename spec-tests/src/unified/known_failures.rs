@@ -14,7 +14,7 @@ pub const SDAM: &[KnownFailure] = &[KnownFailure {
     may_pass: true,
 }];
 
-/// transactions: 44 known failures.
+/// transactions: 41 known failures.
 pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"backpressure-retryable-abort.json: abortTransaction is retried maxAttempts=2 times if backpressure labels are added"#,
@@ -31,10 +31,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"causal-consistency.json: causal consistency disabled"#,
         "product: causal consistency cannot be turned off (SE-21: always on)",
-    ),
-    fails(
-        r#"client-bulkWrite.json: client bulkWrite in a transaction"#,
-        "not diagnosed yet: operation 1: clientBulkWrite result: .updateResults.3.matchedCount: expected 1, found 0",
     ),
     fails(
         r#"client-bulkWrite.json: client bulkWrite with writeConcern in a transaction causes a transaction error"#,
@@ -71,14 +67,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"error-labels.json: do not add UnknownTransactionCommitResult label to MaxTimeMSExpired inside transactions"#,
         "runner: the operation argument maxTimeMS is not supported",
-    ),
-    fails(
-        r#"errors-client.json: Client side error in command starting transaction"#,
-        "not diagnosed yet: operation 1: updateOne succeeded but an error was expected",
-    ),
-    fails(
-        r#"errors-client.json: Client side error when transaction is in progress"#,
-        "not diagnosed yet: operation 2: updateOne succeeded but an error was expected",
     ),
     fails(
         r#"errors.json: write conflict abort"#,

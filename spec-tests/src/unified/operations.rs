@@ -393,6 +393,27 @@ pub async fn kill(target: &Target, cursor: &CursorEntity) {
     let _ = execute(target, command, CursorUse::Close(handle)).await;
 }
 
+/// The CRUD spec's client-side check: an update is a pipeline or a document of update operators
+/// (its first key starts with `$`), a replacement is a document without them; anything else is
+/// an error before anything is sent (transactions `errors-client.json`: the transaction's state
+/// does not change).
+fn check_update(name: &str, update: &Bson) -> Result<(), OperationError> {
+    let operators = match update {
+        Bson::Document(d) => d.keys().next().is_some_and(|k| k.starts_with('$')),
+        Bson::Array(_) if name != "replaceOne" => return Ok(()),
+        _ => return Err(OperationError::usage(format!("{name}: not a document"))),
+    };
+    match (name, operators) {
+        ("replaceOne", false) | ("updateOne" | "updateMany", true) => Ok(()),
+        ("replaceOne", true) => Err(OperationError::usage(
+            "replaceOne: the replacement document must not contain update operators",
+        )),
+        _ => Err(OperationError::usage(format!(
+            "{name}: the update document must contain update operators"
+        ))),
+    }
+}
+
 /// A single command's reply as a result value, or its error.
 async fn single(
     target: &Target,
@@ -727,6 +748,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                     .map_err(harness)?
                     .ok_or(Err("update missing".to_owned()))?,
             };
+            check_update(name, &update).map_err(product)?;
             let mut statement = doc! { "q": filter, "u": update };
             if name == "updateMany" {
                 statement.insert("multi", true);
@@ -1202,8 +1224,11 @@ async fn client_bulk_write(target: &Target, args: &mut Args) -> OpResult {
                     .ok()
                     .and_then(|u| u.get("_id"))
                     .cloned();
+                // The op's own `n` counts an upserted document (transactions
+                // `client-bulkWrite.json`: an upsert reports matchedCount 1); the summary's
+                // `nMatched` does not.
                 let mut update = doc! {
-                    "matchedCount": number(entry, "n") - i64::from(upserted.is_some()),
+                    "matchedCount": number(entry, "n"),
                     "modifiedCount": number(entry, "nModified"),
                 };
                 if let Some(id) = upserted {
@@ -1243,6 +1268,27 @@ async fn client_bulk_write(target: &Target, args: &mut Args) -> OpResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// CRUD spec (transactions `errors-client.json`): updates need operators, replacements must
+    /// not have them; a pipeline is an update.
+    #[test]
+    fn an_update_without_operators_or_a_replacement_with_them_is_a_client_error() {
+        let update = Bson::Document(doc! { "$set": { "x": 1 } });
+        let replacement = Bson::Document(doc! { "x": 1 });
+        assert!(check_update("updateOne", &update).is_ok());
+        assert!(check_update("updateMany", &Bson::Array(vec![])).is_ok());
+        assert!(check_update("replaceOne", &replacement).is_ok());
+        assert!(check_update("replaceOne", &Bson::Document(doc! {})).is_ok());
+        for (name, bad) in [
+            ("updateOne", &replacement),
+            ("updateMany", &Bson::Document(doc! {})),
+            ("replaceOne", &update),
+            ("replaceOne", &Bson::Array(vec![])),
+        ] {
+            let error = check_update(name, bad).expect_err(name);
+            assert!(matches!(error.kind, ErrorKind::Usage { .. }), "{error:?}");
+        }
+    }
 
     /// Review5 item 14, UT-16: a cursor reply's Int32 id is the cursor's id, not 0 (which would
     /// count the cursor as exhausted and never kill it).
