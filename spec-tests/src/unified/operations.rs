@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
-use retry_core::classify::classify;
+use retry_core::classify::{classify, inherits_read_concern, inherits_write_concern};
 use retry_core::engine::CursorUse;
 use retry_core::error::{ErrorKind, OperationError};
 use retry_core::retry::OperationKind;
@@ -274,17 +274,24 @@ pub async fn execute(
     }
 }
 
-/// A read command with the target's read concern.
-fn with_read_concern(mut command: Document, target: &Target) -> Document {
-    if let Some(rc) = &target.options.read_concern {
+/// `command` with the target's read or write concern where it inherits one, by the product's
+/// rule ([`inherits_read_concern`], [`inherits_write_concern`]: the table `retry_driver`'s
+/// concerns use too). Never for `runCommand`, which sends the command as given.
+fn with_concerns(mut command: Document, target: &Target) -> Document {
+    if let Some(rc) = target
+        .options
+        .read_concern
+        .as_ref()
+        .filter(|_| inherits_read_concern(&command))
+    {
         command.insert("readConcern", rc.clone());
     }
-    command
-}
-
-/// A write command with the target's write concern.
-fn with_write_concern(mut command: Document, target: &Target) -> Document {
-    if let Some(wc) = &target.options.write_concern {
+    if let Some(wc) = target
+        .options
+        .write_concern
+        .as_ref()
+        .filter(|_| inherits_write_concern(&command))
+    {
         command.insert("writeConcern", wc.clone());
     }
     command
@@ -520,7 +527,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                 command.insert("limit", 1);
                 command.insert("singleBatch", true);
             }
-            let command = with_read_concern(command, target);
+            let command = with_concerns(command, target);
             if name == "createFindCursor" {
                 let cursor = open_cursor(target, command).await?;
                 return Ok(Produced::Cursor(Box::new(cursor)));
@@ -564,15 +571,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                 cursor.insert("batchSize", size);
             }
             let command = doc! { "aggregate": aggregate, "pipeline": pipeline, "cursor": cursor };
-            let writes = matches!(
-                classify(&command, &[], None),
-                OperationKind::RetryableWrite | OperationKind::NonRetryableWrite
-            );
-            let command = if writes {
-                with_write_concern(command, target)
-            } else {
-                with_read_concern(command, target)
-            };
+            let command = with_concerns(command, target);
             if name == "createChangeStream" {
                 let cursor = open_cursor(target, command).await?;
                 return Ok(Produced::Cursor(Box::new(cursor)));
@@ -596,7 +595,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
             if name == "count" {
                 command.insert("query", args.document("filter").map_err(harness)?);
             }
-            let reply = single(target, with_read_concern(command, target)).await?;
+            let reply = single(target, with_concerns(command, target)).await?;
             Ok(Produced::Value(
                 reply.get("n").cloned().unwrap_or(Bson::Null),
             ))
@@ -606,7 +605,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
             let key = args.string("fieldName").map_err(harness)?;
             let filter = args.document("filter").map_err(harness)?;
             let command = doc! { "distinct": coll, "key": key, "query": filter };
-            let reply = single(target, with_read_concern(command, target)).await?;
+            let reply = single(target, with_concerns(command, target)).await?;
             Ok(Produced::Value(
                 reply.get("values").cloned().unwrap_or(Bson::Null),
             ))
@@ -678,7 +677,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                 let value = args.bson(field).map_err(harness)?;
                 command.insert(field, value.ok_or(Err(format!("{field} missing")))?);
             }
-            let reply = single(target, with_read_concern(command, target)).await?;
+            let reply = single(target, with_concerns(command, target)).await?;
             Ok(Produced::Value(
                 reply.get("results").cloned().unwrap_or(Bson::Null),
             ))
@@ -710,7 +709,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                 .take("ordered")
                 .map(|v| v.as_bool() != Some(false))
                 .unwrap_or(true);
-            let command = with_write_concern(
+            let command = with_concerns(
                 doc! { "insert": coll, "documents": sent, "ordered": ordered },
                 target,
             );
@@ -756,7 +755,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
             if let Some(upsert) = args.bson("upsert").map_err(harness)? {
                 statement.insert("upsert", upsert);
             }
-            let command = with_write_concern(
+            let command = with_concerns(
                 doc! { "update": coll, "updates": [statement], "ordered": true },
                 target,
             );
@@ -768,7 +767,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
             let coll = target.collection().map_err(harness)?;
             let filter = args.document("filter").map_err(harness)?;
             let limit = if name == "deleteOne" { 1 } else { 0 };
-            let command = with_write_concern(
+            let command = with_concerns(
                 doc! { "delete": coll, "deletes": [{ "q": filter, "limit": limit }], "ordered": true },
                 target,
             );
@@ -811,7 +810,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                 ],
             )
             .map_err(harness)?;
-            let command = with_write_concern(command, target);
+            let command = with_concerns(command, target);
             let reply = single(target, command).await?;
             Ok(Produced::Value(
                 reply.get("value").cloned().unwrap_or(Bson::Null),
@@ -823,7 +822,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
             let coll = target.collection().map_err(harness)?;
             let keys = args.document("keys").map_err(harness)?;
             let name = args.string("name").map_err(harness)?;
-            let command = with_write_concern(
+            let command = with_concerns(
                 doc! { "createIndexes": coll, "indexes": [{ "key": keys, "name": name.clone() }] },
                 target,
             );
@@ -836,7 +835,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                 "dropIndex" => args.string("name").map_err(harness)?,
                 _ => "*".into(),
             };
-            let command = with_write_concern(doc! { "dropIndexes": coll, "index": index }, target);
+            let command = with_concerns(doc! { "dropIndexes": coll, "index": index }, target);
             single(target, command).await?;
             Ok(Produced::Value(Bson::Null))
         }
@@ -1014,7 +1013,7 @@ async fn bulk_write(target: &Target, args: &mut Args) -> OpResult {
         let mut command = doc! { kind: coll.clone() };
         command.insert(field, statements);
         command.insert("ordered", ordered);
-        let command = with_write_concern(command, target);
+        let command = with_concerns(command, target);
         let reply = match single(target, command).await {
             Ok(reply) => reply,
             // UT-19: a command that fails ends the bulk write; its error carries what the
@@ -1166,7 +1165,7 @@ async fn client_bulk_write(target: &Target, args: &mut Args) -> OpResult {
         .iter()
         .map(|ns| doc! { "ns": ns.clone() })
         .collect();
-    let command = with_write_concern(
+    let command = with_concerns(
         doc! {
             "bulkWrite": 1, "errorsOnly": !verbose, "ordered": ordered, "ops": ops,
             "nsInfo": ns_info,
