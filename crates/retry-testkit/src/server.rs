@@ -15,6 +15,7 @@ use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::{sleep, Duration, Instant};
 
 mod awaitable;
+mod elements;
 mod raw;
 #[cfg(test)]
 mod raw_equivalence;
@@ -93,10 +94,11 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// BP-3, BP-15: the ingress limiter's rejection, or `None` when the command is admitted.
-    fn ingress_rejection(&mut self, now: Instant) -> Option<Document> {
+    /// BP-3, BP-15: the ingress limiter's rejection, or `None` when the command is admitted
+    /// (the clock is read only when a limiter is set).
+    fn ingress_rejection(&mut self) -> Option<Document> {
         let (limit, bucket) = self.ingress.as_mut()?;
-        if bucket.try_acquire(now) {
+        if bucket.try_acquire(Instant::now()) {
             return None;
         }
         let mut reply = error_reply(
@@ -588,6 +590,7 @@ fn admit(shared: &Shared) -> Option<Connection> {
         out: Vec::new(),
         auth: ConnectionAuth::default(),
         ping_reply: None,
+        noted_lsid: Vec::new(),
     })
 }
 
@@ -606,6 +609,9 @@ struct Connection {
     out: Vec<u8>,
     /// The raw path's ping reply body (`raw`).
     ping_reply: Option<raw::PingReply>,
+    /// The plain lsid the raw path noted last in the data store (`raw`), so a connection that
+    /// keeps its session does not look it up again.
+    noted_lsid: Vec<u8>,
 }
 
 /// The "not writable primary" and "node is recovering" codes a replica-set member's error reply
@@ -1050,7 +1056,7 @@ impl Connection {
             }
             let admin_command = hello || name == "configureFailPoint";
             if !admin_command {
-                if let Some(rejection) = state.ingress_rejection(Instant::now()) {
+                if let Some(rejection) = state.ingress_rejection() {
                     return Response::Reply(rejection);
                 }
             }

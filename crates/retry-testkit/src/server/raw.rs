@@ -28,12 +28,10 @@
 //! the Document path's. `raw_equivalence` runs valid and invalid commands through both paths and
 //! compares the reply bytes, counters, handshakes and command logs.
 
-use bson::raw::RawBinaryRef;
-use bson::spec::BinarySubtype;
-use bson::{Bson, Document, RawBsonRef, RawDocument, RawDocumentBuf, Timestamp};
+use bson::{Document, RawDocument, RawDocumentBuf, Timestamp};
 use retry_core::wire::{DocumentSequence, MsgFlags, OpMsg, RawOpMsg};
-use tokio::time::Instant;
 
+use super::elements::{Element, Elements, Walk};
 use super::{add_cluster_time, insert_cluster_time, Connection, LoggedCommand, Recorded};
 use super::{ServerStream, Shared};
 use crate::commands::{is_hello, ok, HelloAsk};
@@ -64,7 +62,8 @@ pub(super) struct Hot<'a> {
     name: &'a str,
     hello: bool,
     has_db: bool,
-    lsid: Option<&'a RawDocument>,
+    /// The `lsid`'s encoding, `{id: <binary>}` alone.
+    lsid: Option<&'a [u8]>,
     ask: HelloAsk,
     /// `client.application.name`, read as the Document path reads it (the last of a repeated
     /// key).
@@ -72,15 +71,21 @@ pub(super) struct Hot<'a> {
 }
 
 impl<'a> Hot<'a> {
-    /// The body's hot command, or `None` when the Document path must answer it.
+    /// The body's hot command, or `None` when the Document path must answer it. Reads the
+    /// validated bytes ([`Elements`]), a field's value only when the answer depends on it.
     pub(super) fn read(body: &'a RawDocument) -> Option<Hot<'a>> {
-        let mut fields = body.iter();
-        let (name, _) = fields.next()?.ok()?;
-        let name = name.as_str();
-        let hello = is_hello(name);
-        if !hello && name != "ping" {
+        let mut fields = Elements::of(body.as_bytes());
+        let Walk::Element(first) = fields.next() else {
             return None;
-        }
+        };
+        let name = match first.key {
+            b"ping" => "ping",
+            b"hello" => "hello",
+            b"isMaster" => "isMaster",
+            b"ismaster" => "ismaster",
+            _ => return None,
+        };
+        let hello = is_hello(name);
         let mut hot = Hot {
             name,
             hello,
@@ -90,41 +95,45 @@ impl<'a> Hot<'a> {
             app_name: None,
         };
         let mut seen = 0_u32;
-        for field in fields {
-            let (key, value) = field.ok()?;
-            let (bit, accepted) = match key.as_str() {
-                "$db" => {
+        loop {
+            let field = match fields.next() {
+                Walk::Element(field) => field,
+                Walk::End => return Some(hot),
+                Walk::Unreadable => return None,
+            };
+            let (bit, accepted) = match field.key {
+                b"$db" => {
                     hot.has_db = true;
                     (0, true)
                 }
-                "lsid" => {
-                    hot.lsid = plain_lsid(value);
+                b"lsid" => {
+                    hot.lsid = plain_lsid(field);
                     (1, hot.lsid.is_some())
                 }
-                "$clusterTime" => (2, true),
-                "$readPreference" => (3, true),
-                "apiVersion" => (4, true),
-                "apiStrict" => (5, true),
-                "apiDeprecationErrors" => (6, true),
-                "comment" => (7, true),
-                "maxTimeMS" => {
-                    let value = Bson::try_from(value).ok()?;
-                    (8, max_time_refusal(&value).is_none())
+                b"$clusterTime" => (2, true),
+                b"$readPreference" => (3, true),
+                b"apiVersion" => (4, true),
+                b"apiStrict" => (5, true),
+                b"apiDeprecationErrors" => (6, true),
+                b"comment" => (7, true),
+                b"maxTimeMS" => {
+                    let refused = field.number().map(|value| max_time_refusal(&value));
+                    (8, matches!(refused, Some(None)))
                 }
-                "helloOk" if hello => {
-                    hot.ask.hello_ok = value.as_bool() == Some(true);
+                b"helloOk" if hello => {
+                    hot.ask.hello_ok = field.bool()?;
                     (9, true)
                 }
-                "loadBalanced" if hello => {
-                    hot.ask.load_balanced = value.as_bool() == Some(true);
+                b"loadBalanced" if hello => {
+                    hot.ask.load_balanced = field.bool()?;
                     (10, true)
                 }
-                "client" if hello => {
-                    hot.app_name = app_name(value);
+                b"client" if hello => {
+                    hot.app_name = app_name(field);
                     (11, true)
                 }
-                "compression" if hello => (12, true),
-                "backpressure" if hello => (13, true),
+                b"compression" if hello => (12, true),
+                b"backpressure" if hello => (13, true),
                 _ => return None,
             };
             if !accepted || seen & (1 << bit) != 0 {
@@ -132,37 +141,25 @@ impl<'a> Hot<'a> {
             }
             seen |= 1 << bit;
         }
-        Some(hot)
     }
 }
 
 /// An lsid that is `{id: <binary>}` alone, of any subtype but `BinaryOld` (whose encoding has a
 /// second length): the shape every check accepts and `Store::note_plain_session` takes.
-fn plain_lsid(value: RawBsonRef<'_>) -> Option<&RawDocument> {
-    let lsid = value.as_document()?;
-    let mut fields = lsid.iter();
-    let (key, id) = fields.next()?.ok()?;
-    let plain = key.as_str() == "id"
-        && matches!(id, RawBsonRef::Binary(RawBinaryRef { subtype, .. })
-            if subtype != BinarySubtype::BinaryOld)
-        && fields.next().is_none();
-    plain.then_some(lsid)
+fn plain_lsid(lsid: Element<'_>) -> Option<&[u8]> {
+    let mut fields = lsid.document()?;
+    let Walk::Element(id) = fields.next() else {
+        return None;
+    };
+    let plain = id.key == b"id" && id.binary_subtype().is_some();
+    (plain && matches!(fields.next(), Walk::End)).then_some(lsid.value)
 }
 
-/// The value of the last `key` in `document`, as a decoded `Document` keeps it.
-fn last<'a>(document: &'a RawDocument, key: &str) -> Option<RawBsonRef<'a>> {
-    document
-        .iter()
-        .filter_map(Result::ok)
-        .filter(|(k, _)| k.as_str() == key)
-        .last()
-        .map(|(_, value)| value)
-}
-
-/// HS-4: `client.application.name`, when it is a string in documents.
-fn app_name(client: RawBsonRef<'_>) -> Option<&str> {
-    let application = last(client.as_document()?, "application")?;
-    last(application.as_document()?, "name")?.as_str()
+/// HS-4: `client.application.name`, when it is a string in documents, the last of each
+/// repeated key as a decoded `Document` keeps it.
+fn app_name(client: Element<'_>) -> Option<&str> {
+    let application = client.document()?.last(b"application")?;
+    application.document()?.last(b"name")?.str()
 }
 
 /// What the raw path answers.
@@ -253,11 +250,10 @@ impl Connection {
         {
             state.raw_answers += 1;
         }
-        state.counters.command_mut(name).received += 1;
         if let Some(log) = &mut state.command_log {
             log.push(LoggedCommand {
                 name: name.to_owned(),
-                lsid: hot.lsid.and_then(|lsid| Document::try_from(lsid).ok()),
+                lsid: hot.lsid.and_then(decoded_document),
                 txn_number: None,
             });
         }
@@ -269,20 +265,33 @@ impl Connection {
                 self.app_name = Some(app_name.to_owned());
             }
             let reply = self.hello_reply(&mut state, shared, name, hot.ask);
-            state.counters.command_mut(name).executed += 1;
+            let counts = state.counters.command_mut(name);
+            counts.received += 1;
+            counts.executed += 1;
             return Some(Answer::Reply(reply));
         }
-        if let Some(rejection) = state.ingress_rejection(Instant::now()) {
+        if let Some(rejection) = state.ingress_rejection() {
+            state.counters.command_mut(name).received += 1;
             return Some(Answer::Reply(rejection));
         }
-        let time = {
+        let new_lsid = hot.lsid.filter(|&lsid| lsid != self.noted_lsid);
+        let standalone = state.role == Role::Standalone;
+        let time = if new_lsid.is_none() && standalone {
+            None
+        } else {
             let mut store = state.data.lock();
-            if let Some(lsid) = hot.lsid {
-                store.note_plain_session(lsid);
+            // Sessions are never forgotten: one this connection noted last is still noted.
+            if let Some(lsid) = new_lsid {
+                if store.note_plain_session(lsid) {
+                    self.noted_lsid.clear();
+                    self.noted_lsid.extend_from_slice(lsid);
+                }
             }
-            (state.role != Role::Standalone).then(|| store.cluster_time())
+            (!standalone).then(|| store.cluster_time())
         };
+        // Counted once: the lock is held since the request was admitted.
         let counts = state.counters.command_mut(name);
+        counts.received += 1;
         counts.executed += 1;
         counts.succeeded += 1;
         drop(state);
@@ -320,6 +329,11 @@ impl Connection {
         bytes.extend_from_slice(body);
         bytes
     }
+}
+
+/// A validated document's bytes as a decoded `Document`.
+fn decoded_document(bytes: &[u8]) -> Option<Document> {
+    Document::try_from(RawDocument::from_bytes(bytes).ok()?).ok()
 }
 
 /// The request as the Document decoder would have given it.
