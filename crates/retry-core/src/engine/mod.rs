@@ -747,7 +747,12 @@ impl Engine {
         debug_assert!(self.ops.is_empty(), "every operation finished on close");
         let sessions: Vec<SessionHandle> = self.sessions.keys().copied().collect();
         for session in sessions {
-            self.unpin_connection(session, true, now);
+            // TX-4 (6): the sessions end with the client.
+            let unpinned = self
+                .sessions
+                .get_mut(&session)
+                .and_then(|s| s.pin.end_session());
+            self.transaction_unpinned(session, unpinned, now);
         }
         let cursors: Vec<ConnId> = self.cursors.pinned_conns().collect();
         for conn in cursors {

@@ -356,7 +356,7 @@ impl Engine {
         };
         // MO-11 (1): a failed check (`ok: 0`) closes the monitoring connection, polling or
         // streaming; the next check opens a new one.
-        if !crate::monitor::reply_ok(&reply.body) {
+        if !crate::reply::is_ok(&reply.body) {
             state.conn = None;
             self.close_socket(conn, now);
         }

@@ -8,7 +8,7 @@
 //! named by operation and slot: a retry machine has one slot, reused by each attempt; a hedging
 //! machine one per copy.
 
-use bson::{Bson, Document};
+use bson::Document;
 
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
@@ -443,7 +443,7 @@ impl Engine {
         // LB-10: closing a cursor gives its connection back whatever killCursors did.
         if let (CursorUse::Close(handle), false) = (cursor, release_pinned) {
             if let Some(cursor) = self.cursors.remove(&handle) {
-                if let Some(conn) = cursor.conn.filter(|c| !self.is_transaction_conn(*c)) {
+                if let Some(conn) = cursor.conn.filter(|c| !self.conn_held(*c)) {
                     self.release(conn, true, now);
                 }
                 self.cursor_session_ended(cursor.session, now);
@@ -734,15 +734,7 @@ impl Engine {
                 self.fail_attempt(op_id, slot, error, false, now);
             }
             None => {
-                // Looked up without `get_document`, whose miss builds an error.
-                let cursor_id = match body.get("cursor") {
-                    Some(Bson::Document(c)) => match c.get("id") {
-                        Some(Bson::Int64(id)) => Some(*id),
-                        Some(Bson::Int32(id)) => Some(i64::from(*id)),
-                        _ => None,
-                    },
-                    _ => None,
-                };
+                let cursor_id = crate::reply::cursor_id(&body);
                 op.reply = Some(body);
                 op.succeeded(slot, now);
                 self.schedule(Machine::Operation(op_id));
@@ -780,16 +772,25 @@ impl Engine {
                 // House rule 8 (review5 item 1): the connection this attempt ran on goes back
                 // once, by the machine's `ReleaseConnection` after the retry decision (BP-27);
                 // only a pinned connection the attempt did not hold is checked in here.
+                // A cursor of the transaction still using it keeps it (LB-10).
                 let own = self.ops.get(&op_id).and_then(|op| op.slots[slot].conn);
-                let pinned = self.sessions.get_mut(&session).and_then(|s| s.conn.take());
-                if let Some(conn) = pinned.filter(|c| Some(*c) != own) {
-                    let healthy = !matches!(error.kind, ErrorKind::Network(_));
-                    self.release(conn, healthy, now);
-                }
+                let pinned = self.unpinned_conn(session, unpinned);
+                let healthy = !matches!(error.kind, ErrorKind::Network(_));
+                let kept = match pinned {
+                    Some(conn) if Some(conn) != own => {
+                        self.transaction_released(conn, healthy, now);
+                        false
+                    }
+                    Some(conn) => self.keep_for_cursor(conn),
+                    None => false,
+                };
                 if let Some(op) = self.ops.get_mut(&op_id) {
                     op.pinned_server = None;
                     op.pinned_conn = None;
                     op.keep_conn = false;
+                    if kept {
+                        op.slots[slot].conn = None;
+                    }
                 }
             }
         }
