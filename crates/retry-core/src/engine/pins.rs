@@ -345,6 +345,7 @@ impl Engine {
                         conn,
                         pin,
                         session: super::OpSession::Never,
+                        transaction: op.transaction,
                     },
                 );
             }
