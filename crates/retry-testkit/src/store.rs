@@ -49,6 +49,11 @@ pub(crate) struct Store {
     /// TK-15: the session (lsid bytes) whose transaction in progress the command now running
     /// belongs to ([`Store::begin_statement`]): its writes go to that transaction's undo log.
     writer: Option<Vec<u8>>,
+    /// TK-15: how many transactions committed (each commit's stamp).
+    commits: u64,
+    /// TK-15: the undo logs of the transactions committed after a transaction in progress
+    /// started (its snapshot hides them), with their commit stamps, oldest first.
+    history: Vec<(u64, Vec<Undo>)>,
     /// Secondary indexes by namespace (`{v, key, name}`), in creation order; `_id_` is implied.
     indexes: BTreeMap<String, Vec<Document>>,
     /// The deployment's logical clock (review5 item 11, SE-16..SE-21): the increment of its
@@ -79,15 +84,18 @@ pub(crate) struct WriteKey {
     pub(crate) stmt_id: i64,
 }
 
-/// TK-15 (review6 finding 3): a session's transaction: its number, its state and the undo log
-/// of the documents it changed. Its writes go into the collections at once, but nobody else
-/// sees them before the commit ([`Store::visible`] shows others the documents as they were);
-/// another write to a document it changed is a WriteConflict (112); an abort puts back only the
-/// documents it changed; a commit drops the log.
+/// TK-15 (review6 finding 3): a session's transaction: its number, its state, the commits it
+/// started after, and the undo log of the documents it changed. Its writes go into the
+/// collections at once, but nobody else sees them before the commit ([`Store::visible`] shows
+/// others the documents as they were), and it does not see the transactions committed after it
+/// started (snapshot reads; writes outside any transaction are seen at once); another write to a
+/// document it changed, or its write to one a transaction committed after its start changed, is
+/// a WriteConflict (112); an abort puts back only the documents it changed.
 #[derive(Debug)]
 struct Transaction {
     number: i64,
     state: TransactionState,
+    start: u64,
     undo: Vec<Undo>,
 }
 
@@ -242,21 +250,36 @@ impl Store {
         self.writer = None;
     }
 
-    /// TK-15: the transactions in progress other than the running command's own.
-    fn other_transactions(&self) -> impl Iterator<Item = &Transaction> {
-        self.transactions
+    /// TK-15: the undo logs the running command does not see, newest first: those of the
+    /// transactions in progress other than its own, then (in a transaction) those of the
+    /// transactions committed after its own started, last commit first.
+    fn hidden(&self) -> impl Iterator<Item = &Undo> {
+        let start = self
+            .writer
+            .as_ref()
+            .and_then(|w| self.transactions.get(w))
+            .filter(|t| t.state == TransactionState::InProgress)
+            .map(|t| t.start);
+        let others = self
+            .transactions
             .iter()
             .filter(|(session, t)| {
                 t.state == TransactionState::InProgress && self.writer.as_ref() != Some(*session)
             })
-            .map(|(_, t)| t)
+            .flat_map(|(_, t)| t.undo.iter().rev());
+        let committed = self
+            .history
+            .iter()
+            .rev()
+            .filter(move |(stamp, _)| start.is_some_and(|start| *stamp > start))
+            .flat_map(|(_, undo)| undo.iter().rev());
+        others.chain(committed)
     }
 
-    /// TK-15: whether another transaction in progress changed the document `id` of `ns`.
+    /// TK-15: whether the document `id` of `ns` was changed by a transaction the running
+    /// command does not see.
     fn conflicts(&self, ns: &str, id: &Bson) -> bool {
-        self.other_transactions()
-            .flat_map(|t| &t.undo)
-            .any(|u| u.ns == ns && equal(&u.id, id))
+        self.hidden().any(|u| u.ns == ns && equal(&u.id, id))
     }
 
     /// TK-15: the running command's transaction changes the document `id` of `ns` (`before`,
@@ -288,11 +311,7 @@ impl Store {
     /// progress as they were before them (borrowed when no other transaction changed `ns`).
     fn visible(&self, ns: &str) -> Cow<'_, [Document]> {
         let base = self.collections.get(ns).map_or(&[][..], Vec::as_slice);
-        let mut hidden = self
-            .other_transactions()
-            .flat_map(|t| t.undo.iter().rev())
-            .filter(|u| u.ns == ns)
-            .peekable();
+        let mut hidden = self.hidden().filter(|u| u.ns == ns).peekable();
         if hidden.peek().is_none() {
             return Cow::Borrowed(base);
         }
@@ -440,9 +459,11 @@ impl Store {
                 Transaction {
                     number,
                     state: TransactionState::InProgress,
+                    start: self.commits,
                     undo: Vec::new(),
                 },
             );
+            self.prune_history();
             return Ok(());
         }
         match current {
@@ -468,6 +489,18 @@ impl Store {
         }
     }
 
+    /// TK-15: drops the undo logs of the commits every transaction in progress already sees.
+    fn prune_history(&mut self) {
+        let oldest = self
+            .transactions
+            .values()
+            .filter(|t| t.state == TransactionState::InProgress)
+            .map(|t| t.start)
+            .min();
+        self.history
+            .retain(|(stamp, _)| oldest.is_some_and(|oldest| *stamp > oldest));
+    }
+
     /// TK-15: the transaction in progress of `session`, if any, is aborted: the documents it
     /// changed are put back, newest change first; nobody else's writes are touched.
     fn abort(&mut self, session: &[u8]) {
@@ -486,6 +519,7 @@ impl Store {
                 restore(self.collections.entry(undo.ns.clone()).or_default(), undo);
             }
         }
+        self.prune_history();
     }
 
     /// TK-15: `commitTransaction` (idempotent once committed) or `abortTransaction` (puts the
@@ -510,8 +544,15 @@ impl Store {
         };
         match (transaction.state, commit) {
             (TransactionState::InProgress, true) | (TransactionState::Committed, true) => {
-                transaction.state = TransactionState::Committed;
-                transaction.undo = Vec::new();
+                if transaction.state == TransactionState::InProgress {
+                    transaction.state = TransactionState::Committed;
+                    let undo = core::mem::take(&mut transaction.undo);
+                    self.commits += 1;
+                    if !undo.is_empty() {
+                        self.history.push((self.commits, undo));
+                    }
+                    self.prune_history();
+                }
                 Ok(())
             }
             (TransactionState::InProgress, false) => {
@@ -1093,5 +1134,40 @@ mod tests {
                 .len(),
             1
         );
+    }
+    /// TK-15 (`isolation.json` "two transactions"): a transaction reads the data as of its
+    /// start: another transaction's commit after that stays invisible to it, and its write to a
+    /// document that commit changed is a WriteConflict; a transaction started after the commit
+    /// sees it.
+    #[test]
+    fn tk15_snapshot_reads_and_conflicts_with_later_commits() {
+        let mut store = store_with(1);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.update(
+                "db.c",
+                &doc! { "_id": 0 },
+                &doc! { "$set": { "x": 1 } },
+                false,
+                false,
+            )
+            .unwrap();
+        });
+        let seen = in_transaction(&mut store, S2, 1, true, |s| {
+            s.matching("db.c", &doc! { "x": 1 })
+        });
+        assert_eq!(seen.unwrap().len(), 0);
+        assert_eq!(store.end_transaction(S1, 1, true), Ok(()));
+        let after = in_transaction(&mut store, S2, 1, false, |s| {
+            (
+                s.matching("db.c", &doc! { "x": 1 }).unwrap().len(),
+                s.delete("db.c", &doc! { "_id": 0 }, false),
+            )
+        });
+        assert_eq!(after, (0, Err(QueryError::WriteConflict)));
+        let fresh = in_transaction(&mut store, S1, 2, true, |s| {
+            s.matching("db.c", &doc! { "x": 1 }).unwrap().len()
+        });
+        assert_eq!(fresh, 1);
+        assert_eq!(store.matching("db.c", &doc! { "x": 1 }).unwrap().len(), 1);
     }
 }

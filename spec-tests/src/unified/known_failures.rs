@@ -14,7 +14,7 @@ pub const SDAM: &[KnownFailure] = &[KnownFailure {
     may_pass: true,
 }];
 
-/// transactions: 36 known failures.
+/// transactions: 35 known failures.
 pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"causal-consistency.json: causal consistency"#,
@@ -75,10 +75,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"errors-client.json: Client side error when transaction is in progress"#,
         "not diagnosed yet: operation 2: updateOne succeeded but an error was expected",
-    ),
-    fails(
-        r#"isolation.json: two transactions"#,
-        "testkit: no isolation or write conflicts between transactions (TK-15)",
     ),
     fails(
         r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on runCommand insert"#,
