@@ -360,12 +360,46 @@ impl HedgingMachine {
             events: Queue::new(),
             record_events: true,
         };
-        if timeout.expired(now) {
-            machine.finish(Err(OperationError::timeout(None)));
-        } else {
-            machine.launch(now);
-        }
+        machine.start(now);
         Ok(machine)
+    }
+
+    /// Makes this machine, finished or not, the machine [`HedgingMachine::new`] would make for
+    /// another operation, in place: for a caller that runs many operations one after another (a
+    /// simulation). It keeps recording monitoring events or not, as it did
+    /// ([`HedgingMachine::without_events`]). Fails, leaving the machine as it was, for kinds that
+    /// are not [`hedgeable`].
+    pub fn restart(
+        &mut self,
+        kind: OperationKind,
+        timeout: OperationTimeout,
+        policy: &HedgingPolicy,
+        now: Instant,
+    ) -> Result<(), NotHedgeable> {
+        if !hedgeable(kind) {
+            return Err(NotHedgeable(kind));
+        }
+        self.policy.clone_from(policy);
+        self.timeout = timeout;
+        self.copies.clear();
+        self.used.clear();
+        self.next_at = None;
+        self.stopped = false;
+        self.finished = false;
+        self.last_error = None;
+        self.actions.clear();
+        self.events.clear();
+        self.start(now);
+        Ok(())
+    }
+
+    /// The first copies of a new operation, or its end when the deadline has already passed.
+    fn start(&mut self, now: Instant) {
+        if self.timeout.expired(now) {
+            self.finish(Err(OperationError::timeout(None)));
+        } else {
+            self.launch(now);
+        }
     }
 
     /// The next thing to do, in order.

@@ -249,3 +249,46 @@ fn lb10_the_last_of_two_cursors_on_a_connection_checks_it_in() {
     sim.run(close).expect("the second cursor closes");
     assert_cursor_holds_the_connection(sim, first);
 }
+
+/// TX-4 (5), LB-10: after a commit, the killCursors that closes the cursor names the session: it
+/// unpins the session, but the connection stays the cursor's until the killCursors is done; an
+/// operation started meanwhile waits for it.
+#[test]
+fn tx4_lb10_a_kill_cursors_naming_the_session_after_a_commit_keeps_the_connection_until_done() {
+    let (mut sim, session, cursor) = cursor_in_a_transaction(vec![
+        Step::reply(doc! { "ok": 1 }),
+        Step::reply(doc! { "ok": 1, "cursorsKilled": [42_i64] }),
+    ]);
+    let commit = sim.start_request(request(
+        doc! { "commitTransaction": 1 },
+        OperationKind::CommitTransaction { again: false },
+        CursorUse::None,
+        Some(session),
+    ));
+    sim.run(commit).expect("committed");
+    let close = sim.start_request(request(
+        doc! { "killCursors": "c", "cursors": [42_i64] },
+        OperationKind::RunCommand,
+        CursorUse::Close(cursor),
+        Some(session),
+    ));
+    let other = sim.start_request(request(
+        doc! { "find": "d" },
+        OperationKind::Read,
+        CursorUse::None,
+        None,
+    ));
+    sim.run(close).expect("the cursor closes");
+    sim.run(other).expect("then the other operation runs");
+    assert_eq!(
+        pool_events(&sim),
+        ["out", "in", "out", "in"],
+        "one check-in per checkout"
+    );
+    let log: Vec<&str> = sim.servers[&address("lb")]
+        .log
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .collect();
+    assert_eq!(log[log.len() - 2..], ["killCursors", "find"]);
+}

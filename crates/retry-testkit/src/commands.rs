@@ -95,7 +95,7 @@ pub(crate) struct HelloContext<'a> {
 }
 
 /// What of a hello request its reply depends on.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct HelloAsk {
     /// `helloOk: true` was sent.
     pub(crate) hello_ok: bool,

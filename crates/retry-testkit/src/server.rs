@@ -15,6 +15,7 @@ use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::{sleep, Duration, Instant};
 
 mod awaitable;
+mod elements;
 mod raw;
 #[cfg(test)]
 mod raw_equivalence;
@@ -93,10 +94,11 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// BP-3, BP-15: the ingress limiter's rejection, or `None` when the command is admitted.
-    fn ingress_rejection(&mut self, now: Instant) -> Option<Document> {
+    /// BP-3, BP-15: the ingress limiter's rejection, or `None` when the command is admitted
+    /// (the clock is read only when a limiter is set).
+    fn ingress_rejection(&mut self) -> Option<Document> {
         let (limit, bucket) = self.ingress.as_mut()?;
-        if bucket.try_acquire(now) {
+        if bucket.try_acquire(Instant::now()) {
             return None;
         }
         let mut reply = error_reply(
@@ -587,7 +589,8 @@ fn admit(shared: &Shared) -> Option<Connection> {
         last_request_id: 0,
         out: Vec::new(),
         auth: ConnectionAuth::default(),
-        ping_reply: None,
+        replies: raw::Replies::default(),
+        noted_lsid: Vec::new(),
     })
 }
 
@@ -604,8 +607,11 @@ struct Connection {
     auth: ConnectionAuth,
     /// The encoded reply being written (reused).
     out: Vec<u8>,
-    /// The raw path's ping reply body (`raw`).
-    ping_reply: Option<raw::PingReply>,
+    /// The raw path's reply bodies (`raw`).
+    replies: raw::Replies,
+    /// The plain lsid the raw path noted last in the data store (`raw`), so a connection that
+    /// keeps its session does not look it up again.
+    noted_lsid: Vec<u8>,
 }
 
 /// The "not writable primary" and "node is recovering" codes a replica-set member's error reply
@@ -1050,7 +1056,7 @@ impl Connection {
             }
             let admin_command = hello || name == "configureFailPoint";
             if !admin_command {
-                if let Some(rejection) = state.ingress_rejection(Instant::now()) {
+                if let Some(rejection) = state.ingress_rejection() {
                     return Response::Reply(rejection);
                 }
             }
@@ -1163,8 +1169,7 @@ impl Connection {
         Response::Reply(reply)
     }
 
-    /// HS-3, HS-4, LB-17: the hello reply of this connection, routing it to a service first
-    /// when a load balancer has several (TK-12).
+    /// HS-3, HS-4, LB-17: the hello reply of this connection ([`Connection::service_id`]).
     fn hello_reply(
         &mut self,
         state: &mut State,
@@ -1172,7 +1177,21 @@ impl Connection {
         name: &str,
         ask: HelloAsk,
     ) -> Document {
-        let service_id = match (self.service, state.services.len()) {
+        let context = HelloContext {
+            me: &shared.me,
+            process_id: shared.process_id,
+            service_id: self.service_id(state, shared),
+            connection_id: self.id,
+            min_wire_version: shared.min_wire_version,
+            max_wire_version: shared.max_wire_version,
+        };
+        hello_reply(name, ask, &state.role, state.topology_counter, &context)
+    }
+
+    /// LB-17, TK-12: the `serviceId` of this connection: the process id, or with several services
+    /// behind a load balancer, the one it is routed to at its first hello.
+    fn service_id(&mut self, state: &mut State, shared: &Shared) -> ObjectId {
+        match (self.service, state.services.len()) {
             (Some(service), _) => service,
             (None, 0) => shared.process_id,
             (None, n) => {
@@ -1181,16 +1200,7 @@ impl Connection {
                 self.service = Some(service);
                 service
             }
-        };
-        let context = HelloContext {
-            me: &shared.me,
-            process_id: shared.process_id,
-            service_id,
-            connection_id: self.id,
-            min_wire_version: shared.min_wire_version,
-            max_wire_version: shared.max_wire_version,
-        };
-        hello_reply(name, ask, &state.role, state.topology_counter, &context)
+        }
     }
 
     /// HS-4: records the handshake and remembers `client.application.name` for `appName`.

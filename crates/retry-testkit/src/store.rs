@@ -2,7 +2,7 @@
 //! the replies of retryable writes.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bson::oid::ObjectId;
@@ -41,9 +41,9 @@ pub(crate) struct Store {
     /// The sessions commands named (`lsid`), for `$listLocalSessions`, in first-use order.
     sessions: Vec<Document>,
     /// The encodings of the `sessions` that are `{id: <binary>}` alone, the lsids drivers send:
-    /// two such lsids are equal exactly when their bytes are, so they are found without a scan
-    /// (house rule 9).
-    plain_sessions: HashSet<Vec<u8>>,
+    /// two such lsids are equal exactly when their bytes are, so they are found by a search, not
+    /// a scan (house rule 9).
+    plain_sessions: BTreeSet<Vec<u8>>,
     /// TK-15: each session's latest transaction (lsid bytes).
     transactions: BTreeMap<Vec<u8>, Transaction>,
     /// TK-15: the session (lsid bytes) whose transaction in progress the command now running
@@ -638,14 +638,18 @@ impl Store {
     /// [`Store::note_session`] of an encoded lsid that is `{id: <binary>}` alone, not of subtype
     /// `BinaryOld` (the raw path's check, `crate::server`): its bytes are the ones
     /// [`Store::note_session`] would encode.
-    pub(crate) fn note_plain_session(&mut self, lsid: &RawDocument) {
-        if self.plain_sessions.contains(lsid.as_bytes()) {
-            return;
+    /// `false` when `lsid` does not decode (it does once validated).
+    pub(crate) fn note_plain_session(&mut self, lsid: &[u8]) -> bool {
+        if self.plain_sessions.contains(lsid) {
+            return true;
         }
-        if let Ok(document) = Document::try_from(lsid) {
-            self.plain_sessions.insert(lsid.as_bytes().to_vec());
-            self.sessions.push(document);
-        }
+        let document = RawDocument::from_bytes(lsid).and_then(Document::try_from);
+        let Ok(document) = document else {
+            return false;
+        };
+        self.plain_sessions.insert(lsid.to_vec());
+        self.sessions.push(document);
+        true
     }
 
     /// `$listLocalSessions: {}`: one `{_id: lsid}` per session commands named.

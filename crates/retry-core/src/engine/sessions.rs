@@ -790,27 +790,44 @@ impl Engine {
 
 /// SE-21: whether an attempt of `kind` reads causally after its explicit session's earlier
 /// operations: a read that takes a read concern (`find`, `aggregate` without a write stage,
-/// `count`, `distinct`; never a generic command) or a transaction's first command (its
-/// `readConcern`, TX-1).
+/// `count`, `distinct`; never a generic command), a write command that takes `afterClusterTime`
+/// (the causal-consistency spec since DRIVERS-3274: `insert`, `update`, `delete`,
+/// `findAndModify`, `bulkWrite`, `create`, `createIndexes`, `drop`, `dropDatabase`,
+/// `dropIndexes`), or a transaction's first command (its `readConcern`, TX-1).
 fn reads_causally(kind: OperationKind, body: &Document) -> bool {
+    let name = body.keys().next().map(String::as_str);
     match kind {
-        OperationKind::Read => matches!(
-            body.keys().next().map(String::as_str),
-            Some("find" | "aggregate" | "count" | "distinct")
+        OperationKind::Read => matches!(name, Some("find" | "aggregate" | "count" | "distinct")),
+        OperationKind::RetryableWrite | OperationKind::NonRetryableWrite => matches!(
+            name,
+            Some(
+                "insert"
+                    | "update"
+                    | "delete"
+                    | "findAndModify"
+                    | "findandmodify"
+                    | "bulkWrite"
+                    | "create"
+                    | "createIndexes"
+                    | "drop"
+                    | "dropDatabase"
+                    | "dropIndexes"
+            )
         ),
         OperationKind::InTransaction { first, .. } => first,
         _ => false,
     }
 }
 
-/// SE-21: `readConcern.afterClusterTime` (the level, if any, kept); not with the `snapshot`
-/// level, which has its own point in time (SE-22).
+/// SE-21: `readConcern.afterClusterTime` (the level, if any, kept: a transaction's `snapshot`
+/// level included, TX-1); not when the command has its own `atClusterTime` (SE-22), which names
+/// its own point in time.
 fn add_after_cluster_time(body: &mut Document, time: bson::Timestamp) {
     let mut read_concern = match body.get("readConcern") {
         Some(Bson::Document(read_concern)) => read_concern.clone(),
         _ => Document::new(),
     };
-    if matches!(read_concern.get("level"), Some(Bson::String(level)) if level == "snapshot") {
+    if read_concern.contains_key("atClusterTime") {
         return;
     }
     read_concern.insert("afterClusterTime", Bson::Timestamp(time));

@@ -155,6 +155,20 @@ fn script(role: &Role) -> Script {
         "apiVersion": "1", "apiStrict": false, "apiDeprecationErrors": false, "comment": "c",
         "maxTimeMS": 100, "$db": "admin" },
     );
+    // A connection's hello replies differ by what the request asks.
+    s.send("hello without helloOk", doc! { "hello": 1, "$db": "admin" });
+    s.send(
+        "hello with helloOk",
+        doc! { "hello": 1, "helloOk": true, "$db": "admin" },
+    );
+    s.send(
+        "hello with loadBalanced",
+        doc! { "hello": 1, "loadBalanced": true, "$db": "admin" },
+    );
+    s.send(
+        "hello with helloOk false",
+        doc! { "hello": 1, "helloOk": false, "loadBalanced": false, "$db": "admin" },
+    );
     // Refusals and fields the raw path leaves to the Document path.
     s.send("ping without $db", doc! { "ping": 1 });
     s.send("hello without $db", doc! { "hello": 1 });
