@@ -392,6 +392,7 @@ impl Engine {
                         conn,
                         pin,
                         session: super::OpSession::Never,
+                        transaction: op.transaction,
                     },
                 );
                 if let (true, Some(conn)) = (let_go, conn) {
