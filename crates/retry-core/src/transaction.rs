@@ -85,10 +85,16 @@ const COMMIT_AFTER_ABORT: &str = "Cannot call commitTransaction after calling ab
 const ABORT_AFTER_COMMIT: &str = "Cannot call abortTransaction after calling commitTransaction";
 const ABORT_TWICE: &str = "Cannot call abortTransaction twice";
 
-/// One session's transaction state machine (TX-2).
+/// One session's transaction state machine (TX-2), with the transaction's `txnNumber` once its
+/// first command took one (TX-1: every command of the transaction carries that one number).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Transaction {
     state: TransactionState,
+    /// Counts the transactions started, so that a command mapped into one transaction is never
+    /// sent in a later one.
+    generation: u32,
+    /// TX-1: the number of the current transaction, once its first command took it.
+    number: Option<i64>,
 }
 
 impl Transaction {
@@ -100,6 +106,30 @@ impl Transaction {
     /// The current state.
     pub fn state(&self) -> TransactionState {
         self.state
+    }
+
+    /// Which transaction (counting from 1) the session is in or last was in; 0 before the first.
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// TX-1: the `txnNumber` of the current transaction, once its first command took one.
+    pub fn number(&self) -> Option<i64> {
+        self.number
+    }
+
+    /// TX-1: the current transaction's first command took `number`; every later command of the
+    /// transaction (another first command whose attempt had not been prepared yet included,
+    /// review6 finding 2) uses it.
+    pub fn set_number(&mut self, number: i64) {
+        self.number = Some(number);
+    }
+
+    /// A new transaction: starting, without a number yet.
+    fn begin(&mut self) {
+        self.state = TransactionState::Starting;
+        self.generation = self.generation.wrapping_add(1);
+        self.number = None;
     }
 
     /// Whether a transaction is starting or in progress.
@@ -115,7 +145,7 @@ impl Transaction {
         if self.is_active() {
             return Err(OperationError::usage(ALREADY_IN_PROGRESS));
         }
-        self.state = TransactionState::Starting;
+        self.begin();
         Ok(())
     }
 
@@ -142,7 +172,7 @@ impl Transaction {
                 Ok(OperationKind::InTransaction { read, first: false })
             }
             (_, OperationKind::InTransaction { first: true, .. }) => {
-                self.state = TransactionState::Starting;
+                self.begin();
                 Ok(first)
             }
             (_, OperationKind::InTransaction { first: false, .. }) => {

@@ -231,12 +231,16 @@ pub(crate) fn execute(
     let in_transaction = request.body.get("autocommit") == Some(&Bson::Boolean(false));
     let ends = matches!(name, "commitTransaction" | "abortTransaction");
     if in_transaction && !ends {
-        if let Err((code, message)) = transaction_command(&mut store, &request.body) {
-            let mut reply = error_reply(code, &message);
-            if let Some(labels) = transaction_labels(name, code) {
-                reply.insert("errorLabels", labels);
+        match transaction_command(&mut store, &request.body) {
+            // TK-15: the statement reads and writes as its transaction.
+            Ok(session) => store.begin_statement(Some(session)),
+            Err((code, message)) => {
+                let mut reply = error_reply(code, &message);
+                if let Some(labels) = transaction_labels(name, code) {
+                    reply.insert("errorLabels", labels);
+                }
+                return Some(reply);
             }
-            return Some(reply);
         }
     }
     let mut context = Context {
@@ -244,13 +248,26 @@ pub(crate) fn execute(
         batch_size: state.batch_size,
         owner: process_id,
     };
-    let mut reply = run(&mut context, name, request, max_wire_version)?;
+    let reply = run(&mut context, name, request, max_wire_version);
+    store.end_statement();
+    let mut reply = reply?;
     // TK-15 (house rule 7): a statement that fails (an error or a write error) aborts its
     // transaction on a real server; its later commands get NoSuchTransaction (251).
     let failed = !reply
         .get("ok")
         .is_some_and(|ok| ok.as_f64() == Some(1.0) || ok.as_i32() == Some(1))
         || reply.contains_key("writeErrors");
+    // TK-7, TK-15: a statement's WriteConflict (112), a commit's NoSuchTransaction (251), ...
+    // are a TransientTransactionError.
+    if in_transaction && !reply.contains_key("errorLabels") {
+        if let Some(labels) = reply
+            .get("code")
+            .and_then(integer)
+            .and_then(|code| transaction_labels(name, i32::try_from(code).ok()?))
+        {
+            reply.insert("errorLabels", labels);
+        }
+    }
     if in_transaction && !ends && failed {
         let session = request
             .body
@@ -273,8 +290,8 @@ pub(crate) fn execute(
 }
 
 /// TK-15: checks (and with `startTransaction: true`, starts) the transaction a command with
-/// `autocommit: false` belongs to.
-fn transaction_command(store: &mut Store, command: &Document) -> Result<(), (i32, String)> {
+/// `autocommit: false` belongs to; its session (lsid bytes).
+fn transaction_command(store: &mut Store, command: &Document) -> Result<Vec<u8>, (i32, String)> {
     let session = command
         .get_document("lsid")
         .ok()
@@ -287,7 +304,8 @@ fn transaction_command(store: &mut Store, command: &Document) -> Result<(), (i32
         ));
     };
     let start = command.get("startTransaction") == Some(&Bson::Boolean(true));
-    store.transaction_command(session, number, start)
+    store.transaction_command(session.clone(), number, start)?;
+    Ok(session)
 }
 
 /// TK-7: the `TransientTransactionError` label a server adds to an error of a transaction's
@@ -527,7 +545,10 @@ fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
         Err(e) => return e,
     };
     let ns = format!("{db}.{collection}");
-    let outcome = state.store.insert(&ns, documents, ordered(&request.body));
+    let outcome = match state.store.insert(&ns, documents, ordered(&request.body)) {
+        Ok(outcome) => outcome,
+        Err(e) => return query_error(e),
+    };
     let mut reply = doc! { "n": count_i32(outcome.n) };
     if !outcome.duplicates.is_empty() {
         let errors: Vec<Document> = outcome
@@ -686,7 +707,10 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                 let Ok(document) = op.get_document("document") else {
                     return error_reply(2, "a bulkWrite insert needs a document");
                 };
-                let outcome = state.store.insert(&ns, vec![document.clone()], true);
+                let outcome = match state.store.insert(&ns, vec![document.clone()], true) {
+                    Ok(outcome) => outcome,
+                    Err(e) => return query_error(e),
+                };
                 if let Some((_, id)) = outcome.duplicates.first() {
                     failed = true;
                     result = doc! {
@@ -1424,6 +1448,12 @@ fn query_error(error: QueryError) -> Document {
             None => unsupported_reply(&format!("query operator {key}")),
         },
         QueryError::CursorNotFound(id) => error_reply(43, &format!("cursor id {id} not found")),
+        // TK-15: a real server's message.
+        QueryError::WriteConflict => error_reply(
+            112,
+            "WriteConflict error: this operation conflicted with another operation. Please retry \
+             your operation or multi-document transaction.",
+        ),
     }
 }
 

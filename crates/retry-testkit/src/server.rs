@@ -448,14 +448,14 @@ impl ServerHandle {
 
     /// Appends documents to the namespace `ns` (`db.collection`), as an unordered `insert`
     /// does, without counting a command; returns how many went in (a duplicate `_id` is left
-    /// out, TK-*).
+    /// out, TK-*; none goes in when one has an `_id` a transaction in progress changed, TK-15).
     pub fn insert(&self, ns: &str, documents: Vec<Document>) -> usize {
         self.shared
             .lock()
             .data
             .lock()
             .insert(ns, documents, false)
-            .n
+            .map_or(0, |outcome| outcome.n)
     }
 
     /// The documents of the namespace `ns`, in insertion order.

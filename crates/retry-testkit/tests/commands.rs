@@ -712,8 +712,8 @@ async fn client_bulk_write() {
     .await;
 }
 
-/// TK-15: a transaction starts with its first command, commits idempotently, aborts by putting
-/// the data back; a command of no transaction in progress is NoSuchTransaction (251) with
+/// TK-15: a transaction starts with its first command, its writes are invisible to others
+/// until it commits, it commits idempotently, aborts by undoing its own changes; a command of no transaction in progress is NoSuchTransaction (251) with
 /// TransientTransactionError (TK-7); a mongos adds a recovery token.
 #[tokio::test]
 async fn transactions() {
@@ -748,7 +748,11 @@ async fn transactions() {
         assert_eq!(code(&reply), Some(251));
         assert_eq!(labels(&reply), ["TransientTransactionError"]);
         client.command(insert(2, true, 2)).await.unwrap();
-        assert_eq!(handle.documents("db.c").len(), 2);
+        assert_eq!(
+            handle.documents("db.c"),
+            vec![doc! { "_id": 1 }],
+            "TK-15: invisible until the commit"
+        );
         let reply = client.command(end("abortTransaction", 2)).await.unwrap();
         assert_eq!(code(&reply), None, "{reply}");
         assert_eq!(handle.documents("db.c"), vec![doc! { "_id": 1 }], "the abort undid it");

@@ -21,7 +21,7 @@ use crate::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::pinning::transaction_labels;
 use crate::pool::Purpose;
 use crate::read_preference_wire::read_preference_document;
-use crate::retry::{Action, Attempt, AttemptServer, OperationSpec, RetryEvent};
+use crate::retry::{Action, Attempt, AttemptServer, OperationKind, OperationSpec, RetryEvent};
 use crate::selection::{SelectionStep, ServerSelection};
 use crate::time::Instant;
 
@@ -51,6 +51,21 @@ impl Engine {
         self.launch(request, false, now)
     }
 
+    /// TX-2: puts back the transaction state `before` of an operation that was refused after its
+    /// mapping ([`Engine::transaction_request`]); a client-side error never changes the state.
+    fn restore_transaction(
+        &mut self,
+        session: Option<super::SessionHandle>,
+        before: Option<crate::transaction::Transaction>,
+    ) {
+        if let (Some(state), Some(before)) = (
+            session.and_then(|handle| self.sessions.get_mut(&handle)),
+            before,
+        ) {
+            state.transaction = before;
+        }
+    }
+
     fn next_op_id(&mut self) -> OpId {
         let op = OpId(self.next_op);
         self.next_op += 1;
@@ -67,22 +82,29 @@ impl Engine {
     ) -> OpId {
         let op = self.next_op_id();
         // SE-14, TX-1: a `getMore` runs in the session of the command that opened its cursor, and
-        // while that session's transaction is active, in the transaction (outside one it keeps
-        // the cursor's own route and pins).
+        // in that session's transaction only when the cursor was opened in this very transaction
+        // and it is still active (review6 finding 4: a real server refuses a getMore of a cursor
+        // from outside the transaction, 50739, or from another one, 50741); otherwise it keeps
+        // the cursor's own route and pins, without a txnNumber.
         if let (None, CursorUse::GetMore(handle)) = (request.session, request.cursor) {
-            if let Some(OpSession::Explicit(session)) =
-                self.cursors.get_mut(&handle).map(|c| &c.session)
+            if let Some((OpSession::Explicit(session), Some(opened_in))) = self
+                .cursors
+                .get_mut(&handle)
+                .map(|c| (&c.session, c.transaction))
             {
                 let session = *session;
-                if self
-                    .sessions
-                    .get(&session)
-                    .is_some_and(|s| s.transaction.is_active())
-                {
+                if self.sessions.get(&session).is_some_and(|s| {
+                    s.transaction.is_active() && s.transaction.generation() == opened_in
+                }) {
                     request.session = Some(session);
                 }
             }
         }
+        // TX-2 (review6 finding 5): a request refused below leaves the transaction as it was.
+        let before = request
+            .session
+            .and_then(|handle| self.sessions.get(&handle))
+            .map(|s| s.transaction);
         // TX-1, TX-2: an operation naming a session runs through its transaction.
         match self.transaction_request(&mut request) {
             Ok(true) => {}
@@ -104,6 +126,7 @@ impl Engine {
         let (mut session, gossip) = match self.operation_session(&request) {
             Ok(session) => session,
             Err(error) => {
+                self.restore_transaction(request.session, before);
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
                     result: Err(error),
@@ -133,6 +156,7 @@ impl Engine {
                     session = self.take_cursor_session(handle);
                 }
                 None => {
+                    self.restore_transaction(request.session, before);
                     self.run(now);
                     return op;
                 }
@@ -143,6 +167,14 @@ impl Engine {
             pinned_server = pinned_server.or(server);
             pinned_conn = pinned_conn.or(conn);
         }
+        // TX-1, TX-2 (review6 finding 2): the transaction this statement belongs to.
+        let transaction = match request.kind {
+            OperationKind::InTransaction { .. } => request
+                .session
+                .and_then(|handle| self.sessions.get(&handle))
+                .map(|s| s.transaction.generation()),
+            _ => None,
+        };
         let machine = self.operation_machine(
             &request,
             &session,
@@ -172,6 +204,7 @@ impl Engine {
                 keep_conn: false,
                 opened: None,
                 txn_number: None,
+                transaction,
                 gossip,
                 internal,
                 timer: None,

@@ -396,6 +396,7 @@ impl Engine {
                         conn,
                         pin,
                         session: super::OpSession::Never,
+                        transaction: op.transaction,
                     },
                 );
                 if let (true, Some(conn)) = (let_go, conn) {
