@@ -329,7 +329,7 @@ pub(crate) fn max_time_refusal(value: &Bson) -> Option<Document> {
 }
 
 /// The server's name of a BSON type, for type errors.
-fn type_name(value: &Bson) -> &'static str {
+pub(crate) fn type_name(value: &Bson) -> &'static str {
     match value {
         Bson::Int32(_) => "int",
         Bson::Int64(_) => "long",
