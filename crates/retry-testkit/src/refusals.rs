@@ -34,6 +34,7 @@
 //!   level (`FailedToParse`, 9). An `afterClusterTime` ahead of the deployment's clock is refused
 //!   where the clock is known (`crate::server`, [`after_cluster_time_refusal`]).
 
+use bson::spec::BinarySubtype;
 use bson::{Bson, Document};
 
 use crate::config::Role;
@@ -52,15 +53,8 @@ const SECONDARY_READS: [&str; 6] = [
 /// The error reply a real server gives `command` (named `name`) in `role` before running it, if
 /// any.
 pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Document> {
-    if let Some(lsid) = command.get("lsid") {
-        let well_formed =
-            matches!(lsid, Bson::Document(d) if matches!(d.get("id"), Some(Bson::Binary(_))));
-        if !well_formed {
-            return Some(error_reply(
-                14,
-                "BSON field 'lsid.id' is the wrong type, expected type 'binData'",
-            ));
-        }
+    if let Some(refusal) = command.get("lsid").and_then(lsid_refusal) {
+        return Some(refusal);
     }
     if let Some(refusal) = command.get("maxTimeMS").and_then(max_time_refusal) {
         return Some(refusal);
@@ -289,6 +283,56 @@ fn read_concern_refusal(value: &Bson) -> Option<Document> {
     None
 }
 
+/// SE-3 (review6 finding 9): a real server parses `lsid` strictly: a document whose `id` is a
+/// UUID (binary subtype 4: else TypeMismatch 14) of 16 bytes (else InvalidUUID 207), with no
+/// field besides `id` and the server's internal ones (`uid`, `txnNumber`, `txnUUID`; else
+/// 40415); a missing `id` is 40414.
+fn lsid_refusal(lsid: &Bson) -> Option<Document> {
+    let Bson::Document(lsid) = lsid else {
+        return Some(error_reply(
+            14,
+            &format!(
+                "BSON field 'lsid' is the wrong type '{}', expected type 'object'",
+                type_name(lsid)
+            ),
+        ));
+    };
+    if let Some(field) = lsid
+        .keys()
+        .find(|k| !matches!(k.as_str(), "id" | "uid" | "txnNumber" | "txnUUID"))
+    {
+        return Some(error_reply(
+            40415,
+            &format!("BSON field 'lsid.{field}' is an unknown field."),
+        ));
+    }
+    match lsid.get("id") {
+        None => Some(error_reply(
+            40414,
+            "BSON field 'lsid.id' is missing but a required field",
+        )),
+        Some(Bson::Binary(id)) if id.subtype == BinarySubtype::Uuid && id.bytes.len() == 16 => None,
+        Some(Bson::Binary(id)) if id.subtype == BinarySubtype::Uuid => Some(error_reply(
+            207,
+            "uuid must be a 16-byte binary field with UUID (4) subtype",
+        )),
+        Some(Bson::Binary(id)) => Some(error_reply(
+            14,
+            &format!(
+                "BSON field 'lsid.id' is the wrong binData type '{:?}', expected type 'UUID'",
+                id.subtype
+            ),
+        )),
+        Some(other) => Some(error_reply(
+            14,
+            &format!(
+                "BSON field 'lsid.id' is the wrong type '{}', expected type 'binData'",
+                type_name(other)
+            ),
+        )),
+    }
+}
+
 /// SE-21 (review5 item 11): a read concern's `afterClusterTime` ahead of the deployment's
 /// current cluster time (`now`): `InvalidOptions` (72), as a server that never saw that time.
 pub(crate) fn after_cluster_time_refusal(
@@ -372,6 +416,45 @@ mod tests {
         );
         let bad = doc! { "insert": "c", "lsid": { "id": 1 } };
         assert_eq!(code(refusal(&Role::Mongos, "insert", &bad)), Some(14));
+    }
+
+    /// SE-3 (review6 finding 9): an lsid's `id` must be a UUID (subtype 4, TypeMismatch 14) of 16
+    /// bytes (InvalidUUID 207), with no unknown field (40415) and not missing (40414); the
+    /// server's own `uid` is accepted.
+    #[test]
+    fn se3_an_lsid_is_parsed_as_strictly_as_a_real_server() {
+        let with = |lsid: Document| doc! { "ping": 1, "lsid": lsid };
+        let generic = Binary {
+            subtype: BinarySubtype::Generic,
+            bytes: vec![0; 16],
+        };
+        let short = Binary {
+            subtype: BinarySubtype::Uuid,
+            bytes: vec![0; 12],
+        };
+        let uid = Binary {
+            subtype: BinarySubtype::Generic,
+            bytes: vec![0; 32],
+        };
+        let mut extra = lsid();
+        extra.insert("x", 1);
+        let mut internal = lsid();
+        internal.insert("uid", uid);
+        for (lsid, expected) in [
+            (doc! { "id": generic }, Some(14)),
+            (doc! { "id": short }, Some(207)),
+            (extra, Some(40415)),
+            (doc! {}, Some(40414)),
+            (internal, None),
+            (lsid(), None),
+        ] {
+            let command = with(lsid.clone());
+            assert_eq!(
+                code(refusal(&Role::Mongos, "ping", &command)),
+                expected,
+                "{lsid}"
+            );
+        }
     }
 
     /// Review items 7 and 21 (house rule 7): `maxTimeMS` must be an integral number in

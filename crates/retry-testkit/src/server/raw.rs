@@ -151,14 +151,16 @@ impl<'a> Hot<'a> {
     }
 }
 
-/// An lsid that is `{id: <binary>}` alone, of any subtype but `BinaryOld` (whose encoding has a
-/// second length): the shape every check accepts and `Store::note_plain_session` takes.
+/// An lsid that is `{id: <UUID>}` alone (binary subtype 4, 16 bytes: SE-3, the shape the
+/// Document path's lsid check accepts, review6 finding 9) and `Store::note_plain_session` takes.
 fn plain_lsid(lsid: Element<'_>) -> Option<&[u8]> {
     let mut fields = lsid.document()?;
     let Walk::Element(id) = fields.next() else {
         return None;
     };
-    let plain = id.key == b"id" && id.binary_subtype().is_some();
+    // The binary value: its length (16), its subtype (4), its 16 bytes.
+    let uuid = id.binary_subtype() == Some(4) && id.value.len() == 21;
+    let plain = id.key == b"id" && uuid;
     (plain && matches!(fields.next(), Walk::End)).then_some(lsid.value)
 }
 

@@ -198,6 +198,14 @@ fn script(role: &Role) -> Script {
             doc! { "lsid": { "id": binary(BinarySubtype::Generic, 6) } },
         ),
     );
+    // SE-3 (review6 finding 9): a UUID of 12 bytes is InvalidUUID on both paths.
+    s.send(
+        "ping, lsid a 12-byte UUID",
+        with(
+            ping(),
+            doc! { "lsid": { "id": Binary { subtype: BinarySubtype::Uuid, bytes: vec![7; 12] } } },
+        ),
+    );
     for (label, max_time) in [
         ("-1", Bson::Int32(-1)),
         ("1.5", Bson::Double(1.5)),
