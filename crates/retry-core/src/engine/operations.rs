@@ -477,7 +477,7 @@ impl Engine {
         if let (CursorUse::Close(handle), false) = (cursor, release_pinned) {
             if let Some(cursor) = self.cursors.remove(&handle) {
                 if let Some(conn) = cursor.conn.filter(|c| !self.conn_held(*c)) {
-                    self.release(conn, true, now);
+                    self.release_unless_in_flight(conn, true, now);
                 }
                 self.cursor_session_ended(cursor.session, now);
             }
@@ -772,7 +772,7 @@ impl Engine {
                 op.succeeded(slot, now);
                 self.schedule(Machine::Operation(op_id));
                 self.cursor_replied(op_id, slot, conn, cursor_id.unwrap_or(0));
-                self.transaction_succeeded(op_id, conn);
+                self.transaction_succeeded(op_id, conn, now);
             }
         }
     }
