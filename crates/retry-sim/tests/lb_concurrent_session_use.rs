@@ -130,19 +130,15 @@ fn tx4_an_abort_gives_back_the_pin_a_first_command_made_alongside_it() {
     assert_eq!(out(&sim), 0, "the insert's pinned connection went back");
 }
 
-/// TX-3, TX-5, house rule 8: two first commands of one transaction run at once; the first to
-/// reply pins, the second pins nothing, and a cursor the first opened keeps its connection
-/// until it is closed, which checks it in.
+/// TX-3, TX-5, house rule 8: two first commands of one transaction are started at once; the
+/// first one written pins, the second is refused before it is sent (TX-1: one command starts a
+/// transaction, review6 finding 2) and pins nothing, and a cursor the first opened keeps its
+/// connection until it is closed, which checks it in.
 #[test]
 fn tx5_a_second_first_command_does_not_replace_the_pin() {
-    let transient = doc! {
-        "ok": 0, "code": 112, "codeName": "WriteConflict", "errmsg": "write conflict",
-        "errorLabels": ["TransientTransactionError"],
-    };
-    let mut sim = lb(vec![
-        Step::reply(doc! { "ok": 1, "cursor": { "id": 42_i64, "ns": "test.c", "firstBatch": [] } }),
-        slow(transient),
-    ]);
+    let mut sim = lb(vec![Step::reply(
+        doc! { "ok": 1, "cursor": { "id": 42_i64, "ns": "test.c", "firstBatch": [] } },
+    )]);
     let session = sim.engine.start_session();
     sim.engine
         .start_transaction(session, Default::default(), sim.now)
@@ -156,7 +152,8 @@ fn tx5_a_second_first_command_does_not_replace_the_pin() {
     let second = sim.start_request(insert(Some(session)));
     sim.run(find).expect("the find opens a cursor and pins");
     let cursor = cursor_of(&sim, find);
-    sim.run(second).expect_err("the write conflict");
+    let refused = sim.run(second).expect_err("refused");
+    assert!(refused.to_string().contains("already started"), "{refused}");
     let close = sim.start_request(request(
         doc! { "killCursors": "c", "cursors": [42_i64] },
         OperationKind::RunCommand,
@@ -164,10 +161,18 @@ fn tx5_a_second_first_command_does_not_replace_the_pin() {
         None,
     ));
     sim.run(close).expect("closed");
+    assert_eq!(out(&sim), 1, "TX-5: the transaction's pin holds it");
+    let abort = sim.start_request(request(
+        doc! { "abortTransaction": 1 },
+        OperationKind::AbortTransaction,
+        CursorUse::None,
+        Some(session),
+    ));
+    sim.run(abort).expect("the abort");
     assert_eq!(
         out(&sim),
         0,
-        "the find's connection went back with its cursor"
+        "the find's connection went back with its cursor and the transaction's end"
     );
 }
 
