@@ -333,6 +333,46 @@ fn lsid_refusal(lsid: &Bson) -> Option<Document> {
     }
 }
 
+/// SE-17 (review6 finding 8): a command's `$clusterTime`, parsed as a server without
+/// authentication parses it before it advances its clock to it: a document with a `clusterTime`
+/// Timestamp and a `signature` document holding a binary `hash` and an Int64 `keyId`; a missing
+/// field is NoSuchKey (4), a wrong type TypeMismatch (14).
+pub(crate) fn gossiped_cluster_time(value: &Bson) -> Result<bson::Timestamp, Document> {
+    fn field<'a>(document: &'a Document, name: &str) -> Result<&'a Bson, Document> {
+        document
+            .get(name)
+            .ok_or_else(|| error_reply(4, &format!("Missing expected field \"{name}\"")))
+    }
+    fn wrong(name: &str, expected: &str, found: &Bson) -> Document {
+        error_reply(
+            14,
+            &format!(
+                "\"{name}\" had the wrong type. Expected {expected}, found {}",
+                type_name(found)
+            ),
+        )
+    }
+    let Bson::Document(gossip) = value else {
+        return Err(wrong("$clusterTime", "object", value));
+    };
+    let time = match field(gossip, "clusterTime")? {
+        Bson::Timestamp(time) => *time,
+        other => return Err(wrong("clusterTime", "timestamp", other)),
+    };
+    let signature = match field(gossip, "signature")? {
+        Bson::Document(signature) => signature,
+        other => return Err(wrong("signature", "object", other)),
+    };
+    match field(signature, "hash")? {
+        Bson::Binary(_) => {}
+        other => return Err(wrong("hash", "binData", other)),
+    }
+    match field(signature, "keyId")? {
+        Bson::Int64(_) => Ok(time),
+        other => Err(wrong("keyId", "long", other)),
+    }
+}
+
 /// SE-21 (review5 item 11): a read concern's `afterClusterTime` ahead of the deployment's
 /// current cluster time (`now`): `InvalidOptions` (72), as a server that never saw that time.
 pub(crate) fn after_cluster_time_refusal(
@@ -416,6 +456,44 @@ mod tests {
         );
         let bad = doc! { "insert": "c", "lsid": { "id": 1 } };
         assert_eq!(code(refusal(&Role::Mongos, "insert", &bad)), Some(14));
+    }
+
+    /// SE-17 (review6 finding 8): a gossiped `$clusterTime` needs a `clusterTime` Timestamp and
+    /// a `signature` with a binary `hash` and an Int64 `keyId` (NoSuchKey 4, TypeMismatch 14).
+    #[test]
+    fn se17_a_gossiped_cluster_time_is_parsed_like_a_real_servers() {
+        let time = bson::Timestamp {
+            time: 5,
+            increment: 6,
+        };
+        let signature = doc! { "hash": Binary { subtype: BinarySubtype::Generic, bytes: vec![0; 20] }, "keyId": 0_i64 };
+        let parse = |gossip: Bson| gossiped_cluster_time(&gossip).map_err(|e| code(Some(e)));
+        assert_eq!(
+            parse(Bson::Document(
+                doc! { "clusterTime": time, "signature": signature.clone() }
+            )),
+            Ok(time)
+        );
+        let mut int32_key = signature.clone();
+        int32_key.insert("keyId", 0);
+        for (gossip, expected) in [
+            (Bson::Int32(1), Some(14)),
+            (
+                Bson::Document(doc! { "signature": signature.clone() }),
+                Some(4),
+            ),
+            (
+                Bson::Document(doc! { "clusterTime": 1, "signature": signature }),
+                Some(14),
+            ),
+            (Bson::Document(doc! { "clusterTime": time }), Some(4)),
+            (
+                Bson::Document(doc! { "clusterTime": time, "signature": int32_key }),
+                Some(14),
+            ),
+        ] {
+            assert_eq!(parse(gossip.clone()), Err(expected), "{gossip}");
+        }
     }
 
     /// SE-3 (review6 finding 9): an lsid's `id` must be a UUID (subtype 4, TypeMismatch 14) of 16

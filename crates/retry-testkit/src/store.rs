@@ -59,6 +59,9 @@ pub(crate) struct Store {
     /// The deployment's logical clock (review5 item 11, SE-16..SE-21): the increment of its
     /// cluster time, advanced by every write.
     clock: u32,
+    /// The seconds of its cluster time once a gossiped `$clusterTime` moved it past
+    /// [`CLUSTER_TIME_SECONDS`] (SE-17, review6 finding 8).
+    seconds: u32,
 }
 
 /// The encoding of an lsid that is `{id: <binary>}` alone (any subtype but `BinaryOld`, whose
@@ -206,8 +209,18 @@ impl Store {
     /// The deployment's current cluster time.
     pub(crate) fn cluster_time(&self) -> bson::Timestamp {
         bson::Timestamp {
-            time: CLUSTER_TIME_SECONDS,
+            time: self.seconds.max(CLUSTER_TIME_SECONDS),
             increment: self.clock.max(1),
+        }
+    }
+
+    /// SE-17 (review6 finding 8): a command's gossiped `$clusterTime` advances the clock, as a
+    /// real server's does before it reads the command's `afterClusterTime`.
+    pub(crate) fn advance_clock(&mut self, time: bson::Timestamp) {
+        let now = self.cluster_time();
+        if (time.time, time.increment) > (now.time, now.increment) {
+            self.seconds = time.time;
+            self.clock = time.increment;
         }
     }
 
