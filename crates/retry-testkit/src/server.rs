@@ -1050,6 +1050,17 @@ impl Connection {
             if let Some(refusal) = crate::refusals::refusal(&state.role, name, command) {
                 return Response::Reply(refusal);
             }
+            // SE-17 (review6 finding 8): a replica-set member or mongos takes the command's
+            // gossiped `$clusterTime` (refusing a malformed one) before it reads
+            // `afterClusterTime`.
+            if let (false, Some(gossip)) =
+                (state.role == Role::Standalone, command.get("$clusterTime"))
+            {
+                match crate::refusals::gossiped_cluster_time(gossip) {
+                    Ok(time) => state.data.lock().advance_clock(time),
+                    Err(refusal) => return Response::Reply(refusal),
+                }
+            }
             let now = state.data.lock().cluster_time();
             if let Some(refusal) = crate::refusals::after_cluster_time_refusal(command, now) {
                 return Response::Reply(refusal);

@@ -150,7 +150,10 @@ impl Engine {
     /// transaction's first selection, and a pinned load-balanced connection goes back to its
     /// pool. From now on every operation naming the session runs in the transaction: the first
     /// one written carries `startTransaction` (the transaction is "starting" until then), later
-    /// ones continue it, and `commitTransaction` / `abortTransaction` requests
+    /// ones continue it with the same `txnNumber` (TX-1; a second command mapped as the first
+    /// while the transaction was starting is refused with a usage error when another one has
+    /// already started it, and a command whose transaction ended before it could be sent is
+    /// refused too), and `commitTransaction` / `abortTransaction` requests
     /// ([`OperationKind::CommitTransaction`], [`OperationKind::AbortTransaction`]) end it,
     /// finishing at once without a command when none was written (TX-2).
     pub fn start_transaction(
