@@ -5,7 +5,7 @@
 //! what a success pins (`transaction_succeeded`, `cursor_replied`) and when a pinned connection
 //! goes back to its pool.
 
-use bson::Document;
+use bson::RawDocumentBuf;
 
 use super::{
     ConnId, Cursor, CursorHandle, CursorUse, Engine, EngineEvent, OpId, Owner, SessionHandle,
@@ -52,7 +52,7 @@ impl Engine {
                 }
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
-                    result: Ok(Document::new()),
+                    result: Ok(RawDocumentBuf::new()),
                 });
                 return None;
             }
