@@ -19,6 +19,10 @@
 //!
 //! The function reads the command; it never changes it. A caller that knows better (a cursor's
 //! `getMore`, a second commit of the same transaction) passes its own kind instead.
+//!
+//! The same tables say which commands inherit the client's write or read concern
+//! ([`inherits_write_concern`], [`inherits_read_concern`], read-write-concern spec), so that the
+//! retry rules and the concerns a driver adds cannot disagree on what a write is.
 
 use bson::{Bson, Document};
 
@@ -38,29 +42,54 @@ pub const READ_COMMANDS: [&str; 7] = [
 ];
 
 /// Write commands that are never retryable writes (RW-4): everything that changes data or
-/// metadata other than the four retryable write commands.
-const OTHER_WRITES: [&str; 20] = [
-    "create",
-    "createIndexes",
-    "drop",
-    "dropDatabase",
-    "dropIndexes",
-    "deleteIndexes",
-    "renameCollection",
-    "collMod",
-    "convertToCapped",
-    "cloneCollectionAsCapped",
-    "createSearchIndexes",
-    "dropSearchIndex",
-    "updateSearchIndex",
-    "createUser",
-    "updateUser",
-    "dropUser",
-    "createRole",
-    "updateRole",
-    "dropRole",
-    "compact",
+/// metadata other than the four retryable write commands and client `bulkWrite`; with whether
+/// each takes a `writeConcern` (the server's list: the search-index commands and `compact` take
+/// none, and refuse one).
+const OTHER_WRITES: [(&str, bool); 28] = [
+    ("create", true),
+    ("createIndexes", true),
+    ("drop", true),
+    ("dropDatabase", true),
+    ("dropIndexes", true),
+    ("deleteIndexes", true),
+    ("renameCollection", true),
+    ("collMod", true),
+    ("convertToCapped", true),
+    ("cloneCollectionAsCapped", true),
+    ("createSearchIndexes", false),
+    ("dropSearchIndex", false),
+    ("updateSearchIndex", false),
+    ("createUser", true),
+    ("updateUser", true),
+    ("dropUser", true),
+    ("dropAllUsersFromDatabase", true),
+    ("grantRolesToUser", true),
+    ("revokeRolesFromUser", true),
+    ("createRole", true),
+    ("updateRole", true),
+    ("dropRole", true),
+    ("dropAllRolesFromDatabase", true),
+    ("grantRolesToRole", true),
+    ("revokeRolesFromRole", true),
+    ("grantPrivilegesToRole", true),
+    ("revokePrivilegesFromRole", true),
+    ("compact", false),
 ];
+
+/// The retryable write commands (RW-3), all of which take a `writeConcern`.
+const RETRYABLE_WRITES: [&str; 6] = [
+    "insert",
+    "update",
+    "delete",
+    "findAndModify",
+    "findandmodify",
+    "bulkWrite",
+];
+
+/// Reads that take a `readConcern` besides `aggregate` without a write stage and `mapReduce`
+/// with inline output. (`aggregate` with `$out` / `$merge` takes one only from MongoDB 4.2 on;
+/// it inherits none.)
+const READ_CONCERN_READS: [&str; 4] = ["find", "count", "distinct", "geoSearch"];
 
 /// The retry rules a command falls under (see the module docs for the rules and their IDs).
 ///
@@ -120,6 +149,36 @@ pub fn is_unacknowledged(write_concern: &Document) -> bool {
         && write_concern.get("journal") != Some(&Bson::Boolean(true))
 }
 
+/// Whether `command` takes the write concern its client, database or collection sets
+/// (read-write-concern spec): every write command that accepts a `writeConcern`, `aggregate`
+/// with a `$out` or `$merge` stage and `mapReduce` with an output collection included. The
+/// transaction commands take their transaction's instead (TX-1), never an inherited one.
+pub fn inherits_write_concern(command: &Document) -> bool {
+    let Some(name) = command.keys().next().map(String::as_str) else {
+        return false;
+    };
+    match name {
+        "aggregate" | "mapReduce" | "mapreduce" => is_write_command(name, command),
+        _ => {
+            RETRYABLE_WRITES.contains(&name)
+                || OTHER_WRITES.iter().any(|&(n, takes)| takes && n == name)
+        }
+    }
+}
+
+/// Whether `command` takes the read concern its client, database or collection sets
+/// (read-write-concern spec): `find`, `count`, `distinct`, `geoSearch`, `aggregate` without a
+/// write stage and `mapReduce` with inline output.
+pub fn inherits_read_concern(command: &Document) -> bool {
+    let Some(name) = command.keys().next().map(String::as_str) else {
+        return false;
+    };
+    match name {
+        "aggregate" | "mapReduce" | "mapreduce" => !is_write_command(name, command),
+        _ => READ_CONCERN_READS.contains(&name),
+    }
+}
+
 /// RR-3: a retryable read command; `aggregate` only without a `$out` or `$merge` stage.
 fn is_read_command(name: &str, command: &Document) -> bool {
     match name {
@@ -138,7 +197,7 @@ fn is_write_command(name: &str, command: &Document) -> bool {
             command.get("out"),
             Some(Bson::Document(out)) if out.contains_key("inline")
         ),
-        _ => OTHER_WRITES.contains(&name),
+        _ => OTHER_WRITES.iter().any(|&(n, _)| n == name),
     }
 }
 
@@ -293,6 +352,50 @@ mod tests {
         assert!(!is_unacknowledged(&doc! { "w": 0, "j": true }));
         assert!(is_unacknowledged(&doc! { "w": 0.0 }));
         assert!(!is_unacknowledged(&doc! { "w": "majority" }));
+    }
+
+    /// Review5 item 14 (read-write-concern spec): one table says which writes inherit a write
+    /// concern, for the retry rules and the driver alike; the search-index commands and
+    /// `compact` refuse one, the role commands take one, and reads inherit the read concern.
+    #[test]
+    fn writes_that_take_a_write_concern_inherit_it_and_reads_the_read_concern() {
+        for write in [
+            doc! { "insert": "c", "documents": [] },
+            doc! { "bulkWrite": 1, "ops": [] },
+            doc! { "createRole": "r", "privileges": [], "roles": [] },
+            doc! { "dropRole": "r" },
+            doc! { "grantRolesToUser": "u", "roles": [] },
+            doc! { "createIndexes": "c", "indexes": [] },
+            doc! { "aggregate": "c", "pipeline": [{ "$out": "d" }], "cursor": {} },
+            doc! { "mapReduce": "c", "out": "d" },
+        ] {
+            assert!(inherits_write_concern(&write), "{write}");
+            assert!(!inherits_read_concern(&write), "{write}");
+            assert_ne!(kind(write.clone()), Read, "{write}");
+        }
+        for none in [
+            doc! { "createSearchIndexes": "c", "indexes": [] },
+            doc! { "compact": "c" },
+            doc! { "commitTransaction": 1 },
+            doc! { "ping": 1 },
+            doc! { "listCollections": 1 },
+        ] {
+            assert!(!inherits_write_concern(&none), "{none}");
+            assert!(!inherits_read_concern(&none), "{none}");
+        }
+        for read in [
+            doc! { "find": "c" },
+            doc! { "count": "c" },
+            doc! { "aggregate": "c", "pipeline": [{ "$match": {} }], "cursor": {} },
+            doc! { "mapReduce": "c", "out": { "inline": 1 } },
+        ] {
+            assert!(inherits_read_concern(&read), "{read}");
+            assert!(!inherits_write_concern(&read), "{read}");
+        }
+        assert_eq!(
+            kind(doc! { "createSearchIndexes": "c", "indexes": [] }),
+            NonRetryableWrite
+        );
     }
 
     #[test]

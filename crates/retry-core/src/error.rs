@@ -200,16 +200,10 @@ impl ServerError {
     /// that no classifier can call it retryable.
     pub fn from_reply(reply: &Document) -> Option<(ServerError, Labels)> {
         let mut malformed = false;
-        let ok = match reply.get("ok") {
-            Some(Bson::Double(v)) => *v == 1.0,
-            Some(Bson::Int32(v)) => *v == 1,
-            Some(Bson::Int64(v)) => *v == 1,
-            Some(Bson::Boolean(v)) => *v,
-            _ => {
-                malformed = true;
-                false
-            }
-        };
+        let ok = crate::reply::ok(reply).unwrap_or_else(|| {
+            malformed = true;
+            false
+        });
         let write_concern_error = match reply.get("writeConcernError") {
             None => None,
             Some(Bson::Document(wce)) => Some(wce),

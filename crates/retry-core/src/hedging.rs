@@ -207,6 +207,8 @@ pub enum StopReason {
     Pushback,
     /// Server selection for a copy failed.
     SelectionFailed,
+    /// A copy was not sent for lack of time (CS-4): a later one would have even less.
+    Deadline,
 }
 
 /// A monitoring event.
@@ -358,12 +360,46 @@ impl HedgingMachine {
             events: Queue::new(),
             record_events: true,
         };
-        if timeout.expired(now) {
-            machine.finish(Err(OperationError::timeout(None)));
-        } else {
-            machine.launch(now);
-        }
+        machine.start(now);
         Ok(machine)
+    }
+
+    /// Makes this machine, finished or not, the machine [`HedgingMachine::new`] would make for
+    /// another operation, in place: for a caller that runs many operations one after another (a
+    /// simulation). It keeps recording monitoring events or not, as it did
+    /// ([`HedgingMachine::without_events`]). Fails, leaving the machine as it was, for kinds that
+    /// are not [`hedgeable`].
+    pub fn restart(
+        &mut self,
+        kind: OperationKind,
+        timeout: OperationTimeout,
+        policy: &HedgingPolicy,
+        now: Instant,
+    ) -> Result<(), NotHedgeable> {
+        if !hedgeable(kind) {
+            return Err(NotHedgeable(kind));
+        }
+        self.policy.clone_from(policy);
+        self.timeout = timeout;
+        self.copies.clear();
+        self.used.clear();
+        self.next_at = None;
+        self.stopped = false;
+        self.finished = false;
+        self.last_error = None;
+        self.actions.clear();
+        self.events.clear();
+        self.start(now);
+        Ok(())
+    }
+
+    /// The first copies of a new operation, or its end when the deadline has already passed.
+    fn start(&mut self, now: Instant) {
+        if self.timeout.expired(now) {
+            self.finish(Err(OperationError::timeout(None)));
+        } else {
+            self.launch(now);
+        }
     }
 
     /// The next thing to do, in order.
@@ -631,8 +667,7 @@ impl HedgingMachine {
             });
         }
         self.actions.push(Action::Release { copy, close: false });
-        self.next_at = None;
-        self.stopped = true;
+        self.stop(StopReason::Deadline);
         if self.live_copies() == 0 || self.timeout.expired(now) {
             self.finish_timed_out();
         }
@@ -1213,6 +1248,38 @@ mod tests {
             m.poll_action(),
             Some(Action::Finished(Err(e))) if matches!(e.kind, ErrorKind::Timeout { .. })
         ));
+    }
+
+    /// A6 (hedging events), CS-4: the copy not sent for lack of time stops further copies with a
+    /// `HedgesStopped { Deadline }` event, as every other reason to stop does.
+    #[test]
+    fn a6_cs4_a_copy_not_sent_for_lack_of_time_reports_that_hedges_stopped() {
+        let timeout = OperationTimeout::from_timeout_ms(Instant::ZERO, MS(100));
+        let mut m =
+            HedgingMachine::new(OperationKind::Read, timeout, &policy(3, 60), Instant::ZERO)
+                .unwrap();
+        let _ = m.poll_action();
+        m.handle_server_selected(CopyId(1), addr(0), at(0)).unwrap();
+        let _ = m.poll_action();
+        m.handle_sent(CopyId(1), at(0)).unwrap();
+        m.handle_timeout(at(60));
+        let _ = m.poll_action();
+        m.handle_server_selected(CopyId(2), addr(1), at(60))
+            .unwrap();
+        let _ = m.poll_action();
+        m.handle_expired_before_send(CopyId(2), at(60)).unwrap();
+        let events: Vec<HedgingEvent> = core::iter::from_fn(|| m.poll_event()).collect();
+        let stopped: Vec<&HedgingEvent> = events
+            .iter()
+            .filter(|e| matches!(e, HedgingEvent::HedgesStopped { .. }))
+            .collect();
+        assert_eq!(
+            stopped,
+            [&HedgingEvent::HedgesStopped {
+                reason: StopReason::Deadline
+            }],
+            "{events:?}"
+        );
     }
 
     #[test]

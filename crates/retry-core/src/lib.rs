@@ -27,6 +27,7 @@
 //! | [`budget`] | retry budgets shared through `&self` without locks |
 //! | [`monitor`] | server monitoring: check schedule, RTT, descriptions from checks |
 //! | [`pinning`] | transaction and load-balanced cursor pins (TX-3..5, LB-10..12) |
+//! | [`reply`] | the reply fields every layer reads alike: `ok` and the cursor id |
 //! | [`transaction`] | a session's transaction state: what start, commit, abort and each command do (TX-2) |
 //! | [`policy`] | retry options and policies, validated |
 //! | [`option_error`] | the error of an invalid option |
@@ -271,6 +272,7 @@ pub mod pinning;
 pub mod policy;
 pub mod pool;
 pub mod read_preference_wire;
+pub mod reply;
 pub mod retry;
 pub mod rng;
 pub mod scenario;

@@ -306,14 +306,14 @@ impl Monitor {
         self.topology_version = TopologyVersion::from_reply(reply);
         let rtt = now.saturating_duration_since(started);
         self.events.push_back(self.check_ended(reply, rtt, false));
-        self.finish_check(reply_ok(reply), rtt, now)
+        self.finish_check(crate::reply::is_ok(reply), rtt, now)
     }
 
     /// MO-15: the event that ends a check whose `hello` got `reply` after `duration`: succeeded
     /// for `ok: 1`, failed with the server's error for `ok: 0`.
     fn check_ended(&self, reply: &Document, duration: Duration, awaited: bool) -> HeartbeatEvent {
         match OperationError::from_reply(reply, &self.address) {
-            Some(error) if !reply_ok(reply) => HeartbeatEvent::Failed {
+            Some(error) if !crate::reply::is_ok(reply) => HeartbeatEvent::Failed {
                 duration,
                 error: error.summary(),
                 awaited,
@@ -343,7 +343,7 @@ impl Monitor {
         self.retrying = false;
         self.last_check_started = Some(started);
         self.topology_version = TopologyVersion::from_reply(reply);
-        self.known = reply_ok(reply);
+        self.known = crate::reply::is_ok(reply);
         if !self.known {
             self.forget_rtt();
             self.rtt_next = None;
@@ -492,17 +492,6 @@ impl Monitor {
     fn forget_rtt(&mut self) {
         self.average_rtt.clear();
         self.recent_rtts.clear();
-    }
-}
-
-/// Whether a `hello` reply reports success (`ok: 1` as a number or boolean).
-pub(crate) fn reply_ok(reply: &Document) -> bool {
-    match reply.get("ok") {
-        Some(bson::Bson::Double(v)) => *v == 1.0,
-        Some(bson::Bson::Int32(v)) => *v == 1,
-        Some(bson::Bson::Int64(v)) => *v == 1,
-        Some(bson::Bson::Boolean(v)) => *v,
-        _ => false,
     }
 }
 

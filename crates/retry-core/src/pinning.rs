@@ -179,14 +179,12 @@ impl CursorPin {
         self.connection
     }
 
-    /// LB-10: the cursor-creating command succeeded on `connection` with `cursor_id`: keep the
-    /// connection unless the cursor is already exhausted (id 0).
-    pub fn created(&mut self, connection: ConnectionId, cursor_id: i64) -> CursorStep {
-        if cursor_id == 0 {
-            CursorStep::Release(connection)
-        } else {
-            self.connection = Some(connection);
-            CursorStep::Keep
+    /// LB-10: the pin of a cursor a command opened on `connection` (a reply with a non-zero
+    /// cursor id; a cursor with id 0 is exhausted at once and pins nothing).
+    pub fn pinned(connection: ConnectionId) -> CursorPin {
+        CursorPin {
+            connection: Some(connection),
+            network_error: false,
         }
     }
 
@@ -339,21 +337,15 @@ mod tests {
     #[test]
     fn lb10_lb11_cursor_pinning() {
         let c = ConnectionId(7);
-        let mut cursor = CursorPin::new();
-        assert_eq!(
-            cursor.created(c, 0),
-            CursorStep::Release(c),
-            "an exhausted cursor pins nothing"
-        );
-        assert_eq!(cursor.connection(), None);
-        assert_eq!(cursor.created(c, 42), CursorStep::Keep);
+        assert_eq!(CursorPin::new().connection(), None);
+        assert_eq!(CursorPin::new().close(), CursorClose::Nothing);
+        let mut cursor = CursorPin::pinned(c);
         assert_eq!(cursor.connection(), Some(c));
         assert_eq!(cursor.get_more_succeeded(42), CursorStep::Keep);
         assert_eq!(cursor.get_more_succeeded(0), CursorStep::Release(c));
         assert_eq!(cursor.close(), CursorClose::Nothing);
 
-        let mut cursor = CursorPin::new();
-        cursor.created(c, 42);
+        let mut cursor = CursorPin::pinned(c);
         cursor.get_more_failed(&server(doc! { "ok": 0, "code": 2 }));
         assert_eq!(
             cursor.connection(),
@@ -362,8 +354,7 @@ mod tests {
         );
         assert_eq!(cursor.close(), CursorClose::KillCursorsThenRelease(c));
 
-        let mut cursor = CursorPin::new();
-        cursor.created(c, 42);
+        let mut cursor = CursorPin::pinned(c);
         cursor.get_more_failed(&network());
         assert_eq!(
             cursor.connection(),

@@ -421,6 +421,11 @@ impl<T, const N: usize> Queue<T, N> {
         self.0.push(item);
     }
 
+    /// Drops every item, keeping the storage.
+    pub(crate) fn clear(&mut self) {
+        self.0.clear();
+    }
+
     #[inline]
     pub(crate) fn pop(&mut self) -> Option<T> {
         match self.0.len() {
@@ -487,6 +492,20 @@ impl RetryMachine<EngineRng> {
     ) -> RetryMachine<EngineRng> {
         RetryMachine::with_rng(spec, options, EngineRng::from_seed_u64(seed), now)
     }
+
+    /// Makes this machine, finished or not, the machine [`RetryMachine::new`] would make for
+    /// another operation, in place: for a caller that runs many operations one after another
+    /// (a simulation) and would otherwise build, move and drop a whole machine for each. It keeps
+    /// recording monitoring events or not, as it did ([`RetryMachine::without_events`]).
+    pub fn restart(
+        &mut self,
+        spec: OperationSpec,
+        options: &RetryOptions,
+        seed: u64,
+        now: Instant,
+    ) {
+        self.restart_with_rng(spec, options, EngineRng::from_seed_u64(seed), now);
+    }
 }
 
 impl<R: RngCore> RetryMachine<R> {
@@ -516,12 +535,45 @@ impl<R: RngCore> RetryMachine<R> {
             events: Queue::new(),
             record_events: true,
         };
-        if spec.timeout.expired(now) {
-            machine.finish(Err(OperationError::timeout(None)));
-        } else {
-            machine.actions.push(Action::SelectServer);
-        }
+        machine.start(now);
         machine
+    }
+
+    /// [`RetryMachine::restart`] drawing jitter from `rng`.
+    pub fn restart_with_rng(
+        &mut self,
+        spec: OperationSpec,
+        options: &RetryOptions,
+        rng: R,
+        now: Instant,
+    ) {
+        self.spec = spec;
+        self.options.clone_from(options);
+        self.rng = rng;
+        self.state = State::Selecting;
+        self.retries = 0;
+        self.dispatched = 0;
+        self.overload_seen = false;
+        self.only_overload_failures = true;
+        self.retryable_writes_supported = false;
+        self.txn_attached = false;
+        self.since_pushback = 0;
+        self.transparent_in_a_row = 0;
+        self.deprioritized.clear();
+        self.raised = None;
+        self.actions.clear();
+        self.events.clear();
+        self.start(now);
+    }
+
+    /// The first action of a new operation: select a server, or finish when the deadline has
+    /// already passed.
+    fn start(&mut self, now: Instant) {
+        if self.spec.timeout.expired(now) {
+            self.finish(Err(OperationError::timeout(None)));
+        } else {
+            self.actions.push(Action::SelectServer);
+        }
     }
 
     /// The next thing to do, in order; `None` when there is nothing until the next input.

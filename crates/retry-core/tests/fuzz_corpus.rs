@@ -58,6 +58,27 @@ fn handshake_then_ping() -> Vec<u8> {
     script
 }
 
+/// An OP_MSG whose body is `{a: {a: ... {}}}`, `levels` deep, built as bytes (encoding it as a
+/// `Document` would recurse).
+fn too_deep_frame(levels: usize) -> Vec<u8> {
+    let mut body = vec![5, 0, 0, 0, 0];
+    for _ in 1..levels {
+        let mut outer = ((body.len() + 8) as i32).to_le_bytes().to_vec();
+        outer.extend([3, b'a', 0]);
+        outer.extend(&body);
+        outer.push(0);
+        body = outer;
+    }
+    let mut frame = ((16 + 4 + 1 + body.len()) as i32).to_le_bytes().to_vec();
+    frame.extend(7_i32.to_le_bytes());
+    frame.extend(0_i32.to_le_bytes());
+    frame.extend(retry_core::wire::OP_MSG.to_le_bytes());
+    frame.extend(0_u32.to_le_bytes());
+    frame.push(0);
+    frame.extend(body);
+    frame
+}
+
 /// The seed inputs, by target and file name. Generated here, never copied from spec data.
 fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     let mut insert = OpMsg::command(3, doc! { "insert": "c", "$db": "d", "ordered": true });
@@ -144,6 +165,13 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                 2,
                 &frame(4, 0, MsgFlags::NONE, doc! { "x": f64::NAN, "$db": "d" }),
             ),
+        ),
+        // Review6 finding 1, WP-2: a body nested 1,000 levels deep is a decode error, not a
+        // stack overflow.
+        (
+            "op_msg_decoder",
+            "seed-nesting-too-deep",
+            with_chunk(64, &too_deep_frame(1_000)),
         ),
         ("hello_reply", "seed-standalone", bson(hello_ok())),
         (
@@ -306,4 +334,18 @@ fn the_connection_seed_reaches_a_reply() {
     assert!(script
         .windows(hello_reply.len())
         .any(|w| w == &hello_reply[..]));
+}
+
+/// Review6 finding 1, WP-2, house rules 8 and 11: a frame whose body is nested deeper than a
+/// server allows (200 levels) is a decode error on the wire path, which fails the connection's
+/// command, instead of recursing until the stack overflows.
+#[test]
+fn wp2_a_frame_nested_too_deep_is_a_decode_error() {
+    let mut decoder = retry_core::wire::FrameDecoder::new(1 << 20);
+    match decoder.decode(&too_deep_frame(5_000)) {
+        Err(retry_core::wire::DecodeError::Bson(message)) => {
+            assert!(message.contains("nested more than 200 levels"), "{message}")
+        }
+        other => panic!("expected a BSON decode error, got {other:?}"),
+    }
 }

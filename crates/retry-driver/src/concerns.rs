@@ -7,7 +7,8 @@
 //! (TX-1: a transaction's concerns are its own, `TransactionOptions`). Under `timeoutMS`, `wtimeout` is left out
 //! (TO-5, TO-8), and a write concern of `wTimeoutMS` alone is none.
 
-use bson::{Bson, Document};
+use bson::Document;
+use retry_core::classify::{inherits_read_concern, inherits_write_concern};
 
 /// The concerns a client's commands inherit.
 #[derive(Clone, Debug, Default)]
@@ -17,35 +18,6 @@ pub(crate) struct Concerns {
     /// The `readConcern` level, `None` for the server's default.
     pub(crate) read_level: Option<String>,
 }
-
-/// Write commands that take a `writeConcern`, besides `aggregate` with a write stage and
-/// `mapReduce` with an output collection.
-const WRITE_CONCERN_COMMANDS: [&str; 19] = [
-    "insert",
-    "update",
-    "delete",
-    "findAndModify",
-    "findandmodify",
-    "bulkWrite",
-    "create",
-    "createIndexes",
-    "drop",
-    "dropDatabase",
-    "dropIndexes",
-    "deleteIndexes",
-    "renameCollection",
-    "collMod",
-    "convertToCapped",
-    "cloneCollectionAsCapped",
-    "createUser",
-    "updateUser",
-    "dropUser",
-];
-
-/// Reads that take a `readConcern`, besides `aggregate` without a write stage and `mapReduce`
-/// with inline output. (`aggregate` with `$out` / `$merge` takes one only from MongoDB 4.2 on,
-/// and this client supports 4.0: it gets none.)
-const READ_CONCERN_COMMANDS: [&str; 4] = ["find", "count", "distinct", "geoSearch"];
 
 impl Concerns {
     /// The client's concerns; `timeout_ms` says whether `timeoutMS` is set (TO-8: `wtimeout` is
@@ -73,29 +45,8 @@ impl Concerns {
     /// Adds the inherited `writeConcern` or `readConcern` to `command` where it applies (see the
     /// module docs).
     pub(crate) fn apply(&self, command: &mut Document) {
-        let Some(name) = command.keys().next().cloned() else {
-            return;
-        };
-        if matches!(name.as_str(), "commitTransaction" | "abortTransaction") {
-            return;
-        }
-        let write_stage = || {
-            match command.get("pipeline") {
-            Some(Bson::Array(stages)) => stages.iter().any(|stage| {
-                matches!(stage, Bson::Document(s) if s.contains_key("$out") || s.contains_key("$merge"))
-            }),
-            _ => false,
-        }
-        };
-        let inline_output = || matches!(command.get("out"), Some(Bson::Document(out)) if out.contains_key("inline"));
-        let (writes, reads) = match name.as_str() {
-            "aggregate" => (write_stage(), !write_stage()),
-            "mapReduce" | "mapreduce" => (!inline_output(), inline_output()),
-            name => (
-                WRITE_CONCERN_COMMANDS.contains(&name),
-                READ_CONCERN_COMMANDS.contains(&name),
-            ),
-        };
+        let writes = inherits_write_concern(command);
+        let reads = inherits_read_concern(command);
         if let Some(wc) = self.write.as_ref().filter(|_| writes) {
             if !command.contains_key("writeConcern") {
                 command.insert("writeConcern", wc.clone());
@@ -159,6 +110,25 @@ mod tests {
             doc! { "commitTransaction": 1 },
         ] {
             assert_eq!(applied(&concerns, untouched.clone()), untouched);
+        }
+    }
+
+    /// Review5 item 14: the driver adds the write concern to exactly the writes the retry rules'
+    /// table says take one (the role commands do; `compact` and the search-index commands refuse
+    /// one).
+    #[test]
+    fn the_write_concern_goes_where_retry_core_says_a_write_takes_one() {
+        let concerns = Concerns::new(Some(&doc! { "w": "majority" }), None, false);
+        let role = applied(
+            &concerns,
+            doc! { "createRole": "r", "privileges": [], "roles": [] },
+        );
+        assert!(role.contains_key("writeConcern"));
+        for none in [
+            doc! { "compact": "c" },
+            doc! { "createSearchIndexes": "c", "indexes": [] },
+        ] {
+            assert_eq!(applied(&concerns, none.clone()), none);
         }
     }
 

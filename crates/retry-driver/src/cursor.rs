@@ -62,10 +62,8 @@ impl Batch {
         let Some(Bson::Document(cursor)) = reply.get("cursor") else {
             return Err(malformed("no `cursor` document"));
         };
-        let id = match cursor.get("id") {
-            Some(Bson::Int64(id)) => *id,
-            Some(Bson::Int32(id)) => i64::from(*id),
-            _ => return Err(malformed("no integer `cursor.id`")),
+        let Some(id) = retry_core::reply::cursor_id(reply) else {
+            return Err(malformed("no integer `cursor.id`"));
         };
         let Some(Bson::Array(items)) = cursor.get(field) else {
             return Err(malformed(&format!("no `cursor.{field}` array")));

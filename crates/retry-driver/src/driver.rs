@@ -7,7 +7,7 @@ use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 use std::collections::BTreeMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::task::Wake;
 
@@ -560,7 +560,6 @@ pub(crate) struct LocalDriver {
     waker: Arc<DriverWaker>,
     /// `waker` as a [`Waker`], the one the driver's sockets and timer hold.
     driver_waker: Waker,
-    next_waiter: AtomicU64,
 }
 
 /// The waker the driver's sockets and timer hold: "the driver has something to do".
@@ -571,18 +570,107 @@ struct DriverWaker {
     waiting: Mutex<Waiting>,
 }
 
-/// Who runs the driver next.
-#[derive(Default)]
+/// The end of [`Waiting`]'s list.
+const NO_SLOT: usize = usize::MAX;
+
+/// Who runs the driver next: one slot per [`Waiter`], and the registered ones in a list, most
+/// recent first, from which [`DriverWaker::wake_one`] takes. Registering, leaving and waking
+/// cost the same however many futures wait (house rule 9, review6 finding 7).
 struct Waiting {
-    /// The client futures waiting on the driver, by their [`Waiter`] id.
-    futures: Vec<(u64, Waker)>,
+    slots: Vec<WaiterSlot>,
+    /// Slots of dropped waiters, for reuse.
+    free: Vec<usize>,
+    /// The most recently registered slot, or [`NO_SLOT`].
+    head: usize,
+}
+
+/// A waiter's slot: its task's waker while registered, and its neighbours in the list.
+struct WaiterSlot {
+    waker: Option<Waker>,
+    prev: usize,
+    next: usize,
+}
+
+impl Default for Waiting {
+    fn default() -> Waiting {
+        Waiting {
+            slots: Vec::new(),
+            free: Vec::new(),
+            head: NO_SLOT,
+        }
+    }
+}
+
+impl Waiting {
+    /// A slot for a new waiter.
+    fn open(&mut self) -> usize {
+        self.free.pop().unwrap_or_else(|| {
+            self.slots.push(WaiterSlot {
+                waker: None,
+                prev: NO_SLOT,
+                next: NO_SLOT,
+            });
+            self.slots.len() - 1
+        })
+    }
+
+    /// `slot`'s task waits with `waker`: first in the list when it was not registered.
+    fn register(&mut self, slot: usize, waker: &Waker) {
+        let head = self.head;
+        let entry = &mut self.slots[slot];
+        match &mut entry.waker {
+            Some(current) => {
+                if !current.will_wake(waker) {
+                    *current = waker.clone();
+                }
+            }
+            None => {
+                entry.waker = Some(waker.clone());
+                entry.prev = NO_SLOT;
+                entry.next = head;
+                if head != NO_SLOT {
+                    self.slots[head].prev = slot;
+                }
+                self.head = slot;
+            }
+        }
+    }
+
+    /// Takes `slot` out of the list, with its waker, if it is registered.
+    fn unregister(&mut self, slot: usize) -> Option<Waker> {
+        let entry = &mut self.slots[slot];
+        let waker = entry.waker.take()?;
+        let (prev, next) = (entry.prev, entry.next);
+        match prev {
+            NO_SLOT => self.head = next,
+            prev => self.slots[prev].next = next,
+        }
+        if next != NO_SLOT {
+            self.slots[next].prev = prev;
+        }
+        Some(waker)
+    }
+
+    /// The most recently registered waker, taken out of the list.
+    fn pop(&mut self) -> Option<Waker> {
+        match self.head {
+            NO_SLOT => None,
+            head => self.unregister(head),
+        }
+    }
+
+    /// Frees `slot` for reuse (its waiter is dropped).
+    fn close(&mut self, slot: usize) {
+        self.unregister(slot);
+        self.free.push(slot);
+    }
 }
 
 impl DriverWaker {
     /// Wakes one waiting future: it runs the driver when polled.
     fn wake_one(&self) {
-        let next = lock(&self.waiting).futures.pop();
-        if let Some((_, waker)) = next {
+        let next = lock(&self.waiting).pop();
+        if let Some(waker) = next {
             waker.wake();
         }
     }
@@ -613,15 +701,15 @@ impl LocalDriver {
             driver: Mutex::new(Some(driver)),
             driver_waker: Waker::from(waker.clone()),
             waker,
-            next_waiter: AtomicU64::new(0),
         }
     }
 
     /// A place among the futures waiting on the driver, for one client future.
     pub(crate) fn waiter(self: &Arc<Self>) -> Waiter {
+        let slot = lock(&self.waker.waiting).open();
         Waiter {
             local: self.clone(),
-            id: self.next_waiter.fetch_add(1, Ordering::Relaxed),
+            slot,
         }
     }
 
@@ -668,24 +756,15 @@ impl LocalDriver {
 /// when dropped.
 pub(crate) struct Waiter {
     local: Arc<LocalDriver>,
-    id: u64,
+    /// Its slot in [`Waiting`].
+    slot: usize,
 }
 
 impl Waiter {
     /// Registers `cx`'s task as waiting and runs the driver if it has something to do and no one
     /// else runs it.
     pub(crate) fn drive(&self, cx: &Context<'_>) {
-        {
-            let mut waiting = lock(&self.local.waker.waiting);
-            match waiting.futures.iter_mut().find(|(id, _)| *id == self.id) {
-                Some((_, waker)) => {
-                    if !waker.will_wake(cx.waker()) {
-                        *waker = cx.waker().clone();
-                    }
-                }
-                None => waiting.futures.push((self.id, cx.waker().clone())),
-            }
-        }
+        lock(&self.local.waker.waiting).register(self.slot, cx.waker());
         self.local.run(cx);
     }
 
@@ -693,9 +772,7 @@ impl Waiter {
     /// future runs it (this one may have been the one woken for it).
     pub(crate) fn leave(&self) {
         let waker = &self.local.waker;
-        lock(&waker.waiting)
-            .futures
-            .retain(|(id, _)| *id != self.id);
+        lock(&waker.waiting).unregister(self.slot);
         if waker.dirty.load(Ordering::Acquire) {
             waker.wake_one();
         }
@@ -705,6 +782,7 @@ impl Waiter {
 impl Drop for Waiter {
     fn drop(&mut self) {
         self.leave();
+        lock(&self.local.waker.waiting).close(self.slot);
     }
 }
 
@@ -751,10 +829,10 @@ mod tests {
     fn a_wake_wakes_one_waiting_task_however_many_wait() {
         let driver = Arc::new(DriverWaker::default());
         let tasks = tasks(64);
-        for (id, task) in tasks.iter().enumerate() {
-            lock(&driver.waiting)
-                .futures
-                .push((id as u64, Waker::from(task.clone())));
+        for task in &tasks {
+            let mut waiting = lock(&driver.waiting);
+            let slot = waiting.open();
+            waiting.register(slot, &Waker::from(task.clone()));
         }
         let waker = Waker::from(driver.clone());
         waker.wake_by_ref();
@@ -762,6 +840,52 @@ mod tests {
         assert!(driver.dirty.load(Ordering::Acquire));
         waker.wake_by_ref();
         assert_eq!(woken(&tasks), 2);
-        assert_eq!(lock(&driver.waiting).futures.len(), 62);
+        assert_eq!(registered(&lock(&driver.waiting)), 62);
+    }
+
+    /// The registered slots, walking the list from its head.
+    fn registered(waiting: &Waiting) -> usize {
+        let mut count = 0;
+        let mut at = waiting.head;
+        while at != NO_SLOT && count <= waiting.slots.len() {
+            count += 1;
+            at = waiting.slots[at].next;
+        }
+        count
+    }
+
+    /// Review6 finding 7, house rule 9: a waiter registers, re-registers, leaves and is woken in
+    /// its own slot, without looking at the others: the most recent registration is woken first,
+    /// a waiter that left is never woken, and a dropped waiter's slot is reused.
+    #[test]
+    fn waiters_register_leave_and_wake_in_their_own_slots() {
+        let tasks = tasks(3);
+        let wakers: Vec<Waker> = tasks.iter().map(|t| Waker::from(t.clone())).collect();
+        let mut waiting = Waiting::default();
+        let slots: Vec<usize> = (0..3).map(|_| waiting.open()).collect();
+        for (slot, waker) in slots.iter().zip(&wakers) {
+            waiting.register(*slot, waker);
+        }
+        waiting.register(slots[0], &wakers[0]);
+        assert_eq!(registered(&waiting), 3, "registering again adds nothing");
+        assert!(
+            waiting.unregister(slots[1]).is_some(),
+            "the middle one leaves"
+        );
+        assert!(waiting.unregister(slots[1]).is_none());
+        assert_eq!(registered(&waiting), 2);
+        waiting.pop().expect("the last registered").wake();
+        assert_eq!(tasks[2].0.load(Ordering::Relaxed), 1);
+        waiting.pop().expect("then the first").wake();
+        assert_eq!(tasks[0].0.load(Ordering::Relaxed), 1);
+        assert!(waiting.pop().is_none());
+        assert_eq!(
+            tasks[1].0.load(Ordering::Relaxed),
+            0,
+            "it left: never woken"
+        );
+        waiting.close(slots[1]);
+        assert_eq!(waiting.open(), slots[1], "a freed slot is reused");
+        assert_eq!(waiting.slots.len(), 3);
     }
 }

@@ -4,13 +4,18 @@
 //! second. For instructions per attempt, run the `callgrind` mode under valgrind (see
 //! docs/benchmarks.md): `cargo bench -p retry-lab --bench simulate --no-run`, then
 //! `valgrind --tool=callgrind <bench binary> callgrind <policy>`; it prints the attempts it
-//! simulated, and callgrind the instructions.
+//! simulated, and callgrind the instructions. `callgrind default` runs every run of the default
+//! `retry-lab simulate --seed 1` (nine policies, ten loads and the episode each) without writing
+//! the CSV and SVG files.
 
 use std::time::Duration;
 
+use clap::Parser;
 use criterion::{Criterion, Throughput};
+use retry_lab::cli::{Cli, Command};
 use retry_lab::simulate::model::{run, Cluster, Load, RunSpec};
 use retry_lab::simulate::policy::SimPolicy;
+use retry_lab::simulate::{simulate, SimulateArgs};
 
 fn spec(policy: SimPolicy) -> RunSpec {
     RunSpec {
@@ -20,6 +25,15 @@ fn spec(policy: SimPolicy) -> RunSpec {
         warmup: Duration::from_secs(1),
         bucket: Duration::from_millis(250),
         seed: 1,
+    }
+}
+
+/// The options of `retry-lab simulate --seed 1` (its defaults), parsed by the real command line.
+fn default_args() -> SimulateArgs {
+    let cli = Cli::parse_from(["retry-lab", "simulate", "--seed", "1"]);
+    match cli.into_command() {
+        Command::Simulate(args) => args,
+        _ => unreachable!("`simulate` parses as the simulate command"),
     }
 }
 
@@ -50,6 +64,11 @@ fn main() {
     let mut args = std::env::args().skip(1);
     if args.next().as_deref() == Some("callgrind") {
         let name = args.next().unwrap_or_else(|| "current".into());
+        if name == "default" {
+            let report = simulate(&default_args()).expect("the defaults are valid");
+            println!("{} attempts (default run)", report.total_attempts);
+            return;
+        }
         let policy = SimPolicy::ALL
             .into_iter()
             .find(|p| p.name() == name)

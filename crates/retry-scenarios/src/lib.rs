@@ -572,11 +572,7 @@ pub async fn overloaded_get_more_is_retried<R: Runtime>() {
         let cursor = opened
             .cursor
             .expect("the engine reports the cursor it opened");
-        let id = opened
-            .document
-            .get_document("cursor")
-            .and_then(|c| c.get_i64("id"))
-            .expect("a cursor id");
+        let id = retry_core::reply::cursor_id(&opened.document).expect("a cursor id");
         let (owner, other) = if first.handle.counters().command("find").received == 1 {
             (&first, &second)
         } else {

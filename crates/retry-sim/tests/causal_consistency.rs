@@ -91,3 +91,67 @@ fn se21_reads_in_an_explicit_session_carry_after_cluster_time() {
     );
     assert_eq!(read_concern(&commands[6]), None, "an implicit session");
 }
+
+/// SE-21 (causal-consistency spec, DRIVERS-3274; transactions `commit.json` "reset session state
+/// commit", `retryable-writes.json` "increment txnNumber"): once the session has seen an
+/// `operationTime`, its write commands carry `readConcern.afterClusterTime` too, without a
+/// level; a transaction's first command keeps its `snapshot` level with it
+/// (`transaction-options-repl.json`); a command with its own `atClusterTime` gets none (SE-22).
+#[test]
+fn se21_writes_and_a_snapshot_transaction_carry_after_cluster_time() {
+    let mut server = SimServer::new(Role::Mongos);
+    server.record_commands = true;
+    server.script.extend([Step::reply(
+        doc! { "ok": 1, "n": 1, "operationTime": at(20, 1) },
+    )]);
+    let mut sim = Sim::new(vec![(address("m"), server)], |_| {});
+    let session = sim.engine.start_session();
+    let run = |sim: &mut Sim, command: Document, kind| {
+        let mut request = OperationRequest::new("test", command, kind, SelectionCriteria::Write);
+        request.session = Some(session);
+        let op = sim.start_request(request);
+        let _ = sim.run(op);
+    };
+    let insert = || doc! { "insert": "c", "documents": [{}] };
+    run(&mut sim, insert(), OperationKind::RetryableWrite);
+    run(&mut sim, insert(), OperationKind::RetryableWrite);
+    run(
+        &mut sim,
+        doc! { "update": "c", "updates": [{ "q": {}, "u": {}, "multi": true }] },
+        OperationKind::NonRetryableWrite,
+    );
+    run(
+        &mut sim,
+        doc! { "createIndexes": "c", "indexes": [] },
+        OperationKind::NonRetryableWrite,
+    );
+    run(
+        &mut sim,
+        doc! { "find": "c", "readConcern": { "level": "snapshot", "atClusterTime": at(5, 0) } },
+        OperationKind::Read,
+    );
+    let options = retry_core::transaction::TransactionOptions::default()
+        .with_read_concern(doc! { "level": "snapshot" });
+    sim.engine
+        .start_transaction(session, options, sim.now)
+        .expect("a transaction");
+    run(&mut sim, insert(), OperationKind::RetryableWrite);
+
+    let commands = &sim.servers[&address("m")].commands;
+    assert_eq!(commands.len(), 6);
+    assert_eq!(read_concern(&commands[0]), None, "nothing seen yet");
+    let after = doc! { "afterClusterTime": at(20, 1) };
+    for write in &commands[1..4] {
+        assert_eq!(read_concern(write), Some(&after), "{write}");
+    }
+    assert_eq!(
+        read_concern(&commands[4]),
+        Some(&doc! { "level": "snapshot", "atClusterTime": at(5, 0) }),
+        "its own point in time"
+    );
+    assert_eq!(
+        read_concern(&commands[5]),
+        Some(&doc! { "level": "snapshot", "afterClusterTime": at(20, 1) }),
+        "TX-1: the transaction's level with the session's time"
+    );
+}

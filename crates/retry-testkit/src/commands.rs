@@ -94,6 +94,25 @@ pub(crate) struct HelloContext<'a> {
     pub(crate) max_wire_version: i32,
 }
 
+/// What of a hello request its reply depends on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct HelloAsk {
+    /// `helloOk: true` was sent.
+    pub(crate) hello_ok: bool,
+    /// `loadBalanced: true` was sent.
+    pub(crate) load_balanced: bool,
+}
+
+impl HelloAsk {
+    /// The fields of a decoded hello.
+    pub(crate) fn of(command: &Document) -> HelloAsk {
+        HelloAsk {
+            hello_ok: matches!(command.get("helloOk"), Some(Bson::Boolean(true))),
+            load_balanced: matches!(command.get("loadBalanced"), Some(Bson::Boolean(true))),
+        }
+    }
+}
+
 /// HS-3, HS-4, LB-8: the reply to `hello` / legacy hello in `role`.
 ///
 /// `isWritablePrimary` answers `hello` and `ismaster` answers legacy hello; `helloOk: true` only
@@ -101,7 +120,7 @@ pub(crate) struct HelloContext<'a> {
 /// `loadBalanced: true` and its `service_id` switch is on.
 pub(crate) fn hello_reply(
     name: &str,
-    command: &Document,
+    ask: HelloAsk,
     role: &Role,
     topology_counter: i64,
     context: &HelloContext<'_>,
@@ -115,7 +134,7 @@ pub(crate) fn hello_reply(
     } else {
         doc! { "ismaster": writable }
     };
-    if matches!(command.get("helloOk"), Some(Bson::Boolean(true))) {
+    if ask.hello_ok {
         reply.insert("helloOk", true);
     }
     reply.insert(
@@ -129,7 +148,7 @@ pub(crate) fn hello_reply(
         }
         Role::LoadBalancer { service_id } => {
             reply.insert("msg", "isdbgrid");
-            if *service_id && matches!(command.get("loadBalanced"), Some(Bson::Boolean(true))) {
+            if *service_id && ask.load_balanced {
                 reply.insert("serviceId", context.service_id);
             }
         }
@@ -427,7 +446,7 @@ fn run(
     })
 }
 
-fn ok() -> Document {
+pub(crate) fn ok() -> Document {
     doc! { "ok": 1.0 }
 }
 
@@ -1478,11 +1497,11 @@ mod tests {
             (Role::ReplicaSetMember(secondary), ServerType::RsSecondary),
         ];
         for (role, expected) in cases {
-            let reply = hello_reply("hello", &hello, &role, 0, &context());
+            let reply = hello_reply("hello", HelloAsk::of(&hello), &role, 0, &context());
             assert_eq!(validate(&reply, false), Ok(expected), "{role:?}");
             assert!(reply.contains_key("isWritablePrimary"));
             assert!(!reply.contains_key("helloOk"));
-            let reply = hello_reply("isMaster", &legacy, &role, 0, &context());
+            let reply = hello_reply("isMaster", HelloAsk::of(&legacy), &role, 0, &context());
             assert_eq!(validate(&reply, false), Ok(expected), "{role:?}");
             assert!(reply.contains_key("ismaster"));
             assert_eq!(reply.get_bool("helloOk").ok(), Some(true));
@@ -1492,7 +1511,13 @@ mod tests {
     #[test]
     fn hello_reply_fields() {
         let role = Role::ReplicaSetMember(ReplicaSetMember::primary("rs0"));
-        let reply = hello_reply("hello", &doc! { "hello": 1 }, &role, 4, &context());
+        let reply = hello_reply(
+            "hello",
+            HelloAsk::of(&doc! { "hello": 1 }),
+            &role,
+            4,
+            &context(),
+        );
         assert_eq!(reply.get_str("setName").ok(), Some("rs0"));
         assert_eq!(reply.get_str("me").ok(), Some("127.0.0.1:40000"));
         assert_eq!(reply.get_str("primary").ok(), Some("127.0.0.1:40000"));
@@ -1536,7 +1561,7 @@ mod tests {
         let on = Role::LoadBalancer { service_id: true };
         let off = Role::LoadBalancer { service_id: false };
 
-        let reply = hello_reply("hello", &lb_hello, &on, 0, &context());
+        let reply = hello_reply("hello", HelloAsk::of(&lb_hello), &on, 0, &context());
         assert_eq!(
             reply.get_object_id("serviceId").ok(),
             Some(context().process_id),
@@ -1544,10 +1569,10 @@ mod tests {
         );
         assert_eq!(validate(&reply, true), Ok(ServerType::Mongos));
 
-        let reply = hello_reply("hello", &plain_hello, &on, 0, &context());
+        let reply = hello_reply("hello", HelloAsk::of(&plain_hello), &on, 0, &context());
         assert!(!reply.contains_key("serviceId"));
 
-        let reply = hello_reply("hello", &lb_hello, &off, 0, &context());
+        let reply = hello_reply("hello", HelloAsk::of(&lb_hello), &off, 0, &context());
         assert_eq!(
             validate(&reply, true),
             Err(HandshakeError::LoadBalancerUnsupported)

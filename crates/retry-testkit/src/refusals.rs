@@ -313,7 +313,7 @@ pub(crate) fn after_cluster_time_refusal(
 }
 
 /// The server's `parseMaxTimeMS`: any number in `0..=i32::MAX` with an integral value.
-fn max_time_refusal(value: &Bson) -> Option<Document> {
+pub(crate) fn max_time_refusal(value: &Bson) -> Option<Document> {
     let (whole, integral) = match value {
         Bson::Int32(v) => (i64::from(*v), true),
         Bson::Int64(v) => (*v, true),

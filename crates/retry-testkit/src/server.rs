@@ -5,9 +5,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bson::oid::ObjectId;
-use bson::{Bson, Document};
+use bson::{Bson, Document, RawDocumentBuf};
 use retry_core::rng::EngineRng;
-use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg};
+use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, RawOpMsg};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
@@ -15,9 +15,13 @@ use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::{sleep, Duration, Instant};
 
 mod awaitable;
+mod elements;
+mod raw;
+#[cfg(test)]
+mod raw_equivalence;
 
 use crate::auth::{ConnectionAuth, UserStore};
-use crate::commands::{execute, hello_reply, is_hello, write_key, HelloContext};
+use crate::commands::{execute, hello_reply, is_hello, write_key, HelloAsk, HelloContext};
 use crate::config::{
     IngressLimit, RateLimit, ReplicaSetMember, Role, ServerConfig, MAX_MESSAGE_SIZE_BYTES,
 };
@@ -47,6 +51,14 @@ pub struct Handshake {
     pub command: Document,
 }
 
+/// A recorded handshake's command, as the path that answered it had it (`raw`).
+pub(crate) enum Recorded {
+    /// Decoded by the Document path.
+    Decoded(Document),
+    /// Left encoded by the raw path; converted when a test asks for it.
+    Raw(RawDocumentBuf),
+}
+
 /// The state every connection shares, behind one lock that is never held across an await.
 pub(crate) struct State {
     pub(crate) role: Role,
@@ -63,7 +75,7 @@ pub(crate) struct State {
     /// The data, possibly shared with other servers.
     pub(crate) data: DataStore,
     counters: Counters,
-    handshakes: Vec<Handshake>,
+    handshakes: Vec<(i32, Recorded)>,
     last_connection_id: i32,
     /// TK-2, TK-16: what the server refused as unknown or unsupported, in order.
     unsupported: Vec<String>,
@@ -76,13 +88,17 @@ pub(crate) struct State {
     command_log: Option<Vec<LoggedCommand>>,
     /// SCRAM users (crate `auth`).
     users: UserStore,
+    /// Requests the raw path answered (`raw`), for its tests.
+    #[cfg(test)]
+    raw_answers: u64,
 }
 
 impl State {
-    /// BP-3, BP-15: the ingress limiter's rejection, or `None` when the command is admitted.
-    fn ingress_rejection(&mut self, now: Instant) -> Option<Document> {
+    /// BP-3, BP-15: the ingress limiter's rejection, or `None` when the command is admitted
+    /// (the clock is read only when a limiter is set).
+    fn ingress_rejection(&mut self) -> Option<Document> {
         let (limit, bucket) = self.ingress.as_mut()?;
-        if bucket.try_acquire(now) {
+        if bucket.try_acquire(Instant::now()) {
             return None;
         }
         let mut reply = error_reply(
@@ -130,9 +146,21 @@ impl State {
     }
 }
 
+/// Switches the crate's tests set on a server: the Document path alone (to compare the raw path
+/// with it), and a fixed `me` and process id (so two servers' replies compare byte for byte).
+#[derive(Default)]
+struct Internals {
+    document_path_only: bool,
+    me: Option<String>,
+    process_id: Option<ObjectId>,
+}
+
 /// What never changes while the server runs, and the lock on what does.
 struct Shared {
     me: String,
+    /// Whether hot commands take the raw path (`raw`); off only to compare it with the Document
+    /// path in tests.
+    raw_path: bool,
     process_id: ObjectId,
     seed: u64,
     min_wire_version: i32,
@@ -178,6 +206,15 @@ impl TestServer {
 
     /// Like [`TestServer::start`], serving `data`, which other servers may share (TK-*).
     pub async fn start_with_data(config: ServerConfig, data: DataStore) -> io::Result<TestServer> {
+        TestServer::start_with(config, data, Internals::default()).await
+    }
+
+    /// [`TestServer::start_with_data`], with the crate's own switches.
+    async fn start_with(
+        config: ServerConfig,
+        data: DataStore,
+        internals: Internals,
+    ) -> io::Result<TestServer> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, config.port)).await?;
         let address = listener.local_addr()?;
         let now = Instant::now();
@@ -204,10 +241,13 @@ impl TestServer {
             routed: 0,
             command_log: None,
             users: UserStore::new(&config.users),
+            #[cfg(test)]
+            raw_answers: 0,
         };
         let shared = Arc::new(Shared {
-            me: address.to_string(),
-            process_id: ObjectId::new(),
+            me: internals.me.unwrap_or_else(|| address.to_string()),
+            process_id: internals.process_id.unwrap_or_default(),
+            raw_path: !internals.document_path_only,
             seed: config.seed,
             min_wire_version: config.min_wire_version,
             max_wire_version: config.max_wire_version,
@@ -339,7 +379,19 @@ impl ServerHandle {
 
     /// Every handshake received so far, in order.
     pub fn handshakes(&self) -> Vec<Handshake> {
-        self.shared.lock().handshakes.clone()
+        let state = self.shared.lock();
+        state
+            .handshakes
+            .iter()
+            .map(|(connection_id, command)| Handshake {
+                connection_id: *connection_id,
+                command: match command {
+                    Recorded::Decoded(command) => command.clone(),
+                    // Validated when it was decoded, so it converts.
+                    Recorded::Raw(command) => Document::try_from(command).unwrap_or_default(),
+                },
+            })
+            .collect()
     }
 
     /// Sets the `failCommand` fail point, or turns it off with `None` (or `Times(0)`); the same as
@@ -537,6 +589,8 @@ fn admit(shared: &Shared) -> Option<Connection> {
         last_request_id: 0,
         out: Vec::new(),
         auth: ConnectionAuth::default(),
+        replies: raw::Replies::default(),
+        noted_lsid: Vec::new(),
     })
 }
 
@@ -553,6 +607,11 @@ struct Connection {
     auth: ConnectionAuth,
     /// The encoded reply being written (reused).
     out: Vec<u8>,
+    /// The raw path's reply bodies (`raw`).
+    replies: raw::Replies,
+    /// The plain lsid the raw path noted last in the data store (`raw`), so a connection that
+    /// keeps its session does not look it up again.
+    noted_lsid: Vec<u8>,
 }
 
 /// The "not writable primary" and "node is recovering" codes a replica-set member's error reply
@@ -636,6 +695,11 @@ fn add_cluster_time(shared: &Shared, name: &str, reply: &mut Document) {
     } else {
         store.cluster_time()
     };
+    insert_cluster_time(reply, time);
+}
+
+/// SE-16: `operationTime` and `$clusterTime` (with a zero signature) at `time`.
+fn insert_cluster_time(reply: &mut Document, time: bson::Timestamp) {
     reply.insert("operationTime", Bson::Timestamp(time));
     reply.insert(
         "$clusterTime",
@@ -815,6 +879,13 @@ pub struct LoggedCommand {
     pub txn_number: Option<i64>,
 }
 
+/// A request as decoded: raw (a hot command's name was read at the front of its frame) or into a
+/// `Document`.
+enum Request {
+    Raw(RawOpMsg),
+    Decoded(OpMsg),
+}
+
 /// What to do after a request.
 enum Response {
     /// Send this reply, unless the request had `moreToCome`.
@@ -881,7 +952,17 @@ async fn serve_stream<S: ServerStream>(shared: &Shared, mut stream: S, mut conne
         let mut input = &chunk[..read];
         // Each pass consumes at least one byte or completes a message.
         while !input.is_empty() {
-            let (used, message) = match decoder.decode(input) {
+            // A hot command, named at the front of a whole frame, is decoded raw (`raw`); the
+            // two decoders accept and refuse the same frames.
+            let hot = shared.raw_path && !decoder.is_mid_frame() && raw::names_hot_command(input);
+            let decoded = if hot {
+                let raw = decoder.decode_raw(input);
+                raw.map(|(used, message)| (used, message.map(Request::Raw)))
+            } else {
+                let decoded = decoder.decode(input);
+                decoded.map(|(used, message)| (used, message.map(Request::Decoded)))
+            };
+            let (used, message) = match decoded {
                 Ok(decoded) => decoded,
                 Err(_) => {
                     shared.lock().counters.protocol_errors += 1;
@@ -889,12 +970,18 @@ async fn serve_stream<S: ServerStream>(shared: &Shared, mut stream: S, mut conne
                 }
             };
             input = &input[used..];
-            if let Some(request) = message {
-                if !connection.respond(shared, &mut stream, request).await {
-                    return;
+            let keep = match message {
+                Some(Request::Raw(request)) => {
+                    connection.respond_raw(shared, &mut stream, request).await
                 }
-            } else if used == 0 {
-                break;
+                Some(Request::Decoded(request)) => {
+                    connection.respond(shared, &mut stream, request).await
+                }
+                None if used == 0 => break,
+                None => true,
+            };
+            if !keep {
+                return;
             }
         }
     }
@@ -969,7 +1056,7 @@ impl Connection {
             }
             let admin_command = hello || name == "configureFailPoint";
             if !admin_command {
-                if let Some(rejection) = state.ingress_rejection(Instant::now()) {
+                if let Some(rejection) = state.ingress_rejection() {
                     return Response::Reply(rejection);
                 }
             }
@@ -1043,26 +1130,7 @@ impl Connection {
             }
         }
         let reply = if hello {
-            let service_id = match (self.service, state.services.len()) {
-                (Some(service), _) => service,
-                (None, 0) => shared.process_id,
-                (None, n) => {
-                    let service = state.services[state.routed % n];
-                    state.routed += 1;
-                    self.service = Some(service);
-                    service
-                }
-            };
-            let context = HelloContext {
-                me: &shared.me,
-                process_id: shared.process_id,
-                service_id,
-                connection_id: self.id,
-                min_wire_version: shared.min_wire_version,
-                max_wire_version: shared.max_wire_version,
-            };
-            let mut reply =
-                hello_reply(name, command, &state.role, state.topology_counter, &context);
+            let mut reply = self.hello_reply(&mut state, shared, name, HelloAsk::of(command));
             self.auth
                 .hello(&state.users, command, &mut reply, &mut self.rng);
             Some(reply)
@@ -1101,12 +1169,45 @@ impl Connection {
         Response::Reply(reply)
     }
 
+    /// HS-3, HS-4, LB-17: the hello reply of this connection ([`Connection::service_id`]).
+    fn hello_reply(
+        &mut self,
+        state: &mut State,
+        shared: &Shared,
+        name: &str,
+        ask: HelloAsk,
+    ) -> Document {
+        let context = HelloContext {
+            me: &shared.me,
+            process_id: shared.process_id,
+            service_id: self.service_id(state, shared),
+            connection_id: self.id,
+            min_wire_version: shared.min_wire_version,
+            max_wire_version: shared.max_wire_version,
+        };
+        hello_reply(name, ask, &state.role, state.topology_counter, &context)
+    }
+
+    /// LB-17, TK-12: the `serviceId` of this connection: the process id, or with several services
+    /// behind a load balancer, the one it is routed to at its first hello.
+    fn service_id(&mut self, state: &mut State, shared: &Shared) -> ObjectId {
+        match (self.service, state.services.len()) {
+            (Some(service), _) => service,
+            (None, 0) => shared.process_id,
+            (None, n) => {
+                let service = state.services[state.routed % n];
+                state.routed += 1;
+                self.service = Some(service);
+                service
+            }
+        }
+    }
+
     /// HS-4: records the handshake and remembers `client.application.name` for `appName`.
     fn record_handshake(&mut self, state: &mut State, command: &Document) {
-        state.handshakes.push(Handshake {
-            connection_id: self.id,
-            command: command.clone(),
-        });
+        state
+            .handshakes
+            .push((self.id, Recorded::Decoded(command.clone())));
         let app_name = command
             .get_document("client")
             .and_then(|c| c.get_document("application"))
@@ -1145,6 +1246,20 @@ impl Connection {
                 return false;
             }
         }
+        self.write_reply(shared, stream, response_to, bytes, exempt_from_faults)
+            .await
+    }
+
+    /// Writes an encoded reply (`bytes`, answering `response_to`), or the random fault that
+    /// replaces it; `false` means close. Keeps `bytes` for the next reply.
+    async fn write_reply<S: ServerStream>(
+        &mut self,
+        shared: &Shared,
+        stream: &mut S,
+        response_to: i32,
+        bytes: Vec<u8>,
+        exempt_from_faults: bool,
+    ) -> bool {
         let (fault, stall_for) = if exempt_from_faults {
             (None, Duration::ZERO)
         } else {

@@ -1,11 +1,12 @@
 //! The in-memory data behind the CRUD commands: collections, open cursors, unique `_id`s and
 //! the replies of retryable writes.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bson::oid::ObjectId;
-use bson::{Bson, Document};
+use bson::spec::BinarySubtype;
+use bson::{Bson, Document, RawDocument};
 
 use crate::query::{apply_update, equal, matches, upsert_seed, Unsupported};
 
@@ -38,6 +39,10 @@ pub(crate) struct Store {
     txn_numbers: BTreeMap<Vec<u8>, i64>,
     /// The sessions commands named (`lsid`), for `$listLocalSessions`, in first-use order.
     sessions: Vec<Document>,
+    /// The encodings of the `sessions` that are `{id: <binary>}` alone, the lsids drivers send:
+    /// two such lsids are equal exactly when their bytes are, so they are found by a search, not
+    /// a scan (house rule 9).
+    plain_sessions: BTreeSet<Vec<u8>>,
     /// TK-15: each session's latest transaction (lsid bytes).
     transactions: BTreeMap<Vec<u8>, Transaction>,
     /// Secondary indexes by namespace (`{v, key, name}`), in creation order; `_id_` is implied.
@@ -45,6 +50,17 @@ pub(crate) struct Store {
     /// The deployment's logical clock (review5 item 11, SE-16..SE-21): the increment of its
     /// cluster time, advanced by every write.
     clock: u32,
+}
+
+/// The encoding of an lsid that is `{id: <binary>}` alone (any subtype but `BinaryOld`, whose
+/// encoding has a second length), `None` for any other.
+fn plain_lsid_bytes(lsid: &Document) -> Option<Vec<u8>> {
+    match lsid.get("id") {
+        Some(Bson::Binary(id)) if lsid.len() == 1 && id.subtype != BinarySubtype::BinaryOld => {
+            lsid.to_vec().ok()
+        }
+        _ => None,
+    }
 }
 
 /// The seconds of every cluster time the test server gives (its clock counts in increments).
@@ -403,9 +419,30 @@ impl Store {
 
     /// Remembers a session a command named, for `$listLocalSessions`.
     pub(crate) fn note_session(&mut self, lsid: &Document) {
-        if !self.sessions.contains(lsid) {
+        if let Some(bytes) = plain_lsid_bytes(lsid) {
+            if self.plain_sessions.insert(bytes) {
+                self.sessions.push(lsid.clone());
+            }
+        } else if !self.sessions.contains(lsid) {
             self.sessions.push(lsid.clone());
         }
+    }
+
+    /// [`Store::note_session`] of an encoded lsid that is `{id: <binary>}` alone, not of subtype
+    /// `BinaryOld` (the raw path's check, `crate::server`): its bytes are the ones
+    /// [`Store::note_session`] would encode.
+    /// `false` when `lsid` does not decode (it does once validated).
+    pub(crate) fn note_plain_session(&mut self, lsid: &[u8]) -> bool {
+        if self.plain_sessions.contains(lsid) {
+            return true;
+        }
+        let document = RawDocument::from_bytes(lsid).and_then(Document::try_from);
+        let Ok(document) = document else {
+            return false;
+        };
+        self.plain_sessions.insert(lsid.to_vec());
+        self.sessions.push(document);
+        true
     }
 
     /// `$listLocalSessions: {}`: one `{_id: lsid}` per session commands named.

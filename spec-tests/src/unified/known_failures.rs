@@ -14,7 +14,7 @@ pub const SDAM: &[KnownFailure] = &[KnownFailure {
     may_pass: true,
 }];
 
-/// transactions: 48 known failures.
+/// transactions: 41 known failures.
 pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"backpressure-retryable-abort.json: abortTransaction is retried maxAttempts=2 times if backpressure labels are added"#,
@@ -33,20 +33,8 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
         "product: causal consistency cannot be turned off (SE-21: always on)",
     ),
     fails(
-        r#"client-bulkWrite.json: client bulkWrite in a transaction"#,
-        "not diagnosed yet: operation 1: clientBulkWrite result: .updateResults.3.matchedCount: expected 1, found 0",
-    ),
-    fails(
         r#"client-bulkWrite.json: client bulkWrite with writeConcern in a transaction causes a transaction error"#,
         "runner: the operation argument writeConcern is not supported",
-    ),
-    fails(
-        r#"commit.json: reset session state abort"#,
-        "not diagnosed yet: client1 event 2 (commandStartedEvent): command: .readConcern: expected { 'afterClusterTime': { '$$exists': true }, 'level': { '$$exists': false } }, f",
-    ),
-    fails(
-        r#"commit.json: reset session state commit"#,
-        "not diagnosed yet: client1 event 2 (commandStartedEvent): command: .readConcern: expected { 'afterClusterTime': { '$$exists': true }, 'level': { '$$exists': false } }, f",
     ),
     fails(
         r#"create-collection.json: explicitly create collection using create command"#,
@@ -79,14 +67,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"error-labels.json: do not add UnknownTransactionCommitResult label to MaxTimeMSExpired inside transactions"#,
         "runner: the operation argument maxTimeMS is not supported",
-    ),
-    fails(
-        r#"errors-client.json: Client side error in command starting transaction"#,
-        "not diagnosed yet: operation 1: updateOne succeeded but an error was expected",
-    ),
-    fails(
-        r#"errors-client.json: Client side error when transaction is in progress"#,
-        "not diagnosed yet: operation 2: updateOne succeeded but an error was expected",
     ),
     fails(
         r#"errors.json: write conflict abort"#,
@@ -165,10 +145,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
         "testkit: no transaction isolation; an uncommitted or unaborted transaction's writes are visible (TK-15)",
     ),
     fails(
-        r#"retryable-writes.json: increment txnNumber"#,
-        "not diagnosed yet: client0 event 2 (commandStartedEvent): command: .readConcern: expected { 'afterClusterTime': { '$$exists': true } }, found nothing",
-    ),
-    fails(
         r#"run-command.json: run command fails with secondary read preference from transaction options"#,
         "product: a transaction's read preference is always primary (no other mode can be set)",
     ),
@@ -183,10 +159,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"run-command.json: run command with secondary read preference in client option and primary read preference in transaction options"#,
         "runner: runCommand's commandName check (insert not first key)",
-    ),
-    fails(
-        r#"transaction-options-repl.json: readConcern snapshot in startTransaction options"#,
-        "not diagnosed yet: client0 event 2 (commandStartedEvent): command: .readConcern.afterClusterTime: $$exists true does not hold",
     ),
     fails(
         r#"transaction-options.json: defaultTransactionOptions override client options"#,

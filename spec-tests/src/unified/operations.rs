@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
-use retry_core::classify::classify;
+use retry_core::classify::{classify, inherits_read_concern, inherits_write_concern};
 use retry_core::engine::CursorUse;
 use retry_core::error::{ErrorKind, OperationError};
 use retry_core::retry::OperationKind;
@@ -274,17 +274,24 @@ pub async fn execute(
     }
 }
 
-/// A read command with the target's read concern.
-fn with_read_concern(mut command: Document, target: &Target) -> Document {
-    if let Some(rc) = &target.options.read_concern {
+/// `command` with the target's read or write concern where it inherits one, by the product's
+/// rule ([`inherits_read_concern`], [`inherits_write_concern`]: the table `retry_driver`'s
+/// concerns use too). Never for `runCommand`, which sends the command as given.
+fn with_concerns(mut command: Document, target: &Target) -> Document {
+    if let Some(rc) = target
+        .options
+        .read_concern
+        .as_ref()
+        .filter(|_| inherits_read_concern(&command))
+    {
         command.insert("readConcern", rc.clone());
     }
-    command
-}
-
-/// A write command with the target's write concern.
-fn with_write_concern(mut command: Document, target: &Target) -> Document {
-    if let Some(wc) = &target.options.write_concern {
+    if let Some(wc) = target
+        .options
+        .write_concern
+        .as_ref()
+        .filter(|_| inherits_write_concern(&command))
+    {
         command.insert("writeConcern", wc.clone());
     }
     command
@@ -325,20 +332,18 @@ async fn open_cursor(
     let reply = execute(target, command, CursorUse::Open)
         .await
         .map_err(product)?;
-    let cursor = reply
+    let (id, batch) = cursor_batch(&reply.document, "firstBatch").map_err(Err)?;
+    let ns = reply
         .document
         .get_document("cursor")
-        .map_err(|_| Err(format!("reply without a cursor: {}", reply.document)))?;
-    let ns = cursor.get_str("ns").unwrap_or_default();
+        .and_then(|c| c.get_str("ns"))
+        .unwrap_or_default();
     let collection = ns.split_once('.').map(|(_, c)| c).unwrap_or_default();
-    let batch = cursor
-        .get_array("firstBatch")
-        .map_err(|_| Err("reply without firstBatch".to_owned()))?;
     Ok(CursorEntity {
         client: target.client.clone(),
         db: target.db.clone(),
         collection: collection.to_owned(),
-        id: cursor.get_i64("id").unwrap_or_default(),
+        id,
         handle: reply.cursor,
         buffer: batch.iter().cloned().collect(),
         batch_size,
@@ -365,16 +370,22 @@ pub async fn get_more(
     let reply = execute(&target, command, CursorUse::GetMore(handle))
         .await
         .map_err(product)?;
-    let next = reply
-        .document
-        .get_document("cursor")
-        .map_err(|_| Err("getMore reply without a cursor".to_owned()))?;
-    cursor.id = next.get_i64("id").unwrap_or_default();
-    let batch = next
-        .get_array("nextBatch")
-        .map_err(|_| Err("getMore reply without nextBatch".to_owned()))?;
+    let (id, batch) = cursor_batch(&reply.document, "nextBatch").map_err(Err)?;
+    cursor.id = id;
     cursor.buffer.extend(batch.iter().cloned());
     Ok(())
+}
+
+/// A cursor reply's id (read by the product's [`retry_core::reply::cursor_id`]: an Int32 id is
+/// an id, not 0) and its `firstBatch` or `nextBatch`.
+fn cursor_batch<'a>(reply: &'a Document, batch: &str) -> Result<(i64, &'a Vec<Bson>), String> {
+    let id = retry_core::reply::cursor_id(reply)
+        .ok_or_else(|| format!("reply without an integer cursor id: {reply}"))?;
+    let batch = reply
+        .get_document("cursor")
+        .and_then(|c| c.get_array(batch))
+        .map_err(|_| format!("reply without {batch}: {reply}"))?;
+    Ok((id, batch))
 }
 
 /// Sends `killCursors` for an open cursor; its errors are swallowed (UT-16).
@@ -387,6 +398,27 @@ pub async fn kill(target: &Target, cursor: &CursorEntity) {
     };
     let command = doc! { "killCursors": cursor.collection.clone(), "cursors": [cursor.id] };
     let _ = execute(target, command, CursorUse::Close(handle)).await;
+}
+
+/// The CRUD spec's client-side check: an update is a pipeline or a document of update operators
+/// (its first key starts with `$`), a replacement is a document without them; anything else is
+/// an error before anything is sent (transactions `errors-client.json`: the transaction's state
+/// does not change).
+fn check_update(name: &str, update: &Bson) -> Result<(), OperationError> {
+    let operators = match update {
+        Bson::Document(d) => d.keys().next().is_some_and(|k| k.starts_with('$')),
+        Bson::Array(_) if name != "replaceOne" => return Ok(()),
+        _ => return Err(OperationError::usage(format!("{name}: not a document"))),
+    };
+    match (name, operators) {
+        ("replaceOne", false) | ("updateOne" | "updateMany", true) => Ok(()),
+        ("replaceOne", true) => Err(OperationError::usage(
+            "replaceOne: the replacement document must not contain update operators",
+        )),
+        _ => Err(OperationError::usage(format!(
+            "{name}: the update document must contain update operators"
+        ))),
+    }
 }
 
 /// A single command's reply as a result value, or its error.
@@ -495,7 +527,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                 command.insert("limit", 1);
                 command.insert("singleBatch", true);
             }
-            let command = with_read_concern(command, target);
+            let command = with_concerns(command, target);
             if name == "createFindCursor" {
                 let cursor = open_cursor(target, command).await?;
                 return Ok(Produced::Cursor(Box::new(cursor)));
@@ -539,15 +571,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                 cursor.insert("batchSize", size);
             }
             let command = doc! { "aggregate": aggregate, "pipeline": pipeline, "cursor": cursor };
-            let writes = matches!(
-                classify(&command, &[], None),
-                OperationKind::RetryableWrite | OperationKind::NonRetryableWrite
-            );
-            let command = if writes {
-                with_write_concern(command, target)
-            } else {
-                with_read_concern(command, target)
-            };
+            let command = with_concerns(command, target);
             if name == "createChangeStream" {
                 let cursor = open_cursor(target, command).await?;
                 return Ok(Produced::Cursor(Box::new(cursor)));
@@ -571,7 +595,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
             if name == "count" {
                 command.insert("query", args.document("filter").map_err(harness)?);
             }
-            let reply = single(target, with_read_concern(command, target)).await?;
+            let reply = single(target, with_concerns(command, target)).await?;
             Ok(Produced::Value(
                 reply.get("n").cloned().unwrap_or(Bson::Null),
             ))
@@ -581,7 +605,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
             let key = args.string("fieldName").map_err(harness)?;
             let filter = args.document("filter").map_err(harness)?;
             let command = doc! { "distinct": coll, "key": key, "query": filter };
-            let reply = single(target, with_read_concern(command, target)).await?;
+            let reply = single(target, with_concerns(command, target)).await?;
             Ok(Produced::Value(
                 reply.get("values").cloned().unwrap_or(Bson::Null),
             ))
@@ -653,7 +677,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                 let value = args.bson(field).map_err(harness)?;
                 command.insert(field, value.ok_or(Err(format!("{field} missing")))?);
             }
-            let reply = single(target, with_read_concern(command, target)).await?;
+            let reply = single(target, with_concerns(command, target)).await?;
             Ok(Produced::Value(
                 reply.get("results").cloned().unwrap_or(Bson::Null),
             ))
@@ -685,7 +709,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                 .take("ordered")
                 .map(|v| v.as_bool() != Some(false))
                 .unwrap_or(true);
-            let command = with_write_concern(
+            let command = with_concerns(
                 doc! { "insert": coll, "documents": sent, "ordered": ordered },
                 target,
             );
@@ -723,6 +747,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                     .map_err(harness)?
                     .ok_or(Err("update missing".to_owned()))?,
             };
+            check_update(name, &update).map_err(product)?;
             let mut statement = doc! { "q": filter, "u": update };
             if name == "updateMany" {
                 statement.insert("multi", true);
@@ -730,7 +755,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
             if let Some(upsert) = args.bson("upsert").map_err(harness)? {
                 statement.insert("upsert", upsert);
             }
-            let command = with_write_concern(
+            let command = with_concerns(
                 doc! { "update": coll, "updates": [statement], "ordered": true },
                 target,
             );
@@ -742,7 +767,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
             let coll = target.collection().map_err(harness)?;
             let filter = args.document("filter").map_err(harness)?;
             let limit = if name == "deleteOne" { 1 } else { 0 };
-            let command = with_write_concern(
+            let command = with_concerns(
                 doc! { "delete": coll, "deletes": [{ "q": filter, "limit": limit }], "ordered": true },
                 target,
             );
@@ -785,7 +810,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                 ],
             )
             .map_err(harness)?;
-            let command = with_write_concern(command, target);
+            let command = with_concerns(command, target);
             let reply = single(target, command).await?;
             Ok(Produced::Value(
                 reply.get("value").cloned().unwrap_or(Bson::Null),
@@ -797,7 +822,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
             let coll = target.collection().map_err(harness)?;
             let keys = args.document("keys").map_err(harness)?;
             let name = args.string("name").map_err(harness)?;
-            let command = with_write_concern(
+            let command = with_concerns(
                 doc! { "createIndexes": coll, "indexes": [{ "key": keys, "name": name.clone() }] },
                 target,
             );
@@ -810,7 +835,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                 "dropIndex" => args.string("name").map_err(harness)?,
                 _ => "*".into(),
             };
-            let command = with_write_concern(doc! { "dropIndexes": coll, "index": index }, target);
+            let command = with_concerns(doc! { "dropIndexes": coll, "index": index }, target);
             single(target, command).await?;
             Ok(Produced::Value(Bson::Null))
         }
@@ -988,7 +1013,7 @@ async fn bulk_write(target: &Target, args: &mut Args) -> OpResult {
         let mut command = doc! { kind: coll.clone() };
         command.insert(field, statements);
         command.insert("ordered", ordered);
-        let command = with_write_concern(command, target);
+        let command = with_concerns(command, target);
         let reply = match single(target, command).await {
             Ok(reply) => reply,
             // UT-19: a command that fails ends the bulk write; its error carries what the
@@ -1140,7 +1165,7 @@ async fn client_bulk_write(target: &Target, args: &mut Args) -> OpResult {
         .iter()
         .map(|ns| doc! { "ns": ns.clone() })
         .collect();
-    let command = with_write_concern(
+    let command = with_concerns(
         doc! {
             "bulkWrite": 1, "errorsOnly": !verbose, "ordered": ordered, "ops": ops,
             "nsInfo": ns_info,
@@ -1165,10 +1190,7 @@ async fn client_bulk_write(target: &Target, args: &mut Args) -> OpResult {
         .and_then(|c| c.get_array("firstBatch"))
         .cloned()
         .unwrap_or_default();
-    if reply
-        .get_document("cursor")
-        .is_ok_and(|c| number(c, "id") != 0)
-    {
+    if retry_core::reply::cursor_id(&reply).is_some_and(|id| id != 0) {
         return Err(Err("clientBulkWrite results in more than one batch".into()));
     }
     let (mut inserts, mut updates, mut deletes) =
@@ -1201,8 +1223,11 @@ async fn client_bulk_write(target: &Target, args: &mut Args) -> OpResult {
                     .ok()
                     .and_then(|u| u.get("_id"))
                     .cloned();
+                // The op's own `n` counts an upserted document (transactions
+                // `client-bulkWrite.json`: an upsert reports matchedCount 1); the summary's
+                // `nMatched` does not.
                 let mut update = doc! {
-                    "matchedCount": number(entry, "n") - i64::from(upserted.is_some()),
+                    "matchedCount": number(entry, "n"),
                     "modifiedCount": number(entry, "nModified"),
                 };
                 if let Some(id) = upserted {
@@ -1237,4 +1262,43 @@ async fn client_bulk_write(target: &Target, args: &mut Args) -> OpResult {
         return Err(Ok(Box::new(failure)));
     }
     Ok(Produced::Value(Bson::Document(result)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CRUD spec (transactions `errors-client.json`): updates need operators, replacements must
+    /// not have them; a pipeline is an update.
+    #[test]
+    fn an_update_without_operators_or_a_replacement_with_them_is_a_client_error() {
+        let update = Bson::Document(doc! { "$set": { "x": 1 } });
+        let replacement = Bson::Document(doc! { "x": 1 });
+        assert!(check_update("updateOne", &update).is_ok());
+        assert!(check_update("updateMany", &Bson::Array(vec![])).is_ok());
+        assert!(check_update("replaceOne", &replacement).is_ok());
+        assert!(check_update("replaceOne", &Bson::Document(doc! {})).is_ok());
+        for (name, bad) in [
+            ("updateOne", &replacement),
+            ("updateMany", &Bson::Document(doc! {})),
+            ("replaceOne", &update),
+            ("replaceOne", &Bson::Array(vec![])),
+        ] {
+            let error = check_update(name, bad).expect_err(name);
+            assert!(matches!(error.kind, ErrorKind::Usage { .. }), "{error:?}");
+        }
+    }
+
+    /// Review5 item 14, UT-16: a cursor reply's Int32 id is the cursor's id, not 0 (which would
+    /// count the cursor as exhausted and never kill it).
+    #[test]
+    fn ut16_an_int32_cursor_id_is_read_as_the_id() {
+        let reply = doc! { "ok": 1, "cursor": { "id": 42_i32, "ns": "db.c", "firstBatch": [1] } };
+        let (id, batch) = cursor_batch(&reply, "firstBatch").expect("a cursor reply");
+        assert_eq!((id, batch.len()), (42, 1));
+        let next = doc! { "ok": 1, "cursor": { "id": 0_i64, "nextBatch": [] } };
+        assert_eq!(cursor_batch(&next, "nextBatch").map(|(id, _)| id), Ok(0));
+        assert!(cursor_batch(&next, "firstBatch").is_err());
+        assert!(cursor_batch(&doc! { "ok": 1 }, "firstBatch").is_err());
+    }
 }

@@ -179,14 +179,10 @@ impl Engine {
         now: Instant,
     ) {
         let duration = now.saturating_duration_since(pending.sent_at);
-        let ok = match reply.get("ok") {
-            Some(Bson::Double(n)) => *n == 1.0,
-            Some(Bson::Int32(n)) => *n == 1,
-            Some(Bson::Int64(n)) => *n == 1,
-            Some(Bson::Boolean(b)) => *b,
-            _ => false,
-        };
-        let event = match (ok, OperationError::from_reply(reply, &pending.info.address)) {
+        let event = match (
+            crate::reply::is_ok(reply),
+            OperationError::from_reply(reply, &pending.info.address),
+        ) {
             (false, Some(failure)) => CommandEvent::Failed {
                 info: pending.info,
                 duration,

@@ -48,13 +48,9 @@ use super::worklist::Machine;
 
 /// The id and namespace (`db`, collection) of the cursor a reply opened, if it opened one.
 fn opened_cursor(reply: &Document) -> Option<(i64, (String, String))> {
+    let id = crate::reply::cursor_id(reply)?;
     let Some(Bson::Document(cursor)) = reply.get("cursor") else {
         return None;
-    };
-    let id = match cursor.get("id") {
-        Some(Bson::Int64(id)) => *id,
-        Some(Bson::Int32(id)) => i64::from(*id),
-        _ => return None,
     };
     let Some(Bson::String(ns)) = cursor.get("ns") else {
         return None;
@@ -433,15 +429,13 @@ impl Engine {
             self.release(conn, true, now);
             return;
         };
-        let mut pin = CursorPin::new();
-        let pinned = match self.sockets.get(&conn).map(|s| s.owner) {
+        let (pin, pinned) = match self.sockets.get(&conn).map(|s| s.owner) {
             Some(Owner::Pool(pool_id)) if self.options.topology.load_balanced => {
-                let _ = pin.created(pool_id, id);
-                Some(conn)
+                (CursorPin::pinned(pool_id), Some(conn))
             }
             _ => {
                 self.release(conn, true, now);
-                None
+                (CursorPin::new(), None)
             }
         };
         let handle = CursorHandle(self.next_cursor);

@@ -40,8 +40,9 @@
 //! (which machine an operation runs, hedged copies and their draining connections), `sockets`
 //! (the connection machines), `monitoring` (the topology, its pools and the monitors), `pins`
 //! (transaction and cursor pins), `sessions` (server sessions, `txnNumber`, `$clusterTime`,
-//! `maxTimeMS` and `endSessions` at close), `commands` (command monitoring events, EV-1..EV-6)
-//! and `worklist` (the worklist and the timer queue).
+//! `maxTimeMS` and `endSessions` at close), `commands` (command monitoring events, EV-1..EV-6),
+//! `raw_reply` (what the engine reads from a reply left encoded) and `worklist` (the worklist
+//! and the timer queue).
 //!
 //! # Event order
 //!
@@ -91,8 +92,8 @@ mod hedged;
 mod monitoring;
 mod operations;
 mod pins;
+mod raw_reply;
 mod refused;
-mod reply;
 mod sessions;
 mod sockets;
 mod worklist;
@@ -752,7 +753,12 @@ impl Engine {
         debug_assert!(self.ops.is_empty(), "every operation finished on close");
         let sessions: Vec<SessionHandle> = self.sessions.keys().copied().collect();
         for session in sessions {
-            self.unpin_connection(session, true, now);
+            // TX-4 (6): the sessions end with the client.
+            let unpinned = self
+                .sessions
+                .get_mut(&session)
+                .and_then(|s| s.pin.end_session());
+            self.transaction_unpinned(session, unpinned, now);
         }
         let cursors: Vec<ConnId> = self.cursors.pinned_conns().collect();
         for conn in cursors {

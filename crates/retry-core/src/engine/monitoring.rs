@@ -342,7 +342,7 @@ impl Engine {
         now: Instant,
     ) {
         // A heartbeat's reply is read as a document: SDAM reads most of its fields.
-        let body = super::reply::to_document(&reply.body);
+        let body = super::raw_reply::to_document(&reply.body);
         let address = self.server(server).address.clone();
         let Some(state) = self.server_mut(server).monitor.as_mut() else {
             return;
@@ -358,7 +358,7 @@ impl Engine {
         };
         // MO-11 (1): a failed check (`ok: 0`) closes the monitoring connection, polling or
         // streaming; the next check opens a new one.
-        if !crate::monitor::reply_ok(&body) {
+        if !crate::reply::is_ok(&body) {
             state.conn = None;
             self.close_socket(conn, now);
         }

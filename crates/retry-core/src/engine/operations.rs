@@ -10,7 +10,7 @@
 
 use bson::RawDocumentBuf;
 
-use super::reply::{self, ReplyFields};
+use super::raw_reply::{self, ReplyFields};
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
     command_for, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession, Operation,
@@ -444,7 +444,7 @@ impl Engine {
         // LB-10: closing a cursor gives its connection back whatever killCursors did.
         if let (CursorUse::Close(handle), false) = (cursor, release_pinned) {
             if let Some(cursor) = self.cursors.remove(&handle) {
-                if let Some(conn) = cursor.conn.filter(|c| !self.is_transaction_conn(*c)) {
+                if let Some(conn) = cursor.conn.filter(|c| !self.conn_held(*c)) {
                     self.release(conn, true, now);
                 }
                 self.cursor_session_ended(cursor.session, now);
@@ -712,11 +712,11 @@ impl Engine {
         };
         socket.op = None;
         let (server, owner) = (socket.server, socket.owner);
-        // The reply stays encoded: what the engine needs is read in place (`reply.rs`).
+        // The reply stays encoded: what the engine needs is read in place (`raw_reply.rs`).
         let fields = ReplyFields::read(&body);
         let error = fields.error(&body, &socket.address);
         if let Some(pending) = socket.command.take() {
-            self.command_replied(pending, &reply::to_document(&body), now);
+            self.command_replied(pending, &raw_reply::to_document(&body), now);
         }
         if let (Some(error), Owner::Pool(id)) = (&error, owner) {
             let context = self.error_context(server, id, true);
@@ -775,16 +775,25 @@ impl Engine {
                 // House rule 8 (review5 item 1): the connection this attempt ran on goes back
                 // once, by the machine's `ReleaseConnection` after the retry decision (BP-27);
                 // only a pinned connection the attempt did not hold is checked in here.
+                // A cursor of the transaction still using it keeps it (LB-10).
                 let own = self.ops.get(&op_id).and_then(|op| op.slots[slot].conn);
-                let pinned = self.sessions.get_mut(&session).and_then(|s| s.conn.take());
-                if let Some(conn) = pinned.filter(|c| Some(*c) != own) {
-                    let healthy = !matches!(error.kind, ErrorKind::Network(_));
-                    self.release(conn, healthy, now);
-                }
+                let pinned = self.unpinned_conn(session, unpinned);
+                let healthy = !matches!(error.kind, ErrorKind::Network(_));
+                let kept = match pinned {
+                    Some(conn) if Some(conn) != own => {
+                        self.transaction_released(conn, healthy, now);
+                        false
+                    }
+                    Some(conn) => self.keep_for_cursor(conn),
+                    None => false,
+                };
                 if let Some(op) = self.ops.get_mut(&op_id) {
                     op.pinned_server = None;
                     op.pinned_conn = None;
                     op.keep_conn = false;
+                    if kept {
+                        op.slots[slot].conn = None;
+                    }
                 }
             }
         }

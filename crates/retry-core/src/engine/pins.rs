@@ -5,14 +5,15 @@
 //! what a success pins (`transaction_succeeded`, `cursor_replied`) and when a pinned connection
 //! goes back to its pool.
 
+use alloc::collections::BTreeMap;
 use bson::RawDocumentBuf;
 
 use super::{
     ConnId, Cursor, CursorHandle, CursorUse, Engine, EngineEvent, OpId, Owner, SessionHandle,
 };
 use crate::error::{Labels, OperationError};
-use crate::pinning::{CursorClose, CursorPin, Pin, TransactionCommand};
-use crate::pool::Purpose;
+use crate::pinning::{CursorClose, CursorPin, CursorStep, Pin, TransactionCommand};
+use crate::pool::{ConnectionId, Purpose};
 use crate::retry::{AttemptServer, OperationKind};
 use crate::time::Instant;
 
@@ -35,26 +36,38 @@ impl Engine {
             });
             return None;
         };
-        if let (CursorUse::Close(_), Some(conn)) = (cursor_use, cursor.conn) {
-            if let CursorClose::ReleaseBroken(pool_id) = cursor.pin.close() {
-                // LB-11: after a network error, no killCursors; the connection, kept checked out
-                // since (its socket is gone), goes back now and is closed.
-                let address = cursor.server.address.clone();
-                if let Some(cursor) = self.cursors.remove(&handle) {
-                    self.cursor_session_ended(cursor.session, now);
-                }
-                if !self.is_transaction_conn(conn) {
-                    let server = self.server_id(&address);
-                    if let Some(pool) = self.pool_mut(server) {
-                        pool.check_in(pool_id, false, now);
+        if let CursorUse::Close(_) = cursor_use {
+            // House rule 8: the pin names the connection the cursor holds (while its socket
+            // lives), and nothing when the cursor holds none.
+            let socket = cursor.conn.map(|c| pool_conn(&self.sockets, c));
+            match cursor.pin.close() {
+                CursorClose::Nothing => debug_assert_eq!(socket, None, "LB-10: nothing pinned"),
+                // The killCursors goes out on the cursor's connection (returned below); its
+                // reply ends the cursor and `cursor_replied` checks the connection in.
+                CursorClose::KillCursorsThenRelease(id) => debug_assert!(
+                    socket.is_some_and(|s| s.is_none_or(|s| s == id)),
+                    "LB-10: the pin names the cursor's connection"
+                ),
+                CursorClose::ReleaseBroken(id) => {
+                    // LB-11: after a network error, no killCursors; the connection, kept
+                    // checked out since (its socket is gone), goes back now and is closed.
+                    let (conn, address) = (cursor.conn, cursor.server.address.clone());
+                    if let Some(cursor) = self.cursors.remove(&handle) {
+                        self.cursor_session_ended(cursor.session, now);
                     }
-                    self.flush_pool_events(server);
+                    if !conn.is_some_and(|c| self.conn_held(c)) {
+                        let server = self.server_id(&address);
+                        if let Some(pool) = self.pool_mut(server) {
+                            pool.check_in(id, false, now);
+                        }
+                        self.flush_pool_events(server);
+                    }
+                    self.events.push_back(EngineEvent::OperationFinished {
+                        op,
+                        result: Ok(RawDocumentBuf::new()),
+                    });
+                    return None;
                 }
-                self.events.push_back(EngineEvent::OperationFinished {
-                    op,
-                    result: Ok(RawDocumentBuf::new()),
-                });
-                return None;
             }
         }
         Some((cursor.server.clone(), cursor.conn))
@@ -80,7 +93,7 @@ impl Engine {
             _ => state.pin.non_transaction_operation(),
         };
         if unpinned.is_some() {
-            self.unpin_connection(session, true, now);
+            self.transaction_unpinned(session, unpinned, now);
             return (None, None);
         }
         let Some(state) = self.sessions.get(&session) else {
@@ -101,11 +114,69 @@ impl Engine {
         (server, conn)
     }
 
-    /// Gives a session's pinned load-balanced connection back to its pool, if it has one.
-    pub(super) fn unpin_connection(&mut self, session: SessionHandle, healthy: bool, now: Instant) {
-        if let Some(conn) = self.sessions.get_mut(&session).and_then(|s| s.conn.take()) {
+    /// TX-4: the session's transaction pin went before selection, a new transaction or the
+    /// session's end (`unpinned`, as [`crate::pinning::TransactionPin`] returned it): a connection
+    /// pin's connection goes back to its pool (TX-5); a mongos pin holds nothing (TX-3).
+    pub(super) fn transaction_unpinned(
+        &mut self,
+        session: SessionHandle,
+        unpinned: Option<Pin>,
+        now: Instant,
+    ) {
+        if let Some(conn) = self.unpinned_conn(session, unpinned) {
+            self.transaction_released(conn, true, now);
+        }
+    }
+
+    /// TX-4, LB-10: a transaction's pin let its connection go: it goes back to its pool, unless
+    /// a cursor opened in the transaction still uses it ([`Engine::keep_for_cursor`]).
+    pub(super) fn transaction_released(&mut self, conn: ConnId, healthy: bool, now: Instant) {
+        if !self.keep_for_cursor(conn) {
             self.release(conn, healthy, now);
         }
+    }
+
+    /// LB-10, LB-13: whether a cursor still uses `conn`, whose transaction pin went; the cursor
+    /// then keeps it, counted as a cursor's, until the cursor ends.
+    pub(super) fn keep_for_cursor(&mut self, conn: ConnId) -> bool {
+        if self.cursors.on_conn(conn).next().is_none() {
+            return false;
+        }
+        let socket = self.sockets.get(&conn).map(|s| (s.server, s.owner));
+        if let Some((server, Owner::Pool(id))) = socket {
+            if let Some(pool) = self.pool_mut(server) {
+                pool.set_purpose(id, Purpose::Cursor);
+            }
+        }
+        true
+    }
+
+    /// TX-5, LB-10: whether a transaction's pin or an open cursor holds `conn`, so that the end
+    /// of one of its other holders leaves it checked out.
+    pub(super) fn conn_held(&self, conn: ConnId) -> bool {
+        self.is_transaction_conn(conn) || self.cursors.on_conn(conn).next().is_some()
+    }
+
+    /// The connection a session held for its connection pin `unpinned`, taken from the session.
+    /// House rule 8: the session holds a connection exactly while its pin is a connection pin
+    /// naming it (`pin_transaction` sets both); a mismatch is a bug, caught by debug builds, and
+    /// a held connection is handed back all the same.
+    pub(super) fn unpinned_conn(
+        &mut self,
+        session: SessionHandle,
+        unpinned: Option<Pin>,
+    ) -> Option<ConnId> {
+        let conn = self.sessions.get_mut(&session).and_then(|s| s.conn.take());
+        match unpinned {
+            Some(Pin::Connection(id)) => debug_assert!(
+                conn.is_some_and(|c| pool_conn(&self.sockets, c).is_none_or(|c| c == id)),
+                "TX-5: a connection pin's connection is the session's"
+            ),
+            Some(Pin::Mongos(_)) | None => {
+                debug_assert_eq!(conn, None, "TX-3: only a connection pin holds a connection")
+            }
+        }
+        conn
     }
 
     /// The transaction command an operation is, if it is one.
@@ -130,15 +201,22 @@ impl Engine {
         match op.request.kind {
             OperationKind::InTransaction { first: true, .. } => self.pin_transaction(op_id, conn),
             OperationKind::AbortTransaction => {
-                if let Some(state) = self.sessions.get_mut(&session) {
-                    // TX-4 (1): unpinned. A connection pin's connection is the one this abort
-                    // ran on; `release_pinned` below makes the abort's own release check it in.
-                    let _unpinned = state.pin.aborted();
-                }
-                // The abort's own release checks the connection in.
-                op.release_pinned = true;
-                if let Some(state) = self.sessions.get_mut(&session) {
-                    state.conn = None;
+                // TX-4 (1): unpinned. A connection pin's connection is the one this abort ran
+                // on: the abort's own release checks it in, unless a cursor of the transaction
+                // still uses it (LB-10).
+                let pinned = op.pinned_conn;
+                let unpinned = self
+                    .sessions
+                    .get_mut(&session)
+                    .and_then(|s| s.pin.aborted());
+                let conn = self.unpinned_conn(session, unpinned);
+                debug_assert!(
+                    conn.is_none() || conn == pinned,
+                    "TX-5: the abort ran on it"
+                );
+                let release = conn.is_some_and(|c| !self.keep_for_cursor(c));
+                if let Some(op) = self.ops.get_mut(&op_id) {
+                    op.release_pinned = release;
                 }
             }
             _ => {}
@@ -226,8 +304,14 @@ impl Engine {
         cursor_id: i64,
     ) {
         let load_balanced = self.options.topology.load_balanced;
-        // TX-5: a connection a transaction pins stays out when its cursor ends.
-        let shared = load_balanced && self.is_transaction_conn(conn);
+        // TX-5, LB-10: a cursor's connection goes back when the cursor ends, unless a
+        // transaction or another cursor still holds it.
+        let ended = match self.ops.get(&op_id).map(|op| op.request.cursor) {
+            Some(CursorUse::GetMore(handle)) if cursor_id == 0 => self.cursors.remove(&handle),
+            Some(CursorUse::Close(handle)) => self.cursors.remove(&handle),
+            _ => None,
+        };
+        let release = !self.conn_held(conn);
         let pool_id = match self.sockets.get(&conn).map(|s| &s.owner) {
             Some(Owner::Pool(id)) => *id,
             _ => return,
@@ -244,12 +328,13 @@ impl Engine {
                 if cursor_id == 0 {
                     return;
                 }
-                let mut pin = CursorPin::new();
-                let conn = load_balanced.then(|| {
-                    pin.created(pool_id, cursor_id);
-                    op.keep_conn = true;
-                    conn
-                });
+                let (pin, conn) = match load_balanced {
+                    true => {
+                        op.keep_conn = true;
+                        (CursorPin::pinned(pool_id), Some(conn))
+                    }
+                    false => (CursorPin::new(), None),
+                };
                 let handle = CursorHandle(self.next_cursor);
                 self.next_cursor += 1;
                 op.opened = Some(handle);
@@ -263,20 +348,80 @@ impl Engine {
                     },
                 );
             }
-            CursorUse::GetMore(handle) => {
-                if cursor_id == 0 {
-                    op.release_pinned = !shared;
-                    if let Some(mut cursor) = self.cursors.remove(&handle) {
-                        // LB-10: id 0 ends the pin; a `Release` connection is the operation's
-                        // pinned connection, which `release_pinned` above checks in.
-                        let _ended = cursor.pin.get_more_succeeded(0);
+            CursorUse::GetMore(_) => {
+                if let Some(mut cursor) = ended {
+                    // LB-10: id 0 ends the pin; the released connection is the one this getMore
+                    // ran on, which the operation's release then checks in.
+                    match cursor.pin.get_more_succeeded(0) {
+                        CursorStep::Release(id) => {
+                            debug_assert_eq!(id, pool_id, "LB-10: the getMore's connection");
+                            op.release_pinned = release;
+                        }
+                        CursorStep::Keep => {
+                            debug_assert_eq!(op.pinned_conn, None, "LB-10: nothing pinned");
+                        }
                     }
                 }
             }
-            CursorUse::Close(handle) => {
-                op.release_pinned = !shared;
-                self.cursors.remove(&handle);
-            }
+            CursorUse::Close(_) => op.release_pinned = release,
         }
+    }
+}
+
+/// The pool's id of the pooled connection `conn`, while its socket lives.
+fn pool_conn(sockets: &BTreeMap<ConnId, super::Socket>, conn: ConnId) -> Option<ConnectionId> {
+    match sockets.get(&conn)?.owner {
+        Owner::Pool(id) => Some(id),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::address::ServerAddress;
+    use crate::engine::EngineOptions;
+    use crate::handshake::HandshakeOptions;
+    use crate::topology::TopologySettings;
+
+    fn engine() -> Engine {
+        let mut settings = TopologySettings::new(alloc::vec![ServerAddress::new("lb", 27017)]);
+        settings.load_balanced = true;
+        let options = EngineOptions::new(settings, HandshakeOptions::new());
+        Engine::new(options, Instant::ZERO).expect("valid")
+    }
+
+    /// TX-3, TX-4, house rule 8 (review5 item 13): unpinning a mongos pin hands back no
+    /// connection, and an unpinned session none either.
+    #[test]
+    fn tx4_a_mongos_pin_or_no_pin_holds_no_connection() {
+        let mut engine = engine();
+        let session = engine.start_session();
+        let mongos = Pin::Mongos(ServerAddress::new("m", 27017));
+        assert_eq!(engine.unpinned_conn(session, Some(mongos)), None);
+        assert_eq!(engine.unpinned_conn(session, None), None);
+    }
+
+    /// House rule 8 (review5 item 13): a session that holds a connection without a connection
+    /// pin is a bug of the engine's; debug builds stop on it instead of ignoring the pin result.
+    #[test]
+    #[should_panic(expected = "TX-3: only a connection pin holds a connection")]
+    fn tx5_a_connection_held_without_a_connection_pin_is_caught() {
+        let mut engine = engine();
+        let session = engine.start_session();
+        if let Some(state) = engine.sessions.get_mut(&session) {
+            state.conn = Some(ConnId(99));
+        }
+        let _ = engine.unpinned_conn(session, None);
+    }
+
+    /// House rule 8 (review5 item 13): a connection pin whose session holds no connection is a
+    /// bug of the engine's, caught by debug builds.
+    #[test]
+    #[should_panic(expected = "TX-5: a connection pin's connection is the session's")]
+    fn tx5_a_connection_pin_without_its_connection_is_caught() {
+        let mut engine = engine();
+        let session = engine.start_session();
+        let _ = engine.unpinned_conn(session, Some(Pin::Connection(ConnectionId(3))));
     }
 }

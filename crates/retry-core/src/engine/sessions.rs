@@ -15,7 +15,7 @@ use bson::{Bson, Document};
 
 use alloc::vec::Vec;
 
-use super::reply::ReplyFields;
+use super::raw_reply::ReplyFields;
 use super::{
     Engine, OpId, OpSession, Operation, OperationRequest, Session, SessionHandle, SessionInfo,
 };
@@ -110,10 +110,11 @@ impl Engine {
 
     /// The session's end of [`Engine::end_session`], once no operation of it is in flight.
     fn close_session(&mut self, session: SessionHandle, now: Instant) {
-        if let Some(state) = self.sessions.get_mut(&session) {
-            state.pin.end_session();
-        }
-        self.unpin_connection(session, true, now);
+        let unpinned = self
+            .sessions
+            .get_mut(&session)
+            .and_then(|s| s.pin.end_session());
+        self.transaction_unpinned(session, unpinned, now);
         if let Some(server) = self.sessions.remove(&session).and_then(|s| s.server) {
             self.release_server_session(server, now);
         }
@@ -168,11 +169,8 @@ impl Engine {
         // that never writes a command; the number is taken with the server session, at the
         // transaction's first command.
         state.started_transactions += 1;
-        // The old pin needs no action here: a mongos pin holds nothing, and a connection pin's
-        // connection is the one `state.conn` holds (`pin_transaction` sets both together), which
-        // `unpin_connection` gives back.
-        let _unpinned = state.pin.start_transaction();
-        self.unpin_connection(session, true, now);
+        let unpinned = state.pin.start_transaction();
+        self.transaction_unpinned(session, unpinned, now);
         self.run(now);
         Ok(())
     }
@@ -585,7 +583,7 @@ impl Engine {
         if let (Some(OpSession::Explicit(handle)), Some(token)) = (session, reply.recovery_token) {
             if reply.ok && Engine::transaction_command(op.request.kind).is_some() {
                 if let Some(state) = self.sessions.get_mut(handle) {
-                    state.recovery_token = Some(super::reply::to_document(token));
+                    state.recovery_token = Some(super::raw_reply::to_document(token));
                 }
             }
         }
@@ -615,7 +613,7 @@ impl Engine {
         if !advances(&self.cluster_clock) && !session_clock.is_some_and(advances) {
             return;
         }
-        let Some(time) = ClusterTime::from_document(super::reply::to_document(raw)) else {
+        let Some(time) = ClusterTime::from_document(super::raw_reply::to_document(raw)) else {
             return;
         };
         if let Some(state) = explicit.and_then(|h| self.sessions.get_mut(&h)) {
@@ -753,27 +751,44 @@ impl Engine {
 
 /// SE-21: whether an attempt of `kind` reads causally after its explicit session's earlier
 /// operations: a read that takes a read concern (`find`, `aggregate` without a write stage,
-/// `count`, `distinct`; never a generic command) or a transaction's first command (its
-/// `readConcern`, TX-1).
+/// `count`, `distinct`; never a generic command), a write command that takes `afterClusterTime`
+/// (the causal-consistency spec since DRIVERS-3274: `insert`, `update`, `delete`,
+/// `findAndModify`, `bulkWrite`, `create`, `createIndexes`, `drop`, `dropDatabase`,
+/// `dropIndexes`), or a transaction's first command (its `readConcern`, TX-1).
 fn reads_causally(kind: OperationKind, body: &Document) -> bool {
+    let name = body.keys().next().map(String::as_str);
     match kind {
-        OperationKind::Read => matches!(
-            body.keys().next().map(String::as_str),
-            Some("find" | "aggregate" | "count" | "distinct")
+        OperationKind::Read => matches!(name, Some("find" | "aggregate" | "count" | "distinct")),
+        OperationKind::RetryableWrite | OperationKind::NonRetryableWrite => matches!(
+            name,
+            Some(
+                "insert"
+                    | "update"
+                    | "delete"
+                    | "findAndModify"
+                    | "findandmodify"
+                    | "bulkWrite"
+                    | "create"
+                    | "createIndexes"
+                    | "drop"
+                    | "dropDatabase"
+                    | "dropIndexes"
+            )
         ),
         OperationKind::InTransaction { first, .. } => first,
         _ => false,
     }
 }
 
-/// SE-21: `readConcern.afterClusterTime` (the level, if any, kept); not with the `snapshot`
-/// level, which has its own point in time (SE-22).
+/// SE-21: `readConcern.afterClusterTime` (the level, if any, kept: a transaction's `snapshot`
+/// level included, TX-1); not when the command has its own `atClusterTime` (SE-22), which names
+/// its own point in time.
 fn add_after_cluster_time(body: &mut Document, time: bson::Timestamp) {
     let mut read_concern = match body.get("readConcern") {
         Some(Bson::Document(read_concern)) => read_concern.clone(),
         _ => Document::new(),
     };
-    if matches!(read_concern.get("level"), Some(Bson::String(level)) if level == "snapshot") {
+    if read_concern.contains_key("atClusterTime") {
         return;
     }
     read_concern.insert("afterClusterTime", Bson::Timestamp(time));

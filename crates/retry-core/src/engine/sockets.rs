@@ -161,7 +161,7 @@ impl Engine {
                     (Owner::Rtt, _) => self.rtt_replied(server, now),
                     (Owner::Pool(_), Some(op)) => self.attempt_replied(op, conn, reply.body, now),
                     (Owner::Pool(_), None) => {
-                        self.drained_reply(conn, &super::reply::to_document(&reply.body), now)
+                        self.drained_reply(conn, &super::raw_reply::to_document(&reply.body), now)
                     }
                 },
                 ConnectionEvent::Failed(failure) => {

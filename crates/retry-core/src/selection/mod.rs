@@ -11,13 +11,16 @@
 //! 4. pick one by the power of two choices on operation counts ([`choose_by_operation_count`]:
 //!    SS-15).
 //!
-//! [`select_server`] runs the pipeline once. [`ServerSelection`] is the selection loop (SS-16): it
+//! [`select_server`] runs the pipeline once; [`RepeatedSelection`] runs it many times against one
+//! topology that does not change, remembering what does not depend on the call. [`ServerSelection`]
+//! is the selection loop (SS-16): it
 //! keeps the criteria and the deprioritized set across waits for a topology change and fails at its
 //! deadline. Nothing here allocates for topologies of up to [`INLINE_SERVERS`] servers, except
 //! the error of a failed selection.
 
 mod process;
 mod read_preference;
+mod repeated;
 mod suitability;
 mod window;
 
@@ -35,6 +38,7 @@ pub use read_preference::{
     ReadPreference, ReadPreferenceError, ReadPreferenceMode, IDLE_WRITE_PERIOD,
     SMALLEST_MAX_STALENESS,
 };
+pub use repeated::RepeatedSelection;
 pub use suitability::suitable_servers;
 pub use window::{choose_by_operation_count, retain_latency_window};
 

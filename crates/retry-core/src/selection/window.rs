@@ -35,23 +35,30 @@ pub fn choose_by_operation_count<'a>(
     operation_count: impl Fn(&ServerAddress) -> u32,
     rng: &mut (impl RngCore + ?Sized),
 ) -> Option<&'a ServerDescription> {
-    match window.len() {
+    choose_index(window.len(), |i| operation_count(&window[i].address), rng).map(|i| window[i])
+}
+
+/// SS-15 on a window of `n` servers known by position: the position chosen, from the operation
+/// count of the server at each position (see [`choose_by_operation_count`]).
+pub(super) fn choose_index(
+    n: usize,
+    operation_count: impl Fn(usize) -> u32,
+    rng: &mut (impl RngCore + ?Sized),
+) -> Option<usize> {
+    match n {
         0 => None,
-        1 => Some(window[0]),
+        1 => Some(0),
         n => {
             let first = index_below(rng, n);
             let mut second = index_below(rng, n - 1);
             if second >= first {
                 second += 1;
             }
-            let (a, b) = (window[first], window[second]);
-            Some(
-                if operation_count(&b.address) < operation_count(&a.address) {
-                    b
-                } else {
-                    a
-                },
-            )
+            Some(if operation_count(second) < operation_count(first) {
+                second
+            } else {
+                first
+            })
         }
     }
 }

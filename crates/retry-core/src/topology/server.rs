@@ -442,13 +442,7 @@ fn topology_version(reply: &Document) -> Parsed<Option<TopologyVersion>> {
 
 /// `ok` is 1 (as any number type) or `true`.
 fn ok(reply: &Document) -> Parsed<bool> {
-    match reply.get("ok") {
-        Some(Bson::Double(v)) => Ok(*v == 1.0),
-        Some(Bson::Int32(v)) => Ok(*v == 1),
-        Some(Bson::Int64(v)) => Ok(*v == 1),
-        Some(Bson::Boolean(b)) => Ok(*b),
-        _ => Err(malformed("ok", "a number")),
-    }
+    crate::reply::ok(reply).ok_or_else(|| malformed("ok", "a number"))
 }
 
 /// SDAM: the server type of a successful reply.

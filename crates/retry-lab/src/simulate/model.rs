@@ -17,7 +17,7 @@ use retry_core::hedging::{self, CopyId, CopyStage, HedgingMachine};
 use retry_core::retry::{self, AttemptServer, OperationKind, OperationSpec, RetryMachine};
 use retry_core::rng::EngineRng;
 use retry_core::selection::{
-    select_server, ReadPreference, ReadPreferenceMode, SelectionCriteria, SelectionSettings,
+    ReadPreference, ReadPreferenceMode, RepeatedSelection, SelectionCriteria, SelectionSettings,
 };
 use retry_core::time::{Instant, OperationTimeout};
 use retry_core::topology::{
@@ -326,24 +326,19 @@ struct Client {
 }
 
 /// Server selection as every client runs it: retry-core's pipeline over the replica set, reads
-/// with `nearest`, the client's operations in flight per member for the power of two choices.
+/// with `nearest`, the client's operations in flight per member for the power of two choices. The
+/// topology never changes, so [`RepeatedSelection`] remembers the latency window per deprioritized
+/// set (the same choices and draws as `select_server`).
 struct Selector {
-    topology: TopologyDescription,
-    criteria: SelectionCriteria,
-    settings: SelectionSettings,
+    selection: RepeatedSelection,
 }
 
 impl Selector {
-    fn pick(&self, client: &mut Client, deprioritized: &[ServerAddress]) -> u8 {
+    fn pick(&mut self, client: &mut Client, deprioritized: &[ServerAddress]) -> u8 {
         let in_flight = &client.in_flight;
-        let chosen = select_server(
-            &self.topology,
-            &self.criteria,
-            deprioritized,
-            &self.settings,
-            |a| in_flight[index(a)],
-            &mut client.rng,
-        );
+        let chosen = self
+            .selection
+            .select(deprioritized, |a| in_flight[index(a)], &mut client.rng);
         match chosen {
             Ok(Some(s)) => index(&s.address) as u8,
             _ => 0,
@@ -488,12 +483,14 @@ impl<'a> Sim<'a> {
             arrivals: EngineRng::from_seed_u64(load_seed),
             arrivals_end: nanos(spec.duration),
             selector: Selector {
-                topology,
-                criteria: SelectionCriteria::Read(
-                    ReadPreference::new(ReadPreferenceMode::Nearest, Vec::new(), None)
-                        .expect("nearest without tags is valid"),
+                selection: RepeatedSelection::new(
+                    topology,
+                    SelectionCriteria::Read(
+                        ReadPreference::new(ReadPreferenceMode::Nearest, Vec::new(), None)
+                            .expect("nearest without tags is valid"),
+                    ),
+                    SelectionSettings::default(),
                 ),
-                settings: SelectionSettings::default(),
             },
             attempt_servers,
             overloaded,
@@ -698,38 +695,36 @@ impl<'a> Sim<'a> {
         let c = &mut self.clients[client as usize];
         let machine = match &c.budget {
             ClientBudget::Machine(options) => {
-                let machine = RetryMachine::new(
-                    OperationSpec::new(OperationKind::Read).with_timeout(timeout),
-                    options,
-                    c.rng.next_u64(),
-                    Instant::from_nanos(now),
-                )
-                // Nothing here publishes monitoring events; the decisions are the same.
-                .without_events();
-                // A finished operation's box takes the new machine: no allocation.
+                let spec = OperationSpec::new(OperationKind::Read).with_timeout(timeout);
+                let seed = c.rng.next_u64();
+                let start = Instant::from_nanos(now);
+                // A finished operation's machine is restarted in place: nothing is allocated,
+                // built or moved.
                 Machine::Retry(match self.spare_machines.pop() {
                     Some(mut spare) => {
-                        *spare = machine;
+                        spare.restart(spec, options, seed, start);
                         spare
                     }
-                    None => Box::new(machine),
+                    // Nothing here publishes monitoring events; the decisions are the same.
+                    None => {
+                        Box::new(RetryMachine::new(spec, options, seed, start).without_events())
+                    }
                 })
             }
             ClientBudget::Hedging(policy) => {
-                let machine = HedgingMachine::new(
-                    OperationKind::Read,
-                    timeout,
-                    policy,
-                    Instant::from_nanos(now),
-                )
-                .expect("reads are hedgeable")
-                .without_events();
+                let start = Instant::from_nanos(now);
                 Machine::Hedge(match self.spare_hedges.pop() {
                     Some(mut spare) => {
-                        *spare = machine;
+                        spare
+                            .restart(OperationKind::Read, timeout, policy, start)
+                            .expect("reads are hedgeable");
                         spare
                     }
-                    None => Box::new(machine),
+                    None => Box::new(
+                        HedgingMachine::new(OperationKind::Read, timeout, policy, start)
+                            .expect("reads are hedgeable")
+                            .without_events(),
+                    ),
                 })
             }
             _ => Machine::Simple(Simple {

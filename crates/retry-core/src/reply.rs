@@ -1,0 +1,77 @@
+//! The fields of a server reply that every layer reads alike: its `ok` ([`ok`], [`is_ok`]) and
+//! the id of the cursor it carries ([`cursor_id`]). The engine, the monitors, the driver and the
+//! spec-test runner read them here, so that they cannot disagree on a `true` `ok` or an Int32
+//! cursor id.
+
+use bson::{Bson, Document};
+
+/// `ok` as the server sent it: a number (1 is success, any other value failure) or a boolean;
+/// `None` when it is missing or of another type (a malformed reply).
+pub fn ok(reply: &Document) -> Option<bool> {
+    match reply.get("ok")? {
+        Bson::Double(v) => Some(*v == 1.0),
+        Bson::Int32(v) => Some(*v == 1),
+        Bson::Int64(v) => Some(*v == 1),
+        Bson::Boolean(v) => Some(*v),
+        _ => None,
+    }
+}
+
+/// Whether the reply reports success: `ok` is 1 (of any number type) or `true`.
+pub fn is_ok(reply: &Document) -> bool {
+    ok(reply) == Some(true)
+}
+
+/// The id of the cursor a reply carries, `cursor.id`: an Int64, or an Int32 (which some servers
+/// and proxies send for small ids); 0 means the cursor is exhausted. `None` when the reply has no
+/// `cursor` document or its id is not an integer.
+pub fn cursor_id(reply: &Document) -> Option<i64> {
+    let Some(Bson::Document(cursor)) = reply.get("cursor") else {
+        return None;
+    };
+    match cursor.get("id")? {
+        Bson::Int64(id) => Some(*id),
+        Bson::Int32(id) => Some(i64::from(*id)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    /// EV-3, SDAM: `ok` is success as 1 of any number type or `true`; anything else is a failure,
+    /// and a missing or mistyped `ok` is told apart (a malformed reply).
+    #[test]
+    fn ok_is_one_of_any_number_type_or_true() {
+        for success in [
+            doc! { "ok": 1 },
+            doc! { "ok": 1_i64 },
+            doc! { "ok": 1.0 },
+            doc! { "ok": true },
+        ] {
+            assert!(is_ok(&success), "{success}");
+        }
+        for failure in [doc! { "ok": 0 }, doc! { "ok": 0.0 }, doc! { "ok": false }] {
+            assert_eq!(ok(&failure), Some(false), "{failure}");
+        }
+        for malformed in [doc! {}, doc! { "ok": "1" }] {
+            assert_eq!(ok(&malformed), None, "{malformed}");
+            assert!(!is_ok(&malformed));
+        }
+    }
+
+    /// LB-10, review5 item 14: a cursor id is read as an Int64 or an Int32, never as 0 because
+    /// of its type.
+    #[test]
+    fn lb10_a_cursor_id_is_an_int64_or_an_int32() {
+        let reply = |id: Bson| doc! { "ok": 1, "cursor": { "id": id, "firstBatch": [] } };
+        assert_eq!(cursor_id(&reply(Bson::Int64(1 << 40))), Some(1 << 40));
+        assert_eq!(cursor_id(&reply(Bson::Int32(42))), Some(42));
+        assert_eq!(cursor_id(&reply(Bson::Int64(0))), Some(0));
+        assert_eq!(cursor_id(&reply(Bson::Double(42.0))), None);
+        assert_eq!(cursor_id(&doc! { "ok": 1 }), None);
+        assert_eq!(cursor_id(&doc! { "ok": 1, "cursor": 5 }), None);
+    }
+}

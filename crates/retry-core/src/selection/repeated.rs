@@ -1,0 +1,247 @@
+//! Selection repeated against one topology that does not change: the same pipeline as
+//! [`select_server`], with the part that depends only on the topology, the criteria and the
+//! deprioritized servers remembered.
+//!
+//! Up to the power-of-two choice, the pipeline (SS-11 suitability with deprioritization, SS-13 the
+//! latency window) is a pure function of the topology, the criteria, the settings and which of the
+//! topology's servers are deprioritized. [`RepeatedSelection`] runs that part once per
+//! deprioritized set and keeps the window; every call still runs the choice (SS-15) with the
+//! caller's operation counts and generator, drawing exactly what [`select_server`] draws. So a
+//! call gives the same server and leaves the generator in the same state as [`select_server`] on
+//! the same topology.
+
+use rand_core::RngCore;
+use smallvec::SmallVec;
+
+use super::window::choose_index;
+use super::{
+    retain_latency_window, select_server, suitability, SelectionCriteria, SelectionError,
+    SelectionSettings, ServerList, INLINE_SERVERS,
+};
+use crate::address::ServerAddress;
+use crate::topology::{ServerDescription, TopologyDescription};
+
+/// How many deprioritized sets a [`RepeatedSelection`] remembers; further sets run the whole
+/// pipeline on every call.
+const REMEMBERED_SETS: usize = 16;
+
+/// Server selection repeated many times against one fixed topology (a simulation, or a client
+/// between two topology changes), giving the same results as [`select_server`] at a fraction of
+/// its cost.
+///
+/// Topologies of more than 64 servers run the whole pipeline on every call. For topologies of up
+/// to [`INLINE_SERVERS`] servers, a call allocates only when it remembers a fifth deprioritized
+/// set.
+#[derive(Clone, Debug)]
+pub struct RepeatedSelection {
+    topology: TopologyDescription,
+    criteria: SelectionCriteria,
+    settings: SelectionSettings,
+    /// Per deprioritized set (one bit per server, by topology index): the latency window, as
+    /// topology indices in topology order.
+    windows: SmallVec<[(u64, SmallVec<[u8; INLINE_SERVERS]>); 4]>,
+}
+
+impl RepeatedSelection {
+    /// Selection for `criteria` with `settings` against `topology`.
+    pub fn new(
+        topology: TopologyDescription,
+        criteria: SelectionCriteria,
+        settings: SelectionSettings,
+    ) -> RepeatedSelection {
+        RepeatedSelection {
+            topology,
+            criteria,
+            settings,
+            windows: SmallVec::new(),
+        }
+    }
+
+    /// The topology selected from.
+    pub fn topology(&self) -> &TopologyDescription {
+        &self.topology
+    }
+
+    /// The criteria selected for.
+    pub fn criteria(&self) -> &SelectionCriteria {
+        &self.criteria
+    }
+
+    /// One pass of the selection pipeline, as [`select_server`] with this topology, criteria and
+    /// settings: the same server, the same draws from `rng`, the same errors.
+    pub fn select(
+        &mut self,
+        deprioritized: &[ServerAddress],
+        operation_count: impl Fn(&ServerAddress) -> u32,
+        rng: &mut (impl RngCore + ?Sized),
+    ) -> Result<Option<&ServerDescription>, SelectionError> {
+        let Some(set) = self.deprioritized_set(deprioritized) else {
+            return self.select_uncached(deprioritized, operation_count, rng);
+        };
+        let slot = match self.windows.iter().position(|(s, _)| *s == set) {
+            Some(slot) => slot,
+            None if self.windows.len() < REMEMBERED_SETS => {
+                let window = self.window(deprioritized)?;
+                self.windows.push((set, window));
+                self.windows.len() - 1
+            }
+            None => return self.select_uncached(deprioritized, operation_count, rng),
+        };
+        let window = &self.windows[slot].1;
+        let servers = &self.topology.servers;
+        let at = |i: usize| &servers[usize::from(window[i])];
+        Ok(choose_index(window.len(), |i| operation_count(&at(i).address), rng).map(at))
+    }
+
+    fn select_uncached(
+        &self,
+        deprioritized: &[ServerAddress],
+        operation_count: impl Fn(&ServerAddress) -> u32,
+        rng: &mut (impl RngCore + ?Sized),
+    ) -> Result<Option<&ServerDescription>, SelectionError> {
+        select_server(
+            &self.topology,
+            &self.criteria,
+            deprioritized,
+            &self.settings,
+            operation_count,
+            rng,
+        )
+    }
+
+    /// The deprioritized servers of the topology, one bit per index; `None` above 64 servers.
+    /// Addresses the topology does not have change nothing in the pipeline, so they are left out.
+    fn deprioritized_set(&self, deprioritized: &[ServerAddress]) -> Option<u64> {
+        let servers = &self.topology.servers;
+        if servers.len() > 64 {
+            return None;
+        }
+        let mut set = 0u64;
+        for address in deprioritized {
+            if let Some(i) = servers.iter().position(|s| &s.address == address) {
+                set |= 1 << i;
+            }
+        }
+        Some(set)
+    }
+
+    /// SS-16 steps 2 to 6 (compatibility, suitability, latency window), as [`select_server`] runs
+    /// them: the window as topology indices.
+    fn window(
+        &self,
+        deprioritized: &[ServerAddress],
+    ) -> Result<SmallVec<[u8; INLINE_SERVERS]>, SelectionError> {
+        let topology = &self.topology;
+        if let Some(reason) = topology.compatibility_error() {
+            return Err(SelectionError::Incompatible(reason.into()));
+        }
+        let mut suitable = ServerList::new();
+        suitability::suitable_servers_into(
+            topology,
+            &self.criteria,
+            deprioritized,
+            self.settings.heartbeat_frequency,
+            &mut suitable,
+        )
+        .map_err(SelectionError::InvalidReadPreference)?;
+        retain_latency_window(&mut suitable, self.settings.local_threshold);
+        Ok(suitable
+            .iter()
+            .filter_map(|chosen| {
+                let i = topology
+                    .servers
+                    .iter()
+                    .position(|s| core::ptr::eq(s, *chosen))?;
+                u8::try_from(i).ok()
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use crate::rng::EngineRng;
+    use crate::selection::{ReadPreference, ReadPreferenceMode};
+    use crate::topology::{AverageRtt, ServerType, TagSet, TopologyType};
+    use alloc::vec::Vec;
+    use core::time::Duration;
+    use proptest::prelude::*;
+
+    const TYPES: [ServerType; 5] = [
+        ServerType::Unknown,
+        ServerType::RsPrimary,
+        ServerType::RsSecondary,
+        ServerType::RsArbiter,
+        ServerType::Mongos,
+    ];
+    const MODES: [ReadPreferenceMode; 5] = [
+        ReadPreferenceMode::Primary,
+        ReadPreferenceMode::PrimaryPreferred,
+        ReadPreferenceMode::Secondary,
+        ReadPreferenceMode::SecondaryPreferred,
+        ReadPreferenceMode::Nearest,
+    ];
+
+    fn dc(i: u8) -> TagSet {
+        [("dc", ["ny", "sf", "la"][usize::from(i % 3)])]
+            .into_iter()
+            .collect()
+    }
+
+    proptest! {
+        /// SS-11, SS-13, SS-15: over a sequence of calls with changing deprioritized sets
+        /// (addresses outside the topology included) and changing operation counts,
+        /// `RepeatedSelection` picks what `select_server` picks and draws the same numbers.
+        #[test]
+        fn repeated_selection_matches_select_server(
+            spec in prop::collection::vec((0..5usize, 0..40u64, 0..3u8, 0..12u8), 0..20),
+            sharded in any::<bool>(),
+            mode in 0..5usize,
+            tag in prop::option::of(0..3u8),
+            calls in prop::collection::vec(
+                (prop::collection::vec(0..24u16, 0..4), 0..7u32), 1..40),
+            seed in any::<u64>(),
+        ) {
+            let servers = spec
+                .iter()
+                .enumerate()
+                // One server in twelve is too old: the topology is then incompatible.
+                .map(|(i, &(t, rtt, tag, wire))| ServerDescription {
+                    server_type: TYPES[t],
+                    average_rtt: AverageRtt::from_duration(Duration::from_millis(rtt)),
+                    max_wire_version: if wire == 0 { 2 } else { 21 },
+                    tags: dc(tag),
+                    ..ServerDescription::unknown(ServerAddress::new("h", 1 + i as u16))
+                })
+                .collect();
+            let topology_type = if sharded {
+                TopologyType::Sharded
+            } else {
+                TopologyType::ReplicaSetWithPrimary
+            };
+            let topology = TopologyDescription::new(topology_type, servers);
+            let tag_sets = match (MODES[mode], tag) {
+                (ReadPreferenceMode::Primary, _) | (_, None) => Vec::new(),
+                (_, Some(t)) => alloc::vec![dc(t)],
+            };
+            let criteria =
+                SelectionCriteria::Read(ReadPreference::new(MODES[mode], tag_sets, None).unwrap());
+            let settings = SelectionSettings::default();
+            let mut repeated = RepeatedSelection::new(topology.clone(), criteria.clone(), settings);
+            let (mut a, mut b) = (EngineRng::from_seed_u64(seed), EngineRng::from_seed_u64(seed));
+            for (ports, shift) in calls {
+                // Ports 1..=20 may be in the topology; above are not.
+                let deprioritized: Vec<ServerAddress> =
+                    ports.iter().map(|&p| ServerAddress::new("h", 1 + p)).collect();
+                let count = |x: &ServerAddress| u32::from(x.port()).wrapping_mul(shift + 3) % 5;
+                let expected = select_server(&topology, &criteria, &deprioritized, &settings,
+                    count, &mut a).map(|s| s.map(|s| s.address.clone()));
+                let got = repeated.select(&deprioritized, count, &mut b)
+                    .map(|s| s.map(|s| s.address.clone()));
+                prop_assert_eq!(got, expected);
+                prop_assert_eq!(&a, &b);
+            }
+        }
+    }
+}

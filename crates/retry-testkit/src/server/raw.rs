@@ -1,0 +1,431 @@
+//! The raw path: `ping` and `hello` / `isMaster` / `ismaster` answered from the encoded request,
+//! without decoding it into a `Document` (issue 9: a ping cost the server about 19,000
+//! instructions, a heartbeat about 32,000, mostly building, hashing and encoding documents).
+//!
+//! A request goes this way when its frame names one of those commands at the front of the
+//! input ([`names_hot_command`], only a hint): it is decoded with `FrameDecoder::decode_raw`,
+//! which accepts and refuses exactly the frames the Document decoder does (a frame it refuses
+//! closes the connection either way). [`Hot::read`] then accepts only a body every check of the
+//! Document path passes (house rule 7: never more forgiving):
+//!
+//! - no document sequence, no field twice, and only these fields besides the command's own:
+//!   `$db`, an `lsid` that is `{id: <binary>}` alone, `$clusterTime`, `$readPreference`,
+//!   `apiVersion`, `apiStrict`, `apiDeprecationErrors`, `comment`, a numeric `maxTimeMS` the
+//!   server's check (`refusals::max_time_refusal`) accepts, and for a hello a boolean `helloOk`
+//!   and `loadBalanced`, `client`, `compression` and `backpressure`; not an awaitable hello's
+//!   `topologyVersion` / `maxAwaitTimeMS`, not the authentication fields, nothing else. None of
+//!   those draws a refusal (`refusals`: the session, transaction, concern and secondary-read
+//!   checks read other fields or other commands), neither command checks unknown fields, and no
+//!   value type but those [`Elements`] sizes;
+//! - then, under the lock, before anything is counted: a `$db`, no authentication refusal, and
+//!   no `failCommand` fail point matching the command (its `appName` filter included).
+//!
+//! Anything else is converted to the `Document` and answered by the Document path, from the
+//! start. An accepted request has the Document path's effects, in its order: logged (TK-16), a
+//! hello recorded as a handshake with its `client.application.name` and its connection routed to
+//! a service (TK-12), a ping admitted by the ingress limiter (BP-3; a rejection is the same
+//! reply, built by the same function), its `lsid` noted for `$listLocalSessions`, counted as
+//! received, executed and succeeded; random faults apply to the reply as to any. The reply bodies
+//! are built by the Document path's functions, encoded once and kept by the connection for what
+//! they depend on (a ping's: the cluster time, off a standalone; a hello's: [`HelloKey`]), then
+//! framed with the connection's next `requestID`. `raw_equivalence` runs valid and invalid
+//! commands through both paths in every role and compares the reply bytes, closes, counters,
+//! handshakes and logs.
+
+use std::sync::MutexGuard;
+
+use bson::oid::ObjectId;
+use bson::{Document, RawDocument, RawDocumentBuf, Timestamp};
+use retry_core::wire::{DocumentSequence, MsgFlags, OpMsg, RawOpMsg};
+
+use super::elements::{Element, Elements, Walk};
+use super::{add_cluster_time, insert_cluster_time, Connection, LoggedCommand, Recorded};
+use super::{ServerStream, Shared, State};
+use crate::commands::{is_hello, ok, HelloAsk};
+use crate::config::Role;
+use crate::refusals::max_time_refusal;
+
+/// OP_MSG's opcode, little-endian.
+const OP_MSG: [u8; 4] = 2013_i32.to_le_bytes();
+
+/// Where a frame's first body key starts: the header (16 bytes), `flagBits` (4), the section
+/// kind (1), the body's length (4) and its first element's type (1).
+const NAME_AT: usize = 26;
+
+/// Whether `input` starts with an OP_MSG whose body's first key is a hot command. Only a hint
+/// for which decoder to use: [`Hot::read`] decides.
+pub(super) fn names_hot_command(input: &[u8]) -> bool {
+    if input.len() < NAME_AT || input[12..16] != OP_MSG || input[20] != 0 {
+        return false;
+    }
+    let name = &input[NAME_AT..];
+    [&b"ping\0"[..], b"hello\0", b"isMaster\0", b"ismaster\0"]
+        .iter()
+        .any(|hot| name.starts_with(hot))
+}
+
+/// A hot command whose every field the Document path would accept (see the module docs).
+pub(super) struct Hot<'a> {
+    name: &'static str,
+    hello: bool,
+    has_db: bool,
+    /// The `lsid`'s encoding, `{id: <binary>}` alone.
+    lsid: Option<&'a [u8]>,
+    ask: HelloAsk,
+    /// `client.application.name`, read as the Document path reads it (the last of a repeated
+    /// key).
+    app_name: Option<&'a str>,
+}
+
+impl<'a> Hot<'a> {
+    /// The body's hot command, or `None` when the Document path must answer it. Reads the
+    /// validated bytes ([`Elements`]), a field's value only when the answer depends on it.
+    pub(super) fn read(body: &'a RawDocument) -> Option<Hot<'a>> {
+        let mut fields = Elements::of(body.as_bytes());
+        let Walk::Element(first) = fields.next() else {
+            return None;
+        };
+        let name = match first.key {
+            b"ping" => "ping",
+            b"hello" => "hello",
+            b"isMaster" => "isMaster",
+            b"ismaster" => "ismaster",
+            _ => return None,
+        };
+        let hello = is_hello(name);
+        let mut hot = Hot {
+            name,
+            hello,
+            has_db: false,
+            lsid: None,
+            ask: HelloAsk::default(),
+            app_name: None,
+        };
+        let mut seen = 0_u32;
+        loop {
+            let field = match fields.next() {
+                Walk::Element(field) => field,
+                Walk::End => return Some(hot),
+                Walk::Unreadable => return None,
+            };
+            let (bit, accepted) = match field.key {
+                b"$db" => {
+                    hot.has_db = true;
+                    (0, true)
+                }
+                b"lsid" => {
+                    hot.lsid = plain_lsid(field);
+                    (1, hot.lsid.is_some())
+                }
+                b"$clusterTime" => (2, true),
+                b"$readPreference" => (3, true),
+                b"apiVersion" => (4, true),
+                b"apiStrict" => (5, true),
+                b"apiDeprecationErrors" => (6, true),
+                b"comment" => (7, true),
+                b"maxTimeMS" => {
+                    let refused = field.number().map(|value| max_time_refusal(&value));
+                    (8, matches!(refused, Some(None)))
+                }
+                b"helloOk" if hello => {
+                    hot.ask.hello_ok = field.bool()?;
+                    (9, true)
+                }
+                b"loadBalanced" if hello => {
+                    hot.ask.load_balanced = field.bool()?;
+                    (10, true)
+                }
+                b"client" if hello => {
+                    hot.app_name = app_name(field);
+                    (11, true)
+                }
+                b"compression" if hello => (12, true),
+                b"backpressure" if hello => (13, true),
+                _ => return None,
+            };
+            if !accepted || seen & (1 << bit) != 0 {
+                return None;
+            }
+            seen |= 1 << bit;
+        }
+    }
+}
+
+/// An lsid that is `{id: <binary>}` alone, of any subtype but `BinaryOld` (whose encoding has a
+/// second length): the shape every check accepts and `Store::note_plain_session` takes.
+fn plain_lsid(lsid: Element<'_>) -> Option<&[u8]> {
+    let mut fields = lsid.document()?;
+    let Walk::Element(id) = fields.next() else {
+        return None;
+    };
+    let plain = id.key == b"id" && id.binary_subtype().is_some();
+    (plain && matches!(fields.next(), Walk::End)).then_some(lsid.value)
+}
+
+/// HS-4: `client.application.name`, when it is a string in documents, the last of each
+/// repeated key as a decoded `Document` keeps it.
+fn app_name(client: Element<'_>) -> Option<&str> {
+    let application = client.document()?.last(b"application")?;
+    application.document()?.last(b"name")?.str()
+}
+
+/// What the raw path answers.
+enum Answer {
+    /// The reply body in [`Replies::ping`] or [`Replies::hello`], counted.
+    Cached(Cached),
+    /// A reply built as the Document path builds it (an ingress rejection), to finish (cluster
+    /// time) and count.
+    Reply(Document),
+    /// A reply finished and counted.
+    Counted(Document),
+}
+
+/// Which cached reply body.
+#[derive(Clone, Copy)]
+enum Cached {
+    Ping,
+    Hello,
+}
+
+/// A reply body, encoded once for what it depends on.
+struct Reply<K> {
+    key: K,
+    body: Vec<u8>,
+}
+
+/// What a hello reply depends on besides what never changes for a connection (`me`, process id,
+/// connection id, wire versions): the role only changes with `topologyVersion.counter`
+/// (`ServerHandle::set_role`).
+#[derive(Clone, Copy, PartialEq)]
+struct HelloKey {
+    name: &'static str,
+    ask: HelloAsk,
+    counter: i64,
+    service_id: ObjectId,
+}
+
+/// A connection's reply bodies of the raw path: a ping's by cluster time, a hello's by
+/// [`HelloKey`].
+#[derive(Default)]
+pub(super) struct Replies {
+    ping: Option<Reply<Option<Timestamp>>>,
+    hello: Option<Reply<HelloKey>>,
+}
+
+impl Connection {
+    /// Handles a request decoded raw: a hot command [`Hot::read`] accepts is answered here, any
+    /// other by [`Connection::respond`]; `false` means close the connection.
+    pub(super) async fn respond_raw<S: ServerStream>(
+        &mut self,
+        shared: &Shared,
+        stream: &mut S,
+        request: RawOpMsg,
+    ) -> bool {
+        let hot = match request.sequences.is_empty() {
+            true => Hot::read(&request.body),
+            false => None,
+        };
+        let Some((name, answer)) = hot.and_then(|hot| {
+            let answer = self.answer(shared, &hot, &request.body)?;
+            Some((hot.name, answer))
+        }) else {
+            return match decoded(&request) {
+                Some(request) => self.respond(shared, stream, request).await,
+                // Cannot happen: `decode_raw` validated the documents as `decode` converts them.
+                None => {
+                    shared.lock().counters.protocol_errors += 1;
+                    false
+                }
+            };
+        };
+        let reply = match answer {
+            Answer::Cached(cached) => Err(cached),
+            Answer::Counted(reply) => Ok(reply),
+            Answer::Reply(mut reply) => {
+                add_cluster_time(shared, name, &mut reply);
+                shared.count_reply(name, &reply);
+                Ok(reply)
+            }
+        };
+        if request.flags.contains(MsgFlags::MORE_TO_COME) {
+            return true;
+        }
+        match reply {
+            Ok(reply) => {
+                self.send(shared, stream, request.request_id, reply, false)
+                    .await
+            }
+            Err(cached) => {
+                let bytes = self.cached_frame(cached, request.request_id);
+                self.write_reply(shared, stream, request.request_id, bytes, false)
+                    .await
+            }
+        }
+    }
+
+    /// The Document path's admission, execution and counting of an accepted hot command, under
+    /// one lock; `None` (before any effect) when the Document path must answer it.
+    fn answer(&mut self, shared: &Shared, hot: &Hot<'_>, body: &RawDocumentBuf) -> Option<Answer> {
+        let name = hot.name;
+        let mut state = shared.lock();
+        let app_name = match hot.app_name {
+            Some(app_name) if hot.hello => Some(app_name),
+            _ => self.app_name.as_deref(),
+        };
+        let fail_point = state.fail_point.as_ref();
+        if !hot.has_db
+            || self.auth.refuse(&state.users, name).is_some()
+            || fail_point.is_some_and(|fail| fail.matches(name, app_name))
+        {
+            return None;
+        }
+        #[cfg(test)]
+        {
+            state.raw_answers += 1;
+        }
+        if let Some(log) = &mut state.command_log {
+            log.push(LoggedCommand {
+                name: name.to_owned(),
+                lsid: hot.lsid.and_then(decoded_document),
+                txn_number: None,
+            });
+        }
+        if hot.hello {
+            return Some(self.answer_hello(state, shared, hot, body));
+        }
+        if let Some(rejection) = state.ingress_rejection() {
+            state.counters.command_mut(name).received += 1;
+            return Some(Answer::Reply(rejection));
+        }
+        let new_lsid = hot.lsid.filter(|&lsid| lsid != self.noted_lsid);
+        let standalone = state.role == Role::Standalone;
+        let time = if new_lsid.is_none() && standalone {
+            None
+        } else {
+            let mut store = state.data.lock();
+            // Sessions are never forgotten: one this connection noted last is still noted.
+            if let Some(lsid) = new_lsid {
+                if store.note_plain_session(lsid) {
+                    self.noted_lsid.clear();
+                    self.noted_lsid.extend_from_slice(lsid);
+                }
+            }
+            (!standalone).then(|| store.cluster_time())
+        };
+        // Counted once: the lock is held since the request was admitted.
+        let counts = state.counters.command_mut(name);
+        counts.received += 1;
+        counts.executed += 1;
+        counts.succeeded += 1;
+        drop(state);
+        if self.replies.ping.as_ref().is_some_and(|r| r.key == time) {
+            return Some(Answer::Cached(Cached::Ping));
+        }
+        let mut reply = ok();
+        if let Some(time) = time {
+            insert_cluster_time(&mut reply, time);
+        }
+        Some(match reply.to_vec() {
+            Ok(body) => {
+                self.replies.ping = Some(Reply { key: time, body });
+                Answer::Cached(Cached::Ping)
+            }
+            // Not for these fields; `send` answers as the Document path would.
+            Err(_) => Answer::Counted(reply),
+        })
+    }
+
+    /// HS-4: records the handshake, then answers it as the Document path does (a hello reply
+    /// has `ok: 1` and no cluster time).
+    fn answer_hello(
+        &mut self,
+        mut state: MutexGuard<'_, State>,
+        shared: &Shared,
+        hot: &Hot<'_>,
+        body: &RawDocumentBuf,
+    ) -> Answer {
+        state
+            .handshakes
+            .push((self.id, Recorded::Raw(body.clone())));
+        if let Some(app_name) = hot.app_name {
+            if self.app_name.as_deref() != Some(app_name) {
+                self.app_name = Some(app_name.to_owned());
+            }
+        }
+        let counts = state.counters.command_mut(hot.name);
+        counts.received += 1;
+        counts.executed += 1;
+        counts.succeeded += 1;
+        let key = HelloKey {
+            name: hot.name,
+            ask: hot.ask,
+            counter: state.topology_counter,
+            service_id: self.service_id(&mut state, shared),
+        };
+        if self.replies.hello.as_ref().is_some_and(|r| r.key == key) {
+            return Answer::Cached(Cached::Hello);
+        }
+        let reply = self.hello_reply(&mut state, shared, hot.name, hot.ask);
+        drop(state);
+        match reply.to_vec() {
+            Ok(body) => {
+                self.replies.hello = Some(Reply { key, body });
+                Answer::Cached(Cached::Hello)
+            }
+            Err(_) => Answer::Counted(reply),
+        }
+    }
+
+    /// A cached reply body's frame with the next `requestID`, answering `response_to`, in the
+    /// connection's reused buffer: the bytes `OpMsg::encode` gives.
+    fn cached_frame(&mut self, cached: Cached, response_to: i32) -> Vec<u8> {
+        self.last_request_id = self.last_request_id.wrapping_add(1);
+        let mut bytes = core::mem::take(&mut self.out);
+        bytes.clear();
+        let body = match cached {
+            Cached::Ping => self.replies.ping.as_ref().map(|r| &r.body),
+            Cached::Hello => self.replies.hello.as_ref().map(|r| &r.body),
+        };
+        let body = body.map_or(&[][..], |body| &body[..]);
+        let length = (16 + 4 + 1 + body.len()) as i32;
+        for field in [length, self.last_request_id, response_to] {
+            bytes.extend_from_slice(&field.to_le_bytes());
+        }
+        bytes.extend_from_slice(&OP_MSG);
+        bytes.extend_from_slice(&MsgFlags::NONE.bits().to_le_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(body);
+        bytes
+    }
+}
+
+/// A validated document's bytes as a decoded `Document`.
+fn decoded_document(bytes: &[u8]) -> Option<Document> {
+    Document::try_from(RawDocument::from_bytes(bytes).ok()?).ok()
+}
+
+/// The request as the Document decoder would have given it.
+fn decoded(request: &RawOpMsg) -> Option<OpMsg> {
+    let sequences = request
+        .sequences
+        .iter()
+        .map(|sequence| {
+            let documents = sequence
+                .documents
+                .iter()
+                .map(|d| Document::try_from(d).ok())
+                .collect::<Option<Vec<_>>>()?;
+            Some(DocumentSequence {
+                identifier: sequence.identifier.clone(),
+                documents,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(OpMsg {
+        request_id: request.request_id,
+        response_to: request.response_to,
+        flags: request.flags,
+        body: Document::try_from(&request.body).ok()?,
+        sequences,
+    })
+}

@@ -1,0 +1,577 @@
+//! House rule 7, issue 9: the raw path (`raw`) answers exactly as the Document path. The same
+//! script of valid and invalid commands, fail points, limiter and faults runs against a server
+//! with the raw path and one without it (both with the same `me` and process id, so nothing may
+//! legitimately differ); every reply frame, byte for byte, every close, and the counters,
+//! handshakes, unsupported log and command log must be equal.
+
+use bson::spec::BinarySubtype;
+use bson::{doc, Binary, Bson, Document, Timestamp};
+use retry_core::wire::{DocumentSequence, MsgFlags, OpMsg};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::{timeout, Duration};
+
+use super::{Internals, ServerHandle, TestServer};
+use crate::config::{IngressLimit, RateLimit, ReplicaSetMember, Role, ServerConfig};
+use crate::fail_point::{FailCommand, FailPointMode};
+use crate::faults::FaultConfig;
+use crate::store::DataStore;
+use crate::ScramVersion;
+
+/// One step of the script.
+enum Step {
+    /// Send this frame; read its reply unless it has `moreToCome`.
+    Send(String, Vec<u8>, bool),
+    /// Change the server through its handle.
+    Handle(Box<dyn Fn(&ServerHandle)>),
+    /// Close the connection and open a new one.
+    Reconnect,
+}
+
+/// What one step gave.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Reply(Vec<u8>),
+    NoReply,
+    Closed,
+    Done,
+}
+
+fn binary(subtype: BinarySubtype, byte: u8) -> Bson {
+    Bson::Binary(Binary {
+        subtype,
+        bytes: vec![byte; 16],
+    })
+}
+
+fn lsid(byte: u8) -> Document {
+    doc! { "id": binary(BinarySubtype::Uuid, byte) }
+}
+
+/// `body` with the fields of `extra` appended, repeated keys included (a `Document` cannot
+/// hold them).
+fn appended(body: &Document, extra: &Document) -> Vec<u8> {
+    let (mut bytes, extra) = (body.to_vec().unwrap(), extra.to_vec().unwrap());
+    bytes.pop();
+    bytes.extend_from_slice(&extra[4..]);
+    let length = bytes.len() as i32;
+    bytes[..4].copy_from_slice(&length.to_le_bytes());
+    bytes
+}
+
+/// An OP_MSG frame of an encoded body.
+fn frame(request_id: i32, flags: MsgFlags, body: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let length = (21 + body.len()) as i32;
+    for field in [length, request_id, 0, 2013] {
+        bytes.extend_from_slice(&field.to_le_bytes());
+    }
+    bytes.extend_from_slice(&flags.bits().to_le_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+struct Script {
+    steps: Vec<Step>,
+}
+
+impl Script {
+    fn id(&self) -> i32 {
+        self.steps.len() as i32 + 1
+    }
+
+    fn send(&mut self, label: &str, body: Document) {
+        self.send_with(label, body, MsgFlags::NONE, Vec::new());
+    }
+
+    fn send_with(
+        &mut self,
+        label: &str,
+        body: Document,
+        flags: MsgFlags,
+        sequences: Vec<DocumentSequence>,
+    ) {
+        let message = OpMsg {
+            request_id: self.id(),
+            response_to: 0,
+            flags,
+            body,
+            sequences,
+        };
+        let mut bytes = Vec::new();
+        message.encode(48_000_000, &mut bytes).unwrap();
+        let more_to_come = flags.contains(MsgFlags::MORE_TO_COME);
+        self.steps
+            .push(Step::Send(label.to_owned(), bytes, !more_to_come));
+    }
+
+    fn send_bytes(&mut self, label: &str, body: &[u8]) {
+        let bytes = frame(self.id(), MsgFlags::NONE, body);
+        self.steps.push(Step::Send(label.to_owned(), bytes, true));
+    }
+
+    fn handle(&mut self, change: impl Fn(&ServerHandle) + 'static) {
+        self.steps.push(Step::Handle(Box::new(change)));
+    }
+}
+
+/// The commands: every hot command shape the raw path accepts, and each way one can be refused
+/// or must go the Document path.
+fn script(role: &Role) -> Script {
+    let mut s = Script { steps: Vec::new() };
+    let ping = || doc! { "ping": 1, "$db": "admin" };
+    let with = |mut body: Document, extra: Document| {
+        body.extend(extra);
+        body
+    };
+    let client = |app: &str| {
+        doc! {
+            "application": { "name": app },
+            "driver": { "name": "retry-core", "version": "0" },
+            "os": { "type": "linux" },
+        }
+    };
+    // The handshake, then plain pings.
+    s.send(
+        "hello with client, helloOk, compression, backpressure",
+        doc! { "hello": 1, "helloOk": true, "client": client("app1"), "compression": ["zstd"],
+        "backpressure": "2", "loadBalanced": true, "$db": "admin" },
+    );
+    s.send("ping", ping());
+    s.send("ping with lsid", with(ping(), doc! { "lsid": lsid(1) }));
+    s.send(
+        "ping with lsid again",
+        with(ping(), doc! { "lsid": lsid(1) }),
+    );
+    s.send(
+        "ping with another lsid",
+        with(ping(), doc! { "lsid": lsid(2) }),
+    );
+    s.send(
+        "ping with every accepted field",
+        doc! { "ping": 1.0, "lsid": lsid(3), "$clusterTime": { "clusterTime": Timestamp {
+        time: 1, increment: 1 } }, "$readPreference": { "mode": "primaryPreferred" },
+        "apiVersion": "1", "apiStrict": false, "apiDeprecationErrors": false, "comment": "c",
+        "maxTimeMS": 100, "$db": "admin" },
+    );
+    // A connection's hello replies differ by what the request asks.
+    s.send("hello without helloOk", doc! { "hello": 1, "$db": "admin" });
+    s.send(
+        "hello with helloOk",
+        doc! { "hello": 1, "helloOk": true, "$db": "admin" },
+    );
+    s.send(
+        "hello with loadBalanced",
+        doc! { "hello": 1, "loadBalanced": true, "$db": "admin" },
+    );
+    s.send(
+        "hello with helloOk false",
+        doc! { "hello": 1, "helloOk": false, "loadBalanced": false, "$db": "admin" },
+    );
+    // Refusals and fields the raw path leaves to the Document path.
+    s.send("ping without $db", doc! { "ping": 1 });
+    s.send("hello without $db", doc! { "hello": 1 });
+    s.send(
+        "ping, lsid.id not binary",
+        with(ping(), doc! { "lsid": { "id": 5 } }),
+    );
+    s.send("ping, lsid a string", with(ping(), doc! { "lsid": "x" }));
+    s.send(
+        "ping, lsid with a uid",
+        with(
+            ping(),
+            doc! { "lsid": { "id": binary(BinarySubtype::Uuid, 4), "uid": binary(BinarySubtype::Generic, 1) } },
+        ),
+    );
+    s.send(
+        "ping, lsid of subtype BinaryOld",
+        with(
+            ping(),
+            doc! { "lsid": { "id": binary(BinarySubtype::BinaryOld, 5) } },
+        ),
+    );
+    s.send(
+        "ping, lsid of subtype Generic",
+        with(
+            ping(),
+            doc! { "lsid": { "id": binary(BinarySubtype::Generic, 6) } },
+        ),
+    );
+    for (label, max_time) in [
+        ("-1", Bson::Int32(-1)),
+        ("1.5", Bson::Double(1.5)),
+        ("string", Bson::String("5".into())),
+        ("2^31", Bson::Int64(1 << 31)),
+        ("int64 5", Bson::Int64(5)),
+        ("double 7", Bson::Double(7.0)),
+    ] {
+        s.send(
+            &format!("ping, maxTimeMS {label}"),
+            with(ping(), doc! { "maxTimeMS": max_time }),
+        );
+    }
+    s.send(
+        "ping, txnNumber",
+        with(ping(), doc! { "lsid": lsid(1), "txnNumber": 1_i64 }),
+    );
+    s.send(
+        "ping, txnNumber int32",
+        with(ping(), doc! { "lsid": lsid(1), "txnNumber": 1 }),
+    );
+    s.send(
+        "ping in a transaction",
+        with(
+            ping(),
+            doc! { "lsid": lsid(1), "txnNumber": 2_i64, "autocommit": false,
+            "startTransaction": true },
+        ),
+    );
+    s.send(
+        "ping, startTransaction alone",
+        with(ping(), doc! { "startTransaction": true }),
+    );
+    s.send(
+        "ping, readConcern local",
+        with(ping(), doc! { "readConcern": { "level": "local" } }),
+    );
+    s.send(
+        "ping, readConcern unknown level",
+        with(ping(), doc! { "readConcern": { "level": "strong" } }),
+    );
+    s.send(
+        "ping, afterClusterTime ahead",
+        with(
+            ping(),
+            doc! { "readConcern": { "afterClusterTime": Timestamp { time: 2_000_000_000,
+            increment: 1 } } },
+        ),
+    );
+    s.send(
+        "ping, writeConcern w: 5",
+        with(ping(), doc! { "writeConcern": { "w": 5 } }),
+    );
+    s.send("ping, unknown field", with(ping(), doc! { "foo": 1 }));
+    s.send_bytes(
+        "ping, $db twice",
+        &appended(&ping(), &doc! { "$db": "other" }),
+    );
+    s.send_bytes(
+        "ping, lsid twice, the second bad",
+        &appended(
+            &with(ping(), doc! { "lsid": lsid(1) }),
+            &doc! { "lsid": { "id": 1 } },
+        ),
+    );
+    s.send_bytes(
+        "hello, client twice",
+        &appended(
+            &doc! { "hello": 1, "$db": "admin", "client": client("first") },
+            &doc! { "client": client("second") },
+        ),
+    );
+    let mut body = doc! { "ismaster": 1, "$db": "admin" }.to_vec().unwrap();
+    let twice = appended(
+        &doc! { "application": { "name": "a" } },
+        &doc! { "application": { "name": "b" } },
+    );
+    body.pop();
+    body.push(3);
+    body.extend_from_slice(b"client\0");
+    body.extend_from_slice(&twice);
+    body.push(0);
+    let length = body.len() as i32;
+    body[..4].copy_from_slice(&length.to_le_bytes());
+    s.send_bytes("ismaster, client.application twice", &body);
+    s.send_with(
+        "ping with a document sequence",
+        ping(),
+        MsgFlags::NONE,
+        vec![DocumentSequence {
+            identifier: "documents".into(),
+            documents: vec![doc! { "x": 1 }],
+        }],
+    );
+    s.send_with(
+        "ping with moreToCome",
+        with(ping(), doc! { "lsid": lsid(7) }),
+        MsgFlags::MORE_TO_COME,
+        Vec::new(),
+    );
+    s.send_with(
+        "ping with a checksum",
+        ping(),
+        MsgFlags::CHECKSUM_PRESENT,
+        Vec::new(),
+    );
+    s.send("Ping (not a command)", doc! { "Ping": 1, "$db": "admin" });
+    s.send(
+        "isMaster",
+        doc! { "isMaster": 1, "helloOk": true, "$db": "admin" },
+    );
+    s.send("ismaster", doc! { "ismaster": 1, "$db": "admin" });
+    s.send(
+        "hello, helloOk not a bool",
+        doc! { "hello": 1, "helloOk": 1, "$db": "admin" },
+    );
+    s.send(
+        "hello, topologyVersion alone",
+        doc! { "hello": 1, "topologyVersion": { "counter": 0_i64 }, "$db": "admin" },
+    );
+    s.send(
+        "awaitable hello of another process",
+        doc! { "hello": 1, "topologyVersion": { "processId": bson::oid::ObjectId::from_bytes([9; 12]),
+        "counter": 0_i64 }, "maxAwaitTimeMS": 0, "$db": "admin" },
+    );
+    s.send(
+        "hello, saslSupportedMechs",
+        doc! { "hello": 1, "saslSupportedMechs": "admin.user", "$db": "admin" },
+    );
+    s.send(
+        "hello, bad lsid",
+        doc! { "hello": 1, "lsid": { "id": "x" }, "$db": "admin" },
+    );
+    s.send(
+        "hello, bad maxTimeMS",
+        doc! { "hello": 1, "maxTimeMS": -5, "$db": "admin" },
+    );
+    // A write moves the cluster time on: the next ping's reply carries the new one.
+    s.send(
+        "retryable insert",
+        doc! { "insert": "c", "documents": [{ "_id": 1 }], "lsid": lsid(8), "txnNumber": 1_i64,
+        "$db": "db" },
+    );
+    s.send("ping after a write", with(ping(), doc! { "lsid": lsid(8) }));
+    s.send(
+        "$listLocalSessions",
+        doc! { "aggregate": 1, "pipeline": [{ "$listLocalSessions": {} }], "cursor": {},
+        "$db": "admin" },
+    );
+    // Fail points: on ping, on another command, by app name, closing.
+    s.handle(|h| {
+        h.set_fail_command(Some(
+            FailCommand::new(FailPointMode::Times(1), ["ping"])
+                .with_error_code(462)
+                .with_error_labels(["SystemOverloadedError", "RetryableError"]),
+        ))
+    });
+    s.send("ping, fail point on ping", ping());
+    s.send("ping, fail point used up", ping());
+    s.handle(|h| {
+        h.set_fail_command(Some(
+            FailCommand::new(FailPointMode::AlwaysOn, ["insert"]).with_error_code(91),
+        ))
+    });
+    s.send("ping, fail point on insert", ping());
+    s.handle(|h| {
+        h.set_fail_command(Some(
+            FailCommand::new(FailPointMode::AlwaysOn, ["ping", "hello"])
+                .with_error_code(10107)
+                .with_app_name("app2"),
+        ))
+    });
+    s.send("ping, fail point for app2 on app1", ping());
+    s.send(
+        "hello naming app2",
+        doc! { "hello": 1, "client": client("app2"), "$db": "admin" },
+    );
+    s.send("ping, fail point for app2 on app2", ping());
+    s.handle(|h| {
+        h.set_fail_command(Some(
+            FailCommand::new(FailPointMode::Times(1), ["ping"]).with_close_connection(),
+        ))
+    });
+    s.send("ping, fail point closes", ping());
+    s.steps.push(Step::Reconnect);
+    s.handle(|h| {
+        h.set_fail_command(Some(
+            FailCommand::new(FailPointMode::Times(1), ["ping"])
+                .with_write_concern_error(doc! { "code": 64, "errmsg": "wce" }),
+        ))
+    });
+    s.send("ping, fail point writeConcernError", ping());
+    s.handle(|h| h.set_fail_command(None));
+    // The ingress limiter: two tokens, then rejections (hello is exempt, BP-6).
+    s.handle(|h| {
+        h.set_ingress_limit(Some(IngressLimit {
+            rate: RateLimit::new(0.001, 2),
+            base_backoff_ms: Some(25),
+        }))
+    });
+    for i in 0..3 {
+        s.send(&format!("ping {i} under the ingress limit"), ping());
+    }
+    s.send(
+        "hello under the ingress limit",
+        doc! { "hello": 1, "$db": "admin" },
+    );
+    s.handle(|h| h.set_ingress_limit(None));
+    // The command log.
+    s.handle(|h| h.set_command_log(true));
+    s.send("ping, logged", with(ping(), doc! { "lsid": lsid(9) }));
+    s.send("hello, logged", doc! { "hello": 1, "$db": "admin" });
+    s.handle(|h| h.set_command_log(false));
+    // A topology change shows in the next hello.
+    let same = role.clone();
+    s.handle(move |h| h.set_role(same.clone()));
+    s.send(
+        "hello after a topology change",
+        doc! { "hello": 1, "$db": "admin" },
+    );
+    // Random faults draw from the connection's generator on every reply, raw or not: the
+    // garbage (random bytes) shows whether the draws line up.
+    s.send("ping before faults", ping());
+    for (label, faults) in [
+        (
+            "garbage",
+            FaultConfig {
+                garbage: 1.0,
+                ..FaultConfig::default()
+            },
+        ),
+        (
+            "reset mid-frame",
+            FaultConfig {
+                reset_mid_frame: 1.0,
+                ..FaultConfig::default()
+            },
+        ),
+    ] {
+        s.handle(move |h| h.set_faults(faults.clone()));
+        s.send(&format!("ping, {label}"), ping());
+        s.steps.push(Step::Reconnect);
+        s.handle(|h| h.set_faults(FaultConfig::default()));
+        s.send("hello after a fault", doc! { "hello": 1, "$db": "admin" });
+        s.send("ping after a fault", ping());
+    }
+    s.handle(|h| {
+        h.set_faults(FaultConfig {
+            stall: 1.0,
+            stall_for: Duration::from_millis(1),
+            ..FaultConfig::default()
+        })
+    });
+    s.send("ping, stalled", ping());
+    s.handle(|h| h.set_faults(FaultConfig::default()));
+    s.send("ping after faults", ping());
+    s
+}
+
+/// The steps after which the server closes the connection.
+fn script_closes(label: &str) -> bool {
+    matches!(
+        label,
+        "ping, fail point closes" | "ping, garbage" | "ping, reset mid-frame"
+    )
+}
+
+async fn read_frame(stream: &mut TcpStream) -> Outcome {
+    let mut header = [0_u8; 4];
+    let read = timeout(Duration::from_secs(10), stream.read_exact(&mut header)).await;
+    let Ok(Ok(_)) = read else {
+        return Outcome::Closed;
+    };
+    let length = i32::from_le_bytes(header);
+    let mut bytes = header.to_vec();
+    let Some(rest) = usize::try_from(length).ok().and_then(|l| l.checked_sub(4)) else {
+        return Outcome::Reply(bytes);
+    };
+    if rest > 1 << 20 {
+        return Outcome::Reply(bytes);
+    }
+    bytes.resize(4 + rest, 0);
+    match timeout(Duration::from_secs(10), stream.read_exact(&mut bytes[4..])).await {
+        Ok(Ok(_)) => Outcome::Reply(bytes),
+        // Garbage shorter than its length prefix: what arrived, then the close.
+        _ => Outcome::Closed,
+    }
+}
+
+/// Runs the script on a fresh server in `role`; every step's outcome and the server's records.
+async fn run(role: &Role, with_user: bool, raw: bool) -> (Vec<(String, Outcome)>, String, u64) {
+    let mut config = ServerConfig::new(role.clone());
+    if with_user {
+        config = config.with_user("user", "pencil", &[ScramVersion::Sha256]);
+    }
+    let internals = Internals {
+        document_path_only: !raw,
+        me: Some("127.0.0.1:27999".into()),
+        process_id: Some(bson::oid::ObjectId::from_bytes([7; 12])),
+    };
+    let server = TestServer::start_with(config, DataStore::new(), internals)
+        .await
+        .unwrap();
+    let handle = server.handle();
+    let mut stream = TcpStream::connect(server.address()).await.unwrap();
+    let mut outcomes = Vec::new();
+    for step in script(role).steps {
+        match step {
+            Step::Send(label, bytes, reply) => {
+                let closes = script_closes(&label);
+                let outcome = match stream.write_all(&bytes).await {
+                    Err(_) => Outcome::Closed,
+                    // Whatever the server sends (a fault's bytes) until it closes.
+                    Ok(()) if closes => {
+                        let mut rest = Vec::new();
+                        let read = stream.read_to_end(&mut rest);
+                        match timeout(Duration::from_secs(10), read).await {
+                            Ok(_) => Outcome::Reply(rest),
+                            Err(_) => Outcome::NoReply,
+                        }
+                    }
+                    Ok(()) if reply => read_frame(&mut stream).await,
+                    Ok(()) => Outcome::NoReply,
+                };
+                outcomes.push((label, outcome));
+            }
+            Step::Handle(change) => change(&handle),
+            Step::Reconnect => {
+                stream = TcpStream::connect(server.address()).await.unwrap();
+                outcomes.push(("(reconnected)".into(), Outcome::Done));
+            }
+        }
+    }
+    drop(stream);
+    let records = format!(
+        "{:?}\n{:?}\n{:?}\n{:?}",
+        handle.counters().commands,
+        handle.handshakes(),
+        handle.unsupported(),
+        handle.command_log(),
+    );
+    let raw_answers = handle.shared.lock().raw_answers;
+    server.shutdown().await;
+    (outcomes, records, raw_answers)
+}
+
+/// House rule 7, issue 9: the raw path gives the Document path's reply bytes and effects.
+#[tokio::test]
+async fn raw_path_answers_as_the_document_path() {
+    let secondary = ReplicaSetMember {
+        primary_host: Some("127.0.0.1:27998".into()),
+        ..ReplicaSetMember::secondary("rs0")
+    };
+    let roles = [
+        (Role::Standalone, false),
+        (Role::Standalone, true),
+        (Role::Mongos, false),
+        (
+            Role::ReplicaSetMember(ReplicaSetMember::primary("rs0")),
+            false,
+        ),
+        (Role::ReplicaSetMember(secondary), false),
+        (Role::LoadBalancer { service_id: true }, false),
+    ];
+    for (role, with_user) in roles {
+        let (raw, raw_records, raw_answers) = run(&role, with_user, true).await;
+        let (document, document_records, document_answers) = run(&role, with_user, false).await;
+        assert_eq!(raw.len(), document.len());
+        for ((label, raw), (_, document)) in raw.iter().zip(&document) {
+            assert_eq!(raw, document, "{role:?}, users: {with_user}: {label}");
+        }
+        assert_eq!(raw_records, document_records, "{role:?}");
+        // The comparison means something: the raw path answered the plain commands.
+        assert_eq!(document_answers, 0);
+        assert!(raw_answers >= 20, "{role:?}: {raw_answers} raw answers");
+    }
+}
