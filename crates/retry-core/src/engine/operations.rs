@@ -8,8 +8,9 @@
 //! named by operation and slot: a retry machine has one slot, reused by each attempt; a hedging
 //! machine one per copy.
 
-use bson::Document;
+use bson::RawDocumentBuf;
 
+use super::raw_reply::{self, ReplyFields};
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
     command_for, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession, Operation,
@@ -21,7 +22,7 @@ use crate::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::pinning::transaction_labels;
 use crate::pool::Purpose;
 use crate::read_preference_wire::read_preference_document;
-use crate::retry::{Action, Attempt, AttemptServer, OperationSpec, RetryEvent};
+use crate::retry::{Action, Attempt, AttemptServer, OperationKind, OperationSpec, RetryEvent};
 use crate::selection::{SelectionStep, ServerSelection};
 use crate::time::Instant;
 
@@ -51,6 +52,21 @@ impl Engine {
         self.launch(request, false, now)
     }
 
+    /// TX-2: puts back the transaction state `before` of an operation that was refused after its
+    /// mapping ([`Engine::transaction_request`]); a client-side error never changes the state.
+    fn restore_transaction(
+        &mut self,
+        session: Option<super::SessionHandle>,
+        before: Option<crate::transaction::Transaction>,
+    ) {
+        if let (Some(state), Some(before)) = (
+            session.and_then(|handle| self.sessions.get_mut(&handle)),
+            before,
+        ) {
+            state.transaction = before;
+        }
+    }
+
     fn next_op_id(&mut self) -> OpId {
         let op = OpId(self.next_op);
         self.next_op += 1;
@@ -67,29 +83,36 @@ impl Engine {
     ) -> OpId {
         let op = self.next_op_id();
         // SE-14, TX-1: a `getMore` runs in the session of the command that opened its cursor, and
-        // while that session's transaction is active, in the transaction (outside one it keeps
-        // the cursor's own route and pins).
+        // in that session's transaction only when the cursor was opened in this very transaction
+        // and it is still active (review6 finding 4: a real server refuses a getMore of a cursor
+        // from outside the transaction, 50739, or from another one, 50741); otherwise it keeps
+        // the cursor's own route and pins, without a txnNumber.
         if let (None, CursorUse::GetMore(handle)) = (request.session, request.cursor) {
-            if let Some(OpSession::Explicit(session)) =
-                self.cursors.get_mut(&handle).map(|c| &c.session)
+            if let Some((OpSession::Explicit(session), Some(opened_in))) = self
+                .cursors
+                .get_mut(&handle)
+                .map(|c| (&c.session, c.transaction))
             {
                 let session = *session;
-                if self
-                    .sessions
-                    .get(&session)
-                    .is_some_and(|s| s.transaction.is_active())
-                {
+                if self.sessions.get(&session).is_some_and(|s| {
+                    s.transaction.is_active() && s.transaction.generation() == opened_in
+                }) {
                     request.session = Some(session);
                 }
             }
         }
+        // TX-2 (review6 finding 5): a request refused below leaves the transaction as it was.
+        let before = request
+            .session
+            .and_then(|handle| self.sessions.get(&handle))
+            .map(|s| s.transaction);
         // TX-1, TX-2: an operation naming a session runs through its transaction.
         match self.transaction_request(&mut request) {
             Ok(true) => {}
             Ok(false) => {
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
-                    result: Ok(Document::new()),
+                    result: Ok(RawDocumentBuf::new()),
                 });
                 return op;
             }
@@ -104,6 +127,7 @@ impl Engine {
         let (mut session, gossip) = match self.operation_session(&request) {
             Ok(session) => session,
             Err(error) => {
+                self.restore_transaction(request.session, before);
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
                     result: Err(error),
@@ -133,6 +157,7 @@ impl Engine {
                     session = self.take_cursor_session(handle);
                 }
                 None => {
+                    self.restore_transaction(request.session, before);
                     self.run(now);
                     return op;
                 }
@@ -143,6 +168,14 @@ impl Engine {
             pinned_server = pinned_server.or(server);
             pinned_conn = pinned_conn.or(conn);
         }
+        // TX-1, TX-2 (review6 finding 2): the transaction this statement belongs to.
+        let transaction = match request.kind {
+            OperationKind::InTransaction { .. } => request
+                .session
+                .and_then(|handle| self.sessions.get(&handle))
+                .map(|s| s.transaction.generation()),
+            _ => None,
+        };
         let machine = self.operation_machine(
             &request,
             &session,
@@ -172,6 +205,7 @@ impl Engine {
                 keep_conn: false,
                 opened: None,
                 txn_number: None,
+                transaction,
                 gossip,
                 internal,
                 timer: None,
@@ -444,7 +478,7 @@ impl Engine {
         if let (CursorUse::Close(handle), false) = (cursor, release_pinned) {
             if let Some(cursor) = self.cursors.remove(&handle) {
                 if let Some(conn) = cursor.conn.filter(|c| !self.conn_held(*c)) {
-                    self.release(conn, true, now);
+                    self.release_unless_in_flight(conn, true, now);
                 }
                 self.cursor_session_ended(cursor.session, now);
             }
@@ -703,7 +737,7 @@ impl Engine {
         &mut self,
         (op_id, slot): (OpId, usize),
         conn: ConnId,
-        body: Document,
+        body: RawDocumentBuf,
         now: Instant,
     ) {
         let Some(socket) = self.sockets.get_mut(&conn) else {
@@ -711,15 +745,17 @@ impl Engine {
         };
         socket.op = None;
         let (server, owner) = (socket.server, socket.owner);
-        let error = OperationError::from_reply(&body, &socket.address);
+        // The reply stays encoded: what the engine needs is read in place (`raw_reply.rs`).
+        let fields = ReplyFields::read(&body);
+        let error = fields.error(&body, &socket.address);
         if let Some(pending) = socket.command.take() {
-            self.command_replied(pending, &body, now);
+            self.command_replied(pending, &raw_reply::to_document(&body), now);
         }
         if let (Some(error), Owner::Pool(id)) = (&error, owner) {
             let context = self.error_context(server, id, true);
             self.application_error(server, error, context, now);
         }
-        self.session_replied(op_id, slot, &body);
+        self.session_replied(op_id, slot, &fields);
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
@@ -734,12 +770,12 @@ impl Engine {
                 self.fail_attempt(op_id, slot, error, false, now);
             }
             None => {
-                let cursor_id = crate::reply::cursor_id(&body);
+                let cursor_id = fields.cursor_id;
                 op.reply = Some(body);
                 op.succeeded(slot, now);
                 self.schedule(Machine::Operation(op_id));
                 self.cursor_replied(op_id, slot, conn, cursor_id.unwrap_or(0));
-                self.transaction_succeeded(op_id, conn);
+                self.transaction_succeeded(op_id, conn, now);
             }
         }
     }

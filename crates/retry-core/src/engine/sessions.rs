@@ -15,6 +15,7 @@ use bson::{Bson, Document};
 
 use alloc::vec::Vec;
 
+use super::raw_reply::ReplyFields;
 use super::{
     Engine, OpId, OpSession, Operation, OperationRequest, Session, SessionHandle, SessionInfo,
 };
@@ -24,12 +25,22 @@ use crate::max_time::{max_time_ms, MaxTime};
 use crate::retry::OperationKind;
 use crate::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use crate::session::{
-    attaches_session, connection_supports_sessions, gossips_cluster_time, ClusterTime,
-    ServerSession, SessionId, SessionTimeout, SESSIONS_UNSUPPORTED,
+    attaches_session, connection_supports_sessions, gossips_cluster_time, ClusterClock,
+    ClusterTime, ServerSession, SessionId, SessionTimeout, SESSIONS_UNSUPPORTED,
 };
 use crate::time::{Instant, OperationTimeout};
 use crate::transaction::{Step, TransactionOptions, TransactionState};
 use crate::wire::{append_db, append_lsid, EncodeError};
+
+/// TX-2 (review6 finding 2): a statement whose transaction was committed or aborted (or replaced
+/// by a new one) before it could be sent.
+const TRANSACTION_ENDED: &str =
+    "the transaction this command belongs to ended before the command could be sent";
+
+/// TX-1 (review6 finding 2): a second command written as a transaction's first one while another
+/// first command already started the transaction.
+const ALREADY_STARTED: &str = "another command already started this transaction; a \
+     transaction's commands must not race to start it (send its first command, then the others)";
 
 /// What [`Engine::prepare_attempt`] decided about an attempt about to be written.
 pub(super) enum Prepared {
@@ -140,7 +151,10 @@ impl Engine {
     /// transaction's first selection, and a pinned load-balanced connection goes back to its
     /// pool. From now on every operation naming the session runs in the transaction: the first
     /// one written carries `startTransaction` (the transaction is "starting" until then), later
-    /// ones continue it, and `commitTransaction` / `abortTransaction` requests
+    /// ones continue it with the same `txnNumber` (TX-1; a second command mapped as the first
+    /// while the transaction was starting is refused with a usage error when another one has
+    /// already started it, and a command whose transaction ended before it could be sent is
+    /// refused too), and `commitTransaction` / `abortTransaction` requests
     /// ([`OperationKind::CommitTransaction`], [`OperationKind::AbortTransaction`]) end it,
     /// finishing at once without a command when none was written (TX-2).
     pub fn start_transaction(
@@ -375,8 +389,13 @@ impl Engine {
         let kind = op.request.kind;
         let mut recovery_token = None;
         let causal_read = reads_causally(kind, &op.wire.body);
-        let first_command = matches!(kind, OperationKind::InTransaction { first: true, .. });
+        let transaction = op.transaction;
+        let numbered = op.txn_number.is_some();
+        // TX-1: a new number skips those of the transactions started since the last one was
+        // taken (review6 finding 6), or is the transaction's own once its first command took it.
         let mut skipped = 0;
+        let mut transaction_number = None;
+        let mut numbering = None;
         let mut after_cluster_time = None;
         // Each hedged copy has its own session (SE-9): its `lsid` is appended as it is encoded.
         let Some(slot) = op.slots.get_mut(slot) else {
@@ -422,11 +441,43 @@ impl Engine {
                     }
                     _ => {}
                 }
+                if let OperationKind::InTransaction { first, .. } = kind {
+                    // TX-1, TX-2 (review6 finding 2): a statement goes out only in the
+                    // transaction it was mapped into (not after that one was committed or
+                    // aborted), and only one command starts a transaction: a first command not
+                    // yet numbered while another one already started it is refused (it would
+                    // start the same transaction again).
+                    let current = state.transaction.is_active()
+                        && transaction == Some(state.transaction.generation());
+                    if !current {
+                        return Prepared::Refused(OperationError::usage(TRANSACTION_ENDED));
+                    }
+                    if first
+                        && !numbered
+                        && state.transaction.state() == TransactionState::InProgress
+                    {
+                        return Prepared::Refused(OperationError::usage(ALREADY_STARTED));
+                    }
+                }
                 if causal_read {
                     after_cluster_time = state.operation_time;
                 }
-                if with_txn_number && op.txn_number.is_none() && first_command {
-                    skipped = core::mem::take(&mut state.started_transactions);
+                if with_txn_number && !numbered {
+                    transaction_number = state.transaction.number();
+                    match kind {
+                        OperationKind::InTransaction { first: true, .. }
+                            if transaction_number.is_none() =>
+                        {
+                            // The current transaction is one of those started.
+                            skipped =
+                                core::mem::take(&mut state.started_transactions).saturating_sub(1);
+                            numbering = Some(*handle);
+                        }
+                        OperationKind::InTransaction { .. }
+                        | OperationKind::CommitTransaction { .. }
+                        | OperationKind::AbortTransaction => {}
+                        _ => skipped = core::mem::take(&mut state.started_transactions),
+                    }
                 }
                 let server = state
                     .server
@@ -442,19 +493,22 @@ impl Engine {
                 slot.lsid_sent = true;
                 if with_txn_number {
                     let number = *op.txn_number.get_or_insert_with(|| match kind {
-                        // TX-1: the later commands of a transaction use its number.
-                        OperationKind::InTransaction { first: false, .. }
+                        // TX-1: the commands of a transaction use its number, once taken.
+                        OperationKind::InTransaction { .. }
                         | OperationKind::CommitTransaction { .. }
-                        | OperationKind::AbortTransaction => server.txn_number(),
+                        | OperationKind::AbortTransaction
+                            if numbering.is_none() =>
+                        {
+                            transaction_number.unwrap_or_else(|| server.txn_number())
+                        }
                         // TX-1: each transaction started since the last number took one, the
                         // ones that never wrote a command included.
-                        OperationKind::InTransaction { first: true, .. } => {
-                            for _ in 1..skipped {
+                        _ => {
+                            for _ in 0..skipped {
                                 server.next_txn_number();
                             }
                             server.next_txn_number()
                         }
-                        _ => server.next_txn_number(),
                     });
                     body.insert("txnNumber", Bson::Int64(number));
                     // TX-1: every command of a transaction says `autocommit: false`.
@@ -497,6 +551,12 @@ impl Engine {
                         body.insert("$clusterTime", time.document().clone());
                     }
                 }
+            }
+        }
+        // TX-1: the transaction's number, for its other commands.
+        if let (Some(handle), Some(number)) = (numbering, op.txn_number) {
+            if let Some(state) = self.sessions.get_mut(&handle) {
+                state.transaction.set_number(number);
             }
         }
         if op.internal || matches!(op.request.cursor, super::CursorUse::GetMore(_)) {
@@ -563,44 +623,60 @@ impl Engine {
     /// SE-16, SE-18: a reply's `$clusterTime` advances the client's clock and the explicit
     /// session's (never for SDAM commands, SE-19: those replies do not come here). TX-6: an
     /// `ok: 1` reply to a transaction command leaves its `recoveryToken` with the session.
-    pub(super) fn session_replied(&mut self, op_id: OpId, slot: usize, reply: &Document) {
+    pub(super) fn session_replied(&mut self, op_id: OpId, slot: usize, reply: &ReplyFields<'_>) {
         let Some(op) = self.ops.get(&op_id) else {
             return;
         };
         let session = op.slots.get(slot).map(|s| &s.session);
         // SE-21: every reply's `operationTime`, failures included, in an explicit session.
-        if let (Some(OpSession::Explicit(handle)), Some(Bson::Timestamp(time))) =
-            (session, reply.get("operationTime"))
-        {
+        if let (Some(OpSession::Explicit(handle)), Some(time)) = (session, reply.operation_time) {
             if let Some(state) = self.sessions.get_mut(handle) {
                 let newer = state
                     .operation_time
                     .is_none_or(|t| (time.time, time.increment) > (t.time, t.increment));
                 if newer {
-                    state.operation_time = Some(*time);
+                    state.operation_time = Some(time);
                 }
             }
         }
-        if let (Some(OpSession::Explicit(handle)), Some(Bson::Document(token))) =
-            (session, reply.get("recoveryToken"))
-        {
-            if crate::reply::is_ok(reply) && Engine::transaction_command(op.request.kind).is_some()
-            {
+        if let (Some(OpSession::Explicit(handle)), Some(token)) = (session, reply.recovery_token) {
+            if reply.ok && Engine::transaction_command(op.request.kind).is_some() {
                 if let Some(state) = self.sessions.get_mut(handle) {
-                    state.recovery_token = Some(token.clone());
+                    state.recovery_token = Some(super::raw_reply::to_document(token));
                 }
             }
         }
         if !op.gossip {
             return;
         }
-        let Some(time) = ClusterTime::from_reply(reply) else {
+        let Some(raw) = reply.cluster_time else {
             return;
         };
-        if let Some(OpSession::Explicit(handle)) = session {
-            if let Some(state) = self.sessions.get_mut(handle) {
-                state.clock.advance(time.clone());
-            }
+        let explicit = match session {
+            Some(OpSession::Explicit(handle)) => Some(*handle),
+            _ => None,
+        };
+        // SE-16: converted only when it advances a clock (a time seen before is not copied).
+        let Some(timestamp) = ClusterTime::timestamp_of(raw) else {
+            return;
+        };
+        let advances = |clock: &ClusterClock| {
+            clock.current().is_none_or(|c| {
+                let current = c.timestamp();
+                (timestamp.time, timestamp.increment) > (current.time, current.increment)
+            })
+        };
+        let session_clock = explicit
+            .and_then(|h| self.sessions.get(&h))
+            .map(|s| &s.clock);
+        if !advances(&self.cluster_clock) && !session_clock.is_some_and(advances) {
+            return;
+        }
+        let Some(time) = ClusterTime::from_document(super::raw_reply::to_document(raw)) else {
+            return;
+        };
+        if let Some(state) = explicit.and_then(|h| self.sessions.get_mut(&h)) {
+            state.clock.advance(time.clone());
         }
         self.cluster_clock.advance(time);
     }
