@@ -9,7 +9,8 @@
 //! it ([`crate::engine::Engine::start_transaction`], [`crate::engine::Engine::start_operation`]):
 //! `start` → each command of the session goes through `statement` (the first is
 //! [`OperationKind::InTransaction`] with `first: true`, and stays so until one is actually
-//! written: `first_sent` moves starting → in progress, TX-2) → `commit` or `abort` (a [`Step`]) →
+//! written: `first_sent` moves starting → in progress, TX-2; the transaction's one `txnNumber`
+//! is kept with `set_number`, TX-1) → `commit` or `abort` (a [`Step`]) →
 //! `start` again, or a command outside a transaction (`statement` moves to no transaction). The
 //! engine does the rest: `startTransaction: true` and the `txnNumber` (TX-1), the pins
 //! (TX-3..TX-5), the labels (TX-7, TX-8) and the retries of commit and abort (TX-10).
@@ -359,5 +360,32 @@ mod tests {
         assert_eq!(t.statement(continued).unwrap(), continued);
         t.commit().unwrap();
         assert_eq!(t.statement(starts).unwrap(), starts, "a new transaction");
+    }
+    /// TX-1 (review6 finding 2): each transaction started has its own generation and no number
+    /// until its first command takes one; the number stays for the transaction and goes with it.
+    #[test]
+    fn tx1_one_number_per_transaction() {
+        let mut t = Transaction::new();
+        assert_eq!((t.generation(), t.number()), (0, None));
+        t.start().unwrap();
+        assert_eq!((t.generation(), t.number()), (1, None));
+        t.set_number(7);
+        t.first_sent();
+        assert_eq!(t.number(), Some(7));
+        t.commit().unwrap();
+        assert_eq!(t.number(), Some(7), "a commit again uses it");
+        t.start().unwrap();
+        assert_eq!((t.generation(), t.number()), (2, None));
+        t.abort().unwrap();
+        let starts = OperationKind::InTransaction {
+            read: false,
+            first: true,
+        };
+        t.statement(starts).unwrap();
+        assert_eq!(
+            (t.generation(), t.number()),
+            (3, None),
+            "a caller's own start"
+        );
     }
 }

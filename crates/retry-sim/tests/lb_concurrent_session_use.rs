@@ -1,8 +1,8 @@
 //! House rule 8 with a session or cursor used by two operations at once (SE-10 says not to; the
 //! engine must still end every operation and check every connection in once), load-balanced:
 //! the cases `lb_pins_properties` found. A TX-4 unpin or a cursor's close never takes a
-//! connection from under a command in flight on it; a statement racing a transaction's first
-//! command never replaces the first one's pin (which leaked its connection); an abort that finds the pin
+//! connection from under a command in flight on it; a second first command of a transaction
+//! never replaces the first one's pin (which leaked its connection); an abort that finds the pin
 //! made by a command that ran alongside it gives that connection back.
 
 use std::time::Duration;
@@ -130,16 +130,12 @@ fn tx4_an_abort_gives_back_the_pin_a_first_command_made_alongside_it() {
     assert_eq!(out(&sim), 0, "the insert's pinned connection went back");
 }
 
-/// TX-3, TX-5, house rule 8: a second statement starts while the transaction's first command
-/// (a find that opens a cursor) is still starting it; whatever it gets (a write conflict here),
-/// it never replaces the first command's pin, and the cursor the first opened keeps its
+/// TX-3, TX-5, house rule 8: two first commands of one transaction are started at once; the
+/// first one written pins, the second is refused before it is sent (TX-1: one command starts a
+/// transaction, review6 finding 2) and pins nothing, and a cursor the first opened keeps its
 /// connection until it is closed, which checks it in.
 #[test]
-fn tx5_a_statement_racing_the_first_command_leaves_its_pin() {
-    let transient = doc! {
-        "ok": 0, "code": 112, "codeName": "WriteConflict", "errmsg": "write conflict",
-        "errorLabels": ["TransientTransactionError"],
-    };
+fn tx5_a_second_first_command_does_not_replace_the_pin() {
     let mut sim = lb(vec![Step::reply(
         doc! { "ok": 1, "cursor": { "id": 42_i64, "ns": "test.c", "firstBatch": [] } },
     )]);
@@ -153,25 +149,31 @@ fn tx5_a_statement_racing_the_first_command_leaves_its_pin() {
         CursorUse::Open,
         Some(session),
     ));
-    sim.servers
-        .get_mut(&address("lb"))
-        .expect("the load balancer")
-        .script
-        .push_back(slow(transient));
     let second = sim.start_request(insert(Some(session)));
     sim.run(find).expect("the find opens a cursor and pins");
     let cursor = cursor_of(&sim, find);
-    let _ = sim.run(second);
+    let refused = sim.run(second).expect_err("refused");
+    assert!(refused.to_string().contains("already started"), "{refused}");
     let close = sim.start_request(request(
         doc! { "killCursors": "c", "cursors": [42_i64] },
         OperationKind::RunCommand,
         CursorUse::Close(cursor),
         None,
     ));
-    let _ = sim.run(close);
-    sim.engine.end_session(session, sim.now);
-    sim.drain();
-    assert_eq!(out(&sim), 0, "every connection went back once");
+    sim.run(close).expect("closed");
+    assert_eq!(out(&sim), 1, "TX-5: the transaction's pin holds it");
+    let abort = sim.start_request(request(
+        doc! { "abortTransaction": 1 },
+        OperationKind::AbortTransaction,
+        CursorUse::None,
+        Some(session),
+    ));
+    sim.run(abort).expect("the abort");
+    assert_eq!(
+        out(&sim),
+        0,
+        "the find's connection went back with its cursor and the transaction's end"
+    );
 }
 
 /// LB-10, house rule 8: a getMore and a killCursors of one cursor at once: the killCursors

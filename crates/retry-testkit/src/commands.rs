@@ -12,7 +12,7 @@ use crate::config::{
 use crate::fail_point::{error_reply, FailCommand, TESTKIT_UNSUPPORTED};
 use crate::on_primary_write::OnPrimaryWrite;
 use crate::server::{is_ok, State};
-use crate::store::{Batch, QueryError, Store, WriteKey};
+use crate::store::{Batch, CursorOrigin, QueryError, Store, WriteKey};
 use retry_core::wire::OpMsg;
 
 /// The `electionId` a primary reports; constant, since the test server never holds an election.
@@ -243,10 +243,21 @@ pub(crate) fn execute(
             }
         }
     }
+    // SE-14, TK-15: a cursor remembers the session and transaction it was opened in.
+    let origin = CursorOrigin {
+        owner: process_id,
+        lsid: request.body.get_document("lsid").ok(),
+        txn_number: request
+            .body
+            .get("txnNumber")
+            .and_then(integer)
+            .filter(|_| in_transaction),
+        router: matches!(state.role, Role::Mongos | Role::LoadBalancer { .. }),
+    };
     let mut context = Context {
         store: &mut store,
         batch_size: state.batch_size,
-        owner: process_id,
+        origin,
     };
     let reply = run(&mut context, name, request, max_wire_version);
     store.end_statement();
@@ -325,8 +336,9 @@ pub(crate) fn transaction_labels(name: &str, code: i32) -> Option<Vec<String>> {
 struct Context<'a> {
     store: &'a mut Store,
     batch_size: u32,
-    /// The server process running the command; its cursors stay with it (TK-12).
-    owner: ObjectId,
+    /// The server process running the command (its cursors stay with it, TK-12) and the
+    /// command's session and transaction (SE-14).
+    origin: CursorOrigin<'a>,
 }
 
 /// Runs a data command; `None` when the server does not know it.
@@ -413,7 +425,7 @@ fn run(
                 let indexes = state.store.indexes(&ns);
                 let batch = state
                     .store
-                    .open_cursor(state.owner, &ns, indexes, batch_size);
+                    .open_cursor(state.origin, &ns, indexes, batch_size);
                 cursor_reply("firstBatch", &ns, batch)
             }
             (Err(e), _) | (_, Err(e)) => e,
@@ -766,7 +778,7 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     }
     let batch = state
         .store
-        .open_cursor(state.owner, "admin.$cmd.bulkWrite", results, usize::MAX);
+        .open_cursor(state.origin, "admin.$cmd.bulkWrite", results, usize::MAX);
     let mut reply = cursor_reply("firstBatch", "admin.$cmd.bulkWrite", batch);
     for (field, slot) in [
         ("nErrors", errors),
@@ -934,8 +946,8 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
         if stages.len() > 1 {
             return unsupported_reply("$changeStream followed by other stages");
         }
-        let mut batch = state.store.open_cursor(state.owner, &ns, Vec::new(), 0);
-        batch.cursor_id = state.store.open_change_stream(state.owner, &ns);
+        let mut batch = state.store.open_cursor(state.origin, &ns, Vec::new(), 0);
+        batch.cursor_id = state.store.open_change_stream(state.origin, &ns);
         let mut reply = cursor_reply("firstBatch", &ns, batch);
         if let Ok(cursor) = reply.get_document_mut("cursor") {
             cursor.insert("postBatchResumeToken", doc! { "_data": "00" });
@@ -1019,7 +1031,7 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
     }
     let batch = state
         .store
-        .open_cursor(state.owner, &ns, documents, batch_size);
+        .open_cursor(state.origin, &ns, documents, batch_size);
     cursor_reply("firstBatch", &ns, batch)
 }
 
@@ -1119,11 +1131,11 @@ fn find(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     }
     let mut batch = state
         .store
-        .open_cursor(state.owner, &ns, documents, batch_size);
+        .open_cursor(state.origin, &ns, documents, batch_size);
     if single_batch && batch.cursor_id != 0 {
         state
             .store
-            .kill_cursors(state.owner, &ns, &[batch.cursor_id]);
+            .kill_cursors(state.origin.owner, &ns, &[batch.cursor_id]);
         batch.cursor_id = 0;
     }
     cursor_reply("firstBatch", &ns, batch)
@@ -1181,8 +1193,11 @@ fn sort_documents(documents: &mut [Document], sort: &Document) -> Result<(), Doc
 
 /// `{getMore: id, collection, batchSize}`.
 fn get_more(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
-    let Some(id) = command.get("getMore").and_then(integer) else {
-        return error_reply(2, "getMore needs a cursor id");
+    // A real server's IDL takes the id as a long only (review6 finding 4).
+    let id = match command.get("getMore") {
+        Some(Bson::Int64(id)) => *id,
+        Some(other) => return long_expected("getMore.getMore", other),
+        None => return error_reply(2, "getMore needs a cursor id"),
     };
     let Ok(collection) = command.get_str("collection") else {
         return error_reply(2, "getMore needs a collection name");
@@ -1191,7 +1206,7 @@ fn get_more(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
         return error_reply(2, "batchSize must be a non-negative integer");
     };
     let ns = format!("{db}.{collection}");
-    match state.store.get_more(state.owner, &ns, id, batch_size) {
+    match state.store.get_more(state.origin, &ns, id, batch_size) {
         Ok(batch) => cursor_reply("nextBatch", &ns, batch),
         Err(e) => query_error(e),
     }
@@ -1205,13 +1220,17 @@ fn kill_cursors(state: &mut Context<'_>, db: &str, command: &Document) -> Docume
     let Ok(cursors) = command.get_array("cursors") else {
         return error_reply(2, "killCursors needs an array of cursor ids");
     };
-    let Some(ids) = cursors.iter().map(integer).collect::<Option<Vec<i64>>>() else {
-        return error_reply(2, "cursor ids must be integers");
-    };
+    let mut ids = Vec::with_capacity(cursors.len());
+    for (index, id) in cursors.iter().enumerate() {
+        match id {
+            Bson::Int64(id) => ids.push(*id),
+            other => return long_expected(&format!("killCursors.cursors.{index}"), other),
+        }
+    }
     let (killed, not_found) =
         state
             .store
-            .kill_cursors(state.owner, &format!("{db}.{collection}"), &ids);
+            .kill_cursors(state.origin.owner, &format!("{db}.{collection}"), &ids);
     doc! {
         "cursorsKilled": killed,
         "cursorsNotFound": not_found,
@@ -1429,7 +1448,7 @@ fn list_collections(state: &mut Context<'_>, db: &str, command: &Document) -> Do
         }
     }
     let ns = format!("{db}.$cmd.listCollections");
-    let batch = state.store.open_cursor(state.owner, &ns, docs, batch_size);
+    let batch = state.store.open_cursor(state.origin, &ns, docs, batch_size);
     cursor_reply("firstBatch", &ns, batch)
 }
 
@@ -1448,6 +1467,7 @@ fn query_error(error: QueryError) -> Document {
             None => unsupported_reply(&format!("query operator {key}")),
         },
         QueryError::CursorNotFound(id) => error_reply(43, &format!("cursor id {id} not found")),
+        QueryError::CursorMismatch(code, message) => error_reply(code, &message),
         // TK-15: a real server's message.
         QueryError::WriteConflict => error_reply(
             112,
@@ -1455,6 +1475,17 @@ fn query_error(error: QueryError) -> Document {
              your operation or multi-document transaction.",
         ),
     }
+}
+
+/// A real server's TypeMismatch (14) for a cursor id that is not a long.
+fn long_expected(field: &str, value: &Bson) -> Document {
+    error_reply(
+        14,
+        &format!(
+            "BSON field '{field}' is the wrong type '{}', expected type 'long'",
+            crate::refusals::type_name(value)
+        ),
+    )
 }
 
 /// `batchSize`, or `default` when absent; `None` when present but not a non-negative integer.

@@ -59,6 +59,9 @@ pub(crate) struct Store {
     /// The deployment's logical clock (review5 item 11, SE-16..SE-21): the increment of its
     /// cluster time, advanced by every write.
     clock: u32,
+    /// The seconds of its cluster time once a gossiped `$clusterTime` moved it past
+    /// [`CLUSTER_TIME_SECONDS`] (SE-17, review6 finding 8).
+    seconds: u32,
 }
 
 /// The encoding of an lsid that is `{id: <binary>}` alone (any subtype but `BinaryOld`, whose
@@ -155,10 +158,26 @@ pub(crate) struct UpdateOutcome {
     pub(crate) upserted: Option<Bson>,
 }
 
+/// Where a command runs, for the cursors it opens and continues: the server process (a cursor
+/// stays with it, TK-12), the command's `lsid` and, in a transaction, its `txnNumber` (SE-14: a
+/// getMore must come from the same session and transaction), and whether the server is a router
+/// (mongos and load balancer: their own error codes).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CursorOrigin<'a> {
+    pub(crate) owner: ObjectId,
+    pub(crate) lsid: Option<&'a Document>,
+    pub(crate) txn_number: Option<i64>,
+    pub(crate) router: bool,
+}
+
 #[derive(Debug)]
 struct Cursor {
     /// The server process that opened it: a cursor stays with it (TK-12).
     owner: ObjectId,
+    /// The session (lsid bytes) of the command that opened it.
+    lsid: Option<Vec<u8>>,
+    /// The transaction it was opened in.
+    txn_number: Option<i64>,
     ns: String,
     remaining: VecDeque<Document>,
     /// A change stream's cursor: stays open when empty.
@@ -172,6 +191,9 @@ pub(crate) enum QueryError {
     UnsupportedFilter(String),
     /// No open cursor has this id in this namespace.
     CursorNotFound(i64),
+    /// SE-14, TX-1: a getMore from another session or transaction than its cursor's (a real
+    /// server's code and message).
+    CursorMismatch(i32, String),
     /// TK-15: the write touches a document another transaction in progress changed (112).
     WriteConflict,
 }
@@ -187,8 +209,18 @@ impl Store {
     /// The deployment's current cluster time.
     pub(crate) fn cluster_time(&self) -> bson::Timestamp {
         bson::Timestamp {
-            time: CLUSTER_TIME_SECONDS,
+            time: self.seconds.max(CLUSTER_TIME_SECONDS),
             increment: self.clock.max(1),
+        }
+    }
+
+    /// SE-17 (review6 finding 8): a command's gossiped `$clusterTime` advances the clock, as a
+    /// real server's does before it reads the command's `afterClusterTime`.
+    pub(crate) fn advance_clock(&mut self, time: bson::Timestamp) {
+        let now = self.cluster_time();
+        if (time.time, time.increment) > (now.time, now.increment) {
+            self.seconds = time.time;
+            self.clock = time.increment;
         }
     }
 
@@ -736,13 +768,15 @@ impl Store {
     /// A batch of `documents` with a cursor for the rest, as `find` and `aggregate` reply.
     pub(crate) fn open_cursor(
         &mut self,
-        owner: ObjectId,
+        origin: CursorOrigin<'_>,
         ns: &str,
         documents: Vec<Document>,
         batch_size: usize,
     ) -> Batch {
         let cursor = Cursor {
-            owner,
+            owner: origin.owner,
+            lsid: origin.lsid.and_then(|l| l.to_vec().ok()),
+            txn_number: origin.txn_number,
             ns: ns.into(),
             remaining: documents.into(),
             tailable: false,
@@ -760,7 +794,7 @@ impl Store {
     #[cfg(test)]
     pub(crate) fn find(
         &mut self,
-        owner: ObjectId,
+        origin: CursorOrigin<'_>,
         ns: &str,
         filter: &Document,
         limit: Option<usize>,
@@ -768,19 +802,24 @@ impl Store {
     ) -> Result<Batch, QueryError> {
         let mut documents = self.matching(ns, filter)?;
         documents.truncate(limit.unwrap_or(usize::MAX));
-        Ok(self.open_cursor(owner, ns, documents, batch_size))
+        Ok(self.open_cursor(origin, ns, documents, batch_size))
     }
 
-    /// The next batch of cursor `id`, which must belong to `ns`.
+    /// The next batch of cursor `id`, which must belong to `ns` and, as on a real server, to
+    /// the getMore's session and transaction ([`cursor_mismatch`]; the cursor stays open).
     pub(crate) fn get_more(
         &mut self,
-        owner: ObjectId,
+        origin: CursorOrigin<'_>,
         ns: &str,
         id: i64,
         batch_size: usize,
     ) -> Result<Batch, QueryError> {
         match self.cursors.remove(&id) {
-            Some(cursor) if cursor.ns == ns && cursor.owner == owner => {
+            Some(cursor) if cursor.ns == ns && cursor.owner == origin.owner => {
+                if let Some((code, message)) = cursor_mismatch(&cursor, id, origin) {
+                    self.cursors.insert(id, cursor);
+                    return Err(QueryError::CursorMismatch(code, message));
+                }
                 Ok(self.next_batch(Some(id), cursor, batch_size))
             }
             Some(cursor) => {
@@ -833,10 +872,12 @@ impl Store {
 
     /// Opens a change stream's cursor on `ns`: no events ever arrive, and it stays open until
     /// killed.
-    pub(crate) fn open_change_stream(&mut self, owner: ObjectId, ns: &str) -> i64 {
+    pub(crate) fn open_change_stream(&mut self, origin: CursorOrigin<'_>, ns: &str) -> i64 {
         self.last_cursor_id += 1;
         let cursor = Cursor {
-            owner,
+            owner: origin.owner,
+            lsid: origin.lsid.and_then(|l| l.to_vec().ok()),
+            txn_number: origin.txn_number,
             ns: ns.into(),
             remaining: VecDeque::new(),
             tailable: true,
@@ -872,6 +913,45 @@ impl Store {
     }
 }
 
+/// SE-14, TX-1 (review6 finding 4): a real server's refusal of a getMore of `cursor` (`id`) from
+/// `origin`: a session when the cursor has none (50736), none when it has one (50737), another
+/// session (50738); a transaction when it was opened outside one (50739), none when it was
+/// opened in one (50740), another transaction (50741). A router's codes are 50799..50804.
+fn cursor_mismatch(cursor: &Cursor, id: i64, origin: CursorOrigin<'_>) -> Option<(i32, String)> {
+    let lsid = origin.lsid.and_then(|l| l.to_vec().ok());
+    let (code, message) = match (&cursor.lsid, &lsid, cursor.txn_number, origin.txn_number) {
+        (None, Some(_), _, _) => (
+            50736,
+            "which was not created in a session, in a session".into(),
+        ),
+        (Some(_), None, _, _) => (
+            50737,
+            "which was created in a session, without an lsid".into(),
+        ),
+        (Some(a), Some(b), _, _) if a != b => {
+            (50738, "which was created in another session".into())
+        }
+        (_, _, None, Some(t)) => (
+            50739,
+            format!("which was not created in a transaction, in transaction {t}"),
+        ),
+        (_, _, Some(n), None) => (
+            50740,
+            format!("which was created in transaction {n}, without a txnNumber"),
+        ),
+        (_, _, Some(n), Some(t)) if n != t => (
+            50741,
+            format!("which was created in transaction {n}, in transaction {t}"),
+        ),
+        _ => return None,
+    };
+    let code = if origin.router { code + 63 } else { code };
+    Some((
+        code,
+        format!("Cannot run getMore on cursor {id}, {message}"),
+    ))
+}
+
 /// A filter is checked whole before any document is read, as a real server parses it first:
 /// `{$or: true}` fails even on an empty collection (TK-14).
 fn validate(filter: &Document) -> Result<(), QueryError> {
@@ -889,7 +969,12 @@ mod tests {
     use super::*;
     use bson::doc;
 
-    const OWNER: ObjectId = ObjectId::from_bytes([1; 12]);
+    const OWNER: CursorOrigin<'static> = CursorOrigin {
+        owner: ObjectId::from_bytes([1; 12]),
+        lsid: None,
+        txn_number: None,
+        router: false,
+    };
 
     fn store_with(n: i32) -> Store {
         let mut store = Store::default();
@@ -966,11 +1051,11 @@ mod tests {
             Err(QueryError::CursorNotFound(open))
         );
         assert_eq!(
-            store.kill_cursors(OWNER, "db.other", &[open]),
+            store.kill_cursors(OWNER.owner, "db.other", &[open]),
             (vec![], vec![open])
         );
         assert_eq!(
-            store.kill_cursors(OWNER, "db.c", &[open, 999]),
+            store.kill_cursors(OWNER.owner, "db.c", &[open, 999]),
             (vec![open], vec![999])
         );
         assert_eq!(store.open_cursors(), 0);
@@ -1173,5 +1258,60 @@ mod tests {
         });
         assert_eq!(fresh, 1);
         assert_eq!(store.matching("db.c", &doc! { "x": 1 }).unwrap().len(), 1);
+    }
+    /// SE-14, TX-1 (review6 finding 4): a getMore must come from its cursor's session and
+    /// transaction, as on a real server (50736..50741; a router's 50799..50804); a refused
+    /// getMore leaves the cursor open.
+    #[test]
+    fn se14_a_get_more_from_another_session_or_transaction_is_refused() {
+        let mut store = store_with(5);
+        let s1 = doc! { "id": 1 };
+        let s2 = doc! { "id": 2 };
+        let origin = |lsid, txn_number| CursorOrigin {
+            lsid,
+            txn_number,
+            ..OWNER
+        };
+        let plain = store
+            .find(origin(Some(&s1), None), "db.c", &doc! {}, None, 1)
+            .unwrap();
+        let in_transaction = store
+            .find(origin(Some(&s1), Some(3)), "db.c", &doc! {}, None, 1)
+            .unwrap();
+        let no_session = store.find(OWNER, "db.c", &doc! {}, None, 1).unwrap();
+        let mut code = |origin, id| match store.get_more(origin, "db.c", id, 1) {
+            Err(QueryError::CursorMismatch(code, _)) => Some(code),
+            Ok(_) => None,
+            Err(other) => panic!("{other:?}"),
+        };
+        assert_eq!(
+            code(origin(Some(&s1), None), no_session.cursor_id),
+            Some(50736)
+        );
+        assert_eq!(code(OWNER, plain.cursor_id), Some(50737));
+        assert_eq!(code(origin(Some(&s2), None), plain.cursor_id), Some(50738));
+        assert_eq!(
+            code(origin(Some(&s1), Some(4)), plain.cursor_id),
+            Some(50739)
+        );
+        assert_eq!(
+            code(origin(Some(&s1), None), in_transaction.cursor_id),
+            Some(50740)
+        );
+        assert_eq!(
+            code(origin(Some(&s1), Some(4)), in_transaction.cursor_id),
+            Some(50741)
+        );
+        let router = CursorOrigin {
+            router: true,
+            ..OWNER
+        };
+        assert_eq!(code(router, plain.cursor_id), Some(50800));
+        assert_eq!(
+            code(origin(Some(&s1), Some(3)), in_transaction.cursor_id),
+            None
+        );
+        assert_eq!(code(origin(Some(&s1), None), plain.cursor_id), None);
+        assert_eq!(code(OWNER, no_session.cursor_id), None);
     }
 }

@@ -976,6 +976,29 @@ async fn cluster_time_and_write_concern_are_a_replica_sets() {
             .await
             .unwrap();
         assert_eq!(first_batch(&fine).len(), 1);
+        // SE-17 (review6 finding 8): the same afterClusterTime is accepted when the command
+        // gossips a $clusterTime that covers it (the clock moves there first), and a malformed
+        // $clusterTime is refused.
+        let signature = doc! {
+            "hash": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0; 20] },
+            "keyId": 0_i64,
+        };
+        let gossiped = client
+            .command(doc! {
+                "find": "c", "$db": "test", "readConcern": { "afterClusterTime": ahead },
+                "$clusterTime": { "clusterTime": ahead, "signature": signature },
+            })
+            .await
+            .unwrap();
+        assert_eq!(first_batch(&gossiped).len(), 1, "{gossiped}");
+        assert_eq!(time(&gossiped), ahead);
+        let malformed = client
+            .command(doc! {
+                "ping": 1, "$db": "admin", "$clusterTime": { "clusterTime": ahead },
+            })
+            .await
+            .unwrap();
+        assert_eq!(code(&malformed), Some(4), "{malformed}");
         server.shutdown().await;
     })
     .await

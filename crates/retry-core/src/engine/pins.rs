@@ -8,7 +8,7 @@
 //! `keep_for_cursor`, `release_unless_in_flight`), house rule 8.
 
 use alloc::collections::BTreeMap;
-use bson::Document;
+use bson::RawDocumentBuf;
 
 use super::{
     ConnId, Cursor, CursorHandle, CursorUse, Engine, EngineEvent, OpId, Owner, SessionHandle,
@@ -69,7 +69,7 @@ impl Engine {
                     }
                     self.events.push_back(EngineEvent::OperationFinished {
                         op,
-                        result: Ok(Document::new()),
+                        result: Ok(RawDocumentBuf::new()),
                     });
                     return None;
                 }

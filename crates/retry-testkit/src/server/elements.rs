@@ -14,6 +14,7 @@ pub(super) mod kind {
     pub(in crate::server) const BINARY: u8 = 0x05;
     pub(in crate::server) const BOOLEAN: u8 = 0x08;
     pub(in crate::server) const INT32: u8 = 0x10;
+    pub(in crate::server) const TIMESTAMP: u8 = 0x11;
     pub(in crate::server) const INT64: u8 = 0x12;
 }
 

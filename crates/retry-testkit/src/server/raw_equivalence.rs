@@ -151,9 +151,29 @@ fn script(role: &Role) -> Script {
     s.send(
         "ping with every accepted field",
         doc! { "ping": 1.0, "lsid": lsid(3), "$clusterTime": { "clusterTime": Timestamp {
-        time: 1, increment: 1 } }, "$readPreference": { "mode": "primaryPreferred" },
+        time: 1, increment: 1 }, "signature": { "hash": binary(BinarySubtype::Generic, 0),
+        "keyId": 0_i64 } }, "$readPreference": { "mode": "primaryPreferred" },
         "apiVersion": "1", "apiStrict": false, "apiDeprecationErrors": false, "comment": "c",
         "maxTimeMS": 100, "$db": "admin" },
+    );
+    // SE-17 (review6 finding 8): a later gossiped $clusterTime moves the clock on both paths;
+    // a malformed one is refused on both.
+    s.send(
+        "ping gossiping a later $clusterTime",
+        doc! { "ping": 1, "$clusterTime": { "clusterTime": Timestamp { time: 1_800_000_000,
+        increment: 7 }, "signature": { "hash": binary(BinarySubtype::Generic, 0),
+        "keyId": 0_i64 } }, "$db": "admin" },
+    );
+    s.send(
+        "ping, $clusterTime without a signature",
+        doc! { "ping": 1, "$clusterTime": { "clusterTime": Timestamp { time: 1, increment: 1 } },
+        "$db": "admin" },
+    );
+    s.send(
+        "ping, $clusterTime keyId an int32",
+        doc! { "ping": 1, "$clusterTime": { "clusterTime": Timestamp { time: 1, increment: 1 },
+        "signature": { "hash": binary(BinarySubtype::Generic, 0), "keyId": 0 } },
+        "$db": "admin" },
     );
     // A connection's hello replies differ by what the request asks.
     s.send("hello without helloOk", doc! { "hello": 1, "$db": "admin" });
@@ -196,6 +216,14 @@ fn script(role: &Role) -> Script {
         with(
             ping(),
             doc! { "lsid": { "id": binary(BinarySubtype::Generic, 6) } },
+        ),
+    );
+    // SE-3 (review6 finding 9): a UUID of 12 bytes is InvalidUUID on both paths.
+    s.send(
+        "ping, lsid a 12-byte UUID",
+        with(
+            ping(),
+            doc! { "lsid": { "id": Binary { subtype: BinarySubtype::Uuid, bytes: vec![7; 12] } } },
         ),
     );
     for (label, max_time) in [
