@@ -9,6 +9,12 @@
 //! servers run on a runtime and thread of their own, as a server process would. After the
 //! criterion runs, interleaved rounds of every case print the ratios.
 //!
+//! What each client does with the reply: the official driver's `run_command` and retry's
+//! `run_command` (cases `tokio`, `async-std`) convert every reply into a `bson::Document`; the
+//! `-raw` cases call `run_command_raw`, which hands the reply over as the server encoded it
+//! (a `RawDocumentBuf`). All build the command as a `Document` (`doc! { "ping": 1 }`). The
+//! comparison with the official driver is the Document-returning cases'.
+//!
 //! `cargo bench -p retry-bench --bench round_trip`; with `--features mongodb` the official
 //! `mongodb` crate runs the same pings against the same servers. `RETRY_BENCH_PROFILE` runs one
 //! case for a profiler instead ([`profile`]).
@@ -283,8 +289,8 @@ impl Setup {
         };
         // Warm up: discover the servers and open the pools.
         for server in SERVERS {
-            setup.tokio(server, 8, 8);
-            setup.async_std(server, 8, 8);
+            setup.tokio(server, 8, 8, false);
+            setup.async_std(server, 8, 8, false);
         }
         setup
     }
@@ -358,17 +364,22 @@ impl Setup {
         })
     }
 
-    /// `total` pings through retry-tokio with `concurrency` in flight; the time they took.
-    fn tokio(&self, server: Server, concurrency: usize, total: u64) -> Duration {
+    /// `total` pings through retry-tokio with `concurrency` in flight; the time they took. Each
+    /// reply is converted into a `Document` (`run_command`, as the official driver's
+    /// `run_command` does), or with `raw` left encoded (`run_command_raw`).
+    fn tokio(&self, server: Server, concurrency: usize, total: u64, raw: bool) -> Duration {
         let client = self.clients(server).tokio.clone();
         self.on_tokio(concurrency, total, move || {
             let client = client.clone();
             async move {
-                let reply = client
-                    .run_command("admin", doc! { "ping": 1 }, OperationKind::RunCommand)
-                    .await
-                    .expect("ping");
-                black_box(reply);
+                let (db, command, kind) = ("admin", doc! { "ping": 1 }, OperationKind::RunCommand);
+                if raw {
+                    let reply = client.run_command_raw(db, command, kind).await;
+                    black_box(reply.expect("ping"));
+                } else {
+                    let reply = client.run_command(db, command, kind).await;
+                    black_box(reply.expect("ping"));
+                }
             }
         })
     }
@@ -389,7 +400,8 @@ impl Setup {
     /// `total` pings through retry-async-std with `concurrency` in flight, the way docs/adapters.md
     /// recommends: every caller on one thread's executor, which also drives async-io's reactor
     /// (`smol::LocalExecutor` under `smol::block_on`).
-    fn async_std(&self, server: Server, concurrency: usize, total: u64) -> Duration {
+    /// With `raw`, through `run_command_raw` (the reply left encoded), as [`Setup::tokio`].
+    fn async_std(&self, server: Server, concurrency: usize, total: u64, raw: bool) -> Duration {
         let client = self.clients(server).async_std.clone();
         let executor = smol::LocalExecutor::new();
         smol::block_on(executor.run(async {
@@ -400,11 +412,15 @@ impl Setup {
                     let n = share(total, concurrency, i);
                     executor.spawn(async move {
                         for _ in 0..n {
-                            let reply = client
-                                .run_command("admin", doc! { "ping": 1 }, OperationKind::RunCommand)
-                                .await
-                                .expect("ping");
-                            black_box(reply);
+                            let (db, kind) = ("admin", OperationKind::RunCommand);
+                            let command = doc! { "ping": 1 };
+                            if raw {
+                                let reply = client.run_command_raw(db, command, kind).await;
+                                black_box(reply.expect("ping"));
+                            } else {
+                                let reply = client.run_command(db, command, kind).await;
+                                black_box(reply.expect("ping"));
+                            }
                         }
                     })
                 })
@@ -450,8 +466,10 @@ impl Setup {
         match case {
             "echo" => self.echo(concurrency, total),
             "echo-shared" => self.echo_at(self.echo_shared, concurrency, total),
-            "tokio" => self.tokio(server, concurrency, total),
-            "async-std" => self.async_std(server, concurrency, total),
+            "tokio" => self.tokio(server, concurrency, total, false),
+            "tokio-raw" => self.tokio(server, concurrency, total, true),
+            "async-std" => self.async_std(server, concurrency, total, false),
+            "async-std-raw" => self.async_std(server, concurrency, total, true),
             "async-std-spawned" => self.async_std_spawned(server, concurrency, total),
             #[cfg(feature = "mongodb")]
             "mongodb" => self.official(server, concurrency, total),
@@ -461,11 +479,13 @@ impl Setup {
 }
 
 /// The cases of `RETRY_BENCH_PROFILE` and the interleaved rounds.
-const CASES: [&str; 6] = [
+const CASES: [&str; 8] = [
     "echo",
     "echo-shared",
     "tokio",
+    "tokio-raw",
     "async-std",
+    "async-std-raw",
     "async-std-spawned",
     "mongodb",
 ];
@@ -486,10 +506,16 @@ fn benches(c: &mut Criterion) {
         for server in SERVERS {
             let label = server.label();
             group.bench_function(format!("retry-tokio, {label} server"), |b| {
-                b.iter_custom(|n| setup.tokio(server, concurrency, n))
+                b.iter_custom(|n| setup.tokio(server, concurrency, n, false))
+            });
+            group.bench_function(format!("retry-tokio raw reply, {label} server"), |b| {
+                b.iter_custom(|n| setup.tokio(server, concurrency, n, true))
             });
             group.bench_function(format!("retry-async-std, {label} server"), |b| {
-                b.iter_custom(|n| setup.async_std(server, concurrency, n))
+                b.iter_custom(|n| setup.async_std(server, concurrency, n, false))
+            });
+            group.bench_function(format!("retry-async-std raw reply, {label} server"), |b| {
+                b.iter_custom(|n| setup.async_std(server, concurrency, n, true))
             });
             #[cfg(feature = "mongodb")]
             group.bench_function(format!("mongodb crate, {label} server"), |b| {
@@ -507,7 +533,14 @@ fn ratios() {
     let cases: Vec<(&str, Server)> = {
         let mut cases = vec![("echo", Server::Testkit), ("echo-shared", Server::Testkit)];
         for server in SERVERS {
-            for case in ["tokio", "async-std", "async-std-spawned", "mongodb"] {
+            for case in [
+                "tokio",
+                "tokio-raw",
+                "async-std",
+                "async-std-raw",
+                "async-std-spawned",
+                "mongodb",
+            ] {
                 if case != "mongodb" || cfg!(feature = "mongodb") {
                     cases.push((case, server));
                 }
@@ -544,11 +577,23 @@ fn ratios() {
                 },
                 t / echo
             );
-            if let Some(tokio) = time("tokio", server).filter(|_| case.starts_with("async-std")) {
-                line += &format!(", {:.2}x retry-tokio", t / tokio);
+            // Each async-std case against the tokio case that does the same with the reply.
+            let tokio_case = match case {
+                "async-std-raw" => "tokio-raw",
+                _ => "tokio",
+            };
+            if let Some(tokio) = time(tokio_case, server).filter(|_| case.starts_with("async-std"))
+            {
+                line += &format!(", {:.2}x {tokio_case}", t / tokio);
             }
-            if let Some(tokio) = time("tokio", server).filter(|_| case == "mongodb") {
-                line += &format!(", retry-tokio's throughput {:.2}x this", t / tokio);
+            // The official driver converts every reply into a Document: the like-for-like
+            // comparison is `tokio` (run_command); `tokio-raw` is shown apart, labelled.
+            if case == "mongodb" {
+                for tokio_case in ["tokio", "tokio-raw"] {
+                    if let Some(tokio) = time(tokio_case, server) {
+                        line += &format!(", {tokio_case}'s throughput {:.2}x this", t / tokio);
+                    }
+                }
             }
             println!("{line})");
         }

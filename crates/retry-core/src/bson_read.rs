@@ -12,7 +12,7 @@
 use alloc::vec::Vec;
 use bson::error::Error;
 use bson::raw::{RawArray, RawBsonRef};
-use bson::{Bson, Document, RawDocument};
+use bson::{Bson, Document, RawDocument, Timestamp};
 use core::fmt;
 
 /// The deepest nesting read: a document or array more than this many levels deep (the top-level
@@ -54,8 +54,13 @@ pub(crate) fn document(raw: &RawDocument) -> Result<Document, ReadError> {
 
 /// Checks `raw` as [`document`] reads it, without building anything: the same first error, or
 /// none. (Only embedded documents, arrays and code-with-scope scopes can fail to convert once
-/// the iterator has read a value.)
+/// the iterator has read a value.) A document of the usual types is accepted by
+/// [`well_formed`] in one pass over its bytes; anything it does not accept goes through the
+/// `bson` crate's iterators, which give the verdict and the error.
 pub(crate) fn validate(raw: &RawDocument) -> Result<(), ReadError> {
+    if well_formed(raw.as_bytes(), 0) {
+        return Ok(());
+    }
     validate_at(raw, 1)
 }
 
@@ -82,6 +87,181 @@ fn validate_at(raw: &RawDocument, level: usize) -> Result<(), ReadError> {
         validate_value(raw_value, level)?;
     }
     Ok(())
+}
+
+/// How deep [`well_formed`] follows embedded documents (well under [`MAX_DEPTH`], so it never
+/// accepts what the depth limit refuses) before it leaves a document to the
+/// `bson` crate's checks.
+const WELL_FORMED_DEPTH: usize = 32;
+
+/// Whether `bytes` is a document the `bson` crate's conversion accepts, judged without it: only
+/// ever `true` for a document that conversion accepts (never the reverse), and `false` for
+/// anything unusual (a type other than double, string, document, array, binary other than the
+/// old subtype, ObjectId, boolean, datetime, null, int32, timestamp and int64; nesting deeper
+/// than [`WELL_FORMED_DEPTH`]), which then goes through the crate's own checks. It checks what
+/// those do: the length prefix and terminator of every document, every key's and string's UTF-8
+/// and terminator, string, document and binary lengths, booleans of 0 or 1, and that every
+/// element ends before its document's terminator.
+fn well_formed(bytes: &[u8], depth: usize) -> bool {
+    if depth > WELL_FORMED_DEPTH || bytes.len() < 5 || read_len(bytes, 0) != Some(bytes.len()) {
+        return false;
+    }
+    let end = bytes.len() - 1;
+    if bytes[end] != 0 {
+        return false;
+    }
+    let mut at = 4;
+    while at < end {
+        let tag = bytes[at];
+        let Some(key_len) = bytes[at + 1..end].iter().position(|&b| b == 0) else {
+            return false;
+        };
+        if core::str::from_utf8(&bytes[at + 1..at + 1 + key_len]).is_err() {
+            return false;
+        }
+        let value = at + 1 + key_len + 1;
+        let size = match tag {
+            0x01 | 0x09 | 0x11 | 0x12 => 8,
+            0x10 => 4,
+            0x07 => 12,
+            0x0A => 0,
+            0x08 => match bytes.get(value) {
+                Some(0 | 1) => 1,
+                _ => return false,
+            },
+            0x02 => match read_len(bytes, value) {
+                Some(len) if len >= 1 && value + 4 + len <= end => {
+                    let content = &bytes[value + 4..value + 4 + len];
+                    if content[len - 1] != 0 || core::str::from_utf8(&content[..len - 1]).is_err() {
+                        return false;
+                    }
+                    4 + len
+                }
+                _ => return false,
+            },
+            0x03 | 0x04 => match read_len(bytes, value) {
+                Some(len) if value + len <= end => {
+                    if !well_formed(&bytes[value..value + len], depth + 1) {
+                        return false;
+                    }
+                    len
+                }
+                _ => return false,
+            },
+            // The old binary subtype (2) carries an inner length the crate checks: left to it.
+            0x05 => match (read_len(bytes, value), bytes.get(value + 4)) {
+                (Some(len), Some(&subtype)) if subtype != 2 && len < i32::MAX as usize - 5 => {
+                    len + 5
+                }
+                _ => return false,
+            },
+            _ => return false,
+        };
+        if value + size > end {
+            return false;
+        }
+        at = value + size;
+    }
+    at == end
+}
+
+/// The non-negative int32 at `at`, as a length.
+fn read_len(bytes: &[u8], at: usize) -> Option<usize> {
+    let b = bytes.get(at..at.checked_add(4)?)?;
+    usize::try_from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])).ok()
+}
+
+/// The top-level elements of a document [`validate`] accepted, read straight from its bytes
+/// (no UTF-8 checks, no values built): each element's key bytes, type tag and value bytes, in
+/// order. It stops at the first element it cannot size (which a validated document does not
+/// have) and then says so with [`Elements::broken`].
+pub(crate) struct Elements<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    broken: bool,
+}
+
+impl<'a> Elements<'a> {
+    /// The elements of `raw`.
+    pub(crate) fn of(raw: &'a RawDocument) -> Elements<'a> {
+        Elements {
+            bytes: raw.as_bytes(),
+            at: 4,
+            broken: false,
+        }
+    }
+
+    /// Whether the walk stopped at an element it could not size.
+    pub(crate) fn broken(&self) -> bool {
+        self.broken
+    }
+
+    fn size(&self, tag: u8, value: usize) -> Option<usize> {
+        let bytes = self.bytes;
+        let cstring = |at: usize| bytes.get(at..)?.iter().position(|&b| b == 0);
+        Some(match tag {
+            0x01 | 0x09 | 0x11 | 0x12 => 8,
+            0x10 => 4,
+            0x07 => 12,
+            0x13 => 16,
+            0x06 | 0x0A | 0x7F | 0xFF => 0,
+            0x08 => 1,
+            0x02 | 0x0D | 0x0E => 4 + read_len(bytes, value)?,
+            0x03 | 0x04 | 0x0F => read_len(bytes, value)?,
+            0x05 => 5 + read_len(bytes, value)?,
+            0x0C => 16 + read_len(bytes, value)?,
+            0x0B => {
+                let pattern = cstring(value)?;
+                pattern + 1 + cstring(value + pattern + 1)? + 1
+            }
+            _ => return None,
+        })
+    }
+}
+
+impl<'a> Iterator for Elements<'a> {
+    type Item = (&'a [u8], u8, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let end = self.bytes.len().checked_sub(1)?;
+        if self.broken || self.at >= end {
+            return None;
+        }
+        let tag = self.bytes[self.at];
+        let key_start = self.at + 1;
+        let Some(key_len) = self.bytes[key_start..end].iter().position(|&b| b == 0) else {
+            self.broken = true;
+            return None;
+        };
+        let value = key_start + key_len + 1;
+        let Some(value_end) = self
+            .size(tag, value)
+            .and_then(|size| value.checked_add(size))
+            .filter(|&value_end| value_end <= end)
+        else {
+            self.broken = true;
+            return None;
+        };
+        self.at = value_end;
+        Some((
+            &self.bytes[key_start..key_start + key_len],
+            tag,
+            &self.bytes[value..value_end],
+        ))
+    }
+}
+
+/// The value of a timestamp element from [`Elements`] (tag 0x11): the increment, then the
+/// time, each a little-endian u32; `None` for another type.
+pub(crate) fn timestamp(tag: u8, value: &[u8]) -> Option<Timestamp> {
+    let word = |at: usize| -> Option<u32> {
+        Some(u32::from_le_bytes(value.get(at..at + 4)?.try_into().ok()?))
+    };
+    (tag == 0x11 && value.len() == 8).then_some(())?;
+    Some(Timestamp {
+        increment: word(0)?,
+        time: word(4)?,
+    })
 }
 
 /// A value inside a document or array at `level`.
@@ -256,7 +436,86 @@ mod tests {
         assert_eq!(ours.unwrap(), doc! { "a": 3, "b": 2 });
     }
 
+    fn raw_elements(doc: &Document) -> Vec<(String, u8, Vec<u8>)> {
+        let bytes = doc.to_vec().unwrap();
+        let raw = RawDocument::from_bytes(&bytes).unwrap();
+        let mut elements = Elements::of(raw);
+        let ours: Vec<_> = elements
+            .by_ref()
+            .map(|(k, t, v)| (String::from_utf8(k.to_vec()).unwrap(), t, v.to_vec()))
+            .collect();
+        assert!(!elements.broken());
+        ours
+    }
+
+    /// WP-2: the element walk sizes every BSON type as the bson crate does: the same keys,
+    /// types and value bytes, in order.
+    #[test]
+    fn wp2_elements_size_every_bson_type_as_the_bson_crate_does() {
+        let doc = doc! {
+            "double": 1.5, "string": "héllo", "array": [1, "two"], "doc": { "a": null },
+            "true": true, "null": null,
+            "regex": Regex {
+                pattern: String::from("^a.*").try_into().unwrap(),
+                options: String::from("imx").try_into().unwrap(),
+            }, "code": Bson::JavaScriptCode("f()".into()),
+            "scope": JavaScriptCodeWithScope { code: "g()".into(), scope: doc! { "x": 1 } },
+            "int32": -7, "int64": 1_i64 << 40, "ts": Timestamp { time: 5, increment: 9 },
+            "binary": Binary { subtype: BinarySubtype::Uuid, bytes: vec![1; 16] },
+            "old": Binary { subtype: BinarySubtype::BinaryOld, bytes: vec![2, 3] },
+            "oid": ObjectId::from_bytes([7; 12]), "date": DateTime::from_millis(-1),
+            "symbol": Bson::Symbol("s".into()), "dec": Decimal128::from_bytes([4; 16]),
+            "undefined": Bson::Undefined, "max": Bson::MaxKey, "min": Bson::MinKey,
+        };
+        let bytes = doc.to_vec().unwrap();
+        let raw = RawDocument::from_bytes(&bytes).unwrap();
+        let theirs: Vec<_> = raw
+            .iter_elements()
+            .map(|e| e.unwrap())
+            .map(|e| {
+                (
+                    String::from(e.key().as_str()),
+                    e.element_type() as u8,
+                    e.size(),
+                )
+            })
+            .collect();
+        let ours = raw_elements(&doc);
+        assert_eq!(ours.len(), theirs.len());
+        for (o, t) in ours.iter().zip(&theirs) {
+            assert_eq!((&o.0, o.1, o.2.len()), (&t.0, t.1, t.2));
+        }
+    }
+
     proptest! {
+        /// The one-pass check never accepts what the bson crate refuses: valid documents of the
+        /// usual types with bytes flipped or cut.
+        #[test]
+        fn well_formed_accepts_nothing_the_bson_crate_refuses(
+            flips in proptest::collection::vec((0_usize..300, any::<u8>()), 0..4),
+            cut in 0_usize..300,
+        ) {
+            let doc = doc! {
+                "ok": 1.0, "n": 3, "big": 1_i64 << 40, "t": true, "z": null, "s": "héllo",
+                "cursor": { "id": 0_i64, "ns": "db.c", "firstBatch": [{ "_id": ObjectId::from_bytes([1; 12]) }] },
+                "$clusterTime": { "clusterTime": Timestamp { time: 1, increment: 2 },
+                    "signature": { "hash": Binary { subtype: BinarySubtype::Generic, bytes: vec![0; 20] }, "keyId": 0_i64 } },
+                "at": DateTime::from_millis(5), "e": [],
+            };
+            let mut bytes = doc.to_vec().unwrap();
+            prop_assert!(well_formed(&bytes, 0));
+            for (at, byte) in flips {
+                let len = bytes.len();
+                bytes[at % len] = byte;
+            }
+            for bytes in [&bytes[..], &bytes[..cut.min(bytes.len())]] {
+                if well_formed(bytes, 0) {
+                    let raw = RawDocument::from_bytes(bytes).expect("the crate accepts it");
+                    prop_assert!(Document::try_from(raw).is_ok());
+                }
+            }
+        }
+
         /// Any bytes (a valid document with bytes flipped, or noise) give the bson crate's
         /// document or its error.
         #[test]

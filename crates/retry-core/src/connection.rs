@@ -45,8 +45,8 @@ use crate::handshake::{validate_reply, HandshakeError, HandshakeReply};
 use crate::time::Instant;
 use crate::topology::ServerType;
 use crate::wire::{
-    DecodeError, Decompressor, DocumentSequence, EncodeError, FrameDecoder, MsgFlags, MsgParts,
-    OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES,
+    to_document, DecodeError, Decompressor, DocumentSequence, EncodeError, FrameDecoder, MsgFlags,
+    MsgParts, OpMsg, RawOpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES,
 };
 
 /// `connectTimeoutMS` when unset: 10 seconds, covering TCP, TLS and the handshake.
@@ -307,8 +307,10 @@ pub enum ConnectionEvent {
     Reply {
         /// The id [`Connection::send_command`] returned.
         request_id: i32,
-        /// The reply message.
-        reply: OpMsg,
+        /// The reply message, its documents left encoded (validated as
+        /// [`FrameDecoder::decode`] converts them): read its fields in place, or convert it with
+        /// [`to_document`].
+        reply: RawOpMsg,
     },
     /// The connection failed and is closed.
     Failed(ConnectionError),
@@ -451,7 +453,7 @@ impl Connection {
     /// outstanding request by `responseTo`; anything else fails the connection.
     pub fn handle_bytes(&mut self, mut bytes: &[u8], now: Instant) {
         while !bytes.is_empty() && self.state != ConnectionState::Closed {
-            match self.decoder.decode(bytes) {
+            match self.decoder.decode_raw(bytes) {
                 Ok((consumed, message)) => {
                     bytes = &bytes[consumed..];
                     if let Some(message) = message {
@@ -609,7 +611,7 @@ impl Connection {
         self.deadline
     }
 
-    fn on_message(&mut self, message: OpMsg, now: Instant) {
+    fn on_message(&mut self, message: RawOpMsg, now: Instant) {
         let expected = self.outstanding.map(|o| o.response_to);
         let Some(outstanding) = self
             .outstanding
@@ -627,38 +629,13 @@ impl Connection {
             return self.fail(FailureCause::Protocol(ProtocolError::UnrequestedMoreToCome));
         }
         match self.state {
-            ConnectionState::Handshaking => {
-                let round_trip = now.saturating_duration_since(outstanding.queued_at);
-                match validate_reply(
-                    &message.body,
-                    &self.config.address,
-                    self.config.load_balanced,
-                    round_trip,
-                    now,
-                ) {
-                    Ok(reply) => {
-                        self.decoder
-                            .set_max_message_size(reply.max_message_size_bytes);
-                        // AU-2: arbiters hold no users and are not authenticated.
-                        let arbiter = reply.description.server_type == ServerType::RsArbiter;
-                        match self.authentication.as_mut().filter(|_| !arbiter) {
-                            Some(auth) => {
-                                let step = auth.handle_hello(&message.body);
-                                self.authenticating = Some(reply);
-                                self.auth_step(step, now);
-                            }
-                            None => self.complete_handshake(reply),
-                        }
-                    }
-                    Err(e) => self.fail(FailureCause::Handshake(e)),
+            ConnectionState::Handshaking | ConnectionState::Authenticating => {
+                // The handshake and authentication read their replies as documents (once per
+                // connection); a command's reply stays encoded.
+                match to_document(&message.body) {
+                    Ok(body) => self.on_establishment_reply(body, outstanding, now),
+                    Err(e) => self.fail(FailureCause::Protocol(ProtocolError::Decode(e))),
                 }
-            }
-            ConnectionState::Authenticating => {
-                let step = match self.authentication.as_mut() {
-                    Some(auth) => auth.handle_reply(&message.body),
-                    None => Err(AuthFailure::Protocol("no conversation".into())),
-                };
-                self.auth_step(step, now);
             }
             _ if more_to_come => {
                 // WP-6: the next reply answers this one; each gets a fresh socket timeout.
@@ -679,6 +656,45 @@ impl Connection {
                     request_id: outstanding.request_id,
                     reply: message,
                 });
+            }
+        }
+    }
+
+    /// The reply to the handshake or to an authentication step.
+    fn on_establishment_reply(&mut self, body: Document, outstanding: Outstanding, now: Instant) {
+        match self.state {
+            ConnectionState::Handshaking => {
+                let round_trip = now.saturating_duration_since(outstanding.queued_at);
+                match validate_reply(
+                    &body,
+                    &self.config.address,
+                    self.config.load_balanced,
+                    round_trip,
+                    now,
+                ) {
+                    Ok(reply) => {
+                        self.decoder
+                            .set_max_message_size(reply.max_message_size_bytes);
+                        // AU-2: arbiters hold no users and are not authenticated.
+                        let arbiter = reply.description.server_type == ServerType::RsArbiter;
+                        match self.authentication.as_mut().filter(|_| !arbiter) {
+                            Some(auth) => {
+                                let step = auth.handle_hello(&body);
+                                self.authenticating = Some(reply);
+                                self.auth_step(step, now);
+                            }
+                            None => self.complete_handshake(reply),
+                        }
+                    }
+                    Err(e) => self.fail(FailureCause::Handshake(e)),
+                }
+            }
+            _ => {
+                let step = match self.authentication.as_mut() {
+                    Some(auth) => auth.handle_reply(&body),
+                    None => Err(AuthFailure::Protocol("no conversation".into())),
+                };
+                self.auth_step(step, now);
             }
         }
     }
@@ -914,7 +930,10 @@ mod tests {
         let Some(ConnectionEvent::Reply { request_id, reply }) = conn.poll_event() else {
             panic!("no reply");
         };
-        assert_eq!((request_id, &reply.body), (2, &doc! { "ok": 1 }));
+        assert_eq!(
+            (request_id, to_document(&reply.body).unwrap()),
+            (2, doc! { "ok": 1 })
+        );
         assert_eq!(
             (conn.state(), conn.poll_timeout()),
             (ConnectionState::Ready, None)

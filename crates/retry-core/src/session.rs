@@ -33,7 +33,7 @@ use core::cmp::Ordering;
 use core::time::Duration;
 
 use bson::spec::BinarySubtype;
-use bson::{Binary, Bson, Document, Timestamp};
+use bson::{Binary, Bson, Document, RawDocument, Timestamp};
 use rand_core::RngCore;
 
 use crate::handshake::HandshakeReply;
@@ -312,19 +312,39 @@ impl ClusterTime {
     /// The top-level `$clusterTime` of a reply, if it has a well-formed one
     /// (`{clusterTime: Timestamp, ...}`); the whole document is kept, signature included (SE-17).
     pub fn from_reply(reply: &Document) -> Option<ClusterTime> {
-        // Looked up without `get_document` / `get_timestamp`, whose misses build an error (an
-        // allocation per reply from a server that does not gossip).
+        // Looked up without `get_document`, whose miss builds an error (an allocation per reply
+        // from a server that does not gossip).
         let Some(Bson::Document(document)) = reply.get("$clusterTime") else {
             return None;
         };
+        ClusterTime::from_document(document.clone())
+    }
+
+    /// A `$clusterTime` document (`{clusterTime: Timestamp, ...}`), if well formed; kept whole,
+    /// signature included (SE-17).
+    pub fn from_document(document: Document) -> Option<ClusterTime> {
         let Some(Bson::Timestamp(timestamp)) = document.get("clusterTime") else {
             return None;
         };
-        let timestamp = *timestamp;
         Some(ClusterTime {
-            timestamp,
-            document: document.clone(),
+            timestamp: *timestamp,
+            document,
         })
+    }
+
+    /// The `clusterTime` timestamp of an encoded `$clusterTime` document that a decoder
+    /// validated ([`crate::wire::FrameDecoder::decode_raw`]), read in place (the last
+    /// occurrence, as [`ClusterTime::from_document`] reads the converted document): for
+    /// comparing (SE-16) before anything is converted.
+    pub fn timestamp_of(document: &RawDocument) -> Option<Timestamp> {
+        let mut timestamp = None;
+        let mut elements = crate::bson_read::Elements::of(document);
+        for (key, tag, value) in elements.by_ref() {
+            if key == b"clusterTime" {
+                timestamp = crate::bson_read::timestamp(tag, value);
+            }
+        }
+        timestamp.filter(|_| !elements.broken())
     }
 
     /// The timestamp compared by SE-16: seconds, then increment.

@@ -834,6 +834,14 @@ fn section_len(buf: &[u8], at: usize, end: usize, min: usize) -> Result<usize, D
 fn parse_document(bytes: &[u8]) -> Result<Document, DecodeError> {
     let raw =
         RawDocument::from_bytes(bytes).map_err(|e| DecodeError::Bson(alloc::format!("{e}")))?;
+    to_document(raw)
+}
+
+/// The [`Document`] an encoded document holds, converted as [`FrameDecoder::decode`] converts
+/// each document of a message (the `bson` crate's `Document::try_from(&RawDocument)` result,
+/// without its intermediate copies). A document of a [`RawOpMsg`] was validated this way, so
+/// converting it cannot fail.
+pub fn to_document(raw: &RawDocument) -> Result<Document, DecodeError> {
     bson_read::document(raw).map_err(|e| DecodeError::Bson(alloc::format!("{e}")))
 }
 

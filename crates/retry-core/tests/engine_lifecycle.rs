@@ -135,7 +135,7 @@ impl Net {
         op
     }
 
-    fn finished(&self, op: OpId) -> Vec<&Result<Document, OperationError>> {
+    fn finished(&self, op: OpId) -> Vec<&Result<bson::RawDocumentBuf, OperationError>> {
         self.events
             .iter()
             .filter_map(|e| match e {

@@ -7,7 +7,7 @@ use core::task::{Context, Poll, Waker};
 use std::io;
 use std::sync::Arc;
 
-use bson::Document;
+use bson::{Document, RawDocumentBuf};
 use retry_core::engine::{CursorUse, Engine, EngineError, OperationRequest, SessionHandle};
 use retry_core::error::OperationError;
 use retry_core::retry::OperationKind;
@@ -18,7 +18,7 @@ use crate::connection_string::ConnectionString;
 use crate::driver::{Driver, LocalDriver, Waiter};
 use crate::options::{ClientOptions, OptionsError};
 use crate::runtime::Runtime;
-use crate::shared::{lock, EventQueue, Reply, Request, Shared, Slot, TimedEvent};
+use crate::shared::{lock, EventQueue, RawReply, Reply, Request, Shared, Slot, TimedEvent};
 use crate::srv::resolve_seedlist;
 use crate::tls::TlsRuntime;
 
@@ -251,6 +251,23 @@ impl<R> Client<R> {
         Ok(reply.document)
     }
 
+    /// [`Client::run_command`] returning the reply as the server encoded it: nothing is
+    /// converted into a [`Document`] (no tree, no per-field allocation), for callers that read
+    /// a few fields in place (`RawDocument::get`) or drop the reply. Convert it with
+    /// [`retry_core::wire::to_document`] when needed, which gives [`Client::run_command`]'s
+    /// document. A write reply with `writeErrors` is an error here too.
+    pub async fn run_command_raw(
+        &self,
+        db: &str,
+        command: Document,
+        kind: OperationKind,
+    ) -> Result<RawDocumentBuf, OperationError> {
+        let reply = self
+            .run_raw(db, command, kind, CommandOptions::default())
+            .await?;
+        Ok(reply.body)
+    }
+
     /// [`Client::run_command`] with explicit selection criteria, cursor use and session. The
     /// reply carries the cursor a [`CursorUse::Open`] command opened, for its `getMore`s
     /// ([`CursorUse::GetMore`]) to follow it to its server (with its session, SE-14). Dropping
@@ -263,6 +280,17 @@ impl<R> Client<R> {
         kind: OperationKind,
         options: CommandOptions,
     ) -> Result<Reply, OperationError> {
+        self.run_raw(db, command, kind, options).await?.into_reply()
+    }
+
+    /// [`Client::run`] with the reply left encoded.
+    async fn run_raw(
+        &self,
+        db: &str,
+        command: Document,
+        kind: OperationKind,
+        options: CommandOptions,
+    ) -> Result<RawReply, OperationError> {
         let operation = self.request(db, command, kind, options)?;
         let waiter = self.waiter();
         // A future that drives the engine itself runs it next: no wake.

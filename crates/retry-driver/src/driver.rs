@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::task::Wake;
 
+use bson::RawDocument;
 use retry_core::address::ServerAddress;
 use retry_core::engine::{ConnId, CursorHandle, Engine, EngineEvent, OpId};
 use retry_core::error::{NetworkCause, NetworkErrorKind, OperationError};
@@ -19,7 +20,7 @@ use retry_core::time::{Instant, OperationTimeout};
 
 use crate::io_error::classify_io_error;
 use crate::runtime::{AsyncTimer, BoxFuture, Runtime, Socket};
-use crate::shared::{lock, Reply, Shared, Slot};
+use crate::shared::{lock, RawReply, Shared, Slot};
 use crate::srv::SrvPolling;
 
 /// Rounds of work in one poll before the driver yields to its executor (tokio's coop budget and
@@ -362,11 +363,9 @@ impl Driver {
                         let address = pending.address.unwrap_or_else(unknown_address);
                         // The engine's success may still carry write errors: an error for the
                         // caller, keeping the reply (never retried, RW-3).
-                        let result = result.and_then(|document| {
-                            match OperationError::from_write_reply(&document, &address) {
-                                Some(error) => Err(error),
-                                None => Ok(Reply { document, cursor }),
-                            }
+                        let result = result.and_then(|body| match write_errors(&body, &address) {
+                            Some(error) => Err(error),
+                            None => Ok(RawReply { body, cursor }),
                         });
                         pending.slot.complete(result);
                     }
@@ -470,6 +469,20 @@ impl Future for Driver {
         cx.waker().wake_by_ref();
         Poll::Pending
     }
+}
+
+/// RW-3: the write errors of a successful reply ([`OperationError::from_write_reply`]). Only a
+/// reply with a top-level `writeErrors` key is converted to a document for it; any other has
+/// none (the rule reads that key alone).
+fn write_errors(reply: &RawDocument, address: &ServerAddress) -> Option<OperationError> {
+    let has_write_errors = reply
+        .iter()
+        .any(|element| element.map_or(true, |(key, _)| key.as_str() == "writeErrors"));
+    if !has_write_errors {
+        return None;
+    }
+    let document = retry_core::wire::to_document(reply).ok()?;
+    OperationError::from_write_reply(&document, address)
 }
 
 /// The sockets that have something to do, in the order they became ready (woken by their

@@ -6,7 +6,7 @@ use core::task::{Context, Poll, Waker};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use bson::Document;
+use bson::{Document, RawDocumentBuf};
 use retry_core::engine::{CursorHandle, EngineEvent, OpId, OperationRequest};
 use retry_core::error::OperationError;
 use retry_core::time::Instant;
@@ -24,13 +24,34 @@ pub struct Reply {
     pub cursor: Option<CursorHandle>,
 }
 
+/// A successful command's reply as the engine gave it, still encoded: converted into a
+/// [`Reply`] only for callers that want a document.
+pub(crate) struct RawReply {
+    pub(crate) body: RawDocumentBuf,
+    pub(crate) cursor: Option<CursorHandle>,
+}
+
+impl RawReply {
+    /// The reply with its document converted ([`retry_core::wire::to_document`], which cannot
+    /// fail on a reply the engine decoded).
+    pub(crate) fn into_reply(self) -> Result<Reply, OperationError> {
+        let document = retry_core::wire::to_document(&self.body).map_err(|e| {
+            OperationError::internal(format!("a decoded reply did not convert: {e}"))
+        })?;
+        Ok(Reply {
+            document,
+            cursor: self.cursor,
+        })
+    }
+}
+
 /// Locks `mutex`; a panic elsewhere while it was held does not poison the client.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What an operation ends with.
-pub(crate) type OperationResult = Result<Reply, OperationError>;
+pub(crate) type OperationResult = Result<RawReply, OperationError>;
 
 #[derive(Default)]
 struct SlotState {

@@ -138,7 +138,10 @@ fn summary(error: &ErrorSummary) -> String {
 pub fn describe(event: &EngineEvent) -> String {
     match event {
         EngineEvent::OperationFinished { op, result } => match result {
-            Ok(reply) => format!("operation {} finished: {reply}", op.0),
+            Ok(reply) => match retry_core::wire::to_document(reply) {
+                Ok(reply) => format!("operation {} finished: {reply}", op.0),
+                Err(e) => format!("operation {} finished: {e}", op.0),
+            },
             Err(error) => format!("operation {} failed: {error}", op.0),
         },
         EngineEvent::Operation { op, event } => {

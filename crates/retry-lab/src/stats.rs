@@ -178,7 +178,7 @@ mod tests {
 
     fn finished(op: u64, ok: bool) -> EngineEvent {
         let result = if ok {
-            Ok(doc! { "ok": 1 })
+            Ok(bson::RawDocumentBuf::try_from(&doc! { "ok": 1 }).expect("encodes"))
         } else {
             Err(OperationError::usage("scripted failure"))
         };

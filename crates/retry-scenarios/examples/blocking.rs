@@ -88,7 +88,10 @@ pub fn run(seed: ServerAddress, command: Document) -> Result<Document, Operation
             println!("{event:?}");
             if let EngineEvent::OperationFinished { op: done, result } = event {
                 if done == op {
-                    return result;
+                    // The reply comes encoded; this example hands its caller a document.
+                    return result.map(|reply| {
+                        retry_core::wire::to_document(&reply).expect("a decoded reply converts")
+                    });
                 }
             }
         }

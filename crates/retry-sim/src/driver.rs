@@ -14,7 +14,9 @@ use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use retry_core::time::Instant;
 use retry_core::topology::TopologySettings;
-use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
+use retry_core::wire::{
+    to_document, FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES,
+};
 
 /// The cap on the steps of every loop of the driver.
 pub const MAX_STEPS: usize = 100_000;
@@ -595,10 +597,15 @@ impl Sim {
         panic!("step cap reached");
     }
 
-    /// The result of `op`, if it finished.
+    /// The result of `op`, if it finished, its reply converted to a document.
     pub fn result(&self, op: OpId) -> Option<Result<Document, OperationError>> {
         self.events.iter().find_map(|(_, e)| match e {
-            EngineEvent::OperationFinished { op: o, result } if *o == op => Some(result.clone()),
+            EngineEvent::OperationFinished { op: o, result } if *o == op => Some(
+                result
+                    .as_ref()
+                    .map(|reply| to_document(reply).expect("a decoded reply converts"))
+                    .map_err(Clone::clone),
+            ),
             _ => None,
         })
     }

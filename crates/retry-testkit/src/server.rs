@@ -952,8 +952,8 @@ async fn serve_stream<S: ServerStream>(shared: &Shared, mut stream: S, mut conne
         let mut input = &chunk[..read];
         // Each pass consumes at least one byte or completes a message.
         while !input.is_empty() {
-            // A hot command, named at the front of a whole frame, is decoded raw (`raw`); the
-            // two decoders accept and refuse the same frames.
+            // A frame starting here that names a hot command is decoded raw (`raw`); the two
+            // decoders accept and refuse the same frames.
             let hot = shared.raw_path && !decoder.is_mid_frame() && raw::names_hot_command(input);
             let decoded = if hot {
                 let raw = decoder.decode_raw(input);

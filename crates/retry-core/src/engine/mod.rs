@@ -40,8 +40,9 @@
 //! (which machine an operation runs, hedged copies and their draining connections), `sockets`
 //! (the connection machines), `monitoring` (the topology, its pools and the monitors), `pins`
 //! (transaction and cursor pins), `sessions` (server sessions, `txnNumber`, `$clusterTime`,
-//! `maxTimeMS` and `endSessions` at close), `commands` (command monitoring events, EV-1..EV-6)
-//! and `worklist` (the worklist and the timer queue).
+//! `maxTimeMS` and `endSessions` at close), `commands` (command monitoring events, EV-1..EV-6),
+//! `raw_reply` (what the engine reads from a reply left encoded) and `worklist` (the worklist
+//! and the timer queue).
 //!
 //! # Event order
 //!
@@ -91,6 +92,7 @@ mod hedged;
 mod monitoring;
 mod operations;
 mod pins;
+mod raw_reply;
 mod refused;
 mod sessions;
 mod sockets;
@@ -100,7 +102,7 @@ use alloc::boxed::Box;
 use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
 use alloc::string::String;
 use alloc::vec::Vec;
-use bson::{Bson, Document};
+use bson::{Bson, Document, RawDocumentBuf};
 use core::time::Duration;
 use smallvec::SmallVec;
 
@@ -312,12 +314,16 @@ pub struct Connect {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum EngineEvent {
-    /// An operation finished: the reply document, or the error the retry rules chose.
+    /// An operation finished: the reply, or the error the retry rules chose.
     OperationFinished {
         /// The operation.
         op: OpId,
-        /// Its result.
-        result: Result<Document, OperationError>,
+        /// Its result. The reply stays encoded as the server sent it (validated by the decoder):
+        /// read the fields you need in place, or convert it with
+        /// [`to_document`](crate::wire::to_document), which cannot fail on it. A reply the caller
+        /// drops costs no document tree. A commit or abort of a transaction that wrote nothing
+        /// finishes with an empty reply (TX-2).
+        result: Result<RawDocumentBuf, OperationError>,
     },
     /// A command monitoring event in the spec's shape (EV-1..EV-6), when
     /// [`EngineOptions::command_monitoring`] is on. Boxed: it is the largest event by far, and
@@ -468,7 +474,7 @@ struct Operation {
     /// The command with `$db`, built once and sent as it is by every attempt that modifies
     /// nothing (WP-5).
     wire: Request,
-    reply: Option<Document>,
+    reply: Option<RawDocumentBuf>,
     /// A cursor operation's server: no selection (LB-10 and ordinary cursor server pinning).
     pinned_server: Option<AttemptServer>,
     /// A load-balanced cursor's connection: no checkout, and no check-in on release (LB-10).

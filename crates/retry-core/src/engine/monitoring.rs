@@ -21,7 +21,7 @@ use crate::monitor::{Monitor, MonitorAction};
 use crate::pool::{ConnectionId, Pool, PoolAction};
 use crate::time::Instant;
 use crate::topology::{AverageRtt, SdamEvent, ServerDescription, TopologyAction};
-use crate::wire::{MsgFlags, OpMsg};
+use crate::wire::{MsgFlags, RawOpMsg};
 
 use super::worklist::Machine;
 
@@ -338,9 +338,11 @@ impl Engine {
         &mut self,
         server: ServerId,
         conn: ConnId,
-        reply: &OpMsg,
+        reply: &RawOpMsg,
         now: Instant,
     ) {
+        // A heartbeat's reply is read as a document: SDAM reads most of its fields.
+        let body = super::raw_reply::to_document(&reply.body);
         let address = self.server(server).address.clone();
         let Some(state) = self.server_mut(server).monitor.as_mut() else {
             return;
@@ -350,19 +352,19 @@ impl Engine {
             let more_to_come = reply.flags.contains(MsgFlags::MORE_TO_COME);
             state
                 .monitor
-                .handle_streamed_reply(&reply.body, more_to_come, now)
+                .handle_streamed_reply(&body, more_to_come, now)
         } else {
-            state.monitor.handle_check_succeeded(&reply.body, now)
+            state.monitor.handle_check_succeeded(&body, now)
         };
         // MO-11 (1): a failed check (`ok: 0`) closes the monitoring connection, polling or
         // streaming; the next check opens a new one.
-        if !crate::reply::is_ok(&reply.body) {
+        if !crate::reply::is_ok(&body) {
             state.conn = None;
             self.close_socket(conn, now);
         }
         self.schedule(Machine::Monitor(server));
         self.topology
-            .handle_hello(&address, &reply.body, average.unwrap_or_default(), now);
+            .handle_hello(&address, &body, average.unwrap_or_default(), now);
         self.topology_touched(server);
     }
 

@@ -8,8 +8,9 @@
 //! named by operation and slot: a retry machine has one slot, reused by each attempt; a hedging
 //! machine one per copy.
 
-use bson::Document;
+use bson::RawDocumentBuf;
 
+use super::raw_reply::{self, ReplyFields};
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
     command_for, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession, Operation,
@@ -111,7 +112,7 @@ impl Engine {
             Ok(false) => {
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
-                    result: Ok(Document::new()),
+                    result: Ok(RawDocumentBuf::new()),
                 });
                 return op;
             }
@@ -736,7 +737,7 @@ impl Engine {
         &mut self,
         (op_id, slot): (OpId, usize),
         conn: ConnId,
-        body: Document,
+        body: RawDocumentBuf,
         now: Instant,
     ) {
         let Some(socket) = self.sockets.get_mut(&conn) else {
@@ -744,15 +745,17 @@ impl Engine {
         };
         socket.op = None;
         let (server, owner) = (socket.server, socket.owner);
-        let error = OperationError::from_reply(&body, &socket.address);
+        // The reply stays encoded: what the engine needs is read in place (`raw_reply.rs`).
+        let fields = ReplyFields::read(&body);
+        let error = fields.error(&body, &socket.address);
         if let Some(pending) = socket.command.take() {
-            self.command_replied(pending, &body, now);
+            self.command_replied(pending, &raw_reply::to_document(&body), now);
         }
         if let (Some(error), Owner::Pool(id)) = (&error, owner) {
             let context = self.error_context(server, id, true);
             self.application_error(server, error, context, now);
         }
-        self.session_replied(op_id, slot, &body);
+        self.session_replied(op_id, slot, &fields);
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
@@ -767,7 +770,7 @@ impl Engine {
                 self.fail_attempt(op_id, slot, error, false, now);
             }
             None => {
-                let cursor_id = crate::reply::cursor_id(&body);
+                let cursor_id = fields.cursor_id;
                 op.reply = Some(body);
                 op.succeeded(slot, now);
                 self.schedule(Machine::Operation(op_id));

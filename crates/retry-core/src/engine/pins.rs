@@ -3,10 +3,12 @@
 //!
 //! They decide where an operation goes before selection (`session_route`, `cursor_route`),
 //! what a success pins (`transaction_succeeded`, `cursor_replied`) and when a pinned connection
-//! goes back to its pool.
+//! goes back to its pool: once, when the last of its holders lets it go (the transaction's pin,
+//! the cursors opened on it, an operation whose command is in flight on it; `conn_held`,
+//! `keep_for_cursor`, `release_unless_in_flight`), house rule 8.
 
 use alloc::collections::BTreeMap;
-use bson::Document;
+use bson::RawDocumentBuf;
 
 use super::{
     ConnId, Cursor, CursorHandle, CursorUse, Engine, EngineEvent, OpId, Owner, SessionHandle,
@@ -67,7 +69,7 @@ impl Engine {
                     }
                     self.events.push_back(EngineEvent::OperationFinished {
                         op,
-                        result: Ok(Document::new()),
+                        result: Ok(RawDocumentBuf::new()),
                     });
                     return None;
                 }
@@ -143,29 +145,28 @@ impl Engine {
     }
 
     /// Checks in a pinned connection its holder (a transaction's pin, a closed cursor) let go,
-    /// unless another operation pinned to it still has its command in flight on it (a session
-    /// or cursor used concurrently, SE-10): that operation then checks it in when it releases
-    /// it, and gets its reply (house rule 8).
+    /// unless another operation still has its command in flight on it (a session or cursor used
+    /// concurrently, SE-10): that operation then checks it in when it releases it, and gets its
+    /// reply (house rule 8).
     pub(super) fn release_unless_in_flight(&mut self, conn: ConnId, healthy: bool, now: Instant) {
         let in_flight = self.sockets.get(&conn).and_then(|s| match (s.op, s.owner) {
             (Some((op, _)), Owner::Pool(id)) => Some((op, s.server, id)),
             _ => None,
         });
-        if let Some((op_id, server, id)) = in_flight {
-            if let Some(op) = self
-                .ops
-                .get_mut(&op_id)
-                .filter(|o| o.pinned_conn == Some(conn))
-            {
+        let Some((op_id, server, id)) = in_flight else {
+            self.release(conn, healthy, now);
+            return;
+        };
+        // One that checked it out itself releases it anyway; one pinned to it now does too.
+        if let Some(op) = self.ops.get_mut(&op_id) {
+            if op.pinned_conn == Some(conn) {
                 op.release_pinned = true;
                 // Nobody's but that operation's now (LB-13).
                 if let Some(pool) = self.pool_mut(server) {
                     pool.set_purpose(id, Purpose::Other);
                 }
-                return;
             }
         }
-        self.release(conn, healthy, now);
     }
 
     /// LB-10, LB-13: whether a cursor still uses `conn`, whose transaction pin went; the cursor
@@ -311,7 +312,10 @@ impl Engine {
             return;
         }
         if load_balanced {
+            // The connection is the transaction's now, even one the operation was to give back
+            // (a killCursors that became the transaction's first command, its cursor closed).
             op.keep_conn = true;
+            op.release_pinned = false;
             state.conn = Some(conn);
             state.pin.pin(Pin::Connection(pool_id));
             if let Some(pool) = self.pool_mut(server) {

@@ -15,6 +15,7 @@ use bson::{Bson, Document};
 
 use alloc::vec::Vec;
 
+use super::raw_reply::ReplyFields;
 use super::{
     Engine, OpId, OpSession, Operation, OperationRequest, Session, SessionHandle, SessionInfo,
 };
@@ -24,8 +25,8 @@ use crate::max_time::{max_time_ms, MaxTime};
 use crate::retry::OperationKind;
 use crate::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use crate::session::{
-    attaches_session, connection_supports_sessions, gossips_cluster_time, ClusterTime,
-    ServerSession, SessionId, SessionTimeout, SESSIONS_UNSUPPORTED,
+    attaches_session, connection_supports_sessions, gossips_cluster_time, ClusterClock,
+    ClusterTime, ServerSession, SessionId, SessionTimeout, SESSIONS_UNSUPPORTED,
 };
 use crate::time::{Instant, OperationTimeout};
 use crate::transaction::{Step, TransactionOptions, TransactionState};
@@ -622,44 +623,60 @@ impl Engine {
     /// SE-16, SE-18: a reply's `$clusterTime` advances the client's clock and the explicit
     /// session's (never for SDAM commands, SE-19: those replies do not come here). TX-6: an
     /// `ok: 1` reply to a transaction command leaves its `recoveryToken` with the session.
-    pub(super) fn session_replied(&mut self, op_id: OpId, slot: usize, reply: &Document) {
+    pub(super) fn session_replied(&mut self, op_id: OpId, slot: usize, reply: &ReplyFields<'_>) {
         let Some(op) = self.ops.get(&op_id) else {
             return;
         };
         let session = op.slots.get(slot).map(|s| &s.session);
         // SE-21: every reply's `operationTime`, failures included, in an explicit session.
-        if let (Some(OpSession::Explicit(handle)), Some(Bson::Timestamp(time))) =
-            (session, reply.get("operationTime"))
-        {
+        if let (Some(OpSession::Explicit(handle)), Some(time)) = (session, reply.operation_time) {
             if let Some(state) = self.sessions.get_mut(handle) {
                 let newer = state
                     .operation_time
                     .is_none_or(|t| (time.time, time.increment) > (t.time, t.increment));
                 if newer {
-                    state.operation_time = Some(*time);
+                    state.operation_time = Some(time);
                 }
             }
         }
-        if let (Some(OpSession::Explicit(handle)), Some(Bson::Document(token))) =
-            (session, reply.get("recoveryToken"))
-        {
-            if crate::reply::is_ok(reply) && Engine::transaction_command(op.request.kind).is_some()
-            {
+        if let (Some(OpSession::Explicit(handle)), Some(token)) = (session, reply.recovery_token) {
+            if reply.ok && Engine::transaction_command(op.request.kind).is_some() {
                 if let Some(state) = self.sessions.get_mut(handle) {
-                    state.recovery_token = Some(token.clone());
+                    state.recovery_token = Some(super::raw_reply::to_document(token));
                 }
             }
         }
         if !op.gossip {
             return;
         }
-        let Some(time) = ClusterTime::from_reply(reply) else {
+        let Some(raw) = reply.cluster_time else {
             return;
         };
-        if let Some(OpSession::Explicit(handle)) = session {
-            if let Some(state) = self.sessions.get_mut(handle) {
-                state.clock.advance(time.clone());
-            }
+        let explicit = match session {
+            Some(OpSession::Explicit(handle)) => Some(*handle),
+            _ => None,
+        };
+        // SE-16: converted only when it advances a clock (a time seen before is not copied).
+        let Some(timestamp) = ClusterTime::timestamp_of(raw) else {
+            return;
+        };
+        let advances = |clock: &ClusterClock| {
+            clock.current().is_none_or(|c| {
+                let current = c.timestamp();
+                (timestamp.time, timestamp.increment) > (current.time, current.increment)
+            })
+        };
+        let session_clock = explicit
+            .and_then(|h| self.sessions.get(&h))
+            .map(|s| &s.clock);
+        if !advances(&self.cluster_clock) && !session_clock.is_some_and(advances) {
+            return;
+        }
+        let Some(time) = ClusterTime::from_document(super::raw_reply::to_document(raw)) else {
+            return;
+        };
+        if let Some(state) = explicit.and_then(|h| self.sessions.get_mut(&h)) {
+            state.clock.advance(time.clone());
         }
         self.cluster_clock.advance(time);
     }

@@ -1,0 +1,220 @@
+//! What the engine reads from an operation's reply, read in place from its encoded bytes: the
+//! reply itself stays encoded for the caller ([`super::EngineEvent::OperationFinished`]), so a
+//! reply nobody converts costs no document tree.
+//!
+//! One pass over the top-level fields finds what every reply may carry for the engine: `ok` and
+//! `writeConcernError` (whether the error rules must look at it), `$clusterTime` (SE-16),
+//! `operationTime` (SE-21), `recoveryToken` (TX-6) and `cursor.id` (the cursor rules). Each is
+//! the *last* occurrence of its key, the value `Document::get` sees in the converted document
+//! (a repeated key keeps its last value there), so reading in place gives the answers the
+//! document-based rules give. A reply that is not a plain success goes to those rules whole
+//! ([`ReplyFields::error`]).
+
+use bson::raw::RawDocument;
+use bson::{Document, Timestamp};
+
+use crate::address::ServerAddress;
+use crate::bson_read::{timestamp, Elements};
+use crate::error::OperationError;
+
+/// The fields of one reply the engine reads on every reply (see the module docs).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct ReplyFields<'a> {
+    /// `ok` is 1 (any numeric type) or `true`.
+    pub(super) ok: bool,
+    /// A `writeConcernError` key is present (of any type).
+    write_concern_error: bool,
+    /// `$clusterTime`, when a document (SE-16).
+    pub(super) cluster_time: Option<&'a RawDocument>,
+    /// `operationTime`, when a timestamp (SE-21).
+    pub(super) operation_time: Option<Timestamp>,
+    /// `recoveryToken`, when a document (TX-6).
+    pub(super) recovery_token: Option<&'a RawDocument>,
+    /// `cursor.id` when `cursor` is a document with an Int64 or Int32 `id`.
+    pub(super) cursor_id: Option<i64>,
+}
+
+impl<'a> ReplyFields<'a> {
+    /// Reads `reply`'s top-level fields once, straight from its bytes. `reply` was validated by
+    /// the decoder; an element that cannot be read ends the pass and makes the reply one the
+    /// error rules look at whole.
+    pub(super) fn read(reply: &'a RawDocument) -> ReplyFields<'a> {
+        let mut fields = ReplyFields::default();
+        let mut elements = Elements::of(reply);
+        for (key, tag, value) in elements.by_ref() {
+            match key {
+                b"ok" => fields.ok = is_one(tag, value),
+                b"writeConcernError" => fields.write_concern_error = true,
+                b"$clusterTime" => fields.cluster_time = document(tag, value),
+                b"operationTime" => fields.operation_time = timestamp(tag, value),
+                b"recoveryToken" => fields.recovery_token = document(tag, value),
+                b"cursor" => fields.cursor_id = document(tag, value).and_then(cursor_id),
+                _ => {}
+            }
+        }
+        if elements.broken() {
+            fields.ok = false;
+        }
+        fields
+    }
+
+    /// The error this reply reports: none for a plain success (`ok: 1`, no `writeConcernError`),
+    /// else [`OperationError::from_reply`] on the converted reply, so every error, malformed
+    /// replies included, is read by the one set of rules.
+    pub(super) fn error(
+        &self,
+        reply: &RawDocument,
+        address: &ServerAddress,
+    ) -> Option<OperationError> {
+        if self.ok && !self.write_concern_error {
+            return None;
+        }
+        OperationError::from_reply(&to_document(reply), address)
+    }
+}
+
+/// The last `id` of a `cursor` document, if an Int64 or Int32.
+fn cursor_id(cursor: &RawDocument) -> Option<i64> {
+    let mut id = None;
+    for (key, tag, value) in Elements::of(cursor) {
+        if key == b"id" {
+            id = match (tag, value.try_into()) {
+                (INT64, Ok(v)) => Some(i64::from_le_bytes(v)),
+                (INT32, _) => value.try_into().ok().map(i32::from_le_bytes).map(i64::from),
+                _ => None,
+            };
+        }
+    }
+    id
+}
+
+/// Whether an element is 1 (double, int32, int64) or `true`, as the reply rules read `ok`.
+fn is_one(tag: u8, value: &[u8]) -> bool {
+    match tag {
+        DOUBLE => value.try_into().is_ok_and(|v| f64::from_le_bytes(v) == 1.0),
+        INT32 => value.try_into().is_ok_and(|v| i32::from_le_bytes(v) == 1),
+        INT64 => value.try_into().is_ok_and(|v| i64::from_le_bytes(v) == 1),
+        BOOLEAN => value == [1],
+        _ => false,
+    }
+}
+
+/// An embedded document element.
+fn document(tag: u8, value: &[u8]) -> Option<&RawDocument> {
+    (tag == DOCUMENT)
+        .then(|| RawDocument::from_bytes(value).ok())
+        .flatten()
+}
+
+const DOUBLE: u8 = 0x01;
+const DOCUMENT: u8 = 0x03;
+const BOOLEAN: u8 = 0x08;
+const INT32: u8 = 0x10;
+const INT64: u8 = 0x12;
+
+/// The document a decoded reply (or one of its embedded documents) holds. The decoder validated
+/// it as this conversion reads it, so the conversion does not fail; if it ever did, the result
+/// is an empty document, which every rule reads as a malformed reply (no `ok: 1`).
+pub(super) fn to_document(raw: &RawDocument) -> Document {
+    let converted = crate::wire::to_document(raw);
+    debug_assert!(converted.is_ok(), "a decoded reply converts");
+    converted.unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::{doc, Bson, RawDocumentBuf};
+
+    fn raw(document: &Document) -> RawDocumentBuf {
+        RawDocumentBuf::try_from(document).expect("encodes")
+    }
+
+    /// A reply with a repeated key: the `bson` crate's encoder keeps both, as a server's bytes
+    /// may.
+    fn with_repeated(first: (&str, Bson), second: (&str, Bson)) -> RawDocumentBuf {
+        let mut bytes = raw(&doc! { "a": 1 }).into_bytes();
+        bytes.truncate(bytes.len() - 1);
+        let mut tail = Vec::new();
+        for (key, value) in [first, second] {
+            tail.extend(raw(&doc! { key: value }).into_bytes()[4..].iter().copied());
+            tail.pop();
+        }
+        bytes.truncate(4);
+        bytes.extend(tail);
+        bytes.push(0);
+        let len = (bytes.len() as i32).to_le_bytes();
+        bytes[..4].copy_from_slice(&len);
+        RawDocumentBuf::from_bytes(bytes).expect("valid")
+    }
+
+    /// BP-1 (error facts from the reply): the fields read in place are the ones the document
+    /// rules read, the last occurrence of a repeated key included.
+    #[test]
+    fn reads_the_fields_the_document_rules_read() {
+        let time = Timestamp {
+            time: 7,
+            increment: 2,
+        };
+        let reply = raw(&doc! {
+            "cursor": { "id": 5_i64, "id": 9_i32, "ns": "db.c" },
+            "ok": 1.0,
+            "$clusterTime": { "clusterTime": time },
+            "operationTime": time,
+        });
+        let fields = ReplyFields::read(&reply);
+        assert!(fields.ok);
+        assert_eq!(fields.cursor_id, Some(9));
+        assert_eq!(fields.operation_time, Some(time));
+        assert!(fields.cluster_time.is_some());
+        assert!(fields.recovery_token.is_none());
+        let address = ServerAddress::new("db", 27017);
+        assert!(fields.error(&reply, &address).is_none());
+
+        // The last `ok` decides, as in the converted document.
+        let repeated = with_repeated(("ok", Bson::Int32(1)), ("ok", Bson::Int32(0)));
+        assert_eq!(to_document(&repeated).get("ok"), Some(&Bson::Int32(0)));
+        let fields = ReplyFields::read(&repeated);
+        assert!(!fields.ok);
+        assert!(fields.error(&repeated, &address).is_some());
+        let repeated = with_repeated(("ok", Bson::Int32(0)), ("ok", Bson::Boolean(true)));
+        assert!(ReplyFields::read(&repeated)
+            .error(&repeated, &address)
+            .is_none());
+    }
+
+    /// RW-3 / BP-1: every reply that is not a plain success gets the document rules' answer:
+    /// `ok: 0`, a `writeConcernError` (even with `ok: 1`, even malformed), a missing or odd `ok`.
+    #[test]
+    fn a_reply_that_is_not_a_plain_success_gets_the_document_rules_answer() {
+        let address = ServerAddress::new("db", 27017);
+        for reply in [
+            doc! { "ok": 0, "code": 91, "errmsg": "shutting down" },
+            doc! { "ok": 1, "writeConcernError": { "code": 64, "errmsg": "wc" } },
+            doc! { "ok": 1, "writeConcernError": 3 },
+            doc! { "code": 91 },
+            doc! { "ok": "1" },
+            doc! { "ok": 1.5 },
+        ] {
+            let encoded = raw(&reply);
+            let fields = ReplyFields::read(&encoded);
+            assert_eq!(
+                fields.error(&encoded, &address),
+                OperationError::from_reply(&reply, &address),
+                "{reply}"
+            );
+        }
+        for ok in [
+            Bson::Int32(1),
+            Bson::Int64(1),
+            Bson::Double(1.0),
+            Bson::Boolean(true),
+        ] {
+            let reply = doc! { "ok": ok };
+            assert!(OperationError::from_reply(&reply, &address).is_none());
+            assert!(ReplyFields::read(&raw(&reply))
+                .error(&raw(&reply), &address)
+                .is_none());
+        }
+    }
+}
