@@ -5,7 +5,6 @@
 //! what a success pins (`transaction_succeeded`, `cursor_replied`) and when a pinned connection
 //! goes back to its pool.
 
-use alloc::collections::BTreeMap;
 use bson::RawDocumentBuf;
 
 use super::{
@@ -369,7 +368,10 @@ impl Engine {
 }
 
 /// The pool's id of the pooled connection `conn`, while its socket lives.
-fn pool_conn(sockets: &BTreeMap<ConnId, super::Socket>, conn: ConnId) -> Option<ConnectionId> {
+fn pool_conn(
+    sockets: &super::id_table::IdTable<ConnId, super::Socket>,
+    conn: ConnId,
+) -> Option<ConnectionId> {
     match sockets.get(&conn)?.owner {
         Owner::Pool(id) => Some(id),
         _ => None,
