@@ -9,7 +9,8 @@
 //! it ([`crate::engine::Engine::start_transaction`], [`crate::engine::Engine::start_operation`]):
 //! `start` → each command of the session goes through `statement` (the first is
 //! [`OperationKind::InTransaction`] with `first: true`, and stays so until one is actually
-//! written: `first_sent` moves starting → in progress, TX-2) → `commit` or `abort` (a [`Step`]) →
+//! written: `first_sent` moves starting → in progress, TX-2; the transaction's one `txnNumber`
+//! is kept with `set_number`, TX-1) → `commit` or `abort` (a [`Step`]) →
 //! `start` again, or a command outside a transaction (`statement` moves to no transaction). The
 //! engine does the rest: `startTransaction: true` and the `txnNumber` (TX-1), the pins
 //! (TX-3..TX-5), the labels (TX-7, TX-8) and the retries of commit and abort (TX-10).
@@ -85,10 +86,16 @@ const COMMIT_AFTER_ABORT: &str = "Cannot call commitTransaction after calling ab
 const ABORT_AFTER_COMMIT: &str = "Cannot call abortTransaction after calling commitTransaction";
 const ABORT_TWICE: &str = "Cannot call abortTransaction twice";
 
-/// One session's transaction state machine (TX-2).
+/// One session's transaction state machine (TX-2), with the transaction's `txnNumber` once its
+/// first command took one (TX-1: every command of the transaction carries that one number).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Transaction {
     state: TransactionState,
+    /// Counts the transactions started, so that a command mapped into one transaction is never
+    /// sent in a later one.
+    generation: u32,
+    /// TX-1: the number of the current transaction, once its first command took it.
+    number: Option<i64>,
 }
 
 impl Transaction {
@@ -100,6 +107,30 @@ impl Transaction {
     /// The current state.
     pub fn state(&self) -> TransactionState {
         self.state
+    }
+
+    /// Which transaction (counting from 1) the session is in or last was in; 0 before the first.
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// TX-1: the `txnNumber` of the current transaction, once its first command took one.
+    pub fn number(&self) -> Option<i64> {
+        self.number
+    }
+
+    /// TX-1: the current transaction's first command took `number`; every later command of the
+    /// transaction (another first command whose attempt had not been prepared yet included,
+    /// review6 finding 2) uses it.
+    pub fn set_number(&mut self, number: i64) {
+        self.number = Some(number);
+    }
+
+    /// A new transaction: starting, without a number yet.
+    fn begin(&mut self) {
+        self.state = TransactionState::Starting;
+        self.generation = self.generation.wrapping_add(1);
+        self.number = None;
     }
 
     /// Whether a transaction is starting or in progress.
@@ -115,7 +146,7 @@ impl Transaction {
         if self.is_active() {
             return Err(OperationError::usage(ALREADY_IN_PROGRESS));
         }
-        self.state = TransactionState::Starting;
+        self.begin();
         Ok(())
     }
 
@@ -142,7 +173,7 @@ impl Transaction {
                 Ok(OperationKind::InTransaction { read, first: false })
             }
             (_, OperationKind::InTransaction { first: true, .. }) => {
-                self.state = TransactionState::Starting;
+                self.begin();
                 Ok(first)
             }
             (_, OperationKind::InTransaction { first: false, .. }) => {
@@ -329,5 +360,32 @@ mod tests {
         assert_eq!(t.statement(continued).unwrap(), continued);
         t.commit().unwrap();
         assert_eq!(t.statement(starts).unwrap(), starts, "a new transaction");
+    }
+    /// TX-1 (review6 finding 2): each transaction started has its own generation and no number
+    /// until its first command takes one; the number stays for the transaction and goes with it.
+    #[test]
+    fn tx1_one_number_per_transaction() {
+        let mut t = Transaction::new();
+        assert_eq!((t.generation(), t.number()), (0, None));
+        t.start().unwrap();
+        assert_eq!((t.generation(), t.number()), (1, None));
+        t.set_number(7);
+        t.first_sent();
+        assert_eq!(t.number(), Some(7));
+        t.commit().unwrap();
+        assert_eq!(t.number(), Some(7), "a commit again uses it");
+        t.start().unwrap();
+        assert_eq!((t.generation(), t.number()), (2, None));
+        t.abort().unwrap();
+        let starts = OperationKind::InTransaction {
+            read: false,
+            first: true,
+        };
+        t.statement(starts).unwrap();
+        assert_eq!(
+            (t.generation(), t.number()),
+            (3, None),
+            "a caller's own start"
+        );
     }
 }

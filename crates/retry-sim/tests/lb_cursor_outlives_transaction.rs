@@ -292,3 +292,64 @@ fn tx4_lb10_a_kill_cursors_naming_the_session_after_a_commit_keeps_the_connectio
         .collect();
     assert_eq!(log[log.len() - 2..], ["killCursors", "find"]);
 }
+
+/// TX-5, LB-10, house rule 8: a killCursors naming the session while its new transaction is
+/// starting runs as the transaction's first command, on the cursor's connection, which the
+/// transaction then pins: the cursor's end does not check it in under the transaction; the
+/// next transaction's start does, once.
+#[test]
+fn tx5_lb10_a_kill_cursors_that_starts_a_transaction_leaves_it_the_connection() {
+    let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
+    lb.script.extend([
+        Step::reply(doc! { "ok": 1, "cursor": { "id": 42_i64, "ns": "test.c", "firstBatch": [] } }),
+        Step::reply(doc! { "ok": 1, "cursorsKilled": [42_i64] }),
+    ]);
+    let mut sim = Sim::new(vec![(address("lb"), lb)], |o| {
+        o.topology.load_balanced = true;
+        o.topology.pool.max_pool_size = 1;
+    });
+    let session = sim.engine.start_session();
+    let find = sim.start_request(request(
+        doc! { "find": "c", "batchSize": 1 },
+        OperationKind::Read,
+        CursorUse::Open,
+        Some(session),
+    ));
+    sim.run(find).expect("a cursor outside any transaction");
+    let cursor = cursor_of(&sim, find);
+    sim.engine
+        .start_transaction(session, Default::default(), sim.now)
+        .expect("a transaction");
+    let close = sim.start_request(request(
+        doc! { "killCursors": "c", "cursors": [42_i64] },
+        OperationKind::RunCommand,
+        CursorUse::Close(cursor),
+        Some(session),
+    ));
+    sim.run(close).expect("the cursor closes");
+    assert_eq!(pool_events(&sim), ["out"], "the transaction pins it now");
+    let other = sim.start_request(request(
+        doc! { "find": "d" },
+        OperationKind::Read,
+        CursorUse::None,
+        None,
+    ));
+    sim.advance_to(sim.now.saturating_add(std::time::Duration::from_millis(10)));
+    assert!(
+        sim.result(other).is_none(),
+        "waits for the pinned connection"
+    );
+    let commit = sim.start_request(request(
+        doc! { "commitTransaction": 1 },
+        OperationKind::CommitTransaction { again: false },
+        CursorUse::None,
+        Some(session),
+    ));
+    sim.run(commit).expect("committed");
+    sim.engine
+        .start_transaction(session, Default::default(), sim.now)
+        .expect("the next transaction");
+    sim.drain();
+    sim.run(other).expect("then the other operation runs");
+    assert_eq!(pool_events(&sim), ["out", "in", "out", "in"]);
+}

@@ -12,7 +12,7 @@ use crate::config::{
 use crate::fail_point::{error_reply, FailCommand, TESTKIT_UNSUPPORTED};
 use crate::on_primary_write::OnPrimaryWrite;
 use crate::server::{is_ok, State};
-use crate::store::{Batch, QueryError, Store, WriteKey};
+use crate::store::{Batch, CursorOrigin, QueryError, Store, WriteKey};
 use retry_core::wire::OpMsg;
 
 /// The `electionId` a primary reports; constant, since the test server never holds an election.
@@ -231,26 +231,54 @@ pub(crate) fn execute(
     let in_transaction = request.body.get("autocommit") == Some(&Bson::Boolean(false));
     let ends = matches!(name, "commitTransaction" | "abortTransaction");
     if in_transaction && !ends {
-        if let Err((code, message)) = transaction_command(&mut store, &request.body) {
-            let mut reply = error_reply(code, &message);
-            if let Some(labels) = transaction_labels(name, code) {
-                reply.insert("errorLabels", labels);
+        match transaction_command(&mut store, &request.body) {
+            // TK-15: the statement reads and writes as its transaction.
+            Ok(session) => store.begin_statement(Some(session)),
+            Err((code, message)) => {
+                let mut reply = error_reply(code, &message);
+                if let Some(labels) = transaction_labels(name, code) {
+                    reply.insert("errorLabels", labels);
+                }
+                return Some(reply);
             }
-            return Some(reply);
         }
     }
+    // SE-14, TK-15: a cursor remembers the session and transaction it was opened in.
+    let origin = CursorOrigin {
+        owner: process_id,
+        lsid: request.body.get_document("lsid").ok(),
+        txn_number: request
+            .body
+            .get("txnNumber")
+            .and_then(integer)
+            .filter(|_| in_transaction),
+        router: matches!(state.role, Role::Mongos | Role::LoadBalancer { .. }),
+    };
     let mut context = Context {
         store: &mut store,
         batch_size: state.batch_size,
-        owner: process_id,
+        origin,
     };
-    let mut reply = run(&mut context, name, request, max_wire_version)?;
+    let reply = run(&mut context, name, request, max_wire_version);
+    store.end_statement();
+    let mut reply = reply?;
     // TK-15 (house rule 7): a statement that fails (an error or a write error) aborts its
     // transaction on a real server; its later commands get NoSuchTransaction (251).
     let failed = !reply
         .get("ok")
         .is_some_and(|ok| ok.as_f64() == Some(1.0) || ok.as_i32() == Some(1))
         || reply.contains_key("writeErrors");
+    // TK-7, TK-15: a statement's WriteConflict (112), a commit's NoSuchTransaction (251), ...
+    // are a TransientTransactionError.
+    if in_transaction && !reply.contains_key("errorLabels") {
+        if let Some(labels) = reply
+            .get("code")
+            .and_then(integer)
+            .and_then(|code| transaction_labels(name, i32::try_from(code).ok()?))
+        {
+            reply.insert("errorLabels", labels);
+        }
+    }
     if in_transaction && !ends && failed {
         let session = request
             .body
@@ -273,8 +301,8 @@ pub(crate) fn execute(
 }
 
 /// TK-15: checks (and with `startTransaction: true`, starts) the transaction a command with
-/// `autocommit: false` belongs to.
-fn transaction_command(store: &mut Store, command: &Document) -> Result<(), (i32, String)> {
+/// `autocommit: false` belongs to; its session (lsid bytes).
+fn transaction_command(store: &mut Store, command: &Document) -> Result<Vec<u8>, (i32, String)> {
     let session = command
         .get_document("lsid")
         .ok()
@@ -287,7 +315,8 @@ fn transaction_command(store: &mut Store, command: &Document) -> Result<(), (i32
         ));
     };
     let start = command.get("startTransaction") == Some(&Bson::Boolean(true));
-    store.transaction_command(session, number, start)
+    store.transaction_command(session.clone(), number, start)?;
+    Ok(session)
 }
 
 /// TK-7: the `TransientTransactionError` label a server adds to an error of a transaction's
@@ -307,8 +336,9 @@ pub(crate) fn transaction_labels(name: &str, code: i32) -> Option<Vec<String>> {
 struct Context<'a> {
     store: &'a mut Store,
     batch_size: u32,
-    /// The server process running the command; its cursors stay with it (TK-12).
-    owner: ObjectId,
+    /// The server process running the command (its cursors stay with it, TK-12) and the
+    /// command's session and transaction (SE-14).
+    origin: CursorOrigin<'a>,
 }
 
 /// Runs a data command; `None` when the server does not know it.
@@ -395,7 +425,7 @@ fn run(
                 let indexes = state.store.indexes(&ns);
                 let batch = state
                     .store
-                    .open_cursor(state.owner, &ns, indexes, batch_size);
+                    .open_cursor(state.origin, &ns, indexes, batch_size);
                 cursor_reply("firstBatch", &ns, batch)
             }
             (Err(e), _) | (_, Err(e)) => e,
@@ -527,7 +557,10 @@ fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
         Err(e) => return e,
     };
     let ns = format!("{db}.{collection}");
-    let outcome = state.store.insert(&ns, documents, ordered(&request.body));
+    let outcome = match state.store.insert(&ns, documents, ordered(&request.body)) {
+        Ok(outcome) => outcome,
+        Err(e) => return query_error(e),
+    };
     let mut reply = doc! { "n": count_i32(outcome.n) };
     if !outcome.duplicates.is_empty() {
         let errors: Vec<Document> = outcome
@@ -686,7 +719,10 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                 let Ok(document) = op.get_document("document") else {
                     return error_reply(2, "a bulkWrite insert needs a document");
                 };
-                let outcome = state.store.insert(&ns, vec![document.clone()], true);
+                let outcome = match state.store.insert(&ns, vec![document.clone()], true) {
+                    Ok(outcome) => outcome,
+                    Err(e) => return query_error(e),
+                };
                 if let Some((_, id)) = outcome.duplicates.first() {
                     failed = true;
                     result = doc! {
@@ -742,7 +778,7 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     }
     let batch = state
         .store
-        .open_cursor(state.owner, "admin.$cmd.bulkWrite", results, usize::MAX);
+        .open_cursor(state.origin, "admin.$cmd.bulkWrite", results, usize::MAX);
     let mut reply = cursor_reply("firstBatch", "admin.$cmd.bulkWrite", batch);
     for (field, slot) in [
         ("nErrors", errors),
@@ -910,8 +946,8 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
         if stages.len() > 1 {
             return unsupported_reply("$changeStream followed by other stages");
         }
-        let mut batch = state.store.open_cursor(state.owner, &ns, Vec::new(), 0);
-        batch.cursor_id = state.store.open_change_stream(state.owner, &ns);
+        let mut batch = state.store.open_cursor(state.origin, &ns, Vec::new(), 0);
+        batch.cursor_id = state.store.open_change_stream(state.origin, &ns);
         let mut reply = cursor_reply("firstBatch", &ns, batch);
         if let Ok(cursor) = reply.get_document_mut("cursor") {
             cursor.insert("postBatchResumeToken", doc! { "_data": "00" });
@@ -995,7 +1031,7 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
     }
     let batch = state
         .store
-        .open_cursor(state.owner, &ns, documents, batch_size);
+        .open_cursor(state.origin, &ns, documents, batch_size);
     cursor_reply("firstBatch", &ns, batch)
 }
 
@@ -1095,11 +1131,11 @@ fn find(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     }
     let mut batch = state
         .store
-        .open_cursor(state.owner, &ns, documents, batch_size);
+        .open_cursor(state.origin, &ns, documents, batch_size);
     if single_batch && batch.cursor_id != 0 {
         state
             .store
-            .kill_cursors(state.owner, &ns, &[batch.cursor_id]);
+            .kill_cursors(state.origin.owner, &ns, &[batch.cursor_id]);
         batch.cursor_id = 0;
     }
     cursor_reply("firstBatch", &ns, batch)
@@ -1157,8 +1193,11 @@ fn sort_documents(documents: &mut [Document], sort: &Document) -> Result<(), Doc
 
 /// `{getMore: id, collection, batchSize}`.
 fn get_more(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
-    let Some(id) = command.get("getMore").and_then(integer) else {
-        return error_reply(2, "getMore needs a cursor id");
+    // A real server's IDL takes the id as a long only (review6 finding 4).
+    let id = match command.get("getMore") {
+        Some(Bson::Int64(id)) => *id,
+        Some(other) => return long_expected("getMore.getMore", other),
+        None => return error_reply(2, "getMore needs a cursor id"),
     };
     let Ok(collection) = command.get_str("collection") else {
         return error_reply(2, "getMore needs a collection name");
@@ -1167,7 +1206,7 @@ fn get_more(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
         return error_reply(2, "batchSize must be a non-negative integer");
     };
     let ns = format!("{db}.{collection}");
-    match state.store.get_more(state.owner, &ns, id, batch_size) {
+    match state.store.get_more(state.origin, &ns, id, batch_size) {
         Ok(batch) => cursor_reply("nextBatch", &ns, batch),
         Err(e) => query_error(e),
     }
@@ -1181,13 +1220,17 @@ fn kill_cursors(state: &mut Context<'_>, db: &str, command: &Document) -> Docume
     let Ok(cursors) = command.get_array("cursors") else {
         return error_reply(2, "killCursors needs an array of cursor ids");
     };
-    let Some(ids) = cursors.iter().map(integer).collect::<Option<Vec<i64>>>() else {
-        return error_reply(2, "cursor ids must be integers");
-    };
+    let mut ids = Vec::with_capacity(cursors.len());
+    for (index, id) in cursors.iter().enumerate() {
+        match id {
+            Bson::Int64(id) => ids.push(*id),
+            other => return long_expected(&format!("killCursors.cursors.{index}"), other),
+        }
+    }
     let (killed, not_found) =
         state
             .store
-            .kill_cursors(state.owner, &format!("{db}.{collection}"), &ids);
+            .kill_cursors(state.origin.owner, &format!("{db}.{collection}"), &ids);
     doc! {
         "cursorsKilled": killed,
         "cursorsNotFound": not_found,
@@ -1405,7 +1448,7 @@ fn list_collections(state: &mut Context<'_>, db: &str, command: &Document) -> Do
         }
     }
     let ns = format!("{db}.$cmd.listCollections");
-    let batch = state.store.open_cursor(state.owner, &ns, docs, batch_size);
+    let batch = state.store.open_cursor(state.origin, &ns, docs, batch_size);
     cursor_reply("firstBatch", &ns, batch)
 }
 
@@ -1424,7 +1467,25 @@ fn query_error(error: QueryError) -> Document {
             None => unsupported_reply(&format!("query operator {key}")),
         },
         QueryError::CursorNotFound(id) => error_reply(43, &format!("cursor id {id} not found")),
+        QueryError::CursorMismatch(code, message) => error_reply(code, &message),
+        // TK-15: a real server's message.
+        QueryError::WriteConflict => error_reply(
+            112,
+            "WriteConflict error: this operation conflicted with another operation. Please retry \
+             your operation or multi-document transaction.",
+        ),
     }
+}
+
+/// A real server's TypeMismatch (14) for a cursor id that is not a long.
+fn long_expected(field: &str, value: &Bson) -> Document {
+    error_reply(
+        14,
+        &format!(
+            "BSON field '{field}' is the wrong type '{}', expected type 'long'",
+            crate::refusals::type_name(value)
+        ),
+    )
 }
 
 /// `batchSize`, or `default` when absent; `None` when present but not a non-negative integer.

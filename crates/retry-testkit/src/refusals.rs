@@ -34,6 +34,7 @@
 //!   level (`FailedToParse`, 9). An `afterClusterTime` ahead of the deployment's clock is refused
 //!   where the clock is known (`crate::server`, [`after_cluster_time_refusal`]).
 
+use bson::spec::BinarySubtype;
 use bson::{Bson, Document};
 
 use crate::config::Role;
@@ -52,15 +53,8 @@ const SECONDARY_READS: [&str; 6] = [
 /// The error reply a real server gives `command` (named `name`) in `role` before running it, if
 /// any.
 pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Document> {
-    if let Some(lsid) = command.get("lsid") {
-        let well_formed =
-            matches!(lsid, Bson::Document(d) if matches!(d.get("id"), Some(Bson::Binary(_))));
-        if !well_formed {
-            return Some(error_reply(
-                14,
-                "BSON field 'lsid.id' is the wrong type, expected type 'binData'",
-            ));
-        }
+    if let Some(refusal) = command.get("lsid").and_then(lsid_refusal) {
+        return Some(refusal);
     }
     if let Some(refusal) = command.get("maxTimeMS").and_then(max_time_refusal) {
         return Some(refusal);
@@ -289,6 +283,96 @@ fn read_concern_refusal(value: &Bson) -> Option<Document> {
     None
 }
 
+/// SE-3 (review6 finding 9): a real server parses `lsid` strictly: a document whose `id` is a
+/// UUID (binary subtype 4: else TypeMismatch 14) of 16 bytes (else InvalidUUID 207), with no
+/// field besides `id` and the server's internal ones (`uid`, `txnNumber`, `txnUUID`; else
+/// 40415); a missing `id` is 40414.
+fn lsid_refusal(lsid: &Bson) -> Option<Document> {
+    let Bson::Document(lsid) = lsid else {
+        return Some(error_reply(
+            14,
+            &format!(
+                "BSON field 'lsid' is the wrong type '{}', expected type 'object'",
+                type_name(lsid)
+            ),
+        ));
+    };
+    if let Some(field) = lsid
+        .keys()
+        .find(|k| !matches!(k.as_str(), "id" | "uid" | "txnNumber" | "txnUUID"))
+    {
+        return Some(error_reply(
+            40415,
+            &format!("BSON field 'lsid.{field}' is an unknown field."),
+        ));
+    }
+    match lsid.get("id") {
+        None => Some(error_reply(
+            40414,
+            "BSON field 'lsid.id' is missing but a required field",
+        )),
+        Some(Bson::Binary(id)) if id.subtype == BinarySubtype::Uuid && id.bytes.len() == 16 => None,
+        Some(Bson::Binary(id)) if id.subtype == BinarySubtype::Uuid => Some(error_reply(
+            207,
+            "uuid must be a 16-byte binary field with UUID (4) subtype",
+        )),
+        Some(Bson::Binary(id)) => Some(error_reply(
+            14,
+            &format!(
+                "BSON field 'lsid.id' is the wrong binData type '{:?}', expected type 'UUID'",
+                id.subtype
+            ),
+        )),
+        Some(other) => Some(error_reply(
+            14,
+            &format!(
+                "BSON field 'lsid.id' is the wrong type '{}', expected type 'binData'",
+                type_name(other)
+            ),
+        )),
+    }
+}
+
+/// SE-17 (review6 finding 8): a command's `$clusterTime`, parsed as a server without
+/// authentication parses it before it advances its clock to it: a document with a `clusterTime`
+/// Timestamp and a `signature` document holding a binary `hash` and an Int64 `keyId`; a missing
+/// field is NoSuchKey (4), a wrong type TypeMismatch (14).
+pub(crate) fn gossiped_cluster_time(value: &Bson) -> Result<bson::Timestamp, Document> {
+    fn field<'a>(document: &'a Document, name: &str) -> Result<&'a Bson, Document> {
+        document
+            .get(name)
+            .ok_or_else(|| error_reply(4, &format!("Missing expected field \"{name}\"")))
+    }
+    fn wrong(name: &str, expected: &str, found: &Bson) -> Document {
+        error_reply(
+            14,
+            &format!(
+                "\"{name}\" had the wrong type. Expected {expected}, found {}",
+                type_name(found)
+            ),
+        )
+    }
+    let Bson::Document(gossip) = value else {
+        return Err(wrong("$clusterTime", "object", value));
+    };
+    let time = match field(gossip, "clusterTime")? {
+        Bson::Timestamp(time) => *time,
+        other => return Err(wrong("clusterTime", "timestamp", other)),
+    };
+    let signature = match field(gossip, "signature")? {
+        Bson::Document(signature) => signature,
+        other => return Err(wrong("signature", "object", other)),
+    };
+    match field(signature, "hash")? {
+        Bson::Binary(_) => {}
+        other => return Err(wrong("hash", "binData", other)),
+    }
+    match field(signature, "keyId")? {
+        Bson::Int64(_) => Ok(time),
+        other => Err(wrong("keyId", "long", other)),
+    }
+}
+
 /// SE-21 (review5 item 11): a read concern's `afterClusterTime` ahead of the deployment's
 /// current cluster time (`now`): `InvalidOptions` (72), as a server that never saw that time.
 pub(crate) fn after_cluster_time_refusal(
@@ -329,7 +413,7 @@ pub(crate) fn max_time_refusal(value: &Bson) -> Option<Document> {
 }
 
 /// The server's name of a BSON type, for type errors.
-fn type_name(value: &Bson) -> &'static str {
+pub(crate) fn type_name(value: &Bson) -> &'static str {
     match value {
         Bson::Int32(_) => "int",
         Bson::Int64(_) => "long",
@@ -372,6 +456,83 @@ mod tests {
         );
         let bad = doc! { "insert": "c", "lsid": { "id": 1 } };
         assert_eq!(code(refusal(&Role::Mongos, "insert", &bad)), Some(14));
+    }
+
+    /// SE-17 (review6 finding 8): a gossiped `$clusterTime` needs a `clusterTime` Timestamp and
+    /// a `signature` with a binary `hash` and an Int64 `keyId` (NoSuchKey 4, TypeMismatch 14).
+    #[test]
+    fn se17_a_gossiped_cluster_time_is_parsed_like_a_real_servers() {
+        let time = bson::Timestamp {
+            time: 5,
+            increment: 6,
+        };
+        let signature = doc! { "hash": Binary { subtype: BinarySubtype::Generic, bytes: vec![0; 20] }, "keyId": 0_i64 };
+        let parse = |gossip: Bson| gossiped_cluster_time(&gossip).map_err(|e| code(Some(e)));
+        assert_eq!(
+            parse(Bson::Document(
+                doc! { "clusterTime": time, "signature": signature.clone() }
+            )),
+            Ok(time)
+        );
+        let mut int32_key = signature.clone();
+        int32_key.insert("keyId", 0);
+        for (gossip, expected) in [
+            (Bson::Int32(1), Some(14)),
+            (
+                Bson::Document(doc! { "signature": signature.clone() }),
+                Some(4),
+            ),
+            (
+                Bson::Document(doc! { "clusterTime": 1, "signature": signature }),
+                Some(14),
+            ),
+            (Bson::Document(doc! { "clusterTime": time }), Some(4)),
+            (
+                Bson::Document(doc! { "clusterTime": time, "signature": int32_key }),
+                Some(14),
+            ),
+        ] {
+            assert_eq!(parse(gossip.clone()), Err(expected), "{gossip}");
+        }
+    }
+
+    /// SE-3 (review6 finding 9): an lsid's `id` must be a UUID (subtype 4, TypeMismatch 14) of 16
+    /// bytes (InvalidUUID 207), with no unknown field (40415) and not missing (40414); the
+    /// server's own `uid` is accepted.
+    #[test]
+    fn se3_an_lsid_is_parsed_as_strictly_as_a_real_server() {
+        let with = |lsid: Document| doc! { "ping": 1, "lsid": lsid };
+        let generic = Binary {
+            subtype: BinarySubtype::Generic,
+            bytes: vec![0; 16],
+        };
+        let short = Binary {
+            subtype: BinarySubtype::Uuid,
+            bytes: vec![0; 12],
+        };
+        let uid = Binary {
+            subtype: BinarySubtype::Generic,
+            bytes: vec![0; 32],
+        };
+        let mut extra = lsid();
+        extra.insert("x", 1);
+        let mut internal = lsid();
+        internal.insert("uid", uid);
+        for (lsid, expected) in [
+            (doc! { "id": generic }, Some(14)),
+            (doc! { "id": short }, Some(207)),
+            (extra, Some(40415)),
+            (doc! {}, Some(40414)),
+            (internal, None),
+            (lsid(), None),
+        ] {
+            let command = with(lsid.clone());
+            assert_eq!(
+                code(refusal(&Role::Mongos, "ping", &command)),
+                expected,
+                "{lsid}"
+            );
+        }
     }
 
     /// Review items 7 and 21 (house rule 7): `maxTimeMS` must be an integral number in

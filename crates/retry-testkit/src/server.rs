@@ -448,14 +448,14 @@ impl ServerHandle {
 
     /// Appends documents to the namespace `ns` (`db.collection`), as an unordered `insert`
     /// does, without counting a command; returns how many went in (a duplicate `_id` is left
-    /// out, TK-*).
+    /// out, TK-*; none goes in when one has an `_id` a transaction in progress changed, TK-15).
     pub fn insert(&self, ns: &str, documents: Vec<Document>) -> usize {
         self.shared
             .lock()
             .data
             .lock()
             .insert(ns, documents, false)
-            .n
+            .map_or(0, |outcome| outcome.n)
     }
 
     /// The documents of the namespace `ns`, in insertion order.
@@ -952,8 +952,8 @@ async fn serve_stream<S: ServerStream>(shared: &Shared, mut stream: S, mut conne
         let mut input = &chunk[..read];
         // Each pass consumes at least one byte or completes a message.
         while !input.is_empty() {
-            // A hot command, named at the front of a whole frame, is decoded raw (`raw`); the
-            // two decoders accept and refuse the same frames.
+            // A frame starting here that names a hot command is decoded raw (`raw`); the two
+            // decoders accept and refuse the same frames.
             let hot = shared.raw_path && !decoder.is_mid_frame() && raw::names_hot_command(input);
             let decoded = if hot {
                 let raw = decoder.decode_raw(input);
@@ -1049,6 +1049,17 @@ impl Connection {
             }
             if let Some(refusal) = crate::refusals::refusal(&state.role, name, command) {
                 return Response::Reply(refusal);
+            }
+            // SE-17 (review6 finding 8): a replica-set member or mongos takes the command's
+            // gossiped `$clusterTime` (refusing a malformed one) before it reads
+            // `afterClusterTime`.
+            if let (false, Some(gossip)) =
+                (state.role == Role::Standalone, command.get("$clusterTime"))
+            {
+                match crate::refusals::gossiped_cluster_time(gossip) {
+                    Ok(time) => state.data.lock().advance_clock(time),
+                    Err(refusal) => return Response::Reply(refusal),
+                }
             }
             let now = state.data.lock().cluster_time();
             if let Some(refusal) = crate::refusals::after_cluster_time_refusal(command, now) {

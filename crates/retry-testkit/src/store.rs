@@ -1,6 +1,7 @@
 //! The in-memory data behind the CRUD commands: collections, open cursors, unique `_id`s and
 //! the replies of retryable writes.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -45,11 +46,22 @@ pub(crate) struct Store {
     plain_sessions: BTreeSet<Vec<u8>>,
     /// TK-15: each session's latest transaction (lsid bytes).
     transactions: BTreeMap<Vec<u8>, Transaction>,
+    /// TK-15: the session (lsid bytes) whose transaction in progress the command now running
+    /// belongs to ([`Store::begin_statement`]): its writes go to that transaction's undo log.
+    writer: Option<Vec<u8>>,
+    /// TK-15: how many transactions committed (each commit's stamp).
+    commits: u64,
+    /// TK-15: the undo logs of the transactions committed after a transaction in progress
+    /// started (its snapshot hides them), with their commit stamps, oldest first.
+    history: Vec<(u64, Vec<Undo>)>,
     /// Secondary indexes by namespace (`{v, key, name}`), in creation order; `_id_` is implied.
     indexes: BTreeMap<String, Vec<Document>>,
     /// The deployment's logical clock (review5 item 11, SE-16..SE-21): the increment of its
     /// cluster time, advanced by every write.
     clock: u32,
+    /// The seconds of its cluster time once a gossiped `$clusterTime` moved it past
+    /// [`CLUSTER_TIME_SECONDS`] (SE-17, review6 finding 8).
+    seconds: u32,
 }
 
 /// The encoding of an lsid that is `{id: <binary>}` alone (any subtype but `BinaryOld`, whose
@@ -75,14 +87,49 @@ pub(crate) struct WriteKey {
     pub(crate) stmt_id: i64,
 }
 
-/// TK-15: a session's transaction: its number, its state and the data as it was when it
-/// started (an abort puts it back). Isolation is not modelled: other sessions see its writes at
-/// once, and an abort also undoes what they wrote meanwhile.
+/// TK-15 (review6 finding 3): a session's transaction: its number, its state, the commits it
+/// started after, and the undo log of the documents it changed. Its writes go into the
+/// collections at once, but nobody else sees them before the commit ([`Store::visible`] shows
+/// others the documents as they were), and it does not see the transactions committed after it
+/// started (snapshot reads; writes outside any transaction are seen at once); another write to a
+/// document it changed, or its write to one a transaction committed after its start changed, is
+/// a WriteConflict (112); an abort puts back only the documents it changed.
 #[derive(Debug)]
 struct Transaction {
     number: i64,
     state: TransactionState,
-    before: BTreeMap<String, Vec<Document>>,
+    start: u64,
+    undo: Vec<Undo>,
+}
+
+/// TK-15: a document a transaction changed, as it was before the transaction first changed it
+/// (`None`: the transaction inserted it), and its position then.
+#[derive(Debug)]
+struct Undo {
+    ns: String,
+    id: Bson,
+    before: Option<Document>,
+    index: usize,
+}
+
+/// Puts `undo`'s document back in `documents` (a collection or a copy of one): the current
+/// version (if any) goes, the one from before (if any) returns to its place.
+fn restore(documents: &mut Vec<Document>, undo: &Undo) {
+    let current = documents
+        .iter()
+        .position(|d| d.get("_id").is_some_and(|id| equal(id, &undo.id)));
+    if let Some(position) = current {
+        documents.remove(position);
+    }
+    if let Some(before) = &undo.before {
+        let index = current.unwrap_or(undo.index).min(documents.len());
+        documents.insert(index, before.clone());
+    }
+}
+
+/// The `_id` of a stored document (every stored document has one).
+fn id_of(document: &Document) -> Bson {
+    document.get("_id").cloned().unwrap_or(Bson::Null)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,10 +158,26 @@ pub(crate) struct UpdateOutcome {
     pub(crate) upserted: Option<Bson>,
 }
 
+/// Where a command runs, for the cursors it opens and continues: the server process (a cursor
+/// stays with it, TK-12), the command's `lsid` and, in a transaction, its `txnNumber` (SE-14: a
+/// getMore must come from the same session and transaction), and whether the server is a router
+/// (mongos and load balancer: their own error codes).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CursorOrigin<'a> {
+    pub(crate) owner: ObjectId,
+    pub(crate) lsid: Option<&'a Document>,
+    pub(crate) txn_number: Option<i64>,
+    pub(crate) router: bool,
+}
+
 #[derive(Debug)]
 struct Cursor {
     /// The server process that opened it: a cursor stays with it (TK-12).
     owner: ObjectId,
+    /// The session (lsid bytes) of the command that opened it.
+    lsid: Option<Vec<u8>>,
+    /// The transaction it was opened in.
+    txn_number: Option<i64>,
     ns: String,
     remaining: VecDeque<Document>,
     /// A change stream's cursor: stays open when empty.
@@ -128,6 +191,11 @@ pub(crate) enum QueryError {
     UnsupportedFilter(String),
     /// No open cursor has this id in this namespace.
     CursorNotFound(i64),
+    /// SE-14, TX-1: a getMore from another session or transaction than its cursor's (a real
+    /// server's code and message).
+    CursorMismatch(i32, String),
+    /// TK-15: the write touches a document another transaction in progress changed (112).
+    WriteConflict,
 }
 
 /// One batch of a cursor and the id to continue it with (0 when exhausted).
@@ -141,8 +209,18 @@ impl Store {
     /// The deployment's current cluster time.
     pub(crate) fn cluster_time(&self) -> bson::Timestamp {
         bson::Timestamp {
-            time: CLUSTER_TIME_SECONDS,
+            time: self.seconds.max(CLUSTER_TIME_SECONDS),
             increment: self.clock.max(1),
+        }
+    }
+
+    /// SE-17 (review6 finding 8): a command's gossiped `$clusterTime` advances the clock, as a
+    /// real server's does before it reads the command's `afterClusterTime`.
+    pub(crate) fn advance_clock(&mut self, time: bson::Timestamp) {
+        let now = self.cluster_time();
+        if (time.time, time.increment) > (now.time, now.increment) {
+            self.seconds = time.time;
+            self.clock = time.increment;
         }
     }
 
@@ -153,20 +231,28 @@ impl Store {
     }
 
     /// Appends `documents` to `ns`, giving an `_id` to those without one. A document whose
-    /// `_id` is already there is refused (error 11000); `ordered` stops at the first refusal.
+    /// `_id` is already there is refused (error 11000); `ordered` stops at the first refusal. An
+    /// `_id` another transaction in progress changed is a WriteConflict for the whole command
+    /// (TK-15), checked before anything is written.
     pub(crate) fn insert(
         &mut self,
         ns: &str,
-        documents: Vec<Document>,
+        mut documents: Vec<Document>,
         ordered: bool,
-    ) -> InsertOutcome {
-        let collection = self.collections.entry(ns.into()).or_default();
-        let mut outcome = InsertOutcome::default();
-        for (index, mut d) in documents.into_iter().enumerate() {
+    ) -> Result<InsertOutcome, QueryError> {
+        for d in &mut documents {
             if !d.contains_key("_id") {
                 d.insert("_id", ObjectId::new());
             }
-            let id = d.get("_id").cloned().unwrap_or(Bson::Null);
+        }
+        if documents.iter().any(|d| self.conflicts(ns, &id_of(d))) {
+            return Err(QueryError::WriteConflict);
+        }
+        self.collections.entry(ns.into()).or_default();
+        let mut outcome = InsertOutcome::default();
+        for (index, d) in documents.into_iter().enumerate() {
+            let id = id_of(&d);
+            let collection = self.collections.entry(ns.into()).or_default();
             if collection
                 .iter()
                 .any(|c| c.get("_id").is_some_and(|c| equal(c, &id)))
@@ -177,10 +263,114 @@ impl Store {
                 }
                 continue;
             }
+            let position = collection.len();
             collection.push(d);
+            self.record(ns, id, None, position);
             outcome.n += 1;
         }
-        outcome
+        Ok(outcome)
+    }
+
+    /// TK-15: the command now running belongs to the transaction in progress of `session`
+    /// (lsid bytes), or to none; [`Store::end_statement`] ends it.
+    pub(crate) fn begin_statement(&mut self, session: Option<Vec<u8>>) {
+        self.writer = session;
+    }
+
+    /// TK-15: the command of [`Store::begin_statement`] ended.
+    pub(crate) fn end_statement(&mut self) {
+        self.writer = None;
+    }
+
+    /// TK-15: the undo logs the running command does not see, newest first: those of the
+    /// transactions in progress other than its own, then (in a transaction) those of the
+    /// transactions committed after its own started, last commit first.
+    fn hidden(&self) -> impl Iterator<Item = &Undo> {
+        let start = self
+            .writer
+            .as_ref()
+            .and_then(|w| self.transactions.get(w))
+            .filter(|t| t.state == TransactionState::InProgress)
+            .map(|t| t.start);
+        let others = self
+            .transactions
+            .iter()
+            .filter(|(session, t)| {
+                t.state == TransactionState::InProgress && self.writer.as_ref() != Some(*session)
+            })
+            .flat_map(|(_, t)| t.undo.iter().rev());
+        let committed = self
+            .history
+            .iter()
+            .rev()
+            .filter(move |(stamp, _)| start.is_some_and(|start| *stamp > start))
+            .flat_map(|(_, undo)| undo.iter().rev());
+        others.chain(committed)
+    }
+
+    /// TK-15: whether the document `id` of `ns` was changed by a transaction the running
+    /// command does not see.
+    fn conflicts(&self, ns: &str, id: &Bson) -> bool {
+        self.hidden().any(|u| u.ns == ns && equal(&u.id, id))
+    }
+
+    /// TK-15: the running command's transaction changes the document `id` of `ns` (`before`,
+    /// at `index`): the first change of each document goes into its undo log.
+    fn record(&mut self, ns: &str, id: Bson, before: Option<Document>, index: usize) {
+        let Some(transaction) = self
+            .writer
+            .as_ref()
+            .and_then(|w| self.transactions.get_mut(w))
+            .filter(|t| t.state == TransactionState::InProgress)
+        else {
+            return;
+        };
+        if !transaction
+            .undo
+            .iter()
+            .any(|u| u.ns == ns && equal(&u.id, &id))
+        {
+            transaction.undo.push(Undo {
+                ns: ns.into(),
+                id,
+                before,
+                index,
+            });
+        }
+    }
+
+    /// TK-15: the documents of `ns` the running command sees: those of other transactions in
+    /// progress as they were before them (borrowed when no other transaction changed `ns`).
+    fn visible(&self, ns: &str) -> Cow<'_, [Document]> {
+        let base = self.collections.get(ns).map_or(&[][..], Vec::as_slice);
+        let mut hidden = self.hidden().filter(|u| u.ns == ns).peekable();
+        if hidden.peek().is_none() {
+            return Cow::Borrowed(base);
+        }
+        let mut documents = base.to_vec();
+        for undo in hidden {
+            restore(&mut documents, undo);
+        }
+        Cow::Owned(documents)
+    }
+
+    /// The positions of the documents of `ns` a write with `filter` changes (the first only
+    /// unless `multi`); a WriteConflict when another transaction in progress changed one.
+    fn targets(&self, ns: &str, filter: &Document, multi: bool) -> Result<Vec<usize>, QueryError> {
+        validate(filter)?;
+        let mut targets = Vec::new();
+        for (index, document) in self.collections.get(ns).into_iter().flatten().enumerate() {
+            if matches(document, filter).map_err(unsupported)? {
+                if self.conflicts(ns, &id_of(document)) {
+                    return Err(QueryError::WriteConflict);
+                }
+                targets.push(index);
+                if !multi {
+                    break;
+                }
+            }
+        }
+        Ok(targets)
     }
 
     /// Updates the first (or with `multi` every) document of `ns` matching `filter`; with
@@ -193,19 +383,21 @@ impl Store {
         multi: bool,
         upsert: bool,
     ) -> Result<UpdateOutcome, QueryError> {
-        validate(filter)?;
-        let collection = self.collections.entry(ns.into()).or_default();
+        let targets = self.targets(ns, filter, multi)?;
+        self.collections.entry(ns.into()).or_default();
         let mut outcome = UpdateOutcome::default();
-        for document in collection.iter_mut() {
-            if !matches(document, filter).map_err(unsupported)? {
+        for index in targets {
+            let collection = self.collections.entry(ns.into()).or_default();
+            let Some(document) = collection.get_mut(index) else {
                 continue;
-            }
+            };
             let before = document.clone();
             apply_update(document, update).map_err(unsupported)?;
             outcome.matched += 1;
-            outcome.modified += usize::from(*document != before);
-            if !multi {
-                break;
+            let changed = *document != before;
+            outcome.modified += usize::from(changed);
+            if changed {
+                self.record(ns, id_of(&before), Some(before), index);
             }
         }
         if outcome.matched == 0 && upsert {
@@ -214,8 +406,15 @@ impl Store {
             if !document.contains_key("_id") {
                 document.insert("_id", ObjectId::new());
             }
-            outcome.upserted = document.get("_id").cloned();
+            let id = id_of(&document);
+            if self.conflicts(ns, &id) {
+                return Err(QueryError::WriteConflict);
+            }
+            outcome.upserted = Some(id.clone());
+            let collection = self.collections.entry(ns.into()).or_default();
+            let position = collection.len();
             collection.push(document);
+            self.record(ns, id, None, position);
         }
         Ok(outcome)
     }
@@ -228,20 +427,18 @@ impl Store {
         filter: &Document,
         multi: bool,
     ) -> Result<Vec<Document>, QueryError> {
-        validate(filter)?;
-        let Some(collection) = self.collections.get_mut(ns) else {
-            return Ok(Vec::new());
-        };
+        let targets = self.targets(ns, filter, multi)?;
         let mut removed = Vec::new();
-        let mut kept = Vec::with_capacity(collection.len());
-        for document in collection.drain(..) {
-            if (multi || removed.is_empty()) && matches(&document, filter).map_err(unsupported)? {
-                removed.push(document);
-            } else {
-                kept.push(document);
-            }
+        let Some(collection) = self.collections.get_mut(ns) else {
+            return Ok(removed);
+        };
+        for &index in targets.iter().rev() {
+            removed.push(collection.remove(index));
         }
-        *collection = kept;
+        removed.reverse();
+        for (document, index) in removed.iter().zip(targets) {
+            self.record(ns, id_of(document), Some(document.clone()), index);
+        }
         Ok(removed)
     }
 
@@ -253,7 +450,7 @@ impl Store {
     ) -> Result<Vec<Document>, QueryError> {
         validate(filter)?;
         let mut out = Vec::new();
-        for document in self.collections.get(ns).into_iter().flatten() {
+        for document in self.visible(ns).iter() {
             if matches(document, filter).map_err(unsupported)? {
                 out.push(document.clone());
             }
@@ -287,15 +484,18 @@ impl Store {
                 ));
             }
             self.txn_numbers.insert(session.clone(), number);
-            let before = self.collections.clone();
+            // A newer transaction of the session replaces (and so aborts) one in progress.
+            self.abort(&session);
             self.transactions.insert(
                 session,
                 Transaction {
                     number,
                     state: TransactionState::InProgress,
-                    before,
+                    start: self.commits,
+                    undo: Vec::new(),
                 },
             );
+            self.prune_history();
             return Ok(());
         }
         match current {
@@ -310,16 +510,48 @@ impl Store {
     }
 
     /// TK-15: a statement of transaction `number` of `session` failed: a transaction in progress
-    /// is aborted (its data put back), as a real server aborts it.
+    /// is aborted (its changes undone), as a real server aborts it.
     pub(crate) fn abort_failed_statement(&mut self, session: &[u8], number: i64) {
-        if let Some(transaction) = self
+        if self
+            .transactions
+            .get(session)
+            .is_some_and(|t| t.number == number)
+        {
+            self.abort(session);
+        }
+    }
+
+    /// TK-15: drops the undo logs of the commits every transaction in progress already sees.
+    fn prune_history(&mut self) {
+        let oldest = self
+            .transactions
+            .values()
+            .filter(|t| t.state == TransactionState::InProgress)
+            .map(|t| t.start)
+            .min();
+        self.history
+            .retain(|(stamp, _)| oldest.is_some_and(|oldest| *stamp > oldest));
+    }
+
+    /// TK-15: the transaction in progress of `session`, if any, is aborted: the documents it
+    /// changed are put back, newest change first; nobody else's writes are touched.
+    fn abort(&mut self, session: &[u8]) {
+        let Some(transaction) = self
             .transactions
             .get_mut(session)
-            .filter(|t| t.number == number && t.state == TransactionState::InProgress)
-        {
-            transaction.state = TransactionState::Aborted;
-            self.collections = core::mem::take(&mut transaction.before);
+            .filter(|t| t.state == TransactionState::InProgress)
+        else {
+            return;
+        };
+        transaction.state = TransactionState::Aborted;
+        for undo in core::mem::take(&mut transaction.undo).iter().rev() {
+            if let Some(collection) = self.collections.get_mut(&undo.ns) {
+                restore(collection, undo);
+            } else if undo.before.is_some() {
+                restore(self.collections.entry(undo.ns.clone()).or_default(), undo);
+            }
         }
+        self.prune_history();
     }
 
     /// TK-15: `commitTransaction` (idempotent once committed) or `abortTransaction` (puts the
@@ -344,12 +576,19 @@ impl Store {
         };
         match (transaction.state, commit) {
             (TransactionState::InProgress, true) | (TransactionState::Committed, true) => {
-                transaction.state = TransactionState::Committed;
+                if transaction.state == TransactionState::InProgress {
+                    transaction.state = TransactionState::Committed;
+                    let undo = core::mem::take(&mut transaction.undo);
+                    self.commits += 1;
+                    if !undo.is_empty() {
+                        self.history.push((self.commits, undo));
+                    }
+                    self.prune_history();
+                }
                 Ok(())
             }
             (TransactionState::InProgress, false) => {
-                transaction.state = TransactionState::Aborted;
-                self.collections = core::mem::take(&mut transaction.before);
+                self.abort(session);
                 Ok(())
             }
             (TransactionState::Committed, false) => Err((
@@ -455,21 +694,39 @@ impl Store {
 
     /// `$out`: `ns` holds exactly `documents` afterwards.
     pub(crate) fn replace_collection(&mut self, ns: &str, documents: Vec<Document>) {
-        self.collections.insert(ns.into(), documents);
+        let added: Vec<Bson> = documents.iter().map(id_of).collect();
+        let old = self.collections.insert(ns.into(), documents);
+        // TK-15: in a transaction, every old document was removed and every new one added.
+        for (index, document) in old.into_iter().flatten().enumerate() {
+            self.record(ns, id_of(&document), Some(document), index);
+        }
+        for (index, id) in added.into_iter().enumerate() {
+            self.record(ns, id, None, index);
+        }
     }
 
     /// `$merge {into}` with the default `whenMatched: "merge"`, `whenNotMatched: "insert"`: a
     /// document with the `_id` of an existing one is merged into it, others are appended.
     pub(crate) fn merge(&mut self, ns: &str, documents: Vec<Document>) {
-        let target = self.collections.entry(ns.into()).or_default();
         for document in documents {
+            let target = self.collections.entry(ns.into()).or_default();
             let existing = target
-                .iter_mut()
-                .find(|d| matches!((d.get("_id"), document.get("_id")), (Some(a), Some(b)) if equal(a, b)));
-            match existing {
-                Some(existing) => existing.extend(document),
-                None => target.push(document),
-            }
+                .iter()
+                .position(|d| matches!((d.get("_id"), document.get("_id")), (Some(a), Some(b)) if equal(a, b)));
+            // TK-15: in a transaction, the document as it was goes into the undo log.
+            let (before, index) = match existing {
+                Some(index) => {
+                    let before = target[index].clone();
+                    target[index].extend(document);
+                    (Some(before), index)
+                }
+                None => {
+                    target.push(document);
+                    (None, target.len() - 1)
+                }
+            };
+            let id = id_of(&self.collections[ns][index]);
+            self.record(ns, id, before, index);
         }
     }
 
@@ -511,13 +768,15 @@ impl Store {
     /// A batch of `documents` with a cursor for the rest, as `find` and `aggregate` reply.
     pub(crate) fn open_cursor(
         &mut self,
-        owner: ObjectId,
+        origin: CursorOrigin<'_>,
         ns: &str,
         documents: Vec<Document>,
         batch_size: usize,
     ) -> Batch {
         let cursor = Cursor {
-            owner,
+            owner: origin.owner,
+            lsid: origin.lsid.and_then(|l| l.to_vec().ok()),
+            txn_number: origin.txn_number,
             ns: ns.into(),
             remaining: documents.into(),
             tailable: false,
@@ -525,9 +784,9 @@ impl Store {
         self.next_batch(None, cursor, batch_size)
     }
 
-    /// The documents of `ns`, in insertion order.
+    /// The documents of `ns` the running command sees ([`Store::visible`]), in insertion order.
     pub(crate) fn documents(&self, ns: &str) -> Vec<Document> {
-        self.collections.get(ns).cloned().unwrap_or_default()
+        self.visible(ns).into_owned()
     }
 
     /// The documents of `ns` matching `filter`, at most `limit` of them, the first `batch_size`
@@ -535,7 +794,7 @@ impl Store {
     #[cfg(test)]
     pub(crate) fn find(
         &mut self,
-        owner: ObjectId,
+        origin: CursorOrigin<'_>,
         ns: &str,
         filter: &Document,
         limit: Option<usize>,
@@ -543,19 +802,24 @@ impl Store {
     ) -> Result<Batch, QueryError> {
         let mut documents = self.matching(ns, filter)?;
         documents.truncate(limit.unwrap_or(usize::MAX));
-        Ok(self.open_cursor(owner, ns, documents, batch_size))
+        Ok(self.open_cursor(origin, ns, documents, batch_size))
     }
 
-    /// The next batch of cursor `id`, which must belong to `ns`.
+    /// The next batch of cursor `id`, which must belong to `ns` and, as on a real server, to
+    /// the getMore's session and transaction ([`cursor_mismatch`]; the cursor stays open).
     pub(crate) fn get_more(
         &mut self,
-        owner: ObjectId,
+        origin: CursorOrigin<'_>,
         ns: &str,
         id: i64,
         batch_size: usize,
     ) -> Result<Batch, QueryError> {
         match self.cursors.remove(&id) {
-            Some(cursor) if cursor.ns == ns && cursor.owner == owner => {
+            Some(cursor) if cursor.ns == ns && cursor.owner == origin.owner => {
+                if let Some((code, message)) = cursor_mismatch(&cursor, id, origin) {
+                    self.cursors.insert(id, cursor);
+                    return Err(QueryError::CursorMismatch(code, message));
+                }
                 Ok(self.next_batch(Some(id), cursor, batch_size))
             }
             Some(cursor) => {
@@ -608,10 +872,12 @@ impl Store {
 
     /// Opens a change stream's cursor on `ns`: no events ever arrive, and it stays open until
     /// killed.
-    pub(crate) fn open_change_stream(&mut self, owner: ObjectId, ns: &str) -> i64 {
+    pub(crate) fn open_change_stream(&mut self, origin: CursorOrigin<'_>, ns: &str) -> i64 {
         self.last_cursor_id += 1;
         let cursor = Cursor {
-            owner,
+            owner: origin.owner,
+            lsid: origin.lsid.and_then(|l| l.to_vec().ok()),
+            txn_number: origin.txn_number,
             ns: ns.into(),
             remaining: VecDeque::new(),
             tailable: true,
@@ -647,6 +913,45 @@ impl Store {
     }
 }
 
+/// SE-14, TX-1 (review6 finding 4): a real server's refusal of a getMore of `cursor` (`id`) from
+/// `origin`: a session when the cursor has none (50736), none when it has one (50737), another
+/// session (50738); a transaction when it was opened outside one (50739), none when it was
+/// opened in one (50740), another transaction (50741). A router's codes are 50799..50804.
+fn cursor_mismatch(cursor: &Cursor, id: i64, origin: CursorOrigin<'_>) -> Option<(i32, String)> {
+    let lsid = origin.lsid.and_then(|l| l.to_vec().ok());
+    let (code, message) = match (&cursor.lsid, &lsid, cursor.txn_number, origin.txn_number) {
+        (None, Some(_), _, _) => (
+            50736,
+            "which was not created in a session, in a session".into(),
+        ),
+        (Some(_), None, _, _) => (
+            50737,
+            "which was created in a session, without an lsid".into(),
+        ),
+        (Some(a), Some(b), _, _) if a != b => {
+            (50738, "which was created in another session".into())
+        }
+        (_, _, None, Some(t)) => (
+            50739,
+            format!("which was not created in a transaction, in transaction {t}"),
+        ),
+        (_, _, Some(n), None) => (
+            50740,
+            format!("which was created in transaction {n}, without a txnNumber"),
+        ),
+        (_, _, Some(n), Some(t)) if n != t => (
+            50741,
+            format!("which was created in transaction {n}, in transaction {t}"),
+        ),
+        _ => return None,
+    };
+    let code = if origin.router { code + 63 } else { code };
+    Some((
+        code,
+        format!("Cannot run getMore on cursor {id}, {message}"),
+    ))
+}
+
 /// A filter is checked whole before any document is read, as a real server parses it first:
 /// `{$or: true}` fails even on an empty collection (TK-14).
 fn validate(filter: &Document) -> Result<(), QueryError> {
@@ -664,25 +969,32 @@ mod tests {
     use super::*;
     use bson::doc;
 
-    const OWNER: ObjectId = ObjectId::from_bytes([1; 12]);
+    const OWNER: CursorOrigin<'static> = CursorOrigin {
+        owner: ObjectId::from_bytes([1; 12]),
+        lsid: None,
+        txn_number: None,
+        router: false,
+    };
 
     fn store_with(n: i32) -> Store {
         let mut store = Store::default();
         let docs = (0..n)
             .map(|i| doc! { "_id": i, "even": i % 2 == 0 })
             .collect();
-        assert_eq!(store.insert("db.c", docs, true).n, n as usize);
+        assert_eq!(store.insert("db.c", docs, true).unwrap().n, n as usize);
         store
     }
 
     #[test]
     fn insert_adds_missing_ids() {
         let mut store = Store::default();
-        store.insert(
-            "db.c",
-            vec![doc! { "x": 1 }, doc! { "_id": 7, "x": 2 }],
-            true,
-        );
+        store
+            .insert(
+                "db.c",
+                vec![doc! { "x": 1 }, doc! { "_id": 7, "x": 2 }],
+                true,
+            )
+            .unwrap();
         let docs = store.documents("db.c");
         assert!(matches!(docs[0].get("_id"), Some(Bson::ObjectId(_))));
         assert_eq!(docs[1].get_i32("_id").ok(), Some(7));
@@ -739,11 +1051,11 @@ mod tests {
             Err(QueryError::CursorNotFound(open))
         );
         assert_eq!(
-            store.kill_cursors(OWNER, "db.other", &[open]),
+            store.kill_cursors(OWNER.owner, "db.other", &[open]),
             (vec![], vec![open])
         );
         assert_eq!(
-            store.kill_cursors(OWNER, "db.c", &[open, 999]),
+            store.kill_cursors(OWNER.owner, "db.c", &[open, 999]),
             (vec![open], vec![999])
         );
         assert_eq!(store.open_cursors(), 0);
@@ -753,11 +1065,11 @@ mod tests {
     fn duplicate_ids_are_refused_ordered_stops() {
         let mut store = store_with(2);
         let batch = vec![doc! { "_id": 5 }, doc! { "_id": 1 }, doc! { "_id": 6 }];
-        let outcome = store.insert("db.c", batch.clone(), true);
+        let outcome = store.insert("db.c", batch.clone(), true).unwrap();
         assert_eq!(outcome.n, 1);
         assert_eq!(outcome.duplicates, vec![(1, Bson::Int32(1))]);
         let mut store = store_with(2);
-        let outcome = store.insert("db.c", batch, false);
+        let outcome = store.insert("db.c", batch, false).unwrap();
         assert_eq!(outcome.n, 2);
         assert_eq!(store.documents("db.c").len(), 4);
     }
@@ -806,5 +1118,200 @@ mod tests {
         assert_eq!(store.database_names(), vec!["db"]);
         assert!(store.drop_collection("db.d"));
         assert!(!store.drop_collection("db.d"));
+    }
+    const S1: &[u8] = b"session one";
+    const S2: &[u8] = b"session two";
+
+    /// Runs `write` as a statement of `session`'s transaction `number` (`start`: its first).
+    fn in_transaction<T>(
+        store: &mut Store,
+        session: &[u8],
+        number: i64,
+        start: bool,
+        write: impl FnOnce(&mut Store) -> T,
+    ) -> T {
+        store
+            .transaction_command(session.to_vec(), number, start)
+            .unwrap();
+        store.begin_statement(Some(session.to_vec()));
+        let result = write(store);
+        store.end_statement();
+        result
+    }
+
+    fn ids(store: &Store) -> Vec<i32> {
+        store
+            .documents("db.c")
+            .iter()
+            .map(|d| d.get_i32("_id").unwrap())
+            .collect()
+    }
+
+    /// TK-15 (review6 finding 3): an abort undoes only its own transaction's changes: a write
+    /// acknowledged outside the transaction meanwhile survives (the review's scenario: the
+    /// transaction's failed statement aborts it).
+    #[test]
+    fn tk15_an_abort_undoes_only_its_own_changes() {
+        let mut store = store_with(2);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.insert("db.c", vec![doc! { "_id": 10 }], true).unwrap();
+            s.update(
+                "db.c",
+                &doc! { "_id": 0 },
+                &doc! { "$set": { "x": 1 } },
+                false,
+                false,
+            )
+            .unwrap();
+            s.delete("db.c", &doc! { "_id": 1 }, false).unwrap();
+        });
+        assert_eq!(
+            store
+                .insert("db.c", vec![doc! { "_id": 20 }], true)
+                .unwrap()
+                .n,
+            1
+        );
+        let duplicate = in_transaction(&mut store, S1, 1, false, |s| {
+            s.insert("db.c", vec![doc! { "_id": 10 }], true).unwrap()
+        });
+        assert_eq!(duplicate.duplicates.len(), 1);
+        store.abort_failed_statement(S1, 1);
+        assert_eq!(ids(&store), [0, 1, 20]);
+        assert!(!store.documents("db.c")[0].contains_key("x"));
+    }
+
+    /// TK-15 (review6 finding 3): a transaction's writes are invisible to others until its
+    /// commit; a write by another session (in a transaction or not) to a document it changed is
+    /// a WriteConflict (112) and changes nothing; after the commit both are possible.
+    #[test]
+    fn tk15_isolation_and_write_conflicts() {
+        let mut store = store_with(2);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.insert("db.c", vec![doc! { "_id": 10 }], true).unwrap();
+            s.delete("db.c", &doc! { "_id": 0 }, false).unwrap();
+        });
+        assert_eq!(ids(&store), [0, 1], "others see the committed data");
+        let own = in_transaction(&mut store, S1, 1, false, |s| {
+            s.matching("db.c", &doc! {}).unwrap().len()
+        });
+        assert_eq!(own, 2, "its own writes: 1 and 10");
+        assert_eq!(
+            store.insert("db.c", vec![doc! { "_id": 10 }], true),
+            Err(QueryError::WriteConflict)
+        );
+        let conflict = in_transaction(&mut store, S2, 1, true, |s| {
+            s.update(
+                "db.c",
+                &doc! { "_id": 0 },
+                &doc! { "$set": { "x": 1 } },
+                false,
+                true,
+            )
+        });
+        assert_eq!(conflict, Err(QueryError::WriteConflict));
+        assert_eq!(
+            store.delete("db.c", &doc! {}, true),
+            Err(QueryError::WriteConflict)
+        );
+        assert_eq!(store.end_transaction(S1, 1, true), Ok(()));
+        assert_eq!(ids(&store), [1, 10]);
+        assert_eq!(
+            store
+                .delete("db.c", &doc! { "_id": 10 }, false)
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+    /// TK-15 (`isolation.json` "two transactions"): a transaction reads the data as of its
+    /// start: another transaction's commit after that stays invisible to it, and its write to a
+    /// document that commit changed is a WriteConflict; a transaction started after the commit
+    /// sees it.
+    #[test]
+    fn tk15_snapshot_reads_and_conflicts_with_later_commits() {
+        let mut store = store_with(1);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.update(
+                "db.c",
+                &doc! { "_id": 0 },
+                &doc! { "$set": { "x": 1 } },
+                false,
+                false,
+            )
+            .unwrap();
+        });
+        let seen = in_transaction(&mut store, S2, 1, true, |s| {
+            s.matching("db.c", &doc! { "x": 1 })
+        });
+        assert_eq!(seen.unwrap().len(), 0);
+        assert_eq!(store.end_transaction(S1, 1, true), Ok(()));
+        let after = in_transaction(&mut store, S2, 1, false, |s| {
+            (
+                s.matching("db.c", &doc! { "x": 1 }).unwrap().len(),
+                s.delete("db.c", &doc! { "_id": 0 }, false),
+            )
+        });
+        assert_eq!(after, (0, Err(QueryError::WriteConflict)));
+        let fresh = in_transaction(&mut store, S1, 2, true, |s| {
+            s.matching("db.c", &doc! { "x": 1 }).unwrap().len()
+        });
+        assert_eq!(fresh, 1);
+        assert_eq!(store.matching("db.c", &doc! { "x": 1 }).unwrap().len(), 1);
+    }
+    /// SE-14, TX-1 (review6 finding 4): a getMore must come from its cursor's session and
+    /// transaction, as on a real server (50736..50741; a router's 50799..50804); a refused
+    /// getMore leaves the cursor open.
+    #[test]
+    fn se14_a_get_more_from_another_session_or_transaction_is_refused() {
+        let mut store = store_with(5);
+        let s1 = doc! { "id": 1 };
+        let s2 = doc! { "id": 2 };
+        let origin = |lsid, txn_number| CursorOrigin {
+            lsid,
+            txn_number,
+            ..OWNER
+        };
+        let plain = store
+            .find(origin(Some(&s1), None), "db.c", &doc! {}, None, 1)
+            .unwrap();
+        let in_transaction = store
+            .find(origin(Some(&s1), Some(3)), "db.c", &doc! {}, None, 1)
+            .unwrap();
+        let no_session = store.find(OWNER, "db.c", &doc! {}, None, 1).unwrap();
+        let mut code = |origin, id| match store.get_more(origin, "db.c", id, 1) {
+            Err(QueryError::CursorMismatch(code, _)) => Some(code),
+            Ok(_) => None,
+            Err(other) => panic!("{other:?}"),
+        };
+        assert_eq!(
+            code(origin(Some(&s1), None), no_session.cursor_id),
+            Some(50736)
+        );
+        assert_eq!(code(OWNER, plain.cursor_id), Some(50737));
+        assert_eq!(code(origin(Some(&s2), None), plain.cursor_id), Some(50738));
+        assert_eq!(
+            code(origin(Some(&s1), Some(4)), plain.cursor_id),
+            Some(50739)
+        );
+        assert_eq!(
+            code(origin(Some(&s1), None), in_transaction.cursor_id),
+            Some(50740)
+        );
+        assert_eq!(
+            code(origin(Some(&s1), Some(4)), in_transaction.cursor_id),
+            Some(50741)
+        );
+        let router = CursorOrigin {
+            router: true,
+            ..OWNER
+        };
+        assert_eq!(code(router, plain.cursor_id), Some(50800));
+        assert_eq!(
+            code(origin(Some(&s1), Some(3)), in_transaction.cursor_id),
+            None
+        );
+        assert_eq!(code(origin(Some(&s1), None), plain.cursor_id), None);
+        assert_eq!(code(OWNER, no_session.cursor_id), None);
     }
 }

@@ -712,8 +712,8 @@ async fn client_bulk_write() {
     .await;
 }
 
-/// TK-15: a transaction starts with its first command, commits idempotently, aborts by putting
-/// the data back; a command of no transaction in progress is NoSuchTransaction (251) with
+/// TK-15: a transaction starts with its first command, its writes are invisible to others
+/// until it commits, it commits idempotently, aborts by undoing its own changes; a command of no transaction in progress is NoSuchTransaction (251) with
 /// TransientTransactionError (TK-7); a mongos adds a recovery token.
 #[tokio::test]
 async fn transactions() {
@@ -748,7 +748,11 @@ async fn transactions() {
         assert_eq!(code(&reply), Some(251));
         assert_eq!(labels(&reply), ["TransientTransactionError"]);
         client.command(insert(2, true, 2)).await.unwrap();
-        assert_eq!(handle.documents("db.c").len(), 2);
+        assert_eq!(
+            handle.documents("db.c"),
+            vec![doc! { "_id": 1 }],
+            "TK-15: invisible until the commit"
+        );
         let reply = client.command(end("abortTransaction", 2)).await.unwrap();
         assert_eq!(code(&reply), None, "{reply}");
         assert_eq!(handle.documents("db.c"), vec![doc! { "_id": 1 }], "the abort undid it");
@@ -972,6 +976,29 @@ async fn cluster_time_and_write_concern_are_a_replica_sets() {
             .await
             .unwrap();
         assert_eq!(first_batch(&fine).len(), 1);
+        // SE-17 (review6 finding 8): the same afterClusterTime is accepted when the command
+        // gossips a $clusterTime that covers it (the clock moves there first), and a malformed
+        // $clusterTime is refused.
+        let signature = doc! {
+            "hash": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0; 20] },
+            "keyId": 0_i64,
+        };
+        let gossiped = client
+            .command(doc! {
+                "find": "c", "$db": "test", "readConcern": { "afterClusterTime": ahead },
+                "$clusterTime": { "clusterTime": ahead, "signature": signature },
+            })
+            .await
+            .unwrap();
+        assert_eq!(first_batch(&gossiped).len(), 1, "{gossiped}");
+        assert_eq!(time(&gossiped), ahead);
+        let malformed = client
+            .command(doc! {
+                "ping": 1, "$db": "admin", "$clusterTime": { "clusterTime": ahead },
+            })
+            .await
+            .unwrap();
+        assert_eq!(code(&malformed), Some(4), "{malformed}");
         server.shutdown().await;
     })
     .await

@@ -14,16 +14,8 @@ pub const SDAM: &[KnownFailure] = &[KnownFailure {
     may_pass: true,
 }];
 
-/// transactions: 41 known failures.
+/// transactions: 28 known failures.
 pub const TRANSACTIONS: &[KnownFailure] = &[
-    fails(
-        r#"backpressure-retryable-abort.json: abortTransaction is retried maxAttempts=2 times if backpressure labels are added"#,
-        "testkit: no transaction isolation; an uncommitted or unaborted transaction's writes are visible (TK-15)",
-    ),
-    fails(
-        r#"backpressure-retryable-commit.json: commitTransaction is retried maxAttempts=2 times if backpressure labels are added"#,
-        "testkit: no transaction isolation; an uncommitted or unaborted transaction's writes are visible (TK-15)",
-    ),
     fails(
         r#"causal-consistency.json: causal consistency"#,
         "product: causal consistency cannot be turned off (SE-21: always on)",
@@ -53,10 +45,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
         "runner: the operation argument collection is not supported",
     ),
     fails(
-        r#"error-labels.json: NoSuchTransaction errors on commit contain transient label"#,
-        "testkit: no transaction isolation; an uncommitted or unaborted transaction's writes are visible (TK-15)",
-    ),
-    fails(
         r#"error-labels.json: add UnknownTransactionCommitResult label to MaxTimeMSExpired"#,
         "product: maxCommitTimeMS is not supported",
     ),
@@ -67,22 +55,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"error-labels.json: do not add UnknownTransactionCommitResult label to MaxTimeMSExpired inside transactions"#,
         "runner: the operation argument maxTimeMS is not supported",
-    ),
-    fails(
-        r#"errors.json: write conflict abort"#,
-        "testkit: no isolation or write conflicts between transactions (TK-15)",
-    ),
-    fails(
-        r#"errors.json: write conflict commit"#,
-        "testkit: no isolation or write conflicts between transactions (TK-15)",
-    ),
-    fails(
-        r#"isolation.json: one transaction"#,
-        "testkit: no isolation or write conflicts between transactions (TK-15)",
-    ),
-    fails(
-        r#"isolation.json: two transactions"#,
-        "testkit: no isolation or write conflicts between transactions (TK-15)",
     ),
     fails(
         r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on runCommand insert"#,
@@ -119,30 +91,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"read-pref.json: secondary write only"#,
         "product: a transaction's read preference is always primary (no other mode can be set)",
-    ),
-    fails(
-        r#"retryable-abort-errorLabels.json: abortTransaction does not retry without RetryableWriteError label"#,
-        "testkit: no transaction isolation; an uncommitted or unaborted transaction's writes are visible (TK-15)",
-    ),
-    fails(
-        r#"retryable-abort-errorLabels.json: abortTransaction only retries once with RetryableWriteError from server"#,
-        "testkit: no transaction isolation; an uncommitted or unaborted transaction's writes are visible (TK-15)",
-    ),
-    fails(
-        r#"retryable-abort.json: abortTransaction does not retry after Interrupted"#,
-        "testkit: no transaction isolation; an uncommitted or unaborted transaction's writes are visible (TK-15)",
-    ),
-    fails(
-        r#"retryable-abort.json: abortTransaction only performs a single retry"#,
-        "testkit: no transaction isolation; an uncommitted or unaborted transaction's writes are visible (TK-15)",
-    ),
-    fails(
-        r#"retryable-commit-errorLabels.json: commitTransaction does not retry error without RetryableWriteError label"#,
-        "testkit: no transaction isolation; an uncommitted or unaborted transaction's writes are visible (TK-15)",
-    ),
-    fails(
-        r#"retryable-commit.json: commitTransaction fails after Interrupted"#,
-        "testkit: no transaction isolation; an uncommitted or unaborted transaction's writes are visible (TK-15)",
     ),
     fails(
         r#"run-command.json: run command fails with secondary read preference from transaction options"#,

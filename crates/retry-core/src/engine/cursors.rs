@@ -87,6 +87,7 @@ mod tests {
             conn: conn.map(ConnId),
             pin: CursorPin::new(),
             session: OpSession::Never,
+            transaction: None,
         }
     }
 

@@ -447,6 +447,7 @@ impl Engine {
                 conn: pinned,
                 pin,
                 session: session.map_or(OpSession::Never, |s| OpSession::Implicit(Some(s))),
+                transaction: None,
             },
         );
         let mut request = OperationRequest::new(

@@ -490,6 +490,9 @@ struct Operation {
     /// The `txnNumber` its attempts carry, allocated at its first attempt that needs one (RW-6,
     /// RW-7, TX-1).
     txn_number: Option<i64>,
+    /// TX-1, TX-2: the transaction (its session's [`crate::transaction::Transaction::generation`])
+    /// a transaction statement was mapped into; it is sent only while that one is active.
+    transaction: Option<u32>,
     /// The command sends and absorbs `$clusterTime` (SE-16, SE-19).
     gossip: bool,
     /// An `endSessions` of [`Engine::close`]: no `OperationFinished`, no session (SE-15).
@@ -545,6 +548,9 @@ struct Cursor {
     pin: CursorPin,
     /// The session of the command that opened it, for its `getMore`s and `killCursors` (SE-14).
     session: OpSession,
+    /// TX-1, SE-14: the transaction (generation) it was opened in; its `getMore`s join the
+    /// session's transaction only while that same one is active.
+    transaction: Option<u32>,
 }
 
 struct MonitorState {

@@ -22,7 +22,7 @@ use crate::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::pinning::transaction_labels;
 use crate::pool::Purpose;
 use crate::read_preference_wire::read_preference_document;
-use crate::retry::{Action, Attempt, AttemptServer, OperationSpec, RetryEvent};
+use crate::retry::{Action, Attempt, AttemptServer, OperationKind, OperationSpec, RetryEvent};
 use crate::selection::{SelectionStep, ServerSelection};
 use crate::time::Instant;
 
@@ -52,6 +52,21 @@ impl Engine {
         self.launch(request, false, now)
     }
 
+    /// TX-2: puts back the transaction state `before` of an operation that was refused after its
+    /// mapping ([`Engine::transaction_request`]); a client-side error never changes the state.
+    fn restore_transaction(
+        &mut self,
+        session: Option<super::SessionHandle>,
+        before: Option<crate::transaction::Transaction>,
+    ) {
+        if let (Some(state), Some(before)) = (
+            session.and_then(|handle| self.sessions.get_mut(&handle)),
+            before,
+        ) {
+            state.transaction = before;
+        }
+    }
+
     fn next_op_id(&mut self) -> OpId {
         let op = OpId(self.next_op);
         self.next_op += 1;
@@ -68,22 +83,29 @@ impl Engine {
     ) -> OpId {
         let op = self.next_op_id();
         // SE-14, TX-1: a `getMore` runs in the session of the command that opened its cursor, and
-        // while that session's transaction is active, in the transaction (outside one it keeps
-        // the cursor's own route and pins).
+        // in that session's transaction only when the cursor was opened in this very transaction
+        // and it is still active (review6 finding 4: a real server refuses a getMore of a cursor
+        // from outside the transaction, 50739, or from another one, 50741); otherwise it keeps
+        // the cursor's own route and pins, without a txnNumber.
         if let (None, CursorUse::GetMore(handle)) = (request.session, request.cursor) {
-            if let Some(OpSession::Explicit(session)) =
-                self.cursors.get_mut(&handle).map(|c| &c.session)
+            if let Some((OpSession::Explicit(session), Some(opened_in))) = self
+                .cursors
+                .get_mut(&handle)
+                .map(|c| (&c.session, c.transaction))
             {
                 let session = *session;
-                if self
-                    .sessions
-                    .get(&session)
-                    .is_some_and(|s| s.transaction.is_active())
-                {
+                if self.sessions.get(&session).is_some_and(|s| {
+                    s.transaction.is_active() && s.transaction.generation() == opened_in
+                }) {
                     request.session = Some(session);
                 }
             }
         }
+        // TX-2 (review6 finding 5): a request refused below leaves the transaction as it was.
+        let before = request
+            .session
+            .and_then(|handle| self.sessions.get(&handle))
+            .map(|s| s.transaction);
         // TX-1, TX-2: an operation naming a session runs through its transaction.
         match self.transaction_request(&mut request) {
             Ok(true) => {}
@@ -105,6 +127,7 @@ impl Engine {
         let (mut session, gossip) = match self.operation_session(&request) {
             Ok(session) => session,
             Err(error) => {
+                self.restore_transaction(request.session, before);
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
                     result: Err(error),
@@ -134,6 +157,7 @@ impl Engine {
                     session = self.take_cursor_session(handle);
                 }
                 None => {
+                    self.restore_transaction(request.session, before);
                     self.run(now);
                     return op;
                 }
@@ -144,6 +168,14 @@ impl Engine {
             pinned_server = pinned_server.or(server);
             pinned_conn = pinned_conn.or(conn);
         }
+        // TX-1, TX-2 (review6 finding 2): the transaction this statement belongs to.
+        let transaction = match request.kind {
+            OperationKind::InTransaction { .. } => request
+                .session
+                .and_then(|handle| self.sessions.get(&handle))
+                .map(|s| s.transaction.generation()),
+            _ => None,
+        };
         let machine = self.operation_machine(
             &request,
             &session,
@@ -173,6 +205,7 @@ impl Engine {
                 keep_conn: false,
                 opened: None,
                 txn_number: None,
+                transaction,
                 gossip,
                 internal,
                 timer: None,
@@ -445,7 +478,7 @@ impl Engine {
         if let (CursorUse::Close(handle), false) = (cursor, release_pinned) {
             if let Some(cursor) = self.cursors.remove(&handle) {
                 if let Some(conn) = cursor.conn.filter(|c| !self.conn_held(*c)) {
-                    self.release(conn, true, now);
+                    self.release_unless_in_flight(conn, true, now);
                 }
                 self.cursor_session_ended(cursor.session, now);
             }
@@ -742,7 +775,7 @@ impl Engine {
                 op.succeeded(slot, now);
                 self.schedule(Machine::Operation(op_id));
                 self.cursor_replied(op_id, slot, conn, cursor_id.unwrap_or(0));
-                self.transaction_succeeded(op_id, conn);
+                self.transaction_succeeded(op_id, conn, now);
             }
         }
     }

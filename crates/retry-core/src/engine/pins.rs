@@ -3,7 +3,9 @@
 //!
 //! They decide where an operation goes before selection (`session_route`, `cursor_route`),
 //! what a success pins (`transaction_succeeded`, `cursor_replied`) and when a pinned connection
-//! goes back to its pool.
+//! goes back to its pool: once, when the last of its holders lets it go (the transaction's pin,
+//! the cursors opened on it, an operation whose command is in flight on it; `conn_held`,
+//! `keep_for_cursor`, `release_unless_in_flight`), house rule 8.
 
 use bson::RawDocumentBuf;
 
@@ -37,10 +39,13 @@ impl Engine {
         };
         if let CursorUse::Close(_) = cursor_use {
             // House rule 8: the pin names the connection the cursor holds (while its socket
-            // lives), and nothing when the cursor holds none.
+            // lives).
             let socket = cursor.conn.map(|c| pool_conn(&self.sockets, c));
             match cursor.pin.close() {
-                CursorClose::Nothing => debug_assert_eq!(socket, None, "LB-10: nothing pinned"),
+                // Nothing pinned, or a close of this cursor already under way (two operations
+                // on one cursor at once): its killCursors goes out as before, and the
+                // connection goes back once, when the cursor ends.
+                CursorClose::Nothing => {}
                 // The killCursors goes out on the cursor's connection (returned below); its
                 // reply ends the cursor and `cursor_replied` checks the connection in.
                 CursorClose::KillCursorsThenRelease(id) => debug_assert!(
@@ -128,10 +133,38 @@ impl Engine {
     }
 
     /// TX-4, LB-10: a transaction's pin let its connection go: it goes back to its pool, unless
-    /// a cursor opened in the transaction still uses it ([`Engine::keep_for_cursor`]).
+    /// a cursor opened in the transaction still uses it ([`Engine::keep_for_cursor`]), or a
+    /// command of the session is still in flight on it (a session used concurrently, SE-10):
+    /// that operation then checks it in when it releases it, and never loses its reply
+    /// (house rule 8).
     pub(super) fn transaction_released(&mut self, conn: ConnId, healthy: bool, now: Instant) {
         if !self.keep_for_cursor(conn) {
+            self.release_unless_in_flight(conn, healthy, now);
+        }
+    }
+
+    /// Checks in a pinned connection its holder (a transaction's pin, a closed cursor) let go,
+    /// unless another operation still has its command in flight on it (a session or cursor used
+    /// concurrently, SE-10): that operation then checks it in when it releases it, and gets its
+    /// reply (house rule 8).
+    pub(super) fn release_unless_in_flight(&mut self, conn: ConnId, healthy: bool, now: Instant) {
+        let in_flight = self.sockets.get(&conn).and_then(|s| match (s.op, s.owner) {
+            (Some((op, _)), Owner::Pool(id)) => Some((op, s.server, id)),
+            _ => None,
+        });
+        let Some((op_id, server, id)) = in_flight else {
             self.release(conn, healthy, now);
+            return;
+        };
+        // One that checked it out itself releases it anyway; one pinned to it now does too.
+        if let Some(op) = self.ops.get_mut(&op_id) {
+            if op.pinned_conn == Some(conn) {
+                op.release_pinned = true;
+                // Nobody's but that operation's now (LB-13).
+                if let Some(pool) = self.pool_mut(server) {
+                    pool.set_purpose(id, Purpose::Other);
+                }
+            }
         }
     }
 
@@ -190,7 +223,7 @@ impl Engine {
 
     /// TX-3, TX-5: a transaction's first command pins its session to the mongos it ran on, or in
     /// load-balanced mode to its connection; abort unpins whatever happened (TX-4 (1)).
-    pub(super) fn transaction_succeeded(&mut self, op_id: OpId, conn: ConnId) {
+    pub(super) fn transaction_succeeded(&mut self, op_id: OpId, conn: ConnId, now: Instant) {
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
@@ -200,22 +233,28 @@ impl Engine {
         match op.request.kind {
             OperationKind::InTransaction { first: true, .. } => self.pin_transaction(op_id, conn),
             OperationKind::AbortTransaction => {
-                // TX-4 (1): unpinned. A connection pin's connection is the one this abort ran
-                // on: the abort's own release checks it in, unless a cursor of the transaction
-                // still uses it (LB-10).
+                // TX-4 (1): unpinned. A connection pin's connection is usually the one this
+                // abort ran on: the abort's own release checks it in, unless a cursor of the
+                // transaction still uses it (LB-10). A first command that ran alongside the
+                // abort (a session used concurrently) may have pinned another one since: it
+                // goes back now (house rule 8).
                 let pinned = op.pinned_conn;
                 let unpinned = self
                     .sessions
                     .get_mut(&session)
                     .and_then(|s| s.pin.aborted());
-                let conn = self.unpinned_conn(session, unpinned);
-                debug_assert!(
-                    conn.is_none() || conn == pinned,
-                    "TX-5: the abort ran on it"
-                );
-                let release = conn.is_some_and(|c| !self.keep_for_cursor(c));
+                let release = match self.unpinned_conn(session, unpinned) {
+                    Some(c) if Some(c) == pinned => !self.keep_for_cursor(c),
+                    Some(c) => {
+                        self.transaction_released(c, true, now);
+                        false
+                    }
+                    None => false,
+                };
                 if let Some(op) = self.ops.get_mut(&op_id) {
-                    op.release_pinned = release;
+                    // Also when a later operation of the session let the pin go meanwhile
+                    // (`transaction_released`).
+                    op.release_pinned |= release;
                 }
             }
             _ => {}
@@ -265,8 +304,17 @@ impl Engine {
         let Some(state) = op.request.session.and_then(|s| self.sessions.get_mut(&s)) else {
             return;
         };
+        // House rule 8: a second first command that ran alongside the first (a session used
+        // concurrently, SE-10) pins nothing; the pin, and the connection it holds, stay the
+        // first one's, and this operation gives its own connection back.
+        if state.pin.pinned().is_some() {
+            return;
+        }
         if load_balanced {
+            // The connection is the transaction's now, even one the operation was to give back
+            // (a killCursors that became the transaction's first command, its cursor closed).
             op.keep_conn = true;
+            op.release_pinned = false;
             state.conn = Some(conn);
             state.pin.pin(Pin::Connection(pool_id));
             if let Some(pool) = self.pool_mut(server) {
@@ -327,6 +375,9 @@ impl Engine {
                 if cursor_id == 0 {
                     return;
                 }
+                // LB-10, LB-13: the connection is the cursor's now, even one the operation was
+                // to give back because its transaction let it go while it ran.
+                let let_go = core::mem::take(&mut op.release_pinned);
                 let (pin, conn) = match load_balanced {
                     true => {
                         op.keep_conn = true;
@@ -344,8 +395,15 @@ impl Engine {
                         conn,
                         pin,
                         session: super::OpSession::Never,
+                        transaction: op.transaction,
                     },
                 );
+                if let (true, Some(conn)) = (let_go, conn) {
+                    let server = self.sockets.get(&conn).map(|s| s.server);
+                    if let Some(pool) = server.and_then(|server| self.pool_mut(server)) {
+                        pool.set_purpose(pool_id, Purpose::Cursor);
+                    }
+                }
             }
             CursorUse::GetMore(_) => {
                 if let Some(mut cursor) = ended {

@@ -32,6 +32,16 @@ use crate::time::{Instant, OperationTimeout};
 use crate::transaction::{Step, TransactionOptions, TransactionState};
 use crate::wire::{append_db, append_lsid, EncodeError};
 
+/// TX-2 (review6 finding 2): a statement whose transaction was committed or aborted (or replaced
+/// by a new one) before it could be sent.
+const TRANSACTION_ENDED: &str =
+    "the transaction this command belongs to ended before the command could be sent";
+
+/// TX-1 (review6 finding 2): a second command written as a transaction's first one while another
+/// first command already started the transaction.
+const ALREADY_STARTED: &str = "another command already started this transaction; a \
+     transaction's commands must not race to start it (send its first command, then the others)";
+
 /// What [`Engine::prepare_attempt`] decided about an attempt about to be written.
 pub(super) enum Prepared {
     /// Send it, with the `lsid` of this session id, if any ([`append_command_fields`]).
@@ -141,7 +151,10 @@ impl Engine {
     /// transaction's first selection, and a pinned load-balanced connection goes back to its
     /// pool. From now on every operation naming the session runs in the transaction: the first
     /// one written carries `startTransaction` (the transaction is "starting" until then), later
-    /// ones continue it, and `commitTransaction` / `abortTransaction` requests
+    /// ones continue it with the same `txnNumber` (TX-1; a second command mapped as the first
+    /// while the transaction was starting is refused with a usage error when another one has
+    /// already started it, and a command whose transaction ended before it could be sent is
+    /// refused too), and `commitTransaction` / `abortTransaction` requests
     /// ([`OperationKind::CommitTransaction`], [`OperationKind::AbortTransaction`]) end it,
     /// finishing at once without a command when none was written (TX-2).
     pub fn start_transaction(
@@ -376,8 +389,13 @@ impl Engine {
         let kind = op.request.kind;
         let mut recovery_token = None;
         let causal_read = reads_causally(kind, &op.wire.body);
-        let first_command = matches!(kind, OperationKind::InTransaction { first: true, .. });
+        let transaction = op.transaction;
+        let numbered = op.txn_number.is_some();
+        // TX-1: a new number skips those of the transactions started since the last one was
+        // taken (review6 finding 6), or is the transaction's own once its first command took it.
         let mut skipped = 0;
+        let mut transaction_number = None;
+        let mut numbering = None;
         let mut after_cluster_time = None;
         // Each hedged copy has its own session (SE-9): its `lsid` is appended as it is encoded.
         let Some(slot) = op.slots.get_mut(slot) else {
@@ -423,11 +441,43 @@ impl Engine {
                     }
                     _ => {}
                 }
+                if let OperationKind::InTransaction { first, .. } = kind {
+                    // TX-1, TX-2 (review6 finding 2): a statement goes out only in the
+                    // transaction it was mapped into (not after that one was committed or
+                    // aborted), and only one command starts a transaction: a first command not
+                    // yet numbered while another one already started it is refused (it would
+                    // start the same transaction again).
+                    let current = state.transaction.is_active()
+                        && transaction == Some(state.transaction.generation());
+                    if !current {
+                        return Prepared::Refused(OperationError::usage(TRANSACTION_ENDED));
+                    }
+                    if first
+                        && !numbered
+                        && state.transaction.state() == TransactionState::InProgress
+                    {
+                        return Prepared::Refused(OperationError::usage(ALREADY_STARTED));
+                    }
+                }
                 if causal_read {
                     after_cluster_time = state.operation_time;
                 }
-                if with_txn_number && op.txn_number.is_none() && first_command {
-                    skipped = core::mem::take(&mut state.started_transactions);
+                if with_txn_number && !numbered {
+                    transaction_number = state.transaction.number();
+                    match kind {
+                        OperationKind::InTransaction { first: true, .. }
+                            if transaction_number.is_none() =>
+                        {
+                            // The current transaction is one of those started.
+                            skipped =
+                                core::mem::take(&mut state.started_transactions).saturating_sub(1);
+                            numbering = Some(*handle);
+                        }
+                        OperationKind::InTransaction { .. }
+                        | OperationKind::CommitTransaction { .. }
+                        | OperationKind::AbortTransaction => {}
+                        _ => skipped = core::mem::take(&mut state.started_transactions),
+                    }
                 }
                 let server = state
                     .server
@@ -443,19 +493,22 @@ impl Engine {
                 slot.lsid_sent = true;
                 if with_txn_number {
                     let number = *op.txn_number.get_or_insert_with(|| match kind {
-                        // TX-1: the later commands of a transaction use its number.
-                        OperationKind::InTransaction { first: false, .. }
+                        // TX-1: the commands of a transaction use its number, once taken.
+                        OperationKind::InTransaction { .. }
                         | OperationKind::CommitTransaction { .. }
-                        | OperationKind::AbortTransaction => server.txn_number(),
+                        | OperationKind::AbortTransaction
+                            if numbering.is_none() =>
+                        {
+                            transaction_number.unwrap_or_else(|| server.txn_number())
+                        }
                         // TX-1: each transaction started since the last number took one, the
                         // ones that never wrote a command included.
-                        OperationKind::InTransaction { first: true, .. } => {
-                            for _ in 1..skipped {
+                        _ => {
+                            for _ in 0..skipped {
                                 server.next_txn_number();
                             }
                             server.next_txn_number()
                         }
-                        _ => server.next_txn_number(),
                     });
                     body.insert("txnNumber", Bson::Int64(number));
                     // TX-1: every command of a transaction says `autocommit: false`.
@@ -498,6 +551,12 @@ impl Engine {
                         body.insert("$clusterTime", time.document().clone());
                     }
                 }
+            }
+        }
+        // TX-1: the transaction's number, for its other commands.
+        if let (Some(handle), Some(number)) = (numbering, op.txn_number) {
+            if let Some(state) = self.sessions.get_mut(&handle) {
+                state.transaction.set_number(number);
             }
         }
         if op.internal || matches!(op.request.cursor, super::CursorUse::GetMore(_)) {

@@ -208,10 +208,9 @@ fn nanos(d: Duration) -> u64 {
 
 /// The lane of operation deadlines (a timeout after the start).
 const DEADLINES: usize = 0;
-/// The lane of requests on their way to a server (the network delay after the send).
-const REQUESTS: usize = 1;
-/// The lane of replies on their way back (the network delay after the server finished).
-const REPLIES: usize = 2;
+/// The lane of requests on their way to a server and replies on their way back: both arrive the
+/// network delay after they left.
+const NETWORK: usize = 1;
 
 /// One attempt from its send to its reply: on its way, in a server's queue, on a worker, on its
 /// way back. Kept in [`Sim::works`] so that events carry only its index.
@@ -358,8 +357,8 @@ pub(crate) struct Sim<'a> {
     completions: BinaryHeap<Reverse<Event>>,
     /// The next arrival: there is never more than one.
     arrival: Option<Event>,
-    /// Events a fixed delay after they were scheduled: [`DEADLINES`], [`REQUESTS`], [`REPLIES`].
-    lanes: [VecDeque<Event>; 3],
+    /// Events a fixed delay after they were scheduled: [`DEADLINES`], [`NETWORK`].
+    lanes: [VecDeque<Event>; 2],
     /// The attempts between send and reply, and the free slots among them.
     works: Vec<Work>,
     free_works: Vec<u32>,
@@ -384,6 +383,9 @@ pub(crate) struct Sim<'a> {
     net_ns: u64,
     timeout_ns: u64,
     bucket_ns: u64,
+    /// The bucket of the latest [`Sim::bucket`] call, and where it ends.
+    current_bucket: usize,
+    bucket_end: u64,
     warmup_ns: u64,
     /// Arrivals per nanosecond at the profile's highest load.
     max_rate: f64,
@@ -500,6 +502,8 @@ impl<'a> Sim<'a> {
             net_ns: nanos(cluster.network),
             timeout_ns: nanos(cluster.timeout),
             bucket_ns: nanos(spec.bucket).max(1),
+            current_bucket: 0,
+            bucket_end: 0,
             warmup_ns: nanos(spec.warmup),
             max_rate: spec.load.max() * cluster.capacity() / 1e9,
         }
@@ -508,23 +512,30 @@ impl<'a> Sim<'a> {
     /// Schedules a timer (a backoff's end, a hedging delay).
     fn schedule(&mut self, time: u64, kind: Kind) {
         self.seq += 1;
-        self.timers.push(Reverse(Event {
+        let event = Event {
             time,
             seq: self.seq,
             kind,
-        }));
+        };
+        self.timers.push(Reverse(event));
     }
 
-    fn bucket(&mut self, time: u64) -> usize {
-        let b = (time / self.bucket_ns) as usize;
-        let r = &mut self.result;
-        if r.series_attempts.len() <= b {
-            r.series_attempts.resize(b + 1, 0);
-            r.series_succeeded.resize(b + 1, 0);
-            r.series_failed.resize(b + 1, 0);
-            r.series_latency_us.resize(b + 1, 0);
+    /// The time-series bucket of now (`now / bucket`), its counters present. Time only moves
+    /// forward, so the bucket is kept and moved on when now passes its end: no division per call.
+    fn bucket(&mut self) -> usize {
+        if self.now >= self.bucket_end {
+            let b = (self.now / self.bucket_ns) as usize;
+            self.current_bucket = b;
+            self.bucket_end = (b as u64 + 1).saturating_mul(self.bucket_ns);
+            let r = &mut self.result;
+            if r.series_attempts.len() <= b {
+                r.series_attempts.resize(b + 1, 0);
+                r.series_succeeded.resize(b + 1, 0);
+                r.series_failed.resize(b + 1, 0);
+                r.series_latency_us.resize(b + 1, 0);
+            }
         }
-        b
+        self.current_bucket
     }
 
     /// Poisson arrivals at the current rate, by thinning against the profile's highest rate.
@@ -567,9 +578,9 @@ impl<'a> Sim<'a> {
     /// The earliest event of the lanes, the heaps and the arrival, by (time, sequence): the
     /// same order as one queue of every event.
     fn next_event(&mut self) -> Option<Event> {
-        const TIMERS: usize = 3;
-        const COMPLETIONS: usize = 4;
-        const ARRIVAL: usize = 5;
+        const TIMERS: usize = 2;
+        const COMPLETIONS: usize = 3;
+        const ARRIVAL: usize = 4;
         const NONE: u128 = u128::MAX;
         let mut best = self.arrival.as_ref().map_or(NONE, Event::key);
         let mut source = ARRIVAL;
@@ -665,16 +676,17 @@ impl<'a> Sim<'a> {
         };
         work.outcome = outcome;
         self.seq += 1;
-        self.completions.push(Reverse(Event {
+        let event = Event {
             time: now + cost,
             seq: self.seq,
             kind: Kind::Completed(id),
-        }));
+        };
+        self.completions.push(Reverse(event));
     }
 
     /// A worker finished: the reply leaves, the worker takes the next item.
     fn completed(&mut self, work: u32) {
-        self.schedule_after(REPLIES, self.net_ns, Kind::Reply(work));
+        self.schedule_after(NETWORK, self.net_ns, Kind::Reply(work));
         let index = self.works[work as usize].server;
         let server = &mut self.servers[usize::from(index)];
         server.busy -= 1;
@@ -778,7 +790,6 @@ impl<'a> Sim<'a> {
     }
 
     fn send(&mut self, id: u32, server: u8, copy: u8) {
-        let now = self.now;
         let op = self.ops[id as usize].as_mut().expect("live op");
         op.gen += 1;
         op.attempts += 1;
@@ -798,7 +809,7 @@ impl<'a> Sim<'a> {
         if measured {
             self.result.attempts += 1;
         }
-        let b = self.bucket(now);
+        let b = self.bucket();
         self.result.series_attempts[b] += 1;
         let work = match self.free_works.pop() {
             Some(slot) => {
@@ -810,7 +821,7 @@ impl<'a> Sim<'a> {
                 (self.works.len() - 1) as u32
             }
         };
-        self.schedule_after(REQUESTS, self.net_ns, Kind::AtServer(work));
+        self.schedule_after(NETWORK, self.net_ns, Kind::AtServer(work));
     }
 
     fn released(&mut self, client: u32, server: u8) {
@@ -837,7 +848,7 @@ impl<'a> Sim<'a> {
                 self.result.succeeded += 1;
             }
         }
-        let b = self.bucket(now);
+        let b = self.bucket();
         if ok {
             self.result.series_succeeded[b] += 1;
         } else {

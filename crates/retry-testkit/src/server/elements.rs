@@ -14,6 +14,7 @@ pub(super) mod kind {
     pub(in crate::server) const BINARY: u8 = 0x05;
     pub(in crate::server) const BOOLEAN: u8 = 0x08;
     pub(in crate::server) const INT32: u8 = 0x10;
+    pub(in crate::server) const TIMESTAMP: u8 = 0x11;
     pub(in crate::server) const INT64: u8 = 0x12;
 }
 
@@ -98,22 +99,21 @@ impl<'a> Elements<'a> {
     }
 
     fn step(&mut self) -> Option<Walk<'a>> {
-        let kind = *self.document.get(self.at)?;
+        let (&kind, rest) = self.document.get(self.at..)?.split_first()?;
         if kind == 0 {
-            return (self.at + 1 == self.document.len()).then_some(Walk::End);
+            return rest.is_empty().then_some(Walk::End);
         }
-        let key_at = self.at + 1;
-        let key_len = self.document.get(key_at..)?.iter().position(|&b| b == 0)?;
-        let value_at = key_at + key_len + 1;
-        let length = |at: usize| -> Option<usize> {
-            let bytes = self.document.get(at..at + 4)?;
-            usize::try_from(i32::from_le_bytes(bytes.try_into().ok()?)).ok()
+        let key_len = rest.iter().position(|&b| b == 0)?;
+        let (key, rest) = (&rest[..key_len], &rest[key_len + 1..]);
+        let length = || -> Option<usize> {
+            let bytes: [u8; 4] = rest.get(..4)?.try_into().ok()?;
+            usize::try_from(i32::from_le_bytes(bytes)).ok()
         };
         let size = match kind {
             kind::DOUBLE | 0x09 | 0x11 | kind::INT64 => 8,
-            kind::STRING => 4 + length(value_at)?,
-            kind::DOCUMENT | 0x04 => length(value_at)?,
-            kind::BINARY => 5 + length(value_at)?,
+            kind::STRING => 4 + length()?,
+            kind::DOCUMENT | 0x04 => length()?,
+            kind::BINARY => 5 + length()?,
             0x07 => 12,
             kind::BOOLEAN => 1,
             0x0A => 0,
@@ -121,13 +121,9 @@ impl<'a> Elements<'a> {
             0x13 => 16,
             _ => return None,
         };
-        let value = self.document.get(value_at..value_at.checked_add(size)?)?;
-        self.at = value_at + size;
-        Some(Walk::Element(Element {
-            kind,
-            key: &self.document[key_at..key_at + key_len],
-            value,
-        }))
+        let value = rest.get(..size)?;
+        self.at += 2 + key_len + size;
+        Some(Walk::Element(Element { kind, key, value }))
     }
 
     /// The last element named `key` (a decoded `Document` keeps the last of a repeated key);

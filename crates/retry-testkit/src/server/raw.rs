@@ -38,7 +38,7 @@ use bson::oid::ObjectId;
 use bson::{Document, RawDocument, RawDocumentBuf, Timestamp};
 use retry_core::wire::{DocumentSequence, MsgFlags, OpMsg, RawOpMsg};
 
-use super::elements::{Element, Elements, Walk};
+use super::elements::{kind, Element, Elements, Walk};
 use super::{add_cluster_time, insert_cluster_time, Connection, LoggedCommand, Recorded};
 use super::{ServerStream, Shared, State};
 use crate::commands::{is_hello, ok, HelloAsk};
@@ -75,6 +75,9 @@ pub(super) struct Hot<'a> {
     /// `client.application.name`, read as the Document path reads it (the last of a repeated
     /// key).
     app_name: Option<&'a str>,
+    /// SE-17: a well-formed gossiped `$clusterTime` (a malformed one goes to the Document path,
+    /// which refuses it).
+    cluster_time: Option<Timestamp>,
 }
 
 impl<'a> Hot<'a> {
@@ -100,6 +103,7 @@ impl<'a> Hot<'a> {
             lsid: None,
             ask: HelloAsk::default(),
             app_name: None,
+            cluster_time: None,
         };
         let mut seen = 0_u32;
         loop {
@@ -117,7 +121,10 @@ impl<'a> Hot<'a> {
                     hot.lsid = plain_lsid(field);
                     (1, hot.lsid.is_some())
                 }
-                b"$clusterTime" => (2, true),
+                b"$clusterTime" => {
+                    hot.cluster_time = gossiped_time(field);
+                    (2, hot.cluster_time.is_some())
+                }
                 b"$readPreference" => (3, true),
                 b"apiVersion" => (4, true),
                 b"apiStrict" => (5, true),
@@ -151,15 +158,35 @@ impl<'a> Hot<'a> {
     }
 }
 
-/// An lsid that is `{id: <binary>}` alone, of any subtype but `BinaryOld` (whose encoding has a
-/// second length): the shape every check accepts and `Store::note_plain_session` takes.
+/// An lsid that is `{id: <UUID>}` alone (binary subtype 4, 16 bytes: SE-3, the shape the
+/// Document path's lsid check accepts, review6 finding 9) and `Store::note_plain_session` takes.
 fn plain_lsid(lsid: Element<'_>) -> Option<&[u8]> {
     let mut fields = lsid.document()?;
     let Walk::Element(id) = fields.next() else {
         return None;
     };
-    let plain = id.key == b"id" && id.binary_subtype().is_some();
+    // The binary value: its length (16), its subtype (4), its 16 bytes.
+    let uuid = id.binary_subtype() == Some(4) && id.value.len() == 21;
+    let plain = id.key == b"id" && uuid;
     (plain && matches!(fields.next(), Walk::End)).then_some(lsid.value)
+}
+
+/// SE-17 (review6 finding 8): a `$clusterTime` the Document path accepts
+/// (`refusals::gossiped_cluster_time`, the last of each repeated key as a decoded `Document`
+/// keeps it): its `clusterTime`.
+fn gossiped_time(gossip: Element<'_>) -> Option<Timestamp> {
+    let time = gossip.document()?.last(b"clusterTime")?;
+    let signature = gossip.document()?.last(b"signature")?;
+    let hash = signature.document()?.last(b"hash")?;
+    let key_id = signature.document()?.last(b"keyId")?;
+    let well_formed =
+        time.kind == kind::TIMESTAMP && hash.kind == kind::BINARY && key_id.kind == kind::INT64;
+    let bytes: [u8; 8] = time.value.try_into().ok()?;
+    let [i0, i1, i2, i3, t0, t1, t2, t3] = bytes;
+    well_formed.then(|| Timestamp {
+        increment: u32::from_le_bytes([i0, i1, i2, i3]),
+        time: u32::from_le_bytes([t0, t1, t2, t3]),
+    })
 }
 
 /// HS-4: `client.application.name`, when it is a string in documents, the last of each
@@ -289,6 +316,10 @@ impl Connection {
                 lsid: hot.lsid.and_then(decoded_document),
                 txn_number: None,
             });
+        }
+        // SE-17: where the Document path takes the gossiped `$clusterTime`.
+        if let (false, Some(time)) = (state.role == Role::Standalone, hot.cluster_time) {
+            state.data.lock().advance_clock(time);
         }
         if hot.hello {
             return Some(self.answer_hello(state, shared, hot, body));

@@ -151,9 +151,29 @@ fn script(role: &Role) -> Script {
     s.send(
         "ping with every accepted field",
         doc! { "ping": 1.0, "lsid": lsid(3), "$clusterTime": { "clusterTime": Timestamp {
-        time: 1, increment: 1 } }, "$readPreference": { "mode": "primaryPreferred" },
+        time: 1, increment: 1 }, "signature": { "hash": binary(BinarySubtype::Generic, 0),
+        "keyId": 0_i64 } }, "$readPreference": { "mode": "primaryPreferred" },
         "apiVersion": "1", "apiStrict": false, "apiDeprecationErrors": false, "comment": "c",
         "maxTimeMS": 100, "$db": "admin" },
+    );
+    // SE-17 (review6 finding 8): a later gossiped $clusterTime moves the clock on both paths;
+    // a malformed one is refused on both.
+    s.send(
+        "ping gossiping a later $clusterTime",
+        doc! { "ping": 1, "$clusterTime": { "clusterTime": Timestamp { time: 1_800_000_000,
+        increment: 7 }, "signature": { "hash": binary(BinarySubtype::Generic, 0),
+        "keyId": 0_i64 } }, "$db": "admin" },
+    );
+    s.send(
+        "ping, $clusterTime without a signature",
+        doc! { "ping": 1, "$clusterTime": { "clusterTime": Timestamp { time: 1, increment: 1 } },
+        "$db": "admin" },
+    );
+    s.send(
+        "ping, $clusterTime keyId an int32",
+        doc! { "ping": 1, "$clusterTime": { "clusterTime": Timestamp { time: 1, increment: 1 },
+        "signature": { "hash": binary(BinarySubtype::Generic, 0), "keyId": 0 } },
+        "$db": "admin" },
     );
     // A connection's hello replies differ by what the request asks.
     s.send("hello without helloOk", doc! { "hello": 1, "$db": "admin" });
@@ -196,6 +216,14 @@ fn script(role: &Role) -> Script {
         with(
             ping(),
             doc! { "lsid": { "id": binary(BinarySubtype::Generic, 6) } },
+        ),
+    );
+    // SE-3 (review6 finding 9): a UUID of 12 bytes is InvalidUUID on both paths.
+    s.send(
+        "ping, lsid a 12-byte UUID",
+        with(
+            ping(),
+            doc! { "lsid": { "id": Binary { subtype: BinarySubtype::Uuid, bytes: vec![7; 12] } } },
         ),
     );
     for (label, max_time) in [
@@ -488,7 +516,12 @@ async fn read_frame(stream: &mut TcpStream) -> Outcome {
 }
 
 /// Runs the script on a fresh server in `role`; every step's outcome and the server's records.
-async fn run(role: &Role, with_user: bool, raw: bool) -> (Vec<(String, Outcome)>, String, u64) {
+async fn run(
+    role: &Role,
+    with_user: bool,
+    raw: bool,
+    script: fn(&Role) -> Script,
+) -> (Vec<(String, Outcome)>, String, u64) {
     let mut config = ServerConfig::new(role.clone());
     if with_user {
         config = config.with_user("user", "pencil", &[ScramVersion::Sha256]);
@@ -563,8 +596,9 @@ async fn raw_path_answers_as_the_document_path() {
         (Role::LoadBalancer { service_id: true }, false),
     ];
     for (role, with_user) in roles {
-        let (raw, raw_records, raw_answers) = run(&role, with_user, true).await;
-        let (document, document_records, document_answers) = run(&role, with_user, false).await;
+        let (raw, raw_records, raw_answers) = run(&role, with_user, true, script).await;
+        let (document, document_records, document_answers) =
+            run(&role, with_user, false, script).await;
         assert_eq!(raw.len(), document.len());
         for ((label, raw), (_, document)) in raw.iter().zip(&document) {
             assert_eq!(raw, document, "{role:?}, users: {with_user}: {label}");
@@ -573,5 +607,144 @@ async fn raw_path_answers_as_the_document_path() {
         // The comparison means something: the raw path answered the plain commands.
         assert_eq!(document_answers, 0);
         assert!(raw_answers >= 20, "{role:?}: {raw_answers} raw answers");
+    }
+}
+
+/// Random hot commands: a hot name, then up to seven fields drawn (repeats included) from a
+/// palette of the fields the raw path accepts and some it must not, each with values of right and
+/// wrong types.
+fn random_script(_: &Role) -> Script {
+    use rand_core::RngCore;
+    let mut rng = retry_core::rng::EngineRng::from_seed_u64(0x7e57_ca5e);
+    let mut s = Script { steps: Vec::new() };
+    let uuid = |byte| binary(BinarySubtype::Uuid, byte);
+    let palette: Vec<(&str, Vec<Bson>)> = vec![
+        ("$db", vec!["admin".into(), Bson::Int32(1)]),
+        (
+            "lsid",
+            vec![
+                doc! { "id": uuid(1) }.into(),
+                doc! { "id": uuid(2) }.into(),
+                doc! { "id": binary(BinarySubtype::Generic, 3) }.into(),
+                doc! { "id": binary(BinarySubtype::BinaryOld, 4) }.into(),
+                doc! { "id": 1 }.into(),
+                doc! { "id": uuid(5), "uid": uuid(6) }.into(),
+                doc! {}.into(),
+                "x".into(),
+            ],
+        ),
+        (
+            "$clusterTime",
+            vec![doc! { "clusterTime": Timestamp { time: 1, increment: 1 } }.into()],
+        ),
+        (
+            "$readPreference",
+            vec![doc! { "mode": "secondary" }.into(), "x".into()],
+        ),
+        ("apiVersion", vec!["1".into(), Bson::Int32(1)]),
+        ("apiStrict", vec![true.into()]),
+        ("apiDeprecationErrors", vec![false.into()]),
+        (
+            "comment",
+            vec!["c".into(), doc! { "a": [1, 2] }.into(), Bson::Null],
+        ),
+        (
+            "maxTimeMS",
+            vec![
+                Bson::Int32(5),
+                Bson::Int32(-1),
+                Bson::Int64(1 << 31),
+                Bson::Double(2.0),
+                Bson::Double(2.5),
+                "5".into(),
+                Bson::Decimal128(bson::Decimal128::from_bytes([0; 16])),
+            ],
+        ),
+        ("helloOk", vec![true.into(), false.into(), Bson::Int32(1)]),
+        (
+            "loadBalanced",
+            vec![true.into(), false.into(), "yes".into()],
+        ),
+        (
+            "client",
+            vec![
+                doc! { "application": { "name": "r1" }, "driver": { "name": "d" } }.into(),
+                doc! { "application": { "name": 5 } }.into(),
+                doc! { "application": "x" }.into(),
+                "x".into(),
+            ],
+        ),
+        ("compression", vec![Bson::Array(vec![]), "zstd".into()]),
+        ("backpressure", vec!["2".into(), Bson::Int32(2)]),
+        ("txnNumber", vec![Bson::Int64(1), Bson::Int32(1)]),
+        ("autocommit", vec![false.into(), true.into()]),
+        ("startTransaction", vec![true.into()]),
+        (
+            "readConcern",
+            vec![doc! { "level": "local" }.into(), doc! { "level": 1 }.into()],
+        ),
+        ("writeConcern", vec![doc! { "w": 9 }.into()]),
+        ("topologyVersion", vec![doc! { "counter": 0_i64 }.into()]),
+        ("saslSupportedMechs", vec!["admin.user".into()]),
+        ("foo", vec![Bson::Int32(1)]),
+        ("regex", vec![Bson::JavaScriptCode("f()".into())]),
+    ];
+    let names = ["ping", "hello", "isMaster", "ismaster"];
+    let name_values = [Bson::Int32(1), Bson::Double(1.0), true.into(), "x".into()];
+    let mut pick = |n: usize| (rng.next_u64() % n as u64) as usize;
+    // The first 14 fields of the palette are the ones the raw path accepts, and the first
+    // value of each passes every check: three draws in four take them, so many commands are
+    // clean and the rest differ from a clean one by a little.
+    let accepted = 14;
+    for i in 0..400 {
+        let name = names[pick(names.len())];
+        let mut body = doc! { name: name_values[pick(name_values.len())].clone() };
+        if pick(4) > 0 {
+            body.insert("$db", "admin");
+        }
+        let mut repeated = Document::new();
+        for _ in 0..pick(6) {
+            let field = if pick(4) > 0 {
+                pick(accepted)
+            } else {
+                pick(palette.len())
+            };
+            let (key, values) = &palette[field];
+            let value = if pick(4) > 0 {
+                values[0].clone()
+            } else {
+                values[pick(values.len())].clone()
+            };
+            if body.contains_key(*key) {
+                repeated.insert(*key, value);
+            } else {
+                body.insert(*key, value);
+            }
+        }
+        s.send_bytes(
+            &format!("random {i}: {body} + {repeated}"),
+            &appended(&body, &repeated),
+        );
+    }
+    s
+}
+
+/// House rule 7, issue 9: on random hot commands, valid and not, in three roles, the raw path
+/// gives the Document path's reply bytes and effects.
+#[tokio::test]
+async fn raw_path_answers_random_hot_commands_as_the_document_path() {
+    let roles = [
+        Role::Mongos,
+        Role::ReplicaSetMember(ReplicaSetMember::secondary("rs0")),
+        Role::LoadBalancer { service_id: true },
+    ];
+    for role in roles {
+        let (raw, raw_records, raw_answers) = run(&role, false, true, random_script).await;
+        let (document, document_records, _) = run(&role, false, false, random_script).await;
+        for ((label, raw), (_, document)) in raw.iter().zip(&document) {
+            assert_eq!(raw, document, "{role:?}: {label}");
+        }
+        assert_eq!(raw_records, document_records, "{role:?}");
+        assert!(raw_answers >= 100, "{role:?}: {raw_answers} raw answers");
     }
 }

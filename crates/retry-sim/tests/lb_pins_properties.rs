@@ -1,0 +1,247 @@
+//! House rule 8, TX-4, TX-5, LB-10..LB-13 (the 3a fix's property): random interleavings of two
+//! sessions' transactions and cursors on a load balancer with `maxPoolSize=2`, with slow replies,
+//! transient errors and dropped connections. Every operation ends exactly once; a connection is
+//! never checked out twice at once nor checked in when it is not out; and once every cursor is
+//! closed and both sessions ended, nothing stays checked out.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use bson::{doc, Document};
+use proptest::prelude::*;
+use retry_core::engine::SessionHandle;
+use retry_core::engine::{CursorHandle, CursorUse, EngineEvent, OpId, OperationRequest};
+use retry_core::pool::{ConnectionId, PoolEvent};
+use retry_core::retry::OperationKind;
+use retry_core::selection::SelectionCriteria;
+use retry_sim::{address, Role, Sim, SimServer, Step};
+
+#[derive(Clone, Debug)]
+enum Op {
+    StartTransaction(usize),
+    Insert(Option<usize>),
+    Find(Option<usize>),
+    /// A getMore of the `n`th cursor opened so far; `true` names the cursor's session.
+    GetMore(usize, bool),
+    /// The killCursors of the `n`th cursor; `true` names its session.
+    Close(usize, bool),
+    Commit(usize),
+    Abort(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let session = 0..2_usize;
+    let maybe = prop::option::of(0..2_usize);
+    prop_oneof![
+        session.clone().prop_map(Op::StartTransaction),
+        maybe.clone().prop_map(Op::Insert),
+        maybe.prop_map(Op::Find),
+        (0..4_usize, any::<bool>()).prop_map(|(c, s)| Op::GetMore(c, s)),
+        (0..4_usize, any::<bool>()).prop_map(|(c, s)| Op::Close(c, s)),
+        session.clone().prop_map(Op::Commit),
+        session.prop_map(Op::Abort),
+    ]
+}
+
+/// One server step: mostly a reply that serves every command (a cursor with id 42 for a find or
+/// getMore), sometimes a transient error or a dropped connection; each after a delay.
+fn step() -> impl Strategy<Value = Step> {
+    let reply = doc! {
+        "ok": 1, "n": 1,
+        "cursor": { "id": 42_i64, "ns": "test.c", "firstBatch": [], "nextBatch": [] },
+    };
+    let transient = doc! {
+        "ok": 0, "code": 112, "codeName": "WriteConflict", "errmsg": "write conflict",
+        "errorLabels": ["TransientTransactionError"],
+    };
+    (0..10_u8, 0..5_u64).prop_map(move |(kind, delay)| match kind {
+        0 => Step::Reset,
+        1 => Step::Reply {
+            body: transient.clone(),
+            delay: Duration::from_millis(delay),
+        },
+        _ => Step::Reply {
+            body: reply.clone(),
+            delay: Duration::from_millis(delay),
+        },
+    })
+}
+
+fn request(
+    command: Document,
+    kind: OperationKind,
+    cursor: CursorUse,
+    session: Option<SessionHandle>,
+) -> OperationRequest {
+    let mut request = OperationRequest::new("test", command, kind, SelectionCriteria::Write);
+    request.cursor = cursor;
+    request.session = session;
+    request
+}
+
+/// The cursors opened so far, in order, with the session of the find that opened each.
+fn cursors(sim: &Sim, finds: &BTreeMap<OpId, Option<usize>>) -> Vec<(CursorHandle, Option<usize>)> {
+    sim.events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            EngineEvent::CursorOpened { op, cursor } => Some((*cursor, finds[op])),
+            _ => None,
+        })
+        .collect()
+}
+
+fn run(ops: &[(Op, bool)], script: Vec<Step>) -> Result<(), TestCaseError> {
+    let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
+    lb.script = script.into_iter().collect();
+    let mut sim = Sim::new(vec![(address("lb"), lb)], |o| {
+        o.topology.load_balanced = true;
+        o.topology.pool.max_pool_size = 2;
+        // A checkout waiting while cursors and transactions hold both connections (which
+        // CMAP lets wait without a limit) gives up after 1 s.
+        o.topology.pool.wait_queue_timeout = Some(Duration::from_secs(1));
+    });
+    let sessions = [sim.engine.start_session(), sim.engine.start_session()];
+    let mut started = Vec::new();
+    let mut finds = BTreeMap::new();
+    for (op, wait) in ops {
+        let opened = cursors(&sim, &finds);
+        let id = match op {
+            Op::StartTransaction(s) => {
+                let _ = sim
+                    .engine
+                    .start_transaction(sessions[*s], Default::default(), sim.now);
+                sim.drain();
+                continue;
+            }
+            Op::Insert(s) => sim.start_request(request(
+                doc! { "insert": "c", "documents": [{}] },
+                OperationKind::RetryableWrite,
+                CursorUse::None,
+                s.map(|s| sessions[s]),
+            )),
+            Op::Find(s) => {
+                let id = sim.start_request(request(
+                    doc! { "find": "c", "batchSize": 1 },
+                    OperationKind::Read,
+                    CursorUse::Open,
+                    s.map(|s| sessions[s]),
+                ));
+                finds.insert(id, *s);
+                id
+            }
+            Op::GetMore(n, named) | Op::Close(n, named) => {
+                let Some(&(cursor, session)) = opened.get(*n) else {
+                    continue;
+                };
+                let session = session.filter(|_| *named).map(|s| sessions[s]);
+                match op {
+                    Op::GetMore(..) => sim.start_request(request(
+                        doc! { "getMore": 42_i64, "collection": "c" },
+                        OperationKind::GetMore,
+                        CursorUse::GetMore(cursor),
+                        session,
+                    )),
+                    _ => sim.start_request(request(
+                        doc! { "killCursors": "c", "cursors": [42_i64] },
+                        OperationKind::RunCommand,
+                        CursorUse::Close(cursor),
+                        session,
+                    )),
+                }
+            }
+            Op::Commit(s) => sim.start_request(request(
+                doc! { "commitTransaction": 1 },
+                OperationKind::CommitTransaction { again: false },
+                CursorUse::None,
+                Some(sessions[*s]),
+            )),
+            Op::Abort(s) => sim.start_request(request(
+                doc! { "abortTransaction": 1 },
+                OperationKind::AbortTransaction,
+                CursorUse::None,
+                Some(sessions[*s]),
+            )),
+        };
+        started.push(id);
+        if *wait {
+            let _ = sim.run(id);
+        }
+    }
+    for id in started.clone() {
+        let _ = sim.run(id);
+    }
+    // Close every cursor still open, then end both sessions.
+    let mut closed = BTreeSet::new();
+    for (cursor, _) in cursors(&sim, &finds) {
+        if closed.insert(cursor) {
+            let id = sim.start_request(request(
+                doc! { "killCursors": "c", "cursors": [42_i64] },
+                OperationKind::RunCommand,
+                CursorUse::Close(cursor),
+                None,
+            ));
+            started.push(id);
+            let _ = sim.run(id);
+        }
+    }
+    for session in sessions {
+        sim.engine.end_session(session, sim.now);
+        sim.drain();
+    }
+    for id in started.clone() {
+        let _ = sim.run(id);
+    }
+    let until = sim.now.saturating_add(Duration::from_secs(1));
+    prop_assert!(sim.advance_to(until));
+
+    // House rule 8: every operation ended exactly once.
+    let mut finished: BTreeMap<OpId, usize> = BTreeMap::new();
+    for (_, event) in &sim.events {
+        if let EngineEvent::OperationFinished { op, .. } = event {
+            *finished.entry(*op).or_default() += 1;
+        }
+    }
+    for id in &started {
+        prop_assert_eq!(finished.get(id), Some(&1), "{:?}", id);
+    }
+    // CMAP accounting: out once, in once, nothing out at the end.
+    let mut out: BTreeSet<ConnectionId> = BTreeSet::new();
+    for (at, event) in &sim.events {
+        let EngineEvent::Pool { event, .. } = event else {
+            continue;
+        };
+        match event {
+            PoolEvent::CheckedOut { connection, .. } => {
+                prop_assert!(out.insert(*connection), "{connection:?} out twice at {at}");
+            }
+            PoolEvent::CheckedIn { connection } => {
+                prop_assert!(
+                    out.remove(connection),
+                    "{connection:?} in, not out, at {at}"
+                );
+            }
+            PoolEvent::ConnectionClosed { connection, .. } => {
+                out.remove(connection);
+            }
+            _ => {}
+        }
+    }
+    prop_assert!(out.is_empty(), "still checked out: {out:?}");
+    Ok(())
+}
+
+proptest! {
+    // 300 cases by default; `PROPTEST_CASES` sets another count for a long run.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn lb_transactions_and_cursors_check_every_connection_in_once(
+        ops in prop::collection::vec((op(), any::<bool>()), 1..24),
+        script in prop::collection::vec(step(), 0..40),
+    ) {
+        run(&ops, script)?;
+    }
+}
