@@ -12,11 +12,12 @@ use retry_core::engine::{
 };
 use retry_core::error::{ErrorKind, NetworkErrorKind, OperationError};
 use retry_core::handshake::{ClientMetadata, HandshakeOptions};
+use retry_core::monitor::HeartbeatEvent;
 use retry_core::pool::PoolEvent;
 use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use retry_core::time::Instant;
-use retry_core::topology::{SdamEvent, TopologySettings};
+use retry_core::topology::{SdamEvent, ServerType, TopologySettings};
 use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
 
 const STEPS: usize = 10_000;
@@ -30,6 +31,8 @@ struct Net {
     sockets: BTreeMap<ConnId, (ServerAddress, FrameDecoder)>,
     events: Vec<EngineEvent>,
     script: Script,
+    /// Every command sent, with its connection, in order.
+    sent: Vec<(ConnId, Document)>,
 }
 
 impl Net {
@@ -41,6 +44,7 @@ impl Net {
             sockets: BTreeMap::new(),
             events: Vec::new(),
             script,
+            sent: Vec::new(),
         };
         net.drain();
         // The first checks are due at once.
@@ -69,6 +73,7 @@ impl Net {
                         let (used, message) = decoder.decode(rest).expect("valid OP_MSG");
                         rest = &rest[used..];
                         let Some(request) = message else { continue };
+                        self.sent.push((conn, request.body.clone()));
                         if let Some(body) = (self.script)(address, &request.body) {
                             let reply = OpMsg {
                                 request_id: 0,
@@ -647,4 +652,121 @@ fn ev6_a_hello_with_speculative_authenticate_is_redacted_a_plain_one_is_not() {
         assert_eq!(sent.is_empty(), redacted, "{sent}");
         assert_eq!(reply.is_empty(), redacted, "{reply}");
     }
+}
+
+/// MO-14 (`cancel-server-check.json`), MO-11, MO-15, house rule 8: the primary's monitor lost its
+/// connection and its one immediate retry check is in flight when a read on the primary fails on
+/// the network. The application error marks the server Unknown and clears the pool, and the
+/// cancelled retry check, whose failure the monitor would report, is not applied again: exactly
+/// one Unknown description and one pool clear. Every heartbeat started ends once, and the read
+/// ends once, by its retry once the server is back.
+#[test]
+fn mo14_a_cancelled_retry_check_is_not_reported_again() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let hellos_hang = Rc::new(Cell::new(false));
+    let finds_hang = Rc::new(Cell::new(true));
+    let (hello_flag, find_flag) = (hellos_hang.clone(), finds_hang.clone());
+    let script: Script = Box::new(move |address, body| {
+        if is_hello(body) {
+            return (!hello_flag.get()).then(|| member_hello(address, &["a"]));
+        }
+        (!find_flag.get())
+            .then(|| doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } })
+    });
+    let mut settings = TopologySettings::new(vec![address("a")]);
+    settings.replica_set = Some("rs".into());
+    let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
+    let op = net.start(read(ReadPreferenceMode::Primary));
+    let pool_conn = net
+        .sent
+        .iter()
+        .find(|(_, body)| body.contains_key("find"))
+        .map(|(conn, _)| *conn)
+        .expect("the read was sent");
+    // The next polling check hangs; its connection then closes: the monitor retries at once on a
+    // new connection (MO-11 step 4), and that check hangs too.
+    hellos_hang.set(true);
+    let sent = net.sent.len();
+    net.run_until(Instant::from_millis(10_000));
+    let (first_check, _) = net.sent[sent..]
+        .iter()
+        .find(|(conn, body)| *conn != pool_conn && is_hello(body))
+        .cloned()
+        .expect("the next check was sent");
+    let sent = net.sent.len();
+    net.engine
+        .handle_closed(first_check, NetworkErrorKind::Reset, None, net.now);
+    net.drain();
+    let retry_check = net.sent[sent..]
+        .iter()
+        .find(|(conn, body)| *conn != first_check && is_hello(body))
+        .map(|(conn, _)| *conn)
+        .expect("the retry check was sent");
+    let primary = |net: &Net| {
+        net.engine
+            .topology()
+            .server(&address("a"))
+            .map(|s| s.server_type)
+    };
+    assert_eq!(
+        primary(&net),
+        Some(ServerType::RsPrimary),
+        "not reported yet"
+    );
+    // The read's connection fails: SDAM handleError marks `a` Unknown, clears its pool and
+    // cancels the retry check in flight.
+    net.engine
+        .handle_closed(pool_conn, NetworkErrorKind::Reset, None, net.now);
+    net.drain();
+    assert_eq!(primary(&net), Some(ServerType::Unknown));
+    assert!(
+        !net.sockets.contains_key(&retry_check),
+        "the cancelled check's connection is closed"
+    );
+    hellos_hang.set(false);
+    finds_hang.set(false);
+    net.run_until(Instant::from_millis(40_000));
+    let unknown = net
+        .events
+        .iter()
+        .filter(|e| {
+            matches!(e, EngineEvent::Topology(SdamEvent::ServerDescriptionChanged { new, .. })
+                if new.server_type == ServerType::Unknown)
+        })
+        .count();
+    assert_eq!(unknown, 1, "one Unknown description");
+    let cleared = net
+        .events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                EngineEvent::Pool {
+                    event: PoolEvent::PoolCleared { .. },
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(cleared, 1, "one pool clear");
+    let heartbeats = |f: fn(&HeartbeatEvent) -> bool| {
+        net.events
+            .iter()
+            .filter(|e| matches!(e, EngineEvent::Heartbeat { event, .. } if f(event)))
+            .count()
+    };
+    let started = heartbeats(|e| matches!(e, HeartbeatEvent::Started { .. }));
+    let failed = heartbeats(|e| matches!(e, HeartbeatEvent::Failed { .. }));
+    let succeeded = heartbeats(|e| matches!(e, HeartbeatEvent::Succeeded { .. }));
+    assert_eq!(failed, 2, "the closed check and the cancelled retry check");
+    assert_eq!(started, failed + succeeded, "each started check ends once");
+    assert_eq!(
+        primary(&net),
+        Some(ServerType::RsPrimary),
+        "back after the next check"
+    );
+    let results = net.finished(op);
+    assert_eq!(results.len(), 1, "finished exactly once: {results:?}");
+    assert!(results[0].is_ok(), "the retry succeeded: {results:?}");
 }

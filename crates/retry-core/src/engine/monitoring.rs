@@ -88,10 +88,22 @@ impl Engine {
                         address.clone(),
                     );
                     // The monitor's answer says whether to report the failure to the topology.
-                    // No report is due: the topology sent this `CancelCheck` because it already
-                    // marked the server Unknown or removed it, and a retry check the monitor
-                    // starts instead runs on its own (scheduled below).
-                    let _report_to_topology = state.monitor.handle_check_failed(&error, now);
+                    // A report (a retry check, or a check of a server not known, cancelled) is
+                    // already in effect: the topology sent this `CancelCheck` after marking the
+                    // server Unknown and clearing its pool, which MO-14 does once, so it is not
+                    // applied again. Without a report the monitor's retry check runs on its own.
+                    let report = state.monitor.handle_check_failed(&error, now);
+                    debug_assert!(
+                        !report
+                            || self
+                                .topology
+                                .description()
+                                .server(&address)
+                                .is_some_and(
+                                    |s| s.server_type == crate::topology::ServerType::Unknown
+                                ),
+                        "a cancelled check's failure is reported only for a server already Unknown"
+                    );
                     self.schedule(Machine::Monitor(server));
                     self.close_socket(conn, now);
                 }
