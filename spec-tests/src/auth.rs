@@ -18,7 +18,8 @@ use bson::Bson;
 use retry_driver::{ClientOptions, ConnectionString};
 use serde_json::Value;
 
-use crate::corpus::read_json;
+use crate::corpus::run_cases;
+use crate::uri::{parse_case, ParsedCase};
 use crate::{CaseResult, Outcome};
 
 /// T1: the stale MONGODB-AWS cases, by description.
@@ -29,50 +30,28 @@ const STALE_AWS_CASES: &[&str] = &[
 
 /// Runs every case of the file.
 pub fn run_file(path: &Path) -> Result<Vec<CaseResult>, String> {
-    let json = read_json(path)?;
-    let cases = json
-        .get("tests")
-        .and_then(Value::as_array)
-        .ok_or("missing `tests` array")?;
-    Ok(cases
-        .iter()
-        .map(|case| {
-            let description = case
-                .get("description")
-                .and_then(Value::as_str)
-                .unwrap_or("?")
-                .to_string();
-            let outcome = if STALE_AWS_CASES.contains(&description.as_str()) {
-                Outcome::Skipped(
-                    "T1: the current auth spec forbids MONGODB-AWS credentials in the URI".into(),
-                )
-            } else {
-                run_case(case)
-            };
-            CaseResult {
-                description,
-                outcome,
-            }
-        })
-        .collect())
+    run_cases(path, |description, case| {
+        if STALE_AWS_CASES.contains(&description) {
+            Outcome::Skipped(
+                "T1: the current auth spec forbids MONGODB-AWS credentials in the URI".into(),
+            )
+        } else {
+            run_case(case)
+        }
+    })
 }
 
 fn run_case(case: &Value) -> Outcome {
-    let Some(uri) = case.get("uri").and_then(Value::as_str) else {
-        return Outcome::Failed("missing `uri`".into());
-    };
-    let valid = case.get("valid").and_then(Value::as_bool).unwrap_or(true);
-    let parsed = match (ConnectionString::parse(uri), valid) {
-        (Err(_), false) => return Outcome::Passed,
-        (Err(e), true) => return Outcome::Failed(format!("{uri}: rejected: {e}")),
-        (Ok(cs), false) => {
+    let (uri, parsed) = match parse_case(case, ConnectionString::parse) {
+        ParsedCase::Decided(outcome) => return outcome,
+        ParsedCase::Accepted(uri, cs) => {
             return match ClientOptions::from_connection_string(&cs) {
                 Err(e) if !e.reason().contains("not supported") => Outcome::Passed,
                 Err(e) => Outcome::Skipped(e.reason().to_string()),
                 Ok(_) => Outcome::Failed(format!("{uri}: accepted, expected an error ({cs:?})")),
             };
         }
-        (Ok(cs), true) => cs,
+        ParsedCase::Valid(uri, cs) => (uri, cs),
     };
     if let Err(message) = compare(case.get("credential"), &parsed) {
         return Outcome::Failed(format!("{uri}: {message}"));

@@ -2,6 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
+use serde_json::Value;
+
+use crate::{CaseResult, Outcome};
+
 /// The environment variable that names the corpus root (the directory holding `source/`).
 pub const SPECS_DIR_VAR: &str = "MONGODB_SPECS_DIR";
 
@@ -41,4 +45,31 @@ pub fn json_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 pub fn read_json(path: &Path) -> Result<serde_json::Value, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))?;
     serde_json::from_str(&text).map_err(|e| format!("invalid JSON: {e}"))
+}
+
+/// Runs `run_case` on every case of the file's `tests` array, with the case's `description`.
+pub(crate) fn run_cases(
+    path: &Path,
+    run_case: impl Fn(&str, &Value) -> Outcome,
+) -> Result<Vec<CaseResult>, String> {
+    let json = read_json(path)?;
+    let cases = json
+        .get("tests")
+        .and_then(Value::as_array)
+        .ok_or("missing `tests` array")?;
+    Ok(cases
+        .iter()
+        .map(|case| {
+            let description = case
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_string();
+            let outcome = run_case(&description, case);
+            CaseResult {
+                description,
+                outcome,
+            }
+        })
+        .collect())
 }

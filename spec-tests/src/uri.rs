@@ -16,50 +16,54 @@ use retry_driver::{
 };
 use serde_json::Value;
 
-use crate::corpus::read_json;
+use crate::corpus::run_cases;
 use crate::{CaseResult, Outcome};
 
 /// Runs every case of one connection-string or uri-options file.
 pub fn run_file(path: &Path) -> Result<Vec<CaseResult>, String> {
-    run_cases(path, run_case)
+    run_cases(path, |_, case| run_case(case))
 }
 
 /// Runs every case of one read-write-concern connection-string file.
 pub fn run_concern_file(path: &Path) -> Result<Vec<CaseResult>, String> {
-    run_cases(path, run_concern_case)
+    run_cases(path, |_, case| run_concern_case(case))
 }
 
-fn run_cases(path: &Path, run_case: fn(&Value) -> Outcome) -> Result<Vec<CaseResult>, String> {
-    let json = read_json(path)?;
-    let cases = json
-        .get("tests")
-        .and_then(Value::as_array)
-        .ok_or("missing `tests` array")?;
-    Ok(cases
-        .iter()
-        .map(|case| CaseResult {
-            description: case
-                .get("description")
-                .and_then(Value::as_str)
-                .unwrap_or("?")
-                .to_string(),
-            outcome: run_case(case),
-        })
-        .collect())
+/// A case's `uri` through a parser, judged against the case's `valid` flag (true when absent).
+pub(crate) enum ParsedCase<'a, T> {
+    /// The parse decides the case: it rejected the URI (passed if the case expects an error,
+    /// failed if not), or the case has no `uri` (failed).
+    Decided(Outcome),
+    /// Accepted, as the case expects.
+    Valid(&'a str, T),
+    /// Accepted, though the case expects an error.
+    Accepted(&'a str, T),
+}
+
+/// Parses the case's `uri` with `parse` and judges the result against its `valid` flag.
+pub(crate) fn parse_case<'a, T, E: std::fmt::Display>(
+    case: &'a Value,
+    parse: impl Fn(&str) -> Result<T, E>,
+) -> ParsedCase<'a, T> {
+    let Some(uri) = case.get("uri").and_then(Value::as_str) else {
+        return ParsedCase::Decided(Outcome::Failed("missing `uri`".into()));
+    };
+    let valid = case.get("valid").and_then(Value::as_bool).unwrap_or(true);
+    match (parse(uri), valid) {
+        (Err(_), false) => ParsedCase::Decided(Outcome::Passed),
+        (Err(e), true) => ParsedCase::Decided(Outcome::Failed(format!("{uri}: rejected: {e}"))),
+        (Ok(parsed), false) => ParsedCase::Accepted(uri, parsed),
+        (Ok(parsed), true) => ParsedCase::Valid(uri, parsed),
+    }
 }
 
 fn run_case(case: &Value) -> Outcome {
-    let Some(uri) = case.get("uri").and_then(Value::as_str) else {
-        return Outcome::Failed("missing `uri`".into());
-    };
-    let valid = case.get("valid").and_then(Value::as_bool).unwrap_or(true);
-    let parsed = match (ConnectionString::parse(uri), valid) {
-        (Err(_), false) => return Outcome::Passed,
-        (Err(e), true) => return Outcome::Failed(format!("{uri}: rejected: {e}")),
-        (Ok(cs), false) => {
+    let (uri, parsed) = match parse_case(case, ConnectionString::parse) {
+        ParsedCase::Decided(outcome) => return outcome,
+        ParsedCase::Accepted(uri, cs) => {
             return Outcome::Failed(format!("{uri}: accepted, expected an error ({cs:?})"))
         }
-        (Ok(cs), true) => cs,
+        ParsedCase::Valid(uri, cs) => (uri, cs),
     };
     if let Err(message) = compare(case, &parsed) {
         return Outcome::Failed(format!("{uri}: {message}"));
@@ -73,9 +77,9 @@ fn run_case(case: &Value) -> Outcome {
             port: 27017,
             ttl: None,
         };
-        match (apply_seedlist(&parsed, vec![record], &[], 0), valid) {
-            (Ok(resolved), _) => resolved,
-            (Err(e), _) => return Outcome::Failed(format!("{uri}: after the stub lookup: {e}")),
+        match apply_seedlist(&parsed, vec![record], &[], 0) {
+            Ok(resolved) => resolved,
+            Err(e) => return Outcome::Failed(format!("{uri}: after the stub lookup: {e}")),
         }
     } else {
         parsed
@@ -182,18 +186,15 @@ const T3: &str = "T3: uri-options expects a negative wTimeoutMS to be ignored wi
 read-write-concern expects an error; the parser follows uri-options";
 
 fn run_concern_case(case: &Value) -> Outcome {
-    let Some(uri) = case.get("uri").and_then(Value::as_str) else {
-        return Outcome::Failed("missing `uri`".into());
-    };
-    let valid = case.get("valid").and_then(Value::as_bool).unwrap_or(true);
-    let options = match (ClientOptions::parse(uri), valid) {
-        (Err(_), false) => return Outcome::Passed,
-        (Err(e), true) => return Outcome::Failed(format!("{uri}: rejected: {e}")),
-        (Ok(o), false) if uri.contains("wtimeoutMS=-") && !o.warnings.is_empty() => {
+    let (uri, options) = match parse_case(case, ClientOptions::parse) {
+        ParsedCase::Decided(outcome) => return outcome,
+        ParsedCase::Accepted(uri, o) if uri.contains("wtimeoutMS=-") && !o.warnings.is_empty() => {
             return Outcome::Skipped(T3.into())
         }
-        (Ok(_), false) => return Outcome::Failed(format!("{uri}: accepted, expected an error")),
-        (Ok(o), true) => o,
+        ParsedCase::Accepted(uri, _) => {
+            return Outcome::Failed(format!("{uri}: accepted, expected an error"))
+        }
+        ParsedCase::Valid(uri, o) => (uri, o),
     };
     if let Some(expected) = case.get("readConcern") {
         let level = expected.get("level").and_then(Value::as_str);
