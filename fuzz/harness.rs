@@ -13,7 +13,7 @@ use retry_core::error::{NetworkErrorKind, OperationError, ServerError};
 use retry_core::handshake::validate_reply;
 use retry_core::time::Instant;
 use retry_core::topology::ServerDescription;
-use retry_core::wire::{DecodeError, FrameDecoder, OpMsg};
+use retry_core::wire::{to_document, DecodeError, FrameDecoder, OpMsg};
 
 /// The limit the decoder harness uses, small enough that length checks are reachable.
 const MAX_MESSAGE_SIZE: u32 = 1 << 16;
@@ -66,16 +66,19 @@ pub fn op_msg_decoder(data: &[u8]) {
     }
 }
 
-fn document(data: &[u8]) -> Option<Document> {
+/// The reply document the input holds, converted as the engine converts a reply
+/// ([`to_document`]): a document nested deeper than a server allows is refused (WP-2) instead of
+/// recursing until the stack overflows, which the `bson` crate's conversion would do.
+pub fn reply_document(data: &[u8]) -> Option<Document> {
     bson::RawDocument::from_bytes(data)
         .ok()
-        .and_then(|raw| Document::try_from(raw).ok())
+        .and_then(|raw| to_document(raw).ok())
 }
 
 /// `hello_reply`: the input is a BSON document taken as a handshake reply; the SDAM parser and the
 /// handshake validator must agree on what is malformed and never panic.
 pub fn hello_reply(data: &[u8]) {
-    let Some(reply) = document(data) else {
+    let Some(reply) = reply_document(data) else {
         return;
     };
     let address = ServerAddress::new("fuzz", 27017);
@@ -99,7 +102,7 @@ pub fn hello_reply(data: &[u8]) {
 /// `error_reply`: the input is a BSON document taken as a command reply; the classifier must never
 /// panic and must agree with itself.
 pub fn error_reply(data: &[u8]) {
-    let Some(reply) = document(data) else {
+    let Some(reply) = reply_document(data) else {
         return;
     };
     let address = ServerAddress::new("fuzz", 27017);

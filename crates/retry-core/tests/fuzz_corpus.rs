@@ -58,9 +58,9 @@ fn handshake_then_ping() -> Vec<u8> {
     script
 }
 
-/// An OP_MSG whose body is `{a: {a: ... {}}}`, `levels` deep, built as bytes (encoding it as a
-/// `Document` would recurse).
-fn too_deep_frame(levels: usize) -> Vec<u8> {
+/// The document `{a: {a: ... {}}}`, `levels` deep, built as bytes (encoding it as a `Document`
+/// would recurse).
+fn too_deep_document(levels: usize) -> Vec<u8> {
     let mut body = vec![5, 0, 0, 0, 0];
     for _ in 1..levels {
         let mut outer = ((body.len() + 8) as i32).to_le_bytes().to_vec();
@@ -69,6 +69,12 @@ fn too_deep_frame(levels: usize) -> Vec<u8> {
         outer.push(0);
         body = outer;
     }
+    body
+}
+
+/// An OP_MSG whose body is [`too_deep_document`].
+fn too_deep_frame(levels: usize) -> Vec<u8> {
+    let body = too_deep_document(levels);
     let mut frame = ((16 + 4 + 1 + body.len()) as i32).to_le_bytes().to_vec();
     frame.extend(7_i32.to_le_bytes());
     frame.extend(0_i32.to_le_bytes());
@@ -174,6 +180,12 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             with_chunk(64, &too_deep_frame(1_000)),
         ),
         ("hello_reply", "seed-standalone", bson(hello_ok())),
+        // WP-2: a reply nested 1,000 levels deep is refused, not converted by recursion.
+        (
+            "hello_reply",
+            "seed-nesting-too-deep",
+            too_deep_document(1_000),
+        ),
         (
             "hello_reply",
             "seed-rs-primary",
@@ -224,6 +236,11 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             "error_reply",
             "seed-nan",
             bson(doc! { "ok": 0, "code": 2, "errmsg": "t", "x": f64::NAN }),
+        ),
+        (
+            "error_reply",
+            "seed-nesting-too-deep",
+            too_deep_document(1_000),
         ),
         (
             "error_reply",
@@ -334,6 +351,17 @@ fn the_connection_seed_reaches_a_reply() {
     assert!(script
         .windows(hello_reply.len())
         .any(|w| w == &hello_reply[..]));
+}
+
+/// WP-2, house rule 11: the reply harnesses refuse the deep seeds (a reply nested deeper than
+/// a server allows) through the engine's depth-limited conversion and take one just within it.
+#[test]
+fn wp2_the_reply_harnesses_refuse_a_reply_nested_too_deep() {
+    for target in ["hello_reply", "error_reply"] {
+        let seed = std::fs::read(corpus_dir(target).join("seed-nesting-too-deep")).unwrap();
+        assert_eq!(harness::reply_document(&seed), None, "{target}");
+    }
+    assert!(harness::reply_document(&too_deep_document(200)).is_some());
 }
 
 /// Review6 finding 1, WP-2, house rules 8 and 11: a frame whose body is nested deeper than a
