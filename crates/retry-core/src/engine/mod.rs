@@ -89,6 +89,7 @@
 mod commands;
 mod cursors;
 mod hedged;
+mod id_table;
 mod monitoring;
 mod operations;
 mod pins;
@@ -127,6 +128,7 @@ use crate::time::{Instant, OperationTimeout};
 use crate::topology::{SdamEvent, Topology, TopologySettings};
 
 pub use commands::{CommandEvent, CommandInfo};
+use id_table::IdTable;
 use worklist::{Machine, Timers};
 
 /// A socket the engine asked for, unique for the engine's life.
@@ -566,12 +568,12 @@ pub struct Engine {
     topology: Topology,
     servers: Vec<Server>,
     server_ids: BTreeMap<ServerAddress, ServerId>,
-    sockets: BTreeMap<ConnId, Socket>,
+    sockets: IdTable<ConnId, Socket>,
     /// Pool connection → socket.
     pool_sockets: BTreeMap<(ServerId, ConnectionId), ConnId>,
     /// Boxed: the map's inserts and removals then move a pointer, not the whole operation, so an
     /// operation's cost does not grow with the number in flight (house rule 9, issue 9).
-    ops: BTreeMap<OpId, Box<Operation>>,
+    ops: IdTable<OpId, Box<Operation>>,
     /// Pending checkout → operation.
     checkouts: BTreeMap<(ServerId, CheckoutId), (OpId, usize)>,
     /// Operations whose selection waits for a topology change (SS-16).
@@ -689,9 +691,9 @@ impl Engine {
             topology,
             servers: Vec::new(),
             server_ids: BTreeMap::new(),
-            sockets: BTreeMap::new(),
+            sockets: IdTable::default(),
             pool_sockets: BTreeMap::new(),
-            ops: BTreeMap::new(),
+            ops: IdTable::default(),
             checkouts: BTreeMap::new(),
             waiting: BTreeSet::new(),
             cursors: cursors::Cursors::default(),
@@ -751,7 +753,7 @@ impl Engine {
             return;
         }
         self.closed = true;
-        let ops: Vec<OpId> = self.ops.keys().copied().collect();
+        let ops: Vec<OpId> = self.ops.keys().collect();
         for op in ops {
             self.cancel(op, now);
         }
@@ -798,7 +800,7 @@ impl Engine {
         self.topology.close(now);
         self.schedule(Machine::Topology);
         self.run(now);
-        let sockets: Vec<ConnId> = self.sockets.keys().copied().collect();
+        let sockets: Vec<ConnId> = self.sockets.keys().collect();
         for conn in sockets {
             self.close_socket(conn, now);
         }

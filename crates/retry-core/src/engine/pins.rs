@@ -7,7 +7,6 @@
 //! the cursors opened on it, an operation whose command is in flight on it; `conn_held`,
 //! `keep_for_cursor`, `release_unless_in_flight`), house rule 8.
 
-use alloc::collections::BTreeMap;
 use bson::RawDocumentBuf;
 
 use super::{
@@ -427,7 +426,10 @@ impl Engine {
 }
 
 /// The pool's id of the pooled connection `conn`, while its socket lives.
-fn pool_conn(sockets: &BTreeMap<ConnId, super::Socket>, conn: ConnId) -> Option<ConnectionId> {
+fn pool_conn(
+    sockets: &super::id_table::IdTable<ConnId, super::Socket>,
+    conn: ConnId,
+) -> Option<ConnectionId> {
     match sockets.get(&conn)?.owner {
         Owner::Pool(id) => Some(id),
         _ => None,
