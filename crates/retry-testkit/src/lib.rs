@@ -87,8 +87,8 @@
 //! `requestID`. A test runs valid and invalid commands, fail points, the limiter and faults
 //! through both paths in every role and compares every reply byte for byte (house rule 7: the
 //! raw path is not one bit more forgiving). Cost per command, counted with callgrind
-//! (`docs/benchmarks.md`, "Test server cost per command"): a ping about 6,300 server
-//! instructions instead of 16,500, a heartbeat about 6,100 instead of 32,000.
+//! (`docs/benchmarks.md`, "Test server cost per command"): a ping about 5,200 server
+//! instructions instead of 16,500, a heartbeat about 5,400 instead of 32,000.
 
 #![forbid(unsafe_code)]
 

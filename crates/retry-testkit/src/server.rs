@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use bson::oid::ObjectId;
 use bson::{Bson, Document, RawDocumentBuf};
 use retry_core::rng::EngineRng;
-use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, RawOpMsg};
+use retry_core::wire::{to_document, FrameDecoder, MsgFlags, OpMsg, RawOpMsg};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
@@ -388,7 +388,7 @@ impl ServerHandle {
                 command: match command {
                     Recorded::Decoded(command) => command.clone(),
                     // Validated when it was decoded, so it converts.
-                    Recorded::Raw(command) => Document::try_from(command).unwrap_or_default(),
+                    Recorded::Raw(command) => to_document(command).unwrap_or_default(),
                 },
             })
             .collect()

@@ -680,8 +680,10 @@ impl Store {
         if self.plain_sessions.contains(lsid) {
             return true;
         }
-        let document = RawDocument::from_bytes(lsid).and_then(Document::try_from);
-        let Ok(document) = document else {
+        let document = RawDocument::from_bytes(lsid)
+            .ok()
+            .map(retry_core::wire::to_document);
+        let Some(Ok(document)) = document else {
             return false;
         };
         self.plain_sessions.insert(lsid.to_vec());

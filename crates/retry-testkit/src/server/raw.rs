@@ -36,7 +36,7 @@ use std::sync::MutexGuard;
 
 use bson::oid::ObjectId;
 use bson::{Document, RawDocument, RawDocumentBuf, Timestamp};
-use retry_core::wire::{DocumentSequence, MsgFlags, OpMsg, RawOpMsg};
+use retry_core::wire::{to_document, DocumentSequence, MsgFlags, OpMsg, RawOpMsg};
 
 use super::elements::{kind, Element, Elements, Walk};
 use super::{add_cluster_time, insert_cluster_time, Connection, LoggedCommand, Recorded};
@@ -432,10 +432,11 @@ impl Connection {
 
 /// A validated document's bytes as a decoded `Document`.
 fn decoded_document(bytes: &[u8]) -> Option<Document> {
-    Document::try_from(RawDocument::from_bytes(bytes).ok()?).ok()
+    to_document(RawDocument::from_bytes(bytes).ok()?).ok()
 }
 
-/// The request as the Document decoder would have given it.
+/// The request as the Document decoder would have given it (`wire::to_document` is its
+/// conversion).
 fn decoded(request: &RawOpMsg) -> Option<OpMsg> {
     let sequences = request
         .sequences
@@ -444,7 +445,7 @@ fn decoded(request: &RawOpMsg) -> Option<OpMsg> {
             let documents = sequence
                 .documents
                 .iter()
-                .map(|d| Document::try_from(d).ok())
+                .map(|d| to_document(d).ok())
                 .collect::<Option<Vec<_>>>()?;
             Some(DocumentSequence {
                 identifier: sequence.identifier.clone(),
@@ -456,7 +457,7 @@ fn decoded(request: &RawOpMsg) -> Option<OpMsg> {
         request_id: request.request_id,
         response_to: request.response_to,
         flags: request.flags,
-        body: Document::try_from(&request.body).ok()?,
+        body: to_document(&request.body).ok()?,
         sequences,
     })
 }
