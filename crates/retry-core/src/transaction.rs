@@ -110,19 +110,19 @@ impl Transaction {
     }
 
     /// Which transaction (counting from 1) the session is in or last was in; 0 before the first.
-    pub fn generation(&self) -> u32 {
+    pub(crate) fn generation(&self) -> u32 {
         self.generation
     }
 
     /// TX-1: the `txnNumber` of the current transaction, once its first command took one.
-    pub fn number(&self) -> Option<i64> {
+    pub(crate) fn number(&self) -> Option<i64> {
         self.number
     }
 
     /// TX-1: the current transaction's first command took `number`; every later command of the
     /// transaction (another first command whose attempt had not been prepared yet included,
     /// review6 finding 2) uses it.
-    pub fn set_number(&mut self, number: i64) {
+    pub(crate) fn set_number(&mut self, number: i64) {
         self.number = Some(number);
     }
 

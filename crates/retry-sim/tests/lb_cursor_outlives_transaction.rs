@@ -353,3 +353,54 @@ fn tx5_lb10_a_kill_cursors_that_starts_a_transaction_leaves_it_the_connection() 
     sim.run(other).expect("then the other operation runs");
     assert_eq!(pool_events(&sim), ["out", "in", "out", "in"]);
 }
+
+/// LB-11, house rule 8: two cursors of a transaction share its connection; a getMore of one
+/// fails on the network: neither cursor sends a killCursors, and closing both checks the dead
+/// connection in once (it was never checked in before; the second close used to find its
+/// socket gone and left it checked out for ever).
+#[test]
+fn lb11_a_network_error_under_one_of_two_cursors_on_a_connection_releases_it_once() {
+    let (mut sim, session, first) = cursor_in_a_transaction(vec![
+        Step::reply(doc! { "ok": 1, "cursor": { "id": 43_i64, "ns": "test.c", "firstBatch": [] } }),
+        Step::Reset,
+    ]);
+    let find = sim.start_request(request(
+        doc! { "find": "c", "batchSize": 1 },
+        OperationKind::InTransaction {
+            read: true,
+            first: false,
+        },
+        CursorUse::Open,
+        Some(session),
+    ));
+    sim.run(find).expect("a second cursor");
+    let second = cursor_of(&sim, find);
+    let more = sim.start_request(request(
+        doc! { "getMore": 42_i64, "collection": "c" },
+        OperationKind::GetMore,
+        CursorUse::GetMore(first),
+        None,
+    ));
+    sim.run(more).expect_err("the connection is reset");
+    for (cursor, id) in [(first, 42_i64), (second, 43)] {
+        let close = sim.start_request(request(
+            doc! { "killCursors": "c", "cursors": [id] },
+            OperationKind::RunCommand,
+            CursorUse::Close(cursor),
+            None,
+        ));
+        let _ = sim.run(close);
+    }
+    sim.engine.end_session(session, sim.now);
+    sim.drain();
+    assert_eq!(pool_events(&sim), ["out", "in"], "checked in once");
+    let log: Vec<&str> = sim.servers[&address("lb")]
+        .log
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .collect();
+    assert!(
+        !log.contains(&"killCursors"),
+        "LB-11: no killCursors: {log:?}"
+    );
+}

@@ -27,6 +27,8 @@ enum Op {
     Close(usize, bool),
     Commit(usize),
     Abort(usize),
+    /// Ends the session (SE-12: once its operations in flight finish; later ones are refused).
+    EndSession(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -39,7 +41,8 @@ fn op() -> impl Strategy<Value = Op> {
         (0..4_usize, any::<bool>()).prop_map(|(c, s)| Op::GetMore(c, s)),
         (0..4_usize, any::<bool>()).prop_map(|(c, s)| Op::Close(c, s)),
         session.clone().prop_map(Op::Commit),
-        session.prop_map(Op::Abort),
+        session.clone().prop_map(Op::Abort),
+        session.prop_map(Op::EndSession),
     ]
 }
 
@@ -106,6 +109,11 @@ fn run(ops: &[(Op, bool)], script: Vec<Step>) -> Result<(), TestCaseError> {
     for (op, wait) in ops {
         let opened = cursors(&sim, &finds);
         let id = match op {
+            Op::EndSession(s) => {
+                sim.engine.end_session(sessions[*s], sim.now);
+                sim.drain();
+                continue;
+            }
             Op::StartTransaction(s) => {
                 let _ = sim
                     .engine

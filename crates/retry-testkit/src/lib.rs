@@ -56,7 +56,9 @@
 //!    write (`insert`, `update`, `delete`, `findAndModify`, `bulkWrite`) that already ran (same
 //!    `lsid`, `txnNumber` and `stmtId`): that gets the first reply again
 //!    ([`CommandCounts::replayed`]). A command with `autocommit: false` belongs to its session's
-//!    transaction (TK-15). A command, operator, stage, option or fail point the server does not
+//!    transaction (TK-15: snapshot reads, writes invisible to others until the commit, another
+//!    write to a document it changed is WriteConflict 112, an abort undoes only its own
+//!    changes). A command, operator, stage, option or fail point the server does not
 //!    evaluate is refused (`CommandNotFound` or `TestkitUnsupported`) and logged
 //!    ([`ServerHandle::unsupported`]), never ignored.
 //! 6. The reply is written unless the request had `moreToCome`, or replaced by a random fault

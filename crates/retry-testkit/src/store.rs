@@ -46,6 +46,9 @@ pub(crate) struct Store {
     plain_sessions: BTreeSet<Vec<u8>>,
     /// TK-15: each session's latest transaction (lsid bytes).
     transactions: BTreeMap<Vec<u8>, Transaction>,
+    /// TK-15: the sessions whose latest transaction is in progress, so that a command looks only
+    /// at those, not at every session that ever ran one (house rule 9).
+    open: BTreeSet<Vec<u8>>,
     /// TK-15: the session (lsid bytes) whose transaction in progress the command now running
     /// belongs to ([`Store::begin_statement`]): its writes go to that transaction's undo log.
     writer: Option<Vec<u8>>,
@@ -293,12 +296,11 @@ impl Store {
             .filter(|t| t.state == TransactionState::InProgress)
             .map(|t| t.start);
         let others = self
-            .transactions
+            .open
             .iter()
-            .filter(|(session, t)| {
-                t.state == TransactionState::InProgress && self.writer.as_ref() != Some(*session)
-            })
-            .flat_map(|(_, t)| t.undo.iter().rev());
+            .filter(|session| self.writer.as_ref() != Some(*session))
+            .filter_map(|session| self.transactions.get(session))
+            .flat_map(|t| t.undo.iter().rev());
         let committed = self
             .history
             .iter()
@@ -486,6 +488,7 @@ impl Store {
             self.txn_numbers.insert(session.clone(), number);
             // A newer transaction of the session replaces (and so aborts) one in progress.
             self.abort(&session);
+            self.open.insert(session.clone());
             self.transactions.insert(
                 session,
                 Transaction {
@@ -524,9 +527,9 @@ impl Store {
     /// TK-15: drops the undo logs of the commits every transaction in progress already sees.
     fn prune_history(&mut self) {
         let oldest = self
-            .transactions
-            .values()
-            .filter(|t| t.state == TransactionState::InProgress)
+            .open
+            .iter()
+            .filter_map(|session| self.transactions.get(session))
             .map(|t| t.start)
             .min();
         self.history
@@ -544,6 +547,7 @@ impl Store {
             return;
         };
         transaction.state = TransactionState::Aborted;
+        self.open.remove(session);
         for undo in core::mem::take(&mut transaction.undo).iter().rev() {
             if let Some(collection) = self.collections.get_mut(&undo.ns) {
                 restore(collection, undo);
@@ -579,6 +583,7 @@ impl Store {
                 if transaction.state == TransactionState::InProgress {
                     transaction.state = TransactionState::Committed;
                     let undo = core::mem::take(&mut transaction.undo);
+                    self.open.remove(session);
                     self.commits += 1;
                     if !undo.is_empty() {
                         self.history.push((self.commits, undo));

@@ -219,6 +219,14 @@ impl Engine {
                         pinned = cursor.conn == Some(conn);
                     }
                 }
+                // House rule 8: every other cursor on the connection (a transaction's cursors
+                // share it) sends no killCursors either and checks it in by its pin when closed.
+                let others: SmallVec<[CursorHandle; 2]> = self.cursors.on_conn(conn).collect();
+                for handle in others {
+                    if let Some(cursor) = self.cursors.get_mut(&handle) {
+                        cursor.pin.get_more_failed(&error);
+                    }
+                }
                 if let Some(op) = self.ops.get_mut(&op_id) {
                     op.slots[slot].conn = None;
                 }

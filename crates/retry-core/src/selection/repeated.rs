@@ -10,13 +10,13 @@
 //! call gives the same server and leaves the generator in the same state as [`select_server`] on
 //! the same topology.
 
+use alloc::vec::Vec;
 use rand_core::RngCore;
-use smallvec::SmallVec;
 
 use super::window::choose_index;
 use super::{
     retain_latency_window, select_server, suitability, SelectionCriteria, SelectionError,
-    SelectionSettings, ServerList, INLINE_SERVERS,
+    SelectionSettings, ServerList,
 };
 use crate::address::ServerAddress;
 use crate::topology::{ServerDescription, TopologyDescription};
@@ -29,9 +29,8 @@ const REMEMBERED_SETS: usize = 16;
 /// between two topology changes), giving the same results as [`select_server`] at a fraction of
 /// its cost.
 ///
-/// Topologies of more than 64 servers run the whole pipeline on every call. For topologies of up
-/// to [`INLINE_SERVERS`] servers, a call allocates only when it remembers a fifth deprioritized
-/// set.
+/// Topologies of more than 64 servers run the whole pipeline on every call. A call allocates only
+/// when it remembers a deprioritized set it has not seen.
 #[derive(Clone, Debug)]
 pub struct RepeatedSelection {
     topology: TopologyDescription,
@@ -39,7 +38,9 @@ pub struct RepeatedSelection {
     settings: SelectionSettings,
     /// Per deprioritized set (one bit per server, by topology index): the latency window, as
     /// topology indices in topology order.
-    windows: SmallVec<[(u64, SmallVec<[u8; INLINE_SERVERS]>); 4]>,
+    windows: Vec<(u64, Vec<u8>)>,
+    /// The index in `windows` of the latest set, tried first.
+    latest: usize,
 }
 
 impl RepeatedSelection {
@@ -53,7 +54,8 @@ impl RepeatedSelection {
             topology,
             criteria,
             settings,
-            windows: SmallVec::new(),
+            windows: Vec::new(),
+            latest: 0,
         }
     }
 
@@ -78,15 +80,19 @@ impl RepeatedSelection {
         let Some(set) = self.deprioritized_set(deprioritized) else {
             return self.select_uncached(deprioritized, operation_count, rng);
         };
-        let slot = match self.windows.iter().position(|(s, _)| *s == set) {
-            Some(slot) => slot,
-            None if self.windows.len() < REMEMBERED_SETS => {
-                let window = self.window(deprioritized)?;
-                self.windows.push((set, window));
-                self.windows.len() - 1
-            }
-            None => return self.select_uncached(deprioritized, operation_count, rng),
+        let slot = match self.windows.get(self.latest) {
+            Some((s, _)) if *s == set => self.latest,
+            _ => match self.windows.iter().position(|(s, _)| *s == set) {
+                Some(slot) => slot,
+                None if self.windows.len() < REMEMBERED_SETS => {
+                    let window = self.window(deprioritized)?;
+                    self.windows.push((set, window));
+                    self.windows.len() - 1
+                }
+                None => return self.select_uncached(deprioritized, operation_count, rng),
+            },
         };
+        self.latest = slot;
         let window = &self.windows[slot].1;
         let servers = &self.topology.servers;
         let at = |i: usize| &servers[usize::from(window[i])];
@@ -116,6 +122,9 @@ impl RepeatedSelection {
         if servers.len() > 64 {
             return None;
         }
+        if deprioritized.is_empty() {
+            return Some(0);
+        }
         let mut set = 0u64;
         for address in deprioritized {
             if let Some(i) = servers.iter().position(|s| &s.address == address) {
@@ -127,10 +136,7 @@ impl RepeatedSelection {
 
     /// SS-16 steps 2 to 6 (compatibility, suitability, latency window), as [`select_server`] runs
     /// them: the window as topology indices.
-    fn window(
-        &self,
-        deprioritized: &[ServerAddress],
-    ) -> Result<SmallVec<[u8; INLINE_SERVERS]>, SelectionError> {
+    fn window(&self, deprioritized: &[ServerAddress]) -> Result<Vec<u8>, SelectionError> {
         let topology = &self.topology;
         if let Some(reason) = topology.compatibility_error() {
             return Err(SelectionError::Incompatible(reason.into()));

@@ -321,7 +321,8 @@ struct Op {
 struct Client {
     budget: ClientBudget,
     rng: EngineRng,
-    in_flight: SmallVec<[u32; 8]>,
+    /// Operations in flight per member, by member index.
+    in_flight: Box<[u32]>,
 }
 
 /// Server selection as every client runs it: retry-core's pipeline over the replica set, reads
@@ -445,7 +446,7 @@ impl<'a> Sim<'a> {
             .map(|_| Client {
                 budget: ClientBudget::new(spec.policy, &cluster.grpc),
                 rng: EngineRng::from_seed_u64(policy_seed.next_u64()),
-                in_flight: SmallVec::from_elem(0, servers),
+                in_flight: vec![0; servers].into_boxed_slice(),
             })
             .collect();
         Sim {
