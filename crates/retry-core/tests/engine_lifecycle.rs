@@ -8,7 +8,8 @@ use std::error::Error as _;
 use bson::{doc, oid::ObjectId, Document};
 use retry_core::address::ServerAddress;
 use retry_core::engine::{
-    CommandEvent, ConnId, Engine, EngineError, EngineEvent, EngineOptions, OpId, OperationRequest,
+    CommandEvent, ConnId, Engine, EngineError, EngineEvent, EngineOptions, EventFamilies, OpId,
+    OperationRequest,
 };
 use retry_core::error::{ErrorKind, NetworkErrorKind, OperationError};
 use retry_core::handshake::{ClientMetadata, HandshakeOptions};
@@ -33,6 +34,8 @@ struct Net {
     script: Script,
     /// Every command sent, with its connection, in order.
     sent: Vec<(ConnId, Document)>,
+    /// Every transmit, as written: when, on which connection, the bytes.
+    transmits: Vec<(Instant, ConnId, Vec<u8>)>,
 }
 
 impl Net {
@@ -45,6 +48,7 @@ impl Net {
             events: Vec::new(),
             script,
             sent: Vec::new(),
+            transmits: Vec::new(),
         };
         net.drain();
         // The first checks are due at once.
@@ -67,6 +71,7 @@ impl Net {
             let mut replies = Vec::new();
             while let Some(conn) = self.engine.poll_transmit(&mut buf) {
                 progressed = true;
+                self.transmits.push((self.now, conn, buf.clone()));
                 if let Some((address, decoder)) = self.sockets.get_mut(&conn) {
                     let mut rest = &buf[..];
                     while !rest.is_empty() {
@@ -769,4 +774,84 @@ fn mo14_a_cancelled_retry_check_is_not_reported_again() {
     let results = net.finished(op);
     assert_eq!(results.len(), 1, "finished exactly once: {results:?}");
     assert!(results[0].is_ok(), "the retry succeeded: {results:?}");
+}
+
+/// Issue 9: with every optional event family off the engine publishes no pool, SDAM, heartbeat,
+/// retry or hedging event but still `CommandSucceeded` (it names the server) and exactly one
+/// `OperationFinished`; its transmits (times, connections, bytes) and result are those of an
+/// engine publishing everything (house rule 2: events never steer the engine).
+#[test]
+fn filtered_event_families_are_not_published_and_change_no_transmit() {
+    let run = |families: EventFamilies| {
+        let mut failures = 1;
+        let script: Script = Box::new(move |_, body| {
+            if is_hello(body) {
+                return Some(mongos_hello());
+            }
+            if failures > 0 {
+                failures -= 1;
+                return Some(doc! { "ok": 0, "code": 462, "errmsg": "overloaded",
+                "errorLabels": ["SystemOverloadedError", "RetryableError"] });
+            }
+            Some(doc! { "ok": 1 })
+        });
+        let settings = TopologySettings::new(vec![address("m1"), address("m2")]);
+        let mut options = EngineOptions::new(settings, handshake()).with_events(families);
+        options.seed = 7;
+        let mut net = Net::new(options, script);
+        let op = net.start(read(ReadPreferenceMode::Primary));
+        net.run_until(Instant::from_millis(10_000));
+        let result = net.finished(op).into_iter().cloned().collect::<Vec<_>>();
+        (net, result)
+    };
+    let (all, all_result) = run(EventFamilies::ALL);
+    let (none, none_result) = run(EventFamilies::NONE);
+    assert_eq!(all_result.len(), 1, "the operation ends once");
+    assert!(all_result[0].is_ok());
+    assert_eq!(none_result, all_result, "the same result, once");
+    assert_eq!(
+        none.transmits, all.transmits,
+        "the same bytes at the same times"
+    );
+    assert!(
+        all.transmits.len() > 2,
+        "handshakes and two attempts were sent"
+    );
+    let published =
+        |net: &Net, f: fn(&EngineEvent) -> bool| net.events.iter().filter(|e| f(e)).count();
+    let pool = |e: &EngineEvent| matches!(e, EngineEvent::Pool { .. });
+    let sdam =
+        |e: &EngineEvent| matches!(e, EngineEvent::Topology(_) | EngineEvent::Heartbeat { .. });
+    let retry = |e: &EngineEvent| {
+        matches!(e, EngineEvent::Operation { event, .. }
+            if !matches!(event, RetryEvent::CommandSucceeded { .. }))
+    };
+    let succeeded = |e: &EngineEvent| {
+        matches!(
+            e,
+            EngineEvent::Operation {
+                event: RetryEvent::CommandSucceeded { .. },
+                ..
+            }
+        )
+    };
+    for family in [pool, sdam, retry] {
+        assert!(published(&all, family) > 0, "published by default");
+        assert_eq!(published(&none, family), 0, "not published when filtered");
+    }
+    assert_eq!(
+        published(&none, succeeded),
+        1,
+        "CommandSucceeded is never filtered"
+    );
+    assert_eq!(published(&all, succeeded), 1);
+
+    // One family on: only it of the optional ones.
+    let (pool_only, _) = run(EventFamilies::POOL);
+    assert_eq!(published(&pool_only, pool), published(&all, pool));
+    assert_eq!(
+        published(&pool_only, sdam) + published(&pool_only, retry),
+        0
+    );
+    assert_eq!(pool_only.transmits, all.transmits);
 }

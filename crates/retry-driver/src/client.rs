@@ -412,7 +412,9 @@ impl<R> Client<R> {
     /// its creation) at which the driver took it from the engine. Ends when the client shuts
     /// down. Events queue until taken; drop the stream to stop them. Command events
     /// ([`EngineEvent::Command`](retry_core::engine::EngineEvent::Command), EV-1..EV-6) are published only while a stream is alive, for
-    /// commands written from then on.
+    /// commands written from then on; so are CMAP, SDAM, heartbeat, retry and hedging events
+    /// ([`EventFamilies`](retry_core::engine::EventFamilies)): without a stream the engine does
+    /// not queue them.
     pub fn events(&self) -> Events {
         let queue = Arc::new(EventQueue::default());
         let mut state = lock(&self.inner.shared.state);

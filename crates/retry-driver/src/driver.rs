@@ -13,7 +13,7 @@ use std::task::Wake;
 
 use bson::RawDocument;
 use retry_core::address::ServerAddress;
-use retry_core::engine::{ConnId, CursorHandle, Engine, EngineEvent, OpId};
+use retry_core::engine::{ConnId, CursorHandle, Engine, EngineEvent, EventFamilies, OpId};
 use retry_core::error::{NetworkCause, NetworkErrorKind, OperationError};
 use retry_core::retry::RetryEvent;
 use retry_core::time::{Instant, OperationTimeout};
@@ -156,6 +156,14 @@ impl Driver {
             // while someone listens.
             let listening = state.subscribers.iter().any(|s| Arc::strong_count(s) > 1);
             self.engine.set_command_monitoring(listening);
+            // Issue 9: pool, SDAM, retry and hedging events only ever go to subscribers (the
+            // driver reacts to events the engine always publishes); without one the engine does
+            // not queue them.
+            self.engine.set_events(if listening {
+                EventFamilies::ALL
+            } else {
+                EventFamilies::NONE
+            });
             // A dropped `run` future cancels its operation in the engine, before a session
             // dropped after it ends (SE-12: the cancel may make the session dirty).
             let cancels = core::mem::take(&mut state.cancels);

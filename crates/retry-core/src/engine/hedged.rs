@@ -27,6 +27,7 @@ use bson::{doc, Bson, Document};
 use rand_core::RngCore;
 
 use super::refused::refusal;
+use super::EventFamilies;
 use super::{
     ConnId, Cursor, CursorHandle, CursorUse, Drain, Engine, EngineEvent, OpId, OpMachine,
     OpSession, Operation, OperationRequest, Owner, ServerId, Slot,
@@ -242,8 +243,10 @@ impl Engine {
                 return;
             };
             if let Some(event) = machine.poll_event() {
-                self.events
-                    .push_back(EngineEvent::Hedging { op: op_id, event });
+                if self.options.events.contains(EventFamilies::HEDGING) {
+                    self.events
+                        .push_back(EngineEvent::Hedging { op: op_id, event });
+                }
                 continue;
             }
             let Some(action) = machine.poll_action() else {

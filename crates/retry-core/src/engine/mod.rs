@@ -88,6 +88,7 @@
 
 mod commands;
 mod cursors;
+mod event_families;
 mod hedged;
 mod id_table;
 mod monitoring;
@@ -128,6 +129,7 @@ use crate::time::{Instant, OperationTimeout};
 use crate::topology::{SdamEvent, Topology, TopologySettings};
 
 pub use commands::{CommandEvent, CommandInfo};
+pub use event_families::EventFamilies;
 use id_table::IdTable;
 use worklist::{Machine, Timers};
 
@@ -174,6 +176,9 @@ pub struct EngineOptions {
     /// command or reply, so turn it on when someone listens (a driver's command listeners, the
     /// unified tests).
     pub command_monitoring: bool,
+    /// The optional event families to publish ([`EventFamilies`]); [`EventFamilies::ALL`] by
+    /// default. Events that drive operations are always published.
+    pub events: EventFamilies,
     /// A gRPC A6 service config: a read whose command has a `hedgingPolicy` runs as hedged copies
     /// ([`crate::hedging`]). `None` (the default): no hedging.
     pub service_config: Option<ServiceConfig>,
@@ -197,9 +202,18 @@ impl EngineOptions {
             seed: 0,
             auth: None,
             command_monitoring: false,
+            events: EventFamilies::ALL,
             service_config: None,
             srv_polling: None,
         }
+    }
+
+    /// These options publishing only the optional event families in `families` (issue 9: an
+    /// embedder that listens to none saves queueing and polling them).
+    #[must_use]
+    pub fn with_events(mut self, families: EventFamilies) -> EngineOptions {
+        self.events = families;
+        self
     }
 }
 
@@ -936,6 +950,12 @@ impl Engine {
     /// a command already in flight still gets its closing event (EV-1).
     pub fn set_command_monitoring(&mut self, on: bool) {
         self.options.command_monitoring = on;
+    }
+
+    /// Publishes the optional event families in `families` from now on
+    /// ([`EngineOptions::events`]); events already queued stay.
+    pub fn set_events(&mut self, families: EventFamilies) {
+        self.options.events = families;
     }
 
     /// The next event.

@@ -12,6 +12,7 @@ use alloc::vec::Vec;
 use bson::{doc, Document};
 
 use super::Engine;
+use super::EventFamilies;
 use super::{ConnId, EngineEvent, MonitorState, OpId, Owner, ServerId};
 use crate::address::ServerAddress;
 use crate::connection::Request;
@@ -38,7 +39,9 @@ impl Engine {
         let mut changed = false;
         while let Some(event) = self.topology.poll_event() {
             changed |= matches!(event, SdamEvent::TopologyDescriptionChanged { .. });
-            self.events.push_back(EngineEvent::Topology(event));
+            if self.options.events.contains(EventFamilies::SDAM) {
+                self.events.push_back(EngineEvent::Topology(event));
+            }
         }
         while let Some(action) = self.topology.poll_action() {
             match action {
@@ -171,10 +174,12 @@ impl Engine {
                 return;
             };
             if let Some(event) = state.monitor.poll_event() {
-                self.events.push_back(EngineEvent::Heartbeat {
-                    address: address.clone(),
-                    event,
-                });
+                if self.options.events.contains(EventFamilies::SDAM) {
+                    self.events.push_back(EngineEvent::Heartbeat {
+                        address: address.clone(),
+                        event,
+                    });
+                }
                 continue;
             }
             if !state.monitor.is_streaming() {
@@ -453,11 +458,14 @@ impl Engine {
     /// operation events that follow (BP-27).
     pub(super) fn flush_pool_events(&mut self, server: ServerId) {
         let address = self.server(server).address.clone();
+        let publish = self.options.events.contains(EventFamilies::POOL);
         while let Some(event) = self.pool_mut(server).and_then(|p| p.poll_event()) {
-            self.events.push_back(EngineEvent::Pool {
-                address: address.clone(),
-                event,
-            });
+            if publish {
+                self.events.push_back(EngineEvent::Pool {
+                    address: address.clone(),
+                    event,
+                });
+            }
         }
         self.schedule(Machine::Pool(server));
     }
@@ -486,15 +494,18 @@ impl Engine {
     /// Routes a pool's events and actions.
     pub(super) fn drain_pool(&mut self, server: ServerId, now: Instant) {
         let address = self.server(server).address.clone();
+        let publish = self.options.events.contains(EventFamilies::POOL);
         loop {
             let Some(pool) = self.pool_mut(server) else {
                 return;
             };
             if let Some(event) = pool.poll_event() {
-                self.events.push_back(EngineEvent::Pool {
-                    address: address.clone(),
-                    event,
-                });
+                if publish {
+                    self.events.push_back(EngineEvent::Pool {
+                        address: address.clone(),
+                        event,
+                    });
+                }
                 continue;
             }
             let Some(action) = pool.poll_action() else {

@@ -307,6 +307,7 @@ impl Engine {
             };
             if let Some(event) = machine.poll_event() {
                 match event {
+                    event if !self.options.events.publishes_retry(&event) => {}
                     RetryEvent::RetryScheduled { .. } | RetryEvent::RetryDenied { .. } => {
                         held.push(event)
                     }
