@@ -365,7 +365,8 @@ pub struct Pool {
     pending: usize,
     /// Pending connections no checkout asked for (opened for `minPoolSize`).
     unclaimed: BTreeSet<ConnectionId>,
-    /// Available connections by the time they became available, for idle expiry (CM-1).
+    /// Available connections by the time they became available, for idle expiry (CM-1); kept
+    /// only when `maxIdleTimeMS` is set, the only case that reads it.
     idle: BTreeSet<(Instant, ConnectionId)>,
     /// Available connections, most recently checked in last. A closed connection's id may stay
     /// until it is popped (ids are never reused), so a close does not scan the stack.
@@ -550,7 +551,7 @@ impl Pool {
                         .wait_queue_timeout
                         .map(|t| now.saturating_add(t)),
                 };
-                let mut waiter = Waiter {
+                let waiter = Waiter {
                     checkout,
                     purpose,
                     started: now,
@@ -559,9 +560,19 @@ impl Pool {
                     establishing: None,
                     indexed: None,
                 };
-                self.index(&mut waiter);
+                // A checkout served at once never enters the expiry index; one still waiting
+                // gets the entry it would have had from the start.
+                let expiry = waiter.expiry();
                 self.waiters.push_back(waiter);
                 self.serve(now);
+                // `serve` only removes waiters, so a new one still waiting is the last.
+                let queued = self.waiters.back_mut().filter(|w| w.checkout == checkout);
+                if let (Some(at), Some(w)) = (expiry, queued) {
+                    if w.indexed.is_none() {
+                        w.indexed = Some(at);
+                        self.expiries.insert((at, checkout));
+                    }
+                }
             }
         }
         checkout
@@ -1156,13 +1167,13 @@ impl Pool {
                     };
                 }
             }
-            ConnectionState::Available { since } => {
+            ConnectionState::Available { since } if self.options.max_idle_time.is_some() => {
                 match entered {
                     true => self.idle.insert((since, id)),
                     false => self.idle.remove(&(since, id)),
                 };
             }
-            ConnectionState::InUse { .. } => {}
+            ConnectionState::Available { .. } | ConnectionState::InUse { .. } => {}
         }
     }
 }

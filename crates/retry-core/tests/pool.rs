@@ -367,3 +367,40 @@ fn cm1_indexed_connections_expire_in_creation_order_and_closed_ones_are_never_ha
     );
     assert_eq!(pool.poll_timeout(), Some(Instant::from_millis(102)));
 }
+
+/// CM-8 (wait-queue timeout) and CM-1 (idle expiry, `maxIdleTimeMS`): the pool's timer follows
+/// its waiters and idle connections. A checkout answered at once leaves no timer; a waiter that
+/// starts its own connection keeps its queue deadline as an early, harmless wake-up.
+#[test]
+fn cm8_cm1_poll_timeout_follows_waiters_and_idle_connections() {
+    let options = PoolOptions {
+        max_pool_size: 1,
+        wait_queue_timeout: Some(Duration::from_millis(100)),
+        max_idle_time: Some(Duration::from_millis(1000)),
+        ..PoolOptions::default()
+    };
+    let mut pool = Pool::new(address(), options);
+    let t0 = Instant::ZERO;
+    pool.ready(t0);
+    assert_eq!(pool.poll_timeout(), None);
+    let first = pool.check_out(Purpose::Other, None, t0);
+    assert_eq!(pool.poll_timeout(), Some(Instant::from_millis(100)));
+    let connection = checked_out(&settle(&mut pool, None, t0), first).expect("checked out");
+    assert_eq!(pool.poll_timeout(), None);
+    pool.check_in(connection, true, Instant::from_millis(10));
+    assert_eq!(pool.poll_timeout(), Some(Instant::from_millis(1010)));
+    let second = pool.check_out(Purpose::Other, None, Instant::from_millis(20));
+    let actions = settle(&mut pool, None, Instant::from_millis(20));
+    assert_eq!(checked_out(&actions, second), Some(connection));
+    assert_eq!(pool.poll_timeout(), None);
+    let third = pool.check_out(Purpose::Other, None, Instant::from_millis(20));
+    assert!(settle(&mut pool, None, Instant::from_millis(20)).is_empty());
+    assert_eq!(pool.poll_timeout(), Some(Instant::from_millis(120)));
+    pool.handle_timeout(Instant::from_millis(120));
+    let failed = settle(&mut pool, None, Instant::from_millis(120));
+    assert!(
+        matches!(failed.as_slice(), [PoolAction::CheckoutFailed { checkout, error: CheckoutError::WaitQueueTimeout(_) }] if *checkout == third),
+        "{failed:?}"
+    );
+    assert_eq!(pool.poll_timeout(), None);
+}
