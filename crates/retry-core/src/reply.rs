@@ -1,9 +1,14 @@
 //! The fields of a server reply that every layer reads alike: its `ok` ([`ok`], [`is_ok`]) and
 //! the id of the cursor it carries ([`cursor_id`]). The engine, the monitors, the driver and the
 //! spec-test runner read them here, so that they cannot disagree on a `true` `ok` or an Int32
-//! cursor id.
+//! cursor id. The engine's reply reader, which reads a reply in place from its bytes, uses the
+//! same rules on encoded elements (`is_ok_element`, `encoded_cursor_id`); a test holds the two
+//! forms to the same answers.
 
+use bson::raw::RawDocument;
 use bson::{Bson, Document};
+
+use crate::bson_read::Elements;
 
 /// `ok` as the server sent it: a number (1 is success, any other value failure) or a boolean;
 /// `None` when it is missing or of another type (a malformed reply).
@@ -34,6 +39,34 @@ pub fn cursor_id(reply: &Document) -> Option<i64> {
         Bson::Int32(id) => Some(i64::from(*id)),
         _ => None,
     }
+}
+
+/// [`is_ok`] on one encoded element (its BSON type tag and value bytes, as [`Elements`] yields
+/// them): 1 as a double, Int32 or Int64, or `true`.
+pub(crate) fn is_ok_element(tag: u8, value: &[u8]) -> bool {
+    match tag {
+        0x01 => value.try_into().is_ok_and(|v| f64::from_le_bytes(v) == 1.0),
+        0x10 => value.try_into().is_ok_and(|v| i32::from_le_bytes(v) == 1),
+        0x12 => value.try_into().is_ok_and(|v| i64::from_le_bytes(v) == 1),
+        0x08 => value == [1],
+        _ => false,
+    }
+}
+
+/// [`cursor_id`] read from the encoded `cursor` document: its last `id` (the one
+/// `Document::get` sees after conversion) if an Int64 or an Int32.
+pub(crate) fn encoded_cursor_id(cursor: &RawDocument) -> Option<i64> {
+    let mut id = None;
+    for (key, tag, value) in Elements::of(cursor) {
+        if key == b"id" {
+            id = match tag {
+                0x12 => value.try_into().ok().map(i64::from_le_bytes),
+                0x10 => value.try_into().ok().map(i32::from_le_bytes).map(i64::from),
+                _ => None,
+            };
+        }
+    }
+    id
 }
 
 #[cfg(test)]
@@ -73,5 +106,40 @@ mod tests {
         assert_eq!(cursor_id(&reply(Bson::Double(42.0))), None);
         assert_eq!(cursor_id(&doc! { "ok": 1 }), None);
         assert_eq!(cursor_id(&doc! { "ok": 1, "cursor": 5 }), None);
+    }
+
+    /// Review 6 (no copied logic): the encoded readers give the answers of the document readers,
+    /// for every type `ok` and `cursor.id` come in.
+    #[test]
+    fn the_encoded_readers_agree_with_the_document_readers() {
+        let values = [
+            Bson::Int32(1),
+            Bson::Int32(0),
+            Bson::Int32(42),
+            Bson::Int64(1),
+            Bson::Int64(1 << 40),
+            Bson::Int64(0),
+            Bson::Double(1.0),
+            Bson::Double(0.5),
+            Bson::Boolean(true),
+            Bson::Boolean(false),
+            Bson::String("1".into()),
+            Bson::Null,
+        ];
+        for value in values {
+            let reply = doc! { "ok": value.clone(), "cursor": { "id": value.clone() } };
+            let raw = bson::RawDocumentBuf::try_from(&reply).expect("encodes");
+            let (mut ok_element, mut cursor) = (None, None);
+            for (key, tag, bytes) in Elements::of(&raw) {
+                match key {
+                    b"ok" => ok_element = Some(is_ok_element(tag, bytes)),
+                    b"cursor" => cursor = RawDocument::from_bytes(bytes).ok(),
+                    _ => {}
+                }
+            }
+            assert_eq!(ok_element, Some(is_ok(&reply)), "ok: {value}");
+            let cursor = cursor.expect("the cursor document");
+            assert_eq!(encoded_cursor_id(cursor), cursor_id(&reply), "id: {value}");
+        }
     }
 }

@@ -16,6 +16,7 @@ use bson::{Document, Timestamp};
 use crate::address::ServerAddress;
 use crate::bson_read::{timestamp, Elements};
 use crate::error::OperationError;
+use crate::reply;
 
 /// The fields of one reply the engine reads on every reply (see the module docs).
 #[derive(Clone, Copy, Debug, Default)]
@@ -43,12 +44,14 @@ impl<'a> ReplyFields<'a> {
         let mut elements = Elements::of(reply);
         for (key, tag, value) in elements.by_ref() {
             match key {
-                b"ok" => fields.ok = is_one(tag, value),
+                b"ok" => fields.ok = reply::is_ok_element(tag, value),
                 b"writeConcernError" => fields.write_concern_error = true,
                 b"$clusterTime" => fields.cluster_time = document(tag, value),
                 b"operationTime" => fields.operation_time = timestamp(tag, value),
                 b"recoveryToken" => fields.recovery_token = document(tag, value),
-                b"cursor" => fields.cursor_id = document(tag, value).and_then(cursor_id),
+                b"cursor" => {
+                    fields.cursor_id = document(tag, value).and_then(reply::encoded_cursor_id)
+                }
                 _ => {}
             }
         }
@@ -73,32 +76,6 @@ impl<'a> ReplyFields<'a> {
     }
 }
 
-/// The last `id` of a `cursor` document, if an Int64 or Int32.
-fn cursor_id(cursor: &RawDocument) -> Option<i64> {
-    let mut id = None;
-    for (key, tag, value) in Elements::of(cursor) {
-        if key == b"id" {
-            id = match (tag, value.try_into()) {
-                (INT64, Ok(v)) => Some(i64::from_le_bytes(v)),
-                (INT32, _) => value.try_into().ok().map(i32::from_le_bytes).map(i64::from),
-                _ => None,
-            };
-        }
-    }
-    id
-}
-
-/// Whether an element is 1 (double, int32, int64) or `true`, as the reply rules read `ok`.
-fn is_one(tag: u8, value: &[u8]) -> bool {
-    match tag {
-        DOUBLE => value.try_into().is_ok_and(|v| f64::from_le_bytes(v) == 1.0),
-        INT32 => value.try_into().is_ok_and(|v| i32::from_le_bytes(v) == 1),
-        INT64 => value.try_into().is_ok_and(|v| i64::from_le_bytes(v) == 1),
-        BOOLEAN => value == [1],
-        _ => false,
-    }
-}
-
 /// An embedded document element.
 fn document(tag: u8, value: &[u8]) -> Option<&RawDocument> {
     (tag == DOCUMENT)
@@ -106,11 +83,7 @@ fn document(tag: u8, value: &[u8]) -> Option<&RawDocument> {
         .flatten()
 }
 
-const DOUBLE: u8 = 0x01;
 const DOCUMENT: u8 = 0x03;
-const BOOLEAN: u8 = 0x08;
-const INT32: u8 = 0x10;
-const INT64: u8 = 0x12;
 
 /// The document a decoded reply (or one of its embedded documents) holds. The decoder validated
 /// it as this conversion reads it, so the conversion does not fail; if it ever did, the result
