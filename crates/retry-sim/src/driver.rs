@@ -7,9 +7,12 @@ use std::time::Duration;
 use bson::raw::RawBsonRef;
 use bson::{doc, oid::ObjectId, Document, RawDocument};
 use retry_core::address::ServerAddress;
-use retry_core::engine::{ConnId, Engine, EngineEvent, EngineOptions, OpId, OperationRequest};
+use retry_core::engine::{
+    ConnId, CursorHandle, Engine, EngineEvent, EngineOptions, OpId, OperationRequest,
+};
 use retry_core::error::{NetworkErrorKind, OperationError};
 use retry_core::handshake::{ClientMetadata, HandshakeOptions};
+use retry_core::pool::PoolEvent;
 use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use retry_core::time::Instant;
@@ -608,6 +611,33 @@ impl Sim {
             ),
             _ => None,
         })
+    }
+
+    /// The cursor `op` opened (its `CursorOpened` event), if it opened one.
+    pub fn cursor_opened(&self, op: OpId) -> Option<CursorHandle> {
+        self.events.iter().find_map(|(_, e)| match e {
+            EngineEvent::CursorOpened { op: o, cursor } if *o == op => Some(*cursor),
+            _ => None,
+        })
+    }
+
+    /// Every pool's check-outs (`"out"`) and check-ins (`"in"`), in the order they were
+    /// published: what tests of CM-/TX-/LB- connection release compare.
+    pub fn checkouts_and_checkins(&self) -> Vec<&'static str> {
+        self.events
+            .iter()
+            .filter_map(|(_, e)| match e {
+                EngineEvent::Pool {
+                    event: PoolEvent::CheckedOut { .. },
+                    ..
+                } => Some("out"),
+                EngineEvent::Pool {
+                    event: PoolEvent::CheckedIn { .. },
+                    ..
+                } => Some("in"),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Starts `request` now and drains the engine.

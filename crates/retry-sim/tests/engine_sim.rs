@@ -5,9 +5,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use retry_core::engine::{
-    CursorHandle, CursorUse, EngineEvent, OpId, OperationRequest, SessionHandle,
-};
+use retry_core::engine::{CursorUse, EngineEvent, OpId, OperationRequest, SessionHandle};
 use retry_core::pool::PoolEvent;
 use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::selection::SelectionCriteria;
@@ -190,13 +188,6 @@ fn batch(id: i64, field: &str) -> Document {
     doc! { "ok": 1, "cursor": { "id": id, "ns": "test.c", field: [] } }
 }
 
-fn cursor_of(sim: &Sim, op: OpId) -> Option<CursorHandle> {
-    sim.events.iter().find_map(|(_, e)| match e {
-        EngineEvent::CursorOpened { op: o, cursor } if *o == op => Some(*cursor),
-        _ => None,
-    })
-}
-
 fn cursor_op(sim: &mut Sim, command: Document, kind: OperationKind, cursor: CursorUse) -> OpId {
     let mut request = OperationRequest::new("test", command, kind, retry_sim::primary());
     request.cursor = cursor;
@@ -276,7 +267,9 @@ fn lb10_a_load_balanced_cursor_stays_pinned_across_get_mores() {
         CursorUse::Open,
     );
     sim.run(find).unwrap();
-    let cursor = cursor_of(&sim, find).expect("a non-zero cursor id opens a cursor");
+    let cursor = sim
+        .cursor_opened(find)
+        .expect("a non-zero cursor id opens a cursor");
     // BP-5: the overloaded getMore is retried, on the same pinned connection (C8).
     let get_more = doc! { "getMore": 42i64, "collection": "c" };
     let more = cursor_op(
@@ -324,7 +317,7 @@ fn lb10_closing_a_cursor_sends_kill_cursors_on_its_connection_then_checks_it_in(
         CursorUse::Open,
     );
     sim.run(find).unwrap();
-    let cursor = cursor_of(&sim, find).unwrap();
+    let cursor = sim.cursor_opened(find).unwrap();
     let kill = doc! { "killCursors": "c", "cursors": [42i64] };
     let kill = cursor_op(
         &mut sim,
@@ -348,7 +341,7 @@ fn a_cursor_with_id_zero_pins_nothing() {
         CursorUse::Open,
     );
     sim.run(find).unwrap();
-    assert_eq!(cursor_of(&sim, find), None);
+    assert_eq!(sim.cursor_opened(find), None);
     assert_eq!(pool_events(&sim), ["started", "out", "in"]);
 }
 
@@ -368,7 +361,7 @@ fn lb13_an_exhausted_pool_names_the_connections_in_use() {
         CursorUse::Open,
     );
     sim.run(find).unwrap();
-    assert!(cursor_of(&sim, find).is_some());
+    assert!(sim.cursor_opened(find).is_some());
     let ping = sim.read(doc! { "ping": 1 });
     let error = sim.run(ping).unwrap_err();
     assert!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bson::{doc, Document};
 use retry_core::engine::SessionHandle;
-use retry_core::engine::{CursorHandle, CursorUse, EngineEvent, OpId, OperationRequest};
+use retry_core::engine::{CursorUse, EngineEvent, OperationRequest};
 use retry_core::pool::PoolEvent;
 use retry_core::retry::OperationKind;
 use retry_core::selection::SelectionCriteria;
@@ -68,16 +68,6 @@ fn out(sim: &Sim) -> i64 {
             _ => 0,
         })
         .sum()
-}
-
-fn cursor_of(sim: &Sim, op: OpId) -> CursorHandle {
-    sim.events
-        .iter()
-        .find_map(|(_, e)| match e {
-            EngineEvent::CursorOpened { op: o, cursor } if *o == op => Some(*cursor),
-            _ => None,
-        })
-        .expect("a cursor opened")
 }
 
 /// TX-4 (5), house rule 8: a commit is in flight on the pinned connection when another
@@ -151,7 +141,7 @@ fn tx5_a_second_first_command_does_not_replace_the_pin() {
     ));
     let second = sim.start_request(insert(Some(session)));
     sim.run(find).expect("the find opens a cursor and pins");
-    let cursor = cursor_of(&sim, find);
+    let cursor = sim.cursor_opened(find).expect("a cursor opened");
     let refused = sim.run(second).expect_err("refused");
     assert!(refused.to_string().contains("already started"), "{refused}");
     let close = sim.start_request(request(
@@ -194,7 +184,7 @@ fn lb10_a_close_alongside_a_get_more_leaves_the_get_more_its_reply() {
         None,
     ));
     sim.run(find).expect("a cursor");
-    let cursor = cursor_of(&sim, find);
+    let cursor = sim.cursor_opened(find).expect("a cursor opened");
     let more = sim.start_request(request(
         doc! { "getMore": 42_i64, "collection": "c" },
         OperationKind::GetMore,

@@ -6,8 +6,7 @@
 
 use bson::{doc, Document};
 use retry_core::engine::SessionHandle;
-use retry_core::engine::{CursorHandle, CursorUse, EngineEvent, OpId, OperationRequest};
-use retry_core::pool::PoolEvent;
+use retry_core::engine::{CursorHandle, CursorUse, OperationRequest};
 use retry_core::retry::OperationKind;
 use retry_core::selection::SelectionCriteria;
 use retry_sim::{address, Role, Sim, SimServer, Step};
@@ -22,34 +21,6 @@ fn request(
     request.cursor = cursor;
     request.session = session;
     request
-}
-
-/// The pool's check-outs and check-ins, in order.
-fn pool_events(sim: &Sim) -> Vec<&'static str> {
-    sim.events
-        .iter()
-        .filter_map(|(_, e)| match e {
-            EngineEvent::Pool {
-                event: PoolEvent::CheckedOut { .. },
-                ..
-            } => Some("out"),
-            EngineEvent::Pool {
-                event: PoolEvent::CheckedIn { .. },
-                ..
-            } => Some("in"),
-            _ => None,
-        })
-        .collect()
-}
-
-fn cursor_of(sim: &Sim, op: OpId) -> CursorHandle {
-    sim.events
-        .iter()
-        .find_map(|(_, e)| match e {
-            EngineEvent::CursorOpened { op: o, cursor } if *o == op => Some(*cursor),
-            _ => None,
-        })
-        .expect("a cursor opened")
 }
 
 /// An LB with `maxPoolSize=1`: a transaction's insert pins the only connection and a find in
@@ -86,14 +57,18 @@ fn cursor_in_a_transaction(then: Vec<Step>) -> (Sim, SessionHandle, CursorHandle
         Some(session),
     ));
     sim.run(find).expect("the find opens a cursor");
-    let cursor = cursor_of(&sim, find);
+    let cursor = sim.cursor_opened(find).expect("a cursor opened");
     (sim, session, cursor)
 }
 
 /// The cursor is still open on the only connection: another operation waits for it, and runs
 /// once closing the cursor has checked it in (once).
 fn assert_cursor_holds_the_connection(mut sim: Sim, cursor: CursorHandle) {
-    assert_eq!(pool_events(&sim), ["out"], "the cursor still holds it");
+    assert_eq!(
+        sim.checkouts_and_checkins(),
+        ["out"],
+        "the cursor still holds it"
+    );
     let other = sim.start_request(request(
         doc! { "find": "d" },
         OperationKind::Read,
@@ -114,7 +89,7 @@ fn assert_cursor_holds_the_connection(mut sim: Sim, cursor: CursorHandle) {
     sim.run(close).expect("the cursor closes");
     sim.run(other).expect("then the other operation runs");
     assert_eq!(
-        pool_events(&sim),
+        sim.checkouts_and_checkins(),
         ["out", "in", "out", "in"],
         "one check-in per checkout"
     );
@@ -232,7 +207,7 @@ fn lb10_the_last_of_two_cursors_on_a_connection_checks_it_in() {
         Some(session),
     ));
     sim.run(find).expect("a second cursor");
-    let second = cursor_of(&sim, find);
+    let second = sim.cursor_opened(find).expect("a cursor opened");
     let abort = sim.start_request(request(
         doc! { "abortTransaction": 1 },
         OperationKind::AbortTransaction,
@@ -281,7 +256,7 @@ fn tx4_lb10_a_kill_cursors_naming_the_session_after_a_commit_keeps_the_connectio
     sim.run(close).expect("the cursor closes");
     sim.run(other).expect("then the other operation runs");
     assert_eq!(
-        pool_events(&sim),
+        sim.checkouts_and_checkins(),
         ["out", "in", "out", "in"],
         "one check-in per checkout"
     );
@@ -316,7 +291,7 @@ fn tx5_lb10_a_kill_cursors_that_starts_a_transaction_leaves_it_the_connection() 
         Some(session),
     ));
     sim.run(find).expect("a cursor outside any transaction");
-    let cursor = cursor_of(&sim, find);
+    let cursor = sim.cursor_opened(find).expect("a cursor opened");
     sim.engine
         .start_transaction(session, Default::default(), sim.now)
         .expect("a transaction");
@@ -327,7 +302,11 @@ fn tx5_lb10_a_kill_cursors_that_starts_a_transaction_leaves_it_the_connection() 
         Some(session),
     ));
     sim.run(close).expect("the cursor closes");
-    assert_eq!(pool_events(&sim), ["out"], "the transaction pins it now");
+    assert_eq!(
+        sim.checkouts_and_checkins(),
+        ["out"],
+        "the transaction pins it now"
+    );
     let other = sim.start_request(request(
         doc! { "find": "d" },
         OperationKind::Read,
@@ -351,7 +330,7 @@ fn tx5_lb10_a_kill_cursors_that_starts_a_transaction_leaves_it_the_connection() 
         .expect("the next transaction");
     sim.drain();
     sim.run(other).expect("then the other operation runs");
-    assert_eq!(pool_events(&sim), ["out", "in", "out", "in"]);
+    assert_eq!(sim.checkouts_and_checkins(), ["out", "in", "out", "in"]);
 }
 
 /// LB-11, house rule 8: two cursors of a transaction share its connection; a getMore of one
@@ -374,7 +353,7 @@ fn lb11_a_network_error_under_one_of_two_cursors_on_a_connection_releases_it_onc
         Some(session),
     ));
     sim.run(find).expect("a second cursor");
-    let second = cursor_of(&sim, find);
+    let second = sim.cursor_opened(find).expect("a cursor opened");
     let more = sim.start_request(request(
         doc! { "getMore": 42_i64, "collection": "c" },
         OperationKind::GetMore,
@@ -393,7 +372,11 @@ fn lb11_a_network_error_under_one_of_two_cursors_on_a_connection_releases_it_onc
     }
     sim.engine.end_session(session, sim.now);
     sim.drain();
-    assert_eq!(pool_events(&sim), ["out", "in"], "checked in once");
+    assert_eq!(
+        sim.checkouts_and_checkins(),
+        ["out", "in"],
+        "checked in once"
+    );
     let log: Vec<&str> = sim.servers[&address("lb")]
         .log
         .iter()

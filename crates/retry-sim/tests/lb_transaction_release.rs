@@ -5,9 +5,8 @@
 use std::time::Duration;
 
 use bson::{doc, Document};
-use retry_core::engine::{EngineEvent, OpId, OperationRequest, SessionHandle};
+use retry_core::engine::{OpId, OperationRequest, SessionHandle};
 use retry_core::error::Labels;
-use retry_core::pool::PoolEvent;
 use retry_core::retry::OperationKind;
 use retry_core::selection::SelectionCriteria;
 use retry_sim::{address, Role, Sim, SimServer, Step};
@@ -59,34 +58,20 @@ fn request(
     request
 }
 
-/// The pool's check-outs and check-ins, in order.
-fn pool_events(sim: &Sim) -> Vec<&'static str> {
-    sim.events
-        .iter()
-        .filter_map(|(_, e)| match e {
-            EngineEvent::Pool {
-                event: PoolEvent::CheckedOut { .. },
-                ..
-            } => Some("out"),
-            EngineEvent::Pool {
-                event: PoolEvent::CheckedIn { .. },
-                ..
-            } => Some("in"),
-            _ => None,
-        })
-        .collect()
-}
-
 /// After the failure: a third operation waits until the `find` on the connection is done, and
 /// every checkout has exactly one check-in.
 fn assert_released_once(mut sim: Sim, find: OpId) {
-    assert_eq!(pool_events(&sim), ["out", "in", "out"], "the find has it");
+    assert_eq!(
+        sim.checkouts_and_checkins(),
+        ["out", "in", "out"],
+        "the find has it"
+    );
     let third = sim.start_request(request(doc! { "find": "d" }, OperationKind::Read, None));
     sim.run(third)
         .expect("the third operation waits for the find, then runs");
     sim.run(find).expect("the find keeps its reply");
     assert_eq!(
-        pool_events(&sim),
+        sim.checkouts_and_checkins(),
         ["out", "in", "out", "in", "out", "in"],
         "one check-in per checkout"
     );

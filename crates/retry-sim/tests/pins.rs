@@ -5,7 +5,7 @@
 
 use bson::{doc, Document};
 use retry_core::engine::SessionHandle;
-use retry_core::engine::{CursorHandle, CursorUse, EngineEvent, OpId, OperationRequest};
+use retry_core::engine::{CursorUse, EngineEvent, OperationRequest};
 use retry_core::pool::{CloseReason, PoolEvent};
 use retry_core::retry::OperationKind;
 use retry_core::selection::SelectionCriteria;
@@ -33,16 +33,6 @@ fn request(
     request.cursor = cursor;
     request.session = session;
     request
-}
-
-fn cursor_of(sim: &Sim, op: OpId) -> CursorHandle {
-    sim.events
-        .iter()
-        .find_map(|(_, e)| match e {
-            EngineEvent::CursorOpened { op: o, cursor } if *o == op => Some(*cursor),
-            _ => None,
-        })
-        .expect("a cursor opened")
 }
 
 /// The pool's check-out, check-in and close events, in order.
@@ -82,7 +72,7 @@ fn lb11_a_get_more_network_error_keeps_the_connection_until_the_cursor_closes() 
         None,
     ));
     sim.run(find).unwrap();
-    let cursor = cursor_of(&sim, find);
+    let cursor = sim.cursor_opened(find).expect("a cursor opened");
     let more = sim.start_request(request(
         doc! { "getMore": 42i64, "collection": "c" },
         OperationKind::GetMore,
@@ -198,7 +188,7 @@ fn tx5_a_cursor_in_a_transaction_shares_its_connection() {
         Some(session),
     ));
     sim.run(find).unwrap();
-    let cursor = cursor_of(&sim, find);
+    let cursor = sim.cursor_opened(find).expect("a cursor opened");
     let close = sim.start_request(request(
         doc! { "killCursors": "c", "cursors": [42i64] },
         OperationKind::RunCommand,
