@@ -230,6 +230,10 @@ pub(crate) fn execute(
     let mut store = data.lock();
     let in_transaction = request.body.get("autocommit") == Some(&Bson::Boolean(false));
     let ends = matches!(name, "commitTransaction" | "abortTransaction");
+    if !in_transaction && !ends {
+        // TK-15 (review7 gap b): a write outside any transaction is a commit of its own.
+        store.begin_statement(None);
+    }
     if in_transaction && !ends {
         match transaction_command(&mut store, &request.body) {
             // TK-15: the statement reads and writes as its transaction.
@@ -1468,8 +1472,9 @@ fn query_error(error: QueryError) -> Document {
         },
         QueryError::CursorNotFound(id) => error_reply(43, &format!("cursor id {id} not found")),
         QueryError::CursorMismatch(code, message) => error_reply(code, &message),
-        // TK-15: a real server's message.
-        QueryError::WriteConflict => error_reply(
+        // TK-15: a real server's message. A write outside any transaction that is `Blocked` is
+        // never answered so: the server undoes it, waits and runs it again (review7 finding 1).
+        QueryError::WriteConflict | QueryError::Blocked(_) => error_reply(
             112,
             "WriteConflict error: this operation conflicted with another operation. Please retry \
              your operation or multi-document transaction.",

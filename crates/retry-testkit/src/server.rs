@@ -36,6 +36,11 @@ use crate::on_primary_write::{Firing, OnPrimaryWrite};
 use crate::store::{DataStore, WriteKey};
 use crate::tls::ServerTls;
 
+/// TK-15 (review7 finding 1): a real server's default `transactionLifetimeLimitSeconds`: the
+/// longest a write outside any transaction without `maxTimeMS` waits for a transaction in
+/// progress (here counted from the start of the wait, not of the transaction).
+const TRANSACTION_LIFETIME_LIMIT: Duration = Duration::from_secs(60);
+
 /// BP-3: the code of an ingress rate-limiter rejection.
 pub const INGRESS_RATE_LIMIT_CODE: i32 = 462;
 
@@ -450,12 +455,15 @@ impl ServerHandle {
     /// does, without counting a command; returns how many went in (a duplicate `_id` is left
     /// out, TK-*; none goes in when one has an `_id` a transaction in progress changed, TK-15).
     pub fn insert(&self, ns: &str, documents: Vec<Document>) -> usize {
-        self.shared
-            .lock()
-            .data
-            .lock()
+        let state = self.shared.lock();
+        let mut store = state.data.lock();
+        store.begin_statement(None);
+        let n = store
             .insert(ns, documents, false)
-            .map_or(0, |outcome| outcome.n)
+            .map_or(0, |outcome| outcome.n);
+        store.end_statement();
+        store.take_blocked();
+        n
     }
 
     /// The documents of the namespace `ns`, in insertion order.
@@ -771,16 +779,16 @@ fn statement_writes(
     name: &str,
     key: &WriteKey,
     statements: Vec<OpMsg>,
-) -> Response {
+) -> Result<Response, Vec<u8>> {
     if !state.data.lock().begin_write(key) {
-        return Response::Reply(error_reply(
+        return Ok(Response::Reply(error_reply(
             225,
             &format!(
                 "Cannot start transaction {} on session because a newer transaction has \
                  already started",
                 key.txn_number
             ),
-        ));
+        )));
     }
     let ordered = crate::commands::ordered(&statements[0].body);
     let (mut n, mut modified) = (0_i64, 0_i64);
@@ -798,29 +806,36 @@ fn statement_writes(
                 replayed = false;
                 let firing = state.on_primary_write_firing();
                 if firing == Some(Firing::CloseWithoutCommit) {
-                    return Response::Close;
+                    return Ok(Response::Close);
                 }
-                let Some(reply) = execute(
+                let reply = execute(
                     state,
                     name,
                     statement,
                     shared.max_wire_version,
                     shared.process_id,
-                ) else {
-                    return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));
+                );
+                // TK-15 (review7 finding 1): the statements done so far are recorded, so the
+                // command goes on at this one once it no longer has to wait.
+                if let Some(session) = state.data.lock().take_blocked() {
+                    return Err(session);
+                }
+                let Some(reply) = reply else {
+                    let reply = error_reply(59, &format!("no such command: '{name}'"));
+                    return Ok(Response::Reply(reply));
                 };
                 let done = reply.get("ok").is_some_and(is_ok) && !reply.contains_key("writeErrors");
                 if done {
                     state.data.lock().record_write(sub, reply.clone());
                 }
                 if firing == Some(Firing::CommitThenClose) {
-                    return Response::Close;
+                    return Ok(Response::Close);
                 }
                 reply
             }
         };
         if !reply.get("ok").is_some_and(is_ok) {
-            return Response::Reply(reply);
+            return Ok(Response::Reply(reply));
         }
         let count = |field: &str| match reply.get(field) {
             Some(Bson::Int32(v)) => i64::from(*v),
@@ -865,7 +880,7 @@ fn statement_writes(
         reply.insert("writeErrors", errors);
     }
     reply.insert("ok", 1.0);
-    Response::Reply(reply)
+    Ok(Response::Reply(reply))
 }
 
 /// TK-16: one command as the server received it, for [`ServerHandle::command_log`].
@@ -1093,20 +1108,65 @@ impl Connection {
         if let Some(wait) = crate::query::where_sleep(command) {
             sleep(wait).await;
         }
+        // TK-15 (review7 finding 1): a write outside any transaction that touches a document a
+        // transaction in progress changed waits until that transaction ends, then runs again;
+        // `maxTimeMS` bounds the wait (MaxTimeMSExpired, 50), else the transaction lifetime
+        // limit, after which the transaction is aborted as a real server's reaper does.
+        let ended = shared.lock().data.lock().transaction_ended();
+        let max_time = command
+            .get("maxTimeMS")
+            .and_then(crate::commands::integer)
+            .filter(|ms| *ms > 0)
+            .map(|ms| Duration::from_millis(ms.unsigned_abs()));
+        let deadline = Instant::now() + max_time.unwrap_or(TRANSACTION_LIFETIME_LIMIT);
+        loop {
+            let notified = ended.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let blocked_by = match self.run(shared, name, request, fired.clone()) {
+                Ok(response) => return response,
+                Err(session) => session,
+            };
+            tokio::select! {
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    if max_time.is_some() {
+                        return Response::Reply(error_reply(50, "operation exceeded time limit"));
+                    }
+                    shared.lock().data.lock().expire_transaction(&blocked_by);
+                }
+            }
+        }
+    }
+
+    /// Runs an admitted command whose fail point (if any) `fired`; `Err` with the session of the
+    /// transaction in progress a write outside any transaction ran into (it was undone and must
+    /// wait, review7 finding 1).
+    fn run(
+        &mut self,
+        shared: &Shared,
+        name: &str,
+        request: &OpMsg,
+        fired: Option<FailCommand>,
+    ) -> Result<Response, Vec<u8>> {
+        let command = &request.body;
+        let hello = is_hello(name);
         let mut state = shared.lock();
         let write_key = write_key(name, command);
         let statements = write_key
             .as_ref()
             .and_then(|_| crate::commands::statement_requests(name, request));
         if let (Some(key), Some(statements)) = (&write_key, statements) {
-            return match statement_writes(&mut state, shared, name, key, statements) {
-                Response::Reply(mut reply) => {
-                    add_write_concern_error(fired, name, command, &mut reply);
-                    add_topology_version(&state, shared.process_id, &mut reply);
-                    Response::Reply(reply)
-                }
-                close => close,
-            };
+            return Ok(
+                match statement_writes(&mut state, shared, name, key, statements)? {
+                    Response::Reply(mut reply) => {
+                        add_write_concern_error(fired, name, command, &mut reply);
+                        add_topology_version(&state, shared.process_id, &mut reply);
+                        Response::Reply(reply)
+                    }
+                    close => close,
+                },
+            );
         }
         if let Some(mut reply) = write_key
             .as_ref()
@@ -1118,24 +1178,24 @@ impl Connection {
             // insertOne-errorLabels "fails after multiple retryable writeConcernErrors").
             add_write_concern_error(fired, name, command, &mut reply);
             add_topology_version(&state, shared.process_id, &mut reply);
-            return Response::Reply(reply);
+            return Ok(Response::Reply(reply));
         }
         if let Some(key) = &write_key {
             if !state.data.lock().begin_write(key) {
-                return Response::Reply(error_reply(
+                return Ok(Response::Reply(error_reply(
                     225,
                     &format!(
                         "Cannot start transaction {} on session because a newer transaction has \
                          already started",
                         key.txn_number
                     ),
-                ));
+                )));
             }
         }
         let mut close_after_commit = false;
         if write_key.is_some() {
             match state.on_primary_write_firing() {
-                Some(Firing::CloseWithoutCommit) => return Response::Close,
+                Some(Firing::CloseWithoutCommit) => return Ok(Response::Close),
                 Some(Firing::CommitThenClose) => close_after_commit = true,
                 Some(Firing::Nothing) | None => {}
             }
@@ -1159,9 +1219,15 @@ impl Connection {
                 shared.process_id,
             )
         };
+        if let Some(session) = state.data.lock().take_blocked() {
+            return Err(session);
+        }
         let Some(mut reply) = reply else {
             state.unsupported.push(format!("command {name}"));
-            return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));
+            return Ok(Response::Reply(error_reply(
+                59,
+                &format!("no such command: '{name}'"),
+            )));
         };
         if let Some(what) = crate::commands::refusal(name, &reply) {
             state.unsupported.push(what);
@@ -1173,11 +1239,11 @@ impl Connection {
             }
         }
         if close_after_commit {
-            return Response::Close;
+            return Ok(Response::Close);
         }
         add_write_concern_error(fired, name, command, &mut reply);
         add_topology_version(&state, shared.process_id, &mut reply);
-        Response::Reply(reply)
+        Ok(Response::Reply(reply))
     }
 
     /// HS-3, HS-4, LB-17: the hello reply of this connection ([`Connection::service_id`]).
