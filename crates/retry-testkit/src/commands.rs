@@ -11,7 +11,7 @@ use crate::config::{
 };
 use crate::fail_point::{error_reply, FailCommand, TESTKIT_UNSUPPORTED};
 use crate::on_primary_write::OnPrimaryWrite;
-use crate::server::{is_ok, State};
+use crate::server::State;
 use crate::store::{Batch, CursorOrigin, QueryError, Store, WriteKey};
 use retry_core::wire::OpMsg;
 
@@ -268,10 +268,7 @@ pub(crate) fn execute(
     let mut reply = reply?;
     // TK-15 (house rule 7): a statement that fails (an error or a write error) aborts its
     // transaction on a real server; its later commands get NoSuchTransaction (251).
-    let failed = !reply
-        .get("ok")
-        .is_some_and(|ok| ok.as_f64() == Some(1.0) || ok.as_i32() == Some(1))
-        || reply.contains_key("writeErrors");
+    let failed = statement_failed(&reply);
     // TK-7, TK-15: a statement's WriteConflict (112), a commit's NoSuchTransaction (251), ...
     // are a TransientTransactionError.
     if in_transaction && !reply.contains_key("errorLabels") {
@@ -302,6 +299,12 @@ pub(crate) fn execute(
         reply.insert("recoveryToken", doc! { "recoveryShardId": "shard0" });
     }
     Some(reply)
+}
+
+/// TK-15: whether a transaction's statement failed (an error or a write error), which aborts
+/// the transaction; `ok` is read by the one rule of `retry_core::reply` (review7 finding 5).
+fn statement_failed(reply: &Document) -> bool {
+    !retry_core::reply::is_ok(reply) || reply.contains_key("writeErrors")
 }
 
 /// TK-15: checks (and with `startTransaction: true`, starts) the transaction a command with
@@ -1460,7 +1463,7 @@ fn list_collections(state: &mut Context<'_>, db: &str, command: &Document) -> Do
 /// a fail point the server would not set (no test expects `configureFailPoint` to fail).
 pub(crate) fn refusal(name: &str, reply: &Document) -> Option<String> {
     let refused = reply.get_i32("code").ok() == Some(TESTKIT_UNSUPPORTED)
-        || (name == "configureFailPoint" && !reply.get("ok").is_some_and(is_ok));
+        || (name == "configureFailPoint" && !retry_core::reply::is_ok(reply));
     refused.then(|| format!("{name}: {}", reply.get_str("errmsg").unwrap_or("")))
 }
 
@@ -1520,6 +1523,24 @@ mod tests {
     use retry_core::time::Instant;
     use retry_core::topology::ServerType;
     use std::time::Duration;
+
+    /// TK-15 (review7 finding 5): a statement succeeded when `ok` is 1 in any number type or
+    /// `true` (the rule of `retry_core::reply`) and it has no write error.
+    #[test]
+    fn tk15_review7_f5_a_statement_fails_by_the_one_ok_rule() {
+        for ok in [
+            Bson::Double(1.0),
+            Bson::Int32(1),
+            Bson::Int64(1),
+            Bson::Boolean(true),
+        ] {
+            assert!(!statement_failed(&doc! { "ok": ok.clone() }), "{ok}");
+            assert!(statement_failed(&doc! { "ok": ok, "writeErrors": [] }));
+        }
+        for not_ok in [Bson::Double(0.0), Bson::Int64(0), Bson::String("1".into())] {
+            assert!(statement_failed(&doc! { "ok": not_ok }));
+        }
+    }
 
     fn context() -> HelloContext<'static> {
         HelloContext {

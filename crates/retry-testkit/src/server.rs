@@ -185,7 +185,7 @@ impl Shared {
     fn count_reply(&self, name: &str, reply: &Document) {
         let mut state = self.lock();
         let counts = state.counters.command_mut(name);
-        if reply.get("ok").is_some_and(is_ok) {
+        if retry_core::reply::is_ok(reply) {
             counts.succeeded += 1;
         } else {
             counts.failed += 1;
@@ -665,7 +665,7 @@ fn add_unsatisfiable_write_concern(shared: &Shared, command: &Document, reply: &
     }) else {
         return;
     };
-    if !reply.get("ok").is_some_and(is_ok) || reply.contains_key("writeConcernError") {
+    if !retry_core::reply::is_ok(reply) || reply.contains_key("writeConcernError") {
         return;
     }
     let state = shared.lock();
@@ -697,7 +697,7 @@ fn add_cluster_time(shared: &Shared, name: &str, reply: &mut Document) {
         return;
     }
     let mut store = state.data.lock();
-    let ok = reply.get("ok").is_some_and(is_ok);
+    let ok = retry_core::reply::is_ok(reply);
     let time = if ok && CLOCKED_WRITES.contains(&name) {
         store.tick()
     } else {
@@ -757,7 +757,7 @@ fn add_write_concern_error(
     reply: &mut Document,
 ) {
     if let Some(fail) = fired.filter(|f| f.write_concern_error.is_some()) {
-        if reply.get("ok").is_some_and(is_ok) {
+        if retry_core::reply::is_ok(reply) {
             let labels = fail.write_concern_labels(name, command);
             if let Some(error) = fail.write_concern_error {
                 reply.insert("writeConcernError", error);
@@ -824,7 +824,7 @@ fn statement_writes(
                     let reply = error_reply(59, &format!("no such command: '{name}'"));
                     return Ok(Response::Reply(reply));
                 };
-                let done = reply.get("ok").is_some_and(is_ok) && !reply.contains_key("writeErrors");
+                let done = retry_core::reply::is_ok(&reply) && !reply.contains_key("writeErrors");
                 if done {
                     state.data.lock().record_write(sub, reply.clone());
                 }
@@ -834,7 +834,7 @@ fn statement_writes(
                 reply
             }
         };
-        if !reply.get("ok").is_some_and(is_ok) {
+        if !retry_core::reply::is_ok(&reply) {
             return Ok(Response::Reply(reply));
         }
         let count = |field: &str| match reply.get(field) {
@@ -1234,7 +1234,7 @@ impl Connection {
         }
         state.counters.command_mut(name).executed += 1;
         if let Some(key) = write_key {
-            if reply.get("ok").is_some_and(is_ok) {
+            if retry_core::reply::is_ok(&reply) {
                 state.data.lock().record_write(key, reply.clone());
             }
         }
@@ -1371,36 +1371,5 @@ impl Connection {
             self.out = bytes;
         }
         written.unwrap_or(false)
-    }
-}
-
-/// `ok` is 1 in any numeric type.
-pub(crate) fn is_ok(value: &Bson) -> bool {
-    match value {
-        Bson::Double(v) => *v == 1.0,
-        Bson::Int32(v) => *v == 1,
-        Bson::Int64(v) => *v == 1,
-        Bson::Boolean(b) => *b,
-        _ => false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ok_in_every_numeric_type() {
-        for ok in [
-            Bson::Double(1.0),
-            Bson::Int32(1),
-            Bson::Int64(1),
-            Bson::Boolean(true),
-        ] {
-            assert!(is_ok(&ok));
-        }
-        for not_ok in [Bson::Double(0.0), Bson::Int32(0), Bson::String("1".into())] {
-            assert!(!is_ok(&not_ok));
-        }
     }
 }
