@@ -564,21 +564,50 @@ fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
         Err(e) => return e,
     };
     let ns = format!("{db}.{collection}");
-    let outcome = match state.store.insert(&ns, documents, ordered(&request.body)) {
+    let ordered = ordered(&request.body);
+    // Review7 finding 3: a document nested deeper than a stored one may be is refused (Overflow,
+    // 15) as a write error; an ordered insert stops there.
+    let mut errors: Vec<(usize, Document)> = Vec::new();
+    let mut positions = Vec::new();
+    let mut storable = Vec::new();
+    for (index, document) in documents.into_iter().enumerate() {
+        if crate::store::too_deep(&document) {
+            let message = format!(
+                "cannot insert document because it exceeds {} levels of nesting",
+                crate::store::MAX_STORED_DEPTH
+            );
+            errors.push((index, doc! { "code": 15, "errmsg": message }));
+            if ordered {
+                break;
+            }
+            continue;
+        }
+        positions.push(index);
+        storable.push(document);
+    }
+    let outcome = match state.store.insert(&ns, storable, ordered) {
         Ok(outcome) => outcome,
         Err(e) => return query_error(e),
     };
+    if ordered && !outcome.duplicates.is_empty() {
+        // The duplicate came first: the ordered insert stopped there.
+        errors.clear();
+    }
+    for (index, id) in outcome.duplicates {
+        let message = format!(
+            "E11000 duplicate key error collection: {ns} index: _id_ dup key: {{ _id: {id} }}"
+        );
+        errors.push((positions[index], doc! { "code": 11000, "errmsg": message }));
+    }
+    errors.sort_by_key(|(index, _)| *index);
     let mut reply = doc! { "n": count_i32(outcome.n) };
-    if !outcome.duplicates.is_empty() {
-        let errors: Vec<Document> = outcome
-            .duplicates
+    if !errors.is_empty() {
+        let errors: Vec<Document> = errors
             .into_iter()
-            .map(|(index, id)| {
-                doc! {
-                    "index": count_i32(index),
-                    "code": 11000,
-                    "errmsg": format!("E11000 duplicate key error collection: {ns} index: _id_ dup key: {{ _id: {id} }}"),
-                }
+            .map(|(index, error)| {
+                let mut entry = doc! { "index": count_i32(index) };
+                entry.extend(error);
+                entry
             })
             .collect();
         reply.insert("writeErrors", errors);
@@ -598,7 +627,7 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
         Err(e) => return e,
     };
     let ns = format!("{db}.{collection}");
-    let (mut n, mut modified, mut upserted) = (0, 0, Vec::new());
+    let (mut n, mut modified, mut upserted, mut errors) = (0, 0, Vec::new(), Vec::new());
     for (index, statement) in statements.iter().enumerate() {
         if let Some(field) = statement
             .keys()
@@ -630,12 +659,26 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                     upserted.push(doc! { "index": count_i32(index), "_id": id });
                 }
             }
+            // Review7 finding 3: the statement's write error (Overflow, 15).
+            Err(QueryError::TooDeep) => {
+                let message = format!(
+                    "Document exceeds maximum nesting depth of {}",
+                    crate::store::MAX_STORED_DEPTH
+                );
+                errors.push(doc! { "index": count_i32(index), "code": 15, "errmsg": message });
+                if ordered(&request.body) {
+                    break;
+                }
+            }
             Err(e) => return query_error(e),
         }
     }
     let mut reply = doc! { "n": count_i32(n), "nModified": count_i32(modified) };
     if !upserted.is_empty() {
         reply.insert("upserted", upserted);
+    }
+    if !errors.is_empty() {
+        reply.insert("writeErrors", errors);
     }
     reply.insert("ok", 1.0);
     reply
@@ -726,6 +769,22 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                 let Ok(document) = op.get_document("document") else {
                     return error_reply(2, "a bulkWrite insert needs a document");
                 };
+                // Review7 finding 3: the op's error (Overflow, 15).
+                if crate::store::too_deep(document) {
+                    let result = doc! {
+                        "ok": 0.0, "idx": count_i32(index), "code": 15, "codeName": "Overflow",
+                        "errmsg": format!(
+                            "cannot insert document because it exceeds {} levels of nesting",
+                            crate::store::MAX_STORED_DEPTH
+                        ),
+                    };
+                    counts[errors] += 1;
+                    results.push(result);
+                    if ordered {
+                        break;
+                    }
+                    continue;
+                }
                 let outcome = match state.store.insert(&ns, vec![document.clone()], true) {
                     Ok(outcome) => outcome,
                     Err(e) => return query_error(e),
@@ -1477,6 +1536,14 @@ fn query_error(error: QueryError) -> Document {
         QueryError::CursorMismatch(code, message) => error_reply(code, &message),
         // TK-15: a real server's message. A write outside any transaction that is `Blocked` is
         // never answered so: the server undoes it, waits and runs it again (review7 finding 1).
+        // Review7 finding 3: a real server's code and message (storage validation).
+        QueryError::TooDeep => error_reply(
+            15,
+            &format!(
+                "Document exceeds maximum nesting depth of {}",
+                crate::store::MAX_STORED_DEPTH
+            ),
+        ),
         QueryError::WriteConflict | QueryError::Blocked(_) => error_reply(
             112,
             "WriteConflict error: this operation conflicted with another operation. Please retry \

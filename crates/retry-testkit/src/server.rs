@@ -599,6 +599,7 @@ fn admit(shared: &Shared) -> Option<Connection> {
         auth: ConnectionAuth::default(),
         replies: raw::Replies::default(),
         noted_lsid: Vec::new(),
+        seen_hello: false,
     })
 }
 
@@ -620,6 +621,8 @@ struct Connection {
     /// The plain lsid the raw path noted last in the data store (`raw`), so a connection that
     /// keeps its session does not look it up again.
     noted_lsid: Vec<u8>,
+    /// HS-4: a hello was answered on it (a later one may not carry `client`: 186).
+    seen_hello: bool,
 }
 
 /// The "not writable primary" and "node is recovering" codes a replica-set member's error reply
@@ -1053,17 +1056,39 @@ impl Connection {
             if hello {
                 self.record_handshake(&mut state, command);
             }
-            if !command.contains_key("$db") {
-                return Response::Reply(error_reply(
-                    40571,
-                    "OP_MSG requests require a $db argument",
-                ));
+            match command.get("$db") {
+                None => {
+                    return Response::Reply(error_reply(
+                        40571,
+                        "OP_MSG requests require a $db argument",
+                    ))
+                }
+                Some(Bson::String(_)) => {}
+                // Review7 finding 3: the server reads `$db` with `checkAndGetStringData`, whose
+                // type check is 13111 with this message (the BSON type numbers).
+                Some(other) => {
+                    let message = format!(
+                        "wrong type for field ($db) {} != 2",
+                        other.element_type() as u8
+                    );
+                    return Response::Reply(error_reply(13111, &message));
+                }
             }
             if let Some(refusal) = self.auth.refuse(&state.users, name) {
                 return Response::Reply(refusal);
             }
             if let Some(refusal) = crate::refusals::refusal(&state.role, name, command) {
                 return Response::Reply(refusal);
+            }
+            // HS-4, review7 finding 3: only the first hello of a connection may carry `client`.
+            if hello {
+                if self.seen_hello && command.contains_key("client") {
+                    return Response::Reply(error_reply(
+                        186,
+                        "The client metadata document may only be sent in the first hello",
+                    ));
+                }
+                self.seen_hello = true;
             }
             // SE-17 (review6 finding 8): a replica-set member or mongos takes the command's
             // gossiped `$clusterTime` (refusing a malformed one) before it reads
@@ -1289,7 +1314,8 @@ impl Connection {
             .get_document("client")
             .and_then(|c| c.get_document("application"))
             .and_then(|a| a.get_str("name"));
-        if let Ok(name) = app_name {
+        // The first hello's metadata stays (a later `client` is refused, 186).
+        if let (Ok(name), false) = (app_name, self.seen_hello) {
             self.app_name = Some(name.to_owned());
         }
     }

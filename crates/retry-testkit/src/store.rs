@@ -211,6 +211,27 @@ impl Viewer<'_> {
     }
 }
 
+/// Review7 finding 3: how many levels of nesting a stored document may have, the document itself
+/// counting as one and empty documents and arrays as none (the server's
+/// `BSONDepth::getMaxDepthForUserStorage`, below the 200 it takes in a command).
+pub(crate) const MAX_STORED_DEPTH: usize = 100;
+
+/// Review7 finding 3: whether `document` has more than [`MAX_STORED_DEPTH`] levels of nesting.
+pub(crate) fn too_deep(document: &Document) -> bool {
+    fn deeper(value: &Bson, level: usize) -> bool {
+        match value {
+            Bson::Document(d) if !d.is_empty() => {
+                level >= MAX_STORED_DEPTH || d.values().any(|v| deeper(v, level + 1))
+            }
+            Bson::Array(a) if !a.is_empty() => {
+                level >= MAX_STORED_DEPTH || a.iter().any(|v| deeper(v, level + 1))
+            }
+            _ => false,
+        }
+    }
+    document.values().any(|v| deeper(v, 1))
+}
+
 /// The `_id` of a stored document (every stored document has one).
 fn id_of(document: &Document) -> Bson {
     document.get("_id").cloned().unwrap_or(Bson::Null)
@@ -280,6 +301,9 @@ pub(crate) enum QueryError {
     CursorMismatch(i32, String),
     /// TK-15: the write touches a document another transaction in progress changed (112).
     WriteConflict,
+    /// Review7 finding 3: an update would store a document nested deeper than
+    /// [`MAX_STORED_DEPTH`] (Overflow, 15).
+    TooDeep,
     /// TK-15 (review7 finding 1): a write outside any transaction touches a document the
     /// transaction in progress of this session (lsid bytes) changed: it waits until that ends.
     Blocked(Vec<u8>),
@@ -630,6 +654,10 @@ impl Store {
             };
             let before = document.clone();
             apply_update(document, update).map_err(unsupported)?;
+            if too_deep(document) {
+                *document = before;
+                return Err(QueryError::TooDeep);
+            }
             outcome.matched += 1;
             let changed = *document != before;
             outcome.modified += usize::from(changed);
@@ -640,6 +668,9 @@ impl Store {
         if outcome.matched == 0 && upsert {
             let mut document = upsert_seed(filter);
             apply_update(&mut document, update).map_err(unsupported)?;
+            if too_deep(&document) {
+                return Err(QueryError::TooDeep);
+            }
             if !document.contains_key("_id") {
                 document.insert("_id", ObjectId::new());
             }

@@ -11,6 +11,7 @@ pub(super) mod kind {
     pub(in crate::server) const DOUBLE: u8 = 0x01;
     pub(in crate::server) const STRING: u8 = 0x02;
     pub(in crate::server) const DOCUMENT: u8 = 0x03;
+    pub(in crate::server) const ARRAY: u8 = 0x04;
     pub(in crate::server) const BINARY: u8 = 0x05;
     pub(in crate::server) const BOOLEAN: u8 = 0x08;
     pub(in crate::server) const INT32: u8 = 0x10;
@@ -112,7 +113,7 @@ impl<'a> Elements<'a> {
         let size = match kind {
             kind::DOUBLE | 0x09 | 0x11 | kind::INT64 => 8,
             kind::STRING => 4 + length()?,
-            kind::DOCUMENT | 0x04 => length()?,
+            kind::DOCUMENT | kind::ARRAY => length()?,
             kind::BINARY => 5 + length()?,
             0x07 => 12,
             kind::BOOLEAN => 1,
