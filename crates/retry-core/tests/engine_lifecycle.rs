@@ -80,18 +80,7 @@ impl Net {
                         let Some(request) = message else { continue };
                         self.sent.push((conn, request.body.clone()));
                         if let Some(body) = (self.script)(address, &request.body) {
-                            let reply = OpMsg {
-                                request_id: 0,
-                                response_to: request.request_id,
-                                flags: MsgFlags::NONE,
-                                body,
-                                sequences: Vec::new(),
-                            };
-                            let mut bytes = Vec::new();
-                            reply
-                                .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut bytes)
-                                .expect("encodable");
-                            replies.push((conn, bytes));
+                            replies.push((conn, encode_reply(request.request_id, body)));
                         }
                     }
                 }
@@ -208,6 +197,23 @@ fn member_hello(address: &ServerAddress, hosts: &[&str]) -> Document {
     reply
 }
 
+/// A mongos whose first command fails with an overload error (462, with both labels: BP-1,
+/// BP-2) and whose later commands get `then`.
+fn overloaded_once(then: Document) -> Script {
+    let mut failures = 1;
+    Box::new(move |_, body| {
+        if is_hello(body) {
+            return Some(mongos_hello());
+        }
+        if failures > 0 {
+            failures -= 1;
+            return Some(doc! { "ok": 0, "code": 462, "errmsg": "overloaded",
+            "errorLabels": ["SystemOverloadedError", "RetryableError"] });
+        }
+        Some(then.clone())
+    })
+}
+
 fn mongos_hello() -> Document {
     doc! { "ok": 1, "helloOk": true, "isWritablePrimary": true, "msg": "isdbgrid",
     "maxWireVersion": 25, "minWireVersion": 0, "logicalSessionTimeoutMinutes": 30, "connectionId": 42 }
@@ -317,18 +323,7 @@ fn an_unbuildable_handshake_is_an_engine_error_with_its_cause() {
 /// attempt's before `OperationFinished`.
 #[test]
 fn bp27_checked_in_comes_before_retry_scheduled_and_operation_finished() {
-    let mut failures = 1;
-    let script: Script = Box::new(move |_, body| {
-        if is_hello(body) {
-            return Some(mongos_hello());
-        }
-        if failures > 0 {
-            failures -= 1;
-            return Some(doc! { "ok": 0, "code": 462, "errmsg": "overloaded",
-            "errorLabels": ["SystemOverloadedError", "RetryableError"] });
-        }
-        Some(doc! { "ok": 1 })
-    });
+    let script = overloaded_once(doc! { "ok": 1 });
     let settings = TopologySettings::new(vec![address("m1")]);
     let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
     let op = net.start(read(ReadPreferenceMode::Primary));
@@ -438,18 +433,9 @@ fn close_fails_every_operation_once_and_publishes_the_closing_events() {
 /// handshake's `connectionId`; none for handshakes and heartbeats.
 #[test]
 fn ev1_ev2_each_attempt_publishes_one_started_and_one_closing_command_event() {
-    let mut failures = 1;
-    let script: Script = Box::new(move |_, body| {
-        if is_hello(body) {
-            return Some(mongos_hello());
-        }
-        if failures > 0 {
-            failures -= 1;
-            return Some(doc! { "ok": 0, "code": 462, "errmsg": "overloaded",
-            "errorLabels": ["SystemOverloadedError", "RetryableError"] });
-        }
-        Some(doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } })
-    });
+    let script = overloaded_once(
+        doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } },
+    );
     let settings = TopologySettings::new(vec![address("m1")]);
     let mut options = EngineOptions::new(settings, handshake());
     options.command_monitoring = true;
@@ -540,9 +526,16 @@ fn command_events(net: &Net) -> Vec<CommandEvent> {
 
 /// Delivers `body` as the reply to `request_id` on `conn` at the net's current time.
 fn reply_to(net: &mut Net, conn: ConnId, request_id: i32, body: Document) {
+    let bytes = encode_reply(request_id, body);
+    net.engine.handle_bytes(conn, &bytes, net.now);
+    net.drain();
+}
+
+/// `body` as an OP_MSG reply to the request `response_to`.
+fn encode_reply(response_to: i32, body: Document) -> Vec<u8> {
     let reply = OpMsg {
         request_id: 0,
-        response_to: request_id,
+        response_to,
         flags: MsgFlags::NONE,
         body,
         sequences: Vec::new(),
@@ -551,8 +544,7 @@ fn reply_to(net: &mut Net, conn: ConnId, request_id: i32, body: Document) {
     reply
         .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut bytes)
         .expect("encodable");
-    net.engine.handle_bytes(conn, &bytes, net.now);
-    net.drain();
+    bytes
 }
 
 /// EV-1, EV-2: durations are exact in virtual time, from the write to the failure (a closed
@@ -783,18 +775,7 @@ fn mo14_a_cancelled_retry_check_is_not_reported_again() {
 #[test]
 fn filtered_event_families_are_not_published_and_change_no_transmit() {
     let run = |families: EventFamilies| {
-        let mut failures = 1;
-        let script: Script = Box::new(move |_, body| {
-            if is_hello(body) {
-                return Some(mongos_hello());
-            }
-            if failures > 0 {
-                failures -= 1;
-                return Some(doc! { "ok": 0, "code": 462, "errmsg": "overloaded",
-                "errorLabels": ["SystemOverloadedError", "RetryableError"] });
-            }
-            Some(doc! { "ok": 1 })
-        });
+        let script = overloaded_once(doc! { "ok": 1 });
         let settings = TopologySettings::new(vec![address("m1"), address("m2")]);
         let mut options = EngineOptions::new(settings, handshake()).with_events(families);
         options.seed = 7;
