@@ -2,8 +2,10 @@
 //! (BP-27, item 3) and `Engine::close` (item 5), on a small in-memory network of scripted servers:
 //! replies arrive at once, time moves only to the engine's next timer, every loop is bounded.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::error::Error as _;
+use std::rc::Rc;
 
 use bson::{doc, oid::ObjectId, Document};
 use retry_core::address::ServerAddress;
@@ -214,6 +216,26 @@ fn overloaded_once(then: Document) -> Script {
     })
 }
 
+/// Members `a` and `b` of the replica set `rs`, with the settings to discover them: the hellos
+/// list both until the returned switch is set, then `a` only (a reconfig that removes `b`);
+/// every other command gets `answer`'s reply for the member it reached.
+fn set_that_removes_b(
+    answer: impl Fn(&ServerAddress) -> Option<Document> + 'static,
+) -> (Rc<Cell<bool>>, Script, TopologySettings) {
+    let removed = Rc::new(Cell::new(false));
+    let gone = removed.clone();
+    let script: Script = Box::new(move |address, body| {
+        if is_hello(body) {
+            let hosts: &[&str] = if gone.get() { &["a"] } else { &["a", "b"] };
+            return Some(member_hello(address, hosts));
+        }
+        answer(address)
+    });
+    let mut settings = TopologySettings::new(vec![address("a"), address("b")]);
+    settings.replica_set = Some("rs".into());
+    (removed, script, settings)
+}
+
 fn mongos_hello() -> Document {
     doc! { "ok": 1, "helloOk": true, "isWritablePrimary": true, "msg": "isdbgrid",
     "maxWireVersion": 25, "minWireVersion": 0, "logicalSessionTimeoutMinutes": 30, "connectionId": 42 }
@@ -224,19 +246,11 @@ fn mongos_hello() -> Document {
 /// retry runs on the primary; the operation finishes exactly once.
 #[test]
 fn a_read_in_flight_on_a_member_the_reconfig_removes_finishes_once_by_its_retry() {
-    let removed = std::rc::Rc::new(std::cell::Cell::new(false));
-    let gone = removed.clone();
-    let script: Script = Box::new(move |address, body| {
-        if is_hello(body) {
-            let hosts: &[&str] = if gone.get() { &["a"] } else { &["a", "b"] };
-            return Some(member_hello(address, hosts));
-        }
-        // b never answers: the read stays in flight there.
+    // b never answers: the read stays in flight there.
+    let (removed, script, settings) = set_that_removes_b(|address| {
         (address.host() == "a")
             .then(|| doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } })
     });
-    let mut settings = TopologySettings::new(vec![address("a"), address("b")]);
-    settings.replica_set = Some("rs".into());
     let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
     let op = net.start(read(ReadPreferenceMode::SecondaryPreferred));
     let started_on_b = net.events.iter().any(|e| {
@@ -266,17 +280,7 @@ fn a_read_in_flight_on_a_member_the_reconfig_removes_finishes_once_by_its_retry(
 /// connection is closed under it; both go through the retry rules and end exactly once.
 #[test]
 fn a_checkout_on_a_server_that_leaves_fails_and_the_operation_ends_once() {
-    let removed = std::rc::Rc::new(std::cell::Cell::new(false));
-    let gone = removed.clone();
-    let script: Script = Box::new(move |address, body| {
-        if is_hello(body) {
-            let hosts: &[&str] = if gone.get() { &["a"] } else { &["a", "b"] };
-            return Some(member_hello(address, hosts));
-        }
-        None
-    });
-    let mut settings = TopologySettings::new(vec![address("a"), address("b")]);
-    settings.replica_set = Some("rs".into());
+    let (removed, script, mut settings) = set_that_removes_b(|_| None);
     // One connection per pool: the second read on b waits in b's queue.
     settings.pool.max_pool_size = 1;
     let mut net = Net::new(EngineOptions::new(settings, handshake()), script);

@@ -499,6 +499,14 @@ fn write_target(
     Ok((format!("{db}.{collection}"), documents_of(request, field)?))
 }
 
+/// The first field of `statement` that is not one of `allowed`.
+fn field_not_in<'a>(statement: &'a Document, allowed: &[&str]) -> Option<&'a str> {
+    statement
+        .keys()
+        .map(String::as_str)
+        .find(|k| !allowed.contains(k))
+}
+
 /// The documents of array `field`, from the body or from a kind-1 sequence of that name.
 fn documents_of(request: &OpMsg, field: &str) -> Result<Vec<Document>, Document> {
     let mut documents = Vec::new();
@@ -595,10 +603,7 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     };
     let (mut n, mut modified, mut upserted) = (0, 0, Vec::new());
     for (index, statement) in statements.iter().enumerate() {
-        if let Some(field) = statement
-            .keys()
-            .find(|k| !["q", "u", "multi", "upsert"].contains(&k.as_str()))
-        {
+        if let Some(field) = field_not_in(statement, &["q", "u", "multi", "upsert"]) {
             return unsupported_reply(&format!("update statement field {field}"));
         }
         let (Ok(filter), Ok(update)) = (statement.get_document("q"), statement.get_document("u"))
@@ -644,10 +649,7 @@ fn delete(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     };
     let mut n = 0;
     for statement in &statements {
-        if let Some(field) = statement
-            .keys()
-            .find(|k| !["q", "limit"].contains(&k.as_str()))
-        {
+        if let Some(field) = field_not_in(statement, &["q", "limit"]) {
             return unsupported_reply(&format!("delete statement field {field}"));
         }
         let Ok(filter) = statement.get_document("q") else {
