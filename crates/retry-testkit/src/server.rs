@@ -772,6 +772,22 @@ fn add_write_concern_error(
     }
 }
 
+/// TK-6: starts the retryable write `key` in its session, or the 225 (TransactionTooOld) reply
+/// when the session already used a higher `txnNumber`.
+fn begin_write(state: &State, key: &WriteKey) -> Option<Response> {
+    if state.data.lock().begin_write(key) {
+        return None;
+    }
+    Some(Response::Reply(error_reply(
+        225,
+        &format!(
+            "Cannot start transaction {} on session because a newer transaction has already \
+             started",
+            key.txn_number
+        ),
+    )))
+}
+
 /// TK-5, TK-11: a retryable `update` / `delete` of several statements, statement by statement:
 /// a statement already done (same lsid, txnNumber, stmtId = the command's + its index) is not run
 /// again, each other one fires `onPrimaryTransactionalWrite` on its own, and the replies are
@@ -783,15 +799,8 @@ fn statement_writes(
     key: &WriteKey,
     statements: Vec<OpMsg>,
 ) -> Result<Response, Vec<u8>> {
-    if !state.data.lock().begin_write(key) {
-        return Ok(Response::Reply(error_reply(
-            225,
-            &format!(
-                "Cannot start transaction {} on session because a newer transaction has \
-                 already started",
-                key.txn_number
-            ),
-        )));
+    if let Some(refusal) = begin_write(state, key) {
+        return Ok(refusal);
     }
     let ordered = crate::commands::ordered(&statements[0].body);
     let (mut n, mut modified) = (0_i64, 0_i64);
@@ -1206,15 +1215,8 @@ impl Connection {
             return Ok(Response::Reply(reply));
         }
         if let Some(key) = &write_key {
-            if !state.data.lock().begin_write(key) {
-                return Ok(Response::Reply(error_reply(
-                    225,
-                    &format!(
-                        "Cannot start transaction {} on session because a newer transaction has \
-                         already started",
-                        key.txn_number
-                    ),
-                )));
+            if let Some(refusal) = begin_write(&state, key) {
+                return Ok(refusal);
             }
         }
         let mut close_after_commit = false;
