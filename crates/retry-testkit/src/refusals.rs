@@ -75,15 +75,8 @@ pub(crate) const READ_PREFERENCE_MODES: [&str; 5] = [
 /// - a hello's `client` not a document, `compression` not an array of strings: TypeMismatch (14,
 ///   the hello command's IDL types).
 pub(crate) fn generic_field_refusal(name: &str, command: &Document) -> Option<Document> {
-    let wrong_type = |field: &str, value: &Bson, expected: &str| {
-        Some(error_reply(
-            14,
-            &format!(
-                "BSON field '{field}' is the wrong type '{}', expected type '{expected}'",
-                type_name(value)
-            ),
-        ))
-    };
+    let wrong_type =
+        |field: &str, value: &Bson, expected: &str| Some(wrong_type(field, value, expected));
     let version = command.get("apiVersion");
     if let Some(value) = version.filter(|v| !matches!(v, Bson::String(_))) {
         return wrong_type("apiVersion", value, "string");
@@ -97,7 +90,7 @@ pub(crate) fn generic_field_refusal(name: &str, command: &Document) -> Option<Do
                 ))
             }
             Some(Bson::Boolean(_)) | None => {}
-            Some(value) => return wrong_type(field, value, "bool"),
+            Some(value) => return wrong_type(field, value, "boolean"),
         }
     }
     if version.is_some_and(|v| v.as_str() != Some("1")) {
@@ -347,6 +340,22 @@ fn read_concern_refusal(value: &Bson) -> Option<Document> {
                     &format!("BSON field 'readConcern.{field}' is an unknown field."),
                 ))
             }
+        }
+    }
+    // Review7 finding 3: `atClusterTime` goes with neither `afterClusterTime` nor a level other
+    // than snapshot (InvalidOptions 72, the review's reading of the server; messages unverified).
+    if read_concern.contains_key("atClusterTime") {
+        if read_concern.contains_key("afterClusterTime") {
+            return Some(error_reply(
+                72,
+                "Can not specify both afterClusterTime and atClusterTime",
+            ));
+        }
+        if read_concern.get_str("level").ok() != Some("snapshot") {
+            return Some(error_reply(
+                72,
+                "readConcern.atClusterTime field is only compatible with snapshot readConcern level",
+            ));
         }
     }
     None
@@ -754,5 +763,35 @@ mod tests {
         let ahead = find(Bson::Document(doc! { "afterClusterTime": at(4) }));
         assert_eq!(code(after_cluster_time_refusal(&ahead, at(3))), Some(72));
         assert_eq!(code(after_cluster_time_refusal(&ahead, at(4))), None);
+    }
+
+    /// SE-21, review7 finding 3: `atClusterTime` only with the snapshot level and never with
+    /// `afterClusterTime` (InvalidOptions, 72).
+    #[test]
+    fn se21_review7_f3_at_cluster_time_needs_snapshot_and_no_after_cluster_time() {
+        let at = bson::Timestamp {
+            time: 1,
+            increment: 1,
+        };
+        let refused = |rc: Document| {
+            code(refusal(
+                &Role::Mongos,
+                "find",
+                &doc! { "find": "c", "readConcern": rc },
+            ))
+        };
+        assert_eq!(
+            refused(doc! { "level": "snapshot", "atClusterTime": at }),
+            None
+        );
+        assert_eq!(
+            refused(doc! { "level": "majority", "atClusterTime": at }),
+            Some(72)
+        );
+        assert_eq!(refused(doc! { "atClusterTime": at }), Some(72));
+        assert_eq!(
+            refused(doc! { "level": "snapshot", "atClusterTime": at, "afterClusterTime": at }),
+            Some(72)
+        );
     }
 }
