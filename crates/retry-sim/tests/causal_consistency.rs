@@ -111,8 +111,8 @@ fn se21_writes_and_a_snapshot_transaction_carry_after_cluster_time() {
     let mut sim = Sim::new(vec![(address("m"), server)], |_| {});
     let session = sim.engine.start_session();
     let run = |sim: &mut Sim, command: Document, kind| {
-        let mut request = OperationRequest::new("test", command, kind, SelectionCriteria::Write);
-        request.session = Some(session);
+        let request = OperationRequest::new("test", command, kind, SelectionCriteria::Write)
+            .with_session(session);
         let op = sim.start_request(request);
         let _ = sim.run(op);
     };
