@@ -275,12 +275,7 @@ fn a_draining_connection_is_not_lent_until_its_reply() {
 fn cs_5_a_drained_connection_without_a_reply_by_the_deadline_is_closed() {
     let mut sim = cluster(hedging_config(3, "0s"), 7);
     let start = sim.now;
-    let mut request = OperationRequest::new(
-        "test",
-        doc! { "find": "c" },
-        OperationKind::Read,
-        retry_sim::primary(),
-    );
+    let mut request = retry_sim::read_request(doc! { "find": "c" });
     request.timeout = OperationTimeout::from_timeout_ms(start, Duration::from_millis(200));
     let op = sim.start_request(request);
     assert_eq!(sim.run(op).unwrap().get_str("server").ok(), Some("m3"));
@@ -332,13 +327,7 @@ fn only_reads_in_implicit_sessions_are_hedged() {
     .unwrap();
     let mut sim = cluster(config, 7);
     let session = sim.engine.start_session();
-    let mut request = OperationRequest::new(
-        "test",
-        doc! { "find": "c" },
-        OperationKind::Read,
-        retry_sim::primary(),
-    );
-    request.session = Some(session);
+    let request = retry_sim::read_request(doc! { "find": "c" }).with_session(session);
     let explicit = sim.start_request(request);
     sim.run(explicit).unwrap();
     let write = sim.start(

@@ -487,6 +487,26 @@ fn collection_name<'a>(command: &'a Document, field: &str) -> Result<&'a str, Do
         .map_err(|_| error_reply(2, &format!("{field} needs a collection name")))
 }
 
+/// The namespace an `insert`, `update` or `delete` (`command`) on `db` writes to, and the
+/// documents or statements of its array `field`.
+fn write_target(
+    request: &OpMsg,
+    db: &str,
+    command: &str,
+    field: &str,
+) -> Result<(String, Vec<Document>), Document> {
+    let collection = collection_name(&request.body, command)?;
+    Ok((format!("{db}.{collection}"), documents_of(request, field)?))
+}
+
+/// The first field of `statement` that is not one of `allowed`.
+fn field_not_in<'a>(statement: &'a Document, allowed: &[&str]) -> Option<&'a str> {
+    statement
+        .keys()
+        .map(String::as_str)
+        .find(|k| !allowed.contains(k))
+}
+
 /// The documents of array `field`, from the body or from a kind-1 sequence of that name.
 fn documents_of(request: &OpMsg, field: &str) -> Result<Vec<Document>, Document> {
     let mut documents = Vec::new();
@@ -548,15 +568,10 @@ fn count_i32(n: usize) -> i32 {
 
 /// `{insert: coll, documents: [...], ordered}`; a duplicate `_id` is a write error 11000.
 fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
-    let collection = match collection_name(&request.body, "insert") {
-        Ok(c) => c,
+    let (ns, documents) = match write_target(request, db, "insert", "documents") {
+        Ok(target) => target,
         Err(e) => return e,
     };
-    let documents = match documents_of(request, "documents") {
-        Ok(d) => d,
-        Err(e) => return e,
-    };
-    let ns = format!("{db}.{collection}");
     let outcome = match state.store.insert(&ns, documents, ordered(&request.body)) {
         Ok(outcome) => outcome,
         Err(e) => return query_error(e),
@@ -582,21 +597,13 @@ fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
 
 /// `{update: coll, updates: [{q, u, multi, upsert}], ordered}`.
 fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
-    let collection = match collection_name(&request.body, "update") {
-        Ok(c) => c,
+    let (ns, statements) = match write_target(request, db, "update", "updates") {
+        Ok(target) => target,
         Err(e) => return e,
     };
-    let statements = match documents_of(request, "updates") {
-        Ok(d) => d,
-        Err(e) => return e,
-    };
-    let ns = format!("{db}.{collection}");
     let (mut n, mut modified, mut upserted) = (0, 0, Vec::new());
     for (index, statement) in statements.iter().enumerate() {
-        if let Some(field) = statement
-            .keys()
-            .find(|k| !["q", "u", "multi", "upsert"].contains(&k.as_str()))
-        {
+        if let Some(field) = field_not_in(statement, &["q", "u", "multi", "upsert"]) {
             return unsupported_reply(&format!("update statement field {field}"));
         }
         let (Ok(filter), Ok(update)) = (statement.get_document("q"), statement.get_document("u"))
@@ -636,21 +643,13 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
 
 /// `{delete: coll, deletes: [{q, limit}], ordered}`.
 fn delete(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
-    let collection = match collection_name(&request.body, "delete") {
-        Ok(c) => c,
+    let (ns, statements) = match write_target(request, db, "delete", "deletes") {
+        Ok(target) => target,
         Err(e) => return e,
     };
-    let statements = match documents_of(request, "deletes") {
-        Ok(d) => d,
-        Err(e) => return e,
-    };
-    let ns = format!("{db}.{collection}");
     let mut n = 0;
     for statement in &statements {
-        if let Some(field) = statement
-            .keys()
-            .find(|k| !["q", "limit"].contains(&k.as_str()))
-        {
+        if let Some(field) = field_not_in(statement, &["q", "limit"]) {
             return unsupported_reply(&format!("delete statement field {field}"));
         }
         let Ok(filter) = statement.get_document("q") else {
@@ -1196,7 +1195,7 @@ fn get_more(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     // A real server's IDL takes the id as a long only (review6 finding 4).
     let id = match command.get("getMore") {
         Some(Bson::Int64(id)) => *id,
-        Some(other) => return long_expected("getMore.getMore", other),
+        Some(other) => return crate::refusals::wrong_type("getMore.getMore", other, "long"),
         None => return error_reply(2, "getMore needs a cursor id"),
     };
     let Ok(collection) = command.get_str("collection") else {
@@ -1224,7 +1223,13 @@ fn kill_cursors(state: &mut Context<'_>, db: &str, command: &Document) -> Docume
     for (index, id) in cursors.iter().enumerate() {
         match id {
             Bson::Int64(id) => ids.push(*id),
-            other => return long_expected(&format!("killCursors.cursors.{index}"), other),
+            other => {
+                return crate::refusals::wrong_type(
+                    &format!("killCursors.cursors.{index}"),
+                    other,
+                    "long",
+                )
+            }
         }
     }
     let (killed, not_found) =
@@ -1475,17 +1480,6 @@ fn query_error(error: QueryError) -> Document {
              your operation or multi-document transaction.",
         ),
     }
-}
-
-/// A real server's TypeMismatch (14) for a cursor id that is not a long.
-fn long_expected(field: &str, value: &Bson) -> Document {
-    error_reply(
-        14,
-        &format!(
-            "BSON field '{field}' is the wrong type '{}', expected type 'long'",
-            crate::refusals::type_name(value)
-        ),
-    )
 }
 
 /// `batchSize`, or `default` when absent; `None` when present but not a non-negative integer.

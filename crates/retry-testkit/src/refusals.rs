@@ -61,14 +61,7 @@ pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Doc
     }
     if let Some(number) = command.get("txnNumber") {
         if !matches!(number, Bson::Int64(_)) {
-            return Some(error_reply(
-                14,
-                &format!(
-                    "BSON field 'OperationSessionInfo.txnNumber' is the wrong type '{}', \
-                     expected type 'long'",
-                    type_name(number)
-                ),
-            ));
+            return Some(wrong_type("OperationSessionInfo.txnNumber", number, "long"));
         }
         if !command.contains_key("lsid") {
             return Some(error_reply(
@@ -137,16 +130,7 @@ fn transaction_refusal(name: &str, command: &Document) -> Option<Document> {
                 "Specifying autocommit=true is not allowed.",
             ))
         }
-        Some(other) => {
-            return Some(error_reply(
-                14,
-                &format!(
-                    "BSON field 'OperationSessionInfo.autocommit' is the wrong type '{}', \
-                     expected type 'bool'",
-                    type_name(other)
-                ),
-            ))
-        }
+        Some(other) => return Some(wrong_type("OperationSessionInfo.autocommit", other, "bool")),
     }
     if !command.contains_key("txnNumber") {
         return Some(error_reply(
@@ -164,13 +148,10 @@ fn transaction_refusal(name: &str, command: &Document) -> Option<Document> {
             ))
         }
         Some(other) => {
-            return Some(error_reply(
-                14,
-                &format!(
-                    "BSON field 'OperationSessionInfo.startTransaction' is the wrong type '{}', \
-                     expected type 'bool'",
-                    type_name(other)
-                ),
+            return Some(wrong_type(
+                "OperationSessionInfo.startTransaction",
+                other,
+                "bool",
             ))
         }
     };
@@ -238,13 +219,7 @@ const READ_CONCERN_LEVELS: [&str; 5] =
 /// the wrong type, an unknown field or level.
 fn read_concern_refusal(value: &Bson) -> Option<Document> {
     let Bson::Document(read_concern) = value else {
-        return Some(error_reply(
-            14,
-            &format!(
-                "BSON field 'readConcern' is the wrong type '{}', expected type 'object'",
-                type_name(value)
-            ),
-        ));
+        return Some(wrong_type("readConcern", value, "object"));
     };
     for (field, value) in read_concern {
         match (field.as_str(), value) {
@@ -263,14 +238,7 @@ fn read_concern_refusal(value: &Bson) -> Option<Document> {
                 } else {
                     "timestamp"
                 };
-                return Some(error_reply(
-                    14,
-                    &format!(
-                        "BSON field 'readConcern.{field}' is the wrong type '{}', expected type \
-                         '{expected}'",
-                        type_name(other)
-                    ),
-                ));
+                return Some(wrong_type(&format!("readConcern.{field}"), other, expected));
             }
             (field, _) => {
                 return Some(error_reply(
@@ -283,19 +251,24 @@ fn read_concern_refusal(value: &Bson) -> Option<Document> {
     None
 }
 
+/// TypeMismatch (14): the BSON field `field` holds `value`, not a value of type `expected`.
+pub(crate) fn wrong_type(field: &str, value: &Bson, expected: &str) -> Document {
+    error_reply(
+        14,
+        &format!(
+            "BSON field '{field}' is the wrong type '{}', expected type '{expected}'",
+            type_name(value)
+        ),
+    )
+}
+
 /// SE-3 (review6 finding 9): a real server parses `lsid` strictly: a document whose `id` is a
 /// UUID (binary subtype 4: else TypeMismatch 14) of 16 bytes (else InvalidUUID 207), with no
 /// field besides `id` and the server's internal ones (`uid`, `txnNumber`, `txnUUID`; else
 /// 40415); a missing `id` is 40414.
 fn lsid_refusal(lsid: &Bson) -> Option<Document> {
     let Bson::Document(lsid) = lsid else {
-        return Some(error_reply(
-            14,
-            &format!(
-                "BSON field 'lsid' is the wrong type '{}', expected type 'object'",
-                type_name(lsid)
-            ),
-        ));
+        return Some(wrong_type("lsid", lsid, "object"));
     };
     if let Some(field) = lsid
         .keys()
@@ -323,13 +296,7 @@ fn lsid_refusal(lsid: &Bson) -> Option<Document> {
                 id.subtype
             ),
         )),
-        Some(other) => Some(error_reply(
-            14,
-            &format!(
-                "BSON field 'lsid.id' is the wrong type '{}', expected type 'binData'",
-                type_name(other)
-            ),
-        )),
+        Some(other) => Some(wrong_type("lsid.id", other, "binData")),
     }
 }
 

@@ -761,6 +761,22 @@ fn add_write_concern_error(
     }
 }
 
+/// TK-6: starts the retryable write `key` in its session, or the 225 (TransactionTooOld) reply
+/// when the session already used a higher `txnNumber`.
+fn begin_write(state: &State, key: &WriteKey) -> Option<Response> {
+    if state.data.lock().begin_write(key) {
+        return None;
+    }
+    Some(Response::Reply(error_reply(
+        225,
+        &format!(
+            "Cannot start transaction {} on session because a newer transaction has already \
+             started",
+            key.txn_number
+        ),
+    )))
+}
+
 /// TK-5, TK-11: a retryable `update` / `delete` of several statements, statement by statement:
 /// a statement already done (same lsid, txnNumber, stmtId = the command's + its index) is not run
 /// again, each other one fires `onPrimaryTransactionalWrite` on its own, and the replies are
@@ -772,15 +788,8 @@ fn statement_writes(
     key: &WriteKey,
     statements: Vec<OpMsg>,
 ) -> Response {
-    if !state.data.lock().begin_write(key) {
-        return Response::Reply(error_reply(
-            225,
-            &format!(
-                "Cannot start transaction {} on session because a newer transaction has \
-                 already started",
-                key.txn_number
-            ),
-        ));
+    if let Some(refusal) = begin_write(state, key) {
+        return refusal;
     }
     let ordered = crate::commands::ordered(&statements[0].body);
     let (mut n, mut modified) = (0_i64, 0_i64);
@@ -1121,15 +1130,8 @@ impl Connection {
             return Response::Reply(reply);
         }
         if let Some(key) = &write_key {
-            if !state.data.lock().begin_write(key) {
-                return Response::Reply(error_reply(
-                    225,
-                    &format!(
-                        "Cannot start transaction {} on session because a newer transaction has \
-                         already started",
-                        key.txn_number
-                    ),
-                ));
+            if let Some(refusal) = begin_write(&state, key) {
+                return refusal;
             }
         }
         let mut close_after_commit = false;

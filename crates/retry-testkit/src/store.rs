@@ -983,6 +983,17 @@ mod tests {
         router: false,
     };
 
+    /// Sets `x` to `x` in the `db.c` documents `filter` matches (`multi`: all of them).
+    fn set_x(
+        store: &mut Store,
+        filter: Document,
+        x: i32,
+        multi: bool,
+        upsert: bool,
+    ) -> Result<UpdateOutcome, QueryError> {
+        store.update("db.c", &filter, &doc! { "$set": { "x": x } }, multi, upsert)
+    }
+
     fn store_with(n: i32) -> Store {
         let mut store = Store::default();
         let docs = (0..n)
@@ -1084,35 +1095,11 @@ mod tests {
     #[test]
     fn update_delete_upsert() {
         let mut store = store_with(4);
-        let one = store
-            .update(
-                "db.c",
-                &doc! { "even": true },
-                &doc! { "$set": { "x": 1 } },
-                false,
-                false,
-            )
-            .unwrap();
+        let one = set_x(&mut store, doc! { "even": true }, 1, false, false).unwrap();
         assert_eq!((one.matched, one.modified, one.upserted), (1, 1, None));
-        let many = store
-            .update(
-                "db.c",
-                &doc! { "even": true },
-                &doc! { "$set": { "x": 1 } },
-                true,
-                false,
-            )
-            .unwrap();
+        let many = set_x(&mut store, doc! { "even": true }, 1, true, false).unwrap();
         assert_eq!((many.matched, many.modified), (2, 1));
-        let up = store
-            .update(
-                "db.c",
-                &doc! { "_id": 9 },
-                &doc! { "$set": { "x": 2 } },
-                false,
-                true,
-            )
-            .unwrap();
+        let up = set_x(&mut store, doc! { "_id": 9 }, 2, false, true).unwrap();
         assert_eq!(up.upserted, Some(Bson::Int32(9)));
         assert_eq!(
             store.delete("db.c", &doc! { "x": 1 }, false).unwrap().len(),
@@ -1162,14 +1149,7 @@ mod tests {
         let mut store = store_with(2);
         in_transaction(&mut store, S1, 1, true, |s| {
             s.insert("db.c", vec![doc! { "_id": 10 }], true).unwrap();
-            s.update(
-                "db.c",
-                &doc! { "_id": 0 },
-                &doc! { "$set": { "x": 1 } },
-                false,
-                false,
-            )
-            .unwrap();
+            set_x(s, doc! { "_id": 0 }, 1, false, false).unwrap();
             s.delete("db.c", &doc! { "_id": 1 }, false).unwrap();
         });
         assert_eq!(
@@ -1208,13 +1188,7 @@ mod tests {
             Err(QueryError::WriteConflict)
         );
         let conflict = in_transaction(&mut store, S2, 1, true, |s| {
-            s.update(
-                "db.c",
-                &doc! { "_id": 0 },
-                &doc! { "$set": { "x": 1 } },
-                false,
-                true,
-            )
+            set_x(s, doc! { "_id": 0 }, 1, false, true)
         });
         assert_eq!(conflict, Err(QueryError::WriteConflict));
         assert_eq!(
@@ -1239,14 +1213,7 @@ mod tests {
     fn tk15_snapshot_reads_and_conflicts_with_later_commits() {
         let mut store = store_with(1);
         in_transaction(&mut store, S1, 1, true, |s| {
-            s.update(
-                "db.c",
-                &doc! { "_id": 0 },
-                &doc! { "$set": { "x": 1 } },
-                false,
-                false,
-            )
-            .unwrap();
+            set_x(s, doc! { "_id": 0 }, 1, false, false).unwrap();
         });
         let seen = in_transaction(&mut store, S2, 1, true, |s| {
             s.matching("db.c", &doc! { "x": 1 })

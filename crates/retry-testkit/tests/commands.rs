@@ -455,12 +455,9 @@ async fn mongoses_share_one_data_store() {
 #[tokio::test]
 async fn on_primary_transactional_write() {
     bounded(async {
-        let members = TestServer::start_replica_set("rs0", 1, ServerConfig::default())
-            .await
-            .expect("replica set starts");
-        let address = members[0].address();
-        let handle = members[0].handle();
-        let mut client = RawClient::connect(address).await.unwrap();
+        let (primary, mut client) = start_primary().await;
+        let address = primary.address();
+        let handle = primary.handle();
         let set = |mode: Bson, data: Document| {
             doc! { "configureFailPoint": "onPrimaryTransactionalWrite", "mode": mode,
             "data": data, "$db": "admin" }
@@ -502,9 +499,7 @@ async fn on_primary_transactional_write() {
             "the retry commits: {retry}"
         );
         assert_eq!(handle.documents("db.c").len(), 2);
-        for member in members {
-            member.shutdown().await;
-        }
+        primary.shutdown().await;
 
         let mongos = TestServer::start_mongoses(1, ServerConfig::default())
             .await
@@ -840,16 +835,13 @@ async fn multi_document_writes_refuse_a_txn_number() {
 #[tokio::test]
 async fn statements_are_deduplicated_and_fire_one_by_one() {
     bounded(async {
-        let members = TestServer::start_replica_set("rs0", 1, ServerConfig::default())
-            .await
-            .expect("replica set starts");
-        let address = members[0].address();
-        let handle = members[0].handle();
+        let (primary, mut client) = start_primary().await;
+        let address = primary.address();
+        let handle = primary.handle();
         handle.insert(
             "db.c",
             vec![doc! { "_id": 1, "x": 0 }, doc! { "_id": 2, "x": 0 }],
         );
-        let mut client = RawClient::connect(address).await.unwrap();
         let set = doc! {
             "configureFailPoint": "onPrimaryTransactionalWrite", "mode": { "skip": 1 },
             "$db": "admin",
@@ -887,9 +879,7 @@ async fn statements_are_deduplicated_and_fire_one_by_one() {
             (Some(1), Some(1)),
             "nothing ran twice"
         );
-        for member in members {
-            member.shutdown().await;
-        }
+        primary.shutdown().await;
     })
     .await;
 }
