@@ -119,7 +119,8 @@ pub use fail_point::{
 };
 pub use faults::{Fault, FaultConfig, DEFAULT_STALL};
 pub use server::{
-    Handshake, LoggedCommand, ServerHandle, TestServer, INGRESS_RATE_LIMIT_CODE, OVERLOAD_LABELS,
+    Handshake, LoggedCommand, ServerHandle, TestServer, HANDSHAKES_KEPT, INGRESS_RATE_LIMIT_CODE,
+    OVERLOAD_LABELS,
 };
 pub use store::DataStore;
 pub use tls::{ServerCertificate, ServerTls, TestCa};

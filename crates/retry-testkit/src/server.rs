@@ -1,5 +1,6 @@
 //! The server: the listener, one task per connection, and the handle tests use at run time.
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -42,6 +43,10 @@ pub const INGRESS_RATE_LIMIT_CODE: i32 = 462;
 /// BP-3: the labels of an ingress rate-limiter rejection: a retryable overload error (BP-2).
 pub const OVERLOAD_LABELS: [&str; 2] = ["SystemOverloadedError", "RetryableError"];
 
+/// How many of the latest hellos [`ServerHandle::handshakes`] keeps: a server that runs for long
+/// (a soak, a monitor's heartbeats every 10 ms) keeps a bounded record, the older ones dropped.
+pub const HANDSHAKES_KEPT: usize = 1_000;
+
 /// One handshake the server received: a `hello`, `isMaster` or `ismaster` command, as sent.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Handshake {
@@ -75,7 +80,8 @@ pub(crate) struct State {
     /// The data, possibly shared with other servers.
     pub(crate) data: DataStore,
     counters: Counters,
-    handshakes: Vec<(i32, Recorded)>,
+    /// The latest hellos, at most [`HANDSHAKES_KEPT`], oldest first.
+    handshakes: VecDeque<(i32, Recorded)>,
     last_connection_id: i32,
     /// TK-2, TK-16: what the server refused as unknown or unsupported, in order.
     unsupported: Vec<String>,
@@ -94,6 +100,15 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// HS-4: records a hello received on connection `connection_id`, dropping the oldest when
+    /// [`HANDSHAKES_KEPT`] are kept; both paths record through here.
+    pub(crate) fn record_hello(&mut self, connection_id: i32, command: Recorded) {
+        if self.handshakes.len() == HANDSHAKES_KEPT {
+            self.handshakes.pop_front();
+        }
+        self.handshakes.push_back((connection_id, command));
+    }
+
     /// BP-3, BP-15: the ingress limiter's rejection, or `None` when the command is admitted
     /// (the clock is read only when a limiter is set).
     fn ingress_rejection(&mut self) -> Option<Document> {
@@ -234,7 +249,7 @@ impl TestServer {
             faults: config.faults,
             data,
             counters: Counters::default(),
-            handshakes: Vec::new(),
+            handshakes: VecDeque::new(),
             last_connection_id: 0,
             unsupported: Vec::new(),
             services: Vec::new(),
@@ -377,7 +392,8 @@ impl ServerHandle {
         self.shared.lock().counters = Counters::default();
     }
 
-    /// Every handshake received so far, in order.
+    /// The hellos received (handshakes and heartbeats), in order: the latest
+    /// [`HANDSHAKES_KEPT`].
     pub fn handshakes(&self) -> Vec<Handshake> {
         let state = self.shared.lock();
         state
@@ -1218,9 +1234,7 @@ impl Connection {
 
     /// HS-4: records the handshake and remembers `client.application.name` for `appName`.
     fn record_handshake(&mut self, state: &mut State, command: &Document) {
-        state
-            .handshakes
-            .push((self.id, Recorded::Decoded(command.clone())));
+        state.record_hello(self.id, Recorded::Decoded(command.clone()));
         let app_name = command
             .get_document("client")
             .and_then(|c| c.get_document("application"))

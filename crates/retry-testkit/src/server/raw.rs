@@ -375,9 +375,7 @@ impl Connection {
         hot: &Hot<'_>,
         body: &RawDocumentBuf,
     ) -> Answer {
-        state
-            .handshakes
-            .push((self.id, Recorded::Raw(body.clone())));
+        state.record_hello(self.id, Recorded::Raw(body.clone()));
         if let Some(app_name) = hot.app_name {
             if self.app_name.as_deref() != Some(app_name) {
                 self.app_name = Some(app_name.to_owned());
