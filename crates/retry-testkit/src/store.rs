@@ -52,10 +52,12 @@ pub(crate) struct Store {
     /// TK-15: the session (lsid bytes) whose transaction in progress the command now running
     /// belongs to ([`Store::begin_statement`]): its writes go to that transaction's undo log.
     writer: Option<Vec<u8>>,
-    /// TK-15: how many transactions committed (each commit's stamp).
+    /// TK-15: how many commits there were (each commit's stamp): transactions, and writes
+    /// outside any transaction while one is in progress.
     commits: u64,
-    /// TK-15: the undo logs of the transactions committed after a transaction in progress
-    /// started (its snapshot hides them), with their commit stamps, oldest first.
+    /// TK-15: the undo logs of the transactions committed, and of the writes outside any
+    /// transaction made, after a transaction in progress started (its snapshot hides them), with
+    /// their commit stamps, oldest first.
     history: Vec<(u64, Vec<Undo>)>,
     /// Secondary indexes by namespace (`{v, key, name}`), in creation order; `_id_` is implied.
     indexes: BTreeMap<String, Vec<Document>>,
@@ -93,16 +95,19 @@ pub(crate) struct WriteKey {
 /// TK-15 (review6 finding 3): a session's transaction: its number, its state, the commits it
 /// started after, and the undo log of the documents it changed. Its writes go into the
 /// collections at once, but nobody else sees them before the commit ([`Store::visible`] shows
-/// others the documents as they were), and it does not see the transactions committed after it
-/// started (snapshot reads; writes outside any transaction are seen at once); another write to a
+/// others the documents as they were), and it does not see what was committed after it started,
+/// by another transaction or by a write outside any (snapshot reads); another write to a
 /// document it changed, or its write to one a transaction committed after its start changed, is
-/// a WriteConflict (112); an abort puts back only the documents it changed.
+/// a WriteConflict (112); an abort puts back only the documents it changed, and drops the
+/// collections it created (left empty by the undo).
 #[derive(Debug)]
 struct Transaction {
     number: i64,
     state: TransactionState,
     start: u64,
     undo: Vec<Undo>,
+    /// The namespaces it created, by a write or `create`.
+    created: Vec<String>,
 }
 
 /// TK-15: a document a transaction changed, as it was before the transaction first changed it
@@ -251,7 +256,7 @@ impl Store {
         if documents.iter().any(|d| self.conflicts(ns, &id_of(d))) {
             return Err(QueryError::WriteConflict);
         }
-        self.collections.entry(ns.into()).or_default();
+        self.ensure_collection(ns);
         let mut outcome = InsertOutcome::default();
         for (index, d) in documents.into_iter().enumerate() {
             let id = id_of(&d);
@@ -316,28 +321,52 @@ impl Store {
         self.hidden().any(|u| u.ns == ns && equal(&u.id, id))
     }
 
-    /// TK-15: the running command's transaction changes the document `id` of `ns` (`before`,
-    /// at `index`): the first change of each document goes into its undo log.
-    fn record(&mut self, ns: &str, id: Bson, before: Option<Document>, index: usize) {
-        let Some(transaction) = self
-            .writer
+    /// Creates `ns` if it does not exist (as a write or `create` does); a collection the running
+    /// command's transaction creates is dropped again if it aborts (TK-15). Whether it was new.
+    fn ensure_collection(&mut self, ns: &str) -> bool {
+        if self.collections.contains_key(ns) {
+            return false;
+        }
+        self.collections.insert(ns.into(), Vec::new());
+        if let Some(transaction) = self.running_transaction() {
+            transaction.created.push(ns.into());
+        }
+        true
+    }
+
+    /// TK-15: the transaction in progress the running command belongs to, if any.
+    fn running_transaction(&mut self) -> Option<&mut Transaction> {
+        self.writer
             .as_ref()
             .and_then(|w| self.transactions.get_mut(w))
             .filter(|t| t.state == TransactionState::InProgress)
-        else {
+    }
+
+    /// TK-15: the running command's transaction changes the document `id` of `ns` (`before`,
+    /// at `index`): the first change of each document goes into its undo log.
+    ///
+    /// A write outside any transaction while transactions are in progress commits at once: it
+    /// gets its own commit stamp in the history, so the snapshots taken before it hide it.
+    fn record(&mut self, ns: &str, id: Bson, before: Option<Document>, index: usize) {
+        let undo = Undo {
+            ns: ns.into(),
+            id,
+            before,
+            index,
+        };
+        let Some(transaction) = self.running_transaction() else {
+            if !self.open.is_empty() {
+                self.commits += 1;
+                self.history.push((self.commits, vec![undo]));
+            }
             return;
         };
         if !transaction
             .undo
             .iter()
-            .any(|u| u.ns == ns && equal(&u.id, &id))
+            .any(|u| u.ns == undo.ns && equal(&u.id, &undo.id))
         {
-            transaction.undo.push(Undo {
-                ns: ns.into(),
-                id,
-                before,
-                index,
-            });
+            transaction.undo.push(undo);
         }
     }
 
@@ -386,7 +415,7 @@ impl Store {
         upsert: bool,
     ) -> Result<UpdateOutcome, QueryError> {
         let targets = self.targets(ns, filter, multi)?;
-        self.collections.entry(ns.into()).or_default();
+        self.ensure_collection(ns);
         let mut outcome = UpdateOutcome::default();
         for index in targets {
             let collection = self.collections.entry(ns.into()).or_default();
@@ -496,6 +525,7 @@ impl Store {
                     state: TransactionState::InProgress,
                     start: self.commits,
                     undo: Vec::new(),
+                    created: Vec::new(),
                 },
             );
             self.prune_history();
@@ -548,11 +578,18 @@ impl Store {
         };
         transaction.state = TransactionState::Aborted;
         self.open.remove(session);
+        let created = core::mem::take(&mut transaction.created);
         for undo in core::mem::take(&mut transaction.undo).iter().rev() {
             if let Some(collection) = self.collections.get_mut(&undo.ns) {
                 restore(collection, undo);
             } else if undo.before.is_some() {
                 restore(self.collections.entry(undo.ns.clone()).or_default(), undo);
+            }
+        }
+        for ns in created {
+            if self.collections.get(&ns).is_some_and(Vec::is_empty) {
+                self.collections.remove(&ns);
+                self.indexes.remove(&ns);
             }
         }
         self.prune_history();
@@ -619,7 +656,7 @@ impl Store {
         key: &Document,
         name: &str,
     ) -> Result<(), (i32, String)> {
-        self.collections.entry(ns.into()).or_default();
+        self.ensure_collection(ns);
         let list = self.indexes.entry(ns.into()).or_default();
         match list.iter().find(|i| i.get_str("name").ok() == Some(name)) {
             Some(existing) if existing.get_document("key").ok() == Some(key) => Ok(()),
@@ -702,6 +739,7 @@ impl Store {
     /// `$out`: `ns` holds exactly `documents` afterwards.
     pub(crate) fn replace_collection(&mut self, ns: &str, documents: Vec<Document>) {
         let added: Vec<Bson> = documents.iter().map(id_of).collect();
+        self.ensure_collection(ns);
         let old = self.collections.insert(ns.into(), documents);
         // TK-15: in a transaction, every old document was removed and every new one added.
         for (index, document) in old.into_iter().flatten().enumerate() {
@@ -715,6 +753,7 @@ impl Store {
     /// `$merge {into}` with the default `whenMatched: "merge"`, `whenNotMatched: "insert"`: a
     /// document with the `_id` of an existing one is merged into it, others are appended.
     pub(crate) fn merge(&mut self, ns: &str, documents: Vec<Document>) {
+        self.ensure_collection(ns);
         for document in documents {
             let target = self.collections.entry(ns.into()).or_default();
             let existing = target
@@ -739,11 +778,7 @@ impl Store {
 
     /// Creates `ns`; `false` when it already exists.
     pub(crate) fn create(&mut self, ns: &str) -> bool {
-        if self.collections.contains_key(ns) {
-            return false;
-        }
-        self.collections.insert(ns.into(), Vec::new());
-        true
+        self.ensure_collection(ns)
     }
 
     /// Drops `ns` and its indexes; `false` when it did not exist.
@@ -1233,6 +1268,50 @@ mod tests {
         assert_eq!(fresh, 1);
         assert_eq!(store.matching("db.c", &doc! { "x": 1 }).unwrap().len(), 1);
     }
+    /// TK-15 (`isolation.json` "one transaction"): a transaction reads from its snapshot: writes
+    /// outside any transaction made after it started (insert, update, delete) stay invisible to
+    /// it, and its own write to a document one of them changed is a WriteConflict (112); everyone
+    /// else sees them at once, and so does a transaction started after them.
+    #[test]
+    fn tk15_snapshot_reads_hide_later_writes_outside_transactions() {
+        let mut store = store_with(3);
+        let snapshot = in_transaction(&mut store, S1, 1, true, |s| {
+            s.matching("db.c", &doc! {}).unwrap()
+        });
+        store
+            .insert("db.c", vec![doc! { "_id": 10 }], true)
+            .unwrap();
+        set_x(&mut store, doc! { "_id": 0 }, 5, false, false).unwrap();
+        store.delete("db.c", &doc! { "_id": 1 }, false).unwrap();
+        assert_eq!(ids(&store), [0, 2, 10], "others see them at once");
+        let seen = in_transaction(&mut store, S1, 1, false, |s| {
+            s.matching("db.c", &doc! {}).unwrap()
+        });
+        assert_eq!(seen, snapshot, "the snapshot as it was");
+        let conflict = in_transaction(&mut store, S1, 1, false, |s| {
+            set_x(s, doc! { "_id": 0 }, 6, false, false)
+        });
+        assert_eq!(conflict, Err(QueryError::WriteConflict));
+        let untouched = in_transaction(&mut store, S1, 1, false, |s| {
+            set_x(s, doc! { "_id": 2 }, 7, false, false)
+        });
+        assert_eq!(
+            untouched.map(|o| o.modified),
+            Ok(1),
+            "no conflict elsewhere"
+        );
+        let later = in_transaction(&mut store, S2, 1, true, |s| {
+            s.matching("db.c", &doc! {}).unwrap().len()
+        });
+        assert_eq!(later, 3, "a later snapshot sees them: 0, 2 and 10");
+        assert_eq!(store.end_transaction(S1, 1, true), Ok(()));
+        assert_eq!(store.end_transaction(S2, 1, true), Ok(()));
+        assert!(
+            store.history.is_empty(),
+            "nothing kept once no transaction is open"
+        );
+    }
+
     /// SE-14, TX-1 (review6 finding 4): a getMore must come from its cursor's session and
     /// transaction, as on a real server (50736..50741; a router's 50799..50804); a refused
     /// getMore leaves the cursor open.
