@@ -5,7 +5,7 @@ use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
 use core::time::Duration;
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
@@ -18,9 +18,10 @@ use retry_core::error::{NetworkCause, NetworkErrorKind, OperationError};
 use retry_core::retry::RetryEvent;
 use retry_core::time::{Instant, OperationTimeout};
 
+use crate::id_map::IdMap;
 use crate::io_error::classify_io_error;
 use crate::runtime::{AsyncTimer, BoxFuture, Runtime, Socket};
-use crate::shared::{lock, RawReply, Shared, Slot};
+use crate::shared::{lock, RawReply, Request, Shared, Slot};
 use crate::srv::SrvPolling;
 
 /// Rounds of work in one poll before the driver yields to its executor (tokio's coop budget and
@@ -56,6 +57,10 @@ struct SocketState {
     /// reused: it is swapped with the engine's transmit buffer, never copied, when it was empty.
     outgoing: Vec<u8>,
     written: usize,
+    /// Its last read returned `Pending` and its runtime has not woken it since: the read waker is
+    /// registered and nothing arrived, so a round that polls it only to write (queued by the
+    /// driver, not woken) does not read again.
+    read_armed: bool,
 }
 
 /// The task that owns the engine. Spawned once per client.
@@ -67,8 +72,11 @@ pub(crate) struct Driver {
     timer_at: Option<Instant>,
     /// The runtime's timer was polled (its waker registered) for `timer_at`.
     timer_armed: bool,
-    sockets: BTreeMap<ConnId, SocketState>,
-    pending: BTreeMap<OpId, Pending>,
+    sockets: IdMap<ConnId, SocketState>,
+    pending: IdMap<OpId, Pending>,
+    /// The requests taken from the client's queue in one round (reused: swapped with the
+    /// queue, so neither allocates again).
+    requests: VecDeque<Request>,
     /// `timeoutMS`, for each operation's CSOT deadline.
     timeout: Option<core::time::Duration>,
     read_buffer: Vec<u8>,
@@ -99,8 +107,9 @@ impl Driver {
             timer,
             timer_at: None,
             timer_armed: false,
-            sockets: BTreeMap::new(),
-            pending: BTreeMap::new(),
+            sockets: IdMap::default(),
+            pending: IdMap::default(),
+            requests: VecDeque::new(),
             timeout,
             read_buffer: vec![0; READ_BUFFER_BYTES],
             transmit: Vec::new(),
@@ -143,7 +152,7 @@ impl Driver {
     /// Starts the operations the client queued. Returns whether there were any, and whether the
     /// client is closing.
     fn take_requests(&mut self, cx: &mut Context<'_>, now: Instant) -> (bool, bool) {
-        let (requests, closing) = {
+        let closing = {
             let mut state = lock(&self.shared.state);
             if !state
                 .driver
@@ -178,30 +187,29 @@ impl Driver {
             if state.requests.is_empty() {
                 return (sessions || cancelled, state.closing);
             }
-            (core::mem::take(&mut state.requests), state.closing)
+            core::mem::swap(&mut state.requests, &mut self.requests);
+            state.closing
         };
-        for request in requests {
-            if request.reply.is_abandoned() {
-                continue;
+        let timeout = match self.timeout {
+            Some(t) => OperationTimeout::from_timeout_ms(now, t),
+            None => OperationTimeout::Off,
+        };
+        while let Some(request) = self.requests.pop_front() {
+            let engine = &mut self.engine;
+            // Not started if its caller gave up on it already; it cannot give up while it starts.
+            let started = request.reply.start(|| {
+                let mut operation = request.operation;
+                operation.timeout = timeout;
+                engine.start_operation(operation, now)
+            });
+            if let Some(op) = started {
+                let pending = Pending {
+                    slot: request.reply,
+                    cursor: None,
+                    address: None,
+                };
+                self.pending.insert(op, pending);
             }
-            let timeout = match self.timeout {
-                Some(t) => OperationTimeout::from_timeout_ms(now, t),
-                None => OperationTimeout::Off,
-            };
-            let mut operation = request.operation;
-            operation.timeout = timeout;
-            let op = self.engine.start_operation(operation, now);
-            if !request.reply.started(op) {
-                // Dropped while it was being started.
-                self.engine.cancel_operation(op, now);
-                continue;
-            }
-            let pending = Pending {
-                slot: request.reply,
-                cursor: None,
-                address: None,
-            };
-            self.pending.insert(op, pending);
         }
         (true, closing)
     }
@@ -219,6 +227,9 @@ impl Driver {
             };
             // Cleared before the poll: a wake from now on queues the socket again.
             socket.ready.queued.store(false, Ordering::Release);
+            if socket.ready.woken.swap(false, Ordering::AcqRel) {
+                socket.read_armed = false;
+            }
             let mut socket_cx = Context::from_waker(&socket.waker);
             if let Link::Connecting(connecting) = &mut socket.link {
                 match connecting.as_mut().poll(&mut socket_cx) {
@@ -226,7 +237,7 @@ impl Driver {
                     Poll::Ready(Ok(stream)) => {
                         socket.link = Link::Open(stream);
                         // Read next round, after the engine has written the handshake.
-                        socket.ready.queue();
+                        socket.ready.enqueue();
                         self.engine.handle_connected(conn, now);
                     }
                     Poll::Ready(Err(error)) => {
@@ -261,9 +272,9 @@ impl Driver {
                     Poll::Ready(Err(error)) => failure = Some(classify_io_error(&error, false)),
                 }
             }
-            let mut read_all = false;
+            let mut read_all = socket.read_armed;
             for _ in 0..READS_PER_ROUND {
-                if failure.is_some() {
+                if failure.is_some() || socket.read_armed {
                     break;
                 }
                 match stream
@@ -272,6 +283,7 @@ impl Driver {
                 {
                     Poll::Pending => {
                         read_all = true;
+                        socket.read_armed = true;
                         break;
                     }
                     Poll::Ready(Ok(0)) => failure = Some(closed_by_peer()),
@@ -289,7 +301,7 @@ impl Driver {
                 self.engine.handle_closed(conn, kind, Some(cause), now);
             } else if !read_all {
                 // Its read budget ran out with bytes left: no waker is armed, poll it again.
-                socket.ready.queue();
+                socket.ready.enqueue();
             }
         }
         self.ids = ids;
@@ -309,9 +321,10 @@ impl Driver {
             let ready = Arc::new(SocketWaker {
                 conn: connect.conn,
                 queued: AtomicBool::new(false),
+                woken: AtomicBool::new(false),
                 sockets: self.ready.clone(),
             });
-            ready.queue();
+            ready.enqueue();
             self.sockets.insert(
                 connect.conn,
                 SocketState {
@@ -320,13 +333,14 @@ impl Driver {
                     ready,
                     outgoing: Vec::new(),
                     written: 0,
+                    read_armed: false,
                 },
             );
         }
         while let Some(conn) = self.engine.poll_transmit(&mut self.transmit) {
             progressed = true;
             if let Some(socket) = self.sockets.get_mut(&conn) {
-                socket.ready.queue();
+                socket.ready.enqueue();
                 if socket.outgoing.is_empty() {
                     // No copy: the socket takes the bytes' buffer and lends its own.
                     core::mem::swap(&mut socket.outgoing, &mut self.transmit);
@@ -527,6 +541,8 @@ struct SocketWaker {
     conn: ConnId,
     /// Whether the socket is in the queue (so a burst of wakes queues it once).
     queued: AtomicBool,
+    /// Its runtime woke it since the driver last polled it (not only the driver queued it).
+    woken: AtomicBool,
     sockets: Arc<ReadySockets>,
 }
 
@@ -540,6 +556,13 @@ impl SocketWaker {
         state.conns.push(self.conn);
         state.driver.clone()
     }
+
+    /// Queues the socket for the driver's next round, from the driver itself (no wake).
+    fn enqueue(&self) {
+        if !self.queued.swap(true, Ordering::AcqRel) {
+            lock(&self.sockets.state).conns.push(self.conn);
+        }
+    }
 }
 
 impl Wake for SocketWaker {
@@ -548,6 +571,7 @@ impl Wake for SocketWaker {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
         if let Some(driver) = self.queue() {
             driver.wake();
         }

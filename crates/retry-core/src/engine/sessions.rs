@@ -811,9 +811,10 @@ impl Engine {
 /// SE-21: whether an attempt of `kind` reads causally after its explicit session's earlier
 /// operations: a read that takes a read concern (`find`, `aggregate` without a write stage,
 /// `count`, `distinct`; never a generic command), a write command that takes `afterClusterTime`
-/// (the causal-consistency spec since DRIVERS-3274: `insert`, `update`, `delete`,
-/// `findAndModify`, `bulkWrite`, `create`, `createIndexes`, `drop`, `dropDatabase`,
-/// `dropIndexes`), or a transaction's first command (its `readConcern`, TX-1).
+/// (DRIVERS-3274: the read-write-concern spec's "`afterClusterTime`" list, to which the
+/// causal-consistency spec's "Causally consistent read and write commands" defers: `insert`,
+/// `update`, `delete`, `findAndModify`, `bulkWrite`, `create`, `createIndexes`, `drop`,
+/// `dropDatabase`, `dropIndexes`), or a transaction's first command (its `readConcern`, TX-1).
 fn reads_causally(kind: OperationKind, body: &Document) -> bool {
     let name = body.keys().next().map(String::as_str);
     match kind {
