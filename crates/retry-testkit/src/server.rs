@@ -17,6 +17,7 @@ use tokio::time::{sleep, Duration, Instant};
 
 mod awaitable;
 mod elements;
+mod malformed;
 mod raw;
 #[cfg(test)]
 mod raw_equivalence;
@@ -904,13 +905,6 @@ pub struct LoggedCommand {
     pub txn_number: Option<i64>,
 }
 
-/// A request as decoded: raw (a hot command's name was read at the front of its frame) or into a
-/// `Document`.
-enum Request {
-    Raw(RawOpMsg),
-    Decoded(OpMsg),
-}
-
 /// What to do after a request.
 enum Response {
     /// Send this reply, unless the request had `moreToCome`.
@@ -977,17 +971,11 @@ async fn serve_stream<S: ServerStream>(shared: &Shared, mut stream: S, mut conne
         let mut input = &chunk[..read];
         // Each pass consumes at least one byte or completes a message.
         while !input.is_empty() {
-            // A frame starting here that names a hot command is decoded raw (`raw`); the two
-            // decoders accept and refuse the same frames.
+            // A frame starting here that names a hot command may be answered raw (`raw`); every
+            // request is decoded raw, so that what the body's conversion to a `Document` hides
+            // (a key sent twice) is still seen (`malformed`).
             let hot = shared.raw_path && !decoder.is_mid_frame() && raw::names_hot_command(input);
-            let decoded = if hot {
-                let raw = decoder.decode_raw(input);
-                raw.map(|(used, message)| (used, message.map(Request::Raw)))
-            } else {
-                let decoded = decoder.decode(input);
-                decoded.map(|(used, message)| (used, message.map(Request::Decoded)))
-            };
-            let (used, message) = match decoded {
+            let (used, message) = match decoder.decode_raw(input) {
                 Ok(decoded) => decoded,
                 Err(_) => {
                     shared.lock().counters.protocol_errors += 1;
@@ -996,11 +984,11 @@ async fn serve_stream<S: ServerStream>(shared: &Shared, mut stream: S, mut conne
             };
             input = &input[used..];
             let keep = match message {
-                Some(Request::Raw(request)) => {
-                    connection.respond_raw(shared, &mut stream, request).await
-                }
-                Some(Request::Decoded(request)) => {
-                    connection.respond(shared, &mut stream, request).await
+                Some(request) if hot => connection.respond_raw(shared, &mut stream, request).await,
+                Some(request) => {
+                    connection
+                        .respond_decoded(shared, &mut stream, &request)
+                        .await
                 }
                 None if used == 0 => break,
                 None => true,
@@ -1013,19 +1001,42 @@ async fn serve_stream<S: ServerStream>(shared: &Shared, mut stream: S, mut conne
 }
 
 impl Connection {
-    /// Handles one request and writes its reply; `false` means close the connection.
+    /// Handles a request on the Document path: converted to a `Document`, with the refusal its
+    /// shape draws from a real server ([`malformed`]); `false` means close the connection.
+    async fn respond_decoded<S: ServerStream>(
+        &mut self,
+        shared: &Shared,
+        stream: &mut S,
+        request: &RawOpMsg,
+    ) -> bool {
+        let malformed = malformed::refusal(request);
+        match raw::decoded(request) {
+            Some(decoded) => self.respond(shared, stream, decoded, malformed).await,
+            // Cannot happen: `decode_raw` validated the documents as `decode` converts them.
+            None => {
+                shared.lock().counters.protocol_errors += 1;
+                false
+            }
+        }
+    }
+
+    /// Handles one request and writes its reply, `malformed` its refusal for its shape;
+    /// `false` means close the connection.
     async fn respond<S: ServerStream>(
         &mut self,
         shared: &Shared,
         stream: &mut S,
         request: OpMsg,
+        malformed: Option<Document>,
     ) -> bool {
-        if let Some(wait) = awaitable::awaitable(shared, &request) {
-            return self.await_hello(shared, stream, request, wait).await;
+        if malformed.is_none() {
+            if let Some(wait) = awaitable::awaitable(shared, &request) {
+                return self.await_hello(shared, stream, request, wait).await;
+            }
         }
         let name = request.body.keys().next().map_or("", String::as_str);
         let exempt_from_faults = name == "configureFailPoint";
-        match self.handle(shared, name, &request).await {
+        match self.handle(shared, name, &request, malformed).await {
             Response::Reply(mut reply) => {
                 add_unsatisfiable_write_concern(shared, &request.body, &mut reply);
                 add_cluster_time(shared, name, &mut reply);
@@ -1047,7 +1058,13 @@ impl Connection {
     }
 
     /// Admission, fail point, execution (see the crate docs for the order).
-    async fn handle(&mut self, shared: &Shared, name: &str, request: &OpMsg) -> Response {
+    async fn handle(
+        &mut self,
+        shared: &Shared,
+        name: &str,
+        request: &OpMsg,
+        malformed: Option<Document>,
+    ) -> Response {
         let command = &request.body;
         let hello = is_hello(name);
         let fired = {
@@ -1068,6 +1085,9 @@ impl Connection {
                     40571,
                     "OP_MSG requests require a $db argument",
                 ));
+            }
+            if let Some(refusal) = malformed {
+                return Response::Reply(refusal);
             }
             if let Some(refusal) = self.auth.refuse(&state.users, name) {
                 return Response::Reply(refusal);

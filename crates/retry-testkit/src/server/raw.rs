@@ -256,14 +256,7 @@ impl Connection {
             let answer = self.answer(shared, &hot, &request.body)?;
             Some((hot.name, answer))
         }) else {
-            return match decoded(&request) {
-                Some(request) => self.respond(shared, stream, request).await,
-                // Cannot happen: `decode_raw` validated the documents as `decode` converts them.
-                None => {
-                    shared.lock().counters.protocol_errors += 1;
-                    false
-                }
-            };
+            return self.respond_decoded(shared, stream, &request).await;
         };
         let reply = match answer {
             Answer::Cached(cached) => Err(cached),
@@ -435,7 +428,7 @@ fn decoded_document(bytes: &[u8]) -> Option<Document> {
 
 /// The request as the Document decoder would have given it (`wire::to_document` is its
 /// conversion).
-fn decoded(request: &RawOpMsg) -> Option<OpMsg> {
+pub(super) fn decoded(request: &RawOpMsg) -> Option<OpMsg> {
     let sequences = request
         .sequences
         .iter()
