@@ -2,13 +2,13 @@
 //! arrived: once its body is a `Document`, a key sent twice has only its last value left to see.
 //! In the order the server checks them (house rule 7: never more forgiving than it):
 //!
-//! - a document sequence named like a field of the body: 40433, "Duplicate field between body
-//!   and document sequence <name>" (while parsing the message);
-//! - a field of the body sent twice (`$db` included): FailedToParse (9), "Parsed command object
-//!   contains duplicate top level key: <field>" (before the command runs);
-//! - a document sequence on a command that takes none: 40472, "The <command> command does not
-//!   support document sequences."; one the command does not take: 40415, "BSON field
-//!   '<command>.<name>' is an unknown field." (as its fields are parsed).
+//! - a document sequence named like a field of the body: 40433, `Duplicate field between body
+//!   and document sequence {name}` (while parsing the message);
+//! - a field of the body sent twice (`$db` included): FailedToParse (9), `Parsed command object
+//!   contains duplicate top level key: {field}` (before the command runs);
+//! - a document sequence on a command that takes none: 40472, `The {command} command does not
+//!   support document sequences.`; one the command does not take: 40415, `BSON field
+//!   '{command}.{name}' is an unknown field.` (as its fields are parsed).
 //!
 //! Two sequences of one name never get here: the frame decoder refuses the message (WP-3), and
 //! the connection closes.
