@@ -45,7 +45,9 @@
 //!
 //! 1. The request is counted under its command name (the first key of its body). A `hello`,
 //!    `isMaster` or `ismaster` is recorded as a [`Handshake`].
-//! 2. A body without `$db` fails with code 40571, as a real server does.
+//! 2. A body without `$db` fails with code 40571, as a real server does; so does a body with a key
+//!    sent twice (FailedToParse 9), or a document sequence the command does not take (40472,
+//!    40415) or that repeats a body field (40433) (house rule 7).
 //! 3. Every command but the handshake (BP-6) and `configureFailPoint` takes a token from the ingress
 //!    limiter, if one is set; without a token it fails with code 462,
 //!    `IngressRequestRateLimitExceeded`, labels `SystemOverloadedError` and `RetryableError`, and
@@ -128,7 +130,8 @@ pub use fail_point::{
 };
 pub use faults::{Fault, FaultConfig, DEFAULT_STALL};
 pub use server::{
-    Handshake, LoggedCommand, ServerHandle, TestServer, INGRESS_RATE_LIMIT_CODE, OVERLOAD_LABELS,
+    Handshake, LoggedCommand, ServerHandle, TestServer, HANDSHAKES_KEPT, INGRESS_RATE_LIMIT_CODE,
+    OVERLOAD_LABELS,
 };
 pub use store::DataStore;
 pub use tls::{ServerCertificate, ServerTls, TestCa};

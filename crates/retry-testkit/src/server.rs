@@ -1,5 +1,6 @@
 //! The server: the listener, one task per connection, and the handle tests use at run time.
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -16,6 +17,7 @@ use tokio::time::{sleep, Duration, Instant};
 
 mod awaitable;
 mod elements;
+mod malformed;
 mod raw;
 #[cfg(test)]
 mod raw_equivalence;
@@ -46,6 +48,10 @@ pub const INGRESS_RATE_LIMIT_CODE: i32 = 462;
 
 /// BP-3: the labels of an ingress rate-limiter rejection: a retryable overload error (BP-2).
 pub const OVERLOAD_LABELS: [&str; 2] = ["SystemOverloadedError", "RetryableError"];
+
+/// How many of the latest hellos [`ServerHandle::handshakes`] keeps: a server that runs for long
+/// (a soak, a monitor's heartbeats every 10 ms) keeps a bounded record, the older ones dropped.
+pub const HANDSHAKES_KEPT: usize = 1_000;
 
 /// One handshake the server received: a `hello`, `isMaster` or `ismaster` command, as sent.
 #[derive(Clone, Debug, PartialEq)]
@@ -80,7 +86,8 @@ pub(crate) struct State {
     /// The data, possibly shared with other servers.
     pub(crate) data: DataStore,
     counters: Counters,
-    handshakes: Vec<(i32, Recorded)>,
+    /// The latest hellos, at most [`HANDSHAKES_KEPT`], oldest first.
+    handshakes: VecDeque<(i32, Recorded)>,
     last_connection_id: i32,
     /// TK-2, TK-16: what the server refused as unknown or unsupported, in order.
     unsupported: Vec<String>,
@@ -99,6 +106,15 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// HS-4: records a hello received on connection `connection_id`, dropping the oldest when
+    /// [`HANDSHAKES_KEPT`] are kept; both paths record through here.
+    pub(crate) fn record_hello(&mut self, connection_id: i32, command: Recorded) {
+        if self.handshakes.len() == HANDSHAKES_KEPT {
+            self.handshakes.pop_front();
+        }
+        self.handshakes.push_back((connection_id, command));
+    }
+
     /// BP-3, BP-15: the ingress limiter's rejection, or `None` when the command is admitted
     /// (the clock is read only when a limiter is set).
     fn ingress_rejection(&mut self) -> Option<Document> {
@@ -239,7 +255,7 @@ impl TestServer {
             faults: config.faults,
             data,
             counters: Counters::default(),
-            handshakes: Vec::new(),
+            handshakes: VecDeque::new(),
             last_connection_id: 0,
             unsupported: Vec::new(),
             services: Vec::new(),
@@ -382,7 +398,8 @@ impl ServerHandle {
         self.shared.lock().counters = Counters::default();
     }
 
-    /// Every handshake received so far, in order.
+    /// The hellos received (handshakes and heartbeats), in order: the latest
+    /// [`HANDSHAKES_KEPT`].
     pub fn handshakes(&self) -> Vec<Handshake> {
         let state = self.shared.lock();
         state
@@ -906,13 +923,6 @@ pub struct LoggedCommand {
     pub txn_number: Option<i64>,
 }
 
-/// A request as decoded: raw (a hot command's name was read at the front of its frame) or into a
-/// `Document`.
-enum Request {
-    Raw(RawOpMsg),
-    Decoded(OpMsg),
-}
-
 /// What to do after a request.
 enum Response {
     /// Send this reply, unless the request had `moreToCome`.
@@ -979,17 +989,11 @@ async fn serve_stream<S: ServerStream>(shared: &Shared, mut stream: S, mut conne
         let mut input = &chunk[..read];
         // Each pass consumes at least one byte or completes a message.
         while !input.is_empty() {
-            // A frame starting here that names a hot command is decoded raw (`raw`); the two
-            // decoders accept and refuse the same frames.
+            // A frame starting here that names a hot command may be answered raw (`raw`); every
+            // request is decoded raw, so that what the body's conversion to a `Document` hides
+            // (a key sent twice) is still seen (`malformed`).
             let hot = shared.raw_path && !decoder.is_mid_frame() && raw::names_hot_command(input);
-            let decoded = if hot {
-                let raw = decoder.decode_raw(input);
-                raw.map(|(used, message)| (used, message.map(Request::Raw)))
-            } else {
-                let decoded = decoder.decode(input);
-                decoded.map(|(used, message)| (used, message.map(Request::Decoded)))
-            };
-            let (used, message) = match decoded {
+            let (used, message) = match decoder.decode_raw(input) {
                 Ok(decoded) => decoded,
                 Err(_) => {
                     shared.lock().counters.protocol_errors += 1;
@@ -998,11 +1002,11 @@ async fn serve_stream<S: ServerStream>(shared: &Shared, mut stream: S, mut conne
             };
             input = &input[used..];
             let keep = match message {
-                Some(Request::Raw(request)) => {
-                    connection.respond_raw(shared, &mut stream, request).await
-                }
-                Some(Request::Decoded(request)) => {
-                    connection.respond(shared, &mut stream, request).await
+                Some(request) if hot => connection.respond_raw(shared, &mut stream, request).await,
+                Some(request) => {
+                    connection
+                        .respond_decoded(shared, &mut stream, &request)
+                        .await
                 }
                 None if used == 0 => break,
                 None => true,
@@ -1015,19 +1019,42 @@ async fn serve_stream<S: ServerStream>(shared: &Shared, mut stream: S, mut conne
 }
 
 impl Connection {
-    /// Handles one request and writes its reply; `false` means close the connection.
+    /// Handles a request on the Document path: converted to a `Document`, with the refusal its
+    /// shape draws from a real server ([`malformed`]); `false` means close the connection.
+    async fn respond_decoded<S: ServerStream>(
+        &mut self,
+        shared: &Shared,
+        stream: &mut S,
+        request: &RawOpMsg,
+    ) -> bool {
+        let malformed = malformed::refusal(request);
+        match raw::decoded(request) {
+            Some(decoded) => self.respond(shared, stream, decoded, malformed).await,
+            // Cannot happen: `decode_raw` validated the documents as `decode` converts them.
+            None => {
+                shared.lock().counters.protocol_errors += 1;
+                false
+            }
+        }
+    }
+
+    /// Handles one request and writes its reply, `malformed` its refusal for its shape;
+    /// `false` means close the connection.
     async fn respond<S: ServerStream>(
         &mut self,
         shared: &Shared,
         stream: &mut S,
         request: OpMsg,
+        malformed: Option<Document>,
     ) -> bool {
-        if let Some(wait) = awaitable::awaitable(shared, &request) {
-            return self.await_hello(shared, stream, request, wait).await;
+        if malformed.is_none() {
+            if let Some(wait) = awaitable::awaitable(shared, &request) {
+                return self.await_hello(shared, stream, request, wait).await;
+            }
         }
         let name = request.body.keys().next().map_or("", String::as_str);
         let exempt_from_faults = name == "configureFailPoint";
-        match self.handle(shared, name, &request).await {
+        match self.handle(shared, name, &request, malformed).await {
             Response::Reply(mut reply) => {
                 add_unsatisfiable_write_concern(shared, &request.body, &mut reply);
                 add_cluster_time(shared, name, &mut reply);
@@ -1049,7 +1076,13 @@ impl Connection {
     }
 
     /// Admission, fail point, execution (see the crate docs for the order).
-    async fn handle(&mut self, shared: &Shared, name: &str, request: &OpMsg) -> Response {
+    async fn handle(
+        &mut self,
+        shared: &Shared,
+        name: &str,
+        request: &OpMsg,
+        malformed: Option<Document>,
+    ) -> Response {
         let command = &request.body;
         let hello = is_hello(name);
         let fired = {
@@ -1082,6 +1115,9 @@ impl Connection {
                     );
                     return Response::Reply(error_reply(13111, &message));
                 }
+            }
+            if let Some(refusal) = malformed {
+                return Response::Reply(refusal);
             }
             if let Some(refusal) = self.auth.refuse(&state.users, name) {
                 return Response::Reply(refusal);
@@ -1316,9 +1352,7 @@ impl Connection {
 
     /// HS-4: records the handshake and remembers `client.application.name` for `appName`.
     fn record_handshake(&mut self, state: &mut State, command: &Document) {
-        state
-            .handshakes
-            .push((self.id, Recorded::Decoded(command.clone())));
+        state.record_hello(self.id, Recorded::Decoded(command.clone()));
         let app_name = command
             .get_document("client")
             .and_then(|c| c.get_document("application"))

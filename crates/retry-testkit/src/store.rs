@@ -924,7 +924,7 @@ impl Store {
         key: &Document,
         name: &str,
     ) -> Result<(), (i32, String)> {
-        self.collections.entry(ns.into()).or_default();
+        self.collection_mut(ns);
         let list = self.indexes.entry(ns.into()).or_default();
         match list.iter().find(|i| i.get_str("name").ok() == Some(name)) {
             Some(existing) if existing.get_document("key").ok() == Some(key) => Ok(()),
@@ -1020,6 +1020,7 @@ impl Store {
     /// `$merge {into}` with the default `whenMatched: "merge"`, `whenNotMatched: "insert"`: a
     /// document with the `_id` of an existing one is merged into it, others are appended.
     pub(crate) fn merge(&mut self, ns: &str, documents: Vec<Document>) {
+        self.collection_mut(ns);
         for document in documents {
             let target = self.collection_mut(ns);
             let existing = target
@@ -1726,6 +1727,50 @@ mod tests {
         });
         assert_eq!(write, Err(QueryError::WriteConflict));
         assert_eq!(store.looked_at.get(), 1);
+    }
+
+    /// TK-15 (`isolation.json` "one transaction"): a transaction reads from its snapshot: writes
+    /// outside any transaction made after it started (insert, update, delete) stay invisible to
+    /// it, and its own write to a document one of them changed is a WriteConflict (112); everyone
+    /// else sees them at once, and so does a transaction started after them.
+    #[test]
+    fn tk15_snapshot_reads_hide_later_writes_outside_transactions() {
+        let mut store = store_with(3);
+        let snapshot = in_transaction(&mut store, S1, 1, true, |s| {
+            s.matching("db.c", &doc! {}).unwrap()
+        });
+        outside(&mut store, |s| {
+            s.insert("db.c", vec![doc! { "_id": 10 }], true).unwrap();
+            set_x(s, doc! { "_id": 0 }, 5, false, false).unwrap();
+            s.delete("db.c", &doc! { "_id": 1 }, false).unwrap();
+        });
+        assert_eq!(ids(&store), [0, 2, 10], "others see them at once");
+        let seen = in_transaction(&mut store, S1, 1, false, |s| {
+            s.matching("db.c", &doc! {}).unwrap()
+        });
+        assert_eq!(seen, snapshot, "the snapshot as it was");
+        let conflict = in_transaction(&mut store, S1, 1, false, |s| {
+            set_x(s, doc! { "_id": 0 }, 6, false, false)
+        });
+        assert_eq!(conflict, Err(QueryError::WriteConflict));
+        let untouched = in_transaction(&mut store, S1, 1, false, |s| {
+            set_x(s, doc! { "_id": 2 }, 7, false, false)
+        });
+        assert_eq!(
+            untouched.map(|o| o.modified),
+            Ok(1),
+            "no conflict elsewhere"
+        );
+        let later = in_transaction(&mut store, S2, 1, true, |s| {
+            s.matching("db.c", &doc! {}).unwrap().len()
+        });
+        assert_eq!(later, 3, "a later snapshot sees them: 0, 2 and 10");
+        assert_eq!(store.end_transaction(S1, 1, true), Ok(()));
+        assert_eq!(store.end_transaction(S2, 1, true), Ok(()));
+        assert!(
+            store.history.is_empty(),
+            "nothing kept once no transaction is open"
+        );
     }
 
     /// SE-14, TX-1 (review6 finding 4): a getMore must come from its cursor's session and

@@ -761,6 +761,61 @@ async fn transactions() {
     .await;
 }
 
+/// TK-15: a collection a transaction creates (by its first insert, or by `create`) is gone
+/// again when the transaction aborts, as on a real server; one a committed transaction created
+/// stays.
+#[tokio::test]
+async fn tk15_collections_created_in_an_aborted_transaction_are_dropped() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let lsid = lsid_of(3);
+        let in_transaction = |mut command: Document, txn: i64, start: bool| {
+            command.insert("lsid", lsid.clone());
+            command.insert("txnNumber", txn);
+            command.insert("autocommit", false);
+            if start {
+                command.insert("startTransaction", true);
+            }
+            command
+        };
+        let collections = |reply: &Document| -> Vec<String> {
+            first_batch(reply)
+                .iter()
+                .filter_map(|c| c.get_str("name").ok().map(str::to_owned))
+                .collect()
+        };
+        let list = doc! { "listCollections": 1, "nameOnly": true, "$db": "db" };
+        let insert = doc! { "insert": "fresh", "documents": [{ "_id": 1 }], "$db": "db" };
+        let create = doc! { "create": "made", "$db": "db" };
+        for (txn, end, kept) in [
+            (1, "abortTransaction", false),
+            (2, "commitTransaction", true),
+        ] {
+            let reply = client
+                .command(in_transaction(insert.clone(), txn, true))
+                .await
+                .unwrap();
+            assert_eq!(code(&reply), None, "{reply}");
+            let reply = client
+                .command(in_transaction(create.clone(), txn, false))
+                .await
+                .unwrap();
+            assert_eq!(code(&reply), None, "{reply}");
+            let ended = in_transaction(doc! { end: 1, "$db": "admin" }, txn, false);
+            assert_eq!(code(&client.command(ended).await.unwrap()), None);
+            let names = collections(&client.command(list.clone()).await.unwrap());
+            let expected: Vec<String> = if kept {
+                vec!["fresh".into(), "made".into()]
+            } else {
+                Vec::new()
+            };
+            assert_eq!(names, expected, "after {end}");
+        }
+        server.shutdown().await;
+    })
+    .await;
+}
+
 /// TK-12: a load balancer in front of two mongos routes new connections round robin; each
 /// connection's hello reports its mongos' `serviceId`.
 #[tokio::test]

@@ -13,7 +13,7 @@ use retry_core::topology::ServerType::{RsPrimary, RsSecondary};
 use retry_core::wire::MsgFlags;
 use retry_testkit::{
     FailCommand, FailPointMode, FaultConfig, IngressLimit, RateLimit, RawClient, ReplicaSetMember,
-    Role, ServerConfig, TestServer, FAIL_POINT_MESSAGE,
+    Role, ServerConfig, TestServer, FAIL_POINT_MESSAGE, HANDSHAKES_KEPT,
 };
 
 /// Runs a test body with a generous bound, so a bug hangs nothing.
@@ -140,6 +140,34 @@ async fn fail_command_times_then_off() {
         assert_eq!((pings.received, pings.executed), (4, 2));
         assert_eq!((pings.succeeded, pings.failed), (2, 2));
         assert_eq!(counters.fail_points_triggered, 2);
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-13, TK-16: every hello is recorded, but a long run (heartbeats never stop) keeps only the
+/// latest [`HANDSHAKES_KEPT`], in order, on the raw path (hellos) and the Document path (a
+/// `saslSupportedMechs` sends a hello there) alike.
+#[tokio::test]
+async fn tk16_the_handshake_record_keeps_only_the_latest_hellos() {
+    bounded(async {
+        let (server, mut client) = start(ServerConfig::default()).await;
+        let total = HANDSHAKES_KEPT + 5;
+        for i in 0..total {
+            let mut hello = doc! { "hello": 1, "comment": i as i64, "$db": "admin" };
+            if i % 2 == 1 {
+                hello.insert("saslSupportedMechs", "admin.nobody");
+            }
+            client.command(hello).await.unwrap();
+        }
+        let handshakes = server.handle().handshakes();
+        assert_eq!(handshakes.len(), HANDSHAKES_KEPT);
+        let comments: Vec<i64> = handshakes
+            .iter()
+            .map(|h| h.command.get_i64("comment").unwrap())
+            .collect();
+        let latest: Vec<i64> = (5..total as i64).collect();
+        assert_eq!(comments, latest, "the oldest five went, in order");
         server.shutdown().await;
     })
     .await;

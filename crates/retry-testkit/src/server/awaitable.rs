@@ -94,7 +94,7 @@ impl Connection {
                 _ = stream.read(&mut buffer) => return false,
             }
             wait_for = wait;
-            let reply = match self.handle(shared, &name, &request).await {
+            let reply = match self.handle(shared, &name, &request, None).await {
                 Response::Reply(reply) => reply,
                 Response::Close => return false,
             };

@@ -290,14 +290,7 @@ impl Connection {
             let answer = self.answer(shared, &hot, &request.body)?;
             Some((hot.name, answer))
         }) else {
-            return match decoded(&request) {
-                Some(request) => self.respond(shared, stream, request).await,
-                // Cannot happen: `decode_raw` validated the documents as `decode` converts them.
-                None => {
-                    shared.lock().counters.protocol_errors += 1;
-                    false
-                }
-            };
+            return self.respond_decoded(shared, stream, &request).await;
         };
         let reply = match answer {
             Answer::Cached(cached) => Err(cached),
@@ -418,9 +411,7 @@ impl Connection {
         hot: &Hot<'_>,
         body: &RawDocumentBuf,
     ) -> Answer {
-        state
-            .handshakes
-            .push((self.id, Recorded::Raw(body.clone())));
+        state.record_hello(self.id, Recorded::Raw(body.clone()));
         self.seen_hello = true;
         if let Some(app_name) = hot.app_name {
             if self.app_name.as_deref() != Some(app_name) {
@@ -481,7 +472,7 @@ fn decoded_document(bytes: &[u8]) -> Option<Document> {
 
 /// The request as the Document decoder would have given it (`wire::to_document` is its
 /// conversion).
-fn decoded(request: &RawOpMsg) -> Option<OpMsg> {
+pub(super) fn decoded(request: &RawOpMsg) -> Option<OpMsg> {
     let sequences = request
         .sequences
         .iter()
