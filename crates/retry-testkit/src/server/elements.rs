@@ -12,6 +12,7 @@ pub(super) mod kind {
     pub(in crate::server) const DOUBLE: u8 = 0x01;
     pub(in crate::server) const STRING: u8 = 0x02;
     pub(in crate::server) const DOCUMENT: u8 = 0x03;
+    pub(in crate::server) const ARRAY: u8 = 0x04;
     pub(in crate::server) const BINARY: u8 = 0x05;
     pub(in crate::server) const BOOLEAN: u8 = 0x08;
     pub(in crate::server) const INT32: u8 = 0x10;
@@ -111,7 +112,7 @@ impl<'a> Elements<'a> {
             kind::DOUBLE
                 | kind::STRING
                 | kind::DOCUMENT
-                | 0x04
+                | kind::ARRAY
                 | kind::BINARY
                 | 0x07
                 | kind::BOOLEAN
