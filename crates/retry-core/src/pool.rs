@@ -504,6 +504,12 @@ impl Pool {
         self.events.pop_front()
     }
 
+    /// Drops the pending events unread, for an embedder that does not publish them: the same
+    /// as polling every one and ignoring it.
+    pub fn discard_events(&mut self) {
+        self.events.clear();
+    }
+
     /// The earliest wait-queue deadline or idle expiry.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let waits = self.expiries.first().map(|(at, _)| *at);
