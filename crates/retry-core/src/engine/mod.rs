@@ -90,7 +90,7 @@ mod commands;
 mod cursors;
 mod event_families;
 mod hedged;
-mod id_table;
+pub(crate) mod id_table;
 mod monitoring;
 mod operations;
 mod pins;
@@ -604,7 +604,7 @@ pub struct Engine {
     /// operation's cost does not grow with the number in flight (house rule 9, issue 9).
     ops: IdTable<OpId, Box<Operation>>,
     /// Pending checkout → operation.
-    checkouts: BTreeMap<(ServerId, CheckoutId), (OpId, usize)>,
+    checkouts: id_table::Checkouts,
     /// Operations whose selection waits for a topology change (SS-16).
     waiting: BTreeSet<OpId>,
     cursors: cursors::Cursors,
@@ -724,7 +724,7 @@ impl Engine {
             sockets: IdTable::default(),
             pool_sockets: BTreeMap::new(),
             ops: IdTable::default(),
-            checkouts: BTreeMap::new(),
+            checkouts: id_table::Checkouts::default(),
             waiting: BTreeSet::new(),
             cursors: cursors::Cursors::default(),
             next_cursor: 1,
