@@ -187,9 +187,8 @@ impl<K: Id, T> IdTable<K, T> {
             self.ring.pop_front();
             self.first += 1;
         }
-        while matches!(self.ring.back(), Some(None)) {
-            self.ring.pop_back();
-        }
+        // Holes at the back stay: ids only grow, so the next insert reuses them, one push per
+        // new id (house rule 9), and `compact` bounds them.
         Some(value)
     }
 
@@ -262,7 +261,8 @@ mod tests {
     use super::*;
     use alloc::vec::Vec;
 
-    /// House rule 9: lookups, removals and id-ordered iteration agree with a `BTreeMap` through
+    /// House rule 9, issue 9 (DESIGN.md "Composition": O(1) indices for what the hot path looks
+    /// up): lookups, removals and id-ordered iteration agree with a `BTreeMap` through
     /// long-lived entries, holes and compaction.
     #[test]
     fn behaves_as_an_ordered_map_of_increasing_ids() {
@@ -297,5 +297,28 @@ mod tests {
         table.insert(OpId(20_000), 1);
         assert_eq!(table.get(&OpId(20_000)), Some(&1));
         assert_eq!(table.ring.len(), 1);
+    }
+
+    /// House rule 9, issue 9 (DESIGN.md "Composition": an input's cost does not depend on the
+    /// unrelated operations; review7 finding 4): while a long-lived entry holds the ring's front,
+    /// each later insert of a one-at-a-time operation adds exactly one slot to the ring's end,
+    /// however many operations ended since the long-lived one began.
+    #[test]
+    fn an_insert_after_a_long_lived_entry_adds_one_slot() {
+        let mut table: IdTable<OpId, u64> = IdTable::default();
+        table.insert(OpId(0), 0);
+        let end = |table: &IdTable<OpId, u64>| table.first + table.ring.len() as u64;
+        for id in 1..3_000_u64 {
+            let before = end(&table);
+            table.insert(OpId(id), id);
+            assert_eq!(end(&table) - before, 1, "slots added by the insert of {id}");
+            assert!(
+                table.ring.len() <= 2 * table.in_ring + SLACK,
+                "memory stays bounded"
+            );
+            assert_eq!(table.remove(&OpId(id)), Some(id));
+        }
+        assert_eq!(table.get(&OpId(0)), Some(&0));
+        assert_eq!(table.len(), 1);
     }
 }

@@ -96,6 +96,7 @@ mod operations;
 mod pins;
 mod raw_reply;
 mod refused;
+mod request_builders;
 mod selection_cache;
 mod sessions;
 mod sockets;
