@@ -108,6 +108,10 @@ struct Transaction {
     undo: Vec<Undo>,
     /// The namespaces it created, by a write or `create`.
     created: Vec<String>,
+    /// TK-12: the mongos (server process) that started it, `None` on a replica set: each mongos
+    /// keeps its own router state for a transaction, while the data, and so the transaction
+    /// itself, lives on the shards (the shared store).
+    router: Option<ObjectId>,
 }
 
 /// TK-15: a document a transaction changed, as it was before the transaction first changed it
@@ -149,6 +153,16 @@ enum TransactionState {
 
 /// A server error: code and message.
 pub(crate) type Refusal = (i32, String);
+
+/// TK-12: NoSuchTransaction (251) from a mongos that did not start transaction `number`.
+fn unknown_to_router(number: i64) -> Refusal {
+    (
+        251,
+        format!(
+            "Cannot continue transaction {number} of the session: this mongos did not start it"
+        ),
+    )
+}
 
 /// The result of an insert: how many documents went in, and the duplicate-key failures by
 /// index in the batch.
@@ -489,15 +503,18 @@ impl Store {
         Ok(out)
     }
 
-    /// TK-15: a command of transaction `number` of `session` (`autocommit: false`): with `start`
-    /// it starts that transaction (a number below the session's highest is TransactionTooOld,
-    /// 225; a number already used, NoSuchTransaction 251); without, the transaction must be in
-    /// progress (else NoSuchTransaction, 251).
+    /// TK-15: a command of transaction `number` of `session` (`autocommit: false`) on `router`
+    /// (a mongos; `None` on a replica set): with `start` it starts that transaction (a number
+    /// below the session's highest is TransactionTooOld, 225; a number already used,
+    /// NoSuchTransaction 251); without, the transaction must be in progress and, on a mongos,
+    /// started by that mongos (TK-12, TX-3: another one does not know it), else
+    /// NoSuchTransaction (251).
     pub(crate) fn transaction_command(
         &mut self,
         session: Vec<u8>,
         number: i64,
         start: bool,
+        router: Option<ObjectId>,
     ) -> Result<(), Refusal> {
         let highest = self.txn_numbers.get(&session).copied();
         let current = self.transactions.get(&session);
@@ -526,12 +543,14 @@ impl Store {
                     start: self.commits,
                     undo: Vec::new(),
                     created: Vec::new(),
+                    router,
                 },
             );
             self.prune_history();
             return Ok(());
         }
         match current {
+            Some(t) if t.number == number && t.router != router => Err(unknown_to_router(number)),
             Some(t) if t.number == number && t.state == TransactionState::InProgress => Ok(()),
             _ => Err((
                 251,
@@ -596,12 +615,16 @@ impl Store {
     }
 
     /// TK-15: `commitTransaction` (idempotent once committed) or `abortTransaction` (puts the
-    /// data back) of transaction `number` of `session`.
+    /// data back) of transaction `number` of `session`, on `router` (see
+    /// [`Store::transaction_command`]). On a mongos that did not start the transaction only a
+    /// commit of a committed one succeeds (its `recoveryToken` recovers the decision); anything
+    /// else is NoSuchTransaction (251) and changes nothing.
     pub(crate) fn end_transaction(
         &mut self,
         session: &[u8],
         number: i64,
         commit: bool,
+        router: Option<ObjectId>,
     ) -> Result<(), Refusal> {
         let Some(transaction) = self
             .transactions
@@ -615,6 +638,11 @@ impl Store {
                 ),
             ));
         };
+        if transaction.router != router
+            && !(commit && transaction.state == TransactionState::Committed)
+        {
+            return Err(unknown_to_router(number));
+        }
         match (transaction.state, commit) {
             (TransactionState::InProgress, true) | (TransactionState::Committed, true) => {
                 if transaction.state == TransactionState::InProgress {
@@ -1160,7 +1188,7 @@ mod tests {
         write: impl FnOnce(&mut Store) -> T,
     ) -> T {
         store
-            .transaction_command(session.to_vec(), number, start)
+            .transaction_command(session.to_vec(), number, start, None)
             .unwrap();
         store.begin_statement(Some(session.to_vec()));
         let result = write(store);
@@ -1230,7 +1258,7 @@ mod tests {
             store.delete("db.c", &doc! {}, true),
             Err(QueryError::WriteConflict)
         );
-        assert_eq!(store.end_transaction(S1, 1, true), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
         assert_eq!(ids(&store), [1, 10]);
         assert_eq!(
             store
@@ -1254,7 +1282,7 @@ mod tests {
             s.matching("db.c", &doc! { "x": 1 })
         });
         assert_eq!(seen.unwrap().len(), 0);
-        assert_eq!(store.end_transaction(S1, 1, true), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
         let after = in_transaction(&mut store, S2, 1, false, |s| {
             (
                 s.matching("db.c", &doc! { "x": 1 }).unwrap().len(),
@@ -1304,8 +1332,8 @@ mod tests {
             s.matching("db.c", &doc! {}).unwrap().len()
         });
         assert_eq!(later, 3, "a later snapshot sees them: 0, 2 and 10");
-        assert_eq!(store.end_transaction(S1, 1, true), Ok(()));
-        assert_eq!(store.end_transaction(S2, 1, true), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
+        assert_eq!(store.end_transaction(S2, 1, true, None), Ok(()));
         assert!(
             store.history.is_empty(),
             "nothing kept once no transaction is open"
