@@ -348,6 +348,21 @@ impl Store {
         true
     }
 
+    /// TK-15: the namespaces the running command sees: not those a transaction in progress it
+    /// does not belong to created (invisible until that transaction commits).
+    fn seen_collections(&self) -> impl Iterator<Item = &String> {
+        let unseen: Vec<&String> = self
+            .open
+            .iter()
+            .filter(|session| self.writer.as_ref() != Some(*session))
+            .filter_map(|session| self.transactions.get(session))
+            .flat_map(|t| &t.created)
+            .collect();
+        self.collections
+            .keys()
+            .filter(move |ns| !unseen.contains(ns))
+    }
+
     /// TK-15: the transaction in progress the running command belongs to, if any.
     fn running_transaction(&mut self) -> Option<&mut Transaction> {
         self.writer
@@ -815,20 +830,18 @@ impl Store {
         self.collections.remove(ns).is_some()
     }
 
-    /// The collections of database `db`, by name.
+    /// The collections of database `db` the running command sees, by name.
     pub(crate) fn collection_names(&self, db: &str) -> Vec<String> {
         let prefix = format!("{db}.");
-        self.collections
-            .keys()
+        self.seen_collections()
             .filter_map(|ns| ns.strip_prefix(&prefix).map(str::to_owned))
             .collect()
     }
 
-    /// The databases holding at least one collection.
+    /// The databases holding at least one collection the running command sees.
     pub(crate) fn database_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
-            .collections
-            .keys()
+            .seen_collections()
             .filter_map(|ns| ns.split_once('.').map(|(db, _)| db.to_owned()))
             .collect();
         names.dedup();

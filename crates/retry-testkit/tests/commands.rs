@@ -761,11 +761,11 @@ async fn transactions() {
     .await;
 }
 
-/// TK-15: a collection a transaction creates (by its first insert, or by `create`) is gone
-/// again when the transaction aborts, as on a real server; one a committed transaction created
-/// stays.
+/// TK-15: a collection a transaction creates (by its first insert, or by `create`) is invisible
+/// outside the transaction until it commits, and gone again when the transaction aborts, as on a
+/// real server; one a committed transaction created stays.
 #[tokio::test]
-async fn tk15_collections_created_in_an_aborted_transaction_are_dropped() {
+async fn tk15_collections_a_transaction_creates_are_hidden_until_commit_and_dropped_by_abort() {
     bounded(async {
         let (server, mut client) = start_primary().await;
         let lsid = lsid_of(3);
@@ -801,6 +801,11 @@ async fn tk15_collections_created_in_an_aborted_transaction_are_dropped() {
                 .await
                 .unwrap();
             assert_eq!(code(&reply), None, "{reply}");
+            let unseen = collections(&client.command(list.clone()).await.unwrap());
+            assert!(
+                unseen.is_empty(),
+                "invisible outside until the commit: {unseen:?}"
+            );
             let ended = in_transaction(doc! { end: 1, "$db": "admin" }, txn, false);
             assert_eq!(code(&client.command(ended).await.unwrap()), None);
             let names = collections(&client.command(list.clone()).await.unwrap());
