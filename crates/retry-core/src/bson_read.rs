@@ -120,44 +120,28 @@ fn well_formed(bytes: &[u8], depth: usize) -> bool {
             return false;
         }
         let value = at + 1 + key_len + 1;
-        let size = match tag {
-            0x01 | 0x09 | 0x11 | 0x12 => 8,
-            0x10 => 4,
-            0x07 => 12,
-            0x0A => 0,
-            0x08 => match bytes.get(value) {
-                Some(0 | 1) => 1,
-                _ => return false,
-            },
-            0x02 => match read_len(bytes, value) {
-                Some(len) if len >= 1 && value + 4 + len <= end => {
-                    let content = &bytes[value + 4..value + 4 + len];
-                    if content[len - 1] != 0 || core::str::from_utf8(&content[..len - 1]).is_err() {
-                        return false;
-                    }
-                    4 + len
-                }
-                _ => return false,
-            },
-            0x03 | 0x04 => match read_len(bytes, value) {
-                Some(len) if value + len <= end => {
-                    if !well_formed(&bytes[value..value + len], depth + 1) {
-                        return false;
-                    }
-                    len
-                }
-                _ => return false,
-            },
-            // The old binary subtype (2) carries an inner length the crate checks: left to it.
-            0x05 => match (read_len(bytes, value), bytes.get(value + 4)) {
-                (Some(len), Some(&subtype)) if subtype != 2 && len < i32::MAX as usize - 5 => {
-                    len + 5
-                }
-                _ => return false,
-            },
-            _ => return false,
+        let Some(size) = value_size(tag, &bytes[value..end]).filter(|&size| {
+            value
+                .checked_add(size)
+                .is_some_and(|value_end| value_end <= end)
+        }) else {
+            return false;
         };
-        if value + size > end {
+        let content = &bytes[value..value + size];
+        let accepted = match tag {
+            0x01 | 0x09 | 0x11 | 0x12 | 0x10 | 0x07 | 0x0A => true,
+            0x08 => matches!(content, [0 | 1]),
+            // The length counts the terminator.
+            0x02 => match &content[4..] {
+                [text @ .., 0] => core::str::from_utf8(text).is_ok(),
+                _ => false,
+            },
+            0x03 | 0x04 => well_formed(content, depth + 1),
+            // The old binary subtype (2) carries an inner length the crate checks: left to it.
+            0x05 => content[4] != 2,
+            _ => false,
+        };
+        if !accepted {
             return false;
         }
         at = value + size;
@@ -169,6 +153,34 @@ fn well_formed(bytes: &[u8], depth: usize) -> bool {
 fn read_len(bytes: &[u8], at: usize) -> Option<usize> {
     let b = bytes.get(at..at.checked_add(4)?)?;
     usize::try_from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])).ok()
+}
+
+/// The size in bytes of one encoded element's value (BSON spec), by its type tag: `value` holds
+/// the bytes from the value's first byte to the end of its document (at least), and bounds the
+/// lengths and terminators read. `None` for an unknown tag, or a length or terminator that cannot
+/// be read. It only sizes: what the value holds is the reader's to check. The one element sizer
+/// of the workspace: the decoder's validation, the engine's in-place reply reader and the test
+/// server's raw path walk elements with it, so they cannot size a type differently.
+pub fn value_size(tag: u8, value: &[u8]) -> Option<usize> {
+    let cstring = |at: usize| value.get(at..)?.iter().position(|&b| b == 0);
+    let len = || read_len(value, 0);
+    Some(match tag {
+        0x01 | 0x09 | 0x11 | 0x12 => 8,
+        0x10 => 4,
+        0x07 => 12,
+        0x13 => 16,
+        0x06 | 0x0A | 0x7F | 0xFF => 0,
+        0x08 => 1,
+        0x02 | 0x0D | 0x0E => len()?.checked_add(4)?,
+        0x03 | 0x04 | 0x0F => len()?,
+        0x05 => len()?.checked_add(5)?,
+        0x0C => len()?.checked_add(16)?,
+        0x0B => {
+            let pattern = cstring(0)?;
+            pattern + 1 + cstring(pattern + 1)? + 1
+        }
+        _ => return None,
+    })
 }
 
 /// The top-level elements of a document [`validate`] accepted, read straight from its bytes
@@ -195,28 +207,6 @@ impl<'a> Elements<'a> {
     pub(crate) fn broken(&self) -> bool {
         self.broken
     }
-
-    fn size(&self, tag: u8, value: usize) -> Option<usize> {
-        let bytes = self.bytes;
-        let cstring = |at: usize| bytes.get(at..)?.iter().position(|&b| b == 0);
-        Some(match tag {
-            0x01 | 0x09 | 0x11 | 0x12 => 8,
-            0x10 => 4,
-            0x07 => 12,
-            0x13 => 16,
-            0x06 | 0x0A | 0x7F | 0xFF => 0,
-            0x08 => 1,
-            0x02 | 0x0D | 0x0E => 4 + read_len(bytes, value)?,
-            0x03 | 0x04 | 0x0F => read_len(bytes, value)?,
-            0x05 => 5 + read_len(bytes, value)?,
-            0x0C => 16 + read_len(bytes, value)?,
-            0x0B => {
-                let pattern = cstring(value)?;
-                pattern + 1 + cstring(value + pattern + 1)? + 1
-            }
-            _ => return None,
-        })
-    }
 }
 
 impl<'a> Iterator for Elements<'a> {
@@ -234,8 +224,7 @@ impl<'a> Iterator for Elements<'a> {
             return None;
         };
         let value = key_start + key_len + 1;
-        let Some(value_end) = self
-            .size(tag, value)
+        let Some(value_end) = value_size(tag, &self.bytes[value..end])
             .and_then(|size| value.checked_add(size))
             .filter(|&value_end| value_end <= end)
         else {
@@ -485,6 +474,36 @@ mod tests {
         for (o, t) in ours.iter().zip(&theirs) {
             assert_eq!((&o.0, o.1, o.2.len()), (&t.0, t.1, t.2));
         }
+    }
+
+    /// WP-2, review7 finding 5: the one element sizer (the engine's walk, the validator's
+    /// one-pass check and the test server's raw path use it) sizes each value as the bson crate
+    /// does, and gives no size for an unknown type or a length or terminator it cannot read.
+    #[test]
+    fn value_size_is_the_bson_crates_size_or_none() {
+        let doc = doc! {
+            "s": "héllo", "o": { "a": 1 }, "r": Regex {
+                pattern: String::from("^a").try_into().unwrap(),
+                options: String::from("i").try_into().unwrap(),
+            }, "b": Binary { subtype: BinarySubtype::Generic, bytes: vec![1; 3] }, "i": 7,
+        };
+        let bytes = doc.to_vec().unwrap();
+        let raw = RawDocument::from_bytes(&bytes).unwrap();
+        for (element, (_, tag, ours)) in raw.iter_elements().zip(Elements::of(raw)) {
+            let element = element.unwrap();
+            let value = ours.as_ptr() as usize - bytes.as_ptr() as usize;
+            assert_eq!(tag, element.element_type() as u8);
+            assert_eq!(value_size(tag, &bytes[value..]), Some(element.size()));
+            // Cut one byte short of a length prefix or a terminator: no size.
+            let cut = match tag {
+                0x0B => element.size() - 1,
+                0x10 => continue,
+                _ => 3,
+            };
+            assert_eq!(value_size(tag, &bytes[value..value + cut]), None, "{tag}");
+        }
+        assert_eq!(value_size(0x14, &[0; 16]), None);
+        assert_eq!(value_size(0x02, &(-1_i32).to_le_bytes()), None);
     }
 
     proptest! {

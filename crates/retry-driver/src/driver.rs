@@ -547,14 +547,22 @@ struct SocketWaker {
 }
 
 impl SocketWaker {
-    /// Queues the socket if it is not queued; returns the driver's waker if it did.
+    /// Queues the socket if it is not queued; returns the driver's waker if the queue was empty.
+    /// A queue that was not empty has had its wake already: the driver takes the whole queue in
+    /// one round, and a driver that queues a socket itself runs another round before it waits
+    /// (so at 64 in flight a burst of replies wakes the driver once, not once per socket).
     fn queue(&self) -> Option<Waker> {
         if self.queued.swap(true, Ordering::AcqRel) {
             return None;
         }
         let mut state = lock(&self.sockets.state);
+        let first = state.conns.is_empty();
         state.conns.push(self.conn);
-        state.driver.clone()
+        if first {
+            state.driver.clone()
+        } else {
+            None
+        }
     }
 
     /// Queues the socket for the driver's next round, from the driver itself (no wake).
@@ -713,9 +721,12 @@ impl Wake for DriverWaker {
         self.wake_by_ref();
     }
 
+    /// Wakes a waiting future only when the flag was clear: while it is set, a woken future has
+    /// yet to run the driver, or the one running it re-checks the flag when done.
     fn wake_by_ref(self: &Arc<Self>) {
-        self.dirty.store(true, Ordering::Release);
-        self.wake_one();
+        if !self.dirty.swap(true, Ordering::AcqRel) {
+            self.wake_one();
+        }
     }
 }
 
@@ -777,8 +788,11 @@ impl LocalDriver {
             }
         }
         if self.waker.dirty.load(Ordering::Acquire) {
-            // Passes used up with work left: come back after the executor's other tasks.
+            // Passes used up with work left: come back after the executor's other tasks, and
+            // hand the work to a waiting future too (no wake comes while the flag is set, and
+            // `cx` may be no task's, as when the last client goes).
             cx.waker().wake_by_ref();
+            self.waker.wake_one();
         }
         false
     }
@@ -856,7 +870,8 @@ mod tests {
     }
 
     /// House rule 9: a wake of the driver (a socket ready) wakes one of the tasks waiting on the
-    /// client, however many wait, and the next wake another one.
+    /// client, however many wait; more wakes before the driver runs wake nobody else (the woken
+    /// task runs it for all of them); the next wake after a run wakes another one.
     #[test]
     fn a_wake_wakes_one_waiting_task_however_many_wait() {
         let driver = Arc::new(DriverWaker::default());
@@ -871,8 +886,60 @@ mod tests {
         assert_eq!(woken(&tasks), 1);
         assert!(driver.dirty.load(Ordering::Acquire));
         waker.wake_by_ref();
+        assert_eq!(
+            woken(&tasks),
+            1,
+            "the woken task has not run the driver yet"
+        );
+        // The woken task runs the driver: it clears the flag first.
+        driver.dirty.store(false, Ordering::Release);
+        waker.wake_by_ref();
         assert_eq!(woken(&tasks), 2);
         assert_eq!(registered(&lock(&driver.waiting)), 62);
+    }
+
+    /// Issue 9, house rule 9: replies on many sockets in one burst wake the driver once (when its
+    /// queue of ready sockets goes from empty to not empty), and every socket is queued once;
+    /// after the driver took the queue the next ready socket wakes it again.
+    #[test]
+    fn a_burst_of_ready_sockets_wakes_the_driver_once() {
+        let ready = Arc::new(ReadySockets::default());
+        let driver = tasks(1);
+        let driver_waker = Waker::from(driver[0].clone());
+        let mut taken = Vec::new();
+        ready.take(&driver_waker, &mut taken);
+        let sockets: Vec<Waker> = (0..64)
+            .map(|conn| {
+                Waker::from(Arc::new(SocketWaker {
+                    conn: ConnId(conn),
+                    queued: AtomicBool::new(false),
+                    woken: AtomicBool::new(false),
+                    sockets: ready.clone(),
+                }))
+            })
+            .collect();
+        for socket in sockets.iter().chain(&sockets) {
+            socket.wake_by_ref();
+        }
+        assert_eq!(woken(&driver), 1);
+        ready.take(&driver_waker, &mut taken);
+        assert_eq!(taken, (0..64).map(ConnId).collect::<Vec<_>>());
+        assert!(ready.is_empty());
+        // The driver polled them (clearing `queued`); the next reply wakes it again.
+        let mut again = Vec::new();
+        ready.take(&driver_waker, &mut again);
+        let first = Arc::new(SocketWaker {
+            conn: ConnId(7),
+            queued: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
+            sockets: ready.clone(),
+        });
+        Waker::from(first.clone()).wake_by_ref();
+        assert_eq!(woken(&driver), 2);
+        assert!(
+            first.woken.load(Ordering::Acquire),
+            "a runtime wake marks the read"
+        );
     }
 
     /// The registered slots, walking the list from its head.

@@ -29,6 +29,9 @@
 //!   and abort ("writeConcern is not allowed within a multi-statement transaction", 72), and a
 //!   `readConcern` on a command that does not start it ("Only the first command in a transaction
 //!   may specify a readConcern", 72).
+//! - The generic fields (review7 finding 3, [`generic_field_refusal`]): `apiVersion`,
+//!   `apiStrict`, `apiDeprecationErrors`, `$readPreference`, a hello's `client` and
+//!   `compression` of the wrong type or value.
 //! - A `readConcern` that does not parse: not a document, or a field of the wrong type
 //!   (`TypeMismatch`, 14: `level` a string, `afterClusterTime` a Timestamp), an unknown field or
 //!   level (`FailedToParse`, 9). An `afterClusterTime` ahead of the deployment's clock is refused
@@ -50,9 +53,100 @@ const SECONDARY_READS: [&str; 6] = [
     "listIndexes",
 ];
 
+/// The read preference modes a server knows (server selection spec, `$readPreference.mode`).
+pub(crate) const READ_PREFERENCE_MODES: [&str; 5] = [
+    "primary",
+    "primaryPreferred",
+    "secondary",
+    "secondaryPreferred",
+    "nearest",
+];
+
+/// Review7 finding 3 (house rule 7): what a real server refuses about the generic fields every
+/// command may carry, before it runs the command:
+/// - `apiVersion` not a string, `apiStrict` / `apiDeprecationErrors` not booleans: TypeMismatch
+///   (14); `apiStrict` / `apiDeprecationErrors` without `apiVersion`: 4886600; an `apiVersion`
+///   other than `"1"`: APIVersionError (322) (the server's jstests/core/api
+///   api_version_parameters.js);
+/// - `$readPreference` not a document: TypeMismatch (14, `ReadPreferenceSetting::fromInnerBSON`);
+///   without a `mode`: NoSuchKey (4); a `mode` not a string: TypeMismatch (14); an unknown mode:
+///   BadValue (2, the IDL enum parse; older servers answered FailedToParse, 9: unverified which
+///   code 8.x gives);
+/// - a hello's `client` not a document, `compression` not an array of strings: TypeMismatch (14,
+///   the hello command's IDL types).
+pub(crate) fn generic_field_refusal(name: &str, command: &Document) -> Option<Document> {
+    let wrong_type =
+        |field: &str, value: &Bson, expected: &str| Some(wrong_type(field, value, expected));
+    let version = command.get("apiVersion");
+    if let Some(value) = version.filter(|v| !matches!(v, Bson::String(_))) {
+        return wrong_type("apiVersion", value, "string");
+    }
+    for field in ["apiStrict", "apiDeprecationErrors"] {
+        match command.get(field) {
+            Some(Bson::Boolean(_)) if version.is_none() => {
+                return Some(error_reply(
+                    4886600,
+                    &format!("Provided {field} without passing apiVersion"),
+                ))
+            }
+            Some(Bson::Boolean(_)) | None => {}
+            Some(value) => return wrong_type(field, value, "boolean"),
+        }
+    }
+    if version.is_some_and(|v| v.as_str() != Some("1")) {
+        return Some(error_reply(322, "API version must be \"1\""));
+    }
+    if let Some(preference) = command.get("$readPreference") {
+        let Bson::Document(preference) = preference else {
+            return Some(error_reply(
+                14,
+                &format!(
+                    "$readPreference has incorrect type: expected object but got {}",
+                    type_name(preference)
+                ),
+            ));
+        };
+        match preference.get("mode") {
+            None => return Some(error_reply(4, "Missing expected field \"mode\"")),
+            Some(Bson::String(mode)) if READ_PREFERENCE_MODES.contains(&mode.as_str()) => {}
+            Some(Bson::String(mode)) => {
+                return Some(error_reply(
+                    2,
+                    &format!(
+                        "Could not parse $readPreference mode '{mode}'. Only the modes \
+                         'primary', 'primaryPreferred', 'secondary', 'secondaryPreferred', and \
+                         'nearest' are supported."
+                    ),
+                ))
+            }
+            Some(mode) => return wrong_type("mode", mode, "string"),
+        }
+    }
+    if matches!(name, "hello" | "isMaster" | "ismaster") {
+        match command.get("client") {
+            None | Some(Bson::Document(_)) => {}
+            Some(value) => return wrong_type(&format!("{name}.client"), value, "object"),
+        }
+        match command.get("compression") {
+            None => {}
+            Some(Bson::Array(names)) => {
+                let other = names.iter().enumerate().find(|(_, n)| n.as_str().is_none());
+                if let Some((index, value)) = other {
+                    return wrong_type(&format!("{name}.compression.{index}"), value, "string");
+                }
+            }
+            Some(value) => return wrong_type(&format!("{name}.compression"), value, "array"),
+        }
+    }
+    None
+}
+
 /// The error reply a real server gives `command` (named `name`) in `role` before running it, if
 /// any.
 pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Document> {
+    if let Some(refusal) = generic_field_refusal(name, command) {
+        return Some(refusal);
+    }
     if let Some(refusal) = command.get("lsid").and_then(lsid_refusal) {
         return Some(refusal);
     }
@@ -246,6 +340,22 @@ fn read_concern_refusal(value: &Bson) -> Option<Document> {
                     &format!("BSON field 'readConcern.{field}' is an unknown field."),
                 ))
             }
+        }
+    }
+    // Review7 finding 3: `atClusterTime` goes with neither `afterClusterTime` nor a level other
+    // than snapshot (InvalidOptions 72, the review's reading of the server; messages unverified).
+    if read_concern.contains_key("atClusterTime") {
+        if read_concern.contains_key("afterClusterTime") {
+            return Some(error_reply(
+                72,
+                "Can not specify both afterClusterTime and atClusterTime",
+            ));
+        }
+        if read_concern.get_str("level").ok() != Some("snapshot") {
+            return Some(error_reply(
+                72,
+                "readConcern.atClusterTime field is only compatible with snapshot readConcern level",
+            ));
         }
     }
     None
@@ -653,5 +763,35 @@ mod tests {
         let ahead = find(Bson::Document(doc! { "afterClusterTime": at(4) }));
         assert_eq!(code(after_cluster_time_refusal(&ahead, at(3))), Some(72));
         assert_eq!(code(after_cluster_time_refusal(&ahead, at(4))), None);
+    }
+
+    /// SE-21, review7 finding 3: `atClusterTime` only with the snapshot level and never with
+    /// `afterClusterTime` (InvalidOptions, 72).
+    #[test]
+    fn se21_review7_f3_at_cluster_time_needs_snapshot_and_no_after_cluster_time() {
+        let at = bson::Timestamp {
+            time: 1,
+            increment: 1,
+        };
+        let refused = |rc: Document| {
+            code(refusal(
+                &Role::Mongos,
+                "find",
+                &doc! { "find": "c", "readConcern": rc },
+            ))
+        };
+        assert_eq!(
+            refused(doc! { "level": "snapshot", "atClusterTime": at }),
+            None
+        );
+        assert_eq!(
+            refused(doc! { "level": "majority", "atClusterTime": at }),
+            Some(72)
+        );
+        assert_eq!(refused(doc! { "atClusterTime": at }), Some(72));
+        assert_eq!(
+            refused(doc! { "level": "snapshot", "atClusterTime": at, "afterClusterTime": at }),
+            Some(72)
+        );
     }
 }

@@ -38,6 +38,11 @@ use crate::on_primary_write::{Firing, OnPrimaryWrite};
 use crate::store::{DataStore, WriteKey};
 use crate::tls::ServerTls;
 
+/// TK-15 (review7 finding 1): a real server's default `transactionLifetimeLimitSeconds`: the
+/// longest a write outside any transaction without `maxTimeMS` waits for a transaction in
+/// progress (here counted from the start of the wait, not of the transaction).
+const TRANSACTION_LIFETIME_LIMIT: Duration = Duration::from_secs(60);
+
 /// BP-3: the code of an ingress rate-limiter rejection.
 pub const INGRESS_RATE_LIMIT_CODE: i32 = 462;
 
@@ -196,7 +201,7 @@ impl Shared {
     fn count_reply(&self, name: &str, reply: &Document) {
         let mut state = self.lock();
         let counts = state.counters.command_mut(name);
-        if reply.get("ok").is_some_and(is_ok) {
+        if retry_core::reply::is_ok(reply) {
             counts.succeeded += 1;
         } else {
             counts.failed += 1;
@@ -467,12 +472,15 @@ impl ServerHandle {
     /// does, without counting a command; returns how many went in (a duplicate `_id` is left
     /// out, TK-*; none goes in when one has an `_id` a transaction in progress changed, TK-15).
     pub fn insert(&self, ns: &str, documents: Vec<Document>) -> usize {
-        self.shared
-            .lock()
-            .data
-            .lock()
+        let state = self.shared.lock();
+        let mut store = state.data.lock();
+        store.begin_statement(None);
+        let n = store
             .insert(ns, documents, false)
-            .map_or(0, |outcome| outcome.n)
+            .map_or(0, |outcome| outcome.n);
+        store.end_statement();
+        store.take_blocked();
+        n
     }
 
     /// The documents of the namespace `ns`, in insertion order.
@@ -608,6 +616,7 @@ fn admit(shared: &Shared) -> Option<Connection> {
         auth: ConnectionAuth::default(),
         replies: raw::Replies::default(),
         noted_lsid: Vec::new(),
+        seen_hello: false,
     })
 }
 
@@ -629,6 +638,8 @@ struct Connection {
     /// The plain lsid the raw path noted last in the data store (`raw`), so a connection that
     /// keeps its session does not look it up again.
     noted_lsid: Vec<u8>,
+    /// HS-4: a hello was answered on it (a later one may not carry `client`: 186).
+    seen_hello: bool,
 }
 
 /// The "not writable primary" and "node is recovering" codes a replica-set member's error reply
@@ -674,7 +685,7 @@ fn add_unsatisfiable_write_concern(shared: &Shared, command: &Document, reply: &
     }) else {
         return;
     };
-    if !reply.get("ok").is_some_and(is_ok) || reply.contains_key("writeConcernError") {
+    if !retry_core::reply::is_ok(reply) || reply.contains_key("writeConcernError") {
         return;
     }
     let state = shared.lock();
@@ -706,7 +717,7 @@ fn add_cluster_time(shared: &Shared, name: &str, reply: &mut Document) {
         return;
     }
     let mut store = state.data.lock();
-    let ok = reply.get("ok").is_some_and(is_ok);
+    let ok = retry_core::reply::is_ok(reply);
     let time = if ok && CLOCKED_WRITES.contains(&name) {
         store.tick()
     } else {
@@ -766,7 +777,7 @@ fn add_write_concern_error(
     reply: &mut Document,
 ) {
     if let Some(fail) = fired.filter(|f| f.write_concern_error.is_some()) {
-        if reply.get("ok").is_some_and(is_ok) {
+        if retry_core::reply::is_ok(reply) {
             let labels = fail.write_concern_labels(name, command);
             if let Some(error) = fail.write_concern_error {
                 reply.insert("writeConcernError", error);
@@ -804,9 +815,9 @@ fn statement_writes(
     name: &str,
     key: &WriteKey,
     statements: Vec<OpMsg>,
-) -> Response {
+) -> Result<Response, Vec<u8>> {
     if let Some(refusal) = begin_write(state, key) {
-        return refusal;
+        return Ok(refusal);
     }
     let ordered = crate::commands::ordered(&statements[0].body);
     let (mut n, mut modified) = (0_i64, 0_i64);
@@ -824,29 +835,36 @@ fn statement_writes(
                 replayed = false;
                 let firing = state.on_primary_write_firing();
                 if firing == Some(Firing::CloseWithoutCommit) {
-                    return Response::Close;
+                    return Ok(Response::Close);
                 }
-                let Some(reply) = execute(
+                let reply = execute(
                     state,
                     name,
                     statement,
                     shared.max_wire_version,
                     shared.process_id,
-                ) else {
-                    return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));
+                );
+                // TK-15 (review7 finding 1): the statements done so far are recorded, so the
+                // command goes on at this one once it no longer has to wait.
+                if let Some(session) = state.data.lock().take_blocked() {
+                    return Err(session);
+                }
+                let Some(reply) = reply else {
+                    let reply = error_reply(59, &format!("no such command: '{name}'"));
+                    return Ok(Response::Reply(reply));
                 };
-                let done = reply.get("ok").is_some_and(is_ok) && !reply.contains_key("writeErrors");
+                let done = retry_core::reply::is_ok(&reply) && !reply.contains_key("writeErrors");
                 if done {
                     state.data.lock().record_write(sub, reply.clone());
                 }
                 if firing == Some(Firing::CommitThenClose) {
-                    return Response::Close;
+                    return Ok(Response::Close);
                 }
                 reply
             }
         };
-        if !reply.get("ok").is_some_and(is_ok) {
-            return Response::Reply(reply);
+        if !retry_core::reply::is_ok(&reply) {
+            return Ok(Response::Reply(reply));
         }
         let count = |field: &str| match reply.get(field) {
             Some(Bson::Int32(v)) => i64::from(*v),
@@ -891,7 +909,7 @@ fn statement_writes(
         reply.insert("writeErrors", errors);
     }
     reply.insert("ok", 1.0);
-    Response::Reply(reply)
+    Ok(Response::Reply(reply))
 }
 
 /// TK-16: one command as the server received it, for [`ServerHandle::command_log`].
@@ -1080,11 +1098,23 @@ impl Connection {
             if hello {
                 self.record_handshake(&mut state, command);
             }
-            if !command.contains_key("$db") {
-                return Response::Reply(error_reply(
-                    40571,
-                    "OP_MSG requests require a $db argument",
-                ));
+            match command.get("$db") {
+                None => {
+                    return Response::Reply(error_reply(
+                        40571,
+                        "OP_MSG requests require a $db argument",
+                    ))
+                }
+                Some(Bson::String(_)) => {}
+                // Review7 finding 3: the server reads `$db` with `checkAndGetStringData`, whose
+                // type check is 13111 with this message (the BSON type numbers).
+                Some(other) => {
+                    let message = format!(
+                        "wrong type for field ($db) {} != 2",
+                        other.element_type() as u8
+                    );
+                    return Response::Reply(error_reply(13111, &message));
+                }
             }
             if let Some(refusal) = malformed {
                 return Response::Reply(refusal);
@@ -1094,6 +1124,16 @@ impl Connection {
             }
             if let Some(refusal) = crate::refusals::refusal(&state.role, name, command) {
                 return Response::Reply(refusal);
+            }
+            // HS-4, review7 finding 3: only the first hello of a connection may carry `client`.
+            if hello {
+                if self.seen_hello && command.contains_key("client") {
+                    return Response::Reply(error_reply(
+                        186,
+                        "The client metadata document may only be sent in the first hello",
+                    ));
+                }
+                self.seen_hello = true;
             }
             // SE-17 (review6 finding 8): a replica-set member or mongos takes the command's
             // gossiped `$clusterTime` (refusing a malformed one) before it reads
@@ -1138,20 +1178,65 @@ impl Connection {
         if let Some(wait) = crate::query::where_sleep(command) {
             sleep(wait).await;
         }
+        // TK-15 (review7 finding 1): a write outside any transaction that touches a document a
+        // transaction in progress changed waits until that transaction ends, then runs again;
+        // `maxTimeMS` bounds the wait (MaxTimeMSExpired, 50), else the transaction lifetime
+        // limit, after which the transaction is aborted as a real server's reaper does.
+        let ended = shared.lock().data.lock().transaction_ended();
+        let max_time = command
+            .get("maxTimeMS")
+            .and_then(crate::commands::integer)
+            .filter(|ms| *ms > 0)
+            .map(|ms| Duration::from_millis(ms.unsigned_abs()));
+        let deadline = Instant::now() + max_time.unwrap_or(TRANSACTION_LIFETIME_LIMIT);
+        loop {
+            let notified = ended.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let blocked_by = match self.run(shared, name, request, fired.clone()) {
+                Ok(response) => return response,
+                Err(session) => session,
+            };
+            tokio::select! {
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    if max_time.is_some() {
+                        return Response::Reply(error_reply(50, "operation exceeded time limit"));
+                    }
+                    shared.lock().data.lock().expire_transaction(&blocked_by);
+                }
+            }
+        }
+    }
+
+    /// Runs an admitted command whose fail point (if any) `fired`; `Err` with the session of the
+    /// transaction in progress a write outside any transaction ran into (it was undone and must
+    /// wait, review7 finding 1).
+    fn run(
+        &mut self,
+        shared: &Shared,
+        name: &str,
+        request: &OpMsg,
+        fired: Option<FailCommand>,
+    ) -> Result<Response, Vec<u8>> {
+        let command = &request.body;
+        let hello = is_hello(name);
         let mut state = shared.lock();
         let write_key = write_key(name, command);
         let statements = write_key
             .as_ref()
             .and_then(|_| crate::commands::statement_requests(name, request));
         if let (Some(key), Some(statements)) = (&write_key, statements) {
-            return match statement_writes(&mut state, shared, name, key, statements) {
-                Response::Reply(mut reply) => {
-                    add_write_concern_error(fired, name, command, &mut reply);
-                    add_topology_version(&state, shared.process_id, &mut reply);
-                    Response::Reply(reply)
-                }
-                close => close,
-            };
+            return Ok(
+                match statement_writes(&mut state, shared, name, key, statements)? {
+                    Response::Reply(mut reply) => {
+                        add_write_concern_error(fired, name, command, &mut reply);
+                        add_topology_version(&state, shared.process_id, &mut reply);
+                        Response::Reply(reply)
+                    }
+                    close => close,
+                },
+            );
         }
         if let Some(mut reply) = write_key
             .as_ref()
@@ -1163,17 +1248,17 @@ impl Connection {
             // insertOne-errorLabels "fails after multiple retryable writeConcernErrors").
             add_write_concern_error(fired, name, command, &mut reply);
             add_topology_version(&state, shared.process_id, &mut reply);
-            return Response::Reply(reply);
+            return Ok(Response::Reply(reply));
         }
         if let Some(key) = &write_key {
             if let Some(refusal) = begin_write(&state, key) {
-                return refusal;
+                return Ok(refusal);
             }
         }
         let mut close_after_commit = false;
         if write_key.is_some() {
             match state.on_primary_write_firing() {
-                Some(Firing::CloseWithoutCommit) => return Response::Close,
+                Some(Firing::CloseWithoutCommit) => return Ok(Response::Close),
                 Some(Firing::CommitThenClose) => close_after_commit = true,
                 Some(Firing::Nothing) | None => {}
             }
@@ -1197,25 +1282,31 @@ impl Connection {
                 shared.process_id,
             )
         };
+        if let Some(session) = state.data.lock().take_blocked() {
+            return Err(session);
+        }
         let Some(mut reply) = reply else {
             state.unsupported.push(format!("command {name}"));
-            return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));
+            return Ok(Response::Reply(error_reply(
+                59,
+                &format!("no such command: '{name}'"),
+            )));
         };
         if let Some(what) = crate::commands::refusal(name, &reply) {
             state.unsupported.push(what);
         }
         state.counters.command_mut(name).executed += 1;
         if let Some(key) = write_key {
-            if reply.get("ok").is_some_and(is_ok) {
+            if retry_core::reply::is_ok(&reply) {
                 state.data.lock().record_write(key, reply.clone());
             }
         }
         if close_after_commit {
-            return Response::Close;
+            return Ok(Response::Close);
         }
         add_write_concern_error(fired, name, command, &mut reply);
         add_topology_version(&state, shared.process_id, &mut reply);
-        Response::Reply(reply)
+        Ok(Response::Reply(reply))
     }
 
     /// HS-3, HS-4, LB-17: the hello reply of this connection ([`Connection::service_id`]).
@@ -1259,7 +1350,8 @@ impl Connection {
             .get_document("client")
             .and_then(|c| c.get_document("application"))
             .and_then(|a| a.get_str("name"));
-        if let Ok(name) = app_name {
+        // The first hello's metadata stays (a later `client` is refused, 186).
+        if let (Ok(name), false) = (app_name, self.seen_hello) {
             self.app_name = Some(name.to_owned());
         }
     }
@@ -1341,36 +1433,5 @@ impl Connection {
             self.out = bytes;
         }
         written.unwrap_or(false)
-    }
-}
-
-/// `ok` is 1 in any numeric type.
-pub(crate) fn is_ok(value: &Bson) -> bool {
-    match value {
-        Bson::Double(v) => *v == 1.0,
-        Bson::Int32(v) => *v == 1,
-        Bson::Int64(v) => *v == 1,
-        Bson::Boolean(b) => *b,
-        _ => false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ok_in_every_numeric_type() {
-        for ok in [
-            Bson::Double(1.0),
-            Bson::Int32(1),
-            Bson::Int64(1),
-            Bson::Boolean(true),
-        ] {
-            assert!(is_ok(&ok));
-        }
-        for not_ok in [Bson::Double(0.0), Bson::Int32(0), Bson::String("1".into())] {
-            assert!(!is_ok(&not_ok));
-        }
     }
 }

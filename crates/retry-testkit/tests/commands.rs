@@ -1155,3 +1155,125 @@ async fn a_failed_statement_aborts_its_transaction() {
     })
     .await
 }
+
+/// TK-15, TK-7 (review7 finding 1): over the wire, a transaction's write to a document another
+/// transaction in progress changed is WriteConflict 112 with `TransientTransactionError`; a write
+/// outside any transaction is never 112: it waits for the transaction, until `maxTimeMS` runs out
+/// (MaxTimeMSExpired, 50) or the transaction ends (then it runs on the committed data).
+#[tokio::test]
+async fn tk15_review7_f1_writes_wait_for_a_transaction_outside_and_conflict_inside() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        let first = client
+            .command(doc! {
+                "insert": "w", "documents": [{ "_id": 1 }], "$db": "test",
+                "lsid": lsid_of(1), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            })
+            .await
+            .unwrap();
+        assert_eq!(first.get_i32("n").ok(), Some(1), "{first}");
+        let conflict = other
+            .command(doc! {
+                "update": "w", "updates": [{ "q": { "_id": 1 }, "u": { "$set": { "x": 1 } }, "upsert": true }],
+                "$db": "test", "lsid": lsid_of(2), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            })
+            .await
+            .unwrap();
+        assert_eq!(code(&conflict), Some(112), "{conflict}");
+        assert_eq!(labels(&conflict), ["TransientTransactionError"]);
+        let timed_out = other
+            .command(doc! {
+                "insert": "w", "documents": [{ "_id": 1 }], "$db": "test", "maxTimeMS": 50,
+            })
+            .await
+            .unwrap();
+        assert_eq!(code(&timed_out), Some(50), "{timed_out}");
+        let waiting = tokio::spawn(async move {
+            other
+                .command(doc! {
+                    "update": "w", "updates": [{ "q": { "_id": 1 }, "u": { "$set": { "x": 2 } }, "upsert": true }],
+                    "$db": "test",
+                })
+                .await
+                .unwrap()
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "the write waits for the transaction");
+        let commit = client
+            .command(doc! {
+                "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
+                "txnNumber": 1_i64, "autocommit": false,
+            })
+            .await
+            .unwrap();
+        assert_eq!(commit.get_f64("ok").ok(), Some(1.0), "{commit}");
+        let updated = waiting.await.unwrap();
+        assert_eq!(
+            (updated.get_i32("n").ok(), updated.get_i32("nModified").ok()),
+            (Some(1), Some(1)),
+            "it ran on the committed document: {updated}"
+        );
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// A document nested `levels` deep (itself included), each level `{a: ...}`, the last `{a: 1}`.
+fn nested(levels: usize) -> Document {
+    let mut document = doc! { "a": 1 };
+    for _ in 1..levels {
+        document = doc! { "a": document };
+    }
+    document
+}
+
+/// Review7 finding 3 (house rule 7): a stored document may have 100 levels of nesting, not 101
+/// (the server's `getMaxDepthForUserStorage`, Overflow 15, as a write error): an insert of one
+/// and an update that would make one are refused, an ordered insert stops there, an unordered
+/// one goes on.
+#[tokio::test]
+async fn review7_f3_stored_documents_are_at_most_100_levels_deep() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let mut deepest = nested(100);
+        deepest.insert("_id", 1);
+        let mut too_deep = nested(101);
+        too_deep.insert("_id", 2);
+        let insert = client
+            .command(doc! {
+                "insert": "deep", "documents": [deepest, too_deep, { "_id": 3 }],
+                "ordered": false, "$db": "test",
+            })
+            .await
+            .unwrap();
+        assert_eq!(insert.get_i32("n").ok(), Some(2), "{insert}");
+        let errors = insert.get_array("writeErrors").unwrap();
+        let error = errors[0].as_document().unwrap();
+        assert_eq!(
+            (errors.len(), error.get_i32("index").ok(), code(error)),
+            (1, Some(1), Some(15)),
+            "{insert}"
+        );
+        let ordered = client
+            .command(doc! {
+                "insert": "deep2", "documents": [nested(101), { "_id": 5 }], "$db": "test",
+            })
+            .await
+            .unwrap();
+        assert_eq!(ordered.get_i32("n").ok(), Some(0), "{ordered}");
+        let update = client
+            .command(doc! {
+                "update": "deep", "updates": [{ "q": { "_id": 3 }, "u": { "$set": { "x": nested(100) } } }],
+                "$db": "test",
+            })
+            .await
+            .unwrap();
+        let error = update.get_array("writeErrors").unwrap()[0].as_document().unwrap().clone();
+        assert_eq!((code(&error), update.get_i32("nModified").ok()), (Some(15), Some(0)), "{update}");
+        server.shutdown().await;
+    })
+    .await
+}

@@ -11,6 +11,7 @@
 //! (SE-9, SE-14); an explicit session ends after its last operation (SE-12). Each step is a
 //! lookup by operation, cursor or session handle: no step looks at unrelated operations.
 
+use bson::raw::RawDocument;
 use bson::{Bson, Document};
 
 use alloc::vec::Vec;
@@ -649,14 +650,24 @@ impl Engine {
         if !op.gossip {
             return;
         }
-        let Some(raw) = reply.cluster_time else {
-            return;
-        };
         let explicit = match session {
             Some(OpSession::Explicit(handle)) => Some(*handle),
             _ => None,
         };
-        // SE-16: converted only when it advances a clock (a time seen before is not copied).
+        self.gossip_cluster_time(reply.cluster_time, explicit);
+    }
+
+    /// SE-16, SE-18: a reply's encoded `$clusterTime` advances the client's clock and the
+    /// `explicit` session's; converted only when it advances one (a time seen before is not
+    /// copied).
+    pub(super) fn gossip_cluster_time(
+        &mut self,
+        raw: Option<&RawDocument>,
+        explicit: Option<SessionHandle>,
+    ) {
+        let Some(raw) = raw else {
+            return;
+        };
         let Some(timestamp) = ClusterTime::timestamp_of(raw) else {
             return;
         };
