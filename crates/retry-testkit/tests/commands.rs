@@ -761,11 +761,11 @@ async fn transactions() {
     .await;
 }
 
-/// TK-15: a collection a transaction creates (by its first insert, or by `create`) is gone
-/// again when the transaction aborts, as on a real server; one a committed transaction created
-/// stays.
+/// TK-15: a collection a transaction creates (by its first insert, or by `create`) is invisible
+/// outside the transaction until it commits, and gone again when the transaction aborts, as on a
+/// real server; one a committed transaction created stays.
 #[tokio::test]
-async fn tk15_collections_created_in_an_aborted_transaction_are_dropped() {
+async fn tk15_collections_a_transaction_creates_are_hidden_until_commit_and_dropped_by_abort() {
     bounded(async {
         let (server, mut client) = start_primary().await;
         let lsid = lsid_of(3);
@@ -801,6 +801,11 @@ async fn tk15_collections_created_in_an_aborted_transaction_are_dropped() {
                 .await
                 .unwrap();
             assert_eq!(code(&reply), None, "{reply}");
+            let unseen = collections(&client.command(list.clone()).await.unwrap());
+            assert!(
+                unseen.is_empty(),
+                "invisible outside until the commit: {unseen:?}"
+            );
             let ended = in_transaction(doc! { end: 1, "$db": "admin" }, txn, false);
             assert_eq!(code(&client.command(ended).await.unwrap()), None);
             let names = collections(&client.command(list.clone()).await.unwrap());
@@ -812,6 +817,72 @@ async fn tk15_collections_created_in_an_aborted_transaction_are_dropped() {
             assert_eq!(names, expected, "after {end}");
         }
         server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-12, TK-15, TX-3 (transactions spec "Mongos Pinning", "recoveryToken field"; the
+/// `pin-mongos` and `mongos-recovery-token` suites): the transaction's data lives on the
+/// shards, which every mongos shares, but each mongos keeps its own router state: a statement
+/// sent to a mongos that did not start the transaction is NoSuchTransaction (251) with
+/// TransientTransactionError, and so is an abort there or a commit of a transaction not yet
+/// committed (no decision to recover); a commit of a committed one succeeds there. The mongos
+/// that started it goes on as before.
+#[tokio::test]
+async fn tk12_only_the_mongos_that_started_a_transaction_continues_it() {
+    bounded(async {
+        let servers = TestServer::start_mongoses(2, ServerConfig::default())
+            .await
+            .expect("mongoses start");
+        let mut first = RawClient::connect(servers[0].address()).await.unwrap();
+        let mut other = RawClient::connect(servers[1].address()).await.unwrap();
+        let lsid = lsid_of(4);
+        let command = |mut body: Document, txn: i64, start: bool| {
+            body.insert("lsid", lsid.clone());
+            body.insert("txnNumber", txn);
+            body.insert("autocommit", false);
+            if start {
+                body.insert("startTransaction", true);
+            }
+            body
+        };
+        let insert = |id: i32| doc! { "insert": "c", "documents": [{ "_id": id }], "$db": "db" };
+        let commit = doc! { "commitTransaction": 1, "$db": "admin" };
+        let abort = doc! { "abortTransaction": 1, "$db": "admin" };
+        let reply = first.command(command(insert(1), 1, true)).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = other.command(command(insert(2), 1, false)).await.unwrap();
+        assert_eq!(code(&reply), Some(251), "{reply}");
+        assert_eq!(labels(&reply), ["TransientTransactionError"]);
+        let reply = other
+            .command(command(commit.clone(), 1, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(251), "no decision to recover: {reply}");
+        let reply = other
+            .command(command(abort.clone(), 1, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(251), "{reply}");
+        let reply = first.command(command(insert(3), 1, false)).await.unwrap();
+        assert_eq!(code(&reply), None, "the first mongos goes on: {reply}");
+        let reply = first
+            .command(command(commit.clone(), 1, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = other.command(command(commit, 1, false)).await.unwrap();
+        assert_eq!(code(&reply), None, "the decision is recovered: {reply}");
+        let ids: Vec<Bson> = servers[0]
+            .handle()
+            .documents("db.c")
+            .iter()
+            .filter_map(|d| d.get("_id").cloned())
+            .collect();
+        assert_eq!(ids, [Bson::Int32(1), Bson::Int32(3)]);
+        for server in servers {
+            server.shutdown().await;
+        }
     })
     .await;
 }
