@@ -1720,7 +1720,7 @@ mod tests {
         assert_eq!((update.map(|o| o.modified), blocked), (Ok(1), None));
         assert_eq!(
             store
-                .transaction_command(S1.to_vec(), 1, false)
+                .transaction_command(S1.to_vec(), 1, false, None)
                 .map_err(|e| e.0),
             Err(251)
         );
