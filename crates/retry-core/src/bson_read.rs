@@ -49,7 +49,63 @@ impl From<Error> for ReadError {
 /// The document `raw` holds, or the first error the `bson` crate's conversion would report
 /// (or [`ReadError::TooDeep`]).
 pub(crate) fn document(raw: &RawDocument) -> Result<Document, ReadError> {
+    // Issue 9: a document [`well_formed`] accepts (a usual reply) is built straight from its
+    // bytes, without the crate's iterators and their second round of checks; the rest (and
+    // the rare values [`plain_document`] leaves alone) take the crate's conversion.
+    if well_formed(raw.as_bytes(), 0) {
+        if let Some(document) = plain_document(raw.as_bytes()) {
+            return Ok(document);
+        }
+    }
     document_at(raw, 1)
+}
+
+/// The document of `bytes`, which [`well_formed`] accepted, built as the `bson` crate's
+/// conversion builds it; `None` for a value it does not build itself (a binary of a subtype
+/// other than generic), which the caller then leaves to that conversion.
+fn plain_document(bytes: &[u8]) -> Option<Document> {
+    let mut document = Document::new();
+    for (key, tag, value) in Elements::in_bytes(bytes) {
+        let key = core::str::from_utf8(key).ok()?;
+        document.insert(key, plain_value(tag, value)?);
+    }
+    Some(document)
+}
+
+/// One value of a [`well_formed`] document, as [`value`] converts it; `None` for a binary of a
+/// subtype other than generic.
+fn plain_value(tag: u8, value: &[u8]) -> Option<Bson> {
+    let eight = || -> Option<[u8; 8]> { value.get(..8)?.try_into().ok() };
+    Some(match tag {
+        0x01 => Bson::Double(f64::from_le_bytes(eight()?)),
+        0x02 => {
+            let text = value.get(4..value.len().checked_sub(1)?)?;
+            Bson::String(core::str::from_utf8(text).ok()?.into())
+        }
+        0x03 => Bson::Document(plain_document(value)?),
+        0x04 => Bson::Array(
+            Elements::in_bytes(value)
+                .map(|(_, tag, value)| plain_value(tag, value))
+                .collect::<Option<Vec<Bson>>>()?,
+        ),
+        0x05 => match value.get(4) {
+            Some(0) => Bson::Binary(bson::Binary {
+                subtype: bson::spec::BinarySubtype::Generic,
+                bytes: value.get(5..)?.to_vec(),
+            }),
+            _ => return None,
+        },
+        0x07 => Bson::ObjectId(bson::oid::ObjectId::from_bytes(
+            value.get(..12)?.try_into().ok()?,
+        )),
+        0x08 => Bson::Boolean(value.first()? == &1),
+        0x09 => Bson::DateTime(bson::DateTime::from_millis(i64::from_le_bytes(eight()?))),
+        0x0A => Bson::Null,
+        0x10 => Bson::Int32(i32::from_le_bytes(value.get(..4)?.try_into().ok()?)),
+        0x11 => Bson::Timestamp(timestamp(tag, value)?),
+        0x12 => Bson::Int64(i64::from_le_bytes(eight()?)),
+        _ => return None,
+    })
 }
 
 /// Checks `raw` as [`document`] reads it, without building anything: the same first error, or
@@ -196,8 +252,13 @@ pub(crate) struct Elements<'a> {
 impl<'a> Elements<'a> {
     /// The elements of `raw`.
     pub(crate) fn of(raw: &'a RawDocument) -> Elements<'a> {
+        Elements::in_bytes(raw.as_bytes())
+    }
+
+    /// The elements of the encoded document `bytes`.
+    fn in_bytes(bytes: &'a [u8]) -> Elements<'a> {
         Elements {
-            bytes: raw.as_bytes(),
+            bytes,
             at: 4,
             broken: false,
         }
@@ -423,6 +484,37 @@ mod tests {
         let (ours, theirs) = both(&bytes);
         assert_eq!(ours, theirs);
         assert_eq!(ours.unwrap(), doc! { "a": 3, "b": 2 });
+    }
+
+    /// WP-2, issue 9: a reply of the usual types (a `$clusterTime` with its generic binary hash,
+    /// nested documents and arrays, repeated keys) is built from its bytes by the plain path,
+    /// into the document the bson crate's conversion gives; a binary of another subtype is left
+    /// to that conversion, with the same result.
+    #[test]
+    fn wp2_a_plain_document_is_built_as_the_bson_crate_builds_it() {
+        let plain = doc! {
+            "ok": 1.0, "n": 3, "big": 1_i64 << 40, "s": "héllo", "t": true, "f": false,
+            "none": null, "oid": ObjectId::from_bytes([7; 12]), "at": DateTime::from_millis(-5),
+            "cursor": { "id": 0_i64, "ns": "db.c", "firstBatch": [{ "a": [1, [2.5], {}] }, "x"] },
+            "$clusterTime": {
+                "clusterTime": Timestamp { time: 5, increment: 9 },
+                "signature": {
+                    "hash": Binary { subtype: BinarySubtype::Generic, bytes: vec![0; 20] },
+                    "keyId": 0_i64,
+                },
+            },
+            "empty": [], "": "empty key",
+        };
+        let uuid = doc! { "u": Binary { subtype: BinarySubtype::Uuid, bytes: vec![1; 16] } };
+        for doc in [plain.clone(), uuid.clone()] {
+            let bytes = doc.to_vec().unwrap();
+            assert!(well_formed(&bytes, 0));
+            let (ours, theirs) = both(&bytes);
+            assert_eq!(ours, theirs);
+            assert_eq!(ours.unwrap(), doc);
+        }
+        assert_eq!(plain_document(&plain.to_vec().unwrap()), Some(plain));
+        assert_eq!(plain_document(&uuid.to_vec().unwrap()), None);
     }
 
     fn raw_elements(doc: &Document) -> Vec<(String, u8, Vec<u8>)> {

@@ -1134,6 +1134,13 @@ impl Connection {
                     ));
                 }
                 self.seen_hello = true;
+                let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+                let metadata = command.get_document("client").ok();
+                if let Some(refusal) =
+                    metadata.and_then(|c| crate::refusals::client_metadata_refusal(c, router))
+                {
+                    return Response::Reply(refusal);
+                }
             }
             // SE-17 (review6 finding 8): a replica-set member or mongos takes the command's
             // gossiped `$clusterTime` (refusing a malformed one) before it reads

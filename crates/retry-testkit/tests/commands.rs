@@ -1277,3 +1277,56 @@ async fn review7_f3_stored_documents_are_at_most_100_levels_deep() {
     })
     .await
 }
+
+/// TK-5, TK-15 (review7 finding 1): a retryable write of several statements outside any
+/// transaction that reaches a document a transaction in progress changed waits at that
+/// statement; after the commit it goes on from there: the statements before it ran once.
+#[tokio::test]
+async fn tk15_review7_f1_a_waiting_retryable_write_resumes_at_its_statement() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        server.handle().insert(
+            "test.r",
+            vec![doc! { "_id": 0, "n": 0 }, doc! { "_id": 1, "n": 0 }],
+        );
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        let opened = client
+            .command(doc! {
+                "update": "r", "updates": [{ "q": { "_id": 1 }, "u": { "$set": { "t": 1 } } }],
+                "$db": "test", "lsid": lsid_of(1), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            })
+            .await
+            .unwrap();
+        assert_eq!(opened.get_i32("nModified").ok(), Some(1), "{opened}");
+        let waiting = tokio::spawn(async move {
+            other
+                .command(doc! {
+                    "update": "r",
+                    "updates": [
+                        { "q": { "_id": 0 }, "u": { "$inc": { "n": 1 } } },
+                        { "q": { "_id": 1 }, "u": { "$inc": { "n": 1 } } },
+                    ],
+                    "$db": "test", "lsid": lsid_of(2), "txnNumber": 1_i64,
+                })
+                .await
+                .unwrap()
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "the second statement waits");
+        client
+            .command(doc! {
+                "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
+                "txnNumber": 1_i64, "autocommit": false,
+            })
+            .await
+            .unwrap();
+        let updated = waiting.await.unwrap();
+        assert_eq!(updated.get_i32("nModified").ok(), Some(2), "{updated}");
+        let documents = server.handle().documents("test.r");
+        let n: Vec<i32> = documents.iter().map(|d| d.get_i32("n").unwrap()).collect();
+        assert_eq!(n, [1, 1], "each statement ran once: {documents:?}");
+        server.shutdown().await;
+    })
+    .await
+}

@@ -75,8 +75,11 @@ pub(super) fn append_command_fields(
 /// Removes from a caller's command the fields [`append_command_fields`] writes: the request's
 /// database is the `$db` sent (WP-5), and a caller never passes an `lsid`.
 pub(super) fn strip_command_fields(command: &mut Document) {
-    command.remove("$db");
-    command.remove("lsid");
+    // One pass over the few top-level keys (no hashing) finds whether there is anything to remove.
+    if command.keys().any(|key| key == "$db" || key == "lsid") {
+        command.remove("$db");
+        command.remove("lsid");
+    }
 }
 
 /// EV-2: the command as sent, for the started event: `body` and the appended fields, in the

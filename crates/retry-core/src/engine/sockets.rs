@@ -281,6 +281,7 @@ impl Engine {
     ) {
         let address = self.server(server).address.clone();
         self.topology
+            .input()
             .handle_application_error(&address, error, context, now);
         self.topology_touched(server);
     }
