@@ -1339,6 +1339,15 @@ mod tests {
         router: false,
     };
 
+    /// Sets the fields of `set` in the first `db.c` document `filter` matches.
+    fn set_one(
+        store: &mut Store,
+        filter: Document,
+        set: Document,
+    ) -> Result<UpdateOutcome, QueryError> {
+        store.update("db.c", &filter, &doc! { "$set": set }, false, false)
+    }
+
     /// Sets `x` to `x` in the `db.c` documents `filter` matches (`multi`: all of them).
     fn set_x(
         store: &mut Store,
@@ -1611,13 +1620,7 @@ mod tests {
         let write = in_transaction(&mut store, S2, 1, true, |s| {
             (
                 s.matching("db.c", &doc! { "_id": 1 }).unwrap().len(),
-                s.update(
-                    "db.c",
-                    &doc! { "_id": 1 },
-                    &doc! { "$set": { "x": 1 } },
-                    false,
-                    false,
-                ),
+                set_one(s, doc! { "_id": 1 }, doc! { "x": 1 }),
             )
         });
         assert_eq!(write, (1, Err(QueryError::WriteConflict)));
@@ -1625,14 +1628,7 @@ mod tests {
         // Transaction 2 of S2 starts, then S1's transaction 2 commits `even: false` on 2.
         in_transaction(&mut store, S2, 2, true, |_| ());
         in_transaction(&mut store, S1, 2, true, |s| {
-            s.update(
-                "db.c",
-                &doc! { "_id": 2 },
-                &doc! { "$set": { "even": false } },
-                false,
-                false,
-            )
-            .unwrap();
+            set_one(s, doc! { "_id": 2 }, doc! { "even": false }).unwrap();
         });
         assert_eq!(store.end_transaction(S1, 2, true, None), Ok(()));
         let old_value = in_transaction(&mut store, S2, 2, false, |s| {
@@ -1650,14 +1646,7 @@ mod tests {
         let mut store = store_with(2);
         in_transaction(&mut store, S1, 1, true, |s| {
             s.insert("db.c", vec![doc! { "_id": 10 }], true).unwrap();
-            s.update(
-                "db.c",
-                &doc! { "_id": 1 },
-                &doc! { "$set": { "x": 1 } },
-                false,
-                false,
-            )
-            .unwrap();
+            set_one(s, doc! { "_id": 1 }, doc! { "x": 1 }).unwrap();
         });
         let (update, blocked) = outside(&mut store, |s| {
             s.update("db.c", &doc! {}, &doc! { "$set": { "y": 1 } }, true, false)
@@ -1678,13 +1667,7 @@ mod tests {
             (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
         );
         let (free, blocked) = outside(&mut store, |s| {
-            s.update(
-                "db.c",
-                &doc! { "_id": 0 },
-                &doc! { "$set": { "y": 1 } },
-                false,
-                false,
-            )
+            set_one(s, doc! { "_id": 0 }, doc! { "y": 1 })
         });
         assert_eq!((free.unwrap().modified, blocked), (1, None));
         assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
@@ -1735,25 +1718,12 @@ mod tests {
         in_transaction(&mut store, S1, 1, true, |_| ());
         outside(&mut store, |s| {
             s.insert("db.c", vec![doc! { "_id": 5 }], true).unwrap();
-            s.update(
-                "db.c",
-                &doc! { "_id": 0 },
-                &doc! { "$set": { "x": 1 } },
-                false,
-                false,
-            )
-            .unwrap();
+            set_one(s, doc! { "_id": 0 }, doc! { "x": 1 }).unwrap();
         });
         let seen = in_transaction(&mut store, S1, 1, false, |s| {
             (
                 s.matching("db.c", &doc! {}).unwrap(),
-                s.update(
-                    "db.c",
-                    &doc! { "_id": 0 },
-                    &doc! { "$set": { "z": 1 } },
-                    false,
-                    false,
-                ),
+                set_one(s, doc! { "_id": 0 }, doc! { "z": 1 }),
             )
         });
         assert_eq!(
