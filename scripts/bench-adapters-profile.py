@@ -10,6 +10,7 @@ thread is the client side.
 """
 import collections
 import glob
+import os
 import re
 import sys
 
@@ -40,11 +41,13 @@ def group(symbol):
     return "other"
 
 
-def callgrind_file(path):
-    """Self instructions per group of one thread's callgrind file."""
+def callgrind_file(path, functions):
+    """Self instructions per group of one thread's callgrind file; `functions` gets them per
+    function."""
     names = {}
     costs = collections.Counter()
     current = None
+    function = None
     skip = False
     with open(path, errors="replace") as f:
         for line in f:
@@ -52,7 +55,8 @@ def callgrind_file(path):
                 m = NAME.match(line.rstrip("\n"))
                 if m.group(2) is not None:
                     names[m.group(1)] = m.group(2)
-                current = group(names.get(m.group(1), "?"))
+                function = names.get(m.group(1), "?")
+                current = group(function)
                 continue
             if line.startswith("cfn="):
                 m = NAME.match(line.rstrip("\n"))
@@ -69,16 +73,20 @@ def callgrind_file(path):
                 parts = line.split()
                 if len(parts) >= 2:
                     costs[current] += int(parts[1])
+                    functions[function] += int(parts[1])
     return costs
 
 
 def callgrind(directory, n):
     sides = {"client": collections.Counter(), "server": collections.Counter()}
+    functions = {"client": collections.Counter(), "server": collections.Counter()}
     for path in glob.glob(f"{directory}/callgrind.{n}*"):
-        costs = callgrind_file(path)
+        per_function = collections.Counter()
+        costs = callgrind_file(path, per_function)
         side = "server" if costs["server"] > 0.01 * sum(costs.values()) else "client"
         sides[side].update(costs)
-    return sides
+        functions[side].update(per_function)
+    return sides, functions
 
 
 SYSCALL = re.compile(r"^\d+\s+([a-z_0-9]+)\((.*)")
@@ -115,7 +123,7 @@ def strace(directory, n):
 def main():
     directory, n1, n2, label = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     per = n2 - n1
-    a, b = callgrind(directory, n1), callgrind(directory, n2)
+    (a, fa), (b, fb) = callgrind(directory, n1), callgrind(directory, n2)
     parts = [label]
     for side in ("client", "server"):
         diff = {k: (b[side][k] - a[side][k]) / per for k in set(a[side]) | set(b[side])}
@@ -129,6 +137,12 @@ def main():
     detail = " ".join(f"{k}={v:.2f}" for k, v in sorted(diff.items(), key=lambda kv: -kv[1])
                       if abs(v) >= 0.01)
     parts.append(f"syscalls={total:.2f} ({detail})")
+    top = int(os.environ.get("TOP", "0"))
+    if top:
+        diff = {k: (fb["client"][k] - fa["client"][k]) / per
+                for k in set(fa["client"]) | set(fb["client"])}
+        for name, v in sorted(diff.items(), key=lambda kv: -kv[1])[:top]:
+            parts.append(f"{v:8.0f} {group(name):8} {name[:150]}")
     print("\n  ".join(parts), flush=True)
 
 

@@ -56,6 +56,18 @@ pub enum ScramVersion {
 }
 
 impl ScramVersion {
+    /// A `Debug` builder for `type_name` that shows this mechanism; what the SCRAM types add
+    /// never includes a password, key or nonce.
+    fn debug_struct<'a, 'b>(
+        self,
+        f: &'a mut fmt::Formatter<'b>,
+        type_name: &str,
+    ) -> fmt::DebugStruct<'a, 'b> {
+        let mut debug = f.debug_struct(type_name);
+        debug.field("mechanism", &self.name());
+        debug
+    }
+
     /// The mechanism's name.
     pub fn name(self) -> &'static str {
         match self {
@@ -176,8 +188,9 @@ pub struct Scram {
 
 impl fmt::Debug for Scram {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Scram")
-            .field("mechanism", &self.shared.version.name())
+        self.shared
+            .version
+            .debug_struct(f, "Scram")
             .finish_non_exhaustive()
     }
 }
@@ -307,8 +320,9 @@ struct ClientConversation {
 
 impl fmt::Debug for ClientConversation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ScramConversation")
-            .field("mechanism", &self.shared.version.name())
+        self.shared
+            .version
+            .debug_struct(f, "ScramConversation")
             .field("complete", &self.is_complete())
             .finish_non_exhaustive()
     }
@@ -474,8 +488,8 @@ pub mod server {
 
     impl fmt::Debug for StoredCredential {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.debug_struct("StoredCredential")
-                .field("mechanism", &self.version.name())
+            self.version
+                .debug_struct(f, "StoredCredential")
                 .field("iterations", &self.iterations)
                 .finish_non_exhaustive()
         }
@@ -516,8 +530,9 @@ pub mod server {
 
     impl fmt::Debug for ServerConversation {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.debug_struct("ServerConversation")
-                .field("mechanism", &self.credential.version.name())
+            self.credential
+                .version
+                .debug_struct(f, "ServerConversation")
                 .finish_non_exhaustive()
         }
     }
@@ -691,26 +706,24 @@ mod tests {
 
     #[test]
     fn au6_a_wrong_server_signature_fails_and_so_does_everything_after() {
-        let (_, mut conv) = raw(
-            ScramVersion::Sha1,
-            "user",
-            "pencil",
-            "fyko+d2lbbFgONRv9qkxdawL",
-        );
-        conv.step(b"r=fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j,s=QSXCR+Q6sek8bf92,i=4096")
-            .unwrap();
+        // The RFC 5802 example's conversation, past the server-first message.
+        let past_server_first = || {
+            let (_, mut conv) = raw(
+                ScramVersion::Sha1,
+                "user",
+                "pencil",
+                "fyko+d2lbbFgONRv9qkxdawL",
+            );
+            conv.step(b"r=fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j,s=QSXCR+Q6sek8bf92,i=4096")
+                .unwrap();
+            conv
+        };
+        let mut conv = past_server_first();
         let e = conv.step(b"v=AAAApqV8S7suAoZWja4dJRkFsKQ=").unwrap_err();
         assert!(e.to_string().contains("signature"), "{e}");
         assert!(!conv.is_complete());
         assert!(conv.step(b"").is_err());
-        let (_, mut conv) = raw(
-            ScramVersion::Sha1,
-            "user",
-            "pencil",
-            "fyko+d2lbbFgONRv9qkxdawL",
-        );
-        conv.step(b"r=fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j,s=QSXCR+Q6sek8bf92,i=4096")
-            .unwrap();
+        let mut conv = past_server_first();
         assert!(conv
             .step(b"e=invalid-proof")
             .unwrap_err()
@@ -728,15 +741,20 @@ mod tests {
         .unwrap()
     }
 
+    /// The client-first message and the conversation of `client`'s start.
+    fn start_sasl(client: &Scram) -> (Vec<u8>, Box<dyn SaslConversation>) {
+        match client.start().unwrap() {
+            MechanismStart::Sasl {
+                payload,
+                conversation,
+            } => (payload, conversation),
+            MechanismStart::Command(_) => panic!("SCRAM is SASL"),
+        }
+    }
+
     /// Runs `client` against the server side with `server_password`; whether the client got in.
     fn login(client: &Scram, server_password: &str, salt: &[u8]) -> Result<(), String> {
-        let MechanismStart::Sasl {
-            payload,
-            mut conversation,
-        } = client.start().unwrap()
-        else {
-            panic!("SCRAM is SASL");
-        };
+        let (payload, mut conversation) = start_sasl(client);
         let first = ClientFirst::parse(&payload).ok_or("bad client-first")?;
         let version = if client.name() == "SCRAM-SHA-1" {
             ScramVersion::Sha1
@@ -804,13 +822,7 @@ mod tests {
     #[test]
     fn au6_an_iteration_count_above_the_cap_fails_without_deriving() {
         let client = scram(ScramVersion::Sha256, "u", "p", 9);
-        let MechanismStart::Sasl {
-            payload,
-            mut conversation,
-        } = client.start().unwrap()
-        else {
-            panic!("SCRAM is SASL");
-        };
+        let (payload, mut conversation) = start_sasl(&client);
         let payload = String::from_utf8(payload).unwrap();
         let nonce = payload.rsplit("r=").next().unwrap();
         let first = format!("r={nonce}srv,s=QSXCR+Q6sek8bf92,i={}", MAX_ITERATIONS + 1);

@@ -49,7 +49,63 @@ impl From<Error> for ReadError {
 /// The document `raw` holds, or the first error the `bson` crate's conversion would report
 /// (or [`ReadError::TooDeep`]).
 pub(crate) fn document(raw: &RawDocument) -> Result<Document, ReadError> {
+    // Issue 9: a document [`well_formed`] accepts (a usual reply) is built straight from its
+    // bytes, without the crate's iterators and their second round of checks; the rest (and
+    // the rare values [`plain_document`] leaves alone) take the crate's conversion.
+    if well_formed(raw.as_bytes(), 0) {
+        if let Some(document) = plain_document(raw.as_bytes()) {
+            return Ok(document);
+        }
+    }
     document_at(raw, 1)
+}
+
+/// The document of `bytes`, which [`well_formed`] accepted, built as the `bson` crate's
+/// conversion builds it; `None` for a value it does not build itself (a binary of a subtype
+/// other than generic), which the caller then leaves to that conversion.
+fn plain_document(bytes: &[u8]) -> Option<Document> {
+    let mut document = Document::new();
+    for (key, tag, value) in Elements::in_bytes(bytes) {
+        let key = core::str::from_utf8(key).ok()?;
+        document.insert(key, plain_value(tag, value)?);
+    }
+    Some(document)
+}
+
+/// One value of a [`well_formed`] document, as [`value`] converts it; `None` for a binary of a
+/// subtype other than generic.
+fn plain_value(tag: u8, value: &[u8]) -> Option<Bson> {
+    let eight = || -> Option<[u8; 8]> { value.get(..8)?.try_into().ok() };
+    Some(match tag {
+        0x01 => Bson::Double(f64::from_le_bytes(eight()?)),
+        0x02 => {
+            let text = value.get(4..value.len().checked_sub(1)?)?;
+            Bson::String(core::str::from_utf8(text).ok()?.into())
+        }
+        0x03 => Bson::Document(plain_document(value)?),
+        0x04 => Bson::Array(
+            Elements::in_bytes(value)
+                .map(|(_, tag, value)| plain_value(tag, value))
+                .collect::<Option<Vec<Bson>>>()?,
+        ),
+        0x05 => match value.get(4) {
+            Some(0) => Bson::Binary(bson::Binary {
+                subtype: bson::spec::BinarySubtype::Generic,
+                bytes: value.get(5..)?.to_vec(),
+            }),
+            _ => return None,
+        },
+        0x07 => Bson::ObjectId(bson::oid::ObjectId::from_bytes(
+            value.get(..12)?.try_into().ok()?,
+        )),
+        0x08 => Bson::Boolean(value.first()? == &1),
+        0x09 => Bson::DateTime(bson::DateTime::from_millis(i64::from_le_bytes(eight()?))),
+        0x0A => Bson::Null,
+        0x10 => Bson::Int32(i32::from_le_bytes(value.get(..4)?.try_into().ok()?)),
+        0x11 => Bson::Timestamp(timestamp(tag, value)?),
+        0x12 => Bson::Int64(i64::from_le_bytes(eight()?)),
+        _ => return None,
+    })
 }
 
 /// Checks `raw` as [`document`] reads it, without building anything: the same first error, or
@@ -120,44 +176,28 @@ fn well_formed(bytes: &[u8], depth: usize) -> bool {
             return false;
         }
         let value = at + 1 + key_len + 1;
-        let size = match tag {
-            0x01 | 0x09 | 0x11 | 0x12 => 8,
-            0x10 => 4,
-            0x07 => 12,
-            0x0A => 0,
-            0x08 => match bytes.get(value) {
-                Some(0 | 1) => 1,
-                _ => return false,
-            },
-            0x02 => match read_len(bytes, value) {
-                Some(len) if len >= 1 && value + 4 + len <= end => {
-                    let content = &bytes[value + 4..value + 4 + len];
-                    if content[len - 1] != 0 || core::str::from_utf8(&content[..len - 1]).is_err() {
-                        return false;
-                    }
-                    4 + len
-                }
-                _ => return false,
-            },
-            0x03 | 0x04 => match read_len(bytes, value) {
-                Some(len) if value + len <= end => {
-                    if !well_formed(&bytes[value..value + len], depth + 1) {
-                        return false;
-                    }
-                    len
-                }
-                _ => return false,
-            },
-            // The old binary subtype (2) carries an inner length the crate checks: left to it.
-            0x05 => match (read_len(bytes, value), bytes.get(value + 4)) {
-                (Some(len), Some(&subtype)) if subtype != 2 && len < i32::MAX as usize - 5 => {
-                    len + 5
-                }
-                _ => return false,
-            },
-            _ => return false,
+        let Some(size) = value_size(tag, &bytes[value..end]).filter(|&size| {
+            value
+                .checked_add(size)
+                .is_some_and(|value_end| value_end <= end)
+        }) else {
+            return false;
         };
-        if value + size > end {
+        let content = &bytes[value..value + size];
+        let accepted = match tag {
+            0x01 | 0x09 | 0x11 | 0x12 | 0x10 | 0x07 | 0x0A => true,
+            0x08 => matches!(content, [0 | 1]),
+            // The length counts the terminator.
+            0x02 => match &content[4..] {
+                [text @ .., 0] => core::str::from_utf8(text).is_ok(),
+                _ => false,
+            },
+            0x03 | 0x04 => well_formed(content, depth + 1),
+            // The old binary subtype (2) carries an inner length the crate checks: left to it.
+            0x05 => content[4] != 2,
+            _ => false,
+        };
+        if !accepted {
             return false;
         }
         at = value + size;
@@ -169,6 +209,34 @@ fn well_formed(bytes: &[u8], depth: usize) -> bool {
 fn read_len(bytes: &[u8], at: usize) -> Option<usize> {
     let b = bytes.get(at..at.checked_add(4)?)?;
     usize::try_from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])).ok()
+}
+
+/// The size in bytes of one encoded element's value (BSON spec), by its type tag: `value` holds
+/// the bytes from the value's first byte to the end of its document (at least), and bounds the
+/// lengths and terminators read. `None` for an unknown tag, or a length or terminator that cannot
+/// be read. It only sizes: what the value holds is the reader's to check. The one element sizer
+/// of the workspace: the decoder's validation, the engine's in-place reply reader and the test
+/// server's raw path walk elements with it, so they cannot size a type differently.
+pub fn value_size(tag: u8, value: &[u8]) -> Option<usize> {
+    let cstring = |at: usize| value.get(at..)?.iter().position(|&b| b == 0);
+    let len = || read_len(value, 0);
+    Some(match tag {
+        0x01 | 0x09 | 0x11 | 0x12 => 8,
+        0x10 => 4,
+        0x07 => 12,
+        0x13 => 16,
+        0x06 | 0x0A | 0x7F | 0xFF => 0,
+        0x08 => 1,
+        0x02 | 0x0D | 0x0E => len()?.checked_add(4)?,
+        0x03 | 0x04 | 0x0F => len()?,
+        0x05 => len()?.checked_add(5)?,
+        0x0C => len()?.checked_add(16)?,
+        0x0B => {
+            let pattern = cstring(0)?;
+            pattern + 1 + cstring(pattern + 1)? + 1
+        }
+        _ => return None,
+    })
 }
 
 /// The top-level elements of a document [`validate`] accepted, read straight from its bytes
@@ -184,8 +252,13 @@ pub(crate) struct Elements<'a> {
 impl<'a> Elements<'a> {
     /// The elements of `raw`.
     pub(crate) fn of(raw: &'a RawDocument) -> Elements<'a> {
+        Elements::in_bytes(raw.as_bytes())
+    }
+
+    /// The elements of the encoded document `bytes`.
+    fn in_bytes(bytes: &'a [u8]) -> Elements<'a> {
         Elements {
-            bytes: raw.as_bytes(),
+            bytes,
             at: 4,
             broken: false,
         }
@@ -194,28 +267,6 @@ impl<'a> Elements<'a> {
     /// Whether the walk stopped at an element it could not size.
     pub(crate) fn broken(&self) -> bool {
         self.broken
-    }
-
-    fn size(&self, tag: u8, value: usize) -> Option<usize> {
-        let bytes = self.bytes;
-        let cstring = |at: usize| bytes.get(at..)?.iter().position(|&b| b == 0);
-        Some(match tag {
-            0x01 | 0x09 | 0x11 | 0x12 => 8,
-            0x10 => 4,
-            0x07 => 12,
-            0x13 => 16,
-            0x06 | 0x0A | 0x7F | 0xFF => 0,
-            0x08 => 1,
-            0x02 | 0x0D | 0x0E => 4 + read_len(bytes, value)?,
-            0x03 | 0x04 | 0x0F => read_len(bytes, value)?,
-            0x05 => 5 + read_len(bytes, value)?,
-            0x0C => 16 + read_len(bytes, value)?,
-            0x0B => {
-                let pattern = cstring(value)?;
-                pattern + 1 + cstring(value + pattern + 1)? + 1
-            }
-            _ => return None,
-        })
     }
 }
 
@@ -234,8 +285,7 @@ impl<'a> Iterator for Elements<'a> {
             return None;
         };
         let value = key_start + key_len + 1;
-        let Some(value_end) = self
-            .size(tag, value)
+        let Some(value_end) = value_size(tag, &self.bytes[value..end])
             .and_then(|size| value.checked_add(size))
             .filter(|&value_end| value_end <= end)
         else {
@@ -436,6 +486,37 @@ mod tests {
         assert_eq!(ours.unwrap(), doc! { "a": 3, "b": 2 });
     }
 
+    /// WP-2, issue 9: a reply of the usual types (a `$clusterTime` with its generic binary hash,
+    /// nested documents and arrays, repeated keys) is built from its bytes by the plain path,
+    /// into the document the bson crate's conversion gives; a binary of another subtype is left
+    /// to that conversion, with the same result.
+    #[test]
+    fn wp2_a_plain_document_is_built_as_the_bson_crate_builds_it() {
+        let plain = doc! {
+            "ok": 1.0, "n": 3, "big": 1_i64 << 40, "s": "héllo", "t": true, "f": false,
+            "none": null, "oid": ObjectId::from_bytes([7; 12]), "at": DateTime::from_millis(-5),
+            "cursor": { "id": 0_i64, "ns": "db.c", "firstBatch": [{ "a": [1, [2.5], {}] }, "x"] },
+            "$clusterTime": {
+                "clusterTime": Timestamp { time: 5, increment: 9 },
+                "signature": {
+                    "hash": Binary { subtype: BinarySubtype::Generic, bytes: vec![0; 20] },
+                    "keyId": 0_i64,
+                },
+            },
+            "empty": [], "": "empty key",
+        };
+        let uuid = doc! { "u": Binary { subtype: BinarySubtype::Uuid, bytes: vec![1; 16] } };
+        for doc in [plain.clone(), uuid.clone()] {
+            let bytes = doc.to_vec().unwrap();
+            assert!(well_formed(&bytes, 0));
+            let (ours, theirs) = both(&bytes);
+            assert_eq!(ours, theirs);
+            assert_eq!(ours.unwrap(), doc);
+        }
+        assert_eq!(plain_document(&plain.to_vec().unwrap()), Some(plain));
+        assert_eq!(plain_document(&uuid.to_vec().unwrap()), None);
+    }
+
     fn raw_elements(doc: &Document) -> Vec<(String, u8, Vec<u8>)> {
         let bytes = doc.to_vec().unwrap();
         let raw = RawDocument::from_bytes(&bytes).unwrap();
@@ -485,6 +566,36 @@ mod tests {
         for (o, t) in ours.iter().zip(&theirs) {
             assert_eq!((&o.0, o.1, o.2.len()), (&t.0, t.1, t.2));
         }
+    }
+
+    /// WP-2, review7 finding 5: the one element sizer (the engine's walk, the validator's
+    /// one-pass check and the test server's raw path use it) sizes each value as the bson crate
+    /// does, and gives no size for an unknown type or a length or terminator it cannot read.
+    #[test]
+    fn value_size_is_the_bson_crates_size_or_none() {
+        let doc = doc! {
+            "s": "héllo", "o": { "a": 1 }, "r": Regex {
+                pattern: String::from("^a").try_into().unwrap(),
+                options: String::from("i").try_into().unwrap(),
+            }, "b": Binary { subtype: BinarySubtype::Generic, bytes: vec![1; 3] }, "i": 7,
+        };
+        let bytes = doc.to_vec().unwrap();
+        let raw = RawDocument::from_bytes(&bytes).unwrap();
+        for (element, (_, tag, ours)) in raw.iter_elements().zip(Elements::of(raw)) {
+            let element = element.unwrap();
+            let value = ours.as_ptr() as usize - bytes.as_ptr() as usize;
+            assert_eq!(tag, element.element_type() as u8);
+            assert_eq!(value_size(tag, &bytes[value..]), Some(element.size()));
+            // Cut one byte short of a length prefix or a terminator: no size.
+            let cut = match tag {
+                0x0B => element.size() - 1,
+                0x10 => continue,
+                _ => 3,
+            };
+            assert_eq!(value_size(tag, &bytes[value..value + cut]), None, "{tag}");
+        }
+        assert_eq!(value_size(0x14, &[0; 16]), None);
+        assert_eq!(value_size(0x02, &(-1_i32).to_le_bytes()), None);
     }
 
     proptest! {

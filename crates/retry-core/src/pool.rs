@@ -14,7 +14,7 @@
 //! LB-15); the wait queue is first in, first out (CM-8); a wait-queue timeout in load-balanced mode
 //! names the connections in use by cursors, transactions and other operations (LB-13).
 
-use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+use alloc::collections::{BTreeSet, VecDeque};
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -23,6 +23,7 @@ use core::fmt;
 use core::time::Duration;
 
 use crate::address::ServerAddress;
+use crate::engine::id_table::IdTable;
 use crate::error::OperationError;
 use crate::time::Instant;
 
@@ -360,7 +361,7 @@ pub struct Pool {
     services: Vec<ServiceGeneration>,
     /// The connections by id, so that one input costs the same however many exist (house rule 9);
     /// ids grow, so iteration is in creation order.
-    connections: BTreeMap<ConnectionId, Connection>,
+    connections: IdTable<ConnectionId, Connection>,
     /// How many connections are pending (being established).
     pending: usize,
     /// Pending connections no checkout asked for (opened for `minPoolSize`).
@@ -397,7 +398,7 @@ impl Pool {
             state: PoolState::Paused,
             generation: 0,
             services: Vec::new(),
-            connections: BTreeMap::new(),
+            connections: IdTable::default(),
             pending: 0,
             unclaimed: BTreeSet::new(),
             idle: BTreeSet::new(),
@@ -502,6 +503,12 @@ impl Pool {
     #[must_use]
     pub fn poll_event(&mut self) -> Option<PoolEvent> {
         self.events.pop_front()
+    }
+
+    /// Drops the pending events unread, for an embedder that does not publish them: the same
+    /// as polling every one and ignoring it.
+    pub fn discard_events(&mut self) {
+        self.events.clear();
     }
 
     /// The earliest wait-queue deadline or idle expiry.

@@ -1,9 +1,10 @@
-//! The fields of a server reply that every layer reads alike: its `ok` ([`ok`], [`is_ok`]) and
-//! the id of the cursor it carries ([`cursor_id`]). The engine, the monitors, the driver and the
-//! spec-test runner read them here, so that they cannot disagree on a `true` `ok` or an Int32
-//! cursor id. The engine's reply reader, which reads a reply in place from its bytes, uses the
-//! same rules on encoded elements (`is_ok_element`, `encoded_cursor_id`); a test holds the two
-//! forms to the same answers.
+//! The rules for two fields of a server reply: its `ok` ([`ok`], [`is_ok`]) and the id of the
+//! cursor it carries ([`cursor_id`]). The engine, the monitors and SDAM, the driver's cursors and
+//! the spec-test runner use these functions rather than rules of their own, so they agree on a
+//! `true` `ok` or an Int32 cursor id; code that reads `ok` or `cursor.id` another way is not
+//! held to them. The engine's reply reader, which reads a reply in place from its bytes, applies
+//! the same rules to encoded elements (`is_ok_element`, `encoded_cursor_id`); a test holds the
+//! two forms to the same answers.
 
 use bson::raw::RawDocument;
 use bson::{Bson, Document};

@@ -21,6 +21,8 @@ use core::fmt;
 
 use crate::{bson_read, bson_write};
 
+pub use crate::bson_read::value_size;
+
 /// The opcode of `OP_MSG` (WP-2).
 pub const OP_MSG: i32 = 2013;
 

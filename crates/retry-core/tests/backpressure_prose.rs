@@ -67,13 +67,7 @@ fn prose_3_bp10_overload_find_is_attempted_three_times() {
 fn prose_4_bp10_max_adaptive_retries_one_gives_two_attempts() {
     let options = RetryOptions::default().max_adaptive_retries(1).unwrap();
     let script = Script::new().then(fail(462, &OVERLOAD));
-    let trace = run(
-        OperationKind::Read,
-        &options,
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = read_with(&options, &script, JITTER_ZERO);
     assert_eq!(trace.commands_started(), 2);
 }
 

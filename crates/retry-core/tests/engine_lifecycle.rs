@@ -2,8 +2,10 @@
 //! (BP-27, item 3) and `Engine::close` (item 5), on a small in-memory network of scripted servers:
 //! replies arrive at once, time moves only to the engine's next timer, every loop is bounded.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::error::Error as _;
+use std::rc::Rc;
 
 use bson::{doc, oid::ObjectId, Document};
 use retry_core::address::ServerAddress;
@@ -80,18 +82,7 @@ impl Net {
                         let Some(request) = message else { continue };
                         self.sent.push((conn, request.body.clone()));
                         if let Some(body) = (self.script)(address, &request.body) {
-                            let reply = OpMsg {
-                                request_id: 0,
-                                response_to: request.request_id,
-                                flags: MsgFlags::NONE,
-                                body,
-                                sequences: Vec::new(),
-                            };
-                            let mut bytes = Vec::new();
-                            reply
-                                .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut bytes)
-                                .expect("encodable");
-                            replies.push((conn, bytes));
+                            replies.push((conn, encode_reply(request.request_id, body)));
                         }
                     }
                 }
@@ -208,6 +199,43 @@ fn member_hello(address: &ServerAddress, hosts: &[&str]) -> Document {
     reply
 }
 
+/// A mongos whose first command fails with an overload error (462, with both labels: BP-1,
+/// BP-2) and whose later commands get `then`.
+fn overloaded_once(then: Document) -> Script {
+    let mut failures = 1;
+    Box::new(move |_, body| {
+        if is_hello(body) {
+            return Some(mongos_hello());
+        }
+        if failures > 0 {
+            failures -= 1;
+            return Some(doc! { "ok": 0, "code": 462, "errmsg": "overloaded",
+            "errorLabels": ["SystemOverloadedError", "RetryableError"] });
+        }
+        Some(then.clone())
+    })
+}
+
+/// Members `a` and `b` of the replica set `rs`, with the settings to discover them: the hellos
+/// list both until the returned switch is set, then `a` only (a reconfig that removes `b`);
+/// every other command gets `answer`'s reply for the member it reached.
+fn set_that_removes_b(
+    answer: impl Fn(&ServerAddress) -> Option<Document> + 'static,
+) -> (Rc<Cell<bool>>, Script, TopologySettings) {
+    let removed = Rc::new(Cell::new(false));
+    let gone = removed.clone();
+    let script: Script = Box::new(move |address, body| {
+        if is_hello(body) {
+            let hosts: &[&str] = if gone.get() { &["a"] } else { &["a", "b"] };
+            return Some(member_hello(address, hosts));
+        }
+        answer(address)
+    });
+    let mut settings = TopologySettings::new(vec![address("a"), address("b")]);
+    settings.replica_set = Some("rs".into());
+    (removed, script, settings)
+}
+
 fn mongos_hello() -> Document {
     doc! { "ok": 1, "helloOk": true, "isWritablePrimary": true, "msg": "isdbgrid",
     "maxWireVersion": 25, "minWireVersion": 0, "logicalSessionTimeoutMinutes": 30, "connectionId": 42 }
@@ -218,19 +246,11 @@ fn mongos_hello() -> Document {
 /// retry runs on the primary; the operation finishes exactly once.
 #[test]
 fn a_read_in_flight_on_a_member_the_reconfig_removes_finishes_once_by_its_retry() {
-    let removed = std::rc::Rc::new(std::cell::Cell::new(false));
-    let gone = removed.clone();
-    let script: Script = Box::new(move |address, body| {
-        if is_hello(body) {
-            let hosts: &[&str] = if gone.get() { &["a"] } else { &["a", "b"] };
-            return Some(member_hello(address, hosts));
-        }
-        // b never answers: the read stays in flight there.
+    // b never answers: the read stays in flight there.
+    let (removed, script, settings) = set_that_removes_b(|address| {
         (address.host() == "a")
             .then(|| doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } })
     });
-    let mut settings = TopologySettings::new(vec![address("a"), address("b")]);
-    settings.replica_set = Some("rs".into());
     let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
     let op = net.start(read(ReadPreferenceMode::SecondaryPreferred));
     let started_on_b = net.events.iter().any(|e| {
@@ -260,17 +280,7 @@ fn a_read_in_flight_on_a_member_the_reconfig_removes_finishes_once_by_its_retry(
 /// connection is closed under it; both go through the retry rules and end exactly once.
 #[test]
 fn a_checkout_on_a_server_that_leaves_fails_and_the_operation_ends_once() {
-    let removed = std::rc::Rc::new(std::cell::Cell::new(false));
-    let gone = removed.clone();
-    let script: Script = Box::new(move |address, body| {
-        if is_hello(body) {
-            let hosts: &[&str] = if gone.get() { &["a"] } else { &["a", "b"] };
-            return Some(member_hello(address, hosts));
-        }
-        None
-    });
-    let mut settings = TopologySettings::new(vec![address("a"), address("b")]);
-    settings.replica_set = Some("rs".into());
+    let (removed, script, mut settings) = set_that_removes_b(|_| None);
     // One connection per pool: the second read on b waits in b's queue.
     settings.pool.max_pool_size = 1;
     let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
@@ -317,18 +327,7 @@ fn an_unbuildable_handshake_is_an_engine_error_with_its_cause() {
 /// attempt's before `OperationFinished`.
 #[test]
 fn bp27_checked_in_comes_before_retry_scheduled_and_operation_finished() {
-    let mut failures = 1;
-    let script: Script = Box::new(move |_, body| {
-        if is_hello(body) {
-            return Some(mongos_hello());
-        }
-        if failures > 0 {
-            failures -= 1;
-            return Some(doc! { "ok": 0, "code": 462, "errmsg": "overloaded",
-            "errorLabels": ["SystemOverloadedError", "RetryableError"] });
-        }
-        Some(doc! { "ok": 1 })
-    });
+    let script = overloaded_once(doc! { "ok": 1 });
     let settings = TopologySettings::new(vec![address("m1")]);
     let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
     let op = net.start(read(ReadPreferenceMode::Primary));
@@ -438,18 +437,9 @@ fn close_fails_every_operation_once_and_publishes_the_closing_events() {
 /// handshake's `connectionId`; none for handshakes and heartbeats.
 #[test]
 fn ev1_ev2_each_attempt_publishes_one_started_and_one_closing_command_event() {
-    let mut failures = 1;
-    let script: Script = Box::new(move |_, body| {
-        if is_hello(body) {
-            return Some(mongos_hello());
-        }
-        if failures > 0 {
-            failures -= 1;
-            return Some(doc! { "ok": 0, "code": 462, "errmsg": "overloaded",
-            "errorLabels": ["SystemOverloadedError", "RetryableError"] });
-        }
-        Some(doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } })
-    });
+    let script = overloaded_once(
+        doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } },
+    );
     let settings = TopologySettings::new(vec![address("m1")]);
     let mut options = EngineOptions::new(settings, handshake());
     options.command_monitoring = true;
@@ -457,18 +447,11 @@ fn ev1_ev2_each_attempt_publishes_one_started_and_one_closing_command_event() {
     let op = net.start(read(ReadPreferenceMode::Primary));
     net.run_until(Instant::from_millis(10_000));
     assert!(net.finished(op)[0].is_ok());
-    let commands: Vec<&CommandEvent> = net
-        .events
-        .iter()
-        .filter_map(|e| match e {
-            EngineEvent::Command(c) => Some(&**c),
-            _ => None,
-        })
-        .collect();
+    let commands = command_events(&net);
     assert_eq!(commands.len(), 4, "two attempts, no hello: {commands:#?}");
     let mut request_ids = Vec::new();
     for pair in commands.chunks(2) {
-        let CommandEvent::Started { info, command } = pair[0] else {
+        let CommandEvent::Started { info, command } = &pair[0] else {
             panic!("started first: {pair:?}");
         };
         assert_eq!(info.command_name, "find");
@@ -476,7 +459,7 @@ fn ev1_ev2_each_attempt_publishes_one_started_and_one_closing_command_event() {
         assert_eq!(info.operation_id, op);
         assert_eq!(info.server_connection_id, Some(42));
         assert_eq!(command.get_str("$db").ok(), Some("test"));
-        let closing = match pair[1] {
+        let closing = match &pair[1] {
             CommandEvent::Succeeded { info, .. } | CommandEvent::Failed { info, .. } => info,
             other => panic!("a closing event: {other:?}"),
         };
@@ -488,7 +471,7 @@ fn ev1_ev2_each_attempt_publishes_one_started_and_one_closing_command_event() {
     }
     assert!(matches!(commands[1], CommandEvent::Failed { .. }));
     assert!(
-        matches!(commands[3], CommandEvent::Succeeded { reply, .. } if reply.contains_key("cursor"))
+        matches!(&commands[3], CommandEvent::Succeeded { reply, .. } if reply.contains_key("cursor"))
     );
     assert_ne!(request_ids[0], request_ids[1]);
 }
@@ -513,15 +496,8 @@ fn ev6_sensitive_commands_are_redacted() {
     request.db = "admin".into();
     let op = net.start(request);
     assert_eq!(net.finished(op).len(), 1);
-    let commands: Vec<&CommandEvent> = net
-        .events
-        .iter()
-        .filter_map(|e| match e {
-            EngineEvent::Command(c) => Some(&**c),
-            _ => None,
-        })
-        .collect();
-    assert!(matches!(commands[..], [
+    let commands = command_events(&net);
+    assert!(matches!(&commands[..], [
         CommandEvent::Started { info, command },
         CommandEvent::Succeeded { reply, .. },
     ] if info.command_name == "saslStart" && command.is_empty() && reply.is_empty()));
@@ -540,9 +516,16 @@ fn command_events(net: &Net) -> Vec<CommandEvent> {
 
 /// Delivers `body` as the reply to `request_id` on `conn` at the net's current time.
 fn reply_to(net: &mut Net, conn: ConnId, request_id: i32, body: Document) {
+    let bytes = encode_reply(request_id, body);
+    net.engine.handle_bytes(conn, &bytes, net.now);
+    net.drain();
+}
+
+/// `body` as an OP_MSG reply to the request `response_to`.
+fn encode_reply(response_to: i32, body: Document) -> Vec<u8> {
     let reply = OpMsg {
         request_id: 0,
-        response_to: request_id,
+        response_to,
         flags: MsgFlags::NONE,
         body,
         sequences: Vec::new(),
@@ -551,8 +534,7 @@ fn reply_to(net: &mut Net, conn: ConnId, request_id: i32, body: Document) {
     reply
         .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut bytes)
         .expect("encodable");
-    net.engine.handle_bytes(conn, &bytes, net.now);
-    net.drain();
+    bytes
 }
 
 /// EV-1, EV-2: durations are exact in virtual time, from the write to the failure (a closed
@@ -783,18 +765,7 @@ fn mo14_a_cancelled_retry_check_is_not_reported_again() {
 #[test]
 fn filtered_event_families_are_not_published_and_change_no_transmit() {
     let run = |families: EventFamilies| {
-        let mut failures = 1;
-        let script: Script = Box::new(move |_, body| {
-            if is_hello(body) {
-                return Some(mongos_hello());
-            }
-            if failures > 0 {
-                failures -= 1;
-                return Some(doc! { "ok": 0, "code": 462, "errmsg": "overloaded",
-                "errorLabels": ["SystemOverloadedError", "RetryableError"] });
-            }
-            Some(doc! { "ok": 1 })
-        });
+        let script = overloaded_once(doc! { "ok": 1 });
         let settings = TopologySettings::new(vec![address("m1"), address("m2")]);
         let mut options = EngineOptions::new(settings, handshake()).with_events(families);
         options.seed = 7;

@@ -31,13 +31,7 @@ fn csot(ms: u64) -> OperationTimeout {
 fn rr21_csot_retries_ordinary_errors_until_the_deadline() {
     let spec = OperationSpec::new(OperationKind::Read).with_timeout(csot(100));
     let script = Script::new().then_after(MS(30), fail(91, &[]));
-    let trace = run_spec(
-        spec,
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = on_primary(spec, &script, JITTER_ZERO);
     // Attempts end at 30, 60, 90, 120 ms; the failure at 120 ms is past the deadline.
     assert_eq!(trace.commands_started(), 4);
     let e = raised(&trace);
@@ -56,13 +50,7 @@ fn bp12_overload_cap_applies_under_csot() {
         .then(fail(91, &[]))
         .then(fail(91, &[]))
         .then(fail(2, &OVERLOAD));
-    let trace = run_spec(
-        spec,
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = on_primary(spec, &script, JITTER_ZERO);
     // Two ordinary retries, then the overload error makes the cap 2, which is already used.
     assert_eq!(trace.commands_started(), 3);
     assert_eq!(trace.denials().collect::<Vec<_>>(), [DenyReason::Cap]);
@@ -74,13 +62,7 @@ fn bp12_overload_cap_applies_under_csot() {
 fn bp16_no_wait_ends_past_the_deadline() {
     let spec = OperationSpec::new(OperationKind::Read).with_timeout(csot(300));
     let script = Script::new().then_after(MS(10), fail(462, &OVERLOAD));
-    let trace = run_spec(
-        spec,
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_MAX,
-    );
+    let trace = on_primary(spec, &script, JITTER_MAX);
     // t=10 fail, wait 200 → t=210, fail at 220; the next wait (400 ms) would end at 620 > 300.
     assert_eq!(trace.waits().collect::<Vec<_>>(), [MS(200)]);
     assert_eq!(trace.finished_at(), Some(Instant::from_millis(220)));
@@ -97,23 +79,11 @@ fn bp16_waits_ending_at_or_before_the_deadline_are_allowed() {
         .then(fail(462, &OVERLOAD))
         .then(StepOutcome::Succeed);
     let spec = OperationSpec::new(OperationKind::Read).with_timeout(csot(201));
-    let trace = run_spec(
-        spec,
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_MAX,
-    );
+    let trace = on_primary(spec, &script, JITTER_MAX);
     assert_eq!(trace.waits().collect::<Vec<_>>(), [MS(200)]);
     assert_eq!(trace.result(), Some(&Ok(())));
     let spec = OperationSpec::new(OperationKind::Read).with_timeout(csot(200));
-    let trace = run_spec(
-        spec,
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_MAX,
-    );
+    let trace = on_primary(spec, &script, JITTER_MAX);
     assert_eq!(trace.waits().collect::<Vec<_>>(), [MS(200)]);
     assert_eq!(trace.commands_started(), 1);
     assert!(
@@ -155,13 +125,7 @@ fn rw14_selection_failure_on_retry_raises_the_previous_error() {
                 OperationError::server_selection("no primary"),
             ));
     let spec = OperationSpec::new(OperationKind::RetryableWrite).with_txn_number(3);
-    let trace = run_spec(
-        spec,
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = on_primary(spec, &script, JITTER_ZERO);
     assert_eq!(raised(&trace).code(), Some(91));
 }
 
@@ -181,12 +145,7 @@ fn rr9_pool_error_on_retry_raises_the_previous_error() {
 /// RW-14: a retry whose server no longer supports retryable writes raises the previous error.
 #[test]
 fn rw14_ineligible_retry_server_raises_the_previous_error() {
-    let mut m = RetryMachine::new(
-        OperationSpec::new(OperationKind::RetryableWrite).with_txn_number(9),
-        &RetryOptions::default(),
-        1,
-        Instant::ZERO,
-    );
+    let mut m = write_machine(&RetryOptions::default());
     let _ = m.poll_action();
     m.handle_server_selected(primary(), Instant::ZERO).unwrap();
     assert!(matches!(m.poll_action(), Some(Action::Dispatch(a)) if a.txn_number == Some(9)));
@@ -211,22 +170,13 @@ fn rw14_ineligible_retry_server_raises_the_previous_error() {
 /// `txnNumber`: it runs once, a network error gets no `RetryableWriteError` label and is raised.
 #[test]
 fn rw2_a_first_attempt_without_its_txn_number_is_not_retried() {
-    let mut m = RetryMachine::new(
-        OperationSpec::new(OperationKind::RetryableWrite).with_txn_number(9),
-        &RetryOptions::default(),
-        1,
-        Instant::ZERO,
-    );
+    let mut m = write_machine(&RetryOptions::default());
     assert_eq!(m.poll_action(), Some(Action::SelectServer));
     m.handle_server_selected(primary(), Instant::ZERO).unwrap();
     assert!(matches!(m.poll_action(), Some(Action::Dispatch(a)) if a.txn_number == Some(9)));
     m.handle_attempt_without_txn_number(Instant::ZERO).unwrap();
     m.handle_sent(Instant::ZERO).unwrap();
-    let reset = OperationError::network(
-        NetworkErrorKind::Reset,
-        NetworkPhase::AfterSend,
-        ServerAddress::new("primary", 27017),
-    );
+    let reset = reset_after_send("primary");
     m.handle_failed(reset, Instant::ZERO).unwrap();
     assert_eq!(
         m.poll_action(),
@@ -246,15 +196,8 @@ fn rw2_a_first_attempt_without_its_txn_number_is_not_retried() {
 /// overload error, as a write on a server without retryable writes is.
 #[test]
 fn rw2_bp5_a_write_without_its_txn_number_keeps_overload_retries() {
-    let mut m = RetryMachine::new(
-        OperationSpec::new(OperationKind::RetryableWrite).with_txn_number(9),
-        &RetryOptions::default(),
-        1,
-        Instant::ZERO,
-    );
-    let _ = m.poll_action();
-    m.handle_server_selected(primary(), Instant::ZERO).unwrap();
-    let _ = m.poll_action();
+    let mut m = write_machine(&RetryOptions::default());
+    dispatch_on_primary(&mut m);
     m.handle_attempt_without_txn_number(Instant::ZERO).unwrap();
     m.handle_sent(Instant::ZERO).unwrap();
     m.handle_failed(error(2, &OVERLOAD), Instant::ZERO).unwrap();
@@ -269,15 +212,8 @@ fn rw2_bp5_a_write_without_its_txn_number_keeps_overload_retries() {
 /// (SE-8) it is not sent: the connection goes back and the previous error is raised.
 #[test]
 fn rw7_rw14_a_retry_that_cannot_carry_its_txn_number_raises_the_previous_error() {
-    let mut m = RetryMachine::new(
-        OperationSpec::new(OperationKind::RetryableWrite).with_txn_number(9),
-        &RetryOptions::default(),
-        1,
-        Instant::ZERO,
-    );
-    let _ = m.poll_action();
-    m.handle_server_selected(primary(), Instant::ZERO).unwrap();
-    let _ = m.poll_action();
+    let mut m = write_machine(&RetryOptions::default());
+    dispatch_on_primary(&mut m);
     m.handle_sent(Instant::ZERO).unwrap();
     m.handle_failed(error(91, &["RetryableWriteError"]), Instant::ZERO)
         .unwrap();
@@ -337,13 +273,7 @@ fn rr8_server_too_old_for_the_command() {
         min_wire_version: 30,
         ..OperationSpec::new(OperationKind::Read)
     };
-    let trace = run_spec(
-        spec,
-        &RetryOptions::default(),
-        &[primary()],
-        &Script::new(),
-        JITTER_ZERO,
-    );
+    let trace = on_primary(spec, &Script::new(), JITTER_ZERO);
     assert!(raised(&trace).to_string().contains("wire version 25"));
     assert_eq!(trace.commands_started(), 0);
 }
@@ -403,13 +333,7 @@ fn tx12_retried_first_command_keeps_start_transaction() {
     let script = Script::new()
         .then(fail(2, &OVERLOAD))
         .then(StepOutcome::Succeed);
-    let trace = run_spec(
-        spec,
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = on_primary(spec, &script, JITTER_ZERO);
     let attempts: Vec<_> = trace
         .dispatches()
         .map(|a| (a.start_transaction, a.txn_number))
@@ -509,13 +433,7 @@ fn tb5_token_bucket_policy_through_the_machine() {
     let bucket = Arc::new(TokenBucket::with_tokens(2));
     let options = RetryOptions::default().policy(RetryPolicy::TokenBucket(bucket.clone()));
     let script = Script::new().then(fail(462, &OVERLOAD));
-    let trace = run(
-        OperationKind::Read,
-        &options,
-        &[primary()],
-        &script,
-        JITTER_MAX,
-    );
+    let trace = read_with(&options, &script, JITTER_MAX);
     assert_eq!(trace.commands_started(), 3, "2 tokens pay for 2 retries");
     assert_eq!(trace.denials().collect::<Vec<_>>(), [DenyReason::Budget]);
     assert_eq!(trace.waits().collect::<Vec<_>>(), [MS(100), MS(200)]);
@@ -523,13 +441,7 @@ fn tb5_token_bucket_policy_through_the_machine() {
 
     let full = Arc::new(TokenBucket::new());
     let options = RetryOptions::default().policy(RetryPolicy::TokenBucket(full.clone()));
-    let trace = run(
-        OperationKind::Read,
-        &options,
-        &[primary()],
-        &script,
-        JITTER_MAX,
-    );
+    let trace = read_with(&options, &script, JITTER_MAX);
     assert_eq!(trace.commands_started(), 6, "TB-6: 5 retries");
     assert_eq!(full.tenths(), 10_000 - 50);
 
@@ -538,24 +450,12 @@ fn tb5_token_bucket_policy_through_the_machine() {
         .then(fail(91, &[]))
         .then(StepOutcome::Succeed);
     let options = RetryOptions::default().policy(RetryPolicy::TokenBucket(bucket.clone()));
-    let trace = run(
-        OperationKind::Read,
-        &options,
-        &[primary()],
-        &ok_after_retry,
-        JITTER_ZERO,
-    );
+    let trace = read_with(&options, &ok_after_retry, JITTER_ZERO);
     // Empty bucket: the overload retry is refused at once.
     assert_eq!(trace.denials().collect::<Vec<_>>(), [DenyReason::Budget]);
     assert_eq!(trace.commands_started(), 1);
     bucket.deposit(retry_core::budget::Deposit::RetryFailedWithoutOverload);
-    let trace = run(
-        OperationKind::Read,
-        &options,
-        &[primary()],
-        &ok_after_retry,
-        JITTER_ZERO,
-    );
+    let trace = read_with(&options, &ok_after_retry, JITTER_ZERO);
     assert_eq!(trace.result(), Some(&Ok(())));
     // −1 (overload retry) +1 (retry failed without overload) +1.1 (retry succeeded).
     assert_eq!(bucket.tenths(), 21);
@@ -570,38 +470,20 @@ fn grpc(max_attempts: i64) -> GrpcPolicy {
 fn grpc_max_attempts_and_backoff() {
     let options = RetryOptions::default().policy(RetryPolicy::Grpc(Arc::new(grpc(4))));
     let script = Script::new().then(fail(91, &[]));
-    let trace = run(
-        OperationKind::Read,
-        &options,
-        &[primary()],
-        &script,
-        JITTER_MAX,
-    );
+    let trace = read_with(&options, &script, JITTER_MAX);
     assert_eq!(trace.commands_started(), 4);
     assert_eq!(
         trace.waits().collect::<Vec<_>>(),
         [MS(120), MS(240), MS(480)]
     );
     assert_eq!(trace.denials().collect::<Vec<_>>(), [DenyReason::Cap]);
-    let trace = run(
-        OperationKind::Read,
-        &options,
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = read_with(&options, &script, JITTER_ZERO);
     assert_eq!(
         trace.waits().collect::<Vec<_>>(),
         [MS(80), MS(160), MS(320)]
     );
     let not_listed = Script::new().then(fail(11600, &[]));
-    let trace = run(
-        OperationKind::Read,
-        &options,
-        &[primary()],
-        &not_listed,
-        JITTER_ZERO,
-    );
+    let trace = read_with(&options, &not_listed, JITTER_ZERO);
     assert_eq!(
         trace.denials().collect::<Vec<_>>(),
         [DenyReason::NotRetryable]
@@ -621,13 +503,7 @@ fn grpc_pushback() {
         .then(StepOutcome::Fail(pushed))
         .then(fail(91, &[]))
         .then(StepOutcome::Succeed);
-    let trace = run(
-        OperationKind::Read,
-        &options,
-        &[primary()],
-        &script,
-        JITTER_MAX,
-    );
+    let trace = read_with(&options, &script, JITTER_MAX);
     assert_eq!(
         trace.waits().collect::<Vec<_>>(),
         [MS(120), MS(240), MS(730), MS(120)]
@@ -636,10 +512,8 @@ fn grpc_pushback() {
 
     let stop = reply(91, &[], bson::doc! { "retryPushbackMS": "-1" });
     let stop = OperationError::from_reply(&stop, &ServerAddress::new("p", 1)).unwrap();
-    let trace = run(
-        OperationKind::Read,
+    let trace = read_with(
         &options,
-        &[primary()],
         &Script::new().then(StepOutcome::Fail(stop)),
         JITTER_MAX,
     );
@@ -654,24 +528,12 @@ fn grpc_throttle_through_the_machine() {
     let policy = grpc(5).with_throttle(throttle.clone());
     let options = RetryOptions::default().policy(RetryPolicy::Grpc(Arc::new(policy)));
     let script = Script::new().then(fail(91, &[]));
-    let trace = run(
-        OperationKind::Read,
-        &options,
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = read_with(&options, &script, JITTER_ZERO);
     // 4 → 3 (retry), → 2 (2 is not above 4/2: stop).
     assert_eq!(trace.commands_started(), 2);
     assert_eq!(trace.denials().collect::<Vec<_>>(), [DenyReason::Budget]);
     assert_eq!(throttle.millis(), 2000);
-    let trace = run(
-        OperationKind::Read,
-        &options,
-        &[primary()],
-        &Script::new(),
-        JITTER_ZERO,
-    );
+    let trace = read_with(&options, &Script::new(), JITTER_ZERO);
     assert_eq!(trace.result(), Some(&Ok(())));
     assert_eq!(throttle.millis(), 2500);
 }
@@ -692,13 +554,7 @@ fn grpc_transparent_retries_are_not_counted() {
         .then(StepOutcome::FailBeforeSend(reset))
         .then(fail(91, &[]))
         .then(StepOutcome::Succeed);
-    let trace = run(
-        OperationKind::Read,
-        &options,
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = read_with(&options, &script, JITTER_ZERO);
     assert_eq!(trace.result(), Some(&Ok(())));
     let reasons: Vec<_> = trace
         .retries_scheduled()
@@ -758,12 +614,7 @@ fn rw2_grpc_a_write_sent_without_txn_number_is_not_retried_after_send() {
     let options = RetryOptions::default().policy(RetryPolicy::Grpc(Arc::new(grpc(3))));
     let standalone = server("s", ServerType::Standalone, TopologyType::Single);
     for lose_txn_number in [false, true] {
-        let mut m = RetryMachine::new(
-            OperationSpec::new(OperationKind::RetryableWrite).with_txn_number(9),
-            &options,
-            1,
-            Instant::ZERO,
-        );
+        let mut m = write_machine(&options);
         assert_eq!(m.poll_action(), Some(Action::SelectServer));
         let server = if lose_txn_number {
             primary()
@@ -791,21 +642,12 @@ fn rw2_grpc_a_write_sent_without_txn_number_is_not_retried_after_send() {
         assert_eq!(m.attempts(), 1, "no second attempt");
     }
     // With its txnNumber the server de-duplicates: the same error is retried.
-    let mut m = RetryMachine::new(
-        OperationSpec::new(OperationKind::RetryableWrite).with_txn_number(9),
-        &options,
-        1,
-        Instant::ZERO,
-    );
+    let mut m = write_machine(&options);
     let _ = m.poll_action();
     m.handle_server_selected(primary(), Instant::ZERO).unwrap();
     assert!(matches!(m.poll_action(), Some(Action::Dispatch(a)) if a.txn_number == Some(9)));
     m.handle_sent(Instant::ZERO).unwrap();
-    let reset = OperationError::network(
-        NetworkErrorKind::Reset,
-        NetworkPhase::AfterSend,
-        ServerAddress::new("primary", 27017),
-    );
+    let reset = reset_after_send("primary");
     m.handle_failed(reset, Instant::ZERO).unwrap();
     let _ = m.poll_action();
     assert!(
@@ -823,9 +665,7 @@ fn cancel_in_flight_closes_the_connection() {
         FixedRng(0),
         Instant::ZERO,
     );
-    let _ = m.poll_action();
-    m.handle_server_selected(primary(), Instant::ZERO).unwrap();
-    let _ = m.poll_action();
+    dispatch_on_primary(&mut m);
     m.handle_sent(Instant::from_millis(1)).unwrap();
     m.cancel(Instant::from_millis(4)).unwrap();
     assert_eq!(
@@ -897,10 +737,8 @@ fn same_seed_same_trace() {
 #[test]
 fn rw6_a_retryable_write_without_a_txn_number_is_not_retried_ordinarily() {
     let script = Script::new().then(fail(91, &["RetryableWriteError"]));
-    let trace = run(
-        OperationKind::RetryableWrite,
-        &RetryOptions::default(),
-        &[primary()],
+    let trace = on_primary(
+        OperationSpec::new(OperationKind::RetryableWrite),
         &script,
         JITTER_ZERO,
     );
@@ -913,10 +751,8 @@ fn rw6_a_retryable_write_without_a_txn_number_is_not_retried_ordinarily() {
     let overload = Script::new()
         .then(fail(2, &OVERLOAD))
         .then(StepOutcome::Succeed);
-    let trace = run(
-        OperationKind::RetryableWrite,
-        &RetryOptions::default(),
-        &[primary()],
+    let trace = on_primary(
+        OperationSpec::new(OperationKind::RetryableWrite),
         &overload,
         JITTER_ZERO,
     );
@@ -929,13 +765,7 @@ fn rw6_a_retryable_write_without_a_txn_number_is_not_retried_ordinarily() {
 fn cs5_a_failure_after_the_deadline_is_a_timeout_error() {
     let spec = OperationSpec::new(OperationKind::Read).with_timeout(csot(100));
     let script = Script::new().then_after(MS(150), fail(2, &[]));
-    let trace = run_spec(
-        spec,
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = on_primary(spec, &script, JITTER_ZERO);
     let e = raised(&trace);
     assert!(
         matches!(&e.kind, ErrorKind::Timeout { cause: Some(c) } if c.code() == Some(2)),

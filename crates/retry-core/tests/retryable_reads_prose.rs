@@ -4,7 +4,6 @@ mod support;
 
 use retry_core::error::Labels;
 use retry_core::policy::RetryOptions;
-use retry_core::retry::OperationKind;
 use retry_core::scenario::{Script, StepOutcome};
 use support::*;
 
@@ -16,12 +15,10 @@ fn prose_2_1_rr7_sharded_retry_goes_to_another_mongos() {
         .then(fail(6, &[]))
         .then(fail(6, &[]))
         .then(StepOutcome::Succeed);
-    let trace = run(
-        OperationKind::Read,
-        &RetryOptions::default(),
+    let trace = read_on(
         &[mongos("m1"), mongos("m2")],
+        &RetryOptions::default(),
         &script,
-        JITTER_ZERO,
     );
     assert_eq!(hosts(&trace), ["m1", "m2"]);
     assert_eq!(raised(&trace).code(), Some(6));
@@ -31,13 +28,7 @@ fn prose_2_1_rr7_sharded_retry_goes_to_another_mongos() {
 #[test]
 fn prose_2_2_rr7_single_mongos_retries_on_the_same_mongos() {
     let script = Script::new().then(fail(6, &[])).then(StepOutcome::Succeed);
-    let trace = run(
-        OperationKind::Read,
-        &RetryOptions::default(),
-        &[mongos("m1")],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = read_on(&[mongos("m1")], &RetryOptions::default(), &script);
     assert_eq!(hosts(&trace), ["m1", "m1"]);
     assert_eq!(trace.result(), Some(&Ok(())));
 }
@@ -50,13 +41,7 @@ fn prose_3_1_bp19_overload_retargeting_moves_the_read() {
     let script = Script::new()
         .then(fail(6, &OVERLOAD))
         .then(StepOutcome::Succeed);
-    let trace = run(
-        OperationKind::Read,
-        &options,
-        &[primary(), secondary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = read_on(&[primary(), secondary()], &options, &script);
     assert_eq!(hosts(&trace), ["primary", "secondary"]);
 }
 
@@ -68,13 +53,7 @@ fn prose_3_2_rr7_non_overload_error_retries_on_the_same_server() {
     let script = Script::new()
         .then(fail(6, &["RetryableError"]))
         .then(StepOutcome::Succeed);
-    let trace = run(
-        OperationKind::Read,
-        &options,
-        &[primary(), secondary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = read_on(&[primary(), secondary()], &options, &script);
     assert_eq!(hosts(&trace), ["primary", "primary"]);
 }
 
@@ -85,13 +64,7 @@ fn prose_3_3_bp20_retargeting_off_keeps_the_server() {
     let script = Script::new()
         .then(fail(6, &OVERLOAD))
         .then(StepOutcome::Succeed);
-    let trace = run(
-        OperationKind::Read,
-        &RetryOptions::default(),
-        &[primary(), secondary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = read_on(&[primary(), secondary()], &RetryOptions::default(), &script);
     assert_eq!(hosts(&trace), ["primary", "primary"]);
 }
 

@@ -30,13 +30,7 @@ fn prose_3_rw17_no_writes_performed_after_wce_raises_the_wce() {
     let script = Script::new()
         .then(StepOutcome::Fail(wce))
         .then(fail(10107, &["RetryableWriteError", "NoWritesPerformed"]));
-    let trace = run_spec(
-        insert_one(),
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = on_primary(insert_one(), &script, JITTER_ZERO);
     let e = raised(&trace);
     assert_eq!(
         e.server_error()
@@ -98,13 +92,7 @@ fn prose_6_case_1_rw17_latest_error_without_no_writes_performed() {
     let script = Script::new()
         .then(fail(91, &OVERLOAD))
         .then(fail(10107, &OVERLOAD));
-    let trace = run_spec(
-        insert_one(),
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = on_primary(insert_one(), &script, JITTER_ZERO);
     assert_eq!(raised(&trace).code(), Some(10107));
 }
 
@@ -114,13 +102,7 @@ fn prose_6_case_2_rw17_all_no_writes_performed_raises_the_first() {
     let script = Script::new()
         .then(fail(91, &NWP_OVERLOAD))
         .then(fail(10107, &NWP_OVERLOAD));
-    let trace = run_spec(
-        insert_one(),
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = on_primary(insert_one(), &script, JITTER_ZERO);
     assert_eq!(trace.commands_started(), 3);
     assert_eq!(raised(&trace).code(), Some(91));
 }
@@ -132,13 +114,7 @@ fn prose_6_case_3_rw17_mixed_raises_the_error_that_shows_a_write() {
     let script = Script::new()
         .then(fail(91, &OVERLOAD))
         .then(fail(91, &NWP_OVERLOAD));
-    let trace = run_spec(
-        insert_one(),
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = on_primary(insert_one(), &script, JITTER_ZERO);
     let e = raised(&trace);
     assert_eq!(e.code(), Some(91));
     assert!(!e.has_label(Labels::NO_WRITES_PERFORMED));
@@ -151,13 +127,7 @@ fn prose_6_case_4_bp22_overload_cap_sticks_for_writes() {
     let script = Script::new()
         .then(fail(91, &OVERLOAD))
         .then(fail(91, &["RetryableWriteError"]));
-    let trace = run_spec(
-        insert_one(),
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_ZERO,
-    );
+    let trace = on_primary(insert_one(), &script, JITTER_ZERO);
     assert_eq!(trace.commands_started(), 3);
 }
 
@@ -167,13 +137,7 @@ fn prose_6_case_5_bp13_backoff_applies_once() {
     let script = Script::new()
         .then(fail(91, &OVERLOAD))
         .then(fail(91, &["RetryableWriteError"]));
-    let trace = run_spec(
-        insert_one(),
-        &RetryOptions::default(),
-        &[primary()],
-        &script,
-        JITTER_MAX,
-    );
+    let trace = on_primary(insert_one(), &script, JITTER_MAX);
     assert_eq!(
         trace.waits().collect::<Vec<_>>(),
         [core::time::Duration::from_millis(200)]

@@ -5,7 +5,7 @@ use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
 use core::time::Duration;
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
@@ -18,9 +18,10 @@ use retry_core::error::{NetworkCause, NetworkErrorKind, OperationError};
 use retry_core::retry::RetryEvent;
 use retry_core::time::{Instant, OperationTimeout};
 
+use crate::id_map::IdMap;
 use crate::io_error::classify_io_error;
 use crate::runtime::{AsyncTimer, BoxFuture, Runtime, Socket};
-use crate::shared::{lock, RawReply, Shared, Slot};
+use crate::shared::{lock, RawReply, Request, Shared, Slot};
 use crate::srv::SrvPolling;
 
 /// Rounds of work in one poll before the driver yields to its executor (tokio's coop budget and
@@ -56,6 +57,10 @@ struct SocketState {
     /// reused: it is swapped with the engine's transmit buffer, never copied, when it was empty.
     outgoing: Vec<u8>,
     written: usize,
+    /// Its last read returned `Pending` and its runtime has not woken it since: the read waker is
+    /// registered and nothing arrived, so a round that polls it only to write (queued by the
+    /// driver, not woken) does not read again.
+    read_armed: bool,
 }
 
 /// The task that owns the engine. Spawned once per client.
@@ -67,8 +72,11 @@ pub(crate) struct Driver {
     timer_at: Option<Instant>,
     /// The runtime's timer was polled (its waker registered) for `timer_at`.
     timer_armed: bool,
-    sockets: BTreeMap<ConnId, SocketState>,
-    pending: BTreeMap<OpId, Pending>,
+    sockets: IdMap<ConnId, SocketState>,
+    pending: IdMap<OpId, Pending>,
+    /// The requests taken from the client's queue in one round (reused: swapped with the
+    /// queue, so neither allocates again).
+    requests: VecDeque<Request>,
     /// `timeoutMS`, for each operation's CSOT deadline.
     timeout: Option<core::time::Duration>,
     read_buffer: Vec<u8>,
@@ -99,8 +107,9 @@ impl Driver {
             timer,
             timer_at: None,
             timer_armed: false,
-            sockets: BTreeMap::new(),
-            pending: BTreeMap::new(),
+            sockets: IdMap::default(),
+            pending: IdMap::default(),
+            requests: VecDeque::new(),
             timeout,
             read_buffer: vec![0; READ_BUFFER_BYTES],
             transmit: Vec::new(),
@@ -143,7 +152,7 @@ impl Driver {
     /// Starts the operations the client queued. Returns whether there were any, and whether the
     /// client is closing.
     fn take_requests(&mut self, cx: &mut Context<'_>, now: Instant) -> (bool, bool) {
-        let (requests, closing) = {
+        let closing = {
             let mut state = lock(&self.shared.state);
             if !state
                 .driver
@@ -178,30 +187,29 @@ impl Driver {
             if state.requests.is_empty() {
                 return (sessions || cancelled, state.closing);
             }
-            (core::mem::take(&mut state.requests), state.closing)
+            core::mem::swap(&mut state.requests, &mut self.requests);
+            state.closing
         };
-        for request in requests {
-            if request.reply.is_abandoned() {
-                continue;
+        let timeout = match self.timeout {
+            Some(t) => OperationTimeout::from_timeout_ms(now, t),
+            None => OperationTimeout::Off,
+        };
+        while let Some(request) = self.requests.pop_front() {
+            let engine = &mut self.engine;
+            // Not started if its caller gave up on it already; it cannot give up while it starts.
+            let started = request.reply.start(|| {
+                let mut operation = request.operation;
+                operation.timeout = timeout;
+                engine.start_operation(operation, now)
+            });
+            if let Some(op) = started {
+                let pending = Pending {
+                    slot: request.reply,
+                    cursor: None,
+                    address: None,
+                };
+                self.pending.insert(op, pending);
             }
-            let timeout = match self.timeout {
-                Some(t) => OperationTimeout::from_timeout_ms(now, t),
-                None => OperationTimeout::Off,
-            };
-            let mut operation = request.operation;
-            operation.timeout = timeout;
-            let op = self.engine.start_operation(operation, now);
-            if !request.reply.started(op) {
-                // Dropped while it was being started.
-                self.engine.cancel_operation(op, now);
-                continue;
-            }
-            let pending = Pending {
-                slot: request.reply,
-                cursor: None,
-                address: None,
-            };
-            self.pending.insert(op, pending);
         }
         (true, closing)
     }
@@ -219,6 +227,9 @@ impl Driver {
             };
             // Cleared before the poll: a wake from now on queues the socket again.
             socket.ready.queued.store(false, Ordering::Release);
+            if socket.ready.woken.swap(false, Ordering::AcqRel) {
+                socket.read_armed = false;
+            }
             let mut socket_cx = Context::from_waker(&socket.waker);
             if let Link::Connecting(connecting) = &mut socket.link {
                 match connecting.as_mut().poll(&mut socket_cx) {
@@ -226,7 +237,7 @@ impl Driver {
                     Poll::Ready(Ok(stream)) => {
                         socket.link = Link::Open(stream);
                         // Read next round, after the engine has written the handshake.
-                        socket.ready.queue();
+                        socket.ready.enqueue();
                         self.engine.handle_connected(conn, now);
                     }
                     Poll::Ready(Err(error)) => {
@@ -261,9 +272,9 @@ impl Driver {
                     Poll::Ready(Err(error)) => failure = Some(classify_io_error(&error, false)),
                 }
             }
-            let mut read_all = false;
+            let mut read_all = socket.read_armed;
             for _ in 0..READS_PER_ROUND {
-                if failure.is_some() {
+                if failure.is_some() || socket.read_armed {
                     break;
                 }
                 match stream
@@ -272,6 +283,7 @@ impl Driver {
                 {
                     Poll::Pending => {
                         read_all = true;
+                        socket.read_armed = true;
                         break;
                     }
                     Poll::Ready(Ok(0)) => failure = Some(closed_by_peer()),
@@ -289,7 +301,7 @@ impl Driver {
                 self.engine.handle_closed(conn, kind, Some(cause), now);
             } else if !read_all {
                 // Its read budget ran out with bytes left: no waker is armed, poll it again.
-                socket.ready.queue();
+                socket.ready.enqueue();
             }
         }
         self.ids = ids;
@@ -309,9 +321,10 @@ impl Driver {
             let ready = Arc::new(SocketWaker {
                 conn: connect.conn,
                 queued: AtomicBool::new(false),
+                woken: AtomicBool::new(false),
                 sockets: self.ready.clone(),
             });
-            ready.queue();
+            ready.enqueue();
             self.sockets.insert(
                 connect.conn,
                 SocketState {
@@ -320,13 +333,14 @@ impl Driver {
                     ready,
                     outgoing: Vec::new(),
                     written: 0,
+                    read_armed: false,
                 },
             );
         }
         while let Some(conn) = self.engine.poll_transmit(&mut self.transmit) {
             progressed = true;
             if let Some(socket) = self.sockets.get_mut(&conn) {
-                socket.ready.queue();
+                socket.ready.enqueue();
                 if socket.outgoing.is_empty() {
                     // No copy: the socket takes the bytes' buffer and lends its own.
                     core::mem::swap(&mut socket.outgoing, &mut self.transmit);
@@ -527,18 +541,35 @@ struct SocketWaker {
     conn: ConnId,
     /// Whether the socket is in the queue (so a burst of wakes queues it once).
     queued: AtomicBool,
+    /// Its runtime woke it since the driver last polled it (not only the driver queued it).
+    woken: AtomicBool,
     sockets: Arc<ReadySockets>,
 }
 
 impl SocketWaker {
-    /// Queues the socket if it is not queued; returns the driver's waker if it did.
+    /// Queues the socket if it is not queued; returns the driver's waker if the queue was empty.
+    /// A queue that was not empty has had its wake already: the driver takes the whole queue in
+    /// one round, and a driver that queues a socket itself runs another round before it waits
+    /// (so at 64 in flight a burst of replies wakes the driver once, not once per socket).
     fn queue(&self) -> Option<Waker> {
         if self.queued.swap(true, Ordering::AcqRel) {
             return None;
         }
         let mut state = lock(&self.sockets.state);
+        let first = state.conns.is_empty();
         state.conns.push(self.conn);
-        state.driver.clone()
+        if first {
+            state.driver.clone()
+        } else {
+            None
+        }
+    }
+
+    /// Queues the socket for the driver's next round, from the driver itself (no wake).
+    fn enqueue(&self) {
+        if !self.queued.swap(true, Ordering::AcqRel) {
+            lock(&self.sockets.state).conns.push(self.conn);
+        }
     }
 }
 
@@ -548,6 +579,7 @@ impl Wake for SocketWaker {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
         if let Some(driver) = self.queue() {
             driver.wake();
         }
@@ -689,9 +721,12 @@ impl Wake for DriverWaker {
         self.wake_by_ref();
     }
 
+    /// Wakes a waiting future only when the flag was clear: while it is set, a woken future has
+    /// yet to run the driver, or the one running it re-checks the flag when done.
     fn wake_by_ref(self: &Arc<Self>) {
-        self.dirty.store(true, Ordering::Release);
-        self.wake_one();
+        if !self.dirty.swap(true, Ordering::AcqRel) {
+            self.wake_one();
+        }
     }
 }
 
@@ -753,8 +788,11 @@ impl LocalDriver {
             }
         }
         if self.waker.dirty.load(Ordering::Acquire) {
-            // Passes used up with work left: come back after the executor's other tasks.
+            // Passes used up with work left: come back after the executor's other tasks, and
+            // hand the work to a waiting future too (no wake comes while the flag is set, and
+            // `cx` may be no task's, as when the last client goes).
             cx.waker().wake_by_ref();
+            self.waker.wake_one();
         }
         false
     }
@@ -832,7 +870,8 @@ mod tests {
     }
 
     /// House rule 9: a wake of the driver (a socket ready) wakes one of the tasks waiting on the
-    /// client, however many wait, and the next wake another one.
+    /// client, however many wait; more wakes before the driver runs wake nobody else (the woken
+    /// task runs it for all of them); the next wake after a run wakes another one.
     #[test]
     fn a_wake_wakes_one_waiting_task_however_many_wait() {
         let driver = Arc::new(DriverWaker::default());
@@ -847,8 +886,164 @@ mod tests {
         assert_eq!(woken(&tasks), 1);
         assert!(driver.dirty.load(Ordering::Acquire));
         waker.wake_by_ref();
+        assert_eq!(
+            woken(&tasks),
+            1,
+            "the woken task has not run the driver yet"
+        );
+        // The woken task runs the driver: it clears the flag first.
+        driver.dirty.store(false, Ordering::Release);
+        waker.wake_by_ref();
         assert_eq!(woken(&tasks), 2);
         assert_eq!(registered(&lock(&driver.waiting)), 62);
+    }
+
+    /// A runtime that opens no socket and whose timers never fire: the test below drives the
+    /// engine's sockets by hand.
+    #[derive(Debug)]
+    struct NoIo;
+
+    #[derive(Debug)]
+    struct NeverTimer;
+
+    impl AsyncTimer for NeverTimer {
+        fn reset(self: Pin<&mut Self>, _: Instant) {}
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            Poll::Pending
+        }
+    }
+
+    impl Runtime for NoIo {
+        fn start() -> io::Result<NoIo> {
+            Ok(NoIo)
+        }
+        fn now(&self) -> Instant {
+            Instant::ZERO
+        }
+        fn new_timer(&self, _: Instant) -> Pin<Box<dyn AsyncTimer>> {
+            Box::pin(NeverTimer)
+        }
+        fn connect(&self, _: String, _: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
+            Box::pin(core::future::pending())
+        }
+    }
+
+    /// The optional events (EventFamilies: pool, SDAM and heartbeats, retry, hedging) the
+    /// engine has queued; the others taken too.
+    fn optional_events(engine: &mut Engine) -> usize {
+        let mut optional = 0;
+        while let Some(event) = engine.poll_event() {
+            optional += usize::from(match event {
+                EngineEvent::Pool { .. }
+                | EngineEvent::Heartbeat { .. }
+                | EngineEvent::Topology(_)
+                | EngineEvent::Hedging { .. } => true,
+                EngineEvent::Operation { event, .. } => {
+                    !matches!(event, RetryEvent::CommandSucceeded { .. })
+                }
+                _ => false,
+            });
+        }
+        optional
+    }
+
+    /// Issue 9, EV-1 (review7 finding 8): the engine queues pool, SDAM, heartbeat, retry and
+    /// hedging events only while a client's `events()` stream is alive: each round the driver
+    /// turns the families off without one (this fails if `EventFamilies::ALL` were left on) and
+    /// on again while one is open.
+    #[test]
+    fn optional_engine_events_are_queued_only_while_an_events_stream_is_open() {
+        let options = crate::options::ClientOptions::parse("mongodb://127.0.0.1:27017").unwrap();
+        let engine = Engine::new(options.engine_options().unwrap(), Instant::ZERO).unwrap();
+        let shared = Arc::new(Shared::default());
+        let mut driver = Driver::new(Arc::new(NoIo), engine, shared.clone(), None);
+        let mut cx = Context::from_waker(Waker::noop());
+        let at = |ms: u64| Instant::ZERO.saturating_add(Duration::from_millis(ms));
+        optional_events(&mut driver.engine);
+
+        // No stream: the monitor connects and sends its hello; no heartbeat event is queued.
+        driver.take_requests(&mut cx, at(0));
+        driver.engine.handle_timeout(at(0));
+        let monitor = driver
+            .engine
+            .poll_connect()
+            .expect("the monitor's socket")
+            .conn;
+        driver.engine.handle_connected(monitor, at(1));
+        assert_eq!(optional_events(&mut driver.engine), 0, "no stream");
+
+        // A stream: its socket closes; heartbeat failed, server and topology changed, pool
+        // cleared are queued.
+        let stream = Arc::new(crate::shared::EventQueue::default());
+        lock(&shared.state).subscribers.push(stream.clone());
+        driver.take_requests(&mut cx, at(2));
+        driver
+            .engine
+            .handle_closed(monitor, NetworkErrorKind::Reset, None, at(2));
+        assert!(optional_events(&mut driver.engine) > 0, "a stream is open");
+
+        // The stream dropped: the next monitor's socket and hello queue nothing again.
+        drop(stream);
+        driver.take_requests(&mut cx, at(3));
+        let mut now = at(3);
+        let monitor = loop {
+            driver.engine.handle_timeout(now);
+            if let Some(connect) = driver.engine.poll_connect() {
+                break connect.conn;
+            }
+            now = driver.engine.poll_timeout().expect("a monitor timer");
+            assert!(now < at(60_000), "the monitor reconnects within a minute");
+        };
+        driver.engine.handle_connected(monitor, now);
+        assert_eq!(
+            optional_events(&mut driver.engine),
+            0,
+            "the stream was dropped"
+        );
+    }
+
+    /// Issue 9, house rule 9: replies on many sockets in one burst wake the driver once (when its
+    /// queue of ready sockets goes from empty to not empty), and every socket is queued once;
+    /// after the driver took the queue the next ready socket wakes it again.
+    #[test]
+    fn a_burst_of_ready_sockets_wakes_the_driver_once() {
+        let ready = Arc::new(ReadySockets::default());
+        let driver = tasks(1);
+        let driver_waker = Waker::from(driver[0].clone());
+        let mut taken = Vec::new();
+        ready.take(&driver_waker, &mut taken);
+        let sockets: Vec<Waker> = (0..64)
+            .map(|conn| {
+                Waker::from(Arc::new(SocketWaker {
+                    conn: ConnId(conn),
+                    queued: AtomicBool::new(false),
+                    woken: AtomicBool::new(false),
+                    sockets: ready.clone(),
+                }))
+            })
+            .collect();
+        for socket in sockets.iter().chain(&sockets) {
+            socket.wake_by_ref();
+        }
+        assert_eq!(woken(&driver), 1);
+        ready.take(&driver_waker, &mut taken);
+        assert_eq!(taken, (0..64).map(ConnId).collect::<Vec<_>>());
+        assert!(ready.is_empty());
+        // The driver polled them (clearing `queued`); the next reply wakes it again.
+        let mut again = Vec::new();
+        ready.take(&driver_waker, &mut again);
+        let first = Arc::new(SocketWaker {
+            conn: ConnId(7),
+            queued: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
+            sockets: ready.clone(),
+        });
+        Waker::from(first.clone()).wake_by_ref();
+        assert_eq!(woken(&driver), 2);
+        assert!(
+            first.woken.load(Ordering::Acquire),
+            "a runtime wake marks the read"
+        );
     }
 
     /// The registered slots, walking the list from its head.

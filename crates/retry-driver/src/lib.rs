@@ -43,6 +43,7 @@ mod credential;
 mod cursor;
 mod dns;
 mod driver;
+mod id_map;
 mod io_error;
 mod options;
 mod runtime;

@@ -101,16 +101,16 @@ impl Slot {
         }
     }
 
-    /// The driver started the operation as `op`; `false` if the caller already gave up on it.
-    pub(crate) fn started(&self, op: OpId) -> bool {
+    /// Starts the operation with `start` unless the caller gave up on it, and notes its id (to
+    /// cancel it if the caller gives up later); the caller cannot give up while it starts.
+    pub(crate) fn start(&self, start: impl FnOnce() -> OpId) -> Option<OpId> {
         let mut state = lock(&self.state);
+        if state.abandoned {
+            return None;
+        }
+        let op = start();
         state.op = Some(op);
-        !state.abandoned
-    }
-
-    /// Whether the caller gave up on the operation before it started.
-    pub(crate) fn is_abandoned(&self) -> bool {
-        lock(&self.state).abandoned
+        Some(op)
     }
 
     /// The caller gives up: the engine's operation to cancel, if it started and has no result.

@@ -12,7 +12,6 @@ use retry_core::engine::{
 };
 use retry_core::error::{NetworkErrorKind, OperationError};
 use retry_core::handshake::{ClientMetadata, HandshakeOptions};
-use retry_core::pool::PoolEvent;
 use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use retry_core::time::Instant;
@@ -624,20 +623,7 @@ impl Sim {
     /// Every pool's check-outs (`"out"`) and check-ins (`"in"`), in the order they were
     /// published: what tests of CM-/TX-/LB- connection release compare.
     pub fn checkouts_and_checkins(&self) -> Vec<&'static str> {
-        self.events
-            .iter()
-            .filter_map(|(_, e)| match e {
-                EngineEvent::Pool {
-                    event: PoolEvent::CheckedOut { .. },
-                    ..
-                } => Some("out"),
-                EngineEvent::Pool {
-                    event: PoolEvent::CheckedIn { .. },
-                    ..
-                } => Some("in"),
-                _ => None,
-            })
-            .collect()
+        self.pool_trace(&["out", "in"])
     }
 
     /// Starts `request` now and drains the engine.
@@ -659,7 +645,7 @@ impl Sim {
 
     /// Starts a read with read preference primary.
     pub fn read(&mut self, command: Document) -> OpId {
-        self.start(command, OperationKind::Read, primary())
+        self.start_request(crate::read_request(command))
     }
 
     /// The servers the attempts of `op` were sent to.

@@ -40,5 +40,10 @@
 
 mod driver;
 pub mod engine_ops;
+mod fixtures;
 
 pub use driver::*;
+pub use fixtures::{
+    abort, commit, cursor_batch, get_more, insert, kill_cursors, open_cursor, pool_of_one,
+    read_request, replica_set, request, FIRST_WRITE, LATER_READ, LATER_WRITE,
+};

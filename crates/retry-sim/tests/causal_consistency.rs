@@ -92,10 +92,14 @@ fn se21_reads_in_an_explicit_session_carry_after_cluster_time() {
     assert_eq!(read_concern(&commands[6]), None, "an implicit session");
 }
 
-/// SE-21 (causal-consistency spec, DRIVERS-3274; transactions `commit.json` "reset session state
-/// commit", `retryable-writes.json` "increment txnNumber"): once the session has seen an
-/// `operationTime`, its write commands carry `readConcern.afterClusterTime` too, without a
-/// level; a transaction's first command keeps its `snapshot` level with it
+/// SE-21 (DRIVERS-3274: causal-consistency spec "Causally consistent read and write commands",
+/// which defers to the read-write-concern spec's "`afterClusterTime`" list;
+/// `causal-consistency-write-commands.yml` "create / createIndexes / drop / dropDatabase /
+/// dropIndexes includes afterClusterTime", `causal-consistency-clientBulkWrite.yml`; transactions
+/// `commit.json` "reset session state commit", `retryable-writes.json` "increment txnNumber"):
+/// once the session has seen an `operationTime`, the write commands of that list carry
+/// `readConcern.afterClusterTime` too, without a level, and a write command outside it
+/// (`collMod`) none; a transaction's first command keeps its `snapshot` level with it
 /// (`transaction-options-repl.json`); a command with its own `atClusterTime` gets none (SE-22).
 #[test]
 fn se21_writes_and_a_snapshot_transaction_carry_after_cluster_time() {
@@ -107,8 +111,8 @@ fn se21_writes_and_a_snapshot_transaction_carry_after_cluster_time() {
     let mut sim = Sim::new(vec![(address("m"), server)], |_| {});
     let session = sim.engine.start_session();
     let run = |sim: &mut Sim, command: Document, kind| {
-        let mut request = OperationRequest::new("test", command, kind, SelectionCriteria::Write);
-        request.session = Some(session);
+        let request = OperationRequest::new("test", command, kind, SelectionCriteria::Write)
+            .with_session(session);
         let op = sim.start_request(request);
         let _ = sim.run(op);
     };
@@ -120,9 +124,22 @@ fn se21_writes_and_a_snapshot_transaction_carry_after_cluster_time() {
         doc! { "update": "c", "updates": [{ "q": {}, "u": {}, "multi": true }] },
         OperationKind::NonRetryableWrite,
     );
+    let listed = [
+        doc! { "delete": "c", "deletes": [{ "q": {}, "limit": 1 }] },
+        doc! { "findAndModify": "c", "query": {}, "remove": true },
+        doc! { "bulkWrite": 1, "ops": [], "nsInfo": [] },
+        doc! { "create": "d" },
+        doc! { "createIndexes": "c", "indexes": [] },
+        doc! { "drop": "d" },
+        doc! { "dropDatabase": 1 },
+        doc! { "dropIndexes": "c", "index": "*" },
+    ];
+    for command in listed.iter().cloned() {
+        run(&mut sim, command, OperationKind::NonRetryableWrite);
+    }
     run(
         &mut sim,
-        doc! { "createIndexes": "c", "indexes": [] },
+        doc! { "collMod": "c" },
         OperationKind::NonRetryableWrite,
     );
     run(
@@ -138,19 +155,21 @@ fn se21_writes_and_a_snapshot_transaction_carry_after_cluster_time() {
     run(&mut sim, insert(), OperationKind::RetryableWrite);
 
     let commands = &sim.servers[&address("m")].commands;
-    assert_eq!(commands.len(), 6);
+    let writes = 3 + listed.len();
+    assert_eq!(commands.len(), writes + 3);
     assert_eq!(read_concern(&commands[0]), None, "nothing seen yet");
     let after = doc! { "afterClusterTime": at(20, 1) };
-    for write in &commands[1..4] {
+    for write in &commands[1..writes] {
         assert_eq!(read_concern(write), Some(&after), "{write}");
     }
+    assert_eq!(read_concern(&commands[writes]), None, "not in the list");
     assert_eq!(
-        read_concern(&commands[4]),
+        read_concern(&commands[writes + 1]),
         Some(&doc! { "level": "snapshot", "atClusterTime": at(5, 0) }),
         "its own point in time"
     );
     assert_eq!(
-        read_concern(&commands[5]),
+        read_concern(&commands[writes + 2]),
         Some(&doc! { "level": "snapshot", "afterClusterTime": at(20, 1) }),
         "TX-1: the transaction's level with the session's time"
     );

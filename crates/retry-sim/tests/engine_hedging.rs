@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use bson::{doc, Bson, Document};
+use bson::{doc, Bson, Document, Timestamp};
 use retry_core::engine::{CommandEvent, ConnId, EngineEvent, OpId, OperationRequest};
 use retry_core::error::ErrorKind;
 use retry_core::hedging::{CopyId, CopyStage, HedgingEvent};
@@ -16,6 +16,7 @@ use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::selection::SelectionCriteria;
 use retry_core::service_config::ServiceConfig;
 use retry_core::time::{Instant, OperationTimeout};
+use retry_core::topology::{SdamEvent, ServerType};
 use retry_sim::{address, overload, Role, Sim, SimServer, Step};
 
 const SLOW: Duration = Duration::from_millis(1_000);
@@ -275,12 +276,7 @@ fn a_draining_connection_is_not_lent_until_its_reply() {
 fn cs_5_a_drained_connection_without_a_reply_by_the_deadline_is_closed() {
     let mut sim = cluster(hedging_config(3, "0s"), 7);
     let start = sim.now;
-    let mut request = OperationRequest::new(
-        "test",
-        doc! { "find": "c" },
-        OperationKind::Read,
-        retry_sim::primary(),
-    );
+    let mut request = retry_sim::read_request(doc! { "find": "c" });
     request.timeout = OperationTimeout::from_timeout_ms(start, Duration::from_millis(200));
     let op = sim.start_request(request);
     assert_eq!(sim.run(op).unwrap().get_str("server").ok(), Some("m3"));
@@ -332,13 +328,7 @@ fn only_reads_in_implicit_sessions_are_hedged() {
     .unwrap();
     let mut sim = cluster(config, 7);
     let session = sim.engine.start_session();
-    let mut request = OperationRequest::new(
-        "test",
-        doc! { "find": "c" },
-        OperationKind::Read,
-        retry_sim::primary(),
-    );
-    request.session = Some(session);
+    let request = retry_sim::read_request(doc! { "find": "c" }).with_session(session);
     let explicit = sim.start_request(request);
     sim.run(explicit).unwrap();
     let write = sim.start(
@@ -634,4 +624,59 @@ fn a6_cs4_a_late_copy_that_cannot_be_sent_does_not_fail_the_copy_in_flight() {
         "copy 2 is not sent and fails non-fatally"
     );
     assert_eq!(started(&sim, op).len(), 1, "only copy 1 was sent");
+}
+
+/// SE-16, A6-H3 (review7 finding 6: a drained reply is read in place by the attempts' reply
+/// reader, with the same results): a cancelled copy's reply still gossips its `$clusterTime`
+/// (the next command carries it) and still reports its state-change error to SDAM
+/// (ShutdownInProgress 91: the server is marked Unknown and its pool cleared).
+#[test]
+fn a_drained_reply_gossips_its_cluster_time_and_reports_its_error() {
+    let mut sim = cluster(hedging_config(3, "0s"), 7);
+    let time = doc! { "clusterTime": Timestamp { time: 50, increment: 1 }, "signature": { "keyId": 0_i64 } };
+    let replies = [
+        (
+            "m1",
+            doc! { "ok": 1, "$clusterTime": time.clone(),
+            "cursor": { "id": 0_i64, "ns": "test.c", "firstBatch": [] } },
+        ),
+        (
+            "m2",
+            doc! { "ok": 0, "code": 91, "errmsg": "shutting down" },
+        ),
+    ];
+    for (host, body) in replies {
+        sim.servers.get_mut(&address(host)).unwrap().script =
+            [Step::Reply { body, delay: SLOW }].into_iter().collect();
+    }
+    let op = sim.read(doc! { "find": "c" });
+    assert_eq!(sim.run(op).unwrap().get_str("server").ok(), Some("m3"));
+    let won = sim.now;
+    assert!(sim.advance_to(
+        won.saturating_add(SLOW)
+            .saturating_add(Duration::from_millis(50))
+    ));
+    let after_win = |sim: &Sim| -> Vec<EngineEvent> {
+        let events = sim.events.iter().filter(|(at, _)| *at > won);
+        events.map(|(_, e)| e.clone()).collect()
+    };
+    let unknown = after_win(&sim).into_iter().any(|e| {
+        matches!(e, EngineEvent::Topology(SdamEvent::ServerDescriptionChanged { address: a, new, .. })
+            if a == address("m2") && new.server_type == ServerType::Unknown)
+    });
+    let cleared = after_win(&sim).into_iter().any(|e| {
+        matches!(e, EngineEvent::Pool { address: a, event: PoolEvent::PoolCleared { .. } }
+            if a == address("m2"))
+    });
+    assert!(unknown && cleared, "m2's drained error reached SDAM");
+    let ping = sim.read(doc! { "ping": 1 });
+    sim.run(ping).unwrap();
+    let sent: Vec<&Document> = sim
+        .servers
+        .values()
+        .flat_map(|s| &s.commands)
+        .filter(|c| c.contains_key("ping"))
+        .collect();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].get_document("$clusterTime").ok(), Some(&time));
 }

@@ -11,7 +11,7 @@ use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteri
 use retry_core::time::{Instant, OperationTimeout};
 use retry_core::topology::SrvPollingOptions;
 
-use retry_sim::{address, primary, Role, Sim, SimServer};
+use retry_sim::{address, primary, replica_set, Role, Sim, SimServer};
 
 fn read_with_csot(sim: &Sim, ms: u64) -> OperationRequest {
     let mut request =
@@ -53,11 +53,12 @@ fn bug1_idle_pooled_connection_closed_with_a_timeout_leaks_the_next_operation() 
 /// 500 ms deadline. Load-balanced mode shows it (no monitor gates selection).
 #[test]
 fn bug2_csot_does_not_cap_connection_establishment() {
-    let mut server = SimServer::new(Role::LoadBalancer { service_id: true });
-    server.handshake_delay = Duration::from_secs(5);
-    let mut sim = Sim::new(vec![(address("lb"), server)], |o| {
-        o.topology.load_balanced = true
-    });
+    let mut sim = Sim::lb([], |_| {});
+    let lb = sim
+        .servers
+        .get_mut(&address("lb"))
+        .expect("the load balancer");
+    lb.handshake_delay = Duration::from_secs(5);
     let op = sim.start_request(read_with_csot(&sim, 500));
     sim.advance_to(sim.now.saturating_add(Duration::from_secs(30)));
     let at = finished_at(&sim, op).expect("finishes");
@@ -103,17 +104,7 @@ fn bug4_a_failed_monitor_socket_is_closed_once() {
 /// issue 9 item 2). Now it ends exactly once, by a network error that goes through the retry rules.
 #[test]
 fn a_read_in_flight_on_a_removed_member_finishes_once() {
-    let hosts = vec!["r0:27017".to_string(), "r1:27017".to_string()];
-    let members = ["r0", "r1"]
-        .into_iter()
-        .enumerate()
-        .map(|(i, host)| {
-            let mut server = SimServer::new(Role::Member);
-            server.member.hosts = hosts.clone();
-            server.member.primary = i == 0;
-            (address(host), server)
-        })
-        .collect();
+    let members = replica_set(&["r0", "r1"]);
     let mut sim = Sim::new(members, |o| {
         o.heartbeat_frequency = Duration::from_millis(500)
     });

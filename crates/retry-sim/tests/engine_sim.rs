@@ -5,13 +5,16 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use retry_core::engine::{CursorUse, EngineEvent, OpId, OperationRequest, SessionHandle};
+use retry_core::engine::EngineEvent;
 use retry_core::pool::PoolEvent;
 use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::selection::SelectionCriteria;
 use retry_core::time::Instant;
 
-use retry_sim::{address, overload, Role, Sim, SimServer, Step};
+use retry_sim::{
+    address, commit, cursor_batch, get_more, insert, kill_cursors, open_cursor, overload,
+    replica_set, request, Role, Sim, SimServer, Step, FIRST_WRITE, LATER_READ, LATER_WRITE,
+};
 
 #[test]
 fn a_ping_on_a_standalone_succeeds_in_one_attempt() {
@@ -97,15 +100,9 @@ fn bp27_the_connection_is_checked_in_before_every_backoff() {
         "checked in when the attempt failed, before any wait"
     );
     let waits: Vec<Duration> = sim
-        .events
-        .iter()
-        .filter_map(|(_, e)| match e {
-            EngineEvent::Operation {
-                event: RetryEvent::RetryScheduled { delay, .. },
-                ..
-            } => Some(*delay),
-            _ => None,
-        })
+        .retries_scheduled()
+        .into_iter()
+        .map(|(delay, _)| delay)
         .collect();
     assert!(
         waits.iter().all(|d| !d.is_zero()),
@@ -135,15 +132,9 @@ fn hs9_a_server_that_resets_handshakes_is_retried_with_backoff() {
     sim.run(second)
         .expect("the reset handshake is retried (HS-9 labels make it a retryable overload error)");
     let retried: Vec<_> = sim
-        .events
-        .iter()
-        .filter_map(|(_, e)| match e {
-            EngineEvent::Operation {
-                event: RetryEvent::RetryScheduled { reason, .. },
-                ..
-            } => Some(*reason),
-            _ => None,
-        })
+        .retries_scheduled()
+        .into_iter()
+        .map(|(_, reason)| reason)
         .collect();
     assert_eq!(retried.len(), sim_server_resets, "{retried:?}");
     assert_eq!(retried[0], retry_core::retry::RetryReason::Overload);
@@ -184,67 +175,14 @@ fn identical_seeds_give_identical_traces() {
     assert_eq!(trace(), trace());
 }
 
-fn batch(id: i64, field: &str) -> Document {
-    doc! { "ok": 1, "cursor": { "id": id, "ns": "test.c", field: [] } }
-}
-
-fn cursor_op(sim: &mut Sim, command: Document, kind: OperationKind, cursor: CursorUse) -> OpId {
-    let mut request = OperationRequest::new("test", command, kind, retry_sim::primary());
-    request.cursor = cursor;
-    sim.start_request(request)
-}
-
-fn in_session(
-    sim: &mut Sim,
-    session: SessionHandle,
-    command: Document,
-    kind: OperationKind,
-) -> OpId {
-    let mut request = OperationRequest::new(
-        "test",
-        command,
-        kind,
-        retry_core::selection::SelectionCriteria::Write,
-    );
-    request.session = Some(session);
-    sim.start_request(request)
-}
-
+/// The pool's check-out starts, check-outs and check-ins, in order.
 fn pool_events(sim: &Sim) -> Vec<&'static str> {
-    sim.events
-        .iter()
-        .filter_map(|(_, e)| match e {
-            EngineEvent::Pool {
-                event: PoolEvent::CheckOutStarted { .. },
-                ..
-            } => Some("started"),
-            EngineEvent::Pool {
-                event: PoolEvent::CheckedOut { .. },
-                ..
-            } => Some("out"),
-            EngineEvent::Pool {
-                event: PoolEvent::CheckedIn { .. },
-                ..
-            } => Some("in"),
-            _ => None,
-        })
-        .collect()
+    sim.pool_trace(&["started", "out", "in"])
 }
 
+/// A load balancer answering with `script` and the default pool.
 fn lb_sim(script: Vec<Document>) -> Sim {
-    let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
-    lb.script = script.into_iter().map(Step::reply).collect();
-    Sim::new(vec![(address("lb"), lb)], |o| {
-        o.topology.load_balanced = true
-    })
-}
-
-fn commands(sim: &Sim, host: &str) -> Vec<String> {
-    sim.servers[&address(host)]
-        .log
-        .iter()
-        .map(|(n, _)| n.clone())
-        .collect()
+    Sim::lb(script.into_iter().map(Step::reply), |_| {})
 }
 
 fn one_connection(sim: &Sim, host: &str) -> bool {
@@ -255,41 +193,22 @@ fn one_connection(sim: &Sim, host: &str) -> bool {
 #[test]
 fn lb10_a_load_balanced_cursor_stays_pinned_across_get_mores() {
     let mut sim = lb_sim(vec![
-        batch(42, "firstBatch"),
+        cursor_batch(42, "firstBatch"),
         overload(462),
-        batch(42, "nextBatch"),
-        batch(0, "nextBatch"),
+        cursor_batch(42, "nextBatch"),
+        cursor_batch(0, "nextBatch"),
     ]);
-    let find = cursor_op(
-        &mut sim,
-        doc! { "find": "c" },
-        OperationKind::Read,
-        CursorUse::Open,
-    );
+    let find = sim.start_request(open_cursor(OperationKind::Read));
     sim.run(find).unwrap();
     let cursor = sim
         .cursor_opened(find)
         .expect("a non-zero cursor id opens a cursor");
     // BP-5: the overloaded getMore is retried, on the same pinned connection (C8).
-    let get_more = doc! { "getMore": 42i64, "collection": "c" };
-    let more = cursor_op(
-        &mut sim,
-        get_more.clone(),
-        OperationKind::GetMore,
-        CursorUse::GetMore(cursor),
-    );
+    let more = sim.start_request(get_more(42, cursor));
     sim.run(more).unwrap();
-    let last = cursor_op(
-        &mut sim,
-        get_more.clone(),
-        OperationKind::GetMore,
-        CursorUse::GetMore(cursor),
-    );
+    let last = sim.start_request(get_more(42, cursor));
     sim.run(last).unwrap();
-    assert_eq!(
-        commands(&sim, "lb"),
-        ["find", "getMore", "getMore", "getMore"]
-    );
+    assert_eq!(sim.log("lb"), ["find", "getMore", "getMore", "getMore"]);
     assert!(
         one_connection(&sim, "lb"),
         "every command on the connection that opened the cursor"
@@ -297,49 +216,28 @@ fn lb10_a_load_balanced_cursor_stays_pinned_across_get_mores() {
     // LB-9: one checkout and one check-in for the cursor's whole life.
     assert_eq!(pool_events(&sim), ["started", "out", "in"]);
     // The exhausted cursor is gone.
-    let after = cursor_op(
-        &mut sim,
-        get_more,
-        OperationKind::GetMore,
-        CursorUse::GetMore(cursor),
-    );
+    let after = sim.start_request(get_more(42, cursor));
     let error = sim.run(after).unwrap_err();
     assert!(error.to_string().contains("is not open"), "{error}");
 }
 
 #[test]
 fn lb10_closing_a_cursor_sends_kill_cursors_on_its_connection_then_checks_it_in() {
-    let mut sim = lb_sim(vec![batch(42, "firstBatch")]);
-    let find = cursor_op(
-        &mut sim,
-        doc! { "find": "c" },
-        OperationKind::Read,
-        CursorUse::Open,
-    );
+    let mut sim = lb_sim(vec![cursor_batch(42, "firstBatch")]);
+    let find = sim.start_request(open_cursor(OperationKind::Read));
     sim.run(find).unwrap();
     let cursor = sim.cursor_opened(find).unwrap();
-    let kill = doc! { "killCursors": "c", "cursors": [42i64] };
-    let kill = cursor_op(
-        &mut sim,
-        kill,
-        OperationKind::RunCommand,
-        CursorUse::Close(cursor),
-    );
+    let kill = sim.start_request(kill_cursors(42, cursor));
     sim.run(kill).unwrap();
-    assert_eq!(commands(&sim, "lb"), ["find", "killCursors"]);
+    assert_eq!(sim.log("lb"), ["find", "killCursors"]);
     assert!(one_connection(&sim, "lb"));
     assert_eq!(pool_events(&sim), ["started", "out", "in"]);
 }
 
 #[test]
 fn a_cursor_with_id_zero_pins_nothing() {
-    let mut sim = lb_sim(vec![batch(0, "firstBatch")]);
-    let find = cursor_op(
-        &mut sim,
-        doc! { "find": "c" },
-        OperationKind::Read,
-        CursorUse::Open,
-    );
+    let mut sim = lb_sim(vec![cursor_batch(0, "firstBatch")]);
+    let find = sim.start_request(open_cursor(OperationKind::Read));
     sim.run(find).unwrap();
     assert_eq!(sim.cursor_opened(find), None);
     assert_eq!(pool_events(&sim), ["started", "out", "in"]);
@@ -347,19 +245,11 @@ fn a_cursor_with_id_zero_pins_nothing() {
 
 #[test]
 fn lb13_an_exhausted_pool_names_the_connections_in_use() {
-    let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
-    lb.script = VecDeque::from(vec![Step::reply(batch(42, "firstBatch"))]);
-    let mut sim = Sim::new(vec![(address("lb"), lb)], |o| {
-        o.topology.load_balanced = true;
+    let mut sim = Sim::lb([Step::reply(cursor_batch(42, "firstBatch"))], |o| {
         o.topology.pool.max_pool_size = 1;
         o.topology.pool.wait_queue_timeout = Some(Duration::from_millis(100));
     });
-    let find = cursor_op(
-        &mut sim,
-        doc! { "find": "c" },
-        OperationKind::Read,
-        CursorUse::Open,
-    );
+    let find = sim.start_request(open_cursor(OperationKind::Read));
     sim.run(find).unwrap();
     assert!(sim.cursor_opened(find).is_some());
     let ping = sim.read(doc! { "ping": 1 });
@@ -387,64 +277,29 @@ fn three_mongos() -> Sim {
 
 #[test]
 fn tx3_a_sharded_transaction_stays_on_the_mongos_of_its_first_command() {
-    use OperationKind::{CommitTransaction, InTransaction};
     let mut sim = three_mongos();
     let session = sim.engine.start_session();
     let insert = doc! { "insert": "c", "documents": [{}] };
-    let first = in_session(
-        &mut sim,
-        session,
-        insert.clone(),
-        InTransaction {
-            read: false,
-            first: true,
-        },
-    );
+    let first = sim.start_request(request(insert.clone(), FIRST_WRITE).with_session(session));
     sim.run(first).unwrap();
     let pinned = sim.attempt_servers(first)[0].clone();
     for _ in 0..5 {
-        let next = in_session(
-            &mut sim,
-            session,
-            insert.clone(),
-            InTransaction {
-                read: false,
-                first: false,
-            },
-        );
+        let next = sim.start_request(request(insert.clone(), LATER_WRITE).with_session(session));
         sim.run(next).unwrap();
         assert_eq!(sim.attempt_servers(next), std::slice::from_ref(&pinned));
     }
-    let commit = in_session(
-        &mut sim,
-        session,
-        doc! { "commitTransaction": 1 },
-        CommitTransaction { again: false },
-    );
+    let commit = sim.start_request(commit(session));
     sim.run(commit).unwrap();
     assert_eq!(sim.attempt_servers(commit), std::slice::from_ref(&pinned));
     // TX-4 (4): a new transaction is not bound to the old pin; over many transactions more than one
     // mongos is used (the transactions prose test).
     let mut used = std::collections::BTreeSet::new();
     for _ in 0..30 {
-        let first = in_session(
-            &mut sim,
-            session,
-            insert.clone(),
-            InTransaction {
-                read: false,
-                first: true,
-            },
-        );
+        let first = sim.start_request(request(insert.clone(), FIRST_WRITE).with_session(session));
         sim.run(first).unwrap();
         used.insert(sim.attempt_servers(first)[0].clone());
         // TX-2: the engine's session refuses a new transaction while this one is in progress.
-        let commit = in_session(
-            &mut sim,
-            session,
-            doc! { "commitTransaction": 1 },
-            CommitTransaction { again: false },
-        );
+        let commit = sim.start_request(retry_sim::commit(session));
         sim.run(commit).unwrap();
     }
     assert!(used.len() > 1, "{used:?}");
@@ -452,18 +307,9 @@ fn tx3_a_sharded_transaction_stays_on_the_mongos_of_its_first_command() {
 
 #[test]
 fn tx4_a_commit_with_an_unknown_result_is_unpinned_before_its_retry() {
-    use OperationKind::{CommitTransaction, InTransaction};
     let mut sim = three_mongos();
     let session = sim.engine.start_session();
-    let first = in_session(
-        &mut sim,
-        session,
-        doc! { "insert": "c", "documents": [{}] },
-        InTransaction {
-            read: false,
-            first: true,
-        },
-    );
+    let first = sim.start_request(insert(FIRST_WRITE).with_session(session));
     sim.run(first).unwrap();
     let pinned = sim.attempt_servers(first)[0].clone();
     // The pinned mongos drops the commit's connection: a network error, UnknownTransactionCommitResult
@@ -474,12 +320,7 @@ fn tx4_a_commit_with_an_unknown_result_is_unpinned_before_its_retry() {
         .unwrap()
         .script
         .push_back(Step::Reset);
-    let commit = in_session(
-        &mut sim,
-        session,
-        doc! { "commitTransaction": 1 },
-        CommitTransaction { again: false },
-    );
+    let commit = sim.start_request(commit(session));
     sim.run(commit)
         .expect("the retried commit succeeds elsewhere");
     let servers = sim.attempt_servers(commit);
@@ -490,40 +331,15 @@ fn tx4_a_commit_with_an_unknown_result_is_unpinned_before_its_retry() {
 
 #[test]
 fn tx5_a_load_balanced_transaction_keeps_one_connection_until_the_session_ends() {
-    use OperationKind::{CommitTransaction, InTransaction};
     let mut sim = lb_sim(Vec::new());
     let session = sim.engine.start_session();
-    let first = in_session(
-        &mut sim,
-        session,
-        doc! { "insert": "c", "documents": [{}] },
-        InTransaction {
-            read: false,
-            first: true,
-        },
-    );
+    let first = sim.start_request(insert(FIRST_WRITE).with_session(session));
     sim.run(first).unwrap();
-    let second = in_session(
-        &mut sim,
-        session,
-        doc! { "find": "c" },
-        InTransaction {
-            read: true,
-            first: false,
-        },
-    );
+    let second = sim.start_request(request(doc! { "find": "c" }, LATER_READ).with_session(session));
     sim.run(second).unwrap();
-    let commit = in_session(
-        &mut sim,
-        session,
-        doc! { "commitTransaction": 1 },
-        CommitTransaction { again: false },
-    );
+    let commit = sim.start_request(commit(session));
     sim.run(commit).unwrap();
-    assert_eq!(
-        commands(&sim, "lb"),
-        ["insert", "find", "commitTransaction"]
-    );
+    assert_eq!(sim.log("lb"), ["insert", "find", "commitTransaction"]);
     assert!(one_connection(&sim, "lb"));
     // A successful commit does not unpin (TX-4); ending the session does.
     assert_eq!(pool_events(&sim), ["started", "out"]);
@@ -569,17 +385,7 @@ fn a_cancelled_operation_ends_at_once_and_leaks_no_connection() {
 /// The old primary, now a secondary, would refuse them with NotWritablePrimary.
 #[test]
 fn writes_follow_the_primary_across_a_step_down() {
-    let hosts = vec!["r0:27017".to_string(), "r1:27017".to_string()];
-    let members = ["r0", "r1"]
-        .into_iter()
-        .enumerate()
-        .map(|(i, host)| {
-            let mut server = SimServer::new(Role::Member);
-            server.member.hosts = hosts.clone();
-            server.member.primary = i == 0;
-            (address(host), server)
-        })
-        .collect();
+    let members = replica_set(&["r0", "r1"]);
     let mut sim = Sim::new(members, |_| {});
     let insert = || doc! { "insert": "c", "documents": [{ "x": 1 }] };
     let op = sim.start(

@@ -9,19 +9,16 @@ use std::time::Duration;
 
 use bson::{doc, Document};
 use retry_core::engine::SessionHandle;
-use retry_core::engine::{CursorUse, EngineEvent, OperationRequest};
+use retry_core::engine::{EngineEvent, OperationRequest};
 use retry_core::pool::PoolEvent;
 use retry_core::retry::OperationKind;
-use retry_core::selection::SelectionCriteria;
-use retry_sim::{address, Role, Sim, SimServer, Step};
+use retry_sim::{
+    abort, commit, cursor_batch, get_more, insert, kill_cursors, open_cursor, Sim, Step,
+};
 
+/// A load balancer with `script` and a pool of two connections.
 fn lb(script: Vec<Step>) -> Sim {
-    let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
-    lb.script = script.into_iter().collect();
-    Sim::new(vec![(address("lb"), lb)], |o| {
-        o.topology.load_balanced = true;
-        o.topology.pool.max_pool_size = 2;
-    })
+    Sim::lb(script, |o| o.topology.pool.max_pool_size = 2)
 }
 
 fn slow(body: Document) -> Step {
@@ -31,25 +28,8 @@ fn slow(body: Document) -> Step {
     }
 }
 
-fn request(
-    command: Document,
-    kind: OperationKind,
-    cursor: CursorUse,
-    session: Option<SessionHandle>,
-) -> OperationRequest {
-    let mut request = OperationRequest::new("test", command, kind, SelectionCriteria::Write);
-    request.cursor = cursor;
-    request.session = session;
-    request
-}
-
-fn insert(session: Option<SessionHandle>) -> OperationRequest {
-    request(
-        doc! { "insert": "c", "documents": [{}] },
-        OperationKind::RetryableWrite,
-        CursorUse::None,
-        session,
-    )
+fn retryable_insert(session: Option<SessionHandle>) -> OperationRequest {
+    insert(OperationKind::RetryableWrite).with_session(session)
 }
 
 /// Check-outs minus check-ins: the connections still out.
@@ -80,18 +60,11 @@ fn tx4_an_unpin_while_the_commit_is_in_flight_leaves_the_commit_its_reply() {
         slow(doc! { "ok": 1 }),
     ]);
     let session = sim.engine.start_session();
-    sim.engine
-        .start_transaction(session, Default::default(), sim.now)
-        .unwrap();
-    let first = sim.start_request(insert(Some(session)));
+    sim.begin_transaction(session);
+    let first = sim.start_request(retryable_insert(Some(session)));
     sim.run(first).expect("pinned");
-    let commit = sim.start_request(request(
-        doc! { "commitTransaction": 1 },
-        OperationKind::CommitTransaction { again: false },
-        CursorUse::None,
-        Some(session),
-    ));
-    let after = sim.start_request(insert(Some(session)));
+    let commit = sim.start_request(commit(session));
+    let after = sim.start_request(retryable_insert(Some(session)));
     sim.run(commit).expect("the commit gets its reply");
     sim.run(after).expect("the insert after it runs");
     assert_eq!(out(&sim), 0, "every connection back once");
@@ -103,17 +76,10 @@ fn tx4_an_unpin_while_the_commit_is_in_flight_leaves_the_commit_its_reply() {
 fn tx4_an_abort_gives_back_the_pin_a_first_command_made_alongside_it() {
     let mut sim = lb(vec![slow(doc! { "ok": 1, "n": 1 }), slow(doc! { "ok": 1 })]);
     let session = sim.engine.start_session();
-    sim.engine
-        .start_transaction(session, Default::default(), sim.now)
-        .unwrap();
-    let first = sim.start_request(insert(Some(session)));
+    sim.begin_transaction(session);
+    let first = sim.start_request(retryable_insert(Some(session)));
     sim.advance_to(sim.now.saturating_add(Duration::from_millis(3)));
-    let abort = sim.start_request(request(
-        doc! { "abortTransaction": 1 },
-        OperationKind::AbortTransaction,
-        CursorUse::None,
-        Some(session),
-    ));
+    let abort = sim.start_request(abort(session));
     sim.run(first).expect("the insert");
     sim.run(abort).expect("the abort");
     assert_eq!(sim.engine.session_info(session).unwrap().pinned, None);
@@ -126,38 +92,19 @@ fn tx4_an_abort_gives_back_the_pin_a_first_command_made_alongside_it() {
 /// connection until it is closed, which checks it in.
 #[test]
 fn tx5_a_second_first_command_does_not_replace_the_pin() {
-    let mut sim = lb(vec![Step::reply(
-        doc! { "ok": 1, "cursor": { "id": 42_i64, "ns": "test.c", "firstBatch": [] } },
-    )]);
+    let mut sim = lb(vec![Step::reply(cursor_batch(42, "firstBatch"))]);
     let session = sim.engine.start_session();
-    sim.engine
-        .start_transaction(session, Default::default(), sim.now)
-        .unwrap();
-    let find = sim.start_request(request(
-        doc! { "find": "c", "batchSize": 1 },
-        OperationKind::Read,
-        CursorUse::Open,
-        Some(session),
-    ));
-    let second = sim.start_request(insert(Some(session)));
+    sim.begin_transaction(session);
+    let find = sim.start_request(open_cursor(OperationKind::Read).with_session(session));
+    let second = sim.start_request(retryable_insert(Some(session)));
     sim.run(find).expect("the find opens a cursor and pins");
     let cursor = sim.cursor_opened(find).expect("a cursor opened");
     let refused = sim.run(second).expect_err("refused");
     assert!(refused.to_string().contains("already started"), "{refused}");
-    let close = sim.start_request(request(
-        doc! { "killCursors": "c", "cursors": [42_i64] },
-        OperationKind::RunCommand,
-        CursorUse::Close(cursor),
-        None,
-    ));
+    let close = sim.start_request(kill_cursors(42_i64, cursor));
     sim.run(close).expect("closed");
     assert_eq!(out(&sim), 1, "TX-5: the transaction's pin holds it");
-    let abort = sim.start_request(request(
-        doc! { "abortTransaction": 1 },
-        OperationKind::AbortTransaction,
-        CursorUse::None,
-        Some(session),
-    ));
+    let abort = sim.start_request(abort(session));
     sim.run(abort).expect("the abort");
     assert_eq!(
         out(&sim),
@@ -171,32 +118,15 @@ fn tx5_a_second_first_command_does_not_replace_the_pin() {
 /// goes back once.
 #[test]
 fn lb10_a_close_alongside_a_get_more_leaves_the_get_more_its_reply() {
-    let batch =
-        |field: &str| doc! { "ok": 1, "cursor": { "id": 42_i64, "ns": "test.c", field: [] } };
     let mut sim = lb(vec![
-        Step::reply(batch("firstBatch")),
-        slow(batch("nextBatch")),
+        Step::reply(cursor_batch(42, "firstBatch")),
+        slow(cursor_batch(42, "nextBatch")),
     ]);
-    let find = sim.start_request(request(
-        doc! { "find": "c", "batchSize": 1 },
-        OperationKind::Read,
-        CursorUse::Open,
-        None,
-    ));
+    let find = sim.start_request(open_cursor(OperationKind::Read));
     sim.run(find).expect("a cursor");
     let cursor = sim.cursor_opened(find).expect("a cursor opened");
-    let more = sim.start_request(request(
-        doc! { "getMore": 42_i64, "collection": "c" },
-        OperationKind::GetMore,
-        CursorUse::GetMore(cursor),
-        None,
-    ));
-    let close = sim.start_request(request(
-        doc! { "killCursors": "c", "cursors": [42_i64] },
-        OperationKind::RunCommand,
-        CursorUse::Close(cursor),
-        None,
-    ));
+    let more = sim.start_request(get_more(42_i64, cursor));
+    let close = sim.start_request(kill_cursors(42_i64, cursor));
     let _ = sim.run(close);
     sim.run(more).expect("the getMore gets its reply");
     assert_eq!(out(&sim), 0, "the cursor's connection went back once");

@@ -4,58 +4,27 @@
 //! TX-4 (4)), the connection stays checked out for the cursor and is checked in exactly once,
 //! when the cursor ends: it is never lent to another operation while the cursor still uses it.
 
-use bson::{doc, Document};
+use bson::doc;
+use retry_core::engine::CursorHandle;
 use retry_core::engine::SessionHandle;
-use retry_core::engine::{CursorHandle, CursorUse, OperationRequest};
 use retry_core::retry::OperationKind;
-use retry_core::selection::SelectionCriteria;
-use retry_sim::{address, Role, Sim, SimServer, Step};
-
-fn request(
-    command: Document,
-    kind: OperationKind,
-    cursor: CursorUse,
-    session: Option<SessionHandle>,
-) -> OperationRequest {
-    let mut request = OperationRequest::new("test", command, kind, SelectionCriteria::Write);
-    request.cursor = cursor;
-    request.session = session;
-    request
-}
+use retry_sim::{
+    abort, address, commit, cursor_batch, get_more, insert, kill_cursors, open_cursor, pool_of_one,
+    request, Sim, Step, FIRST_WRITE, LATER_READ, LATER_WRITE,
+};
 
 /// An LB with `maxPoolSize=1`: a transaction's insert pins the only connection and a find in
 /// the transaction opens cursor 42 on it; `then` answers the command after the find.
 fn cursor_in_a_transaction(then: Vec<Step>) -> (Sim, SessionHandle, CursorHandle) {
-    let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
-    lb.script.extend([
+    let script = [
         Step::reply(doc! { "ok": 1, "n": 1 }),
-        Step::reply(doc! { "ok": 1, "cursor": { "id": 42_i64, "ns": "test.c", "firstBatch": [] } }),
-    ]);
-    lb.script.extend(then);
-    let mut sim = Sim::new(vec![(address("lb"), lb)], |o| {
-        o.topology.load_balanced = true;
-        o.topology.pool.max_pool_size = 1;
-    });
+        Step::reply(cursor_batch(42, "firstBatch")),
+    ];
+    let mut sim = Sim::lb(script.into_iter().chain(then), pool_of_one);
     let session = sim.engine.start_session();
-    let insert = sim.start_request(request(
-        doc! { "insert": "c", "documents": [{}] },
-        OperationKind::InTransaction {
-            read: false,
-            first: true,
-        },
-        CursorUse::None,
-        Some(session),
-    ));
+    let insert = sim.start_request(insert(FIRST_WRITE).with_session(session));
     sim.run(insert).expect("the insert pins the connection");
-    let find = sim.start_request(request(
-        doc! { "find": "c", "batchSize": 1 },
-        OperationKind::InTransaction {
-            read: true,
-            first: false,
-        },
-        CursorUse::Open,
-        Some(session),
-    ));
+    let find = sim.start_request(open_cursor(LATER_READ).with_session(session));
     sim.run(find).expect("the find opens a cursor");
     let cursor = sim.cursor_opened(find).expect("a cursor opened");
     (sim, session, cursor)
@@ -69,23 +38,11 @@ fn assert_cursor_holds_the_connection(mut sim: Sim, cursor: CursorHandle) {
         ["out"],
         "the cursor still holds it"
     );
-    let other = sim.start_request(request(
-        doc! { "find": "d" },
-        OperationKind::Read,
-        CursorUse::None,
-        None,
-    ));
-    sim.advance_to(sim.now.saturating_add(std::time::Duration::from_millis(10)));
-    assert!(
-        sim.result(other).is_none(),
-        "waits for the cursor's connection"
+    let other = sim.start_waiting(
+        request(doc! { "find": "d" }, OperationKind::Read),
+        "the cursor's connection",
     );
-    let close = sim.start_request(request(
-        doc! { "killCursors": "c", "cursors": [42_i64] },
-        OperationKind::RunCommand,
-        CursorUse::Close(cursor),
-        None,
-    ));
+    let close = sim.start_request(kill_cursors(42_i64, cursor));
     sim.run(close).expect("the cursor closes");
     sim.run(other).expect("then the other operation runs");
     assert_eq!(
@@ -93,11 +50,7 @@ fn assert_cursor_holds_the_connection(mut sim: Sim, cursor: CursorHandle) {
         ["out", "in", "out", "in"],
         "one check-in per checkout"
     );
-    let log: Vec<&str> = sim.servers[&address("lb")]
-        .log
-        .iter()
-        .map(|(name, _)| name.as_str())
-        .collect();
+    let log = sim.log("lb");
     assert_eq!(
         log.last(),
         Some(&"find"),
@@ -105,29 +58,35 @@ fn assert_cursor_holds_the_connection(mut sim: Sim, cursor: CursorHandle) {
     );
 }
 
-/// TX-4 (5), LB-10: after a commit, a getMore naming the session runs outside the transaction
-/// and unpins the session, but the cursor keeps the connection.
+/// TX-4 (5), LB-10, house rule 7 (review7 finding 9): after a commit, a getMore naming the
+/// session runs outside the transaction (no `txnNumber`) and unpins the session. A real server
+/// refuses it for a cursor opened in the transaction (50740, "without a txnNumber"; the test
+/// server does the same): the caller gets that error, and the cursor still holds its connection,
+/// checked in exactly once when the cursor closes.
 #[test]
-fn tx4_lb10_a_get_more_naming_the_session_after_a_commit_keeps_the_cursors_connection() {
-    let (mut sim, session, cursor) = cursor_in_a_transaction(vec![
-        Step::reply(doc! { "ok": 1 }),
-        Step::reply(doc! { "ok": 1, "cursor": { "id": 42_i64, "ns": "test.c", "nextBatch": [] } }),
-    ]);
-    let commit = sim.start_request(request(
-        doc! { "commitTransaction": 1 },
-        OperationKind::CommitTransaction { again: false },
-        CursorUse::None,
-        Some(session),
-    ));
+fn tx4_lb10_a_get_more_naming_the_session_after_a_commit_is_refused_and_keeps_the_cursors_connection(
+) {
+    let refusal = doc! {
+        "ok": 0, "code": 50740, "codeName": "Location50740",
+        "errmsg": "Cannot run getMore on cursor 42, which was created in transaction 1, without a txnNumber",
+    };
+    let (mut sim, session, cursor) =
+        cursor_in_a_transaction(vec![Step::reply(doc! { "ok": 1 }), Step::reply(refusal)]);
+    let commit = sim.start_request(commit(session));
     sim.run(commit).expect("committed");
-    let more = sim.start_request(request(
-        doc! { "getMore": 42_i64, "collection": "c" },
-        OperationKind::GetMore,
-        CursorUse::GetMore(cursor),
-        Some(session),
-    ));
-    sim.run(more)
-        .expect("the getMore runs on the cursor's connection");
+    sim.servers.get_mut(&address("lb")).unwrap().record_commands = true;
+    let more = sim.start_request(get_more(42_i64, cursor).with_session(session));
+    let error = sim
+        .run(more)
+        .expect_err("the server refuses a getMore without a txnNumber");
+    assert_eq!(error.code(), Some(50740), "{error}");
+    let sent = sim.received("lb", "getMore");
+    assert_eq!(sent.len(), 1);
+    assert!(
+        sent[0].contains_key("lsid") && !sent[0].contains_key("txnNumber"),
+        "outside the transaction: {}",
+        sent[0]
+    );
     assert_eq!(
         sim.engine.session_info(session).and_then(|i| i.pinned),
         None,
@@ -140,12 +99,7 @@ fn tx4_lb10_a_get_more_naming_the_session_after_a_commit_keeps_the_cursors_conne
 #[test]
 fn tx4_lb10_an_abort_leaves_the_cursor_its_connection() {
     let (mut sim, session, cursor) = cursor_in_a_transaction(vec![Step::reply(doc! { "ok": 1 })]);
-    let abort = sim.start_request(request(
-        doc! { "abortTransaction": 1 },
-        OperationKind::AbortTransaction,
-        CursorUse::None,
-        Some(session),
-    ));
+    let abort = sim.start_request(abort(session));
     sim.run(abort).expect("aborted");
     assert_cursor_holds_the_connection(sim, cursor);
 }
@@ -154,16 +108,9 @@ fn tx4_lb10_an_abort_leaves_the_cursor_its_connection() {
 #[test]
 fn tx4_lb10_a_new_transaction_leaves_the_cursor_its_connection() {
     let (mut sim, session, cursor) = cursor_in_a_transaction(vec![Step::reply(doc! { "ok": 1 })]);
-    let commit = sim.start_request(request(
-        doc! { "commitTransaction": 1 },
-        OperationKind::CommitTransaction { again: false },
-        CursorUse::None,
-        Some(session),
-    ));
+    let commit = sim.start_request(commit(session));
     sim.run(commit).expect("committed");
-    sim.engine
-        .start_transaction(session, Default::default(), sim.now)
-        .expect("a new transaction");
+    sim.begin_transaction(session);
     sim.drain();
     assert_cursor_holds_the_connection(sim, cursor);
 }
@@ -177,15 +124,7 @@ fn tx4_lb10_a_transient_error_leaves_the_cursor_its_connection() {
         "errorLabels": ["TransientTransactionError"],
     };
     let (mut sim, session, cursor) = cursor_in_a_transaction(vec![Step::reply(transient)]);
-    let insert = sim.start_request(request(
-        doc! { "insert": "c", "documents": [{}] },
-        OperationKind::InTransaction {
-            read: false,
-            first: false,
-        },
-        CursorUse::None,
-        Some(session),
-    ));
+    let insert = sim.start_request(insert(LATER_WRITE).with_session(session));
     sim.run(insert).expect_err("the write conflict");
     assert_cursor_holds_the_connection(sim, cursor);
 }
@@ -194,33 +133,14 @@ fn tx4_lb10_a_transient_error_leaves_the_cursor_its_connection() {
 /// first cursor's end leaves it to the second, whose end checks it in.
 #[test]
 fn lb10_the_last_of_two_cursors_on_a_connection_checks_it_in() {
-    let (mut sim, session, first) = cursor_in_a_transaction(vec![Step::reply(
-        doc! { "ok": 1, "cursor": { "id": 43_i64, "ns": "test.c", "firstBatch": [] } },
-    )]);
-    let find = sim.start_request(request(
-        doc! { "find": "c", "batchSize": 1 },
-        OperationKind::InTransaction {
-            read: true,
-            first: false,
-        },
-        CursorUse::Open,
-        Some(session),
-    ));
+    let (mut sim, session, first) =
+        cursor_in_a_transaction(vec![Step::reply(cursor_batch(43, "firstBatch"))]);
+    let find = sim.start_request(open_cursor(LATER_READ).with_session(session));
     sim.run(find).expect("a second cursor");
     let second = sim.cursor_opened(find).expect("a cursor opened");
-    let abort = sim.start_request(request(
-        doc! { "abortTransaction": 1 },
-        OperationKind::AbortTransaction,
-        CursorUse::None,
-        Some(session),
-    ));
+    let abort = sim.start_request(abort(session));
     sim.run(abort).expect("aborted");
-    let close = sim.start_request(request(
-        doc! { "killCursors": "c", "cursors": [43_i64] },
-        OperationKind::RunCommand,
-        CursorUse::Close(second),
-        None,
-    ));
+    let close = sim.start_request(kill_cursors(43_i64, second));
     sim.run(close).expect("the second cursor closes");
     assert_cursor_holds_the_connection(sim, first);
 }
@@ -234,25 +154,10 @@ fn tx4_lb10_a_kill_cursors_naming_the_session_after_a_commit_keeps_the_connectio
         Step::reply(doc! { "ok": 1 }),
         Step::reply(doc! { "ok": 1, "cursorsKilled": [42_i64] }),
     ]);
-    let commit = sim.start_request(request(
-        doc! { "commitTransaction": 1 },
-        OperationKind::CommitTransaction { again: false },
-        CursorUse::None,
-        Some(session),
-    ));
+    let commit = sim.start_request(commit(session));
     sim.run(commit).expect("committed");
-    let close = sim.start_request(request(
-        doc! { "killCursors": "c", "cursors": [42_i64] },
-        OperationKind::RunCommand,
-        CursorUse::Close(cursor),
-        Some(session),
-    ));
-    let other = sim.start_request(request(
-        doc! { "find": "d" },
-        OperationKind::Read,
-        CursorUse::None,
-        None,
-    ));
+    let close = sim.start_request(kill_cursors(42_i64, cursor).with_session(session));
+    let other = sim.start_request(request(doc! { "find": "d" }, OperationKind::Read));
     sim.run(close).expect("the cursor closes");
     sim.run(other).expect("then the other operation runs");
     assert_eq!(
@@ -260,11 +165,7 @@ fn tx4_lb10_a_kill_cursors_naming_the_session_after_a_commit_keeps_the_connectio
         ["out", "in", "out", "in"],
         "one check-in per checkout"
     );
-    let log: Vec<&str> = sim.servers[&address("lb")]
-        .log
-        .iter()
-        .map(|(name, _)| name.as_str())
-        .collect();
+    let log = sim.log("lb");
     assert_eq!(log[log.len() - 2..], ["killCursors", "find"]);
 }
 
@@ -274,60 +175,32 @@ fn tx4_lb10_a_kill_cursors_naming_the_session_after_a_commit_keeps_the_connectio
 /// next transaction's start does, once.
 #[test]
 fn tx5_lb10_a_kill_cursors_that_starts_a_transaction_leaves_it_the_connection() {
-    let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
-    lb.script.extend([
-        Step::reply(doc! { "ok": 1, "cursor": { "id": 42_i64, "ns": "test.c", "firstBatch": [] } }),
-        Step::reply(doc! { "ok": 1, "cursorsKilled": [42_i64] }),
-    ]);
-    let mut sim = Sim::new(vec![(address("lb"), lb)], |o| {
-        o.topology.load_balanced = true;
-        o.topology.pool.max_pool_size = 1;
-    });
+    let mut sim = Sim::lb(
+        [
+            Step::reply(cursor_batch(42, "firstBatch")),
+            Step::reply(doc! { "ok": 1, "cursorsKilled": [42_i64] }),
+        ],
+        pool_of_one,
+    );
     let session = sim.engine.start_session();
-    let find = sim.start_request(request(
-        doc! { "find": "c", "batchSize": 1 },
-        OperationKind::Read,
-        CursorUse::Open,
-        Some(session),
-    ));
+    let find = sim.start_request(open_cursor(OperationKind::Read).with_session(session));
     sim.run(find).expect("a cursor outside any transaction");
     let cursor = sim.cursor_opened(find).expect("a cursor opened");
-    sim.engine
-        .start_transaction(session, Default::default(), sim.now)
-        .expect("a transaction");
-    let close = sim.start_request(request(
-        doc! { "killCursors": "c", "cursors": [42_i64] },
-        OperationKind::RunCommand,
-        CursorUse::Close(cursor),
-        Some(session),
-    ));
+    sim.begin_transaction(session);
+    let close = sim.start_request(kill_cursors(42_i64, cursor).with_session(session));
     sim.run(close).expect("the cursor closes");
     assert_eq!(
         sim.checkouts_and_checkins(),
         ["out"],
         "the transaction pins it now"
     );
-    let other = sim.start_request(request(
-        doc! { "find": "d" },
-        OperationKind::Read,
-        CursorUse::None,
-        None,
-    ));
-    sim.advance_to(sim.now.saturating_add(std::time::Duration::from_millis(10)));
-    assert!(
-        sim.result(other).is_none(),
-        "waits for the pinned connection"
+    let other = sim.start_waiting(
+        request(doc! { "find": "d" }, OperationKind::Read),
+        "the pinned connection",
     );
-    let commit = sim.start_request(request(
-        doc! { "commitTransaction": 1 },
-        OperationKind::CommitTransaction { again: false },
-        CursorUse::None,
-        Some(session),
-    ));
+    let commit = sim.start_request(commit(session));
     sim.run(commit).expect("committed");
-    sim.engine
-        .start_transaction(session, Default::default(), sim.now)
-        .expect("the next transaction");
+    sim.begin_transaction(session);
     sim.drain();
     sim.run(other).expect("then the other operation runs");
     assert_eq!(sim.checkouts_and_checkins(), ["out", "in", "out", "in"]);
@@ -340,34 +213,16 @@ fn tx5_lb10_a_kill_cursors_that_starts_a_transaction_leaves_it_the_connection() 
 #[test]
 fn lb11_a_network_error_under_one_of_two_cursors_on_a_connection_releases_it_once() {
     let (mut sim, session, first) = cursor_in_a_transaction(vec![
-        Step::reply(doc! { "ok": 1, "cursor": { "id": 43_i64, "ns": "test.c", "firstBatch": [] } }),
+        Step::reply(cursor_batch(43, "firstBatch")),
         Step::Reset,
     ]);
-    let find = sim.start_request(request(
-        doc! { "find": "c", "batchSize": 1 },
-        OperationKind::InTransaction {
-            read: true,
-            first: false,
-        },
-        CursorUse::Open,
-        Some(session),
-    ));
+    let find = sim.start_request(open_cursor(LATER_READ).with_session(session));
     sim.run(find).expect("a second cursor");
     let second = sim.cursor_opened(find).expect("a cursor opened");
-    let more = sim.start_request(request(
-        doc! { "getMore": 42_i64, "collection": "c" },
-        OperationKind::GetMore,
-        CursorUse::GetMore(first),
-        None,
-    ));
+    let more = sim.start_request(get_more(42_i64, first));
     sim.run(more).expect_err("the connection is reset");
     for (cursor, id) in [(first, 42_i64), (second, 43)] {
-        let close = sim.start_request(request(
-            doc! { "killCursors": "c", "cursors": [id] },
-            OperationKind::RunCommand,
-            CursorUse::Close(cursor),
-            None,
-        ));
+        let close = sim.start_request(kill_cursors(id, cursor));
         let _ = sim.run(close);
     }
     sim.engine.end_session(session, sim.now);
@@ -377,11 +232,7 @@ fn lb11_a_network_error_under_one_of_two_cursors_on_a_connection_releases_it_onc
         ["out", "in"],
         "checked in once"
     );
-    let log: Vec<&str> = sim.servers[&address("lb")]
-        .log
-        .iter()
-        .map(|(name, _)| name.as_str())
-        .collect();
+    let log = sim.log("lb");
     assert!(
         !log.contains(&"killCursors"),
         "LB-11: no killCursors: {log:?}"

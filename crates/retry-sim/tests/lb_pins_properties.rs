@@ -7,14 +7,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use bson::{doc, Document};
+use bson::doc;
 use proptest::prelude::*;
-use retry_core::engine::SessionHandle;
-use retry_core::engine::{CursorHandle, CursorUse, EngineEvent, OpId, OperationRequest};
+use retry_core::engine::{CursorHandle, EngineEvent, OpId};
 use retry_core::pool::{ConnectionId, PoolEvent};
 use retry_core::retry::OperationKind;
-use retry_core::selection::SelectionCriteria;
-use retry_sim::{address, Role, Sim, SimServer, Step};
+use retry_sim::{
+    abort, address, get_more, insert, kill_cursors, open_cursor, request, Role, Sim, SimServer,
+    Step,
+};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -70,18 +71,6 @@ fn step() -> impl Strategy<Value = Step> {
     })
 }
 
-fn request(
-    command: Document,
-    kind: OperationKind,
-    cursor: CursorUse,
-    session: Option<SessionHandle>,
-) -> OperationRequest {
-    let mut request = OperationRequest::new("test", command, kind, SelectionCriteria::Write);
-    request.cursor = cursor;
-    request.session = session;
-    request
-}
-
 /// The cursors opened so far, in order, with the session of the find that opened each.
 fn cursors(sim: &Sim, finds: &BTreeMap<OpId, Option<usize>>) -> Vec<(CursorHandle, Option<usize>)> {
     sim.events
@@ -121,19 +110,13 @@ fn run(ops: &[(Op, bool)], script: Vec<Step>) -> Result<(), TestCaseError> {
                 sim.drain();
                 continue;
             }
-            Op::Insert(s) => sim.start_request(request(
-                doc! { "insert": "c", "documents": [{}] },
-                OperationKind::RetryableWrite,
-                CursorUse::None,
-                s.map(|s| sessions[s]),
-            )),
+            Op::Insert(s) => sim.start_request(
+                insert(OperationKind::RetryableWrite).with_session(s.map(|s| sessions[s])),
+            ),
             Op::Find(s) => {
-                let id = sim.start_request(request(
-                    doc! { "find": "c", "batchSize": 1 },
-                    OperationKind::Read,
-                    CursorUse::Open,
-                    s.map(|s| sessions[s]),
-                ));
+                let id = sim.start_request(
+                    open_cursor(OperationKind::Read).with_session(s.map(|s| sessions[s])),
+                );
                 finds.insert(id, *s);
                 id
             }
@@ -143,32 +126,20 @@ fn run(ops: &[(Op, bool)], script: Vec<Step>) -> Result<(), TestCaseError> {
                 };
                 let session = session.filter(|_| *named).map(|s| sessions[s]);
                 match op {
-                    Op::GetMore(..) => sim.start_request(request(
-                        doc! { "getMore": 42_i64, "collection": "c" },
-                        OperationKind::GetMore,
-                        CursorUse::GetMore(cursor),
-                        session,
-                    )),
-                    _ => sim.start_request(request(
-                        doc! { "killCursors": "c", "cursors": [42_i64] },
-                        OperationKind::RunCommand,
-                        CursorUse::Close(cursor),
-                        session,
-                    )),
+                    Op::GetMore(..) => {
+                        sim.start_request(get_more(42_i64, cursor).with_session(session))
+                    }
+                    _ => sim.start_request(kill_cursors(42_i64, cursor).with_session(session)),
                 }
             }
-            Op::Commit(s) => sim.start_request(request(
-                doc! { "commitTransaction": 1 },
-                OperationKind::CommitTransaction { again: false },
-                CursorUse::None,
-                Some(sessions[*s]),
-            )),
-            Op::Abort(s) => sim.start_request(request(
-                doc! { "abortTransaction": 1 },
-                OperationKind::AbortTransaction,
-                CursorUse::None,
-                Some(sessions[*s]),
-            )),
+            Op::Commit(s) => sim.start_request(
+                request(
+                    doc! { "commitTransaction": 1 },
+                    OperationKind::CommitTransaction { again: false },
+                )
+                .with_session(sessions[*s]),
+            ),
+            Op::Abort(s) => sim.start_request(abort(sessions[*s])),
         };
         started.push(id);
         if *wait {
@@ -182,12 +153,7 @@ fn run(ops: &[(Op, bool)], script: Vec<Step>) -> Result<(), TestCaseError> {
     let mut closed = BTreeSet::new();
     for (cursor, _) in cursors(&sim, &finds) {
         if closed.insert(cursor) {
-            let id = sim.start_request(request(
-                doc! { "killCursors": "c", "cursors": [42_i64] },
-                OperationKind::RunCommand,
-                CursorUse::Close(cursor),
-                None,
-            ));
+            let id = sim.start_request(kill_cursors(42_i64, cursor));
             started.push(id);
             let _ = sim.run(id);
         }

@@ -4,58 +4,34 @@
 
 use std::time::Duration;
 
-use bson::{doc, Document};
-use retry_core::engine::{OpId, OperationRequest, SessionHandle};
+use bson::doc;
+use retry_core::engine::{OpId, SessionHandle};
 use retry_core::error::Labels;
 use retry_core::retry::OperationKind;
-use retry_core::selection::SelectionCriteria;
-use retry_sim::{address, Role, Sim, SimServer, Step};
+use retry_sim::{abort, insert, pool_of_one, request, Sim, Step, FIRST_WRITE, LATER_WRITE};
 
 /// An LB with `maxPoolSize=1`: a transaction's first insert succeeds and pins the only
 /// connection; an implicit-session `find` (answered 1 s late) then waits for checkout.
 fn pinned_with_a_waiting_find(then: Step) -> (Sim, SessionHandle, OpId) {
-    let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
-    lb.script.extend([
+    let script = [
         Step::reply(doc! { "ok": 1, "n": 1 }),
         then,
         Step::Reply {
             body: doc! { "ok": 1 },
             delay: Duration::from_secs(1),
         },
-    ]);
-    let mut sim = Sim::new(vec![(address("lb"), lb)], |o| {
-        o.topology.load_balanced = true;
-        o.topology.pool.max_pool_size = 1;
-    });
+    ];
+    let mut sim = Sim::lb(script, pool_of_one);
     let session = sim.engine.start_session();
-    let first = request(
-        doc! { "insert": "c", "documents": [{}] },
-        OperationKind::InTransaction {
-            read: false,
-            first: true,
-        },
-        Some(session),
-    );
+    let first = insert(FIRST_WRITE).with_session(session);
     let first = sim.start_request(first);
     sim.run(first)
         .expect("the first statement pins the connection");
-    let find = sim.start_request(request(doc! { "find": "c" }, OperationKind::Read, None));
-    sim.advance_to(sim.now.saturating_add(Duration::from_millis(10)));
-    assert!(
-        sim.result(find).is_none(),
-        "waits for the pinned connection"
+    let find = sim.start_waiting(
+        request(doc! { "find": "c" }, OperationKind::Read),
+        "the pinned connection",
     );
     (sim, session, find)
-}
-
-fn request(
-    command: Document,
-    kind: OperationKind,
-    session: Option<SessionHandle>,
-) -> OperationRequest {
-    let mut request = OperationRequest::new("test", command, kind, SelectionCriteria::Write);
-    request.session = session;
-    request
 }
 
 /// After the failure: a third operation waits until the `find` on the connection is done, and
@@ -66,7 +42,7 @@ fn assert_released_once(mut sim: Sim, find: OpId) {
         ["out", "in", "out"],
         "the find has it"
     );
-    let third = sim.start_request(request(doc! { "find": "d" }, OperationKind::Read, None));
+    let third = sim.start_request(request(doc! { "find": "d" }, OperationKind::Read));
     sim.run(third)
         .expect("the third operation waits for the find, then runs");
     sim.run(find).expect("the find keeps its reply");
@@ -75,11 +51,7 @@ fn assert_released_once(mut sim: Sim, find: OpId) {
         ["out", "in", "out", "in", "out", "in"],
         "one check-in per checkout"
     );
-    let log: Vec<&str> = sim.servers[&address("lb")]
-        .log
-        .iter()
-        .map(|(name, _)| name.as_str())
-        .collect();
+    let log = sim.log("lb");
     assert_eq!(log.last(), Some(&"find"), "the third ran after the find");
 }
 
@@ -92,14 +64,7 @@ fn tx4_lb_a_failed_statement_checks_its_pinned_connection_in_once() {
         "errorLabels": ["TransientTransactionError"],
     };
     let (mut sim, session, find) = pinned_with_a_waiting_find(Step::reply(transient));
-    let second = sim.start_request(request(
-        doc! { "insert": "c", "documents": [{}] },
-        OperationKind::InTransaction {
-            read: false,
-            first: false,
-        },
-        Some(session),
-    ));
+    let second = sim.start_request(insert(LATER_WRITE).with_session(session));
     let error = sim.run(second).expect_err("the write conflict");
     assert!(error.has_label(Labels::TRANSIENT_TRANSACTION), "{error}");
     assert_released_once(sim, find);
@@ -111,11 +76,7 @@ fn tx4_lb_a_failed_statement_checks_its_pinned_connection_in_once() {
 fn tx4_lb_a_failed_abort_checks_its_pinned_connection_in_once() {
     let lock = doc! { "ok": 0, "code": 24, "codeName": "LockTimeout", "errmsg": "lock timeout" };
     let (mut sim, session, find) = pinned_with_a_waiting_find(Step::reply(lock));
-    let abort = sim.start_request(request(
-        doc! { "abortTransaction": 1 },
-        OperationKind::AbortTransaction,
-        Some(session),
-    ));
+    let abort = sim.start_request(abort(session));
     let error = sim.run(abort).expect_err("the lock timeout");
     assert_eq!(error.code(), Some(24), "{error}");
     assert_released_once(sim, find);

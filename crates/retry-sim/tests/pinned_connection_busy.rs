@@ -13,13 +13,13 @@ use retry_core::selection::SelectionCriteria;
 use retry_sim::{address, Role, Sim, SimServer, Step};
 
 fn statement(sim: &mut Sim, session: SessionHandle, first: bool) -> OpId {
-    let mut request = OperationRequest::new(
+    let request = OperationRequest::new(
         "test",
         doc! { "insert": "c", "documents": [{}] },
         OperationKind::InTransaction { read: false, first },
         SelectionCriteria::Write,
-    );
-    request.session = Some(session);
+    )
+    .with_session(session);
     sim.start_request(request)
 }
 

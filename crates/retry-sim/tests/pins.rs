@@ -3,61 +3,27 @@
 //! transaction's first command pins its connection even when it fails (TX-5, TX-4), starting a
 //! transaction unpins at once (TX-4 (4)), and a cursor in a transaction shares its connection.
 
-use bson::{doc, Document};
-use retry_core::engine::SessionHandle;
-use retry_core::engine::{CursorUse, EngineEvent, OperationRequest};
-use retry_core::pool::{CloseReason, PoolEvent};
+use bson::doc;
+use retry_core::engine::CursorUse;
 use retry_core::retry::OperationKind;
-use retry_core::selection::SelectionCriteria;
-use retry_sim::{address, Role, Sim, SimServer, Step};
+use retry_sim::{
+    abort, commit, cursor_batch, get_more, insert, kill_cursors, request, Sim, Step, FIRST_WRITE,
+    LATER_READ,
+};
 
+/// A load balancer with `script` and the default pool.
 fn lb_sim(script: Vec<Step>) -> Sim {
-    let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
-    lb.script = script.into_iter().collect();
-    Sim::new(vec![(address("lb"), lb)], |o| {
-        o.topology.load_balanced = true
-    })
+    Sim::lb(script, |_| {})
 }
 
 fn batch(id: i64, field: &str) -> Step {
-    Step::reply(doc! { "ok": 1, "cursor": { "id": id, "ns": "test.c", field: [] } })
+    Step::reply(cursor_batch(id, field))
 }
 
-fn request(
-    command: Document,
-    kind: OperationKind,
-    cursor: CursorUse,
-    session: Option<SessionHandle>,
-) -> OperationRequest {
-    let mut request = OperationRequest::new("test", command, kind, SelectionCriteria::Write);
-    request.cursor = cursor;
-    request.session = session;
-    request
-}
-
-/// The pool's check-out, check-in and close events, in order.
+/// The pool's check-out, check-in and close-after-error events, in order.
 fn pool_events(sim: &Sim) -> Vec<&'static str> {
-    sim.events
-        .iter()
-        .filter_map(|(_, e)| match e {
-            EngineEvent::Pool { event, .. } => match event {
-                PoolEvent::CheckedOut { .. } => Some("out"),
-                PoolEvent::CheckedIn { .. } => Some("in"),
-                PoolEvent::ConnectionClosed {
-                    reason: CloseReason::Error,
-                    ..
-                } => Some("closed(error)"),
-                _ => None,
-            },
-            _ => None,
-        })
-        .collect()
+    sim.pool_trace(&["out", "in", "closed(error)"])
 }
-
-const FIRST: OperationKind = OperationKind::InTransaction {
-    read: false,
-    first: true,
-};
 
 /// LB-11 (LB `cursors.json` "pinned connections are not returned after an network error during
 /// getMore"): the connection stays checked out after the getMore fails; closing the cursor sends
@@ -65,35 +31,18 @@ const FIRST: OperationKind = OperationKind::InTransaction {
 #[test]
 fn lb11_a_get_more_network_error_keeps_the_connection_until_the_cursor_closes() {
     let mut sim = lb_sim(vec![batch(42, "firstBatch"), Step::Reset]);
-    let find = sim.start_request(request(
-        doc! { "find": "c" },
-        OperationKind::Read,
-        CursorUse::Open,
-        None,
-    ));
+    let find = sim.start_request(
+        request(doc! { "find": "c" }, OperationKind::Read).with_cursor(CursorUse::Open),
+    );
     sim.run(find).unwrap();
     let cursor = sim.cursor_opened(find).expect("a cursor opened");
-    let more = sim.start_request(request(
-        doc! { "getMore": 42i64, "collection": "c" },
-        OperationKind::GetMore,
-        CursorUse::GetMore(cursor),
-        None,
-    ));
+    let more = sim.start_request(get_more(42i64, cursor));
     assert!(sim.run(more).is_err());
     assert_eq!(pool_events(&sim), ["out"], "still checked out");
-    let close = sim.start_request(request(
-        doc! { "killCursors": "c", "cursors": [42i64] },
-        OperationKind::RunCommand,
-        CursorUse::Close(cursor),
-        None,
-    ));
+    let close = sim.start_request(kill_cursors(42i64, cursor));
     sim.run(close).unwrap();
     assert_eq!(pool_events(&sim), ["out", "in", "closed(error)"]);
-    let log: Vec<&str> = sim.servers[&address("lb")]
-        .log
-        .iter()
-        .map(|(n, _)| n.as_str())
-        .collect();
+    let log = sim.log("lb");
     assert_eq!(log, ["find", "getMore"], "no killCursors after the error");
 }
 
@@ -106,12 +55,7 @@ fn tx5_a_failed_first_command_pins_unless_the_error_is_transient() {
     let mut sim = lb_sim(vec![Step::reply(failure)]);
     let session = sim.engine.start_session();
     let insert = doc! { "insert": "c", "documents": [{}] };
-    let op = sim.start_request(request(
-        insert.clone(),
-        FIRST,
-        CursorUse::None,
-        Some(session),
-    ));
+    let op = sim.start_request(request(insert.clone(), FIRST_WRITE).with_session(session));
     assert!(sim.run(op).is_err());
     assert_eq!(
         pool_events(&sim),
@@ -128,7 +72,7 @@ fn tx5_a_failed_first_command_pins_unless_the_error_is_transient() {
     };
     let mut sim = lb_sim(vec![Step::reply(transient)]);
     let session = sim.engine.start_session();
-    let op = sim.start_request(request(insert, FIRST, CursorUse::None, Some(session)));
+    let op = sim.start_request(request(insert, FIRST_WRITE).with_session(session));
     assert!(sim.run(op).is_err());
     assert_eq!(pool_events(&sim), ["out", "in"], "unpinned at once");
 }
@@ -139,24 +83,12 @@ fn tx5_a_failed_first_command_pins_unless_the_error_is_transient() {
 fn tx4_starting_a_transaction_unpins_at_once() {
     let mut sim = lb_sim(Vec::new());
     let session = sim.engine.start_session();
-    let op = sim.start_request(request(
-        doc! { "insert": "c", "documents": [{}] },
-        FIRST,
-        CursorUse::None,
-        Some(session),
-    ));
+    let op = sim.start_request(insert(FIRST_WRITE).with_session(session));
     sim.run(op).unwrap();
-    let commit = sim.start_request(request(
-        doc! { "commitTransaction": 1 },
-        OperationKind::CommitTransaction { again: false },
-        CursorUse::None,
-        Some(session),
-    ));
+    let commit = sim.start_request(commit(session));
     sim.run(commit).unwrap();
     assert_eq!(pool_events(&sim), ["out"], "a commit does not unpin");
-    sim.engine
-        .start_transaction(session, Default::default(), sim.now)
-        .unwrap();
+    sim.begin_transaction(session);
     sim.drain();
     assert_eq!(pool_events(&sim), ["out", "in"]);
 }
@@ -171,38 +103,19 @@ fn tx5_a_cursor_in_a_transaction_shares_its_connection() {
         batch(42, "firstBatch"),
     ]);
     let session = sim.engine.start_session();
-    let insert = sim.start_request(request(
-        doc! { "insert": "c", "documents": [{}] },
-        FIRST,
-        CursorUse::None,
-        Some(session),
-    ));
+    let insert = sim.start_request(insert(FIRST_WRITE).with_session(session));
     sim.run(insert).unwrap();
-    let find = sim.start_request(request(
-        doc! { "find": "c", "batchSize": 2 },
-        OperationKind::InTransaction {
-            read: true,
-            first: false,
-        },
-        CursorUse::Open,
-        Some(session),
-    ));
+    let find = sim.start_request(
+        request(doc! { "find": "c", "batchSize": 2 }, LATER_READ)
+            .with_cursor(CursorUse::Open)
+            .with_session(session),
+    );
     sim.run(find).unwrap();
     let cursor = sim.cursor_opened(find).expect("a cursor opened");
-    let close = sim.start_request(request(
-        doc! { "killCursors": "c", "cursors": [42i64] },
-        OperationKind::RunCommand,
-        CursorUse::Close(cursor),
-        None,
-    ));
+    let close = sim.start_request(kill_cursors(42i64, cursor));
     sim.run(close).unwrap();
     assert_eq!(pool_events(&sim), ["out"], "the transaction still holds it");
-    let abort = sim.start_request(request(
-        doc! { "abortTransaction": 1 },
-        OperationKind::AbortTransaction,
-        CursorUse::None,
-        Some(session),
-    ));
+    let abort = sim.start_request(abort(session));
     sim.run(abort).unwrap();
     assert_eq!(pool_events(&sim), ["out", "in"]);
 }

@@ -13,7 +13,7 @@ use retry_core::session::SESSIONS_UNSUPPORTED;
 use retry_core::time::{Instant, OperationTimeout};
 use retry_core::topology::SdamEvent;
 
-use retry_sim::{address, Role, Sim, SimServer, Step};
+use retry_sim::{address, read_request, Role, Sim, SimServer, Step};
 
 /// One mongos that records what it receives.
 fn mongos(configure: impl FnOnce(&mut SimServer)) -> Sim {
@@ -128,13 +128,7 @@ fn se8_without_session_support_implicit_sessions_are_dropped_and_explicit_ones_f
     assert!(commands(&sim).iter().all(|c| lsid(c).is_none()));
     assert!(commands(&sim).iter().all(|c| txn_number(c).is_none()));
     let session = sim.engine.start_session();
-    let mut request = OperationRequest::new(
-        "test",
-        doc! { "find": "c" },
-        OperationKind::Read,
-        retry_sim::primary(),
-    );
-    request.session = Some(session);
+    let request = read_request(doc! { "find": "c" }).with_session(session);
     let explicit = sim.start_request(request);
     assert_eq!(usage_message(sim.run(explicit)), SESSIONS_UNSUPPORTED);
     assert_eq!(named(&sim, "find").len(), 1, "nothing was sent");
@@ -184,8 +178,8 @@ fn se10_an_explicit_session_runs_several_operations_then_ends() {
     let mut sim = mongos(|_| {});
     let session = sim.engine.start_session();
     let in_session = |sim: &mut Sim, command: Document, kind| {
-        let mut request = OperationRequest::new("test", command, kind, SelectionCriteria::Write);
-        request.session = Some(session);
+        let request = OperationRequest::new("test", command, kind, SelectionCriteria::Write)
+            .with_session(session);
         sim.start_request(request)
     };
     for _ in 0..2 {
@@ -245,8 +239,8 @@ fn se14_a_cursors_get_more_uses_its_session_until_cursor_id_zero() {
         ));
     });
     let open = |sim: &mut Sim, command: Document, kind, cursor| {
-        let mut request = OperationRequest::new("test", command, kind, retry_sim::primary());
-        request.cursor = cursor;
+        let request =
+            OperationRequest::new("test", command, kind, retry_sim::primary()).with_cursor(cursor);
         sim.start_request(request)
     };
     let find = open(
@@ -256,14 +250,7 @@ fn se14_a_cursors_get_more_uses_its_session_until_cursor_id_zero() {
         CursorUse::Open,
     );
     sim.run(find).unwrap();
-    let handle = sim
-        .events
-        .iter()
-        .find_map(|(_, e)| match e {
-            EngineEvent::CursorOpened { op, cursor } if *op == find => Some(*cursor),
-            _ => None,
-        })
-        .expect("a cursor");
+    let handle = sim.cursor_opened(find).expect("a cursor");
     let other = sim.read(doc! { "find": "d" });
     sim.run(other).unwrap();
     let get_more = open(
@@ -394,20 +381,22 @@ fn started_at(sim: &Sim, op: OpId) -> Vec<Instant> {
         .collect()
 }
 
+/// A recording mongos checked every 500 ms, at 2 s, after a ping and several checks: the
+/// minimum RTT of the last ones is the simulated round trip ([`retry_sim::LATENCY`], 1 ms).
+fn checked_mongos() -> Sim {
+    let mut sim = Sim::mongos([], |o| o.heartbeat_frequency = Duration::from_millis(500));
+    let warm = sim.read(doc! { "ping": 1 });
+    sim.run(warm).unwrap();
+    assert!(sim.advance_to(Instant::from_millis(2_000)));
+    sim
+}
+
 /// CS-4: under timeoutMS every attempt carries `maxTimeMS = remaining − minRTT` (here the
 /// monitor's checks take exactly the simulated round trip, [`retry_sim::LATENCY`]), rounded down
 /// and recomputed per attempt; without timeoutMS none (TO-3).
 #[test]
 fn cs4_max_time_ms_is_on_every_attempt_under_timeout_ms() {
-    let mut server = SimServer::new(Role::Mongos);
-    server.record_commands = true;
-    let mut sim = Sim::new(vec![(address("m"), server)], |o| {
-        o.heartbeat_frequency = Duration::from_millis(500);
-    });
-    let warm = sim.read(doc! { "ping": 1 });
-    sim.run(warm).unwrap();
-    // Several checks: the minimum RTT of the last ones is the simulated round trip.
-    assert!(sim.advance_to(Instant::from_millis(2_000)));
+    let mut sim = checked_mongos();
     sim.servers
         .get_mut(&address("m"))
         .unwrap()
@@ -415,14 +404,9 @@ fn cs4_max_time_ms_is_on_every_attempt_under_timeout_ms() {
         .push_back(Step::reply(
             doc! { "ok": 0, "code": 91, "errmsg": "shutting down" },
         ));
-    let mut request = OperationRequest::new(
-        "test",
-        doc! { "find": "c" },
-        OperationKind::Read,
-        retry_sim::primary(),
-    );
     let deadline = sim.now.saturating_add(Duration::from_millis(1_000));
-    request.timeout = OperationTimeout::Until(deadline);
+    let request =
+        read_request(doc! { "find": "c" }).with_timeout(OperationTimeout::Until(deadline));
     let op = sim.start_request(request);
     sim.run(op).expect("the retry succeeds");
     let finds = named(&sim, "find");
@@ -447,22 +431,10 @@ fn cs4_max_time_ms_is_on_every_attempt_under_timeout_ms() {
 /// timeout error.
 #[test]
 fn cs4_an_attempt_with_no_more_time_than_the_min_rtt_is_not_sent() {
-    let mut server = SimServer::new(Role::Mongos);
-    server.record_commands = true;
-    let mut sim = Sim::new(vec![(address("m"), server)], |o| {
-        o.heartbeat_frequency = Duration::from_millis(500);
-    });
-    let warm = sim.read(doc! { "ping": 1 });
-    sim.run(warm).unwrap();
-    // Several 1 ms heartbeats: the minimum RTT is 1 ms.
-    assert!(sim.advance_to(Instant::from_millis(2_000)));
-    let mut request = OperationRequest::new(
-        "test",
-        doc! { "find": "c" },
-        OperationKind::Read,
-        retry_sim::primary(),
-    );
-    request.timeout = OperationTimeout::Until(sim.now.saturating_add(Duration::from_millis(1)));
+    let mut sim = checked_mongos();
+    let request = read_request(doc! { "find": "c" }).with_timeout(OperationTimeout::Until(
+        sim.now.saturating_add(Duration::from_millis(1)),
+    ));
     let events_before = sim.events.len();
     let op = sim.start_request(request);
     let error = sim.run(op).expect_err("a timeout");
@@ -530,13 +502,9 @@ fn to8_socket_timeout_is_ignored_under_timeout_ms() {
     let mut sim = Sim::new(vec![(address("m"), server)], |o| {
         o.socket_timeout = Some(Duration::from_millis(100));
     });
-    let mut request = OperationRequest::new(
-        "test",
-        doc! { "find": "c" },
-        OperationKind::Read,
-        retry_sim::primary(),
+    let request = read_request(doc! { "find": "c" }).with_timeout(
+        OperationTimeout::from_timeout_ms(sim.now, Duration::from_millis(1_000)),
     );
-    request.timeout = OperationTimeout::from_timeout_ms(sim.now, Duration::from_millis(1_000));
     let op = sim.start_request(request);
     sim.run(op)
         .expect("slower than socketTimeoutMS, within timeoutMS");

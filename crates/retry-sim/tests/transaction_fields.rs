@@ -29,8 +29,8 @@ fn run(sim: &mut Sim, session: SessionHandle, command: Document, kind: Operation
     } else {
         "test"
     };
-    let mut request = OperationRequest::new(db, command, kind, SelectionCriteria::Write);
-    request.session = Some(session);
+    let request =
+        OperationRequest::new(db, command, kind, SelectionCriteria::Write).with_session(session);
     let op = sim.start_request(request);
     sim.run(op).expect("the command succeeds");
     op

@@ -6,82 +6,31 @@
 
 use std::time::Duration;
 
-use bson::{doc, Bson, Document};
-use retry_core::engine::{
-    CursorHandle, CursorUse, EngineEvent, OpId, OperationRequest, SessionHandle,
-};
+use bson::{doc, Bson};
+use retry_core::engine::{CursorHandle, OpId, OperationRequest, SessionHandle};
 use retry_core::retry::OperationKind;
-use retry_core::selection::SelectionCriteria;
-use retry_core::transaction::{TransactionOptions, TransactionState};
+use retry_core::transaction::TransactionState;
 
-use retry_sim::{address, Role, Sim, SimServer, Step};
+use retry_sim::{commit, get_more, insert, open_cursor, request, Sim, Step};
 
 /// One mongos that records what it receives, with `script`, a pool of one connection and a
 /// 1 s server selection timeout.
 fn mongos(script: Vec<Step>) -> Sim {
-    let mut server = SimServer::new(Role::Mongos);
-    server.record_commands = true;
-    server.script = script.into_iter().collect();
-    Sim::new(vec![(address("m"), server)], |o| {
+    Sim::mongos(script, |o| {
         o.topology.pool.max_pool_size = 1;
         o.selection.server_selection_timeout = Duration::from_secs(1);
     })
 }
 
-fn request(
-    db: &str,
-    command: Document,
-    kind: OperationKind,
-    session: Option<SessionHandle>,
-) -> OperationRequest {
-    let mut request = OperationRequest::new(db, command, kind, SelectionCriteria::Write);
-    request.session = session;
-    request
-}
-
-fn insert(session: SessionHandle) -> OperationRequest {
-    request(
-        "test",
-        doc! { "insert": "c", "documents": [{}] },
-        OperationKind::RetryableWrite,
-        Some(session),
-    )
-}
-
-fn commit(session: SessionHandle) -> OperationRequest {
-    request(
-        "admin",
-        doc! { "commitTransaction": 1 },
-        OperationKind::CommitTransaction { again: false },
-        Some(session),
-    )
+fn retryable_insert(session: SessionHandle) -> OperationRequest {
+    insert(OperationKind::RetryableWrite).with_session(session)
 }
 
 /// A `find` without a session whose reply takes `delay`: it holds the pool's only connection.
 fn busy(sim: &mut Sim) -> OpId {
-    let op = sim.start_request(request(
-        "test",
-        doc! { "find": "c" },
-        OperationKind::Read,
-        None,
-    ));
+    let op = sim.start_request(request(doc! { "find": "c" }, OperationKind::Read));
     sim.drain();
     op
-}
-
-fn received(sim: &Sim, name: &str) -> Vec<Document> {
-    sim.servers[&address("m")]
-        .commands
-        .iter()
-        .filter(|c| c.keys().next().map(String::as_str) == Some(name))
-        .cloned()
-        .collect()
-}
-
-fn start_transaction(sim: &mut Sim, session: SessionHandle) {
-    sim.engine
-        .start_transaction(session, TransactionOptions::default(), sim.now)
-        .expect("no transaction in progress");
 }
 
 fn slow_find_reply() -> Step {
@@ -101,22 +50,22 @@ fn tx1_two_first_commands_in_flight_start_the_transaction_once() {
     let mut sim = mongos(vec![slow_find_reply()]);
     let session = sim.engine.start_session();
     let held = busy(&mut sim);
-    start_transaction(&mut sim, session);
-    let a = sim.start_request(insert(session));
-    let b = sim.start_request(insert(session));
+    sim.begin_transaction(session);
+    let a = sim.start_request(retryable_insert(session));
+    let b = sim.start_request(retryable_insert(session));
     sim.run(held).unwrap();
     sim.run(a).expect("the first one starts the transaction");
     let error = sim.run(b).unwrap_err();
     assert!(error.to_string().contains("already started"), "{error}");
     let end = sim.start_request(commit(session));
     sim.run(end).unwrap();
-    let inserts = received(&sim, "insert");
+    let inserts = sim.received("m", "insert");
     assert_eq!(inserts.len(), 1, "{inserts:?}");
     assert_eq!(
         inserts[0].get("startTransaction"),
         Some(&Bson::Boolean(true))
     );
-    let commits = received(&sim, "commitTransaction");
+    let commits = sim.received("m", "commitTransaction");
     assert_eq!(commits[0].get("txnNumber"), inserts[0].get("txnNumber"));
 }
 
@@ -128,49 +77,29 @@ fn tx2_a_commit_while_the_first_command_waits_leaves_nothing_open() {
     let mut sim = mongos(vec![slow_find_reply()]);
     let session = sim.engine.start_session();
     let held = busy(&mut sim);
-    start_transaction(&mut sim, session);
-    let first = sim.start_request(insert(session));
+    sim.begin_transaction(session);
+    let first = sim.start_request(retryable_insert(session));
     let end = sim.start_request(commit(session));
     sim.run(end).expect("nothing to send");
     sim.run(held).unwrap();
     let error = sim.run(first).unwrap_err();
     assert!(error.to_string().contains("ended before"), "{error}");
-    assert!(received(&sim, "insert").is_empty());
-    assert!(received(&sim, "commitTransaction").is_empty());
+    assert!(sim.received("m", "insert").is_empty());
+    assert!(sim.received("m", "commitTransaction").is_empty());
     assert_eq!(
         sim.engine.transaction_state(session),
         Some(TransactionState::Committed { sent: false })
     );
 }
 
-fn open_cursor(sim: &mut Sim, session: SessionHandle) -> CursorHandle {
-    let mut find = request(
-        "test",
-        doc! { "find": "c", "batchSize": 1 },
-        OperationKind::Read,
-        Some(session),
-    );
-    find.cursor = CursorUse::Open;
-    let find = sim.start_request(find);
+fn opened_cursor(sim: &mut Sim, session: SessionHandle) -> CursorHandle {
+    let find = sim.start_request(open_cursor(OperationKind::Read).with_session(session));
     sim.run(find).unwrap();
-    sim.events
-        .iter()
-        .find_map(|(_, e)| match e {
-            EngineEvent::CursorOpened { op, cursor } if *op == find => Some(*cursor),
-            _ => None,
-        })
-        .expect("a cursor")
+    sim.cursor_opened(find).expect("a cursor")
 }
 
-fn get_more(sim: &mut Sim, cursor: CursorHandle) {
-    let mut get_more = request(
-        "test",
-        doc! { "getMore": 42_i64, "collection": "c" },
-        OperationKind::GetMore,
-        None,
-    );
-    get_more.cursor = CursorUse::GetMore(cursor);
-    let op = sim.start_request(get_more);
+fn run_get_more(sim: &mut Sim, cursor: CursorHandle) {
+    let op = sim.start_request(get_more(42, cursor));
     sim.run(op).unwrap();
 }
 
@@ -193,18 +122,18 @@ fn tx1_se14_a_get_more_joins_only_the_transaction_its_cursor_was_opened_in() {
         cursor_reply("nextBatch", 42),
     ]);
     let session = sim.engine.start_session();
-    let outside = open_cursor(&mut sim, session);
-    start_transaction(&mut sim, session);
-    get_more(&mut sim, outside);
-    let first = sim.start_request(insert(session));
+    let outside = opened_cursor(&mut sim, session);
+    sim.begin_transaction(session);
+    run_get_more(&mut sim, outside);
+    let first = sim.start_request(retryable_insert(session));
     sim.run(first).unwrap();
-    let inside = open_cursor(&mut sim, session);
+    let inside = opened_cursor(&mut sim, session);
     let end = sim.start_request(commit(session));
     sim.run(end).unwrap();
-    start_transaction(&mut sim, session);
-    get_more(&mut sim, inside);
-    let finds = received(&sim, "find");
-    let get_mores = received(&sim, "getMore");
+    sim.begin_transaction(session);
+    run_get_more(&mut sim, inside);
+    let finds = sim.received("m", "find");
+    let get_mores = sim.received("m", "getMore");
     assert_eq!(get_mores.len(), 2);
     for g in &get_mores {
         assert_eq!(g.get("lsid"), finds[0].get("lsid"), "SE-14");
@@ -221,12 +150,12 @@ fn tx1_se14_a_get_more_joins_only_the_transaction_its_cursor_was_opened_in() {
 fn tx2_a_refused_operation_leaves_a_committed_transaction_committed() {
     let mut sim = mongos(Vec::new());
     let session = sim.engine.start_session();
-    start_transaction(&mut sim, session);
-    let first = sim.start_request(insert(session));
+    sim.begin_transaction(session);
+    let first = sim.start_request(retryable_insert(session));
     sim.run(first).unwrap();
     let end = sim.start_request(commit(session));
     sim.run(end).unwrap();
-    let mut unacknowledged = insert(session);
+    let mut unacknowledged = retryable_insert(session);
     unacknowledged
         .command
         .insert("writeConcern", doc! { "w": 0 });
@@ -238,7 +167,7 @@ fn tx2_a_refused_operation_leaves_a_committed_transaction_committed() {
     );
     let again = sim.start_request(commit(session));
     sim.run(again).expect("TX-11: commit again");
-    assert_eq!(received(&sim, "commitTransaction").len(), 2);
+    assert_eq!(sim.received("m", "commitTransaction").len(), 2);
 }
 
 /// TX-1 (review6 finding 6): an empty transaction's number is skipped by a later write outside
@@ -249,22 +178,19 @@ fn tx1_an_empty_transactions_number_is_skipped_by_a_retryable_write() {
     let mut sim = mongos(Vec::new());
     let session = sim.engine.start_session();
     for write in [true, false] {
-        start_transaction(&mut sim, session);
+        sim.begin_transaction(session);
         if write {
-            let op = sim.start_request(insert(session));
+            let op = sim.start_request(retryable_insert(session));
             sim.run(op).unwrap();
         }
         let op = sim.start_request(commit(session));
         sim.run(op).unwrap();
     }
-    let plain = sim.start_request(insert(session));
+    let plain = sim.start_request(retryable_insert(session));
     sim.run(plain).unwrap();
-    start_transaction(&mut sim, session);
-    let op = sim.start_request(insert(session));
+    sim.begin_transaction(session);
+    let op = sim.start_request(retryable_insert(session));
     sim.run(op).unwrap();
-    let numbers: Vec<i64> = received(&sim, "insert")
-        .iter()
-        .map(|c| c.get_i64("txnNumber").unwrap())
-        .collect();
+    let numbers: Vec<i64> = sim.txn_numbers("m", "insert");
     assert_eq!(numbers, [1, 3, 4]);
 }

@@ -6,69 +6,25 @@
 
 use std::time::Duration;
 
-use bson::{doc, Bson, Document};
-use retry_core::engine::{CursorUse, EngineEvent, OpId, OperationRequest, SessionHandle};
+use bson::{doc, Bson};
+use retry_core::engine::{OpId, OperationRequest, SessionHandle};
 use retry_core::retry::OperationKind;
 use retry_core::selection::SelectionCriteria;
 use retry_core::transaction::{TransactionOptions, TransactionState};
 
-use retry_sim::{address, Role, Sim, SimServer, Step};
+use retry_sim::{abort, get_more, insert, kill_cursors, open_cursor, request, Sim, Step};
 
 /// One mongos that records what it receives, with `script`, a pool of one connection and a
 /// 1 s server selection timeout.
 fn mongos(script: Vec<Step>) -> Sim {
-    let mut server = SimServer::new(Role::Mongos);
-    server.record_commands = true;
-    server.script = script.into_iter().collect();
-    Sim::new(vec![(address("m"), server)], |o| {
+    Sim::mongos(script, |o| {
         o.topology.pool.max_pool_size = 1;
         o.selection.server_selection_timeout = Duration::from_secs(1);
     })
 }
 
-fn request(
-    db: &str,
-    command: Document,
-    kind: OperationKind,
-    session: Option<SessionHandle>,
-) -> OperationRequest {
-    let mut request = OperationRequest::new(db, command, kind, SelectionCriteria::Write);
-    request.session = session;
-    request
-}
-
-fn insert(session: Option<SessionHandle>) -> OperationRequest {
-    request(
-        "test",
-        doc! { "insert": "c", "documents": [{}] },
-        OperationKind::RetryableWrite,
-        session,
-    )
-}
-
-fn abort(session: SessionHandle) -> OperationRequest {
-    request(
-        "admin",
-        doc! { "abortTransaction": 1 },
-        OperationKind::AbortTransaction,
-        Some(session),
-    )
-}
-
-/// The commands the mongos received with this name.
-fn received(sim: &Sim, name: &str) -> Vec<Document> {
-    sim.servers[&address("m")]
-        .commands
-        .iter()
-        .filter(|c| c.keys().next().map(String::as_str) == Some(name))
-        .cloned()
-        .collect()
-}
-
-fn start_transaction(sim: &mut Sim, session: SessionHandle) {
-    sim.engine
-        .start_transaction(session, TransactionOptions::default(), sim.now)
-        .expect("no transaction in progress");
+fn retryable_insert(session: Option<SessionHandle>) -> OperationRequest {
+    insert(OperationKind::RetryableWrite).with_session(session)
 }
 
 /// TX-2, TX-10, SE-12 (review5 item 3): ending a session with a transaction in progress starts
@@ -85,15 +41,10 @@ fn tx2_ending_a_session_sends_its_abort_after_waiting_for_a_connection() {
         },
     ]);
     let session = sim.engine.start_session();
-    start_transaction(&mut sim, session);
-    let first = sim.start_request(insert(Some(session)));
+    sim.begin_transaction(session);
+    let first = sim.start_request(retryable_insert(Some(session)));
     sim.run(first).unwrap();
-    let busy = sim.start_request(request(
-        "test",
-        doc! { "find": "c" },
-        OperationKind::Read,
-        None,
-    ));
+    let busy = sim.start_request(request(doc! { "find": "c" }, OperationKind::Read));
     sim.drain();
     let aborted = sim.start_request(abort(session));
     sim.engine.end_session(session, sim.now);
@@ -101,9 +52,9 @@ fn tx2_ending_a_session_sends_its_abort_after_waiting_for_a_connection() {
     assert!(sim.result(aborted).is_none(), "waiting for the connection");
     sim.run(busy).unwrap();
     sim.run(aborted).expect("the abort is sent and answered");
-    let aborts = received(&sim, "abortTransaction");
+    let aborts = sim.received("m", "abortTransaction");
     assert_eq!(aborts.len(), 1, "{aborts:?}");
-    let statement = &received(&sim, "insert")[0];
+    let statement = &sim.received("m", "insert")[0];
     assert_eq!(aborts[0].get("lsid"), statement.get("lsid"));
     assert_eq!(aborts[0].get("txnNumber"), statement.get("txnNumber"));
     assert_eq!(aborts[0].get("autocommit"), Some(&Bson::Boolean(false)));
@@ -115,14 +66,14 @@ fn tx2_ending_a_session_sends_its_abort_after_waiting_for_a_connection() {
 fn tx10_the_abort_of_an_ending_session_is_retried_after_a_network_error() {
     let mut sim = mongos(vec![Step::reply(doc! { "ok": 1, "n": 1 }), Step::Reset]);
     let session = sim.engine.start_session();
-    start_transaction(&mut sim, session);
-    let first = sim.start_request(insert(Some(session)));
+    sim.begin_transaction(session);
+    let first = sim.start_request(retryable_insert(Some(session)));
     sim.run(first).unwrap();
     let aborted = sim.start_request(abort(session));
     sim.engine.end_session(session, sim.now);
     sim.drain();
     sim.run(aborted).expect("the retry succeeds");
-    assert_eq!(received(&sim, "abortTransaction").len(), 2);
+    assert_eq!(sim.received("m", "abortTransaction").len(), 2);
 }
 
 /// SE-13, SE-14 (review5 item 6): a cursor opened in an explicit session that has since ended
@@ -133,36 +84,17 @@ fn se13_a_cursor_of_an_ended_session_is_killed_without_an_lsid() {
         doc! { "ok": 1, "cursor": { "id": 42_i64, "ns": "test.c", "firstBatch": [{}] } },
     )]);
     let session = sim.engine.start_session();
-    let mut find = request(
-        "test",
-        doc! { "find": "c", "batchSize": 1 },
-        OperationKind::Read,
-        Some(session),
-    );
-    find.cursor = CursorUse::Open;
+    let find = open_cursor(OperationKind::Read).with_session(session);
     let find = sim.start_request(find);
     sim.run(find).unwrap();
-    let cursor = sim
-        .events
-        .iter()
-        .find_map(|(_, e)| match e {
-            EngineEvent::CursorOpened { op, cursor } if *op == find => Some(*cursor),
-            _ => None,
-        })
-        .expect("a cursor");
+    let cursor = sim.cursor_opened(find).expect("a cursor");
     sim.engine.end_session(session, sim.now);
     sim.drain();
     // As `Cursor::drop` and the unified runner send it: naming the (ended) session.
-    let mut close = request(
-        "test",
-        doc! { "killCursors": "c", "cursors": [42_i64] },
-        OperationKind::RunCommand,
-        Some(session),
-    );
-    close.cursor = CursorUse::Close(cursor);
+    let close = kill_cursors(42_i64, cursor).with_session(session);
     let close = sim.start_request(close);
     sim.run(close).expect("killCursors sent");
-    let kills = received(&sim, "killCursors");
+    let kills = sim.received("m", "killCursors");
     assert_eq!(kills.len(), 1);
     assert_eq!(
         kills[0].get_array("cursors").unwrap(),
@@ -189,18 +121,13 @@ fn tx2_a_first_command_not_written_leaves_the_transaction_starting() {
         },
     ]);
     let session = sim.engine.start_session();
-    let plain = sim.start_request(insert(Some(session)));
+    let plain = sim.start_request(retryable_insert(Some(session)));
     sim.run(plain).unwrap();
-    start_transaction(&mut sim, session);
+    sim.begin_transaction(session);
     // The pool's only connection is busy for 5 s: the first command waits for it.
-    let busy = sim.start_request(request(
-        "test",
-        doc! { "find": "c" },
-        OperationKind::Read,
-        None,
-    ));
+    let busy = sim.start_request(request(doc! { "find": "c" }, OperationKind::Read));
     sim.drain();
-    let lost = sim.start_request(insert(Some(session)));
+    let lost = sim.start_request(retryable_insert(Some(session)));
     sim.advance_to(sim.now.saturating_add(Duration::from_millis(100)));
     assert!(sim.result(lost).is_none(), "waiting for the connection");
     sim.engine.cancel_operation(lost, sim.now);
@@ -211,13 +138,13 @@ fn tx2_a_first_command_not_written_leaves_the_transaction_starting() {
         Some(TransactionState::Starting)
     );
     sim.run(busy).unwrap();
-    let started = sim.start_request(insert(Some(session)));
+    let started = sim.start_request(retryable_insert(Some(session)));
     sim.run(started).unwrap();
     assert_eq!(
         sim.engine.transaction_state(session),
         Some(TransactionState::InProgress)
     );
-    let inserts = received(&sim, "insert");
+    let inserts = sim.received("m", "insert");
     let last = inserts.last().unwrap();
     assert_eq!(last.get("startTransaction"), Some(&Bson::Boolean(true)));
     assert_eq!(last.get("autocommit"), Some(&Bson::Boolean(false)));
@@ -232,12 +159,12 @@ fn tx2_a_first_command_not_written_leaves_the_transaction_starting() {
 fn tx1_a_bare_request_naming_the_session_joins_its_transaction() {
     let mut sim = mongos(Vec::new());
     let session = sim.engine.start_session();
-    start_transaction(&mut sim, session);
-    let first = sim.start_request(insert(Some(session)));
+    sim.begin_transaction(session);
+    let first = sim.start_request(retryable_insert(Some(session)));
     sim.run(first).unwrap();
-    let bare: OpId = sim.start_request(insert(Some(session)));
+    let bare: OpId = sim.start_request(retryable_insert(Some(session)));
     sim.run(bare).unwrap();
-    let inserts = received(&sim, "insert");
+    let inserts = sim.received("m", "insert");
     assert_eq!(inserts.len(), 2);
     assert_eq!(inserts[1].get("txnNumber"), inserts[0].get("txnNumber"));
     assert_eq!(inserts[1].get("autocommit"), Some(&Bson::Boolean(false)));
@@ -256,17 +183,17 @@ fn tx1_an_empty_transaction_still_takes_a_txn_number() {
     let mut sim = mongos(Vec::new());
     let session = sim.engine.start_session();
     let commit = || {
-        request(
+        OperationRequest::new(
             "admin",
             doc! { "commitTransaction": 1 },
             OperationKind::CommitTransaction { again: false },
-            None,
+            SelectionCriteria::Write,
         )
     };
     for write in [true, false, true] {
-        start_transaction(&mut sim, session);
+        sim.begin_transaction(session);
         if write {
-            let op = sim.start_request(insert(Some(session)));
+            let op = sim.start_request(retryable_insert(Some(session)));
             sim.run(op).unwrap();
         }
         let mut end = commit();
@@ -274,13 +201,10 @@ fn tx1_an_empty_transaction_still_takes_a_txn_number() {
         let op = sim.start_request(end);
         sim.run(op).unwrap();
     }
-    let numbers: Vec<i64> = received(&sim, "insert")
-        .iter()
-        .map(|c| c.get_i64("txnNumber").unwrap())
-        .collect();
+    let numbers: Vec<i64> = sim.txn_numbers("m", "insert");
     assert_eq!(numbers, [1, 3]);
     assert_eq!(
-        received(&sim, "commitTransaction").len(),
+        sim.received("m", "commitTransaction").len(),
         2,
         "TX-2: none for the empty one"
     );
@@ -294,9 +218,9 @@ fn tx1_an_empty_transaction_still_takes_a_txn_number() {
 fn tx1_concerns_and_read_preference_inside_a_transaction() {
     let mut sim = mongos(Vec::new());
     let session = sim.engine.start_session();
-    start_transaction(&mut sim, session);
+    sim.begin_transaction(session);
     let own = |inherited: bool| {
-        let mut request = insert(Some(session));
+        let mut request = retryable_insert(Some(session));
         request.command.insert("writeConcern", doc! { "w": 0 });
         request.concerns_inherited = inherited;
         request
@@ -304,12 +228,7 @@ fn tx1_concerns_and_read_preference_inside_a_transaction() {
     let refused = sim.start_request(own(false));
     let error = sim.run(refused).unwrap_err();
     assert!(error.to_string().contains("writeConcern"), "{error}");
-    let mut secondary = request(
-        "test",
-        doc! { "find": "c" },
-        OperationKind::Read,
-        Some(session),
-    );
+    let mut secondary = request(doc! { "find": "c" }, OperationKind::Read).with_session(session);
     secondary.criteria = SelectionCriteria::Read(retry_core::selection::ReadPreference::from_mode(
         retry_core::selection::ReadPreferenceMode::Secondary,
     ));
@@ -322,7 +241,7 @@ fn tx1_concerns_and_read_preference_inside_a_transaction() {
     );
     let inherited = sim.start_request(own(true));
     sim.run(inherited).expect("the inherited w: 0 is dropped");
-    let inserts = received(&sim, "insert");
+    let inserts = sim.received("m", "insert");
     assert_eq!(inserts.len(), 1);
     assert!(!inserts[0].contains_key("writeConcern"), "{}", inserts[0]);
     assert_eq!(
@@ -342,35 +261,16 @@ fn tx1_a_get_more_of_a_transaction_cursor_joins_the_transaction() {
         Step::reply(doc! { "ok": 1, "cursor": { "id": 0_i64, "ns": "test.c", "nextBatch": [] } }),
     ]);
     let session = sim.engine.start_session();
-    start_transaction(&mut sim, session);
-    let mut find = request(
-        "test",
-        doc! { "find": "c", "batchSize": 1 },
-        OperationKind::Read,
-        Some(session),
-    );
-    find.cursor = CursorUse::Open;
+    sim.begin_transaction(session);
+    let find = open_cursor(OperationKind::Read).with_session(session);
     let find = sim.start_request(find);
     sim.run(find).unwrap();
-    let cursor = sim
-        .events
-        .iter()
-        .find_map(|(_, e)| match e {
-            EngineEvent::CursorOpened { op, cursor } if *op == find => Some(*cursor),
-            _ => None,
-        })
-        .expect("a cursor");
-    let mut get_more = request(
-        "test",
-        doc! { "getMore": 42_i64, "collection": "c" },
-        OperationKind::GetMore,
-        None,
-    );
-    get_more.cursor = CursorUse::GetMore(cursor);
+    let cursor = sim.cursor_opened(find).expect("a cursor");
+    let get_more = get_more(42_i64, cursor);
     let get_more = sim.start_request(get_more);
     sim.run(get_more).unwrap();
-    let finds = received(&sim, "find");
-    let get_mores = received(&sim, "getMore");
+    let finds = sim.received("m", "find");
+    let get_mores = sim.received("m", "getMore");
     assert_eq!(get_mores[0].get("txnNumber"), finds[0].get("txnNumber"));
     assert_eq!(get_mores[0].get("autocommit"), Some(&Bson::Boolean(false)));
     assert!(!get_mores[0].contains_key("startTransaction"));

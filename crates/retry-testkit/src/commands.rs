@@ -11,7 +11,7 @@ use crate::config::{
 };
 use crate::fail_point::{error_reply, FailCommand, TESTKIT_UNSUPPORTED};
 use crate::on_primary_write::OnPrimaryWrite;
-use crate::server::{is_ok, State};
+use crate::server::State;
 use crate::store::{Batch, CursorOrigin, QueryError, Store, WriteKey};
 use retry_core::wire::OpMsg;
 
@@ -230,8 +230,15 @@ pub(crate) fn execute(
     let mut store = data.lock();
     let in_transaction = request.body.get("autocommit") == Some(&Bson::Boolean(false));
     let ends = matches!(name, "commitTransaction" | "abortTransaction");
+    // TK-12: a mongos keeps its own router state for the transactions it started.
+    let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+    let router_id = router.then_some(process_id);
+    if !in_transaction && !ends {
+        // TK-15 (review7 gap b): a write outside any transaction is a commit of its own.
+        store.begin_statement(None);
+    }
     if in_transaction && !ends {
-        match transaction_command(&mut store, &request.body) {
+        match transaction_command(&mut store, &request.body, router_id) {
             // TK-15: the statement reads and writes as its transaction.
             Ok(session) => store.begin_statement(Some(session)),
             Err((code, message)) => {
@@ -258,16 +265,14 @@ pub(crate) fn execute(
         store: &mut store,
         batch_size: state.batch_size,
         origin,
+        router: router_id,
     };
     let reply = run(&mut context, name, request, max_wire_version);
     store.end_statement();
     let mut reply = reply?;
     // TK-15 (house rule 7): a statement that fails (an error or a write error) aborts its
     // transaction on a real server; its later commands get NoSuchTransaction (251).
-    let failed = !reply
-        .get("ok")
-        .is_some_and(|ok| ok.as_f64() == Some(1.0) || ok.as_i32() == Some(1))
-        || reply.contains_key("writeErrors");
+    let failed = statement_failed(&reply);
     // TK-7, TK-15: a statement's WriteConflict (112), a commit's NoSuchTransaction (251), ...
     // are a TransientTransactionError.
     if in_transaction && !reply.contains_key("errorLabels") {
@@ -292,7 +297,6 @@ pub(crate) fn execute(
         }
     }
     // TK-15: a mongos answers every command of a transaction with a recovery token.
-    let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
     let transactional = in_transaction || ends;
     if router && transactional {
         reply.insert("recoveryToken", doc! { "recoveryShardId": "shard0" });
@@ -300,9 +304,19 @@ pub(crate) fn execute(
     Some(reply)
 }
 
+/// TK-15: whether a transaction's statement failed (an error or a write error), which aborts
+/// the transaction; `ok` is read by the one rule of `retry_core::reply` (review7 finding 5).
+fn statement_failed(reply: &Document) -> bool {
+    !retry_core::reply::is_ok(reply) || reply.contains_key("writeErrors")
+}
+
 /// TK-15: checks (and with `startTransaction: true`, starts) the transaction a command with
-/// `autocommit: false` belongs to; its session (lsid bytes).
-fn transaction_command(store: &mut Store, command: &Document) -> Result<Vec<u8>, (i32, String)> {
+/// `autocommit: false` belongs to, on `router` (a mongos); its session (lsid bytes).
+fn transaction_command(
+    store: &mut Store,
+    command: &Document,
+    router: Option<ObjectId>,
+) -> Result<Vec<u8>, (i32, String)> {
     let session = command
         .get_document("lsid")
         .ok()
@@ -315,7 +329,7 @@ fn transaction_command(store: &mut Store, command: &Document) -> Result<Vec<u8>,
         ));
     };
     let start = command.get("startTransaction") == Some(&Bson::Boolean(true));
-    store.transaction_command(session.clone(), number, start)?;
+    store.transaction_command(session.clone(), number, start, router)?;
     Ok(session)
 }
 
@@ -339,6 +353,9 @@ struct Context<'a> {
     /// The server process running the command (its cursors stay with it, TK-12) and the
     /// command's session and transaction (SE-14).
     origin: CursorOrigin<'a>,
+    /// TK-12: the mongos running the command, `None` off a mongos (see
+    /// [`Store::end_transaction`]).
+    router: Option<ObjectId>,
 }
 
 /// Runs a data command; `None` when the server does not know it.
@@ -461,9 +478,10 @@ fn run(
                     &format!("{name} must be run within a transaction"),
                 ));
             };
+            let commit = name == "commitTransaction";
             match state
                 .store
-                .end_transaction(&session, number, name == "commitTransaction")
+                .end_transaction(&session, number, commit, state.router)
             {
                 Ok(()) => ok(),
                 Err((code, message)) => error_reply(code, &message),
@@ -485,6 +503,26 @@ fn collection_name<'a>(command: &'a Document, field: &str) -> Result<&'a str, Do
     command
         .get_str(field)
         .map_err(|_| error_reply(2, &format!("{field} needs a collection name")))
+}
+
+/// The namespace an `insert`, `update` or `delete` (`command`) on `db` writes to, and the
+/// documents or statements of its array `field`.
+fn write_target(
+    request: &OpMsg,
+    db: &str,
+    command: &str,
+    field: &str,
+) -> Result<(String, Vec<Document>), Document> {
+    let collection = collection_name(&request.body, command)?;
+    Ok((format!("{db}.{collection}"), documents_of(request, field)?))
+}
+
+/// The first field of `statement` that is not one of `allowed`.
+fn field_not_in<'a>(statement: &'a Document, allowed: &[&str]) -> Option<&'a str> {
+    statement
+        .keys()
+        .map(String::as_str)
+        .find(|k| !allowed.contains(k))
 }
 
 /// The documents of array `field`, from the body or from a kind-1 sequence of that name.
@@ -548,30 +586,54 @@ fn count_i32(n: usize) -> i32 {
 
 /// `{insert: coll, documents: [...], ordered}`; a duplicate `_id` is a write error 11000.
 fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
-    let collection = match collection_name(&request.body, "insert") {
-        Ok(c) => c,
+    let (ns, documents) = match write_target(request, db, "insert", "documents") {
+        Ok(target) => target,
         Err(e) => return e,
     };
-    let documents = match documents_of(request, "documents") {
-        Ok(d) => d,
-        Err(e) => return e,
-    };
-    let ns = format!("{db}.{collection}");
-    let outcome = match state.store.insert(&ns, documents, ordered(&request.body)) {
+    let ordered = ordered(&request.body);
+    // Review7 finding 3: a document nested deeper than a stored one may be is refused (Overflow,
+    // 15) as a write error; an ordered insert stops there.
+    let mut errors: Vec<(usize, Document)> = Vec::new();
+    let mut positions = Vec::new();
+    let mut storable = Vec::new();
+    for (index, document) in documents.into_iter().enumerate() {
+        if crate::store::too_deep(&document) {
+            let message = format!(
+                "cannot insert document because it exceeds {} levels of nesting",
+                crate::store::MAX_STORED_DEPTH
+            );
+            errors.push((index, doc! { "code": 15, "errmsg": message }));
+            if ordered {
+                break;
+            }
+            continue;
+        }
+        positions.push(index);
+        storable.push(document);
+    }
+    let outcome = match state.store.insert(&ns, storable, ordered) {
         Ok(outcome) => outcome,
         Err(e) => return query_error(e),
     };
+    if ordered && !outcome.duplicates.is_empty() {
+        // The duplicate came first: the ordered insert stopped there.
+        errors.clear();
+    }
+    for (index, id) in outcome.duplicates {
+        let message = format!(
+            "E11000 duplicate key error collection: {ns} index: _id_ dup key: {{ _id: {id} }}"
+        );
+        errors.push((positions[index], doc! { "code": 11000, "errmsg": message }));
+    }
+    errors.sort_by_key(|(index, _)| *index);
     let mut reply = doc! { "n": count_i32(outcome.n) };
-    if !outcome.duplicates.is_empty() {
-        let errors: Vec<Document> = outcome
-            .duplicates
+    if !errors.is_empty() {
+        let errors: Vec<Document> = errors
             .into_iter()
-            .map(|(index, id)| {
-                doc! {
-                    "index": count_i32(index),
-                    "code": 11000,
-                    "errmsg": format!("E11000 duplicate key error collection: {ns} index: _id_ dup key: {{ _id: {id} }}"),
-                }
+            .map(|(index, error)| {
+                let mut entry = doc! { "index": count_i32(index) };
+                entry.extend(error);
+                entry
             })
             .collect();
         reply.insert("writeErrors", errors);
@@ -582,21 +644,13 @@ fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
 
 /// `{update: coll, updates: [{q, u, multi, upsert}], ordered}`.
 fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
-    let collection = match collection_name(&request.body, "update") {
-        Ok(c) => c,
+    let (ns, statements) = match write_target(request, db, "update", "updates") {
+        Ok(target) => target,
         Err(e) => return e,
     };
-    let statements = match documents_of(request, "updates") {
-        Ok(d) => d,
-        Err(e) => return e,
-    };
-    let ns = format!("{db}.{collection}");
-    let (mut n, mut modified, mut upserted) = (0, 0, Vec::new());
+    let (mut n, mut modified, mut upserted, mut errors) = (0, 0, Vec::new(), Vec::new());
     for (index, statement) in statements.iter().enumerate() {
-        if let Some(field) = statement
-            .keys()
-            .find(|k| !["q", "u", "multi", "upsert"].contains(&k.as_str()))
-        {
+        if let Some(field) = field_not_in(statement, &["q", "u", "multi", "upsert"]) {
             return unsupported_reply(&format!("update statement field {field}"));
         }
         let (Ok(filter), Ok(update)) = (statement.get_document("q"), statement.get_document("u"))
@@ -623,6 +677,17 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                     upserted.push(doc! { "index": count_i32(index), "_id": id });
                 }
             }
+            // Review7 finding 3: the statement's write error (Overflow, 15).
+            Err(QueryError::TooDeep) => {
+                let message = format!(
+                    "Document exceeds maximum nesting depth of {}",
+                    crate::store::MAX_STORED_DEPTH
+                );
+                errors.push(doc! { "index": count_i32(index), "code": 15, "errmsg": message });
+                if ordered(&request.body) {
+                    break;
+                }
+            }
             Err(e) => return query_error(e),
         }
     }
@@ -630,27 +695,22 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     if !upserted.is_empty() {
         reply.insert("upserted", upserted);
     }
+    if !errors.is_empty() {
+        reply.insert("writeErrors", errors);
+    }
     reply.insert("ok", 1.0);
     reply
 }
 
 /// `{delete: coll, deletes: [{q, limit}], ordered}`.
 fn delete(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
-    let collection = match collection_name(&request.body, "delete") {
-        Ok(c) => c,
+    let (ns, statements) = match write_target(request, db, "delete", "deletes") {
+        Ok(target) => target,
         Err(e) => return e,
     };
-    let statements = match documents_of(request, "deletes") {
-        Ok(d) => d,
-        Err(e) => return e,
-    };
-    let ns = format!("{db}.{collection}");
     let mut n = 0;
     for statement in &statements {
-        if let Some(field) = statement
-            .keys()
-            .find(|k| !["q", "limit"].contains(&k.as_str()))
-        {
+        if let Some(field) = field_not_in(statement, &["q", "limit"]) {
             return unsupported_reply(&format!("delete statement field {field}"));
         }
         let Ok(filter) = statement.get_document("q") else {
@@ -719,6 +779,22 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                 let Ok(document) = op.get_document("document") else {
                     return error_reply(2, "a bulkWrite insert needs a document");
                 };
+                // Review7 finding 3: the op's error (Overflow, 15).
+                if crate::store::too_deep(document) {
+                    let result = doc! {
+                        "ok": 0.0, "idx": count_i32(index), "code": 15, "codeName": "Overflow",
+                        "errmsg": format!(
+                            "cannot insert document because it exceeds {} levels of nesting",
+                            crate::store::MAX_STORED_DEPTH
+                        ),
+                    };
+                    counts[errors] += 1;
+                    results.push(result);
+                    if ordered {
+                        break;
+                    }
+                    continue;
+                }
                 let outcome = match state.store.insert(&ns, vec![document.clone()], true) {
                     Ok(outcome) => outcome,
                     Err(e) => return query_error(e),
@@ -1196,7 +1272,7 @@ fn get_more(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     // A real server's IDL takes the id as a long only (review6 finding 4).
     let id = match command.get("getMore") {
         Some(Bson::Int64(id)) => *id,
-        Some(other) => return long_expected("getMore.getMore", other),
+        Some(other) => return crate::refusals::wrong_type("getMore.getMore", other, "long"),
         None => return error_reply(2, "getMore needs a cursor id"),
     };
     let Ok(collection) = command.get_str("collection") else {
@@ -1224,7 +1300,13 @@ fn kill_cursors(state: &mut Context<'_>, db: &str, command: &Document) -> Docume
     for (index, id) in cursors.iter().enumerate() {
         match id {
             Bson::Int64(id) => ids.push(*id),
-            other => return long_expected(&format!("killCursors.cursors.{index}"), other),
+            other => {
+                return crate::refusals::wrong_type(
+                    &format!("killCursors.cursors.{index}"),
+                    other,
+                    "long",
+                )
+            }
         }
     }
     let (killed, not_found) =
@@ -1456,7 +1538,7 @@ fn list_collections(state: &mut Context<'_>, db: &str, command: &Document) -> Do
 /// a fail point the server would not set (no test expects `configureFailPoint` to fail).
 pub(crate) fn refusal(name: &str, reply: &Document) -> Option<String> {
     let refused = reply.get_i32("code").ok() == Some(TESTKIT_UNSUPPORTED)
-        || (name == "configureFailPoint" && !reply.get("ok").is_some_and(is_ok));
+        || (name == "configureFailPoint" && !retry_core::reply::is_ok(reply));
     refused.then(|| format!("{name}: {}", reply.get_str("errmsg").unwrap_or("")))
 }
 
@@ -1468,24 +1550,22 @@ fn query_error(error: QueryError) -> Document {
         },
         QueryError::CursorNotFound(id) => error_reply(43, &format!("cursor id {id} not found")),
         QueryError::CursorMismatch(code, message) => error_reply(code, &message),
-        // TK-15: a real server's message.
-        QueryError::WriteConflict => error_reply(
+        // TK-15: a real server's message. A write outside any transaction that is `Blocked` is
+        // never answered so: the server undoes it, waits and runs it again (review7 finding 1).
+        // Review7 finding 3: a real server's code and message (storage validation).
+        QueryError::TooDeep => error_reply(
+            15,
+            &format!(
+                "Document exceeds maximum nesting depth of {}",
+                crate::store::MAX_STORED_DEPTH
+            ),
+        ),
+        QueryError::WriteConflict | QueryError::Blocked(_) => error_reply(
             112,
             "WriteConflict error: this operation conflicted with another operation. Please retry \
              your operation or multi-document transaction.",
         ),
     }
-}
-
-/// A real server's TypeMismatch (14) for a cursor id that is not a long.
-fn long_expected(field: &str, value: &Bson) -> Document {
-    error_reply(
-        14,
-        &format!(
-            "BSON field '{field}' is the wrong type '{}', expected type 'long'",
-            crate::refusals::type_name(value)
-        ),
-    )
 }
 
 /// `batchSize`, or `default` when absent; `None` when present but not a non-negative integer.
@@ -1515,6 +1595,24 @@ mod tests {
     use retry_core::time::Instant;
     use retry_core::topology::ServerType;
     use std::time::Duration;
+
+    /// TK-15 (review7 finding 5): a statement succeeded when `ok` is 1 in any number type or
+    /// `true` (the rule of `retry_core::reply`) and it has no write error.
+    #[test]
+    fn tk15_review7_f5_a_statement_fails_by_the_one_ok_rule() {
+        for ok in [
+            Bson::Double(1.0),
+            Bson::Int32(1),
+            Bson::Int64(1),
+            Bson::Boolean(true),
+        ] {
+            assert!(!statement_failed(&doc! { "ok": ok.clone() }), "{ok}");
+            assert!(statement_failed(&doc! { "ok": ok, "writeErrors": [] }));
+        }
+        for not_ok in [Bson::Double(0.0), Bson::Int64(0), Bson::String("1".into())] {
+            assert!(statement_failed(&doc! { "ok": not_ok }));
+        }
+    }
 
     fn context() -> HelloContext<'static> {
         HelloContext {

@@ -45,7 +45,9 @@
 //!
 //! 1. The request is counted under its command name (the first key of its body). A `hello`,
 //!    `isMaster` or `ismaster` is recorded as a [`Handshake`].
-//! 2. A body without `$db` fails with code 40571, as a real server does.
+//! 2. A body without `$db` fails with code 40571, as a real server does; so does a body with a key
+//!    sent twice (FailedToParse 9), or a document sequence the command does not take (40472,
+//!    40415) or that repeats a body field (40433) (house rule 7).
 //! 3. Every command but the handshake (BP-6) and `configureFailPoint` takes a token from the ingress
 //!    limiter, if one is set; without a token it fails with code 462,
 //!    `IngressRequestRateLimitExceeded`, labels `SystemOverloadedError` and `RetryableError`, and
@@ -56,9 +58,18 @@
 //!    write (`insert`, `update`, `delete`, `findAndModify`, `bulkWrite`) that already ran (same
 //!    `lsid`, `txnNumber` and `stmtId`): that gets the first reply again
 //!    ([`CommandCounts::replayed`]). A command with `autocommit: false` belongs to its session's
-//!    transaction (TK-15: snapshot reads, writes invisible to others until the commit, another
-//!    write to a document it changed is WriteConflict 112, an abort undoes only its own
-//!    changes). A command, operator, stage, option or fail point the server does not
+//!    transaction (TK-15: snapshot reads, writes matched against the snapshot and invisible to
+//!    others until the commit, another transaction's write to a document it changed (or its
+//!    write to one changed after its start) is WriteConflict 112, an abort undoes only its own
+//!    changes and drops the collections it created). A write outside any transaction that
+//!    touches a document a transaction in progress changed waits until it ends, as on a real
+//!    server, bounded by `maxTimeMS` (MaxTimeMSExpired 50) or else by 60 s, the default
+//!    `transactionLifetimeLimitSeconds`, after which that transaction is aborted (a real
+//!    server's reaper counts the 60 s from the transaction's start, the test server from the
+//!    start of the wait). A multi-statement write outside any transaction is undone whole and
+//!    runs again after the wait, where a real server keeps the statements done before it (a
+//!    retryable write resumes at its waiting statement on both). A command, operator, stage,
+//!    option or fail point the server does not
 //!    evaluate is refused (`CommandNotFound` or `TestkitUnsupported`) and logged
 //!    ([`ServerHandle::unsupported`]), never ignored.
 //! 6. The reply is written unless the request had `moreToCome`, or replaced by a random fault
@@ -119,7 +130,8 @@ pub use fail_point::{
 };
 pub use faults::{Fault, FaultConfig, DEFAULT_STALL};
 pub use server::{
-    Handshake, LoggedCommand, ServerHandle, TestServer, INGRESS_RATE_LIMIT_CODE, OVERLOAD_LABELS,
+    Handshake, LoggedCommand, ServerHandle, TestServer, HANDSHAKES_KEPT, INGRESS_RATE_LIMIT_CODE,
+    OVERLOAD_LABELS,
 };
 pub use store::DataStore;
 pub use tls::{ServerCertificate, ServerTls, TestCa};

@@ -29,6 +29,9 @@
 //!   and abort ("writeConcern is not allowed within a multi-statement transaction", 72), and a
 //!   `readConcern` on a command that does not start it ("Only the first command in a transaction
 //!   may specify a readConcern", 72).
+//! - The generic fields (review7 finding 3, [`generic_field_refusal`]): `apiVersion`,
+//!   `apiStrict`, `apiDeprecationErrors`, `$readPreference`, a hello's `client` and
+//!   `compression` of the wrong type or value.
 //! - A `readConcern` that does not parse: not a document, or a field of the wrong type
 //!   (`TypeMismatch`, 14: `level` a string, `afterClusterTime` a Timestamp), an unknown field or
 //!   level (`FailedToParse`, 9). An `afterClusterTime` ahead of the deployment's clock is refused
@@ -50,9 +53,174 @@ const SECONDARY_READS: [&str; 6] = [
     "listIndexes",
 ];
 
+/// The read preference modes a server knows (server selection spec, `$readPreference.mode`).
+pub(crate) const READ_PREFERENCE_MODES: [&str; 5] = [
+    "primary",
+    "primaryPreferred",
+    "secondary",
+    "secondaryPreferred",
+    "nearest",
+];
+
+/// Review7 finding 3 (house rule 7): what a real server refuses about the generic fields every
+/// command may carry, before it runs the command:
+/// - `apiVersion` not a string, `apiStrict` / `apiDeprecationErrors` not booleans: TypeMismatch
+///   (14); `apiStrict` / `apiDeprecationErrors` without `apiVersion`: 4886600; an `apiVersion`
+///   other than `"1"`: APIVersionError (322) (the server's jstests/core/api
+///   api_version_parameters.js);
+/// - `$readPreference` not a document: TypeMismatch (14, `ReadPreferenceSetting::fromInnerBSON`);
+///   without a `mode`: NoSuchKey (4); a `mode` not a string: TypeMismatch (14); an unknown mode:
+///   BadValue (2, the IDL enum parse; older servers answered FailedToParse, 9: unverified which
+///   code 8.x gives);
+/// - a hello's `client` not a document, `compression` not an array of strings: TypeMismatch (14,
+///   the hello command's IDL types).
+pub(crate) fn generic_field_refusal(name: &str, command: &Document) -> Option<Document> {
+    let wrong_type =
+        |field: &str, value: &Bson, expected: &str| Some(wrong_type(field, value, expected));
+    let version = command.get("apiVersion");
+    if let Some(value) = version.filter(|v| !matches!(v, Bson::String(_))) {
+        return wrong_type("apiVersion", value, "string");
+    }
+    for field in ["apiStrict", "apiDeprecationErrors"] {
+        match command.get(field) {
+            Some(Bson::Boolean(_)) if version.is_none() => {
+                return Some(error_reply(
+                    4886600,
+                    &format!("Provided {field} without passing apiVersion"),
+                ))
+            }
+            Some(Bson::Boolean(_)) | None => {}
+            Some(value) => return wrong_type(field, value, "boolean"),
+        }
+    }
+    if version.is_some_and(|v| v.as_str() != Some("1")) {
+        return Some(error_reply(322, "API version must be \"1\""));
+    }
+    if let Some(preference) = command.get("$readPreference") {
+        let Bson::Document(preference) = preference else {
+            return Some(error_reply(
+                14,
+                &format!(
+                    "$readPreference has incorrect type: expected object but got {}",
+                    type_name(preference)
+                ),
+            ));
+        };
+        match preference.get("mode") {
+            None => return Some(error_reply(4, "Missing expected field \"mode\"")),
+            Some(Bson::String(mode)) if READ_PREFERENCE_MODES.contains(&mode.as_str()) => {}
+            Some(Bson::String(mode)) => {
+                return Some(error_reply(
+                    2,
+                    &format!(
+                        "Could not parse $readPreference mode '{mode}'. Only the modes \
+                         'primary', 'primaryPreferred', 'secondary', 'secondaryPreferred', and \
+                         'nearest' are supported."
+                    ),
+                ))
+            }
+            Some(mode) => return wrong_type("mode", mode, "string"),
+        }
+    }
+    if matches!(name, "hello" | "isMaster" | "ismaster") {
+        match command.get("client") {
+            None | Some(Bson::Document(_)) => {}
+            Some(value) => return wrong_type(&format!("{name}.client"), value, "object"),
+        }
+        match command.get("compression") {
+            None => {}
+            Some(Bson::Array(names)) => {
+                let other = names.iter().enumerate().find(|(_, n)| n.as_str().is_none());
+                if let Some((index, value)) = other {
+                    return wrong_type(&format!("{name}.compression.{index}"), value, "string");
+                }
+            }
+            Some(value) => return wrong_type(&format!("{name}.compression"), value, "array"),
+        }
+    }
+    None
+}
+
+/// HS-4 (review7 finding 3): what a real server's hello refuses about its `client` metadata
+/// (`ClientMetadata::parse`): larger than 512 bytes, 1,024 on a router (ClientMetadataDocumentTooLarge,
+/// 185); `application`, `driver` or `os` not a document, `application.name`, `driver.name`,
+/// `driver.version` or `os.type` not a string (TypeMismatch, 14); `application.name` over 128
+/// bytes (ClientMetadataAppNameTooLarge, 184); no `driver` with `name` and `version`, or no `os`
+/// with `type` (ClientMetadataMissingField, 183).
+pub(crate) fn client_metadata_refusal(client: &Document, router: bool) -> Option<Document> {
+    let limit = if router { 1024 } else { 512 };
+    if client.to_vec().map_or(0, |b| b.len()) > limit {
+        return Some(error_reply(
+            185,
+            &format!("The client metadata document must be less then or equal to {limit} bytes"),
+        ));
+    }
+    let not_string = |field: &str| {
+        Some(error_reply(
+            14,
+            &format!("The '{field}' field must be a string in the client metadata document"),
+        ))
+    };
+    let missing = |field: &str| {
+        Some(error_reply(
+            183,
+            &format!("Missing required field '{field}' in the client metadata document"),
+        ))
+    };
+    let (mut driver, mut os) = (false, false);
+    for (name, value) in client {
+        if !matches!(name.as_str(), "application" | "driver" | "os") {
+            continue;
+        }
+        let Bson::Document(part) = value else {
+            return Some(error_reply(
+                14,
+                &format!(
+                    "The '{name}' field is required to be a BSON document in the client \
+                     metadata document"
+                ),
+            ));
+        };
+        let required: &[&str] = match name.as_str() {
+            "application" => &["name"],
+            "driver" => &["name", "version"],
+            _ => &["type"],
+        };
+        for field in required {
+            match part.get(*field) {
+                Some(Bson::String(app)) if name == "application" && app.len() > 128 => {
+                    return Some(error_reply(
+                        184,
+                        "The 'application.name' field must be less then or equal to 128 bytes \
+                         in the client metadata document",
+                    ))
+                }
+                Some(Bson::String(_)) => {}
+                Some(_) => return not_string(&format!("{name}.{field}")),
+                None if name == "application" => {}
+                None => return missing(&format!("{name}.{field}")),
+            }
+        }
+        driver |= name == "driver";
+        os |= name == "os";
+    }
+    for (found, part) in [(driver, "driver"), (os, "os")] {
+        if !found {
+            return Some(error_reply(
+                183,
+                &format!("Missing required sub-document '{part}' in the client metadata document"),
+            ));
+        }
+    }
+    None
+}
+
 /// The error reply a real server gives `command` (named `name`) in `role` before running it, if
 /// any.
 pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Document> {
+    if let Some(refusal) = generic_field_refusal(name, command) {
+        return Some(refusal);
+    }
     if let Some(refusal) = command.get("lsid").and_then(lsid_refusal) {
         return Some(refusal);
     }
@@ -61,14 +229,7 @@ pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Doc
     }
     if let Some(number) = command.get("txnNumber") {
         if !matches!(number, Bson::Int64(_)) {
-            return Some(error_reply(
-                14,
-                &format!(
-                    "BSON field 'OperationSessionInfo.txnNumber' is the wrong type '{}', \
-                     expected type 'long'",
-                    type_name(number)
-                ),
-            ));
+            return Some(wrong_type("OperationSessionInfo.txnNumber", number, "long"));
         }
         if !command.contains_key("lsid") {
             return Some(error_reply(
@@ -137,16 +298,7 @@ fn transaction_refusal(name: &str, command: &Document) -> Option<Document> {
                 "Specifying autocommit=true is not allowed.",
             ))
         }
-        Some(other) => {
-            return Some(error_reply(
-                14,
-                &format!(
-                    "BSON field 'OperationSessionInfo.autocommit' is the wrong type '{}', \
-                     expected type 'bool'",
-                    type_name(other)
-                ),
-            ))
-        }
+        Some(other) => return Some(wrong_type("OperationSessionInfo.autocommit", other, "bool")),
     }
     if !command.contains_key("txnNumber") {
         return Some(error_reply(
@@ -164,13 +316,10 @@ fn transaction_refusal(name: &str, command: &Document) -> Option<Document> {
             ))
         }
         Some(other) => {
-            return Some(error_reply(
-                14,
-                &format!(
-                    "BSON field 'OperationSessionInfo.startTransaction' is the wrong type '{}', \
-                     expected type 'bool'",
-                    type_name(other)
-                ),
+            return Some(wrong_type(
+                "OperationSessionInfo.startTransaction",
+                other,
+                "bool",
             ))
         }
     };
@@ -238,13 +387,7 @@ const READ_CONCERN_LEVELS: [&str; 5] =
 /// the wrong type, an unknown field or level.
 fn read_concern_refusal(value: &Bson) -> Option<Document> {
     let Bson::Document(read_concern) = value else {
-        return Some(error_reply(
-            14,
-            &format!(
-                "BSON field 'readConcern' is the wrong type '{}', expected type 'object'",
-                type_name(value)
-            ),
-        ));
+        return Some(wrong_type("readConcern", value, "object"));
     };
     for (field, value) in read_concern {
         match (field.as_str(), value) {
@@ -263,14 +406,7 @@ fn read_concern_refusal(value: &Bson) -> Option<Document> {
                 } else {
                     "timestamp"
                 };
-                return Some(error_reply(
-                    14,
-                    &format!(
-                        "BSON field 'readConcern.{field}' is the wrong type '{}', expected type \
-                         '{expected}'",
-                        type_name(other)
-                    ),
-                ));
+                return Some(wrong_type(&format!("readConcern.{field}"), other, expected));
             }
             (field, _) => {
                 return Some(error_reply(
@@ -280,7 +416,34 @@ fn read_concern_refusal(value: &Bson) -> Option<Document> {
             }
         }
     }
+    // Review7 finding 3: `atClusterTime` goes with neither `afterClusterTime` nor a level other
+    // than snapshot (InvalidOptions 72, the review's reading of the server; messages unverified).
+    if read_concern.contains_key("atClusterTime") {
+        if read_concern.contains_key("afterClusterTime") {
+            return Some(error_reply(
+                72,
+                "Can not specify both afterClusterTime and atClusterTime",
+            ));
+        }
+        if read_concern.get_str("level").ok() != Some("snapshot") {
+            return Some(error_reply(
+                72,
+                "readConcern.atClusterTime field is only compatible with snapshot readConcern level",
+            ));
+        }
+    }
     None
+}
+
+/// TypeMismatch (14): the BSON field `field` holds `value`, not a value of type `expected`.
+pub(crate) fn wrong_type(field: &str, value: &Bson, expected: &str) -> Document {
+    error_reply(
+        14,
+        &format!(
+            "BSON field '{field}' is the wrong type '{}', expected type '{expected}'",
+            type_name(value)
+        ),
+    )
 }
 
 /// SE-3 (review6 finding 9): a real server parses `lsid` strictly: a document whose `id` is a
@@ -289,13 +452,7 @@ fn read_concern_refusal(value: &Bson) -> Option<Document> {
 /// 40415); a missing `id` is 40414.
 fn lsid_refusal(lsid: &Bson) -> Option<Document> {
     let Bson::Document(lsid) = lsid else {
-        return Some(error_reply(
-            14,
-            &format!(
-                "BSON field 'lsid' is the wrong type '{}', expected type 'object'",
-                type_name(lsid)
-            ),
-        ));
+        return Some(wrong_type("lsid", lsid, "object"));
     };
     if let Some(field) = lsid
         .keys()
@@ -323,13 +480,7 @@ fn lsid_refusal(lsid: &Bson) -> Option<Document> {
                 id.subtype
             ),
         )),
-        Some(other) => Some(error_reply(
-            14,
-            &format!(
-                "BSON field 'lsid.id' is the wrong type '{}', expected type 'binData'",
-                type_name(other)
-            ),
-        )),
+        Some(other) => Some(wrong_type("lsid.id", other, "binData")),
     }
 }
 
@@ -686,5 +837,35 @@ mod tests {
         let ahead = find(Bson::Document(doc! { "afterClusterTime": at(4) }));
         assert_eq!(code(after_cluster_time_refusal(&ahead, at(3))), Some(72));
         assert_eq!(code(after_cluster_time_refusal(&ahead, at(4))), None);
+    }
+
+    /// SE-21, review7 finding 3: `atClusterTime` only with the snapshot level and never with
+    /// `afterClusterTime` (InvalidOptions, 72).
+    #[test]
+    fn se21_review7_f3_at_cluster_time_needs_snapshot_and_no_after_cluster_time() {
+        let at = bson::Timestamp {
+            time: 1,
+            increment: 1,
+        };
+        let refused = |rc: Document| {
+            code(refusal(
+                &Role::Mongos,
+                "find",
+                &doc! { "find": "c", "readConcern": rc },
+            ))
+        };
+        assert_eq!(
+            refused(doc! { "level": "snapshot", "atClusterTime": at }),
+            None
+        );
+        assert_eq!(
+            refused(doc! { "level": "majority", "atClusterTime": at }),
+            Some(72)
+        );
+        assert_eq!(refused(doc! { "atClusterTime": at }), Some(72));
+        assert_eq!(
+            refused(doc! { "level": "snapshot", "atClusterTime": at, "afterClusterTime": at }),
+            Some(72)
+        );
     }
 }

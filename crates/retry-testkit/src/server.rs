@@ -1,5 +1,6 @@
 //! The server: the listener, one task per connection, and the handle tests use at run time.
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -16,6 +17,7 @@ use tokio::time::{sleep, Duration, Instant};
 
 mod awaitable;
 mod elements;
+mod malformed;
 mod raw;
 #[cfg(test)]
 mod raw_equivalence;
@@ -36,11 +38,20 @@ use crate::on_primary_write::{Firing, OnPrimaryWrite};
 use crate::store::{DataStore, WriteKey};
 use crate::tls::ServerTls;
 
+/// TK-15 (review7 finding 1): a real server's default `transactionLifetimeLimitSeconds`: the
+/// longest a write outside any transaction without `maxTimeMS` waits for a transaction in
+/// progress (here counted from the start of the wait, not of the transaction).
+const TRANSACTION_LIFETIME_LIMIT: Duration = Duration::from_secs(60);
+
 /// BP-3: the code of an ingress rate-limiter rejection.
 pub const INGRESS_RATE_LIMIT_CODE: i32 = 462;
 
 /// BP-3: the labels of an ingress rate-limiter rejection: a retryable overload error (BP-2).
 pub const OVERLOAD_LABELS: [&str; 2] = ["SystemOverloadedError", "RetryableError"];
+
+/// How many of the latest hellos [`ServerHandle::handshakes`] keeps: a server that runs for long
+/// (a soak, a monitor's heartbeats every 10 ms) keeps a bounded record, the older ones dropped.
+pub const HANDSHAKES_KEPT: usize = 1_000;
 
 /// One handshake the server received: a `hello`, `isMaster` or `ismaster` command, as sent.
 #[derive(Clone, Debug, PartialEq)]
@@ -75,7 +86,8 @@ pub(crate) struct State {
     /// The data, possibly shared with other servers.
     pub(crate) data: DataStore,
     counters: Counters,
-    handshakes: Vec<(i32, Recorded)>,
+    /// The latest hellos, at most [`HANDSHAKES_KEPT`], oldest first.
+    handshakes: VecDeque<(i32, Recorded)>,
     last_connection_id: i32,
     /// TK-2, TK-16: what the server refused as unknown or unsupported, in order.
     unsupported: Vec<String>,
@@ -94,6 +106,15 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// HS-4: records a hello received on connection `connection_id`, dropping the oldest when
+    /// [`HANDSHAKES_KEPT`] are kept; both paths record through here.
+    pub(crate) fn record_hello(&mut self, connection_id: i32, command: Recorded) {
+        if self.handshakes.len() == HANDSHAKES_KEPT {
+            self.handshakes.pop_front();
+        }
+        self.handshakes.push_back((connection_id, command));
+    }
+
     /// BP-3, BP-15: the ingress limiter's rejection, or `None` when the command is admitted
     /// (the clock is read only when a limiter is set).
     fn ingress_rejection(&mut self) -> Option<Document> {
@@ -180,7 +201,7 @@ impl Shared {
     fn count_reply(&self, name: &str, reply: &Document) {
         let mut state = self.lock();
         let counts = state.counters.command_mut(name);
-        if reply.get("ok").is_some_and(is_ok) {
+        if retry_core::reply::is_ok(reply) {
             counts.succeeded += 1;
         } else {
             counts.failed += 1;
@@ -234,7 +255,7 @@ impl TestServer {
             faults: config.faults,
             data,
             counters: Counters::default(),
-            handshakes: Vec::new(),
+            handshakes: VecDeque::new(),
             last_connection_id: 0,
             unsupported: Vec::new(),
             services: Vec::new(),
@@ -377,7 +398,8 @@ impl ServerHandle {
         self.shared.lock().counters = Counters::default();
     }
 
-    /// Every handshake received so far, in order.
+    /// The hellos received (handshakes and heartbeats), in order: the latest
+    /// [`HANDSHAKES_KEPT`].
     pub fn handshakes(&self) -> Vec<Handshake> {
         let state = self.shared.lock();
         state
@@ -450,12 +472,15 @@ impl ServerHandle {
     /// does, without counting a command; returns how many went in (a duplicate `_id` is left
     /// out, TK-*; none goes in when one has an `_id` a transaction in progress changed, TK-15).
     pub fn insert(&self, ns: &str, documents: Vec<Document>) -> usize {
-        self.shared
-            .lock()
-            .data
-            .lock()
+        let state = self.shared.lock();
+        let mut store = state.data.lock();
+        store.begin_statement(None);
+        let n = store
             .insert(ns, documents, false)
-            .map_or(0, |outcome| outcome.n)
+            .map_or(0, |outcome| outcome.n);
+        store.end_statement();
+        store.take_blocked();
+        n
     }
 
     /// The documents of the namespace `ns`, in insertion order.
@@ -591,6 +616,7 @@ fn admit(shared: &Shared) -> Option<Connection> {
         auth: ConnectionAuth::default(),
         replies: raw::Replies::default(),
         noted_lsid: Vec::new(),
+        seen_hello: false,
     })
 }
 
@@ -612,6 +638,8 @@ struct Connection {
     /// The plain lsid the raw path noted last in the data store (`raw`), so a connection that
     /// keeps its session does not look it up again.
     noted_lsid: Vec<u8>,
+    /// HS-4: a hello was answered on it (a later one may not carry `client`: 186).
+    seen_hello: bool,
 }
 
 /// The "not writable primary" and "node is recovering" codes a replica-set member's error reply
@@ -657,7 +685,7 @@ fn add_unsatisfiable_write_concern(shared: &Shared, command: &Document, reply: &
     }) else {
         return;
     };
-    if !reply.get("ok").is_some_and(is_ok) || reply.contains_key("writeConcernError") {
+    if !retry_core::reply::is_ok(reply) || reply.contains_key("writeConcernError") {
         return;
     }
     let state = shared.lock();
@@ -689,7 +717,7 @@ fn add_cluster_time(shared: &Shared, name: &str, reply: &mut Document) {
         return;
     }
     let mut store = state.data.lock();
-    let ok = reply.get("ok").is_some_and(is_ok);
+    let ok = retry_core::reply::is_ok(reply);
     let time = if ok && CLOCKED_WRITES.contains(&name) {
         store.tick()
     } else {
@@ -749,7 +777,7 @@ fn add_write_concern_error(
     reply: &mut Document,
 ) {
     if let Some(fail) = fired.filter(|f| f.write_concern_error.is_some()) {
-        if reply.get("ok").is_some_and(is_ok) {
+        if retry_core::reply::is_ok(reply) {
             let labels = fail.write_concern_labels(name, command);
             if let Some(error) = fail.write_concern_error {
                 reply.insert("writeConcernError", error);
@@ -759,6 +787,22 @@ fn add_write_concern_error(
             }
         }
     }
+}
+
+/// TK-6: starts the retryable write `key` in its session, or the 225 (TransactionTooOld) reply
+/// when the session already used a higher `txnNumber`.
+fn begin_write(state: &State, key: &WriteKey) -> Option<Response> {
+    if state.data.lock().begin_write(key) {
+        return None;
+    }
+    Some(Response::Reply(error_reply(
+        225,
+        &format!(
+            "Cannot start transaction {} on session because a newer transaction has already \
+             started",
+            key.txn_number
+        ),
+    )))
 }
 
 /// TK-5, TK-11: a retryable `update` / `delete` of several statements, statement by statement:
@@ -771,16 +815,9 @@ fn statement_writes(
     name: &str,
     key: &WriteKey,
     statements: Vec<OpMsg>,
-) -> Response {
-    if !state.data.lock().begin_write(key) {
-        return Response::Reply(error_reply(
-            225,
-            &format!(
-                "Cannot start transaction {} on session because a newer transaction has \
-                 already started",
-                key.txn_number
-            ),
-        ));
+) -> Result<Response, Vec<u8>> {
+    if let Some(refusal) = begin_write(state, key) {
+        return Ok(refusal);
     }
     let ordered = crate::commands::ordered(&statements[0].body);
     let (mut n, mut modified) = (0_i64, 0_i64);
@@ -798,29 +835,36 @@ fn statement_writes(
                 replayed = false;
                 let firing = state.on_primary_write_firing();
                 if firing == Some(Firing::CloseWithoutCommit) {
-                    return Response::Close;
+                    return Ok(Response::Close);
                 }
-                let Some(reply) = execute(
+                let reply = execute(
                     state,
                     name,
                     statement,
                     shared.max_wire_version,
                     shared.process_id,
-                ) else {
-                    return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));
+                );
+                // TK-15 (review7 finding 1): the statements done so far are recorded, so the
+                // command goes on at this one once it no longer has to wait.
+                if let Some(session) = state.data.lock().take_blocked() {
+                    return Err(session);
+                }
+                let Some(reply) = reply else {
+                    let reply = error_reply(59, &format!("no such command: '{name}'"));
+                    return Ok(Response::Reply(reply));
                 };
-                let done = reply.get("ok").is_some_and(is_ok) && !reply.contains_key("writeErrors");
+                let done = retry_core::reply::is_ok(&reply) && !reply.contains_key("writeErrors");
                 if done {
                     state.data.lock().record_write(sub, reply.clone());
                 }
                 if firing == Some(Firing::CommitThenClose) {
-                    return Response::Close;
+                    return Ok(Response::Close);
                 }
                 reply
             }
         };
-        if !reply.get("ok").is_some_and(is_ok) {
-            return Response::Reply(reply);
+        if !retry_core::reply::is_ok(&reply) {
+            return Ok(Response::Reply(reply));
         }
         let count = |field: &str| match reply.get(field) {
             Some(Bson::Int32(v)) => i64::from(*v),
@@ -865,7 +909,7 @@ fn statement_writes(
         reply.insert("writeErrors", errors);
     }
     reply.insert("ok", 1.0);
-    Response::Reply(reply)
+    Ok(Response::Reply(reply))
 }
 
 /// TK-16: one command as the server received it, for [`ServerHandle::command_log`].
@@ -877,13 +921,6 @@ pub struct LoggedCommand {
     pub lsid: Option<Document>,
     /// Its `txnNumber`, if any (an int64 on the wire).
     pub txn_number: Option<i64>,
-}
-
-/// A request as decoded: raw (a hot command's name was read at the front of its frame) or into a
-/// `Document`.
-enum Request {
-    Raw(RawOpMsg),
-    Decoded(OpMsg),
 }
 
 /// What to do after a request.
@@ -952,17 +989,11 @@ async fn serve_stream<S: ServerStream>(shared: &Shared, mut stream: S, mut conne
         let mut input = &chunk[..read];
         // Each pass consumes at least one byte or completes a message.
         while !input.is_empty() {
-            // A frame starting here that names a hot command is decoded raw (`raw`); the two
-            // decoders accept and refuse the same frames.
+            // A frame starting here that names a hot command may be answered raw (`raw`); every
+            // request is decoded raw, so that what the body's conversion to a `Document` hides
+            // (a key sent twice) is still seen (`malformed`).
             let hot = shared.raw_path && !decoder.is_mid_frame() && raw::names_hot_command(input);
-            let decoded = if hot {
-                let raw = decoder.decode_raw(input);
-                raw.map(|(used, message)| (used, message.map(Request::Raw)))
-            } else {
-                let decoded = decoder.decode(input);
-                decoded.map(|(used, message)| (used, message.map(Request::Decoded)))
-            };
-            let (used, message) = match decoded {
+            let (used, message) = match decoder.decode_raw(input) {
                 Ok(decoded) => decoded,
                 Err(_) => {
                     shared.lock().counters.protocol_errors += 1;
@@ -971,11 +1002,11 @@ async fn serve_stream<S: ServerStream>(shared: &Shared, mut stream: S, mut conne
             };
             input = &input[used..];
             let keep = match message {
-                Some(Request::Raw(request)) => {
-                    connection.respond_raw(shared, &mut stream, request).await
-                }
-                Some(Request::Decoded(request)) => {
-                    connection.respond(shared, &mut stream, request).await
+                Some(request) if hot => connection.respond_raw(shared, &mut stream, request).await,
+                Some(request) => {
+                    connection
+                        .respond_decoded(shared, &mut stream, &request)
+                        .await
                 }
                 None if used == 0 => break,
                 None => true,
@@ -988,19 +1019,42 @@ async fn serve_stream<S: ServerStream>(shared: &Shared, mut stream: S, mut conne
 }
 
 impl Connection {
-    /// Handles one request and writes its reply; `false` means close the connection.
+    /// Handles a request on the Document path: converted to a `Document`, with the refusal its
+    /// shape draws from a real server ([`malformed`]); `false` means close the connection.
+    async fn respond_decoded<S: ServerStream>(
+        &mut self,
+        shared: &Shared,
+        stream: &mut S,
+        request: &RawOpMsg,
+    ) -> bool {
+        let malformed = malformed::refusal(request);
+        match raw::decoded(request) {
+            Some(decoded) => self.respond(shared, stream, decoded, malformed).await,
+            // Cannot happen: `decode_raw` validated the documents as `decode` converts them.
+            None => {
+                shared.lock().counters.protocol_errors += 1;
+                false
+            }
+        }
+    }
+
+    /// Handles one request and writes its reply, `malformed` its refusal for its shape;
+    /// `false` means close the connection.
     async fn respond<S: ServerStream>(
         &mut self,
         shared: &Shared,
         stream: &mut S,
         request: OpMsg,
+        malformed: Option<Document>,
     ) -> bool {
-        if let Some(wait) = awaitable::awaitable(shared, &request) {
-            return self.await_hello(shared, stream, request, wait).await;
+        if malformed.is_none() {
+            if let Some(wait) = awaitable::awaitable(shared, &request) {
+                return self.await_hello(shared, stream, request, wait).await;
+            }
         }
         let name = request.body.keys().next().map_or("", String::as_str);
         let exempt_from_faults = name == "configureFailPoint";
-        match self.handle(shared, name, &request).await {
+        match self.handle(shared, name, &request, malformed).await {
             Response::Reply(mut reply) => {
                 add_unsatisfiable_write_concern(shared, &request.body, &mut reply);
                 add_cluster_time(shared, name, &mut reply);
@@ -1022,7 +1076,13 @@ impl Connection {
     }
 
     /// Admission, fail point, execution (see the crate docs for the order).
-    async fn handle(&mut self, shared: &Shared, name: &str, request: &OpMsg) -> Response {
+    async fn handle(
+        &mut self,
+        shared: &Shared,
+        name: &str,
+        request: &OpMsg,
+        malformed: Option<Document>,
+    ) -> Response {
         let command = &request.body;
         let hello = is_hello(name);
         let fired = {
@@ -1038,17 +1098,49 @@ impl Connection {
             if hello {
                 self.record_handshake(&mut state, command);
             }
-            if !command.contains_key("$db") {
-                return Response::Reply(error_reply(
-                    40571,
-                    "OP_MSG requests require a $db argument",
-                ));
+            match command.get("$db") {
+                None => {
+                    return Response::Reply(error_reply(
+                        40571,
+                        "OP_MSG requests require a $db argument",
+                    ))
+                }
+                Some(Bson::String(_)) => {}
+                // Review7 finding 3: the server reads `$db` with `checkAndGetStringData`, whose
+                // type check is 13111 with this message (the BSON type numbers).
+                Some(other) => {
+                    let message = format!(
+                        "wrong type for field ($db) {} != 2",
+                        other.element_type() as u8
+                    );
+                    return Response::Reply(error_reply(13111, &message));
+                }
+            }
+            if let Some(refusal) = malformed {
+                return Response::Reply(refusal);
             }
             if let Some(refusal) = self.auth.refuse(&state.users, name) {
                 return Response::Reply(refusal);
             }
             if let Some(refusal) = crate::refusals::refusal(&state.role, name, command) {
                 return Response::Reply(refusal);
+            }
+            // HS-4, review7 finding 3: only the first hello of a connection may carry `client`.
+            if hello {
+                if self.seen_hello && command.contains_key("client") {
+                    return Response::Reply(error_reply(
+                        186,
+                        "The client metadata document may only be sent in the first hello",
+                    ));
+                }
+                self.seen_hello = true;
+                let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+                let metadata = command.get_document("client").ok();
+                if let Some(refusal) =
+                    metadata.and_then(|c| crate::refusals::client_metadata_refusal(c, router))
+                {
+                    return Response::Reply(refusal);
+                }
             }
             // SE-17 (review6 finding 8): a replica-set member or mongos takes the command's
             // gossiped `$clusterTime` (refusing a malformed one) before it reads
@@ -1093,20 +1185,65 @@ impl Connection {
         if let Some(wait) = crate::query::where_sleep(command) {
             sleep(wait).await;
         }
+        // TK-15 (review7 finding 1): a write outside any transaction that touches a document a
+        // transaction in progress changed waits until that transaction ends, then runs again;
+        // `maxTimeMS` bounds the wait (MaxTimeMSExpired, 50), else the transaction lifetime
+        // limit, after which the transaction is aborted as a real server's reaper does.
+        let ended = shared.lock().data.lock().transaction_ended();
+        let max_time = command
+            .get("maxTimeMS")
+            .and_then(crate::commands::integer)
+            .filter(|ms| *ms > 0)
+            .map(|ms| Duration::from_millis(ms.unsigned_abs()));
+        let deadline = Instant::now() + max_time.unwrap_or(TRANSACTION_LIFETIME_LIMIT);
+        loop {
+            let notified = ended.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let blocked_by = match self.run(shared, name, request, fired.clone()) {
+                Ok(response) => return response,
+                Err(session) => session,
+            };
+            tokio::select! {
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    if max_time.is_some() {
+                        return Response::Reply(error_reply(50, "operation exceeded time limit"));
+                    }
+                    shared.lock().data.lock().expire_transaction(&blocked_by);
+                }
+            }
+        }
+    }
+
+    /// Runs an admitted command whose fail point (if any) `fired`; `Err` with the session of the
+    /// transaction in progress a write outside any transaction ran into (it was undone and must
+    /// wait, review7 finding 1).
+    fn run(
+        &mut self,
+        shared: &Shared,
+        name: &str,
+        request: &OpMsg,
+        fired: Option<FailCommand>,
+    ) -> Result<Response, Vec<u8>> {
+        let command = &request.body;
+        let hello = is_hello(name);
         let mut state = shared.lock();
         let write_key = write_key(name, command);
         let statements = write_key
             .as_ref()
             .and_then(|_| crate::commands::statement_requests(name, request));
         if let (Some(key), Some(statements)) = (&write_key, statements) {
-            return match statement_writes(&mut state, shared, name, key, statements) {
-                Response::Reply(mut reply) => {
-                    add_write_concern_error(fired, name, command, &mut reply);
-                    add_topology_version(&state, shared.process_id, &mut reply);
-                    Response::Reply(reply)
-                }
-                close => close,
-            };
+            return Ok(
+                match statement_writes(&mut state, shared, name, key, statements)? {
+                    Response::Reply(mut reply) => {
+                        add_write_concern_error(fired, name, command, &mut reply);
+                        add_topology_version(&state, shared.process_id, &mut reply);
+                        Response::Reply(reply)
+                    }
+                    close => close,
+                },
+            );
         }
         if let Some(mut reply) = write_key
             .as_ref()
@@ -1118,24 +1255,17 @@ impl Connection {
             // insertOne-errorLabels "fails after multiple retryable writeConcernErrors").
             add_write_concern_error(fired, name, command, &mut reply);
             add_topology_version(&state, shared.process_id, &mut reply);
-            return Response::Reply(reply);
+            return Ok(Response::Reply(reply));
         }
         if let Some(key) = &write_key {
-            if !state.data.lock().begin_write(key) {
-                return Response::Reply(error_reply(
-                    225,
-                    &format!(
-                        "Cannot start transaction {} on session because a newer transaction has \
-                         already started",
-                        key.txn_number
-                    ),
-                ));
+            if let Some(refusal) = begin_write(&state, key) {
+                return Ok(refusal);
             }
         }
         let mut close_after_commit = false;
         if write_key.is_some() {
             match state.on_primary_write_firing() {
-                Some(Firing::CloseWithoutCommit) => return Response::Close,
+                Some(Firing::CloseWithoutCommit) => return Ok(Response::Close),
                 Some(Firing::CommitThenClose) => close_after_commit = true,
                 Some(Firing::Nothing) | None => {}
             }
@@ -1159,25 +1289,31 @@ impl Connection {
                 shared.process_id,
             )
         };
+        if let Some(session) = state.data.lock().take_blocked() {
+            return Err(session);
+        }
         let Some(mut reply) = reply else {
             state.unsupported.push(format!("command {name}"));
-            return Response::Reply(error_reply(59, &format!("no such command: '{name}'")));
+            return Ok(Response::Reply(error_reply(
+                59,
+                &format!("no such command: '{name}'"),
+            )));
         };
         if let Some(what) = crate::commands::refusal(name, &reply) {
             state.unsupported.push(what);
         }
         state.counters.command_mut(name).executed += 1;
         if let Some(key) = write_key {
-            if reply.get("ok").is_some_and(is_ok) {
+            if retry_core::reply::is_ok(&reply) {
                 state.data.lock().record_write(key, reply.clone());
             }
         }
         if close_after_commit {
-            return Response::Close;
+            return Ok(Response::Close);
         }
         add_write_concern_error(fired, name, command, &mut reply);
         add_topology_version(&state, shared.process_id, &mut reply);
-        Response::Reply(reply)
+        Ok(Response::Reply(reply))
     }
 
     /// HS-3, HS-4, LB-17: the hello reply of this connection ([`Connection::service_id`]).
@@ -1216,14 +1352,13 @@ impl Connection {
 
     /// HS-4: records the handshake and remembers `client.application.name` for `appName`.
     fn record_handshake(&mut self, state: &mut State, command: &Document) {
-        state
-            .handshakes
-            .push((self.id, Recorded::Decoded(command.clone())));
+        state.record_hello(self.id, Recorded::Decoded(command.clone()));
         let app_name = command
             .get_document("client")
             .and_then(|c| c.get_document("application"))
             .and_then(|a| a.get_str("name"));
-        if let Ok(name) = app_name {
+        // The first hello's metadata stays (a later `client` is refused, 186).
+        if let (Ok(name), false) = (app_name, self.seen_hello) {
             self.app_name = Some(name.to_owned());
         }
     }
@@ -1305,36 +1440,5 @@ impl Connection {
             self.out = bytes;
         }
         written.unwrap_or(false)
-    }
-}
-
-/// `ok` is 1 in any numeric type.
-pub(crate) fn is_ok(value: &Bson) -> bool {
-    match value {
-        Bson::Double(v) => *v == 1.0,
-        Bson::Int32(v) => *v == 1,
-        Bson::Int64(v) => *v == 1,
-        Bson::Boolean(b) => *b,
-        _ => false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ok_in_every_numeric_type() {
-        for ok in [
-            Bson::Double(1.0),
-            Bson::Int32(1),
-            Bson::Int64(1),
-            Bson::Boolean(true),
-        ] {
-            assert!(is_ok(&ok));
-        }
-        for not_ok in [Bson::Double(0.0), Bson::Int32(0), Bson::String("1".into())] {
-            assert!(!is_ok(&not_ok));
-        }
     }
 }

@@ -52,11 +52,27 @@ pub(crate) struct Store {
     /// TK-15: the session (lsid bytes) whose transaction in progress the command now running
     /// belongs to ([`Store::begin_statement`]): its writes go to that transaction's undo log.
     writer: Option<Vec<u8>>,
-    /// TK-15: how many transactions committed (each commit's stamp).
+    /// TK-15: how many commits there were (each commit's stamp): transactions, and while a
+    /// transaction is in progress, writes outside any (review7 gap b).
     commits: u64,
-    /// TK-15: the undo logs of the transactions committed after a transaction in progress
-    /// started (its snapshot hides them), with their commit stamps, oldest first.
-    history: Vec<(u64, Vec<Undo>)>,
+    /// TK-15 (review7 finding 7): the changes a command may have to hide, by namespace and
+    /// document ([`id_key`]), oldest first: those of the transactions in progress, and those
+    /// committed after one started. A command looks up only the documents it touches.
+    changes: BTreeMap<String, BTreeMap<Vec<u8>, Vec<Change>>>,
+    /// TK-15: the documents each retained commit changed, with its stamp, oldest first; a commit
+    /// goes once every transaction in progress started after it.
+    history: Vec<(u64, Vec<DocumentKey>)>,
+    /// TK-15 (review7 gap b): while a transaction is in progress, the documents the write
+    /// outside any transaction now running changed (its own commit at its end).
+    statement: Option<Vec<DocumentKey>>,
+    /// TK-15 (review7 finding 1): the transaction in progress (lsid bytes) the write outside any
+    /// transaction now running ran into: the command is undone and waits until it ends.
+    blocked_by: Option<Vec<u8>>,
+    /// TK-15 (review7 finding 1): told when a transaction ends, for the writes waiting on it.
+    ended: Arc<tokio::sync::Notify>,
+    /// How many changes commands looked at, for the tests of house rule 9.
+    #[cfg(test)]
+    looked_at: core::cell::Cell<usize>,
     /// Secondary indexes by namespace (`{v, key, name}`), in creation order; `_id_` is implied.
     indexes: BTreeMap<String, Vec<Document>>,
     /// The deployment's logical clock (review5 item 11, SE-16..SE-21): the increment of its
@@ -91,43 +107,133 @@ pub(crate) struct WriteKey {
 }
 
 /// TK-15 (review6 finding 3): a session's transaction: its number, its state, the commits it
-/// started after, and the undo log of the documents it changed. Its writes go into the
-/// collections at once, but nobody else sees them before the commit ([`Store::visible`] shows
-/// others the documents as they were), and it does not see the transactions committed after it
-/// started (snapshot reads; writes outside any transaction are seen at once); another write to a
-/// document it changed, or its write to one a transaction committed after its start changed, is
-/// a WriteConflict (112); an abort puts back only the documents it changed.
+/// started after, and the documents it changed. Its writes go into the collections at once, but
+/// nobody else sees them before the commit ([`Store::visible`] shows others the documents as
+/// they were), and it does not see what committed after it started (snapshot reads, review7 gap
+/// b); another write to a document it changed, or its write to one changed after its start, is a
+/// WriteConflict (112), or for a write outside any transaction, a wait (review7 finding 1); an
+/// abort puts back only the documents it changed and drops the collections it created.
 #[derive(Debug)]
 struct Transaction {
     number: i64,
     state: TransactionState,
     start: u64,
-    undo: Vec<Undo>,
+    /// The documents it changed, in the order of their first change.
+    touched: Vec<DocumentKey>,
+    /// TK-15 (review7 gap a): the collections its writes created.
+    created: Vec<String>,
+    /// TK-12: the mongos (server process) that started it, `None` on a replica set: each mongos
+    /// keeps its own router state for a transaction, while the data, and so the transaction
+    /// itself, lives on the shards (the shared store).
+    router: Option<ObjectId>,
 }
 
-/// TK-15: a document a transaction changed, as it was before the transaction first changed it
-/// (`None`: the transaction inserted it), and its position then.
+/// A stored document's namespace and [`id_key`].
+type DocumentKey = (String, Vec<u8>);
+
+/// TK-15: who made a [`Change`]: a transaction in progress (its session) or a commit (its
+/// stamp).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Author {
+    Open(Vec<u8>),
+    Committed(u64),
+}
+
+/// TK-15: a document as it was before its author first changed it (`None`: the author
+/// inserted it), and its position then.
 #[derive(Debug)]
-struct Undo {
-    ns: String,
-    id: Bson,
+struct Change {
+    author: Author,
     before: Option<Document>,
     index: usize,
 }
 
-/// Puts `undo`'s document back in `documents` (a collection or a copy of one): the current
-/// version (if any) goes, the one from before (if any) returns to its place.
-fn restore(documents: &mut Vec<Document>, undo: &Undo) {
-    let current = documents
-        .iter()
-        .position(|d| d.get("_id").is_some_and(|id| equal(id, &undo.id)));
-    if let Some(position) = current {
-        documents.remove(position);
+/// TK-15 (review7 finding 7): the key of an `_id` in [`Store::changes`]: ids that [`equal`]
+/// calls equal (numbers by value) share it.
+fn id_key(id: &Bson) -> Vec<u8> {
+    let number = match id {
+        Bson::Int32(v) => Some(f64::from(*v)),
+        Bson::Int64(v) => Some(*v as f64),
+        Bson::Double(v) => Some(*v),
+        _ => None,
+    };
+    match number {
+        // -0.0 and 0.0 are one id.
+        Some(v) => {
+            let v = if v == 0.0 { 0.0 } else { v };
+            let mut key = vec![0];
+            key.extend_from_slice(&v.to_bits().to_be_bytes());
+            key
+        }
+        None => {
+            let mut key = vec![1];
+            key.extend(bson::doc! { "": id.clone() }.to_vec().unwrap_or_default());
+            key
+        }
     }
-    if let Some(before) = &undo.before {
-        let index = current.unwrap_or(undo.index).min(documents.len());
-        documents.insert(index, before.clone());
+}
+
+/// TK-15: documents to put back ([`rebuild`]), by [`id_key`]: each as it was (`None`: absent) and
+/// its position then.
+type Replaced = BTreeMap<Vec<u8>, (Option<Document>, usize)>;
+
+/// TK-15: `documents` (a collection) with the documents of `replaced` (by [`id_key`]) put back as
+/// they were: the current version (if any) goes, the one from before (if any) takes its place,
+/// or its old position when it had gone.
+fn rebuild(documents: impl IntoIterator<Item = Document>, mut replaced: Replaced) -> Vec<Document> {
+    let mut out = Vec::new();
+    for document in documents {
+        match replaced.remove(&id_key(&id_of(&document))) {
+            Some((before, _)) => out.extend(before),
+            None => out.push(document),
+        }
     }
+    let mut gone: Vec<(usize, Document)> = replaced
+        .into_values()
+        .filter_map(|(before, index)| before.map(|b| (index, b)))
+        .collect();
+    gone.sort_by_key(|(index, _)| *index);
+    for (index, document) in gone {
+        out.insert(index.min(out.len()), document);
+    }
+    out
+}
+
+/// TK-15: what the running command sees: its own transaction's changes (`writer`), and the
+/// commits up to its transaction's start (`start`; outside a transaction, all of them).
+struct Viewer<'a> {
+    writer: Option<&'a [u8]>,
+    start: Option<u64>,
+}
+
+impl Viewer<'_> {
+    fn hides(&self, change: &Change) -> bool {
+        match &change.author {
+            Author::Open(session) => self.writer != Some(session.as_slice()),
+            Author::Committed(stamp) => self.start.is_some_and(|start| *stamp > start),
+        }
+    }
+}
+
+/// Review7 finding 3: how many levels of nesting a stored document may have, the document itself
+/// counting as one and empty documents and arrays as none (the server's
+/// `BSONDepth::getMaxDepthForUserStorage`, below the 200 it takes in a command).
+pub(crate) const MAX_STORED_DEPTH: usize = 100;
+
+/// Review7 finding 3: whether `document` has more than [`MAX_STORED_DEPTH`] levels of nesting.
+pub(crate) fn too_deep(document: &Document) -> bool {
+    fn deeper(value: &Bson, level: usize) -> bool {
+        match value {
+            Bson::Document(d) if !d.is_empty() => {
+                level >= MAX_STORED_DEPTH || d.values().any(|v| deeper(v, level + 1))
+            }
+            Bson::Array(a) if !a.is_empty() => {
+                level >= MAX_STORED_DEPTH || a.iter().any(|v| deeper(v, level + 1))
+            }
+            _ => false,
+        }
+    }
+    document.values().any(|v| deeper(v, 1))
 }
 
 /// The `_id` of a stored document (every stored document has one).
@@ -144,6 +250,16 @@ enum TransactionState {
 
 /// A server error: code and message.
 pub(crate) type Refusal = (i32, String);
+
+/// TK-12: NoSuchTransaction (251) from a mongos that did not start transaction `number`.
+fn unknown_to_router(number: i64) -> Refusal {
+    (
+        251,
+        format!(
+            "Cannot continue transaction {number} of the session: this mongos did not start it"
+        ),
+    )
+}
 
 /// The result of an insert: how many documents went in, and the duplicate-key failures by
 /// index in the batch.
@@ -199,6 +315,12 @@ pub(crate) enum QueryError {
     CursorMismatch(i32, String),
     /// TK-15: the write touches a document another transaction in progress changed (112).
     WriteConflict,
+    /// Review7 finding 3: an update would store a document nested deeper than
+    /// [`MAX_STORED_DEPTH`] (Overflow, 15).
+    TooDeep,
+    /// TK-15 (review7 finding 1): a write outside any transaction touches a document the
+    /// transaction in progress of this session (lsid bytes) changed: it waits until that ends.
+    Blocked(Vec<u8>),
 }
 
 /// One batch of a cursor and the id to continue it with (0 when exhausted).
@@ -236,7 +358,8 @@ impl Store {
     /// Appends `documents` to `ns`, giving an `_id` to those without one. A document whose
     /// `_id` is already there is refused (error 11000); `ordered` stops at the first refusal. An
     /// `_id` another transaction in progress changed is a WriteConflict for the whole command
-    /// (TK-15), checked before anything is written.
+    /// (TK-15), checked before anything is written; outside a transaction, a wait (review7
+    /// finding 1).
     pub(crate) fn insert(
         &mut self,
         ns: &str,
@@ -248,14 +371,15 @@ impl Store {
                 d.insert("_id", ObjectId::new());
             }
         }
-        if documents.iter().any(|d| self.conflicts(ns, &id_of(d))) {
-            return Err(QueryError::WriteConflict);
-        }
-        self.collections.entry(ns.into()).or_default();
+        let conflict = documents
+            .iter()
+            .try_for_each(|d| self.conflict(ns, &id_of(d)));
+        self.noted(conflict)?;
+        self.collection_mut(ns);
         let mut outcome = InsertOutcome::default();
         for (index, d) in documents.into_iter().enumerate() {
             let id = id_of(&d);
-            let collection = self.collections.entry(ns.into()).or_default();
+            let collection = self.collection_mut(ns);
             if collection
                 .iter()
                 .any(|c| c.get("_id").is_some_and(|c| equal(c, &id)))
@@ -274,105 +398,268 @@ impl Store {
         Ok(outcome)
     }
 
+    /// TK-15 (review7 finding 1): told whenever a transaction ends (commit or abort), for the
+    /// writes outside any transaction that wait on one.
+    pub(crate) fn transaction_ended(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(&self.ended)
+    }
+
     /// TK-15: the command now running belongs to the transaction in progress of `session`
     /// (lsid bytes), or to none; [`Store::end_statement`] ends it.
     pub(crate) fn begin_statement(&mut self, session: Option<Vec<u8>>) {
+        self.end_statement();
+        self.blocked_by = None;
+        if session.is_none() && !self.open.is_empty() {
+            self.statement = Some(Vec::new());
+        }
         self.writer = session;
     }
 
-    /// TK-15: the command of [`Store::begin_statement`] ended.
+    /// TK-15: the command of [`Store::begin_statement`] ended. A write outside any transaction
+    /// that ran into a transaction in progress is undone ([`Store::take_blocked`]: it waits, then
+    /// runs again, review7 finding 1); any other is a commit of its own for the transactions in
+    /// progress (review7 gap b).
     pub(crate) fn end_statement(&mut self) {
         self.writer = None;
+        if self.blocked_by.is_some() {
+            if let Some(keys) = self.statement.take() {
+                self.undo(&Author::Committed(self.commits + 1), keys);
+            }
+        }
+        self.seal();
     }
 
-    /// TK-15: the undo logs the running command does not see, newest first: those of the
-    /// transactions in progress other than its own, then (in a transaction) those of the
-    /// transactions committed after its own started, last commit first.
-    fn hidden(&self) -> impl Iterator<Item = &Undo> {
-        let start = self
-            .writer
-            .as_ref()
+    /// TK-15 (review7 finding 1): the session whose transaction in progress the last write
+    /// outside any transaction ran into (that write was undone and must wait), once.
+    pub(crate) fn take_blocked(&mut self) -> Option<Vec<u8>> {
+        self.blocked_by.take()
+    }
+
+    /// TK-15 (review7 finding 1): a transaction of `session` a write waited on for the
+    /// transaction lifetime limit is aborted, as a real server's periodic reaper aborts one
+    /// older than `transactionLifetimeLimitSeconds`.
+    pub(crate) fn expire_transaction(&mut self, session: &[u8]) {
+        self.abort(session);
+    }
+
+    /// TK-15 (review7 gap b): the write outside any transaction that ran while a transaction was
+    /// in progress commits: the transactions in progress go on seeing the documents as before.
+    fn seal(&mut self) {
+        let Some(keys) = self.statement.take() else {
+            return;
+        };
+        if !keys.is_empty() {
+            self.commits += 1;
+            self.history.push((self.commits, keys));
+        }
+    }
+
+    /// Remembers the transaction a write outside any transaction ran into
+    /// ([`Store::end_statement`]).
+    fn noted<T>(&mut self, result: Result<T, QueryError>) -> Result<T, QueryError> {
+        if let Err(QueryError::Blocked(session)) = &result {
+            self.blocked_by = Some(session.clone());
+        }
+        result
+    }
+
+    /// TK-15: what the running command sees ([`Viewer`]).
+    fn viewer(&self) -> Viewer<'_> {
+        let writer = self.writer.as_deref();
+        let start = writer
             .and_then(|w| self.transactions.get(w))
             .filter(|t| t.state == TransactionState::InProgress)
             .map(|t| t.start);
-        let others = self
+        Viewer { writer, start }
+    }
+
+    /// TK-15: the change of the document `key` of `ns` the running command does not see, the
+    /// oldest first (what it sees is that change's `before`).
+    fn hidden_change(&self, viewer: &Viewer<'_>, ns: &str, key: &[u8]) -> Option<&Change> {
+        let chain = self.changes.get(ns)?.get(key)?;
+        self.hidden_in(viewer, chain)
+    }
+
+    fn hidden_in<'c>(&self, viewer: &Viewer<'_>, chain: &'c [Change]) -> Option<&'c Change> {
+        #[cfg(test)]
+        self.looked_at.set(self.looked_at.get() + chain.len());
+        chain.iter().find(|c| viewer.hides(c))
+    }
+
+    /// TK-15: a write of the document `id` of `ns` changed by a transaction the running command
+    /// does not see: in a transaction, a WriteConflict (112); outside any, a wait for the
+    /// transaction in progress that changed it (review7 finding 1).
+    fn conflict(&self, ns: &str, id: &Bson) -> Result<(), QueryError> {
+        let viewer = self.viewer();
+        match self.hidden_change(&viewer, ns, &id_key(id)) {
+            None => Ok(()),
+            Some(Change {
+                author: Author::Open(session),
+                ..
+            }) if viewer.writer.is_none() => Err(QueryError::Blocked(session.clone())),
+            Some(_) => Err(QueryError::WriteConflict),
+        }
+    }
+
+    /// TK-15: the namespaces the running command sees: not those a transaction in progress it
+    /// does not belong to created (invisible until that transaction commits).
+    fn seen_collections(&self) -> impl Iterator<Item = &String> {
+        let unseen: Vec<&String> = self
             .open
             .iter()
             .filter(|session| self.writer.as_ref() != Some(*session))
             .filter_map(|session| self.transactions.get(session))
-            .flat_map(|t| t.undo.iter().rev());
-        let committed = self
-            .history
-            .iter()
-            .rev()
-            .filter(move |(stamp, _)| start.is_some_and(|start| *stamp > start))
-            .flat_map(|(_, undo)| undo.iter().rev());
-        others.chain(committed)
+            .flat_map(|t| &t.created)
+            .collect();
+        self.collections
+            .keys()
+            .filter(move |ns| !unseen.contains(ns))
     }
 
-    /// TK-15: whether the document `id` of `ns` was changed by a transaction the running
-    /// command does not see.
-    fn conflicts(&self, ns: &str, id: &Bson) -> bool {
-        self.hidden().any(|u| u.ns == ns && equal(&u.id, id))
+    /// The collection `ns`, created when missing (TK-15, review7 gap a: by the running command's
+    /// transaction, whose abort drops it again).
+    fn collection_mut(&mut self, ns: &str) -> &mut Vec<Document> {
+        if !self.collections.contains_key(ns) {
+            if let Some(transaction) = self.writing_transaction() {
+                transaction.created.push(ns.into());
+            }
+        }
+        self.collections.entry(ns.into()).or_default()
     }
 
-    /// TK-15: the running command's transaction changes the document `id` of `ns` (`before`,
-    /// at `index`): the first change of each document goes into its undo log.
-    fn record(&mut self, ns: &str, id: Bson, before: Option<Document>, index: usize) {
-        let Some(transaction) = self
-            .writer
+    /// The running command's transaction, when it is in progress.
+    fn writing_transaction(&mut self) -> Option<&mut Transaction> {
+        self.writer
             .as_ref()
             .and_then(|w| self.transactions.get_mut(w))
             .filter(|t| t.state == TransactionState::InProgress)
-        else {
-            return;
+    }
+
+    /// TK-15: the running command changes the document `id` of `ns` (`before`, at `index`): the
+    /// first change of each document by a transaction in progress (or, while one is in
+    /// progress, by a write outside any) goes into [`Store::changes`].
+    fn record(&mut self, ns: &str, id: Bson, before: Option<Document>, index: usize) {
+        let in_transaction = self.writing_transaction().is_some();
+        let author = match (&self.writer, &self.statement) {
+            (Some(session), _) if in_transaction => Author::Open(session.clone()),
+            (None, Some(_)) => Author::Committed(self.commits + 1),
+            _ => return,
         };
-        if !transaction
-            .undo
-            .iter()
-            .any(|u| u.ns == ns && equal(&u.id, &id))
-        {
-            transaction.undo.push(Undo {
-                ns: ns.into(),
-                id,
-                before,
-                index,
-            });
+        let key = id_key(&id);
+        let chain = self
+            .changes
+            .entry(ns.into())
+            .or_default()
+            .entry(key.clone())
+            .or_default();
+        if chain.iter().any(|c| c.author == author) {
+            return;
+        }
+        chain.push(Change {
+            author: author.clone(),
+            before,
+            index,
+        });
+        let document = (ns.to_owned(), key);
+        match author {
+            Author::Open(_) => {
+                if let Some(transaction) = self.writing_transaction() {
+                    transaction.touched.push(document);
+                }
+            }
+            Author::Committed(_) => self.statement.get_or_insert_with(Vec::new).push(document),
         }
     }
 
-    /// TK-15: the documents of `ns` the running command sees: those of other transactions in
-    /// progress as they were before them (borrowed when no other transaction changed `ns`).
+    /// TK-15: the changes of `author` to `documents` are undone, newest first in each
+    /// namespace; nobody else's writes are touched.
+    fn undo(&mut self, author: &Author, documents: Vec<DocumentKey>) {
+        let mut by_ns: BTreeMap<String, Replaced> = BTreeMap::new();
+        for (ns, key) in documents {
+            let Some(chains) = self.changes.get_mut(&ns) else {
+                continue;
+            };
+            if let Some(chain) = chains.get_mut(&key) {
+                if let Some(at) = chain.iter().rposition(|c| &c.author == author) {
+                    let change = chain.remove(at);
+                    by_ns
+                        .entry(ns.clone())
+                        .or_default()
+                        .insert(key.clone(), (change.before, change.index));
+                }
+                if chain.is_empty() {
+                    chains.remove(&key);
+                }
+            }
+            if chains.is_empty() {
+                self.changes.remove(&ns);
+            }
+        }
+        for (ns, replaced) in by_ns {
+            let current = self.collections.remove(&ns);
+            if current.is_none() && replaced.values().all(|(before, _)| before.is_none()) {
+                continue;
+            }
+            let restored = rebuild(current.unwrap_or_default(), replaced);
+            self.collections.insert(ns, restored);
+        }
+    }
+
+    /// TK-15: the documents of `ns` the running command sees: those others changed and it does
+    /// not see as they were (borrowed when it sees every change of `ns`). It looks only at the
+    /// changes of `ns` (review7 finding 7).
     fn visible(&self, ns: &str) -> Cow<'_, [Document]> {
         let base = self.collections.get(ns).map_or(&[][..], Vec::as_slice);
-        let mut hidden = self.hidden().filter(|u| u.ns == ns).peekable();
-        if hidden.peek().is_none() {
+        let Some(chains) = self.changes.get(ns) else {
+            return Cow::Borrowed(base);
+        };
+        let viewer = self.viewer();
+        let replaced: Replaced = chains
+            .iter()
+            .filter_map(|(key, chain)| {
+                let change = self.hidden_in(&viewer, chain)?;
+                Some((key.clone(), (change.before.clone(), change.index)))
+            })
+            .collect();
+        if replaced.is_empty() {
             return Cow::Borrowed(base);
         }
-        let mut documents = base.to_vec();
-        for undo in hidden {
-            restore(&mut documents, undo);
-        }
-        Cow::Owned(documents)
+        Cow::Owned(rebuild(base.iter().cloned(), replaced))
     }
 
-    /// The positions of the documents of `ns` a write with `filter` changes (the first only
-    /// unless `multi`); a WriteConflict when another transaction in progress changed one.
+    /// The positions in `ns` of the documents a write with `filter` changes (the first only
+    /// unless `multi`), matched against what the running command sees (review7 finding 1); a
+    /// WriteConflict (or, outside a transaction, a wait) when a transaction it does not see
+    /// changed one.
     fn targets(&self, ns: &str, filter: &Document, multi: bool) -> Result<Vec<usize>, QueryError> {
         validate(filter)?;
-        let mut targets = Vec::new();
-        for (index, document) in self.collections.get(ns).into_iter().flatten().enumerate() {
+        let view = self.visible(ns);
+        let mut positions = Vec::new();
+        let mut keys = BTreeSet::new();
+        for (index, document) in view.iter().enumerate() {
             if matches(document, filter).map_err(unsupported)? {
-                if self.conflicts(ns, &id_of(document)) {
-                    return Err(QueryError::WriteConflict);
-                }
-                targets.push(index);
+                let id = id_of(document);
+                self.conflict(ns, &id)?;
+                positions.push(index);
+                keys.insert(id_key(&id));
                 if !multi {
                     break;
                 }
             }
         }
-        Ok(targets)
+        if matches!(view, Cow::Borrowed(_)) || keys.is_empty() {
+            return Ok(positions);
+        }
+        // A matched document has no hidden change: it is in the collection as seen.
+        Ok(self
+            .collections
+            .get(ns)
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .filter(|(_, d)| keys.contains(&id_key(&id_of(d))))
+            .map(|(index, _)| index)
+            .collect())
     }
 
     /// Updates the first (or with `multi` every) document of `ns` matching `filter`; with
@@ -385,16 +672,21 @@ impl Store {
         multi: bool,
         upsert: bool,
     ) -> Result<UpdateOutcome, QueryError> {
-        let targets = self.targets(ns, filter, multi)?;
-        self.collections.entry(ns.into()).or_default();
+        let targets = self.targets(ns, filter, multi);
+        let targets = self.noted(targets)?;
+        self.collection_mut(ns);
         let mut outcome = UpdateOutcome::default();
         for index in targets {
-            let collection = self.collections.entry(ns.into()).or_default();
+            let collection = self.collection_mut(ns);
             let Some(document) = collection.get_mut(index) else {
                 continue;
             };
             let before = document.clone();
             apply_update(document, update).map_err(unsupported)?;
+            if too_deep(document) {
+                *document = before;
+                return Err(QueryError::TooDeep);
+            }
             outcome.matched += 1;
             let changed = *document != before;
             outcome.modified += usize::from(changed);
@@ -405,15 +697,17 @@ impl Store {
         if outcome.matched == 0 && upsert {
             let mut document = upsert_seed(filter);
             apply_update(&mut document, update).map_err(unsupported)?;
+            if too_deep(&document) {
+                return Err(QueryError::TooDeep);
+            }
             if !document.contains_key("_id") {
                 document.insert("_id", ObjectId::new());
             }
             let id = id_of(&document);
-            if self.conflicts(ns, &id) {
-                return Err(QueryError::WriteConflict);
-            }
+            let conflict = self.conflict(ns, &id);
+            self.noted(conflict)?;
             outcome.upserted = Some(id.clone());
-            let collection = self.collections.entry(ns.into()).or_default();
+            let collection = self.collection_mut(ns);
             let position = collection.len();
             collection.push(document);
             self.record(ns, id, None, position);
@@ -429,7 +723,8 @@ impl Store {
         filter: &Document,
         multi: bool,
     ) -> Result<Vec<Document>, QueryError> {
-        let targets = self.targets(ns, filter, multi)?;
+        let targets = self.targets(ns, filter, multi);
+        let targets = self.noted(targets)?;
         let mut removed = Vec::new();
         let Some(collection) = self.collections.get_mut(ns) else {
             return Ok(removed);
@@ -460,15 +755,18 @@ impl Store {
         Ok(out)
     }
 
-    /// TK-15: a command of transaction `number` of `session` (`autocommit: false`): with `start`
-    /// it starts that transaction (a number below the session's highest is TransactionTooOld,
-    /// 225; a number already used, NoSuchTransaction 251); without, the transaction must be in
-    /// progress (else NoSuchTransaction, 251).
+    /// TK-15: a command of transaction `number` of `session` (`autocommit: false`) on `router`
+    /// (a mongos; `None` on a replica set): with `start` it starts that transaction (a number
+    /// below the session's highest is TransactionTooOld, 225; a number already used,
+    /// NoSuchTransaction 251); without, the transaction must be in progress and, on a mongos,
+    /// started by that mongos (TK-12, TX-3: another one does not know it), else
+    /// NoSuchTransaction (251).
     pub(crate) fn transaction_command(
         &mut self,
         session: Vec<u8>,
         number: i64,
         start: bool,
+        router: Option<ObjectId>,
     ) -> Result<(), Refusal> {
         let highest = self.txn_numbers.get(&session).copied();
         let current = self.transactions.get(&session);
@@ -488,6 +786,7 @@ impl Store {
             self.txn_numbers.insert(session.clone(), number);
             // A newer transaction of the session replaces (and so aborts) one in progress.
             self.abort(&session);
+            self.seal();
             self.open.insert(session.clone());
             self.transactions.insert(
                 session,
@@ -495,13 +794,16 @@ impl Store {
                     number,
                     state: TransactionState::InProgress,
                     start: self.commits,
-                    undo: Vec::new(),
+                    touched: Vec::new(),
+                    created: Vec::new(),
+                    router,
                 },
             );
             self.prune_history();
             return Ok(());
         }
         match current {
+            Some(t) if t.number == number && t.router != router => Err(unknown_to_router(number)),
             Some(t) if t.number == number && t.state == TransactionState::InProgress => Ok(()),
             _ => Err((
                 251,
@@ -524,7 +826,7 @@ impl Store {
         }
     }
 
-    /// TK-15: drops the undo logs of the commits every transaction in progress already sees.
+    /// TK-15: drops the changes of the commits every transaction in progress already sees.
     fn prune_history(&mut self) {
         let oldest = self
             .open
@@ -532,12 +834,33 @@ impl Store {
             .filter_map(|session| self.transactions.get(session))
             .map(|t| t.start)
             .min();
-        self.history
-            .retain(|(stamp, _)| oldest.is_some_and(|oldest| *stamp > oldest));
+        let keep = self
+            .history
+            .iter()
+            .position(|(stamp, _)| oldest.is_some_and(|oldest| *stamp > oldest))
+            .unwrap_or(self.history.len());
+        for (stamp, documents) in self.history.drain(..keep).collect::<Vec<_>>() {
+            let author = Author::Committed(stamp);
+            for (ns, key) in documents {
+                let Some(chains) = self.changes.get_mut(&ns) else {
+                    continue;
+                };
+                if let Some(chain) = chains.get_mut(&key) {
+                    chain.retain(|c| c.author != author);
+                    if chain.is_empty() {
+                        chains.remove(&key);
+                    }
+                }
+                if chains.is_empty() {
+                    self.changes.remove(&ns);
+                }
+            }
+        }
     }
 
     /// TK-15: the transaction in progress of `session`, if any, is aborted: the documents it
-    /// changed are put back, newest change first; nobody else's writes are touched.
+    /// changed are put back and the collections it created dropped (review7 gap a); nobody
+    /// else's writes are touched.
     fn abort(&mut self, session: &[u8]) {
         let Some(transaction) = self
             .transactions
@@ -547,24 +870,31 @@ impl Store {
             return;
         };
         transaction.state = TransactionState::Aborted;
+        let touched = core::mem::take(&mut transaction.touched);
+        let created = core::mem::take(&mut transaction.created);
         self.open.remove(session);
-        for undo in core::mem::take(&mut transaction.undo).iter().rev() {
-            if let Some(collection) = self.collections.get_mut(&undo.ns) {
-                restore(collection, undo);
-            } else if undo.before.is_some() {
-                restore(self.collections.entry(undo.ns.clone()).or_default(), undo);
+        self.undo(&Author::Open(session.to_vec()), touched);
+        for ns in created {
+            if self.collections.get(&ns).is_some_and(Vec::is_empty) {
+                self.collections.remove(&ns);
+                self.indexes.remove(&ns);
             }
         }
         self.prune_history();
+        self.ended.notify_waiters();
     }
 
     /// TK-15: `commitTransaction` (idempotent once committed) or `abortTransaction` (puts the
-    /// data back) of transaction `number` of `session`.
+    /// data back) of transaction `number` of `session`, on `router` (see
+    /// [`Store::transaction_command`]). On a mongos that did not start the transaction only a
+    /// commit of a committed one succeeds (its `recoveryToken` recovers the decision); anything
+    /// else is NoSuchTransaction (251) and changes nothing.
     pub(crate) fn end_transaction(
         &mut self,
         session: &[u8],
         number: i64,
         commit: bool,
+        router: Option<ObjectId>,
     ) -> Result<(), Refusal> {
         let Some(transaction) = self
             .transactions
@@ -578,17 +908,35 @@ impl Store {
                 ),
             ));
         };
+        if transaction.router != router
+            && !(commit && transaction.state == TransactionState::Committed)
+        {
+            return Err(unknown_to_router(number));
+        }
         match (transaction.state, commit) {
             (TransactionState::InProgress, true) | (TransactionState::Committed, true) => {
                 if transaction.state == TransactionState::InProgress {
                     transaction.state = TransactionState::Committed;
-                    let undo = core::mem::take(&mut transaction.undo);
+                    transaction.created.clear();
+                    let touched = core::mem::take(&mut transaction.touched);
                     self.open.remove(session);
                     self.commits += 1;
-                    if !undo.is_empty() {
-                        self.history.push((self.commits, undo));
+                    let open = Author::Open(session.to_vec());
+                    for (ns, key) in &touched {
+                        let change = self
+                            .changes
+                            .get_mut(ns)
+                            .and_then(|chains| chains.get_mut(key))
+                            .and_then(|chain| chain.iter_mut().rfind(|c| c.author == open));
+                        if let Some(change) = change {
+                            change.author = Author::Committed(self.commits);
+                        }
+                    }
+                    if !touched.is_empty() {
+                        self.history.push((self.commits, touched));
                     }
                     self.prune_history();
+                    self.ended.notify_waiters();
                 }
                 Ok(())
             }
@@ -619,7 +967,7 @@ impl Store {
         key: &Document,
         name: &str,
     ) -> Result<(), (i32, String)> {
-        self.collections.entry(ns.into()).or_default();
+        self.collection_mut(ns);
         let list = self.indexes.entry(ns.into()).or_default();
         match list.iter().find(|i| i.get_str("name").ok() == Some(name)) {
             Some(existing) if existing.get_document("key").ok() == Some(key) => Ok(()),
@@ -702,9 +1050,9 @@ impl Store {
     /// `$out`: `ns` holds exactly `documents` afterwards.
     pub(crate) fn replace_collection(&mut self, ns: &str, documents: Vec<Document>) {
         let added: Vec<Bson> = documents.iter().map(id_of).collect();
-        let old = self.collections.insert(ns.into(), documents);
+        let old = core::mem::replace(self.collection_mut(ns), documents);
         // TK-15: in a transaction, every old document was removed and every new one added.
-        for (index, document) in old.into_iter().flatten().enumerate() {
+        for (index, document) in old.into_iter().enumerate() {
             self.record(ns, id_of(&document), Some(document), index);
         }
         for (index, id) in added.into_iter().enumerate() {
@@ -715,8 +1063,9 @@ impl Store {
     /// `$merge {into}` with the default `whenMatched: "merge"`, `whenNotMatched: "insert"`: a
     /// document with the `_id` of an existing one is merged into it, others are appended.
     pub(crate) fn merge(&mut self, ns: &str, documents: Vec<Document>) {
+        self.collection_mut(ns);
         for document in documents {
-            let target = self.collections.entry(ns.into()).or_default();
+            let target = self.collection_mut(ns);
             let existing = target
                 .iter()
                 .position(|d| matches!((d.get("_id"), document.get("_id")), (Some(a), Some(b)) if equal(a, b)));
@@ -742,7 +1091,7 @@ impl Store {
         if self.collections.contains_key(ns) {
             return false;
         }
-        self.collections.insert(ns.into(), Vec::new());
+        self.collection_mut(ns);
         true
     }
 
@@ -752,20 +1101,18 @@ impl Store {
         self.collections.remove(ns).is_some()
     }
 
-    /// The collections of database `db`, by name.
+    /// The collections of database `db` the running command sees, by name.
     pub(crate) fn collection_names(&self, db: &str) -> Vec<String> {
         let prefix = format!("{db}.");
-        self.collections
-            .keys()
+        self.seen_collections()
             .filter_map(|ns| ns.strip_prefix(&prefix).map(str::to_owned))
             .collect()
     }
 
-    /// The databases holding at least one collection.
+    /// The databases holding at least one collection the running command sees.
     pub(crate) fn database_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
-            .collections
-            .keys()
+            .seen_collections()
             .filter_map(|ns| ns.split_once('.').map(|(db, _)| db.to_owned()))
             .collect();
         names.dedup();
@@ -983,6 +1330,17 @@ mod tests {
         router: false,
     };
 
+    /// Sets `x` to `x` in the `db.c` documents `filter` matches (`multi`: all of them).
+    fn set_x(
+        store: &mut Store,
+        filter: Document,
+        x: i32,
+        multi: bool,
+        upsert: bool,
+    ) -> Result<UpdateOutcome, QueryError> {
+        store.update("db.c", &filter, &doc! { "$set": { "x": x } }, multi, upsert)
+    }
+
     fn store_with(n: i32) -> Store {
         let mut store = Store::default();
         let docs = (0..n)
@@ -1084,35 +1442,11 @@ mod tests {
     #[test]
     fn update_delete_upsert() {
         let mut store = store_with(4);
-        let one = store
-            .update(
-                "db.c",
-                &doc! { "even": true },
-                &doc! { "$set": { "x": 1 } },
-                false,
-                false,
-            )
-            .unwrap();
+        let one = set_x(&mut store, doc! { "even": true }, 1, false, false).unwrap();
         assert_eq!((one.matched, one.modified, one.upserted), (1, 1, None));
-        let many = store
-            .update(
-                "db.c",
-                &doc! { "even": true },
-                &doc! { "$set": { "x": 1 } },
-                true,
-                false,
-            )
-            .unwrap();
+        let many = set_x(&mut store, doc! { "even": true }, 1, true, false).unwrap();
         assert_eq!((many.matched, many.modified), (2, 1));
-        let up = store
-            .update(
-                "db.c",
-                &doc! { "_id": 9 },
-                &doc! { "$set": { "x": 2 } },
-                false,
-                true,
-            )
-            .unwrap();
+        let up = set_x(&mut store, doc! { "_id": 9 }, 2, false, true).unwrap();
         assert_eq!(up.upserted, Some(Bson::Int32(9)));
         assert_eq!(
             store.delete("db.c", &doc! { "x": 1 }, false).unwrap().len(),
@@ -1138,12 +1472,20 @@ mod tests {
         write: impl FnOnce(&mut Store) -> T,
     ) -> T {
         store
-            .transaction_command(session.to_vec(), number, start)
+            .transaction_command(session.to_vec(), number, start, None)
             .unwrap();
         store.begin_statement(Some(session.to_vec()));
         let result = write(store);
         store.end_statement();
         result
+    }
+
+    /// Runs `write` as a command outside any transaction; with the session it has to wait for.
+    fn outside<T>(store: &mut Store, write: impl FnOnce(&mut Store) -> T) -> (T, Option<Vec<u8>>) {
+        store.begin_statement(None);
+        let result = write(store);
+        store.end_statement();
+        (result, store.take_blocked())
     }
 
     fn ids(store: &Store) -> Vec<i32> {
@@ -1162,14 +1504,7 @@ mod tests {
         let mut store = store_with(2);
         in_transaction(&mut store, S1, 1, true, |s| {
             s.insert("db.c", vec![doc! { "_id": 10 }], true).unwrap();
-            s.update(
-                "db.c",
-                &doc! { "_id": 0 },
-                &doc! { "$set": { "x": 1 } },
-                false,
-                false,
-            )
-            .unwrap();
+            set_x(s, doc! { "_id": 0 }, 1, false, false).unwrap();
             s.delete("db.c", &doc! { "_id": 1 }, false).unwrap();
         });
         assert_eq!(
@@ -1188,9 +1523,10 @@ mod tests {
         assert!(!store.documents("db.c")[0].contains_key("x"));
     }
 
-    /// TK-15 (review6 finding 3): a transaction's writes are invisible to others until its
-    /// commit; a write by another session (in a transaction or not) to a document it changed is
-    /// a WriteConflict (112) and changes nothing; after the commit both are possible.
+    /// TK-15 (review6 finding 3, review7 finding 1): a transaction's writes are invisible to
+    /// others until its commit; another transaction's write to a document it changed is a
+    /// WriteConflict (112), a write outside any transaction has to wait (`Blocked`), and both
+    /// change nothing; after the commit both are possible.
     #[test]
     fn tk15_isolation_and_write_conflicts() {
         let mut store = store_with(2);
@@ -1205,23 +1541,18 @@ mod tests {
         assert_eq!(own, 2, "its own writes: 1 and 10");
         assert_eq!(
             store.insert("db.c", vec![doc! { "_id": 10 }], true),
-            Err(QueryError::WriteConflict)
+            Err(QueryError::Blocked(S1.to_vec()))
         );
         let conflict = in_transaction(&mut store, S2, 1, true, |s| {
-            s.update(
-                "db.c",
-                &doc! { "_id": 0 },
-                &doc! { "$set": { "x": 1 } },
-                false,
-                true,
-            )
+            set_x(s, doc! { "_id": 0 }, 1, false, true)
         });
         assert_eq!(conflict, Err(QueryError::WriteConflict));
         assert_eq!(
-            store.delete("db.c", &doc! {}, true),
-            Err(QueryError::WriteConflict)
+            outside(&mut store, |s| s.delete("db.c", &doc! {}, true)),
+            (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
         );
-        assert_eq!(store.end_transaction(S1, 1, true), Ok(()));
+        assert_eq!(ids(&store), [0, 1], "the waiting delete was undone");
+        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
         assert_eq!(ids(&store), [1, 10]);
         assert_eq!(
             store
@@ -1239,20 +1570,13 @@ mod tests {
     fn tk15_snapshot_reads_and_conflicts_with_later_commits() {
         let mut store = store_with(1);
         in_transaction(&mut store, S1, 1, true, |s| {
-            s.update(
-                "db.c",
-                &doc! { "_id": 0 },
-                &doc! { "$set": { "x": 1 } },
-                false,
-                false,
-            )
-            .unwrap();
+            set_x(s, doc! { "_id": 0 }, 1, false, false).unwrap();
         });
         let seen = in_transaction(&mut store, S2, 1, true, |s| {
             s.matching("db.c", &doc! { "x": 1 })
         });
         assert_eq!(seen.unwrap().len(), 0);
-        assert_eq!(store.end_transaction(S1, 1, true), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
         let after = in_transaction(&mut store, S2, 1, false, |s| {
             (
                 s.matching("db.c", &doc! { "x": 1 }).unwrap().len(),
@@ -1266,6 +1590,230 @@ mod tests {
         assert_eq!(fresh, 1);
         assert_eq!(store.matching("db.c", &doc! { "x": 1 }).unwrap().len(), 1);
     }
+    /// TK-15 (review7 finding 1): a transaction's write matches its filter against its snapshot:
+    /// a document another transaction in progress deleted, or one a commit after its start
+    /// changed, is still there for it, and writing it is a WriteConflict (112), not `n: 0`.
+    #[test]
+    fn tk15_review7_f1_a_transaction_write_matches_its_snapshot() {
+        let mut store = store_with(3);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.delete("db.c", &doc! { "_id": 1 }, false).unwrap();
+        });
+        let write = in_transaction(&mut store, S2, 1, true, |s| {
+            (
+                s.matching("db.c", &doc! { "_id": 1 }).unwrap().len(),
+                s.update(
+                    "db.c",
+                    &doc! { "_id": 1 },
+                    &doc! { "$set": { "x": 1 } },
+                    false,
+                    false,
+                ),
+            )
+        });
+        assert_eq!(write, (1, Err(QueryError::WriteConflict)));
+        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
+        // Transaction 2 of S2 starts, then S1's transaction 2 commits `even: false` on 2.
+        in_transaction(&mut store, S2, 2, true, |_| ());
+        in_transaction(&mut store, S1, 2, true, |s| {
+            s.update(
+                "db.c",
+                &doc! { "_id": 2 },
+                &doc! { "$set": { "even": false } },
+                false,
+                false,
+            )
+            .unwrap();
+        });
+        assert_eq!(store.end_transaction(S1, 2, true, None), Ok(()));
+        let old_value = in_transaction(&mut store, S2, 2, false, |s| {
+            s.delete("db.c", &doc! { "_id": 2, "even": true }, false)
+        });
+        assert_eq!(old_value, Err(QueryError::WriteConflict));
+    }
+
+    /// TK-15 (review7 finding 1): a write outside any transaction that touches a document a
+    /// transaction in progress changed (or inserted) is undone whole and waits for it; a write
+    /// that touches nothing it changed goes through, and after its commit the write runs on the
+    /// committed data.
+    #[test]
+    fn tk15_review7_f1_a_write_outside_a_transaction_waits() {
+        let mut store = store_with(2);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.insert("db.c", vec![doc! { "_id": 10 }], true).unwrap();
+            s.update(
+                "db.c",
+                &doc! { "_id": 1 },
+                &doc! { "$set": { "x": 1 } },
+                false,
+                false,
+            )
+            .unwrap();
+        });
+        let (update, blocked) = outside(&mut store, |s| {
+            s.update("db.c", &doc! {}, &doc! { "$set": { "y": 1 } }, true, false)
+        });
+        assert_eq!(update, Err(QueryError::Blocked(S1.to_vec())));
+        assert_eq!(blocked, Some(S1.to_vec()));
+        assert!(
+            store.collections["db.c"]
+                .iter()
+                .all(|d| !d.contains_key("y")),
+            "document 0 was put back"
+        );
+        let (insert, blocked) = outside(&mut store, |s| {
+            s.insert("db.c", vec![doc! { "_id": 10 }], true)
+        });
+        assert_eq!(
+            (insert, blocked),
+            (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
+        );
+        let (free, blocked) = outside(&mut store, |s| {
+            s.update(
+                "db.c",
+                &doc! { "_id": 0 },
+                &doc! { "$set": { "y": 1 } },
+                false,
+                false,
+            )
+        });
+        assert_eq!((free.unwrap().modified, blocked), (1, None));
+        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
+        let (insert, blocked) = outside(&mut store, |s| {
+            s.insert("db.c", vec![doc! { "_id": 10 }], true)
+        });
+        assert_eq!((insert.unwrap().duplicates.len(), blocked), (1, None));
+    }
+
+    /// TK-15 (review7 gap b): a write outside any transaction after a transaction started is
+    /// invisible to its snapshot reads, and the transaction's write to that document is a
+    /// WriteConflict, as after another transaction's commit.
+    #[test]
+    fn tk15_review7_gap_b_outside_writes_after_the_snapshot_are_invisible() {
+        let mut store = store_with(1);
+        in_transaction(&mut store, S1, 1, true, |_| ());
+        outside(&mut store, |s| {
+            s.insert("db.c", vec![doc! { "_id": 5 }], true).unwrap();
+            s.update(
+                "db.c",
+                &doc! { "_id": 0 },
+                &doc! { "$set": { "x": 1 } },
+                false,
+                false,
+            )
+            .unwrap();
+        });
+        let seen = in_transaction(&mut store, S1, 1, false, |s| {
+            (
+                s.matching("db.c", &doc! {}).unwrap(),
+                s.update(
+                    "db.c",
+                    &doc! { "_id": 0 },
+                    &doc! { "$set": { "z": 1 } },
+                    false,
+                    false,
+                ),
+            )
+        });
+        assert_eq!(
+            seen,
+            (
+                vec![doc! { "_id": 0, "even": true }],
+                Err(QueryError::WriteConflict)
+            )
+        );
+        assert_eq!(ids(&store), [0, 5], "outside the transaction: committed");
+        in_transaction(&mut store, S2, 1, true, |_| ());
+        assert_eq!(
+            in_transaction(&mut store, S2, 1, false, |s| s
+                .matching("db.c", &doc! {})
+                .unwrap()
+                .len()),
+            2,
+            "a transaction started after the write sees it"
+        );
+    }
+
+    /// TK-15 (review7 gap a): a collection a transaction's write created is dropped when the
+    /// transaction aborts; one it wrote to that existed before stays.
+    #[test]
+    fn tk15_review7_gap_a_an_aborted_transaction_drops_the_collections_it_created() {
+        let mut store = store_with(1);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.insert("db.new", vec![doc! { "_id": 1 }], true).unwrap();
+            assert!(s.create("db.made"));
+            s.insert("db.c", vec![doc! { "_id": 1 }], true).unwrap();
+        });
+        assert_eq!(store.end_transaction(S1, 1, false, None), Ok(()));
+        assert_eq!(store.collection_names("db"), vec!["c"]);
+        assert_eq!(ids(&store), [0]);
+    }
+
+    /// TK-15, house rule 9 (review7 finding 7): a command looks only at the changes of the
+    /// documents it touches: another transaction's 1,000 changes in `db.a` cost nothing to a
+    /// read of `db.b`, and one look to a write of one document of `db.a`.
+    #[test]
+    fn tk15_review7_f7_cost_does_not_follow_unrelated_transactions() {
+        let mut store = Store::default();
+        in_transaction(&mut store, S1, 1, true, |s| {
+            let docs = (0..1_000).map(|i| doc! { "_id": i }).collect();
+            s.insert("db.a", docs, true).unwrap();
+        });
+        store.insert("db.b", vec![doc! { "_id": 1 }], true).unwrap();
+        store.looked_at.set(0);
+        let (read, _) = outside(&mut store, |s| s.matching("db.b", &doc! {}).unwrap().len());
+        assert_eq!((read, store.looked_at.get()), (1, 0));
+        let write = in_transaction(&mut store, S2, 1, true, |s| {
+            s.insert("db.a", vec![doc! { "_id": 5 }], true)
+        });
+        assert_eq!(write, Err(QueryError::WriteConflict));
+        assert_eq!(store.looked_at.get(), 1);
+    }
+
+    /// TK-15 (`isolation.json` "one transaction"): a transaction reads from its snapshot: writes
+    /// outside any transaction made after it started (insert, update, delete) stay invisible to
+    /// it, and its own write to a document one of them changed is a WriteConflict (112); everyone
+    /// else sees them at once, and so does a transaction started after them.
+    #[test]
+    fn tk15_snapshot_reads_hide_later_writes_outside_transactions() {
+        let mut store = store_with(3);
+        let snapshot = in_transaction(&mut store, S1, 1, true, |s| {
+            s.matching("db.c", &doc! {}).unwrap()
+        });
+        outside(&mut store, |s| {
+            s.insert("db.c", vec![doc! { "_id": 10 }], true).unwrap();
+            set_x(s, doc! { "_id": 0 }, 5, false, false).unwrap();
+            s.delete("db.c", &doc! { "_id": 1 }, false).unwrap();
+        });
+        assert_eq!(ids(&store), [0, 2, 10], "others see them at once");
+        let seen = in_transaction(&mut store, S1, 1, false, |s| {
+            s.matching("db.c", &doc! {}).unwrap()
+        });
+        assert_eq!(seen, snapshot, "the snapshot as it was");
+        let conflict = in_transaction(&mut store, S1, 1, false, |s| {
+            set_x(s, doc! { "_id": 0 }, 6, false, false)
+        });
+        assert_eq!(conflict, Err(QueryError::WriteConflict));
+        let untouched = in_transaction(&mut store, S1, 1, false, |s| {
+            set_x(s, doc! { "_id": 2 }, 7, false, false)
+        });
+        assert_eq!(
+            untouched.map(|o| o.modified),
+            Ok(1),
+            "no conflict elsewhere"
+        );
+        let later = in_transaction(&mut store, S2, 1, true, |s| {
+            s.matching("db.c", &doc! {}).unwrap().len()
+        });
+        assert_eq!(later, 3, "a later snapshot sees them: 0, 2 and 10");
+        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
+        assert_eq!(store.end_transaction(S2, 1, true, None), Ok(()));
+        assert!(
+            store.history.is_empty(),
+            "nothing kept once no transaction is open"
+        );
+    }
+
     /// SE-14, TX-1 (review6 finding 4): a getMore must come from its cursor's session and
     /// transaction, as on a real server (50736..50741; a router's 50799..50804); a refused
     /// getMore leaves the cursor open.

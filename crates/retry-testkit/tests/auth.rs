@@ -50,6 +50,29 @@ fn sasl_continue(id: &Bson, payload: Vec<u8>) -> Document {
     doc! { "saslContinue": 1, "conversationId": id.clone(), "payload": bin(payload), "$db": "admin" }
 }
 
+/// Sends `saslStart` with the client's `first` message and `saslContinue` with the
+/// conversation's answer to the server's first message; returns the conversation id and the
+/// server's reply to that second message.
+async fn start_and_continue(
+    client: &mut RawClient,
+    mechanism: &str,
+    first: Vec<u8>,
+    skip_empty_exchange: bool,
+    conversation: &mut dyn SaslConversation,
+) -> (Bson, Document) {
+    let reply = client
+        .command(sasl_start(mechanism, first, skip_empty_exchange))
+        .await
+        .unwrap();
+    let id = reply.get("conversationId").unwrap().clone();
+    let client_final = conversation.step(&payload(&reply)).unwrap();
+    let reply = client
+        .command(sasl_continue(&id, client_final))
+        .await
+        .unwrap();
+    (id, reply)
+}
+
 /// AU-8's long form, then a command that needed authentication; before it, 13 Unauthorized.
 #[tokio::test]
 async fn au5_au8_two_step_long_form_then_commands_are_allowed() {
@@ -70,16 +93,8 @@ async fn au5_au8_two_step_long_form_then_commands_are_allowed() {
     );
 
     let (first, mut conversation) = start(ScramVersion::Sha1, "pencil");
-    let reply = client
-        .command(sasl_start("SCRAM-SHA-1", first, false))
-        .await
-        .unwrap();
-    let id = reply.get("conversationId").unwrap().clone();
-    let client_final = conversation.step(&payload(&reply)).unwrap();
-    let reply = client
-        .command(sasl_continue(&id, client_final))
-        .await
-        .unwrap();
+    let (id, reply) =
+        start_and_continue(&mut client, "SCRAM-SHA-1", first, false, &mut *conversation).await;
     assert_eq!(reply.get_bool("done").ok(), Some(false), "the long form");
     conversation.step(&payload(&reply)).unwrap();
     assert!(conversation.is_complete(), "the server proved itself");
@@ -99,16 +114,14 @@ async fn au11_wrong_password_and_unknown_mechanism_fail_with_18() {
     let server = server().await;
     let mut client = RawClient::connect(server.address()).await.unwrap();
     let (first, mut conversation) = start(ScramVersion::Sha256, "wrong");
-    let reply = client
-        .command(sasl_start("SCRAM-SHA-256", first.clone(), true))
-        .await
-        .unwrap();
-    let id = reply.get("conversationId").unwrap().clone();
-    let client_final = conversation.step(&payload(&reply)).unwrap();
-    let reply = client
-        .command(sasl_continue(&id, client_final))
-        .await
-        .unwrap();
+    let (_, reply) = start_and_continue(
+        &mut client,
+        "SCRAM-SHA-256",
+        first.clone(),
+        true,
+        &mut *conversation,
+    )
+    .await;
     assert_eq!(reply.get_i32("code").ok(), Some(18), "{reply}");
     assert_eq!(reply.get_str("codeName").ok(), Some("AuthenticationFailed"));
     let reply = client
@@ -174,16 +187,14 @@ async fn au9_the_salt_is_fixed_so_a_clients_key_cache_hits() {
         else {
             unreachable!()
         };
-        let reply = client
-            .command(sasl_start("SCRAM-SHA-256", first, true))
-            .await
-            .unwrap();
-        let id = reply.get("conversationId").unwrap().clone();
-        let client_final = conversation.step(&payload(&reply)).unwrap();
-        let reply = client
-            .command(sasl_continue(&id, client_final))
-            .await
-            .unwrap();
+        let (_, reply) = start_and_continue(
+            &mut client,
+            "SCRAM-SHA-256",
+            first,
+            true,
+            &mut *conversation,
+        )
+        .await;
         conversation.step(&payload(&reply)).unwrap();
         assert!(conversation.is_complete());
     }

@@ -148,3 +148,124 @@ async fn frames_with_random_bodies_close_only_their_connection() {
     .await
     .expect("bounded");
 }
+
+/// A frame of `body` (encoded as it is) and `sequences`, with request id 1.
+fn frame_of(body: Vec<u8>, sequences: &[(&str, Vec<Document>)]) -> Vec<u8> {
+    let mut frame = vec![0; HEADER_LEN + 4];
+    for (identifier, documents) in sequences {
+        let mut section = identifier.as_bytes().to_vec();
+        section.push(0);
+        for document in documents {
+            section.extend(document.to_vec().unwrap());
+        }
+        frame.push(1);
+        frame.extend(((section.len() + 4) as i32).to_le_bytes());
+        frame.extend(section);
+    }
+    frame.push(0);
+    frame.extend(body);
+    let len = frame.len() as i32;
+    frame[..4].copy_from_slice(&len.to_le_bytes());
+    frame[4..8].copy_from_slice(&1_i32.to_le_bytes());
+    frame[12..16].copy_from_slice(&OP_MSG.to_le_bytes());
+    frame
+}
+
+/// `body` encoded with the field `key: value` appended again (a `Document` cannot repeat a key).
+fn with_repeated(body: &Document, key: &str, value: &str) -> Vec<u8> {
+    let mut bytes = body.to_vec().unwrap();
+    bytes.pop();
+    bytes.push(2);
+    bytes.extend(key.as_bytes());
+    bytes.push(0);
+    bytes.extend(((value.len() + 1) as i32).to_le_bytes());
+    bytes.extend(value.as_bytes());
+    bytes.extend([0, 0]);
+    let len = bytes.len() as i32;
+    bytes[..4].copy_from_slice(&len.to_le_bytes());
+    bytes
+}
+
+/// House rule 7, TK-2, WP-3, WP-4: what a real server refuses about a message's shape the test
+/// server refuses with the same code, on the raw path's commands (ping, hello) as on the others:
+/// a body key sent twice is FailedToParse (9), a document sequence on a command that takes none
+/// 40472, one named like a body field 40433, one the command does not take 40415; a sequence
+/// an insert takes is accepted.
+#[tokio::test]
+async fn repeated_fields_and_stray_document_sequences_are_refused() {
+    timeout(Duration::from_secs(30), async {
+        let server = TestServer::start(ServerConfig::new(Role::Mongos))
+            .await
+            .unwrap();
+        let ping = doc! { "ping": 1, "$db": "admin" };
+        let hello = doc! { "hello": 1, "$db": "admin" };
+        let insert = doc! { "insert": "c", "$db": "db" };
+        let documents = vec![doc! { "_id": 1 }];
+        let cases = [
+            (
+                "ping, $db twice",
+                frame_of(with_repeated(&ping, "$db", "admin"), &[]),
+                Some(9),
+            ),
+            (
+                "hello, $db twice",
+                frame_of(with_repeated(&hello, "$db", "db"), &[]),
+                Some(9),
+            ),
+            (
+                "insert, comment twice",
+                frame_of(
+                    with_repeated(
+                        &doc! { "insert": "c", "comment": "a", "$db": "db" },
+                        "comment",
+                        "b",
+                    ),
+                    &[("documents", documents.clone())],
+                ),
+                Some(9),
+            ),
+            (
+                "ping with a sequence",
+                frame_of(ping.to_vec().unwrap(), &[("documents", documents.clone())]),
+                Some(40472),
+            ),
+            (
+                "insert, documents in the body and a sequence",
+                frame_of(
+                    doc! { "insert": "c", "documents": [], "$db": "db" }
+                        .to_vec()
+                        .unwrap(),
+                    &[("documents", documents.clone())],
+                ),
+                Some(40433),
+            ),
+            (
+                "insert with a sequence it does not take",
+                frame_of(insert.to_vec().unwrap(), &[("updates", documents.clone())]),
+                Some(40415),
+            ),
+            (
+                "insert with its documents as a sequence",
+                frame_of(
+                    insert.to_vec().unwrap(),
+                    &[("documents", documents.clone())],
+                ),
+                None,
+            ),
+        ];
+        for (label, frame, code) in cases {
+            let mut client = RawClient::connect(server.address()).await.unwrap();
+            client.send_raw(&frame).await.unwrap();
+            let reply = client.receive().await.unwrap().body;
+            assert_eq!(reply.get_i32("code").ok(), code, "{label}: {reply}");
+        }
+        assert_eq!(
+            server.handle().documents("db.c"),
+            documents,
+            "only the valid insert ran"
+        );
+        server.shutdown().await;
+    })
+    .await
+    .expect("bounded");
+}

@@ -455,12 +455,9 @@ async fn mongoses_share_one_data_store() {
 #[tokio::test]
 async fn on_primary_transactional_write() {
     bounded(async {
-        let members = TestServer::start_replica_set("rs0", 1, ServerConfig::default())
-            .await
-            .expect("replica set starts");
-        let address = members[0].address();
-        let handle = members[0].handle();
-        let mut client = RawClient::connect(address).await.unwrap();
+        let (primary, mut client) = start_primary().await;
+        let address = primary.address();
+        let handle = primary.handle();
         let set = |mode: Bson, data: Document| {
             doc! { "configureFailPoint": "onPrimaryTransactionalWrite", "mode": mode,
             "data": data, "$db": "admin" }
@@ -502,9 +499,7 @@ async fn on_primary_transactional_write() {
             "the retry commits: {retry}"
         );
         assert_eq!(handle.documents("db.c").len(), 2);
-        for member in members {
-            member.shutdown().await;
-        }
+        primary.shutdown().await;
 
         let mongos = TestServer::start_mongoses(1, ServerConfig::default())
             .await
@@ -766,6 +761,132 @@ async fn transactions() {
     .await;
 }
 
+/// TK-15: a collection a transaction creates (by its first insert, or by `create`) is invisible
+/// outside the transaction until it commits, and gone again when the transaction aborts, as on a
+/// real server; one a committed transaction created stays.
+#[tokio::test]
+async fn tk15_collections_a_transaction_creates_are_hidden_until_commit_and_dropped_by_abort() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let lsid = lsid_of(3);
+        let in_transaction = |mut command: Document, txn: i64, start: bool| {
+            command.insert("lsid", lsid.clone());
+            command.insert("txnNumber", txn);
+            command.insert("autocommit", false);
+            if start {
+                command.insert("startTransaction", true);
+            }
+            command
+        };
+        let collections = |reply: &Document| -> Vec<String> {
+            first_batch(reply)
+                .iter()
+                .filter_map(|c| c.get_str("name").ok().map(str::to_owned))
+                .collect()
+        };
+        let list = doc! { "listCollections": 1, "nameOnly": true, "$db": "db" };
+        let insert = doc! { "insert": "fresh", "documents": [{ "_id": 1 }], "$db": "db" };
+        let create = doc! { "create": "made", "$db": "db" };
+        for (txn, end, kept) in [
+            (1, "abortTransaction", false),
+            (2, "commitTransaction", true),
+        ] {
+            let reply = client
+                .command(in_transaction(insert.clone(), txn, true))
+                .await
+                .unwrap();
+            assert_eq!(code(&reply), None, "{reply}");
+            let reply = client
+                .command(in_transaction(create.clone(), txn, false))
+                .await
+                .unwrap();
+            assert_eq!(code(&reply), None, "{reply}");
+            let unseen = collections(&client.command(list.clone()).await.unwrap());
+            assert!(
+                unseen.is_empty(),
+                "invisible outside until the commit: {unseen:?}"
+            );
+            let ended = in_transaction(doc! { end: 1, "$db": "admin" }, txn, false);
+            assert_eq!(code(&client.command(ended).await.unwrap()), None);
+            let names = collections(&client.command(list.clone()).await.unwrap());
+            let expected: Vec<String> = if kept {
+                vec!["fresh".into(), "made".into()]
+            } else {
+                Vec::new()
+            };
+            assert_eq!(names, expected, "after {end}");
+        }
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-12, TK-15, TX-3 (transactions spec "Mongos Pinning", "recoveryToken field"; the
+/// `pin-mongos` and `mongos-recovery-token` suites): the transaction's data lives on the
+/// shards, which every mongos shares, but each mongos keeps its own router state: a statement
+/// sent to a mongos that did not start the transaction is NoSuchTransaction (251) with
+/// TransientTransactionError, and so is an abort there or a commit of a transaction not yet
+/// committed (no decision to recover); a commit of a committed one succeeds there. The mongos
+/// that started it goes on as before.
+#[tokio::test]
+async fn tk12_only_the_mongos_that_started_a_transaction_continues_it() {
+    bounded(async {
+        let servers = TestServer::start_mongoses(2, ServerConfig::default())
+            .await
+            .expect("mongoses start");
+        let mut first = RawClient::connect(servers[0].address()).await.unwrap();
+        let mut other = RawClient::connect(servers[1].address()).await.unwrap();
+        let lsid = lsid_of(4);
+        let command = |mut body: Document, txn: i64, start: bool| {
+            body.insert("lsid", lsid.clone());
+            body.insert("txnNumber", txn);
+            body.insert("autocommit", false);
+            if start {
+                body.insert("startTransaction", true);
+            }
+            body
+        };
+        let insert = |id: i32| doc! { "insert": "c", "documents": [{ "_id": id }], "$db": "db" };
+        let commit = doc! { "commitTransaction": 1, "$db": "admin" };
+        let abort = doc! { "abortTransaction": 1, "$db": "admin" };
+        let reply = first.command(command(insert(1), 1, true)).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = other.command(command(insert(2), 1, false)).await.unwrap();
+        assert_eq!(code(&reply), Some(251), "{reply}");
+        assert_eq!(labels(&reply), ["TransientTransactionError"]);
+        let reply = other
+            .command(command(commit.clone(), 1, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(251), "no decision to recover: {reply}");
+        let reply = other
+            .command(command(abort.clone(), 1, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(251), "{reply}");
+        let reply = first.command(command(insert(3), 1, false)).await.unwrap();
+        assert_eq!(code(&reply), None, "the first mongos goes on: {reply}");
+        let reply = first
+            .command(command(commit.clone(), 1, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = other.command(command(commit, 1, false)).await.unwrap();
+        assert_eq!(code(&reply), None, "the decision is recovered: {reply}");
+        let ids: Vec<Bson> = servers[0]
+            .handle()
+            .documents("db.c")
+            .iter()
+            .filter_map(|d| d.get("_id").cloned())
+            .collect();
+        assert_eq!(ids, [Bson::Int32(1), Bson::Int32(3)]);
+        for server in servers {
+            server.shutdown().await;
+        }
+    })
+    .await;
+}
+
 /// TK-12: a load balancer in front of two mongos routes new connections round robin; each
 /// connection's hello reports its mongos' `serviceId`.
 #[tokio::test]
@@ -840,16 +961,13 @@ async fn multi_document_writes_refuse_a_txn_number() {
 #[tokio::test]
 async fn statements_are_deduplicated_and_fire_one_by_one() {
     bounded(async {
-        let members = TestServer::start_replica_set("rs0", 1, ServerConfig::default())
-            .await
-            .expect("replica set starts");
-        let address = members[0].address();
-        let handle = members[0].handle();
+        let (primary, mut client) = start_primary().await;
+        let address = primary.address();
+        let handle = primary.handle();
         handle.insert(
             "db.c",
             vec![doc! { "_id": 1, "x": 0 }, doc! { "_id": 2, "x": 0 }],
         );
-        let mut client = RawClient::connect(address).await.unwrap();
         let set = doc! {
             "configureFailPoint": "onPrimaryTransactionalWrite", "mode": { "skip": 1 },
             "$db": "admin",
@@ -887,9 +1005,7 @@ async fn statements_are_deduplicated_and_fire_one_by_one() {
             (Some(1), Some(1)),
             "nothing ran twice"
         );
-        for member in members {
-            member.shutdown().await;
-        }
+        primary.shutdown().await;
     })
     .await;
 }
@@ -1035,6 +1151,181 @@ async fn a_failed_statement_aborts_its_transaction() {
             first_batch(&find).is_empty(),
             "the aborted insert is undone"
         );
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// TK-15, TK-7 (review7 finding 1): over the wire, a transaction's write to a document another
+/// transaction in progress changed is WriteConflict 112 with `TransientTransactionError`; a write
+/// outside any transaction is never 112: it waits for the transaction, until `maxTimeMS` runs out
+/// (MaxTimeMSExpired, 50) or the transaction ends (then it runs on the committed data).
+#[tokio::test]
+async fn tk15_review7_f1_writes_wait_for_a_transaction_outside_and_conflict_inside() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        let first = client
+            .command(doc! {
+                "insert": "w", "documents": [{ "_id": 1 }], "$db": "test",
+                "lsid": lsid_of(1), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            })
+            .await
+            .unwrap();
+        assert_eq!(first.get_i32("n").ok(), Some(1), "{first}");
+        let conflict = other
+            .command(doc! {
+                "update": "w", "updates": [{ "q": { "_id": 1 }, "u": { "$set": { "x": 1 } }, "upsert": true }],
+                "$db": "test", "lsid": lsid_of(2), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            })
+            .await
+            .unwrap();
+        assert_eq!(code(&conflict), Some(112), "{conflict}");
+        assert_eq!(labels(&conflict), ["TransientTransactionError"]);
+        let timed_out = other
+            .command(doc! {
+                "insert": "w", "documents": [{ "_id": 1 }], "$db": "test", "maxTimeMS": 50,
+            })
+            .await
+            .unwrap();
+        assert_eq!(code(&timed_out), Some(50), "{timed_out}");
+        let waiting = tokio::spawn(async move {
+            other
+                .command(doc! {
+                    "update": "w", "updates": [{ "q": { "_id": 1 }, "u": { "$set": { "x": 2 } }, "upsert": true }],
+                    "$db": "test",
+                })
+                .await
+                .unwrap()
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "the write waits for the transaction");
+        let commit = client
+            .command(doc! {
+                "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
+                "txnNumber": 1_i64, "autocommit": false,
+            })
+            .await
+            .unwrap();
+        assert_eq!(commit.get_f64("ok").ok(), Some(1.0), "{commit}");
+        let updated = waiting.await.unwrap();
+        assert_eq!(
+            (updated.get_i32("n").ok(), updated.get_i32("nModified").ok()),
+            (Some(1), Some(1)),
+            "it ran on the committed document: {updated}"
+        );
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// A document nested `levels` deep (itself included), each level `{a: ...}`, the last `{a: 1}`.
+fn nested(levels: usize) -> Document {
+    let mut document = doc! { "a": 1 };
+    for _ in 1..levels {
+        document = doc! { "a": document };
+    }
+    document
+}
+
+/// Review7 finding 3 (house rule 7): a stored document may have 100 levels of nesting, not 101
+/// (the server's `getMaxDepthForUserStorage`, Overflow 15, as a write error): an insert of one
+/// and an update that would make one are refused, an ordered insert stops there, an unordered
+/// one goes on.
+#[tokio::test]
+async fn review7_f3_stored_documents_are_at_most_100_levels_deep() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let mut deepest = nested(100);
+        deepest.insert("_id", 1);
+        let mut too_deep = nested(101);
+        too_deep.insert("_id", 2);
+        let insert = client
+            .command(doc! {
+                "insert": "deep", "documents": [deepest, too_deep, { "_id": 3 }],
+                "ordered": false, "$db": "test",
+            })
+            .await
+            .unwrap();
+        assert_eq!(insert.get_i32("n").ok(), Some(2), "{insert}");
+        let errors = insert.get_array("writeErrors").unwrap();
+        let error = errors[0].as_document().unwrap();
+        assert_eq!(
+            (errors.len(), error.get_i32("index").ok(), code(error)),
+            (1, Some(1), Some(15)),
+            "{insert}"
+        );
+        let ordered = client
+            .command(doc! {
+                "insert": "deep2", "documents": [nested(101), { "_id": 5 }], "$db": "test",
+            })
+            .await
+            .unwrap();
+        assert_eq!(ordered.get_i32("n").ok(), Some(0), "{ordered}");
+        let update = client
+            .command(doc! {
+                "update": "deep", "updates": [{ "q": { "_id": 3 }, "u": { "$set": { "x": nested(100) } } }],
+                "$db": "test",
+            })
+            .await
+            .unwrap();
+        let error = update.get_array("writeErrors").unwrap()[0].as_document().unwrap().clone();
+        assert_eq!((code(&error), update.get_i32("nModified").ok()), (Some(15), Some(0)), "{update}");
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// TK-5, TK-15 (review7 finding 1): a retryable write of several statements outside any
+/// transaction that reaches a document a transaction in progress changed waits at that
+/// statement; after the commit it goes on from there: the statements before it ran once.
+#[tokio::test]
+async fn tk15_review7_f1_a_waiting_retryable_write_resumes_at_its_statement() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        server.handle().insert(
+            "test.r",
+            vec![doc! { "_id": 0, "n": 0 }, doc! { "_id": 1, "n": 0 }],
+        );
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        let opened = client
+            .command(doc! {
+                "update": "r", "updates": [{ "q": { "_id": 1 }, "u": { "$set": { "t": 1 } } }],
+                "$db": "test", "lsid": lsid_of(1), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            })
+            .await
+            .unwrap();
+        assert_eq!(opened.get_i32("nModified").ok(), Some(1), "{opened}");
+        let waiting = tokio::spawn(async move {
+            other
+                .command(doc! {
+                    "update": "r",
+                    "updates": [
+                        { "q": { "_id": 0 }, "u": { "$inc": { "n": 1 } } },
+                        { "q": { "_id": 1 }, "u": { "$inc": { "n": 1 } } },
+                    ],
+                    "$db": "test", "lsid": lsid_of(2), "txnNumber": 1_i64,
+                })
+                .await
+                .unwrap()
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "the second statement waits");
+        client
+            .command(doc! {
+                "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
+                "txnNumber": 1_i64, "autocommit": false,
+            })
+            .await
+            .unwrap();
+        let updated = waiting.await.unwrap();
+        assert_eq!(updated.get_i32("nModified").ok(), Some(2), "{updated}");
+        let documents = server.handle().documents("test.r");
+        let n: Vec<i32> = documents.iter().map(|d| d.get_i32("n").unwrap()).collect();
+        assert_eq!(n, [1, 1], "each statement ran once: {documents:?}");
         server.shutdown().await;
     })
     .await

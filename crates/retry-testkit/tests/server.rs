@@ -13,7 +13,7 @@ use retry_core::topology::ServerType::{RsPrimary, RsSecondary};
 use retry_core::wire::MsgFlags;
 use retry_testkit::{
     FailCommand, FailPointMode, FaultConfig, IngressLimit, RateLimit, RawClient, ReplicaSetMember,
-    Role, ServerConfig, TestServer, FAIL_POINT_MESSAGE,
+    Role, ServerConfig, TestServer, FAIL_POINT_MESSAGE, HANDSHAKES_KEPT,
 };
 
 /// Runs a test body with a generous bound, so a bug hangs nothing.
@@ -31,12 +31,18 @@ async fn start(config: ServerConfig) -> (TestServer, RawClient) {
     (server, client)
 }
 
+/// A later hello on a connection: without `client`, which only the first may carry (HS-4,
+/// ClientMetadataCannotBeMutated 186 on a real server).
+fn heartbeat() -> Document {
+    doc! { "hello": 1, "backpressure": "2", "$db": "admin" }
+}
+
 fn hello(app_name: &str) -> Document {
     doc! {
         "hello": 1,
         "backpressure": "2",
         "client": { "application": { "name": app_name },
-                    "driver": { "name": "raw", "version": "0" } },
+                    "driver": { "name": "raw", "version": "0" }, "os": { "type": "linux" } },
         "$db": "admin",
     }
 }
@@ -134,6 +140,34 @@ async fn fail_command_times_then_off() {
         assert_eq!((pings.received, pings.executed), (4, 2));
         assert_eq!((pings.succeeded, pings.failed), (2, 2));
         assert_eq!(counters.fail_points_triggered, 2);
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-13, TK-16: every hello is recorded, but a long run (heartbeats never stop) keeps only the
+/// latest [`HANDSHAKES_KEPT`], in order, on the raw path (hellos) and the Document path (a
+/// `saslSupportedMechs` sends a hello there) alike.
+#[tokio::test]
+async fn tk16_the_handshake_record_keeps_only_the_latest_hellos() {
+    bounded(async {
+        let (server, mut client) = start(ServerConfig::default()).await;
+        let total = HANDSHAKES_KEPT + 5;
+        for i in 0..total {
+            let mut hello = doc! { "hello": 1, "comment": i as i64, "$db": "admin" };
+            if i % 2 == 1 {
+                hello.insert("saslSupportedMechs", "admin.nobody");
+            }
+            client.command(hello).await.unwrap();
+        }
+        let handshakes = server.handle().handshakes();
+        assert_eq!(handshakes.len(), HANDSHAKES_KEPT);
+        let comments: Vec<i64> = handshakes
+            .iter()
+            .map(|h| h.command.get_i64("comment").unwrap())
+            .collect();
+        let latest: Vec<i64> = (5..total as i64).collect();
+        assert_eq!(comments, latest, "the oldest five went, in order");
         server.shutdown().await;
     })
     .await;
@@ -345,8 +379,9 @@ async fn ingress_limiter_rejects_with_462_and_both_labels_but_never_hello() {
         };
         let (server, mut client) = start(config).await;
         let handle = server.handle();
-        for _ in 0..5 {
-            let reply = client.command(hello("lab")).await.unwrap();
+        for i in 0..5 {
+            let body = if i == 0 { hello("lab") } else { heartbeat() };
+            let reply = client.command(body).await.unwrap();
             assert_eq!(code(&reply), None, "BP-6: hello is never limited");
         }
         for _ in 0..2 {
@@ -635,7 +670,7 @@ async fn roles_change_at_run_time_and_bump_the_topology_version() {
                 primary_host: Some("127.0.0.1:1".into()),
                 ..ReplicaSetMember::secondary("rs0")
             }));
-        let reply = client.command(hello("lab")).await.unwrap();
+        let reply = client.command(heartbeat()).await.unwrap();
         assert_eq!(reply.get_bool("isWritablePrimary").ok(), Some(false));
         assert_eq!(reply.get_bool("secondary").ok(), Some(true));
         assert_eq!(reply.get_str("primary").ok(), Some("127.0.0.1:1"));

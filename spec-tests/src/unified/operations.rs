@@ -1198,7 +1198,7 @@ async fn client_bulk_write(target: &Target, args: &mut Args) -> OpResult {
     let mut write_errors = Vec::new();
     for entry in batch.iter().filter_map(Bson::as_document) {
         let index = number(entry, "idx") as usize;
-        if number(entry, "ok") != 1 {
+        if !retry_core::reply::is_ok(entry) {
             write_errors.push(Bson::Document(entry.clone()));
             continue;
         }

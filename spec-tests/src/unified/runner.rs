@@ -558,6 +558,17 @@ fn expect_error(expected: &Value, failure: &Failure) -> Result<(), String> {
     Ok(())
 }
 
+/// The harness's `configureFailPoint` (`failPoint`, `targetedFailPoint`, unified-runner.md 1.6)
+/// succeeded: its reply's `ok` read by the rule every layer uses (`retry_core::reply::is_ok`,
+/// EV-3: 1 of any number type, or `true`).
+fn fail_point_set(reply: &Document) -> Result<(), String> {
+    if retry_core::reply::is_ok(reply) {
+        Ok(())
+    } else {
+        Err(format!("harness: configureFailPoint: {reply}"))
+    }
+}
+
 /// What the product's engine knows of the live session entity `id`.
 async fn session_info(
     entities: &Entities,
@@ -599,10 +610,7 @@ async fn test_runner(
                 operations::execute(&target, fail_point, retry_core::engine::CursorUse::None)
                     .await
                     .map_err(|e| format!("harness: configureFailPoint failed: {e}"))?;
-            match reply.document.get("ok") {
-                Some(Bson::Double(ok)) if *ok == 1.0 => Ok(()),
-                _ => Err(format!("harness: configureFailPoint: {}", reply.document)),
-            }
+            fail_point_set(&reply.document)
         }
         "assertNumberConnectionsCheckedOut" => {
             let client = args.string("client")?;
@@ -640,10 +648,7 @@ async fn test_runner(
                 .command(fail_point)
                 .await
                 .map_err(|e| format!("harness: configureFailPoint on {address}: {e}"))?;
-            match reply.get("ok") {
-                Some(Bson::Double(ok)) if *ok == 1.0 => Ok(()),
-                _ => Err(format!("harness: configureFailPoint: {reply}")),
-            }
+            fail_point_set(&reply)
         }
         // UT-10: what the product's engine knows of a session (TX-2, TX-3, TX-5, SE-12).
         "assertSessionPinned" | "assertSessionUnpinned" => {
@@ -881,4 +886,28 @@ async fn expect_events(expected: &Value, entities: &mut Entities) -> Result<(), 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    /// EV-3, review7 finding 5: a fail point is set when the server's `ok` is 1 of any number
+    /// type or `true` (the one reply rule), not only the double 1.0.
+    #[test]
+    fn a_fail_point_is_set_by_the_one_ok_rule() {
+        for ok in [
+            Bson::Double(1.0),
+            Bson::Int32(1),
+            Bson::Int64(1),
+            Bson::Boolean(true),
+        ] {
+            assert!(fail_point_set(&doc! { "ok": ok.clone() }).is_ok(), "{ok}");
+        }
+        for ok in [Bson::Double(0.0), Bson::Int32(0), Bson::Boolean(false)] {
+            assert!(fail_point_set(&doc! { "ok": ok.clone() }).is_err(), "{ok}");
+        }
+        assert!(fail_point_set(&doc! { "errmsg": "no ok" }).is_err());
+    }
 }

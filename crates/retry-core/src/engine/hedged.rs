@@ -23,9 +23,11 @@
 
 use alloc::string::String;
 use alloc::sync::Arc;
-use bson::{doc, Bson, Document};
+use bson::doc;
+use bson::raw::RawDocument;
 use rand_core::RngCore;
 
+use super::raw_reply::ReplyFields;
 use super::refused::refusal;
 use super::EventFamilies;
 use super::{
@@ -33,6 +35,7 @@ use super::{
     OpSession, Operation, OperationRequest, Owner, ServerId, Slot,
 };
 use crate::address::ServerAddress;
+use crate::bson_read::Elements;
 use crate::error::OperationError;
 use crate::hedging::{hedgeable, Action, CopyId, HedgingMachine};
 use crate::pinning::CursorPin;
@@ -42,22 +45,28 @@ use crate::retry::OperationKind;
 use crate::retry::{Attempt, AttemptServer, OperationSpec, RetryMachine, WriteConcernRule};
 use crate::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use crate::service_config::MethodPolicy;
-use crate::session::{ClusterTime, ServerSession};
+use crate::session::ServerSession;
 use crate::time::Instant;
 
 use super::worklist::Machine;
 
-/// The id and namespace (`db`, collection) of the cursor a reply opened, if it opened one.
-fn opened_cursor(reply: &Document) -> Option<(i64, (String, String))> {
-    let id = crate::reply::cursor_id(reply)?;
-    let Some(Bson::Document(cursor)) = reply.get("cursor") else {
-        return None;
-    };
-    let Some(Bson::String(ns)) = cursor.get("ns") else {
-        return None;
-    };
+/// The id and namespace (`db`, collection) of the cursor a reply opened, if it opened one: the
+/// `cursor.id` [`ReplyFields`] read, and `ns` of the reply's `cursor` document, read in place
+/// (each the last occurrence of its key, as `Document::get` sees them after conversion).
+fn opened_cursor(reply: &RawDocument, fields: &ReplyFields<'_>) -> Option<(i64, (String, String))> {
+    fn last<'a>(document: &'a RawDocument, name: &[u8], tag: u8) -> Option<&'a [u8]> {
+        let (_, t, value) = Elements::of(document)
+            .filter(|&(key, _, _)| key == name)
+            .last()?;
+        (t == tag).then_some(value)
+    }
+    let id = fields.cursor_id.filter(|&id| id != 0)?;
+    let cursor = RawDocument::from_bytes(last(reply, b"cursor", 0x03)?).ok()?;
+    // A string: its length, its UTF-8 bytes, a NUL.
+    let ns = last(cursor, b"ns", 0x02)?;
+    let ns = core::str::from_utf8(ns.get(4..ns.len().checked_sub(1)?)?).ok()?;
     let (db, collection) = ns.split_once('.')?;
-    (id != 0).then(|| (id, (db.into(), collection.into())))
+    Some((id, (db.into(), collection.into())))
 }
 
 /// The copy of a slot: copy `n` is in slot `n - 1`.
@@ -378,7 +387,8 @@ impl Engine {
     /// The reply to a cancelled copy arrived on its draining connection: SDAM error handling and
     /// `$clusterTime` as for any reply (SE-16), then the connection is checked in and the copy's
     /// server session goes back to the pool (SE-7).
-    pub(super) fn drained_reply(&mut self, conn: ConnId, body: &Document, now: Instant) {
+    /// The reply is read in place by the reader of every attempt's reply ([`ReplyFields`]).
+    pub(super) fn drained_reply(&mut self, conn: ConnId, body: &RawDocument, now: Instant) {
         let Some(socket) = self.sockets.get_mut(&conn) else {
             return;
         };
@@ -386,18 +396,15 @@ impl Engine {
             return;
         };
         let (server, owner) = (socket.server, socket.owner);
-        if let (Some(error), Owner::Pool(id)) =
-            (OperationError::from_reply(body, &socket.address), owner)
-        {
+        let fields = ReplyFields::read(body);
+        if let (Some(error), Owner::Pool(id)) = (fields.error(body, &socket.address), owner) {
             let context = self.error_context(server, id, true);
             self.application_error(server, &error, context, now);
         }
         if drain.gossip {
-            if let Some(time) = ClusterTime::from_reply(body) {
-                self.cluster_clock.advance(time);
-            }
+            self.gossip_cluster_time(fields.cluster_time, None);
         }
-        match opened_cursor(body).filter(|_| !self.closed) {
+        match opened_cursor(body, &fields).filter(|_| !self.closed) {
             Some((id, ns)) => self.kill_cursor(server, conn, id, ns, drain.session, now),
             None => {
                 if let Some(session) = drain.session {
@@ -497,6 +504,7 @@ mod tests {
     use crate::handshake::HandshakeOptions;
     use crate::service_config::ServiceConfig;
     use crate::topology::TopologySettings;
+    use bson::Document;
 
     /// An engine (no servers answer) with `find` hedged and `count` under an A6 retry policy.
     fn engine() -> Engine {
@@ -597,16 +605,25 @@ mod tests {
         assert!(engine.ops.is_empty() && engine.waiting.is_empty());
     }
 
-    /// The cursor a drained reply opened, by id and namespace; none for id 0.
+    /// SE-14, LB-10: the cursor a drained reply opened, by id and namespace, read in place from
+    /// the encoded reply as the document rules read it; none for id 0 or an unusable `ns`.
     #[test]
     fn opened_cursor_reads_id_and_namespace() {
+        let opened = |reply: Document| {
+            let raw = bson::RawDocumentBuf::try_from(&reply).expect("encodes");
+            opened_cursor(&raw, &ReplyFields::read(&raw))
+        };
         let reply = doc! { "ok": 1, "cursor": { "id": 7_i64, "ns": "db.c.d", "firstBatch": [] } };
-        assert_eq!(
-            opened_cursor(&reply),
-            Some((7, ("db".into(), "c.d".into())))
-        );
+        assert_eq!(opened(reply), Some((7, ("db".into(), "c.d".into()))));
+        let small = doc! { "ok": 1, "cursor": { "ns": "db.c", "id": 8_i32 } };
+        assert_eq!(opened(small), Some((8, ("db".into(), "c".into()))));
         let done = doc! { "ok": 1, "cursor": { "id": 0_i64, "ns": "db.c", "firstBatch": [] } };
-        assert_eq!(opened_cursor(&done), None);
-        assert_eq!(opened_cursor(&doc! { "ok": 1 }), None);
+        assert_eq!(opened(done), None);
+        assert_eq!(opened(doc! { "ok": 1 }), None);
+        assert_eq!(opened(doc! { "cursor": { "id": 7_i64, "ns": 5 } }), None);
+        assert_eq!(
+            opened(doc! { "cursor": { "id": 7_i64, "ns": "nodot" } }),
+            None
+        );
     }
 }

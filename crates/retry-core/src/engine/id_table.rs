@@ -1,8 +1,9 @@
-//! The engine's operations and sockets by id, looked up in constant time (house rule 9: an
-//! input's cost must not grow with the operations or sockets in flight, and these are looked
-//! up several times per input).
+//! The engine's operations and sockets, and a pool's connections, by id, looked up in constant
+//! time (house rule 9: an input's cost must not grow with the operations, sockets or connections
+//! in flight, and these are looked up several times per input).
 //!
-//! The engine hands ids out in increasing order ([`super::OpId`], [`super::ConnId`]), so an
+//! The engine hands ids out in increasing order ([`super::OpId`], [`super::ConnId`]), as a pool
+//! does its [`ConnectionId`]s (CM-1), so an
 //! entry lives at `id - first` in a ring of slots, and the ring's front moves on as the oldest
 //! entries end. An entry that outlives many younger ones (a monitor's socket, an operation
 //! waiting out its selection timeout) would keep a slot for every id handed out after it; once
@@ -12,10 +13,13 @@
 use alloc::collections::{BTreeMap, VecDeque};
 use core::marker::PhantomData;
 
-use super::{ConnId, OpId};
+use alloc::vec::Vec;
 
-/// An id the engine hands out in increasing order.
-pub(super) trait Id: Copy {
+use super::{ConnId, OpId, ServerId};
+use crate::pool::{CheckoutId, ConnectionId};
+
+/// An id handed out in increasing order.
+pub(crate) trait Id: Copy {
     fn raw(self) -> u64;
     fn from_raw(raw: u64) -> Self;
 }
@@ -38,11 +42,59 @@ impl Id for ConnId {
     }
 }
 
+impl Id for ConnectionId {
+    fn raw(self) -> u64 {
+        u64::from(self.0)
+    }
+    fn from_raw(raw: u64) -> ConnectionId {
+        ConnectionId(u32::try_from(raw).unwrap_or(u32::MAX))
+    }
+}
+
+impl Id for CheckoutId {
+    fn raw(self) -> u64 {
+        self.0
+    }
+    fn from_raw(raw: u64) -> CheckoutId {
+        CheckoutId(raw)
+    }
+}
+
+/// Pending checkouts and the operation slot each is for, by server and checkout id: a pool
+/// numbers its checkouts in increasing order, so each server's are an [`IdTable`] (issue 9, house
+/// rule 9: a checkout's cost does not grow with the checkouts pending).
+#[derive(Default)]
+pub(super) struct Checkouts {
+    by_server: Vec<IdTable<CheckoutId, (OpId, usize)>>,
+}
+
+impl Checkouts {
+    pub(super) fn insert(&mut self, (server, id): (ServerId, CheckoutId), slot: (OpId, usize)) {
+        let index = server.0 as usize;
+        if self.by_server.len() <= index {
+            self.by_server.resize_with(index + 1, IdTable::default);
+        }
+        self.by_server[index].insert(id, slot);
+    }
+
+    pub(super) fn remove(
+        &mut self,
+        (server, id): &(ServerId, CheckoutId),
+    ) -> Option<(OpId, usize)> {
+        self.by_server.get_mut(server.0 as usize)?.remove(id)
+    }
+
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.by_server.iter().all(IdTable::is_empty)
+    }
+}
+
 /// Holes the ring may hold beyond twice its entries before its oldest entries move out.
 const SLACK: usize = 1024;
 
 /// Entries of type `T` by increasing ids of type `K` (see the module docs).
-pub(super) struct IdTable<K, T> {
+pub(crate) struct IdTable<K, T> {
     /// The id of `ring[0]`.
     first: u64,
     ring: VecDeque<Option<T>>,
@@ -67,15 +119,15 @@ impl<K, T> Default for IdTable<K, T> {
 
 impl<K: Id, T> IdTable<K, T> {
     /// The number of entries.
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.in_ring + self.old.len()
     }
 
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    pub(super) fn get(&self, id: &K) -> Option<&T> {
+    pub(crate) fn get(&self, id: &K) -> Option<&T> {
         let id = id.raw();
         match id.checked_sub(self.first) {
             Some(at) => self.ring.get(usize::try_from(at).ok()?)?.as_ref(),
@@ -83,7 +135,7 @@ impl<K: Id, T> IdTable<K, T> {
         }
     }
 
-    pub(super) fn get_mut(&mut self, id: &K) -> Option<&mut T> {
+    pub(crate) fn get_mut(&mut self, id: &K) -> Option<&mut T> {
         let id = id.raw();
         match id.checked_sub(self.first) {
             Some(at) => self.ring.get_mut(usize::try_from(at).ok()?)?.as_mut(),
@@ -91,13 +143,13 @@ impl<K: Id, T> IdTable<K, T> {
         }
     }
 
-    pub(super) fn contains_key(&self, id: &K) -> bool {
+    pub(crate) fn contains_key(&self, id: &K) -> bool {
         self.get(id).is_some()
     }
 
     /// Adds the entry of `id`, which must be above every id added before (the engine's ids
     /// only grow); an id below is kept in the ordered map, so nothing is lost either way.
-    pub(super) fn insert(&mut self, id: K, value: T) {
+    pub(crate) fn insert(&mut self, id: K, value: T) {
         let id = id.raw();
         if self.in_ring == 0 {
             self.ring.clear();
@@ -124,7 +176,7 @@ impl<K: Id, T> IdTable<K, T> {
         self.compact();
     }
 
-    pub(super) fn remove(&mut self, id: &K) -> Option<T> {
+    pub(crate) fn remove(&mut self, id: &K) -> Option<T> {
         let id = id.raw();
         let Some(at) = id.checked_sub(self.first) else {
             return self.old.remove(&id);
@@ -135,9 +187,8 @@ impl<K: Id, T> IdTable<K, T> {
             self.ring.pop_front();
             self.first += 1;
         }
-        while matches!(self.ring.back(), Some(None)) {
-            self.ring.pop_back();
-        }
+        // Holes at the back stay: ids only grow, so the next insert reuses them, one push per
+        // new id (house rule 9), and `compact` bounds them.
         Some(value)
     }
 
@@ -161,7 +212,7 @@ impl<K: Id, T> IdTable<K, T> {
     }
 
     /// The ids, in increasing order.
-    pub(super) fn keys(&self) -> impl Iterator<Item = K> + '_ {
+    pub(crate) fn keys(&self) -> impl Iterator<Item = K> + '_ {
         let ring = self.ring.iter().enumerate();
         let first = self.first;
         self.old.keys().map(|&id| K::from_raw(id)).chain(
@@ -171,10 +222,26 @@ impl<K: Id, T> IdTable<K, T> {
     }
 
     /// The entries, in id order.
-    pub(super) fn values_mut(&mut self) -> impl Iterator<Item = &mut T> + '_ {
+    pub(crate) fn values(&self) -> impl Iterator<Item = &T> + '_ {
+        self.old
+            .values()
+            .chain(self.ring.iter().filter_map(Option::as_ref))
+    }
+
+    /// The entries, in id order.
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut T> + '_ {
         self.old
             .values_mut()
             .chain(self.ring.iter_mut().filter_map(Option::as_mut))
+    }
+}
+
+impl<K: Id + core::fmt::Debug, T: core::fmt::Debug> core::fmt::Debug for IdTable<K, T> {
+    /// As the ordered map it stands for.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_map()
+            .entries(self.keys().zip(self.values()))
+            .finish()
     }
 }
 
@@ -194,7 +261,8 @@ mod tests {
     use super::*;
     use alloc::vec::Vec;
 
-    /// House rule 9: lookups, removals and id-ordered iteration agree with a `BTreeMap` through
+    /// House rule 9, issue 9 (DESIGN.md "Composition": O(1) indices for what the hot path looks
+    /// up): lookups, removals and id-ordered iteration agree with a `BTreeMap` through
     /// long-lived entries, holes and compaction.
     #[test]
     fn behaves_as_an_ordered_map_of_increasing_ids() {
@@ -221,6 +289,7 @@ mod tests {
         assert_eq!(ids, model.keys().copied().collect::<Vec<_>>());
         let values: Vec<u64> = table.values_mut().map(|v| *v).collect();
         assert_eq!(values, model.values().copied().collect::<Vec<_>>());
+        assert!(table.values().eq(model.values()));
         for id in ids {
             assert_eq!(table.remove(&OpId(id)), model.remove(&id));
         }
@@ -228,5 +297,28 @@ mod tests {
         table.insert(OpId(20_000), 1);
         assert_eq!(table.get(&OpId(20_000)), Some(&1));
         assert_eq!(table.ring.len(), 1);
+    }
+
+    /// House rule 9, issue 9 (DESIGN.md "Composition": an input's cost does not depend on the
+    /// unrelated operations; review7 finding 4): while a long-lived entry holds the ring's front,
+    /// each later insert of a one-at-a-time operation adds exactly one slot to the ring's end,
+    /// however many operations ended since the long-lived one began.
+    #[test]
+    fn an_insert_after_a_long_lived_entry_adds_one_slot() {
+        let mut table: IdTable<OpId, u64> = IdTable::default();
+        table.insert(OpId(0), 0);
+        let end = |table: &IdTable<OpId, u64>| table.first + table.ring.len() as u64;
+        for id in 1..3_000_u64 {
+            let before = end(&table);
+            table.insert(OpId(id), id);
+            assert_eq!(end(&table) - before, 1, "slots added by the insert of {id}");
+            assert!(
+                table.ring.len() <= 2 * table.in_ring + SLACK,
+                "memory stays bounded"
+            );
+            assert_eq!(table.remove(&OpId(id)), Some(id));
+        }
+        assert_eq!(table.get(&OpId(0)), Some(&0));
+        assert_eq!(table.len(), 1);
     }
 }

@@ -90,12 +90,14 @@ mod commands;
 mod cursors;
 mod event_families;
 mod hedged;
-mod id_table;
+pub(crate) mod id_table;
 mod monitoring;
 mod operations;
 mod pins;
 mod raw_reply;
 mod refused;
+mod request_builders;
+mod selection_cache;
 mod sessions;
 mod sockets;
 mod worklist;
@@ -131,6 +133,7 @@ use crate::topology::{SdamEvent, Topology, TopologySettings};
 pub use commands::{CommandEvent, CommandInfo};
 pub use event_families::EventFamilies;
 use id_table::IdTable;
+use selection_cache::{SelectionCache, TrackedTopology};
 use worklist::{Machine, Timers};
 
 /// A socket the engine asked for, unique for the engine's life.
@@ -486,7 +489,7 @@ struct Operation {
     /// `n - 1`).
     slots: SmallVec<[Slot; 1]>,
     /// The request; its command has moved to `wire`.
-    request: OperationRequest,
+    request: RunningRequest,
     /// The command with `$db`, built once and sent as it is by every attempt that modifies
     /// nothing (WP-5).
     wire: Request,
@@ -516,6 +519,17 @@ struct Operation {
     refused: Option<String>,
     timer: Option<Instant>,
     queued: bool,
+}
+
+/// A running operation's [`OperationRequest`], without its command (moved to `Operation::wire`)
+/// and without what only [`Engine::start_operation`] reads.
+struct RunningRequest {
+    db: String,
+    kind: OperationKind,
+    criteria: SelectionCriteria,
+    timeout: OperationTimeout,
+    cursor: CursorUse,
+    session: Option<SessionHandle>,
 }
 
 /// An explicit session: its server session once used (SE-7), its cluster time (SE-18), its
@@ -579,7 +593,9 @@ struct MonitorState {
 /// The engine. See the [module docs](self).
 pub struct Engine {
     options: EngineOptions,
-    topology: Topology,
+    topology: TrackedTopology,
+    /// The first look of an attempt's selection between topology changes (issue 9).
+    selection_cache: SelectionCache,
     servers: Vec<Server>,
     server_ids: BTreeMap<ServerAddress, ServerId>,
     sockets: IdTable<ConnId, Socket>,
@@ -589,7 +605,7 @@ pub struct Engine {
     /// operation's cost does not grow with the number in flight (house rule 9, issue 9).
     ops: IdTable<OpId, Box<Operation>>,
     /// Pending checkout → operation.
-    checkouts: BTreeMap<(ServerId, CheckoutId), (OpId, usize)>,
+    checkouts: id_table::Checkouts,
     /// Operations whose selection waits for a topology change (SS-16).
     waiting: BTreeSet<OpId>,
     cursors: cursors::Cursors,
@@ -702,13 +718,14 @@ impl Engine {
             .map(|srv| crate::topology::SrvPoller::new(srv, options.heartbeat_frequency, now));
         let mut engine = Engine {
             options,
-            topology,
+            topology: TrackedTopology::new(topology),
+            selection_cache: SelectionCache::default(),
             servers: Vec::new(),
             server_ids: BTreeMap::new(),
             sockets: IdTable::default(),
             pool_sockets: BTreeMap::new(),
             ops: IdTable::default(),
-            checkouts: BTreeMap::new(),
+            checkouts: id_table::Checkouts::default(),
             waiting: BTreeSet::new(),
             cursors: cursors::Cursors::default(),
             next_cursor: 1,
@@ -811,7 +828,7 @@ impl Engine {
 
     /// The last step of [`Engine::close`].
     fn close_pools(&mut self, now: Instant) {
-        self.topology.close(now);
+        self.topology.input().close(now);
         self.schedule(Machine::Topology);
         self.run(now);
         let sockets: Vec<ConnId> = self.sockets.keys().collect();
@@ -912,7 +929,7 @@ impl Engine {
         now: Instant,
     ) {
         if let Some(srv) = &mut self.srv {
-            srv.handle_hosts(&mut self.topology, hosts, min_ttl, &mut self.rng, now);
+            srv.handle_hosts(self.topology.input(), hosts, min_ttl, &mut self.rng, now);
             self.schedule(Machine::Topology);
             self.run(now);
         }

@@ -264,7 +264,7 @@ impl Engine {
         self.schedule(Machine::Monitor(server));
         let mut description = reply.description.clone();
         description.average_rtt = AverageRtt::from_duration(average);
-        self.topology.handle_handshake(description, now);
+        self.topology.input().handle_handshake(description, now);
         self.topology_touched(server);
     }
 
@@ -288,7 +288,7 @@ impl Engine {
         if let Some(average) = monitored {
             description.average_rtt = AverageRtt::from_duration(average);
         }
-        self.topology.handle_handshake(description, now);
+        self.topology.input().handle_handshake(description, now);
         self.topology_touched(server);
     }
 
@@ -381,6 +381,7 @@ impl Engine {
         }
         self.schedule(Machine::Monitor(server));
         self.topology
+            .input()
             .handle_hello(&address, &body, average.unwrap_or_default(), now);
         self.topology_touched(server);
     }
@@ -449,7 +450,9 @@ impl Engine {
         self.schedule(Machine::Monitor(server));
         if give_up {
             let address = self.server(server).address.clone();
-            self.topology.handle_check_failed(&address, error, now);
+            self.topology
+                .input()
+                .handle_check_failed(&address, error, now);
             self.topology_touched(server);
         }
     }
@@ -457,15 +460,17 @@ impl Engine {
     /// Moves a pool's events to the engine's, so that they come out in causal order with the
     /// operation events that follow (BP-27).
     pub(super) fn flush_pool_events(&mut self, server: ServerId) {
-        let address = self.server(server).address.clone();
-        let publish = self.options.events.contains(EventFamilies::POOL);
-        while let Some(event) = self.pool_mut(server).and_then(|p| p.poll_event()) {
-            if publish {
+        if self.options.events.contains(EventFamilies::POOL) {
+            let address = self.server(server).address.clone();
+            while let Some(event) = self.pool_mut(server).and_then(|p| p.poll_event()) {
                 self.events.push_back(EngineEvent::Pool {
                     address: address.clone(),
                     event,
                 });
             }
+        } else if let Some(pool) = self.pool_mut(server) {
+            // Issue 9: nobody listens; one lookup, no address copies.
+            pool.discard_events();
         }
         self.schedule(Machine::Pool(server));
     }
@@ -473,19 +478,23 @@ impl Engine {
     /// Review item 12: a retired pool with nothing left to say and no connections (none in the
     /// pool, no pooled socket of it) is dropped, so servers that leave do not keep pools forever.
     fn drop_empty_retired_pool(&mut self, server: ServerId) {
+        // A member's pool (every drain of a live server) is never dropped: no index search.
+        let empty = self.servers[server.0 as usize]
+            .retired_pool
+            .as_ref()
+            .is_some_and(|p| p.total_connections() == 0);
+        if !empty {
+            return;
+        }
         let sockets = self
             .pool_sockets
             .range((server, ConnectionId(0))..=(server, ConnectionId(u32::MAX)))
             .next()
             .is_some();
-        let entry = &mut self.servers[server.0 as usize];
-        let empty = entry
-            .retired_pool
-            .as_ref()
-            .is_some_and(|p| p.total_connections() == 0);
-        if sockets || !empty {
+        if sockets {
             return;
         }
+        let entry = &mut self.servers[server.0 as usize];
         entry.retired_pool = None;
         self.timers
             .set(Machine::Pool(server), &mut entry.pool_timer, None);
@@ -493,20 +502,24 @@ impl Engine {
 
     /// Routes a pool's events and actions.
     pub(super) fn drain_pool(&mut self, server: ServerId, now: Instant) {
-        let address = self.server(server).address.clone();
         let publish = self.options.events.contains(EventFamilies::POOL);
+        let address = publish.then(|| self.server(server).address.clone());
         loop {
             let Some(pool) = self.pool_mut(server) else {
                 return;
             };
-            if let Some(event) = pool.poll_event() {
-                if publish {
-                    self.events.push_back(EngineEvent::Pool {
-                        address: address.clone(),
-                        event,
-                    });
+            match &address {
+                Some(address) => {
+                    if let Some(event) = pool.poll_event() {
+                        self.events.push_back(EngineEvent::Pool {
+                            address: address.clone(),
+                            event,
+                        });
+                        continue;
+                    }
                 }
-                continue;
+                // Issue 9: nobody listens; no address copies.
+                None => pool.discard_events(),
             }
             let Some(action) = pool.poll_action() else {
                 self.drop_empty_retired_pool(server);
@@ -573,7 +586,7 @@ impl Engine {
                             let error = OperationError::network(
                                 NetworkErrorKind::Closed,
                                 NetworkPhase::BeforeSend,
-                                address.clone(),
+                                self.server(server).address.clone(),
                             );
                             self.fail_attempt(op, slot, error, false, now);
                         }
@@ -584,7 +597,7 @@ impl Engine {
                         if let Some(operation) = self.ops.get_mut(&op) {
                             operation.slots[slot].checkout = None;
                         }
-                        let error = error.into_operation_error(&address);
+                        let error = error.into_operation_error(&self.server(server).address);
                         self.fail_attempt(op, slot, error, false, now);
                     }
                 }

@@ -14,7 +14,7 @@ use super::raw_reply::{self, ReplyFields};
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
     command_for, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession, Operation,
-    OperationRequest, Owner, ServerId, Slot,
+    OperationRequest, Owner, RunningRequest, ServerId, Slot,
 };
 use crate::address::ServerAddress;
 use crate::connection::{ConnectionState, Request, SendError};
@@ -183,7 +183,26 @@ impl Engine {
             spec,
             now,
         );
-        let mut body = core::mem::take(&mut request.command);
+        // The command moves to `wire`, the rest stays (moving it out whole, not taking it, builds
+        // no empty document in its place).
+        let OperationRequest {
+            db,
+            command: mut body,
+            kind,
+            criteria,
+            timeout,
+            cursor,
+            session: explicit,
+            concerns_inherited: _,
+        } = request;
+        let request = RunningRequest {
+            db,
+            kind,
+            criteria,
+            timeout,
+            cursor,
+            session: explicit,
+        };
         strip_command_fields(&mut body);
         self.session_operation_started(&session);
         let mut slots = smallvec::SmallVec::new();
@@ -399,6 +418,48 @@ impl Engine {
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
+        if let OpMachine::Retry(machine) = &mut op.machine {
+            // Issue 9: the first poll, from what is kept since the last topology change
+            // (`selection_cache.rs`); the same server and draws as the loop's first poll.
+            let (ids, servers) = (&self.server_ids, &self.servers);
+            let count = |address: &ServerAddress| {
+                ids.get(address)
+                    .map_or(0, |id| servers[id.0 as usize].in_flight)
+            };
+            let selected = self.selection_cache.select(
+                &self.topology,
+                &op.request.criteria,
+                machine.deprioritized(),
+                self.options.selection,
+                count,
+                &mut self.rng,
+            );
+            if let Some(server) = selected {
+                let server = AttemptServer::from_description(
+                    server,
+                    self.topology.description().topology_type,
+                );
+                // CS-3: under CSOT the checkout waits until the selection's deadline at most.
+                op.slots[slot].selection_deadline = op.request.timeout.is_csot().then(|| {
+                    ServerSelection::new(
+                        op.request.criteria.clone(),
+                        &[],
+                        self.options.selection,
+                        op.request.timeout,
+                        now,
+                    )
+                    .deadline()
+                });
+                let state = &mut op.slots[slot];
+                state.selection = None;
+                state.wake = None;
+                state.server = Some(server.clone());
+                op.server_selected(slot, server, now);
+                self.waiting.remove(&op_id);
+                self.schedule(Machine::Operation(op_id));
+                return;
+            }
+        }
         let selection = ServerSelection::new(
             op.request.criteria.clone(),
             op.machine.deprioritized(),

@@ -353,12 +353,16 @@ impl Engine {
         let load_balanced = self.options.topology.load_balanced;
         // TX-5, LB-10: a cursor's connection goes back when the cursor ends, unless a
         // transaction or another cursor still holds it.
-        let ended = match self.ops.get(&op_id).map(|op| op.request.cursor) {
-            Some(CursorUse::GetMore(handle)) if cursor_id == 0 => self.cursors.remove(&handle),
-            Some(CursorUse::Close(handle)) => self.cursors.remove(&handle),
-            _ => None,
+        let (ended, release) = match self.ops.get(&op_id).map(|op| op.request.cursor) {
+            // Not a cursor operation (the usual reply): nothing to open, keep or end.
+            None | Some(CursorUse::None) => return,
+            Some(CursorUse::GetMore(handle)) if cursor_id == 0 => {
+                (self.cursors.remove(&handle), !self.conn_held(conn))
+            }
+            Some(CursorUse::Close(handle)) => (self.cursors.remove(&handle), !self.conn_held(conn)),
+            // Only a cursor that ends reads `release`.
+            Some(_) => (None, false),
         };
-        let release = !self.conn_held(conn);
         let pool_id = match self.sockets.get(&conn).map(|s| &s.owner) {
             Some(Owner::Pool(id)) => *id,
             _ => return,

@@ -26,12 +26,24 @@ pub(super) fn refusal(error: impl core::fmt::Display) -> String {
 
 impl Engine {
     /// Ends `op_id` with an internal error if its machine refused an input; whether it did.
+    #[inline]
     pub(super) fn end_refused(&mut self, op_id: OpId, now: Instant) -> bool {
+        let refused = self.ops.get_mut(&op_id).and_then(|op| op.refused.take());
+        match refused {
+            Some(message) => {
+                self.end_with_refusal(op_id, message, now);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// [`Engine::end_refused`]'s work once a refusal was found (never on a healthy path).
+    #[cold]
+    #[inline(never)]
+    fn end_with_refusal(&mut self, op_id: OpId, message: String, now: Instant) {
         let Some(op) = self.ops.get_mut(&op_id) else {
-            return false;
-        };
-        let Some(message) = op.refused.take() else {
-            return false;
+            return;
         };
         // This crate's own unit tests check the release-build path below.
         #[cfg(not(test))]
@@ -76,7 +88,6 @@ impl Engine {
             }
         }
         self.finish(op_id, Err(error), 0, now);
-        true
     }
 }
 

@@ -11,6 +11,7 @@
 //! (SE-9, SE-14); an explicit session ends after its last operation (SE-12). Each step is a
 //! lookup by operation, cursor or session handle: no step looks at unrelated operations.
 
+use bson::raw::RawDocument;
 use bson::{Bson, Document};
 
 use alloc::vec::Vec;
@@ -74,8 +75,11 @@ pub(super) fn append_command_fields(
 /// Removes from a caller's command the fields [`append_command_fields`] writes: the request's
 /// database is the `$db` sent (WP-5), and a caller never passes an `lsid`.
 pub(super) fn strip_command_fields(command: &mut Document) {
-    command.remove("$db");
-    command.remove("lsid");
+    // One pass over the few top-level keys (no hashing) finds whether there is anything to remove.
+    if command.keys().any(|key| key == "$db" || key == "lsid") {
+        command.remove("$db");
+        command.remove("lsid");
+    }
 }
 
 /// EV-2: the command as sent, for the started event: `body` and the appended fields, in the
@@ -649,14 +653,24 @@ impl Engine {
         if !op.gossip {
             return;
         }
-        let Some(raw) = reply.cluster_time else {
-            return;
-        };
         let explicit = match session {
             Some(OpSession::Explicit(handle)) => Some(*handle),
             _ => None,
         };
-        // SE-16: converted only when it advances a clock (a time seen before is not copied).
+        self.gossip_cluster_time(reply.cluster_time, explicit);
+    }
+
+    /// SE-16, SE-18: a reply's encoded `$clusterTime` advances the client's clock and the
+    /// `explicit` session's; converted only when it advances one (a time seen before is not
+    /// copied).
+    pub(super) fn gossip_cluster_time(
+        &mut self,
+        raw: Option<&RawDocument>,
+        explicit: Option<SessionHandle>,
+    ) {
+        let Some(raw) = raw else {
+            return;
+        };
         let Some(timestamp) = ClusterTime::timestamp_of(raw) else {
             return;
         };
@@ -811,9 +825,10 @@ impl Engine {
 /// SE-21: whether an attempt of `kind` reads causally after its explicit session's earlier
 /// operations: a read that takes a read concern (`find`, `aggregate` without a write stage,
 /// `count`, `distinct`; never a generic command), a write command that takes `afterClusterTime`
-/// (the causal-consistency spec since DRIVERS-3274: `insert`, `update`, `delete`,
-/// `findAndModify`, `bulkWrite`, `create`, `createIndexes`, `drop`, `dropDatabase`,
-/// `dropIndexes`), or a transaction's first command (its `readConcern`, TX-1).
+/// (DRIVERS-3274: the read-write-concern spec's "`afterClusterTime`" list, to which the
+/// causal-consistency spec's "Causally consistent read and write commands" defers: `insert`,
+/// `update`, `delete`, `findAndModify`, `bulkWrite`, `create`, `createIndexes`, `drop`,
+/// `dropDatabase`, `dropIndexes`), or a transaction's first command (its `readConcern`, TX-1).
 fn reads_causally(kind: OperationKind, body: &Document) -> bool {
     let name = body.keys().next().map(String::as_str);
     match kind {

@@ -160,9 +160,7 @@ impl Engine {
                     (Owner::Monitor, _) => self.monitor_replied(server, conn, &reply, now),
                     (Owner::Rtt, _) => self.rtt_replied(server, now),
                     (Owner::Pool(_), Some(op)) => self.attempt_replied(op, conn, reply.body, now),
-                    (Owner::Pool(_), None) => {
-                        self.drained_reply(conn, &super::raw_reply::to_document(&reply.body), now)
-                    }
+                    (Owner::Pool(_), None) => self.drained_reply(conn, &reply.body, now),
                 },
                 ConnectionEvent::Failed(failure) => {
                     let address = self.server(server).address.clone();
@@ -283,6 +281,7 @@ impl Engine {
     ) {
         let address = self.server(server).address.clone();
         self.topology
+            .input()
             .handle_application_error(&address, error, context, now);
         self.topology_touched(server);
     }

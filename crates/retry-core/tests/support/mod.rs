@@ -3,7 +3,7 @@
 
 use bson::{doc, Bson, Document};
 use retry_core::address::ServerAddress;
-use retry_core::error::OperationError;
+use retry_core::error::{NetworkErrorKind, NetworkPhase, OperationError};
 use retry_core::policy::RetryOptions;
 use retry_core::retry::{AttemptServer, OperationKind, OperationSpec, RetryMachine};
 use retry_core::rng::FixedRng;
@@ -91,14 +91,50 @@ pub fn run_spec(
     trace
 }
 
+/// Runs `spec` on a replica-set primary with the default options, from t=0 with pinned jitter.
+pub fn on_primary(spec: OperationSpec, script: &Script, jitter: FixedRng) -> Trace {
+    run_spec(spec, &RetryOptions::default(), &[primary()], script, jitter)
+}
+
+/// Runs a read on a replica-set primary with `options`.
+pub fn read_with(options: &RetryOptions, script: &Script, jitter: FixedRng) -> Trace {
+    run(OperationKind::Read, options, &[primary()], script, jitter)
+}
+
+/// Runs a read on `servers` with `options` and zero jitter.
+pub fn read_on(servers: &[AttemptServer], options: &RetryOptions, script: &Script) -> Trace {
+    run(OperationKind::Read, options, servers, script, JITTER_ZERO)
+}
+
 /// Runs a read on a replica-set primary with the default options.
 pub fn read(script: &Script, jitter: FixedRng) -> Trace {
-    run(
-        OperationKind::Read,
-        &RetryOptions::default(),
-        &[primary()],
-        script,
-        jitter,
+    read_with(&RetryOptions::default(), script, jitter)
+}
+
+/// A retryable write's machine: `txnNumber` 9, `options`, seed 1, started at t=0.
+pub fn write_machine(options: &RetryOptions) -> RetryMachine {
+    RetryMachine::new(
+        OperationSpec::new(OperationKind::RetryableWrite).with_txn_number(9),
+        options,
+        1,
+        Instant::ZERO,
+    )
+}
+
+/// Takes the machine's next action (a server selection), answers it with the primary at t=0 and
+/// takes the next (the attempt's dispatch), without looking at either.
+pub fn dispatch_on_primary<R: rand_core::RngCore>(m: &mut RetryMachine<R>) {
+    let _ = m.poll_action();
+    m.handle_server_selected(primary(), Instant::ZERO).unwrap();
+    let _ = m.poll_action();
+}
+
+/// A connection reset after the command was sent, at `host`.
+pub fn reset_after_send(host: &str) -> OperationError {
+    OperationError::network(
+        NetworkErrorKind::Reset,
+        NetworkPhase::AfterSend,
+        ServerAddress::new(host, 27017),
     )
 }
 

@@ -12,7 +12,7 @@ use retry_core::wire::{MsgFlags, OpMsg};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{sleep, Duration};
 
-use super::{is_ok, Connection, Response, ServerStream, Shared, MAX_MESSAGE_SIZE_BYTES};
+use super::{Connection, Response, ServerStream, Shared, MAX_MESSAGE_SIZE_BYTES};
 use crate::commands::is_hello;
 use crate::fail_point::error_reply;
 
@@ -94,12 +94,12 @@ impl Connection {
                 _ = stream.read(&mut buffer) => return false,
             }
             wait_for = wait;
-            let reply = match self.handle(shared, &name, &request).await {
+            let reply = match self.handle(shared, &name, &request, None).await {
                 Response::Reply(reply) => reply,
                 Response::Close => return false,
             };
             shared.count_reply(&name, &reply);
-            let ok = reply.get("ok").is_some_and(is_ok);
+            let ok = retry_core::reply::is_ok(&reply);
             if !exhaust || !ok {
                 // MO-9: `ok: 0` never has `moreToCome`.
                 return self.send(shared, stream, response_to, reply, true).await;

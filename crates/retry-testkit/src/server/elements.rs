@@ -1,16 +1,18 @@
 //! The elements of an encoded document that `FrameDecoder::decode_raw` already validated, read
 //! straight from its bytes for the raw path (`raw`): a type, a key and the value's bytes, without
 //! the `bson` iterator's second validation of every key and value (about 190 instructions per
-//! element). Only the value types a driver's hot command carries are sized (BSON spec: double,
+//! element). Only the value types a driver's hot command carries are read (BSON spec: double,
 //! string, document, array, binary, ObjectId, bool, UTC datetime, null, int32, timestamp, int64,
-//! decimal128); any other type, and any length that does not fit, ends the walk as
-//! [`Walk::Unreadable`], and the raw path leaves the request to the Document path.
+//! decimal128), each sized by retry-core's one element sizer (`retry_core::wire::value_size`);
+//! any other type, and any length that does not fit, ends the walk as [`Walk::Unreadable`], and
+//! the raw path leaves the request to the Document path.
 
 /// BSON element types (BSON spec).
 pub(super) mod kind {
     pub(in crate::server) const DOUBLE: u8 = 0x01;
     pub(in crate::server) const STRING: u8 = 0x02;
     pub(in crate::server) const DOCUMENT: u8 = 0x03;
+    pub(in crate::server) const ARRAY: u8 = 0x04;
     pub(in crate::server) const BINARY: u8 = 0x05;
     pub(in crate::server) const BOOLEAN: u8 = 0x08;
     pub(in crate::server) const INT32: u8 = 0x10;
@@ -105,22 +107,24 @@ impl<'a> Elements<'a> {
         }
         let key_len = rest.iter().position(|&b| b == 0)?;
         let (key, rest) = (&rest[..key_len], &rest[key_len + 1..]);
-        let length = || -> Option<usize> {
-            let bytes: [u8; 4] = rest.get(..4)?.try_into().ok()?;
-            usize::try_from(i32::from_le_bytes(bytes)).ok()
-        };
-        let size = match kind {
-            kind::DOUBLE | 0x09 | 0x11 | kind::INT64 => 8,
-            kind::STRING => 4 + length()?,
-            kind::DOCUMENT | 0x04 => length()?,
-            kind::BINARY => 5 + length()?,
-            0x07 => 12,
-            kind::BOOLEAN => 1,
-            0x0A => 0,
-            kind::INT32 => 4,
-            0x13 => 16,
-            _ => return None,
-        };
+        let hot = matches!(
+            kind,
+            kind::DOUBLE
+                | kind::STRING
+                | kind::DOCUMENT
+                | kind::ARRAY
+                | kind::BINARY
+                | 0x07
+                | kind::BOOLEAN
+                | 0x09
+                | 0x0A
+                | kind::INT32
+                | kind::TIMESTAMP
+                | kind::INT64
+                | 0x13
+        );
+        // Sized by the engine's one element sizer (review7 finding 5).
+        let size = retry_core::wire::value_size(kind, rest).filter(|_| hot)?;
         let value = rest.get(..size)?;
         self.at += 2 + key_len + size;
         Some(Walk::Element(Element { kind, key, value }))

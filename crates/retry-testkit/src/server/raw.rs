@@ -9,10 +9,13 @@
 //! Document path passes (house rule 7: never more forgiving):
 //!
 //! - no document sequence, no field twice, and only these fields besides the command's own:
-//!   `$db`, an `lsid` that is `{id: <binary>}` alone, `$clusterTime`, `$readPreference`,
-//!   `apiVersion`, `apiStrict`, `apiDeprecationErrors`, `comment`, a numeric `maxTimeMS` the
+//!   a string `$db`, an `lsid` that is `{id: <binary>}` alone, `$clusterTime`, a
+//!   `$readPreference` document with a known `mode`, `apiVersion: "1"`, boolean `apiStrict` and
+//!   `apiDeprecationErrors` (only with `apiVersion`), `comment`, a numeric `maxTimeMS` the
 //!   server's check (`refusals::max_time_refusal`) accepts, and for a hello a boolean `helloOk`
-//!   and `loadBalanced`, `client`, `compression` and `backpressure`; not an awaitable hello's
+//!   and `loadBalanced`, a `client` document (only on the connection's first hello),
+//!   `compression` as an array of strings and `backpressure` (review7 finding 3: only what
+//!   `refusals::generic_field_refusal` accepts); not an awaitable hello's
 //!   `topologyVersion` / `maxAwaitTimeMS`, not the authentication fields, nothing else. None of
 //!   those draws a refusal (`refusals`: the session, transaction, concern and secondary-read
 //!   checks read other fields or other commands), neither command checks unknown fields, and no
@@ -75,6 +78,9 @@ pub(super) struct Hot<'a> {
     /// `client.application.name`, read as the Document path reads it (the last of a repeated
     /// key).
     app_name: Option<&'a str>,
+    /// A hello's `client` document (only the connection's first hello may carry one, 186; its
+    /// metadata is checked in [`Connection::answer`], where the role is known).
+    client: Option<&'a [u8]>,
     /// SE-17: a well-formed gossiped `$clusterTime` (a malformed one goes to the Document path,
     /// which refuses it).
     cluster_time: Option<Timestamp>,
@@ -103,19 +109,22 @@ impl<'a> Hot<'a> {
             lsid: None,
             ask: HelloAsk::default(),
             app_name: None,
+            client: None,
             cluster_time: None,
         };
         let mut seen = 0_u32;
         loop {
             let field = match fields.next() {
                 Walk::Element(field) => field,
+                // `apiStrict` / `apiDeprecationErrors` only with `apiVersion` (4886600).
+                Walk::End if seen & 0b110_0000 != 0 && seen & 0b1_0000 == 0 => return None,
                 Walk::End => return Some(hot),
                 Walk::Unreadable => return None,
             };
             let (bit, accepted) = match field.key {
                 b"$db" => {
                     hot.has_db = true;
-                    (0, true)
+                    (0, field.str().is_some())
                 }
                 b"lsid" => {
                     hot.lsid = plain_lsid(field);
@@ -125,10 +134,11 @@ impl<'a> Hot<'a> {
                     hot.cluster_time = gossiped_time(field);
                     (2, hot.cluster_time.is_some())
                 }
-                b"$readPreference" => (3, true),
-                b"apiVersion" => (4, true),
-                b"apiStrict" => (5, true),
-                b"apiDeprecationErrors" => (6, true),
+                // Review7 finding 3: only values `refusals::generic_field_refusal` accepts.
+                b"$readPreference" => (3, known_read_preference(field)),
+                b"apiVersion" => (4, field.str() == Some("1")),
+                b"apiStrict" => (5, field.bool().is_some()),
+                b"apiDeprecationErrors" => (6, field.bool().is_some()),
                 b"comment" => (7, true),
                 b"maxTimeMS" => {
                     let refused = field.number().map(|value| max_time_refusal(&value));
@@ -144,9 +154,10 @@ impl<'a> Hot<'a> {
                 }
                 b"client" if hello => {
                     hot.app_name = app_name(field);
-                    (11, true)
+                    hot.client = Some(field.value);
+                    (11, field.kind == kind::DOCUMENT)
                 }
-                b"compression" if hello => (12, true),
+                b"compression" if hello => (12, strings(field)),
                 b"backpressure" if hello => (13, true),
                 _ => return None,
             };
@@ -187,6 +198,29 @@ fn gossiped_time(gossip: Element<'_>) -> Option<Timestamp> {
         increment: u32::from_le_bytes([i0, i1, i2, i3]),
         time: u32::from_le_bytes([t0, t1, t2, t3]),
     })
+}
+
+/// Review7 finding 3: a `$readPreference` document whose `mode` (the last, as a decoded
+/// `Document` keeps it) is a mode the server knows.
+fn known_read_preference(preference: Element<'_>) -> bool {
+    let mode = preference.document().and_then(|d| d.last(b"mode"));
+    mode.and_then(|m| m.str())
+        .is_some_and(|m| crate::refusals::READ_PREFERENCE_MODES.contains(&m))
+}
+
+/// Review7 finding 3: an array of strings (a hello's `compression`).
+fn strings(array: Element<'_>) -> bool {
+    if array.kind != kind::ARRAY {
+        return false;
+    }
+    let mut names = Elements::of(array.value);
+    loop {
+        match names.next() {
+            Walk::Element(name) if name.kind == kind::STRING => {}
+            Walk::End => return true,
+            Walk::Element(_) | Walk::Unreadable => return false,
+        }
+    }
 }
 
 /// HS-4: `client.application.name`, when it is a string in documents, the last of each
@@ -256,14 +290,7 @@ impl Connection {
             let answer = self.answer(shared, &hot, &request.body)?;
             Some((hot.name, answer))
         }) else {
-            return match decoded(&request) {
-                Some(request) => self.respond(shared, stream, request).await,
-                // Cannot happen: `decode_raw` validated the documents as `decode` converts them.
-                None => {
-                    shared.lock().counters.protocol_errors += 1;
-                    false
-                }
-            };
+            return self.respond_decoded(shared, stream, &request).await;
         };
         let reply = match answer {
             Answer::Cached(cached) => Err(cached),
@@ -300,7 +327,16 @@ impl Connection {
             _ => self.app_name.as_deref(),
         };
         let fail_point = state.fail_point.as_ref();
-        if !hot.has_db
+        // HS-4: a later hello carrying `client` (186), or metadata a real server refuses, is the
+        // Document path's refusal.
+        let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+        let metadata_refused = hot.client.is_some_and(|client| {
+            self.seen_hello
+                || decoded_document(client)
+                    .is_none_or(|c| crate::refusals::client_metadata_refusal(&c, router).is_some())
+        });
+        if metadata_refused
+            || !hot.has_db
             || self.auth.refuse(&state.users, name).is_some()
             || fail_point.is_some_and(|fail| fail.matches(name, app_name))
         {
@@ -375,9 +411,8 @@ impl Connection {
         hot: &Hot<'_>,
         body: &RawDocumentBuf,
     ) -> Answer {
-        state
-            .handshakes
-            .push((self.id, Recorded::Raw(body.clone())));
+        state.record_hello(self.id, Recorded::Raw(body.clone()));
+        self.seen_hello = true;
         if let Some(app_name) = hot.app_name {
             if self.app_name.as_deref() != Some(app_name) {
                 self.app_name = Some(app_name.to_owned());
@@ -437,7 +472,7 @@ fn decoded_document(bytes: &[u8]) -> Option<Document> {
 
 /// The request as the Document decoder would have given it (`wire::to_document` is its
 /// conversion).
-fn decoded(request: &RawOpMsg) -> Option<OpMsg> {
+pub(super) fn decoded(request: &RawOpMsg) -> Option<OpMsg> {
     let sequences = request
         .sequences
         .iter()

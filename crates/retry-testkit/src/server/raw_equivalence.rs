@@ -619,7 +619,7 @@ fn random_script(_: &Role) -> Script {
     let mut s = Script { steps: Vec::new() };
     let uuid = |byte| binary(BinarySubtype::Uuid, byte);
     let palette: Vec<(&str, Vec<Bson>)> = vec![
-        ("$db", vec!["admin".into(), Bson::Int32(1)]),
+        ("$db", vec!["admin".into(), Bson::Int32(1), Bson::Null]),
         (
             "lsid",
             vec![
@@ -639,11 +639,17 @@ fn random_script(_: &Role) -> Script {
         ),
         (
             "$readPreference",
-            vec![doc! { "mode": "secondary" }.into(), "x".into()],
+            vec![
+                doc! { "mode": "secondary" }.into(),
+                "x".into(),
+                doc! { "mode": "bogus" }.into(),
+                doc! {}.into(),
+                doc! { "mode": 1 }.into(),
+            ],
         ),
-        ("apiVersion", vec!["1".into(), Bson::Int32(1)]),
-        ("apiStrict", vec![true.into()]),
-        ("apiDeprecationErrors", vec![false.into()]),
+        ("apiVersion", vec!["1".into(), Bson::Int32(1), "2".into()]),
+        ("apiStrict", vec![true.into(), "true".into()]),
+        ("apiDeprecationErrors", vec![false.into(), Bson::Int32(0)]),
         (
             "comment",
             vec!["c".into(), doc! { "a": [1, 2] }.into(), Bson::Null],
@@ -668,13 +674,22 @@ fn random_script(_: &Role) -> Script {
         (
             "client",
             vec![
+                metadata(doc! { "application": { "name": "r1" } }).into(),
                 doc! { "application": { "name": "r1" }, "driver": { "name": "d" } }.into(),
                 doc! { "application": { "name": 5 } }.into(),
                 doc! { "application": "x" }.into(),
                 "x".into(),
             ],
         ),
-        ("compression", vec![Bson::Array(vec![]), "zstd".into()]),
+        (
+            "compression",
+            vec![
+                Bson::Array(vec![]),
+                "zstd".into(),
+                Bson::Array(vec![Bson::Int32(1)]),
+                Bson::Array(vec!["zlib".into()]),
+            ],
+        ),
         ("backpressure", vec!["2".into(), Bson::Int32(2)]),
         ("txnNumber", vec![Bson::Int64(1), Bson::Int32(1)]),
         ("autocommit", vec![false.into(), true.into()]),
@@ -746,5 +761,188 @@ async fn raw_path_answers_random_hot_commands_as_the_document_path() {
         }
         assert_eq!(raw_records, document_records, "{role:?}");
         assert!(raw_answers >= 100, "{role:?}: {raw_answers} raw answers");
+    }
+}
+
+/// The code of a reply frame's body (`None`: `ok: 1`).
+fn reply_code(outcome: &Outcome) -> Option<i32> {
+    let Outcome::Reply(bytes) = outcome else {
+        panic!("no reply: {outcome:?}");
+    };
+    let body = Document::from_reader(&bytes[21..]).expect("a reply body");
+    if retry_core::reply::is_ok(&body) {
+        return None;
+    }
+    Some(body.get_i32("code").expect("an error code"))
+}
+
+/// Review7 finding 3 (house rule 7): the generic fields a hot command carries get a real
+/// server's answer on both paths: the expected code of each value (`None`: accepted), from the
+/// server's own tests and sources (`refusals::generic_field_refusal`; HS-4: only a connection's
+/// first hello may carry `client`, ClientMetadataCannotBeMutated 186).
+fn generic_field_cases() -> Vec<(&'static str, Document, Option<i32>)> {
+    let ping = |extra: Document| {
+        let mut body = doc! { "ping": 1, "$db": "admin" };
+        body.extend(extra);
+        body
+    };
+    let hello = |extra: Document| {
+        let mut body = doc! { "hello": 1, "$db": "admin" };
+        body.extend(extra);
+        body
+    };
+    vec![
+        ("apiVersion 1", ping(doc! { "apiVersion": "1" }), None),
+        ("apiVersion int", ping(doc! { "apiVersion": 1 }), Some(14)),
+        ("apiVersion 2", ping(doc! { "apiVersion": "2" }), Some(322)),
+        (
+            "apiStrict alone",
+            ping(doc! { "apiStrict": true }),
+            Some(4886600),
+        ),
+        (
+            "apiDeprecationErrors alone",
+            ping(doc! { "apiDeprecationErrors": false }),
+            Some(4886600),
+        ),
+        (
+            "apiStrict a string",
+            ping(doc! { "apiVersion": "1", "apiStrict": "true" }),
+            Some(14),
+        ),
+        (
+            "apiDeprecationErrors a string",
+            ping(doc! { "apiVersion": "1", "apiDeprecationErrors": "false" }),
+            Some(14),
+        ),
+        (
+            "api all three",
+            ping(doc! { "apiVersion": "1", "apiStrict": true, "apiDeprecationErrors": true }),
+            None,
+        ),
+        (
+            "$readPreference a string",
+            ping(doc! { "$readPreference": "x" }),
+            Some(14),
+        ),
+        (
+            "$readPreference no mode",
+            ping(doc! { "$readPreference": {} }),
+            Some(4),
+        ),
+        (
+            "$readPreference mode int",
+            ping(doc! { "$readPreference": { "mode": 1 } }),
+            Some(14),
+        ),
+        (
+            "$readPreference unknown mode",
+            ping(doc! { "$readPreference": { "mode": "bogus" } }),
+            Some(2),
+        ),
+        (
+            "$readPreference secondary",
+            ping(doc! { "$readPreference": { "mode": "secondaryPreferred" } }),
+            None,
+        ),
+        ("$db an int", doc! { "ping": 1, "$db": 5 }, Some(13111)),
+        (
+            "hello client a string",
+            hello(doc! { "client": "x" }),
+            Some(14),
+        ),
+        (
+            "hello compression a string",
+            hello(doc! { "compression": "zstd" }),
+            Some(14),
+        ),
+        (
+            "hello compression [1]",
+            hello(doc! { "compression": [1] }),
+            Some(14),
+        ),
+        (
+            "new connection: client without os",
+            hello(doc! { "client": { "driver": { "name": "d", "version": "1" } } }),
+            Some(183),
+        ),
+        (
+            "new connection: client without driver.version",
+            hello(doc! { "client": { "driver": { "name": "d" }, "os": { "type": "t" } } }),
+            Some(183),
+        ),
+        (
+            "new connection: client with an int driver.name",
+            hello(doc! { "client": metadata(doc! { "driver": { "name": 1, "version": "1" } }) }),
+            Some(14),
+        ),
+        (
+            "new connection: client with a string application",
+            hello(doc! { "client": metadata(doc! { "application": "a" }) }),
+            Some(14),
+        ),
+        (
+            "new connection: client with a 129-byte application name",
+            hello(doc! { "client": metadata(doc! { "application": { "name": "a".repeat(129) } }) }),
+            Some(184),
+        ),
+        (
+            "new connection: client of 1,100 bytes (mongos: 1,024 at most)",
+            hello(doc! { "client": metadata(doc! { "platform": "p".repeat(1_000) }) }),
+            Some(185),
+        ),
+        (
+            "new connection: hello, first with client",
+            hello(doc! {
+                "client": metadata(doc! { "application": { "name": "a".repeat(128) } }),
+                "compression": ["zstd"],
+            }),
+            None,
+        ),
+        (
+            "hello, again with client",
+            hello(doc! { "client": metadata(doc! {}) }),
+            Some(186),
+        ),
+        ("hello, again without client", hello(doc! {}), None),
+    ]
+}
+
+/// HS-4: client metadata a real server takes (driver name and version, os type), with `extra`.
+fn metadata(extra: Document) -> Document {
+    let mut client = doc! {
+        "driver": { "name": "retry-core", "version": "0" },
+        "os": { "type": "linux" },
+    };
+    client.extend(extra);
+    client
+}
+
+fn generic_field_script(_: &Role) -> Script {
+    let mut s = Script { steps: Vec::new() };
+    for (label, body, _) in generic_field_cases() {
+        if label.starts_with("new connection") {
+            s.steps.push(Step::Reconnect);
+        }
+        s.send(label, body);
+    }
+    s
+}
+
+/// Review7 finding 3 (house rule 7): `raw_equivalence` checks the real server's answers, not
+/// only that the two paths agree.
+#[tokio::test]
+async fn review7_f3_generic_fields_get_a_real_servers_answers_on_both_paths() {
+    let role = Role::Mongos;
+    for raw in [true, false] {
+        let (outcomes, _, _) = run(&role, false, raw, generic_field_script).await;
+        let replies = outcomes.iter().filter(|(_, o)| *o != Outcome::Done);
+        for ((label, body, expected), (_, outcome)) in generic_field_cases().iter().zip(replies) {
+            assert_eq!(
+                reply_code(outcome),
+                *expected,
+                "raw: {raw}: {label}: {body}"
+            );
+        }
     }
 }
