@@ -187,8 +187,22 @@ pub enum Action {
     Finished(Result<CopyId, OperationError>),
 }
 
-/// Why a copy after the first is started.
+/// Why a copy after the first is started. More reasons may come: a `match` outside this crate
+/// needs a wildcard arm.
+///
+/// ```compile_fail
+/// # use retry_core::hedging::HedgeReason;
+/// // Review7 finding 8: non-exhaustive, so this match without a wildcard does not compile.
+/// fn name(reason: HedgeReason) -> &'static str {
+///     match reason {
+///         HedgeReason::Delay => "delay",
+///         HedgeReason::NonFatalFailure => "non-fatal failure",
+///         HedgeReason::Pushback => "pushback",
+///     }
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum HedgeReason {
     /// `hedgingDelay` passed without a success (A6-H1).
     Delay,
@@ -198,8 +212,23 @@ pub enum HedgeReason {
     Pushback,
 }
 
-/// Why no further copies are started.
+/// Why no further copies are started. More reasons may come: a `match` outside this crate
+/// needs a wildcard arm.
+///
+/// ```compile_fail
+/// # use retry_core::hedging::StopReason;
+/// // Review7 finding 8: non-exhaustive, so this match without a wildcard does not compile.
+/// fn name(reason: StopReason) -> &'static str {
+///     match reason {
+///         StopReason::Throttled => "throttled",
+///         StopReason::Pushback => "pushback",
+///         StopReason::SelectionFailed => "selection failed",
+///         StopReason::Deadline => "deadline",
+///     }
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum StopReason {
     /// The throttle's tokens are at or below its threshold (A6-H5).
     Throttled,

@@ -447,18 +447,11 @@ fn ev1_ev2_each_attempt_publishes_one_started_and_one_closing_command_event() {
     let op = net.start(read(ReadPreferenceMode::Primary));
     net.run_until(Instant::from_millis(10_000));
     assert!(net.finished(op)[0].is_ok());
-    let commands: Vec<&CommandEvent> = net
-        .events
-        .iter()
-        .filter_map(|e| match e {
-            EngineEvent::Command(c) => Some(&**c),
-            _ => None,
-        })
-        .collect();
+    let commands = command_events(&net);
     assert_eq!(commands.len(), 4, "two attempts, no hello: {commands:#?}");
     let mut request_ids = Vec::new();
     for pair in commands.chunks(2) {
-        let CommandEvent::Started { info, command } = pair[0] else {
+        let CommandEvent::Started { info, command } = &pair[0] else {
             panic!("started first: {pair:?}");
         };
         assert_eq!(info.command_name, "find");
@@ -466,7 +459,7 @@ fn ev1_ev2_each_attempt_publishes_one_started_and_one_closing_command_event() {
         assert_eq!(info.operation_id, op);
         assert_eq!(info.server_connection_id, Some(42));
         assert_eq!(command.get_str("$db").ok(), Some("test"));
-        let closing = match pair[1] {
+        let closing = match &pair[1] {
             CommandEvent::Succeeded { info, .. } | CommandEvent::Failed { info, .. } => info,
             other => panic!("a closing event: {other:?}"),
         };
@@ -478,7 +471,7 @@ fn ev1_ev2_each_attempt_publishes_one_started_and_one_closing_command_event() {
     }
     assert!(matches!(commands[1], CommandEvent::Failed { .. }));
     assert!(
-        matches!(commands[3], CommandEvent::Succeeded { reply, .. } if reply.contains_key("cursor"))
+        matches!(&commands[3], CommandEvent::Succeeded { reply, .. } if reply.contains_key("cursor"))
     );
     assert_ne!(request_ids[0], request_ids[1]);
 }
@@ -503,15 +496,8 @@ fn ev6_sensitive_commands_are_redacted() {
     request.db = "admin".into();
     let op = net.start(request);
     assert_eq!(net.finished(op).len(), 1);
-    let commands: Vec<&CommandEvent> = net
-        .events
-        .iter()
-        .filter_map(|e| match e {
-            EngineEvent::Command(c) => Some(&**c),
-            _ => None,
-        })
-        .collect();
-    assert!(matches!(commands[..], [
+    let commands = command_events(&net);
+    assert!(matches!(&commands[..], [
         CommandEvent::Started { info, command },
         CommandEvent::Succeeded { reply, .. },
     ] if info.command_name == "saslStart" && command.is_empty() && reply.is_empty()));

@@ -898,6 +898,110 @@ mod tests {
         assert_eq!(registered(&lock(&driver.waiting)), 62);
     }
 
+    /// A runtime that opens no socket and whose timers never fire: the test below drives the
+    /// engine's sockets by hand.
+    #[derive(Debug)]
+    struct NoIo;
+
+    #[derive(Debug)]
+    struct NeverTimer;
+
+    impl AsyncTimer for NeverTimer {
+        fn reset(self: Pin<&mut Self>, _: Instant) {}
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            Poll::Pending
+        }
+    }
+
+    impl Runtime for NoIo {
+        fn start() -> io::Result<NoIo> {
+            Ok(NoIo)
+        }
+        fn now(&self) -> Instant {
+            Instant::ZERO
+        }
+        fn new_timer(&self, _: Instant) -> Pin<Box<dyn AsyncTimer>> {
+            Box::pin(NeverTimer)
+        }
+        fn connect(&self, _: String, _: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
+            Box::pin(core::future::pending())
+        }
+    }
+
+    /// The optional events (EventFamilies: pool, SDAM and heartbeats, retry, hedging) the
+    /// engine has queued; the others taken too.
+    fn optional_events(engine: &mut Engine) -> usize {
+        let mut optional = 0;
+        while let Some(event) = engine.poll_event() {
+            optional += usize::from(match event {
+                EngineEvent::Pool { .. }
+                | EngineEvent::Heartbeat { .. }
+                | EngineEvent::Topology(_)
+                | EngineEvent::Hedging { .. } => true,
+                EngineEvent::Operation { event, .. } => {
+                    !matches!(event, RetryEvent::CommandSucceeded { .. })
+                }
+                _ => false,
+            });
+        }
+        optional
+    }
+
+    /// Issue 9, EV-1 (review7 finding 8): the engine queues pool, SDAM, heartbeat, retry and
+    /// hedging events only while a client's `events()` stream is alive: each round the driver
+    /// turns the families off without one (this fails if `EventFamilies::ALL` were left on) and
+    /// on again while one is open.
+    #[test]
+    fn optional_engine_events_are_queued_only_while_an_events_stream_is_open() {
+        let options = crate::options::ClientOptions::parse("mongodb://127.0.0.1:27017").unwrap();
+        let engine = Engine::new(options.engine_options().unwrap(), Instant::ZERO).unwrap();
+        let shared = Arc::new(Shared::default());
+        let mut driver = Driver::new(Arc::new(NoIo), engine, shared.clone(), None);
+        let mut cx = Context::from_waker(Waker::noop());
+        let at = |ms: u64| Instant::ZERO.saturating_add(Duration::from_millis(ms));
+        optional_events(&mut driver.engine);
+
+        // No stream: the monitor connects and sends its hello; no heartbeat event is queued.
+        driver.take_requests(&mut cx, at(0));
+        driver.engine.handle_timeout(at(0));
+        let monitor = driver
+            .engine
+            .poll_connect()
+            .expect("the monitor's socket")
+            .conn;
+        driver.engine.handle_connected(monitor, at(1));
+        assert_eq!(optional_events(&mut driver.engine), 0, "no stream");
+
+        // A stream: its socket closes; heartbeat failed, server and topology changed, pool
+        // cleared are queued.
+        let stream = Arc::new(crate::shared::EventQueue::default());
+        lock(&shared.state).subscribers.push(stream.clone());
+        driver.take_requests(&mut cx, at(2));
+        driver
+            .engine
+            .handle_closed(monitor, NetworkErrorKind::Reset, None, at(2));
+        assert!(optional_events(&mut driver.engine) > 0, "a stream is open");
+
+        // The stream dropped: the next monitor's socket and hello queue nothing again.
+        drop(stream);
+        driver.take_requests(&mut cx, at(3));
+        let mut now = at(3);
+        let monitor = loop {
+            driver.engine.handle_timeout(now);
+            if let Some(connect) = driver.engine.poll_connect() {
+                break connect.conn;
+            }
+            now = driver.engine.poll_timeout().expect("a monitor timer");
+            assert!(now < at(60_000), "the monitor reconnects within a minute");
+        };
+        driver.engine.handle_connected(monitor, now);
+        assert_eq!(
+            optional_events(&mut driver.engine),
+            0,
+            "the stream was dropped"
+        );
+    }
+
     /// Issue 9, house rule 9: replies on many sockets in one burst wake the driver once (when its
     /// queue of ready sockets goes from empty to not empty), and every socket is queued once;
     /// after the driver took the queue the next ready socket wakes it again.

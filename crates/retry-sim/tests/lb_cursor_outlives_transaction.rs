@@ -9,8 +9,8 @@ use retry_core::engine::CursorHandle;
 use retry_core::engine::SessionHandle;
 use retry_core::retry::OperationKind;
 use retry_sim::{
-    abort, commit, cursor_batch, get_more, insert, kill_cursors, open_cursor, pool_of_one, request,
-    Sim, Step, FIRST_WRITE, LATER_READ, LATER_WRITE,
+    abort, address, commit, cursor_batch, get_more, insert, kill_cursors, open_cursor, pool_of_one,
+    request, Sim, Step, FIRST_WRITE, LATER_READ, LATER_WRITE,
 };
 
 /// An LB with `maxPoolSize=1`: a transaction's insert pins the only connection and a find in
@@ -58,19 +58,35 @@ fn assert_cursor_holds_the_connection(mut sim: Sim, cursor: CursorHandle) {
     );
 }
 
-/// TX-4 (5), LB-10: after a commit, a getMore naming the session runs outside the transaction
-/// and unpins the session, but the cursor keeps the connection.
+/// TX-4 (5), LB-10, house rule 7 (review7 finding 9): after a commit, a getMore naming the
+/// session runs outside the transaction (no `txnNumber`) and unpins the session. A real server
+/// refuses it for a cursor opened in the transaction (50740, "without a txnNumber"; the test
+/// server does the same): the caller gets that error, and the cursor still holds its connection,
+/// checked in exactly once when the cursor closes.
 #[test]
-fn tx4_lb10_a_get_more_naming_the_session_after_a_commit_keeps_the_cursors_connection() {
-    let (mut sim, session, cursor) = cursor_in_a_transaction(vec![
-        Step::reply(doc! { "ok": 1 }),
-        Step::reply(cursor_batch(42, "nextBatch")),
-    ]);
+fn tx4_lb10_a_get_more_naming_the_session_after_a_commit_is_refused_and_keeps_the_cursors_connection(
+) {
+    let refusal = doc! {
+        "ok": 0, "code": 50740, "codeName": "Location50740",
+        "errmsg": "Cannot run getMore on cursor 42, which was created in transaction 1, without a txnNumber",
+    };
+    let (mut sim, session, cursor) =
+        cursor_in_a_transaction(vec![Step::reply(doc! { "ok": 1 }), Step::reply(refusal)]);
     let commit = sim.start_request(commit(session));
     sim.run(commit).expect("committed");
+    sim.servers.get_mut(&address("lb")).unwrap().record_commands = true;
     let more = sim.start_request(get_more(42_i64, cursor).with_session(session));
-    sim.run(more)
-        .expect("the getMore runs on the cursor's connection");
+    let error = sim
+        .run(more)
+        .expect_err("the server refuses a getMore without a txnNumber");
+    assert_eq!(error.code(), Some(50740), "{error}");
+    let sent = sim.received("lb", "getMore");
+    assert_eq!(sent.len(), 1);
+    assert!(
+        sent[0].contains_key("lsid") && !sent[0].contains_key("txnNumber"),
+        "outside the transaction: {}",
+        sent[0]
+    );
     assert_eq!(
         sim.engine.session_info(session).and_then(|i| i.pinned),
         None,

@@ -230,12 +230,15 @@ pub(crate) fn execute(
     let mut store = data.lock();
     let in_transaction = request.body.get("autocommit") == Some(&Bson::Boolean(false));
     let ends = matches!(name, "commitTransaction" | "abortTransaction");
+    // TK-12: a mongos keeps its own router state for the transactions it started.
+    let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+    let router_id = router.then_some(process_id);
     if !in_transaction && !ends {
         // TK-15 (review7 gap b): a write outside any transaction is a commit of its own.
         store.begin_statement(None);
     }
     if in_transaction && !ends {
-        match transaction_command(&mut store, &request.body) {
+        match transaction_command(&mut store, &request.body, router_id) {
             // TK-15: the statement reads and writes as its transaction.
             Ok(session) => store.begin_statement(Some(session)),
             Err((code, message)) => {
@@ -262,6 +265,7 @@ pub(crate) fn execute(
         store: &mut store,
         batch_size: state.batch_size,
         origin,
+        router: router_id,
     };
     let reply = run(&mut context, name, request, max_wire_version);
     store.end_statement();
@@ -293,7 +297,6 @@ pub(crate) fn execute(
         }
     }
     // TK-15: a mongos answers every command of a transaction with a recovery token.
-    let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
     let transactional = in_transaction || ends;
     if router && transactional {
         reply.insert("recoveryToken", doc! { "recoveryShardId": "shard0" });
@@ -308,8 +311,12 @@ fn statement_failed(reply: &Document) -> bool {
 }
 
 /// TK-15: checks (and with `startTransaction: true`, starts) the transaction a command with
-/// `autocommit: false` belongs to; its session (lsid bytes).
-fn transaction_command(store: &mut Store, command: &Document) -> Result<Vec<u8>, (i32, String)> {
+/// `autocommit: false` belongs to, on `router` (a mongos); its session (lsid bytes).
+fn transaction_command(
+    store: &mut Store,
+    command: &Document,
+    router: Option<ObjectId>,
+) -> Result<Vec<u8>, (i32, String)> {
     let session = command
         .get_document("lsid")
         .ok()
@@ -322,7 +329,7 @@ fn transaction_command(store: &mut Store, command: &Document) -> Result<Vec<u8>,
         ));
     };
     let start = command.get("startTransaction") == Some(&Bson::Boolean(true));
-    store.transaction_command(session.clone(), number, start)?;
+    store.transaction_command(session.clone(), number, start, router)?;
     Ok(session)
 }
 
@@ -346,6 +353,9 @@ struct Context<'a> {
     /// The server process running the command (its cursors stay with it, TK-12) and the
     /// command's session and transaction (SE-14).
     origin: CursorOrigin<'a>,
+    /// TK-12: the mongos running the command, `None` off a mongos (see
+    /// [`Store::end_transaction`]).
+    router: Option<ObjectId>,
 }
 
 /// Runs a data command; `None` when the server does not know it.
@@ -468,9 +478,10 @@ fn run(
                     &format!("{name} must be run within a transaction"),
                 ));
             };
+            let commit = name == "commitTransaction";
             match state
                 .store
-                .end_transaction(&session, number, name == "commitTransaction")
+                .end_transaction(&session, number, commit, state.router)
             {
                 Ok(()) => ok(),
                 Err((code, message)) => error_reply(code, &message),
@@ -1071,6 +1082,11 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
                     );
                 }
                 state.store.local_sessions()
+            }
+            // TK-15: a real server refuses them in a transaction
+            // (OperationNotSupportedInTransaction, 263, `DocumentSourceOut::createFromBson`).
+            ("$out" | "$merge", _) if state.origin.txn_number.is_some() => {
+                return error_reply(263, &format!("{name} cannot be used in a transaction"));
             }
             ("$out" | "$merge", target) if last => {
                 let into = match (name, target) {

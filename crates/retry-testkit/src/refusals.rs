@@ -141,6 +141,80 @@ pub(crate) fn generic_field_refusal(name: &str, command: &Document) -> Option<Do
     None
 }
 
+/// HS-4 (review7 finding 3): what a real server's hello refuses about its `client` metadata
+/// (`ClientMetadata::parse`): larger than 512 bytes, 1,024 on a router (ClientMetadataDocumentTooLarge,
+/// 185); `application`, `driver` or `os` not a document, `application.name`, `driver.name`,
+/// `driver.version` or `os.type` not a string (TypeMismatch, 14); `application.name` over 128
+/// bytes (ClientMetadataAppNameTooLarge, 184); no `driver` with `name` and `version`, or no `os`
+/// with `type` (ClientMetadataMissingField, 183).
+pub(crate) fn client_metadata_refusal(client: &Document, router: bool) -> Option<Document> {
+    let limit = if router { 1024 } else { 512 };
+    if client.to_vec().map_or(0, |b| b.len()) > limit {
+        return Some(error_reply(
+            185,
+            &format!("The client metadata document must be less then or equal to {limit} bytes"),
+        ));
+    }
+    let not_string = |field: &str| {
+        Some(error_reply(
+            14,
+            &format!("The '{field}' field must be a string in the client metadata document"),
+        ))
+    };
+    let missing = |field: &str| {
+        Some(error_reply(
+            183,
+            &format!("Missing required field '{field}' in the client metadata document"),
+        ))
+    };
+    let (mut driver, mut os) = (false, false);
+    for (name, value) in client {
+        if !matches!(name.as_str(), "application" | "driver" | "os") {
+            continue;
+        }
+        let Bson::Document(part) = value else {
+            return Some(error_reply(
+                14,
+                &format!(
+                    "The '{name}' field is required to be a BSON document in the client \
+                     metadata document"
+                ),
+            ));
+        };
+        let required: &[&str] = match name.as_str() {
+            "application" => &["name"],
+            "driver" => &["name", "version"],
+            _ => &["type"],
+        };
+        for field in required {
+            match part.get(*field) {
+                Some(Bson::String(app)) if name == "application" && app.len() > 128 => {
+                    return Some(error_reply(
+                        184,
+                        "The 'application.name' field must be less then or equal to 128 bytes \
+                         in the client metadata document",
+                    ))
+                }
+                Some(Bson::String(_)) => {}
+                Some(_) => return not_string(&format!("{name}.{field}")),
+                None if name == "application" => {}
+                None => return missing(&format!("{name}.{field}")),
+            }
+        }
+        driver |= name == "driver";
+        os |= name == "os";
+    }
+    for (found, part) in [(driver, "driver"), (os, "os")] {
+        if !found {
+            return Some(error_reply(
+                183,
+                &format!("Missing required sub-document '{part}' in the client metadata document"),
+            ));
+        }
+    }
+    None
+}
+
 /// The error reply a real server gives `command` (named `name`) in `role` before running it, if
 /// any.
 pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Document> {

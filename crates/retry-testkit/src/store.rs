@@ -122,6 +122,10 @@ struct Transaction {
     touched: Vec<DocumentKey>,
     /// TK-15 (review7 gap a): the collections its writes created.
     created: Vec<String>,
+    /// TK-12: the mongos (server process) that started it, `None` on a replica set: each mongos
+    /// keeps its own router state for a transaction, while the data, and so the transaction
+    /// itself, lives on the shards (the shared store).
+    router: Option<ObjectId>,
 }
 
 /// A stored document's namespace and [`id_key`].
@@ -246,6 +250,16 @@ enum TransactionState {
 
 /// A server error: code and message.
 pub(crate) type Refusal = (i32, String);
+
+/// TK-12: NoSuchTransaction (251) from a mongos that did not start transaction `number`.
+fn unknown_to_router(number: i64) -> Refusal {
+    (
+        251,
+        format!(
+            "Cannot continue transaction {number} of the session: this mongos did not start it"
+        ),
+    )
+}
 
 /// The result of an insert: how many documents went in, and the duplicate-key failures by
 /// index in the batch.
@@ -487,6 +501,21 @@ impl Store {
         }
     }
 
+    /// TK-15: the namespaces the running command sees: not those a transaction in progress it
+    /// does not belong to created (invisible until that transaction commits).
+    fn seen_collections(&self) -> impl Iterator<Item = &String> {
+        let unseen: Vec<&String> = self
+            .open
+            .iter()
+            .filter(|session| self.writer.as_ref() != Some(*session))
+            .filter_map(|session| self.transactions.get(session))
+            .flat_map(|t| &t.created)
+            .collect();
+        self.collections
+            .keys()
+            .filter(move |ns| !unseen.contains(ns))
+    }
+
     /// The collection `ns`, created when missing (TK-15, review7 gap a: by the running command's
     /// transaction, whose abort drops it again).
     fn collection_mut(&mut self, ns: &str) -> &mut Vec<Document> {
@@ -726,15 +755,18 @@ impl Store {
         Ok(out)
     }
 
-    /// TK-15: a command of transaction `number` of `session` (`autocommit: false`): with `start`
-    /// it starts that transaction (a number below the session's highest is TransactionTooOld,
-    /// 225; a number already used, NoSuchTransaction 251); without, the transaction must be in
-    /// progress (else NoSuchTransaction, 251).
+    /// TK-15: a command of transaction `number` of `session` (`autocommit: false`) on `router`
+    /// (a mongos; `None` on a replica set): with `start` it starts that transaction (a number
+    /// below the session's highest is TransactionTooOld, 225; a number already used,
+    /// NoSuchTransaction 251); without, the transaction must be in progress and, on a mongos,
+    /// started by that mongos (TK-12, TX-3: another one does not know it), else
+    /// NoSuchTransaction (251).
     pub(crate) fn transaction_command(
         &mut self,
         session: Vec<u8>,
         number: i64,
         start: bool,
+        router: Option<ObjectId>,
     ) -> Result<(), Refusal> {
         let highest = self.txn_numbers.get(&session).copied();
         let current = self.transactions.get(&session);
@@ -764,12 +796,14 @@ impl Store {
                     start: self.commits,
                     touched: Vec::new(),
                     created: Vec::new(),
+                    router,
                 },
             );
             self.prune_history();
             return Ok(());
         }
         match current {
+            Some(t) if t.number == number && t.router != router => Err(unknown_to_router(number)),
             Some(t) if t.number == number && t.state == TransactionState::InProgress => Ok(()),
             _ => Err((
                 251,
@@ -851,12 +885,16 @@ impl Store {
     }
 
     /// TK-15: `commitTransaction` (idempotent once committed) or `abortTransaction` (puts the
-    /// data back) of transaction `number` of `session`.
+    /// data back) of transaction `number` of `session`, on `router` (see
+    /// [`Store::transaction_command`]). On a mongos that did not start the transaction only a
+    /// commit of a committed one succeeds (its `recoveryToken` recovers the decision); anything
+    /// else is NoSuchTransaction (251) and changes nothing.
     pub(crate) fn end_transaction(
         &mut self,
         session: &[u8],
         number: i64,
         commit: bool,
+        router: Option<ObjectId>,
     ) -> Result<(), Refusal> {
         let Some(transaction) = self
             .transactions
@@ -870,6 +908,11 @@ impl Store {
                 ),
             ));
         };
+        if transaction.router != router
+            && !(commit && transaction.state == TransactionState::Committed)
+        {
+            return Err(unknown_to_router(number));
+        }
         match (transaction.state, commit) {
             (TransactionState::InProgress, true) | (TransactionState::Committed, true) => {
                 if transaction.state == TransactionState::InProgress {
@@ -1058,20 +1101,18 @@ impl Store {
         self.collections.remove(ns).is_some()
     }
 
-    /// The collections of database `db`, by name.
+    /// The collections of database `db` the running command sees, by name.
     pub(crate) fn collection_names(&self, db: &str) -> Vec<String> {
         let prefix = format!("{db}.");
-        self.collections
-            .keys()
+        self.seen_collections()
             .filter_map(|ns| ns.strip_prefix(&prefix).map(str::to_owned))
             .collect()
     }
 
-    /// The databases holding at least one collection.
+    /// The databases holding at least one collection the running command sees.
     pub(crate) fn database_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
-            .collections
-            .keys()
+            .seen_collections()
             .filter_map(|ns| ns.split_once('.').map(|(db, _)| db.to_owned()))
             .collect();
         names.dedup();
@@ -1165,7 +1206,9 @@ impl Store {
     }
 
     /// TK-6: starts the retryable write `key` in its session; `false` (TransactionTooOld) when
-    /// the session already used a higher `txnNumber`.
+    /// the session already used a higher `txnNumber`. A higher number aborts the session's
+    /// transaction in progress, as on a real server (TK-15: else the write would wait for its
+    /// own session's transaction).
     pub(crate) fn begin_write(&mut self, key: &WriteKey) -> bool {
         let highest = self
             .txn_numbers
@@ -1175,6 +1218,13 @@ impl Store {
             return false;
         }
         *highest = key.txn_number;
+        let older = self
+            .transactions
+            .get(&key.session)
+            .is_some_and(|t| t.number < key.txn_number);
+        if older {
+            self.abort(&key.session);
+        }
         true
     }
 
@@ -1288,6 +1338,15 @@ mod tests {
         txn_number: None,
         router: false,
     };
+
+    /// Sets the fields of `set` in the first `db.c` document `filter` matches.
+    fn set_one(
+        store: &mut Store,
+        filter: Document,
+        set: Document,
+    ) -> Result<UpdateOutcome, QueryError> {
+        store.update("db.c", &filter, &doc! { "$set": set }, false, false)
+    }
 
     /// Sets `x` to `x` in the `db.c` documents `filter` matches (`multi`: all of them).
     fn set_x(
@@ -1431,7 +1490,7 @@ mod tests {
         write: impl FnOnce(&mut Store) -> T,
     ) -> T {
         store
-            .transaction_command(session.to_vec(), number, start)
+            .transaction_command(session.to_vec(), number, start, None)
             .unwrap();
         store.begin_statement(Some(session.to_vec()));
         let result = write(store);
@@ -1511,7 +1570,7 @@ mod tests {
             (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
         );
         assert_eq!(ids(&store), [0, 1], "the waiting delete was undone");
-        assert_eq!(store.end_transaction(S1, 1, true), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
         assert_eq!(ids(&store), [1, 10]);
         assert_eq!(
             store
@@ -1535,7 +1594,7 @@ mod tests {
             s.matching("db.c", &doc! { "x": 1 })
         });
         assert_eq!(seen.unwrap().len(), 0);
-        assert_eq!(store.end_transaction(S1, 1, true), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
         let after = in_transaction(&mut store, S2, 1, false, |s| {
             (
                 s.matching("db.c", &doc! { "x": 1 }).unwrap().len(),
@@ -1561,30 +1620,17 @@ mod tests {
         let write = in_transaction(&mut store, S2, 1, true, |s| {
             (
                 s.matching("db.c", &doc! { "_id": 1 }).unwrap().len(),
-                s.update(
-                    "db.c",
-                    &doc! { "_id": 1 },
-                    &doc! { "$set": { "x": 1 } },
-                    false,
-                    false,
-                ),
+                set_one(s, doc! { "_id": 1 }, doc! { "x": 1 }),
             )
         });
         assert_eq!(write, (1, Err(QueryError::WriteConflict)));
-        assert_eq!(store.end_transaction(S1, 1, true), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
         // Transaction 2 of S2 starts, then S1's transaction 2 commits `even: false` on 2.
         in_transaction(&mut store, S2, 2, true, |_| ());
         in_transaction(&mut store, S1, 2, true, |s| {
-            s.update(
-                "db.c",
-                &doc! { "_id": 2 },
-                &doc! { "$set": { "even": false } },
-                false,
-                false,
-            )
-            .unwrap();
+            set_one(s, doc! { "_id": 2 }, doc! { "even": false }).unwrap();
         });
-        assert_eq!(store.end_transaction(S1, 2, true), Ok(()));
+        assert_eq!(store.end_transaction(S1, 2, true, None), Ok(()));
         let old_value = in_transaction(&mut store, S2, 2, false, |s| {
             s.delete("db.c", &doc! { "_id": 2, "even": true }, false)
         });
@@ -1600,14 +1646,7 @@ mod tests {
         let mut store = store_with(2);
         in_transaction(&mut store, S1, 1, true, |s| {
             s.insert("db.c", vec![doc! { "_id": 10 }], true).unwrap();
-            s.update(
-                "db.c",
-                &doc! { "_id": 1 },
-                &doc! { "$set": { "x": 1 } },
-                false,
-                false,
-            )
-            .unwrap();
+            set_one(s, doc! { "_id": 1 }, doc! { "x": 1 }).unwrap();
         });
         let (update, blocked) = outside(&mut store, |s| {
             s.update("db.c", &doc! {}, &doc! { "$set": { "y": 1 } }, true, false)
@@ -1628,20 +1667,46 @@ mod tests {
             (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
         );
         let (free, blocked) = outside(&mut store, |s| {
-            s.update(
-                "db.c",
-                &doc! { "_id": 0 },
-                &doc! { "$set": { "y": 1 } },
-                false,
-                false,
-            )
+            set_one(s, doc! { "_id": 0 }, doc! { "y": 1 })
         });
         assert_eq!((free.unwrap().modified, blocked), (1, None));
-        assert_eq!(store.end_transaction(S1, 1, true), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
         let (insert, blocked) = outside(&mut store, |s| {
             s.insert("db.c", vec![doc! { "_id": 10 }], true)
         });
         assert_eq!((insert.unwrap().duplicates.len(), blocked), (1, None));
+    }
+
+    /// TK-6, TK-15: a retryable write with a higher `txnNumber` aborts its session's transaction
+    /// in progress (its changes undone), so it does not wait for its own session.
+    #[test]
+    fn tk15_a_newer_retryable_write_aborts_its_sessions_transaction() {
+        let mut store = store_with(1);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.delete("db.c", &doc! { "_id": 0 }, false).unwrap();
+        });
+        let key = WriteKey {
+            session: S1.to_vec(),
+            txn_number: 2,
+            stmt_id: 0,
+        };
+        assert!(store.begin_write(&key));
+        let (update, blocked) = outside(&mut store, |s| {
+            s.update(
+                "db.c",
+                &doc! { "_id": 0 },
+                &doc! { "$set": { "x": 1 } },
+                false,
+                false,
+            )
+        });
+        assert_eq!((update.map(|o| o.modified), blocked), (Ok(1), None));
+        assert_eq!(
+            store
+                .transaction_command(S1.to_vec(), 1, false, None)
+                .map_err(|e| e.0),
+            Err(251)
+        );
     }
 
     /// TK-15 (review7 gap b): a write outside any transaction after a transaction started is
@@ -1653,25 +1718,12 @@ mod tests {
         in_transaction(&mut store, S1, 1, true, |_| ());
         outside(&mut store, |s| {
             s.insert("db.c", vec![doc! { "_id": 5 }], true).unwrap();
-            s.update(
-                "db.c",
-                &doc! { "_id": 0 },
-                &doc! { "$set": { "x": 1 } },
-                false,
-                false,
-            )
-            .unwrap();
+            set_one(s, doc! { "_id": 0 }, doc! { "x": 1 }).unwrap();
         });
         let seen = in_transaction(&mut store, S1, 1, false, |s| {
             (
                 s.matching("db.c", &doc! {}).unwrap(),
-                s.update(
-                    "db.c",
-                    &doc! { "_id": 0 },
-                    &doc! { "$set": { "z": 1 } },
-                    false,
-                    false,
-                ),
+                set_one(s, doc! { "_id": 0 }, doc! { "z": 1 }),
             )
         });
         assert_eq!(
@@ -1703,7 +1755,7 @@ mod tests {
             assert!(s.create("db.made"));
             s.insert("db.c", vec![doc! { "_id": 1 }], true).unwrap();
         });
-        assert_eq!(store.end_transaction(S1, 1, false), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, false, None), Ok(()));
         assert_eq!(store.collection_names("db"), vec!["c"]);
         assert_eq!(ids(&store), [0]);
     }
@@ -1765,8 +1817,8 @@ mod tests {
             s.matching("db.c", &doc! {}).unwrap().len()
         });
         assert_eq!(later, 3, "a later snapshot sees them: 0, 2 and 10");
-        assert_eq!(store.end_transaction(S1, 1, true), Ok(()));
-        assert_eq!(store.end_transaction(S2, 1, true), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
+        assert_eq!(store.end_transaction(S2, 1, true, None), Ok(()));
         assert!(
             store.history.is_empty(),
             "nothing kept once no transaction is open"

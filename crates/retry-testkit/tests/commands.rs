@@ -761,11 +761,11 @@ async fn transactions() {
     .await;
 }
 
-/// TK-15: a collection a transaction creates (by its first insert, or by `create`) is gone
-/// again when the transaction aborts, as on a real server; one a committed transaction created
-/// stays.
+/// TK-15: a collection a transaction creates (by its first insert, or by `create`) is invisible
+/// outside the transaction until it commits, and gone again when the transaction aborts, as on a
+/// real server; one a committed transaction created stays.
 #[tokio::test]
-async fn tk15_collections_created_in_an_aborted_transaction_are_dropped() {
+async fn tk15_collections_a_transaction_creates_are_hidden_until_commit_and_dropped_by_abort() {
     bounded(async {
         let (server, mut client) = start_primary().await;
         let lsid = lsid_of(3);
@@ -801,6 +801,11 @@ async fn tk15_collections_created_in_an_aborted_transaction_are_dropped() {
                 .await
                 .unwrap();
             assert_eq!(code(&reply), None, "{reply}");
+            let unseen = collections(&client.command(list.clone()).await.unwrap());
+            assert!(
+                unseen.is_empty(),
+                "invisible outside until the commit: {unseen:?}"
+            );
             let ended = in_transaction(doc! { end: 1, "$db": "admin" }, txn, false);
             assert_eq!(code(&client.command(ended).await.unwrap()), None);
             let names = collections(&client.command(list.clone()).await.unwrap());
@@ -812,6 +817,72 @@ async fn tk15_collections_created_in_an_aborted_transaction_are_dropped() {
             assert_eq!(names, expected, "after {end}");
         }
         server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-12, TK-15, TX-3 (transactions spec "Mongos Pinning", "recoveryToken field"; the
+/// `pin-mongos` and `mongos-recovery-token` suites): the transaction's data lives on the
+/// shards, which every mongos shares, but each mongos keeps its own router state: a statement
+/// sent to a mongos that did not start the transaction is NoSuchTransaction (251) with
+/// TransientTransactionError, and so is an abort there or a commit of a transaction not yet
+/// committed (no decision to recover); a commit of a committed one succeeds there. The mongos
+/// that started it goes on as before.
+#[tokio::test]
+async fn tk12_only_the_mongos_that_started_a_transaction_continues_it() {
+    bounded(async {
+        let servers = TestServer::start_mongoses(2, ServerConfig::default())
+            .await
+            .expect("mongoses start");
+        let mut first = RawClient::connect(servers[0].address()).await.unwrap();
+        let mut other = RawClient::connect(servers[1].address()).await.unwrap();
+        let lsid = lsid_of(4);
+        let command = |mut body: Document, txn: i64, start: bool| {
+            body.insert("lsid", lsid.clone());
+            body.insert("txnNumber", txn);
+            body.insert("autocommit", false);
+            if start {
+                body.insert("startTransaction", true);
+            }
+            body
+        };
+        let insert = |id: i32| doc! { "insert": "c", "documents": [{ "_id": id }], "$db": "db" };
+        let commit = doc! { "commitTransaction": 1, "$db": "admin" };
+        let abort = doc! { "abortTransaction": 1, "$db": "admin" };
+        let reply = first.command(command(insert(1), 1, true)).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = other.command(command(insert(2), 1, false)).await.unwrap();
+        assert_eq!(code(&reply), Some(251), "{reply}");
+        assert_eq!(labels(&reply), ["TransientTransactionError"]);
+        let reply = other
+            .command(command(commit.clone(), 1, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(251), "no decision to recover: {reply}");
+        let reply = other
+            .command(command(abort.clone(), 1, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(251), "{reply}");
+        let reply = first.command(command(insert(3), 1, false)).await.unwrap();
+        assert_eq!(code(&reply), None, "the first mongos goes on: {reply}");
+        let reply = first
+            .command(command(commit.clone(), 1, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = other.command(command(commit, 1, false)).await.unwrap();
+        assert_eq!(code(&reply), None, "the decision is recovered: {reply}");
+        let ids: Vec<Bson> = servers[0]
+            .handle()
+            .documents("db.c")
+            .iter()
+            .filter_map(|d| d.get("_id").cloned())
+            .collect();
+        assert_eq!(ids, [Bson::Int32(1), Bson::Int32(3)]);
+        for server in servers {
+            server.shutdown().await;
+        }
     })
     .await;
 }
@@ -1202,6 +1273,86 @@ async fn review7_f3_stored_documents_are_at_most_100_levels_deep() {
             .unwrap();
         let error = update.get_array("writeErrors").unwrap()[0].as_document().unwrap().clone();
         assert_eq!((code(&error), update.get_i32("nModified").ok()), (Some(15), Some(0)), "{update}");
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// TK-5, TK-15 (review7 finding 1): a retryable write of several statements outside any
+/// transaction that reaches a document a transaction in progress changed waits at that
+/// statement; after the commit it goes on from there: the statements before it ran once.
+#[tokio::test]
+async fn tk15_review7_f1_a_waiting_retryable_write_resumes_at_its_statement() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        server.handle().insert(
+            "test.r",
+            vec![doc! { "_id": 0, "n": 0 }, doc! { "_id": 1, "n": 0 }],
+        );
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        let opened = client
+            .command(doc! {
+                "update": "r", "updates": [{ "q": { "_id": 1 }, "u": { "$set": { "t": 1 } } }],
+                "$db": "test", "lsid": lsid_of(1), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            })
+            .await
+            .unwrap();
+        assert_eq!(opened.get_i32("nModified").ok(), Some(1), "{opened}");
+        let waiting = tokio::spawn(async move {
+            other
+                .command(doc! {
+                    "update": "r",
+                    "updates": [
+                        { "q": { "_id": 0 }, "u": { "$inc": { "n": 1 } } },
+                        { "q": { "_id": 1 }, "u": { "$inc": { "n": 1 } } },
+                    ],
+                    "$db": "test", "lsid": lsid_of(2), "txnNumber": 1_i64,
+                })
+                .await
+                .unwrap()
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "the second statement waits");
+        client
+            .command(doc! {
+                "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
+                "txnNumber": 1_i64, "autocommit": false,
+            })
+            .await
+            .unwrap();
+        let updated = waiting.await.unwrap();
+        assert_eq!(updated.get_i32("nModified").ok(), Some(2), "{updated}");
+        let documents = server.handle().documents("test.r");
+        let n: Vec<i32> = documents.iter().map(|d| d.get_i32("n").unwrap()).collect();
+        assert_eq!(n, [1, 1], "each statement ran once: {documents:?}");
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// TK-15: `$out` and `$merge` cannot run in a transaction (OperationNotSupportedInTransaction,
+/// 263, as a real server's `DocumentSourceOut` refuses it); nothing is written.
+#[tokio::test]
+async fn tk15_out_and_merge_are_refused_in_a_transaction() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        server.handle().insert("test.src", vec![doc! { "_id": 1 }]);
+        for (number, stage) in [
+            (1_i64, doc! { "$out": "dst" }),
+            (2, doc! { "$merge": { "into": "dst" } }),
+        ] {
+            let reply = client
+                .command(doc! {
+                    "aggregate": "src", "pipeline": [stage], "cursor": {}, "$db": "test",
+                    "lsid": lsid_of(3), "txnNumber": number, "autocommit": false,
+                    "startTransaction": true,
+                })
+                .await
+                .unwrap();
+            assert_eq!(code(&reply), Some(263), "{reply}");
+        }
+        assert!(server.handle().documents("test.dst").is_empty());
         server.shutdown().await;
     })
     .await

@@ -42,7 +42,7 @@ fn hello(app_name: &str) -> Document {
         "hello": 1,
         "backpressure": "2",
         "client": { "application": { "name": app_name },
-                    "driver": { "name": "raw", "version": "0" } },
+                    "driver": { "name": "raw", "version": "0" }, "os": { "type": "linux" } },
         "$db": "admin",
     }
 }

@@ -69,14 +69,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
         "runner: runCommand's commandName check (insert not first key)",
     ),
     fails(
-        r#"mongos-recovery-token.json: commitTransaction retry fails on new mongos"#,
-        "testkit: its mongoses share one transaction table, so a commit on another mongos finds the transaction, where a real one answers NoSuchTransaction (TK-12, TK-15)",
-    ),
-    fails(
-        r#"pin-mongos.json: unpin after transient error within a transaction and commit"#,
-        "testkit: its mongoses share one transaction table, so a commit on another mongos finds the transaction, where a real one answers NoSuchTransaction (TK-12, TK-15)",
-    ),
-    fails(
         r#"read-pref.json: nearest readPreference"#,
         "product: a transaction's read preference is always primary (no other mode can be set)",
     ),

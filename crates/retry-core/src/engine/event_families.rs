@@ -63,6 +63,9 @@ impl BitOr for EventFamilies {
 mod tests {
     use super::*;
 
+    /// Issue 9 (the optional families: CMAP events CM-7, SDAM and heartbeat events LB-4,
+    /// retry events, hedging events A6-H1..A6-H7): families combine with `|`, a set contains
+    /// exactly its own, and every family is published by default.
     #[test]
     fn families_combine_and_contain() {
         let both = EventFamilies::POOL | EventFamilies::SDAM;

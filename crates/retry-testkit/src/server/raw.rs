@@ -78,8 +78,9 @@ pub(super) struct Hot<'a> {
     /// `client.application.name`, read as the Document path reads it (the last of a repeated
     /// key).
     app_name: Option<&'a str>,
-    /// A hello carries `client` (only the connection's first may: 186).
-    client: bool,
+    /// A hello's `client` document (only the connection's first hello may carry one, 186; its
+    /// metadata is checked in [`Connection::answer`], where the role is known).
+    client: Option<&'a [u8]>,
     /// SE-17: a well-formed gossiped `$clusterTime` (a malformed one goes to the Document path,
     /// which refuses it).
     cluster_time: Option<Timestamp>,
@@ -108,7 +109,7 @@ impl<'a> Hot<'a> {
             lsid: None,
             ask: HelloAsk::default(),
             app_name: None,
-            client: false,
+            client: None,
             cluster_time: None,
         };
         let mut seen = 0_u32;
@@ -153,7 +154,7 @@ impl<'a> Hot<'a> {
                 }
                 b"client" if hello => {
                     hot.app_name = app_name(field);
-                    hot.client = true;
+                    hot.client = Some(field.value);
                     (11, field.kind == kind::DOCUMENT)
                 }
                 b"compression" if hello => (12, strings(field)),
@@ -326,8 +327,15 @@ impl Connection {
             _ => self.app_name.as_deref(),
         };
         let fail_point = state.fail_point.as_ref();
-        // HS-4: a later hello carrying `client` is the Document path's refusal (186).
-        if (hot.client && self.seen_hello)
+        // HS-4: a later hello carrying `client` (186), or metadata a real server refuses, is the
+        // Document path's refusal.
+        let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+        let metadata_refused = hot.client.is_some_and(|client| {
+            self.seen_hello
+                || decoded_document(client)
+                    .is_none_or(|c| crate::refusals::client_metadata_refusal(&c, router).is_some())
+        });
+        if metadata_refused
             || !hot.has_db
             || self.auth.refuse(&state.users, name).is_some()
             || fail_point.is_some_and(|fail| fail.matches(name, app_name))
