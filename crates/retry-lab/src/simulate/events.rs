@@ -106,13 +106,10 @@ impl Lane {
     }
 }
 
-/// A handful of events (the workers' completions: at most one per worker), unordered, with their
-/// keys side by side and the position of the earliest kept: a push compares once, a pop scans the
-/// keys of the rest.
+/// A handful of events (the workers' completions: at most one per worker), sorted with the
+/// earliest last: a push moves the later ones up one place, a pop takes the last.
 pub(super) struct Few {
     events: Vec<Event>,
-    keys: Vec<u128>,
-    min: usize,
     min_key: u128,
 }
 
@@ -120,8 +117,6 @@ impl Few {
     pub(super) fn new() -> Few {
         Few {
             events: Vec::with_capacity(64),
-            keys: Vec::with_capacity(64),
-            min: 0,
             min_key: NONE,
         }
     }
@@ -129,12 +124,13 @@ impl Few {
     #[inline]
     pub(super) fn push(&mut self, event: Event) {
         let key = event.key();
-        if key < self.min_key {
-            self.min_key = key;
-            self.min = self.events.len();
-        }
         self.events.push(event);
-        self.keys.push(key);
+        let mut i = self.events.len() - 1;
+        while i > 0 && self.events[i - 1].key() < key {
+            self.events.swap(i - 1, i);
+            i -= 1;
+        }
+        self.min_key = self.min_key.min(key);
     }
 
     #[inline]
@@ -143,20 +139,11 @@ impl Few {
     }
 
     /// Takes the earliest event.
+    #[inline]
     pub(super) fn pop(&mut self) -> Option<Event> {
-        if self.events.is_empty() {
-            return None;
-        }
-        let event = self.events.swap_remove(self.min);
-        self.keys.swap_remove(self.min);
-        let (mut min, mut min_key) = (0, NONE);
-        for (i, &key) in self.keys.iter().enumerate() {
-            if key < min_key {
-                (min, min_key) = (i, key);
-            }
-        }
-        (self.min, self.min_key) = (min, min_key);
-        Some(event)
+        let event = self.events.pop();
+        self.min_key = self.events.last().map_or(NONE, Event::key);
+        event
     }
 }
 
