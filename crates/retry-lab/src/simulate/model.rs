@@ -271,8 +271,10 @@ struct Op {
     measured: bool,
     attempts: u32,
     machine: Machine,
-    /// The server of each copy (hedging) or of the attempt in flight (index 0).
+    /// The server of each copy (hedging).
     servers: SmallVec<[u8; 5]>,
+    /// The server of the latest attempt (retry machine; 0 before the first).
+    server: u8,
     timer_at: u64,
 }
 
@@ -713,6 +715,7 @@ impl<'a> Sim<'a> {
             attempts: 0,
             machine,
             servers: SmallVec::new(),
+            server: 0,
             timer_at: u64::MAX,
         };
         let id = match self.free.pop() {
@@ -838,12 +841,11 @@ impl<'a> Sim<'a> {
                         retry::Action::Dispatch(attempt) => {
                             let _ = m.handle_sent(now);
                             let s = index(&attempt.address) as u8;
-                            op.servers.clear();
-                            op.servers.push(s);
+                            op.server = s;
                             self.send(id, s, 0);
                         }
                         retry::Action::ReleaseConnection { .. } => {
-                            let s = op.servers.first().copied().unwrap_or(0);
+                            let s = op.server;
                             self.released(client, s);
                         }
                         retry::Action::Wait { until } => {
@@ -929,8 +931,14 @@ impl<'a> Sim<'a> {
         let outcome = work.outcome;
         let now = self.now;
         let at = Instant::from_nanos(now);
-        let error = |sim: &Sim, server: u8| sim.overloaded[usize::from(server)].clone();
-        let Some(op) = self.op(work.op, work.serial) else {
+        // The shed error of the attempt's server (the server its copy or attempt went to).
+        let overloaded = &self.overloaded[usize::from(work.server)];
+        let Some(op) = self
+            .ops
+            .get_mut(work.op as usize)
+            .and_then(Option::as_mut)
+            .filter(|o| o.serial == work.serial)
+        else {
             return;
         };
         match &mut op.machine {
@@ -938,42 +946,22 @@ impl<'a> Sim<'a> {
                 if op.gen != work.gen {
                     return;
                 }
-                let server = op.servers[0];
-                match outcome {
-                    Outcome::Ok => {
-                        let _ = m.handle_succeeded(at);
-                    }
+                let _ = match outcome {
+                    Outcome::Ok => m.handle_succeeded(at),
                     Outcome::Overloaded | Outcome::Expired => {
-                        let e = error(self, server);
-                        if let Some(Op {
-                            machine: Machine::Retry(m),
-                            ..
-                        }) = self.ops[work.op as usize].as_mut()
-                        {
-                            let _ = m.handle_failed(e, at);
-                        }
+                        m.handle_failed(overloaded.clone(), at)
                     }
-                }
+                };
                 self.pump(work.op);
             }
             Machine::Hedge(m) => {
                 let copy = CopyId(u32::from(work.copy));
-                let server = op.servers[usize::from(work.copy) - 1];
-                match outcome {
-                    Outcome::Ok => {
-                        let _ = m.handle_succeeded(copy, at);
-                    }
+                let _ = match outcome {
+                    Outcome::Ok => m.handle_succeeded(copy, at),
                     Outcome::Overloaded | Outcome::Expired => {
-                        let e = error(self, server);
-                        if let Some(Op {
-                            machine: Machine::Hedge(m),
-                            ..
-                        }) = self.ops[work.op as usize].as_mut()
-                        {
-                            let _ = m.handle_failed(copy, e, at);
-                        }
+                        m.handle_failed(copy, overloaded.clone(), at)
                     }
-                }
+                };
                 self.pump(work.op);
             }
             Machine::Simple(s) => {
@@ -1028,7 +1016,7 @@ impl<'a> Sim<'a> {
         };
         match &mut op.machine {
             Machine::Retry(m) => {
-                let server = op.servers.first().copied().unwrap_or(0);
+                let server = op.server;
                 let e = OperationError::network(
                     NetworkErrorKind::Timeout,
                     NetworkPhase::AfterSend,
