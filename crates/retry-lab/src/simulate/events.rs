@@ -124,12 +124,7 @@ impl Few {
     #[inline]
     pub(super) fn push(&mut self, event: Event) {
         let key = event.key();
-        self.events.push(event);
-        let mut i = self.events.len() - 1;
-        while i > 0 && self.events[i - 1].key() < key {
-            self.events.swap(i - 1, i);
-            i -= 1;
-        }
+        insert_sorted(&mut self.events, event);
         self.min_key = self.min_key.min(key);
     }
 
@@ -144,6 +139,19 @@ impl Few {
         let event = self.events.pop();
         self.min_key = self.events.last().map_or(NONE, Event::key);
         event
+    }
+}
+
+/// Adds `event` to `events`, which are sorted with the earliest last, moving the later ones up
+/// one place (the vectors this sorts hold a handful).
+#[inline]
+fn insert_sorted(events: &mut Vec<Event>, event: Event) {
+    let key = event.key();
+    events.push(event);
+    let mut i = events.len() - 1;
+    while i > 0 && events[i - 1].key() < key {
+        events.swap(i - 1, i);
+        i -= 1;
     }
 }
 
@@ -208,8 +216,7 @@ impl Timers {
         self.min = self.min.min(key);
         let bucket = event.time >> BUCKET_SHIFT;
         if bucket <= self.cursor {
-            let at = self.current.partition_point(|e| e.key() > key);
-            self.current.insert(at, event);
+            insert_sorted(&mut self.current, event);
         } else if bucket - self.cursor < BUCKETS as u64 {
             let slot = (bucket as usize) % BUCKETS;
             let next = self.heads[slot];
@@ -283,13 +290,12 @@ impl Timers {
         let mut node = std::mem::replace(&mut self.heads[slot], NIL);
         while node != NIL {
             let (event, next) = self.nodes[node as usize];
-            self.current.push(event);
+            insert_sorted(&mut self.current, event);
             self.nodes[node as usize].1 = self.free;
             self.free = node;
             node = next;
         }
         self.in_ring -= self.current.len();
-        self.current.sort_unstable_by_key(|e| Reverse(e.key()));
     }
 
     /// Takes the earliest timer.
