@@ -483,20 +483,27 @@ impl<'a> Sim<'a> {
 
     /// The time-series bucket of now (`now / bucket`), its counters present. Time only moves
     /// forward, so the bucket is kept and moved on when now passes its end: no division per call.
+    #[inline]
     fn bucket(&mut self) -> usize {
         if self.now >= self.bucket_end {
-            let b = (self.now / self.bucket_ns) as usize;
-            self.current_bucket = b;
-            self.bucket_end = (b as u64 + 1).saturating_mul(self.bucket_ns);
-            let r = &mut self.result;
-            if r.series_attempts.len() <= b {
-                r.series_attempts.resize(b + 1, 0);
-                r.series_succeeded.resize(b + 1, 0);
-                r.series_failed.resize(b + 1, 0);
-                r.series_latency_us.resize(b + 1, 0);
-            }
+            self.next_bucket();
         }
         self.current_bucket
+    }
+
+    /// Moves [`Sim::bucket`] on to the bucket of now.
+    #[cold]
+    fn next_bucket(&mut self) {
+        let b = (self.now / self.bucket_ns) as usize;
+        self.current_bucket = b;
+        self.bucket_end = (b as u64 + 1).saturating_mul(self.bucket_ns);
+        let r = &mut self.result;
+        if r.series_attempts.len() <= b {
+            r.series_attempts.resize(b + 1, 0);
+            r.series_succeeded.resize(b + 1, 0);
+            r.series_failed.resize(b + 1, 0);
+            r.series_latency_us.resize(b + 1, 0);
+        }
     }
 
     /// Poisson arrivals at the current rate, by thinning against the profile's highest rate.
@@ -512,7 +519,11 @@ impl<'a> Sim<'a> {
             if t >= self.arrivals_end {
                 return;
             }
-            let accept = self.spec.load.at(t) / self.spec.load.max();
+            // A steady load accepts every candidate (x / x is exactly 1).
+            let accept = match self.spec.load {
+                Load::Steady(_) => 1.0,
+                load => load.at(t) / load.max(),
+            };
             if accept >= 1.0 || unit(&mut self.arrivals) < accept {
                 self.seq += 1;
                 self.arrival = Some(Event {
