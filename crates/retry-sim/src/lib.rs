@@ -14,6 +14,12 @@
 //! - **Step cap.** Every loop of the driver is capped at [`MAX_STEPS`] and every run at a bound of
 //!   virtual time; a run that does not settle panics instead of spinning (house rule 12).
 //!
+//! - **Fixtures.** The set-ups and readers the tests share: a load balancer or a recording mongos
+//!   behind a [`Sim`] ([`Sim::lb`], [`Sim::mongos`]), [`replica_set`], the requests of a
+//!   transaction and a cursor on `test.c` ([`request`], [`insert`], [`open_cursor`],
+//!   [`get_more`], [`kill_cursors`], [`commit`], [`abort`]), and what the servers received and the
+//!   pools did ([`Sim::received`], [`Sim::log`], [`Sim::pool_trace`]).
+//!
 //! Users: this crate's tests (`engine_sim`, the engine property test `engine_properties`, the
 //! regressions it found), the criterion bench `benches/engine.rs`, and the examples
 //! `engine_calls` (instructions and allocations of one operation) and `engine_scaling` (a burst of

@@ -647,11 +647,6 @@ struct Connection {
 /// does for fail point errors and write concern errors alike.
 const NOT_PRIMARY_CODES: [i32; 5] = [10107, 13435, 13436, 189, 11602];
 
-/// A replica-set member's state-change error reply (top-level code or `writeConcernError` code
-/// in [`NOT_PRIMARY_CODES`]) carries the member's current `topologyVersion`, as a real one's does
-/// (server monitoring spec: "Always include the server's topologyVersion in ... State Change
-/// Error replies"); a client then treats it as stale (equal, not newer) and keeps the server's
-/// description.
 /// Commands that change data: each moves the deployment's clock on (review5 item 11).
 const CLOCKED_WRITES: [&str; 14] = [
     "insert",
@@ -744,6 +739,11 @@ fn insert_cluster_time(reply: &mut Document, time: bson::Timestamp) {
     );
 }
 
+/// A replica-set member's state-change error reply (top-level code or `writeConcernError` code
+/// in [`NOT_PRIMARY_CODES`]) carries the member's current `topologyVersion`, as a real one's does
+/// (server monitoring spec: "Always include the server's topologyVersion in ... State Change
+/// Error replies"); a client then treats it as stale (equal, not newer) and keeps the server's
+/// description.
 fn add_topology_version(state: &State, process_id: ObjectId, reply: &mut Document) {
     if !matches!(state.role, Role::ReplicaSetMember(_)) {
         return;

@@ -1206,7 +1206,9 @@ impl Store {
     }
 
     /// TK-6: starts the retryable write `key` in its session; `false` (TransactionTooOld) when
-    /// the session already used a higher `txnNumber`.
+    /// the session already used a higher `txnNumber`. A higher number aborts the session's
+    /// transaction in progress, as on a real server (TK-15: else the write would wait for its
+    /// own session's transaction).
     pub(crate) fn begin_write(&mut self, key: &WriteKey) -> bool {
         let highest = self
             .txn_numbers
@@ -1216,6 +1218,13 @@ impl Store {
             return false;
         }
         *highest = key.txn_number;
+        let older = self
+            .transactions
+            .get(&key.session)
+            .is_some_and(|t| t.number < key.txn_number);
+        if older {
+            self.abort(&key.session);
+        }
         true
     }
 
@@ -1329,6 +1338,15 @@ mod tests {
         txn_number: None,
         router: false,
     };
+
+    /// Sets the fields of `set` in the first `db.c` document `filter` matches.
+    fn set_one(
+        store: &mut Store,
+        filter: Document,
+        set: Document,
+    ) -> Result<UpdateOutcome, QueryError> {
+        store.update("db.c", &filter, &doc! { "$set": set }, false, false)
+    }
 
     /// Sets `x` to `x` in the `db.c` documents `filter` matches (`multi`: all of them).
     fn set_x(
@@ -1602,13 +1620,7 @@ mod tests {
         let write = in_transaction(&mut store, S2, 1, true, |s| {
             (
                 s.matching("db.c", &doc! { "_id": 1 }).unwrap().len(),
-                s.update(
-                    "db.c",
-                    &doc! { "_id": 1 },
-                    &doc! { "$set": { "x": 1 } },
-                    false,
-                    false,
-                ),
+                set_one(s, doc! { "_id": 1 }, doc! { "x": 1 }),
             )
         });
         assert_eq!(write, (1, Err(QueryError::WriteConflict)));
@@ -1616,14 +1628,7 @@ mod tests {
         // Transaction 2 of S2 starts, then S1's transaction 2 commits `even: false` on 2.
         in_transaction(&mut store, S2, 2, true, |_| ());
         in_transaction(&mut store, S1, 2, true, |s| {
-            s.update(
-                "db.c",
-                &doc! { "_id": 2 },
-                &doc! { "$set": { "even": false } },
-                false,
-                false,
-            )
-            .unwrap();
+            set_one(s, doc! { "_id": 2 }, doc! { "even": false }).unwrap();
         });
         assert_eq!(store.end_transaction(S1, 2, true, None), Ok(()));
         let old_value = in_transaction(&mut store, S2, 2, false, |s| {
@@ -1641,14 +1646,7 @@ mod tests {
         let mut store = store_with(2);
         in_transaction(&mut store, S1, 1, true, |s| {
             s.insert("db.c", vec![doc! { "_id": 10 }], true).unwrap();
-            s.update(
-                "db.c",
-                &doc! { "_id": 1 },
-                &doc! { "$set": { "x": 1 } },
-                false,
-                false,
-            )
-            .unwrap();
+            set_one(s, doc! { "_id": 1 }, doc! { "x": 1 }).unwrap();
         });
         let (update, blocked) = outside(&mut store, |s| {
             s.update("db.c", &doc! {}, &doc! { "$set": { "y": 1 } }, true, false)
@@ -1669,13 +1667,7 @@ mod tests {
             (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
         );
         let (free, blocked) = outside(&mut store, |s| {
-            s.update(
-                "db.c",
-                &doc! { "_id": 0 },
-                &doc! { "$set": { "y": 1 } },
-                false,
-                false,
-            )
+            set_one(s, doc! { "_id": 0 }, doc! { "y": 1 })
         });
         assert_eq!((free.unwrap().modified, blocked), (1, None));
         assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
@@ -1683,6 +1675,38 @@ mod tests {
             s.insert("db.c", vec![doc! { "_id": 10 }], true)
         });
         assert_eq!((insert.unwrap().duplicates.len(), blocked), (1, None));
+    }
+
+    /// TK-6, TK-15: a retryable write with a higher `txnNumber` aborts its session's transaction
+    /// in progress (its changes undone), so it does not wait for its own session.
+    #[test]
+    fn tk15_a_newer_retryable_write_aborts_its_sessions_transaction() {
+        let mut store = store_with(1);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.delete("db.c", &doc! { "_id": 0 }, false).unwrap();
+        });
+        let key = WriteKey {
+            session: S1.to_vec(),
+            txn_number: 2,
+            stmt_id: 0,
+        };
+        assert!(store.begin_write(&key));
+        let (update, blocked) = outside(&mut store, |s| {
+            s.update(
+                "db.c",
+                &doc! { "_id": 0 },
+                &doc! { "$set": { "x": 1 } },
+                false,
+                false,
+            )
+        });
+        assert_eq!((update.map(|o| o.modified), blocked), (Ok(1), None));
+        assert_eq!(
+            store
+                .transaction_command(S1.to_vec(), 1, false, None)
+                .map_err(|e| e.0),
+            Err(251)
+        );
     }
 
     /// TK-15 (review7 gap b): a write outside any transaction after a transaction started is
@@ -1694,25 +1718,12 @@ mod tests {
         in_transaction(&mut store, S1, 1, true, |_| ());
         outside(&mut store, |s| {
             s.insert("db.c", vec![doc! { "_id": 5 }], true).unwrap();
-            s.update(
-                "db.c",
-                &doc! { "_id": 0 },
-                &doc! { "$set": { "x": 1 } },
-                false,
-                false,
-            )
-            .unwrap();
+            set_one(s, doc! { "_id": 0 }, doc! { "x": 1 }).unwrap();
         });
         let seen = in_transaction(&mut store, S1, 1, false, |s| {
             (
                 s.matching("db.c", &doc! {}).unwrap(),
-                s.update(
-                    "db.c",
-                    &doc! { "_id": 0 },
-                    &doc! { "$set": { "z": 1 } },
-                    false,
-                    false,
-                ),
+                set_one(s, doc! { "_id": 0 }, doc! { "z": 1 }),
             )
         });
         assert_eq!(
