@@ -106,13 +106,10 @@ impl Lane {
     }
 }
 
-/// A handful of events (the workers' completions: at most one per worker), unordered, with their
-/// keys side by side and the position of the earliest kept: a push compares once, a pop scans the
-/// keys of the rest.
+/// A handful of events (the workers' completions: at most one per worker), sorted with the
+/// earliest last: a push moves the later ones up one place, a pop takes the last.
 pub(super) struct Few {
     events: Vec<Event>,
-    keys: Vec<u128>,
-    min: usize,
     min_key: u128,
 }
 
@@ -120,8 +117,6 @@ impl Few {
     pub(super) fn new() -> Few {
         Few {
             events: Vec::with_capacity(64),
-            keys: Vec::with_capacity(64),
-            min: 0,
             min_key: NONE,
         }
     }
@@ -129,12 +124,8 @@ impl Few {
     #[inline]
     pub(super) fn push(&mut self, event: Event) {
         let key = event.key();
-        if key < self.min_key {
-            self.min_key = key;
-            self.min = self.events.len();
-        }
-        self.events.push(event);
-        self.keys.push(key);
+        insert_sorted(&mut self.events, event);
+        self.min_key = self.min_key.min(key);
     }
 
     #[inline]
@@ -143,20 +134,24 @@ impl Few {
     }
 
     /// Takes the earliest event.
+    #[inline]
     pub(super) fn pop(&mut self) -> Option<Event> {
-        if self.events.is_empty() {
-            return None;
-        }
-        let event = self.events.swap_remove(self.min);
-        self.keys.swap_remove(self.min);
-        let (mut min, mut min_key) = (0, NONE);
-        for (i, &key) in self.keys.iter().enumerate() {
-            if key < min_key {
-                (min, min_key) = (i, key);
-            }
-        }
-        (self.min, self.min_key) = (min, min_key);
-        Some(event)
+        let event = self.events.pop();
+        self.min_key = self.events.last().map_or(NONE, Event::key);
+        event
+    }
+}
+
+/// Adds `event` to `events`, which are sorted with the earliest last, moving the later ones up
+/// one place (the vectors this sorts hold a handful).
+#[inline]
+fn insert_sorted(events: &mut Vec<Event>, event: Event) {
+    let key = event.key();
+    events.push(event);
+    let mut i = events.len() - 1;
+    while i > 0 && events[i - 1].key() < key {
+        events.swap(i - 1, i);
+        i -= 1;
     }
 }
 
@@ -221,8 +216,7 @@ impl Timers {
         self.min = self.min.min(key);
         let bucket = event.time >> BUCKET_SHIFT;
         if bucket <= self.cursor {
-            let at = self.current.partition_point(|e| e.key() > key);
-            self.current.insert(at, event);
+            insert_sorted(&mut self.current, event);
         } else if bucket - self.cursor < BUCKETS as u64 {
             let slot = (bucket as usize) % BUCKETS;
             let next = self.heads[slot];
@@ -296,13 +290,12 @@ impl Timers {
         let mut node = std::mem::replace(&mut self.heads[slot], NIL);
         while node != NIL {
             let (event, next) = self.nodes[node as usize];
-            self.current.push(event);
+            insert_sorted(&mut self.current, event);
             self.nodes[node as usize].1 = self.free;
             self.free = node;
             node = next;
         }
         self.in_ring -= self.current.len();
-        self.current.sort_unstable_by_key(|e| Reverse(e.key()));
     }
 
     /// Takes the earliest timer.

@@ -271,8 +271,10 @@ struct Op {
     measured: bool,
     attempts: u32,
     machine: Machine,
-    /// The server of each copy (hedging) or of the attempt in flight (index 0).
+    /// The server of each copy (hedging).
     servers: SmallVec<[u8; 5]>,
+    /// The server of the latest attempt (retry machine; 0 before the first).
+    server: u8,
     timer_at: u64,
 }
 
@@ -481,20 +483,27 @@ impl<'a> Sim<'a> {
 
     /// The time-series bucket of now (`now / bucket`), its counters present. Time only moves
     /// forward, so the bucket is kept and moved on when now passes its end: no division per call.
+    #[inline]
     fn bucket(&mut self) -> usize {
         if self.now >= self.bucket_end {
-            let b = (self.now / self.bucket_ns) as usize;
-            self.current_bucket = b;
-            self.bucket_end = (b as u64 + 1).saturating_mul(self.bucket_ns);
-            let r = &mut self.result;
-            if r.series_attempts.len() <= b {
-                r.series_attempts.resize(b + 1, 0);
-                r.series_succeeded.resize(b + 1, 0);
-                r.series_failed.resize(b + 1, 0);
-                r.series_latency_us.resize(b + 1, 0);
-            }
+            self.next_bucket();
         }
         self.current_bucket
+    }
+
+    /// Moves [`Sim::bucket`] on to the bucket of now.
+    #[cold]
+    fn next_bucket(&mut self) {
+        let b = (self.now / self.bucket_ns) as usize;
+        self.current_bucket = b;
+        self.bucket_end = (b as u64 + 1).saturating_mul(self.bucket_ns);
+        let r = &mut self.result;
+        if r.series_attempts.len() <= b {
+            r.series_attempts.resize(b + 1, 0);
+            r.series_succeeded.resize(b + 1, 0);
+            r.series_failed.resize(b + 1, 0);
+            r.series_latency_us.resize(b + 1, 0);
+        }
     }
 
     /// Poisson arrivals at the current rate, by thinning against the profile's highest rate.
@@ -510,7 +519,11 @@ impl<'a> Sim<'a> {
             if t >= self.arrivals_end {
                 return;
             }
-            let accept = self.spec.load.at(t) / self.spec.load.max();
+            // A steady load accepts every candidate (x / x is exactly 1).
+            let accept = match self.spec.load {
+                Load::Steady(_) => 1.0,
+                load => load.at(t) / load.max(),
+            };
             if accept >= 1.0 || unit(&mut self.arrivals) < accept {
                 self.seq += 1;
                 self.arrival = Some(Event {
@@ -713,6 +726,7 @@ impl<'a> Sim<'a> {
             attempts: 0,
             machine,
             servers: SmallVec::new(),
+            server: 0,
             timer_at: u64::MAX,
         };
         let id = match self.free.pop() {
@@ -838,12 +852,11 @@ impl<'a> Sim<'a> {
                         retry::Action::Dispatch(attempt) => {
                             let _ = m.handle_sent(now);
                             let s = index(&attempt.address) as u8;
-                            op.servers.clear();
-                            op.servers.push(s);
+                            op.server = s;
                             self.send(id, s, 0);
                         }
                         retry::Action::ReleaseConnection { .. } => {
-                            let s = op.servers.first().copied().unwrap_or(0);
+                            let s = op.server;
                             self.released(client, s);
                         }
                         retry::Action::Wait { until } => {
@@ -929,8 +942,14 @@ impl<'a> Sim<'a> {
         let outcome = work.outcome;
         let now = self.now;
         let at = Instant::from_nanos(now);
-        let error = |sim: &Sim, server: u8| sim.overloaded[usize::from(server)].clone();
-        let Some(op) = self.op(work.op, work.serial) else {
+        // The shed error of the attempt's server (the server its copy or attempt went to).
+        let overloaded = &self.overloaded[usize::from(work.server)];
+        let Some(op) = self
+            .ops
+            .get_mut(work.op as usize)
+            .and_then(Option::as_mut)
+            .filter(|o| o.serial == work.serial)
+        else {
             return;
         };
         match &mut op.machine {
@@ -938,42 +957,22 @@ impl<'a> Sim<'a> {
                 if op.gen != work.gen {
                     return;
                 }
-                let server = op.servers[0];
-                match outcome {
-                    Outcome::Ok => {
-                        let _ = m.handle_succeeded(at);
-                    }
+                let _ = match outcome {
+                    Outcome::Ok => m.handle_succeeded(at),
                     Outcome::Overloaded | Outcome::Expired => {
-                        let e = error(self, server);
-                        if let Some(Op {
-                            machine: Machine::Retry(m),
-                            ..
-                        }) = self.ops[work.op as usize].as_mut()
-                        {
-                            let _ = m.handle_failed(e, at);
-                        }
+                        m.handle_failed(overloaded.clone(), at)
                     }
-                }
+                };
                 self.pump(work.op);
             }
             Machine::Hedge(m) => {
                 let copy = CopyId(u32::from(work.copy));
-                let server = op.servers[usize::from(work.copy) - 1];
-                match outcome {
-                    Outcome::Ok => {
-                        let _ = m.handle_succeeded(copy, at);
-                    }
+                let _ = match outcome {
+                    Outcome::Ok => m.handle_succeeded(copy, at),
                     Outcome::Overloaded | Outcome::Expired => {
-                        let e = error(self, server);
-                        if let Some(Op {
-                            machine: Machine::Hedge(m),
-                            ..
-                        }) = self.ops[work.op as usize].as_mut()
-                        {
-                            let _ = m.handle_failed(copy, e, at);
-                        }
+                        m.handle_failed(copy, overloaded.clone(), at)
                     }
-                }
+                };
                 self.pump(work.op);
             }
             Machine::Simple(s) => {
@@ -1028,7 +1027,7 @@ impl<'a> Sim<'a> {
         };
         match &mut op.machine {
             Machine::Retry(m) => {
-                let server = op.servers.first().copied().unwrap_or(0);
+                let server = op.server;
                 let e = OperationError::network(
                     NetworkErrorKind::Timeout,
                     NetworkPhase::AfterSend,
