@@ -3,6 +3,8 @@
 
 Usage: bench-adapters-profile.py DIR N1 N2 LABEL. DIR holds callgrind.N-* (one file per thread)
 and strace.N for N = N1 and N2 round trips; prints one line: the differences over N2 - N1.
+With TOP=n in the environment it also lists the client side's n costliest functions (self cost
+per round trip, with their group).
 
 Instructions are self costs, grouped by the crate of each function's symbol. A thread that runs
 server code (retry-testkit, the bench's echo or canned server) is the server side; every other

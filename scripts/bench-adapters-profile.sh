@@ -9,6 +9,8 @@
 #
 #   scripts/bench-adapters-profile.sh                   # every case, both servers, 1 and 64 in flight
 #   CASES="tokio" SERVERS=canned IN_FLIGHT=1 scripts/bench-adapters-profile.sh
+#   TOP=30 N2=11000 BENCH_BIN=target/release/deps/round_trip-<hash> scripts/bench-adapters-profile.sh
+#                                                       # and the client's 30 costliest functions
 #
 # Installs valgrind and strace with apt-get when they are missing.
 set -euo pipefail

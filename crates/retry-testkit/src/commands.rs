@@ -1083,6 +1083,11 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
                 }
                 state.store.local_sessions()
             }
+            // TK-15: a real server refuses them in a transaction
+            // (OperationNotSupportedInTransaction, 263, `DocumentSourceOut::createFromBson`).
+            ("$out" | "$merge", _) if state.origin.txn_number.is_some() => {
+                return error_reply(263, &format!("{name} cannot be used in a transaction"));
+            }
             ("$out" | "$merge", target) if last => {
                 let into = match (name, target) {
                     ("$out", Bson::String(c)) => c.clone(),

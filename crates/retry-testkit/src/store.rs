@@ -1206,7 +1206,9 @@ impl Store {
     }
 
     /// TK-6: starts the retryable write `key` in its session; `false` (TransactionTooOld) when
-    /// the session already used a higher `txnNumber`.
+    /// the session already used a higher `txnNumber`. A higher number aborts the session's
+    /// transaction in progress, as on a real server (TK-15: else the write would wait for its
+    /// own session's transaction).
     pub(crate) fn begin_write(&mut self, key: &WriteKey) -> bool {
         let highest = self
             .txn_numbers
@@ -1216,6 +1218,13 @@ impl Store {
             return false;
         }
         *highest = key.txn_number;
+        let older = self
+            .transactions
+            .get(&key.session)
+            .is_some_and(|t| t.number < key.txn_number);
+        if older {
+            self.abort(&key.session);
+        }
         true
     }
 
@@ -1666,6 +1675,38 @@ mod tests {
             s.insert("db.c", vec![doc! { "_id": 10 }], true)
         });
         assert_eq!((insert.unwrap().duplicates.len(), blocked), (1, None));
+    }
+
+    /// TK-6, TK-15: a retryable write with a higher `txnNumber` aborts its session's transaction
+    /// in progress (its changes undone), so it does not wait for its own session.
+    #[test]
+    fn tk15_a_newer_retryable_write_aborts_its_sessions_transaction() {
+        let mut store = store_with(1);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.delete("db.c", &doc! { "_id": 0 }, false).unwrap();
+        });
+        let key = WriteKey {
+            session: S1.to_vec(),
+            txn_number: 2,
+            stmt_id: 0,
+        };
+        assert!(store.begin_write(&key));
+        let (update, blocked) = outside(&mut store, |s| {
+            s.update(
+                "db.c",
+                &doc! { "_id": 0 },
+                &doc! { "$set": { "x": 1 } },
+                false,
+                false,
+            )
+        });
+        assert_eq!((update.map(|o| o.modified), blocked), (Ok(1), None));
+        assert_eq!(
+            store
+                .transaction_command(S1.to_vec(), 1, false, None)
+                .map_err(|e| e.0),
+            Err(251)
+        );
     }
 
     /// TK-15 (review7 gap b): a write outside any transaction after a transaction started is

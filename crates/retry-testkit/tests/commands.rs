@@ -1382,3 +1382,30 @@ async fn tk15_review7_f1_a_waiting_retryable_write_resumes_at_its_statement() {
     })
     .await
 }
+
+/// TK-15: `$out` and `$merge` cannot run in a transaction (OperationNotSupportedInTransaction,
+/// 263, as a real server's `DocumentSourceOut` refuses it); nothing is written.
+#[tokio::test]
+async fn tk15_out_and_merge_are_refused_in_a_transaction() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        server.handle().insert("test.src", vec![doc! { "_id": 1 }]);
+        for (number, stage) in [
+            (1_i64, doc! { "$out": "dst" }),
+            (2, doc! { "$merge": { "into": "dst" } }),
+        ] {
+            let reply = client
+                .command(doc! {
+                    "aggregate": "src", "pipeline": [stage], "cursor": {}, "$db": "test",
+                    "lsid": lsid_of(3), "txnNumber": number, "autocommit": false,
+                    "startTransaction": true,
+                })
+                .await
+                .unwrap();
+            assert_eq!(code(&reply), Some(263), "{reply}");
+        }
+        assert!(server.handle().documents("test.dst").is_empty());
+        server.shutdown().await;
+    })
+    .await
+}

@@ -634,6 +634,9 @@ pub struct Engine {
     closed: bool,
     /// [`Engine::close`] waits for its `endSessions` operations before it closes the pools.
     ending_sessions: bool,
+    /// The retry machine being drained: its drain polls it until it has nothing left, so what
+    /// is handed to it meanwhile needs no second turn on the worklist.
+    draining: Option<OpId>,
     /// SRV polling (`srv_polling.rs`), when the options ask for it.
     srv: Option<crate::topology::SrvPoller>,
 }
@@ -746,6 +749,7 @@ impl Engine {
             events: VecDeque::new(),
             closed: false,
             ending_sessions: false,
+            draining: None,
             srv,
         };
         engine.schedule(Machine::Topology);

@@ -315,6 +315,13 @@ impl Engine {
             self.drain_hedged(op_id, now);
             return;
         }
+        let previous = self.draining.replace(op_id);
+        self.drain_retry(op_id, now);
+        self.draining = previous;
+    }
+
+    /// Routes a retry machine's events and actions until it has none left.
+    fn drain_retry(&mut self, op_id: OpId, now: Instant) {
         // BP-27: a retry event waits until the attempt's connection is checked in.
         let mut held: smallvec::SmallVec<[RetryEvent; 2]> = smallvec::SmallVec::new();
         loop {

@@ -83,6 +83,7 @@ impl Engine {
                 .get_mut(server.0 as usize)
                 .map(|s| &mut s.pool_queued),
             Machine::Socket(conn) => self.sockets.get_mut(&conn).map(|s| &mut s.queued),
+            Machine::Operation(op) if self.draining == Some(op) => None,
             Machine::Operation(op) => self.ops.get_mut(&op).map(|o| &mut o.queued),
         };
         if let Some(queued) = queued {

@@ -9,6 +9,7 @@
 //! the cluster's capacity, and an overload episode (the load steps up for a while, then back) that
 //! measures recovery. [`output`] writes the CSV files and SVG charts.
 
+mod events;
 pub mod model;
 pub mod output;
 pub mod policy;

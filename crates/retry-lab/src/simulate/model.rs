@@ -5,8 +5,7 @@
 //! is a pure function of its parameters and seeds. Arrivals and service times come from generators
 //! seeded by the load alone, so every policy sees the same offered operations.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use bson::doc;
@@ -25,6 +24,7 @@ use retry_core::topology::{
 };
 use smallvec::SmallVec;
 
+use super::events::{Event, Few, Kind, Lane, Timers, NONE};
 use super::policy::{
     unit, ClientBudget, GrpcConfigs, SimPolicy, AWS_MAX_ATTEMPTS, AWS_MAX_BACKOFF, AWS_QUOTA,
     AWS_THROTTLING_BASE, AWS_THROTTLING_COST, AWS_TRANSIENT_BASE, AWS_TRANSIENT_COST,
@@ -233,48 +233,6 @@ enum Outcome {
     Expired,
 }
 
-/// What happens at an event; `u32`s of work are indices into [`Sim::works`].
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    Arrival,
-    AtServer(u32),
-    Completed(u32),
-    Reply(u32),
-    Timer { op: u32, serial: u32, gen: u32 },
-    Deadline { op: u32, serial: u32 },
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Event {
-    time: u64,
-    seq: u64,
-    kind: Kind,
-}
-
-impl PartialEq for Event {
-    fn eq(&self, other: &Event) -> bool {
-        (self.time, self.seq) == (other.time, other.seq)
-    }
-}
-impl Eq for Event {}
-impl PartialOrd for Event {
-    fn partial_cmp(&self, other: &Event) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Event {
-    fn cmp(&self, other: &Event) -> std::cmp::Ordering {
-        self.key().cmp(&other.key())
-    }
-}
-
-impl Event {
-    /// (time, sequence) as one number: the order of events.
-    fn key(&self) -> u128 {
-        (u128::from(self.time) << 64) | u128::from(self.seq)
-    }
-}
-
 struct Server {
     workers: u32,
     /// Ingress admissions per nanosecond, and the burst in admissions.
@@ -353,13 +311,13 @@ pub(crate) struct Sim<'a> {
     now: u64,
     seq: u64,
     /// Timers (backoffs, hedging delays).
-    timers: BinaryHeap<Reverse<Event>>,
+    timers: Timers,
     /// Workers finishing, at most one per busy worker.
-    completions: BinaryHeap<Reverse<Event>>,
+    completions: Few,
     /// The next arrival: there is never more than one.
     arrival: Option<Event>,
     /// Events a fixed delay after they were scheduled: [`DEADLINES`], [`NETWORK`].
-    lanes: [VecDeque<Event>; 2],
+    lanes: [Lane; 2],
     /// The attempts between send and reply, and the free slots among them.
     works: Vec<Work>,
     free_works: Vec<u32>,
@@ -454,8 +412,8 @@ impl<'a> Sim<'a> {
             spec,
             now: 0,
             seq: 0,
-            timers: BinaryHeap::with_capacity(1024),
-            completions: BinaryHeap::with_capacity(64),
+            timers: Timers::new(),
+            completions: Few::new(),
             arrival: None,
             lanes: Default::default(),
             works: Vec::new(),
@@ -518,7 +476,7 @@ impl<'a> Sim<'a> {
             seq: self.seq,
             kind,
         };
-        self.timers.push(Reverse(event));
+        self.timers.push(event, self.now);
     }
 
     /// The time-series bucket of now (`now / bucket`), its counters present. Time only moves
@@ -569,7 +527,7 @@ impl<'a> Sim<'a> {
     /// lane has the same delay, so the lane stays in time order without a heap.
     fn schedule_after(&mut self, lane: usize, delay: u64, kind: Kind) {
         self.seq += 1;
-        self.lanes[lane].push_back(Event {
+        self.lanes[lane].push(Event {
             time: self.now + delay,
             seq: self.seq,
             kind,
@@ -582,33 +540,32 @@ impl<'a> Sim<'a> {
         const TIMERS: usize = 2;
         const COMPLETIONS: usize = 3;
         const ARRIVAL: usize = 4;
-        const NONE: u128 = u128::MAX;
         let mut best = self.arrival.as_ref().map_or(NONE, Event::key);
         let mut source = ARRIVAL;
-        for (i, lane) in self.lanes.iter().enumerate() {
-            if let Some(e) = lane.front() {
-                let key = e.key();
-                if key < best {
-                    (best, source) = (key, i);
-                }
-            }
+        let key = self.lanes[DEADLINES].min_key();
+        if key < best {
+            (best, source) = (key, DEADLINES);
         }
-        for (heap, i) in [(&self.timers, TIMERS), (&self.completions, COMPLETIONS)] {
-            if let Some(Reverse(e)) = heap.peek() {
-                let key = e.key();
-                if key < best {
-                    (best, source) = (key, i);
-                }
-            }
+        let key = self.lanes[NETWORK].min_key();
+        if key < best {
+            (best, source) = (key, NETWORK);
+        }
+        let key = self.timers.min_key();
+        if key < best {
+            (best, source) = (key, TIMERS);
+        }
+        let key = self.completions.min_key();
+        if key < best {
+            (best, source) = (key, COMPLETIONS);
         }
         if best == NONE {
             return None;
         }
         match source {
-            TIMERS => self.timers.pop().map(|Reverse(e)| e),
-            COMPLETIONS => self.completions.pop().map(|Reverse(e)| e),
+            TIMERS => self.timers.pop(),
+            COMPLETIONS => self.completions.pop(),
             ARRIVAL => self.arrival.take(),
-            lane => self.lanes.get_mut(lane)?.pop_front(),
+            lane => self.lanes.get_mut(lane)?.pop(),
         }
     }
 
@@ -682,7 +639,7 @@ impl<'a> Sim<'a> {
             seq: self.seq,
             kind: Kind::Completed(id),
         };
-        self.completions.push(Reverse(event));
+        self.completions.push(event);
     }
 
     /// A worker finished: the reply leaves, the worker takes the next item.
