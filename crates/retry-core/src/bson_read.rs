@@ -169,12 +169,9 @@ fn well_formed(bytes: &[u8], depth: usize) -> bool {
     let mut at = 4;
     while at < end {
         let tag = bytes[at];
-        let Some(key_len) = bytes[at + 1..end].iter().position(|&b| b == 0) else {
+        let Some(key_len) = utf8_cstring_len(&bytes[at + 1..end]) else {
             return false;
         };
-        if core::str::from_utf8(&bytes[at + 1..at + 1 + key_len]).is_err() {
-            return false;
-        }
         let value = at + 1 + key_len + 1;
         let Some(size) = value_size(tag, &bytes[value..end]).filter(|&size| {
             value
@@ -189,7 +186,7 @@ fn well_formed(bytes: &[u8], depth: usize) -> bool {
             0x08 => matches!(content, [0 | 1]),
             // The length counts the terminator.
             0x02 => match &content[4..] {
-                [text @ .., 0] => core::str::from_utf8(text).is_ok(),
+                [text @ .., 0] => text.is_ascii() || core::str::from_utf8(text).is_ok(),
                 _ => false,
             },
             0x03 | 0x04 => well_formed(content, depth + 1),
@@ -203,6 +200,21 @@ fn well_formed(bytes: &[u8], depth: usize) -> bool {
         at = value + size;
     }
     at == end
+}
+
+/// The length of the C string (a key) that starts `bytes`, without its terminator: `None` if it
+/// has no terminator or is not UTF-8. One pass finds the terminator and notes a non-ASCII byte;
+/// only then is the key checked as UTF-8 (keys are nearly always ASCII).
+#[inline]
+fn utf8_cstring_len(bytes: &[u8]) -> Option<usize> {
+    let mut ascii = true;
+    for (len, &b) in bytes.iter().enumerate() {
+        if b == 0 {
+            return (ascii || core::str::from_utf8(&bytes[..len]).is_ok()).then_some(len);
+        }
+        ascii &= b.is_ascii();
+    }
+    None
 }
 
 /// The non-negative int32 at `at`, as a length.

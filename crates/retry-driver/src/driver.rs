@@ -90,6 +90,11 @@ pub(crate) struct Driver {
     srv: Option<SrvPolling>,
     /// The SRV rescan in flight, whose answer goes to the engine.
     srv_lookup: Option<BoxFuture<(Vec<ServerAddress>, Option<Duration>)>>,
+    /// The engine was handed something (an operation, bytes, a timeout, ...) since the driver
+    /// last took its output: only then can `poll_*` return anything, so
+    /// [`Driver::flush_engine`] asks only then (a round's two flushes; one of them usually has
+    /// nothing to take).
+    unflushed: bool,
 }
 
 impl Driver {
@@ -117,6 +122,8 @@ impl Driver {
             ids: Vec::new(),
             srv: None,
             srv_lookup: None,
+            // The new engine's first monitor connections.
+            unflushed: true,
         }
     }
 
@@ -216,8 +223,10 @@ impl Driver {
 
     /// Connects, writes and reads, as far as it goes without waiting, the sockets that are ready:
     /// one socket's input costs the same however many others are open (house rule 9).
-    fn poll_sockets(&mut self, cx: &mut Context<'_>, now: Instant) -> bool {
+    /// Returns whether anything moved, and whether the engine was handed something.
+    fn poll_sockets(&mut self, cx: &mut Context<'_>, now: Instant) -> (bool, bool) {
         let mut progressed = false;
+        let mut fed = false;
         let mut ids = core::mem::take(&mut self.ids);
         ids.clear();
         self.ready.take(cx.waker(), &mut ids);
@@ -248,6 +257,7 @@ impl Driver {
                     }
                 }
                 progressed = true;
+                fed = true;
                 continue;
             }
             let Link::Open(stream) = &mut socket.link else {
@@ -289,6 +299,7 @@ impl Driver {
                     Poll::Ready(Ok(0)) => failure = Some(closed_by_peer()),
                     Poll::Ready(Ok(n)) => {
                         progressed = true;
+                        fed = true;
                         // Bytes after a frame the engine rejected are ignored by it.
                         self.engine.handle_bytes(conn, &self.read_buffer[..n], now);
                     }
@@ -297,6 +308,7 @@ impl Driver {
             }
             if let Some((kind, cause)) = failure {
                 progressed = true;
+                fed = true;
                 self.sockets.remove(&conn);
                 self.engine.handle_closed(conn, kind, Some(cause), now);
             } else if !read_all {
@@ -305,13 +317,16 @@ impl Driver {
             }
         }
         self.ids = ids;
-        progressed
+        (progressed, fed)
     }
 
     /// Carries out everything the engine asked for: sockets to open or close, bytes to write,
     /// results and events to deliver (stamped with `now`, the instant of the round that took
     /// them).
     fn flush_engine(&mut self, now: Instant) -> bool {
+        if !core::mem::take(&mut self.unflushed) {
+            return false;
+        }
         let mut progressed = false;
         while let Some(connect) = self.engine.poll_connect() {
             progressed = true;
@@ -434,6 +449,7 @@ impl Driver {
     /// ends every event stream.
     fn finish(&mut self, now: Instant) {
         self.engine.close(now);
+        self.unflushed = true;
         self.flush_engine(now);
         self.sockets.clear();
         for (_, pending) in core::mem::take(&mut self.pending) {
@@ -462,6 +478,7 @@ impl Future for Driver {
         for _ in 0..ROUNDS_PER_POLL {
             let now = this.runtime.now();
             let (mut progressed, closing) = this.take_requests(cx, now);
+            this.unflushed |= progressed || closing;
             if closing {
                 // SE-15: the engine ends its sessions (bounded) before it closes; drive it until
                 // it has.
@@ -472,10 +489,14 @@ impl Future for Driver {
                 }
             }
             progressed |= this.flush_engine(now);
-            progressed |= this.poll_sockets(cx, now);
+            let (polled, fed) = this.poll_sockets(cx, now);
+            progressed |= polled;
+            this.unflushed |= fed;
             progressed |= this.flush_engine(now);
             let timed_out = this.poll_timer(cx, now);
             let srv = this.poll_srv(cx);
+            // Taken by the next round's first flush.
+            this.unflushed |= timed_out || srv;
             if !progressed && !timed_out && !srv {
                 return Poll::Pending;
             }

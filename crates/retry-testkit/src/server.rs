@@ -812,6 +812,7 @@ fn begin_write(state: &State, key: &WriteKey) -> Option<Response> {
 fn statement_writes(
     state: &mut State,
     shared: &Shared,
+    router: ObjectId,
     name: &str,
     key: &WriteKey,
     statements: Vec<OpMsg>,
@@ -837,13 +838,7 @@ fn statement_writes(
                 if firing == Some(Firing::CloseWithoutCommit) {
                     return Ok(Response::Close);
                 }
-                let reply = execute(
-                    state,
-                    name,
-                    statement,
-                    shared.max_wire_version,
-                    shared.process_id,
-                );
+                let reply = execute(state, name, statement, shared.max_wire_version, router);
                 // TK-15 (review7 finding 1): the statements done so far are recorded, so the
                 // command goes on at this one once it no longer has to wait.
                 if let Some(session) = state.data.lock().take_blocked() {
@@ -1234,8 +1229,9 @@ impl Connection {
             .as_ref()
             .and_then(|_| crate::commands::statement_requests(name, request));
         if let (Some(key), Some(statements)) = (&write_key, statements) {
+            let router = self.router(shared);
             return Ok(
-                match statement_writes(&mut state, shared, name, key, statements)? {
+                match statement_writes(&mut state, shared, router, name, key, statements)? {
                     Response::Reply(mut reply) => {
                         add_write_concern_error(fired, name, command, &mut reply);
                         add_topology_version(&state, shared.process_id, &mut reply);
@@ -1286,7 +1282,7 @@ impl Connection {
                 name,
                 request,
                 shared.max_wire_version,
-                shared.process_id,
+                self.router(shared),
             )
         };
         if let Some(session) = state.data.lock().take_blocked() {
@@ -1333,6 +1329,14 @@ impl Connection {
             max_wire_version: shared.max_wire_version,
         };
         hello_reply(name, ask, &state.role, state.topology_counter, &context)
+    }
+
+    /// TK-12: the server process a command of this connection runs on, for the cursors it opens
+    /// and the transactions it starts: behind a load balancer with several services, the mongos
+    /// the connection was routed to (each keeps its own cursors and router state), else this
+    /// process.
+    fn router(&self, shared: &Shared) -> ObjectId {
+        self.service.unwrap_or(shared.process_id)
     }
 
     /// LB-17, TK-12: the `serviceId` of this connection: the process id, or with several services

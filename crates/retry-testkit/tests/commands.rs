@@ -912,6 +912,58 @@ async fn load_balancer_in_front_of_two_mongos() {
     .await;
 }
 
+/// TK-12: the mongoses behind a load balancer are mongoses: a cursor stays with the one that
+/// opened it (a getMore through the other is CursorNotFound 43) and a transaction with the one
+/// that started it (a statement through the other is NoSuchTransaction 251), while the data is
+/// shared.
+#[tokio::test]
+async fn tk12_each_mongos_behind_a_load_balancer_keeps_its_cursors_and_transactions() {
+    bounded(async {
+        let role = retry_testkit::Role::LoadBalancer { service_id: true };
+        let server = TestServer::start(ServerConfig::new(role)).await.unwrap();
+        server.handle().set_load_balanced_services(2);
+        let mut clients = Vec::new();
+        for _ in 0..2 {
+            let mut client = RawClient::connect(server.address()).await.unwrap();
+            let hello = doc! { "hello": 1, "loadBalanced": true, "$db": "admin" };
+            client.command(hello).await.unwrap();
+            clients.push(client);
+        }
+        let [mut first, mut other] = <[RawClient; 2]>::try_from(clients).ok().unwrap();
+        let insert = doc! { "insert": "c", "documents": [{ "_id": 1 }, { "_id": 2 }], "$db": "db" };
+        assert_eq!(code(&first.command(insert).await.unwrap()), None);
+        let find = doc! { "find": "c", "batchSize": 1, "$db": "db" };
+        let reply = first.command(find).await.unwrap();
+        let id = reply.get_document("cursor").unwrap().get_i64("id").unwrap();
+        let more = doc! { "getMore": id, "collection": "c", "$db": "db" };
+        assert_eq!(code(&other.command(more.clone()).await.unwrap()), Some(43));
+        assert_eq!(code(&first.command(more).await.unwrap()), None);
+        let lsid = lsid_of(6);
+        let statement = |id: i32, start: bool| {
+            let mut command = doc! {
+                "insert": "c", "documents": [{ "_id": id }], "lsid": lsid.clone(),
+                "txnNumber": 1_i64, "autocommit": false, "$db": "db",
+            };
+            if start {
+                command.insert("startTransaction", true);
+            }
+            command
+        };
+        assert_eq!(
+            code(&first.command(statement(3, true)).await.unwrap()),
+            None
+        );
+        let reply = other.command(statement(4, false)).await.unwrap();
+        assert_eq!(code(&reply), Some(251), "{reply}");
+        assert_eq!(
+            code(&first.command(statement(5, false)).await.unwrap()),
+            None
+        );
+        server.shutdown().await;
+    })
+    .await;
+}
+
 /// TK-2: fields a real server acts on but the test server does not evaluate are refused and
 /// logged, never ignored: a command's own fields and an update or delete statement's.
 #[tokio::test]
