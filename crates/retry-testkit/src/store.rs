@@ -126,6 +126,9 @@ struct Transaction {
     /// keeps its own router state for a transaction, while the data, and so the transaction
     /// itself, lives on the shards (the shared store).
     router: Option<ObjectId>,
+    /// TK-15 (review8 finding 6): when it started, on tokio's clock: a real server's reaper
+    /// aborts it `transactionLifetimeLimitSeconds` after this.
+    started: tokio::time::Instant,
 }
 
 /// A stored document's namespace and [`id_key`].
@@ -440,6 +443,15 @@ impl Store {
     /// older than `transactionLifetimeLimitSeconds`.
     pub(crate) fn expire_transaction(&mut self, session: &[u8]) {
         self.abort(session);
+    }
+
+    /// TK-15 (review8 finding 6): when the transaction in progress of `session` started (`None`
+    /// when it has none).
+    pub(crate) fn transaction_started(&self, session: &[u8]) -> Option<tokio::time::Instant> {
+        self.transactions
+            .get(session)
+            .filter(|t| t.state == TransactionState::InProgress)
+            .map(|t| t.started)
     }
 
     /// TK-15 (review7 gap b): the write outside any transaction that ran while a transaction was
@@ -797,6 +809,7 @@ impl Store {
                     touched: Vec::new(),
                     created: Vec::new(),
                     router,
+                    started: tokio::time::Instant::now(),
                 },
             );
             self.prune_history();
