@@ -445,6 +445,19 @@ impl Store {
         self.abort(session);
     }
 
+    /// UT-25, TK-15 (review8 finding 3): `killAllSessions` (`sessions` `None`) or `killSessions`
+    /// kills the sessions and so aborts their transactions in progress, as a real server does
+    /// (`killSessionsAbortUnpreparedTransactions`); a write waiting for one of them runs.
+    pub(crate) fn kill_sessions(&mut self, sessions: Option<&[Vec<u8>]>) {
+        let killed: Vec<Vec<u8>> = match sessions {
+            None => self.open.iter().cloned().collect(),
+            Some(sessions) => sessions.to_vec(),
+        };
+        for session in killed {
+            self.abort(&session);
+        }
+    }
+
     /// TK-15 (review8 finding 6): when the transaction in progress of `session` started (`None`
     /// when it has none).
     pub(crate) fn transaction_started(&self, session: &[u8]) -> Option<tokio::time::Instant> {

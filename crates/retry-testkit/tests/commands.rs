@@ -1428,3 +1428,47 @@ async fn tk15_out_and_merge_are_refused_in_a_transaction() {
     })
     .await
 }
+
+/// UT-25, TK-15 (review8 finding 3): `killAllSessions` aborts the transactions in progress of
+/// the sessions it kills, as a real server does, so a later write outside any transaction to a
+/// document one of them changed does not wait; `killSessions` does the same for the sessions
+/// it names. The killed transaction cannot commit (NoSuchTransaction 251).
+#[tokio::test]
+async fn tk15_review8_f3_killing_sessions_aborts_their_transactions() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let start = |session: u8, id: i32| {
+            doc! {
+                "insert": "k", "documents": [{ "_id": id }], "$db": "test",
+                "lsid": lsid_of(session), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            }
+        };
+        let outside = |id: i32| {
+            doc! { "insert": "k", "documents": [{ "_id": id }], "$db": "test", "maxTimeMS": 1000 }
+        };
+        let kills = [
+            doc! { "killAllSessions": [], "$db": "admin" },
+            doc! { "killSessions": [lsid_of(2)], "$db": "admin" },
+        ];
+        for (session, kill) in [1_u8, 2].into_iter().zip(kills) {
+            let id = i32::from(session);
+            let reply = client.command(start(session, id)).await.unwrap();
+            assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+            let reply = client.command(kill).await.unwrap();
+            assert_eq!(code(&reply), None, "{reply}");
+            let reply = client.command(outside(id)).await.unwrap();
+            assert_eq!(reply.get_i32("n").ok(), Some(1), "no wait: {reply}");
+            let commit = client
+                .command(doc! {
+                    "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(session),
+                    "txnNumber": 1_i64, "autocommit": false,
+                })
+                .await
+                .unwrap();
+            assert_eq!(code(&commit), Some(251), "{commit}");
+        }
+        server.shutdown().await;
+    })
+    .await
+}
