@@ -144,18 +144,76 @@ fn field_matches(value: Option<&Bson>, condition: &Bson) -> Result<bool, Unsuppo
     Ok(true)
 }
 
-/// Equality as the server sees it: numbers by value across their types.
+/// Equality as the server sees it: numbers by exact value across their types (review8 finding
+/// 7: int64s are never rounded through f64), and NaN equal to NaN.
 pub(crate) fn equal(a: &Bson, b: &Bson) -> bool {
-    match (number(a), number(b)) {
-        (Some(x), Some(y)) => x == y,
+    match (exact_number(a), exact_number(b)) {
+        (Some(Exact::Double(x)), Some(Exact::Double(y))) if x.is_nan() && y.is_nan() => true,
+        (Some(x), Some(y)) => compare_numbers(x, y) == Some(Ordering::Equal),
         _ => a == b,
     }
 }
 
+/// A BSON number as the server compares it: integers exactly, doubles as they are.
+#[derive(Clone, Copy)]
+pub(crate) enum Exact {
+    /// An Int32 or Int64.
+    Int(i64),
+    /// A Double.
+    Double(f64),
+}
+
+pub(crate) fn exact_number(value: &Bson) -> Option<Exact> {
+    match value {
+        Bson::Int32(v) => Some(Exact::Int(i64::from(*v))),
+        Bson::Int64(v) => Some(Exact::Int(*v)),
+        Bson::Double(v) => Some(Exact::Double(*v)),
+        _ => None,
+    }
+}
+
+/// Review8 finding 7: the exact order of two numbers (an int64 against a double without
+/// rounding the int64); `None` when a NaN is involved.
+fn compare_numbers(a: Exact, b: Exact) -> Option<Ordering> {
+    match (a, b) {
+        (Exact::Int(x), Exact::Int(y)) => Some(x.cmp(&y)),
+        (Exact::Double(x), Exact::Double(y)) => x.partial_cmp(&y),
+        (Exact::Int(x), Exact::Double(y)) => int_against_double(x, y),
+        (Exact::Double(x), Exact::Int(y)) => int_against_double(y, x).map(Ordering::reverse),
+    }
+}
+
+/// The order of `int` against `double`, exactly.
+fn int_against_double(int: i64, double: f64) -> Option<Ordering> {
+    // 2^63 as f64 is exact; every double at or above it is above every int64.
+    const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
+    if double.is_nan() {
+        return None;
+    }
+    if double >= TWO_TO_63 {
+        return Some(Ordering::Less);
+    }
+    if double < -TWO_TO_63 {
+        return Some(Ordering::Greater);
+    }
+    let whole = double.trunc();
+    // In range: the truncation is exact.
+    let whole_int = whole as i64;
+    Some(int.cmp(&whole_int).then_with(|| {
+        if double > whole {
+            Ordering::Less
+        } else if double < whole {
+            Ordering::Greater
+        } else {
+            Ordering::Equal
+        }
+    }))
+}
+
 fn compare(value: Option<&Bson>, operand: &Bson) -> Option<Ordering> {
     let value = value?;
-    match (number(value), number(operand)) {
-        (Some(x), Some(y)) => x.partial_cmp(&y),
+    match (exact_number(value), exact_number(operand)) {
+        (Some(x), Some(y)) => compare_numbers(x, y),
         _ => match (value, operand) {
             (Bson::String(x), Bson::String(y)) => Some(x.cmp(y)),
             _ => None,

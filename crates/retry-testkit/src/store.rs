@@ -151,20 +151,28 @@ struct Change {
     index: usize,
 }
 
-/// TK-15 (review7 finding 7): the key of an `_id` in [`Store::changes`]: ids that [`equal`]
-/// calls equal (numbers by value) share it.
+/// TK-15 (review7 finding 7, review8 finding 7): the key of an `_id` in [`Store::changes`]:
+/// ids that [`equal`] calls equal share it and others do not: an integral number that fits an
+/// int64 by that integer (exactly, never through f64; -0.0 is 0), another double by its bits,
+/// every NaN one key.
 fn id_key(id: &Bson) -> Vec<u8> {
-    let number = match id {
-        Bson::Int32(v) => Some(f64::from(*v)),
-        Bson::Int64(v) => Some(*v as f64),
-        Bson::Double(v) => Some(*v),
-        _ => None,
+    // 2^63 as f64 is exact; integral doubles in [-2^63, 2^63) convert to i64 exactly.
+    const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
+    let integer = |v: i64| {
+        let mut key = vec![0];
+        key.extend_from_slice(&v.to_be_bytes());
+        key
     };
-    match number {
-        // -0.0 and 0.0 are one id.
-        Some(v) => {
-            let v = if v == 0.0 { 0.0 } else { v };
-            let mut key = vec![0];
+    match crate::query::exact_number(id) {
+        Some(crate::query::Exact::Int(v)) => integer(v),
+        Some(crate::query::Exact::Double(v)) if v.is_nan() => vec![3],
+        Some(crate::query::Exact::Double(v))
+            if v.trunc() == v && (-TWO_TO_63..TWO_TO_63).contains(&v) =>
+        {
+            integer(v as i64)
+        }
+        Some(crate::query::Exact::Double(v)) => {
+            let mut key = vec![2];
             key.extend_from_slice(&v.to_bits().to_be_bytes());
             key
         }
@@ -1674,6 +1682,54 @@ mod tests {
             s.delete("db.c", &doc! { "_id": 2, "even": true }, false)
         });
         assert_eq!(old_value, Err(QueryError::WriteConflict));
+    }
+
+    /// Review8 finding 7 (TK-15): `_id` equality and the change index compare int64s exactly
+    /// (2^53 and 2^53 + 1 are two ids, a real server takes both) and take every NaN as one id.
+    #[test]
+    fn review8_f7_int64_ids_above_2_pow_53_are_distinct_and_nans_one() {
+        let big = 9_007_199_254_740_992_i64;
+        let mut store = Store::default();
+        let (insert, _) = outside(&mut store, |s| {
+            s.insert(
+                "db.c",
+                vec![doc! { "_id": big }, doc! { "_id": big + 1 }],
+                true,
+            )
+        });
+        assert_eq!(insert.unwrap().n, 2, "distinct longs are distinct ids");
+        let (insert, _) = outside(&mut store, |s| {
+            s.insert(
+                "db.c",
+                vec![doc! { "_id": f64::NAN }, doc! { "_id": -f64::NAN }],
+                false,
+            )
+        });
+        assert_eq!(insert.unwrap().n, 1, "NaN ids are duplicates");
+        // The change index: a transaction's change to `big` does not block `big + 1`.
+        in_transaction(&mut store, S1, 1, true, |s| {
+            set_one(s, doc! { "_id": big }, doc! { "x": 1 }).unwrap();
+        });
+        let (update, blocked) = outside(&mut store, |s| {
+            set_one(s, doc! { "_id": big + 1 }, doc! { "x": 2 })
+        });
+        assert_eq!((update.map(|u| u.matched), blocked), (Ok(1), None));
+        let (update, blocked) = outside(&mut store, |s| {
+            set_one(s, doc! { "_id": big as f64 }, doc! { "x": 2 })
+        });
+        assert_eq!(
+            update.map(|u| u.matched),
+            Err(QueryError::Blocked(S1.to_vec()))
+        );
+        assert_eq!(blocked, Some(S1.to_vec()));
+        assert!(equal(&Bson::Int64(big), &Bson::Double(big as f64)));
+        assert!(!equal(&Bson::Int64(big + 1), &Bson::Double(big as f64)));
+        assert!(!equal(
+            &Bson::Int64(i64::MAX),
+            &Bson::Double(i64::MAX as f64)
+        ));
+        assert!(equal(&Bson::Double(f64::NAN), &Bson::Double(f64::NAN)));
+        assert_eq!(id_key(&Bson::Double(-0.0)), id_key(&Bson::Int32(0)));
     }
 
     /// TK-15 (review7 finding 1): a write outside any transaction that touches a document a
