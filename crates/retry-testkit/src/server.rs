@@ -135,7 +135,8 @@ impl State {
     }
 
     /// TK-11: whether `onPrimaryTransactionalWrite` fires on the retryable write about to
-    /// commit, consuming one of its `times` / `skip`.
+    /// commit, consuming one of its `times` / `skip` (once per statement: a statement that
+    /// waits keeps its firing for its rerun, [`HeldFiring`]).
     fn on_primary_write_firing(&mut self) -> Option<Firing> {
         let fail = self.on_primary_write.as_mut()?;
         let rng = &mut self.fail_point_rng;
@@ -166,6 +167,11 @@ impl State {
         Some(fired)
     }
 }
+
+/// TK-11 (review8 finding 5): the `onPrimaryTransactionalWrite` firing decided for a statement
+/// that then had to wait for a transaction (TK-15); its rerun takes it instead of using up the
+/// fail point again, so one write fires it once and a `CommitThenClose` is not lost.
+type HeldFiring = Option<Option<Firing>>;
 
 /// Switches the crate's tests set on a server: the Document path alone (to compare the raw path
 /// with it), and a fixed `me` and process id (so two servers' replies compare byte for byte).
@@ -822,6 +828,7 @@ fn statement_writes(
     name: &str,
     key: &WriteKey,
     statements: Vec<OpMsg>,
+    held: &mut HeldFiring,
 ) -> Result<Response, Vec<u8>> {
     if let Some(refusal) = begin_write(state, key) {
         return Ok(refusal);
@@ -840,7 +847,9 @@ fn statement_writes(
             Some(reply) => reply,
             None => {
                 replayed = false;
-                let firing = state.on_primary_write_firing();
+                let firing = held
+                    .take()
+                    .unwrap_or_else(|| state.on_primary_write_firing());
                 if firing == Some(Firing::CloseWithoutCommit) {
                     return Ok(Response::Close);
                 }
@@ -848,6 +857,7 @@ fn statement_writes(
                 // TK-15 (review7 finding 1): the statements done so far are recorded, so the
                 // command goes on at this one once it no longer has to wait.
                 if let Some(session) = state.data.lock().take_blocked() {
+                    *held = Some(firing);
                     return Err(session);
                 }
                 let Some(reply) = reply else {
@@ -1197,11 +1207,12 @@ impl Connection {
             .and_then(crate::commands::integer)
             .filter(|ms| *ms > 0)
             .map(|ms| Instant::now() + Duration::from_millis(ms.unsigned_abs()));
+        let mut held = None;
         loop {
             let notified = ended.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let blocked_by = match self.run(shared, name, request, fired.clone()) {
+            let blocked_by = match self.run(shared, name, request, fired.clone(), &mut held) {
                 Ok(response) => return response,
                 Err(session) => session,
             };
@@ -1230,6 +1241,7 @@ impl Connection {
         name: &str,
         request: &OpMsg,
         fired: Option<FailCommand>,
+        held: &mut HeldFiring,
     ) -> Result<Response, Vec<u8>> {
         let command = &request.body;
         let hello = is_hello(name);
@@ -1241,7 +1253,7 @@ impl Connection {
         if let (Some(key), Some(statements)) = (&write_key, statements) {
             let router = self.router(shared);
             return Ok(
-                match statement_writes(&mut state, shared, router, name, key, statements)? {
+                match statement_writes(&mut state, shared, router, name, key, statements, held)? {
                     Response::Reply(mut reply) => {
                         add_write_concern_error(fired, name, command, &mut reply);
                         add_topology_version(&state, shared.process_id, &mut reply);
@@ -1269,8 +1281,12 @@ impl Connection {
             }
         }
         let mut close_after_commit = false;
+        let mut firing = None;
         if write_key.is_some() {
-            match state.on_primary_write_firing() {
+            firing = held
+                .take()
+                .unwrap_or_else(|| state.on_primary_write_firing());
+            match firing {
                 Some(Firing::CloseWithoutCommit) => return Ok(Response::Close),
                 Some(Firing::CommitThenClose) => close_after_commit = true,
                 Some(Firing::Nothing) | None => {}
@@ -1296,6 +1312,7 @@ impl Connection {
             )
         };
         if let Some(session) = state.data.lock().take_blocked() {
+            *held = write_key.is_some().then_some(firing);
             return Err(session);
         }
         let Some(mut reply) = reply else {

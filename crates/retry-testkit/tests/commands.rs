@@ -1472,3 +1472,72 @@ async fn tk15_review8_f3_killing_sessions_aborts_their_transactions() {
     })
     .await
 }
+
+/// TK-11, TK-15 (review8 finding 5): `onPrimaryTransactionalWrite {times: 1}` is used up once by
+/// a retryable write that first waits for a transaction in progress and then runs: it commits
+/// and closes the connection on the rerun, for an insert and for an update (statement by
+/// statement).
+#[tokio::test]
+async fn tk11_review8_f5_a_waiting_write_fires_on_primary_write_once() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let handle = server.handle();
+        handle.insert("db.w", vec![doc! { "_id": 5 }]);
+        let in_transaction = |session: u8, body: Document| {
+            let mut body = body;
+            body.extend(doc! {
+                "lsid": lsid_of(session), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            });
+            body
+        };
+        let writes = [
+            (
+                doc! { "insert": "w", "documents": [{ "_id": 1 }], "$db": "db" },
+                doc! { "insert": "w", "documents": [{ "_id": 1 }], "$db": "db" },
+            ),
+            (
+                doc! { "update": "w", "updates": [{ "q": { "_id": 5 }, "u": { "$set": { "x": 1 } } }], "$db": "db" },
+                doc! { "update": "w", "updates": [{ "q": { "_id": 5 }, "u": { "$set": { "y": 1 } } }], "$db": "db" },
+            ),
+        ];
+        for (round, (in_txn, outside)) in writes.into_iter().enumerate() {
+            let session = 10 + 2 * round as u8;
+            let reply = client.command(in_transaction(session, in_txn)).await.unwrap();
+            assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+            let reply = client
+                .command(doc! {
+                    "configureFailPoint": "onPrimaryTransactionalWrite",
+                    "mode": { "times": 1 }, "$db": "admin",
+                })
+                .await
+                .unwrap();
+            assert_eq!(code(&reply), None, "{reply}");
+            let mut writer = RawClient::connect(server.address()).await.unwrap();
+            let mut retryable = outside;
+            retryable.insert("lsid", lsid_of(session + 1));
+            retryable.insert("txnNumber", 1_i64);
+            let waiting = tokio::spawn(async move { writer.command(retryable).await });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(!waiting.is_finished(), "the write waits for the transaction");
+            let abort = client
+                .command(doc! {
+                    "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(session),
+                    "txnNumber": 1_i64, "autocommit": false,
+                })
+                .await
+                .unwrap();
+            assert_eq!(code(&abort), None, "{abort}");
+            let result = waiting.await.unwrap();
+            assert!(result.is_err(), "committed, then closed: {result:?}");
+        }
+        let documents = handle.documents("db.w");
+        assert!(documents.iter().any(|d| d.get_i32("_id").ok() == Some(1)), "{documents:?}");
+        assert!(
+            documents.iter().any(|d| d.get_i32("y").ok() == Some(1) && d.get("x").is_none()),
+            "{documents:?}"
+        );
+        server.shutdown().await;
+    })
+    .await
+}
