@@ -90,7 +90,7 @@ mod commands;
 mod cursors;
 mod event_families;
 mod hedged;
-pub(crate) mod id_table;
+mod id_table;
 mod monitoring;
 mod operations;
 mod pins;
@@ -130,9 +130,9 @@ use crate::session::{ClusterClock, ServerSession, SessionPool};
 use crate::time::{Instant, OperationTimeout};
 use crate::topology::{SdamEvent, Topology, TopologySettings};
 
+use crate::id_table::IdTable;
 pub use commands::{CommandEvent, CommandInfo};
 pub use event_families::EventFamilies;
-use id_table::IdTable;
 use selection_cache::{SelectionCache, TrackedTopology};
 use worklist::{Machine, Timers};
 
