@@ -479,9 +479,11 @@ fn run(
                 ));
             };
             let commit = name == "commitTransaction";
+            // Review8 finding 2, TX-6: a mongos recovers a decision only with the token.
+            let token = command.get_document("recoveryToken").is_ok();
             match state
                 .store
-                .end_transaction(&session, number, commit, state.router)
+                .end_transaction(&session, number, commit, state.router, token)
             {
                 Ok(()) => ok(),
                 Err((code, message)) => error_reply(code, &message),

@@ -40,7 +40,7 @@ use crate::tls::ServerTls;
 
 /// TK-15 (review7 finding 1): a real server's default `transactionLifetimeLimitSeconds`: the
 /// longest a write outside any transaction without `maxTimeMS` waits for a transaction in
-/// progress (here counted from the start of the wait, not of the transaction).
+/// progress, counted from that transaction's start (review8 finding 6).
 const TRANSACTION_LIFETIME_LIMIT: Duration = Duration::from_secs(60);
 
 /// BP-3: the code of an ingress rate-limiter rejection.
@@ -1183,14 +1183,14 @@ impl Connection {
         // TK-15 (review7 finding 1): a write outside any transaction that touches a document a
         // transaction in progress changed waits until that transaction ends, then runs again;
         // `maxTimeMS` bounds the wait (MaxTimeMSExpired, 50), else the transaction lifetime
-        // limit, after which the transaction is aborted as a real server's reaper does.
+        // limit counted from the blocking transaction's own start (review8 finding 6), after
+        // which that transaction is aborted as a real server's reaper does.
         let ended = shared.lock().data.lock().transaction_ended();
         let max_time = command
             .get("maxTimeMS")
             .and_then(crate::commands::integer)
             .filter(|ms| *ms > 0)
-            .map(|ms| Duration::from_millis(ms.unsigned_abs()));
-        let deadline = Instant::now() + max_time.unwrap_or(TRANSACTION_LIFETIME_LIMIT);
+            .map(|ms| Instant::now() + Duration::from_millis(ms.unsigned_abs()));
         loop {
             let notified = ended.notified();
             tokio::pin!(notified);
@@ -1199,6 +1199,10 @@ impl Connection {
                 Ok(response) => return response,
                 Err(session) => session,
             };
+            let deadline = max_time.unwrap_or_else(|| {
+                let started = shared.lock().data.lock().transaction_started(&blocked_by);
+                started.map_or_else(Instant::now, |s| s + TRANSACTION_LIFETIME_LIMIT)
+            });
             tokio::select! {
                 () = &mut notified => {}
                 () = tokio::time::sleep_until(deadline) => {

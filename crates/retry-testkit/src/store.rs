@@ -126,6 +126,9 @@ struct Transaction {
     /// keeps its own router state for a transaction, while the data, and so the transaction
     /// itself, lives on the shards (the shared store).
     router: Option<ObjectId>,
+    /// TK-15 (review8 finding 6): when it started, on tokio's clock: a real server's reaper
+    /// aborts it `transactionLifetimeLimitSeconds` after this.
+    started: tokio::time::Instant,
 }
 
 /// A stored document's namespace and [`id_key`].
@@ -440,6 +443,15 @@ impl Store {
     /// older than `transactionLifetimeLimitSeconds`.
     pub(crate) fn expire_transaction(&mut self, session: &[u8]) {
         self.abort(session);
+    }
+
+    /// TK-15 (review8 finding 6): when the transaction in progress of `session` started (`None`
+    /// when it has none).
+    pub(crate) fn transaction_started(&self, session: &[u8]) -> Option<tokio::time::Instant> {
+        self.transactions
+            .get(session)
+            .filter(|t| t.state == TransactionState::InProgress)
+            .map(|t| t.started)
     }
 
     /// TK-15 (review7 gap b): the write outside any transaction that ran while a transaction was
@@ -797,6 +809,7 @@ impl Store {
                     touched: Vec::new(),
                     created: Vec::new(),
                     router,
+                    started: tokio::time::Instant::now(),
                 },
             );
             self.prune_history();
@@ -886,16 +899,29 @@ impl Store {
 
     /// TK-15: `commitTransaction` (idempotent once committed) or `abortTransaction` (puts the
     /// data back) of transaction `number` of `session`, on `router` (see
-    /// [`Store::transaction_command`]). On a mongos that did not start the transaction only a
-    /// commit of a committed one succeeds (its `recoveryToken` recovers the decision); anything
-    /// else is NoSuchTransaction (251) and changes nothing.
+    /// [`Store::transaction_command`]). On a mongos that did not start the transaction a commit
+    /// is a recovering commit: without `recovery_token` it is refused with 50940, as a real
+    /// mongos does (`TransactionRouter`, review8 finding 2, TX-6); with it, a commit of a
+    /// committed transaction succeeds. Anything else there is NoSuchTransaction (251) and
+    /// changes nothing.
     pub(crate) fn end_transaction(
         &mut self,
         session: &[u8],
         number: i64,
         commit: bool,
         router: Option<ObjectId>,
+        recovery_token: bool,
     ) -> Result<(), Refusal> {
+        let started_here = self
+            .transactions
+            .get(session)
+            .is_some_and(|t| t.number == number && t.router == router);
+        if commit && router.is_some() && !started_here && !recovery_token {
+            return Err((
+                50940,
+                "Cannot recover the transaction decision without a recoveryToken".to_owned(),
+            ));
+        }
         let Some(transaction) = self
             .transactions
             .get_mut(session)
@@ -1570,7 +1596,7 @@ mod tests {
             (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
         );
         assert_eq!(ids(&store), [0, 1], "the waiting delete was undone");
-        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
         assert_eq!(ids(&store), [1, 10]);
         assert_eq!(
             store
@@ -1594,7 +1620,7 @@ mod tests {
             s.matching("db.c", &doc! { "x": 1 })
         });
         assert_eq!(seen.unwrap().len(), 0);
-        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
         let after = in_transaction(&mut store, S2, 1, false, |s| {
             (
                 s.matching("db.c", &doc! { "x": 1 }).unwrap().len(),
@@ -1624,13 +1650,13 @@ mod tests {
             )
         });
         assert_eq!(write, (1, Err(QueryError::WriteConflict)));
-        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
         // Transaction 2 of S2 starts, then S1's transaction 2 commits `even: false` on 2.
         in_transaction(&mut store, S2, 2, true, |_| ());
         in_transaction(&mut store, S1, 2, true, |s| {
             set_one(s, doc! { "_id": 2 }, doc! { "even": false }).unwrap();
         });
-        assert_eq!(store.end_transaction(S1, 2, true, None), Ok(()));
+        assert_eq!(store.end_transaction(S1, 2, true, None, false), Ok(()));
         let old_value = in_transaction(&mut store, S2, 2, false, |s| {
             s.delete("db.c", &doc! { "_id": 2, "even": true }, false)
         });
@@ -1670,7 +1696,7 @@ mod tests {
             set_one(s, doc! { "_id": 0 }, doc! { "y": 1 })
         });
         assert_eq!((free.unwrap().modified, blocked), (1, None));
-        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
         let (insert, blocked) = outside(&mut store, |s| {
             s.insert("db.c", vec![doc! { "_id": 10 }], true)
         });
@@ -1755,7 +1781,7 @@ mod tests {
             assert!(s.create("db.made"));
             s.insert("db.c", vec![doc! { "_id": 1 }], true).unwrap();
         });
-        assert_eq!(store.end_transaction(S1, 1, false, None), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, false, None, false), Ok(()));
         assert_eq!(store.collection_names("db"), vec!["c"]);
         assert_eq!(ids(&store), [0]);
     }
@@ -1817,8 +1843,8 @@ mod tests {
             s.matching("db.c", &doc! {}).unwrap().len()
         });
         assert_eq!(later, 3, "a later snapshot sees them: 0, 2 and 10");
-        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
-        assert_eq!(store.end_transaction(S2, 1, true, None), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
+        assert_eq!(store.end_transaction(S2, 1, true, None, false), Ok(()));
         assert!(
             store.history.is_empty(),
             "nothing kept once no transaction is open"

@@ -826,8 +826,9 @@ async fn tk15_collections_a_transaction_creates_are_hidden_until_commit_and_drop
 /// shards, which every mongos shares, but each mongos keeps its own router state: a statement
 /// sent to a mongos that did not start the transaction is NoSuchTransaction (251) with
 /// TransientTransactionError, and so is an abort there or a commit of a transaction not yet
-/// committed (no decision to recover); a commit of a committed one succeeds there. The mongos
-/// that started it goes on as before.
+/// committed (no decision to recover); a commit of a committed one succeeds there with the
+/// `recoveryToken` and is refused with 50940 without it, as a real mongos does (review8 finding
+/// 2, TX-6). The mongos that started it goes on as before.
 #[tokio::test]
 async fn tk12_only_the_mongos_that_started_a_transaction_continues_it() {
     bounded(async {
@@ -851,14 +852,24 @@ async fn tk12_only_the_mongos_that_started_a_transaction_continues_it() {
         let abort = doc! { "abortTransaction": 1, "$db": "admin" };
         let reply = first.command(command(insert(1), 1, true)).await.unwrap();
         assert_eq!(code(&reply), None, "{reply}");
+        let token = reply.get_document("recoveryToken").unwrap().clone();
+        let with_token = |mut body: Document| {
+            body.insert("recoveryToken", token.clone());
+            body
+        };
         let reply = other.command(command(insert(2), 1, false)).await.unwrap();
         assert_eq!(code(&reply), Some(251), "{reply}");
         assert_eq!(labels(&reply), ["TransientTransactionError"]);
         let reply = other
-            .command(command(commit.clone(), 1, false))
+            .command(command(with_token(commit.clone()), 1, false))
             .await
             .unwrap();
         assert_eq!(code(&reply), Some(251), "no decision to recover: {reply}");
+        let reply = other
+            .command(command(commit.clone(), 1, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(50940), "no recoveryToken: {reply}");
         let reply = other
             .command(command(abort.clone(), 1, false))
             .await
@@ -871,7 +882,15 @@ async fn tk12_only_the_mongos_that_started_a_transaction_continues_it() {
             .await
             .unwrap();
         assert_eq!(code(&reply), None, "{reply}");
-        let reply = other.command(command(commit, 1, false)).await.unwrap();
+        let reply = other
+            .command(command(commit.clone(), 1, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(50940), "no recoveryToken: {reply}");
+        let reply = other
+            .command(command(with_token(commit), 1, false))
+            .await
+            .unwrap();
         assert_eq!(code(&reply), None, "the decision is recovered: {reply}");
         let ids: Vec<Bson> = servers[0]
             .handle()
