@@ -245,6 +245,31 @@ fn number(value: &Bson) -> Option<f64> {
     }
 }
 
+/// `$inc` as a real server adds (its safe-number rules): two int32s give an int32, or an int64
+/// when the sum does not fit; integers add exactly as int64s, and a sum that overflows an int64
+/// is refused (BadValue) rather than wrapped; with a double on either side, a double.
+fn increment(current: &Bson, by: &Bson, field: &str) -> Result<Bson, Unsupported> {
+    let integer = |value: &Bson| match value {
+        Bson::Int32(v) => Some(i64::from(*v)),
+        Bson::Int64(v) => Some(*v),
+        _ => None,
+    };
+    if let (Bson::Int32(a), Bson::Int32(b)) = (current, by) {
+        return Ok(a
+            .checked_add(*b)
+            .map_or(Bson::Int64(i64::from(*a) + i64::from(*b)), Bson::Int32));
+    }
+    if let (Some(a), Some(b)) = (integer(current), integer(by)) {
+        return a.checked_add(b).map(Bson::Int64).ok_or_else(|| {
+            Unsupported::bad_value(&format!("$inc overflows the 64-bit integer {field}"))
+        });
+    }
+    match (number(current), number(by)) {
+        (Some(x), Some(y)) => Ok(Bson::Double(x + y)),
+        _ => Err(Unsupported(format!("$inc on non-number {field}"))),
+    }
+}
+
 /// Applies `update` (operators, or a replacement keeping `_id`) to `document`.
 pub(crate) fn apply_update(document: &mut Document, update: &Document) -> Result<(), Unsupported> {
     if !update.keys().next().is_some_and(|k| k.starts_with('$')) {
@@ -271,18 +296,9 @@ pub(crate) fn apply_update(document: &mut Document, update: &Document) -> Result
                     document.remove(field);
                 }
                 "$inc" => {
-                    let sum = match (document.get(field), value) {
-                        (None, v) => v.clone(),
-                        (Some(Bson::Int32(a)), Bson::Int32(b)) => Bson::Int32(a.wrapping_add(*b)),
-                        (Some(a), b) => match (number(a), number(b)) {
-                            (Some(x), Some(y))
-                                if matches!(a, Bson::Double(_)) || matches!(b, Bson::Double(_)) =>
-                            {
-                                Bson::Double(x + y)
-                            }
-                            (Some(x), Some(y)) => Bson::Int64(x as i64 + y as i64),
-                            _ => return Err(Unsupported(format!("$inc on non-number {field}"))),
-                        },
+                    let sum = match document.get(field) {
+                        None => value.clone(),
+                        Some(current) => increment(current, value, field)?,
                     };
                     document.insert(field, sum);
                 }
@@ -368,5 +384,37 @@ mod tests {
             upsert_seed(&doc! { "_id": 4, "x": { "$gt": 1 } }),
             doc! { "_id": 4 }
         );
+    }
+
+    /// TK-14 (house rule 7): `$inc` adds as a real server does: an int32 sum that overflows
+    /// becomes an int64, int64s add exactly (2^53 + 1 stays odd), an int64 overflow is refused,
+    /// a double makes a double.
+    #[test]
+    fn inc_adds_like_a_real_server() {
+        let inc = |current: Bson, by: Bson| {
+            let mut document = doc! { "x": current };
+            apply_update(&mut document, &doc! { "$inc": { "x": by } })
+                .map(|()| document.get("x").cloned())
+        };
+        assert_eq!(
+            inc(Bson::Int32(1), Bson::Int32(2)),
+            Ok(Some(Bson::Int32(3)))
+        );
+        assert_eq!(
+            inc(Bson::Int32(i32::MAX), Bson::Int32(1)),
+            Ok(Some(Bson::Int64(i64::from(i32::MAX) + 1)))
+        );
+        assert_eq!(
+            inc(Bson::Int64(1 << 53), Bson::Int32(1)),
+            Ok(Some(Bson::Int64((1 << 53) + 1)))
+        );
+        assert!(
+            inc(Bson::Int64(i64::MAX), Bson::Int64(1)).is_err_and(|e| e.0.starts_with(BAD_VALUE))
+        );
+        assert_eq!(
+            inc(Bson::Int64(1), Bson::Double(0.5)),
+            Ok(Some(Bson::Double(1.5)))
+        );
+        assert!(inc(Bson::String("a".into()), Bson::Int32(1)).is_err());
     }
 }
