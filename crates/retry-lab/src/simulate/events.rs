@@ -77,6 +77,12 @@ impl Lane {
     /// Appends `event`, which must not be earlier than any event in the lane.
     #[inline]
     pub(super) fn push(&mut self, event: Event) {
+        debug_assert!(
+            self.events
+                .last()
+                .is_none_or(|last| last.key() <= event.key()),
+            "a lane's events come in key order"
+        );
         if self.head == self.events.len() {
             self.events.clear();
             self.head = 0;
@@ -99,10 +105,10 @@ impl Lane {
     /// Takes the earliest event.
     #[inline]
     pub(super) fn pop(&mut self) -> Option<Event> {
-        let event = self.events.get(self.head).copied();
+        let event = self.events.get(self.head).copied()?;
         self.head += 1;
         self.front = self.events.get(self.head).map_or(NONE, Event::key);
-        event
+        Some(event)
     }
 }
 
@@ -389,5 +395,18 @@ mod tests {
             next += 1;
         }
         assert_eq!(next, 10_000);
+    }
+
+    /// Review8 finding 8: popping an empty lane takes nothing and loses nothing pushed after.
+    #[test]
+    fn popping_an_empty_lane_loses_no_later_event() {
+        let mut lane = Lane::default();
+        assert!(lane.pop().is_none());
+        lane.push(event(1, 1));
+        assert_eq!(lane.pop().map(|e| e.time), Some(1));
+        assert!(lane.pop().is_none() && lane.pop().is_none());
+        lane.push(event(2, 2));
+        assert_eq!(lane.min_key(), event(2, 2).key());
+        assert_eq!(lane.pop().map(|e| e.time), Some(2));
     }
 }
