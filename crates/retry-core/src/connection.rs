@@ -360,6 +360,13 @@ pub struct Connection {
     events: VecDeque<ConnectionEvent>,
 }
 
+/// HS-2: the handshake command as the OP_MSG (request id 1) a new connection writes first.
+pub(crate) fn encode_handshake(handshake_command: Document) -> Result<Vec<u8>, EncodeError> {
+    let mut hello = Vec::new();
+    OpMsg::command(1, handshake_command).encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut hello)?;
+    Ok(hello)
+}
+
 impl Connection {
     /// A connection created at `now`, waiting for its socket. `handshake_command` is the document
     /// from [`HandshakeOptions::command`](crate::handshake::HandshakeOptions::command); it is encoded
@@ -372,15 +379,24 @@ impl Connection {
         handshake_command: Document,
         now: Instant,
     ) -> Result<Connection, EncodeError> {
+        let hello = encode_handshake(handshake_command)?;
+        Ok(Connection::with_encoded_handshake(config, hello, now))
+    }
+
+    /// [`Connection::new`] with the handshake already encoded by [`encode_handshake`]: an engine
+    /// encodes its handshake once (HS-2) and hands every socket a copy of the bytes.
+    pub(crate) fn with_encoded_handshake(
+        config: ConnectionConfig,
+        hello: Vec<u8>,
+        now: Instant,
+    ) -> Connection {
         let connect_deadline = Some(config.connect_timeout)
             .filter(|t| !t.is_zero())
             .map(|t| now.saturating_add(t));
         let deadline = earliest(connect_deadline, config.establishment_deadline);
-        let mut hello = Vec::new();
-        OpMsg::command(1, handshake_command).encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut hello)?;
         let mut decoder = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
         decoder.set_decompressor(config.decompressor);
-        Ok(Connection {
+        Connection {
             config,
             state: ConnectionState::Connecting,
             decoder,
@@ -394,7 +410,7 @@ impl Connection {
             deadline,
             outbound: Vec::new(),
             events: VecDeque::new(),
-        })
+        }
     }
 
     /// AU-2: this connection authenticates with `authentication` after the handshake, whose

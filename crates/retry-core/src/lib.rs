@@ -265,6 +265,7 @@ pub mod engine;
 pub mod error;
 pub mod handshake;
 pub mod hedging;
+mod id_table;
 pub mod max_time;
 pub mod monitor;
 pub mod option_error;

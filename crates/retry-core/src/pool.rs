@@ -23,8 +23,8 @@ use core::fmt;
 use core::time::Duration;
 
 use crate::address::ServerAddress;
-use crate::engine::id_table::IdTable;
 use crate::error::OperationError;
+use crate::id_table::IdTable;
 use crate::time::Instant;
 
 /// Pool options (CMAP).

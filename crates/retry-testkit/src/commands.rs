@@ -374,7 +374,30 @@ fn run(
         return Some(refusal);
     }
     Some(match name {
-        "ping" | "endSessions" | "killAllSessions" => ok(),
+        "ping" | "endSessions" => ok(),
+        // UT-25, TK-15 (review8 finding 3): killing sessions aborts their transactions; an
+        // empty list kills all of them (no users: every session is the caller's).
+        "killAllSessions" | "killSessions" => match command.get(name) {
+            Some(Bson::Array(patterns)) if patterns.is_empty() => {
+                state.store.kill_sessions(None);
+                ok()
+            }
+            Some(Bson::Array(sessions)) if name == "killSessions" => {
+                let sessions: Option<Vec<Vec<u8>>> = sessions
+                    .iter()
+                    .map(|s| s.as_document().and_then(|d| d.to_vec().ok()))
+                    .collect();
+                match sessions {
+                    Some(sessions) => {
+                        state.store.kill_sessions(Some(&sessions));
+                        ok()
+                    }
+                    None => error_reply(14, "killSessions takes an array of session ids"),
+                }
+            }
+            Some(Bson::Array(_)) => unsupported_reply("killAllSessions with user patterns"),
+            _ => error_reply(14, &format!("{name} must be an array")),
+        },
         "buildInfo" | "buildinfo" => {
             let [major, minor, patch] = version_for_wire(max_wire_version);
             doc! {
@@ -479,9 +502,11 @@ fn run(
                 ));
             };
             let commit = name == "commitTransaction";
+            // Review8 finding 2, TX-6: a mongos recovers a decision only with the token.
+            let token = command.get_document("recoveryToken").is_ok();
             match state
                 .store
-                .end_transaction(&session, number, commit, state.router)
+                .end_transaction(&session, number, commit, state.router, token)
             {
                 Ok(()) => ok(),
                 Err((code, message)) => error_reply(code, &message),

@@ -64,9 +64,8 @@
 //!    changes and drops the collections it created). A write outside any transaction that
 //!    touches a document a transaction in progress changed waits until it ends, as on a real
 //!    server, bounded by `maxTimeMS` (MaxTimeMSExpired 50) or else by 60 s, the default
-//!    `transactionLifetimeLimitSeconds`, after which that transaction is aborted (a real
-//!    server's reaper counts the 60 s from the transaction's start, the test server from the
-//!    start of the wait). A multi-statement write outside any transaction is undone whole and
+//!    `transactionLifetimeLimitSeconds` counted from that transaction's start, after which it
+//!    is aborted, as a real server's reaper does. A multi-statement write outside any transaction is undone whole and
 //!    runs again after the wait, where a real server keeps the statements done before it (a
 //!    retryable write resumes at its waiting statement on both). A command, operator, stage,
 //!    option or fail point the server does not

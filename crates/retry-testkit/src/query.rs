@@ -144,18 +144,76 @@ fn field_matches(value: Option<&Bson>, condition: &Bson) -> Result<bool, Unsuppo
     Ok(true)
 }
 
-/// Equality as the server sees it: numbers by value across their types.
+/// Equality as the server sees it: numbers by exact value across their types (review8 finding
+/// 7: int64s are never rounded through f64), and NaN equal to NaN.
 pub(crate) fn equal(a: &Bson, b: &Bson) -> bool {
-    match (number(a), number(b)) {
-        (Some(x), Some(y)) => x == y,
+    match (exact_number(a), exact_number(b)) {
+        (Some(Exact::Double(x)), Some(Exact::Double(y))) if x.is_nan() && y.is_nan() => true,
+        (Some(x), Some(y)) => compare_numbers(x, y) == Some(Ordering::Equal),
         _ => a == b,
     }
 }
 
+/// A BSON number as the server compares it: integers exactly, doubles as they are.
+#[derive(Clone, Copy)]
+pub(crate) enum Exact {
+    /// An Int32 or Int64.
+    Int(i64),
+    /// A Double.
+    Double(f64),
+}
+
+pub(crate) fn exact_number(value: &Bson) -> Option<Exact> {
+    match value {
+        Bson::Int32(v) => Some(Exact::Int(i64::from(*v))),
+        Bson::Int64(v) => Some(Exact::Int(*v)),
+        Bson::Double(v) => Some(Exact::Double(*v)),
+        _ => None,
+    }
+}
+
+/// Review8 finding 7: the exact order of two numbers (an int64 against a double without
+/// rounding the int64); `None` when a NaN is involved.
+fn compare_numbers(a: Exact, b: Exact) -> Option<Ordering> {
+    match (a, b) {
+        (Exact::Int(x), Exact::Int(y)) => Some(x.cmp(&y)),
+        (Exact::Double(x), Exact::Double(y)) => x.partial_cmp(&y),
+        (Exact::Int(x), Exact::Double(y)) => int_against_double(x, y),
+        (Exact::Double(x), Exact::Int(y)) => int_against_double(y, x).map(Ordering::reverse),
+    }
+}
+
+/// The order of `int` against `double`, exactly.
+fn int_against_double(int: i64, double: f64) -> Option<Ordering> {
+    // 2^63 as f64 is exact; every double at or above it is above every int64.
+    const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
+    if double.is_nan() {
+        return None;
+    }
+    if double >= TWO_TO_63 {
+        return Some(Ordering::Less);
+    }
+    if double < -TWO_TO_63 {
+        return Some(Ordering::Greater);
+    }
+    let whole = double.trunc();
+    // In range: the truncation is exact.
+    let whole_int = whole as i64;
+    Some(int.cmp(&whole_int).then_with(|| {
+        if double > whole {
+            Ordering::Less
+        } else if double < whole {
+            Ordering::Greater
+        } else {
+            Ordering::Equal
+        }
+    }))
+}
+
 fn compare(value: Option<&Bson>, operand: &Bson) -> Option<Ordering> {
     let value = value?;
-    match (number(value), number(operand)) {
-        (Some(x), Some(y)) => x.partial_cmp(&y),
+    match (exact_number(value), exact_number(operand)) {
+        (Some(x), Some(y)) => compare_numbers(x, y),
         _ => match (value, operand) {
             (Bson::String(x), Bson::String(y)) => Some(x.cmp(y)),
             _ => None,
@@ -187,6 +245,31 @@ fn number(value: &Bson) -> Option<f64> {
     }
 }
 
+/// `$inc` as a real server adds (its safe-number rules): two int32s give an int32, or an int64
+/// when the sum does not fit; integers add exactly as int64s, and a sum that overflows an int64
+/// is refused (BadValue) rather than wrapped; with a double on either side, a double.
+fn increment(current: &Bson, by: &Bson, field: &str) -> Result<Bson, Unsupported> {
+    let integer = |value: &Bson| match value {
+        Bson::Int32(v) => Some(i64::from(*v)),
+        Bson::Int64(v) => Some(*v),
+        _ => None,
+    };
+    if let (Bson::Int32(a), Bson::Int32(b)) = (current, by) {
+        return Ok(a
+            .checked_add(*b)
+            .map_or(Bson::Int64(i64::from(*a) + i64::from(*b)), Bson::Int32));
+    }
+    if let (Some(a), Some(b)) = (integer(current), integer(by)) {
+        return a.checked_add(b).map(Bson::Int64).ok_or_else(|| {
+            Unsupported::bad_value(&format!("$inc overflows the 64-bit integer {field}"))
+        });
+    }
+    match (number(current), number(by)) {
+        (Some(x), Some(y)) => Ok(Bson::Double(x + y)),
+        _ => Err(Unsupported(format!("$inc on non-number {field}"))),
+    }
+}
+
 /// Applies `update` (operators, or a replacement keeping `_id`) to `document`.
 pub(crate) fn apply_update(document: &mut Document, update: &Document) -> Result<(), Unsupported> {
     if !update.keys().next().is_some_and(|k| k.starts_with('$')) {
@@ -213,18 +296,9 @@ pub(crate) fn apply_update(document: &mut Document, update: &Document) -> Result
                     document.remove(field);
                 }
                 "$inc" => {
-                    let sum = match (document.get(field), value) {
-                        (None, v) => v.clone(),
-                        (Some(Bson::Int32(a)), Bson::Int32(b)) => Bson::Int32(a.wrapping_add(*b)),
-                        (Some(a), b) => match (number(a), number(b)) {
-                            (Some(x), Some(y))
-                                if matches!(a, Bson::Double(_)) || matches!(b, Bson::Double(_)) =>
-                            {
-                                Bson::Double(x + y)
-                            }
-                            (Some(x), Some(y)) => Bson::Int64(x as i64 + y as i64),
-                            _ => return Err(Unsupported(format!("$inc on non-number {field}"))),
-                        },
+                    let sum = match document.get(field) {
+                        None => value.clone(),
+                        Some(current) => increment(current, value, field)?,
                     };
                     document.insert(field, sum);
                 }
@@ -310,5 +384,37 @@ mod tests {
             upsert_seed(&doc! { "_id": 4, "x": { "$gt": 1 } }),
             doc! { "_id": 4 }
         );
+    }
+
+    /// TK-14 (house rule 7): `$inc` adds as a real server does: an int32 sum that overflows
+    /// becomes an int64, int64s add exactly (2^53 + 1 stays odd), an int64 overflow is refused,
+    /// a double makes a double.
+    #[test]
+    fn inc_adds_like_a_real_server() {
+        let inc = |current: Bson, by: Bson| {
+            let mut document = doc! { "x": current };
+            apply_update(&mut document, &doc! { "$inc": { "x": by } })
+                .map(|()| document.get("x").cloned())
+        };
+        assert_eq!(
+            inc(Bson::Int32(1), Bson::Int32(2)),
+            Ok(Some(Bson::Int32(3)))
+        );
+        assert_eq!(
+            inc(Bson::Int32(i32::MAX), Bson::Int32(1)),
+            Ok(Some(Bson::Int64(i64::from(i32::MAX) + 1)))
+        );
+        assert_eq!(
+            inc(Bson::Int64(1 << 53), Bson::Int32(1)),
+            Ok(Some(Bson::Int64((1 << 53) + 1)))
+        );
+        assert!(
+            inc(Bson::Int64(i64::MAX), Bson::Int64(1)).is_err_and(|e| e.0.starts_with(BAD_VALUE))
+        );
+        assert_eq!(
+            inc(Bson::Int64(1), Bson::Double(0.5)),
+            Ok(Some(Bson::Double(1.5)))
+        );
+        assert!(inc(Bson::String("a".into()), Bson::Int32(1)).is_err());
     }
 }

@@ -142,13 +142,13 @@ pub(crate) fn generic_field_refusal(name: &str, command: &Document) -> Option<Do
 }
 
 /// HS-4 (review7 finding 3): what a real server's hello refuses about its `client` metadata
-/// (`ClientMetadata::parse`): larger than 512 bytes, 1,024 on a router (ClientMetadataDocumentTooLarge,
-/// 185); `application`, `driver` or `os` not a document, `application.name`, `driver.name`,
+/// (`ClientMetadata::parse`): larger than 1,024 bytes on a mongod, 512 on a router (review8 finding
+/// 1; ClientMetadataDocumentTooLarge, 185); `application`, `driver` or `os` not a document, `application.name`, `driver.name`,
 /// `driver.version` or `os.type` not a string (TypeMismatch, 14); `application.name` over 128
 /// bytes (ClientMetadataAppNameTooLarge, 184); no `driver` with `name` and `version`, or no `os`
 /// with `type` (ClientMetadataMissingField, 183).
 pub(crate) fn client_metadata_refusal(client: &Document, router: bool) -> Option<Document> {
-    let limit = if router { 1024 } else { 512 };
+    let limit = if router { 512 } else { 1024 };
     if client.to_vec().map_or(0, |b| b.len()) > limit {
         return Some(error_reply(
             185,

@@ -40,7 +40,7 @@ use crate::tls::ServerTls;
 
 /// TK-15 (review7 finding 1): a real server's default `transactionLifetimeLimitSeconds`: the
 /// longest a write outside any transaction without `maxTimeMS` waits for a transaction in
-/// progress (here counted from the start of the wait, not of the transaction).
+/// progress, counted from that transaction's start (review8 finding 6).
 const TRANSACTION_LIFETIME_LIMIT: Duration = Duration::from_secs(60);
 
 /// BP-3: the code of an ingress rate-limiter rejection.
@@ -135,7 +135,8 @@ impl State {
     }
 
     /// TK-11: whether `onPrimaryTransactionalWrite` fires on the retryable write about to
-    /// commit, consuming one of its `times` / `skip`.
+    /// commit, consuming one of its `times` / `skip` (once per statement: a statement that
+    /// waits keeps its firing for its rerun, [`HeldFiring`]).
     fn on_primary_write_firing(&mut self) -> Option<Firing> {
         let fail = self.on_primary_write.as_mut()?;
         let rng = &mut self.fail_point_rng;
@@ -166,6 +167,11 @@ impl State {
         Some(fired)
     }
 }
+
+/// TK-11 (review8 finding 5): the `onPrimaryTransactionalWrite` firing decided for a statement
+/// that then had to wait for a transaction (TK-15); its rerun takes it instead of using up the
+/// fail point again, so one write fires it once and a `CommitThenClose` is not lost.
+type HeldFiring = Option<Option<Firing>>;
 
 /// Switches the crate's tests set on a server: the Document path alone (to compare the raw path
 /// with it), and a fixed `me` and process id (so two servers' replies compare byte for byte).
@@ -466,6 +472,12 @@ impl ServerHandle {
         let mut state = self.shared.lock();
         state.role = role;
         state.topology_counter += 1;
+    }
+
+    /// UT-25, TK-15 (review8 finding 3): what `killAllSessions` does, without counting a
+    /// command: every transaction in progress on the server's data is aborted.
+    pub fn kill_all_sessions(&self) {
+        self.shared.lock().data.lock().kill_sessions(None);
     }
 
     /// Appends documents to the namespace `ns` (`db.collection`), as an unordered `insert`
@@ -816,6 +828,7 @@ fn statement_writes(
     name: &str,
     key: &WriteKey,
     statements: Vec<OpMsg>,
+    held: &mut HeldFiring,
 ) -> Result<Response, Vec<u8>> {
     if let Some(refusal) = begin_write(state, key) {
         return Ok(refusal);
@@ -834,7 +847,9 @@ fn statement_writes(
             Some(reply) => reply,
             None => {
                 replayed = false;
-                let firing = state.on_primary_write_firing();
+                let firing = held
+                    .take()
+                    .unwrap_or_else(|| state.on_primary_write_firing());
                 if firing == Some(Firing::CloseWithoutCommit) {
                     return Ok(Response::Close);
                 }
@@ -842,6 +857,7 @@ fn statement_writes(
                 // TK-15 (review7 finding 1): the statements done so far are recorded, so the
                 // command goes on at this one once it no longer has to wait.
                 if let Some(session) = state.data.lock().take_blocked() {
+                    *held = Some(firing);
                     return Err(session);
                 }
                 let Some(reply) = reply else {
@@ -1183,22 +1199,27 @@ impl Connection {
         // TK-15 (review7 finding 1): a write outside any transaction that touches a document a
         // transaction in progress changed waits until that transaction ends, then runs again;
         // `maxTimeMS` bounds the wait (MaxTimeMSExpired, 50), else the transaction lifetime
-        // limit, after which the transaction is aborted as a real server's reaper does.
+        // limit counted from the blocking transaction's own start (review8 finding 6), after
+        // which that transaction is aborted as a real server's reaper does.
         let ended = shared.lock().data.lock().transaction_ended();
         let max_time = command
             .get("maxTimeMS")
             .and_then(crate::commands::integer)
             .filter(|ms| *ms > 0)
-            .map(|ms| Duration::from_millis(ms.unsigned_abs()));
-        let deadline = Instant::now() + max_time.unwrap_or(TRANSACTION_LIFETIME_LIMIT);
+            .map(|ms| Instant::now() + Duration::from_millis(ms.unsigned_abs()));
+        let mut held = None;
         loop {
             let notified = ended.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let blocked_by = match self.run(shared, name, request, fired.clone()) {
+            let blocked_by = match self.run(shared, name, request, fired.clone(), &mut held) {
                 Ok(response) => return response,
                 Err(session) => session,
             };
+            let deadline = max_time.unwrap_or_else(|| {
+                let started = shared.lock().data.lock().transaction_started(&blocked_by);
+                started.map_or_else(Instant::now, |s| s + TRANSACTION_LIFETIME_LIMIT)
+            });
             tokio::select! {
                 () = &mut notified => {}
                 () = tokio::time::sleep_until(deadline) => {
@@ -1220,6 +1241,7 @@ impl Connection {
         name: &str,
         request: &OpMsg,
         fired: Option<FailCommand>,
+        held: &mut HeldFiring,
     ) -> Result<Response, Vec<u8>> {
         let command = &request.body;
         let hello = is_hello(name);
@@ -1231,7 +1253,7 @@ impl Connection {
         if let (Some(key), Some(statements)) = (&write_key, statements) {
             let router = self.router(shared);
             return Ok(
-                match statement_writes(&mut state, shared, router, name, key, statements)? {
+                match statement_writes(&mut state, shared, router, name, key, statements, held)? {
                     Response::Reply(mut reply) => {
                         add_write_concern_error(fired, name, command, &mut reply);
                         add_topology_version(&state, shared.process_id, &mut reply);
@@ -1259,8 +1281,12 @@ impl Connection {
             }
         }
         let mut close_after_commit = false;
+        let mut firing = None;
         if write_key.is_some() {
-            match state.on_primary_write_firing() {
+            firing = held
+                .take()
+                .unwrap_or_else(|| state.on_primary_write_firing());
+            match firing {
                 Some(Firing::CloseWithoutCommit) => return Ok(Response::Close),
                 Some(Firing::CommitThenClose) => close_after_commit = true,
                 Some(Firing::Nothing) | None => {}
@@ -1286,6 +1312,7 @@ impl Connection {
             )
         };
         if let Some(session) = state.data.lock().take_blocked() {
+            *held = write_key.is_some().then_some(firing);
             return Err(session);
         }
         let Some(mut reply) = reply else {

@@ -126,6 +126,9 @@ struct Transaction {
     /// keeps its own router state for a transaction, while the data, and so the transaction
     /// itself, lives on the shards (the shared store).
     router: Option<ObjectId>,
+    /// TK-15 (review8 finding 6): when it started, on tokio's clock: a real server's reaper
+    /// aborts it `transactionLifetimeLimitSeconds` after this.
+    started: tokio::time::Instant,
 }
 
 /// A stored document's namespace and [`id_key`].
@@ -148,20 +151,28 @@ struct Change {
     index: usize,
 }
 
-/// TK-15 (review7 finding 7): the key of an `_id` in [`Store::changes`]: ids that [`equal`]
-/// calls equal (numbers by value) share it.
+/// TK-15 (review7 finding 7, review8 finding 7): the key of an `_id` in [`Store::changes`]:
+/// ids that [`equal`] calls equal share it and others do not: an integral number that fits an
+/// int64 by that integer (exactly, never through f64; -0.0 is 0), another double by its bits,
+/// every NaN one key.
 fn id_key(id: &Bson) -> Vec<u8> {
-    let number = match id {
-        Bson::Int32(v) => Some(f64::from(*v)),
-        Bson::Int64(v) => Some(*v as f64),
-        Bson::Double(v) => Some(*v),
-        _ => None,
+    // 2^63 as f64 is exact; integral doubles in [-2^63, 2^63) convert to i64 exactly.
+    const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
+    let integer = |v: i64| {
+        let mut key = vec![0];
+        key.extend_from_slice(&v.to_be_bytes());
+        key
     };
-    match number {
-        // -0.0 and 0.0 are one id.
-        Some(v) => {
-            let v = if v == 0.0 { 0.0 } else { v };
-            let mut key = vec![0];
+    match crate::query::exact_number(id) {
+        Some(crate::query::Exact::Int(v)) => integer(v),
+        Some(crate::query::Exact::Double(v)) if v.is_nan() => vec![3],
+        Some(crate::query::Exact::Double(v))
+            if v.trunc() == v && (-TWO_TO_63..TWO_TO_63).contains(&v) =>
+        {
+            integer(v as i64)
+        }
+        Some(crate::query::Exact::Double(v)) => {
+            let mut key = vec![2];
             key.extend_from_slice(&v.to_bits().to_be_bytes());
             key
         }
@@ -440,6 +451,28 @@ impl Store {
     /// older than `transactionLifetimeLimitSeconds`.
     pub(crate) fn expire_transaction(&mut self, session: &[u8]) {
         self.abort(session);
+    }
+
+    /// UT-25, TK-15 (review8 finding 3): `killAllSessions` (`sessions` `None`) or `killSessions`
+    /// kills the sessions and so aborts their transactions in progress, as a real server does
+    /// (`killSessionsAbortUnpreparedTransactions`); a write waiting for one of them runs.
+    pub(crate) fn kill_sessions(&mut self, sessions: Option<&[Vec<u8>]>) {
+        let killed: Vec<Vec<u8>> = match sessions {
+            None => self.open.iter().cloned().collect(),
+            Some(sessions) => sessions.to_vec(),
+        };
+        for session in killed {
+            self.abort(&session);
+        }
+    }
+
+    /// TK-15 (review8 finding 6): when the transaction in progress of `session` started (`None`
+    /// when it has none).
+    pub(crate) fn transaction_started(&self, session: &[u8]) -> Option<tokio::time::Instant> {
+        self.transactions
+            .get(session)
+            .filter(|t| t.state == TransactionState::InProgress)
+            .map(|t| t.started)
     }
 
     /// TK-15 (review7 gap b): the write outside any transaction that ran while a transaction was
@@ -797,6 +830,7 @@ impl Store {
                     touched: Vec::new(),
                     created: Vec::new(),
                     router,
+                    started: tokio::time::Instant::now(),
                 },
             );
             self.prune_history();
@@ -886,16 +920,29 @@ impl Store {
 
     /// TK-15: `commitTransaction` (idempotent once committed) or `abortTransaction` (puts the
     /// data back) of transaction `number` of `session`, on `router` (see
-    /// [`Store::transaction_command`]). On a mongos that did not start the transaction only a
-    /// commit of a committed one succeeds (its `recoveryToken` recovers the decision); anything
-    /// else is NoSuchTransaction (251) and changes nothing.
+    /// [`Store::transaction_command`]). On a mongos that did not start the transaction a commit
+    /// is a recovering commit: without `recovery_token` it is refused with 50940, as a real
+    /// mongos does (`TransactionRouter`, review8 finding 2, TX-6); with it, a commit of a
+    /// committed transaction succeeds. Anything else there is NoSuchTransaction (251) and
+    /// changes nothing.
     pub(crate) fn end_transaction(
         &mut self,
         session: &[u8],
         number: i64,
         commit: bool,
         router: Option<ObjectId>,
+        recovery_token: bool,
     ) -> Result<(), Refusal> {
+        let started_here = self
+            .transactions
+            .get(session)
+            .is_some_and(|t| t.number == number && t.router == router);
+        if commit && router.is_some() && !started_here && !recovery_token {
+            return Err((
+                50940,
+                "Cannot recover the transaction decision without a recoveryToken".to_owned(),
+            ));
+        }
         let Some(transaction) = self
             .transactions
             .get_mut(session)
@@ -1570,7 +1617,7 @@ mod tests {
             (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
         );
         assert_eq!(ids(&store), [0, 1], "the waiting delete was undone");
-        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
         assert_eq!(ids(&store), [1, 10]);
         assert_eq!(
             store
@@ -1594,7 +1641,7 @@ mod tests {
             s.matching("db.c", &doc! { "x": 1 })
         });
         assert_eq!(seen.unwrap().len(), 0);
-        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
         let after = in_transaction(&mut store, S2, 1, false, |s| {
             (
                 s.matching("db.c", &doc! { "x": 1 }).unwrap().len(),
@@ -1624,17 +1671,65 @@ mod tests {
             )
         });
         assert_eq!(write, (1, Err(QueryError::WriteConflict)));
-        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
         // Transaction 2 of S2 starts, then S1's transaction 2 commits `even: false` on 2.
         in_transaction(&mut store, S2, 2, true, |_| ());
         in_transaction(&mut store, S1, 2, true, |s| {
             set_one(s, doc! { "_id": 2 }, doc! { "even": false }).unwrap();
         });
-        assert_eq!(store.end_transaction(S1, 2, true, None), Ok(()));
+        assert_eq!(store.end_transaction(S1, 2, true, None, false), Ok(()));
         let old_value = in_transaction(&mut store, S2, 2, false, |s| {
             s.delete("db.c", &doc! { "_id": 2, "even": true }, false)
         });
         assert_eq!(old_value, Err(QueryError::WriteConflict));
+    }
+
+    /// Review8 finding 7 (TK-15): `_id` equality and the change index compare int64s exactly
+    /// (2^53 and 2^53 + 1 are two ids, a real server takes both) and take every NaN as one id.
+    #[test]
+    fn review8_f7_int64_ids_above_2_pow_53_are_distinct_and_nans_one() {
+        let big = 9_007_199_254_740_992_i64;
+        let mut store = Store::default();
+        let (insert, _) = outside(&mut store, |s| {
+            s.insert(
+                "db.c",
+                vec![doc! { "_id": big }, doc! { "_id": big + 1 }],
+                true,
+            )
+        });
+        assert_eq!(insert.unwrap().n, 2, "distinct longs are distinct ids");
+        let (insert, _) = outside(&mut store, |s| {
+            s.insert(
+                "db.c",
+                vec![doc! { "_id": f64::NAN }, doc! { "_id": -f64::NAN }],
+                false,
+            )
+        });
+        assert_eq!(insert.unwrap().n, 1, "NaN ids are duplicates");
+        // The change index: a transaction's change to `big` does not block `big + 1`.
+        in_transaction(&mut store, S1, 1, true, |s| {
+            set_one(s, doc! { "_id": big }, doc! { "x": 1 }).unwrap();
+        });
+        let (update, blocked) = outside(&mut store, |s| {
+            set_one(s, doc! { "_id": big + 1 }, doc! { "x": 2 })
+        });
+        assert_eq!((update.map(|u| u.matched), blocked), (Ok(1), None));
+        let (update, blocked) = outside(&mut store, |s| {
+            set_one(s, doc! { "_id": big as f64 }, doc! { "x": 2 })
+        });
+        assert_eq!(
+            update.map(|u| u.matched),
+            Err(QueryError::Blocked(S1.to_vec()))
+        );
+        assert_eq!(blocked, Some(S1.to_vec()));
+        assert!(equal(&Bson::Int64(big), &Bson::Double(big as f64)));
+        assert!(!equal(&Bson::Int64(big + 1), &Bson::Double(big as f64)));
+        assert!(!equal(
+            &Bson::Int64(i64::MAX),
+            &Bson::Double(i64::MAX as f64)
+        ));
+        assert!(equal(&Bson::Double(f64::NAN), &Bson::Double(f64::NAN)));
+        assert_eq!(id_key(&Bson::Double(-0.0)), id_key(&Bson::Int32(0)));
     }
 
     /// TK-15 (review7 finding 1): a write outside any transaction that touches a document a
@@ -1670,7 +1765,7 @@ mod tests {
             set_one(s, doc! { "_id": 0 }, doc! { "y": 1 })
         });
         assert_eq!((free.unwrap().modified, blocked), (1, None));
-        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
         let (insert, blocked) = outside(&mut store, |s| {
             s.insert("db.c", vec![doc! { "_id": 10 }], true)
         });
@@ -1755,7 +1850,7 @@ mod tests {
             assert!(s.create("db.made"));
             s.insert("db.c", vec![doc! { "_id": 1 }], true).unwrap();
         });
-        assert_eq!(store.end_transaction(S1, 1, false, None), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, false, None, false), Ok(()));
         assert_eq!(store.collection_names("db"), vec!["c"]);
         assert_eq!(ids(&store), [0]);
     }
@@ -1817,8 +1912,8 @@ mod tests {
             s.matching("db.c", &doc! {}).unwrap().len()
         });
         assert_eq!(later, 3, "a later snapshot sees them: 0, 2 and 10");
-        assert_eq!(store.end_transaction(S1, 1, true, None), Ok(()));
-        assert_eq!(store.end_transaction(S2, 1, true, None), Ok(()));
+        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
+        assert_eq!(store.end_transaction(S2, 1, true, None, false), Ok(()));
         assert!(
             store.history.is_empty(),
             "nothing kept once no transaction is open"

@@ -826,8 +826,9 @@ async fn tk15_collections_a_transaction_creates_are_hidden_until_commit_and_drop
 /// shards, which every mongos shares, but each mongos keeps its own router state: a statement
 /// sent to a mongos that did not start the transaction is NoSuchTransaction (251) with
 /// TransientTransactionError, and so is an abort there or a commit of a transaction not yet
-/// committed (no decision to recover); a commit of a committed one succeeds there. The mongos
-/// that started it goes on as before.
+/// committed (no decision to recover); a commit of a committed one succeeds there with the
+/// `recoveryToken` and is refused with 50940 without it, as a real mongos does (review8 finding
+/// 2, TX-6). The mongos that started it goes on as before.
 #[tokio::test]
 async fn tk12_only_the_mongos_that_started_a_transaction_continues_it() {
     bounded(async {
@@ -851,14 +852,24 @@ async fn tk12_only_the_mongos_that_started_a_transaction_continues_it() {
         let abort = doc! { "abortTransaction": 1, "$db": "admin" };
         let reply = first.command(command(insert(1), 1, true)).await.unwrap();
         assert_eq!(code(&reply), None, "{reply}");
+        let token = reply.get_document("recoveryToken").unwrap().clone();
+        let with_token = |mut body: Document| {
+            body.insert("recoveryToken", token.clone());
+            body
+        };
         let reply = other.command(command(insert(2), 1, false)).await.unwrap();
         assert_eq!(code(&reply), Some(251), "{reply}");
         assert_eq!(labels(&reply), ["TransientTransactionError"]);
         let reply = other
-            .command(command(commit.clone(), 1, false))
+            .command(command(with_token(commit.clone()), 1, false))
             .await
             .unwrap();
         assert_eq!(code(&reply), Some(251), "no decision to recover: {reply}");
+        let reply = other
+            .command(command(commit.clone(), 1, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(50940), "no recoveryToken: {reply}");
         let reply = other
             .command(command(abort.clone(), 1, false))
             .await
@@ -871,7 +882,15 @@ async fn tk12_only_the_mongos_that_started_a_transaction_continues_it() {
             .await
             .unwrap();
         assert_eq!(code(&reply), None, "{reply}");
-        let reply = other.command(command(commit, 1, false)).await.unwrap();
+        let reply = other
+            .command(command(commit.clone(), 1, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(50940), "no recoveryToken: {reply}");
+        let reply = other
+            .command(command(with_token(commit), 1, false))
+            .await
+            .unwrap();
         assert_eq!(code(&reply), None, "the decision is recovered: {reply}");
         let ids: Vec<Bson> = servers[0]
             .handle()
@@ -1405,6 +1424,119 @@ async fn tk15_out_and_merge_are_refused_in_a_transaction() {
             assert_eq!(code(&reply), Some(263), "{reply}");
         }
         assert!(server.handle().documents("test.dst").is_empty());
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// UT-25, TK-15 (review8 finding 3): `killAllSessions` aborts the transactions in progress of
+/// the sessions it kills, as a real server does, so a later write outside any transaction to a
+/// document one of them changed does not wait; `killSessions` does the same for the sessions
+/// it names. The killed transaction cannot commit (NoSuchTransaction 251).
+#[tokio::test]
+async fn tk15_review8_f3_killing_sessions_aborts_their_transactions() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let start = |session: u8, id: i32| {
+            doc! {
+                "insert": "k", "documents": [{ "_id": id }], "$db": "test",
+                "lsid": lsid_of(session), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            }
+        };
+        let outside = |id: i32| {
+            doc! { "insert": "k", "documents": [{ "_id": id }], "$db": "test", "maxTimeMS": 1000 }
+        };
+        let kills = [
+            doc! { "killAllSessions": [], "$db": "admin" },
+            doc! { "killSessions": [lsid_of(2)], "$db": "admin" },
+        ];
+        for (session, kill) in [1_u8, 2].into_iter().zip(kills) {
+            let id = i32::from(session);
+            let reply = client.command(start(session, id)).await.unwrap();
+            assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+            let reply = client.command(kill).await.unwrap();
+            assert_eq!(code(&reply), None, "{reply}");
+            let reply = client.command(outside(id)).await.unwrap();
+            assert_eq!(reply.get_i32("n").ok(), Some(1), "no wait: {reply}");
+            let commit = client
+                .command(doc! {
+                    "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(session),
+                    "txnNumber": 1_i64, "autocommit": false,
+                })
+                .await
+                .unwrap();
+            assert_eq!(code(&commit), Some(251), "{commit}");
+        }
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// TK-11, TK-15 (review8 finding 5): `onPrimaryTransactionalWrite {times: 1}` is used up once by
+/// a retryable write that first waits for a transaction in progress and then runs: it commits
+/// and closes the connection on the rerun, for an insert and for an update (statement by
+/// statement).
+#[tokio::test]
+async fn tk11_review8_f5_a_waiting_write_fires_on_primary_write_once() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let handle = server.handle();
+        handle.insert("db.w", vec![doc! { "_id": 5 }]);
+        let in_transaction = |session: u8, body: Document| {
+            let mut body = body;
+            body.extend(doc! {
+                "lsid": lsid_of(session), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            });
+            body
+        };
+        let writes = [
+            (
+                doc! { "insert": "w", "documents": [{ "_id": 1 }], "$db": "db" },
+                doc! { "insert": "w", "documents": [{ "_id": 1 }], "$db": "db" },
+            ),
+            (
+                doc! { "update": "w", "updates": [{ "q": { "_id": 5 }, "u": { "$set": { "x": 1 } } }], "$db": "db" },
+                doc! { "update": "w", "updates": [{ "q": { "_id": 5 }, "u": { "$set": { "y": 1 } } }], "$db": "db" },
+            ),
+        ];
+        for (round, (in_txn, outside)) in writes.into_iter().enumerate() {
+            let session = 10 + 2 * round as u8;
+            let reply = client.command(in_transaction(session, in_txn)).await.unwrap();
+            assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+            let reply = client
+                .command(doc! {
+                    "configureFailPoint": "onPrimaryTransactionalWrite",
+                    "mode": { "times": 1 }, "$db": "admin",
+                })
+                .await
+                .unwrap();
+            assert_eq!(code(&reply), None, "{reply}");
+            let mut writer = RawClient::connect(server.address()).await.unwrap();
+            let mut retryable = outside;
+            retryable.insert("lsid", lsid_of(session + 1));
+            retryable.insert("txnNumber", 1_i64);
+            let waiting = tokio::spawn(async move { writer.command(retryable).await });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(!waiting.is_finished(), "the write waits for the transaction");
+            let abort = client
+                .command(doc! {
+                    "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(session),
+                    "txnNumber": 1_i64, "autocommit": false,
+                })
+                .await
+                .unwrap();
+            assert_eq!(code(&abort), None, "{abort}");
+            let result = waiting.await.unwrap();
+            assert!(result.is_err(), "committed, then closed: {result:?}");
+        }
+        let documents = handle.documents("db.w");
+        assert!(documents.iter().any(|d| d.get_i32("_id").ok() == Some(1)), "{documents:?}");
+        assert!(
+            documents.iter().any(|d| d.get_i32("y").ok() == Some(1) && d.get("x").is_none()),
+            "{documents:?}"
+        );
         server.shutdown().await;
     })
     .await

@@ -89,3 +89,64 @@ fn block_connection_ends_in_virtual_time() {
         server.shutdown().await;
     });
 }
+
+/// An `lsid` as a real server takes it: `{id: <UUID>}`, the UUID's bytes all `n`.
+fn lsid_of(n: u8) -> Document {
+    let uuid = bson::Binary {
+        subtype: bson::spec::BinarySubtype::Uuid,
+        bytes: vec![n; 16],
+    };
+    doc! { "id": uuid }
+}
+
+/// TK-15 (review8 finding 6): a write outside any transaction waits for each transaction in
+/// progress it runs into until that transaction is 60 s old (a real server's default
+/// `transactionLifetimeLimitSeconds`, counted from the transaction's own start), then that
+/// transaction is aborted. Here the write waits for A (started at 0 s) until 60 s, then runs
+/// into B (started at 30 s) and waits until 90 s, not aborting B at once.
+#[test]
+fn tk15_review8_f6_the_wait_deadline_counts_from_each_transactions_start() {
+    paused(|| async {
+        let server = TestServer::start_replica_set("rs0", 1, ServerConfig::default())
+            .await
+            .unwrap()
+            .remove(0);
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let mut writer = RawClient::connect(server.address()).await.unwrap();
+        let start_transaction = |session: u8, id: i32| {
+            doc! {
+                "insert": "t", "documents": [{ "_id": id }], "$db": "test",
+                "lsid": lsid_of(session), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            }
+        };
+        let start = Instant::now();
+        let reply = client.command(start_transaction(1, 1)).await.unwrap();
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        let waiting = tokio::spawn(async move {
+            let reply = writer
+                .command(doc! {
+                    "update": "t", "$db": "test",
+                    "updates": [
+                        { "q": { "_id": 1 }, "u": { "$set": { "x": 1 } }, "upsert": true },
+                        { "q": { "_id": 2 }, "u": { "$set": { "x": 1 } }, "upsert": true },
+                    ],
+                })
+                .await
+                .unwrap();
+            (reply, Instant::now())
+        });
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        let reply = other.command(start_transaction(2, 2)).await.unwrap();
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        let (reply, done) = waiting.await.unwrap();
+        assert_eq!(reply.get_i32("n").ok(), Some(2), "{reply}");
+        let waited = done - start;
+        assert!(
+            waited >= Duration::from_secs(90) && waited < Duration::from_secs(91),
+            "B expires 60 s after its own start: {waited:?}"
+        );
+        server.shutdown().await;
+    });
+}

@@ -32,6 +32,11 @@ pub async fn run_test(file: &Value, test: &Value, cluster: &Cluster) -> Result<(
     };
     let result = run_in(file, test, cluster, &mut entities).await;
     entities.close().await;
+    // UT-25 (review8 finding 3): `killAllSessions`, so no transaction a test left open makes a
+    // later test's writes on the shared cluster wait.
+    for handle in cluster.handles() {
+        handle.kill_all_sessions();
+    }
     let refused: Vec<String> = cluster
         .handles()
         .iter()

@@ -90,7 +90,7 @@ mod commands;
 mod cursors;
 mod event_families;
 mod hedged;
-pub(crate) mod id_table;
+mod id_table;
 mod monitoring;
 mod operations;
 mod pins;
@@ -111,7 +111,7 @@ use core::time::Duration;
 use smallvec::SmallVec;
 
 use crate::address::ServerAddress;
-use crate::connection::{Connection, ConnectionConfig, Request, DEFAULT_CONNECT_TIMEOUT};
+use crate::connection::{Connection, Request, DEFAULT_CONNECT_TIMEOUT};
 use crate::error::{NetworkCause, NetworkErrorKind, OperationError};
 use crate::handshake::HandshakeOptions;
 use crate::hedging::{HedgingEvent, HedgingMachine};
@@ -130,9 +130,9 @@ use crate::session::{ClusterClock, ServerSession, SessionPool};
 use crate::time::{Instant, OperationTimeout};
 use crate::topology::{SdamEvent, Topology, TopologySettings};
 
+use crate::id_table::IdTable;
 pub use commands::{CommandEvent, CommandInfo};
 pub use event_families::EventFamilies;
-use id_table::IdTable;
 use selection_cache::{SelectionCache, TrackedTopology};
 use worklist::{Machine, Timers};
 
@@ -621,6 +621,9 @@ pub struct Engine {
     next_op: u64,
     /// The handshake command every socket sends, built once (HS-2).
     handshake: Document,
+    /// `handshake` encoded once (HS-2): sockets that do not authenticate copy these bytes rather
+    /// than cloning and encoding the command each (an error only in the tests' unbuildable engine).
+    encoded_handshake: Result<Vec<u8>, crate::wire::EncodeError>,
     /// Machines with something to do, first in, first out; each at most once.
     work: VecDeque<Machine>,
     topology_queued: bool,
@@ -708,12 +711,8 @@ impl Engine {
             .handshake
             .command()
             .map_err(EngineError::Handshake)?;
-        Connection::new(
-            ConnectionConfig::new(ServerAddress::new("localhost", 27017)),
-            handshake.clone(),
-            now,
-        )
-        .map_err(EngineError::HandshakeEncoding)?;
+        let encoded_handshake = crate::connection::encode_handshake(handshake.clone())
+            .map_err(EngineError::HandshakeEncoding)?;
         let rng = EngineRng::from_seed_u64(options.seed);
         let srv = options
             .srv_polling
@@ -740,6 +739,7 @@ impl Engine {
             next_conn: 1,
             next_op: 1,
             handshake,
+            encoded_handshake: Ok(encoded_handshake),
             work: VecDeque::new(),
             topology_queued: false,
             timers: Timers::default(),
@@ -1113,6 +1113,8 @@ mod tests {
         )
         .expect("valid");
         engine.handshake = bson::doc! { "hel\0lo": 1 };
+        engine.encoded_handshake = crate::connection::encode_handshake(engine.handshake.clone());
+        assert!(engine.encoded_handshake.is_err());
         engine
     }
 

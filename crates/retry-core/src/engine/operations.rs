@@ -682,10 +682,19 @@ impl Engine {
         // operation is using (concurrent use of one session or cursor) is left alone, so that
         // operation keeps its reply; this attempt fails with a usage error, a client-side error
         // that changes no transaction state (TX-2) and dirties no session.
-        let busy = self
-            .sockets
-            .get(&conn)
-            .is_some_and(|s| s.op.is_some() || s.machine.state() == ConnectionState::InFlight);
+        // One socket lookup for what the attempt needs of its connection: in use, sessions
+        // supported (SE-1), and the server's minimum RTT (CS-4).
+        let (busy, supports_sessions, min_rtt) = match self.sockets.get(&conn) {
+            Some(s) => (
+                s.op.is_some() || s.machine.state() == ConnectionState::InFlight,
+                self.socket_supports_sessions(s),
+                self.server(s.server)
+                    .monitor
+                    .as_ref()
+                    .map_or(core::time::Duration::ZERO, |m| m.monitor.min_rtt()),
+            ),
+            None => (false, false, core::time::Duration::ZERO),
+        };
         if busy {
             if let Some(op) = self.ops.get_mut(&op_id) {
                 op.slots[slot].conn = None;
@@ -702,13 +711,6 @@ impl Engine {
         else {
             return;
         };
-        let supports_sessions = self.connection_supports_sessions(conn);
-        // CS-4: the minimum RTT of the server the attempt goes to.
-        let min_rtt = self
-            .sockets
-            .get(&conn)
-            .and_then(|s| self.server(s.server).monitor.as_ref())
-            .map_or(core::time::Duration::ZERO, |m| m.monitor.min_rtt());
         let prepared = self.prepare_attempt(
             op_id,
             slot,

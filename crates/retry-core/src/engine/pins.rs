@@ -431,7 +431,7 @@ impl Engine {
 
 /// The pool's id of the pooled connection `conn`, while its socket lives.
 fn pool_conn(
-    sockets: &super::id_table::IdTable<ConnId, super::Socket>,
+    sockets: &crate::id_table::IdTable<ConnId, super::Socket>,
     conn: ConnId,
 ) -> Option<ConnectionId> {
     match sockets.get(&conn)?.owner {

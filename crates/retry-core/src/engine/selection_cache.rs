@@ -62,11 +62,20 @@ impl Deref for TrackedTopology {
     }
 }
 
-/// The latest criteria's [`RepeatedSelection`], valid for one topology revision.
+/// How many criteria keep a [`RepeatedSelection`] per topology revision: a workload mixes a few
+/// (reads with their read preference, writes), and each one's first attempt then selects
+/// without rebuilding the pipeline (review8 finding 4).
+const CRITERIA_KEPT: usize = 4;
+
+/// The [`RepeatedSelection`]s of the criteria last used, valid for one topology revision.
 #[derive(Default)]
 pub(super) struct SelectionCache {
     revision: u64,
-    repeated: Option<RepeatedSelection>,
+    /// At most [`CRITERIA_KEPT`], the least recently built first.
+    repeated: Vec<RepeatedSelection>,
+    /// How many selections were built, for the tests of house rule 9.
+    #[cfg(test)]
+    built: usize,
 }
 
 impl SelectionCache {
@@ -82,23 +91,79 @@ impl SelectionCache {
         operation_count: impl Fn(&ServerAddress) -> u32,
         rng: &mut (impl RngCore + ?Sized),
     ) -> Option<&'a ServerDescription> {
-        let current = self.revision == topology.revision
-            && self
-                .repeated
-                .as_ref()
-                .is_some_and(|r| r.criteria() == criteria);
-        if !current {
+        if self.revision != topology.revision {
             self.revision = topology.revision;
-            self.repeated = Some(RepeatedSelection::new(
-                topology.description().clone(),
-                criteria.clone(),
-                settings,
-            ));
+            self.repeated.clear();
         }
-        let repeated = self.repeated.as_mut()?;
-        repeated
+        let index = match self.repeated.iter().position(|r| r.criteria() == criteria) {
+            Some(index) => index,
+            None => {
+                #[cfg(test)]
+                {
+                    self.built += 1;
+                }
+                if self.repeated.len() == CRITERIA_KEPT {
+                    self.repeated.remove(0);
+                }
+                self.repeated.push(RepeatedSelection::new(
+                    topology.description().clone(),
+                    criteria.clone(),
+                    settings,
+                ));
+                self.repeated.len() - 1
+            }
+        };
+        self.repeated[index]
             .select(deprioritized, operation_count, rng)
             .ok()
             .flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::selection::ReadPreference;
+
+    /// Review8 finding 4 (issue 9, house rule 9): reads and writes taking turns reuse one
+    /// selection each while the topology holds, instead of rebuilding (and cloning the
+    /// description) on every change of criteria; a topology input drops them all.
+    #[test]
+    fn mixed_criteria_keep_one_selection_each_per_revision() {
+        let settings =
+            crate::topology::TopologySettings::new(alloc::vec![ServerAddress::new("a", 27017)]);
+        let topology = Topology::new(settings, crate::time::Instant::ZERO).expect("a topology");
+        let mut tracked = TrackedTopology::new(topology);
+        let mut cache = SelectionCache::default();
+        let mut rng = crate::rng::EngineRng::from_seed_u64(7);
+        let read = SelectionCriteria::Read(ReadPreference::PRIMARY);
+        let write = SelectionCriteria::Write;
+        for _ in 0..3 {
+            for criteria in [&read, &write] {
+                cache.select(
+                    &tracked,
+                    criteria,
+                    &[],
+                    SelectionSettings::default(),
+                    |_| 0,
+                    &mut rng,
+                );
+            }
+        }
+        assert_eq!(cache.built, 2, "one build per criteria, then reused");
+        tracked.input();
+        cache.select(
+            &tracked,
+            &write,
+            &[],
+            SelectionSettings::default(),
+            |_| 0,
+            &mut rng,
+        );
+        assert_eq!(
+            (cache.built, cache.repeated.len()),
+            (3, 1),
+            "a new revision drops the old selections"
+        );
     }
 }

@@ -581,10 +581,10 @@ impl Engine {
     }
 
     /// SE-8 by the connection's own handshake reply (LB-5: always in load-balanced mode).
-    pub(super) fn connection_supports_sessions(&self, conn: super::ConnId) -> bool {
-        self.sockets
-            .get(&conn)
-            .and_then(|s| s.machine.handshake())
+    pub(super) fn socket_supports_sessions(&self, socket: &super::Socket) -> bool {
+        socket
+            .machine
+            .handshake()
             .is_some_and(|h| connection_supports_sessions(h, self.options.topology.load_balanced))
     }
 

@@ -55,7 +55,10 @@ impl Engine {
                 machine.set_authentication(auth);
                 machine
             }
-            _ => Connection::new(config, self.handshake.clone(), now).ok()?,
+            _ => {
+                let hello = self.encoded_handshake.as_ref().ok()?.clone();
+                Connection::with_encoded_handshake(config, hello, now)
+            }
         };
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;

@@ -887,7 +887,7 @@ fn generic_field_cases() -> Vec<(&'static str, Document, Option<i32>)> {
             Some(184),
         ),
         (
-            "new connection: client of 1,100 bytes (mongos: 1,024 at most)",
+            "new connection: client of 1,100 bytes (mongos: 512 at most)",
             hello(doc! { "client": metadata(doc! { "platform": "p".repeat(1_000) }) }),
             Some(185),
         ),
@@ -943,6 +943,66 @@ async fn review7_f3_generic_fields_get_a_real_servers_answers_on_both_paths() {
                 *expected,
                 "raw: {raw}: {label}: {body}"
             );
+        }
+    }
+}
+
+/// HS-4 client metadata of exactly `size` bytes (a padded `platform`).
+fn metadata_of_size(size: usize) -> Document {
+    let base = metadata(doc! { "platform": "" });
+    let base_len = base.to_vec().unwrap().len();
+    let client = metadata(doc! { "platform": "p".repeat(size - base_len) });
+    assert_eq!(client.to_vec().unwrap().len(), size);
+    client
+}
+
+/// Review8 finding 1 (HS-4): the client-metadata sizes each role takes, as in the server's
+/// `client_metadata.cpp`: a mongod up to 1,024 bytes, a mongos (or behind a load balancer) up to
+/// 512; one byte more is ClientMetadataDocumentTooLarge (185).
+fn metadata_size_cases(role: &Role) -> Vec<(usize, Option<i32>)> {
+    let limit = match role {
+        Role::Mongos | Role::LoadBalancer { .. } => 512,
+        _ => 1024,
+    };
+    [512, 513, 1024, 1025]
+        .into_iter()
+        .map(|size| (size, (size > limit).then_some(185)))
+        .collect()
+}
+
+fn metadata_size_script(role: &Role) -> Script {
+    let mut s = Script { steps: Vec::new() };
+    for (size, _) in metadata_size_cases(role) {
+        s.steps.push(Step::Reconnect);
+        let body = doc! { "hello": 1, "$db": "admin", "client": metadata_of_size(size) };
+        s.send(&format!("hello with a {size}-byte client"), body);
+    }
+    s
+}
+
+/// Review8 finding 1 (HS-4, house rule 7): a mongod takes 1,024 bytes of client metadata and a
+/// mongos 512, on both the raw and the Document path.
+#[tokio::test]
+async fn review8_f1_client_metadata_size_limit_per_role_on_both_paths() {
+    let roles = [
+        Role::Standalone,
+        Role::ReplicaSetMember(ReplicaSetMember::primary("rs0")),
+        Role::Mongos,
+        Role::LoadBalancer { service_id: true },
+    ];
+    for role in roles {
+        for raw in [true, false] {
+            let (outcomes, _, _) = run(&role, false, raw, metadata_size_script).await;
+            let replies = outcomes.iter().filter(|(_, o)| *o != Outcome::Done);
+            let cases = metadata_size_cases(&role);
+            assert_eq!(replies.clone().count(), cases.len());
+            for ((size, expected), (label, outcome)) in cases.into_iter().zip(replies) {
+                assert_eq!(
+                    reply_code(outcome),
+                    expected,
+                    "{role:?}, raw: {raw}: {label} ({size})"
+                );
+            }
         }
     }
 }
