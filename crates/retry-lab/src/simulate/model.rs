@@ -847,10 +847,12 @@ impl<'a> Sim<'a> {
                             let c = &mut self.clients[client as usize];
                             let s = self.selector.pick(c, m.deprioritized());
                             let server = self.attempt_servers[usize::from(s)].clone();
-                            let _ = m.handle_server_selected(server, now);
+                            let accepted = m.handle_server_selected(server, now);
+                            debug_assert!(accepted.is_ok(), "{accepted:?}");
                         }
                         retry::Action::Dispatch(attempt) => {
-                            let _ = m.handle_sent(now);
+                            let accepted = m.handle_sent(now);
+                            debug_assert!(accepted.is_ok(), "{accepted:?}");
                             let s = index(&attempt.address) as u8;
                             op.server = s;
                             self.send(id, s, 0);
@@ -902,10 +904,12 @@ impl<'a> Sim<'a> {
                             let c = &mut self.clients[client as usize];
                             let s = self.selector.pick(c, m.deprioritized());
                             let address = self.attempt_servers[usize::from(s)].address.clone();
-                            let _ = m.handle_server_selected(copy, address, now);
+                            let accepted = m.handle_server_selected(copy, address, now);
+                            debug_assert!(accepted.is_ok(), "{accepted:?}");
                         }
                         hedging::Action::Dispatch { copy, address } => {
-                            let _ = m.handle_sent(copy, now);
+                            let accepted = m.handle_sent(copy, now);
+                            debug_assert!(accepted.is_ok(), "{accepted:?}");
                             let s = index(&address) as u8;
                             let slot = copy.0 as usize - 1;
                             if op.servers.len() <= slot {
@@ -957,22 +961,26 @@ impl<'a> Sim<'a> {
                 if op.gen != work.gen {
                     return;
                 }
-                let _ = match outcome {
+                let accepted = match outcome {
                     Outcome::Ok => m.handle_succeeded(at),
                     Outcome::Overloaded | Outcome::Expired => {
                         m.handle_failed(overloaded.clone(), at)
                     }
                 };
+                // House rule 8 (review8 finding 10): the `gen` / `serial` guards above let only
+                // replies the machine expects through; a refused one is a simulator bug.
+                debug_assert!(accepted.is_ok(), "{accepted:?}");
                 self.pump(work.op);
             }
             Machine::Hedge(m) => {
                 let copy = CopyId(u32::from(work.copy));
-                let _ = match outcome {
+                let accepted = match outcome {
                     Outcome::Ok => m.handle_succeeded(copy, at),
                     Outcome::Overloaded | Outcome::Expired => {
                         m.handle_failed(copy, overloaded.clone(), at)
                     }
                 };
+                debug_assert!(accepted.is_ok(), "{accepted:?}");
                 self.pump(work.op);
             }
             Machine::Simple(s) => {
@@ -1035,7 +1043,8 @@ impl<'a> Sim<'a> {
                 );
                 if m.handle_failed(e, at).is_err() {
                     // Not in flight (backing off): the deadline still ends it.
-                    let _ = m.cancel(at);
+                    let cancelled = m.cancel(at);
+                    debug_assert!(cancelled.is_ok(), "{cancelled:?}");
                 }
                 self.pump(id);
             }
