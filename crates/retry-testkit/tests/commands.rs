@@ -37,6 +37,16 @@ async fn start_primary() -> (TestServer, RawClient) {
     (server, client)
 }
 
+/// Two mongoses sharing one data store, and a client of each.
+async fn start_two_mongoses() -> (Vec<TestServer>, RawClient, RawClient) {
+    let servers = TestServer::start_mongoses(2, ServerConfig::default())
+        .await
+        .expect("mongoses start");
+    let first = RawClient::connect(servers[0].address()).await.unwrap();
+    let second = RawClient::connect(servers[1].address()).await.unwrap();
+    (servers, first, second)
+}
+
 /// An `lsid` as a real server takes it: `{id: <UUID>}`, the UUID's bytes all `n`.
 fn lsid_of(n: u8) -> Document {
     doc! { "id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![n; 16] }) }
@@ -402,11 +412,7 @@ async fn write_concern_error_carries_labels() {
 #[tokio::test]
 async fn mongoses_share_one_data_store() {
     bounded(async {
-        let servers = TestServer::start_mongoses(2, ServerConfig::default())
-            .await
-            .expect("mongoses start");
-        let mut first = RawClient::connect(servers[0].address()).await.unwrap();
-        let mut second = RawClient::connect(servers[1].address()).await.unwrap();
+        let (servers, mut first, mut second) = start_two_mongoses().await;
         let insert = doc! { "insert": "c", "documents": [{ "_id": 1 }], "lsid": lsid(),
         "txnNumber": 1_i64, "$db": "db" };
         assert_eq!(
@@ -832,11 +838,7 @@ async fn tk15_collections_a_transaction_creates_are_hidden_until_commit_and_drop
 #[tokio::test]
 async fn tk12_only_the_mongos_that_started_a_transaction_continues_it() {
     bounded(async {
-        let servers = TestServer::start_mongoses(2, ServerConfig::default())
-            .await
-            .expect("mongoses start");
-        let mut first = RawClient::connect(servers[0].address()).await.unwrap();
-        let mut other = RawClient::connect(servers[1].address()).await.unwrap();
+        let (servers, mut first, mut other) = start_two_mongoses().await;
         let lsid = lsid_of(4);
         let command = |mut body: Document, txn: i64, start: bool| {
             body.insert("lsid", lsid.clone());
