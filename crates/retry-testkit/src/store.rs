@@ -453,9 +453,11 @@ impl Store {
         self.abort(session);
     }
 
-    /// UT-25, TK-15 (review8 finding 3): `killAllSessions` (`sessions` `None`) or `killSessions`
-    /// kills the sessions and so aborts their transactions in progress, as a real server does
-    /// (`killSessionsAbortUnpreparedTransactions`); a write waiting for one of them runs.
+    /// UT-25, TK-15 (review8 finding 3, review9 finding 2): `killAllSessions` (`sessions`
+    /// `None`) or `killSessions` kills the sessions, as a real server does: their transactions
+    /// in progress are aborted (`killSessionsAbortUnpreparedTransactions`; a write waiting for
+    /// one of them runs) and their open cursors closed (a getMore then gets CursorNotFound, 43).
+    /// `killAllSessions` closes every cursor opened in a session, not those opened outside one.
     pub(crate) fn kill_sessions(&mut self, sessions: Option<&[Vec<u8>]>) {
         let killed: Vec<Vec<u8>> = match sessions {
             None => self.open.iter().cloned().collect(),
@@ -464,6 +466,12 @@ impl Store {
         for session in killed {
             self.abort(&session);
         }
+        self.cursors
+            .retain(|_, cursor| match (&cursor.lsid, sessions) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                (Some(lsid), Some(sessions)) => !sessions.contains(lsid),
+            });
     }
 
     /// TK-15 (review8 finding 6): when the transaction in progress of `session` started (`None`

@@ -1475,6 +1475,62 @@ async fn tk15_review8_f3_killing_sessions_aborts_their_transactions() {
     .await
 }
 
+/// UT-25, TK-15 (review9 finding 2): killing sessions also closes their open cursors, as a real
+/// server does: after `killSessions [S]` a getMore on S's cursor gets CursorNotFound (43) while
+/// another session's cursor goes on; after `killAllSessions []` every cursor opened in a session
+/// is gone, and one opened outside any session goes on.
+#[tokio::test]
+async fn tk15_review9_f2_killing_sessions_closes_their_cursors() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let documents: Vec<Document> = (0..6).map(|i| doc! { "_id": i }).collect();
+        server.handle().insert("test.c", documents);
+        async fn open(client: &mut RawClient, session: Option<u8>) -> i64 {
+            let mut find = doc! { "find": "c", "batchSize": 1, "$db": "test" };
+            if let Some(session) = session {
+                find.insert("lsid", lsid_of(session));
+            }
+            let reply = client.command(find).await.unwrap();
+            let id = reply.get_document("cursor").unwrap().get_i64("id").unwrap();
+            assert_ne!(id, 0, "a cursor stays open: {reply}");
+            id
+        }
+        let s = open(&mut client, Some(1)).await;
+        let t = open(&mut client, Some(2)).await;
+        let none = open(&mut client, None).await;
+        let get_more = |id: i64, session: Option<u8>| {
+            let mut get_more =
+                doc! { "getMore": id, "collection": "c", "batchSize": 1, "$db": "test" };
+            if let Some(session) = session {
+                get_more.insert("lsid", lsid_of(session));
+            }
+            get_more
+        };
+        let reply = client
+            .command(doc! { "killSessions": [lsid_of(1)], "$db": "admin" })
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = client.command(get_more(s, Some(1))).await.unwrap();
+        assert_eq!(code(&reply), Some(43), "S's cursor is closed: {reply}");
+        for (id, session) in [(t, Some(2)), (none, None)] {
+            let reply = client.command(get_more(id, session)).await.unwrap();
+            assert_eq!(code(&reply), None, "not killed: {reply}");
+        }
+        let reply = client
+            .command(doc! { "killAllSessions": [], "$db": "admin" })
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = client.command(get_more(t, Some(2))).await.unwrap();
+        assert_eq!(code(&reply), Some(43), "T's cursor is closed: {reply}");
+        let reply = client.command(get_more(none, None)).await.unwrap();
+        assert_eq!(code(&reply), None, "opened outside any session: {reply}");
+        server.shutdown().await;
+    })
+    .await
+}
+
 /// TK-11, TK-15 (review8 finding 5): `onPrimaryTransactionalWrite {times: 1}` is used up once by
 /// a retryable write that first waits for a transaction in progress and then runs: it commits
 /// and closes the connection on the rerun, for an insert and for an update (statement by
