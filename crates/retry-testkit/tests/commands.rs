@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use bson::{doc, Bson, Document};
+use bson::{bson, doc, Bson, Document};
 use retry_testkit::{RawClient, ServerConfig, TestServer, TESTKIT_UNSUPPORTED};
 
 async fn bounded<F: Future<Output = ()>>(body: F) {
@@ -93,6 +93,40 @@ async fn unknown_commands_are_command_not_found() {
         server.shutdown().await;
     })
     .await;
+}
+
+/// Review9 finding 9 (house rule 7): `_id`s compare with canonical numbers at every depth, as on
+/// a real server: `{_id: {a: 1}}` then `{_id: {a: 1.0}}` (or `NumberLong(1)`, or an array
+/// holding them) is a duplicate key, E11000 (code 11000); keys in another order are another id.
+#[tokio::test]
+async fn review9_f9_nested_number_ids_are_duplicates() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let mut insert = async |id: Bson| {
+            let body = doc! { "insert": "n", "documents": [{ "_id": id }], "$db": "db" };
+            client.command(body).await.unwrap()
+        };
+        let code = |reply: &Document| {
+            let errors = reply.get_array("writeErrors").ok()?;
+            errors[0].as_document()?.get_i32("code").ok()
+        };
+        let reply = insert(bson!({ "a": 1 })).await;
+        assert_eq!((reply.get_i32("n").ok(), code(&reply)), (Some(1), None));
+        for duplicate in [bson!({ "a": 1.0 }), bson!({ "a": 1_i64 })] {
+            let reply = insert(duplicate).await;
+            assert_eq!(code(&reply), Some(11000), "{reply}");
+        }
+        let reply = insert(bson!([{ "a": 2 }, 3])).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        let reply = insert(bson!([{ "a": 2.0 }, 3_i64])).await;
+        assert_eq!(code(&reply), Some(11000), "{reply}");
+        for id in [bson!({ "a": 1, "b": 1 }), bson!({ "b": 1, "a": 1 })] {
+            let reply = insert(id).await;
+            assert_eq!(reply.get_i32("n").ok(), Some(1), "another order: {reply}");
+        }
+        server.shutdown().await;
+    })
+    .await
 }
 
 /// TK-*: insert, update, delete, findAndModify, count, distinct, aggregate; unique `_id`
