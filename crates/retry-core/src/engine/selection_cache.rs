@@ -171,6 +171,7 @@ mod tests {
     use crate::rng::EngineRng;
     use crate::selection::{ReadPreference, ReadPreferenceMode};
     use crate::time::Instant;
+    use alloc::string::String;
     use core::time::Duration;
 
     /// Three mongos, discovered.
@@ -295,6 +296,145 @@ mod tests {
             assert_eq!(cache.copies, revision, "one copy per revision");
             assert_eq!(cache.built, CRITERIA_KEPT * revision);
             tracked.input();
+        }
+    }
+
+    /// An engine on three mongos, discovered at time zero through the topology's input (as a
+    /// monitor's `hello` would), every event family on; `fast: false` turns the cache off, so
+    /// every selection runs the selection loop.
+    fn engine(fast: bool) -> super::super::Engine {
+        use super::super::{Engine, EngineOptions, EventFamilies};
+        let seeds: Vec<ServerAddress> = ["m1", "m2", "m3"]
+            .into_iter()
+            .map(|host| ServerAddress::new(host, 27017))
+            .collect();
+        let settings = crate::topology::TopologySettings::new(seeds.clone());
+        let mut options = EngineOptions::new(settings, crate::handshake::HandshakeOptions::new());
+        options.seed = 42;
+        // Below the connect timeout, so the checkouts under CSOT end at the selection deadline.
+        options.selection.server_selection_timeout = Duration::from_secs(2);
+        options.events = EventFamilies::ALL;
+        let mut engine = Engine::new(options, Instant::ZERO).expect("valid");
+        engine.selection_cache.disabled = !fast;
+        engine.run(Instant::ZERO);
+        discover(&mut engine, &seeds, 0, Instant::ZERO);
+        engine
+    }
+
+    /// Each mongos answers a `hello` with a round trip of `shift` + 1 to 3 ms (a topology input,
+    /// so a new revision).
+    fn discover(
+        engine: &mut super::super::Engine,
+        seeds: &[ServerAddress],
+        shift: u64,
+        now: Instant,
+    ) {
+        let hello = bson::doc! {
+            "ok": 1, "isWritablePrimary": true, "msg": "isdbgrid",
+            "minWireVersion": 0, "maxWireVersion": 21,
+        };
+        for (i, address) in seeds.iter().enumerate() {
+            let rtt = Duration::from_millis(1 + shift + i as u64);
+            engine
+                .topology
+                .input()
+                .handle_hello(address, &hello, rtt, now);
+            let server = engine.server_id(address);
+            engine.topology_touched(server);
+        }
+        engine.run(now);
+    }
+
+    /// Runs 48 operations over eight criteria (with and without CSOT, before and after a topology
+    /// change), then the timers for a minute of virtual time; nobody ever connects, so attempts
+    /// wait in their checkouts until their deadlines. The trace: every event, socket request,
+    /// selected server and timer, with its time, and the generator's state at the end.
+    fn trace(fast: bool) -> (Vec<String>, super::super::Engine) {
+        use super::super::{OperationKind, OperationRequest};
+        use crate::time::OperationTimeout;
+        let mut engine = engine(fast);
+        let seeds: Vec<ServerAddress> = ["m1", "m2", "m3"]
+            .into_iter()
+            .map(|host| ServerAddress::new(host, 27017))
+            .collect();
+        let eight = criteria(8);
+        let mut trace = Vec::new();
+        fn record(engine: &mut super::super::Engine, now: Instant, trace: &mut Vec<String>) {
+            while let Some(event) = engine.poll_event() {
+                trace.push(alloc::format!("{now:?} {event:?}"));
+            }
+            while let Some(connect) = engine.poll_connect() {
+                trace.push(alloc::format!("{now:?} {connect:?}"));
+            }
+        }
+        for i in 0..48u64 {
+            let now = Instant::from_millis(i * 10);
+            if i == 24 {
+                discover(&mut engine, &seeds, 5, now);
+            }
+            let criteria = eight[i as usize % eight.len()].clone();
+            let kind = match criteria {
+                SelectionCriteria::Write => OperationKind::RetryableWrite,
+                _ => OperationKind::Read,
+            };
+            let command = bson::doc! { "find": "c" };
+            let mut request = OperationRequest::new("test", command, kind, criteria);
+            request.timeout = match i % 3 {
+                0 => OperationTimeout::Off,
+                1 => OperationTimeout::Unbounded,
+                _ => {
+                    // Before and after the selection deadline (CS-3 takes the earlier).
+                    let ms = if i % 2 == 0 { 700 } else { 5_000 };
+                    OperationTimeout::Until(now.saturating_add(Duration::from_millis(ms)))
+                }
+            };
+            let op = engine.start_operation(request, now);
+            let server = engine.ops.get(&op).and_then(|o| o.slots[0].server.clone());
+            trace.push(alloc::format!("{now:?} {op:?} selected {server:?}"));
+            record(&mut engine, now, &mut trace);
+        }
+        let end = Instant::from_millis(60_000);
+        for _ in 0..10_000 {
+            let Some(now) = engine.poll_timeout().filter(|t| *t <= end) else {
+                break;
+            };
+            engine.handle_timeout(now);
+            trace.push(alloc::format!("timer {now:?}"));
+            record(&mut engine, now, &mut trace);
+        }
+        trace.push(alloc::format!("{:?}", engine.rng));
+        (trace, engine)
+    }
+
+    /// Review9 finding 6, house rule 2, SS-15, CS-3: the same seed and inputs through the
+    /// selection cache's first poll and through the selection loop alone give the same events,
+    /// socket requests, selected servers, deadlines and timestamps, and leave the generator in
+    /// the same state.
+    #[test]
+    fn ss15_the_cached_first_poll_and_the_selection_loop_give_the_same_trace() {
+        let (fast, fast_engine) = trace(true);
+        let (slow, slow_engine) = trace(false);
+        assert!(
+            fast_engine.selection_cache.built > 0 && slow_engine.selection_cache.built == 0,
+            "the first engine selected through the cache, the second through the loop"
+        );
+        let selected = |host: &str| {
+            let address = alloc::format!(
+                "selected Some(AttemptServer {{ address: ServerAddress({host}:27017)"
+            );
+            fast.iter().any(|line| line.contains(&address))
+        };
+        assert!(
+            ["m1", "m2", "m3"].into_iter().all(selected),
+            "the power-of-two choice picked every mongos"
+        );
+        assert!(
+            fast.iter().any(|line| line.contains("OperationFinished")),
+            "deadlines passed"
+        );
+        assert_eq!(fast.len(), slow.len());
+        for (a, b) in fast.iter().zip(&slow) {
+            assert_eq!(a, b);
         }
     }
 }
