@@ -476,22 +476,11 @@ impl Engine {
                     self.topology.description().topology_type,
                 );
                 // CS-3: under CSOT the checkout waits until the selection's deadline at most.
-                op.slots[slot].selection_deadline = op.request.timeout.is_csot().then(|| {
-                    ServerSelection::new(
-                        op.request.criteria.clone(),
-                        &[],
-                        self.options.selection,
-                        op.request.timeout,
-                        now,
-                    )
-                    .deadline()
-                });
-                let state = &mut op.slots[slot];
-                state.selection = None;
-                state.wake = None;
-                state.server = Some(server.clone());
-                op.server_selected(slot, server, now);
-                self.waiting.remove(&op_id);
+                let timeout = op.request.timeout;
+                op.slots[slot].selection_deadline = timeout
+                    .is_csot()
+                    .then(|| ServerSelection::deadline_from(&self.options.selection, timeout, now));
+                self.selected(op_id, slot, server, now);
                 self.schedule(Machine::Operation(op_id));
                 return;
             }
@@ -508,6 +497,20 @@ impl Engine {
         self.poll_selection(op_id, slot, now);
     }
 
+    /// SS-16: `slot` selected `server` (the selection loop's step, or its first poll from the
+    /// selection cache): the attempt goes on to its checkout.
+    fn selected(&mut self, op_id: OpId, slot: usize, server: AttemptServer, now: Instant) {
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        let state = &mut op.slots[slot];
+        state.selection = None;
+        state.wake = None;
+        state.server = Some(server.clone());
+        op.server_selected(slot, server, now);
+        self.waiting.remove(&op_id);
+    }
+
     /// Checks a connection to `server` out for `slot`'s attempt.
     pub(super) fn check_out(&mut self, op_id: OpId, slot: usize, server: ServerId, now: Instant) {
         let Some(op) = self.ops.get_mut(&op_id) else {
@@ -522,10 +525,7 @@ impl Engine {
         let selected = op.slots[slot].selection_deadline.take();
         let deadline = timeout.is_csot().then(|| {
             selected.unwrap_or_else(|| {
-                let own = now.saturating_add(self.options.selection.server_selection_timeout);
-                timeout
-                    .deadline()
-                    .map_or(own, |remaining| remaining.min(own))
+                ServerSelection::deadline_from(&self.options.selection, timeout, now)
             })
         });
         // LB-13: a cursor-creating command's connection may stay with its cursor.
@@ -658,14 +658,11 @@ impl Engine {
         };
         match selection.poll(self.topology.description(), count, &mut self.rng, now) {
             SelectionStep::Selected(server) => {
-                let attempt_server = AttemptServer::from_description(
+                let server = AttemptServer::from_description(
                     server,
                     self.topology.description().topology_type,
                 );
-                slot.selection = None;
-                slot.server = Some(attempt_server.clone());
-                op.server_selected(slot_index, attempt_server, now);
-                self.waiting.remove(&op_id);
+                self.selected(op_id, slot_index, server, now);
             }
             SelectionStep::Wait { until, .. } => {
                 slot.wake = Some(until);

@@ -10,6 +10,7 @@
 //! call gives the same server and leaves the generator in the same state as [`select_server`] on
 //! the same topology.
 
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 use rand_core::RngCore;
 
@@ -33,7 +34,8 @@ const REMEMBERED_SETS: usize = 16;
 /// when it remembers a deprioritized set it has not seen.
 #[derive(Clone, Debug)]
 pub struct RepeatedSelection {
-    topology: TopologyDescription,
+    /// Shared, so that selections for several criteria against one topology hold one copy.
+    topology: Arc<TopologyDescription>,
     criteria: SelectionCriteria,
     settings: SelectionSettings,
     /// Per deprioritized set (one bit per server, by topology index): the latency window, as
@@ -44,14 +46,15 @@ pub struct RepeatedSelection {
 }
 
 impl RepeatedSelection {
-    /// Selection for `criteria` with `settings` against `topology`.
+    /// Selection for `criteria` with `settings` against `topology` (a description, or one shared
+    /// with other selections).
     pub fn new(
-        topology: TopologyDescription,
+        topology: impl Into<Arc<TopologyDescription>>,
         criteria: SelectionCriteria,
         settings: SelectionSettings,
     ) -> RepeatedSelection {
         RepeatedSelection {
-            topology,
+            topology: topology.into(),
             criteria,
             settings,
             windows: Vec::new(),
