@@ -10,7 +10,6 @@
 //! call gives the same server and leaves the generator in the same state as [`select_server`] on
 //! the same topology.
 
-use alloc::sync::Arc;
 use alloc::vec::Vec;
 use rand_core::RngCore;
 
@@ -34,8 +33,7 @@ const REMEMBERED_SETS: usize = 16;
 /// when it remembers a deprioritized set it has not seen.
 #[derive(Clone, Debug)]
 pub struct RepeatedSelection {
-    /// Shared, so that selections for several criteria against one topology hold one copy.
-    topology: Arc<TopologyDescription>,
+    topology: TopologyDescription,
     criteria: SelectionCriteria,
     settings: SelectionSettings,
     /// Per deprioritized set (one bit per server, by topology index): the latency window, as
@@ -46,15 +44,14 @@ pub struct RepeatedSelection {
 }
 
 impl RepeatedSelection {
-    /// Selection for `criteria` with `settings` against `topology` (a description, or one shared
-    /// with other selections).
+    /// Selection for `criteria` with `settings` against `topology`.
     pub fn new(
-        topology: impl Into<Arc<TopologyDescription>>,
+        topology: TopologyDescription,
         criteria: SelectionCriteria,
         settings: SelectionSettings,
     ) -> RepeatedSelection {
         RepeatedSelection {
-            topology: topology.into(),
+            topology,
             criteria,
             settings,
             windows: Vec::new(),
