@@ -10,6 +10,7 @@
 
 use bson::RawDocumentBuf;
 
+use super::encoded;
 use super::raw_reply::{self, ReplyFields};
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
@@ -122,6 +123,28 @@ impl Engine {
                 }
             }
         }
+        // Issue 9: an encoded command is checked once, and converted to a document where the
+        // session and transaction rules edit it (`encoded.rs`).
+        let mut unacknowledged = false;
+        if let Some(raw) = request.encoded.take() {
+            let inspected = match encoded::inspect(&raw) {
+                Ok(inspected) => inspected,
+                Err(error) => {
+                    self.events.push_back(EngineEvent::OperationFinished {
+                        op,
+                        result: Err(error),
+                    });
+                    return op;
+                }
+            };
+            if request.session.is_some() || inspected.engine_field {
+                let fields = core::mem::take(&mut request.command);
+                request.command = encoded::to_document(&raw, fields);
+            } else {
+                unacknowledged = inspected.unacknowledged;
+                request.encoded = Some(raw);
+            }
+        }
         // TX-2 (review6 finding 5): a request refused below leaves the transaction as it was.
         let before = request
             .session
@@ -145,7 +168,7 @@ impl Engine {
                 return op;
             }
         }
-        let (mut session, gossip) = match self.operation_session(&request) {
+        let (mut session, gossip) = match self.operation_session(&request, unacknowledged) {
             Ok(session) => session,
             Err(error) => {
                 self.restore_transaction(request.session, before);
@@ -215,6 +238,7 @@ impl Engine {
             cursor,
             session: explicit,
             concerns_inherited: _,
+            encoded,
         } = request;
         let request = RunningRequest {
             db,
@@ -237,6 +261,7 @@ impl Engine {
                 machine,
                 slots,
                 wire: Request::new(body),
+                encoded,
                 request,
                 reply: None,
                 pinned_server,
@@ -380,6 +405,10 @@ impl Engine {
     }
 
     fn emit_held(&mut self, op: OpId, held: &mut smallvec::SmallVec<[RetryEvent; 2]>) {
+        // Nearly always empty: no drain set up for nothing (issue 9).
+        if held.is_empty() {
+            return;
+        }
         for event in held.drain(..) {
             self.events.push_back(EngineEvent::Operation { op, event });
         }
@@ -758,7 +787,13 @@ impl Engine {
                 server.server_type,
             )
         });
-        let mut modified = command_for(&op.wire.body, attempt, read_preference).map(Request::new);
+        let mut modified = command_for(
+            op.encoded.as_deref(),
+            &op.wire.body,
+            attempt,
+            read_preference,
+        )
+        .map(Request::new);
         let request = modified.as_mut().unwrap_or(&mut op.wire);
         request.deadline = deadline;
         // TO-8: under timeoutMS (0 included) socketTimeoutMS does not apply.
@@ -767,7 +802,7 @@ impl Engine {
         let published = self
             .options
             .command_monitoring
-            .then(|| command_as_sent(&request.body, &op.request.db, lsid));
+            .then(|| command_as_sent(op.encoded.as_deref(), &request.body, &op.request.db, lsid));
         let Some(socket) = self.sockets.get_mut(&conn) else {
             return;
         };
@@ -775,7 +810,9 @@ impl Engine {
         let db = op.request.db.as_str();
         let sent = socket
             .machine
-            .send_with(request, now, |out| append_command_fields(db, lsid, out));
+            .send_with(request, op.encoded.as_deref(), now, |out| {
+                append_command_fields(db, lsid, out)
+            });
         let failed = match sent {
             Ok(request_id) => {
                 op.sent(slot, now);
