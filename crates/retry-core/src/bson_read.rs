@@ -380,6 +380,7 @@ mod tests {
     use alloc::string::String;
     use alloc::vec;
     use bson::oid::ObjectId;
+    use bson::raw::{cstr, RawArrayBuf, RawDocumentBuf};
     use bson::spec::BinarySubtype;
     use bson::{doc, Binary, DateTime, Decimal128, JavaScriptCodeWithScope, Regex, Timestamp};
     use proptest::prelude::*;
@@ -459,7 +460,8 @@ mod tests {
         assert!(matches!(validate(raw), Err(ReadError::TooDeep)));
     }
 
-    /// A document with a value of every BSON type, nested, a repeated key and an empty one.
+    /// A document with a value of every BSON type, nested, and an empty key (a `Document` holds
+    /// a key once: [`repeated_keys`] has repeated ones).
     fn every_bson_type() -> Document {
         doc! {
             "double": 1.5, "string": "héllo", "array": [1, "two", [3], { "four": 4 }],
@@ -475,8 +477,98 @@ mod tests {
             "oid": ObjectId::from_bytes([7; 12]), "date": DateTime::from_millis(-1),
             "symbol": Bson::Symbol("s".into()), "dec": Decimal128::from_bytes([4; 16]),
             "undefined": Bson::Undefined, "max": Bson::MaxKey, "min": Bson::MinKey,
-            "": "empty key", "dup": 1,
+            "": "empty key",
         }
+    }
+
+    /// Review9 finding 5: a reply with real repeated keys, built as bytes (a `Document` cannot
+    /// hold a key twice): `dup` twice at the top with values of two types, and `k` twice inside
+    /// the embedded `doc` and inside a document in `arr`.
+    fn repeated_keys() -> RawDocumentBuf {
+        let mut inner = RawDocumentBuf::new();
+        inner.append(cstr!("k"), 1_i32);
+        inner.append(cstr!("x"), "x");
+        inner.append(cstr!("k"), "two");
+        let mut array = RawArrayBuf::new();
+        array.push(&inner);
+        array.push(2_i64);
+        let mut reply = RawDocumentBuf::new();
+        reply.append(cstr!("dup"), 1_i32);
+        reply.append(cstr!("ok"), 1.0);
+        reply.append(cstr!("doc"), &inner);
+        reply.append(cstr!("arr"), array);
+        reply.append(cstr!("dup"), "second");
+        reply
+    }
+
+    /// The keys and type tags [`Elements`] walks in `bytes`, and whether it stopped broken.
+    fn walked(bytes: &[u8]) -> (Vec<(String, u8)>, bool) {
+        let mut elements = Elements::in_bytes(bytes);
+        let walked = elements
+            .by_ref()
+            .map(|(k, t, _)| (String::from_utf8(k.to_vec()).unwrap(), t))
+            .collect();
+        (walked, elements.broken())
+    }
+
+    /// Review9 finding 5, WP-2, LB-10: the element walk yields every occurrence of a repeated
+    /// key, in order, with its own type and value (what "the last occurrence" readers such as
+    /// `opened_cursor` and `ReplyFields` rely on), at the top and nested, as the bson crate's
+    /// element iterator does.
+    #[test]
+    fn review9_f5_elements_yield_every_occurrence_of_a_repeated_key() {
+        let reply = repeated_keys();
+        let owned = |k: &str, t: u8| (String::from(k), t);
+        let (top, broken) = walked(reply.as_bytes());
+        assert!(!broken);
+        assert_eq!(
+            top,
+            [
+                owned("dup", 0x10),
+                owned("ok", 0x01),
+                owned("doc", 0x03),
+                owned("arr", 0x04),
+                owned("dup", 0x02),
+            ]
+        );
+        let theirs: Vec<_> = reply
+            .iter_elements()
+            .map(|e| e.unwrap())
+            .map(|e| (String::from(e.key().as_str()), e.element_type() as u8))
+            .collect();
+        assert_eq!(top, theirs);
+        let values: Vec<&[u8]> = Elements::of(&reply)
+            .filter(|&(k, _, _)| k == b"dup")
+            .map(|(_, _, v)| v)
+            .collect();
+        assert_eq!(values, [&[1, 0, 0, 0][..], b"\x07\0\0\0second\0"]);
+        let (_, _, doc) = Elements::of(&reply).nth(2).unwrap();
+        let (nested, broken) = walked(doc);
+        assert!(!broken);
+        assert_eq!(
+            nested,
+            [owned("k", 0x10), owned("x", 0x02), owned("k", 0x02)]
+        );
+    }
+
+    /// Review9 finding 5, WP-2: a reply with repeated keys (top level, embedded document, a
+    /// document in an array) takes the plain path, which gives the bson crate's conversion:
+    /// each key at its first position with its last value.
+    #[test]
+    fn review9_f5_repeated_keys_take_the_plain_path_as_the_bson_crate_converts_them() {
+        let reply = repeated_keys();
+        assert!(well_formed(reply.as_bytes(), 0));
+        let theirs = Document::try_from(reply.as_ref()).unwrap();
+        let plain = plain_document(reply.as_bytes());
+        assert_eq!(plain.as_ref(), Some(&theirs));
+        assert_eq!(document(&reply).unwrap(), theirs);
+        let inner = doc! { "k": "two", "x": "x" };
+        assert_eq!(
+            theirs,
+            doc! { "dup": "second", "ok": 1.0, "doc": inner.clone(), "arr": [inner, 2_i64] }
+        );
+        let keys: Vec<&str> = plain.as_ref().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys, ["dup", "ok", "doc", "arr"]);
     }
 
     /// WP-2: every BSON type, nested, decodes to the document the bson crate decodes.
@@ -504,7 +596,8 @@ mod tests {
     }
 
     /// WP-2, issue 9: a reply of the usual types (a `$clusterTime` with its generic binary hash,
-    /// nested documents and arrays, repeated keys) is built from its bytes by the plain path,
+    /// nested documents and arrays; repeated keys: [`repeated_keys`]) is built from its bytes by
+    /// the plain path,
     /// into the document the bson crate's conversion gives; a binary of another subtype is left
     /// to that conversion, with the same result.
     #[test]
