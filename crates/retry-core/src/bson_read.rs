@@ -625,7 +625,7 @@ mod tests {
         let reply = repeated_keys();
         assert!(well_formed(reply.as_bytes(), 0));
         let theirs = Document::try_from(reply.as_ref()).unwrap();
-        let plain = plain_document(reply.as_bytes());
+        let plain = plain_document(reply.as_bytes(), 0);
         assert_eq!(plain.as_ref(), Some(&theirs));
         assert_eq!(document(&reply).unwrap(), theirs);
         let inner = doc! { "k": "two", "x": "x" };
