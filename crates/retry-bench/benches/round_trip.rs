@@ -337,25 +337,17 @@ impl Setup {
         self.echo_at(self.echo, concurrency, total)
     }
 
-    /// Runs `total` operations made by `op` on the tokio runtime, split over `concurrency` tasks;
-    /// the time they took.
-    fn on_tokio<F, Fut>(&self, concurrency: usize, total: u64, op: F) -> Duration
+    /// Runs `total` operations on the tokio runtime, split over `concurrency` tasks: `task(n)`
+    /// is a task's future, which runs `n` of them; the time they took.
+    fn on_tokio<F, Fut>(&self, concurrency: usize, total: u64, task: F) -> Duration
     where
-        F: Fn() -> Fut + Clone + Send + 'static,
+        F: Fn(u64) -> Fut,
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
         self.runtime.block_on(async move {
             let start = Instant::now();
             let tasks: Vec<_> = (0..concurrency)
-                .map(|i| {
-                    let op = op.clone();
-                    let n = share(total, concurrency, i);
-                    tokio::spawn(async move {
-                        for _ in 0..n {
-                            op().await;
-                        }
-                    })
-                })
+                .map(|i| tokio::spawn(task(share(total, concurrency, i))))
                 .collect();
             for task in tasks {
                 task.await.expect("a ping task");
@@ -366,33 +358,42 @@ impl Setup {
 
     /// `total` pings through retry-tokio with `concurrency` in flight; the time they took. Each
     /// reply is converted into a `Document` (`run_command`, as the official driver's
-    /// `run_command` does), or with `raw` left encoded (`run_command_raw`).
+    /// `run_command` does), or with `raw` left encoded (`run_command_raw`). Each task holds
+    /// its own handle to the client, as the echo's tasks hold their sockets (a clone per ping
+    /// would add a shared reference count's traffic between the workers that a user's loop
+    /// does not have).
     fn tokio(&self, server: Server, concurrency: usize, total: u64, raw: bool) -> Duration {
-        let client = self.clients(server).tokio.clone();
-        self.on_tokio(concurrency, total, move || {
+        let client = &self.clients(server).tokio;
+        self.on_tokio(concurrency, total, |n| {
             let client = client.clone();
             async move {
-                let (db, command, kind) = ("admin", doc! { "ping": 1 }, OperationKind::RunCommand);
-                if raw {
-                    let reply = client.run_command_raw(db, command, kind).await;
-                    black_box(reply.expect("ping"));
-                } else {
-                    let reply = client.run_command(db, command, kind).await;
-                    black_box(reply.expect("ping"));
+                for _ in 0..n {
+                    let (db, command, kind) =
+                        ("admin", doc! { "ping": 1 }, OperationKind::RunCommand);
+                    if raw {
+                        let reply = client.run_command_raw(db, command, kind).await;
+                        black_box(reply.expect("ping"));
+                    } else {
+                        let reply = client.run_command(db, command, kind).await;
+                        black_box(reply.expect("ping"));
+                    }
                 }
             }
         })
     }
 
-    /// `total` pings through the official `mongodb` crate with `concurrency` in flight.
+    /// `total` pings through the official `mongodb` crate with `concurrency` in flight (a
+    /// database handle per task, as [`Setup::tokio`]).
     #[cfg(feature = "mongodb")]
     fn official(&self, server: Server, concurrency: usize, total: u64) -> Duration {
         let admin = self.clients(server).official.database("admin");
-        self.on_tokio(concurrency, total, move || {
+        self.on_tokio(concurrency, total, |n| {
             let admin = admin.clone();
             async move {
-                let reply = admin.run_command(doc! { "ping": 1 }).await.expect("ping");
-                black_box(reply);
+                for _ in 0..n {
+                    let reply = admin.run_command(doc! { "ping": 1 }).await.expect("ping");
+                    black_box(reply);
+                }
             }
         })
     }

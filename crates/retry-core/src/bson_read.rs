@@ -50,44 +50,76 @@ impl From<Error> for ReadError {
 /// (or [`ReadError::TooDeep`]).
 pub(crate) fn document(raw: &RawDocument) -> Result<Document, ReadError> {
     // Issue 9: a document [`well_formed`] accepts (a usual reply) is built straight from its
-    // bytes, without the crate's iterators and their second round of checks; the rest (and
-    // the rare values [`plain_document`] leaves alone) take the crate's conversion.
-    if well_formed(raw.as_bytes(), 0) {
-        if let Some(document) = plain_document(raw.as_bytes()) {
-            return Ok(document);
-        }
+    // bytes in the same pass that checks it ([`plain_document`]), without the crate's iterators
+    // and their second round of checks; the rest (and the rare values it leaves alone) take the
+    // crate's conversion.
+    if let Some(document) = plain_document(raw.as_bytes(), 0) {
+        return Ok(document);
     }
     document_at(raw, 1)
 }
 
-/// The document of `bytes`, which [`well_formed`] accepted, built as the `bson` crate's
-/// conversion builds it; `None` for a value it does not build itself (a binary of a subtype
-/// other than generic), which the caller then leaves to that conversion.
-fn plain_document(bytes: &[u8]) -> Option<Document> {
+/// The document of `bytes` if [`well_formed`] accepts them, built as the `bson` crate's
+/// conversion builds it, checked and built in one pass; `None` for bytes [`well_formed`]
+/// refuses and for a value it accepts but does not build itself (a binary of a subtype other
+/// than generic), which the caller then leaves to that conversion.
+fn plain_document(bytes: &[u8], depth: usize) -> Option<Document> {
     let mut document = Document::new();
-    for (key, tag, value) in Elements::in_bytes(bytes) {
-        let key = core::str::from_utf8(key).ok()?;
-        document.insert(key, plain_value(tag, value)?);
-    }
+    plain_elements(bytes, depth, |key, value| {
+        document.insert(key, value);
+    })?;
     Some(document)
 }
 
-/// One value of a [`well_formed`] document, as [`value`] converts it; `None` for a binary of a
-/// subtype other than generic.
-fn plain_value(tag: u8, value: &[u8]) -> Option<Bson> {
+/// Walks the elements of `bytes` as [`well_formed`] checks them, handing each key and value
+/// ([`plain_value`]) to `each`; `None` where [`well_formed`] would say `false` or a value is not
+/// plain.
+fn plain_elements(bytes: &[u8], depth: usize, mut each: impl FnMut(&str, Bson)) -> Option<()> {
+    if depth > WELL_FORMED_DEPTH || bytes.len() < 5 || read_len(bytes, 0) != Some(bytes.len()) {
+        return None;
+    }
+    let end = bytes.len() - 1;
+    if bytes[end] != 0 {
+        return None;
+    }
+    let mut at = 4;
+    while at < end {
+        let tag = bytes[at];
+        let key_len = utf8_cstring_len(&bytes[at + 1..end])?;
+        let key = core::str::from_utf8(&bytes[at + 1..at + 1 + key_len]).ok()?;
+        let value = at + 1 + key_len + 1;
+        let size = value_size(tag, &bytes[value..end])
+            .filter(|&size| value.checked_add(size).is_some_and(|e| e <= end))?;
+        each(key, checked_value(tag, &bytes[value..value + size], depth)?);
+        at = value + size;
+    }
+    (at == end).then_some(())
+}
+
+/// One value of a document [`well_formed`] accepted, as [`value`] converts it; `None` for a
+/// binary of a subtype other than generic.
+pub(crate) fn plain_value(tag: u8, value: &[u8]) -> Option<Bson> {
+    checked_value(tag, value, 0)
+}
+
+/// One value whose bytes (sized by [`value_size`]) are those of an element at `depth`, checked
+/// as [`well_formed`] checks it and converted as [`value`] converts it; `None` for a value
+/// [`well_formed`] refuses or a binary of a subtype other than generic.
+fn checked_value(tag: u8, value: &[u8], depth: usize) -> Option<Bson> {
     let eight = || -> Option<[u8; 8]> { value.get(..8)?.try_into().ok() };
     Some(match tag {
         0x01 => Bson::Double(f64::from_le_bytes(eight()?)),
-        0x02 => {
-            let text = value.get(4..value.len().checked_sub(1)?)?;
-            Bson::String(core::str::from_utf8(text).ok()?.into())
+        // The length counts the terminator.
+        0x02 => match value.get(4..)? {
+            [text @ .., 0] => Bson::String(core::str::from_utf8(text).ok()?.into()),
+            _ => return None,
+        },
+        0x03 => Bson::Document(plain_document(value, depth + 1)?),
+        0x04 => {
+            let mut items = Vec::new();
+            plain_elements(value, depth + 1, |_, item| items.push(item))?;
+            Bson::Array(items)
         }
-        0x03 => Bson::Document(plain_document(value)?),
-        0x04 => Bson::Array(
-            Elements::in_bytes(value)
-                .map(|(_, tag, value)| plain_value(tag, value))
-                .collect::<Option<Vec<Bson>>>()?,
-        ),
         0x05 => match value.get(4) {
             Some(0) => Bson::Binary(bson::Binary {
                 subtype: bson::spec::BinarySubtype::Generic,
@@ -98,7 +130,11 @@ fn plain_value(tag: u8, value: &[u8]) -> Option<Bson> {
         0x07 => Bson::ObjectId(bson::oid::ObjectId::from_bytes(
             value.get(..12)?.try_into().ok()?,
         )),
-        0x08 => Bson::Boolean(value.first()? == &1),
+        0x08 => match value {
+            [0] => Bson::Boolean(false),
+            [1] => Bson::Boolean(true),
+            _ => return None,
+        },
         0x09 => Bson::DateTime(bson::DateTime::from_millis(i64::from_le_bytes(eight()?))),
         0x0A => Bson::Null,
         0x10 => Bson::Int32(i32::from_le_bytes(value.get(..4)?.try_into().ok()?)),
@@ -159,6 +195,34 @@ const WELL_FORMED_DEPTH: usize = 32;
 /// and terminator, string, document and binary lengths, booleans of 0 or 1, and that every
 /// element ends before its document's terminator.
 fn well_formed(bytes: &[u8], depth: usize) -> bool {
+    well_formed_with(bytes, depth, |_, _, _| {})
+}
+
+/// [`validate`], handing each top-level element of a document it accepts to `each` (its key,
+/// type tag and value bytes, as [`Elements`] gives them) in the same pass (issue 9: the engine
+/// reads an encoded command's fields as it checks it).
+pub(crate) fn validate_with(
+    raw: &RawDocument,
+    mut each: impl FnMut(&[u8], u8, &[u8]),
+) -> Result<(), ReadError> {
+    let mut seen = 0;
+    if well_formed_with(raw.as_bytes(), 0, |key, tag, value| {
+        seen += 1;
+        each(key, tag, value);
+    }) {
+        return Ok(());
+    }
+    // An unusual document: the crate's checks, then the elements not handed over yet.
+    validate_at(raw, 1)?;
+    Elements::of(raw)
+        .skip(seen)
+        .for_each(|(key, tag, value)| each(key, tag, value));
+    Ok(())
+}
+
+/// [`well_formed`], handing each element of `bytes` it has checked to `each` (nested documents'
+/// elements are not handed over).
+fn well_formed_with(bytes: &[u8], depth: usize, mut each: impl FnMut(&[u8], u8, &[u8])) -> bool {
     if depth > WELL_FORMED_DEPTH || bytes.len() < 5 || read_len(bytes, 0) != Some(bytes.len()) {
         return false;
     }
@@ -197,6 +261,7 @@ fn well_formed(bytes: &[u8], depth: usize) -> bool {
         if !accepted {
             return false;
         }
+        each(&bytes[at + 1..at + 1 + key_len], tag, content);
         at = value + size;
     }
     at == end
@@ -229,6 +294,7 @@ fn read_len(bytes: &[u8], at: usize) -> Option<usize> {
 /// be read. It only sizes: what the value holds is the reader's to check. The one element sizer
 /// of the workspace: the decoder's validation, the engine's in-place reply reader and the test
 /// server's raw path walk elements with it, so they cannot size a type differently.
+#[inline]
 pub fn value_size(tag: u8, value: &[u8]) -> Option<usize> {
     let cstring = |at: usize| value.get(at..)?.iter().position(|&b| b == 0);
     let len = || read_len(value, 0);
@@ -380,6 +446,7 @@ mod tests {
     use alloc::string::String;
     use alloc::vec;
     use bson::oid::ObjectId;
+    use bson::raw::{cstr, RawArrayBuf, RawDocumentBuf};
     use bson::spec::BinarySubtype;
     use bson::{doc, Binary, DateTime, Decimal128, JavaScriptCodeWithScope, Regex, Timestamp};
     use proptest::prelude::*;
@@ -459,7 +526,8 @@ mod tests {
         assert!(matches!(validate(raw), Err(ReadError::TooDeep)));
     }
 
-    /// A document with a value of every BSON type, nested, a repeated key and an empty one.
+    /// A document with a value of every BSON type, nested, and an empty key (a `Document` holds
+    /// a key once: [`repeated_keys`] has repeated ones).
     fn every_bson_type() -> Document {
         doc! {
             "double": 1.5, "string": "héllo", "array": [1, "two", [3], { "four": 4 }],
@@ -475,8 +543,98 @@ mod tests {
             "oid": ObjectId::from_bytes([7; 12]), "date": DateTime::from_millis(-1),
             "symbol": Bson::Symbol("s".into()), "dec": Decimal128::from_bytes([4; 16]),
             "undefined": Bson::Undefined, "max": Bson::MaxKey, "min": Bson::MinKey,
-            "": "empty key", "dup": 1,
+            "": "empty key",
         }
+    }
+
+    /// Review9 finding 5: a reply with real repeated keys, built as bytes (a `Document` cannot
+    /// hold a key twice): `dup` twice at the top with values of two types, and `k` twice inside
+    /// the embedded `doc` and inside a document in `arr`.
+    fn repeated_keys() -> RawDocumentBuf {
+        let mut inner = RawDocumentBuf::new();
+        inner.append(cstr!("k"), 1_i32);
+        inner.append(cstr!("x"), "x");
+        inner.append(cstr!("k"), "two");
+        let mut array = RawArrayBuf::new();
+        array.push(&inner);
+        array.push(2_i64);
+        let mut reply = RawDocumentBuf::new();
+        reply.append(cstr!("dup"), 1_i32);
+        reply.append(cstr!("ok"), 1.0);
+        reply.append(cstr!("doc"), &inner);
+        reply.append(cstr!("arr"), array);
+        reply.append(cstr!("dup"), "second");
+        reply
+    }
+
+    /// The keys and type tags [`Elements`] walks in `bytes`, and whether it stopped broken.
+    fn walked(bytes: &[u8]) -> (Vec<(String, u8)>, bool) {
+        let mut elements = Elements::in_bytes(bytes);
+        let walked = elements
+            .by_ref()
+            .map(|(k, t, _)| (String::from_utf8(k.to_vec()).unwrap(), t))
+            .collect();
+        (walked, elements.broken())
+    }
+
+    /// Review9 finding 5, WP-2, LB-10: the element walk yields every occurrence of a repeated
+    /// key, in order, with its own type and value (what "the last occurrence" readers such as
+    /// `opened_cursor` and `ReplyFields` rely on), at the top and nested, as the bson crate's
+    /// element iterator does.
+    #[test]
+    fn review9_f5_elements_yield_every_occurrence_of_a_repeated_key() {
+        let reply = repeated_keys();
+        let owned = |k: &str, t: u8| (String::from(k), t);
+        let (top, broken) = walked(reply.as_bytes());
+        assert!(!broken);
+        assert_eq!(
+            top,
+            [
+                owned("dup", 0x10),
+                owned("ok", 0x01),
+                owned("doc", 0x03),
+                owned("arr", 0x04),
+                owned("dup", 0x02),
+            ]
+        );
+        let theirs: Vec<_> = reply
+            .iter_elements()
+            .map(|e| e.unwrap())
+            .map(|e| (String::from(e.key().as_str()), e.element_type() as u8))
+            .collect();
+        assert_eq!(top, theirs);
+        let values: Vec<&[u8]> = Elements::of(&reply)
+            .filter(|&(k, _, _)| k == b"dup")
+            .map(|(_, _, v)| v)
+            .collect();
+        assert_eq!(values, [&[1, 0, 0, 0][..], b"\x07\0\0\0second\0"]);
+        let (_, _, doc) = Elements::of(&reply).nth(2).unwrap();
+        let (nested, broken) = walked(doc);
+        assert!(!broken);
+        assert_eq!(
+            nested,
+            [owned("k", 0x10), owned("x", 0x02), owned("k", 0x02)]
+        );
+    }
+
+    /// Review9 finding 5, WP-2: a reply with repeated keys (top level, embedded document, a
+    /// document in an array) takes the plain path, which gives the bson crate's conversion:
+    /// each key at its first position with its last value.
+    #[test]
+    fn review9_f5_repeated_keys_take_the_plain_path_as_the_bson_crate_converts_them() {
+        let reply = repeated_keys();
+        assert!(well_formed(reply.as_bytes(), 0));
+        let theirs = Document::try_from(reply.as_ref()).unwrap();
+        let plain = plain_document(reply.as_bytes(), 0);
+        assert_eq!(plain.as_ref(), Some(&theirs));
+        assert_eq!(document(&reply).unwrap(), theirs);
+        let inner = doc! { "k": "two", "x": "x" };
+        assert_eq!(
+            theirs,
+            doc! { "dup": "second", "ok": 1.0, "doc": inner.clone(), "arr": [inner, 2_i64] }
+        );
+        let keys: Vec<&str> = plain.as_ref().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys, ["dup", "ok", "doc", "arr"]);
     }
 
     /// WP-2: every BSON type, nested, decodes to the document the bson crate decodes.
@@ -504,7 +662,8 @@ mod tests {
     }
 
     /// WP-2, issue 9: a reply of the usual types (a `$clusterTime` with its generic binary hash,
-    /// nested documents and arrays, repeated keys) is built from its bytes by the plain path,
+    /// nested documents and arrays; repeated keys: [`repeated_keys`]) is built from its bytes by
+    /// the plain path,
     /// into the document the bson crate's conversion gives; a binary of another subtype is left
     /// to that conversion, with the same result.
     #[test]
@@ -530,8 +689,33 @@ mod tests {
             assert_eq!(ours, theirs);
             assert_eq!(ours.unwrap(), doc);
         }
-        assert_eq!(plain_document(&plain.to_vec().unwrap()), Some(plain));
-        assert_eq!(plain_document(&uuid.to_vec().unwrap()), None);
+        assert_eq!(plain_document(&plain.to_vec().unwrap(), 0), Some(plain));
+        assert_eq!(plain_document(&uuid.to_vec().unwrap(), 0), None);
+    }
+
+    /// Issue 9: the checking pass hands over every top-level element, as the element walk
+    /// gives them, for a usual document and for one the crate's checks judge (every type);
+    /// and refuses what `validate` refuses.
+    #[test]
+    fn validate_with_hands_over_the_elements_it_checks() {
+        for doc in [
+            doc! { "ok": 1.0, "cursor": { "id": 0_i64 }, "s": "x" },
+            every_bson_type(),
+        ] {
+            let bytes = doc.to_vec().unwrap();
+            let raw = RawDocument::from_bytes(&bytes).unwrap();
+            let mut seen = Vec::new();
+            validate_with(raw, |k, t, v| seen.push((k.to_vec(), t, v.to_vec()))).unwrap();
+            let walked: Vec<_> = Elements::of(raw)
+                .map(|(k, t, v)| (k.to_vec(), t, v.to_vec()))
+                .collect();
+            assert_eq!(seen, walked);
+        }
+        // A string element whose length runs past the document.
+        let bytes = [12, 0, 0, 0, 0x02, b'a', 0, 0xFF, 0xFF, 0xFF, 0x7F, 0];
+        let raw = RawDocument::from_bytes(&bytes).unwrap();
+        assert!(validate_with(raw, |_, _, _| {}).is_err());
+        assert!(validate(raw).is_err());
     }
 
     fn raw_elements(doc: &Document) -> Vec<(String, u8, Vec<u8>)> {

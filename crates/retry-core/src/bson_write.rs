@@ -36,6 +36,27 @@ pub(crate) fn element(key: &str, value: &Bson, out: &mut Vec<u8>) -> Result<(), 
     self::value(value, out)
 }
 
+/// Appends the elements of the encoded document `raw`, which [`crate::bson_read::validate`]
+/// accepted, except those whose key `except` has (issue 9: an operation's command kept encoded,
+/// sent with the engine's fields, which replace the command's own of the same name). With
+/// nothing to leave out, its elements are one copy.
+pub(crate) fn elements_except(raw: &bson::RawDocument, except: &Document, out: &mut Vec<u8>) {
+    let bytes = raw.as_bytes();
+    if except.is_empty() {
+        out.extend_from_slice(&bytes[4..bytes.len() - 1]);
+        return;
+    }
+    for (key, tag, value) in crate::bson_read::Elements::of(raw) {
+        if except.keys().any(|k| k.as_bytes() == key) {
+            continue;
+        }
+        out.push(tag);
+        out.extend_from_slice(key);
+        out.push(0);
+        out.extend_from_slice(value);
+    }
+}
+
 /// Reserves a document's length and returns where it starts.
 fn open(out: &mut Vec<u8>) -> usize {
     let start = out.len();

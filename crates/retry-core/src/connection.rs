@@ -511,14 +511,16 @@ impl Connection {
     /// [`Connection::send_command`], leaving the request with the caller (its body and sequences
     /// are encoded where they are), so that a retry can send it again without rebuilding it.
     pub fn send(&mut self, request: &mut Request, now: Instant) -> Result<i32, SendError> {
-        self.send_with(request, now, |_| Ok(()))
+        self.send_with(request, None, now, |_| Ok(()))
     }
 
-    /// [`Connection::send`], with `append` writing pre-encoded elements at the end of the body
-    /// (the engine's `$db` and `lsid`).
+    /// [`Connection::send`], with the elements of `encoded` (an operation's command kept encoded,
+    /// issue 9) before the body's, except those the body replaces, and `append` writing
+    /// pre-encoded elements at the end of the body (the engine's `$db` and `lsid`).
     pub(crate) fn send_with(
         &mut self,
         request: &mut Request,
+        encoded: Option<&bson::RawDocument>,
         now: Instant,
         append: impl FnOnce(&mut Vec<u8>) -> Result<(), EncodeError>,
     ) -> Result<i32, SendError> {
@@ -528,12 +530,15 @@ impl Connection {
         if request.deadline.is_some_and(|d| now >= d) {
             return Err(SendError::DeadlinePassed);
         }
-        let streamable = matches!(
-            request.body.keys().next().map(String::as_str),
-            Some("getMore" | "hello" | "isMaster" | "ismaster")
-        );
-        if request.exhaust_allowed && (request.unacknowledged || !streamable) {
-            return Err(SendError::ExhaustNotAllowed);
+        if request.exhaust_allowed {
+            let streamable = encoded.is_none()
+                && matches!(
+                    request.body.keys().next().map(String::as_str),
+                    Some("getMore" | "hello" | "isMaster" | "ismaster")
+                );
+            if request.unacknowledged || !streamable {
+                return Err(SendError::ExhaustNotAllowed);
+            }
         }
         let flags = match (request.unacknowledged, request.exhaust_allowed) {
             (true, _) => MsgFlags::MORE_TO_COME,
@@ -545,6 +550,7 @@ impl Connection {
             request_id,
             response_to: 0,
             flags,
+            encoded,
             body: &request.body,
             sequences: &request.sequences,
         };

@@ -291,14 +291,22 @@ const SESSIONLESS_COMMANDS: [&str; 7] = [
 /// unacknowledged write (`unacknowledged`: its write concern is `w: 0`, see
 /// [`crate::classify::is_unacknowledged`]).
 pub fn attaches_session(command_name: &str, unacknowledged: bool) -> bool {
-    !unacknowledged && !SESSIONLESS_COMMANDS.contains(&command_name)
+    !unacknowledged && !sessionless(command_name.as_bytes())
+}
+
+/// SE-13, SE-19: whether the command named `command_name` (its key's bytes) never carries an
+/// `lsid` nor `$clusterTime` ([`attaches_session`], [`gossips_cluster_time`] in one check).
+pub(crate) fn sessionless(command_name: &[u8]) -> bool {
+    SESSIONLESS_COMMANDS
+        .iter()
+        .any(|name| name.as_bytes() == command_name)
 }
 
 /// SE-19: whether a command named `command_name` sends `$clusterTime`, and whether its reply may
 /// advance the client's cluster time. Never for SDAM commands (`hello`, legacy hello) nor
 /// authentication commands.
 pub fn gossips_cluster_time(command_name: &str) -> bool {
-    !SESSIONLESS_COMMANDS.contains(&command_name)
+    !sessionless(command_name.as_bytes())
 }
 
 /// A `$clusterTime` document as a server sent it, with its timestamp for comparison (SE-16).

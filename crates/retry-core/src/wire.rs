@@ -191,6 +191,7 @@ impl OpMsg {
             request_id: self.request_id,
             response_to: self.response_to,
             flags: self.flags,
+            encoded: None,
             body: &self.body,
             sequences: &self.sequences,
         }
@@ -203,6 +204,8 @@ pub(crate) struct MsgParts<'a> {
     pub(crate) request_id: i32,
     pub(crate) response_to: i32,
     pub(crate) flags: MsgFlags,
+    /// An encoded command whose elements come first, except those `body` replaces (issue 9).
+    pub(crate) encoded: Option<&'a bson::RawDocument>,
     pub(crate) body: &'a Document,
     pub(crate) sequences: &'a [DocumentSequence],
 }
@@ -263,6 +266,9 @@ impl MsgParts<'_> {
         out.push(0);
         let body = out.len();
         out.extend_from_slice(&[0; 4]);
+        if let Some(encoded) = self.encoded {
+            bson_write::elements_except(encoded, self.body, out);
+        }
         for (key, value) in self.body {
             bson_write::element(key, value, out).map_err(bson_error)?;
         }

@@ -375,9 +375,10 @@ impl Driver {
         // Subscribers get an operation's events before its caller gets its result.
         let mut state = lock(&self.shared.state);
         state.subscribers.retain(|s| Arc::strong_count(s) > 1);
+        let subscribers = &state.subscribers[..];
         let mut next = Some(first);
         while let Some(event) = next {
-            for subscriber in &state.subscribers {
+            for subscriber in subscribers {
                 subscriber.push((now, event.clone()));
             }
             match event {
@@ -518,14 +519,45 @@ impl Future for Driver {
 /// reply with a top-level `writeErrors` key is converted to a document for it; any other has
 /// none (the rule reads that key alone).
 fn write_errors(reply: &RawDocument, address: &ServerAddress) -> Option<OperationError> {
-    let has_write_errors = reply
-        .iter()
-        .any(|element| element.map_or(true, |(key, _)| key.as_str() == "writeErrors"));
-    if !has_write_errors {
+    if !may_have_key(reply, b"writeErrors") {
         return None;
     }
     let document = retry_core::wire::to_document(reply).ok()?;
     OperationError::from_write_reply(&document, address)
+}
+
+/// Whether `document` (decoded and validated by the engine) has the top-level key `key`, read
+/// from its bytes with the workspace's one element sizer (`retry_core::wire::value_size`), with
+/// no UTF-8 checks and no values built; `true` as well if an element cannot be sized (then the
+/// caller's full conversion decides).
+fn may_have_key(document: &RawDocument, key: &[u8]) -> bool {
+    let bytes = document.as_bytes();
+    // Past the length prefix, up to the terminating NUL.
+    let mut at = 4;
+    while let Some(&tag) = bytes.get(at) {
+        if tag == 0 {
+            return false;
+        }
+        let name_start = at + 1;
+        let Some(name_len) = bytes
+            .get(name_start..)
+            .and_then(|rest| rest.iter().position(|&b| b == 0))
+        else {
+            return true;
+        };
+        if &bytes[name_start..name_start + name_len] == key {
+            return true;
+        }
+        let value = name_start + name_len + 1;
+        match bytes
+            .get(value..)
+            .and_then(|rest| retry_core::wire::value_size(tag, rest))
+        {
+            Some(size) => at = value + size,
+            None => return true,
+        }
+    }
+    true
 }
 
 /// The sockets that have something to do, in the order they became ready (woken by their
@@ -613,9 +645,12 @@ impl Wake for SocketWaker {
 /// thread; an idle client catches up on its next operation.
 ///
 /// Every wake of the driver (a socket ready, its timer due, a cancel, a session request) sets a
-/// flag and wakes one waiting future; whoever is polled, finds the flag set and the lock free runs
-/// the driver's rounds. Waking one, not all, keeps the cost of a wake flat in the number of
-/// operations waiting (house rule 9).
+/// flag; the wake that sets it wakes two waiting futures, and while none of the woken has run the
+/// driver every further wake wakes one more; whoever is polled, finds the flag set and the lock
+/// free runs the driver's rounds. Waking a few, not all, keeps the cost of a wake flat in the
+/// number of operations waiting (house rule 9); waking more than one means a woken future that
+/// its caller never polls (kept in a `select` that another branch won) stops no one else's
+/// operation, nor its deadline (house rule 8, review9 finding 1).
 pub(crate) struct LocalDriver {
     driver: Mutex<Option<Driver>>,
     waker: Arc<DriverWaker>,
@@ -628,6 +663,9 @@ pub(crate) struct LocalDriver {
 struct DriverWaker {
     /// Set by every wake, cleared when a round of the driver starts.
     dirty: AtomicBool,
+    /// Set when a round of the driver starts, cleared when futures are woken to run one: while
+    /// it is clear, none of the woken futures has run the driver yet.
+    claimed: AtomicBool,
     waiting: Mutex<Waiting>,
 }
 
@@ -730,8 +768,21 @@ impl Waiting {
 impl DriverWaker {
     /// Wakes one waiting future: it runs the driver when polled.
     fn wake_one(&self) {
-        let next = lock(&self.waiting).pop();
-        if let Some(waker) = next {
+        self.wake_some(1);
+    }
+
+    /// Wakes up to `count` waiting futures (the most recently registered): each runs the driver
+    /// when polled.
+    fn wake_some(&self, count: usize) {
+        self.claimed.store(false, Ordering::Release);
+        let mut woken: [Option<Waker>; 2] = [None, None];
+        {
+            let mut waiting = lock(&self.waiting);
+            for slot in woken.iter_mut().take(count) {
+                *slot = waiting.pop();
+            }
+        }
+        for waker in woken.into_iter().flatten() {
             waker.wake();
         }
     }
@@ -742,10 +793,14 @@ impl Wake for DriverWaker {
         self.wake_by_ref();
     }
 
-    /// Wakes a waiting future only when the flag was clear: while it is set, a woken future has
-    /// yet to run the driver, or the one running it re-checks the flag when done.
+    /// The wake that sets the flag wakes two waiting futures, so that one its caller never polls
+    /// stops nobody (review9 finding 1); while the flag is set, a wake wakes one more only if
+    /// none of the woken has run the driver yet: otherwise the one running it re-checks the flag
+    /// when done (one wake per burst, house rule 9).
     fn wake_by_ref(self: &Arc<Self>) {
         if !self.dirty.swap(true, Ordering::AcqRel) {
+            self.wake_some(2);
+        } else if !self.claimed.load(Ordering::Acquire) {
             self.wake_one();
         }
     }
@@ -759,6 +814,7 @@ impl LocalDriver {
     pub(crate) fn new(driver: Driver) -> LocalDriver {
         let waker = Arc::new(DriverWaker {
             dirty: AtomicBool::new(true),
+            claimed: AtomicBool::new(false),
             waiting: Mutex::new(Waiting::default()),
         });
         LocalDriver {
@@ -796,6 +852,7 @@ impl LocalDriver {
                 Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
                 Err(TryLockError::WouldBlock) => return false,
             };
+            self.waker.claimed.store(true, Ordering::Release);
             self.waker.dirty.store(false, Ordering::Release);
             let Some(driver) = guard.as_mut() else {
                 return true;
@@ -847,9 +904,13 @@ impl Waiter {
 }
 
 impl Drop for Waiter {
+    /// [`Waiter::leave`], and its slot freed, under one lock.
     fn drop(&mut self) {
-        self.leave();
-        lock(&self.local.waker.waiting).close(self.slot);
+        let waker = &self.local.waker;
+        lock(&waker.waiting).close(self.slot);
+        if waker.dirty.load(Ordering::Acquire) {
+            waker.wake_one();
+        }
     }
 }
 
@@ -890,11 +951,12 @@ mod tests {
         tasks.iter().map(|t| t.0.load(Ordering::Relaxed)).sum()
     }
 
-    /// House rule 9: a wake of the driver (a socket ready) wakes one of the tasks waiting on the
-    /// client, however many wait; more wakes before the driver runs wake nobody else (the woken
-    /// task runs it for all of them); the next wake after a run wakes another one.
+    /// House rule 9: a wake of the driver (a socket ready) wakes two of the tasks waiting on the
+    /// client, however many wait; once one of them runs the driver, more wakes before the run
+    /// ends wake nobody else (it re-checks the flag when done); the next wake after a run wakes
+    /// two more.
     #[test]
-    fn a_wake_wakes_one_waiting_task_however_many_wait() {
+    fn a_wake_wakes_two_waiting_tasks_however_many_wait() {
         let driver = Arc::new(DriverWaker::default());
         let tasks = tasks(64);
         for task in &tasks {
@@ -904,19 +966,47 @@ mod tests {
         }
         let waker = Waker::from(driver.clone());
         waker.wake_by_ref();
-        assert_eq!(woken(&tasks), 1);
+        assert_eq!(woken(&tasks), 2);
         assert!(driver.dirty.load(Ordering::Acquire));
-        waker.wake_by_ref();
-        assert_eq!(
-            woken(&tasks),
-            1,
-            "the woken task has not run the driver yet"
-        );
-        // The woken task runs the driver: it clears the flag first.
+        // A woken task starts a round of the driver (what `LocalDriver::run` does), and a wake
+        // comes before it ends: it sets the flag again, so it wakes two.
+        driver.claimed.store(true, Ordering::Release);
         driver.dirty.store(false, Ordering::Release);
         waker.wake_by_ref();
-        assert_eq!(woken(&tasks), 2);
-        assert_eq!(registered(&lock(&driver.waiting)), 62);
+        assert_eq!(woken(&tasks), 4);
+        // The round ran: further wakes while the flag is set wake nobody.
+        driver.claimed.store(true, Ordering::Release);
+        waker.wake_by_ref();
+        waker.wake_by_ref();
+        assert_eq!(woken(&tasks), 4, "the running task re-checks the flag");
+        assert_eq!(registered(&lock(&driver.waiting)), 60);
+    }
+
+    /// House rule 8, review9 finding 1: the tasks a wake woke may never be polled (a future kept
+    /// in a `select` that another branch won): until one of them runs the driver, every further
+    /// wake (a reply, the timer of a deadline) wakes one more task, so the others' operations
+    /// still end.
+    #[test]
+    fn woken_tasks_never_polled_stall_nobody() {
+        let driver = Arc::new(DriverWaker::default());
+        let tasks = tasks(5);
+        for task in &tasks {
+            let mut waiting = lock(&driver.waiting);
+            let slot = waiting.open();
+            waiting.register(slot, &Waker::from(task.clone()));
+        }
+        let waker = Waker::from(driver.clone());
+        waker.wake_by_ref();
+        assert_eq!(woken(&tasks), 2, "a runner and one more");
+        // Neither runs the driver: each later wake wakes another task, one at a time.
+        for more in 1..=3 {
+            waker.wake_by_ref();
+            assert_eq!(woken(&tasks), 2 + more);
+        }
+        assert_eq!(registered(&lock(&driver.waiting)), 0);
+        // All were woken once (each re-registers when polled): nothing more to wake.
+        waker.wake_by_ref();
+        assert_eq!(woken(&tasks), 5);
     }
 
     /// A runtime that opens no socket and whose timers never fire: the test below drives the
@@ -1065,6 +1155,37 @@ mod tests {
             first.woken.load(Ordering::Acquire),
             "a runtime wake marks the read"
         );
+    }
+
+    /// RW-3: the write-errors check finds a top-level `writeErrors` wherever it is, and no
+    /// other key (a nested one, or one it prefixes) passes for it.
+    #[test]
+    fn may_have_key_reads_top_level_keys_only() {
+        let has = |document: bson::Document| {
+            let bytes = document.to_vec().unwrap();
+            may_have_key(RawDocument::from_bytes(&bytes).unwrap(), b"writeErrors")
+        };
+        assert!(!has(bson::doc! { "ok": 1.0 }));
+        assert!(!has(bson::doc! {}));
+        assert!(has(
+            bson::doc! { "n": 0, "writeErrors": [{ "code": 11000 }], "ok": 1.0 }
+        ));
+        assert!(has(bson::doc! { "ok": 1.0, "writeErrors": [] }));
+        assert!(!has(
+            bson::doc! { "nested": { "writeErrors": [] }, "ok": 1.0 }
+        ));
+        assert!(!has(
+            bson::doc! { "writeError": 1, "writeErrorsX": 2, "s": "writeErrors" }
+        ));
+        assert!(!has(bson::doc! {
+            "d": 1.5, "b": true, "i": 1i64, "t": bson::Timestamp { time: 1, increment: 2 },
+            "r": bson::Regex {
+                pattern: String::from("a").try_into().unwrap(),
+                options: String::from("i").try_into().unwrap(),
+            },
+            "bin": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![1, 2] },
+            "oid": bson::oid::ObjectId::new(), "n": null, "a": [1, "x"],
+        }));
     }
 
     /// The registered slots, walking the list from its head.

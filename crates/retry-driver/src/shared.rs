@@ -70,12 +70,17 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
+    /// Stores the result (the first one) and wakes the caller, after the lock is released: the
+    /// woken task, maybe on another thread, does not wait for it.
     pub(crate) fn complete(&self, result: OperationResult) {
-        let mut state = lock(&self.state);
-        if state.result.is_none() {
-            state.result = Some(result);
-        }
-        if let Some(waker) = state.waker.take() {
+        let waker = {
+            let mut state = lock(&self.state);
+            if state.result.is_none() {
+                state.result = Some(result);
+            }
+            state.waker.take()
+        };
+        if let Some(waker) = waker {
             waker.wake();
         }
     }

@@ -145,12 +145,25 @@ fn field_matches(value: Option<&Bson>, condition: &Bson) -> Result<bool, Unsuppo
 }
 
 /// Equality as the server sees it: numbers by exact value across their types (review8 finding
-/// 7: int64s are never rounded through f64), and NaN equal to NaN.
+/// 7: int64s are never rounded through f64), and NaN equal to NaN, at every depth (review9
+/// finding 9): embedded documents have the same keys in the same order with equal values, arrays
+/// equal elements in the same order.
 pub(crate) fn equal(a: &Bson, b: &Bson) -> bool {
     match (exact_number(a), exact_number(b)) {
         (Some(Exact::Double(x)), Some(Exact::Double(y))) if x.is_nan() && y.is_nan() => true,
         (Some(x), Some(y)) => compare_numbers(x, y) == Some(Ordering::Equal),
-        _ => a == b,
+        _ => match (a, b) {
+            (Bson::Document(x), Bson::Document(y)) => {
+                x.len() == y.len()
+                    && x.iter()
+                        .zip(y)
+                        .all(|((kx, vx), (ky, vy))| kx == ky && equal(vx, vy))
+            }
+            (Bson::Array(x), Bson::Array(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(x, y)| equal(x, y))
+            }
+            _ => a == b,
+        },
     }
 }
 

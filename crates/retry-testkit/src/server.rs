@@ -474,12 +474,6 @@ impl ServerHandle {
         state.topology_counter += 1;
     }
 
-    /// UT-25, TK-15 (review8 finding 3): what `killAllSessions` does, without counting a
-    /// command: every transaction in progress on the server's data is aborted.
-    pub fn kill_all_sessions(&self) {
-        self.shared.lock().data.lock().kill_sessions(None);
-    }
-
     /// Appends documents to the namespace `ns` (`db.collection`), as an unordered `insert`
     /// does, without counting a command; returns how many went in (a duplicate `_id` is left
     /// out, TK-*; none goes in when one has an `_id` a transaction in progress changed, TK-15).

@@ -151,13 +151,12 @@ struct Change {
     index: usize,
 }
 
-/// TK-15 (review7 finding 7, review8 finding 7): the key of an `_id` in [`Store::changes`]:
-/// ids that [`equal`] calls equal share it and others do not: an integral number that fits an
-/// int64 by that integer (exactly, never through f64; -0.0 is 0), another double by its bits,
-/// every NaN one key.
+/// TK-15 (review7 finding 7, review8 finding 7, review9 finding 9): the key of an `_id` in
+/// [`Store::changes`]: ids that [`equal`] calls equal share it and others do not: an integral
+/// number that fits an int64 by that integer (exactly, never through f64; -0.0 is 0), another
+/// double by its bits, every NaN one key; any other id by the encoding of its
+/// [`canonical_numbers`] copy, so numbers inside documents and arrays follow the same rule.
 fn id_key(id: &Bson) -> Vec<u8> {
-    // 2^63 as f64 is exact; integral doubles in [-2^63, 2^63) convert to i64 exactly.
-    const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
     let integer = |v: i64| {
         let mut key = vec![0];
         key.extend_from_slice(&v.to_be_bytes());
@@ -166,21 +165,46 @@ fn id_key(id: &Bson) -> Vec<u8> {
     match crate::query::exact_number(id) {
         Some(crate::query::Exact::Int(v)) => integer(v),
         Some(crate::query::Exact::Double(v)) if v.is_nan() => vec![3],
-        Some(crate::query::Exact::Double(v))
-            if v.trunc() == v && (-TWO_TO_63..TWO_TO_63).contains(&v) =>
-        {
-            integer(v as i64)
-        }
-        Some(crate::query::Exact::Double(v)) => {
-            let mut key = vec![2];
-            key.extend_from_slice(&v.to_bits().to_be_bytes());
-            key
-        }
+        Some(crate::query::Exact::Double(v)) => match integral(v) {
+            Some(v) => integer(v),
+            None => {
+                let mut key = vec![2];
+                key.extend_from_slice(&v.to_bits().to_be_bytes());
+                key
+            }
+        },
         None => {
             let mut key = vec![1];
-            key.extend(bson::doc! { "": id.clone() }.to_vec().unwrap_or_default());
+            let canonical = bson::doc! { "": canonical_numbers(id) };
+            key.extend(canonical.to_vec().unwrap_or_default());
             key
         }
+    }
+}
+
+/// `v` as the int64 it equals, when it is integral and fits one (-0.0 is 0).
+fn integral(v: f64) -> Option<i64> {
+    // 2^63 as f64 is exact; integral doubles in [-2^63, 2^63) convert to i64 exactly.
+    const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
+    (v.trunc() == v && (-TWO_TO_63..TWO_TO_63).contains(&v)).then_some(v as i64)
+}
+
+/// Review9 finding 9: `value` with every number at every depth in one form per value, the key
+/// [`id_key`] encodes: integers and integral doubles that fit as int64, every NaN as one NaN,
+/// other doubles as they are.
+fn canonical_numbers(value: &Bson) -> Bson {
+    match value {
+        Bson::Int32(v) => Bson::Int64(i64::from(*v)),
+        Bson::Double(v) if v.is_nan() => Bson::Double(f64::NAN),
+        Bson::Double(v) => integral(*v).map_or(Bson::Double(*v), Bson::Int64),
+        Bson::Document(document) => Bson::Document(
+            document
+                .iter()
+                .map(|(key, value)| (key.clone(), canonical_numbers(value)))
+                .collect(),
+        ),
+        Bson::Array(items) => Bson::Array(items.iter().map(canonical_numbers).collect()),
+        other => other.clone(),
     }
 }
 
@@ -453,9 +477,11 @@ impl Store {
         self.abort(session);
     }
 
-    /// UT-25, TK-15 (review8 finding 3): `killAllSessions` (`sessions` `None`) or `killSessions`
-    /// kills the sessions and so aborts their transactions in progress, as a real server does
-    /// (`killSessionsAbortUnpreparedTransactions`); a write waiting for one of them runs.
+    /// UT-25, TK-15 (review8 finding 3, review9 finding 2): `killAllSessions` (`sessions`
+    /// `None`) or `killSessions` kills the sessions, as a real server does: their transactions
+    /// in progress are aborted (`killSessionsAbortUnpreparedTransactions`; a write waiting for
+    /// one of them runs) and their open cursors closed (a getMore then gets CursorNotFound, 43).
+    /// `killAllSessions` closes every cursor opened in a session, not those opened outside one.
     pub(crate) fn kill_sessions(&mut self, sessions: Option<&[Vec<u8>]>) {
         let killed: Vec<Vec<u8>> = match sessions {
             None => self.open.iter().cloned().collect(),
@@ -464,6 +490,12 @@ impl Store {
         for session in killed {
             self.abort(&session);
         }
+        self.cursors
+            .retain(|_, cursor| match (&cursor.lsid, sessions) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                (Some(lsid), Some(sessions)) => !sessions.contains(lsid),
+            });
     }
 
     /// TK-15 (review8 finding 6): when the transaction in progress of `session` started (`None`
@@ -1377,7 +1409,7 @@ fn unsupported(error: Unsupported) -> QueryError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bson::doc;
+    use bson::{bson, doc};
 
     const OWNER: CursorOrigin<'static> = CursorOrigin {
         owner: ObjectId::from_bytes([1; 12]),
@@ -1730,6 +1762,74 @@ mod tests {
         ));
         assert!(equal(&Bson::Double(f64::NAN), &Bson::Double(f64::NAN)));
         assert_eq!(id_key(&Bson::Double(-0.0)), id_key(&Bson::Int32(0)));
+    }
+
+    /// Review9 finding 9 (TK-15, house rule 7): `_id`s equal with canonical numbers at every
+    /// depth are one id, as on a real server: `{a: 1}` then `{a: 1.0}` or `[1, {b: 2}]` then
+    /// `[1.0, {b: NumberLong(2)}]` is a duplicate (11000), while keys in another order are another
+    /// id; the change index gives equal ids one key, so an outside write to `{a: NumberLong(1)}`
+    /// waits for the transaction that changed `{a: 1}`, and one to `{a: 2}` does not.
+    #[test]
+    fn tk15_review9_f9_ids_are_equal_with_canonical_numbers_at_every_depth() {
+        let mut store = Store::default();
+        let pairs = [
+            (bson!({ "a": 1 }), bson!({ "a": 1.0 })),
+            (bson!({ "a": 1 }), bson!({ "a": 1_i64 })),
+            (bson!([1, { "b": 2 }]), bson!([1.0, { "b": 2_i64 }])),
+            (bson!({ "n": f64::NAN }), bson!({ "n": -f64::NAN })),
+        ];
+        for (index, (first, second)) in pairs.iter().enumerate() {
+            let ns = format!("db.dup{index}");
+            assert!(equal(first, second), "{first} == {second}");
+            assert_eq!(id_key(first), id_key(second), "{first}, {second}: one key");
+            let (insert, _) = outside(&mut store, |s| {
+                s.insert(&ns, vec![doc! { "_id": first.clone() }], true)
+            });
+            assert_eq!(insert.unwrap().n, 1);
+            let (insert, _) = outside(&mut store, |s| {
+                s.insert(&ns, vec![doc! { "_id": second.clone() }], true)
+            });
+            let insert = insert.unwrap();
+            assert_eq!(
+                (insert.n, insert.duplicates.len()),
+                (0, 1),
+                "{second}: E11000"
+            );
+        }
+        let distinct = [
+            (bson!({ "a": 1, "b": 2 }), bson!({ "b": 2, "a": 1 })),
+            (bson!({ "a": 1 }), bson!({ "a": 1.5 })),
+            (bson!([1, 2]), bson!([1, 2, 3])),
+            (bson!({ "a": [1] }), bson!({ "a": 1 })),
+        ];
+        for (first, second) in &distinct {
+            assert!(!equal(first, second), "{first} != {second}");
+            assert_ne!(id_key(first), id_key(second), "{first}, {second}: two keys");
+        }
+        outside(&mut store, |s| {
+            s.insert(
+                "db.c",
+                vec![doc! { "_id": { "a": 1 } }, doc! { "_id": { "a": 2 } }],
+                true,
+            )
+        })
+        .0
+        .unwrap();
+        in_transaction(&mut store, S1, 1, true, |s| {
+            set_one(s, doc! { "_id": { "a": 1 } }, doc! { "x": 1 }).unwrap();
+        });
+        let (update, blocked) = outside(&mut store, |s| {
+            set_one(s, doc! { "_id": { "a": 2.0 } }, doc! { "x": 2 })
+        });
+        assert_eq!((update.map(|u| u.matched), blocked), (Ok(1), None));
+        let (update, blocked) = outside(&mut store, |s| {
+            set_one(s, doc! { "_id": { "a": 1_i64 } }, doc! { "x": 2 })
+        });
+        assert_eq!(
+            update.map(|u| u.matched),
+            Err(QueryError::Blocked(S1.to_vec()))
+        );
+        assert_eq!(blocked, Some(S1.to_vec()));
     }
 
     /// TK-15 (review7 finding 1): a write outside any transaction that touches a document a

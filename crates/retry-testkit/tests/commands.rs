@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use bson::{doc, Bson, Document};
+use bson::{bson, doc, Bson, Document};
 use retry_testkit::{RawClient, ServerConfig, TestServer, TESTKIT_UNSUPPORTED};
 
 async fn bounded<F: Future<Output = ()>>(body: F) {
@@ -93,6 +93,40 @@ async fn unknown_commands_are_command_not_found() {
         server.shutdown().await;
     })
     .await;
+}
+
+/// Review9 finding 9 (house rule 7): `_id`s compare with canonical numbers at every depth, as on
+/// a real server: `{_id: {a: 1}}` then `{_id: {a: 1.0}}` (or `NumberLong(1)`, or an array
+/// holding them) is a duplicate key, E11000 (code 11000); keys in another order are another id.
+#[tokio::test]
+async fn review9_f9_nested_number_ids_are_duplicates() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let mut insert = async |id: Bson| {
+            let body = doc! { "insert": "n", "documents": [{ "_id": id }], "$db": "db" };
+            client.command(body).await.unwrap()
+        };
+        let code = |reply: &Document| {
+            let errors = reply.get_array("writeErrors").ok()?;
+            errors[0].as_document()?.get_i32("code").ok()
+        };
+        let reply = insert(bson!({ "a": 1 })).await;
+        assert_eq!((reply.get_i32("n").ok(), code(&reply)), (Some(1), None));
+        for duplicate in [bson!({ "a": 1.0 }), bson!({ "a": 1_i64 })] {
+            let reply = insert(duplicate).await;
+            assert_eq!(code(&reply), Some(11000), "{reply}");
+        }
+        let reply = insert(bson!([{ "a": 2 }, 3])).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        let reply = insert(bson!([{ "a": 2.0 }, 3_i64])).await;
+        assert_eq!(code(&reply), Some(11000), "{reply}");
+        for id in [bson!({ "a": 1, "b": 1 }), bson!({ "b": 1, "a": 1 })] {
+            let reply = insert(id).await;
+            assert_eq!(reply.get_i32("n").ok(), Some(1), "another order: {reply}");
+        }
+        server.shutdown().await;
+    })
+    .await
 }
 
 /// TK-*: insert, update, delete, findAndModify, count, distinct, aggregate; unique `_id`
@@ -1470,6 +1504,62 @@ async fn tk15_review8_f3_killing_sessions_aborts_their_transactions() {
                 .unwrap();
             assert_eq!(code(&commit), Some(251), "{commit}");
         }
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// UT-25, TK-15 (review9 finding 2): killing sessions also closes their open cursors, as a real
+/// server does: after `killSessions [S]` a getMore on S's cursor gets CursorNotFound (43) while
+/// another session's cursor goes on; after `killAllSessions []` every cursor opened in a session
+/// is gone, and one opened outside any session goes on.
+#[tokio::test]
+async fn tk15_review9_f2_killing_sessions_closes_their_cursors() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let documents: Vec<Document> = (0..6).map(|i| doc! { "_id": i }).collect();
+        server.handle().insert("test.c", documents);
+        async fn open(client: &mut RawClient, session: Option<u8>) -> i64 {
+            let mut find = doc! { "find": "c", "batchSize": 1, "$db": "test" };
+            if let Some(session) = session {
+                find.insert("lsid", lsid_of(session));
+            }
+            let reply = client.command(find).await.unwrap();
+            let id = reply.get_document("cursor").unwrap().get_i64("id").unwrap();
+            assert_ne!(id, 0, "a cursor stays open: {reply}");
+            id
+        }
+        let s = open(&mut client, Some(1)).await;
+        let t = open(&mut client, Some(2)).await;
+        let none = open(&mut client, None).await;
+        let get_more = |id: i64, session: Option<u8>| {
+            let mut get_more =
+                doc! { "getMore": id, "collection": "c", "batchSize": 1, "$db": "test" };
+            if let Some(session) = session {
+                get_more.insert("lsid", lsid_of(session));
+            }
+            get_more
+        };
+        let reply = client
+            .command(doc! { "killSessions": [lsid_of(1)], "$db": "admin" })
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = client.command(get_more(s, Some(1))).await.unwrap();
+        assert_eq!(code(&reply), Some(43), "S's cursor is closed: {reply}");
+        for (id, session) in [(t, Some(2)), (none, None)] {
+            let reply = client.command(get_more(id, session)).await.unwrap();
+            assert_eq!(code(&reply), None, "not killed: {reply}");
+        }
+        let reply = client
+            .command(doc! { "killAllSessions": [], "$db": "admin" })
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = client.command(get_more(t, Some(2))).await.unwrap();
+        assert_eq!(code(&reply), Some(43), "T's cursor is closed: {reply}");
+        let reply = client.command(get_more(none, None)).await.unwrap();
+        assert_eq!(code(&reply), None, "opened outside any session: {reply}");
         server.shutdown().await;
     })
     .await

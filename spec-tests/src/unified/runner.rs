@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{Bson, Document};
+use bson::{doc, Bson, Document};
+use retry_core::retry::OperationKind;
 use serde_json::Value;
 
 use super::deploy::Cluster;
@@ -32,11 +33,7 @@ pub async fn run_test(file: &Value, test: &Value, cluster: &Cluster) -> Result<(
     };
     let result = run_in(file, test, cluster, &mut entities).await;
     entities.close().await;
-    // UT-25 (review8 finding 3): `killAllSessions`, so no transaction a test left open makes a
-    // later test's writes on the shared cluster wait.
-    for handle in cluster.handles() {
-        handle.kill_all_sessions();
-    }
+    let killed = kill_all_sessions(cluster).await;
     let refused: Vec<String> = cluster
         .handles()
         .iter()
@@ -49,7 +46,33 @@ pub async fn run_test(file: &Value, test: &Value, cluster: &Cluster) -> Result<(
             refused.join("; ")
         ));
     }
-    result
+    killed.and(result)
+}
+
+/// UT-25 (review8 finding 3, review9 finding 2): the teardown's `killAllSessions` command, sent
+/// by a client of the harness's own (the test's clients are closed), so no transaction or cursor
+/// a test left open outlives it. The servers of a deployment share one store, so one server's
+/// kill covers them all. Interrupted (11601) is what a server may answer when the kill takes the
+/// command's own session with it; it is ignored, as the unified format says.
+async fn kill_all_sessions(cluster: &Cluster) -> Result<(), String> {
+    let uri = cluster.uri(false);
+    let options =
+        retry_tokio::ClientOptions::parse(&uri).map_err(|e| format!("harness: {uri}: {e}"))?;
+    let client =
+        retry_tokio::Client::connect(options).map_err(|e| format!("harness: {uri}: {e}"))?;
+    let reply = client
+        .run_command(
+            "admin",
+            doc! { "killAllSessions": [] },
+            OperationKind::RunCommand,
+        )
+        .await;
+    client.shutdown().await;
+    match reply {
+        Ok(_) => Ok(()),
+        Err(error) if error.code() == Some(11601) => Ok(()),
+        Err(error) => Err(format!("harness: killAllSessions: {error}")),
+    }
 }
 
 async fn run_in(

@@ -626,4 +626,34 @@ mod tests {
             None
         );
     }
+
+    /// Review9 finding 5, WP-2, LB-10: a reply with two `cursor` keys (built as bytes; a
+    /// `Document` cannot hold them) opens the last one's cursor, as the plain path's document
+    /// (the last value) and `ReplyFields` (the last `id`) read it; a last one with id 0 opens none.
+    #[test]
+    fn review9_f5_opened_cursor_reads_the_last_of_two_cursor_keys() {
+        use bson::raw::{cstr, RawDocumentBuf};
+        let cursor = |id: i64, ns: &str| {
+            let mut cursor = RawDocumentBuf::new();
+            cursor.append(cstr!("id"), id);
+            cursor.append(cstr!("ns"), ns);
+            cursor
+        };
+        let reply = |last_id: i64| {
+            let mut reply = RawDocumentBuf::new();
+            reply.append(cstr!("ok"), 1.0);
+            reply.append(cstr!("cursor"), cursor(7, "first.c"));
+            reply.append(cstr!("cursor"), cursor(last_id, "last.d"));
+            reply
+        };
+        let opened = |raw: &RawDocumentBuf| opened_cursor(raw, &ReplyFields::read(raw));
+        let two = reply(9);
+        assert_eq!(opened(&two), Some((9, ("last".into(), "d".into()))));
+        let plain = crate::bson_read::document(&two).unwrap();
+        assert_eq!(
+            plain.get_document("cursor").unwrap(),
+            &doc! { "id": 9_i64, "ns": "last.d" }
+        );
+        assert_eq!(opened(&reply(0)), None);
+    }
 }

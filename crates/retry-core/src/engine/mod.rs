@@ -88,6 +88,7 @@
 
 mod commands;
 mod cursors;
+mod encoded;
 mod event_families;
 mod hedged;
 mod id_table;
@@ -226,7 +227,8 @@ impl EngineOptions {
 pub struct OperationRequest {
     /// The database.
     pub db: String,
-    /// The command, without `$db`.
+    /// The command, without `$db`. For a request made with [`OperationRequest::new_raw`], the
+    /// fields sent after the encoded command's, replacing any of the same name (empty unless set).
     pub command: Document,
     /// What kind of operation it is (the retry rules depend on it).
     pub kind: OperationKind,
@@ -248,6 +250,8 @@ pub struct OperationRequest {
     /// are dropped (the transaction's own apply, TX-1), while an operation's own is a usage error
     /// (the transactions spec: they cannot be given to an operation in a transaction).
     pub concerns_inherited: bool,
+    /// The command kept encoded ([`OperationRequest::new_raw`]).
+    encoded: Option<RawDocumentBuf>,
 }
 
 impl OperationRequest {
@@ -267,7 +271,33 @@ impl OperationRequest {
             cursor: CursorUse::None,
             session: None,
             concerns_inherited: false,
+            encoded: None,
         }
+    }
+
+    /// A request like [`OperationRequest::new`] whose command is already encoded (issue 9): the
+    /// engine sends its bytes as they are, with its own fields (`$db`, `lsid`, `txnNumber`,
+    /// `$clusterTime`, `maxTimeMS`, `$readPreference`, ...) after them, so a caller that builds or
+    /// reuses BSON bytes never builds a [`Document`]. The command must not hold `$db` (WP-5);
+    /// fields put in [`OperationRequest::command`] go after the encoded ones and replace any of
+    /// the same name. A command that is not well-formed BSON finishes the operation at once with
+    /// a usage error; what is on the wire is what [`OperationRequest::new`] with the same
+    /// command sends, up to the order of the fields after the first.
+    pub fn new_raw(
+        db: impl Into<String>,
+        command: RawDocumentBuf,
+        kind: OperationKind,
+        criteria: SelectionCriteria,
+    ) -> OperationRequest {
+        OperationRequest {
+            encoded: Some(command),
+            ..OperationRequest::new(db, Document::new(), kind, criteria)
+        }
+    }
+
+    /// The encoded command of a request made with [`OperationRequest::new_raw`].
+    pub fn raw_command(&self) -> Option<&bson::RawDocument> {
+        self.encoded.as_deref()
     }
 }
 
@@ -491,8 +521,10 @@ struct Operation {
     /// The request; its command has moved to `wire`.
     request: RunningRequest,
     /// The command with `$db`, built once and sent as it is by every attempt that modifies
-    /// nothing (WP-5).
+    /// nothing (WP-5). With `encoded`, the fields sent after the encoded command's.
     wire: Request,
+    /// The caller's command kept encoded ([`OperationRequest::new_raw`]; issue 9).
+    encoded: Option<RawDocumentBuf>,
     reply: Option<RawDocumentBuf>,
     /// A cursor operation's server: no selection (LB-10 and ordinary cursor server pinning).
     pinned_server: Option<AttemptServer>,
@@ -623,6 +655,13 @@ pub struct Engine {
     handshake: Document,
     /// `handshake` encoded once (HS-2): sockets that do not authenticate copy these bytes rather
     /// than cloning and encoding the command each (an error only in the tests' unbuildable engine).
+    ///
+    /// Invariant (review9 finding 7): nothing in the hello depends on the socket unless it
+    /// authenticates. A socket that authenticates builds its own (AU-2's speculative start,
+    /// `saslSupportedMechs`); every other one (monitor, RTT monitor, pooled without credentials)
+    /// sends these bytes, request id 1 included. A per-socket field must not be added here: build
+    /// that socket's hello from `handshake` instead. Tested by
+    /// `hs2_monitor_rtt_and_pooled_sockets_send_the_handshake_encoded_fresh`.
     encoded_handshake: Result<Vec<u8>, crate::wire::EncodeError>,
     /// Machines with something to do, first in, first out; each at most once.
     work: VecDeque<Machine>,
@@ -1062,6 +1101,7 @@ impl Engine {
 /// the attempt's fields (`$db` and `lsid` are appended at encode time); `None` when the attempt
 /// modifies nothing and `base` is sent as it is.
 fn command_for(
+    encoded: Option<&bson::RawDocument>,
     base: &Document,
     attempt: &Attempt,
     read_preference: Option<Document>,
@@ -1080,7 +1120,7 @@ fn command_for(
         body.insert("startTransaction", true);
     }
     if attempt.write_concern == WriteConcernRule::Majority {
-        let mut wc = match body.get("writeConcern") {
+        let mut wc = match encoded::field(encoded, &body, "writeConcern").as_deref() {
             Some(Bson::Document(d)) => d.clone(),
             _ => Document::new(),
         };

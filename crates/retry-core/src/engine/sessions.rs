@@ -16,6 +16,7 @@ use bson::{Bson, Document};
 
 use alloc::vec::Vec;
 
+use super::encoded;
 use super::raw_reply::ReplyFields;
 use super::{
     Engine, OpId, OpSession, Operation, OperationRequest, Session, SessionHandle, SessionInfo,
@@ -26,8 +27,8 @@ use crate::max_time::{max_time_ms, MaxTime};
 use crate::retry::OperationKind;
 use crate::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use crate::session::{
-    attaches_session, connection_supports_sessions, gossips_cluster_time, ClusterClock,
-    ClusterTime, ServerSession, SessionId, SessionTimeout, SESSIONS_UNSUPPORTED,
+    connection_supports_sessions, ClusterClock, ClusterTime, ServerSession, SessionId,
+    SessionTimeout, SESSIONS_UNSUPPORTED,
 };
 use crate::time::{Instant, OperationTimeout};
 use crate::transaction::{Step, TransactionOptions, TransactionState};
@@ -84,8 +85,16 @@ pub(super) fn strip_command_fields(command: &mut Document) {
 
 /// EV-2: the command as sent, for the started event: `body` and the appended fields, in the
 /// order they are written.
-pub(super) fn command_as_sent(body: &Document, db: &str, lsid: Option<SessionId>) -> Document {
-    let mut command = body.clone();
+pub(super) fn command_as_sent(
+    encoded: Option<&RawDocument>,
+    body: &Document,
+    db: &str,
+    lsid: Option<SessionId>,
+) -> Document {
+    let mut command = match encoded {
+        Some(raw) => encoded::to_document(raw, body.clone()),
+        None => body.clone(),
+    };
     command.insert("$db", db);
     if let Some(id) = lsid {
         command.insert("lsid", id.lsid());
@@ -323,14 +332,24 @@ impl Engine {
 
     /// The session a new operation's commands carry, and whether they gossip `$clusterTime`;
     /// an error for a request the session rules refuse before anything is sent.
+    ///
+    /// `encoded_unacknowledged`: the request's encoded command has an unacknowledged
+    /// `writeConcern` ([`encoded::inspect`]).
     pub(super) fn operation_session(
         &self,
         request: &OperationRequest,
+        encoded_unacknowledged: bool,
     ) -> Result<(OpSession, bool), OperationError> {
-        let name = request.command.keys().next().map_or("", String::as_str);
+        // SE-13, SE-19 (`attaches_session`, `gossips_cluster_time`): one look at the name.
+        let sessionless = crate::session::sessionless(encoded::command_name(
+            request.encoded.as_deref(),
+            &request.command,
+        ));
+        // A `writeConcern` beside an encoded command replaces the encoded one.
         let unacknowledged = match request.command.get("writeConcern") {
             Some(Bson::Document(write_concern)) => is_unacknowledged(write_concern),
-            _ => false,
+            Some(_) => false,
+            None => encoded_unacknowledged,
         };
         let transaction = matches!(
             request.kind,
@@ -361,10 +380,11 @@ impl Engine {
                 ));
             }
             // SE-9, SE-13: an implicit session unless the command may not carry one.
-            None if attaches_session(name, unacknowledged) => OpSession::Implicit(None),
+            None if !unacknowledged && !sessionless => OpSession::Implicit(None),
             None => OpSession::Never,
         };
-        Ok((session, gossips_cluster_time(name)))
+        // SE-19 (`gossips_cluster_time`).
+        Ok((session, !sessionless))
     }
 
     /// Adds to the operation's command what this attempt on `conn` carries besides the attempt's
@@ -392,7 +412,6 @@ impl Engine {
         let supported = supports_sessions || load_balanced;
         let kind = op.request.kind;
         let mut recovery_token = None;
-        let causal_read = reads_causally(kind, &op.wire.body);
         let transaction = op.transaction;
         let numbered = op.txn_number.is_some();
         // TX-1: a new number skips those of the transactions started since the last one was
@@ -463,7 +482,9 @@ impl Engine {
                         return Prepared::Refused(OperationError::usage(ALREADY_STARTED));
                     }
                 }
-                if causal_read {
+                // SE-21: read only for an explicit session (an implicit one is not causal).
+                let name = encoded::command_name(op.encoded.as_deref(), &op.wire.body);
+                if reads_causally(kind, name) {
                     after_cluster_time = state.operation_time;
                 }
                 if with_txn_number && !numbered {
@@ -829,25 +850,22 @@ impl Engine {
 /// causal-consistency spec's "Causally consistent read and write commands" defers: `insert`,
 /// `update`, `delete`, `findAndModify`, `bulkWrite`, `create`, `createIndexes`, `drop`,
 /// `dropDatabase`, `dropIndexes`), or a transaction's first command (its `readConcern`, TX-1).
-fn reads_causally(kind: OperationKind, body: &Document) -> bool {
-    let name = body.keys().next().map(String::as_str);
+fn reads_causally(kind: OperationKind, name: &[u8]) -> bool {
     match kind {
-        OperationKind::Read => matches!(name, Some("find" | "aggregate" | "count" | "distinct")),
+        OperationKind::Read => matches!(name, b"find" | b"aggregate" | b"count" | b"distinct"),
         OperationKind::RetryableWrite | OperationKind::NonRetryableWrite => matches!(
             name,
-            Some(
-                "insert"
-                    | "update"
-                    | "delete"
-                    | "findAndModify"
-                    | "findandmodify"
-                    | "bulkWrite"
-                    | "create"
-                    | "createIndexes"
-                    | "drop"
-                    | "dropDatabase"
-                    | "dropIndexes"
-            )
+            b"insert"
+                | b"update"
+                | b"delete"
+                | b"findAndModify"
+                | b"findandmodify"
+                | b"bulkWrite"
+                | b"create"
+                | b"createIndexes"
+                | b"drop"
+                | b"dropDatabase"
+                | b"dropIndexes"
         ),
         OperationKind::InTransaction { first, .. } => first,
         _ => false,

@@ -108,16 +108,26 @@ impl ServerSelection {
         timeout: OperationTimeout,
         now: Instant,
     ) -> ServerSelection {
-        let own = now.saturating_add(settings.server_selection_timeout);
-        let deadline = timeout.deadline().map_or(own, |csot| csot.min(own));
         ServerSelection {
             criteria,
             deprioritized: deprioritized.iter().cloned().collect(),
             settings,
             started: now,
-            deadline,
+            deadline: ServerSelection::deadline_from(&settings, timeout, now),
             waiting: false,
         }
+    }
+
+    /// SS-16 step 1, CS-3: the deadline of a selection started at `now`,
+    /// `serverSelectionTimeoutMS` from now or the operation's CSOT deadline if that comes first
+    /// (also the checkout's under CSOT).
+    pub(crate) fn deadline_from(
+        settings: &SelectionSettings,
+        timeout: OperationTimeout,
+        now: Instant,
+    ) -> Instant {
+        let own = now.saturating_add(settings.server_selection_timeout);
+        timeout.deadline().map_or(own, |csot| csot.min(own))
     }
 
     /// The criteria being selected for.

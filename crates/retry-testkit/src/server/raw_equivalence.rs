@@ -375,6 +375,45 @@ fn script(role: &Role) -> Script {
         doc! { "aggregate": 1, "pipeline": [{ "$listLocalSessions": {} }], "cursor": {},
         "$db": "admin" },
     );
+    // UT-25, TK-15 (review9 finding 2): killing a session closes its cursors on both paths; the
+    // session's hot commands (raw path) go on after the kill.
+    s.send(
+        "insert more",
+        doc! { "insert": "c", "documents": [{ "_id": 2 }, { "_id": 3 }], "$db": "db" },
+    );
+    for session in [10, 11] {
+        s.send(
+            &format!("find in session {session}"),
+            doc! { "find": "c", "batchSize": 1, "lsid": lsid(session), "$db": "db" },
+        );
+        s.send(
+            &format!("ping in session {session}"),
+            with(ping(), doc! { "lsid": lsid(session) }),
+        );
+    }
+    s.send(
+        "killSessions",
+        doc! { "killSessions": [lsid(10)], "$db": "admin" },
+    );
+    for (session, cursor) in [(10, 1_i64), (11, 2)] {
+        s.send(
+            &format!("getMore in session {session} after killSessions"),
+            doc! { "getMore": cursor, "collection": "c", "batchSize": 1, "lsid": lsid(session),
+            "$db": "db" },
+        );
+        s.send(
+            &format!("ping in session {session} after killSessions"),
+            with(ping(), doc! { "lsid": lsid(session) }),
+        );
+    }
+    s.send(
+        "killAllSessions",
+        doc! { "killAllSessions": [], "$db": "admin" },
+    );
+    s.send(
+        "getMore in session 11 after killAllSessions",
+        doc! { "getMore": 2_i64, "collection": "c", "lsid": lsid(11), "$db": "db" },
+    );
     // Fail points: on ping, on another command, by app name, closing.
     s.handle(|h| {
         h.set_fail_command(Some(
@@ -604,6 +643,24 @@ async fn raw_path_answers_as_the_document_path() {
             assert_eq!(raw, document, "{role:?}, users: {with_user}: {label}");
         }
         assert_eq!(raw_records, document_records, "{role:?}");
+        if (&role, with_user) == (&Role::Standalone, false) {
+            // UT-25, TK-15 (review9 finding 2): what both paths answered is the kill's effect.
+            let code = |label: &str| {
+                let (_, outcome) = raw.iter().find(|(l, _)| l == label).unwrap();
+                let Outcome::Reply(bytes) = outcome else {
+                    panic!("{label}: {outcome:?}");
+                };
+                let reply = retry_core::wire::parse_frame(bytes).unwrap().body;
+                reply.get_i32("code").ok()
+            };
+            assert_eq!(code("getMore in session 10 after killSessions"), Some(43));
+            assert_eq!(code("getMore in session 11 after killSessions"), None);
+            assert_eq!(
+                code("getMore in session 11 after killAllSessions"),
+                Some(43)
+            );
+            assert_eq!(code("ping in session 10 after killSessions"), None);
+        }
         // The comparison means something: the raw path answered the plain commands.
         assert_eq!(document_answers, 0);
         assert!(raw_answers >= 20, "{role:?}: {raw_answers} raw answers");

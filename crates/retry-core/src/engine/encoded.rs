@@ -1,0 +1,155 @@
+//! An operation's command kept encoded ([`super::OperationRequest::new_raw`], issue 9): the
+//! caller's BSON bytes, sent as they are, followed by the fields the engine adds (a [`Document`]
+//! that replaces any encoded field of the same name; [`crate::bson_write::elements_except`]).
+//! The few reads the engine makes of a command (its name, its concerns) look at both, the added
+//! fields first. A request in an explicit session, or whose encoded command holds a field the
+//! engine removes (`$db`, `lsid`, `txnNumber`), is converted to a [`Document`] at its start, so
+//! that the transaction and session rules work on one document as before.
+
+use alloc::borrow::Cow;
+use alloc::string::String;
+use bson::{Bson, Document, RawDocument};
+
+use crate::bson_read::{self, Elements};
+use crate::classify::is_unacknowledged;
+use crate::error::OperationError;
+
+/// Fields of a caller's command the engine removes or must see in one document.
+const ENGINE_FIELDS: [&[u8]; 3] = [b"$db", b"lsid", b"txnNumber"];
+
+/// What the engine reads of an encoded command at its start, in one pass over its fields.
+pub(super) struct Inspected {
+    /// It holds a field the engine removes or sets itself (`$db`, `lsid`, `txnNumber`).
+    pub(super) engine_field: bool,
+    /// SE-13: its `writeConcern` is unacknowledged (`w: 0`).
+    pub(super) unacknowledged: bool,
+}
+
+/// Checks an encoded command (a usage error if it is not well-formed BSON, house rule 11) and
+/// reads what [`Inspected`] holds.
+pub(super) fn inspect(raw: &RawDocument) -> Result<Inspected, OperationError> {
+    let mut inspected = Inspected {
+        engine_field: false,
+        unacknowledged: false,
+    };
+    // One pass checks the command and reads its fields.
+    bson_read::validate_with(raw, |key, tag, value| {
+        if ENGINE_FIELDS.contains(&key) {
+            inspected.engine_field = true;
+        } else if key == b"writeConcern" {
+            // The last occurrence counts, as in the converted document.
+            inspected.unacknowledged = match bson_read::plain_value(tag, value) {
+                Some(Bson::Document(write_concern)) => is_unacknowledged(&write_concern),
+                _ => false,
+            };
+        }
+    })
+    .map_err(|e| {
+        OperationError::usage(alloc::format!("the encoded command is not valid BSON: {e}"))
+    })?;
+    Ok(inspected)
+}
+
+/// The command's name (its first key's bytes): the encoded command's, if it has any fields,
+/// else the first added field's.
+pub(super) fn command_name<'a>(encoded: Option<&'a RawDocument>, fields: &'a Document) -> &'a [u8] {
+    // A validated document's first key starts after its length and first type byte.
+    let first = encoded
+        .map(|raw| raw.as_bytes())
+        .filter(|bytes| bytes.len() > 5)
+        .and_then(|bytes| {
+            let key = &bytes[5..];
+            key.iter().position(|&b| b == 0).map(|len| &key[..len])
+        });
+    first
+        .or_else(|| fields.keys().next().map(String::as_bytes))
+        .unwrap_or(b"")
+}
+
+/// The value of the command's `key`: the added field, else the encoded one (converted).
+pub(super) fn field<'a>(
+    encoded: Option<&RawDocument>,
+    fields: &'a Document,
+    key: &str,
+) -> Option<Cow<'a, Bson>> {
+    if let Some(value) = fields.get(key) {
+        return Some(Cow::Borrowed(value));
+    }
+    // Found by the cheap element walk (the last occurrence, as the converted document would
+    // hold it); a value of an unusual type is converted by the `bson` crate.
+    let raw = encoded?;
+    let (_, tag, value) = Elements::of(raw)
+        .filter(|(k, _, _)| *k == key.as_bytes())
+        .last()?;
+    match bson_read::plain_value(tag, value) {
+        Some(value) => Some(Cow::Owned(value)),
+        None => Bson::try_from(raw.get(key).ok()??).ok().map(Cow::Owned),
+    }
+}
+
+/// The whole command as one document, in the order it goes on the wire: the encoded fields
+/// `fields` does not replace, then `fields`.
+pub(super) fn to_document(encoded: &RawDocument, fields: Document) -> Document {
+    let document = match bson_read::document(encoded) {
+        Ok(document) => document,
+        // A command `check` accepted converts; nothing else reaches here.
+        Err(_) => Document::new(),
+    };
+    if fields.is_empty() {
+        return document;
+    }
+    let mut merged: Document = document
+        .into_iter()
+        .filter(|(key, _)| !fields.contains_key(key))
+        .collect();
+    merged.extend(fields);
+    merged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::{doc, rawdoc};
+
+    #[test]
+    fn name_and_fields_read_the_added_fields_first() {
+        let raw = rawdoc! { "find": "c", "readConcern": { "level": "local" } };
+        let fields = doc! { "readConcern": { "level": "majority" } };
+        assert_eq!(command_name(Some(&raw), &fields), b"find");
+        assert_eq!(command_name(None, &doc! { "ping": 1 }), b"ping");
+        assert_eq!(
+            field(Some(&raw), &fields, "readConcern").as_deref(),
+            Some(&Bson::Document(doc! { "level": "majority" }))
+        );
+        assert_eq!(
+            field(Some(&raw), &Document::new(), "readConcern").as_deref(),
+            Some(&Bson::Document(doc! { "level": "local" }))
+        );
+        assert_eq!(field(Some(&raw), &fields, "writeConcern"), None);
+    }
+
+    #[test]
+    fn the_document_is_the_wire_order() {
+        let raw = rawdoc! { "find": "c", "maxTimeMS": 5, "filter": {} };
+        let merged = to_document(&raw, doc! { "maxTimeMS": 7, "txnNumber": 1_i64 });
+        let keys: alloc::vec::Vec<&str> = merged.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["find", "filter", "maxTimeMS", "txnNumber"]);
+        assert_eq!(merged.get("maxTimeMS"), Some(&Bson::Int32(7)));
+    }
+
+    #[test]
+    fn inspection_finds_engine_fields_and_an_unacknowledged_write_concern() {
+        let engine_field = |raw: &RawDocument| inspect(raw).expect("valid").engine_field;
+        assert!(engine_field(&rawdoc! { "ping": 1, "$db": "x" }));
+        assert!(engine_field(&rawdoc! { "insert": "c", "txnNumber": 1_i64 }));
+        assert!(!engine_field(&rawdoc! { "ping": 1 }));
+        let unacknowledged = |raw: &RawDocument| inspect(raw).expect("valid").unacknowledged;
+        assert!(unacknowledged(
+            &rawdoc! { "insert": "c", "writeConcern": { "w": 0 } }
+        ));
+        assert!(!unacknowledged(
+            &rawdoc! { "insert": "c", "writeConcern": { "w": 1 } }
+        ));
+        assert!(!unacknowledged(&rawdoc! { "insert": "c" }));
+    }
+}
