@@ -323,6 +323,74 @@ fn an_unbuildable_handshake_is_an_engine_error_with_its_cause() {
     assert!(!error.to_string().is_empty());
 }
 
+/// HS-2, review9 finding 7: the engine encodes the handshake once and sockets that do not
+/// authenticate copy the bytes. Nothing in the hello may depend on the socket: the first message
+/// of the monitor's, the RTT monitor's and a pooled socket is, byte for byte, the command of
+/// `HandshakeOptions::command()` encoded fresh as request 1 (so a per-socket field added later
+/// fails here instead of being copied silently).
+#[test]
+fn hs2_monitor_rtt_and_pooled_sockets_send_the_handshake_encoded_fresh() {
+    let mut options = handshake();
+    options.metadata = options
+        .metadata
+        .with_application_name("hs2-app")
+        .expect("a short name");
+    let process = ObjectId::parse_str("7fffffff0000000000000002").expect("valid");
+    let script: Script = Box::new(move |_, body| {
+        if is_hello(body) {
+            // The monitor's awaited (streaming) hello stays in flight.
+            if body.contains_key("topologyVersion") {
+                return None;
+            }
+            let mut reply = mongos_hello();
+            reply.insert(
+                "topologyVersion",
+                doc! { "processId": process, "counter": 0_i64 },
+            );
+            return Some(reply);
+        }
+        Some(doc! { "ok": 1, "cursor": { "id": 0_i64, "ns": "test.c", "firstBatch": [] } })
+    });
+    let engine_options =
+        EngineOptions::new(TopologySettings::new(vec![address("m")]), options.clone());
+    let mut net = Net::new(engine_options, script);
+    let op = net.start(read(ReadPreferenceMode::Primary));
+    assert_eq!(net.finished(op).len(), 1);
+    assert!(net.finished(op)[0].is_ok());
+
+    let mut fresh = Vec::new();
+    OpMsg::command(1, options.command().expect("a valid handshake"))
+        .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut fresh)
+        .expect("encodes");
+    // Each connection's first transmit, and what it went on to send.
+    let mut first: BTreeMap<ConnId, &[u8]> = BTreeMap::new();
+    for (_, conn, bytes) in &net.transmits {
+        first.entry(*conn).or_insert(bytes);
+    }
+    let pooled = net
+        .sent
+        .iter()
+        .find(|(_, body)| body.contains_key("find"))
+        .map(|(conn, _)| *conn)
+        .expect("the find went out");
+    let awaited = net
+        .sent
+        .iter()
+        .find(|(_, body)| body.contains_key("topologyVersion"))
+        .map(|(conn, _)| *conn)
+        .expect("the monitor streams");
+    assert_eq!(first.len(), 3, "monitor, RTT monitor and pool: {first:?}");
+    assert_ne!(pooled, awaited);
+    for (conn, bytes) in first {
+        let socket = match conn {
+            c if c == pooled => "pooled",
+            c if c == awaited => "monitor",
+            _ => "RTT",
+        };
+        assert_eq!(bytes, &fresh[..], "the {socket} socket's hello");
+    }
+}
+
 /// BP-27 and item 3: the attempt's `CheckedIn` comes before its `RetryScheduled`, and the last
 /// attempt's before `OperationFinished`.
 #[test]

@@ -904,9 +904,13 @@ impl Waiter {
 }
 
 impl Drop for Waiter {
+    /// [`Waiter::leave`], and its slot freed, under one lock.
     fn drop(&mut self) {
-        self.leave();
-        lock(&self.local.waker.waiting).close(self.slot);
+        let waker = &self.local.waker;
+        lock(&waker.waiting).close(self.slot);
+        if waker.dirty.load(Ordering::Acquire) {
+            waker.wake_one();
+        }
     }
 }
 

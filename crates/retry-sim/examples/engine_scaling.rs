@@ -4,7 +4,9 @@
 //! counted: by callgrind (`--toggle-collect=engine_scaling::measured`) for instructions, and by the
 //! counting allocator below for allocations, which this program prints.
 //!
-//! `codec` instead runs N OP_MSG round trips through the codec alone (the baseline).
+//! `engine-rp8` is `engine` with eight read preferences in rotation (more than the engine's
+//! selection cache keeps per topology revision). `codec` instead runs N OP_MSG round trips
+//! through the codec alone (the baseline).
 //!
 //! ```sh
 //! cargo run --release -p retry-sim --example engine_scaling -- engine 100
@@ -17,6 +19,7 @@ use std::hint::black_box;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use retry_core::selection::SelectionCriteria;
 use retry_core::wire::OpMsg;
 use retry_sim::engine_ops;
 
@@ -51,9 +54,14 @@ static GLOBAL: Counting = Counting;
 
 /// The measured burst; never inlined, so callgrind can count it alone.
 #[inline(never)]
-fn measured(sim: Option<&mut retry_sim::Sim>, messages: &(OpMsg, OpMsg), n: usize) -> usize {
+fn measured(
+    sim: Option<&mut retry_sim::Sim>,
+    criteria: &[SelectionCriteria],
+    messages: &(OpMsg, OpMsg),
+    n: usize,
+) -> usize {
     match sim {
-        Some(sim) => engine_ops::burst(sim, n),
+        Some(sim) => engine_ops::burst_with(sim, n, criteria),
         None => (0..n)
             .map(|_| engine_ops::codec_round_trip(black_box(&messages.0), black_box(&messages.1)))
             .sum(),
@@ -63,7 +71,7 @@ fn measured(sim: Option<&mut retry_sim::Sim>, messages: &(OpMsg, OpMsg), n: usiz
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let parsed = match args.as_slice() {
-        [case, n] if case == "engine" || case == "codec" => n
+        [case, n] if ["engine", "engine-rp8", "codec"].contains(&case.as_str()) => n
             .parse::<usize>()
             .ok()
             .filter(|n| *n > 0)
@@ -71,19 +79,24 @@ fn main() -> ExitCode {
         _ => None,
     };
     let Some((case, n)) = parsed else {
-        eprintln!("usage: engine_scaling engine|codec N (N > 0)");
+        eprintln!("usage: engine_scaling engine|engine-rp8|codec N (N > 0)");
         return ExitCode::FAILURE;
     };
     let messages = engine_ops::round_trip_messages();
+    let criteria = match case {
+        "engine-rp8" => engine_ops::eight_read_preferences(),
+        _ => vec![retry_sim::primary()],
+    };
+    let engine = case != "codec";
     let mut sim = engine_ops::three_mongos();
     // The warm-up burst: the pools grow to what N in flight needs, the buffers to their size.
-    let warm = match case {
-        "engine" => engine_ops::burst(&mut sim, n),
-        _ => measured(None, &messages, n),
+    let warm = match engine {
+        true => engine_ops::burst_with(&mut sim, n, &criteria),
+        false => measured(None, &criteria, &messages, n),
     };
     let sockets_before = sim.sockets.len() + sim.retired.len();
     COUNTING.store(true, Ordering::Relaxed);
-    let checksum = measured((case == "engine").then_some(&mut sim), &messages, n);
+    let checksum = measured(engine.then_some(&mut sim), &criteria, &messages, n);
     COUNTING.store(false, Ordering::Relaxed);
     let sockets_opened = sim.sockets.len() + sim.retired.len() - sockets_before;
     let allocations = ALLOCATIONS.load(Ordering::Relaxed);

@@ -6,6 +6,8 @@ use bson::{doc, Document};
 use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
 
 use retry_core::engine::EngineEvent;
+use retry_core::retry::OperationKind;
+use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 
 use crate::{address, Role, Sim, SimServer};
 
@@ -75,9 +77,38 @@ pub fn codec_round_trip(request: &OpMsg, reply: &OpMsg) -> usize {
 ///
 /// Panics if an operation fails or the burst does not finish within 10 minutes of virtual time.
 pub fn burst(sim: &mut Sim, n: usize) -> usize {
+    burst_with(sim, n, &[crate::primary()])
+}
+
+/// Eight read preferences (the five modes, and three of them with a tag set), which
+/// [`burst_with`] takes in rotation: more than the engine's selection cache keeps per topology
+/// revision (review9 finding 3).
+pub fn eight_read_preferences() -> Vec<SelectionCriteria> {
+    use ReadPreferenceMode::*;
+    let tags = || vec![[("dc", "ny")].into_iter().collect()];
+    [
+        (Primary, vec![]),
+        (PrimaryPreferred, vec![]),
+        (Secondary, vec![]),
+        (SecondaryPreferred, vec![]),
+        (Nearest, vec![]),
+        (Secondary, tags()),
+        (SecondaryPreferred, tags()),
+        (Nearest, tags()),
+    ]
+    .into_iter()
+    .map(|(mode, tag_sets)| {
+        SelectionCriteria::Read(ReadPreference::new(mode, tag_sets, None).expect("valid"))
+    })
+    .collect()
+}
+
+/// [`burst`] with the reads' criteria taken from `criteria` in rotation.
+pub fn burst_with(sim: &mut Sim, n: usize, criteria: &[SelectionCriteria]) -> usize {
     sim.events.clear();
-    for _ in 0..n {
-        sim.read(doc! { "find": "c" });
+    for criteria in criteria.iter().cycle().take(n) {
+        let command = doc! { "find": "c" };
+        sim.start(command, OperationKind::Read, criteria.clone());
     }
     let limit = sim.now.saturating_add(std::time::Duration::from_secs(600));
     let mut finished = 0;

@@ -655,6 +655,13 @@ pub struct Engine {
     handshake: Document,
     /// `handshake` encoded once (HS-2): sockets that do not authenticate copy these bytes rather
     /// than cloning and encoding the command each (an error only in the tests' unbuildable engine).
+    ///
+    /// Invariant (review9 finding 7): nothing in the hello depends on the socket unless it
+    /// authenticates. A socket that authenticates builds its own (AU-2's speculative start,
+    /// `saslSupportedMechs`); every other one (monitor, RTT monitor, pooled without credentials)
+    /// sends these bytes, request id 1 included. A per-socket field must not be added here: build
+    /// that socket's hello from `handshake` instead. Tested by
+    /// `hs2_monitor_rtt_and_pooled_sockets_send_the_handshake_encoded_fresh`.
     encoded_handshake: Result<Vec<u8>, crate::wire::EncodeError>,
     /// Machines with something to do, first in, first out; each at most once.
     work: VecDeque<Machine>,

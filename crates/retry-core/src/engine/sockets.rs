@@ -55,6 +55,8 @@ impl Engine {
                 machine.set_authentication(auth);
                 machine
             }
+            // HS-2: the same bytes for every socket that does not authenticate (the invariant
+            // on `Engine::encoded_handshake`).
             _ => {
                 let hello = self.encoded_handshake.as_ref().ok()?.clone();
                 Connection::with_encoded_handshake(config, hello, now)
