@@ -15,13 +15,43 @@ use crate::budget::{GrpcThrottle, TokenBucket};
 pub use crate::option_error::OptionError;
 
 /// The retry options of a client. Build with [`RetryOptions::default`] and the setters.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct RetryOptions {
     pub(crate) retry_reads: bool,
     pub(crate) retry_writes: bool,
     pub(crate) max_adaptive_retries: u32,
     pub(crate) enable_overload_retargeting: bool,
     pub(crate) policy: RetryPolicy,
+}
+
+impl Clone for RetryOptions {
+    fn clone(&self) -> RetryOptions {
+        RetryOptions {
+            retry_reads: self.retry_reads,
+            retry_writes: self.retry_writes,
+            max_adaptive_retries: self.max_adaptive_retries,
+            enable_overload_retargeting: self.enable_overload_retargeting,
+            policy: self.policy.clone(),
+        }
+    }
+
+    /// Copies `source` in place; a policy that shares `source`'s budget is kept as it is (a
+    /// restarted retry machine copies its client's options: no reference count per operation).
+    fn clone_from(&mut self, source: &RetryOptions) {
+        self.retry_reads = source.retry_reads;
+        self.retry_writes = source.retry_writes;
+        self.max_adaptive_retries = source.max_adaptive_retries;
+        self.enable_overload_retargeting = source.enable_overload_retargeting;
+        let same = match (&self.policy, &source.policy) {
+            (RetryPolicy::Current, RetryPolicy::Current) => true,
+            (RetryPolicy::TokenBucket(a), RetryPolicy::TokenBucket(b)) => Arc::ptr_eq(a, b),
+            (RetryPolicy::Grpc(a), RetryPolicy::Grpc(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        if !same {
+            self.policy = source.policy.clone();
+        }
+    }
 }
 
 /// BP-10: the default `maxAdaptiveRetries`.

@@ -840,16 +840,15 @@ impl<R: RngCore> RetryMachine<R> {
         error: OperationError,
         now: Instant,
     ) -> Result<(), UnexpectedInput> {
-        // The state is set again below, whatever the decision.
-        let (server, sent_at) = match core::mem::replace(&mut self.state, State::Finished) {
+        // The server stays in the state, read in place; every decision below sets the state.
+        let (server, sent_at) = match &self.state {
             State::Dispatched { server } => (server, None),
-            State::InFlight { server, sent_at } => (server, Some(sent_at)),
-            other => {
-                self.state = other;
-                return self.unexpected("failed");
-            }
+            State::InFlight { server, sent_at } => (server, Some(*sent_at)),
+            _ => return self.unexpected("failed"),
         };
-        let error = self.with_driver_labels(error, &server);
+        let mut error = error;
+        self.add_driver_labels(&mut error, server);
+        // The labels are final here: the summary the events carry is the error's now.
         let summary = error.summary();
         if let Some(sent_at) = sent_at {
             if self.record_events {
@@ -861,10 +860,10 @@ impl<R: RngCore> RetryMachine<R> {
                 });
             }
         }
+        let sharded = server.topology_type.is_sharded();
         let close = matches!(error.kind, ErrorKind::Network(_));
         self.actions.push(Action::ReleaseConnection { close });
 
-        let sharded = server.topology_type.is_sharded();
         // CS-5: once the deadline has passed, the operation ends with a timeout error.
         let decision = match &self.options.policy {
             _ if self.spec.timeout.expired(now) => Decision::TimedOut,
@@ -878,14 +877,19 @@ impl<R: RngCore> RetryMachine<R> {
                 reason,
                 deprioritize,
             } => {
-                let deprioritized = deprioritize.then(|| self.deprioritize(&server.address));
-                if self.record_events {
-                    self.events.push(RetryEvent::RetryScheduled {
-                        retry: self.retries,
-                        delay,
-                        reason,
-                        deprioritized,
-                    });
+                if let State::Dispatched { server } | State::InFlight { server, .. } = &self.state {
+                    if deprioritize && !self.deprioritized.contains(&server.address) {
+                        self.deprioritized.push(server.address.clone());
+                    }
+                    if self.record_events {
+                        let deprioritized = deprioritize.then(|| server.address.clone());
+                        self.events.push(RetryEvent::RetryScheduled {
+                            retry: self.retries,
+                            delay,
+                            reason,
+                            deprioritized,
+                        });
+                    }
                 }
                 if delay.is_zero() {
                     self.state = State::Selecting;
@@ -961,27 +965,24 @@ impl<R: RngCore> RetryMachine<R> {
     /// RW-9 and TX-10: the driver adds `RetryableWriteError` to network, pool-cleared and pre-4.4
     /// errors of writes that use retryable-write semantics; RW-16 rewrites the "Transaction
     /// numbers" error of a retryable write.
-    fn with_driver_labels(&self, error: OperationError, server: &AttemptServer) -> OperationError {
+    fn add_driver_labels(&self, error: &mut OperationError, server: &AttemptServer) {
         let labels_writes = match self.spec.kind {
             OperationKind::RetryableWrite => self.options.retry_writes && self.txn_attached,
             OperationKind::CommitTransaction { .. } | OperationKind::AbortTransaction => true,
             _ => false,
         };
         let from_mongos = server.server_type == ServerType::Mongos;
-        let mut error = if labels_writes
-            && error.needs_retryable_write_label(server.max_wire_version, from_mongos)
+        if labels_writes && error.needs_retryable_write_label(server.max_wire_version, from_mongos)
         {
-            error.with_labels(Labels::RETRYABLE_WRITE)
-        } else {
-            error
-        };
+            error.labels = error.labels.union(Labels::RETRYABLE_WRITE);
+        }
         if self.spec.kind == OperationKind::RetryableWrite && self.txn_attached {
-            error = error.rewrite_unsupported_retryable_writes();
+            let taken = core::mem::replace(error, OperationError::cancelled());
+            *error = taken.rewrite_unsupported_retryable_writes();
         }
         if error.address.is_none() {
             error.address = Some(server.address.clone());
         }
-        error
     }
 
     /// Whether the read/write/transaction rules retry this error, given the options.
@@ -1013,12 +1014,13 @@ impl<R: RngCore> RetryMachine<R> {
         let overload = error.is_overload();
         let (retry_reads, retry_writes) = (self.options.retry_reads, self.options.retry_writes);
         let kind = self.spec.kind;
+        // Borrowed, not cloned: the decision reads the bucket without a reference count.
         let token_bucket = match &self.options.policy {
-            RetryPolicy::TokenBucket(bucket) => Some(bucket.clone()),
+            RetryPolicy::TokenBucket(bucket) => Some(&**bucket),
             _ => None,
         };
         // TB-4: a retry that fails with a non-overload error deposits 1 token.
-        if let Some(bucket) = &token_bucket {
+        if let Some(bucket) = token_bucket {
             if self.retries > 0 && !overload {
                 bucket.deposit(Deposit::RetryFailedWithoutOverload);
             }
@@ -1109,7 +1111,6 @@ impl<R: RngCore> RetryMachine<R> {
         let RetryPolicy::Grpc(policy) = &self.options.policy else {
             return Decision::Deny(DenyReason::NotRetryable);
         };
-        let policy = policy.clone();
         let kind = self.spec.kind;
         let enabled =
             kind.overload_retry_enabled(self.options.retry_reads, self.options.retry_writes);
@@ -1194,14 +1195,6 @@ impl<R: RngCore> RetryMachine<R> {
             reason,
             deprioritize,
         }
-    }
-
-    /// Adds `address` to the deprioritized set (once) and returns it.
-    fn deprioritize(&mut self, address: &ServerAddress) -> ServerAddress {
-        if !self.deprioritized.contains(address) {
-            self.deprioritized.push(address.clone());
-        }
-        address.clone()
     }
 
     /// RW-17, RR-9: keeps the first error, then replaces it with each later error that shows the

@@ -41,7 +41,13 @@ pub struct RepeatedSelection {
     windows: Vec<(u64, Vec<u8>)>,
     /// The index in `windows` of the latest set, tried first.
     latest: usize,
+    /// For topologies of up to [`DIRECT_SERVERS`] servers, per deprioritized set (the bit set as
+    /// the index): 1 + its index in `windows`, 0 while not remembered. Found without a search.
+    direct: Vec<u8>,
 }
+
+/// Topologies up to this many servers find a deprioritized set's window by the set itself.
+const DIRECT_SERVERS: usize = 6;
 
 impl RepeatedSelection {
     /// Selection for `criteria` with `settings` against `topology`.
@@ -56,6 +62,7 @@ impl RepeatedSelection {
             settings,
             windows: Vec::new(),
             latest: 0,
+            direct: Vec::new(),
         }
     }
 
@@ -80,16 +87,26 @@ impl RepeatedSelection {
         let Some(set) = self.deprioritized_set(deprioritized) else {
             return self.select_uncached(deprioritized, operation_count, rng);
         };
-        let slot = match self.windows.get(self.latest) {
-            Some((s, _)) if *s == set => self.latest,
-            _ => match self.windows.iter().position(|(s, _)| *s == set) {
-                Some(slot) => slot,
-                None if self.windows.len() < REMEMBERED_SETS => {
-                    let window = self.window(deprioritized)?;
-                    self.windows.push((set, window));
-                    self.windows.len() - 1
-                }
-                None => return self.select_uncached(deprioritized, operation_count, rng),
+        let slot = match self.direct.get(set as usize) {
+            Some(&known) if known > 0 => usize::from(known - 1),
+            _ => match self.windows.get(self.latest) {
+                Some((s, _)) if *s == set => self.latest,
+                _ => match self.windows.iter().position(|(s, _)| *s == set) {
+                    Some(slot) => slot,
+                    None if self.windows.len() < REMEMBERED_SETS => {
+                        let window = self.window(deprioritized)?;
+                        self.windows.push((set, window));
+                        let slot = self.windows.len() - 1;
+                        if self.topology.servers.len() <= DIRECT_SERVERS {
+                            let sets = 1usize << self.topology.servers.len();
+                            self.direct.resize(sets, 0);
+                            // REMEMBERED_SETS is below u8::MAX.
+                            self.direct[set as usize] = (slot + 1) as u8;
+                        }
+                        slot
+                    }
+                    None => return self.select_uncached(deprioritized, operation_count, rng),
+                },
             },
         };
         self.latest = slot;
@@ -117,6 +134,7 @@ impl RepeatedSelection {
 
     /// The deprioritized servers of the topology, one bit per index; `None` above 64 servers.
     /// Addresses the topology does not have change nothing in the pipeline, so they are left out.
+    #[inline]
     fn deprioritized_set(&self, deprioritized: &[ServerAddress]) -> Option<u64> {
         let servers = &self.topology.servers;
         if servers.len() > 64 {
@@ -125,6 +143,12 @@ impl RepeatedSelection {
         if deprioritized.is_empty() {
             return Some(0);
         }
+        self.set_of(deprioritized)
+    }
+
+    /// [`RepeatedSelection::deprioritized_set`] of a set that is not empty.
+    fn set_of(&self, deprioritized: &[ServerAddress]) -> Option<u64> {
+        let servers = &self.topology.servers;
         let mut set = 0u64;
         for address in deprioritized {
             if let Some(i) = servers.iter().position(|s| &s.address == address) {

@@ -263,8 +263,11 @@ enum Machine {
     Simple(Simple),
 }
 
+/// An operation's slot in [`Sim::ops`]. A slot outlives its operation: the next operation in it
+/// restarts the machine it holds in place (the policy, so the kind of machine, is the run's).
 struct Op {
     client: u32,
+    /// Never 0 while the operation runs; 0 once it has ended, so that no event matches it.
     serial: u32,
     start: u64,
     gen: u32,
@@ -276,6 +279,23 @@ struct Op {
     /// The server of the latest attempt (retry machine; 0 before the first).
     server: u8,
     timer_at: u64,
+}
+
+impl Op {
+    fn empty() -> Op {
+        Op {
+            client: 0,
+            serial: 0,
+            start: 0,
+            gen: 0,
+            measured: false,
+            attempts: 0,
+            machine: Machine::Simple(Simple::default()),
+            servers: SmallVec::new(),
+            server: 0,
+            timer_at: u64::MAX,
+        }
+    }
 }
 
 struct Client {
@@ -325,13 +345,9 @@ pub(crate) struct Sim<'a> {
     free_works: Vec<u32>,
     servers: Vec<Server>,
     clients: Vec<Client>,
-    ops: Vec<Option<Op>>,
+    /// The operations' slots, and the free ones among them.
+    ops: Vec<Op>,
     free: Vec<u32>,
-    /// Boxes of finished operations' retry and hedging machines, for the next operations.
-    #[expect(clippy::vec_box, reason = "the boxes themselves are what is reused")]
-    spare_machines: Vec<Box<RetryMachine>>,
-    #[expect(clippy::vec_box, reason = "the boxes themselves are what is reused")]
-    spare_hedges: Vec<Box<HedgingMachine>>,
     next_serial: u32,
     arrivals: EngineRng,
     arrivals_end: u64,
@@ -440,8 +456,6 @@ impl<'a> Sim<'a> {
             clients,
             ops: Vec::new(),
             free: Vec::new(),
-            spare_machines: Vec::new(),
-            spare_hedges: Vec::new(),
             next_serial: 0,
             arrivals: EngineRng::from_seed_u64(load_seed),
             arrivals_end: nanos(spec.duration),
@@ -457,7 +471,18 @@ impl<'a> Sim<'a> {
             },
             attempt_servers,
             overloaded,
-            result: RunResult::default(),
+            result: RunResult {
+                // The measured operations' latencies, one per operation arriving after the
+                // warmup: reserved for the highest rate, so that pushing them copies nothing.
+                latencies_us: Vec::with_capacity(
+                    (spec.load.max()
+                        * cluster.capacity()
+                        * spec.duration.saturating_sub(spec.warmup).as_secs_f64()
+                        * 1.1) as usize
+                        + 16,
+                ),
+                ..RunResult::default()
+            },
             service_ns: nanos(cluster.service_mean) as f64,
             shed_ns: nanos(cluster.shed_cost),
             net_ns: nanos(cluster.network),
@@ -671,83 +696,67 @@ impl<'a> Sim<'a> {
     fn start_operation(&mut self) {
         let now = self.now;
         let client = (self.arrivals.next_u64() % self.clients.len() as u64) as u32;
-        self.next_serial = self.next_serial.wrapping_add(1);
+        // Serial 0 marks an ended operation's slot.
+        self.next_serial = self.next_serial.wrapping_add(1).max(1);
         let serial = self.next_serial;
         let timeout =
             OperationTimeout::from_timeout_ms(Instant::from_nanos(now), self.cluster.timeout);
-        let c = &mut self.clients[client as usize];
-        let machine = match &c.budget {
-            ClientBudget::Machine(options) => {
-                let spec = OperationSpec::new(OperationKind::Read).with_timeout(timeout);
-                let seed = c.rng.next_u64();
-                let start = Instant::from_nanos(now);
-                // A finished operation's machine is restarted in place: nothing is allocated,
-                // built or moved.
-                Machine::Retry(match self.spare_machines.pop() {
-                    Some(mut spare) => {
-                        spare.restart(spec, options, seed, start);
-                        spare
-                    }
-                    // Nothing here publishes monitoring events; the decisions are the same.
-                    None => {
-                        Box::new(RetryMachine::new(spec, options, seed, start).without_events())
-                    }
-                })
-            }
-            ClientBudget::Hedging(policy) => {
-                let start = Instant::from_nanos(now);
-                Machine::Hedge(match self.spare_hedges.pop() {
-                    Some(mut spare) => {
-                        spare
-                            .restart(OperationKind::Read, timeout, policy, start)
-                            .expect("reads are hedgeable");
-                        spare
-                    }
-                    None => Box::new(
-                        HedgingMachine::new(OperationKind::Read, timeout, policy, start)
-                            .expect("reads are hedgeable")
-                            .without_events(),
-                    ),
-                })
-            }
-            _ => Machine::Simple(Simple {
-                attempts: 0,
-                server: 0,
-                holding: 0,
-                in_flight: false,
-            }),
-        };
-        let op = Op {
-            client,
-            serial,
-            start: now,
-            gen: 0,
-            measured: now >= self.warmup_ns,
-            attempts: 0,
-            machine,
-            servers: SmallVec::new(),
-            server: 0,
-            timer_at: u64::MAX,
-        };
         let id = match self.free.pop() {
-            Some(id) => {
-                self.ops[id as usize] = Some(op);
-                id
-            }
+            Some(id) => id,
             None => {
-                self.ops.push(Some(op));
+                self.ops.push(Op::empty());
                 (self.ops.len() - 1) as u32
             }
         };
+        let op = &mut self.ops[id as usize];
+        let c = &mut self.clients[client as usize];
+        let start = Instant::from_nanos(now);
+        // A finished operation's machine is restarted in place in its slot: nothing is
+        // allocated, built or moved.
+        match (&c.budget, &mut op.machine) {
+            (ClientBudget::Machine(options), machine) => {
+                let spec = OperationSpec::new(OperationKind::Read).with_timeout(timeout);
+                let seed = c.rng.next_u64();
+                match machine {
+                    Machine::Retry(m) => m.restart(spec, options, seed, start),
+                    // Nothing here publishes monitoring events; the decisions are the same.
+                    other => {
+                        *other = Machine::Retry(Box::new(
+                            RetryMachine::new(spec, options, seed, start).without_events(),
+                        ))
+                    }
+                }
+            }
+            (ClientBudget::Hedging(policy), machine) => match machine {
+                Machine::Hedge(m) => m
+                    .restart(OperationKind::Read, timeout, policy, start)
+                    .expect("reads are hedgeable"),
+                other => {
+                    *other = Machine::Hedge(Box::new(
+                        HedgingMachine::new(OperationKind::Read, timeout, policy, start)
+                            .expect("reads are hedgeable")
+                            .without_events(),
+                    ))
+                }
+            },
+            (_, machine) => *machine = Machine::Simple(Simple::default()),
+        }
+        op.client = client;
+        op.serial = serial;
+        op.start = now;
+        op.gen = 0;
+        op.measured = now >= self.warmup_ns;
+        op.attempts = 0;
+        op.servers.clear();
+        op.server = 0;
+        op.timer_at = u64::MAX;
+        let simple = matches!(op.machine, Machine::Simple(_));
         self.schedule_after(
             DEADLINES,
             self.timeout_ns,
             Kind::Deadline { op: id, serial },
         );
-        if matches!(
-            self.ops[id as usize].as_ref().map(|o| &o.machine),
-            Some(Machine::Simple(_))
-        ) {
+        if simple {
             self.simple_attempt(id, None);
         } else {
             self.pump(id);
@@ -755,14 +764,11 @@ impl<'a> Sim<'a> {
     }
 
     fn op(&mut self, id: u32, serial: u32) -> Option<&mut Op> {
-        self.ops
-            .get_mut(id as usize)
-            .and_then(Option::as_mut)
-            .filter(|o| o.serial == serial)
+        self.ops.get_mut(id as usize).filter(|o| o.serial == serial)
     }
 
     fn send(&mut self, id: u32, server: u8, copy: u8) {
-        let op = self.ops[id as usize].as_mut().expect("live op");
+        let op = &mut self.ops[id as usize];
         op.gen += 1;
         op.attempts += 1;
         let work = Work {
@@ -803,13 +809,9 @@ impl<'a> Sim<'a> {
 
     fn end(&mut self, id: u32, ok: bool) {
         let now = self.now;
-        let mut op = self.ops[id as usize].take().expect("live op");
+        let op = &mut self.ops[id as usize];
+        op.serial = 0;
         self.free.push(id);
-        match std::mem::replace(&mut op.machine, Machine::Simple(Simple::default())) {
-            Machine::Retry(machine) => self.spare_machines.push(machine),
-            Machine::Hedge(machine) => self.spare_hedges.push(machine),
-            Machine::Simple(_) => {}
-        }
         let latency_us = ((now - op.start) / 1000) as u32;
         let most = &mut self.result.max_attempts_per_operation;
         *most = (*most).max(op.attempts);
@@ -833,9 +835,10 @@ impl<'a> Sim<'a> {
     fn pump(&mut self, id: u32) {
         let now = Instant::from_nanos(self.now);
         loop {
-            let Some(op) = self.ops[id as usize].as_mut() else {
+            let op = &mut self.ops[id as usize];
+            if op.serial == 0 {
                 return;
-            };
+            }
             let client = op.client;
             match &mut op.machine {
                 Machine::Retry(m) => {
@@ -912,10 +915,14 @@ impl<'a> Sim<'a> {
                             debug_assert!(accepted.is_ok(), "{accepted:?}");
                             let s = index(&address) as u8;
                             let slot = copy.0 as usize - 1;
-                            if op.servers.len() <= slot {
-                                op.servers.resize(slot + 1, 0);
+                            if slot == op.servers.len() {
+                                op.servers.push(s);
+                            } else {
+                                if op.servers.len() < slot {
+                                    op.servers.resize(slot + 1, 0);
+                                }
+                                op.servers[slot] = s;
                             }
-                            op.servers[slot] = s;
                             self.send(id, s, copy.0 as u8);
                         }
                         hedging::Action::Release { copy, .. } => {
@@ -951,7 +958,6 @@ impl<'a> Sim<'a> {
         let Some(op) = self
             .ops
             .get_mut(work.op as usize)
-            .and_then(Option::as_mut)
             .filter(|o| o.serial == work.serial)
         else {
             return;
@@ -1069,7 +1075,7 @@ impl<'a> Sim<'a> {
     fn simple_attempt(&mut self, id: u32, failed: Option<(u8, bool)>) {
         let now = self.now;
         let policy = self.spec.policy;
-        let op = self.ops[id as usize].as_mut().expect("live op");
+        let op = &mut self.ops[id as usize];
         let Machine::Simple(s) = &mut op.machine else {
             return;
         };
@@ -1150,7 +1156,7 @@ impl<'a> Sim<'a> {
     fn simple_send(&mut self, id: u32) {
         let now = self.now;
         let policy = self.spec.policy;
-        let op = self.ops[id as usize].as_mut().expect("live op");
+        let op = &mut self.ops[id as usize];
         let client_id = op.client;
         let Machine::Simple(s) = &op.machine else {
             return;
@@ -1171,11 +1177,7 @@ impl<'a> Sim<'a> {
         let server = self
             .selector
             .pick(&mut self.clients[client_id as usize], deprioritized);
-        if let Some(Op {
-            machine: Machine::Simple(s),
-            ..
-        }) = self.ops[id as usize].as_mut()
-        {
+        if let Machine::Simple(s) = &mut self.ops[id as usize].machine {
             s.attempts += 1;
             s.server = server;
             s.in_flight = true;
@@ -1185,7 +1187,7 @@ impl<'a> Sim<'a> {
 
     fn simple_succeeded(&mut self, id: u32) {
         let now = self.now;
-        let op = self.ops[id as usize].as_mut().expect("live op");
+        let op = &mut self.ops[id as usize];
         let c = &mut self.clients[op.client as usize];
         if let Machine::Simple(s) = &op.machine {
             match &mut c.budget {
