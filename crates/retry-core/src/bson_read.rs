@@ -50,44 +50,76 @@ impl From<Error> for ReadError {
 /// (or [`ReadError::TooDeep`]).
 pub(crate) fn document(raw: &RawDocument) -> Result<Document, ReadError> {
     // Issue 9: a document [`well_formed`] accepts (a usual reply) is built straight from its
-    // bytes, without the crate's iterators and their second round of checks; the rest (and
-    // the rare values [`plain_document`] leaves alone) take the crate's conversion.
-    if well_formed(raw.as_bytes(), 0) {
-        if let Some(document) = plain_document(raw.as_bytes()) {
-            return Ok(document);
-        }
+    // bytes in the same pass that checks it ([`plain_document`]), without the crate's iterators
+    // and their second round of checks; the rest (and the rare values it leaves alone) take the
+    // crate's conversion.
+    if let Some(document) = plain_document(raw.as_bytes(), 0) {
+        return Ok(document);
     }
     document_at(raw, 1)
 }
 
-/// The document of `bytes`, which [`well_formed`] accepted, built as the `bson` crate's
-/// conversion builds it; `None` for a value it does not build itself (a binary of a subtype
-/// other than generic), which the caller then leaves to that conversion.
-fn plain_document(bytes: &[u8]) -> Option<Document> {
+/// The document of `bytes` if [`well_formed`] accepts them, built as the `bson` crate's
+/// conversion builds it, checked and built in one pass; `None` for bytes [`well_formed`]
+/// refuses and for a value it accepts but does not build itself (a binary of a subtype other
+/// than generic), which the caller then leaves to that conversion.
+fn plain_document(bytes: &[u8], depth: usize) -> Option<Document> {
     let mut document = Document::new();
-    for (key, tag, value) in Elements::in_bytes(bytes) {
-        let key = core::str::from_utf8(key).ok()?;
-        document.insert(key, plain_value(tag, value)?);
-    }
+    plain_elements(bytes, depth, |key, value| {
+        document.insert(key, value);
+    })?;
     Some(document)
 }
 
-/// One value of a [`well_formed`] document, as [`value`] converts it; `None` for a binary of a
-/// subtype other than generic.
+/// Walks the elements of `bytes` as [`well_formed`] checks them, handing each key and value
+/// ([`plain_value`]) to `each`; `None` where [`well_formed`] would say `false` or a value is not
+/// plain.
+fn plain_elements(bytes: &[u8], depth: usize, mut each: impl FnMut(&str, Bson)) -> Option<()> {
+    if depth > WELL_FORMED_DEPTH || bytes.len() < 5 || read_len(bytes, 0) != Some(bytes.len()) {
+        return None;
+    }
+    let end = bytes.len() - 1;
+    if bytes[end] != 0 {
+        return None;
+    }
+    let mut at = 4;
+    while at < end {
+        let tag = bytes[at];
+        let key_len = utf8_cstring_len(&bytes[at + 1..end])?;
+        let key = core::str::from_utf8(&bytes[at + 1..at + 1 + key_len]).ok()?;
+        let value = at + 1 + key_len + 1;
+        let size = value_size(tag, &bytes[value..end])
+            .filter(|&size| value.checked_add(size).is_some_and(|e| e <= end))?;
+        each(key, checked_value(tag, &bytes[value..value + size], depth)?);
+        at = value + size;
+    }
+    (at == end).then_some(())
+}
+
+/// One value of a document [`well_formed`] accepted, as [`value`] converts it; `None` for a
+/// binary of a subtype other than generic.
 pub(crate) fn plain_value(tag: u8, value: &[u8]) -> Option<Bson> {
+    checked_value(tag, value, 0)
+}
+
+/// One value whose bytes (sized by [`value_size`]) are those of an element at `depth`, checked
+/// as [`well_formed`] checks it and converted as [`value`] converts it; `None` for a value
+/// [`well_formed`] refuses or a binary of a subtype other than generic.
+fn checked_value(tag: u8, value: &[u8], depth: usize) -> Option<Bson> {
     let eight = || -> Option<[u8; 8]> { value.get(..8)?.try_into().ok() };
     Some(match tag {
         0x01 => Bson::Double(f64::from_le_bytes(eight()?)),
-        0x02 => {
-            let text = value.get(4..value.len().checked_sub(1)?)?;
-            Bson::String(core::str::from_utf8(text).ok()?.into())
+        // The length counts the terminator.
+        0x02 => match value.get(4..)? {
+            [text @ .., 0] => Bson::String(core::str::from_utf8(text).ok()?.into()),
+            _ => return None,
+        },
+        0x03 => Bson::Document(plain_document(value, depth + 1)?),
+        0x04 => {
+            let mut items = Vec::new();
+            plain_elements(value, depth + 1, |_, item| items.push(item))?;
+            Bson::Array(items)
         }
-        0x03 => Bson::Document(plain_document(value)?),
-        0x04 => Bson::Array(
-            Elements::in_bytes(value)
-                .map(|(_, tag, value)| plain_value(tag, value))
-                .collect::<Option<Vec<Bson>>>()?,
-        ),
         0x05 => match value.get(4) {
             Some(0) => Bson::Binary(bson::Binary {
                 subtype: bson::spec::BinarySubtype::Generic,
@@ -98,7 +130,11 @@ pub(crate) fn plain_value(tag: u8, value: &[u8]) -> Option<Bson> {
         0x07 => Bson::ObjectId(bson::oid::ObjectId::from_bytes(
             value.get(..12)?.try_into().ok()?,
         )),
-        0x08 => Bson::Boolean(value.first()? == &1),
+        0x08 => match value {
+            [0] => Bson::Boolean(false),
+            [1] => Bson::Boolean(true),
+            _ => return None,
+        },
         0x09 => Bson::DateTime(bson::DateTime::from_millis(i64::from_le_bytes(eight()?))),
         0x0A => Bson::Null,
         0x10 => Bson::Int32(i32::from_le_bytes(value.get(..4)?.try_into().ok()?)),
@@ -589,7 +625,7 @@ mod tests {
         let reply = repeated_keys();
         assert!(well_formed(reply.as_bytes(), 0));
         let theirs = Document::try_from(reply.as_ref()).unwrap();
-        let plain = plain_document(reply.as_bytes());
+        let plain = plain_document(reply.as_bytes(), 0);
         assert_eq!(plain.as_ref(), Some(&theirs));
         assert_eq!(document(&reply).unwrap(), theirs);
         let inner = doc! { "k": "two", "x": "x" };
@@ -653,8 +689,8 @@ mod tests {
             assert_eq!(ours, theirs);
             assert_eq!(ours.unwrap(), doc);
         }
-        assert_eq!(plain_document(&plain.to_vec().unwrap()), Some(plain));
-        assert_eq!(plain_document(&uuid.to_vec().unwrap()), None);
+        assert_eq!(plain_document(&plain.to_vec().unwrap(), 0), Some(plain));
+        assert_eq!(plain_document(&uuid.to_vec().unwrap(), 0), None);
     }
 
     /// Issue 9: the checking pass hands over every top-level element, as the element walk
