@@ -4,7 +4,8 @@
 //! The few reads the engine makes of a command (its name, its concerns) look at both, the added
 //! fields first. A request in an explicit session, or whose encoded command holds a field the
 //! engine removes (`$db`, `lsid`, `txnNumber`), is converted to a [`Document`] at its start, so
-//! that the transaction and session rules work on one document as before.
+//! that the transaction and session rules work on one document as before. A command repeating a
+//! top-level key, or an added field naming the command (WP-3), is a usage error ([`inspect`]).
 
 use alloc::borrow::Cow;
 use alloc::string::String;
