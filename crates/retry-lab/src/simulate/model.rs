@@ -574,7 +574,25 @@ impl<'a> Sim<'a> {
 
     /// The earliest event of the lanes, the heaps and the arrival, by (time, sequence): the
     /// same order as one queue of every event.
+    ///
+    /// The deadline of an operation that has already ended is dropped here: it would change
+    /// nothing (no later event reads the clock before setting it), and most operations end
+    /// before their deadline.
     fn next_event(&mut self) -> Option<Event> {
+        loop {
+            let event = self.next_scheduled()?;
+            if let Kind::Deadline { op, serial } = event.kind {
+                if self.ops.get(op as usize).is_none_or(|o| o.serial != serial) {
+                    continue;
+                }
+            }
+            return Some(event);
+        }
+    }
+
+    /// [`Sim::next_event`], deadlines of ended operations included.
+    #[inline]
+    fn next_scheduled(&mut self) -> Option<Event> {
         const TIMERS: usize = 2;
         const COMPLETIONS: usize = 3;
         const ARRIVAL: usize = 4;
