@@ -9,11 +9,13 @@
 //! servers run on a runtime and thread of their own, as a server process would. After the
 //! criterion runs, interleaved rounds of every case print the ratios.
 //!
-//! What each client does with the reply: the official driver's `run_command` and retry's
-//! `run_command` (cases `tokio`, `async-std`) convert every reply into a `bson::Document`; the
-//! `-raw` cases call `run_command_raw`, which hands the reply over as the server encoded it
-//! (a `RawDocumentBuf`). All build the command as a `Document` (`doc! { "ping": 1 }`). The
-//! comparison with the official driver is the Document-returning cases'.
+//! What each client builds and gets back: the official driver's `run_command` and retry's
+//! `run_command` (cases `tokio`, `async-std`) take the command as a `bson::Document` (`doc! {
+//! "ping": 1 }`, built for every ping) and convert every reply into one; the `-raw` cases call
+//! `run_command_encoded`, which takes the command encoded (`rawdoc! { "ping": 1 }`, built for
+//! every ping) and hands the reply over as the server encoded it (a `RawDocumentBuf`): no
+//! `Document` on either side, as a caller that keeps BSON bytes would run it. The comparison
+//! with the official driver is the Document cases'.
 //!
 //! `cargo bench -p retry-bench --bench round_trip`; with `--features mongodb` the official
 //! `mongodb` crate runs the same pings against the same servers. `RETRY_BENCH_PROFILE` runs one
@@ -25,7 +27,7 @@ use std::hint::black_box;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use bson::doc;
+use bson::{doc, rawdoc};
 use criterion::{criterion_group, Criterion};
 use retry_core::retry::OperationKind;
 use retry_core::wire::{OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
@@ -358,7 +360,8 @@ impl Setup {
 
     /// `total` pings through retry-tokio with `concurrency` in flight; the time they took. Each
     /// reply is converted into a `Document` (`run_command`, as the official driver's
-    /// `run_command` does), or with `raw` left encoded (`run_command_raw`). Each task holds
+    /// `run_command` does), or with `raw` the command and reply kept encoded
+    /// (`run_command_encoded`). Each task holds
     /// its own handle to the client, as the echo's tasks hold their sockets (a clone per ping
     /// would add a shared reference count's traffic between the workers that a user's loop
     /// does not have).
@@ -368,13 +371,13 @@ impl Setup {
             let client = client.clone();
             async move {
                 for _ in 0..n {
-                    let (db, command, kind) =
-                        ("admin", doc! { "ping": 1 }, OperationKind::RunCommand);
+                    let (db, kind) = ("admin", OperationKind::RunCommand);
                     if raw {
-                        let reply = client.run_command_raw(db, command, kind).await;
+                        let command = rawdoc! { "ping": 1 };
+                        let reply = client.run_command_encoded(db, command, kind).await;
                         black_box(reply.expect("ping"));
                     } else {
-                        let reply = client.run_command(db, command, kind).await;
+                        let reply = client.run_command(db, doc! { "ping": 1 }, kind).await;
                         black_box(reply.expect("ping"));
                     }
                 }
@@ -401,7 +404,8 @@ impl Setup {
     /// `total` pings through retry-async-std with `concurrency` in flight, the way docs/adapters.md
     /// recommends: every caller on one thread's executor, which also drives async-io's reactor
     /// (`smol::LocalExecutor` under `smol::block_on`).
-    /// With `raw`, through `run_command_raw` (the reply left encoded), as [`Setup::tokio`].
+    /// With `raw`, through `run_command_encoded` (command and reply encoded), as
+    /// [`Setup::tokio`].
     fn async_std(&self, server: Server, concurrency: usize, total: u64, raw: bool) -> Duration {
         let client = self.clients(server).async_std.clone();
         let executor = smol::LocalExecutor::new();
@@ -414,11 +418,12 @@ impl Setup {
                     executor.spawn(async move {
                         for _ in 0..n {
                             let (db, kind) = ("admin", OperationKind::RunCommand);
-                            let command = doc! { "ping": 1 };
                             if raw {
-                                let reply = client.run_command_raw(db, command, kind).await;
+                                let command = rawdoc! { "ping": 1 };
+                                let reply = client.run_command_encoded(db, command, kind).await;
                                 black_box(reply.expect("ping"));
                             } else {
+                                let command = doc! { "ping": 1 };
                                 let reply = client.run_command(db, command, kind).await;
                                 black_box(reply.expect("ping"));
                             }
@@ -509,15 +514,17 @@ fn benches(c: &mut Criterion) {
             group.bench_function(format!("retry-tokio, {label} server"), |b| {
                 b.iter_custom(|n| setup.tokio(server, concurrency, n, false))
             });
-            group.bench_function(format!("retry-tokio raw reply, {label} server"), |b| {
-                b.iter_custom(|n| setup.tokio(server, concurrency, n, true))
-            });
+            group.bench_function(
+                format!("retry-tokio encoded command and reply, {label} server"),
+                |b| b.iter_custom(|n| setup.tokio(server, concurrency, n, true)),
+            );
             group.bench_function(format!("retry-async-std, {label} server"), |b| {
                 b.iter_custom(|n| setup.async_std(server, concurrency, n, false))
             });
-            group.bench_function(format!("retry-async-std raw reply, {label} server"), |b| {
-                b.iter_custom(|n| setup.async_std(server, concurrency, n, true))
-            });
+            group.bench_function(
+                format!("retry-async-std encoded command and reply, {label} server"),
+                |b| b.iter_custom(|n| setup.async_std(server, concurrency, n, true)),
+            );
             #[cfg(feature = "mongodb")]
             group.bench_function(format!("mongodb crate, {label} server"), |b| {
                 b.iter_custom(|n| setup.official(server, concurrency, n))

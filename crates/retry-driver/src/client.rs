@@ -283,6 +283,24 @@ impl<R> Client<R> {
         self.run_raw(db, command, kind, options).await?.into_reply()
     }
 
+    /// [`Client::run_command_raw`] with the command already encoded (issue 9): its bytes go on
+    /// the wire as they are, followed by the fields the engine adds (`$db`, `lsid`,
+    /// `$clusterTime`, `maxTimeMS`, ...; [`OperationRequest::new_raw`]), so neither the command
+    /// nor the reply is ever a [`Document`]: for callers that build or reuse BSON bytes
+    /// (`bson::rawdoc!`). Writes go to a writable server, the rest use the client's read
+    /// preference (SS-2). The command must not hold `$db` (WP-5); one that is not well-formed
+    /// BSON fails with a usage error. A write reply with `writeErrors` is an error here too.
+    pub async fn run_command_encoded(
+        &self,
+        db: &str,
+        command: RawDocumentBuf,
+        kind: OperationKind,
+    ) -> Result<RawDocumentBuf, OperationError> {
+        let criteria = self.criteria(kind, None);
+        let operation = OperationRequest::new_raw(db, command, kind, criteria);
+        Ok(self.run_request(operation).await?.body)
+    }
+
     /// [`Client::run`] with the reply left encoded.
     async fn run_raw(
         &self,
@@ -292,6 +310,11 @@ impl<R> Client<R> {
         options: CommandOptions,
     ) -> Result<RawReply, OperationError> {
         let operation = self.request(db, command, kind, options)?;
+        self.run_request(operation).await
+    }
+
+    /// Runs `operation` and waits for its reply; dropping the future cancels it.
+    async fn run_request(&self, operation: OperationRequest) -> Result<RawReply, OperationError> {
         let waiter = self.waiter();
         // A future that drives the engine itself runs it next: no wake.
         let reply = self.queue(operation, waiter.is_none())?;
@@ -366,7 +389,22 @@ impl<R> Client<R> {
         kind: OperationKind,
         options: CommandOptions,
     ) -> Result<OperationRequest, OperationError> {
-        let criteria = match options.criteria {
+        let criteria = self.criteria(kind, options.criteria);
+        let mut operation = OperationRequest::new(db, command, kind, criteria);
+        operation.cursor = options.cursor;
+        operation.session = options.session;
+        operation.concerns_inherited = options.concerns_inherited;
+        Ok(operation)
+    }
+
+    /// `criteria`, or a writable server for writes and the client's read preference otherwise
+    /// (SS-2).
+    fn criteria(
+        &self,
+        kind: OperationKind,
+        criteria: Option<SelectionCriteria>,
+    ) -> SelectionCriteria {
+        match criteria {
             Some(criteria) => criteria,
             None if matches!(
                 kind,
@@ -376,12 +414,7 @@ impl<R> Client<R> {
                 SelectionCriteria::Write
             }
             None => SelectionCriteria::Read(self.inner.read_preference.clone()),
-        };
-        let mut operation = OperationRequest::new(db, command, kind, criteria);
-        operation.cursor = options.cursor;
-        operation.session = options.session;
-        operation.concerns_inherited = options.concerns_inherited;
-        Ok(operation)
+        }
     }
 
     /// Queues `operation` for the driver and wakes it; its result will be in the returned slot.

@@ -361,3 +361,57 @@ pub async fn monitoring_streams_or_polls_as_the_mode_says<R: Runtime>() {
     })
     .await
 }
+
+/// Issue 9, WP-5, RW-3, house rule 11: a command handed over encoded
+/// ([`retry_driver::Client::run_command_encoded`]) runs as its `Document` twin does: an insert
+/// stores its documents (a retryable write, the engine adding `lsid` and `txnNumber`), a
+/// duplicate key is a write error that keeps the reply, a read returns its batch, and bytes that
+/// are not BSON fail with a usage error before anything is sent.
+pub async fn encoded_commands_run_as_their_documents_do<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let server = Server::with_role(Role::Standalone).await;
+        let client = connect::<R>(options(&[&server]));
+        let insert = bson::rawdoc! { "insert": "items", "documents": [{ "_id": 1 }, { "_id": 2 }] };
+        let reply = client
+            .run_command_encoded("test", insert, OperationKind::RetryableWrite)
+            .await
+            .expect("the insert");
+        assert_eq!(reply.get_i32("n").ok(), Some(2));
+        let duplicate = bson::rawdoc! { "insert": "items", "documents": [{ "_id": 2 }] };
+        let error = client
+            .run_command_encoded("test", duplicate, OperationKind::RetryableWrite)
+            .await
+            .expect_err("a duplicate key");
+        let ErrorKind::Write(write) = &error.kind else {
+            panic!("{error:?}")
+        };
+        assert_eq!(write.errors[0].code, Some(11000));
+        assert_eq!(write.reply.get_i32("n").ok(), Some(0), "the reply is kept");
+        let find = bson::rawdoc! { "find": "items", "filter": { "_id": 2 } };
+        let reply = client
+            .run_command_encoded("test", find, OperationKind::Read)
+            .await
+            .expect("the find");
+        let batch = reply
+            .get_document("cursor")
+            .and_then(|cursor| cursor.get_array("firstBatch"))
+            .expect("a first batch");
+        assert_eq!(batch.into_iter().count(), 1);
+        let counts = server.handle.counters().command("insert");
+        assert_eq!((counts.received, counts.executed), (2, 2));
+
+        // A length prefix and terminator around an element whose string length is wrong.
+        let mut bytes = bson::rawdoc! { "ping": "x" }.into_bytes();
+        bytes[10] = 0x7f;
+        let broken = bson::RawDocumentBuf::from_bytes(bytes).expect("framing is checked only");
+        let error = client
+            .run_command_encoded("admin", broken, OperationKind::RunCommand)
+            .await
+            .expect_err("not BSON");
+        assert!(matches!(error.kind, ErrorKind::Usage { .. }), "{error:?}");
+        assert_eq!(server.handle.counters().command("ping").received, 0);
+        client.shutdown().await;
+        server.stop().await;
+    })
+    .await
+}

@@ -41,8 +41,9 @@ mod soak;
 mod tls;
 pub use driver_api::{
     commands_are_classified_by_default, cursors_fetch_batches_and_are_killed_when_dropped,
-    errors_say_their_cause, monitoring_streams_or_polls_as_the_mode_says,
-    the_monitors_first_check_is_its_handshake, write_errors_are_errors_that_keep_the_reply,
+    encoded_commands_run_as_their_documents_do, errors_say_their_cause,
+    monitoring_streams_or_polls_as_the_mode_says, the_monitors_first_check_is_its_handshake,
+    write_errors_are_errors_that_keep_the_reply,
 };
 mod auth;
 pub use auth::{
@@ -888,6 +889,7 @@ macro_rules! suite {
             errors_say_their_cause,
             cursors_fetch_batches_and_are_killed_when_dropped,
             write_errors_are_errors_that_keep_the_reply,
+            encoded_commands_run_as_their_documents_do,
             commands_are_classified_by_default,
             the_monitors_first_check_is_its_handshake,
             monitoring_streams_or_polls_as_the_mode_says,

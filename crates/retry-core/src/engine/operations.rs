@@ -404,6 +404,7 @@ impl Engine {
         self.emit_held(op_id, &mut held);
     }
 
+    #[inline]
     fn emit_held(&mut self, op: OpId, held: &mut smallvec::SmallVec<[RetryEvent; 2]>) {
         // Nearly always empty: no drain set up for nothing (issue 9).
         if held.is_empty() {
