@@ -126,6 +126,15 @@ pub struct SimServer {
     pub commands: Vec<Document>,
     /// A `$clusterTime` document every reply (not hello) carries (SE-16).
     pub cluster_time: Option<Document>,
+    /// Keep every command as received, hellos included, in [`SimServer::raw_commands`]; default
+    /// false.
+    pub record_raw: bool,
+    /// The commands received, hellos included, as their bytes, when [`SimServer::record_raw`] is
+    /// on (a repeated field stays visible).
+    pub raw_commands: Vec<bson::RawDocumentBuf>,
+    /// A real server's `requireApiVersion` parameter (versioned-api spec): a command other than
+    /// a hello without `apiVersion` is refused with code 498870; default false.
+    pub require_api_version: bool,
 }
 
 impl SimServer {
@@ -146,6 +155,9 @@ impl SimServer {
             record_commands: false,
             commands: Vec::new(),
             cluster_time: None,
+            record_raw: false,
+            raw_commands: Vec::new(),
+            require_api_version: false,
         }
     }
 
@@ -193,6 +205,9 @@ impl SimServer {
         if self.down {
             return Some(Step::Reset);
         }
+        if self.record_raw {
+            self.raw_commands.push(request.to_owned());
+        }
         let name = fields.name;
         if name == "hello" || name.eq_ignore_ascii_case("ismaster") {
             if handshake && self.reset_handshakes > 0 {
@@ -224,9 +239,15 @@ impl SimServer {
         Some(step)
     }
 
-    /// What a real server refuses before running a command: a `txnNumber` without an `lsid` (72)
-    /// or on a standalone (20).
+    /// What a real server refuses before running a command: no `apiVersion` under
+    /// [`SimServer::require_api_version`] (498870), a `txnNumber` without an `lsid` (72) or on a
+    /// standalone (20).
     fn refusal(&self, fields: &Fields<'_>) -> Option<Document> {
+        if self.require_api_version && !fields.api_version {
+            return Some(
+                doc! { "ok": 0, "code": 498870, "codeName": "Location498870", "errmsg": "The apiVersion parameter is required, please configure your MongoClient's API version" },
+            );
+        }
         if !fields.txn_number {
             return None;
         }
@@ -285,6 +306,7 @@ struct Fields<'a> {
     name: &'a str,
     txn_number: bool,
     lsid: bool,
+    api_version: bool,
     read_preference: Option<&'a RawDocument>,
 }
 
@@ -294,6 +316,7 @@ impl<'a> Fields<'a> {
             name: "",
             txn_number: false,
             lsid: false,
+            api_version: false,
             read_preference: None,
         };
         for (i, element) in request.iter().enumerate() {
@@ -304,6 +327,7 @@ impl<'a> Fields<'a> {
             match key.as_str() {
                 "txnNumber" => fields.txn_number = true,
                 "lsid" => fields.lsid = true,
+                "apiVersion" => fields.api_version = true,
                 "$readPreference" => {
                     if let RawBsonRef::Document(p) = value {
                         fields.read_preference = Some(p);
