@@ -201,9 +201,9 @@ fn well_formed(bytes: &[u8], depth: usize) -> bool {
 /// [`validate`], handing each top-level element of a document it accepts to `each` (its key,
 /// type tag and value bytes, as [`Elements`] gives them) in the same pass (issue 9: the engine
 /// reads an encoded command's fields as it checks it).
-pub(crate) fn validate_with(
-    raw: &RawDocument,
-    mut each: impl FnMut(&[u8], u8, &[u8]),
+pub(crate) fn validate_with<'a>(
+    raw: &'a RawDocument,
+    mut each: impl FnMut(&'a [u8], u8, &'a [u8]),
 ) -> Result<(), ReadError> {
     let mut seen = 0;
     if well_formed_with(raw.as_bytes(), 0, |key, tag, value| {
@@ -222,7 +222,11 @@ pub(crate) fn validate_with(
 
 /// [`well_formed`], handing each element of `bytes` it has checked to `each` (nested documents'
 /// elements are not handed over).
-fn well_formed_with(bytes: &[u8], depth: usize, mut each: impl FnMut(&[u8], u8, &[u8])) -> bool {
+fn well_formed_with<'a>(
+    bytes: &'a [u8],
+    depth: usize,
+    mut each: impl FnMut(&'a [u8], u8, &'a [u8]),
+) -> bool {
     if depth > WELL_FORMED_DEPTH || bytes.len() < 5 || read_len(bytes, 0) != Some(bytes.len()) {
         return false;
     }

@@ -124,6 +124,9 @@ pub struct SimServer {
     pub record_commands: bool,
     /// The commands received (not hello), when [`SimServer::record_commands`] is on.
     pub commands: Vec<Document>,
+    /// The top-level keys of each of [`SimServer::commands`], read from the bytes received, in
+    /// order: a key sent twice is here twice (a `Document` keeps one; house rule 7, WP-5).
+    pub command_keys: Vec<Vec<String>>,
     /// A `$clusterTime` document every reply (not hello) carries (SE-16).
     pub cluster_time: Option<Document>,
     /// Keep every command as received, hellos included, in [`SimServer::raw_commands`]; default
@@ -154,6 +157,7 @@ impl SimServer {
             sessions: true,
             record_commands: false,
             commands: Vec::new(),
+            command_keys: Vec::new(),
             cluster_time: None,
             record_raw: false,
             raw_commands: Vec::new(),
@@ -227,6 +231,11 @@ impl SimServer {
         if self.record_commands {
             let command = Document::try_from(request).expect("the codec validated it");
             self.commands.push(command);
+            let keys = request.iter().map(|element| {
+                let (key, _) = element.expect("the codec validated it");
+                key.as_str().to_owned()
+            });
+            self.command_keys.push(keys.collect());
         }
         let step = self.run_command(&fields, conn);
         let Some(time) = &self.cluster_time else {

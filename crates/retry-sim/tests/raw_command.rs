@@ -19,8 +19,15 @@ type Build = fn(&mut Sim, OperationRequest) -> OperationRequest;
 
 /// The commands the mongos received and the started events' commands, running each case's
 /// request (`raw`: encoded) on a fresh recording mongos that first fails once with a retryable
-/// overload error and gossips a `$clusterTime`.
-fn sent(command: &Document, kind: OperationKind, build: Build, raw: bool) -> Vec<Document> {
+/// overload error and gossips a `$clusterTime`; and the top-level keys of the two commands
+/// received, read from their bytes, each asserted to be there once (WP-5: a server refuses a
+/// duplicate field).
+fn sent(
+    command: &Document,
+    kind: OperationKind,
+    build: Build,
+    raw: bool,
+) -> (Vec<Document>, Vec<Vec<String>>) {
     let cluster_time = doc! {
         "clusterTime": Timestamp { time: 5, increment: 1 },
         "signature": { "hash": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0; 20] }, "keyId": 0_i64 },
@@ -60,21 +67,30 @@ fn sent(command: &Document, kind: OperationKind, build: Build, raw: bool) -> Vec
         },
         _ => None,
     });
-    let received = sim.servers[&address("m")].commands.clone();
+    let server = &sim.servers[&address("m")];
+    let received = server.commands.clone();
     assert_eq!(received.len(), 2, "two attempts");
-    received.into_iter().chain(started).collect()
+    for keys in &server.command_keys {
+        let mut sorted = keys.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), keys.len(), "a key sent twice: {keys:?}");
+    }
+    let keys = server.command_keys.clone();
+    (received.into_iter().chain(started).collect(), keys)
 }
 
 /// Compares the two runs; the retry carries at least the fields `carried`.
 fn same_on_the_wire(command: Document, kind: OperationKind, build: Build, carried: &[&str]) {
-    let plain = sent(&command, kind, build, false);
-    let raw = sent(&command, kind, build, true);
+    let (plain, plain_keys) = sent(&command, kind, build, false);
+    let (raw, raw_keys) = sent(&command, kind, build, true);
     for field in carried {
         assert!(raw[1].contains_key(field), "{field} in {:?}", raw[1]);
     }
     assert_eq!(plain, raw);
-    // Field by field, in order.
-    for (plain, raw) in plain.iter().zip(&raw) {
+    // Field by field, in order: on the wire as sent, and in the started events.
+    assert_eq!(plain_keys, raw_keys);
+    for (plain, raw) in plain.iter().zip(&raw).skip(2) {
         let keys = |d: &Document| d.keys().cloned().collect::<Vec<String>>();
         assert_eq!(keys(plain), keys(raw));
     }
@@ -166,4 +182,86 @@ fn an_invalid_encoded_command_is_a_usage_error() {
     let error = sim.run(op).expect_err("refused");
     assert!(matches!(error.kind, ErrorKind::Usage { .. }), "{error:?}");
     assert!(sim.servers[&address("m")].commands.is_empty());
+}
+
+/// A read with a 10 s timeoutMS (CS-4: `maxTimeMS` on every attempt).
+fn with_timeout(sim: &mut Sim, request: OperationRequest) -> OperationRequest {
+    request.with_timeout(OperationTimeout::Until(
+        sim.now.saturating_add(Duration::from_secs(10)),
+    ))
+}
+
+/// WP-5 (review10 finding 1): an encoded command already holding a field the engine sets
+/// (CS-4 `maxTimeMS`, SS-9 `$readPreference`, SE-17 `$clusterTime`, SE-3 `lsid`, RW-6
+/// `txnNumber`, WP-5 `$db`) or one it may (`readConcern`, `writeConcern`, `apiVersion`), run
+/// with timeoutMS and secondaryPreferred on a mongos with a retry, sends every top-level key once
+/// in both attempts (read from the bytes by `sent`), with the values the same command as a
+/// `Document` sends; one field at a time, then all of them.
+#[test]
+fn wp5_an_encoded_field_the_engine_also_sets_goes_on_the_wire_once() {
+    let lsid = doc! { "id": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![7; 16] } };
+    let cluster_time = doc! {
+        "clusterTime": Timestamp { time: 1, increment: 1 },
+        "signature": { "hash": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0; 20] }, "keyId": 0_i64 },
+    };
+    let fields = doc! {
+        "maxTimeMS": 60_000,
+        "readConcern": { "level": "local" },
+        "writeConcern": { "w": 1 },
+        "$readPreference": { "mode": "primary" },
+        "$clusterTime": cluster_time,
+        "lsid": lsid,
+        "txnNumber": 3_i64,
+        "$db": "other",
+        "apiVersion": "1",
+    };
+    let find = doc! { "find": "c", "filter": { "a": 1 } };
+    let mut all = find.clone();
+    all.extend(fields.clone());
+    let cases = fields.iter().map(|(key, value)| {
+        let mut command = find.clone();
+        command.insert(key, value.clone());
+        (key.clone(), command)
+    });
+    for (label, command) in cases.chain([("all".to_owned(), all)]) {
+        let (plain, _) = sent(&command, OperationKind::Read, with_timeout, false);
+        let (raw, keys) = sent(&command, OperationKind::Read, with_timeout, true);
+        assert_eq!(plain, raw, "{label}");
+        assert!(keys.iter().all(|k| k[0] == "find"), "{label}: {keys:?}");
+    }
+}
+
+/// `command` encoded with the field `key: <int32 value>` appended again.
+fn with_repeated(command: &Document, key: &str, value: i32) -> RawDocumentBuf {
+    let mut bytes = command.to_vec().expect("encodable");
+    bytes.pop();
+    bytes.push(0x10);
+    bytes.extend(key.as_bytes());
+    bytes.push(0);
+    bytes.extend(value.to_le_bytes());
+    bytes.push(0);
+    let len = i32::try_from(bytes.len()).expect("small");
+    bytes[..4].copy_from_slice(&len.to_le_bytes());
+    RawDocumentBuf::from_bytes(bytes).expect("framed")
+}
+
+/// WP-5, house rules 7 and 11 (review10 finding 1): an encoded command that repeats a top-level
+/// key (a real server refuses a duplicate field) ends with a usage error naming it; nothing is
+/// sent.
+#[test]
+fn wp5_an_encoded_command_with_a_repeated_key_is_a_usage_error() {
+    for key in ["maxTimeMS", "limit", "find"] {
+        let mut sim = Sim::mongos([], |_| {});
+        let command = with_repeated(&doc! { "find": "c", "maxTimeMS": 5, "limit": 1 }, key, 6);
+        let op = sim.start_request(OperationRequest::new_raw(
+            "test",
+            command,
+            OperationKind::Read,
+            retry_sim::primary(),
+        ));
+        let error = sim.run(op).expect_err("refused");
+        assert!(matches!(error.kind, ErrorKind::Usage { .. }), "{error:?}");
+        assert!(error.to_string().contains(&format!("`{key}`")), "{error}");
+        assert!(sim.servers[&address("m")].commands.is_empty());
+    }
 }

@@ -1126,8 +1126,17 @@ impl Store {
             .collect()
     }
 
-    /// `$out`: `ns` holds exactly `documents` afterwards.
-    pub(crate) fn replace_collection(&mut self, ns: &str, documents: Vec<Document>) {
+    /// `$out`: `ns` holds exactly `documents` afterwards. TK-15: outside any transaction it
+    /// first waits ([`QueryError::Blocked`]) for a transaction in progress that holds `ns`
+    /// (changed one of its documents, or created it), as a real server's `$out` waits to
+    /// rename its result into a collection a transaction has locked. Nothing is written before.
+    pub(crate) fn replace_collection(
+        &mut self,
+        ns: &str,
+        documents: Vec<Document>,
+    ) -> Result<(), QueryError> {
+        let held = self.collection_holder(ns);
+        self.noted(held)?;
         let added: Vec<Bson> = documents.iter().map(id_of).collect();
         let old = core::mem::replace(self.collection_mut(ns), documents);
         // TK-15: in a transaction, every old document was removed and every new one added.
@@ -1137,11 +1146,50 @@ impl Store {
         for (index, id) in added.into_iter().enumerate() {
             self.record(ns, id, None, index);
         }
+        Ok(())
+    }
+
+    /// TK-15: the transaction in progress the running command (outside any) does not belong to
+    /// that holds `ns`: it created `ns`, or changed one of its documents. Looks at `ns`'s
+    /// changes only (a `$out` replaces every document of `ns`: the cost follows its work) and at
+    /// the transactions in progress.
+    fn collection_holder(&self, ns: &str) -> Result<(), QueryError> {
+        let viewer = self.viewer();
+        let creator = self
+            .open
+            .iter()
+            .filter(|session| viewer.writer != Some(session.as_slice()))
+            .find(|session| {
+                self.transactions
+                    .get(*session)
+                    .is_some_and(|t| t.created.iter().any(|c| c == ns))
+            });
+        if let Some(session) = creator {
+            return Err(QueryError::Blocked(session.clone()));
+        }
+        for chain in self.changes.get(ns).into_iter().flat_map(BTreeMap::values) {
+            if let Some(Change {
+                author: Author::Open(session),
+                ..
+            }) = self.hidden_in(&viewer, chain)
+            {
+                return Err(QueryError::Blocked(session.clone()));
+            }
+        }
+        Ok(())
     }
 
     /// `$merge {into}` with the default `whenMatched: "merge"`, `whenNotMatched: "insert"`: a
-    /// document with the `_id` of an existing one is merged into it, others are appended.
-    pub(crate) fn merge(&mut self, ns: &str, documents: Vec<Document>) {
+    /// document with the `_id` of an existing one is merged into it, others are appended. TK-15:
+    /// outside any transaction, a document whose `_id` a transaction in progress changed makes
+    /// it wait first ([`QueryError::Blocked`]), as any other write to that document does;
+    /// nothing is written before.
+    pub(crate) fn merge(&mut self, ns: &str, documents: Vec<Document>) -> Result<(), QueryError> {
+        let conflict = documents
+            .iter()
+            .filter_map(|d| d.get("_id"))
+            .try_for_each(|id| self.conflict(ns, id));
+        self.noted(conflict)?;
         self.collection_mut(ns);
         for document in documents {
             let target = self.collection_mut(ns);
@@ -1163,6 +1211,7 @@ impl Store {
             let id = id_of(&self.collections[ns][index]);
             self.record(ns, id, before, index);
         }
+        Ok(())
     }
 
     /// Creates `ns`; `false` when it already exists.
@@ -1870,6 +1919,66 @@ mod tests {
             s.insert("db.c", vec![doc! { "_id": 10 }], true)
         });
         assert_eq!((insert.unwrap().duplicates.len(), blocked), (1, None));
+    }
+
+    /// TK-15 (seventh session's note): `$out` and `$merge` outside any transaction wait like
+    /// other writes: `$out` for a transaction in progress that changed a document of its target
+    /// or created it (a real server's rename into the target waits for the transaction's
+    /// collection lock), `$merge` for one that changed a document it writes; both write nothing
+    /// before. Other targets and documents go through; after the commit both run.
+    #[test]
+    fn tk15_out_and_merge_outside_a_transaction_wait_for_one_holding_their_target() {
+        let mut store = store_with(3);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            set_one(s, doc! { "_id": 1 }, doc! { "x": 1 }).unwrap();
+            s.insert("db.made", vec![doc! { "_id": 7 }], true).unwrap();
+        });
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.c", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!(
+            (out, blocked),
+            (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
+        );
+        assert_eq!(ids(&store), [0, 1, 2], "nothing written");
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.made", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!(blocked, Some(S1.to_vec()), "{out:?}: created by S1");
+        let (merge, blocked) = outside(&mut store, |s| {
+            s.merge(
+                "db.c",
+                vec![doc! { "_id": 2, "y": 1 }, doc! { "_id": 1, "y": 1 }],
+            )
+        });
+        assert_eq!(
+            (merge, blocked),
+            (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
+        );
+        assert!(
+            store.collections["db.c"]
+                .iter()
+                .all(|d| !d.contains_key("y")),
+            "nothing merged"
+        );
+        let (merge, blocked) = outside(&mut store, |s| {
+            s.merge("db.c", vec![doc! { "_id": 2, "y": 1 }, doc! { "_id": 5 }])
+        });
+        assert_eq!(
+            (merge, blocked),
+            (Ok(()), None),
+            "documents S1 did not change"
+        );
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.other", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!((out, blocked), (Ok(()), None), "a target S1 does not hold");
+        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.c", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!((out, blocked), (Ok(()), None), "after the commit");
+        assert_eq!(ids(&store), [9]);
     }
 
     /// TK-6, TK-15: a retryable write with a higher `txnNumber` aborts its session's transaction

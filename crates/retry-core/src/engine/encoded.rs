@@ -9,6 +9,7 @@
 use alloc::borrow::Cow;
 use alloc::string::String;
 use bson::{Bson, Document, RawDocument};
+use smallvec::SmallVec;
 
 use crate::bson_read::{self, Elements};
 use crate::classify::is_unacknowledged;
@@ -25,19 +26,23 @@ pub(super) struct Inspected {
     pub(super) unacknowledged: bool,
 }
 
-/// Checks an encoded command (a usage error if it is not well-formed BSON, house rule 11) and
-/// reads what [`Inspected`] holds.
+/// Checks an encoded command and reads what [`Inspected`] holds. A usage error, with nothing
+/// sent (house rule 11): a command that is not well-formed BSON, or that repeats a top-level key
+/// (WP-5: a server refuses a duplicate field, and the conversion to a `Document` that
+/// [`OperationRequest::new`](super::OperationRequest::new) takes could not hold it). The keys
+/// are compared among themselves only: the cost follows the command's own key count.
 pub(super) fn inspect(raw: &RawDocument) -> Result<Inspected, OperationError> {
     let mut inspected = Inspected {
         engine_field: false,
         unacknowledged: false,
     };
+    let mut keys: SmallVec<[&[u8]; 16]> = SmallVec::new();
     // One pass checks the command and reads its fields.
     bson_read::validate_with(raw, |key, tag, value| {
+        keys.push(key);
         if ENGINE_FIELDS.contains(&key) {
             inspected.engine_field = true;
         } else if key == b"writeConcern" {
-            // The last occurrence counts, as in the converted document.
             inspected.unacknowledged = match bson_read::plain_value(tag, value) {
                 Some(Bson::Document(write_concern)) => is_unacknowledged(&write_concern),
                 _ => false,
@@ -47,7 +52,21 @@ pub(super) fn inspect(raw: &RawDocument) -> Result<Inspected, OperationError> {
     .map_err(|e| {
         OperationError::usage(alloc::format!("the encoded command is not valid BSON: {e}"))
     })?;
+    if let Some(key) = repeated(&mut keys) {
+        return Err(OperationError::usage(alloc::format!(
+            "the encoded command holds the field `{}` more than once (WP-5)",
+            String::from_utf8_lossy(key)
+        )));
+    }
     Ok(inspected)
+}
+
+/// A key `keys` holds more than once (sorted in place: n log n comparisons of the keys).
+fn repeated<'a>(keys: &mut [&'a [u8]]) -> Option<&'a [u8]> {
+    keys.sort_unstable();
+    keys.windows(2)
+        .find(|pair| pair[0] == pair[1])
+        .map(|pair| pair[0])
 }
 
 /// The command's name (its first key's bytes): the encoded command's, if it has any fields,
@@ -75,12 +94,10 @@ pub(super) fn field<'a>(
     if let Some(value) = fields.get(key) {
         return Some(Cow::Borrowed(value));
     }
-    // Found by the cheap element walk (the last occurrence, as the converted document would
-    // hold it); a value of an unusual type is converted by the `bson` crate.
+    // Found by the cheap element walk (`inspect` refused a repeated key); a value of an unusual
+    // type is converted by the `bson` crate.
     let raw = encoded?;
-    let (_, tag, value) = Elements::of(raw)
-        .filter(|(k, _, _)| *k == key.as_bytes())
-        .last()?;
+    let (_, tag, value) = Elements::of(raw).find(|(k, _, _)| *k == key.as_bytes())?;
     match bson_read::plain_value(tag, value) {
         Some(value) => Some(Cow::Owned(value)),
         None => Bson::try_from(raw.get(key).ok()??).ok().map(Cow::Owned),
@@ -151,5 +168,30 @@ mod tests {
             &rawdoc! { "insert": "c", "writeConcern": { "w": 1 } }
         ));
         assert!(!unacknowledged(&rawdoc! { "insert": "c" }));
+    }
+
+    /// WP-5 (review10 finding 1): a repeated top-level key is a usage error naming it; a
+    /// top-level key inside a field's document is no repeat.
+    #[test]
+    fn wp5_a_repeated_top_level_key_is_refused() {
+        let mut bytes = rawdoc! { "find": "c", "maxTimeMS": 5, "filter": { "a": 1 } }.into_bytes();
+        // Append `maxTimeMS: 6` again.
+        bytes.pop();
+        bytes.extend([0x10]);
+        bytes.extend(b"maxTimeMS\0");
+        bytes.extend(6_i32.to_le_bytes());
+        bytes.push(0);
+        let len = bytes.len() as i32;
+        bytes[..4].copy_from_slice(&len.to_le_bytes());
+        let raw = bson::RawDocumentBuf::from_bytes(bytes).expect("framed");
+        let error = inspect(&raw).err().expect("refused");
+        assert!(matches!(error.kind, crate::error::ErrorKind::Usage { .. }));
+        assert!(alloc::format!("{error}").contains("`maxTimeMS`"), "{error}");
+        assert!(inspect(&rawdoc! { "find": "c", "filter": { "find": 1 } }).is_ok());
+        assert_eq!(repeated(&mut [b"b".as_slice(), b"a", b"c"]), None);
+        assert_eq!(
+            repeated(&mut [b"b".as_slice(), b"a", b"b"]),
+            Some(b"b".as_slice())
+        );
     }
 }

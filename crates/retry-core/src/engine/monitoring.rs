@@ -90,11 +90,10 @@ impl Engine {
                         NetworkPhase::AfterSend,
                         address.clone(),
                     );
-                    // The monitor's answer says whether to report the failure to the topology.
-                    // A report (a retry check, or a check of a server not known, cancelled) is
-                    // already in effect: the topology sent this `CancelCheck` after marking the
-                    // server Unknown and clearing its pool, which MO-14 does once, so it is not
-                    // applied again. Without a report the monitor's retry check runs on its own.
+                    // The monitor's report (MO-11) is already in effect: the topology sent this
+                    // `CancelCheck` after marking the server Unknown and clearing its pool, which
+                    // MO-14 does once, so it is not applied again. The monitor's recheck of a
+                    // server it knew runs on its own.
                     let report = state.monitor.handle_check_failed(&error, now);
                     debug_assert!(
                         !report
@@ -428,8 +427,8 @@ impl Engine {
         }
     }
 
-    /// A monitor's check failed: its socket goes, and after the monitor's one retry the topology
-    /// marks the server Unknown.
+    /// A monitor's check failed: its socket goes, and the topology marks the server Unknown and
+    /// clears its pool at once (MO-11); the monitor then rechecks a server that was known once.
     pub(super) fn monitor_check_failed(
         &mut self,
         server: ServerId,
