@@ -309,7 +309,8 @@ impl Engine {
     /// Sends a monitoring `hello` on `conn` (the monitor's or its RTT connection): a polling one
     /// bounded by `connectTimeoutMS` (MO-4), or an awaitable one with `exhaustAllowed` (MO-9),
     /// bounded per reply by the monitoring socket's timeout. No `lsid`, `$clusterTime` or
-    /// `maxTimeMS` (MO-3).
+    /// `maxTimeMS` (MO-3); the declared Stable API version's fields, as on every command
+    /// (versioned-api spec; the handshake carries them too, HS-2).
     fn send_monitor_hello(
         &mut self,
         server: ServerId,
@@ -318,6 +319,9 @@ impl Engine {
         awaited: bool,
         now: Instant,
     ) {
+        if let Some(api) = &self.api {
+            api.insert_into(&mut hello);
+        }
         hello.insert("$db", "admin");
         let mut request = Request::new(hello);
         request.exhaust_allowed = awaited;
