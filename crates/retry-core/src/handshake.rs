@@ -413,7 +413,7 @@ fn encoded_len(d: &Document) -> usize {
 }
 
 /// The Stable API version a client declares (versioned-API spec); when set, the handshake uses
-/// `hello` (HS-2) and carries these fields.
+/// `hello` (HS-2) and every command carries these fields ([`ServerApi::fields`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerApi {
     /// `apiVersion`, e.g. `"1"`.
@@ -422,6 +422,22 @@ pub struct ServerApi {
     pub strict: Option<bool>,
     /// `apiDeprecationErrors`, when set.
     pub deprecation_errors: Option<bool>,
+}
+
+impl ServerApi {
+    /// The command fields of this version (versioned-api spec): `apiVersion`, then `apiStrict`
+    /// and `apiDeprecationErrors` when set, even to the server's default. The handshake (HS-2)
+    /// and, through the engine, every other command carry them.
+    pub(crate) fn fields(&self) -> Document {
+        let mut fields = doc! { "apiVersion": self.version.as_str() };
+        if let Some(strict) = self.strict {
+            fields.insert("apiStrict", strict);
+        }
+        if let Some(errors) = self.deprecation_errors {
+            fields.insert("apiDeprecationErrors", errors);
+        }
+        fields
+    }
 }
 
 /// What a connection's handshake command depends on. Made with [`HandshakeOptions::new`] (or
@@ -492,13 +508,7 @@ impl HandshakeOptions {
             cmd.insert("loadBalanced", true);
         }
         if let Some(api) = &self.server_api {
-            cmd.insert("apiVersion", api.version.as_str());
-            if let Some(strict) = api.strict {
-                cmd.insert("apiStrict", strict);
-            }
-            if let Some(errors) = api.deprecation_errors {
-                cmd.insert("apiDeprecationErrors", errors);
-            }
+            cmd.extend(api.fields());
         }
         cmd.insert("$db", "admin");
         Ok(cmd)

@@ -12,7 +12,7 @@
 //! Checks run every `heartbeatFrequencyMS` (10 s by default); a
 //! requested immediate check (server selection found no suitable server) runs at once, but never
 //! sooner than `minHeartbeatFrequencyMS` (500 ms) after the previous one. A network error on a
-//! server that was known is retried once at once before the server is reported Unknown. Monitoring
+//! server that was known is reported Unknown (its pool cleared) and rechecked once at once (MO-11). Monitoring
 //! checks are never subject to the overload retry policy (BP-6).
 
 use alloc::collections::VecDeque;
@@ -428,9 +428,11 @@ impl Monitor {
     }
 
     /// The check failed at `now` (the connection could not be opened, or the `hello` failed on
-    /// the network), and the RTT is forgotten. A network error on a server that was known is
-    /// retried once at once and returns false; otherwise returns true: report the failure to the
-    /// topology, which marks the server Unknown.
+    /// the network), and the RTT is forgotten. Returns true: report the failure to the topology,
+    /// which marks the server Unknown and clears its pool at once (MO-11 (2), (3); a timeout
+    /// interrupts the connections in use). Then a network error on a server that was known is
+    /// rechecked at once (MO-11 (4)), once; anything else waits for the next check (MO-11 (5)).
+    /// Returns false only when no check was in progress.
     pub fn handle_check_failed(&mut self, error: &OperationError, now: Instant) -> bool {
         let (started, awaited) = match self.state {
             State::Checking { started } => (started, false),
@@ -447,15 +449,14 @@ impl Monitor {
         self.rtt_next = None;
         self.forget_rtt();
         let network = matches!(error.kind, ErrorKind::Network(_));
-        if network && self.known && !self.retrying {
-            self.known = false;
-            self.retrying = true;
-            self.start_check(now);
-            return false;
-        }
+        let recheck = network && self.known && !self.retrying;
         self.known = false;
-        self.retrying = false;
-        self.schedule_after_check(now);
+        self.retrying = recheck;
+        if recheck {
+            self.start_check(now);
+        } else {
+            self.schedule_after_check(now);
+        }
         true
     }
 
@@ -578,8 +579,12 @@ mod tests {
         );
     }
 
+    /// MO-11: a network error on a known server is reported at once (the topology marks it
+    /// Unknown and clears its pool, interrupting connections in use after a timeout: the
+    /// interruptInUse-pool-clear and hello-command-error unified tests, which failed under load
+    /// while the report waited for the recheck), then rechecked at once, once.
     #[test]
-    fn a_network_error_on_a_known_server_is_retried_once_at_once() {
+    fn mo11_a_network_error_on_a_known_server_is_reported_then_rechecked_once_at_once() {
         let mut m = monitor();
         m.handle_timeout(ms(0));
         let _ = m.handle_check_succeeded(&hello(), ms(1));
@@ -587,8 +592,8 @@ mod tests {
         m.handle_timeout(ms(10_000));
         assert_eq!(m.poll_action(), Some(MonitorAction::Check));
         assert!(
-            !m.handle_check_failed(&reset(), ms(10_001)),
-            "retried at once, not reported"
+            m.handle_check_failed(&reset(), ms(10_001)),
+            "reported at once, before the recheck"
         );
         assert_eq!(m.poll_action(), Some(MonitorAction::Check));
         assert!(
@@ -762,8 +767,9 @@ mod tests {
         // Without moreToCome: a new awaitable hello at once.
         let _ = m.handle_streamed_reply(&streamable_hello(), false, ms(20_000));
         assert!(matches!(m.poll_action(), Some(MonitorAction::Await(_))));
-        // MO-11: a failure ends streaming; a known server is rechecked at once by polling.
-        assert!(!m.handle_check_failed(&reset(), ms(20_001)));
+        // MO-11: a failure ends streaming and is reported; a known server is rechecked at once
+        // by polling.
+        assert!(m.handle_check_failed(&reset(), ms(20_001)));
         assert!(!m.is_streaming());
         assert_eq!(m.poll_action(), Some(MonitorAction::Check));
     }

@@ -709,14 +709,15 @@ fn ev6_a_hello_with_speculative_authenticate_is_redacted_a_plain_one_is_not() {
     }
 }
 
-/// MO-14 (`cancel-server-check.json`), MO-11, MO-15, house rule 8: the primary's monitor lost its
-/// connection and its one immediate retry check is in flight when a read on the primary fails on
-/// the network. The application error marks the server Unknown and clears the pool, and the
-/// cancelled retry check, whose failure the monitor would report, is not applied again: exactly
-/// one Unknown description and one pool clear. Every heartbeat started ends once, and the read
-/// ends once, by its retry once the server is back.
+/// MO-11, MO-14 (`cancel-server-check.json`), MO-15, house rule 8: the primary's monitor lost its
+/// connection: the server is marked Unknown and its pool cleared at once (MO-11 (2), (3)), then
+/// the monitor's one immediate recheck (MO-11 (4)) is sent. A read on the primary that then fails
+/// on the network used a connection of the cleared generation: a stale error, neither a second
+/// Unknown, nor a second clear, nor a cancel of the recheck. Exactly one Unknown description and
+/// one pool clear; every heartbeat started ends once; the read ends once, by its retry once the
+/// server is back.
 #[test]
-fn mo14_a_cancelled_retry_check_is_not_reported_again() {
+fn mo11_a_monitor_failure_marks_unknown_before_its_recheck_and_a_stale_error_changes_nothing() {
     use std::cell::Cell;
     use std::rc::Rc;
     let hellos_hang = Rc::new(Cell::new(false));
@@ -739,8 +740,9 @@ fn mo14_a_cancelled_retry_check_is_not_reported_again() {
         .find(|(_, body)| body.contains_key("find"))
         .map(|(conn, _)| *conn)
         .expect("the read was sent");
-    // The next polling check hangs; its connection then closes: the monitor retries at once on a
-    // new connection (MO-11 step 4), and that check hangs too.
+    // The next polling check hangs; its connection then closes: the server is Unknown and its
+    // pool cleared at once, then the monitor rechecks at once on a new connection (MO-11 step 4),
+    // which the server answers.
     hellos_hang.set(true);
     let sent = net.sent.len();
     net.run_until(Instant::from_millis(10_000));
@@ -749,38 +751,64 @@ fn mo14_a_cancelled_retry_check_is_not_reported_again() {
         .find(|(conn, body)| *conn != pool_conn && is_hello(body))
         .cloned()
         .expect("the next check was sent");
-    let sent = net.sent.len();
+    hellos_hang.set(false);
+    let seen = net.events.len();
     net.engine
         .handle_closed(first_check, NetworkErrorKind::Reset, None, net.now);
     net.drain();
-    let retry_check = net.sent[sent..]
+    let order: Vec<&str> = net.events[seen..]
         .iter()
-        .find(|(conn, body)| *conn != first_check && is_hello(body))
-        .map(|(conn, _)| *conn)
-        .expect("the retry check was sent");
+        .filter_map(|e| match e {
+            EngineEvent::Heartbeat {
+                event: HeartbeatEvent::Failed { .. },
+                ..
+            } => Some("failed"),
+            EngineEvent::Heartbeat {
+                event: HeartbeatEvent::Started { .. },
+                ..
+            } => Some("started"),
+            EngineEvent::Heartbeat {
+                event: HeartbeatEvent::Succeeded { .. },
+                ..
+            } => Some("succeeded"),
+            EngineEvent::Topology(SdamEvent::ServerDescriptionChanged { new, .. }) => {
+                Some(if new.server_type == ServerType::Unknown {
+                    "unknown"
+                } else {
+                    "known"
+                })
+            }
+            EngineEvent::Pool {
+                event: PoolEvent::PoolCleared { .. },
+                ..
+            } => Some("cleared"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "failed",
+            "started",
+            "unknown",
+            "cleared",
+            "succeeded",
+            "known"
+        ],
+        "MO-11: Unknown and cleared before the recheck's reply"
+    );
     let primary = |net: &Net| {
         net.engine
             .topology()
             .server(&address("a"))
             .map(|s| s.server_type)
     };
-    assert_eq!(
-        primary(&net),
-        Some(ServerType::RsPrimary),
-        "not reported yet"
-    );
-    // The read's connection fails: SDAM handleError marks `a` Unknown, clears its pool and
-    // cancels the retry check in flight.
+    // The read's connection (of the cleared generation) fails: a stale error; the read retries.
+    finds_hang.set(false);
     net.engine
         .handle_closed(pool_conn, NetworkErrorKind::Reset, None, net.now);
     net.drain();
-    assert_eq!(primary(&net), Some(ServerType::Unknown));
-    assert!(
-        !net.sockets.contains_key(&retry_check),
-        "the cancelled check's connection is closed"
-    );
-    hellos_hang.set(false);
-    finds_hang.set(false);
+    assert_eq!(primary(&net), Some(ServerType::RsPrimary), "a stale error");
     net.run_until(Instant::from_millis(40_000));
     let unknown = net
         .events
@@ -814,7 +842,7 @@ fn mo14_a_cancelled_retry_check_is_not_reported_again() {
     let started = heartbeats(|e| matches!(e, HeartbeatEvent::Started { .. }));
     let failed = heartbeats(|e| matches!(e, HeartbeatEvent::Failed { .. }));
     let succeeded = heartbeats(|e| matches!(e, HeartbeatEvent::Succeeded { .. }));
-    assert_eq!(failed, 2, "the closed check and the cancelled retry check");
+    assert_eq!(failed, 1, "the closed check; the recheck succeeded");
     assert_eq!(started, failed + succeeded, "each started check ends once");
     assert_eq!(
         primary(&net),

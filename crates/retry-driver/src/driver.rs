@@ -72,6 +72,9 @@ pub(crate) struct Driver {
     timer_at: Option<Instant>,
     /// The runtime's timer was polled (its waker registered) for `timer_at`.
     timer_armed: bool,
+    /// The waker the timer is polled with, if not the driver task's ([`LocalDriver`]'s, which
+    /// tells its timer's wakes from the others).
+    timer_waker: Option<Waker>,
     sockets: IdMap<ConnId, SocketState>,
     pending: IdMap<OpId, Pending>,
     /// The requests taken from the client's queue in one round (reused: swapped with the
@@ -112,6 +115,7 @@ impl Driver {
             timer,
             timer_at: None,
             timer_armed: false,
+            timer_waker: None,
             sockets: IdMap::default(),
             pending: IdMap::default(),
             requests: VecDeque::new(),
@@ -436,7 +440,11 @@ impl Driver {
         if self.timer_armed && now.saturating_add(TIMER_SLACK) < at {
             return false;
         }
-        if self.timer.as_mut().poll(cx).is_ready() {
+        let fired = match &self.timer_waker {
+            Some(waker) => self.timer.as_mut().poll(&mut Context::from_waker(waker)),
+            None => self.timer.as_mut().poll(cx),
+        };
+        if fired.is_ready() {
             self.timer_at = None;
             self.engine.handle_timeout(self.runtime.now());
             return true;
@@ -526,38 +534,11 @@ fn write_errors(reply: &RawDocument, address: &ServerAddress) -> Option<Operatio
     OperationError::from_write_reply(&document, address)
 }
 
-/// Whether `document` (decoded and validated by the engine) has the top-level key `key`, read
-/// from its bytes with the workspace's one element sizer (`retry_core::wire::value_size`), with
-/// no UTF-8 checks and no values built; `true` as well if an element cannot be sized (then the
-/// caller's full conversion decides).
+/// Whether `document` (decoded and validated by the engine) may have the top-level key `key`:
+/// [`retry_core::wire::has_top_level_key`], and `true` as well if an element cannot be sized
+/// (then the caller's full conversion decides).
 fn may_have_key(document: &RawDocument, key: &[u8]) -> bool {
-    let bytes = document.as_bytes();
-    // Past the length prefix, up to the terminating NUL.
-    let mut at = 4;
-    while let Some(&tag) = bytes.get(at) {
-        if tag == 0 {
-            return false;
-        }
-        let name_start = at + 1;
-        let Some(name_len) = bytes
-            .get(name_start..)
-            .and_then(|rest| rest.iter().position(|&b| b == 0))
-        else {
-            return true;
-        };
-        if &bytes[name_start..name_start + name_len] == key {
-            return true;
-        }
-        let value = name_start + name_len + 1;
-        match bytes
-            .get(value..)
-            .and_then(|rest| retry_core::wire::value_size(tag, rest))
-        {
-            Some(size) => at = value + size,
-            None => return true,
-        }
-    }
-    true
+    retry_core::wire::has_top_level_key(document, key).unwrap_or(true)
 }
 
 /// The sockets that have something to do, in the order they became ready (woken by their
@@ -645,12 +626,18 @@ impl Wake for SocketWaker {
 /// thread; an idle client catches up on its next operation.
 ///
 /// Every wake of the driver (a socket ready, its timer due, a cancel, a session request) sets a
-/// flag; the wake that sets it wakes two waiting futures, and while none of the woken has run the
-/// driver every further wake wakes one more; whoever is polled, finds the flag set and the lock
-/// free runs the driver's rounds. Waking a few, not all, keeps the cost of a wake flat in the
-/// number of operations waiting (house rule 9); waking more than one means a woken future that
-/// its caller never polls (kept in a `select` that another branch won) stops no one else's
-/// operation, nor its deadline (house rule 8, review9 finding 1).
+/// flag; whoever is polled, finds the flag set and the lock free runs the driver's rounds. The
+/// wake that sets the flag wakes two waiting futures (the most recently registered); while none
+/// of the woken has run the driver (`claimed` clear), each further wake wakes twice as many as
+/// the one before (2, 2, 4, 8, ...), and the driver's own timer, firing then, wakes every waiting
+/// future (house rule 8, CS-4, review10 finding 2). A woken future leaves the list until it is
+/// polled again, so futures that their callers keep but never poll (a `select` that another
+/// branch won) absorb one wake each, once. The bound: with `k` of them registered ahead of a
+/// live future, the live one is woken by the `⌈log2(k + 1)⌉`-th wake after a round, and at the
+/// latest by the first firing of the driver's timer (the next engine deadline) after the first
+/// such wake, so no operation waits past its deadline for a reply that arrived. The common path
+/// (a wake, one of the two woken runs the driver) wakes two, however many wait (house rule 9);
+/// more only while woken futures are not polled.
 pub(crate) struct LocalDriver {
     driver: Mutex<Option<Driver>>,
     waker: Arc<DriverWaker>,
@@ -669,6 +656,20 @@ struct DriverWaker {
     waiting: Mutex<Waiting>,
 }
 
+/// The waker the driver's timer holds: a wake of [`DriverWaker`] that, while no woken future has
+/// run the driver, wakes every waiting future ([`DriverWaker::wake_timer`]).
+struct TimerWaker(Arc<DriverWaker>);
+
+impl Wake for TimerWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.wake_timer();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.wake_timer();
+    }
+}
+
 /// The end of [`Waiting`]'s list.
 const NO_SLOT: usize = usize::MAX;
 
@@ -681,6 +682,9 @@ struct Waiting {
     free: Vec<usize>,
     /// The most recently registered slot, or [`NO_SLOT`].
     head: usize,
+    /// How many the next wake wakes while no woken future has run the driver (doubles with each
+    /// such wake; two again with the first wake after a round).
+    escalation: usize,
 }
 
 /// A waiter's slot: its task's waker while registered, and its neighbours in the list.
@@ -696,6 +700,7 @@ impl Default for Waiting {
             slots: Vec::new(),
             free: Vec::new(),
             head: NO_SLOT,
+            escalation: 2,
         }
     }
 }
@@ -766,24 +771,57 @@ impl Waiting {
 }
 
 impl DriverWaker {
-    /// Wakes one waiting future: it runs the driver when polled.
+    /// Wakes one waiting future: it runs the driver when polled (a hand-off from a future that
+    /// leaves or used up its passes).
     fn wake_one(&self) {
-        self.wake_some(1);
+        self.claimed.store(false, Ordering::Release);
+        let waker = lock(&self.waiting).pop();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
     }
 
-    /// Wakes up to `count` waiting futures (the most recently registered): each runs the driver
-    /// when polled.
-    fn wake_some(&self, count: usize) {
+    /// Wakes the futures a wake of the driver wakes: two for the wake that set the flag (`fresh`),
+    /// then, while none of them has run the driver, twice as many as the wake before, or every
+    /// waiting future (`all`). Each runs the driver when polled.
+    fn wake_escalating(&self, fresh: bool, all: bool) {
         self.claimed.store(false, Ordering::Release);
-        let mut woken: [Option<Waker>; 2] = [None, None];
+        let mut pair: [Option<Waker>; 2] = [None, None];
+        let mut more = Vec::new();
         {
             let mut waiting = lock(&self.waiting);
-            for slot in woken.iter_mut().take(count) {
+            if fresh {
+                waiting.escalation = 2;
+            }
+            let count = if all { usize::MAX } else { waiting.escalation };
+            if !fresh {
+                waiting.escalation = waiting.escalation.saturating_mul(2);
+            }
+            for slot in &mut pair {
                 *slot = waiting.pop();
             }
+            if count > 2 {
+                while more.len() < count - 2 {
+                    match waiting.pop() {
+                        Some(waker) => more.push(waker),
+                        None => break,
+                    }
+                }
+            }
         }
-        for waker in woken.into_iter().flatten() {
+        for waker in pair.into_iter().flatten().chain(more) {
             waker.wake();
+        }
+    }
+
+    /// A wake from the driver's timer: like any other, except that while none of the futures
+    /// woken before has run the driver it wakes every waiting future, so a deadline is never
+    /// missed however many woken futures are never polled (house rule 8, CS-4).
+    fn wake_timer(&self) {
+        if !self.dirty.swap(true, Ordering::AcqRel) {
+            self.wake_escalating(true, false);
+        } else if !self.claimed.load(Ordering::Acquire) {
+            self.wake_escalating(false, true);
         }
     }
 }
@@ -794,14 +832,15 @@ impl Wake for DriverWaker {
     }
 
     /// The wake that sets the flag wakes two waiting futures, so that one its caller never polls
-    /// stops nobody (review9 finding 1); while the flag is set, a wake wakes one more only if
-    /// none of the woken has run the driver yet: otherwise the one running it re-checks the flag
-    /// when done (one wake per burst, house rule 9).
+    /// stops nobody (review9 finding 1); while the flag is set, a wake wakes more only if none
+    /// of the woken has run the driver yet, twice as many as the wake before (review10 finding
+    /// 2): otherwise the one running it re-checks the flag when done (one wake per burst, house
+    /// rule 9).
     fn wake_by_ref(self: &Arc<Self>) {
         if !self.dirty.swap(true, Ordering::AcqRel) {
-            self.wake_some(2);
+            self.wake_escalating(true, false);
         } else if !self.claimed.load(Ordering::Acquire) {
-            self.wake_one();
+            self.wake_escalating(false, false);
         }
     }
 }
@@ -811,12 +850,13 @@ impl Wake for DriverWaker {
 const PASSES_PER_POLL: usize = 4;
 
 impl LocalDriver {
-    pub(crate) fn new(driver: Driver) -> LocalDriver {
+    pub(crate) fn new(mut driver: Driver) -> LocalDriver {
         let waker = Arc::new(DriverWaker {
             dirty: AtomicBool::new(true),
             claimed: AtomicBool::new(false),
             waiting: Mutex::new(Waiting::default()),
         });
+        driver.timer_waker = Some(Waker::from(Arc::new(TimerWaker(waker.clone()))));
         LocalDriver {
             driver: Mutex::new(Some(driver)),
             driver_waker: Waker::from(waker.clone()),
@@ -982,31 +1022,83 @@ mod tests {
         assert_eq!(registered(&lock(&driver.waiting)), 60);
     }
 
-    /// House rule 8, review9 finding 1: the tasks a wake woke may never be polled (a future kept
-    /// in a `select` that another branch won): until one of them runs the driver, every further
-    /// wake (a reply, the timer of a deadline) wakes one more task, so the others' operations
-    /// still end.
-    #[test]
-    fn woken_tasks_never_polled_stall_nobody() {
-        let driver = Arc::new(DriverWaker::default());
-        let tasks = tasks(5);
-        for task in &tasks {
-            let mut waiting = lock(&driver.waiting);
+    /// Registers `tasks` as waiting on `driver`, in order (the last is the most recent).
+    fn register_all(driver: &DriverWaker, tasks: &[Arc<Counted>]) {
+        let mut waiting = lock(&driver.waiting);
+        for task in tasks {
             let slot = waiting.open();
             waiting.register(slot, &Waker::from(task.clone()));
         }
+    }
+
+    /// House rule 8, review9 finding 1, review10 finding 2: the tasks a wake woke may never be
+    /// polled (a future kept in a `select` that another branch won): until one of them runs the
+    /// driver, every further wake wakes twice as many as the one before (2, 2, 4, 8), so the
+    /// others' operations still end; the first wake after a round wakes two again.
+    #[test]
+    fn woken_tasks_never_polled_stall_nobody() {
+        let driver = Arc::new(DriverWaker::default());
+        let tasks = tasks(20);
+        register_all(&driver, &tasks);
         let waker = Waker::from(driver.clone());
         waker.wake_by_ref();
         assert_eq!(woken(&tasks), 2, "a runner and one more");
-        // Neither runs the driver: each later wake wakes another task, one at a time.
-        for more in 1..=3 {
+        // None runs the driver: each later wake wakes twice as many as the one before.
+        for total in [4, 8, 16] {
             waker.wake_by_ref();
-            assert_eq!(woken(&tasks), 2 + more);
+            assert_eq!(woken(&tasks), total);
         }
+        waker.wake_by_ref();
+        assert_eq!(woken(&tasks), 20, "the four left");
         assert_eq!(registered(&lock(&driver.waiting)), 0);
         // All were woken once (each re-registers when polled): nothing more to wake.
         waker.wake_by_ref();
-        assert_eq!(woken(&tasks), 5);
+        assert_eq!(woken(&tasks), 20);
+        // Ten re-register, a round runs: the next wake wakes two again.
+        register_all(&driver, &tasks[..10]);
+        driver.claimed.store(true, Ordering::Release);
+        driver.dirty.store(false, Ordering::Release);
+        waker.wake_by_ref();
+        assert_eq!(woken(&tasks), 22, "two again after a round");
+    }
+
+    /// CS-4, house rule 8, review10 finding 2: a live task registered first, then three that
+    /// are never polled; a socket's wake, then the deadline timer's wake: the live task is woken
+    /// (before, the three absorbed both wakes and the operation outlived its timeoutMS).
+    #[test]
+    fn cs4_unpolled_woken_futures_cannot_outlast_the_deadline_wake() {
+        let driver = Arc::new(DriverWaker::default());
+        let live = tasks(1);
+        let unpolled = tasks(3);
+        register_all(&driver, &live);
+        register_all(&driver, &unpolled);
+        Waker::from(driver.clone()).wake_by_ref();
+        Waker::from(Arc::new(TimerWaker(driver.clone()))).wake_by_ref();
+        assert_eq!(woken(&live), 1, "the live task runs the driver");
+    }
+
+    /// CS-4, house rule 8, review10 finding 2: however many never-polled futures are registered
+    /// ahead of a live one, the driver's timer firing while none of the woken has run the
+    /// driver wakes every waiting future; with a round claimed, it wakes two like any wake.
+    #[test]
+    fn cs4_the_deadline_timer_wakes_every_waiter_while_unclaimed() {
+        let driver = Arc::new(DriverWaker::default());
+        let live = tasks(1);
+        let unpolled = tasks(100);
+        register_all(&driver, &live);
+        register_all(&driver, &unpolled);
+        let timer = Waker::from(Arc::new(TimerWaker(driver.clone())));
+        // A round runs and claims: the timer's wake is the first, it wakes two.
+        driver.claimed.store(true, Ordering::Release);
+        driver.dirty.store(false, Ordering::Release);
+        timer.wake_by_ref();
+        assert_eq!(woken(&unpolled), 2);
+        assert_eq!(woken(&live), 0);
+        // Neither runs the driver; the timer fires again: every waiter is woken.
+        timer.wake_by_ref();
+        assert_eq!(woken(&unpolled), 100);
+        assert_eq!(woken(&live), 1);
+        assert_eq!(registered(&lock(&driver.waiting)), 0);
     }
 
     /// A runtime that opens no socket and whose timers never fire: the test below drives the
@@ -1155,37 +1247,6 @@ mod tests {
             first.woken.load(Ordering::Acquire),
             "a runtime wake marks the read"
         );
-    }
-
-    /// RW-3: the write-errors check finds a top-level `writeErrors` wherever it is, and no
-    /// other key (a nested one, or one it prefixes) passes for it.
-    #[test]
-    fn may_have_key_reads_top_level_keys_only() {
-        let has = |document: bson::Document| {
-            let bytes = document.to_vec().unwrap();
-            may_have_key(RawDocument::from_bytes(&bytes).unwrap(), b"writeErrors")
-        };
-        assert!(!has(bson::doc! { "ok": 1.0 }));
-        assert!(!has(bson::doc! {}));
-        assert!(has(
-            bson::doc! { "n": 0, "writeErrors": [{ "code": 11000 }], "ok": 1.0 }
-        ));
-        assert!(has(bson::doc! { "ok": 1.0, "writeErrors": [] }));
-        assert!(!has(
-            bson::doc! { "nested": { "writeErrors": [] }, "ok": 1.0 }
-        ));
-        assert!(!has(
-            bson::doc! { "writeError": 1, "writeErrorsX": 2, "s": "writeErrors" }
-        ));
-        assert!(!has(bson::doc! {
-            "d": 1.5, "b": true, "i": 1i64, "t": bson::Timestamp { time: 1, increment: 2 },
-            "r": bson::Regex {
-                pattern: String::from("a").try_into().unwrap(),
-                options: String::from("i").try_into().unwrap(),
-            },
-            "bin": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![1, 2] },
-            "oid": bson::oid::ObjectId::new(), "n": null, "a": [1, "x"],
-        }));
     }
 
     /// The registered slots, walking the list from its head.

@@ -134,6 +134,8 @@ fn no_operation_exceeds_its_policy_attempt_cap() {
         };
         let most = result.max_attempts_per_operation;
         assert!(most <= cap, "{}: {most} attempts, cap {cap}", policy.name());
+        // House rule 8 (review9 finding 8): the machines refused no input, in any build.
+        assert_eq!(result.refused, 0, "{}", policy.name());
         assert!(result.operations > 1000, "{}: {result:?}", policy.name());
         if matches!(
             policy,

@@ -129,6 +129,15 @@ pub struct SimServer {
     pub command_keys: Vec<Vec<String>>,
     /// A `$clusterTime` document every reply (not hello) carries (SE-16).
     pub cluster_time: Option<Document>,
+    /// Keep every command as received, hellos included, in [`SimServer::raw_commands`]; default
+    /// false.
+    pub record_raw: bool,
+    /// The commands received, hellos included, as their bytes, when [`SimServer::record_raw`] is
+    /// on (a repeated field stays visible).
+    pub raw_commands: Vec<bson::RawDocumentBuf>,
+    /// A real server's `requireApiVersion` parameter (versioned-api spec): a command other than
+    /// a hello without `apiVersion` is refused with code 498870; default false.
+    pub require_api_version: bool,
 }
 
 impl SimServer {
@@ -150,6 +159,9 @@ impl SimServer {
             commands: Vec::new(),
             command_keys: Vec::new(),
             cluster_time: None,
+            record_raw: false,
+            raw_commands: Vec::new(),
+            require_api_version: false,
         }
     }
 
@@ -197,6 +209,9 @@ impl SimServer {
         if self.down {
             return Some(Step::Reset);
         }
+        if self.record_raw {
+            self.raw_commands.push(request.to_owned());
+        }
         let name = fields.name;
         if name == "hello" || name.eq_ignore_ascii_case("ismaster") {
             if handshake && self.reset_handshakes > 0 {
@@ -233,9 +248,15 @@ impl SimServer {
         Some(step)
     }
 
-    /// What a real server refuses before running a command: a `txnNumber` without an `lsid` (72)
-    /// or on a standalone (20).
+    /// What a real server refuses before running a command: no `apiVersion` under
+    /// [`SimServer::require_api_version`] (498870), a `txnNumber` without an `lsid` (72) or on a
+    /// standalone (20).
     fn refusal(&self, fields: &Fields<'_>) -> Option<Document> {
+        if self.require_api_version && !fields.api_version {
+            return Some(
+                doc! { "ok": 0, "code": 498870, "codeName": "Location498870", "errmsg": "The apiVersion parameter is required, please configure your MongoClient's API version" },
+            );
+        }
         if !fields.txn_number {
             return None;
         }
@@ -294,6 +315,7 @@ struct Fields<'a> {
     name: &'a str,
     txn_number: bool,
     lsid: bool,
+    api_version: bool,
     read_preference: Option<&'a RawDocument>,
 }
 
@@ -303,6 +325,7 @@ impl<'a> Fields<'a> {
             name: "",
             txn_number: false,
             lsid: false,
+            api_version: false,
             read_preference: None,
         };
         for (i, element) in request.iter().enumerate() {
@@ -313,6 +336,7 @@ impl<'a> Fields<'a> {
             match key.as_str() {
                 "txnNumber" => fields.txn_number = true,
                 "lsid" => fields.lsid = true,
+                "apiVersion" => fields.api_version = true,
                 "$readPreference" => {
                     if let RawBsonRef::Document(p) = value {
                         fields.read_preference = Some(p);

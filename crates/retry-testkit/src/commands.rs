@@ -1124,10 +1124,14 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
                     _ => return unsupported_reply(&format!("{name} other than a collection name")),
                 };
                 let target = format!("{db}.{into}");
-                if name == "$out" {
-                    state.store.replace_collection(&target, documents);
+                // TK-15: outside a transaction, both wait for one holding their target.
+                let written = if name == "$out" {
+                    state.store.replace_collection(&target, documents)
                 } else {
-                    state.store.merge(&target, documents);
+                    state.store.merge(&target, documents)
+                };
+                if let Err(e) = written {
+                    return query_error(e);
                 }
                 Vec::new()
             }

@@ -190,11 +190,14 @@ fn integral(v: f64) -> Option<i64> {
 }
 
 /// Review9 finding 9: `value` with every number at every depth in one form per value, the key
-/// [`id_key`] encodes: integers and integral doubles that fit as int64, every NaN as one NaN,
-/// other doubles as they are.
+/// [`id_key`] encodes: integers, integral doubles and integral Decimal128s (review10 finding 9)
+/// that fit as int64, every NaN as one NaN, other doubles as they are.
 fn canonical_numbers(value: &Bson) -> Bson {
     match value {
         Bson::Int32(v) => Bson::Int64(i64::from(*v)),
+        Bson::Decimal128(v) => {
+            crate::query::decimal_integer(v).map_or(Bson::Decimal128(*v), Bson::Int64)
+        }
         Bson::Double(v) if v.is_nan() => Bson::Double(f64::NAN),
         Bson::Double(v) => integral(*v).map_or(Bson::Double(*v), Bson::Int64),
         Bson::Document(document) => Bson::Document(
@@ -205,6 +208,18 @@ fn canonical_numbers(value: &Bson) -> Bson {
         ),
         Bson::Array(items) => Bson::Array(items.iter().map(canonical_numbers).collect()),
         other => other.clone(),
+    }
+}
+
+/// Review10 finding 9, TK-2: whether `id` holds, at any depth, a Decimal128 that is not an
+/// integer fitting an int64: equal ids with one are not modelled (a real server calls
+/// `NumberDecimal("1.5")` and `1.5` one id), so inserting one is refused loudly.
+fn fractional_decimal(id: &Bson) -> bool {
+    match id {
+        Bson::Decimal128(v) => crate::query::decimal_integer(v).is_none(),
+        Bson::Document(document) => document.values().any(fractional_decimal),
+        Bson::Array(items) => items.iter().any(fractional_decimal),
+        _ => false,
     }
 }
 
@@ -404,6 +419,11 @@ impl Store {
         for d in &mut documents {
             if !d.contains_key("_id") {
                 d.insert("_id", ObjectId::new());
+            }
+            if fractional_decimal(&id_of(d)) {
+                return Err(QueryError::UnsupportedFilter(
+                    "an _id holding a Decimal128 that is not an int64 integer".into(),
+                ));
             }
         }
         let conflict = documents
@@ -1126,8 +1146,17 @@ impl Store {
             .collect()
     }
 
-    /// `$out`: `ns` holds exactly `documents` afterwards.
-    pub(crate) fn replace_collection(&mut self, ns: &str, documents: Vec<Document>) {
+    /// `$out`: `ns` holds exactly `documents` afterwards. TK-15: outside any transaction it
+    /// first waits ([`QueryError::Blocked`]) for a transaction in progress that holds `ns`
+    /// (changed one of its documents, or created it), as a real server's `$out` waits to
+    /// rename its result into a collection a transaction has locked. Nothing is written before.
+    pub(crate) fn replace_collection(
+        &mut self,
+        ns: &str,
+        documents: Vec<Document>,
+    ) -> Result<(), QueryError> {
+        let held = self.collection_holder(ns);
+        self.noted(held)?;
         let added: Vec<Bson> = documents.iter().map(id_of).collect();
         let old = core::mem::replace(self.collection_mut(ns), documents);
         // TK-15: in a transaction, every old document was removed and every new one added.
@@ -1137,11 +1166,50 @@ impl Store {
         for (index, id) in added.into_iter().enumerate() {
             self.record(ns, id, None, index);
         }
+        Ok(())
+    }
+
+    /// TK-15: the transaction in progress the running command (outside any) does not belong to
+    /// that holds `ns`: it created `ns`, or changed one of its documents. Looks at `ns`'s
+    /// changes only (a `$out` replaces every document of `ns`: the cost follows its work) and at
+    /// the transactions in progress.
+    fn collection_holder(&self, ns: &str) -> Result<(), QueryError> {
+        let viewer = self.viewer();
+        let creator = self
+            .open
+            .iter()
+            .filter(|session| viewer.writer != Some(session.as_slice()))
+            .find(|session| {
+                self.transactions
+                    .get(*session)
+                    .is_some_and(|t| t.created.iter().any(|c| c == ns))
+            });
+        if let Some(session) = creator {
+            return Err(QueryError::Blocked(session.clone()));
+        }
+        for chain in self.changes.get(ns).into_iter().flat_map(BTreeMap::values) {
+            if let Some(Change {
+                author: Author::Open(session),
+                ..
+            }) = self.hidden_in(&viewer, chain)
+            {
+                return Err(QueryError::Blocked(session.clone()));
+            }
+        }
+        Ok(())
     }
 
     /// `$merge {into}` with the default `whenMatched: "merge"`, `whenNotMatched: "insert"`: a
-    /// document with the `_id` of an existing one is merged into it, others are appended.
-    pub(crate) fn merge(&mut self, ns: &str, documents: Vec<Document>) {
+    /// document with the `_id` of an existing one is merged into it, others are appended. TK-15:
+    /// outside any transaction, a document whose `_id` a transaction in progress changed makes
+    /// it wait first ([`QueryError::Blocked`]), as any other write to that document does;
+    /// nothing is written before.
+    pub(crate) fn merge(&mut self, ns: &str, documents: Vec<Document>) -> Result<(), QueryError> {
+        let conflict = documents
+            .iter()
+            .filter_map(|d| d.get("_id"))
+            .try_for_each(|id| self.conflict(ns, id));
+        self.noted(conflict)?;
         self.collection_mut(ns);
         for document in documents {
             let target = self.collection_mut(ns);
@@ -1163,6 +1231,7 @@ impl Store {
             let id = id_of(&self.collections[ns][index]);
             self.record(ns, id, before, index);
         }
+        Ok(())
     }
 
     /// Creates `ns`; `false` when it already exists.
@@ -1764,6 +1833,55 @@ mod tests {
         assert_eq!(id_key(&Bson::Double(-0.0)), id_key(&Bson::Int32(0)));
     }
 
+    /// A Decimal128 value from its text.
+    fn decimal(text: &str) -> Bson {
+        Bson::Decimal128(text.parse().expect("a decimal"))
+    }
+
+    /// Review10 finding 9 (TK-15): a Decimal128 is the int64 it equals when it is an integer
+    /// that fits one, in any of its encodings; any other decimal is no integer.
+    #[test]
+    fn tk15_review10_f9_integral_decimals_are_their_integers() {
+        let integer = |text: &str| match decimal(text) {
+            Bson::Decimal128(v) => crate::query::decimal_integer(&v),
+            _ => unreachable!(),
+        };
+        for (text, expected) in [
+            ("1", Some(1)),
+            ("1.00", Some(1)),
+            ("1E+2", Some(100)),
+            ("-2E+1", Some(-20)),
+            ("-0", Some(0)),
+            ("0E-10", Some(0)),
+            ("-9223372036854775808", Some(i64::MIN)),
+            ("9223372036854775807", Some(i64::MAX)),
+            ("9223372036854775808", None),
+            ("1E+6000", None),
+            ("1.5", None),
+            ("1E-6100", None),
+            ("Infinity", None),
+            ("NaN", None),
+        ] {
+            assert_eq!(integer(text), expected, "{text}");
+        }
+    }
+
+    /// Review10 finding 9, TK-2: an `_id` holding a Decimal128 that is no int64 integer (at
+    /// any depth) is refused loudly, never stored as an id that equality may get wrong.
+    #[test]
+    fn tk2_review10_f9_a_fractional_decimal_id_is_refused() {
+        let mut store = Store::default();
+        for id in [decimal("1.5"), bson!({ "a": [decimal("0.1")] })] {
+            let (insert, _) = outside(&mut store, |s| {
+                s.insert("db.d", vec![doc! { "_id": id.clone() }], true)
+            });
+            assert!(
+                matches!(insert, Err(QueryError::UnsupportedFilter(_))),
+                "{id}: {insert:?}"
+            );
+        }
+    }
+
     /// Review9 finding 9 (TK-15, house rule 7): `_id`s equal with canonical numbers at every
     /// depth are one id, as on a real server: `{a: 1}` then `{a: 1.0}` or `[1, {b: 2}]` then
     /// `[1.0, {b: NumberLong(2)}]` is a duplicate (11000), while keys in another order are another
@@ -1777,6 +1895,10 @@ mod tests {
             (bson!({ "a": 1 }), bson!({ "a": 1_i64 })),
             (bson!([1, { "b": 2 }]), bson!([1.0, { "b": 2_i64 }])),
             (bson!({ "n": f64::NAN }), bson!({ "n": -f64::NAN })),
+            // Review10 finding 9: an integral Decimal128 is that integer.
+            (bson!({ "a": 1 }), bson!({ "a": decimal("1") })),
+            (bson!([decimal("1.00")]), bson!([1.0])),
+            (decimal("-2E+1"), bson!(-20_i64)),
         ];
         for (index, (first, second)) in pairs.iter().enumerate() {
             let ns = format!("db.dup{index}");
@@ -1870,6 +1992,66 @@ mod tests {
             s.insert("db.c", vec![doc! { "_id": 10 }], true)
         });
         assert_eq!((insert.unwrap().duplicates.len(), blocked), (1, None));
+    }
+
+    /// TK-15 (seventh session's note): `$out` and `$merge` outside any transaction wait like
+    /// other writes: `$out` for a transaction in progress that changed a document of its target
+    /// or created it (a real server's rename into the target waits for the transaction's
+    /// collection lock), `$merge` for one that changed a document it writes; both write nothing
+    /// before. Other targets and documents go through; after the commit both run.
+    #[test]
+    fn tk15_out_and_merge_outside_a_transaction_wait_for_one_holding_their_target() {
+        let mut store = store_with(3);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            set_one(s, doc! { "_id": 1 }, doc! { "x": 1 }).unwrap();
+            s.insert("db.made", vec![doc! { "_id": 7 }], true).unwrap();
+        });
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.c", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!(
+            (out, blocked),
+            (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
+        );
+        assert_eq!(ids(&store), [0, 1, 2], "nothing written");
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.made", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!(blocked, Some(S1.to_vec()), "{out:?}: created by S1");
+        let (merge, blocked) = outside(&mut store, |s| {
+            s.merge(
+                "db.c",
+                vec![doc! { "_id": 2, "y": 1 }, doc! { "_id": 1, "y": 1 }],
+            )
+        });
+        assert_eq!(
+            (merge, blocked),
+            (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
+        );
+        assert!(
+            store.collections["db.c"]
+                .iter()
+                .all(|d| !d.contains_key("y")),
+            "nothing merged"
+        );
+        let (merge, blocked) = outside(&mut store, |s| {
+            s.merge("db.c", vec![doc! { "_id": 2, "y": 1 }, doc! { "_id": 5 }])
+        });
+        assert_eq!(
+            (merge, blocked),
+            (Ok(()), None),
+            "documents S1 did not change"
+        );
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.other", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!((out, blocked), (Ok(()), None), "a target S1 does not hold");
+        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.c", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!((out, blocked), (Ok(()), None), "after the commit");
+        assert_eq!(ids(&store), [9]);
     }
 
     /// TK-6, TK-15: a retryable write with a higher `txnNumber` aborts its session's transaction

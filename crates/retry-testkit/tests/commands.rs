@@ -1328,6 +1328,63 @@ async fn tk15_review7_f1_writes_wait_for_a_transaction_outside_and_conflict_insi
     .await
 }
 
+/// TK-15 (seventh session's note): over the wire, `$out` into a collection a transaction in
+/// progress changed, and `$merge` of a document it changed, wait like any write outside a
+/// transaction: until `maxTimeMS` runs out (MaxTimeMSExpired, 50), having written nothing; after
+/// the commit they run.
+#[tokio::test]
+async fn tk15_out_and_merge_wait_for_a_transaction_holding_their_target() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        server
+            .handle()
+            .insert("test.src", vec![doc! { "_id": 1, "s": 1 }]);
+        let first = client
+            .command(doc! {
+                "insert": "w", "documents": [{ "_id": 1 }], "$db": "test",
+                "lsid": lsid_of(1), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            })
+            .await
+            .unwrap();
+        assert_eq!(first.get_i32("n").ok(), Some(1), "{first}");
+        for stage in [doc! { "$out": "w" }, doc! { "$merge": { "into": "w" } }] {
+            let timed_out = other
+                .command(doc! {
+                    "aggregate": "src", "pipeline": [stage.clone()], "cursor": {},
+                    "$db": "test", "maxTimeMS": 50,
+                })
+                .await
+                .unwrap();
+            assert_eq!(code(&timed_out), Some(50), "{stage}: {timed_out}");
+        }
+        let commit = client
+            .command(doc! {
+                "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
+                "txnNumber": 1_i64, "autocommit": false,
+            })
+            .await
+            .unwrap();
+        assert_eq!(commit.get_f64("ok").ok(), Some(1.0), "{commit}");
+        assert_eq!(server.handle().documents("test.w"), [doc! { "_id": 1 }]);
+        let out = other
+            .command(doc! {
+                "aggregate": "src", "pipeline": [{ "$out": "w" }], "cursor": {},
+                "$db": "test", "maxTimeMS": 50,
+            })
+            .await
+            .unwrap();
+        assert_eq!(out.get_f64("ok").ok(), Some(1.0), "{out}");
+        assert_eq!(
+            server.handle().documents("test.w"),
+            [doc! { "_id": 1, "s": 1 }]
+        );
+        server.shutdown().await;
+    })
+    .await
+}
+
 /// A document nested `levels` deep (itself included), each level `{a: ...}`, the last `{a: 1}`.
 fn nested(levels: usize) -> Document {
     let mut document = doc! { "a": 1 };

@@ -66,36 +66,72 @@ impl Cluster {
     /// Starts `topology` on 127.0.0.1 with an empty shared store; with `auth`, every server
     /// requires [`USER`] to authenticate.
     pub async fn start(topology: Topology, auth: bool) -> io::Result<Cluster> {
-        let server_config = |role: Role| {
+        let server_config = move |role: Role| {
             let config = server_config(role);
             match auth {
                 true => config.with_user(USER.0, USER.1, &[]),
                 false => config,
             }
         };
-        let servers = match topology {
-            Topology::Single => vec![TestServer::start(server_config(Role::Standalone)).await?],
-            Topology::ReplicaSet => {
-                TestServer::start_replica_set("rs", 3, server_config(Role::Standalone)).await?
-            }
-            Topology::Sharded => TestServer::start_mongoses(2, server_config(Role::Mongos)).await?,
-            Topology::LoadBalanced => {
-                // TK-12: a single-mongos LB and one in front of two mongos, one store.
-                let data = DataStore::new();
-                let role = || server_config(Role::LoadBalancer { service_id: true });
-                let single = TestServer::start_with_data(role(), data.clone()).await?;
-                let multiple = TestServer::start_with_data(role(), data).await?;
-                multiple.handle().set_load_balanced_services(2);
-                vec![single, multiple]
+        let start = async move {
+            match topology {
+                Topology::Single => Ok(vec![
+                    TestServer::start(server_config(Role::Standalone)).await?,
+                ]),
+                Topology::ReplicaSet => {
+                    TestServer::start_replica_set("rs", 3, server_config(Role::Standalone)).await
+                }
+                Topology::Sharded => {
+                    TestServer::start_mongoses(2, server_config(Role::Mongos)).await
+                }
+                Topology::LoadBalanced => {
+                    // TK-12: a single-mongos LB and one in front of two mongos, one store.
+                    let data = DataStore::new();
+                    let role = || server_config(Role::LoadBalancer { service_id: true });
+                    let single = TestServer::start_with_data(role(), data.clone()).await?;
+                    let multiple = TestServer::start_with_data(role(), data).await?;
+                    multiple.handle().set_load_balanced_services(2);
+                    Ok(vec![single, multiple])
+                }
             }
         };
+        let servers = server_thread()
+            .spawn(start)
+            .await
+            .map_err(|e| io::Error::other(format!("the servers did not start: {e}")))??;
         Ok(Cluster {
             topology,
             auth,
             servers,
         })
     }
+}
 
+/// The runtime the test servers run on: one thread of their own per runner thread (each suite's
+/// clients run on the runner thread's runtime). A server then answers like a separate process:
+/// under load, its reply that was due before a client's deadline is written while the client's
+/// thread waits, not after the client's timer in the same turn of one shared runtime (the flaky
+/// sdam interruptInUse-pool-clear / hello-timeout tests: a streamed hello timed out with its
+/// reply due but its server task not yet run).
+fn server_thread() -> tokio::runtime::Handle {
+    thread_local! {
+        static SERVERS: tokio::runtime::Handle = {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the test servers");
+            let handle = runtime.handle().clone();
+            std::thread::Builder::new()
+                .name("unified-servers".into())
+                .spawn(move || runtime.block_on(core::future::pending::<()>()))
+                .expect("a thread for the test servers");
+            handle
+        };
+    }
+    SERVERS.with(Clone::clone)
+}
+
+impl Cluster {
     /// UT-8: the base URI of a client; `multiple` is `useMultipleMongoses` (sharded: every
     /// mongos when true, always the same first one when false; load balanced: the LB in front of
     /// two mongos when true, the single-mongos one when false).
@@ -138,8 +174,19 @@ impl Cluster {
 
     /// Stops every server.
     pub async fn shutdown(self) {
-        for server in self.servers {
-            server.shutdown().await;
+        let servers = self.servers;
+        let stopped = server_thread()
+            .spawn(async move {
+                for server in servers {
+                    server.shutdown().await;
+                }
+            })
+            .await;
+        // A server's panic (its bug) fails the test, as `TestServer::shutdown` intends.
+        if let Err(error) = stopped {
+            if let Ok(panic) = error.try_into_panic() {
+                std::panic::resume_unwind(panic);
+            }
         }
     }
 }

@@ -198,9 +198,18 @@ const CONCURRENCY: usize = 8;
 /// their work on the same thread would eat into it.
 const SHORT_TIMEOUT_MS: u64 = 500;
 
+/// A client `connectTimeoutMS` at or below this makes its test run alone too: its monitors'
+/// deadlines (`connectTimeoutMS`, plus `heartbeatFrequencyMS` for a streamed hello, MO-4) leave
+/// the sdam tests that set it (`hello-timeout.json`, `hello-command-error.json`,
+/// `interruptInUse-pool-clear.json`: 250–1,000 ms) margins of 250–500 ms against their
+/// servers' replies and blocks, which seven other tests' work on the same thread exceeded under
+/// load (a monitor timed out with its reply due: a spurious Unknown and pool clear).
+const SHORT_CONNECT_TIMEOUT_MS: u64 = 1_000;
+
 /// Whether `test` (or its file's entities) sets a client `socketTimeoutMS` below
 /// [`SHORT_TIMEOUT_MS`] (e.g. `auth-network-timeout-error.json`'s 250 ms, which other tests' work
-/// on the same thread could otherwise exhaust during an authentication).
+/// on the same thread could otherwise exhaust during an authentication) or a `connectTimeoutMS`
+/// at or below [`SHORT_CONNECT_TIMEOUT_MS`].
 fn has_short_timeout(file: &Value, test: &Value) -> bool {
     fn walk(value: &Value, depth: usize) -> bool {
         if depth > 64 {
@@ -210,6 +219,9 @@ fn has_short_timeout(file: &Value, test: &Value) -> bool {
             Value::Object(map) => map.iter().any(|(key, v)| {
                 (key == "socketTimeoutMS"
                     && v.as_u64().is_some_and(|ms| ms > 0 && ms < SHORT_TIMEOUT_MS))
+                    || (key == "connectTimeoutMS"
+                        && v.as_u64()
+                            .is_some_and(|ms| ms > 0 && ms <= SHORT_CONNECT_TIMEOUT_MS))
                     || walk(v, depth + 1)
             }),
             Value::Array(items) => items.iter().any(|v| walk(v, depth + 1)),
@@ -540,6 +552,31 @@ mod tests {
         assert!(matches!(run_one(bad), TestOutcome::Failed(_)));
     }
 
+    /// UT-25, review10 finding 4: after a test that used a session, a refused teardown
+    /// `killAllSessions` is reported beside the test's own failure, never in its place.
+    #[test]
+    fn ut25_a_teardown_failure_keeps_the_tests_own_failure() {
+        let mut failing = file(json!([
+            { "name": "runCommand", "object": "admin", "arguments": { "commandName": "configureFailPoint",
+                "command": { "configureFailPoint": "failCommand", "mode": { "times": 1 },
+                    "data": { "failCommands": ["killAllSessions"], "errorCode": 8 } } } },
+            { "name": "find", "object": "coll", "arguments": { "filter": {}, "session": "s" },
+                "expectResult": [{ "_id": 2 }] }
+        ]));
+        let entities = failing["createEntities"].as_array_mut().expect("entities");
+        entities
+            .push(json!({ "database": { "id": "admin", "client": "c", "databaseName": "admin" } }));
+        entities.push(json!({ "session": { "id": "s", "client": "c" } }));
+        let TestOutcome::Failed(reason) = run_one(failing) else {
+            panic!("the find's wrong result passed");
+        };
+        assert!(reason.starts_with("operation 1: "), "{reason}");
+        assert!(
+            reason.contains("; teardown: harness: killAllSessions: "),
+            "{reason}"
+        );
+    }
+
     /// UT-8: only a test that may set a fail point gets the reduced heartbeat, wherever its
     /// `configureFailPoint` is (a `failPoint` argument or a command run directly).
     #[test]
@@ -556,5 +593,46 @@ mod tests {
         // of a faster recovery, never of a missed one.
         assert!(entities::may_set_fail_point(&filter_key));
         assert!(!entities::may_set_fail_point(&json!({ "operations": [] })));
+    }
+
+    /// MO-4, UT-4 (the flaky sdam interruptInUse-pool-clear / hello-command-error /
+    /// hello-timeout tests): a client `connectTimeoutMS` of at most 1,000 ms, or a
+    /// `socketTimeoutMS` below 500 ms, makes a test run alone; longer ones, 0 (no limit) and
+    /// other keys do not.
+    #[test]
+    fn mo4_a_short_connect_or_socket_timeout_makes_a_test_run_alone() {
+        let with = |uri_options: Value| {
+            json!({ "operations": [{ "name": "createEntities", "object": "testRunner",
+                "arguments": { "entities": [{ "client": { "id": "c",
+                    "uriOptions": uri_options } }] } }] })
+        };
+        let file = json!({});
+        assert!(has_short_timeout(
+            &file,
+            &with(json!({ "connectTimeoutMS": 500 }))
+        ));
+        assert!(has_short_timeout(
+            &file,
+            &with(json!({ "connectTimeoutMS": 1000 }))
+        ));
+        assert!(has_short_timeout(
+            &file,
+            &with(json!({ "socketTimeoutMS": 250 }))
+        ));
+        assert!(!has_short_timeout(
+            &file,
+            &with(json!({ "connectTimeoutMS": 1001 }))
+        ));
+        assert!(!has_short_timeout(
+            &file,
+            &with(json!({ "connectTimeoutMS": 0 }))
+        ));
+        assert!(!has_short_timeout(
+            &file,
+            &with(json!({ "heartbeatFrequencyMS": 500 }))
+        ));
+        let in_file = json!({ "createEntities": [{ "client": { "id": "c",
+            "uriOptions": { "connectTimeoutMS": 250 } } }] });
+        assert!(has_short_timeout(&in_file, &json!({ "operations": [] })));
     }
 }

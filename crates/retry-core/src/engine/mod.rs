@@ -86,6 +86,7 @@
 //! without session support fails with [`crate::session::SESSIONS_UNSUPPORTED`]. [`Engine::close`]
 //! ends the pooled sessions with `endSessions` (SE-15) before it closes the pools.
 
+mod api_version;
 mod commands;
 mod cursors;
 mod encoded;
@@ -675,6 +676,8 @@ pub struct Engine {
     /// that socket's hello from `handshake` instead. Tested by
     /// `hs2_monitor_rtt_and_pooled_sockets_send_the_handshake_encoded_fresh`.
     encoded_handshake: Result<Vec<u8>, crate::wire::EncodeError>,
+    /// The declared Stable API version's fields, added to every command (versioned-api spec).
+    api: Option<api_version::ApiFields>,
     /// Machines with something to do, first in, first out; each at most once.
     work: VecDeque<Machine>,
     topology_queued: bool,
@@ -764,6 +767,11 @@ impl Engine {
             .map_err(EngineError::Handshake)?;
         let encoded_handshake = crate::connection::encode_handshake(handshake.clone())
             .map_err(EngineError::HandshakeEncoding)?;
+        let api = options
+            .handshake
+            .server_api
+            .as_ref()
+            .map(api_version::ApiFields::new);
         let rng = EngineRng::from_seed_u64(options.seed);
         let srv = options
             .srv_polling
@@ -791,6 +799,7 @@ impl Engine {
             next_op: 1,
             handshake,
             encoded_handshake: Ok(encoded_handshake),
+            api,
             work: VecDeque::new(),
             topology_queued: false,
             timers: Timers::default(),

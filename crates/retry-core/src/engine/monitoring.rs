@@ -90,11 +90,10 @@ impl Engine {
                         NetworkPhase::AfterSend,
                         address.clone(),
                     );
-                    // The monitor's answer says whether to report the failure to the topology.
-                    // A report (a retry check, or a check of a server not known, cancelled) is
-                    // already in effect: the topology sent this `CancelCheck` after marking the
-                    // server Unknown and clearing its pool, which MO-14 does once, so it is not
-                    // applied again. Without a report the monitor's retry check runs on its own.
+                    // The monitor's report (MO-11) is already in effect: the topology sent this
+                    // `CancelCheck` after marking the server Unknown and clearing its pool, which
+                    // MO-14 does once, so it is not applied again. The monitor's recheck of a
+                    // server it knew runs on its own.
                     let report = state.monitor.handle_check_failed(&error, now);
                     debug_assert!(
                         !report
@@ -310,7 +309,8 @@ impl Engine {
     /// Sends a monitoring `hello` on `conn` (the monitor's or its RTT connection): a polling one
     /// bounded by `connectTimeoutMS` (MO-4), or an awaitable one with `exhaustAllowed` (MO-9),
     /// bounded per reply by the monitoring socket's timeout. No `lsid`, `$clusterTime` or
-    /// `maxTimeMS` (MO-3).
+    /// `maxTimeMS` (MO-3); the declared Stable API version's fields, as on every command
+    /// (versioned-api spec; the handshake carries them too, HS-2).
     fn send_monitor_hello(
         &mut self,
         server: ServerId,
@@ -319,6 +319,9 @@ impl Engine {
         awaited: bool,
         now: Instant,
     ) {
+        if let Some(api) = &self.api {
+            api.insert_into(&mut hello);
+        }
         hello.insert("$db", "admin");
         let mut request = Request::new(hello);
         request.exhaust_allowed = awaited;
@@ -424,8 +427,8 @@ impl Engine {
         }
     }
 
-    /// A monitor's check failed: its socket goes, and after the monitor's one retry the topology
-    /// marks the server Unknown.
+    /// A monitor's check failed: its socket goes, and the topology marks the server Unknown and
+    /// clears its pool at once (MO-11); the monitor then rechecks a server that was known once.
     pub(super) fn monitor_check_failed(
         &mut self,
         server: ServerId,

@@ -10,6 +10,7 @@
 
 use bson::RawDocumentBuf;
 
+use super::api_version::ApiFields;
 use super::encoded;
 use super::raw_reply::{self, ReplyFields};
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
@@ -137,7 +138,9 @@ impl Engine {
                     return op;
                 }
             };
-            if request.session.is_some() || inspected.engine_field {
+            // Versioned-api spec: a caller's API field is replaced, so it must not stay encoded.
+            let api_field = self.api.is_some() && ApiFields::in_encoded(&raw);
+            if request.session.is_some() || inspected.engine_field || api_field {
                 let fields = core::mem::take(&mut request.command);
                 request.command = encoded::to_document(&raw, fields);
             } else {
@@ -248,7 +251,7 @@ impl Engine {
             cursor,
             session: explicit,
         };
-        strip_command_fields(&mut body);
+        strip_command_fields(&mut body, self.api.as_ref());
         self.session_operation_started(&session);
         let mut slots = smallvec::SmallVec::new();
         slots.push(Slot {
@@ -800,19 +803,25 @@ impl Engine {
         // TO-8: under timeoutMS (0 included) socketTimeoutMS does not apply.
         request.under_timeout_ms = op.request.timeout.is_csot();
         // EV-2: the command as sent, for the started event.
-        let published = self
-            .options
-            .command_monitoring
-            .then(|| command_as_sent(op.encoded.as_deref(), &request.body, &op.request.db, lsid));
+        let published = self.options.command_monitoring.then(|| {
+            command_as_sent(
+                op.encoded.as_deref(),
+                &request.body,
+                &op.request.db,
+                lsid,
+                self.api.as_ref(),
+            )
+        });
         let Some(socket) = self.sockets.get_mut(&conn) else {
             return;
         };
         socket.op = Some((op_id, slot));
         let db = op.request.db.as_str();
+        let api = self.api.as_ref();
         let sent = socket
             .machine
             .send_with(request, op.encoded.as_deref(), now, |out| {
-                append_command_fields(db, lsid, out)
+                append_command_fields(db, lsid, api, out)
             });
         let failed = match sent {
             Ok(request_id) => {

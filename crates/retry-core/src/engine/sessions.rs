@@ -16,6 +16,7 @@ use bson::{Bson, Document};
 
 use alloc::vec::Vec;
 
+use super::api_version::ApiFields;
 use super::encoded;
 use super::raw_reply::ReplyFields;
 use super::{
@@ -58,28 +59,38 @@ pub(super) enum Prepared {
 }
 
 /// The fields the engine writes at the end of every operation command's body, pre-encoded
-/// instead of inserted into its document (no allocation per attempt): `$db` (WP-5) and, when the
-/// attempt carries a session, its `lsid` `{id: UUID}` (SE-3). The operation's command never
-/// holds them itself ([`strip_command_fields`]).
+/// instead of inserted into its document (no allocation per attempt): `$db` (WP-5), when the
+/// attempt carries a session its `lsid` `{id: UUID}` (SE-3), and the declared Stable API
+/// version's fields (`api`, versioned-api spec: on every command, `getMore` and each of a
+/// transaction's included). The operation's command never holds them itself
+/// ([`strip_command_fields`]).
 pub(super) fn append_command_fields(
     db: &str,
     lsid: Option<SessionId>,
+    api: Option<&ApiFields>,
     out: &mut Vec<u8>,
 ) -> Result<(), EncodeError> {
     append_db(db, out)?;
     if let Some(id) = lsid {
         append_lsid(id.as_bytes(), out);
     }
+    if let Some(api) = api {
+        out.extend_from_slice(api.elements());
+    }
     Ok(())
 }
 
 /// Removes from a caller's command the fields [`append_command_fields`] writes: the request's
-/// database is the `$db` sent (WP-5), and a caller never passes an `lsid`.
-pub(super) fn strip_command_fields(command: &mut Document) {
+/// database is the `$db` sent (WP-5), a caller never passes an `lsid`, and a declared API
+/// version (`api`) replaces the caller's own API fields (versioned-api spec).
+pub(super) fn strip_command_fields(command: &mut Document, api: Option<&ApiFields>) {
     // One pass over the few top-level keys (no hashing) finds whether there is anything to remove.
     if command.keys().any(|key| key == "$db" || key == "lsid") {
         command.remove("$db");
         command.remove("lsid");
+    }
+    if api.is_some() {
+        ApiFields::strip(command);
     }
 }
 
@@ -90,6 +101,7 @@ pub(super) fn command_as_sent(
     body: &Document,
     db: &str,
     lsid: Option<SessionId>,
+    api: Option<&ApiFields>,
 ) -> Document {
     let mut command = match encoded {
         Some(raw) => encoded::to_document(raw, body.clone()),
@@ -98,6 +110,9 @@ pub(super) fn command_as_sent(
     command.insert("$db", db);
     if let Some(id) = lsid {
         command.insert("lsid", id.lsid());
+    }
+    if let Some(api) = api {
+        api.insert_into(&mut command);
     }
     command
 }

@@ -203,6 +203,14 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, String> {
         });
     }
     let results = run_all(&cluster, &specs);
+    // House rule 8 (review9 finding 8): a machine input refused in any run is a simulator bug.
+    let refused: u64 = results.iter().map(|r| r.refused).sum();
+    if refused > 0 {
+        return Err(format!(
+            "the simulator fed its retry and hedging machines {refused} input(s) they refused \
+             (a simulator bug: those operations waited for an input that never came)"
+        ));
+    }
     let mut steady = Vec::new();
     let mut episode = Vec::new();
     let mut total_attempts = 0;

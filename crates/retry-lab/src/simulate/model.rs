@@ -200,6 +200,10 @@ pub struct RunResult {
     pub series_attempts: Vec<u32>,
     /// Per bucket: the summed latency of completed operations, in microseconds.
     pub series_latency_us: Vec<u64>,
+    /// Inputs the retry and hedging machines refused, over the whole run: each is a simulator
+    /// bug (an operation would wait for an input that never comes), counted in every build, and
+    /// [`simulate`](super::simulate) fails a run with any (house rule 8, review9 finding 8).
+    pub refused: u64,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -574,7 +578,25 @@ impl<'a> Sim<'a> {
 
     /// The earliest event of the lanes, the heaps and the arrival, by (time, sequence): the
     /// same order as one queue of every event.
+    ///
+    /// The deadline of an operation that has already ended is dropped here: it would change
+    /// nothing (no later event reads the clock before setting it), and most operations end
+    /// before their deadline.
     fn next_event(&mut self) -> Option<Event> {
+        loop {
+            let event = self.next_scheduled()?;
+            if let Kind::Deadline { op, serial } = event.kind {
+                if self.ops.get(op as usize).is_none_or(|o| o.serial != serial) {
+                    continue;
+                }
+            }
+            return Some(event);
+        }
+    }
+
+    /// [`Sim::next_event`], deadlines of ended operations included.
+    #[inline]
+    fn next_scheduled(&mut self) -> Option<Event> {
         const TIMERS: usize = 2;
         const COMPLETIONS: usize = 3;
         const ARRIVAL: usize = 4;
@@ -851,11 +873,11 @@ impl<'a> Sim<'a> {
                             let s = self.selector.pick(c, m.deprioritized());
                             let server = self.attempt_servers[usize::from(s)].clone();
                             let accepted = m.handle_server_selected(server, now);
-                            debug_assert!(accepted.is_ok(), "{accepted:?}");
+                            self.result.refused += u64::from(accepted.is_err());
                         }
                         retry::Action::Dispatch(attempt) => {
                             let accepted = m.handle_sent(now);
-                            debug_assert!(accepted.is_ok(), "{accepted:?}");
+                            self.result.refused += u64::from(accepted.is_err());
                             let s = index(&attempt.address) as u8;
                             op.server = s;
                             self.send(id, s, 0);
@@ -908,11 +930,11 @@ impl<'a> Sim<'a> {
                             let s = self.selector.pick(c, m.deprioritized());
                             let address = self.attempt_servers[usize::from(s)].address.clone();
                             let accepted = m.handle_server_selected(copy, address, now);
-                            debug_assert!(accepted.is_ok(), "{accepted:?}");
+                            self.result.refused += u64::from(accepted.is_err());
                         }
                         hedging::Action::Dispatch { copy, address } => {
                             let accepted = m.handle_sent(copy, now);
-                            debug_assert!(accepted.is_ok(), "{accepted:?}");
+                            self.result.refused += u64::from(accepted.is_err());
                             let s = index(&address) as u8;
                             let slot = copy.0 as usize - 1;
                             if slot == op.servers.len() {
@@ -973,9 +995,10 @@ impl<'a> Sim<'a> {
                         m.handle_failed(overloaded.clone(), at)
                     }
                 };
-                // House rule 8 (review8 finding 10): the `gen` / `serial` guards above let only
-                // replies the machine expects through; a refused one is a simulator bug.
-                debug_assert!(accepted.is_ok(), "{accepted:?}");
+                // House rule 8 (review8 finding 10, review9 finding 8): the `gen` / `serial`
+                // guards above let only replies the machine expects through; a refused one is a
+                // simulator bug, counted in every build.
+                self.result.refused += u64::from(accepted.is_err());
                 self.pump(work.op);
             }
             Machine::Hedge(m) => {
@@ -986,7 +1009,7 @@ impl<'a> Sim<'a> {
                         m.handle_failed(copy, overloaded.clone(), at)
                     }
                 };
-                debug_assert!(accepted.is_ok(), "{accepted:?}");
+                self.result.refused += u64::from(accepted.is_err());
                 self.pump(work.op);
             }
             Machine::Simple(s) => {
@@ -1050,7 +1073,7 @@ impl<'a> Sim<'a> {
                 if m.handle_failed(e, at).is_err() {
                     // Not in flight (backing off): the deadline still ends it.
                     let cancelled = m.cancel(at);
-                    debug_assert!(cancelled.is_ok(), "{cancelled:?}");
+                    self.result.refused += u64::from(cancelled.is_err());
                 }
                 self.pump(id);
             }
@@ -1201,5 +1224,41 @@ impl<'a> Sim<'a> {
             }
         }
         self.end(id, true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// House rule 8, review9 finding 8: a reply the retry machine does not expect, let through
+    /// as a broken `serial` / `gen` guard would (a failed attempt's reply delivered a second time
+    /// while the operation backs off), is refused by the machine and counted, in release builds
+    /// as in debug ones (`cargo test --release -p retry-lab` runs this too).
+    #[test]
+    fn review9_f8_a_refused_reply_is_counted_in_every_build() {
+        let cluster = Cluster::default();
+        let spec = RunSpec {
+            policy: SimPolicy::Current,
+            load: Load::Steady(0.5),
+            duration: Duration::from_millis(100),
+            warmup: Duration::ZERO,
+            bucket: Duration::from_millis(10),
+            seed: 1,
+        };
+        let mut sim = Sim::new(&cluster, &spec);
+        sim.start_operation();
+        assert_eq!(sim.works.len(), 1, "the first attempt is on its way");
+        sim.works[0].outcome = Outcome::Overloaded;
+        let work = sim.works[0];
+        sim.reply(0);
+        assert_eq!(sim.result.refused, 0, "the first reply is expected");
+        assert_eq!(
+            sim.ops[work.op as usize].serial, work.serial,
+            "it backs off to retry"
+        );
+        sim.works.push(work);
+        sim.reply(1);
+        assert_eq!(sim.result.refused, 1, "the second is refused and counted");
     }
 }
