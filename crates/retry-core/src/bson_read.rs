@@ -383,6 +383,19 @@ impl<'a> Iterator for Elements<'a> {
     }
 }
 
+/// Whether `document` (validated, e.g. a reply the engine decoded) has the top-level key `key`,
+/// read from its bytes with the workspace's one element walker (the decoder's): no UTF-8 checks,
+/// no values built, nested keys never match. `None` if an element before it cannot be sized (a
+/// document the decoder did not accept); the caller then decides on the full conversion.
+/// Review10 finding 8: the one top-level key lookup of the workspace (retry-driver's RW-3 check).
+pub fn has_top_level_key(document: &RawDocument, key: &[u8]) -> Option<bool> {
+    let mut elements = Elements::of(document);
+    if elements.by_ref().any(|(name, _, _)| name == key) {
+        return Some(true);
+    }
+    (!elements.broken()).then_some(false)
+}
+
 /// The value of a timestamp element from [`Elements`] (tag 0x11): the increment, then the
 /// time, each a little-endian u32; `None` for another type.
 pub(crate) fn timestamp(tag: u8, value: &[u8]) -> Option<Timestamp> {
@@ -844,5 +857,37 @@ mod tests {
                 prop_assert_eq!(ours, theirs);
             }
         }
+    }
+
+    /// RW-3, review10 finding 8 (moved from retry-driver): the write-errors check finds a top-level `writeErrors` wherever it is, and no
+    /// other key (a nested one, or one it prefixes) passes for it.
+    #[test]
+    fn rw3_has_top_level_key_reads_top_level_keys_only() {
+        let has = |document: bson::Document| {
+            let bytes = document.to_vec().unwrap();
+            has_top_level_key(RawDocument::from_bytes(&bytes).unwrap(), b"writeErrors")
+                .expect("a valid document walks to its end")
+        };
+        assert!(!has(bson::doc! { "ok": 1.0 }));
+        assert!(!has(bson::doc! {}));
+        assert!(has(
+            bson::doc! { "n": 0, "writeErrors": [{ "code": 11000 }], "ok": 1.0 }
+        ));
+        assert!(has(bson::doc! { "ok": 1.0, "writeErrors": [] }));
+        assert!(!has(
+            bson::doc! { "nested": { "writeErrors": [] }, "ok": 1.0 }
+        ));
+        assert!(!has(
+            bson::doc! { "writeError": 1, "writeErrorsX": 2, "s": "writeErrors" }
+        ));
+        assert!(!has(bson::doc! {
+            "d": 1.5, "b": true, "i": 1i64, "t": bson::Timestamp { time: 1, increment: 2 },
+            "r": bson::Regex {
+                pattern: String::from("a").try_into().unwrap(),
+                options: String::from("i").try_into().unwrap(),
+            },
+            "bin": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![1, 2] },
+            "oid": bson::oid::ObjectId::from_bytes([7; 12]), "n": null, "a": [1, "x"],
+        }));
     }
 }

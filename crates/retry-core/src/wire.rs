@@ -23,6 +23,8 @@ use crate::{bson_read, bson_write};
 
 pub use crate::bson_read::value_size;
 
+pub use crate::bson_read::has_top_level_key;
+
 /// The opcode of `OP_MSG` (WP-2).
 pub const OP_MSG: i32 = 2013;
 

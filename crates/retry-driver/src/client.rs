@@ -288,8 +288,11 @@ impl<R> Client<R> {
     /// `$clusterTime`, `maxTimeMS`, ...; [`OperationRequest::new_raw`]), so neither the command
     /// nor the reply is ever a [`Document`]: for callers that build or reuse BSON bytes
     /// (`bson::rawdoc!`). Writes go to a writable server, the rest use the client's read
-    /// preference (SS-2). The command must not hold `$db` (WP-5); one that is not well-formed
-    /// BSON fails with a usage error. A write reply with `writeErrors` is an error here too.
+    /// preference (SS-2). The client owns `$db` (WP-5): one in the command is replaced by `db`.
+    /// A command holding `$db`, `lsid` or `txnNumber` is converted to a [`Document`] once at
+    /// the start, as [`OperationRequest::new_raw`] says. A command that is not well-formed BSON,
+    /// or holds a top-level key more than once (a server refuses a duplicate field), fails with
+    /// a usage error, nothing sent. A write reply with `writeErrors` is an error here too.
     pub async fn run_command_encoded(
         &self,
         db: &str,

@@ -534,38 +534,11 @@ fn write_errors(reply: &RawDocument, address: &ServerAddress) -> Option<Operatio
     OperationError::from_write_reply(&document, address)
 }
 
-/// Whether `document` (decoded and validated by the engine) has the top-level key `key`, read
-/// from its bytes with the workspace's one element sizer (`retry_core::wire::value_size`), with
-/// no UTF-8 checks and no values built; `true` as well if an element cannot be sized (then the
-/// caller's full conversion decides).
+/// Whether `document` (decoded and validated by the engine) may have the top-level key `key`:
+/// [`retry_core::wire::has_top_level_key`], and `true` as well if an element cannot be sized
+/// (then the caller's full conversion decides).
 fn may_have_key(document: &RawDocument, key: &[u8]) -> bool {
-    let bytes = document.as_bytes();
-    // Past the length prefix, up to the terminating NUL.
-    let mut at = 4;
-    while let Some(&tag) = bytes.get(at) {
-        if tag == 0 {
-            return false;
-        }
-        let name_start = at + 1;
-        let Some(name_len) = bytes
-            .get(name_start..)
-            .and_then(|rest| rest.iter().position(|&b| b == 0))
-        else {
-            return true;
-        };
-        if &bytes[name_start..name_start + name_len] == key {
-            return true;
-        }
-        let value = name_start + name_len + 1;
-        match bytes
-            .get(value..)
-            .and_then(|rest| retry_core::wire::value_size(tag, rest))
-        {
-            Some(size) => at = value + size,
-            None => return true,
-        }
-    }
-    true
+    retry_core::wire::has_top_level_key(document, key).unwrap_or(true)
 }
 
 /// The sockets that have something to do, in the order they became ready (woken by their
@@ -1274,37 +1247,6 @@ mod tests {
             first.woken.load(Ordering::Acquire),
             "a runtime wake marks the read"
         );
-    }
-
-    /// RW-3: the write-errors check finds a top-level `writeErrors` wherever it is, and no
-    /// other key (a nested one, or one it prefixes) passes for it.
-    #[test]
-    fn may_have_key_reads_top_level_keys_only() {
-        let has = |document: bson::Document| {
-            let bytes = document.to_vec().unwrap();
-            may_have_key(RawDocument::from_bytes(&bytes).unwrap(), b"writeErrors")
-        };
-        assert!(!has(bson::doc! { "ok": 1.0 }));
-        assert!(!has(bson::doc! {}));
-        assert!(has(
-            bson::doc! { "n": 0, "writeErrors": [{ "code": 11000 }], "ok": 1.0 }
-        ));
-        assert!(has(bson::doc! { "ok": 1.0, "writeErrors": [] }));
-        assert!(!has(
-            bson::doc! { "nested": { "writeErrors": [] }, "ok": 1.0 }
-        ));
-        assert!(!has(
-            bson::doc! { "writeError": 1, "writeErrorsX": 2, "s": "writeErrors" }
-        ));
-        assert!(!has(bson::doc! {
-            "d": 1.5, "b": true, "i": 1i64, "t": bson::Timestamp { time: 1, increment: 2 },
-            "r": bson::Regex {
-                pattern: String::from("a").try_into().unwrap(),
-                options: String::from("i").try_into().unwrap(),
-            },
-            "bin": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![1, 2] },
-            "oid": bson::oid::ObjectId::new(), "n": null, "a": [1, "x"],
-        }));
     }
 
     /// The registered slots, walking the list from its head.

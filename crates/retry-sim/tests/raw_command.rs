@@ -265,3 +265,53 @@ fn wp5_an_encoded_command_with_a_repeated_key_is_a_usage_error() {
         assert!(sim.servers[&address("m")].commands.is_empty());
     }
 }
+
+/// WP-3 (review10 finding 3): the first key names the command. A field set beside an encoded
+/// command that names it would replace it after the encoded fields, moving the name off the
+/// front: a usage error, nothing sent, no started event. Another field set beside it keeps the
+/// name first on the wire and in the started event (EV-2).
+#[test]
+fn wp3_a_field_beside_an_encoded_command_never_displaces_its_name() {
+    for (field, refused) in [("find", true), ("filter", false)] {
+        let mut sim = Sim::mongos([Step::reply(doc! { "ok": 1 })], |o| {
+            o.command_monitoring = true
+        });
+        let mut request = OperationRequest::new_raw(
+            "test",
+            RawDocumentBuf::try_from(&doc! { "find": "c", "filter": {} }).expect("encodable"),
+            OperationKind::Read,
+            retry_sim::primary(),
+        );
+        request.command.insert(field, "d");
+        let op = sim.start_request(request);
+        let result = sim.run(op);
+        let started: Vec<String> = sim
+            .events
+            .iter()
+            .filter_map(|(_, e)| match e {
+                EngineEvent::Command(event) => match &**event {
+                    CommandEvent::Started { info, command } => {
+                        assert_eq!(command.keys().next(), Some(&info.command_name));
+                        Some(info.command_name.clone())
+                    }
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        let wire = &sim.servers[&address("m")].command_keys;
+        if refused {
+            let error = result.expect_err("refused");
+            assert!(matches!(error.kind, ErrorKind::Usage { .. }), "{error:?}");
+            assert!(
+                wire.is_empty() && started.is_empty(),
+                "{wire:?} {started:?}"
+            );
+        } else {
+            result.expect("ok");
+            assert_eq!(wire.len(), 1);
+            assert_eq!(wire[0][0], "find", "{wire:?}");
+            assert_eq!(started, ["find"]);
+        }
+    }
+}

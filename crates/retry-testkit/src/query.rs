@@ -170,7 +170,7 @@ pub(crate) fn equal(a: &Bson, b: &Bson) -> bool {
 /// A BSON number as the server compares it: integers exactly, doubles as they are.
 #[derive(Clone, Copy)]
 pub(crate) enum Exact {
-    /// An Int32 or Int64.
+    /// An Int32 or Int64, or a Decimal128 that is an integer fitting one (review10 finding 9).
     Int(i64),
     /// A Double.
     Double(f64),
@@ -181,8 +181,44 @@ pub(crate) fn exact_number(value: &Bson) -> Option<Exact> {
         Bson::Int32(v) => Some(Exact::Int(i64::from(*v))),
         Bson::Int64(v) => Some(Exact::Int(*v)),
         Bson::Double(v) => Some(Exact::Double(*v)),
+        Bson::Decimal128(v) => decimal_integer(v).map(Exact::Int),
         _ => None,
     }
+}
+
+/// Review10 finding 9 (TK-15): the int64 a Decimal128 equals, when it is an integer that fits
+/// one (`NumberDecimal("1")`, `"1.00"`, `"1E+2"`; -0 is 0), read from its IEEE 754-2008 BID
+/// encoding; `None` for any other value (a fraction, too large, infinite, NaN, or the
+/// large-coefficient form).
+pub(crate) fn decimal_integer(value: &bson::Decimal128) -> Option<i64> {
+    let bits = u128::from_le_bytes(value.bytes());
+    if (bits >> 125) & 0b11 == 0b11 {
+        return None;
+    }
+    let exponent = i32::try_from((bits >> 113) & 0x3FFF).ok()? - 6176;
+    let mut coefficient = bits & ((1 << 113) - 1);
+    if coefficient >= 10_u128.pow(34) {
+        // Non-canonical: the value is zero.
+        coefficient = 0;
+    }
+    if coefficient != 0 {
+        for _ in exponent..0 {
+            if !coefficient.is_multiple_of(10) {
+                return None;
+            }
+            coefficient /= 10;
+        }
+        for _ in 0..exponent {
+            coefficient = coefficient.checked_mul(10).filter(|&c| c <= 1 << 64)?;
+        }
+    }
+    let magnitude = i128::try_from(coefficient).ok()?;
+    i64::try_from(if bits >> 127 == 1 {
+        -magnitude
+    } else {
+        magnitude
+    })
+    .ok()
 }
 
 /// Review8 finding 7: the exact order of two numbers (an int64 against a double without

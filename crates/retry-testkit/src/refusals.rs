@@ -62,12 +62,48 @@ pub(crate) const READ_PREFERENCE_MODES: [&str; 5] = [
     "nearest",
 ];
 
+/// The commands of the test server that are in Stable API version 1: with `apiStrict: true` any
+/// other is APIStrictError (323). Checked against the server's source (commands whose
+/// `apiVersions()` is `kApiVersions1`: insert, find, aggregate, count, listCollections,
+/// createIndexes, dropIndexes, saslStart; distinct and buildInfo are not) and the Stable API
+/// reference (the rest; `bulkWrite` unverified). Not in it: `isMaster` / `ismaster` (`hello`
+/// replaced them), `buildInfo`, `distinct`, `killSessions`, `killAllSessions`,
+/// `configureFailPoint`, `deleteIndexes`.
+pub(crate) const API_VERSION_1: &[&str] = &[
+    "abortTransaction",
+    "aggregate",
+    "bulkWrite",
+    "commitTransaction",
+    "count",
+    "create",
+    "createIndexes",
+    "delete",
+    "drop",
+    "dropDatabase",
+    "dropIndexes",
+    "endSessions",
+    "find",
+    "findAndModify",
+    "getMore",
+    "hello",
+    "insert",
+    "killCursors",
+    "listCollections",
+    "listDatabases",
+    "listIndexes",
+    "ping",
+    "saslContinue",
+    "saslStart",
+    "update",
+];
+
 /// Review7 finding 3 (house rule 7): what a real server refuses about the generic fields every
 /// command may carry, before it runs the command:
 /// - `apiVersion` not a string, `apiStrict` / `apiDeprecationErrors` not booleans: TypeMismatch
 ///   (14); `apiStrict` / `apiDeprecationErrors` without `apiVersion`: 4886600; an `apiVersion`
 ///   other than `"1"`: APIVersionError (322) (the server's jstests/core/api
-///   api_version_parameters.js);
+///   api_version_parameters.js); with `apiStrict: true`, a command outside [`API_VERSION_1`]:
+///   APIStrictError (323);
 /// - `$readPreference` not a document: TypeMismatch (14, `ReadPreferenceSetting::fromInnerBSON`);
 ///   without a `mode`: NoSuchKey (4); a `mode` not a string: TypeMismatch (14); an unknown mode:
 ///   BadValue (2, the IDL enum parse; older servers answered FailedToParse, 9: unverified which
@@ -95,6 +131,12 @@ pub(crate) fn generic_field_refusal(name: &str, command: &Document) -> Option<Do
     }
     if version.is_some_and(|v| v.as_str() != Some("1")) {
         return Some(error_reply(322, "API version must be \"1\""));
+    }
+    if command.get("apiStrict") == Some(&Bson::Boolean(true)) && !API_VERSION_1.contains(&name) {
+        return Some(error_reply(
+            323,
+            &format!("Provided apiStrict:true, but the command {name} is not in API Version 1"),
+        ));
     }
     if let Some(preference) = command.get("$readPreference") {
         let Bson::Document(preference) = preference else {

@@ -190,11 +190,14 @@ fn integral(v: f64) -> Option<i64> {
 }
 
 /// Review9 finding 9: `value` with every number at every depth in one form per value, the key
-/// [`id_key`] encodes: integers and integral doubles that fit as int64, every NaN as one NaN,
-/// other doubles as they are.
+/// [`id_key`] encodes: integers, integral doubles and integral Decimal128s (review10 finding 9)
+/// that fit as int64, every NaN as one NaN, other doubles as they are.
 fn canonical_numbers(value: &Bson) -> Bson {
     match value {
         Bson::Int32(v) => Bson::Int64(i64::from(*v)),
+        Bson::Decimal128(v) => {
+            crate::query::decimal_integer(v).map_or(Bson::Decimal128(*v), Bson::Int64)
+        }
         Bson::Double(v) if v.is_nan() => Bson::Double(f64::NAN),
         Bson::Double(v) => integral(*v).map_or(Bson::Double(*v), Bson::Int64),
         Bson::Document(document) => Bson::Document(
@@ -205,6 +208,18 @@ fn canonical_numbers(value: &Bson) -> Bson {
         ),
         Bson::Array(items) => Bson::Array(items.iter().map(canonical_numbers).collect()),
         other => other.clone(),
+    }
+}
+
+/// Review10 finding 9, TK-2: whether `id` holds, at any depth, a Decimal128 that is not an
+/// integer fitting an int64: equal ids with one are not modelled (a real server calls
+/// `NumberDecimal("1.5")` and `1.5` one id), so inserting one is refused loudly.
+fn fractional_decimal(id: &Bson) -> bool {
+    match id {
+        Bson::Decimal128(v) => crate::query::decimal_integer(v).is_none(),
+        Bson::Document(document) => document.values().any(fractional_decimal),
+        Bson::Array(items) => items.iter().any(fractional_decimal),
+        _ => false,
     }
 }
 
@@ -404,6 +419,11 @@ impl Store {
         for d in &mut documents {
             if !d.contains_key("_id") {
                 d.insert("_id", ObjectId::new());
+            }
+            if fractional_decimal(&id_of(d)) {
+                return Err(QueryError::UnsupportedFilter(
+                    "an _id holding a Decimal128 that is not an int64 integer".into(),
+                ));
             }
         }
         let conflict = documents
@@ -1813,6 +1833,55 @@ mod tests {
         assert_eq!(id_key(&Bson::Double(-0.0)), id_key(&Bson::Int32(0)));
     }
 
+    /// A Decimal128 value from its text.
+    fn decimal(text: &str) -> Bson {
+        Bson::Decimal128(text.parse().expect("a decimal"))
+    }
+
+    /// Review10 finding 9 (TK-15): a Decimal128 is the int64 it equals when it is an integer
+    /// that fits one, in any of its encodings; any other decimal is no integer.
+    #[test]
+    fn tk15_review10_f9_integral_decimals_are_their_integers() {
+        let integer = |text: &str| match decimal(text) {
+            Bson::Decimal128(v) => crate::query::decimal_integer(&v),
+            _ => unreachable!(),
+        };
+        for (text, expected) in [
+            ("1", Some(1)),
+            ("1.00", Some(1)),
+            ("1E+2", Some(100)),
+            ("-2E+1", Some(-20)),
+            ("-0", Some(0)),
+            ("0E-10", Some(0)),
+            ("-9223372036854775808", Some(i64::MIN)),
+            ("9223372036854775807", Some(i64::MAX)),
+            ("9223372036854775808", None),
+            ("1E+6000", None),
+            ("1.5", None),
+            ("1E-6100", None),
+            ("Infinity", None),
+            ("NaN", None),
+        ] {
+            assert_eq!(integer(text), expected, "{text}");
+        }
+    }
+
+    /// Review10 finding 9, TK-2: an `_id` holding a Decimal128 that is no int64 integer (at
+    /// any depth) is refused loudly, never stored as an id that equality may get wrong.
+    #[test]
+    fn tk2_review10_f9_a_fractional_decimal_id_is_refused() {
+        let mut store = Store::default();
+        for id in [decimal("1.5"), bson!({ "a": [decimal("0.1")] })] {
+            let (insert, _) = outside(&mut store, |s| {
+                s.insert("db.d", vec![doc! { "_id": id.clone() }], true)
+            });
+            assert!(
+                matches!(insert, Err(QueryError::UnsupportedFilter(_))),
+                "{id}: {insert:?}"
+            );
+        }
+    }
+
     /// Review9 finding 9 (TK-15, house rule 7): `_id`s equal with canonical numbers at every
     /// depth are one id, as on a real server: `{a: 1}` then `{a: 1.0}` or `[1, {b: 2}]` then
     /// `[1.0, {b: NumberLong(2)}]` is a duplicate (11000), while keys in another order are another
@@ -1826,6 +1895,10 @@ mod tests {
             (bson!({ "a": 1 }), bson!({ "a": 1_i64 })),
             (bson!([1, { "b": 2 }]), bson!([1.0, { "b": 2_i64 }])),
             (bson!({ "n": f64::NAN }), bson!({ "n": -f64::NAN })),
+            // Review10 finding 9: an integral Decimal128 is that integer.
+            (bson!({ "a": 1 }), bson!({ "a": decimal("1") })),
+            (bson!([decimal("1.00")]), bson!([1.0])),
+            (decimal("-2E+1"), bson!(-20_i64)),
         ];
         for (index, (first, second)) in pairs.iter().enumerate() {
             let ns = format!("db.dup{index}");

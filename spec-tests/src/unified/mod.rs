@@ -552,6 +552,31 @@ mod tests {
         assert!(matches!(run_one(bad), TestOutcome::Failed(_)));
     }
 
+    /// UT-25, review10 finding 4: after a test that used a session, a refused teardown
+    /// `killAllSessions` is reported beside the test's own failure, never in its place.
+    #[test]
+    fn ut25_a_teardown_failure_keeps_the_tests_own_failure() {
+        let mut failing = file(json!([
+            { "name": "runCommand", "object": "admin", "arguments": { "commandName": "configureFailPoint",
+                "command": { "configureFailPoint": "failCommand", "mode": { "times": 1 },
+                    "data": { "failCommands": ["killAllSessions"], "errorCode": 8 } } } },
+            { "name": "find", "object": "coll", "arguments": { "filter": {}, "session": "s" },
+                "expectResult": [{ "_id": 2 }] }
+        ]));
+        let entities = failing["createEntities"].as_array_mut().expect("entities");
+        entities
+            .push(json!({ "database": { "id": "admin", "client": "c", "databaseName": "admin" } }));
+        entities.push(json!({ "session": { "id": "s", "client": "c" } }));
+        let TestOutcome::Failed(reason) = run_one(failing) else {
+            panic!("the find's wrong result passed");
+        };
+        assert!(reason.starts_with("operation 1: "), "{reason}");
+        assert!(
+            reason.contains("; teardown: harness: killAllSessions: "),
+            "{reason}"
+        );
+    }
+
     /// UT-8: only a test that may set a fail point gets the reduced heartbeat, wherever its
     /// `configureFailPoint` is (a `failPoint` argument or a command run directly).
     #[test]

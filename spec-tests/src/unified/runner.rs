@@ -32,8 +32,13 @@ pub async fn run_test(file: &Value, test: &Value, cluster: &Cluster) -> Result<(
         ..Entities::default()
     };
     let result = run_in(file, test, cluster, &mut entities).await;
+    let sessions = entities.has_sessions();
     entities.close().await;
-    let killed = kill_all_sessions(cluster).await;
+    // UT-25: `killAllSessions` only if transactions (so session entities) were used.
+    let killed = match sessions {
+        true => kill_all_sessions(cluster).await,
+        false => Ok(()),
+    };
     let refused: Vec<String> = cluster
         .handles()
         .iter()
@@ -46,11 +51,20 @@ pub async fn run_test(file: &Value, test: &Value, cluster: &Cluster) -> Result<(
             refused.join("; ")
         ));
     }
-    killed.and(result)
+    both(result, killed)
 }
 
-/// UT-25 (review8 finding 3, review9 finding 2): the teardown's `killAllSessions` command, sent
-/// by a client of the harness's own (the test's clients are closed), so no transaction or cursor
+/// UT-25 (review10 finding 4): the test's own failure comes first; a teardown failure after it
+/// is added, never put in its place.
+fn both(result: Result<(), String>, teardown: Result<(), String>) -> Result<(), String> {
+    match (result, teardown) {
+        (Err(failure), Err(teardown)) => Err(format!("{failure}; teardown: {teardown}")),
+        (result, teardown) => result.and(teardown),
+    }
+}
+
+/// UT-25 (review8 finding 3, review9 finding 2): the teardown's `killAllSessions` command, after
+/// a test that used sessions, sent by a client of the harness's own (the test's clients are closed), so no transaction or cursor
 /// a test left open outlives it. The servers of a deployment share one store, so one server's
 /// kill covers them all. Interrupted (11601) is what a server may answer when the kill takes the
 /// command's own session with it; it is ignored, as the unified format says.

@@ -4,7 +4,8 @@
 //! The few reads the engine makes of a command (its name, its concerns) look at both, the added
 //! fields first. A request in an explicit session, or whose encoded command holds a field the
 //! engine removes (`$db`, `lsid`, `txnNumber`), is converted to a [`Document`] at its start, so
-//! that the transaction and session rules work on one document as before.
+//! that the transaction and session rules work on one document as before. A command repeating a
+//! top-level key, or an added field naming the command (WP-3), is a usage error ([`inspect`]).
 
 use alloc::borrow::Cow;
 use alloc::string::String;
@@ -30,8 +31,11 @@ pub(super) struct Inspected {
 /// sent (house rule 11): a command that is not well-formed BSON, or that repeats a top-level key
 /// (WP-5: a server refuses a duplicate field, and the conversion to a `Document` that
 /// [`OperationRequest::new`](super::OperationRequest::new) takes could not hold it). The keys
-/// are compared among themselves only: the cost follows the command's own key count.
-pub(super) fn inspect(raw: &RawDocument) -> Result<Inspected, OperationError> {
+/// are compared among themselves only: the cost follows the command's own key count. Also a
+/// usage error: a field of `fields` (the request's [`OperationRequest::command`](
+/// super::OperationRequest::command)) that names the command, which would replace it after the
+/// encoded fields and so move the name off the front (WP-3: the first key names the command).
+pub(super) fn inspect(raw: &RawDocument, fields: &Document) -> Result<Inspected, OperationError> {
     let mut inspected = Inspected {
         engine_field: false,
         unacknowledged: false,
@@ -52,6 +56,13 @@ pub(super) fn inspect(raw: &RawDocument) -> Result<Inspected, OperationError> {
     .map_err(|e| {
         OperationError::usage(alloc::format!("the encoded command is not valid BSON: {e}"))
     })?;
+    let name = keys.first().map(|key| String::from_utf8_lossy(key));
+    if let Some(name) = name.filter(|name| fields.contains_key(name.as_ref())) {
+        return Err(OperationError::usage(alloc::format!(
+            "`{name}` names the encoded command and cannot be set beside it (WP-3); \
+             encode the command with it"
+        )));
+    }
     if let Some(key) = repeated(&mut keys) {
         return Err(OperationError::usage(alloc::format!(
             "the encoded command holds the field `{}` more than once (WP-5)",
@@ -156,11 +167,16 @@ mod tests {
 
     #[test]
     fn inspection_finds_engine_fields_and_an_unacknowledged_write_concern() {
-        let engine_field = |raw: &RawDocument| inspect(raw).expect("valid").engine_field;
+        let engine_field =
+            |raw: &RawDocument| inspect(raw, &Document::new()).expect("valid").engine_field;
         assert!(engine_field(&rawdoc! { "ping": 1, "$db": "x" }));
         assert!(engine_field(&rawdoc! { "insert": "c", "txnNumber": 1_i64 }));
         assert!(!engine_field(&rawdoc! { "ping": 1 }));
-        let unacknowledged = |raw: &RawDocument| inspect(raw).expect("valid").unacknowledged;
+        let unacknowledged = |raw: &RawDocument| {
+            inspect(raw, &Document::new())
+                .expect("valid")
+                .unacknowledged
+        };
         assert!(unacknowledged(
             &rawdoc! { "insert": "c", "writeConcern": { "w": 0 } }
         ));
@@ -184,14 +200,26 @@ mod tests {
         let len = bytes.len() as i32;
         bytes[..4].copy_from_slice(&len.to_le_bytes());
         let raw = bson::RawDocumentBuf::from_bytes(bytes).expect("framed");
-        let error = inspect(&raw).err().expect("refused");
+        let error = inspect(&raw, &Document::new()).err().expect("refused");
         assert!(matches!(error.kind, crate::error::ErrorKind::Usage { .. }));
         assert!(alloc::format!("{error}").contains("`maxTimeMS`"), "{error}");
-        assert!(inspect(&rawdoc! { "find": "c", "filter": { "find": 1 } }).is_ok());
+        let nested = rawdoc! { "find": "c", "filter": { "find": 1 } };
+        assert!(inspect(&nested, &Document::new()).is_ok());
         assert_eq!(repeated(&mut [b"b".as_slice(), b"a", b"c"]), None);
         assert_eq!(
             repeated(&mut [b"b".as_slice(), b"a", b"b"]),
             Some(b"b".as_slice())
         );
+    }
+
+    /// WP-3 (review10 finding 3): a field set beside the encoded command that names it is a
+    /// usage error; other fields are not.
+    #[test]
+    fn wp3_a_field_naming_the_encoded_command_is_refused() {
+        let raw = rawdoc! { "find": "c", "filter": {} };
+        let error = inspect(&raw, &doc! { "find": "d" }).err().expect("refused");
+        assert!(alloc::format!("{error}").contains("`find`"), "{error}");
+        assert!(inspect(&raw, &doc! { "filter": { "a": 1 } }).is_ok());
+        assert!(inspect(&rawdoc! {}, &doc! { "ping": 1 }).is_ok());
     }
 }

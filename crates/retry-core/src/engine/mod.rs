@@ -228,8 +228,9 @@ impl EngineOptions {
 pub struct OperationRequest {
     /// The database.
     pub db: String,
-    /// The command, without `$db`. For a request made with [`OperationRequest::new_raw`], the
-    /// fields sent after the encoded command's, replacing any of the same name (empty unless set).
+    /// The command, without `$db`. For a request made with [`OperationRequest::new_raw`], only
+    /// the fields sent after the encoded command's, replacing any of the same name but its name
+    /// (empty unless set).
     pub command: Document,
     /// What kind of operation it is (the retry rules depend on it).
     pub kind: OperationKind,
@@ -276,14 +277,25 @@ impl OperationRequest {
         }
     }
 
-    /// A request like [`OperationRequest::new`] whose command is already encoded (issue 9): the
-    /// engine sends its bytes as they are, with its own fields (`$db`, `lsid`, `txnNumber`,
-    /// `$clusterTime`, `maxTimeMS`, `$readPreference`, ...) after them, so a caller that builds or
-    /// reuses BSON bytes never builds a [`Document`]. The command must not hold `$db` (WP-5);
-    /// fields put in [`OperationRequest::command`] go after the encoded ones and replace any of
-    /// the same name. A command that is not well-formed BSON finishes the operation at once with
-    /// a usage error; what is on the wire is what [`OperationRequest::new`] with the same
-    /// command sends, up to the order of the fields after the first.
+    /// A request like [`OperationRequest::new`] whose command is already encoded (issue 9), so
+    /// that a caller that builds or reuses BSON bytes never builds a [`Document`]:
+    ///
+    /// - On the wire: the command's bytes as they are, then the engine's fields (`$db`, `lsid`,
+    ///   `txnNumber`, `$clusterTime`, `maxTimeMS`, `$readPreference`, ...), each replacing an
+    ///   encoded field of the same name. The engine owns `$db` (WP-5): one in the command is
+    ///   replaced by `db`. What is on the wire is what [`OperationRequest::new`] with the same
+    ///   command sends, up to the order of the fields after the first.
+    /// - [`OperationRequest::command`] holds only fields to send after the encoded ones (empty
+    ///   unless set; read the command itself with [`OperationRequest::raw_command`]); each
+    ///   replaces an encoded field of the same name, but one naming the command (its first key,
+    ///   WP-3) is a usage error.
+    /// - The command is converted to a [`Document`] once, at the operation's start, if the
+    ///   request names an explicit [`OperationRequest::session`] or the command holds `$db`,
+    ///   `lsid` or `txnNumber`: the session and transaction rules then edit it as they edit
+    ///   `new`'s command (the request no longer saves the conversion).
+    /// - A usage error ends the operation at once, nothing sent (house rule 11): a command that
+    ///   is not well-formed BSON, or that holds a top-level key more than once (a server refuses
+    ///   a duplicate field).
     pub fn new_raw(
         db: impl Into<String>,
         command: RawDocumentBuf,

@@ -128,7 +128,7 @@ impl Engine {
         // session and transaction rules edit it (`encoded.rs`).
         let mut unacknowledged = false;
         if let Some(raw) = request.encoded.take() {
-            let inspected = match encoded::inspect(&raw) {
+            let inspected = match encoded::inspect(&raw, &request.command) {
                 Ok(inspected) => inspected,
                 Err(error) => {
                     self.events.push_back(EngineEvent::OperationFinished {

@@ -10,7 +10,8 @@
 //!
 //! - no document sequence, no field twice, and only these fields besides the command's own:
 //!   a string `$db`, an `lsid` that is `{id: <binary>}` alone, `$clusterTime`, a
-//!   `$readPreference` document with a known `mode`, `apiVersion: "1"`, boolean `apiStrict` and
+//!   `$readPreference` document with a known `mode`, `apiVersion: "1"`, boolean `apiStrict` (true
+//!   only on `ping` and `hello`, API version 1) and
 //!   `apiDeprecationErrors` (only with `apiVersion`), `comment`, a numeric `maxTimeMS` the
 //!   server's check (`refusals::max_time_refusal`) accepts, and for a hello a boolean `helloOk`
 //!   and `loadBalanced`, a `client` document (only on the connection's first hello),
@@ -46,7 +47,7 @@ use super::{add_cluster_time, insert_cluster_time, Connection, LoggedCommand, Re
 use super::{ServerStream, Shared, State};
 use crate::commands::{is_hello, ok, HelloAsk};
 use crate::config::Role;
-use crate::refusals::max_time_refusal;
+use crate::refusals::{max_time_refusal, API_VERSION_1};
 
 /// OP_MSG's opcode, little-endian.
 const OP_MSG: [u8; 4] = 2013_i32.to_le_bytes();
@@ -137,7 +138,13 @@ impl<'a> Hot<'a> {
                 // Review7 finding 3: only values `refusals::generic_field_refusal` accepts.
                 b"$readPreference" => (3, known_read_preference(field)),
                 b"apiVersion" => (4, field.str() == Some("1")),
-                b"apiStrict" => (5, field.bool().is_some()),
+                // `apiStrict: true` only on a command in API version 1 (else 323).
+                b"apiStrict" => (
+                    5,
+                    field
+                        .bool()
+                        .is_some_and(|strict| !strict || API_VERSION_1.contains(&name)),
+                ),
                 b"apiDeprecationErrors" => (6, field.bool().is_some()),
                 b"comment" => (7, true),
                 b"maxTimeMS" => {

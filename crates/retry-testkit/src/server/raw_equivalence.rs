@@ -877,6 +877,28 @@ fn generic_field_cases() -> Vec<(&'static str, Document, Option<i32>)> {
             ping(doc! { "apiVersion": "1", "apiStrict": true, "apiDeprecationErrors": true }),
             None,
         ),
+        // APIStrictError 323: a command outside API version 1 with `apiStrict: true`
+        // (refusals::API_VERSION_1); with `apiStrict: false` it runs.
+        (
+            "apiStrict distinct",
+            doc! { "distinct": "c", "key": "a", "$db": "test", "apiVersion": "1", "apiStrict": true },
+            Some(323),
+        ),
+        (
+            "apiStrict legacy hello",
+            doc! { "isMaster": 1, "$db": "admin", "apiVersion": "1", "apiStrict": true },
+            Some(323),
+        ),
+        (
+            "apiStrict false distinct",
+            doc! { "distinct": "c", "key": "a", "$db": "test", "apiVersion": "1", "apiStrict": false },
+            None,
+        ),
+        (
+            "apiStrict hello",
+            hello(doc! { "apiVersion": "1", "apiStrict": true }),
+            None,
+        ),
         (
             "$readPreference a string",
             ping(doc! { "$readPreference": "x" }),
