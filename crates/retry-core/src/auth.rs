@@ -339,6 +339,9 @@ pub struct Authentication {
     phase: Phase,
     /// The fields [`Authentication::add_to_hello`] adds.
     hello_fields: Document,
+    /// The declared Stable API version's fields, on every command of the conversation
+    /// (versioned-api spec: every command); empty when none is declared.
+    api_fields: Document,
 }
 
 impl fmt::Debug for Authentication {
@@ -380,7 +383,23 @@ impl Authentication {
             options: options.clone(),
             phase: Phase::Hello(speculation),
             hello_fields,
+            api_fields: Document::new(),
         }
+    }
+
+    /// Versioned-api spec: the conversation's commands carry the declared API version's fields,
+    /// as every command does (the hello already has them, HS-2).
+    pub(crate) fn set_server_api(&mut self, api: &crate::handshake::ServerApi) {
+        self.api_fields = api.fields();
+    }
+
+    /// Adds the declared API version's fields (if any) and `$db` (the credential's source) to
+    /// one of the conversation's commands.
+    fn finish_command(&self, command: &mut Document) {
+        for (key, value) in &self.api_fields {
+            command.insert(key.clone(), value.clone());
+        }
+        command.insert("$db", self.options.source.as_str());
     }
 
     /// HS-4: adds `saslSupportedMechs` and `speculativeAuthenticate` to a handshake command,
@@ -437,7 +456,7 @@ impl Authentication {
         };
         let start = mechanism.start().map_err(AuthFailure::Client)?;
         let (mut command, conversation) = first_command(mechanism.name(), start);
-        command.insert("$db", self.options.source.as_str());
+        self.finish_command(&mut command);
         self.phase = match conversation {
             Some(conversation) => Phase::Sasl {
                 mechanism: mechanism.name().into(),
@@ -510,13 +529,13 @@ impl Authentication {
                 protocol("the server ended the conversation before proving itself")
             };
         }
-        let command = doc! {
+        let mut command = doc! {
             "saslContinue": 1,
             "conversationId": reply_id.clone(),
             "payload": Binary { subtype: BinarySubtype::Generic, bytes: client },
-            "$db": self.options.source.as_str(),
         };
         *id = Some(reply_id);
+        self.finish_command(&mut command);
         Ok(AuthStep::Send(command))
     }
 }

@@ -413,7 +413,7 @@ fn encoded_len(d: &Document) -> usize {
 }
 
 /// The Stable API version a client declares (versioned-API spec); when set, the handshake uses
-/// `hello` (HS-2) and every command carries these fields (`ServerApi::fields`).
+/// `hello` (HS-2) and every command the engine sends carries these fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerApi {
     /// `apiVersion`, e.g. `"1"`.

@@ -175,3 +175,38 @@ fn au11_a_reset_mid_conversation_is_an_unlabelled_authentication_network_error()
     );
     assert!(error.labels.is_empty(), "{error}");
 }
+
+/// Versioned-api spec (every command) with AU-2, AU-5: with a declared Stable API version the
+/// conversation's `saslStart` and `saslContinue` carry `apiVersion` too, once each, so a server
+/// that requires one (`requireApiVersion`, 498870) lets the connection authenticate.
+#[test]
+fn au5_the_conversation_carries_the_declared_api_version() {
+    let mut server = SimServer::new(Role::Standalone);
+    server.script = vec![
+        Step::reply(sasl(b"welcome", false)),
+        Step::reply(sasl(b"", true)),
+    ]
+    .into();
+    server.record_raw = true;
+    server.require_api_version = true;
+    let mut sim = Sim::new(vec![(address("db"), server)], |options| {
+        options.auth = Some(AuthOptions::new("admin", Arc::new(Toy)));
+        options.handshake.server_api = Some(retry_core::handshake::ServerApi {
+            version: "1".into(),
+            strict: None,
+            deprecation_errors: None,
+        });
+    });
+    let op = sim.read(doc! { "find": "c" });
+    sim.run(op).expect("authenticated");
+    assert_eq!(log(&sim), ["saslStart", "saslContinue", "find"]);
+    for command in &sim.servers[&address("db")].raw_commands {
+        let versions: Vec<_> = command
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(key, _)| key.as_str() == "apiVersion")
+            .map(|(_, value)| value.as_str())
+            .collect();
+        assert_eq!(versions, [Some("1")], "{command:?}");
+    }
+}

@@ -3,8 +3,8 @@
 //! ([`crate::handshake::HandshakeOptions::server_api`]), every command the engine sends carries
 //! `apiVersion`, and `apiStrict` / `apiDeprecationErrors` when the client set them: operations,
 //! `getMore` and every command of a transaction (`commitTransaction` and `abortTransaction`
-//! included) as well as the handshake (HS-2) and the monitors' polling, awaitable and RTT
-//! `hello`s. A caller's own field of the same name is replaced (the spec leaves such a command's
+//! included) as well as the handshake (HS-2), the authentication conversation (AU-5,
+//! `Authentication::set_server_api`) and the monitors' polling, awaitable and RTT `hello`s. A caller's own field of the same name is replaced (the spec leaves such a command's
 //! behaviour undefined). Without a declared version nothing is added and nothing is looked for.
 
 use alloc::vec::Vec;

@@ -48,7 +48,11 @@ impl Engine {
         let machine = match (&self.options.auth, owner) {
             // AU-2: pooled connections authenticate; the hello carries the speculative start.
             (Some(auth), Owner::Pool(_)) => {
-                let auth = Authentication::new(auth);
+                let mut auth = Authentication::new(auth);
+                // Versioned-api spec: the conversation's commands carry the declared version.
+                if let Some(api) = &self.options.handshake.server_api {
+                    auth.set_server_api(api);
+                }
                 let mut hello = self.handshake.clone();
                 auth.add_to_hello(&mut hello);
                 let mut machine = Connection::new(config, hello, now).ok()?;
