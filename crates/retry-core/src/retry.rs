@@ -877,19 +877,23 @@ impl<R: RngCore> RetryMachine<R> {
                 reason,
                 deprioritize,
             } => {
-                if let State::Dispatched { server } | State::InFlight { server, .. } = &self.state {
-                    if deprioritize && !self.deprioritized.contains(&server.address) {
-                        self.deprioritized.push(server.address.clone());
-                    }
-                    if self.record_events {
-                        let deprioritized = deprioritize.then(|| server.address.clone());
-                        self.events.push(RetryEvent::RetryScheduled {
-                            retry: self.retries,
-                            delay,
-                            reason,
-                            deprioritized,
-                        });
-                    }
+                // The decisions read the state and never change it: the attempt's server is
+                // still where the start of this method found it (SS-11 deprioritizes it).
+                let (State::Dispatched { server } | State::InFlight { server, .. }) = &self.state
+                else {
+                    unreachable!("a retry decision changed the failed attempt's state");
+                };
+                if deprioritize && !self.deprioritized.contains(&server.address) {
+                    self.deprioritized.push(server.address.clone());
+                }
+                if self.record_events {
+                    let deprioritized = deprioritize.then(|| server.address.clone());
+                    self.events.push(RetryEvent::RetryScheduled {
+                        retry: self.retries,
+                        delay,
+                        reason,
+                        deprioritized,
+                    });
                 }
                 if delay.is_zero() {
                     self.state = State::Selecting;

@@ -478,13 +478,11 @@ impl<'a> Sim<'a> {
             result: RunResult {
                 // The measured operations' latencies, one per operation arriving after the
                 // warmup: reserved for the highest rate, so that pushing them copies nothing.
-                latencies_us: Vec::with_capacity(
-                    (spec.load.max()
+                latencies_us: Vec::with_capacity(latency_reserve(
+                    spec.load.max()
                         * cluster.capacity()
-                        * spec.duration.saturating_sub(spec.warmup).as_secs_f64()
-                        * 1.1) as usize
-                        + 16,
-                ),
+                        * spec.duration.saturating_sub(spec.warmup).as_secs_f64(),
+                )),
                 ..RunResult::default()
             },
             service_ns: nanos(cluster.service_mean) as f64,
@@ -791,6 +789,7 @@ impl<'a> Sim<'a> {
 
     fn send(&mut self, id: u32, server: u8, copy: u8) {
         let op = &mut self.ops[id as usize];
+        debug_assert_ne!(op.serial, 0, "a live operation's slot");
         op.gen += 1;
         op.attempts += 1;
         let work = Work {
@@ -832,6 +831,7 @@ impl<'a> Sim<'a> {
     fn end(&mut self, id: u32, ok: bool) {
         let now = self.now;
         let op = &mut self.ops[id as usize];
+        debug_assert_ne!(op.serial, 0, "a live operation's slot");
         op.serial = 0;
         self.free.push(id);
         let latency_us = ((now - op.start) / 1000) as u32;
@@ -1099,6 +1099,7 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let policy = self.spec.policy;
         let op = &mut self.ops[id as usize];
+        debug_assert_ne!(op.serial, 0, "a live operation's slot");
         let Machine::Simple(s) = &mut op.machine else {
             return;
         };
@@ -1180,6 +1181,7 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let policy = self.spec.policy;
         let op = &mut self.ops[id as usize];
+        debug_assert_ne!(op.serial, 0, "a live operation's slot");
         let client_id = op.client;
         let Machine::Simple(s) = &op.machine else {
             return;
@@ -1211,6 +1213,7 @@ impl<'a> Sim<'a> {
     fn simple_succeeded(&mut self, id: u32) {
         let now = self.now;
         let op = &mut self.ops[id as usize];
+        debug_assert_ne!(op.serial, 0, "a live operation's slot");
         let c = &mut self.clients[op.client as usize];
         if let Machine::Simple(s) = &op.machine {
             match &mut c.budget {
@@ -1227,6 +1230,21 @@ impl<'a> Sim<'a> {
     }
 }
 
+/// Room for the measured operations' latencies, from the expected count at the highest offered
+/// rate (+10 %): pushing them then copies nothing. Capped (the vector grows past the cap), so a
+/// huge or non-finite estimate (a tiny service time, a long run) reserves a bounded amount
+/// instead of failing with a capacity overflow (house rule 11).
+fn latency_reserve(expected: f64) -> usize {
+    const CAP: f64 = (1u64 << 24) as f64;
+    let wanted = expected * 1.1;
+    // NaN and negative estimates reserve the minimum; `as` saturates, the cap bounds it.
+    (if wanted.is_finite() {
+        wanted.clamp(0.0, CAP)
+    } else {
+        CAP
+    }) as usize
+        + 16
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1260,5 +1278,15 @@ mod tests {
         sim.works.push(work);
         sim.reply(1);
         assert_eq!(sim.result.refused, 1, "the second is refused and counted");
+    }
+
+    /// House rule 11: the latency reserve is bounded whatever the estimate (review10 finding 7).
+    #[test]
+    fn a_huge_or_non_finite_rate_estimate_reserves_a_bounded_amount() {
+        assert_eq!(latency_reserve(100.0), 126);
+        assert_eq!(latency_reserve(1e30), (1 << 24) + 16);
+        assert_eq!(latency_reserve(f64::INFINITY), (1 << 24) + 16);
+        assert_eq!(latency_reserve(f64::NAN), (1 << 24) + 16);
+        assert_eq!(latency_reserve(-5.0), 16);
     }
 }
