@@ -7,7 +7,7 @@ use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::task::Wake;
 
@@ -192,6 +192,7 @@ impl Driver {
                 self.pending.remove(&op);
                 self.engine.cancel_operation(op, now);
             }
+            state.operations = self.pending.len() + state.requests.len();
             // Explicit sessions to start and end (`session.rs`).
             let sessions =
                 crate::session::serve(&mut self.engine, &mut state.sessions, self.timeout, now);
@@ -416,6 +417,7 @@ impl Driver {
             }
             next = self.engine.poll_event();
         }
+        state.operations = self.pending.len();
         true
     }
 
@@ -519,6 +521,104 @@ impl Future for Driver {
             }
         }
         cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// A driver with a task of its own (a runtime that spawns, as tokio). The task runs it for every
+/// wake; and a caller whose operation is the only one in flight runs a pass itself to start it
+/// ([`SpawnedDriver::run_inline`], issue 9): with nothing to batch, the hop to the driver's task
+/// would cost a wake and a task poll more per round trip than the write it leads to. An inline
+/// pass is polled with the task's waker, so the sockets, the timer and the client's queue wake
+/// the task, as after any of its own passes.
+pub(crate) struct SpawnedDriver {
+    state: Mutex<SpawnedState>,
+    /// The task was polled while a caller ran a pass: that caller wakes it when done.
+    missed: AtomicBool,
+}
+
+struct SpawnedState {
+    /// `None` once it has stopped (shut down).
+    driver: Option<Driver>,
+    /// The task's waker, from its last poll.
+    task: Option<Waker>,
+}
+
+/// The driver's task ([`SpawnedDriver`]): spawned once per client.
+pub(crate) struct DriverTask(Arc<SpawnedDriver>);
+
+impl SpawnedDriver {
+    pub(crate) fn new(driver: Driver) -> Arc<SpawnedDriver> {
+        Arc::new(SpawnedDriver {
+            state: Mutex::new(SpawnedState {
+                driver: Some(driver),
+                task: None,
+            }),
+            missed: AtomicBool::new(false),
+        })
+    }
+
+    /// The task to spawn.
+    pub(crate) fn task(self: &Arc<Self>) -> DriverTask {
+        DriverTask(self.clone())
+    }
+
+    /// Runs a pass of the driver on the caller's thread, polled with the task's waker, unless
+    /// the task or another caller runs it, or the task has not run yet. Returns whether it ran;
+    /// if not, the caller wakes the task for its work instead.
+    pub(crate) fn run_inline(&self) -> bool {
+        let mut guard = match self.state.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return false,
+        };
+        let SpawnedState { driver, task } = &mut *guard;
+        let (Some(running), Some(task)) = (driver.as_mut(), task.clone()) else {
+            return false;
+        };
+        let stopped = Pin::new(running)
+            .poll(&mut Context::from_waker(&task))
+            .is_ready();
+        if stopped {
+            // The driver (and its engine and sockets) goes now; its task ends when next polled.
+            *driver = None;
+        }
+        drop(guard);
+        // Pairs with the task's fence: either the task sees the lock free, or this sees `missed`.
+        fence(Ordering::SeqCst);
+        if self.missed.swap(false, Ordering::Relaxed) || stopped {
+            task.wake();
+        }
+        true
+    }
+}
+
+impl Future for DriverTask {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let spawned = &self.0;
+        spawned.missed.store(true, Ordering::Relaxed);
+        // Pairs with `run_inline`'s fence: a caller holding the driver now sees `missed` after
+        // it lets go, and wakes this task again.
+        fence(Ordering::SeqCst);
+        let mut guard = match spawned.state.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return Poll::Pending,
+        };
+        spawned.missed.store(false, Ordering::Relaxed);
+        let state = &mut *guard;
+        if !state.task.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            state.task = Some(cx.waker().clone());
+        }
+        let Some(driver) = state.driver.as_mut() else {
+            return Poll::Ready(());
+        };
+        if Pin::new(driver).poll(cx).is_ready() {
+            state.driver = None;
+            return Poll::Ready(());
+        }
         Poll::Pending
     }
 }
