@@ -69,6 +69,7 @@ impl Engine {
             self.events.push_back(EngineEvent::OperationFinished {
                 op,
                 result: Err(OperationError::cancelled()),
+                address: None,
             });
             return op;
         }
@@ -134,6 +135,7 @@ impl Engine {
                     self.events.push_back(EngineEvent::OperationFinished {
                         op,
                         result: Err(error),
+                        address: None,
                     });
                     return op;
                 }
@@ -160,6 +162,7 @@ impl Engine {
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
                     result: Ok(RawDocumentBuf::new()),
+                    address: None,
                 });
                 return op;
             }
@@ -167,6 +170,7 @@ impl Engine {
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
                     result: Err(error),
+                    address: None,
                 });
                 return op;
             }
@@ -178,6 +182,7 @@ impl Engine {
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
                     result: Err(error),
+                    address: None,
                 });
                 return op;
             }
@@ -382,7 +387,7 @@ impl Engine {
             };
             if let Some(event) = machine.poll_event() {
                 match event {
-                    event if !self.options.events.publishes_retry(&event) => {}
+                    _ if !self.options.events.publishes_retry() => {}
                     RetryEvent::RetryScheduled { .. } | RetryEvent::RetryDenied { .. } => {
                         held.push(event)
                     }
@@ -614,9 +619,21 @@ impl Engine {
             self.events
                 .push_back(EngineEvent::CursorOpened { op: op_id, cursor });
         }
+        // RW-3: the server that sent a success's reply (a reply the engine made has none).
+        let address = match (&result, op.reply.as_ref()) {
+            (Ok(()), Some(_)) => op
+                .slots
+                .get(winner)
+                .and_then(|slot| slot.server.as_ref())
+                .map(|server| server.address.clone()),
+            _ => None,
+        };
         let result = result.map(|()| op.reply.take().unwrap_or_default());
-        self.events
-            .push_back(EngineEvent::OperationFinished { op: op_id, result });
+        self.events.push_back(EngineEvent::OperationFinished {
+            op: op_id,
+            result,
+            address,
+        });
     }
 
     /// `slot`'s attempt is on `server` (SS-15 counts it there).
