@@ -243,6 +243,13 @@ impl<R> Client<R> {
     /// the reply, or the error the engine's retry rules chose; [`OperationError::cancelled`] once
     /// the client is shut down. The engine adds the session fields (`lsid`, `txnNumber`,
     /// `$clusterTime`) and `maxTimeMS` itself.
+    ///
+    /// When the client declares a Stable API version (the engine's
+    /// [`HandshakeOptions::server_api`](retry_core::handshake::HandshakeOptions::server_api)),
+    /// every command carries the client's `apiVersion` (and `apiStrict` /
+    /// `apiDeprecationErrors` when set). A command holding its own such field is not supported
+    /// then, and the versioned-api spec ("Generic command helper") leaves its behaviour
+    /// undefined; today the client's fields replace the command's.
     pub async fn run_command(
         &self,
         db: &str,
@@ -297,6 +304,12 @@ impl<R> Client<R> {
     /// the start, as [`OperationRequest::new_raw`] says. A command that is not well-formed BSON,
     /// or holds a top-level key more than once (a server refuses a duplicate field), fails with
     /// a usage error, nothing sent. A write reply with `writeErrors` is an error here too.
+    ///
+    /// Under a declared Stable API version the engine adds `apiVersion` (and `apiStrict` /
+    /// `apiDeprecationErrors` when set) too. A command holding its own such field is not
+    /// supported then (undefined behaviour in the versioned-api spec, as for
+    /// [`Client::run_command`]); today it is converted to a [`Document`] once at the start,
+    /// losing the encoded path's saving, and the client's fields replace the command's.
     pub async fn run_command_encoded(
         &self,
         db: &str,

@@ -15,7 +15,6 @@ use bson::RawDocument;
 use retry_core::address::ServerAddress;
 use retry_core::engine::{ConnId, CursorHandle, Engine, EngineEvent, EventFamilies, OpId};
 use retry_core::error::{NetworkCause, NetworkErrorKind, OperationError};
-use retry_core::retry::RetryEvent;
 use retry_core::time::{Instant, OperationTimeout};
 
 use crate::id_map::IdMap;
@@ -47,7 +46,6 @@ enum Link {
 struct Pending {
     slot: Arc<Slot>,
     cursor: Option<CursorHandle>,
-    address: Option<ServerAddress>,
 }
 
 struct SocketState {
@@ -221,7 +219,6 @@ impl Driver {
                 let pending = Pending {
                     slot: request.reply,
                     cursor: None,
-                    address: None,
                 };
                 self.pending.insert(op, pending);
             }
@@ -395,21 +392,17 @@ impl Driver {
                         pending.cursor = Some(cursor);
                     }
                 }
-                EngineEvent::Operation {
+                EngineEvent::OperationFinished {
                     op,
-                    event: RetryEvent::CommandSucceeded { address, .. },
+                    result,
+                    address,
                 } => {
-                    if let Some(pending) = self.pending.get_mut(&op) {
-                        pending.address = Some(address);
-                    }
-                }
-                EngineEvent::OperationFinished { op, result } => {
                     if let Some(pending) = self.pending.remove(&op) {
                         let cursor = pending.cursor;
-                        let address = pending.address.unwrap_or_else(unknown_address);
                         // The engine's success may still carry write errors: an error for the
-                        // caller, keeping the reply (never retried, RW-3).
-                        let result = result.and_then(|body| match write_errors(&body, &address) {
+                        // caller, naming the server that replied and keeping the reply (never
+                        // retried, RW-3).
+                        let result = result.and_then(|body| match write_errors(&body, address) {
                             Some(error) => Err(error),
                             None => Ok(RawReply { body, cursor }),
                         });
@@ -634,12 +627,12 @@ impl Future for DriverTask {
 /// RW-3: the write errors of a successful reply ([`OperationError::from_write_reply`]). Only a
 /// reply with a top-level `writeErrors` key is converted to a document for it; any other has
 /// none (the rule reads that key alone).
-fn write_errors(reply: &RawDocument, address: &ServerAddress) -> Option<OperationError> {
+fn write_errors(reply: &RawDocument, address: Option<ServerAddress>) -> Option<OperationError> {
     if !may_have_key(reply, b"writeErrors") {
         return None;
     }
     let document = retry_core::wire::to_document(reply).ok()?;
-    OperationError::from_write_reply(&document, address)
+    OperationError::from_write_reply(&document, &address.unwrap_or_else(unknown_address))
 }
 
 /// Whether `document` (decoded and validated by the engine) may have the top-level key `key`:
@@ -1144,7 +1137,8 @@ impl Drop for Waiter {
     }
 }
 
-/// The address of a reply whose attempt event was not seen (never, for a success).
+/// The address of a success the engine names no server for (never, for a reply with write
+/// errors: only a server's reply has them).
 fn unknown_address() -> ServerAddress {
     ServerAddress::new("unknown", 0)
 }
@@ -1402,16 +1396,14 @@ mod tests {
     fn optional_events(engine: &mut Engine) -> usize {
         let mut optional = 0;
         while let Some(event) = engine.poll_event() {
-            optional += usize::from(match event {
+            optional += usize::from(matches!(
+                event,
                 EngineEvent::Pool { .. }
-                | EngineEvent::Heartbeat { .. }
-                | EngineEvent::Topology(_)
-                | EngineEvent::Hedging { .. } => true,
-                EngineEvent::Operation { event, .. } => {
-                    !matches!(event, RetryEvent::CommandSucceeded { .. })
-                }
-                _ => false,
-            });
+                    | EngineEvent::Heartbeat { .. }
+                    | EngineEvent::Topology(_)
+                    | EngineEvent::Hedging { .. }
+                    | EngineEvent::Operation { .. }
+            ));
         }
         optional
     }
