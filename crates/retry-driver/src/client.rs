@@ -354,7 +354,9 @@ impl<R> Client<R> {
             slot: &reply,
         };
         let result = poll_fn(|cx| {
-            reply.driving(|| drive(&waiter, cx));
+            if let Some(waiter) = &waiter {
+                reply.driving(|| waiter.drive(cx));
+            }
             reply.poll(cx)
         })
         .await;
