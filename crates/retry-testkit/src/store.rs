@@ -11,6 +11,9 @@ use bson::{Bson, Document, RawDocument};
 
 use crate::query::{apply_update, equal, matches, upsert_seed, Unsupported};
 
+mod collection;
+use collection::Collection;
+
 /// One data store, shared by every server started with it (TK-*: the members of a replica set or
 /// several mongos see the same data, cursors and retryable-write records). Cloning shares it.
 #[derive(Clone, Debug, Default)]
@@ -32,7 +35,8 @@ impl DataStore {
 /// writes.
 #[derive(Debug, Default)]
 pub(crate) struct Store {
-    collections: BTreeMap<String, Vec<Document>>,
+    /// By namespace; each keeps its `_id` index in step ([`Collection`]).
+    collections: BTreeMap<String, Collection>,
     cursors: BTreeMap<i64, Cursor>,
     last_cursor_id: i64,
     write_results: BTreeMap<WriteKey, Document>,
@@ -371,6 +375,14 @@ pub(crate) enum QueryError {
     /// TK-15 (review7 finding 1): a write outside any transaction touches a document the
     /// transaction in progress of this session (lsid bytes) changed: it waits until that ends.
     Blocked(Vec<u8>),
+    /// An upsert would store an `_id` already there (DuplicateKey, 11000): the message
+    /// ([`duplicate_key_message`]).
+    DuplicateKey(String),
+}
+
+/// A real server's message for a document whose `_id` `id` is already in `ns` (11000).
+pub(crate) fn duplicate_key_message(ns: &str, id: &Bson) -> String {
+    format!("E11000 duplicate key error collection: {ns} index: _id_ dup key: {{ _id: {id} }}")
 }
 
 /// One batch of a cursor and the id to continue it with (0 when exhausted).
@@ -435,10 +447,7 @@ impl Store {
         for (index, d) in documents.into_iter().enumerate() {
             let id = id_of(&d);
             let collection = self.collection_mut(ns);
-            if collection
-                .iter()
-                .any(|c| c.get("_id").is_some_and(|c| equal(c, &id)))
-            {
+            if collection.contains_id(&id) {
                 outcome.duplicates.push((index, id));
                 if ordered {
                     break;
@@ -603,7 +612,7 @@ impl Store {
 
     /// The collection `ns`, created when missing (TK-15, review7 gap a: by the running command's
     /// transaction, whose abort drops it again).
-    fn collection_mut(&mut self, ns: &str) -> &mut Vec<Document> {
+    fn collection_mut(&mut self, ns: &str) -> &mut Collection {
         if !self.collections.contains_key(ns) {
             if let Some(transaction) = self.writing_transaction() {
                 transaction.created.push(ns.into());
@@ -685,8 +694,9 @@ impl Store {
             if current.is_none() && replaced.values().all(|(before, _)| before.is_none()) {
                 continue;
             }
+            let current = current.map(Collection::into_documents);
             let restored = rebuild(current.unwrap_or_default(), replaced);
-            self.collections.insert(ns, restored);
+            self.collections.insert(ns, Collection::new(restored));
         }
     }
 
@@ -694,7 +704,10 @@ impl Store {
     /// not see as they were (borrowed when it sees every change of `ns`). It looks only at the
     /// changes of `ns` (review7 finding 7).
     fn visible(&self, ns: &str) -> Cow<'_, [Document]> {
-        let base = self.collections.get(ns).map_or(&[][..], Vec::as_slice);
+        let base = self
+            .collections
+            .get(ns)
+            .map_or(&[][..], Collection::documents);
         let Some(chains) = self.changes.get(ns) else {
             return Cow::Borrowed(base);
         };
@@ -739,8 +752,8 @@ impl Store {
         Ok(self
             .collections
             .get(ns)
-            .into_iter()
-            .flatten()
+            .map_or(&[][..], Collection::documents)
+            .iter()
             .enumerate()
             .filter(|(_, d)| keys.contains(&id_key(&id_of(d))))
             .map(|(index, _)| index)
@@ -763,19 +776,25 @@ impl Store {
         let mut outcome = UpdateOutcome::default();
         for index in targets {
             let collection = self.collection_mut(ns);
-            let Some(document) = collection.get_mut(index) else {
+            let applied = collection.change(index, |document| {
+                let before = document.clone();
+                if let Err(error) = apply_update(document, update) {
+                    *document = before;
+                    return Err(unsupported(error));
+                }
+                if too_deep(document) {
+                    *document = before;
+                    return Err(QueryError::TooDeep);
+                }
+                let changed = *document != before;
+                Ok(changed.then_some(before))
+            });
+            let Some(applied) = applied else {
                 continue;
             };
-            let before = document.clone();
-            apply_update(document, update).map_err(unsupported)?;
-            if too_deep(document) {
-                *document = before;
-                return Err(QueryError::TooDeep);
-            }
             outcome.matched += 1;
-            let changed = *document != before;
-            outcome.modified += usize::from(changed);
-            if changed {
+            if let Some(before) = applied? {
+                outcome.modified += 1;
                 self.record(ns, id_of(&before), Some(before), index);
             }
         }
@@ -791,6 +810,9 @@ impl Store {
             let id = id_of(&document);
             let conflict = self.conflict(ns, &id);
             self.noted(conflict)?;
+            if self.collection_mut(ns).contains_id(&id) {
+                return Err(QueryError::DuplicateKey(duplicate_key_message(ns, &id)));
+            }
             outcome.upserted = Some(id.clone());
             let collection = self.collection_mut(ns);
             let position = collection.len();
@@ -961,7 +983,7 @@ impl Store {
         self.open.remove(session);
         self.undo(&Author::Open(session.to_vec()), touched);
         for ns in created {
-            if self.collections.get(&ns).is_some_and(Vec::is_empty) {
+            if self.collections.get(&ns).is_some_and(Collection::is_empty) {
                 self.collections.remove(&ns);
                 self.indexes.remove(&ns);
             }
@@ -1158,7 +1180,8 @@ impl Store {
         let held = self.collection_holder(ns);
         self.noted(held)?;
         let added: Vec<Bson> = documents.iter().map(id_of).collect();
-        let old = core::mem::replace(self.collection_mut(ns), documents);
+        let new = Collection::new(documents);
+        let old = core::mem::replace(self.collection_mut(ns), new).into_documents();
         // TK-15: in a transaction, every old document was removed and every new one added.
         for (index, document) in old.into_iter().enumerate() {
             self.record(ns, id_of(&document), Some(document), index);
@@ -1213,22 +1236,30 @@ impl Store {
         self.collection_mut(ns);
         for document in documents {
             let target = self.collection_mut(ns);
-            let existing = target
-                .iter()
-                .position(|d| matches!((d.get("_id"), document.get("_id")), (Some(a), Some(b)) if equal(a, b)));
+            let id = document.get("_id");
+            // The index says whether the `_id` is there; only a match is looked for.
+            let existing = id.filter(|id| target.contains_id(id)).and_then(|id| {
+                target
+                    .documents()
+                    .iter()
+                    .position(|d| d.get("_id").is_some_and(|d| equal(d, id)))
+            });
             // TK-15: in a transaction, the document as it was goes into the undo log.
             let (before, index) = match existing {
                 Some(index) => {
-                    let before = target[index].clone();
-                    target[index].extend(document);
-                    (Some(before), index)
+                    let before = target.change(index, |d| {
+                        let before = d.clone();
+                        d.extend(document);
+                        before
+                    });
+                    (before, index)
                 }
                 None => {
                     target.push(document);
                     (None, target.len() - 1)
                 }
             };
-            let id = id_of(&self.collections[ns][index]);
+            let id = id_of(&self.collections[ns].documents()[index]);
             self.record(ns, id, before, index);
         }
         Ok(())
@@ -1626,6 +1657,106 @@ mod tests {
         assert!(store.drop_collection("db.d"));
         assert!(!store.drop_collection("db.d"));
     }
+    /// The `_id` index of `db.c` holds exactly the keys of its documents.
+    fn assert_index_in_step(store: &Store) {
+        let Some(collection) = store.collections.get("db.c") else {
+            return;
+        };
+        assert_eq!(collection.indexed(), collection.len());
+        for document in collection.documents() {
+            assert!(collection.contains_id(&id_of(document)), "{document}");
+        }
+    }
+
+    /// House rule 9 (leftovers10 item 3): the duplicate-`_id` check of an insert, an upsert and
+    /// a `$merge` searches the `_id` index: it compares no stored document, however many there
+    /// are (it compared every one before), with canonical `_id` equality (an integral
+    /// Decimal128 and a double are their int64).
+    #[test]
+    fn tk2_duplicate_id_check_searches_the_index_not_the_collection() {
+        let mut store = store_with(10_000);
+        let calls = || crate::query::EQUAL_CALLS.with(core::cell::Cell::get);
+        let start = calls();
+        let batch = vec![doc! { "_id": 10_000 }, doc! { "_id": decimal("17") }];
+        let outcome = store.insert("db.c", batch, false).unwrap();
+        assert_eq!(outcome.duplicates, vec![(1, decimal("17"))]);
+        assert_eq!(outcome.n, 1);
+        store
+            .merge("db.c", vec![doc! { "_id": 20_000_i64, "m": 1 }])
+            .unwrap();
+        assert_eq!(calls() - start, 0, "the insert's and the merge's checks");
+        // The upsert's filter compares its `_id` with every document: that is the filter's
+        // work (one comparison per document, two for the one whose `_id` matches); its
+        // duplicate check adds none.
+        let start = calls();
+        let upsert = store.update(
+            "db.c",
+            &doc! { "_id": 5.0, "even": true },
+            &doc! { "$set": { "x": 1 } },
+            false,
+            true,
+        );
+        assert!(
+            matches!(upsert, Err(QueryError::DuplicateKey(_))),
+            "{upsert:?}"
+        );
+        let filter_work = store.documents("db.c").len() + 1;
+        assert!(
+            calls() - start <= filter_work,
+            "{} comparisons",
+            calls() - start
+        );
+        assert_eq!(store.documents("db.c").len(), 10_002);
+        assert_index_in_step(&store);
+    }
+
+    /// Leftovers10 item 3: the `_id` index follows every change: insert, update (an `_id`
+    /// changed by `$set` too), upsert, delete, `$merge`, `$out`, a transaction's abort (its
+    /// undo) and commit, and a drop.
+    #[test]
+    fn tk15_the_id_index_follows_every_change() {
+        let mut store = store_with(6);
+        assert_index_in_step(&store);
+        set_x(&mut store, doc! { "even": true }, 1, true, false).unwrap();
+        set_one(&mut store, doc! { "_id": 1 }, doc! { "_id": 100 }).unwrap();
+        assert_index_in_step(&store);
+        assert!(store.collections["db.c"].contains_id(&Bson::Int64(100)));
+        assert!(!store.collections["db.c"].contains_id(&Bson::Int32(1)));
+        set_x(&mut store, doc! { "_id": 50 }, 2, false, true).unwrap();
+        store.delete("db.c", &doc! { "even": false }, true).unwrap();
+        assert_index_in_step(&store);
+        store
+            .merge("db.c", vec![doc! { "_id": 0, "m": 1 }, doc! { "_id": 60 }])
+            .unwrap();
+        assert_index_in_step(&store);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.insert("db.c", vec![doc! { "_id": 70 }], true).unwrap();
+            s.delete("db.c", &doc! { "_id": 0 }, false).unwrap();
+        });
+        assert_index_in_step(&store);
+        store.end_transaction(S1, 1, false, None, false).unwrap();
+        assert_index_in_step(&store);
+        assert!(store.collections["db.c"].contains_id(&Bson::Int32(0)));
+        assert!(!store.collections["db.c"].contains_id(&Bson::Int32(70)));
+        in_transaction(&mut store, S2, 1, true, |s| {
+            s.insert("db.c", vec![doc! { "_id": 71 }], true).unwrap();
+        });
+        store.end_transaction(S2, 1, true, None, false).unwrap();
+        assert_index_in_step(&store);
+        assert!(store.collections["db.c"].contains_id(&Bson::Double(71.0)));
+        store
+            .replace_collection("db.c", vec![doc! { "_id": "a" }, doc! { "_id": "b" }])
+            .unwrap();
+        assert_index_in_step(&store);
+        assert_eq!(store.collections["db.c"].len(), 2);
+        assert!(store.collections["db.c"].contains_id(&Bson::String("a".into())));
+        assert!(store.drop_collection("db.c"));
+        let outcome = store
+            .insert("db.c", vec![doc! { "_id": "a" }], true)
+            .unwrap();
+        assert_eq!(outcome.n, 1, "a dropped collection's index went with it");
+    }
+
     const S1: &[u8] = b"session one";
     const S2: &[u8] = b"session two";
 
@@ -1972,6 +2103,7 @@ mod tests {
         assert_eq!(blocked, Some(S1.to_vec()));
         assert!(
             store.collections["db.c"]
+                .documents()
                 .iter()
                 .all(|d| !d.contains_key("y")),
             "document 0 was put back"
@@ -2030,6 +2162,7 @@ mod tests {
         );
         assert!(
             store.collections["db.c"]
+                .documents()
                 .iter()
                 .all(|d| !d.contains_key("y")),
             "nothing merged"
