@@ -126,6 +126,9 @@ struct Transaction {
     touched: Vec<DocumentKey>,
     /// TK-15 (review7 gap a): the collections its writes created.
     created: Vec<String>,
+    /// TK-15 (leftovers10 item 4): the collections its statements read or wrote, whose locks
+    /// it holds until it ends: a `$out` into one waits ([`Store::collection_holder`]).
+    accessed: Vec<String>,
     /// TK-12: the mongos (server process) that started it, `None` on a replica set: each mongos
     /// keeps its own router state for a transaction, while the data, and so the transaction
     /// itself, lives on the shards (the shared store).
@@ -438,6 +441,7 @@ impl Store {
                 ));
             }
         }
+        self.note_access(ns);
         let conflict = documents
             .iter()
             .try_for_each(|d| self.conflict(ns, &id_of(d)));
@@ -621,6 +625,17 @@ impl Store {
         self.collections.entry(ns.into()).or_default()
     }
 
+    /// TK-15 (leftovers10 item 4): the running command's transaction in progress, if any, reads
+    /// or writes `ns`: it holds the collection's lock until it ends, as a real server's
+    /// transaction holds the intent locks of the collections it accessed.
+    fn note_access(&mut self, ns: &str) {
+        if let Some(transaction) = self.writing_transaction() {
+            if !transaction.accessed.iter().any(|a| a == ns) {
+                transaction.accessed.push(ns.to_owned());
+            }
+        }
+    }
+
     /// The running command's transaction, when it is in progress.
     fn writing_transaction(&mut self) -> Option<&mut Transaction> {
         self.writer
@@ -770,6 +785,7 @@ impl Store {
         multi: bool,
         upsert: bool,
     ) -> Result<UpdateOutcome, QueryError> {
+        self.note_access(ns);
         let targets = self.targets(ns, filter, multi);
         let targets = self.noted(targets)?;
         self.collection_mut(ns);
@@ -830,6 +846,7 @@ impl Store {
         filter: &Document,
         multi: bool,
     ) -> Result<Vec<Document>, QueryError> {
+        self.note_access(ns);
         let targets = self.targets(ns, filter, multi);
         let targets = self.noted(targets)?;
         let mut removed = Vec::new();
@@ -848,11 +865,12 @@ impl Store {
 
     /// The documents of `ns` matching `filter`, in insertion order.
     pub(crate) fn matching(
-        &self,
+        &mut self,
         ns: &str,
         filter: &Document,
     ) -> Result<Vec<Document>, QueryError> {
         validate(filter)?;
+        self.note_access(ns);
         let mut out = Vec::new();
         for document in self.visible(ns).iter() {
             if matches(document, filter).map_err(unsupported)? {
@@ -903,6 +921,7 @@ impl Store {
                     start: self.commits,
                     touched: Vec::new(),
                     created: Vec::new(),
+                    accessed: Vec::new(),
                     router,
                     started: tokio::time::Instant::now(),
                 },
@@ -1170,8 +1189,8 @@ impl Store {
 
     /// `$out`: `ns` holds exactly `documents` afterwards. TK-15: outside any transaction it
     /// first waits ([`QueryError::Blocked`]) for a transaction in progress that holds `ns`
-    /// (changed one of its documents, or created it), as a real server's `$out` waits to
-    /// rename its result into a collection a transaction has locked. Nothing is written before.
+    /// (read or wrote it, or created it), as a real server's `$out` waits to rename its result
+    /// into a collection whose lock a transaction holds. Nothing is written before.
     pub(crate) fn replace_collection(
         &mut self,
         ns: &str,
@@ -1193,33 +1212,25 @@ impl Store {
     }
 
     /// TK-15: the transaction in progress the running command (outside any) does not belong to
-    /// that holds `ns`: it created `ns`, or changed one of its documents. Looks at `ns`'s
-    /// changes only (a `$out` replaces every document of `ns`: the cost follows its work) and at
-    /// the transactions in progress.
+    /// that holds `ns`: it created `ns`, or read or wrote it (leftovers10 item 4: a real
+    /// transaction holds the intent lock of every collection it accessed until it ends, and the
+    /// rename of a `$out` needs the target's exclusive lock). Looks at the transactions in
+    /// progress and the collections each accessed.
     fn collection_holder(&self, ns: &str) -> Result<(), QueryError> {
         let viewer = self.viewer();
-        let creator = self
+        let holder = self
             .open
             .iter()
             .filter(|session| viewer.writer != Some(session.as_slice()))
             .find(|session| {
                 self.transactions
                     .get(*session)
-                    .is_some_and(|t| t.created.iter().any(|c| c == ns))
+                    .is_some_and(|t| t.created.iter().chain(&t.accessed).any(|c| c == ns))
             });
-        if let Some(session) = creator {
-            return Err(QueryError::Blocked(session.clone()));
+        match holder {
+            Some(session) => Err(QueryError::Blocked(session.clone())),
+            None => Ok(()),
         }
-        for chain in self.changes.get(ns).into_iter().flat_map(BTreeMap::values) {
-            if let Some(Change {
-                author: Author::Open(session),
-                ..
-            }) = self.hidden_in(&viewer, chain)
-            {
-                return Err(QueryError::Blocked(session.clone()));
-            }
-        }
-        Ok(())
     }
 
     /// `$merge {into}` with the default `whenMatched: "merge"`, `whenNotMatched: "insert"`: a
@@ -1318,7 +1329,8 @@ impl Store {
     }
 
     /// The documents of `ns` the running command sees ([`Store::visible`]), in insertion order.
-    pub(crate) fn documents(&self, ns: &str) -> Vec<Document> {
+    pub(crate) fn documents(&mut self, ns: &str) -> Vec<Document> {
+        self.note_access(ns);
         self.visible(ns).into_owned()
     }
 
@@ -1787,7 +1799,7 @@ mod tests {
 
     fn ids(store: &Store) -> Vec<i32> {
         store
-            .documents("db.c")
+            .visible("db.c")
             .iter()
             .map(|d| d.get_i32("_id").unwrap())
             .collect()
@@ -2184,6 +2196,55 @@ mod tests {
             s.replace_collection("db.c", vec![doc! { "_id": 9 }])
         });
         assert_eq!((out, blocked), (Ok(()), None), "after the commit");
+        assert_eq!(ids(&store), [9]);
+    }
+
+    /// TK-15 (leftovers10 item 4): a transaction holds the lock of every collection it accessed
+    /// until it ends, so a `$out` into a collection a transaction in progress only read (or
+    /// updated without a match) waits for it, as on a real server (its rename needs the target's
+    /// exclusive lock); a read of another collection holds nothing of this one.
+    #[test]
+    fn tk15_out_waits_for_a_transaction_that_only_read_its_target() {
+        let mut store = store_with(3);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            assert_eq!(s.matching("db.c", &doc! { "_id": 1 }).unwrap().len(), 1);
+        });
+        in_transaction(&mut store, S2, 1, true, |s| {
+            s.matching("db.other", &doc! {}).unwrap();
+            let none = s.update(
+                "db.d",
+                &doc! { "_id": 5 },
+                &doc! { "$set": { "x": 1 } },
+                false,
+                false,
+            );
+            assert_eq!(none.unwrap().matched, 0);
+        });
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.c", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!(
+            (out, blocked),
+            (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
+        );
+        assert_eq!(ids(&store), [0, 1, 2], "nothing written");
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.d", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!(
+            blocked,
+            Some(S2.to_vec()),
+            "{out:?}: an update without a match"
+        );
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.e", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!((out, blocked), (Ok(()), None), "a target nobody accessed");
+        assert_eq!(store.end_transaction(S1, 1, false, None, false), Ok(()));
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.c", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!((out, blocked), (Ok(()), None), "after the abort");
         assert_eq!(ids(&store), [9]);
     }
 
