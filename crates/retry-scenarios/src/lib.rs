@@ -37,6 +37,8 @@ mod hedging;
 pub use hedging::hedged_read_the_fast_copy_wins_and_the_slow_connection_is_checked_in;
 mod idle_sockets;
 mod lb_auth;
+mod server_api;
+pub use server_api::stable_api_declared_version_reaches_a_server_that_requires_one;
 mod sessions;
 mod soak;
 mod tls;
@@ -748,7 +750,7 @@ fn finished(
     events
         .iter()
         .filter_map(|(_, e)| match e {
-            EngineEvent::OperationFinished { op, result } => Some((
+            EngineEvent::OperationFinished { op, result, .. } => Some((
                 *op,
                 result.as_ref().err().map(|error| error.summary().class),
             )),
@@ -899,6 +901,7 @@ macro_rules! suite {
             overload_gives_three_attempts,
             max_adaptive_retries_one_gives_two_attempts,
             two_mongos_retry_goes_to_the_other,
+            stable_api_declared_version_reaches_a_server_that_requires_one,
             load_balanced_needs_service_id,
             reset_handshakes_are_labelled_and_retried,
             reset_handshake_retry_succeeds_once_admitted,

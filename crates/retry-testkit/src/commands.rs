@@ -220,6 +220,10 @@ pub(crate) fn execute(
             Err(e) => error_reply(2, &e.to_string()),
         });
     }
+    if name == "setParameter" {
+        let required = &mut state.require_api_version;
+        return Some(crate::parameters::set_parameter(required, &request.body));
+    }
     if state.role == Role::Standalone && request.body.contains_key("txnNumber") {
         return Some(error_reply(
             20,
