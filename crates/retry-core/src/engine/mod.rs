@@ -258,6 +258,13 @@ pub struct OperationRequest {
 
 impl OperationRequest {
     /// A request with no CSOT timeout, no cursor and an implicit session.
+    ///
+    /// With a declared Stable API version ([`HandshakeOptions::server_api`](
+    /// crate::handshake::HandshakeOptions::server_api)) every command carries the client's
+    /// `apiVersion` (and `apiStrict` / `apiDeprecationErrors` when set). A command holding its
+    /// own such field is not supported then: the versioned-api spec ("Generic command helper")
+    /// leaves its behaviour undefined. Today the engine drops the command's fields and sends the
+    /// client's. Without a declared version the command's fields go as they are.
     pub fn new(
         db: impl Into<String>,
         command: Document,
@@ -281,7 +288,8 @@ impl OperationRequest {
     /// that a caller that builds or reuses BSON bytes never builds a [`Document`]:
     ///
     /// - On the wire: the command's bytes as they are, then the engine's fields (`$db`, `lsid`,
-    ///   `txnNumber`, `$clusterTime`, `maxTimeMS`, `$readPreference`, ...), each replacing an
+    ///   `txnNumber`, `$clusterTime`, `maxTimeMS`, `$readPreference`, with a declared Stable API
+    ///   version `apiVersion`, `apiStrict` and `apiDeprecationErrors`, ...), each replacing an
     ///   encoded field of the same name. The engine owns `$db` (WP-5): one in the command is
     ///   replaced by `db`. What is on the wire is what [`OperationRequest::new`] with the same
     ///   command sends, up to the order of the fields after the first.
@@ -292,7 +300,10 @@ impl OperationRequest {
     /// - The command is converted to a [`Document`] once, at the operation's start, if the
     ///   request names an explicit [`OperationRequest::session`] or the command holds `$db`,
     ///   `lsid` or `txnNumber`: the session and transaction rules then edit it as they edit
-    ///   `new`'s command (the request no longer saves the conversion).
+    ///   `new`'s command (the request no longer saves the conversion). So is a command holding
+    ///   an API field under a declared Stable API version, which is not supported (undefined
+    ///   behaviour in the versioned-api spec; today the client's fields replace it, as for
+    ///   [`OperationRequest::new`]).
     /// - A usage error ends the operation at once, nothing sent (house rule 11): a command that
     ///   is not well-formed BSON, or that holds a top-level key more than once (a server refuses
     ///   a duplicate field).
@@ -386,6 +397,10 @@ pub enum EngineEvent {
         /// drops costs no document tree. A commit or abort of a transaction that wrote nothing
         /// finishes with an empty reply (TX-2).
         result: Result<RawDocumentBuf, OperationError>,
+        /// The server that sent the reply of a success, for what the caller reads from it (a
+        /// driver's write errors name it, RW-3). `None` for an error (it names its own
+        /// server, [`OperationError::address`]) and for a reply the engine made itself (TX-2).
+        address: Option<ServerAddress>,
     },
     /// A command monitoring event in the spec's shape (EV-1..EV-6), when
     /// [`EngineOptions::command_monitoring`] is on. Boxed: it is the largest event by far, and
@@ -1200,12 +1215,18 @@ mod tests {
         let finished: Vec<_> = events(&mut engine)
             .into_iter()
             .filter_map(|e| match e {
-                EngineEvent::OperationFinished { op: o, result } if o == op => Some(result),
+                EngineEvent::OperationFinished {
+                    op: o,
+                    result,
+                    address,
+                } if o == op => Some((result, address)),
                 _ => None,
             })
             .collect();
         assert_eq!(finished.len(), 1);
-        let error = finished[0].as_ref().unwrap_err();
+        // An error names its own server; the finish names none (RW-3 reads a success's).
+        assert_eq!(finished[0].1, None);
+        let error = finished[0].0.as_ref().unwrap_err();
         assert!(
             matches!(error.kind, crate::error::ErrorKind::Handshake { .. }),
             "{error:?}"

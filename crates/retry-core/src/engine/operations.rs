@@ -10,7 +10,6 @@
 
 use bson::RawDocumentBuf;
 
-use super::api_version::ApiFields;
 use super::encoded;
 use super::raw_reply::{self, ReplyFields};
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
@@ -19,14 +18,18 @@ use super::{
     OperationRequest, Owner, RunningRequest, ServerId, Slot,
 };
 use crate::address::ServerAddress;
+use crate::bson_read::has_top_level_key;
 use crate::connection::{ConnectionState, Request, SendError};
 use crate::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::pinning::transaction_labels;
 use crate::pool::Purpose;
-use crate::read_preference_wire::read_preference_document;
-use crate::retry::{Action, Attempt, AttemptServer, OperationKind, OperationSpec, RetryEvent};
+use crate::read_preference_wire::{self, sent_preference, Sent};
+use crate::retry::{
+    Action, Attempt, AttemptServer, OperationKind, OperationSpec, RetryEvent, WriteConcernRule,
+};
 use crate::selection::{SelectionStep, ServerSelection};
 use crate::time::Instant;
+use crate::wire::append_read_preference;
 
 use super::worklist::Machine;
 
@@ -55,6 +58,30 @@ fn attempt_selected(
     waiting.remove(&op_id);
 }
 
+/// SS-9, LB-6 (issue 9): where the attempt's `$readPreference` goes. When it is all the attempt
+/// adds to the command and the command has none of its own to replace, it is written after the
+/// command's fields (first of the appended ones, where inserting it would place it), without
+/// building a document or copying the command: `(Some, None)`. Otherwise its document, to insert
+/// into a copy of the command: `(None, Some)`. Not inlined: most commands send none.
+#[inline(never)]
+fn placed<'a>(
+    sent: Sent<'a>,
+    op: &Operation,
+    attempt: &Attempt,
+) -> (Option<Sent<'a>>, Option<bson::Document>) {
+    let appendable = !attempt.start_transaction
+        && attempt.write_concern != WriteConcernRule::Majority
+        && !op.wire.body.contains_key("$readPreference")
+        && op
+            .encoded
+            .as_deref()
+            .is_none_or(|raw| has_top_level_key(raw, b"$readPreference") == Some(false));
+    match appendable {
+        true => (Some(sent), None),
+        false => (None, Some(read_preference_wire::to_document(sent))),
+    }
+}
+
 impl Engine {
     /// Starts an operation; its result comes as [`EngineEvent::OperationFinished`]. After
     /// [`Engine::close`] it finishes at once with [`crate::error::ErrorKind::Cancelled`]. A
@@ -69,6 +96,7 @@ impl Engine {
             self.events.push_back(EngineEvent::OperationFinished {
                 op,
                 result: Err(OperationError::cancelled()),
+                address: None,
             });
             return op;
         }
@@ -134,12 +162,13 @@ impl Engine {
                     self.events.push_back(EngineEvent::OperationFinished {
                         op,
                         result: Err(error),
+                        address: None,
                     });
                     return op;
                 }
             };
             // Versioned-api spec: a caller's API field is replaced, so it must not stay encoded.
-            let api_field = self.api.is_some() && ApiFields::in_encoded(&raw);
+            let api_field = self.api.is_some() && inspected.api_field;
             if request.session.is_some() || inspected.engine_field || api_field {
                 let fields = core::mem::take(&mut request.command);
                 request.command = encoded::to_document(&raw, fields);
@@ -160,6 +189,7 @@ impl Engine {
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
                     result: Ok(RawDocumentBuf::new()),
+                    address: None,
                 });
                 return op;
             }
@@ -167,6 +197,7 @@ impl Engine {
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
                     result: Err(error),
+                    address: None,
                 });
                 return op;
             }
@@ -178,6 +209,7 @@ impl Engine {
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
                     result: Err(error),
+                    address: None,
                 });
                 return op;
             }
@@ -382,7 +414,7 @@ impl Engine {
             };
             if let Some(event) = machine.poll_event() {
                 match event {
-                    event if !self.options.events.publishes_retry(&event) => {}
+                    _ if !self.options.events.publishes_retry() => {}
                     RetryEvent::RetryScheduled { .. } | RetryEvent::RetryDenied { .. } => {
                         held.push(event)
                     }
@@ -614,9 +646,21 @@ impl Engine {
             self.events
                 .push_back(EngineEvent::CursorOpened { op: op_id, cursor });
         }
+        // RW-3: the server that sent a success's reply (a reply the engine made has none).
+        let address = match (&result, op.reply.as_ref()) {
+            (Ok(()), Some(_)) => op
+                .slots
+                .get(winner)
+                .and_then(|slot| slot.server.as_ref())
+                .map(|server| server.address.clone()),
+            _ => None,
+        };
         let result = result.map(|()| op.reply.take().unwrap_or_default());
-        self.events
-            .push_back(EngineEvent::OperationFinished { op: op_id, result });
+        self.events.push_back(EngineEvent::OperationFinished {
+            op: op_id,
+            result,
+            address,
+        });
     }
 
     /// `slot`'s attempt is on `server` (SS-15 counts it there).
@@ -785,19 +829,19 @@ impl Engine {
         let deadline = op.request.timeout.deadline();
         // SS-9, LB-6: the read preference goes on the wire as the server's type requires.
         let read_preference = op.slots[slot].server.as_ref().and_then(|server| {
-            read_preference_document(
+            sent_preference(
                 &op.request.criteria,
                 server.topology_type,
                 server.server_type,
             )
         });
-        let mut modified = command_for(
-            op.encoded.as_deref(),
-            &op.wire.body,
-            attempt,
-            read_preference,
-        )
-        .map(Request::new);
+        // Issue 9: appended after the command's fields when it is all the attempt adds.
+        let (appended, inserted) = match read_preference {
+            Some(sent) => placed(sent, op, attempt),
+            None => (None, None),
+        };
+        let mut modified =
+            command_for(op.encoded.as_deref(), &op.wire.body, attempt, inserted).map(Request::new);
         let request = modified.as_mut().unwrap_or(&mut op.wire);
         request.deadline = deadline;
         // TO-8: under timeoutMS (0 included) socketTimeoutMS does not apply.
@@ -807,6 +851,7 @@ impl Engine {
             command_as_sent(
                 op.encoded.as_deref(),
                 &request.body,
+                appended.map(read_preference_wire::to_document),
                 &op.request.db,
                 lsid,
                 self.api.as_ref(),
@@ -821,6 +866,9 @@ impl Engine {
         let sent = socket
             .machine
             .send_with(request, op.encoded.as_deref(), now, |out| {
+                if let Some(sent) = appended {
+                    append_read_preference(sent, out)?;
+                }
                 append_command_fields(db, lsid, api, out)
             });
         let failed = match sent {
