@@ -1038,7 +1038,10 @@ impl Engine {
     }
 
     /// Publishes the optional event families in `families` from now on
-    /// ([`EngineOptions::events`]); events already queued stay.
+    /// ([`EngineOptions::events`]); events already queued stay. An operation records its retry
+    /// and hedging events only if their family was on when it started (issue 9: a machine whose
+    /// events nobody listens to does not build them), so turning one on publishes those of the
+    /// operations started from then on.
     pub fn set_events(&mut self, families: EventFamilies) {
         self.options.events = families;
     }
