@@ -21,6 +21,7 @@
 //!   Closing it at once would cost a new connection and handshake when the servers are busiest,
 //!   and a server keeps running a read whose client went away anyway.
 
+use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::sync::Arc;
 use bson::doc;
@@ -214,10 +215,12 @@ impl Engine {
                 if let Ok(machine) = HedgingMachine::new(request.kind, request.timeout, policy, now)
                 {
                     // Issue 9: events nobody listens to are not recorded (same decisions).
-                    return OpMachine::Hedging(match self.options.events.publishes_hedging() {
-                        true => machine,
-                        false => machine.without_events(),
-                    });
+                    return OpMachine::Hedging(Box::new(
+                        match self.options.events.publishes_hedging() {
+                            true => machine,
+                            false => machine.without_events(),
+                        },
+                    ));
                 }
                 None
             }
@@ -244,10 +247,10 @@ impl Engine {
         let options = retry.as_ref().unwrap_or(&self.options.retry);
         let machine = RetryMachine::new(spec, options, self.rng.next_u64(), now);
         // Issue 9: events nobody listens to are not recorded (same actions and decisions).
-        OpMachine::Retry(match self.options.events.publishes_retry() {
+        OpMachine::Retry(Box::new(match self.options.events.publishes_retry() {
             true => machine,
             false => machine.without_events(),
-        })
+        }))
     }
 
     /// Routes a hedged operation's events and actions.
