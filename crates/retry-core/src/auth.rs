@@ -24,6 +24,7 @@ use core::fmt;
 
 use crate::address::ServerAddress;
 use crate::error::{Labels, OperationError};
+use crate::handshake::{insert_api_fields, ServerApi};
 
 /// A user's credential as the URI or the application gives it (AU-1, AU-10).
 ///
@@ -387,18 +388,24 @@ impl Authentication {
         }
     }
 
-    /// Versioned-api spec: the conversation's commands carry the declared API version's fields,
-    /// as every command does (the hello already has them, HS-2).
-    pub(crate) fn set_server_api(&mut self, api: &crate::handshake::ServerApi) {
+    /// This authentication for a client that declares the Stable API version `api`
+    /// ([`HandshakeOptions::server_api`](crate::handshake::HandshakeOptions::server_api)): every
+    /// command of the conversation (`saslStart`, `saslContinue`, a single-command mechanism's)
+    /// then carries `apiVersion`, and `apiStrict` / `apiDeprecationErrors` when set
+    /// (versioned-api spec, "Sending Declared API Version to the Server": every command). The
+    /// `hello` gets them from the handshake (HS-2), not from here. The engine calls it for its
+    /// pooled connections; a caller driving [`crate::connection::Connection`] itself calls it
+    /// with the `server_api` of its handshake.
+    #[must_use]
+    pub fn with_server_api(mut self, api: &ServerApi) -> Authentication {
         self.api_fields = api.fields();
+        self
     }
 
     /// Adds the declared API version's fields (if any) and `$db` (the credential's source) to
     /// one of the conversation's commands.
     fn finish_command(&self, command: &mut Document) {
-        for (key, value) in &self.api_fields {
-            command.insert(key.clone(), value.clone());
-        }
+        insert_api_fields(&self.api_fields, command);
         command.insert("$db", self.options.source.as_str());
     }
 
@@ -701,6 +708,59 @@ mod tests {
         );
         let done = doc! { "ok": 1, "conversationId": 7, "payload": bin(b"verified"), "done": true };
         assert_eq!(auth.handle_reply(&done), Ok(AuthStep::Done));
+    }
+
+    /// Versioned-api spec, "Command Syntax" (AU-5): with a declared version every command
+    /// carries `apiVersion`, and `apiStrict` / `apiDeprecationErrors` only when the user set
+    /// them; so an `Authentication` driven alone puts them on `saslStart` and `saslContinue`,
+    /// the speculative path's `saslContinue` included, and never on the hello (HS-2 has them).
+    #[test]
+    fn au5_versioned_api_every_conversation_command_carries_the_declared_fields() {
+        let api = ServerApi {
+            version: "1".into(),
+            strict: Some(true),
+            deprecation_errors: None,
+        };
+        let mut auth = Authentication::new(&negotiated()).with_server_api(&api);
+        let mut hello = doc! { "hello": 1, "$db": "admin" };
+        auth.add_to_hello(&mut hello);
+        assert!(!hello.contains_key("apiVersion"), "the handshake adds them");
+        // No `saslSupportedMechs` in the reply: the fallback starts (AU-3).
+        let Ok(AuthStep::Send(start)) = auth.handle_hello(&doc! { "ok": 1 }) else {
+            panic!("no saslStart");
+        };
+        assert_eq!(
+            start,
+            doc! {
+                "saslStart": 1, "mechanism": "SCRAM-SHA-1", "payload": bin(b"hi"),
+                "options": { "skipEmptyExchange": true },
+                "apiVersion": "1", "apiStrict": true, "$db": "admin",
+            }
+        );
+        let proof = doc! { "ok": 1, "conversationId": 3, "payload": bin(b"proof"), "done": false };
+        let Ok(AuthStep::Send(next)) = auth.handle_reply(&proof) else {
+            panic!("no saslContinue");
+        };
+        assert_eq!(
+            next,
+            doc! {
+                "saslContinue": 1, "conversationId": 3, "payload": bin(b"ok"),
+                "apiVersion": "1", "apiStrict": true, "$db": "admin",
+            }
+        );
+        let mut speculative = Authentication::new(&negotiated()).with_server_api(&api);
+        let reply = doc! { "ok": 1, "speculativeAuthenticate": {
+        "conversationId": 7, "payload": bin(b"proof"), "done": false } };
+        let Ok(AuthStep::Send(next)) = speculative.handle_hello(&reply) else {
+            panic!("no saslContinue");
+        };
+        assert_eq!(next.get("apiVersion"), Some(&Bson::from("1")));
+        assert_eq!(next.get("apiStrict"), Some(&Bson::Boolean(true)));
+        assert!(
+            !next.contains_key("apiDeprecationErrors"),
+            "not set, not sent"
+        );
+        assert_eq!(next.keys().last().map(String::as_str), Some("$db"));
     }
 
     #[test]

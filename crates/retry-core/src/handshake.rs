@@ -425,18 +425,33 @@ pub struct ServerApi {
 }
 
 impl ServerApi {
+    /// The command fields of a declared version, in their wire order (versioned-api spec,
+    /// "Command Syntax"): `version`, `strict`, `deprecationErrors`.
+    pub(crate) const KEYS: [&'static str; 3] = ["apiVersion", "apiStrict", "apiDeprecationErrors"];
+
     /// The command fields of this version (versioned-api spec): `apiVersion`, then `apiStrict`
     /// and `apiDeprecationErrors` when set, even to the server's default. The handshake (HS-2)
-    /// and, through the engine, every other command carry them.
+    /// and, through the engine and [`Authentication`](crate::auth::Authentication), every other
+    /// command carry them ([`insert_api_fields`]).
     pub(crate) fn fields(&self) -> Document {
-        let mut fields = doc! { "apiVersion": self.version.as_str() };
-        if let Some(strict) = self.strict {
-            fields.insert("apiStrict", strict);
+        let [version, strict, deprecation_errors] = ServerApi::KEYS;
+        let mut fields = Document::new();
+        fields.insert(version, self.version.as_str());
+        if let Some(value) = self.strict {
+            fields.insert(strict, value);
         }
-        if let Some(errors) = self.deprecation_errors {
-            fields.insert("apiDeprecationErrors", errors);
+        if let Some(value) = self.deprecation_errors {
+            fields.insert(deprecation_errors, value);
         }
         fields
+    }
+}
+
+/// Adds a declared version's `fields` ([`ServerApi::fields`]) to `command`, each replacing a
+/// field of the same name (versioned-api spec: the client's version, never the command's).
+pub(crate) fn insert_api_fields(fields: &Document, command: &mut Document) {
+    for (key, value) in fields {
+        command.insert(key.clone(), value.clone());
     }
 }
 
@@ -508,7 +523,7 @@ impl HandshakeOptions {
             cmd.insert("loadBalanced", true);
         }
         if let Some(api) = &self.server_api {
-            cmd.extend(api.fields());
+            insert_api_fields(&api.fields(), &mut cmd);
         }
         cmd.insert("$db", "admin");
         Ok(cmd)

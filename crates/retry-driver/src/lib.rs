@@ -28,6 +28,13 @@
 //! # }
 //! ```
 //!
+//! ## Stable API
+//!
+//! [`ClientOptions::server_api`] declares a Stable API version ([`ServerApi`], versioned-api
+//! spec; not a URI option): every command the client sends then carries `apiVersion` (and
+//! `apiStrict` / `apiDeprecationErrors` when set), the handshake is `hello`, and an unknown
+//! version is an [`OptionsError`] when parsed ([`ServerApiVersion`]).
+//!
 //! ## The loop
 //!
 //! One task owns the engine. Each poll it starts the operations the client queued, drains the
@@ -57,7 +64,7 @@ pub use connection_string::{ConnectionString, Host, HostKind, OptionValue};
 pub use cursor::Cursor;
 pub use dns::{lookup_ip, lookup_srv, lookup_txt, Nameservers, RuntimeProvider};
 pub use io_error::{classify_io_error, io_cause, LOOKUP_FAILED};
-pub use options::{ClientOptions, OptionsError};
+pub use options::{ClientOptions, OptionsError, ServerApi, ServerApiVersion};
 pub use runtime::{literal_address, timer_deadline, AsyncTimer, BoxFuture, Runtime, Socket};
 pub use session::Session;
 pub use shared::{Reply, TimedEvent};

@@ -73,6 +73,123 @@ impl fmt::Display for OptionsError {
 
 impl std::error::Error for OptionsError {}
 
+/// A Stable API version this client knows (versioned-api spec, `ServerApiVersion`). Later
+/// versions may be added in a minor release, so a `match` needs a wildcard arm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ServerApiVersion {
+    /// API version `"1"`.
+    V1,
+}
+
+impl ServerApiVersion {
+    /// The version as the server names it (`apiVersion`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServerApiVersion::V1 => "1",
+        }
+    }
+}
+
+impl fmt::Display for ServerApiVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl core::str::FromStr for ServerApiVersion {
+    type Err = OptionsError;
+
+    /// `"1"`; any other version is an error naming the versions this client knows (versioned-api
+    /// spec: an unknown API version is a client-side error).
+    fn from_str(version: &str) -> Result<ServerApiVersion, OptionsError> {
+        match version {
+            "1" => Ok(ServerApiVersion::V1),
+            other => Err(OptionsError::new(
+                "serverApi.version",
+                other,
+                "unknown Stable API version; this client knows \"1\"",
+            )),
+        }
+    }
+}
+
+/// The Stable API version a client declares (versioned-api spec, `serverApi`): every command
+/// the client sends (the handshake, which is then `hello`, monitoring, authentication, `getMore`
+/// and every command of a transaction included) carries `apiVersion`, and `apiStrict` /
+/// `apiDeprecationErrors` when set here, even to the server's default (false). Not a URI option
+/// (the spec forbids one), and fixed for the client's life once it is connected.
+///
+/// With `strict`, the server refuses commands outside the declared version (`APIStrictError`,
+/// 323); with `deprecation_errors`, deprecated ones (`APIDeprecationError`, 324). A command given
+/// to [`crate::Client::run_command`] with its own API fields gets the client's instead (the spec
+/// leaves that case undefined).
+///
+/// ```
+/// use retry_driver::{ClientOptions, ServerApi, ServerApiVersion};
+/// # use retry_core::address::ServerAddress;
+/// let mut options = ClientOptions::new(vec![ServerAddress::new("127.0.0.1", 27017)]);
+/// options.server_api = Some(ServerApi::new(ServerApiVersion::V1).with_strict(true));
+/// assert!("2".parse::<ServerApiVersion>().is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerApi {
+    version: ServerApiVersion,
+    strict: Option<bool>,
+    deprecation_errors: Option<bool>,
+}
+
+impl ServerApi {
+    /// Declares `version`, with `apiStrict` and `apiDeprecationErrors` unset (not sent).
+    pub fn new(version: ServerApiVersion) -> ServerApi {
+        ServerApi {
+            version,
+            strict: None,
+            deprecation_errors: None,
+        }
+    }
+
+    /// Sends `apiStrict: strict`.
+    pub fn with_strict(self, strict: bool) -> ServerApi {
+        ServerApi {
+            strict: Some(strict),
+            ..self
+        }
+    }
+
+    /// Sends `apiDeprecationErrors: errors`.
+    pub fn with_deprecation_errors(self, errors: bool) -> ServerApi {
+        ServerApi {
+            deprecation_errors: Some(errors),
+            ..self
+        }
+    }
+
+    /// The declared version.
+    pub fn version(&self) -> ServerApiVersion {
+        self.version
+    }
+
+    /// `apiStrict`, if set.
+    pub fn strict(&self) -> Option<bool> {
+        self.strict
+    }
+
+    /// `apiDeprecationErrors`, if set.
+    pub fn deprecation_errors(&self) -> Option<bool> {
+        self.deprecation_errors
+    }
+
+    /// The engine's form of this declaration.
+    fn to_engine(self) -> retry_core::handshake::ServerApi {
+        retry_core::handshake::ServerApi {
+            version: self.version.as_str().to_owned(),
+            strict: self.strict,
+            deprecation_errors: self.deprecation_errors,
+        }
+    }
+}
+
 /// What a client is configured with. Field names follow the URI options; [`ClientOptions::set`]
 /// takes them by those names.
 #[derive(Clone, Debug)]
@@ -151,6 +268,9 @@ pub struct ClientOptions {
     /// SRV polling for mongos discovery, for a client of a resolved `mongodb+srv` URI: the name
     /// the driver rescans and what the engine needs (SP-1..SP-6).
     pub srv: Option<crate::srv::SrvPolling>,
+    /// The declared Stable API version ([`ServerApi`], versioned-api spec); `None` (the
+    /// default) sends no API fields. Not a URI option.
+    pub server_api: Option<ServerApi>,
 }
 
 impl ClientOptions {
@@ -186,6 +306,7 @@ impl ClientOptions {
             auth: None,
             warnings: Vec::new(),
             srv: None,
+            server_api: None,
         }
     }
 
@@ -436,6 +557,7 @@ impl ClientOptions {
         let mut handshake = HandshakeOptions::new();
         handshake.metadata = metadata;
         handshake.load_balanced = self.load_balanced;
+        handshake.server_api = self.server_api.map(ServerApi::to_engine);
         let mut options = EngineOptions::new(topology, handshake);
         options.retry = RetryOptions::default()
             .retry_reads(self.retry_reads)
@@ -845,6 +967,58 @@ mod tests {
             if let Err(error) = ClientOptions::parse(&uri) {
                 proptest::prop_assert!(!error.option().is_empty());
             }
+        }
+    }
+
+    /// Versioned-api spec, `MongoClient` changes and "Sending Declared API Version": a declared
+    /// version reaches the engine's handshake options (from which the engine puts it on every
+    /// command); `strict` / `deprecationErrors` only when set; none by default.
+    #[test]
+    fn stable_api_declaration_reaches_the_engine_options() {
+        let mut options = ClientOptions::new(vec![ServerAddress::new("127.0.0.1", 1)]);
+        assert_eq!(options.engine_options().unwrap().handshake.server_api, None);
+        options.server_api = Some(ServerApi::new(ServerApiVersion::V1).with_strict(true));
+        let api = options.engine_options().unwrap().handshake.server_api;
+        let expected = retry_core::handshake::ServerApi {
+            version: "1".into(),
+            strict: Some(true),
+            deprecation_errors: None,
+        };
+        assert_eq!(api, Some(expected));
+        options.server_api =
+            Some(ServerApi::new(ServerApiVersion::V1).with_deprecation_errors(false));
+        let api = options
+            .engine_options()
+            .unwrap()
+            .handshake
+            .server_api
+            .unwrap();
+        assert_eq!((api.strict, api.deprecation_errors), (None, Some(false)));
+    }
+
+    /// Versioned-api spec, "ServerApiVersion enumeration": an unknown version is a client-side
+    /// error that names the option and the value; and no API option through the connection
+    /// string ("No URI Options").
+    #[test]
+    fn stable_api_unknown_version_is_an_error_and_no_uri_option_declares_one() {
+        assert_eq!("1".parse::<ServerApiVersion>(), Ok(ServerApiVersion::V1));
+        for unknown in ["2", "", "1.0", "v1"] {
+            let error = unknown.parse::<ServerApiVersion>().unwrap_err();
+            assert_eq!(
+                (error.option(), error.value()),
+                ("serverApi.version", unknown)
+            );
+            assert!(
+                error.to_string().contains("unknown Stable API version"),
+                "{error}"
+            );
+        }
+        let mut options = ClientOptions::new(Vec::new());
+        for name in ["serverApi", "apiVersion", "apiStrict"] {
+            assert!(options.set(name, "1").is_err(), "{name}");
+        }
+        if let Ok(parsed) = ClientOptions::parse("mongodb://127.0.0.1/?serverApi=1&apiVersion=1") {
+            assert_eq!(parsed.server_api, None);
         }
     }
 }

@@ -322,20 +322,6 @@ impl retry_driver::AsyncTimer for AcceleratedTimer {
     }
 }
 
-/// Waits (bounded by the scenario's limit) for an SDAM event `wanted` accepts.
-async fn wait_for(
-    events: &mut retry_driver::Events,
-    wanted: impl Fn(&retry_core::topology::SdamEvent) -> bool,
-) {
-    loop {
-        match events.next_event().await {
-            Some((_, retry_core::engine::EngineEvent::Topology(event))) if wanted(&event) => return,
-            Some(_) => {}
-            None => panic!("the event stream ended first"),
-        }
-    }
-}
-
 /// SP-1..SP-6 end to end (prose 1 and 2 of the polling tests): a sharded `mongodb+srv` client
 /// rescans its SRV name through the runtime's resolver (accelerated: 60 s pass in 3 s) and its
 /// topology follows the records: a mongos added to them joins (`ServerOpening`), one removed
@@ -371,13 +357,13 @@ pub async fn srv_polling_follows_the_records<R: Runtime>(runtime: impl Fn(Namese
         let node = |port| retry_core::address::ServerAddress::new("node.test.local", port);
         // Prose 1: a record is added.
         dns.set("_mongodb._tcp.poll.test.local", records(&[port_a, port_b]));
-        wait_for(&mut events, |e| {
+        crate::wait_for(&mut events, |e| {
             matches!(e, retry_core::topology::SdamEvent::ServerOpening { address } if *address == node(port_b))
         })
         .await;
         // Prose 2: a record is removed.
         dns.set("_mongodb._tcp.poll.test.local", records(&[port_b]));
-        wait_for(&mut events, |e| {
+        crate::wait_for(&mut events, |e| {
             matches!(e, retry_core::topology::SdamEvent::ServerClosed { address } if *address == node(port_a))
         })
         .await;

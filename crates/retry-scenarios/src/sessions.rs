@@ -18,12 +18,13 @@ use super::{bounded, connect, options, overload, servers_runtime, Server, SCENAR
 
 /// A replica set of `members` test servers sharing one store, the first the primary.
 async fn replica_set(members: usize) -> Vec<Server> {
+    replica_set_with(members, ServerConfig::default()).await
+}
+
+/// A replica set `rs0` of `members` servers started with `config`, the first the primary.
+pub(crate) async fn replica_set_with(members: usize, config: ServerConfig) -> Vec<Server> {
     let servers = servers_runtime()
-        .spawn(TestServer::start_replica_set(
-            "rs0",
-            members,
-            ServerConfig::default(),
-        ))
+        .spawn(TestServer::start_replica_set("rs0", members, config))
         .await
         .expect("the servers task")
         .expect("the replica set starts");

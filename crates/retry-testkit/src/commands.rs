@@ -220,6 +220,10 @@ pub(crate) fn execute(
             Err(e) => error_reply(2, &e.to_string()),
         });
     }
+    if name == "setParameter" {
+        let required = &mut state.require_api_version;
+        return Some(crate::parameters::set_parameter(required, &request.body));
+    }
     if state.role == Role::Standalone && request.body.contains_key("txnNumber") {
         return Some(error_reply(
             20,
@@ -645,9 +649,7 @@ fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
         errors.clear();
     }
     for (index, id) in outcome.duplicates {
-        let message = format!(
-            "E11000 duplicate key error collection: {ns} index: _id_ dup key: {{ _id: {id} }}"
-        );
+        let message = crate::store::duplicate_key_message(&ns, &id);
         errors.push((positions[index], doc! { "code": 11000, "errmsg": message }));
     }
     errors.sort_by_key(|(index, _)| *index);
@@ -702,13 +704,20 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                     upserted.push(doc! { "index": count_i32(index), "_id": id });
                 }
             }
-            // Review7 finding 3: the statement's write error (Overflow, 15).
-            Err(QueryError::TooDeep) => {
-                let message = format!(
-                    "Document exceeds maximum nesting depth of {}",
-                    crate::store::MAX_STORED_DEPTH
-                );
-                errors.push(doc! { "index": count_i32(index), "code": 15, "errmsg": message });
+            // Review7 finding 3: the statement's write error (Overflow, 15); an upsert of an
+            // `_id` already there is one too (DuplicateKey, 11000).
+            Err(error @ (QueryError::TooDeep | QueryError::DuplicateKey(_))) => {
+                let (code, message) = match error {
+                    QueryError::DuplicateKey(message) => (11000, message),
+                    _ => (
+                        15,
+                        format!(
+                            "Document exceeds maximum nesting depth of {}",
+                            crate::store::MAX_STORED_DEPTH
+                        ),
+                    ),
+                };
+                errors.push(doc! { "index": count_i32(index), "code": code, "errmsg": message });
                 if ordered(&request.body) {
                     break;
                 }
@@ -829,7 +838,7 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                     result = doc! {
                         "ok": 0.0, "idx": count_i32(index), "code": 11000,
                         "codeName": "DuplicateKey",
-                        "errmsg": format!("E11000 duplicate key error collection: {ns} index: _id_ dup key: {{ _id: {id} }}"),
+                        "errmsg": crate::store::duplicate_key_message(&ns, id),
                     };
                 } else {
                     counts[inserted] += outcome.n;
@@ -855,6 +864,14 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                             counts[upserted] += 1;
                             result.insert("upserted", doc! { "_id": id });
                         }
+                    }
+                    // An upsert of an `_id` already there fails this operation, as an insert's.
+                    Err(QueryError::DuplicateKey(message)) => {
+                        failed = true;
+                        result = doc! {
+                            "ok": 0.0, "idx": count_i32(index), "code": 11000,
+                            "codeName": "DuplicateKey", "errmsg": message,
+                        };
                     }
                     Err(e) => return query_error(e),
                 }
@@ -1594,6 +1611,7 @@ fn query_error(error: QueryError) -> Document {
                 crate::store::MAX_STORED_DEPTH
             ),
         ),
+        QueryError::DuplicateKey(message) => error_reply(11000, &message),
         QueryError::WriteConflict | QueryError::Blocked(_) => error_reply(
             112,
             "WriteConflict error: this operation conflicted with another operation. Please retry \

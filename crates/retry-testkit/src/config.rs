@@ -124,6 +124,11 @@ pub struct ServerConfig {
     /// anything but the handshake, `saslStart` / `saslContinue`, `ping` and `buildInfo` (13
     /// `Unauthorized`), as on a `mongod` with access control.
     pub users: Vec<ScramUser>,
+    /// The `requireApiVersion` server parameter at start (versioned-api spec): while it is on,
+    /// every command without `apiVersion` is refused (498870), hellos included. `setParameter`
+    /// and [`ServerHandle::set_require_api_version`](crate::ServerHandle::set_require_api_version)
+    /// change it later. Off by default.
+    pub require_api_version: bool,
 }
 
 impl ServerConfig {
@@ -167,6 +172,7 @@ impl Default for ServerConfig {
             tls: None,
             port: 0,
             users: Vec::new(),
+            require_api_version: false,
         }
     }
 }

@@ -47,7 +47,9 @@
 //!    `isMaster` or `ismaster` is recorded as a [`Handshake`].
 //! 2. A body without `$db` fails with code 40571, as a real server does; so does a body with a key
 //!    sent twice (FailedToParse 9), or a document sequence the command does not take (40472,
-//!    40415) or that repeats a body field (40433) (house rule 7).
+//!    40415) or that repeats a body field (40433) (house rule 7). While the `requireApiVersion`
+//!    server parameter is on ([`ServerConfig::require_api_version`], `setParameter`), a command
+//!    without `apiVersion`, hellos included, fails with code 498870.
 //! 3. Every command but the handshake (BP-6) and `configureFailPoint` takes a token from the ingress
 //!    limiter, if one is set; without a token it fails with code 462,
 //!    `IngressRequestRateLimitExceeded`, labels `SystemOverloadedError` and `RetryableError`, and
@@ -88,7 +90,8 @@
 //! only the generic fields no check reads (`$clusterTime`, `$readPreference`, `apiVersion`,
 //! `apiStrict`, `apiDeprecationErrors`, `comment`) and, for a hello, a boolean `helloOk` and
 //! `loadBalanced`, `client`, `compression` and `backpressure` (an awaitable or authenticating
-//! hello is not raw), no authentication refusal, no `failCommand` fail point on the command. Any
+//! hello is not raw), an `apiVersion` when the server requires one, no authentication refusal, no
+//! `failCommand` fail point on the command. Any
 //! other request, valid or not, takes the `Document` path from step 1, so every refusal keeps
 //! its one implementation. A request answered raw has the same effects in the same order
 //! (counters, command log, handshake record, `appName`, service routing, ingress token, noted
@@ -111,6 +114,7 @@ mod fail_point;
 mod faults;
 mod limiter;
 mod on_primary_write;
+mod parameters;
 mod query;
 mod refusals;
 mod server;

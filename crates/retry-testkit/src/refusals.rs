@@ -65,8 +65,8 @@ pub(crate) const READ_PREFERENCE_MODES: [&str; 5] = [
 /// The commands of the test server that are in Stable API version 1: with `apiStrict: true` any
 /// other is APIStrictError (323). Checked against the server's source (commands whose
 /// `apiVersions()` is `kApiVersions1`: insert, find, aggregate, count, listCollections,
-/// createIndexes, dropIndexes, saslStart; distinct and buildInfo are not) and the Stable API
-/// reference (the rest; `bulkWrite` unverified). Not in it: `isMaster` / `ismaster` (`hello`
+/// createIndexes, dropIndexes, saslStart; distinct and buildInfo are not; the `bulkWrite`
+/// command's IDL declares `api_version: "1"`) and the Stable API changelog (the rest). Not in it: `isMaster` / `ismaster` (`hello`
 /// replaced them), `buildInfo`, `distinct`, `killSessions`, `killAllSessions`,
 /// `configureFailPoint`, `deleteIndexes`.
 pub(crate) const API_VERSION_1: &[&str] = &[

@@ -100,6 +100,8 @@ pub(crate) struct State {
     command_log: Option<Vec<LoggedCommand>>,
     /// SCRAM users (crate `auth`).
     users: UserStore,
+    /// The `requireApiVersion` server parameter (crate `parameters`).
+    pub(crate) require_api_version: bool,
     /// Requests the raw path answered (`raw`), for its tests.
     #[cfg(test)]
     raw_answers: u64,
@@ -268,6 +270,7 @@ impl TestServer {
             routed: 0,
             command_log: None,
             users: UserStore::new(&config.users),
+            require_api_version: config.require_api_version,
             #[cfg(test)]
             raw_answers: 0,
         };
@@ -426,6 +429,12 @@ impl ServerHandle {
     /// sending `configureFailPoint`.
     pub fn set_fail_command(&self, fail: Option<FailCommand>) {
         self.shared.lock().fail_point = fail.filter(|f| f.mode != FailPointMode::Times(0));
+    }
+
+    /// Sets the `requireApiVersion` server parameter (the same as sending `setParameter`): while
+    /// it is on, every command without `apiVersion` is refused with code 498870.
+    pub fn set_require_api_version(&self, required: bool) {
+        self.shared.lock().require_api_version = required;
     }
 
     /// The `failCommand` fail point in force, with its remaining `times`.
@@ -1128,6 +1137,10 @@ impl Connection {
                 return Response::Reply(refusal);
             }
             if let Some(refusal) = crate::refusals::refusal(&state.role, name, command) {
+                return Response::Reply(refusal);
+            }
+            let required = state.require_api_version;
+            if let Some(refusal) = crate::parameters::api_version_refusal(required, command) {
                 return Response::Reply(refusal);
             }
             // HS-4, review7 finding 3: only the first hello of a connection may carry `client`.

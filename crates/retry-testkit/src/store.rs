@@ -11,6 +11,9 @@ use bson::{Bson, Document, RawDocument};
 
 use crate::query::{apply_update, equal, matches, upsert_seed, Unsupported};
 
+mod collection;
+use collection::Collection;
+
 /// One data store, shared by every server started with it (TK-*: the members of a replica set or
 /// several mongos see the same data, cursors and retryable-write records). Cloning shares it.
 #[derive(Clone, Debug, Default)]
@@ -32,7 +35,8 @@ impl DataStore {
 /// writes.
 #[derive(Debug, Default)]
 pub(crate) struct Store {
-    collections: BTreeMap<String, Vec<Document>>,
+    /// By namespace; each keeps its `_id` index in step ([`Collection`]).
+    collections: BTreeMap<String, Collection>,
     cursors: BTreeMap<i64, Cursor>,
     last_cursor_id: i64,
     write_results: BTreeMap<WriteKey, Document>,
@@ -122,6 +126,9 @@ struct Transaction {
     touched: Vec<DocumentKey>,
     /// TK-15 (review7 gap a): the collections its writes created.
     created: Vec<String>,
+    /// TK-15 (leftovers10 item 4): the collections its statements read or wrote, whose locks
+    /// it holds until it ends: a `$out` into one waits ([`Store::collection_holder`]).
+    accessed: Vec<String>,
     /// TK-12: the mongos (server process) that started it, `None` on a replica set: each mongos
     /// keeps its own router state for a transaction, while the data, and so the transaction
     /// itself, lives on the shards (the shared store).
@@ -371,6 +378,14 @@ pub(crate) enum QueryError {
     /// TK-15 (review7 finding 1): a write outside any transaction touches a document the
     /// transaction in progress of this session (lsid bytes) changed: it waits until that ends.
     Blocked(Vec<u8>),
+    /// An upsert would store an `_id` already there (DuplicateKey, 11000): the message
+    /// ([`duplicate_key_message`]).
+    DuplicateKey(String),
+}
+
+/// A real server's message for a document whose `_id` `id` is already in `ns` (11000).
+pub(crate) fn duplicate_key_message(ns: &str, id: &Bson) -> String {
+    format!("E11000 duplicate key error collection: {ns} index: _id_ dup key: {{ _id: {id} }}")
 }
 
 /// One batch of a cursor and the id to continue it with (0 when exhausted).
@@ -426,6 +441,7 @@ impl Store {
                 ));
             }
         }
+        self.note_access(ns);
         let conflict = documents
             .iter()
             .try_for_each(|d| self.conflict(ns, &id_of(d)));
@@ -435,10 +451,7 @@ impl Store {
         for (index, d) in documents.into_iter().enumerate() {
             let id = id_of(&d);
             let collection = self.collection_mut(ns);
-            if collection
-                .iter()
-                .any(|c| c.get("_id").is_some_and(|c| equal(c, &id)))
-            {
+            if collection.contains_id(&id) {
                 outcome.duplicates.push((index, id));
                 if ordered {
                     break;
@@ -603,13 +616,24 @@ impl Store {
 
     /// The collection `ns`, created when missing (TK-15, review7 gap a: by the running command's
     /// transaction, whose abort drops it again).
-    fn collection_mut(&mut self, ns: &str) -> &mut Vec<Document> {
+    fn collection_mut(&mut self, ns: &str) -> &mut Collection {
         if !self.collections.contains_key(ns) {
             if let Some(transaction) = self.writing_transaction() {
                 transaction.created.push(ns.into());
             }
         }
         self.collections.entry(ns.into()).or_default()
+    }
+
+    /// TK-15 (leftovers10 item 4): the running command's transaction in progress, if any, reads
+    /// or writes `ns`: it holds the collection's lock until it ends, as a real server's
+    /// transaction holds the intent locks of the collections it accessed.
+    fn note_access(&mut self, ns: &str) {
+        if let Some(transaction) = self.writing_transaction() {
+            if !transaction.accessed.iter().any(|a| a == ns) {
+                transaction.accessed.push(ns.to_owned());
+            }
+        }
     }
 
     /// The running command's transaction, when it is in progress.
@@ -685,8 +709,9 @@ impl Store {
             if current.is_none() && replaced.values().all(|(before, _)| before.is_none()) {
                 continue;
             }
+            let current = current.map(Collection::into_documents);
             let restored = rebuild(current.unwrap_or_default(), replaced);
-            self.collections.insert(ns, restored);
+            self.collections.insert(ns, Collection::new(restored));
         }
     }
 
@@ -694,7 +719,10 @@ impl Store {
     /// not see as they were (borrowed when it sees every change of `ns`). It looks only at the
     /// changes of `ns` (review7 finding 7).
     fn visible(&self, ns: &str) -> Cow<'_, [Document]> {
-        let base = self.collections.get(ns).map_or(&[][..], Vec::as_slice);
+        let base = self
+            .collections
+            .get(ns)
+            .map_or(&[][..], Collection::documents);
         let Some(chains) = self.changes.get(ns) else {
             return Cow::Borrowed(base);
         };
@@ -739,8 +767,8 @@ impl Store {
         Ok(self
             .collections
             .get(ns)
-            .into_iter()
-            .flatten()
+            .map_or(&[][..], Collection::documents)
+            .iter()
             .enumerate()
             .filter(|(_, d)| keys.contains(&id_key(&id_of(d))))
             .map(|(index, _)| index)
@@ -757,25 +785,32 @@ impl Store {
         multi: bool,
         upsert: bool,
     ) -> Result<UpdateOutcome, QueryError> {
+        self.note_access(ns);
         let targets = self.targets(ns, filter, multi);
         let targets = self.noted(targets)?;
         self.collection_mut(ns);
         let mut outcome = UpdateOutcome::default();
         for index in targets {
             let collection = self.collection_mut(ns);
-            let Some(document) = collection.get_mut(index) else {
+            let applied = collection.change(index, |document| {
+                let before = document.clone();
+                if let Err(error) = apply_update(document, update) {
+                    *document = before;
+                    return Err(unsupported(error));
+                }
+                if too_deep(document) {
+                    *document = before;
+                    return Err(QueryError::TooDeep);
+                }
+                let changed = *document != before;
+                Ok(changed.then_some(before))
+            });
+            let Some(applied) = applied else {
                 continue;
             };
-            let before = document.clone();
-            apply_update(document, update).map_err(unsupported)?;
-            if too_deep(document) {
-                *document = before;
-                return Err(QueryError::TooDeep);
-            }
             outcome.matched += 1;
-            let changed = *document != before;
-            outcome.modified += usize::from(changed);
-            if changed {
+            if let Some(before) = applied? {
+                outcome.modified += 1;
                 self.record(ns, id_of(&before), Some(before), index);
             }
         }
@@ -791,6 +826,9 @@ impl Store {
             let id = id_of(&document);
             let conflict = self.conflict(ns, &id);
             self.noted(conflict)?;
+            if self.collection_mut(ns).contains_id(&id) {
+                return Err(QueryError::DuplicateKey(duplicate_key_message(ns, &id)));
+            }
             outcome.upserted = Some(id.clone());
             let collection = self.collection_mut(ns);
             let position = collection.len();
@@ -808,6 +846,7 @@ impl Store {
         filter: &Document,
         multi: bool,
     ) -> Result<Vec<Document>, QueryError> {
+        self.note_access(ns);
         let targets = self.targets(ns, filter, multi);
         let targets = self.noted(targets)?;
         let mut removed = Vec::new();
@@ -826,11 +865,12 @@ impl Store {
 
     /// The documents of `ns` matching `filter`, in insertion order.
     pub(crate) fn matching(
-        &self,
+        &mut self,
         ns: &str,
         filter: &Document,
     ) -> Result<Vec<Document>, QueryError> {
         validate(filter)?;
+        self.note_access(ns);
         let mut out = Vec::new();
         for document in self.visible(ns).iter() {
             if matches(document, filter).map_err(unsupported)? {
@@ -881,6 +921,7 @@ impl Store {
                     start: self.commits,
                     touched: Vec::new(),
                     created: Vec::new(),
+                    accessed: Vec::new(),
                     router,
                     started: tokio::time::Instant::now(),
                 },
@@ -961,7 +1002,7 @@ impl Store {
         self.open.remove(session);
         self.undo(&Author::Open(session.to_vec()), touched);
         for ns in created {
-            if self.collections.get(&ns).is_some_and(Vec::is_empty) {
+            if self.collections.get(&ns).is_some_and(Collection::is_empty) {
                 self.collections.remove(&ns);
                 self.indexes.remove(&ns);
             }
@@ -1148,8 +1189,8 @@ impl Store {
 
     /// `$out`: `ns` holds exactly `documents` afterwards. TK-15: outside any transaction it
     /// first waits ([`QueryError::Blocked`]) for a transaction in progress that holds `ns`
-    /// (changed one of its documents, or created it), as a real server's `$out` waits to
-    /// rename its result into a collection a transaction has locked. Nothing is written before.
+    /// (read or wrote it, or created it), as a real server's `$out` waits to rename its result
+    /// into a collection whose lock a transaction holds. Nothing is written before.
     pub(crate) fn replace_collection(
         &mut self,
         ns: &str,
@@ -1158,7 +1199,8 @@ impl Store {
         let held = self.collection_holder(ns);
         self.noted(held)?;
         let added: Vec<Bson> = documents.iter().map(id_of).collect();
-        let old = core::mem::replace(self.collection_mut(ns), documents);
+        let new = Collection::new(documents);
+        let old = core::mem::replace(self.collection_mut(ns), new).into_documents();
         // TK-15: in a transaction, every old document was removed and every new one added.
         for (index, document) in old.into_iter().enumerate() {
             self.record(ns, id_of(&document), Some(document), index);
@@ -1170,33 +1212,25 @@ impl Store {
     }
 
     /// TK-15: the transaction in progress the running command (outside any) does not belong to
-    /// that holds `ns`: it created `ns`, or changed one of its documents. Looks at `ns`'s
-    /// changes only (a `$out` replaces every document of `ns`: the cost follows its work) and at
-    /// the transactions in progress.
+    /// that holds `ns`: it created `ns`, or read or wrote it (leftovers10 item 4: a real
+    /// transaction holds the intent lock of every collection it accessed until it ends, and the
+    /// rename of a `$out` needs the target's exclusive lock). Looks at the transactions in
+    /// progress and the collections each accessed.
     fn collection_holder(&self, ns: &str) -> Result<(), QueryError> {
         let viewer = self.viewer();
-        let creator = self
+        let holder = self
             .open
             .iter()
             .filter(|session| viewer.writer != Some(session.as_slice()))
             .find(|session| {
                 self.transactions
                     .get(*session)
-                    .is_some_and(|t| t.created.iter().any(|c| c == ns))
+                    .is_some_and(|t| t.created.iter().chain(&t.accessed).any(|c| c == ns))
             });
-        if let Some(session) = creator {
-            return Err(QueryError::Blocked(session.clone()));
+        match holder {
+            Some(session) => Err(QueryError::Blocked(session.clone())),
+            None => Ok(()),
         }
-        for chain in self.changes.get(ns).into_iter().flat_map(BTreeMap::values) {
-            if let Some(Change {
-                author: Author::Open(session),
-                ..
-            }) = self.hidden_in(&viewer, chain)
-            {
-                return Err(QueryError::Blocked(session.clone()));
-            }
-        }
-        Ok(())
     }
 
     /// `$merge {into}` with the default `whenMatched: "merge"`, `whenNotMatched: "insert"`: a
@@ -1213,22 +1247,30 @@ impl Store {
         self.collection_mut(ns);
         for document in documents {
             let target = self.collection_mut(ns);
-            let existing = target
-                .iter()
-                .position(|d| matches!((d.get("_id"), document.get("_id")), (Some(a), Some(b)) if equal(a, b)));
+            let id = document.get("_id");
+            // The index says whether the `_id` is there; only a match is looked for.
+            let existing = id.filter(|id| target.contains_id(id)).and_then(|id| {
+                target
+                    .documents()
+                    .iter()
+                    .position(|d| d.get("_id").is_some_and(|d| equal(d, id)))
+            });
             // TK-15: in a transaction, the document as it was goes into the undo log.
             let (before, index) = match existing {
                 Some(index) => {
-                    let before = target[index].clone();
-                    target[index].extend(document);
-                    (Some(before), index)
+                    let before = target.change(index, |d| {
+                        let before = d.clone();
+                        d.extend(document);
+                        before
+                    });
+                    (before, index)
                 }
                 None => {
                     target.push(document);
                     (None, target.len() - 1)
                 }
             };
-            let id = id_of(&self.collections[ns][index]);
+            let id = id_of(&self.collections[ns].documents()[index]);
             self.record(ns, id, before, index);
         }
         Ok(())
@@ -1287,7 +1329,8 @@ impl Store {
     }
 
     /// The documents of `ns` the running command sees ([`Store::visible`]), in insertion order.
-    pub(crate) fn documents(&self, ns: &str) -> Vec<Document> {
+    pub(crate) fn documents(&mut self, ns: &str) -> Vec<Document> {
+        self.note_access(ns);
         self.visible(ns).into_owned()
     }
 
@@ -1626,6 +1669,106 @@ mod tests {
         assert!(store.drop_collection("db.d"));
         assert!(!store.drop_collection("db.d"));
     }
+    /// The `_id` index of `db.c` holds exactly the keys of its documents.
+    fn assert_index_in_step(store: &Store) {
+        let Some(collection) = store.collections.get("db.c") else {
+            return;
+        };
+        assert_eq!(collection.indexed(), collection.len());
+        for document in collection.documents() {
+            assert!(collection.contains_id(&id_of(document)), "{document}");
+        }
+    }
+
+    /// House rule 9 (leftovers10 item 3): the duplicate-`_id` check of an insert, an upsert and
+    /// a `$merge` searches the `_id` index: it compares no stored document, however many there
+    /// are (it compared every one before), with canonical `_id` equality (an integral
+    /// Decimal128 and a double are their int64).
+    #[test]
+    fn tk2_duplicate_id_check_searches_the_index_not_the_collection() {
+        let mut store = store_with(10_000);
+        let calls = || crate::query::EQUAL_CALLS.with(core::cell::Cell::get);
+        let start = calls();
+        let batch = vec![doc! { "_id": 10_000 }, doc! { "_id": decimal("17") }];
+        let outcome = store.insert("db.c", batch, false).unwrap();
+        assert_eq!(outcome.duplicates, vec![(1, decimal("17"))]);
+        assert_eq!(outcome.n, 1);
+        store
+            .merge("db.c", vec![doc! { "_id": 20_000_i64, "m": 1 }])
+            .unwrap();
+        assert_eq!(calls() - start, 0, "the insert's and the merge's checks");
+        // The upsert's filter compares its `_id` with every document: that is the filter's
+        // work (one comparison per document, two for the one whose `_id` matches); its
+        // duplicate check adds none.
+        let start = calls();
+        let upsert = store.update(
+            "db.c",
+            &doc! { "_id": 5.0, "even": true },
+            &doc! { "$set": { "x": 1 } },
+            false,
+            true,
+        );
+        assert!(
+            matches!(upsert, Err(QueryError::DuplicateKey(_))),
+            "{upsert:?}"
+        );
+        let filter_work = store.documents("db.c").len() + 1;
+        assert!(
+            calls() - start <= filter_work,
+            "{} comparisons",
+            calls() - start
+        );
+        assert_eq!(store.documents("db.c").len(), 10_002);
+        assert_index_in_step(&store);
+    }
+
+    /// Leftovers10 item 3: the `_id` index follows every change: insert, update (an `_id`
+    /// changed by `$set` too), upsert, delete, `$merge`, `$out`, a transaction's abort (its
+    /// undo) and commit, and a drop.
+    #[test]
+    fn tk15_the_id_index_follows_every_change() {
+        let mut store = store_with(6);
+        assert_index_in_step(&store);
+        set_x(&mut store, doc! { "even": true }, 1, true, false).unwrap();
+        set_one(&mut store, doc! { "_id": 1 }, doc! { "_id": 100 }).unwrap();
+        assert_index_in_step(&store);
+        assert!(store.collections["db.c"].contains_id(&Bson::Int64(100)));
+        assert!(!store.collections["db.c"].contains_id(&Bson::Int32(1)));
+        set_x(&mut store, doc! { "_id": 50 }, 2, false, true).unwrap();
+        store.delete("db.c", &doc! { "even": false }, true).unwrap();
+        assert_index_in_step(&store);
+        store
+            .merge("db.c", vec![doc! { "_id": 0, "m": 1 }, doc! { "_id": 60 }])
+            .unwrap();
+        assert_index_in_step(&store);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.insert("db.c", vec![doc! { "_id": 70 }], true).unwrap();
+            s.delete("db.c", &doc! { "_id": 0 }, false).unwrap();
+        });
+        assert_index_in_step(&store);
+        store.end_transaction(S1, 1, false, None, false).unwrap();
+        assert_index_in_step(&store);
+        assert!(store.collections["db.c"].contains_id(&Bson::Int32(0)));
+        assert!(!store.collections["db.c"].contains_id(&Bson::Int32(70)));
+        in_transaction(&mut store, S2, 1, true, |s| {
+            s.insert("db.c", vec![doc! { "_id": 71 }], true).unwrap();
+        });
+        store.end_transaction(S2, 1, true, None, false).unwrap();
+        assert_index_in_step(&store);
+        assert!(store.collections["db.c"].contains_id(&Bson::Double(71.0)));
+        store
+            .replace_collection("db.c", vec![doc! { "_id": "a" }, doc! { "_id": "b" }])
+            .unwrap();
+        assert_index_in_step(&store);
+        assert_eq!(store.collections["db.c"].len(), 2);
+        assert!(store.collections["db.c"].contains_id(&Bson::String("a".into())));
+        assert!(store.drop_collection("db.c"));
+        let outcome = store
+            .insert("db.c", vec![doc! { "_id": "a" }], true)
+            .unwrap();
+        assert_eq!(outcome.n, 1, "a dropped collection's index went with it");
+    }
+
     const S1: &[u8] = b"session one";
     const S2: &[u8] = b"session two";
 
@@ -1656,7 +1799,7 @@ mod tests {
 
     fn ids(store: &Store) -> Vec<i32> {
         store
-            .documents("db.c")
+            .visible("db.c")
             .iter()
             .map(|d| d.get_i32("_id").unwrap())
             .collect()
@@ -1972,6 +2115,7 @@ mod tests {
         assert_eq!(blocked, Some(S1.to_vec()));
         assert!(
             store.collections["db.c"]
+                .documents()
                 .iter()
                 .all(|d| !d.contains_key("y")),
             "document 0 was put back"
@@ -2030,6 +2174,7 @@ mod tests {
         );
         assert!(
             store.collections["db.c"]
+                .documents()
                 .iter()
                 .all(|d| !d.contains_key("y")),
             "nothing merged"
@@ -2051,6 +2196,55 @@ mod tests {
             s.replace_collection("db.c", vec![doc! { "_id": 9 }])
         });
         assert_eq!((out, blocked), (Ok(()), None), "after the commit");
+        assert_eq!(ids(&store), [9]);
+    }
+
+    /// TK-15 (leftovers10 item 4): a transaction holds the lock of every collection it accessed
+    /// until it ends, so a `$out` into a collection a transaction in progress only read (or
+    /// updated without a match) waits for it, as on a real server (its rename needs the target's
+    /// exclusive lock); a read of another collection holds nothing of this one.
+    #[test]
+    fn tk15_out_waits_for_a_transaction_that_only_read_its_target() {
+        let mut store = store_with(3);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            assert_eq!(s.matching("db.c", &doc! { "_id": 1 }).unwrap().len(), 1);
+        });
+        in_transaction(&mut store, S2, 1, true, |s| {
+            s.matching("db.other", &doc! {}).unwrap();
+            let none = s.update(
+                "db.d",
+                &doc! { "_id": 5 },
+                &doc! { "$set": { "x": 1 } },
+                false,
+                false,
+            );
+            assert_eq!(none.unwrap().matched, 0);
+        });
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.c", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!(
+            (out, blocked),
+            (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
+        );
+        assert_eq!(ids(&store), [0, 1, 2], "nothing written");
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.d", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!(
+            blocked,
+            Some(S2.to_vec()),
+            "{out:?}: an update without a match"
+        );
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.e", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!((out, blocked), (Ok(()), None), "a target nobody accessed");
+        assert_eq!(store.end_transaction(S1, 1, false, None, false), Ok(()));
+        let (out, blocked) = outside(&mut store, |s| {
+            s.replace_collection("db.c", vec![doc! { "_id": 9 }])
+        });
+        assert_eq!((out, blocked), (Ok(()), None), "after the abort");
         assert_eq!(ids(&store), [9]);
     }
 

@@ -1385,6 +1385,48 @@ async fn tk15_out_and_merge_wait_for_a_transaction_holding_their_target() {
     .await
 }
 
+/// TK-15 (leftovers10 item 4): over the wire, a `$out` into a collection that a transaction in
+/// progress only read waits too (a real transaction holds the collection's lock until it ends),
+/// until `maxTimeMS` runs out (50); after the abort it runs.
+#[tokio::test]
+async fn tk15_out_waits_for_a_transaction_that_only_read_its_target() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        let handle = server.handle();
+        handle.insert("test.src", vec![doc! { "_id": 1, "s": 1 }]);
+        handle.insert("test.w", vec![doc! { "_id": 2 }]);
+        let read = client
+            .command(doc! {
+                "find": "w", "$db": "test", "lsid": lsid_of(1), "txnNumber": 1_i64,
+                "autocommit": false, "startTransaction": true,
+            })
+            .await
+            .unwrap();
+        assert_eq!(read.get_f64("ok").ok(), Some(1.0), "{read}");
+        let out = doc! {
+            "aggregate": "src", "pipeline": [{ "$out": "w" }], "cursor": {},
+            "$db": "test", "maxTimeMS": 50,
+        };
+        let timed_out = other.command(out.clone()).await.unwrap();
+        assert_eq!(code(&timed_out), Some(50), "{timed_out}");
+        assert_eq!(handle.documents("test.w"), [doc! { "_id": 2 }]);
+        let abort = client
+            .command(doc! {
+                "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
+                "txnNumber": 1_i64, "autocommit": false,
+            })
+            .await
+            .unwrap();
+        assert_eq!(abort.get_f64("ok").ok(), Some(1.0), "{abort}");
+        let ran = other.command(out).await.unwrap();
+        assert_eq!(ran.get_f64("ok").ok(), Some(1.0), "{ran}");
+        assert_eq!(handle.documents("test.w"), [doc! { "_id": 1, "s": 1 }]);
+        server.shutdown().await;
+    })
+    .await
+}
+
 /// A document nested `levels` deep (itself included), each level `{a: ...}`, the last `{a: 1}`.
 fn nested(levels: usize) -> Document {
     let mut document = doc! { "a": 1 };

@@ -4,17 +4,15 @@
 //! `apiVersion`, and `apiStrict` / `apiDeprecationErrors` when the client set them: operations,
 //! `getMore` and every command of a transaction (`commitTransaction` and `abortTransaction`
 //! included) as well as the handshake (HS-2), the authentication conversation (AU-5,
-//! `Authentication::set_server_api`) and the monitors' polling, awaitable and RTT `hello`s. A caller's own field of the same name is replaced (the spec leaves such a command's
-//! behaviour undefined). Without a declared version nothing is added and nothing is looked for.
+//! [`Authentication::with_server_api`](crate::auth::Authentication::with_server_api)) and the
+//! monitors' polling, awaitable and RTT `hello`s. A caller's own field of the same name is
+//! replaced (the spec leaves such a command's behaviour undefined). Without a declared version
+//! nothing is added and nothing is looked for.
 
 use alloc::vec::Vec;
-use bson::{Document, RawDocument};
+use bson::Document;
 
-use crate::bson_read::Elements;
-use crate::handshake::ServerApi;
-
-/// The command fields of a declared API version.
-const KEYS: [&str; 3] = ["apiVersion", "apiStrict", "apiDeprecationErrors"];
+use crate::handshake::{insert_api_fields, ServerApi};
 
 /// The declared API version's fields, built once per engine.
 #[derive(Debug)]
@@ -52,31 +50,26 @@ impl ApiFields {
 
     /// Adds the fields to `command` (replacing any of the same name).
     pub(super) fn insert_into(&self, command: &mut Document) {
-        for (key, value) in &self.document {
-            command.insert(key.clone(), value.clone());
-        }
+        insert_api_fields(&self.document, command);
     }
 
     /// Removes the caller's own API fields from `command`: the appended ones replace them.
     pub(super) fn strip(command: &mut Document) {
-        if command.keys().any(|key| KEYS.contains(&key.as_str())) {
-            for key in KEYS {
+        if command
+            .keys()
+            .any(|key| ServerApi::KEYS.contains(&key.as_str()))
+        {
+            for key in ServerApi::KEYS {
                 command.remove(key);
             }
         }
-    }
-
-    /// An encoded command holds an API field, so it is converted to a document (where
-    /// [`ApiFields::strip`] removes it) rather than sent with the field twice.
-    pub(super) fn in_encoded(raw: &RawDocument) -> bool {
-        Elements::of(raw).any(|(key, _, _)| KEYS.iter().any(|k| k.as_bytes() == key))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bson::{doc, rawdoc};
+    use bson::doc;
 
     fn api(strict: Option<bool>, deprecation_errors: Option<bool>) -> ServerApi {
         ServerApi {
@@ -117,9 +110,5 @@ mod tests {
         let mut command = doc! { "find": "c", "apiVersion": "2", "apiStrict": false };
         ApiFields::strip(&mut command);
         assert_eq!(command, doc! { "find": "c" });
-        assert!(ApiFields::in_encoded(
-            &rawdoc! { "find": "c", "apiDeprecationErrors": true }
-        ));
-        assert!(!ApiFields::in_encoded(&rawdoc! { "find": "c", "api": 1 }));
     }
 }

@@ -3,8 +3,9 @@
 //! that replaces any encoded field of the same name; [`crate::bson_write::elements_except`]).
 //! The few reads the engine makes of a command (its name, its concerns) look at both, the added
 //! fields first. A request in an explicit session, or whose encoded command holds a field the
-//! engine removes (`$db`, `lsid`, `txnNumber`), is converted to a [`Document`] at its start, so
-//! that the transaction and session rules work on one document as before. A command repeating a
+//! engine removes (`$db`, `lsid`, `txnNumber`, or with a declared Stable API version an API
+//! field), is converted to a [`Document`] at its start, so that the transaction and session
+//! rules work on one document as before. A command repeating a
 //! top-level key, or an added field naming the command (WP-3), is a usage error ([`inspect`]).
 
 use alloc::borrow::Cow;
@@ -15,6 +16,7 @@ use smallvec::SmallVec;
 use crate::bson_read::{self, Elements};
 use crate::classify::is_unacknowledged;
 use crate::error::OperationError;
+use crate::handshake::ServerApi;
 
 /// Fields of a caller's command the engine removes or must see in one document.
 const ENGINE_FIELDS: [&[u8]; 3] = [b"$db", b"lsid", b"txnNumber"];
@@ -23,6 +25,9 @@ const ENGINE_FIELDS: [&[u8]; 3] = [b"$db", b"lsid", b"txnNumber"];
 pub(super) struct Inspected {
     /// It holds a field the engine removes or sets itself (`$db`, `lsid`, `txnNumber`).
     pub(super) engine_field: bool,
+    /// It holds a Stable API field (`apiVersion`, `apiStrict`, `apiDeprecationErrors`), which
+    /// a declared version replaces (versioned-api spec).
+    pub(super) api_field: bool,
     /// SE-13: its `writeConcern` is unacknowledged (`w: 0`).
     pub(super) unacknowledged: bool,
 }
@@ -38,6 +43,7 @@ pub(super) struct Inspected {
 pub(super) fn inspect(raw: &RawDocument, fields: &Document) -> Result<Inspected, OperationError> {
     let mut inspected = Inspected {
         engine_field: false,
+        api_field: false,
         unacknowledged: false,
     };
     let mut keys: SmallVec<[&[u8]; 16]> = SmallVec::new();
@@ -51,6 +57,8 @@ pub(super) fn inspect(raw: &RawDocument, fields: &Document) -> Result<Inspected,
                 Some(Bson::Document(write_concern)) => is_unacknowledged(&write_concern),
                 _ => false,
             };
+        } else if key.starts_with(b"api") && ServerApi::KEYS.iter().any(|k| k.as_bytes() == key) {
+            inspected.api_field = true;
         }
     })
     .map_err(|e| {
@@ -166,12 +174,20 @@ mod tests {
     }
 
     #[test]
-    fn inspection_finds_engine_fields_and_an_unacknowledged_write_concern() {
+    fn inspection_finds_engine_and_api_fields_and_an_unacknowledged_write_concern() {
         let engine_field =
             |raw: &RawDocument| inspect(raw, &Document::new()).expect("valid").engine_field;
         assert!(engine_field(&rawdoc! { "ping": 1, "$db": "x" }));
         assert!(engine_field(&rawdoc! { "insert": "c", "txnNumber": 1_i64 }));
         assert!(!engine_field(&rawdoc! { "ping": 1 }));
+        // Versioned-api spec: a caller's API field is found in the same pass.
+        let api_field =
+            |raw: &RawDocument| inspect(raw, &Document::new()).expect("valid").api_field;
+        assert!(api_field(
+            &rawdoc! { "find": "c", "apiDeprecationErrors": true }
+        ));
+        assert!(api_field(&rawdoc! { "ping": 1, "apiVersion": "1" }));
+        assert!(!api_field(&rawdoc! { "find": "c", "api": 1 }));
         let unacknowledged = |raw: &RawDocument| {
             inspect(raw, &Document::new())
                 .expect("valid")

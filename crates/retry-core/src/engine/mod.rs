@@ -258,6 +258,13 @@ pub struct OperationRequest {
 
 impl OperationRequest {
     /// A request with no CSOT timeout, no cursor and an implicit session.
+    ///
+    /// With a declared Stable API version ([`HandshakeOptions::server_api`](
+    /// crate::handshake::HandshakeOptions::server_api)) every command carries the client's
+    /// `apiVersion` (and `apiStrict` / `apiDeprecationErrors` when set). A command holding its
+    /// own such field is not supported then: the versioned-api spec ("Generic command helper")
+    /// leaves its behaviour undefined. Today the engine drops the command's fields and sends the
+    /// client's. Without a declared version the command's fields go as they are.
     pub fn new(
         db: impl Into<String>,
         command: Document,
@@ -281,7 +288,8 @@ impl OperationRequest {
     /// that a caller that builds or reuses BSON bytes never builds a [`Document`]:
     ///
     /// - On the wire: the command's bytes as they are, then the engine's fields (`$db`, `lsid`,
-    ///   `txnNumber`, `$clusterTime`, `maxTimeMS`, `$readPreference`, ...), each replacing an
+    ///   `txnNumber`, `$clusterTime`, `maxTimeMS`, `$readPreference`, with a declared Stable API
+    ///   version `apiVersion`, `apiStrict` and `apiDeprecationErrors`, ...), each replacing an
     ///   encoded field of the same name. The engine owns `$db` (WP-5): one in the command is
     ///   replaced by `db`. What is on the wire is what [`OperationRequest::new`] with the same
     ///   command sends, up to the order of the fields after the first.
@@ -292,7 +300,10 @@ impl OperationRequest {
     /// - The command is converted to a [`Document`] once, at the operation's start, if the
     ///   request names an explicit [`OperationRequest::session`] or the command holds `$db`,
     ///   `lsid` or `txnNumber`: the session and transaction rules then edit it as they edit
-    ///   `new`'s command (the request no longer saves the conversion).
+    ///   `new`'s command (the request no longer saves the conversion). So is a command holding
+    ///   an API field under a declared Stable API version, which is not supported (undefined
+    ///   behaviour in the versioned-api spec; today the client's fields replace it, as for
+    ///   [`OperationRequest::new`]).
     /// - A usage error ends the operation at once, nothing sent (house rule 11): a command that
     ///   is not well-formed BSON, or that holds a top-level key more than once (a server refuses
     ///   a duplicate field).

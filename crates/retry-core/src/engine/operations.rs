@@ -10,7 +10,6 @@
 
 use bson::RawDocumentBuf;
 
-use super::api_version::ApiFields;
 use super::encoded;
 use super::raw_reply::{self, ReplyFields};
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
@@ -169,7 +168,7 @@ impl Engine {
                 }
             };
             // Versioned-api spec: a caller's API field is replaced, so it must not stay encoded.
-            let api_field = self.api.is_some() && ApiFields::in_encoded(&raw);
+            let api_field = self.api.is_some() && inspected.api_field;
             if request.session.is_some() || inspected.engine_field || api_field {
                 let fields = core::mem::take(&mut request.command);
                 request.command = encoded::to_document(&raw, fields);

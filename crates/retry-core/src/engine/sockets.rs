@@ -51,7 +51,7 @@ impl Engine {
                 let mut auth = Authentication::new(auth);
                 // Versioned-api spec: the conversation's commands carry the declared version.
                 if let Some(api) = &self.options.handshake.server_api {
-                    auth.set_server_api(api);
+                    auth = auth.with_server_api(api);
                 }
                 let mut hello = self.handshake.clone();
                 auth.add_to_hello(&mut hello);

@@ -21,7 +21,8 @@
 //!   those draws a refusal (`refusals`: the session, transaction, concern and secondary-read
 //!   checks read other fields or other commands), neither command checks unknown fields, and no
 //!   value type but those [`Elements`] sizes;
-//! - then, under the lock, before anything is counted: a `$db`, no authentication refusal, and
+//! - then, under the lock, before anything is counted: a `$db`, an `apiVersion` when the server
+//!   requires one (`requireApiVersion`, crate `parameters`), no authentication refusal, and
 //!   no `failCommand` fail point matching the command (its `appName` filter included).
 //!
 //! Anything else is converted to the `Document` and answered by the Document path, from the
@@ -73,6 +74,9 @@ pub(super) struct Hot<'a> {
     name: &'static str,
     hello: bool,
     has_db: bool,
+    /// Whether it declares `apiVersion` (a server requiring one refuses it otherwise, on the
+    /// Document path: crate `parameters`).
+    api_version: bool,
     /// The `lsid`'s encoding, `{id: <binary>}` alone.
     lsid: Option<&'a [u8]>,
     ask: HelloAsk,
@@ -107,6 +111,7 @@ impl<'a> Hot<'a> {
             name,
             hello,
             has_db: false,
+            api_version: false,
             lsid: None,
             ask: HelloAsk::default(),
             app_name: None,
@@ -137,7 +142,10 @@ impl<'a> Hot<'a> {
                 }
                 // Review7 finding 3: only values `refusals::generic_field_refusal` accepts.
                 b"$readPreference" => (3, known_read_preference(field)),
-                b"apiVersion" => (4, field.str() == Some("1")),
+                b"apiVersion" => {
+                    hot.api_version = true;
+                    (4, field.str() == Some("1"))
+                }
                 // `apiStrict: true` only on a command in API version 1 (else 323).
                 b"apiStrict" => (
                     5,
@@ -344,6 +352,7 @@ impl Connection {
         });
         if metadata_refused
             || !hot.has_db
+            || (state.require_api_version && !hot.api_version)
             || self.auth.refuse(&state.users, name).is_some()
             || fail_point.is_some_and(|fail| fail.matches(name, app_name))
         {

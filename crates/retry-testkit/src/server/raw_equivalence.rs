@@ -1085,3 +1085,82 @@ async fn review8_f1_client_metadata_size_limit_per_role_on_both_paths() {
         }
     }
 }
+
+/// Versioned-api spec, "Backward Compatibility" (crate `parameters`): `requireApiVersion` set
+/// with `setParameter` (on `admin` only, 13; a parameter the test server does not know is TK-2's
+/// refusal), then every command without `apiVersion` refused with 498870 on both paths, hellos,
+/// `setParameter` itself and a `getMore` included; with `apiStrict: true`, `setParameter` (not in
+/// API version 1) is APIStrictError (323).
+fn require_api_version_cases() -> Vec<(&'static str, Document, Option<i32>)> {
+    let v1 = |mut body: Document| {
+        body.insert("apiVersion", "1");
+        body
+    };
+    let set = |on: bool, db: &str| doc! { "setParameter": 1, "requireApiVersion": on, "$db": db };
+    let ping = || doc! { "ping": 1, "$db": "admin" };
+    let hello = || doc! { "hello": 1, "$db": "admin" };
+    let get_more = || doc! { "getMore": 1_i64, "collection": "c", "$db": "test" };
+    vec![
+        ("ping before", ping(), None),
+        ("setParameter on test", set(true, "test"), Some(13)),
+        (
+            "setParameter of an unknown parameter",
+            doc! { "setParameter": 1, "logLevel": 1, "$db": "admin" },
+            Some(crate::TESTKIT_UNSUPPORTED),
+        ),
+        ("setParameter on", set(true, "admin"), None),
+        ("ping without apiVersion", ping(), Some(498_870)),
+        ("hello without apiVersion", hello(), Some(498_870)),
+        ("getMore without apiVersion", get_more(), Some(498_870)),
+        ("ping with apiVersion", v1(ping()), None),
+        ("hello with apiVersion", v1(hello()), None),
+        ("getMore with apiVersion", v1(get_more()), Some(43)),
+        (
+            "setParameter off without apiVersion",
+            set(false, "admin"),
+            Some(498_870),
+        ),
+        (
+            "setParameter off, strict",
+            v1(
+                doc! { "setParameter": 1, "requireApiVersion": false, "$db": "admin",
+                "apiStrict": true },
+            ),
+            Some(323),
+        ),
+        ("setParameter off", v1(set(false, "admin")), None),
+        ("ping after", ping(), None),
+        ("hello after", hello(), None),
+    ]
+}
+
+fn require_api_version_script(_: &Role) -> Script {
+    let mut s = Script { steps: Vec::new() };
+    for (label, body, _) in require_api_version_cases() {
+        s.send(label, body);
+    }
+    s
+}
+
+#[tokio::test]
+async fn require_api_version_refuses_commands_without_one_on_both_paths() {
+    let role = Role::ReplicaSetMember(ReplicaSetMember::primary("rs0"));
+    let (raw, raw_records, _) = run(&role, false, true, require_api_version_script).await;
+    let (document, document_records, _) =
+        run(&role, false, false, require_api_version_script).await;
+    assert_eq!(raw, document);
+    assert_eq!(raw_records, document_records);
+    for ((label, body, expected), (_, outcome)) in require_api_version_cases().iter().zip(&raw) {
+        assert_eq!(reply_code(outcome), *expected, "{label}: {body}");
+    }
+    let Outcome::Reply(bytes) = &raw[3].1 else {
+        panic!("{:?}", raw[3]);
+    };
+    let reply = retry_core::wire::parse_frame(bytes).unwrap().body;
+    assert_eq!(reply.get_bool("was").ok(), Some(false), "{reply}");
+    let Outcome::Reply(bytes) = &raw[4].1 else {
+        panic!("{:?}", raw[4]);
+    };
+    let reply = retry_core::wire::parse_frame(bytes).unwrap().body;
+    assert_eq!(reply.get_str("codeName").ok(), Some("Location498870"));
+}
