@@ -174,7 +174,7 @@
 //!         sockets.remove(&conn);
 //!     }
 //!     while let Some(event) = engine.poll_event() {
-//!         if let EngineEvent::OperationFinished { op: done, result } = event {
+//!         if let EngineEvent::OperationFinished { op: done, result, .. } = event {
 //!             if done == op {
 //!                 break 'drive result;
 //!             }

@@ -15,7 +15,7 @@ use retry_core::selection::{ReadPreference, SelectionCriteria};
 
 use crate::concerns::Concerns;
 use crate::connection_string::ConnectionString;
-use crate::driver::{Driver, LocalDriver, Waiter};
+use crate::driver::{Driver, LocalDriver, SpawnedDriver, Waiter};
 use crate::options::{ClientOptions, OptionsError};
 use crate::runtime::Runtime;
 use crate::shared::{lock, EventQueue, RawReply, Reply, Request, Shared, Slot, TimedEvent};
@@ -106,6 +106,8 @@ struct Inner {
     read_preference: ReadPreference,
     /// The driver, when the runtime does not spawn it: the client's futures drive it.
     local: Option<Arc<LocalDriver>>,
+    /// The driver, when the runtime spawns its task.
+    spawned: Option<Arc<SpawnedDriver>>,
     /// The client's write and read concern, inherited by [`Client::command`] and
     /// [`Client::cursor`] commands without their own.
     concerns: Concerns,
@@ -180,19 +182,21 @@ impl<R: Runtime> Client<R> {
         let shared = Arc::new(Shared::default());
         let driver = Driver::new(runtime.clone(), engine, shared.clone(), options.timeout)
             .with_srv_polling(options.srv.clone());
-        let local = if runtime.spawns() {
+        let (local, spawned) = if runtime.spawns() {
+            let spawned = SpawnedDriver::new(driver);
             runtime
-                .spawn(Box::pin(driver))
+                .spawn(Box::pin(spawned.task()))
                 .map_err(ConnectError::Runtime)?;
-            None
+            (None, Some(spawned))
         } else {
-            Some(Arc::new(LocalDriver::new(driver)))
+            (Some(Arc::new(LocalDriver::new(driver))), None)
         };
         Ok(Client {
             inner: Arc::new(Inner {
                 shared,
                 read_preference: options.read_preference.clone(),
                 local,
+                spawned,
                 concerns,
             }),
             runtime: PhantomData,
@@ -239,6 +243,13 @@ impl<R> Client<R> {
     /// the reply, or the error the engine's retry rules chose; [`OperationError::cancelled`] once
     /// the client is shut down. The engine adds the session fields (`lsid`, `txnNumber`,
     /// `$clusterTime`) and `maxTimeMS` itself.
+    ///
+    /// When the client declares a Stable API version (the engine's
+    /// [`HandshakeOptions::server_api`](retry_core::handshake::HandshakeOptions::server_api)),
+    /// every command carries the client's `apiVersion` (and `apiStrict` /
+    /// `apiDeprecationErrors` when set). A command holding its own such field is not supported
+    /// then, and the versioned-api spec ("Generic command helper") leaves its behaviour
+    /// undefined; today the client's fields replace the command's.
     pub async fn run_command(
         &self,
         db: &str,
@@ -293,6 +304,12 @@ impl<R> Client<R> {
     /// the start, as [`OperationRequest::new_raw`] says. A command that is not well-formed BSON,
     /// or holds a top-level key more than once (a server refuses a duplicate field), fails with
     /// a usage error, nothing sent. A write reply with `writeErrors` is an error here too.
+    ///
+    /// Under a declared Stable API version the engine adds `apiVersion` (and `apiStrict` /
+    /// `apiDeprecationErrors` when set) too. A command holding its own such field is not
+    /// supported then (undefined behaviour in the versioned-api spec, as for
+    /// [`Client::run_command`]); today it is converted to a [`Document`] once at the start,
+    /// losing the encoded path's saving, and the client's fields replace the command's.
     pub async fn run_command_encoded(
         &self,
         db: &str,
@@ -320,16 +337,24 @@ impl<R> Client<R> {
     async fn run_request(&self, operation: OperationRequest) -> Result<RawReply, OperationError> {
         let waiter = self.waiter();
         // A future that drives the engine itself runs it next: no wake.
-        let reply = self.queue(operation, waiter.is_none())?;
+        let (reply, alone) = self.queue(operation, waiter.is_none(), true)?;
         if let Some(local) = &self.inner.local {
             local.mark();
+        }
+        if let (true, Some(spawned)) = (alone, &self.inner.spawned) {
+            // The only operation in flight: this caller starts it, unless the driver is busy.
+            reply.driving(|| {
+                if !spawned.run_inline() {
+                    lock(&self.inner.shared.state).wake_driver();
+                }
+            });
         }
         let cancel = CancelOnDrop {
             shared: &self.inner.shared,
             slot: &reply,
         };
         let result = poll_fn(|cx| {
-            drive(&waiter, cx);
+            reply.driving(|| drive(&waiter, cx));
             reply.poll(cx)
         })
         .await;
@@ -423,24 +448,35 @@ impl<R> Client<R> {
     /// Queues `operation` for the driver and wakes it; its result will be in the returned slot.
     /// [`OperationError::cancelled`] once the client is shut down.
     pub(crate) fn submit(&self, operation: OperationRequest) -> Result<Arc<Slot>, OperationError> {
-        self.queue(operation, true)
+        Ok(self.queue(operation, true, false)?.0)
     }
 
-    /// [`Client::submit`], waking the driver only if `wake`.
-    fn queue(&self, operation: OperationRequest, wake: bool) -> Result<Arc<Slot>, OperationError> {
+    /// [`Client::submit`], waking the driver only if `wake`; with `inline` and a spawned driver,
+    /// not if the operation is the only one in flight either, which the caller then starts
+    /// itself ([`SpawnedDriver::run_inline`]): the second value says so.
+    fn queue(
+        &self,
+        operation: OperationRequest,
+        wake: bool,
+        inline: bool,
+    ) -> Result<(Arc<Slot>, bool), OperationError> {
         let reply = Arc::new(Slot::default());
         let mut state = lock(&self.inner.shared.state);
         if state.closing {
             return Err(OperationError::cancelled());
         }
+        let alone = inline
+            && self.inner.spawned.is_some()
+            && state.operations == 0
+            && state.requests.is_empty();
         state.requests.push_back(Request {
             operation,
             reply: reply.clone(),
         });
-        if wake {
+        if wake && !alone {
             state.wake_driver();
         }
-        Ok(reply)
+        Ok((reply, alone))
     }
 
     /// Every engine event from now on (operation results, command and retry events, CMAP, SDAM

@@ -7,7 +7,7 @@ use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::task::Wake;
 
@@ -15,7 +15,6 @@ use bson::RawDocument;
 use retry_core::address::ServerAddress;
 use retry_core::engine::{ConnId, CursorHandle, Engine, EngineEvent, EventFamilies, OpId};
 use retry_core::error::{NetworkCause, NetworkErrorKind, OperationError};
-use retry_core::retry::RetryEvent;
 use retry_core::time::{Instant, OperationTimeout};
 
 use crate::id_map::IdMap;
@@ -33,6 +32,9 @@ const READ_BUFFER_BYTES: usize = 64 * 1024;
 /// Within this of its deadline the runtime's timer is polled in every round (tokio's timers
 /// fire on whole milliseconds).
 const TIMER_SLACK: Duration = Duration::from_millis(2);
+/// How long after its timer's firing woke the first waiting futures a [`LocalDriver`] waits for
+/// one of them to run it before it wakes every waiting future ([`Watchdog`]).
+const UNCLAIMED_TIMER_GRACE: Duration = Duration::from_millis(5);
 
 enum Link {
     Connecting(BoxFuture<io::Result<Pin<Box<dyn Socket>>>>),
@@ -44,7 +46,6 @@ enum Link {
 struct Pending {
     slot: Arc<Slot>,
     cursor: Option<CursorHandle>,
-    address: Option<ServerAddress>,
 }
 
 struct SocketState {
@@ -192,6 +193,7 @@ impl Driver {
                 self.pending.remove(&op);
                 self.engine.cancel_operation(op, now);
             }
+            state.operations = self.pending.len() + state.requests.len();
             // Explicit sessions to start and end (`session.rs`).
             let sessions =
                 crate::session::serve(&mut self.engine, &mut state.sessions, self.timeout, now);
@@ -217,7 +219,6 @@ impl Driver {
                 let pending = Pending {
                     slot: request.reply,
                     cursor: None,
-                    address: None,
                 };
                 self.pending.insert(op, pending);
             }
@@ -391,21 +392,17 @@ impl Driver {
                         pending.cursor = Some(cursor);
                     }
                 }
-                EngineEvent::Operation {
+                EngineEvent::OperationFinished {
                     op,
-                    event: RetryEvent::CommandSucceeded { address, .. },
+                    result,
+                    address,
                 } => {
-                    if let Some(pending) = self.pending.get_mut(&op) {
-                        pending.address = Some(address);
-                    }
-                }
-                EngineEvent::OperationFinished { op, result } => {
                     if let Some(pending) = self.pending.remove(&op) {
                         let cursor = pending.cursor;
-                        let address = pending.address.unwrap_or_else(unknown_address);
                         // The engine's success may still carry write errors: an error for the
-                        // caller, keeping the reply (never retried, RW-3).
-                        let result = result.and_then(|body| match write_errors(&body, &address) {
+                        // caller, naming the server that replied and keeping the reply (never
+                        // retried, RW-3).
+                        let result = result.and_then(|body| match write_errors(&body, address) {
                             Some(error) => Err(error),
                             None => Ok(RawReply { body, cursor }),
                         });
@@ -416,6 +413,7 @@ impl Driver {
             }
             next = self.engine.poll_event();
         }
+        state.operations = self.pending.len();
         true
     }
 
@@ -523,15 +521,113 @@ impl Future for Driver {
     }
 }
 
+/// A driver with a task of its own (a runtime that spawns, as tokio). The task runs it for every
+/// wake; and a caller whose operation is the only one in flight runs a pass itself to start it
+/// ([`SpawnedDriver::run_inline`], issue 9): with nothing to batch, the hop to the driver's task
+/// would cost a wake and a task poll more per round trip than the write it leads to. An inline
+/// pass is polled with the task's waker, so the sockets, the timer and the client's queue wake
+/// the task, as after any of its own passes.
+pub(crate) struct SpawnedDriver {
+    state: Mutex<SpawnedState>,
+    /// The task was polled while a caller ran a pass: that caller wakes it when done.
+    missed: AtomicBool,
+}
+
+struct SpawnedState {
+    /// `None` once it has stopped (shut down).
+    driver: Option<Driver>,
+    /// The task's waker, from its last poll.
+    task: Option<Waker>,
+}
+
+/// The driver's task ([`SpawnedDriver`]): spawned once per client.
+pub(crate) struct DriverTask(Arc<SpawnedDriver>);
+
+impl SpawnedDriver {
+    pub(crate) fn new(driver: Driver) -> Arc<SpawnedDriver> {
+        Arc::new(SpawnedDriver {
+            state: Mutex::new(SpawnedState {
+                driver: Some(driver),
+                task: None,
+            }),
+            missed: AtomicBool::new(false),
+        })
+    }
+
+    /// The task to spawn.
+    pub(crate) fn task(self: &Arc<Self>) -> DriverTask {
+        DriverTask(self.clone())
+    }
+
+    /// Runs a pass of the driver on the caller's thread, polled with the task's waker, unless
+    /// the task or another caller runs it, or the task has not run yet. Returns whether it ran;
+    /// if not, the caller wakes the task for its work instead.
+    pub(crate) fn run_inline(&self) -> bool {
+        let mut guard = match self.state.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return false,
+        };
+        let SpawnedState { driver, task } = &mut *guard;
+        let (Some(running), Some(task)) = (driver.as_mut(), task.clone()) else {
+            return false;
+        };
+        let stopped = Pin::new(running)
+            .poll(&mut Context::from_waker(&task))
+            .is_ready();
+        if stopped {
+            // The driver (and its engine and sockets) goes now; its task ends when next polled.
+            *driver = None;
+        }
+        drop(guard);
+        // Pairs with the task's fence: either the task sees the lock free, or this sees `missed`.
+        fence(Ordering::SeqCst);
+        if self.missed.swap(false, Ordering::Relaxed) || stopped {
+            task.wake();
+        }
+        true
+    }
+}
+
+impl Future for DriverTask {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let spawned = &self.0;
+        spawned.missed.store(true, Ordering::Relaxed);
+        // Pairs with `run_inline`'s fence: a caller holding the driver now sees `missed` after
+        // it lets go, and wakes this task again.
+        fence(Ordering::SeqCst);
+        let mut guard = match spawned.state.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return Poll::Pending,
+        };
+        spawned.missed.store(false, Ordering::Relaxed);
+        let state = &mut *guard;
+        if !state.task.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            state.task = Some(cx.waker().clone());
+        }
+        let Some(driver) = state.driver.as_mut() else {
+            return Poll::Ready(());
+        };
+        if Pin::new(driver).poll(cx).is_ready() {
+            state.driver = None;
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+}
+
 /// RW-3: the write errors of a successful reply ([`OperationError::from_write_reply`]). Only a
 /// reply with a top-level `writeErrors` key is converted to a document for it; any other has
 /// none (the rule reads that key alone).
-fn write_errors(reply: &RawDocument, address: &ServerAddress) -> Option<OperationError> {
+fn write_errors(reply: &RawDocument, address: Option<ServerAddress>) -> Option<OperationError> {
     if !may_have_key(reply, b"writeErrors") {
         return None;
     }
     let document = retry_core::wire::to_document(reply).ok()?;
-    OperationError::from_write_reply(&document, address)
+    OperationError::from_write_reply(&document, &address.unwrap_or_else(unknown_address))
 }
 
 /// Whether `document` (decoded and validated by the engine) may have the top-level key `key`:
@@ -635,7 +731,10 @@ impl Wake for SocketWaker {
 /// branch won) absorb one wake each, once. The bound: with `k` of them registered ahead of a
 /// live future, the live one is woken by the `⌈log2(k + 1)⌉`-th wake after a round, and at the
 /// latest by the first firing of the driver's timer (the next engine deadline) after the first
-/// such wake, so no operation waits past its deadline for a reply that arrived. The common path
+/// such wake, so no operation waits past its deadline for a reply that arrived. When the timer's
+/// firing is itself the first wake after a round, a [`Watchdog`] timer takes the place of the
+/// next firing: if none of the woken has run the driver [`UNCLAIMED_TIMER_GRACE`] later, it wakes
+/// every waiting future (one timer registration per firing, not a wake per waiter). The common path
 /// (a wake, one of the two woken runs the driver) wakes two, however many wait (house rule 9);
 /// more only while woken futures are not polled.
 pub(crate) struct LocalDriver {
@@ -654,6 +753,36 @@ struct DriverWaker {
     /// it is clear, none of the woken futures has run the driver yet.
     claimed: AtomicBool,
     waiting: Mutex<Waiting>,
+    /// Armed by a firing of the driver's timer that was the first wake after a round.
+    watchdog: Mutex<Option<Watchdog>>,
+}
+
+/// A runtime timer of a [`LocalDriver`]'s own (house rule 8, CS-4): a firing of the driver's
+/// timer that is the first wake after a round wakes two waiting futures, like any such wake, and
+/// arms this for [`UNCLAIMED_TIMER_GRACE`] later; if none of the woken has run the driver by
+/// then (futures kept but never polled), it wakes every waiting future, as the timer's next
+/// firing would, which does not come: the timer is re-armed only by a run of the driver.
+struct Watchdog {
+    runtime: Arc<dyn Runtime>,
+    timer: Pin<Box<dyn AsyncTimer>>,
+    /// Its timer's waker: [`WatchdogWaker`].
+    waker: Waker,
+}
+
+/// The [`Watchdog`]'s timer's waker; weak, as the timer (which keeps it) belongs to the
+/// [`DriverWaker`].
+struct WatchdogWaker(std::sync::Weak<DriverWaker>);
+
+impl Wake for WatchdogWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if let Some(driver) = self.0.upgrade() {
+            driver.wake_unclaimed();
+        }
+    }
 }
 
 /// The waker the driver's timer holds: a wake of [`DriverWaker`] that, while no woken future has
@@ -771,6 +900,23 @@ impl Waiting {
 }
 
 impl DriverWaker {
+    /// The waker of a new [`LocalDriver`] on `runtime` (whose timer is its [`Watchdog`]'s),
+    /// with something to do (the engine's first connections).
+    fn new(runtime: Arc<dyn Runtime>) -> Arc<DriverWaker> {
+        let waker = Arc::new(DriverWaker {
+            dirty: AtomicBool::new(true),
+            claimed: AtomicBool::new(false),
+            waiting: Mutex::new(Waiting::default()),
+            watchdog: Mutex::new(None),
+        });
+        *lock(&waker.watchdog) = Some(Watchdog {
+            timer: runtime.new_timer(Instant::MAX),
+            runtime,
+            waker: Waker::from(Arc::new(WatchdogWaker(Arc::downgrade(&waker)))),
+        });
+        waker
+    }
+
     /// Wakes one waiting future: it runs the driver when polled (a hand-off from a future that
     /// leaves or used up its passes).
     fn wake_one(&self) {
@@ -820,7 +966,37 @@ impl DriverWaker {
     fn wake_timer(&self) {
         if !self.dirty.swap(true, Ordering::AcqRel) {
             self.wake_escalating(true, false);
+            self.arm_watchdog();
         } else if !self.claimed.load(Ordering::Acquire) {
+            self.wake_escalating(false, true);
+        }
+    }
+
+    /// Arms the [`Watchdog`] for [`UNCLAIMED_TIMER_GRACE`] from now.
+    fn arm_watchdog(&self) {
+        let mut watchdog = lock(&self.watchdog);
+        let Some(Watchdog {
+            runtime,
+            timer,
+            waker,
+        }) = watchdog.as_mut()
+        else {
+            return;
+        };
+        timer
+            .as_mut()
+            .reset(runtime.now().saturating_add(UNCLAIMED_TIMER_GRACE));
+        let fired = timer.as_mut().poll(&mut Context::from_waker(waker));
+        drop(watchdog);
+        if fired.is_ready() {
+            self.wake_unclaimed();
+        }
+    }
+
+    /// The [`Watchdog`] fired: every waiting future is woken if the driver has something to do
+    /// and none of the futures woken for it has run it.
+    fn wake_unclaimed(&self) {
+        if self.dirty.load(Ordering::Acquire) && !self.claimed.load(Ordering::Acquire) {
             self.wake_escalating(false, true);
         }
     }
@@ -851,11 +1027,7 @@ const PASSES_PER_POLL: usize = 4;
 
 impl LocalDriver {
     pub(crate) fn new(mut driver: Driver) -> LocalDriver {
-        let waker = Arc::new(DriverWaker {
-            dirty: AtomicBool::new(true),
-            claimed: AtomicBool::new(false),
-            waiting: Mutex::new(Waiting::default()),
-        });
+        let waker = DriverWaker::new(driver.runtime.clone());
         driver.timer_waker = Some(Waker::from(Arc::new(TimerWaker(waker.clone()))));
         LocalDriver {
             driver: Mutex::new(Some(driver)),
@@ -954,7 +1126,8 @@ impl Drop for Waiter {
     }
 }
 
-/// The address of a reply whose attempt event was not seen (never, for a success).
+/// The address of a success the engine names no server for (never, for a reply with write
+/// errors: only a server's reply has them).
 fn unknown_address() -> ServerAddress {
     ServerAddress::new("unknown", 0)
 }
@@ -1101,6 +1274,82 @@ mod tests {
         assert_eq!(registered(&lock(&driver.waiting)), 0);
     }
 
+    /// A runtime whose timers fire when the test fires them: a polled timer's waker is kept in
+    /// `armed`.
+    #[derive(Debug, Default)]
+    struct ManualTimers {
+        armed: Arc<Mutex<Vec<Waker>>>,
+    }
+
+    #[derive(Debug)]
+    struct ManualTimer(Arc<Mutex<Vec<Waker>>>);
+
+    impl AsyncTimer for ManualTimer {
+        fn reset(self: Pin<&mut Self>, _: Instant) {}
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            lock(&self.0).push(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+
+    impl Runtime for ManualTimers {
+        fn start() -> io::Result<ManualTimers> {
+            Ok(ManualTimers::default())
+        }
+        fn now(&self) -> Instant {
+            Instant::ZERO
+        }
+        fn new_timer(&self, _: Instant) -> Pin<Box<dyn AsyncTimer>> {
+            Box::pin(ManualTimer(self.armed.clone()))
+        }
+        fn connect(&self, _: String, _: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
+            Box::pin(core::future::pending())
+        }
+    }
+
+    /// CS-4, house rule 8 (the case review10 finding 2 left open): the driver's timer firing is
+    /// the first wake after a round, and the two futures it wakes are never polled. The live
+    /// future registered before them is woken when the runtime's timers armed meanwhile fire
+    /// (the watchdog: one timer per firing, not a wake per waiter), with no other wake of the
+    /// driver; before, nothing was armed and it waited for a socket's wake that may never come.
+    #[test]
+    fn cs4_a_first_wake_by_the_timer_reaches_a_live_future_past_unpolled_ones() {
+        let runtime = ManualTimers::default();
+        let armed = runtime.armed.clone();
+        let driver = DriverWaker::new(Arc::new(runtime));
+        let live = tasks(1);
+        let unpolled = tasks(50);
+        register_all(&driver, &live);
+        register_all(&driver, &unpolled);
+        let timer = Waker::from(Arc::new(TimerWaker(driver.clone())));
+        // A round ran: the timer's firing is the first wake after it.
+        driver.claimed.store(true, Ordering::Release);
+        driver.dirty.store(false, Ordering::Release);
+        timer.wake_by_ref();
+        assert_eq!((woken(&live), woken(&unpolled)), (0, 2));
+        let fire = || {
+            let wakers = core::mem::take(&mut *lock(&armed));
+            let count = wakers.len();
+            wakers.into_iter().for_each(Waker::wake);
+            count
+        };
+        assert_eq!(fire(), 1, "one timer armed for the firing");
+        assert_eq!(woken(&live), 1, "the live future is woken");
+        assert_eq!(woken(&unpolled), 50);
+
+        // Next time one of the two woken runs the driver before the watchdog fires: the
+        // watchdog wakes nobody more.
+        register_all(&driver, &live);
+        register_all(&driver, &unpolled);
+        driver.dirty.store(false, Ordering::Release);
+        timer.wake_by_ref();
+        assert_eq!((woken(&live), woken(&unpolled)), (1, 52));
+        driver.claimed.store(true, Ordering::Release);
+        driver.dirty.store(false, Ordering::Release);
+        assert_eq!(fire(), 1);
+        assert_eq!((woken(&live), woken(&unpolled)), (1, 52));
+    }
+
     /// A runtime that opens no socket and whose timers never fire: the test below drives the
     /// engine's sockets by hand.
     #[derive(Debug)]
@@ -1136,16 +1385,14 @@ mod tests {
     fn optional_events(engine: &mut Engine) -> usize {
         let mut optional = 0;
         while let Some(event) = engine.poll_event() {
-            optional += usize::from(match event {
+            optional += usize::from(matches!(
+                event,
                 EngineEvent::Pool { .. }
-                | EngineEvent::Heartbeat { .. }
-                | EngineEvent::Topology(_)
-                | EngineEvent::Hedging { .. } => true,
-                EngineEvent::Operation { event, .. } => {
-                    !matches!(event, RetryEvent::CommandSucceeded { .. })
-                }
-                _ => false,
-            });
+                    | EngineEvent::Heartbeat { .. }
+                    | EngineEvent::Topology(_)
+                    | EngineEvent::Hedging { .. }
+                    | EngineEvent::Operation { .. }
+            ));
         }
         optional
     }

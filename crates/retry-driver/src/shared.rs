@@ -4,6 +4,7 @@
 
 use core::task::{Context, Poll, Waker};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bson::{Document, RawDocumentBuf};
@@ -67,22 +68,40 @@ struct SlotState {
 #[derive(Default)]
 pub(crate) struct Slot {
     state: Mutex<SlotState>,
+    /// Its caller is running the driver ([`Slot::driving`]) and polls the slot right after.
+    driving: AtomicBool,
 }
 
 impl Slot {
     /// Stores the result (the first one) and wakes the caller, after the lock is released: the
-    /// woken task, maybe on another thread, does not wait for it.
+    /// woken task, maybe on another thread, does not wait for it. A caller that is running the
+    /// driver itself ([`Slot::driving`]) is not woken: it polls the slot when the run ends.
     pub(crate) fn complete(&self, result: OperationResult) {
         let waker = {
             let mut state = lock(&self.state);
             if state.result.is_none() {
                 state.result = Some(result);
             }
+            if self.driving.load(Ordering::Acquire) {
+                return;
+            }
             state.waker.take()
         };
         if let Some(waker) = waker {
             waker.wake();
         }
+    }
+
+    /// Runs `drive` (the caller running the driver, which may complete this slot) without the
+    /// completion waking the caller's task, which is running it and polls the slot next: one
+    /// poll per result, not a second one for a wake of the task by itself (issue 9). The caller
+    /// must poll the slot after it.
+    pub(crate) fn driving(&self, drive: impl FnOnce()) {
+        self.driving.store(true, Ordering::Release);
+        drive();
+        // A completion from now on (another runner's) wakes the caller; one before it is seen
+        // by the caller's poll, which takes the lock after this store.
+        self.driving.store(false, Ordering::Release);
     }
 
     pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<OperationResult> {
@@ -188,6 +207,9 @@ pub(crate) struct Shared {
 #[derive(Default)]
 pub(crate) struct SharedState {
     pub(crate) requests: VecDeque<Request>,
+    /// The operations the driver had in flight when it last looked, queued ones included (an
+    /// estimate for [`SpawnedDriver::run_inline`](crate::driver::SpawnedDriver::run_inline)).
+    pub(crate) operations: usize,
     /// Started operations whose callers dropped their futures.
     pub(crate) cancels: Vec<OpId>,
     pub(crate) driver: Option<Waker>,
@@ -226,5 +248,42 @@ impl Shared {
         let mut state = lock(&self.state);
         state.cancels.push(op);
         state.wake_driver();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::Wake;
+
+    struct Counted(AtomicUsize);
+
+    impl Wake for Counted {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Issue 9: a result completed while its own caller runs the driver ([`Slot::driving`])
+    /// does not wake the caller's task (which polls the slot next and takes it); one completed
+    /// after that, by another runner, does.
+    #[test]
+    fn a_caller_running_the_driver_is_not_woken_for_its_own_result() {
+        let task = Arc::new(Counted(AtomicUsize::new(0)));
+        let waker = Waker::from(task.clone());
+        let mut cx = Context::from_waker(&waker);
+        let slot = Slot::default();
+        assert!(slot.poll(&mut cx).is_pending());
+        slot.driving(|| slot.complete(Err(OperationError::cancelled())));
+        assert_eq!(task.0.load(Ordering::Relaxed), 0, "no wake of itself");
+        assert!(slot.poll(&mut cx).is_ready(), "its poll takes the result");
+
+        let other = Slot::default();
+        assert!(other.poll(&mut cx).is_pending());
+        other.driving(|| {});
+        other.complete(Err(OperationError::cancelled()));
+        assert_eq!(task.0.load(Ordering::Relaxed), 1, "woken by another runner");
+        assert!(other.poll(&mut cx).is_ready());
     }
 }

@@ -137,7 +137,7 @@ fn summary(error: &ErrorSummary) -> String {
 /// One event in words.
 pub fn describe(event: &EngineEvent) -> String {
     match event {
-        EngineEvent::OperationFinished { op, result } => match result {
+        EngineEvent::OperationFinished { op, result, .. } => match result {
             Ok(reply) => match retry_core::wire::to_document(reply) {
                 Ok(reply) => format!("operation {} finished: {reply}", op.0),
                 Err(e) => format!("operation {} finished: {e}", op.0),

@@ -44,7 +44,7 @@ impl Tally {
     /// Every other event is ignored.
     pub fn observe(&mut self, event: &EngineEvent) {
         match event {
-            EngineEvent::OperationFinished { op, result } => {
+            EngineEvent::OperationFinished { op, result, .. } => {
                 self.operations += 1;
                 if result.is_ok() {
                     self.successes += 1;
@@ -185,6 +185,7 @@ mod tests {
         EngineEvent::OperationFinished {
             op: OpId(op),
             result,
+            address: None,
         }
     }
 

@@ -86,7 +86,10 @@ pub fn run(seed: ServerAddress, command: Document) -> Result<Document, Operation
         }
         while let Some(event) = engine.poll_event() {
             println!("{event:?}");
-            if let EngineEvent::OperationFinished { op: done, result } = event {
+            if let EngineEvent::OperationFinished {
+                op: done, result, ..
+            } = event
+            {
                 if done == op {
                     // The reply comes encoded; this example hands its caller a document.
                     return result.map(|reply| {

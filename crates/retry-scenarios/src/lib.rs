@@ -750,7 +750,7 @@ fn finished(
     events
         .iter()
         .filter_map(|(_, e)| match e {
-            EngineEvent::OperationFinished { op, result } => Some((
+            EngineEvent::OperationFinished { op, result, .. } => Some((
                 *op,
                 result.as_ref().err().map(|error| error.summary().class),
             )),

@@ -635,7 +635,7 @@ impl Sim {
     /// The result of `op`, if it finished, its reply converted to a document.
     pub fn result(&self, op: OpId) -> Option<Result<Document, OperationError>> {
         self.events.iter().find_map(|(_, e)| match e {
-            EngineEvent::OperationFinished { op: o, result } if *o == op => Some(
+            EngineEvent::OperationFinished { op: o, result, .. } if *o == op => Some(
                 result
                     .as_ref()
                     .map(|reply| to_document(reply).expect("a decoded reply converts"))

@@ -108,15 +108,18 @@ fn lookup<'a>(document: &'a Document, path: &str) -> Option<&'a Bson> {
 
 fn field_matches(value: Option<&Bson>, condition: &Bson) -> Result<bool, Unsupported> {
     let Bson::Document(operators) = condition else {
-        return Ok(value.is_some_and(|v| equal(v, condition)));
+        return filter_equal(value, condition, "$eq");
     };
     if !operators.keys().next().is_some_and(|k| k.starts_with('$')) {
-        return Ok(value.is_some_and(|v| equal(v, condition)));
+        return filter_equal(value, condition, "$eq");
     }
     for (op, operand) in operators {
+        if matches!(op.as_str(), "$gt" | "$gte" | "$lt" | "$lte") {
+            modelled(value, operand, op)?;
+        }
         let ok = match op.as_str() {
-            "$eq" => value.is_some_and(|v| equal(v, operand)),
-            "$ne" => !value.is_some_and(|v| equal(v, operand)),
+            "$eq" => filter_equal(value, operand, op)?,
+            "$ne" => !filter_equal(value, operand, op)?,
             "$gt" => compare(value, operand) == Some(Ordering::Greater),
             "$gte" => matches!(
                 compare(value, operand),
@@ -131,7 +134,10 @@ fn field_matches(value: Option<&Bson>, condition: &Bson) -> Result<bool, Unsuppo
                 let Bson::Array(items) = operand else {
                     return Err(Unsupported::bad_value(&format!("{op} needs an array")));
                 };
-                let found = value.is_some_and(|v| items.iter().any(|i| equal(v, i)));
+                let mut found = false;
+                for item in items {
+                    found |= filter_equal(value, item, op)?;
+                }
                 found == (op == "$in")
             }
             "$exists" => value.is_some() == matches!(operand, Bson::Boolean(true) | Bson::Int32(1)),
@@ -148,6 +154,54 @@ fn field_matches(value: Option<&Bson>, condition: &Bson) -> Result<bool, Unsuppo
 thread_local! {
     /// How many times [`equal`] ran on this thread, for the cost tests (house rule 9).
     pub(crate) static EQUAL_CALLS: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+}
+
+/// [`equal`] of a filter's `operand` (of operator `op`) and a document's `value`, if present;
+/// refused by [`modelled`] where it would differ from a real server's.
+fn filter_equal(value: Option<&Bson>, operand: &Bson, op: &str) -> Result<bool, Unsupported> {
+    modelled(value, operand, op)?;
+    Ok(value.is_some_and(|v| equal(v, operand)))
+}
+
+/// TK-2 (review11 finding 4): refuses a filter whose operator `op` would compare, at some depth,
+/// a Decimal128 that is not an int64 integer (`NumberDecimal("1.5")`, one too large, infinite or
+/// NaN) with a number. A real server compares such decimals by value with every number
+/// (`NumberDecimal("1.5")` equals `1.5` and `NumberDecimal("1.50")`); [`equal`] and [`compare`]
+/// do not, so the filter is refused loudly rather than silently matching nothing.
+fn modelled(value: Option<&Bson>, operand: &Bson, op: &str) -> Result<(), Unsupported> {
+    match value {
+        Some(value) if unmodelled_decimal(value, operand) => Err(Unsupported(format!(
+            "{op} comparing a Decimal128 that is not an int64 integer with a number"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Whether comparing `a` with `b` compares, at some depth, a Decimal128 that [`exact_number`]
+/// does not read with a number: two numbers directly, or the values of two documents with the
+/// same keys, or the elements of two arrays of the same length (what [`equal`] compares).
+fn unmodelled_decimal(a: &Bson, b: &Bson) -> bool {
+    let number = |v: &Bson| {
+        matches!(
+            v,
+            Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_)
+        )
+    };
+    let unread = |v: &Bson| matches!(v, Bson::Decimal128(d) if decimal_integer(d).is_none());
+    match (a, b) {
+        _ if number(a) && number(b) => unread(a) || unread(b),
+        (Bson::Document(x), Bson::Document(y)) => {
+            x.len() == y.len()
+                && x.keys().eq(y.keys())
+                && x.values()
+                    .zip(y.values())
+                    .any(|(x, y)| unmodelled_decimal(x, y))
+        }
+        (Bson::Array(x), Bson::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).any(|(x, y)| unmodelled_decimal(x, y))
+        }
+        _ => false,
+    }
 }
 
 /// Equality as the server sees it: numbers by exact value across their types (review8 finding
@@ -383,6 +437,52 @@ pub(crate) fn upsert_seed(filter: &Document) -> Document {
 mod tests {
     use super::*;
     use bson::doc;
+
+    /// TK-2 (review11 finding 4): a filter comparing a Decimal128 that is not an int64 integer
+    /// with a number, on either side and at any depth, is refused by name (a real server
+    /// compares them by decimal value, which is not modelled); integral decimals, and other
+    /// comparisons on a document holding such a decimal, are answered.
+    #[test]
+    fn tk2_a_filter_on_a_fractional_decimal_is_refused() {
+        let decimal = |text: &str| Bson::Decimal128(text.parse().expect("a decimal"));
+        let d = doc! {
+            "_id": 1, "x": decimal("1.5"), "y": { "z": decimal("2.5") }, "n": decimal("1E+2"),
+            "f": 1.5,
+        };
+        let refused = |op: &str| {
+            Err(Unsupported(format!(
+                "{op} comparing a Decimal128 that is not an int64 integer with a number"
+            )))
+        };
+        for (filter, op) in [
+            (doc! { "x": 1.5 }, "$eq"),
+            (doc! { "x": decimal("1.50") }, "$eq"),
+            (doc! { "x": { "$eq": 1 } }, "$eq"),
+            (doc! { "x": { "$ne": 2_i64 } }, "$ne"),
+            (doc! { "x": { "$gt": 1 } }, "$gt"),
+            (doc! { "x": { "$lte": decimal("2") } }, "$lte"),
+            (doc! { "x": { "$in": ["a", 1.5] } }, "$in"),
+            (doc! { "x": { "$nin": [1.5] } }, "$nin"),
+            (doc! { "y": { "z": 2.5 } }, "$eq"),
+            (doc! { "f": decimal("1.5") }, "$eq"),
+            (doc! { "f": { "$gte": decimal("NaN") } }, "$gte"),
+            (doc! { "$or": [{ "_id": 2 }, { "x": 1.5 }] }, "$eq"),
+        ] {
+            assert_eq!(matches(&d, &filter), refused(op), "{filter}");
+        }
+        for (filter, expected) in [
+            (doc! { "_id": decimal("1.00") }, true),
+            (doc! { "n": 100 }, true),
+            (doc! { "n": { "$gt": 99.5 } }, true),
+            (doc! { "x": "1.5" }, false),
+            (doc! { "x": { "$exists": true } }, true),
+            (doc! { "absent": decimal("1.5") }, false),
+            (doc! { "y": { "w": 2.5 } }, false),
+            (doc! { "_id": 1, "f": 1.5 }, true),
+        ] {
+            assert_eq!(matches(&d, &filter), Ok(expected), "{filter}");
+        }
+    }
 
     #[test]
     fn comparison_operators() {

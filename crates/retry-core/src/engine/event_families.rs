@@ -1,15 +1,14 @@
 //! Which optional event families the engine publishes ([`EventFamilies`], issue 9): an embedder
 //! that listens to none of them saves building, queueing and polling them. Events the embedder
-//! needs to drive operations are never optional: [`EngineEvent::OperationFinished`],
-//! [`EngineEvent::CursorOpened`] and a retry machine's [`RetryEvent::CommandSucceeded`] (which
-//! names the server that answered). Command monitoring has its own switch,
+//! needs to drive operations are never optional: [`EngineEvent::OperationFinished`] (which names
+//! the server that answered a success) and [`EngineEvent::CursorOpened`]. Command monitoring has
+//! its own switch,
 //! [`EngineOptions::command_monitoring`](super::EngineOptions::command_monitoring).
 
 use core::ops::BitOr;
 
 #[cfg(doc)]
 use super::EngineEvent;
-use crate::retry::RetryEvent;
 
 /// A set of optional event families. Checked once where the engine queues an event, so an
 /// unpublished family costs nothing past that check; the engine's actions and transmits do not
@@ -25,8 +24,8 @@ impl EventFamilies {
     /// SDAM monitoring: topology and server description events ([`EngineEvent::Topology`]) and
     /// the monitors' heartbeat events ([`EngineEvent::Heartbeat`]).
     pub const SDAM: EventFamilies = EventFamilies(1 << 1);
-    /// Retry events ([`EngineEvent::Operation`]): attempts started and failed, retries scheduled
-    /// and denied. [`RetryEvent::CommandSucceeded`] is always published.
+    /// Retry events ([`EngineEvent::Operation`]): attempts started, succeeded and failed,
+    /// retries scheduled and denied.
     pub const RETRY: EventFamilies = EventFamilies(1 << 2);
     /// Hedging events of hedged reads ([`EngineEvent::Hedging`], A6-H1..A6-H7).
     pub const HEDGING: EventFamilies = EventFamilies(1 << 3);
@@ -38,10 +37,9 @@ impl EventFamilies {
         self.0 & other.0 == other.0
     }
 
-    /// Whether a retry machine's `event` is published: [`RetryEvent::CommandSucceeded`]
-    /// always, the others with [`EventFamilies::RETRY`].
-    pub(super) fn publishes_retry(self, event: &RetryEvent) -> bool {
-        matches!(event, RetryEvent::CommandSucceeded { .. }) || self.contains(EventFamilies::RETRY)
+    /// Whether a retry machine's events are published: with [`EventFamilies::RETRY`].
+    pub(super) fn publishes_retry(self) -> bool {
+        self.contains(EventFamilies::RETRY)
     }
 }
 

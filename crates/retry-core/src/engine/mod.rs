@@ -397,6 +397,10 @@ pub enum EngineEvent {
         /// drops costs no document tree. A commit or abort of a transaction that wrote nothing
         /// finishes with an empty reply (TX-2).
         result: Result<RawDocumentBuf, OperationError>,
+        /// The server that sent the reply of a success, for what the caller reads from it (a
+        /// driver's write errors name it, RW-3). `None` for an error (it names its own
+        /// server, [`OperationError::address`]) and for a reply the engine made itself (TX-2).
+        address: Option<ServerAddress>,
     },
     /// A command monitoring event in the spec's shape (EV-1..EV-6), when
     /// [`EngineOptions::command_monitoring`] is on. Boxed: it is the largest event by far, and
@@ -1211,12 +1215,18 @@ mod tests {
         let finished: Vec<_> = events(&mut engine)
             .into_iter()
             .filter_map(|e| match e {
-                EngineEvent::OperationFinished { op: o, result } if o == op => Some(result),
+                EngineEvent::OperationFinished {
+                    op: o,
+                    result,
+                    address,
+                } if o == op => Some((result, address)),
                 _ => None,
             })
             .collect();
         assert_eq!(finished.len(), 1);
-        let error = finished[0].as_ref().unwrap_err();
+        // An error names its own server; the finish names none (RW-3 reads a success's).
+        assert_eq!(finished[0].1, None);
+        let error = finished[0].0.as_ref().unwrap_err();
         assert!(
             matches!(error.kind, crate::error::ErrorKind::Handshake { .. }),
             "{error:?}"

@@ -68,6 +68,7 @@ impl Engine {
             self.events.push_back(EngineEvent::OperationFinished {
                 op,
                 result: Err(OperationError::cancelled()),
+                address: None,
             });
             return op;
         }
@@ -133,6 +134,7 @@ impl Engine {
                     self.events.push_back(EngineEvent::OperationFinished {
                         op,
                         result: Err(error),
+                        address: None,
                     });
                     return op;
                 }
@@ -159,6 +161,7 @@ impl Engine {
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
                     result: Ok(RawDocumentBuf::new()),
+                    address: None,
                 });
                 return op;
             }
@@ -166,6 +169,7 @@ impl Engine {
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
                     result: Err(error),
+                    address: None,
                 });
                 return op;
             }
@@ -177,6 +181,7 @@ impl Engine {
                 self.events.push_back(EngineEvent::OperationFinished {
                     op,
                     result: Err(error),
+                    address: None,
                 });
                 return op;
             }
@@ -381,7 +386,7 @@ impl Engine {
             };
             if let Some(event) = machine.poll_event() {
                 match event {
-                    event if !self.options.events.publishes_retry(&event) => {}
+                    _ if !self.options.events.publishes_retry() => {}
                     RetryEvent::RetryScheduled { .. } | RetryEvent::RetryDenied { .. } => {
                         held.push(event)
                     }
@@ -613,9 +618,21 @@ impl Engine {
             self.events
                 .push_back(EngineEvent::CursorOpened { op: op_id, cursor });
         }
+        // RW-3: the server that sent a success's reply (a reply the engine made has none).
+        let address = match (&result, op.reply.as_ref()) {
+            (Ok(()), Some(_)) => op
+                .slots
+                .get(winner)
+                .and_then(|slot| slot.server.as_ref())
+                .map(|server| server.address.clone()),
+            _ => None,
+        };
         let result = result.map(|()| op.reply.take().unwrap_or_default());
-        self.events
-            .push_back(EngineEvent::OperationFinished { op: op_id, result });
+        self.events.push_back(EngineEvent::OperationFinished {
+            op: op_id,
+            result,
+            address,
+        });
     }
 
     /// `slot`'s attempt is on `server` (SS-15 counts it there).

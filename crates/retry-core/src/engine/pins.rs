@@ -34,6 +34,7 @@ impl Engine {
             self.events.push_back(EngineEvent::OperationFinished {
                 op,
                 result: Err(error),
+                address: None,
             });
             return None;
         };
@@ -69,6 +70,7 @@ impl Engine {
                     self.events.push_back(EngineEvent::OperationFinished {
                         op,
                         result: Ok(RawDocumentBuf::new()),
+                        address: None,
                     });
                     return None;
                 }

@@ -123,7 +123,7 @@ mod tests {
         engine.run(Instant::ZERO);
         let finished: Vec<_> = core::iter::from_fn(|| engine.poll_event())
             .filter_map(|e| match e {
-                EngineEvent::OperationFinished { op: o, result } if o == op => Some(result),
+                EngineEvent::OperationFinished { op: o, result, .. } if o == op => Some(result),
                 _ => None,
             })
             .collect();
