@@ -22,6 +22,7 @@ use alloc::vec::Vec;
 
 use bson::{Bson, Document};
 
+use crate::bson_write::WriteError;
 use crate::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use crate::topology::{ServerType, TopologyType};
 
@@ -33,6 +34,36 @@ pub fn read_preference_document(
     topology_type: TopologyType,
     server_type: ServerType,
 ) -> Option<Document> {
+    sent_preference(criteria, topology_type, server_type).map(to_document)
+}
+
+/// The document of what is sent.
+pub(crate) fn to_document(sent: Sent<'_>) -> Document {
+    match sent {
+        Sent::Preference(preference) => document(preference),
+        Sent::PrimaryPreferred => document(&ReadPreference::from_mode(
+            ReadPreferenceMode::PrimaryPreferred,
+        )),
+    }
+}
+
+/// What the rules above send: the application's preference, or `primaryPreferred` in its place
+/// (SS-8).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Sent<'a> {
+    /// The application's preference as it is.
+    Preference(&'a ReadPreference),
+    /// `{mode: "primaryPreferred"}` for a `primary` read on a direct connection (SS-8).
+    PrimaryPreferred,
+}
+
+/// The rules above: what is sent to a server of `server_type` in a topology of `topology_type`
+/// for a command selected with `criteria`, `None` for nothing.
+pub(crate) fn sent_preference(
+    criteria: &SelectionCriteria,
+    topology_type: TopologyType,
+    server_type: ServerType,
+) -> Option<Sent<'_>> {
     let SelectionCriteria::Read(preference) = criteria else {
         return None;
     };
@@ -41,16 +72,41 @@ pub fn read_preference_document(
         (TopologyType::Single, ServerType::Standalone) => None,
         (TopologyType::Single, ServerType::Mongos | ServerType::LoadBalancer) if primary => None,
         (TopologyType::Single, ServerType::Mongos | ServerType::LoadBalancer) => {
-            Some(document(preference))
+            Some(Sent::Preference(preference))
         }
-        (TopologyType::Single, _) if primary => Some(document(&ReadPreference::from_mode(
-            ReadPreferenceMode::PrimaryPreferred,
-        ))),
-        (TopologyType::Single, _) => Some(document(preference)),
+        (TopologyType::Single, _) if primary => Some(Sent::PrimaryPreferred),
+        (TopologyType::Single, _) => Some(Sent::Preference(preference)),
         (_, ServerType::Standalone) => None,
         _ if primary => None,
-        _ => Some(document(preference)),
+        _ => Some(Sent::Preference(preference)),
     }
+}
+
+/// Appends `sent` as the element `$readPreference`: the bytes of [`read_preference_document`]'s
+/// document as that element, written without building the document when the preference is
+/// only a mode (issue 9: the usual case, a `$readPreference` to a mongos or a secondary).
+/// A tag with a NUL byte in its key cannot be written, as with the document.
+pub(crate) fn append_element(sent: Sent<'_>, out: &mut Vec<u8>) -> Result<(), WriteError> {
+    let mode = match sent {
+        Sent::Preference(p) if !p.tag_sets().is_empty() || p.max_staleness().is_some() => {
+            let value = Bson::Document(document(p));
+            return crate::bson_write::element("$readPreference", &value, out);
+        }
+        Sent::Preference(p) => p.mode().as_str(),
+        Sent::PrimaryPreferred => ReadPreferenceMode::PrimaryPreferred.as_str(),
+    };
+    // {mode: <mode>}: int32 length, a string element, the closing 0.
+    let length = 4 + (1 + 5 + 4 + mode.len() + 1) + 1;
+    out.push(0x03);
+    out.extend_from_slice(b"$readPreference\0");
+    out.extend_from_slice(&(length as i32).to_le_bytes());
+    out.push(0x02);
+    out.extend_from_slice(b"mode\0");
+    out.extend_from_slice(&((mode.len() + 1) as i32).to_le_bytes());
+    out.extend_from_slice(mode.as_bytes());
+    out.push(0);
+    out.push(0);
+    Ok(())
 }
 
 /// The read preference document structure: `mode`, `tags`, `maxStalenessSeconds`.
@@ -188,5 +244,58 @@ mod tests {
                 None
             );
         }
+    }
+
+    /// SS-8, SS-9, LB-6 (issue 9): the element written without building the document has the
+    /// bytes of the document's element, for every mode, with and without tag sets (`[{}]`
+    /// included) and a maximum staleness, on every kind of server it goes to.
+    #[test]
+    fn ss9_the_appended_element_is_the_documents_bytes() {
+        let mut tags = TagSet::new();
+        tags.insert("dc", "ny");
+        let mut preferences = alloc::vec::Vec::new();
+        for mode in [
+            Primary,
+            PrimaryPreferred,
+            Secondary,
+            SecondaryPreferred,
+            Nearest,
+        ] {
+            preferences.push(ReadPreference::from_mode(mode));
+            if mode != Primary {
+                for sets in [alloc::vec![tags.clone()], alloc::vec![TagSet::new()]] {
+                    preferences.push(ReadPreference::new(mode, sets, None).unwrap());
+                }
+                preferences.push(ReadPreference::new(mode, alloc::vec![], Some(120)).unwrap());
+            }
+        }
+        let mut sent = 0;
+        for preference in preferences {
+            let criteria = SelectionCriteria::Read(preference);
+            for (topology, server) in [
+                (Single, RsSecondary),
+                (Single, Mongos),
+                (Sharded, Mongos),
+                (ReplicaSetWithPrimary, RsSecondary),
+                (LoadBalanced, LoadBalancer),
+            ] {
+                let Some(document) = read_preference_document(&criteria, topology, server) else {
+                    continue;
+                };
+                let mut expected = alloc::vec::Vec::new();
+                crate::bson_write::element(
+                    "$readPreference",
+                    &Bson::Document(document),
+                    &mut expected,
+                )
+                .unwrap();
+                let mut written = alloc::vec::Vec::new();
+                let what = sent_preference(&criteria, topology, server).unwrap();
+                append_element(what, &mut written).unwrap();
+                assert_eq!(written, expected, "{criteria:?} {topology:?} {server:?}");
+                sent += 1;
+            }
+        }
+        assert!(sent > 40, "{sent}");
     }
 }

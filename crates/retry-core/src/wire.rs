@@ -331,6 +331,16 @@ pub(crate) fn append_lsid(id: &[u8; 16], out: &mut Vec<u8>) {
     out.push(0);
 }
 
+/// Appends `$readPreference` (SS-8, SS-9, LB-6) to a body being encoded, without building its
+/// document when it is only a mode. Not inlined: most commands send none (issue 9).
+#[inline(never)]
+pub(crate) fn append_read_preference(
+    sent: crate::read_preference_wire::Sent<'_>,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    crate::read_preference_wire::append_element(sent, out).map_err(bson_error)
+}
+
 fn bson_error(error: bson_write::WriteError) -> EncodeError {
     match error {
         bson_write::WriteError::Nul => EncodeError::Bson(String::from(

@@ -244,9 +244,8 @@ impl<R> Client<R> {
     /// the client is shut down. The engine adds the session fields (`lsid`, `txnNumber`,
     /// `$clusterTime`) and `maxTimeMS` itself.
     ///
-    /// When the client declares a Stable API version (the engine's
-    /// [`HandshakeOptions::server_api`](retry_core::handshake::HandshakeOptions::server_api)),
-    /// every command carries the client's `apiVersion` (and `apiStrict` /
+    /// When the client declares a Stable API version ([`ClientOptions::server_api`]), every
+    /// command carries the client's `apiVersion` (and `apiStrict` /
     /// `apiDeprecationErrors` when set). A command holding its own such field is not supported
     /// then, and the versioned-api spec ("Generic command helper") leaves its behaviour
     /// undefined; today the client's fields replace the command's.
@@ -354,7 +353,9 @@ impl<R> Client<R> {
             slot: &reply,
         };
         let result = poll_fn(|cx| {
-            reply.driving(|| drive(&waiter, cx));
+            if let Some(waiter) = &waiter {
+                reply.driving(|| waiter.drive(cx));
+            }
             reply.poll(cx)
         })
         .await;

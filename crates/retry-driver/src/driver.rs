@@ -569,11 +569,11 @@ impl SpawnedDriver {
             Err(TryLockError::WouldBlock) => return false,
         };
         let SpawnedState { driver, task } = &mut *guard;
-        let (Some(running), Some(task)) = (driver.as_mut(), task.clone()) else {
+        let (Some(running), Some(task)) = (driver.as_mut(), task.as_ref()) else {
             return false;
         };
         let stopped = Pin::new(running)
-            .poll(&mut Context::from_waker(&task))
+            .poll(&mut Context::from_waker(task))
             .is_ready();
         if stopped {
             // The driver (and its engine and sockets) goes now; its task ends when next polled.
@@ -583,7 +583,12 @@ impl SpawnedDriver {
         // Pairs with the task's fence: either the task sees the lock free, or this sees `missed`.
         fence(Ordering::SeqCst);
         if self.missed.swap(false, Ordering::Relaxed) || stopped {
-            task.wake();
+            // Rare: the task was polled meanwhile, or must end. Its waker, under the lock again
+            // (whoever holds it now has taken `missed` as cleared, so this wake is needed).
+            let task = lock(&self.state).task.clone();
+            if let Some(task) = task {
+                task.wake();
+            }
         }
         true
     }
@@ -642,6 +647,9 @@ fn may_have_key(document: &RawDocument, key: &[u8]) -> bool {
 #[derive(Default)]
 struct ReadySockets {
     state: Mutex<ReadyState>,
+    /// Whether `state.conns` is not empty, written under its lock: the end of a driver round
+    /// reads it without taking the lock.
+    queued: AtomicBool,
 }
 
 #[derive(Default)]
@@ -653,7 +661,7 @@ struct ReadyState {
 impl ReadySockets {
     /// Whether no socket is queued.
     fn is_empty(&self) -> bool {
-        lock(&self.state).conns.is_empty()
+        !self.queued.load(Ordering::Acquire)
     }
 
     /// Moves the ready sockets into `into` and keeps `driver` as the waker to wake for the next.
@@ -663,6 +671,7 @@ impl ReadySockets {
             state.driver = Some(driver.clone());
         }
         core::mem::swap(&mut state.conns, into);
+        self.queued.store(false, Ordering::Release);
     }
 }
 
@@ -688,6 +697,7 @@ impl SocketWaker {
         let mut state = lock(&self.sockets.state);
         let first = state.conns.is_empty();
         state.conns.push(self.conn);
+        self.sockets.queued.store(true, Ordering::Release);
         if first {
             state.driver.clone()
         } else {
@@ -699,6 +709,7 @@ impl SocketWaker {
     fn enqueue(&self) {
         if !self.queued.swap(true, Ordering::AcqRel) {
             lock(&self.sockets.state).conns.push(self.conn);
+            self.sockets.queued.store(true, Ordering::Release);
         }
     }
 }

@@ -150,12 +150,6 @@ fn field_matches(value: Option<&Bson>, condition: &Bson) -> Result<bool, Unsuppo
     Ok(true)
 }
 
-#[cfg(test)]
-thread_local! {
-    /// How many times [`equal`] ran on this thread, for the cost tests (house rule 9).
-    pub(crate) static EQUAL_CALLS: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
-}
-
 /// [`equal`] of a filter's `operand` (of operator `op`) and a document's `value`, if present;
 /// refused by [`modelled`] where it would differ from a real server's.
 fn filter_equal(value: Option<&Bson>, operand: &Bson, op: &str) -> Result<bool, Unsupported> {
@@ -202,6 +196,12 @@ fn unmodelled_decimal(a: &Bson, b: &Bson) -> bool {
         }
         _ => false,
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many times [`equal`] ran on this thread, for the cost tests (house rule 9).
+    pub(crate) static EQUAL_CALLS: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
 }
 
 /// Equality as the server sees it: numbers by exact value across their types (review8 finding

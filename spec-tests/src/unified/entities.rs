@@ -407,13 +407,6 @@ impl Entities {
         }
     }
 
-    /// UT-25: whether a session entity exists (transactions need one).
-    pub fn has_sessions(&self) -> bool {
-        self.map
-            .values()
-            .any(|entity| matches!(entity, Entity::Session { .. }))
-    }
-
     /// UT-10, UT-25: ends every session, then shuts every client down.
     pub async fn close(&mut self) {
         for entity in self.map.values_mut() {

@@ -480,6 +480,7 @@ async fn execute(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use retry_testkit::{IngressLimit, RateLimit};
     use serde_json::json;
 
     fn run_one(file: Value) -> TestOutcome {
@@ -552,22 +553,44 @@ mod tests {
         assert!(matches!(run_one(bad), TestOutcome::Failed(_)));
     }
 
-    /// UT-25, review10 finding 4: after a test that used a session, a refused teardown
-    /// `killAllSessions` is reported beside the test's own failure, never in its place.
+    /// UT-25, review10 finding 4, review11 finding 9: after a test that started a transaction,
+    /// a failed teardown `killAllSessions` is reported beside the test's own failure, never in
+    /// its place. The kill fails by the servers' ingress limit (no admission left: 462), set
+    /// after the test's checks: nothing in UT-25's teardown order (fail points off, sessions
+    /// ended, clients closed) lifts it.
     #[test]
     fn ut25_a_teardown_failure_keeps_the_tests_own_failure() {
         let mut failing = file(json!([
-            { "name": "runCommand", "object": "admin", "arguments": { "commandName": "configureFailPoint",
-                "command": { "configureFailPoint": "failCommand", "mode": { "times": 1 },
-                    "data": { "failCommands": ["killAllSessions"], "errorCode": 8 } } } },
+            { "name": "startTransaction", "object": "s" },
             { "name": "find", "object": "coll", "arguments": { "filter": {}, "session": "s" },
                 "expectResult": [{ "_id": 2 }] }
         ]));
         let entities = failing["createEntities"].as_array_mut().expect("entities");
-        entities
-            .push(json!({ "database": { "id": "admin", "client": "c", "databaseName": "admin" } }));
         entities.push(json!({ "session": { "id": "s", "client": "c" } }));
-        let TestOutcome::Failed(reason) = run_one(failing) else {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let local = tokio::task::LocalSet::new();
+        let result = runtime.block_on(local.run_until(async {
+            let cluster = deploy::Cluster::start(deploy::Topology::ReplicaSet, false)
+                .await
+                .expect("a deployment");
+            let no_admission = IngressLimit::new(RateLimit::new(0.0, 0));
+            let result = tokio::time::timeout(
+                TEST_LIMIT,
+                runner::run_test_then(&failing, &failing["tests"][0], &cluster, |cluster| {
+                    for handle in cluster.handles() {
+                        handle.set_ingress_limit(Some(no_admission));
+                    }
+                }),
+            )
+            .await
+            .expect("the test ends");
+            cluster.shutdown().await;
+            result
+        }));
+        let Err(reason) = result else {
             panic!("the find's wrong result passed");
         };
         assert!(reason.starts_with("operation 1: "), "{reason}");
@@ -575,6 +598,26 @@ mod tests {
             reason.contains("; teardown: harness: killAllSessions: "),
             "{reason}"
         );
+        assert!(reason.contains("462"), "{reason}");
+    }
+
+    /// UT-25 (review11 finding 9): only a test with a `startTransaction` or `withTransaction`
+    /// operation, at any depth, gets the teardown `killAllSessions`.
+    #[test]
+    fn ut25_only_a_test_that_may_start_a_transaction_kills_all_sessions() {
+        let with = |operations: Value| json!({ "operations": operations });
+        assert!(runner::starts_transaction(&with(json!([
+            { "name": "startTransaction", "object": "s" }
+        ]))));
+        assert!(runner::starts_transaction(&with(json!([
+            { "name": "loop", "object": "testRunner", "arguments": { "operations": [
+                { "name": "withTransaction", "object": "s", "arguments": { "callback": [] } }
+            ] } }
+        ]))));
+        assert!(!runner::starts_transaction(&with(json!([
+            { "name": "find", "object": "coll", "arguments": { "filter": {}, "session": "s" } }
+        ]))));
+        assert!(!runner::starts_transaction(&json!({})));
     }
 
     /// UT-8: only a test that may set a fail point gets the reduced heartbeat, wherever its

@@ -18,14 +18,18 @@ use super::{
     OperationRequest, Owner, RunningRequest, ServerId, Slot,
 };
 use crate::address::ServerAddress;
+use crate::bson_read::has_top_level_key;
 use crate::connection::{ConnectionState, Request, SendError};
 use crate::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::pinning::transaction_labels;
 use crate::pool::Purpose;
-use crate::read_preference_wire::read_preference_document;
-use crate::retry::{Action, Attempt, AttemptServer, OperationKind, OperationSpec, RetryEvent};
+use crate::read_preference_wire::{self, sent_preference, Sent};
+use crate::retry::{
+    Action, Attempt, AttemptServer, OperationKind, OperationSpec, RetryEvent, WriteConcernRule,
+};
 use crate::selection::{SelectionStep, ServerSelection};
 use crate::time::Instant;
+use crate::wire::append_read_preference;
 
 use super::worklist::Machine;
 
@@ -52,6 +56,30 @@ fn attempt_selected(
     state.server = Some(server.clone());
     op.server_selected(slot, server, now);
     waiting.remove(&op_id);
+}
+
+/// SS-9, LB-6 (issue 9): where the attempt's `$readPreference` goes. When it is all the attempt
+/// adds to the command and the command has none of its own to replace, it is written after the
+/// command's fields (first of the appended ones, where inserting it would place it), without
+/// building a document or copying the command: `(Some, None)`. Otherwise its document, to insert
+/// into a copy of the command: `(None, Some)`. Not inlined: most commands send none.
+#[inline(never)]
+fn placed<'a>(
+    sent: Sent<'a>,
+    op: &Operation,
+    attempt: &Attempt,
+) -> (Option<Sent<'a>>, Option<bson::Document>) {
+    let appendable = !attempt.start_transaction
+        && attempt.write_concern != WriteConcernRule::Majority
+        && !op.wire.body.contains_key("$readPreference")
+        && op
+            .encoded
+            .as_deref()
+            .is_none_or(|raw| has_top_level_key(raw, b"$readPreference") == Some(false));
+    match appendable {
+        true => (Some(sent), None),
+        false => (None, Some(read_preference_wire::to_document(sent))),
+    }
 }
 
 impl Engine {
@@ -801,19 +829,19 @@ impl Engine {
         let deadline = op.request.timeout.deadline();
         // SS-9, LB-6: the read preference goes on the wire as the server's type requires.
         let read_preference = op.slots[slot].server.as_ref().and_then(|server| {
-            read_preference_document(
+            sent_preference(
                 &op.request.criteria,
                 server.topology_type,
                 server.server_type,
             )
         });
-        let mut modified = command_for(
-            op.encoded.as_deref(),
-            &op.wire.body,
-            attempt,
-            read_preference,
-        )
-        .map(Request::new);
+        // Issue 9: appended after the command's fields when it is all the attempt adds.
+        let (appended, inserted) = match read_preference {
+            Some(sent) => placed(sent, op, attempt),
+            None => (None, None),
+        };
+        let mut modified =
+            command_for(op.encoded.as_deref(), &op.wire.body, attempt, inserted).map(Request::new);
         let request = modified.as_mut().unwrap_or(&mut op.wire);
         request.deadline = deadline;
         // TO-8: under timeoutMS (0 included) socketTimeoutMS does not apply.
@@ -823,6 +851,7 @@ impl Engine {
             command_as_sent(
                 op.encoded.as_deref(),
                 &request.body,
+                appended.map(read_preference_wire::to_document),
                 &op.request.db,
                 lsid,
                 self.api.as_ref(),
@@ -837,6 +866,9 @@ impl Engine {
         let sent = socket
             .machine
             .send_with(request, op.encoded.as_deref(), now, |out| {
+                if let Some(sent) = appended {
+                    append_read_preference(sent, out)?;
+                }
                 append_command_fields(db, lsid, api, out)
             });
         let failed = match sent {

@@ -94,11 +94,13 @@ pub(super) fn strip_command_fields(command: &mut Document, api: Option<&ApiField
     }
 }
 
-/// EV-2: the command as sent, for the started event: `body` and the appended fields, in the
-/// order they are written.
+/// EV-2: the command as sent, for the started event: `body` and the appended fields (the
+/// `$readPreference` written after the body, when there is one, then
+/// [`append_command_fields`]'), in the order they are written.
 pub(super) fn command_as_sent(
     encoded: Option<&RawDocument>,
     body: &Document,
+    read_preference: Option<Document>,
     db: &str,
     lsid: Option<SessionId>,
     api: Option<&ApiFields>,
@@ -107,6 +109,9 @@ pub(super) fn command_as_sent(
         Some(raw) => encoded::to_document(raw, body.clone()),
         None => body.clone(),
     };
+    if let Some(read_preference) = read_preference {
+        command.insert("$readPreference", read_preference);
+    }
     command.insert("$db", db);
     if let Some(id) = lsid {
         command.insert("lsid", id.lsid());
