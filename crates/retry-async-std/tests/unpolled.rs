@@ -4,8 +4,8 @@
 //! B's operation starts first, then the unpolled futures (A) are polled once each in a task of
 //! their own, so they are the waiting futures a wake reaches first. B is polled only when its own
 //! waker is woken ([`when_woken`]), so a wake the driver failed to send is not covered up by a
-//! spurious poll of the test's task (checked: with one future woken per wake, the first and the
-//! deadline test fail).
+//! spurious poll of the test's task (checked: with one future woken per wake, the first test
+//! fails; the deadline tests then still pass, by the driver's watchdog timer).
 //!
 //! No outcome depends on timing (house rules 2, 5, review11 finding 3): every A is held by the
 //! server for an hour and has no deadline, so it is still pending when B ends, however late B's
@@ -168,45 +168,61 @@ fn an_operation_ends_behind_three_woken_futures_left_unpolled() {
     ));
 }
 
-/// Review9 finding 1 (house rule 8, SS-8): B's deadline passes while A, woken by B's deadline
-/// timer, is never polled; B fails with its server selection timeout. The server is a secondary
-/// with no primary: B, a write, waits for a primary until its deadline; A, a read on the
-/// secondary, is held for an hour and has no deadline (no `timeoutMS`), so it is still pending.
-/// Not covered: several unpolled futures ahead of B here, since a deadline timer firing as the
-/// first wake after a round wakes two futures only (the open timer-first-wake gap, note8).
-#[test]
-fn a_deadline_ends_its_operation_while_a_woken_future_is_left_unpolled() {
-    smol::block_on(bounded(LIMIT, async {
-        let secondary = Role::ReplicaSetMember(ReplicaSetMember::secondary("rs"));
-        let server = Server::start(ServerConfig::new(secondary)).await;
-        let mut options = options(&[&server]);
-        options.replica_set = Some("rs".into());
-        options.read_preference = ReadPreference::from_mode(ReadPreferenceMode::SecondaryPreferred);
-        options.heartbeat_frequency = Duration::from_secs(60);
-        options.server_selection_timeout = Duration::from_secs(1);
-        let client = client_with_held_finds(&server, options).await;
-        let mut b = pin!(client.run_command(
-            "test",
-            doc! { "insert": "items", "documents": [{ "_id": 1 }] },
-            OperationKind::RetryableWrite,
-        ));
-        let b_waker = Arc::new(Woken::default());
-        assert!(poll_as(b.as_mut(), &b_waker), "no primary");
-        let mut a = pin!(find(&client));
+/// B's deadline passes while `unpolled` futures registered after it (woken first) are never
+/// polled again: B fails with its server selection timeout (SS-8), and every A is still pending.
+/// The server is a secondary with no primary: B, a write, waits for a primary until its
+/// deadline; each A, a read on the secondary, is held for an hour and has no deadline (no
+/// `timeoutMS`).
+async fn deadline_reaches_the_live_future_behind(unpolled: usize) {
+    let secondary = Role::ReplicaSetMember(ReplicaSetMember::secondary("rs"));
+    let server = Server::start(ServerConfig::new(secondary)).await;
+    let mut options = options(&[&server]);
+    options.replica_set = Some("rs".into());
+    options.read_preference = ReadPreference::from_mode(ReadPreferenceMode::SecondaryPreferred);
+    options.heartbeat_frequency = Duration::from_secs(60);
+    options.server_selection_timeout = Duration::from_secs(1);
+    let client = client_with_held_finds(&server, options).await;
+    let mut b = pin!(client.run_command(
+        "test",
+        doc! { "insert": "items", "documents": [{ "_id": 1 }] },
+        OperationKind::RetryableWrite,
+    ));
+    let b_waker = Arc::new(Woken::default());
+    assert!(poll_as(b.as_mut(), &b_waker), "no primary");
+    let mut a: Vec<_> = (0..unpolled).map(|_| Box::pin(find(&client))).collect();
+    for a in &mut a {
         assert!(poll_once_elsewhere(a.as_mut()), "held by the server");
-        let error = when_woken(b, &b_waker)
-            .await
-            .expect_err("no primary before B's deadline");
-        assert_eq!(
-            error.summary().class,
-            ErrorClass::ServerSelection,
-            "{error}"
-        );
+    }
+    let error = when_woken(b, &b_waker)
+        .await
+        .expect_err("no primary before B's deadline");
+    assert_eq!(
+        error.summary().class,
+        ErrorClass::ServerSelection,
+        "{error}"
+    );
+    for a in &mut a {
         assert!(
             poll_once_elsewhere(a.as_mut()),
             "held for an hour, with no deadline"
         );
-        client.shutdown().await;
-        server.stop().await;
-    }));
+    }
+    client.shutdown().await;
+    server.stop().await;
+}
+
+/// Review9 finding 1 (house rule 8, SS-8): B's deadline passes while A, woken by B's deadline
+/// timer, is never polled; B fails at its deadline.
+#[test]
+fn a_deadline_ends_its_operation_while_a_woken_future_is_left_unpolled() {
+    smol::block_on(bounded(LIMIT, deadline_reaches_the_live_future_behind(1)));
+}
+
+/// Review10 finding 2, review11 finding 3 (house rule 8, CS-4, SS-8): three unpolled futures
+/// are registered after B, so B's deadline timer, when it is the first wake after a round,
+/// wakes two of them only; the driver's watchdog (`UNCLAIMED_TIMER_GRACE` later, none of the
+/// woken having run the driver) or any later wake reaches B, and B fails at its deadline.
+#[test]
+fn a_deadline_ends_its_operation_behind_three_woken_futures_left_unpolled() {
+    smol::block_on(bounded(LIMIT, deadline_reaches_the_live_future_behind(3)));
 }
