@@ -1210,7 +1210,7 @@ impl Store {
         ns: &str,
         documents: Vec<Document>,
     ) -> Result<(), QueryError> {
-        let held = self.collection_holder(ns);
+        let held = self.collection_holder(|c| c == ns);
         self.noted(held)?;
         let added: Vec<Bson> = documents.iter().map(id_of).collect();
         let new = Collection::new(documents);
@@ -1226,11 +1226,11 @@ impl Store {
     }
 
     /// TK-15: the transaction in progress the running command (outside any) does not belong to
-    /// that holds `ns`: it created `ns`, or read or wrote it (leftovers10 item 4: a real
-    /// transaction holds the intent lock of every collection it accessed until it ends, and the
-    /// rename of a `$out` needs the target's exclusive lock). Looks at the transactions in
-    /// progress and the collections each accessed.
-    fn collection_holder(&self, ns: &str) -> Result<(), QueryError> {
+    /// that holds a namespace `held` picks: it created it, or read or wrote it (leftovers10 item
+    /// 4: a real transaction holds the intent lock of every collection it accessed until it
+    /// ends, and the rename of a `$out` or a drop needs the collection's exclusive lock). Looks
+    /// at the transactions in progress and the collections each accessed.
+    fn collection_holder(&self, held: impl Fn(&str) -> bool) -> Result<(), QueryError> {
         let viewer = self.viewer();
         let holder = self
             .open
@@ -1239,7 +1239,7 @@ impl Store {
             .find(|session| {
                 self.transactions
                     .get(*session)
-                    .is_some_and(|t| t.created.iter().chain(&t.accessed).any(|c| c == ns))
+                    .is_some_and(|t| t.created.iter().chain(&t.accessed).any(|c| held(c)))
             });
         match holder {
             Some(session) => Err(QueryError::Blocked(session.clone())),
@@ -1299,10 +1299,31 @@ impl Store {
         true
     }
 
-    /// Drops `ns` and its indexes; `false` when it did not exist.
-    pub(crate) fn drop_collection(&mut self, ns: &str) -> bool {
+    /// Drops `ns` and its indexes; `false` when it did not exist. TK-15 (review12 finding 1):
+    /// first waits ([`QueryError::Blocked`]) for a transaction in progress that holds `ns`, as
+    /// `$out` does ([`Store::replace_collection`]): on a real server a drop is DDL that waits
+    /// for the collection lock of such a transaction ("Pending DDL Operations and
+    /// Transactions"), so that transaction's abort never brings the dropped documents back.
+    pub(crate) fn drop_collection(&mut self, ns: &str) -> Result<bool, QueryError> {
+        let held = self.collection_holder(|c| c == ns);
+        self.noted(held)?;
         self.indexes.remove(ns);
-        self.collections.remove(ns).is_some()
+        Ok(self.collections.remove(ns).is_some())
+    }
+
+    /// `dropDatabase`: drops every collection of database `db` the running command sees. TK-15
+    /// (review12 finding 1): first waits for a transaction in progress that holds any
+    /// collection of `db` (the database's exclusive lock), with nothing dropped before.
+    pub(crate) fn drop_database(&mut self, db: &str) -> Result<(), QueryError> {
+        let prefix = format!("{db}.");
+        let held = self.collection_holder(|c| c.starts_with(&prefix));
+        self.noted(held)?;
+        for c in self.collection_names(db) {
+            let ns = format!("{prefix}{c}");
+            self.indexes.remove(&ns);
+            self.collections.remove(&ns);
+        }
+        Ok(())
     }
 
     /// The collections of database `db` the running command sees, by name.
@@ -1696,8 +1717,8 @@ mod tests {
         assert!(!store.create("db.d"));
         assert_eq!(store.collection_names("db"), vec!["c", "d"]);
         assert_eq!(store.database_names(), vec!["db"]);
-        assert!(store.drop_collection("db.d"));
-        assert!(!store.drop_collection("db.d"));
+        assert_eq!(store.drop_collection("db.d"), Ok(true));
+        assert_eq!(store.drop_collection("db.d"), Ok(false));
     }
     /// The `_id` index of `db.c` holds exactly the keys of its documents.
     fn assert_index_in_step(store: &Store) {
@@ -1820,7 +1841,7 @@ mod tests {
         assert_index_in_step(&store);
         assert_eq!(store.collections["db.c"].len(), 2);
         assert!(store.collections["db.c"].contains_id(&Bson::String("a".into())));
-        assert!(store.drop_collection("db.c"));
+        assert_eq!(store.drop_collection("db.c"), Ok(true));
         let outcome = store
             .insert("db.c", vec![doc! { "_id": "a" }], true)
             .unwrap();
@@ -2304,6 +2325,70 @@ mod tests {
         });
         assert_eq!((out, blocked), (Ok(()), None), "after the abort");
         assert_eq!(ids(&store), [9]);
+    }
+
+    /// TK-15 (review12 finding 1): `drop` and `dropDatabase` outside any transaction wait for a
+    /// transaction in progress that holds the collection (or, for `dropDatabase`, any collection
+    /// of the database), as `$out` does, with nothing dropped before; after that transaction
+    /// aborts the drop runs and the collection stays gone (the abort no longer re-creates it
+    /// from the transaction's before-images).
+    #[test]
+    fn tk15_drop_waits_for_a_transaction_that_wrote_the_collection() {
+        let mut store = store_with(3);
+        store
+            .insert("other.c", vec![doc! { "_id": 1 }], true)
+            .unwrap();
+        in_transaction(&mut store, S1, 1, true, |s| {
+            assert_eq!(
+                set_one(s, doc! { "_id": 1 }, doc! { "x": 1 })
+                    .unwrap()
+                    .modified,
+                1
+            );
+        });
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_collection("db.c"));
+        assert_eq!(
+            (dropped, blocked),
+            (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
+        );
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_database("db"));
+        assert_eq!(
+            (dropped, blocked),
+            (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
+        );
+        assert_eq!(ids(&store), [0, 1, 2], "nothing dropped");
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_database("other"));
+        assert_eq!(
+            (dropped, blocked),
+            (Ok(()), None),
+            "a database S1 does not hold"
+        );
+        assert!(!store.collections.contains_key("other.c"));
+        assert_eq!(store.end_transaction(S1, 1, false, None, false), Ok(()));
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_collection("db.c"));
+        assert_eq!((dropped, blocked), (Ok(true), None), "after the abort");
+        assert!(!store.collections.contains_key("db.c"), "it stays gone");
+        assert!(ids(&store).is_empty());
+    }
+
+    /// TK-15 (review12 finding 1): a collection a transaction in progress created (invisible to
+    /// others) is held by it: its `drop` and its database's `dropDatabase` wait; after the
+    /// commit the drop runs.
+    #[test]
+    fn tk15_drop_waits_for_a_transaction_that_created_the_collection() {
+        let mut store = Store::default();
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.insert("db.made", vec![doc! { "_id": 7 }], true).unwrap();
+        });
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_collection("db.made"));
+        assert_eq!(blocked, Some(S1.to_vec()), "{dropped:?}");
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_database("db"));
+        assert_eq!(blocked, Some(S1.to_vec()), "{dropped:?}");
+        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
+        assert_eq!(store.collection_names("db"), ["made"]);
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_database("db"));
+        assert_eq!((dropped, blocked), (Ok(()), None), "after the commit");
+        assert!(store.collection_names("db").is_empty());
     }
 
     /// TK-6, TK-15: a retryable write with a higher `txnNumber` aborts its session's transaction

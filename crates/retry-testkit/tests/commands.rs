@@ -1427,6 +1427,53 @@ async fn tk15_out_waits_for_a_transaction_that_only_read_its_target() {
     .await
 }
 
+/// TK-15 (review12 finding 1): over the wire, `drop` and `dropDatabase` of what a transaction
+/// in progress wrote wait for it, until `maxTimeMS` runs out (50), having dropped nothing; after
+/// the abort the drop runs and the collection stays gone (the abort does not bring back the
+/// documents it had updated).
+#[tokio::test]
+async fn tk15_drop_waits_for_a_transaction_that_wrote_the_collection() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        let handle = server.handle();
+        handle.insert("test.w", vec![doc! { "_id": 1 }, doc! { "_id": 2 }]);
+        let update = client
+            .command(doc! {
+                "update": "w", "updates": [{ "q": { "_id": 1 }, "u": { "$set": { "x": 1 } } }],
+                "$db": "test", "lsid": lsid_of(1), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            })
+            .await
+            .unwrap();
+        assert_eq!(update.get_i32("nModified").ok(), Some(1), "{update}");
+        for drop in [
+            doc! { "drop": "w", "$db": "test", "maxTimeMS": 50 },
+            doc! { "dropDatabase": 1, "$db": "test", "maxTimeMS": 50 },
+        ] {
+            let timed_out = other.command(drop.clone()).await.unwrap();
+            assert_eq!(code(&timed_out), Some(50), "{drop}: {timed_out}");
+        }
+        assert_eq!(handle.documents("test.w").len(), 2, "nothing dropped");
+        let abort = client
+            .command(doc! {
+                "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
+                "txnNumber": 1_i64, "autocommit": false,
+            })
+            .await
+            .unwrap();
+        assert_eq!(abort.get_f64("ok").ok(), Some(1.0), "{abort}");
+        let dropped = other
+            .command(doc! { "drop": "w", "$db": "test", "maxTimeMS": 50 })
+            .await
+            .unwrap();
+        assert_eq!(dropped.get_f64("ok").ok(), Some(1.0), "{dropped}");
+        assert!(handle.documents("test.w").is_empty(), "it stays gone");
+        server.shutdown().await;
+    })
+    .await
+}
+
 /// House rule 7 (leftovers10): over the wire, an update that would change a document's `_id`
 /// is ImmutableField 66 as on a real server: a write error of `update` (the document unchanged),
 /// the error of `findAndModify`; an upsert of an `_id` already there is DuplicateKey 11000.
