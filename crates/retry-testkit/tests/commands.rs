@@ -679,6 +679,44 @@ async fn aggregate_group_out_merge_and_local_sessions() {
     .await;
 }
 
+/// TK-2 (review12 finding 2): over the wire, a `$out` whose documents share an `_id` fails with
+/// DuplicateKey 11000 as a real one does, its target unchanged; a `$out` of documents without
+/// `_id` stores each with an ObjectId `_id`, as an insert does.
+#[tokio::test]
+async fn tk2_out_admits_documents_as_an_insert_does() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let handle = server.handle();
+        handle.insert("db.c", vec![doc! { "_id": 1, "x": 1 }, doc! { "_id": 2, "x": 2 }]);
+        handle.insert("db.o", vec![doc! { "_id": 9 }]);
+        let duplicate = client
+            .command(doc! {
+                "aggregate": "c", "pipeline": [{ "$addFields": { "_id": 1 } }, { "$out": "o" }],
+                "cursor": {}, "$db": "db",
+            })
+            .await
+            .unwrap();
+        assert_eq!(code(&duplicate), Some(11000), "{duplicate}");
+        assert_eq!(handle.documents("db.o"), [doc! { "_id": 9 }], "unchanged");
+        let out = client
+            .command(doc! {
+                "aggregate": "c", "pipeline": [{ "$project": { "_id": 0, "x": 1 } }, { "$out": "o" }],
+                "cursor": {}, "$db": "db",
+            })
+            .await
+            .unwrap();
+        assert_eq!(out.get_f64("ok").ok(), Some(1.0), "{out}");
+        let stored = handle.documents("db.o");
+        assert_eq!(stored.len(), 2, "{stored:?}");
+        for document in &stored {
+            assert!(document.get_object_id("_id").is_ok(), "{document}");
+        }
+        assert!(handle.unsupported().is_empty(), "{:?}", handle.unsupported());
+        server.shutdown().await;
+    })
+    .await;
+}
+
 /// TK-14: findAndModify with `sort` modifies the first matching document in that order.
 #[tokio::test]
 async fn find_and_modify_sort() {
