@@ -11,6 +11,7 @@ use crate::config::{
 };
 use crate::fail_point::{error_reply, FailCommand, TESTKIT_UNSUPPORTED};
 use crate::on_primary_write::OnPrimaryWrite;
+use crate::refusals::ApiParameters;
 use crate::server::State;
 use crate::store::{Batch, CursorOrigin, QueryError, Store, WriteKey};
 use retry_core::wire::OpMsg;
@@ -254,7 +255,8 @@ pub(crate) fn execute(
             }
         }
     }
-    // SE-14, TK-15: a cursor remembers the session and transaction it was opened in.
+    // SE-14, TK-15: a cursor remembers the session, transaction and API parameters it was
+    // opened with.
     let origin = CursorOrigin {
         owner: process_id,
         lsid: request.body.get_document("lsid").ok(),
@@ -263,6 +265,7 @@ pub(crate) fn execute(
             .get("txnNumber")
             .and_then(integer)
             .filter(|_| in_transaction),
+        api: ApiParameters::of(&request.body),
         router: matches!(state.role, Role::Mongos | Role::LoadBalancer { .. }),
     };
     let mut context = Context {
@@ -334,7 +337,34 @@ fn transaction_command(
     };
     let start = command.get("startTransaction") == Some(&Bson::Boolean(true));
     store.transaction_command(session.clone(), number, start, router)?;
+    if start {
+        store.note_transaction_api(&session, ApiParameters::of(command));
+    }
     Ok(session)
+}
+
+/// Versioned-api "Transactions" (house rule 7): a command the server knows, with an `lsid` and
+/// a `txnNumber`, refused with APIMismatchError (347) when its API parameters are not those of
+/// its session's transaction in progress ([`Store::transaction_api_mismatch`]). Checked when a
+/// real server checks the session out: before a retryable write's replay or its aborting of
+/// an older transaction, before the transaction's own checks, commit and abort included.
+pub(crate) fn transaction_api_refusal(
+    state: &State,
+    name: &str,
+    command: &Document,
+    process_id: ObjectId,
+) -> Option<Document> {
+    if !crate::refusals::known_command(name) {
+        return None;
+    }
+    let session = command.get_document("lsid").ok()?.to_vec().ok()?;
+    let number = command.get("txnNumber").and_then(integer)?;
+    let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+    let api = ApiParameters::of(command);
+    let store = state.data.lock();
+    let router = router.then_some(process_id);
+    let (code, message) = store.transaction_api_mismatch(&session, number, api, name, router)?;
+    Some(error_reply(code, &message))
 }
 
 /// TK-7: the `TransientTransactionError` label a server adds to an error of a transaction's
@@ -1059,6 +1089,18 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
             return error_reply(2, "empty pipeline stage");
         };
         stages.push((name.as_str(), spec));
+    }
+    // Versioned-api, house rule 7: under `apiStrict: true` a stage outside API version 1 is
+    // APIStrictError (323) when the pipeline is parsed, before anything runs
+    // (`AllowedWithApiStrict::kNeverInVersion1`). Of the stages here only `$listLocalSessions`
+    // is; the others are in it (`$changeStream` conditionally, on options the test server does
+    // not read).
+    let strict = command.get("apiStrict") == Some(&Bson::Boolean(true));
+    if strict && stages.iter().any(|(name, _)| *name == "$listLocalSessions") {
+        return error_reply(
+            323,
+            "$listLocalSessions is not allowed with 'apiStrict: true' in API Version 1",
+        );
     }
     if let Some(("$changeStream", _)) = stages.first() {
         if stages.len() > 1 {

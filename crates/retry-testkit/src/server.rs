@@ -1253,6 +1253,13 @@ impl Connection {
         let command = &request.body;
         let hello = is_hello(name);
         let mut state = shared.lock();
+        // Versioned-api "Transactions": checked as a server checks the session out, after the
+        // fail point and before the command (a retryable write's replay included).
+        let router = self.router(shared);
+        if let Some(reply) = crate::commands::transaction_api_refusal(&state, name, command, router)
+        {
+            return Ok(Response::Reply(reply));
+        }
         let write_key = write_key(name, command);
         let statements = write_key
             .as_ref()
