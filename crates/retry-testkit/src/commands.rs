@@ -1042,18 +1042,45 @@ fn distinct(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
         return error_reply(2, "distinct needs a key");
     };
     let filter = command.get_document("query").cloned().unwrap_or_default();
-    match state.store.matching(&format!("{db}.{collection}"), &filter) {
-        Ok(docs) => {
-            let mut values: Vec<Bson> = Vec::new();
-            for value in docs.iter().filter_map(|d| d.get(key)) {
-                if !values.iter().any(|v| crate::query::equal(v, value)) {
-                    values.push(value.clone());
-                }
-            }
-            doc! { "values": values, "ok": 1.0 }
-        }
-        Err(e) => query_error(e),
+    if key.contains('.') {
+        return unsupported_reply(&format!("distinct on the path {key}"));
     }
+    let docs = match state.store.matching(&format!("{db}.{collection}"), &filter) {
+        Ok(docs) => docs,
+        Err(e) => return query_error(e),
+    };
+    match distinct_values(docs.iter().filter_map(|d| d.get(key))) {
+        Ok(values) => doc! { "values": values, "ok": 1.0 },
+        Err(what) => unsupported_reply(&what),
+    }
+}
+
+/// A real server's `distinct` values of a field: an array's elements each count on their own
+/// (one level), and the values are kept in a set ordered by the server's BSON comparison
+/// (`BSONElementSet`), so two values are the same when they compare equal (`1`, `1.0` and
+/// `NumberLong(1)` are one value, the first seen) and the reply lists them in that order
+/// ([`crate::query::order`]). TK-2: an empty array (not modelled), or several values one of which
+/// the test server cannot order exactly ([`crate::query::sort_rank`]), is refused.
+fn distinct_values<'a>(found: impl Iterator<Item = &'a Bson>) -> Result<Vec<Bson>, String> {
+    let mut values = Vec::new();
+    for value in found {
+        match value {
+            Bson::Array(items) if items.is_empty() => {
+                return Err(String::from("distinct over an empty array"))
+            }
+            Bson::Array(items) => values.extend(items.iter().cloned()),
+            other => values.push(other.clone()),
+        }
+    }
+    if values.len() > 1 {
+        for value in &values {
+            crate::query::sort_rank(Some(value)).map_err(|e| format!("distinct: {}", e.0))?;
+        }
+    }
+    // A stable sort keeps the first seen of equal values first.
+    values.sort_by(|a, b| crate::query::order(Some(a), Some(b)));
+    values.dedup_by(|later, first| crate::query::order(Some(first), Some(later)).is_eq());
+    Ok(values)
 }
 
 /// `{aggregate: coll | 1, pipeline, cursor}` with the stages `$match`, `$skip`, `$limit`,
@@ -1336,15 +1363,28 @@ const FIND_FIELDS: &[&str] = &[
     "apiDeprecationErrors",
 ];
 
-/// `sort` / `$sort` on top-level fields, `1` or `-1` each; numbers by value, strings by bytes,
-/// a missing field first (as null).
+/// `sort` / `$sort` on top-level fields, `1` or `-1` each, in a real server's BSON order
+/// ([`crate::query::order`]: a missing field as null, numbers of every type together by value,
+/// strings by bytes, ...). TK-2: a dotted path, or a value the test server cannot place exactly
+/// ([`crate::query::sort_rank`]: a document, an array, a fractional Decimal128, ...) in any
+/// document, is refused before anything is sorted.
 fn sort_documents(documents: &mut [Document], sort: &Document) -> Result<(), Document> {
     let mut keys = Vec::new();
     for (field, direction) in sort {
+        if field.contains('.') {
+            return Err(unsupported_reply(&format!("sort on the path {field}")));
+        }
         match integer(direction) {
             Some(1) => keys.push((field.clone(), false)),
             Some(-1) => keys.push((field.clone(), true)),
             _ => return Err(unsupported_reply(&format!("sort direction {direction}"))),
+        }
+    }
+    for (field, _) in &keys {
+        for document in documents.iter() {
+            if let Err(e) = crate::query::sort_rank(document.get(field)) {
+                return Err(unsupported_reply(&e.0));
+            }
         }
     }
     documents.sort_by(|a, b| {
@@ -1830,5 +1870,45 @@ mod tests {
             validate(&reply, true),
             Err(HandshakeError::LoadBalancerUnsupported)
         );
+    }
+
+    /// TK-2 (fixes11b's leftover): `distinct` answers as a real server: array elements count
+    /// each, values equal in the server's comparison are one (the first seen), the reply lists
+    /// them in BSON order; what the test server cannot order exactly is refused.
+    #[test]
+    fn tk2_distinct_dedups_and_orders_as_a_real_server() {
+        let decimal = |text: &str| Bson::Decimal128(text.parse().expect("a decimal"));
+        let found = [
+            Bson::String("b".into()),
+            Bson::Double(2.0),
+            Bson::Array(vec![Bson::Int64(1), Bson::Int32(2)]),
+            decimal("1"),
+            Bson::Null,
+            Bson::Int32(1),
+            Bson::String("a".into()),
+        ];
+        assert_eq!(
+            distinct_values(found.iter()),
+            Ok(vec![
+                Bson::Null,
+                Bson::Int64(1),
+                Bson::Double(2.0),
+                Bson::String("a".into()),
+                Bson::String("b".into()),
+            ])
+        );
+        let one_document = [Bson::Document(doc! { "x": 1 })];
+        assert_eq!(
+            distinct_values(one_document.iter()),
+            Ok(one_document.to_vec())
+        );
+        for refused in [
+            vec![decimal("1.5"), Bson::Double(1.5)],
+            vec![Bson::Document(doc! { "x": 1 }), Bson::Int32(1)],
+            vec![Bson::Array(vec![Bson::Array(vec![]), Bson::Int32(1)])],
+            vec![Bson::Array(vec![])],
+        ] {
+            assert!(distinct_values(refused.iter()).is_err(), "{refused:?}");
+        }
     }
 }
