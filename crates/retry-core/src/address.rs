@@ -1,9 +1,11 @@
 //! Server addresses: the identity of a server in the topology, in selection, and in a retry's
 //! deprioritized set.
 //!
-//! An address is a lowercased host and a port (SDAM compares addresses case-insensitively). The host
-//! is reference-counted, so cloning an address, as the retry machine does for every attempt, never
-//! allocates.
+//! An address is a lowercased host and a port (SDAM compares addresses case-insensitively). A short
+//! host (up to [`INLINE_HOST`] bytes: `localhost`, an IPv4 address, a short name) is kept inline, so
+//! cloning and dropping its address copies bytes and touches no reference count; a longer host is
+//! reference-counted. Either way cloning an address, as the retry machine does for every attempt,
+//! never allocates.
 
 use alloc::sync::Arc;
 use core::fmt;
@@ -12,18 +14,48 @@ use core::str::FromStr;
 /// The port a MongoDB address has when none is written.
 pub const DEFAULT_PORT: u16 = 27017;
 
+/// The longest host, in bytes, an address keeps inline (without a reference count).
+const INLINE_HOST: usize = 20;
+
 /// A server's `host:port`. Cheap to clone; compares and hashes by value.
 #[derive(Clone)]
-pub struct ServerAddress {
-    host: Arc<str>,
-    port: u16,
+pub struct ServerAddress(Repr);
+
+/// A host fits inline exactly when it is at most [`INLINE_HOST`] bytes long, so one host always
+/// has the same representation and equal addresses have equal variants. The inline bytes past
+/// `len` are zero.
+#[derive(Clone)]
+enum Repr {
+    Inline {
+        port: u16,
+        len: u8,
+        bytes: [u8; INLINE_HOST],
+    },
+    Shared {
+        port: u16,
+        host: Arc<str>,
+    },
 }
 
-// Compared by value, host then port, as derived; clones of one address share their host, so
-// the engine's lookups by address (every pool, every server id) usually skip the byte compare.
+// Compared by value, host then port; hosts of different lengths never share a representation.
+// Clones of one shared host share it, so the engine's lookups by address usually skip the byte
+// compare.
 impl PartialEq for ServerAddress {
     fn eq(&self, other: &ServerAddress) -> bool {
-        self.port == other.port && (Arc::ptr_eq(&self.host, &other.host) || self.host == other.host)
+        match (&self.0, &other.0) {
+            (
+                Repr::Inline { port, len, bytes },
+                Repr::Inline {
+                    port: p,
+                    len: l,
+                    bytes: b,
+                },
+            ) => port == p && len == l && bytes == b,
+            (Repr::Shared { port, host }, Repr::Shared { port: p, host: h }) => {
+                port == p && (Arc::ptr_eq(host, h) || host == h)
+            }
+            _ => false,
+        }
     }
 }
 
@@ -31,8 +63,10 @@ impl Eq for ServerAddress {}
 
 impl core::hash::Hash for ServerAddress {
     fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
-        self.host.hash(state);
-        self.port.hash(state);
+        // What `str`'s hash writes (the bytes, then 0xff), for both representations alike.
+        state.write(self.host_bytes());
+        state.write_u8(0xff);
+        self.port().hash(state);
     }
 }
 
@@ -43,13 +77,16 @@ impl PartialOrd for ServerAddress {
 }
 
 impl Ord for ServerAddress {
+    /// Host (byte-wise, as `str` orders), then port.
     fn cmp(&self, other: &ServerAddress) -> core::cmp::Ordering {
-        if Arc::ptr_eq(&self.host, &other.host) {
-            return self.port.cmp(&other.port);
+        if let (Repr::Shared { host, .. }, Repr::Shared { host: h, .. }) = (&self.0, &other.0) {
+            if Arc::ptr_eq(host, h) {
+                return self.port().cmp(&other.port());
+            }
         }
-        self.host
-            .cmp(&other.host)
-            .then_with(|| self.port.cmp(&other.port))
+        self.host_bytes()
+            .cmp(other.host_bytes())
+            .then_with(|| self.port().cmp(&other.port()))
     }
 }
 
@@ -57,31 +94,56 @@ impl ServerAddress {
     /// An address from a host and port. The host is lowercased; IPv6 hosts are written without
     /// brackets (`"::1"`).
     pub fn new(host: &str, port: u16) -> ServerAddress {
+        if host.len() <= INLINE_HOST {
+            let mut bytes = [0; INLINE_HOST];
+            bytes[..host.len()].copy_from_slice(host.as_bytes());
+            bytes.make_ascii_lowercase();
+            // At most INLINE_HOST (20) bytes.
+            let len = host.len() as u8;
+            return ServerAddress(Repr::Inline { port, len, bytes });
+        }
         let host = if host.bytes().any(|b| b.is_ascii_uppercase()) {
             Arc::from(host.to_ascii_lowercase())
         } else {
             Arc::from(host)
         };
-        ServerAddress { host, port }
+        ServerAddress(Repr::Shared { port, host })
     }
 
     /// The host, lowercased, without IPv6 brackets.
     pub fn host(&self) -> &str {
-        &self.host
+        match &self.0 {
+            // The bytes are a `str`'s, lowercased in ASCII only: always UTF-8.
+            Repr::Inline { len, bytes, .. } => {
+                core::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
+            }
+            Repr::Shared { host, .. } => host,
+        }
+    }
+
+    /// The host's bytes (no UTF-8 check).
+    fn host_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Inline { len, bytes, .. } => &bytes[..usize::from(*len)],
+            Repr::Shared { host, .. } => host.as_bytes(),
+        }
     }
 
     /// The port.
     pub fn port(&self) -> u16 {
-        self.port
+        match self.0 {
+            Repr::Inline { port, .. } | Repr::Shared { port, .. } => port,
+        }
     }
 }
 
 impl fmt::Display for ServerAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)
+        let (host, port) = (self.host(), self.port());
+        if host.contains(':') {
+            write!(f, "[{host}]:{port}")
         } else {
-            write!(f, "{}:{}", self.host, self.port)
+            write!(f, "{host}:{port}")
         }
     }
 }
@@ -168,20 +230,8 @@ mod tests {
         let cases = [
             (a.clone(), Ordering::Equal),
             (ServerAddress::new("a", 1), Ordering::Equal),
-            (
-                ServerAddress {
-                    port: 2,
-                    ..a.clone()
-                },
-                Ordering::Less,
-            ),
-            (
-                ServerAddress {
-                    port: 0,
-                    ..a.clone()
-                },
-                Ordering::Greater,
-            ),
+            (ServerAddress::new("a", 2), Ordering::Less),
+            (ServerAddress::new("a", 0), Ordering::Greater),
             (ServerAddress::new("b", 0), Ordering::Less),
             (ServerAddress::new("", 9), Ordering::Greater),
         ];
@@ -193,6 +243,48 @@ mod tests {
                 order
             );
         }
+    }
+
+    /// Short hosts are kept inline, long ones shared: both compare, order, hash and print by
+    /// value, lowercased, whatever their length (20 and 21 bytes straddle the inline limit).
+    #[test]
+    fn short_and_long_hosts_behave_alike() {
+        use core::hash::{Hash, Hasher};
+        use std::collections::hash_map::DefaultHasher;
+        fn hash(a: &ServerAddress) -> u64 {
+            let mut h = DefaultHasher::new();
+            a.hash(&mut h);
+            h.finish()
+        }
+        let hosts = [
+            "a",
+            "Member",
+            "abcdefghijklmnopqrst",
+            "ABCDEFGHIJKLMNOPQRSTU",
+            "mongo-0.mongo.svc.cluster.local",
+        ];
+        let addresses: Vec<ServerAddress> = hosts
+            .iter()
+            .flat_map(|h| [ServerAddress::new(h, 1), ServerAddress::new(h, 2)])
+            .collect();
+        for (i, a) in addresses.iter().enumerate() {
+            let host = hosts[i / 2].to_ascii_lowercase();
+            assert_eq!(a.host(), host);
+            assert_eq!(a.to_string(), format!("{host}:{}", 1 + i % 2));
+            let again = ServerAddress::new(&hosts[i / 2].to_ascii_uppercase(), a.port());
+            assert_eq!(&again, a);
+            assert_eq!(hash(&again), hash(a));
+            assert_eq!(hash(&a.clone()), hash(a));
+            for b in &addresses {
+                assert_eq!(
+                    a.cmp(b),
+                    (a.host(), a.port()).cmp(&(b.host(), b.port())),
+                    "{a} {b}"
+                );
+                assert_eq!(a == b, (a.host(), a.port()) == (b.host(), b.port()));
+            }
+        }
+        assert_eq!(core::mem::size_of::<ServerAddress>(), 24);
     }
 
     #[test]

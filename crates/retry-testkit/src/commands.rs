@@ -735,10 +735,11 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                 }
             }
             // Review7 finding 3: the statement's write error (Overflow, 15); an upsert of an
-            // `_id` already there is one too (DuplicateKey, 11000).
-            Err(error @ (QueryError::TooDeep | QueryError::DuplicateKey(_))) => {
+            // `_id` already there (DuplicateKey, 11000) or a change of an `_id` (ImmutableField,
+            // 66) is one too.
+            Err(error @ (QueryError::TooDeep | QueryError::Write(..))) => {
                 let (code, message) = match error {
-                    QueryError::DuplicateKey(message) => (11000, message),
+                    QueryError::Write(code, message) => (code, message),
                     _ => (
                         15,
                         format!(
@@ -895,13 +896,16 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                             result.insert("upserted", doc! { "_id": id });
                         }
                     }
-                    // An upsert of an `_id` already there fails this operation, as an insert's.
-                    Err(QueryError::DuplicateKey(message)) => {
+                    // An upsert of an `_id` already there (11000) or a change of an `_id` (66)
+                    // fails this operation, as an insert's duplicate does.
+                    Err(QueryError::Write(code, message)) => {
                         failed = true;
                         result = doc! {
-                            "ok": 0.0, "idx": count_i32(index), "code": 11000,
-                            "codeName": "DuplicateKey", "errmsg": message,
+                            "ok": 0.0, "idx": count_i32(index), "code": code, "errmsg": message,
                         };
+                        if let Some(name) = crate::fail_point::code_name(code) {
+                            result.insert("codeName", name);
+                        }
                     }
                     Err(e) => return query_error(e),
                 }
@@ -1693,7 +1697,7 @@ fn query_error(error: QueryError) -> Document {
                 crate::store::MAX_STORED_DEPTH
             ),
         ),
-        QueryError::DuplicateKey(message) => error_reply(11000, &message),
+        QueryError::Write(code, message) => error_reply(code, &message),
         QueryError::WriteConflict | QueryError::Blocked(_) => error_reply(
             112,
             "WriteConflict error: this operation conflicted with another operation. Please retry \

@@ -364,6 +364,7 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         51 => "ManualInterventionRequired",
         59 => "CommandNotFound",
         64 => "WriteConcernFailed",
+        66 => "ImmutableField",
         72 => "InvalidOptions",
         73 => "InvalidNamespace",
         86 => "IndexKeySpecsConflict",

@@ -386,9 +386,10 @@ pub(crate) enum QueryError {
     /// TK-15 (review7 finding 1): a write outside any transaction touches a document the
     /// transaction in progress of this session (lsid bytes) changed: it waits until that ends.
     Blocked(Vec<u8>),
-    /// An upsert would store an `_id` already there (DuplicateKey, 11000): the message
-    /// ([`duplicate_key_message`]).
-    DuplicateKey(String),
+    /// The statement's write error, code and message: an upsert would store an `_id` already
+    /// there (DuplicateKey 11000, [`duplicate_key_message`]), or an update would change a
+    /// document's `_id` (ImmutableField 66).
+    Write(i32, String),
 }
 
 /// A real server's message for a document whose `_id` `id` is already in `ns` (11000).
@@ -802,9 +803,22 @@ impl Store {
             let collection = self.collection_mut(ns);
             let applied = collection.change(index, |document| {
                 let before = document.clone();
+                immutable_id(&before, update)?;
                 if let Err(error) = apply_update(document, update) {
                     *document = before;
                     return Err(unsupported(error));
+                }
+                if !document
+                    .get("_id")
+                    .is_some_and(|id| equal(id, &id_of(&before)))
+                {
+                    *document = before;
+                    return Err(QueryError::Write(
+                        66,
+                        "Performing an update on the path '_id' would modify the immutable field \
+                         '_id'"
+                            .into(),
+                    ));
                 }
                 if too_deep(document) {
                     *document = before;
@@ -835,7 +849,7 @@ impl Store {
             let conflict = self.conflict(ns, &id);
             self.noted(conflict)?;
             if self.collection_mut(ns).contains_id(&id) {
-                return Err(QueryError::DuplicateKey(duplicate_key_message(ns, &id)));
+                return Err(QueryError::Write(11000, duplicate_key_message(ns, &id)));
             }
             outcome.upserted = Some(id.clone());
             let collection = self.collection_mut(ns);
@@ -1563,6 +1577,22 @@ fn cursor_mismatch(cursor: &Cursor, id: i64, origin: CursorOrigin<'_>) -> Option
     ))
 }
 
+/// House rule 7: a replacement `update` of `document` naming another `_id` is refused as a real
+/// server refuses it (ImmutableField 66).
+fn immutable_id(document: &Document, update: &Document) -> Result<(), QueryError> {
+    let replacement = update.keys().next().is_some_and(|k| !k.starts_with('$'));
+    match update.get("_id") {
+        Some(id) if replacement && !equal(id, &id_of(document)) => Err(QueryError::Write(
+            66,
+            format!(
+                "After applying the update, the (immutable) field '_id' was found to have been \
+                 altered to _id: {id}"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A filter is checked whole before any document is read, as a real server parses it first:
 /// `{$or: true}` fails even on an empty collection (TK-14).
 fn validate(filter: &Document) -> Result<(), QueryError> {
@@ -1767,7 +1797,7 @@ mod tests {
             true,
         );
         assert!(
-            matches!(upsert, Err(QueryError::DuplicateKey(_))),
+            matches!(upsert, Err(QueryError::Write(11000, _))),
             "{upsert:?}"
         );
         let filter_work = store.documents("db.c").len() + 1;
@@ -1788,10 +1818,38 @@ mod tests {
         let mut store = store_with(6);
         assert_index_in_step(&store);
         set_x(&mut store, doc! { "even": true }, 1, true, false).unwrap();
-        set_one(&mut store, doc! { "_id": 1 }, doc! { "_id": 100 }).unwrap();
+        // House rule 7: an update never changes an `_id` (ImmutableField 66), nor a replacement.
+        let changed = set_one(&mut store, doc! { "_id": 1 }, doc! { "_id": 100 });
+        assert!(
+            matches!(changed, Err(QueryError::Write(66, _))),
+            "{changed:?}"
+        );
+        let replaced = store.update(
+            "db.c",
+            &doc! { "_id": 1 },
+            &doc! { "_id": 100 },
+            false,
+            false,
+        );
+        assert!(
+            matches!(replaced, Err(QueryError::Write(66, _))),
+            "{replaced:?}"
+        );
+        let same = store.update(
+            "db.c",
+            &doc! { "_id": 1 },
+            &doc! { "_id": 1.0, "r": 1 },
+            false,
+            false,
+        );
+        assert_eq!(
+            same.unwrap().modified,
+            1,
+            "a replacement naming the same _id"
+        );
         assert_index_in_step(&store);
-        assert!(store.collections["db.c"].contains_id(&Bson::Int64(100)));
-        assert!(!store.collections["db.c"].contains_id(&Bson::Int32(1)));
+        assert!(!store.collections["db.c"].contains_id(&Bson::Int64(100)));
+        assert!(store.collections["db.c"].contains_id(&Bson::Int32(1)));
         set_x(&mut store, doc! { "_id": 50 }, 2, false, true).unwrap();
         store.delete("db.c", &doc! { "even": false }, true).unwrap();
         assert_index_in_step(&store);

@@ -1427,6 +1427,60 @@ async fn tk15_out_waits_for_a_transaction_that_only_read_its_target() {
     .await
 }
 
+/// House rule 7 (leftovers10): over the wire, an update that would change a document's `_id`
+/// is ImmutableField 66 as on a real server: a write error of `update` (the document unchanged),
+/// the error of `findAndModify`; an upsert of an `_id` already there is DuplicateKey 11000.
+#[tokio::test]
+async fn an_update_never_changes_an_id_and_an_upsert_never_duplicates_one() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        server
+            .handle()
+            .insert("test.c", vec![doc! { "_id": 1, "a": 1 }]);
+        let update = |u: Document, upsert: bool| {
+            doc! {
+                "update": "c", "updates": [{ "q": { "_id": 1, "a": 1 }, "u": u, "upsert": upsert }],
+                "$db": "test",
+            }
+        };
+        let write_error = |reply: &Document| {
+            reply
+                .get_array("writeErrors")
+                .ok()
+                .and_then(|errors| errors[0].as_document().and_then(|e| e.get_i32("code").ok()))
+        };
+        for u in [
+            doc! { "$set": { "_id": 2 } },
+            doc! { "_id": 2 },
+            doc! { "$unset": { "_id": 1 } },
+        ] {
+            let reply = client.command(update(u.clone(), false)).await.unwrap();
+            assert_eq!(write_error(&reply), Some(66), "{u}: {reply}");
+        }
+        let reply = client
+            .command(doc! {
+                "findAndModify": "c", "query": { "_id": 1 }, "update": { "$set": { "_id": 3 } },
+                "$db": "test",
+            })
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(66), "{reply}");
+        assert_eq!(
+            server.handle().documents("test.c"),
+            [doc! { "_id": 1, "a": 1 }]
+        );
+        let upsert = doc! {
+            "update": "c", "updates": [{ "q": { "_id": 1, "a": 2 }, "u": { "$set": { "b": 1 } },
+            "upsert": true }], "$db": "test",
+        };
+        let reply = client.command(upsert).await.unwrap();
+        assert_eq!(write_error(&reply), Some(11000), "{reply}");
+        assert_eq!(server.handle().documents("test.c").len(), 1);
+        server.shutdown().await;
+    })
+    .await
+}
+
 /// A document nested `levels` deep (itself included), each level `{a: ...}`, the last `{a: 1}`.
 fn nested(levels: usize) -> Document {
     let mut document = doc! { "a": 1 };

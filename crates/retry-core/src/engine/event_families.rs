@@ -37,9 +37,16 @@ impl EventFamilies {
         self.0 & other.0 == other.0
     }
 
-    /// Whether a retry machine's events are published: with [`EventFamilies::RETRY`].
+    /// Whether a retry machine's events are published: with [`EventFamilies::RETRY`]. A
+    /// machine started without records none.
     pub(super) fn publishes_retry(self) -> bool {
         self.contains(EventFamilies::RETRY)
+    }
+
+    /// Whether a hedging machine's events are published: with [`EventFamilies::HEDGING`]. A
+    /// machine started without records none.
+    pub(super) fn publishes_hedging(self) -> bool {
+        self.contains(EventFamilies::HEDGING)
     }
 }
 

@@ -21,6 +21,7 @@
 //!   Closing it at once would cost a new connection and handshake when the servers are busiest,
 //!   and a server keeps running a read whose client went away anyway.
 
+use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::sync::Arc;
 use bson::doc;
@@ -29,7 +30,6 @@ use rand_core::RngCore;
 
 use super::raw_reply::ReplyFields;
 use super::refused::refusal;
-use super::EventFamilies;
 use super::{
     ConnId, Cursor, CursorHandle, CursorUse, Drain, Engine, EngineEvent, OpId, OpMachine,
     OpSession, Operation, OperationRequest, Owner, ServerId, Slot,
@@ -214,7 +214,13 @@ impl Engine {
             {
                 if let Ok(machine) = HedgingMachine::new(request.kind, request.timeout, policy, now)
                 {
-                    return OpMachine::Hedging(machine);
+                    // Issue 9: events nobody listens to are not recorded (same decisions).
+                    return OpMachine::Hedging(Box::new(
+                        match self.options.events.publishes_hedging() {
+                            true => machine,
+                            false => machine.without_events(),
+                        },
+                    ));
                 }
                 None
             }
@@ -239,7 +245,12 @@ impl Engine {
             _ => None,
         };
         let options = retry.as_ref().unwrap_or(&self.options.retry);
-        OpMachine::Retry(RetryMachine::new(spec, options, self.rng.next_u64(), now))
+        let machine = RetryMachine::new(spec, options, self.rng.next_u64(), now);
+        // Issue 9: events nobody listens to are not recorded (same actions and decisions).
+        OpMachine::Retry(Box::new(match self.options.events.publishes_retry() {
+            true => machine,
+            false => machine.without_events(),
+        }))
     }
 
     /// Routes a hedged operation's events and actions.
@@ -252,7 +263,7 @@ impl Engine {
                 return;
             };
             if let Some(event) = machine.poll_event() {
-                if self.options.events.contains(EventFamilies::HEDGING) {
+                if self.options.events.publishes_hedging() {
                     self.events
                         .push_back(EngineEvent::Hedging { op: op_id, event });
                 }

@@ -102,6 +102,12 @@ impl Lane {
         self.front
     }
 
+    /// The earliest event, left in the lane.
+    #[inline]
+    pub(super) fn front(&self) -> Option<&Event> {
+        self.events.get(self.head)
+    }
+
     /// Takes the earliest event.
     #[inline]
     pub(super) fn pop(&mut self) -> Option<Event> {

@@ -212,6 +212,8 @@ fn nanos(d: Duration) -> u64 {
 
 /// The lane of operation deadlines (a timeout after the start).
 const DEADLINES: usize = 0;
+/// The source of the next arrival (the lanes are 0 and 1).
+const ARRIVAL: usize = 4;
 /// The lane of requests on their way to a server and replies on their way back: both arrive the
 /// network delay after they left.
 const NETWORK: usize = 1;
@@ -342,6 +344,10 @@ pub(crate) struct Sim<'a> {
     completions: Few,
     /// The next arrival: there is never more than one.
     arrival: Option<Event>,
+    /// The earlier of the next arrival and the earliest deadline, and which it is
+    /// ([`ARRIVAL`] or [`DEADLINES`]): the two sources that change about once per operation,
+    /// so [`Sim::next_scheduled`] compares them once when they change instead of on every event.
+    slow: (u128, usize),
     /// Events a fixed delay after they were scheduled: [`DEADLINES`], [`NETWORK`].
     lanes: [Lane; 2],
     /// The attempts between send and reply, and the free slots among them.
@@ -437,6 +443,7 @@ impl<'a> Sim<'a> {
             timers: Timers::new(),
             completions: Few::new(),
             arrival: None,
+            slow: (NONE, ARRIVAL),
             lanes: Default::default(),
             works: Vec::new(),
             free_works: Vec::new(),
@@ -535,6 +542,37 @@ impl<'a> Sim<'a> {
 
     /// Poisson arrivals at the current rate, by thinning against the profile's highest rate.
     fn next_arrival(&mut self) {
+        self.draw_arrival();
+        self.refresh_slow();
+    }
+
+    /// [`Sim::slow`] from the arrival and the deadline lane, after dropping the deadlines of
+    /// operations that have ended from the lane's front (most end long before their deadline;
+    /// [`Sim::next_event`] drops one that ends after this).
+    #[inline]
+    fn refresh_slow(&mut self) {
+        let lane = &mut self.lanes[DEADLINES];
+        while let Some(Kind::Deadline { op, serial }) = lane.front().map(|e| e.kind) {
+            if self
+                .ops
+                .get(op as usize)
+                .is_some_and(|o| o.serial == serial)
+            {
+                break;
+            }
+            lane.pop();
+        }
+        let arrival = self.arrival.as_ref().map_or(NONE, Event::key);
+        let deadline = lane.min_key();
+        self.slow = if deadline < arrival {
+            (deadline, DEADLINES)
+        } else {
+            (arrival, ARRIVAL)
+        };
+    }
+
+    /// [`Sim::next_arrival`] without [`Sim::refresh_slow`].
+    fn draw_arrival(&mut self) {
         let max_rate = self.max_rate;
         if max_rate <= 0.0 {
             return;
@@ -597,13 +635,8 @@ impl<'a> Sim<'a> {
     fn next_scheduled(&mut self) -> Option<Event> {
         const TIMERS: usize = 2;
         const COMPLETIONS: usize = 3;
-        const ARRIVAL: usize = 4;
-        let mut best = self.arrival.as_ref().map_or(NONE, Event::key);
-        let mut source = ARRIVAL;
-        let key = self.lanes[DEADLINES].min_key();
-        if key < best {
-            (best, source) = (key, DEADLINES);
-        }
+        // Keys are unique (the sequence number), so the order of the comparisons cannot matter.
+        let (mut best, mut source) = self.slow;
         let key = self.lanes[NETWORK].min_key();
         if key < best {
             (best, source) = (key, NETWORK);
@@ -622,8 +655,16 @@ impl<'a> Sim<'a> {
         match source {
             TIMERS => self.timers.pop(),
             COMPLETIONS => self.completions.pop(),
-            ARRIVAL => self.arrival.take(),
-            lane => self.lanes.get_mut(lane)?.pop(),
+            NETWORK => self.lanes[NETWORK].pop(),
+            slow => {
+                let event = if slow == ARRIVAL {
+                    self.arrival.take()
+                } else {
+                    self.lanes[DEADLINES].pop()
+                };
+                self.refresh_slow();
+                event
+            }
         }
     }
 
@@ -634,6 +675,7 @@ impl<'a> Sim<'a> {
             match event.kind {
                 Kind::Arrival => {
                     self.start_operation();
+                    // Also refreshes `slow` for the deadline just scheduled.
                     self.next_arrival();
                 }
                 Kind::AtServer(work) => self.at_server(work),
