@@ -743,6 +743,38 @@ mod tests {
         reply.and_then(|r| r.get_i32("code").ok())
     }
 
+    /// Versioned-api "Cursors" / "Transactions": API parameters compare field by field, an
+    /// absent field differing from any value (the server's `APIParameters` `operator==`), and
+    /// print as the server's `BSONObj::toString` in its APIMismatchError (347) message.
+    #[test]
+    fn tk15_api_parameters_compare_and_print_as_a_real_server() {
+        let of = |command: Document| ApiParameters::of(&command);
+        let v1 = of(doc! { "ping": 1, "apiVersion": "1" });
+        let strict_off = of(doc! { "ping": 1, "apiVersion": "1", "apiStrict": false });
+        assert_eq!(of(doc! { "ping": 1 }), ApiParameters::NONE);
+        assert_ne!(v1, strict_off);
+        assert_eq!(
+            v1.mismatch(v1, "getMore", "the cursor-creating command"),
+            None
+        );
+        assert_eq!(
+            ApiParameters::NONE.mismatch(strict_off, "getMore", "the cursor-creating command"),
+            Some((
+                347,
+                "API parameter mismatch: getMore used params {}, the cursor-creating command \
+                 used { apiVersion: \"1\", apiStrict: false }"
+                    .to_owned()
+            ))
+        );
+        let all = of(doc! {
+            "ping": 1, "apiVersion": "1", "apiStrict": true, "apiDeprecationErrors": true,
+        });
+        assert_eq!(
+            all.to_string(),
+            "{ apiVersion: \"1\", apiStrict: true, apiDeprecationErrors: true }"
+        );
+    }
+
     #[test]
     fn a_txn_number_needs_an_lsid_and_a_replica_set_or_mongos() {
         let insert = doc! { "insert": "c", "txnNumber": 1_i64 };
