@@ -1139,7 +1139,9 @@ impl Connection {
             if let Some(refusal) = crate::refusals::refusal(&state.role, name, command) {
                 return Response::Reply(refusal);
             }
-            let required = state.require_api_version;
+            // A real server looks the command up first (`enforceRequireAPIVersion` takes it): an
+            // unknown one is CommandNotFound (59) whether it carries `apiVersion` or not.
+            let required = state.require_api_version && crate::refusals::known_command(name);
             if let Some(refusal) = crate::parameters::api_version_refusal(required, command) {
                 return Response::Reply(refusal);
             }

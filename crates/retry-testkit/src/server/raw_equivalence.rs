@@ -1321,7 +1321,9 @@ fn transaction_api_cases(role: &Role) -> Cases {
 /// Under `apiStrict: true`: `$listLocalSessions` is outside API version 1 (APIStrictError,
 /// 323, the stage's `AllowedWithApiStrict::kNeverInVersion1`), and a command the server does
 /// not know is CommandNotFound (59) whatever its API parameters, as a real server looks the
-/// command up before it validates them (TK-2), while a known one outside API version 1 is 323.
+/// command up before it validates them (TK-2), while a known one outside API version 1 is 323;
+/// the same with `requireApiVersion` on (`enforceRequireAPIVersion` takes the found command): 59
+/// for an unknown command, 498870 for a known one.
 fn api_strict_cases(_: &Role) -> Cases {
     let sessions = || {
         doc! { "aggregate": 1, "pipeline": [{ "$listLocalSessions": {} }], "cursor": {},
@@ -1367,6 +1369,32 @@ fn api_strict_cases(_: &Role) -> Cases {
             "getMore, API version 2",
             doc! { "getMore": 1_i64, "collection": "c", "$db": "test", "apiVersion": "2" },
             Some(322),
+        ),
+        (
+            "requireApiVersion on",
+            with_api(
+                doc! { "setParameter": 1, "requireApiVersion": true, "$db": "admin" },
+                doc! {},
+            ),
+            None,
+        ),
+        (
+            "unknown command without apiVersion, required",
+            doc! { "frobnicate": 1, "$db": "test" },
+            Some(59),
+        ),
+        (
+            "known command without apiVersion, required",
+            doc! { "distinct": "c", "key": "a", "$db": "test" },
+            Some(498_870),
+        ),
+        (
+            "requireApiVersion off",
+            with_api(
+                doc! { "setParameter": 1, "requireApiVersion": false, "$db": "admin" },
+                doc! {},
+            ),
+            None,
         ),
     ]
 }
