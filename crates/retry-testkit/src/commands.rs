@@ -354,11 +354,11 @@ pub(crate) fn transaction_api_refusal(
     command: &Document,
     process_id: ObjectId,
 ) -> Option<Document> {
+    let number = command.get("txnNumber").and_then(integer)?;
     if !crate::refusals::known_command(name) {
         return None;
     }
     let session = command.get_document("lsid").ok()?.to_vec().ok()?;
-    let number = command.get("txnNumber").and_then(integer)?;
     let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
     let api = ApiParameters::of(command);
     let store = state.data.lock();

@@ -201,11 +201,11 @@ impl std::fmt::Display for ApiParameters {
 /// - a hello's `client` not a document, `compression` not an array of strings: TypeMismatch (14,
 ///   the hello command's IDL types).
 pub(crate) fn generic_field_refusal(name: &str, command: &Document) -> Option<Document> {
-    if let Some(refusal) = known_command(name)
-        .then(|| api_refusal(name, command))
-        .flatten()
-    {
-        return Some(refusal);
+    let api = ["apiVersion", "apiStrict", "apiDeprecationErrors"];
+    if api.iter().any(|field| command.contains_key(field)) && known_command(name) {
+        if let Some(refusal) = api_refusal(name, command) {
+            return Some(refusal);
+        }
     }
     let wrong_type =
         |field: &str, value: &Bson, expected: &str| Some(wrong_type(field, value, expected));
