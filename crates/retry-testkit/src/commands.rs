@@ -455,17 +455,20 @@ fn run(
             Ok(c) => error_reply(48, &format!("Collection {db}.{c} already exists.")),
             Err(e) => e,
         },
+        // TK-15: outside a transaction (in one both are 263), both wait for one holding what
+        // they drop (review12 finding 1).
         "drop" => match collection_name(command, "drop") {
-            Ok(c) if state.store.drop_collection(&format!("{db}.{c}")) => ok(),
-            Ok(c) => error_reply(26, &format!("ns not found: {db}.{c}")),
+            Ok(c) => match state.store.drop_collection(&format!("{db}.{c}")) {
+                Ok(true) => ok(),
+                Ok(false) => error_reply(26, &format!("ns not found: {db}.{c}")),
+                Err(e) => query_error(e),
+            },
             Err(e) => e,
         },
-        "dropDatabase" => {
-            for c in state.store.collection_names(db) {
-                state.store.drop_collection(&format!("{db}.{c}"));
-            }
-            ok()
-        }
+        "dropDatabase" => match state.store.drop_database(db) {
+            Ok(()) => ok(),
+            Err(e) => query_error(e),
+        },
         "listCollections" => list_collections(state, db, command),
         "listDatabases" => {
             let names = state.store.database_names();

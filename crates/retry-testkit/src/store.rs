@@ -234,6 +234,25 @@ fn fractional_decimal(id: &Bson) -> bool {
     }
 }
 
+/// TK-2 (review12 finding 2): `document` as every write that adds documents stores it
+/// (`insert`, `$out`, `$merge`): a missing `_id` becomes a new ObjectId, as a real server's
+/// insert adds one; an `_id` holding a Decimal128 that is not an int64 integer is refused
+/// ([`fractional_decimal`]).
+fn admit(mut document: Document) -> Result<Document, QueryError> {
+    match document.get("_id") {
+        None => {
+            document.insert("_id", ObjectId::new());
+        }
+        Some(id) if fractional_decimal(id) => {
+            return Err(QueryError::UnsupportedFilter(
+                "an _id holding a Decimal128 that is not an int64 integer".into(),
+            ));
+        }
+        Some(_) => {}
+    }
+    Ok(document)
+}
+
 /// TK-15: documents to put back ([`rebuild`]), by [`id_key`]: each as it was (`None`: absent) and
 /// its position then.
 type Replaced = BTreeMap<Vec<u8>, (Option<Document>, usize)>;
@@ -437,19 +456,13 @@ impl Store {
     pub(crate) fn insert(
         &mut self,
         ns: &str,
-        mut documents: Vec<Document>,
+        documents: Vec<Document>,
         ordered: bool,
     ) -> Result<InsertOutcome, QueryError> {
-        for d in &mut documents {
-            if !d.contains_key("_id") {
-                d.insert("_id", ObjectId::new());
-            }
-            if fractional_decimal(&id_of(d)) {
-                return Err(QueryError::UnsupportedFilter(
-                    "an _id holding a Decimal128 that is not an int64 integer".into(),
-                ));
-            }
-        }
+        let documents = documents
+            .into_iter()
+            .map(admit)
+            .collect::<Result<Vec<_>, _>>()?;
         self.note_access(ns);
         let conflict = documents
             .iter()
@@ -1250,19 +1263,30 @@ impl Store {
             .collect()
     }
 
-    /// `$out`: `ns` holds exactly `documents` afterwards. TK-15: outside any transaction it
-    /// first waits ([`QueryError::Blocked`]) for a transaction in progress that holds `ns`
-    /// (read or wrote it, or created it), as a real server's `$out` waits to rename its result
-    /// into a collection whose lock a transaction holds. Nothing is written before.
+    /// `$out`: `ns` holds exactly `documents` afterwards, each admitted as an insert admits it
+    /// ([`admit`]). Like a real server's `$out`, which inserts its result into a new collection
+    /// with an `_id` index and then renames it over `ns`, a second document with one `_id` is
+    /// DuplicateKey (11000) with `ns` unchanged (review12 finding 2). TK-15: outside any
+    /// transaction the rename first waits ([`QueryError::Blocked`]) for a transaction in
+    /// progress that holds `ns` (read or wrote it, or created it), as a real server's does for
+    /// a collection whose lock a transaction holds. Nothing is written before.
     pub(crate) fn replace_collection(
         &mut self,
         ns: &str,
         documents: Vec<Document>,
     ) -> Result<(), QueryError> {
-        let held = self.collection_holder(ns);
+        let mut new = Collection::default();
+        for document in documents {
+            let document = admit(document)?;
+            let id = id_of(&document);
+            if new.contains_id(&id) {
+                return Err(QueryError::Write(11000, duplicate_key_message(ns, &id)));
+            }
+            new.push(document);
+        }
+        let held = self.collection_holder(|c| c == ns);
         self.noted(held)?;
-        let added: Vec<Bson> = documents.iter().map(id_of).collect();
-        let new = Collection::new(documents);
+        let added: Vec<Bson> = new.documents().iter().map(id_of).collect();
         let old = core::mem::replace(self.collection_mut(ns), new).into_documents();
         // TK-15: in a transaction, every old document was removed and every new one added.
         for (index, document) in old.into_iter().enumerate() {
@@ -1275,11 +1299,11 @@ impl Store {
     }
 
     /// TK-15: the transaction in progress the running command (outside any) does not belong to
-    /// that holds `ns`: it created `ns`, or read or wrote it (leftovers10 item 4: a real
-    /// transaction holds the intent lock of every collection it accessed until it ends, and the
-    /// rename of a `$out` needs the target's exclusive lock). Looks at the transactions in
-    /// progress and the collections each accessed.
-    fn collection_holder(&self, ns: &str) -> Result<(), QueryError> {
+    /// that holds a namespace `held` picks: it created it, or read or wrote it (leftovers10 item
+    /// 4: a real transaction holds the intent lock of every collection it accessed until it
+    /// ends, and the rename of a `$out` or a drop needs the collection's exclusive lock). Looks
+    /// at the transactions in progress and the collections each accessed.
+    fn collection_holder(&self, held: impl Fn(&str) -> bool) -> Result<(), QueryError> {
         let viewer = self.viewer();
         let holder = self
             .open
@@ -1288,7 +1312,7 @@ impl Store {
             .find(|session| {
                 self.transactions
                     .get(*session)
-                    .is_some_and(|t| t.created.iter().chain(&t.accessed).any(|c| c == ns))
+                    .is_some_and(|t| t.created.iter().chain(&t.accessed).any(|c| held(c)))
             });
         match holder {
             Some(session) => Err(QueryError::Blocked(session.clone())),
@@ -1297,15 +1321,19 @@ impl Store {
     }
 
     /// `$merge {into}` with the default `whenMatched: "merge"`, `whenNotMatched: "insert"`: a
-    /// document with the `_id` of an existing one is merged into it, others are appended. TK-15:
+    /// document with the `_id` of an existing one is merged into it, others are appended, each
+    /// admitted as an insert admits it ([`admit`]: a missing `_id` added). TK-15:
     /// outside any transaction, a document whose `_id` a transaction in progress changed makes
     /// it wait first ([`QueryError::Blocked`]), as any other write to that document does;
     /// nothing is written before.
     pub(crate) fn merge(&mut self, ns: &str, documents: Vec<Document>) -> Result<(), QueryError> {
+        let documents = documents
+            .into_iter()
+            .map(admit)
+            .collect::<Result<Vec<_>, _>>()?;
         let conflict = documents
             .iter()
-            .filter_map(|d| d.get("_id"))
-            .try_for_each(|id| self.conflict(ns, id));
+            .try_for_each(|d| self.conflict(ns, &id_of(d)));
         self.noted(conflict)?;
         self.collection_mut(ns);
         for document in documents {
@@ -1348,10 +1376,31 @@ impl Store {
         true
     }
 
-    /// Drops `ns` and its indexes; `false` when it did not exist.
-    pub(crate) fn drop_collection(&mut self, ns: &str) -> bool {
+    /// Drops `ns` and its indexes; `false` when it did not exist. TK-15 (review12 finding 1):
+    /// first waits ([`QueryError::Blocked`]) for a transaction in progress that holds `ns`, as
+    /// `$out` does ([`Store::replace_collection`]): on a real server a drop is DDL that waits
+    /// for the collection lock of such a transaction ("Pending DDL Operations and
+    /// Transactions"), so that transaction's abort never brings the dropped documents back.
+    pub(crate) fn drop_collection(&mut self, ns: &str) -> Result<bool, QueryError> {
+        let held = self.collection_holder(|c| c == ns);
+        self.noted(held)?;
         self.indexes.remove(ns);
-        self.collections.remove(ns).is_some()
+        Ok(self.collections.remove(ns).is_some())
+    }
+
+    /// `dropDatabase`: drops every collection of database `db` the running command sees. TK-15
+    /// (review12 finding 1): first waits for a transaction in progress that holds any
+    /// collection of `db` (the database's exclusive lock), with nothing dropped before.
+    pub(crate) fn drop_database(&mut self, db: &str) -> Result<(), QueryError> {
+        let prefix = format!("{db}.");
+        let held = self.collection_holder(|c| c.starts_with(&prefix));
+        self.noted(held)?;
+        for c in self.collection_names(db) {
+            let ns = format!("{prefix}{c}");
+            self.indexes.remove(&ns);
+            self.collections.remove(&ns);
+        }
+        Ok(())
     }
 
     /// The collections of database `db` the running command sees, by name.
@@ -1754,8 +1803,8 @@ mod tests {
         assert!(!store.create("db.d"));
         assert_eq!(store.collection_names("db"), vec!["c", "d"]);
         assert_eq!(store.database_names(), vec!["db"]);
-        assert!(store.drop_collection("db.d"));
-        assert!(!store.drop_collection("db.d"));
+        assert_eq!(store.drop_collection("db.d"), Ok(true));
+        assert_eq!(store.drop_collection("db.d"), Ok(false));
     }
     /// The `_id` index of `db.c` holds exactly the keys of its documents.
     fn assert_index_in_step(store: &Store) {
@@ -1878,7 +1927,7 @@ mod tests {
         assert_index_in_step(&store);
         assert_eq!(store.collections["db.c"].len(), 2);
         assert!(store.collections["db.c"].contains_id(&Bson::String("a".into())));
-        assert!(store.drop_collection("db.c"));
+        assert_eq!(store.drop_collection("db.c"), Ok(true));
         let outcome = store
             .insert("db.c", vec![doc! { "_id": "a" }], true)
             .unwrap();
@@ -2362,6 +2411,129 @@ mod tests {
         });
         assert_eq!((out, blocked), (Ok(()), None), "after the abort");
         assert_eq!(ids(&store), [9]);
+    }
+
+    /// TK-15 (review12 finding 1): `drop` and `dropDatabase` outside any transaction wait for a
+    /// transaction in progress that holds the collection (or, for `dropDatabase`, any collection
+    /// of the database), as `$out` does, with nothing dropped before; after that transaction
+    /// aborts the drop runs and the collection stays gone (the abort no longer re-creates it
+    /// from the transaction's before-images).
+    #[test]
+    fn tk15_drop_waits_for_a_transaction_that_wrote_the_collection() {
+        let mut store = store_with(3);
+        store
+            .insert("other.c", vec![doc! { "_id": 1 }], true)
+            .unwrap();
+        in_transaction(&mut store, S1, 1, true, |s| {
+            assert_eq!(
+                set_one(s, doc! { "_id": 1 }, doc! { "x": 1 })
+                    .unwrap()
+                    .modified,
+                1
+            );
+        });
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_collection("db.c"));
+        assert_eq!(
+            (dropped, blocked),
+            (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
+        );
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_database("db"));
+        assert_eq!(
+            (dropped, blocked),
+            (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
+        );
+        assert_eq!(ids(&store), [0, 1, 2], "nothing dropped");
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_database("other"));
+        assert_eq!(
+            (dropped, blocked),
+            (Ok(()), None),
+            "a database S1 does not hold"
+        );
+        assert!(!store.collections.contains_key("other.c"));
+        assert_eq!(store.end_transaction(S1, 1, false, None, false), Ok(()));
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_collection("db.c"));
+        assert_eq!((dropped, blocked), (Ok(true), None), "after the abort");
+        assert!(!store.collections.contains_key("db.c"), "it stays gone");
+        assert!(ids(&store).is_empty());
+    }
+
+    /// TK-15 (review12 finding 1): a collection a transaction in progress created (invisible to
+    /// others) is held by it: its `drop` and its database's `dropDatabase` wait; after the
+    /// commit the drop runs.
+    #[test]
+    fn tk15_drop_waits_for_a_transaction_that_created_the_collection() {
+        let mut store = Store::default();
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.insert("db.made", vec![doc! { "_id": 7 }], true).unwrap();
+        });
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_collection("db.made"));
+        assert_eq!(blocked, Some(S1.to_vec()), "{dropped:?}");
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_database("db"));
+        assert_eq!(blocked, Some(S1.to_vec()), "{dropped:?}");
+        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
+        assert_eq!(store.collection_names("db"), ["made"]);
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_database("db"));
+        assert_eq!((dropped, blocked), (Ok(()), None), "after the commit");
+        assert!(store.collection_names("db").is_empty());
+    }
+
+    /// TK-2, TK-15 (review12 finding 2): `$out` admits its documents as an insert does: two with
+    /// one `_id` are DuplicateKey 11000 and the target keeps its documents (a real `$out` fills
+    /// a new collection with an `_id` index and renames it over the target only on success); an
+    /// `_id` holding a fractional Decimal128 is refused as an insert refuses it.
+    #[test]
+    fn tk15_out_with_duplicate_ids_is_duplicate_key_and_leaves_the_target() {
+        let mut store = store_with(3);
+        let out = store.replace_collection(
+            "db.c",
+            vec![
+                doc! { "_id": 8 },
+                doc! { "_id": 1, "a": 1 },
+                doc! { "_id": 1.0 },
+            ],
+        );
+        assert_eq!(
+            out,
+            Err(QueryError::Write(
+                11000,
+                duplicate_key_message("db.c", &Bson::Double(1.0))
+            ))
+        );
+        assert_eq!(ids(&store), [0, 1, 2], "the target is unchanged");
+        assert_index_in_step(&store);
+        let out = store.replace_collection("db.c", vec![doc! { "_id": decimal("1.5") }]);
+        assert!(
+            matches!(out, Err(QueryError::UnsupportedFilter(_))),
+            "{out:?}"
+        );
+        assert_eq!(ids(&store), [0, 1, 2]);
+        assert!(!store.collections.contains_key("db.new"));
+        let out = store.replace_collection("db.new", vec![doc! { "_id": 1 }, doc! { "_id": 1 }]);
+        assert!(matches!(out, Err(QueryError::Write(11000, _))), "{out:?}");
+        assert!(
+            !store.collections.contains_key("db.new"),
+            "a failed $out creates nothing"
+        );
+    }
+
+    /// TK-2 (review12 finding 2): a document `$out` or `$merge` stores without an `_id` gets an
+    /// ObjectId one, as an insert's does (`$project: {_id: 0}`, `$count`); the index holds them.
+    #[test]
+    fn tk2_out_and_merge_give_a_document_without_an_id_an_object_id() {
+        let mut store = store_with(0);
+        store
+            .replace_collection("db.c", vec![doc! { "a": 1 }, doc! { "a": 2 }])
+            .unwrap();
+        store.merge("db.c", vec![doc! { "a": 3 }]).unwrap();
+        let documents = store.collections["db.c"].documents();
+        assert_eq!(documents.len(), 3);
+        assert!(
+            documents
+                .iter()
+                .all(|d| matches!(d.get("_id"), Some(Bson::ObjectId(_)))),
+            "{documents:?}"
+        );
+        assert_index_in_step(&store);
     }
 
     /// TK-6, TK-15: a retryable write with a higher `txnNumber` aborts its session's transaction
