@@ -2,7 +2,7 @@
 //! deprioritized set.
 //!
 //! An address is a lowercased host and a port (SDAM compares addresses case-insensitively). A short
-//! host (up to [`INLINE_HOST`] bytes: `localhost`, an IPv4 address, a short name) is kept inline, so
+//! host (up to 20 bytes: `localhost`, an IPv4 address, a short name) is kept inline, so
 //! cloning and dropping its address copies bytes and touches no reference count; a longer host is
 //! reference-counted. Either way cloning an address, as the retry machine does for every attempt,
 //! never allocates.

@@ -8,7 +8,7 @@ use core::time::Duration;
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{fence, AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::task::Wake;
 
 use bson::RawDocument;
@@ -733,21 +733,25 @@ impl Wake for SocketWaker {
 /// thread; an idle client catches up on its next operation.
 ///
 /// Every wake of the driver (a socket ready, its timer due, a cancel, a session request) sets a
-/// flag; whoever is polled, finds the flag set and the lock free runs the driver's rounds. The
+/// flag; whoever is polled, finds the flag set and the lock free runs the driver's passes. A wake
+/// that comes while a pass runs (`running` set) does nothing more: the pass looks at the flag
+/// when it ends, and runs another or hands off (house rule 9, review11 finding 2). Otherwise the
 /// wake that sets the flag wakes two waiting futures (the most recently registered); while none
 /// of the woken has run the driver (`claimed` clear), each further wake wakes twice as many as
 /// the one before (2, 2, 4, 8, ...), and the driver's own timer, firing then, wakes every waiting
 /// future (house rule 8, CS-4, review10 finding 2). A woken future leaves the list until it is
 /// polled again, so futures that their callers keep but never poll (a `select` that another
 /// branch won) absorb one wake each, once. The bound: with `k` of them registered ahead of a
-/// live future, the live one is woken by the `⌈log2(k + 1)⌉`-th wake after a round, and at the
+/// live future, the live one is woken by the `⌈log2(k + 1)⌉`-th wake after a pass, and at the
 /// latest by the first firing of the driver's timer (the next engine deadline) after the first
-/// such wake, so no operation waits past its deadline for a reply that arrived. When the timer's
-/// firing is itself the first wake after a round, a [`Watchdog`] timer takes the place of the
-/// next firing: if none of the woken has run the driver [`UNCLAIMED_TIMER_GRACE`] later, it wakes
-/// every waiting future (one timer registration per firing, not a wake per waiter). The common path
-/// (a wake, one of the two woken runs the driver) wakes two, however many wait (house rule 9);
-/// more only while woken futures are not polled.
+/// such wake. When the timer's firing is itself the first wake after a pass, a [`Watchdog`]
+/// timer takes the place of the next firing: if none of the woken has run the driver
+/// [`UNCLAIMED_TIMER_GRACE`] later, it wakes every waiting future (one timer registration per
+/// firing, not a wake per waiter). So an operation whose reply arrived waits past its deadline
+/// by at most that grace, and only when its deadline's firing is the first wake after a pass (a
+/// firing during a pass is handled by that pass). The common path (a wake, one of the two woken
+/// runs the driver) wakes two, however many wait (house rule 9), and a wake during a pass wakes
+/// none; more only while woken futures are not polled.
 pub(crate) struct LocalDriver {
     driver: Mutex<Option<Driver>>,
     waker: Arc<DriverWaker>,
@@ -758,11 +762,15 @@ pub(crate) struct LocalDriver {
 /// The waker the driver's sockets and timer hold: "the driver has something to do".
 #[derive(Default)]
 struct DriverWaker {
-    /// Set by every wake, cleared when a round of the driver starts.
+    /// Set by every wake, cleared when a pass of the driver starts.
     dirty: AtomicBool,
-    /// Set when a round of the driver starts, cleared when futures are woken to run one: while
+    /// Set when a pass of the driver starts, cleared when futures are woken to run one: while
     /// it is clear, none of the woken futures has run the driver yet.
     claimed: AtomicBool,
+    /// Set while a pass of the driver runs ([`Pass`]), cleared before the pass lets the lock go
+    /// and before its runner's last look at `dirty` ([`DriverWaker::end_pass`]): a wake that
+    /// finds it set only sets `dirty`, which that look sees (house rule 9, review11 finding 2).
+    running: AtomicBool,
     waiting: Mutex<Waiting>,
     /// Armed by a firing of the driver's timer that was the first wake after a round.
     watchdog: Mutex<Option<Watchdog>>,
@@ -917,6 +925,7 @@ impl DriverWaker {
         let waker = Arc::new(DriverWaker {
             dirty: AtomicBool::new(true),
             claimed: AtomicBool::new(false),
+            running: AtomicBool::new(false),
             waiting: Mutex::new(Waiting::default()),
             watchdog: Mutex::new(None),
         });
@@ -929,10 +938,17 @@ impl DriverWaker {
     }
 
     /// Wakes one waiting future: it runs the driver when polled (a hand-off from a future that
-    /// leaves or used up its passes).
-    fn wake_one(&self) {
+    /// leaves, or from one that used up its passes, `after_round`: the wakes after it escalate
+    /// from two again, as after any round, since the wakes during the round woke nobody).
+    fn wake_one(&self, after_round: bool) {
         self.claimed.store(false, Ordering::Release);
-        let waker = lock(&self.waiting).pop();
+        let waker = {
+            let mut waiting = lock(&self.waiting);
+            if after_round {
+                waiting.escalation = 2;
+            }
+            waiting.pop()
+        };
         if let Some(waker) = waker {
             waker.wake();
         }
@@ -974,13 +990,55 @@ impl DriverWaker {
     /// A wake from the driver's timer: like any other, except that while none of the futures
     /// woken before has run the driver it wakes every waiting future, so a deadline is never
     /// missed however many woken futures are never polled (house rule 8, CS-4).
+    ///
+    /// A firing during a pass only sets the flag ([`DriverWaker::pass_sees_it`]): the pass
+    /// handles the deadline itself.
     fn wake_timer(&self) {
-        if !self.dirty.swap(true, Ordering::AcqRel) {
-            self.wake_escalating(true, false);
-            self.arm_watchdog();
-        } else if !self.claimed.load(Ordering::Acquire) {
-            self.wake_escalating(false, true);
+        let fresh = !self.dirty.swap(true, Ordering::AcqRel);
+        if (fresh || !self.claimed.load(Ordering::Acquire)) && !self.pass_sees_it() {
+            self.wake_escalating(fresh, !fresh);
+            if fresh {
+                self.arm_watchdog();
+            }
         }
+    }
+
+    /// After a wake set `dirty`: whether a pass of the driver runs, which will see the flag
+    /// ([`DriverWaker::end_pass`]), so that the wake wakes no future (house rule 9, review11
+    /// finding 2: the woken would only find the lock taken).
+    fn pass_sees_it(&self) -> bool {
+        // Pairs with `end_pass`'s fence: either that pass reads `dirty` as set, or this reads
+        // `running` as clear.
+        fence(Ordering::SeqCst);
+        self.running.load(Ordering::Acquire)
+    }
+
+    /// Starts a pass of the driver, whose lock `driver` is: from now on a wake only sets `dirty`,
+    /// and the futures woken before have been served (`claimed`).
+    fn start_pass<'a>(&'a self, driver: MutexGuard<'a, Option<Driver>>) -> Pass<'a> {
+        self.running.store(true, Ordering::Release);
+        self.claimed.store(true, Ordering::Release);
+        self.dirty.store(false, Ordering::Release);
+        Pass {
+            waker: self,
+            driver,
+        }
+    }
+
+    /// Ends `pass`; returns whether the driver has something to do again (a wake came during the
+    /// pass, and only set `dirty`, or since): then its runner runs another pass or hands off.
+    ///
+    /// The order closes the race at the end of a pass: `running` is cleared and the lock let go
+    /// first, then a SeqCst fence, then `dirty` is read. A wake writes `dirty`, then a SeqCst
+    /// fence, then reads `running` ([`DriverWaker::pass_sees_it`]). Of the two fences, the one
+    /// later in their single total order sees the other side's write: either this reads `dirty`
+    /// set, or the wake reads `running` clear and wakes futures as when no pass runs (and they
+    /// find the lock free). No wake goes unseen, as one read between this read and the clear
+    /// could.
+    fn end_pass(&self, pass: Pass<'_>) -> bool {
+        drop(pass);
+        fence(Ordering::SeqCst);
+        self.dirty.load(Ordering::Acquire)
     }
 
     /// Arms the [`Watchdog`] for [`UNCLAIMED_TIMER_GRACE`] from now.
@@ -1004,6 +1062,17 @@ impl DriverWaker {
         }
     }
 
+    /// A waiting future leaves (done or dropped): if the driver has something to do and no pass
+    /// runs (which would see the flag when it ends), another waiting future runs it, as the one
+    /// leaving may have been woken for it. One woken by a wake that found no pass running reads
+    /// `running` after that wake did (the wake took it out of the list under the list's lock
+    /// first), so it reads no older `running` set.
+    fn hand_off(&self) {
+        if self.dirty.load(Ordering::Acquire) && !self.running.load(Ordering::Acquire) {
+            self.wake_one(false);
+        }
+    }
+
     /// The [`Watchdog`] fired: every waiting future is woken if the driver has something to do
     /// and none of the futures woken for it has run it.
     fn wake_unclaimed(&self) {
@@ -1023,11 +1092,13 @@ impl Wake for DriverWaker {
     /// of the woken has run the driver yet, twice as many as the wake before (review10 finding
     /// 2): otherwise the one running it re-checks the flag when done (one wake per burst, house
     /// rule 9).
+    ///
+    /// A wake during a pass of the driver wakes nobody: the pass sees the flag when it ends
+    /// (review11 finding 2).
     fn wake_by_ref(self: &Arc<Self>) {
-        if !self.dirty.swap(true, Ordering::AcqRel) {
-            self.wake_escalating(true, false);
-        } else if !self.claimed.load(Ordering::Acquire) {
-            self.wake_escalating(false, false);
+        let fresh = !self.dirty.swap(true, Ordering::AcqRel);
+        if (fresh || !self.claimed.load(Ordering::Acquire)) && !self.pass_sees_it() {
+            self.wake_escalating(fresh, false);
         }
     }
 }
@@ -1065,37 +1136,52 @@ impl LocalDriver {
     /// Runs the driver if it has something to do and no one else runs it (that one re-checks
     /// the flag when it is done). Returns whether the driver has stopped (shut down).
     pub(crate) fn run(&self, cx: &Context<'_>) -> bool {
+        let waker = &*self.waker;
         let mut driver_cx = Context::from_waker(&self.driver_waker);
+        if !waker.dirty.load(Ordering::Acquire) {
+            return false;
+        }
         for _ in 0..PASSES_PER_POLL {
-            if !self.waker.dirty.load(Ordering::Acquire) {
-                return false;
-            }
-            let mut guard = match self.driver.try_lock() {
+            let guard = match self.driver.try_lock() {
                 Ok(guard) => guard,
                 Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
                 Err(TryLockError::WouldBlock) => return false,
             };
-            self.waker.claimed.store(true, Ordering::Release);
-            self.waker.dirty.store(false, Ordering::Release);
-            let Some(driver) = guard.as_mut() else {
+            let mut pass = waker.start_pass(guard);
+            let Some(driver) = pass.driver.as_mut() else {
                 return true;
             };
             if Pin::new(driver).poll(&mut driver_cx).is_ready() {
                 // Shut down: the driver (and its engine and sockets) goes now.
-                *guard = None;
-                drop(guard);
-                self.waker.wake_one();
+                *pass.driver = None;
+                drop(pass);
+                waker.wake_one(false);
                 return true;
             }
+            if !waker.end_pass(pass) {
+                return false;
+            }
         }
-        if self.waker.dirty.load(Ordering::Acquire) {
-            // Passes used up with work left: come back after the executor's other tasks, and
-            // hand the work to a waiting future too (no wake comes while the flag is set, and
-            // `cx` may be no task's, as when the last client goes).
-            cx.waker().wake_by_ref();
-            self.waker.wake_one();
-        }
+        // Passes used up with work left: come back after the executor's other tasks, and hand
+        // the work to a waiting future too (no wake comes while the flag is set, and `cx` may be
+        // no task's, as when the last client goes).
+        cx.waker().wake_by_ref();
+        waker.wake_one(true);
         false
+    }
+}
+
+/// A pass of a [`LocalDriver`]: its lock, held while [`DriverWaker`]'s `running` is set. Its
+/// drop (also when the driver panics) clears the flag, then lets the lock go.
+struct Pass<'a> {
+    waker: &'a DriverWaker,
+    driver: MutexGuard<'a, Option<Driver>>,
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        // Before the fields: the lock is let go after this.
+        self.waker.running.store(false, Ordering::Release);
     }
 }
 
@@ -1120,9 +1206,7 @@ impl Waiter {
     pub(crate) fn leave(&self) {
         let waker = &self.local.waker;
         lock(&waker.waiting).unregister(self.slot);
-        if waker.dirty.load(Ordering::Acquire) {
-            waker.wake_one();
-        }
+        waker.hand_off();
     }
 }
 
@@ -1131,9 +1215,7 @@ impl Drop for Waiter {
     fn drop(&mut self) {
         let waker = &self.local.waker;
         lock(&waker.waiting).close(self.slot);
-        if waker.dirty.load(Ordering::Acquire) {
-            waker.wake_one();
-        }
+        waker.hand_off();
     }
 }
 
@@ -1192,13 +1274,13 @@ mod tests {
         waker.wake_by_ref();
         assert_eq!(woken(&tasks), 2);
         assert!(driver.dirty.load(Ordering::Acquire));
-        // A woken task starts a round of the driver (what `LocalDriver::run` does), and a wake
-        // comes before it ends: it sets the flag again, so it wakes two.
+        // A woken task ran a pass of the driver (what `LocalDriver::run` does), and a wake comes
+        // after it: it sets the flag again, so it wakes two.
         driver.claimed.store(true, Ordering::Release);
         driver.dirty.store(false, Ordering::Release);
         waker.wake_by_ref();
         assert_eq!(woken(&tasks), 4);
-        // The round ran: further wakes while the flag is set wake nobody.
+        // One of them ran the driver (`claimed`): further wakes while the flag is set wake nobody.
         driver.claimed.store(true, Ordering::Release);
         waker.wake_by_ref();
         waker.wake_by_ref();
@@ -1359,6 +1441,120 @@ mod tests {
         driver.dirty.store(false, Ordering::Release);
         assert_eq!(fire(), 1);
         assert_eq!((woken(&live), woken(&unpolled)), (1, 52));
+    }
+
+    /// House rule 9, review11 finding 2: while a pass of the driver runs, a socket's wake, the
+    /// driver's timer firing, a cancel's wake and a waiter leaving only set the flag, which the
+    /// pass sees when it ends: no waiting future is woken and no watchdog armed (before, the
+    /// socket's wake woke two, and the timer then every one of the 50).
+    #[test]
+    fn house_rule_9_wakes_during_a_running_round_wake_nobody_more() {
+        let runtime = ManualTimers::default();
+        let armed = runtime.armed.clone();
+        let driver = DriverWaker::new(Arc::new(runtime));
+        let waiting = tasks(50);
+        register_all(&driver, &waiting);
+        // The waker the sockets and the client's queue (cancels, sessions) hold, and the timer's.
+        let wake = Waker::from(driver.clone());
+        let timer = Waker::from(Arc::new(TimerWaker(driver.clone())));
+        let driver_lock = Mutex::new(None);
+        let pass = driver.start_pass(lock(&driver_lock));
+        wake.wake_by_ref();
+        timer.wake_by_ref();
+        wake.wake_by_ref();
+        driver.hand_off();
+        assert_eq!(woken(&waiting), 0);
+        assert_eq!(lock(&armed).len(), 0, "no watchdog armed");
+        assert!(
+            driver.end_pass(pass),
+            "the pass sees the wakes when it ends"
+        );
+        // A pass that takes them ends clean; the next wake, with no pass running, wakes two.
+        let pass = driver.start_pass(lock(&driver_lock));
+        assert!(!driver.end_pass(pass));
+        wake.wake_by_ref();
+        assert_eq!(woken(&waiting), 2);
+    }
+
+    /// House rule 8, review11 finding 2: a wake at the very end of a pass reaches a live future
+    /// in either order. The pass clears `running` before its last look at `dirty`: a wake before
+    /// the clear wakes nobody, and the look sees it (its runner, live, runs another pass); a wake
+    /// after the look finds `running` clear and wakes two, as when no pass runs, the live future
+    /// (registered last) first.
+    #[test]
+    fn house_rule_8_a_wake_at_the_end_of_a_pass_still_reaches_a_live_future() {
+        let driver = Arc::new(DriverWaker::default());
+        let unpolled = tasks(3);
+        let live = tasks(1);
+        register_all(&driver, &unpolled);
+        register_all(&driver, &live);
+        let wake = Waker::from(driver.clone());
+        let driver_lock = Mutex::new(None);
+        let pass = driver.start_pass(lock(&driver_lock));
+        wake.wake_by_ref();
+        assert_eq!((woken(&live), woken(&unpolled)), (0, 0));
+        assert!(driver.end_pass(pass), "the runner runs another pass");
+        let pass = driver.start_pass(lock(&driver_lock));
+        assert!(!driver.end_pass(pass));
+        wake.wake_by_ref();
+        assert_eq!((woken(&live), woken(&unpolled)), (1, 1));
+    }
+
+    /// A runtime that opens no socket and whose timers wake their task whenever polled, without
+    /// firing (as a deadline that a pass keeps re-arming).
+    #[derive(Debug)]
+    struct RewakingTimers;
+
+    #[derive(Debug)]
+    struct RewakingTimer;
+
+    impl AsyncTimer for RewakingTimer {
+        fn reset(self: Pin<&mut Self>, _: Instant) {}
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+
+    impl Runtime for RewakingTimers {
+        fn start() -> io::Result<RewakingTimers> {
+            Ok(RewakingTimers)
+        }
+        fn now(&self) -> Instant {
+            Instant::ZERO
+        }
+        fn new_timer(&self, _: Instant) -> Pin<Box<dyn AsyncTimer>> {
+            Box::pin(RewakingTimer)
+        }
+        fn connect(&self, _: String, _: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
+            Box::pin(core::future::pending())
+        }
+    }
+
+    /// House rule 9, review11 finding 2, end to end through `LocalDriver::run`: the driver's
+    /// timer wakes the driver during each of its passes; the runner sees each wake when the pass
+    /// ends and runs the next, and after its last pass hands off to itself and one waiting
+    /// future, not to the 50 waiting (before, the first wake woke two and the second all 50).
+    #[test]
+    fn house_rule_9_a_run_takes_the_wakes_that_come_during_its_passes() {
+        let options =
+            crate::options::ClientOptions::parse("mongodb://127.0.0.1:27017/?connectTimeoutMS=1")
+                .unwrap();
+        let engine = Engine::new(options.engine_options().unwrap(), Instant::ZERO).unwrap();
+        let driver = Driver::new(
+            Arc::new(RewakingTimers),
+            engine,
+            Arc::new(Shared::default()),
+            None,
+        );
+        let local = LocalDriver::new(driver);
+        let waiting = tasks(50);
+        register_all(&local.waker, &waiting);
+        let runner = tasks(1);
+        let runner_waker = Waker::from(runner[0].clone());
+        assert!(!local.run(&Context::from_waker(&runner_waker)));
+        assert_eq!(woken(&runner), 1, "the runner comes back");
+        assert_eq!(woken(&waiting), 1, "and hands off to one");
     }
 
     /// A runtime that opens no socket and whose timers never fire: the test below drives the

@@ -10,6 +10,7 @@ use bson::spec::BinarySubtype;
 use bson::{Bson, Document, RawDocument};
 
 use crate::query::{apply_update, equal, matches, upsert_seed, Unsupported};
+use crate::refusals::ApiParameters;
 
 mod collection;
 use collection::Collection;
@@ -129,6 +130,9 @@ struct Transaction {
     /// TK-15 (leftovers10 item 4): the collections its statements read or wrote, whose locks
     /// it holds until it ends: a `$out` into one waits ([`Store::collection_holder`]).
     accessed: Vec<String>,
+    /// Versioned-api "Transactions": its first command's API parameters, which every later
+    /// command must repeat ([`Store::transaction_api_mismatch`]).
+    api: ApiParameters,
     /// TK-12: the mongos (server process) that started it, `None` on a replica set: each mongos
     /// keeps its own router state for a transaction, while the data, and so the transaction
     /// itself, lives on the shards (the shared store).
@@ -355,13 +359,15 @@ pub(crate) struct UpdateOutcome {
 
 /// Where a command runs, for the cursors it opens and continues: the server process (a cursor
 /// stays with it, TK-12), the command's `lsid` and, in a transaction, its `txnNumber` (SE-14: a
-/// getMore must come from the same session and transaction), and whether the server is a router
+/// getMore must come from the same session and transaction), its Stable API parameters
+/// (versioned-api "Cursors": a getMore must repeat them), and whether the server is a router
 /// (mongos and load balancer: their own error codes).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CursorOrigin<'a> {
     pub(crate) owner: ObjectId,
     pub(crate) lsid: Option<&'a Document>,
     pub(crate) txn_number: Option<i64>,
+    pub(crate) api: ApiParameters,
     pub(crate) router: bool,
 }
 
@@ -373,6 +379,8 @@ struct Cursor {
     lsid: Option<Vec<u8>>,
     /// The transaction it was opened in.
     txn_number: Option<i64>,
+    /// The Stable API parameters of the command that opened it.
+    api: ApiParameters,
     ns: String,
     remaining: VecDeque<Document>,
     /// A change stream's cursor: stays open when empty.
@@ -386,8 +394,8 @@ pub(crate) enum QueryError {
     UnsupportedFilter(String),
     /// No open cursor has this id in this namespace.
     CursorNotFound(i64),
-    /// SE-14, TX-1: a getMore from another session or transaction than its cursor's (a real
-    /// server's code and message).
+    /// SE-14, TX-1: a getMore from another session or transaction than its cursor's, or with
+    /// other Stable API parameters (versioned-api "Cursors") (a real server's code and message).
     CursorMismatch(i32, String),
     /// TK-15: the write touches a document another transaction in progress changed (112).
     WriteConflict,
@@ -949,6 +957,7 @@ impl Store {
                     touched: Vec::new(),
                     created: Vec::new(),
                     accessed: Vec::new(),
+                    api: ApiParameters::NONE,
                     router,
                     started: tokio::time::Instant::now(),
                 },
@@ -966,6 +975,46 @@ impl Store {
                 ),
             )),
         }
+    }
+
+    /// Versioned-api "Transactions": the transaction `session` just started keeps its first
+    /// command's API parameters.
+    pub(crate) fn note_transaction_api(&mut self, session: &[u8], api: ApiParameters) {
+        if let Some(transaction) = self.transactions.get_mut(session) {
+            transaction.api = api;
+        }
+    }
+
+    /// Versioned-api "Transactions" (house rule 7): a command `name` with `txnNumber` `number`
+    /// on `session` whose API parameters `api` are not those of the session's transaction in
+    /// progress: APIMismatchError (347), refused before it runs, the transaction going on. The
+    /// data's server (a mongod, a router's shard) compares with that transaction whatever the
+    /// command's number (`TransactionParticipant::getAPIParameters` when it checks the session
+    /// out). A router (`router`, the mongos running the command) compares a command of that
+    /// transaction itself, with its own message and even once the transaction ended (a
+    /// commit's retry), when it started it (`TransactionRouter::beginOrContinueTxn`); one that
+    /// did not refuses it as unknown instead (TK-12).
+    pub(crate) fn transaction_api_mismatch(
+        &self,
+        session: &[u8],
+        number: i64,
+        api: ApiParameters,
+        name: &str,
+        router: Option<ObjectId>,
+    ) -> Option<Refusal> {
+        let transaction = self.transactions.get(session)?;
+        let first = "the transaction's first command";
+        if router.is_some() && transaction.number == number {
+            let continuing = "transaction-continuing command";
+            let known = transaction.router == router;
+            return known
+                .then(|| api.mismatch(transaction.api, continuing, first))
+                .flatten();
+        }
+        if transaction.state != TransactionState::InProgress {
+            return None;
+        }
+        api.mismatch(transaction.api, name, first)
     }
 
     /// TK-15: a statement of transaction `number` of `session` failed: a transaction in progress
@@ -1384,6 +1433,7 @@ impl Store {
             owner: origin.owner,
             lsid: origin.lsid.and_then(|l| l.to_vec().ok()),
             txn_number: origin.txn_number,
+            api: origin.api,
             ns: ns.into(),
             remaining: documents.into(),
             tailable: false,
@@ -1414,7 +1464,9 @@ impl Store {
     }
 
     /// The next batch of cursor `id`, which must belong to `ns` and, as on a real server, to
-    /// the getMore's session and transaction ([`cursor_mismatch`]; the cursor stays open).
+    /// the getMore's session and transaction ([`cursor_mismatch`]), then have been opened with
+    /// the getMore's Stable API parameters (versioned-api "Cursors": APIMismatchError, 347, the
+    /// server's `setUpOperationContextStateForGetMore`); a refused getMore leaves the cursor open.
     pub(crate) fn get_more(
         &mut self,
         origin: CursorOrigin<'_>,
@@ -1424,7 +1476,11 @@ impl Store {
     ) -> Result<Batch, QueryError> {
         match self.cursors.remove(&id) {
             Some(cursor) if cursor.ns == ns && cursor.owner == origin.owner => {
-                if let Some((code, message)) = cursor_mismatch(&cursor, id, origin) {
+                let mismatch = cursor_mismatch(&cursor, id, origin).or_else(|| {
+                    let opener = "the cursor-creating command";
+                    origin.api.mismatch(cursor.api, "getMore", opener)
+                });
+                if let Some((code, message)) = mismatch {
                     self.cursors.insert(id, cursor);
                     return Err(QueryError::CursorMismatch(code, message));
                 }
@@ -1495,6 +1551,7 @@ impl Store {
             owner: origin.owner,
             lsid: origin.lsid.and_then(|l| l.to_vec().ok()),
             txn_number: origin.txn_number,
+            api: origin.api,
             ns: ns.into(),
             remaining: VecDeque::new(),
             tailable: true,
@@ -1606,6 +1663,7 @@ mod tests {
         owner: ObjectId::from_bytes([1; 12]),
         lsid: None,
         txn_number: None,
+        api: ApiParameters::NONE,
         router: false,
     };
 
