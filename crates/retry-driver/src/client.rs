@@ -484,10 +484,13 @@ impl<R> Client<R> {
     /// and heartbeat events), in order, each with the instant on the client's clock (time since
     /// its creation) at which the driver took it from the engine. Ends when the client shuts
     /// down. Events queue until taken; drop the stream to stop them. Command events
-    /// ([`EngineEvent::Command`](retry_core::engine::EngineEvent::Command), EV-1..EV-6) are published only while a stream is alive, for
-    /// commands written from then on; so are CMAP, SDAM, heartbeat, retry and hedging events
-    /// ([`EventFamilies`](retry_core::engine::EventFamilies)): without a stream the engine does
-    /// not queue them.
+    /// ([`EngineEvent::Command`](retry_core::engine::EngineEvent::Command), EV-1..EV-6) are
+    /// published only while a stream is alive, for commands written from then on; CMAP, SDAM
+    /// and heartbeat events ([`EventFamilies`](retry_core::engine::EventFamilies)) only while a
+    /// stream is alive. Retry and hedging events are published only while a stream is alive and
+    /// only for operations the engine starts after the stream was created: an operation already
+    /// in the engine then publishes none, not even for its later attempts. Without a stream the
+    /// engine does not queue these events.
     pub fn events(&self) -> Events {
         let queue = Arc::new(EventQueue::default());
         let mut state = lock(&self.inner.shared.state);

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use bson::{doc, Document, RawDocumentBuf, Timestamp};
+use bson::{doc, Document, RawDocument, RawDocumentBuf, Timestamp};
 use retry_core::engine::{CommandEvent, EngineEvent, OperationRequest};
 use retry_core::error::ErrorKind;
 use retry_core::retry::OperationKind;
@@ -21,7 +21,9 @@ type Build = fn(&mut Sim, OperationRequest) -> OperationRequest;
 /// request (`raw`: encoded) on a fresh recording mongos that first fails once with a retryable
 /// overload error and gossips a `$clusterTime`; and the top-level keys of the two commands
 /// received, read from their bytes, each asserted to be there once (WP-5: a server refuses a
-/// duplicate field).
+/// duplicate field). EV-2 (review12 finding 4): each attempt's started event is asserted to hold
+/// the command the mongos received, byte for byte (the same keys in the same order, the same
+/// values), so that the started event and the wire cannot go wrong the same way unseen.
 fn sent(
     command: &Document,
     kind: OperationKind,
@@ -41,6 +43,10 @@ fn sent(
         ],
         |o| o.command_monitoring = true,
     );
+    sim.servers
+        .get_mut(&address("m"))
+        .expect("the mongos")
+        .record_raw = true;
     let criteria = match kind {
         OperationKind::Read => SelectionCriteria::Read(
             ReadPreference::new(ReadPreferenceMode::SecondaryPreferred, Vec::new(), None)
@@ -60,16 +66,41 @@ fn sent(
     let request = build(&mut sim, request);
     let op = sim.start_request(request);
     sim.run(op).expect("the retry succeeds");
-    let started = sim.events.iter().filter_map(|(_, e)| match e {
-        EngineEvent::Command(event) => match &**event {
-            CommandEvent::Started { command, .. } => Some(command.clone()),
+    let started: Vec<Document> = sim
+        .events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            EngineEvent::Command(event) => match &**event {
+                CommandEvent::Started { command, .. } => Some(command.clone()),
+                _ => None,
+            },
             _ => None,
-        },
-        _ => None,
-    });
+        })
+        .collect();
     let server = &sim.servers[&address("m")];
     let received = server.commands.clone();
     assert_eq!(received.len(), 2, "two attempts");
+    // EV-2: the started event's command is the command as sent (hellos have no started event).
+    let wire: Vec<&RawDocumentBuf> = server
+        .raw_commands
+        .iter()
+        .filter(|command| !matches!(name(command).as_str(), "hello" | "isMaster" | "ismaster"))
+        .collect();
+    assert_eq!(started.len(), wire.len(), "a started event per attempt");
+    for (attempt, (started, wire)) in started.iter().zip(wire).enumerate() {
+        let as_started = RawDocumentBuf::try_from(started).expect("encodable");
+        assert_eq!(
+            keys(&as_started),
+            keys(wire),
+            "attempt {attempt}: the started event's keys are the keys sent, in order"
+        );
+        assert_eq!(
+            as_started.as_bytes(),
+            wire.as_bytes(),
+            "attempt {attempt}: the started event's command {started:?} is the command sent {:?}",
+            Document::try_from(&**wire)
+        );
+    }
     for keys in &server.command_keys {
         let mut sorted = keys.clone();
         sorted.sort();
@@ -78,6 +109,22 @@ fn sent(
     }
     let keys = server.command_keys.clone();
     (received.into_iter().chain(started).collect(), keys)
+}
+
+/// The top-level keys of `command`, in order.
+fn keys(command: &RawDocument) -> Vec<String> {
+    command
+        .iter()
+        .map(|element| {
+            let (key, _) = element.expect("valid BSON");
+            key.as_str().to_owned()
+        })
+        .collect()
+}
+
+/// The name of `command` (its first key).
+fn name(command: &RawDocument) -> String {
+    keys(command).into_iter().next().unwrap_or_default()
 }
 
 /// Compares the two runs; the retry carries at least the fields `carried`.
@@ -182,6 +229,48 @@ fn an_invalid_encoded_command_is_a_usage_error() {
     let error = sim.run(op).expect_err("refused");
     assert!(matches!(error.kind, ErrorKind::Usage { .. }), "{error:?}");
     assert!(sim.servers[&address("m")].commands.is_empty());
+}
+
+/// SS-9, WP-5, EV-2 (review12 finding 4): a `$readPreference` the caller puts in its command is
+/// neither refused nor sent twice (`sent` checks every key is there once). When the engine
+/// sends one (a secondaryPreferred read to a mongos), the engine's replaces the caller's: in the
+/// caller's place in a `Document`, among the fields written after the encoded ones in an
+/// encoded command (a field the engine sets beside an encoded command replaces its own there).
+/// When it sends none (a command run as primary), the caller's goes on the wire as it is, in
+/// its place. Each attempt's started event holds the command received (`sent`).
+#[test]
+fn ss9_a_callers_own_read_preference_is_replaced_by_the_one_the_engine_sends() {
+    let callers = doc! { "mode": "nearest" };
+    let command = doc! { "find": "c", "$readPreference": callers.clone(), "filter": { "a": 1 } };
+    let engines = doc! { "mode": "secondaryPreferred" };
+    // (kind, encoded, the `$readPreference` received, whether in the caller's place)
+    let cases = [
+        (OperationKind::Read, false, &engines, true),
+        (OperationKind::Read, true, &engines, false),
+        (OperationKind::RunCommand, false, &callers, true),
+        (OperationKind::RunCommand, true, &callers, true),
+    ];
+    for (kind, raw, expected, in_place) in cases {
+        let label = format!("{kind:?}, encoded: {raw}");
+        let (commands, keys) = sent(&command, kind, |_, r| r, raw);
+        for (attempt, (received, keys)) in commands.iter().zip(&keys).enumerate() {
+            assert_eq!(
+                received.get_document("$readPreference").ok(),
+                Some(expected),
+                "{label}, attempt {attempt}: {received:?}"
+            );
+            let second = if in_place {
+                "$readPreference"
+            } else {
+                "filter"
+            };
+            assert_eq!(
+                keys[..2],
+                ["find", second],
+                "{label}, attempt {attempt}: {keys:?}"
+            );
+        }
+    }
 }
 
 /// A read with a 10 s timeoutMS (CS-4: `maxTimeMS` on every attempt).

@@ -11,6 +11,7 @@ use crate::config::{
 };
 use crate::fail_point::{error_reply, FailCommand, TESTKIT_UNSUPPORTED};
 use crate::on_primary_write::OnPrimaryWrite;
+use crate::refusals::ApiParameters;
 use crate::server::State;
 use crate::store::{Batch, CursorOrigin, QueryError, Store, WriteKey};
 use retry_core::wire::OpMsg;
@@ -254,7 +255,8 @@ pub(crate) fn execute(
             }
         }
     }
-    // SE-14, TK-15: a cursor remembers the session and transaction it was opened in.
+    // SE-14, TK-15: a cursor remembers the session, transaction and API parameters it was
+    // opened with.
     let origin = CursorOrigin {
         owner: process_id,
         lsid: request.body.get_document("lsid").ok(),
@@ -263,6 +265,7 @@ pub(crate) fn execute(
             .get("txnNumber")
             .and_then(integer)
             .filter(|_| in_transaction),
+        api: ApiParameters::of(&request.body),
         router: matches!(state.role, Role::Mongos | Role::LoadBalancer { .. }),
     };
     let mut context = Context {
@@ -334,7 +337,34 @@ fn transaction_command(
     };
     let start = command.get("startTransaction") == Some(&Bson::Boolean(true));
     store.transaction_command(session.clone(), number, start, router)?;
+    if start {
+        store.note_transaction_api(&session, ApiParameters::of(command));
+    }
     Ok(session)
+}
+
+/// Versioned-api "Transactions" (house rule 7): a command the server knows, with an `lsid` and
+/// a `txnNumber`, refused with APIMismatchError (347) when its API parameters are not those of
+/// its session's transaction in progress ([`Store::transaction_api_mismatch`]). Checked when a
+/// real server checks the session out: before a retryable write's replay or its aborting of
+/// an older transaction, before the transaction's own checks, commit and abort included.
+pub(crate) fn transaction_api_refusal(
+    state: &State,
+    name: &str,
+    command: &Document,
+    process_id: ObjectId,
+) -> Option<Document> {
+    let number = command.get("txnNumber").and_then(integer)?;
+    if !crate::refusals::known_command(name) {
+        return None;
+    }
+    let session = command.get_document("lsid").ok()?.to_vec().ok()?;
+    let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+    let api = ApiParameters::of(command);
+    let store = state.data.lock();
+    let router = router.then_some(process_id);
+    let (code, message) = store.transaction_api_mismatch(&session, number, api, name, router)?;
+    Some(error_reply(code, &message))
 }
 
 /// TK-7: the `TransientTransactionError` label a server adds to an error of a transaction's
@@ -425,17 +455,20 @@ fn run(
             Ok(c) => error_reply(48, &format!("Collection {db}.{c} already exists.")),
             Err(e) => e,
         },
+        // TK-15: outside a transaction (in one both are 263), both wait for one holding what
+        // they drop (review12 finding 1).
         "drop" => match collection_name(command, "drop") {
-            Ok(c) if state.store.drop_collection(&format!("{db}.{c}")) => ok(),
-            Ok(c) => error_reply(26, &format!("ns not found: {db}.{c}")),
+            Ok(c) => match state.store.drop_collection(&format!("{db}.{c}")) {
+                Ok(true) => ok(),
+                Ok(false) => error_reply(26, &format!("ns not found: {db}.{c}")),
+                Err(e) => query_error(e),
+            },
             Err(e) => e,
         },
-        "dropDatabase" => {
-            for c in state.store.collection_names(db) {
-                state.store.drop_collection(&format!("{db}.{c}"));
-            }
-            ok()
-        }
+        "dropDatabase" => match state.store.drop_database(db) {
+            Ok(()) => ok(),
+            Err(e) => query_error(e),
+        },
         "listCollections" => list_collections(state, db, command),
         "listDatabases" => {
             let names = state.store.database_names();
@@ -1016,18 +1049,45 @@ fn distinct(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
         return error_reply(2, "distinct needs a key");
     };
     let filter = command.get_document("query").cloned().unwrap_or_default();
-    match state.store.matching(&format!("{db}.{collection}"), &filter) {
-        Ok(docs) => {
-            let mut values: Vec<Bson> = Vec::new();
-            for value in docs.iter().filter_map(|d| d.get(key)) {
-                if !values.iter().any(|v| crate::query::equal(v, value)) {
-                    values.push(value.clone());
-                }
-            }
-            doc! { "values": values, "ok": 1.0 }
-        }
-        Err(e) => query_error(e),
+    if key.contains('.') {
+        return unsupported_reply(&format!("distinct on the path {key}"));
     }
+    let docs = match state.store.matching(&format!("{db}.{collection}"), &filter) {
+        Ok(docs) => docs,
+        Err(e) => return query_error(e),
+    };
+    match distinct_values(docs.iter().filter_map(|d| d.get(key))) {
+        Ok(values) => doc! { "values": values, "ok": 1.0 },
+        Err(what) => unsupported_reply(&what),
+    }
+}
+
+/// A real server's `distinct` values of a field: an array's elements each count on their own
+/// (one level), and the values are kept in a set ordered by the server's BSON comparison
+/// (`BSONElementSet`), so two values are the same when they compare equal (`1`, `1.0` and
+/// `NumberLong(1)` are one value, the first seen) and the reply lists them in that order
+/// ([`crate::query::order`]). TK-2: an empty array (not modelled), or several values one of which
+/// the test server cannot order exactly ([`crate::query::sort_rank`]), is refused.
+fn distinct_values<'a>(found: impl Iterator<Item = &'a Bson>) -> Result<Vec<Bson>, String> {
+    let mut values = Vec::new();
+    for value in found {
+        match value {
+            Bson::Array(items) if items.is_empty() => {
+                return Err(String::from("distinct over an empty array"))
+            }
+            Bson::Array(items) => values.extend(items.iter().cloned()),
+            other => values.push(other.clone()),
+        }
+    }
+    if values.len() > 1 {
+        for value in &values {
+            crate::query::sort_rank(Some(value)).map_err(|e| format!("distinct: {}", e.0))?;
+        }
+    }
+    // A stable sort keeps the first seen of equal values first.
+    values.sort_by(|a, b| crate::query::order(Some(a), Some(b)));
+    values.dedup_by(|later, first| crate::query::order(Some(first), Some(later)).is_eq());
+    Ok(values)
 }
 
 /// `{aggregate: coll | 1, pipeline, cursor}` with the stages `$match`, `$skip`, `$limit`,
@@ -1063,6 +1123,18 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
             return error_reply(2, "empty pipeline stage");
         };
         stages.push((name.as_str(), spec));
+    }
+    // Versioned-api, house rule 7: under `apiStrict: true` a stage outside API version 1 is
+    // APIStrictError (323) when the pipeline is parsed, before anything runs
+    // (`AllowedWithApiStrict::kNeverInVersion1`). Of the stages here only `$listLocalSessions`
+    // is; the others are in it (`$changeStream` conditionally, on options the test server does
+    // not read).
+    let strict = command.get("apiStrict") == Some(&Bson::Boolean(true));
+    if strict && stages.iter().any(|(name, _)| *name == "$listLocalSessions") {
+        return error_reply(
+            323,
+            "$listLocalSessions is not allowed with 'apiStrict: true' in API Version 1",
+        );
     }
     if let Some(("$changeStream", _)) = stages.first() {
         if stages.len() > 1 {
@@ -1221,7 +1293,10 @@ fn find(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let Ok(collection) = command.get_str("find") else {
         return error_reply(2, "find needs a collection name");
     };
-    if let Some(field) = command.keys().find(|k| !FIND_FIELDS.contains(&k.as_str())) {
+    // A read takes no `writeConcern`.
+    let unknown =
+        |k: &str| k == "writeConcern" || !(FIND_FIELDS.contains(&k) || ENVELOPE.contains(&k));
+    if let Some(field) = command.keys().find(|k| unknown(k)) {
         return unsupported_reply(&format!("find option {field}"));
     }
     let ns = format!("{db}.{collection}");
@@ -1272,7 +1347,7 @@ fn find(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     cursor_reply("firstBatch", &ns, batch)
 }
 
-/// The fields `find` understands: its own options and the envelope every command may carry.
+/// `find`'s own options; with [`ENVELOPE`] but `writeConcern`, the fields it understands.
 /// Anything else is `TestkitUnsupported` (TK-2), never ignored.
 const FIND_FIELDS: &[&str] = &[
     "find",
@@ -1283,30 +1358,30 @@ const FIND_FIELDS: &[&str] = &[
     "limit",
     "batchSize",
     "singleBatch",
-    "comment",
-    "maxTimeMS",
-    "readConcern",
-    "$readPreference",
-    "lsid",
-    "txnNumber",
-    "autocommit",
-    "startTransaction",
-    "$clusterTime",
-    "$db",
-    "apiVersion",
-    "apiStrict",
-    "apiDeprecationErrors",
 ];
 
-/// `sort` / `$sort` on top-level fields, `1` or `-1` each; numbers by value, strings by bytes,
-/// a missing field first (as null).
+/// `sort` / `$sort` on top-level fields, `1` or `-1` each, in a real server's BSON order
+/// ([`crate::query::order`]: a missing field as null, numbers of every type together by value,
+/// strings by bytes, ...). TK-2: a dotted path, or a value the test server cannot place exactly
+/// ([`crate::query::sort_rank`]: a document, an array, a fractional Decimal128, ...) in any
+/// document, is refused before anything is sorted.
 fn sort_documents(documents: &mut [Document], sort: &Document) -> Result<(), Document> {
     let mut keys = Vec::new();
     for (field, direction) in sort {
+        if field.contains('.') {
+            return Err(unsupported_reply(&format!("sort on the path {field}")));
+        }
         match integer(direction) {
             Some(1) => keys.push((field.clone(), false)),
             Some(-1) => keys.push((field.clone(), true)),
             _ => return Err(unsupported_reply(&format!("sort direction {direction}"))),
+        }
+    }
+    for (field, _) in &keys {
+        for document in documents.iter() {
+            if let Err(e) = crate::query::sort_rank(document.get(field)) {
+                return Err(unsupported_reply(&e.0));
+            }
         }
     }
     documents.sort_by(|a, b| {
@@ -1472,7 +1547,11 @@ fn create_indexes(state: &mut Context<'_>, db: &str, command: &Document) -> Docu
 
 /// What any command may carry besides its own fields: the session, transaction, cluster time,
 /// read preference, timeout, concerns and API version (the server reads or tolerates these).
-const ENVELOPE: &[&str] = &[
+/// These are a real server's generic arguments of API version 1 (its `generic_args_api_v1`)
+/// but `stmtId` and `clientOperationKey`, which it acts on and the test server does not
+/// evaluate: where fields are checked those are refused (TK-2). The one list of them
+/// (`unknown_field`, `find`, `setParameter`; review12 finding 7).
+pub(crate) const ENVELOPE: &[&str] = &[
     "$db",
     "lsid",
     "txnNumber",
@@ -1792,5 +1871,45 @@ mod tests {
             validate(&reply, true),
             Err(HandshakeError::LoadBalancerUnsupported)
         );
+    }
+
+    /// TK-2 (fixes11b's leftover): `distinct` answers as a real server: array elements count
+    /// each, values equal in the server's comparison are one (the first seen), the reply lists
+    /// them in BSON order; what the test server cannot order exactly is refused.
+    #[test]
+    fn tk2_distinct_dedups_and_orders_as_a_real_server() {
+        let decimal = |text: &str| Bson::Decimal128(text.parse().expect("a decimal"));
+        let found = [
+            Bson::String("b".into()),
+            Bson::Double(2.0),
+            Bson::Array(vec![Bson::Int64(1), Bson::Int32(2)]),
+            decimal("1"),
+            Bson::Null,
+            Bson::Int32(1),
+            Bson::String("a".into()),
+        ];
+        assert_eq!(
+            distinct_values(found.iter()),
+            Ok(vec![
+                Bson::Null,
+                Bson::Int64(1),
+                Bson::Double(2.0),
+                Bson::String("a".into()),
+                Bson::String("b".into()),
+            ])
+        );
+        let one_document = [Bson::Document(doc! { "x": 1 })];
+        assert_eq!(
+            distinct_values(one_document.iter()),
+            Ok(one_document.to_vec())
+        );
+        for refused in [
+            vec![decimal("1.5"), Bson::Double(1.5)],
+            vec![Bson::Document(doc! { "x": 1 }), Bson::Int32(1)],
+            vec![Bson::Array(vec![Bson::Array(vec![]), Bson::Int32(1)])],
+            vec![Bson::Array(vec![])],
+        ] {
+            assert!(distinct_values(refused.iter()).is_err(), "{refused:?}");
+        }
     }
 }

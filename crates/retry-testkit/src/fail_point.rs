@@ -382,6 +382,7 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         263 => "OperationNotSupportedInTransaction",
         322 => "APIVersionError",
         323 => "APIStrictError",
+        347 => "APIMismatchError",
         498_870 => "Location498870",
         462 => "IngressRequestRateLimitExceeded",
         9001 => "SocketException",

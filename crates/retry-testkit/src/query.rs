@@ -332,17 +332,64 @@ fn compare(value: Option<&Bson>, operand: &Bson) -> Option<Ordering> {
     }
 }
 
-/// A total order for sorting: absent and null first, then numbers by value, then strings, then
-/// anything else as equal.
+/// Where `value` (a sort key's value, `None` when the field is missing) sorts among the BSON
+/// types, in a real server's canonical type order (`canonicalizeBSONType`): MinKey, null (a
+/// missing field sorts as null), numbers of every type together, strings and symbols,
+/// ObjectIds, booleans, dates, Timestamps, MaxKey. TK-2: any other value is refused, as is a
+/// Decimal128 that is not an int64 integer ([`exact_number`] cannot compare it exactly with the
+/// other numbers), rather than sorted where a real server would not put it: documents and
+/// arrays (a server orders an array by its least or greatest element), binary data, regular
+/// expressions, code, undefined, DBPointers.
+pub(crate) fn sort_rank(value: Option<&Bson>) -> Result<u8, Unsupported> {
+    Ok(match value {
+        Some(Bson::MinKey) => 0,
+        None | Some(Bson::Null) => 5,
+        Some(Bson::Decimal128(d)) if decimal_integer(d).is_none() => {
+            return Err(Unsupported(String::from(
+                "sort on a Decimal128 that is not an int64 integer",
+            )))
+        }
+        Some(v) if exact_number(v).is_some() => 10,
+        Some(Bson::String(_) | Bson::Symbol(_)) => 15,
+        Some(Bson::ObjectId(_)) => 35,
+        Some(Bson::Boolean(_)) => 40,
+        Some(Bson::DateTime(_)) => 45,
+        Some(Bson::Timestamp(_)) => 47,
+        Some(Bson::MaxKey) => 127,
+        Some(other) => {
+            return Err(Unsupported(format!(
+                "sort on a value of BSON type {:?}",
+                other.element_type()
+            )))
+        }
+    })
+}
+
+/// A real server's sort order of two sort-key values [`sort_rank`] accepts (it must have
+/// accepted both): by type rank, then numbers by exact value with NaN below every other number
+/// (the server's `compareDoubles`), strings by their bytes (no collation), ObjectIds by bytes,
+/// `false` before `true`, dates and Timestamps by value.
 pub(crate) fn order(a: Option<&Bson>, b: Option<&Bson>) -> Ordering {
-    let rank = |v: Option<&Bson>| match v {
-        None | Some(Bson::Null) => 0,
-        Some(v) if number(v).is_some() => 1,
-        Some(Bson::String(_)) => 2,
-        Some(_) => 3,
-    };
+    let rank = |v| sort_rank(v).unwrap_or(u8::MAX);
     rank(a).cmp(&rank(b)).then_with(|| match (a, b) {
-        (Some(x), Some(y)) => compare(Some(x), y).unwrap_or(Ordering::Equal),
+        (Some(x), Some(y)) => match (exact_number(x), exact_number(y)) {
+            (Some(x), Some(y)) => compare_numbers(x, y).unwrap_or_else(|| {
+                let nan = |n: Exact| matches!(n, Exact::Double(d) if d.is_nan());
+                nan(y).cmp(&nan(x))
+            }),
+            _ => match (x, y) {
+                (Bson::String(x) | Bson::Symbol(x), Bson::String(y) | Bson::Symbol(y)) => {
+                    x.as_bytes().cmp(y.as_bytes())
+                }
+                (Bson::ObjectId(x), Bson::ObjectId(y)) => x.bytes().cmp(&y.bytes()),
+                (Bson::Boolean(x), Bson::Boolean(y)) => x.cmp(y),
+                (Bson::DateTime(x), Bson::DateTime(y)) => x.cmp(y),
+                (Bson::Timestamp(x), Bson::Timestamp(y)) => {
+                    (x.time, x.increment).cmp(&(y.time, y.increment))
+                }
+                _ => Ordering::Equal,
+            },
+        },
         _ => Ordering::Equal,
     })
 }
@@ -573,5 +620,65 @@ mod tests {
             Ok(Some(Bson::Double(1.5)))
         );
         assert!(inc(Bson::String("a".into()), Bson::Int32(1)).is_err());
+    }
+
+    /// TK-2 (fixes11b's leftover): sorting follows a real server's BSON order: null and missing
+    /// first, then every number type together by exact value (an integral Decimal128 among
+    /// them, NaN below the rest), then strings by bytes, ObjectIds, booleans, dates, Timestamps;
+    /// what cannot be placed exactly (a fractional Decimal128, a document, an array) is refused.
+    #[test]
+    fn tk2_sort_follows_the_servers_bson_order_and_refuses_what_it_cannot_place() {
+        let decimal = |text: &str| Bson::Decimal128(text.parse().expect("a decimal"));
+        let sorted = [
+            None,
+            Some(Bson::Null),
+            Some(Bson::Double(f64::NAN)),
+            Some(Bson::Double(f64::NEG_INFINITY)),
+            Some(decimal("-1E+2")),
+            Some(Bson::Int64(-3)),
+            Some(Bson::Double(-2.5)),
+            Some(Bson::Int32(2)),
+            Some(decimal("3.00")),
+            Some(Bson::Double(3.5)),
+            Some(Bson::Int64((1 << 53) + 1)),
+            Some(Bson::String("A".into())),
+            Some(Bson::String("a".into())),
+            Some(Bson::String("é".into())),
+            Some(Bson::ObjectId(bson::oid::ObjectId::from_bytes([0; 12]))),
+            Some(Bson::Boolean(false)),
+            Some(Bson::Boolean(true)),
+            Some(Bson::DateTime(bson::DateTime::from_millis(-1))),
+            Some(Bson::Timestamp(bson::Timestamp {
+                time: 1,
+                increment: 2,
+            })),
+            Some(Bson::MaxKey),
+        ];
+        for (i, a) in sorted.iter().enumerate() {
+            assert!(sort_rank(a.as_ref()).is_ok(), "{a:?}");
+            for (j, b) in sorted.iter().enumerate() {
+                let expected = if a.is_none() && b == &Some(Bson::Null)
+                    || b.is_none() && a == &Some(Bson::Null)
+                {
+                    Ordering::Equal
+                } else {
+                    i.cmp(&j)
+                };
+                assert_eq!(order(a.as_ref(), b.as_ref()), expected, "{a:?} {b:?}");
+            }
+        }
+        assert_eq!(
+            order(Some(&Bson::Int32(3)), Some(&decimal("3"))),
+            Ordering::Equal
+        );
+        for refused in [
+            decimal("1.5"),
+            decimal("Infinity"),
+            Bson::Document(doc! { "a": 1 }),
+            Bson::Array(vec![Bson::Int32(1)]),
+            Bson::Undefined,
+        ] {
+            assert!(sort_rank(Some(&refused)).is_err(), "{refused:?}");
+        }
     }
 }

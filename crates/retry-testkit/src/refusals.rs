@@ -97,13 +97,103 @@ pub(crate) const API_VERSION_1: &[&str] = &[
     "update",
 ];
 
+/// The test server's commands outside Stable API version 1 (every other command it runs is in
+/// [`API_VERSION_1`]): with `apiStrict: true` they are APIStrictError (323). A command in neither
+/// list is unknown, and a real server looks a command up before it reads its API parameters
+/// (`ExecCommandDatabase::_parseCommand` validates them with the found command): CommandNotFound
+/// (59) comes first (TK-2).
+const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
+    "buildInfo",
+    "buildinfo",
+    "configureFailPoint",
+    "deleteIndexes",
+    "distinct",
+    "isMaster",
+    "ismaster",
+    "killAllSessions",
+    "killSessions",
+    "setParameter",
+];
+
+/// TK-15, versioned-api "Cursors" and "Transactions": the Stable API parameters a command sent,
+/// compared as a real server compares them (`APIParameters`' `operator==`, field by field with
+/// absent a value of its own: `apiStrict: false` is not the same as no `apiStrict`). Read from
+/// an admitted command ([`generic_field_refusal`]: `apiVersion` is `"1"`, the flags booleans).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ApiParameters {
+    version: bool,
+    strict: Option<bool>,
+    deprecation_errors: Option<bool>,
+}
+
+impl ApiParameters {
+    /// No API parameter.
+    pub(crate) const NONE: ApiParameters = ApiParameters {
+        version: false,
+        strict: None,
+        deprecation_errors: None,
+    };
+
+    /// The API parameters of `command`.
+    pub(crate) fn of(command: &Document) -> ApiParameters {
+        ApiParameters {
+            version: command.contains_key("apiVersion"),
+            strict: command.get_bool("apiStrict").ok(),
+            deprecation_errors: command.get_bool("apiDeprecationErrors").ok(),
+        }
+    }
+
+    /// APIMismatchError (347) when a command continuing a cursor or transaction (`continuing`,
+    /// e.g. "getMore") sent these parameters and the command that opened it (`opener`, e.g.
+    /// "the cursor-creating command") sent `opened`; the server's message.
+    pub(crate) fn mismatch(
+        self,
+        opened: ApiParameters,
+        continuing: &str,
+        opener: &str,
+    ) -> Option<(i32, String)> {
+        (self != opened).then(|| {
+            (
+                347,
+                format!(
+                    "API parameter mismatch: {continuing} used params {self}, {opener} used \
+                     {opened}"
+                ),
+            )
+        })
+    }
+}
+
+/// The parameters as the server prints them (`BSONObj::toString`).
+impl std::fmt::Display for ApiParameters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut fields = Vec::new();
+        if self.version {
+            fields.push(String::from("apiVersion: \"1\""));
+        }
+        if let Some(strict) = self.strict {
+            fields.push(format!("apiStrict: {strict}"));
+        }
+        if let Some(errors) = self.deprecation_errors {
+            fields.push(format!("apiDeprecationErrors: {errors}"));
+        }
+        if fields.is_empty() {
+            f.write_str("{}")
+        } else {
+            write!(f, "{{ {} }}", fields.join(", "))
+        }
+    }
+}
+
 /// Review7 finding 3 (house rule 7): what a real server refuses about the generic fields every
 /// command may carry, before it runs the command:
 /// - `apiVersion` not a string, `apiStrict` / `apiDeprecationErrors` not booleans: TypeMismatch
 ///   (14); `apiStrict` / `apiDeprecationErrors` without `apiVersion`: 4886600; an `apiVersion`
 ///   other than `"1"`: APIVersionError (322) (the server's jstests/core/api
 ///   api_version_parameters.js); with `apiStrict: true`, a command outside [`API_VERSION_1`]:
-///   APIStrictError (323);
+///   APIStrictError (323). Only for a command the test server knows: a real server looks the
+///   command up first, so an unknown one is CommandNotFound (59) whatever its API parameters
+///   ([`KNOWN_OUTSIDE_API_VERSION_1`]);
 /// - `$readPreference` not a document: TypeMismatch (14, `ReadPreferenceSetting::fromInnerBSON`);
 ///   without a `mode`: NoSuchKey (4); a `mode` not a string: TypeMismatch (14); an unknown mode:
 ///   BadValue (2, the IDL enum parse; older servers answered FailedToParse, 9: unverified which
@@ -111,33 +201,14 @@ pub(crate) const API_VERSION_1: &[&str] = &[
 /// - a hello's `client` not a document, `compression` not an array of strings: TypeMismatch (14,
 ///   the hello command's IDL types).
 pub(crate) fn generic_field_refusal(name: &str, command: &Document) -> Option<Document> {
-    let wrong_type =
-        |field: &str, value: &Bson, expected: &str| Some(wrong_type(field, value, expected));
-    let version = command.get("apiVersion");
-    if let Some(value) = version.filter(|v| !matches!(v, Bson::String(_))) {
-        return wrong_type("apiVersion", value, "string");
-    }
-    for field in ["apiStrict", "apiDeprecationErrors"] {
-        match command.get(field) {
-            Some(Bson::Boolean(_)) if version.is_none() => {
-                return Some(error_reply(
-                    4886600,
-                    &format!("Provided {field} without passing apiVersion"),
-                ))
-            }
-            Some(Bson::Boolean(_)) | None => {}
-            Some(value) => return wrong_type(field, value, "boolean"),
+    let api = ["apiVersion", "apiStrict", "apiDeprecationErrors"];
+    if api.iter().any(|field| command.contains_key(field)) && known_command(name) {
+        if let Some(refusal) = api_refusal(name, command) {
+            return Some(refusal);
         }
     }
-    if version.is_some_and(|v| v.as_str() != Some("1")) {
-        return Some(error_reply(322, "API version must be \"1\""));
-    }
-    if command.get("apiStrict") == Some(&Bson::Boolean(true)) && !API_VERSION_1.contains(&name) {
-        return Some(error_reply(
-            323,
-            &format!("Provided apiStrict:true, but the command {name} is not in API Version 1"),
-        ));
-    }
+    let wrong_type =
+        |field: &str, value: &Bson, expected: &str| Some(wrong_type(field, value, expected));
     if let Some(preference) = command.get("$readPreference") {
         let Bson::Document(preference) = preference else {
             return Some(error_reply(
@@ -179,6 +250,42 @@ pub(crate) fn generic_field_refusal(name: &str, command: &Document) -> Option<Do
             }
             Some(value) => return wrong_type(&format!("{name}.compression"), value, "array"),
         }
+    }
+    None
+}
+
+/// Whether the test server runs command `name` ([`API_VERSION_1`],
+/// [`KNOWN_OUTSIDE_API_VERSION_1`]).
+pub(crate) fn known_command(name: &str) -> bool {
+    API_VERSION_1.contains(&name) || KNOWN_OUTSIDE_API_VERSION_1.contains(&name)
+}
+
+/// The API parameter checks of [`generic_field_refusal`], for a command the test server knows.
+fn api_refusal(name: &str, command: &Document) -> Option<Document> {
+    let version = command.get("apiVersion");
+    if let Some(value) = version.filter(|v| !matches!(v, Bson::String(_))) {
+        return Some(wrong_type("apiVersion", value, "string"));
+    }
+    for field in ["apiStrict", "apiDeprecationErrors"] {
+        match command.get(field) {
+            Some(Bson::Boolean(_)) if version.is_none() => {
+                return Some(error_reply(
+                    4886600,
+                    &format!("Provided {field} without passing apiVersion"),
+                ))
+            }
+            Some(Bson::Boolean(_)) | None => {}
+            Some(value) => return Some(wrong_type(field, value, "boolean")),
+        }
+    }
+    if version.is_some_and(|v| v.as_str() != Some("1")) {
+        return Some(error_reply(322, "API version must be \"1\""));
+    }
+    if command.get("apiStrict") == Some(&Bson::Boolean(true)) && !API_VERSION_1.contains(&name) {
+        return Some(error_reply(
+            323,
+            &format!("Provided apiStrict:true, but the command {name} is not in API Version 1"),
+        ));
     }
     None
 }
@@ -634,6 +741,38 @@ mod tests {
 
     fn code(reply: Option<Document>) -> Option<i32> {
         reply.and_then(|r| r.get_i32("code").ok())
+    }
+
+    /// Versioned-api "Cursors" / "Transactions": API parameters compare field by field, an
+    /// absent field differing from any value (the server's `APIParameters` `operator==`), and
+    /// print as the server's `BSONObj::toString` in its APIMismatchError (347) message.
+    #[test]
+    fn tk15_api_parameters_compare_and_print_as_a_real_server() {
+        let of = |command: Document| ApiParameters::of(&command);
+        let v1 = of(doc! { "ping": 1, "apiVersion": "1" });
+        let strict_off = of(doc! { "ping": 1, "apiVersion": "1", "apiStrict": false });
+        assert_eq!(of(doc! { "ping": 1 }), ApiParameters::NONE);
+        assert_ne!(v1, strict_off);
+        assert_eq!(
+            v1.mismatch(v1, "getMore", "the cursor-creating command"),
+            None
+        );
+        assert_eq!(
+            ApiParameters::NONE.mismatch(strict_off, "getMore", "the cursor-creating command"),
+            Some((
+                347,
+                "API parameter mismatch: getMore used params {}, the cursor-creating command \
+                 used { apiVersion: \"1\", apiStrict: false }"
+                    .to_owned()
+            ))
+        );
+        let all = of(doc! {
+            "ping": 1, "apiVersion": "1", "apiStrict": true, "apiDeprecationErrors": true,
+        });
+        assert_eq!(
+            all.to_string(),
+            "{ apiVersion: \"1\", apiStrict: true, apiDeprecationErrors: true }"
+        );
     }
 
     #[test]

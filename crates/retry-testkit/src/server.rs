@@ -1139,7 +1139,9 @@ impl Connection {
             if let Some(refusal) = crate::refusals::refusal(&state.role, name, command) {
                 return Response::Reply(refusal);
             }
-            let required = state.require_api_version;
+            // A real server looks the command up first (`enforceRequireAPIVersion` takes it): an
+            // unknown one is CommandNotFound (59) whether it carries `apiVersion` or not.
+            let required = state.require_api_version && crate::refusals::known_command(name);
             if let Some(refusal) = crate::parameters::api_version_refusal(required, command) {
                 return Response::Reply(refusal);
             }
@@ -1253,6 +1255,13 @@ impl Connection {
         let command = &request.body;
         let hello = is_hello(name);
         let mut state = shared.lock();
+        // Versioned-api "Transactions": checked as a server checks the session out, after the
+        // fail point and before the command (a retryable write's replay included).
+        let router = self.router(shared);
+        if let Some(reply) = crate::commands::transaction_api_refusal(&state, name, command, router)
+        {
+            return Ok(Response::Reply(reply));
+        }
         let write_key = write_key(name, command);
         let statements = write_key
             .as_ref()

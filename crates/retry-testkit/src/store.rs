@@ -10,6 +10,7 @@ use bson::spec::BinarySubtype;
 use bson::{Bson, Document, RawDocument};
 
 use crate::query::{apply_update, equal, matches, upsert_seed, Unsupported};
+use crate::refusals::ApiParameters;
 
 mod collection;
 use collection::Collection;
@@ -129,6 +130,9 @@ struct Transaction {
     /// TK-15 (leftovers10 item 4): the collections its statements read or wrote, whose locks
     /// it holds until it ends: a `$out` into one waits ([`Store::collection_holder`]).
     accessed: Vec<String>,
+    /// Versioned-api "Transactions": its first command's API parameters, which every later
+    /// command must repeat ([`Store::transaction_api_mismatch`]).
+    api: ApiParameters,
     /// TK-12: the mongos (server process) that started it, `None` on a replica set: each mongos
     /// keeps its own router state for a transaction, while the data, and so the transaction
     /// itself, lives on the shards (the shared store).
@@ -228,6 +232,25 @@ fn fractional_decimal(id: &Bson) -> bool {
         Bson::Array(items) => items.iter().any(fractional_decimal),
         _ => false,
     }
+}
+
+/// TK-2 (review12 finding 2): `document` as every write that adds documents stores it
+/// (`insert`, `$out`, `$merge`): a missing `_id` becomes a new ObjectId, as a real server's
+/// insert adds one; an `_id` holding a Decimal128 that is not an int64 integer is refused
+/// ([`fractional_decimal`]).
+fn admit(mut document: Document) -> Result<Document, QueryError> {
+    match document.get("_id") {
+        None => {
+            document.insert("_id", ObjectId::new());
+        }
+        Some(id) if fractional_decimal(id) => {
+            return Err(QueryError::UnsupportedFilter(
+                "an _id holding a Decimal128 that is not an int64 integer".into(),
+            ));
+        }
+        Some(_) => {}
+    }
+    Ok(document)
 }
 
 /// TK-15: documents to put back ([`rebuild`]), by [`id_key`]: each as it was (`None`: absent) and
@@ -336,13 +359,15 @@ pub(crate) struct UpdateOutcome {
 
 /// Where a command runs, for the cursors it opens and continues: the server process (a cursor
 /// stays with it, TK-12), the command's `lsid` and, in a transaction, its `txnNumber` (SE-14: a
-/// getMore must come from the same session and transaction), and whether the server is a router
+/// getMore must come from the same session and transaction), its Stable API parameters
+/// (versioned-api "Cursors": a getMore must repeat them), and whether the server is a router
 /// (mongos and load balancer: their own error codes).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CursorOrigin<'a> {
     pub(crate) owner: ObjectId,
     pub(crate) lsid: Option<&'a Document>,
     pub(crate) txn_number: Option<i64>,
+    pub(crate) api: ApiParameters,
     pub(crate) router: bool,
 }
 
@@ -354,6 +379,8 @@ struct Cursor {
     lsid: Option<Vec<u8>>,
     /// The transaction it was opened in.
     txn_number: Option<i64>,
+    /// The Stable API parameters of the command that opened it.
+    api: ApiParameters,
     ns: String,
     remaining: VecDeque<Document>,
     /// A change stream's cursor: stays open when empty.
@@ -367,8 +394,8 @@ pub(crate) enum QueryError {
     UnsupportedFilter(String),
     /// No open cursor has this id in this namespace.
     CursorNotFound(i64),
-    /// SE-14, TX-1: a getMore from another session or transaction than its cursor's (a real
-    /// server's code and message).
+    /// SE-14, TX-1: a getMore from another session or transaction than its cursor's, or with
+    /// other Stable API parameters (versioned-api "Cursors") (a real server's code and message).
     CursorMismatch(i32, String),
     /// TK-15: the write touches a document another transaction in progress changed (112).
     WriteConflict,
@@ -429,19 +456,13 @@ impl Store {
     pub(crate) fn insert(
         &mut self,
         ns: &str,
-        mut documents: Vec<Document>,
+        documents: Vec<Document>,
         ordered: bool,
     ) -> Result<InsertOutcome, QueryError> {
-        for d in &mut documents {
-            if !d.contains_key("_id") {
-                d.insert("_id", ObjectId::new());
-            }
-            if fractional_decimal(&id_of(d)) {
-                return Err(QueryError::UnsupportedFilter(
-                    "an _id holding a Decimal128 that is not an int64 integer".into(),
-                ));
-            }
-        }
+        let documents = documents
+            .into_iter()
+            .map(admit)
+            .collect::<Result<Vec<_>, _>>()?;
         self.note_access(ns);
         let conflict = documents
             .iter()
@@ -936,6 +957,7 @@ impl Store {
                     touched: Vec::new(),
                     created: Vec::new(),
                     accessed: Vec::new(),
+                    api: ApiParameters::NONE,
                     router,
                     started: tokio::time::Instant::now(),
                 },
@@ -953,6 +975,46 @@ impl Store {
                 ),
             )),
         }
+    }
+
+    /// Versioned-api "Transactions": the transaction `session` just started keeps its first
+    /// command's API parameters.
+    pub(crate) fn note_transaction_api(&mut self, session: &[u8], api: ApiParameters) {
+        if let Some(transaction) = self.transactions.get_mut(session) {
+            transaction.api = api;
+        }
+    }
+
+    /// Versioned-api "Transactions" (house rule 7): a command `name` with `txnNumber` `number`
+    /// on `session` whose API parameters `api` are not those of the session's transaction in
+    /// progress: APIMismatchError (347), refused before it runs, the transaction going on. The
+    /// data's server (a mongod, a router's shard) compares with that transaction whatever the
+    /// command's number (`TransactionParticipant::getAPIParameters` when it checks the session
+    /// out). A router (`router`, the mongos running the command) compares a command of that
+    /// transaction itself, with its own message and even once the transaction ended (a
+    /// commit's retry), when it started it (`TransactionRouter::beginOrContinueTxn`); one that
+    /// did not refuses it as unknown instead (TK-12).
+    pub(crate) fn transaction_api_mismatch(
+        &self,
+        session: &[u8],
+        number: i64,
+        api: ApiParameters,
+        name: &str,
+        router: Option<ObjectId>,
+    ) -> Option<Refusal> {
+        let transaction = self.transactions.get(session)?;
+        let first = "the transaction's first command";
+        if router.is_some() && transaction.number == number {
+            let continuing = "transaction-continuing command";
+            let known = transaction.router == router;
+            return known
+                .then(|| api.mismatch(transaction.api, continuing, first))
+                .flatten();
+        }
+        if transaction.state != TransactionState::InProgress {
+            return None;
+        }
+        api.mismatch(transaction.api, name, first)
     }
 
     /// TK-15: a statement of transaction `number` of `session` failed: a transaction in progress
@@ -1201,19 +1263,30 @@ impl Store {
             .collect()
     }
 
-    /// `$out`: `ns` holds exactly `documents` afterwards. TK-15: outside any transaction it
-    /// first waits ([`QueryError::Blocked`]) for a transaction in progress that holds `ns`
-    /// (read or wrote it, or created it), as a real server's `$out` waits to rename its result
-    /// into a collection whose lock a transaction holds. Nothing is written before.
+    /// `$out`: `ns` holds exactly `documents` afterwards, each admitted as an insert admits it
+    /// ([`admit`]). Like a real server's `$out`, which inserts its result into a new collection
+    /// with an `_id` index and then renames it over `ns`, a second document with one `_id` is
+    /// DuplicateKey (11000) with `ns` unchanged (review12 finding 2). TK-15: outside any
+    /// transaction the rename first waits ([`QueryError::Blocked`]) for a transaction in
+    /// progress that holds `ns` (read or wrote it, or created it), as a real server's does for
+    /// a collection whose lock a transaction holds. Nothing is written before.
     pub(crate) fn replace_collection(
         &mut self,
         ns: &str,
         documents: Vec<Document>,
     ) -> Result<(), QueryError> {
-        let held = self.collection_holder(ns);
+        let mut new = Collection::default();
+        for document in documents {
+            let document = admit(document)?;
+            let id = id_of(&document);
+            if new.contains_id(&id) {
+                return Err(QueryError::Write(11000, duplicate_key_message(ns, &id)));
+            }
+            new.push(document);
+        }
+        let held = self.collection_holder(|c| c == ns);
         self.noted(held)?;
-        let added: Vec<Bson> = documents.iter().map(id_of).collect();
-        let new = Collection::new(documents);
+        let added: Vec<Bson> = new.documents().iter().map(id_of).collect();
         let old = core::mem::replace(self.collection_mut(ns), new).into_documents();
         // TK-15: in a transaction, every old document was removed and every new one added.
         for (index, document) in old.into_iter().enumerate() {
@@ -1226,11 +1299,11 @@ impl Store {
     }
 
     /// TK-15: the transaction in progress the running command (outside any) does not belong to
-    /// that holds `ns`: it created `ns`, or read or wrote it (leftovers10 item 4: a real
-    /// transaction holds the intent lock of every collection it accessed until it ends, and the
-    /// rename of a `$out` needs the target's exclusive lock). Looks at the transactions in
-    /// progress and the collections each accessed.
-    fn collection_holder(&self, ns: &str) -> Result<(), QueryError> {
+    /// that holds a namespace `held` picks: it created it, or read or wrote it (leftovers10 item
+    /// 4: a real transaction holds the intent lock of every collection it accessed until it
+    /// ends, and the rename of a `$out` or a drop needs the collection's exclusive lock). Looks
+    /// at the transactions in progress and the collections each accessed.
+    fn collection_holder(&self, held: impl Fn(&str) -> bool) -> Result<(), QueryError> {
         let viewer = self.viewer();
         let holder = self
             .open
@@ -1239,7 +1312,7 @@ impl Store {
             .find(|session| {
                 self.transactions
                     .get(*session)
-                    .is_some_and(|t| t.created.iter().chain(&t.accessed).any(|c| c == ns))
+                    .is_some_and(|t| t.created.iter().chain(&t.accessed).any(|c| held(c)))
             });
         match holder {
             Some(session) => Err(QueryError::Blocked(session.clone())),
@@ -1248,15 +1321,19 @@ impl Store {
     }
 
     /// `$merge {into}` with the default `whenMatched: "merge"`, `whenNotMatched: "insert"`: a
-    /// document with the `_id` of an existing one is merged into it, others are appended. TK-15:
+    /// document with the `_id` of an existing one is merged into it, others are appended, each
+    /// admitted as an insert admits it ([`admit`]: a missing `_id` added). TK-15:
     /// outside any transaction, a document whose `_id` a transaction in progress changed makes
     /// it wait first ([`QueryError::Blocked`]), as any other write to that document does;
     /// nothing is written before.
     pub(crate) fn merge(&mut self, ns: &str, documents: Vec<Document>) -> Result<(), QueryError> {
+        let documents = documents
+            .into_iter()
+            .map(admit)
+            .collect::<Result<Vec<_>, _>>()?;
         let conflict = documents
             .iter()
-            .filter_map(|d| d.get("_id"))
-            .try_for_each(|id| self.conflict(ns, id));
+            .try_for_each(|d| self.conflict(ns, &id_of(d)));
         self.noted(conflict)?;
         self.collection_mut(ns);
         for document in documents {
@@ -1299,10 +1376,31 @@ impl Store {
         true
     }
 
-    /// Drops `ns` and its indexes; `false` when it did not exist.
-    pub(crate) fn drop_collection(&mut self, ns: &str) -> bool {
+    /// Drops `ns` and its indexes; `false` when it did not exist. TK-15 (review12 finding 1):
+    /// first waits ([`QueryError::Blocked`]) for a transaction in progress that holds `ns`, as
+    /// `$out` does ([`Store::replace_collection`]): on a real server a drop is DDL that waits
+    /// for the collection lock of such a transaction ("Pending DDL Operations and
+    /// Transactions"), so that transaction's abort never brings the dropped documents back.
+    pub(crate) fn drop_collection(&mut self, ns: &str) -> Result<bool, QueryError> {
+        let held = self.collection_holder(|c| c == ns);
+        self.noted(held)?;
         self.indexes.remove(ns);
-        self.collections.remove(ns).is_some()
+        Ok(self.collections.remove(ns).is_some())
+    }
+
+    /// `dropDatabase`: drops every collection of database `db` the running command sees. TK-15
+    /// (review12 finding 1): first waits for a transaction in progress that holds any
+    /// collection of `db` (the database's exclusive lock), with nothing dropped before.
+    pub(crate) fn drop_database(&mut self, db: &str) -> Result<(), QueryError> {
+        let prefix = format!("{db}.");
+        let held = self.collection_holder(|c| c.starts_with(&prefix));
+        self.noted(held)?;
+        for c in self.collection_names(db) {
+            let ns = format!("{prefix}{c}");
+            self.indexes.remove(&ns);
+            self.collections.remove(&ns);
+        }
+        Ok(())
     }
 
     /// The collections of database `db` the running command sees, by name.
@@ -1335,6 +1433,7 @@ impl Store {
             owner: origin.owner,
             lsid: origin.lsid.and_then(|l| l.to_vec().ok()),
             txn_number: origin.txn_number,
+            api: origin.api,
             ns: ns.into(),
             remaining: documents.into(),
             tailable: false,
@@ -1365,7 +1464,9 @@ impl Store {
     }
 
     /// The next batch of cursor `id`, which must belong to `ns` and, as on a real server, to
-    /// the getMore's session and transaction ([`cursor_mismatch`]; the cursor stays open).
+    /// the getMore's session and transaction ([`cursor_mismatch`]), then have been opened with
+    /// the getMore's Stable API parameters (versioned-api "Cursors": APIMismatchError, 347, the
+    /// server's `setUpOperationContextStateForGetMore`); a refused getMore leaves the cursor open.
     pub(crate) fn get_more(
         &mut self,
         origin: CursorOrigin<'_>,
@@ -1375,7 +1476,11 @@ impl Store {
     ) -> Result<Batch, QueryError> {
         match self.cursors.remove(&id) {
             Some(cursor) if cursor.ns == ns && cursor.owner == origin.owner => {
-                if let Some((code, message)) = cursor_mismatch(&cursor, id, origin) {
+                let mismatch = cursor_mismatch(&cursor, id, origin).or_else(|| {
+                    let opener = "the cursor-creating command";
+                    origin.api.mismatch(cursor.api, "getMore", opener)
+                });
+                if let Some((code, message)) = mismatch {
                     self.cursors.insert(id, cursor);
                     return Err(QueryError::CursorMismatch(code, message));
                 }
@@ -1446,6 +1551,7 @@ impl Store {
             owner: origin.owner,
             lsid: origin.lsid.and_then(|l| l.to_vec().ok()),
             txn_number: origin.txn_number,
+            api: origin.api,
             ns: ns.into(),
             remaining: VecDeque::new(),
             tailable: true,
@@ -1557,6 +1663,7 @@ mod tests {
         owner: ObjectId::from_bytes([1; 12]),
         lsid: None,
         txn_number: None,
+        api: ApiParameters::NONE,
         router: false,
     };
 
@@ -1696,8 +1803,8 @@ mod tests {
         assert!(!store.create("db.d"));
         assert_eq!(store.collection_names("db"), vec!["c", "d"]);
         assert_eq!(store.database_names(), vec!["db"]);
-        assert!(store.drop_collection("db.d"));
-        assert!(!store.drop_collection("db.d"));
+        assert_eq!(store.drop_collection("db.d"), Ok(true));
+        assert_eq!(store.drop_collection("db.d"), Ok(false));
     }
     /// The `_id` index of `db.c` holds exactly the keys of its documents.
     fn assert_index_in_step(store: &Store) {
@@ -1820,7 +1927,7 @@ mod tests {
         assert_index_in_step(&store);
         assert_eq!(store.collections["db.c"].len(), 2);
         assert!(store.collections["db.c"].contains_id(&Bson::String("a".into())));
-        assert!(store.drop_collection("db.c"));
+        assert_eq!(store.drop_collection("db.c"), Ok(true));
         let outcome = store
             .insert("db.c", vec![doc! { "_id": "a" }], true)
             .unwrap();
@@ -2304,6 +2411,129 @@ mod tests {
         });
         assert_eq!((out, blocked), (Ok(()), None), "after the abort");
         assert_eq!(ids(&store), [9]);
+    }
+
+    /// TK-15 (review12 finding 1): `drop` and `dropDatabase` outside any transaction wait for a
+    /// transaction in progress that holds the collection (or, for `dropDatabase`, any collection
+    /// of the database), as `$out` does, with nothing dropped before; after that transaction
+    /// aborts the drop runs and the collection stays gone (the abort no longer re-creates it
+    /// from the transaction's before-images).
+    #[test]
+    fn tk15_drop_waits_for_a_transaction_that_wrote_the_collection() {
+        let mut store = store_with(3);
+        store
+            .insert("other.c", vec![doc! { "_id": 1 }], true)
+            .unwrap();
+        in_transaction(&mut store, S1, 1, true, |s| {
+            assert_eq!(
+                set_one(s, doc! { "_id": 1 }, doc! { "x": 1 })
+                    .unwrap()
+                    .modified,
+                1
+            );
+        });
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_collection("db.c"));
+        assert_eq!(
+            (dropped, blocked),
+            (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
+        );
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_database("db"));
+        assert_eq!(
+            (dropped, blocked),
+            (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
+        );
+        assert_eq!(ids(&store), [0, 1, 2], "nothing dropped");
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_database("other"));
+        assert_eq!(
+            (dropped, blocked),
+            (Ok(()), None),
+            "a database S1 does not hold"
+        );
+        assert!(!store.collections.contains_key("other.c"));
+        assert_eq!(store.end_transaction(S1, 1, false, None, false), Ok(()));
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_collection("db.c"));
+        assert_eq!((dropped, blocked), (Ok(true), None), "after the abort");
+        assert!(!store.collections.contains_key("db.c"), "it stays gone");
+        assert!(ids(&store).is_empty());
+    }
+
+    /// TK-15 (review12 finding 1): a collection a transaction in progress created (invisible to
+    /// others) is held by it: its `drop` and its database's `dropDatabase` wait; after the
+    /// commit the drop runs.
+    #[test]
+    fn tk15_drop_waits_for_a_transaction_that_created_the_collection() {
+        let mut store = Store::default();
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.insert("db.made", vec![doc! { "_id": 7 }], true).unwrap();
+        });
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_collection("db.made"));
+        assert_eq!(blocked, Some(S1.to_vec()), "{dropped:?}");
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_database("db"));
+        assert_eq!(blocked, Some(S1.to_vec()), "{dropped:?}");
+        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
+        assert_eq!(store.collection_names("db"), ["made"]);
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_database("db"));
+        assert_eq!((dropped, blocked), (Ok(()), None), "after the commit");
+        assert!(store.collection_names("db").is_empty());
+    }
+
+    /// TK-2, TK-15 (review12 finding 2): `$out` admits its documents as an insert does: two with
+    /// one `_id` are DuplicateKey 11000 and the target keeps its documents (a real `$out` fills
+    /// a new collection with an `_id` index and renames it over the target only on success); an
+    /// `_id` holding a fractional Decimal128 is refused as an insert refuses it.
+    #[test]
+    fn tk15_out_with_duplicate_ids_is_duplicate_key_and_leaves_the_target() {
+        let mut store = store_with(3);
+        let out = store.replace_collection(
+            "db.c",
+            vec![
+                doc! { "_id": 8 },
+                doc! { "_id": 1, "a": 1 },
+                doc! { "_id": 1.0 },
+            ],
+        );
+        assert_eq!(
+            out,
+            Err(QueryError::Write(
+                11000,
+                duplicate_key_message("db.c", &Bson::Double(1.0))
+            ))
+        );
+        assert_eq!(ids(&store), [0, 1, 2], "the target is unchanged");
+        assert_index_in_step(&store);
+        let out = store.replace_collection("db.c", vec![doc! { "_id": decimal("1.5") }]);
+        assert!(
+            matches!(out, Err(QueryError::UnsupportedFilter(_))),
+            "{out:?}"
+        );
+        assert_eq!(ids(&store), [0, 1, 2]);
+        assert!(!store.collections.contains_key("db.new"));
+        let out = store.replace_collection("db.new", vec![doc! { "_id": 1 }, doc! { "_id": 1 }]);
+        assert!(matches!(out, Err(QueryError::Write(11000, _))), "{out:?}");
+        assert!(
+            !store.collections.contains_key("db.new"),
+            "a failed $out creates nothing"
+        );
+    }
+
+    /// TK-2 (review12 finding 2): a document `$out` or `$merge` stores without an `_id` gets an
+    /// ObjectId one, as an insert's does (`$project: {_id: 0}`, `$count`); the index holds them.
+    #[test]
+    fn tk2_out_and_merge_give_a_document_without_an_id_an_object_id() {
+        let mut store = store_with(0);
+        store
+            .replace_collection("db.c", vec![doc! { "a": 1 }, doc! { "a": 2 }])
+            .unwrap();
+        store.merge("db.c", vec![doc! { "a": 3 }]).unwrap();
+        let documents = store.collections["db.c"].documents();
+        assert_eq!(documents.len(), 3);
+        assert!(
+            documents
+                .iter()
+                .all(|d| matches!(d.get("_id"), Some(Bson::ObjectId(_)))),
+            "{documents:?}"
+        );
+        assert_index_in_step(&store);
     }
 
     /// TK-6, TK-15: a retryable write with a higher `txnNumber` aborts its session's transaction

@@ -679,6 +679,44 @@ async fn aggregate_group_out_merge_and_local_sessions() {
     .await;
 }
 
+/// TK-2 (review12 finding 2): over the wire, a `$out` whose documents share an `_id` fails with
+/// DuplicateKey 11000 as a real one does, its target unchanged; a `$out` of documents without
+/// `_id` stores each with an ObjectId `_id`, as an insert does.
+#[tokio::test]
+async fn tk2_out_admits_documents_as_an_insert_does() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let handle = server.handle();
+        handle.insert("db.c", vec![doc! { "_id": 1, "x": 1 }, doc! { "_id": 2, "x": 2 }]);
+        handle.insert("db.o", vec![doc! { "_id": 9 }]);
+        let duplicate = client
+            .command(doc! {
+                "aggregate": "c", "pipeline": [{ "$addFields": { "_id": 1 } }, { "$out": "o" }],
+                "cursor": {}, "$db": "db",
+            })
+            .await
+            .unwrap();
+        assert_eq!(code(&duplicate), Some(11000), "{duplicate}");
+        assert_eq!(handle.documents("db.o"), [doc! { "_id": 9 }], "unchanged");
+        let out = client
+            .command(doc! {
+                "aggregate": "c", "pipeline": [{ "$project": { "_id": 0, "x": 1 } }, { "$out": "o" }],
+                "cursor": {}, "$db": "db",
+            })
+            .await
+            .unwrap();
+        assert_eq!(out.get_f64("ok").ok(), Some(1.0), "{out}");
+        let stored = handle.documents("db.o");
+        assert_eq!(stored.len(), 2, "{stored:?}");
+        for document in &stored {
+            assert!(document.get_object_id("_id").is_ok(), "{document}");
+        }
+        assert!(handle.unsupported().is_empty(), "{:?}", handle.unsupported());
+        server.shutdown().await;
+    })
+    .await;
+}
+
 /// TK-14: findAndModify with `sort` modifies the first matching document in that order.
 #[tokio::test]
 async fn find_and_modify_sort() {
@@ -1422,6 +1460,53 @@ async fn tk15_out_waits_for_a_transaction_that_only_read_its_target() {
         let ran = other.command(out).await.unwrap();
         assert_eq!(ran.get_f64("ok").ok(), Some(1.0), "{ran}");
         assert_eq!(handle.documents("test.w"), [doc! { "_id": 1, "s": 1 }]);
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// TK-15 (review12 finding 1): over the wire, `drop` and `dropDatabase` of what a transaction
+/// in progress wrote wait for it, until `maxTimeMS` runs out (50), having dropped nothing; after
+/// the abort the drop runs and the collection stays gone (the abort does not bring back the
+/// documents it had updated).
+#[tokio::test]
+async fn tk15_drop_waits_for_a_transaction_that_wrote_the_collection() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        let handle = server.handle();
+        handle.insert("test.w", vec![doc! { "_id": 1 }, doc! { "_id": 2 }]);
+        let update = client
+            .command(doc! {
+                "update": "w", "updates": [{ "q": { "_id": 1 }, "u": { "$set": { "x": 1 } } }],
+                "$db": "test", "lsid": lsid_of(1), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            })
+            .await
+            .unwrap();
+        assert_eq!(update.get_i32("nModified").ok(), Some(1), "{update}");
+        for drop in [
+            doc! { "drop": "w", "$db": "test", "maxTimeMS": 50 },
+            doc! { "dropDatabase": 1, "$db": "test", "maxTimeMS": 50 },
+        ] {
+            let timed_out = other.command(drop.clone()).await.unwrap();
+            assert_eq!(code(&timed_out), Some(50), "{drop}: {timed_out}");
+        }
+        assert_eq!(handle.documents("test.w").len(), 2, "nothing dropped");
+        let abort = client
+            .command(doc! {
+                "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
+                "txnNumber": 1_i64, "autocommit": false,
+            })
+            .await
+            .unwrap();
+        assert_eq!(abort.get_f64("ok").ok(), Some(1.0), "{abort}");
+        let dropped = other
+            .command(doc! { "drop": "w", "$db": "test", "maxTimeMS": 50 })
+            .await
+            .unwrap();
+        assert_eq!(dropped.get_f64("ok").ok(), Some(1.0), "{dropped}");
+        assert!(handle.documents("test.w").is_empty(), "it stays gone");
         server.shutdown().await;
     })
     .await

@@ -32,7 +32,7 @@ use super::raw_reply::ReplyFields;
 use super::refused::refusal;
 use super::{
     ConnId, Cursor, CursorHandle, CursorUse, Drain, Engine, EngineEvent, OpId, OpMachine,
-    OpSession, Operation, OperationRequest, Owner, ServerId, Slot,
+    OpSession, Operation, OperationRequest, Owner, ServerId, Slot, SPARE_MACHINES,
 };
 use crate::address::ServerAddress;
 use crate::bson_read::Elements;
@@ -247,10 +247,30 @@ impl Engine {
         let options = retry.as_ref().unwrap_or(&self.options.retry);
         let machine = RetryMachine::new(spec, options, self.rng.next_u64(), now);
         // Issue 9: events nobody listens to are not recorded (same actions and decisions).
-        OpMachine::Retry(Box::new(match self.options.events.publishes_retry() {
+        let machine = match self.options.events.publishes_retry() {
             true => machine,
             false => machine.without_events(),
-        }))
+        };
+        // Issue 9: in the box of a finished operation's machine when there is one.
+        OpMachine::Retry(match self.spare_machines.pop() {
+            Some(mut spare) => {
+                *spare = machine;
+                spare
+            }
+            None => Box::new(machine),
+        })
+    }
+
+    /// Keeps a finished operation's retry machine box for the next operation (at most
+    /// `SPARE_MACHINES`; issue 9): operations finishing in a burst would otherwise free each
+    /// one through the allocator's slow path, its thread cache holding only a few blocks per
+    /// size.
+    pub(super) fn keep_machine(&mut self, machine: OpMachine) {
+        if let OpMachine::Retry(machine) = machine {
+            if self.spare_machines.len() < SPARE_MACHINES {
+                self.spare_machines.push(machine);
+            }
+        }
     }
 
     /// Routes a hedged operation's events and actions.

@@ -716,7 +716,14 @@ pub struct Engine {
     draining: Option<OpId>,
     /// SRV polling (`srv_polling.rs`), when the options ask for it.
     srv: Option<crate::topology::SrvPoller>,
+    /// Boxes of finished operations' retry machines, reused by the next ones (issue 9). The
+    /// boxes are what is kept, so `Box` in a `Vec`.
+    #[allow(clippy::vec_box)]
+    spare_machines: Vec<Box<RetryMachine>>,
 }
+
+/// The most retry machine boxes kept for reuse: a burst of 64 operations (about 44 KB).
+const SPARE_MACHINES: usize = 64;
 
 impl core::fmt::Debug for Engine {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -831,6 +838,7 @@ impl Engine {
             ending_sessions: false,
             draining: None,
             srv,
+            spare_machines: Vec::new(),
         };
         engine.schedule(Machine::Topology);
         engine.schedule_every_pool();

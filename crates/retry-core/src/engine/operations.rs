@@ -639,23 +639,31 @@ impl Engine {
             }
         }
         self.operation_session_ended(&mut op, winner, result.is_ok(), now);
-        if op.internal {
+        let Operation {
+            machine,
+            internal,
+            opened,
+            mut reply,
+            slots,
+            ..
+        } = *op;
+        self.keep_machine(machine);
+        if internal {
             return;
         }
-        if let Some(cursor) = op.opened.filter(|_| result.is_ok()) {
+        if let Some(cursor) = opened.filter(|_| result.is_ok()) {
             self.events
                 .push_back(EngineEvent::CursorOpened { op: op_id, cursor });
         }
         // RW-3: the server that sent a success's reply (a reply the engine made has none).
-        let address = match (&result, op.reply.as_ref()) {
-            (Ok(()), Some(_)) => op
-                .slots
+        let address = match (&result, reply.as_ref()) {
+            (Ok(()), Some(_)) => slots
                 .get(winner)
                 .and_then(|slot| slot.server.as_ref())
                 .map(|server| server.address.clone()),
             _ => None,
         };
-        let result = result.map(|()| op.reply.take().unwrap_or_default());
+        let result = result.map(|()| reply.take().unwrap_or_default());
         self.events.push_back(EngineEvent::OperationFinished {
             op: op_id,
             result,

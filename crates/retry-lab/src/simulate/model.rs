@@ -1279,7 +1279,7 @@ impl<'a> Sim<'a> {
 fn latency_reserve(expected: f64) -> usize {
     const CAP: f64 = (1u64 << 24) as f64;
     let wanted = expected * 1.1;
-    // NaN and negative estimates reserve the minimum; `as` saturates, the cap bounds it.
+    // Negative estimates reserve the minimum; NaN and infinite ones the cap (review11 finding 5).
     (if wanted.is_finite() {
         wanted.clamp(0.0, CAP)
     } else {
@@ -1287,6 +1287,7 @@ fn latency_reserve(expected: f64) -> usize {
     }) as usize
         + 16
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1164,3 +1164,297 @@ async fn require_api_version_refuses_commands_without_one_on_both_paths() {
     let reply = retry_core::wire::parse_frame(bytes).unwrap().body;
     assert_eq!(reply.get_str("codeName").ok(), Some("Location498870"));
 }
+
+/// Labelled commands and the code each must get (`None`: accepted).
+type Cases = Vec<(&'static str, Document, Option<i32>)>;
+
+/// `body` with `apiVersion: "1"` and the `extra` API parameters.
+fn with_api(mut body: Document, extra: Document) -> Document {
+    body.insert("apiVersion", "1");
+    body.extend(extra);
+    body
+}
+
+/// Versioned-api "Cursors" (house rule 7, TK-15): a getMore whose API parameters are not
+/// exactly those of the command that opened its cursor (an absent `apiStrict` is not
+/// `apiStrict: false`) is APIMismatchError (347), the cursor staying open; the server's
+/// jstests/core/api/api_params_getmore.js. Cursor ids count from 1 on a fresh server.
+fn get_more_api_cases(_: &Role) -> Cases {
+    let find = || doc! { "find": "c", "batchSize": 1, "$db": "test" };
+    let get_more =
+        |id: i64| doc! { "getMore": id, "collection": "c", "batchSize": 1, "$db": "test" };
+    let strict_off = || doc! { "apiStrict": false };
+    vec![
+        (
+            "insert",
+            doc! { "insert": "c", "documents": [{ "_id": 1 }, { "_id": 2 }, { "_id": 3 },
+            { "_id": 4 }], "$db": "test" },
+            None,
+        ),
+        ("find with apiVersion", with_api(find(), doc! {}), None),
+        ("getMore without", get_more(1), Some(347)),
+        (
+            "getMore with apiStrict: false",
+            with_api(get_more(1), strict_off()),
+            Some(347),
+        ),
+        (
+            "getMore with apiDeprecationErrors",
+            with_api(get_more(1), doc! { "apiDeprecationErrors": true }),
+            Some(347),
+        ),
+        (
+            "getMore with apiVersion",
+            with_api(get_more(1), doc! {}),
+            None,
+        ),
+        ("find without", find(), None),
+        (
+            "getMore with apiVersion",
+            with_api(get_more(2), doc! {}),
+            Some(347),
+        ),
+        ("getMore without", get_more(2), None),
+        (
+            "find with apiStrict: false",
+            with_api(find(), strict_off()),
+            None,
+        ),
+        (
+            "getMore without apiStrict",
+            with_api(get_more(3), doc! {}),
+            Some(347),
+        ),
+        (
+            "getMore with apiStrict: false",
+            with_api(get_more(3), strict_off()),
+            None,
+        ),
+        (
+            "killCursors without (not compared outside a transaction)",
+            doc! { "killCursors": "c", "cursors": [3_i64], "$db": "test" },
+            None,
+        ),
+    ]
+}
+
+/// Versioned-api "Transactions" (house rule 7, TK-15): every later command of a transaction,
+/// commit and abort included, must repeat its first command's API parameters, else
+/// APIMismatchError (347) and the transaction goes on; on a mongod a command of a newer
+/// transaction number is compared with the one in progress too (the server's session
+/// checkout). `startTransaction` here carries `apiStrict: true` (insert is in API version 1).
+fn transaction_api_cases(role: &Role) -> Cases {
+    let lsid = || lsid(9);
+    let statement = |n: i64, body: Document| {
+        let mut body = body;
+        body.extend(doc! { "lsid": lsid(), "txnNumber": n, "autocommit": false, "$db": "test" });
+        body
+    };
+    let strict = || doc! { "apiStrict": true };
+    let insert = |id: i32| doc! { "insert": "c", "documents": [{ "_id": id }] };
+    let mut first = with_api(statement(1, insert(1)), strict());
+    first.insert("startTransaction", true);
+    let commit = |n: i64| {
+        let mut body = statement(n, doc! { "commitTransaction": 1 });
+        body.insert("$db", "admin");
+        body
+    };
+    let abort = |n: i64| {
+        let mut body = statement(n, doc! { "abortTransaction": 1 });
+        body.insert("$db", "admin");
+        body
+    };
+    let router = matches!(role, Role::Mongos);
+    let retryable = doc! { "insert": "c", "documents": [{ "_id": 9 }], "lsid": lsid(),
+    "txnNumber": 2_i64, "$db": "test" };
+    vec![
+        ("startTransaction, strict", first, None),
+        ("insert without", statement(1, insert(2)), Some(347)),
+        (
+            "insert with apiVersion only",
+            with_api(statement(1, insert(2)), doc! {}),
+            Some(347),
+        ),
+        (
+            "find with apiStrict: false",
+            with_api(
+                statement(1, doc! { "find": "c" }),
+                doc! { "apiStrict": false },
+            ),
+            Some(347),
+        ),
+        ("commit without", commit(1), Some(347)),
+        (
+            "abort with apiDeprecationErrors",
+            with_api(
+                abort(1),
+                doc! { "apiStrict": true, "apiDeprecationErrors": false },
+            ),
+            Some(347),
+        ),
+        // A mongod compares a newer transaction number with the transaction in progress too;
+        // a router starts it and its shard does the same.
+        (
+            "retryable write of a newer number, without",
+            retryable,
+            Some(347),
+        ),
+        (
+            "insert with the same parameters",
+            with_api(statement(1, insert(2)), strict()),
+            None,
+        ),
+        (
+            "commit with the same parameters",
+            with_api(commit(1), strict()),
+            None,
+        ),
+        // A committed transaction is no longer compared: its commit retried without them.
+        (
+            "commit retried without",
+            commit(1),
+            if router { Some(347) } else { None },
+        ),
+    ]
+}
+
+/// Under `apiStrict: true`: `$listLocalSessions` is outside API version 1 (APIStrictError,
+/// 323, the stage's `AllowedWithApiStrict::kNeverInVersion1`), and a command the server does
+/// not know is CommandNotFound (59) whatever its API parameters, as a real server looks the
+/// command up before it validates them (TK-2), while a known one outside API version 1 is 323;
+/// the same with `requireApiVersion` on (`enforceRequireAPIVersion` takes the found command): 59
+/// for an unknown command, 498870 for a known one.
+fn api_strict_cases(_: &Role) -> Cases {
+    let sessions = || {
+        doc! { "aggregate": 1, "pipeline": [{ "$listLocalSessions": {} }], "cursor": {},
+        "$db": "admin" }
+    };
+    let strict = || doc! { "apiStrict": true };
+    vec![
+        ("$listLocalSessions", with_api(sessions(), doc! {}), None),
+        (
+            "$listLocalSessions, strict",
+            with_api(sessions(), strict()),
+            Some(323),
+        ),
+        (
+            "$listLocalSessions, strict false",
+            with_api(sessions(), doc! { "apiStrict": false }),
+            None,
+        ),
+        (
+            "unknown command, strict",
+            with_api(doc! { "frobnicate": 1, "$db": "test" }, strict()),
+            Some(59),
+        ),
+        (
+            "unknown command, API version 2",
+            doc! { "frobnicate": 1, "$db": "test", "apiVersion": "2" },
+            Some(59),
+        ),
+        (
+            "unknown command, apiStrict alone",
+            doc! { "frobnicate": 1, "$db": "test", "apiStrict": true },
+            Some(59),
+        ),
+        (
+            "distinct, strict",
+            with_api(
+                doc! { "distinct": "c", "key": "a", "$db": "test" },
+                strict(),
+            ),
+            Some(323),
+        ),
+        (
+            "getMore, API version 2",
+            doc! { "getMore": 1_i64, "collection": "c", "$db": "test", "apiVersion": "2" },
+            Some(322),
+        ),
+        (
+            "requireApiVersion on",
+            with_api(
+                doc! { "setParameter": 1, "requireApiVersion": true, "$db": "admin" },
+                doc! {},
+            ),
+            None,
+        ),
+        (
+            "unknown command without apiVersion, required",
+            doc! { "frobnicate": 1, "$db": "test" },
+            Some(59),
+        ),
+        (
+            "known command without apiVersion, required",
+            doc! { "distinct": "c", "key": "a", "$db": "test" },
+            Some(498_870),
+        ),
+        (
+            "requireApiVersion off",
+            with_api(
+                doc! { "setParameter": 1, "requireApiVersion": false, "$db": "admin" },
+                doc! {},
+            ),
+            None,
+        ),
+    ]
+}
+
+/// Runs `cases` on both paths in `role`: the two agree byte for byte and give the expected
+/// codes.
+async fn expect_on_both_paths(role: &Role, cases: fn(&Role) -> Cases, script: fn(&Role) -> Script) {
+    let (raw, raw_records, _) = run(role, false, true, script).await;
+    let (document, document_records, _) = run(role, false, false, script).await;
+    assert_eq!(raw, document, "{role:?}");
+    assert_eq!(raw_records, document_records, "{role:?}");
+    for ((label, body, expected), (_, outcome)) in cases(role).iter().zip(&raw) {
+        assert_eq!(reply_code(outcome), *expected, "{role:?}: {label}: {body}");
+        let Outcome::Reply(bytes) = outcome else {
+            continue;
+        };
+        let reply = retry_core::wire::parse_frame(bytes).unwrap().body;
+        if *expected == Some(347) {
+            assert_eq!(reply.get_str("codeName").ok(), Some("APIMismatchError"));
+            let message = reply.get_str("errmsg").unwrap_or_default();
+            assert!(message.starts_with("API parameter mismatch: "), "{message}");
+        }
+    }
+}
+
+fn script_of(cases: Cases) -> Script {
+    let mut s = Script { steps: Vec::new() };
+    for (label, body, _) in cases {
+        s.send(label, body);
+    }
+    s
+}
+
+fn roles() -> [Role; 2] {
+    [
+        Role::ReplicaSetMember(ReplicaSetMember::primary("rs0")),
+        Role::Mongos,
+    ]
+}
+
+#[tokio::test]
+async fn tk15_versioned_api_get_more_with_other_api_parameters_is_refused() {
+    for role in roles() {
+        let script = |role: &Role| script_of(get_more_api_cases(role));
+        expect_on_both_paths(&role, get_more_api_cases, script).await;
+    }
+}
+
+#[tokio::test]
+async fn tk15_versioned_api_transaction_command_with_other_api_parameters_is_refused() {
+    for role in roles() {
+        let script = |role: &Role| script_of(transaction_api_cases(role));
+        expect_on_both_paths(&role, transaction_api_cases, script).await;
+    }
+}
+
+#[tokio::test]
+async fn versioned_api_strict_refuses_list_local_sessions_and_unknown_commands_are_59() {
+    for role in roles() {
+        let script = |role: &Role| script_of(api_strict_cases(role));
+        expect_on_both_paths(&role, api_strict_cases, script).await;
+    }
+}

@@ -14,8 +14,9 @@ use super::id_key;
 #[derive(Debug, Default)]
 pub(super) struct Collection {
     documents: Vec<Document>,
-    /// How many documents hold each `_id` ([`id_key`]); one each, unless a write the test
-    /// server does not refuse put two there.
+    /// How many documents hold each `_id` ([`id_key`]): one each, as every write that adds
+    /// documents (insert, upsert, `$merge`, `$out`) refuses a second; a count, so that an
+    /// overlooked path shows in the tests' index check rather than corrupting the index.
     ids: BTreeMap<Vec<u8>, usize>,
 }
 
