@@ -7,7 +7,7 @@ use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::task::Wake;
 
@@ -745,7 +745,7 @@ impl Wake for SocketWaker {
 /// live future, the live one is woken by the `⌈log2(k + 1)⌉`-th wake after a pass, and at the
 /// latest by the first firing of the driver's timer (the next engine deadline) after the first
 /// such wake. When the timer's firing is itself the first wake after a pass, a [`Watchdog`]
-/// timer takes the place of the next firing: if none of the woken has run the driver
+/// timer takes the place of the next firing: if no pass of the driver has started
 /// [`UNCLAIMED_TIMER_GRACE`] later, it wakes every waiting future (one timer registration per
 /// firing, not a wake per waiter). So an operation whose reply arrived waits past its deadline
 /// by at most that grace, and only when its deadline's firing is the first wake after a pass (a
@@ -771,6 +771,12 @@ struct DriverWaker {
     /// and before its runner's last look at `dirty` ([`DriverWaker::end_pass`]): a wake that
     /// finds it set only sets `dirty`, which that look sees (house rule 9, review11 finding 2).
     running: AtomicBool,
+    /// Passes of the driver started (wrapping), counted when `claimed` is set.
+    passes: AtomicU32,
+    /// `passes` when the [`Watchdog`] was last armed, written under its lock: it wakes every
+    /// waiting future only if no pass has started since, whatever later wakes did to `claimed`
+    /// (house rule 9, review12 finding 3).
+    watched: AtomicU32,
     waiting: Mutex<Waiting>,
     /// Armed by a firing of the driver's timer that was the first wake after a round.
     watchdog: Mutex<Option<Watchdog>>,
@@ -778,9 +784,9 @@ struct DriverWaker {
 
 /// A runtime timer of a [`LocalDriver`]'s own (house rule 8, CS-4): a firing of the driver's
 /// timer that is the first wake after a round wakes two waiting futures, like any such wake, and
-/// arms this for [`UNCLAIMED_TIMER_GRACE`] later; if none of the woken has run the driver by
-/// then (futures kept but never polled), it wakes every waiting future, as the timer's next
-/// firing would, which does not come: the timer is re-armed only by a run of the driver.
+/// arms this for [`UNCLAIMED_TIMER_GRACE`] later; if no pass of the driver has started by then
+/// (the woken are futures kept but never polled), it wakes every waiting future, as the timer's
+/// next firing would, which does not come: the timer is re-armed only by a run of the driver.
 struct Watchdog {
     runtime: Arc<dyn Runtime>,
     timer: Pin<Box<dyn AsyncTimer>>,
@@ -926,6 +932,8 @@ impl DriverWaker {
             dirty: AtomicBool::new(true),
             claimed: AtomicBool::new(false),
             running: AtomicBool::new(false),
+            passes: AtomicU32::new(0),
+            watched: AtomicU32::new(0),
             waiting: Mutex::new(Waiting::default()),
             watchdog: Mutex::new(None),
         });
@@ -996,10 +1004,11 @@ impl DriverWaker {
     fn wake_timer(&self) {
         let fresh = !self.dirty.swap(true, Ordering::AcqRel);
         if (fresh || !self.claimed.load(Ordering::Acquire)) && !self.pass_sees_it() {
-            self.wake_escalating(fresh, !fresh);
+            // Armed before the wake: no pass started by a future it wakes is counted as before.
             if fresh {
                 self.arm_watchdog();
             }
+            self.wake_escalating(fresh, !fresh);
         }
     }
 
@@ -1017,6 +1026,7 @@ impl DriverWaker {
     /// and the futures woken before have been served (`claimed`).
     fn start_pass<'a>(&'a self, driver: MutexGuard<'a, Option<Driver>>) -> Pass<'a> {
         self.running.store(true, Ordering::Release);
+        self.passes.fetch_add(1, Ordering::AcqRel);
         self.claimed.store(true, Ordering::Release);
         self.dirty.store(false, Ordering::Release);
         Pass {
@@ -1041,9 +1051,12 @@ impl DriverWaker {
         self.dirty.load(Ordering::Acquire)
     }
 
-    /// Arms the [`Watchdog`] for [`UNCLAIMED_TIMER_GRACE`] from now.
+    /// Arms the [`Watchdog`] for [`UNCLAIMED_TIMER_GRACE`] from now, for the passes started so
+    /// far (read under its lock, so a later arming never records an older count).
     fn arm_watchdog(&self) {
         let mut watchdog = lock(&self.watchdog);
+        self.watched
+            .store(self.passes.load(Ordering::Acquire), Ordering::Release);
         let Some(Watchdog {
             runtime,
             timer,
@@ -1074,9 +1087,12 @@ impl DriverWaker {
     }
 
     /// The [`Watchdog`] fired: every waiting future is woken if the driver has something to do
-    /// and none of the futures woken for it has run it.
+    /// and no pass of it has started since the watchdog was armed (house rule 9, review12
+    /// finding 3: a later wake clears `claimed`, so that flag cannot tell).
     fn wake_unclaimed(&self) {
-        if self.dirty.load(Ordering::Acquire) && !self.claimed.load(Ordering::Acquire) {
+        if self.dirty.load(Ordering::Acquire)
+            && self.passes.load(Ordering::Acquire) == self.watched.load(Ordering::Acquire)
+        {
             self.wake_escalating(false, true);
         }
     }
@@ -1437,10 +1453,45 @@ mod tests {
         driver.dirty.store(false, Ordering::Release);
         timer.wake_by_ref();
         assert_eq!((woken(&live), woken(&unpolled)), (1, 52));
-        driver.claimed.store(true, Ordering::Release);
-        driver.dirty.store(false, Ordering::Release);
+        let driver_lock = Mutex::new(None);
+        let pass = driver.start_pass(lock(&driver_lock));
+        assert!(!driver.end_pass(pass));
         assert_eq!(fire(), 1);
         assert_eq!((woken(&live), woken(&unpolled)), (1, 52));
+    }
+
+    /// House rule 9, review12 finding 3: the driver's timer firing is the first wake after a
+    /// pass and arms the watchdog; one of the two it wakes runs a pass; then a socket's wake
+    /// wakes two more as usual (and clears `claimed`). The watchdog firing before either of
+    /// those runs the driver wakes nobody more: a pass started since it was armed (before, it
+    /// woke all 50 waiting, once per such firing).
+    #[test]
+    fn house_rule_9_the_watchdog_wakes_nobody_after_a_round_ran() {
+        let runtime = ManualTimers::default();
+        let armed = runtime.armed.clone();
+        let driver = DriverWaker::new(Arc::new(runtime));
+        let waiting = tasks(50);
+        register_all(&driver, &waiting);
+        let wake = Waker::from(driver.clone());
+        let timer = Waker::from(Arc::new(TimerWaker(driver.clone())));
+        let driver_lock = Mutex::new(None);
+        let pass = driver.start_pass(lock(&driver_lock));
+        assert!(!driver.end_pass(pass));
+        timer.wake_by_ref();
+        assert_eq!(woken(&waiting), 2);
+        assert_eq!(lock(&armed).len(), 1, "the watchdog is armed");
+        // One of the two runs a pass; a socket's wake after it wakes two more.
+        let pass = driver.start_pass(lock(&driver_lock));
+        assert!(!driver.end_pass(pass));
+        wake.wake_by_ref();
+        assert_eq!(woken(&waiting), 4);
+        assert!(!driver.claimed.load(Ordering::Acquire));
+        // The watchdog fires while the flag is set and neither of those two has run the driver.
+        let wakers = core::mem::take(&mut *lock(&armed));
+        assert_eq!(wakers.len(), 1);
+        wakers.into_iter().for_each(Waker::wake);
+        assert_eq!(woken(&waiting), 4, "no wake of every waiting future");
+        assert_eq!(registered(&lock(&driver.waiting)), 46);
     }
 
     /// House rule 9, review11 finding 2: while a pass of the driver runs, a socket's wake, the
