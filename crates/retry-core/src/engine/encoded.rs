@@ -28,6 +28,9 @@ pub(super) struct Inspected {
     /// It holds a Stable API field (`apiVersion`, `apiStrict`, `apiDeprecationErrors`), which
     /// a declared version replaces (versioned-api spec).
     pub(super) api_field: bool,
+    /// SS-9, LB-6: it holds a top-level `$readPreference`, which an attempt's replaces, so that
+    /// one cannot simply be appended (review12 finding 6: read here, not again per attempt).
+    pub(super) read_preference: bool,
     /// SE-13: its `writeConcern` is unacknowledged (`w: 0`).
     pub(super) unacknowledged: bool,
 }
@@ -44,6 +47,7 @@ pub(super) fn inspect(raw: &RawDocument, fields: &Document) -> Result<Inspected,
     let mut inspected = Inspected {
         engine_field: false,
         api_field: false,
+        read_preference: false,
         unacknowledged: false,
     };
     let mut keys: SmallVec<[&[u8]; 16]> = SmallVec::new();
@@ -59,6 +63,8 @@ pub(super) fn inspect(raw: &RawDocument, fields: &Document) -> Result<Inspected,
             };
         } else if key.starts_with(b"api") && ServerApi::KEYS.iter().any(|k| k.as_bytes() == key) {
             inspected.api_field = true;
+        } else if key == b"$readPreference" {
+            inspected.read_preference = true;
         }
     })
     .map_err(|e| {
@@ -174,7 +180,8 @@ mod tests {
     }
 
     #[test]
-    fn inspection_finds_engine_and_api_fields_and_an_unacknowledged_write_concern() {
+    fn inspection_finds_engine_api_and_read_preference_fields_and_an_unacknowledged_write_concern()
+    {
         let engine_field =
             |raw: &RawDocument| inspect(raw, &Document::new()).expect("valid").engine_field;
         assert!(engine_field(&rawdoc! { "ping": 1, "$db": "x" }));
@@ -188,6 +195,20 @@ mod tests {
         ));
         assert!(api_field(&rawdoc! { "ping": 1, "apiVersion": "1" }));
         assert!(!api_field(&rawdoc! { "find": "c", "api": 1 }));
+        // SS-9, LB-6: a caller's top-level `$readPreference` is found in the same pass; a nested
+        // one is not the command's.
+        let read_preference = |raw: &RawDocument| {
+            inspect(raw, &Document::new())
+                .expect("valid")
+                .read_preference
+        };
+        assert!(read_preference(
+            &rawdoc! { "find": "c", "$readPreference": { "mode": "secondary" } }
+        ));
+        assert!(!read_preference(
+            &rawdoc! { "find": "c", "filter": { "$readPreference": 1 } }
+        ));
+        assert!(!read_preference(&rawdoc! { "find": "c" }));
         let unacknowledged = |raw: &RawDocument| {
             inspect(raw, &Document::new())
                 .expect("valid")

@@ -558,6 +558,9 @@ struct Operation {
     wire: Request,
     /// The caller's command kept encoded ([`OperationRequest::new_raw`]; issue 9).
     encoded: Option<RawDocumentBuf>,
+    /// SS-9, LB-6: `encoded` holds a top-level `$readPreference` ([`encoded::inspect`], read
+    /// once at the start rather than per attempt; review12 finding 6).
+    encoded_read_preference: bool,
     reply: Option<RawDocumentBuf>,
     /// A cursor operation's server: no selection (LB-10 and ordinary cursor server pinning).
     pinned_server: Option<AttemptServer>,

@@ -18,7 +18,6 @@ use super::{
     OperationRequest, Owner, RunningRequest, ServerId, Slot,
 };
 use crate::address::ServerAddress;
-use crate::bson_read::has_top_level_key;
 use crate::connection::{ConnectionState, Request, SendError};
 use crate::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::pinning::transaction_labels;
@@ -72,10 +71,7 @@ fn placed<'a>(
     let appendable = !attempt.start_transaction
         && attempt.write_concern != WriteConcernRule::Majority
         && !op.wire.body.contains_key("$readPreference")
-        && op
-            .encoded
-            .as_deref()
-            .is_none_or(|raw| has_top_level_key(raw, b"$readPreference") == Some(false));
+        && !op.encoded_read_preference;
     match appendable {
         true => (Some(sent), None),
         false => (None, Some(read_preference_wire::to_document(sent))),
@@ -155,6 +151,7 @@ impl Engine {
         // Issue 9: an encoded command is checked once, and converted to a document where the
         // session and transaction rules edit it (`encoded.rs`).
         let mut unacknowledged = false;
+        let mut encoded_read_preference = false;
         if let Some(raw) = request.encoded.take() {
             let inspected = match encoded::inspect(&raw, &request.command) {
                 Ok(inspected) => inspected,
@@ -174,6 +171,7 @@ impl Engine {
                 request.command = encoded::to_document(&raw, fields);
             } else {
                 unacknowledged = inspected.unacknowledged;
+                encoded_read_preference = inspected.read_preference;
                 request.encoded = Some(raw);
             }
         }
@@ -297,6 +295,7 @@ impl Engine {
                 slots,
                 wire: Request::new(body),
                 encoded,
+                encoded_read_preference,
                 request,
                 reply: None,
                 pinned_server,
