@@ -89,14 +89,25 @@ impl Engine {
     pub fn start_operation(&mut self, request: OperationRequest, now: Instant) -> OpId {
         if self.closed {
             let op = self.next_op_id();
-            self.events.push_back(EngineEvent::OperationFinished {
-                op,
-                result: Err(OperationError::cancelled()),
-                address: None,
-            });
-            return op;
+            return self.finished_at_once(op, Err(OperationError::cancelled()));
         }
         self.launch(request, false, now)
+    }
+
+    /// Finishes `op` before it reaches any machine (closed engine, refused request, a
+    /// transaction command with nothing to do): its only event, with no server (issue 9 item 2:
+    /// every operation ends exactly once).
+    fn finished_at_once(
+        &mut self,
+        op: OpId,
+        result: Result<RawDocumentBuf, OperationError>,
+    ) -> OpId {
+        self.events.push_back(EngineEvent::OperationFinished {
+            op,
+            result,
+            address: None,
+        });
+        op
     }
 
     /// TX-2: puts back the transaction state `before` of an operation that was refused after its
@@ -155,14 +166,7 @@ impl Engine {
         if let Some(raw) = request.encoded.take() {
             let inspected = match encoded::inspect(&raw, &request.command) {
                 Ok(inspected) => inspected,
-                Err(error) => {
-                    self.events.push_back(EngineEvent::OperationFinished {
-                        op,
-                        result: Err(error),
-                        address: None,
-                    });
-                    return op;
-                }
+                Err(error) => return self.finished_at_once(op, Err(error)),
             };
             // Versioned-api spec: a caller's API field is replaced, so it must not stay encoded.
             let api_field = self.api.is_some() && inspected.api_field;
@@ -183,33 +187,14 @@ impl Engine {
         // TX-1, TX-2: an operation naming a session runs through its transaction.
         match self.transaction_request(&mut request) {
             Ok(true) => {}
-            Ok(false) => {
-                self.events.push_back(EngineEvent::OperationFinished {
-                    op,
-                    result: Ok(RawDocumentBuf::new()),
-                    address: None,
-                });
-                return op;
-            }
-            Err(error) => {
-                self.events.push_back(EngineEvent::OperationFinished {
-                    op,
-                    result: Err(error),
-                    address: None,
-                });
-                return op;
-            }
+            Ok(false) => return self.finished_at_once(op, Ok(RawDocumentBuf::new())),
+            Err(error) => return self.finished_at_once(op, Err(error)),
         }
         let (mut session, gossip) = match self.operation_session(&request, unacknowledged) {
             Ok(session) => session,
             Err(error) => {
                 self.restore_transaction(request.session, before);
-                self.events.push_back(EngineEvent::OperationFinished {
-                    op,
-                    result: Err(error),
-                    address: None,
-                });
-                return op;
+                return self.finished_at_once(op, Err(error));
             }
         };
         if internal {
