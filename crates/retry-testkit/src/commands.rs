@@ -1,6 +1,7 @@
 //! The commands the server runs once a request is admitted: hello, ping, the in-memory CRUD
-//! commands (TK-*), `configureFailPoint` and a few no-ops. A command not listed in [`execute`]
-//! is answered with `CommandNotFound` (59).
+//! commands (TK-*), `configureFailPoint` and a few no-ops. A command the server does not know
+//! (`refusals::known_command`) was answered with `CommandNotFound` (59) before it was admitted; a
+//! known one [`execute`] does not run is `TestkitUnsupported` (TK-2).
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
@@ -112,6 +113,22 @@ impl HelloAsk {
             load_balanced: matches!(command.get("loadBalanced"), Some(Bson::Boolean(true))),
         }
     }
+}
+
+/// LB-7 under a strict Stable API: a server parses its hello's fields with the request's
+/// `apiStrict`, and `loadBalanced` is an unstable field of the hello command (the server's
+/// hello.idl, `stability: unstable`): present with any value under `apiStrict: true`, the hello is
+/// APIStrictError (323) with the IDL parser's message (its context is named "hello" for the
+/// legacy names too, which `apiStrict: true` refuses earlier anyway). Checked when the hello runs
+/// (its parse is part of running it), after admission and the fail point.
+pub(crate) fn hello_refusal(command: &Document) -> Option<Document> {
+    let strict = matches!(command.get("apiStrict"), Some(Bson::Boolean(true)));
+    (strict && command.contains_key("loadBalanced")).then(|| {
+        crate::fail_point::error_reply(
+            323,
+            "BSON field 'hello.loadBalanced' is not allowed with apiStrict:true.",
+        )
+    })
 }
 
 /// HS-3, HS-4, LB-8: the reply to `hello` / legacy hello in `role`.
@@ -343,7 +360,7 @@ fn transaction_command(
     Ok(session)
 }
 
-/// Versioned-api "Transactions" (house rule 7): a command the server knows, with an `lsid` and
+/// Versioned-api "Transactions" (house rule 7): a command (known: unknown ones are 59 first), with an `lsid` and
 /// a `txnNumber`, refused with APIMismatchError (347) when its API parameters are not those of
 /// its session's transaction in progress ([`Store::transaction_api_mismatch`]). Checked when a
 /// real server checks the session out: before a retryable write's replay or its aborting of
@@ -355,9 +372,6 @@ pub(crate) fn transaction_api_refusal(
     process_id: ObjectId,
 ) -> Option<Document> {
     let number = command.get("txnNumber").and_then(integer)?;
-    if !crate::refusals::known_command(name) {
-        return None;
-    }
     let session = command.get_document("lsid").ok()?.to_vec().ok()?;
     let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
     let api = ApiParameters::of(command);
