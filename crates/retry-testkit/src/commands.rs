@@ -59,8 +59,10 @@ pub(crate) fn is_retryable_write(name: &str, command: &Document) -> bool {
 }
 
 /// The identity of a retryable write (`insert`, `update`, `delete`, `findAndModify`), when it
-/// is one: a retry with the same `lsid`, `txnNumber` and `stmtId` gets the first reply and does
-/// not run again (TK-*).
+/// is one: a retry with the same `lsid`, `txnNumber` and statement gets the first reply and does
+/// not run again (TK-*). Statements are numbered by their position from 0, as a real server
+/// numbers those of a driver's write, which sends no `stmtId` (the test server refuses one,
+/// [`ENVELOPE`]).
 pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
     let write = matches!(
         name,
@@ -71,11 +73,10 @@ pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
     }
     let session = command.get_document("lsid").ok()?.to_vec().ok()?;
     let txn_number = command.get("txnNumber").and_then(integer)?;
-    let stmt_id = command.get("stmtId").and_then(integer).unwrap_or(0);
     Some(WriteKey {
         session,
         txn_number,
-        stmt_id,
+        stmt_id: 0,
     })
 }
 
@@ -1563,8 +1564,12 @@ fn create_indexes(state: &mut Context<'_>, db: &str, command: &Document) -> Docu
 /// read preference, timeout, concerns and API version (the server reads or tolerates these).
 /// These are a real server's generic arguments of API version 1 (its `generic_args_api_v1`)
 /// but `stmtId` and `clientOperationKey`, which it acts on and the test server does not
-/// evaluate: where fields are checked those are refused (TK-2). The one list of them
-/// (`unknown_field`, `find`, `setParameter`; review12 finding 7).
+/// evaluate: where fields are checked those are refused (TK-2). `stmtId` (a write's first
+/// statement id, and a transaction statement's) is refused for every command before it runs:
+/// a real server accepts it, but no driver sends it (retryable-writes spec: the server numbers
+/// a write's statements by position, as the test server does from 0, [`write_key`]), and
+/// numbering from another start would change which retries the test server replays. The one
+/// list of them (`unknown_field`, `find`, `setParameter`; review12 finding 7).
 pub(crate) const ENVELOPE: &[&str] = &[
     "$db",
     "lsid",

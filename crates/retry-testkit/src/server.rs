@@ -1148,6 +1148,12 @@ impl Connection {
             if let Some(refusal) = crate::parameters::api_version_refusal(required, command) {
                 return Response::Reply(refusal);
             }
+            // TK-2: `stmtId` is refused loudly before the command runs (`commands::ENVELOPE`).
+            if command.contains_key("stmtId") {
+                let refusal = crate::commands::unsupported_reply("the stmtId argument");
+                state.unsupported.push(format!("{name}: stmtId"));
+                return Response::Reply(refusal);
+            }
             // HS-4, review7 finding 3: only the first hello of a connection may carry `client`.
             if hello {
                 if self.seen_hello && command.contains_key("client") {

@@ -191,6 +191,42 @@ async fn authenticate_is_in_api_version_1_and_unsupported_here() {
     .await;
 }
 
+/// TK-2 (leftovers11): `stmtId` is refused loudly (TestkitUnsupported, logged) before the
+/// command does anything: a real server accepts it (a generic argument: a write's first
+/// statement id) but no driver sends it, and the test server numbers statements by position.
+/// The refused retryable write inserted nothing and took no `txnNumber`: the same write without
+/// `stmtId` then runs as a first execution.
+#[tokio::test]
+async fn tk2_stmt_id_is_refused_before_the_command_runs() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let insert = |extra: Document| {
+            let mut body = doc! { "insert": "s", "documents": [{ "_id": 1 }], "$db": "db",
+            "lsid": lsid(), "txnNumber": 1_i64 };
+            body.extend(extra);
+            body
+        };
+        let reply = client.command(insert(doc! { "stmtId": 0 })).await.unwrap();
+        assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{reply}");
+        let reply = client
+            .command(doc! { "ping": 1, "$db": "admin", "stmtId": 3 })
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{reply}");
+        assert_eq!(server.handle().unsupported().len(), 2);
+        assert!(server.handle().documents("db.s").is_empty());
+        let reply = client.command(insert(doc! {})).await.unwrap();
+        assert_eq!(
+            (code(&reply), reply.get_i32("n").ok()),
+            (None, Some(1)),
+            "{reply}"
+        );
+        assert_eq!(server.handle().counters().command("insert").replayed, 0);
+        server.shutdown().await;
+    })
+    .await;
+}
+
 /// Review9 finding 9 (house rule 7): `_id`s compare with canonical numbers at every depth, as on
 /// a real server: `{_id: {a: 1}}` then `{_id: {a: 1.0}}` (or `NumberLong(1)`, or an array
 /// holding them) is a duplicate key, E11000 (code 11000); keys in another order are another id.
