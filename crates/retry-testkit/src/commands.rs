@@ -422,12 +422,16 @@ fn run(
     if let Some(refusal) = unknown_field(name, command) {
         return Some(refusal);
     }
-    // TK-15 (leftovers11): a transaction's command on a collection whose lock a waiting DDL
-    // command wants (`Store::lock_timeout`), before it reads or writes anything.
+    // TK-15 (leftovers11): a command on a collection whose lock a waiting DDL command wants,
+    // before it reads or writes anything: a transaction's cannot get it (`Store::lock_timeout`),
+    // one outside any queues behind it (`Store::ddl_queue`).
     if let Ok(collection) = command.get_str(name) {
         let ns = format!("{db}.{collection}");
         if let Some((code, message)) = state.store.lock_timeout(&ns) {
             return Some(error_reply(code, &message));
+        }
+        if let Err(error) = state.store.ddl_queue(&ns) {
+            return Some(query_error(error));
         }
     }
     Some(match name {
