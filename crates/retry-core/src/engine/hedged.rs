@@ -184,6 +184,21 @@ impl Operation {
     }
 }
 
+/// A new retry machine, recording its events or not (issue 9: the same actions and decisions).
+fn new_machine(
+    spec: OperationSpec,
+    options: &crate::policy::RetryOptions,
+    seed: u64,
+    record: bool,
+    now: Instant,
+) -> RetryMachine {
+    let machine = RetryMachine::new(spec, options, seed, now);
+    match record {
+        true => machine,
+        false => machine.without_events(),
+    }
+}
+
 impl Engine {
     /// The machine of a new operation, by its command's policy in the service config: a
     /// hedging machine when the policy is hedging and the operation may be hedged (see the module
@@ -245,20 +260,20 @@ impl Engine {
             _ => None,
         };
         let options = retry.as_ref().unwrap_or(&self.options.retry);
-        let machine = RetryMachine::new(spec, options, self.rng.next_u64(), now);
+        let seed = self.rng.next_u64();
         // Issue 9: events nobody listens to are not recorded (same actions and decisions).
-        let machine = match self.options.events.publishes_retry() {
-            true => machine,
-            false => machine.without_events(),
-        };
-        // Issue 9: in the box of a finished operation's machine when there is one.
-        OpMachine::Retry(match self.spare_machines.pop() {
-            Some(mut spare) => {
-                *spare = machine;
-                spare
+        let record = self.options.events.publishes_retry();
+        // Issue 9: a finished operation's machine, restarted in place when it records as this
+        // one must (the machine `new` makes, without building and moving 680 bytes twice).
+        if let Some(mut spare) = self.spare_machines.pop() {
+            if spare.records_events() == record {
+                spare.restart(spec, options, seed, now);
+            } else {
+                *spare = new_machine(spec, options, seed, record, now);
             }
-            None => Box::new(machine),
-        })
+            return OpMachine::Retry(spare);
+        }
+        OpMachine::Retry(Box::new(new_machine(spec, options, seed, record, now)))
     }
 
     /// Keeps a finished operation's retry machine box for the next operation (at most

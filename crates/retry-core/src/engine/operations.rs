@@ -623,15 +623,19 @@ impl Engine {
             }
         }
         self.operation_session_ended(&mut op, winner, result.is_ok(), now);
-        let Operation {
-            machine,
-            internal,
-            opened,
-            mut reply,
-            slots,
-            ..
-        } = *op;
-        self.keep_machine(machine);
+        // Issue 9: the fields are taken out of the box one by one (moving the whole operation
+        // out of it first copied its 888 bytes); the rest drops with the box.
+        let (internal, opened, reply) = (op.internal, op.opened.take(), op.reply.take());
+        // RW-3: the server that sent a success's reply (a reply the engine made has none).
+        let address = match (&result, reply.as_ref(), internal) {
+            (Ok(()), Some(_), false) => op
+                .slots
+                .get(winner)
+                .and_then(|slot| slot.server.as_ref())
+                .map(|server| server.address.clone()),
+            _ => None,
+        };
+        self.keep_machine(op.machine);
         if internal {
             return;
         }
@@ -639,15 +643,7 @@ impl Engine {
             self.events
                 .push_back(EngineEvent::CursorOpened { op: op_id, cursor });
         }
-        // RW-3: the server that sent a success's reply (a reply the engine made has none).
-        let address = match (&result, reply.as_ref()) {
-            (Ok(()), Some(_)) => slots
-                .get(winner)
-                .and_then(|slot| slot.server.as_ref())
-                .map(|server| server.address.clone()),
-            _ => None,
-        };
-        let result = result.map(|()| reply.take().unwrap_or_default());
+        let result = result.map(|()| reply.unwrap_or_default());
         self.events.push_back(EngineEvent::OperationFinished {
             op: op_id,
             result,
