@@ -722,14 +722,18 @@ pub struct Engine {
     draining: Option<OpId>,
     /// SRV polling (`srv_polling.rs`), when the options ask for it.
     srv: Option<crate::topology::SrvPoller>,
-    /// Boxes of finished operations' retry machines, reused by the next ones (issue 9). The
-    /// boxes are what is kept, so `Box` in a `Vec`.
+    /// Boxes of finished retry-machine operations, with their machines' boxes, reused by the
+    /// next operations (issue 9): a burst of finishes would otherwise free each through the
+    /// allocator's slow path, its thread cache holding only a few blocks per size. A kept
+    /// operation holds none of its caller's data (`Engine::keep_operation`). The boxes are what
+    /// is kept, so `Box` in a `Vec`.
     #[allow(clippy::vec_box)]
-    spare_machines: Vec<Box<RetryMachine>>,
+    spare_ops: Vec<Box<Operation>>,
 }
 
-/// The most retry machine boxes kept for reuse: a burst of 64 operations (about 44 KB).
-const SPARE_MACHINES: usize = 64;
+/// The most finished operations kept for reuse: a burst of 64 (about 100 KB with their
+/// machines).
+const SPARE_OPS: usize = 64;
 
 impl core::fmt::Debug for Engine {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -866,7 +870,7 @@ impl Engine {
             ending_sessions: false,
             draining: None,
             srv,
-            spare_machines: Vec::new(),
+            spare_ops: Vec::new(),
         };
         engine.schedule(Machine::Topology);
         engine.schedule_every_pool();
