@@ -422,6 +422,14 @@ fn run(
     if let Some(refusal) = unknown_field(name, command) {
         return Some(refusal);
     }
+    // TK-15 (leftovers11): a transaction's command on a collection whose lock a waiting DDL
+    // command wants (`Store::lock_timeout`), before it reads or writes anything.
+    if let Ok(collection) = command.get_str(name) {
+        let ns = format!("{db}.{collection}");
+        if let Some((code, message)) = state.store.lock_timeout(&ns) {
+            return Some(error_reply(code, &message));
+        }
+    }
     Some(match name {
         "ping" | "endSessions" => ok(),
         // UT-25, TK-15 (review8 finding 3): killing sessions aborts their transactions; an

@@ -68,8 +68,8 @@ pub(crate) const READ_PREFERENCE_MODES: [&str; 5] = [
 /// createIndexes, dropIndexes, saslStart; distinct and buildInfo are not; the `bulkWrite`
 /// command's IDL declares `api_version: "1"`, and so does `authenticate`'s, whose command class
 /// is generated as `AuthenticateCmdVersion1Gen`) and the Stable API changelog (the rest).
-/// `authenticate` (MONGODB-X509) is known but not run by the test server: TestkitUnsupported
-/// (TK-2). Not in it: `isMaster` / `ismaster` (`hello`
+/// `authenticate` and `collMod` (`apiVersions()` `kApiVersions1` in the server) are known but
+/// not run by the test server: TestkitUnsupported (TK-2). Not in it: `isMaster` / `ismaster` (`hello`
 /// replaced them), `buildInfo`, `distinct`, `killSessions`, `killAllSessions`,
 /// `configureFailPoint`, `deleteIndexes`.
 pub(crate) const API_VERSION_1: &[&str] = &[
@@ -77,6 +77,7 @@ pub(crate) const API_VERSION_1: &[&str] = &[
     "aggregate",
     "authenticate",
     "bulkWrite",
+    "collMod",
     "commitTransaction",
     "count",
     "create",
@@ -102,8 +103,11 @@ pub(crate) const API_VERSION_1: &[&str] = &[
 ];
 
 /// The test server's commands outside Stable API version 1 (every other command it runs is in
-/// [`API_VERSION_1`]): with `apiStrict: true` they are APIStrictError (323). A command in neither
-/// list is unknown ([`known_command`]).
+/// [`API_VERSION_1`]): with `apiStrict: true` they are APIStrictError (323). `mapReduce`,
+/// `renameCollection`, `replSetFreeze` and `replSetStepDown` are a real server's commands the
+/// test server knows but does not run: admitted like any command (a failCommand fail point
+/// naming one fires, as the spec tests expect), then TestkitUnsupported (TK-2). A command in
+/// neither list is unknown ([`known_command`]).
 const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
     "buildInfo",
     "buildinfo",
@@ -114,6 +118,10 @@ const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
     "ismaster",
     "killAllSessions",
     "killSessions",
+    "mapReduce",
+    "renameCollection",
+    "replSetFreeze",
+    "replSetStepDown",
     "setParameter",
 ];
 
