@@ -1019,13 +1019,32 @@ fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Doc
     doc! { "lastErrorObject": last_error, "value": value.map_or(Bson::Null, Bson::Document), "ok": 1.0 }
 }
 
+/// Review13 finding 3 (TK-2, house rule 7): the `query` of a `count` or `distinct` (`name`), by
+/// the commands' IDL (`query: type: object`): a document, or none for all documents; anything
+/// else TypeMismatch (14), "BSON field '<name>.query' is the wrong type ...". An explicit `null`
+/// is taken as none (what a real server answers to it is not verified).
+fn query_filter(command: &Document, name: &str) -> Result<Document, Document> {
+    match command.get("query") {
+        None | Some(Bson::Null) => Ok(Document::new()),
+        Some(Bson::Document(query)) => Ok(query.clone()),
+        Some(other) => Err(crate::refusals::wrong_type(
+            &format!("{name}.query"),
+            other,
+            "object",
+        )),
+    }
+}
+
 /// `{count: coll, query, skip, limit}`.
 fn count(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let collection = match collection_name(command, "count") {
         Ok(c) => c,
         Err(e) => return e,
     };
-    let filter = command.get_document("query").cloned().unwrap_or_default();
+    let filter = match query_filter(command, "count") {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
     match state.store.matching(&format!("{db}.{collection}"), &filter) {
         Ok(docs) => {
             let skip = command.get("skip").and_then(integer).unwrap_or(0).max(0) as usize;
@@ -1048,7 +1067,10 @@ fn distinct(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let Ok(key) = command.get_str("key") else {
         return error_reply(2, "distinct needs a key");
     };
-    let filter = command.get_document("query").cloned().unwrap_or_default();
+    let filter = match query_filter(command, "distinct") {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
     if key.contains('.') {
         return unsupported_reply(&format!("distinct on the path {key}"));
     }
