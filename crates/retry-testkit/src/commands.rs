@@ -1,6 +1,7 @@
 //! The commands the server runs once a request is admitted: hello, ping, the in-memory CRUD
-//! commands (TK-*), `configureFailPoint` and a few no-ops. A command not listed in [`execute`]
-//! is answered with `CommandNotFound` (59).
+//! commands (TK-*), `configureFailPoint` and a few no-ops. A command the server does not know
+//! (`refusals::known_command`) was answered with `CommandNotFound` (59) before it was admitted; a
+//! known one [`execute`] does not run is `TestkitUnsupported` (TK-2).
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
@@ -58,8 +59,10 @@ pub(crate) fn is_retryable_write(name: &str, command: &Document) -> bool {
 }
 
 /// The identity of a retryable write (`insert`, `update`, `delete`, `findAndModify`), when it
-/// is one: a retry with the same `lsid`, `txnNumber` and `stmtId` gets the first reply and does
-/// not run again (TK-*).
+/// is one: a retry with the same `lsid`, `txnNumber` and statement gets the first reply and does
+/// not run again (TK-*). Statements are numbered by their position from 0, as a real server
+/// numbers those of a driver's write, which sends no `stmtId` (the test server refuses one,
+/// [`ENVELOPE`]).
 pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
     let write = matches!(
         name,
@@ -70,11 +73,10 @@ pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
     }
     let session = command.get_document("lsid").ok()?.to_vec().ok()?;
     let txn_number = command.get("txnNumber").and_then(integer)?;
-    let stmt_id = command.get("stmtId").and_then(integer).unwrap_or(0);
     Some(WriteKey {
         session,
         txn_number,
-        stmt_id,
+        stmt_id: 0,
     })
 }
 
@@ -112,6 +114,22 @@ impl HelloAsk {
             load_balanced: matches!(command.get("loadBalanced"), Some(Bson::Boolean(true))),
         }
     }
+}
+
+/// LB-7 under a strict Stable API: a server parses its hello's fields with the request's
+/// `apiStrict`, and `loadBalanced` is an unstable field of the hello command (the server's
+/// hello.idl, `stability: unstable`): present with any value under `apiStrict: true`, the hello is
+/// APIStrictError (323) with the IDL parser's message (its context is named "hello" for the
+/// legacy names too, which `apiStrict: true` refuses earlier anyway). Checked when the hello runs
+/// (its parse is part of running it), after admission and the fail point.
+pub(crate) fn hello_refusal(command: &Document) -> Option<Document> {
+    let strict = matches!(command.get("apiStrict"), Some(Bson::Boolean(true)));
+    (strict && command.contains_key("loadBalanced")).then(|| {
+        crate::fail_point::error_reply(
+            323,
+            "BSON field 'hello.loadBalanced' is not allowed with apiStrict:true.",
+        )
+    })
 }
 
 /// HS-3, HS-4, LB-8: the reply to `hello` / legacy hello in `role`.
@@ -343,7 +361,7 @@ fn transaction_command(
     Ok(session)
 }
 
-/// Versioned-api "Transactions" (house rule 7): a command the server knows, with an `lsid` and
+/// Versioned-api "Transactions" (house rule 7): a command (known: unknown ones are 59 first), with an `lsid` and
 /// a `txnNumber`, refused with APIMismatchError (347) when its API parameters are not those of
 /// its session's transaction in progress ([`Store::transaction_api_mismatch`]). Checked when a
 /// real server checks the session out: before a retryable write's replay or its aborting of
@@ -355,9 +373,6 @@ pub(crate) fn transaction_api_refusal(
     process_id: ObjectId,
 ) -> Option<Document> {
     let number = command.get("txnNumber").and_then(integer)?;
-    if !crate::refusals::known_command(name) {
-        return None;
-    }
     let session = command.get_document("lsid").ok()?.to_vec().ok()?;
     let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
     let api = ApiParameters::of(command);
@@ -1570,8 +1585,12 @@ fn create_indexes(state: &mut Context<'_>, db: &str, command: &Document) -> Docu
 /// read preference, timeout, concerns and API version (the server reads or tolerates these).
 /// These are a real server's generic arguments of API version 1 (its `generic_args_api_v1`)
 /// but `stmtId` and `clientOperationKey`, which it acts on and the test server does not
-/// evaluate: where fields are checked those are refused (TK-2). The one list of them
-/// (`unknown_field`, `find`, `setParameter`; review12 finding 7).
+/// evaluate: where fields are checked those are refused (TK-2). `stmtId` (a write's first
+/// statement id, and a transaction statement's) is refused for every command before it runs:
+/// a real server accepts it, but no driver sends it (retryable-writes spec: the server numbers
+/// a write's statements by position, as the test server does from 0, [`write_key`]), and
+/// numbering from another start would change which retries the test server replays. The one
+/// list of them (`unknown_field`, `find`, `setParameter`; review12 finding 7).
 pub(crate) const ENVELOPE: &[&str] = &[
     "$db",
     "lsid",

@@ -863,10 +863,10 @@ fn statement_writes(
                     *held = Some(firing);
                     return Err(session);
                 }
-                let Some(reply) = reply else {
-                    let reply = error_reply(59, &format!("no such command: '{name}'"));
-                    return Ok(Response::Reply(reply));
-                };
+                // A known command the test server does not run (TK-2).
+                let reply = reply.unwrap_or_else(|| {
+                    crate::commands::unsupported_reply(&format!("command {name}"))
+                });
                 let done = retry_core::reply::is_ok(&reply) && !reply.contains_key("writeErrors");
                 if done {
                     state.data.lock().record_write(sub, reply.clone());
@@ -1133,16 +1133,25 @@ impl Connection {
             if let Some(refusal) = malformed {
                 return Response::Reply(refusal);
             }
+            // TK-2: the command is looked up before anything else reads the body.
+            if !crate::refusals::known_command(name, shared.max_wire_version) {
+                state.unsupported.push(format!("command {name}"));
+                return Response::Reply(crate::refusals::command_not_found(&state.role, name));
+            }
             if let Some(refusal) = self.auth.refuse(&state.users, name) {
                 return Response::Reply(refusal);
             }
             if let Some(refusal) = crate::refusals::refusal(&state.role, name, command) {
                 return Response::Reply(refusal);
             }
-            // A real server looks the command up first (`enforceRequireAPIVersion` takes it): an
-            // unknown one is CommandNotFound (59) whether it carries `apiVersion` or not.
-            let required = state.require_api_version && crate::refusals::known_command(name);
+            let required = state.require_api_version;
             if let Some(refusal) = crate::parameters::api_version_refusal(required, command) {
+                return Response::Reply(refusal);
+            }
+            // TK-2: `stmtId` is refused loudly before the command runs (`commands::ENVELOPE`).
+            if command.contains_key("stmtId") {
+                let refusal = crate::commands::unsupported_reply("the stmtId argument");
+                state.unsupported.push(format!("{name}: stmtId"));
                 return Response::Reply(refusal);
             }
             // HS-4, review7 finding 3: only the first hello of a connection may carry `client`.
@@ -1314,6 +1323,9 @@ impl Connection {
             }
         }
         let reply = if hello {
+            if let Some(refusal) = crate::commands::hello_refusal(command) {
+                return Ok(Response::Reply(refusal));
+            }
             let mut reply = self.hello_reply(&mut state, shared, name, HelloAsk::of(command));
             self.auth
                 .hello(&state.users, command, &mut reply, &mut self.rng);
@@ -1336,13 +1348,9 @@ impl Connection {
             *held = write_key.is_some().then_some(firing);
             return Err(session);
         }
-        let Some(mut reply) = reply else {
-            state.unsupported.push(format!("command {name}"));
-            return Ok(Response::Reply(error_reply(
-                59,
-                &format!("no such command: '{name}'"),
-            )));
-        };
+        // A known command the test server does not run (TK-2; logged just below).
+        let mut reply =
+            reply.unwrap_or_else(|| crate::commands::unsupported_reply(&format!("command {name}")));
         if let Some(what) = crate::commands::refusal(name, &reply) {
             state.unsupported.push(what);
         }

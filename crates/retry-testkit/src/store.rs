@@ -235,22 +235,32 @@ fn fractional_decimal(id: &Bson) -> bool {
 }
 
 /// TK-2 (review12 finding 2): `document` as every write that adds documents stores it
-/// (`insert`, `$out`, `$merge`): a missing `_id` becomes a new ObjectId, as a real server's
-/// insert adds one; an `_id` holding a Decimal128 that is not an int64 integer is refused
-/// ([`fractional_decimal`]).
-fn admit(mut document: Document) -> Result<Document, QueryError> {
-    match document.get("_id") {
-        None => {
-            document.insert("_id", ObjectId::new());
-        }
-        Some(id) if fractional_decimal(id) => {
-            return Err(QueryError::UnsupportedFilter(
-                "an _id holding a Decimal128 that is not an int64 integer".into(),
-            ));
-        }
-        Some(_) => {}
+/// (`insert`, `$out`, `$merge`): its `_id` first ([`id_first`]); an `_id` holding a Decimal128
+/// that is not an int64 integer is refused ([`fractional_decimal`]).
+fn admit(document: Document) -> Result<Document, QueryError> {
+    if document.get("_id").is_some_and(fractional_decimal) {
+        return Err(QueryError::UnsupportedFilter(
+            "an _id holding a Decimal128 that is not an int64 integer".into(),
+        ));
     }
-    Ok(document)
+    Ok(id_first(document))
+}
+
+/// TK-4 (house rule 7): `document` with its `_id` as the first field, as a real server stores a
+/// new document (the insert path's `fixDocumentForInsert`, an upsert's `ensureIdFieldIsFirst`):
+/// an `_id` elsewhere is moved to the front, a missing one is a new ObjectId at the front, the
+/// other fields keep their order.
+fn id_first(mut document: Document) -> Document {
+    if document.keys().next().map(String::as_str) == Some("_id") {
+        return document;
+    }
+    let id = document
+        .remove("_id")
+        .unwrap_or_else(|| Bson::ObjectId(ObjectId::new()));
+    let mut first = Document::new();
+    first.insert("_id", id);
+    first.extend(document);
+    first
 }
 
 /// TK-15: documents to put back ([`rebuild`]), by [`id_key`]: each as it was (`None`: absent) and
@@ -855,9 +865,7 @@ impl Store {
             if too_deep(&document) {
                 return Err(QueryError::TooDeep);
             }
-            if !document.contains_key("_id") {
-                document.insert("_id", ObjectId::new());
-            }
+            let document = id_first(document);
             let id = id_of(&document);
             let conflict = self.conflict(ns, &id);
             self.noted(conflict)?;
@@ -1338,14 +1346,8 @@ impl Store {
         self.collection_mut(ns);
         for document in documents {
             let target = self.collection_mut(ns);
-            let id = document.get("_id");
-            // The index says whether the `_id` is there; only a match is looked for.
-            let existing = id.filter(|id| target.contains_id(id)).and_then(|id| {
-                target
-                    .documents()
-                    .iter()
-                    .position(|d| d.get("_id").is_some_and(|d| equal(d, id)))
-            });
+            // The index says where the document with this `_id` is (house rule 9).
+            let existing = document.get("_id").and_then(|id| target.position_of(id));
             // TK-15: in a transaction, the document as it was goes into the undo log.
             let (before, index) = match existing {
                 Some(index) => {
@@ -1857,6 +1859,72 @@ mod tests {
         );
         assert_eq!(store.documents("db.c").len(), 10_002);
         assert_index_in_step(&store);
+    }
+
+    /// House rule 9 (leftovers11): a `$merge` into a document that is there finds it through the
+    /// `_id` index and the insertion numbers, comparing no stored document, also after removals
+    /// moved the documents; the document it finds is the one with that `_id`.
+    #[test]
+    fn house_rule_9_merge_into_an_existing_id_compares_no_document() {
+        let mut store = store_with(10_000);
+        store.delete("db.c", &doc! { "_id": 0 }, false).unwrap();
+        store.delete("db.c", &doc! { "_id": 10 }, false).unwrap();
+        let calls = || crate::query::EQUAL_CALLS.with(core::cell::Cell::get);
+        let start = calls();
+        store
+            .merge(
+                "db.c",
+                vec![doc! { "_id": 5_000, "m": 1 }, doc! { "_id": 9_999, "m": 2 }],
+            )
+            .unwrap();
+        assert_eq!(calls() - start, 0);
+        let documents = store.documents("db.c");
+        assert_eq!(documents.len(), 9_998);
+        assert_eq!(
+            documents[4_998],
+            doc! { "_id": 5_000, "even": true, "m": 1 }
+        );
+        assert_eq!(
+            documents[9_997],
+            doc! { "_id": 9_999, "even": false, "m": 2 }
+        );
+        assert_index_in_step(&store);
+    }
+
+    /// TK-4 (house rule 7): a stored document's `_id` is its first field, as a real server's
+    /// `fixDocumentForInsert` (insert, `$out`, `$merge`) and an upsert's `ensureIdFieldIsFirst`
+    /// store it: a generated one at the front, one sent elsewhere moved there, the other fields
+    /// in their order.
+    #[test]
+    fn tk4_a_stored_documents_id_comes_first() {
+        let keys = |document: &Document| document.keys().cloned().collect::<Vec<_>>();
+        let mut store = Store::default();
+        let batch = vec![doc! { "x": 1, "y": 2 }, doc! { "x": 3, "_id": 7, "y": 4 }];
+        store.insert("db.c", batch, true).unwrap();
+        let upsert = store.update(
+            "db.c",
+            &doc! { "a": 1 },
+            &doc! { "$set": { "b": 2 } },
+            false,
+            true,
+        );
+        assert!(upsert.is_ok(), "{upsert:?}");
+        store
+            .merge("db.c", vec![doc! { "m": 1, "_id": 8 }, doc! { "n": 1 }])
+            .unwrap();
+        let documents = store.documents("db.c");
+        assert_eq!(keys(&documents[0]), ["_id", "x", "y"]);
+        assert!(matches!(documents[0].get("_id"), Some(Bson::ObjectId(_))));
+        assert_eq!(documents[1], doc! { "_id": 7, "x": 3, "y": 4 });
+        assert_eq!(keys(&documents[2]), ["_id", "a", "b"]);
+        assert_eq!(documents[3], doc! { "_id": 8, "m": 1 });
+        assert_eq!(keys(&documents[4]), ["_id", "n"]);
+        store
+            .replace_collection("db.o", vec![doc! { "z": 1, "_id": 2 }, doc! { "z": 2 }])
+            .unwrap();
+        let out = store.documents("db.o");
+        assert_eq!(out[0], doc! { "_id": 2, "z": 1 });
+        assert_eq!(keys(&out[1]), ["_id", "z"]);
     }
 
     /// Leftovers10 item 3: the `_id` index follows every change: insert, update (an `_id`

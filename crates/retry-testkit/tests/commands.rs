@@ -95,6 +95,138 @@ async fn unknown_commands_are_command_not_found() {
     .await;
 }
 
+/// TK-2 (house rule 7): a real server looks a command up before anything reads its body (mongod:
+/// `findCommand` before `execCommandDatabase`; a mongos: first in `_parseCommand`), so an unknown
+/// command is CommandNotFound (59) whatever else it carries: not the session, transaction,
+/// concern or `maxTimeMS` refusals, not a failCommand fail point naming it, not an
+/// authentication refusal; the router's message on a mongos, the mongod's on a standalone; each
+/// in the unsupported log.
+#[tokio::test]
+async fn tk2_an_unknown_command_is_59_before_every_other_check() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let fail = doc! { "failCommands": ["frobnicate"], "errorCode": 91 };
+        let reply = client
+            .command(fail_point(Bson::from("alwaysOn"), fail))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let unknown = |extra: Document| {
+            let mut body = doc! { "frobnicate": 1, "$db": "db" };
+            body.extend(extra);
+            body
+        };
+        let cases = [
+            doc! {},
+            doc! { "txnNumber": 1_i64 },
+            doc! { "lsid": "not a document" },
+            doc! { "lsid": lsid(), "txnNumber": 1_i32 },
+            doc! { "readConcern": 5 },
+            doc! { "readConcern": { "level": "bogus" } },
+            doc! { "maxTimeMS": -1 },
+            doc! { "lsid": lsid(), "txnNumber": 1_i64, "autocommit": true },
+        ];
+        for extra in cases {
+            let body = unknown(extra);
+            let reply = client.command(body.clone()).await.unwrap();
+            assert_eq!(code(&reply), Some(59), "{body}: {reply}");
+            assert_eq!(
+                reply.get_str("errmsg").ok(),
+                Some("no such cmd: frobnicate")
+            );
+        }
+        assert_eq!(
+            server.handle().unsupported().len(),
+            8,
+            "{:?}",
+            server.handle().unsupported()
+        );
+        server.shutdown().await;
+
+        let config = ServerConfig::new(retry_testkit::Role::Standalone).with_user("u", "p", &[]);
+        let server = TestServer::start(config).await.expect("server starts");
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let reply = client.command(unknown(doc! {})).await.unwrap();
+        assert_eq!(code(&reply), Some(59), "unauthenticated: {reply}");
+        assert_eq!(
+            reply.get_str("errmsg").ok(),
+            Some("no such command: 'frobnicate'")
+        );
+        let reply = client
+            .command(doc! { "find": "c", "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(
+            code(&reply),
+            Some(13),
+            "a known command needs authentication: {reply}"
+        );
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// Item 2 (house rule 7): `authenticate` (MONGODB-X509, AU-5) is in Stable API version 1 (the
+/// server's IDL: `api_version: "1"`), so `apiStrict: true` does not refuse it and it needs no
+/// authentication; the test server does not run it: TestkitUnsupported, logged (TK-2), never 59
+/// or 323.
+#[tokio::test]
+async fn authenticate_is_in_api_version_1_and_unsupported_here() {
+    bounded(async {
+        let config = ServerConfig::new(retry_testkit::Role::Standalone).with_user("u", "p", &[]);
+        let server = TestServer::start(config).await.expect("server starts");
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let body = doc! { "authenticate": 1, "mechanism": "MONGODB-X509", "$db": "$external",
+        "apiVersion": "1", "apiStrict": true };
+        let reply = client.command(body).await.unwrap();
+        assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{reply}");
+        assert_eq!(
+            server.handle().unsupported().len(),
+            1,
+            "{:?}",
+            server.handle().unsupported()
+        );
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-2 (leftovers11): `stmtId` is refused loudly (TestkitUnsupported, logged) before the
+/// command does anything: a real server accepts it (a generic argument: a write's first
+/// statement id) but no driver sends it, and the test server numbers statements by position.
+/// The refused retryable write inserted nothing and took no `txnNumber`: the same write without
+/// `stmtId` then runs as a first execution.
+#[tokio::test]
+async fn tk2_stmt_id_is_refused_before_the_command_runs() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let insert = |extra: Document| {
+            let mut body = doc! { "insert": "s", "documents": [{ "_id": 1 }], "$db": "db",
+            "lsid": lsid(), "txnNumber": 1_i64 };
+            body.extend(extra);
+            body
+        };
+        let reply = client.command(insert(doc! { "stmtId": 0 })).await.unwrap();
+        assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{reply}");
+        let reply = client
+            .command(doc! { "ping": 1, "$db": "admin", "stmtId": 3 })
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{reply}");
+        assert_eq!(server.handle().unsupported().len(), 2);
+        assert!(server.handle().documents("db.s").is_empty());
+        let reply = client.command(insert(doc! {})).await.unwrap();
+        assert_eq!(
+            (code(&reply), reply.get_i32("n").ok()),
+            (None, Some(1)),
+            "{reply}"
+        );
+        assert_eq!(server.handle().counters().command("insert").replayed, 0);
+        server.shutdown().await;
+    })
+    .await;
+}
+
 /// Review9 finding 9 (house rule 7): `_id`s compare with canonical numbers at every depth, as on
 /// a real server: `{_id: {a: 1}}` then `{_id: {a: 1.0}}` (or `NumberLong(1)`, or an array
 /// holding them) is a duplicate key, E11000 (code 11000); keys in another order are another id.

@@ -754,6 +754,14 @@ pub enum EngineError {
     Handshake(crate::handshake::MetadataError),
     /// The handshake command cannot be encoded (WP-7).
     HandshakeEncoding(crate::wire::EncodeError),
+    /// Load-balanced mode with a strict Stable API (`ServerApi::strict == Some(true)`): the
+    /// handshake must carry `loadBalanced: true` (LB-7) and `apiStrict: true` (HS-2, versioned-api
+    /// "Command Syntax"), and a server refuses that hello: `loadBalanced` is an unstable field of
+    /// the server's hello command (hello.idl, `stability: unstable`), parsed with the request's
+    /// `apiStrict`, so every handshake would fail with APIStrictError (323). Neither spec allows
+    /// dropping either field, so the engine refuses the combination instead of failing every
+    /// connection. `apiStrict: false` or unset works.
+    LoadBalancedStrictApi,
 }
 
 impl core::fmt::Display for EngineError {
@@ -762,6 +770,11 @@ impl core::fmt::Display for EngineError {
             EngineError::Settings(e) => write!(f, "invalid topology settings: {e}"),
             EngineError::Handshake(e) => write!(f, "invalid handshake: {e}"),
             EngineError::HandshakeEncoding(e) => write!(f, "the handshake cannot be encoded: {e}"),
+            EngineError::LoadBalancedStrictApi => f.write_str(
+                "loadBalanced=true cannot be used with a strict Stable API (apiStrict: true): a \
+                 server refuses the handshake's loadBalanced field under apiStrict \
+                 (APIStrictError, 323); leave ServerApi::strict unset or false",
+            ),
         }
     }
 }
@@ -772,6 +785,7 @@ impl core::error::Error for EngineError {
             EngineError::Settings(e) => Some(e),
             EngineError::Handshake(e) => Some(e),
             EngineError::HandshakeEncoding(e) => Some(e),
+            EngineError::LoadBalancedStrictApi => None,
         }
     }
 }
@@ -786,9 +800,16 @@ impl Engine {
     /// An engine for `options`, starting at `now`: monitors start at once (none in load-balanced
     /// mode, LB-3).
     ///
-    /// Fails when the topology settings are inconsistent or the handshake cannot be built.
+    /// Fails when the topology settings are inconsistent, the handshake cannot be built, or
+    /// load-balanced mode meets a strict Stable API ([`EngineError::LoadBalancedStrictApi`]).
     pub fn new(mut options: EngineOptions, now: Instant) -> Result<Engine, EngineError> {
         options.handshake.load_balanced = options.topology.load_balanced;
+        let strict = |api: &crate::handshake::ServerApi| api.strict == Some(true);
+        if options.topology.load_balanced
+            && options.handshake.server_api.as_ref().is_some_and(strict)
+        {
+            return Err(EngineError::LoadBalancedStrictApi);
+        }
         let topology = Topology::new(options.topology.clone(), now)?;
         // Built and encoded once here, so that opening a socket cannot fail later.
         let handshake = options

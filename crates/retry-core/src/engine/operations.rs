@@ -89,24 +89,28 @@ impl Engine {
     pub fn start_operation(&mut self, request: OperationRequest, now: Instant) -> OpId {
         if self.closed {
             let op = self.next_op_id();
-            return self.finished_at_once(op, Err(OperationError::cancelled()));
+            return self.finished_at_once(op, false, Err(OperationError::cancelled()));
         }
         self.launch(request, false, now)
     }
 
     /// Finishes `op` before it reaches any machine (closed engine, refused request, a
-    /// transaction command with nothing to do): its only event, with no server (issue 9 item 2:
-    /// every operation ends exactly once).
-    fn finished_at_once(
+    /// transaction command with nothing to do, a cursor that is not open or LB-11 closes): its
+    /// only event, with no server (issue 9 item 2: every operation ends exactly once). An
+    /// `internal` operation reports none, as in `finish`.
+    pub(super) fn finished_at_once(
         &mut self,
         op: OpId,
+        internal: bool,
         result: Result<RawDocumentBuf, OperationError>,
     ) -> OpId {
-        self.events.push_back(EngineEvent::OperationFinished {
-            op,
-            result,
-            address: None,
-        });
+        if !internal {
+            self.events.push_back(EngineEvent::OperationFinished {
+                op,
+                result,
+                address: None,
+            });
+        }
         op
     }
 
@@ -166,7 +170,7 @@ impl Engine {
         if let Some(raw) = request.encoded.take() {
             let inspected = match encoded::inspect(&raw, &request.command) {
                 Ok(inspected) => inspected,
-                Err(error) => return self.finished_at_once(op, Err(error)),
+                Err(error) => return self.finished_at_once(op, internal, Err(error)),
             };
             // Versioned-api spec: a caller's API field is replaced, so it must not stay encoded.
             let api_field = self.api.is_some() && inspected.api_field;
@@ -187,14 +191,14 @@ impl Engine {
         // TX-1, TX-2: an operation naming a session runs through its transaction.
         match self.transaction_request(&mut request) {
             Ok(true) => {}
-            Ok(false) => return self.finished_at_once(op, Ok(RawDocumentBuf::new())),
-            Err(error) => return self.finished_at_once(op, Err(error)),
+            Ok(false) => return self.finished_at_once(op, internal, Ok(RawDocumentBuf::new())),
+            Err(error) => return self.finished_at_once(op, internal, Err(error)),
         }
         let (mut session, gossip) = match self.operation_session(&request, unacknowledged) {
             Ok(session) => session,
             Err(error) => {
                 self.restore_transaction(request.session, before);
-                return self.finished_at_once(op, Err(error));
+                return self.finished_at_once(op, internal, Err(error));
             }
         };
         if internal {
@@ -211,7 +215,7 @@ impl Engine {
         };
         let (mut pinned_server, mut pinned_conn) = (None, None);
         if let CursorUse::GetMore(handle) | CursorUse::Close(handle) = request.cursor {
-            match self.cursor_route(op, handle, request.cursor, now) {
+            match self.cursor_route(op, internal, handle, request.cursor, now) {
                 Some((server, conn)) => {
                     pinned_server = Some(server);
                     pinned_conn = conn;

@@ -894,6 +894,23 @@ fn generic_field_cases() -> Vec<(&'static str, Document, Option<i32>)> {
             doc! { "distinct": "c", "key": "a", "$db": "test", "apiVersion": "1", "apiStrict": false },
             None,
         ),
+        // LB-7 under `apiStrict: true`: the hello's unstable `loadBalanced` field is
+        // APIStrictError (323) whatever its value; with `apiStrict: false` it runs.
+        (
+            "apiStrict hello loadBalanced",
+            hello(doc! { "loadBalanced": true, "apiVersion": "1", "apiStrict": true }),
+            Some(323),
+        ),
+        (
+            "apiStrict hello loadBalanced false",
+            hello(doc! { "apiVersion": "1", "apiStrict": true, "loadBalanced": false }),
+            Some(323),
+        ),
+        (
+            "apiStrict false hello loadBalanced",
+            hello(doc! { "loadBalanced": true, "apiVersion": "1", "apiStrict": false }),
+            None,
+        ),
         (
             "apiStrict hello",
             hello(doc! { "apiVersion": "1", "apiStrict": true }),
