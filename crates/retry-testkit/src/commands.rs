@@ -1952,4 +1952,103 @@ mod tests {
             assert!(distinct_values(refused.iter()).is_err(), "{refused:?}");
         }
     }
+
+    /// Review13 finding 2 (TK-2, house rule 7): the arms of [`run`], listed once here.
+    const DISPATCHED: &[&str] = &[
+        "ping",
+        "endSessions",
+        "killAllSessions",
+        "killSessions",
+        "buildInfo",
+        "buildinfo",
+        "insert",
+        "update",
+        "delete",
+        "findAndModify",
+        "bulkWrite",
+        "count",
+        "distinct",
+        "aggregate",
+        "create",
+        "drop",
+        "dropDatabase",
+        "listCollections",
+        "listDatabases",
+        "listIndexes",
+        "createIndexes",
+        "dropIndexes",
+        "deleteIndexes",
+        "commitTransaction",
+        "abortTransaction",
+        "find",
+        "getMore",
+        "killCursors",
+    ];
+
+    /// The known commands other handlers run: hellos (the server), the authentication commands
+    /// (`auth`), `configureFailPoint` and `setParameter` ([`execute`]).
+    const RUN_ELSEWHERE: &[&str] = &[
+        "hello",
+        "isMaster",
+        "ismaster",
+        "saslStart",
+        "saslContinue",
+        "authenticate",
+        "configureFailPoint",
+        "setParameter",
+    ];
+
+    /// What [`run`] answers `{<name>: "c", $db: "db"}` on a server of `max_wire_version`.
+    fn dispatch(store: &mut Store, name: &str, max_wire_version: i32) -> Option<Document> {
+        let request = OpMsg {
+            request_id: 1,
+            response_to: 0,
+            flags: Default::default(),
+            body: doc! { name: "c", "$db": "db" },
+            sequences: Vec::new(),
+        };
+        let mut context = Context {
+            store,
+            batch_size: 101,
+            origin: CursorOrigin {
+                owner: ObjectId::from_bytes([1; 12]),
+                lsid: None,
+                txn_number: None,
+                api: ApiParameters::NONE,
+                router: false,
+            },
+            router: None,
+        };
+        run(&mut context, name, &request, max_wire_version)
+    }
+
+    /// Review13 finding 2 (TK-2, house rule 7): the known commands
+    /// (`refusals::known_command`, which gates every API check and answers 59 for the rest) and
+    /// the commands the test server runs stay in step: every arm of [`run`] is known and runs,
+    /// every known command is run by [`run`] or another handler, and `bulkWrite` is known and
+    /// run only from wire version 25 (8.0; a 7.0 server answers 59, not an API error).
+    #[test]
+    fn review13_f2_tk2_known_commands_and_the_dispatcher_stay_in_step() {
+        use crate::refusals::{known_command, API_VERSION_1, KNOWN_OUTSIDE_API_VERSION_1};
+        let mut store = Store::default();
+        for name in DISPATCHED {
+            assert!(known_command(name, 25), "{name} runs but is unknown");
+            assert!(dispatch(&mut store, name, 25).is_some(), "{name} not run");
+        }
+        for name in API_VERSION_1.iter().chain(KNOWN_OUTSIDE_API_VERSION_1) {
+            let run_somewhere = DISPATCHED.contains(name) || RUN_ELSEWHERE.contains(name);
+            assert!(run_somewhere, "{name} is known but nothing runs it");
+        }
+        for name in RUN_ELSEWHERE {
+            assert!(known_command(name, 25), "{name}");
+            assert!(
+                dispatch(&mut store, name, 25).is_none(),
+                "{name} is run twice"
+            );
+        }
+        assert!(!known_command("bulkWrite", 21));
+        assert!(dispatch(&mut store, "bulkWrite", 21).is_none());
+        assert!(!known_command("frobnicate", 25));
+        assert!(dispatch(&mut store, "frobnicate", 25).is_none());
+    }
 }

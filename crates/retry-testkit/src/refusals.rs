@@ -107,7 +107,7 @@ pub(crate) const API_VERSION_1: &[&str] = &[
 /// The test server's commands outside Stable API version 1 (every other command it runs is in
 /// [`API_VERSION_1`]): with `apiStrict: true` they are APIStrictError (323). A command in neither
 /// list is unknown ([`known_command`]).
-const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
+pub(crate) const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
     "buildInfo",
     "buildinfo",
     "configureFailPoint",
@@ -149,12 +149,10 @@ const WRITE_CONCERN_COMMANDS: &[&str] = &[
 /// `uassertCommandDoesNotSpecifyWriteConcern`, for `getMore` too) and a mongos alike. The server
 /// checks it once the command is parsed and the failCommand fail point passed, before it checks
 /// the session out and runs the command. Inside a transaction the earlier refusal of any
-/// statement's `writeConcern` (72, [`refusal`]) answers first. An unknown command is
-/// CommandNotFound (59) instead.
+/// statement's `writeConcern` (72, [`refusal`]) answers first. Only asked about a known command:
+/// an unknown one was CommandNotFound (59, [`known_command`]) before.
 pub(crate) fn write_concern_refusal(name: &str, command: &Document) -> Option<Document> {
-    let known = API_VERSION_1.contains(&name) || KNOWN_OUTSIDE_API_VERSION_1.contains(&name);
-    let refused =
-        known && command.contains_key("writeConcern") && !WRITE_CONCERN_COMMANDS.contains(&name);
+    let refused = command.contains_key("writeConcern") && !WRITE_CONCERN_COMMANDS.contains(&name);
     refused.then(|| error_reply(72, "Command does not support writeConcern"))
 }
 
