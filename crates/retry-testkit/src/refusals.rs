@@ -29,6 +29,9 @@
 //!   and abort ("writeConcern is not allowed within a multi-statement transaction", 72), and a
 //!   `readConcern` on a command that does not start it ("Only the first command in a transaction
 //!   may specify a readConcern", 72).
+//! - Outside a transaction, a `writeConcern` on a command that takes none (`find`, `count`,
+//!   `getMore`, `ping`, ...): InvalidOptions (72), "Command does not support writeConcern"
+//!   ([`write_concern_refusal`], checked after the fail point).
 //! - The generic fields (review7 finding 3, [`generic_field_refusal`]): `apiVersion`,
 //!   `apiStrict`, `apiDeprecationErrors`, `$readPreference`, a hello's `client` and
 //!   `compression` of the wrong type or value.
@@ -108,7 +111,7 @@ pub(crate) const API_VERSION_1: &[&str] = &[
 /// test server knows but does not run: admitted like any command (a failCommand fail point
 /// naming one fires, as the spec tests expect), then TestkitUnsupported (TK-2). A command in
 /// neither list is unknown ([`known_command`]).
-const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
+pub(crate) const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
     "buildInfo",
     "buildinfo",
     "configureFailPoint",
@@ -124,6 +127,42 @@ const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
     "replSetStepDown",
     "setParameter",
 ];
+
+/// The test server's commands a real server runs with a `writeConcern`: those whose
+/// `supportsWriteConcern()` is true (the writes, `create`, `drop`, `dropDatabase`, the index
+/// commands, commit and abort), and `aggregate` whatever its pipeline (the server's jstests
+/// aggregation_accepts_write_concern.js). Every other command it knows refuses one
+/// ([`write_concern_refusal`]).
+const WRITE_CONCERN_COMMANDS: &[&str] = &[
+    "abortTransaction",
+    "aggregate",
+    "bulkWrite",
+    "commitTransaction",
+    "create",
+    "createIndexes",
+    "delete",
+    "deleteIndexes",
+    "drop",
+    "dropDatabase",
+    "dropIndexes",
+    "findAndModify",
+    "insert",
+    "update",
+];
+
+/// TK-2, review13 finding 1 (house rule 7): a `writeConcern` (any value, `{}` included) on a
+/// known command whose `supportsWriteConcern()` is false (`find`, `count`, `distinct`, `getMore`,
+/// `killCursors`, `ping`, `hello`, the `list*` commands, `setParameter`, ...) is InvalidOptions
+/// (72), "Command does not support writeConcern", on a mongod (`service_entry_point_common`:
+/// `uassertCommandDoesNotSpecifyWriteConcern`, for `getMore` too) and a mongos alike. The server
+/// checks it once the command is parsed and the failCommand fail point passed, before it checks
+/// the session out and runs the command. Inside a transaction the earlier refusal of any
+/// statement's `writeConcern` (72, [`refusal`]) answers first. Only asked about a known command:
+/// an unknown one was CommandNotFound (59, [`known_command`]) before.
+pub(crate) fn write_concern_refusal(name: &str, command: &Document) -> Option<Document> {
+    let refused = command.contains_key("writeConcern") && !WRITE_CONCERN_COMMANDS.contains(&name);
+    refused.then(|| error_reply(72, "Command does not support writeConcern"))
+}
 
 /// TK-15, versioned-api "Cursors" and "Transactions": the Stable API parameters a command sent,
 /// compared as a real server compares them (`APIParameters`' `operator==`, field by field with

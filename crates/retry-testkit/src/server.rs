@@ -1294,6 +1294,11 @@ impl Connection {
         let command = &request.body;
         let hello = is_hello(name);
         let mut state = shared.lock();
+        // Review13 finding 1: a `writeConcern` on a command that takes none, after the fail
+        // point and before the session is checked out, as a real server checks it.
+        if let Some(reply) = crate::refusals::write_concern_refusal(name, command) {
+            return Ok(Response::Reply(reply));
+        }
         // Versioned-api "Transactions": checked as a server checks the session out, after the
         // fail point and before the command (a retryable write's replay included).
         let router = self.router(shared);

@@ -1235,6 +1235,47 @@ async fn unknown_fields_are_refused() {
     .await;
 }
 
+/// Review13 finding 3 (TK-2, house rule 7): a `count` or `distinct` `query` that is not a
+/// document is TypeMismatch (14) with the IDL parser's message, as on a real server (the
+/// commands' IDL: `query: type: object`), never a match of every document.
+#[tokio::test]
+async fn review13_f3_a_query_that_is_not_a_document_is_type_mismatch() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let insert = doc! { "insert": "c", "documents": [{ "a": 1 }, { "a": 2 }], "$db": "db" };
+        assert_eq!(code(&client.command(insert).await.unwrap()), None);
+        for (name, query, kind) in [
+            ("count", Bson::Int32(5), "int"),
+            ("count", Bson::String("x".into()), "string"),
+            ("distinct", Bson::Int32(5), "int"),
+            ("distinct", Bson::Array(vec![]), "array"),
+        ] {
+            let mut command = doc! { name: "c", "query": query, "$db": "db" };
+            if name == "distinct" {
+                command.insert("key", "a");
+            }
+            let reply = client.command(command.clone()).await.unwrap();
+            assert_eq!(code(&reply), Some(14), "{command}: {reply}");
+            let message = format!(
+                "BSON field '{name}.query' is the wrong type '{kind}', expected type 'object'"
+            );
+            assert_eq!(reply.get_str("errmsg").ok(), Some(message.as_str()));
+        }
+        let count = doc! { "count": "c", "query": { "a": 2 }, "$db": "db" };
+        let reply = client.command(count).await.unwrap();
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        let distinct = doc! { "distinct": "c", "key": "a", "$db": "db" };
+        let reply = client.command(distinct).await.unwrap();
+        assert_eq!(
+            reply.get_array("values").map(Vec::len).ok(),
+            Some(2),
+            "{reply}"
+        );
+        server.shutdown().await;
+    })
+    .await;
+}
+
 /// TK-6: a retryable write (lsid + txnNumber, no transaction) may not touch several documents:
 /// `multi: true` and `limit: 0` are InvalidOptions (72).
 #[tokio::test]

@@ -666,6 +666,9 @@ pub struct Engine {
     selection_cache: SelectionCache,
     servers: Vec<Server>,
     server_ids: BTreeMap<ServerAddress, ServerId>,
+    /// The entry of `server_ids` found last (issue 9: an attempt's server is nearly always the
+    /// one before); dropped with the entry.
+    last_server: Option<(ServerAddress, ServerId)>,
     sockets: IdTable<ConnId, Socket>,
     /// Pool connection → socket.
     pool_sockets: BTreeMap<(ServerId, ConnectionId), ConnId>,
@@ -719,14 +722,18 @@ pub struct Engine {
     draining: Option<OpId>,
     /// SRV polling (`srv_polling.rs`), when the options ask for it.
     srv: Option<crate::topology::SrvPoller>,
-    /// Boxes of finished operations' retry machines, reused by the next ones (issue 9). The
-    /// boxes are what is kept, so `Box` in a `Vec`.
+    /// Boxes of finished retry-machine operations, with their machines' boxes, reused by the
+    /// next operations (issue 9): a burst of finishes would otherwise free each through the
+    /// allocator's slow path, its thread cache holding only a few blocks per size. A kept
+    /// operation holds none of its caller's data (`Engine::keep_operation`). The boxes are what
+    /// is kept, so `Box` in a `Vec`.
     #[allow(clippy::vec_box)]
-    spare_machines: Vec<Box<RetryMachine>>,
+    spare_ops: Vec<Box<Operation>>,
 }
 
-/// The most retry machine boxes kept for reuse: a burst of 64 operations (about 44 KB).
-const SPARE_MACHINES: usize = 64;
+/// The most finished operations kept for reuse: a burst of 64 (about 100 KB with their
+/// machines).
+const SPARE_OPS: usize = 64;
 
 impl core::fmt::Debug for Engine {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -834,6 +841,7 @@ impl Engine {
             selection_cache: SelectionCache::default(),
             servers: Vec::new(),
             server_ids: BTreeMap::new(),
+            last_server: None,
             sockets: IdTable::default(),
             pool_sockets: BTreeMap::new(),
             ops: IdTable::default(),
@@ -862,7 +870,7 @@ impl Engine {
             ending_sessions: false,
             draining: None,
             srv,
-            spare_machines: Vec::new(),
+            spare_ops: Vec::new(),
         };
         engine.schedule(Machine::Topology);
         engine.schedule_every_pool();
@@ -1121,8 +1129,14 @@ impl Engine {
 
     /// The id of the server at `address` while it is in the topology, made on first use.
     fn server_id(&mut self, address: &ServerAddress) -> ServerId {
-        if let Some(id) = self.server_ids.get(address) {
-            return *id;
+        if let Some((last, id)) = &self.last_server {
+            if last == address {
+                return *id;
+            }
+        }
+        if let Some(id) = self.server_ids.get(address).copied() {
+            self.last_server = Some((address.clone(), id));
+            return id;
         }
         let id = ServerId(self.servers.len() as u32);
         self.servers.push(Server {
@@ -1141,7 +1155,9 @@ impl Engine {
 
     /// The server's pool: the topology's while it is a member, then the retired one. The
     /// topology's is found at the position it had last time when it is still there (one
-    /// comparison, house rule 9), else looked up and its position kept.
+    /// comparison, house rule 9), else looked up and its position kept. Inlined (issue 9): a
+    /// call's own entry and exit cost about as much as the comparison.
+    #[inline(always)]
     fn pool_mut(&mut self, server: ServerId) -> Option<&mut Pool> {
         let entry = &mut self.servers[server.0 as usize];
         match entry.retired_pool.as_deref_mut() {
@@ -1159,6 +1175,7 @@ impl Engine {
         }
     }
 
+    #[inline(always)]
     fn pool(&self, server: ServerId) -> Option<&Pool> {
         let entry = self.server(server);
         match entry.retired_pool.as_deref() {
