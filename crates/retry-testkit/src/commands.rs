@@ -2006,6 +2006,16 @@ mod tests {
         "setParameter",
     ];
 
+    /// A real server's commands the test server knows but does not run: admitted like any
+    /// command, then TestkitUnsupported from the server's fallback (TK-2).
+    const KNOWN_NOT_RUN: &[&str] = &[
+        "collMod",
+        "mapReduce",
+        "renameCollection",
+        "replSetFreeze",
+        "replSetStepDown",
+    ];
+
     /// What [`run`] answers `{<name>: "c", $db: "db"}` on a server of `max_wire_version`.
     fn dispatch(store: &mut Store, name: &str, max_wire_version: i32) -> Option<Document> {
         let request = OpMsg {
@@ -2044,8 +2054,14 @@ mod tests {
             assert!(dispatch(&mut store, name, 25).is_some(), "{name} not run");
         }
         for name in API_VERSION_1.iter().chain(KNOWN_OUTSIDE_API_VERSION_1) {
-            let run_somewhere = DISPATCHED.contains(name) || RUN_ELSEWHERE.contains(name);
+            let run_somewhere = DISPATCHED.contains(name)
+                || RUN_ELSEWHERE.contains(name)
+                || KNOWN_NOT_RUN.contains(name);
             assert!(run_somewhere, "{name} is known but nothing runs it");
+        }
+        for name in KNOWN_NOT_RUN {
+            assert!(known_command(name, 25), "{name}");
+            assert!(dispatch(&mut store, name, 25).is_none(), "{name} is run");
         }
         for name in RUN_ELSEWHERE {
             assert!(known_command(name, 25), "{name}");
