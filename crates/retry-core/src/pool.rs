@@ -567,6 +567,15 @@ impl Pool {
                     establishing: None,
                     indexed: None,
                 };
+                // Issue 9: with nobody waiting ahead (CM-8), an available connection serves the
+                // checkout without it entering the wait queue; the same steps `serve` takes.
+                if self.waiters.is_empty() {
+                    if let Some(connection) = self.take_available(now) {
+                        self.give(waiter, connection, now);
+                        self.serve(now);
+                        return checkout;
+                    }
+                }
                 // A checkout served at once never enters the expiry index; one still waiting
                 // gets the entry it would have had from the start.
                 let expiry = waiter.expiry();

@@ -595,6 +595,13 @@ impl<R: RngCore> RetryMachine<R> {
         self
     }
 
+    /// Whether the machine records monitoring events (`false` after
+    /// [`RetryMachine::without_events`]); [`RetryMachine::restart`] keeps it.
+    #[must_use]
+    pub fn records_events(&self) -> bool {
+        self.record_events
+    }
+
     /// The next monitoring event, in order.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<RetryEvent> {

@@ -931,3 +931,47 @@ fn filtered_event_families_are_not_published_and_change_no_transmit() {
     );
     assert_eq!(pool_only.transmits, all.transmits);
 }
+
+/// Issue 9 (one in flight): `Engine::operation_socket` names the pool connection an operation's
+/// command is on while its reply is awaited, never a monitor's socket, and nothing before the
+/// operation starts or after it finished (its reply handled by `handle_bytes` as always).
+#[test]
+fn issue9_operation_socket_names_the_connection_awaiting_the_reply() {
+    // The mongos answers hellos; the find stays unanswered (in flight) until replied below.
+    let script: Script = Box::new(|_, body| is_hello(body).then(mongos_hello));
+    let settings = TopologySettings::new(vec![address("m1")]);
+    let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
+    assert_eq!(net.engine.operation_socket(OpId(u64::MAX)), None);
+    let op = net.start(read(ReadPreferenceMode::Primary));
+    let (conn, _) = net
+        .sent
+        .iter()
+        .rev()
+        .find(|(_, body)| body.contains_key("find"))
+        .cloned()
+        .expect("the find was written");
+    assert_eq!(net.engine.operation_socket(op), Some(conn));
+    let monitors: Vec<ConnId> = net
+        .sent
+        .iter()
+        .filter(|(c, body)| *c != conn && is_hello(body))
+        .map(|(c, _)| *c)
+        .collect();
+    assert!(!monitors.is_empty(), "the monitor's socket said hello");
+    assert!(net.finished(op).is_empty());
+    let request_id = net
+        .transmits
+        .iter()
+        .rev()
+        .find(|(_, c, _)| *c == conn)
+        .map(|(_, _, bytes)| i32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")))
+        .expect("the find's bytes");
+    reply_to(
+        &mut net,
+        conn,
+        request_id,
+        doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } },
+    );
+    assert_eq!(net.finished(op).len(), 1);
+    assert_eq!(net.engine.operation_socket(op), None, "finished: no socket");
+}

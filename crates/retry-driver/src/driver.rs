@@ -1038,13 +1038,16 @@ impl DriverWaker {
     /// Ends `pass`; returns whether the driver has something to do again (a wake came during the
     /// pass, and only set `dirty`, or since): then its runner runs another pass or hands off.
     ///
-    /// The order closes the race at the end of a pass: `running` is cleared and the lock let go
-    /// first, then a SeqCst fence, then `dirty` is read. A wake writes `dirty`, then a SeqCst
-    /// fence, then reads `running` ([`DriverWaker::pass_sees_it`]). Of the two fences, the one
-    /// later in their single total order sees the other side's write: either this reads `dirty`
-    /// set, or the wake reads `running` clear and wakes futures as when no pass runs (and they
-    /// find the lock free). No wake goes unseen, as one read between this read and the clear
-    /// could.
+    /// The order closes the race at the end of a pass: `running` is cleared, then the lock let
+    /// go (both by `Pass`'s drop, in that order), then a SeqCst fence, then `dirty` is read. A
+    /// wake writes `dirty`, then a SeqCst fence, then reads `running`
+    /// ([`DriverWaker::pass_sees_it`]). Of the two fences, the one later in their single total
+    /// order sees the other side's write: either this reads `dirty` set, or the wake reads
+    /// `running` clear and wakes futures as when no pass runs. A wake between the clear and the
+    /// unlock may read `running` clear while its futures still find the lock held: those return,
+    /// and this pass, whose fence then comes after the wake's, reads `dirty` set. No wake goes
+    /// unseen, as one read between this read and the clear could. The clear must come before the
+    /// unlock: after it, it could overwrite the `running` of a pass another future started.
     fn end_pass(&self, pass: Pass<'_>) -> bool {
         drop(pass);
         fence(Ordering::SeqCst);

@@ -135,8 +135,11 @@ pub struct SimServer {
     /// The commands received, hellos included, as their bytes, when [`SimServer::record_raw`] is
     /// on (a repeated field stays visible).
     pub raw_commands: Vec<bson::RawDocumentBuf>,
-    /// A real server's `requireApiVersion` parameter (versioned-api spec): a command other than
-    /// a hello without `apiVersion` is refused with code 498870; default false.
+    /// A real server's `requireApiVersion` parameter (versioned-api spec, "Backward
+    /// Compatibility"): every command without `apiVersion`, hellos included, is refused with code
+    /// 498870, as the server's `enforceRequireAPIVersion` refuses any command of an external
+    /// client (only a hello with `internalClient`, which drivers never send, is exempt); a
+    /// client without a declared API version cannot even complete its handshake. Default false.
     pub require_api_version: bool,
 }
 
@@ -223,10 +226,10 @@ impl SimServer {
             } else {
                 Duration::ZERO
             };
-            return Some(Step::Reply {
-                body: self.hello(request),
-                delay,
-            });
+            let body = self
+                .api_version_refusal(&fields)
+                .unwrap_or_else(|| self.hello(request));
+            return Some(Step::Reply { body, delay });
         }
         if self.record_commands {
             let command = Document::try_from(request).expect("the codec validated it");
@@ -252,10 +255,8 @@ impl SimServer {
     /// [`SimServer::require_api_version`] (498870), a `txnNumber` without an `lsid` (72) or on a
     /// standalone (20).
     fn refusal(&self, fields: &Fields<'_>) -> Option<Document> {
-        if self.require_api_version && !fields.api_version {
-            return Some(
-                doc! { "ok": 0, "code": 498870, "codeName": "Location498870", "errmsg": "The apiVersion parameter is required, please configure your MongoClient's API version" },
-            );
+        if let Some(refusal) = self.api_version_refusal(fields) {
+            return Some(refusal);
         }
         if !fields.txn_number {
             return None;
@@ -266,6 +267,14 @@ impl SimServer {
             );
         }
         (self.role == Role::Standalone).then(|| doc! { "ok": 0, "code": 20, "codeName": "IllegalOperation", "errmsg": "Transaction numbers are only allowed on a replica set member or mongos" })
+    }
+
+    /// [`SimServer::require_api_version`]'s refusal of a command without `apiVersion` (498870),
+    /// a hello included.
+    fn api_version_refusal(&self, fields: &Fields<'_>) -> Option<Document> {
+        (self.require_api_version && !fields.api_version).then(|| {
+            doc! { "ok": 0, "code": 498870, "codeName": "Location498870", "errmsg": "The apiVersion parameter is required, please configure your MongoClient's API version" }
+        })
     }
 
     fn run_command(&mut self, fields: &Fields<'_>, conn: ConnId) -> Option<Step> {

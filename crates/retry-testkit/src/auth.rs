@@ -122,7 +122,11 @@ fn salt(name: &str, db: &str, version: ScramVersion) -> [u8; 16] {
 
 /// Commands a connection may run before it authenticates.
 fn allowed_unauthenticated(name: &str) -> bool {
-    is_hello(name) || matches!(name, "saslStart" | "saslContinue" | "ping" | "buildInfo")
+    is_hello(name)
+        || matches!(
+            name,
+            "saslStart" | "saslContinue" | "authenticate" | "ping" | "buildInfo"
+        )
 }
 
 /// A conversation in progress.
@@ -174,7 +178,7 @@ impl ConnectionAuth {
         Some(reply)
     }
 
-    /// The reply to `saslStart` / `saslContinue`; `None` for any other command.
+    /// The reply to `saslStart` / `saslContinue` / `authenticate`; `None` for any other command.
     pub(crate) fn dispatch(
         &mut self,
         users: &UserStore,
@@ -192,6 +196,10 @@ impl ConnectionAuth {
                 None => auth_failed(),
             }),
             "saslContinue" => Some(self.continue_(command)),
+            // MONGODB-X509's one command (AU-5): known, in API version 1, not implemented.
+            "authenticate" => Some(crate::commands::unsupported_reply(
+                "authenticate (MONGODB-X509)",
+            )),
             _ => None,
         }
     }

@@ -1,6 +1,7 @@
 //! The commands the server runs once a request is admitted: hello, ping, the in-memory CRUD
-//! commands (TK-*), `configureFailPoint` and a few no-ops. A command not listed in [`execute`]
-//! is answered with `CommandNotFound` (59).
+//! commands (TK-*), `configureFailPoint` and a few no-ops. A command the server does not know
+//! (`refusals::known_command`) was answered with `CommandNotFound` (59) before it was admitted; a
+//! known one [`execute`] does not run is `TestkitUnsupported` (TK-2).
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
@@ -58,8 +59,10 @@ pub(crate) fn is_retryable_write(name: &str, command: &Document) -> bool {
 }
 
 /// The identity of a retryable write (`insert`, `update`, `delete`, `findAndModify`), when it
-/// is one: a retry with the same `lsid`, `txnNumber` and `stmtId` gets the first reply and does
-/// not run again (TK-*).
+/// is one: a retry with the same `lsid`, `txnNumber` and statement gets the first reply and does
+/// not run again (TK-*). Statements are numbered by their position from 0, as a real server
+/// numbers those of a driver's write, which sends no `stmtId` (the test server refuses one,
+/// [`ENVELOPE`]).
 pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
     let write = matches!(
         name,
@@ -70,11 +73,10 @@ pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
     }
     let session = command.get_document("lsid").ok()?.to_vec().ok()?;
     let txn_number = command.get("txnNumber").and_then(integer)?;
-    let stmt_id = command.get("stmtId").and_then(integer).unwrap_or(0);
     Some(WriteKey {
         session,
         txn_number,
-        stmt_id,
+        stmt_id: 0,
     })
 }
 
@@ -112,6 +114,22 @@ impl HelloAsk {
             load_balanced: matches!(command.get("loadBalanced"), Some(Bson::Boolean(true))),
         }
     }
+}
+
+/// LB-7 under a strict Stable API: a server parses its hello's fields with the request's
+/// `apiStrict`, and `loadBalanced` is an unstable field of the hello command (the server's
+/// hello.idl, `stability: unstable`): present with any value under `apiStrict: true`, the hello is
+/// APIStrictError (323) with the IDL parser's message (its context is named "hello" for the
+/// legacy names too, which `apiStrict: true` refuses earlier anyway). Checked when the hello runs
+/// (its parse is part of running it), after admission and the fail point.
+pub(crate) fn hello_refusal(command: &Document) -> Option<Document> {
+    let strict = matches!(command.get("apiStrict"), Some(Bson::Boolean(true)));
+    (strict && command.contains_key("loadBalanced")).then(|| {
+        crate::fail_point::error_reply(
+            323,
+            "BSON field 'hello.loadBalanced' is not allowed with apiStrict:true.",
+        )
+    })
 }
 
 /// HS-3, HS-4, LB-8: the reply to `hello` / legacy hello in `role`.
@@ -343,7 +361,7 @@ fn transaction_command(
     Ok(session)
 }
 
-/// Versioned-api "Transactions" (house rule 7): a command the server knows, with an `lsid` and
+/// Versioned-api "Transactions" (house rule 7): a command (known: unknown ones are 59 first), with an `lsid` and
 /// a `txnNumber`, refused with APIMismatchError (347) when its API parameters are not those of
 /// its session's transaction in progress ([`Store::transaction_api_mismatch`]). Checked when a
 /// real server checks the session out: before a retryable write's replay or its aborting of
@@ -355,9 +373,6 @@ pub(crate) fn transaction_api_refusal(
     process_id: ObjectId,
 ) -> Option<Document> {
     let number = command.get("txnNumber").and_then(integer)?;
-    if !crate::refusals::known_command(name) {
-        return None;
-    }
     let session = command.get_document("lsid").ok()?.to_vec().ok()?;
     let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
     let api = ApiParameters::of(command);
@@ -406,6 +421,14 @@ fn run(
     }
     if let Some(refusal) = unknown_field(name, command) {
         return Some(refusal);
+    }
+    // TK-15 (leftovers11): a transaction's command on a collection whose lock a waiting DDL
+    // command wants (`Store::lock_timeout`), before it reads or writes anything.
+    if let Ok(collection) = command.get_str(name) {
+        let ns = format!("{db}.{collection}");
+        if let Some((code, message)) = state.store.lock_timeout(&ns) {
+            return Some(error_reply(code, &message));
+        }
     }
     Some(match name {
         "ping" | "endSessions" => ok(),
@@ -1019,13 +1042,32 @@ fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Doc
     doc! { "lastErrorObject": last_error, "value": value.map_or(Bson::Null, Bson::Document), "ok": 1.0 }
 }
 
+/// Review13 finding 3 (TK-2, house rule 7): the `query` of a `count` or `distinct` (`name`), by
+/// the commands' IDL (`query: type: object`): a document, or none for all documents; anything
+/// else TypeMismatch (14), "BSON field '<name>.query' is the wrong type ...". An explicit `null`
+/// is taken as none (what a real server answers to it is not verified).
+fn query_filter(command: &Document, name: &str) -> Result<Document, Document> {
+    match command.get("query") {
+        None | Some(Bson::Null) => Ok(Document::new()),
+        Some(Bson::Document(query)) => Ok(query.clone()),
+        Some(other) => Err(crate::refusals::wrong_type(
+            &format!("{name}.query"),
+            other,
+            "object",
+        )),
+    }
+}
+
 /// `{count: coll, query, skip, limit}`.
 fn count(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let collection = match collection_name(command, "count") {
         Ok(c) => c,
         Err(e) => return e,
     };
-    let filter = command.get_document("query").cloned().unwrap_or_default();
+    let filter = match query_filter(command, "count") {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
     match state.store.matching(&format!("{db}.{collection}"), &filter) {
         Ok(docs) => {
             let skip = command.get("skip").and_then(integer).unwrap_or(0).max(0) as usize;
@@ -1048,7 +1090,10 @@ fn distinct(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let Ok(key) = command.get_str("key") else {
         return error_reply(2, "distinct needs a key");
     };
-    let filter = command.get_document("query").cloned().unwrap_or_default();
+    let filter = match query_filter(command, "distinct") {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
     if key.contains('.') {
         return unsupported_reply(&format!("distinct on the path {key}"));
     }
@@ -1293,9 +1338,8 @@ fn find(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let Ok(collection) = command.get_str("find") else {
         return error_reply(2, "find needs a collection name");
     };
-    // A read takes no `writeConcern`.
-    let unknown =
-        |k: &str| k == "writeConcern" || !(FIND_FIELDS.contains(&k) || ENVELOPE.contains(&k));
+    // A `writeConcern` was refused before (72, `refusals::write_concern_refusal`).
+    let unknown = |k: &str| !(FIND_FIELDS.contains(&k) || ENVELOPE.contains(&k));
     if let Some(field) = command.keys().find(|k| unknown(k)) {
         return unsupported_reply(&format!("find option {field}"));
     }
@@ -1347,7 +1391,7 @@ fn find(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     cursor_reply("firstBatch", &ns, batch)
 }
 
-/// `find`'s own options; with [`ENVELOPE`] but `writeConcern`, the fields it understands.
+/// `find`'s own options; with [`ENVELOPE`], the fields it understands.
 /// Anything else is `TestkitUnsupported` (TK-2), never ignored.
 const FIND_FIELDS: &[&str] = &[
     "find",
@@ -1549,8 +1593,12 @@ fn create_indexes(state: &mut Context<'_>, db: &str, command: &Document) -> Docu
 /// read preference, timeout, concerns and API version (the server reads or tolerates these).
 /// These are a real server's generic arguments of API version 1 (its `generic_args_api_v1`)
 /// but `stmtId` and `clientOperationKey`, which it acts on and the test server does not
-/// evaluate: where fields are checked those are refused (TK-2). The one list of them
-/// (`unknown_field`, `find`, `setParameter`; review12 finding 7).
+/// evaluate: where fields are checked those are refused (TK-2). `stmtId` (a write's first
+/// statement id, and a transaction statement's) is refused for every command before it runs:
+/// a real server accepts it, but no driver sends it (retryable-writes spec: the server numbers
+/// a write's statements by position, as the test server does from 0, [`write_key`]), and
+/// numbering from another start would change which retries the test server replays. The one
+/// list of them (`unknown_field`, `find`, `setParameter`; review12 finding 7).
 pub(crate) const ENVELOPE: &[&str] = &[
     "$db",
     "lsid",
@@ -1911,5 +1959,120 @@ mod tests {
         ] {
             assert!(distinct_values(refused.iter()).is_err(), "{refused:?}");
         }
+    }
+
+    /// Review13 finding 2 (TK-2, house rule 7): the arms of [`run`], listed once here.
+    const DISPATCHED: &[&str] = &[
+        "ping",
+        "endSessions",
+        "killAllSessions",
+        "killSessions",
+        "buildInfo",
+        "buildinfo",
+        "insert",
+        "update",
+        "delete",
+        "findAndModify",
+        "bulkWrite",
+        "count",
+        "distinct",
+        "aggregate",
+        "create",
+        "drop",
+        "dropDatabase",
+        "listCollections",
+        "listDatabases",
+        "listIndexes",
+        "createIndexes",
+        "dropIndexes",
+        "deleteIndexes",
+        "commitTransaction",
+        "abortTransaction",
+        "find",
+        "getMore",
+        "killCursors",
+    ];
+
+    /// The known commands other handlers run: hellos (the server), the authentication commands
+    /// (`auth`), `configureFailPoint` and `setParameter` ([`execute`]).
+    const RUN_ELSEWHERE: &[&str] = &[
+        "hello",
+        "isMaster",
+        "ismaster",
+        "saslStart",
+        "saslContinue",
+        "authenticate",
+        "configureFailPoint",
+        "setParameter",
+    ];
+
+    /// A real server's commands the test server knows but does not run: admitted like any
+    /// command, then TestkitUnsupported from the server's fallback (TK-2).
+    const KNOWN_NOT_RUN: &[&str] = &[
+        "collMod",
+        "mapReduce",
+        "renameCollection",
+        "replSetFreeze",
+        "replSetStepDown",
+    ];
+
+    /// What [`run`] answers `{<name>: "c", $db: "db"}` on a server of `max_wire_version`.
+    fn dispatch(store: &mut Store, name: &str, max_wire_version: i32) -> Option<Document> {
+        let request = OpMsg {
+            request_id: 1,
+            response_to: 0,
+            flags: Default::default(),
+            body: doc! { name: "c", "$db": "db" },
+            sequences: Vec::new(),
+        };
+        let mut context = Context {
+            store,
+            batch_size: 101,
+            origin: CursorOrigin {
+                owner: ObjectId::from_bytes([1; 12]),
+                lsid: None,
+                txn_number: None,
+                api: ApiParameters::NONE,
+                router: false,
+            },
+            router: None,
+        };
+        run(&mut context, name, &request, max_wire_version)
+    }
+
+    /// Review13 finding 2 (TK-2, house rule 7): the known commands
+    /// (`refusals::known_command`, which gates every API check and answers 59 for the rest) and
+    /// the commands the test server runs stay in step: every arm of [`run`] is known and runs,
+    /// every known command is run by [`run`] or another handler, and `bulkWrite` is known and
+    /// run only from wire version 25 (8.0; a 7.0 server answers 59, not an API error).
+    #[test]
+    fn review13_f2_tk2_known_commands_and_the_dispatcher_stay_in_step() {
+        use crate::refusals::{known_command, API_VERSION_1, KNOWN_OUTSIDE_API_VERSION_1};
+        let mut store = Store::default();
+        for name in DISPATCHED {
+            assert!(known_command(name, 25), "{name} runs but is unknown");
+            assert!(dispatch(&mut store, name, 25).is_some(), "{name} not run");
+        }
+        for name in API_VERSION_1.iter().chain(KNOWN_OUTSIDE_API_VERSION_1) {
+            let run_somewhere = DISPATCHED.contains(name)
+                || RUN_ELSEWHERE.contains(name)
+                || KNOWN_NOT_RUN.contains(name);
+            assert!(run_somewhere, "{name} is known but nothing runs it");
+        }
+        for name in KNOWN_NOT_RUN {
+            assert!(known_command(name, 25), "{name}");
+            assert!(dispatch(&mut store, name, 25).is_none(), "{name} is run");
+        }
+        for name in RUN_ELSEWHERE {
+            assert!(known_command(name, 25), "{name}");
+            assert!(
+                dispatch(&mut store, name, 25).is_none(),
+                "{name} is run twice"
+            );
+        }
+        assert!(!known_command("bulkWrite", 21));
+        assert!(dispatch(&mut store, "bulkWrite", 21).is_none());
+        assert!(!known_command("frobnicate", 25));
+        assert!(dispatch(&mut store, "frobnicate", 25).is_none());
     }
 }

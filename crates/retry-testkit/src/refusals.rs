@@ -29,6 +29,9 @@
 //!   and abort ("writeConcern is not allowed within a multi-statement transaction", 72), and a
 //!   `readConcern` on a command that does not start it ("Only the first command in a transaction
 //!   may specify a readConcern", 72).
+//! - Outside a transaction, a `writeConcern` on a command that takes none (`find`, `count`,
+//!   `getMore`, `ping`, ...): InvalidOptions (72), "Command does not support writeConcern"
+//!   ([`write_concern_refusal`], checked after the fail point).
 //! - The generic fields (review7 finding 3, [`generic_field_refusal`]): `apiVersion`,
 //!   `apiStrict`, `apiDeprecationErrors`, `$readPreference`, a hello's `client` and
 //!   `compression` of the wrong type or value.
@@ -66,13 +69,18 @@ pub(crate) const READ_PREFERENCE_MODES: [&str; 5] = [
 /// other is APIStrictError (323). Checked against the server's source (commands whose
 /// `apiVersions()` is `kApiVersions1`: insert, find, aggregate, count, listCollections,
 /// createIndexes, dropIndexes, saslStart; distinct and buildInfo are not; the `bulkWrite`
-/// command's IDL declares `api_version: "1"`) and the Stable API changelog (the rest). Not in it: `isMaster` / `ismaster` (`hello`
+/// command's IDL declares `api_version: "1"`, and so does `authenticate`'s, whose command class
+/// is generated as `AuthenticateCmdVersion1Gen`) and the Stable API changelog (the rest).
+/// `authenticate` and `collMod` (`apiVersions()` `kApiVersions1` in the server) are known but
+/// not run by the test server: TestkitUnsupported (TK-2). Not in it: `isMaster` / `ismaster` (`hello`
 /// replaced them), `buildInfo`, `distinct`, `killSessions`, `killAllSessions`,
 /// `configureFailPoint`, `deleteIndexes`.
 pub(crate) const API_VERSION_1: &[&str] = &[
     "abortTransaction",
     "aggregate",
+    "authenticate",
     "bulkWrite",
+    "collMod",
     "commitTransaction",
     "count",
     "create",
@@ -98,11 +106,12 @@ pub(crate) const API_VERSION_1: &[&str] = &[
 ];
 
 /// The test server's commands outside Stable API version 1 (every other command it runs is in
-/// [`API_VERSION_1`]): with `apiStrict: true` they are APIStrictError (323). A command in neither
-/// list is unknown, and a real server looks a command up before it reads its API parameters
-/// (`ExecCommandDatabase::_parseCommand` validates them with the found command): CommandNotFound
-/// (59) comes first (TK-2).
-const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
+/// [`API_VERSION_1`]): with `apiStrict: true` they are APIStrictError (323). `mapReduce`,
+/// `renameCollection`, `replSetFreeze` and `replSetStepDown` are a real server's commands the
+/// test server knows but does not run: admitted like any command (a failCommand fail point
+/// naming one fires, as the spec tests expect), then TestkitUnsupported (TK-2). A command in
+/// neither list is unknown ([`known_command`]).
+pub(crate) const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
     "buildInfo",
     "buildinfo",
     "configureFailPoint",
@@ -112,8 +121,48 @@ const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
     "ismaster",
     "killAllSessions",
     "killSessions",
+    "mapReduce",
+    "renameCollection",
+    "replSetFreeze",
+    "replSetStepDown",
     "setParameter",
 ];
+
+/// The test server's commands a real server runs with a `writeConcern`: those whose
+/// `supportsWriteConcern()` is true (the writes, `create`, `drop`, `dropDatabase`, the index
+/// commands, commit and abort), and `aggregate` whatever its pipeline (the server's jstests
+/// aggregation_accepts_write_concern.js). Every other command it knows refuses one
+/// ([`write_concern_refusal`]).
+const WRITE_CONCERN_COMMANDS: &[&str] = &[
+    "abortTransaction",
+    "aggregate",
+    "bulkWrite",
+    "commitTransaction",
+    "create",
+    "createIndexes",
+    "delete",
+    "deleteIndexes",
+    "drop",
+    "dropDatabase",
+    "dropIndexes",
+    "findAndModify",
+    "insert",
+    "update",
+];
+
+/// TK-2, review13 finding 1 (house rule 7): a `writeConcern` (any value, `{}` included) on a
+/// known command whose `supportsWriteConcern()` is false (`find`, `count`, `distinct`, `getMore`,
+/// `killCursors`, `ping`, `hello`, the `list*` commands, `setParameter`, ...) is InvalidOptions
+/// (72), "Command does not support writeConcern", on a mongod (`service_entry_point_common`:
+/// `uassertCommandDoesNotSpecifyWriteConcern`, for `getMore` too) and a mongos alike. The server
+/// checks it once the command is parsed and the failCommand fail point passed, before it checks
+/// the session out and runs the command. Inside a transaction the earlier refusal of any
+/// statement's `writeConcern` (72, [`refusal`]) answers first. Only asked about a known command:
+/// an unknown one was CommandNotFound (59, [`known_command`]) before.
+pub(crate) fn write_concern_refusal(name: &str, command: &Document) -> Option<Document> {
+    let refused = command.contains_key("writeConcern") && !WRITE_CONCERN_COMMANDS.contains(&name);
+    refused.then(|| error_reply(72, "Command does not support writeConcern"))
+}
 
 /// TK-15, versioned-api "Cursors" and "Transactions": the Stable API parameters a command sent,
 /// compared as a real server compares them (`APIParameters`' `operator==`, field by field with
@@ -191,9 +240,8 @@ impl std::fmt::Display for ApiParameters {
 ///   (14); `apiStrict` / `apiDeprecationErrors` without `apiVersion`: 4886600; an `apiVersion`
 ///   other than `"1"`: APIVersionError (322) (the server's jstests/core/api
 ///   api_version_parameters.js); with `apiStrict: true`, a command outside [`API_VERSION_1`]:
-///   APIStrictError (323). Only for a command the test server knows: a real server looks the
-///   command up first, so an unknown one is CommandNotFound (59) whatever its API parameters
-///   ([`KNOWN_OUTSIDE_API_VERSION_1`]);
+///   APIStrictError (323). Only read for a command the test server knows: an unknown one was
+///   already CommandNotFound (59, [`known_command`]);
 /// - `$readPreference` not a document: TypeMismatch (14, `ReadPreferenceSetting::fromInnerBSON`);
 ///   without a `mode`: NoSuchKey (4); a `mode` not a string: TypeMismatch (14); an unknown mode:
 ///   BadValue (2, the IDL enum parse; older servers answered FailedToParse, 9: unverified which
@@ -202,7 +250,7 @@ impl std::fmt::Display for ApiParameters {
 ///   the hello command's IDL types).
 pub(crate) fn generic_field_refusal(name: &str, command: &Document) -> Option<Document> {
     let api = ["apiVersion", "apiStrict", "apiDeprecationErrors"];
-    if api.iter().any(|field| command.contains_key(field)) && known_command(name) {
+    if api.iter().any(|field| command.contains_key(field)) {
         if let Some(refusal) = api_refusal(name, command) {
             return Some(refusal);
         }
@@ -254,10 +302,26 @@ pub(crate) fn generic_field_refusal(name: &str, command: &Document) -> Option<Do
     None
 }
 
-/// Whether the test server runs command `name` ([`API_VERSION_1`],
-/// [`KNOWN_OUTSIDE_API_VERSION_1`]).
-pub(crate) fn known_command(name: &str) -> bool {
-    API_VERSION_1.contains(&name) || KNOWN_OUTSIDE_API_VERSION_1.contains(&name)
+/// TK-2: whether the test server, as a server of `max_wire_version`, knows command `name`
+/// ([`API_VERSION_1`], [`KNOWN_OUTSIDE_API_VERSION_1`]; `bulkWrite` from 8.0, wire version 25,
+/// TK-1). A real server looks the command up before anything reads its body (mongod's
+/// `ServiceEntryPointCommon` calls `findCommand` before `execCommandDatabase`, a mongos's
+/// `ParseAndRunCommand::_parseCommand` before anything else): an unknown one is CommandNotFound
+/// (59) whatever it carries, before authentication, the session, transaction, concern and API
+/// checks and the failCommand fail point.
+pub(crate) fn known_command(name: &str, max_wire_version: i32) -> bool {
+    let known = API_VERSION_1.contains(&name) || KNOWN_OUTSIDE_API_VERSION_1.contains(&name);
+    known && (name != "bulkWrite" || max_wire_version >= 25)
+}
+
+/// TK-2: CommandNotFound (59) for command `name`, with a mongod's or a router's message
+/// (`no such command: '<name>'`, `no such cmd: <name>`).
+pub(crate) fn command_not_found(role: &Role, name: &str) -> Document {
+    let message = match role {
+        Role::Mongos | Role::LoadBalancer { .. } => format!("no such cmd: {name}"),
+        Role::Standalone | Role::ReplicaSetMember(_) => format!("no such command: '{name}'"),
+    };
+    error_reply(59, &message)
 }
 
 /// The API parameter checks of [`generic_field_refusal`], for a command the test server knows.

@@ -86,6 +86,36 @@ pub(crate) struct Store {
     /// The seconds of its cluster time once a gossiped `$clusterTime` moved it past
     /// [`CLUSTER_TIME_SECONDS`] (SE-17, review6 finding 8).
     seconds: u32,
+    /// TK-15 (leftovers11): the DDL commands waiting for a transaction in progress (`$out`'s
+    /// rename, `drop`, `dropDatabase`), by number ([`Store::hold_ddl`]): while one waits for
+    /// the exclusive lock, a transaction that does not hold the namespace's lock yet cannot get
+    /// it ([`Store::lock_timeout`]).
+    pending_ddl: BTreeMap<u64, DdlTarget>,
+    /// The number the next waiting DDL command gets.
+    next_ddl: u64,
+    /// The DDL the command now running is, when a transaction in progress blocked it (taken with
+    /// [`Store::take_blocked`]'s session, [`Store::take_blocked_ddl`]).
+    blocked_ddl: Option<DdlTarget>,
+}
+
+/// TK-15 (leftovers11): what a DDL command needs the exclusive lock of: one collection (`$out`'s
+/// rename, `drop`) or a database (`dropDatabase`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum DdlTarget {
+    /// A namespace, `db.collection`.
+    Collection(String),
+    /// A database.
+    Database(String),
+}
+
+impl DdlTarget {
+    /// Whether the lock of namespace `ns` is part of it.
+    fn covers(&self, ns: &str) -> bool {
+        match self {
+            DdlTarget::Collection(target) => target == ns,
+            DdlTarget::Database(db) => ns.split_once('.').is_some_and(|(d, _)| d == db),
+        }
+    }
 }
 
 /// The encoding of an lsid that is `{id: <binary>}` alone (any subtype but `BinaryOld`, whose
@@ -235,22 +265,32 @@ fn fractional_decimal(id: &Bson) -> bool {
 }
 
 /// TK-2 (review12 finding 2): `document` as every write that adds documents stores it
-/// (`insert`, `$out`, `$merge`): a missing `_id` becomes a new ObjectId, as a real server's
-/// insert adds one; an `_id` holding a Decimal128 that is not an int64 integer is refused
-/// ([`fractional_decimal`]).
-fn admit(mut document: Document) -> Result<Document, QueryError> {
-    match document.get("_id") {
-        None => {
-            document.insert("_id", ObjectId::new());
-        }
-        Some(id) if fractional_decimal(id) => {
-            return Err(QueryError::UnsupportedFilter(
-                "an _id holding a Decimal128 that is not an int64 integer".into(),
-            ));
-        }
-        Some(_) => {}
+/// (`insert`, `$out`, `$merge`): its `_id` first ([`id_first`]); an `_id` holding a Decimal128
+/// that is not an int64 integer is refused ([`fractional_decimal`]).
+fn admit(document: Document) -> Result<Document, QueryError> {
+    if document.get("_id").is_some_and(fractional_decimal) {
+        return Err(QueryError::UnsupportedFilter(
+            "an _id holding a Decimal128 that is not an int64 integer".into(),
+        ));
     }
-    Ok(document)
+    Ok(id_first(document))
+}
+
+/// TK-4 (house rule 7): `document` with its `_id` as the first field, as a real server stores a
+/// new document (the insert path's `fixDocumentForInsert`, an upsert's `ensureIdFieldIsFirst`):
+/// an `_id` elsewhere is moved to the front, a missing one is a new ObjectId at the front, the
+/// other fields keep their order.
+fn id_first(mut document: Document) -> Document {
+    if document.keys().next().map(String::as_str) == Some("_id") {
+        return document;
+    }
+    let id = document
+        .remove("_id")
+        .unwrap_or_else(|| Bson::ObjectId(ObjectId::new()));
+    let mut first = Document::new();
+    first.insert("_id", id);
+    first.extend(document);
+    first
 }
 
 /// TK-15: documents to put back ([`rebuild`]), by [`id_key`]: each as it was (`None`: absent) and
@@ -499,6 +539,7 @@ impl Store {
     pub(crate) fn begin_statement(&mut self, session: Option<Vec<u8>>) {
         self.end_statement();
         self.blocked_by = None;
+        self.blocked_ddl = None;
         if session.is_none() && !self.open.is_empty() {
             self.statement = Some(Vec::new());
         }
@@ -523,6 +564,58 @@ impl Store {
     /// outside any transaction ran into (that write was undone and must wait), once.
     pub(crate) fn take_blocked(&mut self) -> Option<Vec<u8>> {
         self.blocked_by.take()
+    }
+
+    /// TK-15 (leftovers11): the DDL the last blocked command is, once ([`Store::take_blocked`]
+    /// gives the session it waits for).
+    pub(crate) fn take_blocked_ddl(&mut self) -> Option<DdlTarget> {
+        self.blocked_ddl.take()
+    }
+
+    /// TK-15 (leftovers11): a DDL command on `target` waits for a transaction in progress until
+    /// [`Store::release_ddl`] with the number returned.
+    pub(crate) fn hold_ddl(&mut self, target: DdlTarget) -> u64 {
+        let number = self.next_ddl;
+        self.next_ddl += 1;
+        self.pending_ddl.insert(number, target);
+        number
+    }
+
+    /// TK-15 (leftovers11): the DDL command numbered `number` no longer waits.
+    pub(crate) fn release_ddl(&mut self, number: u64) {
+        self.pending_ddl.remove(&number);
+    }
+
+    /// TK-15 (leftovers11, house rule 7): a real server's pending DDL ("Pending DDL Operations
+    /// and Transactions"): while a DDL command waits for the exclusive lock of a collection or
+    /// database, a transaction that does not hold that collection's (or, for a database, any of
+    /// its collections') intent lock yet cannot get it and aborts after
+    /// `maxTransactionLockRequestTimeoutMillis` (5 ms by default): LockTimeout (24), with a
+    /// TransientTransactionError label (TK-7). `None` outside a transaction, for a namespace no
+    /// DDL waits for, and for a transaction that already holds it (the DDL waits for it).
+    pub(crate) fn lock_timeout(&self, ns: &str) -> Option<(i32, String)> {
+        if self.pending_ddl.is_empty() {
+            return None;
+        }
+        let transaction = self
+            .writer
+            .as_ref()
+            .and_then(|w| self.transactions.get(w))
+            .filter(|t| t.state == TransactionState::InProgress)?;
+        let holds = |target: &DdlTarget| {
+            let mut held = transaction.created.iter().chain(&transaction.accessed);
+            match target {
+                DdlTarget::Collection(_) => held.any(|c| c == ns),
+                DdlTarget::Database(_) => held.any(|c| target.covers(c)),
+            }
+        };
+        let waiting = self.pending_ddl.values().any(|t| t.covers(ns) && !holds(t));
+        waiting.then(|| {
+            (
+                24,
+                format!("Unable to acquire IX lock on '{ns}' within 5ms."),
+            )
+        })
     }
 
     /// TK-15 (review7 finding 1): a transaction of `session` a write waited on for the
@@ -855,9 +948,7 @@ impl Store {
             if too_deep(&document) {
                 return Err(QueryError::TooDeep);
             }
-            if !document.contains_key("_id") {
-                document.insert("_id", ObjectId::new());
-            }
+            let document = id_first(document);
             let id = id_of(&document);
             let conflict = self.conflict(ns, &id);
             self.noted(conflict)?;
@@ -1284,8 +1375,7 @@ impl Store {
             }
             new.push(document);
         }
-        let held = self.collection_holder(|c| c == ns);
-        self.noted(held)?;
+        self.ddl_holder(DdlTarget::Collection(ns.to_owned()))?;
         let added: Vec<Bson> = new.documents().iter().map(id_of).collect();
         let old = core::mem::replace(self.collection_mut(ns), new).into_documents();
         // TK-15: in a transaction, every old document was removed and every new one added.
@@ -1296,6 +1386,16 @@ impl Store {
             self.record(ns, id, None, index);
         }
         Ok(())
+    }
+
+    /// TK-15: [`Store::collection_holder`] for a DDL command on `target`: when it must wait, the
+    /// target is noted for [`Store::take_blocked_ddl`].
+    fn ddl_holder(&mut self, target: DdlTarget) -> Result<(), QueryError> {
+        let held = self.collection_holder(|c| target.covers(c));
+        if held.is_err() {
+            self.blocked_ddl = Some(target);
+        }
+        self.noted(held)
     }
 
     /// TK-15: the transaction in progress the running command (outside any) does not belong to
@@ -1338,14 +1438,8 @@ impl Store {
         self.collection_mut(ns);
         for document in documents {
             let target = self.collection_mut(ns);
-            let id = document.get("_id");
-            // The index says whether the `_id` is there; only a match is looked for.
-            let existing = id.filter(|id| target.contains_id(id)).and_then(|id| {
-                target
-                    .documents()
-                    .iter()
-                    .position(|d| d.get("_id").is_some_and(|d| equal(d, id)))
-            });
+            // The index says where the document with this `_id` is (house rule 9).
+            let existing = document.get("_id").and_then(|id| target.position_of(id));
             // TK-15: in a transaction, the document as it was goes into the undo log.
             let (before, index) = match existing {
                 Some(index) => {
@@ -1382,8 +1476,7 @@ impl Store {
     /// for the collection lock of such a transaction ("Pending DDL Operations and
     /// Transactions"), so that transaction's abort never brings the dropped documents back.
     pub(crate) fn drop_collection(&mut self, ns: &str) -> Result<bool, QueryError> {
-        let held = self.collection_holder(|c| c == ns);
-        self.noted(held)?;
+        self.ddl_holder(DdlTarget::Collection(ns.to_owned()))?;
         self.indexes.remove(ns);
         Ok(self.collections.remove(ns).is_some())
     }
@@ -1392,9 +1485,8 @@ impl Store {
     /// (review12 finding 1): first waits for a transaction in progress that holds any
     /// collection of `db` (the database's exclusive lock), with nothing dropped before.
     pub(crate) fn drop_database(&mut self, db: &str) -> Result<(), QueryError> {
+        self.ddl_holder(DdlTarget::Database(db.to_owned()))?;
         let prefix = format!("{db}.");
-        let held = self.collection_holder(|c| c.starts_with(&prefix));
-        self.noted(held)?;
         for c in self.collection_names(db) {
             let ns = format!("{prefix}{c}");
             self.indexes.remove(&ns);
@@ -1859,6 +1951,72 @@ mod tests {
         assert_index_in_step(&store);
     }
 
+    /// House rule 9 (leftovers11): a `$merge` into a document that is there finds it through the
+    /// `_id` index and the insertion numbers, comparing no stored document, also after removals
+    /// moved the documents; the document it finds is the one with that `_id`.
+    #[test]
+    fn house_rule_9_merge_into_an_existing_id_compares_no_document() {
+        let mut store = store_with(10_000);
+        store.delete("db.c", &doc! { "_id": 0 }, false).unwrap();
+        store.delete("db.c", &doc! { "_id": 10 }, false).unwrap();
+        let calls = || crate::query::EQUAL_CALLS.with(core::cell::Cell::get);
+        let start = calls();
+        store
+            .merge(
+                "db.c",
+                vec![doc! { "_id": 5_000, "m": 1 }, doc! { "_id": 9_999, "m": 2 }],
+            )
+            .unwrap();
+        assert_eq!(calls() - start, 0);
+        let documents = store.documents("db.c");
+        assert_eq!(documents.len(), 9_998);
+        assert_eq!(
+            documents[4_998],
+            doc! { "_id": 5_000, "even": true, "m": 1 }
+        );
+        assert_eq!(
+            documents[9_997],
+            doc! { "_id": 9_999, "even": false, "m": 2 }
+        );
+        assert_index_in_step(&store);
+    }
+
+    /// TK-4 (house rule 7): a stored document's `_id` is its first field, as a real server's
+    /// `fixDocumentForInsert` (insert, `$out`, `$merge`) and an upsert's `ensureIdFieldIsFirst`
+    /// store it: a generated one at the front, one sent elsewhere moved there, the other fields
+    /// in their order.
+    #[test]
+    fn tk4_a_stored_documents_id_comes_first() {
+        let keys = |document: &Document| document.keys().cloned().collect::<Vec<_>>();
+        let mut store = Store::default();
+        let batch = vec![doc! { "x": 1, "y": 2 }, doc! { "x": 3, "_id": 7, "y": 4 }];
+        store.insert("db.c", batch, true).unwrap();
+        let upsert = store.update(
+            "db.c",
+            &doc! { "a": 1 },
+            &doc! { "$set": { "b": 2 } },
+            false,
+            true,
+        );
+        assert!(upsert.is_ok(), "{upsert:?}");
+        store
+            .merge("db.c", vec![doc! { "m": 1, "_id": 8 }, doc! { "n": 1 }])
+            .unwrap();
+        let documents = store.documents("db.c");
+        assert_eq!(keys(&documents[0]), ["_id", "x", "y"]);
+        assert!(matches!(documents[0].get("_id"), Some(Bson::ObjectId(_))));
+        assert_eq!(documents[1], doc! { "_id": 7, "x": 3, "y": 4 });
+        assert_eq!(keys(&documents[2]), ["_id", "a", "b"]);
+        assert_eq!(documents[3], doc! { "_id": 8, "m": 1 });
+        assert_eq!(keys(&documents[4]), ["_id", "n"]);
+        store
+            .replace_collection("db.o", vec![doc! { "z": 1, "_id": 2 }, doc! { "z": 2 }])
+            .unwrap();
+        let out = store.documents("db.o");
+        assert_eq!(out[0], doc! { "_id": 2, "z": 1 });
+        assert_eq!(keys(&out[1]), ["_id", "z"]);
+    }
+
     /// Leftovers10 item 3: the `_id` index follows every change: insert, update (an `_id`
     /// changed by `$set` too), upsert, delete, `$merge`, `$out`, a transaction's abort (its
     /// undo) and commit, and a drop.
@@ -1955,6 +2113,38 @@ mod tests {
     }
 
     /// Runs `write` as a command outside any transaction; with the session it has to wait for.
+    /// TK-15 (leftovers11): a blocked `dropDatabase` is a pending DDL on the whole database: a
+    /// transaction holding none of its collections cannot lock any (24); the one it waits for,
+    /// which holds a collection of it, can lock another of the same database; once released,
+    /// nothing is refused; a namespace of another database never is.
+    #[test]
+    fn tk15_a_pending_drop_database_holds_back_transactions_on_the_database() {
+        let mut store = store_with(2);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.find(OWNER, "db.c", &doc! {}, None, 10)
+        })
+        .unwrap();
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_database("db"));
+        assert_eq!(dropped, Err(QueryError::Blocked(S1.to_vec())));
+        assert_eq!(blocked, Some(S1.to_vec()));
+        let target = store.take_blocked_ddl().expect("the blocked DDL");
+        assert_eq!(target, DdlTarget::Database("db".into()));
+        let number = store.hold_ddl(target);
+        let refused = in_transaction(&mut store, S2, 1, true, |s| s.lock_timeout("db.other"));
+        assert_eq!(refused.map(|(code, _)| code), Some(24));
+        let other_db = in_transaction(&mut store, S2, 2, true, |s| s.lock_timeout("other.c"));
+        assert_eq!(other_db, None);
+        let holder = in_transaction(&mut store, S1, 1, false, |s| s.lock_timeout("db.other"));
+        assert_eq!(
+            holder, None,
+            "the transaction the drop waits for holds the database"
+        );
+        assert_eq!(outside(&mut store, |s| s.lock_timeout("db.c")).0, None);
+        store.release_ddl(number);
+        let released = in_transaction(&mut store, S2, 2, false, |s| s.lock_timeout("db.c"));
+        assert_eq!(released, None);
+    }
+
     fn outside<T>(store: &mut Store, write: impl FnOnce(&mut Store) -> T) -> (T, Option<Vec<u8>>) {
         store.begin_statement(None);
         let result = write(store);

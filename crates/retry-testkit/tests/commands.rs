@@ -77,12 +77,14 @@ fn first_batch(reply: &Document) -> Vec<Document> {
         .collect()
 }
 
-/// TK-*: a command the server does not implement is CommandNotFound (59), never a success.
+/// TK-2: a command no server knows is CommandNotFound (59); a real server's command the test
+/// server does not run is TestkitUnsupported, after the fail point (the retryable-reads
+/// mapReduce tests expect a failCommand naming it to fire); never a success, always logged.
 #[tokio::test]
 async fn unknown_commands_are_command_not_found() {
     bounded(async {
         let (server, mut client) = start().await;
-        for name in ["mapReduce", "collMod", "renameCollection"] {
+        for name in ["frobnicate", "notACommand", "unsupportedCommand"] {
             let reply = client
                 .command(doc! { name: "c", "$db": "db" })
                 .await
@@ -90,6 +92,161 @@ async fn unknown_commands_are_command_not_found() {
             assert_eq!(code(&reply), Some(59), "{name}: {reply}");
             assert_eq!(reply.get_str("codeName").ok(), Some("CommandNotFound"));
         }
+        for name in ["mapReduce", "collMod", "renameCollection"] {
+            let reply = client
+                .command(doc! { name: "c", "$db": "db" })
+                .await
+                .unwrap();
+            assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{name}: {reply}");
+        }
+        assert_eq!(server.handle().unsupported().len(), 6);
+        let fail = doc! { "failCommands": ["mapReduce"], "errorCode": 91 };
+        let reply = client
+            .command(fail_point(bson!({ "times": 1 }), fail))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = client
+            .command(doc! { "mapReduce": "c", "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(
+            code(&reply),
+            Some(91),
+            "the fail point fires first: {reply}"
+        );
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-2 (house rule 7): a real server looks a command up before anything reads its body (mongod:
+/// `findCommand` before `execCommandDatabase`; a mongos: first in `_parseCommand`), so an unknown
+/// command is CommandNotFound (59) whatever else it carries: not the session, transaction,
+/// concern or `maxTimeMS` refusals, not a failCommand fail point naming it, not an
+/// authentication refusal; the router's message on a mongos, the mongod's on a standalone; each
+/// in the unsupported log.
+#[tokio::test]
+async fn tk2_an_unknown_command_is_59_before_every_other_check() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let fail = doc! { "failCommands": ["frobnicate"], "errorCode": 91 };
+        let reply = client
+            .command(fail_point(Bson::from("alwaysOn"), fail))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let unknown = |extra: Document| {
+            let mut body = doc! { "frobnicate": 1, "$db": "db" };
+            body.extend(extra);
+            body
+        };
+        let cases = [
+            doc! {},
+            doc! { "txnNumber": 1_i64 },
+            doc! { "lsid": "not a document" },
+            doc! { "lsid": lsid(), "txnNumber": 1_i32 },
+            doc! { "readConcern": 5 },
+            doc! { "readConcern": { "level": "bogus" } },
+            doc! { "maxTimeMS": -1 },
+            doc! { "lsid": lsid(), "txnNumber": 1_i64, "autocommit": true },
+        ];
+        for extra in cases {
+            let body = unknown(extra);
+            let reply = client.command(body.clone()).await.unwrap();
+            assert_eq!(code(&reply), Some(59), "{body}: {reply}");
+            assert_eq!(
+                reply.get_str("errmsg").ok(),
+                Some("no such cmd: frobnicate")
+            );
+        }
+        assert_eq!(
+            server.handle().unsupported().len(),
+            8,
+            "{:?}",
+            server.handle().unsupported()
+        );
+        server.shutdown().await;
+
+        let config = ServerConfig::new(retry_testkit::Role::Standalone).with_user("u", "p", &[]);
+        let server = TestServer::start(config).await.expect("server starts");
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let reply = client.command(unknown(doc! {})).await.unwrap();
+        assert_eq!(code(&reply), Some(59), "unauthenticated: {reply}");
+        assert_eq!(
+            reply.get_str("errmsg").ok(),
+            Some("no such command: 'frobnicate'")
+        );
+        let reply = client
+            .command(doc! { "find": "c", "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(
+            code(&reply),
+            Some(13),
+            "a known command needs authentication: {reply}"
+        );
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// Item 2 (house rule 7): `authenticate` (MONGODB-X509, AU-5) is in Stable API version 1 (the
+/// server's IDL: `api_version: "1"`), so `apiStrict: true` does not refuse it and it needs no
+/// authentication; the test server does not run it: TestkitUnsupported, logged (TK-2), never 59
+/// or 323.
+#[tokio::test]
+async fn authenticate_is_in_api_version_1_and_unsupported_here() {
+    bounded(async {
+        let config = ServerConfig::new(retry_testkit::Role::Standalone).with_user("u", "p", &[]);
+        let server = TestServer::start(config).await.expect("server starts");
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let body = doc! { "authenticate": 1, "mechanism": "MONGODB-X509", "$db": "$external",
+        "apiVersion": "1", "apiStrict": true };
+        let reply = client.command(body).await.unwrap();
+        assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{reply}");
+        assert_eq!(
+            server.handle().unsupported().len(),
+            1,
+            "{:?}",
+            server.handle().unsupported()
+        );
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// TK-2 (leftovers11): `stmtId` is refused loudly (TestkitUnsupported, logged) before the
+/// command does anything: a real server accepts it (a generic argument: a write's first
+/// statement id) but no driver sends it, and the test server numbers statements by position.
+/// The refused retryable write inserted nothing and took no `txnNumber`: the same write without
+/// `stmtId` then runs as a first execution.
+#[tokio::test]
+async fn tk2_stmt_id_is_refused_before_the_command_runs() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let insert = |extra: Document| {
+            let mut body = doc! { "insert": "s", "documents": [{ "_id": 1 }], "$db": "db",
+            "lsid": lsid(), "txnNumber": 1_i64 };
+            body.extend(extra);
+            body
+        };
+        let reply = client.command(insert(doc! { "stmtId": 0 })).await.unwrap();
+        assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{reply}");
+        let reply = client
+            .command(doc! { "ping": 1, "$db": "admin", "stmtId": 3 })
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{reply}");
+        assert_eq!(server.handle().unsupported().len(), 2);
+        assert!(server.handle().documents("db.s").is_empty());
+        let reply = client.command(insert(doc! {})).await.unwrap();
+        assert_eq!(
+            (code(&reply), reply.get_i32("n").ok()),
+            (None, Some(1)),
+            "{reply}"
+        );
+        assert_eq!(server.handle().counters().command("insert").replayed, 0);
         server.shutdown().await;
     })
     .await;
@@ -1078,6 +1235,47 @@ async fn unknown_fields_are_refused() {
     .await;
 }
 
+/// Review13 finding 3 (TK-2, house rule 7): a `count` or `distinct` `query` that is not a
+/// document is TypeMismatch (14) with the IDL parser's message, as on a real server (the
+/// commands' IDL: `query: type: object`), never a match of every document.
+#[tokio::test]
+async fn review13_f3_a_query_that_is_not_a_document_is_type_mismatch() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let insert = doc! { "insert": "c", "documents": [{ "a": 1 }, { "a": 2 }], "$db": "db" };
+        assert_eq!(code(&client.command(insert).await.unwrap()), None);
+        for (name, query, kind) in [
+            ("count", Bson::Int32(5), "int"),
+            ("count", Bson::String("x".into()), "string"),
+            ("distinct", Bson::Int32(5), "int"),
+            ("distinct", Bson::Array(vec![]), "array"),
+        ] {
+            let mut command = doc! { name: "c", "query": query, "$db": "db" };
+            if name == "distinct" {
+                command.insert("key", "a");
+            }
+            let reply = client.command(command.clone()).await.unwrap();
+            assert_eq!(code(&reply), Some(14), "{command}: {reply}");
+            let message = format!(
+                "BSON field '{name}.query' is the wrong type '{kind}', expected type 'object'"
+            );
+            assert_eq!(reply.get_str("errmsg").ok(), Some(message.as_str()));
+        }
+        let count = doc! { "count": "c", "query": { "a": 2 }, "$db": "db" };
+        let reply = client.command(count).await.unwrap();
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        let distinct = doc! { "distinct": "c", "key": "a", "$db": "db" };
+        let reply = client.command(distinct).await.unwrap();
+        assert_eq!(
+            reply.get_array("values").map(Vec::len).ok(),
+            Some(2),
+            "{reply}"
+        );
+        server.shutdown().await;
+    })
+    .await;
+}
+
 /// TK-6: a retryable write (lsid + txnNumber, no transaction) may not touch several documents:
 /// `multi: true` and `limit: 0` are InvalidOptions (72).
 #[tokio::test]
@@ -1460,6 +1658,85 @@ async fn tk15_out_waits_for_a_transaction_that_only_read_its_target() {
         let ran = other.command(out).await.unwrap();
         assert_eq!(ran.get_f64("ok").ok(), Some(1.0), "{ran}");
         assert_eq!(handle.documents("test.w"), [doc! { "_id": 1, "s": 1 }]);
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// TK-15 (leftovers11, house rule 7): a real server's pending DDL ("Pending DDL Operations and
+/// Transactions"): while a `$out` waits for a transaction that holds its target, a new
+/// transaction that accesses the target cannot lock it: LockTimeout (24, TransientTransactionError),
+/// and that transaction is aborted (NoSuchTransaction, 251, after). A transaction on another
+/// collection runs, the holding transaction goes on, and once the `$out` ran a new transaction
+/// on the target runs again.
+#[tokio::test]
+async fn tk15_a_waiting_out_holds_back_new_transactions_on_its_target() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let handle = server.handle();
+        handle.insert("test.src", vec![doc! { "_id": 1, "s": 1 }]);
+        handle.insert("test.w", vec![doc! { "_id": 2 }]);
+        let in_transaction = |lsid: u8, mut body: Document, start: bool| {
+            body.extend(
+                doc! { "$db": "test", "lsid": lsid_of(lsid), "txnNumber": 1_i64,
+                "autocommit": false },
+            );
+            if start {
+                body.insert("startTransaction", true);
+            }
+            body
+        };
+        let find = |lsid: u8, start: bool| in_transaction(lsid, doc! { "find": "w" }, start);
+        let reply = client.command(find(1, true)).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        let out = tokio::spawn(async move {
+            let out = doc! { "aggregate": "src", "pipeline": [{ "$out": "w" }], "cursor": {},
+            "$db": "test", "maxTimeMS": 10_000 };
+            other.command(out).await.unwrap()
+        });
+        for _ in 0..200 {
+            if handle.counters().command("aggregate").received > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!out.is_finished(), "the $out waits");
+
+        let mut third = RawClient::connect(server.address()).await.unwrap();
+        let insert = in_transaction(2, doc! { "insert": "w", "documents": [{ "_id": 3 }] }, true);
+        let refused = third.command(insert).await.unwrap();
+        assert_eq!(code(&refused), Some(24), "{refused}");
+        assert_eq!(labels(&refused), ["TransientTransactionError"], "{refused}");
+        let after = third.command(find(2, false)).await.unwrap();
+        assert_eq!(code(&after), Some(251), "aborted: {after}");
+        let elsewhere =
+            in_transaction(3, doc! { "insert": "x", "documents": [{ "_id": 1 }] }, true);
+        let reply = third.command(elsewhere).await.unwrap();
+        assert_eq!(code(&reply), None, "another collection: {reply}");
+        let reply = client.command(find(1, false)).await.unwrap();
+        assert_eq!(
+            code(&reply),
+            None,
+            "the holding transaction goes on: {reply}"
+        );
+
+        let abort = |lsid: u8| {
+            let mut body = in_transaction(lsid, doc! { "abortTransaction": 1 }, false);
+            body.insert("$db", "admin");
+            body
+        };
+        let reply = third.command(abort(3)).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = client.command(abort(1)).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let ran = out.await.expect("the $out task");
+        assert_eq!(code(&ran), None, "{ran}");
+        assert_eq!(handle.documents("test.w"), [doc! { "_id": 1, "s": 1 }]);
+        let insert = in_transaction(4, doc! { "insert": "w", "documents": [{ "_id": 5 }] }, true);
+        let reply = third.command(insert).await.unwrap();
+        assert_eq!(code(&reply), None, "no DDL waits any more: {reply}");
         server.shutdown().await;
     })
     .await

@@ -32,7 +32,7 @@ use super::raw_reply::ReplyFields;
 use super::refused::refusal;
 use super::{
     ConnId, Cursor, CursorHandle, CursorUse, Drain, Engine, EngineEvent, OpId, OpMachine,
-    OpSession, Operation, OperationRequest, Owner, ServerId, Slot, SPARE_MACHINES,
+    OpSession, Operation, OperationRequest, Owner, ServerId, Slot, SPARE_OPS,
 };
 use crate::address::ServerAddress;
 use crate::bson_read::Elements;
@@ -184,12 +184,53 @@ impl Operation {
     }
 }
 
+/// A new operation's machine ([`Engine::operation_machine`]): on its own, or already in the
+/// box of a finished operation that the new one reuses (issue 9).
+pub(super) enum Made {
+    /// A new machine; the operation needs a new box.
+    Fresh(OpMachine),
+    /// The spare operation, its machine the new one.
+    InSpare(Box<Operation>),
+}
+
+impl Made {
+    /// `machine`, put into `spare` when there is one.
+    fn placed(machine: OpMachine, spare: Option<Box<Operation>>) -> Made {
+        match spare {
+            Some(mut spare) => {
+                spare.machine = machine;
+                Made::InSpare(spare)
+            }
+            None => Made::Fresh(machine),
+        }
+    }
+}
+
+/// A new retry machine, recording its events or not (issue 9: the same actions and decisions).
+fn new_machine(
+    spec: OperationSpec,
+    options: &crate::policy::RetryOptions,
+    seed: u64,
+    record: bool,
+    now: Instant,
+) -> RetryMachine {
+    let machine = RetryMachine::new(spec, options, seed, now);
+    match record {
+        true => machine,
+        false => machine.without_events(),
+    }
+}
+
 impl Engine {
     /// The machine of a new operation, by its command's policy in the service config: a
     /// hedging machine when the policy is hedging and the operation may be hedged (see the module
     /// docs); else a retry machine under the command's A6 retry policy, with no retries for a
     /// command named without a policy, or under the client's retry options. `pinned` operations
     /// (a cursor's, a pinned transaction's, the engine's own) keep the client's options.
+    ///
+    /// Issue 9: `spare` is a finished operation whose box the new one reuses: the machine goes
+    /// into it, and a retry machine that records as the spare's does is made by restarting that
+    /// one in place (the machine `new` makes, without building and moving 680 bytes twice).
     pub(super) fn operation_machine(
         &mut self,
         request: &OperationRequest,
@@ -197,7 +238,8 @@ impl Engine {
         pinned: bool,
         spec: OperationSpec,
         now: Instant,
-    ) -> OpMachine {
+        spare: Option<Box<Operation>>,
+    ) -> Made {
         let policy = match (&self.options.service_config, pinned) {
             (Some(config), false) => request
                 .command
@@ -215,12 +257,13 @@ impl Engine {
                 if let Ok(machine) = HedgingMachine::new(request.kind, request.timeout, policy, now)
                 {
                     // Issue 9: events nobody listens to are not recorded (same decisions).
-                    return OpMachine::Hedging(Box::new(
+                    let machine = OpMachine::Hedging(Box::new(
                         match self.options.events.publishes_hedging() {
                             true => machine,
                             false => machine.without_events(),
                         },
                     ));
+                    return Made::placed(machine, spare);
                 }
                 None
             }
@@ -245,32 +288,37 @@ impl Engine {
             _ => None,
         };
         let options = retry.as_ref().unwrap_or(&self.options.retry);
-        let machine = RetryMachine::new(spec, options, self.rng.next_u64(), now);
+        let seed = self.rng.next_u64();
         // Issue 9: events nobody listens to are not recorded (same actions and decisions).
-        let machine = match self.options.events.publishes_retry() {
-            true => machine,
-            false => machine.without_events(),
-        };
-        // Issue 9: in the box of a finished operation's machine when there is one.
-        OpMachine::Retry(match self.spare_machines.pop() {
-            Some(mut spare) => {
-                *spare = machine;
-                spare
+        let record = self.options.events.publishes_retry();
+        if let Some(mut spare) = spare {
+            if let OpMachine::Retry(machine) = &mut spare.machine {
+                if machine.records_events() == record {
+                    machine.restart(spec, options, seed, now);
+                    return Made::InSpare(spare);
+                }
             }
-            None => Box::new(machine),
-        })
+            spare.machine =
+                OpMachine::Retry(Box::new(new_machine(spec, options, seed, record, now)));
+            return Made::InSpare(spare);
+        }
+        Made::Fresh(OpMachine::Retry(Box::new(new_machine(
+            spec, options, seed, record, now,
+        ))))
     }
 
-    /// Keeps a finished operation's retry machine box for the next operation (at most
-    /// `SPARE_MACHINES`; issue 9): operations finishing in a burst would otherwise free each
-    /// one through the allocator's slow path, its thread cache holding only a few blocks per
-    /// size.
-    pub(super) fn keep_machine(&mut self, machine: OpMachine) {
-        if let OpMachine::Retry(machine) = machine {
-            if self.spare_machines.len() < SPARE_MACHINES {
-                self.spare_machines.push(machine);
-            }
+    /// Keeps a finished operation's box, with its retry machine's, for the next operation
+    /// (at most `SPARE_OPS`; issue 9). What it holds of its caller's is dropped now: the
+    /// command's fields (the emptied document keeps its capacity), its document sequences and
+    /// its encoded form. A hedged operation's box is not kept.
+    pub(super) fn keep_operation(&mut self, mut op: Box<Operation>) {
+        if !matches!(op.machine, OpMachine::Retry(_)) || self.spare_ops.len() >= SPARE_OPS {
+            return;
         }
+        op.wire.body.clear();
+        op.wire.sequences.clear();
+        op.encoded = None;
+        self.spare_ops.push(op);
     }
 
     /// Routes a hedged operation's events and actions.

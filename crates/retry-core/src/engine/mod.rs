@@ -666,6 +666,9 @@ pub struct Engine {
     selection_cache: SelectionCache,
     servers: Vec<Server>,
     server_ids: BTreeMap<ServerAddress, ServerId>,
+    /// The entry of `server_ids` found last (issue 9: an attempt's server is nearly always the
+    /// one before); dropped with the entry.
+    last_server: Option<(ServerAddress, ServerId)>,
     sockets: IdTable<ConnId, Socket>,
     /// Pool connection → socket.
     pool_sockets: BTreeMap<(ServerId, ConnectionId), ConnId>,
@@ -719,14 +722,18 @@ pub struct Engine {
     draining: Option<OpId>,
     /// SRV polling (`srv_polling.rs`), when the options ask for it.
     srv: Option<crate::topology::SrvPoller>,
-    /// Boxes of finished operations' retry machines, reused by the next ones (issue 9). The
-    /// boxes are what is kept, so `Box` in a `Vec`.
+    /// Boxes of finished retry-machine operations, with their machines' boxes, reused by the
+    /// next operations (issue 9): a burst of finishes would otherwise free each through the
+    /// allocator's slow path, its thread cache holding only a few blocks per size. A kept
+    /// operation holds none of its caller's data (`Engine::keep_operation`). The boxes are what
+    /// is kept, so `Box` in a `Vec`.
     #[allow(clippy::vec_box)]
-    spare_machines: Vec<Box<RetryMachine>>,
+    spare_ops: Vec<Box<Operation>>,
 }
 
-/// The most retry machine boxes kept for reuse: a burst of 64 operations (about 44 KB).
-const SPARE_MACHINES: usize = 64;
+/// The most finished operations kept for reuse: a burst of 64 (about 100 KB with their
+/// machines).
+const SPARE_OPS: usize = 64;
 
 impl core::fmt::Debug for Engine {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -754,6 +761,14 @@ pub enum EngineError {
     Handshake(crate::handshake::MetadataError),
     /// The handshake command cannot be encoded (WP-7).
     HandshakeEncoding(crate::wire::EncodeError),
+    /// Load-balanced mode with a strict Stable API (`ServerApi::strict == Some(true)`): the
+    /// handshake must carry `loadBalanced: true` (LB-7) and `apiStrict: true` (HS-2, versioned-api
+    /// "Command Syntax"), and a server refuses that hello: `loadBalanced` is an unstable field of
+    /// the server's hello command (hello.idl, `stability: unstable`), parsed with the request's
+    /// `apiStrict`, so every handshake would fail with APIStrictError (323). Neither spec allows
+    /// dropping either field, so the engine refuses the combination instead of failing every
+    /// connection. `apiStrict: false` or unset works.
+    LoadBalancedStrictApi,
 }
 
 impl core::fmt::Display for EngineError {
@@ -762,6 +777,11 @@ impl core::fmt::Display for EngineError {
             EngineError::Settings(e) => write!(f, "invalid topology settings: {e}"),
             EngineError::Handshake(e) => write!(f, "invalid handshake: {e}"),
             EngineError::HandshakeEncoding(e) => write!(f, "the handshake cannot be encoded: {e}"),
+            EngineError::LoadBalancedStrictApi => f.write_str(
+                "loadBalanced=true cannot be used with a strict Stable API (apiStrict: true): a \
+                 server refuses the handshake's loadBalanced field under apiStrict \
+                 (APIStrictError, 323); leave ServerApi::strict unset or false",
+            ),
         }
     }
 }
@@ -772,6 +792,7 @@ impl core::error::Error for EngineError {
             EngineError::Settings(e) => Some(e),
             EngineError::Handshake(e) => Some(e),
             EngineError::HandshakeEncoding(e) => Some(e),
+            EngineError::LoadBalancedStrictApi => None,
         }
     }
 }
@@ -786,9 +807,16 @@ impl Engine {
     /// An engine for `options`, starting at `now`: monitors start at once (none in load-balanced
     /// mode, LB-3).
     ///
-    /// Fails when the topology settings are inconsistent or the handshake cannot be built.
+    /// Fails when the topology settings are inconsistent, the handshake cannot be built, or
+    /// load-balanced mode meets a strict Stable API ([`EngineError::LoadBalancedStrictApi`]).
     pub fn new(mut options: EngineOptions, now: Instant) -> Result<Engine, EngineError> {
         options.handshake.load_balanced = options.topology.load_balanced;
+        let strict = |api: &crate::handshake::ServerApi| api.strict == Some(true);
+        if options.topology.load_balanced
+            && options.handshake.server_api.as_ref().is_some_and(strict)
+        {
+            return Err(EngineError::LoadBalancedStrictApi);
+        }
         let topology = Topology::new(options.topology.clone(), now)?;
         // Built and encoded once here, so that opening a socket cannot fail later.
         let handshake = options
@@ -813,6 +841,7 @@ impl Engine {
             selection_cache: SelectionCache::default(),
             servers: Vec::new(),
             server_ids: BTreeMap::new(),
+            last_server: None,
             sockets: IdTable::default(),
             pool_sockets: BTreeMap::new(),
             ops: IdTable::default(),
@@ -841,7 +870,7 @@ impl Engine {
             ending_sessions: false,
             draining: None,
             srv,
-            spare_machines: Vec::new(),
+            spare_ops: Vec::new(),
         };
         engine.schedule(Machine::Topology);
         engine.schedule_every_pool();
@@ -1100,8 +1129,14 @@ impl Engine {
 
     /// The id of the server at `address` while it is in the topology, made on first use.
     fn server_id(&mut self, address: &ServerAddress) -> ServerId {
-        if let Some(id) = self.server_ids.get(address) {
-            return *id;
+        if let Some((last, id)) = &self.last_server {
+            if last == address {
+                return *id;
+            }
+        }
+        if let Some(id) = self.server_ids.get(address).copied() {
+            self.last_server = Some((address.clone(), id));
+            return id;
         }
         let id = ServerId(self.servers.len() as u32);
         self.servers.push(Server {
@@ -1120,7 +1155,9 @@ impl Engine {
 
     /// The server's pool: the topology's while it is a member, then the retired one. The
     /// topology's is found at the position it had last time when it is still there (one
-    /// comparison, house rule 9), else looked up and its position kept.
+    /// comparison, house rule 9), else looked up and its position kept. Inlined (issue 9): a
+    /// call's own entry and exit cost about as much as the comparison.
+    #[inline(always)]
     fn pool_mut(&mut self, server: ServerId) -> Option<&mut Pool> {
         let entry = &mut self.servers[server.0 as usize];
         match entry.retired_pool.as_deref_mut() {
@@ -1138,6 +1175,7 @@ impl Engine {
         }
     }
 
+    #[inline(always)]
     fn pool(&self, server: ServerId) -> Option<&Pool> {
         let entry = self.server(server);
         match entry.retired_pool.as_deref() {

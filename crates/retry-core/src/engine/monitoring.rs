@@ -140,6 +140,13 @@ impl Engine {
         let Some(server) = self.server_ids.remove(address) else {
             return;
         };
+        if self
+            .last_server
+            .as_ref()
+            .is_some_and(|(_, id)| *id == server)
+        {
+            self.last_server = None;
+        }
         if let Some(mut state) = self.server_mut(server).monitor.take() {
             self.timers
                 .set(Machine::Monitor(server), &mut state.timer, None);

@@ -11,6 +11,7 @@
 use bson::RawDocumentBuf;
 
 use super::encoded;
+use super::hedged::Made;
 use super::raw_reply::{self, ReplyFields};
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
@@ -89,24 +90,28 @@ impl Engine {
     pub fn start_operation(&mut self, request: OperationRequest, now: Instant) -> OpId {
         if self.closed {
             let op = self.next_op_id();
-            return self.finished_at_once(op, Err(OperationError::cancelled()));
+            return self.finished_at_once(op, false, Err(OperationError::cancelled()));
         }
         self.launch(request, false, now)
     }
 
     /// Finishes `op` before it reaches any machine (closed engine, refused request, a
-    /// transaction command with nothing to do): its only event, with no server (issue 9 item 2:
-    /// every operation ends exactly once).
-    fn finished_at_once(
+    /// transaction command with nothing to do, a cursor that is not open or LB-11 closes): its
+    /// only event, with no server (issue 9 item 2: every operation ends exactly once). An
+    /// `internal` operation reports none, as in `finish`.
+    pub(super) fn finished_at_once(
         &mut self,
         op: OpId,
+        internal: bool,
         result: Result<RawDocumentBuf, OperationError>,
     ) -> OpId {
-        self.events.push_back(EngineEvent::OperationFinished {
-            op,
-            result,
-            address: None,
-        });
+        if !internal {
+            self.events.push_back(EngineEvent::OperationFinished {
+                op,
+                result,
+                address: None,
+            });
+        }
         op
     }
 
@@ -166,7 +171,7 @@ impl Engine {
         if let Some(raw) = request.encoded.take() {
             let inspected = match encoded::inspect(&raw, &request.command) {
                 Ok(inspected) => inspected,
-                Err(error) => return self.finished_at_once(op, Err(error)),
+                Err(error) => return self.finished_at_once(op, internal, Err(error)),
             };
             // Versioned-api spec: a caller's API field is replaced, so it must not stay encoded.
             let api_field = self.api.is_some() && inspected.api_field;
@@ -187,14 +192,14 @@ impl Engine {
         // TX-1, TX-2: an operation naming a session runs through its transaction.
         match self.transaction_request(&mut request) {
             Ok(true) => {}
-            Ok(false) => return self.finished_at_once(op, Ok(RawDocumentBuf::new())),
-            Err(error) => return self.finished_at_once(op, Err(error)),
+            Ok(false) => return self.finished_at_once(op, internal, Ok(RawDocumentBuf::new())),
+            Err(error) => return self.finished_at_once(op, internal, Err(error)),
         }
         let (mut session, gossip) = match self.operation_session(&request, unacknowledged) {
             Ok(session) => session,
             Err(error) => {
                 self.restore_transaction(request.session, before);
-                return self.finished_at_once(op, Err(error));
+                return self.finished_at_once(op, internal, Err(error));
             }
         };
         if internal {
@@ -211,7 +216,7 @@ impl Engine {
         };
         let (mut pinned_server, mut pinned_conn) = (None, None);
         if let CursorUse::GetMore(handle) | CursorUse::Close(handle) = request.cursor {
-            match self.cursor_route(op, handle, request.cursor, now) {
+            match self.cursor_route(op, internal, handle, request.cursor, now) {
                 Some((server, conn)) => {
                     pinned_server = Some(server);
                     pinned_conn = conn;
@@ -238,12 +243,15 @@ impl Engine {
                 .map(|s| s.transaction.generation()),
             _ => None,
         };
+        // Issue 9: a finished operation's box, and its machine, when one is kept.
+        let spare = self.spare_ops.pop();
         let machine = self.operation_machine(
             &request,
             &session,
             pinned_server.is_some() || internal,
             spec,
             now,
+            spare,
         );
         // The command moves to `wire`, the rest stays (moving it out whole, not taking it, builds
         // no empty document in its place).
@@ -273,9 +281,51 @@ impl Engine {
             session,
             ..Slot::default()
         });
-        self.ops.insert(
-            op,
-            Box::new(Operation {
+        let operation = match machine {
+            Made::InSpare(mut spare) => {
+                // Every field but the machine written (the pattern names them all).
+                let Operation {
+                    machine: _,
+                    slots: spare_slots,
+                    wire: spare_wire,
+                    encoded: spare_encoded,
+                    encoded_read_preference: spare_encoded_read_preference,
+                    request: spare_request,
+                    reply: spare_reply,
+                    pinned_server: spare_pinned_server,
+                    pinned_conn: spare_pinned_conn,
+                    release_pinned: spare_release_pinned,
+                    keep_conn: spare_keep_conn,
+                    opened: spare_opened,
+                    txn_number: spare_txn_number,
+                    transaction: spare_transaction,
+                    gossip: spare_gossip,
+                    internal: spare_internal,
+                    timer: spare_timer,
+                    refused: spare_refused,
+                    queued: spare_queued,
+                } = &mut *spare;
+                *spare_slots = slots;
+                *spare_wire = Request::new(body);
+                *spare_encoded = encoded;
+                *spare_encoded_read_preference = encoded_read_preference;
+                *spare_request = request;
+                *spare_reply = None;
+                *spare_pinned_server = pinned_server;
+                *spare_pinned_conn = pinned_conn;
+                *spare_release_pinned = false;
+                *spare_keep_conn = false;
+                *spare_opened = None;
+                *spare_txn_number = None;
+                *spare_transaction = transaction;
+                *spare_gossip = gossip;
+                *spare_internal = internal;
+                *spare_timer = None;
+                *spare_refused = None;
+                *spare_queued = false;
+                spare
+            }
+            Made::Fresh(machine) => Box::new(Operation {
                 machine,
                 slots,
                 wire: Request::new(body),
@@ -296,7 +346,8 @@ impl Engine {
                 refused: None,
                 queued: false,
             }),
-        );
+        };
+        self.ops.insert(op, operation);
         self.schedule(Machine::Operation(op));
         self.run(now);
         op
@@ -623,15 +674,19 @@ impl Engine {
             }
         }
         self.operation_session_ended(&mut op, winner, result.is_ok(), now);
-        let Operation {
-            machine,
-            internal,
-            opened,
-            mut reply,
-            slots,
-            ..
-        } = *op;
-        self.keep_machine(machine);
+        // Issue 9: what the event needs is taken out of the box, which is kept for the next
+        // operation (`keep_operation`).
+        let (internal, opened, reply) = (op.internal, op.opened.take(), op.reply.take());
+        // RW-3: the server that sent a success's reply (a reply the engine made has none).
+        let address = match (&result, reply.as_ref(), internal) {
+            (Ok(()), Some(_), false) => op
+                .slots
+                .get(winner)
+                .and_then(|slot| slot.server.as_ref())
+                .map(|server| server.address.clone()),
+            _ => None,
+        };
+        self.keep_operation(op);
         if internal {
             return;
         }
@@ -639,15 +694,7 @@ impl Engine {
             self.events
                 .push_back(EngineEvent::CursorOpened { op: op_id, cursor });
         }
-        // RW-3: the server that sent a success's reply (a reply the engine made has none).
-        let address = match (&result, reply.as_ref()) {
-            (Ok(()), Some(_)) => slots
-                .get(winner)
-                .and_then(|slot| slot.server.as_ref())
-                .map(|server| server.address.clone()),
-            _ => None,
-        };
-        let result = result.map(|()| reply.take().unwrap_or_default());
+        let result = result.map(|()| reply.unwrap_or_default());
         self.events.push_back(EngineEvent::OperationFinished {
             op: op_id,
             result,

@@ -9,9 +9,7 @@
 
 use bson::RawDocumentBuf;
 
-use super::{
-    ConnId, Cursor, CursorHandle, CursorUse, Engine, EngineEvent, OpId, Owner, SessionHandle,
-};
+use super::{ConnId, Cursor, CursorHandle, CursorUse, Engine, OpId, Owner, SessionHandle};
 use crate::error::{Labels, OperationError};
 use crate::pinning::{CursorClose, CursorPin, CursorStep, Pin, TransactionCommand};
 use crate::pool::{ConnectionId, Purpose};
@@ -25,17 +23,14 @@ impl Engine {
     pub(super) fn cursor_route(
         &mut self,
         op: OpId,
+        internal: bool,
         handle: CursorHandle,
         cursor_use: CursorUse,
         now: Instant,
     ) -> Option<(AttemptServer, Option<ConnId>)> {
         let Some(cursor) = self.cursors.get_mut(&handle) else {
             let error = OperationError::usage(alloc::format!("cursor {} is not open", handle.0));
-            self.events.push_back(EngineEvent::OperationFinished {
-                op,
-                result: Err(error),
-                address: None,
-            });
+            self.finished_at_once(op, internal, Err(error));
             return None;
         };
         if let CursorUse::Close(_) = cursor_use {
@@ -67,11 +62,7 @@ impl Engine {
                         }
                         self.flush_pool_events(server);
                     }
-                    self.events.push_back(EngineEvent::OperationFinished {
-                        op,
-                        result: Ok(RawDocumentBuf::new()),
-                        address: None,
-                    });
+                    self.finished_at_once(op, internal, Ok(RawDocumentBuf::new()));
                     return None;
                 }
             }

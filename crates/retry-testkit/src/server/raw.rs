@@ -11,7 +11,7 @@
 //! - no document sequence, no field twice, and only these fields besides the command's own:
 //!   a string `$db`, an `lsid` that is `{id: <binary>}` alone, `$clusterTime`, a
 //!   `$readPreference` document with a known `mode`, `apiVersion: "1"`, boolean `apiStrict` (true
-//!   only on `ping` and `hello`, API version 1) and
+//!   only on `ping` and `hello`, API version 1, and not with a hello's `loadBalanced`) and
 //!   `apiDeprecationErrors` (only with `apiVersion`), `comment`, a numeric `maxTimeMS` the
 //!   server's check (`refusals::max_time_refusal`) accepts, and for a hello a boolean `helloOk`
 //!   and `loadBalanced`, a `client` document (only on the connection's first hello),
@@ -119,11 +119,14 @@ impl<'a> Hot<'a> {
             cluster_time: None,
         };
         let mut seen = 0_u32;
+        let mut strict = false;
         loop {
             let field = match fields.next() {
                 Walk::Element(field) => field,
                 // `apiStrict` / `apiDeprecationErrors` only with `apiVersion` (4886600).
                 Walk::End if seen & 0b110_0000 != 0 && seen & 0b1_0000 == 0 => return None,
+                // A hello's `loadBalanced` under `apiStrict: true` (323, `commands::hello_refusal`).
+                Walk::End if strict && seen & (1 << 10) != 0 => return None,
                 Walk::End => return Some(hot),
                 Walk::Unreadable => return None,
             };
@@ -147,12 +150,15 @@ impl<'a> Hot<'a> {
                     (4, field.str() == Some("1"))
                 }
                 // `apiStrict: true` only on a command in API version 1 (else 323).
-                b"apiStrict" => (
-                    5,
-                    field
-                        .bool()
-                        .is_some_and(|strict| !strict || API_VERSION_1.contains(&name)),
-                ),
+                b"apiStrict" => {
+                    strict = field.bool() == Some(true);
+                    (
+                        5,
+                        field
+                            .bool()
+                            .is_some_and(|strict| !strict || API_VERSION_1.contains(&name)),
+                    )
+                }
                 b"apiDeprecationErrors" => (6, field.bool().is_some()),
                 b"comment" => (7, true),
                 b"maxTimeMS" => {

@@ -894,6 +894,23 @@ fn generic_field_cases() -> Vec<(&'static str, Document, Option<i32>)> {
             doc! { "distinct": "c", "key": "a", "$db": "test", "apiVersion": "1", "apiStrict": false },
             None,
         ),
+        // LB-7 under `apiStrict: true`: the hello's unstable `loadBalanced` field is
+        // APIStrictError (323) whatever its value; with `apiStrict: false` it runs.
+        (
+            "apiStrict hello loadBalanced",
+            hello(doc! { "loadBalanced": true, "apiVersion": "1", "apiStrict": true }),
+            Some(323),
+        ),
+        (
+            "apiStrict hello loadBalanced false",
+            hello(doc! { "apiVersion": "1", "apiStrict": true, "loadBalanced": false }),
+            Some(323),
+        ),
+        (
+            "apiStrict false hello loadBalanced",
+            hello(doc! { "loadBalanced": true, "apiVersion": "1", "apiStrict": false }),
+            None,
+        ),
         (
             "apiStrict hello",
             hello(doc! { "apiVersion": "1", "apiStrict": true }),
@@ -984,6 +1001,52 @@ fn generic_field_cases() -> Vec<(&'static str, Document, Option<i32>)> {
             Some(186),
         ),
         ("hello, again without client", hello(doc! {}), None),
+        // Review13 finding 1 (TK-2): a `writeConcern`, `{}` included, on a command whose
+        // `supportsWriteConcern()` is false is InvalidOptions (72), "Command does not support
+        // writeConcern" (`getMore` before its cursor is looked up); `aggregate` and the writes
+        // take one.
+        (
+            "ping writeConcern",
+            ping(doc! { "writeConcern": { "w": 1 } }),
+            Some(72),
+        ),
+        (
+            "ping writeConcern {}",
+            ping(doc! { "writeConcern": {} }),
+            Some(72),
+        ),
+        (
+            "count writeConcern",
+            doc! { "count": "c", "$db": "test", "writeConcern": { "w": "majority" } },
+            Some(72),
+        ),
+        (
+            "getMore writeConcern",
+            doc! { "getMore": 5_i64, "collection": "c", "$db": "test", "writeConcern": { "w": 1 } },
+            Some(72),
+        ),
+        (
+            "find writeConcern",
+            doc! { "find": "c", "$db": "test", "writeConcern": { "w": 1 } },
+            Some(72),
+        ),
+        (
+            "hello writeConcern",
+            hello(doc! { "writeConcern": { "w": 1 } }),
+            Some(72),
+        ),
+        (
+            "aggregate writeConcern",
+            doc! { "aggregate": "c", "pipeline": [], "cursor": {}, "$db": "test",
+            "writeConcern": { "w": 1 } },
+            None,
+        ),
+        (
+            "insert writeConcern",
+            doc! { "insert": "c", "documents": [{ "x": 1 }], "$db": "test",
+            "writeConcern": { "w": 1 } },
+            None,
+        ),
     ]
 }
 
