@@ -131,12 +131,15 @@ pub(crate) const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
 /// The test server's commands a real server runs with a `writeConcern`: those whose
 /// `supportsWriteConcern()` is true (the writes, `create`, `drop`, `dropDatabase`, the index
 /// commands, commit and abort), and `aggregate` whatever its pipeline (the server's jstests
-/// aggregation_accepts_write_concern.js). Every other command it knows refuses one
-/// ([`write_concern_refusal`]).
+/// aggregation_accepts_write_concern.js), `collMod`, `renameCollection` and `mapReduce` (with an output
+/// collection; inline it refuses one, but the test server answers either TestkitUnsupported, which
+/// is never more forgiving). Every other command it knows refuses one ([`write_concern_refusal`];
+/// the replica-set commands' base class `ReplSetCommand` takes none).
 const WRITE_CONCERN_COMMANDS: &[&str] = &[
     "abortTransaction",
     "aggregate",
     "bulkWrite",
+    "collMod",
     "commitTransaction",
     "create",
     "createIndexes",
@@ -147,6 +150,8 @@ const WRITE_CONCERN_COMMANDS: &[&str] = &[
     "dropIndexes",
     "findAndModify",
     "insert",
+    "mapReduce",
+    "renameCollection",
     "update",
 ];
 
