@@ -432,6 +432,8 @@ impl<T, const N: usize> Queue<T, N> {
             0 => None,
             // The usual case: taking the only item moves nothing else.
             1 => self.0.pop(),
+            // Two (a release and the next step): the second takes the first's place, in order.
+            2 => Some(self.0.swap_remove(0)),
             _ => Some(self.0.remove(0)),
         }
     }

@@ -6,7 +6,7 @@
 //! `valgrind --tool=callgrind <bench binary> callgrind <policy>`; it prints the attempts it
 //! simulated, and callgrind the instructions. `callgrind default` runs every run of the default
 //! `retry-lab simulate --seed 1` (nine policies, ten loads and the episode each) without writing
-//! the CSV and SVG files.
+//! the CSV and SVG files; `callgrind default DIR` also writes them into DIR.
 
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use criterion::{Criterion, Throughput};
 use retry_lab::cli::{Cli, Command};
 use retry_lab::simulate::model::{run, Cluster, Load, RunSpec};
 use retry_lab::simulate::policy::SimPolicy;
-use retry_lab::simulate::{simulate, SimulateArgs};
+use retry_lab::simulate::{output, simulate, SimulateArgs};
 
 fn spec(policy: SimPolicy) -> RunSpec {
     RunSpec {
@@ -67,6 +67,10 @@ fn main() {
         if name == "default" {
             let report = simulate(&default_args()).expect("the defaults are valid");
             println!("{} attempts (default run)", report.total_attempts);
+            // `callgrind default DIR` also writes the CSV and SVG files, to compare with `cmp`.
+            if let Some(dir) = args.next() {
+                output::write(&report, std::path::Path::new(&dir)).expect("the files are written");
+            }
             return;
         }
         let policy = SimPolicy::ALL

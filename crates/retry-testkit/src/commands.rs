@@ -422,6 +422,18 @@ fn run(
     if let Some(refusal) = unknown_field(name, command) {
         return Some(refusal);
     }
+    // TK-15 (leftovers11): a command on a collection whose lock a waiting DDL command wants,
+    // before it reads or writes anything: a transaction's cannot get it (`Store::lock_timeout`),
+    // one outside any queues behind it (`Store::ddl_queue`).
+    if let Ok(collection) = command.get_str(name) {
+        let ns = format!("{db}.{collection}");
+        if let Some((code, message)) = state.store.lock_timeout(&ns) {
+            return Some(error_reply(code, &message));
+        }
+        if let Err(error) = state.store.ddl_queue(&ns) {
+            return Some(query_error(error));
+        }
+    }
     Some(match name {
         "ping" | "endSessions" => ok(),
         // UT-25, TK-15 (review8 finding 3): killing sessions aborts their transactions; an
@@ -1034,13 +1046,32 @@ fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Doc
     doc! { "lastErrorObject": last_error, "value": value.map_or(Bson::Null, Bson::Document), "ok": 1.0 }
 }
 
+/// Review13 finding 3 (TK-2, house rule 7): the `query` of a `count` or `distinct` (`name`), by
+/// the commands' IDL (`query: type: object`): a document, or none for all documents; anything
+/// else TypeMismatch (14), "BSON field '<name>.query' is the wrong type ...". An explicit `null`
+/// is taken as none (what a real server answers to it is not verified).
+fn query_filter(command: &Document, name: &str) -> Result<Document, Document> {
+    match command.get("query") {
+        None | Some(Bson::Null) => Ok(Document::new()),
+        Some(Bson::Document(query)) => Ok(query.clone()),
+        Some(other) => Err(crate::refusals::wrong_type(
+            &format!("{name}.query"),
+            other,
+            "object",
+        )),
+    }
+}
+
 /// `{count: coll, query, skip, limit}`.
 fn count(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let collection = match collection_name(command, "count") {
         Ok(c) => c,
         Err(e) => return e,
     };
-    let filter = command.get_document("query").cloned().unwrap_or_default();
+    let filter = match query_filter(command, "count") {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
     match state.store.matching(&format!("{db}.{collection}"), &filter) {
         Ok(docs) => {
             let skip = command.get("skip").and_then(integer).unwrap_or(0).max(0) as usize;
@@ -1063,7 +1094,10 @@ fn distinct(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let Ok(key) = command.get_str("key") else {
         return error_reply(2, "distinct needs a key");
     };
-    let filter = command.get_document("query").cloned().unwrap_or_default();
+    let filter = match query_filter(command, "distinct") {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
     if key.contains('.') {
         return unsupported_reply(&format!("distinct on the path {key}"));
     }
@@ -1308,9 +1342,8 @@ fn find(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let Ok(collection) = command.get_str("find") else {
         return error_reply(2, "find needs a collection name");
     };
-    // A read takes no `writeConcern`.
-    let unknown =
-        |k: &str| k == "writeConcern" || !(FIND_FIELDS.contains(&k) || ENVELOPE.contains(&k));
+    // A `writeConcern` was refused before (72, `refusals::write_concern_refusal`).
+    let unknown = |k: &str| !(FIND_FIELDS.contains(&k) || ENVELOPE.contains(&k));
     if let Some(field) = command.keys().find(|k| unknown(k)) {
         return unsupported_reply(&format!("find option {field}"));
     }
@@ -1362,7 +1395,7 @@ fn find(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     cursor_reply("firstBatch", &ns, batch)
 }
 
-/// `find`'s own options; with [`ENVELOPE`] but `writeConcern`, the fields it understands.
+/// `find`'s own options; with [`ENVELOPE`], the fields it understands.
 /// Anything else is `TestkitUnsupported` (TK-2), never ignored.
 const FIND_FIELDS: &[&str] = &[
     "find",
@@ -1930,5 +1963,116 @@ mod tests {
         ] {
             assert!(distinct_values(refused.iter()).is_err(), "{refused:?}");
         }
+    }
+
+    /// Review13 finding 2 (TK-2, house rule 7): the arms of [`run`], listed once here.
+    const DISPATCHED: &[&str] = &[
+        "ping",
+        "endSessions",
+        "killAllSessions",
+        "killSessions",
+        "buildInfo",
+        "buildinfo",
+        "insert",
+        "update",
+        "delete",
+        "findAndModify",
+        "bulkWrite",
+        "count",
+        "distinct",
+        "aggregate",
+        "create",
+        "drop",
+        "dropDatabase",
+        "listCollections",
+        "listDatabases",
+        "listIndexes",
+        "createIndexes",
+        "dropIndexes",
+        "deleteIndexes",
+        "commitTransaction",
+        "abortTransaction",
+        "find",
+        "getMore",
+        "killCursors",
+    ];
+
+    /// The known commands other handlers run: hellos (the server), the authentication commands
+    /// (`auth`), `configureFailPoint` and `setParameter` ([`execute`]).
+    const RUN_ELSEWHERE: &[&str] = &[
+        "hello",
+        "isMaster",
+        "ismaster",
+        "saslStart",
+        "saslContinue",
+        "authenticate",
+        "configureFailPoint",
+        "setParameter",
+    ];
+
+    /// A real server's commands the test server knows (admitted, fail points fire) but does
+    /// not run: TestkitUnsupported (TK-2).
+    const KNOWN_NOT_RUN: &[&str] = &[
+        "collMod",
+        "mapReduce",
+        "renameCollection",
+        "replSetFreeze",
+        "replSetStepDown",
+    ];
+
+    /// What [`run`] answers `{<name>: "c", $db: "db"}` on a server of `max_wire_version`.
+    fn dispatch(store: &mut Store, name: &str, max_wire_version: i32) -> Option<Document> {
+        let request = OpMsg {
+            request_id: 1,
+            response_to: 0,
+            flags: Default::default(),
+            body: doc! { name: "c", "$db": "db" },
+            sequences: Vec::new(),
+        };
+        let mut context = Context {
+            store,
+            batch_size: 101,
+            origin: CursorOrigin {
+                owner: ObjectId::from_bytes([1; 12]),
+                lsid: None,
+                txn_number: None,
+                api: ApiParameters::NONE,
+                router: false,
+            },
+            router: None,
+        };
+        run(&mut context, name, &request, max_wire_version)
+    }
+
+    /// Review13 finding 2 (TK-2, house rule 7): the known commands
+    /// (`refusals::known_command`, which gates every API check and answers 59 for the rest) and
+    /// the commands the test server runs stay in step: every arm of [`run`] is known and runs,
+    /// every known command is run by [`run`] or another handler or listed as known but not run,
+    /// and `bulkWrite` is known and run only from wire version 25 (8.0; a 7.0 server answers 59,
+    /// not an API error).
+    #[test]
+    fn review13_f2_tk2_known_commands_and_the_dispatcher_stay_in_step() {
+        use crate::refusals::{known_command, API_VERSION_1, KNOWN_OUTSIDE_API_VERSION_1};
+        let mut store = Store::default();
+        for name in DISPATCHED {
+            assert!(known_command(name, 25), "{name} runs but is unknown");
+            assert!(dispatch(&mut store, name, 25).is_some(), "{name} not run");
+        }
+        for name in API_VERSION_1.iter().chain(KNOWN_OUTSIDE_API_VERSION_1) {
+            let run_somewhere = DISPATCHED.contains(name) || RUN_ELSEWHERE.contains(name);
+            let listed = run_somewhere || KNOWN_NOT_RUN.contains(name);
+            assert!(listed, "{name} is known but nothing runs it");
+        }
+        for name in RUN_ELSEWHERE.iter().chain(KNOWN_NOT_RUN) {
+            assert!(known_command(name, 25), "{name}");
+            assert!(
+                dispatch(&mut store, name, 25).is_none(),
+                "{name} is run twice"
+            );
+        }
+        assert!(!known_command("bulkWrite", 21));
+        assert!(dispatch(&mut store, "bulkWrite", 21).is_none());
+        assert!(!known_command("frobnicate", 25));
+        assert!(dispatch(&mut store, "frobnicate", 25).is_none());
     }
 }

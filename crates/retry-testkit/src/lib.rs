@@ -47,9 +47,11 @@
 //!    `isMaster` or `ismaster` is recorded as a [`Handshake`].
 //! 2. A body without `$db` fails with code 40571, as a real server does; so does a body with a key
 //!    sent twice (FailedToParse 9), or a document sequence the command does not take (40472,
-//!    40415) or that repeats a body field (40433) (house rule 7). While the `requireApiVersion`
-//!    server parameter is on ([`ServerConfig::require_api_version`], `setParameter`), a command
-//!    without `apiVersion`, hellos included, fails with code 498870.
+//!    40415) or that repeats a body field (40433) (house rule 7). A command the server does not
+//!    know is CommandNotFound (59) now, before any other check, as a real server looks it up
+//!    first (TK-2). While the `requireApiVersion` server parameter is on
+//!    ([`ServerConfig::require_api_version`], `setParameter`), a command without `apiVersion`,
+//!    hellos included, fails with code 498870. `stmtId` is refused (`TestkitUnsupported`).
 //! 3. Every command but the handshake (BP-6) and `configureFailPoint` takes a token from the ingress
 //!    limiter, if one is set; without a token it fails with code 462,
 //!    `IngressRequestRateLimitExceeded`, labels `SystemOverloadedError` and `RetryableError`, and
@@ -58,7 +60,7 @@
 //!    command or adds a `writeConcernError` ([`FailCommand`]).
 //! 5. The command runs ([`CommandCounts::executed`]), unless it is the retry of a retryable
 //!    write (`insert`, `update`, `delete`, `findAndModify`, `bulkWrite`) that already ran (same
-//!    `lsid`, `txnNumber` and `stmtId`): that gets the first reply again
+//!    `lsid`, `txnNumber` and statement): that gets the first reply again
 //!    ([`CommandCounts::replayed`]). A command with `autocommit: false` belongs to its session's
 //!    transaction (TK-15: snapshot reads, writes matched against the snapshot and invisible to
 //!    others until the commit, another transaction's write to a document it changed (or its

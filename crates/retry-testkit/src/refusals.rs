@@ -29,6 +29,9 @@
 //!   and abort ("writeConcern is not allowed within a multi-statement transaction", 72), and a
 //!   `readConcern` on a command that does not start it ("Only the first command in a transaction
 //!   may specify a readConcern", 72).
+//! - Outside a transaction, a `writeConcern` on a command that takes none (`find`, `count`,
+//!   `getMore`, `ping`, ...): InvalidOptions (72), "Command does not support writeConcern"
+//!   ([`write_concern_refusal`], checked after the fail point).
 //! - The generic fields (review7 finding 3, [`generic_field_refusal`]): `apiVersion`,
 //!   `apiStrict`, `apiDeprecationErrors`, `$readPreference`, a hello's `client` and
 //!   `compression` of the wrong type or value.
@@ -68,8 +71,8 @@ pub(crate) const READ_PREFERENCE_MODES: [&str; 5] = [
 /// createIndexes, dropIndexes, saslStart; distinct and buildInfo are not; the `bulkWrite`
 /// command's IDL declares `api_version: "1"`, and so does `authenticate`'s, whose command class
 /// is generated as `AuthenticateCmdVersion1Gen`) and the Stable API changelog (the rest).
-/// `authenticate` (MONGODB-X509) is known but not run by the test server: TestkitUnsupported
-/// (TK-2). Not in it: `isMaster` / `ismaster` (`hello`
+/// `authenticate` and `collMod` (`apiVersions()` `kApiVersions1` in the server) are known but
+/// not run by the test server: TestkitUnsupported (TK-2). Not in it: `isMaster` / `ismaster` (`hello`
 /// replaced them), `buildInfo`, `distinct`, `killSessions`, `killAllSessions`,
 /// `configureFailPoint`, `deleteIndexes`.
 pub(crate) const API_VERSION_1: &[&str] = &[
@@ -77,6 +80,7 @@ pub(crate) const API_VERSION_1: &[&str] = &[
     "aggregate",
     "authenticate",
     "bulkWrite",
+    "collMod",
     "commitTransaction",
     "count",
     "create",
@@ -102,9 +106,12 @@ pub(crate) const API_VERSION_1: &[&str] = &[
 ];
 
 /// The test server's commands outside Stable API version 1 (every other command it runs is in
-/// [`API_VERSION_1`]): with `apiStrict: true` they are APIStrictError (323). A command in neither
-/// list is unknown ([`known_command`]).
-const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
+/// [`API_VERSION_1`]): with `apiStrict: true` they are APIStrictError (323). `mapReduce`,
+/// `renameCollection`, `replSetFreeze` and `replSetStepDown` are a real server's commands the
+/// test server knows but does not run: admitted like any command (a failCommand fail point
+/// naming one fires, as the spec tests expect), then TestkitUnsupported (TK-2). A command in
+/// neither list is unknown ([`known_command`]).
+pub(crate) const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
     "buildInfo",
     "buildinfo",
     "configureFailPoint",
@@ -114,8 +121,53 @@ const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
     "ismaster",
     "killAllSessions",
     "killSessions",
+    "mapReduce",
+    "renameCollection",
+    "replSetFreeze",
+    "replSetStepDown",
     "setParameter",
 ];
+
+/// The test server's commands a real server runs with a `writeConcern`: those whose
+/// `supportsWriteConcern()` is true (the writes, `create`, `drop`, `dropDatabase`, the index
+/// commands, commit and abort), and `aggregate` whatever its pipeline (the server's jstests
+/// aggregation_accepts_write_concern.js), `collMod`, `renameCollection` and `mapReduce` (with an output
+/// collection; inline it refuses one, but the test server answers either TestkitUnsupported, which
+/// is never more forgiving). Every other command it knows refuses one ([`write_concern_refusal`];
+/// the replica-set commands' base class `ReplSetCommand` takes none).
+const WRITE_CONCERN_COMMANDS: &[&str] = &[
+    "abortTransaction",
+    "aggregate",
+    "bulkWrite",
+    "collMod",
+    "commitTransaction",
+    "create",
+    "createIndexes",
+    "delete",
+    "deleteIndexes",
+    "drop",
+    "dropDatabase",
+    "dropIndexes",
+    "findAndModify",
+    "insert",
+    "mapReduce",
+    "renameCollection",
+    "update",
+];
+
+/// TK-2, review13 finding 1 (house rule 7): a `writeConcern` (any value, `{}` included) on a
+/// known command whose `supportsWriteConcern()` is false (`find`, `count`, `distinct`, `getMore`,
+/// `killCursors`, `ping`, `hello`, the `list*` commands, `setParameter`, ...) is InvalidOptions
+/// (72), "Command does not support writeConcern", on a mongod (`service_entry_point_common`:
+/// `uassertCommandDoesNotSpecifyWriteConcern`, for `getMore` too) and a mongos alike. The server
+/// checks it once the command is parsed and the failCommand fail point passed, before it checks
+/// the session out and runs the command. Inside a transaction the earlier refusal of any
+/// statement's `writeConcern` (72, [`refusal`]) answers first. Only asked about a known command:
+/// an unknown one was CommandNotFound (59, [`known_command`]) before.
+pub(crate) fn write_concern_refusal(name: &str, command: &Document) -> Option<Document> {
+    let refused = command.contains_key("writeConcern") && !WRITE_CONCERN_COMMANDS.contains(&name);
+    refused.then(|| error_reply(72, "Command does not support writeConcern"))
+}
 
 /// TK-15, versioned-api "Cursors" and "Transactions": the Stable API parameters a command sent,
 /// compared as a real server compares them (`APIParameters`' `operator==`, field by field with

@@ -35,7 +35,7 @@ const FAIL_POINT_SEED: u64 = 0x5eed_fa11;
 use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfig};
 use crate::limiter::TokenBucket;
 use crate::on_primary_write::{Firing, OnPrimaryWrite};
-use crate::store::{DataStore, WriteKey};
+use crate::store::{DataStore, DdlTarget, WriteKey};
 use crate::tls::ServerTls;
 
 /// TK-15 (review7 finding 1): a real server's default `transactionLifetimeLimitSeconds`: the
@@ -632,7 +632,22 @@ fn admit(shared: &Shared) -> Option<Connection> {
         replies: raw::Replies::default(),
         noted_lsid: Vec::new(),
         seen_hello: false,
+        ddl_wait: None,
     })
+}
+
+/// TK-15 (leftovers11): a DDL command of a connection waiting for a transaction in progress,
+/// pending in the data store ([`Store::hold_ddl`](crate::store::Store::hold_ddl)) until it is
+/// dropped: when the command runs, fails or its connection goes.
+struct DdlWait {
+    data: DataStore,
+    number: u64,
+}
+
+impl Drop for DdlWait {
+    fn drop(&mut self) {
+        self.data.lock().release_ddl(self.number);
+    }
 }
 
 /// One client connection's own state.
@@ -655,6 +670,8 @@ struct Connection {
     noted_lsid: Vec<u8>,
     /// HS-4: a hello was answered on it (a later one may not carry `client`: 186).
     seen_hello: bool,
+    /// TK-15: its DDL command waiting for a transaction in progress, if any.
+    ddl_wait: Option<DdlWait>,
 }
 
 /// The "not writable primary" and "node is recovering" codes a replica-set member's error reply
@@ -801,6 +818,16 @@ fn add_write_concern_error(
                 reply.insert("errorLabels", labels);
             }
         }
+    }
+}
+
+/// TK-15: `target`'s DDL command waits for the transaction of `session`, pending in `data`
+/// while the wait lives.
+fn hold_ddl(data: &DataStore, target: DdlTarget, session: Vec<u8>) -> DdlWait {
+    let number = data.lock().hold_ddl(target, session);
+    DdlWait {
+        data: data.clone(),
+        number,
     }
 }
 
@@ -1226,12 +1253,12 @@ impl Connection {
             .filter(|ms| *ms > 0)
             .map(|ms| Instant::now() + Duration::from_millis(ms.unsigned_abs()));
         let mut held = None;
-        loop {
+        let response = loop {
             let notified = ended.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let blocked_by = match self.run(shared, name, request, fired.clone(), &mut held) {
-                Ok(response) => return response,
+                Ok(response) => break response,
                 Err(session) => session,
             };
             let deadline = max_time.unwrap_or_else(|| {
@@ -1242,12 +1269,15 @@ impl Connection {
                 () = &mut notified => {}
                 () = tokio::time::sleep_until(deadline) => {
                     if max_time.is_some() {
-                        return Response::Reply(error_reply(50, "operation exceeded time limit"));
+                        break Response::Reply(error_reply(50, "operation exceeded time limit"));
                     }
                     shared.lock().data.lock().expire_transaction(&blocked_by);
                 }
             }
-        }
+        };
+        // TK-15: a DDL command that waited no longer does.
+        self.ddl_wait = None;
+        response
     }
 
     /// Runs an admitted command whose fail point (if any) `fired`; `Err` with the session of the
@@ -1264,6 +1294,11 @@ impl Connection {
         let command = &request.body;
         let hello = is_hello(name);
         let mut state = shared.lock();
+        // Review13 finding 1: a `writeConcern` on a command that takes none, after the fail
+        // point and before the session is checked out, as a real server checks it.
+        if let Some(reply) = crate::refusals::write_concern_refusal(name, command) {
+            return Ok(Response::Reply(reply));
+        }
         // Versioned-api "Transactions": checked as a server checks the session out, after the
         // fail point and before the command (a retryable write's replay included).
         let router = self.router(shared);
@@ -1339,13 +1374,27 @@ impl Connection {
                 self.router(shared),
             )
         };
-        if let Some(session) = state.data.lock().take_blocked() {
+        let blocked = {
+            let mut store = state.data.lock();
+            store.take_blocked().map(|session| {
+                let ddl = store.take_blocked_ddl();
+                (session, ddl.filter(|_| self.ddl_wait.is_none()))
+            })
+        };
+        if let Some((session, ddl)) = blocked {
+            // TK-15: a DDL command that has to wait is pending from now until it runs.
+            if let Some(target) = ddl {
+                self.ddl_wait = Some(hold_ddl(&state.data, target, session.clone()));
+            }
             *held = write_key.is_some().then_some(firing);
             return Err(session);
         }
-        // A known command the test server does not run (TK-2; logged just below).
-        let mut reply =
-            reply.unwrap_or_else(|| crate::commands::unsupported_reply(&format!("command {name}")));
+        let Some(mut reply) = reply else {
+            // A known command the test server does not run (TK-2).
+            state.unsupported.push(format!("command {name}"));
+            let what = format!("command {name}");
+            return Ok(Response::Reply(crate::commands::unsupported_reply(&what)));
+        };
         if let Some(what) = crate::commands::refusal(name, &reply) {
             state.unsupported.push(what);
         }

@@ -86,6 +86,37 @@ pub(crate) struct Store {
     /// The seconds of its cluster time once a gossiped `$clusterTime` moved it past
     /// [`CLUSTER_TIME_SECONDS`] (SE-17, review6 finding 8).
     seconds: u32,
+    /// TK-15 (leftovers11): the DDL commands waiting for a transaction in progress (`$out`'s
+    /// rename, `drop`, `dropDatabase`), by number ([`Store::hold_ddl`]): while one waits for
+    /// the exclusive lock, a transaction that does not hold the namespace's lock yet cannot get
+    /// it ([`Store::lock_timeout`]).
+    /// Each with the session (lsid bytes) whose transaction it waits for.
+    pending_ddl: BTreeMap<u64, (DdlTarget, Vec<u8>)>,
+    /// The number the next waiting DDL command gets.
+    next_ddl: u64,
+    /// The DDL the command now running is, when a transaction in progress blocked it (taken with
+    /// [`Store::take_blocked`]'s session, [`Store::take_blocked_ddl`]).
+    blocked_ddl: Option<DdlTarget>,
+}
+
+/// TK-15 (leftovers11): what a DDL command needs the exclusive lock of: one collection (`$out`'s
+/// rename, `drop`) or a database (`dropDatabase`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum DdlTarget {
+    /// A namespace, `db.collection`.
+    Collection(String),
+    /// A database.
+    Database(String),
+}
+
+impl DdlTarget {
+    /// Whether the lock of namespace `ns` is part of it.
+    fn covers(&self, ns: &str) -> bool {
+        match self {
+            DdlTarget::Collection(target) => target == ns,
+            DdlTarget::Database(db) => ns.split_once('.').is_some_and(|(d, _)| d == db),
+        }
+    }
 }
 
 /// The encoding of an lsid that is `{id: <binary>}` alone (any subtype but `BinaryOld`, whose
@@ -509,6 +540,7 @@ impl Store {
     pub(crate) fn begin_statement(&mut self, session: Option<Vec<u8>>) {
         self.end_statement();
         self.blocked_by = None;
+        self.blocked_ddl = None;
         if session.is_none() && !self.open.is_empty() {
             self.statement = Some(Vec::new());
         }
@@ -533,6 +565,83 @@ impl Store {
     /// outside any transaction ran into (that write was undone and must wait), once.
     pub(crate) fn take_blocked(&mut self) -> Option<Vec<u8>> {
         self.blocked_by.take()
+    }
+
+    /// TK-15 (leftovers11): the DDL the last blocked command is, once ([`Store::take_blocked`]
+    /// gives the session it waits for).
+    pub(crate) fn take_blocked_ddl(&mut self) -> Option<DdlTarget> {
+        self.blocked_ddl.take()
+    }
+
+    /// TK-15 (leftovers11): a DDL command on `target` waits for the transaction in progress of
+    /// `session` until [`Store::release_ddl`] with the number returned.
+    pub(crate) fn hold_ddl(&mut self, target: DdlTarget, session: Vec<u8>) -> u64 {
+        let number = self.next_ddl;
+        self.next_ddl += 1;
+        self.pending_ddl.insert(number, (target, session));
+        number
+    }
+
+    /// TK-15 (leftovers11, house rule 7): a real server's pending DDL holds back new operations
+    /// outside any transaction on its namespace too: they queue behind its exclusive lock
+    /// request. A command outside any transaction on `ns` (a DDL command's own rerun included)
+    /// waits ([`QueryError::Blocked`]) for the transaction a pending DDL on `ns` waits for,
+    /// while that one is in progress; once it ended the command runs.
+    pub(crate) fn ddl_queue(&mut self, ns: &str) -> Result<(), QueryError> {
+        if self.pending_ddl.is_empty() || self.writer.is_some() {
+            return Ok(());
+        }
+        let waited = self
+            .pending_ddl
+            .values()
+            .find(|(target, session)| target.covers(ns) && self.open.contains(session));
+        match waited {
+            Some((_, session)) => {
+                let blocked = Err(QueryError::Blocked(session.clone()));
+                self.noted(blocked)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// TK-15 (leftovers11): the DDL command numbered `number` no longer waits.
+    pub(crate) fn release_ddl(&mut self, number: u64) {
+        self.pending_ddl.remove(&number);
+    }
+
+    /// TK-15 (leftovers11, house rule 7): a real server's pending DDL ("Pending DDL Operations
+    /// and Transactions"): while a DDL command waits for the exclusive lock of a collection or
+    /// database, a transaction that does not hold that collection's (or, for a database, any of
+    /// its collections') intent lock yet cannot get it and aborts after
+    /// `maxTransactionLockRequestTimeoutMillis` (5 ms by default): LockTimeout (24), with a
+    /// TransientTransactionError label (TK-7). `None` outside a transaction, for a namespace no
+    /// DDL waits for, and for a transaction that already holds it (the DDL waits for it).
+    pub(crate) fn lock_timeout(&self, ns: &str) -> Option<(i32, String)> {
+        if self.pending_ddl.is_empty() {
+            return None;
+        }
+        let transaction = self
+            .writer
+            .as_ref()
+            .and_then(|w| self.transactions.get(w))
+            .filter(|t| t.state == TransactionState::InProgress)?;
+        let holds = |target: &DdlTarget| {
+            let mut held = transaction.created.iter().chain(&transaction.accessed);
+            match target {
+                DdlTarget::Collection(_) => held.any(|c| c == ns),
+                DdlTarget::Database(_) => held.any(|c| target.covers(c)),
+            }
+        };
+        let waiting = self
+            .pending_ddl
+            .values()
+            .any(|(t, _)| t.covers(ns) && !holds(t));
+        waiting.then(|| {
+            (
+                24,
+                format!("Unable to acquire IX lock on '{ns}' within 5ms."),
+            )
+        })
     }
 
     /// TK-15 (review7 finding 1): a transaction of `session` a write waited on for the
@@ -1292,8 +1401,7 @@ impl Store {
             }
             new.push(document);
         }
-        let held = self.collection_holder(|c| c == ns);
-        self.noted(held)?;
+        self.ddl_holder(DdlTarget::Collection(ns.to_owned()))?;
         let added: Vec<Bson> = new.documents().iter().map(id_of).collect();
         let old = core::mem::replace(self.collection_mut(ns), new).into_documents();
         // TK-15: in a transaction, every old document was removed and every new one added.
@@ -1304,6 +1412,16 @@ impl Store {
             self.record(ns, id, None, index);
         }
         Ok(())
+    }
+
+    /// TK-15: [`Store::collection_holder`] for a DDL command on `target`: when it must wait, the
+    /// target is noted for [`Store::take_blocked_ddl`].
+    fn ddl_holder(&mut self, target: DdlTarget) -> Result<(), QueryError> {
+        let held = self.collection_holder(|c| target.covers(c));
+        if held.is_err() {
+            self.blocked_ddl = Some(target);
+        }
+        self.noted(held)
     }
 
     /// TK-15: the transaction in progress the running command (outside any) does not belong to
@@ -1384,8 +1502,7 @@ impl Store {
     /// for the collection lock of such a transaction ("Pending DDL Operations and
     /// Transactions"), so that transaction's abort never brings the dropped documents back.
     pub(crate) fn drop_collection(&mut self, ns: &str) -> Result<bool, QueryError> {
-        let held = self.collection_holder(|c| c == ns);
-        self.noted(held)?;
+        self.ddl_holder(DdlTarget::Collection(ns.to_owned()))?;
         self.indexes.remove(ns);
         Ok(self.collections.remove(ns).is_some())
     }
@@ -1394,9 +1511,8 @@ impl Store {
     /// (review12 finding 1): first waits for a transaction in progress that holds any
     /// collection of `db` (the database's exclusive lock), with nothing dropped before.
     pub(crate) fn drop_database(&mut self, db: &str) -> Result<(), QueryError> {
+        self.ddl_holder(DdlTarget::Database(db.to_owned()))?;
         let prefix = format!("{db}.");
-        let held = self.collection_holder(|c| c.starts_with(&prefix));
-        self.noted(held)?;
         for c in self.collection_names(db) {
             let ns = format!("{prefix}{c}");
             self.indexes.remove(&ns);
@@ -2023,6 +2139,38 @@ mod tests {
     }
 
     /// Runs `write` as a command outside any transaction; with the session it has to wait for.
+    /// TK-15 (leftovers11): a blocked `dropDatabase` is a pending DDL on the whole database: a
+    /// transaction holding none of its collections cannot lock any (24); the one it waits for,
+    /// which holds a collection of it, can lock another of the same database; once released,
+    /// nothing is refused; a namespace of another database never is.
+    #[test]
+    fn tk15_a_pending_drop_database_holds_back_transactions_on_the_database() {
+        let mut store = store_with(2);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.find(OWNER, "db.c", &doc! {}, None, 10)
+        })
+        .unwrap();
+        let (dropped, blocked) = outside(&mut store, |s| s.drop_database("db"));
+        assert_eq!(dropped, Err(QueryError::Blocked(S1.to_vec())));
+        assert_eq!(blocked, Some(S1.to_vec()));
+        let target = store.take_blocked_ddl().expect("the blocked DDL");
+        assert_eq!(target, DdlTarget::Database("db".into()));
+        let number = store.hold_ddl(target, S1.to_vec());
+        let refused = in_transaction(&mut store, S2, 1, true, |s| s.lock_timeout("db.other"));
+        assert_eq!(refused.map(|(code, _)| code), Some(24));
+        let other_db = in_transaction(&mut store, S2, 2, true, |s| s.lock_timeout("other.c"));
+        assert_eq!(other_db, None);
+        let holder = in_transaction(&mut store, S1, 1, false, |s| s.lock_timeout("db.other"));
+        assert_eq!(
+            holder, None,
+            "the transaction the drop waits for holds the database"
+        );
+        assert_eq!(outside(&mut store, |s| s.lock_timeout("db.c")).0, None);
+        store.release_ddl(number);
+        let released = in_transaction(&mut store, S2, 2, false, |s| s.lock_timeout("db.c"));
+        assert_eq!(released, None);
+    }
+
     fn outside<T>(store: &mut Store, write: impl FnOnce(&mut Store) -> T) -> (T, Option<Vec<u8>>) {
         store.begin_statement(None);
         let result = write(store);

@@ -77,12 +77,14 @@ fn first_batch(reply: &Document) -> Vec<Document> {
         .collect()
 }
 
-/// TK-*: a command the server does not implement is CommandNotFound (59), never a success.
+/// TK-2: a command no server knows is CommandNotFound (59); a real server's command the test
+/// server does not run is TestkitUnsupported, after the fail point (the retryable-reads
+/// mapReduce tests expect a failCommand naming it to fire); never a success, always logged.
 #[tokio::test]
 async fn unknown_commands_are_command_not_found() {
     bounded(async {
         let (server, mut client) = start().await;
-        for name in ["mapReduce", "collMod", "renameCollection"] {
+        for name in ["frobnicate", "notACommand", "unsupportedCommand"] {
             let reply = client
                 .command(doc! { name: "c", "$db": "db" })
                 .await
@@ -90,6 +92,29 @@ async fn unknown_commands_are_command_not_found() {
             assert_eq!(code(&reply), Some(59), "{name}: {reply}");
             assert_eq!(reply.get_str("codeName").ok(), Some("CommandNotFound"));
         }
+        for name in ["mapReduce", "collMod", "renameCollection"] {
+            let reply = client
+                .command(doc! { name: "c", "$db": "db" })
+                .await
+                .unwrap();
+            assert_eq!(code(&reply), Some(TESTKIT_UNSUPPORTED), "{name}: {reply}");
+        }
+        assert_eq!(server.handle().unsupported().len(), 6);
+        let fail = doc! { "failCommands": ["mapReduce"], "errorCode": 91 };
+        let reply = client
+            .command(fail_point(bson!({ "times": 1 }), fail))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = client
+            .command(doc! { "mapReduce": "c", "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(
+            code(&reply),
+            Some(91),
+            "the fail point fires first: {reply}"
+        );
         server.shutdown().await;
     })
     .await;
@@ -1210,6 +1235,47 @@ async fn unknown_fields_are_refused() {
     .await;
 }
 
+/// Review13 finding 3 (TK-2, house rule 7): a `count` or `distinct` `query` that is not a
+/// document is TypeMismatch (14) with the IDL parser's message, as on a real server (the
+/// commands' IDL: `query: type: object`), never a match of every document.
+#[tokio::test]
+async fn review13_f3_a_query_that_is_not_a_document_is_type_mismatch() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let insert = doc! { "insert": "c", "documents": [{ "a": 1 }, { "a": 2 }], "$db": "db" };
+        assert_eq!(code(&client.command(insert).await.unwrap()), None);
+        for (name, query, kind) in [
+            ("count", Bson::Int32(5), "int"),
+            ("count", Bson::String("x".into()), "string"),
+            ("distinct", Bson::Int32(5), "int"),
+            ("distinct", Bson::Array(vec![]), "array"),
+        ] {
+            let mut command = doc! { name: "c", "query": query, "$db": "db" };
+            if name == "distinct" {
+                command.insert("key", "a");
+            }
+            let reply = client.command(command.clone()).await.unwrap();
+            assert_eq!(code(&reply), Some(14), "{command}: {reply}");
+            let message = format!(
+                "BSON field '{name}.query' is the wrong type '{kind}', expected type 'object'"
+            );
+            assert_eq!(reply.get_str("errmsg").ok(), Some(message.as_str()));
+        }
+        let count = doc! { "count": "c", "query": { "a": 2 }, "$db": "db" };
+        let reply = client.command(count).await.unwrap();
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        let distinct = doc! { "distinct": "c", "key": "a", "$db": "db" };
+        let reply = client.command(distinct).await.unwrap();
+        assert_eq!(
+            reply.get_array("values").map(Vec::len).ok(),
+            Some(2),
+            "{reply}"
+        );
+        server.shutdown().await;
+    })
+    .await;
+}
+
 /// TK-6: a retryable write (lsid + txnNumber, no transaction) may not touch several documents:
 /// `multi: true` and `limit: 0` are InvalidOptions (72).
 #[tokio::test]
@@ -1592,6 +1658,96 @@ async fn tk15_out_waits_for_a_transaction_that_only_read_its_target() {
         let ran = other.command(out).await.unwrap();
         assert_eq!(ran.get_f64("ok").ok(), Some(1.0), "{ran}");
         assert_eq!(handle.documents("test.w"), [doc! { "_id": 1, "s": 1 }]);
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// TK-15 (leftovers11, house rule 7): a real server's pending DDL ("Pending DDL Operations and
+/// Transactions"): while a `$out` waits for a transaction that holds its target, a new
+/// transaction that accesses the target cannot lock it: LockTimeout (24, TransientTransactionError),
+/// and that transaction is aborted (NoSuchTransaction, 251, after); a command outside any
+/// transaction on the target queues behind the `$out` (until its `maxTimeMS`, 50). A transaction
+/// or command on another collection runs, the holding transaction goes on, and once the `$out`
+/// ran a new transaction on the target runs again.
+#[tokio::test]
+async fn tk15_a_waiting_out_holds_back_new_transactions_on_its_target() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let handle = server.handle();
+        handle.insert("test.src", vec![doc! { "_id": 1, "s": 1 }]);
+        handle.insert("test.w", vec![doc! { "_id": 2 }]);
+        let in_transaction = |lsid: u8, mut body: Document, start: bool| {
+            body.extend(
+                doc! { "$db": "test", "lsid": lsid_of(lsid), "txnNumber": 1_i64,
+                "autocommit": false },
+            );
+            if start {
+                body.insert("startTransaction", true);
+            }
+            body
+        };
+        let find = |lsid: u8, start: bool| in_transaction(lsid, doc! { "find": "w" }, start);
+        let reply = client.command(find(1, true)).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        let out = tokio::spawn(async move {
+            let out = doc! { "aggregate": "src", "pipeline": [{ "$out": "w" }], "cursor": {},
+            "$db": "test", "maxTimeMS": 10_000 };
+            other.command(out).await.unwrap()
+        });
+        for _ in 0..200 {
+            if handle.counters().command("aggregate").received > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!out.is_finished(), "the $out waits");
+
+        let mut third = RawClient::connect(server.address()).await.unwrap();
+        let insert = in_transaction(2, doc! { "insert": "w", "documents": [{ "_id": 3 }] }, true);
+        let refused = third.command(insert).await.unwrap();
+        assert_eq!(code(&refused), Some(24), "{refused}");
+        assert_eq!(labels(&refused), ["TransientTransactionError"], "{refused}");
+        let after = third.command(find(2, false)).await.unwrap();
+        assert_eq!(code(&after), Some(251), "aborted: {after}");
+        let elsewhere =
+            in_transaction(3, doc! { "insert": "x", "documents": [{ "_id": 1 }] }, true);
+        let reply = third.command(elsewhere).await.unwrap();
+        assert_eq!(code(&reply), None, "another collection: {reply}");
+        let reply = client.command(find(1, false)).await.unwrap();
+        assert_eq!(
+            code(&reply),
+            None,
+            "the holding transaction goes on: {reply}"
+        );
+        let outside = doc! { "find": "w", "$db": "test", "maxTimeMS": 100 };
+        let queued = third.command(outside).await.unwrap();
+        assert_eq!(
+            code(&queued),
+            Some(50),
+            "outside a transaction it queues: {queued}"
+        );
+        let other = doc! { "find": "x", "$db": "test", "maxTimeMS": 100 };
+        let reply = third.command(other).await.unwrap();
+        assert_eq!(code(&reply), None, "another collection: {reply}");
+
+        let abort = |lsid: u8| {
+            let mut body = in_transaction(lsid, doc! { "abortTransaction": 1 }, false);
+            body.insert("$db", "admin");
+            body
+        };
+        let reply = third.command(abort(3)).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = client.command(abort(1)).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let ran = out.await.expect("the $out task");
+        assert_eq!(code(&ran), None, "{ran}");
+        assert_eq!(handle.documents("test.w"), [doc! { "_id": 1, "s": 1 }]);
+        let insert = in_transaction(4, doc! { "insert": "w", "documents": [{ "_id": 5 }] }, true);
+        let reply = third.command(insert).await.unwrap();
+        assert_eq!(code(&reply), None, "no DDL waits any more: {reply}");
         server.shutdown().await;
     })
     .await

@@ -44,6 +44,8 @@ pub struct RepeatedSelection {
     /// For topologies of up to [`DIRECT_SERVERS`] servers, per deprioritized set (the bit set as
     /// the index): 1 + its index in `windows`, 0 while not remembered. Found without a search.
     direct: Vec<u8>,
+    /// One bit per server of the topology (the first 64).
+    all: u64,
 }
 
 /// Topologies up to this many servers find a deprioritized set's window by the set itself.
@@ -56,7 +58,12 @@ impl RepeatedSelection {
         criteria: SelectionCriteria,
         settings: SelectionSettings,
     ) -> RepeatedSelection {
+        let all = match topology.servers.len() {
+            n if n >= 64 => u64::MAX,
+            n => (1u64 << n) - 1,
+        };
         RepeatedSelection {
+            all,
             topology,
             criteria,
             settings,
@@ -87,6 +94,73 @@ impl RepeatedSelection {
         let Some(set) = self.deprioritized_set(deprioritized) else {
             return self.select_uncached(deprioritized, operation_count, rng);
         };
+        let Some(slot) = self.remembered(set, |this| this.window(deprioritized))? else {
+            return self.select_uncached(deprioritized, operation_count, rng);
+        };
+        let window = &self.windows[slot].1;
+        let servers = &self.topology.servers;
+        let at = |i: usize| &servers[usize::from(window[i])];
+        Ok(choose_index(window.len(), |i| operation_count(&at(i).address), rng).map(at))
+    }
+
+    /// [`RepeatedSelection::select`] by topology index: bit `i` of `deprioritized` stands for
+    /// `topology().servers[i]`, `operation_count` takes a topology index, and the answer is the
+    /// chosen server's topology index. The same server, draws and errors as `select` with the
+    /// addresses of those servers (SS-11, SS-13, SS-15), for a caller that keeps servers by index
+    /// (a simulation): no address is compared or cloned. Above 64 servers, bits name only the
+    /// first 64 and every call runs the whole pipeline.
+    #[inline]
+    pub fn select_index(
+        &mut self,
+        deprioritized: u64,
+        operation_count: impl Fn(usize) -> u32,
+        rng: &mut (impl RngCore + ?Sized),
+    ) -> Result<Option<usize>, SelectionError> {
+        let set = deprioritized & self.all;
+        let slot = if self.topology.servers.len() > 64 {
+            None
+        } else {
+            self.remembered(set, |this| this.window(&this.addresses(set)))?
+        };
+        let Some(slot) = slot else {
+            let servers = &self.topology.servers;
+            let position = |a: &ServerAddress| servers.iter().position(|s| &s.address == a);
+            let chosen = self.select_uncached(
+                &self.addresses(set),
+                |a| position(a).map_or(0, &operation_count),
+                rng,
+            )?;
+            return Ok(chosen.and_then(|c| servers.iter().position(|s| core::ptr::eq(s, c))));
+        };
+        let window = &self.windows[slot].1;
+        Ok(choose_index(
+            window.len(),
+            |i| operation_count(usize::from(window[i])),
+            rng,
+        )
+        .map(|i| usize::from(window[i])))
+    }
+
+    /// The addresses of the servers in `set`, by topology index.
+    fn addresses(&self, set: u64) -> Vec<ServerAddress> {
+        self.topology
+            .servers
+            .iter()
+            .take(64)
+            .enumerate()
+            .filter(|(i, _)| set & (1 << i) != 0)
+            .map(|(_, s)| s.address.clone())
+            .collect()
+    }
+
+    /// The index in `windows` of deprioritized set `set`, remembering its window (from `window`)
+    /// when it is new; `None` when it is new and no more sets are remembered.
+    #[inline]
+    fn remembered(
+        &mut self,
+        set: u64,
+        window: impl FnOnce(&Self) -> Result<Vec<u8>, SelectionError>,
+    ) -> Result<Option<usize>, SelectionError> {
         let slot = match self.direct.get(set as usize) {
             Some(&known) if known > 0 => usize::from(known - 1),
             _ => match self.windows.get(self.latest) {
@@ -94,7 +168,7 @@ impl RepeatedSelection {
                 _ => match self.windows.iter().position(|(s, _)| *s == set) {
                     Some(slot) => slot,
                     None if self.windows.len() < REMEMBERED_SETS => {
-                        let window = self.window(deprioritized)?;
+                        let window = window(self)?;
                         self.windows.push((set, window));
                         let slot = self.windows.len() - 1;
                         if self.topology.servers.len() <= DIRECT_SERVERS {
@@ -105,15 +179,12 @@ impl RepeatedSelection {
                         }
                         slot
                     }
-                    None => return self.select_uncached(deprioritized, operation_count, rng),
+                    None => return Ok(None),
                 },
             },
         };
         self.latest = slot;
-        let window = &self.windows[slot].1;
-        let servers = &self.topology.servers;
-        let at = |i: usize| &servers[usize::from(window[i])];
-        Ok(choose_index(window.len(), |i| operation_count(&at(i).address), rng).map(at))
+        Ok(Some(slot))
     }
 
     fn select_uncached(
@@ -259,7 +330,9 @@ mod properties {
                 SelectionCriteria::Read(ReadPreference::new(MODES[mode], tag_sets, None).unwrap());
             let settings = SelectionSettings::default();
             let mut repeated = RepeatedSelection::new(topology.clone(), criteria.clone(), settings);
+            let mut by_index = repeated.clone();
             let (mut a, mut b) = (EngineRng::from_seed_u64(seed), EngineRng::from_seed_u64(seed));
+            let mut c = a.clone();
             for (ports, shift) in calls {
                 // Ports 1..=20 may be in the topology; above are not.
                 let deprioritized: Vec<ServerAddress> =
@@ -269,8 +342,15 @@ mod properties {
                     count, &mut a).map(|s| s.map(|s| s.address.clone()));
                 let got = repeated.select(&deprioritized, count, &mut b)
                     .map(|s| s.map(|s| s.address.clone()));
-                prop_assert_eq!(got, expected);
+                prop_assert_eq!(&got, &expected);
                 prop_assert_eq!(&a, &b);
+                // The same by topology index (the server at index i has port 1 + i).
+                let set = ports.iter().fold(0u64, |set, &p| set | 1u64.checked_shl(u32::from(p)).unwrap_or(0));
+                let servers = &topology.servers;
+                let got = by_index.select_index(set, |i| count(&servers[i].address), &mut c)
+                    .map(|i| i.map(|i| servers[i].address.clone()));
+                prop_assert_eq!(got, expected);
+                prop_assert_eq!(&a, &c);
             }
         }
     }

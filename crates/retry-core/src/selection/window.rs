@@ -40,6 +40,7 @@ pub fn choose_by_operation_count<'a>(
 
 /// SS-15 on a window of `n` servers known by position: the position chosen, from the operation
 /// count of the server at each position (see [`choose_by_operation_count`]).
+#[inline]
 pub(super) fn choose_index(
     n: usize,
     operation_count: impl Fn(usize) -> u32,
@@ -64,6 +65,7 @@ pub(super) fn choose_index(
 }
 
 /// A uniform index in `0..n` from one 64-bit draw (multiply-shift; the bias is below `n / 2^64`).
+#[inline]
 fn index_below(rng: &mut (impl RngCore + ?Sized), n: usize) -> usize {
     let wide = u128::from(rng.next_u64()) * n as u128;
     // The high half of the product is below `n`, so it fits in usize.

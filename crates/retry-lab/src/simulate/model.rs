@@ -320,16 +320,28 @@ struct Selector {
 }
 
 impl Selector {
-    fn pick(&mut self, client: &mut Client, deprioritized: &[ServerAddress]) -> u8 {
+    /// The member for the client's next attempt, avoiding the members of `deprioritized` (one
+    /// bit per member index) when it can.
+    #[inline]
+    fn pick(&mut self, client: &mut Client, deprioritized: u64) -> u8 {
         let in_flight = &client.in_flight;
         let chosen = self
             .selection
-            .select(deprioritized, |a| in_flight[index(a)], &mut client.rng);
+            .select_index(deprioritized, |i| in_flight[i], &mut client.rng);
         match chosen {
-            Ok(Some(s)) => index(&s.address) as u8,
+            Ok(Some(i)) => i as u8,
             _ => 0,
         }
     }
+}
+
+/// The members of `addresses` as a set of member indices (the simulator's addresses are
+/// `member:27017 + index`).
+#[inline]
+fn member_set(addresses: &[ServerAddress]) -> u64 {
+    addresses.iter().fold(0, |set, a| {
+        set | 1u64.checked_shl(index(a) as u32).unwrap_or(0)
+    })
 }
 
 /// A run in progress.
@@ -897,116 +909,133 @@ impl<'a> Sim<'a> {
 
     /// Drains a core machine's actions: selection, sends, releases, timers, the result.
     fn pump(&mut self, id: u32) {
+        match self.ops[id as usize].machine {
+            Machine::Retry(_) => self.pump_retry(id),
+            Machine::Hedge(_) => self.pump_hedge(id),
+            Machine::Simple(_) => {}
+        }
+    }
+
+    /// [`Sim::pump`] of a live operation run by a [`RetryMachine`]: a function of its own, so
+    /// that draining it sets up nothing the hedging machine's actions need.
+    fn pump_retry(&mut self, id: u32) {
         let now = Instant::from_nanos(self.now);
         loop {
             let op = &mut self.ops[id as usize];
-            if op.serial == 0 {
-                return;
-            }
+            debug_assert_ne!(op.serial, 0, "a live operation's slot");
             let client = op.client;
-            match &mut op.machine {
-                Machine::Retry(m) => {
-                    let Some(action) = m.poll_action() else {
-                        return;
-                    };
-                    match action {
-                        retry::Action::SelectServer => {
-                            let c = &mut self.clients[client as usize];
-                            let s = self.selector.pick(c, m.deprioritized());
-                            let server = self.attempt_servers[usize::from(s)].clone();
-                            let accepted = m.handle_server_selected(server, now);
-                            self.result.refused += u64::from(accepted.is_err());
-                        }
-                        retry::Action::Dispatch(attempt) => {
-                            let accepted = m.handle_sent(now);
-                            self.result.refused += u64::from(accepted.is_err());
-                            let s = index(&attempt.address) as u8;
-                            op.server = s;
-                            self.send(id, s, 0);
-                        }
-                        retry::Action::ReleaseConnection { .. } => {
-                            let s = op.server;
-                            self.released(client, s);
-                        }
-                        retry::Action::Wait { until } => {
-                            let (serial, gen) = (op.serial, op.gen);
-                            self.schedule(
-                                until.as_nanos(),
-                                Kind::Timer {
-                                    op: id,
-                                    serial,
-                                    gen,
-                                },
-                            );
-                        }
-                        retry::Action::Finished(result) => {
-                            self.end(id, result.is_ok());
-                            return;
-                        }
+            let Machine::Retry(m) = &mut op.machine else {
+                return;
+            };
+            let Some(action) = m.poll_action() else {
+                return;
+            };
+            match action {
+                retry::Action::SelectServer => {
+                    let c = &mut self.clients[client as usize];
+                    let s = self.selector.pick(c, member_set(m.deprioritized()));
+                    let server = self.attempt_servers[usize::from(s)].clone();
+                    let accepted = m.handle_server_selected(server, now);
+                    self.result.refused += u64::from(accepted.is_err());
+                }
+                retry::Action::Dispatch(attempt) => {
+                    let accepted = m.handle_sent(now);
+                    self.result.refused += u64::from(accepted.is_err());
+                    let s = index(&attempt.address) as u8;
+                    op.server = s;
+                    self.send(id, s, 0);
+                }
+                retry::Action::ReleaseConnection { .. } => {
+                    let s = op.server;
+                    self.released(client, s);
+                }
+                retry::Action::Wait { until } => {
+                    let (serial, gen) = (op.serial, op.gen);
+                    self.schedule(
+                        until.as_nanos(),
+                        Kind::Timer {
+                            op: id,
+                            serial,
+                            gen,
+                        },
+                    );
+                }
+                retry::Action::Finished(result) => {
+                    self.end(id, result.is_ok());
+                    return;
+                }
+            }
+        }
+    }
+
+    /// [`Sim::pump`] of a live operation run by a [`HedgingMachine`].
+    fn pump_hedge(&mut self, id: u32) {
+        let now = Instant::from_nanos(self.now);
+        loop {
+            let op = &mut self.ops[id as usize];
+            debug_assert_ne!(op.serial, 0, "a live operation's slot");
+            let client = op.client;
+            let Machine::Hedge(m) = &mut op.machine else {
+                return;
+            };
+            let Some(action) = m.poll_action() else {
+                if let Some(at) = m.poll_timeout() {
+                    let at = at.as_nanos();
+                    // A wake-up at the deadline is the deadline event's: that event was
+                    // scheduled first, so it runs first and ends the operation.
+                    if at != op.timer_at && at < op.start + self.timeout_ns {
+                        op.timer_at = at;
+                        let (serial, gen) = (op.serial, 0);
+                        self.schedule(
+                            at,
+                            Kind::Timer {
+                                op: id,
+                                serial,
+                                gen,
+                            },
+                        );
                     }
                 }
-                Machine::Hedge(m) => {
-                    let Some(action) = m.poll_action() else {
-                        if let Some(at) = m.poll_timeout() {
-                            let at = at.as_nanos();
-                            // A wake-up at the deadline is the deadline event's: that event was
-                            // scheduled first, so it runs first and ends the operation.
-                            if at != op.timer_at && at < op.start + self.timeout_ns {
-                                op.timer_at = at;
-                                let (serial, gen) = (op.serial, 0);
-                                self.schedule(
-                                    at,
-                                    Kind::Timer {
-                                        op: id,
-                                        serial,
-                                        gen,
-                                    },
-                                );
-                            }
+                return;
+            };
+            match action {
+                hedging::Action::SelectServer(copy) => {
+                    let c = &mut self.clients[client as usize];
+                    let s = self.selector.pick(c, member_set(m.deprioritized()));
+                    let address = self.attempt_servers[usize::from(s)].address.clone();
+                    let accepted = m.handle_server_selected(copy, address, now);
+                    self.result.refused += u64::from(accepted.is_err());
+                }
+                hedging::Action::Dispatch { copy, address } => {
+                    let accepted = m.handle_sent(copy, now);
+                    self.result.refused += u64::from(accepted.is_err());
+                    let s = index(&address) as u8;
+                    let slot = copy.0 as usize - 1;
+                    if slot == op.servers.len() {
+                        op.servers.push(s);
+                    } else {
+                        if op.servers.len() < slot {
+                            op.servers.resize(slot + 1, 0);
                         }
-                        return;
-                    };
-                    match action {
-                        hedging::Action::SelectServer(copy) => {
-                            let c = &mut self.clients[client as usize];
-                            let s = self.selector.pick(c, m.deprioritized());
-                            let address = self.attempt_servers[usize::from(s)].address.clone();
-                            let accepted = m.handle_server_selected(copy, address, now);
-                            self.result.refused += u64::from(accepted.is_err());
-                        }
-                        hedging::Action::Dispatch { copy, address } => {
-                            let accepted = m.handle_sent(copy, now);
-                            self.result.refused += u64::from(accepted.is_err());
-                            let s = index(&address) as u8;
-                            let slot = copy.0 as usize - 1;
-                            if slot == op.servers.len() {
-                                op.servers.push(s);
-                            } else {
-                                if op.servers.len() < slot {
-                                    op.servers.resize(slot + 1, 0);
-                                }
-                                op.servers[slot] = s;
-                            }
-                            self.send(id, s, copy.0 as u8);
-                        }
-                        hedging::Action::Release { copy, .. } => {
-                            let s = op.servers[copy.0 as usize - 1];
-                            self.released(client, s);
-                        }
-                        hedging::Action::Cancel { copy, stage } => {
-                            // The connection stays busy until the reply; the server still works.
-                            if !matches!(stage, CopyStage::Selecting) {
-                                let s = op.servers[copy.0 as usize - 1];
-                                self.released(client, s);
-                            }
-                        }
-                        hedging::Action::Finished(result) => {
-                            self.end(id, result.is_ok());
-                            return;
-                        }
+                        op.servers[slot] = s;
+                    }
+                    self.send(id, s, copy.0 as u8);
+                }
+                hedging::Action::Release { copy, .. } => {
+                    let s = op.servers[copy.0 as usize - 1];
+                    self.released(client, s);
+                }
+                hedging::Action::Cancel { copy, stage } => {
+                    // The connection stays busy until the reply; the server still works.
+                    if !matches!(stage, CopyStage::Selecting) {
+                        let s = op.servers[copy.0 as usize - 1];
+                        self.released(client, s);
                     }
                 }
-                Machine::Simple(_) => return,
+                hedging::Action::Finished(result) => {
+                    self.end(id, result.is_ok());
+                    return;
+                }
             }
         }
     }
@@ -1041,7 +1070,7 @@ impl<'a> Sim<'a> {
                 // guards above let only replies the machine expects through; a refused one is a
                 // simulator bug, counted in every build.
                 self.result.refused += u64::from(accepted.is_err());
-                self.pump(work.op);
+                self.pump_retry(work.op);
             }
             Machine::Hedge(m) => {
                 let copy = CopyId(u32::from(work.copy));
@@ -1052,7 +1081,7 @@ impl<'a> Sim<'a> {
                     }
                 };
                 self.result.refused += u64::from(accepted.is_err());
-                self.pump(work.op);
+                self.pump_hedge(work.op);
             }
             Machine::Simple(s) => {
                 if op.gen != work.gen {
@@ -1080,14 +1109,14 @@ impl<'a> Sim<'a> {
             Machine::Retry(m) => {
                 if op.gen == gen {
                     m.handle_timeout(Instant::from_nanos(now));
-                    self.pump(id);
+                    self.pump_retry(id);
                 }
             }
             Machine::Hedge(m) => {
                 if op.timer_at == now {
                     op.timer_at = u64::MAX;
                     m.handle_timeout(Instant::from_nanos(now));
-                    self.pump(id);
+                    self.pump_hedge(id);
                 }
             }
             Machine::Simple(_) => {
@@ -1117,11 +1146,11 @@ impl<'a> Sim<'a> {
                     let cancelled = m.cancel(at);
                     self.result.refused += u64::from(cancelled.is_err());
                 }
-                self.pump(id);
+                self.pump_retry(id);
             }
             Machine::Hedge(m) => {
                 m.handle_timeout(at);
-                self.pump(id);
+                self.pump_hedge(id);
             }
             Machine::Simple(s) => {
                 let (client, server) = (op.client, s.server);
@@ -1237,10 +1266,7 @@ impl<'a> Sim<'a> {
                 return;
             }
         }
-        let deprioritized = match previous {
-            Some(p) => std::slice::from_ref(&self.attempt_servers[usize::from(p)].address),
-            None => &[],
-        };
+        let deprioritized = previous.map_or(0, |p| 1u64 << p);
         let server = self
             .selector
             .pick(&mut self.clients[client_id as usize], deprioritized);

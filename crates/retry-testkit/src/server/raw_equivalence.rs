@@ -1001,6 +1001,52 @@ fn generic_field_cases() -> Vec<(&'static str, Document, Option<i32>)> {
             Some(186),
         ),
         ("hello, again without client", hello(doc! {}), None),
+        // Review13 finding 1 (TK-2): a `writeConcern`, `{}` included, on a command whose
+        // `supportsWriteConcern()` is false is InvalidOptions (72), "Command does not support
+        // writeConcern" (`getMore` before its cursor is looked up); `aggregate` and the writes
+        // take one.
+        (
+            "ping writeConcern",
+            ping(doc! { "writeConcern": { "w": 1 } }),
+            Some(72),
+        ),
+        (
+            "ping writeConcern {}",
+            ping(doc! { "writeConcern": {} }),
+            Some(72),
+        ),
+        (
+            "count writeConcern",
+            doc! { "count": "c", "$db": "test", "writeConcern": { "w": "majority" } },
+            Some(72),
+        ),
+        (
+            "getMore writeConcern",
+            doc! { "getMore": 5_i64, "collection": "c", "$db": "test", "writeConcern": { "w": 1 } },
+            Some(72),
+        ),
+        (
+            "find writeConcern",
+            doc! { "find": "c", "$db": "test", "writeConcern": { "w": 1 } },
+            Some(72),
+        ),
+        (
+            "hello writeConcern",
+            hello(doc! { "writeConcern": { "w": 1 } }),
+            Some(72),
+        ),
+        (
+            "aggregate writeConcern",
+            doc! { "aggregate": "c", "pipeline": [], "cursor": {}, "$db": "test",
+            "writeConcern": { "w": 1 } },
+            None,
+        ),
+        (
+            "insert writeConcern",
+            doc! { "insert": "c", "documents": [{ "x": 1 }], "$db": "test",
+            "writeConcern": { "w": 1 } },
+            None,
+        ),
     ]
 }
 
