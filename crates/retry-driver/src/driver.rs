@@ -234,7 +234,7 @@ impl Driver {
     /// one socket's input costs the same however many others are open (house rule 9).
     /// Returns whether anything moved, and whether the engine was handed something.
     /// With `claim` (a caller's inline pass), the caller's operation's socket is claimed for it
-    /// before the sockets are polled ([`Driver::claim`]).
+    /// before the sockets are polled ([`Driver::claimable`], [`ReadySockets::take`]).
     fn poll_sockets(
         &mut self,
         cx: &mut Context<'_>,
@@ -514,7 +514,8 @@ impl Future for Driver {
 }
 
 impl Driver {
-    /// One poll's rounds; `claim` as in [`Driver::poll_sockets`], for the first round only.
+    /// One poll's rounds; `claim` as in [`Driver::poll_sockets`], for the first round only (a
+    /// second round's take ends it: [`ReadySockets`]).
     fn pass(&mut self, cx: &mut Context<'_>, mut claim: Option<(&Slot, &Waker)>) -> Poll<()> {
         let this = self;
         for _ in 0..ROUNDS_PER_POLL {
@@ -608,7 +609,7 @@ impl SpawnedDriver {
     /// the task or another caller runs it, or the task has not run yet. Returns whether it ran;
     /// if not, the caller wakes the task for its work instead. With `claim`, the caller's
     /// result slot and waker: if its operation is still the only one in flight and waits for
-    /// its reply, its socket's next wake goes to the caller ([`ReadySockets::claim`]), which
+    /// its reply, its socket's next wake goes to the caller ([`ReadySockets::take`]), which
     /// runs the pass that reads it (after [`SpawnedDriver::claim_woke`]).
     pub(crate) fn run_inline(&self, claim: Option<(&Slot, &Waker)>) -> bool {
         let mut guard = match self.state.try_lock() {
@@ -695,14 +696,15 @@ fn may_have_key(document: &RawDocument, key: &[u8]) -> bool {
 ///
 /// Issue 9, one in flight: between an inline pass of a [`SpawnedDriver`] and the next pass of
 /// anyone, the only operation in flight's socket may be *claimed* by its caller
-/// ([`ReadySockets::claim`]): that socket's wake then wakes the caller, which runs the pass
+/// ([`ReadySockets::take`]): that socket's wake then wakes the caller, which runs the pass
 /// that reads the reply itself, instead of the driver's task (one task poll per reply, not
 /// two). A claimed wake is kept apart from the queue (`claimed`), so a monitoring socket that
 /// wakes after it still finds the queue empty and wakes the task: monitoring never waits on a
-/// caller. Every pass takes the claimed socket with the queue and ends the claim
-/// ([`ReadySockets::take`]), so a caller that is not polled delays only its own reply, until
-/// the next pass for any reason (its CSOT deadline's timer, a heartbeat, another operation, a
-/// cancel); nothing else waits on it.
+/// caller. Every round's take ([`ReadySockets::take`], at least one per pass) takes the claimed
+/// socket with the queue and ends the claim, so a caller that is not polled delays only its own
+/// reply, until the next pass for any reason (its CSOT deadline's timer, a heartbeat, another
+/// operation, a cancel); nothing else waits on it. A claiming pass that runs a second round
+/// (another socket queued, a timer fired) ends its own claim there: the reply goes to the task.
 #[derive(Default)]
 struct ReadySockets {
     state: Mutex<ReadyState>,
