@@ -234,7 +234,7 @@ impl Driver {
     /// one socket's input costs the same however many others are open (house rule 9).
     /// Returns whether anything moved, and whether the engine was handed something.
     /// With `claim` (a caller's inline pass), the caller's operation's socket is claimed for it
-    /// before the sockets are polled ([`Driver::claim`]).
+    /// before the sockets are polled ([`Driver::claimable`]).
     fn poll_sockets(
         &mut self,
         cx: &mut Context<'_>,
@@ -608,7 +608,7 @@ impl SpawnedDriver {
     /// the task or another caller runs it, or the task has not run yet. Returns whether it ran;
     /// if not, the caller wakes the task for its work instead. With `claim`, the caller's
     /// result slot and waker: if its operation is still the only one in flight and waits for
-    /// its reply, its socket's next wake goes to the caller ([`ReadySockets::claim`]), which
+    /// its reply, its socket's next wake goes to the caller ([`ReadySockets::take`]), which
     /// runs the pass that reads it (after [`SpawnedDriver::claim_woke`]).
     pub(crate) fn run_inline(&self, claim: Option<(&Slot, &Waker)>) -> bool {
         let mut guard = match self.state.try_lock() {
@@ -700,7 +700,7 @@ fn may_have_key(document: &RawDocument, key: &[u8]) -> bool {
 ///
 /// Issue 9, one in flight: between an inline pass of a [`SpawnedDriver`] and the next pass of
 /// anyone, the only operation in flight's socket may be *claimed* by its caller
-/// ([`ReadySockets::claim`]): that socket's wake then wakes the caller, which runs the pass
+/// ([`ReadySockets::take`]): that socket's wake then wakes the caller, which runs the pass
 /// that reads the reply itself, instead of the driver's task (one task poll per reply, not
 /// two). A claimed wake is kept apart from the queue (`claimed`), so a monitoring socket that
 /// wakes after it still finds the queue empty and wakes the task: monitoring never waits on a
