@@ -857,17 +857,16 @@ impl<R: RngCore> RetryMachine<R> {
         };
         let mut error = error;
         self.add_driver_labels(&mut error, server);
-        // The labels are final here: the summary the events carry is the error's now.
-        let summary = error.summary();
-        if let Some(sent_at) = sent_at {
-            if self.record_events {
-                self.events.push(RetryEvent::CommandFailed {
-                    attempt: self.dispatched,
-                    address: server.address.clone(),
-                    duration: now.saturating_duration_since(sent_at),
-                    error: summary,
-                });
-            }
+        // The labels are final here: the summary the events carry is the error's now (only
+        // events carry it: a machine without events does not build it).
+        let summary = self.record_events.then(|| error.summary());
+        if let (Some(sent_at), Some(summary)) = (sent_at, summary) {
+            self.events.push(RetryEvent::CommandFailed {
+                attempt: self.dispatched,
+                address: server.address.clone(),
+                duration: now.saturating_duration_since(sent_at),
+                error: summary,
+            });
         }
         let sharded = server.topology_type.is_sharded();
         let close = matches!(error.kind, ErrorKind::Network(_));
@@ -914,7 +913,9 @@ impl<R: RngCore> RetryMachine<R> {
                 }
             }
             Decision::Deny(reason) => {
-                self.deny(reason, summary);
+                if let Some(summary) = summary {
+                    self.deny(reason, summary);
+                }
                 if let Some(raised) = self.raised.take() {
                     self.finish(Err(raised));
                 }
