@@ -621,9 +621,14 @@ impl SpawnedDriver {
         let (Some(running), Some(task)) = (driver.as_mut(), task.as_ref()) else {
             return false;
         };
+        let claiming = claim.is_some();
         let stopped = running
             .pass(&mut Context::from_waker(task), claim)
             .is_ready();
+        if claiming && running.pending.is_empty() {
+            // Its reply came within this pass: the idle connection's next wake is the task's.
+            running.ready.end_claim();
+        }
         if stopped {
             // The driver (and its engine and sockets) goes now; its task ends when next polled.
             *driver = None;
@@ -700,11 +705,13 @@ fn may_have_key(document: &RawDocument, key: &[u8]) -> bool {
 /// that reads the reply itself, instead of the driver's task (one task poll per reply, not
 /// two). A claimed wake is kept apart from the queue (`claimed`), so a monitoring socket that
 /// wakes after it still finds the queue empty and wakes the task: monitoring never waits on a
-/// caller. Every round's take ([`ReadySockets::take`], at least one per pass) takes the claimed
-/// socket with the queue and ends the claim, so a caller that is not polled delays only its own
-/// reply, until the next pass for any reason (its CSOT deadline's timer, a heartbeat, another
-/// operation, a cancel); nothing else waits on it. A claiming pass that runs a second round
-/// (another socket queued, a timer fired) ends its own claim there: the reply goes to the task.
+/// caller. Every round's take ([`ReadySockets::take`]; every pass's first round takes, but the
+/// one that ends the driver) takes the claimed socket with the queue and ends the claim, so a
+/// caller that is not polled delays only its own reply, until the next pass for any reason (its
+/// CSOT deadline's timer, a heartbeat, another operation, a cancel); nothing else waits on it.
+/// A claiming pass that runs a second round (another socket queued, a timer fired) ends its own
+/// claim there: the reply goes to the task. A claim whose operation finished within the pass
+/// that set it ends with that pass ([`ReadySockets::end_claim`]).
 #[derive(Default)]
 struct ReadySockets {
     state: Mutex<ReadyState>,
@@ -749,6 +756,25 @@ impl ReadySockets {
             self.claimed.store(false, Ordering::Release);
         }
         state.claim = claim.map(|(conn, caller)| (conn, caller.clone()));
+    }
+
+    /// Ends a claim whose operation finished: a claimed wake that came already goes to the
+    /// queue and wakes the driver, as if the socket had not been claimed.
+    fn end_claim(&self) {
+        let mut state = lock(&self.state);
+        state.claim = None;
+        let Some(conn) = state.claimed.take() else {
+            return;
+        };
+        self.claimed.store(false, Ordering::Release);
+        let first = state.conns.is_empty();
+        state.conns.push(conn);
+        self.queued.store(true, Ordering::Release);
+        let driver = state.driver.clone().filter(|_| first);
+        drop(state);
+        if let Some(driver) = driver {
+            driver.wake();
+        }
     }
 
     /// Whether a claimed socket woke and no pass has taken it yet.
@@ -1889,6 +1915,33 @@ mod tests {
         // The claim ended with that pass: the pooled socket's next wake is the task's.
         pooled.queued.store(false, Ordering::Release);
         Waker::from(pooled).wake_by_ref();
+        assert_eq!((woken(&caller), woken(&task)), (1, 2));
+    }
+
+    /// Issue 9: a claim whose operation finished in the pass that set it ends, and a claimed
+    /// wake that came meanwhile goes to the task's queue (an idle connection's close is the
+    /// task's to read at once, not at the next pass for another reason).
+    #[test]
+    fn issue9_a_finished_operations_claim_hands_its_wake_to_the_task() {
+        let ready = Arc::new(ReadySockets::default());
+        let (task, caller) = (tasks(1), tasks(1));
+        let task_waker = Waker::from(task[0].clone());
+        let caller_waker = Waker::from(caller[0].clone());
+        let mut taken = Vec::new();
+        ready.take(&task_waker, &mut taken, Some((ConnId(1), &caller_waker)));
+        Waker::from(socket_waker(&ready, 1)).wake_by_ref();
+        assert_eq!((woken(&caller), woken(&task)), (1, 0));
+        ready.end_claim();
+        assert_eq!((woken(&caller), woken(&task)), (1, 1), "handed to the task");
+        assert!(!ready.claim_woke() && !ready.is_empty());
+        ready.take(&task_waker, &mut taken, None);
+        assert_eq!(taken, [ConnId(1)]);
+        // Without a claimed wake, ending the claim wakes nobody; the socket's wake is the task's.
+        taken.clear();
+        ready.take(&task_waker, &mut taken, Some((ConnId(2), &caller_waker)));
+        ready.end_claim();
+        assert_eq!((woken(&caller), woken(&task)), (1, 1));
+        Waker::from(socket_waker(&ready, 2)).wake_by_ref();
         assert_eq!((woken(&caller), woken(&task)), (1, 2));
     }
 
