@@ -372,14 +372,14 @@ impl<R> Client<R> {
                     });
                 } else if spawned.claim_woke() {
                     // Its claimed socket woke: this caller runs the pass that reads it. Rule
-                    // (CS-4, house rule 8): if the driver is busy, its holder reads it (every
-                    // pass's first round takes the claimed socket before it can return, but the
-                    // close path's; `run_inline` wakes the task after it lets go). The task's wake
-                    // keeps the reply from waiting on that, as on the first poll.
+                    // (CS-4, house rule 8): if the driver is busy (`false`), its holder reads it.
+                    // Every pass's first round takes the claimed socket before it can return (but
+                    // the pass that ends the driver), and a claim is set only by a take, so none
+                    // can wake after the holder's take; `run_inline`'s tail wakes the task after
+                    // it lets go. An early return before `poll_sockets`, or a new holder of the
+                    // driver's lock, would break this (a lost wake).
                     reply.driving(|| {
-                        if !spawned.run_inline(None) {
-                            lock(&self.inner.shared.state).wake_driver();
-                        }
+                        spawned.run_inline(None);
                     });
                 } else if claimed_with
                     .take_if(|claimed| *claimed != identity(cx.waker()))
