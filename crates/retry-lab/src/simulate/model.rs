@@ -325,9 +325,9 @@ impl Selector {
     #[inline]
     fn pick(&mut self, client: &mut Client, deprioritized: u64) -> u8 {
         let in_flight = &client.in_flight;
-        let chosen = self
-            .selection
-            .select_index(deprioritized, |i| in_flight[i], &mut client.rng);
+        let chosen =
+            self.selection
+                .select_index(&[deprioritized], |i| in_flight[i], &mut client.rng);
         match chosen {
             Ok(Some(i)) => i as u8,
             _ => 0,
