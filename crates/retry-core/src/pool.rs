@@ -505,6 +505,11 @@ impl Pool {
         self.events.pop_front()
     }
 
+    /// Whether an action waits to be polled ([`Pool::poll_action`]).
+    pub(crate) fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
+    }
+
     /// Drops the pending events unread, for an embedder that does not publish them: the same
     /// as polling every one and ignoring it.
     pub fn discard_events(&mut self) {

@@ -932,16 +932,16 @@ fn filtered_event_families_are_not_published_and_change_no_transmit() {
     assert_eq!(pool_only.transmits, all.transmits);
 }
 
-/// Issue 9 (one in flight): `Engine::operation_socket` names the pool connection an operation's
-/// command is on while its reply is awaited, never a monitor's socket, and nothing before the
-/// operation starts or after it finished (its reply handled by `handle_bytes` as always).
+/// Issue 9 (one in flight): `Engine::socket_operation` names the operation whose command is on
+/// a pool connection while its reply is awaited, nothing for the monitor's sockets, and nothing
+/// once the reply was handled (by `handle_bytes`, as always) and the connection is idle.
 #[test]
-fn issue9_operation_socket_names_the_connection_awaiting_the_reply() {
+fn issue9_socket_operation_names_the_operation_awaiting_its_reply() {
     // The mongos answers hellos; the find stays unanswered (in flight) until replied below.
     let script: Script = Box::new(|_, body| is_hello(body).then(mongos_hello));
     let settings = TopologySettings::new(vec![address("m1")]);
     let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
-    assert_eq!(net.engine.operation_socket(OpId(u64::MAX)), None);
+    assert_eq!(net.engine.socket_operation(ConnId(u64::MAX)), None);
     let op = net.start(read(ReadPreferenceMode::Primary));
     let (conn, _) = net
         .sent
@@ -950,7 +950,7 @@ fn issue9_operation_socket_names_the_connection_awaiting_the_reply() {
         .find(|(_, body)| body.contains_key("find"))
         .cloned()
         .expect("the find was written");
-    assert_eq!(net.engine.operation_socket(op), Some(conn));
+    assert_eq!(net.engine.socket_operation(conn), Some(op));
     let monitors: Vec<ConnId> = net
         .sent
         .iter()
@@ -958,6 +958,9 @@ fn issue9_operation_socket_names_the_connection_awaiting_the_reply() {
         .map(|(c, _)| *c)
         .collect();
     assert!(!monitors.is_empty(), "the monitor's socket said hello");
+    for monitor in monitors {
+        assert_eq!(net.engine.socket_operation(monitor), None);
+    }
     assert!(net.finished(op).is_empty());
     let request_id = net
         .transmits
@@ -966,12 +969,8 @@ fn issue9_operation_socket_names_the_connection_awaiting_the_reply() {
         .find(|(_, c, _)| *c == conn)
         .map(|(_, _, bytes)| i32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")))
         .expect("the find's bytes");
-    reply_to(
-        &mut net,
-        conn,
-        request_id,
-        doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } },
-    );
+    let reply = doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } };
+    reply_to(&mut net, conn, request_id, reply);
     assert_eq!(net.finished(op).len(), 1);
-    assert_eq!(net.engine.operation_socket(op), None, "finished: no socket");
+    assert_eq!(net.engine.socket_operation(conn), None, "checked in, idle");
 }

@@ -31,7 +31,8 @@
 //!   may specify a readConcern", 72).
 //! - Outside a transaction, a `writeConcern` on a command that takes none (`find`, `count`,
 //!   `getMore`, `ping`, ...): InvalidOptions (72), "Command does not support writeConcern"
-//!   ([`write_concern_refusal`], checked after the fail point).
+//!   ([`write_concern_refusal`], checked after the fail point); a `readConcern` level other than
+//!   "local" or "snapshot" on a write (72, [`write_read_concern_refusal`]).
 //! - The generic fields (review7 finding 3, [`generic_field_refusal`]): `apiVersion`,
 //!   `apiStrict`, `apiDeprecationErrors`, `$readPreference`, a hello's `client` and
 //!   `compression` of the wrong type or value.
@@ -131,12 +132,15 @@ pub(crate) const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
 /// The test server's commands a real server runs with a `writeConcern`: those whose
 /// `supportsWriteConcern()` is true (the writes, `create`, `drop`, `dropDatabase`, the index
 /// commands, commit and abort), and `aggregate` whatever its pipeline (the server's jstests
-/// aggregation_accepts_write_concern.js). Every other command it knows refuses one
-/// ([`write_concern_refusal`]).
+/// aggregation_accepts_write_concern.js), `collMod`, `renameCollection` and `mapReduce` (with an output
+/// collection; inline it refuses one, but the test server answers either TestkitUnsupported, which
+/// is never more forgiving). Every other command it knows refuses one ([`write_concern_refusal`];
+/// the replica-set commands' base class `ReplSetCommand` takes none).
 const WRITE_CONCERN_COMMANDS: &[&str] = &[
     "abortTransaction",
     "aggregate",
     "bulkWrite",
+    "collMod",
     "commitTransaction",
     "create",
     "createIndexes",
@@ -147,6 +151,8 @@ const WRITE_CONCERN_COMMANDS: &[&str] = &[
     "dropIndexes",
     "findAndModify",
     "insert",
+    "mapReduce",
+    "renameCollection",
     "update",
 ];
 
@@ -477,6 +483,9 @@ pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Doc
     if let Some(refusal) = command.get("readConcern").and_then(read_concern_refusal) {
         return Some(refusal);
     }
+    if let Some(refusal) = write_read_concern_refusal(name, command) {
+        return Some(refusal);
+    }
     if let Role::ReplicaSetMember(member) = role {
         let secondary_ok = matches!(
             command.get("$readPreference"),
@@ -569,6 +578,36 @@ fn transaction_refusal(name: &str, command: &Document) -> Option<Document> {
         ));
     }
     None
+}
+
+/// Review13 finding 1 (house rule 7): outside a transaction, a parsed `readConcern` whose level a
+/// write does not support. A server checks the level against the command's
+/// `supportsReadConcern` (`_extractReadConcern`, outside a multi-document transaction and only
+/// with a level): the default allows only "local" (and the write commands' and
+/// `findAndModify`'s own overrides at most "local" and "snapshot"), so "majority",
+/// "linearizable" and "available" on `insert`, `update`, `delete` or `findAndModify` are
+/// InvalidOptions (72), "Command <name> does not support { readConcern: ... } :: caused by ::
+/// read concern not supported". Not checked here: "snapshot" (its answer differs between server
+/// versions) and the other commands (their tables are not verified).
+fn write_read_concern_refusal(name: &str, command: &Document) -> Option<Document> {
+    let writes = ["insert", "update", "delete", "findAndModify"];
+    if command.contains_key("autocommit") || !writes.contains(&name) {
+        return None;
+    }
+    let level = command
+        .get_document("readConcern")
+        .ok()?
+        .get_str("level")
+        .ok()?;
+    matches!(level, "majority" | "linearizable" | "available").then(|| {
+        error_reply(
+            72,
+            &format!(
+                "Command {name} does not support {{ readConcern: {{ level: \"{level}\", \
+                 provenance: \"clientSupplied\" }} }} :: caused by :: read concern not supported"
+            ),
+        )
+    })
 }
 
 /// The commands a server runs inside a multi-document transaction; any other (`count`,
@@ -1082,6 +1121,45 @@ mod tests {
         let ahead = find(Bson::Document(doc! { "afterClusterTime": at(4) }));
         assert_eq!(code(after_cluster_time_refusal(&ahead, at(3))), Some(72));
         assert_eq!(code(after_cluster_time_refusal(&ahead, at(4))), None);
+    }
+
+    /// Review13 finding 1 (house rule 7): outside a transaction a write's `readConcern` level is
+    /// "local" (or "snapshot"); "majority", "linearizable" and "available" are InvalidOptions
+    /// (72) with the server's message; in a transaction's first statement the transaction's
+    /// level is taken, and reads are not concerned.
+    #[test]
+    fn review13_f1_a_write_outside_a_transaction_takes_only_the_local_read_concern() {
+        let with = |name: &str, level: &str| {
+            doc! { name: "c", "readConcern": { "level": level } }
+        };
+        for name in ["insert", "update", "delete", "findAndModify"] {
+            for level in ["majority", "linearizable", "available"] {
+                let refused = refusal(&Role::Mongos, name, &with(name, level));
+                assert_eq!(code(refused), Some(72), "{name} {level}");
+            }
+            for level in ["local", "snapshot"] {
+                let command = with(name, level);
+                assert_eq!(code(refusal(&Role::Mongos, name, &command)), None);
+            }
+        }
+        let refused = refusal(&Role::Mongos, "insert", &with("insert", "majority"));
+        assert_eq!(
+            refused.and_then(|r| r.get_str("errmsg").ok().map(str::to_owned)),
+            Some(
+                "Command insert does not support { readConcern: { level: \"majority\", \
+                 provenance: \"clientSupplied\" } } :: caused by :: read concern not supported"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            code(refusal(&Role::Mongos, "find", &with("find", "majority"))),
+            None
+        );
+        let mut first = with("insert", "majority");
+        first.extend(doc! {
+            "lsid": lsid(), "txnNumber": 1_i64, "autocommit": false, "startTransaction": true,
+        });
+        assert_eq!(code(refusal(&Role::Mongos, "insert", &first)), None);
     }
 
     /// SE-21, review7 finding 3: `atClusterTime` only with the snapshot level and never with

@@ -821,9 +821,10 @@ fn add_write_concern_error(
     }
 }
 
-/// TK-15: `target`'s DDL command waits, pending in `data` while the wait lives.
-fn hold_ddl(data: &DataStore, target: DdlTarget) -> DdlWait {
-    let number = data.lock().hold_ddl(target);
+/// TK-15: `target`'s DDL command waits for the transaction of `session`, pending in `data`
+/// while the wait lives.
+fn hold_ddl(data: &DataStore, target: DdlTarget, session: Vec<u8>) -> DdlWait {
+    let number = data.lock().hold_ddl(target, session);
     DdlWait {
         data: data.clone(),
         number,
@@ -1383,7 +1384,7 @@ impl Connection {
         if let Some((session, ddl)) = blocked {
             // TK-15: a DDL command that has to wait is pending from now until it runs.
             if let Some(target) = ddl {
-                self.ddl_wait = Some(hold_ddl(&state.data, target));
+                self.ddl_wait = Some(hold_ddl(&state.data, target, session.clone()));
             }
             *held = write_key.is_some().then_some(firing);
             return Err(session);

@@ -90,7 +90,8 @@ pub(crate) struct Store {
     /// rename, `drop`, `dropDatabase`), by number ([`Store::hold_ddl`]): while one waits for
     /// the exclusive lock, a transaction that does not hold the namespace's lock yet cannot get
     /// it ([`Store::lock_timeout`]).
-    pending_ddl: BTreeMap<u64, DdlTarget>,
+    /// Each with the session (lsid bytes) whose transaction it waits for.
+    pending_ddl: BTreeMap<u64, (DdlTarget, Vec<u8>)>,
     /// The number the next waiting DDL command gets.
     next_ddl: u64,
     /// The DDL the command now running is, when a transaction in progress blocked it (taken with
@@ -572,13 +573,35 @@ impl Store {
         self.blocked_ddl.take()
     }
 
-    /// TK-15 (leftovers11): a DDL command on `target` waits for a transaction in progress until
-    /// [`Store::release_ddl`] with the number returned.
-    pub(crate) fn hold_ddl(&mut self, target: DdlTarget) -> u64 {
+    /// TK-15 (leftovers11): a DDL command on `target` waits for the transaction in progress of
+    /// `session` until [`Store::release_ddl`] with the number returned.
+    pub(crate) fn hold_ddl(&mut self, target: DdlTarget, session: Vec<u8>) -> u64 {
         let number = self.next_ddl;
         self.next_ddl += 1;
-        self.pending_ddl.insert(number, target);
+        self.pending_ddl.insert(number, (target, session));
         number
+    }
+
+    /// TK-15 (leftovers11, house rule 7): a real server's pending DDL holds back new operations
+    /// outside any transaction on its namespace too: they queue behind its exclusive lock
+    /// request. A command outside any transaction on `ns` (a DDL command's own rerun included)
+    /// waits ([`QueryError::Blocked`]) for the transaction a pending DDL on `ns` waits for,
+    /// while that one is in progress; once it ended the command runs.
+    pub(crate) fn ddl_queue(&mut self, ns: &str) -> Result<(), QueryError> {
+        if self.pending_ddl.is_empty() || self.writer.is_some() {
+            return Ok(());
+        }
+        let waited = self
+            .pending_ddl
+            .values()
+            .find(|(target, session)| target.covers(ns) && self.open.contains(session));
+        match waited {
+            Some((_, session)) => {
+                let blocked = Err(QueryError::Blocked(session.clone()));
+                self.noted(blocked)
+            }
+            None => Ok(()),
+        }
     }
 
     /// TK-15 (leftovers11): the DDL command numbered `number` no longer waits.
@@ -609,7 +632,10 @@ impl Store {
                 DdlTarget::Database(_) => held.any(|c| target.covers(c)),
             }
         };
-        let waiting = self.pending_ddl.values().any(|t| t.covers(ns) && !holds(t));
+        let waiting = self
+            .pending_ddl
+            .values()
+            .any(|(t, _)| t.covers(ns) && !holds(t));
         waiting.then(|| {
             (
                 24,
@@ -2129,7 +2155,7 @@ mod tests {
         assert_eq!(blocked, Some(S1.to_vec()));
         let target = store.take_blocked_ddl().expect("the blocked DDL");
         assert_eq!(target, DdlTarget::Database("db".into()));
-        let number = store.hold_ddl(target);
+        let number = store.hold_ddl(target, S1.to_vec());
         let refused = in_transaction(&mut store, S2, 1, true, |s| s.lock_timeout("db.other"));
         assert_eq!(refused.map(|(code, _)| code), Some(24));
         let other_db = in_transaction(&mut store, S2, 2, true, |s| s.lock_timeout("other.c"));

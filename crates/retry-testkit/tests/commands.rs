@@ -1666,9 +1666,10 @@ async fn tk15_out_waits_for_a_transaction_that_only_read_its_target() {
 /// TK-15 (leftovers11, house rule 7): a real server's pending DDL ("Pending DDL Operations and
 /// Transactions"): while a `$out` waits for a transaction that holds its target, a new
 /// transaction that accesses the target cannot lock it: LockTimeout (24, TransientTransactionError),
-/// and that transaction is aborted (NoSuchTransaction, 251, after). A transaction on another
-/// collection runs, the holding transaction goes on, and once the `$out` ran a new transaction
-/// on the target runs again.
+/// and that transaction is aborted (NoSuchTransaction, 251, after); a command outside any
+/// transaction on the target queues behind the `$out` (until its `maxTimeMS`, 50). A transaction
+/// or command on another collection runs, the holding transaction goes on, and once the `$out`
+/// ran a new transaction on the target runs again.
 #[tokio::test]
 async fn tk15_a_waiting_out_holds_back_new_transactions_on_its_target() {
     bounded(async {
@@ -1721,6 +1722,16 @@ async fn tk15_a_waiting_out_holds_back_new_transactions_on_its_target() {
             None,
             "the holding transaction goes on: {reply}"
         );
+        let outside = doc! { "find": "w", "$db": "test", "maxTimeMS": 100 };
+        let queued = third.command(outside).await.unwrap();
+        assert_eq!(
+            code(&queued),
+            Some(50),
+            "outside a transaction it queues: {queued}"
+        );
+        let other = doc! { "find": "x", "$db": "test", "maxTimeMS": 100 };
+        let reply = third.command(other).await.unwrap();
+        assert_eq!(code(&reply), None, "another collection: {reply}");
 
         let abort = |lsid: u8| {
             let mut body = in_transaction(lsid, doc! { "abortTransaction": 1 }, false);

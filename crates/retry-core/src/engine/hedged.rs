@@ -148,6 +148,17 @@ impl Operation {
         self.note(result);
     }
 
+    /// Issue 9: after [`Operation::sent`], whether the operation's turn on the worklist would
+    /// do nothing: a retry machine that records no events (its `handle_sent` then only changes
+    /// its state, queueing no action), no refused input, and no deadline registered or due.
+    pub(super) fn settled_after_send(&self) -> bool {
+        self.refused.is_none()
+            && self.timer.is_none()
+            && self.slots.iter().all(|s| s.wake.is_none())
+            && matches!(&self.machine, OpMachine::Retry(m)
+                if !m.records_events() && m.poll_timeout().is_none())
+    }
+
     pub(super) fn succeeded(&mut self, slot: usize, now: Instant) {
         let result = match &mut self.machine {
             OpMachine::Retry(m) => m.handle_succeeded(now).map_err(refusal),

@@ -482,7 +482,16 @@ impl Engine {
             // Issue 9: nobody listens; one lookup, no address copies.
             pool.discard_events();
         }
-        self.schedule(Machine::Pool(server));
+        // Issue 9: a member's pool with no action to route and its deadline registered as it is
+        // would have a turn on the worklist that does nothing (`drain_pool`, `refresh_timer`).
+        let entry = &self.servers[server.0 as usize];
+        let settled = entry.retired_pool.is_none()
+            && self
+                .pool(server)
+                .is_some_and(|p| !p.has_actions() && p.poll_timeout() == entry.pool_timer);
+        if !settled {
+            self.schedule(Machine::Pool(server));
+        }
     }
 
     /// Review item 12: a retired pool with nothing left to say and no connections (none in the

@@ -910,9 +910,11 @@ impl Engine {
                 }
                 append_command_fields(db, lsid, api, out)
             });
+        let mut settled = false;
         let failed = match sent {
             Ok(request_id) => {
                 op.sent(slot, now);
+                settled = op.settled_after_send();
                 // TX-2: a transaction is in progress once its first command is written.
                 self.transaction_command_sent(op_id, slot);
                 if let Some(command) = published {
@@ -934,7 +936,10 @@ impl Engine {
             }
         };
         self.schedule(Machine::Socket(conn));
-        self.schedule(Machine::Operation(op_id));
+        // Issue 9: no turn that would do nothing.
+        if !settled {
+            self.schedule(Machine::Operation(op_id));
+        }
         if let Some(error) = failed {
             self.fail_attempt(op_id, slot, error, false, now);
         }

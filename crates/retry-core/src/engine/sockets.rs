@@ -132,24 +132,13 @@ impl Engine {
         }
     }
 
-    /// The one socket that carries `op`'s command now: the pool connection its attempt's
-    /// command is on until its reply (or failure) reaches the operation. `None` while the
-    /// operation selects, checks out, backs off or has finished, and when hedged copies are on
-    /// several sockets. Monitoring sockets never carry an operation. Read-only (issue 9: a
-    /// driver may route this socket's readiness to the operation's caller while it is the only
-    /// operation in flight; the bytes still go to [`Engine::handle_bytes`]).
-    pub fn operation_socket(&self, op: OpId) -> Option<ConnId> {
-        let mut found = None;
-        for conn in self.ops.get(&op)?.slots.iter().filter_map(|slot| slot.conn) {
-            let carries = self
-                .sockets
-                .get(&conn)
-                .is_some_and(|socket| socket.op.is_some_and(|(o, _)| o == op));
-            if carries && found.replace(conn).is_some() {
-                return None;
-            }
-        }
-        found
+    /// The operation whose command is on `conn`: a pool connection's, until its reply (or
+    /// failure) reaches the operation. `None` for a monitoring socket, an idle or draining
+    /// connection and an unknown id. Read-only (issue 9: a driver may route this socket's
+    /// readiness to the operation's caller while it is the only operation in flight; the bytes
+    /// still go to [`Engine::handle_bytes`]).
+    pub fn socket_operation(&self, conn: ConnId) -> Option<OpId> {
+        self.sockets.get(&conn)?.op.map(|(op, _)| op)
     }
 
     /// The socket of a pool's connection.

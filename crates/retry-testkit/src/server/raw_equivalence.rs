@@ -1041,6 +1041,26 @@ fn generic_field_cases() -> Vec<(&'static str, Document, Option<i32>)> {
             "writeConcern": { "w": 1 } },
             None,
         ),
+        // Outside a transaction a write supports only the "local" (and "snapshot") read
+        // concern levels: "majority" is InvalidOptions (72), as on a real server.
+        (
+            "insert readConcern majority",
+            doc! { "insert": "c", "documents": [{ "x": 1 }], "$db": "test",
+            "readConcern": { "level": "majority" } },
+            Some(72),
+        ),
+        (
+            "findAndModify readConcern available",
+            doc! { "findAndModify": "c", "query": {}, "remove": true, "$db": "test",
+            "readConcern": { "level": "available" } },
+            Some(72),
+        ),
+        (
+            "insert readConcern local",
+            doc! { "insert": "c", "documents": [{ "x": 1 }], "$db": "test",
+            "readConcern": { "level": "local" } },
+            None,
+        ),
         (
             "insert writeConcern",
             doc! { "insert": "c", "documents": [{ "x": 1 }], "$db": "test",
