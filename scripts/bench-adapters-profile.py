@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Per-round-trip costs from two runs of one retry-bench case (scripts/bench-adapters-profile.sh).
 
-Usage: bench-adapters-profile.py DIR N1 N2 LABEL. DIR holds callgrind.N-* (one file per thread)
+Usage: bench-adapters-profile.py DIR N1 N2 LABEL, or --sched LABEL (perf script on stdin, see
+`sched`). DIR holds callgrind.N-* (one file per thread)
 and strace.N for N = N1 and N2 round trips; prints one line: the differences over N2 - N1.
 With TOP=n in the environment it also lists the client side's n costliest functions (self cost
 per round trip, with their group).
@@ -122,7 +123,46 @@ def strace(directory, n):
     return counts
 
 
+def sched(label):
+    """Per round trip, from `perf script` of sched_switch / sched_waking / cpu_idle / sendto events
+    on stdin (SCHED=1): round trips = the client threads' `sendto` calls; thread wakes of the
+    bench's threads, and how many of them target a CPU that is idle (halted: the costly kind on
+    a VM); CPU idle entries; blocks (a bench thread switched out sleeping) and preemptions."""
+    event = re.compile(r"^\s*(\S+)\s+\d+\s+\[(\d+)\]\s+[\d.]+:\s+(\S+):\s*(.*)$")
+    counts = collections.Counter()
+    idle = {}
+    for line in sys.stdin:
+        m = event.match(line)
+        if not m:
+            continue
+        comm, cpu, name, rest = m.groups()
+        if name == "power:cpu_idle":
+            state = re.search(r"state=(\d+) cpu_id=(\d+)", rest)
+            if state:
+                entering = int(state.group(1)) != 4294967295
+                idle[state.group(2)] = entering
+                counts["cpu_idle_entries"] += entering
+        elif name == "syscalls:sys_enter_sendto" and comm.startswith("bench-client"):
+            counts["round_trips"] += 1
+        elif name == "sched:sched_waking":
+            target = re.search(r"comm=(\S+) .*target_cpu=(\d+)", rest)
+            if target and target.group(1).startswith("bench"):
+                counts["thread_wakes"] += 1
+                counts["wakes_of_an_idle_cpu"] += idle.get(str(int(target.group(2))), False)
+                counts["wakes_to_another_cpu"] += int(target.group(2)) != int(cpu)
+        elif name == "sched:sched_switch":
+            prev = re.search(r"prev_comm=(\S+) .*prev_state=(\S+) ==>", rest)
+            if prev and prev.group(1).startswith("bench"):
+                kind = "blocks" if prev.group(2)[:1] in "SD" else "preemptions"
+                counts[f"{prev.group(1)}_{kind}"] += 1
+    n = counts.pop("round_trips", 0) or 1
+    detail = " ".join(f"{k}={v / n:.3f}" for k, v in sorted(counts.items()))
+    print(f"{label}\n  sched (per round trip, {n} round trips traced): {detail}", flush=True)
+
+
 def main():
+    if sys.argv[1] == "--sched":
+        return sched(sys.argv[2])
     directory, n1, n2, label = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     per = n2 - n1
     (a, fa), (b, fb) = callgrind(directory, n1), callgrind(directory, n2)

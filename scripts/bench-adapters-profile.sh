@@ -12,7 +12,12 @@
 #   TOP=30 N2=11000 BENCH_BIN=target/release/deps/round_trip-<hash> scripts/bench-adapters-profile.sh
 #                                                       # and the client's 30 costliest functions
 #
-# Installs valgrind and strace with apt-get when they are missing.
+#   SCHED=1 CASES="echo tokio mongodb" SERVERS=canned IN_FLIGHT=1 scripts/bench-adapters-profile.sh
+#                                                       # and per round trip: thread wakes, wakes
+#                                                       # of a halted CPU, CPU idle entries, blocks
+#                                                       # (perf sched tracepoints, system-wide)
+#
+# Installs valgrind and strace with apt-get when they are missing (perf for SCHED=1 is not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,6 +65,19 @@ for case in $CASES; do
             done
             python3 scripts/bench-adapters-profile.py "$dir" "$N1" "$N2" \
                 "case=$case server=$server in_flight=$k"
+            if [ -n "${SCHED:-}" ]; then
+                # Who wakes whom, and how often a wake finds its CPU halted: 1 s of scheduler
+                # events of a long run (system-wide: only meaningful on an otherwise idle machine).
+                RETRY_BENCH_PROFILE="$case $k 1000000000 $server" "$BENCH_BIN" >/dev/null 2>&1 &
+                pid=$!
+                sleep 3
+                perf record -q -o "$dir/sched.data" -e sched:sched_switch -e sched:sched_waking \
+                    -e power:cpu_idle -e syscalls:sys_enter_sendto -a -- sleep 1 >/dev/null 2>&1 || true
+                kill "$pid" 2>/dev/null || true
+                wait "$pid" 2>/dev/null || true
+                perf script -i "$dir/sched.data" 2>/dev/null |
+                    python3 scripts/bench-adapters-profile.py --sched "case=$case server=$server in_flight=$k"
+            fi
         done
     done
 done

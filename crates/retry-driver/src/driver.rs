@@ -234,7 +234,7 @@ impl Driver {
     /// one socket's input costs the same however many others are open (house rule 9).
     /// Returns whether anything moved, and whether the engine was handed something.
     /// With `claim` (a caller's inline pass), the caller's operation's socket is claimed for it
-    /// before the sockets are polled ([`Driver::claim`]).
+    /// before the sockets are polled ([`Driver::claimable`]).
     fn poll_sockets(
         &mut self,
         cx: &mut Context<'_>,
@@ -608,7 +608,7 @@ impl SpawnedDriver {
     /// the task or another caller runs it, or the task has not run yet. Returns whether it ran;
     /// if not, the caller wakes the task for its work instead. With `claim`, the caller's
     /// result slot and waker: if its operation is still the only one in flight and waits for
-    /// its reply, its socket's next wake goes to the caller ([`ReadySockets::claim`]), which
+    /// its reply, its socket's next wake goes to the caller ([`ReadySockets::take`]), which
     /// runs the pass that reads it (after [`SpawnedDriver::claim_woke`]).
     pub(crate) fn run_inline(&self, claim: Option<(&Slot, &Waker)>) -> bool {
         let mut guard = match self.state.try_lock() {
@@ -620,9 +620,14 @@ impl SpawnedDriver {
         let (Some(running), Some(task)) = (driver.as_mut(), task.as_ref()) else {
             return false;
         };
+        let claiming = claim.is_some();
         let stopped = running
             .pass(&mut Context::from_waker(task), claim)
             .is_ready();
+        if claiming && running.pending.is_empty() {
+            // Its reply came within this pass: the idle connection's next wake is the task's.
+            running.ready.end_claim();
+        }
         if stopped {
             // The driver (and its engine and sockets) goes now; its task ends when next polled.
             *driver = None;
@@ -695,7 +700,7 @@ fn may_have_key(document: &RawDocument, key: &[u8]) -> bool {
 ///
 /// Issue 9, one in flight: between an inline pass of a [`SpawnedDriver`] and the next pass of
 /// anyone, the only operation in flight's socket may be *claimed* by its caller
-/// ([`ReadySockets::claim`]): that socket's wake then wakes the caller, which runs the pass
+/// ([`ReadySockets::take`]): that socket's wake then wakes the caller, which runs the pass
 /// that reads the reply itself, instead of the driver's task (one task poll per reply, not
 /// two). A claimed wake is kept apart from the queue (`claimed`), so a monitoring socket that
 /// wakes after it still finds the queue empty and wakes the task: monitoring never waits on a
@@ -752,6 +757,25 @@ impl ReadySockets {
                 state.claimer = Some(caller.clone());
             }
             state.claim = Some(conn);
+        }
+    }
+
+    /// Ends a claim whose operation finished: a claimed wake that came already goes to the
+    /// queue and wakes the driver, as if the socket had not been claimed.
+    fn end_claim(&self) {
+        let mut state = lock(&self.state);
+        state.claim = None;
+        let Some(conn) = state.claimed.take() else {
+            return;
+        };
+        self.claimed.store(false, Ordering::Release);
+        let first = state.conns.is_empty();
+        state.conns.push(conn);
+        self.queued.store(true, Ordering::Release);
+        let driver = state.driver.clone().filter(|_| first);
+        drop(state);
+        if let Some(driver) = driver {
+            driver.wake();
         }
     }
 
@@ -1890,6 +1914,33 @@ mod tests {
         // The claim ended with that pass: the pooled socket's next wake is the task's.
         pooled.queued.store(false, Ordering::Release);
         Waker::from(pooled).wake_by_ref();
+        assert_eq!((woken(&caller), woken(&task)), (1, 2));
+    }
+
+    /// Issue 9: a claim whose operation finished in the pass that set it ends, and a claimed
+    /// wake that came meanwhile goes to the task's queue (an idle connection's close is the
+    /// task's to read at once, not at the next pass for another reason).
+    #[test]
+    fn issue9_a_finished_operations_claim_hands_its_wake_to_the_task() {
+        let ready = Arc::new(ReadySockets::default());
+        let (task, caller) = (tasks(1), tasks(1));
+        let task_waker = Waker::from(task[0].clone());
+        let caller_waker = Waker::from(caller[0].clone());
+        let mut taken = Vec::new();
+        ready.take(&task_waker, &mut taken, Some((ConnId(1), &caller_waker)));
+        Waker::from(socket_waker(&ready, 1)).wake_by_ref();
+        assert_eq!((woken(&caller), woken(&task)), (1, 0));
+        ready.end_claim();
+        assert_eq!((woken(&caller), woken(&task)), (1, 1), "handed to the task");
+        assert!(!ready.claim_woke() && !ready.is_empty());
+        ready.take(&task_waker, &mut taken, None);
+        assert_eq!(taken, [ConnId(1)]);
+        // Without a claimed wake, ending the claim wakes nobody; the socket's wake is the task's.
+        taken.clear();
+        ready.take(&task_waker, &mut taken, Some((ConnId(2), &caller_waker)));
+        ready.end_claim();
+        assert_eq!((woken(&caller), woken(&task)), (1, 1));
+        Waker::from(socket_waker(&ready, 2)).wake_by_ref();
         assert_eq!((woken(&caller), woken(&task)), (1, 2));
     }
 
