@@ -371,9 +371,15 @@ impl<R> Client<R> {
                         }
                     });
                 } else if spawned.claim_woke() {
-                    // If the driver is busy, its running pass reads the claimed socket.
+                    // Its claimed socket woke: this caller runs the pass that reads it. Rule
+                    // (CS-4, house rule 8): if the driver is busy, its holder reads it (every
+                    // pass's first round takes the claimed socket before it can return, but the
+                    // close path's; `run_inline` wakes the task after it lets go). The task's wake
+                    // keeps the reply from waiting on that, as on the first poll.
                     reply.driving(|| {
-                        spawned.run_inline(None);
+                        if !spawned.run_inline(None) {
+                            lock(&self.inner.shared.state).wake_driver();
+                        }
                     });
                 } else if claimed_with
                     .take_if(|claimed| *claimed != identity(cx.waker()))

@@ -234,7 +234,7 @@ impl Driver {
     /// one socket's input costs the same however many others are open (house rule 9).
     /// Returns whether anything moved, and whether the engine was handed something.
     /// With `claim` (a caller's inline pass), the caller's operation's socket is claimed for it
-    /// before the sockets are polled ([`Driver::claimable`]).
+    /// before the sockets are polled ([`Driver::claimable`], [`ReadySockets::take`]).
     fn poll_sockets(
         &mut self,
         cx: &mut Context<'_>,
@@ -514,7 +514,8 @@ impl Future for Driver {
 }
 
 impl Driver {
-    /// One poll's rounds; `claim` as in [`Driver::poll_sockets`], for the first round only.
+    /// One poll's rounds; `claim` as in [`Driver::poll_sockets`], for the first round only (a
+    /// second round's take ends it: [`ReadySockets`]).
     fn pass(&mut self, cx: &mut Context<'_>, mut claim: Option<(&Slot, &Waker)>) -> Poll<()> {
         let this = self;
         for _ in 0..ROUNDS_PER_POLL {
@@ -704,10 +705,13 @@ fn may_have_key(document: &RawDocument, key: &[u8]) -> bool {
 /// that reads the reply itself, instead of the driver's task (one task poll per reply, not
 /// two). A claimed wake is kept apart from the queue (`claimed`), so a monitoring socket that
 /// wakes after it still finds the queue empty and wakes the task: monitoring never waits on a
-/// caller. Every pass takes the claimed socket with the queue and ends the claim
-/// ([`ReadySockets::take`]), so a caller that is not polled delays only its own reply, until
-/// the next pass for any reason (its CSOT deadline's timer, a heartbeat, another operation, a
-/// cancel); nothing else waits on it.
+/// caller. Every round's take ([`ReadySockets::take`]; every pass's first round takes, but the
+/// one that ends the driver) takes the claimed socket with the queue and ends the claim, so a
+/// caller that is not polled delays only its own reply, until the next pass for any reason (its
+/// CSOT deadline's timer, a heartbeat, another operation, a cancel); nothing else waits on it.
+/// A claiming pass that runs a second round (another socket queued, a timer fired) ends its own
+/// claim there: the reply goes to the task. A claim whose operation finished within the pass
+/// that set it ends with that pass ([`ReadySockets::end_claim`]).
 #[derive(Default)]
 struct ReadySockets {
     state: Mutex<ReadyState>,
@@ -723,10 +727,10 @@ struct ReadySockets {
 struct ReadyState {
     conns: Vec<ConnId>,
     driver: Option<Waker>,
-    /// The socket whose next wake goes to `claimer`, not to `driver`.
-    claim: Option<ConnId>,
-    /// The claiming caller's waker (kept after the claim ends: cloned only when it changes).
-    claimer: Option<Waker>,
+    /// The socket whose next wake goes to its claiming caller's waker, not to `driver`. The
+    /// waker is held only while the claim lasts (a caller's task, and its future, are not kept
+    /// alive by it after): cloned when the claim is set, moved out to wake or dropped when it ends.
+    claim: Option<(ConnId, Waker)>,
     /// The claimed socket woke (its caller was woken): the next pass polls it.
     claimed: Option<ConnId>,
 }
@@ -751,13 +755,7 @@ impl ReadySockets {
             into.push(conn);
             self.claimed.store(false, Ordering::Release);
         }
-        state.claim = None;
-        if let Some((conn, caller)) = claim {
-            if !state.claimer.as_ref().is_some_and(|w| w.will_wake(caller)) {
-                state.claimer = Some(caller.clone());
-            }
-            state.claim = Some(conn);
-        }
+        state.claim = claim.map(|(conn, caller)| (conn, caller.clone()));
     }
 
     /// Ends a claim whose operation finished: a claimed wake that came already goes to the
@@ -805,13 +803,16 @@ impl SocketWaker {
             return None;
         }
         let mut state = lock(&self.sockets.state);
-        if state.claim == Some(self.conn) {
+        if state
+            .claim
+            .as_ref()
+            .is_some_and(|(conn, _)| *conn == self.conn)
+        {
             // Claimed (issue 9): its caller runs the pass; the queue and its wake stay as they
             // are for the other sockets.
-            state.claim = None;
             state.claimed = Some(self.conn);
             self.sockets.claimed.store(true, Ordering::Release);
-            return state.claimer.clone();
+            return state.claim.take().map(|(_, caller)| caller);
         }
         let first = state.conns.is_empty();
         state.conns.push(self.conn);
@@ -1963,6 +1964,32 @@ mod tests {
         assert!(!ready.claim_woke());
         ready.take(&task_waker, &mut taken, None);
         assert_eq!(taken, [ConnId(1)]);
+    }
+
+    /// Review14 finding 5, issue 9: the claiming caller's waker is held only while its claim
+    /// lasts, whether the claim ends by its socket's wake or unclaimed by the next pass: a
+    /// finished caller's task (and its future) is not kept alive by the driver.
+    #[test]
+    fn issue9_a_claim_holds_its_callers_waker_only_while_it_lasts() {
+        let ready = Arc::new(ReadySockets::default());
+        let (task, caller) = (tasks(1), tasks(1));
+        let task_waker = Waker::from(task[0].clone());
+        let caller_waker = Waker::from(caller[0].clone());
+        let held = || Arc::strong_count(&caller[0]) - 2;
+        let mut taken = Vec::new();
+        ready.take(&task_waker, &mut taken, Some((ConnId(1), &caller_waker)));
+        assert_eq!(held(), 1, "held while claimed");
+        ready.take(&task_waker, &mut taken, None);
+        assert_eq!(held(), 0, "ended unclaimed by the next pass: dropped");
+        ready.take(&task_waker, &mut taken, Some((ConnId(1), &caller_waker)));
+        Waker::from(socket_waker(&ready, 1)).wake_by_ref();
+        assert_eq!(
+            (woken(&caller), held()),
+            (1, 0),
+            "ended by the wake: moved out"
+        );
+        ready.take(&task_waker, &mut taken, None);
+        assert_eq!((taken.as_slice(), held()), ([ConnId(1)].as_slice(), 0));
     }
 
     /// The registered slots, walking the list from its head.

@@ -176,7 +176,7 @@ impl<R> Client<R> {
 /// causally consistent (SE-21, always on: there is no option to turn it off): the engine sends
 /// its `find`, `aggregate`, `count` and `distinct` reads (and a transaction's first command)
 /// with `readConcern.afterClusterTime`, the latest `operationTime` of its replies; generic
-/// commands ([`OperationKind::RunCommand`](retry_core::retry::OperationKind::RunCommand)) get
+/// commands ([`OperationKind::RunCommand`]) get
 /// none. A session keeps its client alive. Sessions are not meant for concurrent use (SE-10).
 pub struct Session<R> {
     client: Client<R>,

@@ -8,7 +8,6 @@ use core::task::{Context, Poll, Waker};
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::Wake;
 use std::time::Duration;
 
 use bson::doc;
@@ -113,34 +112,36 @@ fn issue9_lone_round_trips_are_read_by_their_callers_not_the_driver_task() {
     }));
 }
 
-struct Counted(AtomicUsize);
-
-impl Wake for Counted {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 /// CS-4, house rule 8, issue 9: a lone operation's caller claims its socket and then is never
-/// polled again (a future kept in a `select` another branch won): a second operation, and the
-/// monitor's heartbeats, still complete (nothing waits on that caller), and the kept future,
-/// polled at last, has its result (its reply was read by a pass of the driver's task).
+/// polled again (a future kept in a `select` another branch won): its reply is still read, by a
+/// pass of the driver's task (the monitor's next heartbeat runs one, and it ends the claim), not
+/// by the caller's next poll; the heartbeat and a second operation complete meanwhile (nothing
+/// waits on that caller), and the kept future, polled at last, finds its result waiting.
 #[test]
 fn cs4_a_claiming_caller_that_stops_polling_delays_nobody() {
     runtime().block_on(bounded(LIMIT, async {
         let server = Server::with_role(Role::Standalone).await;
-        let client = retry_tokio::Client::connect(options(&[&server])).expect("a client");
+        let runtime = Counting::start().expect("tokio");
+        let polls = runtime.polls.clone();
+        let client = Client::connect_on(runtime, options(&[&server])).expect("a client");
         ping(&client).await;
         let mut events = client.events();
         let kept = client.run_command("admin", doc! { "ping": 1 }, OperationKind::RunCommand);
         let mut kept = pin!(kept);
-        let woken = Arc::new(Counted(AtomicUsize::new(0)));
-        let waker = Waker::from(woken.clone());
         // Its first poll starts it alone and claims its socket (unless the reply came at once).
-        let first = kept.as_mut().poll(&mut Context::from_waker(&waker));
-        // Not polled again until the end: the monitor's next heartbeat (500 ms) and a second
-        // operation complete meanwhile.
-        loop {
+        let first = kept.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+        if first.is_ready() {
+            // The reply came within that poll: nothing was claimed.
+            client.shutdown().await;
+            server.stop().await;
+            return;
+        }
+        let task_polls = polls.load(Ordering::Relaxed);
+        // Not polled again until the end. The only operation in flight is the kept one, so the
+        // first `OperationFinished` is its own: read by a pass of the driver's task. The
+        // monitor's next heartbeat (500 ms) runs one if nothing ran before.
+        let (mut heartbeat, mut finished) = (false, false);
+        for _ in 0..200 {
             match events.next_event().await {
                 Some((
                     _,
@@ -148,18 +149,33 @@ fn cs4_a_claiming_caller_that_stops_polling_delays_nobody() {
                         event: HeartbeatEvent::Succeeded { .. },
                         ..
                     },
-                )) => break,
+                )) => heartbeat = true,
+                Some((_, EngineEvent::OperationFinished { result, .. })) => {
+                    result.expect("the kept ping's reply");
+                    finished = true;
+                }
                 Some(_) => {}
                 None => panic!("the event stream ended"),
             }
+            if heartbeat && finished {
+                break;
+            }
         }
+        assert!(
+            heartbeat && finished,
+            "within 200 events: heartbeat {heartbeat}, kept reply read {finished}"
+        );
+        assert!(
+            polls.load(Ordering::Relaxed) > task_polls,
+            "the driver's task read it"
+        );
         ping(&client).await;
-        if first.is_pending() {
-            // Its reply was read by the second operation's pass: the result waits in its slot.
-            assert!(woken.0.load(Ordering::Relaxed) >= 1, "its waker was woken");
-            let result = core::future::poll_fn(|cx| kept.as_mut().poll(cx)).await;
-            result.expect("the kept ping's reply");
-        }
+        // Its result waits in its slot: ready at the first poll, whatever that poll runs.
+        let last = kept.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+        let Poll::Ready(result) = last else {
+            panic!("the kept ping's result was not waiting");
+        };
+        result.expect("the kept ping's reply");
         client.shutdown().await;
         server.stop().await;
     }));
