@@ -32,7 +32,8 @@
 //! - Outside a transaction, a `writeConcern` on a command that takes none (`find`, `count`,
 //!   `getMore`, `ping`, ...): InvalidOptions (72), "Command does not support writeConcern"
 //!   ([`write_concern_refusal`], checked after the fail point); a `readConcern` level other than
-//!   "local" or "snapshot" on a write (72, [`write_read_concern_refusal`]).
+//!   "local" or "snapshot" on a write, or other than "local" on `create`, `drop`, `dropDatabase`
+//!   and the index commands (72, [`write_read_concern_refusal`]).
 //! - The generic fields (review7 finding 3, [`generic_field_refusal`]): `apiVersion`,
 //!   `apiStrict`, `apiDeprecationErrors`, `$readPreference`, a hello's `client` and
 //!   `compression` of the wrong type or value.
@@ -580,18 +581,21 @@ fn transaction_refusal(name: &str, command: &Document) -> Option<Document> {
     None
 }
 
-/// Review13 finding 1 (house rule 7): outside a transaction, a parsed `readConcern` whose level a
-/// write does not support. A server checks the level against the command's
-/// `supportsReadConcern` (`_extractReadConcern`, outside a multi-document transaction and only
-/// with a level): the default allows only "local" (and the write commands' and
-/// `findAndModify`'s own overrides at most "local" and "snapshot"), so "majority",
-/// "linearizable" and "available" on `insert`, `update`, `delete` or `findAndModify` are
-/// InvalidOptions (72), "Command <name> does not support { readConcern: ... } :: caused by ::
-/// read concern not supported". Not checked here: "snapshot" (its answer differs between server
-/// versions) and the other commands (their tables are not verified).
+/// Review13 finding 1, review14 finding 2 (house rule 7): outside a transaction, a parsed
+/// `readConcern` level the command does not support. A mongod and a mongos check the level
+/// against the command's `supportsReadConcern` (outside a multi-document transaction and only
+/// with a level): the default allows only "local". The writes' and `findAndModify`'s overrides
+/// allow "local" and "snapshot", so "majority", "linearizable" and "available" on `insert`,
+/// `update`, `delete` or `findAndModify` are refused ("snapshot" is not checked here: its answer
+/// differs between server versions). [`LOCAL_READ_CONCERN_COMMANDS`] keep the default, so every
+/// level but "local" is refused on them. Either is InvalidOptions (72), "Command <name> does not
+/// support { readConcern: ... } :: caused by :: read concern not supported". The reads (`find`,
+/// `aggregate`, `count`, `distinct`) take the other levels; the remaining commands' tables are
+/// not verified, so they are not checked.
 fn write_read_concern_refusal(name: &str, command: &Document) -> Option<Document> {
     let writes = ["insert", "update", "delete", "findAndModify"];
-    if command.contains_key("autocommit") || !writes.contains(&name) {
+    let local_only = LOCAL_READ_CONCERN_COMMANDS.contains(&name);
+    if command.contains_key("autocommit") || !(local_only || writes.contains(&name)) {
         return None;
     }
     let level = command
@@ -599,7 +603,12 @@ fn write_read_concern_refusal(name: &str, command: &Document) -> Option<Document
         .ok()?
         .get_str("level")
         .ok()?;
-    matches!(level, "majority" | "linearizable" | "available").then(|| {
+    let refused = if local_only {
+        level != "local"
+    } else {
+        matches!(level, "majority" | "linearizable" | "available")
+    };
+    refused.then(|| {
         error_reply(
             72,
             &format!(
@@ -609,6 +618,19 @@ fn write_read_concern_refusal(name: &str, command: &Document) -> Option<Document
         )
     })
 }
+
+/// Review14 finding 2: the test server's commands whose `supportsReadConcern` is the server's
+/// default, "local" only, on a mongod and a mongos alike (verified in the server's command
+/// classes: `create`, `drop`, `dropDatabase`, `createIndexes` and `dropIndexes`, with its alias
+/// `deleteIndexes`, override none of it).
+const LOCAL_READ_CONCERN_COMMANDS: [&str; 6] = [
+    "create",
+    "createIndexes",
+    "deleteIndexes",
+    "drop",
+    "dropDatabase",
+    "dropIndexes",
+];
 
 /// The commands a server runs inside a multi-document transaction; any other (`count`,
 /// `listCollections`, `ping`, ...) is `OperationNotSupportedInTransaction` (263).

@@ -221,6 +221,81 @@ async fn authenticate_is_in_api_version_1_and_unsupported_here() {
 /// statement id) but no driver sends it, and the test server numbers statements by position.
 /// The refused retryable write inserted nothing and took no `txnNumber`: the same write without
 /// `stmtId` then runs as a first execution.
+/// TK-2, review14 finding 2 (house rule 7): outside a transaction, `create`, `drop`,
+/// `dropDatabase`, `createIndexes` and `dropIndexes` (`deleteIndexes`) support only the "local"
+/// read concern level, as their `supportsReadConcern` is a server's default: any other level is
+/// InvalidOptions (72) and the command does not run. "local" runs; the reads take "majority";
+/// inside a transaction the starting statement's level is the transaction's.
+#[tokio::test]
+async fn tk2_ddl_commands_refuse_every_read_concern_level_but_local() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let with_level = |mut body: Document, level: &str| {
+            body.insert("readConcern", doc! { "level": level });
+            body
+        };
+        let seed = doc! { "insert": "c", "documents": [{ "_id": 1 }], "$db": "db" };
+        assert_eq!(code(&client.command(seed).await.unwrap()), None);
+        let index = doc! { "key": { "x": 1 }, "name": "x_1" };
+        let commands = [
+            doc! { "create": "made", "$db": "db" },
+            doc! { "createIndexes": "c", "indexes": [index.clone()], "$db": "db" },
+            doc! { "dropIndexes": "c", "index": "x_1", "$db": "db" },
+            doc! { "deleteIndexes": "c", "index": "x_1", "$db": "db" },
+            doc! { "drop": "c", "$db": "db" },
+            doc! { "dropDatabase": 1, "$db": "db" },
+        ];
+        for command in &commands {
+            let name = command.keys().next().unwrap().clone();
+            for level in ["majority", "snapshot", "linearizable", "available"] {
+                let reply = client
+                    .command(with_level(command.clone(), level))
+                    .await
+                    .unwrap();
+                assert_eq!(code(&reply), Some(72), "{name} {level}: {reply}");
+                let message = reply.get_str("errmsg").unwrap();
+                assert!(
+                    message.starts_with(&format!("Command {name} does not support")),
+                    "{message}"
+                );
+                assert!(message.ends_with("read concern not supported"), "{message}");
+            }
+        }
+        // Nothing ran: no collection was made, `c` and its document are still there.
+        let list = doc! { "listCollections": 1, "nameOnly": true, "$db": "db" };
+        let batch = first_batch(&client.command(list).await.unwrap());
+        let names: Vec<&str> = batch.iter().map(|c| c.get_str("name").unwrap()).collect();
+        assert_eq!(names, ["c"]);
+        for read in [
+            doc! { "find": "c", "$db": "db" },
+            doc! { "aggregate": "c", "pipeline": [], "cursor": {}, "$db": "db" },
+            doc! { "count": "c", "$db": "db" },
+            doc! { "distinct": "c", "key": "_id", "$db": "db" },
+        ] {
+            let reply = client.command(with_level(read, "majority")).await.unwrap();
+            assert_eq!(code(&reply), None, "{reply}");
+        }
+        let find = doc! { "find": "c", "$db": "db" };
+        assert_eq!(first_batch(&client.command(find).await.unwrap()).len(), 1);
+        for command in [
+            doc! { "createIndexes": "c", "indexes": [index.clone()], "$db": "db" },
+            commands[0].clone(),
+        ] {
+            let reply = client.command(with_level(command, "local")).await.unwrap();
+            assert_eq!(code(&reply), None, "{reply}");
+        }
+        let mut started = with_level(doc! { "create": "in_txn", "$db": "db" }, "snapshot");
+        started.insert("lsid", lsid());
+        started.insert("txnNumber", 1i64);
+        started.insert("autocommit", false);
+        started.insert("startTransaction", true);
+        let reply = client.command(started).await.unwrap();
+        assert_eq!(code(&reply), None, "in a transaction: {reply}");
+        server.shutdown().await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn tk2_stmt_id_is_refused_before_the_command_runs() {
     bounded(async {

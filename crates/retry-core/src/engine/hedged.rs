@@ -319,9 +319,12 @@ impl Engine {
     }
 
     /// Keeps a finished operation's box, with its retry machine's, for the next operation
-    /// (at most `SPARE_OPS`; issue 9). What it holds of its caller's is dropped now: the
-    /// command's fields (the emptied document keeps its capacity), its document sequences and
-    /// its encoded form. A hedged operation's box is not kept.
+    /// (at most `SPARE_OPS`; issue 9). The command is dropped now: its fields, its document
+    /// sequences and its encoded form (`finish` has taken the reply, the opened cursor and the
+    /// sessions). The rest waits until the next operation overwrites every field: the request
+    /// (database, selection criteria, session handle, cursor use), the attempt slots (server,
+    /// attempt), the pinned server, the transaction and a refused input. A hedged operation's
+    /// box is not kept.
     pub(super) fn keep_operation(&mut self, mut op: Box<Operation>) {
         if !matches!(op.machine, OpMachine::Retry(_)) || self.spare_ops.len() >= SPARE_OPS {
             return;

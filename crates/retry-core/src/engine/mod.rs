@@ -725,8 +725,9 @@ pub struct Engine {
     /// Boxes of finished retry-machine operations, with their machines' boxes, reused by the
     /// next operations (issue 9): a burst of finishes would otherwise free each through the
     /// allocator's slow path, its thread cache holding only a few blocks per size. A kept
-    /// operation holds none of its caller's data (`Engine::keep_operation`). The boxes are what
-    /// is kept, so `Box` in a `Vec`.
+    /// operation's command is dropped when it is kept; the rest of its request and its attempt
+    /// slots wait until the next operation overwrites them (`Engine::keep_operation`). The boxes
+    /// are what is kept, so `Box` in a `Vec`.
     #[allow(clippy::vec_box)]
     spare_ops: Vec<Box<Operation>>,
 }

@@ -44,7 +44,7 @@ pub struct RepeatedSelection {
     /// For topologies of up to [`DIRECT_SERVERS`] servers, per deprioritized set (the bit set as
     /// the index): 1 + its index in `windows`, 0 while not remembered. Found without a search.
     direct: Vec<u8>,
-    /// One bit per server of the topology (the first 64).
+    /// One bit per server of the topology (the first 64; a larger topology is never remembered).
     all: u64,
 }
 
@@ -103,30 +103,31 @@ impl RepeatedSelection {
         Ok(choose_index(window.len(), |i| operation_count(&at(i).address), rng).map(at))
     }
 
-    /// [`RepeatedSelection::select`] by topology index: bit `i` of `deprioritized` stands for
-    /// `topology().servers[i]`, `operation_count` takes a topology index, and the answer is the
-    /// chosen server's topology index. The same server, draws and errors as `select` with the
-    /// addresses of those servers (SS-11, SS-13, SS-15), for a caller that keeps servers by index
-    /// (a simulation): no address is compared or cloned. Above 64 servers, bits name only the
-    /// first 64 and every call runs the whole pipeline.
+    /// [`RepeatedSelection::select`] by topology index: `deprioritized` is a bit set of topology
+    /// indices, 64 to a word (bit `i % 64` of word `i / 64` stands for `topology().servers[i]`;
+    /// missing words and bits past the last server deprioritize nothing), `operation_count` takes
+    /// a topology index, and the answer is the chosen server's topology index. The same server,
+    /// draws and errors as `select` with the addresses of those servers (SS-11, SS-13, SS-15), for
+    /// a caller that keeps servers by index (a simulation): up to 64 servers, no address is
+    /// compared or cloned; above, every call runs the whole pipeline, as `select` does.
     #[inline]
     pub fn select_index(
         &mut self,
-        deprioritized: u64,
+        deprioritized: &[u64],
         operation_count: impl Fn(usize) -> u32,
         rng: &mut (impl RngCore + ?Sized),
     ) -> Result<Option<usize>, SelectionError> {
-        let set = deprioritized & self.all;
         let slot = if self.topology.servers.len() > 64 {
             None
         } else {
-            self.remembered(set, |this| this.window(&this.addresses(set)))?
+            let set = deprioritized.first().map_or(0, |&word| word & self.all);
+            self.remembered(set, |this| this.window(&this.addresses(&[set])))?
         };
         let Some(slot) = slot else {
             let servers = &self.topology.servers;
             let position = |a: &ServerAddress| servers.iter().position(|s| &s.address == a);
             let chosen = self.select_uncached(
-                &self.addresses(set),
+                &self.addresses(deprioritized),
                 |a| position(a).map_or(0, &operation_count),
                 rng,
             )?;
@@ -141,14 +142,16 @@ impl RepeatedSelection {
         .map(|i| usize::from(window[i])))
     }
 
-    /// The addresses of the servers in `set`, by topology index.
-    fn addresses(&self, set: u64) -> Vec<ServerAddress> {
+    /// The addresses of the servers in bit set `set` (64 topology indices to a word).
+    fn addresses(&self, set: &[u64]) -> Vec<ServerAddress> {
         self.topology
             .servers
             .iter()
-            .take(64)
             .enumerate()
-            .filter(|(i, _)| set & (1 << i) != 0)
+            .filter(|(i, _)| {
+                set.get(i / 64)
+                    .is_some_and(|word| word & (1 << (i % 64)) != 0)
+            })
             .map(|(_, s)| s.address.clone())
             .collect()
     }
@@ -290,6 +293,62 @@ mod properties {
             .collect()
     }
 
+    /// SS-11, SS-15: above 64 servers, `select_index` deprioritizes servers past the 64th too,
+    /// and picks what `select` picks with their addresses, with the same draws.
+    #[test]
+    fn ss11_select_index_beyond_64_servers_matches_select() {
+        let servers: Vec<ServerDescription> = (0..70u16)
+            .map(|i| ServerDescription {
+                server_type: ServerType::RsSecondary,
+                average_rtt: AverageRtt::from_duration(Duration::from_millis(5)),
+                max_wire_version: 21,
+                ..ServerDescription::unknown(ServerAddress::new("h", 1 + i))
+            })
+            .collect();
+        let topology = TopologyDescription::new(TopologyType::ReplicaSetNoPrimary, servers);
+        let criteria = SelectionCriteria::Read(
+            ReadPreference::new(ReadPreferenceMode::Nearest, Vec::new(), None).unwrap(),
+        );
+        let mut repeated =
+            RepeatedSelection::new(topology.clone(), criteria, SelectionSettings::default());
+        let servers = &topology.servers;
+        let count = |i: usize| (i as u32 * 7) % 5;
+        // Every server but 66; every server but 3 and 67; servers 64..70 only; none; past the
+        // last server and a third word (nothing).
+        let sets: [&[u64]; 5] = [
+            &[u64::MAX, 0x3f & !(1 << 2)],
+            &[!(1 << 3), 0x3f & !(1 << 3)],
+            &[0, 0x3f],
+            &[],
+            &[0, !0x3f, u64::MAX],
+        ];
+        for (n, set) in sets.into_iter().enumerate() {
+            let deprioritized: Vec<ServerAddress> = (0..servers.len())
+                .filter(|&i| set.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0))
+                .map(|i| servers[i].address.clone())
+                .collect();
+            for seed in 0..8u64 {
+                let (mut a, mut b) = (
+                    EngineRng::from_seed_u64(seed),
+                    EngineRng::from_seed_u64(seed),
+                );
+                let expected = repeated
+                    .select(&deprioritized, |x| count(usize::from(x.port() - 1)), &mut a)
+                    .unwrap()
+                    .map(|s| usize::from(s.address.port() - 1));
+                let got = repeated.select_index(set, count, &mut b).unwrap();
+                assert_eq!(got, expected, "set {n}, seed {seed}");
+                assert_eq!(a, b, "set {n}, seed {seed}: the same draws");
+                match n {
+                    0 => assert_eq!(got, Some(66)),
+                    1 => assert!(matches!(got, Some(3 | 67))),
+                    2 => assert!(got.is_some_and(|i| i < 64)),
+                    _ => {}
+                }
+            }
+        }
+    }
+
     proptest! {
         /// SS-11, SS-13, SS-15: over a sequence of calls with changing deprioritized sets
         /// (addresses outside the topology included) and changing operation counts,
@@ -347,7 +406,7 @@ mod properties {
                 // The same by topology index (the server at index i has port 1 + i).
                 let set = ports.iter().fold(0u64, |set, &p| set | 1u64.checked_shl(u32::from(p)).unwrap_or(0));
                 let servers = &topology.servers;
-                let got = by_index.select_index(set, |i| count(&servers[i].address), &mut c)
+                let got = by_index.select_index(&[set], |i| count(&servers[i].address), &mut c)
                     .map(|i| i.map(|i| servers[i].address.clone()));
                 prop_assert_eq!(got, expected);
                 prop_assert_eq!(&a, &c);

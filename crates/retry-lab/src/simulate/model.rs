@@ -251,6 +251,36 @@ struct Server {
     rng: EngineRng,
 }
 
+/// What a worker spends on an item: the service time of an admitted operation, the shed cost.
+struct Service {
+    shed_ns: u64,
+    service_ns: f64,
+    straggler_fraction: f64,
+    straggler_factor: f64,
+}
+
+impl Service {
+    /// A worker of `server` takes `work` at `now`: its outcome, and how long it takes.
+    #[inline]
+    fn begin(&self, server: &mut Server, work: &mut Work, now: u64) -> u64 {
+        let (cost, outcome) = if work.shed {
+            (self.shed_ns, Outcome::Overloaded)
+        } else if now >= work.deadline {
+            // maxTimeMS: the server drops an operation whose time ran out while it queued.
+            (self.shed_ns, Outcome::Expired)
+        } else {
+            let u = unit(&mut server.rng);
+            let mut mean = self.service_ns;
+            if unit(&mut server.rng) < self.straggler_fraction {
+                mean *= self.straggler_factor;
+            }
+            ((-(1.0 - u).ln() * mean) as u64 + 1, Outcome::Ok)
+        };
+        work.outcome = outcome;
+        cost
+    }
+}
+
 /// A baseline policy's per-operation state (naive, AWS, SRE).
 #[derive(Default)]
 struct Simple {
@@ -325,9 +355,9 @@ impl Selector {
     #[inline]
     fn pick(&mut self, client: &mut Client, deprioritized: u64) -> u8 {
         let in_flight = &client.in_flight;
-        let chosen = self
-            .selection
-            .select_index(deprioritized, |i| in_flight[i], &mut client.rng);
+        let chosen =
+            self.selection
+                .select_index(&[deprioritized], |i| in_flight[i], &mut client.rng);
         match chosen {
             Ok(Some(i)) => i as u8,
             _ => 0,
@@ -377,8 +407,7 @@ pub(crate) struct Sim<'a> {
     attempt_servers: Vec<AttemptServer>,
     overloaded: Vec<OperationError>,
     result: RunResult,
-    service_ns: f64,
-    shed_ns: u64,
+    service: Service,
     net_ns: u64,
     timeout_ns: u64,
     bucket_ns: u64,
@@ -504,8 +533,12 @@ impl<'a> Sim<'a> {
                 )),
                 ..RunResult::default()
             },
-            service_ns: nanos(cluster.service_mean) as f64,
-            shed_ns: nanos(cluster.shed_cost),
+            service: Service {
+                shed_ns: nanos(cluster.shed_cost),
+                service_ns: nanos(cluster.service_mean) as f64,
+                straggler_fraction: cluster.straggler_fraction,
+                straggler_factor: cluster.straggler_factor,
+            },
             net_ns: nanos(cluster.network),
             timeout_ns: nanos(cluster.timeout),
             bucket_ns: nanos(spec.bucket).max(1),
@@ -706,62 +739,52 @@ impl<'a> Sim<'a> {
 
     // ---- servers ----
 
-    fn at_server(&mut self, work: u32) {
+    fn at_server(&mut self, id: u32) {
         let now = self.now;
-        let index = self.works[work as usize].server;
-        let server = &mut self.servers[usize::from(index)];
+        let work = &mut self.works[id as usize];
+        let server = &mut self.servers[usize::from(work.server)];
         server.tokens = (server.tokens + (now - server.refilled_at) as f64 * server.admit_per_ns)
             .min(server.burst);
         server.refilled_at = now;
         if server.tokens >= 1.0 {
             server.tokens -= 1.0;
         } else {
-            self.works[work as usize].shed = true;
+            work.shed = true;
             self.result.shed += 1;
         }
         if server.busy < server.workers {
-            self.begin(index, work);
+            server.busy += 1;
+            let cost = self.service.begin(server, work, now);
+            self.seq += 1;
+            self.completions.push(Event {
+                time: now + cost,
+                seq: self.seq,
+                kind: Kind::Completed(id),
+            });
         } else {
-            server.queue.push_back(work);
+            server.queue.push_back(id);
         }
-    }
-
-    fn begin(&mut self, index: u8, id: u32) {
-        let now = self.now;
-        let server = &mut self.servers[usize::from(index)];
-        server.busy += 1;
-        let work = &mut self.works[id as usize];
-        let (cost, outcome) = if work.shed {
-            (self.shed_ns, Outcome::Overloaded)
-        } else if now >= work.deadline {
-            // maxTimeMS: the server drops an operation whose time ran out while it queued.
-            (self.shed_ns, Outcome::Expired)
-        } else {
-            let u = unit(&mut server.rng);
-            let mut mean = self.service_ns;
-            if unit(&mut server.rng) < self.cluster.straggler_fraction {
-                mean *= self.cluster.straggler_factor;
-            }
-            ((-(1.0 - u).ln() * mean) as u64 + 1, Outcome::Ok)
-        };
-        work.outcome = outcome;
-        self.seq += 1;
-        let event = Event {
-            time: now + cost,
-            seq: self.seq,
-            kind: Kind::Completed(id),
-        };
-        self.completions.push(event);
     }
 
     /// A worker finished: the reply leaves, the worker takes the next item.
     fn completed(&mut self, work: u32) {
         self.schedule_after(NETWORK, self.net_ns, Kind::Reply(work));
-        let index = self.works[work as usize].server;
-        let server = &mut self.servers[usize::from(index)];
-        server.busy -= 1;
-        if let Some(work) = server.queue.pop_front() {
-            self.begin(index, work);
+        let now = self.now;
+        let server = &mut self.servers[usize::from(self.works[work as usize].server)];
+        match server.queue.pop_front() {
+            // The worker goes on with the next item: it stays busy.
+            Some(next) => {
+                let cost = self
+                    .service
+                    .begin(server, &mut self.works[next as usize], now);
+                self.seq += 1;
+                self.completions.push(Event {
+                    time: now + cost,
+                    seq: self.seq,
+                    kind: Kind::Completed(next),
+                });
+            }
+            None => server.busy -= 1,
         }
     }
 

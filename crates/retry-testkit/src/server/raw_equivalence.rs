@@ -1067,6 +1067,29 @@ fn generic_field_cases() -> Vec<(&'static str, Document, Option<i32>)> {
             "writeConcern": { "w": 1 } },
             None,
         ),
+        // Review14 finding 2: `create`, `drop`, `dropDatabase` and the index commands support
+        // only "local" (any other level is 72); the reads take "majority".
+        (
+            "create readConcern majority",
+            doc! { "create": "made", "$db": "test", "readConcern": { "level": "majority" } },
+            Some(72),
+        ),
+        (
+            "createIndexes readConcern snapshot",
+            doc! { "createIndexes": "c", "indexes": [{ "key": { "x": 1 }, "name": "x_1" }],
+            "$db": "test", "readConcern": { "level": "snapshot" } },
+            Some(72),
+        ),
+        (
+            "drop readConcern local",
+            doc! { "drop": "c", "$db": "test", "readConcern": { "level": "local" } },
+            None,
+        ),
+        (
+            "find readConcern majority",
+            doc! { "find": "c", "$db": "test", "readConcern": { "level": "majority" } },
+            None,
+        ),
     ]
 }
 
