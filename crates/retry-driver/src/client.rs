@@ -123,15 +123,6 @@ impl Drop for Inner {
     }
 }
 
-/// What [`Waker::will_wake`] compares (the data and vtable pointers), as addresses: kept without
-/// a clone of the waker, and `Send`.
-fn identity(waker: &Waker) -> (usize, usize) {
-    (
-        waker.data() as usize,
-        core::ptr::from_ref(waker.vtable()) as usize,
-    )
-}
-
 /// Cancels its operation in the engine if the `run` future is dropped before it finished.
 struct CancelOnDrop<'a> {
     shared: &'a Shared,
@@ -349,46 +340,21 @@ impl<R> Client<R> {
         if let Some(local) = &self.inner.local {
             local.mark();
         }
+        if let (true, Some(spawned)) = (alone, &self.inner.spawned) {
+            // The only operation in flight: this caller starts it, unless the driver is busy.
+            reply.driving(|| {
+                if !spawned.run_inline() {
+                    lock(&self.inner.shared.state).wake_driver();
+                }
+            });
+        }
         let cancel = CancelOnDrop {
             shared: &self.inner.shared,
             slot: &reply,
         };
-        // The only operation in flight: this caller starts it, unless the driver is busy, and
-        // claims its socket, whose wake then brings it back here to read the reply (issue 9).
-        let spawned = self.inner.spawned.as_ref().filter(|_| alone);
-        let mut started = false;
-        // The waker its socket's claim wakes, by identity (`Waker::will_wake`'s, without a clone).
-        let mut claimed_with = None;
         let result = poll_fn(|cx| {
             if let Some(waiter) = &waiter {
                 reply.driving(|| waiter.drive(cx));
-            } else if let Some(spawned) = spawned {
-                if !core::mem::replace(&mut started, true) {
-                    claimed_with = Some(identity(cx.waker()));
-                    reply.driving(|| {
-                        if !spawned.run_inline(Some((&reply, cx.waker()))) {
-                            lock(&self.inner.shared.state).wake_driver();
-                        }
-                    });
-                } else if spawned.claim_woke() {
-                    // Its claimed socket woke: this caller runs the pass that reads it. Rule
-                    // (CS-4, house rule 8): if the driver is busy (`false`), its holder reads it.
-                    // Every pass's first round takes the claimed socket before it can return (but
-                    // the pass that ends the driver), and a claim is set only by a take, so none
-                    // can wake after the holder's take; `run_inline`'s tail wakes the task after
-                    // it lets go. An early return before `poll_sockets`, or a new holder of the
-                    // driver's lock, would break this (a lost wake).
-                    reply.driving(|| {
-                        spawned.run_inline(None);
-                    });
-                } else if claimed_with
-                    .take_if(|claimed| *claimed != identity(cx.waker()))
-                    .is_some()
-                {
-                    // Polled with another waker than its claim's (the future moved to another
-                    // task): the driver's task takes over; its next pass ends the claim.
-                    lock(&self.inner.shared.state).wake_driver();
-                }
             }
             reply.poll(cx)
         })

@@ -86,9 +86,6 @@ pub(crate) struct Driver {
     read_buffer: Vec<u8>,
     /// Where `Engine::poll_transmit` appends; swapped into an idle socket's `outgoing`.
     transmit: Vec<u8>,
-    /// The socket the engine last gave bytes to, until the next [`Driver::poll_sockets`]: a
-    /// claiming pass's candidate (issue 9).
-    wrote: Option<ConnId>,
     /// The sockets a round polls: woken by their runtime or given bytes by the engine.
     ready: Arc<ReadySockets>,
     /// The socket ids of one round (reused).
@@ -126,7 +123,6 @@ impl Driver {
             timeout,
             read_buffer: vec![0; READ_BUFFER_BYTES],
             transmit: Vec::new(),
-            wrote: None,
             ready: Arc::default(),
             ids: Vec::new(),
             srv: None,
@@ -233,21 +229,12 @@ impl Driver {
     /// Connects, writes and reads, as far as it goes without waiting, the sockets that are ready:
     /// one socket's input costs the same however many others are open (house rule 9).
     /// Returns whether anything moved, and whether the engine was handed something.
-    /// With `claim` (a caller's inline pass), the caller's operation's socket is claimed for it
-    /// before the sockets are polled ([`Driver::claimable`], [`ReadySockets::take`]).
-    fn poll_sockets(
-        &mut self,
-        cx: &mut Context<'_>,
-        now: Instant,
-        claim: Option<(&Slot, &Waker)>,
-    ) -> (bool, bool) {
+    fn poll_sockets(&mut self, cx: &mut Context<'_>, now: Instant) -> (bool, bool) {
         let mut progressed = false;
         let mut fed = false;
         let mut ids = core::mem::take(&mut self.ids);
         ids.clear();
-        let wrote = self.wrote.take();
-        let claim = claim.and_then(|(slot, caller)| Some((self.claimable(wrote?, slot)?, caller)));
-        self.ready.take(cx.waker(), &mut ids, claim);
+        self.ready.take(cx.waker(), &mut ids);
         for &conn in &ids {
             let Some(socket) = self.sockets.get_mut(&conn) else {
                 continue;
@@ -372,7 +359,6 @@ impl Driver {
         }
         while let Some(conn) = self.engine.poll_transmit(&mut self.transmit) {
             progressed = true;
-            self.wrote = Some(conn);
             if let Some(socket) = self.sockets.get_mut(&conn) {
                 socket.ready.enqueue();
                 if socket.outgoing.is_empty() {
@@ -429,20 +415,6 @@ impl Driver {
         }
         state.operations = self.pending.len();
         true
-    }
-
-    /// Issue 9: `conn`, the socket the engine just gave bytes to, if the command on it
-    /// ([`Engine::socket_operation`]) is `slot`'s operation and that is the only one in flight:
-    /// a caller's inline pass claims it ([`ReadySockets::take`]) before it polls the sockets, so
-    /// a reply that arrives from the write on wakes the caller.
-    fn claimable(&self, conn: ConnId, slot: &Slot) -> Option<ConnId> {
-        let op = self.engine.socket_operation(conn)?;
-        let alone = self.pending.len() == 1
-            && self
-                .pending
-                .get(&op)
-                .is_some_and(|p| core::ptr::eq(Arc::as_ptr(&p.slot), slot));
-        alone.then_some(conn)
     }
 
     /// Fires the engine's timers that are due and arms the runtime's timer for the next one.
@@ -509,15 +481,7 @@ impl Future for Driver {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.get_mut().pass(cx, None)
-    }
-}
-
-impl Driver {
-    /// One poll's rounds; `claim` as in [`Driver::poll_sockets`], for the first round only (a
-    /// second round's take ends it: [`ReadySockets`]).
-    fn pass(&mut self, cx: &mut Context<'_>, mut claim: Option<(&Slot, &Waker)>) -> Poll<()> {
-        let this = self;
+        let this = self.get_mut();
         for _ in 0..ROUNDS_PER_POLL {
             let now = this.runtime.now();
             let (mut progressed, closing) = this.take_requests(cx, now);
@@ -532,7 +496,7 @@ impl Driver {
                 }
             }
             progressed |= this.flush_engine(now);
-            let (polled, fed) = this.poll_sockets(cx, now, claim.take());
+            let (polled, fed) = this.poll_sockets(cx, now);
             progressed |= polled;
             this.unflushed |= fed;
             progressed |= this.flush_engine(now);
@@ -567,8 +531,6 @@ pub(crate) struct SpawnedDriver {
     state: Mutex<SpawnedState>,
     /// The task was polled while a caller ran a pass: that caller wakes it when done.
     missed: AtomicBool,
-    /// The driver's ready sockets, for a claiming caller's look without the lock.
-    ready: Arc<ReadySockets>,
 }
 
 struct SpawnedState {
@@ -583,21 +545,13 @@ pub(crate) struct DriverTask(Arc<SpawnedDriver>);
 
 impl SpawnedDriver {
     pub(crate) fn new(driver: Driver) -> Arc<SpawnedDriver> {
-        let ready = driver.ready.clone();
         Arc::new(SpawnedDriver {
             state: Mutex::new(SpawnedState {
                 driver: Some(driver),
                 task: None,
             }),
             missed: AtomicBool::new(false),
-            ready,
         })
-    }
-
-    /// Whether the socket a caller claimed ([`SpawnedDriver::run_inline`]) woke and no pass
-    /// has read it yet: that caller runs the next pass.
-    pub(crate) fn claim_woke(&self) -> bool {
-        self.ready.claim_woke()
     }
 
     /// The task to spawn.
@@ -607,11 +561,8 @@ impl SpawnedDriver {
 
     /// Runs a pass of the driver on the caller's thread, polled with the task's waker, unless
     /// the task or another caller runs it, or the task has not run yet. Returns whether it ran;
-    /// if not, the caller wakes the task for its work instead. With `claim`, the caller's
-    /// result slot and waker: if its operation is still the only one in flight and waits for
-    /// its reply, its socket's next wake goes to the caller ([`ReadySockets::take`]), which
-    /// runs the pass that reads it (after [`SpawnedDriver::claim_woke`]).
-    pub(crate) fn run_inline(&self, claim: Option<(&Slot, &Waker)>) -> bool {
+    /// if not, the caller wakes the task for its work instead.
+    pub(crate) fn run_inline(&self) -> bool {
         let mut guard = match self.state.try_lock() {
             Ok(guard) => guard,
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
@@ -621,14 +572,9 @@ impl SpawnedDriver {
         let (Some(running), Some(task)) = (driver.as_mut(), task.as_ref()) else {
             return false;
         };
-        let claiming = claim.is_some();
-        let stopped = running
-            .pass(&mut Context::from_waker(task), claim)
+        let stopped = Pin::new(running)
+            .poll(&mut Context::from_waker(task))
             .is_ready();
-        if claiming && running.pending.is_empty() {
-            // Its reply came within this pass: the idle connection's next wake is the task's.
-            running.ready.end_claim();
-        }
         if stopped {
             // The driver (and its engine and sockets) goes now; its task ends when next polled.
             *driver = None;
@@ -698,41 +644,18 @@ fn may_have_key(document: &RawDocument, key: &[u8]) -> bool {
 
 /// The sockets that have something to do, in the order they became ready (woken by their
 /// runtime, given bytes by the engine, newly connected), and the driver's waker to wake for them.
-///
-/// Issue 9, one in flight: between an inline pass of a [`SpawnedDriver`] and the next pass of
-/// anyone, the only operation in flight's socket may be *claimed* by its caller
-/// ([`ReadySockets::take`]): that socket's wake then wakes the caller, which runs the pass
-/// that reads the reply itself, instead of the driver's task (one task poll per reply, not
-/// two). A claimed wake is kept apart from the queue (`claimed`), so a monitoring socket that
-/// wakes after it still finds the queue empty and wakes the task: monitoring never waits on a
-/// caller. Every round's take ([`ReadySockets::take`]; every pass's first round takes, but the
-/// one that ends the driver) takes the claimed socket with the queue and ends the claim, so a
-/// caller that is not polled delays only its own reply, until the next pass for any reason (its
-/// CSOT deadline's timer, a heartbeat, another operation, a cancel); nothing else waits on it.
-/// A claiming pass that runs a second round (another socket queued, a timer fired) ends its own
-/// claim there: the reply goes to the task. A claim whose operation finished within the pass
-/// that set it ends with that pass ([`ReadySockets::end_claim`]).
 #[derive(Default)]
 struct ReadySockets {
     state: Mutex<ReadyState>,
     /// Whether `state.conns` is not empty, written under its lock: the end of a driver round
     /// reads it without taking the lock.
     queued: AtomicBool,
-    /// Whether `state.claimed` is set, written under its lock: the claiming caller reads it
-    /// without taking the lock.
-    claimed: AtomicBool,
 }
 
 #[derive(Default)]
 struct ReadyState {
     conns: Vec<ConnId>,
     driver: Option<Waker>,
-    /// The socket whose next wake goes to its claiming caller's waker, not to `driver`. The
-    /// waker is held only while the claim lasts (a caller's task, and its future, are not kept
-    /// alive by it after): cloned when the claim is set, moved out to wake or dropped when it ends.
-    claim: Option<(ConnId, Waker)>,
-    /// The claimed socket woke (its caller was woken): the next pass polls it.
-    claimed: Option<ConnId>,
 }
 
 impl ReadySockets {
@@ -741,45 +664,14 @@ impl ReadySockets {
         !self.queued.load(Ordering::Acquire)
     }
 
-    /// Moves the ready sockets, the claimed one included, into `into`, ends the claim, and keeps
-    /// `driver` as the waker to wake for the next. With `claim` (issue 9), that socket's next
-    /// wake wakes that caller instead, until the next `take`.
-    fn take(&self, driver: &Waker, into: &mut Vec<ConnId>, claim: Option<(ConnId, &Waker)>) {
+    /// Moves the ready sockets into `into` and keeps `driver` as the waker to wake for the next.
+    fn take(&self, driver: &Waker, into: &mut Vec<ConnId>) {
         let mut state = lock(&self.state);
         if !state.driver.as_ref().is_some_and(|w| w.will_wake(driver)) {
             state.driver = Some(driver.clone());
         }
         core::mem::swap(&mut state.conns, into);
         self.queued.store(false, Ordering::Release);
-        if let Some(conn) = state.claimed.take() {
-            into.push(conn);
-            self.claimed.store(false, Ordering::Release);
-        }
-        state.claim = claim.map(|(conn, caller)| (conn, caller.clone()));
-    }
-
-    /// Ends a claim whose operation finished: a claimed wake that came already goes to the
-    /// queue and wakes the driver, as if the socket had not been claimed.
-    fn end_claim(&self) {
-        let mut state = lock(&self.state);
-        state.claim = None;
-        let Some(conn) = state.claimed.take() else {
-            return;
-        };
-        self.claimed.store(false, Ordering::Release);
-        let first = state.conns.is_empty();
-        state.conns.push(conn);
-        self.queued.store(true, Ordering::Release);
-        let driver = state.driver.clone().filter(|_| first);
-        drop(state);
-        if let Some(driver) = driver {
-            driver.wake();
-        }
-    }
-
-    /// Whether a claimed socket woke and no pass has taken it yet.
-    fn claim_woke(&self) -> bool {
-        self.claimed.load(Ordering::Acquire)
     }
 }
 
@@ -803,17 +695,6 @@ impl SocketWaker {
             return None;
         }
         let mut state = lock(&self.sockets.state);
-        if state
-            .claim
-            .as_ref()
-            .is_some_and(|(conn, _)| *conn == self.conn)
-        {
-            // Claimed (issue 9): its caller runs the pass; the queue and its wake stay as they
-            // are for the other sockets.
-            state.claimed = Some(self.conn);
-            self.sockets.claimed.store(true, Ordering::Release);
-            return state.claim.take().map(|(_, caller)| caller);
-        }
         let first = state.conns.is_empty();
         state.conns.push(self.conn);
         self.sockets.queued.store(true, Ordering::Release);
@@ -1841,7 +1722,7 @@ mod tests {
         let driver = tasks(1);
         let driver_waker = Waker::from(driver[0].clone());
         let mut taken = Vec::new();
-        ready.take(&driver_waker, &mut taken, None);
+        ready.take(&driver_waker, &mut taken);
         let sockets: Vec<Waker> = (0..64)
             .map(|conn| {
                 Waker::from(Arc::new(SocketWaker {
@@ -1856,12 +1737,12 @@ mod tests {
             socket.wake_by_ref();
         }
         assert_eq!(woken(&driver), 1);
-        ready.take(&driver_waker, &mut taken, None);
+        ready.take(&driver_waker, &mut taken);
         assert_eq!(taken, (0..64).map(ConnId).collect::<Vec<_>>());
         assert!(ready.is_empty());
         // The driver polled them (clearing `queued`); the next reply wakes it again.
         let mut again = Vec::new();
-        ready.take(&driver_waker, &mut again, None);
+        ready.take(&driver_waker, &mut again);
         let first = Arc::new(SocketWaker {
             conn: ConnId(7),
             queued: AtomicBool::new(false),
@@ -1874,122 +1755,6 @@ mod tests {
             first.woken.load(Ordering::Acquire),
             "a runtime wake marks the read"
         );
-    }
-
-    fn socket_waker(ready: &Arc<ReadySockets>, conn: u64) -> Arc<SocketWaker> {
-        Arc::new(SocketWaker {
-            conn: ConnId(conn),
-            queued: AtomicBool::new(false),
-            woken: AtomicBool::new(false),
-            sockets: ready.clone(),
-        })
-    }
-
-    /// Issue 9, CS-4, house rule 8: a claimed socket's wake wakes its caller, not the driver's
-    /// task; a monitoring socket that wakes after it still wakes the task (monitoring never
-    /// waits on a caller), and the task's next pass takes both sockets (the claimed one is not
-    /// lost) and ends the claim.
-    #[test]
-    fn issue9_a_claimed_socket_wakes_its_caller_and_a_monitor_still_wakes_the_task() {
-        let ready = Arc::new(ReadySockets::default());
-        let (task, caller) = (tasks(1), tasks(1));
-        let task_waker = Waker::from(task[0].clone());
-        let mut taken = Vec::new();
-        let caller_waker = Waker::from(caller[0].clone());
-        ready.take(&task_waker, &mut taken, Some((ConnId(1), &caller_waker)));
-        let (pooled, monitor) = (socket_waker(&ready, 1), socket_waker(&ready, 2));
-        assert!(!ready.claim_woke());
-        Waker::from(pooled.clone()).wake_by_ref();
-        Waker::from(pooled.clone()).wake_by_ref();
-        assert_eq!((woken(&caller), woken(&task)), (1, 0), "the caller, once");
-        assert!(ready.claim_woke() && ready.is_empty());
-        Waker::from(monitor.clone()).wake_by_ref();
-        assert_eq!(
-            (woken(&caller), woken(&task)),
-            (1, 1),
-            "the monitor wakes the task"
-        );
-        ready.take(&task_waker, &mut taken, None);
-        assert_eq!(taken, [ConnId(2), ConnId(1)], "the pass takes both");
-        assert!(!ready.claim_woke() && ready.is_empty());
-        // The claim ended with that pass: the pooled socket's next wake is the task's.
-        pooled.queued.store(false, Ordering::Release);
-        Waker::from(pooled).wake_by_ref();
-        assert_eq!((woken(&caller), woken(&task)), (1, 2));
-    }
-
-    /// Issue 9: a claim whose operation finished in the pass that set it ends, and a claimed
-    /// wake that came meanwhile goes to the task's queue (an idle connection's close is the
-    /// task's to read at once, not at the next pass for another reason).
-    #[test]
-    fn issue9_a_finished_operations_claim_hands_its_wake_to_the_task() {
-        let ready = Arc::new(ReadySockets::default());
-        let (task, caller) = (tasks(1), tasks(1));
-        let task_waker = Waker::from(task[0].clone());
-        let caller_waker = Waker::from(caller[0].clone());
-        let mut taken = Vec::new();
-        ready.take(&task_waker, &mut taken, Some((ConnId(1), &caller_waker)));
-        Waker::from(socket_waker(&ready, 1)).wake_by_ref();
-        assert_eq!((woken(&caller), woken(&task)), (1, 0));
-        ready.end_claim();
-        assert_eq!((woken(&caller), woken(&task)), (1, 1), "handed to the task");
-        assert!(!ready.claim_woke() && !ready.is_empty());
-        ready.take(&task_waker, &mut taken, None);
-        assert_eq!(taken, [ConnId(1)]);
-        // Without a claimed wake, ending the claim wakes nobody; the socket's wake is the task's.
-        taken.clear();
-        ready.take(&task_waker, &mut taken, Some((ConnId(2), &caller_waker)));
-        ready.end_claim();
-        assert_eq!((woken(&caller), woken(&task)), (1, 1));
-        Waker::from(socket_waker(&ready, 2)).wake_by_ref();
-        assert_eq!((woken(&caller), woken(&task)), (1, 2));
-    }
-
-    /// Issue 9, CS-4: any pass ends a claim (a second operation, a cancel, a timer or a
-    /// heartbeat runs the task), so a claim never outlives the pass after the one that set it:
-    /// the claimed socket's wake then goes to the task, and a caller that stopped polling
-    /// delays nobody else.
-    #[test]
-    fn issue9_a_pass_ends_the_claim() {
-        let ready = Arc::new(ReadySockets::default());
-        let (task, caller) = (tasks(1), tasks(1));
-        let task_waker = Waker::from(task[0].clone());
-        let mut taken = Vec::new();
-        let caller_waker = Waker::from(caller[0].clone());
-        ready.take(&task_waker, &mut taken, Some((ConnId(1), &caller_waker)));
-        ready.take(&task_waker, &mut taken, None);
-        assert!(taken.is_empty());
-        Waker::from(socket_waker(&ready, 1)).wake_by_ref();
-        assert_eq!((woken(&caller), woken(&task)), (0, 1));
-        assert!(!ready.claim_woke());
-        ready.take(&task_waker, &mut taken, None);
-        assert_eq!(taken, [ConnId(1)]);
-    }
-
-    /// Review14 finding 5, issue 9: the claiming caller's waker is held only while its claim
-    /// lasts, whether the claim ends by its socket's wake or unclaimed by the next pass: a
-    /// finished caller's task (and its future) is not kept alive by the driver.
-    #[test]
-    fn issue9_a_claim_holds_its_callers_waker_only_while_it_lasts() {
-        let ready = Arc::new(ReadySockets::default());
-        let (task, caller) = (tasks(1), tasks(1));
-        let task_waker = Waker::from(task[0].clone());
-        let caller_waker = Waker::from(caller[0].clone());
-        let held = || Arc::strong_count(&caller[0]) - 2;
-        let mut taken = Vec::new();
-        ready.take(&task_waker, &mut taken, Some((ConnId(1), &caller_waker)));
-        assert_eq!(held(), 1, "held while claimed");
-        ready.take(&task_waker, &mut taken, None);
-        assert_eq!(held(), 0, "ended unclaimed by the next pass: dropped");
-        ready.take(&task_waker, &mut taken, Some((ConnId(1), &caller_waker)));
-        Waker::from(socket_waker(&ready, 1)).wake_by_ref();
-        assert_eq!(
-            (woken(&caller), held()),
-            (1, 0),
-            "ended by the wake: moved out"
-        );
-        ready.take(&task_waker, &mut taken, None);
-        assert_eq!((taken.as_slice(), held()), ([ConnId(1)].as_slice(), 0));
     }
 
     /// The registered slots, walking the list from its head.

@@ -132,15 +132,6 @@ impl Engine {
         }
     }
 
-    /// The operation whose command is on `conn`: a pool connection's, until its reply (or
-    /// failure) reaches the operation. `None` for a monitoring socket, an idle or draining
-    /// connection and an unknown id. Read-only (issue 9: a driver may route this socket's
-    /// readiness to the operation's caller while it is the only operation in flight; the bytes
-    /// still go to [`Engine::handle_bytes`]).
-    pub fn socket_operation(&self, conn: ConnId) -> Option<OpId> {
-        self.sockets.get(&conn)?.op.map(|(op, _)| op)
-    }
-
     /// The socket of a pool's connection.
     pub(super) fn pool_socket(&self, server: ServerId, id: ConnectionId) -> Option<ConnId> {
         self.pool_sockets.get(&(server, id)).copied()
