@@ -286,13 +286,19 @@ pub(crate) fn execute(
         api: ApiParameters::of(&request.body),
         router: matches!(state.role, Role::Mongos | Role::LoadBalancer { .. }),
     };
+    let refused = in_transaction
+        .then(|| transaction_read_concern_refusal(&store, name, &request.body))
+        .flatten();
     let mut context = Context {
         store: &mut store,
         batch_size: state.batch_size,
         origin,
         router: router_id,
     };
-    let reply = run(&mut context, name, request, max_wire_version);
+    let reply = match refused {
+        Some(refusal) => Some(refusal),
+        None => run(&mut context, name, request, max_wire_version),
+    };
     store.end_statement();
     let mut reply = reply?;
     // TK-15 (house rule 7): a statement that fails (an error or a write error) aborts its
@@ -329,6 +335,28 @@ pub(crate) fn execute(
     Some(reply)
 }
 
+/// Leftovers12 item 1 (house rule 7): `create` and `createIndexes` in a transaction whose read
+/// concern (its first command's) has a level other than "local": InvalidOptions (72), "Command
+/// <name> does not support this transaction's { readConcern: ... } :: caused by :: read concern
+/// not supported", as a mongod checks them (and only them) once it has checked the session out
+/// (`service_entry_point_common`; behind a mongos, the shard does). The statement fails, so the
+/// transaction is aborted.
+fn transaction_read_concern_refusal(store: &Store, name: &str, command: &Document) -> Option<Document> {
+    if !matches!(name, "create" | "createIndexes") {
+        return None;
+    }
+    let session = command.get_document("lsid").ok()?.to_vec().ok()?;
+    let read_concern = store.transaction_read_concern(&session)?;
+    let level = read_concern.get_str("level").ok()?;
+    (level != "local").then(|| {
+        crate::refusals::read_concern_not_supported(
+            &format!("Command {name} does not support this transaction's"),
+            read_concern,
+            "read concern not supported",
+        )
+    })
+}
+
 /// TK-15: whether a transaction's statement failed (an error or a write error), which aborts
 /// the transaction; `ok` is read by the one rule of `retry_core::reply` (review7 finding 5).
 fn statement_failed(reply: &Document) -> bool {
@@ -356,7 +384,8 @@ fn transaction_command(
     let start = command.get("startTransaction") == Some(&Bson::Boolean(true));
     store.transaction_command(session.clone(), number, start, router)?;
     if start {
-        store.note_transaction_api(&session, ApiParameters::of(command));
+        let read_concern = command.get_document("readConcern").ok().cloned();
+        store.note_transaction_start(&session, ApiParameters::of(command), read_concern);
     }
     Ok(session)
 }

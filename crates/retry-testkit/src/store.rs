@@ -164,6 +164,9 @@ struct Transaction {
     /// Versioned-api "Transactions": its first command's API parameters, which every later
     /// command must repeat ([`Store::transaction_api_mismatch`]).
     api: ApiParameters,
+    /// Leftovers12 item 1: its first command's `readConcern`, the transaction's read concern
+    /// ([`Store::transaction_read_concern`]).
+    read_concern: Option<Document>,
     /// TK-12: the mongos (server process) that started it, `None` on a replica set: each mongos
     /// keeps its own router state for a transaction, while the data, and so the transaction
     /// itself, lives on the shards (the shared store).
@@ -1075,6 +1078,7 @@ impl Store {
                     created: Vec::new(),
                     accessed: Vec::new(),
                     api: ApiParameters::NONE,
+                    read_concern: None,
                     router,
                     started: tokio::time::Instant::now(),
                 },
@@ -1094,12 +1098,23 @@ impl Store {
         }
     }
 
-    /// Versioned-api "Transactions": the transaction `session` just started keeps its first
-    /// command's API parameters.
-    pub(crate) fn note_transaction_api(&mut self, session: &[u8], api: ApiParameters) {
+    /// Versioned-api "Transactions", leftovers12 item 1: the transaction `session` just started
+    /// keeps its first command's API parameters and `readConcern`.
+    pub(crate) fn note_transaction_start(
+        &mut self,
+        session: &[u8],
+        api: ApiParameters,
+        read_concern: Option<Document>,
+    ) {
         if let Some(transaction) = self.transactions.get_mut(session) {
             transaction.api = api;
+            transaction.read_concern = read_concern;
         }
+    }
+
+    /// Leftovers12 item 1: the `readConcern` of `session`'s transaction (its first command's).
+    pub(crate) fn transaction_read_concern(&self, session: &[u8]) -> Option<&Document> {
+        self.transactions.get(session)?.read_concern.as_ref()
     }
 
     /// Versioned-api "Transactions" (house rule 7): a command `name` with `txnNumber` `number`

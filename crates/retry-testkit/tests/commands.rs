@@ -284,13 +284,70 @@ async fn tk2_ddl_commands_refuse_every_read_concern_level_but_local() {
             let reply = client.command(with_level(command, "local")).await.unwrap();
             assert_eq!(code(&reply), None, "{reply}");
         }
-        let mut started = with_level(doc! { "create": "in_txn", "$db": "db" }, "snapshot");
-        started.insert("lsid", lsid());
-        started.insert("txnNumber", 1i64);
-        started.insert("autocommit", false);
-        started.insert("startTransaction", true);
-        let reply = client.command(started).await.unwrap();
-        assert_eq!(code(&reply), None, "in a transaction: {reply}");
+        // Leftovers12 item 1: in a transaction a mongod checks `create` and `createIndexes`
+        // (only them) against the transaction's read concern, its first command's: "local"
+        // only; the statement fails and the transaction is aborted.
+        let in_transaction = |command: Document, level: Option<&str>, txn: i64, start: bool| {
+            let mut command = match level {
+                Some(level) => with_level(command, level),
+                None => command,
+            };
+            command.insert("lsid", lsid());
+            command.insert("txnNumber", txn);
+            command.insert("autocommit", false);
+            if start {
+                command.insert("startTransaction", true);
+            }
+            command
+        };
+        let create = doc! { "create": "in_txn", "$db": "db" };
+        let create_index = doc! { "createIndexes": "in_txn", "indexes": [index.clone()], "$db": "db" };
+        for (txn, level) in [(1, "snapshot"), (2, "majority")] {
+            let started = in_transaction(create.clone(), Some(level), txn, true);
+            let reply = client.command(started).await.unwrap();
+            assert_eq!(code(&reply), Some(72), "{level}: {reply}");
+            assert_eq!(
+                reply.get_str("errmsg").unwrap(),
+                format!(
+                    "Command create does not support this transaction's {{ readConcern: {{ \
+                     level: \"{level}\", provenance: \"clientSupplied\" }} }} :: caused by :: \
+                     read concern not supported"
+                )
+            );
+        }
+        // A later statement is checked against the first one's level.
+        let find = doc! { "find": "c", "$db": "db" };
+        let reply = client
+            .command(in_transaction(find.clone(), Some("snapshot"), 3, true))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = client
+            .command(in_transaction(create_index.clone(), None, 3, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(72), "{reply}");
+        let reply = client
+            .command(in_transaction(find.clone(), None, 3, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(251), "aborted by the failed statement: {reply}");
+        // Other statements of a snapshot transaction are not checked; without a level, or
+        // with "local", `create` runs.
+        let insert = doc! { "insert": "c", "documents": [{ "_id": 2 }], "$db": "db" };
+        let reply = client
+            .command(in_transaction(insert, Some("snapshot"), 4, true))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        for (txn, level) in [(5, Some("local")), (6, None)] {
+            let name = format!("made_{txn}");
+            let reply = client
+                .command(in_transaction(doc! { "create": name, "$db": "db" }, level, txn, true))
+                .await
+                .unwrap();
+            assert_eq!(code(&reply), None, "{level:?}: {reply}");
+        }
         server.shutdown().await;
     })
     .await;
