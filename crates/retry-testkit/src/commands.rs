@@ -1077,11 +1077,13 @@ fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Doc
 
 /// Review13 finding 3 (TK-2, house rule 7): the `query` of a `count` or `distinct` (`name`), by
 /// the commands' IDL (`query: type: object`): a document, or none for all documents; anything
-/// else TypeMismatch (14), "BSON field '<name>.query' is the wrong type ...". An explicit `null`
-/// is taken as none (what a real server answers to it is not verified).
+/// else TypeMismatch (14), "BSON field '<name>.query' is the wrong type ...". A `null` or
+/// `undefined` is taken as none, the default, as the server's IDL parser takes any field of the
+/// wrong type that is one of them (`IDLParserContext::checkAndAssertTypeSlowPath`, leftovers12
+/// item 3).
 fn query_filter(command: &Document, name: &str) -> Result<Document, Document> {
     match command.get("query") {
-        None | Some(Bson::Null) => Ok(Document::new()),
+        None | Some(Bson::Null | Bson::Undefined) => Ok(Document::new()),
         Some(Bson::Document(query)) => Ok(query.clone()),
         Some(other) => Err(crate::refusals::wrong_type(
             &format!("{name}.query"),

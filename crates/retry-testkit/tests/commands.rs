@@ -1396,6 +1396,21 @@ async fn review13_f3_a_query_that_is_not_a_document_is_type_mismatch() {
         let count = doc! { "count": "c", "query": { "a": 2 }, "$db": "db" };
         let reply = client.command(count).await.unwrap();
         assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        // Leftovers12 item 3: the server's IDL parser takes a `null` or `undefined` of the wrong
+        // type as the field's absence (`IDLParserContext::checkAndAssertTypeSlowPath`): the
+        // default, an empty query matching every document.
+        for absent in [Bson::Null, Bson::Undefined] {
+            let count = doc! { "count": "c", "query": absent.clone(), "$db": "db" };
+            let reply = client.command(count).await.unwrap();
+            assert_eq!(reply.get_i32("n").ok(), Some(2), "{absent:?}: {reply}");
+            let distinct = doc! { "distinct": "c", "key": "a", "query": absent.clone(), "$db": "db" };
+            let reply = client.command(distinct).await.unwrap();
+            assert_eq!(
+                reply.get_array("values").map(Vec::len).ok(),
+                Some(2),
+                "{absent:?}: {reply}"
+            );
+        }
         let distinct = doc! { "distinct": "c", "key": "a", "$db": "db" };
         let reply = client.command(distinct).await.unwrap();
         assert_eq!(
