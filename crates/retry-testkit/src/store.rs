@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bson::oid::ObjectId;
 use bson::spec::BinarySubtype;
-use bson::{Bson, Document, RawDocument};
+use bson::{doc, Bson, Document, RawDocument};
 
 use crate::query::{apply_update, equal, matches, upsert_seed, Unsupported};
 use crate::refusals::ApiParameters;
@@ -943,17 +943,9 @@ impl Store {
                     *document = before;
                     return Err(unsupported(error));
                 }
-                if !document
-                    .get("_id")
-                    .is_some_and(|id| equal(id, &id_of(&before)))
-                {
+                if let Some(error) = changed_id(&before, document, update) {
                     *document = before;
-                    return Err(QueryError::Write(
-                        66,
-                        "Performing an update on the path '_id' would modify the immutable field \
-                         '_id'"
-                            .into(),
-                    ));
+                    return Err(error);
                 }
                 if too_deep(document) {
                     *document = before;
@@ -1466,7 +1458,11 @@ impl Store {
     /// admitted as an insert admits it ([`admit`]: a missing `_id` added). TK-15:
     /// outside any transaction, a document whose `_id` a transaction in progress changed makes
     /// it wait first ([`QueryError::Blocked`]), as any other write to that document does;
-    /// nothing is written before.
+    /// nothing is written before. Leftovers12 item 4 (house rule 7): a real server merges with
+    /// an unordered batch of upserts `{q: {_id}, u: {$set: <document>}}`, so a document whose
+    /// `_id` equals an existing one's only as a number of another type (`5000.0` onto `5000`) is
+    /// ImmutableField 66 ([`changed_id`]: `$set` of `_id` to a value not binary-equal), and the
+    /// others are written all the same: the first such error is answered after them.
     pub(crate) fn merge(&mut self, ns: &str, documents: Vec<Document>) -> Result<(), QueryError> {
         let documents = documents
             .into_iter()
@@ -1477,6 +1473,7 @@ impl Store {
             .try_for_each(|d| self.conflict(ns, &id_of(d)));
         self.noted(conflict)?;
         self.collection_mut(ns);
+        let mut refused = None;
         for document in documents {
             let target = self.collection_mut(ns);
             // The index says where the document with this `_id` is (house rule 9).
@@ -1484,6 +1481,12 @@ impl Store {
             // TK-15: in a transaction, the document as it was goes into the undo log.
             let (before, index) = match existing {
                 Some(index) => {
+                    let set = doc! { "$set": document.clone() };
+                    let changed = changed_id(&target.documents()[index], &document, &set);
+                    if let Some(error) = changed {
+                        refused.get_or_insert(error);
+                        continue;
+                    }
                     let before = target.change(index, |d| {
                         let before = d.clone();
                         d.extend(document);
@@ -1499,7 +1502,7 @@ impl Store {
             let id = id_of(&self.collections[ns].documents()[index]);
             self.record(ns, id, before, index);
         }
-        Ok(())
+        refused.map_or(Ok(()), Err)
     }
 
     /// Creates `ns`; `false` when it already exists.
@@ -1757,6 +1760,34 @@ fn cursor_mismatch(cursor: &Cursor, id: i64, origin: CursorOrigin<'_>) -> Option
         code,
         format!("Cannot run getMore on cursor {id}, {message}"),
     ))
+}
+
+/// House rule 7, leftovers12 item 4: what a real server answers when `update` turned `before`
+/// into `after`: ImmutableField 66 when the `_id` is gone, or, for a replacement, is another
+/// value (`ObjectReplaceExecutor`: compared as values, so `5000.0` may replace `5000` and is
+/// stored), or, for an update with operators, is not binary-equal to the old one (a `$set` of
+/// `_id` to a value of another type is no no-op, `SetNode::updateExistingElement` and
+/// `BSONElement::binaryEqualValues`, so `modifier_node.cpp` refuses it: "Updating the path
+/// '_id' to _id: … would modify the immutable field '_id'"). `None` when the `_id` stays.
+fn changed_id(before: &Document, after: &Document, update: &Document) -> Option<QueryError> {
+    let old = id_of(before);
+    let replacement = update.keys().next().is_some_and(|k| !k.starts_with('$'));
+    let message = match after.get("_id") {
+        Some(new) if replacement && equal(new, &old) => return None,
+        Some(new) if !replacement && binary_equal(new, &old) => return None,
+        Some(new) if !replacement => format!(
+            "Updating the path '_id' to _id: {new} would modify the immutable field '_id'"
+        ),
+        _ => "Performing an update on the path '_id' would modify the immutable field '_id'".into(),
+    };
+    Some(QueryError::Write(66, message))
+}
+
+/// Leftovers12 item 4: whether `a` and `b` are one BSON value, type and bytes alike (the
+/// server's `BSONElement::binaryEqualValues`): `5000` and `5000.0` are not.
+fn binary_equal(a: &Bson, b: &Bson) -> bool {
+    let bytes = |value: &Bson| doc! { "": value.clone() }.to_vec().ok();
+    bytes(a) == bytes(b)
 }
 
 /// House rule 7: a replacement `update` of `document` naming another `_id` is refused as a real
@@ -2056,6 +2087,60 @@ mod tests {
         let out = store.documents("db.o");
         assert_eq!(out[0], doc! { "_id": 2, "z": 1 });
         assert_eq!(keys(&out[1]), ["_id", "z"]);
+    }
+
+    /// Leftovers12 item 4 (house rule 7; the server's `set_node.cpp`, `modifier_node.cpp`,
+    /// `object_replace_executor.cpp`, `bsonelement.cpp` `binaryEqualValues` and
+    /// `document_source_merge.cpp`'s unordered `$set` upserts): a `$set` of `_id` to the same
+    /// number of another type is ImmutableField 66, a replacement naming it is taken (the new
+    /// type stored), and a `$merge` of `{_id: 5000.0}` onto `{_id: 5000}` is 66 for that document
+    /// while the batch's others are written.
+    #[test]
+    fn item4_an_id_of_another_number_type_is_immutable_for_set_and_merge() {
+        let mut store = Store::default();
+        let seed = vec![doc! { "_id": 5000, "a": 1 }];
+        assert_eq!(store.insert("db.c", seed, true).unwrap().n, 1);
+        let id = |store: &Store| id_of(&store.collections["db.c"].documents()[0]);
+        let changed = set_one(&mut store, doc! { "_id": 5000 }, doc! { "_id": 5000.0 });
+        match changed {
+            Err(QueryError::Write(66, message)) => assert!(
+                message.starts_with("Updating the path '_id' to _id: ")
+                    && message.ends_with(" would modify the immutable field '_id'"),
+                "{message}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(id(&store), Bson::Int32(5000));
+        let same = set_one(&mut store, doc! { "_id": 5000 }, doc! { "_id": 5000, "a": 2 });
+        assert_eq!(same.unwrap().modified, 1, "the same _id is a no-op");
+        let merged = store.merge(
+            "db.c",
+            vec![doc! { "_id": 5000.0, "m": 1 }, doc! { "_id": 7, "m": 2 }],
+        );
+        assert!(
+            matches!(merged, Err(QueryError::Write(66, _))),
+            "{merged:?}"
+        );
+        let documents = store.collections["db.c"].documents();
+        assert_eq!(documents[0], doc! { "_id": 5000, "a": 2 }, "left as it was");
+        assert_eq!(documents[1], doc! { "_id": 7, "m": 2 }, "the batch's other document");
+        store
+            .merge("db.c", vec![doc! { "_id": 5000, "m": 3 }])
+            .unwrap();
+        assert_eq!(
+            store.collections["db.c"].documents()[0],
+            doc! { "_id": 5000, "a": 2, "m": 3 }
+        );
+        let replaced = store.update(
+            "db.c",
+            &doc! { "_id": 5000 },
+            &doc! { "_id": 5000.0, "r": 1 },
+            false,
+            false,
+        );
+        assert_eq!(replaced.unwrap().modified, 1);
+        assert_eq!(id(&store), Bson::Double(5000.0), "the replacement's _id is stored");
+        assert_index_in_step(&store);
     }
 
     /// Leftovers10 item 3: the `_id` index follows every change: insert, update (an `_id`

@@ -946,6 +946,21 @@ async fn aggregate_group_out_merge_and_local_sessions() {
             handle.documents("db.m"),
             vec![doc! { "_id": 1, "y": 1, "x": 1 }, doc! { "_id": 2, "x": 2 }]
         );
+        // Leftovers12 item 4: a real `$merge` is an unordered batch of `$set` upserts, and a
+        // `$set` of `_id` to the same number of another type is ImmutableField 66 (the server's
+        // `modifier_node.cpp`): `{_id: 5000.0}` onto `{_id: 5000}` fails, the other document is
+        // written, the existing one stays as it was.
+        handle.insert("db.src", vec![doc! { "_id": 5000.0, "z": 1 }, doc! { "_id": 9, "z": 2 }]);
+        handle.insert("db.dst", vec![doc! { "_id": 5000 }]);
+        let reply = client
+            .command(doc! { "aggregate": "src", "pipeline": [{ "$merge": { "into": "dst" } }], "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(66), "{reply}");
+        assert_eq!(
+            handle.documents("db.dst"),
+            vec![doc! { "_id": 5000 }, doc! { "_id": 9, "z": 2 }]
+        );
         let lsid = lsid_of(7);
         client
             .command(doc! { "ping": 1, "lsid": lsid.clone(), "$db": "db" })
