@@ -14,7 +14,7 @@ use crate::fail_point::{error_reply, FailCommand, TESTKIT_UNSUPPORTED};
 use crate::on_primary_write::OnPrimaryWrite;
 use crate::refusals::ApiParameters;
 use crate::server::State;
-use crate::store::{Batch, CursorOrigin, QueryError, Store, WriteKey};
+use crate::store::{Batch, CursorOrigin, DdlTarget, QueryError, Store, WriteKey};
 use retry_core::wire::OpMsg;
 
 /// The `electionId` a primary reports; constant, since the test server never holds an election.
@@ -206,12 +206,14 @@ pub(crate) fn hello_reply(
 }
 
 /// Runs an admitted, non-hello command. `None` when the server does not know the command.
+/// `ddl`: the pending number of the DDL command taking its turn, when it is one (TK-15).
 pub(crate) fn execute(
     state: &mut State,
     name: &str,
     request: &OpMsg,
     max_wire_version: i32,
     process_id: ObjectId,
+    ddl: Option<u64>,
 ) -> Option<Document> {
     if name == "configureFailPoint"
         && request.body.get_str(name).ok() == Some("onPrimaryTransactionalWrite")
@@ -295,10 +297,12 @@ pub(crate) fn execute(
         origin,
         router: router_id,
     };
+    context.store.set_running_ddl(ddl);
     let reply = match refused {
         Some(refusal) => Some(refusal),
         None => run(&mut context, name, request, max_wire_version),
     };
+    store.set_running_ddl(None);
     store.end_statement();
     let mut reply = reply?;
     // TK-15 (house rule 7): a statement that fails (an error or a write error) aborts its
@@ -451,15 +455,17 @@ fn run(
     if let Some(refusal) = unknown_field(name, command) {
         return Some(refusal);
     }
-    // TK-15 (leftovers11): a command on a collection whose lock a waiting DDL command wants,
-    // before it reads or writes anything: a transaction's cannot get it (`Store::lock_timeout`),
-    // one outside any queues behind it (`Store::ddl_queue`).
+    // TK-15 (leftovers11, leftovers12 item 5): a command on a collection whose lock a waiting
+    // DDL command wants, before it reads or writes anything: a transaction's cannot get it
+    // (`Store::lock_timeout`), one outside any queues behind it (`Store::ddl_queue`; a `drop`
+    // queued so is a pending DDL command itself).
     if let Ok(collection) = command.get_str(name) {
         let ns = format!("{db}.{collection}");
         if let Some((code, message)) = state.store.lock_timeout(&ns) {
             return Some(error_reply(code, &message));
         }
-        if let Err(error) = state.store.ddl_queue(&ns) {
+        let target = DdlTarget::Collection(ns);
+        if let Err(error) = state.store.ddl_queue(&target, name == "drop") {
             return Some(query_error(error));
         }
     }

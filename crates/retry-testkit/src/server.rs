@@ -883,7 +883,7 @@ fn statement_writes(
                 if firing == Some(Firing::CloseWithoutCommit) {
                     return Ok(Response::Close);
                 }
-                let reply = execute(state, name, statement, shared.max_wire_version, router);
+                let reply = execute(state, name, statement, shared.max_wire_version, router, None);
                 // TK-15 (review7 finding 1): the statements done so far are recorded, so the
                 // command goes on at this one once it no longer has to wait.
                 if let Some(session) = state.data.lock().take_blocked() {
@@ -1261,13 +1261,22 @@ impl Connection {
                 Ok(response) => break response,
                 Err(session) => session,
             };
-            let deadline = max_time.unwrap_or_else(|| {
+            // Leftovers12 item 5: a command queued behind a pending DDL command whose
+            // transaction has ended waits for that command's turn (told by `notified`), with no
+            // deadline of its own but its `maxTimeMS`.
+            let deadline = max_time.or_else(|| {
                 let started = shared.lock().data.lock().transaction_started(&blocked_by);
-                started.map_or_else(Instant::now, |s| s + TRANSACTION_LIFETIME_LIMIT)
+                started.map(|s| s + TRANSACTION_LIFETIME_LIMIT)
             });
+            let expiry = async {
+                match deadline {
+                    Some(deadline) => tokio::time::sleep_until(deadline).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = &mut notified => {}
-                () = tokio::time::sleep_until(deadline) => {
+                () = expiry => {
                     if max_time.is_some() {
                         break Response::Reply(error_reply(50, "operation exceeded time limit"));
                     }
@@ -1372,6 +1381,7 @@ impl Connection {
                 request,
                 shared.max_wire_version,
                 self.router(shared),
+                self.ddl_wait.as_ref().map(|wait| wait.number),
             )
         };
         let blocked = {

@@ -73,7 +73,8 @@ pub(crate) struct Store {
     /// TK-15 (review7 finding 1): the transaction in progress (lsid bytes) the write outside any
     /// transaction now running ran into: the command is undone and waits until it ends.
     blocked_by: Option<Vec<u8>>,
-    /// TK-15 (review7 finding 1): told when a transaction ends, for the writes waiting on it.
+    /// TK-15 (review7 finding 1, leftovers12 item 5): told when a transaction ends or a pending
+    /// DDL command no longer waits, for the commands waiting on either.
     ended: Arc<tokio::sync::Notify>,
     /// How many changes commands looked at, for the tests of house rule 9.
     #[cfg(test)]
@@ -94,6 +95,10 @@ pub(crate) struct Store {
     pending_ddl: BTreeMap<u64, (DdlTarget, Vec<u8>)>,
     /// The number the next waiting DDL command gets.
     next_ddl: u64,
+    /// Leftovers12 item 5: the pending number of the DDL command now running, when it is one
+    /// waiting its turn ([`Store::set_running_ddl`]): only the DDL commands before it hold it
+    /// back.
+    running_ddl: Option<u64>,
     /// The DDL the command now running is, when a transaction in progress blocked it (taken with
     /// [`Store::take_blocked`]'s session, [`Store::take_blocked_ddl`]).
     blocked_ddl: Option<DdlTarget>,
@@ -115,6 +120,17 @@ impl DdlTarget {
         match self {
             DdlTarget::Collection(target) => target == ns,
             DdlTarget::Database(db) => ns.split_once('.').is_some_and(|(d, _)| d == db),
+        }
+    }
+
+    /// Leftovers12 item 5: whether it and `other` want a lock in common (a database's lock
+    /// conflicts with its collections': a DDL on one waits for one on the other).
+    fn overlaps(&self, other: &DdlTarget) -> bool {
+        match (self, other) {
+            (DdlTarget::Collection(ns), target) | (target, DdlTarget::Collection(ns)) => {
+                target.covers(ns)
+            }
+            (DdlTarget::Database(a), DdlTarget::Database(b)) => a == b,
         }
     }
 }
@@ -585,31 +601,49 @@ impl Store {
         number
     }
 
-    /// TK-15 (leftovers11, house rule 7): a real server's pending DDL holds back new operations
-    /// outside any transaction on its namespace too: they queue behind its exclusive lock
-    /// request. A command outside any transaction on `ns` (a DDL command's own rerun included)
-    /// waits ([`QueryError::Blocked`]) for the transaction a pending DDL on `ns` waits for,
-    /// while that one is in progress; once it ended the command runs.
-    pub(crate) fn ddl_queue(&mut self, ns: &str) -> Result<(), QueryError> {
+    /// Leftovers12 item 5: the running command is the pending DDL command `number` taking its
+    /// turn (`None`: it is not one).
+    pub(crate) fn set_running_ddl(&mut self, number: Option<u64>) {
+        self.running_ddl = number;
+    }
+
+    /// TK-15 (leftovers11, leftovers12 item 5, house rule 7): a real server's pending DDL holds
+    /// back the operations outside any transaction that come after it on its namespace, in
+    /// order: they queue behind its exclusive lock request (a new request queues behind a
+    /// waiting conflicting one), and the lock manager grants the queue from its front
+    /// (`lock_manager.cpp`, `LockManager::_onLockModeChanged`: the waiting X first, nothing
+    /// after it), so they run after the DDL even once the transaction it waits for has ended. A
+    /// command outside any transaction on `target` (`ddl`: a DDL command itself, which then is
+    /// pending too, [`Store::take_blocked_ddl`]) waits ([`QueryError::Blocked`], with the
+    /// session that DDL waits for) while a DDL command before it on an overlapping target is
+    /// pending; a pending DDL command's own turn ([`Store::set_running_ddl`]) waits only for
+    /// those before it.
+    pub(crate) fn ddl_queue(&mut self, target: &DdlTarget, ddl: bool) -> Result<(), QueryError> {
         if self.pending_ddl.is_empty() || self.writer.is_some() {
             return Ok(());
         }
+        let before = self.running_ddl.unwrap_or(u64::MAX);
         let waited = self
             .pending_ddl
-            .values()
-            .find(|(target, session)| target.covers(ns) && self.open.contains(session));
-        match waited {
-            Some((_, session)) => {
-                let blocked = Err(QueryError::Blocked(session.clone()));
-                self.noted(blocked)
-            }
-            None => Ok(()),
+            .range(..before)
+            .map(|(_, pending)| pending)
+            .find(|(pending, _)| pending.overlaps(target));
+        let Some((_, session)) = waited else {
+            return Ok(());
+        };
+        let blocked = Err(QueryError::Blocked(session.clone()));
+        if ddl && self.running_ddl.is_none() {
+            self.blocked_ddl = Some(target.clone());
         }
+        self.noted(blocked)
     }
 
-    /// TK-15 (leftovers11): the DDL command numbered `number` no longer waits.
+    /// TK-15 (leftovers11): the DDL command numbered `number` no longer waits; the commands
+    /// queued behind it go on (leftovers12 item 5).
     pub(crate) fn release_ddl(&mut self, number: u64) {
-        self.pending_ddl.remove(&number);
+        if self.pending_ddl.remove(&number).is_some() {
+            self.ended.notify_waiters();
+        }
     }
 
     /// TK-15 (leftovers11, house rule 7): a real server's pending DDL ("Pending DDL Operations
@@ -1408,7 +1442,9 @@ impl Store {
             }
             new.push(document);
         }
-        self.ddl_holder(DdlTarget::Collection(ns.to_owned()))?;
+        let target = DdlTarget::Collection(ns.to_owned());
+        self.ddl_queue(&target, true)?;
+        self.ddl_holder(target)?;
         let added: Vec<Bson> = new.documents().iter().map(id_of).collect();
         let old = core::mem::replace(self.collection_mut(ns), new).into_documents();
         // TK-15: in a transaction, every old document was removed and every new one added.
@@ -1520,7 +1556,9 @@ impl Store {
     /// for the collection lock of such a transaction ("Pending DDL Operations and
     /// Transactions"), so that transaction's abort never brings the dropped documents back.
     pub(crate) fn drop_collection(&mut self, ns: &str) -> Result<bool, QueryError> {
-        self.ddl_holder(DdlTarget::Collection(ns.to_owned()))?;
+        let target = DdlTarget::Collection(ns.to_owned());
+        self.ddl_queue(&target, true)?;
+        self.ddl_holder(target)?;
         self.indexes.remove(ns);
         Ok(self.collections.remove(ns).is_some())
     }
@@ -1529,7 +1567,9 @@ impl Store {
     /// (review12 finding 1): first waits for a transaction in progress that holds any
     /// collection of `db` (the database's exclusive lock), with nothing dropped before.
     pub(crate) fn drop_database(&mut self, db: &str) -> Result<(), QueryError> {
-        self.ddl_holder(DdlTarget::Database(db.to_owned()))?;
+        let target = DdlTarget::Database(db.to_owned());
+        self.ddl_queue(&target, true)?;
+        self.ddl_holder(target)?;
         let prefix = format!("{db}.");
         for c in self.collection_names(db) {
             let ns = format!("{prefix}{c}");
@@ -2269,6 +2309,55 @@ mod tests {
         store.release_ddl(number);
         let released = in_transaction(&mut store, S2, 2, false, |s| s.lock_timeout("db.c"));
         assert_eq!(released, None);
+    }
+
+    /// Leftovers12 item 5 (house rule 7; the server's `lock_manager.cpp`: a lock's waiting
+    /// requests are granted from the front of its queue): commands queue behind a pending DDL
+    /// command in arrival order, even once the transaction it waits for has ended: a command on
+    /// its collection, and a `dropDatabase` of its database (which is then pending too, after
+    /// it); a pending DDL command's own turn waits only for those before it; once the first is
+    /// released, the next one runs.
+    #[test]
+    fn item5_commands_queue_behind_a_pending_ddl_in_order() {
+        let mut store = store_with(2);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.find(OWNER, "db.c", &doc! {}, None, 10)
+        })
+        .unwrap();
+        let (dropped, _) = outside(&mut store, |s| s.drop_collection("db.c"));
+        assert_eq!(dropped, Err(QueryError::Blocked(S1.to_vec())));
+        let target = store.take_blocked_ddl().expect("the blocked drop");
+        let first = store.hold_ddl(target, S1.to_vec());
+        store.end_transaction(S1, 1, false, None, false).unwrap();
+        let collection = DdlTarget::Collection("db.c".into());
+        let (queued, blocked) = outside(&mut store, |s| s.ddl_queue(&collection, false));
+        assert_eq!(queued, Err(QueryError::Blocked(S1.to_vec())), "after the transaction");
+        assert_eq!(blocked, Some(S1.to_vec()));
+        assert_eq!(store.take_blocked_ddl(), None, "not a DDL command");
+        let (database, _) = outside(&mut store, |s| s.drop_database("db"));
+        assert_eq!(database, Err(QueryError::Blocked(S1.to_vec())));
+        let target = store.take_blocked_ddl().expect("a pending DDL command too");
+        assert_eq!(target, DdlTarget::Database("db".into()));
+        let second = store.hold_ddl(target, S1.to_vec());
+        let (turn, _) = outside(&mut store, |s| {
+            s.set_running_ddl(Some(first));
+            let turn = s.drop_collection("db.c");
+            s.set_running_ddl(None);
+            turn
+        });
+        assert_eq!(turn, Ok(true), "the first one's turn");
+        store.release_ddl(first);
+        let (other, _) = outside(&mut store, |s| s.ddl_queue(&collection, false));
+        assert_eq!(other, Err(QueryError::Blocked(S1.to_vec())), "behind the second");
+        let (turn, _) = outside(&mut store, |s| {
+            s.set_running_ddl(Some(second));
+            let turn = s.drop_database("db");
+            s.set_running_ddl(None);
+            turn
+        });
+        assert_eq!(turn, Ok(()));
+        store.release_ddl(second);
+        assert_eq!(outside(&mut store, |s| s.ddl_queue(&collection, false)).0, Ok(()));
     }
 
     fn outside<T>(store: &mut Store, write: impl FnOnce(&mut Store) -> T) -> (T, Option<Vec<u8>>) {

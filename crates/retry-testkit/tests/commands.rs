@@ -1915,6 +1915,81 @@ async fn tk15_a_waiting_out_holds_back_new_transactions_on_its_target() {
     .await
 }
 
+/// TK-15 (leftovers12 item 5, house rule 7): a command outside any transaction queued behind a
+/// pending DDL command runs after it, even once the transaction the DDL waited for has ended:
+/// the server's lock manager grants a collection's lock requests from the front of its queue
+/// (`lock_manager.cpp`, `LockManager::_onLockModeChanged`), and a new request queues behind a
+/// waiting conflicting one. Two transactions hold `w`; a `drop` of `w` waits; an `insert` into
+/// `w` queues behind it. The first transaction's end lets neither run (the drop waits for the
+/// second); after the second's, the drop runs, then the insert, which creates `w` again.
+#[tokio::test]
+async fn item5_a_command_queued_behind_a_pending_ddl_runs_after_it() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let handle = server.handle();
+        handle.insert("test.w", vec![doc! { "_id": 1 }]);
+        let in_transaction = |lsid: u8, mut body: Document| {
+            body.extend(doc! {
+                "$db": "test", "lsid": lsid_of(lsid), "txnNumber": 1_i64, "autocommit": false,
+            });
+            body
+        };
+        for lsid in [1, 2] {
+            let mut find = in_transaction(lsid, doc! { "find": "w" });
+            find.insert("startTransaction", true);
+            let reply = client.command(find).await.unwrap();
+            assert_eq!(code(&reply), None, "{reply}");
+        }
+        let mut dropper = RawClient::connect(server.address()).await.unwrap();
+        let drop = tokio::spawn(async move {
+            dropper.command(doc! { "drop": "w", "$db": "test" }).await.unwrap()
+        });
+        let received = |name: &str| handle.counters().command(name).received;
+        for _ in 0..200 {
+            if received("drop") > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut writer = RawClient::connect(server.address()).await.unwrap();
+        let insert = tokio::spawn(async move {
+            let insert = doc! { "insert": "w", "documents": [{ "_id": 9 }], "$db": "test" };
+            writer.command(insert).await.unwrap()
+        });
+        for _ in 0..200 {
+            if received("insert") > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let abort = |lsid: u8| {
+            let mut body = in_transaction(lsid, doc! { "abortTransaction": 1 });
+            body.insert("$db", "admin");
+            body
+        };
+        let reply = client.command(abort(1)).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!drop.is_finished(), "the drop waits for the second transaction");
+        assert!(!insert.is_finished(), "the insert stays queued behind the drop");
+        assert_eq!(handle.documents("test.w"), [doc! { "_id": 1 }]);
+        let reply = client.command(abort(2)).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let dropped = drop.await.expect("the drop task");
+        assert_eq!(code(&dropped), None, "{dropped}");
+        let inserted = insert.await.expect("the insert task");
+        assert_eq!(inserted.get_i32("n").ok(), Some(1), "{inserted}");
+        assert_eq!(
+            handle.documents("test.w"),
+            [doc! { "_id": 9 }],
+            "the drop ran first, the insert made w again"
+        );
+        server.shutdown().await;
+    })
+    .await
+}
+
 /// TK-15 (review12 finding 1): over the wire, `drop` and `dropDatabase` of what a transaction
 /// in progress wrote wait for it, until `maxTimeMS` runs out (50), having dropped nothing; after
 /// the abort the drop runs and the collection stays gone (the abort does not bring back the
