@@ -75,8 +75,9 @@ pub(crate) const READ_PREFERENCE_MODES: [&str; 5] = [
 /// createIndexes, dropIndexes, saslStart; distinct and buildInfo are not; the `bulkWrite`
 /// command's IDL declares `api_version: "1"`, and so does `authenticate`'s, whose command class
 /// is generated as `AuthenticateCmdVersion1Gen`) and the Stable API changelog (the rest).
-/// `authenticate` and `collMod` (`apiVersions()` `kApiVersions1` in the server) are known but
-/// not run by the test server: TestkitUnsupported (TK-2). Not in it: `isMaster` / `ismaster` (`hello`
+/// `authenticate` (run by `crate::auth`, MONGODB-X509 unsupported) and `collMod`
+/// (`crate::commands::KNOWN_NOT_RUN`) are known but not run by the test server:
+/// TestkitUnsupported (TK-2). Not in it: `isMaster` / `ismaster` (`hello`
 /// replaced them), `buildInfo`, `distinct`, `killSessions`, `killAllSessions`,
 /// `configureFailPoint`, `deleteIndexes`.
 pub(crate) const API_VERSION_1: &[&str] = &[
@@ -110,11 +111,9 @@ pub(crate) const API_VERSION_1: &[&str] = &[
 ];
 
 /// The test server's commands outside Stable API version 1 (every other command it runs is in
-/// [`API_VERSION_1`]): with `apiStrict: true` they are APIStrictError (323). `mapReduce`,
-/// `renameCollection`, `replSetFreeze` and `replSetStepDown` are a real server's commands the
-/// test server knows but does not run: admitted like any command (a failCommand fail point
-/// naming one fires, as the spec tests expect), then TestkitUnsupported (TK-2). A command in
-/// neither list is unknown ([`known_command`]).
+/// [`API_VERSION_1`]): with `apiStrict: true` they are APIStrictError (323). Some are known but
+/// not run (`crate::commands::KNOWN_NOT_RUN`: TestkitUnsupported, TK-2). A command in neither
+/// list is unknown ([`known_command`]).
 pub(crate) const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
     "buildInfo",
     "buildinfo",

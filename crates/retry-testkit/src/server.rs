@@ -890,7 +890,7 @@ fn statement_writes(
                     *held = Some(firing);
                     return Err(session);
                 }
-                // A known command the test server does not run (TK-2).
+                // A known command the test server does not run (TK-2, `commands::KNOWN_NOT_RUN`).
                 let reply = reply.unwrap_or_else(|| {
                     crate::commands::unsupported_reply(&format!("command {name}"))
                 });
@@ -1400,7 +1400,7 @@ impl Connection {
             return Err(session);
         }
         let Some(mut reply) = reply else {
-            // A known command the test server does not run (TK-2).
+            // A known command the test server does not run (TK-2, `commands::KNOWN_NOT_RUN`).
             state.unsupported.push(format!("command {name}"));
             let what = format!("command {name}");
             return Ok(Response::Reply(crate::commands::unsupported_reply(&what)));
