@@ -569,7 +569,9 @@ impl ClientOptions {
     /// [`ClientOptions::engine_options`] checks it, so [`crate::Client::connect`] fails with it
     /// before anything starts.
     pub fn validate(&self) -> Result<(), OptionsError> {
-        let strict = self.server_api.is_some_and(|api| api.strict() == Some(true));
+        let strict = self
+            .server_api
+            .is_some_and(|api| api.strict() == Some(true));
         if self.load_balanced && strict {
             return Err(OptionsError::conflict(
                 ("loadBalanced", "true"),
@@ -1099,7 +1101,9 @@ mod tests {
         direct.server_api = Some(ServerApi::new(ServerApiVersion::V1).with_strict(true));
         assert_eq!(direct.validate(), Ok(()));
         assert_eq!(
-            ClientOptions::parse("mongodb://a,b/?loadBalanced=true").unwrap_err().conflicting(),
+            ClientOptions::parse("mongodb://a,b/?loadBalanced=true")
+                .unwrap_err()
+                .conflicting(),
             None
         );
     }

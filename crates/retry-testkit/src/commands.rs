@@ -345,7 +345,11 @@ pub(crate) fn execute(
 /// not supported", as a mongod checks them (and only them) once it has checked the session out
 /// (`service_entry_point_common`; behind a mongos, the shard does). The statement fails, so the
 /// transaction is aborted.
-fn transaction_read_concern_refusal(store: &Store, name: &str, command: &Document) -> Option<Document> {
+fn transaction_read_concern_refusal(
+    store: &Store,
+    name: &str,
+    command: &Document,
+) -> Option<Document> {
     if !matches!(name, "create" | "createIndexes") {
         return None;
     }
@@ -2115,7 +2119,8 @@ mod tests {
         let no_handler = |reply: Option<Document>| {
             reply.is_some_and(|r| {
                 r.get_i32("code").ok() == Some(crate::TESTKIT_UNSUPPORTED)
-                    && r.get_str("errmsg").is_ok_and(|m| m.ends_with("without a handler"))
+                    && r.get_str("errmsg")
+                        .is_ok_and(|m| m.ends_with("without a handler"))
             })
         };
         for name in RUN_ELSEWHERE {

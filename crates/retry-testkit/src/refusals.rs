@@ -1265,7 +1265,11 @@ mod tests {
             first.extend(doc! {
                 "lsid": lsid(), "txnNumber": 1_i64, "autocommit": false, "startTransaction": true,
             });
-            assert_eq!(code(refusal(&Role::Mongos, "insert", &first)), None, "{level}");
+            assert_eq!(
+                code(refusal(&Role::Mongos, "insert", &first)),
+                None,
+                "{level}"
+            );
         }
     }
 
@@ -1299,7 +1303,9 @@ mod tests {
                 let started = first(doc! { "level": level });
                 assert_eq!(code(refusal(&role, "find", &started)), None, "{level}");
             }
-            let op_time = first(doc! { "afterOpTime": { "ts": bson::Timestamp { time: 1, increment: 1 }, "t": 1_i64 } });
+            let op_time = first(
+                doc! { "afterOpTime": { "ts": bson::Timestamp { time: 1, increment: 1 }, "t": 1_i64 } },
+            );
             assert_eq!(code(refusal(&role, "find", &op_time)), Some(72));
         }
     }
@@ -1347,7 +1353,11 @@ mod tests {
                 doc! { "aggregate": "c", "pipeline": [{ "$match": {} }], "cursor": {} },
             ] {
                 for level in levels {
-                    assert_eq!(code(refused(&role, command.clone(), level)), None, "{command} {level}");
+                    assert_eq!(
+                        code(refused(&role, command.clone(), level)),
+                        None,
+                        "{command} {level}"
+                    );
                 }
             }
             for level in levels {
@@ -1390,7 +1400,10 @@ mod tests {
         );
         assert_eq!(code(refused(&primary, change_stream, "majority")), None);
         let sessions = pipeline(bson!([{ "$listLocalSessions": {} }]));
-        assert_eq!(code(refused(&primary, sessions.clone(), "majority")), Some(72));
+        assert_eq!(
+            code(refused(&primary, sessions.clone(), "majority")),
+            Some(72)
+        );
         assert_eq!(code(refused(&primary, sessions, "local")), None);
         for stage in ["$out", "$merge"] {
             let writes = pipeline(bson!([{ "$match": {} }, { stage: "d" }]));
@@ -1402,7 +1415,11 @@ mod tests {
                 "{stage}"
             );
             for level in ["local", "majority", "available", "snapshot"] {
-                assert_eq!(code(refused(&primary, writes.clone(), level)), None, "{stage} {level}");
+                assert_eq!(
+                    code(refused(&primary, writes.clone(), level)),
+                    None,
+                    "{stage} {level}"
+                );
             }
         }
         // The rendered read concern keeps its cluster time, as the server's `toString` does.

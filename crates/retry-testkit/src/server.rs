@@ -883,7 +883,14 @@ fn statement_writes(
                 if firing == Some(Firing::CloseWithoutCommit) {
                     return Ok(Response::Close);
                 }
-                let reply = execute(state, name, statement, shared.max_wire_version, router, None);
+                let reply = execute(
+                    state,
+                    name,
+                    statement,
+                    shared.max_wire_version,
+                    router,
+                    None,
+                );
                 // TK-15 (review7 finding 1): the statements done so far are recorded, so the
                 // command goes on at this one once it no longer has to wait.
                 if let Some(session) = state.data.lock().take_blocked() {

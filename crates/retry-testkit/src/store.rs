@@ -1815,9 +1815,9 @@ fn changed_id(before: &Document, after: &Document, update: &Document) -> Option<
     let message = match after.get("_id") {
         Some(new) if replacement && equal(new, &old) => return None,
         Some(new) if !replacement && binary_equal(new, &old) => return None,
-        Some(new) if !replacement => format!(
-            "Updating the path '_id' to _id: {new} would modify the immutable field '_id'"
-        ),
+        Some(new) if !replacement => {
+            format!("Updating the path '_id' to _id: {new} would modify the immutable field '_id'")
+        }
         _ => "Performing an update on the path '_id' would modify the immutable field '_id'".into(),
     };
     Some(QueryError::Write(66, message))
@@ -2151,7 +2151,11 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(id(&store), Bson::Int32(5000));
-        let same = set_one(&mut store, doc! { "_id": 5000 }, doc! { "_id": 5000, "a": 2 });
+        let same = set_one(
+            &mut store,
+            doc! { "_id": 5000 },
+            doc! { "_id": 5000, "a": 2 },
+        );
         assert_eq!(same.unwrap().modified, 1, "the same _id is a no-op");
         let merged = store.merge(
             "db.c",
@@ -2163,7 +2167,11 @@ mod tests {
         );
         let documents = store.collections["db.c"].documents();
         assert_eq!(documents[0], doc! { "_id": 5000, "a": 2 }, "left as it was");
-        assert_eq!(documents[1], doc! { "_id": 7, "m": 2 }, "the batch's other document");
+        assert_eq!(
+            documents[1],
+            doc! { "_id": 7, "m": 2 },
+            "the batch's other document"
+        );
         store
             .merge("db.c", vec![doc! { "_id": 5000, "m": 3 }])
             .unwrap();
@@ -2179,7 +2187,11 @@ mod tests {
             false,
         );
         assert_eq!(replaced.unwrap().modified, 1);
-        assert_eq!(id(&store), Bson::Double(5000.0), "the replacement's _id is stored");
+        assert_eq!(
+            id(&store),
+            Bson::Double(5000.0),
+            "the replacement's _id is stored"
+        );
         assert_index_in_step(&store);
     }
 
@@ -2331,7 +2343,11 @@ mod tests {
         store.end_transaction(S1, 1, false, None, false).unwrap();
         let collection = DdlTarget::Collection("db.c".into());
         let (queued, blocked) = outside(&mut store, |s| s.ddl_queue(&collection, false));
-        assert_eq!(queued, Err(QueryError::Blocked(S1.to_vec())), "after the transaction");
+        assert_eq!(
+            queued,
+            Err(QueryError::Blocked(S1.to_vec())),
+            "after the transaction"
+        );
         assert_eq!(blocked, Some(S1.to_vec()));
         assert_eq!(store.take_blocked_ddl(), None, "not a DDL command");
         let (database, _) = outside(&mut store, |s| s.drop_database("db"));
@@ -2348,7 +2364,11 @@ mod tests {
         assert_eq!(turn, Ok(true), "the first one's turn");
         store.release_ddl(first);
         let (other, _) = outside(&mut store, |s| s.ddl_queue(&collection, false));
-        assert_eq!(other, Err(QueryError::Blocked(S1.to_vec())), "behind the second");
+        assert_eq!(
+            other,
+            Err(QueryError::Blocked(S1.to_vec())),
+            "behind the second"
+        );
         let (turn, _) = outside(&mut store, |s| {
             s.set_running_ddl(Some(second));
             let turn = s.drop_database("db");
@@ -2357,7 +2377,10 @@ mod tests {
         });
         assert_eq!(turn, Ok(()));
         store.release_ddl(second);
-        assert_eq!(outside(&mut store, |s| s.ddl_queue(&collection, false)).0, Ok(()));
+        assert_eq!(
+            outside(&mut store, |s| s.ddl_queue(&collection, false)).0,
+            Ok(())
+        );
     }
 
     fn outside<T>(store: &mut Store, write: impl FnOnce(&mut Store) -> T) -> (T, Option<Vec<u8>>) {

@@ -301,7 +301,8 @@ async fn tk2_ddl_commands_refuse_every_read_concern_level_but_local() {
             command
         };
         let create = doc! { "create": "in_txn", "$db": "db" };
-        let create_index = doc! { "createIndexes": "in_txn", "indexes": [index.clone()], "$db": "db" };
+        let create_index =
+            doc! { "createIndexes": "in_txn", "indexes": [index.clone()], "$db": "db" };
         for (txn, level) in [(1, "snapshot"), (2, "majority")] {
             let started = in_transaction(create.clone(), Some(level), txn, true);
             let reply = client.command(started).await.unwrap();
@@ -331,7 +332,11 @@ async fn tk2_ddl_commands_refuse_every_read_concern_level_but_local() {
             .command(in_transaction(find.clone(), None, 3, false))
             .await
             .unwrap();
-        assert_eq!(code(&reply), Some(251), "aborted by the failed statement: {reply}");
+        assert_eq!(
+            code(&reply),
+            Some(251),
+            "aborted by the failed statement: {reply}"
+        );
         // Other statements of a snapshot transaction are not checked; without a level, or
         // with "local", `create` runs.
         let insert = doc! { "insert": "c", "documents": [{ "_id": 2 }], "$db": "db" };
@@ -343,7 +348,12 @@ async fn tk2_ddl_commands_refuse_every_read_concern_level_but_local() {
         for (txn, level) in [(5, Some("local")), (6, None)] {
             let name = format!("made_{txn}");
             let reply = client
-                .command(in_transaction(doc! { "create": name, "$db": "db" }, level, txn, true))
+                .command(in_transaction(
+                    doc! { "create": name, "$db": "db" },
+                    level,
+                    txn,
+                    true,
+                ))
                 .await
                 .unwrap();
             assert_eq!(code(&reply), None, "{level:?}: {reply}");
@@ -1418,7 +1428,8 @@ async fn review13_f3_a_query_that_is_not_a_document_is_type_mismatch() {
             let count = doc! { "count": "c", "query": absent.clone(), "$db": "db" };
             let reply = client.command(count).await.unwrap();
             assert_eq!(reply.get_i32("n").ok(), Some(2), "{absent:?}: {reply}");
-            let distinct = doc! { "distinct": "c", "key": "a", "query": absent.clone(), "$db": "db" };
+            let distinct =
+                doc! { "distinct": "c", "key": "a", "query": absent.clone(), "$db": "db" };
             let reply = client.command(distinct).await.unwrap();
             assert_eq!(
                 reply.get_array("values").map(Vec::len).ok(),
@@ -1942,7 +1953,10 @@ async fn item5_a_command_queued_behind_a_pending_ddl_runs_after_it() {
         }
         let mut dropper = RawClient::connect(server.address()).await.unwrap();
         let drop = tokio::spawn(async move {
-            dropper.command(doc! { "drop": "w", "$db": "test" }).await.unwrap()
+            dropper
+                .command(doc! { "drop": "w", "$db": "test" })
+                .await
+                .unwrap()
         });
         let received = |name: &str| handle.counters().command(name).received;
         for _ in 0..200 {
@@ -1971,8 +1985,14 @@ async fn item5_a_command_queued_behind_a_pending_ddl_runs_after_it() {
         let reply = client.command(abort(1)).await.unwrap();
         assert_eq!(code(&reply), None, "{reply}");
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(!drop.is_finished(), "the drop waits for the second transaction");
-        assert!(!insert.is_finished(), "the insert stays queued behind the drop");
+        assert!(
+            !drop.is_finished(),
+            "the drop waits for the second transaction"
+        );
+        assert!(
+            !insert.is_finished(),
+            "the insert stays queued behind the drop"
+        );
         assert_eq!(handle.documents("test.w"), [doc! { "_id": 1 }]);
         let reply = client.command(abort(2)).await.unwrap();
         assert_eq!(code(&reply), None, "{reply}");
