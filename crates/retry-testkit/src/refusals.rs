@@ -32,7 +32,7 @@
 //! - Outside a transaction, a `writeConcern` on a command that takes none (`find`, `count`,
 //!   `getMore`, `ping`, ...): InvalidOptions (72), "Command does not support writeConcern"
 //!   ([`write_concern_refusal`], checked after the fail point); a `readConcern` level the
-//!   command's `supportsReadConcern` refuses ("Command <name> does not support { readConcern:
+//!   command's `supportsReadConcern` refuses ("Command &lt;name&gt; does not support { readConcern:
 //!   ... } :: caused by :: ...", 72, [`read_concern_level_refusal`]).
 //! - A transaction's first statement with a `readConcern` level other than "local", "majority"
 //!   or "snapshot", or with `afterOpTime` (72).
@@ -612,9 +612,9 @@ fn transaction_read_concern_refusal(read_concern: &Document) -> Option<Document>
 /// Review13 finding 1, review14 finding 2, leftovers12 items 1 and 2 (house rule 7): outside a
 /// transaction, a parsed `readConcern` level the command does not support. A mongod and a mongos
 /// check the level against the command's `supportsReadConcern` (`service_entry_point_common`,
-/// outside a multi-document transaction and only with a level, before the fail point): InvalidOptions
-/// (72), "Command <name> does not support { readConcern: ... } :: caused by :: <reason>"
-/// ([`unsupported_read_concern`] says which level each command takes). Inside a transaction the
+/// outside a multi-document transaction and only with a level, before the fail point):
+/// InvalidOptions (72), "Command &lt;name&gt; does not support { readConcern: ... } :: caused by
+/// :: &lt;reason&gt;" ([`unsupported_read_concern`] says which level each command takes). Inside a transaction the
 /// first statement's level is checked by [`transaction_refusal`], and `create` and
 /// `createIndexes` against it when the session is checked out (`crate::commands`).
 fn read_concern_level_refusal(role: &Role, name: &str, command: &Document) -> Option<Document> {
