@@ -7,7 +7,8 @@
 //! runs against a retry-testkit standalone and against the bench-only canned server (`canned`,
 //! no server work), so their own distance to the echo is measured apart from the server's. The
 //! servers run on a runtime and thread of their own, as a server process would. After the
-//! criterion runs, interleaved rounds of every case print the ratios.
+//! criterion runs, interleaved rounds of every case print the ratios (not with
+//! `RETRY_BENCH_RATIOS=0`).
 //!
 //! What each client builds and gets back: the official driver's `run_command` and retry's
 //! `run_command` (cases `tokio`, `async-std`) take the command as a `bson::Document` (`doc! {
@@ -16,6 +17,18 @@
 //! every ping) and hands the reply over as the server encoded it (a `RawDocumentBuf`): no
 //! `Document` on either side, as a caller that keeps BSON bytes would run it. The comparison
 //! with the official driver is the Document cases'.
+//!
+//! How a case runs (the same code under criterion's `iter_custom(n)`, in the interleaved rounds
+//! and in [`profile`]): the echo, retry-tokio and the official driver start the clock in
+//! `Runtime::block_on` on the bench's own thread, `tokio::spawn` their callers (one task per
+//! operation in flight, each running its share of the `n` round trips in a loop) onto the
+//! 2-worker "bench-client" runtime their client was built on, and await the tasks' handles: the
+//! callers run on the runtime's workers as an application's tasks do, and the bench's thread
+//! sleeps until the last caller ends (one wake per `n` round trips, not per round trip; criterion's
+//! slope leaves it out). retry-async-std's callers run on a `smol::LocalExecutor` on the bench's
+//! thread, which also drives async-io's reactor (docs/adapters.md). Per round trip a caller builds
+//! the command and drops the reply, nothing else. Every server runs on the 1-worker "bench-server"
+//! runtime in the same process; every client exists (idle between its cases) for every case.
 //!
 //! `cargo bench -p retry-bench --bench round_trip`; with `--features mongodb` the official
 //! `mongodb` crate runs the same pings against the same servers. `RETRY_BENCH_PROFILE` runs one
@@ -647,5 +660,8 @@ fn main() {
     }
     round_trip();
     Criterion::default().configure_from_args().final_summary();
-    ratios();
+    // `RETRY_BENCH_RATIOS=0`: the criterion run only (scripts/bench-adapters-interleaved.sh).
+    if std::env::var("RETRY_BENCH_RATIOS").as_deref() != Ok("0") {
+        ratios();
+    }
 }
