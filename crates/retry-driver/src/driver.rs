@@ -579,12 +579,9 @@ impl SpawnedDriver {
             // The driver (and its engine and sockets) goes now; its task ends when next polled.
             *driver = None;
         }
-        let experiment = task.clone();
         drop(guard);
         // Pairs with the task's fence: either the task sees the lock free, or this sees `missed`.
         fence(Ordering::SeqCst);
-        // EXPERIMENT (wake11): a spurious wake of the task after every inline pass.
-        experiment.wake_by_ref();
         if self.missed.swap(false, Ordering::Relaxed) || stopped {
             // Rare: the task was polled meanwhile, or must end. Its waker, under the lock again
             // (whoever holds it now has taken `missed` as cleared, so this wake is needed).
