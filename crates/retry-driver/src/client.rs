@@ -345,9 +345,6 @@ impl<R> Client<R> {
             reply.driving(|| {
                 if !spawned.run_inline() {
                     lock(&self.inner.shared.state).wake_driver();
-                } else {
-                    // EXPERIMENT (wake11): a spurious wake after every inline pass.
-                    lock(&self.inner.shared.state).wake_driver();
                 }
             });
         }
@@ -477,9 +474,9 @@ impl<R> Client<R> {
             operation,
             reply: reply.clone(),
         });
-        // EXPERIMENT (wake11): a spurious wake for every queued operation.
-        let _ = (wake, alone);
-        state.wake_driver();
+        if wake && !alone {
+            state.wake_driver();
+        }
         Ok((reply, alone))
     }
 

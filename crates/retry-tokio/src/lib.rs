@@ -143,10 +143,6 @@ impl AsyncTimer for Timer {
     }
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        // EXPERIMENT (wake11): a poll the coop budget refuses registers no waker.
-        if !tokio::task::coop::has_budget_remaining() {
-            eprintln!("wake11: timer polled with no coop budget left");
-        }
         self.sleep.as_mut().poll(cx)
     }
 }
