@@ -62,7 +62,9 @@ pub(crate) fn is_retryable_write(name: &str, command: &Document) -> bool {
 /// is one: a retry with the same `lsid`, `txnNumber` and statement gets the first reply and does
 /// not run again (TK-*). Statements are numbered by their position from 0, as a real server
 /// numbers those of a driver's write, which sends no `stmtId` (the test server refuses one,
-/// [`ENVELOPE`]).
+/// [`ENVELOPE`]). The key is the first statement's (`stmtId` 0): for `insert`,
+/// `findAndModify` and `bulkWrite` it stands for the whole command; `update` and `delete` key
+/// each statement by its index instead (review15 finding 4, `server::statement_writes`).
 pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
     let write = matches!(
         name,

@@ -150,7 +150,8 @@ fn plain_lsid_bytes(lsid: &Document) -> Option<Vec<u8>> {
 const CLUSTER_TIME_SECONDS: u32 = 1_700_000_000;
 
 /// A retryable write's identity: its session (`lsid`, as BSON bytes), `txnNumber` and
-/// statement (`stmtId`, 0 when the command sends none) (TK-*: dedup for every write type).
+/// statement: its position in the command, from 0 (TK-5: a driver sends no `stmtId`; a whole
+/// command's key is its first statement's, [`crate::commands::write_key`]).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct WriteKey {
     pub(crate) session: Vec<u8>,
