@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Issue 9's adapter ratios at one in flight (or 64), decided from interleaved short criterion runs
-# instead of one long run per case. See docs/benchmarks.md, "Deciding one in flight".
+# Issue 9's adapter ratios at one in flight (or 64), decided from interleaved short runs instead of
+# one long run per case. See docs/benchmarks.md, "Deciding one in flight".
 #
-# Every round is one short run of retry-bench's round_trip bench, filtered to four cases of one
-# group: the raw TCP echo, retry-tokio, retry-async-std and the official mongodb crate on one
-# server (criterion runs them in that order: A B C D, then the next round: A B C D, ...). The
-# ratios of a round come from that round's four estimates (criterion's slope, minutes apart at
-# most), so a change of the machine's state between rounds moves all four together; the median
-# and the spread over the rounds say whether a goal is met or whether the machine cannot tell.
+# Four cases of retry-bench's round_trip bench on one server: the raw TCP echo, retry-tokio,
+# retry-async-std and the official mongodb crate. The ratios of a round come from that round's four
+# figures, measured in the same seconds, so a change of the machine's state between rounds moves
+# all four together; the median and the spread over the rounds say whether a goal is met or
+# whether the machine cannot tell. Two modes:
+#   MODE=criterion (default)  every round is one short criterion run of the group filtered to the
+#       four cases (criterion runs them in that order: A B C D, then the next round: A B C D, ...);
+#       a figure is criterion's slope estimate, the number the other sections quote;
+#   MODE=blocks  one process (RETRY_BENCH_INTERLEAVED): every round is BLOCKS blocks of PER_BLOCK
+#       round trips of each case, the order rotating from block to block (ABCD, BCDA, ...), so a
+#       state lasting longer than a block (~10-30 ms) falls on every case alike; a figure is the
+#       case's wall time over the round's blocks divided by its round trips.
 #
-#   scripts/bench-adapters-interleaved.sh               # 8 rounds, one in flight, canned server
+#   scripts/bench-adapters-interleaved.sh               # 8 criterion rounds, one in flight, canned
+#   MODE=blocks ROUNDS=10 scripts/bench-adapters-interleaved.sh
 #   ROUNDS=12 IN_FLIGHT=64 SERVER=testkit scripts/bench-adapters-interleaved.sh
 #   BENCH_BIN=target/release/deps/round_trip-<hash> WARM_UP=1 MEASURE=3 scripts/bench-adapters-interleaved.sh
 #
@@ -39,19 +46,28 @@ echo "bench binary: $BENCH_BIN"
 echo "rounds=$ROUNDS in_flight=$IN_FLIGHT server=$SERVER warm_up=${WARM_UP}s measure=${MEASURE}s" \
     "start=$(date -u +%H:%M:%S) load=$(cut -d' ' -f1-3 /proc/loadavg)"
 
-filter="^ping_round_trip_concurrency_$IN_FLIGHT/(raw TCP echo|retry-tokio, $SERVER server|retry-async-std, $SERVER server|mongodb crate, $SERVER server)\$"
-for round in $(seq 1 "$ROUNDS"); do
-    # RETRY_BENCH_RATIOS=0: no interleaved rounds of every case after the criterion run.
-    RETRY_BENCH_RATIOS=0 CRITERION_HOME="$OUT/criterion" "$BENCH_BIN" --bench --noplot \
-        --warm-up-time "$WARM_UP" --measurement-time "$MEASURE" "$filter" \
-        >"$OUT/round.$round.txt" 2>"$OUT/round.$round.err"
-    echo "round $round done $(date -u +%H:%M:%S) load=$(cut -d' ' -f1 /proc/loadavg)"
-done
+MODE=${MODE:-criterion}
+if [ "$MODE" = blocks ]; then
+    BLOCKS=${BLOCKS:-10}
+    if [ "$IN_FLIGHT" = 1 ]; then PER_BLOCK=${PER_BLOCK:-1000}; else PER_BLOCK=${PER_BLOCK:-20000}; fi
+    echo "mode=blocks blocks=$BLOCKS per_block=$PER_BLOCK"
+    RETRY_BENCH_INTERLEAVED="$IN_FLIGHT $SERVER $ROUNDS $BLOCKS $PER_BLOCK echo tokio async-std mongodb" \
+        "$BENCH_BIN" | tee "$OUT/blocks.txt"
+else
+    filter="^ping_round_trip_concurrency_$IN_FLIGHT/(raw TCP echo|retry-tokio, $SERVER server|retry-async-std, $SERVER server|mongodb crate, $SERVER server)\$"
+    for round in $(seq 1 "$ROUNDS"); do
+        # RETRY_BENCH_RATIOS=0: no interleaved rounds of every case after the criterion run.
+        RETRY_BENCH_RATIOS=0 CRITERION_HOME="$OUT/criterion" "$BENCH_BIN" --bench --noplot \
+            --warm-up-time "$WARM_UP" --measurement-time "$MEASURE" "$filter" \
+            >"$OUT/round.$round.txt" 2>"$OUT/round.$round.err"
+        echo "round $round done $(date -u +%H:%M:%S) load=$(cut -d' ' -f1 /proc/loadavg)"
+    done
+fi
 
-python3 - "$OUT" "$ROUNDS" <<'EOF'
+python3 - "$OUT" "$ROUNDS" "$MODE" <<'EOF'
 import re, statistics, sys
 
-out, rounds = sys.argv[1], int(sys.argv[2])
+out, rounds, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 unit = {"ps": 1e-3, "ns": 1.0, "us": 1e3, "\u00b5s": 1e3, "\u03bcs": 1e3, "ms": 1e6, "s": 1e9}
 time = re.compile(r"time:\s+\[\S+ \S+ (\S+) (\S+) \S+ \S+\]")
 cases = {"raw TCP echo": "echo", "retry-tokio,": "tokio", "retry-async-std,": "async-std",
@@ -62,7 +78,12 @@ ratios = [("tokio/echo", "tokio", "echo", 1.25, "<="),
           ("async-std/tokio", "async-std", "tokio", 1.2, "<="),
           ("tokio throughput x official", "mongodb", "tokio", 1.3, ">=")]
 rows = []
-for r in range(1, rounds + 1):
+if mode == "blocks":
+    for line in open(f"{out}/blocks.txt"):
+        fields = dict(w.split("=", 1) for w in line.split())
+        if "round" in fields:
+            rows.append({c: float(fields[c]) for c in ("echo", "tokio", "async-std", "mongodb")})
+for r in range(1, rounds + 1 if mode == "criterion" else 0):
     ns, case = {}, None
     for line in open(f"{out}/round.{r}.txt", errors="replace"):
         if line.startswith("ping_round_trip_concurrency_"):
