@@ -43,6 +43,18 @@ for line in sys.stdin:
         print(m["executable"])')
 fi
 echo "bench binary: $BENCH_BIN"
+
+# The machine's idle share since `cpu_start` (from /proc/stat): other sessions' processes may not be
+# visible here, their CPU time is. On an idle machine the only busy time is the bench's own.
+cpu_idle() {
+    python3 - "$1" "$(head -1 /proc/stat)" <<'PY'
+import sys
+a, b = ([int(x) for x in line.split()[1:]] for line in sys.argv[1:3])
+d = [y - x for x, y in zip(a, b)]
+print(f"cpu_idle={100 * (d[3] + d[4]) / max(sum(d), 1):.0f}% cpu_nice={100 * d[1] / max(sum(d), 1):.0f}%")
+PY
+}
+cpu_start=$(head -1 /proc/stat)
 echo "rounds=$ROUNDS in_flight=$IN_FLIGHT server=$SERVER warm_up=${WARM_UP}s measure=${MEASURE}s" \
     "start=$(date -u +%H:%M:%S) load=$(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -56,11 +68,13 @@ if [ "$MODE" = blocks ]; then
 else
     filter="^ping_round_trip_concurrency_$IN_FLIGHT/(raw TCP echo|retry-tokio, $SERVER server|retry-async-std, $SERVER server|mongodb crate, $SERVER server)\$"
     for round in $(seq 1 "$ROUNDS"); do
+        round_start=$(head -1 /proc/stat)
         # RETRY_BENCH_RATIOS=0: no interleaved rounds of every case after the criterion run.
         RETRY_BENCH_RATIOS=0 CRITERION_HOME="$OUT/criterion" "$BENCH_BIN" --bench --noplot \
             --warm-up-time "$WARM_UP" --measurement-time "$MEASURE" "$filter" \
             >"$OUT/round.$round.txt" 2>"$OUT/round.$round.err"
-        echo "round $round done $(date -u +%H:%M:%S) load=$(cut -d' ' -f1 /proc/loadavg)"
+        echo "round $round done $(date -u +%H:%M:%S) load=$(cut -d' ' -f1 /proc/loadavg)" \
+            "$(cpu_idle "$round_start")"
     done
 fi
 
@@ -110,4 +124,4 @@ for name, a, b, goal, sense in ratios:
           f"max {values[-1]:.3f} over {len(values)} rounds; goal {sense} {goal}: "
           f"met in {met} of {len(values)}")
 EOF
-echo "end=$(date -u +%H:%M:%S) load=$(cut -d' ' -f1-3 /proc/loadavg)"
+echo "end=$(date -u +%H:%M:%S) load=$(cut -d' ' -f1-3 /proc/loadavg) over the run: $(cpu_idle "$cpu_start")"
