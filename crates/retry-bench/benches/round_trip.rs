@@ -348,6 +348,46 @@ impl Setup {
         })
     }
 
+    /// [`Setup::echo`] with async-io's callers on the bench's thread, arranged as
+    /// [`Setup::async_std`] runs retry-async-std (a `smol::LocalExecutor` under `smol::block_on`,
+    /// `Async<TcpStream>` sockets): the same runtime without the client, for telling the runtime's
+    /// share of a round trip from the adapter's. Not a criterion case.
+    fn echo_async_io(&self, concurrency: usize, total: u64) -> Duration {
+        use smol::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let bytes = ping_bytes();
+        let executor = smol::LocalExecutor::new();
+        smol::block_on(executor.run(async {
+            let mut sockets = Vec::new();
+            for _ in 0..concurrency {
+                let socket = smol::net::TcpStream::connect(self.echo)
+                    .await
+                    .expect("connect to the echo");
+                socket.set_nodelay(true).expect("nodelay");
+                sockets.push(socket);
+            }
+            let start = Instant::now();
+            let tasks: Vec<_> = sockets
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut socket)| {
+                    let bytes = bytes.clone();
+                    let n = share(total, concurrency, i);
+                    executor.spawn(async move {
+                        let mut reply = vec![0u8; bytes.len()];
+                        for _ in 0..n {
+                            socket.write_all(&bytes).await.expect("write");
+                            socket.read_exact(&mut reply).await.expect("read");
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await;
+            }
+            start.elapsed()
+        }))
+    }
+
     /// `total` echo round trips (the physical limit) with `concurrency` in flight.
     fn echo(&self, concurrency: usize, total: u64) -> Duration {
         self.echo_at(self.echo, concurrency, total)
@@ -486,6 +526,7 @@ impl Setup {
         match case {
             "echo" => self.echo(concurrency, total),
             "echo-shared" => self.echo_at(self.echo_shared, concurrency, total),
+            "echo-async-io" => self.echo_async_io(concurrency, total),
             "tokio" => self.tokio(server, concurrency, total, false),
             "tokio-raw" => self.tokio(server, concurrency, total, true),
             "async-std" => self.async_std(server, concurrency, total, false),
@@ -499,9 +540,10 @@ impl Setup {
 }
 
 /// The cases of `RETRY_BENCH_PROFILE` and the interleaved rounds.
-const CASES: [&str; 8] = [
+const CASES: [&str; 9] = [
     "echo",
     "echo-shared",
+    "echo-async-io",
     "tokio",
     "tokio-raw",
     "async-std",
