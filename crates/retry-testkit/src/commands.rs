@@ -62,7 +62,9 @@ pub(crate) fn is_retryable_write(name: &str, command: &Document) -> bool {
 /// is one: a retry with the same `lsid`, `txnNumber` and statement gets the first reply and does
 /// not run again (TK-*). Statements are numbered by their position from 0, as a real server
 /// numbers those of a driver's write, which sends no `stmtId` (the test server refuses one,
-/// [`ENVELOPE`]).
+/// [`ENVELOPE`]). The key is the first statement's (`stmtId` 0): for `insert`,
+/// `findAndModify` and `bulkWrite` it stands for the whole command; `update` and `delete` key
+/// each statement by its index instead (review15 finding 4, `server::statement_writes`).
 pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
     let write = matches!(
         name,
@@ -431,6 +433,22 @@ pub(crate) fn transaction_labels(name: &str, code: i32) -> Option<Vec<String>> {
     transient.then(|| vec![String::from("TransientTransactionError")])
 }
 
+/// TK-15 (leftovers11, leftovers12 item 5, review15 finding 1): the pending-DDL checks for one
+/// collection `ns` a command locks, as it locks it: a transaction that does not hold it yet
+/// cannot get it while a DDL command waits for it (LockTimeout 24, [`Store::lock_timeout`]);
+/// a command outside any queues behind such a DDL command ([`Store::ddl_queue`]; `ddl`: it is
+/// a DDL command itself, pending in its turn).
+fn pending_ddl_refusal(store: &mut Store, ns: &str, ddl: bool) -> Option<Document> {
+    if !store.ddl_pending() {
+        return None;
+    }
+    if let Some((code, message)) = store.lock_timeout(ns) {
+        return Some(error_reply(code, &message));
+    }
+    let target = DdlTarget::Collection(ns.to_owned());
+    store.ddl_queue(&target, ddl).err().map(query_error)
+}
+
 /// What a data command works on: the (possibly shared) store, locked once for the command, and
 /// the server's default batch size.
 struct Context<'a> {
@@ -460,18 +478,16 @@ fn run(
     if let Some(refusal) = unknown_field(name, command) {
         return Some(refusal);
     }
-    // TK-15 (leftovers11, leftovers12 item 5): a command on a collection whose lock a waiting
-    // DDL command wants, before it reads or writes anything: a transaction's cannot get it
-    // (`Store::lock_timeout`), one outside any queues behind it (`Store::ddl_queue`; a `drop`
-    // queued so is a pending DDL command itself).
+    // TK-15 (leftovers11, leftovers12 item 5): a command on the collection its first field
+    // names, before it reads or writes anything. The namespaces a command locks otherwise are
+    // checked where it locks them (fixes15a, review15 finding 1): each `bulkWrite` op's
+    // `nsInfo` entry ([`bulk_write`]), a `$out` / `$merge` target (`Store::replace_collection`,
+    // `Store::merge`); `{aggregate: 1}` and `getMore` lock none here ([`aggregate`],
+    // [`get_more`]).
     if let Ok(collection) = command.get_str(name) {
         let ns = format!("{db}.{collection}");
-        if let Some((code, message)) = state.store.lock_timeout(&ns) {
-            return Some(error_reply(code, &message));
-        }
-        let target = DdlTarget::Collection(ns);
-        if let Err(error) = state.store.ddl_queue(&target, name == "drop") {
-            return Some(query_error(error));
+        if let Some(refusal) = pending_ddl_refusal(state.store, &ns, name == "drop") {
+            return Some(refusal);
         }
     }
     Some(match name {
@@ -921,6 +937,15 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
             Some(ns) => ns.to_owned(),
             None => return error_reply(2, "bulkWrite op names no nsInfo entry"),
         };
+        // Review15 finding 1 (house rule 7): each op locks its own namespace as it runs
+        // (`bulk_write.cpp`: handleGroupedInserts, handleUpdateOp, handleDeleteOp write through
+        // `write_ops_exec`), so it gets the pending-DDL checks then; an ordered bulk stopped
+        // earlier never locks the rest. In a transaction the LockTimeout is the command's error
+        // (`write_ops_exec.cpp`, handleError rethrows a TransientTransactionError), which aborts
+        // the transaction (its earlier ops undone); outside one the bulk waits and runs again.
+        if let Some(refusal) = pending_ddl_refusal(state.store, &ns, false) {
+            return refusal;
+        }
         let filter = op.get_document("filter").cloned().unwrap_or_default();
         let multi = op.get_bool("multi").unwrap_or(false);
         let mut result = doc! { "ok": 1.0, "idx": count_i32(index) };
@@ -1197,6 +1222,21 @@ fn distinct_values<'a>(found: impl Iterator<Item = &'a Bson>) -> Result<Vec<Bson
     Ok(values)
 }
 
+/// The stages [`aggregate`] runs that read the collection the command names: refused first in
+/// `{aggregate: 1}` (InvalidNamespace 73).
+const COLLECTION_STAGES: [&str; 10] = [
+    "$match",
+    "$skip",
+    "$limit",
+    "$sort",
+    "$count",
+    "$project",
+    "$addFields",
+    "$group",
+    "$out",
+    "$merge",
+];
+
 /// `{aggregate: coll | 1, pipeline, cursor}` with the stages `$match`, `$skip`, `$limit`,
 /// `$count`, `$project` (inclusion / exclusion of top-level fields), `$addFields`, and a leading
 /// `$changeStream` (an open cursor with an empty first batch). `$out` / `$merge` and any other
@@ -1242,6 +1282,24 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
             323,
             "$listLocalSessions is not allowed with 'apiStrict: true' in API Version 1",
         );
+    }
+    // Review15 finding 1 (house rule 7): `{aggregate: 1}` reads and locks no collection
+    // (`run_aggregate.cpp`: a collectionless pipeline with no foreign namespace takes no lock),
+    // so its first stage must need none (`pipeline.cpp`, `Pipeline::validateCommon`:
+    // InvalidNamespace 73). Of the stages here only `$changeStream` and `$listLocalSessions`
+    // need none; the stages reading other namespaces (`$lookup`, `$unionWith`, `$graphLookup`)
+    // are refused by name below, as any stage the test server does not run.
+    if collection == "$cmd.aggregate" {
+        if let Some((first, _)) = stages.first() {
+            if COLLECTION_STAGES.contains(first) {
+                return error_reply(
+                    73,
+                    &format!(
+                        "{{aggregate: 1}} is not valid for '{first}'; a collection is required."
+                    ),
+                );
+            }
+        }
     }
     if let Some(("$changeStream", _)) = stages.first() {
         if stages.len() > 1 {
@@ -1503,7 +1561,12 @@ fn sort_documents(documents: &mut [Document], sort: &Document) -> Result<(), Doc
     Ok(())
 }
 
-/// `{getMore: id, collection, batchSize}`.
+/// `{getMore: id, collection, batchSize}`. Review15 finding 1 (house rule 7): it has no
+/// pending-DDL check of its own. Outside a transaction a server's getMore reads lock-free
+/// (`getmore_cmd.cpp`: `AutoGetCollectionForReadMaybeLockFree`; `db_raii.cpp`:
+/// `supportsLockFreeRead` holds outside a multi-document transaction), taking no collection
+/// lock, so it does not queue behind a DDL command pending on its cursor's namespace; in a
+/// transaction its cursor was opened in that transaction, which already holds the lock.
 fn get_more(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     // A real server's IDL takes the id as a long only (review6 finding 4).
     let id = match command.get("getMore") {
