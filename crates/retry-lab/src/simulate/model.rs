@@ -977,8 +977,11 @@ impl<'a> Sim<'a> {
                 let accepted = match outcome {
                     Outcome::Ok => m.handle_succeeded(at),
                     // The shed error of the server the attempt went to.
+                    // The shed error of the server the attempt went to, shared by every
+                    // operation: the machine copies it only to keep it (not when it already
+                    // keeps that server's), and the simulator copies nothing.
                     Outcome::Overloaded | Outcome::Expired => {
-                        m.handle_failed(w.overloaded[usize::from(work.server)].clone(), at)
+                        m.handle_failed_ref(&w.overloaded[usize::from(work.server)], at)
                     }
                 };
                 // House rule 8 (review8 finding 10, review9 finding 8): the `gen` / `serial`
