@@ -422,6 +422,12 @@ impl<T, const N: usize> Queue<T, N> {
         self.0.push(item);
     }
 
+    /// Whether nothing is queued.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Drops every item, keeping the storage.
     pub(crate) fn clear(&mut self) {
         self.0.clear();
@@ -478,6 +484,8 @@ pub struct RetryMachine<R: RngCore = EngineRng> {
     deprioritized: SmallVec<[ServerAddress; 3]>,
     /// The error the operation would raise now (RW-17).
     raised: Option<OperationError>,
+    /// A `ReleaseConnection` due before every queued action (see [`RetryMachine::push_release`]).
+    release: Option<bool>,
     actions: Queue<Action, 3>,
     events: Queue<RetryEvent, 3>,
     /// Whether monitoring events are recorded (see [`RetryMachine::without_events`]).
@@ -534,6 +542,7 @@ impl<R: RngCore> RetryMachine<R> {
             transparent_in_a_row: 0,
             deprioritized: SmallVec::new(),
             raised: None,
+            release: None,
             actions: Queue::new(),
             events: Queue::new(),
             record_events: true,
@@ -564,6 +573,7 @@ impl<R: RngCore> RetryMachine<R> {
         self.transparent_in_a_row = 0;
         self.deprioritized.clear();
         self.raised = None;
+        self.release = None;
         self.actions.clear();
         self.events.clear();
         self.start(now);
@@ -582,7 +592,22 @@ impl<R: RngCore> RetryMachine<R> {
     /// The next thing to do, in order; `None` when there is nothing until the next input.
     #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
+        if let Some(close) = self.release.take() {
+            return Some(Action::ReleaseConnection { close });
+        }
         self.actions.pop()
+    }
+
+    /// Queues a `ReleaseConnection`. One is nearly always followed by the next step (a retry's
+    /// selection or wait, the end), so when nothing is queued it is kept apart, first, and the
+    /// next step is then the only queued action: taking each moves nothing else. Otherwise it
+    /// is queued behind the others; either way the order of the actions is the order of pushes.
+    fn push_release(&mut self, close: bool) {
+        if self.release.is_none() && self.actions.is_empty() {
+            self.release = Some(close);
+        } else {
+            self.actions.push(Action::ReleaseConnection { close });
+        }
     }
 
     /// The same machine recording no monitoring events: [`RetryMachine::poll_event`] then always
@@ -744,8 +769,7 @@ impl<R: RngCore> RetryMachine<R> {
         if !matches!(self.state, State::Dispatched { .. }) {
             return self.unexpected("expired before send");
         }
-        self.actions
-            .push(Action::ReleaseConnection { close: false });
+        self.push_release(false);
         self.finish_timed_out();
         Ok(())
     }
@@ -776,8 +800,7 @@ impl<R: RngCore> RetryMachine<R> {
         }
         if self.dispatched > 1 {
             let server = server.clone();
-            self.actions
-                .push(Action::ReleaseConnection { close: false });
+            self.push_release(false);
             self.finish_ineligible(&server);
             return Ok(());
         }
@@ -835,8 +858,7 @@ impl<R: RngCore> RetryMachine<R> {
                 }
             }
         }
-        self.actions
-            .push(Action::ReleaseConnection { close: false });
+        self.push_release(false);
         self.finish(Ok(()));
         Ok(())
     }
@@ -892,7 +914,7 @@ impl<R: RngCore> RetryMachine<R> {
         }
         let sharded = server.topology_type.is_sharded();
         let close = matches!(error.kind, ErrorKind::Network(_));
-        self.actions.push(Action::ReleaseConnection { close });
+        self.push_release(close);
 
         // CS-5: once the deadline has passed, the operation ends with a timeout error.
         let decision = match &self.options.policy {
@@ -987,11 +1009,9 @@ impl<R: RngCore> RetryMachine<R> {
                         error: error.summary(),
                     });
                 }
-                self.actions.push(Action::ReleaseConnection { close: true });
+                self.push_release(true);
             }
-            State::Dispatched { .. } => self
-                .actions
-                .push(Action::ReleaseConnection { close: false }),
+            State::Dispatched { .. } => self.push_release(false),
             State::Selecting | State::BackingOff { .. } => {}
         }
         self.finish(Err(error));
