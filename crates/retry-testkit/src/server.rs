@@ -848,7 +848,7 @@ fn begin_write(state: &State, key: &WriteKey) -> Option<Response> {
 }
 
 /// TK-5, TK-11: a retryable `update` / `delete` of several statements, statement by statement:
-/// a statement already done (same lsid, txnNumber, stmtId = the command's + its index) is not run
+/// a statement already done (same lsid, txnNumber, stmtId = its index) is not run
 /// again, each other one fires `onPrimaryTransactionalWrite` on its own, and the replies are
 /// combined as one command's (indexes of `upserted` and `writeErrors` by statement).
 fn statement_writes(
@@ -869,7 +869,7 @@ fn statement_writes(
     let mut replayed = true;
     for (index, statement) in statements.iter().enumerate() {
         let sub = WriteKey {
-            stmt_id: key.stmt_id + index as i64,
+            stmt_id: index as i64,
             ..key.clone()
         };
         let known = state.data.lock().write_result(&sub);

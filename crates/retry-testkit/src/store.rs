@@ -150,7 +150,8 @@ fn plain_lsid_bytes(lsid: &Document) -> Option<Vec<u8>> {
 const CLUSTER_TIME_SECONDS: u32 = 1_700_000_000;
 
 /// A retryable write's identity: its session (`lsid`, as BSON bytes), `txnNumber` and
-/// statement (`stmtId`, 0 when the command sends none) (TK-*: dedup for every write type).
+/// statement: its position in the command, from 0 (TK-5: a driver sends no `stmtId`; a whole
+/// command's key is its first statement's, [`crate::commands::write_key`]).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct WriteKey {
     pub(crate) session: Vec<u8>,
@@ -445,6 +446,9 @@ struct Cursor {
     remaining: VecDeque<Document>,
     /// A change stream's cursor: stays open when empty.
     tailable: bool,
+    /// A `find` cursor ([`Store::note_find_cursor`]): before 5.0 a server's getMore takes its
+    /// collection's lock (fixes15c).
+    find: bool,
 }
 
 /// Why a query was refused.
@@ -605,6 +609,13 @@ impl Store {
     /// turn (`None`: it is not one).
     pub(crate) fn set_running_ddl(&mut self, number: Option<u64>) {
         self.running_ddl = number;
+    }
+
+    /// TK-15: whether any DDL command is pending ([`Store::hold_ddl`]); when none is, no
+    /// command has a pending-DDL check to make (house rule 9: a `bulkWrite` op costs nothing
+    /// more for it).
+    pub(crate) fn ddl_pending(&self) -> bool {
+        !self.pending_ddl.is_empty()
     }
 
     /// TK-15 (leftovers11, leftovers12 item 5, house rule 7): a real server's pending DDL holds
@@ -1498,12 +1509,18 @@ impl Store {
     /// an unordered batch of upserts `{q: {_id}, u: {$set: <document>}}`, so a document whose
     /// `_id` equals an existing one's only as a number of another type (`5000.0` onto `5000`) is
     /// ImmutableField 66 ([`changed_id`]: `$set` of `_id` to a value not binary-equal), and the
-    /// others are written all the same: the first such error is answered after them.
+    /// others are written all the same: the first such error is answered after them. Review15
+    /// finding 1 (house rule 7): those upserts lock the target as any update does
+    /// (`write_ops_exec.cpp`), so outside any transaction (the only place a `$merge` runs) it
+    /// first queues behind a DDL command pending on the target ([`Store::ddl_queue`]).
     pub(crate) fn merge(&mut self, ns: &str, documents: Vec<Document>) -> Result<(), QueryError> {
         let documents = documents
             .into_iter()
             .map(admit)
             .collect::<Result<Vec<_>, _>>()?;
+        if self.ddl_pending() {
+            self.ddl_queue(&DdlTarget::Collection(ns.to_owned()), false)?;
+        }
         let conflict = documents
             .iter()
             .try_for_each(|d| self.conflict(ns, &id_of(d)));
@@ -1613,8 +1630,27 @@ impl Store {
             ns: ns.into(),
             remaining: documents.into(),
             tailable: false,
+            find: false,
         };
         self.next_batch(None, cursor, batch_size)
+    }
+
+    /// Fixes15c (TK-15): the open cursor `id` is a `find` cursor. A real server's getMore of
+    /// one takes its collection's lock before 5.0 (the executor's `kLockExternally` lock
+    /// policy, `getmore_cmd.cpp`); an aggregate's or `listIndexes`' cursor locks internally,
+    /// only when it reads more from the collection.
+    pub(crate) fn note_find_cursor(&mut self, id: i64) {
+        if let Some(cursor) = self.cursors.get_mut(&id) {
+            cursor.find = true;
+        }
+    }
+
+    /// Fixes15c (TK-15): whether `owner`'s open cursor `id` of `ns` is a `find` cursor
+    /// ([`Store::note_find_cursor`]).
+    pub(crate) fn is_find_cursor(&self, owner: ObjectId, ns: &str, id: i64) -> bool {
+        self.cursors
+            .get(&id)
+            .is_some_and(|c| c.find && c.owner == owner && c.ns == ns)
     }
 
     /// The documents of `ns` the running command sees ([`Store::visible`]), in insertion order.
@@ -1731,6 +1767,7 @@ impl Store {
             ns: ns.into(),
             remaining: VecDeque::new(),
             tailable: true,
+            find: false,
         };
         self.cursors.insert(self.last_cursor_id, cursor);
         self.last_cursor_id

@@ -31,7 +31,7 @@ use crate::selection::{SelectionStep, ServerSelection};
 use crate::time::Instant;
 use crate::wire::append_read_preference;
 
-use super::worklist::Machine;
+use super::worklist::{Machine, Served};
 
 /// The usage error of an attempt whose pinned connection another operation is using (SE-10).
 const PINNED_CONNECTION_IN_USE: &str =
@@ -620,11 +620,38 @@ impl Engine {
             .map(|p| p.check_out(purpose, deadline, now));
         match checkout {
             Some(id) => {
+                let mut retry = false;
                 if let Some(op) = self.ops.get_mut(&op_id) {
                     op.slots[slot].checkout = Some((server, id));
+                    retry = matches!(op.machine, OpMachine::Retry(_));
                 }
-                self.checkouts.insert((server, id), (op_id, slot));
-                self.schedule(Machine::Pool(server));
+                // Issue 9: a retry machine's checkout served at once, with nothing on the
+                // worklist, gets its pool's turn right after this one (`Served`), without the
+                // worklist and the table of pending checkouts. (A hedged copy's keeps the
+                // worklist: its machine may check out several copies in one turn.)
+                let next = retry
+                    && self.work.is_empty()
+                    && self.served.is_none()
+                    && !self.server(server).pool_queued;
+                let served = next
+                    .then(|| self.pool_mut(server).and_then(|p| p.take_served(id)))
+                    .flatten();
+                match served {
+                    Some(connection) => {
+                        self.server_mut(server).pool_queued = true;
+                        self.served = Some(Served {
+                            server,
+                            checkout: id,
+                            connection,
+                            op: op_id,
+                            slot,
+                        });
+                    }
+                    None => {
+                        self.checkouts.insert((server, id), (op_id, slot));
+                        self.schedule(Machine::Pool(server));
+                    }
+                }
             }
             None => {
                 let address = self.server(server).address.clone();
@@ -935,7 +962,7 @@ impl Engine {
                 ))
             }
         };
-        self.schedule(Machine::Socket(conn));
+        self.sent_on(conn);
         // Issue 9: no turn that would do nothing.
         if !settled {
             self.schedule(Machine::Operation(op_id));
