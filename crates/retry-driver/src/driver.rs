@@ -595,10 +595,12 @@ impl Wake for TimerWake {
 /// refused that nobody could wake again; and it holds the lock in a [`Claim`], whose drop lets
 /// it go and runs that check, so a pass that panics wakes a refused task too (review16 finding
 /// 4). Extra wakes are harmless: a wake only makes the task poll, and no wake consumes
-/// another's: every waker the driver hands out is either kept per source and persistent (a
-/// socket's [`SocketWaker`], re-polled by the pass its own wake queues it for; the timer's
-/// [`TimerWake`], whose wake makes the next round poll the timer again) or taken by its wake
-/// and stored again by the pass that wake causes (the client queue's, in `take_requests`).
+/// another's. A pass does not re-arm every waker (it polls only the sockets queued in
+/// [`ReadySockets`]), but every waker the driver hands out is either persistent per source (a
+/// socket's [`SocketWaker`], whose wake queues the socket for the next pass and wakes the waker
+/// [`ReadySockets`] keeps, cloned, never taken; the timer's [`TimerWake`], whose wake makes the
+/// next round poll the timer again) or taken by its wake and stored again by the pass that wake
+/// causes (the client queue's: `wake_driver` takes it, `take_requests` stores it).
 pub(crate) struct SpawnedDriver {
     state: Mutex<SpawnedState>,
     /// The task was polled while a caller ran a pass: that caller wakes it when done.
