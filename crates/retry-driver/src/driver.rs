@@ -2000,17 +2000,23 @@ mod tests {
     }
 
     /// A runtime whose timers, like tokio's `Sleep` when the task's coop budget is used up,
-    /// refuse a poll while `refuse` is set: they wake the poller at once and keep no waker.
-    /// Otherwise a polled timer keeps its waker in `armed` (the test fires it).
+    /// refuse a poll while `refuse` is set: they wake the poller and keep no waker, at once, or
+    /// with `defer` set, later (the waker goes to `deferred`, which the test wakes after the
+    /// task's poll, as tokio defers a coop wake to the end of the task's poll). Otherwise a
+    /// polled timer keeps its waker in `armed` (the test fires it).
     #[derive(Debug, Default)]
     struct RefusingTimers {
         refuse: Arc<AtomicBool>,
+        defer: Arc<AtomicBool>,
+        deferred: Arc<Mutex<Vec<Waker>>>,
         armed: Arc<Mutex<Vec<Waker>>>,
     }
 
     #[derive(Debug)]
     struct RefusingTimer {
         refuse: Arc<AtomicBool>,
+        defer: Arc<AtomicBool>,
+        deferred: Arc<Mutex<Vec<Waker>>>,
         armed: Arc<Mutex<Vec<Waker>>>,
     }
 
@@ -2018,7 +2024,11 @@ mod tests {
         fn reset(self: Pin<&mut Self>, _: Instant) {}
         fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
             if self.refuse.load(Ordering::Relaxed) {
-                cx.waker().wake_by_ref();
+                if self.defer.load(Ordering::Relaxed) {
+                    lock(&self.deferred).push(cx.waker().clone());
+                } else {
+                    cx.waker().wake_by_ref();
+                }
             } else {
                 let mut armed = lock(&self.armed);
                 armed.retain(|w| !w.will_wake(cx.waker()));
@@ -2038,6 +2048,8 @@ mod tests {
         fn new_timer(&self, _: Instant) -> Pin<Box<dyn AsyncTimer>> {
             Box::pin(RefusingTimer {
                 refuse: self.refuse.clone(),
+                defer: self.defer.clone(),
+                deferred: self.deferred.clone(),
                 armed: self.armed.clone(),
             })
         }
@@ -2072,6 +2084,40 @@ mod tests {
         assert_eq!(fired.len(), 1, "the timer is armed again");
         fired.into_iter().for_each(Waker::wake);
         assert_eq!(woken(&counted), before + 1, "its firing wakes the task");
+    }
+
+    /// House rule 8 (review16 finding 5): as the test above, with the refusal's wake deferred to
+    /// after the task's poll, as tokio does: the pass ends with the timer taken as armed and not
+    /// yet woken, and only then does the wake come. The next poll (that wake's) must poll the
+    /// timer again. Fails if the driver forgets a wake that came between two passes (checked by
+    /// clearing `TimerWake::woken` at the start of `poll_timer`).
+    #[test]
+    fn house_rule_8_a_refused_timer_poll_woken_after_the_pass_is_polled_again() {
+        let runtime = RefusingTimers::default();
+        let (refuse, defer) = (runtime.refuse.clone(), runtime.defer.clone());
+        let (deferred, armed) = (runtime.deferred.clone(), runtime.armed.clone());
+        let (driver, _shared) = test_driver(Arc::new(runtime));
+        let spawned = SpawnedDriver::new(driver);
+        let mut task = spawned.task();
+        let counted = tasks(1);
+        let waker = Waker::from(counted[0].clone());
+        refuse.store(true, Ordering::Relaxed);
+        defer.store(true, Ordering::Relaxed);
+        assert!(poll_task(&mut task, &waker).is_pending());
+        assert_eq!(woken(&counted), 0, "no wake during the pass");
+        assert!(lock(&armed).is_empty());
+        // The end of the task's poll: the deferred wake.
+        let refusals = core::mem::take(&mut *lock(&deferred));
+        assert_eq!(refusals.len(), 1, "the timer was polled once and refused");
+        refusals.into_iter().for_each(Waker::wake);
+        assert_eq!(woken(&counted), 1, "the refusal woke the task");
+        // The executor polls the task again for that wake, with a fresh budget.
+        refuse.store(false, Ordering::Relaxed);
+        assert!(poll_task(&mut task, &waker).is_pending());
+        let fired = core::mem::take(&mut *lock(&armed));
+        assert_eq!(fired.len(), 1, "the timer is armed again");
+        fired.into_iter().for_each(Waker::wake);
+        assert_eq!(woken(&counted), 2, "its firing wakes the task");
     }
 
     /// House rule 8: extra wakes never swallow a later one. A spurious wake of the task
