@@ -569,6 +569,18 @@ pub const WIRE_VERSION_4_4: i32 = 9;
 pub const RETRYABLE_WRITES_UNSUPPORTED: &str = "This MongoDB deployment does not support retryable writes. Please add retryWrites=false to your connection string.";
 
 impl OperationError {
+    /// Whether `other` is this very error, not only an equal one: a server error sharing the
+    /// same reply (one [`Arc`], not a copy) with the same labels and address. Keeping either is
+    /// then keeping the same thing; other kinds are never the same.
+    pub(crate) fn is_same(&self, other: &OperationError) -> bool {
+        match (&self.kind, &other.kind) {
+            (ErrorKind::Server(a), ErrorKind::Server(b)) => {
+                Arc::ptr_eq(a, b) && self.labels == other.labels && self.address == other.address
+            }
+            _ => false,
+        }
+    }
+
     /// An error from a server reply, with the labels [`ServerError::from_reply`] found.
     pub fn server(error: ServerError, labels: Labels, address: ServerAddress) -> OperationError {
         OperationError {

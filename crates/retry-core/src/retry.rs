@@ -51,6 +51,7 @@
 //!   starts it (TX-12); commit retries use majority write concern unless every earlier failure was
 //!   a retryable overload error (TX-11).
 
+use alloc::borrow::Cow;
 use core::fmt;
 use core::time::Duration;
 use rand_core::RngCore;
@@ -421,6 +422,12 @@ impl<T, const N: usize> Queue<T, N> {
         self.0.push(item);
     }
 
+    /// Whether nothing is queued.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Drops every item, keeping the storage.
     pub(crate) fn clear(&mut self) {
         self.0.clear();
@@ -477,6 +484,8 @@ pub struct RetryMachine<R: RngCore = EngineRng> {
     deprioritized: SmallVec<[ServerAddress; 3]>,
     /// The error the operation would raise now (RW-17).
     raised: Option<OperationError>,
+    /// A `ReleaseConnection` due before every queued action (see [`RetryMachine::push_release`]).
+    release: Option<bool>,
     actions: Queue<Action, 3>,
     events: Queue<RetryEvent, 3>,
     /// Whether monitoring events are recorded (see [`RetryMachine::without_events`]).
@@ -533,6 +542,7 @@ impl<R: RngCore> RetryMachine<R> {
             transparent_in_a_row: 0,
             deprioritized: SmallVec::new(),
             raised: None,
+            release: None,
             actions: Queue::new(),
             events: Queue::new(),
             record_events: true,
@@ -563,6 +573,7 @@ impl<R: RngCore> RetryMachine<R> {
         self.transparent_in_a_row = 0;
         self.deprioritized.clear();
         self.raised = None;
+        self.release = None;
         self.actions.clear();
         self.events.clear();
         self.start(now);
@@ -581,7 +592,22 @@ impl<R: RngCore> RetryMachine<R> {
     /// The next thing to do, in order; `None` when there is nothing until the next input.
     #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
+        if let Some(close) = self.release.take() {
+            return Some(Action::ReleaseConnection { close });
+        }
         self.actions.pop()
+    }
+
+    /// Queues a `ReleaseConnection`. One is nearly always followed by the next step (a retry's
+    /// selection or wait, the end), so when nothing is queued it is kept apart, first, and the
+    /// next step is then the only queued action: taking each moves nothing else. Otherwise it
+    /// is queued behind the others; either way the order of the actions is the order of pushes.
+    fn push_release(&mut self, close: bool) {
+        if self.release.is_none() && self.actions.is_empty() {
+            self.release = Some(close);
+        } else {
+            self.actions.push(Action::ReleaseConnection { close });
+        }
     }
 
     /// The same machine recording no monitoring events: [`RetryMachine::poll_event`] then always
@@ -743,8 +769,7 @@ impl<R: RngCore> RetryMachine<R> {
         if !matches!(self.state, State::Dispatched { .. }) {
             return self.unexpected("expired before send");
         }
-        self.actions
-            .push(Action::ReleaseConnection { close: false });
+        self.push_release(false);
         self.finish_timed_out();
         Ok(())
     }
@@ -775,8 +800,7 @@ impl<R: RngCore> RetryMachine<R> {
         }
         if self.dispatched > 1 {
             let server = server.clone();
-            self.actions
-                .push(Action::ReleaseConnection { close: false });
+            self.push_release(false);
             self.finish_ineligible(&server);
             return Ok(());
         }
@@ -834,8 +858,7 @@ impl<R: RngCore> RetryMachine<R> {
                 }
             }
         }
-        self.actions
-            .push(Action::ReleaseConnection { close: false });
+        self.push_release(false);
         self.finish(Ok(()));
         Ok(())
     }
@@ -849,13 +872,34 @@ impl<R: RngCore> RetryMachine<R> {
         error: OperationError,
         now: Instant,
     ) -> Result<(), UnexpectedInput> {
+        self.fail(Cow::Owned(error), now)
+    }
+
+    /// [`RetryMachine::handle_failed`] with the error borrowed: the same decisions, actions,
+    /// events and raised error. For a caller that hands one error to many operations (a
+    /// simulated server's overload error): the machine copies it only when it must change it
+    /// (a label or address the driver adds) or keep it, and keeps the error it holds when that
+    /// is the same one (the same shared reply, labels and address).
+    pub fn handle_failed_ref(
+        &mut self,
+        error: &OperationError,
+        now: Instant,
+    ) -> Result<(), UnexpectedInput> {
+        self.fail(Cow::Borrowed(error), now)
+    }
+
+    /// [`RetryMachine::handle_failed`], the error owned or borrowed.
+    fn fail(
+        &mut self,
+        mut error: Cow<'_, OperationError>,
+        now: Instant,
+    ) -> Result<(), UnexpectedInput> {
         // The server stays in the state, read in place; every decision below sets the state.
         let (server, sent_at) = match &self.state {
             State::Dispatched { server } => (server, None),
             State::InFlight { server, sent_at } => (server, Some(*sent_at)),
             _ => return self.unexpected("failed"),
         };
-        let mut error = error;
         self.add_driver_labels(&mut error, server);
         // The labels are final here: the summary the events carry is the error's now (only
         // events carry it: a machine without events does not build it).
@@ -870,7 +914,7 @@ impl<R: RngCore> RetryMachine<R> {
         }
         let sharded = server.topology_type.is_sharded();
         let close = matches!(error.kind, ErrorKind::Network(_));
-        self.actions.push(Action::ReleaseConnection { close });
+        self.push_release(close);
 
         // CS-5: once the deadline has passed, the operation ends with a timeout error.
         let decision = match &self.options.policy {
@@ -965,11 +1009,9 @@ impl<R: RngCore> RetryMachine<R> {
                         error: error.summary(),
                     });
                 }
-                self.actions.push(Action::ReleaseConnection { close: true });
+                self.push_release(true);
             }
-            State::Dispatched { .. } => self
-                .actions
-                .push(Action::ReleaseConnection { close: false }),
+            State::Dispatched { .. } => self.push_release(false),
             State::Selecting | State::BackingOff { .. } => {}
         }
         self.finish(Err(error));
@@ -979,7 +1021,8 @@ impl<R: RngCore> RetryMachine<R> {
     /// RW-9 and TX-10: the driver adds `RetryableWriteError` to network, pool-cleared and pre-4.4
     /// errors of writes that use retryable-write semantics; RW-16 rewrites the "Transaction
     /// numbers" error of a retryable write.
-    fn add_driver_labels(&self, error: &mut OperationError, server: &AttemptServer) {
+    /// The error is copied (when borrowed) only if one of them changes it.
+    fn add_driver_labels(&self, error: &mut Cow<'_, OperationError>, server: &AttemptServer) {
         let labels_writes = match self.spec.kind {
             OperationKind::RetryableWrite => self.options.retry_writes && self.txn_attached,
             OperationKind::CommitTransaction { .. } | OperationKind::AbortTransaction => true,
@@ -988,14 +1031,16 @@ impl<R: RngCore> RetryMachine<R> {
         let from_mongos = server.server_type == ServerType::Mongos;
         if labels_writes && error.needs_retryable_write_label(server.max_wire_version, from_mongos)
         {
+            let error = error.to_mut();
             error.labels = error.labels.union(Labels::RETRYABLE_WRITE);
         }
         if self.spec.kind == OperationKind::RetryableWrite && self.txn_attached {
+            let error = error.to_mut();
             let taken = core::mem::replace(error, OperationError::cancelled());
             *error = taken.rewrite_unsupported_retryable_writes();
         }
         if error.address.is_none() {
-            error.address = Some(server.address.clone());
+            error.to_mut().address = Some(server.address.clone());
         }
     }
 
@@ -1213,14 +1258,23 @@ impl<R: RngCore> RetryMachine<R> {
 
     /// RW-17, RR-9: keeps the first error, then replaces it with each later error that shows the
     /// command was attempted (sent; for writes also not `NoWritesPerformed`).
-    fn remember(&mut self, error: OperationError) {
+    /// A borrowed error is copied only when it replaces an error that is not the same.
+    fn remember(&mut self, error: Cow<'_, OperationError>) {
         let shows_attempt = if self.spec.kind.picks_errors_as_write() {
             !error.no_writes_performed()
         } else {
             error.was_sent()
         };
         if self.raised.is_none() || shows_attempt {
-            self.raised = Some(error);
+            match error {
+                Cow::Owned(error) => self.raised = Some(error),
+                // Keeping an error that is the same as the new one keeps what it would keep.
+                Cow::Borrowed(error) => {
+                    if !self.raised.as_ref().is_some_and(|kept| kept.is_same(error)) {
+                        self.raised = Some(error.clone());
+                    }
+                }
+            }
         }
     }
 

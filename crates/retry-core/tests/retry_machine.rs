@@ -772,3 +772,59 @@ fn cs5_a_failure_after_the_deadline_is_a_timeout_error() {
         "{e}"
     );
 }
+
+/// BP-27 and the module's queue order: a release is taken in the order it was queued, also when
+/// the caller has left earlier actions unpolled (the release is kept apart only when nothing is
+/// queued before it), and a release due first comes before the next step.
+#[test]
+fn bp27_a_release_keeps_its_place_among_unpolled_actions() {
+    let server = |port: u16| AttemptServer {
+        address: ServerAddress::new("a", port),
+        server_type: ServerType::RsPrimary,
+        topology_type: TopologyType::ReplicaSetWithPrimary,
+        max_wire_version: 25,
+        sessions_supported: true,
+    };
+    let overload = || {
+        let reply = bson::doc! { "ok": 0, "code": 462,
+        "errorLabels": ["SystemOverloadedError", "RetryableError"] };
+        OperationError::from_reply(&reply, &ServerAddress::new("a", 1)).expect("an error")
+    };
+    let spec = OperationSpec::new(OperationKind::Read).with_timeout(csot(60_000));
+    let options = RetryOptions::default()
+        .max_adaptive_retries(5)
+        .expect("a valid cap");
+    let now = Instant::from_millis(1);
+    let mut m = RetryMachine::with_rng(spec, &options, FixedRng(0), Instant::ZERO);
+    assert_eq!(m.poll_action(), Some(Action::SelectServer));
+    // The dispatch is left queued while the attempt is sent and fails.
+    m.handle_server_selected(server(1), now).expect("selecting");
+    m.handle_sent(now).expect("dispatched");
+    m.handle_failed(overload(), now).expect("in flight");
+    let mut actions = Vec::new();
+    while let Some(action) = m.poll_action() {
+        actions.push(action);
+    }
+    assert!(
+        matches!(
+            actions.as_slice(),
+            [
+                Action::Dispatch(_),
+                Action::ReleaseConnection { close: false },
+                Action::SelectServer,
+            ]
+        ),
+        "{actions:?}"
+    );
+    // Polled as it comes: the release, then the next step.
+    m.handle_server_selected(server(2), now).expect("selecting");
+    assert!(matches!(m.poll_action(), Some(Action::Dispatch(_))));
+    m.handle_sent(now).expect("dispatched");
+    m.handle_failed(overload(), now).expect("in flight");
+    assert_eq!(
+        m.poll_action(),
+        Some(Action::ReleaseConnection { close: false })
+    );
+    assert_eq!(m.poll_action(), Some(Action::SelectServer));
+    assert_eq!(m.poll_action(), None);
+}

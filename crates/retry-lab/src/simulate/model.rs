@@ -309,7 +309,6 @@ struct Op {
     gen: u32,
     measured: bool,
     attempts: u32,
-    machine: Machine,
     /// The server of each copy (hedging).
     servers: SmallVec<[u8; 5]>,
     /// The server of the latest attempt (retry machine; 0 before the first).
@@ -326,7 +325,6 @@ impl Op {
             gen: 0,
             measured: false,
             attempts: 0,
-            machine: Machine::Simple(Simple::default()),
             servers: SmallVec::new(),
             server: 0,
             timer_at: u64::MAX,
@@ -374,8 +372,19 @@ fn member_set(addresses: &[ServerAddress]) -> u64 {
     })
 }
 
-/// A run in progress.
+/// A run in progress: the operations' slots, and the rest of the model apart from them, so that
+/// an operation's machine can be driven while the model around it changes.
 pub(crate) struct Sim<'a> {
+    /// The operations' slots, and the free ones among them.
+    ops: Vec<Op>,
+    /// The machine of each slot (apart from [`Sim::ops`], so that both can be borrowed at once).
+    machines: Vec<Machine>,
+    free: Vec<u32>,
+    w: World<'a>,
+}
+
+/// Everything of a run but the operations' slots: time, events, servers, clients, results.
+struct World<'a> {
     cluster: &'a Cluster,
     spec: &'a RunSpec,
     now: u64,
@@ -397,9 +406,6 @@ pub(crate) struct Sim<'a> {
     free_works: Vec<u32>,
     servers: Vec<Server>,
     clients: Vec<Client>,
-    /// The operations' slots, and the free ones among them.
-    ops: Vec<Op>,
-    free: Vec<u32>,
     next_serial: u32,
     arrivals: EngineRng,
     arrivals_end: u64,
@@ -432,6 +438,200 @@ pub fn run(cluster: &Cluster, spec: &RunSpec) -> RunResult {
     let mut sim = Sim::new(cluster, spec);
     sim.run();
     sim.finish()
+}
+
+impl<'a> World<'a> {
+    /// Schedules a timer (a backoff's end, a hedging delay).
+    fn schedule(&mut self, time: u64, kind: Kind) {
+        self.seq += 1;
+        let event = Event {
+            time,
+            seq: self.seq,
+            kind,
+        };
+        self.timers.push(event, self.now);
+    }
+
+    /// The time-series bucket of now (`now / bucket`), its counters present. Time only moves
+    /// forward, so the bucket is kept and moved on when now passes its end: no division per call.
+    #[inline]
+    fn bucket(&mut self) -> usize {
+        if self.now >= self.bucket_end {
+            self.next_bucket();
+        }
+        self.current_bucket
+    }
+
+    /// Moves [`Sim::bucket`] on to the bucket of now.
+    #[cold]
+    fn next_bucket(&mut self) {
+        let b = (self.now / self.bucket_ns) as usize;
+        self.current_bucket = b;
+        self.bucket_end = (b as u64 + 1).saturating_mul(self.bucket_ns);
+        let r = &mut self.result;
+        if r.series_attempts.len() <= b {
+            r.series_attempts.resize(b + 1, 0);
+            r.series_succeeded.resize(b + 1, 0);
+            r.series_failed.resize(b + 1, 0);
+            r.series_latency_us.resize(b + 1, 0);
+        }
+    }
+
+    /// [`Sim::next_arrival`] without [`Sim::refresh_slow`].
+    fn draw_arrival(&mut self) {
+        let max_rate = self.max_rate;
+        if max_rate <= 0.0 {
+            return;
+        }
+        let mut t = self.now;
+        loop {
+            let u = unit(&mut self.arrivals);
+            t += (-(1.0 - u).ln() / max_rate) as u64 + 1;
+            if t >= self.arrivals_end {
+                return;
+            }
+            // A steady load accepts every candidate (x / x is exactly 1).
+            let accept = match self.spec.load {
+                Load::Steady(_) => 1.0,
+                load => load.at(t) / load.max(),
+            };
+            if accept >= 1.0 || unit(&mut self.arrivals) < accept {
+                self.seq += 1;
+                self.arrival = Some(Event {
+                    time: t,
+                    seq: self.seq,
+                    kind: Kind::Arrival,
+                });
+                return;
+            }
+        }
+    }
+
+    /// Schedules `kind` a fixed `delay` from now in a first-in first-out lane: every event of a
+    /// lane has the same delay, so the lane stays in time order without a heap.
+    fn schedule_after(&mut self, lane: usize, delay: u64, kind: Kind) {
+        self.seq += 1;
+        self.lanes[lane].push(Event {
+            time: self.now + delay,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    fn at_server(&mut self, id: u32) {
+        let now = self.now;
+        let work = &mut self.works[id as usize];
+        let server = &mut self.servers[usize::from(work.server)];
+        server.tokens = (server.tokens + (now - server.refilled_at) as f64 * server.admit_per_ns)
+            .min(server.burst);
+        server.refilled_at = now;
+        if server.tokens >= 1.0 {
+            server.tokens -= 1.0;
+        } else {
+            work.shed = true;
+            self.result.shed += 1;
+        }
+        if server.busy < server.workers {
+            server.busy += 1;
+            let cost = self.service.begin(server, work, now);
+            self.complete_after(cost, id);
+        } else {
+            server.queue.push_back(id);
+        }
+    }
+
+    /// Schedules the end of the work a worker has just begun, `cost` from now: the one place a
+    /// completion takes its sequence number (review15 finding 3).
+    #[inline]
+    fn complete_after(&mut self, cost: u64, work: u32) {
+        self.seq += 1;
+        self.completions.push(Event {
+            time: self.now + cost,
+            seq: self.seq,
+            kind: Kind::Completed(work),
+        });
+    }
+
+    /// A worker finished: the reply leaves, the worker takes the next item.
+    fn completed(&mut self, work: u32) {
+        self.schedule_after(NETWORK, self.net_ns, Kind::Reply(work));
+        let now = self.now;
+        let server = &mut self.servers[usize::from(self.works[work as usize].server)];
+        match server.queue.pop_front() {
+            // The worker goes on with the next item: it stays busy.
+            Some(next) => {
+                let cost = self
+                    .service
+                    .begin(server, &mut self.works[next as usize], now);
+                self.complete_after(cost, next);
+            }
+            None => server.busy -= 1,
+        }
+    }
+
+    /// An attempt of operation `id` (its slot `op`) leaves for member `server`.
+    #[inline]
+    fn send(&mut self, op: &mut Op, id: u32, server: u8, copy: u8) {
+        debug_assert_ne!(op.serial, 0, "a live operation's slot");
+        op.gen += 1;
+        op.attempts += 1;
+        let work = Work {
+            op: id,
+            serial: op.serial,
+            gen: op.gen,
+            copy,
+            shed: false,
+            server,
+            outcome: Outcome::Ok,
+            deadline: op.start + self.timeout_ns,
+        };
+        self.clients[op.client as usize].in_flight[usize::from(server)] += 1;
+        self.result.total_attempts += 1;
+        if op.measured {
+            self.result.attempts += 1;
+        }
+        let b = self.bucket();
+        self.result.series_attempts[b] += 1;
+        let work = match self.free_works.pop() {
+            Some(slot) => {
+                self.works[slot as usize] = work;
+                slot
+            }
+            None => {
+                self.works.push(work);
+                (self.works.len() - 1) as u32
+            }
+        };
+        self.schedule_after(NETWORK, self.net_ns, Kind::AtServer(work));
+    }
+
+    /// Operation `op` ends now; its slot is free once the caller has put it back.
+    fn end(&mut self, op: &mut Op, ok: bool) {
+        debug_assert_ne!(op.serial, 0, "a live operation's slot");
+        op.serial = 0;
+        let latency_us = ((self.now - op.start) / 1000) as u32;
+        let most = &mut self.result.max_attempts_per_operation;
+        *most = (*most).max(op.attempts);
+        if op.measured {
+            self.result.operations += 1;
+            self.result.latencies_us.push(latency_us);
+            if ok {
+                self.result.succeeded += 1;
+            }
+        }
+        let b = self.bucket();
+        if ok {
+            self.result.series_succeeded[b] += 1;
+        } else {
+            self.result.series_failed[b] += 1;
+        }
+        self.result.series_latency_us[b] += u64::from(latency_us);
+    }
+
+    fn released(&mut self, client: u32, server: u8) {
+        let n = &mut self.clients[client as usize].in_flight[usize::from(server)];
+        *n = n.saturating_sub(1);
+    }
 }
 
 impl<'a> Sim<'a> {
@@ -476,7 +676,7 @@ impl<'a> Sim<'a> {
                 in_flight: vec![0; servers].into_boxed_slice(),
             })
             .collect();
-        Sim {
+        let w = World {
             cluster,
             spec,
             now: 0,
@@ -506,8 +706,6 @@ impl<'a> Sim<'a> {
                 })
                 .collect(),
             clients,
-            ops: Vec::new(),
-            free: Vec::new(),
             next_serial: 0,
             arrivals: EngineRng::from_seed_u64(load_seed),
             arrivals_end: nanos(spec.duration),
@@ -546,48 +744,18 @@ impl<'a> Sim<'a> {
             bucket_end: 0,
             warmup_ns: nanos(spec.warmup),
             max_rate: spec.load.max() * cluster.capacity() / 1e9,
-        }
-    }
-
-    /// Schedules a timer (a backoff's end, a hedging delay).
-    fn schedule(&mut self, time: u64, kind: Kind) {
-        self.seq += 1;
-        let event = Event {
-            time,
-            seq: self.seq,
-            kind,
         };
-        self.timers.push(event, self.now);
-    }
-
-    /// The time-series bucket of now (`now / bucket`), its counters present. Time only moves
-    /// forward, so the bucket is kept and moved on when now passes its end: no division per call.
-    #[inline]
-    fn bucket(&mut self) -> usize {
-        if self.now >= self.bucket_end {
-            self.next_bucket();
-        }
-        self.current_bucket
-    }
-
-    /// Moves [`Sim::bucket`] on to the bucket of now.
-    #[cold]
-    fn next_bucket(&mut self) {
-        let b = (self.now / self.bucket_ns) as usize;
-        self.current_bucket = b;
-        self.bucket_end = (b as u64 + 1).saturating_mul(self.bucket_ns);
-        let r = &mut self.result;
-        if r.series_attempts.len() <= b {
-            r.series_attempts.resize(b + 1, 0);
-            r.series_succeeded.resize(b + 1, 0);
-            r.series_failed.resize(b + 1, 0);
-            r.series_latency_us.resize(b + 1, 0);
+        Sim {
+            ops: Vec::new(),
+            machines: Vec::new(),
+            free: Vec::new(),
+            w,
         }
     }
 
     /// Poisson arrivals at the current rate, by thinning against the profile's highest rate.
     fn next_arrival(&mut self) {
-        self.draw_arrival();
+        self.w.draw_arrival();
         self.refresh_slow();
     }
 
@@ -596,7 +764,7 @@ impl<'a> Sim<'a> {
     /// [`Sim::next_event`] drops one that ends after this).
     #[inline]
     fn refresh_slow(&mut self) {
-        let lane = &mut self.lanes[DEADLINES];
+        let lane = &mut self.w.lanes[DEADLINES];
         while let Some(Kind::Deadline { op, serial }) = lane.front().map(|e| e.kind) {
             if self
                 .ops
@@ -607,54 +775,13 @@ impl<'a> Sim<'a> {
             }
             lane.pop();
         }
-        let arrival = self.arrival.as_ref().map_or(NONE, Event::key);
+        let arrival = self.w.arrival.as_ref().map_or(NONE, Event::key);
         let deadline = lane.min_key();
-        self.slow = if deadline < arrival {
+        self.w.slow = if deadline < arrival {
             (deadline, DEADLINES)
         } else {
             (arrival, ARRIVAL)
         };
-    }
-
-    /// [`Sim::next_arrival`] without [`Sim::refresh_slow`].
-    fn draw_arrival(&mut self) {
-        let max_rate = self.max_rate;
-        if max_rate <= 0.0 {
-            return;
-        }
-        let mut t = self.now;
-        loop {
-            let u = unit(&mut self.arrivals);
-            t += (-(1.0 - u).ln() / max_rate) as u64 + 1;
-            if t >= self.arrivals_end {
-                return;
-            }
-            // A steady load accepts every candidate (x / x is exactly 1).
-            let accept = match self.spec.load {
-                Load::Steady(_) => 1.0,
-                load => load.at(t) / load.max(),
-            };
-            if accept >= 1.0 || unit(&mut self.arrivals) < accept {
-                self.seq += 1;
-                self.arrival = Some(Event {
-                    time: t,
-                    seq: self.seq,
-                    kind: Kind::Arrival,
-                });
-                return;
-            }
-        }
-    }
-
-    /// Schedules `kind` a fixed `delay` from now in a first-in first-out lane: every event of a
-    /// lane has the same delay, so the lane stays in time order without a heap.
-    fn schedule_after(&mut self, lane: usize, delay: u64, kind: Kind) {
-        self.seq += 1;
-        self.lanes[lane].push(Event {
-            time: self.now + delay,
-            seq: self.seq,
-            kind,
-        });
     }
 
     /// The earliest event of the lanes, the heaps and the arrival, by (time, sequence): the
@@ -681,16 +808,16 @@ impl<'a> Sim<'a> {
         const TIMERS: usize = 2;
         const COMPLETIONS: usize = 3;
         // Keys are unique (the sequence number), so the order of the comparisons cannot matter.
-        let (mut best, mut source) = self.slow;
-        let key = self.lanes[NETWORK].min_key();
+        let (mut best, mut source) = self.w.slow;
+        let key = self.w.lanes[NETWORK].min_key();
         if key < best {
             (best, source) = (key, NETWORK);
         }
-        let key = self.timers.min_key();
+        let key = self.w.timers.min_key();
         if key < best {
             (best, source) = (key, TIMERS);
         }
-        let key = self.completions.min_key();
+        let key = self.w.completions.min_key();
         if key < best {
             (best, source) = (key, COMPLETIONS);
         }
@@ -698,14 +825,14 @@ impl<'a> Sim<'a> {
             return None;
         }
         match source {
-            TIMERS => self.timers.pop(),
-            COMPLETIONS => self.completions.pop(),
-            NETWORK => self.lanes[NETWORK].pop(),
+            TIMERS => self.w.timers.pop(),
+            COMPLETIONS => self.w.completions.pop(),
+            NETWORK => self.w.lanes[NETWORK].pop(),
             slow => {
                 let event = if slow == ARRIVAL {
-                    self.arrival.take()
+                    self.w.arrival.take()
                 } else {
-                    self.lanes[DEADLINES].pop()
+                    self.w.lanes[DEADLINES].pop()
                 };
                 self.refresh_slow();
                 event
@@ -716,15 +843,15 @@ impl<'a> Sim<'a> {
     fn run(&mut self) {
         self.next_arrival();
         while let Some(event) = self.next_event() {
-            self.now = event.time;
+            self.w.now = event.time;
             match event.kind {
                 Kind::Arrival => {
                     self.start_operation();
                     // Also refreshes `slow` for the deadline just scheduled.
                     self.next_arrival();
                 }
-                Kind::AtServer(work) => self.at_server(work),
-                Kind::Completed(work) => self.completed(work),
+                Kind::AtServer(work) => self.w.at_server(work),
+                Kind::Completed(work) => self.w.completed(work),
                 Kind::Reply(work) => self.reply(work),
                 Kind::Timer { op, serial, gen } => self.timer(op, serial, gen),
                 Kind::Deadline { op, serial } => self.deadline(op, serial),
@@ -733,84 +860,36 @@ impl<'a> Sim<'a> {
     }
 
     fn finish(mut self) -> RunResult {
-        sort_u32(&mut self.result.latencies_us);
-        self.result
+        sort_u32(&mut self.w.result.latencies_us);
+        self.w.result
     }
 
     // ---- servers ----
 
-    fn at_server(&mut self, id: u32) {
-        let now = self.now;
-        let work = &mut self.works[id as usize];
-        let server = &mut self.servers[usize::from(work.server)];
-        server.tokens = (server.tokens + (now - server.refilled_at) as f64 * server.admit_per_ns)
-            .min(server.burst);
-        server.refilled_at = now;
-        if server.tokens >= 1.0 {
-            server.tokens -= 1.0;
-        } else {
-            work.shed = true;
-            self.result.shed += 1;
-        }
-        if server.busy < server.workers {
-            server.busy += 1;
-            let cost = self.service.begin(server, work, now);
-            self.seq += 1;
-            self.completions.push(Event {
-                time: now + cost,
-                seq: self.seq,
-                kind: Kind::Completed(id),
-            });
-        } else {
-            server.queue.push_back(id);
-        }
-    }
-
-    /// A worker finished: the reply leaves, the worker takes the next item.
-    fn completed(&mut self, work: u32) {
-        self.schedule_after(NETWORK, self.net_ns, Kind::Reply(work));
-        let now = self.now;
-        let server = &mut self.servers[usize::from(self.works[work as usize].server)];
-        match server.queue.pop_front() {
-            // The worker goes on with the next item: it stays busy.
-            Some(next) => {
-                let cost = self
-                    .service
-                    .begin(server, &mut self.works[next as usize], now);
-                self.seq += 1;
-                self.completions.push(Event {
-                    time: now + cost,
-                    seq: self.seq,
-                    kind: Kind::Completed(next),
-                });
-            }
-            None => server.busy -= 1,
-        }
-    }
-
     // ---- operations ----
 
     fn start_operation(&mut self) {
-        let now = self.now;
-        let client = (self.arrivals.next_u64() % self.clients.len() as u64) as u32;
+        let now = self.w.now;
+        let client = (self.w.arrivals.next_u64() % self.w.clients.len() as u64) as u32;
         // Serial 0 marks an ended operation's slot.
-        self.next_serial = self.next_serial.wrapping_add(1).max(1);
-        let serial = self.next_serial;
+        self.w.next_serial = self.w.next_serial.wrapping_add(1).max(1);
+        let serial = self.w.next_serial;
         let timeout =
-            OperationTimeout::from_timeout_ms(Instant::from_nanos(now), self.cluster.timeout);
+            OperationTimeout::from_timeout_ms(Instant::from_nanos(now), self.w.cluster.timeout);
         let id = match self.free.pop() {
             Some(id) => id,
             None => {
                 self.ops.push(Op::empty());
+                self.machines.push(Machine::Simple(Simple::default()));
                 (self.ops.len() - 1) as u32
             }
         };
         let op = &mut self.ops[id as usize];
-        let c = &mut self.clients[client as usize];
+        let c = &mut self.w.clients[client as usize];
         let start = Instant::from_nanos(now);
         // A finished operation's machine is restarted in place in its slot: nothing is
         // allocated, built or moved.
-        match (&c.budget, &mut op.machine) {
+        match (&c.budget, &mut self.machines[id as usize]) {
             (ClientBudget::Machine(options), machine) => {
                 let spec = OperationSpec::new(OperationKind::Read).with_timeout(timeout);
                 let seed = c.rng.next_u64();
@@ -842,15 +921,15 @@ impl<'a> Sim<'a> {
         op.serial = serial;
         op.start = now;
         op.gen = 0;
-        op.measured = now >= self.warmup_ns;
+        op.measured = now >= self.w.warmup_ns;
         op.attempts = 0;
         op.servers.clear();
         op.server = 0;
         op.timer_at = u64::MAX;
-        let simple = matches!(op.machine, Machine::Simple(_));
-        self.schedule_after(
+        let simple = matches!(self.machines[id as usize], Machine::Simple(_));
+        self.w.schedule_after(
             DEADLINES,
-            self.timeout_ns,
+            self.w.timeout_ns,
             Kind::Deadline { op: id, serial },
         );
         if simple {
@@ -860,251 +939,67 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn op(&mut self, id: u32, serial: u32) -> Option<&mut Op> {
-        self.ops.get_mut(id as usize).filter(|o| o.serial == serial)
-    }
-
-    fn send(&mut self, id: u32, server: u8, copy: u8) {
-        let op = &mut self.ops[id as usize];
-        debug_assert_ne!(op.serial, 0, "a live operation's slot");
-        op.gen += 1;
-        op.attempts += 1;
-        let work = Work {
-            op: id,
-            serial: op.serial,
-            gen: op.gen,
-            copy,
-            shed: false,
-            server,
-            outcome: Outcome::Ok,
-            deadline: op.start + self.timeout_ns,
-        };
-        let measured = op.measured;
-        self.clients[op.client as usize].in_flight[usize::from(server)] += 1;
-        self.result.total_attempts += 1;
-        if measured {
-            self.result.attempts += 1;
-        }
-        let b = self.bucket();
-        self.result.series_attempts[b] += 1;
-        let work = match self.free_works.pop() {
-            Some(slot) => {
-                self.works[slot as usize] = work;
-                slot
-            }
-            None => {
-                self.works.push(work);
-                (self.works.len() - 1) as u32
-            }
-        };
-        self.schedule_after(NETWORK, self.net_ns, Kind::AtServer(work));
-    }
-
-    fn released(&mut self, client: u32, server: u8) {
-        let n = &mut self.clients[client as usize].in_flight[usize::from(server)];
-        *n = n.saturating_sub(1);
-    }
-
+    /// Ends operation `id` (a baseline's, or one whose machine is not in hand).
     fn end(&mut self, id: u32, ok: bool) {
-        let now = self.now;
-        let op = &mut self.ops[id as usize];
-        debug_assert_ne!(op.serial, 0, "a live operation's slot");
-        op.serial = 0;
+        self.w.end(&mut self.ops[id as usize], ok);
         self.free.push(id);
-        let latency_us = ((now - op.start) / 1000) as u32;
-        let most = &mut self.result.max_attempts_per_operation;
-        *most = (*most).max(op.attempts);
-        if op.measured {
-            self.result.operations += 1;
-            self.result.latencies_us.push(latency_us);
-            if ok {
-                self.result.succeeded += 1;
-            }
-        }
-        let b = self.bucket();
-        if ok {
-            self.result.series_succeeded[b] += 1;
-        } else {
-            self.result.series_failed[b] += 1;
-        }
-        self.result.series_latency_us[b] += u64::from(latency_us);
     }
 
     /// Drains a core machine's actions: selection, sends, releases, timers, the result.
     fn pump(&mut self, id: u32) {
-        match self.ops[id as usize].machine {
-            Machine::Retry(_) => self.pump_retry(id),
-            Machine::Hedge(_) => self.pump_hedge(id),
+        let op = &mut self.ops[id as usize];
+        match &mut self.machines[id as usize] {
+            Machine::Retry(m) => drive_retry(&mut self.w, &mut self.free, op, m, id),
+            Machine::Hedge(m) => drive_hedge(&mut self.w, &mut self.free, op, m, id),
             Machine::Simple(_) => {}
         }
     }
 
-    /// [`Sim::pump`] of a live operation run by a [`RetryMachine`]: a function of its own, so
-    /// that draining it sets up nothing the hedging machine's actions need.
-    fn pump_retry(&mut self, id: u32) {
-        let now = Instant::from_nanos(self.now);
-        loop {
-            let op = &mut self.ops[id as usize];
-            debug_assert_ne!(op.serial, 0, "a live operation's slot");
-            let client = op.client;
-            let Machine::Retry(m) = &mut op.machine else {
-                return;
-            };
-            let Some(action) = m.poll_action() else {
-                return;
-            };
-            match action {
-                retry::Action::SelectServer => {
-                    let c = &mut self.clients[client as usize];
-                    let s = self.selector.pick(c, member_set(m.deprioritized()));
-                    let server = self.attempt_servers[usize::from(s)].clone();
-                    let accepted = m.handle_server_selected(server, now);
-                    self.result.refused += u64::from(accepted.is_err());
-                }
-                retry::Action::Dispatch(attempt) => {
-                    let accepted = m.handle_sent(now);
-                    self.result.refused += u64::from(accepted.is_err());
-                    let s = index(&attempt.address) as u8;
-                    op.server = s;
-                    self.send(id, s, 0);
-                }
-                retry::Action::ReleaseConnection { .. } => {
-                    let s = op.server;
-                    self.released(client, s);
-                }
-                retry::Action::Wait { until } => {
-                    let (serial, gen) = (op.serial, op.gen);
-                    self.schedule(
-                        until.as_nanos(),
-                        Kind::Timer {
-                            op: id,
-                            serial,
-                            gen,
-                        },
-                    );
-                }
-                retry::Action::Finished(result) => {
-                    self.end(id, result.is_ok());
-                    return;
-                }
-            }
-        }
-    }
-
-    /// [`Sim::pump`] of a live operation run by a [`HedgingMachine`].
-    fn pump_hedge(&mut self, id: u32) {
-        let now = Instant::from_nanos(self.now);
-        loop {
-            let op = &mut self.ops[id as usize];
-            debug_assert_ne!(op.serial, 0, "a live operation's slot");
-            let client = op.client;
-            let Machine::Hedge(m) = &mut op.machine else {
-                return;
-            };
-            let Some(action) = m.poll_action() else {
-                if let Some(at) = m.poll_timeout() {
-                    let at = at.as_nanos();
-                    // A wake-up at the deadline is the deadline event's: that event was
-                    // scheduled first, so it runs first and ends the operation.
-                    if at != op.timer_at && at < op.start + self.timeout_ns {
-                        op.timer_at = at;
-                        let (serial, gen) = (op.serial, 0);
-                        self.schedule(
-                            at,
-                            Kind::Timer {
-                                op: id,
-                                serial,
-                                gen,
-                            },
-                        );
-                    }
-                }
-                return;
-            };
-            match action {
-                hedging::Action::SelectServer(copy) => {
-                    let c = &mut self.clients[client as usize];
-                    let s = self.selector.pick(c, member_set(m.deprioritized()));
-                    let address = self.attempt_servers[usize::from(s)].address.clone();
-                    let accepted = m.handle_server_selected(copy, address, now);
-                    self.result.refused += u64::from(accepted.is_err());
-                }
-                hedging::Action::Dispatch { copy, address } => {
-                    let accepted = m.handle_sent(copy, now);
-                    self.result.refused += u64::from(accepted.is_err());
-                    let s = index(&address) as u8;
-                    let slot = copy.0 as usize - 1;
-                    if slot == op.servers.len() {
-                        op.servers.push(s);
-                    } else {
-                        if op.servers.len() < slot {
-                            op.servers.resize(slot + 1, 0);
-                        }
-                        op.servers[slot] = s;
-                    }
-                    self.send(id, s, copy.0 as u8);
-                }
-                hedging::Action::Release { copy, .. } => {
-                    let s = op.servers[copy.0 as usize - 1];
-                    self.released(client, s);
-                }
-                hedging::Action::Cancel { copy, stage } => {
-                    // The connection stays busy until the reply; the server still works.
-                    if !matches!(stage, CopyStage::Selecting) {
-                        let s = op.servers[copy.0 as usize - 1];
-                        self.released(client, s);
-                    }
-                }
-                hedging::Action::Finished(result) => {
-                    self.end(id, result.is_ok());
-                    return;
-                }
-            }
-        }
-    }
-
     fn reply(&mut self, slot: u32) {
-        let work = self.works[slot as usize];
-        self.free_works.push(slot);
+        let w = &mut self.w;
+        let work = w.works[slot as usize];
+        w.free_works.push(slot);
         let outcome = work.outcome;
-        let now = self.now;
-        let at = Instant::from_nanos(now);
-        // The shed error of the attempt's server (the server its copy or attempt went to).
-        let overloaded = &self.overloaded[usize::from(work.server)];
+        let at = Instant::from_nanos(w.now);
+        let id = work.op;
         let Some(op) = self
             .ops
-            .get_mut(work.op as usize)
+            .get_mut(id as usize)
             .filter(|o| o.serial == work.serial)
         else {
             return;
         };
-        match &mut op.machine {
+        match &mut self.machines[id as usize] {
             Machine::Retry(m) => {
                 if op.gen != work.gen {
                     return;
                 }
                 let accepted = match outcome {
                     Outcome::Ok => m.handle_succeeded(at),
+                    // The shed error of the server the attempt went to.
+                    // The shed error of the server the attempt went to, shared by every
+                    // operation: the machine copies it only to keep it (not when it already
+                    // keeps that server's), and the simulator copies nothing.
                     Outcome::Overloaded | Outcome::Expired => {
-                        m.handle_failed(overloaded.clone(), at)
+                        m.handle_failed_ref(&w.overloaded[usize::from(work.server)], at)
                     }
                 };
                 // House rule 8 (review8 finding 10, review9 finding 8): the `gen` / `serial`
                 // guards above let only replies the machine expects through; a refused one is a
                 // simulator bug, counted in every build.
-                self.result.refused += u64::from(accepted.is_err());
-                self.pump_retry(work.op);
+                w.result.refused += u64::from(accepted.is_err());
+                drive_retry(w, &mut self.free, op, m, id);
             }
             Machine::Hedge(m) => {
                 let copy = CopyId(u32::from(work.copy));
                 let accepted = match outcome {
                     Outcome::Ok => m.handle_succeeded(copy, at),
                     Outcome::Overloaded | Outcome::Expired => {
-                        m.handle_failed(copy, overloaded.clone(), at)
+                        m.handle_failed(copy, w.overloaded[usize::from(work.server)].clone(), at)
                     }
                 };
-                self.result.refused += u64::from(accepted.is_err());
-                self.pump_hedge(work.op);
+                w.result.refused += u64::from(accepted.is_err());
+                drive_hedge(w, &mut self.free, op, m, id);
             }
             Machine::Simple(s) => {
                 if op.gen != work.gen {
@@ -1113,33 +1008,33 @@ impl<'a> Sim<'a> {
                 let server = s.server;
                 let client = op.client;
                 s.in_flight = false;
-                self.released(client, server);
+                w.released(client, server);
                 if outcome == Outcome::Ok {
-                    self.simple_succeeded(work.op);
+                    self.simple_succeeded(id);
                 } else {
-                    self.simple_attempt(work.op, Some((server, outcome == Outcome::Overloaded)));
+                    self.simple_attempt(id, Some((server, outcome == Outcome::Overloaded)));
                 }
             }
         }
     }
 
     fn timer(&mut self, id: u32, serial: u32, gen: u32) {
-        let now = self.now;
-        let Some(op) = self.op(id, serial) else {
+        let now = self.w.now;
+        let Some(op) = self.ops.get_mut(id as usize).filter(|o| o.serial == serial) else {
             return;
         };
-        match &mut op.machine {
+        match &mut self.machines[id as usize] {
             Machine::Retry(m) => {
                 if op.gen == gen {
                     m.handle_timeout(Instant::from_nanos(now));
-                    self.pump_retry(id);
+                    drive_retry(&mut self.w, &mut self.free, op, m, id);
                 }
             }
             Machine::Hedge(m) => {
                 if op.timer_at == now {
                     op.timer_at = u64::MAX;
                     m.handle_timeout(Instant::from_nanos(now));
-                    self.pump_hedge(id);
+                    drive_hedge(&mut self.w, &mut self.free, op, m, id);
                 }
             }
             Machine::Simple(_) => {
@@ -1152,33 +1047,32 @@ impl<'a> Sim<'a> {
 
     /// The operation's deadline: an attempt still in flight fails with a socket timeout.
     fn deadline(&mut self, id: u32, serial: u32) {
-        let at = Instant::from_nanos(self.now);
-        let Some(op) = self.op(id, serial) else {
+        let at = Instant::from_nanos(self.w.now);
+        let Some(op) = self.ops.get_mut(id as usize).filter(|o| o.serial == serial) else {
             return;
         };
-        match &mut op.machine {
+        match &mut self.machines[id as usize] {
             Machine::Retry(m) => {
-                let server = op.server;
                 let e = OperationError::network(
                     NetworkErrorKind::Timeout,
                     NetworkPhase::AfterSend,
-                    address(usize::from(server)),
+                    address(usize::from(op.server)),
                 );
                 if m.handle_failed(e, at).is_err() {
                     // Not in flight (backing off): the deadline still ends it.
                     let cancelled = m.cancel(at);
-                    self.result.refused += u64::from(cancelled.is_err());
+                    self.w.result.refused += u64::from(cancelled.is_err());
                 }
-                self.pump_retry(id);
+                drive_retry(&mut self.w, &mut self.free, op, m, id);
             }
             Machine::Hedge(m) => {
                 m.handle_timeout(at);
-                self.pump_hedge(id);
+                drive_hedge(&mut self.w, &mut self.free, op, m, id);
             }
             Machine::Simple(s) => {
                 let (client, server) = (op.client, s.server);
                 if s.in_flight {
-                    self.released(client, server);
+                    self.w.released(client, server);
                 }
                 self.end(id, false);
             }
@@ -1190,14 +1084,14 @@ impl<'a> Sim<'a> {
     /// Starts the first attempt (`failed` = None) or decides on a retry after a failure on
     /// server `failed.0`; `failed.1` says whether it was a throttling (overload) error.
     fn simple_attempt(&mut self, id: u32, failed: Option<(u8, bool)>) {
-        let now = self.now;
-        let policy = self.spec.policy;
+        let now = self.w.now;
+        let policy = self.w.spec.policy;
         let op = &mut self.ops[id as usize];
         debug_assert_ne!(op.serial, 0, "a live operation's slot");
-        let Machine::Simple(s) = &mut op.machine else {
+        let Machine::Simple(s) = &mut self.machines[id as usize] else {
             return;
         };
-        let client = &mut self.clients[op.client as usize];
+        let client = &mut self.w.clients[op.client as usize];
         if failed.is_some() {
             let allowed = match policy {
                 SimPolicy::Naive(n) => s.attempts <= n,
@@ -1217,7 +1111,7 @@ impl<'a> Sim<'a> {
                         .min(AWS_MAX_BACKOFF);
                     let delay = nanos(bound.mul_f64(unit(&mut client.rng)));
                     if s.attempts >= AWS_MAX_ATTEMPTS
-                        || now + delay >= op.start + self.timeout_ns
+                        || now + delay >= op.start + self.w.timeout_ns
                         || *tokens < cost
                     {
                         false
@@ -1226,7 +1120,7 @@ impl<'a> Sim<'a> {
                         s.holding = cost;
                         op.gen += 1;
                         let (serial, gen) = (op.serial, op.gen);
-                        self.schedule(
+                        self.w.schedule(
                             now + delay,
                             Kind::Timer {
                                 op: id,
@@ -1244,12 +1138,12 @@ impl<'a> Sim<'a> {
                         let bound =
                             SRE_BACKOFF_BASE.saturating_mul(1u32 << (s.attempts - 1).min(20));
                         let delay = nanos(bound.mul_f64(unit(&mut client.rng)));
-                        if now + delay >= op.start + self.timeout_ns {
+                        if now + delay >= op.start + self.w.timeout_ns {
                             false
                         } else {
                             op.gen += 1;
                             let (serial, gen) = (op.serial, op.gen);
-                            self.schedule(
+                            self.w.schedule(
                                 now + delay,
                                 Kind::Timer {
                                     op: id,
@@ -1272,17 +1166,17 @@ impl<'a> Sim<'a> {
     }
 
     fn simple_send(&mut self, id: u32) {
-        let now = self.now;
-        let policy = self.spec.policy;
+        let now = self.w.now;
+        let policy = self.w.spec.policy;
         let op = &mut self.ops[id as usize];
         debug_assert_ne!(op.serial, 0, "a live operation's slot");
         let client_id = op.client;
-        let Machine::Simple(s) = &op.machine else {
+        let Machine::Simple(s) = &self.machines[id as usize] else {
             return;
         };
         let previous = (s.attempts > 0).then_some(s.server);
         if policy == SimPolicy::SreAdaptive {
-            let c = &mut self.clients[client_id as usize];
+            let c = &mut self.w.clients[client_id as usize];
             if !c.budget.sre_admit(now, &mut c.rng) {
                 // Rejected locally: the operation fails without reaching a server.
                 self.end(id, false);
@@ -1291,22 +1185,23 @@ impl<'a> Sim<'a> {
         }
         let deprioritized = previous.map_or(0, |p| 1u64 << p);
         let server = self
+            .w
             .selector
-            .pick(&mut self.clients[client_id as usize], deprioritized);
-        if let Machine::Simple(s) = &mut self.ops[id as usize].machine {
+            .pick(&mut self.w.clients[client_id as usize], deprioritized);
+        if let Machine::Simple(s) = &mut self.machines[id as usize] {
             s.attempts += 1;
             s.server = server;
             s.in_flight = true;
         }
-        self.send(id, server, 0);
+        self.w.send(&mut self.ops[id as usize], id, server, 0);
     }
 
     fn simple_succeeded(&mut self, id: u32) {
-        let now = self.now;
+        let now = self.w.now;
         let op = &mut self.ops[id as usize];
         debug_assert_ne!(op.serial, 0, "a live operation's slot");
-        let c = &mut self.clients[op.client as usize];
-        if let Machine::Simple(s) = &op.machine {
+        let c = &mut self.w.clients[op.client as usize];
+        if let Machine::Simple(s) = &self.machines[id as usize] {
             match &mut c.budget {
                 ClientBudget::Aws { tokens } => {
                     // A retry's success refunds its cost; a first-try success adds 1.
@@ -1318,6 +1213,117 @@ impl<'a> Sim<'a> {
             }
         }
         self.end(id, true);
+    }
+}
+
+/// Drains the actions of a live operation run by a [`RetryMachine`] (operation `id`, its slot
+/// `op`), with the machine in hand: selection, sends, releases, timers, the result. A function of
+/// its own, so that draining it sets up nothing the hedging machine's actions need.
+fn drive_retry(w: &mut World, free: &mut Vec<u32>, op: &mut Op, m: &mut RetryMachine, id: u32) {
+    debug_assert_ne!(op.serial, 0, "a live operation's slot");
+    let now = Instant::from_nanos(w.now);
+    while let Some(action) = m.poll_action() {
+        match action {
+            retry::Action::SelectServer => {
+                let c = &mut w.clients[op.client as usize];
+                let s = w.selector.pick(c, member_set(m.deprioritized()));
+                let server = w.attempt_servers[usize::from(s)].clone();
+                let accepted = m.handle_server_selected(server, now);
+                w.result.refused += u64::from(accepted.is_err());
+            }
+            retry::Action::Dispatch(attempt) => {
+                let accepted = m.handle_sent(now);
+                w.result.refused += u64::from(accepted.is_err());
+                let s = index(&attempt.address) as u8;
+                op.server = s;
+                w.send(op, id, s, 0);
+            }
+            retry::Action::ReleaseConnection { .. } => w.released(op.client, op.server),
+            retry::Action::Wait { until } => {
+                let (serial, gen) = (op.serial, op.gen);
+                w.schedule(
+                    until.as_nanos(),
+                    Kind::Timer {
+                        op: id,
+                        serial,
+                        gen,
+                    },
+                );
+            }
+            retry::Action::Finished(result) => {
+                w.end(op, result.is_ok());
+                free.push(id);
+                return;
+            }
+        }
+    }
+}
+
+/// [`drive_retry`] for an operation run by a [`HedgingMachine`].
+fn drive_hedge(w: &mut World, free: &mut Vec<u32>, op: &mut Op, m: &mut HedgingMachine, id: u32) {
+    debug_assert_ne!(op.serial, 0, "a live operation's slot");
+    let now = Instant::from_nanos(w.now);
+    loop {
+        let Some(action) = m.poll_action() else {
+            if let Some(at) = m.poll_timeout() {
+                let at = at.as_nanos();
+                // A wake-up at the deadline is the deadline event's: that event was
+                // scheduled first, so it runs first and ends the operation.
+                if at != op.timer_at && at < op.start + w.timeout_ns {
+                    op.timer_at = at;
+                    let (serial, gen) = (op.serial, 0);
+                    w.schedule(
+                        at,
+                        Kind::Timer {
+                            op: id,
+                            serial,
+                            gen,
+                        },
+                    );
+                }
+            }
+            return;
+        };
+        match action {
+            hedging::Action::SelectServer(copy) => {
+                let c = &mut w.clients[op.client as usize];
+                let s = w.selector.pick(c, member_set(m.deprioritized()));
+                let address = w.attempt_servers[usize::from(s)].address.clone();
+                let accepted = m.handle_server_selected(copy, address, now);
+                w.result.refused += u64::from(accepted.is_err());
+            }
+            hedging::Action::Dispatch { copy, address } => {
+                let accepted = m.handle_sent(copy, now);
+                w.result.refused += u64::from(accepted.is_err());
+                let s = index(&address) as u8;
+                let slot = copy.0 as usize - 1;
+                if slot == op.servers.len() {
+                    op.servers.push(s);
+                } else {
+                    if op.servers.len() < slot {
+                        op.servers.resize(slot + 1, 0);
+                    }
+                    op.servers[slot] = s;
+                }
+                w.send(op, id, s, copy.0 as u8);
+            }
+            hedging::Action::Release { copy, .. } => {
+                let s = op.servers[copy.0 as usize - 1];
+                w.released(op.client, s);
+            }
+            hedging::Action::Cancel { copy, stage } => {
+                // The connection stays busy until the reply; the server still works.
+                if !matches!(stage, CopyStage::Selecting) {
+                    let s = op.servers[copy.0 as usize - 1];
+                    w.released(op.client, s);
+                }
+            }
+            hedging::Action::Finished(result) => {
+                w.end(op, result.is_ok());
+                free.push(id);
+                return;
+            }
+        }
     }
 }
 
@@ -1358,18 +1364,18 @@ mod tests {
         };
         let mut sim = Sim::new(&cluster, &spec);
         sim.start_operation();
-        assert_eq!(sim.works.len(), 1, "the first attempt is on its way");
-        sim.works[0].outcome = Outcome::Overloaded;
-        let work = sim.works[0];
+        assert_eq!(sim.w.works.len(), 1, "the first attempt is on its way");
+        sim.w.works[0].outcome = Outcome::Overloaded;
+        let work = sim.w.works[0];
         sim.reply(0);
-        assert_eq!(sim.result.refused, 0, "the first reply is expected");
+        assert_eq!(sim.w.result.refused, 0, "the first reply is expected");
         assert_eq!(
             sim.ops[work.op as usize].serial, work.serial,
             "it backs off to retry"
         );
-        sim.works.push(work);
+        sim.w.works.push(work);
         sim.reply(1);
-        assert_eq!(sim.result.refused, 1, "the second is refused and counted");
+        assert_eq!(sim.w.result.refused, 1, "the second is refused and counted");
     }
 
     /// House rule 11: the latency reserve is bounded whatever the estimate (review10 finding 7).
