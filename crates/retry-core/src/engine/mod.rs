@@ -986,8 +986,11 @@ impl Engine {
     pub fn handle_bytes(&mut self, conn: ConnId, bytes: &[u8], now: Instant) {
         if let Some(socket) = self.sockets.get_mut(&conn) {
             socket.machine.handle_bytes(bytes, now);
-            self.schedule(Machine::Socket(conn));
-            self.run(now);
+            // Queued already: its turn is on the worklist.
+            match socket.queued {
+                true => self.run(now),
+                false => self.run_input(Machine::Socket(conn), now),
+            }
         }
     }
 

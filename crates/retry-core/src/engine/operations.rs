@@ -353,8 +353,7 @@ impl Engine {
             }),
         };
         self.ops.insert(op, operation);
-        self.schedule(Machine::Operation(op));
-        self.run(now);
+        self.run_input(Machine::Operation(op), now);
         op
     }
 
