@@ -7,7 +7,8 @@
 //! runs against a retry-testkit standalone and against the bench-only canned server (`canned`,
 //! no server work), so their own distance to the echo is measured apart from the server's. The
 //! servers run on a runtime and thread of their own, as a server process would. After the
-//! criterion runs, interleaved rounds of every case print the ratios.
+//! criterion runs, interleaved rounds of every case print the ratios (not with
+//! `RETRY_BENCH_RATIOS=0`).
 //!
 //! What each client builds and gets back: the official driver's `run_command` and retry's
 //! `run_command` (cases `tokio`, `async-std`) take the command as a `bson::Document` (`doc! {
@@ -17,9 +18,22 @@
 //! `Document` on either side, as a caller that keeps BSON bytes would run it. The comparison
 //! with the official driver is the Document cases'.
 //!
+//! How a case runs (the same code under criterion's `iter_custom(n)`, in the interleaved rounds
+//! and in [`profile`]): the echo, retry-tokio and the official driver start the clock in
+//! `Runtime::block_on` on the bench's own thread, `tokio::spawn` their callers (one task per
+//! operation in flight, each running its share of the `n` round trips in a loop) onto the
+//! 2-worker "bench-client" runtime their client was built on, and await the tasks' handles: the
+//! callers run on the runtime's workers as an application's tasks do, and the bench's thread
+//! sleeps until the last caller ends (one wake per `n` round trips, not per round trip; criterion's
+//! slope leaves it out). retry-async-std's callers run on a `smol::LocalExecutor` on the bench's
+//! thread, which also drives async-io's reactor (docs/adapters.md). Per round trip a caller builds
+//! the command and drops the reply, nothing else. Every server runs on the 1-worker "bench-server"
+//! runtime in the same process; every client exists (idle between its cases) for every case.
+//!
 //! `cargo bench -p retry-bench --bench round_trip`; with `--features mongodb` the official
 //! `mongodb` crate runs the same pings against the same servers. `RETRY_BENCH_PROFILE` runs one
-//! case for a profiler instead ([`profile`]).
+//! case for a profiler instead ([`profile`]); `RETRY_BENCH_INTERLEAVED` runs cases in short
+//! blocks in rotating order ([`interleaved`]).
 
 #![allow(missing_docs)] // criterion's macros generate undocumented functions.
 
@@ -334,6 +348,46 @@ impl Setup {
         })
     }
 
+    /// [`Setup::echo`] with async-io's callers on the bench's thread, arranged as
+    /// [`Setup::async_std`] runs retry-async-std (a `smol::LocalExecutor` under `smol::block_on`,
+    /// `Async<TcpStream>` sockets): the same runtime without the client, for telling the runtime's
+    /// share of a round trip from the adapter's. Not a criterion case.
+    fn echo_async_io(&self, concurrency: usize, total: u64) -> Duration {
+        use smol::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let bytes = ping_bytes();
+        let executor = smol::LocalExecutor::new();
+        smol::block_on(executor.run(async {
+            let mut sockets = Vec::new();
+            for _ in 0..concurrency {
+                let socket = smol::net::TcpStream::connect(self.echo)
+                    .await
+                    .expect("connect to the echo");
+                socket.set_nodelay(true).expect("nodelay");
+                sockets.push(socket);
+            }
+            let start = Instant::now();
+            let tasks: Vec<_> = sockets
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut socket)| {
+                    let bytes = bytes.clone();
+                    let n = share(total, concurrency, i);
+                    executor.spawn(async move {
+                        let mut reply = vec![0u8; bytes.len()];
+                        for _ in 0..n {
+                            socket.write_all(&bytes).await.expect("write");
+                            socket.read_exact(&mut reply).await.expect("read");
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await;
+            }
+            start.elapsed()
+        }))
+    }
+
     /// `total` echo round trips (the physical limit) with `concurrency` in flight.
     fn echo(&self, concurrency: usize, total: u64) -> Duration {
         self.echo_at(self.echo, concurrency, total)
@@ -472,6 +526,7 @@ impl Setup {
         match case {
             "echo" => self.echo(concurrency, total),
             "echo-shared" => self.echo_at(self.echo_shared, concurrency, total),
+            "echo-async-io" => self.echo_async_io(concurrency, total),
             "tokio" => self.tokio(server, concurrency, total, false),
             "tokio-raw" => self.tokio(server, concurrency, total, true),
             "async-std" => self.async_std(server, concurrency, total, false),
@@ -485,9 +540,10 @@ impl Setup {
 }
 
 /// The cases of `RETRY_BENCH_PROFILE` and the interleaved rounds.
-const CASES: [&str; 8] = [
+const CASES: [&str; 9] = [
     "echo",
     "echo-shared",
+    "echo-async-io",
     "tokio",
     "tokio-raw",
     "async-std",
@@ -638,6 +694,68 @@ fn profile(spec: &str) {
     );
 }
 
+/// `RETRY_BENCH_INTERLEAVED="<in flight> <testkit|canned> <rounds> <blocks> <round trips> [cases]"`
+/// (cases of [`CASES`], default `echo tokio async-std` and with the `mongodb` feature `mongodb`): after the setup and 1,000 round
+/// trips of warm-up per case, every round runs `blocks` blocks, and every block runs each case for
+/// `round trips`, in an order that rotates by one case from block to block (ABCD, BCDA, ...). A
+/// change of the machine's state (a busy or halted vCPU, another process) lasting longer than a
+/// block then falls on every case alike. Prints one line per round: the ns per round trip of each
+/// case over that round's blocks (scripts/bench-adapters-interleaved.sh, `MODE=blocks`, reads
+/// them). A block's time includes its start (the spawn of its callers, the bench thread's wake at
+/// its end), once per `round trips`, in every case.
+fn interleaved(spec: &str) {
+    let words: Vec<&str> = spec.split_whitespace().collect();
+    let usage = "RETRY_BENCH_INTERLEAVED is \"<in flight> <testkit|canned> <rounds> <blocks> <round trips> [cases]\"";
+    let [in_flight, server, rounds, blocks, per_block, ref cases @ ..] = words[..] else {
+        panic!("{usage}, not {spec:?}");
+    };
+    let number = |word: &str| -> u64 { word.parse().unwrap_or_else(|_| panic!("{usage}")) };
+    let (in_flight, rounds, blocks, per_block) = (
+        number(in_flight) as usize,
+        number(rounds),
+        number(blocks),
+        number(per_block),
+    );
+    let server = match server {
+        "testkit" => Server::Testkit,
+        "canned" => Server::Canned,
+        other => panic!("unknown server {other:?}: testkit or canned"),
+    };
+    let cases: Vec<&str> = if cases.is_empty() {
+        let official = cfg!(feature = "mongodb").then_some("mongodb");
+        ["echo", "tokio", "async-std"]
+            .into_iter()
+            .chain(official)
+            .collect()
+    } else {
+        cases.to_vec()
+    };
+    let setup = Setup::new();
+    for case in &cases {
+        setup.run(case, server, in_flight, 1_000);
+    }
+    for round in 1..=rounds {
+        let mut took = vec![Duration::ZERO; cases.len()];
+        for block in 0..blocks as usize {
+            for i in 0..cases.len() {
+                let i = (block + i) % cases.len();
+                took[i] += setup.run(cases[i], server, in_flight, per_block);
+            }
+        }
+        let per_op = |d: Duration| d.as_nanos() as f64 / (blocks * per_block) as f64;
+        let line: Vec<String> = cases
+            .iter()
+            .zip(&took)
+            .map(|(case, d)| format!("{case}={:.0}", per_op(*d)))
+            .collect();
+        println!(
+            "round={round} in_flight={in_flight} server={} {}",
+            server.label(),
+            line.join(" ")
+        );
+    }
+}
+
 criterion_group!(round_trip, benches);
 
 fn main() {
@@ -645,7 +763,14 @@ fn main() {
         profile(&spec);
         return;
     }
+    if let Ok(spec) = std::env::var("RETRY_BENCH_INTERLEAVED") {
+        interleaved(&spec);
+        return;
+    }
     round_trip();
     Criterion::default().configure_from_args().final_summary();
-    ratios();
+    // `RETRY_BENCH_RATIOS=0`: the criterion run only (scripts/bench-adapters-interleaved.sh).
+    if std::env::var("RETRY_BENCH_RATIOS").as_deref() != Ok("0") {
+        ratios();
+    }
 }

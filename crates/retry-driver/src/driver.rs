@@ -71,11 +71,17 @@ pub(crate) struct Driver {
     shared: Arc<Shared>,
     timer: Pin<Box<dyn AsyncTimer>>,
     timer_at: Option<Instant>,
-    /// The runtime's timer was polled (its waker registered) for `timer_at`.
+    /// The runtime's timer was polled for `timer_at` and has not woken since ([`TimerWake`]).
     timer_armed: bool,
-    /// The waker the timer is polled with, if not the driver task's ([`LocalDriver`]'s, which
+    /// The waker the timer's wakes go to, if not the driver task's ([`LocalDriver`]'s, which
     /// tells its timer's wakes from the others).
     timer_waker: Option<Waker>,
+    /// What the timer is polled with: it notes each wake of the timer, then passes it on.
+    timer_wake: Arc<TimerWake>,
+    timer_wake_waker: Waker,
+    /// The waker `timer_wake` passes its wakes to, as last set (so it is locked only when
+    /// that changes).
+    timer_target: Option<Waker>,
     sockets: IdMap<ConnId, SocketState>,
     pending: IdMap<OpId, Pending>,
     /// The requests taken from the client's queue in one round (reused: swapped with the
@@ -109,6 +115,7 @@ impl Driver {
         timeout: Option<core::time::Duration>,
     ) -> Driver {
         let timer = runtime.new_timer(Instant::MAX);
+        let timer_wake = Arc::new(TimerWake::default());
         Driver {
             runtime,
             engine,
@@ -117,6 +124,9 @@ impl Driver {
             timer_at: None,
             timer_armed: false,
             timer_waker: None,
+            timer_wake_waker: Waker::from(timer_wake.clone()),
+            timer_wake,
+            timer_target: None,
             sockets: IdMap::default(),
             pending: IdMap::default(),
             requests: VecDeque::new(),
@@ -432,16 +442,32 @@ impl Driver {
             self.timer_at = Some(at);
             self.timer_armed = false;
         }
-        // Polled already for this deadline, with this task's waker, and the deadline is well
-        // ahead (more than a runtime's timer granularity): its firing wakes the task, which then
-        // finds the deadline passed or near and polls it again.
-        if self.timer_armed && now.saturating_add(TIMER_SLACK) < at {
+        // Polled already for this deadline, not woken since, and the deadline is well ahead
+        // (more than a runtime's timer granularity): its firing wakes the task, which then
+        // finds the deadline passed or near and polls it again. Any wake of the timer disarms
+        // it ([`TimerWake`], house rule 8, CS-4).
+        if self.timer_armed
+            && !self.timer_wake.woken.load(Ordering::Acquire)
+            && now.saturating_add(TIMER_SLACK) < at
+        {
             return false;
         }
-        let fired = match &self.timer_waker {
-            Some(waker) => self.timer.as_mut().poll(&mut Context::from_waker(waker)),
-            None => self.timer.as_mut().poll(cx),
-        };
+        let target = self.timer_waker.as_ref().unwrap_or(cx.waker());
+        if !self
+            .timer_target
+            .as_ref()
+            .is_some_and(|w| w.will_wake(target))
+        {
+            self.timer_target = Some(target.clone());
+            *lock(&self.timer_wake.target) = Some(target.clone());
+        }
+        // Cleared before the poll: a wake from now on (one the poll itself makes included)
+        // disarms the timer again.
+        self.timer_wake.woken.store(false, Ordering::Release);
+        let fired = self
+            .timer
+            .as_mut()
+            .poll(&mut Context::from_waker(&self.timer_wake_waker));
         if fired.is_ready() {
             self.timer_at = None;
             self.engine.handle_timeout(self.runtime.now());
@@ -521,16 +547,58 @@ impl Future for Driver {
     }
 }
 
+/// The waker the driver's runtime timer is polled with (house rule 8, CS-4): each wake sets
+/// `woken`, then wakes the driver (its task, or a [`LocalDriver`]'s [`TimerWaker`]). The driver
+/// does not poll an armed timer again until its deadline changes or nears, so it must know when
+/// a `Pending` poll did not leave the timer armed: a future may return `Pending` and wake its
+/// waker at once instead of registering it (tokio's `Sleep` does when the task's coop budget is
+/// used up), and a wake of the task does not say by whom. Every wake of the timer disarms it;
+/// the next round polls it again.
+#[derive(Default)]
+struct TimerWake {
+    /// The timer woke since the driver last polled it.
+    woken: AtomicBool,
+    /// Where the wake goes: the waker of the pass that last polled the timer.
+    target: Mutex<Option<Waker>>,
+}
+
+impl Wake for TimerWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        let target = lock(&self.target).clone();
+        if let Some(target) = target {
+            target.wake();
+        }
+    }
+}
+
 /// A driver with a task of its own (a runtime that spawns, as tokio). The task runs it for every
 /// wake; and a caller whose operation is the only one in flight runs a pass itself to start it
 /// ([`SpawnedDriver::run_inline`], issue 9): with nothing to batch, the hop to the driver's task
 /// would cost a wake and a task poll more per round trip than the write it leads to. An inline
 /// pass is polled with the task's waker, so the sockets, the timer and the client's queue wake
 /// the task, as after any of its own passes.
+///
+/// The wake protocol (house rule 8, CS-4: no lost wakes). Invariant: every wake of the task is
+/// followed by a pass of the driver that starts after it, on the task or on a caller. Whoever
+/// holds `state`'s lock runs the pass. The task's poll sets `missed`, then (SeqCst fence) tries
+/// the lock; a caller lets the lock go, then (SeqCst fence) takes `missed` and, if it was set,
+/// wakes the task: of the two fences the later one sees the other side's write, so either the
+/// task finds the lock free or the caller sees `missed`. A caller takes the lock only once the
+/// task has stored its waker (`started`), so no poll is refused that nobody could wake again.
+/// Extra wakes are harmless: a wake only makes the task poll, and each pass re-arms every waker
+/// the driver hands out (the client's queue's in `take_requests`, the sockets' in
+/// `poll_sockets`, the timer's through [`TimerWake`]), so no wake consumes another's.
 pub(crate) struct SpawnedDriver {
     state: Mutex<SpawnedState>,
     /// The task was polled while a caller ran a pass: that caller wakes it when done.
     missed: AtomicBool,
+    /// The task has stored its waker (its first poll): only then may a caller take the lock.
+    started: AtomicBool,
 }
 
 struct SpawnedState {
@@ -551,6 +619,7 @@ impl SpawnedDriver {
                 task: None,
             }),
             missed: AtomicBool::new(false),
+            started: AtomicBool::new(false),
         })
     }
 
@@ -563,13 +632,12 @@ impl SpawnedDriver {
     /// the task or another caller runs it, or the task has not run yet. Returns whether it ran;
     /// if not, the caller wakes the task for its work instead.
     pub(crate) fn run_inline(&self) -> bool {
-        let mut guard = match self.state.try_lock() {
-            Ok(guard) => guard,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => return false,
+        let Some(mut guard) = self.claim() else {
+            return false;
         };
         let SpawnedState { driver, task } = &mut *guard;
         let (Some(running), Some(task)) = (driver.as_mut(), task.as_ref()) else {
+            self.hand_back(guard, false);
             return false;
         };
         let stopped = Pin::new(running)
@@ -579,6 +647,27 @@ impl SpawnedDriver {
             // The driver (and its engine and sockets) goes now; its task ends when next polled.
             *driver = None;
         }
+        self.hand_back(guard, stopped);
+        true
+    }
+
+    /// The driver's lock, for a pass on a caller's thread: `None` while the task has not stored
+    /// its waker (its first poll must not be refused: nobody could wake it again) or while
+    /// someone else holds it.
+    fn claim(&self) -> Option<MutexGuard<'_, SpawnedState>> {
+        if !self.started.load(Ordering::Acquire) {
+            return None;
+        }
+        match self.state.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Lets a caller's lock go, and wakes the task if it was polled meanwhile (`missed`) or must
+    /// end (`stopped`).
+    fn hand_back(&self, guard: MutexGuard<'_, SpawnedState>, stopped: bool) {
         drop(guard);
         // Pairs with the task's fence: either the task sees the lock free, or this sees `missed`.
         fence(Ordering::SeqCst);
@@ -590,7 +679,6 @@ impl SpawnedDriver {
                 task.wake();
             }
         }
-        true
     }
 }
 
@@ -600,7 +688,7 @@ impl Future for DriverTask {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let spawned = &self.0;
         spawned.missed.store(true, Ordering::Relaxed);
-        // Pairs with `run_inline`'s fence: a caller holding the driver now sees `missed` after
+        // Pairs with `hand_back`'s fence: a caller holding the driver now sees `missed` after
         // it lets go, and wakes this task again.
         fence(Ordering::SeqCst);
         let mut guard = match spawned.state.try_lock() {
@@ -612,6 +700,8 @@ impl Future for DriverTask {
         let state = &mut *guard;
         if !state.task.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             state.task = Some(cx.waker().clone());
+            // Under the lock, after the waker: a caller that sees it finds the waker stored.
+            spawned.started.store(true, Ordering::Release);
         }
         let Some(driver) = state.driver.as_mut() else {
             return Poll::Ready(());
@@ -1801,5 +1891,192 @@ mod tests {
         waiting.close(slots[1]);
         assert_eq!(waiting.open(), slots[1], "a freed slot is reused");
         assert_eq!(waiting.slots.len(), 3);
+    }
+
+    /// A driver on `runtime` for the client at 127.0.0.1:27017, and what it shares with its
+    /// client.
+    fn test_driver(runtime: Arc<dyn Runtime>) -> (Driver, Arc<Shared>) {
+        let options = crate::options::ClientOptions::parse("mongodb://127.0.0.1:27017").unwrap();
+        let engine = Engine::new(options.engine_options().unwrap(), Instant::ZERO).unwrap();
+        let shared = Arc::new(Shared::default());
+        let driver = Driver::new(runtime, engine, shared.clone(), None);
+        (driver, shared)
+    }
+
+    /// Polls the driver's task once with `waker`.
+    fn poll_task(task: &mut DriverTask, waker: &Waker) -> Poll<()> {
+        Pin::new(task).poll(&mut Context::from_waker(waker))
+    }
+
+    /// House rule 8, CS-4 (the start-up gap): the executor polls the task for the first time
+    /// while a caller tries an inline pass. The first poll is never refused: before the task
+    /// has stored its waker no caller takes the driver's lock (before, a caller held it while it
+    /// found no waker and returned, the refused task had given its waker to nobody, and the
+    /// client's queue had none yet: no wake ever came).
+    #[test]
+    fn house_rule_8_the_tasks_first_poll_is_never_refused() {
+        let (driver, shared) = test_driver(Arc::new(NoIo));
+        let spawned = SpawnedDriver::new(driver);
+        let mut task = spawned.task();
+        let counted = tasks(1);
+        let waker = Waker::from(counted[0].clone());
+        // A caller's inline pass starts just as the executor polls the task the first time.
+        let claim = spawned.claim();
+        assert!(poll_task(&mut task, &waker).is_pending());
+        if let Some(guard) = claim {
+            spawned.hand_back(guard, false);
+        }
+        let ran = lock(&shared.state).driver.is_some();
+        assert!(
+            ran || woken(&counted) > 0,
+            "the task ran the driver, or is woken to"
+        );
+        assert!(ran, "the first poll ran the driver");
+        assert!(spawned.run_inline(), "callers run passes from then on");
+    }
+
+    /// House rule 8, CS-4: the task is polled while a caller runs an inline pass (its poll is
+    /// refused); the caller wakes it when it lets go, and its next poll runs the driver.
+    #[test]
+    fn house_rule_8_a_task_refused_during_an_inline_pass_is_woken_after_it() {
+        let (driver, shared) = test_driver(Arc::new(NoIo));
+        let spawned = SpawnedDriver::new(driver);
+        let mut task = spawned.task();
+        let counted = tasks(1);
+        let waker = Waker::from(counted[0].clone());
+        assert!(poll_task(&mut task, &waker).is_pending());
+        let guard = spawned.claim().expect("the driver is free");
+        assert!(poll_task(&mut task, &waker).is_pending(), "refused");
+        assert_eq!(woken(&counted), 0);
+        spawned.hand_back(guard, false);
+        assert_eq!(woken(&counted), 1, "woken when the caller lets go");
+        lock(&shared.state).driver = None;
+        assert!(poll_task(&mut task, &waker).is_pending());
+        assert!(lock(&shared.state).driver.is_some(), "the next poll ran it");
+        // No further wake is owed: a clean inline pass wakes nobody.
+        assert!(spawned.run_inline());
+        assert_eq!(woken(&counted), 1);
+    }
+
+    /// A runtime whose timers, like tokio's `Sleep` when the task's coop budget is used up,
+    /// refuse a poll while `refuse` is set: they wake the poller at once and keep no waker.
+    /// Otherwise a polled timer keeps its waker in `armed` (the test fires it).
+    #[derive(Debug, Default)]
+    struct RefusingTimers {
+        refuse: Arc<AtomicBool>,
+        armed: Arc<Mutex<Vec<Waker>>>,
+    }
+
+    #[derive(Debug)]
+    struct RefusingTimer {
+        refuse: Arc<AtomicBool>,
+        armed: Arc<Mutex<Vec<Waker>>>,
+    }
+
+    impl AsyncTimer for RefusingTimer {
+        fn reset(self: Pin<&mut Self>, _: Instant) {}
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            if self.refuse.load(Ordering::Relaxed) {
+                cx.waker().wake_by_ref();
+            } else {
+                let mut armed = lock(&self.armed);
+                armed.retain(|w| !w.will_wake(cx.waker()));
+                armed.push(cx.waker().clone());
+            }
+            Poll::Pending
+        }
+    }
+
+    impl Runtime for RefusingTimers {
+        fn start() -> io::Result<RefusingTimers> {
+            Ok(RefusingTimers::default())
+        }
+        fn now(&self) -> Instant {
+            Instant::ZERO
+        }
+        fn new_timer(&self, _: Instant) -> Pin<Box<dyn AsyncTimer>> {
+            Box::pin(RefusingTimer {
+                refuse: self.refuse.clone(),
+                armed: self.armed.clone(),
+            })
+        }
+        fn connect(&self, _: String, _: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
+            Box::pin(core::future::pending())
+        }
+    }
+
+    /// House rule 8, CS-4: a poll of the runtime's timer that returns `Pending` and wakes the
+    /// task instead of keeping its waker (tokio's coop budget) leaves the timer unarmed; the
+    /// task's next poll (that wake's) polls it again, and its firing then wakes the task.
+    /// Before, the driver took the refused poll as armed and never polled the timer again for
+    /// that deadline: its firing woke nobody and the client stalled (no timer registered).
+    #[test]
+    fn house_rule_8_a_refused_timer_poll_is_polled_again_after_its_wake() {
+        let runtime = RefusingTimers::default();
+        let (refuse, armed) = (runtime.refuse.clone(), runtime.armed.clone());
+        let (driver, _shared) = test_driver(Arc::new(runtime));
+        let spawned = SpawnedDriver::new(driver);
+        let mut task = spawned.task();
+        let counted = tasks(1);
+        let waker = Waker::from(counted[0].clone());
+        refuse.store(true, Ordering::Relaxed);
+        assert!(poll_task(&mut task, &waker).is_pending());
+        assert!(woken(&counted) > 0, "the refusal woke the task");
+        assert!(lock(&armed).is_empty());
+        // The executor polls the task again for that wake, with a fresh budget.
+        refuse.store(false, Ordering::Relaxed);
+        let before = woken(&counted);
+        assert!(poll_task(&mut task, &waker).is_pending());
+        let fired = core::mem::take(&mut *lock(&armed));
+        assert_eq!(fired.len(), 1, "the timer is armed again");
+        fired.into_iter().for_each(Waker::wake);
+        assert_eq!(woken(&counted), before + 1, "its firing wakes the task");
+    }
+
+    /// House rule 8, CS-4: extra wakes never swallow a later one. A spurious wake of the task
+    /// through the client's queue (which takes the queue's waker), its poll refused during a
+    /// caller's inline pass, an extra wake of the task itself: afterwards a new operation's wake
+    /// and the timer's firing still reach the task, and an inline pass still runs.
+    #[test]
+    fn house_rule_8_extra_wakes_never_swallow_a_later_one() {
+        let runtime = RefusingTimers::default();
+        let armed = runtime.armed.clone();
+        let (driver, shared) = test_driver(Arc::new(runtime));
+        let spawned = SpawnedDriver::new(driver);
+        let mut task = spawned.task();
+        let counted = tasks(1);
+        let waker = Waker::from(counted[0].clone());
+        assert!(poll_task(&mut task, &waker).is_pending());
+        assert_eq!(woken(&counted), 0);
+
+        lock(&shared.state).wake_driver();
+        assert_eq!(woken(&counted), 1, "the spurious wake");
+        // A caller's pass runs before the task's poll for it, which is refused.
+        let mut guard = spawned.claim().expect("the driver is free");
+        let SpawnedState {
+            driver,
+            task: task_waker,
+        } = &mut *guard;
+        let task_waker = task_waker.clone().expect("the task's waker");
+        let pass =
+            Pin::new(driver.as_mut().expect("running")).poll(&mut Context::from_waker(&task_waker));
+        assert!(pass.is_pending());
+        assert!(poll_task(&mut task, &waker).is_pending(), "refused");
+        spawned.hand_back(guard, false);
+        assert_eq!(woken(&counted), 2, "the refused poll is owed a wake");
+        waker.wake_by_ref();
+        assert!(poll_task(&mut task, &waker).is_pending());
+        assert!(poll_task(&mut task, &waker).is_pending());
+
+        // A later operation's wake reaches the task.
+        let before = woken(&counted);
+        lock(&shared.state).wake_driver();
+        assert_eq!(woken(&counted), before + 1, "a new operation's wake");
+        assert!(spawned.run_inline());
+        // So does the timer's firing.
+        let fired = core::mem::take(&mut *lock(&armed));
+        assert_eq!(fired.len(), 1, "the timer is armed");
+        fired.into_iter().for_each(Waker::wake);
+        assert_eq!(woken(&counted), before + 2, "the timer's firing");
     }
 }

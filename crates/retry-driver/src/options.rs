@@ -28,12 +28,14 @@ use retry_core::topology::{TagSet, TopologySettings};
 use crate::connection_string::{self, shown, ConnectionString, HostKind, OptionValue, REDACTED};
 use crate::tls::TlsOptions;
 
-/// An option, or a URI, that could not be used: which option, what value, and why.
+/// An option, or a URI, that could not be used: which option, what value, and why; for two
+/// options that cannot be used together, the other one too ([`OptionsError::conflicting`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OptionsError {
     option: String,
     value: String,
     reason: String,
+    conflicting: Option<(String, String)>,
 }
 
 impl OptionsError {
@@ -42,7 +44,28 @@ impl OptionsError {
             option: option.into(),
             value: value.into(),
             reason: reason.into(),
+            conflicting: None,
         }
+    }
+
+    /// `option` = `value` cannot be used with `other` = `other_value`, for `reason`.
+    fn conflict(
+        (option, value): (&str, &str),
+        (other, other_value): (&str, &str),
+        reason: impl Into<String>,
+    ) -> OptionsError {
+        OptionsError {
+            conflicting: Some((other.into(), other_value.into())),
+            ..OptionsError::new(option, value, reason)
+        }
+    }
+
+    /// The other option and its value, when the error is two options that cannot be used
+    /// together (e.g. `loadBalanced` with `apiStrict`: LB-7, HS-2).
+    pub fn conflicting(&self) -> Option<(&str, &str)> {
+        self.conflicting
+            .as_ref()
+            .map(|(option, value)| (option.as_str(), value.as_str()))
     }
 
     /// The option's name as written (`uri` for the URI as a whole, `host` for a host).
@@ -63,11 +86,11 @@ impl OptionsError {
 
 impl fmt::Display for OptionsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid {} {:?}: {}",
-            self.option, self.value, self.reason
-        )
+        write!(f, "invalid {} {:?}", self.option, self.value)?;
+        if let Some((other, value)) = &self.conflicting {
+            write!(f, " with {other} {value:?}")?;
+        }
+        write!(f, ": {}", self.reason)
     }
 }
 
@@ -538,8 +561,33 @@ impl ClientOptions {
         Ok(())
     }
 
-    /// The engine's options; the RNG seed is [`ClientOptions::seed`] or one from the OS.
+    /// Checks the options that cannot be used together and that no connection string can
+    /// carry, because one of them is not a URI option: `loadBalanced=true` with a strict Stable
+    /// API ([`ServerApi::with_strict`]`(true)`) is an error naming both options (a server refuses
+    /// the handshake's `loadBalanced` under `apiStrict`, APIStrictError 323, so every
+    /// connection would fail; the engine refuses it too, `EngineError::LoadBalancedStrictApi`).
+    /// [`ClientOptions::engine_options`] checks it, so [`crate::Client::connect`] fails with it
+    /// before anything starts.
+    pub fn validate(&self) -> Result<(), OptionsError> {
+        let strict = self
+            .server_api
+            .is_some_and(|api| api.strict() == Some(true));
+        if self.load_balanced && strict {
+            return Err(OptionsError::conflict(
+                ("loadBalanced", "true"),
+                ("apiStrict", "true"),
+                "a load-balanced handshake carries loadBalanced: true, which a server refuses \
+                 under apiStrict: true (APIStrictError, 323); leave ServerApi's strict unset or \
+                 false",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The engine's options ([`ClientOptions::validate`] first); the RNG seed is
+    /// [`ClientOptions::seed`] or one from the OS.
     pub fn engine_options(&self) -> Result<EngineOptions, OptionsError> {
+        self.validate()?;
         let mut topology = TopologySettings::new(self.hosts.clone());
         topology.load_balanced = self.load_balanced;
         topology.direct_connection = self.direct_connection;
@@ -1020,5 +1068,43 @@ mod tests {
         if let Ok(parsed) = ClientOptions::parse("mongodb://127.0.0.1/?serverApi=1&apiVersion=1") {
             assert_eq!(parsed.server_api, None);
         }
+    }
+
+    /// Leftovers12 item 7 (LB-7, versioned-api "Command Syntax"; the engine's
+    /// `EngineError::LoadBalancedStrictApi`): load-balanced mode with a strict Stable API is
+    /// refused where the options are built, with an error naming both options and values, so a
+    /// client fails at `connect` before its engine; `apiStrict` false or unset, or no load
+    /// balancer, builds.
+    #[test]
+    fn item7_load_balanced_with_a_strict_server_api_names_both_options() {
+        let mut options = ClientOptions::parse("mongodb://127.0.0.1/?loadBalanced=true").unwrap();
+        options.server_api = Some(ServerApi::new(ServerApiVersion::V1).with_strict(true));
+        let error = options.validate().unwrap_err();
+        assert_eq!((error.option(), error.value()), ("loadBalanced", "true"));
+        assert_eq!(error.conflicting(), Some(("apiStrict", "true")));
+        assert!(
+            error
+                .to_string()
+                .starts_with("invalid loadBalanced \"true\" with apiStrict \"true\": "),
+            "{error}"
+        );
+        assert_eq!(options.engine_options().unwrap_err(), error);
+        for strict in [None, Some(false)] {
+            let api = ServerApi::new(ServerApiVersion::V1);
+            options.server_api = Some(strict.map_or(api, |s| api.with_strict(s)));
+            assert_eq!(options.validate(), Ok(()), "{strict:?}");
+            let engine = options.engine_options().unwrap();
+            let engine = retry_core::engine::Engine::new(engine, retry_core::time::Instant::ZERO);
+            assert!(engine.is_ok(), "{strict:?}");
+        }
+        let mut direct = ClientOptions::new(vec![ServerAddress::new("127.0.0.1", 1)]);
+        direct.server_api = Some(ServerApi::new(ServerApiVersion::V1).with_strict(true));
+        assert_eq!(direct.validate(), Ok(()));
+        assert_eq!(
+            ClientOptions::parse("mongodb://a,b/?loadBalanced=true")
+                .unwrap_err()
+                .conflicting(),
+            None
+        );
     }
 }

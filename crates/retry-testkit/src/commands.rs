@@ -14,7 +14,7 @@ use crate::fail_point::{error_reply, FailCommand, TESTKIT_UNSUPPORTED};
 use crate::on_primary_write::OnPrimaryWrite;
 use crate::refusals::ApiParameters;
 use crate::server::State;
-use crate::store::{Batch, CursorOrigin, QueryError, Store, WriteKey};
+use crate::store::{Batch, CursorOrigin, DdlTarget, QueryError, Store, WriteKey};
 use retry_core::wire::OpMsg;
 
 /// The `electionId` a primary reports; constant, since the test server never holds an election.
@@ -62,7 +62,9 @@ pub(crate) fn is_retryable_write(name: &str, command: &Document) -> bool {
 /// is one: a retry with the same `lsid`, `txnNumber` and statement gets the first reply and does
 /// not run again (TK-*). Statements are numbered by their position from 0, as a real server
 /// numbers those of a driver's write, which sends no `stmtId` (the test server refuses one,
-/// [`ENVELOPE`]).
+/// [`ENVELOPE`]). The key is the first statement's (`stmtId` 0): for `insert`,
+/// `findAndModify` and `bulkWrite` it stands for the whole command; `update` and `delete` key
+/// each statement by its index instead (review15 finding 4, `server::statement_writes`).
 pub(crate) fn write_key(name: &str, command: &Document) -> Option<WriteKey> {
     let write = matches!(
         name,
@@ -206,12 +208,14 @@ pub(crate) fn hello_reply(
 }
 
 /// Runs an admitted, non-hello command. `None` when the server does not know the command.
+/// `ddl`: the pending number of the DDL command taking its turn, when it is one (TK-15).
 pub(crate) fn execute(
     state: &mut State,
     name: &str,
     request: &OpMsg,
     max_wire_version: i32,
     process_id: ObjectId,
+    ddl: Option<u64>,
 ) -> Option<Document> {
     if name == "configureFailPoint"
         && request.body.get_str(name).ok() == Some("onPrimaryTransactionalWrite")
@@ -286,13 +290,21 @@ pub(crate) fn execute(
         api: ApiParameters::of(&request.body),
         router: matches!(state.role, Role::Mongos | Role::LoadBalancer { .. }),
     };
+    let refused = in_transaction
+        .then(|| transaction_read_concern_refusal(&store, name, &request.body))
+        .flatten();
     let mut context = Context {
         store: &mut store,
         batch_size: state.batch_size,
         origin,
         router: router_id,
     };
-    let reply = run(&mut context, name, request, max_wire_version);
+    context.store.set_running_ddl(ddl);
+    let reply = match refused {
+        Some(refusal) => Some(refusal),
+        None => run(&mut context, name, request, max_wire_version),
+    };
+    store.set_running_ddl(None);
     store.end_statement();
     let mut reply = reply?;
     // TK-15 (house rule 7): a statement that fails (an error or a write error) aborts its
@@ -329,6 +341,32 @@ pub(crate) fn execute(
     Some(reply)
 }
 
+/// Leftovers12 item 1 (house rule 7): `create` and `createIndexes` in a transaction whose read
+/// concern (its first command's) has a level other than "local": InvalidOptions (72), "Command
+/// <name> does not support this transaction's { readConcern: ... } :: caused by :: read concern
+/// not supported", as a mongod checks them (and only them) once it has checked the session out
+/// (`service_entry_point_common`; behind a mongos, the shard does). The statement fails, so the
+/// transaction is aborted.
+fn transaction_read_concern_refusal(
+    store: &Store,
+    name: &str,
+    command: &Document,
+) -> Option<Document> {
+    if !matches!(name, "create" | "createIndexes") {
+        return None;
+    }
+    let session = command.get_document("lsid").ok()?.to_vec().ok()?;
+    let read_concern = store.transaction_read_concern(&session)?;
+    let level = read_concern.get_str("level").ok()?;
+    (level != "local").then(|| {
+        crate::refusals::read_concern_not_supported(
+            &format!("Command {name} does not support this transaction's"),
+            read_concern,
+            "read concern not supported",
+        )
+    })
+}
+
 /// TK-15: whether a transaction's statement failed (an error or a write error), which aborts
 /// the transaction; `ok` is read by the one rule of `retry_core::reply` (review7 finding 5).
 fn statement_failed(reply: &Document) -> bool {
@@ -356,7 +394,8 @@ fn transaction_command(
     let start = command.get("startTransaction") == Some(&Bson::Boolean(true));
     store.transaction_command(session.clone(), number, start, router)?;
     if start {
-        store.note_transaction_api(&session, ApiParameters::of(command));
+        let read_concern = command.get_document("readConcern").ok().cloned();
+        store.note_transaction_start(&session, ApiParameters::of(command), read_concern);
     }
     Ok(session)
 }
@@ -394,6 +433,22 @@ pub(crate) fn transaction_labels(name: &str, code: i32) -> Option<Vec<String>> {
     transient.then(|| vec![String::from("TransientTransactionError")])
 }
 
+/// TK-15 (leftovers11, leftovers12 item 5, review15 finding 1): the pending-DDL checks for one
+/// collection `ns` a command locks, as it locks it: a transaction that does not hold it yet
+/// cannot get it while a DDL command waits for it (LockTimeout 24, [`Store::lock_timeout`]);
+/// a command outside any queues behind such a DDL command ([`Store::ddl_queue`]; `ddl`: it is
+/// a DDL command itself, pending in its turn).
+fn pending_ddl_refusal(store: &mut Store, ns: &str, ddl: bool) -> Option<Document> {
+    if !store.ddl_pending() {
+        return None;
+    }
+    if let Some((code, message)) = store.lock_timeout(ns) {
+        return Some(error_reply(code, &message));
+    }
+    let target = DdlTarget::Collection(ns.to_owned());
+    store.ddl_queue(&target, ddl).err().map(query_error)
+}
+
 /// What a data command works on: the (possibly shared) store, locked once for the command, and
 /// the server's default batch size.
 struct Context<'a> {
@@ -407,7 +462,8 @@ struct Context<'a> {
     router: Option<ObjectId>,
 }
 
-/// Runs a data command; `None` when the server does not know it.
+/// Runs a data command; `None` for a command the test server knows but does not run
+/// ([`KNOWN_NOT_RUN`]).
 fn run(
     state: &mut Context<'_>,
     name: &str,
@@ -422,16 +478,16 @@ fn run(
     if let Some(refusal) = unknown_field(name, command) {
         return Some(refusal);
     }
-    // TK-15 (leftovers11): a command on a collection whose lock a waiting DDL command wants,
-    // before it reads or writes anything: a transaction's cannot get it (`Store::lock_timeout`),
-    // one outside any queues behind it (`Store::ddl_queue`).
+    // TK-15 (leftovers11, leftovers12 item 5): a command on the collection its first field
+    // names, before it reads or writes anything. The namespaces a command locks otherwise are
+    // checked where it locks them (fixes15a, review15 finding 1): each `bulkWrite` op's
+    // `nsInfo` entry ([`bulk_write`]), a `$out` / `$merge` target (`Store::replace_collection`,
+    // `Store::merge`); `{aggregate: 1}` and `getMore` lock none here ([`aggregate`],
+    // [`get_more`]).
     if let Ok(collection) = command.get_str(name) {
         let ns = format!("{db}.{collection}");
-        if let Some((code, message)) = state.store.lock_timeout(&ns) {
-            return Some(error_reply(code, &message));
-        }
-        if let Err(error) = state.store.ddl_queue(&ns) {
-            return Some(query_error(error));
+        if let Some(refusal) = pending_ddl_refusal(state.store, &ns, name == "drop") {
+            return Some(refusal);
         }
     }
     Some(match name {
@@ -579,9 +635,25 @@ fn run(
         "find" => find(state, db, command),
         "getMore" => get_more(state, db, command),
         "killCursors" => kill_cursors(state, db, command),
-        _ => return None,
+        name if KNOWN_NOT_RUN.contains(&name) => return None,
+        // Never reached by a client: an unknown command was CommandNotFound (59) before, and
+        // the other known ones run in other handlers (review13 finding 2's test keeps them in
+        // step); loud all the same (TK-2).
+        _ => unsupported_reply(&format!("command {name} without a handler")),
     })
 }
+
+/// TK-2: a real server's commands the test server knows but does not run. They are admitted
+/// like any command (authentication, API parameters and fail points apply; a failCommand fail
+/// point naming one fires, as the retryable-reads `mapReduce` tests expect), then [`run`]
+/// answers `None` for them, which its caller answers TestkitUnsupported, logged.
+pub(crate) const KNOWN_NOT_RUN: &[&str] = &[
+    "collMod",
+    "mapReduce",
+    "renameCollection",
+    "replSetFreeze",
+    "replSetStepDown",
+];
 
 pub(crate) fn ok() -> Document {
     doc! { "ok": 1.0 }
@@ -865,6 +937,15 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
             Some(ns) => ns.to_owned(),
             None => return error_reply(2, "bulkWrite op names no nsInfo entry"),
         };
+        // Review15 finding 1 (house rule 7): each op locks its own namespace as it runs
+        // (`bulk_write.cpp`: handleGroupedInserts, handleUpdateOp, handleDeleteOp write through
+        // `write_ops_exec`), so it gets the pending-DDL checks then; an ordered bulk stopped
+        // earlier never locks the rest. In a transaction the LockTimeout is the command's error
+        // (`write_ops_exec.cpp`, handleError rethrows a TransientTransactionError), which aborts
+        // the transaction (its earlier ops undone); outside one the bulk waits and runs again.
+        if let Some(refusal) = pending_ddl_refusal(state.store, &ns, false) {
+            return refusal;
+        }
         let filter = op.get_document("filter").cloned().unwrap_or_default();
         let multi = op.get_bool("multi").unwrap_or(false);
         let mut result = doc! { "ok": 1.0, "idx": count_i32(index) };
@@ -1048,11 +1129,13 @@ fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Doc
 
 /// Review13 finding 3 (TK-2, house rule 7): the `query` of a `count` or `distinct` (`name`), by
 /// the commands' IDL (`query: type: object`): a document, or none for all documents; anything
-/// else TypeMismatch (14), "BSON field '<name>.query' is the wrong type ...". An explicit `null`
-/// is taken as none (what a real server answers to it is not verified).
+/// else TypeMismatch (14), "BSON field '<name>.query' is the wrong type ...". A `null` or
+/// `undefined` is taken as none, the default, as the server's IDL parser takes any field of the
+/// wrong type that is one of them (`IDLParserContext::checkAndAssertTypeSlowPath`, leftovers12
+/// item 3).
 fn query_filter(command: &Document, name: &str) -> Result<Document, Document> {
     match command.get("query") {
-        None | Some(Bson::Null) => Ok(Document::new()),
+        None | Some(Bson::Null | Bson::Undefined) => Ok(Document::new()),
         Some(Bson::Document(query)) => Ok(query.clone()),
         Some(other) => Err(crate::refusals::wrong_type(
             &format!("{name}.query"),
@@ -1139,6 +1222,21 @@ fn distinct_values<'a>(found: impl Iterator<Item = &'a Bson>) -> Result<Vec<Bson
     Ok(values)
 }
 
+/// The stages [`aggregate`] runs that read the collection the command names: refused first in
+/// `{aggregate: 1}` (InvalidNamespace 73).
+const COLLECTION_STAGES: [&str; 10] = [
+    "$match",
+    "$skip",
+    "$limit",
+    "$sort",
+    "$count",
+    "$project",
+    "$addFields",
+    "$group",
+    "$out",
+    "$merge",
+];
+
 /// `{aggregate: coll | 1, pipeline, cursor}` with the stages `$match`, `$skip`, `$limit`,
 /// `$count`, `$project` (inclusion / exclusion of top-level fields), `$addFields`, and a leading
 /// `$changeStream` (an open cursor with an empty first batch). `$out` / `$merge` and any other
@@ -1184,6 +1282,24 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
             323,
             "$listLocalSessions is not allowed with 'apiStrict: true' in API Version 1",
         );
+    }
+    // Review15 finding 1 (house rule 7): `{aggregate: 1}` reads and locks no collection
+    // (`run_aggregate.cpp`: a collectionless pipeline with no foreign namespace takes no lock),
+    // so its first stage must need none (`pipeline.cpp`, `Pipeline::validateCommon`:
+    // InvalidNamespace 73). Of the stages here only `$changeStream` and `$listLocalSessions`
+    // need none; the stages reading other namespaces (`$lookup`, `$unionWith`, `$graphLookup`)
+    // are refused by name below, as any stage the test server does not run.
+    if collection == "$cmd.aggregate" {
+        if let Some((first, _)) = stages.first() {
+            if COLLECTION_STAGES.contains(first) {
+                return error_reply(
+                    73,
+                    &format!(
+                        "{{aggregate: 1}} is not valid for '{first}'; a collection is required."
+                    ),
+                );
+            }
+        }
     }
     if let Some(("$changeStream", _)) = stages.first() {
         if stages.len() > 1 {
@@ -1445,7 +1561,12 @@ fn sort_documents(documents: &mut [Document], sort: &Document) -> Result<(), Doc
     Ok(())
 }
 
-/// `{getMore: id, collection, batchSize}`.
+/// `{getMore: id, collection, batchSize}`. Review15 finding 1 (house rule 7): it has no
+/// pending-DDL check of its own. Outside a transaction a server's getMore reads lock-free
+/// (`getmore_cmd.cpp`: `AutoGetCollectionForReadMaybeLockFree`; `db_raii.cpp`:
+/// `supportsLockFreeRead` holds outside a multi-document transaction), taking no collection
+/// lock, so it does not queue behind a DDL command pending on its cursor's namespace; in a
+/// transaction its cursor was opened in that transaction, which already holds the lock.
 fn get_more(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     // A real server's IDL takes the id as a long only (review6 finding 4).
     let id = match command.get("getMore") {
@@ -2010,16 +2131,6 @@ mod tests {
         "setParameter",
     ];
 
-    /// A real server's commands the test server knows (admitted, fail points fire) but does
-    /// not run: TestkitUnsupported (TK-2).
-    const KNOWN_NOT_RUN: &[&str] = &[
-        "collMod",
-        "mapReduce",
-        "renameCollection",
-        "replSetFreeze",
-        "replSetStepDown",
-    ];
-
     /// What [`run`] answers `{<name>: "c", $db: "db"}` on a server of `max_wire_version`.
     fn dispatch(store: &mut Store, name: &str, max_wire_version: i32) -> Option<Document> {
         let request = OpMsg {
@@ -2063,16 +2174,28 @@ mod tests {
             let listed = run_somewhere || KNOWN_NOT_RUN.contains(name);
             assert!(listed, "{name} is known but nothing runs it");
         }
-        for name in RUN_ELSEWHERE.iter().chain(KNOWN_NOT_RUN) {
+        // Leftovers12 item 6: the dispatcher's own list of what it does not run.
+        for name in KNOWN_NOT_RUN {
+            assert!(known_command(name, 25), "{name}");
+            assert!(dispatch(&mut store, name, 25).is_none(), "{name} is run");
+        }
+        let no_handler = |reply: Option<Document>| {
+            reply.is_some_and(|r| {
+                r.get_i32("code").ok() == Some(crate::TESTKIT_UNSUPPORTED)
+                    && r.get_str("errmsg")
+                        .is_ok_and(|m| m.ends_with("without a handler"))
+            })
+        };
+        for name in RUN_ELSEWHERE {
             assert!(known_command(name, 25), "{name}");
             assert!(
-                dispatch(&mut store, name, 25).is_none(),
+                no_handler(dispatch(&mut store, name, 25)),
                 "{name} is run twice"
             );
         }
         assert!(!known_command("bulkWrite", 21));
-        assert!(dispatch(&mut store, "bulkWrite", 21).is_none());
+        assert!(no_handler(dispatch(&mut store, "bulkWrite", 21)));
         assert!(!known_command("frobnicate", 25));
-        assert!(dispatch(&mut store, "frobnicate", 25).is_none());
+        assert!(no_handler(dispatch(&mut store, "frobnicate", 25)));
     }
 }

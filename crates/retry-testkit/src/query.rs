@@ -431,11 +431,15 @@ fn increment(current: &Bson, by: &Bson, field: &str) -> Result<Bson, Unsupported
 /// Applies `update` (operators, or a replacement keeping `_id`) to `document`.
 pub(crate) fn apply_update(document: &mut Document, update: &Document) -> Result<(), Unsupported> {
     if !update.keys().next().is_some_and(|k| k.starts_with('$')) {
-        let id = document.get("_id").cloned();
-        *document = update.clone();
-        if let Some(id) = id {
-            document.insert("_id", id);
+        // Leftovers12 item 4: as the server's `ObjectReplaceExecutor`, a replacement naming an
+        // `_id` stores its own (equal as a value, the caller checked it, but perhaps of another
+        // number type); one without keeps the document's, where it was: first.
+        let mut replaced = Document::new();
+        if let Some(id) = document.get("_id").filter(|_| !update.contains_key("_id")) {
+            replaced.insert("_id", id.clone());
         }
+        replaced.extend(update.clone());
+        *document = replaced;
         return Ok(());
     }
     for (op, fields) in update {

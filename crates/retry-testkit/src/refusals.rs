@@ -31,9 +31,11 @@
 //!   may specify a readConcern", 72).
 //! - Outside a transaction, a `writeConcern` on a command that takes none (`find`, `count`,
 //!   `getMore`, `ping`, ...): InvalidOptions (72), "Command does not support writeConcern"
-//!   ([`write_concern_refusal`], checked after the fail point); a `readConcern` level other than
-//!   "local" or "snapshot" on a write, or other than "local" on `create`, `drop`, `dropDatabase`
-//!   and the index commands (72, [`write_read_concern_refusal`]).
+//!   ([`write_concern_refusal`], checked after the fail point); a `readConcern` level the
+//!   command's `supportsReadConcern` refuses ("Command &lt;name&gt; does not support { readConcern:
+//!   ... } :: caused by :: ...", 72, [`read_concern_level_refusal`]).
+//! - A transaction's first statement with a `readConcern` level other than "local", "majority"
+//!   or "snapshot", or with `afterOpTime` (72).
 //! - The generic fields (review7 finding 3, [`generic_field_refusal`]): `apiVersion`,
 //!   `apiStrict`, `apiDeprecationErrors`, `$readPreference`, a hello's `client` and
 //!   `compression` of the wrong type or value.
@@ -73,8 +75,9 @@ pub(crate) const READ_PREFERENCE_MODES: [&str; 5] = [
 /// createIndexes, dropIndexes, saslStart; distinct and buildInfo are not; the `bulkWrite`
 /// command's IDL declares `api_version: "1"`, and so does `authenticate`'s, whose command class
 /// is generated as `AuthenticateCmdVersion1Gen`) and the Stable API changelog (the rest).
-/// `authenticate` and `collMod` (`apiVersions()` `kApiVersions1` in the server) are known but
-/// not run by the test server: TestkitUnsupported (TK-2). Not in it: `isMaster` / `ismaster` (`hello`
+/// `authenticate` (run by `crate::auth`, MONGODB-X509 unsupported) and `collMod`
+/// (`crate::commands::KNOWN_NOT_RUN`) are known but not run by the test server:
+/// TestkitUnsupported (TK-2). Not in it: `isMaster` / `ismaster` (`hello`
 /// replaced them), `buildInfo`, `distinct`, `killSessions`, `killAllSessions`,
 /// `configureFailPoint`, `deleteIndexes`.
 pub(crate) const API_VERSION_1: &[&str] = &[
@@ -108,11 +111,9 @@ pub(crate) const API_VERSION_1: &[&str] = &[
 ];
 
 /// The test server's commands outside Stable API version 1 (every other command it runs is in
-/// [`API_VERSION_1`]): with `apiStrict: true` they are APIStrictError (323). `mapReduce`,
-/// `renameCollection`, `replSetFreeze` and `replSetStepDown` are a real server's commands the
-/// test server knows but does not run: admitted like any command (a failCommand fail point
-/// naming one fires, as the spec tests expect), then TestkitUnsupported (TK-2). A command in
-/// neither list is unknown ([`known_command`]).
+/// [`API_VERSION_1`]): with `apiStrict: true` they are APIStrictError (323). Some are known but
+/// not run (`crate::commands::KNOWN_NOT_RUN`: TestkitUnsupported, TK-2). A command in neither
+/// list is unknown ([`known_command`]).
 pub(crate) const KNOWN_OUTSIDE_API_VERSION_1: &[&str] = &[
     "buildInfo",
     "buildinfo",
@@ -484,7 +485,7 @@ pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Doc
     if let Some(refusal) = command.get("readConcern").and_then(read_concern_refusal) {
         return Some(refusal);
     }
-    if let Some(refusal) = write_read_concern_refusal(name, command) {
+    if let Some(refusal) = read_concern_level_refusal(role, name, command) {
         return Some(refusal);
     }
     if let Role::ReplicaSetMember(member) = role {
@@ -554,6 +555,13 @@ fn transaction_refusal(name: &str, command: &Document) -> Option<Document> {
         ));
     }
     if starts {
+        if let Some(refusal) = command
+            .get_document("readConcern")
+            .ok()
+            .and_then(transaction_read_concern_refusal)
+        {
+            return Some(refusal);
+        }
         let refused = match name {
             "killCursors" => Some(
                 "Cannot run killCursors as the first operation in a multi-document transaction.",
@@ -581,56 +589,127 @@ fn transaction_refusal(name: &str, command: &Document) -> Option<Document> {
     None
 }
 
-/// Review13 finding 1, review14 finding 2 (house rule 7): outside a transaction, a parsed
-/// `readConcern` level the command does not support. A mongod and a mongos check the level
-/// against the command's `supportsReadConcern` (outside a multi-document transaction and only
-/// with a level): the default allows only "local". The writes' and `findAndModify`'s overrides
-/// allow "local" and "snapshot", so "majority", "linearizable" and "available" on `insert`,
-/// `update`, `delete` or `findAndModify` are refused ("snapshot" is not checked here: its answer
-/// differs between server versions). [`LOCAL_READ_CONCERN_COMMANDS`] keep the default, so every
-/// level but "local" is refused on them. Either is InvalidOptions (72), "Command <name> does not
-/// support { readConcern: ... } :: caused by :: read concern not supported". The reads (`find`,
-/// `aggregate`, `count`, `distinct`) take the other levels; the remaining commands' tables are
-/// not verified, so they are not checked.
-fn write_read_concern_refusal(name: &str, command: &Document) -> Option<Document> {
-    let writes = ["insert", "update", "delete", "findAndModify"];
-    let local_only = LOCAL_READ_CONCERN_COMMANDS.contains(&name);
-    if command.contains_key("autocommit") || !(local_only || writes.contains(&name)) {
-        return None;
+/// Leftovers12 item 2 (house rule 7): the `readConcern` of a transaction's first statement, as
+/// a mongod and a mongos check it when the transaction starts: only "local", "majority" and
+/// "snapshot" (InvalidOptions 72), and no `afterOpTime` (72).
+fn transaction_read_concern_refusal(read_concern: &Document) -> Option<Document> {
+    let level = read_concern.get_str("level").unwrap_or("local");
+    if !matches!(level, "local" | "majority" | "snapshot") {
+        return Some(error_reply(
+            72,
+            "The readConcern level must be either 'local' (default), 'majority' or 'snapshot' \
+             in order to run in a transaction",
+        ));
     }
-    let level = command
-        .get_document("readConcern")
-        .ok()?
-        .get_str("level")
-        .ok()?;
-    let refused = if local_only {
-        level != "local"
-    } else {
-        matches!(level, "majority" | "linearizable" | "available")
-    };
-    refused.then(|| {
+    read_concern.contains_key("afterOpTime").then(|| {
         error_reply(
             72,
-            &format!(
-                "Command {name} does not support {{ readConcern: {{ level: \"{level}\", \
-                 provenance: \"clientSupplied\" }} }} :: caused by :: read concern not supported"
-            ),
+            "The readConcern cannot specify 'afterOpTime' in a transaction",
         )
     })
 }
 
-/// Review14 finding 2: the test server's commands whose `supportsReadConcern` is the server's
-/// default, "local" only, on a mongod and a mongos alike (verified in the server's command
-/// classes: `create`, `drop`, `dropDatabase`, `createIndexes` and `dropIndexes`, with its alias
-/// `deleteIndexes`, override none of it).
-const LOCAL_READ_CONCERN_COMMANDS: [&str; 6] = [
-    "create",
-    "createIndexes",
-    "deleteIndexes",
-    "drop",
-    "dropDatabase",
-    "dropIndexes",
-];
+/// Review13 finding 1, review14 finding 2, leftovers12 items 1 and 2 (house rule 7): outside a
+/// transaction, a parsed `readConcern` level the command does not support. A mongod and a mongos
+/// check the level against the command's `supportsReadConcern` (`service_entry_point_common`,
+/// outside a multi-document transaction and only with a level, before the fail point):
+/// InvalidOptions (72), "Command &lt;name&gt; does not support { readConcern: ... } :: caused by
+/// :: &lt;reason&gt;" ([`unsupported_read_concern`] says which level each command takes). Inside a transaction the
+/// first statement's level is checked by [`transaction_refusal`], and `create` and
+/// `createIndexes` against it when the session is checked out (`crate::commands`).
+fn read_concern_level_refusal(role: &Role, name: &str, command: &Document) -> Option<Document> {
+    if command.contains_key("autocommit") {
+        return None;
+    }
+    let read_concern = command.get_document("readConcern").ok()?;
+    let level = read_concern.get_str("level").ok()?;
+    let reason = unsupported_read_concern(role, name, command, level)?;
+    Some(read_concern_not_supported(
+        &format!("Command {name} does not support"),
+        read_concern,
+        &reason,
+    ))
+}
+
+/// InvalidOptions (72): `context` and the request's read concern, as the server's
+/// `ReadConcernArgs::toString` renders it, caused by `reason`.
+pub(crate) fn read_concern_not_supported(
+    context: &str,
+    read_concern: &Document,
+    reason: &str,
+) -> Document {
+    let mut fields = Vec::new();
+    if let Ok(level) = read_concern.get_str("level") {
+        fields.push(format!("level: \"{level}\""));
+    }
+    for field in ["afterClusterTime", "atClusterTime"] {
+        if let Ok(t) = read_concern.get_timestamp(field) {
+            fields.push(format!("{field}: Timestamp({}, {})", t.time, t.increment));
+        }
+    }
+    fields.push(String::from("provenance: \"clientSupplied\""));
+    let rendered = fields.join(", ");
+    error_reply(
+        72,
+        &format!("{context} {{ readConcern: {{ {rendered} }} }} :: caused by :: {reason}"),
+    )
+}
+
+/// Leftovers12 item 1 (house rule 7): what command `name`'s `supportsReadConcern` answers for
+/// `level` on `role`, verified in the server's command classes: `None` when the level is
+/// supported, else the reason. `find`, `distinct` and `getMore` take every level (`getMore` uses
+/// its cursor's); `killCursors` every level on a mongos (`ClusterKillCursorsCmd`) and only
+/// "local" on a mongod; `count` every level but "snapshot"; `mapReduce` "local" and "available";
+/// `aggregate` what its stages take ([`pipeline_read_concern`]). Every other command keeps the
+/// base class's default, "local" only: the writes (`insert`, `update`, `delete`,
+/// `findAndModify`, `bulkWrite`: "snapshot" too is refused outside a transaction, as a 5.0+
+/// server answers it), the DDL and index commands, `listCollections`, `listIndexes`,
+/// `listDatabases`, `collMod`, hello, `ping` and the rest.
+fn unsupported_read_concern(
+    role: &Role,
+    name: &str,
+    command: &Document,
+    level: &str,
+) -> Option<String> {
+    let router = matches!(role, Role::Mongos | Role::LoadBalancer { .. });
+    let refused = match name {
+        "find" | "distinct" | "getMore" => false,
+        "killCursors" if router => false,
+        "aggregate" => return pipeline_read_concern(command, level),
+        "count" => {
+            return (level == "snapshot").then(|| "read concern snapshot not supported".into())
+        }
+        "mapReduce" => !matches!(level, "local" | "available"),
+        _ => level != "local",
+    };
+    refused.then(|| String::from("read concern not supported"))
+}
+
+/// Leftovers12 item 1: the level an aggregation's stages take (the server's
+/// `LiteParsedPipeline::supportsReadConcern`, the first refusing stage's reason): `$changeStream`
+/// only "majority", `$listLocalSessions` only "local", `$out` and `$merge` any but
+/// "linearizable"; the other stages every level.
+fn pipeline_read_concern(command: &Document, level: &str) -> Option<String> {
+    let stages = command.get_array("pipeline").ok()?;
+    stages.iter().find_map(|stage| {
+        let name = stage.as_document()?.keys().next()?.as_str();
+        let only = |supported: &str| {
+            (level != supported).then(|| {
+                format!(
+                    "Aggregation stage {name} cannot run with a readConcern other than \
+                     '{supported}'. Current readConcern: {level}"
+                )
+            })
+        };
+        match name {
+            "$changeStream" => only("majority"),
+            "$listLocalSessions" => only("local"),
+            "$out" | "$merge" => (level == "linearizable")
+                .then(|| format!("{name} cannot be used with a 'linearizable' read concern level")),
+            _ => None,
+        }
+    })
+}
 
 /// The commands a server runs inside a multi-document transaction; any other (`count`,
 /// `listCollections`, `ping`, ...) is `OperationNotSupportedInTransaction` (263).
@@ -858,10 +937,14 @@ pub(crate) fn type_name(value: &Bson) -> &'static str {
 mod tests {
     use super::*;
     use crate::config::ReplicaSetMember;
-    use bson::{doc, spec::BinarySubtype, Binary};
+    use bson::{bson, doc, spec::BinarySubtype, Binary};
 
     fn lsid() -> Document {
         doc! { "id": Binary { subtype: BinarySubtype::Uuid, bytes: vec![0; 16] } }
+    }
+
+    fn errmsg(reply: Option<Document>) -> Option<String> {
+        reply.and_then(|r| r.get_str("errmsg").ok().map(str::to_owned))
     }
 
     fn code(reply: Option<Document>) -> Option<i32> {
@@ -1145,30 +1228,30 @@ mod tests {
         assert_eq!(code(after_cluster_time_refusal(&ahead, at(4))), None);
     }
 
-    /// Review13 finding 1 (house rule 7): outside a transaction a write's `readConcern` level is
-    /// "local" (or "snapshot"); "majority", "linearizable" and "available" are InvalidOptions
-    /// (72) with the server's message; in a transaction's first statement the transaction's
-    /// level is taken, and reads are not concerned.
+    /// Review13 finding 1, leftovers12 item 2 (house rule 7; the server's
+    /// `jstests/sharding/read_write_concern_defaults`-style write test, 5.1+, and a 5.0 server's
+    /// answer quoted in the specifications' DRIVERS-1819): outside a transaction a write takes
+    /// only the "local" `readConcern` level; "snapshot", "majority", "linearizable" and
+    /// "available" are InvalidOptions (72) with the server's message; in a transaction's first
+    /// statement the transaction's level is taken, and reads are not concerned.
     #[test]
-    fn review13_f1_a_write_outside_a_transaction_takes_only_the_local_read_concern() {
+    fn review13_f1_item2_a_write_outside_a_transaction_takes_only_the_local_read_concern() {
         let with = |name: &str, level: &str| {
             doc! { name: "c", "readConcern": { "level": level } }
         };
-        for name in ["insert", "update", "delete", "findAndModify"] {
-            for level in ["majority", "linearizable", "available"] {
+        for name in ["insert", "update", "delete", "findAndModify", "bulkWrite"] {
+            for level in ["snapshot", "majority", "linearizable", "available"] {
                 let refused = refusal(&Role::Mongos, name, &with(name, level));
                 assert_eq!(code(refused), Some(72), "{name} {level}");
             }
-            for level in ["local", "snapshot"] {
-                let command = with(name, level);
-                assert_eq!(code(refusal(&Role::Mongos, name, &command)), None);
-            }
+            let command = with(name, "local");
+            assert_eq!(code(refusal(&Role::Mongos, name, &command)), None);
         }
-        let refused = refusal(&Role::Mongos, "insert", &with("insert", "majority"));
+        let refused = refusal(&Role::Mongos, "insert", &with("insert", "snapshot"));
         assert_eq!(
-            refused.and_then(|r| r.get_str("errmsg").ok().map(str::to_owned)),
+            errmsg(refused),
             Some(
-                "Command insert does not support { readConcern: { level: \"majority\", \
+                "Command insert does not support { readConcern: { level: \"snapshot\", \
                  provenance: \"clientSupplied\" } } :: caused by :: read concern not supported"
                     .to_owned()
             )
@@ -1177,11 +1260,183 @@ mod tests {
             code(refusal(&Role::Mongos, "find", &with("find", "majority"))),
             None
         );
-        let mut first = with("insert", "majority");
-        first.extend(doc! {
-            "lsid": lsid(), "txnNumber": 1_i64, "autocommit": false, "startTransaction": true,
-        });
-        assert_eq!(code(refusal(&Role::Mongos, "insert", &first)), None);
+        for level in ["snapshot", "majority", "local"] {
+            let mut first = with("insert", level);
+            first.extend(doc! {
+                "lsid": lsid(), "txnNumber": 1_i64, "autocommit": false, "startTransaction": true,
+            });
+            assert_eq!(
+                code(refusal(&Role::Mongos, "insert", &first)),
+                None,
+                "{level}"
+            );
+        }
+    }
+
+    /// Leftovers12 item 2 (house rule 7; the server's `service_entry_point_common` and
+    /// `strategy.cpp` when a transaction starts): a transaction's first statement takes only the
+    /// "local", "majority" and "snapshot" levels and no `afterOpTime` (InvalidOptions 72), on a
+    /// mongod and a mongos.
+    #[test]
+    fn item2_a_transaction_starts_only_with_local_majority_or_snapshot() {
+        let first = |read_concern: Document| {
+            doc! {
+                "find": "c", "lsid": lsid(), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true, "readConcern": read_concern,
+            }
+        };
+        let primary = Role::ReplicaSetMember(ReplicaSetMember::primary("rs"));
+        for role in [Role::Mongos, primary] {
+            for level in ["linearizable", "available"] {
+                let refused = refusal(&role, "find", &first(doc! { "level": level }));
+                assert_eq!(
+                    errmsg(refused),
+                    Some(
+                        "The readConcern level must be either 'local' (default), 'majority' or \
+                         'snapshot' in order to run in a transaction"
+                            .to_owned()
+                    ),
+                    "{level}"
+                );
+            }
+            for level in ["local", "majority", "snapshot"] {
+                let started = first(doc! { "level": level });
+                assert_eq!(code(refusal(&role, "find", &started)), None, "{level}");
+            }
+            let op_time = first(
+                doc! { "afterOpTime": { "ts": bson::Timestamp { time: 1, increment: 1 }, "t": 1_i64 } },
+            );
+            assert_eq!(code(refusal(&role, "find", &op_time)), Some(72));
+        }
+    }
+
+    /// Leftovers12 item 1 (house rule 7): outside a transaction each command takes the levels
+    /// its `supportsReadConcern` takes in the server's source (`list_collections.cpp`,
+    /// `list_indexes.cpp`, `list_databases.cpp`, `collmod_cmd.cpp` and the hello command keep
+    /// the base default, "local" only; `count_cmd.cpp` refuses "snapshot";
+    /// `map_reduce_command_base.h` takes "local" and "available"; `getmore_cmd.cpp`,
+    /// `distinct.cpp` and `find_cmd.cpp` take every level; `killcursors_cmd.cpp` only "local",
+    /// `cluster_killcursors_cmd.cpp` every level; the pipeline's stages for `aggregate`).
+    #[test]
+    fn item1_each_command_takes_the_read_concern_levels_of_its_server_class() {
+        let primary = Role::ReplicaSetMember(ReplicaSetMember::primary("rs"));
+        let refused = |role: &Role, mut command: Document, level: &str| {
+            let name = command.keys().next().unwrap().clone();
+            command.insert("readConcern", doc! { "level": level });
+            refusal(role, &name, &command)
+        };
+        let levels = ["local", "majority", "linearizable", "available", "snapshot"];
+        let local_only = [
+            doc! { "listCollections": 1 },
+            doc! { "listIndexes": "c" },
+            doc! { "listDatabases": 1 },
+            doc! { "collMod": "c" },
+            doc! { "renameCollection": "db.c", "to": "db.d" },
+            doc! { "hello": 1 },
+            doc! { "ping": 1 },
+            doc! { "buildInfo": 1 },
+            doc! { "endSessions": [] },
+            doc! { "create": "c" },
+        ];
+        for role in [Role::Mongos, primary.clone()] {
+            for command in &local_only {
+                for level in levels {
+                    let answer = code(refused(&role, command.clone(), level));
+                    let expected = (level != "local").then_some(72);
+                    assert_eq!(answer, expected, "{command} {level}");
+                }
+            }
+            for command in [
+                doc! { "find": "c" },
+                doc! { "distinct": "c", "key": "x" },
+                doc! { "getMore": 1_i64, "collection": "c" },
+                doc! { "aggregate": "c", "pipeline": [{ "$match": {} }], "cursor": {} },
+            ] {
+                for level in levels {
+                    assert_eq!(
+                        code(refused(&role, command.clone(), level)),
+                        None,
+                        "{command} {level}"
+                    );
+                }
+            }
+            for level in levels {
+                let count = refused(&role, doc! { "count": "c" }, level);
+                if level == "snapshot" {
+                    assert_eq!(
+                        errmsg(count),
+                        Some(
+                            "Command count does not support { readConcern: { level: \
+                             \"snapshot\", provenance: \"clientSupplied\" } } :: caused by :: \
+                             read concern snapshot not supported"
+                                .to_owned()
+                        )
+                    );
+                } else {
+                    assert_eq!(code(count), None, "count {level}");
+                }
+                let map_reduce = code(refused(&role, doc! { "mapReduce": "c" }, level));
+                let expected = (!matches!(level, "local" | "available")).then_some(72);
+                assert_eq!(map_reduce, expected, "mapReduce {level}");
+            }
+        }
+        // killCursors: only "local" on a mongod, every level on a mongos.
+        let kill = doc! { "killCursors": "c", "cursors": [1_i64] };
+        assert_eq!(code(refused(&primary, kill.clone(), "majority")), Some(72));
+        assert_eq!(code(refused(&primary, kill.clone(), "local")), None);
+        assert_eq!(code(refused(&Role::Mongos, kill, "majority")), None);
+        // The pipeline's stages: the first refusing stage's reason.
+        let pipeline = |stages: Bson| doc! { "aggregate": "c", "pipeline": stages, "cursor": {} };
+        let change_stream = pipeline(bson!([{ "$changeStream": {} }]));
+        assert_eq!(
+            errmsg(refused(&primary, change_stream.clone(), "local")),
+            Some(
+                "Command aggregate does not support { readConcern: { level: \"local\", \
+                 provenance: \"clientSupplied\" } } :: caused by :: Aggregation stage \
+                 $changeStream cannot run with a readConcern other than 'majority'. Current \
+                 readConcern: local"
+                    .to_owned()
+            )
+        );
+        assert_eq!(code(refused(&primary, change_stream, "majority")), None);
+        let sessions = pipeline(bson!([{ "$listLocalSessions": {} }]));
+        assert_eq!(
+            code(refused(&primary, sessions.clone(), "majority")),
+            Some(72)
+        );
+        assert_eq!(code(refused(&primary, sessions, "local")), None);
+        for stage in ["$out", "$merge"] {
+            let writes = pipeline(bson!([{ "$match": {} }, { stage: "d" }]));
+            let linearizable = errmsg(refused(&primary, writes.clone(), "linearizable"));
+            assert!(
+                linearizable.is_some_and(|m| m.ends_with(&format!(
+                    ":: caused by :: {stage} cannot be used with a 'linearizable' read concern level"
+                ))),
+                "{stage}"
+            );
+            for level in ["local", "majority", "available", "snapshot"] {
+                assert_eq!(
+                    code(refused(&primary, writes.clone(), level)),
+                    None,
+                    "{stage} {level}"
+                );
+            }
+        }
+        // The rendered read concern keeps its cluster time, as the server's `toString` does.
+        let mut after = doc! { "listIndexes": "c" };
+        after.insert(
+            "readConcern",
+            doc! { "level": "majority", "afterClusterTime": bson::Timestamp { time: 7, increment: 2 } },
+        );
+        assert_eq!(
+            errmsg(refusal(&primary, "listIndexes", &after)),
+            Some(
+                "Command listIndexes does not support { readConcern: { level: \"majority\", \
+                 afterClusterTime: Timestamp(7, 2), provenance: \"clientSupplied\" } } :: \
+                 caused by :: read concern not supported"
+                    .to_owned()
+            )
+        );
     }
 
     /// SE-21, review7 finding 3: `atClusterTime` only with the snapshot level and never with

@@ -848,7 +848,7 @@ fn begin_write(state: &State, key: &WriteKey) -> Option<Response> {
 }
 
 /// TK-5, TK-11: a retryable `update` / `delete` of several statements, statement by statement:
-/// a statement already done (same lsid, txnNumber, stmtId = the command's + its index) is not run
+/// a statement already done (same lsid, txnNumber, stmtId = its index) is not run
 /// again, each other one fires `onPrimaryTransactionalWrite` on its own, and the replies are
 /// combined as one command's (indexes of `upserted` and `writeErrors` by statement).
 fn statement_writes(
@@ -869,7 +869,7 @@ fn statement_writes(
     let mut replayed = true;
     for (index, statement) in statements.iter().enumerate() {
         let sub = WriteKey {
-            stmt_id: key.stmt_id + index as i64,
+            stmt_id: index as i64,
             ..key.clone()
         };
         let known = state.data.lock().write_result(&sub);
@@ -883,14 +883,21 @@ fn statement_writes(
                 if firing == Some(Firing::CloseWithoutCommit) {
                     return Ok(Response::Close);
                 }
-                let reply = execute(state, name, statement, shared.max_wire_version, router);
+                let reply = execute(
+                    state,
+                    name,
+                    statement,
+                    shared.max_wire_version,
+                    router,
+                    None,
+                );
                 // TK-15 (review7 finding 1): the statements done so far are recorded, so the
                 // command goes on at this one once it no longer has to wait.
                 if let Some(session) = state.data.lock().take_blocked() {
                     *held = Some(firing);
                     return Err(session);
                 }
-                // A known command the test server does not run (TK-2).
+                // A known command the test server does not run (TK-2, `commands::KNOWN_NOT_RUN`).
                 let reply = reply.unwrap_or_else(|| {
                     crate::commands::unsupported_reply(&format!("command {name}"))
                 });
@@ -1261,13 +1268,22 @@ impl Connection {
                 Ok(response) => break response,
                 Err(session) => session,
             };
-            let deadline = max_time.unwrap_or_else(|| {
+            // Leftovers12 item 5: a command queued behind a pending DDL command whose
+            // transaction has ended waits for that command's turn (told by `notified`), with no
+            // deadline of its own but its `maxTimeMS`.
+            let deadline = max_time.or_else(|| {
                 let started = shared.lock().data.lock().transaction_started(&blocked_by);
-                started.map_or_else(Instant::now, |s| s + TRANSACTION_LIFETIME_LIMIT)
+                started.map(|s| s + TRANSACTION_LIFETIME_LIMIT)
             });
+            let expiry = async {
+                match deadline {
+                    Some(deadline) => tokio::time::sleep_until(deadline).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = &mut notified => {}
-                () = tokio::time::sleep_until(deadline) => {
+                () = expiry => {
                     if max_time.is_some() {
                         break Response::Reply(error_reply(50, "operation exceeded time limit"));
                     }
@@ -1372,6 +1388,7 @@ impl Connection {
                 request,
                 shared.max_wire_version,
                 self.router(shared),
+                self.ddl_wait.as_ref().map(|wait| wait.number),
             )
         };
         let blocked = {
@@ -1390,7 +1407,7 @@ impl Connection {
             return Err(session);
         }
         let Some(mut reply) = reply else {
-            // A known command the test server does not run (TK-2).
+            // A known command the test server does not run (TK-2, `commands::KNOWN_NOT_RUN`).
             state.unsupported.push(format!("command {name}"));
             let what = format!("command {name}");
             return Ok(Response::Reply(crate::commands::unsupported_reply(&what)));

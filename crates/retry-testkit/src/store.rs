@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bson::oid::ObjectId;
 use bson::spec::BinarySubtype;
-use bson::{Bson, Document, RawDocument};
+use bson::{doc, Bson, Document, RawDocument};
 
 use crate::query::{apply_update, equal, matches, upsert_seed, Unsupported};
 use crate::refusals::ApiParameters;
@@ -73,7 +73,8 @@ pub(crate) struct Store {
     /// TK-15 (review7 finding 1): the transaction in progress (lsid bytes) the write outside any
     /// transaction now running ran into: the command is undone and waits until it ends.
     blocked_by: Option<Vec<u8>>,
-    /// TK-15 (review7 finding 1): told when a transaction ends, for the writes waiting on it.
+    /// TK-15 (review7 finding 1, leftovers12 item 5): told when a transaction ends or a pending
+    /// DDL command no longer waits, for the commands waiting on either.
     ended: Arc<tokio::sync::Notify>,
     /// How many changes commands looked at, for the tests of house rule 9.
     #[cfg(test)]
@@ -94,6 +95,10 @@ pub(crate) struct Store {
     pending_ddl: BTreeMap<u64, (DdlTarget, Vec<u8>)>,
     /// The number the next waiting DDL command gets.
     next_ddl: u64,
+    /// Leftovers12 item 5: the pending number of the DDL command now running, when it is one
+    /// waiting its turn ([`Store::set_running_ddl`]): only the DDL commands before it hold it
+    /// back.
+    running_ddl: Option<u64>,
     /// The DDL the command now running is, when a transaction in progress blocked it (taken with
     /// [`Store::take_blocked`]'s session, [`Store::take_blocked_ddl`]).
     blocked_ddl: Option<DdlTarget>,
@@ -117,6 +122,17 @@ impl DdlTarget {
             DdlTarget::Database(db) => ns.split_once('.').is_some_and(|(d, _)| d == db),
         }
     }
+
+    /// Leftovers12 item 5: whether it and `other` want a lock in common (a database's lock
+    /// conflicts with its collections': a DDL on one waits for one on the other).
+    fn overlaps(&self, other: &DdlTarget) -> bool {
+        match (self, other) {
+            (DdlTarget::Collection(ns), target) | (target, DdlTarget::Collection(ns)) => {
+                target.covers(ns)
+            }
+            (DdlTarget::Database(a), DdlTarget::Database(b)) => a == b,
+        }
+    }
 }
 
 /// The encoding of an lsid that is `{id: <binary>}` alone (any subtype but `BinaryOld`, whose
@@ -134,7 +150,8 @@ fn plain_lsid_bytes(lsid: &Document) -> Option<Vec<u8>> {
 const CLUSTER_TIME_SECONDS: u32 = 1_700_000_000;
 
 /// A retryable write's identity: its session (`lsid`, as BSON bytes), `txnNumber` and
-/// statement (`stmtId`, 0 when the command sends none) (TK-*: dedup for every write type).
+/// statement: its position in the command, from 0 (TK-5: a driver sends no `stmtId`; a whole
+/// command's key is its first statement's, [`crate::commands::write_key`]).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct WriteKey {
     pub(crate) session: Vec<u8>,
@@ -164,6 +181,9 @@ struct Transaction {
     /// Versioned-api "Transactions": its first command's API parameters, which every later
     /// command must repeat ([`Store::transaction_api_mismatch`]).
     api: ApiParameters,
+    /// Leftovers12 item 1: its first command's `readConcern`, the transaction's read concern
+    /// ([`Store::transaction_read_concern`]).
+    read_concern: Option<Document>,
     /// TK-12: the mongos (server process) that started it, `None` on a replica set: each mongos
     /// keeps its own router state for a transaction, while the data, and so the transaction
     /// itself, lives on the shards (the shared store).
@@ -582,31 +602,56 @@ impl Store {
         number
     }
 
-    /// TK-15 (leftovers11, house rule 7): a real server's pending DDL holds back new operations
-    /// outside any transaction on its namespace too: they queue behind its exclusive lock
-    /// request. A command outside any transaction on `ns` (a DDL command's own rerun included)
-    /// waits ([`QueryError::Blocked`]) for the transaction a pending DDL on `ns` waits for,
-    /// while that one is in progress; once it ended the command runs.
-    pub(crate) fn ddl_queue(&mut self, ns: &str) -> Result<(), QueryError> {
+    /// Leftovers12 item 5: the running command is the pending DDL command `number` taking its
+    /// turn (`None`: it is not one).
+    pub(crate) fn set_running_ddl(&mut self, number: Option<u64>) {
+        self.running_ddl = number;
+    }
+
+    /// TK-15: whether any DDL command is pending ([`Store::hold_ddl`]); when none is, no
+    /// command has a pending-DDL check to make (house rule 9: a `bulkWrite` op costs nothing
+    /// more for it).
+    pub(crate) fn ddl_pending(&self) -> bool {
+        !self.pending_ddl.is_empty()
+    }
+
+    /// TK-15 (leftovers11, leftovers12 item 5, house rule 7): a real server's pending DDL holds
+    /// back the operations outside any transaction that come after it on its namespace, in
+    /// order: they queue behind its exclusive lock request (a new request queues behind a
+    /// waiting conflicting one), and the lock manager grants the queue from its front
+    /// (`lock_manager.cpp`, `LockManager::_onLockModeChanged`: the waiting X first, nothing
+    /// after it), so they run after the DDL even once the transaction it waits for has ended. A
+    /// command outside any transaction on `target` (`ddl`: a DDL command itself, which then is
+    /// pending too, [`Store::take_blocked_ddl`]) waits ([`QueryError::Blocked`], with the
+    /// session that DDL waits for) while a DDL command before it on an overlapping target is
+    /// pending; a pending DDL command's own turn ([`Store::set_running_ddl`]) waits only for
+    /// those before it.
+    pub(crate) fn ddl_queue(&mut self, target: &DdlTarget, ddl: bool) -> Result<(), QueryError> {
         if self.pending_ddl.is_empty() || self.writer.is_some() {
             return Ok(());
         }
+        let before = self.running_ddl.unwrap_or(u64::MAX);
         let waited = self
             .pending_ddl
-            .values()
-            .find(|(target, session)| target.covers(ns) && self.open.contains(session));
-        match waited {
-            Some((_, session)) => {
-                let blocked = Err(QueryError::Blocked(session.clone()));
-                self.noted(blocked)
-            }
-            None => Ok(()),
+            .range(..before)
+            .map(|(_, pending)| pending)
+            .find(|(pending, _)| pending.overlaps(target));
+        let Some((_, session)) = waited else {
+            return Ok(());
+        };
+        let blocked = Err(QueryError::Blocked(session.clone()));
+        if ddl && self.running_ddl.is_none() {
+            self.blocked_ddl = Some(target.clone());
         }
+        self.noted(blocked)
     }
 
-    /// TK-15 (leftovers11): the DDL command numbered `number` no longer waits.
+    /// TK-15 (leftovers11): the DDL command numbered `number` no longer waits; the commands
+    /// queued behind it go on (leftovers12 item 5).
     pub(crate) fn release_ddl(&mut self, number: u64) {
-        self.pending_ddl.remove(&number);
+        if self.pending_ddl.remove(&number).is_some() {
+            self.ended.notify_waiters();
+        }
     }
 
     /// TK-15 (leftovers11, house rule 7): a real server's pending DDL ("Pending DDL Operations
@@ -940,17 +985,9 @@ impl Store {
                     *document = before;
                     return Err(unsupported(error));
                 }
-                if !document
-                    .get("_id")
-                    .is_some_and(|id| equal(id, &id_of(&before)))
-                {
+                if let Some(error) = changed_id(&before, document, update) {
                     *document = before;
-                    return Err(QueryError::Write(
-                        66,
-                        "Performing an update on the path '_id' would modify the immutable field \
-                         '_id'"
-                            .into(),
-                    ));
+                    return Err(error);
                 }
                 if too_deep(document) {
                     *document = before;
@@ -1075,6 +1112,7 @@ impl Store {
                     created: Vec::new(),
                     accessed: Vec::new(),
                     api: ApiParameters::NONE,
+                    read_concern: None,
                     router,
                     started: tokio::time::Instant::now(),
                 },
@@ -1094,12 +1132,23 @@ impl Store {
         }
     }
 
-    /// Versioned-api "Transactions": the transaction `session` just started keeps its first
-    /// command's API parameters.
-    pub(crate) fn note_transaction_api(&mut self, session: &[u8], api: ApiParameters) {
+    /// Versioned-api "Transactions", leftovers12 item 1: the transaction `session` just started
+    /// keeps its first command's API parameters and `readConcern`.
+    pub(crate) fn note_transaction_start(
+        &mut self,
+        session: &[u8],
+        api: ApiParameters,
+        read_concern: Option<Document>,
+    ) {
         if let Some(transaction) = self.transactions.get_mut(session) {
             transaction.api = api;
+            transaction.read_concern = read_concern;
         }
+    }
+
+    /// Leftovers12 item 1: the `readConcern` of `session`'s transaction (its first command's).
+    pub(crate) fn transaction_read_concern(&self, session: &[u8]) -> Option<&Document> {
+        self.transactions.get(session)?.read_concern.as_ref()
     }
 
     /// Versioned-api "Transactions" (house rule 7): a command `name` with `txnNumber` `number`
@@ -1401,7 +1450,9 @@ impl Store {
             }
             new.push(document);
         }
-        self.ddl_holder(DdlTarget::Collection(ns.to_owned()))?;
+        let target = DdlTarget::Collection(ns.to_owned());
+        self.ddl_queue(&target, true)?;
+        self.ddl_holder(target)?;
         let added: Vec<Bson> = new.documents().iter().map(id_of).collect();
         let old = core::mem::replace(self.collection_mut(ns), new).into_documents();
         // TK-15: in a transaction, every old document was removed and every new one added.
@@ -1451,17 +1502,28 @@ impl Store {
     /// admitted as an insert admits it ([`admit`]: a missing `_id` added). TK-15:
     /// outside any transaction, a document whose `_id` a transaction in progress changed makes
     /// it wait first ([`QueryError::Blocked`]), as any other write to that document does;
-    /// nothing is written before.
+    /// nothing is written before. Leftovers12 item 4 (house rule 7): a real server merges with
+    /// an unordered batch of upserts `{q: {_id}, u: {$set: <document>}}`, so a document whose
+    /// `_id` equals an existing one's only as a number of another type (`5000.0` onto `5000`) is
+    /// ImmutableField 66 ([`changed_id`]: `$set` of `_id` to a value not binary-equal), and the
+    /// others are written all the same: the first such error is answered after them. Review15
+    /// finding 1 (house rule 7): those upserts lock the target as any update does
+    /// (`write_ops_exec.cpp`), so outside any transaction (the only place a `$merge` runs) it
+    /// first queues behind a DDL command pending on the target ([`Store::ddl_queue`]).
     pub(crate) fn merge(&mut self, ns: &str, documents: Vec<Document>) -> Result<(), QueryError> {
         let documents = documents
             .into_iter()
             .map(admit)
             .collect::<Result<Vec<_>, _>>()?;
+        if self.ddl_pending() {
+            self.ddl_queue(&DdlTarget::Collection(ns.to_owned()), false)?;
+        }
         let conflict = documents
             .iter()
             .try_for_each(|d| self.conflict(ns, &id_of(d)));
         self.noted(conflict)?;
         self.collection_mut(ns);
+        let mut refused = None;
         for document in documents {
             let target = self.collection_mut(ns);
             // The index says where the document with this `_id` is (house rule 9).
@@ -1469,6 +1531,12 @@ impl Store {
             // TK-15: in a transaction, the document as it was goes into the undo log.
             let (before, index) = match existing {
                 Some(index) => {
+                    let set = doc! { "$set": document.clone() };
+                    let changed = changed_id(&target.documents()[index], &document, &set);
+                    if let Some(error) = changed {
+                        refused.get_or_insert(error);
+                        continue;
+                    }
                     let before = target.change(index, |d| {
                         let before = d.clone();
                         d.extend(document);
@@ -1484,7 +1552,7 @@ impl Store {
             let id = id_of(&self.collections[ns].documents()[index]);
             self.record(ns, id, before, index);
         }
-        Ok(())
+        refused.map_or(Ok(()), Err)
     }
 
     /// Creates `ns`; `false` when it already exists.
@@ -1502,7 +1570,9 @@ impl Store {
     /// for the collection lock of such a transaction ("Pending DDL Operations and
     /// Transactions"), so that transaction's abort never brings the dropped documents back.
     pub(crate) fn drop_collection(&mut self, ns: &str) -> Result<bool, QueryError> {
-        self.ddl_holder(DdlTarget::Collection(ns.to_owned()))?;
+        let target = DdlTarget::Collection(ns.to_owned());
+        self.ddl_queue(&target, true)?;
+        self.ddl_holder(target)?;
         self.indexes.remove(ns);
         Ok(self.collections.remove(ns).is_some())
     }
@@ -1511,7 +1581,9 @@ impl Store {
     /// (review12 finding 1): first waits for a transaction in progress that holds any
     /// collection of `db` (the database's exclusive lock), with nothing dropped before.
     pub(crate) fn drop_database(&mut self, db: &str) -> Result<(), QueryError> {
-        self.ddl_holder(DdlTarget::Database(db.to_owned()))?;
+        let target = DdlTarget::Database(db.to_owned());
+        self.ddl_queue(&target, true)?;
+        self.ddl_holder(target)?;
         let prefix = format!("{db}.");
         for c in self.collection_names(db) {
             let ns = format!("{prefix}{c}");
@@ -1742,6 +1814,34 @@ fn cursor_mismatch(cursor: &Cursor, id: i64, origin: CursorOrigin<'_>) -> Option
         code,
         format!("Cannot run getMore on cursor {id}, {message}"),
     ))
+}
+
+/// House rule 7, leftovers12 item 4: what a real server answers when `update` turned `before`
+/// into `after`: ImmutableField 66 when the `_id` is gone, or, for a replacement, is another
+/// value (`ObjectReplaceExecutor`: compared as values, so `5000.0` may replace `5000` and is
+/// stored), or, for an update with operators, is not binary-equal to the old one (a `$set` of
+/// `_id` to a value of another type is no no-op, `SetNode::updateExistingElement` and
+/// `BSONElement::binaryEqualValues`, so `modifier_node.cpp` refuses it: "Updating the path
+/// '_id' to _id: … would modify the immutable field '_id'"). `None` when the `_id` stays.
+fn changed_id(before: &Document, after: &Document, update: &Document) -> Option<QueryError> {
+    let old = id_of(before);
+    let replacement = update.keys().next().is_some_and(|k| !k.starts_with('$'));
+    let message = match after.get("_id") {
+        Some(new) if replacement && equal(new, &old) => return None,
+        Some(new) if !replacement && binary_equal(new, &old) => return None,
+        Some(new) if !replacement => {
+            format!("Updating the path '_id' to _id: {new} would modify the immutable field '_id'")
+        }
+        _ => "Performing an update on the path '_id' would modify the immutable field '_id'".into(),
+    };
+    Some(QueryError::Write(66, message))
+}
+
+/// Leftovers12 item 4: whether `a` and `b` are one BSON value, type and bytes alike (the
+/// server's `BSONElement::binaryEqualValues`): `5000` and `5000.0` are not.
+fn binary_equal(a: &Bson, b: &Bson) -> bool {
+    let bytes = |value: &Bson| doc! { "": value.clone() }.to_vec().ok();
+    bytes(a) == bytes(b)
 }
 
 /// House rule 7: a replacement `update` of `document` naming another `_id` is refused as a real
@@ -2043,6 +2143,72 @@ mod tests {
         assert_eq!(keys(&out[1]), ["_id", "z"]);
     }
 
+    /// Leftovers12 item 4 (house rule 7; the server's `set_node.cpp`, `modifier_node.cpp`,
+    /// `object_replace_executor.cpp`, `bsonelement.cpp` `binaryEqualValues` and
+    /// `document_source_merge.cpp`'s unordered `$set` upserts): a `$set` of `_id` to the same
+    /// number of another type is ImmutableField 66, a replacement naming it is taken (the new
+    /// type stored), and a `$merge` of `{_id: 5000.0}` onto `{_id: 5000}` is 66 for that document
+    /// while the batch's others are written.
+    #[test]
+    fn item4_an_id_of_another_number_type_is_immutable_for_set_and_merge() {
+        let mut store = Store::default();
+        let seed = vec![doc! { "_id": 5000, "a": 1 }];
+        assert_eq!(store.insert("db.c", seed, true).unwrap().n, 1);
+        let id = |store: &Store| id_of(&store.collections["db.c"].documents()[0]);
+        let changed = set_one(&mut store, doc! { "_id": 5000 }, doc! { "_id": 5000.0 });
+        match changed {
+            Err(QueryError::Write(66, message)) => assert!(
+                message.starts_with("Updating the path '_id' to _id: ")
+                    && message.ends_with(" would modify the immutable field '_id'"),
+                "{message}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(id(&store), Bson::Int32(5000));
+        let same = set_one(
+            &mut store,
+            doc! { "_id": 5000 },
+            doc! { "_id": 5000, "a": 2 },
+        );
+        assert_eq!(same.unwrap().modified, 1, "the same _id is a no-op");
+        let merged = store.merge(
+            "db.c",
+            vec![doc! { "_id": 5000.0, "m": 1 }, doc! { "_id": 7, "m": 2 }],
+        );
+        assert!(
+            matches!(merged, Err(QueryError::Write(66, _))),
+            "{merged:?}"
+        );
+        let documents = store.collections["db.c"].documents();
+        assert_eq!(documents[0], doc! { "_id": 5000, "a": 2 }, "left as it was");
+        assert_eq!(
+            documents[1],
+            doc! { "_id": 7, "m": 2 },
+            "the batch's other document"
+        );
+        store
+            .merge("db.c", vec![doc! { "_id": 5000, "m": 3 }])
+            .unwrap();
+        assert_eq!(
+            store.collections["db.c"].documents()[0],
+            doc! { "_id": 5000, "a": 2, "m": 3 }
+        );
+        let replaced = store.update(
+            "db.c",
+            &doc! { "_id": 5000 },
+            &doc! { "_id": 5000.0, "r": 1 },
+            false,
+            false,
+        );
+        assert_eq!(replaced.unwrap().modified, 1);
+        assert_eq!(
+            id(&store),
+            Bson::Double(5000.0),
+            "the replacement's _id is stored"
+        );
+        assert_index_in_step(&store);
+    }
+
     /// Leftovers10 item 3: the `_id` index follows every change: insert, update (an `_id`
     /// changed by `$set` too), upsert, delete, `$merge`, `$out`, a transaction's abort (its
     /// undo) and commit, and a drop.
@@ -2169,6 +2335,66 @@ mod tests {
         store.release_ddl(number);
         let released = in_transaction(&mut store, S2, 2, false, |s| s.lock_timeout("db.c"));
         assert_eq!(released, None);
+    }
+
+    /// Leftovers12 item 5 (house rule 7; the server's `lock_manager.cpp`: a lock's waiting
+    /// requests are granted from the front of its queue): commands queue behind a pending DDL
+    /// command in arrival order, even once the transaction it waits for has ended: a command on
+    /// its collection, and a `dropDatabase` of its database (which is then pending too, after
+    /// it); a pending DDL command's own turn waits only for those before it; once the first is
+    /// released, the next one runs.
+    #[test]
+    fn item5_commands_queue_behind_a_pending_ddl_in_order() {
+        let mut store = store_with(2);
+        in_transaction(&mut store, S1, 1, true, |s| {
+            s.find(OWNER, "db.c", &doc! {}, None, 10)
+        })
+        .unwrap();
+        let (dropped, _) = outside(&mut store, |s| s.drop_collection("db.c"));
+        assert_eq!(dropped, Err(QueryError::Blocked(S1.to_vec())));
+        let target = store.take_blocked_ddl().expect("the blocked drop");
+        let first = store.hold_ddl(target, S1.to_vec());
+        store.end_transaction(S1, 1, false, None, false).unwrap();
+        let collection = DdlTarget::Collection("db.c".into());
+        let (queued, blocked) = outside(&mut store, |s| s.ddl_queue(&collection, false));
+        assert_eq!(
+            queued,
+            Err(QueryError::Blocked(S1.to_vec())),
+            "after the transaction"
+        );
+        assert_eq!(blocked, Some(S1.to_vec()));
+        assert_eq!(store.take_blocked_ddl(), None, "not a DDL command");
+        let (database, _) = outside(&mut store, |s| s.drop_database("db"));
+        assert_eq!(database, Err(QueryError::Blocked(S1.to_vec())));
+        let target = store.take_blocked_ddl().expect("a pending DDL command too");
+        assert_eq!(target, DdlTarget::Database("db".into()));
+        let second = store.hold_ddl(target, S1.to_vec());
+        let (turn, _) = outside(&mut store, |s| {
+            s.set_running_ddl(Some(first));
+            let turn = s.drop_collection("db.c");
+            s.set_running_ddl(None);
+            turn
+        });
+        assert_eq!(turn, Ok(true), "the first one's turn");
+        store.release_ddl(first);
+        let (other, _) = outside(&mut store, |s| s.ddl_queue(&collection, false));
+        assert_eq!(
+            other,
+            Err(QueryError::Blocked(S1.to_vec())),
+            "behind the second"
+        );
+        let (turn, _) = outside(&mut store, |s| {
+            s.set_running_ddl(Some(second));
+            let turn = s.drop_database("db");
+            s.set_running_ddl(None);
+            turn
+        });
+        assert_eq!(turn, Ok(()));
+        store.release_ddl(second);
+        assert_eq!(
+            outside(&mut store, |s| s.ddl_queue(&collection, false)).0,
+            Ok(())
+        );
     }
 
     fn outside<T>(store: &mut Store, write: impl FnOnce(&mut Store) -> T) -> (T, Option<Vec<u8>>) {

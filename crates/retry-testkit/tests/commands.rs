@@ -284,13 +284,80 @@ async fn tk2_ddl_commands_refuse_every_read_concern_level_but_local() {
             let reply = client.command(with_level(command, "local")).await.unwrap();
             assert_eq!(code(&reply), None, "{reply}");
         }
-        let mut started = with_level(doc! { "create": "in_txn", "$db": "db" }, "snapshot");
-        started.insert("lsid", lsid());
-        started.insert("txnNumber", 1i64);
-        started.insert("autocommit", false);
-        started.insert("startTransaction", true);
-        let reply = client.command(started).await.unwrap();
-        assert_eq!(code(&reply), None, "in a transaction: {reply}");
+        // Leftovers12 item 1: in a transaction a mongod checks `create` and `createIndexes`
+        // (only them) against the transaction's read concern, its first command's: "local"
+        // only; the statement fails and the transaction is aborted.
+        let in_transaction = |command: Document, level: Option<&str>, txn: i64, start: bool| {
+            let mut command = match level {
+                Some(level) => with_level(command, level),
+                None => command,
+            };
+            command.insert("lsid", lsid());
+            command.insert("txnNumber", txn);
+            command.insert("autocommit", false);
+            if start {
+                command.insert("startTransaction", true);
+            }
+            command
+        };
+        let create = doc! { "create": "in_txn", "$db": "db" };
+        let create_index =
+            doc! { "createIndexes": "in_txn", "indexes": [index.clone()], "$db": "db" };
+        for (txn, level) in [(1, "snapshot"), (2, "majority")] {
+            let started = in_transaction(create.clone(), Some(level), txn, true);
+            let reply = client.command(started).await.unwrap();
+            assert_eq!(code(&reply), Some(72), "{level}: {reply}");
+            assert_eq!(
+                reply.get_str("errmsg").unwrap(),
+                format!(
+                    "Command create does not support this transaction's {{ readConcern: {{ \
+                     level: \"{level}\", provenance: \"clientSupplied\" }} }} :: caused by :: \
+                     read concern not supported"
+                )
+            );
+        }
+        // A later statement is checked against the first one's level.
+        let find = doc! { "find": "c", "$db": "db" };
+        let reply = client
+            .command(in_transaction(find.clone(), Some("snapshot"), 3, true))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let reply = client
+            .command(in_transaction(create_index.clone(), None, 3, false))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(72), "{reply}");
+        let reply = client
+            .command(in_transaction(find.clone(), None, 3, false))
+            .await
+            .unwrap();
+        assert_eq!(
+            code(&reply),
+            Some(251),
+            "aborted by the failed statement: {reply}"
+        );
+        // Other statements of a snapshot transaction are not checked; without a level, or
+        // with "local", `create` runs.
+        let insert = doc! { "insert": "c", "documents": [{ "_id": 2 }], "$db": "db" };
+        let reply = client
+            .command(in_transaction(insert, Some("snapshot"), 4, true))
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        for (txn, level) in [(5, Some("local")), (6, None)] {
+            let name = format!("made_{txn}");
+            let reply = client
+                .command(in_transaction(
+                    doc! { "create": name, "$db": "db" },
+                    level,
+                    txn,
+                    true,
+                ))
+                .await
+                .unwrap();
+            assert_eq!(code(&reply), None, "{level:?}: {reply}");
+        }
         server.shutdown().await;
     })
     .await;
@@ -889,6 +956,21 @@ async fn aggregate_group_out_merge_and_local_sessions() {
             handle.documents("db.m"),
             vec![doc! { "_id": 1, "y": 1, "x": 1 }, doc! { "_id": 2, "x": 2 }]
         );
+        // Leftovers12 item 4: a real `$merge` is an unordered batch of `$set` upserts, and a
+        // `$set` of `_id` to the same number of another type is ImmutableField 66 (the server's
+        // `modifier_node.cpp`): `{_id: 5000.0}` onto `{_id: 5000}` fails, the other document is
+        // written, the existing one stays as it was.
+        handle.insert("db.src", vec![doc! { "_id": 5000.0, "z": 1 }, doc! { "_id": 9, "z": 2 }]);
+        handle.insert("db.dst", vec![doc! { "_id": 5000 }]);
+        let reply = client
+            .command(doc! { "aggregate": "src", "pipeline": [{ "$merge": { "into": "dst" } }], "cursor": {}, "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(66), "{reply}");
+        assert_eq!(
+            handle.documents("db.dst"),
+            vec![doc! { "_id": 5000 }, doc! { "_id": 9, "z": 2 }]
+        );
         let lsid = lsid_of(7);
         client
             .command(doc! { "ping": 1, "lsid": lsid.clone(), "$db": "db" })
@@ -1339,6 +1421,22 @@ async fn review13_f3_a_query_that_is_not_a_document_is_type_mismatch() {
         let count = doc! { "count": "c", "query": { "a": 2 }, "$db": "db" };
         let reply = client.command(count).await.unwrap();
         assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        // Leftovers12 item 3: the server's IDL parser takes a `null` or `undefined` of the wrong
+        // type as the field's absence (`IDLParserContext::checkAndAssertTypeSlowPath`): the
+        // default, an empty query matching every document.
+        for absent in [Bson::Null, Bson::Undefined] {
+            let count = doc! { "count": "c", "query": absent.clone(), "$db": "db" };
+            let reply = client.command(count).await.unwrap();
+            assert_eq!(reply.get_i32("n").ok(), Some(2), "{absent:?}: {reply}");
+            let distinct =
+                doc! { "distinct": "c", "key": "a", "query": absent.clone(), "$db": "db" };
+            let reply = client.command(distinct).await.unwrap();
+            assert_eq!(
+                reply.get_array("values").map(Vec::len).ok(),
+                Some(2),
+                "{absent:?}: {reply}"
+            );
+        }
         let distinct = doc! { "distinct": "c", "key": "a", "$db": "db" };
         let reply = client.command(distinct).await.unwrap();
         assert_eq!(
@@ -1823,6 +1921,311 @@ async fn tk15_a_waiting_out_holds_back_new_transactions_on_its_target() {
         let insert = in_transaction(4, doc! { "insert": "w", "documents": [{ "_id": 5 }] }, true);
         let reply = third.command(insert).await.unwrap();
         assert_eq!(code(&reply), None, "no DDL waits any more: {reply}");
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// TK-15 (leftovers12 item 5, house rule 7): a command outside any transaction queued behind a
+/// pending DDL command runs after it, even once the transaction the DDL waited for has ended:
+/// the server's lock manager grants a collection's lock requests from the front of its queue
+/// (`lock_manager.cpp`, `LockManager::_onLockModeChanged`), and a new request queues behind a
+/// waiting conflicting one. Two transactions hold `w`; a `drop` of `w` waits; an `insert` into
+/// `w` queues behind it. The first transaction's end lets neither run (the drop waits for the
+/// second); after the second's, the drop runs, then the insert, which creates `w` again.
+#[tokio::test]
+async fn item5_a_command_queued_behind_a_pending_ddl_runs_after_it() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let handle = server.handle();
+        handle.insert("test.w", vec![doc! { "_id": 1 }]);
+        let in_transaction = |lsid: u8, mut body: Document| {
+            body.extend(doc! {
+                "$db": "test", "lsid": lsid_of(lsid), "txnNumber": 1_i64, "autocommit": false,
+            });
+            body
+        };
+        for lsid in [1, 2] {
+            let mut find = in_transaction(lsid, doc! { "find": "w" });
+            find.insert("startTransaction", true);
+            let reply = client.command(find).await.unwrap();
+            assert_eq!(code(&reply), None, "{reply}");
+        }
+        let mut dropper = RawClient::connect(server.address()).await.unwrap();
+        let drop = tokio::spawn(async move {
+            dropper
+                .command(doc! { "drop": "w", "$db": "test" })
+                .await
+                .unwrap()
+        });
+        let received = |name: &str| handle.counters().command(name).received;
+        for _ in 0..200 {
+            if received("drop") > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut writer = RawClient::connect(server.address()).await.unwrap();
+        let insert = tokio::spawn(async move {
+            let insert = doc! { "insert": "w", "documents": [{ "_id": 9 }], "$db": "test" };
+            writer.command(insert).await.unwrap()
+        });
+        for _ in 0..200 {
+            if received("insert") > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let abort = |lsid: u8| {
+            let mut body = in_transaction(lsid, doc! { "abortTransaction": 1 });
+            body.insert("$db", "admin");
+            body
+        };
+        let reply = client.command(abort(1)).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !drop.is_finished(),
+            "the drop waits for the second transaction"
+        );
+        assert!(
+            !insert.is_finished(),
+            "the insert stays queued behind the drop"
+        );
+        assert_eq!(handle.documents("test.w"), [doc! { "_id": 1 }]);
+        let reply = client.command(abort(2)).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let dropped = drop.await.expect("the drop task");
+        assert_eq!(code(&dropped), None, "{dropped}");
+        let inserted = insert.await.expect("the insert task");
+        assert_eq!(inserted.get_i32("n").ok(), Some(1), "{inserted}");
+        assert_eq!(
+            handle.documents("test.w"),
+            [doc! { "_id": 9 }],
+            "the drop ran first, the insert made w again"
+        );
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// Review15 finding 1 (TK-15): transaction 1 reads `test.w`, then a `drop` of `w` waits for it,
+/// pending; the drop's task, once the server received it.
+async fn pending_drop_of_w(
+    server: &TestServer,
+    client: &mut RawClient,
+) -> tokio::task::JoinHandle<Document> {
+    let find = doc! {
+        "find": "w", "$db": "test", "lsid": lsid_of(1), "txnNumber": 1_i64,
+        "autocommit": false, "startTransaction": true,
+    };
+    let reply = client.command(find).await.unwrap();
+    assert_eq!(code(&reply), None, "{reply}");
+    let mut dropper = RawClient::connect(server.address()).await.unwrap();
+    let drop = tokio::spawn(async move {
+        dropper
+            .command(doc! { "drop": "w", "$db": "test" })
+            .await
+            .unwrap()
+    });
+    let handle = server.handle();
+    for _ in 0..200 {
+        if handle.counters().command("drop").received > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!drop.is_finished(), "the drop waits for transaction 1");
+    drop
+}
+
+/// Review15 finding 1: ends transaction 1 of [`pending_drop_of_w`]; the drop then runs.
+async fn release_drop_of_w(client: &mut RawClient, drop: tokio::task::JoinHandle<Document>) {
+    let abort = doc! {
+        "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(1), "txnNumber": 1_i64,
+        "autocommit": false,
+    };
+    let reply = client.command(abort).await.unwrap();
+    assert_eq!(code(&reply), None, "{reply}");
+    let dropped = drop.await.expect("the drop task");
+    assert_eq!(code(&dropped), None, "{dropped}");
+}
+
+/// Review15 finding 1 (TK-15, TK-7, house rule 7): each `bulkWrite` op locks its `nsInfo`
+/// namespace as it runs (the server's `bulk_write.cpp` through `write_ops_exec`). While a drop
+/// of `w` is pending, a new transaction's bulkWrite inserting into `x`, then into `w` gets
+/// LockTimeout 24 + TransientTransactionError and is aborted (251 after, the insert into `x`
+/// undone); outside a transaction a bulkWrite into `w` queues behind the drop (until its
+/// `maxTimeMS`, 50) while one into `x` alone runs; after the drop a transaction's bulkWrite
+/// into `w` runs.
+#[tokio::test]
+async fn tk15_bulk_write_in_a_new_transaction_on_a_pending_drops_namespace_gets_24() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let handle = server.handle();
+        handle.insert("test.w", vec![doc! { "_id": 1 }]);
+        let drop = pending_drop_of_w(&server, &mut client).await;
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        let bulk = |ops: Vec<Document>, ns_info: Vec<Document>| {
+            doc! { "bulkWrite": 1, "ops": ops, "nsInfo": ns_info, "$db": "admin" }
+        };
+        let in_transaction = |mut body: Document, lsid: u8, start: bool| {
+            body.extend(doc! { "lsid": lsid_of(lsid), "txnNumber": 1_i64, "autocommit": false });
+            if start {
+                body.insert("startTransaction", true);
+            }
+            body
+        };
+        let x_then_w = bulk(
+            vec![
+                doc! { "insert": 0, "document": { "_id": 7 } },
+                doc! { "insert": 1, "document": { "_id": 8 } },
+            ],
+            vec![doc! { "ns": "test.x" }, doc! { "ns": "test.w" }],
+        );
+        let refused = other
+            .command(in_transaction(x_then_w, 2, true))
+            .await
+            .unwrap();
+        assert_eq!(code(&refused), Some(24), "{refused}");
+        assert_eq!(labels(&refused), ["TransientTransactionError"], "{refused}");
+        let after = other
+            .command(in_transaction(
+                doc! { "find": "x", "$db": "test" },
+                2,
+                false,
+            ))
+            .await
+            .unwrap();
+        assert_eq!(code(&after), Some(251), "aborted: {after}");
+        assert!(
+            handle.documents("test.x").is_empty(),
+            "the insert into x undone"
+        );
+
+        let into_w = bulk(
+            vec![doc! { "insert": 0, "document": { "_id": 9 } }],
+            vec![doc! { "ns": "test.w" }],
+        );
+        let mut queued = into_w.clone();
+        queued.insert("maxTimeMS", 100);
+        let queued = other.command(queued).await.unwrap();
+        assert_eq!(
+            code(&queued),
+            Some(50),
+            "outside a transaction it queues: {queued}"
+        );
+        let into_x = bulk(
+            vec![doc! { "insert": 0, "document": { "_id": 10 } }],
+            vec![doc! { "ns": "test.x" }],
+        );
+        let ran = other.command(into_x).await.unwrap();
+        assert_eq!(
+            ran.get_i32("nInserted").ok(),
+            Some(1),
+            "another namespace: {ran}"
+        );
+        assert!(!drop.is_finished());
+
+        release_drop_of_w(&mut client, drop).await;
+        let ran = other
+            .command(in_transaction(into_w, 3, true))
+            .await
+            .unwrap();
+        assert_eq!(code(&ran), None, "no DDL pending any more: {ran}");
+        assert_eq!(ran.get_i32("nInserted").ok(), Some(1), "{ran}");
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// Review15 finding 1 (TK-15, TK-2, house rule 7): the aggregate shapes that lock namespaces
+/// other than the one their first field names. `{aggregate: 1}` locks none and needs a first
+/// stage that reads no collection (the server's `pipeline.cpp`: InvalidNamespace 73, also with
+/// a drop pending). A `$merge` locks its target, so outside a transaction it queues behind a
+/// drop pending there (50 at its `maxTimeMS`, nothing merged). A `$lookup`, `$unionWith` or
+/// `$graphLookup` of the pending namespace in a new transaction is refused loudly
+/// (TestkitUnsupported, logged), never run.
+#[tokio::test]
+async fn tk15_aggregates_locking_other_namespaces_check_them_or_are_refused() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let handle = server.handle();
+        handle.insert("test.w", vec![doc! { "_id": 1 }]);
+        handle.insert("test.src", vec![doc! { "_id": 2, "a": 1 }]);
+        let drop = pending_drop_of_w(&server, &mut client).await;
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        let db_level = doc! {
+            "aggregate": 1, "pipeline": [{ "$match": {} }], "cursor": {}, "$db": "test",
+        };
+        let refused = other.command(db_level).await.unwrap();
+        assert_eq!(code(&refused), Some(73), "{refused}");
+        assert_eq!(
+            refused.get_str("errmsg").ok(),
+            Some("{aggregate: 1} is not valid for '$match'; a collection is required.")
+        );
+        let merge = doc! {
+            "aggregate": "src", "pipeline": [{ "$merge": { "into": "w" } }], "cursor": {},
+            "$db": "test", "maxTimeMS": 100,
+        };
+        let queued = other.command(merge).await.unwrap();
+        assert_eq!(code(&queued), Some(50), "the $merge queues: {queued}");
+        assert_eq!(handle.documents("test.w"), [doc! { "_id": 1 }]);
+        let stages = [
+            ("$lookup", doc! { "$lookup": { "from": "w", "localField": "a", "foreignField": "a", "as": "j" } }),
+            ("$unionWith", doc! { "$unionWith": "w" }),
+            ("$graphLookup", doc! { "$graphLookup": { "from": "w", "startWith": "$a",
+                "connectFromField": "a", "connectToField": "a", "as": "g" } }),
+        ];
+        for (lsid, (name, stage)) in (2_u8..).zip(stages) {
+            let read = doc! {
+                "aggregate": "src", "pipeline": [stage], "cursor": {}, "$db": "test",
+                "lsid": lsid_of(lsid), "txnNumber": 1_i64, "autocommit": false,
+                "startTransaction": true,
+            };
+            let refused = other.command(read).await.unwrap();
+            assert_eq!(code(&refused), Some(TESTKIT_UNSUPPORTED), "{name}: {refused}");
+            let logged = format!("pipeline stage {name}");
+            let log = handle.unsupported();
+            assert!(log.iter().any(|e| e.contains(&logged)), "{name} logged: {log:?}");
+        }
+        assert!(!drop.is_finished());
+        release_drop_of_w(&mut client, drop).await;
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// Review15 finding 1 (TK-15, TK-3, house rule 7): a getMore outside a transaction reads
+/// lock-free on a server (`getmore_cmd.cpp`: `AutoGetCollectionForReadMaybeLockFree`;
+/// `db_raii.cpp`: `supportsLockFreeRead` outside a multi-document transaction), so it takes no
+/// collection lock and does not queue behind a drop pending on its cursor's namespace: it gets
+/// its next batch while the drop waits.
+#[tokio::test]
+async fn tk15_get_more_outside_a_transaction_does_not_queue_behind_a_pending_drop() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let handle = server.handle();
+        handle.insert("test.w", vec![doc! { "_id": 1 }, doc! { "_id": 2 }]);
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        let find = doc! { "find": "w", "batchSize": 1, "$db": "test" };
+        let first = other.command(find).await.unwrap();
+        let cursor = first.get_document("cursor").expect("a cursor");
+        let id = cursor.get_i64("id").expect("an open cursor");
+        assert_ne!(id, 0, "{first}");
+        let drop = pending_drop_of_w(&server, &mut client).await;
+        let get_more = doc! { "getMore": id, "collection": "w", "$db": "test", "maxTimeMS": 100 };
+        let next = other.command(get_more).await.unwrap();
+        assert_eq!(code(&next), None, "it runs at once: {next}");
+        let batch = next
+            .get_document("cursor")
+            .and_then(|c| c.get_array("nextBatch"))
+            .expect("a next batch");
+        assert_eq!(batch, &vec![Bson::Document(doc! { "_id": 2 })]);
+        assert!(!drop.is_finished(), "the drop still waits");
+        release_drop_of_w(&mut client, drop).await;
         server.shutdown().await;
     })
     .await
