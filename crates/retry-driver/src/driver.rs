@@ -2174,18 +2174,21 @@ mod tests {
         });
     }
 
+    /// The driver a [`PanickingTimer`] polls the task of before it panics, and the waker.
+    type PanicHook = Arc<Mutex<Option<(Arc<SpawnedDriver>, Waker)>>>;
+
     /// A runtime whose timers keep their waker in `armed`; once `panic` holds the driver, a
     /// poll of a timer polls the driver's task (refused: the pass holds the driver) and then
     /// panics, as a bug in a pass would.
     #[derive(Default)]
     struct PanickingTimers {
         armed: Arc<Mutex<Vec<Waker>>>,
-        panic: Arc<Mutex<Option<(Arc<SpawnedDriver>, Waker)>>>,
+        panic: PanicHook,
     }
 
     struct PanickingTimer {
         armed: Arc<Mutex<Vec<Waker>>>,
-        panic: Arc<Mutex<Option<(Arc<SpawnedDriver>, Waker)>>>,
+        panic: PanicHook,
     }
 
     impl core::fmt::Debug for PanickingTimers {
