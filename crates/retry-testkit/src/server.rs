@@ -35,7 +35,7 @@ const FAIL_POINT_SEED: u64 = 0x5eed_fa11;
 use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfig};
 use crate::limiter::TokenBucket;
 use crate::on_primary_write::{Firing, OnPrimaryWrite};
-use crate::store::{DataStore, DdlTarget, WriteKey};
+use crate::store::{DataStore, WriteKey};
 use crate::tls::ServerTls;
 
 /// TK-15 (review7 finding 1): a real server's default `transactionLifetimeLimitSeconds`: the
@@ -636,8 +636,9 @@ fn admit(shared: &Shared) -> Option<Connection> {
     })
 }
 
-/// TK-15 (leftovers11): a DDL command of a connection waiting for a transaction in progress,
-/// pending in the data store ([`Store::hold_ddl`](crate::store::Store::hold_ddl)) until it is
+/// TK-15 (leftovers11, review16 finding 1): a connection's command queued for a lock (a DDL
+/// command waiting for a transaction in progress, or a command queued behind one), pending in
+/// the data store ([`Store::hold_ddl`](crate::store::Store::hold_ddl)) until it is
 /// dropped: when the command runs, fails or its connection goes.
 struct DdlWait {
     data: DataStore,
@@ -670,7 +671,7 @@ struct Connection {
     noted_lsid: Vec<u8>,
     /// HS-4: a hello was answered on it (a later one may not carry `client`: 186).
     seen_hello: bool,
-    /// TK-15: its DDL command waiting for a transaction in progress, if any.
+    /// TK-15: its command queued for a lock ([`DdlWait`]), if any.
     ddl_wait: Option<DdlWait>,
 }
 
@@ -821,14 +822,20 @@ fn add_write_concern_error(
     }
 }
 
-/// TK-15: `target`'s DDL command waits for the transaction of `session`, pending in `data`
-/// while the wait lives.
-fn hold_ddl(data: &DataStore, target: DdlTarget, session: Vec<u8>) -> DdlWait {
-    let number = data.lock().hold_ddl(target, session);
-    DdlWait {
-        data: data.clone(),
-        number,
+/// TK-15: the session whose transaction in progress the command just run has to wait for, if
+/// it has to; a command that queued behind a DDL command (or is one) is queued in `data` from
+/// now until `wait` goes, unless it already is (review16 finding 1: it keeps its place).
+fn blocked(data: &DataStore, wait: &mut Option<DdlWait>) -> Option<Vec<u8>> {
+    let mut store = data.lock();
+    let session = store.take_blocked()?;
+    if let Some((target, mode)) = store.take_blocked_ddl().filter(|_| wait.is_none()) {
+        let number = store.hold_ddl(target, mode, session.clone());
+        *wait = Some(DdlWait {
+            data: data.clone(),
+            number,
+        });
     }
+    Some(session)
 }
 
 /// TK-6: starts the retryable write `key` in its session, or the 225 (TransactionTooOld) reply
@@ -859,6 +866,7 @@ fn statement_writes(
     key: &WriteKey,
     statements: Vec<OpMsg>,
     held: &mut HeldFiring,
+    wait: &mut Option<DdlWait>,
 ) -> Result<Response, Vec<u8>> {
     if let Some(refusal) = begin_write(state, key) {
         return Ok(refusal);
@@ -889,11 +897,11 @@ fn statement_writes(
                     statement,
                     shared.max_wire_version,
                     router,
-                    None,
+                    wait.as_ref().map(|wait| wait.number),
                 );
                 // TK-15 (review7 finding 1): the statements done so far are recorded, so the
                 // command goes on at this one once it no longer has to wait.
-                if let Some(session) = state.data.lock().take_blocked() {
+                if let Some(session) = blocked(&state.data, wait) {
                     *held = Some(firing);
                     return Err(session);
                 }
@@ -1329,7 +1337,16 @@ impl Connection {
         if let (Some(key), Some(statements)) = (&write_key, statements) {
             let router = self.router(shared);
             return Ok(
-                match statement_writes(&mut state, shared, router, name, key, statements, held)? {
+                match statement_writes(
+                    &mut state,
+                    shared,
+                    router,
+                    name,
+                    key,
+                    statements,
+                    held,
+                    &mut self.ddl_wait,
+                )? {
                     Response::Reply(mut reply) => {
                         add_write_concern_error(fired, name, command, &mut reply);
                         add_topology_version(&state, shared.process_id, &mut reply);
@@ -1391,18 +1408,7 @@ impl Connection {
                 self.ddl_wait.as_ref().map(|wait| wait.number),
             )
         };
-        let blocked = {
-            let mut store = state.data.lock();
-            store.take_blocked().map(|session| {
-                let ddl = store.take_blocked_ddl();
-                (session, ddl.filter(|_| self.ddl_wait.is_none()))
-            })
-        };
-        if let Some((session, ddl)) = blocked {
-            // TK-15: a DDL command that has to wait is pending from now until it runs.
-            if let Some(target) = ddl {
-                self.ddl_wait = Some(hold_ddl(&state.data, target, session.clone()));
-            }
+        if let Some(session) = blocked(&state.data, &mut self.ddl_wait) {
             *held = write_key.is_some().then_some(firing);
             return Err(session);
         }
