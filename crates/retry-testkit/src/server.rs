@@ -1183,7 +1183,9 @@ impl Connection {
             if let Some(refusal) = self.auth.refuse(&state.users, name) {
                 return Response::Reply(refusal);
             }
-            if let Some(refusal) = crate::refusals::refusal(&state.role, name, command) {
+            if let Some(refusal) =
+                crate::refusals::refusal(&state.role, name, command, shared.max_wire_version)
+            {
                 return Response::Reply(refusal);
             }
             let required = state.require_api_version;
