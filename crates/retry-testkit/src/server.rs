@@ -854,6 +854,14 @@ fn begin_write(state: &State, key: &WriteKey) -> Option<Response> {
     )))
 }
 
+/// TK-15: what a command that has to wait keeps across its runs: the
+/// `onPrimaryTransactionalWrite` firing it drew (TK-11) and its place in a lock queue
+/// ([`DdlWait`], review16 finding 1).
+struct Kept<'a> {
+    held: &'a mut HeldFiring,
+    wait: &'a mut Option<DdlWait>,
+}
+
 /// TK-5, TK-11: a retryable `update` / `delete` of several statements, statement by statement:
 /// a statement already done (same lsid, txnNumber, stmtId = its index) is not run
 /// again, each other one fires `onPrimaryTransactionalWrite` on its own, and the replies are
@@ -865,9 +873,9 @@ fn statement_writes(
     name: &str,
     key: &WriteKey,
     statements: Vec<OpMsg>,
-    held: &mut HeldFiring,
-    wait: &mut Option<DdlWait>,
+    kept: Kept<'_>,
 ) -> Result<Response, Vec<u8>> {
+    let Kept { held, wait } = kept;
     if let Some(refusal) = begin_write(state, key) {
         return Ok(refusal);
     }
@@ -1346,8 +1354,10 @@ impl Connection {
                     name,
                     key,
                     statements,
-                    held,
-                    &mut self.ddl_wait,
+                    Kept {
+                        held,
+                        wait: &mut self.ddl_wait,
+                    },
                 )? {
                     Response::Reply(mut reply) => {
                         add_write_concern_error(fired, name, command, &mut reply);
