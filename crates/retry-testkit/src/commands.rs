@@ -453,10 +453,10 @@ fn pending_ddl_refusal(store: &mut Store, ns: &str, ddl: bool) -> Option<Documen
 /// names that take that collection's exclusive lock (MODE_X, with the database's MODE_IX) on a
 /// 4.4+ server, so that, queued behind a pending DDL command, they hold their place against
 /// later ones as a DDL command does: `drop` (`drop_collection.cpp`), `create`
-/// (`create_collection.cpp`), `dropIndexes` (`drop_indexes.cpp`), and `createIndexes`, whose
-/// index build starts and commits under the collection's MODE_X
-/// (`index_builds_coordinator.cpp`; it scans in between under an intent lock, which the test
-/// server does not model: an index build here is one step).
+/// (`create_collection.cpp`), `dropIndexes` (`drop_indexes.cpp`: MODE_IX first, to abort index
+/// builds, then MODE_X), and `createIndexes`, whose index build starts and commits under the
+/// collection's MODE_X (`index_builds_coordinator.cpp`; it scans in between under an intent
+/// lock). The test server runs each as one step in its first place (docs/testkit.md, Limits).
 const EXCLUSIVE_COMMANDS: [&str; 4] = ["drop", "create", "createIndexes", "dropIndexes"];
 
 /// The wire version of MongoDB 5.0, the first release whose reads outside a transaction are
