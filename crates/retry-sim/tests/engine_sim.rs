@@ -425,10 +425,17 @@ fn issue9_an_emptied_command_document_is_given_for_the_next_reply() {
     assert_eq!(sim.engine.take_document(), None, "nothing finished yet");
     let first = sim.read(doc! { "ping": 1, "comment": "first" });
     sim.run(first).expect("ping succeeds");
-    assert_eq!(sim.engine.take_document(), None, "kept until the box is reused");
+    assert_eq!(
+        sim.engine.take_document(),
+        None,
+        "kept until the box is reused"
+    );
     let second = sim.read(doc! { "ping": 1 });
     let reply = sim.run(second).expect("ping succeeds");
-    let emptied = sim.engine.take_document().expect("the first command's document");
+    let emptied = sim
+        .engine
+        .take_document()
+        .expect("the first command's document");
     assert!(emptied.is_empty(), "its fields were dropped");
     assert_eq!(sim.engine.take_document(), None, "one per reused box");
     let raw = bson::RawDocumentBuf::try_from(&reply).unwrap();
