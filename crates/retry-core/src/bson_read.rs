@@ -49,7 +49,7 @@ impl From<Error> for ReadError {
 /// The document `raw` holds, or the first error the `bson` crate's conversion would report
 /// (or [`ReadError::TooDeep`]).
 pub(crate) fn document(raw: &RawDocument) -> Result<Document, ReadError> {
-    document_in(raw, None, &Document::new())
+    document_in(raw, None, None)
 }
 
 /// [`document`], built for a caller that converts many documents (issue 9). When
@@ -57,48 +57,46 @@ pub(crate) fn document(raw: &RawDocument) -> Result<Document, ReadError> {
 /// document whose table and hasher are reused) and every embedded one is a clone of `empty` (an
 /// empty document: the clones share its hasher, where [`Document::new`] draws a seed each time,
 /// and start with its table's capacity). A non-empty `top` or `empty` is not used; without
-/// `top` the top-level document is a clone of `empty` too.
+/// `top` the top-level document is a clone of `empty` too, and without `empty` each document is
+/// a [`Document::new`].
 pub(crate) fn document_in(
     raw: &RawDocument,
     top: Option<Document>,
-    empty: &Document,
+    empty: Option<&Document>,
 ) -> Result<Document, ReadError> {
     // Issue 9: a document [`well_formed`] accepts (a usual reply) is built straight from its
     // bytes in the same pass that checks it ([`plain_document`]), without the crate's iterators
     // and their second round of checks; the rest (and the rare values it leaves alone) take the
     // crate's conversion.
-    let fresh;
-    let empty = match empty.is_empty() {
-        true => empty,
-        false => {
-            fresh = Document::new();
-            &fresh
-        }
-    };
-    let top = top
+    let empty = empty.filter(|empty| empty.is_empty());
+    let mut document = top
         .filter(Document::is_empty)
-        .unwrap_or_else(|| empty.clone());
-    if let Some(document) = plain_document(raw.as_bytes(), 0, top, empty) {
+        .unwrap_or_else(|| new_document(empty));
+    if plain_document(raw.as_bytes(), 0, &mut document, empty).is_some() {
         return Ok(document);
     }
     document_at(raw, 1)
 }
 
-/// The document of `bytes` if [`well_formed`] accepts them, built into `document` (empty) as
+/// A clone of `empty`, or a new document without one.
+fn new_document(empty: Option<&Document>) -> Document {
+    empty.map_or_else(Document::new, Document::clone)
+}
+
+/// Builds the document of `bytes` into `document` (empty) if [`well_formed`] accepts them, as
 /// the `bson` crate's conversion builds it, checked and built in one pass, each embedded
-/// document a clone of `empty`; `None` for bytes [`well_formed`] refuses and for a value it
-/// accepts but does not build itself (a binary of a subtype other than generic), which the
-/// caller then leaves to that conversion.
+/// document a clone of `empty` (or new); `None` for bytes [`well_formed`] refuses and for a
+/// value it accepts but does not build itself (a binary of a subtype other than generic), which
+/// the caller then leaves to that conversion. Filled in place, the document is not moved.
 fn plain_document(
     bytes: &[u8],
     depth: usize,
-    mut document: Document,
-    empty: &Document,
-) -> Option<Document> {
+    document: &mut Document,
+    empty: Option<&Document>,
+) -> Option<()> {
     plain_elements(bytes, depth, empty, |key, value| {
         document.insert(key, value);
-    })?;
-    Some(document)
+    })
 }
 
 /// Walks the elements of `bytes` as [`well_formed`] checks them, handing each key and value
@@ -107,7 +105,7 @@ fn plain_document(
 fn plain_elements(
     bytes: &[u8],
     depth: usize,
-    empty: &Document,
+    empty: Option<&Document>,
     mut each: impl FnMut(&str, Bson),
 ) -> Option<()> {
     if depth > WELL_FORMED_DEPTH || bytes.len() < 5 || read_len(bytes, 0) != Some(bytes.len()) {
@@ -137,13 +135,13 @@ fn plain_elements(
 /// One value of a document [`well_formed`] accepted, as [`value`] converts it; `None` for a
 /// binary of a subtype other than generic.
 pub(crate) fn plain_value(tag: u8, value: &[u8]) -> Option<Bson> {
-    checked_value(tag, value, 0, &Document::new())
+    checked_value(tag, value, 0, None)
 }
 
 /// One value whose bytes (sized by [`value_size`]) are those of an element at `depth`, checked
 /// as [`well_formed`] checks it and converted as [`value`] converts it; `None` for a value
 /// [`well_formed`] refuses or a binary of a subtype other than generic.
-fn checked_value(tag: u8, value: &[u8], depth: usize, empty: &Document) -> Option<Bson> {
+fn checked_value(tag: u8, value: &[u8], depth: usize, empty: Option<&Document>) -> Option<Bson> {
     let eight = || -> Option<[u8; 8]> { value.get(..8)?.try_into().ok() };
     Some(match tag {
         0x01 => Bson::Double(f64::from_le_bytes(eight()?)),
@@ -152,7 +150,11 @@ fn checked_value(tag: u8, value: &[u8], depth: usize, empty: &Document) -> Optio
             [text @ .., 0] => Bson::String(core::str::from_utf8(text).ok()?.into()),
             _ => return None,
         },
-        0x03 => Bson::Document(plain_document(value, depth + 1, empty.clone(), empty)?),
+        0x03 => {
+            let mut document = new_document(empty);
+            plain_document(value, depth + 1, &mut document, empty)?;
+            Bson::Document(document)
+        }
         0x04 => {
             let mut items = Vec::new();
             plain_elements(value, depth + 1, empty, |_, item| items.push(item))?;
@@ -680,7 +682,9 @@ mod tests {
         let reply = repeated_keys();
         assert!(well_formed(reply.as_bytes(), 0));
         let theirs = Document::try_from(reply.as_ref()).unwrap();
-        let plain = plain_document(reply.as_bytes(), 0, Document::new(), &Document::new());
+        let mut built = Document::new();
+        let taken = plain_document(reply.as_bytes(), 0, &mut built, None);
+        let plain = taken.map(|()| built);
         assert_eq!(plain.as_ref(), Some(&theirs));
         assert_eq!(document(&reply).unwrap(), theirs);
         let inner = doc! { "k": "two", "x": "x" };
@@ -744,14 +748,25 @@ mod tests {
             assert_eq!(ours, theirs);
             assert_eq!(ours.unwrap(), doc);
         }
-        let empty = Document::new();
-        let top = || Document::new();
         let plain_bytes = plain.to_vec().unwrap();
-        assert_eq!(plain_document(&plain_bytes, 0, top(), &empty), Some(plain));
-        assert_eq!(
-            plain_document(&uuid.to_vec().unwrap(), 0, top(), &empty),
-            None
-        );
+        let mut built = Document::new();
+        assert_eq!(plain_document(&plain_bytes, 0, &mut built, None), Some(()));
+        assert_eq!(built, plain);
+        let uuid_bytes = uuid.to_vec().unwrap();
+        let mut refused = Document::new();
+        assert_eq!(plain_document(&uuid_bytes, 0, &mut refused, None), None);
+        // Issue 9: built into an emptied document, embedded ones cloned from a template, the
+        // same document; a document that is not empty is not built into.
+        let empty = crate::wire::empty_document();
+        let mut emptied = doc! { "ping": 1, "$db": "admin" };
+        emptied.clear();
+        let raw = RawDocument::from_bytes(&plain_bytes).unwrap();
+        let into = document_in(raw, Some(emptied), Some(&empty)).unwrap();
+        assert_eq!(into, plain);
+        let not_empty = Some(doc! { "left": "over" });
+        assert_eq!(document_in(raw, not_empty, Some(&empty)).unwrap(), plain);
+        let uuid_raw = RawDocument::from_bytes(&uuid_bytes).unwrap();
+        assert_eq!(document_in(uuid_raw, None, Some(&empty)).unwrap(), uuid);
     }
 
     /// Issue 9: the checking pass hands over every top-level element, as the element walk

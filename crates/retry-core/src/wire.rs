@@ -878,7 +878,7 @@ pub fn to_document_in(
     document: Option<Document>,
     empty: &Document,
 ) -> Result<Document, DecodeError> {
-    bson_read::document_in(raw, document, empty)
+    bson_read::document_in(raw, document, Some(empty))
         .map_err(|e| DecodeError::Bson(alloc::format!("{e}")))
 }
 
