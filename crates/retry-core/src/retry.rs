@@ -582,6 +582,7 @@ impl<R: RngCore> RetryMachine<R> {
 
     /// The first action of a new operation: select a server, or finish when the deadline has
     /// already passed.
+    #[inline]
     fn start(&mut self, now: Instant) {
         if self.spec.timeout.expired(now) {
             self.finish(Err(OperationError::timeout(None)));
