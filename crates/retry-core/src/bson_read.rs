@@ -49,23 +49,53 @@ impl From<Error> for ReadError {
 /// The document `raw` holds, or the first error the `bson` crate's conversion would report
 /// (or [`ReadError::TooDeep`]).
 pub(crate) fn document(raw: &RawDocument) -> Result<Document, ReadError> {
+    document_in(raw, None, &Document::new())
+}
+
+/// [`document`], built for a caller that converts many documents (issue 9). When
+/// [`well_formed`] accepts the document, the top-level document is built into `top` (an empty
+/// document whose table and hasher are reused) and every embedded one is a clone of `empty` (an
+/// empty document: the clones share its hasher, where [`Document::new`] draws a seed each time,
+/// and start with its table's capacity). A non-empty `top` or `empty` is not used; without
+/// `top` the top-level document is a clone of `empty` too.
+pub(crate) fn document_in(
+    raw: &RawDocument,
+    top: Option<Document>,
+    empty: &Document,
+) -> Result<Document, ReadError> {
     // Issue 9: a document [`well_formed`] accepts (a usual reply) is built straight from its
     // bytes in the same pass that checks it ([`plain_document`]), without the crate's iterators
     // and their second round of checks; the rest (and the rare values it leaves alone) take the
     // crate's conversion.
-    if let Some(document) = plain_document(raw.as_bytes(), 0) {
+    let fresh;
+    let empty = match empty.is_empty() {
+        true => empty,
+        false => {
+            fresh = Document::new();
+            &fresh
+        }
+    };
+    let top = top
+        .filter(Document::is_empty)
+        .unwrap_or_else(|| empty.clone());
+    if let Some(document) = plain_document(raw.as_bytes(), 0, top, empty) {
         return Ok(document);
     }
     document_at(raw, 1)
 }
 
-/// The document of `bytes` if [`well_formed`] accepts them, built as the `bson` crate's
-/// conversion builds it, checked and built in one pass; `None` for bytes [`well_formed`]
-/// refuses and for a value it accepts but does not build itself (a binary of a subtype other
-/// than generic), which the caller then leaves to that conversion.
-fn plain_document(bytes: &[u8], depth: usize) -> Option<Document> {
-    let mut document = Document::new();
-    plain_elements(bytes, depth, |key, value| {
+/// The document of `bytes` if [`well_formed`] accepts them, built into `document` (empty) as
+/// the `bson` crate's conversion builds it, checked and built in one pass, each embedded
+/// document a clone of `empty`; `None` for bytes [`well_formed`] refuses and for a value it
+/// accepts but does not build itself (a binary of a subtype other than generic), which the
+/// caller then leaves to that conversion.
+fn plain_document(
+    bytes: &[u8],
+    depth: usize,
+    mut document: Document,
+    empty: &Document,
+) -> Option<Document> {
+    plain_elements(bytes, depth, empty, |key, value| {
         document.insert(key, value);
     })?;
     Some(document)
@@ -74,7 +104,12 @@ fn plain_document(bytes: &[u8], depth: usize) -> Option<Document> {
 /// Walks the elements of `bytes` as [`well_formed`] checks them, handing each key and value
 /// ([`plain_value`]) to `each`; `None` where [`well_formed`] would say `false` or a value is not
 /// plain.
-fn plain_elements(bytes: &[u8], depth: usize, mut each: impl FnMut(&str, Bson)) -> Option<()> {
+fn plain_elements(
+    bytes: &[u8],
+    depth: usize,
+    empty: &Document,
+    mut each: impl FnMut(&str, Bson),
+) -> Option<()> {
     if depth > WELL_FORMED_DEPTH || bytes.len() < 5 || read_len(bytes, 0) != Some(bytes.len()) {
         return None;
     }
@@ -90,7 +125,10 @@ fn plain_elements(bytes: &[u8], depth: usize, mut each: impl FnMut(&str, Bson)) 
         let value = at + 1 + key_len + 1;
         let size = value_size(tag, &bytes[value..end])
             .filter(|&size| value.checked_add(size).is_some_and(|e| e <= end))?;
-        each(key, checked_value(tag, &bytes[value..value + size], depth)?);
+        each(
+            key,
+            checked_value(tag, &bytes[value..value + size], depth, empty)?,
+        );
         at = value + size;
     }
     (at == end).then_some(())
@@ -99,13 +137,13 @@ fn plain_elements(bytes: &[u8], depth: usize, mut each: impl FnMut(&str, Bson)) 
 /// One value of a document [`well_formed`] accepted, as [`value`] converts it; `None` for a
 /// binary of a subtype other than generic.
 pub(crate) fn plain_value(tag: u8, value: &[u8]) -> Option<Bson> {
-    checked_value(tag, value, 0)
+    checked_value(tag, value, 0, &Document::new())
 }
 
 /// One value whose bytes (sized by [`value_size`]) are those of an element at `depth`, checked
 /// as [`well_formed`] checks it and converted as [`value`] converts it; `None` for a value
 /// [`well_formed`] refuses or a binary of a subtype other than generic.
-fn checked_value(tag: u8, value: &[u8], depth: usize) -> Option<Bson> {
+fn checked_value(tag: u8, value: &[u8], depth: usize, empty: &Document) -> Option<Bson> {
     let eight = || -> Option<[u8; 8]> { value.get(..8)?.try_into().ok() };
     Some(match tag {
         0x01 => Bson::Double(f64::from_le_bytes(eight()?)),
@@ -114,10 +152,10 @@ fn checked_value(tag: u8, value: &[u8], depth: usize) -> Option<Bson> {
             [text @ .., 0] => Bson::String(core::str::from_utf8(text).ok()?.into()),
             _ => return None,
         },
-        0x03 => Bson::Document(plain_document(value, depth + 1)?),
+        0x03 => Bson::Document(plain_document(value, depth + 1, empty.clone(), empty)?),
         0x04 => {
             let mut items = Vec::new();
-            plain_elements(value, depth + 1, |_, item| items.push(item))?;
+            plain_elements(value, depth + 1, empty, |_, item| items.push(item))?;
             Bson::Array(items)
         }
         0x05 => match value.get(4) {
@@ -642,7 +680,7 @@ mod tests {
         let reply = repeated_keys();
         assert!(well_formed(reply.as_bytes(), 0));
         let theirs = Document::try_from(reply.as_ref()).unwrap();
-        let plain = plain_document(reply.as_bytes(), 0);
+        let plain = plain_document(reply.as_bytes(), 0, Document::new(), &Document::new());
         assert_eq!(plain.as_ref(), Some(&theirs));
         assert_eq!(document(&reply).unwrap(), theirs);
         let inner = doc! { "k": "two", "x": "x" };
@@ -706,8 +744,14 @@ mod tests {
             assert_eq!(ours, theirs);
             assert_eq!(ours.unwrap(), doc);
         }
-        assert_eq!(plain_document(&plain.to_vec().unwrap(), 0), Some(plain));
-        assert_eq!(plain_document(&uuid.to_vec().unwrap(), 0), None);
+        let empty = Document::new();
+        let top = || Document::new();
+        let plain_bytes = plain.to_vec().unwrap();
+        assert_eq!(plain_document(&plain_bytes, 0, top(), &empty), Some(plain));
+        assert_eq!(
+            plain_document(&uuid.to_vec().unwrap(), 0, top(), &empty),
+            None
+        );
     }
 
     /// Issue 9: the checking pass hands over every top-level element, as the element walk

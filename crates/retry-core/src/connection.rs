@@ -622,6 +622,11 @@ impl Connection {
         !self.outbound.is_empty()
     }
 
+    /// Whether [`Connection::poll_event`] has an event to give.
+    pub(crate) fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// Output: the next event.
     pub fn poll_event(&mut self) -> Option<ConnectionEvent> {
         self.events.pop_front()

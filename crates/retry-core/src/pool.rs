@@ -510,6 +510,28 @@ impl Pool {
         !self.actions.is_empty()
     }
 
+    /// Whether an action or an event waits to be polled.
+    pub(crate) fn has_output(&self) -> bool {
+        !self.actions.is_empty() || !self.events.is_empty()
+    }
+
+    /// The connection of `checkout` when its [`PoolAction::CheckedOut`] is the only action
+    /// waiting (a checkout served at once), taken out of the queue as
+    /// [`Pool::poll_action`] would return it; `None` (and nothing taken) otherwise. For an
+    /// engine that routes that answer at once (issue 9).
+    pub(crate) fn take_served(&mut self, checkout: CheckoutId) -> Option<ConnectionId> {
+        match self.actions.front() {
+            Some(&PoolAction::CheckedOut {
+                checkout: served,
+                connection,
+            }) if served == checkout && self.actions.len() == 1 => {
+                self.actions.pop_front();
+                Some(connection)
+            }
+            _ => None,
+        }
+    }
+
     /// Drops the pending events unread, for an embedder that does not publish them: the same
     /// as polling every one and ignoring it.
     pub fn discard_events(&mut self) {

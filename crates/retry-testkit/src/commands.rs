@@ -449,6 +449,35 @@ fn pending_ddl_refusal(store: &mut Store, ns: &str, ddl: bool) -> Option<Documen
     store.ddl_queue(&target, ddl).err().map(query_error)
 }
 
+/// The wire version of MongoDB 5.0, the first release whose reads outside a transaction are
+/// lock-free.
+const LOCK_FREE_READS_WIRE_VERSION: i32 = 13;
+
+/// TK-15 (fixes15c, house rule 7): whether `name`, run outside a transaction on a server of
+/// `max_wire_version`, reads the collection its first field names without that collection's
+/// lock, so it does not queue behind a DDL command pending there and reads the documents as they
+/// are before it. From 5.0 (wire 13) `find`, `count`, `distinct`, `listIndexes` and an
+/// `aggregate`'s source collection (a `$out` / `$merge` target is locked on its own, as a write)
+/// take `AutoGetCollectionForReadCommandMaybeLockFree` (the server's `find_cmd.cpp`,
+/// `count_cmd.cpp`, `distinct.cpp`, `list_indexes.cpp`, `run_aggregate.cpp`), which is lock-free
+/// outside a multi-document transaction (`db_raii.cpp`, `supportsLockFreeRead`; 4.4 and older
+/// take the collection's IS lock, which queues behind a waiting X). A `$changeStream` locks the
+/// oplog instead of the collection it watches (`run_aggregate.cpp`), on every version.
+fn reads_without_collection_lock(name: &str, command: &Document, max_wire_version: i32) -> bool {
+    let change_stream = name == "aggregate"
+        && command
+            .get_array("pipeline")
+            .ok()
+            .and_then(|stages| stages.first())
+            .and_then(Bson::as_document)
+            .is_some_and(|stage| stage.contains_key("$changeStream"));
+    let lock_free = matches!(
+        name,
+        "find" | "count" | "distinct" | "listIndexes" | "aggregate"
+    );
+    change_stream || (lock_free && max_wire_version >= LOCK_FREE_READS_WIRE_VERSION)
+}
+
 /// What a data command works on: the (possibly shared) store, locked once for the command, and
 /// the server's default batch size.
 struct Context<'a> {
@@ -483,8 +512,12 @@ fn run(
     // checked where it locks them (fixes15a, review15 finding 1): each `bulkWrite` op's
     // `nsInfo` entry ([`bulk_write`]), a `$out` / `$merge` target (`Store::replace_collection`,
     // `Store::merge`); `{aggregate: 1}` and `getMore` lock none here ([`aggregate`],
-    // [`get_more`]).
-    if let Ok(collection) = command.get_str(name) {
+    // [`get_more`]); a read outside a transaction that takes no collection lock
+    // ([`reads_without_collection_lock`]) has no check.
+    let outside_transaction = state.origin.txn_number.is_none();
+    let lock_free =
+        outside_transaction && reads_without_collection_lock(name, command, max_wire_version);
+    if let Some(collection) = command.get_str(name).ok().filter(|_| !lock_free) {
         let ns = format!("{db}.{collection}");
         if let Some(refusal) = pending_ddl_refusal(state.store, &ns, name == "drop") {
             return Some(refusal);
@@ -633,7 +666,7 @@ fn run(
             }
         }
         "find" => find(state, db, command),
-        "getMore" => get_more(state, db, command),
+        "getMore" => get_more(state, db, command, max_wire_version),
         "killCursors" => kill_cursors(state, db, command),
         name if KNOWN_NOT_RUN.contains(&name) => return None,
         // Never reached by a client: an unknown command was CommandNotFound (59) before, and
@@ -1508,6 +1541,7 @@ fn find(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
             .kill_cursors(state.origin.owner, &ns, &[batch.cursor_id]);
         batch.cursor_id = 0;
     }
+    state.store.note_find_cursor(batch.cursor_id);
     cursor_reply("firstBatch", &ns, batch)
 }
 
@@ -1561,13 +1595,19 @@ fn sort_documents(documents: &mut [Document], sort: &Document) -> Result<(), Doc
     Ok(())
 }
 
-/// `{getMore: id, collection, batchSize}`. Review15 finding 1 (house rule 7): it has no
-/// pending-DDL check of its own. Outside a transaction a server's getMore reads lock-free
+/// `{getMore: id, collection, batchSize}`. Review15 finding 1 (house rule 7): in a transaction
+/// its cursor was opened in that transaction, which already holds the collection's lock, so it
+/// has no pending-DDL check. Outside one a 5.0+ server's getMore reads lock-free
 /// (`getmore_cmd.cpp`: `AutoGetCollectionForReadMaybeLockFree`; `db_raii.cpp`:
-/// `supportsLockFreeRead` holds outside a multi-document transaction), taking no collection
-/// lock, so it does not queue behind a DDL command pending on its cursor's namespace; in a
-/// transaction its cursor was opened in that transaction, which already holds the lock.
-fn get_more(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
+/// `supportsLockFreeRead`), so it does not queue behind a DDL command pending on its cursor's
+/// namespace; before 5.0 (fixes15c) a `find` cursor's getMore takes the collection's IS lock
+/// (`kLockExternally`), which queues behind it ([`Store::is_find_cursor`]).
+fn get_more(
+    state: &mut Context<'_>,
+    db: &str,
+    command: &Document,
+    max_wire_version: i32,
+) -> Document {
     // A real server's IDL takes the id as a long only (review6 finding 4).
     let id = match command.get("getMore") {
         Some(Bson::Int64(id)) => *id,
@@ -1581,6 +1621,15 @@ fn get_more(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
         return error_reply(2, "batchSize must be a non-negative integer");
     };
     let ns = format!("{db}.{collection}");
+    let locks = max_wire_version < LOCK_FREE_READS_WIRE_VERSION
+        && state.origin.txn_number.is_none()
+        && state.store.is_find_cursor(state.origin.owner, &ns, id);
+    if let Some(refusal) = locks
+        .then(|| pending_ddl_refusal(state.store, &ns, false))
+        .flatten()
+    {
+        return refusal;
+    }
     match state.store.get_more(state.origin, &ns, id, batch_size) {
         Ok(batch) => cursor_reply("nextBatch", &ns, batch),
         Err(e) => query_error(e),

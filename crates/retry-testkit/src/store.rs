@@ -446,6 +446,9 @@ struct Cursor {
     remaining: VecDeque<Document>,
     /// A change stream's cursor: stays open when empty.
     tailable: bool,
+    /// A `find` cursor ([`Store::note_find_cursor`]): before 5.0 a server's getMore takes its
+    /// collection's lock (fixes15c).
+    find: bool,
 }
 
 /// Why a query was refused.
@@ -1627,8 +1630,27 @@ impl Store {
             ns: ns.into(),
             remaining: documents.into(),
             tailable: false,
+            find: false,
         };
         self.next_batch(None, cursor, batch_size)
+    }
+
+    /// Fixes15c (TK-15): the open cursor `id` is a `find` cursor. A real server's getMore of
+    /// one takes its collection's lock before 5.0 (the executor's `kLockExternally` lock
+    /// policy, `getmore_cmd.cpp`); an aggregate's or `listIndexes`' cursor locks internally,
+    /// only when it reads more from the collection.
+    pub(crate) fn note_find_cursor(&mut self, id: i64) {
+        if let Some(cursor) = self.cursors.get_mut(&id) {
+            cursor.find = true;
+        }
+    }
+
+    /// Fixes15c (TK-15): whether `owner`'s open cursor `id` of `ns` is a `find` cursor
+    /// ([`Store::note_find_cursor`]).
+    pub(crate) fn is_find_cursor(&self, owner: ObjectId, ns: &str, id: i64) -> bool {
+        self.cursors
+            .get(&id)
+            .is_some_and(|c| c.find && c.owner == owner && c.ns == ns)
     }
 
     /// The documents of `ns` the running command sees ([`Store::visible`]), in insertion order.
@@ -1745,6 +1767,7 @@ impl Store {
             ns: ns.into(),
             remaining: VecDeque::new(),
             tailable: true,
+            find: false,
         };
         self.cursors.insert(self.last_cursor_id, cursor);
         self.last_cursor_id

@@ -1839,10 +1839,10 @@ async fn tk15_out_waits_for_a_transaction_that_only_read_its_target() {
 /// TK-15 (leftovers11, house rule 7): a real server's pending DDL ("Pending DDL Operations and
 /// Transactions"): while a `$out` waits for a transaction that holds its target, a new
 /// transaction that accesses the target cannot lock it: LockTimeout (24, TransientTransactionError),
-/// and that transaction is aborted (NoSuchTransaction, 251, after); a command outside any
-/// transaction on the target queues behind the `$out` (until its `maxTimeMS`, 50). A transaction
-/// or command on another collection runs, the holding transaction goes on, and once the `$out`
-/// ran a new transaction on the target runs again.
+/// and that transaction is aborted (NoSuchTransaction, 251, after); a `find` outside any
+/// transaction on the target reads it at once, as it is before the `$out` (fixes15c: lock-free
+/// on 5.0+). A transaction or command on another collection runs, the holding transaction goes
+/// on, and once the `$out` ran a new transaction on the target runs again.
 #[tokio::test]
 async fn tk15_a_waiting_out_holds_back_new_transactions_on_its_target() {
     bounded(async {
@@ -1895,13 +1895,16 @@ async fn tk15_a_waiting_out_holds_back_new_transactions_on_its_target() {
             None,
             "the holding transaction goes on: {reply}"
         );
+        // Fixes15c (house rule 7): outside a transaction a 5.0+ server reads lock-free
+        // (`db_raii.cpp`, `supportsLockFreeRead`), so the find runs at once, before the `$out`.
         let outside = doc! { "find": "w", "$db": "test", "maxTimeMS": 100 };
-        let queued = third.command(outside).await.unwrap();
+        let reply = third.command(outside).await.unwrap();
         assert_eq!(
-            code(&queued),
-            Some(50),
-            "outside a transaction it queues: {queued}"
+            code(&reply),
+            None,
+            "outside a transaction it reads: {reply}"
         );
+        assert_eq!(first_batch(&reply), [doc! { "_id": 2 }], "{reply}");
         let other = doc! { "find": "x", "$db": "test", "maxTimeMS": 100 };
         let reply = third.command(other).await.unwrap();
         assert_eq!(code(&reply), None, "another collection: {reply}");
@@ -2199,7 +2202,7 @@ async fn tk15_aggregates_locking_other_namespaces_check_them_or_are_refused() {
 }
 
 /// Review15 finding 1 (TK-15, TK-3, house rule 7): a getMore outside a transaction reads
-/// lock-free on a server (`getmore_cmd.cpp`: `AutoGetCollectionForReadMaybeLockFree`;
+/// lock-free on a 5.0+ server (`getmore_cmd.cpp`: `AutoGetCollectionForReadMaybeLockFree`;
 /// `db_raii.cpp`: `supportsLockFreeRead` outside a multi-document transaction), so it takes no
 /// collection lock and does not queue behind a drop pending on its cursor's namespace: it gets
 /// its next batch while the drop waits.
@@ -2633,6 +2636,170 @@ async fn tk11_review8_f5_a_waiting_write_fires_on_primary_write_once() {
             documents.iter().any(|d| d.get_i32("y").ok() == Some(1) && d.get("x").is_none()),
             "{documents:?}"
         );
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// The primary of a one-member replica set reporting `max_wire_version`, and a client of it.
+async fn start_primary_at(max_wire_version: i32) -> (TestServer, RawClient) {
+    let config = ServerConfig {
+        max_wire_version,
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start_replica_set("rs0", 1, config)
+        .await
+        .expect("replica set starts")
+        .remove(0);
+    let client = RawClient::connect(server.address()).await.unwrap();
+    (server, client)
+}
+
+/// The reads whose collection lock a 5.0+ server skips outside a transaction, each on `test.w`,
+/// with a `maxTimeMS` of 100 ms to bound a wait.
+fn reads_of_w() -> [(&'static str, Document); 5] {
+    let read = |mut body: Document| {
+        body.extend(doc! { "$db": "test", "maxTimeMS": 100 });
+        body
+    };
+    [
+        ("find", read(doc! { "find": "w" })),
+        ("count", read(doc! { "count": "w" })),
+        ("distinct", read(doc! { "distinct": "w", "key": "_id" })),
+        ("listIndexes", read(doc! { "listIndexes": "w" })),
+        (
+            "aggregate",
+            read(doc! { "aggregate": "w", "pipeline": [{ "$match": {} }], "cursor": {} }),
+        ),
+    ]
+}
+
+/// Fixes15c (TK-15, TK-1, house rule 7): from 5.0 (wire 13) a server's `find`, `count`,
+/// `distinct`, `listIndexes` and an aggregate's source read lock-free outside a multi-document
+/// transaction (`db_raii.cpp`: `supportsLockFreeRead`; `find_cmd.cpp`, `count_cmd.cpp`,
+/// `distinct.cpp`, `list_indexes.cpp`, `run_aggregate.cpp` take
+/// `AutoGetCollectionForReadCommandMaybeLockFree`), so while a drop of `w` is pending they run
+/// at once and see `w` as it is before the drop. A write outside a transaction still queues (50
+/// at its `maxTimeMS`), a `$merge` into `w` too (its target is locked as a write), and a new
+/// transaction's read still gets LockTimeout 24: inside a transaction nothing changes.
+#[tokio::test]
+async fn tk15_reads_outside_a_transaction_run_at_once_from_wire_13() {
+    bounded(async {
+        for wire in [13, 25] {
+            let (server, mut client) = start_primary_at(wire).await;
+            let handle = server.handle();
+            handle.insert("test.w", vec![doc! { "_id": 1 }]);
+            let drop = pending_drop_of_w(&server, &mut client).await;
+            let mut other = RawClient::connect(server.address()).await.unwrap();
+            for (name, read) in reads_of_w() {
+                let reply = other.command(read).await.unwrap();
+                assert_eq!(code(&reply), None, "wire {wire}, {name} runs: {reply}");
+                let seen = match name {
+                    "count" => reply.get_i32("n").ok() == Some(1),
+                    "distinct" => reply.get_array("values").ok() == Some(&vec![Bson::Int32(1)]),
+                    "listIndexes" => first_batch(&reply).len() == 1,
+                    _ => first_batch(&reply) == [doc! { "_id": 1 }],
+                };
+                assert!(seen, "wire {wire}, {name} sees w before the drop: {reply}");
+            }
+            let insert = doc! {
+                "insert": "w", "documents": [{ "_id": 2 }], "$db": "test", "maxTimeMS": 100,
+            };
+            let queued = other.command(insert).await.unwrap();
+            assert_eq!(
+                code(&queued),
+                Some(50),
+                "wire {wire}, a write queues: {queued}"
+            );
+            let merge = doc! {
+                "aggregate": "w", "pipeline": [{ "$merge": { "into": "w" } }], "cursor": {},
+                "$db": "test", "maxTimeMS": 100,
+            };
+            let queued = other.command(merge).await.unwrap();
+            assert_eq!(
+                code(&queued),
+                Some(50),
+                "wire {wire}, $merge queues: {queued}"
+            );
+            let in_transaction = doc! {
+                "find": "w", "$db": "test", "lsid": lsid_of(2), "txnNumber": 1_i64,
+                "autocommit": false, "startTransaction": true,
+            };
+            let refused = other.command(in_transaction).await.unwrap();
+            assert_eq!(
+                code(&refused),
+                Some(24),
+                "wire {wire}, in a transaction: {refused}"
+            );
+            assert!(!drop.is_finished(), "wire {wire}: the drop still waits");
+            release_drop_of_w(&mut client, drop).await;
+            assert!(
+                handle.documents("test.w").is_empty(),
+                "wire {wire}: dropped"
+            );
+            server.shutdown().await;
+        }
+    })
+    .await
+}
+
+/// Fixes15c (TK-15, TK-1, house rule 7): a server before 5.0 (wire 12 and below: 4.4) takes the
+/// collection's IS lock for every read, which queues behind the pending drop's X request
+/// (`lock_manager.cpp`), so the same reads outside a transaction wait (50 at their
+/// `maxTimeMS`), and so does the getMore of a `find` cursor (`getmore_cmd.cpp`: its executor
+/// is `kLockExternally`), while an aggregate's cursor, which locks only to read more from the
+/// collection (`kLocksInternally`; its two documents were read at once), gets its next batch.
+/// A `$changeStream` locks the oplog, not the collection it watches (`run_aggregate.cpp`), so it
+/// opens at once on every version.
+#[tokio::test]
+async fn tk15_reads_outside_a_transaction_queue_behind_a_pending_ddl_before_wire_13() {
+    bounded(async {
+        let (server, mut client) = start_primary_at(12).await;
+        let handle = server.handle();
+        handle.insert("test.w", vec![doc! { "_id": 1 }, doc! { "_id": 2 }]);
+        let mut other = RawClient::connect(server.address()).await.unwrap();
+        let find = doc! { "find": "w", "batchSize": 1, "$db": "test" };
+        let aggregate = doc! {
+            "aggregate": "w", "pipeline": [], "cursor": { "batchSize": 1 }, "$db": "test",
+        };
+        let mut cursors = Vec::new();
+        for open in [find, aggregate] {
+            let first = other.command(open).await.unwrap();
+            let id = first.get_document("cursor").and_then(|c| c.get_i64("id"));
+            cursors.push(id.expect("an open cursor"));
+        }
+        let drop = pending_drop_of_w(&server, &mut client).await;
+        for (name, read) in reads_of_w() {
+            let queued = other.command(read).await.unwrap();
+            assert_eq!(code(&queued), Some(50), "{name} queues: {queued}");
+        }
+        let get_more = |id: i64| {
+            doc! { "getMore": id, "collection": "w", "$db": "test", "maxTimeMS": 100 }
+        };
+        let queued = other.command(get_more(cursors[0])).await.unwrap();
+        assert_eq!(
+            code(&queued),
+            Some(50),
+            "a find cursor's getMore queues: {queued}"
+        );
+        let next = other.command(get_more(cursors[1])).await.unwrap();
+        let batch = next
+            .get_document("cursor")
+            .and_then(|c| c.get_array("nextBatch"));
+        assert_eq!(
+            batch.ok(),
+            Some(&vec![Bson::Document(doc! { "_id": 2 })]),
+            "{next}"
+        );
+        let watch = doc! {
+            "aggregate": "w", "pipeline": [{ "$changeStream": {} }], "cursor": {},
+            "$db": "test", "maxTimeMS": 100,
+        };
+        let opened = other.command(watch).await.unwrap();
+        assert_eq!(code(&opened), None, "a change stream opens: {opened}");
+        assert!(!drop.is_finished(), "the drop still waits");
+        release_drop_of_w(&mut client, drop).await;
+        assert!(handle.documents("test.w").is_empty());
         server.shutdown().await;
     })
     .await

@@ -471,6 +471,11 @@ struct Server {
     in_flight: u32,
     /// Where its pool was last found among the topology's (see `Engine::pool_mut`).
     pool_at: usize,
+    /// Its pool's connections' sockets. A pool numbers its connections in increasing order
+    /// (CM-1), so an [`IdTable`]: a checkout's lookup costs the same however many connections
+    /// the pool has (issue 9, house rule 9; the `BTreeMap` by server and connection it replaces
+    /// cost about 130 instructions per round trip at 64 connections).
+    sockets: IdTable<ConnectionId, ConnId>,
 }
 
 /// Who owns a socket.
@@ -670,8 +675,6 @@ pub struct Engine {
     /// one before); dropped with the entry.
     last_server: Option<(ServerAddress, ServerId)>,
     sockets: IdTable<ConnId, Socket>,
-    /// Pool connection → socket.
-    pool_sockets: BTreeMap<(ServerId, ConnectionId), ConnId>,
     /// Boxed: the map's inserts and removals then move a pointer, not the whole operation, so an
     /// operation's cost does not grow with the number in flight (house rule 9, issue 9).
     ops: IdTable<OpId, Box<Operation>>,
@@ -706,6 +709,8 @@ pub struct Engine {
     api: Option<api_version::ApiFields>,
     /// Machines with something to do, first in, first out; each at most once.
     work: VecDeque<Machine>,
+    /// The pool turn of a checkout served at once, due right after the current turn (issue 9).
+    served: Option<worklist::Served>,
     topology_queued: bool,
     timers: Timers,
     connects: VecDeque<Connect>,
@@ -730,6 +735,9 @@ pub struct Engine {
     /// are what is kept, so `Box` in a `Vec`.
     #[allow(clippy::vec_box)]
     spare_ops: Vec<Box<Operation>>,
+    /// The emptied command documents of kept operations, replaced by the next operation's
+    /// command, for [`Engine::take_document`] (at most [`SPARE_OPS`]).
+    spare_documents: Vec<Document>,
 }
 
 /// The most finished operations kept for reuse: a burst of 64 (about 100 KB with their
@@ -844,7 +852,6 @@ impl Engine {
             server_ids: BTreeMap::new(),
             last_server: None,
             sockets: IdTable::default(),
-            pool_sockets: BTreeMap::new(),
             ops: IdTable::default(),
             checkouts: id_table::Checkouts::default(),
             waiting: BTreeSet::new(),
@@ -861,6 +868,7 @@ impl Engine {
             encoded_handshake: Ok(encoded_handshake),
             api,
             work: VecDeque::new(),
+            served: None,
             topology_queued: false,
             timers: Timers::default(),
             connects: VecDeque::new(),
@@ -872,6 +880,7 @@ impl Engine {
             draining: None,
             srv,
             spare_ops: Vec::new(),
+            spare_documents: Vec::new(),
         };
         engine.schedule(Machine::Topology);
         engine.schedule_every_pool();
@@ -977,8 +986,11 @@ impl Engine {
     pub fn handle_bytes(&mut self, conn: ConnId, bytes: &[u8], now: Instant) {
         if let Some(socket) = self.sockets.get_mut(&conn) {
             socket.machine.handle_bytes(bytes, now);
-            self.schedule(Machine::Socket(conn));
-            self.run(now);
+            // Queued already: its turn is on the worklist.
+            match socket.queued {
+                true => self.run(now),
+                false => self.run_input(Machine::Socket(conn), now),
+            }
         }
     }
 
@@ -1103,6 +1115,16 @@ impl Engine {
         self.options.events = families;
     }
 
+    /// An empty document with room for a few fields, when the engine has one: the emptied
+    /// command document of a finished operation (its fields were dropped when it finished),
+    /// given away instead of freed (issue 9). A driver builds the next reply into it
+    /// ([`crate::wire::to_document_in`]), so that a round trip neither frees the command
+    /// document's table nor allocates the reply's.
+    #[must_use]
+    pub fn take_document(&mut self) -> Option<Document> {
+        self.spare_documents.pop()
+    }
+
     /// The next event.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<EngineEvent> {
@@ -1149,6 +1171,7 @@ impl Engine {
             pool_queued: false,
             in_flight: 0,
             pool_at: 0,
+            sockets: IdTable::default(),
         });
         self.server_ids.insert(address.clone(), id);
         id

@@ -24,7 +24,7 @@ use crate::time::Instant;
 use crate::topology::{AverageRtt, SdamEvent, ServerDescription, TopologyAction};
 use crate::wire::{MsgFlags, RawOpMsg};
 
-use super::worklist::Machine;
+use super::worklist::{Machine, Served};
 
 impl Engine {
     /// The topology was handed an input about `server`: its events and actions, and the server's
@@ -157,11 +157,7 @@ impl Engine {
         self.server_mut(server).retired_pool = Some(pool);
         self.server_mut(server).left = true;
         self.schedule(Machine::Pool(server));
-        let conns: Vec<ConnId> = self
-            .pool_sockets
-            .range((server, ConnectionId(0))..=(server, ConnectionId(u32::MAX)))
-            .map(|(_, conn)| *conn)
-            .collect();
+        let conns: Vec<ConnId> = self.server(server).sockets.values().copied().collect();
         for conn in conns {
             if let Some(socket) = self.sockets.get_mut(&conn) {
                 socket
@@ -505,12 +501,7 @@ impl Engine {
         if !empty {
             return;
         }
-        let sockets = self
-            .pool_sockets
-            .range((server, ConnectionId(0))..=(server, ConnectionId(u32::MAX)))
-            .next()
-            .is_some();
-        if sockets {
+        if !self.server(server).sockets.is_empty() {
             return;
         }
         let entry = &mut self.servers[server.0 as usize];
@@ -583,33 +574,8 @@ impl Engine {
                     checkout,
                     connection,
                 } => {
-                    let op = self.checkouts.remove(&(server, checkout));
-                    match (op, self.pool_socket(server, connection)) {
-                        (Some((op, slot)), Some(conn)) => self.send_attempt(op, slot, conn, now),
-                        // Its operation is gone (cancelled): the connection goes straight back.
-                        (None, _) => {
-                            if let Some(pool) = self.pool_mut(server) {
-                                pool.check_in(connection, true, now);
-                            }
-                        }
-                        // The socket is gone: the connection is given back to be closed and the
-                        // attempt fails before sending.
-                        (Some((op, slot)), None) => {
-                            if let Some(pool) = self.pool_mut(server) {
-                                pool.check_in(connection, false, now);
-                            }
-                            self.flush_pool_events(server);
-                            if let Some(operation) = self.ops.get_mut(&op) {
-                                operation.slots[slot].checkout = None;
-                            }
-                            let error = OperationError::network(
-                                NetworkErrorKind::Closed,
-                                NetworkPhase::BeforeSend,
-                                self.server(server).address.clone(),
-                            );
-                            self.fail_attempt(op, slot, error, false, now);
-                        }
-                    }
+                    let waiting = self.checkouts.remove(&(server, checkout));
+                    self.checked_out(server, waiting, connection, now);
                 }
                 PoolAction::CheckoutFailed { checkout, error } => {
                     if let Some((op, slot)) = self.checkouts.remove(&(server, checkout)) {
@@ -622,5 +588,83 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// A checkout's connection, for the operation slot that waits for it (`None`: its operation
+    /// is gone, cancelled or finished).
+    fn checked_out(
+        &mut self,
+        server: ServerId,
+        waiting: Option<(OpId, usize)>,
+        connection: ConnectionId,
+        now: Instant,
+    ) {
+        match (waiting, self.pool_socket(server, connection)) {
+            (Some((op, slot)), Some(conn)) => self.send_attempt(op, slot, conn, now),
+            // Its operation is gone (cancelled): the connection goes straight back.
+            (None, _) => {
+                if let Some(pool) = self.pool_mut(server) {
+                    pool.check_in(connection, true, now);
+                }
+            }
+            // The socket is gone: the connection is given back to be closed and the
+            // attempt fails before sending.
+            (Some((op, slot)), None) => {
+                if let Some(pool) = self.pool_mut(server) {
+                    pool.check_in(connection, false, now);
+                }
+                self.flush_pool_events(server);
+                if let Some(operation) = self.ops.get_mut(&op) {
+                    operation.slots[slot].checkout = None;
+                }
+                let error = OperationError::network(
+                    NetworkErrorKind::Closed,
+                    NetworkPhase::BeforeSend,
+                    self.server(server).address.clone(),
+                );
+                self.fail_attempt(op, slot, error, false, now);
+            }
+        }
+    }
+
+    /// The pool turn of a checkout served at once (`Engine::check_out`, issue 9), run where the
+    /// worklist would have run it: first after the turn that checked out. The same steps as
+    /// [`Engine::drain_pool`] with the checkout's answer as the pool's first action: its events,
+    /// the answer, then whatever else the pool has to say and its deadline.
+    pub(super) fn run_served(&mut self, served: Served, now: Instant) {
+        let Served {
+            server,
+            checkout,
+            connection,
+            op,
+            slot,
+        } = served;
+        self.unqueue(Machine::Pool(server));
+        let publish = self.options.events.contains(EventFamilies::POOL);
+        if publish {
+            let address = self.server(server).address.clone();
+            while let Some(event) = self.pool_mut(server).and_then(|p| p.poll_event()) {
+                self.events.push_back(EngineEvent::Pool {
+                    address: address.clone(),
+                    event,
+                });
+            }
+        } else if let Some(pool) = self.pool_mut(server) {
+            pool.discard_events();
+        }
+        // As `checkouts` tells the pool's turn: the slot still waits for this checkout unless
+        // its operation finished or gave the checkout up meanwhile.
+        let waiting = self
+            .ops
+            .get(&op)
+            .and_then(|o| o.slots.get(slot))
+            .is_some_and(|s| s.checkout == Some((server, checkout)))
+            .then_some((op, slot));
+        self.checked_out(server, waiting, connection, now);
+        let retired = self.server(server).retired_pool.is_some();
+        if retired || self.pool(server).is_some_and(Pool::has_output) {
+            self.drain_pool(server, now);
+        }
+        self.refresh_pool_timer(server);
     }
 }

@@ -16,7 +16,7 @@ use super::raw_reply::{self, ReplyFields};
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
     command_for, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession, Operation,
-    OperationRequest, Owner, RunningRequest, ServerId, Slot,
+    OperationRequest, Owner, RunningRequest, ServerId, Slot, SPARE_OPS,
 };
 use crate::address::ServerAddress;
 use crate::connection::{ConnectionState, Request, SendError};
@@ -31,7 +31,7 @@ use crate::selection::{SelectionStep, ServerSelection};
 use crate::time::Instant;
 use crate::wire::append_read_preference;
 
-use super::worklist::Machine;
+use super::worklist::{Machine, Served};
 
 /// The usage error of an attempt whose pinned connection another operation is using (SE-10).
 const PINNED_CONNECTION_IN_USE: &str =
@@ -306,7 +306,12 @@ impl Engine {
                     queued: spare_queued,
                 } = &mut *spare;
                 *spare_slots = slots;
-                *spare_wire = Request::new(body);
+                // Issue 9: the kept command's emptied document goes to the caller's next reply
+                // (`Engine::take_document`).
+                let emptied = core::mem::replace(spare_wire, Request::new(body));
+                if self.spare_documents.len() < SPARE_OPS {
+                    self.spare_documents.push(emptied.body);
+                }
                 *spare_encoded = encoded;
                 *spare_encoded_read_preference = encoded_read_preference;
                 *spare_request = request;
@@ -348,8 +353,7 @@ impl Engine {
             }),
         };
         self.ops.insert(op, operation);
-        self.schedule(Machine::Operation(op));
-        self.run(now);
+        self.run_input(Machine::Operation(op), now);
         op
     }
 
@@ -620,11 +624,38 @@ impl Engine {
             .map(|p| p.check_out(purpose, deadline, now));
         match checkout {
             Some(id) => {
+                let mut retry = false;
                 if let Some(op) = self.ops.get_mut(&op_id) {
                     op.slots[slot].checkout = Some((server, id));
+                    retry = matches!(op.machine, OpMachine::Retry(_));
                 }
-                self.checkouts.insert((server, id), (op_id, slot));
-                self.schedule(Machine::Pool(server));
+                // Issue 9: a retry machine's checkout served at once, with nothing on the
+                // worklist, gets its pool's turn right after this one (`Served`), without the
+                // worklist and the table of pending checkouts. (A hedged copy's keeps the
+                // worklist: its machine may check out several copies in one turn.)
+                let next = retry
+                    && self.work.is_empty()
+                    && self.served.is_none()
+                    && !self.server(server).pool_queued;
+                let served = next
+                    .then(|| self.pool_mut(server).and_then(|p| p.take_served(id)))
+                    .flatten();
+                match served {
+                    Some(connection) => {
+                        self.server_mut(server).pool_queued = true;
+                        self.served = Some(Served {
+                            server,
+                            checkout: id,
+                            connection,
+                            op: op_id,
+                            slot,
+                        });
+                    }
+                    None => {
+                        self.checkouts.insert((server, id), (op_id, slot));
+                        self.schedule(Machine::Pool(server));
+                    }
+                }
             }
             None => {
                 let address = self.server(server).address.clone();
@@ -935,7 +966,7 @@ impl Engine {
                 ))
             }
         };
-        self.schedule(Machine::Socket(conn));
+        self.sent_on(conn);
         // Issue 9: no turn that would do nothing.
         if !settled {
             self.schedule(Machine::Operation(op_id));

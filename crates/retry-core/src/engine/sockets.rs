@@ -69,7 +69,7 @@ impl Engine {
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
         if let Owner::Pool(id) = owner {
-            self.pool_sockets.insert((server, id), conn);
+            self.server_mut(server).sockets.insert(id, conn);
         }
         self.sockets.insert(
             conn,
@@ -109,7 +109,7 @@ impl Engine {
         self.timers
             .set(Machine::Socket(conn), &mut socket.timer, None);
         if let Owner::Pool(id) = socket.owner {
-            self.pool_sockets.remove(&(socket.server, id));
+            self.server_mut(socket.server).sockets.remove(&id);
         }
         Some(socket)
     }
@@ -132,9 +132,30 @@ impl Engine {
         }
     }
 
+    /// A command was written on `conn` (`Engine::send_attempt`): its socket's turn, which then
+    /// only queues the bytes to write and registers the socket's deadline, runs here when it
+    /// would be the next one (issue 9): nothing on the worklist or served ahead of it
+    /// (`Engine::run_served`), the socket not queued, and no connection event waiting. The
+    /// transmits stay in the order their sockets' turns would give them.
+    pub(super) fn sent_on(&mut self, conn: ConnId) {
+        let next = self.work.is_empty() && self.served.is_none();
+        match self.sockets.get_mut(&conn) {
+            Some(socket) if next && !socket.queued && !socket.machine.has_events() => {
+                if !socket.transmit_queued && socket.machine.has_transmit() {
+                    socket.transmit_queued = true;
+                    self.transmits.push_back(conn);
+                }
+                let at = socket.machine.poll_timeout();
+                self.timers
+                    .set(Machine::Socket(conn), &mut socket.timer, at);
+            }
+            _ => self.schedule(Machine::Socket(conn)),
+        }
+    }
+
     /// The socket of a pool's connection.
     pub(super) fn pool_socket(&self, server: ServerId, id: ConnectionId) -> Option<ConnId> {
-        self.pool_sockets.get(&(server, id)).copied()
+        self.server(server).sockets.get(&id).copied()
     }
 
     /// Routes the outputs of one socket's connection machine.

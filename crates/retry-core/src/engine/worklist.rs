@@ -10,6 +10,7 @@ use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 
 use super::{ConnId, Engine, OpId, ServerId};
+use crate::pool::{CheckoutId, ConnectionId};
 use crate::time::Instant;
 
 /// A machine the engine drives.
@@ -25,6 +26,20 @@ pub(super) enum Machine {
     Socket(ConnId),
     /// An operation's retry machine and selection.
     Operation(OpId),
+}
+
+/// A checkout its pool answered at once, with nothing else on the worklist (issue 9): the pool's
+/// turn would be the next one, so it runs right after the current turn
+/// ([`Engine::run_served`]) instead of through the worklist and the table of pending checkouts.
+/// Meanwhile the pool counts as queued, so nothing else gives it a turn of its own first.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Served {
+    pub(super) server: ServerId,
+    pub(super) checkout: CheckoutId,
+    pub(super) connection: ConnectionId,
+    /// The operation slot that checked out.
+    pub(super) op: OpId,
+    pub(super) slot: usize,
 }
 
 /// Every registered deadline, ordered. Each machine has at most one entry; its own copy of the
@@ -103,6 +118,35 @@ impl Engine {
         }
     }
 
+    /// One machine's turn, off the worklist: its outputs routed to their consumers, its next
+    /// deadline registered, then the pool turns of the checkouts it served at once (`Served`),
+    /// which come first after it.
+    #[inline]
+    fn turn(&mut self, machine: Machine, now: Instant) {
+        match machine {
+            Machine::Topology => self.drain_topology(now),
+            Machine::Monitor(server) => self.drain_monitor(server, now),
+            Machine::Pool(server) => self.drain_pool(server, now),
+            Machine::Socket(conn) => self.drain_socket(conn, now),
+            Machine::Operation(op) => self.drain_operation(op, now),
+        }
+        self.refresh_timer(machine);
+        while let Some(served) = self.served.take() {
+            self.run_served(served, now);
+        }
+    }
+
+    /// After an input handed to `machine` (not queued): its turn, then the worklist. With
+    /// nothing on the worklist its turn would be the only one there, so it runs without
+    /// entering it (issue 9: no queueing and no lookups of its flag for nothing).
+    pub(super) fn run_input(&mut self, machine: Machine, now: Instant) {
+        match self.work.is_empty() {
+            true => self.turn(machine, now),
+            false => self.schedule(machine),
+        }
+        self.run(now);
+    }
+
     /// Runs the worklist until no machine has anything left to do.
     pub(super) fn run(&mut self, now: Instant) {
         // Each machine runs a bounded number of times per input; a loop that does not settle is a
@@ -113,15 +157,9 @@ impl Engine {
             steps += 1;
             debug_assert!(steps <= bound, "the engine's worklist does not settle");
             self.unqueue(machine);
-            match machine {
-                Machine::Topology => self.drain_topology(now),
-                Machine::Monitor(server) => self.drain_monitor(server, now),
-                Machine::Pool(server) => self.drain_pool(server, now),
-                Machine::Socket(conn) => self.drain_socket(conn, now),
-                Machine::Operation(op) => self.drain_operation(op, now),
-            }
-            self.refresh_timer(machine);
+            self.turn(machine, now);
         }
+        debug_assert!(self.served.is_none(), "a served checkout outside a turn");
         // SE-15: the last `endSessions` of `close` ended; the pools close now.
         if self.ending_sessions && self.ops.is_empty() {
             self.ending_sessions = false;
@@ -129,7 +167,7 @@ impl Engine {
         }
     }
 
-    fn unqueue(&mut self, machine: Machine) {
+    pub(super) fn unqueue(&mut self, machine: Machine) {
         match machine {
             Machine::Topology => self.topology_queued = false,
             Machine::Monitor(server) => {
@@ -151,7 +189,16 @@ impl Engine {
         }
     }
 
+    /// Registers the pool's next deadline.
+    #[inline]
+    pub(super) fn refresh_pool_timer(&mut self, server: ServerId) {
+        let at = self.pool(server).and_then(|p| p.poll_timeout());
+        let slot = &mut self.servers[server.0 as usize].pool_timer;
+        self.timers.set(Machine::Pool(server), slot, at);
+    }
+
     /// Registers the machine's next deadline.
+    #[inline(always)]
     fn refresh_timer(&mut self, machine: Machine) {
         match machine {
             Machine::Topology => {}
@@ -161,11 +208,7 @@ impl Engine {
                     self.timers.set(machine, &mut state.timer, at);
                 }
             }
-            Machine::Pool(server) => {
-                let at = self.pool(server).and_then(|p| p.poll_timeout());
-                let slot = &mut self.servers[server.0 as usize].pool_timer;
-                self.timers.set(machine, slot, at);
-            }
+            Machine::Pool(server) => self.refresh_pool_timer(server),
             Machine::Socket(conn) => {
                 if let Some(socket) = self.sockets.get_mut(&conn) {
                     let at = socket.machine.poll_timeout();
