@@ -463,9 +463,9 @@ impl Engine {
         }
     }
 
-    /// Moves a pool's events to the engine's, so that they come out in causal order with the
-    /// operation events that follow (BP-27).
-    pub(super) fn flush_pool_events(&mut self, server: ServerId) {
+    /// Moves a pool's events to the engine's queue, or drops them when nobody subscribed to the
+    /// pool family (BP-27: before the operation events that follow).
+    fn move_pool_events(&mut self, server: ServerId) {
         if self.options.events.contains(EventFamilies::POOL) {
             let address = self.server(server).address.clone();
             while let Some(event) = self.pool_mut(server).and_then(|p| p.poll_event()) {
@@ -478,6 +478,12 @@ impl Engine {
             // Issue 9: nobody listens; one lookup, no address copies.
             pool.discard_events();
         }
+    }
+
+    /// Moves a pool's events to the engine's, so that they come out in causal order with the
+    /// operation events that follow (BP-27).
+    pub(super) fn flush_pool_events(&mut self, server: ServerId) {
+        self.move_pool_events(server);
         // Issue 9: a member's pool with no action to route and its deadline registered as it is
         // would have a turn on the worklist that does nothing (`drain_pool`, `refresh_timer`).
         let entry = &self.servers[server.0 as usize];
@@ -640,18 +646,7 @@ impl Engine {
             slot,
         } = served;
         self.unqueue(Machine::Pool(server));
-        let publish = self.options.events.contains(EventFamilies::POOL);
-        if publish {
-            let address = self.server(server).address.clone();
-            while let Some(event) = self.pool_mut(server).and_then(|p| p.poll_event()) {
-                self.events.push_back(EngineEvent::Pool {
-                    address: address.clone(),
-                    event,
-                });
-            }
-        } else if let Some(pool) = self.pool_mut(server) {
-            pool.discard_events();
-        }
+        self.move_pool_events(server);
         // As `checkouts` tells the pool's turn: the slot still waits for this checkout unless
         // its operation finished or gave the checkout up meanwhile.
         let waiting = self
