@@ -27,15 +27,7 @@ MEASURE=${MEASURE:-12}
 OUT=${OUT:-target/bench-adapters-harness}
 mkdir -p "$OUT"
 
-if [ -z "${BENCH_BIN:-}" ]; then
-    BENCH_BIN=$(cargo bench -p retry-bench --features mongodb --bench round_trip --no-run \
-        --message-format=json 2>/dev/null | python3 -c '
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "round_trip":
-        print(m["executable"])')
-fi
+. scripts/bench-bin.sh
 echo "bench binary: $BENCH_BIN; start $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 EVENTS=context-switches,cpu-migrations,task-clock,raw_syscalls:sys_enter

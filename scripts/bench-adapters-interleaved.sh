@@ -35,15 +35,7 @@ MEASURE=${MEASURE:-1.5}
 OUT=${OUT:-target/bench-adapters-interleaved}
 mkdir -p "$OUT"
 
-if [ -z "${BENCH_BIN:-}" ]; then
-    BENCH_BIN=$(cargo bench -p retry-bench --features mongodb --bench round_trip --no-run \
-        --message-format=json 2>/dev/null | python3 -c '
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "round_trip":
-        print(m["executable"])')
-fi
+. scripts/bench-bin.sh
 echo "bench binary: $BENCH_BIN"
 
 # The machine's idle share since `cpu_start` (from /proc/stat): other sessions' processes may not be

@@ -38,15 +38,7 @@ N2=${N2:-3000}
 OUT=${OUT:-target/bench-adapters-profile}
 mkdir -p "$OUT"
 
-if [ -z "${BENCH_BIN:-}" ]; then
-    BENCH_BIN=$(cargo bench -p retry-bench --features mongodb --bench round_trip --no-run \
-        --message-format=json 2>/dev/null | python3 -c '
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "round_trip":
-        print(m["executable"])')
-fi
+. scripts/bench-bin.sh
 echo "bench binary: $BENCH_BIN"
 
 for case in $CASES; do
