@@ -447,6 +447,16 @@ impl ServerApi {
     }
 }
 
+/// LB-7 with HS-2: whether a server refuses every handshake of a client with `load_balanced`
+/// and the declared version `api`: a load-balanced hello carries `loadBalanced: true` (LB-7), an
+/// unstable field of the server's hello command (hello.idl, `stability: unstable`), which a
+/// server refuses under `apiStrict: true` (APIStrictError, 323). The one rule behind
+/// [`EngineError::LoadBalancedStrictApi`](crate::engine::EngineError::LoadBalancedStrictApi) and
+/// a client's check of its options before it makes an engine.
+pub fn load_balanced_refused(load_balanced: bool, api: Option<&ServerApi>) -> bool {
+    load_balanced && api.is_some_and(|api| api.strict == Some(true))
+}
+
 /// Adds a declared version's `fields` ([`ServerApi::fields`]) to `command`, each replacing a
 /// field of the same name (versioned-api spec: the client's version, never the command's).
 pub(crate) fn insert_api_fields(fields: &Document, command: &mut Document) {

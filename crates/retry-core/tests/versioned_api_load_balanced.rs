@@ -9,7 +9,7 @@ use std::error::Error;
 
 use retry_core::address::ServerAddress;
 use retry_core::engine::{Engine, EngineError, EngineOptions};
-use retry_core::handshake::{ClientMetadata, HandshakeOptions, ServerApi};
+use retry_core::handshake::{load_balanced_refused, ClientMetadata, HandshakeOptions, ServerApi};
 use retry_core::time::Instant;
 use retry_core::topology::TopologySettings;
 
@@ -47,4 +47,26 @@ fn lb7_load_balanced_without_a_strict_api_and_strict_without_lb_are_accepted() {
         let made = Engine::new(options(load_balanced, strict), Instant::ZERO);
         assert!(made.is_ok(), "{load_balanced} {strict:?}: {:?}", made.err());
     }
+}
+
+/// LB-7 + HS-2: the public rule ([`load_balanced_refused`], which clients check their options
+/// with) is the one the engine applies: for every combination, it holds exactly when the engine
+/// refuses to be made.
+#[test]
+fn lb7_the_public_rule_is_the_engines() {
+    for load_balanced in [false, true] {
+        for strict in [None, Some(false), Some(true)] {
+            let options = options(load_balanced, strict);
+            let refused =
+                load_balanced_refused(load_balanced, options.handshake.server_api.as_ref());
+            assert_eq!(refused, load_balanced && strict == Some(true));
+            let made = Engine::new(options, Instant::ZERO);
+            assert_eq!(
+                made.err(),
+                refused.then_some(EngineError::LoadBalancedStrictApi),
+                "{load_balanced} {strict:?}"
+            );
+        }
+    }
+    assert!(!load_balanced_refused(true, None), "no declared version");
 }

@@ -445,7 +445,7 @@ impl Driver {
         // Polled already for this deadline, not woken since, and the deadline is well ahead
         // (more than a runtime's timer granularity): its firing wakes the task, which then
         // finds the deadline passed or near and polls it again. Any wake of the timer disarms
-        // it ([`TimerWake`], house rule 8, CS-4).
+        // it ([`TimerWake`], house rule 8).
         if self.timer_armed
             && !self.timer_wake.woken.load(Ordering::Acquire)
             && now.saturating_add(TIMER_SLACK) < at
@@ -547,7 +547,7 @@ impl Future for Driver {
     }
 }
 
-/// The waker the driver's runtime timer is polled with (house rule 8, CS-4): each wake sets
+/// The waker the driver's runtime timer is polled with (house rule 8): each wake sets
 /// `woken`, then wakes the driver (its task, or a [`LocalDriver`]'s [`TimerWaker`]). The driver
 /// does not poll an armed timer again until its deadline changes or nears, so it must know when
 /// a `Pending` poll did not leave the timer armed: a future may return `Pending` and wake its
@@ -583,29 +583,57 @@ impl Wake for TimerWake {
 /// pass is polled with the task's waker, so the sockets, the timer and the client's queue wake
 /// the task, as after any of its own passes.
 ///
-/// The wake protocol (house rule 8, CS-4: no lost wakes). Invariant: every wake of the task is
+/// The wake protocol (house rule 8: no lost wakes). Invariant: every wake of the task is
 /// followed by a pass of the driver that starts after it, on the task or on a caller. Whoever
 /// holds `state`'s lock runs the pass. The task's poll sets `missed`, then (SeqCst fence) tries
 /// the lock; a caller lets the lock go, then (SeqCst fence) takes `missed` and, if it was set,
 /// wakes the task: of the two fences the later one sees the other side's write, so either the
-/// task finds the lock free or the caller sees `missed`. A caller takes the lock only once the
-/// task has stored its waker (`started`), so no poll is refused that nobody could wake again.
-/// Extra wakes are harmless: a wake only makes the task poll, and each pass re-arms every waker
-/// the driver hands out (the client's queue's in `take_requests`, the sockets' in
-/// `poll_sockets`, the timer's through [`TimerWake`]), so no wake consumes another's.
+/// task finds the lock free or the caller sees `missed`. The caller wakes the task through
+/// `waker`, a copy of the task's waker kept outside `state` (written with it, under the driver's
+/// lock, before `started`): it never waits for another pass to read it (review16 finding 3). A
+/// caller takes the lock only once the task has stored its waker (`started`), so no poll is
+/// refused that nobody could wake again; and it holds the lock in a [`Claim`], whose drop lets
+/// it go and runs that check, so a pass that panics wakes a refused task too (review16 finding
+/// 4). Extra wakes are harmless: a wake only makes the task poll, and no wake consumes
+/// another's. A pass does not re-arm every waker (it polls only the sockets queued in
+/// [`ReadySockets`]), but every waker the driver hands out is either persistent per source (a
+/// socket's [`SocketWaker`], whose wake queues the socket for the next pass and wakes the waker
+/// [`ReadySockets`] keeps, cloned, never taken; the timer's [`TimerWake`], whose wake makes the
+/// next round poll the timer again) or taken by its wake and stored again by the pass that wake
+/// causes (the client queue's: `wake_driver` takes it, `take_requests` stores it).
 pub(crate) struct SpawnedDriver {
     state: Mutex<SpawnedState>,
     /// The task was polled while a caller ran a pass: that caller wakes it when done.
     missed: AtomicBool,
     /// The task has stored its waker (its first poll): only then may a caller take the lock.
     started: AtomicBool,
+    /// The task's waker, as in `state`: what a caller wakes it with after letting the lock go.
+    /// Its own lock is held only to store or clone it, never across a pass.
+    waker: Mutex<Option<Waker>>,
 }
 
 struct SpawnedState {
     /// `None` once it has stopped (shut down).
     driver: Option<Driver>,
-    /// The task's waker, from its last poll.
+    /// The task's waker, from its last poll that ran the driver.
     task: Option<Waker>,
+}
+
+/// The driver's lock held by a caller ([`SpawnedDriver::claim`]). Dropping it lets the lock go
+/// and wakes the task if it was polled meanwhile (`missed`) or must end (`stopped`): on every
+/// path out of a caller's pass, an unwinding panic included (house rule 8).
+struct Claim<'a> {
+    spawned: &'a SpawnedDriver,
+    state: Option<MutexGuard<'a, SpawnedState>>,
+    /// The caller's pass stopped the driver: the task must be woken to end.
+    stopped: bool,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        drop(self.state.take());
+        self.spawned.hand_back(self.stopped);
+    }
 }
 
 /// The driver's task ([`SpawnedDriver`]): spawned once per client.
@@ -620,6 +648,7 @@ impl SpawnedDriver {
             }),
             missed: AtomicBool::new(false),
             started: AtomicBool::new(false),
+            waker: Mutex::new(None),
         })
     }
 
@@ -632,12 +661,18 @@ impl SpawnedDriver {
     /// the task or another caller runs it, or the task has not run yet. Returns whether it ran;
     /// if not, the caller wakes the task for its work instead.
     pub(crate) fn run_inline(&self) -> bool {
-        let Some(mut guard) = self.claim() else {
+        let Some(mut claim) = self.claim() else {
             return false;
         };
-        let SpawnedState { driver, task } = &mut *guard;
-        let (Some(running), Some(task)) = (driver.as_mut(), task.as_ref()) else {
-            self.hand_back(guard, false);
+        let Some(SpawnedState {
+            driver,
+            task: Some(task),
+        }) = claim.state.as_deref_mut()
+        else {
+            return false;
+        };
+        let Some(running) = driver.as_mut() else {
+            // Stopped: the claim's drop still wakes a task refused meanwhile.
             return false;
         };
         let stopped = Pin::new(running)
@@ -646,35 +681,40 @@ impl SpawnedDriver {
         if stopped {
             // The driver (and its engine and sockets) goes now; its task ends when next polled.
             *driver = None;
+            claim.stopped = true;
         }
-        self.hand_back(guard, stopped);
         true
     }
 
     /// The driver's lock, for a pass on a caller's thread: `None` while the task has not stored
     /// its waker (its first poll must not be refused: nobody could wake it again) or while
     /// someone else holds it.
-    fn claim(&self) -> Option<MutexGuard<'_, SpawnedState>> {
+    fn claim(&self) -> Option<Claim<'_>> {
         if !self.started.load(Ordering::Acquire) {
             return None;
         }
-        match self.state.try_lock() {
-            Ok(guard) => Some(guard),
-            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
+        let state = match self.state.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        Some(Claim {
+            spawned: self,
+            state: Some(state),
+            stopped: false,
+        })
     }
 
-    /// Lets a caller's lock go, and wakes the task if it was polled meanwhile (`missed`) or must
-    /// end (`stopped`).
-    fn hand_back(&self, guard: MutexGuard<'_, SpawnedState>, stopped: bool) {
-        drop(guard);
+    /// After a caller let the lock go ([`Claim`]'s drop): wakes the task if it was polled
+    /// meanwhile (`missed`) or must end (`stopped`).
+    fn hand_back(&self, stopped: bool) {
         // Pairs with the task's fence: either the task sees the lock free, or this sees `missed`.
         fence(Ordering::SeqCst);
         if self.missed.swap(false, Ordering::Relaxed) || stopped {
-            // Rare: the task was polled meanwhile, or must end. Its waker, under the lock again
-            // (whoever holds it now has taken `missed` as cleared, so this wake is needed).
-            let task = lock(&self.state).task.clone();
+            // Rare: the task was polled meanwhile, or must end. Whoever holds the driver's lock
+            // now has taken `missed` as cleared, so this wake is needed; its waker is read
+            // without that lock, which may be held for a whole pass (review16 finding 3).
+            let task = lock(&self.waker).clone();
             if let Some(task) = task {
                 task.wake();
             }
@@ -700,6 +740,7 @@ impl Future for DriverTask {
         let state = &mut *guard;
         if !state.task.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             state.task = Some(cx.waker().clone());
+            *lock(&spawned.waker) = Some(cx.waker().clone());
             // Under the lock, after the waker: a caller that sees it finds the waker stored.
             spawned.started.store(true, Ordering::Release);
         }
@@ -811,7 +852,7 @@ impl Wake for SocketWaker {
 /// wake that sets the flag wakes two waiting futures (the most recently registered); while none
 /// of the woken has run the driver (`claimed` clear), each further wake wakes twice as many as
 /// the one before (2, 2, 4, 8, ...), and the driver's own timer, firing then, wakes every waiting
-/// future (house rule 8, CS-4, review10 finding 2). A woken future leaves the list until it is
+/// future (house rule 8, review10 finding 2). A woken future leaves the list until it is
 /// polled again, so futures that their callers keep but never poll (a `select` that another
 /// branch won) absorb one wake each, once. The bound: with `k` of them registered ahead of a
 /// live future, the live one is woken by the `⌈log2(k + 1)⌉`-th wake after a pass, and at the
@@ -854,7 +895,7 @@ struct DriverWaker {
     watchdog: Mutex<Option<Watchdog>>,
 }
 
-/// A runtime timer of a [`LocalDriver`]'s own (house rule 8, CS-4): a firing of the driver's
+/// A runtime timer of a [`LocalDriver`]'s own (house rule 8): a firing of the driver's
 /// timer that is the first wake after a round wakes two waiting futures, like any such wake, and
 /// arms this for [`UNCLAIMED_TIMER_GRACE`] later; if no pass of the driver has started by then
 /// (the woken are futures kept but never polled), it wakes every waiting future, as the timer's
@@ -1069,7 +1110,7 @@ impl DriverWaker {
 
     /// A wake from the driver's timer: like any other, except that while none of the futures
     /// woken before has run the driver it wakes every waiting future, so a deadline is never
-    /// missed however many woken futures are never polled (house rule 8, CS-4).
+    /// missed however many woken futures are never polled (house rule 8).
     ///
     /// A firing during a pass only sets the flag ([`DriverWaker::pass_sees_it`]): the pass
     /// handles the deadline itself.
@@ -1413,7 +1454,7 @@ mod tests {
         assert_eq!(woken(&tasks), 22, "two again after a round");
     }
 
-    /// CS-4, house rule 8, review10 finding 2: a live task registered first, then three that
+    /// House rule 8, review10 finding 2: a live task registered first, then three that
     /// are never polled; a socket's wake, then the deadline timer's wake: the live task is woken
     /// (before, the three absorbed both wakes and the operation outlived its timeoutMS).
     #[test]
@@ -1428,7 +1469,7 @@ mod tests {
         assert_eq!(woken(&live), 1, "the live task runs the driver");
     }
 
-    /// CS-4, house rule 8, review10 finding 2: however many never-polled futures are registered
+    /// House rule 8, review10 finding 2: however many never-polled futures are registered
     /// ahead of a live one, the driver's timer firing while none of the woken has run the
     /// driver wakes every waiting future; with a round claimed, it wakes two like any wake.
     #[test]
@@ -1485,7 +1526,7 @@ mod tests {
         }
     }
 
-    /// CS-4, house rule 8 (the case review10 finding 2 left open): the driver's timer firing is
+    /// House rule 8 (the case review10 finding 2 left open): the driver's timer firing is
     /// the first wake after a round, and the two futures it wakes are never polled. The live
     /// future registered before them is woken when the runtime's timers armed meanwhile fire
     /// (the watchdog: one timer per firing, not a wake per waiter), with no other wake of the
@@ -1884,7 +1925,7 @@ mod tests {
         Pin::new(task).poll(&mut Context::from_waker(waker))
     }
 
-    /// House rule 8, CS-4 (the start-up gap): the executor polls the task for the first time
+    /// House rule 8 (the start-up gap): the executor polls the task for the first time
     /// while a caller tries an inline pass. The first poll is never refused: before the task
     /// has stored its waker no caller takes the driver's lock (before, a caller held it while it
     /// found no waker and returned, the refused task had given its waker to nobody, and the
@@ -1899,9 +1940,7 @@ mod tests {
         // A caller's inline pass starts just as the executor polls the task the first time.
         let claim = spawned.claim();
         assert!(poll_task(&mut task, &waker).is_pending());
-        if let Some(guard) = claim {
-            spawned.hand_back(guard, false);
-        }
+        drop(claim);
         let ran = lock(&shared.state).driver.is_some();
         assert!(
             ran || woken(&counted) > 0,
@@ -1911,8 +1950,10 @@ mod tests {
         assert!(spawned.run_inline(), "callers run passes from then on");
     }
 
-    /// House rule 8, CS-4: the task is polled while a caller runs an inline pass (its poll is
+    /// House rule 8: the task is polled while a caller runs an inline pass (its poll is
     /// refused); the caller wakes it when it lets go, and its next poll runs the driver.
+    /// A guarantee pin, not evidence for 6584392's fix: it passes without it too. It fails if
+    /// the caller's `missed` check after its pass is dropped (checked by removing it).
     #[test]
     fn house_rule_8_a_task_refused_during_an_inline_pass_is_woken_after_it() {
         let (driver, shared) = test_driver(Arc::new(NoIo));
@@ -1921,10 +1962,10 @@ mod tests {
         let counted = tasks(1);
         let waker = Waker::from(counted[0].clone());
         assert!(poll_task(&mut task, &waker).is_pending());
-        let guard = spawned.claim().expect("the driver is free");
+        let claim = spawned.claim().expect("the driver is free");
         assert!(poll_task(&mut task, &waker).is_pending(), "refused");
         assert_eq!(woken(&counted), 0);
-        spawned.hand_back(guard, false);
+        drop(claim);
         assert_eq!(woken(&counted), 1, "woken when the caller lets go");
         lock(&shared.state).driver = None;
         assert!(poll_task(&mut task, &waker).is_pending());
@@ -1935,17 +1976,23 @@ mod tests {
     }
 
     /// A runtime whose timers, like tokio's `Sleep` when the task's coop budget is used up,
-    /// refuse a poll while `refuse` is set: they wake the poller at once and keep no waker.
-    /// Otherwise a polled timer keeps its waker in `armed` (the test fires it).
+    /// refuse a poll while `refuse` is set: they wake the poller and keep no waker, at once, or
+    /// with `defer` set, later (the waker goes to `deferred`, which the test wakes after the
+    /// task's poll, as tokio defers a coop wake to the end of the task's poll). Otherwise a
+    /// polled timer keeps its waker in `armed` (the test fires it).
     #[derive(Debug, Default)]
     struct RefusingTimers {
         refuse: Arc<AtomicBool>,
+        defer: Arc<AtomicBool>,
+        deferred: Arc<Mutex<Vec<Waker>>>,
         armed: Arc<Mutex<Vec<Waker>>>,
     }
 
     #[derive(Debug)]
     struct RefusingTimer {
         refuse: Arc<AtomicBool>,
+        defer: Arc<AtomicBool>,
+        deferred: Arc<Mutex<Vec<Waker>>>,
         armed: Arc<Mutex<Vec<Waker>>>,
     }
 
@@ -1953,7 +2000,11 @@ mod tests {
         fn reset(self: Pin<&mut Self>, _: Instant) {}
         fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
             if self.refuse.load(Ordering::Relaxed) {
-                cx.waker().wake_by_ref();
+                if self.defer.load(Ordering::Relaxed) {
+                    lock(&self.deferred).push(cx.waker().clone());
+                } else {
+                    cx.waker().wake_by_ref();
+                }
             } else {
                 let mut armed = lock(&self.armed);
                 armed.retain(|w| !w.will_wake(cx.waker()));
@@ -1973,6 +2024,8 @@ mod tests {
         fn new_timer(&self, _: Instant) -> Pin<Box<dyn AsyncTimer>> {
             Box::pin(RefusingTimer {
                 refuse: self.refuse.clone(),
+                defer: self.defer.clone(),
+                deferred: self.deferred.clone(),
                 armed: self.armed.clone(),
             })
         }
@@ -1981,7 +2034,7 @@ mod tests {
         }
     }
 
-    /// House rule 8, CS-4: a poll of the runtime's timer that returns `Pending` and wakes the
+    /// House rule 8: a poll of the runtime's timer that returns `Pending` and wakes the
     /// task instead of keeping its waker (tokio's coop budget) leaves the timer unarmed; the
     /// task's next poll (that wake's) polls it again, and its firing then wakes the task.
     /// Before, the driver took the refused poll as armed and never polled the timer again for
@@ -2009,10 +2062,46 @@ mod tests {
         assert_eq!(woken(&counted), before + 1, "its firing wakes the task");
     }
 
-    /// House rule 8, CS-4: extra wakes never swallow a later one. A spurious wake of the task
+    /// House rule 8 (review16 finding 5): as the test above, with the refusal's wake deferred to
+    /// after the task's poll, as tokio does: the pass ends with the timer taken as armed and not
+    /// yet woken, and only then does the wake come. The next poll (that wake's) must poll the
+    /// timer again. Fails if the driver forgets a wake that came between two passes (checked by
+    /// clearing `TimerWake::woken` at the start of `poll_timer`).
+    #[test]
+    fn house_rule_8_a_refused_timer_poll_woken_after_the_pass_is_polled_again() {
+        let runtime = RefusingTimers::default();
+        let (refuse, defer) = (runtime.refuse.clone(), runtime.defer.clone());
+        let (deferred, armed) = (runtime.deferred.clone(), runtime.armed.clone());
+        let (driver, _shared) = test_driver(Arc::new(runtime));
+        let spawned = SpawnedDriver::new(driver);
+        let mut task = spawned.task();
+        let counted = tasks(1);
+        let waker = Waker::from(counted[0].clone());
+        refuse.store(true, Ordering::Relaxed);
+        defer.store(true, Ordering::Relaxed);
+        assert!(poll_task(&mut task, &waker).is_pending());
+        assert_eq!(woken(&counted), 0, "no wake during the pass");
+        assert!(lock(&armed).is_empty());
+        // The end of the task's poll: the deferred wake.
+        let refusals = core::mem::take(&mut *lock(&deferred));
+        assert_eq!(refusals.len(), 1, "the timer was polled once and refused");
+        refusals.into_iter().for_each(Waker::wake);
+        assert_eq!(woken(&counted), 1, "the refusal woke the task");
+        // The executor polls the task again for that wake, with a fresh budget.
+        refuse.store(false, Ordering::Relaxed);
+        assert!(poll_task(&mut task, &waker).is_pending());
+        let fired = core::mem::take(&mut *lock(&armed));
+        assert_eq!(fired.len(), 1, "the timer is armed again");
+        fired.into_iter().for_each(Waker::wake);
+        assert_eq!(woken(&counted), 2, "its firing wakes the task");
+    }
+
+    /// House rule 8: extra wakes never swallow a later one. A spurious wake of the task
     /// through the client's queue (which takes the queue's waker), its poll refused during a
     /// caller's inline pass, an extra wake of the task itself: afterwards a new operation's wake
     /// and the timer's firing still reach the task, and an inline pass still runs.
+    /// A guarantee pin, not evidence for 6584392's fix: it passes without it too. It fails if
+    /// the caller's `missed` check after its pass is dropped (checked by removing it).
     #[test]
     fn house_rule_8_extra_wakes_never_swallow_a_later_one() {
         let runtime = RefusingTimers::default();
@@ -2028,17 +2117,17 @@ mod tests {
         lock(&shared.state).wake_driver();
         assert_eq!(woken(&counted), 1, "the spurious wake");
         // A caller's pass runs before the task's poll for it, which is refused.
-        let mut guard = spawned.claim().expect("the driver is free");
+        let mut claim = spawned.claim().expect("the driver is free");
         let SpawnedState {
             driver,
             task: task_waker,
-        } = &mut *guard;
+        } = claim.state.as_deref_mut().expect("held");
         let task_waker = task_waker.clone().expect("the task's waker");
         let pass =
             Pin::new(driver.as_mut().expect("running")).poll(&mut Context::from_waker(&task_waker));
         assert!(pass.is_pending());
         assert!(poll_task(&mut task, &waker).is_pending(), "refused");
-        spawned.hand_back(guard, false);
+        drop(claim);
         assert_eq!(woken(&counted), 2, "the refused poll is owed a wake");
         waker.wake_by_ref();
         assert!(poll_task(&mut task, &waker).is_pending());
@@ -2054,5 +2143,143 @@ mod tests {
         assert_eq!(fired.len(), 1, "the timer is armed");
         fired.into_iter().for_each(Waker::wake);
         assert_eq!(woken(&counted), before + 2, "the timer's firing");
+    }
+
+    /// House rule 8 (review16 finding 3): a caller's check after its pass wakes a refused task
+    /// without waiting for the driver's lock, which the task or another caller may hold for a
+    /// whole pass (before, it took that lock, blocking, to read the task's waker). Fails (the
+    /// bounded wait ends) if `hand_back` reads the waker under the driver's lock again.
+    #[test]
+    fn house_rule_8_hand_back_wakes_the_task_while_another_pass_holds_the_driver() {
+        let (driver, _shared) = test_driver(Arc::new(NoIo));
+        let spawned = SpawnedDriver::new(driver);
+        let mut task = spawned.task();
+        let counted = tasks(1);
+        let waker = Waker::from(counted[0].clone());
+        assert!(poll_task(&mut task, &waker).is_pending());
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            // Another pass holds the driver; the task's poll meanwhile is refused.
+            let held = lock(&spawned.state);
+            assert!(poll_task(&mut task, &waker).is_pending(), "refused");
+            let spawned = &spawned;
+            scope.spawn(move || {
+                spawned.hand_back(false);
+                done.send(()).expect("the test waits");
+            });
+            let returned = finished.recv_timeout(Duration::from_secs(30));
+            assert!(returned.is_ok(), "hand_back waited for the driver's lock");
+            assert_eq!(woken(&counted), 1, "woken while the lock is held");
+            drop(held);
+        });
+    }
+
+    /// The driver a [`PanickingTimer`] polls the task of before it panics, and the waker.
+    type PanicHook = Arc<Mutex<Option<(Arc<SpawnedDriver>, Waker)>>>;
+
+    /// A runtime whose timers keep their waker in `armed`; once `panic` holds the driver, a
+    /// poll of a timer polls the driver's task (refused: the pass holds the driver) and then
+    /// panics, as a bug in a pass would.
+    #[derive(Default)]
+    struct PanickingTimers {
+        armed: Arc<Mutex<Vec<Waker>>>,
+        panic: PanicHook,
+    }
+
+    struct PanickingTimer {
+        armed: Arc<Mutex<Vec<Waker>>>,
+        panic: PanicHook,
+    }
+
+    impl core::fmt::Debug for PanickingTimers {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            f.write_str("PanickingTimers")
+        }
+    }
+
+    impl core::fmt::Debug for PanickingTimer {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            f.write_str("PanickingTimer")
+        }
+    }
+
+    impl AsyncTimer for PanickingTimer {
+        fn reset(self: Pin<&mut Self>, _: Instant) {}
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            let panic = lock(&self.panic).take();
+            if let Some((spawned, waker)) = panic {
+                let mut task = DriverTask(spawned);
+                assert!(poll_task(&mut task, &waker).is_pending(), "refused");
+                panic!("a bug in the driver's pass (on purpose)");
+            }
+            lock(&self.armed).push(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+
+    impl Runtime for PanickingTimers {
+        fn start() -> io::Result<PanickingTimers> {
+            Ok(PanickingTimers::default())
+        }
+        fn now(&self) -> Instant {
+            Instant::ZERO
+        }
+        fn new_timer(&self, _: Instant) -> Pin<Box<dyn AsyncTimer>> {
+            Box::pin(PanickingTimer {
+                armed: self.armed.clone(),
+                panic: self.panic.clone(),
+            })
+        }
+        fn connect(&self, _: String, _: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
+            Box::pin(core::future::pending())
+        }
+    }
+
+    /// House rule 8 (review16 finding 4): an inline pass that panics, with the task's poll
+    /// refused during it, still wakes the task: the claim's drop runs the `missed` check while
+    /// the panic unwinds. Fails if that check runs only after a pass that returns.
+    #[test]
+    fn house_rule_8_a_pass_that_panics_still_wakes_a_task_refused_during_it() {
+        let runtime = PanickingTimers::default();
+        let (armed, panic) = (runtime.armed.clone(), runtime.panic.clone());
+        let (driver, _shared) = test_driver(Arc::new(runtime));
+        let spawned = SpawnedDriver::new(driver);
+        let mut task = spawned.task();
+        let counted = tasks(1);
+        let waker = Waker::from(counted[0].clone());
+        assert!(poll_task(&mut task, &waker).is_pending());
+        *lock(&panic) = Some((spawned.clone(), waker.clone()));
+        // The timer fires (waking the task); a caller's pass polls it again first, and panics.
+        let fired = core::mem::take(&mut *lock(&armed));
+        assert_eq!(fired.len(), 1, "the timer is armed");
+        fired.into_iter().for_each(Waker::wake);
+        let before = woken(&counted);
+        let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| spawned.run_inline()));
+        assert!(pass.is_err(), "the pass panicked");
+        assert!(
+            lock(&panic).is_none(),
+            "the task's poll was refused during it"
+        );
+        assert_eq!(woken(&counted), before + 1, "the refused task is woken");
+    }
+
+    /// House rule 8 (review16 finding 5): `run_inline` on a stopped driver returns early, and
+    /// still wakes a task whose poll it refused: the task had set `missed` and was about to try
+    /// the lock when the caller took it (its try then fails). The task must be polled again to
+    /// end. Fails if the claim's drop skips the `missed` check on a stopped driver.
+    #[test]
+    fn house_rule_8_run_inline_on_a_stopped_driver_wakes_a_task_refused_meanwhile() {
+        let (driver, _shared) = test_driver(Arc::new(NoIo));
+        let spawned = SpawnedDriver::new(driver);
+        let mut task = spawned.task();
+        let counted = tasks(1);
+        let waker = Waker::from(counted[0].clone());
+        assert!(poll_task(&mut task, &waker).is_pending());
+        lock(&spawned.state).driver = None;
+        // The task's poll has begun (`missed` set, the fence passed) when the caller claims.
+        spawned.missed.store(true, Ordering::Relaxed);
+        assert!(!spawned.run_inline(), "no pass: the driver stopped");
+        assert_eq!(woken(&counted), 1, "the refused task is woken to end");
+        assert!(poll_task(&mut task, &waker).is_ready(), "and ends");
     }
 }

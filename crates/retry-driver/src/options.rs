@@ -565,14 +565,14 @@ impl ClientOptions {
     /// carry, because one of them is not a URI option: `loadBalanced=true` with a strict Stable
     /// API ([`ServerApi::with_strict`]`(true)`) is an error naming both options (a server refuses
     /// the handshake's `loadBalanced` under `apiStrict`, APIStrictError 323, so every
-    /// connection would fail; the engine refuses it too, `EngineError::LoadBalancedStrictApi`).
+    /// connection would fail). The rule is the core's,
+    /// [`retry_core::handshake::load_balanced_refused`], which the engine applies too
+    /// (`EngineError::LoadBalancedStrictApi`, house rule 4).
     /// [`ClientOptions::engine_options`] checks it, so [`crate::Client::connect`] fails with it
     /// before anything starts.
     pub fn validate(&self) -> Result<(), OptionsError> {
-        let strict = self
-            .server_api
-            .is_some_and(|api| api.strict() == Some(true));
-        if self.load_balanced && strict {
+        let api = self.server_api.map(ServerApi::to_engine);
+        if retry_core::handshake::load_balanced_refused(self.load_balanced, api.as_ref()) {
             return Err(OptionsError::conflict(
                 ("loadBalanced", "true"),
                 ("apiStrict", "true"),

@@ -1,9 +1,9 @@
 //! House rule 8: what retry-driver's `TimerWake` guards against, on tokio's own timer. A
 //! poll made after the task's coop budget is used up returns `Pending` and wakes the poller (at
-//! the end of the task's poll) instead of keeping its waker; after a firing (which takes the waker) nothing is then
-//! registered, and the next firing wakes nobody unless the timer is polled again. The driver
-//! used to take such a poll as arming the timer and skipped it until its deadline neared: a
-//! lost wake whenever nothing else woke the driver (retry-driver's
+//! the end of the task's poll) instead of keeping its waker; after a firing (which takes the
+//! waker) nothing is then registered, and the next firing wakes nobody unless the timer is
+//! polled again. The driver used to take such a poll as arming the timer and skipped it until
+//! its deadline neared: a lost wake whenever nothing else woke the driver (retry-driver's
 //! `house_rule_8_a_refused_timer_poll_is_polled_again_after_its_wake` drives that case).
 
 use core::future::{poll_fn, Future};

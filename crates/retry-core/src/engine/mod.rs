@@ -820,10 +820,10 @@ impl Engine {
     /// load-balanced mode meets a strict Stable API ([`EngineError::LoadBalancedStrictApi`]).
     pub fn new(mut options: EngineOptions, now: Instant) -> Result<Engine, EngineError> {
         options.handshake.load_balanced = options.topology.load_balanced;
-        let strict = |api: &crate::handshake::ServerApi| api.strict == Some(true);
-        if options.topology.load_balanced
-            && options.handshake.server_api.as_ref().is_some_and(strict)
-        {
+        if crate::handshake::load_balanced_refused(
+            options.topology.load_balanced,
+            options.handshake.server_api.as_ref(),
+        ) {
             return Err(EngineError::LoadBalancedStrictApi);
         }
         let topology = Topology::new(options.topology.clone(), now)?;
