@@ -1308,6 +1308,14 @@ impl<R: RngCore> RetryMachine<R> {
         self.state = State::Finished;
         self.actions.push(Action::Finished(result));
     }
+
+    /// Whether [`RetryMachine::poll_action`] would return an action now: one in the queue or
+    /// the `ReleaseConnection` kept apart. A caller that skips polling must see this false
+    /// first, or it loses the action (house rule 8; review15 finding 2).
+    #[inline]
+    pub(crate) fn has_queued_actions(&self) -> bool {
+        self.release.is_some() || !self.actions.is_empty()
+    }
 }
 
 impl fmt::Display for Attempt {
@@ -1371,5 +1379,28 @@ impl fmt::Display for Action {
             Action::Finished(Ok(())) => f.write_str("finished: ok"),
             Action::Finished(Err(e)) => write!(f, "finished: {e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review15 finding 2, house rule 8: the `ReleaseConnection` kept apart from the queue counts
+    /// as a queued action, as much as one in the queue.
+    #[test]
+    fn review15_f2_a_release_kept_apart_is_a_queued_action() {
+        let spec = OperationSpec::new(OperationKind::Read);
+        let mut m = RetryMachine::new(spec, &RetryOptions::default(), 1, Instant::ZERO);
+        assert!(m.has_queued_actions(), "the first SelectServer");
+        assert_eq!(m.poll_action(), Some(Action::SelectServer));
+        assert!(!m.has_queued_actions());
+        m.release = Some(false);
+        assert!(m.has_queued_actions(), "the release alone");
+        assert_eq!(
+            m.poll_action(),
+            Some(Action::ReleaseConnection { close: false })
+        );
+        assert!(!m.has_queued_actions());
     }
 }

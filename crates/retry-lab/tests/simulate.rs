@@ -154,6 +154,27 @@ fn bad_loads_are_refused_with_the_value() {
     assert!(Cli::try_parse_from(["retry-lab", "simulate", "--servers", "0"]).is_err());
 }
 
+/// Review15 finding 7, house rule 11: arguments built without clap (whose `--servers` range is
+/// narrower) are refused past the model's limit of 64 members, naming the option and the limit,
+/// instead of running without deprioritization for the members past the 64th.
+#[test]
+fn review15_f7_more_members_than_the_model_keeps_apart_are_refused() {
+    use retry_lab::simulate::model::MAX_MEMBERS;
+    let mut args = small(temp("unused"));
+    assert_eq!(MAX_MEMBERS, 64);
+    args.servers = 64;
+    assert_eq!(args.validate(), Ok(()));
+    for servers in [0, 65, u32::MAX] {
+        args.servers = servers;
+        let error = args.validate().unwrap_err();
+        assert!(
+            error.contains(&format!("--servers {servers}")) && error.contains("1 to 64 members"),
+            "{error}"
+        );
+        assert!(simulate(&args).unwrap_err().contains("--servers"));
+    }
+}
+
 #[test]
 fn a6_a_users_service_config_replaces_the_policy_of_its_kind_and_errors_name_the_field() {
     let dir = temp("config");

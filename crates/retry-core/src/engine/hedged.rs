@@ -149,14 +149,16 @@ impl Operation {
     }
 
     /// Issue 9: after [`Operation::sent`], whether the operation's turn on the worklist would
-    /// do nothing: a retry machine that records no events (its `handle_sent` then only changes
-    /// its state, queueing no action), no refused input, and no deadline registered or due.
+    /// do nothing: a retry machine that records no events and has no action queued (its
+    /// `handle_sent` only changes its state, queueing none; one queued before the send would be
+    /// lost without the turn, house rule 8, review15 finding 2), no refused input, and no
+    /// deadline registered or due.
     pub(super) fn settled_after_send(&self) -> bool {
         self.refused.is_none()
             && self.timer.is_none()
             && self.slots.iter().all(|s| s.wake.is_none())
             && matches!(&self.machine, OpMachine::Retry(m)
-                if !m.records_events() && m.poll_timeout().is_none())
+                if !m.records_events() && !m.has_queued_actions() && m.poll_timeout().is_none())
     }
 
     pub(super) fn succeeded(&mut self, slot: usize, now: Instant) {
@@ -748,5 +750,57 @@ mod tests {
             &doc! { "id": 9_i64, "ns": "last.d" }
         );
         assert_eq!(opened(&reply(0)), None);
+    }
+
+    /// Review15 finding 2, house rule 8: the operation's turn after a send is skipped only when
+    /// its retry machine has no action queued. Here the machine is sent while its queue still
+    /// holds actions no turn has taken (a path that sends without draining the machine first):
+    /// the operation keeps its turn, which takes them. Drained first, the turn is skipped.
+    #[test]
+    fn review15_f2_a_send_with_an_action_queued_keeps_the_turn() {
+        let mut options = EngineOptions::new(
+            TopologySettings::new(alloc::vec![ServerAddress::new("db", 27017)]),
+            HandshakeOptions::new(),
+        );
+        // No retry events: the machine's `handle_sent` queues nothing of its own.
+        options.events = crate::engine::EventFamilies::NONE;
+        let mut engine = Engine::new(options, Instant::ZERO).expect("valid");
+        let id = start(&mut engine, doc! { "ping": 1 }, OperationKind::Read);
+        let op = engine.ops.get_mut(&id).expect("running");
+        // Nothing else would give it a turn: no deadline, no selection wake, no refused input.
+        op.timer = None;
+        op.slots[0].wake = None;
+        let server = AttemptServer {
+            address: ServerAddress::new("db", 27017),
+            server_type: crate::topology::ServerType::Standalone,
+            topology_type: crate::topology::TopologyType::Single,
+            max_wire_version: 25,
+            sessions_supported: true,
+        };
+        let spec = OperationSpec::new(OperationKind::Read);
+        let options = crate::policy::RetryOptions::default();
+        let mut sent = |drain: bool| {
+            let OpMachine::Retry(m) = &mut op.machine else {
+                panic!("a ping runs a retry machine");
+            };
+            // A new operation: its `SelectServer` is queued.
+            m.restart(spec, &options, 7, Instant::ZERO);
+            if drain {
+                assert_eq!(m.poll_action(), Some(crate::retry::Action::SelectServer));
+            }
+            m.handle_server_selected(server.clone(), Instant::ZERO)
+                .expect("selecting");
+            if drain {
+                assert!(matches!(
+                    m.poll_action(),
+                    Some(crate::retry::Action::Dispatch(_))
+                ));
+            }
+            op.sent(0, Instant::ZERO);
+            assert!(op.refused.is_none());
+            op.settled_after_send()
+        };
+        assert!(sent(true), "drained: the turn would do nothing");
+        assert!(!sent(false), "SelectServer and Dispatch still queued");
     }
 }

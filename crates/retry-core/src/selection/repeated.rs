@@ -349,6 +349,71 @@ mod properties {
         }
     }
 
+    /// SS-11, SS-15, review15 finding 6: at 63 and 64 servers (the last topologies of one word,
+    /// 64 the one whose all-servers mask is `u64::MAX`) `select_index` takes the remembered path
+    /// and picks what `select` picks with those servers' addresses, with the same draws: bit 63
+    /// alone (past the last server at 63, so nothing; the last server at 64), every bit, an
+    /// empty word and no word.
+    #[test]
+    fn review15_f6_select_index_at_63_and_64_servers_matches_select() {
+        let criteria = SelectionCriteria::Read(
+            ReadPreference::new(ReadPreferenceMode::Nearest, Vec::new(), None).unwrap(),
+        );
+        let count = |i: usize| (i as u32 * 7) % 5;
+        for n in [63u16, 64] {
+            let servers: Vec<ServerDescription> = (0..n)
+                .map(|i| ServerDescription {
+                    server_type: ServerType::RsSecondary,
+                    average_rtt: AverageRtt::from_duration(Duration::from_millis(5)),
+                    max_wire_version: 21,
+                    ..ServerDescription::unknown(ServerAddress::new("h", 1 + i))
+                })
+                .collect();
+            let topology = TopologyDescription::new(TopologyType::ReplicaSetNoPrimary, servers);
+            let settings = SelectionSettings::default;
+            let mut by_address =
+                RepeatedSelection::new(topology.clone(), criteria.clone(), settings());
+            let mut by_index =
+                RepeatedSelection::new(topology.clone(), criteria.clone(), settings());
+            let servers = &topology.servers;
+            let all = match n {
+                64 => u64::MAX,
+                _ => (1 << 63) - 1,
+            };
+            let sets: [&[u64]; 4] = [&[1 << 63], &[u64::MAX], &[0], &[]];
+            for (k, set) in sets.into_iter().enumerate() {
+                let deprioritized: Vec<ServerAddress> = (0..servers.len())
+                    .filter(|&i| set.first().is_some_and(|w| w & (1 << i) != 0))
+                    .map(|i| servers[i].address.clone())
+                    .collect();
+                for seed in 0..8u64 {
+                    let (mut a, mut b) = (
+                        EngineRng::from_seed_u64(seed),
+                        EngineRng::from_seed_u64(seed),
+                    );
+                    let expected = by_address
+                        .select(&deprioritized, |x| count(usize::from(x.port() - 1)), &mut a)
+                        .unwrap()
+                        .map(|s| usize::from(s.address.port() - 1));
+                    let got = by_index.select_index(set, count, &mut b).unwrap();
+                    assert_eq!(got, expected, "{n} servers, set {k}, seed {seed}");
+                    assert_eq!(a, b, "{n} servers, set {k}, seed {seed}: the same draws");
+                    assert!(got.is_some_and(|i| i < usize::from(n)));
+                    if n == 64 && k == 0 {
+                        assert_ne!(got, Some(63), "seed {seed}: the last server deprioritized");
+                    }
+                    // The remembered path, keyed by the set within the topology's servers.
+                    let key = set.first().map_or(0, |w| w & all);
+                    assert_eq!(
+                        by_index.windows.get(by_index.latest).map(|(s, _)| *s),
+                        Some(key),
+                        "{n} servers, set {k}"
+                    );
+                }
+            }
+        }
+    }
+
     proptest! {
         /// SS-11, SS-13, SS-15: over a sequence of calls with changing deprioritized sets
         /// (addresses outside the topology included) and changing operation counts,

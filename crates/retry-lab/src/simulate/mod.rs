@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use model::{Cluster, Load, RunResult, RunSpec};
+use model::{Cluster, Load, RunResult, RunSpec, MAX_MEMBERS};
 use policy::{GrpcConfigs, SimPolicy};
 
 /// The options of `retry-lab simulate`.
@@ -71,8 +71,17 @@ pub const BUCKET: Duration = Duration::from_millis(250);
 pub const RECOVERY_WINDOW: Duration = Duration::from_secs(1);
 
 impl SimulateArgs {
-    /// Checks the values clap cannot: loads and peak positive and finite.
+    /// Checks the values clap cannot: loads and peak positive and finite, and (for arguments
+    /// built without clap) 1 to [`MAX_MEMBERS`] members, the most the model keeps apart
+    /// (review15 finding 7: past it, deprioritization would be lost without a word).
     pub fn validate(&self) -> Result<(), String> {
+        let members = usize::try_from(self.servers).unwrap_or(usize::MAX);
+        if !(1..=MAX_MEMBERS).contains(&members) {
+            return Err(format!(
+                "invalid --servers {}: the simulated replica set has 1 to {MAX_MEMBERS} members",
+                self.servers
+            ));
+        }
         for &load in self.loads.iter().chain([&self.peak]) {
             if !(load.is_finite() && load > 0.0 && load <= 100.0) {
                 return Err(format!(

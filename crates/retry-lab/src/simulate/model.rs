@@ -32,6 +32,11 @@ use super::policy::{
 };
 use super::sort::sort_u32;
 
+/// The most replica-set members a simulation models: a client's deprioritized members are one
+/// 64-bit set of member indices (SS-11), and a member index is kept in a byte (at most 255).
+/// [`SimulateArgs::validate`](super::SimulateArgs::validate) refuses more (house rule 11).
+pub const MAX_MEMBERS: usize = 64;
+
 /// The simulated cluster and its clients.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Cluster {
@@ -367,6 +372,7 @@ impl Selector {
 /// `member:27017 + index`).
 #[inline]
 fn member_set(addresses: &[ServerAddress]) -> u64 {
+    debug_assert!(addresses.iter().all(|a| index(a) < MAX_MEMBERS));
     addresses.iter().fold(0, |set, a| {
         set | 1u64.checked_shl(index(a) as u32).unwrap_or(0)
     })
