@@ -218,7 +218,7 @@ fn a_deadline_ends_its_operation_while_a_woken_future_is_left_unpolled() {
     smol::block_on(bounded(LIMIT, deadline_reaches_the_live_future_behind(1)));
 }
 
-/// Review10 finding 2, review11 finding 3 (house rule 8, CS-4, SS-8): three unpolled futures
+/// Review10 finding 2, review11 finding 3 (house rule 8, SS-8): three unpolled futures
 /// are registered after B, so B's deadline timer, when it is the first wake after a round,
 /// wakes two of them only; the driver's watchdog (`UNCLAIMED_TIMER_GRACE` later, none of the
 /// woken having run the driver) or any later wake reaches B, and B fails at its deadline.

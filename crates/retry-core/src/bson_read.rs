@@ -49,32 +49,65 @@ impl From<Error> for ReadError {
 /// The document `raw` holds, or the first error the `bson` crate's conversion would report
 /// (or [`ReadError::TooDeep`]).
 pub(crate) fn document(raw: &RawDocument) -> Result<Document, ReadError> {
+    document_in(raw, None, None)
+}
+
+/// [`document`], built for a caller that converts many documents (issue 9). When
+/// [`well_formed`] accepts the document, the top-level document is built into `top` (an empty
+/// document whose table and hasher are reused) and every embedded one is a clone of `empty` (an
+/// empty document: the clones share its hasher, where [`Document::new`] draws a seed each time,
+/// and start with its table's capacity). A non-empty `top` or `empty` is not used; without
+/// `top` the top-level document is a clone of `empty` too, and without `empty` each document is
+/// a [`Document::new`].
+pub(crate) fn document_in(
+    raw: &RawDocument,
+    top: Option<Document>,
+    empty: Option<&Document>,
+) -> Result<Document, ReadError> {
     // Issue 9: a document [`well_formed`] accepts (a usual reply) is built straight from its
     // bytes in the same pass that checks it ([`plain_document`]), without the crate's iterators
     // and their second round of checks; the rest (and the rare values it leaves alone) take the
     // crate's conversion.
-    if let Some(document) = plain_document(raw.as_bytes(), 0) {
+    let empty = empty.filter(|empty| empty.is_empty());
+    let mut document = top
+        .filter(Document::is_empty)
+        .unwrap_or_else(|| new_document(empty));
+    if plain_document(raw.as_bytes(), 0, &mut document, empty).is_some() {
         return Ok(document);
     }
     document_at(raw, 1)
 }
 
-/// The document of `bytes` if [`well_formed`] accepts them, built as the `bson` crate's
-/// conversion builds it, checked and built in one pass; `None` for bytes [`well_formed`]
-/// refuses and for a value it accepts but does not build itself (a binary of a subtype other
-/// than generic), which the caller then leaves to that conversion.
-fn plain_document(bytes: &[u8], depth: usize) -> Option<Document> {
-    let mut document = Document::new();
-    plain_elements(bytes, depth, |key, value| {
+/// A clone of `empty`, or a new document without one.
+fn new_document(empty: Option<&Document>) -> Document {
+    empty.map_or_else(Document::new, Document::clone)
+}
+
+/// Builds the document of `bytes` into `document` (empty) if [`well_formed`] accepts them, as
+/// the `bson` crate's conversion builds it, checked and built in one pass, each embedded
+/// document a clone of `empty` (or new); `None` for bytes [`well_formed`] refuses and for a
+/// value it accepts but does not build itself (a binary of a subtype other than generic), which
+/// the caller then leaves to that conversion. Filled in place, the document is not moved.
+fn plain_document(
+    bytes: &[u8],
+    depth: usize,
+    document: &mut Document,
+    empty: Option<&Document>,
+) -> Option<()> {
+    plain_elements(bytes, depth, empty, |key, value| {
         document.insert(key, value);
-    })?;
-    Some(document)
+    })
 }
 
 /// Walks the elements of `bytes` as [`well_formed`] checks them, handing each key and value
 /// ([`plain_value`]) to `each`; `None` where [`well_formed`] would say `false` or a value is not
 /// plain.
-fn plain_elements(bytes: &[u8], depth: usize, mut each: impl FnMut(&str, Bson)) -> Option<()> {
+fn plain_elements(
+    bytes: &[u8],
+    depth: usize,
+    empty: Option<&Document>,
+    mut each: impl FnMut(&str, Bson),
+) -> Option<()> {
     if depth > WELL_FORMED_DEPTH || bytes.len() < 5 || read_len(bytes, 0) != Some(bytes.len()) {
         return None;
     }
@@ -90,7 +123,10 @@ fn plain_elements(bytes: &[u8], depth: usize, mut each: impl FnMut(&str, Bson)) 
         let value = at + 1 + key_len + 1;
         let size = value_size(tag, &bytes[value..end])
             .filter(|&size| value.checked_add(size).is_some_and(|e| e <= end))?;
-        each(key, checked_value(tag, &bytes[value..value + size], depth)?);
+        each(
+            key,
+            checked_value(tag, &bytes[value..value + size], depth, empty)?,
+        );
         at = value + size;
     }
     (at == end).then_some(())
@@ -99,13 +135,13 @@ fn plain_elements(bytes: &[u8], depth: usize, mut each: impl FnMut(&str, Bson)) 
 /// One value of a document [`well_formed`] accepted, as [`value`] converts it; `None` for a
 /// binary of a subtype other than generic.
 pub(crate) fn plain_value(tag: u8, value: &[u8]) -> Option<Bson> {
-    checked_value(tag, value, 0)
+    checked_value(tag, value, 0, None)
 }
 
 /// One value whose bytes (sized by [`value_size`]) are those of an element at `depth`, checked
 /// as [`well_formed`] checks it and converted as [`value`] converts it; `None` for a value
 /// [`well_formed`] refuses or a binary of a subtype other than generic.
-fn checked_value(tag: u8, value: &[u8], depth: usize) -> Option<Bson> {
+fn checked_value(tag: u8, value: &[u8], depth: usize, empty: Option<&Document>) -> Option<Bson> {
     let eight = || -> Option<[u8; 8]> { value.get(..8)?.try_into().ok() };
     Some(match tag {
         0x01 => Bson::Double(f64::from_le_bytes(eight()?)),
@@ -114,10 +150,14 @@ fn checked_value(tag: u8, value: &[u8], depth: usize) -> Option<Bson> {
             [text @ .., 0] => Bson::String(core::str::from_utf8(text).ok()?.into()),
             _ => return None,
         },
-        0x03 => Bson::Document(plain_document(value, depth + 1)?),
+        0x03 => {
+            let mut document = new_document(empty);
+            plain_document(value, depth + 1, &mut document, empty)?;
+            Bson::Document(document)
+        }
         0x04 => {
             let mut items = Vec::new();
-            plain_elements(value, depth + 1, |_, item| items.push(item))?;
+            plain_elements(value, depth + 1, empty, |_, item| items.push(item))?;
             Bson::Array(items)
         }
         0x05 => match value.get(4) {
@@ -642,7 +682,9 @@ mod tests {
         let reply = repeated_keys();
         assert!(well_formed(reply.as_bytes(), 0));
         let theirs = Document::try_from(reply.as_ref()).unwrap();
-        let plain = plain_document(reply.as_bytes(), 0);
+        let mut built = Document::new();
+        let taken = plain_document(reply.as_bytes(), 0, &mut built, None);
+        let plain = taken.map(|()| built);
         assert_eq!(plain.as_ref(), Some(&theirs));
         assert_eq!(document(&reply).unwrap(), theirs);
         let inner = doc! { "k": "two", "x": "x" };
@@ -706,8 +748,25 @@ mod tests {
             assert_eq!(ours, theirs);
             assert_eq!(ours.unwrap(), doc);
         }
-        assert_eq!(plain_document(&plain.to_vec().unwrap(), 0), Some(plain));
-        assert_eq!(plain_document(&uuid.to_vec().unwrap(), 0), None);
+        let plain_bytes = plain.to_vec().unwrap();
+        let mut built = Document::new();
+        assert_eq!(plain_document(&plain_bytes, 0, &mut built, None), Some(()));
+        assert_eq!(built, plain);
+        let uuid_bytes = uuid.to_vec().unwrap();
+        let mut refused = Document::new();
+        assert_eq!(plain_document(&uuid_bytes, 0, &mut refused, None), None);
+        // Issue 9: built into an emptied document, embedded ones cloned from a template, the
+        // same document; a document that is not empty is not built into.
+        let empty = crate::wire::empty_document();
+        let mut emptied = doc! { "ping": 1, "$db": "admin" };
+        emptied.clear();
+        let raw = RawDocument::from_bytes(&plain_bytes).unwrap();
+        let into = document_in(raw, Some(emptied), Some(&empty)).unwrap();
+        assert_eq!(into, plain);
+        let not_empty = Some(doc! { "left": "over" });
+        assert_eq!(document_in(raw, not_empty, Some(&empty)).unwrap(), plain);
+        let uuid_raw = RawDocument::from_bytes(&uuid_bytes).unwrap();
+        assert_eq!(document_in(uuid_raw, None, Some(&empty)).unwrap(), uuid);
     }
 
     /// Issue 9: the checking pass hands over every top-level element, as the element walk

@@ -37,6 +37,7 @@ impl Clone for RetryOptions {
 
     /// Copies `source` in place; a policy that shares `source`'s budget is kept as it is (a
     /// restarted retry machine copies its client's options: no reference count per operation).
+    #[inline]
     fn clone_from(&mut self, source: &RetryOptions) {
         self.retry_reads = source.retry_reads;
         self.retry_writes = source.retry_writes;

@@ -382,12 +382,11 @@ impl core::error::Error for UnexpectedInput {}
 #[derive(Clone, Debug)]
 enum State {
     Selecting,
-    Dispatched {
+    /// An attempt on `server`: dispatched while `sent_at` is `None`, then in flight since
+    /// `sent_at` (one state, so that sending it changes one field and moves no server).
+    Attempt {
         server: AttemptServer,
-    },
-    InFlight {
-        server: AttemptServer,
-        sent_at: Instant,
+        sent_at: Option<Instant>,
     },
     BackingOff {
         until: Instant,
@@ -399,8 +398,10 @@ impl State {
     fn name(&self) -> &'static str {
         match self {
             State::Selecting => "selecting a server",
-            State::Dispatched { .. } => "dispatched",
-            State::InFlight { .. } => "in flight",
+            State::Attempt { sent_at: None, .. } => "dispatched",
+            State::Attempt {
+                sent_at: Some(_), ..
+            } => "in flight",
             State::BackingOff { .. } => "backing off",
             State::Finished => "finished",
         }
@@ -581,6 +582,7 @@ impl<R: RngCore> RetryMachine<R> {
 
     /// The first action of a new operation: select a server, or finish when the deadline has
     /// already passed.
+    #[inline]
     fn start(&mut self, now: Instant) {
         if self.spec.timeout.expired(now) {
             self.finish(Err(OperationError::timeout(None)));
@@ -602,6 +604,7 @@ impl<R: RngCore> RetryMachine<R> {
     /// selection or wait, the end), so when nothing is queued it is kept apart, first, and the
     /// next step is then the only queued action: taking each moves nothing else. Otherwise it
     /// is queued behind the others; either way the order of the actions is the order of pushes.
+    #[inline]
     fn push_release(&mut self, close: bool) {
         if self.release.is_none() && self.actions.is_empty() {
             self.release = Some(close);
@@ -725,7 +728,10 @@ impl<R: RngCore> RetryMachine<R> {
             write_concern: self.write_concern_rule(),
         };
         self.actions.push(Action::Dispatch(attempt));
-        self.state = State::Dispatched { server };
+        self.state = State::Attempt {
+            server,
+            sent_at: None,
+        };
         Ok(())
     }
 
@@ -766,7 +772,7 @@ impl<R: RngCore> RetryMachine<R> {
     /// than the server's minimum RTT. The connection goes back (not closed) and the operation
     /// ends with a timeout error wrapping the error it had, if any (CS-5).
     pub fn handle_expired_before_send(&mut self, _now: Instant) -> Result<(), UnexpectedInput> {
-        if !matches!(self.state, State::Dispatched { .. }) {
+        if !matches!(self.state, State::Attempt { sent_at: None, .. }) {
             return self.unexpected("expired before send");
         }
         self.push_release(false);
@@ -789,7 +795,11 @@ impl<R: RngCore> RetryMachine<R> {
         &mut self,
         _now: Instant,
     ) -> Result<(), UnexpectedInput> {
-        let State::Dispatched { server } = &self.state else {
+        let State::Attempt {
+            server,
+            sent_at: None,
+        } = &self.state
+        else {
             return self.unexpected("attempt without txnNumber");
         };
         if !self.txn_attached {
@@ -811,13 +821,12 @@ impl<R: RngCore> RetryMachine<R> {
 
     /// The attempt's command was written to a connection: emits [`RetryEvent::CommandStarted`].
     pub fn handle_sent(&mut self, now: Instant) -> Result<(), UnexpectedInput> {
-        // The server moves from the old state to the new one.
-        let server = match core::mem::replace(&mut self.state, State::Finished) {
-            State::Dispatched { server } => server,
-            other => {
-                self.state = other;
-                return self.unexpected("sent");
-            }
+        let State::Attempt {
+            server,
+            sent_at: sent_at @ None,
+        } = &mut self.state
+        else {
+            return self.unexpected("sent");
         };
         if self.record_events {
             self.events.push(RetryEvent::CommandStarted {
@@ -825,16 +834,17 @@ impl<R: RngCore> RetryMachine<R> {
                 address: server.address.clone(),
             });
         }
-        self.state = State::InFlight {
-            server,
-            sent_at: now,
-        };
+        *sent_at = Some(now);
         Ok(())
     }
 
     /// The attempt succeeded: releases the connection and finishes the operation.
     pub fn handle_succeeded(&mut self, now: Instant) -> Result<(), UnexpectedInput> {
-        let State::InFlight { server, sent_at } = &self.state else {
+        let State::Attempt {
+            server,
+            sent_at: Some(sent_at),
+        } = &self.state
+        else {
             return self.unexpected("succeeded");
         };
         if self.record_events {
@@ -896,8 +906,7 @@ impl<R: RngCore> RetryMachine<R> {
     ) -> Result<(), UnexpectedInput> {
         // The server stays in the state, read in place; every decision below sets the state.
         let (server, sent_at) = match &self.state {
-            State::Dispatched { server } => (server, None),
-            State::InFlight { server, sent_at } => (server, Some(*sent_at)),
+            State::Attempt { server, sent_at } => (server, *sent_at),
             _ => return self.unexpected("failed"),
         };
         self.add_driver_labels(&mut error, server);
@@ -931,8 +940,7 @@ impl<R: RngCore> RetryMachine<R> {
             } => {
                 // The decisions read the state and never change it: the attempt's server is
                 // still where the start of this method found it (SS-11 deprioritizes it).
-                let (State::Dispatched { server } | State::InFlight { server, .. }) = &self.state
-                else {
+                let State::Attempt { server, .. } = &self.state else {
                     unreachable!("a retry decision changed the failed attempt's state");
                 };
                 if deprioritize && !self.deprioritized.contains(&server.address) {
@@ -1000,7 +1008,10 @@ impl<R: RngCore> RetryMachine<R> {
         let error = OperationError::cancelled();
         match &self.state {
             State::Finished => return self.unexpected("cancel"),
-            State::InFlight { server, sent_at } => {
+            State::Attempt {
+                server,
+                sent_at: Some(sent_at),
+            } => {
                 if self.record_events {
                     self.events.push(RetryEvent::CommandFailed {
                         attempt: self.dispatched,
@@ -1011,7 +1022,7 @@ impl<R: RngCore> RetryMachine<R> {
                 }
                 self.push_release(true);
             }
-            State::Dispatched { .. } => self.push_release(false),
+            State::Attempt { sent_at: None, .. } => self.push_release(false),
             State::Selecting | State::BackingOff { .. } => {}
         }
         self.finish(Err(error));

@@ -865,6 +865,33 @@ pub fn to_document(raw: &RawDocument) -> Result<Document, DecodeError> {
     bson_read::document(raw).map_err(|e| DecodeError::Bson(alloc::format!("{e}")))
 }
 
+/// [`to_document`] for a caller that converts many documents (issue 9): the same document,
+/// built into `document` when it is an empty one (its table and hasher reused: an emptied
+/// command document from [`Engine::take_document`](crate::engine::Engine::take_document), say),
+/// and with the embedded documents (and the top-level one without `document`) made as clones of
+/// `empty`, an empty document the caller keeps (see [`empty_document`]). A clone shares its
+/// hasher, where [`Document::new`] draws a new seed each time, and starts with its table's
+/// capacity, where a new document grows its table from nothing at its first insert. A
+/// non-empty `document` or `empty` is not used.
+pub fn to_document_in(
+    raw: &RawDocument,
+    document: Option<Document>,
+    empty: &Document,
+) -> Result<Document, DecodeError> {
+    bson_read::document_in(raw, document, Some(empty))
+        .map_err(|e| DecodeError::Bson(alloc::format!("{e}")))
+}
+
+/// An empty document whose table has room for a few fields without growing: the `empty` of
+/// [`to_document_in`].
+pub fn empty_document() -> Document {
+    let mut empty = Document::new();
+    // The `bson` crate has no capacity hint: a field in and out leaves the table its capacity.
+    empty.insert("", bson::Bson::Null);
+    empty.clear();
+    empty
+}
+
 /// A document left encoded, validated as [`parse_document`] would convert it.
 fn parse_raw_document(bytes: &[u8]) -> Result<RawDocumentBuf, DecodeError> {
     let raw =

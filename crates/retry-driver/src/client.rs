@@ -275,7 +275,7 @@ impl<R> Client<R> {
         let reply = self
             .run_raw(db, command, kind, CommandOptions::default())
             .await?;
-        Ok(reply.body)
+        Ok(reply.checked()?.body)
     }
 
     /// [`Client::run_command`] with explicit selection criteria, cursor use and session. The
@@ -290,7 +290,8 @@ impl<R> Client<R> {
         kind: OperationKind,
         options: CommandOptions,
     ) -> Result<Reply, OperationError> {
-        self.run_raw(db, command, kind, options).await?.into_reply()
+        let reply = self.run_raw(db, command, kind, options).await?;
+        reply.into_reply(&self.shared().empty_document.0)
     }
 
     /// [`Client::run_command_raw`] with the command already encoded (issue 9): its bytes go on
@@ -317,7 +318,7 @@ impl<R> Client<R> {
     ) -> Result<RawDocumentBuf, OperationError> {
         let criteria = self.criteria(kind, None);
         let operation = OperationRequest::new_raw(db, command, kind, criteria);
-        Ok(self.run_request(operation).await?.body)
+        Ok(self.run_request(operation).await?.checked()?.body)
     }
 
     /// [`Client::run`] with the reply left encoded.

@@ -11,7 +11,6 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::task::Wake;
 
-use bson::RawDocument;
 use retry_core::address::ServerAddress;
 use retry_core::engine::{ConnId, CursorHandle, Engine, EngineEvent, EventFamilies, OpId};
 use retry_core::error::{NetworkCause, NetworkErrorKind, OperationError};
@@ -409,12 +408,13 @@ impl Driver {
                 } => {
                     if let Some(pending) = self.pending.remove(&op) {
                         let cursor = pending.cursor;
-                        // The engine's success may still carry write errors: an error for the
-                        // caller, naming the server that replied and keeping the reply (never
-                        // retried, RW-3).
-                        let result = result.and_then(|body| match write_errors(&body, address) {
-                            Some(error) => Err(error),
-                            None => Ok(RawReply { body, cursor }),
+                        // The caller reads a success's write errors (RW-3, `RawReply`).
+                        let result = result.map(|body| RawReply {
+                            body,
+                            cursor,
+                            address,
+                            // Issue 9: an emptied command document to build the reply into.
+                            document: self.engine.take_document(),
                         });
                         pending.slot.complete(result);
                     }
@@ -730,24 +730,6 @@ impl Future for DriverTask {
         }
         Poll::Pending
     }
-}
-
-/// RW-3: the write errors of a successful reply ([`OperationError::from_write_reply`]). Only a
-/// reply with a top-level `writeErrors` key is converted to a document for it; any other has
-/// none (the rule reads that key alone).
-fn write_errors(reply: &RawDocument, address: Option<ServerAddress>) -> Option<OperationError> {
-    if !may_have_key(reply, b"writeErrors") {
-        return None;
-    }
-    let document = retry_core::wire::to_document(reply).ok()?;
-    OperationError::from_write_reply(&document, &address.unwrap_or_else(unknown_address))
-}
-
-/// Whether `document` (decoded and validated by the engine) may have the top-level key `key`:
-/// [`retry_core::wire::has_top_level_key`], and `true` as well if an element cannot be sized
-/// (then the caller's full conversion decides).
-fn may_have_key(document: &RawDocument, key: &[u8]) -> bool {
-    retry_core::wire::has_top_level_key(document, key).unwrap_or(true)
 }
 
 /// The sockets that have something to do, in the order they became ready (woken by their
@@ -1344,12 +1326,6 @@ impl Drop for Waiter {
         lock(&waker.waiting).close(self.slot);
         waker.hand_off();
     }
-}
-
-/// The address of a success the engine names no server for (never, for a reply with write
-/// errors: only a server's reply has them).
-fn unknown_address() -> ServerAddress {
-    ServerAddress::new("unknown", 0)
 }
 
 /// The peer closed the stream (a read or write of zero bytes).

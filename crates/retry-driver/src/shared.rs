@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bson::{Document, RawDocumentBuf};
+use retry_core::address::ServerAddress;
 use retry_core::engine::{CursorHandle, EngineEvent, OpId, OperationRequest};
 use retry_core::error::OperationError;
 use retry_core::time::Instant;
@@ -26,24 +27,66 @@ pub struct Reply {
 }
 
 /// A successful command's reply as the engine gave it, still encoded: converted into a
-/// [`Reply`] only for callers that want a document.
+/// [`Reply`] only for callers that want a document. The engine's success may still carry write
+/// errors: an error for the caller, naming the server that replied and keeping the reply (never
+/// retried, RW-3), read where the caller takes the reply ([`RawReply::into_reply`],
+/// [`RawReply::checked`]), so a converted reply is not walked once more for them.
 pub(crate) struct RawReply {
     pub(crate) body: RawDocumentBuf,
     pub(crate) cursor: Option<CursorHandle>,
+    /// The server that sent it (RW-3), when the engine names one.
+    pub(crate) address: Option<ServerAddress>,
+    /// An empty document to build the reply's into ([`Engine::take_document`](
+    /// retry_core::engine::Engine::take_document)), when the engine had one.
+    pub(crate) document: Option<Document>,
 }
 
 impl RawReply {
     /// The reply with its document converted ([`retry_core::wire::to_document`], which cannot
-    /// fail on a reply the engine decoded).
-    pub(crate) fn into_reply(self) -> Result<Reply, OperationError> {
-        let document = retry_core::wire::to_document(&self.body).map_err(|e| {
+    /// fail on a reply the engine decoded), built into the reply's emptied command document and
+    /// clones of `empty` ([`retry_core::wire::to_document_in`], issue 9: no table allocated or
+    /// hasher seed drawn for the top-level document); its write errors are the error (RW-3).
+    pub(crate) fn into_reply(self, empty: &Document) -> Result<Reply, OperationError> {
+        let document = retry_core::wire::to_document_in(&self.body, self.document, empty);
+        let document = document.map_err(|e| {
             OperationError::internal(format!("a decoded reply did not convert: {e}"))
         })?;
+        if document.contains_key("writeErrors") {
+            let address = self.address.unwrap_or_else(unknown_address);
+            if let Some(error) = OperationError::from_write_reply(&document, &address) {
+                return Err(error);
+            }
+        }
         Ok(Reply {
             document,
             cursor: self.cursor,
         })
     }
+
+    /// The reply left encoded, or its write errors (RW-3). Only a reply with a top-level
+    /// `writeErrors` key is converted to a document for them; any other has none (the rule
+    /// reads that key alone).
+    pub(crate) fn checked(self) -> Result<RawReply, OperationError> {
+        // `true` as well if an element cannot be sized: the full conversion then decides.
+        let may_have = retry_core::wire::has_top_level_key(&self.body, b"writeErrors");
+        if !may_have.unwrap_or(true) {
+            return Ok(self);
+        }
+        let Ok(document) = retry_core::wire::to_document(&self.body) else {
+            return Ok(self);
+        };
+        let address = self.address.clone().unwrap_or_else(unknown_address);
+        match OperationError::from_write_reply(&document, &address) {
+            Some(error) => Err(error),
+            None => Ok(self),
+        }
+    }
+}
+
+/// The address of a success the engine names no server for (never, for a reply with write
+/// errors: only a server's reply has them).
+fn unknown_address() -> ServerAddress {
+    ServerAddress::new("unknown", 0)
 }
 
 /// Locks `mutex`; a panic elsewhere while it was held does not poison the client.
@@ -202,6 +245,18 @@ pub(crate) struct Request {
 #[derive(Default)]
 pub(crate) struct Shared {
     pub(crate) state: Mutex<SharedState>,
+    /// The empty document every converted reply's documents are cloned from.
+    pub(crate) empty_document: EmptyDocument,
+}
+
+/// An empty document with room for a few fields ([`retry_core::wire::empty_document`]): the
+/// template of the client's reply documents ([`RawReply::into_reply`]).
+pub(crate) struct EmptyDocument(pub(crate) Document);
+
+impl Default for EmptyDocument {
+    fn default() -> EmptyDocument {
+        EmptyDocument(retry_core::wire::empty_document())
+    }
 }
 
 #[derive(Default)]

@@ -412,3 +412,35 @@ fn writes_follow_the_primary_across_a_step_down() {
     assert_eq!(sim.attempt_servers(op), ["r1"]);
     assert_eq!(sim.servers[&address("r0")].executed.get("insert"), Some(&1));
 }
+
+/// Issue 9: a finished operation's command document, emptied, is given away
+/// (`Engine::take_document`) once the next operation reuses the finished one's box, and a reply
+/// built into it (`wire::to_document_in`) is the reply `wire::to_document` gives.
+#[test]
+fn issue9_an_emptied_command_document_is_given_for_the_next_reply() {
+    let mut sim = Sim::new(
+        vec![(address("db"), SimServer::new(Role::Standalone))],
+        |_| {},
+    );
+    assert_eq!(sim.engine.take_document(), None, "nothing finished yet");
+    let first = sim.read(doc! { "ping": 1, "comment": "first" });
+    sim.run(first).expect("ping succeeds");
+    assert_eq!(
+        sim.engine.take_document(),
+        None,
+        "kept until the box is reused"
+    );
+    let second = sim.read(doc! { "ping": 1 });
+    let reply = sim.run(second).expect("ping succeeds");
+    let emptied = sim
+        .engine
+        .take_document()
+        .expect("the first command's document");
+    assert!(emptied.is_empty(), "its fields were dropped");
+    assert_eq!(sim.engine.take_document(), None, "one per reused box");
+    let raw = bson::RawDocumentBuf::try_from(&reply).unwrap();
+    let template = retry_core::wire::empty_document();
+    let built = retry_core::wire::to_document_in(&raw, Some(emptied), &template).unwrap();
+    assert_eq!(built, retry_core::wire::to_document(&raw).unwrap());
+    assert_eq!(built, reply);
+}

@@ -449,6 +449,16 @@ fn pending_ddl_refusal(store: &mut Store, ns: &str, ddl: bool) -> Option<Documen
     store.ddl_queue(&target, ddl).err().map(query_error)
 }
 
+/// TK-15 (review16 finding 2, house rule 7): the commands on the collection their first field
+/// names that take that collection's exclusive lock (MODE_X, with the database's MODE_IX) on a
+/// 4.4+ server, so that, queued behind a pending DDL command, they hold their place against
+/// later ones as a DDL command does: `drop` (`drop_collection.cpp`), `create`
+/// (`create_collection.cpp`), `dropIndexes` (`drop_indexes.cpp`: MODE_IX first, to abort index
+/// builds, then MODE_X), and `createIndexes`, whose index build starts and commits under the
+/// collection's MODE_X (`index_builds_coordinator.cpp`; it scans in between under an intent
+/// lock). The test server runs each as one step in its first place (docs/testkit.md, Limits).
+const EXCLUSIVE_COMMANDS: [&str; 4] = ["drop", "create", "createIndexes", "dropIndexes"];
+
 /// The wire version of MongoDB 5.0, the first release whose reads outside a transaction are
 /// lock-free.
 const LOCK_FREE_READS_WIRE_VERSION: i32 = 13;
@@ -519,7 +529,8 @@ fn run(
         outside_transaction && reads_without_collection_lock(name, command, max_wire_version);
     if let Some(collection) = command.get_str(name).ok().filter(|_| !lock_free) {
         let ns = format!("{db}.{collection}");
-        if let Some(refusal) = pending_ddl_refusal(state.store, &ns, name == "drop") {
+        let ddl = EXCLUSIVE_COMMANDS.contains(&name);
+        if let Some(refusal) = pending_ddl_refusal(state.store, &ns, ddl) {
             return Some(refusal);
         }
     }

@@ -436,9 +436,14 @@ pub(crate) fn client_metadata_refusal(client: &Document, router: bool) -> Option
     None
 }
 
-/// The error reply a real server gives `command` (named `name`) in `role` before running it, if
-/// any.
-pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Document> {
+/// The error reply a real server of `max_wire_version` gives `command` (named `name`) in `role`
+/// before running it, if any.
+pub(crate) fn refusal(
+    role: &Role,
+    name: &str,
+    command: &Document,
+    max_wire_version: i32,
+) -> Option<Document> {
     if let Some(refusal) = generic_field_refusal(name, command) {
         return Some(refusal);
     }
@@ -485,7 +490,7 @@ pub(crate) fn refusal(role: &Role, name: &str, command: &Document) -> Option<Doc
     if let Some(refusal) = command.get("readConcern").and_then(read_concern_refusal) {
         return Some(refusal);
     }
-    if let Some(refusal) = read_concern_level_refusal(role, name, command) {
+    if let Some(refusal) = read_concern_level_refusal(role, name, command, max_wire_version) {
         return Some(refusal);
     }
     if let Role::ReplicaSetMember(member) = role {
@@ -614,22 +619,50 @@ fn transaction_read_concern_refusal(read_concern: &Document) -> Option<Document>
 /// check the level against the command's `supportsReadConcern` (`service_entry_point_common`,
 /// outside a multi-document transaction and only with a level, before the fail point):
 /// InvalidOptions (72), "Command &lt;name&gt; does not support { readConcern: ... } :: caused by
-/// :: &lt;reason&gt;" ([`unsupported_read_concern`] says which level each command takes). Inside a transaction the
-/// first statement's level is checked by [`transaction_refusal`], and `create` and
-/// `createIndexes` against it when the session is checked out (`crate::commands`).
-fn read_concern_level_refusal(role: &Role, name: &str, command: &Document) -> Option<Document> {
+/// :: &lt;reason&gt;" ([`unsupported_read_concern`] says which level each command takes).
+/// Review16 finding 6: a server before 5.0 (`max_wire_version` below 13) then refuses a
+/// "snapshot" level the command supports as well ([`SNAPSHOT_READS_WIRE_VERSION`]). Inside a
+/// transaction the first statement's level is checked by [`transaction_refusal`], and `create`
+/// and `createIndexes` against it when the session is checked out (`crate::commands`).
+fn read_concern_level_refusal(
+    role: &Role,
+    name: &str,
+    command: &Document,
+    max_wire_version: i32,
+) -> Option<Document> {
     if command.contains_key("autocommit") {
         return None;
     }
     let read_concern = command.get_document("readConcern").ok()?;
     let level = read_concern.get_str("level").ok()?;
-    let reason = unsupported_read_concern(role, name, command, level)?;
-    Some(read_concern_not_supported(
-        &format!("Command {name} does not support"),
-        read_concern,
-        &reason,
-    ))
+    if let Some(reason) = unsupported_read_concern(role, name, command, level) {
+        return Some(read_concern_not_supported(
+            &format!("Command {name} does not support"),
+            read_concern,
+            &reason,
+        ));
+    }
+    let before_5_0 = max_wire_version < SNAPSHOT_READS_WIRE_VERSION;
+    (level == "snapshot" && before_5_0).then(|| {
+        let router = matches!(role, Role::Mongos | Role::LoadBalancer { .. });
+        let message = if router {
+            "read concern snapshot is only supported in a multi-statement transaction"
+        } else {
+            "readConcern level snapshot is only valid in multi-statement transactions"
+        };
+        error_reply(72, message)
+    })
 }
+
+/// Review16 finding 6 (house rule 7): the wire version of MongoDB 5.0, the first release that
+/// runs a read with `readConcern: {level: "snapshot"}` outside a multi-document transaction.
+/// Before it, a mongod's `service_entry_point_common.cpp` refuses one (after the command's
+/// `supportsReadConcern` check) with InvalidOptions (72), "readConcern level snapshot is only
+/// valid in multi-statement transactions", unless the server runs with test commands enabled
+/// (not emulated: the test server answers as a production server does); a mongos's
+/// `strategy.cpp` with InvalidOptions (72), "read concern snapshot is only supported in a
+/// multi-statement transaction".
+const SNAPSHOT_READS_WIRE_VERSION: i32 = 13;
 
 /// InvalidOptions (72): `context` and the request's read concern, as the server's
 /// `ReadConcernArgs::toString` renders it, caused by `reason`.
@@ -938,6 +971,66 @@ mod tests {
     use super::*;
     use crate::config::ReplicaSetMember;
     use bson::{bson, doc, spec::BinarySubtype, Binary};
+
+    /// [`super::refusal`] on a server of the default wire version (25).
+    fn refusal(role: &Role, name: &str, command: &Document) -> Option<Document> {
+        super::refusal(role, name, command, 25)
+    }
+
+    /// Review16 finding 6 (house rule 7, before 5.0 a mongod's `service_entry_point_common.cpp`
+    /// and a mongos's `strategy.cpp`): outside a transaction, a `find`, `distinct` or `aggregate`
+    /// with `readConcern: {level: "snapshot"}` is InvalidOptions 72 at wire 9 (4.4) and 12, each
+    /// with its own message, and runs at wire 13 (5.0); in a transaction (`autocommit: false`)
+    /// the level is checked elsewhere; a level the command does not support (`count`) keeps its
+    /// own message first.
+    #[test]
+    fn review16_snapshot_reads_outside_a_transaction_need_wire_13() {
+        let snapshot = doc! { "level": "snapshot" };
+        let reads = [
+            (
+                "find",
+                doc! { "find": "c", "readConcern": snapshot.clone() },
+            ),
+            (
+                "distinct",
+                doc! { "distinct": "c", "key": "a", "readConcern": snapshot.clone() },
+            ),
+            (
+                "aggregate",
+                doc! {
+                    "aggregate": "c", "pipeline": [], "cursor": {},
+                    "readConcern": snapshot.clone(),
+                },
+            ),
+        ];
+        let mongod = "readConcern level snapshot is only valid in multi-statement transactions";
+        let mongos = "read concern snapshot is only supported in a multi-statement transaction";
+        for (name, command) in &reads {
+            for (role, message) in [(Role::Standalone, mongod), (Role::Mongos, mongos)] {
+                for wire in [9, 12] {
+                    let refused = super::refusal(&role, name, command, wire);
+                    let refused = refused.expect("refused before 5.0");
+                    assert_eq!(refused.get_i32("code").ok(), Some(72), "{name} at {wire}");
+                    assert_eq!(refused.get_str("errmsg").ok(), Some(message));
+                }
+                let runs = super::refusal(&role, name, command, 13);
+                assert_eq!(runs, None, "{name} runs at wire 13");
+            }
+            let mut in_transaction = command.clone();
+            in_transaction.extend(doc! {
+                "lsid": lsid(), "txnNumber": 1_i64, "autocommit": false, "startTransaction": true,
+            });
+            let checked_elsewhere = super::refusal(&Role::Mongos, name, &in_transaction, 9);
+            assert_eq!(checked_elsewhere, None, "{name} in a transaction");
+        }
+        let count = doc! { "count": "c", "readConcern": snapshot };
+        let refused = super::refusal(&Role::Standalone, "count", &count, 9).expect("refused");
+        let message = refused.get_str("errmsg").unwrap_or_default();
+        assert!(
+            message.starts_with("Command count does not support"),
+            "{message}"
+        );
+    }
 
     fn lsid() -> Document {
         doc! { "id": Binary { subtype: BinarySubtype::Uuid, bytes: vec![0; 16] } }

@@ -35,7 +35,7 @@ const FAIL_POINT_SEED: u64 = 0x5eed_fa11;
 use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfig};
 use crate::limiter::TokenBucket;
 use crate::on_primary_write::{Firing, OnPrimaryWrite};
-use crate::store::{DataStore, DdlTarget, WriteKey};
+use crate::store::{DataStore, WriteKey};
 use crate::tls::ServerTls;
 
 /// TK-15 (review7 finding 1): a real server's default `transactionLifetimeLimitSeconds`: the
@@ -636,8 +636,9 @@ fn admit(shared: &Shared) -> Option<Connection> {
     })
 }
 
-/// TK-15 (leftovers11): a DDL command of a connection waiting for a transaction in progress,
-/// pending in the data store ([`Store::hold_ddl`](crate::store::Store::hold_ddl)) until it is
+/// TK-15 (leftovers11, review16 finding 1): a connection's command queued for a lock (a DDL
+/// command waiting for a transaction in progress, or a command queued behind one), pending in
+/// the data store ([`Store::hold_ddl`](crate::store::Store::hold_ddl)) until it is
 /// dropped: when the command runs, fails or its connection goes.
 struct DdlWait {
     data: DataStore,
@@ -670,7 +671,7 @@ struct Connection {
     noted_lsid: Vec<u8>,
     /// HS-4: a hello was answered on it (a later one may not carry `client`: 186).
     seen_hello: bool,
-    /// TK-15: its DDL command waiting for a transaction in progress, if any.
+    /// TK-15: its command queued for a lock ([`DdlWait`]), if any.
     ddl_wait: Option<DdlWait>,
 }
 
@@ -821,14 +822,20 @@ fn add_write_concern_error(
     }
 }
 
-/// TK-15: `target`'s DDL command waits for the transaction of `session`, pending in `data`
-/// while the wait lives.
-fn hold_ddl(data: &DataStore, target: DdlTarget, session: Vec<u8>) -> DdlWait {
-    let number = data.lock().hold_ddl(target, session);
-    DdlWait {
-        data: data.clone(),
-        number,
+/// TK-15: the session whose transaction in progress the command just run has to wait for, if
+/// it has to; a command that queued behind a DDL command (or is one) is queued in `data` from
+/// now until `wait` goes, unless it already is (review16 finding 1: it keeps its place).
+fn blocked(data: &DataStore, wait: &mut Option<DdlWait>) -> Option<Vec<u8>> {
+    let mut store = data.lock();
+    let session = store.take_blocked()?;
+    if let Some((target, mode)) = store.take_blocked_ddl().filter(|_| wait.is_none()) {
+        let number = store.hold_ddl(target, mode, session.clone());
+        *wait = Some(DdlWait {
+            data: data.clone(),
+            number,
+        });
     }
+    Some(session)
 }
 
 /// TK-6: starts the retryable write `key` in its session, or the 225 (TransactionTooOld) reply
@@ -847,6 +854,14 @@ fn begin_write(state: &State, key: &WriteKey) -> Option<Response> {
     )))
 }
 
+/// TK-15: what a command that has to wait keeps across its runs: the
+/// `onPrimaryTransactionalWrite` firing it drew (TK-11) and its place in a lock queue
+/// ([`DdlWait`], review16 finding 1).
+struct Kept<'a> {
+    held: &'a mut HeldFiring,
+    wait: &'a mut Option<DdlWait>,
+}
+
 /// TK-5, TK-11: a retryable `update` / `delete` of several statements, statement by statement:
 /// a statement already done (same lsid, txnNumber, stmtId = its index) is not run
 /// again, each other one fires `onPrimaryTransactionalWrite` on its own, and the replies are
@@ -858,8 +873,9 @@ fn statement_writes(
     name: &str,
     key: &WriteKey,
     statements: Vec<OpMsg>,
-    held: &mut HeldFiring,
+    kept: Kept<'_>,
 ) -> Result<Response, Vec<u8>> {
+    let Kept { held, wait } = kept;
     if let Some(refusal) = begin_write(state, key) {
         return Ok(refusal);
     }
@@ -889,11 +905,11 @@ fn statement_writes(
                     statement,
                     shared.max_wire_version,
                     router,
-                    None,
+                    wait.as_ref().map(|wait| wait.number),
                 );
                 // TK-15 (review7 finding 1): the statements done so far are recorded, so the
                 // command goes on at this one once it no longer has to wait.
-                if let Some(session) = state.data.lock().take_blocked() {
+                if let Some(session) = blocked(&state.data, wait) {
                     *held = Some(firing);
                     return Err(session);
                 }
@@ -1175,7 +1191,9 @@ impl Connection {
             if let Some(refusal) = self.auth.refuse(&state.users, name) {
                 return Response::Reply(refusal);
             }
-            if let Some(refusal) = crate::refusals::refusal(&state.role, name, command) {
+            if let Some(refusal) =
+                crate::refusals::refusal(&state.role, name, command, shared.max_wire_version)
+            {
                 return Response::Reply(refusal);
             }
             let required = state.require_api_version;
@@ -1329,7 +1347,18 @@ impl Connection {
         if let (Some(key), Some(statements)) = (&write_key, statements) {
             let router = self.router(shared);
             return Ok(
-                match statement_writes(&mut state, shared, router, name, key, statements, held)? {
+                match statement_writes(
+                    &mut state,
+                    shared,
+                    router,
+                    name,
+                    key,
+                    statements,
+                    Kept {
+                        held,
+                        wait: &mut self.ddl_wait,
+                    },
+                )? {
                     Response::Reply(mut reply) => {
                         add_write_concern_error(fired, name, command, &mut reply);
                         add_topology_version(&state, shared.process_id, &mut reply);
@@ -1391,18 +1420,7 @@ impl Connection {
                 self.ddl_wait.as_ref().map(|wait| wait.number),
             )
         };
-        let blocked = {
-            let mut store = state.data.lock();
-            store.take_blocked().map(|session| {
-                let ddl = store.take_blocked_ddl();
-                (session, ddl.filter(|_| self.ddl_wait.is_none()))
-            })
-        };
-        if let Some((session, ddl)) = blocked {
-            // TK-15: a DDL command that has to wait is pending from now until it runs.
-            if let Some(target) = ddl {
-                self.ddl_wait = Some(hold_ddl(&state.data, target, session.clone()));
-            }
+        if let Some(session) = blocked(&state.data, &mut self.ddl_wait) {
             *held = write_key.is_some().then_some(firing);
             return Err(session);
         }

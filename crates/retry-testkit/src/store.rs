@@ -87,21 +87,44 @@ pub(crate) struct Store {
     /// The seconds of its cluster time once a gossiped `$clusterTime` moved it past
     /// [`CLUSTER_TIME_SECONDS`] (SE-17, review6 finding 8).
     seconds: u32,
-    /// TK-15 (leftovers11): the DDL commands waiting for a transaction in progress (`$out`'s
-    /// rename, `drop`, `dropDatabase`), by number ([`Store::hold_ddl`]): while one waits for
-    /// the exclusive lock, a transaction that does not hold the namespace's lock yet cannot get
-    /// it ([`Store::lock_timeout`]).
-    /// Each with the session (lsid bytes) whose transaction it waits for.
-    pending_ddl: BTreeMap<u64, (DdlTarget, Vec<u8>)>,
-    /// The number the next waiting DDL command gets.
+    /// TK-15 (leftovers11, fixes16a): the commands outside any transaction waiting in a lock
+    /// queue, by arrival number ([`Store::hold_ddl`]): the DDL commands waiting for a
+    /// transaction in progress (`$out`'s rename, `drop`, `dropDatabase`, `create`,
+    /// `createIndexes`, `dropIndexes`: [`LockMode::Exclusive`]), and the commands queued behind
+    /// one of them ([`LockMode::Intent`], review16 finding 1). While a DDL command waits for the
+    /// exclusive lock, a transaction that does not hold the namespace's lock yet cannot get it
+    /// ([`Store::lock_timeout`]). Each with the session (lsid bytes) whose transaction it waits
+    /// for.
+    pending_ddl: BTreeMap<u64, Queued>,
+    /// The number the next queued command gets.
     next_ddl: u64,
-    /// Leftovers12 item 5: the pending number of the DDL command now running, when it is one
-    /// waiting its turn ([`Store::set_running_ddl`]): only the DDL commands before it hold it
-    /// back.
+    /// Leftovers12 item 5, review16 finding 1: the number of the queued command now running,
+    /// when it is one taking its turn ([`Store::set_running_ddl`]): only the conflicting ones
+    /// before it hold it back.
     running_ddl: Option<u64>,
-    /// The DDL the command now running is, when a transaction in progress blocked it (taken with
+    /// What the command now running queues for, when it is blocked and queued (taken with
     /// [`Store::take_blocked`]'s session, [`Store::take_blocked_ddl`]).
-    blocked_ddl: Option<DdlTarget>,
+    blocked_ddl: Option<(DdlTarget, LockMode)>,
+}
+
+/// TK-15 (review16 finding 1): the lock a command outside any transaction queues for on a
+/// [`DdlTarget`]: two intent locks never conflict, an exclusive one conflicts with any other
+/// (the server's `lock_manager.cpp` conflict table for IX and X).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LockMode {
+    /// A read or write of documents (IS / IX).
+    Intent,
+    /// A DDL command (X).
+    Exclusive,
+}
+
+/// TK-15: a command in a lock queue ([`Store::hold_ddl`]).
+#[derive(Debug)]
+struct Queued {
+    target: DdlTarget,
+    mode: LockMode,
+    /// The session whose transaction in progress it (or the DDL ahead of it) waits for.
+    session: Vec<u8>,
 }
 
 /// TK-15 (leftovers11): what a DDL command needs the exclusive lock of: one collection (`$out`'s
@@ -590,67 +613,77 @@ impl Store {
         self.blocked_by.take()
     }
 
-    /// TK-15 (leftovers11): the DDL the last blocked command is, once ([`Store::take_blocked`]
-    /// gives the session it waits for).
-    pub(crate) fn take_blocked_ddl(&mut self) -> Option<DdlTarget> {
+    /// TK-15 (leftovers11, review16 finding 1): what the last blocked command queues for, once
+    /// ([`Store::take_blocked`] gives the session it waits for).
+    pub(crate) fn take_blocked_ddl(&mut self) -> Option<(DdlTarget, LockMode)> {
         self.blocked_ddl.take()
     }
 
-    /// TK-15 (leftovers11): a DDL command on `target` waits for the transaction in progress of
-    /// `session` until [`Store::release_ddl`] with the number returned.
-    pub(crate) fn hold_ddl(&mut self, target: DdlTarget, session: Vec<u8>) -> u64 {
+    /// TK-15 (leftovers11, review16 finding 1): a command on `target` (`mode`) waits in its lock
+    /// queue (for the transaction in progress of `session`, directly or through a DDL command
+    /// ahead of it) until [`Store::release_ddl`] with the number returned.
+    pub(crate) fn hold_ddl(&mut self, target: DdlTarget, mode: LockMode, session: Vec<u8>) -> u64 {
         let number = self.next_ddl;
         self.next_ddl += 1;
-        self.pending_ddl.insert(number, (target, session));
+        let queued = Queued {
+            target,
+            mode,
+            session,
+        };
+        self.pending_ddl.insert(number, queued);
         number
     }
 
-    /// Leftovers12 item 5: the running command is the pending DDL command `number` taking its
-    /// turn (`None`: it is not one).
+    /// Leftovers12 item 5: the running command is the queued command `number` taking its turn
+    /// (`None`: it is not one).
     pub(crate) fn set_running_ddl(&mut self, number: Option<u64>) {
         self.running_ddl = number;
     }
 
-    /// TK-15: whether any DDL command is pending ([`Store::hold_ddl`]); when none is, no
-    /// command has a pending-DDL check to make (house rule 9: a `bulkWrite` op costs nothing
-    /// more for it).
+    /// TK-15: whether any command is queued ([`Store::hold_ddl`]); when none is, no command has
+    /// a pending-DDL check to make (house rule 9: a `bulkWrite` op costs nothing more for it).
     pub(crate) fn ddl_pending(&self) -> bool {
         !self.pending_ddl.is_empty()
     }
 
-    /// TK-15 (leftovers11, leftovers12 item 5, house rule 7): a real server's pending DDL holds
-    /// back the operations outside any transaction that come after it on its namespace, in
-    /// order: they queue behind its exclusive lock request (a new request queues behind a
-    /// waiting conflicting one), and the lock manager grants the queue from its front
-    /// (`lock_manager.cpp`, `LockManager::_onLockModeChanged`: the waiting X first, nothing
-    /// after it), so they run after the DDL even once the transaction it waits for has ended. A
-    /// command outside any transaction on `target` (`ddl`: a DDL command itself, which then is
-    /// pending too, [`Store::take_blocked_ddl`]) waits ([`QueryError::Blocked`], with the
-    /// session that DDL waits for) while a DDL command before it on an overlapping target is
-    /// pending; a pending DDL command's own turn ([`Store::set_running_ddl`]) waits only for
-    /// those before it.
+    /// TK-15 (leftovers11, leftovers12 item 5, review16 finding 1, house rule 7): a real
+    /// server's pending DDL holds back the operations outside any transaction that come after it
+    /// on its namespace, in order: they queue behind its exclusive lock request (a new request
+    /// queues behind a waiting conflicting one), and the lock manager grants the queue from its
+    /// front (`lock_manager.cpp`, `LockManager::_onLockModeChanged`: compatible requests in
+    /// order, stopping at the first that conflicts), so they run after the DDL even once the
+    /// transaction it waits for has ended, and a DDL command arriving after them runs after
+    /// them. A command outside any transaction on `target` (`ddl`: a DDL command itself, which
+    /// takes the exclusive lock) waits ([`QueryError::Blocked`], with the session the command
+    /// ahead waits for) while a command before it on an overlapping target whose lock conflicts
+    /// with its own is queued; it is then queued itself ([`Store::take_blocked_ddl`]), and its
+    /// own turn ([`Store::set_running_ddl`]) waits only for the conflicting ones before it.
     pub(crate) fn ddl_queue(&mut self, target: &DdlTarget, ddl: bool) -> Result<(), QueryError> {
         if self.pending_ddl.is_empty() || self.writer.is_some() {
             return Ok(());
         }
+        let mode = if ddl {
+            LockMode::Exclusive
+        } else {
+            LockMode::Intent
+        };
         let before = self.running_ddl.unwrap_or(u64::MAX);
-        let waited = self
-            .pending_ddl
-            .range(..before)
-            .map(|(_, pending)| pending)
-            .find(|(pending, _)| pending.overlaps(target));
-        let Some((_, session)) = waited else {
+        let waited = self.pending_ddl.range(..before).map(|(_, q)| q).find(|q| {
+            (mode == LockMode::Exclusive || q.mode == LockMode::Exclusive)
+                && q.target.overlaps(target)
+        });
+        let Some(queued) = waited else {
             return Ok(());
         };
-        let blocked = Err(QueryError::Blocked(session.clone()));
-        if ddl && self.running_ddl.is_none() {
-            self.blocked_ddl = Some(target.clone());
+        let blocked = Err(QueryError::Blocked(queued.session.clone()));
+        if self.running_ddl.is_none() {
+            self.blocked_ddl = Some((target.clone(), mode));
         }
         self.noted(blocked)
     }
 
-    /// TK-15 (leftovers11): the DDL command numbered `number` no longer waits; the commands
-    /// queued behind it go on (leftovers12 item 5).
+    /// TK-15 (leftovers11): the command numbered `number` no longer waits; the commands queued
+    /// behind it go on (leftovers12 item 5).
     pub(crate) fn release_ddl(&mut self, number: u64) {
         if self.pending_ddl.remove(&number).is_some() {
             self.ended.notify_waiters();
@@ -683,7 +716,7 @@ impl Store {
         let waiting = self
             .pending_ddl
             .values()
-            .any(|(t, _)| t.covers(ns) && !holds(t));
+            .any(|q| q.mode == LockMode::Exclusive && q.target.covers(ns) && !holds(&q.target));
         waiting.then(|| {
             (
                 24,
@@ -1472,8 +1505,8 @@ impl Store {
     /// target is noted for [`Store::take_blocked_ddl`].
     fn ddl_holder(&mut self, target: DdlTarget) -> Result<(), QueryError> {
         let held = self.collection_holder(|c| target.covers(c));
-        if held.is_err() {
-            self.blocked_ddl = Some(target);
+        if held.is_err() && self.running_ddl.is_none() {
+            self.blocked_ddl = Some((target, LockMode::Exclusive));
         }
         self.noted(held)
     }
@@ -2342,9 +2375,10 @@ mod tests {
         let (dropped, blocked) = outside(&mut store, |s| s.drop_database("db"));
         assert_eq!(dropped, Err(QueryError::Blocked(S1.to_vec())));
         assert_eq!(blocked, Some(S1.to_vec()));
-        let target = store.take_blocked_ddl().expect("the blocked DDL");
+        let (target, mode) = store.take_blocked_ddl().expect("the blocked DDL");
         assert_eq!(target, DdlTarget::Database("db".into()));
-        let number = store.hold_ddl(target, S1.to_vec());
+        assert_eq!(mode, LockMode::Exclusive);
+        let number = store.hold_ddl(target, mode, S1.to_vec());
         let refused = in_transaction(&mut store, S2, 1, true, |s| s.lock_timeout("db.other"));
         assert_eq!(refused.map(|(code, _)| code), Some(24));
         let other_db = in_transaction(&mut store, S2, 2, true, |s| s.lock_timeout("other.c"));
@@ -2360,12 +2394,14 @@ mod tests {
         assert_eq!(released, None);
     }
 
-    /// Leftovers12 item 5 (house rule 7; the server's `lock_manager.cpp`: a lock's waiting
-    /// requests are granted from the front of its queue): commands queue behind a pending DDL
-    /// command in arrival order, even once the transaction it waits for has ended: a command on
-    /// its collection, and a `dropDatabase` of its database (which is then pending too, after
-    /// it); a pending DDL command's own turn waits only for those before it; once the first is
-    /// released, the next one runs.
+    /// Leftovers12 item 5, review16 finding 1 (TK-15, house rule 7; the server's
+    /// `lock_manager.cpp`: a lock's waiting requests are granted from the front of its queue,
+    /// compatible ones together, stopping at the first that conflicts): commands queue behind a
+    /// pending DDL command in arrival order, even once the transaction it waits for has ended: a
+    /// command on its collection (queued too, for the intent lock), and a `dropDatabase` of its
+    /// database (queued after it, for the exclusive lock). Once the first DDL is released, the
+    /// command queued before the `dropDatabase` runs, the `dropDatabase` waits for it, and a
+    /// command arriving after the `dropDatabase` waits behind it.
     #[test]
     fn item5_commands_queue_behind_a_pending_ddl_in_order() {
         let mut store = store_with(2);
@@ -2375,8 +2411,9 @@ mod tests {
         .unwrap();
         let (dropped, _) = outside(&mut store, |s| s.drop_collection("db.c"));
         assert_eq!(dropped, Err(QueryError::Blocked(S1.to_vec())));
-        let target = store.take_blocked_ddl().expect("the blocked drop");
-        let first = store.hold_ddl(target, S1.to_vec());
+        let (target, mode) = store.take_blocked_ddl().expect("the blocked drop");
+        assert_eq!(mode, LockMode::Exclusive);
+        let first = store.hold_ddl(target, mode, S1.to_vec());
         store.end_transaction(S1, 1, false, None, false).unwrap();
         let collection = DdlTarget::Collection("db.c".into());
         let (queued, blocked) = outside(&mut store, |s| s.ddl_queue(&collection, false));
@@ -2386,12 +2423,16 @@ mod tests {
             "after the transaction"
         );
         assert_eq!(blocked, Some(S1.to_vec()));
-        assert_eq!(store.take_blocked_ddl(), None, "not a DDL command");
+        let (target, mode) = store
+            .take_blocked_ddl()
+            .expect("queued for the intent lock");
+        assert_eq!((&target, mode), (&collection, LockMode::Intent));
+        let command = store.hold_ddl(target, mode, S1.to_vec());
         let (database, _) = outside(&mut store, |s| s.drop_database("db"));
         assert_eq!(database, Err(QueryError::Blocked(S1.to_vec())));
-        let target = store.take_blocked_ddl().expect("a pending DDL command too");
+        let (target, mode) = store.take_blocked_ddl().expect("a pending DDL command too");
         assert_eq!(target, DdlTarget::Database("db".into()));
-        let second = store.hold_ddl(target, S1.to_vec());
+        let second = store.hold_ddl(target, mode, S1.to_vec());
         let (turn, _) = outside(&mut store, |s| {
             s.set_running_ddl(Some(first));
             let turn = s.drop_collection("db.c");
@@ -2400,19 +2441,37 @@ mod tests {
         });
         assert_eq!(turn, Ok(true), "the first one's turn");
         store.release_ddl(first);
-        let (other, _) = outside(&mut store, |s| s.ddl_queue(&collection, false));
-        assert_eq!(
-            other,
-            Err(QueryError::Blocked(S1.to_vec())),
-            "behind the second"
+        let turn = |store: &mut Store, number: u64, run: &dyn Fn(&mut Store) -> bool| {
+            outside(store, |s| {
+                s.set_running_ddl(Some(number));
+                let ran = run(s);
+                s.set_running_ddl(None);
+                ran
+            })
+            .0
+        };
+        let drop_database = |s: &mut Store| s.drop_database("db").is_ok();
+        assert!(
+            !turn(&mut store, second, &drop_database),
+            "the dropDatabase waits for the command queued before it"
         );
-        let (turn, _) = outside(&mut store, |s| {
-            s.set_running_ddl(Some(second));
-            let turn = s.drop_database("db");
-            s.set_running_ddl(None);
-            turn
-        });
-        assert_eq!(turn, Ok(()));
+        let (later, _) = outside(&mut store, |s| s.ddl_queue(&collection, false));
+        assert_eq!(
+            later,
+            Err(QueryError::Blocked(S1.to_vec())),
+            "a command arriving after the dropDatabase waits behind it"
+        );
+        store.take_blocked_ddl();
+        let queue = |s: &mut Store| s.ddl_queue(&collection, false).is_ok();
+        assert!(
+            turn(&mut store, command, &queue),
+            "the command queued before the dropDatabase runs"
+        );
+        store.release_ddl(command);
+        assert!(
+            turn(&mut store, second, &drop_database),
+            "then the dropDatabase"
+        );
         store.release_ddl(second);
         assert_eq!(
             outside(&mut store, |s| s.ddl_queue(&collection, false)).0,

@@ -2804,3 +2804,88 @@ async fn tk15_reads_outside_a_transaction_queue_behind_a_pending_ddl_before_wire
     })
     .await
 }
+
+/// Review16 findings 1 and 2: sends `body` on a new connection and returns its task once the
+/// server received it (it then waits, queued behind a pending drop).
+async fn queued_command(server: &TestServer, body: Document) -> tokio::task::JoinHandle<Document> {
+    let handle = server.handle();
+    let name = body.keys().next().cloned().unwrap_or_default();
+    let before = handle.counters().command(&name).received;
+    let mut sender = RawClient::connect(server.address()).await.unwrap();
+    let task = tokio::spawn(async move { sender.command(body).await.unwrap() });
+    for _ in 0..200 {
+        if handle.counters().command(&name).received > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!task.is_finished(), "{name} queues behind the drop");
+    task
+}
+
+/// Review16 finding 1 (TK-15, house rule 7): a command queued behind a pending DDL command keeps
+/// its place: the server's lock manager grants a lock's queue from the front, compatible
+/// requests together, stopping at the first that conflicts (`lock_manager.cpp`,
+/// `LockManager::_onLockModeChanged`). Drop D1 of `w` pends (a transaction reads `w`); an
+/// `insert` into `w` queues behind it; drop D2 of `w` arrives. Once D1 runs, the insert runs
+/// before D2, so `w` ends dropped. Also for a retryable insert (lsid + txnNumber).
+#[tokio::test]
+async fn tk15_a_command_queued_behind_a_drop_runs_before_a_later_drop() {
+    bounded(async {
+        for retryable in [false, true] {
+            let (server, mut client) = start_primary().await;
+            let handle = server.handle();
+            handle.insert("test.w", vec![doc! { "_id": 1 }]);
+            let first = pending_drop_of_w(&server, &mut client).await;
+            let mut insert = doc! { "insert": "w", "documents": [{ "_id": 9 }], "$db": "test" };
+            if retryable {
+                insert.extend(doc! { "lsid": lsid_of(5), "txnNumber": 1_i64 });
+            }
+            let insert = queued_command(&server, insert).await;
+            let second = queued_command(&server, doc! { "drop": "w", "$db": "test" }).await;
+            release_drop_of_w(&mut client, first).await;
+            let inserted = insert.await.expect("the insert task");
+            assert_eq!(inserted.get_i32("n").ok(), Some(1), "{inserted}");
+            let dropped = second.await.expect("the second drop's task");
+            assert_eq!(code(&dropped), None, "{dropped}");
+            assert!(
+                handle.documents("test.w").is_empty(),
+                "retryable {retryable}: the insert ran before the second drop"
+            );
+            server.shutdown().await;
+        }
+    })
+    .await
+}
+
+/// Review16 finding 2 (TK-15, house rule 7): `create`, `createIndexes` and `dropIndexes` take
+/// the collection's exclusive lock (MODE_X under the database's MODE_IX: the server's
+/// `create_collection.cpp`, `index_builds_coordinator.cpp`, `drop_indexes.cpp`), so queued
+/// behind a pending drop they hold their place as a DDL command does: a drop of `w` pends, a
+/// `create` of `w` queues, then an `insert` into `w`, then a second drop of `w`. Once the first
+/// drop ran, they run in that order: the create succeeds (had the insert run first, it would
+/// have been NamespaceExists 48), the insert too, and the second drop drops `w` again.
+#[tokio::test]
+async fn tk15_a_create_queued_behind_a_drop_keeps_its_place() {
+    bounded(async {
+        let (server, mut client) = start_primary().await;
+        let handle = server.handle();
+        handle.insert("test.w", vec![doc! { "_id": 1 }]);
+        let drop = pending_drop_of_w(&server, &mut client).await;
+        let create = queued_command(&server, doc! { "create": "w", "$db": "test" }).await;
+        let insert = doc! { "insert": "w", "documents": [{ "_id": 9 }], "$db": "test" };
+        let insert = queued_command(&server, insert).await;
+        let second = queued_command(&server, doc! { "drop": "w", "$db": "test" }).await;
+        release_drop_of_w(&mut client, drop).await;
+        let created = create.await.expect("the create task");
+        assert_eq!(code(&created), None, "the create ran first: {created}");
+        let inserted = insert.await.expect("the insert task");
+        assert_eq!(inserted.get_i32("n").ok(), Some(1), "{inserted}");
+        let dropped = second.await.expect("the second drop's task");
+        assert_eq!(code(&dropped), None, "the second drop ran last: {dropped}");
+        assert!(handle.documents("test.w").is_empty());
+        server.shutdown().await;
+    })
+    .await
+}

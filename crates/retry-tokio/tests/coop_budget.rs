@@ -1,4 +1,4 @@
-//! House rule 8, CS-4: what retry-driver's `TimerWake` guards against, on tokio's own timer. A
+//! House rule 8: what retry-driver's `TimerWake` guards against, on tokio's own timer. A
 //! poll made after the task's coop budget is used up returns `Pending` and wakes the poller (at
 //! the end of the task's poll) instead of keeping its waker; after a firing (which takes the waker) nothing is then
 //! registered, and the next firing wakes nobody unless the timer is polled again. The driver

@@ -735,6 +735,9 @@ pub struct Engine {
     /// are what is kept, so `Box` in a `Vec`.
     #[allow(clippy::vec_box)]
     spare_ops: Vec<Box<Operation>>,
+    /// The emptied command documents of kept operations, replaced by the next operation's
+    /// command, for [`Engine::take_document`] (at most [`SPARE_OPS`]).
+    spare_documents: Vec<Document>,
 }
 
 /// The most finished operations kept for reuse: a burst of 64 (about 100 KB with their
@@ -877,6 +880,7 @@ impl Engine {
             draining: None,
             srv,
             spare_ops: Vec::new(),
+            spare_documents: Vec::new(),
         };
         engine.schedule(Machine::Topology);
         engine.schedule_every_pool();
@@ -982,8 +986,11 @@ impl Engine {
     pub fn handle_bytes(&mut self, conn: ConnId, bytes: &[u8], now: Instant) {
         if let Some(socket) = self.sockets.get_mut(&conn) {
             socket.machine.handle_bytes(bytes, now);
-            self.schedule(Machine::Socket(conn));
-            self.run(now);
+            // Queued already: its turn is on the worklist.
+            match socket.queued {
+                true => self.run(now),
+                false => self.run_input(Machine::Socket(conn), now),
+            }
         }
     }
 
@@ -1106,6 +1113,16 @@ impl Engine {
     /// operations started from then on.
     pub fn set_events(&mut self, families: EventFamilies) {
         self.options.events = families;
+    }
+
+    /// An empty document with room for a few fields, when the engine has one: the emptied
+    /// command document of a finished operation (its fields were dropped when it finished),
+    /// given away instead of freed (issue 9). A driver builds the next reply into it
+    /// ([`crate::wire::to_document_in`]), so that a round trip neither frees the command
+    /// document's table nor allocates the reply's.
+    #[must_use]
+    pub fn take_document(&mut self) -> Option<Document> {
+        self.spare_documents.pop()
     }
 
     /// The next event.

@@ -16,7 +16,7 @@ use super::raw_reply::{self, ReplyFields};
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
     command_for, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession, Operation,
-    OperationRequest, Owner, RunningRequest, ServerId, Slot,
+    OperationRequest, Owner, RunningRequest, ServerId, Slot, SPARE_OPS,
 };
 use crate::address::ServerAddress;
 use crate::connection::{ConnectionState, Request, SendError};
@@ -306,7 +306,12 @@ impl Engine {
                     queued: spare_queued,
                 } = &mut *spare;
                 *spare_slots = slots;
-                *spare_wire = Request::new(body);
+                // Issue 9: the kept command's emptied document goes to the caller's next reply
+                // (`Engine::take_document`).
+                let emptied = core::mem::replace(spare_wire, Request::new(body));
+                if self.spare_documents.len() < SPARE_OPS {
+                    self.spare_documents.push(emptied.body);
+                }
                 *spare_encoded = encoded;
                 *spare_encoded_read_preference = encoded_read_preference;
                 *spare_request = request;
@@ -348,8 +353,7 @@ impl Engine {
             }),
         };
         self.ops.insert(op, operation);
-        self.schedule(Machine::Operation(op));
-        self.run(now);
+        self.run_input(Machine::Operation(op), now);
         op
     }
 

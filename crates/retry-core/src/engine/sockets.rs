@@ -146,7 +146,8 @@ impl Engine {
                     self.transmits.push_back(conn);
                 }
                 let at = socket.machine.poll_timeout();
-                self.timers.set(Machine::Socket(conn), &mut socket.timer, at);
+                self.timers
+                    .set(Machine::Socket(conn), &mut socket.timer, at);
             }
             _ => self.schedule(Machine::Socket(conn)),
         }

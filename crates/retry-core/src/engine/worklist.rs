@@ -118,6 +118,35 @@ impl Engine {
         }
     }
 
+    /// One machine's turn, off the worklist: its outputs routed to their consumers, its next
+    /// deadline registered, then the pool turns of the checkouts it served at once (`Served`),
+    /// which come first after it.
+    #[inline]
+    fn turn(&mut self, machine: Machine, now: Instant) {
+        match machine {
+            Machine::Topology => self.drain_topology(now),
+            Machine::Monitor(server) => self.drain_monitor(server, now),
+            Machine::Pool(server) => self.drain_pool(server, now),
+            Machine::Socket(conn) => self.drain_socket(conn, now),
+            Machine::Operation(op) => self.drain_operation(op, now),
+        }
+        self.refresh_timer(machine);
+        while let Some(served) = self.served.take() {
+            self.run_served(served, now);
+        }
+    }
+
+    /// After an input handed to `machine` (not queued): its turn, then the worklist. With
+    /// nothing on the worklist its turn would be the only one there, so it runs without
+    /// entering it (issue 9: no queueing and no lookups of its flag for nothing).
+    pub(super) fn run_input(&mut self, machine: Machine, now: Instant) {
+        match self.work.is_empty() {
+            true => self.turn(machine, now),
+            false => self.schedule(machine),
+        }
+        self.run(now);
+    }
+
     /// Runs the worklist until no machine has anything left to do.
     pub(super) fn run(&mut self, now: Instant) {
         // Each machine runs a bounded number of times per input; a loop that does not settle is a
@@ -128,19 +157,7 @@ impl Engine {
             steps += 1;
             debug_assert!(steps <= bound, "the engine's worklist does not settle");
             self.unqueue(machine);
-            match machine {
-                Machine::Topology => self.drain_topology(now),
-                Machine::Monitor(server) => self.drain_monitor(server, now),
-                Machine::Pool(server) => self.drain_pool(server, now),
-                Machine::Socket(conn) => self.drain_socket(conn, now),
-                Machine::Operation(op) => self.drain_operation(op, now),
-            }
-            self.refresh_timer(machine);
-            // The pool turn of a checkout served at once comes first after the turn that made
-            // it (`Served`).
-            while let Some(served) = self.served.take() {
-                self.run_served(served, now);
-            }
+            self.turn(machine, now);
         }
         debug_assert!(self.served.is_none(), "a served checkout outside a turn");
         // SE-15: the last `endSessions` of `close` ended; the pools close now.
