@@ -428,6 +428,15 @@ impl Driver {
     }
 
     /// Fires the engine's timers that are due and arms the runtime's timer for the next one.
+    ///
+    /// The runtime's timer is set for `timer_at`, never later than the engine's earliest
+    /// deadline (house rule 8, CS-4): it is re-armed when that deadline moves earlier than
+    /// `timer_at`, or when `timer_at` has passed (the timer fired or is due), but not when the
+    /// deadline moves later. Each operation's own deadline (`timeoutMS`) moves the earliest one
+    /// later when it ends and earlier again (than the heartbeat's) when the next starts; a
+    /// re-arm per move would re-register the runtime's timer twice per operation (on async-io a
+    /// reactor notification and one more `epoll` wait each, house rule 9, issue 9). A timer set
+    /// early costs one extra wake when it fires, which re-arms it for the deadline of then.
     fn poll_timer(&mut self, cx: &mut Context<'_>, now: Instant) -> bool {
         let Some(at) = self.engine.poll_timeout() else {
             return false;
@@ -436,19 +445,22 @@ impl Driver {
             self.engine.handle_timeout(now);
             return true;
         }
-        // Reset only when the deadline changed: a reset re-registers the timer.
-        if self.timer_at != Some(at) {
-            self.timer.as_mut().reset(at);
-            self.timer_at = Some(at);
-            self.timer_armed = false;
-        }
-        // Polled already for this deadline, not woken since, and the deadline is well ahead
+        let fires_at = match self.timer_at {
+            Some(set) if set <= at && now < set => set,
+            _ => {
+                self.timer.as_mut().reset(at);
+                self.timer_at = Some(at);
+                self.timer_armed = false;
+                at
+            }
+        };
+        // Polled already for this instant, not woken since, and the instant is well ahead
         // (more than a runtime's timer granularity): its firing wakes the task, which then
-        // finds the deadline passed or near and polls it again. Any wake of the timer disarms
+        // finds the instant passed or near and polls it again. Any wake of the timer disarms
         // it ([`TimerWake`], house rule 8).
         if self.timer_armed
             && !self.timer_wake.woken.load(Ordering::Acquire)
-            && now.saturating_add(TIMER_SLACK) < at
+            && now.saturating_add(TIMER_SLACK) < fires_at
         {
             return false;
         }
@@ -470,7 +482,13 @@ impl Driver {
             .poll(&mut Context::from_waker(&self.timer_wake_waker));
         if fired.is_ready() {
             self.timer_at = None;
-            self.engine.handle_timeout(self.runtime.now());
+            // Fired for an earlier deadline than the engine's of now: another round re-arms
+            // it (the engine has nothing due, so it is not asked).
+            let now = self.runtime.now();
+            if now < at {
+                return true;
+            }
+            self.engine.handle_timeout(now);
             return true;
         }
         self.timer_armed = true;
