@@ -168,6 +168,36 @@ impl<R: Runtime> Client<R> {
     /// [`Client::connect`] on `runtime`, a started `R` configured beforehand (e.g. the name
     /// servers of an adapter's `with_nameservers`), instead of a new one.
     pub fn connect_on(runtime: R, options: ClientOptions) -> Result<Client<R>, ConnectError> {
+        Client::start(runtime, options, None)
+    }
+
+    /// [`Client::connect`] with an event stream subscribed before the driver starts, so that it
+    /// holds every event from the first one on: the SDAM events of the monitors' first checks
+    /// included, which [`Client::events`] called after `connect` can miss (monitoring starts at
+    /// once). A runtime that does not spawn runs nothing before the first poll either way.
+    pub fn connect_with_events(
+        options: ClientOptions,
+    ) -> Result<(Client<R>, Events), ConnectError> {
+        let queue = Arc::new(EventQueue::default());
+        let client = Client::start(
+            R::start().map_err(ConnectError::Runtime)?,
+            options,
+            Some(queue.clone()),
+        )?;
+        let events = Events {
+            queue,
+            waiter: client.waiter(),
+        };
+        Ok((client, events))
+    }
+
+    /// Builds the engine and its driver on `runtime`, with `subscriber` (if any) listening
+    /// before the driver first runs.
+    fn start(
+        runtime: R,
+        options: ClientOptions,
+        subscriber: Option<Arc<EventQueue>>,
+    ) -> Result<Client<R>, ConnectError> {
         let mut runtime: Arc<dyn Runtime> = Arc::new(runtime);
         if let Some(tls) = &options.tls {
             runtime = Arc::new(TlsRuntime::new(runtime, tls.client_config()?));
@@ -180,6 +210,9 @@ impl<R: Runtime> Client<R> {
         );
         let engine = Engine::new(engine_options, runtime.now()).map_err(ConnectError::Settings)?;
         let shared = Arc::new(Shared::default());
+        if let Some(subscriber) = subscriber {
+            lock(&shared.state).subscribers.push(subscriber);
+        }
         let driver = Driver::new(runtime.clone(), engine, shared.clone(), options.timeout)
             .with_srv_polling(options.srv.clone());
         let (local, spawned) = if runtime.spawns() {

@@ -8,7 +8,8 @@ use retry_core::engine::EngineEvent;
 use retry_core::error::{ErrorKind, OperationError};
 use retry_core::monitor::{HeartbeatEvent, ServerMonitoringMode};
 use retry_core::retry::OperationKind;
-use retry_driver::{ClientOptions, Runtime};
+use retry_core::topology::SdamEvent;
+use retry_driver::{Client, ClientOptions, Runtime};
 use retry_testkit::{FailCommand, FailPointMode, Role};
 
 use super::{bounded, connect, options, ping, servers_runtime, Server, SCENARIO_LIMIT};
@@ -256,6 +257,38 @@ pub async fn the_monitors_first_check_is_its_handshake<R: Runtime>() {
         assert_eq!(hellos, 2, "the monitor's handshake and the pool's");
         assert_eq!(server.handle.handshakes().len(), 2);
         client.shutdown().await;
+        server.stop().await;
+    })
+    .await
+}
+
+/// House rule 8, SDAM monitoring events: a stream from `Client::connect_with_events` is
+/// subscribed before monitoring starts, so its first topology event is `TopologyOpening` and it
+/// sees the server's `ServerOpening`, whatever the monitor's first check did meanwhile (a
+/// stream from `events()` after `connect` can start later; the race made a scenario wait for
+/// ever, once in about 170 runs).
+pub async fn events_from_connect_start_with_the_topology_opening<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let server = Server::with_role(Role::Standalone).await;
+        let (client, mut events) =
+            Client::<R>::connect_with_events(options(&[&server])).expect("the client starts");
+        ping(&client).await;
+        client.shutdown().await;
+        let topology: Vec<SdamEvent> = events
+            .drain()
+            .into_iter()
+            .filter_map(|(_, event)| match event {
+                EngineEvent::Topology(event) => Some(event),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(topology.first(), Some(&SdamEvent::TopologyOpening));
+        assert!(
+            topology
+                .iter()
+                .any(|e| matches!(e, SdamEvent::ServerOpening { .. })),
+            "the server's opening is in the stream: {topology:?}"
+        );
         server.stop().await;
     })
     .await

@@ -45,6 +45,7 @@ mod tls;
 pub use driver_api::{
     commands_are_classified_by_default, cursors_fetch_batches_and_are_killed_when_dropped,
     encoded_commands_run_as_their_documents_do, errors_say_their_cause,
+    events_from_connect_start_with_the_topology_opening,
     monitoring_streams_or_polls_as_the_mode_says, the_monitors_first_check_is_its_handshake,
     write_errors_are_errors_that_keep_the_reply,
 };
@@ -349,8 +350,10 @@ pub async fn two_mongos_retry_goes_to_the_other<R: Runtime>() {
         // mongos known before the first find leave the random choice to pick either.
         let mut options = options(&[&overloaded, &healthy]);
         options.local_threshold = Duration::from_secs(60);
-        let client = connect::<R>(options);
-        let mut events = client.events();
+        // Subscribed before the monitors start: `events()` after `connect` can miss a fast
+        // first check's ServerDescriptionChanged, and then this wait never ends.
+        let (client, mut events) =
+            Client::<R>::connect_with_events(options).expect("the client starts");
         let mut known = std::collections::HashSet::new();
         wait_for(&mut events, |event| {
             if let SdamEvent::ServerDescriptionChanged { address, new, .. } = event {
@@ -924,6 +927,7 @@ macro_rules! suite {
             encoded_commands_run_as_their_documents_do,
             commands_are_classified_by_default,
             the_monitors_first_check_is_its_handshake,
+            events_from_connect_start_with_the_topology_opening,
             monitoring_streams_or_polls_as_the_mode_says,
             scram_right_password_authenticates,
             scram_wrong_password_is_a_clear_error,
