@@ -1298,7 +1298,8 @@ impl<R: RngCore> RetryMachine<R> {
     /// CS-5: after the deadline, raise a timeout error that wraps the error being handled.
     fn finish_timed_out(&mut self) {
         let cause = self.raised.take();
-        if let Some(cause) = &cause {
+        // The summary goes only into the event: not built for a machine that records none.
+        if let Some(cause) = cause.as_ref().filter(|_| self.record_events) {
             self.deny(DenyReason::Deadline, cause.summary());
         }
         self.finish(Err(OperationError::timeout(cause)));
