@@ -982,7 +982,6 @@ impl<'a> Sim<'a> {
                 }
                 let accepted = match outcome {
                     Outcome::Ok => m.handle_succeeded(at),
-                    // The shed error of the server the attempt went to.
                     // The shed error of the server the attempt went to, shared by every
                     // operation: the machine copies it only to keep it (not when it already
                     // keeps that server's), and the simulator copies nothing.
