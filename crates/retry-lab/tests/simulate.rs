@@ -195,7 +195,7 @@ fn review17_f1_run_and_run_all_refuse_a_cluster_outside_1_to_64_members() {
             clients: 2,
             ..Cluster::default()
         };
-        let error = run_all(&cluster, &[spec.clone()]).unwrap_err();
+        let error = run_all(&cluster, std::slice::from_ref(&spec)).unwrap_err();
         assert!(
             error.contains(&format!("Cluster::servers {servers}")) && error.contains("1 to 64"),
             "{error}"
@@ -207,7 +207,7 @@ fn review17_f1_run_and_run_all_refuse_a_cluster_outside_1_to_64_members() {
         clients: 2,
         ..Cluster::default()
     };
-    let results = run_all(&cluster, &[spec.clone()]).unwrap();
+    let results = run_all(&cluster, std::slice::from_ref(&spec)).unwrap();
     assert_eq!(results, vec![run(&cluster, &spec).unwrap()]);
     assert!(results[0].operations > 0, "{:?}", results[0]);
 }
