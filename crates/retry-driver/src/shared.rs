@@ -249,8 +249,8 @@ pub(crate) struct Shared {
     pub(crate) empty_document: EmptyDocument,
 }
 
-/// An empty document with room for a few fields ([`retry_core::wire::empty_document`]): the
-/// template of the client's reply documents ([`RawReply::into_reply`]).
+/// An empty document ([`retry_core::wire::empty_document`]): the template of the client's
+/// reply documents ([`RawReply::into_reply`]), whose clones share its hasher.
 pub(crate) struct EmptyDocument(pub(crate) Document);
 
 impl Default for EmptyDocument {
