@@ -598,9 +598,6 @@ fn run(
         },
         "listCollections" => list_collections(state, db, command, max_wire_version),
         "listDatabases" => {
-            if let Some(refusal) = list_databases_queue(state.store, command, max_wire_version) {
-                return Some(refusal);
-            }
             let names = state.store.database_names();
             let dbs: Vec<Document> = names
                 .into_iter()
@@ -610,6 +607,10 @@ fn run(
                 Ok(d) => d,
                 Err(e) => return Some(e),
             };
+            // After the filter is parsed, as the server parses it before any lock.
+            if let Some(refusal) = list_databases_queue(state.store, command, max_wire_version) {
+                return Some(refusal);
+            }
             if command.get_bool("nameOnly").unwrap_or(false) {
                 let names: Vec<Document> = dbs
                     .into_iter()
@@ -1930,15 +1931,6 @@ fn list_collections(
         Err(e) => return e,
     };
     let name_only = command.get_bool("nameOnly").unwrap_or(false);
-    if max_wire_version < LOCK_FREE_READS_WIRE_VERSION && state.store.ddl_pending() {
-        let existing = state.store.collection_names(db);
-        let locks = list_collections_locks(db, command, name_only, &existing, max_wire_version);
-        for target in &locks {
-            if let Err(e) = state.store.ddl_queue(target, false) {
-                return query_error(e);
-            }
-        }
-    }
     let docs = state
         .store
         .collection_names(db)
@@ -1949,6 +1941,16 @@ fn list_collections(
         Ok(d) => d,
         Err(e) => return e,
     };
+    // The filter is parsed before any lock is taken: a bad one fails at once.
+    if max_wire_version < LOCK_FREE_READS_WIRE_VERSION && state.store.ddl_pending() {
+        let existing = state.store.collection_names(db);
+        let locks = list_collections_locks(db, command, name_only, &existing, max_wire_version);
+        for target in &locks {
+            if let Err(e) = state.store.ddl_queue(target, false) {
+                return query_error(e);
+            }
+        }
+    }
     if name_only {
         for d in &mut docs {
             d.remove("options");

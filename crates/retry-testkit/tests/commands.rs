@@ -3002,6 +3002,13 @@ async fn docs13_list_collections_queues_behind_a_pending_drop_database_before_wi
             let list = doc! { "listCollections": 1, "$db": "other", "maxTimeMS": 100 };
             let reply = other.command(list).await.unwrap();
             assert_eq!(code(&reply), None, "wire {wire}, another database: {reply}");
+            // The filter is parsed before any lock: a bad one fails at once.
+            let bad = doc! { "listCollections": 1, "filter": 5, "$db": "test", "maxTimeMS": 100 };
+            let reply = other.command(bad).await.unwrap();
+            assert!(
+                code(&reply).is_some_and(|c| c != 50),
+                "wire {wire}, a bad filter: {reply}"
+            );
             assert!(!drop.is_finished(), "the dropDatabase still waits");
             release_drop_of_w(&mut client, drop).await;
             server.shutdown().await;
@@ -3091,6 +3098,12 @@ async fn docs13_list_databases_queues_behind_pending_ddl_before_wire_13() {
             let reply = other.command(list(extra.clone())).await.unwrap();
             let case = format!("wire {wire} dropDatabase {drop_database} {extra}");
             assert_eq!(code(&reply), queues.then_some(50), "{case}: {reply}");
+            // The filter is parsed before any lock: a bad one fails at once.
+            let reply = other.command(list(doc! { "filter": 5 })).await.unwrap();
+            assert!(
+                code(&reply).is_some_and(|c| c != 50),
+                "{case}, a bad filter: {reply}"
+            );
             assert!(!drop.is_finished(), "{case}: the DDL still waits");
             release_drop_of_w(&mut client, drop).await;
             server.shutdown().await;
