@@ -607,6 +607,10 @@ fn run(
                 Ok(d) => d,
                 Err(e) => return Some(e),
             };
+            // After the filter is parsed, as the server parses it before any lock.
+            if let Some(refusal) = list_databases_queue(state.store, command, max_wire_version) {
+                return Some(refusal);
+            }
             if command.get_bool("nameOnly").unwrap_or(false) {
                 let names: Vec<Document> = dbs
                     .into_iter()
@@ -1927,15 +1931,6 @@ fn list_collections(
         Err(e) => return e,
     };
     let name_only = command.get_bool("nameOnly").unwrap_or(false);
-    if max_wire_version < LOCK_FREE_READS_WIRE_VERSION && state.store.ddl_pending() {
-        let existing = state.store.collection_names(db);
-        let locks = list_collections_locks(db, command, name_only, &existing, max_wire_version);
-        for target in &locks {
-            if let Err(e) = state.store.ddl_queue(target, false) {
-                return query_error(e);
-            }
-        }
-    }
     let docs = state
         .store
         .collection_names(db)
@@ -1946,6 +1941,16 @@ fn list_collections(
         Ok(d) => d,
         Err(e) => return e,
     };
+    // The filter is parsed before any lock is taken: a bad one fails at once.
+    if max_wire_version < LOCK_FREE_READS_WIRE_VERSION && state.store.ddl_pending() {
+        let existing = state.store.collection_names(db);
+        let locks = list_collections_locks(db, command, name_only, &existing, max_wire_version);
+        for target in &locks {
+            if let Err(e) = state.store.ddl_queue(target, false) {
+                return query_error(e);
+            }
+        }
+    }
     if name_only {
         for d in &mut docs {
             d.remove("options");
@@ -1955,6 +1960,68 @@ fn list_collections(
     let ns = format!("{db}.$cmd.listCollections");
     let batch = state.store.open_cursor(state.origin, &ns, docs, batch_size);
     cursor_reply("firstBatch", &ns, batch)
+}
+
+/// Docs13 (TK-15, house rule 7): a `listDatabases` without `nameOnly` before 5.0 takes, for each
+/// database in turn, that database's IS lock to read its size (`list_databases.cpp`:
+/// `Lock::DBLock` in MODE_IS), and from 4.2 (wire 8) each of its collections' IS lock too
+/// (`StorageEngineImpl::sizeOnDiskForDb`, which replaced the catalog entry's `sizeOnDisk` in
+/// 4.2: `catalog::forEachCollectionFromDb` in MODE_IS), so it
+/// queues behind a `dropDatabase` pending on any database, and from 4.2 behind a DDL command
+/// pending on any collection. A filter on `name` alone (a leaf expression on that path) skips the
+/// databases it rules out without locking them. `nameOnly` takes no database lock, and 5.0 and
+/// later read lock-free (`AutoGetDbForReadMaybeLockFree`). `Some` reply: it waits.
+fn list_databases_queue(
+    store: &mut Store,
+    command: &Document,
+    max_wire_version: i32,
+) -> Option<Document> {
+    let name_only = command.get_bool("nameOnly").unwrap_or(false);
+    if name_only || max_wire_version >= LOCK_FREE_READS_WIRE_VERSION || !store.ddl_pending() {
+        return None;
+    }
+    let name_filter = command
+        .get_document("filter")
+        .ok()
+        .filter(|f| is_name_leaf(f));
+    let mut locks = Vec::new();
+    let collections = store.seen_collection_names();
+    for db in store.database_names() {
+        if let Some(filter) = name_filter {
+            if !crate::query::matches(&doc! { "name": &db }, filter).unwrap_or(true) {
+                continue;
+            }
+        }
+        locks.push(DdlTarget::DatabaseLock(db.clone()));
+        if max_wire_version >= 8 {
+            let in_db = collections
+                .iter()
+                .filter(|ns| ns.split_once('.').is_some_and(|(d, _)| d == db));
+            locks.extend(in_db.map(|ns| DdlTarget::Collection(ns.clone())));
+        }
+    }
+    for target in &locks {
+        if let Err(e) = store.ddl_queue(target, false) {
+            return Some(query_error(e));
+        }
+    }
+    None
+}
+
+/// Whether a `listDatabases` filter is one leaf expression on `name` (`filter->isLeaf() &&
+/// filter->path() == "name"`, `list_databases.cpp`): its only field is `name`, compared to a
+/// value or by one operator that is not `$not`.
+fn is_name_leaf(filter: &Document) -> bool {
+    if filter.len() != 1 {
+        return false;
+    }
+    match filter.get("name") {
+        Some(Bson::Document(operators)) if operators.keys().any(|k| k.starts_with('$')) => {
+            operators.len() == 1 && !operators.contains_key("$not")
+        }
+        Some(_) => true,
+        None => false,
+    }
 }
 
 /// Docs13 (TK-15, house rule 7): the locks a `listCollections` takes before 5.0, in order: the

@@ -3002,6 +3002,13 @@ async fn docs13_list_collections_queues_behind_a_pending_drop_database_before_wi
             let list = doc! { "listCollections": 1, "$db": "other", "maxTimeMS": 100 };
             let reply = other.command(list).await.unwrap();
             assert_eq!(code(&reply), None, "wire {wire}, another database: {reply}");
+            // The filter is parsed before any lock: a bad one fails at once.
+            let bad = doc! { "listCollections": 1, "filter": 5, "$db": "test", "maxTimeMS": 100 };
+            let reply = other.command(bad).await.unwrap();
+            assert!(
+                code(&reply).is_some_and(|c| c != 50),
+                "wire {wire}, a bad filter: {reply}"
+            );
             assert!(!drop.is_finished(), "the dropDatabase still waits");
             release_drop_of_w(&mut client, drop).await;
             server.shutdown().await;
@@ -3044,6 +3051,60 @@ async fn docs13_list_collections_queues_behind_a_pending_drop_of_a_listed_collec
             let case = format!("wire {wire} nameOnly {name_only} filter {filter:?}");
             assert_eq!(code(&reply), queues.then_some(50), "{case}: {reply}");
             assert!(!drop.is_finished(), "the drop still waits");
+            release_drop_of_w(&mut client, drop).await;
+            server.shutdown().await;
+        }
+    })
+    .await
+}
+
+/// Docs13 (TK-15, house rule 7): before 5.0 a `listDatabases` without `nameOnly` takes each
+/// database's IS lock to read its size (`list_databases.cpp`), so it queues behind a pending
+/// `dropDatabase` of any database (50 at its `maxTimeMS`), on 4.0 as on 4.4; a filter on
+/// `name` alone skips (and does not lock) the databases it rules out, and `nameOnly` locks
+/// none. From 4.2 it also takes each collection's IS lock (`sizeOnDiskForDb`), so it queues
+/// behind a `drop` pending on any collection; 4.0 does not. 5.0 and later run it at once.
+#[tokio::test]
+async fn docs13_list_databases_queues_behind_pending_ddl_before_wire_13() {
+    bounded(async {
+        let list = |extra: Document| {
+            let mut body = doc! { "listDatabases": 1, "$db": "admin", "maxTimeMS": 100 };
+            body.extend(extra);
+            body
+        };
+        // (wire, the pending DDL is a dropDatabase, listDatabases fields, queues)
+        let cases = [
+            (12, true, doc! {}, true),
+            (7, true, doc! {}, true),
+            (12, true, doc! { "nameOnly": true }, false),
+            (12, true, doc! { "filter": { "name": "other" } }, false),
+            (12, true, doc! { "filter": { "name": "test" } }, true),
+            (25, true, doc! {}, false),
+            (12, false, doc! {}, true),
+            (8, false, doc! {}, true),
+            (7, false, doc! {}, false),
+        ];
+        for (wire, drop_database, extra, queues) in cases {
+            let (server, mut client) = start_primary_at(wire).await;
+            server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
+            server.handle().insert("other.z", vec![doc! { "_id": 1 }]);
+            let drop = if drop_database {
+                let dropper = doc! { "dropDatabase": 1, "$db": "test" };
+                pending_ddl_on_test(&server, &mut client, dropper).await
+            } else {
+                pending_drop_of_w(&server, &mut client).await
+            };
+            let mut other = RawClient::connect(server.address()).await.unwrap();
+            let reply = other.command(list(extra.clone())).await.unwrap();
+            let case = format!("wire {wire} dropDatabase {drop_database} {extra}");
+            assert_eq!(code(&reply), queues.then_some(50), "{case}: {reply}");
+            // The filter is parsed before any lock: a bad one fails at once.
+            let reply = other.command(list(doc! { "filter": 5 })).await.unwrap();
+            assert!(
+                code(&reply).is_some_and(|c| c != 50),
+                "{case}, a bad filter: {reply}"
+            );
+            assert!(!drop.is_finished(), "{case}: the DDL still waits");
             release_drop_of_w(&mut client, drop).await;
             server.shutdown().await;
         }
