@@ -439,7 +439,7 @@ impl Driver {
     /// Fires the engine's timers that are due and arms the runtime's timer for the next one.
     ///
     /// The runtime's timer is set for `timer_at`, never later than the engine's earliest
-    /// deadline (house rule 8, CS-4): it is re-armed when that deadline moves earlier than
+    /// deadline (house rule 8, CS-2): it is re-armed when that deadline moves earlier than
     /// `timer_at`, or when `timer_at` has passed (the timer fired or is due), but not when the
     /// deadline moves later. Each operation's own deadline (`timeoutMS`) moves the earliest one
     /// later when it ends and earlier again (than the heartbeat's) when the next starts; a

@@ -52,8 +52,7 @@ impl RawReply {
             OperationError::internal(format!("a decoded reply did not convert: {e}"))
         })?;
         if document.contains_key("writeErrors") {
-            let address = self.address.unwrap_or_else(unknown_address);
-            if let Some(error) = OperationError::from_write_reply(&document, &address) {
+            if let Some(error) = write_error(self.address.as_ref(), &document) {
                 return Err(error);
             }
         }
@@ -75,11 +74,19 @@ impl RawReply {
         let Ok(document) = retry_core::wire::to_document(&self.body) else {
             return Ok(self);
         };
-        let address = self.address.clone().unwrap_or_else(unknown_address);
-        match OperationError::from_write_reply(&document, &address) {
+        match write_error(self.address.as_ref(), &document) {
             Some(error) => Err(error),
             None => Ok(self),
         }
+    }
+}
+
+/// The write errors of a reply converted to `document`, as the error of the server at `address`
+/// that sent it (RW-3): the one rule of [`RawReply::into_reply`] and [`RawReply::checked`].
+fn write_error(address: Option<&ServerAddress>, document: &Document) -> Option<OperationError> {
+    match address {
+        Some(address) => OperationError::from_write_reply(document, address),
+        None => OperationError::from_write_reply(document, &unknown_address()),
     }
 }
 
@@ -251,8 +258,8 @@ pub(crate) struct Shared {
     pub(crate) empty_document: EmptyDocument,
 }
 
-/// An empty document with room for a few fields ([`retry_core::wire::empty_document`]): the
-/// template of the client's reply documents ([`RawReply::into_reply`]).
+/// An empty document ([`retry_core::wire::empty_document`]): the template of the client's
+/// reply documents ([`RawReply::into_reply`]), whose clones share its hasher.
 pub(crate) struct EmptyDocument(pub(crate) Document);
 
 impl Default for EmptyDocument {

@@ -167,12 +167,18 @@ fn insert_sorted(events: &mut Vec<Event>, event: Event) {
     }
 }
 
-/// log2 of a wheel bucket's width in nanoseconds (about 1 ms).
-const BUCKET_SHIFT: u32 = 20;
-/// Buckets in the wheel: it spans about 4.3 s. 64 × 64, for the two levels of bit sets.
-const BUCKETS: usize = 4096;
+/// log2 of a wheel bucket's width in nanoseconds (about 131 µs: at the default run's highest
+/// loads a bucket holds about one timer, so that sorting a bucket when the wheel reaches it moves
+/// little).
+const BUCKET_SHIFT: u32 = 17;
+/// Buckets in the wheel: it spans about 2.1 s (a backoff or hedging delay within the default 2 s
+/// operation timeout stays in the wheel). 64 × 64 × 4, for the two levels of bit sets.
+const BUCKETS: usize = 16384;
+/// Words of the bit set of occupied slots, and of its summary.
+const WORDS: usize = BUCKETS / 64;
+const SUMMARY_WORDS: usize = WORDS / 64;
 
-/// Timers (backoffs, hedging delays): a timing wheel of 1 ms buckets over about 4 s, with a heap
+/// Timers (backoffs, hedging delays): a timing wheel of 131 µs buckets over about 2 s, with a heap
 /// for anything later. The current bucket is kept sorted (earliest last); the others are unsorted
 /// lists in one slab until the wheel turns to them, and two levels of bit sets find the next one
 /// that is not empty. A push and a pop cost about the same whether ten or ten thousand timers are
@@ -187,8 +193,8 @@ pub(super) struct Timers {
     nodes: Vec<(Event, u32)>,
     free: u32,
     /// One bit per ring slot that is not empty, and one bit per word of those that is not zero.
-    occupied: [u64; BUCKETS / 64],
-    summary: u64,
+    occupied: Box<[u64; WORDS]>,
+    summary: [u64; SUMMARY_WORDS],
     /// Events in the ring.
     in_ring: usize,
     /// The absolute bucket of `current`.
@@ -209,8 +215,8 @@ impl Timers {
             heads: vec![NIL; BUCKETS].into_boxed_slice(),
             nodes: Vec::new(),
             free: NIL,
-            occupied: [0; BUCKETS / 64],
-            summary: 0,
+            occupied: Box::new([0; WORDS]),
+            summary: [0; SUMMARY_WORDS],
             in_ring: 0,
             cursor: 0,
             later: BinaryHeap::new(),
@@ -243,7 +249,7 @@ impl Timers {
             };
             self.heads[slot] = node;
             self.occupied[slot / 64] |= 1 << (slot % 64);
-            self.summary |= 1 << (slot / 64);
+            self.summary[slot / 4096] |= 1 << (slot / 64 % 64);
             self.in_ring += 1;
         } else {
             self.later.push(Reverse(event));
@@ -276,17 +282,24 @@ impl Timers {
             return word * 64 + bits.trailing_zeros() as usize;
         }
         // The words after this one, then from the start (this one again included).
-        let after = if word + 1 < 64 {
-            self.summary & (u64::MAX << (word + 1))
-        } else {
-            0
-        };
-        let w = if after != 0 {
-            after.trailing_zeros() as usize
-        } else {
-            self.summary.trailing_zeros() as usize
-        };
+        let w = self.next_word((word + 1) % WORDS);
         w * 64 + self.occupied[w].trailing_zeros() as usize
+    }
+
+    /// The first word of `occupied` at or after `from` (wrapping around) that is not zero; the
+    /// ring is not empty, so one is (the loop ends at the latest when it comes back round to
+    /// `from`'s summary word, read whole).
+    #[inline]
+    fn next_word(&self, from: usize) -> usize {
+        let mut s = from / 64;
+        let mut bits = self.summary[s] & (u64::MAX << (from % 64));
+        loop {
+            if bits != 0 {
+                return s * 64 + bits.trailing_zeros() as usize;
+            }
+            s = (s + 1) % SUMMARY_WORDS;
+            bits = self.summary[s];
+        }
     }
 
     /// Moves `cursor` to the next ring bucket that is not empty and sorts it into `current`
@@ -297,7 +310,7 @@ impl Timers {
         self.cursor += ahead as u64;
         self.occupied[slot / 64] &= !(1 << (slot % 64));
         if self.occupied[slot / 64] == 0 {
-            self.summary &= !(1 << (slot / 64));
+            self.summary[slot / 4096] &= !(1 << (slot / 64 % 64));
         }
         let mut node = std::mem::replace(&mut self.heads[slot], NIL);
         while node != NIL {
