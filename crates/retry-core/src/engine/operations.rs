@@ -707,8 +707,7 @@ impl Engine {
         let Some(op) = self.ops.get(&op_id) else {
             return;
         };
-        let (cursor, release_pinned, slots) =
-            (op.request.cursor, op.release_pinned, op.slots.len());
+        let (cursor, release_pinned) = (op.request.cursor, op.release_pinned);
         // LB-10: closing a cursor gives its connection back whatever killCursors did.
         if let (CursorUse::Close(handle), false) = (cursor, release_pinned) {
             if let Some(cursor) = self.cursors.remove(&handle) {
@@ -718,13 +717,18 @@ impl Engine {
                 self.cursor_session_ended(cursor.session, now);
             }
         }
-        for slot in 0..slots {
-            self.clear_attempt(op_id, slot);
-        }
         self.waiting.remove(&op_id);
         let Some(mut op) = self.ops.remove(&op_id) else {
             return;
         };
+        // Every attempt is over (`clear_attempt`, on the operation at hand).
+        for slot in &mut op.slots {
+            slot.attempt = None;
+            if let Some(server) = slot.counted.take() {
+                let entry = &mut self.servers[server.0 as usize];
+                entry.in_flight = entry.in_flight.saturating_sub(1);
+            }
+        }
         self.timers
             .set(Machine::Operation(op_id), &mut op.timer, None);
         for slot in &mut op.slots {
@@ -852,6 +856,7 @@ impl Engine {
         let slot_state = &mut op.slots[slot];
         slot_state.checkout = None;
         slot_state.conn = Some(conn);
+        let with_txn_number = slot_state.attempt.as_ref().map(|a| a.txn_number.is_some());
         // A cancelled copy writes nothing; its cancellation checks the connection in.
         if !op.machine.is_live(slot) {
             self.schedule(Machine::Operation(op_id));
@@ -882,12 +887,7 @@ impl Engine {
             self.schedule(Machine::Operation(op_id));
             return;
         }
-        let Some(op) = self.ops.get_mut(&op_id) else {
-            return;
-        };
-        let slot_state = &mut op.slots[slot];
-        let Some(with_txn_number) = slot_state.attempt.as_ref().map(|a| a.txn_number.is_some())
-        else {
+        let Some(with_txn_number) = with_txn_number else {
             return;
         };
         let prepared = self.prepare_attempt(
