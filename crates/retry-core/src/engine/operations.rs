@@ -456,7 +456,10 @@ impl Engine {
     /// Routes a retry machine's events and actions until it has none left.
     fn drain_retry(&mut self, op_id: OpId, now: Instant) {
         // BP-27: a retry event waits until the attempt's connection is checked in.
-        let mut held: smallvec::SmallVec<[RetryEvent; 2]> = smallvec::SmallVec::new();
+        // Issue 9: a `Vec`, which costs nothing until an event is held (only a machine that
+        // records events retries with one); an inline array of events is set up and dropped
+        // on every turn.
+        let mut held: alloc::vec::Vec<RetryEvent> = alloc::vec::Vec::new();
         loop {
             let Some(op) = self.ops.get_mut(&op_id) else {
                 return;
@@ -527,12 +530,16 @@ impl Engine {
         self.emit_held(op_id, &mut held);
     }
 
-    #[inline]
-    fn emit_held(&mut self, op: OpId, held: &mut smallvec::SmallVec<[RetryEvent; 2]>) {
-        // Nearly always empty: no drain set up for nothing (issue 9).
-        if held.is_empty() {
-            return;
+    /// Nearly always nothing to do: the check inlined, the rest not (issue 9).
+    #[inline(always)]
+    fn emit_held(&mut self, op: OpId, held: &mut alloc::vec::Vec<RetryEvent>) {
+        if !held.is_empty() {
+            self.emit_held_events(op, held);
         }
+    }
+
+    #[inline(never)]
+    fn emit_held_events(&mut self, op: OpId, held: &mut alloc::vec::Vec<RetryEvent>) {
         for event in held.drain(..) {
             self.events.push_back(EngineEvent::Operation { op, event });
         }
