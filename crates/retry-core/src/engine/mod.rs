@@ -745,17 +745,6 @@ pub struct Engine {
     spare_names: Vec<String>,
 }
 
-/// Drops `items`, without a call when it never held anything (issue 9: dropping an empty `Vec`
-/// of elements that need dropping is an out-of-line call that walks no element and frees
-/// nothing; a `Vec` that never allocated owns nothing to free).
-#[inline(always)]
-fn drop_unused<T>(items: Vec<T>) {
-    match items.capacity() {
-        0 => core::mem::forget(items),
-        _ => drop(items),
-    }
-}
-
 /// The most finished operations kept for reuse: a burst of 64 (about 100 KB with their
 /// machines).
 const SPARE_OPS: usize = 64;
