@@ -343,7 +343,7 @@ pub(crate) fn execute(
 
 /// Leftovers12 item 1 (house rule 7): `create` and `createIndexes` in a transaction whose read
 /// concern (its first command's) has a level other than "local": InvalidOptions (72), "Command
-/// <name> does not support this transaction's { readConcern: ... } :: caused by :: read concern
+/// \<name\> does not support this transaction's { readConcern: ... } :: caused by :: read concern
 /// not supported", as a mongod checks them (and only them) once it has checked the session out
 /// (`service_entry_point_common`; behind a mongos, the shard does). The statement fails, so the
 /// transaction is aborted.
@@ -1177,7 +1177,7 @@ fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Doc
 
 /// Review13 finding 3 (TK-2, house rule 7): the `query` of a `count` or `distinct` (`name`), by
 /// the commands' IDL (`query: type: object`): a document, or none for all documents; anything
-/// else TypeMismatch (14), "BSON field '<name>.query' is the wrong type ...". A `null` or
+/// else TypeMismatch (14), "BSON field '\<name\>.query' is the wrong type ...". A `null` or
 /// `undefined` is taken as none, the default, as the server's IDL parser takes any field of the
 /// wrong type that is one of them (`IDLParserContext::checkAndAssertTypeSlowPath`, leftovers12
 /// item 3).
