@@ -30,6 +30,11 @@
 #       its own CPUs: e.g. server=1 client=0 bench=0 puts every wake between client and server
 #       across vCPUs, to measure that wake's cost apart from the clients'.
 #
+#   SPIN=1       a busy loop at `nice -n 19` on every CPU for the run (children of this script, so
+#       in the bench's session and autogroup: they yield to the bench's threads): no vCPU halts,
+#       so a wake across vCPUs costs an interrupt and a preemption, not the host's halt exit and
+#       re-entry; two CPUs without halting, as a bare-metal machine or a polling guest idles.
+#
 #   MODE=blocks PIN=0 scripts/bench-adapters-interleaved.sh        # one in flight, the goals' figure
 #   MODE=blocks scripts/bench-adapters-interleaved.sh              # one in flight, unpinned, beside it
 #   MODE=blocks IN_FLIGHT=64 ROUNDS=6 scripts/bench-adapters-interleaved.sh
@@ -56,7 +61,18 @@ echo "bench binary: $BENCH_BIN"
 run=("$BENCH_BIN")
 if [ -n "${PIN:-}" ]; then run=(taskset -c "$PIN" "$BENCH_BIN"); fi
 if [ -n "${CPUS:-}" ]; then export RETRY_BENCH_CPUS="$CPUS"; fi
-echo "pin=${PIN:-none} cpus=${CPUS:-any}"
+echo "pin=${PIN:-none} cpus=${CPUS:-any} spin=${SPIN:-0}"
+spinners=()
+stop_spinners() {
+    for pid in "${spinners[@]}"; do kill "$pid" 2>/dev/null || true; done
+}
+trap stop_spinners EXIT
+if [ "${SPIN:-0}" = 1 ]; then
+    for cpu in $(seq 0 $(($(nproc) - 1))); do
+        nice -n 19 taskset -c "$cpu" sh -c 'while :; do :; done' &
+        spinners+=("$!")
+    done
+fi
 
 # The machine's idle share since `cpu_start` (from /proc/stat): other sessions' processes may not be
 # visible here, their CPU time is. On an idle machine the only busy time is the bench's own.

@@ -30,6 +30,24 @@
 //! the command and drops the reply, nothing else. Every server runs on the 1-worker "bench-server"
 //! runtime in the same process; every client exists (idle between its cases) for every case.
 //!
+//! Where the threads run decides the figures at one in flight, not the clients: every round trip
+//! wakes the server's thread and then the caller's, and on a VM a wake of a thread on another
+//! vCPU that has halted costs the host's halt exit and re-entry (20-40 us on the 2-vCPU VM of
+//! 2026-11-24, whose guest does not poll before halting), against 17-22 us for the whole round
+//! trip's work on one CPU and ~2 us for a retry client's share of it.
+//! Unpinned, the kernel puts the threads on one CPU or on both, in phases of seconds that follow
+//! what ran before (which case, how long), so a case's figure is its share of such wakes: short
+//! blocks of each case in turn (1,000 round trips) and criterion's 2 s per case got different
+//! shares and disagreed about the official driver. With the whole process on one CPU (`taskset
+//! -c 0`) no wait for a halted vCPU is left and the figure is the round trip's work (clients,
+//! server, kernel, context switches: the official driver's hops to its pool worker included),
+//! reproducible and the same for every block length; issue 9's one-in-flight goals are read
+//! there, the unpinned figure beside it (docs/benchmarks.md, "One in flight: what is measured";
+//! scripts/bench-adapters-interleaved.sh, `PIN`). `RETRY_BENCH_CPUS` ([`Placement`]) places the
+//! server's and the clients' threads on CPUs of their own, to measure that wake apart; the
+//! blocks mode prints per case the machine's cpuidle entries, the bench threads' migrations and
+//! context switches per round trip ([`SchedCounts`]).
+//!
 //! `cargo bench -p retry-bench --bench round_trip`; with `--features mongodb` the official
 //! `mongodb` crate runs the same pings against the same servers. `RETRY_BENCH_PROFILE` runs one
 //! case for a profiler instead ([`profile`]); `RETRY_BENCH_INTERLEAVED` runs cases in short
