@@ -1468,18 +1468,25 @@ fn aggregate(
 /// left empty once its leading `$match` stages are pulled into the query is optimized away
 /// (`run_aggregate.cpp`, `canOptimizeAwayPipeline`; the executor gets the `kLockExternally`
 /// policy; `pipeline_d.cpp` pops the leading `$match`, `document_source_match.cpp` drops an
-/// empty one); from 4.4 (wire 9) the query layer also takes a `$sort` (with the `$limit` it
-/// coalesced) and a leading `$limit` (`pipeline_d.cpp`, `prepareExecutor`,
-/// `extractLimitForPushdown`). 4.0 and older always run a pipeline.
+/// empty one), and so is a `$sort` an index provides without a blocking sort stage (the
+/// `_id` index here: `{_id: 1}` or `{_id: -1}`; `prepareExecutor` pops the `$sort` the query
+/// system can sort without blocking); from 4.4 (wire 9) the query layer takes any `$sort`
+/// (with the `$limit` it coalesced) and a leading `$limit` (`pipeline_d.cpp`,
+/// `prepareExecutor`, `extractLimitForPushdown`). 4.0 and older always run a pipeline.
 fn optimized_away(stages: &[(&str, &Bson)], max_wire_version: i32) -> bool {
-    let rest: Vec<&str> = stages
-        .iter()
-        .map(|(name, _)| *name)
-        .skip_while(|name| *name == "$match")
-        .collect();
+    let mut rest = stages.iter().skip_while(|(name, _)| *name == "$match");
+    let by_id = |spec: &Bson| {
+        matches!(spec, Bson::Document(keys) if keys.len() == 1
+            && keys.get("_id").and_then(integer).is_some_and(|d| d == 1 || d == -1))
+    };
     match max_wire_version {
-        8 => rest.is_empty(),
+        8 => match (rest.next(), rest.next()) {
+            (None, _) => true,
+            (Some(("$sort", spec)), None) => by_id(spec),
+            _ => false,
+        },
         9..LOCK_FREE_READS_WIRE_VERSION => {
+            let rest: Vec<&str> = rest.map(|(name, _)| *name).collect();
             matches!(
                 rest.as_slice(),
                 [] | ["$sort"] | ["$limit"] | ["$sort", "$limit"]
