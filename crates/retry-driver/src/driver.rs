@@ -387,7 +387,8 @@ impl Driver {
             return progressed;
         };
         // Subscribers get an operation's events before its caller gets its result.
-        let mut state = lock(&self.shared.state);
+        let mut guard = lock(&self.shared.state);
+        let state = &mut *guard;
         state.subscribers.retain(|s| Arc::strong_count(s) > 1);
         let subscribers = &state.subscribers[..];
         let mut next = Some(first);
@@ -417,6 +418,14 @@ impl Driver {
                             document: self.engine.take_document(),
                         });
                         pending.slot.complete(result);
+                        if let Some(name) = self.engine.take_db_name() {
+                            if state.spare_names.len() < crate::shared::SPENT_SLOTS {
+                                state.spare_names.push(name);
+                            }
+                        }
+                        if state.spent_slots.len() < crate::shared::SPENT_SLOTS {
+                            state.spent_slots.push_back(pending.slot);
+                        }
                     }
                 }
                 _ => {}

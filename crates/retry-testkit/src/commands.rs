@@ -343,7 +343,7 @@ pub(crate) fn execute(
 
 /// Leftovers12 item 1 (house rule 7): `create` and `createIndexes` in a transaction whose read
 /// concern (its first command's) has a level other than "local": InvalidOptions (72), "Command
-/// <name> does not support this transaction's { readConcern: ... } :: caused by :: read concern
+/// \<name\> does not support this transaction's { readConcern: ... } :: caused by :: read concern
 /// not supported", as a mongod checks them (and only them) once it has checked the session out
 /// (`service_entry_point_common`; behind a mongos, the shard does). The statement fails, so the
 /// transaction is aborted.
@@ -607,6 +607,10 @@ fn run(
                 Ok(d) => d,
                 Err(e) => return Some(e),
             };
+            // After the filter is parsed, as the server parses it before any lock.
+            if let Some(refusal) = list_databases_queue(state.store, command, max_wire_version) {
+                return Some(refusal);
+            }
             if command.get_bool("nameOnly").unwrap_or(false) {
                 let names: Vec<Document> = dbs
                     .into_iter()
@@ -1173,7 +1177,7 @@ fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Doc
 
 /// Review13 finding 3 (TK-2, house rule 7): the `query` of a `count` or `distinct` (`name`), by
 /// the commands' IDL (`query: type: object`): a document, or none for all documents; anything
-/// else TypeMismatch (14), "BSON field '<name>.query' is the wrong type ...". A `null` or
+/// else TypeMismatch (14), "BSON field '\<name\>.query' is the wrong type ...". A `null` or
 /// `undefined` is taken as none, the default, as the server's IDL parser takes any field of the
 /// wrong type that is one of them (`IDLParserContext::checkAndAssertTypeSlowPath`, leftovers12
 /// item 3).
@@ -1464,18 +1468,25 @@ fn aggregate(
 /// left empty once its leading `$match` stages are pulled into the query is optimized away
 /// (`run_aggregate.cpp`, `canOptimizeAwayPipeline`; the executor gets the `kLockExternally`
 /// policy; `pipeline_d.cpp` pops the leading `$match`, `document_source_match.cpp` drops an
-/// empty one); from 4.4 (wire 9) the query layer also takes a `$sort` (with the `$limit` it
-/// coalesced) and a leading `$limit` (`pipeline_d.cpp`, `prepareExecutor`,
-/// `extractLimitForPushdown`). 4.0 and older always run a pipeline.
+/// empty one), and so is a `$sort` an index provides without a blocking sort stage (the
+/// `_id` index here: `{_id: 1}` or `{_id: -1}`; `prepareExecutor` pops the `$sort` the query
+/// system can sort without blocking); from 4.4 (wire 9) the query layer takes any `$sort`
+/// (with the `$limit` it coalesced) and a leading `$limit` (`pipeline_d.cpp`,
+/// `prepareExecutor`, `extractLimitForPushdown`). 4.0 and older always run a pipeline.
 fn optimized_away(stages: &[(&str, &Bson)], max_wire_version: i32) -> bool {
-    let rest: Vec<&str> = stages
-        .iter()
-        .map(|(name, _)| *name)
-        .skip_while(|name| *name == "$match")
-        .collect();
+    let mut rest = stages.iter().skip_while(|(name, _)| *name == "$match");
+    let by_id = |spec: &Bson| {
+        matches!(spec, Bson::Document(keys) if keys.len() == 1
+            && keys.get("_id").and_then(integer).is_some_and(|d| d == 1 || d == -1))
+    };
     match max_wire_version {
-        8 => rest.is_empty(),
+        8 => match (rest.next(), rest.next()) {
+            (None, _) => true,
+            (Some(("$sort", spec)), None) => by_id(spec),
+            _ => false,
+        },
         9..LOCK_FREE_READS_WIRE_VERSION => {
+            let rest: Vec<&str> = rest.map(|(name, _)| *name).collect();
             matches!(
                 rest.as_slice(),
                 [] | ["$sort"] | ["$limit"] | ["$sort", "$limit"]
@@ -1927,15 +1938,6 @@ fn list_collections(
         Err(e) => return e,
     };
     let name_only = command.get_bool("nameOnly").unwrap_or(false);
-    if max_wire_version < LOCK_FREE_READS_WIRE_VERSION && state.store.ddl_pending() {
-        let existing = state.store.collection_names(db);
-        let locks = list_collections_locks(db, command, name_only, &existing, max_wire_version);
-        for target in &locks {
-            if let Err(e) = state.store.ddl_queue(target, false) {
-                return query_error(e);
-            }
-        }
-    }
     let docs = state
         .store
         .collection_names(db)
@@ -1946,6 +1948,16 @@ fn list_collections(
         Ok(d) => d,
         Err(e) => return e,
     };
+    // The filter is parsed before any lock is taken: a bad one fails at once.
+    if max_wire_version < LOCK_FREE_READS_WIRE_VERSION && state.store.ddl_pending() {
+        let existing = state.store.collection_names(db);
+        let locks = list_collections_locks(db, command, name_only, &existing, max_wire_version);
+        for target in &locks {
+            if let Err(e) = state.store.ddl_queue(target, false) {
+                return query_error(e);
+            }
+        }
+    }
     if name_only {
         for d in &mut docs {
             d.remove("options");
@@ -1955,6 +1967,68 @@ fn list_collections(
     let ns = format!("{db}.$cmd.listCollections");
     let batch = state.store.open_cursor(state.origin, &ns, docs, batch_size);
     cursor_reply("firstBatch", &ns, batch)
+}
+
+/// Docs13 (TK-15, house rule 7): a `listDatabases` without `nameOnly` before 5.0 takes, for each
+/// database in turn, that database's IS lock to read its size (`list_databases.cpp`:
+/// `Lock::DBLock` in MODE_IS), and from 4.2 (wire 8) each of its collections' IS lock too
+/// (`StorageEngineImpl::sizeOnDiskForDb`, which replaced the catalog entry's `sizeOnDisk` in
+/// 4.2: `catalog::forEachCollectionFromDb` in MODE_IS), so it
+/// queues behind a `dropDatabase` pending on any database, and from 4.2 behind a DDL command
+/// pending on any collection. A filter on `name` alone (a leaf expression on that path) skips the
+/// databases it rules out without locking them. `nameOnly` takes no database lock, and 5.0 and
+/// later read lock-free (`AutoGetDbForReadMaybeLockFree`). `Some` reply: it waits.
+fn list_databases_queue(
+    store: &mut Store,
+    command: &Document,
+    max_wire_version: i32,
+) -> Option<Document> {
+    let name_only = command.get_bool("nameOnly").unwrap_or(false);
+    if name_only || max_wire_version >= LOCK_FREE_READS_WIRE_VERSION || !store.ddl_pending() {
+        return None;
+    }
+    let name_filter = command
+        .get_document("filter")
+        .ok()
+        .filter(|f| is_name_leaf(f));
+    let mut locks = Vec::new();
+    let collections = store.seen_collection_names();
+    for db in store.database_names() {
+        if let Some(filter) = name_filter {
+            if !crate::query::matches(&doc! { "name": &db }, filter).unwrap_or(true) {
+                continue;
+            }
+        }
+        locks.push(DdlTarget::DatabaseLock(db.clone()));
+        if max_wire_version >= 8 {
+            let in_db = collections
+                .iter()
+                .filter(|ns| ns.split_once('.').is_some_and(|(d, _)| d == db));
+            locks.extend(in_db.map(|ns| DdlTarget::Collection(ns.clone())));
+        }
+    }
+    for target in &locks {
+        if let Err(e) = store.ddl_queue(target, false) {
+            return Some(query_error(e));
+        }
+    }
+    None
+}
+
+/// Whether a `listDatabases` filter is one leaf expression on `name` (`filter->isLeaf() &&
+/// filter->path() == "name"`, `list_databases.cpp`): its only field is `name`, compared to a
+/// value or by one operator that is not `$not`.
+fn is_name_leaf(filter: &Document) -> bool {
+    if filter.len() != 1 {
+        return false;
+    }
+    match filter.get("name") {
+        Some(Bson::Document(operators)) if operators.keys().any(|k| k.starts_with('$')) => {
+            operators.len() == 1 && !operators.contains_key("$not")
+        }
+        Some(_) => true,
+        None => false,
+    }
 }
 
 /// Docs13 (TK-15, house rule 7): the locks a `listCollections` takes before 5.0, in order: the

@@ -1648,6 +1648,11 @@ impl Store {
             .collect()
     }
 
+    /// Docs13: the namespaces the running command sees ([`Store::seen_collections`]), in order.
+    pub(crate) fn seen_collection_names(&self) -> Vec<String> {
+        self.seen_collections().cloned().collect()
+    }
+
     /// The databases holding at least one collection the running command sees.
     pub(crate) fn database_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self

@@ -227,7 +227,8 @@ pub struct RunResult {
     pub series_latency_us: Vec<u64>,
     /// Inputs the retry and hedging machines refused, over the whole run: each is a simulator
     /// bug (an operation would wait for an input that never comes), counted in every build, and
-    /// [`simulate`](super::simulate) fails a run with any (house rule 8, review9 finding 8).
+    /// [`simulate`](super::simulate) fails a run with any (house rule 8, review9 finding 8). An
+    /// event the model finds in a source that does not hold its kind (a bug too) counts here.
     pub refused: u64,
 }
 
@@ -423,7 +424,7 @@ struct World<'a> {
     arrival: Option<Event>,
     /// The earlier of the next arrival and the earliest deadline, and which it is
     /// ([`ARRIVAL`] or [`DEADLINES`]): the two sources that change about once per operation,
-    /// so [`Sim::next_scheduled`] compares them once when they change instead of on every event.
+    /// so [`Sim::run`] compares them once when they change instead of on every event.
     slow: (u128, usize),
     /// Events a fixed delay after they were scheduled: [`DEADLINES`], [`NETWORK`].
     lanes: [Lane; 2],
@@ -788,7 +789,7 @@ impl<'a> Sim<'a> {
 
     /// [`Sim::slow`] from the arrival and the deadline lane, after dropping the deadlines of
     /// operations that have ended from the lane's front (most end long before their deadline;
-    /// [`Sim::next_event`] drops one that ends after this).
+    /// [`Sim::run`] drops one that ends after this).
     #[inline]
     fn refresh_slow(&mut self) {
         let lane = &mut self.w.lanes[DEADLINES];
@@ -811,79 +812,110 @@ impl<'a> Sim<'a> {
         };
     }
 
-    /// The earliest event of the lanes, the heaps and the arrival, by (time, sequence): the
-    /// same order as one queue of every event.
+    /// Runs every event in (time, sequence) order, the same order as one queue of every event:
+    /// each turn takes the earliest of the sources (the arrival and the deadlines, the network
+    /// lane, the timers, the completions) and dispatches it by its source, whose kinds of event
+    /// are known, so that no `Option<Event>` is passed on and the common kinds are matched
+    /// among two at most.
     ///
-    /// The deadline of an operation that has already ended is dropped here: it would change
-    /// nothing (no later event reads the clock before setting it), and most operations end
-    /// before their deadline.
-    fn next_event(&mut self) -> Option<Event> {
-        loop {
-            let event = self.next_scheduled()?;
-            if let Kind::Deadline { op, serial } = event.kind {
-                if self.ops.get(op as usize).is_none_or(|o| o.serial != serial) {
-                    continue;
-                }
-            }
-            return Some(event);
-        }
-    }
-
-    /// [`Sim::next_event`], deadlines of ended operations included.
-    #[inline]
-    fn next_scheduled(&mut self) -> Option<Event> {
+    /// The deadline of an operation that has already ended is dropped where it is taken: it
+    /// would change nothing (no later event reads the clock before setting it), and most
+    /// operations end before their deadline.
+    fn run(&mut self) {
         const TIMERS: usize = 2;
         const COMPLETIONS: usize = 3;
-        // Keys are unique (the sequence number), so the order of the comparisons cannot matter.
-        let (mut best, mut source) = self.w.slow;
-        let key = self.w.lanes[NETWORK].min_key();
-        if key < best {
-            (best, source) = (key, NETWORK);
-        }
-        let key = self.w.timers.min_key();
-        if key < best {
-            (best, source) = (key, TIMERS);
-        }
-        let key = self.w.completions.min_key();
-        if key < best {
-            (best, source) = (key, COMPLETIONS);
-        }
-        if best == NONE {
-            return None;
-        }
-        match source {
-            TIMERS => self.w.timers.pop(),
-            COMPLETIONS => self.w.completions.pop(),
-            NETWORK => self.w.lanes[NETWORK].pop(),
-            slow => {
-                let event = if slow == ARRIVAL {
-                    self.w.arrival.take()
-                } else {
-                    self.w.lanes[DEADLINES].pop()
-                };
-                self.refresh_slow();
-                event
-            }
-        }
-    }
-
-    fn run(&mut self) {
         self.next_arrival();
-        while let Some(event) = self.next_event() {
-            self.w.now = event.time;
-            match event.kind {
-                Kind::Arrival => {
+        loop {
+            // Keys are unique (the sequence number), so the order of the comparisons cannot
+            // matter.
+            let (mut best, mut source) = self.w.slow;
+            let key = self.w.lanes[NETWORK].min_key();
+            if key < best {
+                (best, source) = (key, NETWORK);
+            }
+            let key = self.w.timers.min_key();
+            if key < best {
+                (best, source) = (key, TIMERS);
+            }
+            let key = self.w.completions.min_key();
+            if key < best {
+                (best, source) = (key, COMPLETIONS);
+            }
+            if best == NONE {
+                return;
+            }
+            match source {
+                NETWORK => {
+                    let Some(event) = self.w.lanes[NETWORK].pop() else {
+                        return;
+                    };
+                    self.w.now = event.time;
+                    match event.kind {
+                        Kind::AtServer(work) => self.w.at_server(work),
+                        Kind::Reply(work) => self.reply(work),
+                        kind => self.misplaced(kind),
+                    }
+                }
+                COMPLETIONS => {
+                    let Some(event) = self.w.completions.pop() else {
+                        return;
+                    };
+                    self.w.now = event.time;
+                    match event.kind {
+                        Kind::Completed(work) => self.w.completed(work),
+                        kind => self.misplaced(kind),
+                    }
+                }
+                TIMERS => {
+                    let Some(event) = self.w.timers.pop() else {
+                        return;
+                    };
+                    self.w.now = event.time;
+                    match event.kind {
+                        Kind::Timer { op, serial, gen } => self.timer(op, serial, gen),
+                        kind => self.misplaced(kind),
+                    }
+                }
+                ARRIVAL => {
+                    let Some(event) = self.w.arrival.take() else {
+                        return;
+                    };
+                    self.w.now = event.time;
                     self.start_operation();
                     // Also refreshes `slow` for the deadline just scheduled.
                     self.next_arrival();
                 }
-                Kind::AtServer(work) => self.w.at_server(work),
-                Kind::Completed(work) => self.w.completed(work),
-                Kind::Reply(work) => self.reply(work),
-                Kind::Timer { op, serial, gen } => self.timer(op, serial, gen),
-                Kind::Deadline { op, serial } => self.deadline(op, serial),
+                _ => {
+                    let event = self.w.lanes[DEADLINES].pop();
+                    self.refresh_slow();
+                    let Some(event) = event else {
+                        return;
+                    };
+                    match event.kind {
+                        Kind::Deadline { op, serial } => {
+                            if self
+                                .ops
+                                .get(op as usize)
+                                .is_some_and(|o| o.serial == serial)
+                            {
+                                self.w.now = event.time;
+                                self.deadline(op, serial);
+                            }
+                        }
+                        kind => self.misplaced(kind),
+                    }
+                }
             }
         }
+    }
+
+    /// An event found in a source that does not hold its kind: a simulator bug, counted with
+    /// the refused inputs so that the run fails (house rule 8).
+    #[cold]
+    #[inline(never)]
+    fn misplaced(&mut self, kind: Kind) {
+        debug_assert!(false, "an event in the wrong source: {kind:?}");
+        self.w.result.refused += 1;
     }
 
     fn finish(mut self) -> RunResult {
