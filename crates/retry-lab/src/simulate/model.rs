@@ -136,25 +136,6 @@ pub enum Load {
 }
 
 impl Load {
-    fn at(&self, t: u64) -> f64 {
-        match *self {
-            Load::Steady(x) => x,
-            Load::Episode {
-                base,
-                peak,
-                start,
-                length,
-            } => {
-                let (s, e) = (nanos(start), nanos(start + length));
-                if t >= s && t < e {
-                    peak
-                } else {
-                    base
-                }
-            }
-        }
-    }
-
     fn max(&self) -> f64 {
         match *self {
             Load::Steady(x) => x,
@@ -430,6 +411,47 @@ struct World<'a> {
     warmup_ns: u64,
     /// Arrivals per nanosecond at the profile's highest load.
     max_rate: f64,
+    /// An episode's window and acceptance ratios, computed once (`None` for a steady load).
+    episode: Option<Episode>,
+}
+
+/// A [`Load::Episode`] as the thinning of arrivals reads it, computed once per run: the window
+/// in nanoseconds, and the ratio of the peak and of the base load to the highest.
+#[derive(Clone, Copy)]
+struct Episode {
+    start: u64,
+    end: u64,
+    peak: f64,
+    base: f64,
+}
+
+impl Episode {
+    fn of(load: &Load) -> Option<Episode> {
+        match *load {
+            Load::Steady(_) => None,
+            Load::Episode {
+                base,
+                peak,
+                start,
+                length,
+            } => Some(Episode {
+                start: nanos(start),
+                end: nanos(start + length),
+                peak: peak / load.max(),
+                base: base / load.max(),
+            }),
+        }
+    }
+
+    /// The load at `t` over the highest: the chance that a candidate arrival at `t` is kept.
+    #[inline]
+    fn accept(&self, t: u64) -> f64 {
+        if t >= self.start && t < self.end {
+            self.peak
+        } else {
+            self.base
+        }
+    }
 }
 
 fn address(i: usize) -> ServerAddress {
@@ -498,9 +520,9 @@ impl<'a> World<'a> {
                 return;
             }
             // A steady load accepts every candidate (x / x is exactly 1).
-            let accept = match self.spec.load {
-                Load::Steady(_) => 1.0,
-                load => load.at(t) / load.max(),
+            let accept = match self.episode {
+                None => 1.0,
+                Some(e) => e.accept(t),
             };
             if accept >= 1.0 || unit(&mut self.arrivals) < accept {
                 self.seq += 1;
@@ -692,7 +714,17 @@ impl<'a> Sim<'a> {
             completions: Few::new(),
             arrival: None,
             slow: (NONE, ARRIVAL),
-            lanes: Default::default(),
+            // Room for the deadlines of a timeout's worth of operations at the highest rate (at
+            // most 2 MiB), and for a burst of sends and replies: growing a lane copies it.
+            lanes: [
+                Lane::with_capacity(
+                    latency_reserve(
+                        spec.load.max() * cluster.capacity() * cluster.timeout.as_secs_f64(),
+                    )
+                    .min(1 << 16),
+                ),
+                Lane::with_capacity(4096),
+            ],
             works: Vec::new(),
             free_works: Vec::new(),
             servers: (0..servers)
@@ -751,6 +783,7 @@ impl<'a> Sim<'a> {
             bucket_end: 0,
             warmup_ns: nanos(spec.warmup),
             max_rate: spec.load.max() * cluster.capacity() / 1e9,
+            episode: Episode::of(&spec.load),
         };
         Sim {
             ops: Vec::new(),
