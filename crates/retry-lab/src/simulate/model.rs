@@ -1239,32 +1239,25 @@ impl<'a> Sim<'a> {
     fn simple_send(&mut self, id: u32) {
         let now = self.w.now;
         let policy = self.w.spec.policy;
+        // The slot, its machine and its client looked up once.
         let op = &mut self.ops[id as usize];
         debug_assert_ne!(op.serial, 0, "a live operation's slot");
-        let client_id = op.client;
-        let Machine::Simple(s) = &self.machines[id as usize] else {
+        let Machine::Simple(s) = &mut self.machines[id as usize] else {
             return;
         };
-        let previous = (s.attempts > 0).then_some(s.server);
-        if policy == SimPolicy::SreAdaptive {
-            let c = &mut self.w.clients[client_id as usize];
-            if !c.budget.sre_admit(now, &mut c.rng) {
-                // Rejected locally: the operation fails without reaching a server.
-                self.end(id, false);
-                return;
-            }
+        let c = &mut self.w.clients[op.client as usize];
+        if policy == SimPolicy::SreAdaptive && !c.budget.sre_admit(now, &mut c.rng) {
+            // Rejected locally: the operation fails without reaching a server.
+            self.w.end(op, false);
+            self.free.push(id);
+            return;
         }
-        let deprioritized = previous.map_or(0, |p| 1u64 << p);
-        let server = self
-            .w
-            .selector
-            .pick(&mut self.w.clients[client_id as usize], deprioritized);
-        if let Machine::Simple(s) = &mut self.machines[id as usize] {
-            s.attempts += 1;
-            s.server = server;
-            s.in_flight = true;
-        }
-        self.w.send(&mut self.ops[id as usize], id, server, 0);
+        let deprioritized = if s.attempts > 0 { 1u64 << s.server } else { 0 };
+        let server = self.w.selector.pick(c, deprioritized);
+        s.attempts += 1;
+        s.server = server;
+        s.in_flight = true;
+        self.w.send(op, id, server, 0);
     }
 
     fn simple_succeeded(&mut self, id: u32) {
