@@ -13,6 +13,8 @@
 #
 #   scripts/bench-adapters-harness.sh                   # echo, tokio, async-std, mongodb; canned; 1 in flight
 #   CASES="tokio mongodb" MODES=profile IN_FLIGHT=64 SERVER=testkit scripts/bench-adapters-harness.sh
+#   PIN=0 CASES="echo-async-io async-std" MODES=profile scripts/bench-adapters-harness.sh
+#                                                       # the whole process on CPU 0 (taskset)
 #
 # Needs `perf` with tracepoints (root). BENCH_BIN as scripts/bench-adapters-profile.sh.
 set -euo pipefail
@@ -28,11 +30,16 @@ OUT=${OUT:-target/bench-adapters-harness}
 mkdir -p "$OUT"
 
 . scripts/bench-bin.sh
-echo "bench binary: $BENCH_BIN; start $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "bench binary: $BENCH_BIN; start $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg)" \
+    "pin=${PIN:-none}"
+# PIN=<cpus>: the whole bench process under `taskset -c` (as bench-adapters-interleaved.sh).
+run=("$BENCH_BIN")
+if [ -n "${PIN:-}" ]; then run=(taskset -c "$PIN" "$BENCH_BIN"); fi
 
 EVENTS=context-switches,cpu-migrations,task-clock,raw_syscalls:sys_enter
 EVENTS=$EVENTS,syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_wait
 EVENTS=$EVENTS,syscalls:sys_enter_futex,syscalls:sys_enter_write,syscalls:sys_enter_read
+EVENTS=$EVENTS,syscalls:sys_enter_epoll_pwait,syscalls:sys_enter_epoll_ctl
 
 criterion_name() {
     case $1 in
@@ -48,12 +55,12 @@ for case in $CASES; do
     for mode in $MODES; do
         file="$OUT/$case-$mode-$IN_FLIGHT-$SERVER"
         if [ "$mode" = criterion ]; then
-            RETRY_BENCH_RATIOS=0 CRITERION_HOME="$OUT/criterion" "$BENCH_BIN" --bench --noplot \
+            RETRY_BENCH_RATIOS=0 CRITERION_HOME="$OUT/criterion" "${run[@]}" --bench --noplot \
                 --warm-up-time 1 --measurement-time "$MEASURE" \
                 "^ping_round_trip_concurrency_$IN_FLIGHT/$(criterion_name "$case")\$" >"$file.out" 2>&1 &
             delay=4
         else
-            RETRY_BENCH_PROFILE="$case $IN_FLIGHT 1000000000 $SERVER" "$BENCH_BIN" >"$file.out" 2>&1 &
+            RETRY_BENCH_PROFILE="$case $IN_FLIGHT 1000000000 $SERVER" "${run[@]}" >"$file.out" 2>&1 &
             delay=3
         fi
         pid=$!
@@ -96,7 +103,8 @@ def show(name, c):
           f"cpu_us={c['task-clock'] * 1e3 / round_trips:.1f} syscalls={per('sys_enter'):.2f} "
           f"sendto={per('sys_enter_sendto'):.2f} recvfrom={per('sys_enter_recvfrom'):.2f} "
           f"epoll_wait={per('sys_enter_epoll_wait'):.2f} futex={per('sys_enter_futex'):.2f} "
-          f"write={per('sys_enter_write'):.2f} read={per('sys_enter_read'):.2f}")
+          f"write={per('sys_enter_write'):.2f} read={per('sys_enter_read'):.2f} "
+          f"epoll_pwait={per('sys_enter_epoll_pwait'):.2f} epoll_ctl={per('sys_enter_epoll_ctl'):.2f}")
 show("all threads", total)
 for comm, c in sorted(threads.items(), key=lambda kv: -kv[1]["context-switches"]):
     if c["context-switches"] / round_trips >= 0.005 or c["sys_enter"] / round_trips >= 0.05:

@@ -4,6 +4,7 @@
 //! are licensed CC BY-NC-SA and never copied into this repository. Each suite is a directory of
 //! files; each file is one test case, run by the suite's runner, which returns `Err` with a message
 //! naming what differed.
+#![warn(missing_docs)]
 
 pub mod auth;
 pub mod cmap;

@@ -1,7 +1,7 @@
 //! Issue 9, house rule 9: the driver's runtime timer is not re-registered per operation. Under
-//! `timeoutMS` (CSOT-1) every operation has a deadline of its own, the engine's earliest; the
-//! driver re-arms its runtime timer only when that deadline moves earlier than the instant the
-//! timer is set for (or that instant has passed), never when it moves later. On async-io each
+//! `timeoutMS` (CS-1) every operation has a deadline of its own (CS-2), the engine's earliest;
+//! the driver re-arms its runtime timer only when that deadline moves earlier than the instant
+//! the timer is set for (or that instant has passed), never when it moves later. On async-io each
 //! re-registration notifies the reactor (an `eventfd` write and one more `epoll` wait with
 //! polling's four fixed syscalls), so a re-arm per operation would double a round trip's
 //! syscalls. Every operation still ends by its deadline (house rule 8): the timer is never set
@@ -115,7 +115,7 @@ fn resets_during(pings: usize, timeout: Option<Duration>) -> usize {
     }))
 }
 
-/// CSOT-1, house rule 9: 200 pings under `timeoutMS=60000`, each with its own deadline, re-arm
+/// CS-2, house rule 9: 200 pings under `timeoutMS=60000`, each with its own deadline, re-arm
 /// the runtime's timer once at most (its instant passes only after a minute): not twice per
 /// ping, as when every change of the engine's earliest deadline re-registered it.
 #[test]

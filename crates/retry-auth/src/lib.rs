@@ -26,7 +26,7 @@
 //! let credential = Credential::new("alice", "pencil", "admin");
 //! options.auth = Some(auth_options(&credential, os_rng()).unwrap());
 //! ```
-
+#![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod scram;

@@ -30,6 +30,24 @@
 //! the command and drops the reply, nothing else. Every server runs on the 1-worker "bench-server"
 //! runtime in the same process; every client exists (idle between its cases) for every case.
 //!
+//! Where the threads run decides the figures at one in flight, not the clients: every round trip
+//! wakes the server's thread and then the caller's, and on a VM a wake of a thread on another
+//! vCPU that has halted costs the host's halt exit and re-entry (20-40 us on the 2-vCPU VM of
+//! 2026-11-24, whose guest does not poll before halting), against 17-22 us for the whole round
+//! trip's work on one CPU and ~2 us for a retry client's share of it.
+//! Unpinned, the kernel puts the threads on one CPU or on both, in phases of seconds that follow
+//! what ran before (which case, how long), so a case's figure is its share of such wakes: short
+//! blocks of each case in turn (1,000 round trips) and criterion's 2 s per case got different
+//! shares and disagreed about the official driver. With the whole process on one CPU (`taskset
+//! -c 0`) no wait for a halted vCPU is left and the figure is the round trip's work (clients,
+//! server, kernel, context switches: the official driver's hops to its pool worker included),
+//! reproducible and the same for every block length; issue 9's one-in-flight goals are read
+//! there, the unpinned figure beside it (docs/benchmarks.md, "One in flight: what is measured";
+//! scripts/bench-adapters-interleaved.sh, `PIN`). `RETRY_BENCH_CPUS` ([`Placement`]) places the
+//! server's and the clients' threads on CPUs of their own, to measure that wake apart; the
+//! blocks mode prints per case the machine's cpuidle entries, the bench threads' migrations and
+//! context switches per round trip ([`SchedCounts`]).
+//!
 //! `cargo bench -p retry-bench --bench round_trip`; with `--features mongodb` the official
 //! `mongodb` crate runs the same pings against the same servers. `RETRY_BENCH_PROFILE` runs one
 //! case for a profiler instead ([`profile`]); `RETRY_BENCH_INTERLEAVED` runs cases in short
@@ -215,6 +233,87 @@ mod canned {
     }
 }
 
+/// The bench's threads, by what they run (`RETRY_BENCH_CPUS`).
+#[derive(Clone, Copy, Debug)]
+enum ThreadRole {
+    /// The "bench-server" runtime's threads: the echo, the test server, the canned server.
+    Server,
+    /// The "bench-client" runtime's threads: the tokio clients' callers, retry-tokio's driver
+    /// task, the official driver's pool worker and monitors.
+    Client,
+    /// The bench's own thread (retry-async-std's and the async-io echo's callers, async-io's
+    /// reactor; `block_on` of the tokio cases) and the threads it starts later (async-io's).
+    Bench,
+}
+
+/// `RETRY_BENCH_CPUS="server=<cpus> client=<cpus> bench=<cpus>"` (each optional; `<cpus>` as
+/// `taskset -c` reads it, e.g. `1` or `0,1`): the CPUs each role's threads may run on, set with
+/// `taskset -p` on every thread as it starts. The whole process on one CPU is `taskset -c 0`
+/// around the bench (scripts/bench-adapters-interleaved.sh, `PIN`); this places the server's
+/// threads and the clients' apart, to tell the cost of waking a thread on another (halted) vCPU
+/// from the clients' own (docs/benchmarks.md, "One in flight: what is measured").
+#[derive(Clone, Debug, Default)]
+struct Placement {
+    server: Option<String>,
+    client: Option<String>,
+    bench: Option<String>,
+}
+
+impl Placement {
+    fn from_env() -> Placement {
+        let Ok(spec) = std::env::var("RETRY_BENCH_CPUS") else {
+            return Placement::default();
+        };
+        let mut placement = Placement::default();
+        for word in spec.split_whitespace() {
+            let (role, cpus) = word.split_once('=').unwrap_or_else(|| {
+                panic!("RETRY_BENCH_CPUS is \"server=<cpus> client=<cpus> bench=<cpus>\", not {spec:?}")
+            });
+            let slot = match role {
+                "server" => &mut placement.server,
+                "client" => &mut placement.client,
+                "bench" => &mut placement.bench,
+                other => {
+                    panic!("unknown role {other:?} in RETRY_BENCH_CPUS: server, client or bench")
+                }
+            };
+            *slot = Some(cpus.to_string());
+        }
+        placement
+    }
+
+    /// A thread-start hook that pins the starting thread to `role`'s CPUs (if any were given).
+    fn pinning(&self, role: ThreadRole) -> impl Fn() + Send + Sync + 'static {
+        let cpus = match role {
+            ThreadRole::Server => self.server.clone(),
+            ThreadRole::Client => self.client.clone(),
+            ThreadRole::Bench => self.bench.clone(),
+        };
+        move || {
+            if let Some(cpus) = &cpus {
+                pin_this_thread(cpus);
+            }
+        }
+    }
+}
+
+/// Pins the calling thread to `cpus` (`taskset -c` syntax) with `taskset -p`: no `unsafe` and
+/// no libc binding in the bench, at the cost of a process per thread start (setup only).
+fn pin_this_thread(cpus: &str) {
+    let link = std::fs::read_link("/proc/thread-self").expect("/proc/thread-self (Linux)");
+    let tid = link
+        .file_name()
+        .and_then(|tid| tid.to_str())
+        .expect("/proc/thread-self is <pid>/task/<tid>")
+        .to_string();
+    let status = std::process::Command::new("taskset")
+        .args(["-p", "-c", cpus, &tid])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("taskset runs");
+    assert!(status.success(), "taskset -p -c {cpus} {tid} failed");
+}
+
 /// Which server the clients talk to.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Server {
@@ -261,15 +360,18 @@ struct Setup {
 
 impl Setup {
     fn new() -> Setup {
+        let placement = Placement::from_env();
         let servers = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("bench-server")
+            .on_thread_start(placement.pinning(ThreadRole::Server))
             .enable_all()
             .build()
             .expect("the servers' runtime");
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("bench-client")
+            .on_thread_start(placement.pinning(ThreadRole::Client))
             .enable_all()
             .build()
             .expect("a tokio runtime");
@@ -697,12 +799,14 @@ fn profile(spec: &str) {
 /// `RETRY_BENCH_INTERLEAVED="<in flight> <testkit|canned> <rounds> <blocks> <round trips> [cases]"`
 /// (cases of [`CASES`], default `echo tokio async-std` and with the `mongodb` feature `mongodb`): after the setup and 1,000 round
 /// trips of warm-up per case, every round runs `blocks` blocks, and every block runs each case for
-/// `round trips`, in an order that rotates by one case from block to block (ABCD, BCDA, ...). A
-/// change of the machine's state (a busy or halted vCPU, another process) lasting longer than a
-/// block then falls on every case alike. Prints one line per round: the ns per round trip of each
-/// case over that round's blocks (scripts/bench-adapters-interleaved.sh, `MODE=blocks`, reads
-/// them). A block's time includes its start (the spawn of its callers, the bench thread's wake at
-/// its end), once per `round trips`, in every case.
+/// `round trips`, in an order that rotates by one case from block to block, across rounds too
+/// (ABCD, BCDA, ...). A change of the machine's state (a busy or halted vCPU, another process)
+/// lasting longer than a block then falls on every case alike. Prints two lines per round: the ns
+/// per round trip of each case over that round's blocks, and its [`SchedCounts`] per round trip
+/// (`counts=<round> idle_entries/migrations/switches <case>=a/b/c ...`);
+/// scripts/bench-adapters-interleaved.sh, `MODE=blocks`, reads them. A block's time includes its
+/// start (the spawn of its callers, the bench thread's wake at its end), once per `round trips`,
+/// in every case.
 fn interleaved(spec: &str) {
     let words: Vec<&str> = spec.split_whitespace().collect();
     let usage = "RETRY_BENCH_INTERLEAVED is \"<in flight> <testkit|canned> <rounds> <blocks> <round trips> [cases]\"";
@@ -736,13 +840,19 @@ fn interleaved(spec: &str) {
     }
     for round in 1..=rounds {
         let mut took = vec![Duration::ZERO; cases.len()];
+        let mut counts = vec![SchedCounts::default(); cases.len()];
         for block in 0..blocks as usize {
+            // The rotation goes on across rounds, so one block per round rotates too.
+            let block = (round - 1) as usize * blocks as usize + block;
             for i in 0..cases.len() {
                 let i = (block + i) % cases.len();
+                let before = SchedCounts::read();
                 took[i] += setup.run(cases[i], server, in_flight, per_block);
+                counts[i] += SchedCounts::read() - before;
             }
         }
-        let per_op = |d: Duration| d.as_nanos() as f64 / (blocks * per_block) as f64;
+        let round_trips = (blocks * per_block) as f64;
+        let per_op = |d: Duration| d.as_nanos() as f64 / round_trips;
         let line: Vec<String> = cases
             .iter()
             .zip(&took)
@@ -753,12 +863,108 @@ fn interleaved(spec: &str) {
             server.label(),
             line.join(" ")
         );
+        let line: Vec<String> = cases
+            .iter()
+            .zip(&counts)
+            .map(|(case, c)| {
+                let per = |n: u64| n as f64 / round_trips;
+                format!(
+                    "{case}={:.3}/{:.3}/{:.3}",
+                    per(c.idle_entries),
+                    per(c.migrations),
+                    per(c.switches)
+                )
+            })
+            .collect();
+        println!(
+            "counts={round} idle_entries/migrations/switches {}",
+            line.join(" ")
+        );
+    }
+}
+
+/// Scheduler counts between blocks of [`interleaved`], per round trip of a case: how often a
+/// CPU went idle (every CPU's cpuidle entries, from sysfs: on this VM a halt, whose wake-up costs a
+/// VM exit; the whole machine's, so idle only on an idle machine), and the bench's threads'
+/// migrations between CPUs and context switches (`/proc/self/task/*/sched`). Counts, not times:
+/// they say why a case's time per round trip moves with thread placement (docs/benchmarks.md,
+/// "One in flight: what is measured"). Zero where the files are missing.
+#[derive(Clone, Copy, Debug, Default)]
+struct SchedCounts {
+    idle_entries: u64,
+    migrations: u64,
+    switches: u64,
+}
+
+impl SchedCounts {
+    fn read() -> SchedCounts {
+        let number = |path: &std::path::Path| -> u64 {
+            std::fs::read_to_string(path)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let mut counts = SchedCounts::default();
+        for cpu in std::fs::read_dir("/sys/devices/system/cpu")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = cpu.file_name();
+            let name = name.to_string_lossy();
+            if !name.starts_with("cpu") || !name[3..].bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            let states = cpu.path().join("cpuidle");
+            for state in std::fs::read_dir(states).into_iter().flatten().flatten() {
+                counts.idle_entries += number(&state.path().join("usage"));
+            }
+        }
+        for task in std::fs::read_dir("/proc/self/task")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let Ok(sched) = std::fs::read_to_string(task.path().join("sched")) else {
+                continue;
+            };
+            for line in sched.lines() {
+                let value = || line.rsplit(':').next().and_then(|v| v.trim().parse().ok());
+                if line.starts_with("se.nr_migrations") {
+                    counts.migrations += value().unwrap_or(0);
+                } else if line.starts_with("nr_switches") {
+                    counts.switches += value().unwrap_or(0);
+                }
+            }
+        }
+        counts
+    }
+}
+
+impl std::ops::Sub for SchedCounts {
+    type Output = SchedCounts;
+
+    fn sub(self, earlier: SchedCounts) -> SchedCounts {
+        SchedCounts {
+            idle_entries: self.idle_entries.saturating_sub(earlier.idle_entries),
+            migrations: self.migrations.saturating_sub(earlier.migrations),
+            switches: self.switches.saturating_sub(earlier.switches),
+        }
+    }
+}
+
+impl std::ops::AddAssign for SchedCounts {
+    fn add_assign(&mut self, other: SchedCounts) {
+        self.idle_entries += other.idle_entries;
+        self.migrations += other.migrations;
+        self.switches += other.switches;
     }
 }
 
 criterion_group!(round_trip, benches);
 
 fn main() {
+    Placement::from_env().pinning(ThreadRole::Bench)();
     if let Ok(spec) = std::env::var("RETRY_BENCH_PROFILE") {
         profile(&spec);
         return;

@@ -56,7 +56,7 @@ pub(crate) fn document(raw: &RawDocument) -> Result<Document, ReadError> {
 /// [`well_formed`] accepts the document, the top-level document is built into `top` (an empty
 /// document whose table and hasher are reused) and every embedded one is a clone of `empty` (an
 /// empty document: the clones share its hasher, where [`Document::new`] draws a seed each time,
-/// and start with its table's capacity). A non-empty `top` or `empty` is not used; without
+/// and allocate as a new document does). A non-empty `top` or `empty` is not used; without
 /// `top` the top-level document is a clone of `empty` too, and without `empty` each document is
 /// a [`Document::new`].
 pub(crate) fn document_in(

@@ -4,14 +4,17 @@
 //! connections.
 //!
 //! The engine hands ids out in increasing order (`OpId`, `ConnId`), as a pool does its
-//! [`ConnectionId`]s (CM-1) and [`CheckoutId`]s, so an entry lives at `id - first` in a ring of
-//! slots, and the ring's front moves on as the oldest entries end. An entry that outlives many
-//! younger ones (a monitor's socket, an operation waiting out its selection timeout) would keep a
-//! slot for every id handed out after it; once the ring is mostly holes, its oldest entries move
-//! to an ordered map instead, so memory stays proportional to the entries alive. Iteration is in
-//! id order, as a `BTreeMap`'s.
+//! [`ConnectionId`]s (CM-1) and [`CheckoutId`]s, so the entries alive at once have ids close
+//! together: an entry lives in the slot its id's low bits name (a table of a power of two
+//! slots), holding its id to tell it from an older one of the same low bits. A lookup is a mask,
+//! a load and a comparison (issue 9: about forty lookups per round trip). Two live entries whose
+//! ids share their low bits double the table while it is at least half full; otherwise the
+//! older one (a monitor's socket, an operation waiting out its selection timeout) moves to an
+//! ordered map, so memory stays proportional to the entries alive. Iteration is in id order, as
+//! a `BTreeMap`'s (it sorts: only closing and clearing iterate).
 
-use alloc::collections::{BTreeMap, VecDeque};
+use alloc::collections::BTreeMap;
+use alloc::vec::Vec;
 use core::marker::PhantomData;
 
 use crate::pool::{CheckoutId, ConnectionId};
@@ -42,17 +45,19 @@ impl Id for CheckoutId {
     }
 }
 
-/// Holes the ring may hold beyond twice its entries before its oldest entries move out.
-const SLACK: usize = 1024;
+/// The slots of a table's first entry.
+const FIRST_SLOTS: usize = 8;
 
 /// Entries of type `T` by increasing ids of type `K` (see the module docs).
 pub(crate) struct IdTable<K, T> {
-    /// The id of `ring[0]`.
-    first: u64,
-    ring: VecDeque<Option<T>>,
-    /// Entries in `ring`.
-    in_ring: usize,
-    /// Entries whose ids are below `first`.
+    /// `slots[id & mask]` holds the entry of `id`, or of another id with the same low bits, or
+    /// none. Empty, or a power of two long.
+    slots: Vec<Option<(u64, T)>>,
+    /// `slots.len() - 1`, or 0 while there are none.
+    mask: usize,
+    /// Entries in `slots`.
+    in_slots: usize,
+    /// Entries that gave their slot up to a younger one.
     old: BTreeMap<u64, T>,
     ids: PhantomData<K>,
 }
@@ -60,9 +65,9 @@ pub(crate) struct IdTable<K, T> {
 impl<K, T> Default for IdTable<K, T> {
     fn default() -> Self {
         IdTable {
-            first: 0,
-            ring: VecDeque::new(),
-            in_ring: 0,
+            slots: Vec::new(),
+            mask: 0,
+            in_slots: 0,
             old: BTreeMap::new(),
             ids: PhantomData,
         }
@@ -72,119 +77,170 @@ impl<K, T> Default for IdTable<K, T> {
 impl<K: Id, T> IdTable<K, T> {
     /// The number of entries.
     pub(crate) fn len(&self) -> usize {
-        self.in_ring + self.old.len()
+        self.in_slots + self.old.len()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// The slot `id`'s entry lives in when it is not in `old`.
+    #[inline(always)]
+    fn at(&self, id: u64) -> usize {
+        // Only the low bits matter: the truncation on 32-bit targets keeps them.
+        (id as usize) & self.mask
+    }
+
+    #[inline]
     pub(crate) fn get(&self, id: &K) -> Option<&T> {
         let id = id.raw();
-        match id.checked_sub(self.first) {
-            Some(at) => self.ring.get(usize::try_from(at).ok()?)?.as_ref(),
-            None => self.old.get(&id),
+        match self.slots.get(self.at(id)) {
+            Some(Some((at, value))) if *at == id => Some(value),
+            _ => self.old_get(id),
         }
     }
 
+    #[inline]
     pub(crate) fn get_mut(&mut self, id: &K) -> Option<&mut T> {
         let id = id.raw();
-        match id.checked_sub(self.first) {
-            Some(at) => self.ring.get_mut(usize::try_from(at).ok()?)?.as_mut(),
-            None => self.old.get_mut(&id),
+        let at = self.at(id);
+        match self.slots.get_mut(at) {
+            Some(Some((slot_id, value))) if *slot_id == id => Some(value),
+            _ => self.old.get_mut(&id),
         }
+    }
+
+    #[inline(never)]
+    fn old_get(&self, id: u64) -> Option<&T> {
+        self.old.get(&id)
     }
 
     pub(crate) fn contains_key(&self, id: &K) -> bool {
         self.get(id).is_some()
     }
 
-    /// Adds the entry of `id`, which must be above every id added before (the engine's ids
-    /// only grow); an id below is kept in the ordered map, so nothing is lost either way.
+    /// Adds the entry of `id` (the engine's ids only grow, but an id below the others is kept
+    /// as well), replacing the one it had.
     pub(crate) fn insert(&mut self, id: K, value: T) {
         let id = id.raw();
-        if self.in_ring == 0 {
-            self.ring.clear();
-            self.first = self.first.max(id);
-        }
-        let Some(at) = id
-            .checked_sub(self.first)
-            .and_then(|at| usize::try_from(at).ok())
-        else {
-            self.old.insert(id, value);
-            return;
-        };
-        if at < self.ring.len() {
-            if self.ring[at].replace(value).is_none() {
-                self.in_ring += 1;
+        if !self.old.is_empty() {
+            if let Some(entry) = self.old.get_mut(&id) {
+                *entry = value;
+                return;
             }
-            return;
         }
-        while self.ring.len() < at {
-            self.ring.push_back(None);
+        if self.slots.is_empty() {
+            self.resize(FIRST_SLOTS);
         }
-        self.ring.push_back(Some(value));
-        self.in_ring += 1;
-        self.compact();
+        loop {
+            let at = self.at(id);
+            let half_full = 2 * self.in_slots >= self.slots.len();
+            match &mut self.slots[at] {
+                slot @ None => {
+                    *slot = Some((id, value));
+                    self.in_slots += 1;
+                    return;
+                }
+                Some((slot_id, entry)) if *slot_id == id => {
+                    *entry = value;
+                    return;
+                }
+                Some(_) if half_full => {
+                    let len = 2 * self.slots.len();
+                    self.resize(len);
+                }
+                Some((slot_id, entry)) => {
+                    // A sparse table: the older of the two moves out, as the entries it
+                    // outlived would otherwise keep growing the table.
+                    if *slot_id < id {
+                        let (older, kept) = (*slot_id, core::mem::replace(entry, value));
+                        *slot_id = id;
+                        self.old.insert(older, kept);
+                    } else {
+                        self.old.insert(id, value);
+                    }
+                    return;
+                }
+            }
+        }
     }
 
+    /// Moves every entry into a table of `len` slots (a power of two); of two that share their
+    /// slot there, the older moves to `old`.
+    fn resize(&mut self, len: usize) {
+        debug_assert!(len.is_power_of_two());
+        let mut slots = Vec::with_capacity(len);
+        slots.resize_with(len, || None);
+        let previous = core::mem::replace(&mut self.slots, slots);
+        self.mask = len - 1;
+        self.in_slots = 0;
+        for (id, value) in previous.into_iter().flatten() {
+            let at = self.at(id);
+            match &mut self.slots[at] {
+                slot @ None => {
+                    *slot = Some((id, value));
+                    self.in_slots += 1;
+                }
+                Some((slot_id, entry)) => {
+                    if *slot_id < id {
+                        let (older, kept) = (*slot_id, core::mem::replace(entry, value));
+                        *slot_id = id;
+                        self.old.insert(older, kept);
+                    } else {
+                        self.old.insert(id, value);
+                    }
+                }
+            }
+        }
+    }
+
+    #[inline]
     pub(crate) fn remove(&mut self, id: &K) -> Option<T> {
         let id = id.raw();
-        let Some(at) = id.checked_sub(self.first) else {
-            return self.old.remove(&id);
-        };
-        let value = self.ring.get_mut(usize::try_from(at).ok()?)?.take()?;
-        self.in_ring -= 1;
-        while matches!(self.ring.front(), Some(None)) {
-            self.ring.pop_front();
-            self.first += 1;
-        }
-        // Holes at the back stay: ids only grow, so the next insert reuses them, one push per
-        // new id (house rule 9), and `compact` bounds them.
-        Some(value)
-    }
-
-    /// Moves the oldest entries to the ordered map while the ring is mostly holes.
-    fn compact(&mut self) {
-        while self.ring.len() > 2 * self.in_ring + SLACK {
-            match self.ring.pop_front() {
-                Some(Some(value)) => {
-                    self.old.insert(self.first, value);
-                    self.in_ring -= 1;
-                }
-                Some(None) => {}
-                None => break,
+        let at = self.at(id);
+        match self.slots.get_mut(at) {
+            Some(slot @ Some(_)) if slot.as_ref().is_some_and(|(slot_id, _)| *slot_id == id) => {
+                self.in_slots -= 1;
+                slot.take().map(|(_, value)| value)
             }
-            self.first += 1;
-        }
-        while matches!(self.ring.front(), Some(None)) {
-            self.ring.pop_front();
-            self.first += 1;
+            _ => self.old.remove(&id),
         }
     }
 
     /// The ids, in increasing order.
     pub(crate) fn keys(&self) -> impl Iterator<Item = K> + '_ {
-        let ring = self.ring.iter().enumerate();
-        let first = self.first;
-        self.old.keys().map(|&id| K::from_raw(id)).chain(
-            ring.filter(|(_, v)| v.is_some())
-                .map(move |(at, _)| K::from_raw(first + at as u64)),
-        )
+        self.sorted().into_iter().map(|(id, _)| K::from_raw(id))
     }
 
     /// The entries, in id order.
     pub(crate) fn values(&self) -> impl Iterator<Item = &T> + '_ {
-        self.old
-            .values()
-            .chain(self.ring.iter().filter_map(Option::as_ref))
+        self.sorted().into_iter().map(|(_, value)| value)
     }
 
     /// The entries, in id order.
     pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut T> + '_ {
-        self.old
-            .values_mut()
-            .chain(self.ring.iter_mut().filter_map(Option::as_mut))
+        let mut entries: Vec<(u64, &mut T)> = self
+            .slots
+            .iter_mut()
+            .flatten()
+            .map(|(id, value)| (*id, value))
+            .chain(self.old.iter_mut().map(|(id, value)| (*id, value)))
+            .collect();
+        entries.sort_unstable_by_key(|(id, _)| *id);
+        entries.into_iter().map(|(_, value)| value)
+    }
+
+    /// Every entry with its id, in id order.
+    fn sorted(&self) -> Vec<(u64, &T)> {
+        let mut entries: Vec<(u64, &T)> = self
+            .slots
+            .iter()
+            .flatten()
+            .map(|(id, value)| (*id, value))
+            .chain(self.old.iter().map(|(id, value)| (*id, value)))
+            .collect();
+        entries.sort_unstable_by_key(|(id, _)| *id);
+        entries
     }
 }
 
@@ -215,12 +271,13 @@ mod tests {
 
     /// House rule 9, issue 9 (DESIGN.md "Composition": O(1) indices for what the hot path looks
     /// up): lookups, removals and id-ordered iteration agree with a `BTreeMap` through
-    /// long-lived entries, holes and compaction.
+    /// long-lived entries, shared slots and growth.
     #[test]
     fn behaves_as_an_ordered_map_of_increasing_ids() {
         let mut table: IdTable<CheckoutId, u64> = IdTable::default();
         let mut model = BTreeMap::new();
-        // A long-lived entry, then many short ones: the ring compacts around it.
+        // Every seventh entry long-lived, the others short: the table grows and moves the
+        // long-lived ones out around the short ones.
         for id in 0..10_000_u64 {
             table.insert(CheckoutId(id), id * 10);
             model.insert(id, id * 10);
@@ -230,7 +287,7 @@ mod tests {
             }
             if id % 1_000 == 0 {
                 assert_eq!(table.len(), model.len());
-                assert!(table.ring.len() <= 2 * table.in_ring + SLACK + 2);
+                assert!(table.slots.len() <= 4 * table.len().max(FIRST_SLOTS));
             }
         }
         for id in [0, 1, 2, 6, 7, 14, 9_997, 9_999, 10_000, u64::MAX] {
@@ -248,29 +305,50 @@ mod tests {
         assert!(table.is_empty() && table.remove(&CheckoutId(5)).is_none());
         table.insert(CheckoutId(20_000), 1);
         assert_eq!(table.get(&CheckoutId(20_000)), Some(&1));
-        assert_eq!(table.ring.len(), 1);
+        assert_eq!((table.in_slots, table.old.len()), (1, 0));
     }
 
     /// House rule 9, issue 9 (DESIGN.md "Composition": an input's cost does not depend on the
-    /// unrelated operations; review7 finding 4): while a long-lived entry holds the ring's front,
-    /// each later insert of a one-at-a-time operation adds exactly one slot to the ring's end,
-    /// however many operations ended since the long-lived one began.
+    /// unrelated operations; review7 finding 4): while a long-lived entry keeps its slot, the
+    /// one-at-a-time operations after it neither grow the table nor leave anything behind,
+    /// however many of them ended since the long-lived one began; it moves out once, and stays
+    /// found.
     #[test]
-    fn an_insert_after_a_long_lived_entry_adds_one_slot() {
+    fn a_long_lived_entry_does_not_grow_the_table() {
         let mut table: IdTable<CheckoutId, u64> = IdTable::default();
         table.insert(CheckoutId(0), 0);
-        let end = |table: &IdTable<CheckoutId, u64>| table.first + table.ring.len() as u64;
         for id in 1..3_000_u64 {
-            let before = end(&table);
             table.insert(CheckoutId(id), id);
-            assert_eq!(end(&table) - before, 1, "slots added by the insert of {id}");
-            assert!(
-                table.ring.len() <= 2 * table.in_ring + SLACK,
-                "memory stays bounded"
+            assert_eq!(
+                table.slots.len(),
+                FIRST_SLOTS,
+                "slots after the insert of {id}"
             );
+            assert!(table.old.len() <= 1, "memory stays bounded");
             assert_eq!(table.remove(&CheckoutId(id)), Some(id));
         }
         assert_eq!(table.get(&CheckoutId(0)), Some(&0));
         assert_eq!(table.len(), 1);
+    }
+
+    /// Issue 9: a window of 64 operations in flight, ending out of order, lives in the slots
+    /// (the ordered map is never used on this path) and the table stays within four times the
+    /// window.
+    #[test]
+    fn a_window_in_flight_stays_in_the_slots() {
+        let mut table: IdTable<CheckoutId, u64> = IdTable::default();
+        let mut live = alloc::collections::VecDeque::new();
+        for id in 0..10_000_u64 {
+            table.insert(CheckoutId(id), id);
+            live.push_back(id);
+            if live.len() > 64 {
+                // The oldest or the one after it ends, by turns.
+                let ended = live.remove((id % 2) as usize).expect("64 live");
+                assert_eq!(table.remove(&CheckoutId(ended)), Some(ended));
+            }
+            assert!(table.old.is_empty(), "{id}");
+        }
+        assert!(table.slots.len() <= 256, "{} slots", table.slots.len());
+        assert_eq!(table.len(), 64);
     }
 }

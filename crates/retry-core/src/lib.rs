@@ -245,6 +245,7 @@
 //!     }
 //! }
 //! ```
+#![warn(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(
     not(test),

@@ -870,9 +870,9 @@ pub fn to_document(raw: &RawDocument) -> Result<Document, DecodeError> {
 /// command document from [`Engine::take_document`](crate::engine::Engine::take_document), say),
 /// and with the embedded documents (and the top-level one without `document`) made as clones of
 /// `empty`, an empty document the caller keeps (see [`empty_document`]). A clone shares its
-/// hasher, where [`Document::new`] draws a new seed each time, and starts with its table's
-/// capacity, where a new document grows its table from nothing at its first insert. A
-/// non-empty `document` or `empty` is not used.
+/// hasher, where [`Document::new`] draws a new seed each time; it allocates as a new document
+/// does (the `bson` crate's `Document` clones no entry capacity). A non-empty `document` or
+/// `empty` is not used.
 pub fn to_document_in(
     raw: &RawDocument,
     document: Option<Document>,
@@ -882,14 +882,10 @@ pub fn to_document_in(
         .map_err(|e| DecodeError::Bson(alloc::format!("{e}")))
 }
 
-/// An empty document whose table has room for a few fields without growing: the `empty` of
-/// [`to_document_in`].
+/// An empty document, the `empty` of [`to_document_in`]: its clones share its hasher. It holds
+/// no table, so a clone of it (an embedded `{}`) allocates nothing, as [`Document::new`].
 pub fn empty_document() -> Document {
-    let mut empty = Document::new();
-    // The `bson` crate has no capacity hint: a field in and out leaves the table its capacity.
-    empty.insert("", bson::Bson::Null);
-    empty.clear();
-    empty
+    Document::new()
 }
 
 /// A document left encoded, validated as [`parse_document`] would convert it.

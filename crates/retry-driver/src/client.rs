@@ -350,8 +350,8 @@ impl<R> Client<R> {
         kind: OperationKind,
     ) -> Result<RawDocumentBuf, OperationError> {
         let criteria = self.criteria(kind, None);
-        let operation = OperationRequest::new_raw(db, command, kind, criteria);
-        Ok(self.run_request(operation).await?.checked()?.body)
+        let operation = OperationRequest::new_raw(String::new(), command, kind, criteria);
+        Ok(self.run_request(operation, db).await?.checked()?.body)
     }
 
     /// [`Client::run`] with the reply left encoded.
@@ -362,15 +362,20 @@ impl<R> Client<R> {
         kind: OperationKind,
         options: CommandOptions,
     ) -> Result<RawReply, OperationError> {
-        let operation = self.request(db, command, kind, options)?;
-        self.run_request(operation).await
+        let operation = self.request(String::new(), command, kind, options)?;
+        self.run_request(operation, db).await
     }
 
-    /// Runs `operation` and waits for its reply; dropping the future cancels it.
-    async fn run_request(&self, operation: OperationRequest) -> Result<RawReply, OperationError> {
+    /// Runs `operation` on `db` (its database name, written when it is queued) and waits for
+    /// its reply; dropping the future cancels it.
+    async fn run_request(
+        &self,
+        operation: OperationRequest,
+        db: &str,
+    ) -> Result<RawReply, OperationError> {
         let waiter = self.waiter();
         // A future that drives the engine itself runs it next: no wake.
-        let (reply, alone) = self.queue(operation, waiter.is_none(), true)?;
+        let (reply, alone) = self.queue(operation, Some(db), waiter.is_none(), true)?;
         if let Some(local) = &self.inner.local {
             local.mark();
         }
@@ -447,7 +452,7 @@ impl<R> Client<R> {
     /// and the client's read preference otherwise (SS-2).
     pub(crate) fn request(
         &self,
-        db: &str,
+        db: impl Into<String>,
         command: Document,
         kind: OperationKind,
         options: CommandOptions,
@@ -483,22 +488,28 @@ impl<R> Client<R> {
     /// Queues `operation` for the driver and wakes it; its result will be in the returned slot.
     /// [`OperationError::cancelled`] once the client is shut down.
     pub(crate) fn submit(&self, operation: OperationRequest) -> Result<Arc<Slot>, OperationError> {
-        Ok(self.queue(operation, true, false)?.0)
+        Ok(self.queue(operation, None, true, false)?.0)
     }
 
     /// [`Client::submit`], waking the driver only if `wake`; with `inline` and a spawned driver,
     /// not if the operation is the only one in flight either, which the caller then starts
-    /// itself ([`SpawnedDriver::run_inline`]): the second value says so.
+    /// itself ([`SpawnedDriver::run_inline`]): the second value says so. With `db`, the
+    /// operation's database name is written into a spare string
+    /// ([`crate::shared::SharedState::db_name`]).
     fn queue(
         &self,
-        operation: OperationRequest,
+        mut operation: OperationRequest,
+        db: Option<&str>,
         wake: bool,
         inline: bool,
     ) -> Result<(Arc<Slot>, bool), OperationError> {
-        let reply = Arc::new(Slot::default());
         let mut state = lock(&self.inner.shared.state);
         if state.closing {
             return Err(OperationError::cancelled());
+        }
+        let reply = state.slot();
+        if let Some(db) = db {
+            operation.db = state.db_name(db);
         }
         let alone = inline
             && self.inner.spawned.is_some()

@@ -387,7 +387,8 @@ impl Driver {
             return progressed;
         };
         // Subscribers get an operation's events before its caller gets its result.
-        let mut state = lock(&self.shared.state);
+        let mut guard = lock(&self.shared.state);
+        let state = &mut *guard;
         state.subscribers.retain(|s| Arc::strong_count(s) > 1);
         let subscribers = &state.subscribers[..];
         let mut next = Some(first);
@@ -417,6 +418,14 @@ impl Driver {
                             document: self.engine.take_document(),
                         });
                         pending.slot.complete(result);
+                        if let Some(name) = self.engine.take_db_name() {
+                            if state.spare_names.len() < crate::shared::SPENT_SLOTS {
+                                state.spare_names.push(name);
+                            }
+                        }
+                        if state.spent_slots.len() < crate::shared::SPENT_SLOTS {
+                            state.spent_slots.push_back(pending.slot);
+                        }
                     }
                 }
                 _ => {}
@@ -430,7 +439,7 @@ impl Driver {
     /// Fires the engine's timers that are due and arms the runtime's timer for the next one.
     ///
     /// The runtime's timer is set for `timer_at`, never later than the engine's earliest
-    /// deadline (house rule 8, CS-4): it is re-armed when that deadline moves earlier than
+    /// deadline (house rule 8, CS-2): it is re-armed when that deadline moves earlier than
     /// `timer_at`, or when `timer_at` has passed (the timer fired or is due), but not when the
     /// deadline moves later. Each operation's own deadline (`timeoutMS`) moves the earliest one
     /// later when it ends and earlier again (than the heartbeat's) when the next starts; a

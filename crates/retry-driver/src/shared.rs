@@ -52,8 +52,7 @@ impl RawReply {
             OperationError::internal(format!("a decoded reply did not convert: {e}"))
         })?;
         if document.contains_key("writeErrors") {
-            let address = self.address.unwrap_or_else(unknown_address);
-            if let Some(error) = OperationError::from_write_reply(&document, &address) {
+            if let Some(error) = write_error(self.address.as_ref(), &document) {
                 return Err(error);
             }
         }
@@ -75,11 +74,19 @@ impl RawReply {
         let Ok(document) = retry_core::wire::to_document(&self.body) else {
             return Ok(self);
         };
-        let address = self.address.clone().unwrap_or_else(unknown_address);
-        match OperationError::from_write_reply(&document, &address) {
+        match write_error(self.address.as_ref(), &document) {
             Some(error) => Err(error),
             None => Ok(self),
         }
+    }
+}
+
+/// The write errors of a reply converted to `document`, as the error of the server at `address`
+/// that sent it (RW-3): the one rule of [`RawReply::into_reply`] and [`RawReply::checked`].
+fn write_error(address: Option<&ServerAddress>, document: &Document) -> Option<OperationError> {
+    match address {
+        Some(address) => OperationError::from_write_reply(document, address),
+        None => OperationError::from_write_reply(document, &unknown_address()),
     }
 }
 
@@ -151,8 +158,10 @@ impl Slot {
         let mut state = lock(&self.state);
         match state.result.take() {
             Some(result) => {
-                // Taken: nothing is left to cancel.
+                // Taken: nothing is left to cancel, and nobody to wake (a spent slot kept for
+                // reuse holds no task).
                 state.op = None;
+                state.waker = None;
                 Poll::Ready(result)
             }
             None => {
@@ -249,8 +258,8 @@ pub(crate) struct Shared {
     pub(crate) empty_document: EmptyDocument,
 }
 
-/// An empty document with room for a few fields ([`retry_core::wire::empty_document`]): the
-/// template of the client's reply documents ([`RawReply::into_reply`]).
+/// An empty document ([`retry_core::wire::empty_document`]): the template of the client's
+/// reply documents ([`RawReply::into_reply`]), whose clones share its hasher.
 pub(crate) struct EmptyDocument(pub(crate) Document);
 
 impl Default for EmptyDocument {
@@ -276,9 +285,45 @@ pub(crate) struct SharedState {
     pub(crate) subscribers: Vec<Arc<EventQueue>>,
     /// Explicit sessions to start and to end.
     pub(crate) sessions: crate::session::SessionRequests,
+    /// The slots of finished operations, oldest first, for the next requests once their callers
+    /// let go of them ([`SharedState::slot`]).
+    pub(crate) spent_slots: VecDeque<Arc<Slot>>,
+    /// Empty strings for the next requests' database names ([`Engine::take_db_name`](
+    /// retry_core::engine::Engine::take_db_name)), at most [`SPENT_SLOTS`].
+    pub(crate) spare_names: Vec<String>,
 }
 
+/// Spent slots kept for reuse, at most: the driver keeps the slot of each operation whose
+/// result it stored ([`Slot::complete`]).
+pub(crate) const SPENT_SLOTS: usize = 64;
+
 impl SharedState {
+    /// `db` in a spare string (issue 9: no allocation per operation when the engine gave one
+    /// back), or in a new one.
+    pub(crate) fn db_name(&mut self, db: &str) -> String {
+        let mut name = self.spare_names.pop().unwrap_or_default();
+        name.push_str(db);
+        name
+    }
+
+    /// A slot for a new request: the oldest spent one whose caller let go of it, emptied
+    /// (issue 9: no allocation and no free per operation), else a new one. At most four spent
+    /// slots are looked at (house rule 9); one whose caller has not taken its result yet goes
+    /// to the back, to be looked at again later.
+    pub(crate) fn slot(&mut self) -> Arc<Slot> {
+        for _ in 0..4 {
+            let Some(mut spent) = self.spent_slots.pop_front() else {
+                break;
+            };
+            if let Some(slot) = Arc::get_mut(&mut spent) {
+                *slot = Slot::default();
+                return spent;
+            }
+            self.spent_slots.push_back(spent);
+        }
+        Arc::new(Slot::default())
+    }
+
     /// Wakes the driver, for new work.
     pub(crate) fn wake_driver(&mut self) {
         if let Some(waker) = self.driver.take() {
@@ -340,5 +385,28 @@ mod tests {
         other.complete(Err(OperationError::cancelled()));
         assert_eq!(task.0.load(Ordering::Relaxed), 1, "woken by another runner");
         assert!(other.poll(&mut cx).is_ready());
+    }
+
+    /// Issue 9: a spent slot is reused, emptied, once its caller let go of it; one its caller
+    /// still holds is not reused under it (a new one is made) and is looked at again later.
+    #[test]
+    fn a_spent_slot_is_reused_once_its_caller_let_go() {
+        let mut state = SharedState::default();
+        let held = Arc::new(Slot::default());
+        held.complete(Err(OperationError::cancelled()));
+        state.spent_slots.push_back(held.clone());
+        let fresh = state.slot();
+        assert!(
+            !Arc::ptr_eq(&fresh, &held),
+            "a slot its caller holds is not reused"
+        );
+        assert_eq!(state.spent_slots.len(), 1, "kept for later");
+        drop(held);
+
+        let address = Arc::as_ptr(&state.spent_slots[0]);
+        let reused = state.slot();
+        assert_eq!(Arc::as_ptr(&reused), address, "reused");
+        let state = lock(&reused.state);
+        assert!(state.result.is_none() && state.op.is_none() && !state.abandoned);
     }
 }

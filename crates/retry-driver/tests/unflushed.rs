@@ -13,6 +13,10 @@
 //! each in turn). Not covered here: an SRV rescan's answer (it needs a `mongodb+srv` client and
 //! a resolver; it shares the timer's line in `Driver::poll`) and a new operation (its start
 //! alone gives no output before a server is known; `take_requests` flags it unconditionally).
+//!
+//! The last test runs the same client on a runtime that spawns the driver and polls its task
+//! once inside `spawn`: the first pass, and its flush of `TopologyOpening`, happen before
+//! `connect` returns (review17 finding 4).
 
 use core::future::Future;
 use core::pin::{pin, Pin};
@@ -26,6 +30,7 @@ use retry_core::engine::EngineEvent;
 use retry_core::error::ErrorKind;
 use retry_core::monitor::HeartbeatEvent;
 use retry_core::time::Instant;
+use retry_core::topology::SdamEvent;
 use retry_core::wire::{MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES, HEADER_LEN};
 use retry_driver::{AsyncTimer, BoxFuture, Client, ClientOptions, Events, Runtime, Socket};
 
@@ -334,4 +339,71 @@ fn a_socket_connect_and_read_are_flushed_in_the_same_poll() {
         )),
         "the hello's reply was handled and answered: {taken:?}"
     );
+}
+
+/// A [`TestRuntime`] that gives the driver a task of its own and polls it once inside `spawn`,
+/// as an executor with an idle thread may run it before `spawn` returns; the task is then kept,
+/// never woken (its connects hang).
+#[derive(Default)]
+struct PollingSpawn {
+    runtime: TestRuntime,
+    tasks: Mutex<Vec<BoxFuture<()>>>,
+}
+
+impl core::fmt::Debug for PollingSpawn {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PollingSpawn").finish_non_exhaustive()
+    }
+}
+
+impl Runtime for PollingSpawn {
+    fn start() -> io::Result<PollingSpawn> {
+        Ok(PollingSpawn::default())
+    }
+
+    fn now(&self) -> Instant {
+        self.runtime.now()
+    }
+
+    fn new_timer(&self, at: Instant) -> Pin<Box<dyn AsyncTimer>> {
+        self.runtime.new_timer(at)
+    }
+
+    fn spawn(&self, mut task: BoxFuture<()>) -> io::Result<()> {
+        assert!(poll_once(task.as_mut()).is_pending(), "the driver runs on");
+        self.tasks.lock().unwrap().push(task);
+        Ok(())
+    }
+
+    fn connect(&self, host: String, port: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
+        self.runtime.connect(host, port)
+    }
+}
+
+/// SDAM monitoring (`TopologyOpening` first, as in LB-4's order), house rule 10 (review17
+/// finding 4): with the driver's first pass run inside `connect`, deterministically, a stream
+/// from `events()` after `connect` misses `TopologyOpening` (the race `connect_with_events`
+/// exists for), and the stream of `connect_with_events`, subscribed before the driver is
+/// spawned, starts with it.
+#[test]
+fn connect_with_events_keeps_the_topology_opening_of_a_first_pass_run_inside_connect() {
+    let options = || ClientOptions::parse("mongodb://127.0.0.1:27017/").unwrap();
+    let topology = |events: &mut Events| -> Vec<SdamEvent> {
+        let taken = events.drain().into_iter().map(|(_, event)| event);
+        taken
+            .filter_map(|event| match event {
+                EngineEvent::Topology(event) => Some(event),
+                _ => None,
+            })
+            .collect()
+    };
+    let late = Client::<PollingSpawn>::connect(options()).unwrap();
+    let missed = topology(&mut late.events());
+    assert!(
+        !missed.contains(&SdamEvent::TopologyOpening),
+        "the first pass ran before events(): {missed:?}"
+    );
+    let (_client, mut events) = Client::<PollingSpawn>::connect_with_events(options()).unwrap();
+    let seen = topology(&mut events);
+    assert_eq!(seen.first(), Some(&SdamEvent::TopologyOpening), "{seen:?}");
 }

@@ -48,7 +48,9 @@ fn attempts_per_second(c: &mut Criterion) {
         SimPolicy::AwsStandard,
     ] {
         let spec = spec(policy);
-        let attempts = run(&cluster, &spec).total_attempts;
+        let attempts = run(&cluster, &spec)
+            .expect("a valid cluster")
+            .total_attempts;
         group.throughput(Throughput::Elements(attempts));
         group.bench_function(policy.name(), |b| b.iter(|| run(&cluster, &spec)));
     }
@@ -77,7 +79,7 @@ fn main() {
             .into_iter()
             .find(|p| p.name() == name)
             .unwrap_or(SimPolicy::Current);
-        let result = run(&Cluster::default(), &spec(policy));
+        let result = run(&Cluster::default(), &spec(policy)).expect("a valid cluster");
         println!("{} attempts ({})", result.total_attempts, policy.name());
         return;
     }

@@ -9,7 +9,7 @@
 //!
 //! The lab decides nothing: every retry decision is retry-core's. It only drives the client and
 //! counts what the client reports ([`stats`]) and what the servers saw ([`cluster`]).
-
+#![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod cli;

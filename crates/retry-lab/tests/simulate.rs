@@ -7,7 +7,7 @@ use clap::Parser;
 use retry_lab::cli::{Cli, Command};
 use retry_lab::simulate::model::{run, Cluster, Load, RunSpec};
 use retry_lab::simulate::policy::SimPolicy;
-use retry_lab::simulate::{output, simulate, SimulateArgs};
+use retry_lab::simulate::{output, run_all, simulate, SimulateArgs};
 use std::time::Duration;
 
 fn small(out: PathBuf) -> SimulateArgs {
@@ -123,7 +123,7 @@ fn no_operation_exceeds_its_policy_attempt_cap() {
             bucket: Duration::from_millis(250),
             seed: 7,
         };
-        let result = run(&cluster, &spec);
+        let result = run(&cluster, &spec).unwrap();
         let cap = match policy {
             SimPolicy::NoRetries => 1,
             SimPolicy::Naive(n) => 1 + n,
@@ -173,6 +173,43 @@ fn review15_f7_more_members_than_the_model_keeps_apart_are_refused() {
         );
         assert!(simulate(&args).unwrap_err().contains("--servers"));
     }
+}
+
+/// Review17 finding 1, house rule 11: a `Cluster` built by hand is checked where the model is
+/// built, by `model::run` and `run_all` (not only by the command line's `validate`): 0 and 65
+/// members are refused naming the field and the limit, where the model used to run 1 and 64
+/// members without a word; 64 members run.
+#[test]
+fn review17_f1_run_and_run_all_refuse_a_cluster_outside_1_to_64_members() {
+    let spec = RunSpec {
+        policy: SimPolicy::Current,
+        load: Load::Steady(1.0),
+        duration: Duration::from_millis(100),
+        warmup: Duration::ZERO,
+        bucket: Duration::from_millis(50),
+        seed: 3,
+    };
+    for servers in [0, 65] {
+        let cluster = Cluster {
+            servers,
+            clients: 2,
+            ..Cluster::default()
+        };
+        let error = run_all(&cluster, std::slice::from_ref(&spec)).unwrap_err();
+        assert!(
+            error.contains(&format!("Cluster::servers {servers}")) && error.contains("1 to 64"),
+            "{error}"
+        );
+        assert_eq!(run(&cluster, &spec).unwrap_err(), error);
+    }
+    let cluster = Cluster {
+        servers: 64,
+        clients: 2,
+        ..Cluster::default()
+    };
+    let results = run_all(&cluster, std::slice::from_ref(&spec)).unwrap();
+    assert_eq!(results, vec![run(&cluster, &spec).unwrap()]);
+    assert!(results[0].operations > 0, "{:?}", results[0]);
 }
 
 #[test]

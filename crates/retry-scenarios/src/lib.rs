@@ -9,6 +9,7 @@
 //! Scenarios assert counts and orders, never wall-clock durations. Each one is bounded: the
 //! engine's own timeouts end every operation, and [`bounded`] fails a scenario that runs past
 //! [`SCENARIO_LIMIT`].
+#![warn(missing_docs)]
 
 use core::future::{poll_fn, Future};
 use core::pin::pin;

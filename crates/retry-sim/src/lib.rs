@@ -43,6 +43,7 @@
 //! assert_eq!(sim.attempt_servers(op).len(), 1);
 //! assert!(sim.now.since_origin() < std::time::Duration::from_secs(1));
 //! ```
+#![warn(missing_docs)]
 
 mod driver;
 pub mod engine_ops;

@@ -343,7 +343,7 @@ pub(crate) fn execute(
 
 /// Leftovers12 item 1 (house rule 7): `create` and `createIndexes` in a transaction whose read
 /// concern (its first command's) has a level other than "local": InvalidOptions (72), "Command
-/// <name> does not support this transaction's { readConcern: ... } :: caused by :: read concern
+/// \<name\> does not support this transaction's { readConcern: ... } :: caused by :: read concern
 /// not supported", as a mongod checks them (and only them) once it has checked the session out
 /// (`service_entry_point_common`; behind a mongos, the shard does). The statement fails, so the
 /// transaction is aborted.
@@ -576,7 +576,7 @@ fn run(
         "bulkWrite" if max_wire_version >= 25 => bulk_write(state, db, request),
         "count" => count(state, db, command),
         "distinct" => distinct(state, db, command),
-        "aggregate" => aggregate(state, db, command),
+        "aggregate" => aggregate(state, db, command, max_wire_version),
         "create" => match collection_name(command, "create") {
             Ok(c) if state.store.create(&format!("{db}.{c}")) => ok(),
             Ok(c) => error_reply(48, &format!("Collection {db}.{c} already exists.")),
@@ -596,7 +596,7 @@ fn run(
             Ok(()) => ok(),
             Err(e) => query_error(e),
         },
-        "listCollections" => list_collections(state, db, command),
+        "listCollections" => list_collections(state, db, command, max_wire_version),
         "listDatabases" => {
             let names = state.store.database_names();
             let dbs: Vec<Document> = names
@@ -607,6 +607,10 @@ fn run(
                 Ok(d) => d,
                 Err(e) => return Some(e),
             };
+            // After the filter is parsed, as the server parses it before any lock.
+            if let Some(refusal) = list_databases_queue(state.store, command, max_wire_version) {
+                return Some(refusal);
+            }
             if command.get_bool("nameOnly").unwrap_or(false) {
                 let names: Vec<Document> = dbs
                     .into_iter()
@@ -1173,7 +1177,7 @@ fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Doc
 
 /// Review13 finding 3 (TK-2, house rule 7): the `query` of a `count` or `distinct` (`name`), by
 /// the commands' IDL (`query: type: object`): a document, or none for all documents; anything
-/// else TypeMismatch (14), "BSON field '<name>.query' is the wrong type ...". A `null` or
+/// else TypeMismatch (14), "BSON field '\<name\>.query' is the wrong type ...". A `null` or
 /// `undefined` is taken as none, the default, as the server's IDL parser takes any field of the
 /// wrong type that is one of them (`IDLParserContext::checkAndAssertTypeSlowPath`, leftovers12
 /// item 3).
@@ -1285,7 +1289,12 @@ const COLLECTION_STAGES: [&str; 10] = [
 /// `$count`, `$project` (inclusion / exclusion of top-level fields), `$addFields`, and a leading
 /// `$changeStream` (an open cursor with an empty first batch). `$out` / `$merge` and any other
 /// stage are refused by name.
-fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
+fn aggregate(
+    state: &mut Context<'_>,
+    db: &str,
+    command: &Document,
+    max_wire_version: i32,
+) -> Document {
     let collection = match command.get("aggregate") {
         Some(Bson::String(c)) => c.clone(),
         Some(v) if integer(v) == Some(1) => String::from("$cmd.aggregate"),
@@ -1357,6 +1366,8 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
         }
         return reply;
     }
+    let locks_collection =
+        collection != "$cmd.aggregate" && optimized_away(&stages, max_wire_version);
     let mut documents = state.store.documents(&ns);
     let mut first = true;
     let stage_count = stages.len();
@@ -1444,7 +1455,45 @@ fn aggregate(state: &mut Context<'_>, db: &str, command: &Document) -> Document 
     let batch = state
         .store
         .open_cursor(state.origin, &ns, documents, batch_size);
+    if locks_collection {
+        state.store.note_locking_cursor(batch.cursor_id);
+    }
     cursor_reply("firstBatch", &ns, batch)
+}
+
+/// Docs13 (TK-15, house rule 7): whether a server of `max_wire_version` before 5.0 answers an
+/// aggregate with `stages` by its query layer alone, so that the cursor's getMore takes the
+/// collection's IS lock as a `find` cursor's does (and queues behind a pending DDL command)
+/// rather than locking only when its `$cursor` stage reads more. From 4.2 (wire 8) a pipeline
+/// left empty once its leading `$match` stages are pulled into the query is optimized away
+/// (`run_aggregate.cpp`, `canOptimizeAwayPipeline`; the executor gets the `kLockExternally`
+/// policy; `pipeline_d.cpp` pops the leading `$match`, `document_source_match.cpp` drops an
+/// empty one), and so is a `$sort` an index provides without a blocking sort stage (the
+/// `_id` index here: `{_id: 1}` or `{_id: -1}`; `prepareExecutor` pops the `$sort` the query
+/// system can sort without blocking); from 4.4 (wire 9) the query layer takes any `$sort`
+/// (with the `$limit` it coalesced) and a leading `$limit` (`pipeline_d.cpp`,
+/// `prepareExecutor`, `extractLimitForPushdown`). 4.0 and older always run a pipeline.
+fn optimized_away(stages: &[(&str, &Bson)], max_wire_version: i32) -> bool {
+    let mut rest = stages.iter().skip_while(|(name, _)| *name == "$match");
+    let by_id = |spec: &Bson| {
+        matches!(spec, Bson::Document(keys) if keys.len() == 1
+            && keys.get("_id").and_then(integer).is_some_and(|d| d == 1 || d == -1))
+    };
+    match max_wire_version {
+        8 => match (rest.next(), rest.next()) {
+            (None, _) => true,
+            (Some(("$sort", spec)), None) => by_id(spec),
+            _ => false,
+        },
+        9..LOCK_FREE_READS_WIRE_VERSION => {
+            let rest: Vec<&str> = rest.map(|(name, _)| *name).collect();
+            matches!(
+                rest.as_slice(),
+                [] | ["$sort"] | ["$limit"] | ["$sort", "$limit"]
+            )
+        }
+        _ => false,
+    }
 }
 
 /// `$project` by inclusion or exclusion of top-level fields (`_id` kept unless excluded), or
@@ -1552,7 +1601,7 @@ fn find(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
             .kill_cursors(state.origin.owner, &ns, &[batch.cursor_id]);
         batch.cursor_id = 0;
     }
-    state.store.note_find_cursor(batch.cursor_id);
+    state.store.note_locking_cursor(batch.cursor_id);
     cursor_reply("firstBatch", &ns, batch)
 }
 
@@ -1612,7 +1661,8 @@ fn sort_documents(documents: &mut [Document], sort: &Document) -> Result<(), Doc
 /// (`getmore_cmd.cpp`: `AutoGetCollectionForReadMaybeLockFree`; `db_raii.cpp`:
 /// `supportsLockFreeRead`), so it does not queue behind a DDL command pending on its cursor's
 /// namespace; before 5.0 (fixes15c) a `find` cursor's getMore takes the collection's IS lock
-/// (`kLockExternally`), which queues behind it ([`Store::is_find_cursor`]).
+/// (`kLockExternally`), which queues behind it, and so does an aggregate's that the server
+/// answered with its query layer alone (docs13, [`optimized_away`]; [`Store::is_locking_cursor`]).
 fn get_more(
     state: &mut Context<'_>,
     db: &str,
@@ -1634,7 +1684,7 @@ fn get_more(
     let ns = format!("{db}.{collection}");
     let locks = max_wire_version < LOCK_FREE_READS_WIRE_VERSION
         && state.origin.txn_number.is_none()
-        && state.store.is_find_cursor(state.origin.owner, &ns, id);
+        && state.store.is_locking_cursor(state.origin.owner, &ns, id);
     if let Some(refusal) = locks
         .then(|| pending_ddl_refusal(state.store, &ns, false))
         .flatten()
@@ -1873,8 +1923,16 @@ fn filtered(documents: Vec<Document>, filter: Option<&Bson>) -> Result<Vec<Docum
     Ok(kept)
 }
 
-/// `{listCollections: 1, filter, nameOnly, cursor: {batchSize}}` (TK-3, TK-14).
-fn list_collections(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
+/// `{listCollections: 1, filter, nameOnly, cursor: {batchSize}}` (TK-3, TK-14). Docs13 (TK-15,
+/// house rule 7): before 5.0 it takes locks ([`list_collections_locks`]), so outside a
+/// transaction (in one it is refused, 263) it queues behind a pending DDL command on them; from
+/// 5.0 it reads the catalog lock-free (`list_collections.cpp`).
+fn list_collections(
+    state: &mut Context<'_>,
+    db: &str,
+    command: &Document,
+    max_wire_version: i32,
+) -> Document {
     let batch_size = match cursor_batch_size(command, state.batch_size) {
         Ok(b) => b,
         Err(e) => return e,
@@ -1890,6 +1948,16 @@ fn list_collections(state: &mut Context<'_>, db: &str, command: &Document) -> Do
         Ok(d) => d,
         Err(e) => return e,
     };
+    // The filter is parsed before any lock is taken: a bad one fails at once.
+    if max_wire_version < LOCK_FREE_READS_WIRE_VERSION && state.store.ddl_pending() {
+        let existing = state.store.collection_names(db);
+        let locks = list_collections_locks(db, command, name_only, &existing, max_wire_version);
+        for target in &locks {
+            if let Err(e) = state.store.ddl_queue(target, false) {
+                return query_error(e);
+            }
+        }
+    }
     if name_only {
         for d in &mut docs {
             d.remove("options");
@@ -1899,6 +1967,138 @@ fn list_collections(state: &mut Context<'_>, db: &str, command: &Document) -> Do
     let ns = format!("{db}.$cmd.listCollections");
     let batch = state.store.open_cursor(state.origin, &ns, docs, batch_size);
     cursor_reply("firstBatch", &ns, batch)
+}
+
+/// Docs13 (TK-15, house rule 7): a `listDatabases` without `nameOnly` before 5.0 takes, for each
+/// database in turn, that database's IS lock to read its size (`list_databases.cpp`:
+/// `Lock::DBLock` in MODE_IS), and from 4.2 (wire 8) each of its collections' IS lock too
+/// (`StorageEngineImpl::sizeOnDiskForDb`, which replaced the catalog entry's `sizeOnDisk` in
+/// 4.2: `catalog::forEachCollectionFromDb` in MODE_IS), so it
+/// queues behind a `dropDatabase` pending on any database, and from 4.2 behind a DDL command
+/// pending on any collection. A filter on `name` alone (a leaf expression on that path) skips the
+/// databases it rules out without locking them. `nameOnly` takes no database lock, and 5.0 and
+/// later read lock-free (`AutoGetDbForReadMaybeLockFree`). `Some` reply: it waits.
+fn list_databases_queue(
+    store: &mut Store,
+    command: &Document,
+    max_wire_version: i32,
+) -> Option<Document> {
+    let name_only = command.get_bool("nameOnly").unwrap_or(false);
+    if name_only || max_wire_version >= LOCK_FREE_READS_WIRE_VERSION || !store.ddl_pending() {
+        return None;
+    }
+    let name_filter = command
+        .get_document("filter")
+        .ok()
+        .filter(|f| is_name_leaf(f));
+    let mut locks = Vec::new();
+    let collections = store.seen_collection_names();
+    for db in store.database_names() {
+        if let Some(filter) = name_filter {
+            if !crate::query::matches(&doc! { "name": &db }, filter).unwrap_or(true) {
+                continue;
+            }
+        }
+        locks.push(DdlTarget::DatabaseLock(db.clone()));
+        if max_wire_version >= 8 {
+            let in_db = collections
+                .iter()
+                .filter(|ns| ns.split_once('.').is_some_and(|(d, _)| d == db));
+            locks.extend(in_db.map(|ns| DdlTarget::Collection(ns.clone())));
+        }
+    }
+    for target in &locks {
+        if let Err(e) = store.ddl_queue(target, false) {
+            return Some(query_error(e));
+        }
+    }
+    None
+}
+
+/// Whether a `listDatabases` filter is one leaf expression on `name` (`filter->isLeaf() &&
+/// filter->path() == "name"`, `list_databases.cpp`): its only field is `name`, compared to a
+/// value or by one operator that is not `$not`.
+fn is_name_leaf(filter: &Document) -> bool {
+    if filter.len() != 1 {
+        return false;
+    }
+    match filter.get("name") {
+        Some(Bson::Document(operators)) if operators.keys().any(|k| k.starts_with('$')) => {
+            operators.len() == 1 && !operators.contains_key("$not")
+        }
+        Some(_) => true,
+        None => false,
+    }
+}
+
+/// Docs13 (TK-15, house rule 7): the locks a `listCollections` takes before 5.0, in order: the
+/// database's IS lock (`AutoGetDb`, [`DdlTarget::DatabaseLock`]), then each listed collection's
+/// IS lock. A filter on exact names (`{name: <string>}`, `$eq`, `$in` without regexes:
+/// `_getExactNameMatches`) lists only those names, any other every collection of the database.
+/// 4.4 and later lock each collection in the list, `nameOnly` or not, an exactly named one even
+/// when it does not exist (`Lock::CollectionLock` before the lookup,
+/// `catalog::forEachCollectionFromDb`); 4.0 and 4.2 only the existing ones, and only to
+/// describe them (`nameOnly: false`, `buildCollectionBson`).
+fn list_collections_locks(
+    db: &str,
+    command: &Document,
+    name_only: bool,
+    existing: &[String],
+    max_wire_version: i32,
+) -> Vec<DdlTarget> {
+    let mut locks = vec![DdlTarget::DatabaseLock(db.to_owned())];
+    let since_4_4 = max_wire_version >= 9;
+    if name_only && !since_4_4 {
+        return locks;
+    }
+    let listed: Vec<String> = match command.get_document("filter").ok().and_then(exact_names) {
+        Some(names) if since_4_4 => names,
+        Some(names) => names.into_iter().filter(|n| existing.contains(n)).collect(),
+        None => existing.to_vec(),
+    };
+    locks.extend(
+        listed
+            .into_iter()
+            .map(|c| DdlTarget::Collection(format!("{db}.{c}"))),
+    );
+    locks
+}
+
+/// The collection names a `listCollections` filter matches exactly, as the server's
+/// `_getExactNameMatches` reads them (`list_collections.cpp`): a filter whose only field is
+/// `name`, equal to a string (`{name: s}`, `{name: {$eq: s}}`) or in a list of strings without
+/// regexes (`{name: {$in: [...]}}`); an empty or non-string name matches nothing. `None` for any
+/// other filter.
+fn exact_names(filter: &Document) -> Option<Vec<String>> {
+    if filter.len() != 1 {
+        return None;
+    }
+    let name_of = |value: &Bson| match value {
+        Bson::String(s) if !s.is_empty() => Some(s.clone()),
+        _ => None,
+    };
+    match filter.get("name")? {
+        Bson::Document(operators) if operators.keys().any(|k| k.starts_with('$')) => {
+            match operators.iter().next() {
+                Some((op, value)) if op == "$eq" && operators.len() == 1 => {
+                    Some(name_of(value).into_iter().collect())
+                }
+                Some((op, Bson::Array(values))) if op == "$in" && operators.len() == 1 => {
+                    if values
+                        .iter()
+                        .any(|v| matches!(v, Bson::RegularExpression(_)))
+                    {
+                        return None;
+                    }
+                    Some(values.iter().filter_map(name_of).collect())
+                }
+                _ => None,
+            }
+        }
+        Bson::RegularExpression(_) => None,
+        // An equality to anything but a non-empty string (a document too) names nothing.
+        value => Some(name_of(value).into_iter().collect()),
+    }
 }
 
 /// TK-2, TK-16: what a reply refuses for the unsupported log: a `TestkitUnsupported` reply, or

@@ -104,7 +104,7 @@
 //! raw path is not one bit more forgiving). Cost per command, counted with callgrind
 //! (`docs/benchmarks.md`, "Test server cost per command"): a ping about 5,200 server
 //! instructions instead of 16,500, a heartbeat about 5,400 instead of 32,000.
-
+#![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod auth;

@@ -128,13 +128,18 @@ struct Queued {
 }
 
 /// TK-15 (leftovers11): what a DDL command needs the exclusive lock of: one collection (`$out`'s
-/// rename, `drop`) or a database (`dropDatabase`).
+/// rename, `drop`) or a database (`dropDatabase`), and what a command queued behind one locks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum DdlTarget {
     /// A namespace, `db.collection`.
     Collection(String),
-    /// A database.
+    /// A database, with every collection in it.
     Database(String),
+    /// Docs13 (house rule 7): the lock of a database alone, not of its collections: the intent
+    /// lock `listCollections` takes before 5.0 (`AutoGetDb` in MODE_IS, `list_collections.cpp`).
+    /// It waits only for a [`DdlTarget::Database`] request (MODE_X); a collection's DDL takes
+    /// the database's MODE_IX, which an intent lock never conflicts with.
+    DatabaseLock(String),
 }
 
 impl DdlTarget {
@@ -143,6 +148,7 @@ impl DdlTarget {
         match self {
             DdlTarget::Collection(target) => target == ns,
             DdlTarget::Database(db) => ns.split_once('.').is_some_and(|(d, _)| d == db),
+            DdlTarget::DatabaseLock(_) => false,
         }
     }
 
@@ -153,7 +159,10 @@ impl DdlTarget {
             (DdlTarget::Collection(ns), target) | (target, DdlTarget::Collection(ns)) => {
                 target.covers(ns)
             }
-            (DdlTarget::Database(a), DdlTarget::Database(b)) => a == b,
+            (
+                DdlTarget::Database(a) | DdlTarget::DatabaseLock(a),
+                DdlTarget::Database(b) | DdlTarget::DatabaseLock(b),
+            ) => a == b,
         }
     }
 }
@@ -469,9 +478,9 @@ struct Cursor {
     remaining: VecDeque<Document>,
     /// A change stream's cursor: stays open when empty.
     tailable: bool,
-    /// A `find` cursor ([`Store::note_find_cursor`]): before 5.0 a server's getMore takes its
-    /// collection's lock (fixes15c).
-    find: bool,
+    /// A cursor whose getMore takes its collection's lock before 5.0
+    /// ([`Store::note_locking_cursor`]; fixes15c, docs13).
+    locks_collection: bool,
 }
 
 /// Why a query was refused.
@@ -710,7 +719,9 @@ impl Store {
             let mut held = transaction.created.iter().chain(&transaction.accessed);
             match target {
                 DdlTarget::Collection(_) => held.any(|c| c == ns),
-                DdlTarget::Database(_) => held.any(|c| target.covers(c)),
+                DdlTarget::Database(_) | DdlTarget::DatabaseLock(_) => {
+                    held.any(|c| target.covers(c))
+                }
             }
         };
         let waiting = self
@@ -1637,6 +1648,11 @@ impl Store {
             .collect()
     }
 
+    /// Docs13: the namespaces the running command sees ([`Store::seen_collections`]), in order.
+    pub(crate) fn seen_collection_names(&self) -> Vec<String> {
+        self.seen_collections().cloned().collect()
+    }
+
     /// The databases holding at least one collection the running command sees.
     pub(crate) fn database_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
@@ -1663,27 +1679,28 @@ impl Store {
             ns: ns.into(),
             remaining: documents.into(),
             tailable: false,
-            find: false,
+            locks_collection: false,
         };
         self.next_batch(None, cursor, batch_size)
     }
 
-    /// Fixes15c (TK-15): the open cursor `id` is a `find` cursor. A real server's getMore of
-    /// one takes its collection's lock before 5.0 (the executor's `kLockExternally` lock
-    /// policy, `getmore_cmd.cpp`); an aggregate's or `listIndexes`' cursor locks internally,
+    /// Fixes15c, docs13 (TK-15): the open cursor `id` is one whose getMore takes its
+    /// collection's lock before 5.0: a `find` cursor, or an aggregate's whose pipeline the
+    /// server answered with its query layer alone (the executor's `kLockExternally` lock
+    /// policy, `getmore_cmd.cpp`). A pipeline's or `listIndexes`' cursor locks internally,
     /// only when it reads more from the collection.
-    pub(crate) fn note_find_cursor(&mut self, id: i64) {
+    pub(crate) fn note_locking_cursor(&mut self, id: i64) {
         if let Some(cursor) = self.cursors.get_mut(&id) {
-            cursor.find = true;
+            cursor.locks_collection = true;
         }
     }
 
-    /// Fixes15c (TK-15): whether `owner`'s open cursor `id` of `ns` is a `find` cursor
-    /// ([`Store::note_find_cursor`]).
-    pub(crate) fn is_find_cursor(&self, owner: ObjectId, ns: &str, id: i64) -> bool {
+    /// Fixes15c (TK-15): whether `owner`'s open cursor `id` of `ns` takes its collection's lock
+    /// for a getMore ([`Store::note_locking_cursor`]).
+    pub(crate) fn is_locking_cursor(&self, owner: ObjectId, ns: &str, id: i64) -> bool {
         self.cursors
             .get(&id)
-            .is_some_and(|c| c.find && c.owner == owner && c.ns == ns)
+            .is_some_and(|c| c.locks_collection && c.owner == owner && c.ns == ns)
     }
 
     /// The documents of `ns` the running command sees ([`Store::visible`]), in insertion order.
@@ -1800,7 +1817,7 @@ impl Store {
             ns: ns.into(),
             remaining: VecDeque::new(),
             tailable: true,
-            find: false,
+            locks_collection: false,
         };
         self.cursors.insert(self.last_cursor_id, cursor);
         self.last_cursor_id

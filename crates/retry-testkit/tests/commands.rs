@@ -2747,8 +2747,9 @@ async fn tk15_reads_outside_a_transaction_run_at_once_from_wire_13() {
 /// collection's IS lock for every read, which queues behind the pending drop's X request
 /// (`lock_manager.cpp`), so the same reads outside a transaction wait (50 at their
 /// `maxTimeMS`), and so does the getMore of a `find` cursor (`getmore_cmd.cpp`: its executor
-/// is `kLockExternally`), while an aggregate's cursor, which locks only to read more from the
-/// collection (`kLocksInternally`; its two documents were read at once), gets its next batch.
+/// is `kLockExternally`), while the cursor of an aggregate that stays a pipeline (an
+/// `$addFields`), which locks only to read more from the collection (`kLocksInternally`; its
+/// two documents were read at once), gets its next batch.
 /// A `$changeStream` locks the oplog, not the collection it watches (`run_aggregate.cpp`), so it
 /// opens at once on every version.
 #[tokio::test]
@@ -2760,7 +2761,8 @@ async fn tk15_reads_outside_a_transaction_queue_behind_a_pending_ddl_before_wire
         let mut other = RawClient::connect(server.address()).await.unwrap();
         let find = doc! { "find": "w", "batchSize": 1, "$db": "test" };
         let aggregate = doc! {
-            "aggregate": "w", "pipeline": [], "cursor": { "batchSize": 1 }, "$db": "test",
+            "aggregate": "w", "pipeline": [{ "$addFields": { "a": 1 } }],
+            "cursor": { "batchSize": 1 }, "$db": "test",
         };
         let mut cursors = Vec::new();
         for open in [find, aggregate] {
@@ -2788,7 +2790,7 @@ async fn tk15_reads_outside_a_transaction_queue_behind_a_pending_ddl_before_wire
             .and_then(|c| c.get_array("nextBatch"));
         assert_eq!(
             batch.ok(),
-            Some(&vec![Bson::Document(doc! { "_id": 2 })]),
+            Some(&vec![Bson::Document(doc! { "_id": 2, "a": 1 })]),
             "{next}"
         );
         let watch = doc! {
@@ -2886,6 +2888,247 @@ async fn tk15_a_create_queued_behind_a_drop_keeps_its_place() {
         assert_eq!(code(&dropped), None, "the second drop ran last: {dropped}");
         assert!(handle.documents("test.w").is_empty());
         server.shutdown().await;
+    })
+    .await
+}
+
+/// Docs13 (TK-15, house rule 7): a DDL command `body` on `test` that waits for transaction 1,
+/// which read `test.w`; its task, once the server received it.
+async fn pending_ddl_on_test(
+    server: &TestServer,
+    client: &mut RawClient,
+    body: Document,
+) -> tokio::task::JoinHandle<Document> {
+    let find = doc! {
+        "find": "w", "$db": "test", "lsid": lsid_of(1), "txnNumber": 1_i64,
+        "autocommit": false, "startTransaction": true,
+    };
+    let reply = client.command(find).await.unwrap();
+    assert_eq!(code(&reply), None, "{reply}");
+    queued_command(server, body).await
+}
+
+/// Docs13 (TK-15, house rule 7): the getMore of an aggregate cursor queues behind a drop pending
+/// on its collection where the server answers the pipeline with its query layer alone: from 4.2
+/// (wire 8) a pipeline that is empty once its leading `$match` stages (and a `$sort` the `_id`
+/// index provides) are taken by the query is optimized away (`run_aggregate.cpp`,
+/// `canOptimizeAwayPipeline`), its cursor takes the collection's IS lock on each getMore like a
+/// `find` cursor (`kLockExternally`, `getmore_cmd.cpp`); from 4.4 (wire 9) any `$sort` and a
+/// `$limit` are taken too (`pipeline_d.cpp`, `prepareExecutor`, `extractLimitForPushdown`). An
+/// `$addFields` stays a pipeline stage, and 4.0 (wire 7) runs every aggregate as a pipeline,
+/// whose getMore locks only when its `$cursor` stage reads more (`document_source_cursor.cpp`,
+/// `loadBatch`; these documents were read at once), so those do not queue.
+#[tokio::test]
+async fn docs13_optimized_away_aggregate_cursors_queue_behind_a_pending_drop_before_wire_13() {
+    bounded(async {
+        let by_id = bson!([{ "$sort": { "_id": 1 } }]);
+        let add_fields = bson!([{ "$addFields": { "a": 1 } }]);
+        let matching = bson!([{ "$match": { "_id": { "$gte": 1 } } }]);
+        // Per wire version: (pipeline, whether its cursor's getMore queues).
+        let cases = [
+            (7, vec![(bson!([]), false), (matching.clone(), false)]),
+            (
+                8,
+                vec![
+                    (bson!([]), true),
+                    (matching.clone(), true),
+                    (by_id.clone(), true),
+                    (add_fields.clone(), false),
+                ],
+            ),
+            (
+                12,
+                vec![
+                    (bson!([]), true),
+                    (matching.clone(), true),
+                    (bson!([{ "$sort": { "x": 1 } }]), true),
+                    (bson!([{ "$limit": 5 }]), true),
+                    (
+                        bson!([{ "$match": {} }, { "$sort": { "x": -1 } }, { "$limit": 5 }]),
+                        true,
+                    ),
+                    (add_fields.clone(), false),
+                ],
+            ),
+        ];
+        for (wire, pipelines) in cases {
+            let (server, mut client) = start_primary_at(wire).await;
+            server
+                .handle()
+                .insert("test.w", vec![doc! { "_id": 1 }, doc! { "_id": 2 }]);
+            let mut other = RawClient::connect(server.address()).await.unwrap();
+            let mut cursors = Vec::new();
+            for (pipeline, _) in &pipelines {
+                let open = doc! {
+                    "aggregate": "w", "pipeline": pipeline.clone(),
+                    "cursor": { "batchSize": 1 }, "$db": "test",
+                };
+                let first = other.command(open).await.unwrap();
+                let id = first.get_document("cursor").and_then(|c| c.get_i64("id"));
+                cursors.push(id.expect("an open cursor"));
+            }
+            let drop = pending_drop_of_w(&server, &mut client).await;
+            for ((pipeline, queues), id) in pipelines.iter().zip(&cursors) {
+                let get_more =
+                    doc! { "getMore": *id, "collection": "w", "$db": "test", "maxTimeMS": 100 };
+                let reply = other.command(get_more).await.unwrap();
+                let case = format!("wire {wire} {pipeline}");
+                if *queues {
+                    assert_eq!(code(&reply), Some(50), "{case} queues: {reply}");
+                } else {
+                    let batch = reply
+                        .get_document("cursor")
+                        .and_then(|c| c.get_array("nextBatch"));
+                    assert!(
+                        batch.is_ok_and(|b| b.len() == 1),
+                        "{case} runs at once: {reply}"
+                    );
+                }
+            }
+            assert!(!drop.is_finished(), "the drop still waits");
+            release_drop_of_w(&mut client, drop).await;
+            server.shutdown().await;
+        }
+    })
+    .await
+}
+
+/// Docs13 (TK-15, house rule 7): before 5.0 `listCollections` takes the database's IS lock
+/// (`list_collections.cpp`: `AutoGetDb` in MODE_IS), which queues behind a pending
+/// `dropDatabase`'s X request (`lock_manager.cpp`), so it waits (50 at its `maxTimeMS`) on 4.2
+/// and 4.4 alike, `nameOnly` or not, while one on another database runs; from 5.0 it reads the
+/// catalog lock-free and runs at once.
+#[tokio::test]
+async fn docs13_list_collections_queues_behind_a_pending_drop_database_before_wire_13() {
+    bounded(async {
+        for wire in [8, 12, 25] {
+            let (server, mut client) = start_primary_at(wire).await;
+            server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
+            server.handle().insert("other.z", vec![doc! { "_id": 1 }]);
+            let dropper = doc! { "dropDatabase": 1, "$db": "test" };
+            let drop = pending_ddl_on_test(&server, &mut client, dropper).await;
+            let mut other = RawClient::connect(server.address()).await.unwrap();
+            for name_only in [true, false] {
+                let list = doc! {
+                    "listCollections": 1, "nameOnly": name_only, "$db": "test", "maxTimeMS": 100,
+                };
+                let reply = other.command(list).await.unwrap();
+                let expected = (wire < 13).then_some(50);
+                assert_eq!(
+                    code(&reply),
+                    expected,
+                    "wire {wire} nameOnly {name_only}: {reply}"
+                );
+            }
+            let list = doc! { "listCollections": 1, "$db": "other", "maxTimeMS": 100 };
+            let reply = other.command(list).await.unwrap();
+            assert_eq!(code(&reply), None, "wire {wire}, another database: {reply}");
+            // The filter is parsed before any lock: a bad one fails at once.
+            let bad = doc! { "listCollections": 1, "filter": 5, "$db": "test", "maxTimeMS": 100 };
+            let reply = other.command(bad).await.unwrap();
+            assert!(
+                code(&reply).is_some_and(|c| c != 50),
+                "wire {wire}, a bad filter: {reply}"
+            );
+            assert!(!drop.is_finished(), "the dropDatabase still waits");
+            release_drop_of_w(&mut client, drop).await;
+            server.shutdown().await;
+        }
+    })
+    .await
+}
+
+/// Docs13 (TK-15, house rule 7): before 5.0 `listCollections` also takes the IS lock of each
+/// collection it lists, which queues behind a `drop` pending there: 4.4 for every listed
+/// collection, `nameOnly` or not (`catalog::forEachCollectionFromDb` in MODE_IS), 4.2 only to
+/// describe one (`nameOnly: false`, `buildCollectionBson`). A filter on exact names lists (and
+/// locks) only those (`_getExactNameMatches`), so one naming another collection runs.
+#[tokio::test]
+async fn docs13_list_collections_queues_behind_a_pending_drop_of_a_listed_collection() {
+    bounded(async {
+        // (wire, nameOnly, filter, queues)
+        let cases = [
+            (12, true, None, true),
+            (12, false, None, true),
+            (12, true, Some(doc! { "name": "x" }), false),
+            (12, true, Some(doc! { "name": { "$in": ["x", "w"] } }), true),
+            (8, true, None, false),
+            (8, false, None, true),
+            (8, false, Some(doc! { "name": "x" }), false),
+        ];
+        for (wire, name_only, filter, queues) in cases {
+            let (server, mut client) = start_primary_at(wire).await;
+            server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
+            server.handle().insert("test.x", vec![doc! { "_id": 1 }]);
+            let drop = pending_drop_of_w(&server, &mut client).await;
+            let mut other = RawClient::connect(server.address()).await.unwrap();
+            let mut list = doc! {
+                "listCollections": 1, "nameOnly": name_only, "$db": "test", "maxTimeMS": 100,
+            };
+            if let Some(filter) = &filter {
+                list.insert("filter", filter.clone());
+            }
+            let reply = other.command(list).await.unwrap();
+            let case = format!("wire {wire} nameOnly {name_only} filter {filter:?}");
+            assert_eq!(code(&reply), queues.then_some(50), "{case}: {reply}");
+            assert!(!drop.is_finished(), "the drop still waits");
+            release_drop_of_w(&mut client, drop).await;
+            server.shutdown().await;
+        }
+    })
+    .await
+}
+
+/// Docs13 (TK-15, house rule 7): before 5.0 a `listDatabases` without `nameOnly` takes each
+/// database's IS lock to read its size (`list_databases.cpp`), so it queues behind a pending
+/// `dropDatabase` of any database (50 at its `maxTimeMS`), on 4.0 as on 4.4; a filter on
+/// `name` alone skips (and does not lock) the databases it rules out, and `nameOnly` locks
+/// none. From 4.2 it also takes each collection's IS lock (`sizeOnDiskForDb`), so it queues
+/// behind a `drop` pending on any collection; 4.0 does not. 5.0 and later run it at once.
+#[tokio::test]
+async fn docs13_list_databases_queues_behind_pending_ddl_before_wire_13() {
+    bounded(async {
+        let list = |extra: Document| {
+            let mut body = doc! { "listDatabases": 1, "$db": "admin", "maxTimeMS": 100 };
+            body.extend(extra);
+            body
+        };
+        // (wire, the pending DDL is a dropDatabase, listDatabases fields, queues)
+        let cases = [
+            (12, true, doc! {}, true),
+            (7, true, doc! {}, true),
+            (12, true, doc! { "nameOnly": true }, false),
+            (12, true, doc! { "filter": { "name": "other" } }, false),
+            (12, true, doc! { "filter": { "name": "test" } }, true),
+            (25, true, doc! {}, false),
+            (12, false, doc! {}, true),
+            (8, false, doc! {}, true),
+            (7, false, doc! {}, false),
+        ];
+        for (wire, drop_database, extra, queues) in cases {
+            let (server, mut client) = start_primary_at(wire).await;
+            server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
+            server.handle().insert("other.z", vec![doc! { "_id": 1 }]);
+            let drop = if drop_database {
+                let dropper = doc! { "dropDatabase": 1, "$db": "test" };
+                pending_ddl_on_test(&server, &mut client, dropper).await
+            } else {
+                pending_drop_of_w(&server, &mut client).await
+            };
+            let mut other = RawClient::connect(server.address()).await.unwrap();
+            let reply = other.command(list(extra.clone())).await.unwrap();
+            let case = format!("wire {wire} dropDatabase {drop_database} {extra}");
+            assert_eq!(code(&reply), queues.then_some(50), "{case}: {reply}");
+            // The filter is parsed before any lock: a bad one fails at once.
+            let reply = other.command(list(doc! { "filter": 5 })).await.unwrap();
+            assert!(
+                code(&reply).is_some_and(|c| c != 50),
+                "{case}, a bad filter: {reply}"
+            );
+            assert!(!drop.is_finished(), "{case}: the DDL still waits");
+            release_drop_of_w(&mut client, drop).await;
+            server.shutdown().await;
+        }
     })
     .await
 }

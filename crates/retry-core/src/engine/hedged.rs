@@ -323,10 +323,10 @@ impl Engine {
     /// Keeps a finished operation's box, with its retry machine's, for the next operation
     /// (at most `SPARE_OPS`; issue 9). The command is dropped now: its fields, its document
     /// sequences and its encoded form (`finish` has taken the reply, the opened cursor and the
-    /// sessions). The rest waits until the next operation overwrites every field: the request
-    /// (database, selection criteria, session handle, cursor use), the attempt slots (server,
-    /// attempt), the pinned server, the transaction and a refused input. A hedged operation's
-    /// box is not kept.
+    /// sessions); its database name, emptied, goes to `Engine::take_db_name`. The rest waits
+    /// until the next operation overwrites every field: the request (selection criteria,
+    /// session handle, cursor use), the attempt slots (server, attempt), the pinned server, the
+    /// transaction and a refused input. A hedged operation's box is not kept.
     pub(super) fn keep_operation(&mut self, mut op: Box<Operation>) {
         if !matches!(op.machine, OpMachine::Retry(_)) || self.spare_ops.len() >= SPARE_OPS {
             return;
@@ -334,6 +334,12 @@ impl Engine {
         op.wire.body.clear();
         op.wire.sequences.clear();
         op.encoded = None;
+        // Its database name goes to the caller's next request (`Engine::take_db_name`).
+        if self.spare_names.len() < SPARE_OPS {
+            let mut name = core::mem::take(&mut op.request.db);
+            name.clear();
+            self.spare_names.push(name);
+        }
         self.spare_ops.push(op);
     }
 

@@ -738,6 +738,9 @@ pub struct Engine {
     /// The emptied command documents of kept operations, replaced by the next operation's
     /// command, for [`Engine::take_document`] (at most [`SPARE_OPS`]).
     spare_documents: Vec<Document>,
+    /// The emptied database names of kept operations, for [`Engine::take_db_name`] (at most
+    /// [`SPARE_OPS`]).
+    spare_names: Vec<String>,
 }
 
 /// The most finished operations kept for reuse: a burst of 64 (about 100 KB with their
@@ -881,6 +884,7 @@ impl Engine {
             srv,
             spare_ops: Vec::new(),
             spare_documents: Vec::new(),
+            spare_names: Vec::new(),
         };
         engine.schedule(Machine::Topology);
         engine.schedule_every_pool();
@@ -1123,6 +1127,15 @@ impl Engine {
     #[must_use]
     pub fn take_document(&mut self) -> Option<Document> {
         self.spare_documents.pop()
+    }
+
+    /// An empty string with room for a database name, when the engine has one: the `db` of a
+    /// finished operation, cleared, given away instead of freed (issue 9). A driver writes the
+    /// next request's database name into it ([`OperationRequest::db`]), so that a round trip
+    /// neither frees one name nor allocates the next.
+    #[must_use]
+    pub fn take_db_name(&mut self) -> Option<String> {
+        self.spare_names.pop()
     }
 
     /// The next event.

@@ -79,6 +79,19 @@ fn placed<'a>(
     }
 }
 
+/// What is left of a retry machine's action once its part in the operation is done
+/// (`Engine::drain_retry`).
+enum Routed {
+    Done,
+    /// Select a server (no pin).
+    Select,
+    /// Check out (or use the pinned connection) and send.
+    Dispatch(Attempt, Option<ConnId>),
+    /// Check in (or close, `true`) the attempt's connection, if it goes back.
+    Release(Option<ConnId>, bool),
+    Finish(Result<(), OperationError>),
+}
+
 impl Engine {
     /// Starts an operation; its result comes as [`EngineEvent::OperationFinished`]. After
     /// [`Engine::close`] it finishes at once with [`crate::error::ErrorKind::Cancelled`]. A
@@ -466,11 +479,47 @@ impl Engine {
             let Some(action) = machine.poll_action() else {
                 break;
             };
-            let release = matches!(action, Action::ReleaseConnection { .. });
+            // Issue 9: what the action does to the operation alone is done with the operation at
+            // hand, not looked up again; it queues no engine event, so the held events still go
+            // out before (or, for a release, after) the rest of the action.
+            let routed = match action {
+                Action::SelectServer => match op.pinned_server.clone() {
+                    // A cursor's or a pinned transaction's operations go where the pin is.
+                    Some(server) => {
+                        op.slots[0].server = Some(server.clone());
+                        op.server_selected(0, server, now);
+                        Routed::Done
+                    }
+                    None => Routed::Select,
+                },
+                Action::Dispatch(attempt) => Routed::Dispatch(attempt, op.pinned_conn),
+                Action::ReleaseConnection { close } => {
+                    let slot = &mut op.slots[0];
+                    slot.checkout = None;
+                    let conn = slot.conn.take();
+                    // The attempt is over (`clear_attempt`).
+                    slot.attempt = None;
+                    if let Some(server) = slot.counted.take() {
+                        let entry = &mut self.servers[server.0 as usize];
+                        entry.in_flight = entry.in_flight.saturating_sub(1);
+                    }
+                    // A pinned connection goes back only when this operation ended its pin; one
+                    // this operation's cursor or transaction now owns stays checked out (LB-10,
+                    // TX-5); any other goes back (BP-27).
+                    let release = match op.pinned_conn {
+                        Some(pinned) => op.release_pinned.then_some(pinned),
+                        None => conn.filter(|_| !op.keep_conn),
+                    };
+                    Routed::Release(release, close)
+                }
+                Action::Wait { .. } => Routed::Done,
+                Action::Finished(result) => Routed::Finish(result),
+            };
+            let release = matches!(routed, Routed::Release(..));
             if !release {
                 self.emit_held(op_id, &mut held);
             }
-            self.route_action(op_id, action, now);
+            self.route_action(op_id, routed, now);
             if release {
                 self.emit_held(op_id, &mut held);
             }
@@ -489,21 +538,12 @@ impl Engine {
         }
     }
 
-    fn route_action(&mut self, op_id: OpId, action: Action, now: Instant) {
-        let Some(op) = self.ops.get_mut(&op_id) else {
-            return;
-        };
-        match action {
-            Action::SelectServer => match op.pinned_server.clone() {
-                // A cursor's or a pinned transaction's operations go where the pin is.
-                Some(server) => {
-                    op.slots[0].server = Some(server.clone());
-                    op.server_selected(0, server, now);
-                }
-                None => self.start_selection(op_id, 0, now),
-            },
-            Action::Dispatch(attempt) => {
-                let pinned = op.pinned_conn;
+    /// The rest of a retry machine's action, after its part in the operation (`drain_retry`).
+    fn route_action(&mut self, op_id: OpId, routed: Routed, now: Instant) {
+        match routed {
+            Routed::Done => {}
+            Routed::Select => self.start_selection(op_id, 0, now),
+            Routed::Dispatch(attempt, pinned) => {
                 let server = self.server_id(&attempt.address);
                 self.set_attempt(op_id, 0, server, attempt);
                 if let Some(pinned) = pinned {
@@ -523,24 +563,12 @@ impl Engine {
                 }
                 self.check_out(op_id, 0, server, now);
             }
-            Action::ReleaseConnection { close } => {
-                let slot = &mut op.slots[0];
-                slot.checkout = None;
-                let conn = slot.conn.take();
-                // A pinned connection goes back only when this operation ended its pin; one this
-                // operation's cursor or transaction now owns stays checked out (LB-10, TX-5); any
-                // other goes back (BP-27).
-                let release = match op.pinned_conn {
-                    Some(pinned) => op.release_pinned.then_some(pinned),
-                    None => conn.filter(|_| !op.keep_conn),
-                };
-                self.clear_attempt(op_id, 0);
+            Routed::Release(release, close) => {
                 if let Some(conn) = release {
                     self.release(conn, !close, now);
                 }
             }
-            Action::Wait { .. } => {}
-            Action::Finished(result) => self.finish(op_id, result, 0, now),
+            Routed::Finish(result) => self.finish(op_id, result, 0, now),
         }
     }
 

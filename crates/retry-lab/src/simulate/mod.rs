@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use model::{Cluster, Load, RunResult, RunSpec, MAX_MEMBERS};
+use model::{Cluster, Load, RunResult, RunSpec};
 use policy::{GrpcConfigs, SimPolicy};
 
 /// The options of `retry-lab simulate`.
@@ -72,16 +72,12 @@ pub const RECOVERY_WINDOW: Duration = Duration::from_secs(1);
 
 impl SimulateArgs {
     /// Checks the values clap cannot: loads and peak positive and finite, and (for arguments
-    /// built without clap) 1 to [`MAX_MEMBERS`] members, the most the model keeps apart
+    /// built without clap) 1 to [`MAX_MEMBERS`](model::MAX_MEMBERS) members, the most the model keeps apart
     /// (review15 finding 7: past it, deprioritization would be lost without a word).
     pub fn validate(&self) -> Result<(), String> {
         let members = usize::try_from(self.servers).unwrap_or(usize::MAX);
-        if !(1..=MAX_MEMBERS).contains(&members) {
-            return Err(format!(
-                "invalid --servers {}: the simulated replica set has 1 to {MAX_MEMBERS} members",
-                self.servers
-            ));
-        }
+        model::check_members(members)
+            .map_err(|e| format!("invalid --servers {}: {e}", self.servers))?;
         for &load in self.loads.iter().chain([&self.peak]) {
             if !(load.is_finite() && load > 0.0 && load <= 100.0) {
                 return Err(format!(
@@ -211,7 +207,7 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, String> {
             seed: args.seed,
         });
     }
-    let results = run_all(&cluster, &specs);
+    let results = run_all(&cluster, &specs)?;
     // House rule 8 (review9 finding 8): a machine input refused in any run is a simulator bug.
     let refused: u64 = results.iter().map(|r| r.refused).sum();
     if refused > 0 {
@@ -240,14 +236,16 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, String> {
     })
 }
 
-/// Runs `specs` on every core; results in the order of `specs`.
-pub fn run_all(cluster: &Cluster, specs: &[RunSpec]) -> Vec<RunResult> {
+/// Runs `specs` on every core; results in the order of `specs`. Refuses a cluster
+/// [`Cluster::validate`] refuses (each [`model::run`] checks it).
+pub fn run_all(cluster: &Cluster, specs: &[RunSpec]) -> Result<Vec<RunResult>, String> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(specs.len())
         .max(1);
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<RunResult>>> = Mutex::new(vec![None; specs.len()]);
+    let results: Mutex<Vec<Option<Result<RunResult, String>>>> =
+        Mutex::new(vec![None; specs.len()]);
     std::thread::scope(|scope| {
         for _ in 0..threads {
             scope.spawn(|| loop {
@@ -264,7 +262,7 @@ pub fn run_all(cluster: &Cluster, specs: &[RunSpec]) -> Vec<RunResult> {
         .into_inner()
         .unwrap_or_else(|e| e.into_inner())
         .into_iter()
-        .map(Option::unwrap_or_default)
+        .map(|r| r.unwrap_or_else(|| Ok(RunResult::default())))
         .collect()
 }
 

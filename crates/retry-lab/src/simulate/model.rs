@@ -34,8 +34,21 @@ use super::sort::sort_u32;
 
 /// The most replica-set members a simulation models: a client's deprioritized members are one
 /// 64-bit set of member indices (SS-11), and a member index is kept in a byte (at most 255).
-/// [`SimulateArgs::validate`](super::SimulateArgs::validate) refuses more (house rule 11).
+/// [`Cluster::validate`] refuses more, and fewer than one (house rule 11).
 pub const MAX_MEMBERS: usize = 64;
+
+/// The member-count rule of [`Cluster::validate`] and
+/// [`SimulateArgs::validate`](super::SimulateArgs::validate): 1 to [`MAX_MEMBERS`] members
+/// (house rule 11, review17 finding 1: refused, never truncated).
+pub(super) fn check_members(servers: usize) -> Result<(), String> {
+    if (1..=MAX_MEMBERS).contains(&servers) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the simulated replica set has 1 to {MAX_MEMBERS} members"
+        ))
+    }
+}
 
 /// The simulated cluster and its clients.
 #[derive(Clone, Debug, PartialEq)]
@@ -92,6 +105,13 @@ impl Default for Cluster {
 }
 
 impl Cluster {
+    /// Checks what the model cannot run: `servers` outside 1 to [`MAX_MEMBERS`] (house rule 11,
+    /// review17 finding 1). [`run`] and [`run_all`](super::run_all) call it.
+    pub fn validate(&self) -> Result<(), String> {
+        check_members(self.servers)
+            .map_err(|e| format!("invalid Cluster::servers {}: {e}", self.servers))
+    }
+
     /// Operations per second the whole cluster completes at full use.
     pub fn capacity(&self) -> f64 {
         (0..self.servers.max(1))
@@ -462,11 +482,12 @@ fn index(address: &ServerAddress) -> usize {
     usize::from(address.port() - 27017)
 }
 
-/// Runs one simulation to the end.
-pub fn run(cluster: &Cluster, spec: &RunSpec) -> RunResult {
+/// Runs one simulation to the end, or refuses a cluster [`Cluster::validate`] refuses.
+pub fn run(cluster: &Cluster, spec: &RunSpec) -> Result<RunResult, String> {
+    cluster.validate()?;
     let mut sim = Sim::new(cluster, spec);
     sim.run();
-    sim.finish()
+    Ok(sim.finish())
 }
 
 impl<'a> World<'a> {
@@ -665,7 +686,7 @@ impl<'a> World<'a> {
 
 impl<'a> Sim<'a> {
     fn new(cluster: &'a Cluster, spec: &'a RunSpec) -> Sim<'a> {
-        let servers = cluster.servers.clamp(1, 64);
+        let servers = cluster.servers;
         let descriptions: Vec<ServerDescription> = (0..servers)
             .map(|i| ServerDescription {
                 server_type: if i == 0 {
@@ -1047,7 +1068,6 @@ impl<'a> Sim<'a> {
                 }
                 let accepted = match outcome {
                     Outcome::Ok => m.handle_succeeded(at),
-                    // The shed error of the server the attempt went to.
                     // The shed error of the server the attempt went to, shared by every
                     // operation: the machine copies it only to keep it (not when it already
                     // keeps that server's), and the simulator copies nothing.
