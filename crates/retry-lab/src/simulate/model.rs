@@ -156,25 +156,6 @@ pub enum Load {
 }
 
 impl Load {
-    fn at(&self, t: u64) -> f64 {
-        match *self {
-            Load::Steady(x) => x,
-            Load::Episode {
-                base,
-                peak,
-                start,
-                length,
-            } => {
-                let (s, e) = (nanos(start), nanos(start + length));
-                if t >= s && t < e {
-                    peak
-                } else {
-                    base
-                }
-            }
-        }
-    }
-
     fn max(&self) -> f64 {
         match *self {
             Load::Steady(x) => x,
@@ -450,6 +431,47 @@ struct World<'a> {
     warmup_ns: u64,
     /// Arrivals per nanosecond at the profile's highest load.
     max_rate: f64,
+    /// An episode's window and acceptance ratios, computed once (`None` for a steady load).
+    episode: Option<Episode>,
+}
+
+/// A [`Load::Episode`] as the thinning of arrivals reads it, computed once per run: the window
+/// in nanoseconds, and the ratio of the peak and of the base load to the highest.
+#[derive(Clone, Copy)]
+struct Episode {
+    start: u64,
+    end: u64,
+    peak: f64,
+    base: f64,
+}
+
+impl Episode {
+    fn of(load: &Load) -> Option<Episode> {
+        match *load {
+            Load::Steady(_) => None,
+            Load::Episode {
+                base,
+                peak,
+                start,
+                length,
+            } => Some(Episode {
+                start: nanos(start),
+                end: nanos(start + length),
+                peak: peak / load.max(),
+                base: base / load.max(),
+            }),
+        }
+    }
+
+    /// The load at `t` over the highest: the chance that a candidate arrival at `t` is kept.
+    #[inline]
+    fn accept(&self, t: u64) -> f64 {
+        if t >= self.start && t < self.end {
+            self.peak
+        } else {
+            self.base
+        }
+    }
 }
 
 fn address(i: usize) -> ServerAddress {
@@ -519,9 +541,9 @@ impl<'a> World<'a> {
                 return;
             }
             // A steady load accepts every candidate (x / x is exactly 1).
-            let accept = match self.spec.load {
-                Load::Steady(_) => 1.0,
-                load => load.at(t) / load.max(),
+            let accept = match self.episode {
+                None => 1.0,
+                Some(e) => e.accept(t),
             };
             if accept >= 1.0 || unit(&mut self.arrivals) < accept {
                 self.seq += 1;
@@ -713,7 +735,17 @@ impl<'a> Sim<'a> {
             completions: Few::new(),
             arrival: None,
             slow: (NONE, ARRIVAL),
-            lanes: Default::default(),
+            // Room for the deadlines of a timeout's worth of operations at the highest rate (at
+            // most 2 MiB), and for a burst of sends and replies: growing a lane copies it.
+            lanes: [
+                Lane::with_capacity(
+                    latency_reserve(
+                        spec.load.max() * cluster.capacity() * cluster.timeout.as_secs_f64(),
+                    )
+                    .min(1 << 16),
+                ),
+                Lane::with_capacity(4096),
+            ],
             works: Vec::new(),
             free_works: Vec::new(),
             servers: (0..servers)
@@ -772,6 +804,7 @@ impl<'a> Sim<'a> {
             bucket_end: 0,
             warmup_ns: nanos(spec.warmup),
             max_rate: spec.load.max() * cluster.capacity() / 1e9,
+            episode: Episode::of(&spec.load),
         };
         Sim {
             ops: Vec::new(),
@@ -1226,32 +1259,25 @@ impl<'a> Sim<'a> {
     fn simple_send(&mut self, id: u32) {
         let now = self.w.now;
         let policy = self.w.spec.policy;
+        // The slot, its machine and its client looked up once.
         let op = &mut self.ops[id as usize];
         debug_assert_ne!(op.serial, 0, "a live operation's slot");
-        let client_id = op.client;
-        let Machine::Simple(s) = &self.machines[id as usize] else {
+        let Machine::Simple(s) = &mut self.machines[id as usize] else {
             return;
         };
-        let previous = (s.attempts > 0).then_some(s.server);
-        if policy == SimPolicy::SreAdaptive {
-            let c = &mut self.w.clients[client_id as usize];
-            if !c.budget.sre_admit(now, &mut c.rng) {
-                // Rejected locally: the operation fails without reaching a server.
-                self.end(id, false);
-                return;
-            }
+        let c = &mut self.w.clients[op.client as usize];
+        if policy == SimPolicy::SreAdaptive && !c.budget.sre_admit(now, &mut c.rng) {
+            // Rejected locally: the operation fails without reaching a server.
+            self.w.end(op, false);
+            self.free.push(id);
+            return;
         }
-        let deprioritized = previous.map_or(0, |p| 1u64 << p);
-        let server = self
-            .w
-            .selector
-            .pick(&mut self.w.clients[client_id as usize], deprioritized);
-        if let Machine::Simple(s) = &mut self.machines[id as usize] {
-            s.attempts += 1;
-            s.server = server;
-            s.in_flight = true;
-        }
-        self.w.send(&mut self.ops[id as usize], id, server, 0);
+        let deprioritized = if s.attempts > 0 { 1u64 << s.server } else { 0 };
+        let server = self.w.selector.pick(c, deprioritized);
+        s.attempts += 1;
+        s.server = server;
+        s.in_flight = true;
+        self.w.send(op, id, server, 0);
     }
 
     fn simple_succeeded(&mut self, id: u32) {
