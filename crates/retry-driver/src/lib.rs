@@ -64,7 +64,7 @@ pub use client::{Client, CommandOptions, ConnectError, Events};
 pub use connection_string::{ConnectionString, Host, HostKind, OptionValue};
 pub use cursor::Cursor;
 pub use dns::{lookup_ip, lookup_srv, lookup_txt, Nameservers, RuntimeProvider};
-pub use io_error::{classify_io_error, io_cause, LOOKUP_FAILED};
+pub use io_error::{classify_io_error, LOOKUP_FAILED};
 pub use options::{ClientOptions, OptionsError, ServerApi, ServerApiVersion};
 pub use runtime::{literal_address, timer_deadline, AsyncTimer, BoxFuture, Runtime, Socket};
 pub use session::Session;
