@@ -69,5 +69,5 @@ pub use options::{ClientOptions, OptionsError, ServerApi, ServerApiVersion};
 pub use runtime::{literal_address, timer_deadline, AsyncTimer, BoxFuture, Runtime, Socket};
 pub use session::Session;
 pub use shared::{Reply, TimedEvent};
-pub use srv::{apply_seedlist, resolve_seedlist, srv_query_name, SrvPolling, SrvRecord};
+pub use srv::{apply_seedlist, resolve_seedlist, SrvPolling, SrvRecord};
 pub use tls::{TlsError, TlsOptions, TlsRuntime};
