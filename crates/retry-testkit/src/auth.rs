@@ -1,11 +1,12 @@
 //! SCRAM users (AU-3..AU-8), as strict as a `mongod` with access control: `saslStart` /
 //! `saslContinue` on the user's database, `saslSupportedMechs` and `speculativeAuthenticate` in
 //! the hello, and error 13 `Unauthorized` for any other command before the connection has
-//! authenticated. The server side of SCRAM is retry-auth's [`server`] module. Like a real server,
-//! it stores per user and mechanism a salt (fixed, derived from the user's name, database and
-//! mechanism, so runs repeat) and the derived keys, computed once when the server starts, so a
-//! client's key cache (AU-9) hits on every connection after its first; server nonces come from the
-//! connection's seeded generator.
+//! authenticated. The server side of SCRAM is retry-auth's
+//! [`server`](retry_auth::scram::server) module. Like a real server, it stores per user and
+//! mechanism a salt (fixed, derived from the user's name, database and mechanism, so runs repeat)
+//! and the derived keys, computed once when the server starts, so a client's key cache (AU-9)
+//! hits on every connection after its first; server nonces come from the connection's seeded
+//! generator.
 //!
 //! A wrong password, an unknown user, a mechanism the user does not have or a database the user is
 //! not defined in all fail with 18 `AuthenticationFailed`, as a real server answers. To stop a

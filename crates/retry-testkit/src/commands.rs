@@ -343,7 +343,7 @@ pub(crate) fn execute(
 
 /// Leftovers12 item 1 (house rule 7): `create` and `createIndexes` in a transaction whose read
 /// concern (its first command's) has a level other than "local": InvalidOptions (72), "Command
-/// <name> does not support this transaction's { readConcern: ... } :: caused by :: read concern
+/// \<name\> does not support this transaction's { readConcern: ... } :: caused by :: read concern
 /// not supported", as a mongod checks them (and only them) once it has checked the session out
 /// (`service_entry_point_common`; behind a mongos, the shard does). The statement fails, so the
 /// transaction is aborted.
@@ -1177,7 +1177,7 @@ fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Doc
 
 /// Review13 finding 3 (TK-2, house rule 7): the `query` of a `count` or `distinct` (`name`), by
 /// the commands' IDL (`query: type: object`): a document, or none for all documents; anything
-/// else TypeMismatch (14), "BSON field '<name>.query' is the wrong type ...". A `null` or
+/// else TypeMismatch (14), "BSON field '\<name\>.query' is the wrong type ...". A `null` or
 /// `undefined` is taken as none, the default, as the server's IDL parser takes any field of the
 /// wrong type that is one of them (`IDLParserContext::checkAndAssertTypeSlowPath`, leftovers12
 /// item 3).
@@ -1468,18 +1468,25 @@ fn aggregate(
 /// left empty once its leading `$match` stages are pulled into the query is optimized away
 /// (`run_aggregate.cpp`, `canOptimizeAwayPipeline`; the executor gets the `kLockExternally`
 /// policy; `pipeline_d.cpp` pops the leading `$match`, `document_source_match.cpp` drops an
-/// empty one); from 4.4 (wire 9) the query layer also takes a `$sort` (with the `$limit` it
-/// coalesced) and a leading `$limit` (`pipeline_d.cpp`, `prepareExecutor`,
-/// `extractLimitForPushdown`). 4.0 and older always run a pipeline.
+/// empty one), and so is a `$sort` an index provides without a blocking sort stage (the
+/// `_id` index here: `{_id: 1}` or `{_id: -1}`; `prepareExecutor` pops the `$sort` the query
+/// system can sort without blocking); from 4.4 (wire 9) the query layer takes any `$sort`
+/// (with the `$limit` it coalesced) and a leading `$limit` (`pipeline_d.cpp`,
+/// `prepareExecutor`, `extractLimitForPushdown`). 4.0 and older always run a pipeline.
 fn optimized_away(stages: &[(&str, &Bson)], max_wire_version: i32) -> bool {
-    let rest: Vec<&str> = stages
-        .iter()
-        .map(|(name, _)| *name)
-        .skip_while(|name| *name == "$match")
-        .collect();
+    let mut rest = stages.iter().skip_while(|(name, _)| *name == "$match");
+    let by_id = |spec: &Bson| {
+        matches!(spec, Bson::Document(keys) if keys.len() == 1
+            && keys.get("_id").and_then(integer).is_some_and(|d| d == 1 || d == -1))
+    };
     match max_wire_version {
-        8 => rest.is_empty(),
+        8 => match (rest.next(), rest.next()) {
+            (None, _) => true,
+            (Some(("$sort", spec)), None) => by_id(spec),
+            _ => false,
+        },
         9..LOCK_FREE_READS_WIRE_VERSION => {
+            let rest: Vec<&str> = rest.map(|(name, _)| *name).collect();
             matches!(
                 rest.as_slice(),
                 [] | ["$sort"] | ["$limit"] | ["$sort", "$limit"]

@@ -74,6 +74,14 @@ impl Default for Lane {
 }
 
 impl Lane {
+    /// An empty lane with room for `events` before it grows.
+    pub(super) fn with_capacity(events: usize) -> Lane {
+        Lane {
+            events: Vec::with_capacity(events),
+            ..Lane::default()
+        }
+    }
+
     /// Appends `event`, which must not be earlier than any event in the lane.
     #[inline]
     pub(super) fn push(&mut self, event: Event) {

@@ -212,8 +212,9 @@ pub fn simulate(args: &SimulateArgs) -> Result<Report, String> {
     let refused: u64 = results.iter().map(|r| r.refused).sum();
     if refused > 0 {
         return Err(format!(
-            "the simulator fed its retry and hedging machines {refused} input(s) they refused \
-             (a simulator bug: those operations waited for an input that never came)"
+            "the simulator fed its retry and hedging machines {refused} input(s) they refused, \
+             or found events in the wrong queue (a simulator bug: those operations waited for an \
+             input that never came)"
         ));
     }
     let mut steady = Vec::new();

@@ -156,25 +156,6 @@ pub enum Load {
 }
 
 impl Load {
-    fn at(&self, t: u64) -> f64 {
-        match *self {
-            Load::Steady(x) => x,
-            Load::Episode {
-                base,
-                peak,
-                start,
-                length,
-            } => {
-                let (s, e) = (nanos(start), nanos(start + length));
-                if t >= s && t < e {
-                    peak
-                } else {
-                    base
-                }
-            }
-        }
-    }
-
     fn max(&self) -> f64 {
         match *self {
             Load::Steady(x) => x,
@@ -227,7 +208,8 @@ pub struct RunResult {
     pub series_latency_us: Vec<u64>,
     /// Inputs the retry and hedging machines refused, over the whole run: each is a simulator
     /// bug (an operation would wait for an input that never comes), counted in every build, and
-    /// [`simulate`](super::simulate) fails a run with any (house rule 8, review9 finding 8).
+    /// [`simulate`](super::simulate) fails a run with any (house rule 8, review9 finding 8). An
+    /// event the model finds in a source that does not hold its kind (a bug too) counts here.
     pub refused: u64,
 }
 
@@ -244,7 +226,7 @@ const ARRIVAL: usize = 4;
 const NETWORK: usize = 1;
 
 /// One attempt from its send to its reply: on its way, in a server's queue, on a worker, on its
-/// way back. Kept in [`Sim::works`] so that events carry only its index.
+/// way back. Kept in [`World::works`] so that events carry only its index.
 #[derive(Clone, Copy, Debug)]
 struct Work {
     op: u32,
@@ -423,7 +405,7 @@ struct World<'a> {
     arrival: Option<Event>,
     /// The earlier of the next arrival and the earliest deadline, and which it is
     /// ([`ARRIVAL`] or [`DEADLINES`]): the two sources that change about once per operation,
-    /// so [`Sim::next_scheduled`] compares them once when they change instead of on every event.
+    /// so [`Sim::run`] compares them once when they change instead of on every event.
     slow: (u128, usize),
     /// Events a fixed delay after they were scheduled: [`DEADLINES`], [`NETWORK`].
     lanes: [Lane; 2],
@@ -443,12 +425,53 @@ struct World<'a> {
     net_ns: u64,
     timeout_ns: u64,
     bucket_ns: u64,
-    /// The bucket of the latest [`Sim::bucket`] call, and where it ends.
+    /// The bucket of the latest [`World::bucket`] call, and where it ends.
     current_bucket: usize,
     bucket_end: u64,
     warmup_ns: u64,
     /// Arrivals per nanosecond at the profile's highest load.
     max_rate: f64,
+    /// An episode's window and acceptance ratios, computed once (`None` for a steady load).
+    episode: Option<Episode>,
+}
+
+/// A [`Load::Episode`] as the thinning of arrivals reads it, computed once per run: the window
+/// in nanoseconds, and the ratio of the peak and of the base load to the highest.
+#[derive(Clone, Copy)]
+struct Episode {
+    start: u64,
+    end: u64,
+    peak: f64,
+    base: f64,
+}
+
+impl Episode {
+    fn of(load: &Load) -> Option<Episode> {
+        match *load {
+            Load::Steady(_) => None,
+            Load::Episode {
+                base,
+                peak,
+                start,
+                length,
+            } => Some(Episode {
+                start: nanos(start),
+                end: nanos(start + length),
+                peak: peak / load.max(),
+                base: base / load.max(),
+            }),
+        }
+    }
+
+    /// The load at `t` over the highest: the chance that a candidate arrival at `t` is kept.
+    #[inline]
+    fn accept(&self, t: u64) -> f64 {
+        if t >= self.start && t < self.end {
+            self.peak
+        } else {
+            self.base
+        }
+    }
 }
 
 fn address(i: usize) -> ServerAddress {
@@ -489,7 +512,7 @@ impl<'a> World<'a> {
         self.current_bucket
     }
 
-    /// Moves [`Sim::bucket`] on to the bucket of now.
+    /// Moves [`World::bucket`] on to the bucket of now.
     #[cold]
     fn next_bucket(&mut self) {
         let b = (self.now / self.bucket_ns) as usize;
@@ -518,9 +541,9 @@ impl<'a> World<'a> {
                 return;
             }
             // A steady load accepts every candidate (x / x is exactly 1).
-            let accept = match self.spec.load {
-                Load::Steady(_) => 1.0,
-                load => load.at(t) / load.max(),
+            let accept = match self.episode {
+                None => 1.0,
+                Some(e) => e.accept(t),
             };
             if accept >= 1.0 || unit(&mut self.arrivals) < accept {
                 self.seq += 1;
@@ -712,7 +735,17 @@ impl<'a> Sim<'a> {
             completions: Few::new(),
             arrival: None,
             slow: (NONE, ARRIVAL),
-            lanes: Default::default(),
+            // Room for the deadlines of a timeout's worth of operations at the highest rate (at
+            // most 2 MiB), and for a burst of sends and replies: growing a lane copies it.
+            lanes: [
+                Lane::with_capacity(
+                    latency_reserve(
+                        spec.load.max() * cluster.capacity() * cluster.timeout.as_secs_f64(),
+                    )
+                    .min(1 << 16),
+                ),
+                Lane::with_capacity(4096),
+            ],
             works: Vec::new(),
             free_works: Vec::new(),
             servers: (0..servers)
@@ -771,6 +804,7 @@ impl<'a> Sim<'a> {
             bucket_end: 0,
             warmup_ns: nanos(spec.warmup),
             max_rate: spec.load.max() * cluster.capacity() / 1e9,
+            episode: Episode::of(&spec.load),
         };
         Sim {
             ops: Vec::new(),
@@ -786,9 +820,9 @@ impl<'a> Sim<'a> {
         self.refresh_slow();
     }
 
-    /// [`Sim::slow`] from the arrival and the deadline lane, after dropping the deadlines of
+    /// [`World::slow`] from the arrival and the deadline lane, after dropping the deadlines of
     /// operations that have ended from the lane's front (most end long before their deadline;
-    /// [`Sim::next_event`] drops one that ends after this).
+    /// [`Sim::run`] drops one that ends after this).
     #[inline]
     fn refresh_slow(&mut self) {
         let lane = &mut self.w.lanes[DEADLINES];
@@ -811,79 +845,110 @@ impl<'a> Sim<'a> {
         };
     }
 
-    /// The earliest event of the lanes, the heaps and the arrival, by (time, sequence): the
-    /// same order as one queue of every event.
+    /// Runs every event in (time, sequence) order, the same order as one queue of every event:
+    /// each turn takes the earliest of the sources (the arrival and the deadlines, the network
+    /// lane, the timers, the completions) and dispatches it by its source, whose kinds of event
+    /// are known, so that no `Option<Event>` is passed on and the common kinds are matched
+    /// among two at most.
     ///
-    /// The deadline of an operation that has already ended is dropped here: it would change
-    /// nothing (no later event reads the clock before setting it), and most operations end
-    /// before their deadline.
-    fn next_event(&mut self) -> Option<Event> {
-        loop {
-            let event = self.next_scheduled()?;
-            if let Kind::Deadline { op, serial } = event.kind {
-                if self.ops.get(op as usize).is_none_or(|o| o.serial != serial) {
-                    continue;
-                }
-            }
-            return Some(event);
-        }
-    }
-
-    /// [`Sim::next_event`], deadlines of ended operations included.
-    #[inline]
-    fn next_scheduled(&mut self) -> Option<Event> {
+    /// The deadline of an operation that has already ended is dropped where it is taken: it
+    /// would change nothing (no later event reads the clock before setting it), and most
+    /// operations end before their deadline.
+    fn run(&mut self) {
         const TIMERS: usize = 2;
         const COMPLETIONS: usize = 3;
-        // Keys are unique (the sequence number), so the order of the comparisons cannot matter.
-        let (mut best, mut source) = self.w.slow;
-        let key = self.w.lanes[NETWORK].min_key();
-        if key < best {
-            (best, source) = (key, NETWORK);
-        }
-        let key = self.w.timers.min_key();
-        if key < best {
-            (best, source) = (key, TIMERS);
-        }
-        let key = self.w.completions.min_key();
-        if key < best {
-            (best, source) = (key, COMPLETIONS);
-        }
-        if best == NONE {
-            return None;
-        }
-        match source {
-            TIMERS => self.w.timers.pop(),
-            COMPLETIONS => self.w.completions.pop(),
-            NETWORK => self.w.lanes[NETWORK].pop(),
-            slow => {
-                let event = if slow == ARRIVAL {
-                    self.w.arrival.take()
-                } else {
-                    self.w.lanes[DEADLINES].pop()
-                };
-                self.refresh_slow();
-                event
-            }
-        }
-    }
-
-    fn run(&mut self) {
         self.next_arrival();
-        while let Some(event) = self.next_event() {
-            self.w.now = event.time;
-            match event.kind {
-                Kind::Arrival => {
+        loop {
+            // Keys are unique (the sequence number), so the order of the comparisons cannot
+            // matter.
+            let (mut best, mut source) = self.w.slow;
+            let key = self.w.lanes[NETWORK].min_key();
+            if key < best {
+                (best, source) = (key, NETWORK);
+            }
+            let key = self.w.timers.min_key();
+            if key < best {
+                (best, source) = (key, TIMERS);
+            }
+            let key = self.w.completions.min_key();
+            if key < best {
+                (best, source) = (key, COMPLETIONS);
+            }
+            if best == NONE {
+                return;
+            }
+            match source {
+                NETWORK => {
+                    let Some(event) = self.w.lanes[NETWORK].pop() else {
+                        return;
+                    };
+                    self.w.now = event.time;
+                    match event.kind {
+                        Kind::AtServer(work) => self.w.at_server(work),
+                        Kind::Reply(work) => self.reply(work),
+                        kind => self.misplaced(kind),
+                    }
+                }
+                COMPLETIONS => {
+                    let Some(event) = self.w.completions.pop() else {
+                        return;
+                    };
+                    self.w.now = event.time;
+                    match event.kind {
+                        Kind::Completed(work) => self.w.completed(work),
+                        kind => self.misplaced(kind),
+                    }
+                }
+                TIMERS => {
+                    let Some(event) = self.w.timers.pop() else {
+                        return;
+                    };
+                    self.w.now = event.time;
+                    match event.kind {
+                        Kind::Timer { op, serial, gen } => self.timer(op, serial, gen),
+                        kind => self.misplaced(kind),
+                    }
+                }
+                ARRIVAL => {
+                    let Some(event) = self.w.arrival.take() else {
+                        return;
+                    };
+                    self.w.now = event.time;
                     self.start_operation();
                     // Also refreshes `slow` for the deadline just scheduled.
                     self.next_arrival();
                 }
-                Kind::AtServer(work) => self.w.at_server(work),
-                Kind::Completed(work) => self.w.completed(work),
-                Kind::Reply(work) => self.reply(work),
-                Kind::Timer { op, serial, gen } => self.timer(op, serial, gen),
-                Kind::Deadline { op, serial } => self.deadline(op, serial),
+                _ => {
+                    let event = self.w.lanes[DEADLINES].pop();
+                    self.refresh_slow();
+                    let Some(event) = event else {
+                        return;
+                    };
+                    match event.kind {
+                        Kind::Deadline { op, serial } => {
+                            if self
+                                .ops
+                                .get(op as usize)
+                                .is_some_and(|o| o.serial == serial)
+                            {
+                                self.w.now = event.time;
+                                self.deadline(op, serial);
+                            }
+                        }
+                        kind => self.misplaced(kind),
+                    }
+                }
             }
         }
+    }
+
+    /// An event found in a source that does not hold its kind: a simulator bug, counted with
+    /// the refused inputs so that the run fails (house rule 8).
+    #[cold]
+    #[inline(never)]
+    fn misplaced(&mut self, kind: Kind) {
+        debug_assert!(false, "an event in the wrong source: {kind:?}");
+        self.w.result.refused += 1;
     }
 
     fn finish(mut self) -> RunResult {
@@ -1194,32 +1259,25 @@ impl<'a> Sim<'a> {
     fn simple_send(&mut self, id: u32) {
         let now = self.w.now;
         let policy = self.w.spec.policy;
+        // The slot, its machine and its client looked up once.
         let op = &mut self.ops[id as usize];
         debug_assert_ne!(op.serial, 0, "a live operation's slot");
-        let client_id = op.client;
-        let Machine::Simple(s) = &self.machines[id as usize] else {
+        let Machine::Simple(s) = &mut self.machines[id as usize] else {
             return;
         };
-        let previous = (s.attempts > 0).then_some(s.server);
-        if policy == SimPolicy::SreAdaptive {
-            let c = &mut self.w.clients[client_id as usize];
-            if !c.budget.sre_admit(now, &mut c.rng) {
-                // Rejected locally: the operation fails without reaching a server.
-                self.end(id, false);
-                return;
-            }
+        let c = &mut self.w.clients[op.client as usize];
+        if policy == SimPolicy::SreAdaptive && !c.budget.sre_admit(now, &mut c.rng) {
+            // Rejected locally: the operation fails without reaching a server.
+            self.w.end(op, false);
+            self.free.push(id);
+            return;
         }
-        let deprioritized = previous.map_or(0, |p| 1u64 << p);
-        let server = self
-            .w
-            .selector
-            .pick(&mut self.w.clients[client_id as usize], deprioritized);
-        if let Machine::Simple(s) = &mut self.machines[id as usize] {
-            s.attempts += 1;
-            s.server = server;
-            s.in_flight = true;
-        }
-        self.w.send(&mut self.ops[id as usize], id, server, 0);
+        let deprioritized = if s.attempts > 0 { 1u64 << s.server } else { 0 };
+        let server = self.w.selector.pick(c, deprioritized);
+        s.attempts += 1;
+        s.server = server;
+        s.in_flight = true;
+        self.w.send(op, id, server, 0);
     }
 
     fn simple_succeeded(&mut self, id: u32) {

@@ -21,7 +21,7 @@ pub(super) struct Collection {
     next: u64,
     /// Each `_id` ([`id_key`]) and the insertion number of the document holding it: one each,
     /// as every write that adds documents (insert, upsert, `$merge`, `$out`) refuses a second
-    /// (an overlooked path shows in the tests' index check, [`Collection::indexed`]).
+    /// (an overlooked path shows in the tests' index check, `Collection::indexed`).
     ids: BTreeMap<Vec<u8>, u64>,
 }
 
