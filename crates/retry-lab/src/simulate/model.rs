@@ -342,8 +342,10 @@ impl Op {
 struct Client {
     budget: ClientBudget,
     rng: EngineRng,
-    /// Operations in flight per member, by member index.
-    in_flight: Box<[u32]>,
+    /// Operations in flight per member, by member index: one entry for each of the most members
+    /// a run has ([`Cluster::validate`]), so that an index masked to `0..MAX_MEMBERS` needs no
+    /// bounds check.
+    in_flight: [u32; MAX_MEMBERS],
 }
 
 /// Server selection as every client runs it: retry-core's pipeline over the replica set, reads
@@ -360,14 +362,24 @@ impl Selector {
     #[inline]
     fn pick(&mut self, client: &mut Client, deprioritized: u64) -> u8 {
         let in_flight = &client.in_flight;
-        let chosen =
-            self.selection
-                .select_index(&[deprioritized], |i| in_flight[i], &mut client.rng);
+        let chosen = self.selection.select_index(
+            &[deprioritized],
+            |i| in_flight[member(i)],
+            &mut client.rng,
+        );
         match chosen {
             Ok(Some(i)) => i as u8,
             _ => 0,
         }
     }
+}
+
+/// Member index `i` (below [`MAX_MEMBERS`], which [`Cluster::validate`] ensures) as an index of
+/// a per-member array of [`MAX_MEMBERS`] entries: masked, so that indexing checks no bounds.
+#[inline]
+fn member(i: usize) -> usize {
+    debug_assert!(i < MAX_MEMBERS);
+    i % MAX_MEMBERS
 }
 
 /// The members of `addresses` as a set of member indices (the simulator's addresses are
@@ -635,7 +647,7 @@ impl<'a> World<'a> {
             outcome: Outcome::Ok,
             deadline: op.start + self.timeout_ns,
         };
-        self.clients[op.client as usize].in_flight[usize::from(server)] += 1;
+        self.clients[op.client as usize].in_flight[member(usize::from(server))] += 1;
         self.result.total_attempts += 1;
         if op.measured {
             self.result.attempts += 1;
@@ -679,7 +691,7 @@ impl<'a> World<'a> {
     }
 
     fn released(&mut self, client: u32, server: u8) {
-        let n = &mut self.clients[client as usize].in_flight[usize::from(server)];
+        let n = &mut self.clients[client as usize].in_flight[member(usize::from(server))];
         *n = n.saturating_sub(1);
     }
 }
@@ -723,7 +735,7 @@ impl<'a> Sim<'a> {
             .map(|_| Client {
                 budget: ClientBudget::new(spec.policy, &cluster.grpc),
                 rng: EngineRng::from_seed_u64(policy_seed.next_u64()),
-                in_flight: vec![0; servers].into_boxed_slice(),
+                in_flight: [0; MAX_MEMBERS],
             })
             .collect();
         let w = World {
