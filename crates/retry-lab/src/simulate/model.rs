@@ -221,6 +221,10 @@ fn nanos(d: Duration) -> u64 {
 const DEADLINES: usize = 0;
 /// The source of the next arrival (the lanes are 0 and 1).
 const ARRIVAL: usize = 4;
+/// The source of the timers.
+const TIMERS: usize = 2;
+/// The source of the workers' completions.
+const COMPLETIONS: usize = 3;
 /// The lane of requests on their way to a server and replies on their way back: both arrive the
 /// network delay after they left.
 const NETWORK: usize = 1;
@@ -419,6 +423,10 @@ struct World<'a> {
     /// ([`ARRIVAL`] or [`DEADLINES`]): the two sources that change about once per operation,
     /// so [`Sim::run`] compares them once when they change instead of on every event.
     slow: (u128, usize),
+    /// The earlier of [`World::slow`] and the earliest timer, and which it is ([`TIMERS`] for
+    /// a timer): timers change about once per attempt that backs off, so the choice of the next
+    /// event compares this one key with the network lane's and the completions'.
+    early: (u128, usize),
     /// Events a fixed delay after they were scheduled: [`DEADLINES`], [`NETWORK`].
     lanes: [Lane; 2],
     /// The attempts between send and reply, and the free slots among them.
@@ -511,7 +519,22 @@ impl<'a> World<'a> {
             seq: self.seq,
             kind,
         };
+        let key = event.key();
         self.timers.push(event, self.now);
+        if key < self.early.0 {
+            self.early = (key, TIMERS);
+        }
+    }
+
+    /// [`World::early`] from [`World::slow`] and the timers.
+    #[inline]
+    fn refresh_early(&mut self) {
+        let timer = self.timers.min_key();
+        self.early = if timer < self.slow.0 {
+            (timer, TIMERS)
+        } else {
+            self.slow
+        };
     }
 
     /// The time-series bucket of now (`now / bucket`), its counters present. Time only moves
@@ -747,6 +770,7 @@ impl<'a> Sim<'a> {
             completions: Few::new(),
             arrival: None,
             slow: (NONE, ARRIVAL),
+            early: (NONE, ARRIVAL),
             // Room for the deadlines of a timeout's worth of operations at the highest rate (at
             // most 2 MiB), and for a burst of sends and replies: growing a lane copies it.
             lanes: [
@@ -855,6 +879,7 @@ impl<'a> Sim<'a> {
         } else {
             (arrival, ARRIVAL)
         };
+        self.w.refresh_early();
     }
 
     /// Runs every event in (time, sequence) order, the same order as one queue of every event:
@@ -867,20 +892,14 @@ impl<'a> Sim<'a> {
     /// would change nothing (no later event reads the clock before setting it), and most
     /// operations end before their deadline.
     fn run(&mut self) {
-        const TIMERS: usize = 2;
-        const COMPLETIONS: usize = 3;
         self.next_arrival();
         loop {
             // Keys are unique (the sequence number), so the order of the comparisons cannot
             // matter.
-            let (mut best, mut source) = self.w.slow;
+            let (mut best, mut source) = self.w.early;
             let key = self.w.lanes[NETWORK].min_key();
             if key < best {
                 (best, source) = (key, NETWORK);
-            }
-            let key = self.w.timers.min_key();
-            if key < best {
-                (best, source) = (key, TIMERS);
             }
             let key = self.w.completions.min_key();
             if key < best {
@@ -912,7 +931,9 @@ impl<'a> Sim<'a> {
                     }
                 }
                 TIMERS => {
-                    let Some(event) = self.w.timers.pop() else {
+                    let event = self.w.timers.pop();
+                    self.w.refresh_early();
+                    let Some(event) = event else {
                         return;
                     };
                     self.w.now = event.time;
