@@ -432,7 +432,9 @@ struct World<'a> {
     /// The attempts between send and reply, and the free slots among them.
     works: Vec<Work>,
     free_works: Vec<u32>,
-    servers: Vec<Server>,
+    /// The members by index, one for each of the most members a run has (those past the
+    /// cluster's are never sent to), so that a masked member index needs no bounds check.
+    servers: Box<[Server; MAX_MEMBERS]>,
     clients: Vec<Client>,
     next_serial: u32,
     arrivals: EngineRng,
@@ -606,7 +608,7 @@ impl<'a> World<'a> {
     fn at_server(&mut self, id: u32) {
         let now = self.now;
         let work = &mut self.works[id as usize];
-        let server = &mut self.servers[usize::from(work.server)];
+        let server = &mut self.servers[member(usize::from(work.server))];
         server.tokens = (server.tokens + (now - server.refilled_at) as f64 * server.admit_per_ns)
             .min(server.burst);
         server.refilled_at = now;
@@ -641,7 +643,7 @@ impl<'a> World<'a> {
     fn completed(&mut self, work: u32) {
         self.schedule_after(NETWORK, self.net_ns, Kind::Reply(work));
         let now = self.now;
-        let server = &mut self.servers[usize::from(self.works[work as usize].server)];
+        let server = &mut self.servers[member(usize::from(self.works[work as usize].server))];
         match server.queue.pop_front() {
             // The worker goes on with the next item: it stays busy.
             Some(next) => {
@@ -784,23 +786,21 @@ impl<'a> Sim<'a> {
             ],
             works: Vec::new(),
             free_works: Vec::new(),
-            servers: (0..servers)
-                .map(|i| {
-                    let workers = cluster.workers_of(i);
-                    let admit_per_s = f64::from(workers) / cluster.mean_service().as_secs_f64()
-                        * cluster.admit_fraction;
-                    Server {
-                        workers,
-                        admit_per_ns: admit_per_s / 1e9,
-                        burst: (admit_per_s * cluster.burst.as_secs_f64()).max(1.0),
-                        busy: 0,
-                        queue: VecDeque::new(),
-                        tokens: 1.0,
-                        refilled_at: 0,
-                        rng: EngineRng::from_seed_u64(load_seed ^ ((i as u64 + 1) * 0x5851_F42D)),
-                    }
-                })
-                .collect(),
+            servers: Box::new(std::array::from_fn(|i| {
+                let workers = cluster.workers_of(i);
+                let admit_per_s = f64::from(workers) / cluster.mean_service().as_secs_f64()
+                    * cluster.admit_fraction;
+                Server {
+                    workers,
+                    admit_per_ns: admit_per_s / 1e9,
+                    burst: (admit_per_s * cluster.burst.as_secs_f64()).max(1.0),
+                    busy: 0,
+                    queue: VecDeque::new(),
+                    tokens: 1.0,
+                    refilled_at: 0,
+                    rng: EngineRng::from_seed_u64(load_seed ^ ((i as u64 + 1) * 0x5851_F42D)),
+                }
+            })),
             clients,
             next_serial: 0,
             arrivals: EngineRng::from_seed_u64(load_seed),
