@@ -221,6 +221,10 @@ fn nanos(d: Duration) -> u64 {
 const DEADLINES: usize = 0;
 /// The source of the next arrival (the lanes are 0 and 1).
 const ARRIVAL: usize = 4;
+/// The source of the timers.
+const TIMERS: usize = 2;
+/// The source of the workers' completions.
+const COMPLETIONS: usize = 3;
 /// The lane of requests on their way to a server and replies on their way back: both arrive the
 /// network delay after they left.
 const NETWORK: usize = 1;
@@ -342,8 +346,10 @@ impl Op {
 struct Client {
     budget: ClientBudget,
     rng: EngineRng,
-    /// Operations in flight per member, by member index.
-    in_flight: Box<[u32]>,
+    /// Operations in flight per member, by member index: one entry for each of the most members
+    /// a run has ([`Cluster::validate`]), so that an index masked to `0..MAX_MEMBERS` needs no
+    /// bounds check.
+    in_flight: [u32; MAX_MEMBERS],
 }
 
 /// Server selection as every client runs it: retry-core's pipeline over the replica set, reads
@@ -360,14 +366,24 @@ impl Selector {
     #[inline]
     fn pick(&mut self, client: &mut Client, deprioritized: u64) -> u8 {
         let in_flight = &client.in_flight;
-        let chosen =
-            self.selection
-                .select_index(&[deprioritized], |i| in_flight[i], &mut client.rng);
+        let chosen = self.selection.select_index(
+            &[deprioritized],
+            |i| in_flight[member(i)],
+            &mut client.rng,
+        );
         match chosen {
             Ok(Some(i)) => i as u8,
             _ => 0,
         }
     }
+}
+
+/// Member index `i` (below [`MAX_MEMBERS`], which [`Cluster::validate`] ensures) as an index of
+/// a per-member array of [`MAX_MEMBERS`] entries: masked, so that indexing checks no bounds.
+#[inline]
+fn member(i: usize) -> usize {
+    debug_assert!(i < MAX_MEMBERS);
+    i % MAX_MEMBERS
 }
 
 /// The members of `addresses` as a set of member indices (the simulator's addresses are
@@ -407,12 +423,18 @@ struct World<'a> {
     /// ([`ARRIVAL`] or [`DEADLINES`]): the two sources that change about once per operation,
     /// so [`Sim::run`] compares them once when they change instead of on every event.
     slow: (u128, usize),
+    /// The earlier of [`World::slow`] and the earliest timer, and which it is ([`TIMERS`] for
+    /// a timer): timers change about once per attempt that backs off, so the choice of the next
+    /// event compares this one key with the network lane's and the completions'.
+    early: (u128, usize),
     /// Events a fixed delay after they were scheduled: [`DEADLINES`], [`NETWORK`].
     lanes: [Lane; 2],
     /// The attempts between send and reply, and the free slots among them.
     works: Vec<Work>,
     free_works: Vec<u32>,
-    servers: Vec<Server>,
+    /// The members by index, one for each of the most members a run has (those past the
+    /// cluster's are never sent to), so that a masked member index needs no bounds check.
+    servers: Box<[Server; MAX_MEMBERS]>,
     clients: Vec<Client>,
     next_serial: u32,
     arrivals: EngineRng,
@@ -499,7 +521,22 @@ impl<'a> World<'a> {
             seq: self.seq,
             kind,
         };
+        let key = event.key();
         self.timers.push(event, self.now);
+        if key < self.early.0 {
+            self.early = (key, TIMERS);
+        }
+    }
+
+    /// [`World::early`] from [`World::slow`] and the timers.
+    #[inline]
+    fn refresh_early(&mut self) {
+        let timer = self.timers.min_key();
+        self.early = if timer < self.slow.0 {
+            (timer, TIMERS)
+        } else {
+            self.slow
+        };
     }
 
     /// The time-series bucket of now (`now / bucket`), its counters present. Time only moves
@@ -571,7 +608,7 @@ impl<'a> World<'a> {
     fn at_server(&mut self, id: u32) {
         let now = self.now;
         let work = &mut self.works[id as usize];
-        let server = &mut self.servers[usize::from(work.server)];
+        let server = &mut self.servers[member(usize::from(work.server))];
         server.tokens = (server.tokens + (now - server.refilled_at) as f64 * server.admit_per_ns)
             .min(server.burst);
         server.refilled_at = now;
@@ -606,7 +643,7 @@ impl<'a> World<'a> {
     fn completed(&mut self, work: u32) {
         self.schedule_after(NETWORK, self.net_ns, Kind::Reply(work));
         let now = self.now;
-        let server = &mut self.servers[usize::from(self.works[work as usize].server)];
+        let server = &mut self.servers[member(usize::from(self.works[work as usize].server))];
         match server.queue.pop_front() {
             // The worker goes on with the next item: it stays busy.
             Some(next) => {
@@ -635,7 +672,7 @@ impl<'a> World<'a> {
             outcome: Outcome::Ok,
             deadline: op.start + self.timeout_ns,
         };
-        self.clients[op.client as usize].in_flight[usize::from(server)] += 1;
+        self.clients[op.client as usize].in_flight[member(usize::from(server))] += 1;
         self.result.total_attempts += 1;
         if op.measured {
             self.result.attempts += 1;
@@ -679,7 +716,7 @@ impl<'a> World<'a> {
     }
 
     fn released(&mut self, client: u32, server: u8) {
-        let n = &mut self.clients[client as usize].in_flight[usize::from(server)];
+        let n = &mut self.clients[client as usize].in_flight[member(usize::from(server))];
         *n = n.saturating_sub(1);
     }
 }
@@ -723,7 +760,7 @@ impl<'a> Sim<'a> {
             .map(|_| Client {
                 budget: ClientBudget::new(spec.policy, &cluster.grpc),
                 rng: EngineRng::from_seed_u64(policy_seed.next_u64()),
-                in_flight: vec![0; servers].into_boxed_slice(),
+                in_flight: [0; MAX_MEMBERS],
             })
             .collect();
         let w = World {
@@ -735,6 +772,7 @@ impl<'a> Sim<'a> {
             completions: Few::new(),
             arrival: None,
             slow: (NONE, ARRIVAL),
+            early: (NONE, ARRIVAL),
             // Room for the deadlines of a timeout's worth of operations at the highest rate (at
             // most 2 MiB), and for a burst of sends and replies: growing a lane copies it.
             lanes: [
@@ -748,23 +786,21 @@ impl<'a> Sim<'a> {
             ],
             works: Vec::new(),
             free_works: Vec::new(),
-            servers: (0..servers)
-                .map(|i| {
-                    let workers = cluster.workers_of(i);
-                    let admit_per_s = f64::from(workers) / cluster.mean_service().as_secs_f64()
-                        * cluster.admit_fraction;
-                    Server {
-                        workers,
-                        admit_per_ns: admit_per_s / 1e9,
-                        burst: (admit_per_s * cluster.burst.as_secs_f64()).max(1.0),
-                        busy: 0,
-                        queue: VecDeque::new(),
-                        tokens: 1.0,
-                        refilled_at: 0,
-                        rng: EngineRng::from_seed_u64(load_seed ^ ((i as u64 + 1) * 0x5851_F42D)),
-                    }
-                })
-                .collect(),
+            servers: Box::new(std::array::from_fn(|i| {
+                let workers = cluster.workers_of(i);
+                let admit_per_s = f64::from(workers) / cluster.mean_service().as_secs_f64()
+                    * cluster.admit_fraction;
+                Server {
+                    workers,
+                    admit_per_ns: admit_per_s / 1e9,
+                    burst: (admit_per_s * cluster.burst.as_secs_f64()).max(1.0),
+                    busy: 0,
+                    queue: VecDeque::new(),
+                    tokens: 1.0,
+                    refilled_at: 0,
+                    rng: EngineRng::from_seed_u64(load_seed ^ ((i as u64 + 1) * 0x5851_F42D)),
+                }
+            })),
             clients,
             next_serial: 0,
             arrivals: EngineRng::from_seed_u64(load_seed),
@@ -843,6 +879,7 @@ impl<'a> Sim<'a> {
         } else {
             (arrival, ARRIVAL)
         };
+        self.w.refresh_early();
     }
 
     /// Runs every event in (time, sequence) order, the same order as one queue of every event:
@@ -855,20 +892,14 @@ impl<'a> Sim<'a> {
     /// would change nothing (no later event reads the clock before setting it), and most
     /// operations end before their deadline.
     fn run(&mut self) {
-        const TIMERS: usize = 2;
-        const COMPLETIONS: usize = 3;
         self.next_arrival();
         loop {
             // Keys are unique (the sequence number), so the order of the comparisons cannot
             // matter.
-            let (mut best, mut source) = self.w.slow;
+            let (mut best, mut source) = self.w.early;
             let key = self.w.lanes[NETWORK].min_key();
             if key < best {
                 (best, source) = (key, NETWORK);
-            }
-            let key = self.w.timers.min_key();
-            if key < best {
-                (best, source) = (key, TIMERS);
             }
             let key = self.w.completions.min_key();
             if key < best {
@@ -900,7 +931,9 @@ impl<'a> Sim<'a> {
                     }
                 }
                 TIMERS => {
-                    let Some(event) = self.w.timers.pop() else {
+                    let event = self.w.timers.pop();
+                    self.w.refresh_early();
+                    let Some(event) = event else {
                         return;
                     };
                     self.w.now = event.time;
