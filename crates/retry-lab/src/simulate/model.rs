@@ -609,8 +609,14 @@ impl<'a> World<'a> {
         let now = self.now;
         let work = &mut self.works[id as usize];
         let server = &mut self.servers[member(usize::from(work.server))];
-        server.tokens = (server.tokens + (now - server.refilled_at) as f64 * server.admit_per_ns)
-            .min(server.burst);
+        let tokens = server.tokens + (now - server.refilled_at) as f64 * server.admit_per_ns;
+        // `tokens.min(burst)` without its NaN handling: the burst is at least 1 (never NaN),
+        // and a NaN `tokens` gives the burst either way.
+        server.tokens = if tokens < server.burst {
+            tokens
+        } else {
+            server.burst
+        };
         server.refilled_at = now;
         if server.tokens >= 1.0 {
             server.tokens -= 1.0;
