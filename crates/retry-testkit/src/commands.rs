@@ -2015,19 +2015,55 @@ fn list_databases_queue(
     None
 }
 
-/// Whether a `listDatabases` filter is one leaf expression on `name` (`filter->isLeaf() &&
-/// filter->path() == "name"`, `list_databases.cpp`): its only field is `name`, compared to a
-/// value or by one operator that is not `$not`.
+/// Whether a `listDatabases` filter is one leaf expression on `name` (`list_databases.cpp`:
+/// `filter->isLeaf()` on 3.6, `getCategory() == kLeaf` from 4.0, and `path() == "name"`).
+/// Fixes18b (review18 finding 5, TK-15, house rule 7), as the server's parser builds it
+/// (`expression_parser.cpp`): the filter's only field is `name`, and its condition is one
+/// expression that is a leaf. A value, a document whose first field is not an operator, or a
+/// DBRef (`$ref` and `$id`) is an equality; in an operator document each operator is one
+/// expression except `$options` beside a `$regex` (one regex expression together). `$eq`, the
+/// order comparisons, `$in`, `$regex` and a true `$exists` are leaves; `$ne`, `$nin`, `$not` and
+/// a false `$exists` are negations, `$size` and `$elemMatch` array expressions, `$all` a
+/// conjunction, and two operators a conjunction too, so any of those locks every database. The
+/// operators not named here are not leaves to the test server (it refuses them in a filter
+/// before any lock).
 fn is_name_leaf(filter: &Document) -> bool {
-    if filter.len() != 1 {
-        return false;
+    let condition = match filter.iter().next() {
+        Some((field, condition)) if filter.len() == 1 && field == "name" => condition,
+        _ => return false,
+    };
+    let Bson::Document(operators) = condition else {
+        return true;
+    };
+    let dbref = operators.contains_key("$ref") && operators.contains_key("$id");
+    if dbref || !operators.keys().next().is_some_and(|k| k.starts_with('$')) {
+        return true;
     }
-    match filter.get("name") {
-        Some(Bson::Document(operators)) if operators.keys().any(|k| k.starts_with('$')) => {
-            operators.len() == 1 && !operators.contains_key("$not")
-        }
-        Some(_) => true,
-        None => false,
+    let regex = operators.contains_key("$regex");
+    let mut expressions = operators
+        .iter()
+        .filter(|(op, _)| !(regex && op.as_str() == "$options"));
+    match (expressions.next(), expressions.next()) {
+        (Some((op, operand)), None) => match op.as_str() {
+            "$eq" | "$gt" | "$gte" | "$lt" | "$lte" | "$in" | "$regex" => true,
+            "$exists" => true_value(operand),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// Whether a real server reads `value` as true (`BSONElement::trueValue`): a boolean's own
+/// value, a number other than zero; `null` and undefined are false, any other value true.
+fn true_value(value: &Bson) -> bool {
+    match value {
+        Bson::Boolean(b) => *b,
+        Bson::Int32(n) => *n != 0,
+        Bson::Int64(n) => *n != 0,
+        Bson::Double(d) => *d != 0.0,
+        Bson::Decimal128(d) => d.to_string().parse::<f64>().map_or(true, |d| d != 0.0),
+        Bson::Null | Bson::Undefined => false,
+        _ => true,
     }
 }
 
@@ -2457,5 +2493,52 @@ mod tests {
         assert!(no_handler(dispatch(&mut store, "bulkWrite", 21)));
         assert!(!known_command("frobnicate", 25));
         assert!(no_handler(dispatch(&mut store, "frobnicate", 25)));
+    }
+
+    /// Fixes18b (review18 finding 5, TK-15, house rule 7): the `listDatabases` filters that
+    /// name databases without locking the others are those the server parses into one leaf
+    /// expression on `name` (`expression_parser.cpp`, `list_databases.cpp`): `$regex` with its
+    /// `$options` is one regex expression; a negation (`$ne`, `$nin`, `$not`, a false
+    /// `$exists`), an array expression (`$size`, `$elemMatch`), `$all` and two operators are
+    /// not leaves.
+    #[test]
+    fn review18_f5_tk15_list_databases_name_leaves_are_the_servers() {
+        let dbref = doc! { "$ref": "c", "$id": 1 };
+        let leaves = [
+            doc! { "name": "a" },
+            doc! { "name": { "$eq": "a" } },
+            doc! { "name": { "$gt": "a" } },
+            doc! { "name": { "$in": ["a", "b"] } },
+            doc! { "name": { "$regex": "^a" } },
+            doc! { "name": { "$regex": "^a", "$options": "i" } },
+            doc! { "name": { "$options": "i", "$regex": "^a" } },
+            doc! { "name": { "$exists": true } },
+            doc! { "name": { "$exists": 1 } },
+            doc! { "name": { "a": 1, "$b": 2 } },
+            doc! { "name": dbref },
+            doc! { "name": {} },
+        ];
+        for filter in &leaves {
+            assert!(is_name_leaf(filter), "a leaf on name: {filter}");
+        }
+        let not_leaves = [
+            doc! { "name": { "$ne": "a" } },
+            doc! { "name": { "$nin": ["a"] } },
+            doc! { "name": { "$not": { "$eq": "a" } } },
+            doc! { "name": { "$exists": false } },
+            doc! { "name": { "$exists": 0 } },
+            doc! { "name": { "$exists": Bson::Null } },
+            doc! { "name": { "$size": 1 } },
+            doc! { "name": { "$elemMatch": { "$eq": "a" } } },
+            doc! { "name": { "$all": ["a"] } },
+            doc! { "name": { "$all": ["a", "b"] } },
+            doc! { "name": { "$gt": "a", "$lt": "c" } },
+            doc! { "name": "a", "x": 1 },
+            doc! { "x": "a" },
+            doc! { "$or": [{ "name": "a" }] },
+        ];
+        for filter in &not_leaves {
+            assert!(!is_name_leaf(filter), "not a leaf on name: {filter}");
+        }
     }
 }

@@ -3083,8 +3083,10 @@ async fn docs13_list_collections_queues_behind_a_pending_drop_of_a_listed_collec
 /// database's IS lock to read its size (`list_databases.cpp`), so it queues behind a pending
 /// `dropDatabase` of any database (50 at its `maxTimeMS`), on 4.0 as on 4.4; a filter on
 /// `name` alone skips (and does not lock) the databases it rules out, and `nameOnly` locks
-/// none. From 4.2 it also takes each collection's IS lock (`sizeOnDiskForDb`), so it queues
-/// behind a `drop` pending on any collection; 4.0 does not. 5.0 and later run it at once.
+/// none; a filter on `name` that is not one leaf expression (`$ne`, `$nin`, a false `$exists`:
+/// negations) locks every database (review18 finding 5). From 4.2 it also takes each
+/// collection's IS lock (`sizeOnDiskForDb`), so it queues behind a `drop` pending on any
+/// collection; 4.0 does not. 5.0 and later run it at once.
 #[tokio::test]
 async fn docs13_list_databases_queues_behind_pending_ddl_before_wire_13() {
     bounded(async {
@@ -3100,6 +3102,32 @@ async fn docs13_list_databases_queues_behind_pending_ddl_before_wire_13() {
             (12, true, doc! { "nameOnly": true }, false),
             (12, true, doc! { "filter": { "name": "other" } }, false),
             (12, true, doc! { "filter": { "name": "test" } }, true),
+            // Fixes18b (review18 finding 5): a negation is no leaf on `name` (the server's
+            // parser makes it a NOT), so it locks every database, the ones it rules out too.
+            (
+                12,
+                true,
+                doc! { "filter": { "name": { "$ne": "test" } } },
+                true,
+            ),
+            (
+                12,
+                true,
+                doc! { "filter": { "name": { "$nin": ["test"] } } },
+                true,
+            ),
+            (
+                12,
+                true,
+                doc! { "filter": { "name": { "$exists": false } } },
+                true,
+            ),
+            (
+                12,
+                true,
+                doc! { "filter": { "name": { "$gt": "test" } } },
+                false,
+            ),
             (25, true, doc! {}, false),
             (12, false, doc! {}, true),
             (8, false, doc! {}, true),
