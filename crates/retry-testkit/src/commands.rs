@@ -1971,7 +1971,8 @@ fn list_collections(
 
 /// Docs13 (TK-15, house rule 7): a `listDatabases` without `nameOnly` before 5.0 takes, for each
 /// database in turn, that database's IS lock to read its size (`list_databases.cpp`:
-/// `Lock::DBLock` in MODE_IS), and from 4.2 (wire 8) each of its collections' IS lock too
+/// `Lock::DBLock` in MODE_IS; [`database_read_lock`]: on 3.6 and 4.0 it queues behind a DDL
+/// pending on any of its collections), and from 4.2 (wire 8) each of its collections' IS lock too
 /// (`StorageEngineImpl::sizeOnDiskForDb`, which replaced the catalog entry's `sizeOnDisk` in
 /// 4.2: `catalog::forEachCollectionFromDb` in MODE_IS), so it
 /// queues behind a `dropDatabase` pending on any database, and from 4.2 behind a DDL command
@@ -1999,8 +2000,8 @@ fn list_databases_queue(
                 continue;
             }
         }
-        locks.push(DdlTarget::DatabaseLock(db.clone()));
-        if max_wire_version >= 8 {
+        locks.push(database_read_lock(&db, max_wire_version));
+        if max_wire_version >= COLLECTION_DDL_LOCKS_WIRE_VERSION {
             let in_db = collections
                 .iter()
                 .filter(|ns| ns.split_once('.').is_some_and(|(d, _)| d == db));
@@ -2013,6 +2014,30 @@ fn list_databases_queue(
         }
     }
     None
+}
+
+/// The wire version of MongoDB 4.2, the first release whose collection DDL (`drop`, `create`,
+/// the index commands, `renameCollection` and so `$out`) locks the collection exclusively and
+/// the database with an intent lock; 3.6 and 4.0 lock the database exclusively (3.6's
+/// `drop_collection.cpp`, `create_collection.cpp`, `create_indexes.cpp`,
+/// `rename_collection.cpp`: MODE_X on the database; the 4.2 manual's `drop` and
+/// `renameCollection` pages: "Prior to MongoDB 4.2", the parent database's exclusive lock).
+const COLLECTION_DDL_LOCKS_WIRE_VERSION: i32 = 8;
+
+/// Fixes18b (review18 finding 6, TK-15, house rule 7): the lock of database `db` that
+/// `listCollections` and `listDatabases` take before 5.0, as the queue of a server of
+/// `max_wire_version` sees it. From 4.2 it is the intent lock of the database alone
+/// ([`DdlTarget::DatabaseLock`]), which only a `dropDatabase` conflicts with. On 3.6 and 4.0 a
+/// collection's DDL requests the database's exclusive lock ([`COLLECTION_DDL_LOCKS_WIRE_VERSION`]),
+/// so the read ([`DdlTarget::Database`] in intent mode) queues behind a DDL pending on any
+/// collection of the database, whether it locks the database shared (3.6's `listCollections`:
+/// `AutoGetDb` in MODE_S) or intent-shared (4.0's: MODE_IS; `listDatabases`: MODE_IS).
+fn database_read_lock(db: &str, max_wire_version: i32) -> DdlTarget {
+    if max_wire_version < COLLECTION_DDL_LOCKS_WIRE_VERSION {
+        DdlTarget::Database(db.to_owned())
+    } else {
+        DdlTarget::DatabaseLock(db.to_owned())
+    }
 }
 
 /// Whether a `listDatabases` filter is one leaf expression on `name` (`list_databases.cpp`:
@@ -2068,8 +2093,8 @@ fn true_value(value: &Bson) -> bool {
 }
 
 /// Docs13 (TK-15, house rule 7): the locks a `listCollections` takes before 5.0, in order: the
-/// database's IS lock (`AutoGetDb`, [`DdlTarget::DatabaseLock`]), then each listed collection's
-/// IS lock. A filter on exact names (`{name: <string>}`, `$eq`, `$in` without regexes:
+/// database's lock (`AutoGetDb`: IS, S on 3.6; [`database_read_lock`]), then each listed
+/// collection's IS lock. A filter on exact names (`{name: <string>}`, `$eq`, `$in` without regexes:
 /// `_getExactNameMatches`) lists only those names, any other every collection of the database.
 /// 4.4 and later lock each collection in the list, `nameOnly` or not, an exactly named one even
 /// when it does not exist (`Lock::CollectionLock` before the lookup,
@@ -2082,7 +2107,7 @@ fn list_collections_locks(
     existing: &[String],
     max_wire_version: i32,
 ) -> Vec<DdlTarget> {
-    let mut locks = vec![DdlTarget::DatabaseLock(db.to_owned())];
+    let mut locks = vec![database_read_lock(db, max_wire_version)];
     let since_4_4 = max_wire_version >= 9;
     if name_only && !since_4_4 {
         return locks;
