@@ -79,6 +79,17 @@ fn placed<'a>(
     }
 }
 
+/// SS-15: `slot`'s attempt is over: it is no longer counted on its server. Takes the slot and the
+/// servers apart (disjoint borrows), so callers use the operation at hand (issue 9).
+#[inline(always)]
+fn end_attempt(slot: &mut Slot, servers: &mut [super::Server]) {
+    slot.attempt = None;
+    if let Some(server) = slot.counted.take() {
+        let entry = &mut servers[server.0 as usize];
+        entry.in_flight = entry.in_flight.saturating_sub(1);
+    }
+}
+
 /// What is left of a retry machine's action once its part in the operation is done
 /// (`Engine::drain_retry`).
 enum Routed {
@@ -500,12 +511,7 @@ impl Engine {
                     let slot = &mut op.slots[0];
                     slot.checkout = None;
                     let conn = slot.conn.take();
-                    // The attempt is over (`clear_attempt`).
-                    slot.attempt = None;
-                    if let Some(server) = slot.counted.take() {
-                        let entry = &mut self.servers[server.0 as usize];
-                        entry.in_flight = entry.in_flight.saturating_sub(1);
-                    }
+                    end_attempt(slot, &mut self.servers);
                     // A pinned connection goes back only when this operation ended its pin; one
                     // this operation's cursor or transaction now owns stays checked out (LB-10,
                     // TX-5); any other goes back (BP-27).
@@ -728,13 +734,8 @@ impl Engine {
         let Some(mut op) = self.ops.remove(&op_id) else {
             return;
         };
-        // Every attempt is over (`clear_attempt`, on the operation at hand).
         for slot in &mut op.slots {
-            slot.attempt = None;
-            if let Some(server) = slot.counted.take() {
-                let entry = &mut self.servers[server.0 as usize];
-                entry.in_flight = entry.in_flight.saturating_sub(1);
-            }
+            end_attempt(slot, &mut self.servers);
         }
         self.timers
             .set(Machine::Operation(op_id), &mut op.timer, None);
@@ -782,23 +783,16 @@ impl Engine {
     ) {
         if let Some(op) = self.ops.get_mut(&op_id) {
             let slot = &mut op.slots[slot];
+            end_attempt(slot, &mut self.servers);
             slot.attempt = Some(attempt);
-            if let Some(previous) = slot.counted.replace(server) {
-                let entry = &mut self.servers[previous.0 as usize];
-                entry.in_flight = entry.in_flight.saturating_sub(1);
-            }
+            slot.counted = Some(server);
             self.servers[server.0 as usize].in_flight += 1;
         }
     }
 
     pub(super) fn clear_attempt(&mut self, op_id: OpId, slot: usize) {
         if let Some(op) = self.ops.get_mut(&op_id) {
-            let slot = &mut op.slots[slot];
-            slot.attempt = None;
-            if let Some(server) = slot.counted.take() {
-                let entry = &mut self.servers[server.0 as usize];
-                entry.in_flight = entry.in_flight.saturating_sub(1);
-            }
+            end_attempt(&mut op.slots[slot], &mut self.servers);
         }
     }
 

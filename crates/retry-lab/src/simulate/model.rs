@@ -221,6 +221,10 @@ fn nanos(d: Duration) -> u64 {
 const DEADLINES: usize = 0;
 /// The source of the next arrival (the lanes are 0 and 1).
 const ARRIVAL: usize = 4;
+/// The source of the timers.
+const TIMERS: usize = 2;
+/// The source of the workers' completions.
+const COMPLETIONS: usize = 3;
 /// The lane of requests on their way to a server and replies on their way back: both arrive the
 /// network delay after they left.
 const NETWORK: usize = 1;
@@ -306,8 +310,9 @@ enum Machine {
     Simple(Simple),
 }
 
-/// An operation's slot in [`Sim::ops`]. A slot outlives its operation: the next operation in it
-/// restarts the machine it holds in place (the policy, so the kind of machine, is the run's).
+/// An operation's state in its [`Slot`] of [`Sim::slots`]. A slot outlives its operation: the
+/// next operation in it restarts the machine it holds in place (the policy, so the kind of
+/// machine, is the run's).
 struct Op {
     client: u32,
     /// Never 0 while the operation runs; 0 once it has ended, so that no event matches it.
@@ -342,8 +347,10 @@ impl Op {
 struct Client {
     budget: ClientBudget,
     rng: EngineRng,
-    /// Operations in flight per member, by member index.
-    in_flight: Box<[u32]>,
+    /// Operations in flight per member, by member index: one entry for each of the most members
+    /// a run has ([`Cluster::validate`]), so that an index masked to `0..MAX_MEMBERS` needs no
+    /// bounds check.
+    in_flight: [u32; MAX_MEMBERS],
 }
 
 /// Server selection as every client runs it: retry-core's pipeline over the replica set, reads
@@ -360,14 +367,24 @@ impl Selector {
     #[inline]
     fn pick(&mut self, client: &mut Client, deprioritized: u64) -> u8 {
         let in_flight = &client.in_flight;
-        let chosen =
-            self.selection
-                .select_index(&[deprioritized], |i| in_flight[i], &mut client.rng);
+        let chosen = self.selection.select_index(
+            &[deprioritized],
+            |i| in_flight[member(i)],
+            &mut client.rng,
+        );
         match chosen {
             Ok(Some(i)) => i as u8,
             _ => 0,
         }
     }
+}
+
+/// Member index `i` (below [`MAX_MEMBERS`], which [`Cluster::validate`] ensures) as an index of
+/// a per-member array of [`MAX_MEMBERS`] entries: masked, so that indexing checks no bounds.
+#[inline]
+fn member(i: usize) -> usize {
+    debug_assert!(i < MAX_MEMBERS);
+    i % MAX_MEMBERS
 }
 
 /// The members of `addresses` as a set of member indices (the simulator's addresses are
@@ -384,11 +401,15 @@ fn member_set(addresses: &[ServerAddress]) -> u64 {
 /// an operation's machine can be driven while the model around it changes.
 pub(crate) struct Sim<'a> {
     /// The operations' slots, and the free ones among them.
-    ops: Vec<Op>,
-    /// The machine of each slot (apart from [`Sim::ops`], so that both can be borrowed at once).
-    machines: Vec<Machine>,
+    slots: Vec<Slot>,
     free: Vec<u32>,
     w: World<'a>,
+}
+
+/// An operation's slot and its machine: one lookup finds both, and both can be borrowed at once.
+struct Slot {
+    op: Op,
+    machine: Machine,
 }
 
 /// Everything of a run but the operations' slots: time, events, servers, clients, results.
@@ -407,12 +428,18 @@ struct World<'a> {
     /// ([`ARRIVAL`] or [`DEADLINES`]): the two sources that change about once per operation,
     /// so [`Sim::run`] compares them once when they change instead of on every event.
     slow: (u128, usize),
+    /// The earlier of [`World::slow`] and the earliest timer, and which it is ([`TIMERS`] for
+    /// a timer): timers change about once per attempt that backs off, so the choice of the next
+    /// event compares this one key with the network lane's and the completions'.
+    early: (u128, usize),
     /// Events a fixed delay after they were scheduled: [`DEADLINES`], [`NETWORK`].
     lanes: [Lane; 2],
     /// The attempts between send and reply, and the free slots among them.
     works: Vec<Work>,
     free_works: Vec<u32>,
-    servers: Vec<Server>,
+    /// The members by index, one for each of the most members a run has (those past the
+    /// cluster's are never sent to), so that a masked member index needs no bounds check.
+    servers: Box<[Server; MAX_MEMBERS]>,
     clients: Vec<Client>,
     next_serial: u32,
     arrivals: EngineRng,
@@ -499,7 +526,22 @@ impl<'a> World<'a> {
             seq: self.seq,
             kind,
         };
+        let key = event.key();
         self.timers.push(event, self.now);
+        if key < self.early.0 {
+            self.early = (key, TIMERS);
+        }
+    }
+
+    /// [`World::early`] from [`World::slow`] and the timers.
+    #[inline]
+    fn refresh_early(&mut self) {
+        let timer = self.timers.min_key();
+        self.early = if timer < self.slow.0 {
+            (timer, TIMERS)
+        } else {
+            self.slow
+        };
     }
 
     /// The time-series bucket of now (`now / bucket`), its counters present. Time only moves
@@ -571,9 +613,15 @@ impl<'a> World<'a> {
     fn at_server(&mut self, id: u32) {
         let now = self.now;
         let work = &mut self.works[id as usize];
-        let server = &mut self.servers[usize::from(work.server)];
-        server.tokens = (server.tokens + (now - server.refilled_at) as f64 * server.admit_per_ns)
-            .min(server.burst);
+        let server = &mut self.servers[member(usize::from(work.server))];
+        let tokens = server.tokens + (now - server.refilled_at) as f64 * server.admit_per_ns;
+        // `tokens.min(burst)` without its NaN handling: the burst is at least 1 (never NaN),
+        // and a NaN `tokens` gives the burst either way.
+        server.tokens = if tokens < server.burst {
+            tokens
+        } else {
+            server.burst
+        };
         server.refilled_at = now;
         if server.tokens >= 1.0 {
             server.tokens -= 1.0;
@@ -606,7 +654,7 @@ impl<'a> World<'a> {
     fn completed(&mut self, work: u32) {
         self.schedule_after(NETWORK, self.net_ns, Kind::Reply(work));
         let now = self.now;
-        let server = &mut self.servers[usize::from(self.works[work as usize].server)];
+        let server = &mut self.servers[member(usize::from(self.works[work as usize].server))];
         match server.queue.pop_front() {
             // The worker goes on with the next item: it stays busy.
             Some(next) => {
@@ -635,7 +683,7 @@ impl<'a> World<'a> {
             outcome: Outcome::Ok,
             deadline: op.start + self.timeout_ns,
         };
-        self.clients[op.client as usize].in_flight[usize::from(server)] += 1;
+        self.clients[op.client as usize].in_flight[member(usize::from(server))] += 1;
         self.result.total_attempts += 1;
         if op.measured {
             self.result.attempts += 1;
@@ -679,7 +727,7 @@ impl<'a> World<'a> {
     }
 
     fn released(&mut self, client: u32, server: u8) {
-        let n = &mut self.clients[client as usize].in_flight[usize::from(server)];
+        let n = &mut self.clients[client as usize].in_flight[member(usize::from(server))];
         *n = n.saturating_sub(1);
     }
 }
@@ -723,7 +771,7 @@ impl<'a> Sim<'a> {
             .map(|_| Client {
                 budget: ClientBudget::new(spec.policy, &cluster.grpc),
                 rng: EngineRng::from_seed_u64(policy_seed.next_u64()),
-                in_flight: vec![0; servers].into_boxed_slice(),
+                in_flight: [0; MAX_MEMBERS],
             })
             .collect();
         let w = World {
@@ -735,6 +783,7 @@ impl<'a> Sim<'a> {
             completions: Few::new(),
             arrival: None,
             slow: (NONE, ARRIVAL),
+            early: (NONE, ARRIVAL),
             // Room for the deadlines of a timeout's worth of operations at the highest rate (at
             // most 2 MiB), and for a burst of sends and replies: growing a lane copies it.
             lanes: [
@@ -748,23 +797,21 @@ impl<'a> Sim<'a> {
             ],
             works: Vec::new(),
             free_works: Vec::new(),
-            servers: (0..servers)
-                .map(|i| {
-                    let workers = cluster.workers_of(i);
-                    let admit_per_s = f64::from(workers) / cluster.mean_service().as_secs_f64()
-                        * cluster.admit_fraction;
-                    Server {
-                        workers,
-                        admit_per_ns: admit_per_s / 1e9,
-                        burst: (admit_per_s * cluster.burst.as_secs_f64()).max(1.0),
-                        busy: 0,
-                        queue: VecDeque::new(),
-                        tokens: 1.0,
-                        refilled_at: 0,
-                        rng: EngineRng::from_seed_u64(load_seed ^ ((i as u64 + 1) * 0x5851_F42D)),
-                    }
-                })
-                .collect(),
+            servers: Box::new(std::array::from_fn(|i| {
+                let workers = cluster.workers_of(i);
+                let admit_per_s = f64::from(workers) / cluster.mean_service().as_secs_f64()
+                    * cluster.admit_fraction;
+                Server {
+                    workers,
+                    admit_per_ns: admit_per_s / 1e9,
+                    burst: (admit_per_s * cluster.burst.as_secs_f64()).max(1.0),
+                    busy: 0,
+                    queue: VecDeque::new(),
+                    tokens: 1.0,
+                    refilled_at: 0,
+                    rng: EngineRng::from_seed_u64(load_seed ^ ((i as u64 + 1) * 0x5851_F42D)),
+                }
+            })),
             clients,
             next_serial: 0,
             arrivals: EngineRng::from_seed_u64(load_seed),
@@ -807,8 +854,7 @@ impl<'a> Sim<'a> {
             episode: Episode::of(&spec.load),
         };
         Sim {
-            ops: Vec::new(),
-            machines: Vec::new(),
+            slots: Vec::new(),
             free: Vec::new(),
             w,
         }
@@ -828,9 +874,9 @@ impl<'a> Sim<'a> {
         let lane = &mut self.w.lanes[DEADLINES];
         while let Some(Kind::Deadline { op, serial }) = lane.front().map(|e| e.kind) {
             if self
-                .ops
+                .slots
                 .get(op as usize)
-                .is_some_and(|o| o.serial == serial)
+                .is_some_and(|s| s.op.serial == serial)
             {
                 break;
             }
@@ -843,6 +889,7 @@ impl<'a> Sim<'a> {
         } else {
             (arrival, ARRIVAL)
         };
+        self.w.refresh_early();
     }
 
     /// Runs every event in (time, sequence) order, the same order as one queue of every event:
@@ -855,20 +902,14 @@ impl<'a> Sim<'a> {
     /// would change nothing (no later event reads the clock before setting it), and most
     /// operations end before their deadline.
     fn run(&mut self) {
-        const TIMERS: usize = 2;
-        const COMPLETIONS: usize = 3;
         self.next_arrival();
         loop {
             // Keys are unique (the sequence number), so the order of the comparisons cannot
             // matter.
-            let (mut best, mut source) = self.w.slow;
+            let (mut best, mut source) = self.w.early;
             let key = self.w.lanes[NETWORK].min_key();
             if key < best {
                 (best, source) = (key, NETWORK);
-            }
-            let key = self.w.timers.min_key();
-            if key < best {
-                (best, source) = (key, TIMERS);
             }
             let key = self.w.completions.min_key();
             if key < best {
@@ -900,7 +941,9 @@ impl<'a> Sim<'a> {
                     }
                 }
                 TIMERS => {
-                    let Some(event) = self.w.timers.pop() else {
+                    let event = self.w.timers.pop();
+                    self.w.refresh_early();
+                    let Some(event) = event else {
                         return;
                     };
                     self.w.now = event.time;
@@ -927,9 +970,9 @@ impl<'a> Sim<'a> {
                     match event.kind {
                         Kind::Deadline { op, serial } => {
                             if self
-                                .ops
+                                .slots
                                 .get(op as usize)
-                                .is_some_and(|o| o.serial == serial)
+                                .is_some_and(|s| s.op.serial == serial)
                             {
                                 self.w.now = event.time;
                                 self.deadline(op, serial);
@@ -971,17 +1014,19 @@ impl<'a> Sim<'a> {
         let id = match self.free.pop() {
             Some(id) => id,
             None => {
-                self.ops.push(Op::empty());
-                self.machines.push(Machine::Simple(Simple::default()));
-                (self.ops.len() - 1) as u32
+                self.slots.push(Slot {
+                    op: Op::empty(),
+                    machine: Machine::Simple(Simple::default()),
+                });
+                (self.slots.len() - 1) as u32
             }
         };
-        let op = &mut self.ops[id as usize];
+        let Slot { op, machine } = &mut self.slots[id as usize];
         let c = &mut self.w.clients[client as usize];
         let start = Instant::from_nanos(now);
         // A finished operation's machine is restarted in place in its slot: nothing is
         // allocated, built or moved.
-        match (&c.budget, &mut self.machines[id as usize]) {
+        match (&c.budget, machine) {
             (ClientBudget::Machine(options), machine) => {
                 let spec = OperationSpec::new(OperationKind::Read).with_timeout(timeout);
                 let seed = c.rng.next_u64();
@@ -1018,7 +1063,7 @@ impl<'a> Sim<'a> {
         op.servers.clear();
         op.server = 0;
         op.timer_at = u64::MAX;
-        let simple = matches!(self.machines[id as usize], Machine::Simple(_));
+        let simple = matches!(self.slots[id as usize].machine, Machine::Simple(_));
         self.w.schedule_after(
             DEADLINES,
             self.w.timeout_ns,
@@ -1033,14 +1078,14 @@ impl<'a> Sim<'a> {
 
     /// Ends operation `id` (a baseline's, or one whose machine is not in hand).
     fn end(&mut self, id: u32, ok: bool) {
-        self.w.end(&mut self.ops[id as usize], ok);
+        self.w.end(&mut self.slots[id as usize].op, ok);
         self.free.push(id);
     }
 
     /// Drains a core machine's actions: selection, sends, releases, timers, the result.
     fn pump(&mut self, id: u32) {
-        let op = &mut self.ops[id as usize];
-        match &mut self.machines[id as usize] {
+        let Slot { op, machine } = &mut self.slots[id as usize];
+        match machine {
             Machine::Retry(m) => drive_retry(&mut self.w, &mut self.free, op, m, id),
             Machine::Hedge(m) => drive_hedge(&mut self.w, &mut self.free, op, m, id),
             Machine::Simple(_) => {}
@@ -1054,14 +1099,14 @@ impl<'a> Sim<'a> {
         let outcome = work.outcome;
         let at = Instant::from_nanos(w.now);
         let id = work.op;
-        let Some(op) = self
-            .ops
+        let Some(Slot { op, machine }) = self
+            .slots
             .get_mut(id as usize)
-            .filter(|o| o.serial == work.serial)
+            .filter(|s| s.op.serial == work.serial)
         else {
             return;
         };
-        match &mut self.machines[id as usize] {
+        match machine {
             Machine::Retry(m) => {
                 if op.gen != work.gen {
                     return;
@@ -1111,10 +1156,14 @@ impl<'a> Sim<'a> {
 
     fn timer(&mut self, id: u32, serial: u32, gen: u32) {
         let now = self.w.now;
-        let Some(op) = self.ops.get_mut(id as usize).filter(|o| o.serial == serial) else {
+        let Some(Slot { op, machine }) = self
+            .slots
+            .get_mut(id as usize)
+            .filter(|s| s.op.serial == serial)
+        else {
             return;
         };
-        match &mut self.machines[id as usize] {
+        match machine {
             Machine::Retry(m) => {
                 if op.gen == gen {
                     m.handle_timeout(Instant::from_nanos(now));
@@ -1139,10 +1188,14 @@ impl<'a> Sim<'a> {
     /// The operation's deadline: an attempt still in flight fails with a socket timeout.
     fn deadline(&mut self, id: u32, serial: u32) {
         let at = Instant::from_nanos(self.w.now);
-        let Some(op) = self.ops.get_mut(id as usize).filter(|o| o.serial == serial) else {
+        let Some(Slot { op, machine }) = self
+            .slots
+            .get_mut(id as usize)
+            .filter(|s| s.op.serial == serial)
+        else {
             return;
         };
-        match &mut self.machines[id as usize] {
+        match machine {
             Machine::Retry(m) => {
                 let e = OperationError::network(
                     NetworkErrorKind::Timeout,
@@ -1177,9 +1230,9 @@ impl<'a> Sim<'a> {
     fn simple_attempt(&mut self, id: u32, failed: Option<(u8, bool)>) {
         let now = self.w.now;
         let policy = self.w.spec.policy;
-        let op = &mut self.ops[id as usize];
+        let Slot { op, machine } = &mut self.slots[id as usize];
         debug_assert_ne!(op.serial, 0, "a live operation's slot");
-        let Machine::Simple(s) = &mut self.machines[id as usize] else {
+        let Machine::Simple(s) = machine else {
             return;
         };
         let client = &mut self.w.clients[op.client as usize];
@@ -1260,9 +1313,9 @@ impl<'a> Sim<'a> {
         let now = self.w.now;
         let policy = self.w.spec.policy;
         // The slot, its machine and its client looked up once.
-        let op = &mut self.ops[id as usize];
+        let Slot { op, machine } = &mut self.slots[id as usize];
         debug_assert_ne!(op.serial, 0, "a live operation's slot");
-        let Machine::Simple(s) = &mut self.machines[id as usize] else {
+        let Machine::Simple(s) = machine else {
             return;
         };
         let c = &mut self.w.clients[op.client as usize];
@@ -1282,10 +1335,10 @@ impl<'a> Sim<'a> {
 
     fn simple_succeeded(&mut self, id: u32) {
         let now = self.w.now;
-        let op = &mut self.ops[id as usize];
+        let Slot { op, machine } = &mut self.slots[id as usize];
         debug_assert_ne!(op.serial, 0, "a live operation's slot");
         let c = &mut self.w.clients[op.client as usize];
-        if let Machine::Simple(s) = &self.machines[id as usize] {
+        if let Machine::Simple(s) = machine {
             match &mut c.budget {
                 ClientBudget::Aws { tokens } => {
                     // A retry's success refunds its cost; a first-try success adds 1.
@@ -1454,7 +1507,7 @@ mod tests {
         sim.reply(0);
         assert_eq!(sim.w.result.refused, 0, "the first reply is expected");
         assert_eq!(
-            sim.ops[work.op as usize].serial, work.serial,
+            sim.slots[work.op as usize].op.serial, work.serial,
             "it backs off to retry"
         );
         sim.w.works.push(work);
