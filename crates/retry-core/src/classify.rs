@@ -143,7 +143,7 @@ pub fn classify(
 }
 
 /// RW-4, SE-13: a write concern is unacknowledged when `w` is 0 and `j` is not true.
-pub fn is_unacknowledged(write_concern: &Document) -> bool {
+pub(crate) fn is_unacknowledged(write_concern: &Document) -> bool {
     write_concern.get("w").is_some_and(is_zero)
         && write_concern.get("j") != Some(&Bson::Boolean(true))
         && write_concern.get("journal") != Some(&Bson::Boolean(true))

@@ -453,7 +453,7 @@ fn duration(path: &str, policy: &Document, name: &str) -> Result<Option<Duration
 }
 
 /// Parses `"1.5s"` into a duration; `None` for anything else (negative values included).
-pub fn parse_duration(text: &str) -> Option<Duration> {
+fn parse_duration(text: &str) -> Option<Duration> {
     let number = text.strip_suffix('s')?;
     let (secs, frac) = number.split_once('.').unwrap_or((number, ""));
     if secs.is_empty() || !secs.bytes().all(|b| b.is_ascii_digit()) {

@@ -53,7 +53,7 @@ pub const SESSIONS_UNSUPPORTED: &str = "Sessions are not supported by this Mongo
 /// `logicalSessionTimeoutMinutes`), never by the topology; always in load-balanced mode. An
 /// implicit session on a connection without support is dropped (no `lsid`); an explicit one
 /// fails with [`SESSIONS_UNSUPPORTED`].
-pub fn connection_supports_sessions(reply: &HandshakeReply, load_balanced: bool) -> bool {
+pub(crate) fn connection_supports_sessions(reply: &HandshakeReply, load_balanced: bool) -> bool {
     load_balanced || reply.description.logical_session_timeout.is_some()
 }
 
@@ -288,8 +288,8 @@ const SESSIONLESS_COMMANDS: [&str; 7] = [
 /// SE-13: whether a command named `command_name` gets an `lsid` when the connection supports
 /// sessions. Never handshake, monitoring or authentication commands (`hello`, legacy hello,
 /// `saslStart`, `saslContinue`, `authenticate`), never `parallelCollectionScan`, and never an
-/// unacknowledged write (`unacknowledged`: its write concern is `w: 0`, see
-/// [`crate::classify::is_unacknowledged`]).
+/// unacknowledged write (`unacknowledged`: its write concern has `w: 0` and no `j: true`,
+/// RW-4).
 pub fn attaches_session(command_name: &str, unacknowledged: bool) -> bool {
     !unacknowledged && !sessionless(command_name.as_bytes())
 }

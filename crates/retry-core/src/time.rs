@@ -72,7 +72,7 @@ impl fmt::Display for Instant {
 }
 
 /// A duration as whole nanoseconds, saturating at `u64::MAX` (about 584 years).
-pub fn duration_nanos(d: Duration) -> u64 {
+pub(crate) fn duration_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 

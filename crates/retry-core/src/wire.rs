@@ -890,10 +890,11 @@ pub fn empty_document() -> Document {
 
 /// A document left encoded, validated as [`parse_document`] would convert it.
 fn parse_raw_document(bytes: &[u8]) -> Result<RawDocumentBuf, DecodeError> {
-    let raw =
-        RawDocument::from_bytes(bytes).map_err(|e| DecodeError::Bson(alloc::format!("{e}")))?;
-    bson_read::validate(raw).map_err(|e| DecodeError::Bson(alloc::format!("{e}")))?;
-    Ok(raw.to_owned())
+    // Copied first, so its framing is checked once (`to_owned` would check it again; issue 9).
+    let raw = RawDocumentBuf::from_bytes(bytes.to_vec())
+        .map_err(|e| DecodeError::Bson(alloc::format!("{e}")))?;
+    bson_read::validate(&raw).map_err(|e| DecodeError::Bson(alloc::format!("{e}")))?;
+    Ok(raw)
 }
 
 fn le4(buf: &[u8], at: usize) -> [u8; 4] {

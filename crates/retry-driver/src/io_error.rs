@@ -38,7 +38,7 @@ pub fn classify_io_error(error: &io::Error, connecting: bool) -> (NetworkErrorKi
 }
 
 /// The error's kind name and message, kept by the operation error.
-pub fn io_cause(error: &io::Error) -> NetworkCause {
+fn io_cause(error: &io::Error) -> NetworkCause {
     NetworkCause::io(format!("{:?}", error.kind()), error.to_string())
 }
 

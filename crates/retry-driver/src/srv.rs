@@ -37,7 +37,7 @@ pub struct SrvRecord {
 const TXT_OPTIONS: [&str; 3] = ["authSource", "replicaSet", "loadBalanced"];
 
 /// SRV-2: the name whose SRV records list the hosts: `_{srvServiceName}._tcp.{hostname}`.
-pub fn srv_query_name(hostname: &str, service_name: &str) -> String {
+fn srv_query_name(hostname: &str, service_name: &str) -> String {
     format!("_{service_name}._tcp.{hostname}")
 }
 

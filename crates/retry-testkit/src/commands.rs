@@ -1971,7 +1971,8 @@ fn list_collections(
 
 /// Docs13 (TK-15, house rule 7): a `listDatabases` without `nameOnly` before 5.0 takes, for each
 /// database in turn, that database's IS lock to read its size (`list_databases.cpp`:
-/// `Lock::DBLock` in MODE_IS), and from 4.2 (wire 8) each of its collections' IS lock too
+/// `Lock::DBLock` in MODE_IS; [`database_read_lock`]: on 3.6 and 4.0 it queues behind a DDL
+/// pending on any of its collections), and from 4.2 (wire 8) each of its collections' IS lock too
 /// (`StorageEngineImpl::sizeOnDiskForDb`, which replaced the catalog entry's `sizeOnDisk` in
 /// 4.2: `catalog::forEachCollectionFromDb` in MODE_IS), so it
 /// queues behind a `dropDatabase` pending on any database, and from 4.2 behind a DDL command
@@ -1999,8 +2000,8 @@ fn list_databases_queue(
                 continue;
             }
         }
-        locks.push(DdlTarget::DatabaseLock(db.clone()));
-        if max_wire_version >= 8 {
+        locks.push(database_read_lock(&db, max_wire_version));
+        if max_wire_version >= COLLECTION_DDL_LOCKS_WIRE_VERSION {
             let in_db = collections
                 .iter()
                 .filter(|ns| ns.split_once('.').is_some_and(|(d, _)| d == db));
@@ -2015,25 +2016,85 @@ fn list_databases_queue(
     None
 }
 
-/// Whether a `listDatabases` filter is one leaf expression on `name` (`filter->isLeaf() &&
-/// filter->path() == "name"`, `list_databases.cpp`): its only field is `name`, compared to a
-/// value or by one operator that is not `$not`.
-fn is_name_leaf(filter: &Document) -> bool {
-    if filter.len() != 1 {
-        return false;
+/// The wire version of MongoDB 4.2, the first release whose collection DDL (`drop`, `create`,
+/// the index commands, `renameCollection` and so `$out`) locks the collection exclusively and
+/// the database with an intent lock; 3.6 and 4.0 lock the database exclusively (3.6's
+/// `drop_collection.cpp`, `create_collection.cpp`, `create_indexes.cpp`,
+/// `rename_collection.cpp`: MODE_X on the database; the 4.2 manual's `drop` and
+/// `renameCollection` pages: "Prior to MongoDB 4.2", the parent database's exclusive lock).
+const COLLECTION_DDL_LOCKS_WIRE_VERSION: i32 = 8;
+
+/// Fixes18b (review18 finding 6, TK-15, house rule 7): the lock of database `db` that
+/// `listCollections` and `listDatabases` take before 5.0, as the queue of a server of
+/// `max_wire_version` sees it. From 4.2 it is the intent lock of the database alone
+/// ([`DdlTarget::DatabaseLock`]), which only a `dropDatabase` conflicts with. On 3.6 and 4.0 a
+/// collection's DDL requests the database's exclusive lock ([`COLLECTION_DDL_LOCKS_WIRE_VERSION`]),
+/// so the read ([`DdlTarget::Database`] in intent mode) queues behind a DDL pending on any
+/// collection of the database, whether it locks the database shared (3.6's `listCollections`:
+/// `AutoGetDb` in MODE_S) or intent-shared (4.0's: MODE_IS; `listDatabases`: MODE_IS).
+fn database_read_lock(db: &str, max_wire_version: i32) -> DdlTarget {
+    if max_wire_version < COLLECTION_DDL_LOCKS_WIRE_VERSION {
+        DdlTarget::Database(db.to_owned())
+    } else {
+        DdlTarget::DatabaseLock(db.to_owned())
     }
-    match filter.get("name") {
-        Some(Bson::Document(operators)) if operators.keys().any(|k| k.starts_with('$')) => {
-            operators.len() == 1 && !operators.contains_key("$not")
-        }
-        Some(_) => true,
-        None => false,
+}
+
+/// Whether a `listDatabases` filter is one leaf expression on `name` (`list_databases.cpp`:
+/// `filter->isLeaf()` on 3.6, `getCategory() == kLeaf` from 4.0, and `path() == "name"`).
+/// Fixes18b (review18 finding 5, TK-15, house rule 7), as the server's parser builds it
+/// (`expression_parser.cpp`): the filter's only field is `name`, and its condition is one
+/// expression that is a leaf. A value, a document whose first field is not an operator, or a
+/// DBRef (`$ref` and `$id`) is an equality; in an operator document each operator is one
+/// expression except `$options` beside a `$regex` (one regex expression together). `$eq`, the
+/// order comparisons, `$in`, `$regex` and a true `$exists` are leaves; `$ne`, `$nin`, `$not` and
+/// a false `$exists` are negations, `$size` and `$elemMatch` array expressions, `$all` a
+/// conjunction, and two operators a conjunction too, so any of those locks every database. The
+/// operators not named here are not leaves to the test server (it refuses them in a filter
+/// before any lock).
+fn is_name_leaf(filter: &Document) -> bool {
+    let condition = match filter.iter().next() {
+        Some((field, condition)) if filter.len() == 1 && field == "name" => condition,
+        _ => return false,
+    };
+    let Bson::Document(operators) = condition else {
+        return true;
+    };
+    let dbref = operators.contains_key("$ref") && operators.contains_key("$id");
+    if dbref || !operators.keys().next().is_some_and(|k| k.starts_with('$')) {
+        return true;
+    }
+    let regex = operators.contains_key("$regex");
+    let mut expressions = operators
+        .iter()
+        .filter(|(op, _)| !(regex && op.as_str() == "$options"));
+    match (expressions.next(), expressions.next()) {
+        (Some((op, operand)), None) => match op.as_str() {
+            "$eq" | "$gt" | "$gte" | "$lt" | "$lte" | "$in" | "$regex" => true,
+            "$exists" => true_value(operand),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// Whether a real server reads `value` as true (`BSONElement::trueValue`): a boolean's own
+/// value, a number other than zero; `null` and undefined are false, any other value true.
+fn true_value(value: &Bson) -> bool {
+    match value {
+        Bson::Boolean(b) => *b,
+        Bson::Int32(n) => *n != 0,
+        Bson::Int64(n) => *n != 0,
+        Bson::Double(d) => *d != 0.0,
+        Bson::Decimal128(d) => d.to_string().parse::<f64>().map_or(true, |d| d != 0.0),
+        Bson::Null | Bson::Undefined => false,
+        _ => true,
     }
 }
 
 /// Docs13 (TK-15, house rule 7): the locks a `listCollections` takes before 5.0, in order: the
-/// database's IS lock (`AutoGetDb`, [`DdlTarget::DatabaseLock`]), then each listed collection's
-/// IS lock. A filter on exact names (`{name: <string>}`, `$eq`, `$in` without regexes:
+/// database's lock (`AutoGetDb`: IS, S on 3.6; [`database_read_lock`]), then each listed
+/// collection's IS lock. A filter on exact names (`{name: <string>}`, `$eq`, `$in` without regexes:
 /// `_getExactNameMatches`) lists only those names, any other every collection of the database.
 /// 4.4 and later lock each collection in the list, `nameOnly` or not, an exactly named one even
 /// when it does not exist (`Lock::CollectionLock` before the lookup,
@@ -2046,7 +2107,7 @@ fn list_collections_locks(
     existing: &[String],
     max_wire_version: i32,
 ) -> Vec<DdlTarget> {
-    let mut locks = vec![DdlTarget::DatabaseLock(db.to_owned())];
+    let mut locks = vec![database_read_lock(db, max_wire_version)];
     let since_4_4 = max_wire_version >= 9;
     if name_only && !since_4_4 {
         return locks;
@@ -2457,5 +2518,52 @@ mod tests {
         assert!(no_handler(dispatch(&mut store, "bulkWrite", 21)));
         assert!(!known_command("frobnicate", 25));
         assert!(no_handler(dispatch(&mut store, "frobnicate", 25)));
+    }
+
+    /// Fixes18b (review18 finding 5, TK-15, house rule 7): the `listDatabases` filters that
+    /// name databases without locking the others are those the server parses into one leaf
+    /// expression on `name` (`expression_parser.cpp`, `list_databases.cpp`): `$regex` with its
+    /// `$options` is one regex expression; a negation (`$ne`, `$nin`, `$not`, a false
+    /// `$exists`), an array expression (`$size`, `$elemMatch`), `$all` and two operators are
+    /// not leaves.
+    #[test]
+    fn review18_f5_tk15_list_databases_name_leaves_are_the_servers() {
+        let dbref = doc! { "$ref": "c", "$id": 1 };
+        let leaves = [
+            doc! { "name": "a" },
+            doc! { "name": { "$eq": "a" } },
+            doc! { "name": { "$gt": "a" } },
+            doc! { "name": { "$in": ["a", "b"] } },
+            doc! { "name": { "$regex": "^a" } },
+            doc! { "name": { "$regex": "^a", "$options": "i" } },
+            doc! { "name": { "$options": "i", "$regex": "^a" } },
+            doc! { "name": { "$exists": true } },
+            doc! { "name": { "$exists": 1 } },
+            doc! { "name": { "a": 1, "$b": 2 } },
+            doc! { "name": dbref },
+            doc! { "name": {} },
+        ];
+        for filter in &leaves {
+            assert!(is_name_leaf(filter), "a leaf on name: {filter}");
+        }
+        let not_leaves = [
+            doc! { "name": { "$ne": "a" } },
+            doc! { "name": { "$nin": ["a"] } },
+            doc! { "name": { "$not": { "$eq": "a" } } },
+            doc! { "name": { "$exists": false } },
+            doc! { "name": { "$exists": 0 } },
+            doc! { "name": { "$exists": Bson::Null } },
+            doc! { "name": { "$size": 1 } },
+            doc! { "name": { "$elemMatch": { "$eq": "a" } } },
+            doc! { "name": { "$all": ["a"] } },
+            doc! { "name": { "$all": ["a", "b"] } },
+            doc! { "name": { "$gt": "a", "$lt": "c" } },
+            doc! { "name": "a", "x": 1 },
+            doc! { "x": "a" },
+            doc! { "$or": [{ "name": "a" }] },
+        ];
+        for filter in &not_leaves {
+            assert!(!is_name_leaf(filter), "not a leaf on name: {filter}");
+        }
     }
 }

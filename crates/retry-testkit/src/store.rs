@@ -138,7 +138,9 @@ pub(crate) enum DdlTarget {
     /// Docs13 (house rule 7): the lock of a database alone, not of its collections: the intent
     /// lock `listCollections` takes before 5.0 (`AutoGetDb` in MODE_IS, `list_collections.cpp`).
     /// It waits only for a [`DdlTarget::Database`] request (MODE_X); a collection's DDL takes
-    /// the database's MODE_IX, which an intent lock never conflicts with.
+    /// the database's MODE_IX from 4.2, which an intent lock never conflicts with (before 4.2
+    /// it takes MODE_X, and the test server queues such a read on [`DdlTarget::Database`]
+    /// instead: fixes18b, review18 finding 6).
     DatabaseLock(String),
 }
 

@@ -469,8 +469,10 @@ struct Server {
     pool_queued: bool,
     /// SS-15: operations with an attempt on this server.
     in_flight: u32,
-    /// Where its pool was last found among the topology's (see `Engine::pool_mut`).
+    /// Where its pool was last found among the topology's, and the topology's
+    /// [`Topology::pools_version`] then (see `Engine::pool_mut`).
     pool_at: usize,
+    pool_version: u64,
     /// Its pool's connections' sockets. A pool numbers its connections in increasing order
     /// (CM-1), so an [`IdTable`]: a checkout's lookup costs the same however many connections
     /// the pool has (issue 9, house rule 9; the `BTreeMap` by server and connection it replaces
@@ -1184,6 +1186,7 @@ impl Engine {
             pool_queued: false,
             in_flight: 0,
             pool_at: 0,
+            pool_version: u64::MAX,
             sockets: IdTable::default(),
         });
         self.server_ids.insert(address.clone(), id);
@@ -1191,9 +1194,10 @@ impl Engine {
     }
 
     /// The server's pool: the topology's while it is a member, then the retired one. The
-    /// topology's is found at the position it had last time when it is still there (one
-    /// comparison, house rule 9), else looked up and its position kept. Inlined (issue 9): a
-    /// call's own entry and exit cost about as much as the comparison.
+    /// topology's is found at the position it had last time while no pool joined or left since
+    /// ([`Topology::pools_version`]: one comparison of integers, house rule 9), else looked up
+    /// by address and its position kept. Inlined (issue 9): a call's own entry and exit cost
+    /// about as much as the comparison.
     #[inline(always)]
     fn pool_mut(&mut self, server: ServerId) -> Option<&mut Pool> {
         let entry = &mut self.servers[server.0 as usize];
@@ -1201,13 +1205,15 @@ impl Engine {
             Some(pool) => Some(pool),
             None if entry.left => None,
             None => {
-                let address = &entry.address;
-                let at = entry.pool_at;
-                let moved = self.topology.pools().nth(at).map(Pool::address) != Some(address);
-                if moved {
+                let version = self.topology.pools_version();
+                if entry.pool_version != version {
+                    let address = &entry.address;
                     entry.pool_at = self.topology.pools().position(|p| p.address() == address)?;
+                    entry.pool_version = version;
                 }
-                self.topology.pools_mut().nth(entry.pool_at)
+                let pool = self.topology.pools_mut().nth(entry.pool_at);
+                debug_assert!(pool.as_ref().is_some_and(|p| p.address() == &entry.address));
+                pool
             }
         }
     }
@@ -1218,10 +1224,10 @@ impl Engine {
         match entry.retired_pool.as_deref() {
             Some(pool) => Some(pool),
             None if entry.left => None,
-            None => match self.topology.pools().nth(entry.pool_at) {
-                Some(pool) if pool.address() == &entry.address => Some(pool),
-                _ => self.topology.pool(&entry.address),
-            },
+            None if entry.pool_version == self.topology.pools_version() => {
+                self.topology.pools().nth(entry.pool_at)
+            }
+            None => self.topology.pool(&entry.address),
         }
     }
 }

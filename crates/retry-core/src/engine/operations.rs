@@ -79,6 +79,17 @@ fn placed<'a>(
     }
 }
 
+/// SS-15: `slot`'s attempt is over: it is no longer counted on its server. Takes the slot and the
+/// servers apart (disjoint borrows), so callers use the operation at hand (issue 9).
+#[inline(always)]
+fn end_attempt(slot: &mut Slot, servers: &mut [super::Server]) {
+    slot.attempt = None;
+    if let Some(server) = slot.counted.take() {
+        let entry = &mut servers[server.0 as usize];
+        entry.in_flight = entry.in_flight.saturating_sub(1);
+    }
+}
+
 /// What is left of a retry machine's action once its part in the operation is done
 /// (`Engine::drain_retry`).
 enum Routed {
@@ -456,7 +467,10 @@ impl Engine {
     /// Routes a retry machine's events and actions until it has none left.
     fn drain_retry(&mut self, op_id: OpId, now: Instant) {
         // BP-27: a retry event waits until the attempt's connection is checked in.
-        let mut held: smallvec::SmallVec<[RetryEvent; 2]> = smallvec::SmallVec::new();
+        // Issue 9: a `Vec`, which costs nothing until an event is held (only a machine that
+        // records events retries with one); an inline array of events is set up and dropped
+        // on every turn.
+        let mut held: alloc::vec::Vec<RetryEvent> = alloc::vec::Vec::new();
         loop {
             let Some(op) = self.ops.get_mut(&op_id) else {
                 return;
@@ -497,12 +511,7 @@ impl Engine {
                     let slot = &mut op.slots[0];
                     slot.checkout = None;
                     let conn = slot.conn.take();
-                    // The attempt is over (`clear_attempt`).
-                    slot.attempt = None;
-                    if let Some(server) = slot.counted.take() {
-                        let entry = &mut self.servers[server.0 as usize];
-                        entry.in_flight = entry.in_flight.saturating_sub(1);
-                    }
+                    end_attempt(slot, &mut self.servers);
                     // A pinned connection goes back only when this operation ended its pin; one
                     // this operation's cursor or transaction now owns stays checked out (LB-10,
                     // TX-5); any other goes back (BP-27).
@@ -527,12 +536,16 @@ impl Engine {
         self.emit_held(op_id, &mut held);
     }
 
-    #[inline]
-    fn emit_held(&mut self, op: OpId, held: &mut smallvec::SmallVec<[RetryEvent; 2]>) {
-        // Nearly always empty: no drain set up for nothing (issue 9).
-        if held.is_empty() {
-            return;
+    /// Nearly always nothing to do: the check inlined, the rest not (issue 9).
+    #[inline(always)]
+    fn emit_held(&mut self, op: OpId, held: &mut alloc::vec::Vec<RetryEvent>) {
+        if !held.is_empty() {
+            self.emit_held_events(op, held);
         }
+    }
+
+    #[inline(never)]
+    fn emit_held_events(&mut self, op: OpId, held: &mut alloc::vec::Vec<RetryEvent>) {
         for event in held.drain(..) {
             self.events.push_back(EngineEvent::Operation { op, event });
         }
@@ -707,8 +720,7 @@ impl Engine {
         let Some(op) = self.ops.get(&op_id) else {
             return;
         };
-        let (cursor, release_pinned, slots) =
-            (op.request.cursor, op.release_pinned, op.slots.len());
+        let (cursor, release_pinned) = (op.request.cursor, op.release_pinned);
         // LB-10: closing a cursor gives its connection back whatever killCursors did.
         if let (CursorUse::Close(handle), false) = (cursor, release_pinned) {
             if let Some(cursor) = self.cursors.remove(&handle) {
@@ -718,13 +730,13 @@ impl Engine {
                 self.cursor_session_ended(cursor.session, now);
             }
         }
-        for slot in 0..slots {
-            self.clear_attempt(op_id, slot);
-        }
         self.waiting.remove(&op_id);
         let Some(mut op) = self.ops.remove(&op_id) else {
             return;
         };
+        for slot in &mut op.slots {
+            end_attempt(slot, &mut self.servers);
+        }
         self.timers
             .set(Machine::Operation(op_id), &mut op.timer, None);
         for slot in &mut op.slots {
@@ -771,23 +783,16 @@ impl Engine {
     ) {
         if let Some(op) = self.ops.get_mut(&op_id) {
             let slot = &mut op.slots[slot];
+            end_attempt(slot, &mut self.servers);
             slot.attempt = Some(attempt);
-            if let Some(previous) = slot.counted.replace(server) {
-                let entry = &mut self.servers[previous.0 as usize];
-                entry.in_flight = entry.in_flight.saturating_sub(1);
-            }
+            slot.counted = Some(server);
             self.servers[server.0 as usize].in_flight += 1;
         }
     }
 
     pub(super) fn clear_attempt(&mut self, op_id: OpId, slot: usize) {
         if let Some(op) = self.ops.get_mut(&op_id) {
-            let slot = &mut op.slots[slot];
-            slot.attempt = None;
-            if let Some(server) = slot.counted.take() {
-                let entry = &mut self.servers[server.0 as usize];
-                entry.in_flight = entry.in_flight.saturating_sub(1);
-            }
+            end_attempt(&mut op.slots[slot], &mut self.servers);
         }
     }
 
@@ -852,6 +857,7 @@ impl Engine {
         let slot_state = &mut op.slots[slot];
         slot_state.checkout = None;
         slot_state.conn = Some(conn);
+        let with_txn_number = slot_state.attempt.as_ref().map(|a| a.txn_number.is_some());
         // A cancelled copy writes nothing; its cancellation checks the connection in.
         if !op.machine.is_live(slot) {
             self.schedule(Machine::Operation(op_id));
@@ -882,12 +888,7 @@ impl Engine {
             self.schedule(Machine::Operation(op_id));
             return;
         }
-        let Some(op) = self.ops.get_mut(&op_id) else {
-            return;
-        };
-        let slot_state = &mut op.slots[slot];
-        let Some(with_txn_number) = slot_state.attempt.as_ref().map(|a| a.txn_number.is_some())
-        else {
+        let Some(with_txn_number) = with_txn_number else {
             return;
         };
         let prepared = self.prepare_attempt(

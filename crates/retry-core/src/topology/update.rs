@@ -121,6 +121,9 @@ pub struct Topology {
     pub(super) settings: TopologySettings,
     pub(super) description: TopologyDescription,
     pub(super) pools: Vec<Pool>,
+    /// Bumped whenever a pool joins or leaves `pools`, which moves their indices (the engine
+    /// keeps where each server's pool was; issue 9).
+    pub(super) pools_version: u64,
     pub(super) closed: bool,
     pub(super) events: VecDeque<SdamEvent>,
     pub(super) actions: VecDeque<TopologyAction>,
@@ -141,6 +144,7 @@ impl Topology {
         description.set_name = settings.replica_set.clone();
         let mut topology = Topology {
             pools: Vec::new(),
+            pools_version: 0,
             closed: false,
             events: VecDeque::from([SdamEvent::TopologyOpening]),
             actions: VecDeque::new(),
@@ -220,6 +224,12 @@ impl Topology {
     /// Every pool, mutably, in the order their servers joined.
     pub fn pools_mut(&mut self) -> impl Iterator<Item = &mut Pool> {
         self.pools.iter_mut()
+    }
+
+    /// Changes whenever a pool joins or leaves [`Topology::pools`] (and so whenever a pool's
+    /// index among them may change).
+    pub(crate) fn pools_version(&self) -> u64 {
+        self.pools_version
     }
 
     /// The next SDAM monitoring event, in order.
@@ -591,6 +601,7 @@ impl Topology {
         }
         self.pools
             .push(Pool::new(address.clone(), self.settings.pool.clone()));
+        self.pools_version += 1;
         self.description
             .servers
             .push(ServerDescription::unknown(address));
@@ -602,6 +613,7 @@ impl Topology {
         self.description.servers.retain(|s| &s.address != address);
         if let Some(index) = self.pools.iter().position(|p| p.address() == address) {
             let mut pool = self.pools.remove(index);
+            self.pools_version += 1;
             pool.close(now);
             self.actions.push_back(TopologyAction::StopMonitoring {
                 address: address.clone(),

@@ -230,7 +230,7 @@ const COMPLETIONS: usize = 3;
 const NETWORK: usize = 1;
 
 /// One attempt from its send to its reply: on its way, in a server's queue, on a worker, on its
-/// way back. Kept in [`Sim::works`] so that events carry only its index.
+/// way back. Kept in [`World::works`] so that events carry only its index.
 #[derive(Clone, Copy, Debug)]
 struct Work {
     op: u32,
@@ -455,7 +455,7 @@ struct World<'a> {
     net_ns: u64,
     timeout_ns: u64,
     bucket_ns: u64,
-    /// The bucket of the latest [`Sim::bucket`] call, and where it ends.
+    /// The bucket of the latest [`World::bucket`] call, and where it ends.
     current_bucket: usize,
     bucket_end: u64,
     warmup_ns: u64,
@@ -557,7 +557,7 @@ impl<'a> World<'a> {
         self.current_bucket
     }
 
-    /// Moves [`Sim::bucket`] on to the bucket of now.
+    /// Moves [`World::bucket`] on to the bucket of now.
     #[cold]
     fn next_bucket(&mut self) {
         let b = (self.now / self.bucket_ns) as usize;
@@ -875,7 +875,7 @@ impl<'a> Sim<'a> {
         self.refresh_slow();
     }
 
-    /// [`Sim::slow`] from the arrival and the deadline lane, after dropping the deadlines of
+    /// [`World::slow`] from the arrival and the deadline lane, after dropping the deadlines of
     /// operations that have ended from the lane's front (most end long before their deadline;
     /// [`Sim::run`] drops one that ends after this).
     #[inline]
