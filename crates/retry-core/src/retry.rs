@@ -594,7 +594,9 @@ impl<R: RngCore> RetryMachine<R> {
     /// The next thing to do, in order; `None` when there is nothing until the next input.
     #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
-        if let Some(close) = self.release.take() {
+        // Read, and cleared only when set: most polls find no release kept apart.
+        if let Some(close) = self.release {
+            self.release = None;
             return Some(Action::ReleaseConnection { close });
         }
         self.actions.pop()

@@ -445,7 +445,11 @@ fn pending_ddl_refusal(store: &mut Store, ns: &str, ddl: bool) -> Option<Documen
     if let Some((code, message)) = store.lock_timeout(ns) {
         return Some(error_reply(code, &message));
     }
-    let target = DdlTarget::Collection(ns.to_owned());
+    let target = if ddl {
+        store.collection_ddl_target(ns)
+    } else {
+        DdlTarget::Collection(ns.to_owned())
+    };
     store.ddl_queue(&target, ddl).err().map(query_error)
 }
 
@@ -511,6 +515,8 @@ fn run(
 ) -> Option<Document> {
     let command = &request.body;
     let db = command.get_str("$db").unwrap_or_default();
+    let before_4_2 = max_wire_version < COLLECTION_DDL_LOCKS_WIRE_VERSION;
+    state.store.set_collection_ddl_locks_database(before_4_2);
     if let Ok(lsid) = command.get_document("lsid") {
         state.store.note_session(lsid);
     }
@@ -1971,7 +1977,9 @@ fn list_collections(
 
 /// Docs13 (TK-15, house rule 7): a `listDatabases` without `nameOnly` before 5.0 takes, for each
 /// database in turn, that database's IS lock to read its size (`list_databases.cpp`:
-/// `Lock::DBLock` in MODE_IS), and from 4.2 (wire 8) each of its collections' IS lock too
+/// `Lock::DBLock` in MODE_IS; on 3.6 and 4.0 it queues behind a DDL pending on any of its
+/// collections, [`Store::collection_ddl_target`]), and from 4.2 (wire 8) each of its
+/// collections' IS lock too
 /// (`StorageEngineImpl::sizeOnDiskForDb`, which replaced the catalog entry's `sizeOnDisk` in
 /// 4.2: `catalog::forEachCollectionFromDb` in MODE_IS), so it
 /// queues behind a `dropDatabase` pending on any database, and from 4.2 behind a DDL command
@@ -2000,7 +2008,7 @@ fn list_databases_queue(
             }
         }
         locks.push(DdlTarget::DatabaseLock(db.clone()));
-        if max_wire_version >= 8 {
+        if max_wire_version >= COLLECTION_DDL_LOCKS_WIRE_VERSION {
             let in_db = collections
                 .iter()
                 .filter(|ns| ns.split_once('.').is_some_and(|(d, _)| d == db));
@@ -2015,30 +2023,76 @@ fn list_databases_queue(
     None
 }
 
-/// Whether a `listDatabases` filter is one leaf expression on `name` (`filter->isLeaf() &&
-/// filter->path() == "name"`, `list_databases.cpp`): its only field is `name`, compared to a
-/// value or by one operator that is not `$not`.
+/// The wire version of MongoDB 4.2, the first release whose collection DDL (`drop`, `create`,
+/// the index commands, `renameCollection` and so `$out`) locks the collection exclusively and
+/// the database with an intent lock; 3.6 and 4.0 lock the database exclusively (3.6's
+/// `drop_collection.cpp`, `create_collection.cpp`, `create_indexes.cpp`,
+/// `rename_collection.cpp`: MODE_X on the database; for 4.0 the 4.2 manual's `drop` page:
+/// "Prior to MongoDB 4.2", the parent database's exclusive lock).
+const COLLECTION_DDL_LOCKS_WIRE_VERSION: i32 = 8;
+
+/// Whether a `listDatabases` filter is one leaf expression on `name` (`list_databases.cpp`:
+/// `filter->isLeaf()` on 3.6, `getCategory() == kLeaf` from 4.0, and `path() == "name"`).
+/// Fixes18b (review18 finding 5, TK-15, house rule 7), as the server's parser builds it
+/// (`expression_parser.cpp`): the filter's only field is `name`, and its condition is one
+/// expression that is a leaf. A value, a document whose first field is not an operator, or a
+/// DBRef (`$ref` and `$id`) is an equality; in an operator document each operator is one
+/// expression except `$options` beside a `$regex` (one regex expression together). `$eq`, the
+/// order comparisons, `$in`, `$regex` and a true `$exists` are leaves; `$ne`, `$nin`, `$not` and
+/// a false `$exists` are negations, `$size` and `$elemMatch` array expressions, `$all` a
+/// conjunction, and two operators a conjunction too, so any of those locks every database. The
+/// operators not named here are not leaves to the test server (it refuses them in a filter
+/// before any lock).
 fn is_name_leaf(filter: &Document) -> bool {
-    if filter.len() != 1 {
-        return false;
+    let condition = match filter.iter().next() {
+        Some((field, condition)) if filter.len() == 1 && field == "name" => condition,
+        _ => return false,
+    };
+    let Bson::Document(operators) = condition else {
+        return true;
+    };
+    let dbref = operators.contains_key("$ref") && operators.contains_key("$id");
+    if dbref || !operators.keys().next().is_some_and(|k| k.starts_with('$')) {
+        return true;
     }
-    match filter.get("name") {
-        Some(Bson::Document(operators)) if operators.keys().any(|k| k.starts_with('$')) => {
-            operators.len() == 1 && !operators.contains_key("$not")
-        }
-        Some(_) => true,
-        None => false,
+    let regex = operators.contains_key("$regex");
+    let mut expressions = operators
+        .iter()
+        .filter(|(op, _)| !(regex && op.as_str() == "$options"));
+    match (expressions.next(), expressions.next()) {
+        (Some((op, operand)), None) => match op.as_str() {
+            "$eq" | "$gt" | "$gte" | "$lt" | "$lte" | "$in" | "$regex" => true,
+            "$exists" => true_value(operand),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// Whether a real server reads `value` as true (`BSONElement::trueValue`): a boolean's own
+/// value, a number other than zero; `null` and undefined are false, any other value true.
+fn true_value(value: &Bson) -> bool {
+    match value {
+        Bson::Boolean(b) => *b,
+        Bson::Int32(n) => *n != 0,
+        Bson::Int64(n) => *n != 0,
+        Bson::Double(d) => *d != 0.0,
+        Bson::Decimal128(d) => d.to_string().parse::<f64>() != Ok(0.0),
+        Bson::Null | Bson::Undefined => false,
+        _ => true,
     }
 }
 
 /// Docs13 (TK-15, house rule 7): the locks a `listCollections` takes before 5.0, in order: the
-/// database's IS lock (`AutoGetDb`, [`DdlTarget::DatabaseLock`]), then each listed collection's
-/// IS lock. A filter on exact names (`{name: <string>}`, `$eq`, `$in` without regexes:
-/// `_getExactNameMatches`) lists only those names, any other every collection of the database.
-/// 4.4 and later lock each collection in the list, `nameOnly` or not, an exactly named one even
-/// when it does not exist (`Lock::CollectionLock` before the lookup,
-/// `catalog::forEachCollectionFromDb`); 4.0 and 4.2 only the existing ones, and only to
-/// describe them (`nameOnly: false`, `buildCollectionBson`).
+/// database's lock (`AutoGetDb`: IS, S on 3.6; [`DdlTarget::DatabaseLock`], which waits behind
+/// a pending collection DDL before 4.2, as that DDL locks the database:
+/// [`Store::collection_ddl_target`]), then each listed collection's IS lock. A filter on exact
+/// names (`{name: <string>}`, `$eq`, `$in` without regexes: `_getExactNameMatches`) lists only
+/// those names, any other every collection of the database. 4.4 and later lock each
+/// collection in the list, `nameOnly` or not, an exactly named one even when it does not exist
+/// (`Lock::CollectionLock` before the lookup, `catalog::forEachCollectionFromDb`); 4.0 and 4.2
+/// only the existing ones, and only to describe them (`nameOnly: false`,
+/// `buildCollectionBson`).
 fn list_collections_locks(
     db: &str,
     command: &Document,
@@ -2457,5 +2511,52 @@ mod tests {
         assert!(no_handler(dispatch(&mut store, "bulkWrite", 21)));
         assert!(!known_command("frobnicate", 25));
         assert!(no_handler(dispatch(&mut store, "frobnicate", 25)));
+    }
+
+    /// Fixes18b (review18 finding 5, TK-15, house rule 7): the `listDatabases` filters that
+    /// name databases without locking the others are those the server parses into one leaf
+    /// expression on `name` (`expression_parser.cpp`, `list_databases.cpp`): `$regex` with its
+    /// `$options` is one regex expression; a negation (`$ne`, `$nin`, `$not`, a false
+    /// `$exists`), an array expression (`$size`, `$elemMatch`), `$all` and two operators are
+    /// not leaves.
+    #[test]
+    fn review18_f5_tk15_list_databases_name_leaves_are_the_servers() {
+        let dbref = doc! { "$ref": "c", "$id": 1 };
+        let leaves = [
+            doc! { "name": "a" },
+            doc! { "name": { "$eq": "a" } },
+            doc! { "name": { "$gt": "a" } },
+            doc! { "name": { "$in": ["a", "b"] } },
+            doc! { "name": { "$regex": "^a" } },
+            doc! { "name": { "$regex": "^a", "$options": "i" } },
+            doc! { "name": { "$options": "i", "$regex": "^a" } },
+            doc! { "name": { "$exists": true } },
+            doc! { "name": { "$exists": 1 } },
+            doc! { "name": { "a": 1, "$b": 2 } },
+            doc! { "name": dbref },
+            doc! { "name": {} },
+        ];
+        for filter in &leaves {
+            assert!(is_name_leaf(filter), "a leaf on name: {filter}");
+        }
+        let not_leaves = [
+            doc! { "name": { "$ne": "a" } },
+            doc! { "name": { "$nin": ["a"] } },
+            doc! { "name": { "$not": { "$eq": "a" } } },
+            doc! { "name": { "$exists": false } },
+            doc! { "name": { "$exists": 0 } },
+            doc! { "name": { "$exists": Bson::Null } },
+            doc! { "name": { "$size": 1 } },
+            doc! { "name": { "$elemMatch": { "$eq": "a" } } },
+            doc! { "name": { "$all": ["a"] } },
+            doc! { "name": { "$all": ["a", "b"] } },
+            doc! { "name": { "$gt": "a", "$lt": "c" } },
+            doc! { "name": "a", "x": 1 },
+            doc! { "x": "a" },
+            doc! { "$or": [{ "name": "a" }] },
+        ];
+        for filter in &not_leaves {
+            assert!(!is_name_leaf(filter), "not a leaf on name: {filter}");
+        }
     }
 }

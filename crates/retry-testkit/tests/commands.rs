@@ -3079,12 +3079,120 @@ async fn docs13_list_collections_queues_behind_a_pending_drop_of_a_listed_collec
     .await
 }
 
+/// Fixes18b (review18 finding 6, TK-15, house rule 7): before 4.2 a collection's DDL takes its
+/// database's X lock (3.6's `drop_collection.cpp`: `AutoGetDb` in MODE_X; the 4.2 manual's
+/// `drop` page: "Prior to MongoDB 4.2"), and `listCollections` the database's S lock on 3.6
+/// (`AutoGetDb` in MODE_S), IS on 4.0 (`list_collections.cpp`): either queues behind that X
+/// request, so on 3.6 (wire 6) and 4.0 (wire 7) a `listCollections` naming another collection,
+/// `nameOnly` or not, waits behind a pending `drop` of `w` (50 at its `maxTimeMS`); on 4.2 (wire
+/// 8) the drop takes the database's IX and it runs. One on another database runs.
+#[tokio::test]
+async fn review18_f6_list_collections_queues_behind_a_pending_collection_drop_before_wire_8() {
+    bounded(async {
+        for wire in [6, 7, 8] {
+            let (server, mut client) = start_primary_at(wire).await;
+            server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
+            server.handle().insert("test.x", vec![doc! { "_id": 1 }]);
+            server.handle().insert("other.z", vec![doc! { "_id": 1 }]);
+            let drop = pending_drop_of_w(&server, &mut client).await;
+            let mut other = RawClient::connect(server.address()).await.unwrap();
+            for name_only in [true, false] {
+                let list = doc! {
+                    "listCollections": 1, "nameOnly": name_only, "filter": { "name": "x" },
+                    "$db": "test", "maxTimeMS": 100,
+                };
+                let reply = other.command(list).await.unwrap();
+                let case = format!("wire {wire} nameOnly {name_only}");
+                assert_eq!(code(&reply), (wire < 8).then_some(50), "{case}: {reply}");
+            }
+            let list = doc! { "listCollections": 1, "$db": "other", "maxTimeMS": 100 };
+            let reply = other.command(list).await.unwrap();
+            assert_eq!(code(&reply), None, "wire {wire}, another database: {reply}");
+            assert!(!drop.is_finished(), "wire {wire}: the drop still waits");
+            release_drop_of_w(&mut client, drop).await;
+            server.shutdown().await;
+        }
+    })
+    .await
+}
+
+/// Fixes18b (review18 finding 6, TK-15, house rule 7): before 4.2 a collection's DDL requests
+/// its database's X lock (3.6's `drop_collection.cpp`: `AutoGetDb` in MODE_X; the 4.2 manual's
+/// `drop` page, "Prior to MongoDB 4.2"), so on 4.0 (wire 7), while a `drop` of `w` is pending,
+/// a command outside any transaction on another collection `x` of the database queues (50 at
+/// its `maxTimeMS`) and a new transaction's command on `x` gets LockTimeout 24 with
+/// TransientTransactionError; and a `drop` of `w` waits for a transaction that holds only `x`.
+/// On 4.2 (wire 8) the drop locks `w` alone (the database's IX), and all of these run at once.
+#[tokio::test]
+async fn review18_f6_before_wire_8_a_collection_ddl_locks_its_database() {
+    bounded(async {
+        for wire in [7, 8] {
+            let before_4_2 = wire < 8;
+            let (server, mut client) = start_primary_at(wire).await;
+            server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
+            server.handle().insert("test.x", vec![doc! { "_id": 1 }]);
+            server.handle().insert("other.z", vec![doc! { "_id": 1 }]);
+            let drop = pending_drop_of_w(&server, &mut client).await;
+            let mut other = RawClient::connect(server.address()).await.unwrap();
+            let find_x = doc! { "find": "x", "$db": "test", "maxTimeMS": 100 };
+            let reply = other.command(find_x).await.unwrap();
+            assert_eq!(
+                code(&reply),
+                before_4_2.then_some(50),
+                "wire {wire}: {reply}"
+            );
+            let find_z = doc! { "find": "z", "$db": "other", "maxTimeMS": 100 };
+            let reply = other.command(find_z).await.unwrap();
+            assert_eq!(code(&reply), None, "wire {wire}, another database: {reply}");
+            let in_transaction = doc! {
+                "find": "x", "$db": "test", "lsid": lsid_of(2), "txnNumber": 1_i64,
+                "autocommit": false, "startTransaction": true,
+            };
+            let reply = other.command(in_transaction).await.unwrap();
+            if before_4_2 {
+                assert_eq!(code(&reply), Some(24), "wire {wire}: {reply}");
+                assert_eq!(labels(&reply), ["TransientTransactionError"], "{reply}");
+            } else {
+                assert_eq!(code(&reply), None, "wire {wire}: {reply}");
+                let abort = doc! {
+                    "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(2),
+                    "txnNumber": 1_i64, "autocommit": false,
+                };
+                let reply = other.command(abort).await.unwrap();
+                assert_eq!(code(&reply), None, "{reply}");
+            }
+            assert!(!drop.is_finished(), "wire {wire}: the drop still waits");
+            release_drop_of_w(&mut client, drop).await;
+            // A transaction holding `x` alone: a drop of `w` waits for it before 4.2 only.
+            server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
+            let hold_x = doc! {
+                "find": "x", "$db": "test", "lsid": lsid_of(3), "txnNumber": 1_i64,
+                "autocommit": false, "startTransaction": true,
+            };
+            let reply = client.command(hold_x).await.unwrap();
+            assert_eq!(code(&reply), None, "{reply}");
+            let drop_w = doc! { "drop": "w", "$db": "test", "maxTimeMS": 100 };
+            let reply = other.command(drop_w).await.unwrap();
+            assert_eq!(
+                code(&reply),
+                before_4_2.then_some(50),
+                "wire {wire}: {reply}"
+            );
+            server.shutdown().await;
+        }
+    })
+    .await
+}
+
 /// Docs13 (TK-15, house rule 7): before 5.0 a `listDatabases` without `nameOnly` takes each
 /// database's IS lock to read its size (`list_databases.cpp`), so it queues behind a pending
 /// `dropDatabase` of any database (50 at its `maxTimeMS`), on 4.0 as on 4.4; a filter on
 /// `name` alone skips (and does not lock) the databases it rules out, and `nameOnly` locks
-/// none. From 4.2 it also takes each collection's IS lock (`sizeOnDiskForDb`), so it queues
-/// behind a `drop` pending on any collection; 4.0 does not. 5.0 and later run it at once.
+/// none; a filter on `name` that is not one leaf expression (`$ne`, `$nin`, a false `$exists`:
+/// negations) locks every database (review18 finding 5). From 4.2 it also takes each
+/// collection's IS lock (`sizeOnDiskForDb`), so it queues behind a `drop` pending on any
+/// collection; before 4.2 that `drop` requests the database's X lock, so it queues there too
+/// (review18 finding 6). 5.0 and later run it at once.
 #[tokio::test]
 async fn docs13_list_databases_queues_behind_pending_ddl_before_wire_13() {
     bounded(async {
@@ -3100,10 +3208,40 @@ async fn docs13_list_databases_queues_behind_pending_ddl_before_wire_13() {
             (12, true, doc! { "nameOnly": true }, false),
             (12, true, doc! { "filter": { "name": "other" } }, false),
             (12, true, doc! { "filter": { "name": "test" } }, true),
+            // Fixes18b (review18 finding 5): a negation is no leaf on `name` (the server's
+            // parser makes it a NOT), so it locks every database, the ones it rules out too.
+            (
+                12,
+                true,
+                doc! { "filter": { "name": { "$ne": "test" } } },
+                true,
+            ),
+            (
+                12,
+                true,
+                doc! { "filter": { "name": { "$nin": ["test"] } } },
+                true,
+            ),
+            (
+                12,
+                true,
+                doc! { "filter": { "name": { "$exists": false } } },
+                true,
+            ),
+            (
+                12,
+                true,
+                doc! { "filter": { "name": { "$gt": "test" } } },
+                false,
+            ),
             (25, true, doc! {}, false),
             (12, false, doc! {}, true),
             (8, false, doc! {}, true),
-            (7, false, doc! {}, false),
+            // Fixes18b (review18 finding 6): before 4.2 a collection's drop requests its
+            // database's X lock, which the database's IS lock queues behind.
+            (7, false, doc! {}, true),
+            (6, false, doc! {}, true),
+            (7, false, doc! { "filter": { "name": "other" } }, false),
         ];
         for (wire, drop_database, extra, queues) in cases {
             let (server, mut client) = start_primary_at(wire).await;

@@ -310,8 +310,9 @@ enum Machine {
     Simple(Simple),
 }
 
-/// An operation's slot in [`Sim::ops`]. A slot outlives its operation: the next operation in it
-/// restarts the machine it holds in place (the policy, so the kind of machine, is the run's).
+/// An operation's state in its [`Slot`] of [`Sim::slots`]. A slot outlives its operation: the
+/// next operation in it restarts the machine it holds in place (the policy, so the kind of
+/// machine, is the run's).
 struct Op {
     client: u32,
     /// Never 0 while the operation runs; 0 once it has ended, so that no event matches it.
@@ -400,11 +401,15 @@ fn member_set(addresses: &[ServerAddress]) -> u64 {
 /// an operation's machine can be driven while the model around it changes.
 pub(crate) struct Sim<'a> {
     /// The operations' slots, and the free ones among them.
-    ops: Vec<Op>,
-    /// The machine of each slot (apart from [`Sim::ops`], so that both can be borrowed at once).
-    machines: Vec<Machine>,
+    slots: Vec<Slot>,
     free: Vec<u32>,
     w: World<'a>,
+}
+
+/// An operation's slot and its machine: one lookup finds both, and both can be borrowed at once.
+struct Slot {
+    op: Op,
+    machine: Machine,
 }
 
 /// Everything of a run but the operations' slots: time, events, servers, clients, results.
@@ -609,8 +614,14 @@ impl<'a> World<'a> {
         let now = self.now;
         let work = &mut self.works[id as usize];
         let server = &mut self.servers[member(usize::from(work.server))];
-        server.tokens = (server.tokens + (now - server.refilled_at) as f64 * server.admit_per_ns)
-            .min(server.burst);
+        let tokens = server.tokens + (now - server.refilled_at) as f64 * server.admit_per_ns;
+        // `tokens.min(burst)` without its NaN handling: the burst is at least 1 (never NaN),
+        // and a NaN `tokens` gives the burst either way.
+        server.tokens = if tokens < server.burst {
+            tokens
+        } else {
+            server.burst
+        };
         server.refilled_at = now;
         if server.tokens >= 1.0 {
             server.tokens -= 1.0;
@@ -843,8 +854,7 @@ impl<'a> Sim<'a> {
             episode: Episode::of(&spec.load),
         };
         Sim {
-            ops: Vec::new(),
-            machines: Vec::new(),
+            slots: Vec::new(),
             free: Vec::new(),
             w,
         }
@@ -864,9 +874,9 @@ impl<'a> Sim<'a> {
         let lane = &mut self.w.lanes[DEADLINES];
         while let Some(Kind::Deadline { op, serial }) = lane.front().map(|e| e.kind) {
             if self
-                .ops
+                .slots
                 .get(op as usize)
-                .is_some_and(|o| o.serial == serial)
+                .is_some_and(|s| s.op.serial == serial)
             {
                 break;
             }
@@ -960,9 +970,9 @@ impl<'a> Sim<'a> {
                     match event.kind {
                         Kind::Deadline { op, serial } => {
                             if self
-                                .ops
+                                .slots
                                 .get(op as usize)
-                                .is_some_and(|o| o.serial == serial)
+                                .is_some_and(|s| s.op.serial == serial)
                             {
                                 self.w.now = event.time;
                                 self.deadline(op, serial);
@@ -1004,17 +1014,19 @@ impl<'a> Sim<'a> {
         let id = match self.free.pop() {
             Some(id) => id,
             None => {
-                self.ops.push(Op::empty());
-                self.machines.push(Machine::Simple(Simple::default()));
-                (self.ops.len() - 1) as u32
+                self.slots.push(Slot {
+                    op: Op::empty(),
+                    machine: Machine::Simple(Simple::default()),
+                });
+                (self.slots.len() - 1) as u32
             }
         };
-        let op = &mut self.ops[id as usize];
+        let Slot { op, machine } = &mut self.slots[id as usize];
         let c = &mut self.w.clients[client as usize];
         let start = Instant::from_nanos(now);
         // A finished operation's machine is restarted in place in its slot: nothing is
         // allocated, built or moved.
-        match (&c.budget, &mut self.machines[id as usize]) {
+        match (&c.budget, machine) {
             (ClientBudget::Machine(options), machine) => {
                 let spec = OperationSpec::new(OperationKind::Read).with_timeout(timeout);
                 let seed = c.rng.next_u64();
@@ -1051,7 +1063,7 @@ impl<'a> Sim<'a> {
         op.servers.clear();
         op.server = 0;
         op.timer_at = u64::MAX;
-        let simple = matches!(self.machines[id as usize], Machine::Simple(_));
+        let simple = matches!(self.slots[id as usize].machine, Machine::Simple(_));
         self.w.schedule_after(
             DEADLINES,
             self.w.timeout_ns,
@@ -1066,14 +1078,14 @@ impl<'a> Sim<'a> {
 
     /// Ends operation `id` (a baseline's, or one whose machine is not in hand).
     fn end(&mut self, id: u32, ok: bool) {
-        self.w.end(&mut self.ops[id as usize], ok);
+        self.w.end(&mut self.slots[id as usize].op, ok);
         self.free.push(id);
     }
 
     /// Drains a core machine's actions: selection, sends, releases, timers, the result.
     fn pump(&mut self, id: u32) {
-        let op = &mut self.ops[id as usize];
-        match &mut self.machines[id as usize] {
+        let Slot { op, machine } = &mut self.slots[id as usize];
+        match machine {
             Machine::Retry(m) => drive_retry(&mut self.w, &mut self.free, op, m, id),
             Machine::Hedge(m) => drive_hedge(&mut self.w, &mut self.free, op, m, id),
             Machine::Simple(_) => {}
@@ -1087,14 +1099,14 @@ impl<'a> Sim<'a> {
         let outcome = work.outcome;
         let at = Instant::from_nanos(w.now);
         let id = work.op;
-        let Some(op) = self
-            .ops
+        let Some(Slot { op, machine }) = self
+            .slots
             .get_mut(id as usize)
-            .filter(|o| o.serial == work.serial)
+            .filter(|s| s.op.serial == work.serial)
         else {
             return;
         };
-        match &mut self.machines[id as usize] {
+        match machine {
             Machine::Retry(m) => {
                 if op.gen != work.gen {
                     return;
@@ -1144,10 +1156,14 @@ impl<'a> Sim<'a> {
 
     fn timer(&mut self, id: u32, serial: u32, gen: u32) {
         let now = self.w.now;
-        let Some(op) = self.ops.get_mut(id as usize).filter(|o| o.serial == serial) else {
+        let Some(Slot { op, machine }) = self
+            .slots
+            .get_mut(id as usize)
+            .filter(|s| s.op.serial == serial)
+        else {
             return;
         };
-        match &mut self.machines[id as usize] {
+        match machine {
             Machine::Retry(m) => {
                 if op.gen == gen {
                     m.handle_timeout(Instant::from_nanos(now));
@@ -1172,10 +1188,14 @@ impl<'a> Sim<'a> {
     /// The operation's deadline: an attempt still in flight fails with a socket timeout.
     fn deadline(&mut self, id: u32, serial: u32) {
         let at = Instant::from_nanos(self.w.now);
-        let Some(op) = self.ops.get_mut(id as usize).filter(|o| o.serial == serial) else {
+        let Some(Slot { op, machine }) = self
+            .slots
+            .get_mut(id as usize)
+            .filter(|s| s.op.serial == serial)
+        else {
             return;
         };
-        match &mut self.machines[id as usize] {
+        match machine {
             Machine::Retry(m) => {
                 let e = OperationError::network(
                     NetworkErrorKind::Timeout,
@@ -1210,9 +1230,9 @@ impl<'a> Sim<'a> {
     fn simple_attempt(&mut self, id: u32, failed: Option<(u8, bool)>) {
         let now = self.w.now;
         let policy = self.w.spec.policy;
-        let op = &mut self.ops[id as usize];
+        let Slot { op, machine } = &mut self.slots[id as usize];
         debug_assert_ne!(op.serial, 0, "a live operation's slot");
-        let Machine::Simple(s) = &mut self.machines[id as usize] else {
+        let Machine::Simple(s) = machine else {
             return;
         };
         let client = &mut self.w.clients[op.client as usize];
@@ -1293,9 +1313,9 @@ impl<'a> Sim<'a> {
         let now = self.w.now;
         let policy = self.w.spec.policy;
         // The slot, its machine and its client looked up once.
-        let op = &mut self.ops[id as usize];
+        let Slot { op, machine } = &mut self.slots[id as usize];
         debug_assert_ne!(op.serial, 0, "a live operation's slot");
-        let Machine::Simple(s) = &mut self.machines[id as usize] else {
+        let Machine::Simple(s) = machine else {
             return;
         };
         let c = &mut self.w.clients[op.client as usize];
@@ -1315,10 +1335,10 @@ impl<'a> Sim<'a> {
 
     fn simple_succeeded(&mut self, id: u32) {
         let now = self.w.now;
-        let op = &mut self.ops[id as usize];
+        let Slot { op, machine } = &mut self.slots[id as usize];
         debug_assert_ne!(op.serial, 0, "a live operation's slot");
         let c = &mut self.w.clients[op.client as usize];
-        if let Machine::Simple(s) = &self.machines[id as usize] {
+        if let Machine::Simple(s) = machine {
             match &mut c.budget {
                 ClientBudget::Aws { tokens } => {
                     // A retry's success refunds its cost; a first-try success adds 1.
@@ -1487,7 +1507,7 @@ mod tests {
         sim.reply(0);
         assert_eq!(sim.w.result.refused, 0, "the first reply is expected");
         assert_eq!(
-            sim.ops[work.op as usize].serial, work.serial,
+            sim.slots[work.op as usize].op.serial, work.serial,
             "it backs off to retry"
         );
         sim.w.works.push(work);
