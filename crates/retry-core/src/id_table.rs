@@ -1,7 +1,7 @@
 //! Entries by increasing id, looked up in constant time (house rule 9: an input's cost must not
 //! grow with the operations, sockets or connections in flight, and these are looked up several
-//! times per input): the engine's operations, sockets and pending checkouts, and a pool's
-//! connections.
+//! times per input): the engine's operations, sockets and pending checkouts, a pool's
+//! connections, and a driver's state per operation ([`IdTable`] is public for that, issue 9).
 //!
 //! The engine hands ids out in increasing order (`OpId`, `ConnId`), as a pool does its
 //! [`ConnectionId`]s (CM-1) and [`CheckoutId`]s, so the entries alive at once have ids close
@@ -25,9 +25,12 @@ use core::marker::PhantomData;
 
 use crate::pool::{CheckoutId, ConnectionId};
 
-/// An id handed out in increasing order.
-pub(crate) trait Id: Copy {
+/// An id handed out in increasing order: the engine's [`OpId`](crate::engine::OpId) and
+/// [`ConnId`](crate::engine::ConnId), a pool's [`ConnectionId`] and [`CheckoutId`].
+pub trait Id: Copy {
+    /// The id as an integer.
     fn raw(self) -> u64;
+    /// The id of an integer [`Id::raw`] gave.
     fn from_raw(raw: u64) -> Self;
 }
 
@@ -55,7 +58,7 @@ impl Id for CheckoutId {
 const FIRST_SLOTS: usize = 8;
 
 /// Entries of type `T` by increasing ids of type `K` (see the module docs).
-pub(crate) struct IdTable<K, T> {
+pub struct IdTable<K, T> {
     /// `slots[id & mask]` holds the entry of `id`, or of another id with the same low bits, or
     /// none. Empty, or a power of two long.
     slots: Vec<Option<(u64, T)>>,
@@ -86,11 +89,12 @@ impl<K, T> Default for IdTable<K, T> {
 
 impl<K: Id, T> IdTable<K, T> {
     /// The number of entries.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.in_slots + self.old.len()
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    /// Whether there is no entry.
+    pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
@@ -101,8 +105,9 @@ impl<K: Id, T> IdTable<K, T> {
         (id as usize) & self.mask
     }
 
+    /// The entry of `id`.
     #[inline]
-    pub(crate) fn get(&self, id: &K) -> Option<&T> {
+    pub fn get(&self, id: &K) -> Option<&T> {
         let id = id.raw();
         match self.slots.get(self.at(id)) {
             Some(Some((at, value))) if *at == id => Some(value),
@@ -110,8 +115,9 @@ impl<K: Id, T> IdTable<K, T> {
         }
     }
 
+    /// The entry of `id`, to change.
     #[inline]
-    pub(crate) fn get_mut(&mut self, id: &K) -> Option<&mut T> {
+    pub fn get_mut(&mut self, id: &K) -> Option<&mut T> {
         let id = id.raw();
         let at = self.at(id);
         match self.slots.get_mut(at) {
@@ -125,13 +131,14 @@ impl<K: Id, T> IdTable<K, T> {
         self.old.get(&id)
     }
 
-    pub(crate) fn contains_key(&self, id: &K) -> bool {
+    /// Whether `id` has an entry.
+    pub fn contains_key(&self, id: &K) -> bool {
         self.get(id).is_some()
     }
 
     /// Adds the entry of `id` (the engine's ids only grow, but an id below the others is kept
     /// as well), replacing the one it had.
-    pub(crate) fn insert(&mut self, id: K, value: T) {
+    pub fn insert(&mut self, id: K, value: T) {
         let id = id.raw();
         if !self.old.is_empty() {
             if let Some(entry) = self.old.get_mut(&id) {
@@ -215,8 +222,9 @@ impl<K: Id, T> IdTable<K, T> {
         }
     }
 
+    /// Takes the entry of `id` out.
     #[inline]
-    pub(crate) fn remove(&mut self, id: &K) -> Option<T> {
+    pub fn remove(&mut self, id: &K) -> Option<T> {
         let id = id.raw();
         let at = self.at(id);
         match self.slots.get_mut(at) {
@@ -239,17 +247,17 @@ impl<K: Id, T> IdTable<K, T> {
     }
 
     /// The ids, in increasing order.
-    pub(crate) fn keys(&self) -> impl Iterator<Item = K> + '_ {
+    pub fn keys(&self) -> impl Iterator<Item = K> + '_ {
         self.sorted().into_iter().map(|(id, _)| K::from_raw(id))
     }
 
     /// The entries, in id order.
-    pub(crate) fn values(&self) -> impl Iterator<Item = &T> + '_ {
+    pub fn values(&self) -> impl Iterator<Item = &T> + '_ {
         self.sorted().into_iter().map(|(_, value)| value)
     }
 
     /// The entries, in id order.
-    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut T> + '_ {
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> + '_ {
         let mut entries: Vec<(u64, &mut T)> = self
             .slots
             .iter_mut()

@@ -266,7 +266,7 @@ pub mod engine;
 pub mod error;
 pub mod handshake;
 pub mod hedging;
-mod id_table;
+pub mod id_table;
 pub mod max_time;
 pub mod monitor;
 pub mod option_error;

@@ -14,6 +14,7 @@ use std::task::Wake;
 use retry_core::address::ServerAddress;
 use retry_core::engine::{ConnId, CursorHandle, Engine, EngineEvent, EventFamilies, OpId};
 use retry_core::error::{NetworkCause, NetworkErrorKind, OperationError};
+use retry_core::id_table::IdTable;
 use retry_core::time::{Instant, OperationTimeout};
 
 use crate::id_map::IdMap;
@@ -82,7 +83,9 @@ pub(crate) struct Driver {
     /// that changes).
     timer_target: Option<Waker>,
     sockets: IdMap<ConnId, SocketState>,
-    pending: IdMap<OpId, Pending>,
+    /// By the engine's ids, which it hands out in increasing order ([`IdTable`]: a mask, a load
+    /// and a comparison per lookup; issue 9).
+    pending: IdTable<OpId, Pending>,
     /// The requests taken from the client's queue in one round (reused: swapped with the
     /// queue, so neither allocates again).
     requests: VecDeque<Request>,
@@ -127,7 +130,7 @@ impl Driver {
             timer_wake,
             timer_target: None,
             sockets: IdMap::default(),
-            pending: IdMap::default(),
+            pending: IdTable::default(),
             requests: VecDeque::new(),
             timeout,
             read_buffer: vec![0; READ_BUFFER_BYTES],
@@ -512,7 +515,7 @@ impl Driver {
         self.unflushed = true;
         self.flush_engine(now);
         self.sockets.clear();
-        for (_, pending) in core::mem::take(&mut self.pending) {
+        for pending in core::mem::take(&mut self.pending).values() {
             pending.slot.complete(Err(OperationError::cancelled()));
         }
         let mut state = lock(&self.shared.state);
