@@ -28,7 +28,9 @@
 #       issue 9's one-in-flight goals are read pinned, the unpinned run reported beside it).
 #   CPUS="server=<cpus> client=<cpus> bench=<cpus>"  (RETRY_BENCH_CPUS) each role's threads on
 #       its own CPUs: e.g. server=1 client=0 bench=0 puts every wake between client and server
-#       across vCPUs, to measure that wake's cost apart from the clients'.
+#       across vCPUs, to measure that wake's cost apart from the clients'. A role left out is
+#       not pinned and inherits the bench thread's CPUs (the runtimes are started from it):
+#       bench=0 alone puts every thread on CPU 0, bench=0 server=1 leaves the clients on 0.
 #
 #   SPIN=1       a busy loop at `nice -n 19` on every CPU for the run (children of this script, so
 #       in the bench's session and autogroup: they yield to the bench's threads): no vCPU halts,

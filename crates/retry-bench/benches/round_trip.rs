@@ -246,9 +246,14 @@ enum ThreadRole {
     Bench,
 }
 
-/// `RETRY_BENCH_CPUS="server=<cpus> client=<cpus> bench=<cpus>"` (each optional; `<cpus>` as
-/// `taskset -c` reads it, e.g. `1` or `0,1`): the CPUs each role's threads may run on, set with
-/// `taskset -p` on every thread as it starts. The whole process on one CPU is `taskset -c 0`
+/// `RETRY_BENCH_CPUS="server=<cpus> client=<cpus> bench=<cpus>"` (`<cpus>` as `taskset -c`
+/// reads it, e.g. `1` or `0,1`): the CPUs each role's threads may run on, set with `taskset -p`
+/// on every thread as it starts. A role left out is not pinned: its threads inherit the CPUs of
+/// the thread that starts them, and `main` pins the bench thread first and starts every
+/// runtime from it, so with `bench=` given the server's and the clients' threads left out run
+/// on the bench's CPUs (`bench=0` alone puts every thread on CPU 0; `bench=0 server=1` leaves
+/// the clients on 0), and with `bench=` left out on the CPUs the process may use (review18
+/// finding 9). The whole process on one CPU is `taskset -c 0`
 /// around the bench (scripts/bench-adapters-interleaved.sh, `PIN`); this places the server's
 /// threads and the clients' apart, to tell the cost of waking a thread on another (halted) vCPU
 /// from the clients' own (docs/benchmarks.md, "One in flight: what is measured").
@@ -282,7 +287,8 @@ impl Placement {
         placement
     }
 
-    /// A thread-start hook that pins the starting thread to `role`'s CPUs (if any were given).
+    /// A thread-start hook that pins the starting thread to `role`'s CPUs (if any were given;
+    /// if not, the thread keeps the CPUs it inherited).
     fn pinning(&self, role: ThreadRole) -> impl Fn() + Send + Sync + 'static {
         let cpus = match role {
             ThreadRole::Server => self.server.clone(),

@@ -10,8 +10,14 @@
 //! a load and a comparison (issue 9: about forty lookups per round trip). Two live entries whose
 //! ids share their low bits double the table while it is at least half full; otherwise the
 //! older one (a monitor's socket, an operation waiting out its selection timeout) moves to an
-//! ordered map, so memory stays proportional to the entries alive. Iteration is in id order, as
-//! a `BTreeMap`'s (it sorts: only closing and clearing iterate).
+//! ordered map. Once as many removals as there are slots have left the slots less than an
+//! eighth full, with none in between leaving them fuller, they halve (review18 finding 1): after
+//! a peak, memory and iteration follow the entries alive again, while a burst that ends and
+//! comes back does not resize at each turn. A resize brings entries of the ordered map back to
+//! their free slots while the slots are less than a quarter full. Every operation costs amortized
+//! constant time: a halving follows as many removals as there are slots and leaves them at most
+//! a quarter full, so the doubling after it follows a quarter of its slots' worth of insertions.
+//! Iteration is in id order, as a `BTreeMap`'s (it sorts: only closing and clearing iterate).
 
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -62,6 +68,9 @@ pub struct IdTable<K, T> {
     in_slots: usize,
     /// Entries that gave their slot up to a younger one.
     old: BTreeMap<u64, T>,
+    /// Removals from the slots that left them less than an eighth full, since one last left
+    /// them fuller or they were resized: at as many as there are slots, they halve.
+    sparse_removals: usize,
     ids: PhantomData<K>,
 }
 
@@ -72,6 +81,7 @@ impl<K, T> Default for IdTable<K, T> {
             mask: 0,
             in_slots: 0,
             old: BTreeMap::new(),
+            sparse_removals: 0,
             ids: PhantomData,
         }
     }
@@ -156,24 +166,22 @@ impl<K: Id, T> IdTable<K, T> {
                     let len = 2 * self.slots.len();
                     self.resize(len);
                 }
-                Some((slot_id, entry)) => {
+                Some(taken) => {
                     // A sparse table: the older of the two moves out, as the entries it
                     // outlived would otherwise keep growing the table.
-                    if *slot_id < id {
-                        let (older, kept) = (*slot_id, core::mem::replace(entry, value));
-                        *slot_id = id;
-                        self.old.insert(older, kept);
-                    } else {
-                        self.old.insert(id, value);
-                    }
+                    keep_younger(taken, id, value, &mut self.old);
                     return;
                 }
             }
         }
     }
 
-    /// Moves every entry into a table of `len` slots (a power of two); of two that share their
-    /// slot there, the older moves to `old`.
+    /// Moves every entry into a table of `len` slots (a power of two): of two that share their
+    /// slot there (only when halving), the older moves to `old`. Then, when `old` is no longer
+    /// than the table (so that a resize costs O(`len`)), its entries whose slot is free come
+    /// back, the younger first, while the slots are less than a quarter full.
+    #[cold]
+    #[inline(never)]
     fn resize(&mut self, len: usize) {
         debug_assert!(len.is_power_of_two());
         let mut slots = Vec::with_capacity(len);
@@ -181,23 +189,36 @@ impl<K: Id, T> IdTable<K, T> {
         let previous = core::mem::replace(&mut self.slots, slots);
         self.mask = len - 1;
         self.in_slots = 0;
+        self.sparse_removals = 0;
         for (id, value) in previous.into_iter().flatten() {
-            let at = self.at(id);
-            match &mut self.slots[at] {
-                slot @ None => {
-                    *slot = Some((id, value));
-                    self.in_slots += 1;
-                }
-                Some((slot_id, entry)) => {
-                    if *slot_id < id {
-                        let (older, kept) = (*slot_id, core::mem::replace(entry, value));
-                        *slot_id = id;
-                        self.old.insert(older, kept);
-                    } else {
+            self.place(id, value);
+        }
+        if !self.old.is_empty() && self.old.len() <= len {
+            for (id, value) in core::mem::take(&mut self.old).into_iter().rev() {
+                let at = self.at(id);
+                match &mut self.slots[at] {
+                    slot @ None if 4 * self.in_slots < len => {
+                        *slot = Some((id, value));
+                        self.in_slots += 1;
+                    }
+                    _ => {
                         self.old.insert(id, value);
                     }
                 }
             }
+        }
+    }
+
+    /// Puts the entry of `id` (not in the table) in its slot, or, when that is taken, keeps the
+    /// younger of the two there and moves the older to `old`.
+    fn place(&mut self, id: u64, value: T) {
+        let at = self.at(id);
+        match &mut self.slots[at] {
+            slot @ None => {
+                *slot = Some((id, value));
+                self.in_slots += 1;
+            }
+            Some(taken) => keep_younger(taken, id, value, &mut self.old),
         }
     }
 
@@ -208,8 +229,18 @@ impl<K: Id, T> IdTable<K, T> {
         let at = self.at(id);
         match self.slots.get_mut(at) {
             Some(slot @ Some(_)) if slot.as_ref().is_some_and(|(slot_id, _)| *slot_id == id) => {
+                let value = slot.take().map(|(_, value)| value);
                 self.in_slots -= 1;
-                slot.take().map(|(_, value)| value)
+                let len = self.slots.len();
+                if 8 * self.in_slots < len && len > FIRST_SLOTS {
+                    self.sparse_removals += 1;
+                    if self.sparse_removals >= len {
+                        self.resize(len / 2);
+                    }
+                } else {
+                    self.sparse_removals = 0;
+                }
+                value
             }
             _ => self.old.remove(&id),
         }
@@ -252,6 +283,19 @@ impl<K: Id, T> IdTable<K, T> {
     }
 }
 
+/// Of `taken` (in a slot) and the entry of `id` that wants its slot, the younger (higher id)
+/// keeps the slot and the older moves to `old`.
+fn keep_younger<T>(taken: &mut (u64, T), id: u64, value: T, old: &mut BTreeMap<u64, T>) {
+    let (slot_id, entry) = taken;
+    if *slot_id < id {
+        let (older, kept) = (*slot_id, core::mem::replace(entry, value));
+        *slot_id = id;
+        old.insert(older, kept);
+    } else {
+        old.insert(id, value);
+    }
+}
+
 impl<K: Id + core::fmt::Debug, T: core::fmt::Debug> core::fmt::Debug for IdTable<K, T> {
     /// As the ordered map it stands for.
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -276,6 +320,27 @@ impl<K: Id, T> core::ops::Index<&K> for IdTable<K, T> {
 mod tests {
     use super::*;
     use alloc::vec::Vec;
+    use proptest::prelude::*;
+
+    /// The table's own invariants: every entry in the slot its id names, the count of those,
+    /// no id both there and in `old`, and a power of two slots.
+    fn assert_consistent<T>(table: &IdTable<CheckoutId, T>) {
+        let len = table.slots.len();
+        assert!(
+            len == 0 || (len.is_power_of_two() && len >= FIRST_SLOTS),
+            "{len} slots"
+        );
+        assert_eq!(table.mask, len.saturating_sub(1));
+        let mut in_slots = 0;
+        for (at, slot) in table.slots.iter().enumerate() {
+            if let Some((id, _)) = slot {
+                assert_eq!(table.at(*id), at, "{id} out of its slot");
+                assert!(!table.old.contains_key(id), "{id} in both");
+                in_slots += 1;
+            }
+        }
+        assert_eq!(table.in_slots, in_slots);
+    }
 
     /// House rule 9, issue 9 (DESIGN.md "Composition": O(1) indices for what the hot path looks
     /// up): lookups, removals and id-ordered iteration agree with a `BTreeMap` through
@@ -358,5 +423,277 @@ mod tests {
         }
         assert!(table.slots.len() <= 256, "{} slots", table.slots.len());
         assert_eq!(table.len(), 64);
+    }
+
+    /// Review18 findings 1 and 2: a halving puts the older of two entries that now share a slot
+    /// in `old`, and a later halving brings it back once its slot is free; after a peak the
+    /// slots follow the entries alive (house rule 9: iteration walks the slots).
+    #[test]
+    fn halving_moves_the_older_of_a_shared_slot_out_and_back() {
+        let mut table: IdTable<CheckoutId, u64> = IdTable::default();
+        for id in 0..20_u64 {
+            table.insert(CheckoutId(id), id);
+        }
+        assert_eq!(table.slots.len(), 32);
+        for id in (1..20_u64).filter(|id| *id != 16) {
+            assert_eq!(table.remove(&CheckoutId(id)), Some(id));
+        }
+        // 0 and 16 share their slot in 16 slots, not in 32; one-at-a-time entries in slot 1.
+        let mut next = 1_000 * 32 + 1;
+        let mut churn = |table: &mut IdTable<CheckoutId, u64>, until_slots: usize| {
+            for _ in 0..1_000 {
+                if table.slots.len() == until_slots {
+                    return;
+                }
+                table.insert(CheckoutId(next), next);
+                assert_eq!(table.remove(&CheckoutId(next)), Some(next));
+                next += 32;
+            }
+            panic!("the slots did not halve to {until_slots}");
+        };
+        churn(&mut table, 16);
+        assert_consistent(&table);
+        assert_eq!(table.old.keys().copied().collect::<Vec<_>>(), [0]);
+        assert_eq!(
+            (table.get(&CheckoutId(0)), table.get(&CheckoutId(16))),
+            (Some(&0), Some(&16))
+        );
+        assert_eq!(table.remove(&CheckoutId(16)), Some(16));
+        churn(&mut table, FIRST_SLOTS);
+        assert_consistent(&table);
+        assert!(table.old.is_empty(), "0 is back in its free slot");
+        assert_eq!((table.in_slots, table.get(&CheckoutId(0))), (1, Some(&0)));
+    }
+
+    /// Review18 finding 1 (house rule 9): after a peak of 10,000 entries and one-at-a-time
+    /// operations past it, the slots are back to the first table's.
+    #[test]
+    fn the_slots_follow_the_entries_alive_after_a_peak() {
+        let mut table: IdTable<CheckoutId, u64> = IdTable::default();
+        for id in 0..10_000_u64 {
+            table.insert(CheckoutId(id), id);
+        }
+        assert_eq!(table.slots.len(), 16_384);
+        for id in 1..10_000_u64 {
+            table.remove(&CheckoutId(id));
+        }
+        for id in 10_000..50_000_u64 {
+            table.insert(CheckoutId(id), id);
+            table.remove(&CheckoutId(id));
+        }
+        assert_consistent(&table);
+        assert_eq!((table.slots.len(), table.len()), (FIRST_SLOTS, 1));
+        assert_eq!(table.get(&CheckoutId(0)), Some(&0));
+    }
+
+    /// One step of [`agrees_with_an_ordered_map_over_mixed_ids`]; `usize`s pick among the ids
+    /// used so far, the others make new ones.
+    #[derive(Clone, Debug)]
+    enum Step {
+        /// The next increasing id, `gap` above the last.
+        Fresh(u8),
+        /// An id below all the others.
+        Below(u8),
+        /// An id used before, alive or not.
+        Reuse(usize),
+        /// An id with many low bits shared: `(a % 16) << (b % 40)`.
+        Shared(u8, u8),
+        /// Any id.
+        Any(u64),
+        Remove(usize),
+        /// An id used before, looked up (`get`, `get_mut`, `contains_key`).
+        Look(usize),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (1_u8..5).prop_map(Step::Fresh),
+            1 => any::<u8>().prop_map(Step::Below),
+            1 => any::<usize>().prop_map(Step::Reuse),
+            1 => (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Step::Shared(a, b)),
+            1 => any::<u64>().prop_map(Step::Any),
+            3 => any::<usize>().prop_map(Step::Remove),
+            2 => any::<usize>().prop_map(Step::Look),
+        ]
+    }
+
+    /// The ids and a model of one run.
+    struct Run {
+        table: IdTable<CheckoutId, u64>,
+        model: BTreeMap<u64, u64>,
+        /// Every id inserted so far.
+        used: Vec<u64>,
+        /// The next fresh id, and the id below all others last handed out.
+        next: u64,
+        below: u64,
+        /// Near `u64::MAX`: shared-low-bit ids are complemented.
+        high: bool,
+        steps: u64,
+        most_slots: usize,
+        halvings: usize,
+    }
+
+    impl Run {
+        fn insert(&mut self, id: u64) {
+            self.steps += 1;
+            let value = id ^ self.steps;
+            self.table.insert(CheckoutId(id), value);
+            self.model.insert(id, value);
+            self.used.push(id);
+            self.after();
+        }
+
+        fn remove(&mut self, id: u64) {
+            let slots = self.table.slots.len();
+            assert_eq!(
+                self.table.remove(&CheckoutId(id)),
+                self.model.remove(&id),
+                "{id}"
+            );
+            if self.table.slots.len() < slots {
+                self.halvings += 1;
+                assert_consistent(&self.table);
+            }
+            self.after();
+        }
+
+        fn fresh(&mut self) -> u64 {
+            self.next += 1;
+            self.next
+        }
+
+        fn after(&mut self) {
+            self.most_slots = self.most_slots.max(self.table.slots.len());
+            assert_eq!(self.table.len(), self.model.len());
+            if self.steps.is_multiple_of(16) {
+                assert_consistent(&self.table);
+            }
+        }
+
+        fn step(&mut self, step: &Step) {
+            let pick = |used: &[u64], i: usize| used.get(i % used.len().max(1)).copied();
+            match *step {
+                Step::Fresh(gap) => {
+                    self.next += u64::from(gap) - 1;
+                    let id = self.fresh();
+                    self.insert(id);
+                }
+                Step::Below(gap) => {
+                    self.below -= 1 + u64::from(gap);
+                    self.insert(self.below);
+                }
+                Step::Reuse(i) => {
+                    let id = pick(&self.used, i).unwrap_or(self.below);
+                    self.insert(id);
+                }
+                Step::Shared(a, b) => {
+                    let id = u64::from(a % 16) << (b % 40);
+                    self.insert(if self.high { !id } else { id });
+                }
+                Step::Any(id) => self.insert(id),
+                Step::Remove(i) => {
+                    let live: Option<u64> =
+                        self.model.keys().nth(i % self.model.len().max(1)).copied();
+                    let id = live.or(pick(&self.used, i)).unwrap_or(0);
+                    self.remove(id);
+                }
+                Step::Look(i) => {
+                    let id = pick(&self.used, i).unwrap_or(i as u64);
+                    let key = CheckoutId(id);
+                    assert_eq!(self.table.get(&key), self.model.get(&id));
+                    assert_eq!(self.table.contains_key(&key), self.model.contains_key(&id));
+                    if let (Some(entry), Some(model)) =
+                        (self.table.get_mut(&key), self.model.get_mut(&id))
+                    {
+                        *entry += 1;
+                        *model += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Review18 finding 3 (house rule 9, issue 9): the table is an ordered map. Mixed steps
+        /// over increasing ids with gaps, ids below the others, reused ids, ids that share their
+        /// low bits and any ids, near 0 or near `u64::MAX`, around a burst that doubles the
+        /// table, a drain to a few long-lived entries and one-at-a-time entries that halve it:
+        /// lookups, removals and id-ordered iteration agree with a `BTreeMap` throughout.
+        #[test]
+        fn agrees_with_an_ordered_map_over_mixed_ids(
+            high in any::<bool>(),
+            before in proptest::collection::vec(step(), 0..60),
+            burst in 24_usize..100,
+            between in proptest::collection::vec(step(), 0..60),
+            (pairs, shared_bits) in (0_u64..5, 3_u32..10),
+            keep in 0_usize..4,
+            (one_at_a_time, stride_bits) in (600_usize..900, 0_u32..6),
+            after in proptest::collection::vec(step(), 0..60),
+        ) {
+            let start = if high { u64::MAX - 200_000 } else { 1 << 20 };
+            let mut run = Run {
+                table: IdTable::default(),
+                model: BTreeMap::new(),
+                used: Vec::new(),
+                next: start,
+                below: start - 1_000,
+                high,
+                steps: 0,
+                most_slots: 0,
+                halvings: 0,
+            };
+            for step in &before {
+                run.step(step);
+            }
+            for _ in 0..burst {
+                let id = run.fresh();
+                run.insert(id);
+            }
+            prop_assert!(run.most_slots > FIRST_SLOTS, "the burst doubled the slots");
+            for step in &between {
+                run.step(step);
+            }
+            // Entries that share their low `shared_bits` bits, to share a slot once the slots
+            // halve below them.
+            let anchor = run.fresh();
+            let pair_ids: Vec<u64> = (0..=pairs).map(|j| anchor + (j << shared_bits)).collect();
+            run.next = anchor + (pairs << shared_bits);
+            for &id in &pair_ids {
+                run.insert(id);
+            }
+            // All but those and the `keep` oldest end, then one-at-a-time entries, `1 <<
+            // stride_bits` apart (so that they pass only some slots), pass them.
+            let ending: Vec<u64> = run
+                .model
+                .keys()
+                .skip(keep)
+                .filter(|id| !pair_ids.contains(id))
+                .copied()
+                .collect();
+            for id in ending {
+                run.remove(id);
+            }
+            for _ in 0..one_at_a_time {
+                run.next += (1 << stride_bits) - 1;
+                let id = run.fresh();
+                run.insert(id);
+                run.remove(id);
+            }
+            prop_assert!(run.halvings > 0, "the slots halved (most {})", run.most_slots);
+            for step in &after {
+                run.step(step);
+            }
+            assert_consistent(&run.table);
+            let ids: Vec<u64> = run.table.keys().map(|id| id.0).collect();
+            prop_assert_eq!(&ids, &run.model.keys().copied().collect::<Vec<_>>());
+            prop_assert!(run.table.values().eq(run.model.values()));
+            prop_assert!(run.table.values_mut().map(|v| *v).eq(run.model.values().copied()));
+            for id in ids {
+                run.remove(id);
+            }
+            prop_assert!(run.table.is_empty());
+        }
     }
 }

@@ -445,7 +445,11 @@ fn pending_ddl_refusal(store: &mut Store, ns: &str, ddl: bool) -> Option<Documen
     if let Some((code, message)) = store.lock_timeout(ns) {
         return Some(error_reply(code, &message));
     }
-    let target = DdlTarget::Collection(ns.to_owned());
+    let target = if ddl {
+        store.collection_ddl_target(ns)
+    } else {
+        DdlTarget::Collection(ns.to_owned())
+    };
     store.ddl_queue(&target, ddl).err().map(query_error)
 }
 
@@ -511,6 +515,8 @@ fn run(
 ) -> Option<Document> {
     let command = &request.body;
     let db = command.get_str("$db").unwrap_or_default();
+    let before_4_2 = max_wire_version < COLLECTION_DDL_LOCKS_WIRE_VERSION;
+    state.store.set_collection_ddl_locks_database(before_4_2);
     if let Ok(lsid) = command.get_document("lsid") {
         state.store.note_session(lsid);
     }
@@ -1971,8 +1977,9 @@ fn list_collections(
 
 /// Docs13 (TK-15, house rule 7): a `listDatabases` without `nameOnly` before 5.0 takes, for each
 /// database in turn, that database's IS lock to read its size (`list_databases.cpp`:
-/// `Lock::DBLock` in MODE_IS; [`database_read_lock`]: on 3.6 and 4.0 it queues behind a DDL
-/// pending on any of its collections), and from 4.2 (wire 8) each of its collections' IS lock too
+/// `Lock::DBLock` in MODE_IS; on 3.6 and 4.0 it queues behind a DDL pending on any of its
+/// collections, [`Store::collection_ddl_target`]), and from 4.2 (wire 8) each of its
+/// collections' IS lock too
 /// (`StorageEngineImpl::sizeOnDiskForDb`, which replaced the catalog entry's `sizeOnDisk` in
 /// 4.2: `catalog::forEachCollectionFromDb` in MODE_IS), so it
 /// queues behind a `dropDatabase` pending on any database, and from 4.2 behind a DDL command
@@ -2000,7 +2007,7 @@ fn list_databases_queue(
                 continue;
             }
         }
-        locks.push(database_read_lock(&db, max_wire_version));
+        locks.push(DdlTarget::DatabaseLock(db.clone()));
         if max_wire_version >= COLLECTION_DDL_LOCKS_WIRE_VERSION {
             let in_db = collections
                 .iter()
@@ -2020,25 +2027,9 @@ fn list_databases_queue(
 /// the index commands, `renameCollection` and so `$out`) locks the collection exclusively and
 /// the database with an intent lock; 3.6 and 4.0 lock the database exclusively (3.6's
 /// `drop_collection.cpp`, `create_collection.cpp`, `create_indexes.cpp`,
-/// `rename_collection.cpp`: MODE_X on the database; the 4.2 manual's `drop` and
-/// `renameCollection` pages: "Prior to MongoDB 4.2", the parent database's exclusive lock).
+/// `rename_collection.cpp`: MODE_X on the database; for 4.0 the 4.2 manual's `drop` page:
+/// "Prior to MongoDB 4.2", the parent database's exclusive lock).
 const COLLECTION_DDL_LOCKS_WIRE_VERSION: i32 = 8;
-
-/// Fixes18b (review18 finding 6, TK-15, house rule 7): the lock of database `db` that
-/// `listCollections` and `listDatabases` take before 5.0, as the queue of a server of
-/// `max_wire_version` sees it. From 4.2 it is the intent lock of the database alone
-/// ([`DdlTarget::DatabaseLock`]), which only a `dropDatabase` conflicts with. On 3.6 and 4.0 a
-/// collection's DDL requests the database's exclusive lock ([`COLLECTION_DDL_LOCKS_WIRE_VERSION`]),
-/// so the read ([`DdlTarget::Database`] in intent mode) queues behind a DDL pending on any
-/// collection of the database, whether it locks the database shared (3.6's `listCollections`:
-/// `AutoGetDb` in MODE_S) or intent-shared (4.0's: MODE_IS; `listDatabases`: MODE_IS).
-fn database_read_lock(db: &str, max_wire_version: i32) -> DdlTarget {
-    if max_wire_version < COLLECTION_DDL_LOCKS_WIRE_VERSION {
-        DdlTarget::Database(db.to_owned())
-    } else {
-        DdlTarget::DatabaseLock(db.to_owned())
-    }
-}
 
 /// Whether a `listDatabases` filter is one leaf expression on `name` (`list_databases.cpp`:
 /// `filter->isLeaf()` on 3.6, `getCategory() == kLeaf` from 4.0, and `path() == "name"`).
@@ -2086,20 +2077,22 @@ fn true_value(value: &Bson) -> bool {
         Bson::Int32(n) => *n != 0,
         Bson::Int64(n) => *n != 0,
         Bson::Double(d) => *d != 0.0,
-        Bson::Decimal128(d) => d.to_string().parse::<f64>().map_or(true, |d| d != 0.0),
+        Bson::Decimal128(d) => d.to_string().parse::<f64>() != Ok(0.0),
         Bson::Null | Bson::Undefined => false,
         _ => true,
     }
 }
 
 /// Docs13 (TK-15, house rule 7): the locks a `listCollections` takes before 5.0, in order: the
-/// database's lock (`AutoGetDb`: IS, S on 3.6; [`database_read_lock`]), then each listed
-/// collection's IS lock. A filter on exact names (`{name: <string>}`, `$eq`, `$in` without regexes:
-/// `_getExactNameMatches`) lists only those names, any other every collection of the database.
-/// 4.4 and later lock each collection in the list, `nameOnly` or not, an exactly named one even
-/// when it does not exist (`Lock::CollectionLock` before the lookup,
-/// `catalog::forEachCollectionFromDb`); 4.0 and 4.2 only the existing ones, and only to
-/// describe them (`nameOnly: false`, `buildCollectionBson`).
+/// database's lock (`AutoGetDb`: IS, S on 3.6; [`DdlTarget::DatabaseLock`], which waits behind
+/// a pending collection DDL before 4.2, as that DDL locks the database:
+/// [`Store::collection_ddl_target`]), then each listed collection's IS lock. A filter on exact
+/// names (`{name: <string>}`, `$eq`, `$in` without regexes: `_getExactNameMatches`) lists only
+/// those names, any other every collection of the database. 4.4 and later lock each
+/// collection in the list, `nameOnly` or not, an exactly named one even when it does not exist
+/// (`Lock::CollectionLock` before the lookup, `catalog::forEachCollectionFromDb`); 4.0 and 4.2
+/// only the existing ones, and only to describe them (`nameOnly: false`,
+/// `buildCollectionBson`).
 fn list_collections_locks(
     db: &str,
     command: &Document,
@@ -2107,7 +2100,7 @@ fn list_collections_locks(
     existing: &[String],
     max_wire_version: i32,
 ) -> Vec<DdlTarget> {
-    let mut locks = vec![database_read_lock(db, max_wire_version)];
+    let mut locks = vec![DdlTarget::DatabaseLock(db.to_owned())];
     let since_4_4 = max_wire_version >= 9;
     if name_only && !since_4_4 {
         return locks;

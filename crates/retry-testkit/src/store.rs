@@ -102,6 +102,9 @@ pub(crate) struct Store {
     /// when it is one taking its turn ([`Store::set_running_ddl`]): only the conflicting ones
     /// before it hold it back.
     running_ddl: Option<u64>,
+    /// Fixes18b (review18 finding 6): the running command's server is older than 4.2, whose
+    /// DDL on a collection takes its database's exclusive lock ([`Store::collection_ddl_target`]).
+    collection_ddl_locks_database: bool,
     /// What the command now running queues for, when it is blocked and queued (taken with
     /// [`Store::take_blocked`]'s session, [`Store::take_blocked_ddl`]).
     blocked_ddl: Option<(DdlTarget, LockMode)>,
@@ -139,8 +142,7 @@ pub(crate) enum DdlTarget {
     /// lock `listCollections` takes before 5.0 (`AutoGetDb` in MODE_IS, `list_collections.cpp`).
     /// It waits only for a [`DdlTarget::Database`] request (MODE_X); a collection's DDL takes
     /// the database's MODE_IX from 4.2, which an intent lock never conflicts with (before 4.2
-    /// it takes MODE_X, and the test server queues such a read on [`DdlTarget::Database`]
-    /// instead: fixes18b, review18 finding 6).
+    /// it takes MODE_X: [`Store::collection_ddl_target`]).
     DatabaseLock(String),
 }
 
@@ -643,6 +645,24 @@ impl Store {
         };
         self.pending_ddl.insert(number, queued);
         number
+    }
+
+    /// Fixes18b (review18 finding 6, TK-15, house rule 7): the running command's server is
+    /// older than 4.2 (`locks_database`) or not, for [`Store::collection_ddl_target`].
+    pub(crate) fn set_collection_ddl_locks_database(&mut self, locks_database: bool) {
+        self.collection_ddl_locks_database = locks_database;
+    }
+
+    /// Fixes18b (review18 finding 6, TK-15, house rule 7): the lock a DDL command on collection
+    /// `ns` (`drop`, `create`, the index commands, `$out`'s rename) requests exclusively: from
+    /// 4.2 the collection's (with the database's IX), before 4.2 its database's, so that
+    /// everything on any collection of the database queues behind it and it waits for any
+    /// transaction holding one of them ([`Store::set_collection_ddl_locks_database`]).
+    pub(crate) fn collection_ddl_target(&self, ns: &str) -> DdlTarget {
+        match ns.split_once('.') {
+            Some((db, _)) if self.collection_ddl_locks_database => DdlTarget::Database(db.into()),
+            _ => DdlTarget::Collection(ns.to_owned()),
+        }
     }
 
     /// Leftovers12 item 5: the running command is the queued command `number` taking its turn
@@ -1499,7 +1519,7 @@ impl Store {
             }
             new.push(document);
         }
-        let target = DdlTarget::Collection(ns.to_owned());
+        let target = self.collection_ddl_target(ns);
         self.ddl_queue(&target, true)?;
         self.ddl_holder(target)?;
         let added: Vec<Bson> = new.documents().iter().map(id_of).collect();
@@ -1619,7 +1639,7 @@ impl Store {
     /// for the collection lock of such a transaction ("Pending DDL Operations and
     /// Transactions"), so that transaction's abort never brings the dropped documents back.
     pub(crate) fn drop_collection(&mut self, ns: &str) -> Result<bool, QueryError> {
-        let target = DdlTarget::Collection(ns.to_owned());
+        let target = self.collection_ddl_target(ns);
         self.ddl_queue(&target, true)?;
         self.ddl_holder(target)?;
         self.indexes.remove(ns);

@@ -3116,6 +3116,74 @@ async fn review18_f6_list_collections_queues_behind_a_pending_collection_drop_be
     .await
 }
 
+/// Fixes18b (review18 finding 6, TK-15, house rule 7): before 4.2 a collection's DDL requests
+/// its database's X lock (3.6's `drop_collection.cpp`: `AutoGetDb` in MODE_X; the 4.2 manual's
+/// `drop` page, "Prior to MongoDB 4.2"), so on 4.0 (wire 7), while a `drop` of `w` is pending,
+/// a command outside any transaction on another collection `x` of the database queues (50 at
+/// its `maxTimeMS`) and a new transaction's command on `x` gets LockTimeout 24 with
+/// TransientTransactionError; and a `drop` of `w` waits for a transaction that holds only `x`.
+/// On 4.2 (wire 8) the drop locks `w` alone (the database's IX), and all of these run at once.
+#[tokio::test]
+async fn review18_f6_before_wire_8_a_collection_ddl_locks_its_database() {
+    bounded(async {
+        for wire in [7, 8] {
+            let before_4_2 = wire < 8;
+            let (server, mut client) = start_primary_at(wire).await;
+            server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
+            server.handle().insert("test.x", vec![doc! { "_id": 1 }]);
+            server.handle().insert("other.z", vec![doc! { "_id": 1 }]);
+            let drop = pending_drop_of_w(&server, &mut client).await;
+            let mut other = RawClient::connect(server.address()).await.unwrap();
+            let find_x = doc! { "find": "x", "$db": "test", "maxTimeMS": 100 };
+            let reply = other.command(find_x).await.unwrap();
+            assert_eq!(
+                code(&reply),
+                before_4_2.then_some(50),
+                "wire {wire}: {reply}"
+            );
+            let find_z = doc! { "find": "z", "$db": "other", "maxTimeMS": 100 };
+            let reply = other.command(find_z).await.unwrap();
+            assert_eq!(code(&reply), None, "wire {wire}, another database: {reply}");
+            let in_transaction = doc! {
+                "find": "x", "$db": "test", "lsid": lsid_of(2), "txnNumber": 1_i64,
+                "autocommit": false, "startTransaction": true,
+            };
+            let reply = other.command(in_transaction).await.unwrap();
+            if before_4_2 {
+                assert_eq!(code(&reply), Some(24), "wire {wire}: {reply}");
+                assert_eq!(labels(&reply), ["TransientTransactionError"], "{reply}");
+            } else {
+                assert_eq!(code(&reply), None, "wire {wire}: {reply}");
+                let abort = doc! {
+                    "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(2),
+                    "txnNumber": 1_i64, "autocommit": false,
+                };
+                let reply = other.command(abort).await.unwrap();
+                assert_eq!(code(&reply), None, "{reply}");
+            }
+            assert!(!drop.is_finished(), "wire {wire}: the drop still waits");
+            release_drop_of_w(&mut client, drop).await;
+            // A transaction holding `x` alone: a drop of `w` waits for it before 4.2 only.
+            server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
+            let hold_x = doc! {
+                "find": "x", "$db": "test", "lsid": lsid_of(3), "txnNumber": 1_i64,
+                "autocommit": false, "startTransaction": true,
+            };
+            let reply = client.command(hold_x).await.unwrap();
+            assert_eq!(code(&reply), None, "{reply}");
+            let drop_w = doc! { "drop": "w", "$db": "test", "maxTimeMS": 100 };
+            let reply = other.command(drop_w).await.unwrap();
+            assert_eq!(
+                code(&reply),
+                before_4_2.then_some(50),
+                "wire {wire}: {reply}"
+            );
+            server.shutdown().await;
+        }
+    })
+    .await
+}
+
 /// Docs13 (TK-15, house rule 7): before 5.0 a `listDatabases` without `nameOnly` takes each
 /// database's IS lock to read its size (`list_databases.cpp`), so it queues behind a pending
 /// `dropDatabase` of any database (50 at its `maxTimeMS`), on 4.0 as on 4.4; a filter on

@@ -445,8 +445,11 @@ struct World<'a> {
     arrivals: EngineRng,
     arrivals_end: u64,
     selector: Selector,
-    attempt_servers: Vec<AttemptServer>,
-    overloaded: Vec<OperationError>,
+    /// Per member index (masked, as [`World::servers`]): what the retry machine reads about the
+    /// member, and the overload error it sheds with. The entries past the cluster's members
+    /// repeat member 0's and are never read.
+    attempt_servers: Box<[AttemptServer; MAX_MEMBERS]>,
+    overloaded: Box<[OperationError; MAX_MEMBERS]>,
     result: RunResult,
     service: Service,
     net_ns: u64,
@@ -749,7 +752,7 @@ impl<'a> Sim<'a> {
             })
             .collect();
         let topology = TopologyDescription::new(TopologyType::ReplicaSetWithPrimary, descriptions);
-        let attempt_servers = topology
+        let attempt_servers: Vec<AttemptServer> = topology
             .servers
             .iter()
             .map(|s| AttemptServer::from_description(s, TopologyType::ReplicaSetWithPrimary))
@@ -765,7 +768,13 @@ impl<'a> Sim<'a> {
                 }
                 e
             })
-            .collect();
+            .collect::<Vec<_>>();
+        // `Cluster::validate` (checked by `run`) ensures 1 to MAX_MEMBERS members.
+        let per_member = |i: usize| if i < servers { i } else { 0 };
+        let attempt_servers = Box::new(std::array::from_fn(|i| {
+            attempt_servers[per_member(i)].clone()
+        }));
+        let overloaded = Box::new(std::array::from_fn(|i| overloaded[per_member(i)].clone()));
         let mut policy_seed = EngineRng::from_seed_u64(spec.seed.wrapping_mul(0x9E37_79B9));
         let clients = (0..cluster.clients.max(1))
             .map(|_| Client {
@@ -1117,7 +1126,7 @@ impl<'a> Sim<'a> {
                     // operation: the machine copies it only to keep it (not when it already
                     // keeps that server's), and the simulator copies nothing.
                     Outcome::Overloaded | Outcome::Expired => {
-                        m.handle_failed_ref(&w.overloaded[usize::from(work.server)], at)
+                        m.handle_failed_ref(&w.overloaded[member(usize::from(work.server))], at)
                     }
                 };
                 // House rule 8 (review8 finding 10, review9 finding 8): the `gen` / `serial`
@@ -1130,9 +1139,11 @@ impl<'a> Sim<'a> {
                 let copy = CopyId(u32::from(work.copy));
                 let accepted = match outcome {
                     Outcome::Ok => m.handle_succeeded(copy, at),
-                    Outcome::Overloaded | Outcome::Expired => {
-                        m.handle_failed(copy, w.overloaded[usize::from(work.server)].clone(), at)
-                    }
+                    Outcome::Overloaded | Outcome::Expired => m.handle_failed(
+                        copy,
+                        w.overloaded[member(usize::from(work.server))].clone(),
+                        at,
+                    ),
                 };
                 w.result.refused += u64::from(accepted.is_err());
                 drive_hedge(w, &mut self.free, op, m, id);
@@ -1364,7 +1375,7 @@ fn drive_retry(w: &mut World, free: &mut Vec<u32>, op: &mut Op, m: &mut RetryMac
             retry::Action::SelectServer => {
                 let c = &mut w.clients[op.client as usize];
                 let s = w.selector.pick(c, member_set(m.deprioritized()));
-                let server = w.attempt_servers[usize::from(s)].clone();
+                let server = w.attempt_servers[member(usize::from(s))].clone();
                 let accepted = m.handle_server_selected(server, now);
                 w.result.refused += u64::from(accepted.is_err());
             }
@@ -1425,7 +1436,7 @@ fn drive_hedge(w: &mut World, free: &mut Vec<u32>, op: &mut Op, m: &mut HedgingM
             hedging::Action::SelectServer(copy) => {
                 let c = &mut w.clients[op.client as usize];
                 let s = w.selector.pick(c, member_set(m.deprioritized()));
-                let address = w.attempt_servers[usize::from(s)].address.clone();
+                let address = w.attempt_servers[member(usize::from(s))].address.clone();
                 let accepted = m.handle_server_selected(copy, address, now);
                 w.result.refused += u64::from(accepted.is_err());
             }
