@@ -519,6 +519,65 @@ async fn crud_commands() {
     .await;
 }
 
+/// Fixes18c (TK-15, house rule 7): a top-level `$comment` in a filter is no expression to a real
+/// server (`expression_parser.cpp`), on every path that parses one: find's `filter`, count's
+/// and distinct's `query`, an aggregate `$match`, an update's and a delete's `q` and
+/// findAndModify's `query`; and `$exists` reads a non-boolean operand by its truthiness.
+#[tokio::test]
+async fn tk15_filters_ignore_a_top_level_comment_and_exists_reads_truthiness() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let mut run = async |body: Document| client.command(body).await.unwrap();
+        let docs = vec![doc! { "_id": 1, "x": 1 }, doc! { "_id": 2 }];
+        run(doc! { "insert": "c", "documents": docs, "$db": "db" }).await;
+        let filter = doc! { "$comment": "why", "x": { "$exists": "yes" } };
+
+        let reply = run(doc! { "find": "c", "filter": filter.clone(), "$db": "db" }).await;
+        assert_eq!(
+            first_batch(&reply),
+            vec![doc! { "_id": 1, "x": 1 }],
+            "{reply}"
+        );
+        let reply = run(doc! { "count": "c", "query": filter.clone(), "$db": "db" }).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        let reply =
+            run(doc! { "distinct": "c", "key": "_id", "query": filter.clone(), "$db": "db" }).await;
+        assert_eq!(
+            reply.get_array("values").ok(),
+            Some(&vec![Bson::Int32(1)]),
+            "{reply}"
+        );
+        let pipeline = vec![doc! { "$match": filter.clone() }];
+        let reply =
+            run(doc! { "aggregate": "c", "pipeline": pipeline, "cursor": {}, "$db": "db" }).await;
+        assert_eq!(
+            first_batch(&reply),
+            vec![doc! { "_id": 1, "x": 1 }],
+            "{reply}"
+        );
+        let fam = doc! { "findAndModify": "c", "query": filter.clone(),
+        "update": { "$set": { "y": 1 } }, "$db": "db" };
+        let reply = run(fam).await;
+        assert_eq!(
+            reply.get_document("value").ok(),
+            Some(&doc! { "_id": 1, "x": 1 }),
+            "{reply}"
+        );
+        let update = doc! { "update": "c", "updates": [{ "q": filter.clone(),
+        "u": { "$set": { "z": 1 } }, "multi": true }], "$db": "db" };
+        let reply = run(update).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        let delete = doc! { "delete": "c", "deletes": [{ "q": filter, "limit": 0 }], "$db": "db" };
+        let reply = run(delete).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        let reply =
+            run(doc! { "count": "c", "query": { "x": { "$exists": 0 } }, "$db": "db" }).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "_id 2 is left: {reply}");
+        server.shutdown().await;
+    })
+    .await;
+}
+
 /// TK-*: the default batch size is 101, and a cursor continues under its id.
 #[tokio::test]
 async fn default_batch_size_is_101() {
