@@ -2062,24 +2062,10 @@ fn is_name_leaf(filter: &Document) -> bool {
     match (expressions.next(), expressions.next()) {
         (Some((op, operand)), None) => match op.as_str() {
             "$eq" | "$gt" | "$gte" | "$lt" | "$lte" | "$in" | "$regex" => true,
-            "$exists" => true_value(operand),
+            "$exists" => crate::query::true_value(operand),
             _ => false,
         },
         _ => false,
-    }
-}
-
-/// Whether a real server reads `value` as true (`BSONElement::trueValue`): a boolean's own
-/// value, a number other than zero; `null` and undefined are false, any other value true.
-fn true_value(value: &Bson) -> bool {
-    match value {
-        Bson::Boolean(b) => *b,
-        Bson::Int32(n) => *n != 0,
-        Bson::Int64(n) => *n != 0,
-        Bson::Double(d) => *d != 0.0,
-        Bson::Decimal128(d) => d.to_string().parse::<f64>() != Ok(0.0),
-        Bson::Null | Bson::Undefined => false,
-        _ => true,
     }
 }
 

@@ -28,6 +28,10 @@ pub(crate) fn matches(document: &Document, filter: &Document) -> Result<bool, Un
         let ok = match key.as_str() {
             "$and" => all_of(document, condition, true)?,
             "$or" => all_of(document, condition, false)?,
+            // Fixes18c (TK-15, house rule 7): a `$comment` of any value, at the top level of a
+            // filter or of an `$and` / `$or` branch, is no expression at all to the server
+            // (`expression_parser.cpp`: `parseComment` adds nothing).
+            "$comment" => true,
             // TK-14: only `"sleep(N) || true"`, whose sleep the server took before running.
             "$where" if where_sleep_ms(condition).is_some() => true,
             k if k.starts_with('$') => return Err(Unsupported(k.into())),
@@ -140,7 +144,9 @@ fn field_matches(value: Option<&Bson>, condition: &Bson) -> Result<bool, Unsuppo
                 }
                 found == (op == "$in")
             }
-            "$exists" => value.is_some() == matches!(operand, Bson::Boolean(true) | Bson::Int32(1)),
+            // Fixes18c (TK-15, house rule 7): the server reads `$exists` by its operand's
+            // truthiness (`expression_parser.cpp`: `e.trueValue()`), so `"x"` is true.
+            "$exists" => value.is_some() == true_value(operand),
             other => return Err(Unsupported(other.into())),
         };
         if !ok {
@@ -281,6 +287,37 @@ pub(crate) fn decimal_integer(value: &bson::Decimal128) -> Option<i64> {
         magnitude
     })
     .ok()
+}
+
+/// Whether a real server reads `value` as true (`BSONElement::trueValue`): a boolean's own
+/// value, a number other than zero (a NaN is true); `null` and undefined are false, any other
+/// value (a string, even an empty one, a document, an array, ...) true.
+pub(crate) fn true_value(value: &Bson) -> bool {
+    match value {
+        Bson::Boolean(b) => *b,
+        Bson::Int32(n) => *n != 0,
+        Bson::Int64(n) => *n != 0,
+        Bson::Double(d) => *d != 0.0,
+        Bson::Decimal128(d) => !decimal_is_zero(d),
+        Bson::Null | Bson::Undefined => false,
+        _ => true,
+    }
+}
+
+/// Whether a Decimal128 is zero, of either sign and any exponent (IEEE 754-2008, binary integer
+/// decimal: a coefficient of 0, or a non-canonical one above 10^34 - 1, which reads as 0).
+fn decimal_is_zero(value: &bson::Decimal128) -> bool {
+    let bits = u128::from_le_bytes(value.bytes());
+    if (bits >> 122) & 0b1_1111 >= 0b1_1110 {
+        // Infinity or NaN.
+        return false;
+    }
+    if (bits >> 125) & 0b11 == 0b11 {
+        // The large-coefficient form: always above 10^34 - 1.
+        return true;
+    }
+    let coefficient = bits & ((1 << 113) - 1);
+    coefficient == 0 || coefficient >= 10_u128.pow(34)
 }
 
 /// Review8 finding 7: the exact order of two numbers (an int64 against a double without
@@ -488,6 +525,68 @@ pub(crate) fn upsert_seed(filter: &Document) -> Document {
 mod tests {
     use super::*;
     use bson::doc;
+
+    /// Fixes18c (TK-15, house rule 7): `$exists` matches by its operand's truthiness, as the
+    /// server's `BSONElement::trueValue` reads it: a string (even empty), a document, an array or
+    /// a nonzero number (NaN included) is true; false, a zero of any numeric type (a decimal of
+    /// either sign and any exponent), `null` and undefined are false.
+    #[test]
+    fn tk15_exists_reads_its_operand_by_truthiness() {
+        let decimal = |text: &str| Bson::Decimal128(text.parse().expect("a decimal"));
+        let d = doc! { "_id": 1 };
+        let truthy = [
+            Bson::Boolean(true),
+            Bson::String("x".into()),
+            Bson::String(String::new()),
+            Bson::Int32(-1),
+            Bson::Int64(2),
+            Bson::Double(0.5),
+            Bson::Double(f64::NAN),
+            decimal("1E-6176"),
+            decimal("-Infinity"),
+            decimal("NaN"),
+            Bson::Document(doc! {}),
+            Bson::Array(vec![]),
+        ];
+        let falsy = [
+            Bson::Boolean(false),
+            Bson::Int32(0),
+            Bson::Int64(0),
+            Bson::Double(-0.0),
+            decimal("0"),
+            decimal("-0E+12"),
+            decimal("0.000"),
+            Bson::Null,
+            Bson::Undefined,
+        ];
+        for (operands, truth) in [(&truthy[..], true), (&falsy[..], false)] {
+            for operand in operands {
+                for (field, present) in [("_id", true), ("absent", false)] {
+                    let filter = doc! { field: { "$exists": operand.clone() } };
+                    assert_eq!(matches(&d, &filter), Ok(truth == present), "{filter}");
+                }
+            }
+        }
+    }
+
+    /// Fixes18c (TK-15, house rule 7): a `$comment` of any value beside a filter's other
+    /// expressions, or in an `$and` / `$or` branch, matches every document (the server's parser
+    /// adds no expression for it); one inside a field's condition is still an unknown operator.
+    #[test]
+    fn tk15_a_top_level_comment_is_no_expression() {
+        let d = doc! { "_id": 1 };
+        for (filter, expected) in [
+            (doc! { "$comment": "why" }, true),
+            (doc! { "$comment": { "any": 1 }, "_id": 1 }, true),
+            (doc! { "_id": 2, "$comment": 3 }, false),
+            (doc! { "$or": [{ "$comment": "x" }] }, true),
+            (doc! { "$and": [{ "$comment": "x", "_id": 2 }] }, false),
+        ] {
+            assert_eq!(matches(&d, &filter), Ok(expected), "{filter}");
+        }
+        let inside = doc! { "_id": { "$comment": "x" } };
+        assert_eq!(matches(&d, &inside), Err(Unsupported("$comment".into())));
+    }
 
     /// TK-2 (review11 finding 4): a filter comparing a Decimal128 that is not an int64 integer
     /// with a number, on either side and at any depth, is refused by name (a real server

@@ -25,6 +25,10 @@
 //!   "Specifying startTransaction=false is not allowed."); `startTransaction` on a commit, an
 //!   abort or a `killCursors`, and any command a transaction may not run (`count`, `ping`, ...):
 //!   `OperationNotSupportedInTransaction` (263).
+//! - Transactions on a server that has none ([`transactions_unsupported`]): on 3.6 (wire 6)
+//!   `autocommit` / `startTransaction` as unknown fields (40415 on the write commands, 9 on the
+//!   others) and `commitTransaction` / `abortTransaction` as unknown commands (59,
+//!   [`known_command`]); on a 4.0 mongos (wire 7) either field with 50841.
 //! - Inside a transaction (`autocommit: false`): a `writeConcern` on a command other than commit
 //!   and abort ("writeConcern is not allowed within a multi-statement transaction", 72), and a
 //!   `readConcern` on a command that does not start it ("Only the first command in a transaction
@@ -319,7 +323,53 @@ pub(crate) fn generic_field_refusal(name: &str, command: &Document) -> Option<Do
 /// checks and the failCommand fail point.
 pub(crate) fn known_command(name: &str, max_wire_version: i32) -> bool {
     let known = API_VERSION_1.contains(&name) || KNOWN_OUTSIDE_API_VERSION_1.contains(&name);
-    known && (name != "bulkWrite" || max_wire_version >= 25)
+    let transaction_end = matches!(name, "commitTransaction" | "abortTransaction");
+    known
+        && (name != "bulkWrite" || max_wire_version >= 25)
+        && (!transaction_end || max_wire_version >= TRANSACTIONS_WIRE_VERSION)
+}
+
+/// The wire version of MongoDB 4.0, the first with multi-document transactions (on a replica
+/// set) and the `commitTransaction` / `abortTransaction` commands.
+const TRANSACTIONS_WIRE_VERSION: i32 = 7;
+
+/// The wire version of MongoDB 4.2, the first whose mongos runs transactions.
+const ROUTER_TRANSACTIONS_WIRE_VERSION: i32 = 8;
+
+/// Fixes18c (TX-1, TK-15, house rule 7): a transaction's session fields on a server that has no
+/// transactions. 3.6 (wire 6) does not know `autocommit` and `startTransaction` (they are not
+/// among its generic arguments, `commands.h` `isGenericArgument`), so the command's own parser
+/// refuses the first of them as an unknown field: the IDL-generated write parsers (`insert`,
+/// `update`, `delete`) with 40415, "BSON field '<command>.<field>' is an unknown field.", and
+/// the others with FailedToParse (9), as `find`, `getMore` and `aggregate` do (a command whose
+/// 3.6 parser ignores unknown fields is refused too: stricter, and a driver never sends these to
+/// a 3.6 server). A 4.0 mongos (wire 7) refuses any command carrying either with 50841.
+fn transactions_unsupported(
+    role: &Role,
+    name: &str,
+    command: &Document,
+    max_wire_version: i32,
+) -> Option<Document> {
+    let field = command
+        .keys()
+        .find(|k| matches!(k.as_str(), "autocommit" | "startTransaction"))?;
+    if max_wire_version < TRANSACTIONS_WIRE_VERSION {
+        return Some(if matches!(name, "insert" | "update" | "delete") {
+            error_reply(
+                40415,
+                &format!("BSON field '{name}.{field}' is an unknown field."),
+            )
+        } else {
+            error_reply(9, &format!("{name}: unrecognized field '{field}'"))
+        });
+    }
+    let router = matches!(role, Role::Mongos | Role::LoadBalancer { .. });
+    (router && max_wire_version < ROUTER_TRANSACTIONS_WIRE_VERSION).then(|| {
+        error_reply(
+            50841,
+            "Multi-document transactions need a mongos of 4.2 or later",
+        )
+    })
 }
 
 /// TK-2: CommandNotFound (59) for command `name`, with a mongod's or a router's message
@@ -469,6 +519,11 @@ pub(crate) fn refusal(
                 "Transaction numbers are only allowed on a replica set member or mongos",
             ));
         }
+        // Checked before the 50768 below: a 4.0 mongos refuses `startTransaction` without
+        // `autocommit` with 50841 too.
+        if let Some(refusal) = transactions_unsupported(role, name, command, max_wire_version) {
+            return Some(refusal);
+        }
         let retryable_write = matches!(
             name,
             "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "bulkWrite"
@@ -483,6 +538,9 @@ pub(crate) fn refusal(
                 ),
             ));
         }
+    }
+    if let Some(refusal) = transactions_unsupported(role, name, command, max_wire_version) {
+        return Some(refusal);
     }
     if let Some(refusal) = transaction_refusal(name, command) {
         return Some(refusal);

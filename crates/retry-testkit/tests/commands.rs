@@ -519,6 +519,65 @@ async fn crud_commands() {
     .await;
 }
 
+/// Fixes18c (TK-15, house rule 7): a top-level `$comment` in a filter is no expression to a real
+/// server (`expression_parser.cpp`), on every path that parses one: find's `filter`, count's
+/// and distinct's `query`, an aggregate `$match`, an update's and a delete's `q` and
+/// findAndModify's `query`; and `$exists` reads a non-boolean operand by its truthiness.
+#[tokio::test]
+async fn tk15_filters_ignore_a_top_level_comment_and_exists_reads_truthiness() {
+    bounded(async {
+        let (server, mut client) = start().await;
+        let mut run = async |body: Document| client.command(body).await.unwrap();
+        let docs = vec![doc! { "_id": 1, "x": 1 }, doc! { "_id": 2 }];
+        run(doc! { "insert": "c", "documents": docs, "$db": "db" }).await;
+        let filter = doc! { "$comment": "why", "x": { "$exists": "yes" } };
+
+        let reply = run(doc! { "find": "c", "filter": filter.clone(), "$db": "db" }).await;
+        assert_eq!(
+            first_batch(&reply),
+            vec![doc! { "_id": 1, "x": 1 }],
+            "{reply}"
+        );
+        let reply = run(doc! { "count": "c", "query": filter.clone(), "$db": "db" }).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        let reply =
+            run(doc! { "distinct": "c", "key": "_id", "query": filter.clone(), "$db": "db" }).await;
+        assert_eq!(
+            reply.get_array("values").ok(),
+            Some(&vec![Bson::Int32(1)]),
+            "{reply}"
+        );
+        let pipeline = vec![doc! { "$match": filter.clone() }];
+        let reply =
+            run(doc! { "aggregate": "c", "pipeline": pipeline, "cursor": {}, "$db": "db" }).await;
+        assert_eq!(
+            first_batch(&reply),
+            vec![doc! { "_id": 1, "x": 1 }],
+            "{reply}"
+        );
+        let fam = doc! { "findAndModify": "c", "query": filter.clone(),
+        "update": { "$set": { "y": 1 } }, "$db": "db" };
+        let reply = run(fam).await;
+        assert_eq!(
+            reply.get_document("value").ok(),
+            Some(&doc! { "_id": 1, "x": 1 }),
+            "{reply}"
+        );
+        let update = doc! { "update": "c", "updates": [{ "q": filter.clone(),
+        "u": { "$set": { "z": 1 } }, "multi": true }], "$db": "db" };
+        let reply = run(update).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        let delete = doc! { "delete": "c", "deletes": [{ "q": filter, "limit": 0 }], "$db": "db" };
+        let reply = run(delete).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
+        let reply =
+            run(doc! { "count": "c", "query": { "x": { "$exists": 0 } }, "$db": "db" }).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "_id 2 is left: {reply}");
+        server.shutdown().await;
+    })
+    .await;
+}
+
 /// TK-*: the default batch size is 101, and a cursor continues under its id.
 #[tokio::test]
 async fn default_batch_size_is_101() {
@@ -3085,11 +3144,13 @@ async fn docs13_list_collections_queues_behind_a_pending_drop_of_a_listed_collec
 /// (`AutoGetDb` in MODE_S), IS on 4.0 (`list_collections.cpp`): either queues behind that X
 /// request, so on 3.6 (wire 6) and 4.0 (wire 7) a `listCollections` naming another collection,
 /// `nameOnly` or not, waits behind a pending `drop` of `w` (50 at its `maxTimeMS`); on 4.2 (wire
-/// 8) the drop takes the database's IX and it runs. One on another database runs.
+/// 8) the drop takes the database's IX and it runs. One on another database runs. Only 4.0 is
+/// run: the drop waits for a transaction, which a 3.6 server has none of (fixes18c), and the
+/// test server emulates 3.6's locks as 4.0's.
 #[tokio::test]
 async fn review18_f6_list_collections_queues_behind_a_pending_collection_drop_before_wire_8() {
     bounded(async {
-        for wire in [6, 7, 8] {
+        for wire in [7, 8] {
             let (server, mut client) = start_primary_at(wire).await;
             server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
             server.handle().insert("test.x", vec![doc! { "_id": 1 }]);
@@ -3239,8 +3300,8 @@ async fn docs13_list_databases_queues_behind_pending_ddl_before_wire_13() {
             (8, false, doc! {}, true),
             // Fixes18b (review18 finding 6): before 4.2 a collection's drop requests its
             // database's X lock, which the database's IS lock queues behind.
+            // (Not on 3.6, wire 6: it has no transaction for the drop to wait for, fixes18c.)
             (7, false, doc! {}, true),
-            (6, false, doc! {}, true),
             (7, false, doc! { "filter": { "name": "other" } }, false),
         ];
         for (wire, drop_database, extra, queues) in cases {
@@ -3267,6 +3328,82 @@ async fn docs13_list_databases_queues_behind_pending_ddl_before_wire_13() {
             release_drop_of_w(&mut client, drop).await;
             server.shutdown().await;
         }
+    })
+    .await
+}
+
+/// Fixes18c (TX-1, TK-15, house rule 7): transactions need 4.0 (wire 7) on a replica set and
+/// 4.2 (wire 8) behind a mongos. A 3.6 primary (wire 6) knows neither `commitTransaction` nor
+/// `abortTransaction` (59), and its command parsers refuse `autocommit` / `startTransaction` as
+/// unknown fields (40415 from the IDL write parsers, 9 from find's and aggregate's); a 4.0
+/// mongos refuses either field on any command with 50841. A retryable write (a `txnNumber`
+/// alone) still runs on both, and 4.0 primaries and 4.2 mongoses run the transaction.
+#[tokio::test]
+async fn fixes18c_tk15_transactions_need_wire_7_on_a_replica_set_and_8_on_mongos() {
+    bounded(async {
+        let session = |body: Document, txn: i64, start: bool| {
+            let mut body = body;
+            body.insert("lsid", lsid_of(7));
+            body.insert("txnNumber", txn);
+            body.insert("autocommit", false);
+            if start {
+                body.insert("startTransaction", true);
+            }
+            body
+        };
+        let insert = doc! { "insert": "c", "documents": [{ "_id": 1 }], "$db": "db" };
+        let find = doc! { "find": "c", "$db": "db" };
+        let aggregate = doc! { "aggregate": "c", "pipeline": [], "cursor": {}, "$db": "db" };
+        let commit = doc! { "commitTransaction": 1, "$db": "admin" };
+        let retryable = doc! { "insert": "c", "documents": [{ "_id": 2 }], "$db": "db",
+        "lsid": lsid_of(7), "txnNumber": 9_i64 };
+
+        let (server, mut client) = start_primary_at(6).await;
+        for (body, expected) in [
+            (session(insert.clone(), 1, true), 40415),
+            (session(find.clone(), 2, true), 9),
+            (session(aggregate.clone(), 3, false), 9),
+            (session(commit.clone(), 1, false), 59),
+        ] {
+            let reply = client.command(body.clone()).await.unwrap();
+            assert_eq!(code(&reply), Some(expected), "wire 6, {body}: {reply}");
+        }
+        let reply = client.command(retryable.clone()).await.unwrap();
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "wire 6: {reply}");
+        server.shutdown().await;
+
+        for wire in [7, 8] {
+            let config = ServerConfig {
+                max_wire_version: wire,
+                ..ServerConfig::new(retry_testkit::Role::Mongos)
+            };
+            let server = TestServer::start(config).await.expect("server starts");
+            let mut client = RawClient::connect(server.address()).await.unwrap();
+            let mut start_only = session(find.clone(), 4, true);
+            start_only.remove("autocommit");
+            // On 4.2: the third continues the second's transaction, and the fourth lacks
+            // `autocommit` (50768: a `txnNumber` on a read).
+            for (body, at_4_2) in [
+                (session(insert.clone(), 1, true), None),
+                (session(find.clone(), 2, true), None),
+                (session(find.clone(), 2, false), None),
+                (start_only, Some(50768)),
+            ] {
+                let reply = client.command(body.clone()).await.unwrap();
+                let expected = if wire == 7 { Some(50841) } else { at_4_2 };
+                assert_eq!(code(&reply), expected, "wire {wire}, {body}: {reply}");
+            }
+            let reply = client.command(retryable.clone()).await.unwrap();
+            assert_eq!(reply.get_i32("n").ok(), Some(1), "wire {wire}: {reply}");
+            server.shutdown().await;
+        }
+
+        let (server, mut client) = start_primary_at(7).await;
+        let reply = client.command(session(insert, 1, true)).await.unwrap();
+        assert_eq!(code(&reply), None, "wire 7 primary: {reply}");
+        let reply = client.command(session(commit, 1, false)).await.unwrap();
+        assert_eq!(code(&reply), None, "wire 7 primary: {reply}");
+        server.shutdown().await;
     })
     .await
 }
