@@ -320,6 +320,52 @@ fn pin_this_thread(cpus: &str) {
     assert!(status.success(), "taskset -p -c {cpus} {tid} failed");
 }
 
+/// `RETRY_BENCH_RUNTIME="event_interval=<n> global_queue_interval=<n>"`: tokio's scheduler
+/// settings for both of the bench's runtimes (the servers' and the clients'), so every case that
+/// runs on them (the echo, retry-tokio, the official driver and every server) runs with the same
+/// ones; tokio's defaults when left out. For measuring how the figures at 64 in flight depend
+/// on them (docs/benchmarks.md, "64 in flight, thirteenth session"). tokio's `disable_lifo_slot`
+/// needs `--cfg tokio_unstable`, a build of its own, and is not offered.
+#[derive(Clone, Copy, Debug, Default)]
+struct RuntimeTuning {
+    event_interval: Option<u32>,
+    global_queue_interval: Option<u32>,
+}
+
+impl RuntimeTuning {
+    fn from_env() -> RuntimeTuning {
+        let Ok(spec) = std::env::var("RETRY_BENCH_RUNTIME") else {
+            return RuntimeTuning::default();
+        };
+        let usage = "RETRY_BENCH_RUNTIME is \"event_interval=<n> global_queue_interval=<n>\"";
+        let mut tuning = RuntimeTuning::default();
+        for word in spec.split_whitespace() {
+            let (name, value) = word
+                .split_once('=')
+                .unwrap_or_else(|| panic!("{usage}, not {spec:?}"));
+            let value: u32 = value
+                .parse()
+                .unwrap_or_else(|_| panic!("{usage}, not {spec:?}"));
+            match name {
+                "event_interval" => tuning.event_interval = Some(value),
+                "global_queue_interval" => tuning.global_queue_interval = Some(value),
+                _ => panic!("{usage}, not {spec:?}"),
+            }
+        }
+        tuning
+    }
+
+    fn apply(self, builder: &mut tokio::runtime::Builder) -> &mut tokio::runtime::Builder {
+        if let Some(n) = self.event_interval {
+            builder.event_interval(n);
+        }
+        if let Some(n) = self.global_queue_interval {
+            builder.global_queue_interval(n);
+        }
+        builder
+    }
+}
+
 /// Which server the clients talk to.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Server {
@@ -367,15 +413,16 @@ struct Setup {
 impl Setup {
     fn new() -> Setup {
         let placement = Placement::from_env();
-        let servers = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
+        let tuning = RuntimeTuning::from_env();
+        let servers = tuning
+            .apply(tokio::runtime::Builder::new_multi_thread().worker_threads(1))
             .thread_name("bench-server")
             .on_thread_start(placement.pinning(ThreadRole::Server))
             .enable_all()
             .build()
             .expect("the servers' runtime");
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+        let runtime = tuning
+            .apply(tokio::runtime::Builder::new_multi_thread().worker_threads(2))
             .thread_name("bench-client")
             .on_thread_start(placement.pinning(ThreadRole::Client))
             .enable_all()
