@@ -180,7 +180,8 @@ pub(crate) struct Driver {
     /// Where `Engine::poll_transmit` appends; swapped into an idle socket's `outgoing`.
     transmit: Vec<u8>,
     /// Whether a pass leaves its writes to its runner, after the driver's lock is let go
-    /// ([`Driver::take_writes`]; a spawned driver), instead of writing them itself.
+    /// ([`Driver::take_writes`]; a spawned driver), instead of writing them itself (when more
+    /// than one operation is in flight).
     defer_writes: bool,
     /// The sockets with bytes to write that this pass left to its runner.
     writes: Vec<Arc<SocketIo>>,
@@ -338,6 +339,9 @@ impl Driver {
         let mut ids = core::mem::take(&mut self.ids);
         ids.clear();
         self.ready.take(cx.waker(), &mut ids);
+        // With one operation in flight no other pass has anything to do meanwhile: written now,
+        // without the list's cost.
+        let defer = self.defer_writes && self.pending.len() > 1;
         for &conn in &ids {
             let Some(socket) = self.sockets.get_mut(&conn) else {
                 continue;
@@ -373,7 +377,7 @@ impl Driver {
             let io = &mut *guard;
             let mut failure = io.failure.take();
             if failure.is_none() && io.written < io.outgoing.len() {
-                if self.defer_writes {
+                if defer {
                     if !io.listed {
                         io.listed = true;
                         self.writes.push(socket.io.clone());
