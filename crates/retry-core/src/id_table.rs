@@ -68,6 +68,13 @@ pub struct IdTable<K, T> {
     in_slots: usize,
     /// Entries that gave their slot up to a younger one.
     old: BTreeMap<u64, T>,
+    /// The highest id ever inserted (0 before the first): no id above it is in `old`, so the
+    /// insert of a fresh id does not look there (review19 R2, house rule 9: its cost does not
+    /// grow with the long-lived entries in `old`).
+    highest: u64,
+    /// Inserts that looked their id up in `old`.
+    #[cfg(test)]
+    old_lookups: usize,
     /// Removals from the slots that left them less than an eighth full, since one last left
     /// them fuller or they were resized: at as many as there are slots, they halve.
     sparse_removals: usize,
@@ -81,6 +88,9 @@ impl<K, T> Default for IdTable<K, T> {
             mask: 0,
             in_slots: 0,
             old: BTreeMap::new(),
+            highest: 0,
+            #[cfg(test)]
+            old_lookups: 0,
             sparse_removals: 0,
             ids: PhantomData,
         }
@@ -140,7 +150,13 @@ impl<K: Id, T> IdTable<K, T> {
     /// as well), replacing the one it had.
     pub fn insert(&mut self, id: K, value: T) {
         let id = id.raw();
-        if !self.old.is_empty() {
+        if id > self.highest {
+            self.highest = id;
+        } else if !self.old.is_empty() {
+            #[cfg(test)]
+            {
+                self.old_lookups += 1;
+            }
             if let Some(entry) = self.old.get_mut(&id) {
                 *entry = value;
                 return;
@@ -336,10 +352,14 @@ mod tests {
             if let Some((id, _)) = slot {
                 assert_eq!(table.at(*id), at, "{id} out of its slot");
                 assert!(!table.old.contains_key(id), "{id} in both");
+                assert!(*id <= table.highest, "{id} above the highest");
                 in_slots += 1;
             }
         }
         assert_eq!(table.in_slots, in_slots);
+        if let Some((id, _)) = table.old.last_key_value() {
+            assert!(*id <= table.highest, "{id} in old above the highest");
+        }
     }
 
     /// House rule 9, issue 9 (DESIGN.md "Composition": O(1) indices for what the hot path looks
@@ -402,6 +422,26 @@ mod tests {
         }
         assert_eq!(table.get(&CheckoutId(0)), Some(&0));
         assert_eq!(table.len(), 1);
+    }
+
+    /// Review19 R2 (house rule 9: an input's cost does not grow with unrelated entries):
+    /// while long-lived entries sit in `old`, the insert of a fresh (increasing) id does not
+    /// look there; an id below the highest still does, and replaces its entry in `old`.
+    #[test]
+    fn a_fresh_id_is_not_looked_up_among_the_long_lived() {
+        let mut table: IdTable<CheckoutId, u64> = IdTable::default();
+        table.insert(CheckoutId(0), 0);
+        table.insert(CheckoutId(1), 1);
+        for id in 2..1_000_u64 {
+            table.insert(CheckoutId(id), id);
+            assert_eq!(table.remove(&CheckoutId(id)), Some(id));
+        }
+        assert_eq!(table.old.len(), 2, "the long-lived entries moved out");
+        assert_eq!(table.old_lookups, 0, "no fresh insert looked in old");
+        table.insert(CheckoutId(1), 10);
+        assert_eq!(table.old_lookups, 1);
+        assert_eq!((table.get(&CheckoutId(1)), table.len()), (Some(&10), 2));
+        assert_consistent(&table);
     }
 
     /// Issue 9: a window of 64 operations in flight, ending out of order, lives in the slots
@@ -605,8 +645,9 @@ mod tests {
                     if let (Some(entry), Some(model)) =
                         (self.table.get_mut(&key), self.model.get_mut(&id))
                     {
-                        *entry += 1;
-                        *model += 1;
+                        // Wrapping: a value near `u64::MAX` (ids near it) must not overflow.
+                        *entry = entry.wrapping_add(1);
+                        *model = model.wrapping_add(1);
                     }
                 }
             }
