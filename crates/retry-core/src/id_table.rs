@@ -26,30 +26,79 @@ use core::marker::PhantomData;
 use crate::pool::{CheckoutId, ConnectionId};
 
 /// An id handed out in increasing order: the engine's [`OpId`](crate::engine::OpId) and
-/// [`ConnId`](crate::engine::ConnId), a pool's [`ConnectionId`] and [`CheckoutId`].
-pub trait Id: Copy {
+/// [`ConnId`](crate::engine::ConnId), a pool's [`ConnectionId`] and [`CheckoutId`]. Sealed:
+/// implemented for those four only (review19 R3).
+///
+/// ```
+/// use retry_core::id_table::Id;
+/// use retry_core::pool::ConnectionId;
+/// assert_eq!(ConnectionId(7).raw(), 7);
+/// ```
+///
+/// No integer can be narrowed into an id outside this crate (house rule 11):
+///
+/// ```compile_fail
+/// use retry_core::id_table::Id;
+/// use retry_core::pool::ConnectionId;
+/// fn narrow<K: Id>(raw: u64) -> K {
+///     K::from_raw(raw)
+/// }
+/// let _: ConnectionId = narrow(1 << 40);
+/// ```
+///
+/// Nor can a caller implement it for an id of its own:
+///
+/// ```compile_fail
+/// #[derive(Clone, Copy)]
+/// struct Mine(u64);
+/// impl retry_core::id_table::Id for Mine {
+///     fn raw(self) -> u64 {
+///         self.0
+///     }
+///     fn from_raw(raw: u64) -> Mine {
+///         Mine(raw)
+///     }
+/// }
+/// ```
+pub trait Id: Copy + sealed::Sealed {
     /// The id as an integer.
     fn raw(self) -> u64;
-    /// The id of an integer [`Id::raw`] gave.
-    fn from_raw(raw: u64) -> Self;
+    /// The id [`Id::raw`] turned into `raw`: only its inverse, called by the table alone (the
+    /// token cannot be made outside this crate), so no integer that no id gave is ever
+    /// narrowed (house rule 11).
+    #[doc(hidden)]
+    fn from_raw(raw: u64, token: sealed::Token) -> Self;
 }
+
+/// What keeps [`Id`] to this crate's ids and [`Id::from_raw`] to its table.
+pub(crate) mod sealed {
+    /// Implemented by this crate's ids only.
+    pub trait Sealed {}
+
+    /// Made only in this crate: the argument of [`Id::from_raw`](super::Id::from_raw).
+    pub struct Token(pub(crate) ());
+}
+
+impl sealed::Sealed for ConnectionId {}
 
 impl Id for ConnectionId {
     fn raw(self) -> u64 {
         u64::from(self.0)
     }
     /// Only ever given back what [`Id::raw`] made (a `u32`).
-    fn from_raw(raw: u64) -> ConnectionId {
+    fn from_raw(raw: u64, _: sealed::Token) -> ConnectionId {
         debug_assert!(u32::try_from(raw).is_ok(), "a connection id is a u32");
         ConnectionId(raw as u32)
     }
 }
 
+impl sealed::Sealed for CheckoutId {}
+
 impl Id for CheckoutId {
     fn raw(self) -> u64 {
         self.0
     }
-    fn from_raw(raw: u64) -> CheckoutId {
+    fn from_raw(raw: u64, _: sealed::Token) -> CheckoutId {
         CheckoutId(raw)
     }
 }
@@ -264,7 +313,9 @@ impl<K: Id, T> IdTable<K, T> {
 
     /// The ids, in increasing order.
     pub fn keys(&self) -> impl Iterator<Item = K> + '_ {
-        self.sorted().into_iter().map(|(id, _)| K::from_raw(id))
+        self.sorted()
+            .into_iter()
+            .map(|(id, _)| K::from_raw(id, sealed::Token(())))
     }
 
     /// The entries, in id order.
