@@ -2042,11 +2042,10 @@ const COLLECTION_DDL_LOCKS_WIRE_VERSION: i32 = 8;
 /// a false `$exists` are negations, `$size` and `$elemMatch` array expressions, `$all` a
 /// conjunction, and two operators a conjunction too, so any of those locks every database. The
 /// operators not named here are not leaves to the test server (it refuses them in a filter
-/// before any lock).
+/// before any lock). A top-level `$comment` beside it adds no expression ([`name_condition`]).
 fn is_name_leaf(filter: &Document) -> bool {
-    let condition = match filter.iter().next() {
-        Some((field, condition)) if filter.len() == 1 && field == "name" => condition,
-        _ => return false,
+    let Some(condition) = name_condition(filter) else {
+        return false;
     };
     let Bson::Document(operators) = condition else {
         return true;
@@ -2066,6 +2065,20 @@ fn is_name_leaf(filter: &Document) -> bool {
             _ => false,
         },
         _ => false,
+    }
+}
+
+/// The condition on `name` of a filter whose one expression is on `name`. Review19 R4 (TK-15,
+/// house rule 7): a top-level `$comment` is no expression, as fixes18c made it for
+/// [`crate::query::matches`]: the server's parser adds nothing to the filter's conjunction for
+/// it and unwraps a conjunction of one child to that child (`expression_parser.cpp`), so
+/// `{name: "a", $comment: "x"}` is the same leaf as `{name: "a"}` to `list_databases.cpp` and
+/// `list_collections.cpp`.
+fn name_condition(filter: &Document) -> Option<&Bson> {
+    let mut fields = filter.iter().filter(|(field, _)| *field != "$comment");
+    match (fields.next(), fields.next()) {
+        (Some((field, condition)), None) if field == "name" => Some(condition),
+        _ => None,
     }
 }
 
@@ -2106,18 +2119,15 @@ fn list_collections_locks(
 
 /// The collection names a `listCollections` filter matches exactly, as the server's
 /// `_getExactNameMatches` reads them (`list_collections.cpp`): a filter whose only field is
-/// `name`, equal to a string (`{name: s}`, `{name: {$eq: s}}`) or in a list of strings without
-/// regexes (`{name: {$in: [...]}}`); an empty or non-string name matches nothing. `None` for any
-/// other filter.
+/// `name` (top-level `$comment`s aside, [`name_condition`]), equal to a string (`{name: s}`,
+/// `{name: {$eq: s}}`) or in a list of strings without regexes (`{name: {$in: [...]}}`); an
+/// empty or non-string name matches nothing. `None` for any other filter.
 fn exact_names(filter: &Document) -> Option<Vec<String>> {
-    if filter.len() != 1 {
-        return None;
-    }
     let name_of = |value: &Bson| match value {
         Bson::String(s) if !s.is_empty() => Some(s.clone()),
         _ => None,
     };
-    match filter.get("name")? {
+    match name_condition(filter)? {
         Bson::Document(operators) if operators.keys().any(|k| k.starts_with('$')) => {
             match operators.iter().next() {
                 Some((op, value)) if op == "$eq" && operators.len() == 1 => {
@@ -2544,5 +2554,42 @@ mod tests {
         for filter in &not_leaves {
             assert!(!is_name_leaf(filter), "not a leaf on name: {filter}");
         }
+    }
+
+    /// Review19 R4 (TK-15, house rule 7): a top-level `$comment` adds no expression to a
+    /// filter (`expression_parser.cpp`: `parseComment` gives none, and a conjunction of one
+    /// child is that child), so beside one expression on `name` the filter is still a leaf
+    /// for `listDatabases` and still names its collections exactly for `listCollections`;
+    /// alone, or beside another field, it is neither.
+    #[test]
+    fn review19_r4_tk15_a_top_level_comment_is_no_filter_field() {
+        let leaves = [
+            doc! { "name": "a", "$comment": "x" },
+            doc! { "$comment": { "why": 1 }, "name": { "$in": ["a", "b"] } },
+            doc! { "$comment": "x", "name": { "$regex": "^a" } },
+        ];
+        for filter in &leaves {
+            assert!(is_name_leaf(filter), "a leaf on name: {filter}");
+        }
+        let not_leaves = [
+            doc! { "$comment": "x" },
+            doc! { "$comment": "x", "name": "a", "x": 1 },
+            doc! { "name": { "$ne": "a" }, "$comment": "x" },
+        ];
+        for filter in &not_leaves {
+            assert!(!is_name_leaf(filter), "not a leaf on name: {filter}");
+        }
+        let names = |filter: Document| exact_names(&filter);
+        assert_eq!(
+            names(doc! { "name": "c", "$comment": "x" }),
+            Some(vec!["c".into()])
+        );
+        assert_eq!(
+            names(doc! { "$comment": 1, "name": { "$in": ["c", "d"] } }),
+            Some(vec!["c".into(), "d".into()])
+        );
+        assert_eq!(names(doc! { "$comment": "x" }), None);
+        assert_eq!(names(doc! { "$comment": "x", "name": "c", "y": 1 }), None);
+        assert_eq!(names(doc! { "name": { "$comment": "x" } }), None);
     }
 }
