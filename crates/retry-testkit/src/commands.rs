@@ -1478,8 +1478,10 @@ fn aggregate(
 /// `_id` index here: `{_id: 1}` or `{_id: -1}`; `prepareExecutor` pops the `$sort` the query
 /// system can sort without blocking); from 4.4 (wire 9) the query layer takes any `$sort`
 /// (with the `$limit` it coalesced) and a leading `$limit` (`pipeline_d.cpp`,
-/// `prepareExecutor`, `extractLimitForPushdown`). 4.0 and older always run a pipeline.
+/// `prepareExecutor`, `extractLimitForPushdown`). 4.0 and older always run a pipeline. The
+/// stages are read as the server's optimization phase leaves them ([`reordered_stages`]).
 fn optimized_away(stages: &[(&str, &Bson)], max_wire_version: i32) -> bool {
+    let stages = reordered_stages(stages);
     let mut rest = stages.iter().skip_while(|(name, _)| *name == "$match");
     let by_id = |spec: &Bson| {
         matches!(spec, Bson::Document(keys) if keys.len() == 1
@@ -1500,6 +1502,41 @@ fn optimized_away(stages: &[(&str, &Bson)], max_wire_version: i32) -> bool {
         }
         _ => false,
     }
+}
+
+/// Review19 R5 (TK-15, house rule 7): `stages` as the server's pipeline optimization leaves
+/// them before it decides what the query layer takes (4.2 and 4.4: `Pipeline::optimizeContainer`
+/// runs each stage's `optimizeAt`, then each stage's `optimize`): a `$match` that follows a
+/// `$sort` moves in front of it (`DocumentSource::pushMatchBefore`: a `$sort` swaps with a
+/// `$match` unless it absorbed a `$limit`, and modifies no path), so over a run of `$sort`s;
+/// a `$limit` right after a `$limit` merges into it (`DocumentSourceLimit::doOptimizeAt`:
+/// the smaller of the two); an empty `$match` and a `$skip` of 0 go
+/// (`DocumentSourceMatch::optimize`, `DocumentSourceSkip::optimize`). The server drops those
+/// two after the reordering, here before it: a pipeline with one between a `$sort` and a
+/// `$match` counts as optimized away where the server keeps it (stricter, never more
+/// forgiving). Adjacent `$match`es stay two entries here: both lead, or neither does, as one
+/// merged would. Not modelled (docs/testkit.md "Limits"): a `$match` moved over a `$project` /
+/// `$addFields` (split by the paths they modify), a `$limit` moved over a `$skip` or absorbed
+/// by a `$sort` across other stages, which leave a stage in the pipeline either way.
+fn reordered_stages<'a>(stages: &[(&'a str, &'a Bson)]) -> Vec<(&'a str, &'a Bson)> {
+    let mut reordered: Vec<(&str, &Bson)> = Vec::with_capacity(stages.len());
+    for &(name, spec) in stages {
+        match (name, spec) {
+            ("$match", Bson::Document(filter)) if filter.is_empty() => {}
+            ("$skip", skip) if integer(skip) == Some(0) => {}
+            ("$limit", _) if reordered.last().is_some_and(|(last, _)| *last == "$limit") => {}
+            ("$match", _) => {
+                let sorts = reordered
+                    .iter()
+                    .rev()
+                    .take_while(|(stage, _)| *stage == "$sort")
+                    .count();
+                reordered.insert(reordered.len() - sorts, (name, spec));
+            }
+            _ => reordered.push((name, spec)),
+        }
+    }
+    reordered
 }
 
 /// `$project` by inclusion or exclusion of top-level fields (`_id` kept unless excluded), or
@@ -2554,6 +2591,59 @@ mod tests {
         for filter in &not_leaves {
             assert!(!is_name_leaf(filter), "not a leaf on name: {filter}");
         }
+    }
+
+    /// Review19 R5 (TK-15, house rule 7): which aggregate cursors a 4.2 / 4.4 server answers
+    /// with its query layer alone is decided after its pipeline optimization: a `$match`
+    /// after a limitless `$sort` moves in front of it (`pushMatchBefore`), adjacent `$limit`s
+    /// merge (`DocumentSourceLimit::doOptimizeAt`), an empty `$match` and a `$skip` of 0 go;
+    /// a `$match` after a `$limit` or a `$skip` stays where it is.
+    #[test]
+    fn review19_r5_tk15_optimized_away_after_the_servers_reordering() {
+        let by_id = Bson::Document(doc! { "_id": 1 });
+        let by_x = Bson::Document(doc! { "x": 1 });
+        let filter = Bson::Document(doc! { "_id": { "$gte": 1 } });
+        let empty = Bson::Document(doc! {});
+        let (five, three, zero) = (Bson::Int32(5), Bson::Int32(3), Bson::Int32(0));
+        let away = |stages: &[(&str, &Bson)], wire: i32| optimized_away(stages, wire);
+        // 4.2: a `$sort` on `_id` with the `$match` it was sent before.
+        assert!(away(&[("$sort", &by_id), ("$match", &filter)], 8));
+        assert!(away(
+            &[("$sort", &by_id), ("$match", &filter), ("$match", &filter)],
+            8
+        ));
+        assert!(away(&[("$sort", &by_id), ("$match", &empty)], 8));
+        assert!(away(&[("$skip", &zero)], 8));
+        assert!(!away(&[("$sort", &by_x), ("$match", &filter)], 8));
+        assert!(!away(
+            &[("$sort", &by_id), ("$limit", &five), ("$match", &filter)],
+            8
+        ));
+        assert!(!away(&[("$limit", &five), ("$limit", &three)], 8));
+        // 4.4: any `$sort`, and merged `$limit`s.
+        assert!(away(&[("$sort", &by_x), ("$match", &filter)], 9));
+        assert!(away(
+            &[("$sort", &by_x), ("$match", &filter), ("$limit", &five)],
+            12
+        ));
+        assert!(away(&[("$limit", &five), ("$limit", &three)], 9));
+        assert!(away(
+            &[("$sort", &by_x), ("$limit", &five), ("$limit", &three)],
+            9
+        ));
+        assert!(away(
+            &[("$limit", &five), ("$match", &empty), ("$limit", &three)],
+            9
+        ));
+        assert!(!away(&[("$limit", &five), ("$match", &filter)], 9));
+        assert!(!away(&[("$skip", &three), ("$limit", &five)], 9));
+        assert!(!away(
+            &[("$sort", &by_x), ("$limit", &five), ("$match", &filter)],
+            9
+        ));
+        // Before 4.2 a pipeline always runs; from 5.0 reads take no lock.
+        assert!(!away(&[("$sort", &by_id), ("$match", &filter)], 7));
+        assert!(!away(&[("$limit", &five), ("$limit", &three)], 13));
     }
 
     /// Review19 R4 (TK-15, house rule 7): a top-level `$comment` adds no expression to a
