@@ -57,6 +57,29 @@ fn lsid() -> Document {
     doc! { "id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![1; 16] }) }
 }
 
+/// TX-1: `body` as a statement of transaction `txn` of the session `lsid` (`autocommit: false`),
+/// the transaction's first when `start`.
+fn in_transaction(mut body: Document, lsid: &Document, txn: i64, start: bool) -> Document {
+    body.insert("lsid", lsid.clone());
+    body.insert("txnNumber", txn);
+    body.insert("autocommit", false);
+    if start {
+        body.insert("startTransaction", true);
+    }
+    body
+}
+
+/// TX-1: `command` (`commitTransaction` or `abortTransaction`) for transaction 1 of the session
+/// `lsid_of(lsid)`.
+fn end_transaction(command: &str, lsid: u8) -> Document {
+    in_transaction(
+        doc! { command: 1, "$db": "admin" },
+        &lsid_of(lsid),
+        1,
+        false,
+    )
+}
+
 fn code(reply: &Document) -> Option<i32> {
     reply.get_i32("code").ok()
 }
@@ -288,17 +311,11 @@ async fn tk2_ddl_commands_refuse_every_read_concern_level_but_local() {
         // (only them) against the transaction's read concern, its first command's: "local"
         // only; the statement fails and the transaction is aborted.
         let in_transaction = |command: Document, level: Option<&str>, txn: i64, start: bool| {
-            let mut command = match level {
+            let command = match level {
                 Some(level) => with_level(command, level),
                 None => command,
             };
-            command.insert("lsid", lsid());
-            command.insert("txnNumber", txn);
-            command.insert("autocommit", false);
-            if start {
-                command.insert("startTransaction", true);
-            }
-            command
+            in_transaction(command, &lsid(), txn, start)
         };
         let create = doc! { "create": "in_txn", "$db": "db" };
         let create_index =
@@ -1171,14 +1188,8 @@ async fn transactions() {
         let handle = server.handle();
         let lsid = lsid_of(1);
         let insert = |txn: i64, start: bool, id: i32| {
-            let mut command = doc! {
-                "insert": "c", "documents": [{ "_id": id }], "lsid": lsid.clone(),
-                "txnNumber": txn, "autocommit": false, "$db": "db",
-            };
-            if start {
-                command.insert("startTransaction", true);
-            }
-            command
+            let insert = doc! { "insert": "c", "documents": [{ "_id": id }], "$db": "db" };
+            in_transaction(insert, &lsid, txn, start)
         };
         let end = |name: &str, txn: i64| {
             doc! { name: 1, "lsid": lsid.clone(), "txnNumber": txn, "autocommit": false, "$db": "admin" }
@@ -1220,15 +1231,8 @@ async fn tk15_collections_a_transaction_creates_are_hidden_until_commit_and_drop
     bounded(async {
         let (server, mut client) = start_primary().await;
         let lsid = lsid_of(3);
-        let in_transaction = |mut command: Document, txn: i64, start: bool| {
-            command.insert("lsid", lsid.clone());
-            command.insert("txnNumber", txn);
-            command.insert("autocommit", false);
-            if start {
-                command.insert("startTransaction", true);
-            }
-            command
-        };
+        let in_transaction =
+            |command: Document, txn: i64, start: bool| in_transaction(command, &lsid, txn, start);
         let collections = |reply: &Document| -> Vec<String> {
             first_batch(reply)
                 .iter()
@@ -1285,15 +1289,8 @@ async fn tk12_only_the_mongos_that_started_a_transaction_continues_it() {
     bounded(async {
         let (servers, mut first, mut other) = start_two_mongoses().await;
         let lsid = lsid_of(4);
-        let command = |mut body: Document, txn: i64, start: bool| {
-            body.insert("lsid", lsid.clone());
-            body.insert("txnNumber", txn);
-            body.insert("autocommit", false);
-            if start {
-                body.insert("startTransaction", true);
-            }
-            body
-        };
+        let command =
+            |body: Document, txn: i64, start: bool| in_transaction(body, &lsid, txn, start);
         let insert = |id: i32| doc! { "insert": "c", "documents": [{ "_id": id }], "$db": "db" };
         let commit = doc! { "commitTransaction": 1, "$db": "admin" };
         let abort = doc! { "abortTransaction": 1, "$db": "admin" };
@@ -1406,14 +1403,8 @@ async fn tk12_each_mongos_behind_a_load_balancer_keeps_its_cursors_and_transacti
         assert_eq!(code(&first.command(more).await.unwrap()), None);
         let lsid = lsid_of(6);
         let statement = |id: i32, start: bool| {
-            let mut command = doc! {
-                "insert": "c", "documents": [{ "_id": id }], "lsid": lsid.clone(),
-                "txnNumber": 1_i64, "autocommit": false, "$db": "db",
-            };
-            if start {
-                command.insert("startTransaction", true);
-            }
-            command
+            let insert = doc! { "insert": "c", "documents": [{ "_id": id }], "$db": "db" };
+            in_transaction(insert, &lsid, 1, start)
         };
         assert_eq!(
             code(&first.command(statement(3, true)).await.unwrap()),
@@ -1703,14 +1694,8 @@ async fn a_failed_statement_aborts_its_transaction() {
     bounded(async {
         let (server, mut client) = start_primary().await;
         let statement = |id: i32, start: bool| {
-            let mut command = doc! {
-                "insert": "t", "documents": [{ "_id": id }], "$db": "test",
-                "lsid": lsid_of(9), "txnNumber": 1_i64, "autocommit": false,
-            };
-            if start {
-                command.insert("startTransaction", true);
-            }
-            command
+            let insert = doc! { "insert": "t", "documents": [{ "_id": id }], "$db": "test" };
+            in_transaction(insert, &lsid_of(9), 1, start)
         };
         let first = client.command(statement(1, true)).await.unwrap();
         assert_eq!(first.get_i32("n").ok(), Some(1), "{first}");
@@ -1778,10 +1763,7 @@ async fn tk15_review7_f1_writes_wait_for_a_transaction_outside_and_conflict_insi
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "the write waits for the transaction");
         let commit = client
-            .command(doc! {
-                "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
-                "txnNumber": 1_i64, "autocommit": false,
-            })
+            .command(end_transaction("commitTransaction", 1))
             .await
             .unwrap();
         assert_eq!(commit.get_f64("ok").ok(), Some(1.0), "{commit}");
@@ -1828,10 +1810,7 @@ async fn tk15_out_and_merge_wait_for_a_transaction_holding_their_target() {
             assert_eq!(code(&timed_out), Some(50), "{stage}: {timed_out}");
         }
         let commit = client
-            .command(doc! {
-                "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
-                "txnNumber": 1_i64, "autocommit": false,
-            })
+            .command(end_transaction("commitTransaction", 1))
             .await
             .unwrap();
         assert_eq!(commit.get_f64("ok").ok(), Some(1.0), "{commit}");
@@ -1880,10 +1859,7 @@ async fn tk15_out_waits_for_a_transaction_that_only_read_its_target() {
         assert_eq!(code(&timed_out), Some(50), "{timed_out}");
         assert_eq!(handle.documents("test.w"), [doc! { "_id": 2 }]);
         let abort = client
-            .command(doc! {
-                "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
-                "txnNumber": 1_i64, "autocommit": false,
-            })
+            .command(end_transaction("abortTransaction", 1))
             .await
             .unwrap();
         assert_eq!(abort.get_f64("ok").ok(), Some(1.0), "{abort}");
@@ -1910,14 +1886,8 @@ async fn tk15_a_waiting_out_holds_back_new_transactions_on_its_target() {
         handle.insert("test.src", vec![doc! { "_id": 1, "s": 1 }]);
         handle.insert("test.w", vec![doc! { "_id": 2 }]);
         let in_transaction = |lsid: u8, mut body: Document, start: bool| {
-            body.extend(
-                doc! { "$db": "test", "lsid": lsid_of(lsid), "txnNumber": 1_i64,
-                "autocommit": false },
-            );
-            if start {
-                body.insert("startTransaction", true);
-            }
-            body
+            body.insert("$db", "test");
+            in_transaction(body, &lsid_of(lsid), 1, start)
         };
         let find = |lsid: u8, start: bool| in_transaction(lsid, doc! { "find": "w" }, start);
         let reply = client.command(find(1, true)).await.unwrap();
@@ -1959,14 +1929,15 @@ async fn tk15_a_waiting_out_holds_back_new_transactions_on_its_target() {
         let reply = third.command(other).await.unwrap();
         assert_eq!(code(&reply), None, "another collection: {reply}");
 
-        let abort = |lsid: u8| {
-            let mut body = in_transaction(lsid, doc! { "abortTransaction": 1 }, false);
-            body.insert("$db", "admin");
-            body
-        };
-        let reply = third.command(abort(3)).await.unwrap();
+        let reply = third
+            .command(end_transaction("abortTransaction", 3))
+            .await
+            .unwrap();
         assert_eq!(code(&reply), None, "{reply}");
-        let reply = client.command(abort(1)).await.unwrap();
+        let reply = client
+            .command(end_transaction("abortTransaction", 1))
+            .await
+            .unwrap();
         assert_eq!(code(&reply), None, "{reply}");
         let ran = out.await.expect("the $out task");
         assert_eq!(code(&ran), None, "{ran}");
@@ -1992,15 +1963,9 @@ async fn item5_a_command_queued_behind_a_pending_ddl_runs_after_it() {
         let (server, mut client) = start_primary().await;
         let handle = server.handle();
         handle.insert("test.w", vec![doc! { "_id": 1 }]);
-        let in_transaction = |lsid: u8, mut body: Document| {
-            body.extend(doc! {
-                "$db": "test", "lsid": lsid_of(lsid), "txnNumber": 1_i64, "autocommit": false,
-            });
-            body
-        };
         for lsid in [1, 2] {
-            let mut find = in_transaction(lsid, doc! { "find": "w" });
-            find.insert("startTransaction", true);
+            let find = doc! { "find": "w", "$db": "test" };
+            let find = in_transaction(find, &lsid_of(lsid), 1, true);
             let reply = client.command(find).await.unwrap();
             assert_eq!(code(&reply), None, "{reply}");
         }
@@ -2008,12 +1973,10 @@ async fn item5_a_command_queued_behind_a_pending_ddl_runs_after_it() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let insert = doc! { "insert": "w", "documents": [{ "_id": 9 }], "$db": "test" };
         let (insert, _) = sent(&server, insert).await;
-        let abort = |lsid: u8| {
-            let mut body = in_transaction(lsid, doc! { "abortTransaction": 1 });
-            body.insert("$db", "admin");
-            body
-        };
-        let reply = client.command(abort(1)).await.unwrap();
+        let reply = client
+            .command(end_transaction("abortTransaction", 1))
+            .await
+            .unwrap();
         assert_eq!(code(&reply), None, "{reply}");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(
@@ -2025,7 +1988,10 @@ async fn item5_a_command_queued_behind_a_pending_ddl_runs_after_it() {
             "the insert stays queued behind the drop"
         );
         assert_eq!(handle.documents("test.w"), [doc! { "_id": 1 }]);
-        let reply = client.command(abort(2)).await.unwrap();
+        let reply = client
+            .command(end_transaction("abortTransaction", 2))
+            .await
+            .unwrap();
         assert_eq!(code(&reply), None, "{reply}");
         let dropped = drop.await.expect("the drop task");
         assert_eq!(code(&dropped), None, "{dropped}");
@@ -2121,10 +2087,7 @@ impl LockTest {
 
     /// Ends transaction 1; the pending DDL command then runs, and succeeds.
     async fn release(&mut self) {
-        let abort = doc! {
-            "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(1), "txnNumber": 1_i64,
-            "autocommit": false,
-        };
+        let abort = end_transaction("abortTransaction", 1);
         let reply = self.client.command(abort).await.unwrap();
         assert_eq!(code(&reply), None, "{reply}");
         let ddl = self.ddl.take().expect("a pending DDL");
@@ -2159,13 +2122,8 @@ async fn tk15_bulk_write_in_a_new_transaction_on_a_pending_drops_namespace_gets_
         let bulk = |ops: Vec<Document>, ns_info: Vec<Document>| {
             doc! { "bulkWrite": 1, "ops": ops, "nsInfo": ns_info, "$db": "admin" }
         };
-        let in_transaction = |mut body: Document, lsid: u8, start: bool| {
-            body.extend(doc! { "lsid": lsid_of(lsid), "txnNumber": 1_i64, "autocommit": false });
-            if start {
-                body.insert("startTransaction", true);
-            }
-            body
-        };
+        let in_transaction =
+            |body: Document, lsid: u8, start: bool| in_transaction(body, &lsid_of(lsid), 1, start);
         let x_then_w = bulk(
             vec![
                 doc! { "insert": 0, "document": { "_id": 7 } },
@@ -2344,10 +2302,7 @@ async fn tk15_drop_waits_for_a_transaction_that_wrote_the_collection() {
         }
         assert_eq!(handle.documents("test.w").len(), 2, "nothing dropped");
         let abort = client
-            .command(doc! {
-                "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
-                "txnNumber": 1_i64, "autocommit": false,
-            })
+            .command(end_transaction("abortTransaction", 1))
             .await
             .unwrap();
         assert_eq!(abort.get_f64("ok").ok(), Some(1.0), "{abort}");
@@ -2510,10 +2465,7 @@ async fn tk15_review7_f1_a_waiting_retryable_write_resumes_at_its_statement() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "the second statement waits");
         client
-            .command(doc! {
-                "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
-                "txnNumber": 1_i64, "autocommit": false,
-            })
+            .command(end_transaction("commitTransaction", 1))
             .await
             .unwrap();
         let updated = waiting.await.unwrap();
@@ -2584,10 +2536,7 @@ async fn tk15_review8_f3_killing_sessions_aborts_their_transactions() {
             let reply = client.command(outside(id)).await.unwrap();
             assert_eq!(reply.get_i32("n").ok(), Some(1), "no wait: {reply}");
             let commit = client
-                .command(doc! {
-                    "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(session),
-                    "txnNumber": 1_i64, "autocommit": false,
-                })
+                .command(end_transaction("commitTransaction", session))
                 .await
                 .unwrap();
             assert_eq!(code(&commit), Some(251), "{commit}");
@@ -2701,10 +2650,7 @@ async fn tk11_review8_f5_a_waiting_write_fires_on_primary_write_once() {
             tokio::time::sleep(Duration::from_millis(50)).await;
             assert!(!waiting.is_finished(), "the write waits for the transaction");
             let abort = client
-                .command(doc! {
-                    "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(session),
-                    "txnNumber": 1_i64, "autocommit": false,
-                })
+                .command(end_transaction("abortTransaction", session))
                 .await
                 .unwrap();
             assert_eq!(code(&abort), None, "{abort}");
@@ -3194,10 +3140,7 @@ async fn review18_f6_before_wire_8_a_collection_ddl_locks_its_database() {
                 assert_eq!(labels(&reply), ["TransientTransactionError"], "{reply}");
             } else {
                 assert_eq!(code(&reply), None, "wire {wire}: {reply}");
-                let abort = doc! {
-                    "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(2),
-                    "txnNumber": 1_i64, "autocommit": false,
-                };
+                let abort = end_transaction("abortTransaction", 2);
                 let reply = other.command(abort).await.unwrap();
                 assert_eq!(code(&reply), None, "{reply}");
             }
@@ -3318,16 +3261,8 @@ async fn docs13_list_databases_queues_behind_pending_ddl_before_wire_13() {
 #[tokio::test]
 async fn fixes18c_tk15_transactions_need_wire_7_on_a_replica_set_and_8_on_mongos() {
     bounded(async {
-        let session = |body: Document, txn: i64, start: bool| {
-            let mut body = body;
-            body.insert("lsid", lsid_of(7));
-            body.insert("txnNumber", txn);
-            body.insert("autocommit", false);
-            if start {
-                body.insert("startTransaction", true);
-            }
-            body
-        };
+        let session =
+            |body: Document, txn: i64, start: bool| in_transaction(body, &lsid_of(7), txn, start);
         let insert = doc! { "insert": "c", "documents": [{ "_id": 1 }], "$db": "db" };
         let find = doc! { "find": "c", "$db": "db" };
         let aggregate = doc! { "aggregate": "c", "pipeline": [], "cursor": {}, "$db": "db" };
