@@ -1716,6 +1716,17 @@ async fn a_failed_statement_aborts_its_transaction() {
     .await
 }
 
+/// TK-15: transaction 1 (lsid 1) starts by inserting `{_id: 1}` into `test.w`, which it then
+/// holds until it ends.
+async fn transaction_1_inserts_into_w(client: &mut RawClient) {
+    let insert = doc! { "insert": "w", "documents": [{ "_id": 1 }], "$db": "test" };
+    let first = client
+        .command(in_transaction(insert, &lsid_of(1), 1, true))
+        .await
+        .unwrap();
+    assert_eq!(first.get_i32("n").ok(), Some(1), "{first}");
+}
+
 /// TK-15, TK-7 (review7 finding 1): over the wire, a transaction's write to a document another
 /// transaction in progress changed is WriteConflict 112 with `TransientTransactionError`; a write
 /// outside any transaction is never 112: it waits for the transaction, until `maxTimeMS` runs out
@@ -1725,15 +1736,7 @@ async fn tk15_review7_f1_writes_wait_for_a_transaction_outside_and_conflict_insi
     bounded(async {
         let (server, mut client) = start_primary().await;
         let mut other = RawClient::connect(server.address()).await.unwrap();
-        let first = client
-            .command(doc! {
-                "insert": "w", "documents": [{ "_id": 1 }], "$db": "test",
-                "lsid": lsid_of(1), "txnNumber": 1_i64, "autocommit": false,
-                "startTransaction": true,
-            })
-            .await
-            .unwrap();
-        assert_eq!(first.get_i32("n").ok(), Some(1), "{first}");
+        transaction_1_inserts_into_w(&mut client).await;
         let conflict = other
             .command(doc! {
                 "update": "w", "updates": [{ "q": { "_id": 1 }, "u": { "$set": { "x": 1 } }, "upsert": true }],
@@ -1790,15 +1793,7 @@ async fn tk15_out_and_merge_wait_for_a_transaction_holding_their_target() {
         server
             .handle()
             .insert("test.src", vec![doc! { "_id": 1, "s": 1 }]);
-        let first = client
-            .command(doc! {
-                "insert": "w", "documents": [{ "_id": 1 }], "$db": "test",
-                "lsid": lsid_of(1), "txnNumber": 1_i64, "autocommit": false,
-                "startTransaction": true,
-            })
-            .await
-            .unwrap();
-        assert_eq!(first.get_i32("n").ok(), Some(1), "{first}");
+        transaction_1_inserts_into_w(&mut client).await;
         for stage in [doc! { "$out": "w" }, doc! { "$merge": { "into": "w" } }] {
             let timed_out = other
                 .command(doc! {
