@@ -2531,6 +2531,15 @@ mod tests {
         outside(store, |s| s.replace_collection(ns, vec![doc! { "_id": 9 }]))
     }
 
+    /// TK-15: S1 ends (commits when `commit`, else aborts); then a `$out` into `db.c` runs.
+    fn out_runs_once_s1_ends(store: &mut Store, commit: bool) {
+        assert_eq!(store.end_transaction(S1, 1, commit, None, false), Ok(()));
+        let (out, blocked) = out_into(store, "db.c");
+        let end = if commit { "commit" } else { "abort" };
+        assert_eq!((out, blocked), (Ok(()), None), "after the {end}");
+        assert_eq!(ids(store), [9]);
+    }
+
     fn ids(store: &Store) -> Vec<i32> {
         store
             .visible("db.c")
@@ -2919,10 +2928,7 @@ mod tests {
         );
         let (out, blocked) = out_into(&mut store, "db.other");
         assert_eq!((out, blocked), (Ok(()), None), "a target S1 does not hold");
-        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
-        let (out, blocked) = out_into(&mut store, "db.c");
-        assert_eq!((out, blocked), (Ok(()), None), "after the commit");
-        assert_eq!(ids(&store), [9]);
+        out_runs_once_s1_ends(&mut store, true);
     }
 
     /// TK-15 (leftovers10 item 4): a transaction holds the lock of every collection it accessed
@@ -2960,10 +2966,7 @@ mod tests {
         );
         let (out, blocked) = out_into(&mut store, "db.e");
         assert_eq!((out, blocked), (Ok(()), None), "a target nobody accessed");
-        assert_eq!(store.end_transaction(S1, 1, false, None, false), Ok(()));
-        let (out, blocked) = out_into(&mut store, "db.c");
-        assert_eq!((out, blocked), (Ok(()), None), "after the abort");
-        assert_eq!(ids(&store), [9]);
+        out_runs_once_s1_ends(&mut store, false);
     }
 
     /// TK-15 (review12 finding 1): `drop` and `dropDatabase` outside any transaction wait for a
