@@ -539,7 +539,7 @@ pub struct WriteErrors {
 
 /// What one attempt of an operation failed with: the facts the retry rules read. Made by its
 /// constructors ([`OperationError::network`], [`OperationError::from_reply`], ...).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug, PartialEq)]
 #[non_exhaustive]
 pub struct OperationError {
     /// What failed.
@@ -568,10 +568,36 @@ pub const WIRE_VERSION_4_4: i32 = 9;
 /// error (RW-16).
 pub const RETRYABLE_WRITES_UNSUPPORTED: &str = "This MongoDB deployment does not support retryable writes. Please add retryWrites=false to your connection string.";
 
+// By hand, so that the usual clone, a server error's (one reference count, the labels and the
+// address), is inlined where a retry machine keeps an error; other kinds take the derived clone.
+impl Clone for OperationError {
+    #[inline]
+    fn clone(&self) -> OperationError {
+        OperationError {
+            kind: match &self.kind {
+                ErrorKind::Server(e) => ErrorKind::Server(Arc::clone(e)),
+                kind => kind.clone_other(),
+            },
+            labels: self.labels,
+            address: self.address.clone(),
+        }
+    }
+}
+
+impl ErrorKind {
+    /// The derived clone, kept out of line: [`OperationError`]'s clone inlines only the server
+    /// kind.
+    #[inline(never)]
+    fn clone_other(&self) -> ErrorKind {
+        self.clone()
+    }
+}
+
 impl OperationError {
     /// Whether `other` is this very error, not only an equal one: a server error sharing the
     /// same reply (one [`Arc`], not a copy) with the same labels and address. Keeping either is
     /// then keeping the same thing; other kinds are never the same.
+    #[inline]
     pub(crate) fn is_same(&self, other: &OperationError) -> bool {
         match (&self.kind, &other.kind) {
             (ErrorKind::Server(a), ErrorKind::Server(b)) => {

@@ -1273,12 +1273,15 @@ impl<R: RngCore> RetryMachine<R> {
     /// command was attempted (sent; for writes also not `NoWritesPerformed`).
     /// A borrowed error is copied only when it replaces an error that is not the same.
     fn remember(&mut self, error: Cow<'_, OperationError>) {
-        let shows_attempt = if self.spec.kind.picks_errors_as_write() {
-            !error.no_writes_performed()
-        } else {
-            error.was_sent()
+        // The first error is kept whatever it shows: asked only when one is kept already.
+        let shows_attempt = |error: &OperationError| {
+            if self.spec.kind.picks_errors_as_write() {
+                !error.no_writes_performed()
+            } else {
+                error.was_sent()
+            }
         };
-        if self.raised.is_none() || shows_attempt {
+        if self.raised.is_none() || shows_attempt(&error) {
             match error {
                 Cow::Owned(error) => self.raised = Some(error),
                 // Keeping an error that is the same as the new one keeps what it would keep.
