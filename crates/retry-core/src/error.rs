@@ -569,27 +569,43 @@ pub const WIRE_VERSION_4_4: i32 = 9;
 pub const RETRYABLE_WRITES_UNSUPPORTED: &str = "This MongoDB deployment does not support retryable writes. Please add retryWrites=false to your connection string.";
 
 // By hand, so that the usual clone, a server error's (one reference count, the labels and the
-// address), is inlined where a retry machine keeps an error; other kinds take the derived clone.
+// address), is inlined where a retry machine keeps an error.
 impl Clone for OperationError {
     #[inline]
     fn clone(&self) -> OperationError {
         OperationError {
-            kind: match &self.kind {
-                ErrorKind::Server(e) => ErrorKind::Server(Arc::clone(e)),
-                kind => kind.clone_other(),
-            },
+            kind: self.kind.share(),
             labels: self.labels,
             address: self.address.clone(),
         }
     }
+
+    /// Copies `source` in place; a server error that shares `source`'s reply keeps it (no
+    /// reference count).
+    #[inline]
+    fn clone_from(&mut self, source: &OperationError) {
+        match (&self.kind, &source.kind) {
+            (ErrorKind::Server(kept), ErrorKind::Server(reply)) if Arc::ptr_eq(kept, reply) => {}
+            _ => self.kind = source.kind.share(),
+        }
+        self.labels = source.labels;
+        self.address.clone_from(&source.address);
+    }
 }
 
 impl ErrorKind {
-    /// The derived clone, kept out of line: [`OperationError`]'s clone inlines only the server
-    /// kind.
-    #[inline(never)]
-    fn clone_other(&self) -> ErrorKind {
-        self.clone()
+    /// A copy: a server error's reply is shared (one reference count, inlined); the other kinds
+    /// take the derived clone, out of line.
+    #[inline]
+    fn share(&self) -> ErrorKind {
+        #[inline(never)]
+        fn other(kind: &ErrorKind) -> ErrorKind {
+            kind.clone()
+        }
+        match self {
+            ErrorKind::Server(e) => ErrorKind::Server(Arc::clone(e)),
+            kind => other(kind),
+        }
     }
 }
 
@@ -1047,6 +1063,33 @@ mod tests {
 
     fn parse(reply: Document) -> OperationError {
         OperationError::from_reply(&reply, &addr()).expect("an error reply")
+    }
+
+    /// RW-17, RR-9 keep an error by copying it (`clone`, `clone_from`): the copy equals the
+    /// source whatever kinds meet (server errors sharing one reply among them).
+    #[test]
+    fn a_copied_error_is_the_source() {
+        let shed = parse(doc! { "ok": 0, "code": 462,
+        "errorLabels": ["SystemOverloadedError", "RetryableError"] });
+        let mut other_member = shed.clone();
+        other_member.address = Some(ServerAddress::new("b", 27018));
+        let errors = [
+            shed.clone(),
+            other_member,
+            parse(doc! { "ok": 0, "code": 462 }),
+            parse(doc! { "ok": 0, "code": 91 }),
+            OperationError::network(NetworkErrorKind::Timeout, NetworkPhase::AfterSend, addr()),
+            OperationError::server_selection("none"),
+            OperationError::cancelled(),
+        ];
+        for source in &errors {
+            assert_eq!(&source.clone(), source);
+            for start in &errors {
+                let mut copy = start.clone();
+                copy.clone_from(source);
+                assert_eq!(&copy, source);
+            }
+        }
     }
 
     #[test]

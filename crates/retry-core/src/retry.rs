@@ -582,7 +582,7 @@ impl<R: RngCore> RetryMachine<R> {
 
     /// The first action of a new operation: select a server, or finish when the deadline has
     /// already passed.
-    #[inline]
+    #[inline(always)]
     fn start(&mut self, now: Instant) {
         if self.spec.timeout.expired(now) {
             self.finish(Err(OperationError::timeout(None)));
@@ -1284,12 +1284,16 @@ impl<R: RngCore> RetryMachine<R> {
         if self.raised.is_none() || shows_attempt(&error) {
             match error {
                 Cow::Owned(error) => self.raised = Some(error),
-                // Keeping an error that is the same as the new one keeps what it would keep.
-                Cow::Borrowed(error) => {
-                    if !self.raised.as_ref().is_some_and(|kept| kept.is_same(error)) {
-                        self.raised = Some(error.clone());
+                // Keeping an error that is the same as the new one keeps what it would keep;
+                // another is copied over the kept one (sharing its reply when it can).
+                Cow::Borrowed(error) => match &mut self.raised {
+                    Some(kept) => {
+                        if !kept.is_same(error) {
+                            kept.clone_from(error);
+                        }
                     }
-                }
+                    None => self.raised = Some(error.clone()),
+                },
             }
         }
     }
