@@ -2,7 +2,7 @@
 //!
 //! retry-core's engine on [`async-io`](async_io), the reactor async-std sat on and smol sits on
 //! (async-std itself is discontinued, RUSTSEC-2025-0052). [`AsyncIoRuntime`] gives retry-driver
-//! `std::time::Instant` as its clock, `async_io::Timer`s and `Async<TcpStream>` sockets, and no spawn:
+//! `std::time::Instant` as its clock, timers (a timerfd on Linux) and `Async<TcpStream>` sockets, and no spawn:
 //! the client's own futures (operations, event streams, shutdown) drive the engine on the
 //! caller's executor, whichever of them is polled, with no task or thread of its own and no
 //! hand-off between threads. A [`Client`] works under any executor: `async_std::task::block_on`,
@@ -32,14 +32,13 @@
 //! or the name servers of [`AsyncIoRuntime::with_nameservers`].
 #![warn(missing_docs)]
 
-use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 use std::io;
 use std::io::Read;
 use std::net::TcpStream;
 
-use async_io::{Async, Timer};
+use async_io::Async;
 use futures_lite::AsyncWrite;
 use retry_core::time::Instant;
 use retry_driver::{
@@ -48,6 +47,9 @@ use retry_driver::{
 };
 
 mod dns;
+mod timer;
+
+use timer::IoTimer;
 
 pub use retry_driver::{
     ClientOptions, CommandOptions, ConnectError, Events, OptionsError, Reply, TimedEvent,
@@ -85,8 +87,8 @@ impl Runtime for AsyncIoRuntime {
     }
 
     fn new_timer(&self, at: Instant) -> Pin<Box<dyn AsyncTimer>> {
-        Box::pin(IoTimer {
-            timer: Timer::at(timer_deadline(self.origin, at)),
+        Box::pin(RuntimeTimer {
+            timer: IoTimer::at(timer_deadline(self.origin, at)),
             origin: self.origin,
         })
     }
@@ -153,20 +155,21 @@ impl Runtime for AsyncIoRuntime {
     }
 }
 
+/// A timer on the engine's clock ([`timer::IoTimer`]: a timerfd on Linux).
 #[derive(Debug)]
-struct IoTimer {
-    timer: Timer,
+struct RuntimeTimer {
+    timer: IoTimer,
     origin: std::time::Instant,
 }
 
-impl AsyncTimer for IoTimer {
+impl AsyncTimer for RuntimeTimer {
     fn reset(mut self: Pin<&mut Self>, at: Instant) {
         let deadline = timer_deadline(self.origin, at);
         self.timer.set_at(deadline);
     }
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        Pin::new(&mut self.timer).poll(cx).map(drop)
+        self.timer.poll(cx)
     }
 }
 

@@ -539,7 +539,7 @@ pub struct WriteErrors {
 
 /// What one attempt of an operation failed with: the facts the retry rules read. Made by its
 /// constructors ([`OperationError::network`], [`OperationError::from_reply`], ...).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug, PartialEq)]
 #[non_exhaustive]
 pub struct OperationError {
     /// What failed.
@@ -568,10 +568,52 @@ pub const WIRE_VERSION_4_4: i32 = 9;
 /// error (RW-16).
 pub const RETRYABLE_WRITES_UNSUPPORTED: &str = "This MongoDB deployment does not support retryable writes. Please add retryWrites=false to your connection string.";
 
+// By hand, so that the usual clone, a server error's (one reference count, the labels and the
+// address), is inlined where a retry machine keeps an error.
+impl Clone for OperationError {
+    #[inline]
+    fn clone(&self) -> OperationError {
+        OperationError {
+            kind: self.kind.share(),
+            labels: self.labels,
+            address: self.address.clone(),
+        }
+    }
+
+    /// Copies `source` in place; a server error that shares `source`'s reply keeps it (no
+    /// reference count).
+    #[inline]
+    fn clone_from(&mut self, source: &OperationError) {
+        match (&self.kind, &source.kind) {
+            (ErrorKind::Server(kept), ErrorKind::Server(reply)) if Arc::ptr_eq(kept, reply) => {}
+            _ => self.kind = source.kind.share(),
+        }
+        self.labels = source.labels;
+        self.address.clone_from(&source.address);
+    }
+}
+
+impl ErrorKind {
+    /// A copy: a server error's reply is shared (one reference count, inlined); the other kinds
+    /// take the derived clone, out of line.
+    #[inline]
+    fn share(&self) -> ErrorKind {
+        #[inline(never)]
+        fn other(kind: &ErrorKind) -> ErrorKind {
+            kind.clone()
+        }
+        match self {
+            ErrorKind::Server(e) => ErrorKind::Server(Arc::clone(e)),
+            kind => other(kind),
+        }
+    }
+}
+
 impl OperationError {
     /// Whether `other` is this very error, not only an equal one: a server error sharing the
     /// same reply (one [`Arc`], not a copy) with the same labels and address. Keeping either is
     /// then keeping the same thing; other kinds are never the same.
+    #[inline]
     pub(crate) fn is_same(&self, other: &OperationError) -> bool {
         match (&self.kind, &other.kind) {
             (ErrorKind::Server(a), ErrorKind::Server(b)) => {
@@ -1021,6 +1063,33 @@ mod tests {
 
     fn parse(reply: Document) -> OperationError {
         OperationError::from_reply(&reply, &addr()).expect("an error reply")
+    }
+
+    /// RW-17, RR-9 keep an error by copying it (`clone`, `clone_from`): the copy equals the
+    /// source whatever kinds meet (server errors sharing one reply among them).
+    #[test]
+    fn a_copied_error_is_the_source() {
+        let shed = parse(doc! { "ok": 0, "code": 462,
+        "errorLabels": ["SystemOverloadedError", "RetryableError"] });
+        let mut other_member = shed.clone();
+        other_member.address = Some(ServerAddress::new("b", 27018));
+        let errors = [
+            shed.clone(),
+            other_member,
+            parse(doc! { "ok": 0, "code": 462 }),
+            parse(doc! { "ok": 0, "code": 91 }),
+            OperationError::network(NetworkErrorKind::Timeout, NetworkPhase::AfterSend, addr()),
+            OperationError::server_selection("none"),
+            OperationError::cancelled(),
+        ];
+        for source in &errors {
+            assert_eq!(&source.clone(), source);
+            for start in &errors {
+                let mut copy = start.clone();
+                copy.clone_from(source);
+                assert_eq!(&copy, source);
+            }
+        }
     }
 
     #[test]

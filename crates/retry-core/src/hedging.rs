@@ -56,12 +56,43 @@ use crate::retry::{OperationKind, Queue};
 use crate::time::{Instant, OperationTimeout};
 
 /// The A6 hedging policy of a method, validated.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct HedgingPolicy {
     max_attempts: u32,
     delay: Duration,
     non_fatal_codes: SmallVec<[i32; 8]>,
     throttle: Option<Arc<GrpcThrottle>>,
+}
+
+impl Clone for HedgingPolicy {
+    fn clone(&self) -> HedgingPolicy {
+        HedgingPolicy {
+            max_attempts: self.max_attempts,
+            delay: self.delay,
+            non_fatal_codes: self.non_fatal_codes.clone(),
+            throttle: self.throttle.clone(),
+        }
+    }
+
+    /// Copies `source` in place; codes equal to `source`'s and a throttle shared with it are
+    /// kept as they are (a restarted hedging machine copies its client's policy: no copy of the
+    /// codes and no reference count per operation).
+    #[inline]
+    fn clone_from(&mut self, source: &HedgingPolicy) {
+        self.max_attempts = source.max_attempts;
+        self.delay = source.delay;
+        if self.non_fatal_codes != source.non_fatal_codes {
+            self.non_fatal_codes.clone_from(&source.non_fatal_codes);
+        }
+        let same = match (&self.throttle, &source.throttle) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            self.throttle.clone_from(&source.throttle);
+        }
+    }
 }
 
 impl HedgingPolicy {
@@ -1011,6 +1042,35 @@ mod tests {
         assert_eq!(policy(2, 1).max_attempts(), 2);
         assert_eq!(policy(9, 1).max_attempts(), 5);
         assert_eq!(policy(i64::MAX, 1).max_attempts(), 5);
+    }
+
+    /// A6-H1, A6-H5: a policy copied in place (as a restarted machine copies its client's) is
+    /// the source, whatever codes and throttle it had; a throttle shared with the source stays
+    /// the same throttle.
+    #[test]
+    fn a6_a_policy_copied_in_place_is_the_source() {
+        let throttle = Arc::new(GrpcThrottle::new(10.0, 0.1).unwrap());
+        let throttled = HedgingPolicy::new(3, MS(10), &[462, 91])
+            .unwrap()
+            .with_throttle(throttle.clone());
+        let other = Arc::new(GrpcThrottle::new(5.0, 0.5).unwrap());
+        let sources = [
+            throttled.clone(),
+            HedgingPolicy::new(2, MS(0), &[]).unwrap(),
+            HedgingPolicy::new(4, MS(5), &[462])
+                .unwrap()
+                .with_throttle(other),
+        ];
+        for source in &sources {
+            for start in &sources {
+                let mut copy = start.clone();
+                copy.clone_from(source);
+                assert_eq!(format!("{copy:?}"), format!("{source:?}"));
+            }
+        }
+        let mut copy = throttled.clone();
+        copy.clone_from(&throttled);
+        assert!(Arc::ptr_eq(copy.throttle().unwrap(), &throttle));
     }
 
     #[test]

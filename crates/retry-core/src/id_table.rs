@@ -26,30 +26,79 @@ use core::marker::PhantomData;
 use crate::pool::{CheckoutId, ConnectionId};
 
 /// An id handed out in increasing order: the engine's [`OpId`](crate::engine::OpId) and
-/// [`ConnId`](crate::engine::ConnId), a pool's [`ConnectionId`] and [`CheckoutId`].
-pub trait Id: Copy {
+/// [`ConnId`](crate::engine::ConnId), a pool's [`ConnectionId`] and [`CheckoutId`]. Sealed:
+/// implemented for those four only (review19 R3).
+///
+/// ```
+/// use retry_core::id_table::Id;
+/// use retry_core::pool::ConnectionId;
+/// assert_eq!(ConnectionId(7).raw(), 7);
+/// ```
+///
+/// No integer can be narrowed into an id outside this crate (house rule 11):
+///
+/// ```compile_fail
+/// use retry_core::id_table::Id;
+/// use retry_core::pool::ConnectionId;
+/// fn narrow<K: Id>(raw: u64) -> K {
+///     K::from_raw(raw)
+/// }
+/// let _: ConnectionId = narrow(1 << 40);
+/// ```
+///
+/// Nor can a caller implement it for an id of its own:
+///
+/// ```compile_fail
+/// #[derive(Clone, Copy)]
+/// struct Mine(u64);
+/// impl retry_core::id_table::Id for Mine {
+///     fn raw(self) -> u64 {
+///         self.0
+///     }
+///     fn from_raw(raw: u64) -> Mine {
+///         Mine(raw)
+///     }
+/// }
+/// ```
+pub trait Id: Copy + sealed::Sealed {
     /// The id as an integer.
     fn raw(self) -> u64;
-    /// The id of an integer [`Id::raw`] gave.
-    fn from_raw(raw: u64) -> Self;
+    /// The id [`Id::raw`] turned into `raw`: only its inverse, called by the table alone (the
+    /// token cannot be made outside this crate), so no integer that no id gave is ever
+    /// narrowed (house rule 11).
+    #[doc(hidden)]
+    fn from_raw(raw: u64, token: sealed::Token) -> Self;
 }
+
+/// What keeps [`Id`] to this crate's ids and [`Id::from_raw`] to its table.
+pub(crate) mod sealed {
+    /// Implemented by this crate's ids only.
+    pub trait Sealed {}
+
+    /// Made only in this crate: the argument of [`Id::from_raw`](super::Id::from_raw).
+    pub struct Token(pub(crate) ());
+}
+
+impl sealed::Sealed for ConnectionId {}
 
 impl Id for ConnectionId {
     fn raw(self) -> u64 {
         u64::from(self.0)
     }
     /// Only ever given back what [`Id::raw`] made (a `u32`).
-    fn from_raw(raw: u64) -> ConnectionId {
+    fn from_raw(raw: u64, _: sealed::Token) -> ConnectionId {
         debug_assert!(u32::try_from(raw).is_ok(), "a connection id is a u32");
         ConnectionId(raw as u32)
     }
 }
 
+impl sealed::Sealed for CheckoutId {}
+
 impl Id for CheckoutId {
     fn raw(self) -> u64 {
         self.0
     }
-    fn from_raw(raw: u64) -> CheckoutId {
+    fn from_raw(raw: u64, _: sealed::Token) -> CheckoutId {
         CheckoutId(raw)
     }
 }
@@ -68,6 +117,13 @@ pub struct IdTable<K, T> {
     in_slots: usize,
     /// Entries that gave their slot up to a younger one.
     old: BTreeMap<u64, T>,
+    /// The highest id ever inserted (0 before the first): no id above it is in `old`, so the
+    /// insert of a fresh id does not look there (review19 R2, house rule 9: its cost does not
+    /// grow with the long-lived entries in `old`).
+    highest: u64,
+    /// Inserts that looked their id up in `old`.
+    #[cfg(test)]
+    old_lookups: usize,
     /// Removals from the slots that left them less than an eighth full, since one last left
     /// them fuller or they were resized: at as many as there are slots, they halve.
     sparse_removals: usize,
@@ -81,6 +137,9 @@ impl<K, T> Default for IdTable<K, T> {
             mask: 0,
             in_slots: 0,
             old: BTreeMap::new(),
+            highest: 0,
+            #[cfg(test)]
+            old_lookups: 0,
             sparse_removals: 0,
             ids: PhantomData,
         }
@@ -140,7 +199,13 @@ impl<K: Id, T> IdTable<K, T> {
     /// as well), replacing the one it had.
     pub fn insert(&mut self, id: K, value: T) {
         let id = id.raw();
-        if !self.old.is_empty() {
+        if id > self.highest {
+            self.highest = id;
+        } else if !self.old.is_empty() {
+            #[cfg(test)]
+            {
+                self.old_lookups += 1;
+            }
             if let Some(entry) = self.old.get_mut(&id) {
                 *entry = value;
                 return;
@@ -248,7 +313,9 @@ impl<K: Id, T> IdTable<K, T> {
 
     /// The ids, in increasing order.
     pub fn keys(&self) -> impl Iterator<Item = K> + '_ {
-        self.sorted().into_iter().map(|(id, _)| K::from_raw(id))
+        self.sorted()
+            .into_iter()
+            .map(|(id, _)| K::from_raw(id, sealed::Token(())))
     }
 
     /// The entries, in id order.
@@ -336,10 +403,14 @@ mod tests {
             if let Some((id, _)) = slot {
                 assert_eq!(table.at(*id), at, "{id} out of its slot");
                 assert!(!table.old.contains_key(id), "{id} in both");
+                assert!(*id <= table.highest, "{id} above the highest");
                 in_slots += 1;
             }
         }
         assert_eq!(table.in_slots, in_slots);
+        if let Some((id, _)) = table.old.last_key_value() {
+            assert!(*id <= table.highest, "{id} in old above the highest");
+        }
     }
 
     /// House rule 9, issue 9 (DESIGN.md "Composition": O(1) indices for what the hot path looks
@@ -402,6 +473,26 @@ mod tests {
         }
         assert_eq!(table.get(&CheckoutId(0)), Some(&0));
         assert_eq!(table.len(), 1);
+    }
+
+    /// Review19 R2 (house rule 9: an input's cost does not grow with unrelated entries):
+    /// while long-lived entries sit in `old`, the insert of a fresh (increasing) id does not
+    /// look there; an id below the highest still does, and replaces its entry in `old`.
+    #[test]
+    fn a_fresh_id_is_not_looked_up_among_the_long_lived() {
+        let mut table: IdTable<CheckoutId, u64> = IdTable::default();
+        table.insert(CheckoutId(0), 0);
+        table.insert(CheckoutId(1), 1);
+        for id in 2..1_000_u64 {
+            table.insert(CheckoutId(id), id);
+            assert_eq!(table.remove(&CheckoutId(id)), Some(id));
+        }
+        assert_eq!(table.old.len(), 2, "the long-lived entries moved out");
+        assert_eq!(table.old_lookups, 0, "no fresh insert looked in old");
+        table.insert(CheckoutId(1), 10);
+        assert_eq!(table.old_lookups, 1);
+        assert_eq!((table.get(&CheckoutId(1)), table.len()), (Some(&10), 2));
+        assert_consistent(&table);
     }
 
     /// Issue 9: a window of 64 operations in flight, ending out of order, lives in the slots
@@ -605,8 +696,9 @@ mod tests {
                     if let (Some(entry), Some(model)) =
                         (self.table.get_mut(&key), self.model.get_mut(&id))
                     {
-                        *entry += 1;
-                        *model += 1;
+                        // Wrapping: a value near `u64::MAX` (ids near it) must not overflow.
+                        *entry = entry.wrapping_add(1);
+                        *model = model.wrapping_add(1);
                     }
                 }
             }

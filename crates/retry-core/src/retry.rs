@@ -582,7 +582,7 @@ impl<R: RngCore> RetryMachine<R> {
 
     /// The first action of a new operation: select a server, or finish when the deadline has
     /// already passed.
-    #[inline]
+    #[inline(always)]
     fn start(&mut self, now: Instant) {
         if self.spec.timeout.expired(now) {
             self.finish(Err(OperationError::timeout(None)));
@@ -1273,20 +1273,27 @@ impl<R: RngCore> RetryMachine<R> {
     /// command was attempted (sent; for writes also not `NoWritesPerformed`).
     /// A borrowed error is copied only when it replaces an error that is not the same.
     fn remember(&mut self, error: Cow<'_, OperationError>) {
-        let shows_attempt = if self.spec.kind.picks_errors_as_write() {
-            !error.no_writes_performed()
-        } else {
-            error.was_sent()
+        // The first error is kept whatever it shows: asked only when one is kept already.
+        let shows_attempt = |error: &OperationError| {
+            if self.spec.kind.picks_errors_as_write() {
+                !error.no_writes_performed()
+            } else {
+                error.was_sent()
+            }
         };
-        if self.raised.is_none() || shows_attempt {
+        if self.raised.is_none() || shows_attempt(&error) {
             match error {
                 Cow::Owned(error) => self.raised = Some(error),
-                // Keeping an error that is the same as the new one keeps what it would keep.
-                Cow::Borrowed(error) => {
-                    if !self.raised.as_ref().is_some_and(|kept| kept.is_same(error)) {
-                        self.raised = Some(error.clone());
+                // Keeping an error that is the same as the new one keeps what it would keep;
+                // another is copied over the kept one (sharing its reply when it can).
+                Cow::Borrowed(error) => match &mut self.raised {
+                    Some(kept) => {
+                        if !kept.is_same(error) {
+                            kept.clone_from(error);
+                        }
                     }
-                }
+                    None => self.raised = Some(error.clone()),
+                },
             }
         }
     }

@@ -288,8 +288,8 @@ const SESSIONLESS_COMMANDS: [&str; 7] = [
 /// SE-13: whether a command named `command_name` gets an `lsid` when the connection supports
 /// sessions. Never handshake, monitoring or authentication commands (`hello`, legacy hello,
 /// `saslStart`, `saslContinue`, `authenticate`), never `parallelCollectionScan`, and never an
-/// unacknowledged write (`unacknowledged`: its write concern has `w: 0` and no `j: true`,
-/// RW-4).
+/// unacknowledged write (`unacknowledged`: its write concern has `w: 0` without `j: true` or
+/// `journal: true`, as the engine reads it: `classify::is_unacknowledged`; RW-4).
 pub fn attaches_session(command_name: &str, unacknowledged: bool) -> bool {
     !unacknowledged && !sessionless(command_name.as_bytes())
 }

@@ -931,3 +931,138 @@ fn filtered_event_families_are_not_published_and_change_no_transmit() {
     );
     assert_eq!(pool_only.transmits, all.transmits);
 }
+
+/// The command every scripted member answers with: an empty cursor naming the member.
+fn cursor_from(address: &ServerAddress) -> Document {
+    doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c",
+    "firstBatch": [{ "server": address.host() }] } }
+}
+
+/// The `$db` of the last command sent that is not a hello.
+fn last_db(net: &Net) -> Option<String> {
+    net.sent
+        .iter()
+        .rev()
+        .find(|(_, body)| !is_hello(body))
+        .and_then(|(_, body)| body.get_str("$db").ok().map(str::to_owned))
+}
+
+/// Review19 R6 (issue 9, WP-5: the engine sends `$db` from the request's `db`):
+/// `Engine::take_db_name` hands out the name of a finished operation's kept box, empty (a
+/// driver appends the next name to it) and at most once; the next operations on other
+/// databases, each written into such a reused string, send their own `$db`; a hedged operation,
+/// whose box is not kept, gives none.
+#[test]
+fn a_finished_operations_db_name_is_handed_out_empty_for_the_next_db() {
+    let script: Script = Box::new(|address, body| {
+        Some(if is_hello(body) {
+            mongos_hello()
+        } else {
+            cursor_from(address)
+        })
+    });
+    let mut options = EngineOptions::new(TopologySettings::new(vec![address("m")]), handshake());
+    options.service_config = Some(
+        retry_core::service_config::ServiceConfig::from_document(&doc! { "methodConfig": [{
+        "name": [{ "service": "mongodb", "method": "find" }],
+        "hedgingPolicy": { "maxAttempts": 2, "hedgingDelay": "10s" } }] })
+        .expect("valid"),
+    );
+    let mut net = Net::new(options, script);
+    assert_eq!(net.engine.take_db_name(), None, "nothing finished yet");
+    let count = |db: String| {
+        let preference = ReadPreference::new(ReadPreferenceMode::Primary, Vec::new(), None);
+        OperationRequest::new(
+            db,
+            doc! { "count": "c" },
+            OperationKind::Read,
+            SelectionCriteria::Read(preference.expect("valid")),
+        )
+    };
+    let op = net.start(count("first".to_owned()));
+    assert_eq!(net.finished(op).len(), 1);
+    assert_eq!(last_db(&net).as_deref(), Some("first"));
+    for db in ["second", "third"] {
+        let mut name = net.engine.take_db_name().expect("the last one's name");
+        assert!(name.is_empty(), "handed out empty: {name:?}");
+        assert!(name.capacity() >= "first".len(), "its room kept");
+        assert_eq!(
+            net.engine.take_db_name(),
+            None,
+            "one per finished operation"
+        );
+        name.push_str(db);
+        let op = net.start(count(name));
+        let results = net.finished(op);
+        assert_eq!(results.len(), 1, "finished once: {results:?}");
+        assert!(results[0].is_ok(), "{results:?}");
+        assert_eq!(last_db(&net).as_deref(), Some(db), "its own $db");
+    }
+    assert!(net.engine.take_db_name().is_some());
+    let hedged = net.start(OperationRequest::new(
+        "hedged",
+        doc! { "find": "c" },
+        OperationKind::Read,
+        SelectionCriteria::Read(ReadPreference::PRIMARY),
+    ));
+    let hedged_events = net
+        .events
+        .iter()
+        .any(|e| matches!(e, EngineEvent::Hedging { op, .. } if *op == hedged));
+    assert!(hedged_events, "the find ran as hedged copies");
+    assert_eq!(net.finished(hedged).len(), 1);
+    assert_eq!(last_db(&net).as_deref(), Some("hedged"));
+    assert_eq!(net.engine.take_db_name(), None, "a hedged box is not kept");
+}
+
+/// Review19 R6 (house rule 9: `Topology::pools_version`; house rule 8): when a member that is
+/// not the last of the topology's pools leaves, the pools after it move; an operation on a
+/// member whose pool moved, after one that found it at its old position, still goes to that
+/// member's pool and ends exactly once.
+#[test]
+fn an_operation_after_an_earlier_member_left_reaches_its_members_moved_pool() {
+    let removed = Rc::new(Cell::new(false));
+    let gone = removed.clone();
+    let script: Script = Box::new(move |address, body| {
+        if is_hello(body) {
+            let hosts: &[&str] = if gone.get() { &["a"] } else { &["a", "b"] };
+            return Some(member_hello(address, hosts));
+        }
+        Some(cursor_from(address))
+    });
+    // `b` first: its pool comes before the primary's, which moves when `b` leaves.
+    let mut settings = TopologySettings::new(vec![address("b"), address("a")]);
+    settings.replica_set = Some("rs".into());
+    let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
+    let on_a = |net: &Net, op: OpId| {
+        let results = net.finished(op);
+        assert_eq!(results.len(), 1, "finished exactly once: {results:?}");
+        let reply = results[0].as_ref().expect("succeeded");
+        let document = Document::try_from(reply.as_ref()).expect("a document");
+        let batch = document
+            .get_document("cursor")
+            .and_then(|c| c.get_array("firstBatch"));
+        assert_eq!(
+            batch.expect("a batch")[0]
+                .as_document()
+                .and_then(|d| d.get_str("server").ok()),
+            Some("a"),
+            "answered by the primary"
+        );
+    };
+    let before = net.start(read(ReadPreferenceMode::Primary));
+    on_a(&net, before);
+    removed.set(true);
+    net.run_until(Instant::from_millis(30_000));
+    let closed_b = net.events.iter().any(|e| {
+        matches!(e, EngineEvent::Topology(SdamEvent::ServerClosed { address }) if address.host() == "b")
+    });
+    assert!(closed_b, "b left the topology");
+    let after = net.start(read(ReadPreferenceMode::Primary));
+    on_a(&net, after);
+    let started_on_a = net.events.iter().any(|e| {
+        matches!(e, EngineEvent::Operation { op, event: RetryEvent::CommandStarted { address, .. } }
+            if *op == after && address.host() == "a")
+    });
+    assert!(started_on_a);
+}

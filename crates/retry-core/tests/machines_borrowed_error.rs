@@ -2,39 +2,28 @@
 //! raised errors and machine state as `handle_failed` with an owned copy (BP-8, BP-13, RR-6, RW-9,
 //! RW-17).
 
-use bson::doc;
-use retry_core::address::ServerAddress;
+mod support;
+
 use retry_core::error::{NetworkErrorKind, NetworkPhase, OperationError};
 use retry_core::policy::RetryOptions;
-use retry_core::retry::{self, AttemptServer, OperationKind, OperationSpec, RetryMachine};
+use retry_core::retry::{self, OperationKind, OperationSpec, RetryMachine};
 use retry_core::time::{Instant, OperationTimeout};
 use retry_core::topology::{ServerType, TopologyType};
-use std::time::Duration;
-
-fn address(i: u16) -> ServerAddress {
-    ServerAddress::new("member", 27017 + i)
-}
-
-/// BP-2: a retryable overload error (462 with both labels) from member `i`.
-fn overload(i: u16) -> OperationError {
-    let reply = doc! { "ok": 0, "code": 462,
-    "errorLabels": ["SystemOverloadedError", "RetryableError"] };
-    OperationError::from_reply(&reply, &address(i)).expect("an error")
-}
+use support::{member, member_server, overload_from};
 
 /// The errors an attempt fails with, in turn: the same shared overload error several times
 /// (kept once), another member's, a network error (RW-9 labels it for retryable writes), the
 /// shared one without its address (the machine adds the server's), then the shared one again.
 fn errors() -> Vec<OperationError> {
-    let shared = overload(0);
+    let shared = overload_from(0);
     let mut without_address = shared.clone();
     without_address.address = None;
     vec![
         shared.clone(),
         shared.clone(),
-        overload(1),
+        overload_from(1),
         shared.clone(),
-        OperationError::network(NetworkErrorKind::Reset, NetworkPhase::AfterSend, address(2)),
+        OperationError::network(NetworkErrorKind::Reset, NetworkPhase::AfterSend, member(2)),
         without_address,
         shared,
     ]
@@ -43,54 +32,12 @@ fn errors() -> Vec<OperationError> {
 /// What a run gave: every action, every event (formatted), the machine at the end.
 type Trace = (Vec<retry::Action>, Vec<String>, String);
 
-/// Drives a retry machine through [`errors`] (then a success), handing borrowed errors when
-/// `in_place`, owned copies otherwise.
+/// Drives a retry machine through [`errors`] (then a success) on three mongoses in turn,
+/// handing borrowed errors when `in_place`, owned copies otherwise.
 fn drive_retry(mut m: RetryMachine, in_place: bool) -> Trace {
-    let errors = errors();
-    let (mut actions, mut events, mut failures) = (Vec::new(), Vec::new(), 0);
-    let mut now = Instant::from_millis(0);
-    for _ in 0..200 {
-        while let Some(event) = m.poll_event() {
-            events.push(format!("{event:?}"));
-        }
-        let Some(action) = m.poll_action() else {
-            break;
-        };
-        actions.push(action.clone());
-        match action {
-            retry::Action::SelectServer => {
-                let server = AttemptServer {
-                    address: address(failures as u16 % 3),
-                    server_type: ServerType::Mongos,
-                    topology_type: TopologyType::Sharded,
-                    max_wire_version: 25,
-                    sessions_supported: true,
-                };
-                m.handle_server_selected(server, now).expect("selecting");
-            }
-            retry::Action::Dispatch(_) => {
-                m.handle_sent(now).expect("dispatched");
-                now = now.saturating_add(Duration::from_millis(3));
-                match errors.get(failures) {
-                    Some(error) => {
-                        failures += 1;
-                        let handled = if in_place {
-                            m.handle_failed_ref(error, now)
-                        } else {
-                            m.handle_failed(error.clone(), now)
-                        };
-                        handled.expect("in flight");
-                    }
-                    None => m.handle_succeeded(now).expect("in flight"),
-                }
-            }
-            retry::Action::Wait { until } => {
-                now = until;
-                m.handle_timeout(now);
-            }
-            retry::Action::ReleaseConnection { .. } | retry::Action::Finished(_) => {}
-        }
-    }
+    let mongos =
+        |failed: usize| member_server(failed as u16 % 3, ServerType::Mongos, TopologyType::Sharded);
+    let (actions, events) = support::drive_retry(&mut m, mongos, &errors(), in_place);
     (actions, events, format!("{m:?}"))
 }
 

@@ -2,69 +2,29 @@
 //! actions, in the same order, as one that does (the decisions never read the events). `restart`:
 //! a used machine restarted in place is the machine `new` makes, and then acts as it does.
 
-use bson::doc;
-use retry_core::address::ServerAddress;
-use retry_core::error::OperationError;
+mod support;
+
 use retry_core::hedging::{self, CopyId, HedgingMachine, HedgingPolicy};
 use retry_core::policy::RetryOptions;
-use retry_core::retry::{self, AttemptServer, OperationKind, OperationSpec, RetryMachine};
+use retry_core::retry::{self, OperationKind, OperationSpec, RetryMachine};
 use retry_core::time::{Instant, OperationTimeout};
 use retry_core::topology::{ServerType, TopologyType};
 use std::time::Duration;
+use support::{member, member_server, overload_from};
 
-fn address(i: u16) -> ServerAddress {
-    ServerAddress::new("member", 27017 + i)
-}
-
-/// BP-2: a retryable overload error (462 with both labels).
-fn overload(i: u16) -> OperationError {
-    let reply = doc! { "ok": 0, "code": 462,
-    "errorLabels": ["SystemOverloadedError", "RetryableError"] };
-    OperationError::from_reply(&reply, &address(i)).expect("an error")
-}
-
-/// Drives a retry machine: two overload failures, then a success. Returns its actions and how
-/// many events it recorded.
+/// Drives a retry machine on a primary: two overload failures, then a success. Returns its
+/// actions and how many events it recorded.
 fn drive_retry(m: &mut RetryMachine) -> (Vec<retry::Action>, usize) {
-    let (mut actions, mut events, mut failures) = (Vec::new(), 0, 0);
-    let mut now = Instant::from_millis(0);
-    for _ in 0..50 {
-        while m.poll_event().is_some() {
-            events += 1;
-        }
-        let Some(action) = m.poll_action() else {
-            break;
-        };
-        actions.push(action.clone());
-        match action {
-            retry::Action::SelectServer => {
-                let server = AttemptServer {
-                    address: address(0),
-                    server_type: ServerType::RsPrimary,
-                    topology_type: TopologyType::ReplicaSetWithPrimary,
-                    max_wire_version: 25,
-                    sessions_supported: true,
-                };
-                m.handle_server_selected(server, now).expect("selecting");
-            }
-            retry::Action::Dispatch(_) => {
-                m.handle_sent(now).expect("dispatched");
-                now = now.saturating_add(Duration::from_millis(3));
-                if failures < 2 {
-                    failures += 1;
-                    m.handle_failed(overload(0), now).expect("in flight");
-                } else {
-                    m.handle_succeeded(now).expect("in flight");
-                }
-            }
-            retry::Action::Wait { until } => {
-                now = until;
-                m.handle_timeout(now);
-            }
-            retry::Action::ReleaseConnection { .. } | retry::Action::Finished(_) => {}
-        }
-    }
-    (actions, events)
+    let primary = |_| {
+        member_server(
+            0,
+            ServerType::RsPrimary,
+            TopologyType::ReplicaSetWithPrimary,
+        )
+    };
+    let failures = [overload_from(0), overload_from(0)];
+    let (actions, events) = support::drive_retry(m, primary, &failures, false);
+    (actions, events.len())
 }
 
 /// BP-8, BP-13: the backoffs, retries and result are the same without events.
@@ -115,14 +75,15 @@ fn drive_hedging(m: &mut HedgingMachine) -> (Vec<String>, usize) {
         actions.push(format!("{action:?}"));
         match action {
             hedging::Action::SelectServer(copy) => {
-                let server = address(copy.0 as u16);
+                let server = member(copy.0 as u16);
                 m.handle_server_selected(copy, server, now)
                     .expect("selecting");
             }
             hedging::Action::Dispatch { copy, .. } => {
                 m.handle_sent(copy, now).expect("dispatched");
                 if copy == CopyId(1) {
-                    m.handle_failed(copy, overload(1), now).expect("in flight");
+                    m.handle_failed(copy, overload_from(1), now)
+                        .expect("in flight");
                 } else if copy == CopyId(3) {
                     m.handle_succeeded(copy, now).expect("in flight");
                 }
@@ -189,19 +150,19 @@ fn a_restarted_retry_machine_is_a_new_machine() {
         let _ = midway.poll_action();
         midway
             .handle_server_selected(
-                AttemptServer {
-                    address: address(2),
-                    server_type: ServerType::RsSecondary,
-                    topology_type: TopologyType::ReplicaSetWithPrimary,
-                    max_wire_version: 25,
-                    sessions_supported: true,
-                },
+                member_server(
+                    2,
+                    ServerType::RsSecondary,
+                    TopologyType::ReplicaSetWithPrimary,
+                ),
                 t0,
             )
             .expect("selecting");
         midway.handle_sent(t0).expect("dispatched");
-        midway.handle_failed(overload(2), t0).expect("in flight");
-        assert_eq!(midway.deprioritized(), [address(2)]);
+        midway
+            .handle_failed(overload_from(2), t0)
+            .expect("in flight");
+        assert_eq!(midway.deprioritized(), [member(2)]);
         midway.restart(spec, &current, 7, t0);
         assert_eq!(format!("{midway:?}"), format!("{:?}", make(&current, 7)));
     }
@@ -237,7 +198,7 @@ fn a_restarted_hedging_machine_is_a_new_machine() {
         let mut midway = make(&burst);
         while let Some(hedging::Action::SelectServer(copy)) = midway.poll_action() {
             midway
-                .handle_server_selected(copy, address(copy.0 as u16), t0)
+                .handle_server_selected(copy, member(copy.0 as u16), t0)
                 .expect("selecting");
         }
         let before = format!("{midway:?}");

@@ -1671,36 +1671,51 @@ mod tests {
         assert_eq!(registered(&lock(&driver.waiting)), 0);
     }
 
-    /// A runtime whose timers fire when the test fires them: a polled timer's waker is kept in
-    /// `armed`.
-    #[derive(Debug, Default)]
-    struct ManualTimers {
-        armed: Arc<Mutex<Vec<Waker>>>,
+    /// The fake runtimes of these tests differ only in what a poll of one of their timers
+    /// does ([`FakeRuntime::poll_timer`]; a timer is a clone of its runtime, sharing its
+    /// state): the clock stays at zero, deadlines play no part and no connect ever finishes.
+    trait FakeRuntime: Default + Clone + core::fmt::Debug + Send + Sync + 'static {
+        /// A poll of one of the runtime's timers.
+        fn poll_timer(&self, cx: &mut Context<'_>) -> Poll<()>;
     }
 
+    /// A timer of the fake runtime `R`.
     #[derive(Debug)]
-    struct ManualTimer(Arc<Mutex<Vec<Waker>>>);
+    struct FakeTimer<R>(R);
 
-    impl AsyncTimer for ManualTimer {
+    impl<R: FakeRuntime> AsyncTimer for FakeTimer<R> {
         fn reset(self: Pin<&mut Self>, _: Instant) {}
         fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-            lock(&self.0).push(cx.waker().clone());
-            Poll::Pending
+            self.0.poll_timer(cx)
         }
     }
 
-    impl Runtime for ManualTimers {
-        fn start() -> io::Result<ManualTimers> {
-            Ok(ManualTimers::default())
+    impl<R: FakeRuntime> Runtime for R {
+        fn start() -> io::Result<R> {
+            Ok(R::default())
         }
         fn now(&self) -> Instant {
             Instant::ZERO
         }
         fn new_timer(&self, _: Instant) -> Pin<Box<dyn AsyncTimer>> {
-            Box::pin(ManualTimer(self.armed.clone()))
+            Box::pin(FakeTimer(self.clone()))
         }
         fn connect(&self, _: String, _: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
             Box::pin(core::future::pending())
+        }
+    }
+
+    /// A runtime whose timers fire when the test fires them: a polled timer's waker is kept in
+    /// `armed`.
+    #[derive(Debug, Default, Clone)]
+    struct ManualTimers {
+        armed: Arc<Mutex<Vec<Waker>>>,
+    }
+
+    impl FakeRuntime for ManualTimers {
+        fn poll_timer(&self, cx: &mut Context<'_>) -> Poll<()> {
+            lock(&self.armed).push(cx.waker().clone());
+            Poll::Pending
         }
     }
 
@@ -1841,32 +1856,13 @@ mod tests {
 
     /// A runtime that opens no socket and whose timers wake their task whenever polled, without
     /// firing (as a deadline that a pass keeps re-arming).
-    #[derive(Debug)]
+    #[derive(Debug, Default, Clone)]
     struct RewakingTimers;
 
-    #[derive(Debug)]
-    struct RewakingTimer;
-
-    impl AsyncTimer for RewakingTimer {
-        fn reset(self: Pin<&mut Self>, _: Instant) {}
-        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    impl FakeRuntime for RewakingTimers {
+        fn poll_timer(&self, cx: &mut Context<'_>) -> Poll<()> {
             cx.waker().wake_by_ref();
             Poll::Pending
-        }
-    }
-
-    impl Runtime for RewakingTimers {
-        fn start() -> io::Result<RewakingTimers> {
-            Ok(RewakingTimers)
-        }
-        fn now(&self) -> Instant {
-            Instant::ZERO
-        }
-        fn new_timer(&self, _: Instant) -> Pin<Box<dyn AsyncTimer>> {
-            Box::pin(RewakingTimer)
-        }
-        fn connect(&self, _: String, _: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
-            Box::pin(core::future::pending())
         }
     }
 
@@ -1898,31 +1894,12 @@ mod tests {
 
     /// A runtime that opens no socket and whose timers never fire: the test below drives the
     /// engine's sockets by hand.
-    #[derive(Debug)]
+    #[derive(Debug, Default, Clone)]
     struct NoIo;
 
-    #[derive(Debug)]
-    struct NeverTimer;
-
-    impl AsyncTimer for NeverTimer {
-        fn reset(self: Pin<&mut Self>, _: Instant) {}
-        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+    impl FakeRuntime for NoIo {
+        fn poll_timer(&self, _: &mut Context<'_>) -> Poll<()> {
             Poll::Pending
-        }
-    }
-
-    impl Runtime for NoIo {
-        fn start() -> io::Result<NoIo> {
-            Ok(NoIo)
-        }
-        fn now(&self) -> Instant {
-            Instant::ZERO
-        }
-        fn new_timer(&self, _: Instant) -> Pin<Box<dyn AsyncTimer>> {
-            Box::pin(NeverTimer)
-        }
-        fn connect(&self, _: String, _: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
-            Box::pin(core::future::pending())
         }
     }
 
@@ -2219,6 +2196,26 @@ mod tests {
         Pin::new(task).poll(&mut Context::from_waker(waker))
     }
 
+    /// A driver of [`test_driver`] on `runtime`, spawned: what it shares with its client, the
+    /// driver, its task (not yet polled), and the waker the executor polls the task with, which
+    /// counts its wakes in the one task of the `Vec`.
+    fn spawned_task(
+        runtime: Arc<dyn Runtime>,
+    ) -> (
+        Arc<Shared>,
+        Arc<SpawnedDriver>,
+        DriverTask,
+        Vec<Arc<Counted>>,
+        Waker,
+    ) {
+        let (driver, shared) = test_driver(runtime);
+        let spawned = SpawnedDriver::new(driver);
+        let task = spawned.task();
+        let counted = tasks(1);
+        let waker = Waker::from(counted[0].clone());
+        (shared, spawned, task, counted, waker)
+    }
+
     /// House rule 8 (the start-up gap): the executor polls the task for the first time
     /// while a caller tries an inline pass. The first poll is never refused: before the task
     /// has stored its waker no caller takes the driver's lock (before, a caller held it while it
@@ -2226,11 +2223,7 @@ mod tests {
     /// client's queue had none yet: no wake ever came).
     #[test]
     fn house_rule_8_the_tasks_first_poll_is_never_refused() {
-        let (driver, shared) = test_driver(Arc::new(NoIo));
-        let spawned = SpawnedDriver::new(driver);
-        let mut task = spawned.task();
-        let counted = tasks(1);
-        let waker = Waker::from(counted[0].clone());
+        let (shared, spawned, mut task, counted, waker) = spawned_task(Arc::new(NoIo));
         // A caller's inline pass starts just as the executor polls the task the first time.
         let claim = spawned.claim();
         assert!(poll_task(&mut task, &waker).is_pending());
@@ -2250,11 +2243,7 @@ mod tests {
     /// the caller's `missed` check after its pass is dropped (checked by removing it).
     #[test]
     fn house_rule_8_a_task_refused_during_an_inline_pass_is_woken_after_it() {
-        let (driver, shared) = test_driver(Arc::new(NoIo));
-        let spawned = SpawnedDriver::new(driver);
-        let mut task = spawned.task();
-        let counted = tasks(1);
-        let waker = Waker::from(counted[0].clone());
+        let (shared, spawned, mut task, counted, waker) = spawned_task(Arc::new(NoIo));
         assert!(poll_task(&mut task, &waker).is_pending());
         let claim = spawned.claim().expect("the driver is free");
         assert!(poll_task(&mut task, &waker).is_pending(), "refused");
@@ -2274,7 +2263,7 @@ mod tests {
     /// with `defer` set, later (the waker goes to `deferred`, which the test wakes after the
     /// task's poll, as tokio defers a coop wake to the end of the task's poll). Otherwise a
     /// polled timer keeps its waker in `armed` (the test fires it).
-    #[derive(Debug, Default)]
+    #[derive(Debug, Default, Clone)]
     struct RefusingTimers {
         refuse: Arc<AtomicBool>,
         defer: Arc<AtomicBool>,
@@ -2282,17 +2271,8 @@ mod tests {
         armed: Arc<Mutex<Vec<Waker>>>,
     }
 
-    #[derive(Debug)]
-    struct RefusingTimer {
-        refuse: Arc<AtomicBool>,
-        defer: Arc<AtomicBool>,
-        deferred: Arc<Mutex<Vec<Waker>>>,
-        armed: Arc<Mutex<Vec<Waker>>>,
-    }
-
-    impl AsyncTimer for RefusingTimer {
-        fn reset(self: Pin<&mut Self>, _: Instant) {}
-        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    impl FakeRuntime for RefusingTimers {
+        fn poll_timer(&self, cx: &mut Context<'_>) -> Poll<()> {
             if self.refuse.load(Ordering::Relaxed) {
                 if self.defer.load(Ordering::Relaxed) {
                     lock(&self.deferred).push(cx.waker().clone());
@@ -2308,26 +2288,6 @@ mod tests {
         }
     }
 
-    impl Runtime for RefusingTimers {
-        fn start() -> io::Result<RefusingTimers> {
-            Ok(RefusingTimers::default())
-        }
-        fn now(&self) -> Instant {
-            Instant::ZERO
-        }
-        fn new_timer(&self, _: Instant) -> Pin<Box<dyn AsyncTimer>> {
-            Box::pin(RefusingTimer {
-                refuse: self.refuse.clone(),
-                defer: self.defer.clone(),
-                deferred: self.deferred.clone(),
-                armed: self.armed.clone(),
-            })
-        }
-        fn connect(&self, _: String, _: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
-            Box::pin(core::future::pending())
-        }
-    }
-
     /// House rule 8: a poll of the runtime's timer that returns `Pending` and wakes the
     /// task instead of keeping its waker (tokio's coop budget) leaves the timer unarmed; the
     /// task's next poll (that wake's) polls it again, and its firing then wakes the task.
@@ -2336,21 +2296,16 @@ mod tests {
     #[test]
     fn house_rule_8_a_refused_timer_poll_is_polled_again_after_its_wake() {
         let runtime = RefusingTimers::default();
-        let (refuse, armed) = (runtime.refuse.clone(), runtime.armed.clone());
-        let (driver, _shared) = test_driver(Arc::new(runtime));
-        let spawned = SpawnedDriver::new(driver);
-        let mut task = spawned.task();
-        let counted = tasks(1);
-        let waker = Waker::from(counted[0].clone());
-        refuse.store(true, Ordering::Relaxed);
+        let (_shared, _spawned, mut task, counted, waker) = spawned_task(Arc::new(runtime.clone()));
+        runtime.refuse.store(true, Ordering::Relaxed);
         assert!(poll_task(&mut task, &waker).is_pending());
         assert!(woken(&counted) > 0, "the refusal woke the task");
-        assert!(lock(&armed).is_empty());
+        assert!(lock(&runtime.armed).is_empty());
         // The executor polls the task again for that wake, with a fresh budget.
-        refuse.store(false, Ordering::Relaxed);
+        runtime.refuse.store(false, Ordering::Relaxed);
         let before = woken(&counted);
         assert!(poll_task(&mut task, &waker).is_pending());
-        let fired = core::mem::take(&mut *lock(&armed));
+        let fired = core::mem::take(&mut *lock(&runtime.armed));
         assert_eq!(fired.len(), 1, "the timer is armed again");
         fired.into_iter().for_each(Waker::wake);
         assert_eq!(woken(&counted), before + 1, "its firing wakes the task");
@@ -2364,27 +2319,21 @@ mod tests {
     #[test]
     fn house_rule_8_a_refused_timer_poll_woken_after_the_pass_is_polled_again() {
         let runtime = RefusingTimers::default();
-        let (refuse, defer) = (runtime.refuse.clone(), runtime.defer.clone());
-        let (deferred, armed) = (runtime.deferred.clone(), runtime.armed.clone());
-        let (driver, _shared) = test_driver(Arc::new(runtime));
-        let spawned = SpawnedDriver::new(driver);
-        let mut task = spawned.task();
-        let counted = tasks(1);
-        let waker = Waker::from(counted[0].clone());
-        refuse.store(true, Ordering::Relaxed);
-        defer.store(true, Ordering::Relaxed);
+        let (_shared, _spawned, mut task, counted, waker) = spawned_task(Arc::new(runtime.clone()));
+        runtime.refuse.store(true, Ordering::Relaxed);
+        runtime.defer.store(true, Ordering::Relaxed);
         assert!(poll_task(&mut task, &waker).is_pending());
         assert_eq!(woken(&counted), 0, "no wake during the pass");
-        assert!(lock(&armed).is_empty());
+        assert!(lock(&runtime.armed).is_empty());
         // The end of the task's poll: the deferred wake.
-        let refusals = core::mem::take(&mut *lock(&deferred));
+        let refusals = core::mem::take(&mut *lock(&runtime.deferred));
         assert_eq!(refusals.len(), 1, "the timer was polled once and refused");
         refusals.into_iter().for_each(Waker::wake);
         assert_eq!(woken(&counted), 1, "the refusal woke the task");
         // The executor polls the task again for that wake, with a fresh budget.
-        refuse.store(false, Ordering::Relaxed);
+        runtime.refuse.store(false, Ordering::Relaxed);
         assert!(poll_task(&mut task, &waker).is_pending());
-        let fired = core::mem::take(&mut *lock(&armed));
+        let fired = core::mem::take(&mut *lock(&runtime.armed));
         assert_eq!(fired.len(), 1, "the timer is armed again");
         fired.into_iter().for_each(Waker::wake);
         assert_eq!(woken(&counted), 2, "its firing wakes the task");
@@ -2399,12 +2348,7 @@ mod tests {
     #[test]
     fn house_rule_8_extra_wakes_never_swallow_a_later_one() {
         let runtime = RefusingTimers::default();
-        let armed = runtime.armed.clone();
-        let (driver, shared) = test_driver(Arc::new(runtime));
-        let spawned = SpawnedDriver::new(driver);
-        let mut task = spawned.task();
-        let counted = tasks(1);
-        let waker = Waker::from(counted[0].clone());
+        let (shared, spawned, mut task, counted, waker) = spawned_task(Arc::new(runtime.clone()));
         assert!(poll_task(&mut task, &waker).is_pending());
         assert_eq!(woken(&counted), 0);
 
@@ -2433,7 +2377,7 @@ mod tests {
         assert_eq!(woken(&counted), before + 1, "a new operation's wake");
         assert!(spawned.run_inline());
         // So does the timer's firing.
-        let fired = core::mem::take(&mut *lock(&armed));
+        let fired = core::mem::take(&mut *lock(&runtime.armed));
         assert_eq!(fired.len(), 1, "the timer is armed");
         fired.into_iter().for_each(Waker::wake);
         assert_eq!(woken(&counted), before + 2, "the timer's firing");
@@ -2445,11 +2389,7 @@ mod tests {
     /// bounded wait ends) if `hand_back` reads the waker under the driver's lock again.
     #[test]
     fn house_rule_8_hand_back_wakes_the_task_while_another_pass_holds_the_driver() {
-        let (driver, _shared) = test_driver(Arc::new(NoIo));
-        let spawned = SpawnedDriver::new(driver);
-        let mut task = spawned.task();
-        let counted = tasks(1);
-        let waker = Waker::from(counted[0].clone());
+        let (_shared, spawned, mut task, counted, waker) = spawned_task(Arc::new(NoIo));
         assert!(poll_task(&mut task, &waker).is_pending());
         let (done, finished) = std::sync::mpsc::channel();
         std::thread::scope(|scope| {
@@ -2468,19 +2408,14 @@ mod tests {
         });
     }
 
-    /// The driver a [`PanickingTimer`] polls the task of before it panics, and the waker.
+    /// The driver a timer of [`PanickingTimers`] polls the task of before it panics, and the waker.
     type PanicHook = Arc<Mutex<Option<(Arc<SpawnedDriver>, Waker)>>>;
 
     /// A runtime whose timers keep their waker in `armed`; once `panic` holds the driver, a
     /// poll of a timer polls the driver's task (refused: the pass holds the driver) and then
     /// panics, as a bug in a pass would.
-    #[derive(Default)]
+    #[derive(Default, Clone)]
     struct PanickingTimers {
-        armed: Arc<Mutex<Vec<Waker>>>,
-        panic: PanicHook,
-    }
-
-    struct PanickingTimer {
         armed: Arc<Mutex<Vec<Waker>>>,
         panic: PanicHook,
     }
@@ -2491,15 +2426,8 @@ mod tests {
         }
     }
 
-    impl core::fmt::Debug for PanickingTimer {
-        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-            f.write_str("PanickingTimer")
-        }
-    }
-
-    impl AsyncTimer for PanickingTimer {
-        fn reset(self: Pin<&mut Self>, _: Instant) {}
-        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    impl FakeRuntime for PanickingTimers {
+        fn poll_timer(&self, cx: &mut Context<'_>) -> Poll<()> {
             let panic = lock(&self.panic).take();
             if let Some((spawned, waker)) = panic {
                 let mut task = DriverTask(spawned);
@@ -2511,47 +2439,24 @@ mod tests {
         }
     }
 
-    impl Runtime for PanickingTimers {
-        fn start() -> io::Result<PanickingTimers> {
-            Ok(PanickingTimers::default())
-        }
-        fn now(&self) -> Instant {
-            Instant::ZERO
-        }
-        fn new_timer(&self, _: Instant) -> Pin<Box<dyn AsyncTimer>> {
-            Box::pin(PanickingTimer {
-                armed: self.armed.clone(),
-                panic: self.panic.clone(),
-            })
-        }
-        fn connect(&self, _: String, _: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
-            Box::pin(core::future::pending())
-        }
-    }
-
     /// House rule 8 (review16 finding 4): an inline pass that panics, with the task's poll
     /// refused during it, still wakes the task: the claim's drop runs the `missed` check while
     /// the panic unwinds. Fails if that check runs only after a pass that returns.
     #[test]
     fn house_rule_8_a_pass_that_panics_still_wakes_a_task_refused_during_it() {
         let runtime = PanickingTimers::default();
-        let (armed, panic) = (runtime.armed.clone(), runtime.panic.clone());
-        let (driver, _shared) = test_driver(Arc::new(runtime));
-        let spawned = SpawnedDriver::new(driver);
-        let mut task = spawned.task();
-        let counted = tasks(1);
-        let waker = Waker::from(counted[0].clone());
+        let (_shared, spawned, mut task, counted, waker) = spawned_task(Arc::new(runtime.clone()));
         assert!(poll_task(&mut task, &waker).is_pending());
-        *lock(&panic) = Some((spawned.clone(), waker.clone()));
+        *lock(&runtime.panic) = Some((spawned.clone(), waker.clone()));
         // The timer fires (waking the task); a caller's pass polls it again first, and panics.
-        let fired = core::mem::take(&mut *lock(&armed));
+        let fired = core::mem::take(&mut *lock(&runtime.armed));
         assert_eq!(fired.len(), 1, "the timer is armed");
         fired.into_iter().for_each(Waker::wake);
         let before = woken(&counted);
         let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| spawned.run_inline()));
         assert!(pass.is_err(), "the pass panicked");
         assert!(
-            lock(&panic).is_none(),
+            lock(&runtime.panic).is_none(),
             "the task's poll was refused during it"
         );
         assert_eq!(woken(&counted), before + 1, "the refused task is woken");
@@ -2563,11 +2468,7 @@ mod tests {
     /// end. Fails if the claim's drop skips the `missed` check on a stopped driver.
     #[test]
     fn house_rule_8_run_inline_on_a_stopped_driver_wakes_a_task_refused_meanwhile() {
-        let (driver, _shared) = test_driver(Arc::new(NoIo));
-        let spawned = SpawnedDriver::new(driver);
-        let mut task = spawned.task();
-        let counted = tasks(1);
-        let waker = Waker::from(counted[0].clone());
+        let (_shared, spawned, mut task, counted, waker) = spawned_task(Arc::new(NoIo));
         assert!(poll_task(&mut task, &waker).is_pending());
         lock(&spawned.state).driver = None;
         // The task's poll has begun (`missed` set, the fence passed) when the caller claims.

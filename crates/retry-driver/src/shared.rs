@@ -125,10 +125,17 @@ pub(crate) struct Slot {
 impl Slot {
     /// Stores the result (the first one) and wakes the caller, after the lock is released: the
     /// woken task, maybe on another thread, does not wait for it. A caller that is running the
-    /// driver itself ([`Slot::driving`]) is not woken: it polls the slot when the run ends.
+    /// driver itself ([`Slot::driving`]) is not woken: it polls the slot when the run ends. A
+    /// result its caller gave up on ([`Slot::abandon`]) is not stored but dropped, after the
+    /// lock is released: a spent slot kept for reuse holds no reply nobody will read.
     pub(crate) fn complete(&self, result: OperationResult) {
         let waker = {
             let mut state = lock(&self.state);
+            if state.abandoned {
+                drop(state);
+                drop(result);
+                return;
+            }
             if state.result.is_none() {
                 state.result = Some(result);
             }
@@ -190,12 +197,19 @@ impl Slot {
     }
 
     /// The caller gives up: the engine's operation to cancel, if it started and has no result.
+    /// A result already stored is taken out and dropped after the lock is released (the slot
+    /// may be kept for reuse, and nobody will read it).
     pub(crate) fn abandon(&self) -> Option<OpId> {
         let mut state = lock(&self.state);
         state.abandoned = true;
         state.waker = None;
-        match state.result {
-            Some(_) => None,
+        match state.result.take() {
+            Some(result) => {
+                state.op = None;
+                drop(state);
+                drop(result);
+                None
+            }
             None => state.op,
         }
     }
@@ -405,5 +419,38 @@ mod tests {
         assert_eq!(Arc::as_ptr(&reused), address, "reused");
         let state = lock(&reused.state);
         assert!(state.result.is_none() && state.op.is_none() && !state.abandoned);
+    }
+
+    /// A result, and a second handle on its error's reply: the result is dropped once the
+    /// handle is the only one left.
+    fn watched_result() -> (OperationResult, Arc<retry_core::error::ServerError>) {
+        let reply = bson::doc! {"ok": 0, "code": 1, "errmsg": "watched"};
+        let error = OperationError::from_reply(&reply, &ServerAddress::new("a", 1)).unwrap();
+        let retry_core::error::ErrorKind::Server(server) = &error.kind else {
+            unreachable!("a server error");
+        };
+        let handle = server.clone();
+        (Err(error), handle)
+    }
+
+    /// review19 R1 (issue 9): a result whose caller gave up on it is not kept in its slot,
+    /// which the driver may keep for reuse: completed then abandoned, the result is dropped by
+    /// the abandon; abandoned then completed, it is never stored.
+    #[test]
+    fn an_abandoned_slot_keeps_no_result() {
+        let slot = Slot::default();
+        let (result, reply) = watched_result();
+        slot.complete(result);
+        assert_eq!(slot.abandon(), None, "nothing to cancel: it finished");
+        assert_eq!(Arc::strong_count(&reply), 1, "dropped by the abandon");
+        assert!(lock(&slot.state).result.is_none());
+
+        let slot = Slot::default();
+        assert_eq!(slot.start(|| OpId(7)), Some(OpId(7)));
+        assert_eq!(slot.abandon(), Some(OpId(7)), "to cancel");
+        let (result, reply) = watched_result();
+        slot.complete(result);
+        assert_eq!(Arc::strong_count(&reply), 1, "dropped by the completion");
+        assert!(lock(&slot.state).result.is_none());
     }
 }

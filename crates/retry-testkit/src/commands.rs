@@ -1478,8 +1478,10 @@ fn aggregate(
 /// `_id` index here: `{_id: 1}` or `{_id: -1}`; `prepareExecutor` pops the `$sort` the query
 /// system can sort without blocking); from 4.4 (wire 9) the query layer takes any `$sort`
 /// (with the `$limit` it coalesced) and a leading `$limit` (`pipeline_d.cpp`,
-/// `prepareExecutor`, `extractLimitForPushdown`). 4.0 and older always run a pipeline.
+/// `prepareExecutor`, `extractLimitForPushdown`). 4.0 and older always run a pipeline. The
+/// stages are read as the server's optimization phase leaves them ([`reordered_stages`]).
 fn optimized_away(stages: &[(&str, &Bson)], max_wire_version: i32) -> bool {
+    let stages = reordered_stages(stages);
     let mut rest = stages.iter().skip_while(|(name, _)| *name == "$match");
     let by_id = |spec: &Bson| {
         matches!(spec, Bson::Document(keys) if keys.len() == 1
@@ -1500,6 +1502,41 @@ fn optimized_away(stages: &[(&str, &Bson)], max_wire_version: i32) -> bool {
         }
         _ => false,
     }
+}
+
+/// Review19 R5 (TK-15, house rule 7): `stages` as the server's pipeline optimization leaves
+/// them before it decides what the query layer takes (4.2 and 4.4: `Pipeline::optimizeContainer`
+/// runs each stage's `optimizeAt`, then each stage's `optimize`): a `$match` that follows a
+/// `$sort` moves in front of it (`DocumentSource::pushMatchBefore`: a `$sort` swaps with a
+/// `$match` unless it absorbed a `$limit`, and modifies no path), so over a run of `$sort`s;
+/// a `$limit` right after a `$limit` merges into it (`DocumentSourceLimit::doOptimizeAt`:
+/// the smaller of the two); an empty `$match` and a `$skip` of 0 go
+/// (`DocumentSourceMatch::optimize`, `DocumentSourceSkip::optimize`). The server drops those
+/// two after the reordering, here before it: a pipeline with one between a `$sort` and a
+/// `$match` counts as optimized away where the server keeps it (stricter, never more
+/// forgiving). Adjacent `$match`es stay two entries here: both lead, or neither does, as one
+/// merged would. Not modelled (docs/testkit.md "Limits"): a `$match` moved over a `$project` /
+/// `$addFields` (split by the paths they modify), a `$limit` moved over a `$skip` or absorbed
+/// by a `$sort` across other stages, which leave a stage in the pipeline either way.
+fn reordered_stages<'a>(stages: &[(&'a str, &'a Bson)]) -> Vec<(&'a str, &'a Bson)> {
+    let mut reordered: Vec<(&str, &Bson)> = Vec::with_capacity(stages.len());
+    for &(name, spec) in stages {
+        match (name, spec) {
+            ("$match", Bson::Document(filter)) if filter.is_empty() => {}
+            ("$skip", skip) if integer(skip) == Some(0) => {}
+            ("$limit", _) if reordered.last().is_some_and(|(last, _)| *last == "$limit") => {}
+            ("$match", _) => {
+                let sorts = reordered
+                    .iter()
+                    .rev()
+                    .take_while(|(stage, _)| *stage == "$sort")
+                    .count();
+                reordered.insert(reordered.len() - sorts, (name, spec));
+            }
+            _ => reordered.push((name, spec)),
+        }
+    }
+    reordered
 }
 
 /// `$project` by inclusion or exclusion of top-level fields (`_id` kept unless excluded), or
@@ -2042,11 +2079,10 @@ const COLLECTION_DDL_LOCKS_WIRE_VERSION: i32 = 8;
 /// a false `$exists` are negations, `$size` and `$elemMatch` array expressions, `$all` a
 /// conjunction, and two operators a conjunction too, so any of those locks every database. The
 /// operators not named here are not leaves to the test server (it refuses them in a filter
-/// before any lock).
+/// before any lock). A top-level `$comment` beside it adds no expression ([`name_condition`]).
 fn is_name_leaf(filter: &Document) -> bool {
-    let condition = match filter.iter().next() {
-        Some((field, condition)) if filter.len() == 1 && field == "name" => condition,
-        _ => return false,
+    let Some(condition) = name_condition(filter) else {
+        return false;
     };
     let Bson::Document(operators) = condition else {
         return true;
@@ -2066,6 +2102,20 @@ fn is_name_leaf(filter: &Document) -> bool {
             _ => false,
         },
         _ => false,
+    }
+}
+
+/// The condition on `name` of a filter whose one expression is on `name`. Review19 R4 (TK-15,
+/// house rule 7): a top-level `$comment` is no expression, as fixes18c made it for
+/// [`crate::query::matches`]: the server's parser adds nothing to the filter's conjunction for
+/// it and unwraps a conjunction of one child to that child (`expression_parser.cpp`), so
+/// `{name: "a", $comment: "x"}` is the same leaf as `{name: "a"}` to `list_databases.cpp` and
+/// `list_collections.cpp`.
+fn name_condition(filter: &Document) -> Option<&Bson> {
+    let mut fields = filter.iter().filter(|(field, _)| *field != "$comment");
+    match (fields.next(), fields.next()) {
+        (Some((field, condition)), None) if field == "name" => Some(condition),
+        _ => None,
     }
 }
 
@@ -2106,18 +2156,15 @@ fn list_collections_locks(
 
 /// The collection names a `listCollections` filter matches exactly, as the server's
 /// `_getExactNameMatches` reads them (`list_collections.cpp`): a filter whose only field is
-/// `name`, equal to a string (`{name: s}`, `{name: {$eq: s}}`) or in a list of strings without
-/// regexes (`{name: {$in: [...]}}`); an empty or non-string name matches nothing. `None` for any
-/// other filter.
+/// `name` (top-level `$comment`s aside, [`name_condition`]), equal to a string (`{name: s}`,
+/// `{name: {$eq: s}}`) or in a list of strings without regexes (`{name: {$in: [...]}}`); an
+/// empty or non-string name matches nothing. `None` for any other filter.
 fn exact_names(filter: &Document) -> Option<Vec<String>> {
-    if filter.len() != 1 {
-        return None;
-    }
     let name_of = |value: &Bson| match value {
         Bson::String(s) if !s.is_empty() => Some(s.clone()),
         _ => None,
     };
-    match filter.get("name")? {
+    match name_condition(filter)? {
         Bson::Document(operators) if operators.keys().any(|k| k.starts_with('$')) => {
             match operators.iter().next() {
                 Some((op, value)) if op == "$eq" && operators.len() == 1 => {
@@ -2544,5 +2591,95 @@ mod tests {
         for filter in &not_leaves {
             assert!(!is_name_leaf(filter), "not a leaf on name: {filter}");
         }
+    }
+
+    /// Review19 R5 (TK-15, house rule 7): which aggregate cursors a 4.2 / 4.4 server answers
+    /// with its query layer alone is decided after its pipeline optimization: a `$match`
+    /// after a limitless `$sort` moves in front of it (`pushMatchBefore`), adjacent `$limit`s
+    /// merge (`DocumentSourceLimit::doOptimizeAt`), an empty `$match` and a `$skip` of 0 go;
+    /// a `$match` after a `$limit` or a `$skip` stays where it is.
+    #[test]
+    fn review19_r5_tk15_optimized_away_after_the_servers_reordering() {
+        let by_id = Bson::Document(doc! { "_id": 1 });
+        let by_x = Bson::Document(doc! { "x": 1 });
+        let filter = Bson::Document(doc! { "_id": { "$gte": 1 } });
+        let empty = Bson::Document(doc! {});
+        let (five, three, zero) = (Bson::Int32(5), Bson::Int32(3), Bson::Int32(0));
+        let away = |stages: &[(&str, &Bson)], wire: i32| optimized_away(stages, wire);
+        // 4.2: a `$sort` on `_id` with the `$match` it was sent before.
+        assert!(away(&[("$sort", &by_id), ("$match", &filter)], 8));
+        assert!(away(
+            &[("$sort", &by_id), ("$match", &filter), ("$match", &filter)],
+            8
+        ));
+        assert!(away(&[("$sort", &by_id), ("$match", &empty)], 8));
+        assert!(away(&[("$skip", &zero)], 8));
+        assert!(!away(&[("$sort", &by_x), ("$match", &filter)], 8));
+        assert!(!away(
+            &[("$sort", &by_id), ("$limit", &five), ("$match", &filter)],
+            8
+        ));
+        assert!(!away(&[("$limit", &five), ("$limit", &three)], 8));
+        // 4.4: any `$sort`, and merged `$limit`s.
+        assert!(away(&[("$sort", &by_x), ("$match", &filter)], 9));
+        assert!(away(
+            &[("$sort", &by_x), ("$match", &filter), ("$limit", &five)],
+            12
+        ));
+        assert!(away(&[("$limit", &five), ("$limit", &three)], 9));
+        assert!(away(
+            &[("$sort", &by_x), ("$limit", &five), ("$limit", &three)],
+            9
+        ));
+        assert!(away(
+            &[("$limit", &five), ("$match", &empty), ("$limit", &three)],
+            9
+        ));
+        assert!(!away(&[("$limit", &five), ("$match", &filter)], 9));
+        assert!(!away(&[("$skip", &three), ("$limit", &five)], 9));
+        assert!(!away(
+            &[("$sort", &by_x), ("$limit", &five), ("$match", &filter)],
+            9
+        ));
+        // Before 4.2 a pipeline always runs; from 5.0 reads take no lock.
+        assert!(!away(&[("$sort", &by_id), ("$match", &filter)], 7));
+        assert!(!away(&[("$limit", &five), ("$limit", &three)], 13));
+    }
+
+    /// Review19 R4 (TK-15, house rule 7): a top-level `$comment` adds no expression to a
+    /// filter (`expression_parser.cpp`: `parseComment` gives none, and a conjunction of one
+    /// child is that child), so beside one expression on `name` the filter is still a leaf
+    /// for `listDatabases` and still names its collections exactly for `listCollections`;
+    /// alone, or beside another field, it is neither.
+    #[test]
+    fn review19_r4_tk15_a_top_level_comment_is_no_filter_field() {
+        let leaves = [
+            doc! { "name": "a", "$comment": "x" },
+            doc! { "$comment": { "why": 1 }, "name": { "$in": ["a", "b"] } },
+            doc! { "$comment": "x", "name": { "$regex": "^a" } },
+        ];
+        for filter in &leaves {
+            assert!(is_name_leaf(filter), "a leaf on name: {filter}");
+        }
+        let not_leaves = [
+            doc! { "$comment": "x" },
+            doc! { "$comment": "x", "name": "a", "x": 1 },
+            doc! { "name": { "$ne": "a" }, "$comment": "x" },
+        ];
+        for filter in &not_leaves {
+            assert!(!is_name_leaf(filter), "not a leaf on name: {filter}");
+        }
+        let names = |filter: Document| exact_names(&filter);
+        assert_eq!(
+            names(doc! { "name": "c", "$comment": "x" }),
+            Some(vec!["c".into()])
+        );
+        assert_eq!(
+            names(doc! { "$comment": 1, "name": { "$in": ["c", "d"] } }),
+            Some(vec!["c".into(), "d".into()])
+        );
+        assert_eq!(names(doc! { "$comment": "x" }), None);
+        assert_eq!(names(doc! { "$comment": "x", "name": "c", "y": 1 }), None);
+        assert_eq!(names(doc! { "name": { "$comment": "x" } }), None);
     }
 }

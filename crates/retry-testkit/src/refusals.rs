@@ -343,7 +343,12 @@ const ROUTER_TRANSACTIONS_WIRE_VERSION: i32 = 8;
 /// `update`, `delete`) with 40415, "BSON field '<command>.<field>' is an unknown field.", and
 /// the others with FailedToParse (9), as `find`, `getMore` and `aggregate` do (a command whose
 /// 3.6 parser ignores unknown fields is refused too: stricter, and a driver never sends these to
-/// a 3.6 server). A 4.0 mongos (wire 7) refuses any command carrying either with 50841.
+/// a 3.6 server). A 4.0 mongos (wire 7) refuses any command carrying either with 50841 (the
+/// code its 4.0 jstest asserts for `startTransaction` and `autocommit`, together or alone); the
+/// message is the test server's own, not the server's wording, which was not found. Whether a
+/// 4.0 mongos knows `commitTransaction` / `abortTransaction` at all (59 before any field is
+/// read) was not verified: the test server answers 50841, as a driver sends them with
+/// `autocommit`.
 fn transactions_unsupported(
     role: &Role,
     name: &str,

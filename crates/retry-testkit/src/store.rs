@@ -2399,7 +2399,6 @@ mod tests {
         result
     }
 
-    /// Runs `write` as a command outside any transaction; with the session it has to wait for.
     /// TK-15 (leftovers11): a blocked `dropDatabase` is a pending DDL on the whole database: a
     /// transaction holding none of its collections cannot lock any (24); the one it waits for,
     /// which holds a collection of it, can lock another of the same database; once released,
@@ -2518,11 +2517,27 @@ mod tests {
         );
     }
 
+    /// Runs `write` as a command outside any transaction; with the session it has to wait for.
     fn outside<T>(store: &mut Store, write: impl FnOnce(&mut Store) -> T) -> (T, Option<Vec<u8>>) {
         store.begin_statement(None);
         let result = write(store);
         store.end_statement();
         (result, store.take_blocked())
+    }
+
+    /// A `$out` of `{_id: 9}` into `ns` outside any transaction (TK-15): its result, and the
+    /// sessions it waits for.
+    fn out_into(store: &mut Store, ns: &str) -> (Result<(), QueryError>, Option<Vec<u8>>) {
+        outside(store, |s| s.replace_collection(ns, vec![doc! { "_id": 9 }]))
+    }
+
+    /// TK-15: S1 ends (commits when `commit`, else aborts); then a `$out` into `db.c` runs.
+    fn out_runs_once_s1_ends(store: &mut Store, commit: bool) {
+        assert_eq!(store.end_transaction(S1, 1, commit, None, false), Ok(()));
+        let (out, blocked) = out_into(store, "db.c");
+        let end = if commit { "commit" } else { "abort" };
+        assert_eq!((out, blocked), (Ok(()), None), "after the {end}");
+        assert_eq!(ids(store), [9]);
     }
 
     fn ids(store: &Store) -> Vec<i32> {
@@ -2878,17 +2893,13 @@ mod tests {
             set_one(s, doc! { "_id": 1 }, doc! { "x": 1 }).unwrap();
             s.insert("db.made", vec![doc! { "_id": 7 }], true).unwrap();
         });
-        let (out, blocked) = outside(&mut store, |s| {
-            s.replace_collection("db.c", vec![doc! { "_id": 9 }])
-        });
+        let (out, blocked) = out_into(&mut store, "db.c");
         assert_eq!(
             (out, blocked),
             (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
         );
         assert_eq!(ids(&store), [0, 1, 2], "nothing written");
-        let (out, blocked) = outside(&mut store, |s| {
-            s.replace_collection("db.made", vec![doc! { "_id": 9 }])
-        });
+        let (out, blocked) = out_into(&mut store, "db.made");
         assert_eq!(blocked, Some(S1.to_vec()), "{out:?}: created by S1");
         let (merge, blocked) = outside(&mut store, |s| {
             s.merge(
@@ -2915,16 +2926,9 @@ mod tests {
             (Ok(()), None),
             "documents S1 did not change"
         );
-        let (out, blocked) = outside(&mut store, |s| {
-            s.replace_collection("db.other", vec![doc! { "_id": 9 }])
-        });
+        let (out, blocked) = out_into(&mut store, "db.other");
         assert_eq!((out, blocked), (Ok(()), None), "a target S1 does not hold");
-        assert_eq!(store.end_transaction(S1, 1, true, None, false), Ok(()));
-        let (out, blocked) = outside(&mut store, |s| {
-            s.replace_collection("db.c", vec![doc! { "_id": 9 }])
-        });
-        assert_eq!((out, blocked), (Ok(()), None), "after the commit");
-        assert_eq!(ids(&store), [9]);
+        out_runs_once_s1_ends(&mut store, true);
     }
 
     /// TK-15 (leftovers10 item 4): a transaction holds the lock of every collection it accessed
@@ -2948,32 +2952,21 @@ mod tests {
             );
             assert_eq!(none.unwrap().matched, 0);
         });
-        let (out, blocked) = outside(&mut store, |s| {
-            s.replace_collection("db.c", vec![doc! { "_id": 9 }])
-        });
+        let (out, blocked) = out_into(&mut store, "db.c");
         assert_eq!(
             (out, blocked),
             (Err(QueryError::Blocked(S1.to_vec())), Some(S1.to_vec()))
         );
         assert_eq!(ids(&store), [0, 1, 2], "nothing written");
-        let (out, blocked) = outside(&mut store, |s| {
-            s.replace_collection("db.d", vec![doc! { "_id": 9 }])
-        });
+        let (out, blocked) = out_into(&mut store, "db.d");
         assert_eq!(
             blocked,
             Some(S2.to_vec()),
             "{out:?}: an update without a match"
         );
-        let (out, blocked) = outside(&mut store, |s| {
-            s.replace_collection("db.e", vec![doc! { "_id": 9 }])
-        });
+        let (out, blocked) = out_into(&mut store, "db.e");
         assert_eq!((out, blocked), (Ok(()), None), "a target nobody accessed");
-        assert_eq!(store.end_transaction(S1, 1, false, None, false), Ok(()));
-        let (out, blocked) = outside(&mut store, |s| {
-            s.replace_collection("db.c", vec![doc! { "_id": 9 }])
-        });
-        assert_eq!((out, blocked), (Ok(()), None), "after the abort");
-        assert_eq!(ids(&store), [9]);
+        out_runs_once_s1_ends(&mut store, false);
     }
 
     /// TK-15 (review12 finding 1): `drop` and `dropDatabase` outside any transaction wait for a

@@ -57,6 +57,29 @@ fn lsid() -> Document {
     doc! { "id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![1; 16] }) }
 }
 
+/// TX-1: `body` as a statement of transaction `txn` of the session `lsid` (`autocommit: false`),
+/// the transaction's first when `start`.
+fn in_transaction(mut body: Document, lsid: &Document, txn: i64, start: bool) -> Document {
+    body.insert("lsid", lsid.clone());
+    body.insert("txnNumber", txn);
+    body.insert("autocommit", false);
+    if start {
+        body.insert("startTransaction", true);
+    }
+    body
+}
+
+/// TX-1: `command` (`commitTransaction` or `abortTransaction`) for transaction 1 of the session
+/// `lsid_of(lsid)`.
+fn end_transaction(command: &str, lsid: u8) -> Document {
+    in_transaction(
+        doc! { command: 1, "$db": "admin" },
+        &lsid_of(lsid),
+        1,
+        false,
+    )
+}
+
 fn code(reply: &Document) -> Option<i32> {
     reply.get_i32("code").ok()
 }
@@ -288,17 +311,11 @@ async fn tk2_ddl_commands_refuse_every_read_concern_level_but_local() {
         // (only them) against the transaction's read concern, its first command's: "local"
         // only; the statement fails and the transaction is aborted.
         let in_transaction = |command: Document, level: Option<&str>, txn: i64, start: bool| {
-            let mut command = match level {
+            let command = match level {
                 Some(level) => with_level(command, level),
                 None => command,
             };
-            command.insert("lsid", lsid());
-            command.insert("txnNumber", txn);
-            command.insert("autocommit", false);
-            if start {
-                command.insert("startTransaction", true);
-            }
-            command
+            in_transaction(command, &lsid(), txn, start)
         };
         let create = doc! { "create": "in_txn", "$db": "db" };
         let create_index =
@@ -1171,14 +1188,8 @@ async fn transactions() {
         let handle = server.handle();
         let lsid = lsid_of(1);
         let insert = |txn: i64, start: bool, id: i32| {
-            let mut command = doc! {
-                "insert": "c", "documents": [{ "_id": id }], "lsid": lsid.clone(),
-                "txnNumber": txn, "autocommit": false, "$db": "db",
-            };
-            if start {
-                command.insert("startTransaction", true);
-            }
-            command
+            let insert = doc! { "insert": "c", "documents": [{ "_id": id }], "$db": "db" };
+            in_transaction(insert, &lsid, txn, start)
         };
         let end = |name: &str, txn: i64| {
             doc! { name: 1, "lsid": lsid.clone(), "txnNumber": txn, "autocommit": false, "$db": "admin" }
@@ -1220,15 +1231,8 @@ async fn tk15_collections_a_transaction_creates_are_hidden_until_commit_and_drop
     bounded(async {
         let (server, mut client) = start_primary().await;
         let lsid = lsid_of(3);
-        let in_transaction = |mut command: Document, txn: i64, start: bool| {
-            command.insert("lsid", lsid.clone());
-            command.insert("txnNumber", txn);
-            command.insert("autocommit", false);
-            if start {
-                command.insert("startTransaction", true);
-            }
-            command
-        };
+        let in_transaction =
+            |command: Document, txn: i64, start: bool| in_transaction(command, &lsid, txn, start);
         let collections = |reply: &Document| -> Vec<String> {
             first_batch(reply)
                 .iter()
@@ -1285,15 +1289,8 @@ async fn tk12_only_the_mongos_that_started_a_transaction_continues_it() {
     bounded(async {
         let (servers, mut first, mut other) = start_two_mongoses().await;
         let lsid = lsid_of(4);
-        let command = |mut body: Document, txn: i64, start: bool| {
-            body.insert("lsid", lsid.clone());
-            body.insert("txnNumber", txn);
-            body.insert("autocommit", false);
-            if start {
-                body.insert("startTransaction", true);
-            }
-            body
-        };
+        let command =
+            |body: Document, txn: i64, start: bool| in_transaction(body, &lsid, txn, start);
         let insert = |id: i32| doc! { "insert": "c", "documents": [{ "_id": id }], "$db": "db" };
         let commit = doc! { "commitTransaction": 1, "$db": "admin" };
         let abort = doc! { "abortTransaction": 1, "$db": "admin" };
@@ -1406,14 +1403,8 @@ async fn tk12_each_mongos_behind_a_load_balancer_keeps_its_cursors_and_transacti
         assert_eq!(code(&first.command(more).await.unwrap()), None);
         let lsid = lsid_of(6);
         let statement = |id: i32, start: bool| {
-            let mut command = doc! {
-                "insert": "c", "documents": [{ "_id": id }], "lsid": lsid.clone(),
-                "txnNumber": 1_i64, "autocommit": false, "$db": "db",
-            };
-            if start {
-                command.insert("startTransaction", true);
-            }
-            command
+            let insert = doc! { "insert": "c", "documents": [{ "_id": id }], "$db": "db" };
+            in_transaction(insert, &lsid, 1, start)
         };
         assert_eq!(
             code(&first.command(statement(3, true)).await.unwrap()),
@@ -1703,14 +1694,8 @@ async fn a_failed_statement_aborts_its_transaction() {
     bounded(async {
         let (server, mut client) = start_primary().await;
         let statement = |id: i32, start: bool| {
-            let mut command = doc! {
-                "insert": "t", "documents": [{ "_id": id }], "$db": "test",
-                "lsid": lsid_of(9), "txnNumber": 1_i64, "autocommit": false,
-            };
-            if start {
-                command.insert("startTransaction", true);
-            }
-            command
+            let insert = doc! { "insert": "t", "documents": [{ "_id": id }], "$db": "test" };
+            in_transaction(insert, &lsid_of(9), 1, start)
         };
         let first = client.command(statement(1, true)).await.unwrap();
         assert_eq!(first.get_i32("n").ok(), Some(1), "{first}");
@@ -1731,6 +1716,17 @@ async fn a_failed_statement_aborts_its_transaction() {
     .await
 }
 
+/// TK-15: transaction 1 (lsid 1) starts by inserting `{_id: 1}` into `test.w`, which it then
+/// holds until it ends.
+async fn transaction_1_inserts_into_w(client: &mut RawClient) {
+    let insert = doc! { "insert": "w", "documents": [{ "_id": 1 }], "$db": "test" };
+    let first = client
+        .command(in_transaction(insert, &lsid_of(1), 1, true))
+        .await
+        .unwrap();
+    assert_eq!(first.get_i32("n").ok(), Some(1), "{first}");
+}
+
 /// TK-15, TK-7 (review7 finding 1): over the wire, a transaction's write to a document another
 /// transaction in progress changed is WriteConflict 112 with `TransientTransactionError`; a write
 /// outside any transaction is never 112: it waits for the transaction, until `maxTimeMS` runs out
@@ -1740,15 +1736,7 @@ async fn tk15_review7_f1_writes_wait_for_a_transaction_outside_and_conflict_insi
     bounded(async {
         let (server, mut client) = start_primary().await;
         let mut other = RawClient::connect(server.address()).await.unwrap();
-        let first = client
-            .command(doc! {
-                "insert": "w", "documents": [{ "_id": 1 }], "$db": "test",
-                "lsid": lsid_of(1), "txnNumber": 1_i64, "autocommit": false,
-                "startTransaction": true,
-            })
-            .await
-            .unwrap();
-        assert_eq!(first.get_i32("n").ok(), Some(1), "{first}");
+        transaction_1_inserts_into_w(&mut client).await;
         let conflict = other
             .command(doc! {
                 "update": "w", "updates": [{ "q": { "_id": 1 }, "u": { "$set": { "x": 1 } }, "upsert": true }],
@@ -1778,10 +1766,7 @@ async fn tk15_review7_f1_writes_wait_for_a_transaction_outside_and_conflict_insi
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "the write waits for the transaction");
         let commit = client
-            .command(doc! {
-                "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
-                "txnNumber": 1_i64, "autocommit": false,
-            })
+            .command(end_transaction("commitTransaction", 1))
             .await
             .unwrap();
         assert_eq!(commit.get_f64("ok").ok(), Some(1.0), "{commit}");
@@ -1808,15 +1793,7 @@ async fn tk15_out_and_merge_wait_for_a_transaction_holding_their_target() {
         server
             .handle()
             .insert("test.src", vec![doc! { "_id": 1, "s": 1 }]);
-        let first = client
-            .command(doc! {
-                "insert": "w", "documents": [{ "_id": 1 }], "$db": "test",
-                "lsid": lsid_of(1), "txnNumber": 1_i64, "autocommit": false,
-                "startTransaction": true,
-            })
-            .await
-            .unwrap();
-        assert_eq!(first.get_i32("n").ok(), Some(1), "{first}");
+        transaction_1_inserts_into_w(&mut client).await;
         for stage in [doc! { "$out": "w" }, doc! { "$merge": { "into": "w" } }] {
             let timed_out = other
                 .command(doc! {
@@ -1828,10 +1805,7 @@ async fn tk15_out_and_merge_wait_for_a_transaction_holding_their_target() {
             assert_eq!(code(&timed_out), Some(50), "{stage}: {timed_out}");
         }
         let commit = client
-            .command(doc! {
-                "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
-                "txnNumber": 1_i64, "autocommit": false,
-            })
+            .command(end_transaction("commitTransaction", 1))
             .await
             .unwrap();
         assert_eq!(commit.get_f64("ok").ok(), Some(1.0), "{commit}");
@@ -1880,10 +1854,7 @@ async fn tk15_out_waits_for_a_transaction_that_only_read_its_target() {
         assert_eq!(code(&timed_out), Some(50), "{timed_out}");
         assert_eq!(handle.documents("test.w"), [doc! { "_id": 2 }]);
         let abort = client
-            .command(doc! {
-                "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
-                "txnNumber": 1_i64, "autocommit": false,
-            })
+            .command(end_transaction("abortTransaction", 1))
             .await
             .unwrap();
         assert_eq!(abort.get_f64("ok").ok(), Some(1.0), "{abort}");
@@ -1910,30 +1881,15 @@ async fn tk15_a_waiting_out_holds_back_new_transactions_on_its_target() {
         handle.insert("test.src", vec![doc! { "_id": 1, "s": 1 }]);
         handle.insert("test.w", vec![doc! { "_id": 2 }]);
         let in_transaction = |lsid: u8, mut body: Document, start: bool| {
-            body.extend(
-                doc! { "$db": "test", "lsid": lsid_of(lsid), "txnNumber": 1_i64,
-                "autocommit": false },
-            );
-            if start {
-                body.insert("startTransaction", true);
-            }
-            body
+            body.insert("$db", "test");
+            in_transaction(body, &lsid_of(lsid), 1, start)
         };
         let find = |lsid: u8, start: bool| in_transaction(lsid, doc! { "find": "w" }, start);
         let reply = client.command(find(1, true)).await.unwrap();
         assert_eq!(code(&reply), None, "{reply}");
-        let mut other = RawClient::connect(server.address()).await.unwrap();
-        let out = tokio::spawn(async move {
-            let out = doc! { "aggregate": "src", "pipeline": [{ "$out": "w" }], "cursor": {},
-            "$db": "test", "maxTimeMS": 10_000 };
-            other.command(out).await.unwrap()
-        });
-        for _ in 0..200 {
-            if handle.counters().command("aggregate").received > 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let out = doc! { "aggregate": "src", "pipeline": [{ "$out": "w" }], "cursor": {},
+        "$db": "test", "maxTimeMS": 10_000 };
+        let (out, _) = sent(&server, out).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!out.is_finished(), "the $out waits");
 
@@ -1968,14 +1924,15 @@ async fn tk15_a_waiting_out_holds_back_new_transactions_on_its_target() {
         let reply = third.command(other).await.unwrap();
         assert_eq!(code(&reply), None, "another collection: {reply}");
 
-        let abort = |lsid: u8| {
-            let mut body = in_transaction(lsid, doc! { "abortTransaction": 1 }, false);
-            body.insert("$db", "admin");
-            body
-        };
-        let reply = third.command(abort(3)).await.unwrap();
+        let reply = third
+            .command(end_transaction("abortTransaction", 3))
+            .await
+            .unwrap();
         assert_eq!(code(&reply), None, "{reply}");
-        let reply = client.command(abort(1)).await.unwrap();
+        let reply = client
+            .command(end_transaction("abortTransaction", 1))
+            .await
+            .unwrap();
         assert_eq!(code(&reply), None, "{reply}");
         let ran = out.await.expect("the $out task");
         assert_eq!(code(&ran), None, "{ran}");
@@ -2001,50 +1958,20 @@ async fn item5_a_command_queued_behind_a_pending_ddl_runs_after_it() {
         let (server, mut client) = start_primary().await;
         let handle = server.handle();
         handle.insert("test.w", vec![doc! { "_id": 1 }]);
-        let in_transaction = |lsid: u8, mut body: Document| {
-            body.extend(doc! {
-                "$db": "test", "lsid": lsid_of(lsid), "txnNumber": 1_i64, "autocommit": false,
-            });
-            body
-        };
         for lsid in [1, 2] {
-            let mut find = in_transaction(lsid, doc! { "find": "w" });
-            find.insert("startTransaction", true);
+            let find = doc! { "find": "w", "$db": "test" };
+            let find = in_transaction(find, &lsid_of(lsid), 1, true);
             let reply = client.command(find).await.unwrap();
             assert_eq!(code(&reply), None, "{reply}");
         }
-        let mut dropper = RawClient::connect(server.address()).await.unwrap();
-        let drop = tokio::spawn(async move {
-            dropper
-                .command(doc! { "drop": "w", "$db": "test" })
-                .await
-                .unwrap()
-        });
-        let received = |name: &str| handle.counters().command(name).received;
-        for _ in 0..200 {
-            if received("drop") > 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let (drop, _) = sent(&server, doc! { "drop": "w", "$db": "test" }).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let mut writer = RawClient::connect(server.address()).await.unwrap();
-        let insert = tokio::spawn(async move {
-            let insert = doc! { "insert": "w", "documents": [{ "_id": 9 }], "$db": "test" };
-            writer.command(insert).await.unwrap()
-        });
-        for _ in 0..200 {
-            if received("insert") > 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let abort = |lsid: u8| {
-            let mut body = in_transaction(lsid, doc! { "abortTransaction": 1 });
-            body.insert("$db", "admin");
-            body
-        };
-        let reply = client.command(abort(1)).await.unwrap();
+        let insert = doc! { "insert": "w", "documents": [{ "_id": 9 }], "$db": "test" };
+        let (insert, _) = sent(&server, insert).await;
+        let reply = client
+            .command(end_transaction("abortTransaction", 1))
+            .await
+            .unwrap();
         assert_eq!(code(&reply), None, "{reply}");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(
@@ -2056,7 +1983,10 @@ async fn item5_a_command_queued_behind_a_pending_ddl_runs_after_it() {
             "the insert stays queued behind the drop"
         );
         assert_eq!(handle.documents("test.w"), [doc! { "_id": 1 }]);
-        let reply = client.command(abort(2)).await.unwrap();
+        let reply = client
+            .command(end_transaction("abortTransaction", 2))
+            .await
+            .unwrap();
         assert_eq!(code(&reply), None, "{reply}");
         let dropped = drop.await.expect("the drop task");
         assert_eq!(code(&dropped), None, "{dropped}");
@@ -2072,47 +2002,101 @@ async fn item5_a_command_queued_behind_a_pending_ddl_runs_after_it() {
     .await
 }
 
-/// Review15 finding 1 (TK-15): transaction 1 reads `test.w`, then a `drop` of `w` waits for it,
-/// pending; the drop's task, once the server received it.
-async fn pending_drop_of_w(
-    server: &TestServer,
-    client: &mut RawClient,
-) -> tokio::task::JoinHandle<Document> {
-    let find = doc! {
-        "find": "w", "$db": "test", "lsid": lsid_of(1), "txnNumber": 1_i64,
-        "autocommit": false, "startTransaction": true,
-    };
-    let reply = client.command(find).await.unwrap();
-    assert_eq!(code(&reply), None, "{reply}");
-    let mut dropper = RawClient::connect(server.address()).await.unwrap();
-    let drop = tokio::spawn(async move {
-        dropper
-            .command(doc! { "drop": "w", "$db": "test" })
-            .await
-            .unwrap()
-    });
+/// TK-15: sends `body` on a new connection; returns its task, and the command's name, once the
+/// server received it (waiting at most a second, in 5 ms steps).
+async fn sent(server: &TestServer, body: Document) -> (tokio::task::JoinHandle<Document>, String) {
     let handle = server.handle();
+    let name = body.keys().next().cloned().unwrap_or_default();
+    let before = handle.counters().command(&name).received;
+    let mut sender = RawClient::connect(server.address()).await.unwrap();
+    let task = tokio::spawn(async move { sender.command(body).await.unwrap() });
     for _ in 0..200 {
-        if handle.counters().command("drop").received > 0 {
+        if handle.counters().command(&name).received > before {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!drop.is_finished(), "the drop waits for transaction 1");
-    drop
+    (task, name)
 }
 
-/// Review15 finding 1: ends transaction 1 of [`pending_drop_of_w`]; the drop then runs.
-async fn release_drop_of_w(client: &mut RawClient, drop: tokio::task::JoinHandle<Document>) {
-    let abort = doc! {
-        "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(1), "txnNumber": 1_i64,
-        "autocommit": false,
-    };
-    let reply = client.command(abort).await.unwrap();
-    assert_eq!(code(&reply), None, "{reply}");
-    let dropped = drop.await.expect("the drop task");
-    assert_eq!(code(&dropped), None, "{dropped}");
+/// TK-15 (review15 finding 1, docs13): what the lock-queueing tests share. A primary (of
+/// [`start_primary`] or [`start_primary_at`]); `client`, for transaction 1 (lsid 1), which reads
+/// `test.w` and which the pending DDL command waits for; `other`, a second connection for the
+/// commands under test. A test seeds the store, makes a DDL command wait ([`LockTest::pend`]),
+/// checks what queues behind it and what does not, then ends transaction 1
+/// ([`LockTest::release`]; [`LockTest::finish`] also checks the DDL waited until then and shuts
+/// the server down).
+struct LockTest {
+    server: TestServer,
+    client: RawClient,
+    other: RawClient,
+    ddl: Option<tokio::task::JoinHandle<Document>>,
+}
+
+impl LockTest {
+    /// A lock test on the server and client that [`start_primary`] or [`start_primary_at`]
+    /// started.
+    async fn on((server, client): (TestServer, RawClient)) -> LockTest {
+        let other = RawClient::connect(server.address()).await.unwrap();
+        LockTest {
+            server,
+            client,
+            other,
+            ddl: None,
+        }
+    }
+
+    /// Transaction 1 reads `test.w`; then the DDL command `body` (on `test`), sent on a new
+    /// connection, waits for it. Returns once the server received it.
+    async fn pend(&mut self, body: Document) {
+        let find = doc! {
+            "find": "w", "$db": "test", "lsid": lsid_of(1), "txnNumber": 1_i64,
+            "autocommit": false, "startTransaction": true,
+        };
+        let reply = self.client.command(find).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let (ddl, name) = sent(&self.server, body).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!ddl.is_finished(), "the {name} waits for transaction 1");
+        self.ddl = Some(ddl);
+    }
+
+    /// [`LockTest::pend`] with a `drop` of `test.w`.
+    async fn pend_drop_of_w(&mut self) {
+        self.pend(doc! { "drop": "w", "$db": "test" }).await;
+    }
+
+    /// Inserts `{_id: 1}` into each of `namespaces`.
+    fn seed(&self, namespaces: &[&str]) {
+        for namespace in namespaces {
+            self.server
+                .handle()
+                .insert(namespace, vec![doc! { "_id": 1 }]);
+        }
+    }
+
+    /// Whether the pending DDL command still waits.
+    fn ddl_waits(&self) -> bool {
+        !self.ddl.as_ref().expect("a pending DDL").is_finished()
+    }
+
+    /// Ends transaction 1; the pending DDL command then runs, and succeeds.
+    async fn release(&mut self) {
+        let abort = end_transaction("abortTransaction", 1);
+        let reply = self.client.command(abort).await.unwrap();
+        assert_eq!(code(&reply), None, "{reply}");
+        let ddl = self.ddl.take().expect("a pending DDL");
+        let ran = ddl.await.expect("the DDL's task");
+        assert_eq!(code(&ran), None, "{ran}");
+    }
+
+    /// Checks the pending DDL command still waits (`waits` says so when it does not), releases
+    /// it and shuts the server down.
+    async fn finish(mut self, waits: &str) {
+        assert!(self.ddl_waits(), "{waits}");
+        self.release().await;
+        self.server.shutdown().await;
+    }
 }
 
 /// Review15 finding 1 (TK-15, TK-7, house rule 7): each `bulkWrite` op locks its `nsInfo`
@@ -2125,21 +2109,16 @@ async fn release_drop_of_w(client: &mut RawClient, drop: tokio::task::JoinHandle
 #[tokio::test]
 async fn tk15_bulk_write_in_a_new_transaction_on_a_pending_drops_namespace_gets_24() {
     bounded(async {
-        let (server, mut client) = start_primary().await;
-        let handle = server.handle();
+        let mut lock = LockTest::on(start_primary().await).await;
+        let handle = lock.server.handle();
         handle.insert("test.w", vec![doc! { "_id": 1 }]);
-        let drop = pending_drop_of_w(&server, &mut client).await;
-        let mut other = RawClient::connect(server.address()).await.unwrap();
+        lock.pend_drop_of_w().await;
+        let other = &mut lock.other;
         let bulk = |ops: Vec<Document>, ns_info: Vec<Document>| {
             doc! { "bulkWrite": 1, "ops": ops, "nsInfo": ns_info, "$db": "admin" }
         };
-        let in_transaction = |mut body: Document, lsid: u8, start: bool| {
-            body.extend(doc! { "lsid": lsid_of(lsid), "txnNumber": 1_i64, "autocommit": false });
-            if start {
-                body.insert("startTransaction", true);
-            }
-            body
-        };
+        let in_transaction =
+            |body: Document, lsid: u8, start: bool| in_transaction(body, &lsid_of(lsid), 1, start);
         let x_then_w = bulk(
             vec![
                 doc! { "insert": 0, "document": { "_id": 7 } },
@@ -2189,16 +2168,17 @@ async fn tk15_bulk_write_in_a_new_transaction_on_a_pending_drops_namespace_gets_
             Some(1),
             "another namespace: {ran}"
         );
-        assert!(!drop.is_finished());
+        assert!(lock.ddl_waits());
 
-        release_drop_of_w(&mut client, drop).await;
-        let ran = other
+        lock.release().await;
+        let ran = lock
+            .other
             .command(in_transaction(into_w, 3, true))
             .await
             .unwrap();
         assert_eq!(code(&ran), None, "no DDL pending any more: {ran}");
         assert_eq!(ran.get_i32("nInserted").ok(), Some(1), "{ran}");
-        server.shutdown().await;
+        lock.server.shutdown().await;
     })
     .await
 }
@@ -2213,12 +2193,12 @@ async fn tk15_bulk_write_in_a_new_transaction_on_a_pending_drops_namespace_gets_
 #[tokio::test]
 async fn tk15_aggregates_locking_other_namespaces_check_them_or_are_refused() {
     bounded(async {
-        let (server, mut client) = start_primary().await;
-        let handle = server.handle();
+        let mut lock = LockTest::on(start_primary().await).await;
+        let handle = lock.server.handle();
         handle.insert("test.w", vec![doc! { "_id": 1 }]);
         handle.insert("test.src", vec![doc! { "_id": 2, "a": 1 }]);
-        let drop = pending_drop_of_w(&server, &mut client).await;
-        let mut other = RawClient::connect(server.address()).await.unwrap();
+        lock.pend_drop_of_w().await;
+        let other = &mut lock.other;
         let db_level = doc! {
             "aggregate": 1, "pipeline": [{ "$match": {} }], "cursor": {}, "$db": "test",
         };
@@ -2253,9 +2233,7 @@ async fn tk15_aggregates_locking_other_namespaces_check_them_or_are_refused() {
             let log = handle.unsupported();
             assert!(log.iter().any(|e| e.contains(&logged)), "{name} logged: {log:?}");
         }
-        assert!(!drop.is_finished());
-        release_drop_of_w(&mut client, drop).await;
-        server.shutdown().await;
+        lock.finish("the drop still waits").await;
     })
     .await
 }
@@ -2268,27 +2246,24 @@ async fn tk15_aggregates_locking_other_namespaces_check_them_or_are_refused() {
 #[tokio::test]
 async fn tk15_get_more_outside_a_transaction_does_not_queue_behind_a_pending_drop() {
     bounded(async {
-        let (server, mut client) = start_primary().await;
-        let handle = server.handle();
+        let mut lock = LockTest::on(start_primary().await).await;
+        let handle = lock.server.handle();
         handle.insert("test.w", vec![doc! { "_id": 1 }, doc! { "_id": 2 }]);
-        let mut other = RawClient::connect(server.address()).await.unwrap();
         let find = doc! { "find": "w", "batchSize": 1, "$db": "test" };
-        let first = other.command(find).await.unwrap();
+        let first = lock.other.command(find).await.unwrap();
         let cursor = first.get_document("cursor").expect("a cursor");
         let id = cursor.get_i64("id").expect("an open cursor");
         assert_ne!(id, 0, "{first}");
-        let drop = pending_drop_of_w(&server, &mut client).await;
+        lock.pend_drop_of_w().await;
         let get_more = doc! { "getMore": id, "collection": "w", "$db": "test", "maxTimeMS": 100 };
-        let next = other.command(get_more).await.unwrap();
+        let next = lock.other.command(get_more).await.unwrap();
         assert_eq!(code(&next), None, "it runs at once: {next}");
         let batch = next
             .get_document("cursor")
             .and_then(|c| c.get_array("nextBatch"))
             .expect("a next batch");
         assert_eq!(batch, &vec![Bson::Document(doc! { "_id": 2 })]);
-        assert!(!drop.is_finished(), "the drop still waits");
-        release_drop_of_w(&mut client, drop).await;
-        server.shutdown().await;
+        lock.finish("the drop still waits").await;
     })
     .await
 }
@@ -2322,10 +2297,7 @@ async fn tk15_drop_waits_for_a_transaction_that_wrote_the_collection() {
         }
         assert_eq!(handle.documents("test.w").len(), 2, "nothing dropped");
         let abort = client
-            .command(doc! {
-                "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
-                "txnNumber": 1_i64, "autocommit": false,
-            })
+            .command(end_transaction("abortTransaction", 1))
             .await
             .unwrap();
         assert_eq!(abort.get_f64("ok").ok(), Some(1.0), "{abort}");
@@ -2488,10 +2460,7 @@ async fn tk15_review7_f1_a_waiting_retryable_write_resumes_at_its_statement() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "the second statement waits");
         client
-            .command(doc! {
-                "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(1),
-                "txnNumber": 1_i64, "autocommit": false,
-            })
+            .command(end_transaction("commitTransaction", 1))
             .await
             .unwrap();
         let updated = waiting.await.unwrap();
@@ -2562,10 +2531,7 @@ async fn tk15_review8_f3_killing_sessions_aborts_their_transactions() {
             let reply = client.command(outside(id)).await.unwrap();
             assert_eq!(reply.get_i32("n").ok(), Some(1), "no wait: {reply}");
             let commit = client
-                .command(doc! {
-                    "commitTransaction": 1, "$db": "admin", "lsid": lsid_of(session),
-                    "txnNumber": 1_i64, "autocommit": false,
-                })
+                .command(end_transaction("commitTransaction", session))
                 .await
                 .unwrap();
             assert_eq!(code(&commit), Some(251), "{commit}");
@@ -2679,10 +2645,7 @@ async fn tk11_review8_f5_a_waiting_write_fires_on_primary_write_once() {
             tokio::time::sleep(Duration::from_millis(50)).await;
             assert!(!waiting.is_finished(), "the write waits for the transaction");
             let abort = client
-                .command(doc! {
-                    "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(session),
-                    "txnNumber": 1_i64, "autocommit": false,
-                })
+                .command(end_transaction("abortTransaction", session))
                 .await
                 .unwrap();
             assert_eq!(code(&abort), None, "{abort}");
@@ -2745,11 +2708,11 @@ fn reads_of_w() -> [(&'static str, Document); 5] {
 async fn tk15_reads_outside_a_transaction_run_at_once_from_wire_13() {
     bounded(async {
         for wire in [13, 25] {
-            let (server, mut client) = start_primary_at(wire).await;
-            let handle = server.handle();
+            let mut lock = LockTest::on(start_primary_at(wire).await).await;
+            let handle = lock.server.handle();
             handle.insert("test.w", vec![doc! { "_id": 1 }]);
-            let drop = pending_drop_of_w(&server, &mut client).await;
-            let mut other = RawClient::connect(server.address()).await.unwrap();
+            lock.pend_drop_of_w().await;
+            let other = &mut lock.other;
             for (name, read) in reads_of_w() {
                 let reply = other.command(read).await.unwrap();
                 assert_eq!(code(&reply), None, "wire {wire}, {name} runs: {reply}");
@@ -2790,13 +2753,13 @@ async fn tk15_reads_outside_a_transaction_run_at_once_from_wire_13() {
                 Some(24),
                 "wire {wire}, in a transaction: {refused}"
             );
-            assert!(!drop.is_finished(), "wire {wire}: the drop still waits");
-            release_drop_of_w(&mut client, drop).await;
+            assert!(lock.ddl_waits(), "wire {wire}: the drop still waits");
+            lock.release().await;
             assert!(
                 handle.documents("test.w").is_empty(),
                 "wire {wire}: dropped"
             );
-            server.shutdown().await;
+            lock.server.shutdown().await;
         }
     })
     .await
@@ -2814,10 +2777,9 @@ async fn tk15_reads_outside_a_transaction_run_at_once_from_wire_13() {
 #[tokio::test]
 async fn tk15_reads_outside_a_transaction_queue_behind_a_pending_ddl_before_wire_13() {
     bounded(async {
-        let (server, mut client) = start_primary_at(12).await;
-        let handle = server.handle();
+        let mut lock = LockTest::on(start_primary_at(12).await).await;
+        let handle = lock.server.handle();
         handle.insert("test.w", vec![doc! { "_id": 1 }, doc! { "_id": 2 }]);
-        let mut other = RawClient::connect(server.address()).await.unwrap();
         let find = doc! { "find": "w", "batchSize": 1, "$db": "test" };
         let aggregate = doc! {
             "aggregate": "w", "pipeline": [{ "$addFields": { "a": 1 } }],
@@ -2825,11 +2787,12 @@ async fn tk15_reads_outside_a_transaction_queue_behind_a_pending_ddl_before_wire
         };
         let mut cursors = Vec::new();
         for open in [find, aggregate] {
-            let first = other.command(open).await.unwrap();
+            let first = lock.other.command(open).await.unwrap();
             let id = first.get_document("cursor").and_then(|c| c.get_i64("id"));
             cursors.push(id.expect("an open cursor"));
         }
-        let drop = pending_drop_of_w(&server, &mut client).await;
+        lock.pend_drop_of_w().await;
+        let other = &mut lock.other;
         for (name, read) in reads_of_w() {
             let queued = other.command(read).await.unwrap();
             assert_eq!(code(&queued), Some(50), "{name} queues: {queued}");
@@ -2858,10 +2821,10 @@ async fn tk15_reads_outside_a_transaction_queue_behind_a_pending_ddl_before_wire
         };
         let opened = other.command(watch).await.unwrap();
         assert_eq!(code(&opened), None, "a change stream opens: {opened}");
-        assert!(!drop.is_finished(), "the drop still waits");
-        release_drop_of_w(&mut client, drop).await;
+        assert!(lock.ddl_waits(), "the drop still waits");
+        lock.release().await;
         assert!(handle.documents("test.w").is_empty());
-        server.shutdown().await;
+        lock.server.shutdown().await;
     })
     .await
 }
@@ -2869,17 +2832,7 @@ async fn tk15_reads_outside_a_transaction_queue_behind_a_pending_ddl_before_wire
 /// Review16 findings 1 and 2: sends `body` on a new connection and returns its task once the
 /// server received it (it then waits, queued behind a pending drop).
 async fn queued_command(server: &TestServer, body: Document) -> tokio::task::JoinHandle<Document> {
-    let handle = server.handle();
-    let name = body.keys().next().cloned().unwrap_or_default();
-    let before = handle.counters().command(&name).received;
-    let mut sender = RawClient::connect(server.address()).await.unwrap();
-    let task = tokio::spawn(async move { sender.command(body).await.unwrap() });
-    for _ in 0..200 {
-        if handle.counters().command(&name).received > before {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let (task, name) = sent(server, body).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!task.is_finished(), "{name} queues behind the drop");
     task
@@ -2895,17 +2848,17 @@ async fn queued_command(server: &TestServer, body: Document) -> tokio::task::Joi
 async fn tk15_a_command_queued_behind_a_drop_runs_before_a_later_drop() {
     bounded(async {
         for retryable in [false, true] {
-            let (server, mut client) = start_primary().await;
-            let handle = server.handle();
+            let mut lock = LockTest::on(start_primary().await).await;
+            let handle = lock.server.handle();
             handle.insert("test.w", vec![doc! { "_id": 1 }]);
-            let first = pending_drop_of_w(&server, &mut client).await;
+            lock.pend_drop_of_w().await;
             let mut insert = doc! { "insert": "w", "documents": [{ "_id": 9 }], "$db": "test" };
             if retryable {
                 insert.extend(doc! { "lsid": lsid_of(5), "txnNumber": 1_i64 });
             }
-            let insert = queued_command(&server, insert).await;
-            let second = queued_command(&server, doc! { "drop": "w", "$db": "test" }).await;
-            release_drop_of_w(&mut client, first).await;
+            let insert = queued_command(&lock.server, insert).await;
+            let second = queued_command(&lock.server, doc! { "drop": "w", "$db": "test" }).await;
+            lock.release().await;
             let inserted = insert.await.expect("the insert task");
             assert_eq!(inserted.get_i32("n").ok(), Some(1), "{inserted}");
             let dropped = second.await.expect("the second drop's task");
@@ -2914,7 +2867,7 @@ async fn tk15_a_command_queued_behind_a_drop_runs_before_a_later_drop() {
                 handle.documents("test.w").is_empty(),
                 "retryable {retryable}: the insert ran before the second drop"
             );
-            server.shutdown().await;
+            lock.server.shutdown().await;
         }
     })
     .await
@@ -2930,15 +2883,15 @@ async fn tk15_a_command_queued_behind_a_drop_runs_before_a_later_drop() {
 #[tokio::test]
 async fn tk15_a_create_queued_behind_a_drop_keeps_its_place() {
     bounded(async {
-        let (server, mut client) = start_primary().await;
-        let handle = server.handle();
+        let mut lock = LockTest::on(start_primary().await).await;
+        let handle = lock.server.handle();
         handle.insert("test.w", vec![doc! { "_id": 1 }]);
-        let drop = pending_drop_of_w(&server, &mut client).await;
-        let create = queued_command(&server, doc! { "create": "w", "$db": "test" }).await;
+        lock.pend_drop_of_w().await;
+        let create = queued_command(&lock.server, doc! { "create": "w", "$db": "test" }).await;
         let insert = doc! { "insert": "w", "documents": [{ "_id": 9 }], "$db": "test" };
-        let insert = queued_command(&server, insert).await;
-        let second = queued_command(&server, doc! { "drop": "w", "$db": "test" }).await;
-        release_drop_of_w(&mut client, drop).await;
+        let insert = queued_command(&lock.server, insert).await;
+        let second = queued_command(&lock.server, doc! { "drop": "w", "$db": "test" }).await;
+        lock.release().await;
         let created = create.await.expect("the create task");
         assert_eq!(code(&created), None, "the create ran first: {created}");
         let inserted = insert.await.expect("the insert task");
@@ -2946,25 +2899,9 @@ async fn tk15_a_create_queued_behind_a_drop_keeps_its_place() {
         let dropped = second.await.expect("the second drop's task");
         assert_eq!(code(&dropped), None, "the second drop ran last: {dropped}");
         assert!(handle.documents("test.w").is_empty());
-        server.shutdown().await;
+        lock.server.shutdown().await;
     })
     .await
-}
-
-/// Docs13 (TK-15, house rule 7): a DDL command `body` on `test` that waits for transaction 1,
-/// which read `test.w`; its task, once the server received it.
-async fn pending_ddl_on_test(
-    server: &TestServer,
-    client: &mut RawClient,
-    body: Document,
-) -> tokio::task::JoinHandle<Document> {
-    let find = doc! {
-        "find": "w", "$db": "test", "lsid": lsid_of(1), "txnNumber": 1_i64,
-        "autocommit": false, "startTransaction": true,
-    };
-    let reply = client.command(find).await.unwrap();
-    assert_eq!(code(&reply), None, "{reply}");
-    queued_command(server, body).await
 }
 
 /// Docs13 (TK-15, house rule 7): the getMore of an aggregate cursor queues behind a drop pending
@@ -3011,26 +2948,24 @@ async fn docs13_optimized_away_aggregate_cursors_queue_behind_a_pending_drop_bef
             ),
         ];
         for (wire, pipelines) in cases {
-            let (server, mut client) = start_primary_at(wire).await;
-            server
-                .handle()
-                .insert("test.w", vec![doc! { "_id": 1 }, doc! { "_id": 2 }]);
-            let mut other = RawClient::connect(server.address()).await.unwrap();
+            let mut lock = LockTest::on(start_primary_at(wire).await).await;
+            let documents = vec![doc! { "_id": 1 }, doc! { "_id": 2 }];
+            lock.server.handle().insert("test.w", documents);
             let mut cursors = Vec::new();
             for (pipeline, _) in &pipelines {
                 let open = doc! {
                     "aggregate": "w", "pipeline": pipeline.clone(),
                     "cursor": { "batchSize": 1 }, "$db": "test",
                 };
-                let first = other.command(open).await.unwrap();
+                let first = lock.other.command(open).await.unwrap();
                 let id = first.get_document("cursor").and_then(|c| c.get_i64("id"));
                 cursors.push(id.expect("an open cursor"));
             }
-            let drop = pending_drop_of_w(&server, &mut client).await;
+            lock.pend_drop_of_w().await;
             for ((pipeline, queues), id) in pipelines.iter().zip(&cursors) {
                 let get_more =
                     doc! { "getMore": *id, "collection": "w", "$db": "test", "maxTimeMS": 100 };
-                let reply = other.command(get_more).await.unwrap();
+                let reply = lock.other.command(get_more).await.unwrap();
                 let case = format!("wire {wire} {pipeline}");
                 if *queues {
                     assert_eq!(code(&reply), Some(50), "{case} queues: {reply}");
@@ -3044,9 +2979,7 @@ async fn docs13_optimized_away_aggregate_cursors_queue_behind_a_pending_drop_bef
                     );
                 }
             }
-            assert!(!drop.is_finished(), "the drop still waits");
-            release_drop_of_w(&mut client, drop).await;
-            server.shutdown().await;
+            lock.finish("the drop still waits").await;
         }
     })
     .await
@@ -3061,12 +2994,10 @@ async fn docs13_optimized_away_aggregate_cursors_queue_behind_a_pending_drop_bef
 async fn docs13_list_collections_queues_behind_a_pending_drop_database_before_wire_13() {
     bounded(async {
         for wire in [8, 12, 25] {
-            let (server, mut client) = start_primary_at(wire).await;
-            server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
-            server.handle().insert("other.z", vec![doc! { "_id": 1 }]);
-            let dropper = doc! { "dropDatabase": 1, "$db": "test" };
-            let drop = pending_ddl_on_test(&server, &mut client, dropper).await;
-            let mut other = RawClient::connect(server.address()).await.unwrap();
+            let mut lock = LockTest::on(start_primary_at(wire).await).await;
+            lock.seed(&["test.w", "other.z"]);
+            lock.pend(doc! { "dropDatabase": 1, "$db": "test" }).await;
+            let other = &mut lock.other;
             for name_only in [true, false] {
                 let list = doc! {
                     "listCollections": 1, "nameOnly": name_only, "$db": "test", "maxTimeMS": 100,
@@ -3089,9 +3020,7 @@ async fn docs13_list_collections_queues_behind_a_pending_drop_database_before_wi
                 code(&reply).is_some_and(|c| c != 50),
                 "wire {wire}, a bad filter: {reply}"
             );
-            assert!(!drop.is_finished(), "the dropDatabase still waits");
-            release_drop_of_w(&mut client, drop).await;
-            server.shutdown().await;
+            lock.finish("the dropDatabase still waits").await;
         }
     })
     .await
@@ -3116,23 +3045,19 @@ async fn docs13_list_collections_queues_behind_a_pending_drop_of_a_listed_collec
             (8, false, Some(doc! { "name": "x" }), false),
         ];
         for (wire, name_only, filter, queues) in cases {
-            let (server, mut client) = start_primary_at(wire).await;
-            server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
-            server.handle().insert("test.x", vec![doc! { "_id": 1 }]);
-            let drop = pending_drop_of_w(&server, &mut client).await;
-            let mut other = RawClient::connect(server.address()).await.unwrap();
+            let mut lock = LockTest::on(start_primary_at(wire).await).await;
+            lock.seed(&["test.w", "test.x"]);
+            lock.pend_drop_of_w().await;
             let mut list = doc! {
                 "listCollections": 1, "nameOnly": name_only, "$db": "test", "maxTimeMS": 100,
             };
             if let Some(filter) = &filter {
                 list.insert("filter", filter.clone());
             }
-            let reply = other.command(list).await.unwrap();
+            let reply = lock.other.command(list).await.unwrap();
             let case = format!("wire {wire} nameOnly {name_only} filter {filter:?}");
             assert_eq!(code(&reply), queues.then_some(50), "{case}: {reply}");
-            assert!(!drop.is_finished(), "the drop still waits");
-            release_drop_of_w(&mut client, drop).await;
-            server.shutdown().await;
+            lock.finish("the drop still waits").await;
         }
     })
     .await
@@ -3151,12 +3076,10 @@ async fn docs13_list_collections_queues_behind_a_pending_drop_of_a_listed_collec
 async fn review18_f6_list_collections_queues_behind_a_pending_collection_drop_before_wire_8() {
     bounded(async {
         for wire in [7, 8] {
-            let (server, mut client) = start_primary_at(wire).await;
-            server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
-            server.handle().insert("test.x", vec![doc! { "_id": 1 }]);
-            server.handle().insert("other.z", vec![doc! { "_id": 1 }]);
-            let drop = pending_drop_of_w(&server, &mut client).await;
-            let mut other = RawClient::connect(server.address()).await.unwrap();
+            let mut lock = LockTest::on(start_primary_at(wire).await).await;
+            lock.seed(&["test.w", "test.x", "other.z"]);
+            lock.pend_drop_of_w().await;
+            let other = &mut lock.other;
             for name_only in [true, false] {
                 let list = doc! {
                     "listCollections": 1, "nameOnly": name_only, "filter": { "name": "x" },
@@ -3169,9 +3092,8 @@ async fn review18_f6_list_collections_queues_behind_a_pending_collection_drop_be
             let list = doc! { "listCollections": 1, "$db": "other", "maxTimeMS": 100 };
             let reply = other.command(list).await.unwrap();
             assert_eq!(code(&reply), None, "wire {wire}, another database: {reply}");
-            assert!(!drop.is_finished(), "wire {wire}: the drop still waits");
-            release_drop_of_w(&mut client, drop).await;
-            server.shutdown().await;
+            lock.finish(&format!("wire {wire}: the drop still waits"))
+                .await;
         }
     })
     .await
@@ -3189,12 +3111,10 @@ async fn review18_f6_before_wire_8_a_collection_ddl_locks_its_database() {
     bounded(async {
         for wire in [7, 8] {
             let before_4_2 = wire < 8;
-            let (server, mut client) = start_primary_at(wire).await;
-            server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
-            server.handle().insert("test.x", vec![doc! { "_id": 1 }]);
-            server.handle().insert("other.z", vec![doc! { "_id": 1 }]);
-            let drop = pending_drop_of_w(&server, &mut client).await;
-            let mut other = RawClient::connect(server.address()).await.unwrap();
+            let mut lock = LockTest::on(start_primary_at(wire).await).await;
+            lock.seed(&["test.w", "test.x", "other.z"]);
+            lock.pend_drop_of_w().await;
+            let other = &mut lock.other;
             let find_x = doc! { "find": "x", "$db": "test", "maxTimeMS": 100 };
             let reply = other.command(find_x).await.unwrap();
             assert_eq!(
@@ -3215,31 +3135,30 @@ async fn review18_f6_before_wire_8_a_collection_ddl_locks_its_database() {
                 assert_eq!(labels(&reply), ["TransientTransactionError"], "{reply}");
             } else {
                 assert_eq!(code(&reply), None, "wire {wire}: {reply}");
-                let abort = doc! {
-                    "abortTransaction": 1, "$db": "admin", "lsid": lsid_of(2),
-                    "txnNumber": 1_i64, "autocommit": false,
-                };
+                let abort = end_transaction("abortTransaction", 2);
                 let reply = other.command(abort).await.unwrap();
                 assert_eq!(code(&reply), None, "{reply}");
             }
-            assert!(!drop.is_finished(), "wire {wire}: the drop still waits");
-            release_drop_of_w(&mut client, drop).await;
+            assert!(lock.ddl_waits(), "wire {wire}: the drop still waits");
+            lock.release().await;
             // A transaction holding `x` alone: a drop of `w` waits for it before 4.2 only.
-            server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
+            lock.server
+                .handle()
+                .insert("test.w", vec![doc! { "_id": 1 }]);
             let hold_x = doc! {
                 "find": "x", "$db": "test", "lsid": lsid_of(3), "txnNumber": 1_i64,
                 "autocommit": false, "startTransaction": true,
             };
-            let reply = client.command(hold_x).await.unwrap();
+            let reply = lock.client.command(hold_x).await.unwrap();
             assert_eq!(code(&reply), None, "{reply}");
             let drop_w = doc! { "drop": "w", "$db": "test", "maxTimeMS": 100 };
-            let reply = other.command(drop_w).await.unwrap();
+            let reply = lock.other.command(drop_w).await.unwrap();
             assert_eq!(
                 code(&reply),
                 before_4_2.then_some(50),
                 "wire {wire}: {reply}"
             );
-            server.shutdown().await;
+            lock.server.shutdown().await;
         }
     })
     .await
@@ -3305,16 +3224,14 @@ async fn docs13_list_databases_queues_behind_pending_ddl_before_wire_13() {
             (7, false, doc! { "filter": { "name": "other" } }, false),
         ];
         for (wire, drop_database, extra, queues) in cases {
-            let (server, mut client) = start_primary_at(wire).await;
-            server.handle().insert("test.w", vec![doc! { "_id": 1 }]);
-            server.handle().insert("other.z", vec![doc! { "_id": 1 }]);
-            let drop = if drop_database {
-                let dropper = doc! { "dropDatabase": 1, "$db": "test" };
-                pending_ddl_on_test(&server, &mut client, dropper).await
+            let mut lock = LockTest::on(start_primary_at(wire).await).await;
+            lock.seed(&["test.w", "other.z"]);
+            if drop_database {
+                lock.pend(doc! { "dropDatabase": 1, "$db": "test" }).await;
             } else {
-                pending_drop_of_w(&server, &mut client).await
-            };
-            let mut other = RawClient::connect(server.address()).await.unwrap();
+                lock.pend_drop_of_w().await;
+            }
+            let other = &mut lock.other;
             let reply = other.command(list(extra.clone())).await.unwrap();
             let case = format!("wire {wire} dropDatabase {drop_database} {extra}");
             assert_eq!(code(&reply), queues.then_some(50), "{case}: {reply}");
@@ -3324,9 +3241,7 @@ async fn docs13_list_databases_queues_behind_pending_ddl_before_wire_13() {
                 code(&reply).is_some_and(|c| c != 50),
                 "{case}, a bad filter: {reply}"
             );
-            assert!(!drop.is_finished(), "{case}: the DDL still waits");
-            release_drop_of_w(&mut client, drop).await;
-            server.shutdown().await;
+            lock.finish(&format!("{case}: the DDL still waits")).await;
         }
     })
     .await
@@ -3341,16 +3256,8 @@ async fn docs13_list_databases_queues_behind_pending_ddl_before_wire_13() {
 #[tokio::test]
 async fn fixes18c_tk15_transactions_need_wire_7_on_a_replica_set_and_8_on_mongos() {
     bounded(async {
-        let session = |body: Document, txn: i64, start: bool| {
-            let mut body = body;
-            body.insert("lsid", lsid_of(7));
-            body.insert("txnNumber", txn);
-            body.insert("autocommit", false);
-            if start {
-                body.insert("startTransaction", true);
-            }
-            body
-        };
+        let session =
+            |body: Document, txn: i64, start: bool| in_transaction(body, &lsid_of(7), txn, start);
         let insert = doc! { "insert": "c", "documents": [{ "_id": 1 }], "$db": "db" };
         let find = doc! { "find": "c", "$db": "db" };
         let aggregate = doc! { "aggregate": "c", "pipeline": [], "cursor": {}, "$db": "db" };

@@ -4,23 +4,27 @@
 use alloc::vec::Vec;
 
 use super::{ConnId, OpId, ServerId};
-use crate::id_table::{Id, IdTable};
+use crate::id_table::{sealed, Id, IdTable};
 use crate::pool::CheckoutId;
+
+impl sealed::Sealed for OpId {}
 
 impl Id for OpId {
     fn raw(self) -> u64 {
         self.0
     }
-    fn from_raw(raw: u64) -> OpId {
+    fn from_raw(raw: u64, _: sealed::Token) -> OpId {
         OpId(raw)
     }
 }
+
+impl sealed::Sealed for ConnId {}
 
 impl Id for ConnId {
     fn raw(self) -> u64 {
         self.0
     }
-    fn from_raw(raw: u64) -> ConnId {
+    fn from_raw(raw: u64, _: sealed::Token) -> ConnId {
         ConnId(raw)
     }
 }

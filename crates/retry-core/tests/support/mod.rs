@@ -5,11 +5,12 @@ use bson::{doc, Bson, Document};
 use retry_core::address::ServerAddress;
 use retry_core::error::{NetworkErrorKind, NetworkPhase, OperationError};
 use retry_core::policy::RetryOptions;
-use retry_core::retry::{AttemptServer, OperationKind, OperationSpec, RetryMachine};
+use retry_core::retry::{self, AttemptServer, OperationKind, OperationSpec, RetryMachine};
 use retry_core::rng::FixedRng;
 use retry_core::scenario::{self, Script, StepOutcome, Trace};
 use retry_core::time::Instant;
 use retry_core::topology::{ServerType, TopologyType};
+use std::time::Duration;
 
 pub const OVERLOAD: [&str; 2] = ["SystemOverloadedError", "RetryableError"];
 
@@ -152,4 +153,80 @@ pub fn hosts(trace: &Trace) -> Vec<String> {
         .dispatches()
         .map(|a| a.address.host().to_string())
         .collect()
+}
+
+/// Member `i` of a test deployment: `member:{27017 + i}`.
+pub fn member(i: u16) -> ServerAddress {
+    ServerAddress::new("member", 27017 + i)
+}
+
+/// Member `i` as a server of `server_type` in a topology of `topology_type`.
+pub fn member_server(
+    i: u16,
+    server_type: ServerType,
+    topology_type: TopologyType,
+) -> AttemptServer {
+    AttemptServer {
+        address: member(i),
+        ..server("member", server_type, topology_type)
+    }
+}
+
+/// BP-2: a retryable overload error (462 with both labels) from member `i`.
+pub fn overload_from(i: u16) -> OperationError {
+    let reply = doc! { "ok": 0, "code": 462,
+    "errorLabels": ["SystemOverloadedError", "RetryableError"] };
+    OperationError::from_reply(&reply, &member(i)).expect("an error")
+}
+
+/// Drives a retry machine from t=0, for at most 200 actions: its `n`-th server selection (`n`
+/// failures so far) gets `server(n)`; each dispatch is sent and, 3 ms later, fails with the next
+/// of `failures` (handed borrowed when `in_place`, an owned copy otherwise, RW-17), or succeeds
+/// once they are used up; each wait runs to its end. Returns every action and every event
+/// (formatted), in order.
+pub fn drive_retry(
+    m: &mut RetryMachine,
+    server: impl Fn(usize) -> AttemptServer,
+    failures: &[OperationError],
+    in_place: bool,
+) -> (Vec<retry::Action>, Vec<String>) {
+    let (mut actions, mut events, mut failed) = (Vec::new(), Vec::new(), 0);
+    let mut now = Instant::from_millis(0);
+    for _ in 0..200 {
+        while let Some(event) = m.poll_event() {
+            events.push(format!("{event:?}"));
+        }
+        let Some(action) = m.poll_action() else {
+            break;
+        };
+        actions.push(action.clone());
+        match action {
+            retry::Action::SelectServer => {
+                m.handle_server_selected(server(failed), now)
+                    .expect("selecting");
+            }
+            retry::Action::Dispatch(_) => {
+                m.handle_sent(now).expect("dispatched");
+                now = now.saturating_add(Duration::from_millis(3));
+                match failures.get(failed) {
+                    Some(error) => {
+                        failed += 1;
+                        let handled = if in_place {
+                            m.handle_failed_ref(error, now)
+                        } else {
+                            m.handle_failed(error.clone(), now)
+                        };
+                        handled.expect("in flight");
+                    }
+                    None => m.handle_succeeded(now).expect("in flight"),
+                }
+            }
+            retry::Action::Wait { until } => {
+                now = until;
+                m.handle_timeout(now);
+            }
+            retry::Action::ReleaseConnection { .. } | retry::Action::Finished(_) => {}
+        }
+    }
+    (actions, events)
 }

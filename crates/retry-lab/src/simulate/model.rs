@@ -758,14 +758,19 @@ impl<'a> Sim<'a> {
             .map(|s| AttemptServer::from_description(s, TopologyType::ReplicaSetWithPrimary))
             .collect();
         let load_seed = spec.seed ^ (spec.load.max().to_bits().rotate_left(17));
+        // One shed reply, shared by every member's error (each with its member's address): a
+        // retry machine that keeps one member's error and then gets another's copies only the
+        // address, not a reference count.
+        let reply = doc! { "ok": 0, "code": OVERLOAD_CODE,
+        "errorLabels": ["SystemOverloadedError", "RetryableError"] };
+        let mut shed = OperationError::from_reply(&reply, &address(0)).expect("an error");
+        if let ErrorKind::Server(s) = &mut shed.kind {
+            std::sync::Arc::make_mut(s).raw = bson::Document::new();
+        }
         let overloaded = (0..servers)
             .map(|i| {
-                let reply = doc! { "ok": 0, "code": OVERLOAD_CODE,
-                "errorLabels": ["SystemOverloadedError", "RetryableError"] };
-                let mut e = OperationError::from_reply(&reply, &address(i)).expect("an error");
-                if let ErrorKind::Server(s) = &mut e.kind {
-                    std::sync::Arc::make_mut(s).raw = bson::Document::new();
-                }
+                let mut e = shed.clone();
+                e.address = Some(address(i));
                 e
             })
             .collect::<Vec<_>>();

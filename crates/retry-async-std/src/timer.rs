@@ -1,0 +1,232 @@
+//! The driver's timers on async-io ([`AsyncIoRuntime::new_timer`](crate::AsyncIoRuntime)).
+//!
+//! Issue 9: an armed `async_io::Timer` sits in the reactor's timer map, and while that map is
+//! not empty every reactor wait, of every task on the reactor, splits it (a B-tree node
+//! allocated and freed, ~1,000 instructions a wait) and reads the clock twice more to give
+//! polling the earliest deadline. A client's driver always has a timer armed (the next
+//! heartbeat, seconds away), so every round trip paid that. On Linux a timer is a timerfd of
+//! its own instead, an I/O source on the reactor like a socket: armed once per deadline (a
+//! `timerfd_settime`, and an `epoll_ctl` when it is first waited for after each firing),
+//! nothing per wait. Elsewhere, or when the kernel refuses a timerfd, it is an
+//! `async_io::Timer`.
+
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::time::Instant;
+
+use async_io::Timer;
+
+/// A runtime timer for [`retry_driver::AsyncTimer`]: ready once its instant has passed.
+#[derive(Debug)]
+pub(crate) enum IoTimer {
+    /// A timerfd on the reactor.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    Fd(fd::FdTimer),
+    /// async-io's own timer.
+    Reactor(Timer),
+}
+
+impl IoTimer {
+    /// A timer for `at`: a timerfd where there is one, else async-io's.
+    pub(crate) fn at(at: Instant) -> IoTimer {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        if let Ok(timer) = fd::FdTimer::new(at) {
+            return IoTimer::Fd(timer);
+        }
+        IoTimer::Reactor(Timer::at(at))
+    }
+
+    /// Makes the timer fire at `at` instead.
+    pub(crate) fn set_at(&mut self, at: Instant) {
+        match self {
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            IoTimer::Fd(timer) => {
+                if timer.set_at(at).is_err() {
+                    *self = IoTimer::Reactor(Timer::at(at));
+                }
+            }
+            IoTimer::Reactor(timer) => timer.set_at(at),
+        }
+    }
+
+    /// Ready once the timer's instant has passed.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match self {
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            IoTimer::Fd(timer) => match timer.poll(cx) {
+                Ok(poll) => poll,
+                Err(at) => {
+                    // The reactor refused the timerfd: async-io's timer from now on.
+                    *self = IoTimer::Reactor(Timer::at(at));
+                    self.poll(cx)
+                }
+            },
+            IoTimer::Reactor(timer) => Pin::new(timer).poll(cx).map(drop),
+        }
+    }
+}
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub(crate) mod fd {
+    use core::task::{Context, Poll};
+    use core::time::Duration;
+    use std::io;
+    use std::os::fd::OwnedFd;
+    use std::time::Instant;
+
+    use async_io::Async;
+    use rustix::time::{
+        timerfd_create, timerfd_settime, Itimerspec, TimerfdClockId, TimerfdFlags,
+        TimerfdTimerFlags, Timespec,
+    };
+
+    /// A timerfd (`CLOCK_MONOTONIC`, the clock of [`Instant`]) registered with async-io's
+    /// reactor, set for `at`.
+    #[derive(Debug)]
+    pub(crate) struct FdTimer {
+        fd: Async<OwnedFd>,
+        at: Instant,
+    }
+
+    impl FdTimer {
+        pub(crate) fn new(at: Instant) -> io::Result<FdTimer> {
+            let fd = timerfd_create(
+                TimerfdClockId::Monotonic,
+                TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
+            )?;
+            let mut timer = FdTimer {
+                fd: Async::new(fd)?,
+                at,
+            };
+            timer.set_at(at)?;
+            Ok(timer)
+        }
+
+        /// Sets the timerfd to expire `at` (from now: it expires no earlier than `at`, as the
+        /// clock is read before the call). An instant passed already arms it for 1 ns, as a
+        /// zero value would disarm it; [`FdTimer::poll`] reads the clock first anyway.
+        pub(crate) fn set_at(&mut self, at: Instant) -> io::Result<()> {
+            self.at = at;
+            let left = at
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_nanos(1));
+            let value = Itimerspec {
+                it_interval: Timespec::default(),
+                // Past `i64::MAX` seconds: as good as never.
+                it_value: Timespec::try_from(left).unwrap_or(Timespec {
+                    tv_sec: i64::MAX,
+                    tv_nsec: 0,
+                }),
+            };
+            timerfd_settime(self.fd.get_ref(), TimerfdTimerFlags::empty(), &value)?;
+            Ok(())
+        }
+
+        /// Ready once `at` has passed; otherwise waits for the timerfd to become readable. An
+        /// error (the reactor refused the fd) gives back `at`, for a timer of another kind.
+        pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Result<Poll<()>, Instant> {
+            // At most: a stale readiness, then the registration.
+            for _ in 0..2 {
+                if Instant::now() >= self.at {
+                    return Ok(Poll::Ready(()));
+                }
+                match self.fd.poll_readable(cx) {
+                    Poll::Pending => return Ok(Poll::Pending),
+                    Poll::Ready(Err(_)) => return Err(self.at),
+                    // An expiry before the instant: of an earlier setting (setting the timerfd
+                    // clears its expiry count, so it is not readable again until it expires).
+                    Poll::Ready(Ok(())) => {}
+                }
+            }
+            // Cannot be (async-io reports one readiness per registration, and the second
+            // registers); polled again rather than left unwoken.
+            cx.waker().wake_by_ref();
+            Ok(Poll::Pending)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use core::time::Duration;
+
+    use super::*;
+
+    /// The bound of every wait below (house rule 12).
+    const LIMIT: Duration = Duration::from_secs(10);
+
+    /// Waits for `timer` on async-io's reactor, at most [`LIMIT`]; whether it fired.
+    fn fires(timer: &mut IoTimer) -> bool {
+        futures_lite::future::block_on(futures_lite::future::or(
+            async {
+                futures_lite::future::poll_fn(|cx| timer.poll(cx)).await;
+                true
+            },
+            async {
+                Timer::after(LIMIT).await;
+                false
+            },
+        ))
+    }
+
+    /// Polls `timer` once (with a waker that does nothing).
+    fn poll_once(timer: &mut IoTimer) -> Poll<()> {
+        timer.poll(&mut Context::from_waker(core::task::Waker::noop()))
+    }
+
+    /// House rule 8 (CS-2, the driver's deadlines): a timer is never ready before its instant
+    /// and is ready once it has passed, on a timerfd as on async-io's own timer.
+    #[test]
+    fn house_rule_8_a_timer_fires_at_its_instant_not_before() {
+        let kinds: [fn(Instant) -> IoTimer; 2] =
+            [IoTimer::at, |at| IoTimer::Reactor(Timer::at(at))];
+        for kind in kinds {
+            let at = Instant::now() + Duration::from_millis(20);
+            let mut timer = kind(at);
+            assert!(poll_once(&mut timer).is_pending(), "{timer:?}");
+            assert!(fires(&mut timer), "{timer:?} did not fire within {LIMIT:?}");
+            assert!(Instant::now() >= at, "{timer:?} fired early");
+        }
+    }
+
+    /// Issue 9: on Linux the driver's timers are timerfds, not entries of the reactor's timer
+    /// map that every reactor wait splits.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn issue_9_timers_on_linux_are_timerfds() {
+        let timer = IoTimer::at(Instant::now() + LIMIT);
+        assert!(matches!(timer, IoTimer::Fd(_)), "{timer:?}");
+    }
+
+    /// House rule 8: a timer set again for later after its earlier setting expired unseen is
+    /// not ready early (the stale expiry is cleared), and fires at the new instant.
+    #[test]
+    fn house_rule_8_a_timer_set_later_after_an_unseen_expiry_waits_for_the_new_instant() {
+        let mut timer = IoTimer::at(Instant::now() + Duration::from_millis(1));
+        // Registered for readiness, then left to expire while the reactor runs, which records
+        // the readiness (a stale one once the timer is set again).
+        let _ = poll_once(&mut timer);
+        futures_lite::future::block_on(Timer::after(Duration::from_millis(5)));
+        let at = Instant::now() + Duration::from_millis(30);
+        timer.set_at(at);
+        assert!(poll_once(&mut timer).is_pending(), "{timer:?}");
+        assert!(fires(&mut timer), "{timer:?} did not fire within {LIMIT:?}");
+        assert!(Instant::now() >= at, "{timer:?} fired early");
+    }
+
+    /// House rule 8: a timer set for a far instant, then for a near one, fires at the near one
+    /// (the driver moves its timer earlier when the engine's deadline moves earlier).
+    #[test]
+    fn house_rule_8_a_timer_set_earlier_fires_at_the_earlier_instant() {
+        let mut timer = IoTimer::at(Instant::now() + Duration::from_secs(3_600));
+        assert!(poll_once(&mut timer).is_pending(), "{timer:?}");
+        let at = Instant::now() + Duration::from_millis(20);
+        timer.set_at(at);
+        assert!(fires(&mut timer), "{timer:?} did not fire within {LIMIT:?}");
+        assert!(Instant::now() >= at, "{timer:?} fired early");
+        // An instant passed already: ready at once.
+        timer.set_at(Instant::now());
+        assert!(poll_once(&mut timer).is_ready(), "{timer:?}");
+    }
+}
