@@ -49,18 +49,63 @@ struct Pending {
 struct SocketState {
     /// The connection being opened, until it is.
     connecting: Option<BoxFuture<io::Result<Pin<Box<dyn Socket>>>>>,
-    /// Its stream (once open) and the bytes to write to it.
+    /// Its wakers, and (`shared`) its stream and the bytes to write to it.
     io: Arc<SocketIo>,
+    /// Its stream and the bytes to write to it when its driver writes them itself (not
+    /// `shared`): no lock.
+    own: IoState,
+    /// Its driver's passes leave their writes to their runners ([`Driver::defer_writes`]): its
+    /// stream and bytes are `io.state`, behind its lock.
+    shared: bool,
     /// Its last read returned `Pending` and its runtime has not woken it since: the read waker is
     /// registered and nothing arrived, so a round that polls it only to write (queued by the
     /// driver, not woken) does not read again.
     read_armed: bool,
 }
 
+/// A socket's [`IoState`], its own or locked ([`SocketState::shared`]).
+enum IoGuard<'a> {
+    Own(&'a mut IoState),
+    Locked(MutexGuard<'a, IoState>),
+}
+
+impl IoGuard<'_> {
+    fn of<'a>(own: &'a mut IoState, io: &'a SocketIo, shared: bool) -> IoGuard<'a> {
+        if shared {
+            IoGuard::Locked(lock(&io.state))
+        } else {
+            IoGuard::Own(own)
+        }
+    }
+}
+
+impl core::ops::Deref for IoGuard<'_> {
+    type Target = IoState;
+
+    fn deref(&self) -> &IoState {
+        match self {
+            IoGuard::Own(state) => state,
+            IoGuard::Locked(state) => state,
+        }
+    }
+}
+
+impl core::ops::DerefMut for IoGuard<'_> {
+    fn deref_mut(&mut self) -> &mut IoState {
+        match self {
+            IoGuard::Own(state) => state,
+            IoGuard::Locked(state) => state,
+        }
+    }
+}
+
 impl Drop for SocketState {
     /// The engine is done with the socket: it is closed now, and a write listed for after a
     /// pass ([`SocketIo::write_listed`]) writes nothing more.
     fn drop(&mut self) {
+        if !self.shared {
+            return;
+        }
         let stream = {
             let mut io = lock(&self.io.state);
             io.closed = true;
@@ -70,8 +115,9 @@ impl Drop for SocketState {
     }
 }
 
-/// A socket's stream and the bytes the engine asked to write to it. The driver reads and writes
-/// it during a pass; a spawned driver's pass leaves its writes to whoever ran the pass, after it
+/// A socket's wakers and, for a spawned driver, its stream and the bytes the engine asked to
+/// write to it ([`SocketState::own`] for a local one). The driver reads and writes it during a
+/// pass; a spawned driver's pass leaves its writes to whoever ran the pass, after it
 /// lets the driver's lock go ([`Driver::take_writes`], issue 9): at 64 in flight the writes (a
 /// loopback `send` costs the sender the receiver's TCP processing too) were most of the
 /// driver's pass, which runs on one thread at a time, while the callers' passes and the writes
@@ -357,7 +403,8 @@ impl Driver {
                     Poll::Pending => continue,
                     Poll::Ready(Ok(stream)) => {
                         socket.connecting = None;
-                        lock(&socket.io.state).stream = Some(stream);
+                        IoGuard::of(&mut socket.own, &socket.io, socket.shared).stream =
+                            Some(stream);
                         // Read next round, after the engine has written the handshake.
                         socket.io.ready.enqueue();
                         self.engine.handle_connected(conn, now);
@@ -373,7 +420,7 @@ impl Driver {
                 fed = true;
                 continue;
             }
-            let mut guard = lock(&socket.io.state);
+            let mut guard = IoGuard::of(&mut socket.own, &socket.io, socket.shared);
             let io = &mut *guard;
             let mut failure = io.failure.take();
             if failure.is_none() && io.written < io.outgoing.len() {
@@ -462,6 +509,8 @@ impl Driver {
                 SocketState {
                     connecting: Some(future),
                     io: Arc::new(io),
+                    own: IoState::default(),
+                    shared: self.defer_writes,
                     read_armed: false,
                 },
             );
@@ -470,7 +519,7 @@ impl Driver {
             progressed = true;
             if let Some(socket) = self.sockets.get_mut(&conn) {
                 socket.io.ready.enqueue();
-                let mut io = lock(&socket.io.state);
+                let mut io = IoGuard::of(&mut socket.own, &socket.io, socket.shared);
                 if io.outgoing.is_empty() {
                     // No copy: the socket takes the bytes' buffer and lends its own.
                     core::mem::swap(&mut io.outgoing, &mut self.transmit);
