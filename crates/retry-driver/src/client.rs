@@ -375,12 +375,12 @@ impl<R> Client<R> {
     ) -> Result<RawReply, OperationError> {
         let waiter = self.waiter();
         // A future that drives the engine itself runs it next: no wake.
-        let (reply, inline) = self.queue(operation, Some(db), waiter.is_none(), true)?;
+        let (reply, alone) = self.queue(operation, Some(db), waiter.is_none(), true)?;
         if let Some(local) = &self.inner.local {
             local.mark();
         }
-        if let (true, Some(spawned)) = (inline, &self.inner.spawned) {
-            // This caller starts it (and writes it, after the pass), unless the driver is busy.
+        if let (true, Some(spawned)) = (alone, &self.inner.spawned) {
+            // The only operation in flight: this caller starts it, unless the driver is busy.
             reply.driving(|| {
                 if !spawned.run_inline() {
                     lock(&self.inner.shared.state).wake_driver();
@@ -492,10 +492,8 @@ impl<R> Client<R> {
     }
 
     /// [`Client::submit`], waking the driver only if `wake`; with `inline` and a spawned driver,
-    /// not at all: the caller then starts the operation itself, unless a pass is running
-    /// ([`SpawnedDriver::run_inline`]; issue 9: at one in flight the hop to the driver's task
-    /// cost a wake and a task poll, at 64 in flight the task's passes and their writes ran on
-    /// one thread at a time): the second value says so. With `db`, the
+    /// not if the operation is the only one in flight either, which the caller then starts
+    /// itself ([`SpawnedDriver::run_inline`]): the second value says so. With `db`, the
     /// operation's database name is written into a spare string
     /// ([`crate::shared::SharedState::db_name`]).
     fn queue(
@@ -513,15 +511,18 @@ impl<R> Client<R> {
         if let Some(db) = db {
             operation.db = state.db_name(db);
         }
-        let inline = inline && self.inner.spawned.is_some();
+        let alone = inline
+            && self.inner.spawned.is_some()
+            && state.operations == 0
+            && state.requests.is_empty();
         state.requests.push_back(Request {
             operation,
             reply: reply.clone(),
         });
-        if wake && !inline {
+        if wake && !alone {
             state.wake_driver();
         }
-        Ok((reply, inline))
+        Ok((reply, alone))
     }
 
     /// Every engine event from now on (operation results, command and retry events, CMAP, SDAM

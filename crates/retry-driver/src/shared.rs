@@ -285,6 +285,9 @@ impl Default for EmptyDocument {
 #[derive(Default)]
 pub(crate) struct SharedState {
     pub(crate) requests: VecDeque<Request>,
+    /// The operations the driver had in flight when it last looked, queued ones included (an
+    /// estimate for [`SpawnedDriver::run_inline`](crate::driver::SpawnedDriver::run_inline)).
+    pub(crate) operations: usize,
     /// Started operations whose callers dropped their futures.
     pub(crate) cancels: Vec<OpId>,
     pub(crate) driver: Option<Waker>,
