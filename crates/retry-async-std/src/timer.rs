@@ -43,7 +43,9 @@ impl IoTimer {
             #[cfg(any(target_os = "linux", target_os = "android"))]
             IoTimer::Fd(timer) => {
                 if timer.set_at(at).is_err() {
-                    *self = IoTimer::Reactor(Timer::at(at));
+                    // The kernel refused the setting: async-io's timer from now on, holding the
+                    // waker the timerfd held, as a reset keeps it (house rule 8, review20 R2).
+                    *self = IoTimer::Reactor(fd::reactor_timer(at, timer.waker.as_ref()));
                 }
             }
             IoTimer::Reactor(timer) => timer.set_at(at),
@@ -69,13 +71,15 @@ impl IoTimer {
 
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub(crate) mod fd {
-    use core::task::{Context, Poll};
+    use core::future::Future;
+    use core::pin::Pin;
+    use core::task::{Context, Poll, Waker};
     use core::time::Duration;
     use std::io;
     use std::os::fd::OwnedFd;
     use std::time::Instant;
 
-    use async_io::Async;
+    use async_io::{Async, Timer};
     use rustix::time::{
         timerfd_create, timerfd_settime, Itimerspec, TimerfdClockId, TimerfdFlags,
         TimerfdTimerFlags, Timespec,
@@ -87,6 +91,24 @@ pub(crate) mod fd {
     pub(crate) struct FdTimer {
         fd: Async<OwnedFd>,
         at: Instant,
+        /// The waker of the last poll that returned `Pending`, which the reactor wakes: the one
+        /// a timer of another kind takes over if the timerfd fails.
+        pub(crate) waker: Option<Waker>,
+    }
+
+    /// async-io's timer for `at` that wakes `waker` at `at` (passed already or not) without being
+    /// polled first, as a polled one that is reset does.
+    pub(crate) fn reactor_timer(at: Instant, waker: Option<&Waker>) -> Timer {
+        /// Further than any wait for a poll: registered for it, the timer is pending.
+        const FAR: Duration = Duration::from_secs(86_400);
+        let Some(waker) = waker else {
+            return Timer::at(at);
+        };
+        // A timer keeps its waker when it is set for another instant.
+        let mut timer = Timer::after(FAR);
+        let _ = Pin::new(&mut timer).poll(&mut Context::from_waker(waker));
+        timer.set_at(at);
+        timer
     }
 
     impl FdTimer {
@@ -98,6 +120,7 @@ pub(crate) mod fd {
             let mut timer = FdTimer {
                 fd: Async::new(fd)?,
                 at,
+                waker: None,
             };
             timer.set_at(at)?;
             Ok(timer)
@@ -132,7 +155,12 @@ pub(crate) mod fd {
                     return Ok(Poll::Ready(()));
                 }
                 match self.fd.poll_readable(cx) {
-                    Poll::Pending => return Ok(Poll::Pending),
+                    Poll::Pending => {
+                        if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                            self.waker = Some(cx.waker().clone());
+                        }
+                        return Ok(Poll::Pending);
+                    }
                     Poll::Ready(Err(_)) => return Err(self.at),
                     // An expiry before the instant: of an earlier setting (setting the timerfd
                     // clears its expiry count, so it is not readable again until it expires).
@@ -259,6 +287,29 @@ mod tests {
         );
         // Woken at its instant, not before.
         assert!(timer.poll(&mut cx).is_ready(), "{timer:?} woken early");
+    }
+
+    /// House rule 8: the timer that replaces a timerfd the kernel refused to set wakes the
+    /// waker the timerfd registered (and kept), at its instant, passed or not, with no poll
+    /// (review20 R2).
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn house_rule_8_a_replacing_timer_wakes_the_replaced_waker() {
+        // The timerfd keeps the waker it registered.
+        let (waker, _) = counting_waker();
+        let mut timer = IoTimer::at(Instant::now() + LIMIT);
+        assert!(timer.poll(&mut Context::from_waker(&waker)).is_pending());
+        assert!(
+            matches!(&timer, IoTimer::Fd(fd) if fd.waker.as_ref().is_some_and(|w| w.will_wake(&waker))),
+            "{timer:?}"
+        );
+        for ahead in [Duration::ZERO, Duration::from_millis(50)] {
+            let at = Instant::now() + ahead;
+            let (waker, wakes) = counting_waker();
+            let mut timer = IoTimer::Reactor(fd::reactor_timer(at, Some(&waker)));
+            assert!(woken(&wakes), "{timer:?}: no wake within {LIMIT:?}");
+            assert!(poll_once(&mut timer).is_ready(), "{timer:?} woken early");
+        }
     }
 
     /// House rule 8: a timer set for a far instant, then for a near one, fires at the near one
