@@ -18,6 +18,13 @@ use std::time::Instant;
 use async_io::Timer;
 
 /// A runtime timer for [`retry_driver::AsyncTimer`]: ready once its instant has passed.
+///
+/// As a timerfd it differs from `async_io::Timer` in two wakes, harmless to the driver, which
+/// polls its timers with one waker and handles a wake with nothing due: polled with another
+/// waker than the last, it wakes the one it replaces (async-io's readiness registration does;
+/// `async_io::Timer` drops it silently); and ready by the clock before the fd's expiry was
+/// seen, it stays registered, so that expiry, if it comes before the next setting, wakes the
+/// last waker once more.
 #[derive(Debug)]
 pub(crate) enum IoTimer {
     /// A timerfd on the reactor.
@@ -132,7 +139,9 @@ pub(crate) mod fd {
         }
 
         /// Sets the timerfd to expire `at` (from now: it expires no earlier than `at`, as the
-        /// clock is read before the call). An instant passed already arms it for 1 ns, as a
+        /// clock is read before the call, and later by as long as the thread is preempted
+        /// between the read and the call; an absolute setting would need a `timespec` of `at`,
+        /// which [`Instant`] does not give). An instant passed already arms it for 1 ns, as a
         /// zero value would disarm it; [`FdTimer::poll`] reads the clock first anyway.
         pub(crate) fn set_at(&mut self, at: Instant) -> io::Result<()> {
             self.at = at;
