@@ -30,6 +30,7 @@
 //! are looked up with hickory-resolver on async-io's sockets (the `dns` module), never with a
 //! blocking lookup that would stall the driver; the system's resolver configuration by default,
 //! or the name servers of [`AsyncIoRuntime::with_nameservers`].
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 use core::pin::Pin;

@@ -42,6 +42,7 @@
 //! reads), fires the engine's timers that are due and arms one runtime timer for the next
 //! (resetting it only when the deadline changed), and repeats until nothing moves. After 64
 //! rounds it yields and wakes itself, so it never exhausts tokio's coop budget in one poll.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod client;

@@ -22,6 +22,7 @@
 //!
 //! `Client::connect` must be called inside a tokio runtime (it spawns the driver there); outside
 //! one it returns [`ConnectError::Runtime`].
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 use core::future::Future;
