@@ -326,11 +326,6 @@ struct Op {
     /// The server of the latest attempt (retry machine; 0 before the first).
     server: u8,
     timer_at: u64,
-    /// Whether the operation has failed an attempt (its retry machine keeps an error).
-    failed: bool,
-    /// A shed error an earlier operation in this slot ended with, kept to be handed (owned)
-    /// to the next machine that keeps one: no reference count per failed operation.
-    spare: Option<OperationError>,
 }
 
 impl Op {
@@ -345,8 +340,6 @@ impl Op {
             servers: SmallVec::new(),
             server: 0,
             timer_at: u64::MAX,
-            failed: false,
-            spare: None,
         }
     }
 }
@@ -1084,7 +1077,6 @@ impl<'a> Sim<'a> {
         op.servers.clear();
         op.server = 0;
         op.timer_at = u64::MAX;
-        op.failed = false;
         let simple = matches!(self.slots[id as usize].machine, Machine::Simple(_));
         self.w.schedule_after(
             DEADLINES,
@@ -1137,22 +1129,9 @@ impl<'a> Sim<'a> {
                     Outcome::Ok => m.handle_succeeded(at),
                     // The shed error of the server the attempt went to, shared by every
                     // operation: the machine copies it only to keep it (not when it already
-                    // keeps that server's). The operation's first failure hands the machine
-                    // the slot's spare instead (made that error in place), which it keeps as
-                    // it is: no reference count.
+                    // keeps that server's), and the simulator copies nothing.
                     Outcome::Overloaded | Outcome::Expired => {
-                        let shed = &w.overloaded[member(usize::from(work.server))];
-                        let first = !std::mem::replace(&mut op.failed, true);
-                        match op.spare.take() {
-                            Some(mut spare) if first => {
-                                spare.clone_from(shed);
-                                m.handle_failed(spare, at)
-                            }
-                            spare => {
-                                op.spare = spare;
-                                m.handle_failed_ref(shed, at)
-                            }
-                        }
+                        m.handle_failed_ref(&w.overloaded[member(usize::from(work.server))], at)
                     }
                 };
                 // House rule 8 (review8 finding 10, review9 finding 8): the `gen` / `serial`
@@ -1165,17 +1144,11 @@ impl<'a> Sim<'a> {
                 let copy = CopyId(u32::from(work.copy));
                 let accepted = match outcome {
                     Outcome::Ok => m.handle_succeeded(copy, at),
-                    Outcome::Overloaded | Outcome::Expired => {
-                        let shed = &w.overloaded[member(usize::from(work.server))];
-                        let error = match op.spare.take() {
-                            Some(mut spare) => {
-                                spare.clone_from(shed);
-                                spare
-                            }
-                            None => shed.clone(),
-                        };
-                        m.handle_failed(copy, error, at)
-                    }
+                    Outcome::Overloaded | Outcome::Expired => m.handle_failed(
+                        copy,
+                        w.overloaded[member(usize::from(work.server))].clone(),
+                        at,
+                    ),
                 };
                 w.result.refused += u64::from(accepted.is_err());
                 drive_hedge(w, &mut self.free, op, m, id);
@@ -1432,20 +1405,9 @@ fn drive_retry(w: &mut World, free: &mut Vec<u32>, op: &mut Op, m: &mut RetryMac
             }
             retry::Action::Finished(result) => {
                 w.end(op, result.is_ok());
-                keep_spare(op, result);
                 free.push(id);
                 return;
             }
-        }
-    }
-}
-
-/// Keeps the shed error an operation ended with as its slot's spare (see [`Op::spare`]).
-#[inline]
-fn keep_spare<T>(op: &mut Op, result: Result<T, OperationError>) {
-    if let Err(error) = result {
-        if op.spare.is_none() && matches!(error.kind, ErrorKind::Server(_)) {
-            op.spare = Some(error);
         }
     }
 }
@@ -1511,7 +1473,6 @@ fn drive_hedge(w: &mut World, free: &mut Vec<u32>, op: &mut Op, m: &mut HedgingM
             }
             hedging::Action::Finished(result) => {
                 w.end(op, result.is_ok());
-                keep_spare(op, result);
                 free.push(id);
                 return;
             }
