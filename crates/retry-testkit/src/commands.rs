@@ -1497,7 +1497,8 @@ fn aggregate(
 /// `_id` index here: `{_id: 1}` or `{_id: -1}`; `prepareExecutor` pops the `$sort` the query
 /// system can sort without blocking); from 4.4 (wire 9) the query layer takes any `$sort`
 /// (with the `$limit` it coalesced) and a leading `$limit` (`pipeline_d.cpp`,
-/// `prepareExecutor`, `extractLimitForPushdown`). 4.0 and older always run a pipeline. The
+/// `prepareExecutor`, `extractLimitForPushdown`), then a leading inclusion `$project`
+/// (`buildProjectionForPushdown`, review21 R2). 4.0 and older always run a pipeline. The
 /// stages are read as the server's optimization phase leaves them ([`reordered_stages`]).
 fn optimized_away(stages: &[(&str, &Bson)], max_wire_version: i32) -> bool {
     let stages = reordered_stages(stages, max_wire_version);
@@ -1512,12 +1513,29 @@ fn optimized_away(stages: &[(&str, &Bson)], max_wire_version: i32) -> bool {
             (Some(("$sort", spec)), None) => by_id(spec),
             _ => false,
         },
+        // Review21 R2: 4.4 (`buildInnerQueryExecutorGeneric`, `prepareExecutor`) takes a
+        // leading `$sort` with the `$limit`s it absorbed over stages that swap with a limit
+        // (`$project`, `$addFields`), or else the `$limit`s `extractLimitForPushdown` takes
+        // from the front over them, then one leading inclusion `$project`
+        // (`buildProjectionForPushdown`).
         9..LOCK_FREE_READS_WIRE_VERSION => {
-            let rest: Vec<&str> = rest.map(|(name, _)| *name).collect();
-            matches!(
-                rest.as_slice(),
-                [] | ["$sort"] | ["$limit"] | ["$sort", "$limit"]
-            )
+            let mut rest: Vec<(&str, &Bson)> = rest.copied().collect();
+            let sort = usize::from(matches!(rest.first(), Some(("$sort", _))));
+            let mut at = sort;
+            while let Some(&(name, _)) = rest.get(at) {
+                match name {
+                    "$limit" => {
+                        rest.remove(at);
+                    }
+                    "$project" | "$addFields" => at += 1,
+                    _ => break,
+                }
+            }
+            match &rest[sort..] {
+                [] => true,
+                [("$project", Bson::Document(spec))] => inclusion(spec),
+                _ => false,
+            }
         }
         _ => false,
     }
@@ -1537,9 +1555,11 @@ fn optimized_away(stages: &[(&str, &Bson)], max_wire_version: i32) -> bool {
 /// merged would. Review21 R1: a `$sort` right after a `$sort` (or after the `$limit` it
 /// absorbed) replaces it, keeping that `$limit` (4.4's `DocumentSourceSort::doOptimizeAt`
 /// erases the first and keeps the lower limit); 4.2's does not merge them, so there this is
-/// stricter. Not modelled (docs/testkit.md "Limits"): a `$match` moved over a `$project` /
-/// `$addFields` (split by the paths they modify), a `$limit` moved over a `$skip` or absorbed
-/// by a `$sort` across other stages, which leave a stage in the pipeline either way.
+/// stricter. Review21 R2: a `$match` also moves over an inclusion `$project` that keeps every
+/// field it reads ([`keeps_fields_read`]). Not modelled (docs/testkit.md "Limits"): a `$match`
+/// moved over an exclusion `$project` or an `$addFields`, and a `$limit` moved over a `$skip`,
+/// which leave a stage in the pipeline either way; the `$limit`s a `$sort` absorbs over other
+/// stages are read by [`optimized_away`].
 fn reordered_stages<'a>(
     stages: &[(&'a str, &'a Bson)],
     max_wire_version: i32,
@@ -1561,18 +1581,61 @@ fn reordered_stages<'a>(
                     None => reordered.push((name, spec)),
                 }
             }
-            ("$match", _) => {
-                let sorts = reordered
+            ("$match", Bson::Document(filter)) => {
+                let passed = reordered
                     .iter()
                     .rev()
-                    .take_while(|(stage, _)| *stage == "$sort")
+                    .take_while(|(stage, spec)| match (*stage, spec) {
+                        ("$sort", _) => true,
+                        ("$project", Bson::Document(projection)) => {
+                            inclusion(projection) && keeps_fields_read(projection, filter)
+                        }
+                        _ => false,
+                    })
                     .count();
-                reordered.insert(reordered.len() - sorts, (name, spec));
+                reordered.insert(reordered.len() - passed, (name, spec));
             }
             _ => reordered.push((name, spec)),
         }
     }
     reordered
+}
+
+/// Whether a `$project` includes fields (`TransformerType::kInclusionProjection`): a field
+/// other than `_id` set to true or a non-zero number, or `_id` alone so set.
+fn inclusion(spec: &Document) -> bool {
+    spec.iter().any(|(k, v)| k != "_id" && truthy(v))
+        || (spec.len() == 1 && spec.get("_id").is_some_and(truthy))
+}
+
+/// A projection value that includes its field.
+fn truthy(value: &Bson) -> bool {
+    integer(value).is_some_and(|v| v != 0) || matches!(value, Bson::Boolean(true))
+}
+
+/// Review21 R2 (house rule 7): whether the inclusion `projection` keeps every top-level field
+/// `filter` reads (`_id` unless excluded), so that the `$match` moves in front of it
+/// (`DocumentSource::pushMatchBefore`: an inclusion projection modifies all paths but the
+/// ones it keeps; a `$match` that reads one it drops stays, in part or whole, after it). The
+/// clauses of `$and` / `$or` / `$nor` are read; `$comment` reads nothing; another top-level
+/// operator (`$expr`, ...) counts as reading kept fields only, so such a `$match` moves here
+/// where the server may keep it (stricter).
+fn keeps_fields_read(projection: &Document, filter: &Document) -> bool {
+    filter
+        .iter()
+        .all(|(key, value)| match (key.as_str(), value) {
+            ("$and" | "$or" | "$nor", Bson::Array(clauses)) => clauses
+                .iter()
+                .all(|c| matches!(c, Bson::Document(c) if keeps_fields_read(projection, c))),
+            (operator, _) if operator.starts_with('$') => true,
+            (path, _) => {
+                let field = path.split('.').next().unwrap_or(path);
+                match projection.get(field) {
+                    Some(kept) => truthy(kept),
+                    None => field == "_id",
+                }
+            }
+        })
 }
 
 /// From 5.0 (wire 13) `$skip` and `$limit` take only an integer
@@ -1696,9 +1759,7 @@ fn project(
             })
             .collect());
     }
-    let include = spec.iter().any(|(k, v)| {
-        k != "_id" && (integer(v).is_some_and(|v| v != 0) || matches!(v, Bson::Boolean(true)))
-    });
+    let include = inclusion(spec);
     if !spec
         .values()
         .all(|v| integer(v).is_some() || matches!(v, Bson::Boolean(_)))
@@ -2779,6 +2840,95 @@ mod tests {
         // Before 4.2 a pipeline always runs; from 5.0 reads take no lock.
         assert!(!away(&[("$sort", &by_id), ("$match", &filter)], 7));
         assert!(!away(&[("$limit", &five), ("$limit", &three)], 13));
+    }
+
+    /// Review21 R2 (TK-15, house rule 7): a 4.4 server's query layer takes, after the leading
+    /// `$match`es and a leading `$sort` (with the `$limit`s it absorbed over stages that swap
+    /// with a limit) or the `$limit`s `extractLimitForPushdown` takes from the front, one
+    /// leading inclusion `$project` (`buildProjectionForPushdown`), and a `$match` after an
+    /// inclusion `$project` that keeps every field it reads moves in front of it
+    /// (`pushMatchBefore`). 4.2 takes no `$project`.
+    #[test]
+    fn review21_r2_tk15_a_leading_inclusion_project_is_pushed_on_4_4() {
+        let by_x = Bson::Document(doc! { "x": 1 });
+        let include_a = Bson::Document(doc! { "a": 1 });
+        let only_id = Bson::Document(doc! { "_id": true });
+        let a_without_id = Bson::Document(doc! { "a": 1, "_id": 0 });
+        let exclude_a = Bson::Document(doc! { "a": 0 });
+        let exclude_id = Bson::Document(doc! { "_id": 0 });
+        let on_a = Bson::Document(doc! { "a.b": { "$gt": 1 } });
+        let on_id = Bson::Document(doc! { "_id": 1 });
+        let on_b = Bson::Document(doc! { "b": 1 });
+        let either = Bson::Document(doc! { "$or": [{ "a": 1 }, { "_id": 2 }], "$comment": "c" });
+        let either_b = Bson::Document(doc! { "$or": [{ "a": 1 }, { "b": 2 }] });
+        let (five, two) = (Bson::Int32(5), Bson::Int32(2));
+        let away = |stages: &[(&str, &Bson)], wire: i32| optimized_away(stages, wire);
+        for wire in 9..=12 {
+            let away = |stages: &[(&str, &Bson)]| away(stages, wire);
+            // The review's example: the `$limit` is absorbed by the `$sort` over the `$project`.
+            assert!(away(&[
+                ("$sort", &by_x),
+                ("$project", &include_a),
+                ("$limit", &five)
+            ]));
+            assert!(away(&[("$project", &include_a)]));
+            assert!(away(&[("$project", &only_id)]));
+            assert!(away(&[("$match", &on_b), ("$project", &a_without_id)]));
+            assert!(away(&[("$limit", &five), ("$project", &include_a)]));
+            assert!(away(&[("$project", &include_a), ("$limit", &five)]));
+            assert!(away(&[
+                ("$limit", &five),
+                ("$project", &include_a),
+                ("$limit", &two)
+            ]));
+            assert!(away(&[
+                ("$sort", &by_x),
+                ("$limit", &five),
+                ("$project", &include_a)
+            ]));
+            // A `$match` on kept fields moves in front of the `$project` (and a `$sort`).
+            assert!(away(&[("$project", &include_a), ("$match", &on_a)]));
+            assert!(away(&[("$project", &include_a), ("$match", &on_id)]));
+            assert!(away(&[("$project", &include_a), ("$match", &either)]));
+            assert!(away(&[
+                ("$sort", &by_x),
+                ("$project", &include_a),
+                ("$match", &on_a)
+            ]));
+            // ... not one on a field it drops, nor one after a `$limit`.
+            assert!(!away(&[("$project", &include_a), ("$match", &on_b)]));
+            assert!(!away(&[("$project", &include_a), ("$match", &either_b)]));
+            assert!(!away(&[("$project", &a_without_id), ("$match", &on_id)]));
+            assert!(!away(&[
+                ("$project", &include_a),
+                ("$limit", &five),
+                ("$match", &on_a)
+            ]));
+            // Only one inclusion `$project`, at the front once the `$sort` is taken.
+            assert!(!away(&[("$project", &exclude_a)]));
+            assert!(!away(&[("$project", &exclude_id)]));
+            assert!(!away(&[("$addFields", &include_a), ("$limit", &five)]));
+            assert!(!away(&[("$project", &include_a), ("$project", &include_a)]));
+            assert!(!away(&[("$project", &include_a), ("$sort", &by_x)]));
+            assert!(!away(&[("$skip", &two), ("$project", &include_a)]));
+            assert!(!away(&[
+                ("$sort", &by_x),
+                ("$project", &include_a),
+                ("$skip", &two),
+                ("$limit", &five)
+            ]));
+            assert!(!away(&[
+                ("$sort", &by_x),
+                ("$project", &include_a),
+                ("$sort", &by_x)
+            ]));
+        }
+        assert!(!away(&[("$project", &include_a)], 8));
+        assert!(!away(&[("$project", &include_a)], 13));
+        // `{_id: 1}` alone is an inclusion projection: it keeps `_id` only.
+        let documents = vec![doc! { "_id": 1, "a": 2 }];
+        let projected = project(documents, &doc! { "_id": 1 }, false);
+        assert_eq!(projected, Ok(vec![doc! { "_id": 1 }]));
     }
 
     /// Review21 R6 (house rule 7, 11): a `$skip` / `$limit` argument is refused as the

@@ -2943,6 +2943,14 @@ async fn docs13_optimized_away_aggregate_cursors_queue_behind_a_pending_drop_bef
                         bson!([{ "$match": {} }, { "$sort": { "x": -1 } }, { "$limit": 5 }]),
                         true,
                     ),
+                    // Review21 R1: adjacent `$sort`s merge; R2: an inclusion `$project` left
+                    // at the front once the `$sort` (with its `$limit`) is taken is taken too.
+                    (bson!([{ "$sort": { "x": 1 } }, { "$sort": { "_id": 1 } }]), true),
+                    (
+                        bson!([{ "$sort": { "x": 1 } }, { "$project": { "x": 1 } }, { "$limit": 5 }]),
+                        true,
+                    ),
+                    (bson!([{ "$project": { "x": 0 } }]), false),
                     (add_fields.clone(), false),
                 ],
             ),
