@@ -50,12 +50,21 @@ impl IoTimer {
             #[cfg(any(target_os = "linux", target_os = "android"))]
             IoTimer::Fd(timer) => {
                 if timer.set_at(at).is_err() {
-                    // The kernel refused the setting: async-io's timer from now on, holding the
-                    // waker the timerfd held, as a reset keeps it (house rule 8, review20 R2).
-                    *self = IoTimer::Reactor(fd::reactor_timer(at, timer.waker.as_ref()));
+                    // The kernel refused the setting.
+                    self.fall_back(at);
                 }
             }
             IoTimer::Reactor(timer) => timer.set_at(at),
+        }
+    }
+
+    /// A timerfd the kernel or the reactor refused becomes async-io's timer for `at`, holding
+    /// the waker the timerfd held, as a reset keeps it: woken at `at` with no further poll
+    /// (house rule 8, review20 R2, review21 R3).
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    fn fall_back(&mut self, at: Instant) {
+        if let IoTimer::Fd(timer) = self {
+            *self = IoTimer::Reactor(fd::reactor_timer(at, timer.waker.as_ref()));
         }
     }
 
@@ -67,7 +76,7 @@ impl IoTimer {
                 Ok(poll) => poll,
                 Err(at) => {
                     // The reactor refused the timerfd: async-io's timer from now on.
-                    *self = IoTimer::Reactor(Timer::at(at));
+                    self.fall_back(at);
                     self.poll(cx)
                 }
             },
@@ -337,25 +346,20 @@ mod tests {
         }
     }
 
-    /// House rule 8: the timer that replaces a timerfd the kernel refused to set wakes the
-    /// waker the timerfd registered (and kept), at its instant, passed or not, with no poll
-    /// (review20 R2).
+    /// House rule 8: a timerfd the kernel refused to set (or the reactor refused) becomes
+    /// async-io's timer, which wakes the waker the timerfd registered and kept, at its
+    /// instant, passed or not, with no poll (review20 R2; review21 R3: through
+    /// [`IoTimer::fall_back`], the hand-off `set_at` and `poll` run on an error).
     #[cfg(any(target_os = "linux", target_os = "android"))]
     #[test]
     fn house_rule_8_a_replacing_timer_wakes_the_replaced_waker() {
-        // The timerfd keeps the waker it registered.
-        let (waker, _) = counting_waker();
-        let mut timer = IoTimer::at(Instant::now() + LIMIT);
-        assert!(timer.poll(&mut Context::from_waker(&waker)).is_pending());
-        let kept = match &timer {
-            IoTimer::Fd(fd) => fd.waker.as_ref().is_some_and(|w| w.will_wake(&waker)),
-            IoTimer::Reactor(_) => false,
-        };
-        assert!(kept, "{timer:?}");
         for ahead in [Duration::ZERO, Duration::from_millis(50)] {
-            let at = Instant::now() + ahead;
             let (waker, wakes) = counting_waker();
-            let mut timer = IoTimer::Reactor(fd::reactor_timer(at, Some(&waker)));
+            let mut timer = IoTimer::at(Instant::now() + LIMIT);
+            assert!(timer.poll(&mut Context::from_waker(&waker)).is_pending());
+            let at = Instant::now() + ahead;
+            timer.fall_back(at);
+            assert!(matches!(timer, IoTimer::Reactor(_)), "{timer:?}");
             assert!(woken(&wakes), "{timer:?}: no wake within {LIMIT:?}");
             assert!(poll_once(&mut timer).is_ready(), "{timer:?} woken early");
         }
