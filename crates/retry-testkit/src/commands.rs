@@ -1516,7 +1516,10 @@ fn optimized_away(stages: &[(&str, &Bson)], max_wire_version: i32) -> bool {
 /// two after the reordering, here before it: a pipeline with one between a `$sort` and a
 /// `$match` counts as optimized away where the server keeps it (stricter, never more
 /// forgiving). Adjacent `$match`es stay two entries here: both lead, or neither does, as one
-/// merged would. Not modelled (docs/testkit.md "Limits"): a `$match` moved over a `$project` /
+/// merged would. Review21 R1: a `$sort` right after a `$sort` (or after the `$limit` it
+/// absorbed) replaces it, keeping that `$limit` (4.4's `DocumentSourceSort::doOptimizeAt`
+/// erases the first and keeps the lower limit); 4.2's does not merge them, so there this is
+/// stricter. Not modelled (docs/testkit.md "Limits"): a `$match` moved over a `$project` /
 /// `$addFields` (split by the paths they modify), a `$limit` moved over a `$skip` or absorbed
 /// by a `$sort` across other stages, which leave a stage in the pipeline either way.
 fn reordered_stages<'a>(stages: &[(&'a str, &'a Bson)]) -> Vec<(&'a str, &'a Bson)> {
@@ -1526,6 +1529,17 @@ fn reordered_stages<'a>(stages: &[(&'a str, &'a Bson)]) -> Vec<(&'a str, &'a Bso
             ("$match", Bson::Document(filter)) if filter.is_empty() => {}
             ("$skip", skip) if integer(skip) == Some(0) => {}
             ("$limit", _) if reordered.last().is_some_and(|(last, _)| *last == "$limit") => {}
+            ("$sort", _) => {
+                let merged = match reordered.as_slice() {
+                    [.., ("$sort", _)] => Some(reordered.len() - 1),
+                    [.., ("$sort", _), ("$limit", _)] => Some(reordered.len() - 2),
+                    _ => None,
+                };
+                match merged {
+                    Some(at) => reordered[at] = (name, spec),
+                    None => reordered.push((name, spec)),
+                }
+            }
             ("$match", _) => {
                 let sorts = reordered
                     .iter()
@@ -2645,6 +2659,63 @@ mod tests {
         // Before 4.2 a pipeline always runs; from 5.0 reads take no lock.
         assert!(!away(&[("$sort", &by_id), ("$match", &filter)], 7));
         assert!(!away(&[("$limit", &five), ("$limit", &three)], 13));
+    }
+
+    /// Review21 R1 (TK-15, house rule 7): 4.4's `DocumentSourceSort::doOptimizeAt` erases a
+    /// `$sort` followed by another `$sort` (keeping the lower of their limits, so also across
+    /// a `$limit` the first absorbed), and the query layer then takes the one left: on wire
+    /// 9-12 such a pipeline is optimized away. 4.2 does not merge them; merging there too only
+    /// makes more cursors queue (stricter).
+    #[test]
+    fn review21_r1_tk15_adjacent_sorts_merge_before_the_query_layer_takes_one() {
+        let by_id = Bson::Document(doc! { "_id": 1 });
+        let by_x = Bson::Document(doc! { "x": 1 });
+        let by_y = Bson::Document(doc! { "y": -1 });
+        let filter = Bson::Document(doc! { "_id": { "$gte": 1 } });
+        let (five, three) = (Bson::Int32(5), Bson::Int32(3));
+        let away = |stages: &[(&str, &Bson)], wire: i32| optimized_away(stages, wire);
+        for wire in 9..=12 {
+            assert!(away(&[("$sort", &by_x), ("$sort", &by_y)], wire));
+            assert!(away(
+                &[("$sort", &by_x), ("$limit", &five), ("$sort", &by_y)],
+                wire
+            ));
+            assert!(away(
+                &[
+                    ("$sort", &by_x),
+                    ("$limit", &five),
+                    ("$sort", &by_y),
+                    ("$limit", &three)
+                ],
+                wire
+            ));
+            assert!(away(
+                &[("$sort", &by_x), ("$sort", &by_y), ("$sort", &by_id)],
+                wire
+            ));
+            // A `$match` between them moves in front of both first.
+            assert!(away(
+                &[("$sort", &by_x), ("$match", &filter), ("$sort", &by_y)],
+                wire
+            ));
+            // A `$match` after a `$sort` that absorbed a `$limit` stays between them.
+            assert!(!away(
+                &[
+                    ("$sort", &by_x),
+                    ("$limit", &five),
+                    ("$match", &filter),
+                    ("$sort", &by_y)
+                ],
+                wire
+            ));
+        }
+        // 4.2 takes only a `$sort` on `_id`: the later one is what is left.
+        assert!(away(&[("$sort", &by_x), ("$sort", &by_id)], 8));
+        assert!(!away(&[("$sort", &by_id), ("$sort", &by_x)], 8));
+        assert!(!away(
+            &[("$sort", &by_x), ("$limit", &five), ("$sort", &by_id)],
+            8
+        ));
     }
 
     /// Review19 R4 (TK-15, house rule 7): a top-level `$comment` adds no expression to a
