@@ -256,10 +256,20 @@ struct Server {
     admit_per_ns: f64,
     burst: f64,
     busy: u32,
-    queue: VecDeque<u32>,
+    queue: VecDeque<Queued>,
     tokens: f64,
     refilled_at: u64,
     rng: EngineRng,
+}
+
+/// An attempt in a server's queue, with what a worker reads when it takes the attempt: its entry
+/// in [`World::works`], written when it arrived, is then only written (its outcome), not read, so
+/// that an attempt that queued long (megabytes of attempts later) costs no load that misses.
+#[derive(Clone, Copy)]
+struct Queued {
+    work: u32,
+    shed: bool,
+    deadline: u64,
 }
 
 /// What a worker spends on an item: the service time of an admitted operation, the shed cost.
@@ -271,12 +281,13 @@ struct Service {
 }
 
 impl Service {
-    /// A worker of `server` takes `work` at `now`: its outcome, and how long it takes.
+    /// A worker of `server` takes the attempt `item` at `now`: how long it takes, and its
+    /// outcome.
     #[inline]
-    fn begin(&self, server: &mut Server, work: &mut Work, now: u64) -> u64 {
-        let (cost, outcome) = if work.shed {
+    fn begin(&self, server: &mut Server, item: Queued, now: u64) -> (u64, Outcome) {
+        if item.shed {
             (self.shed_ns, Outcome::Overloaded)
-        } else if now >= work.deadline {
+        } else if now >= item.deadline {
             // maxTimeMS: the server drops an operation whose time ran out while it queued.
             (self.shed_ns, Outcome::Expired)
         } else {
@@ -286,9 +297,7 @@ impl Service {
                 mean *= self.straggler_factor;
             }
             ((-(1.0 - u).ln() * mean) as u64 + 1, Outcome::Ok)
-        };
-        work.outcome = outcome;
-        cost
+        }
     }
 }
 
@@ -304,9 +313,13 @@ struct Simple {
     in_flight: bool,
 }
 
+/// An operation's machine, inline in its [`Slot`] (not boxed): an event finds the slot and the
+/// machine by one index, without a dependent load of the machine's address (the slots of the
+/// operations in flight at high load are megabytes, so each such load is a cache miss).
+#[allow(clippy::large_enum_variant)] // the baselines' slots are as large as the machines'
 enum Machine {
-    Retry(Box<RetryMachine>),
-    Hedge(Box<HedgingMachine>),
+    Retry(RetryMachine),
+    Hedge(HedgingMachine),
     Simple(Simple),
 }
 
@@ -632,12 +645,18 @@ impl<'a> World<'a> {
             work.shed = true;
             self.result.shed += 1;
         }
+        let item = Queued {
+            work: id,
+            shed: work.shed,
+            deadline: work.deadline,
+        };
         if server.busy < server.workers {
             server.busy += 1;
-            let cost = self.service.begin(server, work, now);
+            let (cost, outcome) = self.service.begin(server, item, now);
+            work.outcome = outcome;
             self.complete_after(cost, id);
         } else {
-            server.queue.push_back(id);
+            server.queue.push_back(item);
         }
     }
 
@@ -661,10 +680,9 @@ impl<'a> World<'a> {
         match server.queue.pop_front() {
             // The worker goes on with the next item: it stays busy.
             Some(next) => {
-                let cost = self
-                    .service
-                    .begin(server, &mut self.works[next as usize], now);
-                self.complete_after(cost, next);
+                let (cost, outcome) = self.service.begin(server, next, now);
+                self.works[next.work as usize].outcome = outcome;
+                self.complete_after(cost, next.work);
             }
             None => server.busy -= 1,
         }
@@ -1078,9 +1096,9 @@ impl<'a> Sim<'a> {
                     Machine::Retry(m) => m.restart(spec, options, seed, start),
                     // Nothing here publishes monitoring events; the decisions are the same.
                     other => {
-                        *other = Machine::Retry(Box::new(
+                        *other = Machine::Retry(
                             RetryMachine::new(spec, options, seed, start).without_events(),
-                        ))
+                        )
                     }
                 }
             }
@@ -1089,11 +1107,11 @@ impl<'a> Sim<'a> {
                     .restart(OperationKind::Read, timeout, policy, start)
                     .expect("reads are hedgeable"),
                 other => {
-                    *other = Machine::Hedge(Box::new(
+                    *other = Machine::Hedge(
                         HedgingMachine::new(OperationKind::Read, timeout, policy, start)
                             .expect("reads are hedgeable")
                             .without_events(),
-                    ))
+                    )
                 }
             },
             (_, machine) => *machine = Machine::Simple(Simple::default()),
