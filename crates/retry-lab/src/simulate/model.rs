@@ -24,6 +24,7 @@ use retry_core::topology::{
 };
 use smallvec::SmallVec;
 
+use super::exponential::Exponential;
 use super::events::{Event, Few, Kind, Lane, Timers, NONE};
 use super::policy::{
     unit, ClientBudget, GrpcConfigs, SimPolicy, AWS_MAX_ATTEMPTS, AWS_MAX_BACKOFF, AWS_QUOTA,
@@ -274,6 +275,8 @@ struct Queued {
 
 /// What a worker spends on an item: the service time of an admitted operation, the shed cost.
 struct Service {
+    /// Exponential variates (service times, inter-arrival times).
+    exp: Exponential,
     shed_ns: u64,
     service_ns: f64,
     straggler_fraction: f64,
@@ -291,12 +294,12 @@ impl Service {
             // maxTimeMS: the server drops an operation whose time ran out while it queued.
             (self.shed_ns, Outcome::Expired)
         } else {
-            let u = unit(&mut server.rng);
+            let e = self.exp.sample(&mut server.rng);
             let mut mean = self.service_ns;
             if unit(&mut server.rng) < self.straggler_fraction {
                 mean *= self.straggler_factor;
             }
-            ((-(1.0 - u).ln() * mean) as u64 + 1, Outcome::Ok)
+            ((e * mean) as u64 + 1, Outcome::Ok)
         }
     }
 }
@@ -593,8 +596,7 @@ impl<'a> World<'a> {
         }
         let mut t = self.now;
         loop {
-            let u = unit(&mut self.arrivals);
-            t += (-(1.0 - u).ln() / max_rate) as u64 + 1;
+            t += (self.service.exp.sample(&mut self.arrivals) / max_rate) as u64 + 1;
             if t >= self.arrivals_end {
                 return;
             }
@@ -871,6 +873,7 @@ impl<'a> Sim<'a> {
                 ..RunResult::default()
             },
             service: Service {
+                exp: Exponential::new(),
                 shed_ns: nanos(cluster.shed_cost),
                 service_ns: nanos(cluster.service_mean) as f64,
                 straggler_fraction: cluster.straggler_fraction,
