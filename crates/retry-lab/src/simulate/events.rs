@@ -331,13 +331,6 @@ impl Timers {
         self.in_ring -= self.current.len();
     }
 
-    /// The earliest timer of the wheel's current bucket, if any (a timer past the wheel may be
-    /// earlier): for a look ahead.
-    #[inline]
-    pub(super) fn front(&self) -> Option<&Event> {
-        self.current.last()
-    }
-
     /// Takes the earliest timer.
     pub(super) fn pop(&mut self) -> Option<Event> {
         if self.current.is_empty() && self.in_ring > 0 {

@@ -958,7 +958,6 @@ impl<'a> Sim<'a> {
                     let Some(event) = self.w.lanes[NETWORK].pop() else {
                         return;
                     };
-                    self.warm(self.w.lanes[NETWORK].front().map(|e| e.kind));
                     self.w.now = event.time;
                     match event.kind {
                         Kind::AtServer(work) => self.w.at_server(work),
@@ -978,7 +977,6 @@ impl<'a> Sim<'a> {
                 }
                 TIMERS => {
                     let event = self.w.timers.pop();
-                    self.warm(self.w.timers.front().map(|e| e.kind));
                     self.w.refresh_early();
                     let Some(event) = event else {
                         return;
@@ -1018,34 +1016,6 @@ impl<'a> Sim<'a> {
                         kind => self.misplaced(kind),
                     }
                 }
-            }
-        }
-    }
-
-    /// Reads the operation slot and machine state an upcoming event of `kind` will read, and
-    /// drops what it read: the loads' cache misses then overlap the work of the events before it
-    /// instead of stalling that event (the operations in flight at high load are megabytes of
-    /// slots and machines, last touched long before). Changes nothing.
-    #[inline]
-    fn warm(&self, kind: Option<Kind>) {
-        let op = match kind {
-            Some(Kind::Reply(work)) => match self.w.works.get(work as usize) {
-                Some(w) => w.op,
-                None => return,
-            },
-            Some(Kind::Timer { op, .. }) => op,
-            _ => return,
-        };
-        if let Some(slot) = self.slots.get(op as usize) {
-            std::hint::black_box(slot.op.serial);
-            match &slot.machine {
-                Machine::Retry(m) => {
-                    std::hint::black_box(m.is_finished());
-                }
-                Machine::Hedge(m) => {
-                    std::hint::black_box(m.is_finished());
-                }
-                Machine::Simple(_) => {}
             }
         }
     }
