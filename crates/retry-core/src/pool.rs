@@ -1278,7 +1278,7 @@ mod connection_id_tests {
         pool.next_connection = u32::MAX - 1;
         let t0 = Instant::ZERO;
         pool.ready(t0);
-        let mut settle = |pool: &mut Pool| {
+        let settle = |pool: &mut Pool| {
             let mut seen = Vec::new();
             while let Some(action) = pool.poll_action() {
                 if let PoolAction::Establish { connection } = action {
