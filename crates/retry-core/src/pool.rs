@@ -387,6 +387,8 @@ pub struct Pool {
     next_checkout: u64,
     actions: VecDeque<PoolAction>,
     events: VecDeque<PoolEvent>,
+    /// Whether events are recorded ([`Pool::set_record_events`]).
+    record_events: bool,
 }
 
 impl Pool {
@@ -412,6 +414,23 @@ impl Pool {
             next_checkout: 1,
             actions: VecDeque::new(),
             events,
+            record_events: true,
+        }
+    }
+
+    /// Records the monitoring events ([`Pool::poll_event`]) from now on (`true`, the default)
+    /// or not, for an embedder that publishes none: the actions and every decision are the same
+    /// either way, and events already recorded stay (issue 9: a round trip records three, each
+    /// built, queued and then dropped by [`Pool::discard_events`]).
+    pub fn set_record_events(&mut self, on: bool) {
+        self.record_events = on;
+    }
+
+    /// Records `event` when events are recorded.
+    #[inline]
+    fn emit(&mut self, event: PoolEvent) {
+        if self.record_events {
+            self.events.push_back(event);
         }
     }
 
@@ -554,7 +573,7 @@ impl Pool {
     pub fn ready(&mut self, now: Instant) {
         if self.state == PoolState::Paused {
             self.state = PoolState::Ready;
-            self.events.push_back(PoolEvent::PoolReady);
+            self.emit(PoolEvent::PoolReady);
             self.serve(now);
         }
     }
@@ -570,8 +589,7 @@ impl Pool {
     ) -> CheckoutId {
         let checkout = CheckoutId(self.next_checkout);
         self.next_checkout += 1;
-        self.events
-            .push_back(PoolEvent::CheckOutStarted { checkout });
+        self.emit(PoolEvent::CheckOutStarted { checkout });
         match self.state {
             PoolState::Closed => self.fail(checkout, now, now, CheckoutError::PoolClosed),
             PoolState::Paused => {
@@ -648,7 +666,7 @@ impl Pool {
             return;
         }
         let stale = self.is_stale(conn);
-        self.events.push_back(PoolEvent::CheckedIn { connection });
+        self.emit(PoolEvent::CheckedIn { connection });
         let reason = if self.state == PoolState::Closed {
             Some(CloseReason::PoolClosed)
         } else if !healthy {
@@ -684,7 +702,7 @@ impl Pool {
             return;
         };
         let created = conn.created;
-        self.events.push_back(PoolEvent::ConnectionReady {
+        self.emit(PoolEvent::ConnectionReady {
             connection,
             duration: now.saturating_duration_since(created),
         });
@@ -791,9 +809,7 @@ impl Pool {
         };
         match conn.state {
             ConnectionState::Pending { .. } => return,
-            ConnectionState::InUse { .. } => {
-                self.events.push_back(PoolEvent::CheckedIn { connection })
-            }
+            ConnectionState::InUse { .. } => self.emit(PoolEvent::CheckedIn { connection }),
             ConnectionState::Available { .. } => {}
         }
         self.close_connection(connection, CloseReason::Error);
@@ -822,7 +838,7 @@ impl Pool {
         match lb_service {
             Some(service) => {
                 self.service_entry(service).generation += 1;
-                self.events.push_back(PoolEvent::PoolCleared {
+                self.emit(PoolEvent::PoolCleared {
                     service_id: Some(service),
                     interrupt_in_use_connections,
                 });
@@ -832,7 +848,7 @@ impl Pool {
                 let was_ready = self.state == PoolState::Ready;
                 self.state = PoolState::Paused;
                 if was_ready {
-                    self.events.push_back(PoolEvent::PoolCleared {
+                    self.emit(PoolEvent::PoolCleared {
                         service_id: None,
                         interrupt_in_use_connections,
                     });
@@ -891,7 +907,7 @@ impl Pool {
         while let Some(w) = self.waiters.pop_front() {
             self.fail(w.checkout, w.started, now, CheckoutError::PoolClosed);
         }
-        self.events.push_back(PoolEvent::PoolClosed);
+        self.emit(PoolEvent::PoolClosed);
     }
 
     /// Time has passed: fails checkouts past their deadline and closes idle connections. Spurious
@@ -982,7 +998,20 @@ impl Pool {
     }
 
     /// Serves waiters in order (CM-8), then keeps `minPoolSize` connections (CMAP background work).
+    /// Nearly always nobody waits and the pool holds its `minPoolSize`: nothing to do, found
+    /// inline (issue 9: a call per checkout and per check-in).
+    #[inline]
     fn serve(&mut self, now: Instant) {
+        if self.waiters.is_empty()
+            && (self.connections.len() as u64) >= u64::from(self.options.min_pool_size)
+        {
+            return;
+        }
+        self.serve_waiters(now);
+    }
+
+    /// [`Pool::serve`] with someone waiting or connections to open.
+    fn serve_waiters(&mut self, now: Instant) {
         if self.state != PoolState::Ready {
             return;
         }
@@ -1081,8 +1110,7 @@ impl Pool {
                 state,
             },
         );
-        self.events
-            .push_back(PoolEvent::ConnectionCreated { connection: id });
+        self.emit(PoolEvent::ConnectionCreated { connection: id });
         self.actions
             .push_back(PoolAction::Establish { connection: id });
         id
@@ -1090,7 +1118,7 @@ impl Pool {
 
     fn give(&mut self, w: Waiter, connection: ConnectionId, now: Instant) {
         self.set_state(connection, ConnectionState::InUse { purpose: w.purpose });
-        self.events.push_back(PoolEvent::CheckedOut {
+        self.emit(PoolEvent::CheckedOut {
             checkout: w.checkout,
             connection,
             duration: now.saturating_duration_since(w.started),
@@ -1102,7 +1130,7 @@ impl Pool {
     }
 
     fn fail(&mut self, checkout: CheckoutId, started: Instant, now: Instant, error: CheckoutError) {
-        self.events.push_back(PoolEvent::CheckOutFailed {
+        self.emit(PoolEvent::CheckOutFailed {
             checkout,
             reason: error.reason(),
             duration: now.saturating_duration_since(started),
@@ -1151,7 +1179,7 @@ impl Pool {
                 }
             }
         }
-        self.events.push_back(PoolEvent::ConnectionClosed {
+        self.emit(PoolEvent::ConnectionClosed {
             connection: id,
             reason,
         });
@@ -1188,6 +1216,7 @@ impl Pool {
         self.connections.get_mut(&id)
     }
 
+    #[inline]
     fn set_state(&mut self, id: ConnectionId, state: ConnectionState) {
         let Some(c) = self.connections.get_mut(&id) else {
             return;
@@ -1198,8 +1227,19 @@ impl Pool {
     }
 
     /// Keeps the indexes of `state` (`pending`, `unclaimed`, `idle`) as connection `id` enters
-    /// (`entered`) or leaves it.
+    /// (`entered`) or leaves it. In use, and available without `maxIdleTimeMS` (every checkout
+    /// and check-in), it has nothing to do: found inline (issue 9).
+    #[inline(always)]
     fn track(&mut self, id: ConnectionId, state: ConnectionState, entered: bool) {
+        match state {
+            ConnectionState::InUse { .. } => {}
+            ConnectionState::Available { .. } if self.options.max_idle_time.is_none() => {}
+            _ => self.track_indexed(id, state, entered),
+        }
+    }
+
+    /// [`Pool::track`] for a state with an index.
+    fn track_indexed(&mut self, id: ConnectionId, state: ConnectionState, entered: bool) {
         match state {
             ConnectionState::Pending { for_checkout } => {
                 match entered {

@@ -839,20 +839,25 @@ fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
         errors.push((positions[index], doc! { "code": 11000, "errmsg": message }));
     }
     errors.sort_by_key(|(index, _)| *index);
-    let mut reply = doc! { "n": count_i32(outcome.n) };
+    let errors = errors
+        .into_iter()
+        .map(|(index, error)| {
+            let mut entry = doc! { "index": count_i32(index) };
+            entry.extend(error);
+            entry
+        })
+        .collect();
+    write_reply(doc! { "n": count_i32(outcome.n) }, errors)
+}
+
+/// A write command's reply: `counts`, then the statements' `writeErrors` when there are any,
+/// then `ok: 1`.
+fn write_reply(mut counts: Document, errors: Vec<Document>) -> Document {
     if !errors.is_empty() {
-        let errors: Vec<Document> = errors
-            .into_iter()
-            .map(|(index, error)| {
-                let mut entry = doc! { "index": count_i32(index) };
-                entry.extend(error);
-                entry
-            })
-            .collect();
-        reply.insert("writeErrors", errors);
+        counts.insert("writeErrors", errors);
     }
-    reply.insert("ok", 1.0);
-    reply
+    counts.insert("ok", 1.0);
+    counts
 }
 
 /// `{update: coll, updates: [{q, u, multi, upsert}], ordered}`.
@@ -916,11 +921,7 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     if !upserted.is_empty() {
         reply.insert("upserted", upserted);
     }
-    if !errors.is_empty() {
-        reply.insert("writeErrors", errors);
-    }
-    reply.insert("ok", 1.0);
-    reply
+    write_reply(reply, errors)
 }
 
 /// `{delete: coll, deletes: [{q, limit}], ordered}`.
