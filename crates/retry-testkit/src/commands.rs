@@ -1307,8 +1307,13 @@ fn aggregate(
         Some(v) if integer(v) == Some(1) => String::from("$cmd.aggregate"),
         _ => return error_reply(2, "aggregate needs a collection name or 1"),
     };
-    let Ok(pipeline) = command.get_array("pipeline") else {
-        return error_reply(2, "aggregate needs a pipeline array");
+    // Review21 R6: a `pipeline` that is not an array, or an element of it that is not a
+    // document, is TypeMismatch 14 (`aggregation_request.cpp`; the 5.0+ IDL parser's
+    // `parsePipelineFromBSON` says the same).
+    let pipeline = match command.get("pipeline") {
+        Some(Bson::Array(pipeline)) => pipeline,
+        Some(_) => return error_reply(14, "'pipeline' option must be specified as an array"),
+        None => return error_reply(2, "aggregate needs a pipeline array"),
     };
     let Ok(cursor) = command.get_document("cursor") else {
         return error_reply(9, "The 'cursor' option is required");
@@ -1321,11 +1326,18 @@ fn aggregate(
         },
     };
     let ns = format!("{db}.{collection}");
+    let documents: Option<Vec<&Document>> = pipeline
+        .iter()
+        .map(|stage| match stage {
+            Bson::Document(stage) => Some(stage),
+            _ => None,
+        })
+        .collect();
+    let Some(documents) = documents else {
+        return error_reply(14, "Each element of the 'pipeline' array must be an object");
+    };
     let mut stages = Vec::new();
-    for stage in pipeline {
-        let Bson::Document(stage) = stage else {
-            return error_reply(2, "each pipeline stage must be a document");
-        };
+    for stage in documents {
         // Review21 R6 (house rule 7): `LiteParsedDocumentSource::parse` (3.6+) refuses a stage
         // document with other than exactly one field (40323) when the command is parsed,
         // before anything else; `DocumentSource::parse`'s 16435 for the same is never reached.

@@ -3324,7 +3324,8 @@ async fn fixes18c_tk15_transactions_need_wire_7_on_a_replica_set_and_8_on_mongos
 }
 
 /// Review21 R6 (house rule 7, 11): `aggregate` refuses what a real server refuses when it
-/// parses the pipeline, before anything runs: a stage document with other than one field
+/// parses the pipeline, before anything runs: a `pipeline` that is no array or holds a
+/// non-document (TypeMismatch 14), a stage document with other than one field
 /// (40323, `LiteParsedDocumentSource::parse`), a `$limit` that is not a positive number and a
 /// `$skip` that is negative or not a number (15957 / 15958 / 15956 / 15972 before 5.0;
 /// 5107201 / 5107200, and 15958 for a `$limit` of 0, from 5.0), also in `{aggregate: 1}`
@@ -3338,6 +3339,9 @@ async fn review21_r6_aggregate_refuses_malformed_stages_before_running_them() {
                 .handle()
                 .insert("db.c", vec![doc! { "_id": 1 }, doc! { "_id": 2 }]);
             let cases = [
+                (bson!(5), 14),
+                (bson!([{ "$limit": 1 }, 5]), 14),
+                (bson!([{ "$match": {}, "$limit": 1 }, 5]), 14),
                 (bson!([{ "$match": {}, "$limit": 1 }]), 40323),
                 (bson!([{ "$limit": 1 }, {}]), 40323),
                 (bson!([{ "$limit": 0 }]), 15958),
