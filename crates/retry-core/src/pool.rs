@@ -381,6 +381,8 @@ pub struct Pool {
     /// connection is being established no longer has the queue's deadline): that only makes a
     /// spurious `handle_timeout`.
     expiries: alloc::collections::BTreeSet<(Instant, CheckoutId)>,
+    /// The next connection id (CM-1: from 1, never reused); 0 once `u32::MAX` was handed out,
+    /// after which no connection is created (review21, house rule 11).
     next_connection: u32,
     next_checkout: u64,
     actions: VecDeque<PoolAction>,
@@ -1098,12 +1100,13 @@ impl Pool {
         let pending = self.pending;
         let below_max = self.options.max_pool_size == 0
             || (self.connections.len() as u64) < u64::from(self.options.max_pool_size);
-        below_max && (pending as u64) < u64::from(self.options.max_connecting.max(1))
+        let id_left = self.next_connection != 0;
+        id_left && below_max && (pending as u64) < u64::from(self.options.max_connecting.max(1))
     }
 
     fn create(&mut self, for_checkout: Option<CheckoutId>, now: Instant) -> ConnectionId {
         let id = ConnectionId(self.next_connection);
-        self.next_connection = self.next_connection.saturating_add(1);
+        self.next_connection = self.next_connection.checked_add(1).unwrap_or(0);
         let state = ConnectionState::Pending { for_checkout };
         self.track(id, state, true);
         self.connections.insert(
@@ -1270,5 +1273,69 @@ impl Pool {
             }
             ConnectionState::Available { .. } | ConnectionState::InUse { .. } => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod connection_id_tests {
+    use super::*;
+
+    /// Review21 (CM-1, house rule 11): a connection id is never handed out twice. With the
+    /// ids up to `u32::MAX` handed out, the pool creates no more connections (a checkout is
+    /// served by the connections there are, or waits out its deadline), where a saturating
+    /// counter gave every later connection `u32::MAX` and the table replaced the live one.
+    #[test]
+    fn review21_cm1_no_connection_id_is_handed_out_twice() {
+        let mut pool = Pool::new(ServerAddress::new("a", 27017), PoolOptions::default());
+        pool.next_connection = u32::MAX - 1;
+        let t0 = Instant::ZERO;
+        pool.ready(t0);
+        let settle = |pool: &mut Pool| {
+            let mut seen = Vec::new();
+            while let Some(action) = pool.poll_action() {
+                if let PoolAction::Establish { connection } = action {
+                    pool.handle_established(connection, None, t0);
+                }
+                seen.push(action);
+                assert!(seen.len() < 100, "bounded");
+            }
+            seen
+        };
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let checkout = pool.check_out(Purpose::Other, None, t0);
+            for action in settle(&mut pool) {
+                if let PoolAction::CheckedOut {
+                    checkout: c,
+                    connection,
+                } = action
+                {
+                    assert_eq!(c, checkout);
+                    held.push(connection);
+                }
+            }
+        }
+        assert_eq!(held, [ConnectionId(u32::MAX - 1), ConnectionId(u32::MAX)]);
+        let deadline = Instant::from_millis(50);
+        let waiting = pool.check_out(Purpose::Other, Some(deadline), t0);
+        assert_eq!(settle(&mut pool), []);
+        assert_eq!(pool.total_connections(), 2);
+        pool.handle_timeout(deadline);
+        let failed = settle(&mut pool);
+        assert!(
+            matches!(failed.as_slice(), [PoolAction::CheckoutFailed { checkout, error: CheckoutError::WaitQueueTimeout(_) }] if *checkout == waiting),
+            "{failed:?}"
+        );
+        // The connections there are still serve checkouts.
+        pool.check_in(held[0], true, t0);
+        let again = pool.check_out(Purpose::Other, None, t0);
+        let served = settle(&mut pool);
+        assert_eq!(
+            served,
+            [PoolAction::CheckedOut {
+                checkout: again,
+                connection: held[0]
+            }]
+        );
     }
 }
