@@ -460,11 +460,6 @@ struct World<'a> {
     /// cluster's are never sent to), so that a masked member index needs no bounds check.
     servers: Box<[Server; MAX_MEMBERS]>,
     clients: Vec<Client>,
-    /// Each slot's operation serial, as in its [`Op`] (0 once the operation has ended): an
-    /// event is matched with its operation here, four bytes a slot that stay in cache, so that
-    /// an event of an operation that has ended (most deadlines, the replies and timers of
-    /// operations that timed out) reads nothing of its slot.
-    serials: Vec<u32>,
     next_serial: u32,
     arrivals: EngineRng,
     arrivals_end: u64,
@@ -548,12 +543,6 @@ pub fn run(cluster: &Cluster, spec: &RunSpec) -> Result<RunResult, String> {
 }
 
 impl<'a> World<'a> {
-    /// Whether operation `serial` is still running in slot `id`.
-    #[inline]
-    fn alive(&self, id: u32, serial: u32) -> bool {
-        self.serials.get(id as usize) == Some(&serial)
-    }
-
     /// Schedules a timer (a backoff's end, a hedging delay).
     fn schedule(&mut self, time: u64, kind: Kind) {
         self.seq += 1;
@@ -743,12 +732,10 @@ impl<'a> World<'a> {
         self.schedule_after(NETWORK, self.net_ns, Kind::AtServer(work));
     }
 
-    /// Operation `id` (its slot `op`) ends now; its slot is free once the caller has put it
-    /// back.
-    fn end(&mut self, op: &mut Op, id: u32, ok: bool) {
+    /// Operation `op` ends now; its slot is free once the caller has put it back.
+    fn end(&mut self, op: &mut Op, ok: bool) {
         debug_assert_ne!(op.serial, 0, "a live operation's slot");
         op.serial = 0;
-        self.serials[id as usize] = 0;
         let latency_us = ((self.now - op.start) / 1000) as u32;
         let most = &mut self.result.max_attempts_per_operation;
         *most = (*most).max(op.attempts);
@@ -866,7 +853,6 @@ impl<'a> Sim<'a> {
                 }
             })),
             clients,
-            serials: Vec::new(),
             next_serial: 0,
             arrivals: EngineRng::from_seed_u64(load_seed),
             arrivals_end: nanos(spec.duration),
@@ -935,14 +921,17 @@ impl<'a> Sim<'a> {
     /// [`Sim::run`] drops one that ends after this).
     #[inline]
     fn refresh_slow(&mut self) {
-        let w = &mut self.w;
-        while let Some(Kind::Deadline { op, serial }) = w.lanes[DEADLINES].front().map(|e| e.kind) {
-            if w.alive(op, serial) {
+        let lane = &mut self.w.lanes[DEADLINES];
+        while let Some(Kind::Deadline { op, serial }) = lane.front().map(|e| e.kind) {
+            if self
+                .slots
+                .get(op as usize)
+                .is_some_and(|s| s.op.serial == serial)
+            {
                 break;
             }
-            w.lanes[DEADLINES].pop();
+            lane.pop();
         }
-        let lane = &self.w.lanes[DEADLINES];
         let arrival = self.w.arrival.as_ref().map_or(NONE, Event::key);
         let deadline = lane.min_key();
         self.w.slow = if deadline < arrival {
@@ -1030,7 +1019,11 @@ impl<'a> Sim<'a> {
                     };
                     match event.kind {
                         Kind::Deadline { op, serial } => {
-                            if self.w.alive(op, serial) {
+                            if self
+                                .slots
+                                .get(op as usize)
+                                .is_some_and(|s| s.op.serial == serial)
+                            {
                                 self.w.now = event.time;
                                 self.deadline(op, serial);
                             }
@@ -1078,11 +1071,9 @@ impl<'a> Sim<'a> {
                     op: Op::empty(),
                     machine: Machine::Simple(Simple::default()),
                 });
-                self.w.serials.push(0);
                 (self.slots.len() - 1) as u32
             }
         };
-        self.w.serials[id as usize] = serial;
         let Slot { op, machine } = &mut self.slots[id as usize];
         let c = &mut self.w.clients[client as usize];
         let start = Instant::from_nanos(now);
@@ -1140,7 +1131,7 @@ impl<'a> Sim<'a> {
 
     /// Ends operation `id` (a baseline's, or one whose machine is not in hand).
     fn end(&mut self, id: u32, ok: bool) {
-        self.w.end(&mut self.slots[id as usize].op, id, ok);
+        self.w.end(&mut self.slots[id as usize].op, ok);
         self.free.push(id);
     }
 
@@ -1161,10 +1152,11 @@ impl<'a> Sim<'a> {
         let outcome = work.outcome;
         let at = Instant::from_nanos(w.now);
         let id = work.op;
-        if !w.alive(id, work.serial) {
-            return;
-        }
-        let Some(Slot { op, machine }) = self.slots.get_mut(id as usize) else {
+        let Some(Slot { op, machine }) = self
+            .slots
+            .get_mut(id as usize)
+            .filter(|s| s.op.serial == work.serial)
+        else {
             return;
         };
         match machine {
@@ -1219,10 +1211,11 @@ impl<'a> Sim<'a> {
 
     fn timer(&mut self, id: u32, serial: u32, gen: u32) {
         let now = self.w.now;
-        if !self.w.alive(id, serial) {
-            return;
-        }
-        let Some(Slot { op, machine }) = self.slots.get_mut(id as usize) else {
+        let Some(Slot { op, machine }) = self
+            .slots
+            .get_mut(id as usize)
+            .filter(|s| s.op.serial == serial)
+        else {
             return;
         };
         match machine {
@@ -1250,10 +1243,11 @@ impl<'a> Sim<'a> {
     /// The operation's deadline: an attempt still in flight fails with a socket timeout.
     fn deadline(&mut self, id: u32, serial: u32) {
         let at = Instant::from_nanos(self.w.now);
-        if !self.w.alive(id, serial) {
-            return;
-        }
-        let Some(Slot { op, machine }) = self.slots.get_mut(id as usize) else {
+        let Some(Slot { op, machine }) = self
+            .slots
+            .get_mut(id as usize)
+            .filter(|s| s.op.serial == serial)
+        else {
             return;
         };
         match machine {
@@ -1382,7 +1376,7 @@ impl<'a> Sim<'a> {
         let c = &mut self.w.clients[op.client as usize];
         if policy == SimPolicy::SreAdaptive && !c.budget.sre_admit(now, &mut c.rng) {
             // Rejected locally: the operation fails without reaching a server.
-            self.w.end(op, id, false);
+            self.w.end(op, false);
             self.free.push(id);
             return;
         }
@@ -1449,7 +1443,7 @@ fn drive_retry(w: &mut World, free: &mut Vec<u32>, op: &mut Op, m: &mut RetryMac
                 );
             }
             retry::Action::Finished(result) => {
-                w.end(op, id, result.is_ok());
+                w.end(op, result.is_ok());
                 free.push(id);
                 return;
             }
@@ -1517,7 +1511,7 @@ fn drive_hedge(w: &mut World, free: &mut Vec<u32>, op: &mut Op, m: &mut HedgingM
                 }
             }
             hedging::Action::Finished(result) => {
-                w.end(op, id, result.is_ok());
+                w.end(op, result.is_ok());
                 free.push(id);
                 return;
             }
