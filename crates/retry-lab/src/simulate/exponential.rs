@@ -121,7 +121,10 @@ mod tests {
             let got = f64::from(b) / n as f64;
             // Five standard errors of a binomial proportion.
             let tolerance = 5.0 * (want * (1.0 - want) / n as f64).sqrt() + 1e-6;
-            assert!((got - want).abs() < tolerance, "P(X < {p}) = {got}, want {want}");
+            assert!(
+                (got - want).abs() < tolerance,
+                "P(X < {p}) = {got}, want {want}"
+            );
         }
     }
 }

@@ -24,8 +24,8 @@ use retry_core::topology::{
 };
 use smallvec::SmallVec;
 
-use super::exponential::Exponential;
 use super::events::{Event, Few, Kind, Lane, Timers, NONE};
+use super::exponential::Exponential;
 use super::policy::{
     unit, ClientBudget, GrpcConfigs, SimPolicy, AWS_MAX_ATTEMPTS, AWS_MAX_BACKOFF, AWS_QUOTA,
     AWS_THROTTLING_BASE, AWS_THROTTLING_COST, AWS_TRANSIENT_BASE, AWS_TRANSIENT_COST,
@@ -1057,8 +1057,8 @@ impl<'a> Sim<'a> {
         let now = self.w.now;
         // The client, uniform over them: the high half of a 64 × 64-bit product (a
         // multiplication, not a 64-bit division; the same bias, under 2^-58, as a remainder).
-        let client = ((u128::from(self.w.arrivals.next_u64()) * self.w.clients.len() as u128)
-            >> 64) as u32;
+        let client =
+            ((u128::from(self.w.arrivals.next_u64()) * self.w.clients.len() as u128) >> 64) as u32;
         // Serial 0 marks an ended operation's slot.
         self.w.next_serial = self.w.next_serial.wrapping_add(1).max(1);
         let serial = self.w.next_serial;
