@@ -243,21 +243,33 @@ fn well_formed(bytes: &[u8], depth: usize) -> bool {
 /// reads an encoded command's fields as it checks it).
 pub(crate) fn validate_with<'a>(
     raw: &'a RawDocument,
-    mut each: impl FnMut(&'a [u8], u8, &'a [u8]),
+    each: impl FnMut(&'a [u8], u8, &'a [u8]),
 ) -> Result<(), ReadError> {
+    validate_each(raw, each).map(|_| ())
+}
+
+/// [`validate_with`], also saying whether every element was handed over: `false` only when the
+/// walk of an unusual document (one the crate's checks accepted) stopped at an element it could
+/// not size ([`Elements::broken`]).
+pub(crate) fn validate_each<'a>(
+    raw: &'a RawDocument,
+    mut each: impl FnMut(&'a [u8], u8, &'a [u8]),
+) -> Result<bool, ReadError> {
     let mut seen = 0;
     if well_formed_with(raw.as_bytes(), 0, |key, tag, value| {
         seen += 1;
         each(key, tag, value);
     }) {
-        return Ok(());
+        return Ok(true);
     }
     // An unusual document: the crate's checks, then the elements not handed over yet.
     validate_at(raw, 1)?;
-    Elements::of(raw)
+    let mut elements = Elements::of(raw);
+    elements
+        .by_ref()
         .skip(seen)
         .for_each(|(key, tag, value)| each(key, tag, value));
-    Ok(())
+    Ok(!elements.broken())
 }
 
 /// [`well_formed`], handing each element of `bytes` it has checked to `each` (nested documents'
@@ -395,6 +407,7 @@ impl<'a> Elements<'a> {
 impl<'a> Iterator for Elements<'a> {
     type Item = (&'a [u8], u8, &'a [u8]);
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         let end = self.bytes.len().checked_sub(1)?;
         if self.broken || self.at >= end {

@@ -35,27 +35,33 @@ use crate::pool::{CheckoutId, ConnectionId};
 /// assert_eq!(ConnectionId(7).raw(), 7);
 /// ```
 ///
-/// No integer can be narrowed into an id outside this crate (house rule 11):
+/// No integer can be narrowed into an id outside this crate (house rule 11): the token
+/// [`Id::from_raw`] takes cannot be made there (E0603: `sealed` is private; review21 R4):
 ///
-/// ```compile_fail
+/// ```compile_fail,E0603
 /// use retry_core::id_table::Id;
 /// use retry_core::pool::ConnectionId;
 /// fn narrow<K: Id>(raw: u64) -> K {
-///     K::from_raw(raw)
+///     K::from_raw(raw, retry_core::id_table::sealed::Token(()))
 /// }
 /// let _: ConnectionId = narrow(1 << 40);
 /// ```
 ///
-/// Nor can a caller implement it for an id of its own:
+/// Nor can a caller implement it for an id of its own, even one that does all the trait asks:
+/// `Sealed` and `Token` cannot be named (E0603), so `Mine` is not `Sealed` (E0277). A stable
+/// rustdoc does not check the error codes; a nightly one does
+/// (`cargo +nightly test -p retry-core --doc id_table`).
 ///
-/// ```compile_fail
+/// ```compile_fail,E0603,E0277
+/// use retry_core::id_table::sealed::{Sealed, Token};
 /// #[derive(Clone, Copy)]
 /// struct Mine(u64);
+/// impl Sealed for Mine {}
 /// impl retry_core::id_table::Id for Mine {
 ///     fn raw(self) -> u64 {
 ///         self.0
 ///     }
-///     fn from_raw(raw: u64) -> Mine {
+///     fn from_raw(raw: u64, _: Token) -> Mine {
 ///         Mine(raw)
 ///     }
 /// }

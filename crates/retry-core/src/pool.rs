@@ -381,10 +381,14 @@ pub struct Pool {
     /// connection is being established no longer has the queue's deadline): that only makes a
     /// spurious `handle_timeout`.
     expiries: alloc::collections::BTreeSet<(Instant, CheckoutId)>,
+    /// The next connection id (CM-1: from 1, never reused); 0 once `u32::MAX` was handed out,
+    /// after which no connection is created (review21, house rule 11).
     next_connection: u32,
     next_checkout: u64,
     actions: VecDeque<PoolAction>,
     events: VecDeque<PoolEvent>,
+    /// Whether events are recorded ([`Pool::set_record_events`]).
+    record_events: bool,
 }
 
 impl Pool {
@@ -410,6 +414,32 @@ impl Pool {
             next_checkout: 1,
             actions: VecDeque::new(),
             events,
+            record_events: true,
+        }
+    }
+
+    /// Records the monitoring events ([`Pool::poll_event`]) from now on (`true`, the default)
+    /// or not, for an embedder that publishes none: the actions and every decision are the same
+    /// either way. Switched off, it drops the events not yet polled, so that it has none until
+    /// switched on again (issue 9: a round trip recorded three, each built, queued and then
+    /// dropped by [`Pool::discard_events`]).
+    pub fn set_record_events(&mut self, on: bool) {
+        self.record_events = on;
+        if !on {
+            self.events.clear();
+        }
+    }
+
+    /// Whether an event waits to be polled.
+    pub(crate) fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
+    /// Records `event` when events are recorded.
+    #[inline]
+    fn emit(&mut self, event: PoolEvent) {
+        if self.record_events {
+            self.events.push_back(event);
         }
     }
 
@@ -552,7 +582,7 @@ impl Pool {
     pub fn ready(&mut self, now: Instant) {
         if self.state == PoolState::Paused {
             self.state = PoolState::Ready;
-            self.events.push_back(PoolEvent::PoolReady);
+            self.emit(PoolEvent::PoolReady);
             self.serve(now);
         }
     }
@@ -568,8 +598,7 @@ impl Pool {
     ) -> CheckoutId {
         let checkout = CheckoutId(self.next_checkout);
         self.next_checkout += 1;
-        self.events
-            .push_back(PoolEvent::CheckOutStarted { checkout });
+        self.emit(PoolEvent::CheckOutStarted { checkout });
         match self.state {
             PoolState::Closed => self.fail(checkout, now, now, CheckoutError::PoolClosed),
             PoolState::Paused => {
@@ -646,7 +675,7 @@ impl Pool {
             return;
         }
         let stale = self.is_stale(conn);
-        self.events.push_back(PoolEvent::CheckedIn { connection });
+        self.emit(PoolEvent::CheckedIn { connection });
         let reason = if self.state == PoolState::Closed {
             Some(CloseReason::PoolClosed)
         } else if !healthy {
@@ -682,7 +711,7 @@ impl Pool {
             return;
         };
         let created = conn.created;
-        self.events.push_back(PoolEvent::ConnectionReady {
+        self.emit(PoolEvent::ConnectionReady {
             connection,
             duration: now.saturating_duration_since(created),
         });
@@ -789,9 +818,7 @@ impl Pool {
         };
         match conn.state {
             ConnectionState::Pending { .. } => return,
-            ConnectionState::InUse { .. } => {
-                self.events.push_back(PoolEvent::CheckedIn { connection })
-            }
+            ConnectionState::InUse { .. } => self.emit(PoolEvent::CheckedIn { connection }),
             ConnectionState::Available { .. } => {}
         }
         self.close_connection(connection, CloseReason::Error);
@@ -820,7 +847,7 @@ impl Pool {
         match lb_service {
             Some(service) => {
                 self.service_entry(service).generation += 1;
-                self.events.push_back(PoolEvent::PoolCleared {
+                self.emit(PoolEvent::PoolCleared {
                     service_id: Some(service),
                     interrupt_in_use_connections,
                 });
@@ -830,7 +857,7 @@ impl Pool {
                 let was_ready = self.state == PoolState::Ready;
                 self.state = PoolState::Paused;
                 if was_ready {
-                    self.events.push_back(PoolEvent::PoolCleared {
+                    self.emit(PoolEvent::PoolCleared {
                         service_id: None,
                         interrupt_in_use_connections,
                     });
@@ -889,7 +916,7 @@ impl Pool {
         while let Some(w) = self.waiters.pop_front() {
             self.fail(w.checkout, w.started, now, CheckoutError::PoolClosed);
         }
-        self.events.push_back(PoolEvent::PoolClosed);
+        self.emit(PoolEvent::PoolClosed);
     }
 
     /// Time has passed: fails checkouts past their deadline and closes idle connections. Spurious
@@ -980,7 +1007,20 @@ impl Pool {
     }
 
     /// Serves waiters in order (CM-8), then keeps `minPoolSize` connections (CMAP background work).
+    /// Nearly always nobody waits and the pool holds its `minPoolSize`: nothing to do, found
+    /// inline (issue 9: a call per checkout and per check-in).
+    #[inline]
     fn serve(&mut self, now: Instant) {
+        if self.waiters.is_empty()
+            && (self.connections.len() as u64) >= u64::from(self.options.min_pool_size)
+        {
+            return;
+        }
+        self.serve_waiters(now);
+    }
+
+    /// [`Pool::serve`] with someone waiting or connections to open.
+    fn serve_waiters(&mut self, now: Instant) {
         if self.state != PoolState::Ready {
             return;
         }
@@ -1060,12 +1100,13 @@ impl Pool {
         let pending = self.pending;
         let below_max = self.options.max_pool_size == 0
             || (self.connections.len() as u64) < u64::from(self.options.max_pool_size);
-        below_max && (pending as u64) < u64::from(self.options.max_connecting.max(1))
+        let id_left = self.next_connection != 0;
+        id_left && below_max && (pending as u64) < u64::from(self.options.max_connecting.max(1))
     }
 
     fn create(&mut self, for_checkout: Option<CheckoutId>, now: Instant) -> ConnectionId {
         let id = ConnectionId(self.next_connection);
-        self.next_connection = self.next_connection.saturating_add(1);
+        self.next_connection = self.next_connection.checked_add(1).unwrap_or(0);
         let state = ConnectionState::Pending { for_checkout };
         self.track(id, state, true);
         self.connections.insert(
@@ -1078,8 +1119,7 @@ impl Pool {
                 state,
             },
         );
-        self.events
-            .push_back(PoolEvent::ConnectionCreated { connection: id });
+        self.emit(PoolEvent::ConnectionCreated { connection: id });
         self.actions
             .push_back(PoolAction::Establish { connection: id });
         id
@@ -1087,7 +1127,7 @@ impl Pool {
 
     fn give(&mut self, w: Waiter, connection: ConnectionId, now: Instant) {
         self.set_state(connection, ConnectionState::InUse { purpose: w.purpose });
-        self.events.push_back(PoolEvent::CheckedOut {
+        self.emit(PoolEvent::CheckedOut {
             checkout: w.checkout,
             connection,
             duration: now.saturating_duration_since(w.started),
@@ -1099,7 +1139,7 @@ impl Pool {
     }
 
     fn fail(&mut self, checkout: CheckoutId, started: Instant, now: Instant, error: CheckoutError) {
-        self.events.push_back(PoolEvent::CheckOutFailed {
+        self.emit(PoolEvent::CheckOutFailed {
             checkout,
             reason: error.reason(),
             duration: now.saturating_duration_since(started),
@@ -1148,7 +1188,7 @@ impl Pool {
                 }
             }
         }
-        self.events.push_back(PoolEvent::ConnectionClosed {
+        self.emit(PoolEvent::ConnectionClosed {
             connection: id,
             reason,
         });
@@ -1185,6 +1225,9 @@ impl Pool {
         self.connections.get_mut(&id)
     }
 
+    /// Moves connection `id` to `state`, keeping the indexes. Inlined: at a checkout and a
+    /// check-in it is a lookup and two `track`s that do nothing (issue 9).
+    #[inline(always)]
     fn set_state(&mut self, id: ConnectionId, state: ConnectionState) {
         let Some(c) = self.connections.get_mut(&id) else {
             return;
@@ -1195,8 +1238,20 @@ impl Pool {
     }
 
     /// Keeps the indexes of `state` (`pending`, `unclaimed`, `idle`) as connection `id` enters
-    /// (`entered`) or leaves it.
+    /// (`entered`) or leaves it. In use, and available without `maxIdleTimeMS` (every checkout
+    /// and check-in), it has nothing to do: found inline (issue 9).
+    #[inline(always)]
     fn track(&mut self, id: ConnectionId, state: ConnectionState, entered: bool) {
+        match state {
+            ConnectionState::InUse { .. } => {}
+            ConnectionState::Available { .. } if self.options.max_idle_time.is_none() => {}
+            _ => self.track_indexed(id, state, entered),
+        }
+    }
+
+    /// [`Pool::track`] for a state with an index (out of line: `track` stays small).
+    #[inline(never)]
+    fn track_indexed(&mut self, id: ConnectionId, state: ConnectionState, entered: bool) {
         match state {
             ConnectionState::Pending { for_checkout } => {
                 match entered {
@@ -1218,5 +1273,69 @@ impl Pool {
             }
             ConnectionState::Available { .. } | ConnectionState::InUse { .. } => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod connection_id_tests {
+    use super::*;
+
+    /// Review21 (CM-1, house rule 11): a connection id is never handed out twice. With the
+    /// ids up to `u32::MAX` handed out, the pool creates no more connections (a checkout is
+    /// served by the connections there are, or waits out its deadline), where a saturating
+    /// counter gave every later connection `u32::MAX` and the table replaced the live one.
+    #[test]
+    fn review21_cm1_no_connection_id_is_handed_out_twice() {
+        let mut pool = Pool::new(ServerAddress::new("a", 27017), PoolOptions::default());
+        pool.next_connection = u32::MAX - 1;
+        let t0 = Instant::ZERO;
+        pool.ready(t0);
+        let settle = |pool: &mut Pool| {
+            let mut seen = Vec::new();
+            while let Some(action) = pool.poll_action() {
+                if let PoolAction::Establish { connection } = action {
+                    pool.handle_established(connection, None, t0);
+                }
+                seen.push(action);
+                assert!(seen.len() < 100, "bounded");
+            }
+            seen
+        };
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let checkout = pool.check_out(Purpose::Other, None, t0);
+            for action in settle(&mut pool) {
+                if let PoolAction::CheckedOut {
+                    checkout: c,
+                    connection,
+                } = action
+                {
+                    assert_eq!(c, checkout);
+                    held.push(connection);
+                }
+            }
+        }
+        assert_eq!(held, [ConnectionId(u32::MAX - 1), ConnectionId(u32::MAX)]);
+        let deadline = Instant::from_millis(50);
+        let waiting = pool.check_out(Purpose::Other, Some(deadline), t0);
+        assert_eq!(settle(&mut pool), []);
+        assert_eq!(pool.total_connections(), 2);
+        pool.handle_timeout(deadline);
+        let failed = settle(&mut pool);
+        assert!(
+            matches!(failed.as_slice(), [PoolAction::CheckoutFailed { checkout, error: CheckoutError::WaitQueueTimeout(_) }] if *checkout == waiting),
+            "{failed:?}"
+        );
+        // The connections there are still serve checkouts.
+        pool.check_in(held[0], true, t0);
+        let again = pool.check_out(Purpose::Other, None, t0);
+        let served = settle(&mut pool);
+        assert_eq!(
+            served,
+            [PoolAction::CheckedOut {
+                checkout: again,
+                connection: held[0]
+            }]
+        );
     }
 }

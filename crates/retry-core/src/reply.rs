@@ -70,6 +70,118 @@ pub(crate) fn encoded_cursor_id(cursor: &RawDocument) -> Option<i64> {
     id
 }
 
+/// Where a reply's top-level fields that every reply is read for are: `ok` and
+/// `writeConcernError` (whether the error rules must look at the reply), `$clusterTime` (SE-16),
+/// `operationTime` (SE-21), `recoveryToken` (TX-6) and `cursor` (the cursor rules). Noted
+/// element by element ([`TopFields::note`]) as the decoder checks a reply's body, so that the
+/// engine reads them without walking the reply again (issue 9). Each is the *last* occurrence
+/// of its key, the value `Document::get` sees in the converted document. Small (it travels with
+/// every decoded message): the others are kept as where their values start in the body.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TopFields {
+    /// `ok` is 1 (any numeric type) or `true`.
+    pub(crate) ok: bool,
+    /// A `writeConcernError` key is present (of any type).
+    pub(crate) write_concern_error: bool,
+    /// Where the values of `$clusterTime`, `operationTime`, `recoveryToken` and `cursor` start,
+    /// when of the type read (a document; a timestamp for `operationTime`); 0 otherwise (no
+    /// value starts there: a document begins with its length).
+    at: [u32; 4],
+}
+
+const CLUSTER_TIME: usize = 0;
+const OPERATION_TIME: usize = 1;
+const RECOVERY_TOKEN: usize = 2;
+const CURSOR: usize = 3;
+
+impl TopFields {
+    /// Notes one top-level element of the document whose bytes are `document` (its key, type
+    /// tag and value bytes, a part of `document`, as [`Elements`] yields them).
+    #[inline]
+    pub(crate) fn note(&mut self, document: &[u8], key: &[u8], tag: u8, value: &[u8]) {
+        let (field, read) = match key {
+            b"ok" => return self.ok = is_ok_element(tag, value),
+            b"writeConcernError" => return self.write_concern_error = true,
+            b"$clusterTime" => (CLUSTER_TIME, tag == DOCUMENT),
+            b"operationTime" => (OPERATION_TIME, tag == TIMESTAMP),
+            b"recoveryToken" => (RECOVERY_TOKEN, tag == DOCUMENT),
+            b"cursor" => (CURSOR, tag == DOCUMENT),
+            _ => return,
+        };
+        // A value of a message (at most 2^31 bytes) starts within `u32`.
+        let start = (value.as_ptr() as usize).wrapping_sub(document.as_ptr() as usize);
+        self.at[field] = match read {
+            true => u32::try_from(start).unwrap_or(0),
+            false => 0,
+        };
+    }
+
+    /// The fields of the validated document `document`, read from its bytes. An element that
+    /// cannot be read ends the walk and makes the reply one the error rules look at whole (no
+    /// `ok`).
+    pub(crate) fn read(document: &RawDocument) -> TopFields {
+        let bytes = document.as_bytes();
+        let mut fields = TopFields::default();
+        let mut elements = Elements::of(document);
+        for (key, tag, value) in elements.by_ref() {
+            fields.note(bytes, key, tag, value);
+        }
+        if elements.broken() {
+            fields.ok = false;
+        }
+        fields
+    }
+
+    /// `$clusterTime` of `document` (the one noted), when a document.
+    pub(crate) fn cluster_time<'a>(&self, document: &'a RawDocument) -> Option<&'a RawDocument> {
+        self.embedded(document, CLUSTER_TIME)
+    }
+
+    /// `operationTime` of `document`, when a timestamp.
+    pub(crate) fn operation_time(&self, document: &RawDocument) -> Option<bson::Timestamp> {
+        let start = self.start(OPERATION_TIME)?;
+        let value = document.as_bytes().get(start..start.checked_add(8)?)?;
+        crate::bson_read::timestamp(TIMESTAMP, value)
+    }
+
+    /// `recoveryToken` of `document`, when a document.
+    pub(crate) fn recovery_token<'a>(&self, document: &'a RawDocument) -> Option<&'a RawDocument> {
+        self.embedded(document, RECOVERY_TOKEN)
+    }
+
+    /// `cursor` of `document`, when a document.
+    pub(crate) fn cursor<'a>(&self, document: &'a RawDocument) -> Option<&'a RawDocument> {
+        self.embedded(document, CURSOR)
+    }
+
+    /// Where `field`'s value starts, if noted (nearly always not: found inline).
+    #[inline(always)]
+    fn start(&self, field: usize) -> Option<usize> {
+        match self.at[field] {
+            0 => None,
+            at => usize::try_from(at).ok(),
+        }
+    }
+
+    /// The embedded document whose value starts at `field`'s place (its length first).
+    #[inline(always)]
+    fn embedded<'a>(&self, document: &'a RawDocument, field: usize) -> Option<&'a RawDocument> {
+        embedded_at(document, self.start(field)?)
+    }
+}
+
+/// The embedded document whose value starts at `start` of `document` (its length first).
+fn embedded_at(document: &RawDocument, start: usize) -> Option<&RawDocument> {
+    let bytes = document.as_bytes();
+    let len = bytes.get(start..start.checked_add(4)?)?;
+    let len = usize::try_from(i32::from_le_bytes([len[0], len[1], len[2], len[3]])).ok()?;
+    RawDocument::from_bytes(bytes.get(start..start.checked_add(len)?)?).ok()
+}
+
+/// The BSON type tags of an embedded document and a timestamp.
+const DOCUMENT: u8 = 0x03;
+const TIMESTAMP: u8 = 0x11;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -460,16 +460,24 @@ enum Decision {
 
 /// The retry state machine of one operation. See the [module docs](self) for the driving loop and
 /// the rules.
+///
+/// The fields are laid out in the order written (`repr(C)`), the ones every attempt reads first
+/// and the monitoring events last: a caller that keeps many machines in flight (a simulation)
+/// finds a machine it has not touched for a while in fewer cache lines.
 #[derive(Debug)]
+#[repr(C)]
 pub struct RetryMachine<R: RngCore = EngineRng> {
+    state: State,
     spec: OperationSpec,
     options: RetryOptions,
     rng: R,
-    state: State,
     /// BP-8: retries made so far (counted ones; gRPC transparent retries are not counted).
     retries: u32,
     /// Attempts dispatched, transparent ones included.
     dispatched: u32,
+    /// gRPC: retries since the last pushback, and transparent retries in a row.
+    since_pushback: u32,
+    transparent_in_a_row: u32,
     /// BP-22: an overload error has been seen; the overload cap applies from now on.
     overload_seen: bool,
     /// TX-11: every failure so far was a retryable overload error.
@@ -478,19 +486,16 @@ pub struct RetryMachine<R: RngCore = EngineRng> {
     retryable_writes_supported: bool,
     /// RW-2: the retryable write carries a txnNumber (decided on the first dispatch).
     txn_attached: bool,
-    /// gRPC: retries since the last pushback, and transparent retries in a row.
-    since_pushback: u32,
-    transparent_in_a_row: u32,
-    /// Inline up to three addresses: a three-member replica set, the usual deployment.
-    deprioritized: SmallVec<[ServerAddress; 3]>,
-    /// The error the operation would raise now (RW-17).
-    raised: Option<OperationError>,
-    /// A `ReleaseConnection` due before every queued action (see [`RetryMachine::push_release`]).
-    release: Option<bool>,
-    actions: Queue<Action, 3>,
-    events: Queue<RetryEvent, 3>,
     /// Whether monitoring events are recorded (see [`RetryMachine::without_events`]).
     record_events: bool,
+    /// A `ReleaseConnection` due before every queued action (see [`RetryMachine::push_release`]).
+    release: Option<bool>,
+    /// The error the operation would raise now (RW-17).
+    raised: Option<OperationError>,
+    actions: Queue<Action, 3>,
+    /// Inline up to three addresses: a three-member replica set, the usual deployment.
+    deprioritized: SmallVec<[ServerAddress; 3]>,
+    events: Queue<RetryEvent, 3>,
 }
 
 impl RetryMachine<EngineRng> {

@@ -19,6 +19,7 @@ use alloc::vec::Vec;
 use bson::{Document, RawDocument, RawDocumentBuf};
 use core::fmt;
 
+use crate::reply::TopFields;
 use crate::{bson_read, bson_write};
 
 pub use crate::bson_read::value_size;
@@ -155,6 +156,9 @@ pub struct RawOpMsg {
     pub body: RawDocumentBuf,
     /// Kind-1 sections, in order (WP-3).
     pub sequences: Vec<RawDocumentSequence>,
+    /// The body's top-level fields every reply is read for, noted as the body was validated
+    /// (issue 9).
+    pub(crate) top: TopFields,
 }
 
 /// A kind-1 section of a [`RawOpMsg`] (WP-3, WP-4).
@@ -703,17 +707,23 @@ pub fn parse_frame_raw(frame: &[u8]) -> Result<RawOpMsg, DecodeError> {
 /// A message type a frame parses into: how its documents are read and how it is assembled.
 trait Parsed: Sized {
     type Doc;
+    type Body;
     type Seq;
     fn document(bytes: &[u8]) -> Result<Self::Doc, DecodeError>;
+    fn body(bytes: &[u8]) -> Result<Self::Body, DecodeError>;
     fn sequence(identifier: String, documents: Vec<Self::Doc>) -> Self::Seq;
     fn identifier(sequence: &Self::Seq) -> &str;
-    fn message(header: [i32; 2], flags: MsgFlags, body: Self::Doc, seqs: Vec<Self::Seq>) -> Self;
+    fn message(header: [i32; 2], flags: MsgFlags, body: Self::Body, seqs: Vec<Self::Seq>) -> Self;
 }
 
 impl Parsed for OpMsg {
     type Doc = Document;
+    type Body = Document;
     type Seq = DocumentSequence;
     fn document(bytes: &[u8]) -> Result<Document, DecodeError> {
+        parse_document(bytes)
+    }
+    fn body(bytes: &[u8]) -> Result<Document, DecodeError> {
         parse_document(bytes)
     }
     fn sequence(identifier: String, documents: Vec<Document>) -> DocumentSequence {
@@ -738,9 +748,13 @@ impl Parsed for OpMsg {
 
 impl Parsed for RawOpMsg {
     type Doc = RawDocumentBuf;
+    type Body = (RawDocumentBuf, TopFields);
     type Seq = RawDocumentSequence;
     fn document(bytes: &[u8]) -> Result<RawDocumentBuf, DecodeError> {
         parse_raw_document(bytes)
+    }
+    fn body(bytes: &[u8]) -> Result<(RawDocumentBuf, TopFields), DecodeError> {
+        parse_raw_body(bytes)
     }
     fn sequence(identifier: String, documents: Vec<RawDocumentBuf>) -> RawDocumentSequence {
         RawDocumentSequence {
@@ -754,7 +768,7 @@ impl Parsed for RawOpMsg {
     fn message(
         header: [i32; 2],
         flags: MsgFlags,
-        body: RawDocumentBuf,
+        (body, top): (RawDocumentBuf, TopFields),
         seqs: Vec<Self::Seq>,
     ) -> Self {
         RawOpMsg {
@@ -763,6 +777,7 @@ impl Parsed for RawOpMsg {
             flags,
             body,
             sequences: seqs,
+            top,
         }
     }
 }
@@ -800,7 +815,7 @@ fn parse_frame_as<M: Parsed>(frame: &[u8]) -> Result<M, DecodeError> {
                 let len = section_len(frame, at, end, 5)?;
                 bodies += 1;
                 if bodies == 1 {
-                    body = Some(M::document(&frame[at..at + len])?);
+                    body = Some(M::body(&frame[at..at + len])?);
                 }
                 at += len;
             }
@@ -841,6 +856,7 @@ fn parse_frame_as<M: Parsed>(frame: &[u8]) -> Result<M, DecodeError> {
 }
 
 /// The int32 length at `at`, checked to be at least `min` and to end by `end`.
+#[inline]
 fn section_len(buf: &[u8], at: usize, end: usize, min: usize) -> Result<usize, DecodeError> {
     if end.saturating_sub(at) < 4 {
         return Err(DecodeError::Truncated);
@@ -888,6 +904,22 @@ pub fn empty_document() -> Document {
     Document::new()
 }
 
+/// [`parse_raw_document`] for a message's body, noting its top-level fields as it is validated
+/// ([`TopFields`], issue 9: an attempt's reply is then not walked again).
+fn parse_raw_body(bytes: &[u8]) -> Result<(RawDocumentBuf, TopFields), DecodeError> {
+    let raw = RawDocumentBuf::from_bytes(bytes.to_vec())
+        .map_err(|e| DecodeError::Bson(alloc::format!("{e}")))?;
+    let mut top = TopFields::default();
+    let document = raw.as_bytes();
+    let complete =
+        bson_read::validate_each(&raw, |key, tag, value| top.note(document, key, tag, value))
+            .map_err(|e| DecodeError::Bson(alloc::format!("{e}")))?;
+    if !complete {
+        top.ok = false;
+    }
+    Ok((raw, top))
+}
+
 /// A document left encoded, validated as [`parse_document`] would convert it.
 fn parse_raw_document(bytes: &[u8]) -> Result<RawDocumentBuf, DecodeError> {
     // Copied first, so its framing is checked once (`to_owned` would check it again; issue 9).
@@ -897,10 +929,12 @@ fn parse_raw_document(bytes: &[u8]) -> Result<RawDocumentBuf, DecodeError> {
     Ok(raw)
 }
 
+#[inline(always)]
 fn le4(buf: &[u8], at: usize) -> [u8; 4] {
     [buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]
 }
 
+#[inline(always)]
 fn read_i32(buf: &[u8], at: usize) -> i32 {
     i32::from_le_bytes(le4(buf, at))
 }
@@ -1284,7 +1318,7 @@ mod tests {
 
         /// WP-2, WP-3: `decode_raw` accepts and refuses exactly what `decode` does (here a valid
         /// message with bytes overwritten, fed whole or in two pieces), and its documents
-        /// convert to `decode`'s.
+        /// convert to `decode`'s; the body's noted fields are those a walk of it reads.
         #[test]
         fn decode_raw_agrees_with_decode(
             message in arbitrary_message(),
@@ -1304,6 +1338,10 @@ mod tests {
             for piece in [&bytes[..cut], &bytes[cut..]] {
                 let expected = tree.decode(piece);
                 let got = raw.decode_raw(piece).map(|(n, m)| {
+                    // Issue 9: the fields noted as the body was validated are a walk's.
+                    if let Some(m) = &m {
+                        assert_eq!(m.top, TopFields::read(&m.body));
+                    }
                     (n, m.map(|m| OpMsg {
                         request_id: m.request_id,
                         response_to: m.response_to,

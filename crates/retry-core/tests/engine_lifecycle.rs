@@ -203,16 +203,25 @@ fn member_hello(address: &ServerAddress, hosts: &[&str]) -> Document {
 /// BP-2) and whose later commands get `then`.
 fn overloaded_once(then: Document) -> Script {
     let mut failures = 1;
-    Box::new(move |_, body| {
-        if is_hello(body) {
-            return Some(mongos_hello());
-        }
+    mongos_answering(move |_| {
         if failures > 0 {
             failures -= 1;
-            return Some(doc! { "ok": 0, "code": 462, "errmsg": "overloaded",
-            "errorLabels": ["SystemOverloadedError", "RetryableError"] });
+            return doc! { "ok": 0, "code": 462, "errmsg": "overloaded",
+            "errorLabels": ["SystemOverloadedError", "RetryableError"] };
         }
-        Some(then.clone())
+        then.clone()
+    })
+}
+
+/// A mongos that answers its hellos with [`mongos_hello`] and every other command with `answer`'s
+/// reply for the address it reached.
+fn mongos_answering(mut answer: impl FnMut(&ServerAddress) -> Document + 'static) -> Script {
+    Box::new(move |address, body| {
+        Some(if is_hello(body) {
+            mongos_hello()
+        } else {
+            answer(address)
+        })
     })
 }
 
@@ -547,13 +556,7 @@ fn ev1_ev2_each_attempt_publishes_one_started_and_one_closing_command_event() {
 /// EV-6: a security-sensitive command is published without its command and reply.
 #[test]
 fn ev6_sensitive_commands_are_redacted() {
-    let script: Script = Box::new(|_, body| {
-        Some(if is_hello(body) {
-            mongos_hello()
-        } else {
-            doc! { "ok": 1, "conversationId": 1, "payload": "secret" }
-        })
-    });
+    let script = mongos_answering(|_| doc! { "ok": 1, "conversationId": 1, "payload": "secret" });
     let settings = TopologySettings::new(vec![address("m1")]);
     let mut options = EngineOptions::new(settings, handshake());
     options.command_monitoring = true;
@@ -954,13 +957,7 @@ fn last_db(net: &Net) -> Option<String> {
 /// whose box is not kept, gives none.
 #[test]
 fn a_finished_operations_db_name_is_handed_out_empty_for_the_next_db() {
-    let script: Script = Box::new(|address, body| {
-        Some(if is_hello(body) {
-            mongos_hello()
-        } else {
-            cursor_from(address)
-        })
-    });
+    let script = mongos_answering(cursor_from);
     let mut options = EngineOptions::new(TopologySettings::new(vec![address("m")]), handshake());
     options.service_config = Some(
         retry_core::service_config::ServiceConfig::from_document(&doc! { "methodConfig": [{
@@ -1021,18 +1018,9 @@ fn a_finished_operations_db_name_is_handed_out_empty_for_the_next_db() {
 /// member's pool and ends exactly once.
 #[test]
 fn an_operation_after_an_earlier_member_left_reaches_its_members_moved_pool() {
-    let removed = Rc::new(Cell::new(false));
-    let gone = removed.clone();
-    let script: Script = Box::new(move |address, body| {
-        if is_hello(body) {
-            let hosts: &[&str] = if gone.get() { &["a"] } else { &["a", "b"] };
-            return Some(member_hello(address, hosts));
-        }
-        Some(cursor_from(address))
-    });
+    let (removed, script, mut settings) = set_that_removes_b(|address| Some(cursor_from(address)));
     // `b` first: its pool comes before the primary's, which moves when `b` leaves.
-    let mut settings = TopologySettings::new(vec![address("b"), address("a")]);
-    settings.replica_set = Some("rs".into());
+    settings.seeds = vec![address("b"), address("a")];
     let mut net = Net::new(EngineOptions::new(settings, handshake()), script);
     let on_a = |net: &Net, op: OpId| {
         let results = net.finished(op);

@@ -404,3 +404,62 @@ fn cm8_cm1_poll_timeout_follows_waiters_and_idle_connections() {
     );
     assert_eq!(pool.poll_timeout(), None);
 }
+
+/// Issue 9 (CM-1, CM-8, CMAP monitoring): a pool that records no events
+/// (`Pool::set_record_events(false)`, what an engine whose embedder publishes no pool events
+/// sets) takes the same actions, in the same order, through checkouts that wait, a clear and a
+/// close; it records none, and records again once switched back on.
+#[test]
+fn a_pool_without_events_takes_the_same_actions() {
+    let run = |record: bool| {
+        let options = PoolOptions {
+            max_pool_size: 2,
+            ..PoolOptions::default()
+        };
+        let mut pool = Pool::new(address(), options);
+        pool.set_record_events(record);
+        let t0 = Instant::ZERO;
+        pool.ready(t0);
+        let mut actions = Vec::new();
+        let mut ids = Vec::new();
+        for n in 0..4 {
+            let deadline = Some(Instant::from_millis(100 + n));
+            ids.push(pool.check_out(Purpose::Other, deadline, t0));
+            actions.extend(settle(&mut pool, None, t0));
+        }
+        // Every connection checked out goes back (one in three unhealthy, so closed), the
+        // waiting checkouts served meanwhile.
+        let mut next = 0;
+        while let Some(action) = actions.get(next).cloned() {
+            next += 1;
+            if let PoolAction::CheckedOut { connection, .. } = action {
+                pool.check_in(connection, next % 3 != 0, Instant::from_millis(10));
+                actions.extend(settle(&mut pool, None, Instant::from_millis(10)));
+            }
+        }
+        assert!(ids.iter().all(|id| checked_out(&actions, *id).is_some()));
+        pool.clear(None, false, "test", Instant::from_millis(20));
+        pool.handle_timeout(Instant::from_millis(200));
+        actions.extend(settle(&mut pool, None, Instant::from_millis(200)));
+        pool.close(Instant::from_millis(300));
+        actions.extend(settle(&mut pool, None, Instant::from_millis(300)));
+        let recorded = events(&mut pool);
+        pool.set_record_events(true);
+        pool.ready(Instant::from_millis(400));
+        let _ = pool.check_out(Purpose::Other, None, Instant::from_millis(400));
+        (format!("{actions:?}"), recorded.len(), events(&mut pool))
+    };
+    let (with, recorded, _) = run(true);
+    let (without, none, after) = run(false);
+    assert_eq!(with, without);
+    assert!(
+        with.contains("CheckedOut") && with.contains("Close"),
+        "{with}"
+    );
+    // `PoolCreated` comes before the switch, which drops it.
+    assert!(recorded > 2);
+    assert_eq!(none, 0);
+    assert!(after
+        .iter()
+        .any(|e| matches!(e, PoolEvent::CheckOutStarted { .. })));
+}

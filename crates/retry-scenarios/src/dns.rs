@@ -240,8 +240,18 @@ pub async fn srv_seedlist_through_a_dns_server<R: Runtime>(runtime: impl Fn(Name
 }
 
 /// How many times faster [`Accelerated`]'s clock runs: SRV polling's 60 s floor (SP-2) passes in
-/// 3 s, while `connectTimeoutMS` (10 s, so 0.5 s) still dwarfs a loopback connect.
+/// 3 s.
 const ACCELERATION: u64 = 20;
+
+/// The polling client's `connectTimeoutMS` and `serverSelectionTimeoutMS` in wall-clock seconds
+/// (times [`ACCELERATION`] on its clock). Only the client's clock runs fast: the test server
+/// holds an awaitable `hello` for `maxAwaitTimeMS` (500) of wall time, 10 s on the client's
+/// clock, and with the default `connectTimeoutMS` (10 s) each streamed reply was due within
+/// `connectTimeoutMS + heartbeatFrequencyMS` = 10.5 s (MO-4): 25 ms of wall time to spare, so a
+/// starved process failed the check (MO-11), cleared the pool and interrupted a ping in flight
+/// (`PoolCleared`); the default server selection timeout (30 s) was 1.5 s of wall time. No
+/// assertion depends on these deadlines.
+const WALL_DEADLINE_SECS: u64 = 30;
 
 /// `R` with its clock and timers running 20 times faster, so SRV polling's
 /// minutes pass in seconds end to end. Every other call goes to `R`; made from a started `R`
@@ -347,8 +357,12 @@ pub async fn srv_polling_follows_the_records<R: Runtime>(runtime: impl Fn(Namese
                 ..DnsRecords::default()
             },
         );
-        let uri = "mongodb+srv://poll.test.local/?tls=false&heartbeatFrequencyMS=500";
-        let client = Client::with_uri_async_on(Accelerated(runtime(dns.nameservers())), uri)
+        let deadline_ms = WALL_DEADLINE_SECS * 1000 * ACCELERATION;
+        let uri = format!(
+            "mongodb+srv://poll.test.local/?tls=false&heartbeatFrequencyMS=500\
+             &connectTimeoutMS={deadline_ms}&serverSelectionTimeoutMS={deadline_ms}"
+        );
+        let client = Client::with_uri_async_on(Accelerated(runtime(dns.nameservers())), &uri)
             .await
             .expect("the seedlist resolves");
         let mut events = client.events();

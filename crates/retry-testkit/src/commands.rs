@@ -839,20 +839,25 @@ fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
         errors.push((positions[index], doc! { "code": 11000, "errmsg": message }));
     }
     errors.sort_by_key(|(index, _)| *index);
-    let mut reply = doc! { "n": count_i32(outcome.n) };
+    let errors = errors
+        .into_iter()
+        .map(|(index, error)| {
+            let mut entry = doc! { "index": count_i32(index) };
+            entry.extend(error);
+            entry
+        })
+        .collect();
+    write_reply(doc! { "n": count_i32(outcome.n) }, errors)
+}
+
+/// A write command's reply: `counts`, then the statements' `writeErrors` when there are any,
+/// then `ok: 1`.
+fn write_reply(mut counts: Document, errors: Vec<Document>) -> Document {
     if !errors.is_empty() {
-        let errors: Vec<Document> = errors
-            .into_iter()
-            .map(|(index, error)| {
-                let mut entry = doc! { "index": count_i32(index) };
-                entry.extend(error);
-                entry
-            })
-            .collect();
-        reply.insert("writeErrors", errors);
+        counts.insert("writeErrors", errors);
     }
-    reply.insert("ok", 1.0);
-    reply
+    counts.insert("ok", 1.0);
+    counts
 }
 
 /// `{update: coll, updates: [{q, u, multi, upsert}], ordered}`.
@@ -916,11 +921,7 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     if !upserted.is_empty() {
         reply.insert("upserted", upserted);
     }
-    if !errors.is_empty() {
-        reply.insert("writeErrors", errors);
-    }
-    reply.insert("ok", 1.0);
-    reply
+    write_reply(reply, errors)
 }
 
 /// `{delete: coll, deletes: [{q, limit}], ordered}`.
@@ -1306,8 +1307,13 @@ fn aggregate(
         Some(v) if integer(v) == Some(1) => String::from("$cmd.aggregate"),
         _ => return error_reply(2, "aggregate needs a collection name or 1"),
     };
-    let Ok(pipeline) = command.get_array("pipeline") else {
-        return error_reply(2, "aggregate needs a pipeline array");
+    // Review21 R6: a `pipeline` that is not an array, or an element of it that is not a
+    // document, is TypeMismatch 14 (`aggregation_request.cpp`; the 5.0+ IDL parser's
+    // `parsePipelineFromBSON` says the same).
+    let pipeline = match command.get("pipeline") {
+        Some(Bson::Array(pipeline)) => pipeline,
+        Some(_) => return error_reply(14, "'pipeline' option must be specified as an array"),
+        None => return error_reply(2, "aggregate needs a pipeline array"),
     };
     let Ok(cursor) = command.get_document("cursor") else {
         return error_reply(9, "The 'cursor' option is required");
@@ -1320,13 +1326,26 @@ fn aggregate(
         },
     };
     let ns = format!("{db}.{collection}");
+    let documents: Option<Vec<&Document>> = pipeline
+        .iter()
+        .map(|stage| match stage {
+            Bson::Document(stage) => Some(stage),
+            _ => None,
+        })
+        .collect();
+    let Some(documents) = documents else {
+        return error_reply(14, "Each element of the 'pipeline' array must be an object");
+    };
     let mut stages = Vec::new();
-    for stage in pipeline {
-        let Bson::Document(stage) = stage else {
-            return error_reply(2, "each pipeline stage must be a document");
-        };
-        let Some((name, spec)) = stage.iter().next() else {
-            return error_reply(2, "empty pipeline stage");
+    for stage in documents {
+        // Review21 R6 (house rule 7): `LiteParsedDocumentSource::parse` (3.6+) refuses a stage
+        // document with other than exactly one field (40323) when the command is parsed,
+        // before anything else; `DocumentSource::parse`'s 16435 for the same is never reached.
+        let (1, Some((name, spec))) = (stage.len(), stage.iter().next()) else {
+            return error_reply(
+                40323,
+                "A pipeline stage specification object must contain exactly one field.",
+            );
         };
         stages.push((name.as_str(), spec));
     }
@@ -1341,6 +1360,16 @@ fn aggregate(
             323,
             "$listLocalSessions is not allowed with 'apiStrict: true' in API Version 1",
         );
+    }
+    // Review21 R6 (house rule 7, 11): each stage's arguments are checked as the pipeline is
+    // parsed (`createFromBson`), before it is validated (73 below), run, or read by
+    // `optimized_away`.
+    for &(name, spec) in &stages {
+        if matches!(name, "$skip" | "$limit") {
+            if let Err(refusal) = count_argument(name, spec, max_wire_version) {
+                return refusal;
+            }
+        }
     }
     // Review15 finding 1 (house rule 7): `{aggregate: 1}` reads and locks no collection
     // (`run_aggregate.cpp`: a collectionless pipeline with no foreign namespace takes no lock),
@@ -1391,14 +1420,17 @@ fn aggregate(
                 }
                 kept
             }
-            ("$skip", n) => documents
-                .into_iter()
-                .skip(integer(n).unwrap_or(0).max(0) as usize)
-                .collect(),
-            ("$limit", n) => documents
-                .into_iter()
-                .take(integer(n).unwrap_or(0).max(0) as usize)
-                .collect(),
+            ("$skip" | "$limit", n) => {
+                let count = match count_argument(name, n, max_wire_version) {
+                    Ok(count) => usize::try_from(count).unwrap_or(usize::MAX),
+                    Err(refusal) => return refusal,
+                };
+                if name == "$skip" {
+                    documents.into_iter().skip(count).collect()
+                } else {
+                    documents.into_iter().take(count).collect()
+                }
+            }
             ("$sort", Bson::Document(sort)) => {
                 let mut documents = documents;
                 if let Err(e) = sort_documents(&mut documents, sort) {
@@ -1478,10 +1510,11 @@ fn aggregate(
 /// `_id` index here: `{_id: 1}` or `{_id: -1}`; `prepareExecutor` pops the `$sort` the query
 /// system can sort without blocking); from 4.4 (wire 9) the query layer takes any `$sort`
 /// (with the `$limit` it coalesced) and a leading `$limit` (`pipeline_d.cpp`,
-/// `prepareExecutor`, `extractLimitForPushdown`). 4.0 and older always run a pipeline. The
+/// `prepareExecutor`, `extractLimitForPushdown`), then a leading inclusion `$project`
+/// (`buildProjectionForPushdown`, review21 R2). 4.0 and older always run a pipeline. The
 /// stages are read as the server's optimization phase leaves them ([`reordered_stages`]).
 fn optimized_away(stages: &[(&str, &Bson)], max_wire_version: i32) -> bool {
-    let stages = reordered_stages(stages);
+    let stages = reordered_stages(stages, max_wire_version);
     let mut rest = stages.iter().skip_while(|(name, _)| *name == "$match");
     let by_id = |spec: &Bson| {
         matches!(spec, Bson::Document(keys) if keys.len() == 1
@@ -1493,12 +1526,29 @@ fn optimized_away(stages: &[(&str, &Bson)], max_wire_version: i32) -> bool {
             (Some(("$sort", spec)), None) => by_id(spec),
             _ => false,
         },
+        // Review21 R2: 4.4 (`buildInnerQueryExecutorGeneric`, `prepareExecutor`) takes a
+        // leading `$sort` with the `$limit`s it absorbed over stages that swap with a limit
+        // (`$project`, `$addFields`), or else the `$limit`s `extractLimitForPushdown` takes
+        // from the front over them, then one leading inclusion `$project`
+        // (`buildProjectionForPushdown`).
         9..LOCK_FREE_READS_WIRE_VERSION => {
-            let rest: Vec<&str> = rest.map(|(name, _)| *name).collect();
-            matches!(
-                rest.as_slice(),
-                [] | ["$sort"] | ["$limit"] | ["$sort", "$limit"]
-            )
+            let mut rest: Vec<(&str, &Bson)> = rest.copied().collect();
+            let sort = usize::from(matches!(rest.first(), Some(("$sort", _))));
+            let mut at = sort;
+            while let Some(&(name, _)) = rest.get(at) {
+                match name {
+                    "$limit" => {
+                        rest.remove(at);
+                    }
+                    "$project" | "$addFields" => at += 1,
+                    _ => break,
+                }
+            }
+            match &rest[sort..] {
+                [] => true,
+                [("$project", Bson::Document(spec))] => inclusion(spec),
+                _ => false,
+            }
         }
         _ => false,
     }
@@ -1515,28 +1565,189 @@ fn optimized_away(stages: &[(&str, &Bson)], max_wire_version: i32) -> bool {
 /// two after the reordering, here before it: a pipeline with one between a `$sort` and a
 /// `$match` counts as optimized away where the server keeps it (stricter, never more
 /// forgiving). Adjacent `$match`es stay two entries here: both lead, or neither does, as one
-/// merged would. Not modelled (docs/testkit.md "Limits"): a `$match` moved over a `$project` /
-/// `$addFields` (split by the paths they modify), a `$limit` moved over a `$skip` or absorbed
-/// by a `$sort` across other stages, which leave a stage in the pipeline either way.
-fn reordered_stages<'a>(stages: &[(&'a str, &'a Bson)]) -> Vec<(&'a str, &'a Bson)> {
+/// merged would. Review21 R1: a `$sort` right after a `$sort` (or after the `$limit` it
+/// absorbed) replaces it, keeping that `$limit` (4.4's `DocumentSourceSort::doOptimizeAt`
+/// erases the first and keeps the lower limit); 4.2's does not merge them, so there this is
+/// stricter. Review21 R2: a `$match` also moves over an inclusion `$project` that keeps every
+/// field it reads ([`keeps_fields_read`]). Not modelled (docs/testkit.md "Limits"): a `$match`
+/// moved over an exclusion `$project` or an `$addFields`, and a `$limit` moved over a `$skip`,
+/// which leave a stage in the pipeline either way; the `$limit`s a `$sort` absorbs over other
+/// stages are read by [`optimized_away`].
+fn reordered_stages<'a>(
+    stages: &[(&'a str, &'a Bson)],
+    max_wire_version: i32,
+) -> Vec<(&'a str, &'a Bson)> {
     let mut reordered: Vec<(&str, &Bson)> = Vec::with_capacity(stages.len());
     for &(name, spec) in stages {
         match (name, spec) {
             ("$match", Bson::Document(filter)) if filter.is_empty() => {}
-            ("$skip", skip) if integer(skip) == Some(0) => {}
+            ("$skip", skip) if count_argument(name, skip, max_wire_version) == Ok(0) => {}
             ("$limit", _) if reordered.last().is_some_and(|(last, _)| *last == "$limit") => {}
-            ("$match", _) => {
-                let sorts = reordered
+            ("$sort", _) => {
+                let merged = match reordered.as_slice() {
+                    [.., ("$sort", _)] => Some(reordered.len() - 1),
+                    [.., ("$sort", _), ("$limit", _)] => Some(reordered.len() - 2),
+                    _ => None,
+                };
+                match merged {
+                    Some(at) => reordered[at] = (name, spec),
+                    None => reordered.push((name, spec)),
+                }
+            }
+            ("$match", Bson::Document(filter)) => {
+                let passed = reordered
                     .iter()
                     .rev()
-                    .take_while(|(stage, _)| *stage == "$sort")
+                    .take_while(|(stage, spec)| match (*stage, spec) {
+                        ("$sort", _) => true,
+                        ("$project", Bson::Document(projection)) => {
+                            inclusion(projection) && keeps_fields_read(projection, filter)
+                        }
+                        _ => false,
+                    })
                     .count();
-                reordered.insert(reordered.len() - sorts, (name, spec));
+                reordered.insert(reordered.len() - passed, (name, spec));
             }
             _ => reordered.push((name, spec)),
         }
     }
     reordered
+}
+
+/// Whether a `$project` includes fields (`TransformerType::kInclusionProjection`): a field
+/// other than `_id` set to true or a non-zero number, or `_id` alone so set.
+fn inclusion(spec: &Document) -> bool {
+    spec.iter().any(|(k, v)| k != "_id" && truthy(v))
+        || (spec.len() == 1 && spec.get("_id").is_some_and(truthy))
+}
+
+/// A projection value that includes its field.
+fn truthy(value: &Bson) -> bool {
+    integer(value).is_some_and(|v| v != 0) || matches!(value, Bson::Boolean(true))
+}
+
+/// Review21 R2 (house rule 7): whether the inclusion `projection` keeps every top-level field
+/// `filter` reads (`_id` unless excluded), so that the `$match` moves in front of it
+/// (`DocumentSource::pushMatchBefore`: an inclusion projection modifies all paths but the
+/// ones it keeps; a `$match` that reads one it drops stays, in part or whole, after it). The
+/// clauses of `$and` / `$or` / `$nor` are read; `$comment` reads nothing; another top-level
+/// operator (`$expr`, ...) counts as reading kept fields only, so such a `$match` moves here
+/// where the server may keep it (stricter).
+fn keeps_fields_read(projection: &Document, filter: &Document) -> bool {
+    filter
+        .iter()
+        .all(|(key, value)| match (key.as_str(), value) {
+            ("$and" | "$or" | "$nor", Bson::Array(clauses)) => clauses
+                .iter()
+                .all(|c| matches!(c, Bson::Document(c) if keeps_fields_read(projection, c))),
+            (operator, _) if operator.starts_with('$') => true,
+            (path, _) => {
+                let field = path.split('.').next().unwrap_or(path);
+                match projection.get(field) {
+                    Some(kept) => truthy(kept),
+                    None => field == "_id",
+                }
+            }
+        })
+}
+
+/// From 5.0 (wire 13) `$skip` and `$limit` take only an integer
+/// (`BSONElement::parseIntegerElementToNonNegativeLong`, codes 5107200 and 5107201).
+const INTEGER_STAGE_COUNT_WIRE_VERSION: i32 = 13;
+
+/// Review21 R6 (house rule 7, 11): the count a `$skip` or `$limit` stage takes, refused as the
+/// server refuses it when it parses the stage (`DocumentSourceSkip::createFromBson`,
+/// `DocumentSourceLimit::createFromBson` and `create`). Before 5.0: a value that is no number
+/// is 15972 (`$skip`) / 15957 (`$limit`), a number is read as `BSONElement::numberLong` reads
+/// it (a double cut toward zero by a C cast, which on x86-64 makes a NaN or a double out of
+/// range the most negative long), then a negative `$skip` is 15956 and a `$limit` below 1 is
+/// 15958. From 5.0: no number, a NaN, a double out of range or not integral, and a negative
+/// value are 5107200 / 5107201 ("invalid argument to $skip stage: ..."), and a `$limit` of 0
+/// is 15958. A Decimal128 (a number to the server) is TestkitUnsupported.
+fn count_argument(stage: &str, value: &Bson, max_wire_version: i32) -> Result<u64, Document> {
+    const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
+    let limit = stage == "$limit";
+    let out_of_range = |v: f64| !(-TWO_TO_63..TWO_TO_63).contains(&v);
+    if let Bson::Decimal128(_) = value {
+        return Err(unsupported_reply(&format!("{stage} given as a Decimal128")));
+    }
+    let number = if max_wire_version < INTEGER_STAGE_COUNT_WIRE_VERSION {
+        match value {
+            Bson::Int32(v) => i64::from(*v),
+            Bson::Int64(v) => *v,
+            Bson::Double(v) if v.is_nan() || out_of_range(*v) => i64::MIN,
+            Bson::Double(v) => *v as i64,
+            _ if limit => {
+                return Err(error_reply(
+                    15957,
+                    "the limit must be specified as a number",
+                ))
+            }
+            other => {
+                return Err(error_reply(
+                    15972,
+                    &format!(
+                        "Argument to $skip must be a number not a {}",
+                        crate::refusals::type_name(other)
+                    ),
+                ))
+            }
+        }
+    } else {
+        let code = if limit { 5107201 } else { 5107200 };
+        let refuse = |reason: &str| {
+            let shown = shown(value);
+            error_reply(
+                code,
+                &format!("invalid argument to {stage} stage: {reason}: {stage}: {shown}"),
+            )
+        };
+        let number = match value {
+            Bson::Int32(v) => i64::from(*v),
+            Bson::Int64(v) => *v,
+            Bson::Double(v) if v.is_nan() => {
+                return Err(refuse("Expected an integer, but found NaN in"))
+            }
+            Bson::Double(v) if out_of_range(*v) => {
+                return Err(refuse("Cannot represent as a 64-bit integer"))
+            }
+            Bson::Double(v) if v.fract() != 0.0 => return Err(refuse("Expected an integer")),
+            Bson::Double(v) => *v as i64,
+            _ => return Err(refuse("Expected a number in")),
+        };
+        if number < 0 {
+            return Err(refuse("Expected a non-negative number in"));
+        }
+        number
+    };
+    match u64::try_from(number) {
+        Ok(0) if limit => Err(error_reply(15958, "the limit must be positive")),
+        Ok(count) => Ok(count),
+        Err(_) if limit => Err(error_reply(15958, "the limit must be positive")),
+        Err(_) => Err(error_reply(15956, "Argument to $skip cannot be negative")),
+    }
+}
+
+/// A value as `BSONElement::toString` prints it in the server's messages: a double as
+/// `appendDoubleNice` does (".0" added when there is no '.'; digits in Rust's notation, not
+/// `%.16g`), a string quoted, anything else as the bson crate prints it.
+fn shown(value: &Bson) -> String {
+    match value {
+        Bson::Double(v) => {
+            let text = match v {
+                v if v.is_nan() => String::from("nan"),
+                v if v.is_infinite() => String::from(if *v > 0.0 { "inf" } else { "-inf" }),
+                v => v.to_string(),
+            };
+            if text.contains('.') {
+                text
+            } else {
+                text + ".0"
+            }
+        }
+        Bson::String(s) => format!("\"{s}\""),
+        other => other.to_string(),
+    }
 }
 
 /// `$project` by inclusion or exclusion of top-level fields (`_id` kept unless excluded), or
@@ -1561,9 +1772,7 @@ fn project(
             })
             .collect());
     }
-    let include = spec.iter().any(|(k, v)| {
-        k != "_id" && (integer(v).is_some_and(|v| v != 0) || matches!(v, Bson::Boolean(true)))
-    });
+    let include = inclusion(spec);
     if !spec
         .values()
         .all(|v| integer(v).is_some() || matches!(v, Bson::Boolean(_)))
@@ -2644,6 +2853,253 @@ mod tests {
         // Before 4.2 a pipeline always runs; from 5.0 reads take no lock.
         assert!(!away(&[("$sort", &by_id), ("$match", &filter)], 7));
         assert!(!away(&[("$limit", &five), ("$limit", &three)], 13));
+    }
+
+    /// Review21 R2 (TK-15, house rule 7): a 4.4 server's query layer takes, after the leading
+    /// `$match`es and a leading `$sort` (with the `$limit`s it absorbed over stages that swap
+    /// with a limit) or the `$limit`s `extractLimitForPushdown` takes from the front, one
+    /// leading inclusion `$project` (`buildProjectionForPushdown`), and a `$match` after an
+    /// inclusion `$project` that keeps every field it reads moves in front of it
+    /// (`pushMatchBefore`). 4.2 takes no `$project`.
+    #[test]
+    fn review21_r2_tk15_a_leading_inclusion_project_is_pushed_on_4_4() {
+        let by_x = Bson::Document(doc! { "x": 1 });
+        let include_a = Bson::Document(doc! { "a": 1 });
+        let only_id = Bson::Document(doc! { "_id": true });
+        let a_without_id = Bson::Document(doc! { "a": 1, "_id": 0 });
+        let exclude_a = Bson::Document(doc! { "a": 0 });
+        let exclude_id = Bson::Document(doc! { "_id": 0 });
+        let on_a = Bson::Document(doc! { "a.b": { "$gt": 1 } });
+        let on_id = Bson::Document(doc! { "_id": 1 });
+        let on_b = Bson::Document(doc! { "b": 1 });
+        let either = Bson::Document(doc! { "$or": [{ "a": 1 }, { "_id": 2 }], "$comment": "c" });
+        let either_b = Bson::Document(doc! { "$or": [{ "a": 1 }, { "b": 2 }] });
+        let (five, two) = (Bson::Int32(5), Bson::Int32(2));
+        let away = |stages: &[(&str, &Bson)], wire: i32| optimized_away(stages, wire);
+        for wire in 9..=12 {
+            let away = |stages: &[(&str, &Bson)]| away(stages, wire);
+            // The review's example: the `$limit` is absorbed by the `$sort` over the `$project`.
+            assert!(away(&[
+                ("$sort", &by_x),
+                ("$project", &include_a),
+                ("$limit", &five)
+            ]));
+            assert!(away(&[("$project", &include_a)]));
+            assert!(away(&[("$project", &only_id)]));
+            assert!(away(&[("$match", &on_b), ("$project", &a_without_id)]));
+            assert!(away(&[("$limit", &five), ("$project", &include_a)]));
+            assert!(away(&[("$project", &include_a), ("$limit", &five)]));
+            assert!(away(&[
+                ("$limit", &five),
+                ("$project", &include_a),
+                ("$limit", &two)
+            ]));
+            assert!(away(&[
+                ("$sort", &by_x),
+                ("$limit", &five),
+                ("$project", &include_a)
+            ]));
+            // A `$match` on kept fields moves in front of the `$project` (and a `$sort`).
+            assert!(away(&[("$project", &include_a), ("$match", &on_a)]));
+            assert!(away(&[("$project", &include_a), ("$match", &on_id)]));
+            assert!(away(&[("$project", &include_a), ("$match", &either)]));
+            assert!(away(&[
+                ("$sort", &by_x),
+                ("$project", &include_a),
+                ("$match", &on_a)
+            ]));
+            // ... not one on a field it drops, nor one after a `$limit`.
+            assert!(!away(&[("$project", &include_a), ("$match", &on_b)]));
+            assert!(!away(&[("$project", &include_a), ("$match", &either_b)]));
+            assert!(!away(&[("$project", &a_without_id), ("$match", &on_id)]));
+            assert!(!away(&[
+                ("$project", &include_a),
+                ("$limit", &five),
+                ("$match", &on_a)
+            ]));
+            // Only one inclusion `$project`, at the front once the `$sort` is taken.
+            assert!(!away(&[("$project", &exclude_a)]));
+            assert!(!away(&[("$project", &exclude_id)]));
+            assert!(!away(&[("$addFields", &include_a), ("$limit", &five)]));
+            assert!(!away(&[("$project", &include_a), ("$project", &include_a)]));
+            assert!(!away(&[("$project", &include_a), ("$sort", &by_x)]));
+            assert!(!away(&[("$skip", &two), ("$project", &include_a)]));
+            assert!(!away(&[
+                ("$sort", &by_x),
+                ("$project", &include_a),
+                ("$skip", &two),
+                ("$limit", &five)
+            ]));
+            assert!(!away(&[
+                ("$sort", &by_x),
+                ("$project", &include_a),
+                ("$sort", &by_x)
+            ]));
+        }
+        assert!(!away(&[("$project", &include_a)], 8));
+        assert!(!away(&[("$project", &include_a)], 13));
+        // `{_id: 1}` alone is an inclusion projection: it keeps `_id` only.
+        let documents = vec![doc! { "_id": 1, "a": 2 }];
+        let projected = project(documents, &doc! { "_id": 1 }, false);
+        assert_eq!(projected, Ok(vec![doc! { "_id": 1 }]));
+    }
+
+    /// Review21 R6 (house rule 7, 11): a `$skip` / `$limit` argument is refused as the
+    /// server parses it (4.2 / 4.4 `document_source_skip.cpp` / `document_source_limit.cpp`;
+    /// from 5.0 `parseIntegerElementToNonNegativeLong`), never run as 0 or as no limit.
+    #[test]
+    fn review21_r6_skip_and_limit_arguments_are_refused_as_the_server_parses_them() {
+        let parse = |stage: &str, value: Bson, wire: i32| {
+            count_argument(stage, &value, wire).map_err(|reply| {
+                let message = reply.get_str("errmsg").unwrap_or_default().to_owned();
+                (reply.get_i32("code").unwrap_or_default(), message)
+            })
+        };
+        let refused = |code: i32, message: &str| Err((code, message.to_owned()));
+        for wire in [6, 8, 9, 12] {
+            assert_eq!(parse("$limit", Bson::Int32(5), wire), Ok(5));
+            assert_eq!(parse("$skip", Bson::Int64(0), wire), Ok(0));
+            // `numberLong` cuts a double toward zero.
+            assert_eq!(parse("$limit", Bson::Double(2.5), wire), Ok(2));
+            assert_eq!(parse("$skip", Bson::Double(-0.5), wire), Ok(0));
+            let positive = refused(15958, "the limit must be positive");
+            assert_eq!(parse("$limit", Bson::Int32(0), wire), positive);
+            assert_eq!(parse("$limit", Bson::Int64(-3), wire), positive);
+            assert_eq!(parse("$limit", Bson::Double(0.5), wire), positive);
+            assert_eq!(parse("$limit", Bson::Double(f64::NAN), wire), positive);
+            assert_eq!(parse("$limit", Bson::Double(1e19), wire), positive);
+            assert_eq!(
+                parse("$limit", Bson::String("5".into()), wire),
+                refused(15957, "the limit must be specified as a number")
+            );
+            assert_eq!(
+                parse("$limit", Bson::Null, wire),
+                refused(15957, "the limit must be specified as a number")
+            );
+            let negative = refused(15956, "Argument to $skip cannot be negative");
+            assert_eq!(parse("$skip", Bson::Int32(-1), wire), negative);
+            assert_eq!(parse("$skip", Bson::Double(f64::INFINITY), wire), negative);
+            assert_eq!(
+                parse("$skip", Bson::String("1".into()), wire),
+                refused(15972, "Argument to $skip must be a number not a string")
+            );
+            assert_eq!(
+                parse("$skip", Bson::Boolean(true), wire),
+                refused(15972, "Argument to $skip must be a number not a bool")
+            );
+        }
+        for wire in [13, 25] {
+            assert_eq!(parse("$limit", Bson::Double(5.0), wire), Ok(5));
+            assert_eq!(parse("$skip", Bson::Int32(0), wire), Ok(0));
+            assert_eq!(
+                parse("$limit", Bson::Int32(0), wire),
+                refused(15958, "the limit must be positive")
+            );
+            assert_eq!(
+                parse("$limit", Bson::Int32(-1), wire),
+                refused(
+                    5107201,
+                    "invalid argument to $limit stage: Expected a non-negative number in: \
+                     $limit: -1"
+                )
+            );
+            assert_eq!(
+                parse("$limit", Bson::Double(2.5), wire),
+                refused(
+                    5107201,
+                    "invalid argument to $limit stage: Expected an integer: $limit: 2.5"
+                )
+            );
+            assert_eq!(
+                parse("$skip", Bson::Double(-2.0), wire),
+                refused(
+                    5107200,
+                    "invalid argument to $skip stage: Expected a non-negative number in: \
+                     $skip: -2.0"
+                )
+            );
+            assert_eq!(
+                parse("$skip", Bson::Double(f64::NAN), wire),
+                refused(
+                    5107200,
+                    "invalid argument to $skip stage: Expected an integer, but found NaN in: \
+                     $skip: nan.0"
+                )
+            );
+            assert_eq!(
+                parse("$skip", Bson::Double(1e19), wire).map_err(|(code, _)| code),
+                Err(5107200)
+            );
+            assert_eq!(
+                parse("$skip", Bson::String("a".into()), wire),
+                refused(
+                    5107200,
+                    "invalid argument to $skip stage: Expected a number in: $skip: \"a\""
+                )
+            );
+        }
+        let decimal = Bson::Decimal128("5".parse().expect("a decimal"));
+        assert_eq!(
+            parse("$limit", decimal, 25).map_err(|(code, _)| code),
+            Err(TESTKIT_UNSUPPORTED)
+        );
+    }
+
+    /// Review21 R1 (TK-15, house rule 7): 4.4's `DocumentSourceSort::doOptimizeAt` erases a
+    /// `$sort` followed by another `$sort` (keeping the lower of their limits, so also across
+    /// a `$limit` the first absorbed), and the query layer then takes the one left: on wire
+    /// 9-12 such a pipeline is optimized away. 4.2 does not merge them; merging there too only
+    /// makes more cursors queue (stricter).
+    #[test]
+    fn review21_r1_tk15_adjacent_sorts_merge_before_the_query_layer_takes_one() {
+        let by_id = Bson::Document(doc! { "_id": 1 });
+        let by_x = Bson::Document(doc! { "x": 1 });
+        let by_y = Bson::Document(doc! { "y": -1 });
+        let filter = Bson::Document(doc! { "_id": { "$gte": 1 } });
+        let (five, three) = (Bson::Int32(5), Bson::Int32(3));
+        let away = |stages: &[(&str, &Bson)], wire: i32| optimized_away(stages, wire);
+        for wire in 9..=12 {
+            assert!(away(&[("$sort", &by_x), ("$sort", &by_y)], wire));
+            assert!(away(
+                &[("$sort", &by_x), ("$limit", &five), ("$sort", &by_y)],
+                wire
+            ));
+            assert!(away(
+                &[
+                    ("$sort", &by_x),
+                    ("$limit", &five),
+                    ("$sort", &by_y),
+                    ("$limit", &three)
+                ],
+                wire
+            ));
+            assert!(away(
+                &[("$sort", &by_x), ("$sort", &by_y), ("$sort", &by_id)],
+                wire
+            ));
+            // A `$match` between them moves in front of both first.
+            assert!(away(
+                &[("$sort", &by_x), ("$match", &filter), ("$sort", &by_y)],
+                wire
+            ));
+            // A `$match` after a `$sort` that absorbed a `$limit` stays between them.
+            assert!(!away(
+                &[
+                    ("$sort", &by_x),
+                    ("$limit", &five),
+                    ("$match", &filter),
+                    ("$sort", &by_y)
+                ],
+                wire
+            ));
+        }
+        // 4.2 takes only a `$sort` on `_id`: the later one is what is left.
+        assert!(away(&[("$sort", &by_x), ("$sort", &by_id)], 8));
+        assert!(!away(&[("$sort", &by_id), ("$sort", &by_x)], 8));
+        assert!(!away(
+            &[("$sort", &by_x), ("$limit", &five), ("$sort", &by_id)],
+            8
+        ));
     }
 
     /// Review19 R4 (TK-15, house rule 7): a top-level `$comment` adds no expression to a

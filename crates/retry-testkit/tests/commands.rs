@@ -2943,6 +2943,14 @@ async fn docs13_optimized_away_aggregate_cursors_queue_behind_a_pending_drop_bef
                         bson!([{ "$match": {} }, { "$sort": { "x": -1 } }, { "$limit": 5 }]),
                         true,
                     ),
+                    // Review21 R1: adjacent `$sort`s merge; R2: an inclusion `$project` left
+                    // at the front once the `$sort` (with its `$limit`) is taken is taken too.
+                    (bson!([{ "$sort": { "x": 1 } }, { "$sort": { "_id": 1 } }]), true),
+                    (
+                        bson!([{ "$sort": { "x": 1 } }, { "$project": { "x": 1 } }, { "$limit": 5 }]),
+                        true,
+                    ),
+                    (bson!([{ "$project": { "x": 0 } }]), false),
                     (add_fields.clone(), false),
                 ],
             ),
@@ -3311,6 +3319,62 @@ async fn fixes18c_tk15_transactions_need_wire_7_on_a_replica_set_and_8_on_mongos
         let reply = client.command(session(commit, 1, false)).await.unwrap();
         assert_eq!(code(&reply), None, "wire 7 primary: {reply}");
         server.shutdown().await;
+    })
+    .await
+}
+
+/// Review21 R6 (house rule 7, 11): `aggregate` refuses what a real server refuses when it
+/// parses the pipeline, before anything runs: a `pipeline` that is no array or holds a
+/// non-document (TypeMismatch 14), a stage document with other than one field
+/// (40323, `LiteParsedDocumentSource::parse`), a `$limit` that is not a positive number and a
+/// `$skip` that is negative or not a number (15957 / 15958 / 15956 / 15972 before 5.0;
+/// 5107201 / 5107200, and 15958 for a `$limit` of 0, from 5.0), also in `{aggregate: 1}`
+/// (parsed before the InvalidNamespace 73 check).
+#[tokio::test]
+async fn review21_r6_aggregate_refuses_malformed_stages_before_running_them() {
+    bounded(async {
+        for (wire, negative_skip, text_limit) in [(9, 15956, 15957), (25, 5107200, 5107201)] {
+            let (server, mut client) = start_primary_at(wire).await;
+            server
+                .handle()
+                .insert("db.c", vec![doc! { "_id": 1 }, doc! { "_id": 2 }]);
+            let cases = [
+                (bson!(5), 14),
+                (bson!([{ "$limit": 1 }, 5]), 14),
+                (bson!([{ "$match": {}, "$limit": 1 }, 5]), 14),
+                (bson!([{ "$match": {}, "$limit": 1 }]), 40323),
+                (bson!([{ "$limit": 1 }, {}]), 40323),
+                (bson!([{ "$limit": 0 }]), 15958),
+                (bson!([{ "$match": {} }, { "$limit": 0 }]), 15958),
+                (bson!([{ "$limit": "1" }]), text_limit),
+                (bson!([{ "$skip": -1 }]), negative_skip),
+                (
+                    bson!([{ "$sort": { "x": 1 } }, { "$skip": -1 }]),
+                    negative_skip,
+                ),
+            ];
+            for (pipeline, expected) in cases {
+                for target in [Bson::from("c"), Bson::Int32(1)] {
+                    let command = doc! {
+                        "aggregate": target, "pipeline": pipeline.clone(), "cursor": {},
+                        "$db": "db",
+                    };
+                    let reply = client.command(command.clone()).await.unwrap();
+                    assert_eq!(
+                        code(&reply),
+                        Some(expected),
+                        "wire {wire} {command}: {reply}"
+                    );
+                }
+            }
+            let valid = doc! {
+                "aggregate": "c", "pipeline": [{ "$skip": 1 }, { "$limit": 1 }], "cursor": {},
+                "$db": "db",
+            };
+            let reply = client.command(valid).await.unwrap();
+            assert_eq!(first_batch(&reply), vec![doc! { "_id": 2 }], "{reply}");
+            server.shutdown().await;
+        }
     })
     .await
 }

@@ -888,6 +888,8 @@ impl Engine {
             spare_documents: Vec::new(),
             spare_names: Vec::new(),
         };
+        let pool_events = engine.options.events.contains(EventFamilies::POOL);
+        engine.topology.set_pool_events(pool_events);
         engine.schedule(Machine::Topology);
         engine.schedule_every_pool();
         engine.run(now);
@@ -1118,6 +1120,19 @@ impl Engine {
     /// events nobody listens to does not build them), so turning one on publishes those of the
     /// operations started from then on.
     pub fn set_events(&mut self, families: EventFamilies) {
+        // Issue 9: pools record their events only while they are published (a driver sets the
+        // families before every batch of requests: the pools are visited only on a change).
+        let pool_events = families.contains(EventFamilies::POOL);
+        if pool_events != self.options.events.contains(EventFamilies::POOL) {
+            self.topology.set_pool_events(pool_events);
+            for pool in self
+                .servers
+                .iter_mut()
+                .filter_map(|s| s.retired_pool.as_mut())
+            {
+                pool.set_record_events(pool_events);
+            }
+        }
         self.options.events = families;
     }
 

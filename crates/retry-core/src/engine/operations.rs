@@ -55,7 +55,16 @@ fn attempt_selected(
     state.wake = None;
     state.server = Some(server.clone());
     op.server_selected(slot, server, now);
-    waiting.remove(&op_id);
+    unwait(waiting, op_id);
+}
+
+/// SS-16: `op_id` no longer waits for a topology change. Nearly always none waits: the empty set
+/// is not searched (issue 9: an out-of-line `BTreeSet::remove` per selection and per finish).
+#[inline(always)]
+fn unwait(waiting: &mut alloc::collections::BTreeSet<OpId>, op_id: OpId) {
+    if !waiting.is_empty() {
+        waiting.remove(&op_id);
+    }
 }
 
 /// SS-9, LB-6 (issue 9): where the attempt's `$readPreference` goes. When it is all the attempt
@@ -730,7 +739,7 @@ impl Engine {
                 self.cursor_session_ended(cursor.session, now);
             }
         }
-        self.waiting.remove(&op_id);
+        unwait(&mut self.waiting, op_id);
         let Some(mut op) = self.ops.remove(&op_id) else {
             return;
         };
@@ -1012,6 +1021,7 @@ impl Engine {
         (op_id, slot): (OpId, usize),
         conn: ConnId,
         body: RawDocumentBuf,
+        top: crate::reply::TopFields,
         now: Instant,
     ) {
         let Some(socket) = self.sockets.get_mut(&conn) else {
@@ -1019,8 +1029,9 @@ impl Engine {
         };
         socket.op = None;
         let (server, owner) = (socket.server, socket.owner);
-        // The reply stays encoded: what the engine needs is read in place (`raw_reply.rs`).
-        let fields = ReplyFields::read(&body);
+        // The reply stays encoded: what the engine needs is read in place (`raw_reply.rs`), where
+        // the decoder noted it.
+        let fields = ReplyFields::noted(&body, &top);
         let error = fields.error(&body, &socket.address);
         if let Some(pending) = socket.command.take() {
             self.command_replied(pending, &raw_reply::to_document(&body), now);

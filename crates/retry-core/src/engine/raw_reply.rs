@@ -4,19 +4,19 @@
 //!
 //! One pass over the top-level fields finds what every reply may carry for the engine: `ok` and
 //! `writeConcernError` (whether the error rules must look at it), `$clusterTime` (SE-16),
-//! `operationTime` (SE-21), `recoveryToken` (TX-6) and `cursor.id` (the cursor rules). Each is
-//! the *last* occurrence of its key, the value `Document::get` sees in the converted document
-//! (a repeated key keeps its last value there), so reading in place gives the answers the
-//! document-based rules give. A reply that is not a plain success goes to those rules whole
+//! `operationTime` (SE-21), `recoveryToken` (TX-6) and `cursor.id` (the cursor rules); for an
+//! attempt's reply it is the decoder's validation pass, which notes them ([`TopFields`], issue
+//! 9). Each is the *last* occurrence of its key, the value `Document::get` sees in the
+//! converted document (a repeated key keeps its last value there), so reading in place gives
+//! the answers the document-based rules give. A reply that is not a plain success goes to those rules whole
 //! ([`ReplyFields::error`]).
 
 use bson::raw::RawDocument;
 use bson::{Document, Timestamp};
 
 use crate::address::ServerAddress;
-use crate::bson_read::{timestamp, Elements};
 use crate::error::OperationError;
-use crate::reply;
+use crate::reply::{self, TopFields};
 
 /// The fields of one reply the engine reads on every reply (see the module docs).
 #[derive(Clone, Copy, Debug, Default)]
@@ -40,25 +40,20 @@ impl<'a> ReplyFields<'a> {
     /// the decoder; an element that cannot be read ends the pass and makes the reply one the
     /// error rules look at whole.
     pub(super) fn read(reply: &'a RawDocument) -> ReplyFields<'a> {
-        let mut fields = ReplyFields::default();
-        let mut elements = Elements::of(reply);
-        for (key, tag, value) in elements.by_ref() {
-            match key {
-                b"ok" => fields.ok = reply::is_ok_element(tag, value),
-                b"writeConcernError" => fields.write_concern_error = true,
-                b"$clusterTime" => fields.cluster_time = document(tag, value),
-                b"operationTime" => fields.operation_time = timestamp(tag, value),
-                b"recoveryToken" => fields.recovery_token = document(tag, value),
-                b"cursor" => {
-                    fields.cursor_id = document(tag, value).and_then(reply::encoded_cursor_id)
-                }
-                _ => {}
-            }
+        ReplyFields::noted(reply, &TopFields::read(reply))
+    }
+
+    /// The fields of `reply` that the decoder noted as it checked it (`RawOpMsg::top`, issue 9:
+    /// the reply is not walked again).
+    pub(super) fn noted(body: &'a RawDocument, top: &TopFields) -> ReplyFields<'a> {
+        ReplyFields {
+            ok: top.ok,
+            write_concern_error: top.write_concern_error,
+            cluster_time: top.cluster_time(body),
+            operation_time: top.operation_time(body),
+            recovery_token: top.recovery_token(body),
+            cursor_id: top.cursor(body).and_then(reply::encoded_cursor_id),
         }
-        if elements.broken() {
-            fields.ok = false;
-        }
-        fields
     }
 
     /// The error this reply reports: none for a plain success (`ok: 1`, no `writeConcernError`),
@@ -75,15 +70,6 @@ impl<'a> ReplyFields<'a> {
         OperationError::from_reply(&to_document(reply), address)
     }
 }
-
-/// An embedded document element.
-fn document(tag: u8, value: &[u8]) -> Option<&RawDocument> {
-    (tag == DOCUMENT)
-        .then(|| RawDocument::from_bytes(value).ok())
-        .flatten()
-}
-
-const DOCUMENT: u8 = 0x03;
 
 /// The document a decoded reply (or one of its embedded documents) holds. The decoder validated
 /// it as this conversion reads it, so the conversion does not fail; if it ever did, the result
@@ -119,6 +105,90 @@ mod tests {
         let len = (bytes.len() as i32).to_le_bytes();
         bytes[..4].copy_from_slice(&len);
         RawDocumentBuf::from_bytes(bytes).expect("valid")
+    }
+
+    /// The message `body` arrives in (an OP_MSG of one kind-0 section), decoded as a socket
+    /// decodes it.
+    fn decoded(body: &RawDocumentBuf) -> crate::wire::RawOpMsg {
+        let bytes = body.as_bytes();
+        let mut frame = Vec::new();
+        frame.extend_from_slice(&((21 + bytes.len()) as i32).to_le_bytes());
+        frame.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]);
+        frame.extend_from_slice(&2013_i32.to_le_bytes());
+        frame.extend_from_slice(&[0, 0, 0, 0, 0]);
+        frame.extend_from_slice(bytes);
+        let mut decoder =
+            crate::wire::FrameDecoder::new(crate::wire::DEFAULT_MAX_MESSAGE_SIZE_BYTES);
+        let (used, message) = decoder.decode_raw(&frame).expect("decodes");
+        assert_eq!(used, frame.len());
+        message.expect("one message")
+    }
+
+    /// Issue 9 (SE-16, SE-21, TX-6, BP-1): the fields the decoder notes as it validates a
+    /// reply's body are the ones a walk of the body reads: last occurrences, values of other
+    /// types, and the walk of an unusual document (a Decimal128, which the one-pass check leaves
+    /// to the `bson` crate's).
+    #[test]
+    fn the_decoder_notes_the_fields_a_walk_reads() {
+        let time = Timestamp {
+            time: 7,
+            increment: 2,
+        };
+        let replies = [
+            raw(&doc! { "ok": 1.0 }),
+            raw(&doc! { "ok": 0, "errmsg": "no", "code": 2 }),
+            raw(&doc! {
+                "cursor": { "id": 5_i64, "ns": "db.c", "firstBatch": [] },
+                "ok": 1,
+                "$clusterTime": { "clusterTime": time },
+                "operationTime": time,
+                "recoveryToken": { "a": 1 },
+            }),
+            raw(&doc! {
+                "cursor": 1, "$clusterTime": "no", "operationTime": 7, "recoveryToken": [],
+                "ok": true, "writeConcernError": { "code": 64 },
+            }),
+            raw(&doc! {
+                "d": bson::Decimal128::from_bytes([0; 16]),
+                "cursor": { "id": 3_i32 },
+                "operationTime": time,
+                "ok": 1.0,
+            }),
+            with_repeated(("ok", Bson::Int32(1)), ("ok", Bson::Int32(0))),
+            with_repeated(
+                ("cursor", Bson::Document(doc! { "id": 4_i64 })),
+                ("cursor", Bson::Int32(1)),
+            ),
+            with_repeated(
+                ("operationTime", Bson::Timestamp(time)),
+                ("operationTime", Bson::Int64(1)),
+            ),
+        ];
+        for reply in &replies {
+            let message = decoded(reply);
+            assert_eq!(&message.body, reply);
+            assert_eq!(message.top, TopFields::read(reply), "{reply:?}");
+            let (noted, read) = (
+                ReplyFields::noted(&message.body, &message.top),
+                ReplyFields::read(reply),
+            );
+            assert_eq!(format!("{noted:?}"), format!("{read:?}"));
+        }
+        let rich = decoded(&replies[2]);
+        let rich = ReplyFields::noted(&rich.body, &rich.top);
+        assert_eq!(
+            (rich.ok, rich.cursor_id, rich.operation_time),
+            (true, Some(5), Some(time))
+        );
+        assert!(rich.cluster_time.is_some() && rich.recovery_token.is_some());
+        let unusual = decoded(&replies[4]);
+        let unusual = ReplyFields::noted(&unusual.body, &unusual.top);
+        assert_eq!((unusual.ok, unusual.cursor_id), (true, Some(3)));
+        let other = decoded(&replies[3]);
+        let other = ReplyFields::noted(&other.body, &other.top);
+        assert!(other.ok && other.write_concern_error);
+        assert!(other.cursor_id.is_none() && other.cluster_time.is_none());
+        assert!(other.operation_time.is_none() && other.recovery_token.is_none());
     }
 
     /// BP-1 (error facts from the reply): the fields read in place are the ones the document

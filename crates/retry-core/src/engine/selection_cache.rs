@@ -50,6 +50,11 @@ impl TrackedTopology {
         self.topology.pools_mut()
     }
 
+    /// Whether the pools record their events (selection does not read them).
+    pub(super) fn set_pool_events(&mut self, on: bool) {
+        self.topology.set_pool_events(on);
+    }
+
     /// The next SDAM event (reading the output queue changes no description).
     pub(super) fn poll_event(&mut self) -> Option<SdamEvent> {
         self.topology.poll_event()

@@ -172,8 +172,6 @@ impl Engine {
                 return;
             };
             let (server, owner, op) = (socket.server, socket.owner, socket.op);
-            let handshaken = socket.machine.handshake().is_some();
-            let hello_service = socket.machine.service_id();
             match event {
                 ConnectionEvent::HandshakeComplete { reply, .. } => match owner {
                     Owner::Monitor => self.monitor_handshake_completed(server, &reply, now),
@@ -189,10 +187,17 @@ impl Engine {
                 ConnectionEvent::Reply { reply, .. } => match (owner, op) {
                     (Owner::Monitor, _) => self.monitor_replied(server, conn, &reply, now),
                     (Owner::Rtt, _) => self.rtt_replied(server, now),
-                    (Owner::Pool(_), Some(op)) => self.attempt_replied(op, conn, reply.body, now),
+                    (Owner::Pool(_), Some(op)) => {
+                        self.attempt_replied(op, conn, reply.body, reply.top, now)
+                    }
                     (Owner::Pool(_), None) => self.drained_reply(conn, &reply.body, now),
                 },
                 ConnectionEvent::Failed(failure) => {
+                    // Read before the socket is removed (only a failure needs them).
+                    let (handshaken, hello_service) =
+                        self.sockets.get(&conn).map_or((false, None), |s| {
+                            (s.machine.handshake().is_some(), s.machine.service_id())
+                        });
                     let address = self.server(server).address.clone();
                     let error = failure.to_operation_error(&address);
                     let (pending, drain) = self

@@ -124,6 +124,8 @@ pub struct Topology {
     /// Bumped whenever a pool joins or leaves `pools`, which moves their indices (the engine
     /// keeps where each server's pool was; issue 9).
     pub(super) pools_version: u64,
+    /// Whether its pools record their monitoring events ([`Topology::set_pool_events`]).
+    pub(super) pool_events: bool,
     pub(super) closed: bool,
     pub(super) events: VecDeque<SdamEvent>,
     pub(super) actions: VecDeque<TopologyAction>,
@@ -145,6 +147,7 @@ impl Topology {
         let mut topology = Topology {
             pools: Vec::new(),
             pools_version: 0,
+            pool_events: true,
             closed: false,
             events: VecDeque::from([SdamEvent::TopologyOpening]),
             actions: VecDeque::new(),
@@ -230,6 +233,16 @@ impl Topology {
     /// index among them may change).
     pub(crate) fn pools_version(&self) -> u64 {
         self.pools_version
+    }
+
+    /// Whether its pools, those of servers that join later included, record their monitoring
+    /// events ([`Pool::set_record_events`]; issue 9: an engine whose embedder publishes no pool
+    /// events has them record none).
+    pub(crate) fn set_pool_events(&mut self, on: bool) {
+        self.pool_events = on;
+        for pool in &mut self.pools {
+            pool.set_record_events(on);
+        }
     }
 
     /// The next SDAM monitoring event, in order.
@@ -599,8 +612,9 @@ impl Topology {
         if self.description.server(&address).is_some() {
             return;
         }
-        self.pools
-            .push(Pool::new(address.clone(), self.settings.pool.clone()));
+        let mut pool = Pool::new(address.clone(), self.settings.pool.clone());
+        pool.set_record_events(self.pool_events);
+        self.pools.push(pool);
         self.pools_version += 1;
         self.description
             .servers

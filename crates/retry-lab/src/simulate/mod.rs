@@ -10,6 +10,7 @@
 //! measures recovery. [`output`] writes the CSV files and SVG charts.
 
 mod events;
+mod exponential;
 pub mod model;
 pub mod output;
 pub mod policy;

@@ -25,6 +25,7 @@ use retry_core::topology::{
 use smallvec::SmallVec;
 
 use super::events::{Event, Few, Kind, Lane, Timers, NONE};
+use super::exponential::Exponential;
 use super::policy::{
     unit, ClientBudget, GrpcConfigs, SimPolicy, AWS_MAX_ATTEMPTS, AWS_MAX_BACKOFF, AWS_QUOTA,
     AWS_THROTTLING_BASE, AWS_THROTTLING_COST, AWS_TRANSIENT_BASE, AWS_TRANSIENT_COST,
@@ -256,14 +257,26 @@ struct Server {
     admit_per_ns: f64,
     burst: f64,
     busy: u32,
-    queue: VecDeque<u32>,
+    queue: VecDeque<Queued>,
     tokens: f64,
     refilled_at: u64,
     rng: EngineRng,
 }
 
+/// An attempt in a server's queue, with what a worker reads when it takes the attempt: its entry
+/// in [`World::works`], written when it arrived, is then only written (its outcome), not read, so
+/// that an attempt that queued long (megabytes of attempts later) costs no load that misses.
+#[derive(Clone, Copy)]
+struct Queued {
+    work: u32,
+    shed: bool,
+    deadline: u64,
+}
+
 /// What a worker spends on an item: the service time of an admitted operation, the shed cost.
 struct Service {
+    /// Exponential variates (service times, inter-arrival times).
+    exp: Exponential,
     shed_ns: u64,
     service_ns: f64,
     straggler_fraction: f64,
@@ -271,24 +284,23 @@ struct Service {
 }
 
 impl Service {
-    /// A worker of `server` takes `work` at `now`: its outcome, and how long it takes.
+    /// A worker of `server` takes the attempt `item` at `now`: how long it takes, and its
+    /// outcome.
     #[inline]
-    fn begin(&self, server: &mut Server, work: &mut Work, now: u64) -> u64 {
-        let (cost, outcome) = if work.shed {
+    fn begin(&self, server: &mut Server, item: Queued, now: u64) -> (u64, Outcome) {
+        if item.shed {
             (self.shed_ns, Outcome::Overloaded)
-        } else if now >= work.deadline {
+        } else if now >= item.deadline {
             // maxTimeMS: the server drops an operation whose time ran out while it queued.
             (self.shed_ns, Outcome::Expired)
         } else {
-            let u = unit(&mut server.rng);
+            let e = self.exp.sample(&mut server.rng);
             let mut mean = self.service_ns;
             if unit(&mut server.rng) < self.straggler_fraction {
                 mean *= self.straggler_factor;
             }
-            ((-(1.0 - u).ln() * mean) as u64 + 1, Outcome::Ok)
-        };
-        work.outcome = outcome;
-        cost
+            ((e * mean) as u64 + 1, Outcome::Ok)
+        }
     }
 }
 
@@ -304,9 +316,13 @@ struct Simple {
     in_flight: bool,
 }
 
+/// An operation's machine, inline in its [`Slot`] (not boxed): an event finds the slot and the
+/// machine by one index, without a dependent load of the machine's address (the slots of the
+/// operations in flight at high load are megabytes, so each such load is a cache miss).
+#[allow(clippy::large_enum_variant)] // the baselines' slots are as large as the machines'
 enum Machine {
-    Retry(Box<RetryMachine>),
-    Hedge(Box<HedgingMachine>),
+    Retry(RetryMachine),
+    Hedge(HedgingMachine),
     Simple(Simple),
 }
 
@@ -407,6 +423,9 @@ pub(crate) struct Sim<'a> {
 }
 
 /// An operation's slot and its machine: one lookup finds both, and both can be borrowed at once.
+/// Aligned to a cache line, the operation first: an event that finds its operation ended reads
+/// one line.
+#[repr(C, align(64))]
 struct Slot {
     op: Op,
     machine: Machine,
@@ -461,6 +480,9 @@ struct World<'a> {
     warmup_ns: u64,
     /// Arrivals per nanosecond at the profile's highest load.
     max_rate: f64,
+    /// Its inverse, the mean gap between candidate arrivals in nanoseconds (a multiplication
+    /// per arrival instead of a division).
+    mean_gap_ns: f64,
     /// An episode's window and acceptance ratios, computed once (`None` for a steady load).
     episode: Option<Episode>,
 }
@@ -580,8 +602,7 @@ impl<'a> World<'a> {
         }
         let mut t = self.now;
         loop {
-            let u = unit(&mut self.arrivals);
-            t += (-(1.0 - u).ln() / max_rate) as u64 + 1;
+            t += (self.service.exp.sample(&mut self.arrivals) * self.mean_gap_ns) as u64 + 1;
             if t >= self.arrivals_end {
                 return;
             }
@@ -632,12 +653,18 @@ impl<'a> World<'a> {
             work.shed = true;
             self.result.shed += 1;
         }
+        let item = Queued {
+            work: id,
+            shed: work.shed,
+            deadline: work.deadline,
+        };
         if server.busy < server.workers {
             server.busy += 1;
-            let cost = self.service.begin(server, work, now);
+            let (cost, outcome) = self.service.begin(server, item, now);
+            work.outcome = outcome;
             self.complete_after(cost, id);
         } else {
-            server.queue.push_back(id);
+            server.queue.push_back(item);
         }
     }
 
@@ -661,10 +688,9 @@ impl<'a> World<'a> {
         match server.queue.pop_front() {
             // The worker goes on with the next item: it stays busy.
             Some(next) => {
-                let cost = self
-                    .service
-                    .begin(server, &mut self.works[next as usize], now);
-                self.complete_after(cost, next);
+                let (cost, outcome) = self.service.begin(server, next, now);
+                self.works[next.work as usize].outcome = outcome;
+                self.complete_after(cost, next.work);
             }
             None => server.busy -= 1,
         }
@@ -853,6 +879,7 @@ impl<'a> Sim<'a> {
                 ..RunResult::default()
             },
             service: Service {
+                exp: Exponential::new(),
                 shed_ns: nanos(cluster.shed_cost),
                 service_ns: nanos(cluster.service_mean) as f64,
                 straggler_fraction: cluster.straggler_fraction,
@@ -865,10 +892,19 @@ impl<'a> Sim<'a> {
             bucket_end: 0,
             warmup_ns: nanos(spec.warmup),
             max_rate: spec.load.max() * cluster.capacity() / 1e9,
+            mean_gap_ns: 1e9 / (spec.load.max() * cluster.capacity()),
             episode: Episode::of(&spec.load),
         };
         Sim {
-            slots: Vec::new(),
+            // Room for a timeout's worth of operations at the highest rate (the most that can be
+            // in flight at once, give or take the arrivals' spread; at most 64 Ki slots): growing
+            // the slots copies them, and a slot holds its machine.
+            slots: Vec::with_capacity(
+                latency_reserve(
+                    spec.load.max() * cluster.capacity() * cluster.timeout.as_secs_f64(),
+                )
+                .min(1 << 16),
+            ),
             free: Vec::new(),
             w,
         }
@@ -1019,7 +1055,10 @@ impl<'a> Sim<'a> {
 
     fn start_operation(&mut self) {
         let now = self.w.now;
-        let client = (self.w.arrivals.next_u64() % self.w.clients.len() as u64) as u32;
+        // The client, uniform over them: the high half of a 64 × 64-bit product (a
+        // multiplication, not a 64-bit division; the same bias, under 2^-58, as a remainder).
+        let client =
+            ((u128::from(self.w.arrivals.next_u64()) * self.w.clients.len() as u128) >> 64) as u32;
         // Serial 0 marks an ended operation's slot.
         self.w.next_serial = self.w.next_serial.wrapping_add(1).max(1);
         let serial = self.w.next_serial;
@@ -1048,9 +1087,9 @@ impl<'a> Sim<'a> {
                     Machine::Retry(m) => m.restart(spec, options, seed, start),
                     // Nothing here publishes monitoring events; the decisions are the same.
                     other => {
-                        *other = Machine::Retry(Box::new(
+                        *other = Machine::Retry(
                             RetryMachine::new(spec, options, seed, start).without_events(),
-                        ))
+                        )
                     }
                 }
             }
@@ -1059,11 +1098,11 @@ impl<'a> Sim<'a> {
                     .restart(OperationKind::Read, timeout, policy, start)
                     .expect("reads are hedgeable"),
                 other => {
-                    *other = Machine::Hedge(Box::new(
+                    *other = Machine::Hedge(
                         HedgingMachine::new(OperationKind::Read, timeout, policy, start)
                             .expect("reads are hedgeable")
                             .without_events(),
-                    ))
+                    )
                 }
             },
             (_, machine) => *machine = Machine::Simple(Simple::default()),
