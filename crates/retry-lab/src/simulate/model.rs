@@ -265,7 +265,8 @@ struct Server {
 
 /// An attempt in a server's queue, with what a worker reads when it takes the attempt: its entry
 /// in [`World::works`], written when it arrived, is then only written (its outcome), not read, so
-/// that an attempt that queued long (megabytes of attempts later) costs no load that misses.
+/// that an attempt that waited long (its entry long evicted from the caches) costs no load that
+/// misses.
 #[derive(Clone, Copy)]
 struct Queued {
     work: u32,
