@@ -463,20 +463,30 @@ impl Engine {
         }
     }
 
-    /// Moves a pool's events to the engine's queue, or drops them when nobody subscribed to the
-    /// pool family (BP-27: before the operation events that follow).
+    /// Moves a pool's events to the engine's queue (BP-27: before the operation events that
+    /// follow). When nobody subscribed to the pool family its pools record none (issue 9:
+    /// `Topology::set_pool_events`): nothing to look up.
+    #[inline(always)]
     fn move_pool_events(&mut self, server: ServerId) {
         if self.options.events.contains(EventFamilies::POOL) {
-            let address = self.server(server).address.clone();
-            while let Some(event) = self.pool_mut(server).and_then(|p| p.poll_event()) {
-                self.events.push_back(EngineEvent::Pool {
-                    address: address.clone(),
-                    event,
-                });
-            }
-        } else if let Some(pool) = self.pool_mut(server) {
-            // Issue 9: nobody listens; one lookup, no address copies.
-            pool.discard_events();
+            self.publish_pool_events(server);
+        }
+        debug_assert!(
+            self.options.events.contains(EventFamilies::POOL)
+                || !self.pool(server).is_some_and(Pool::has_events),
+            "a pool records events nobody publishes"
+        );
+    }
+
+    /// [`Engine::move_pool_events`] for a subscriber.
+    #[inline(never)]
+    fn publish_pool_events(&mut self, server: ServerId) {
+        let address = self.server(server).address.clone();
+        while let Some(event) = self.pool_mut(server).and_then(|p| p.poll_event()) {
+            self.events.push_back(EngineEvent::Pool {
+                address: address.clone(),
+                event,
+            });
         }
     }
 
