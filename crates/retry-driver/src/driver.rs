@@ -62,6 +62,8 @@ struct SocketState {
     /// registered and nothing arrived, so a round that polls it only to write (queued by the
     /// driver, not woken) does not read again.
     read_armed: bool,
+    /// It is in the driver's list of sockets to write ([`Driver::writes`]).
+    listed: bool,
 }
 
 /// The task that owns the engine. Spawned once per client.
@@ -98,6 +100,9 @@ pub(crate) struct Driver {
     ready: Arc<ReadySockets>,
     /// The socket ids of one round (reused).
     ids: Vec<ConnId>,
+    /// The sockets the engine gave bytes since the last round wrote (each once, in order):
+    /// written at the start of the next round's socket polls, before any read.
+    writes: Vec<ConnId>,
     /// SRV polling's name, for a `mongodb+srv` client ([`Driver::with_srv_polling`]).
     srv: Option<SrvPolling>,
     /// The SRV rescan in flight, whose answer goes to the engine.
@@ -137,6 +142,7 @@ impl Driver {
             transmit: Vec::new(),
             ready: Arc::default(),
             ids: Vec::new(),
+            writes: Vec::new(),
             srv: None,
             srv_lookup: None,
             // The new engine's first monitor connections.
@@ -246,6 +252,34 @@ impl Driver {
         let mut fed = false;
         let mut ids = core::mem::take(&mut self.ids);
         ids.clear();
+        // The engine's new bytes first, however many sockets wait to be read: a request goes
+        // out in the round that made it (issue 9).
+        core::mem::swap(&mut ids, &mut self.writes);
+        for &conn in &ids {
+            let Some(socket) = self.sockets.get_mut(&conn) else {
+                continue;
+            };
+            socket.listed = false;
+            let Link::Open(stream) = &mut socket.link else {
+                socket.ready.enqueue();
+                continue;
+            };
+            let mut socket_cx = Context::from_waker(&socket.waker);
+            let (wrote, failure) = write_outgoing(
+                stream,
+                &mut socket_cx,
+                &mut socket.outgoing,
+                &mut socket.written,
+            );
+            progressed |= wrote;
+            if let Some((kind, cause)) = failure {
+                progressed = true;
+                fed = true;
+                self.sockets.remove(&conn);
+                self.engine.handle_closed(conn, kind, Some(cause), now);
+            }
+        }
+        ids.clear();
         self.ready.take(cx.waker(), &mut ids);
         for &conn in &ids {
             let Some(socket) = self.sockets.get_mut(&conn) else {
@@ -280,25 +314,13 @@ impl Driver {
             let Link::Open(stream) = &mut socket.link else {
                 continue;
             };
-            let mut failure = None;
-            while socket.written < socket.outgoing.len() && failure.is_none() {
-                match stream
-                    .as_mut()
-                    .poll_write(&mut socket_cx, &socket.outgoing[socket.written..])
-                {
-                    Poll::Pending => break,
-                    Poll::Ready(Ok(0)) => failure = Some(closed_by_peer()),
-                    Poll::Ready(Ok(n)) => {
-                        socket.written += n;
-                        if socket.written == socket.outgoing.len() {
-                            socket.outgoing.clear();
-                            socket.written = 0;
-                        }
-                        progressed = true;
-                    }
-                    Poll::Ready(Err(error)) => failure = Some(classify_io_error(&error, false)),
-                }
-            }
+            let (wrote, mut failure) = write_outgoing(
+                stream,
+                &mut socket_cx,
+                &mut socket.outgoing,
+                &mut socket.written,
+            );
+            progressed |= wrote;
             let mut read_all = socket.read_armed;
             for _ in 0..READS_PER_ROUND {
                 if failure.is_some() || socket.read_armed {
@@ -366,13 +388,17 @@ impl Driver {
                     outgoing: Vec::new(),
                     written: 0,
                     read_armed: false,
+                    listed: false,
                 },
             );
         }
         while let Some(conn) = self.engine.poll_transmit(&mut self.transmit) {
             progressed = true;
             if let Some(socket) = self.sockets.get_mut(&conn) {
-                socket.ready.enqueue();
+                if !socket.listed {
+                    socket.listed = true;
+                    self.writes.push(conn);
+                }
                 if socket.outgoing.is_empty() {
                     // No copy: the socket takes the bytes' buffer and lends its own.
                     core::mem::swap(&mut socket.outgoing, &mut self.transmit);
@@ -568,7 +594,7 @@ impl Future for Driver {
             // or an SRV answer made the engine do, and a close still under way. Everything else
             // was carried out above, and every socket, the timer and the client's queue hold this
             // task's waker.
-            if !closing && !timed_out && !srv && this.ready.is_empty() {
+            if !closing && !timed_out && !srv && this.ready.is_empty() && this.writes.is_empty() {
                 return Poll::Pending;
             }
         }
@@ -1379,6 +1405,34 @@ impl Drop for Waiter {
         lock(&waker.waiting).close(self.slot);
         waker.hand_off();
     }
+}
+
+/// Writes `outgoing[*written..]` to `stream` as far as it goes without waiting (a `Pending`
+/// write registers the socket's waker); emptied once written. Returns whether bytes went out,
+/// and the failure that ends the socket, if any.
+fn write_outgoing(
+    stream: &mut Pin<Box<dyn Socket>>,
+    cx: &mut Context<'_>,
+    outgoing: &mut Vec<u8>,
+    written: &mut usize,
+) -> (bool, Option<(NetworkErrorKind, NetworkCause)>) {
+    let mut wrote = false;
+    while *written < outgoing.len() {
+        match stream.as_mut().poll_write(cx, &outgoing[*written..]) {
+            Poll::Pending => break,
+            Poll::Ready(Ok(0)) => return (wrote, Some(closed_by_peer())),
+            Poll::Ready(Ok(n)) => {
+                *written += n;
+                if *written == outgoing.len() {
+                    outgoing.clear();
+                    *written = 0;
+                }
+                wrote = true;
+            }
+            Poll::Ready(Err(error)) => return (wrote, Some(classify_io_error(&error, false))),
+        }
+    }
+    (wrote, None)
 }
 
 /// The peer closed the stream (a read or write of zero bytes).
@@ -2212,5 +2266,85 @@ mod tests {
         assert!(!spawned.run_inline(), "no pass: the driver stopped");
         assert_eq!(woken(&counted), 1, "the refused task is woken to end");
         assert!(poll_task(&mut task, &waker).is_ready(), "and ends");
+    }
+
+    /// A socket that has nothing to read and takes every write: counts its reads, keeps its
+    /// writes.
+    struct QuietSocket {
+        reads: Arc<AtomicUsize>,
+        written: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Socket for QuietSocket {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &mut [u8],
+        ) -> Poll<io::Result<usize>> {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            Poll::Pending
+        }
+
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            lock(&self.written).extend_from_slice(buf);
+            Poll::Ready(Ok(buf.len()))
+        }
+    }
+
+    /// Adds an open [`QuietSocket`] as `conn` to `driver`; returns its read count and its
+    /// written bytes.
+    fn quiet_socket(driver: &mut Driver, conn: ConnId) -> (Arc<AtomicUsize>, Arc<Mutex<Vec<u8>>>) {
+        let reads = Arc::new(AtomicUsize::new(0));
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let ready = Arc::new(SocketWaker {
+            conn,
+            queued: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
+            sockets: driver.ready.clone(),
+        });
+        let socket = QuietSocket {
+            reads: reads.clone(),
+            written: written.clone(),
+        };
+        driver.sockets.insert(
+            conn,
+            SocketState {
+                link: Link::Open(Box::pin(socket)),
+                waker: Waker::from(ready.clone()),
+                ready,
+                outgoing: Vec::new(),
+                written: 0,
+                read_armed: false,
+                listed: false,
+            },
+        );
+        (reads, written)
+    }
+
+    /// Issue 9: bytes the engine gives a socket are written at the start of the next round's
+    /// socket polls, before any ready socket is read and whether or not the socket is ready,
+    /// once per socket however often it was given bytes.
+    #[test]
+    fn the_engines_bytes_are_written_before_the_reads_of_a_round() {
+        let (mut driver, _shared) = test_driver(Arc::new(NoIo));
+        let task = tasks(1);
+        let waker = Waker::from(task[0].clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut driver).poll(&mut cx).is_pending());
+        let conn = ConnId(2_000);
+        let (reads, written) = quiet_socket(&mut driver, conn);
+        let socket = driver.sockets.get_mut(&conn).unwrap();
+        socket.outgoing.extend_from_slice(b"request");
+        socket.listed = true;
+        driver.writes.push(conn);
+        let (progressed, fed) = driver.poll_sockets(&mut cx, Instant::ZERO);
+        assert!(progressed && !fed);
+        assert_eq!(&*lock(&written), b"request");
+        assert_eq!(reads.load(Ordering::Relaxed), 0, "not ready: not read");
+        assert!(driver.writes.is_empty() && !driver.sockets[&conn].listed);
     }
 }
