@@ -154,7 +154,7 @@ impl TopFields {
         self.embedded(document, CURSOR)
     }
 
-    /// Where `field`'s value starts, if noted (nearly always not: found inline).
+    /// Where `field`'s value starts, if the decoder noted one of the type read.
     #[inline(always)]
     fn start(&self, field: usize) -> Option<usize> {
         match self.at[field] {
