@@ -120,6 +120,7 @@ impl Engine {
     /// state, TX-2) finishes at once with a usage error. A request naming an explicit session is
     /// mapped through its transaction ([`Engine::start_transaction`]); a commit or abort of a
     /// transaction that wrote nothing finishes at once with an empty reply (TX-2).
+    #[inline]
     pub fn start_operation(&mut self, request: OperationRequest, now: Instant) -> OpId {
         if self.closed {
             let op = self.next_op_id();
