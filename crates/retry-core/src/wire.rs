@@ -724,7 +724,7 @@ impl Parsed for OpMsg {
         parse_document(bytes)
     }
     fn body(bytes: &[u8]) -> Result<Document, DecodeError> {
-        parse_document(bytes)
+        Self::document(bytes)
     }
     fn sequence(identifier: String, documents: Vec<Document>) -> DocumentSequence {
         DocumentSequence {
