@@ -197,13 +197,43 @@ pub(crate) mod fd {
             }
             // Review21 R5: not reached. async-io 2's `Source::poll_ready` clears the readiness it
             // reports (`ticks = None`), so the second `poll_readable` registers the waker and is
-            // `Pending` (or an error). Should a later async-io report readiness twice, a debug
-            // build stops here; a release one is polled again rather than left unwoken.
-            if cfg!(debug_assertions) {
-                unreachable!("async-io reported a readiness twice without a registration");
-            }
+            // `Pending` (or an error); `async_io_readiness` below pins that. Review22 R4 (house
+            // rule 11): should a later async-io report readiness twice, the timer is polled
+            // again rather than left unwoken, in every build: never a panic in a driver task.
             cx.waker().wake_by_ref();
             Ok(Poll::Pending)
+        }
+    }
+
+    /// Review22 R4: what [`FdTimer::poll`]'s bound of two readinesses relies on, pinned where
+    /// it belongs, on async-io itself.
+    #[cfg(test)]
+    mod async_io_readiness {
+        use super::*;
+
+        /// A readiness `poll_readable` reported is consumed: the next poll, with the timerfd
+        /// still readable (its expiry unread), registers and is `Pending`.
+        #[test]
+        fn review22_r4_a_reported_readiness_is_reported_once() {
+            /// The bound of the wait (house rule 12).
+            const LIMIT: Duration = Duration::from_secs(10);
+            let timer = FdTimer::new(Instant::now() + Duration::from_millis(20)).unwrap();
+            let fired = futures_lite::future::block_on(futures_lite::future::or(
+                async {
+                    futures_lite::future::poll_fn(|cx| timer.fd.poll_readable(cx))
+                        .await
+                        .is_ok()
+                },
+                async {
+                    Timer::after(LIMIT).await;
+                    false
+                },
+            ));
+            assert!(fired, "the timerfd was not readable within {LIMIT:?}");
+            let again = timer
+                .fd
+                .poll_readable(&mut Context::from_waker(Waker::noop()));
+            assert!(again.is_pending(), "{again:?}: a readiness reported twice");
         }
     }
 }

@@ -95,18 +95,20 @@ fn plain_document(
     empty: Option<&Document>,
 ) -> Option<()> {
     plain_elements(bytes, depth, empty, |key, value| {
-        document.insert(key, value);
+        document.insert(core::str::from_utf8(key).ok()?, value);
+        Some(())
     })
 }
 
-/// Walks the elements of `bytes` as [`well_formed`] checks them, handing each key and value
-/// ([`plain_value`]) to `each`; `None` where [`well_formed`] would say `false` or a value is not
-/// plain.
+/// Walks the elements of `bytes` as [`well_formed`] checks them, handing each key's bytes and
+/// value ([`plain_value`]) to `each`; `None` where [`well_formed`] would say `false`, a value is
+/// not plain or `each` says `None`. A key is only made a `str` by whoever needs one: an array's
+/// keys are not (issue 9: a cursor batch's indexes are not checked as UTF-8 twice).
 fn plain_elements(
     bytes: &[u8],
     depth: usize,
     empty: Option<&Document>,
-    mut each: impl FnMut(&str, Bson),
+    mut each: impl FnMut(&[u8], Bson) -> Option<()>,
 ) -> Option<()> {
     if depth > WELL_FORMED_DEPTH || bytes.len() < 5 || read_len(bytes, 0) != Some(bytes.len()) {
         return None;
@@ -119,14 +121,13 @@ fn plain_elements(
     while at < end {
         let tag = bytes[at];
         let key_len = utf8_cstring_len(&bytes[at + 1..end])?;
-        let key = core::str::from_utf8(&bytes[at + 1..at + 1 + key_len]).ok()?;
         let value = at + 1 + key_len + 1;
         let size = value_size(tag, &bytes[value..end])
             .filter(|&size| value.checked_add(size).is_some_and(|e| e <= end))?;
         each(
-            key,
+            &bytes[at + 1..at + 1 + key_len],
             checked_value(tag, &bytes[value..value + size], depth, empty)?,
-        );
+        )?;
         at = value + size;
     }
     (at == end).then_some(())
@@ -157,7 +158,10 @@ fn checked_value(tag: u8, value: &[u8], depth: usize, empty: Option<&Document>) 
         }
         0x04 => {
             let mut items = Vec::new();
-            plain_elements(value, depth + 1, empty, |_, item| items.push(item))?;
+            plain_elements(value, depth + 1, empty, |_, item| {
+                items.push(item);
+                Some(())
+            })?;
             Bson::Array(items)
         }
         0x05 => match value.get(4) {

@@ -724,7 +724,7 @@ impl Parsed for OpMsg {
         parse_document(bytes)
     }
     fn body(bytes: &[u8]) -> Result<Document, DecodeError> {
-        parse_document(bytes)
+        Self::document(bytes)
     }
     fn sequence(identifier: String, documents: Vec<Document>) -> DocumentSequence {
         DocumentSequence {
@@ -889,6 +889,7 @@ pub fn to_document(raw: &RawDocument) -> Result<Document, DecodeError> {
 /// hasher, where [`Document::new`] draws a new seed each time; it allocates as a new document
 /// does (the `bson` crate's `Document` clones no entry capacity). A non-empty `document` or
 /// `empty` is not used.
+#[inline]
 pub fn to_document_in(
     raw: &RawDocument,
     document: Option<Document>,
@@ -929,9 +930,11 @@ fn parse_raw_document(bytes: &[u8]) -> Result<RawDocumentBuf, DecodeError> {
     Ok(raw)
 }
 
+/// The four bytes at `at`: one bounds check, not one per byte (issue 9).
 #[inline(always)]
 fn le4(buf: &[u8], at: usize) -> [u8; 4] {
-    [buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]
+    let bytes = &buf[at..at + 4];
+    [bytes[0], bytes[1], bytes[2], bytes[3]]
 }
 
 #[inline(always)]

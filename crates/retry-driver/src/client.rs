@@ -288,10 +288,11 @@ impl<R> Client<R> {
         command: Document,
         kind: OperationKind,
     ) -> Result<Document, OperationError> {
-        let reply = self
-            .run(db, command, kind, CommandOptions::default())
-            .await?;
-        Ok(reply.document)
+        // Issue 9: `run`'s steps written out, not its future nested (each level copied the
+        // command and the request into its own state).
+        let operation = self.operation(String::new(), command, kind, CommandOptions::default());
+        let reply = self.run_request(operation, db).await?;
+        Ok(self.reply(reply)?.document)
     }
 
     /// [`Client::run_command`] returning the reply as the server encoded it: nothing is
@@ -305,10 +306,8 @@ impl<R> Client<R> {
         command: Document,
         kind: OperationKind,
     ) -> Result<RawDocumentBuf, OperationError> {
-        let reply = self
-            .run_raw(db, command, kind, CommandOptions::default())
-            .await?;
-        Ok(reply.checked()?.body)
+        let operation = self.operation(String::new(), command, kind, CommandOptions::default());
+        Ok(self.run_request(operation, db).await?.checked()?.body)
     }
 
     /// [`Client::run_command`] with explicit selection criteria, cursor use and session. The
@@ -323,8 +322,14 @@ impl<R> Client<R> {
         kind: OperationKind,
         options: CommandOptions,
     ) -> Result<Reply, OperationError> {
-        let reply = self.run_raw(db, command, kind, options).await?;
-        reply.into_reply(&self.shared().empty_document.0)
+        let operation = self.operation(String::new(), command, kind, options);
+        let reply = self.run_request(operation, db).await?;
+        self.reply(reply)
+    }
+
+    /// `raw` converted ([`RawReply::into_reply`]) into clones of the client's empty document.
+    fn reply(&self, raw: RawReply) -> Result<Reply, OperationError> {
+        raw.into_reply(&self.shared().empty_document.0)
     }
 
     /// [`Client::run_command_raw`] with the command already encoded (issue 9): its bytes go on
@@ -354,52 +359,46 @@ impl<R> Client<R> {
         Ok(self.run_request(operation, db).await?.checked()?.body)
     }
 
-    /// [`Client::run`] with the reply left encoded.
-    async fn run_raw(
-        &self,
-        db: &str,
-        command: Document,
-        kind: OperationKind,
-        options: CommandOptions,
-    ) -> Result<RawReply, OperationError> {
-        let operation = self.request(String::new(), command, kind, options)?;
-        self.run_request(operation, db).await
-    }
-
     /// Runs `operation` on `db` (its database name, written when it is queued) and waits for
-    /// its reply; dropping the future cancels it.
-    async fn run_request(
+    /// its reply; dropping the future cancels it. The operation is queued at once, by the call,
+    /// and the future only waits (issue 9: the request is never moved into a future's state,
+    /// which copied its 232 bytes at each level). Callers call it from an `async` body, so it
+    /// is queued on their future's first poll, as if it were an `async fn`.
+    fn run_request(
         &self,
         operation: OperationRequest,
         db: &str,
-    ) -> Result<RawReply, OperationError> {
+    ) -> impl Future<Output = Result<RawReply, OperationError>> + '_ {
         let waiter = self.waiter();
         // A future that drives the engine itself runs it next: no wake.
-        let (reply, alone) = self.queue(operation, Some(db), waiter.is_none(), true)?;
-        if let Some(local) = &self.inner.local {
-            local.mark();
-        }
-        if let (true, Some(spawned)) = (alone, &self.inner.spawned) {
-            // The only operation in flight: this caller starts it, unless the driver is busy.
-            reply.driving(|| {
-                if !spawned.run_inline() {
-                    lock(&self.inner.shared.state).wake_driver();
-                }
-            });
-        }
-        let cancel = CancelOnDrop {
-            shared: &self.inner.shared,
-            slot: &reply,
-        };
-        let result = poll_fn(|cx| {
-            if let Some(waiter) = &waiter {
-                reply.driving(|| waiter.drive(cx));
+        let queued = self.queue(operation, Some(db), waiter.is_none(), true);
+        async move {
+            let (reply, alone) = queued?;
+            if let Some(local) = &self.inner.local {
+                local.mark();
             }
-            reply.poll(cx)
-        })
-        .await;
-        core::mem::forget(cancel);
-        result
+            if let (true, Some(spawned)) = (alone, &self.inner.spawned) {
+                // The only operation in flight: this caller starts it, unless the driver is busy.
+                reply.driving(|| {
+                    if !spawned.run_inline() {
+                        lock(&self.inner.shared.state).wake_driver();
+                    }
+                });
+            }
+            let cancel = CancelOnDrop {
+                shared: &self.inner.shared,
+                slot: &reply,
+            };
+            let result = poll_fn(|cx| {
+                if let Some(waiter) = &waiter {
+                    reply.driving(|| waiter.drive(cx));
+                }
+                reply.poll(cx)
+            })
+            .await;
+            core::mem::forget(cancel);
+            result
+        }
     }
 
     /// Item 4 of #10 (RR-3, RR-4, RW-3, RW-4): [`Client::run_command`] with the kind
@@ -457,12 +456,24 @@ impl<R> Client<R> {
         kind: OperationKind,
         options: CommandOptions,
     ) -> Result<OperationRequest, OperationError> {
+        Ok(self.operation(db, command, kind, options))
+    }
+
+    /// [`Client::request`], which never fails, without its `Result` (issue 9: one copy of the
+    /// request less).
+    fn operation(
+        &self,
+        db: impl Into<String>,
+        command: Document,
+        kind: OperationKind,
+        options: CommandOptions,
+    ) -> OperationRequest {
         let criteria = self.criteria(kind, options.criteria);
         let mut operation = OperationRequest::new(db, command, kind, criteria);
         operation.cursor = options.cursor;
         operation.session = options.session;
         operation.concerns_inherited = options.concerns_inherited;
-        Ok(operation)
+        operation
     }
 
     /// `criteria`, or a writable server for writes and the client's read preference otherwise

@@ -1309,11 +1309,29 @@ fn aggregate(
     };
     // Review21 R6: a `pipeline` that is not an array, or an element of it that is not a
     // document, is TypeMismatch 14 (`aggregation_request.cpp`; the 5.0+ IDL parser's
-    // `parsePipelineFromBSON` says the same).
+    // `parsePipelineFromBSON` says the same). Review22 R3: a missing one is 14 too before 5.0
+    // (`AggregationRequest::parseFromBSON` tests `eoo()` with the type), and from 5.0 the IDL
+    // parser's required-field check, 40414. Both come before the `cursor` check (9): the
+    // server parses `pipeline` first.
     let pipeline = match command.get("pipeline") {
         Some(Bson::Array(pipeline)) => pipeline,
-        Some(_) => return error_reply(14, "'pipeline' option must be specified as an array"),
-        None => return error_reply(2, "aggregate needs a pipeline array"),
+        None if max_wire_version >= IDL_AGGREGATE_WIRE_VERSION => {
+            return error_reply(
+                40414,
+                "BSON field 'aggregate.pipeline' is missing but a required field",
+            )
+        }
+        _ => return error_reply(14, "'pipeline' option must be specified as an array"),
+    };
+    let documents: Option<Vec<&Document>> = pipeline
+        .iter()
+        .map(|stage| match stage {
+            Bson::Document(stage) => Some(stage),
+            _ => None,
+        })
+        .collect();
+    let Some(documents) = documents else {
+        return error_reply(14, "Each element of the 'pipeline' array must be an object");
     };
     let Ok(cursor) = command.get_document("cursor") else {
         return error_reply(9, "The 'cursor' option is required");
@@ -1326,16 +1344,6 @@ fn aggregate(
         },
     };
     let ns = format!("{db}.{collection}");
-    let documents: Option<Vec<&Document>> = pipeline
-        .iter()
-        .map(|stage| match stage {
-            Bson::Document(stage) => Some(stage),
-            _ => None,
-        })
-        .collect();
-    let Some(documents) = documents else {
-        return error_reply(14, "Each element of the 'pipeline' array must be an object");
-    };
     let mut stages = Vec::new();
     for stage in documents {
         // Review21 R6 (house rule 7): `LiteParsedDocumentSource::parse` (3.6+) refuses a stage
@@ -1365,10 +1373,13 @@ fn aggregate(
     // parsed (`createFromBson`), before it is validated (73 below), run, or read by
     // `optimized_away`.
     for &(name, spec) in &stages {
-        if matches!(name, "$skip" | "$limit") {
-            if let Err(refusal) = count_argument(name, spec, max_wire_version) {
-                return refusal;
-            }
+        let parsed = match name {
+            "$skip" | "$limit" => count_argument(name, spec, max_wire_version).map(drop),
+            "$project" | "$addFields" => projection_argument(name, spec, max_wire_version),
+            _ => Ok(()),
+        };
+        if let Err(refusal) = parsed {
+            return refusal;
         }
     }
     // Review15 finding 1 (house rule 7): `{aggregate: 1}` reads and locks no collection
@@ -1728,6 +1739,138 @@ fn count_argument(stage: &str, value: &Bson, max_wire_version: i32) -> Result<u6
     }
 }
 
+/// From 5.0 (wire 13) the `aggregate` command is parsed by its IDL parser: a missing
+/// `pipeline` is its required-field refusal (40414), not TypeMismatch 14.
+const IDL_AGGREGATE_WIRE_VERSION: i32 = 13;
+
+/// From 4.4 (wire 9) `$project` is parsed by the query layer's projection parser
+/// (`projection_ast::parseAndAnalyze`, `projection_parser.cpp`), with its own codes.
+const PROJECTION_AST_WIRE_VERSION: i32 = 9;
+
+/// From 5.0 (wire 13) `$addFields: {}` is taken (a no-op): `AddFieldsProjectionExecutor`'s
+/// `ProjectionSpecValidator` has no emptiness check. 4.2 and older refuse it (40177); 4.4 is
+/// refused here too, the stricter side (house rule 7), its source not checked.
+const EMPTY_ADD_FIELDS_WIRE_VERSION: i32 = 13;
+
+/// Review22 R1, R2 (house rules 7 and 11): a `$project` or `$addFields` specification refused
+/// as the server refuses it when it parses the stage (`createFromBson`), before anything runs.
+/// A `$project` that is no document is 15969, an `$addFields` one 40272. An empty `$project` is
+/// 40177 before 4.4 (`ProjectionSpecValidator`) and 51272 from 4.4 (`parseAndAnalyze`); an
+/// empty `$addFields` is 40177 before 5.0. A `$project` mixing inclusion and exclusion
+/// ([`mixed_field`]) is 40178 / 40179 before 4.4 (`ProjectTypeParser`, where until 4.0 a
+/// truthy `_id` makes it an inclusion) and 31254 / 31253 from 4.4 (`parseExclusion` /
+/// `parseInclusion`). What the test server does not run is TestkitUnsupported (TK-2) here,
+/// before [`optimized_away`] reads the stages: `$project` values other than 0/1, and a dotted
+/// `$project` path (a real server projects the embedded field; [`project`] keeps top-level
+/// fields only).
+fn projection_argument(stage: &str, value: &Bson, max_wire_version: i32) -> Result<(), Document> {
+    let spec = match (stage, value) {
+        (_, Bson::Document(spec)) => spec,
+        ("$project", _) => {
+            return Err(error_reply(
+                15969,
+                "$project specification must be an object",
+            ))
+        }
+        (_, other) => {
+            return Err(error_reply(
+                40272,
+                &format!(
+                    "{stage} specification stage must be an object, got {}",
+                    crate::refusals::type_name(other)
+                ),
+            ))
+        }
+    };
+    let ast = max_wire_version >= PROJECTION_AST_WIRE_VERSION;
+    if spec.is_empty() {
+        return match stage {
+            "$project" if ast => Err(error_reply(
+                51272,
+                "Invalid $project :: caused by :: projection specification must have at least \
+                 one field",
+            )),
+            _ if stage == "$project" || max_wire_version < EMPTY_ADD_FIELDS_WIRE_VERSION => {
+                Err(error_reply(
+                    40177,
+                    &format!(
+                        "Invalid {stage} :: caused by :: specification must have at least one \
+                         field"
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        };
+    }
+    if stage == "$addFields" {
+        return Ok(());
+    }
+    if !spec.values().all(zero_or_one) {
+        return Err(unsupported_reply("$project with values other than 0/1"));
+    }
+    // Until 4.0 a truthy `_id` decides the projection's kind (`ProjectTypeParser::parseElement`
+    // treats it as any included field); from 4.2 it does not.
+    if let Some((field, included)) = mixed_field(spec, max_wire_version < 8) {
+        let (code, message) = match (ast, included) {
+            (true, true) => (
+                31253,
+                format!("Cannot do inclusion on field {field} in exclusion projection"),
+            ),
+            (true, false) => (
+                31254,
+                format!("Cannot do exclusion on field {field} in inclusion projection"),
+            ),
+            (false, true) => (
+                40179,
+                format!(
+                    "Bad projection specification, cannot include fields or add computed \
+                     fields during an exclusion projection: {spec}"
+                ),
+            ),
+            (false, false) => (
+                40178,
+                format!(
+                    "Bad projection specification, cannot exclude fields other than '_id' in an \
+                     inclusion projection: {spec}"
+                ),
+            ),
+        };
+        return Err(error_reply(
+            code,
+            &format!("Invalid $project :: caused by :: {message}"),
+        ));
+    }
+    match spec.keys().find(|k| k.contains('.')) {
+        Some(path) => Err(unsupported_reply(&format!(
+            "$project of the dotted path {path}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// A `$project` value [`project`] runs: a number that is an integer, or a boolean.
+fn zero_or_one(value: &Bson) -> bool {
+    integer(value).is_some() || matches!(value, Bson::Boolean(_))
+}
+
+/// Review22 (house rule 7): the first field of a 0/1 projection whose kind (inclusion: true)
+/// differs from the kind the fields before it set, with it. A top-level `_id` sets no kind
+/// (both kinds may keep or drop it) unless `id_decides` and it is truthy.
+fn mixed_field(spec: &Document, id_decides: bool) -> Option<(&str, bool)> {
+    let mut kind = None;
+    for (field, value) in spec {
+        let included = truthy(value);
+        if field == "_id" && !(id_decides && included) {
+            continue;
+        }
+        match kind {
+            Some(set) if set != included => return Some((field.as_str(), included)),
+            _ => kind = Some(included),
+        }
+    }
+    None
+}
+
 /// A value as `BSONElement::toString` prints it in the server's messages: a double as
 /// `appendDoubleNice` does (".0" added when there is no '.'; digits in Rust's notation, not
 /// `%.16g`), a string quoted, anything else as the bson crate prints it.
@@ -1751,7 +1894,9 @@ fn shown(value: &Bson) -> String {
 }
 
 /// `$project` by inclusion or exclusion of top-level fields (`_id` kept unless excluded), or
-/// `$addFields` with literal values.
+/// `$addFields` with literal values. Review22 R2 (house rule 11): a dotted path, or inclusion
+/// mixed with exclusion (a `find` projection; `aggregate` refused both before, in
+/// [`projection_argument`]), is TestkitUnsupported rather than a silently wrong result.
 fn project(
     documents: Vec<Document>,
     spec: &Document,
@@ -1773,11 +1918,18 @@ fn project(
             .collect());
     }
     let include = inclusion(spec);
-    if !spec
-        .values()
-        .all(|v| integer(v).is_some() || matches!(v, Bson::Boolean(_)))
-    {
+    if !spec.values().all(zero_or_one) {
         return Err(unsupported_reply("$project with values other than 0/1"));
+    }
+    if let Some(path) = spec.keys().find(|k| k.contains('.')) {
+        return Err(unsupported_reply(&format!(
+            "a projection of the dotted path {path}"
+        )));
+    }
+    if mixed_field(spec, false).is_some() {
+        return Err(unsupported_reply(
+            "a projection mixing inclusion and exclusion",
+        ));
     }
     let keep_id = !spec
         .get("_id")
@@ -3137,5 +3289,48 @@ mod tests {
         assert_eq!(names(doc! { "$comment": "x" }), None);
         assert_eq!(names(doc! { "$comment": "x", "name": "c", "y": 1 }), None);
         assert_eq!(names(doc! { "name": { "$comment": "x" } }), None);
+    }
+
+    /// Review22 R2 (house rules 7 and 11): a dotted projection path, or inclusion mixed with
+    /// exclusion, is TestkitUnsupported in [`project`] (a `find` projection reaches it), never a
+    /// document cut to `{_id}` or a silent guess; an `aggregate` `$project` is refused before,
+    /// with the server's codes ([`projection_argument`]), so [`optimized_away`] never reads one.
+    #[test]
+    fn review22_r2_a_dotted_or_mixed_projection_is_refused_not_run_wrong() {
+        let documents = || vec![doc! { "_id": 1, "a": { "b": 1, "c": 2 }, "d": 3 }];
+        let refused = |spec: Document| {
+            let reply = project(documents(), &spec, false).expect_err("refused");
+            reply.get_i32("code").ok()
+        };
+        assert_eq!(refused(doc! { "a.b": 1 }), Some(TESTKIT_UNSUPPORTED));
+        assert_eq!(refused(doc! { "a.b": 0 }), Some(TESTKIT_UNSUPPORTED));
+        assert_eq!(refused(doc! { "a": 1, "d": 0 }), Some(TESTKIT_UNSUPPORTED));
+        assert_eq!(
+            refused(doc! { "a": 0, "d": true }),
+            Some(TESTKIT_UNSUPPORTED)
+        );
+        let kept = project(documents(), &doc! { "_id": 0, "d": 1 }, false);
+        assert_eq!(kept, Ok(vec![doc! { "d": 3 }]));
+        let dropped = project(documents(), &doc! { "_id": 1, "a": 0 }, false);
+        assert_eq!(dropped, Ok(vec![doc! { "_id": 1, "d": 3 }]));
+        let parse = |spec: Document, wire: i32| {
+            projection_argument("$project", &Bson::Document(spec), wire)
+                .map_err(|reply| reply.get_i32("code").unwrap_or_default())
+        };
+        for wire in [6, 8, 9, 13, 25] {
+            assert_eq!(parse(doc! { "a.b": 1 }, wire), Err(TESTKIT_UNSUPPORTED));
+            assert_eq!(parse(doc! { "a": "$d" }, wire), Err(TESTKIT_UNSUPPORTED));
+            assert_eq!(parse(doc! { "a": 1, "_id": 0 }, wire), Ok(()));
+        }
+        // The mix is named as the server names it: the first field of the other kind.
+        let mixed = projection_argument("$project", &Bson::Document(doc! { "a": 1, "d": 0 }), 9);
+        let message = mixed.expect_err("refused");
+        assert_eq!(
+            message.get_str("errmsg").ok(),
+            Some(
+                "Invalid $project :: caused by :: Cannot do exclusion on field d in inclusion \
+                projection"
+            )
+        );
     }
 }

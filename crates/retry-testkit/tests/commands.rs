@@ -3378,3 +3378,113 @@ async fn review21_r6_aggregate_refuses_malformed_stages_before_running_them() {
     })
     .await
 }
+
+/// Review22 R1, R2, R3 (house rules 7 and 11): `aggregate` refuses an empty or non-document
+/// `$project` / `$addFields`, a `$project` mixing inclusion and exclusion, and a missing
+/// `pipeline` with the codes of the emulated server version (3.6 and 4.2:
+/// `ParsedAggregationProjection`; 4.4+: `projection_parser.cpp`; 5.0+: the IDL parser and
+/// `AddFieldsProjectionExecutor`), each reply carrying the `codeName` a real server gives
+/// (`Location<code>` for an unnamed code). A dotted `$project` path, which the test server does
+/// not project, is TestkitUnsupported rather than a wrong result. `$addFields: {}` runs (as a
+/// no-op) from 5.0.
+#[tokio::test]
+async fn review22_r1_r3_aggregate_refuses_projections_and_pipelines_as_the_server_parses_them() {
+    bounded(async {
+        for wire in [6, 8, 9, 13, 25] {
+            let (server, mut client) = start_primary_at(wire).await;
+            server.handle().insert(
+                "db.c",
+                vec![doc! { "_id": 1, "a": { "b": 1, "c": 2 }, "d": 3 }],
+            );
+            let ast = wire >= 9;
+            let (empty_project, include_after, exclude_after) = if ast {
+                (51272, 31253, 31254)
+            } else {
+                (40177, 40179, 40178)
+            };
+            let empty_add_fields = (wire < 13).then_some(40177);
+            let missing_pipeline = if wire >= 13 { 40414 } else { 14 };
+            // 3.6 (wire 6) counts a truthy `_id` as an included field; 4.2+ do not.
+            let id_then_exclusion = (wire < 8).then_some(40178);
+            let cases: Vec<(Document, Option<i32>)> = vec![
+                (
+                    doc! { "pipeline": [{ "$project": {} }] },
+                    Some(empty_project),
+                ),
+                (doc! { "pipeline": [{ "$project": 1 }] }, Some(15969)),
+                (
+                    doc! { "pipeline": [{ "$addFields": {} }] },
+                    empty_add_fields,
+                ),
+                (doc! { "pipeline": [{ "$addFields": "x" }] }, Some(40272)),
+                (
+                    doc! { "pipeline": [{ "$project": { "a": 1, "d": 0 } }] },
+                    Some(exclude_after),
+                ),
+                (
+                    doc! { "pipeline": [{ "$project": { "a": false, "d": true } }] },
+                    Some(include_after),
+                ),
+                (
+                    doc! { "pipeline": [{ "$project": { "_id": 1, "d": 0 } }] },
+                    id_then_exclusion,
+                ),
+                (
+                    doc! { "pipeline": [{ "$project": { "_id": 0, "d": 1 } }] },
+                    None,
+                ),
+                (
+                    doc! { "pipeline": [{ "$project": { "a.b": 1 } }] },
+                    Some(TESTKIT_UNSUPPORTED),
+                ),
+                (
+                    doc! { "pipeline": [{ "$project": { "a.b": 1 } }, { "$match": { "a.b": 1 } }] },
+                    Some(TESTKIT_UNSUPPORTED),
+                ),
+                // The refusal comes as the stage is parsed, before an earlier stage runs.
+                (
+                    doc! { "pipeline": [{ "$match": { "_id": 1 } }, { "$project": {} }] },
+                    Some(empty_project),
+                ),
+            ];
+            for (fields, expected) in cases {
+                let mut command = doc! { "aggregate": "c" };
+                command.extend(fields);
+                command.insert("cursor", doc! {});
+                command.insert("$db", "db");
+                let reply = client.command(command.clone()).await.unwrap();
+                assert_eq!(code(&reply), expected, "wire {wire} {command}: {reply}");
+                if let Some(expected) = expected.filter(|&c| c != TESTKIT_UNSUPPORTED) {
+                    let name = format!("Location{expected}");
+                    assert_eq!(
+                        reply.get_str("codeName").ok(),
+                        Some(name.as_str()),
+                        "{reply}"
+                    );
+                }
+            }
+            // R3: the pipeline is parsed before `cursor` is looked for.
+            for (command, expected) in [
+                (doc! { "aggregate": "c", "$db": "db" }, missing_pipeline),
+                (doc! { "aggregate": "c", "pipeline": [5], "$db": "db" }, 14),
+                (doc! { "aggregate": "c", "pipeline": [], "$db": "db" }, 9),
+            ] {
+                let reply = client.command(command.clone()).await.unwrap();
+                assert_eq!(
+                    code(&reply),
+                    Some(expected),
+                    "wire {wire} {command}: {reply}"
+                );
+            }
+            // What is taken still runs.
+            let command = doc! {
+                "aggregate": "c", "pipeline": [{ "$project": { "_id": 0, "d": 1 } }],
+                "cursor": {}, "$db": "db",
+            };
+            let reply = client.command(command).await.unwrap();
+            assert_eq!(first_batch(&reply), vec![doc! { "d": 3 }], "{reply}");
+            server.shutdown().await;
+        }
+    })
+    .await
+}

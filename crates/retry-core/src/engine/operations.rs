@@ -120,6 +120,7 @@ impl Engine {
     /// state, TX-2) finishes at once with a usage error. A request naming an explicit session is
     /// mapped through its transaction ([`Engine::start_transaction`]); a commit or abort of a
     /// transaction that wrote nothing finishes at once with an empty reply (TX-2).
+    #[inline]
     pub fn start_operation(&mut self, request: OperationRequest, now: Instant) -> OpId {
         if self.closed {
             let op = self.next_op_id();
@@ -341,9 +342,25 @@ impl Engine {
                 *spare_slots = slots;
                 // Issue 9: the kept command's emptied document goes to the caller's next reply
                 // (`Engine::take_document`).
-                let emptied = core::mem::replace(spare_wire, Request::new(body));
+                // `Request::new(body)` written field by field: the sequences `keep_operation`
+                // emptied stay, rather than an empty list replacing them and being dropped.
+                let Request {
+                    body: spare_body,
+                    sequences: spare_sequences,
+                    unacknowledged: spare_unacknowledged,
+                    exhaust_allowed: spare_exhaust_allowed,
+                    deadline: spare_deadline,
+                    under_timeout_ms: spare_under_timeout_ms,
+                } = spare_wire;
+                let emptied = core::mem::replace(spare_body, body);
+                debug_assert!(spare_sequences.is_empty());
+                spare_sequences.clear();
+                *spare_unacknowledged = false;
+                *spare_exhaust_allowed = false;
+                *spare_deadline = None;
+                *spare_under_timeout_ms = false;
                 if self.spare_documents.len() < SPARE_OPS {
-                    self.spare_documents.push(emptied.body);
+                    self.spare_documents.push(emptied);
                 }
                 *spare_encoded = encoded;
                 *spare_encoded_read_preference = encoded_read_preference;
@@ -482,10 +499,10 @@ impl Engine {
         let mut held: alloc::vec::Vec<RetryEvent> = alloc::vec::Vec::new();
         loop {
             let Some(op) = self.ops.get_mut(&op_id) else {
-                return;
+                return super::let_go(held);
             };
             let OpMachine::Retry(machine) = &mut op.machine else {
-                return;
+                return super::let_go(held);
             };
             if let Some(event) = machine.poll_event() {
                 match event {
@@ -543,6 +560,7 @@ impl Engine {
             }
         }
         self.emit_held(op_id, &mut held);
+        super::let_go(held);
     }
 
     /// Nearly always nothing to do: the check inlined, the rest not (issue 9).

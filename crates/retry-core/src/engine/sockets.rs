@@ -188,7 +188,14 @@ impl Engine {
                     (Owner::Monitor, _) => self.monitor_replied(server, conn, &reply, now),
                     (Owner::Rtt, _) => self.rtt_replied(server, now),
                     (Owner::Pool(_), Some(op)) => {
-                        self.attempt_replied(op, conn, reply.body, reply.top, now)
+                        let crate::wire::RawOpMsg {
+                            body,
+                            top,
+                            sequences,
+                            ..
+                        } = reply;
+                        super::let_go(sequences);
+                        self.attempt_replied(op, conn, body, top, now)
                     }
                     (Owner::Pool(_), None) => self.drained_reply(conn, &reply.body, now),
                 },

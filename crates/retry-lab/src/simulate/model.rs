@@ -603,7 +603,14 @@ impl<'a> World<'a> {
         }
         let mut t = self.now;
         loop {
-            t += (self.service.exp.sample(&mut self.arrivals) * self.mean_gap_ns) as u64 + 1;
+            let gap = self.service.exp.sample(&mut self.arrivals) * self.mean_gap_ns;
+            // Review22 R8 (house rule 11): a gap reaching past the arrivals' end ends them
+            // before the cast, which would saturate a huge gap (a tiny load: the mean gap can
+            // pass 2^64 ns, or be infinite) and overflow `t`. A NaN gap ends them too.
+            if gap.is_nan() || gap >= self.arrivals_end.saturating_sub(t) as f64 {
+                return;
+            }
+            t += gap as u64 + 1;
             if t >= self.arrivals_end {
                 return;
             }
@@ -1569,6 +1576,29 @@ mod tests {
         sim.w.works.push(work);
         sim.reply(1);
         assert_eq!(sim.w.result.refused, 1, "the second is refused and counted");
+    }
+
+    /// Review22 R8 (house rule 11): a steady load so small that the mean gap between arrivals
+    /// passes 2^64 ns (1e-15 of the capacity), or is infinite (the smallest positive load),
+    /// ends with no arrival at all, bounded by the run's length: no overflow of the arrival
+    /// time (a panic in a debug build, arrivals repeated at one instant forever in a release
+    /// one).
+    #[test]
+    fn review22_r8_a_tiny_load_gets_no_arrival_and_ends() {
+        let cluster = Cluster::default();
+        for load in [1e-15, f64::MIN_POSITIVE] {
+            let spec = RunSpec {
+                policy: SimPolicy::Current,
+                load: Load::Steady(load),
+                duration: Duration::from_secs(2),
+                warmup: Duration::ZERO,
+                bucket: Duration::from_millis(250),
+                seed: 1,
+            };
+            let result = run(&cluster, &spec).expect("a valid cluster");
+            assert_eq!(result.operations, 0, "load {load}: {result:?}");
+            assert_eq!(result.total_attempts, 0, "load {load}: {result:?}");
+        }
     }
 
     /// House rule 11: the latency reserve is bounded whatever the estimate (review10 finding 7).
