@@ -2,6 +2,8 @@
 //! (BP-27, item 3) and `Engine::close` (item 5), on a small in-memory network of scripted servers:
 //! replies arrive at once, time moves only to the engine's next timer, every loop is bounded.
 
+mod support;
+
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::error::Error as _;
@@ -21,7 +23,7 @@ use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use retry_core::time::Instant;
 use retry_core::topology::{SdamEvent, ServerType, TopologySettings};
-use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
+use retry_core::wire::{FrameDecoder, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
 
 const STEPS: usize = 10_000;
 
@@ -82,7 +84,7 @@ impl Net {
                         let Some(request) = message else { continue };
                         self.sent.push((conn, request.body.clone()));
                         if let Some(body) = (self.script)(address, &request.body) {
-                            replies.push((conn, encode_reply(request.request_id, body)));
+                            replies.push((conn, support::reply_bytes(request.request_id, body)));
                         }
                     }
                 }
@@ -587,25 +589,9 @@ fn command_events(net: &Net) -> Vec<CommandEvent> {
 
 /// Delivers `body` as the reply to `request_id` on `conn` at the net's current time.
 fn reply_to(net: &mut Net, conn: ConnId, request_id: i32, body: Document) {
-    let bytes = encode_reply(request_id, body);
+    let bytes = support::reply_bytes(request_id, body);
     net.engine.handle_bytes(conn, &bytes, net.now);
     net.drain();
-}
-
-/// `body` as an OP_MSG reply to the request `response_to`.
-fn encode_reply(response_to: i32, body: Document) -> Vec<u8> {
-    let reply = OpMsg {
-        request_id: 0,
-        response_to,
-        flags: MsgFlags::NONE,
-        body,
-        sequences: Vec::new(),
-    };
-    let mut bytes = Vec::new();
-    reply
-        .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut bytes)
-        .expect("encodable");
-    bytes
 }
 
 /// EV-1, EV-2: durations are exact in virtual time, from the write to the failure (a closed

@@ -5,6 +5,8 @@
 //! the hosts the test sets; commands other than hellos stay unanswered until the test answers
 //! them, so a connection stays checked out as long as it likes. Virtual time, bounded loops.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -19,7 +21,7 @@ use retry_core::retry::OperationKind;
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use retry_core::time::Instant;
 use retry_core::topology::TopologySettings;
-use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
+use retry_core::wire::{FrameDecoder, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
 
 /// The bound of every loop (house rule 12).
 const STEPS: usize = 10_000;
@@ -118,17 +120,7 @@ impl Set {
         if !self.sockets.contains_key(&conn) {
             return;
         }
-        let reply = OpMsg {
-            request_id: 0,
-            response_to: request_id,
-            flags: MsgFlags::NONE,
-            body,
-            sequences: Vec::new(),
-        };
-        let mut bytes = Vec::new();
-        reply
-            .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut bytes)
-            .expect("encodable");
+        let bytes = support::reply_bytes(request_id, body);
         self.engine.handle_bytes(conn, &bytes, self.now);
     }
 

@@ -6,6 +6,8 @@
 //! where a repeated key would show (a decoded `Document` keeps one). A scripted server answers at
 //! once, time moves only to the engine's next timer, every loop is bounded (house rule 12).
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -16,7 +18,7 @@ use retry_core::handshake::{ClientMetadata, HandshakeOptions, ServerApi};
 use retry_core::monitor::ServerMonitoringMode;
 use retry_core::time::Instant;
 use retry_core::topology::TopologySettings;
-use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
+use retry_core::wire::{FrameDecoder, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
 
 const STEPS: usize = 10_000;
 const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -70,21 +72,6 @@ fn hello_reply(process_id: ObjectId) -> Document {
     "topologyVersion": { "processId": process_id, "counter": 0_i64 } }
 }
 
-fn reply_bytes(response_to: i32, body: Document) -> Vec<u8> {
-    let reply = OpMsg {
-        request_id: 0,
-        response_to,
-        flags: MsgFlags::NONE,
-        body,
-        sequences: Vec::new(),
-    };
-    let mut bytes = Vec::new();
-    reply
-        .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut bytes)
-        .expect("encodable");
-    bytes
-}
-
 /// Runs a streaming engine against one standalone until `limit`: every hello is answered at
 /// once except the awaitable ones (`exhaustAllowed`), which stay in flight. Returns every command
 /// transmitted, in order.
@@ -125,7 +112,7 @@ fn run(options: EngineOptions, limit: Instant) -> Vec<Sent> {
                 if !exhaust_allowed {
                     replies.push((
                         conn,
-                        reply_bytes(request.request_id, hello_reply(process_id)),
+                        support::reply_bytes(request.request_id, hello_reply(process_id)),
                     ));
                 }
             }

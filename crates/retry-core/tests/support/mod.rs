@@ -10,6 +10,7 @@ use retry_core::rng::FixedRng;
 use retry_core::scenario::{self, Script, StepOutcome, Trace};
 use retry_core::time::Instant;
 use retry_core::topology::{ServerType, TopologyType};
+use retry_core::wire::{MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
 use std::time::Duration;
 
 pub const OVERLOAD: [&str; 2] = ["SystemOverloadedError", "RetryableError"];
@@ -229,4 +230,21 @@ pub fn drive_retry(
         }
     }
     (actions, events)
+}
+
+/// `body` encoded as an OP_MSG reply to the request `response_to`: what a server writes back to
+/// an engine under test.
+pub fn reply_bytes(response_to: i32, body: Document) -> Vec<u8> {
+    let reply = OpMsg {
+        request_id: 0,
+        response_to,
+        flags: MsgFlags::NONE,
+        body,
+        sequences: Vec::new(),
+    };
+    let mut bytes = Vec::new();
+    reply
+        .encode(DEFAULT_MAX_MESSAGE_SIZE_BYTES, &mut bytes)
+        .expect("encodable");
+    bytes
 }
