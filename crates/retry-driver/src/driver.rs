@@ -66,6 +66,21 @@ struct SocketState {
     listed: bool,
 }
 
+impl SocketState {
+    /// A socket with nothing to write, woken through `ready`.
+    fn new(link: Link, ready: Arc<SocketWaker>) -> SocketState {
+        SocketState {
+            link,
+            waker: Waker::from(ready.clone()),
+            ready,
+            outgoing: Vec::new(),
+            written: 0,
+            read_armed: false,
+            listed: false,
+        }
+    }
+}
+
 /// The task that owns the engine. Spawned once per client.
 pub(crate) struct Driver {
     runtime: Arc<dyn Runtime>,
@@ -359,6 +374,25 @@ impl Driver {
         (progressed, fed)
     }
 
+    /// Hands the engine's bytes in `transmit` to `conn`'s socket and lists the socket once for
+    /// the next round's writes (issue 9); `transmit` is left empty.
+    #[inline]
+    fn queue_transmit(&mut self, conn: ConnId) {
+        if let Some(socket) = self.sockets.get_mut(&conn) {
+            if !socket.listed {
+                socket.listed = true;
+                self.writes.push(conn);
+            }
+            if socket.outgoing.is_empty() {
+                // No copy: the socket takes the bytes' buffer and lends its own.
+                core::mem::swap(&mut socket.outgoing, &mut self.transmit);
+            } else {
+                socket.outgoing.extend_from_slice(&self.transmit);
+            }
+        }
+        self.transmit.clear();
+    }
+
     /// Carries out everything the engine asked for: sockets to open or close, bytes to write,
     /// results and events to deliver (stamped with `now`, the instant of the round that took
     /// them).
@@ -381,32 +415,12 @@ impl Driver {
             ready.enqueue();
             self.sockets.insert(
                 connect.conn,
-                SocketState {
-                    link: Link::Connecting(future),
-                    waker: Waker::from(ready.clone()),
-                    ready,
-                    outgoing: Vec::new(),
-                    written: 0,
-                    read_armed: false,
-                    listed: false,
-                },
+                SocketState::new(Link::Connecting(future), ready),
             );
         }
         while let Some(conn) = self.engine.poll_transmit(&mut self.transmit) {
             progressed = true;
-            if let Some(socket) = self.sockets.get_mut(&conn) {
-                if !socket.listed {
-                    socket.listed = true;
-                    self.writes.push(conn);
-                }
-                if socket.outgoing.is_empty() {
-                    // No copy: the socket takes the bytes' buffer and lends its own.
-                    core::mem::swap(&mut socket.outgoing, &mut self.transmit);
-                } else {
-                    socket.outgoing.extend_from_slice(&self.transmit);
-                }
-            }
-            self.transmit.clear();
+            self.queue_transmit(conn);
         }
         while let Some(conn) = self.engine.poll_close() {
             progressed = true;
@@ -2268,10 +2282,13 @@ mod tests {
         assert!(poll_task(&mut task, &waker).is_ready(), "and ends");
     }
 
-    /// A socket that has nothing to read and takes every write: counts its reads, keeps its
-    /// writes.
+    /// What the sockets of a test did, in order: `(true, conn)` a write, `(false, conn)` a read.
+    type SocketLog = Arc<Mutex<Vec<(bool, ConnId)>>>;
+
+    /// A socket that has nothing to read and takes every write: logs both, keeps its writes.
     struct QuietSocket {
-        reads: Arc<AtomicUsize>,
+        conn: ConnId,
+        log: SocketLog,
         written: Arc<Mutex<Vec<u8>>>,
     }
 
@@ -2281,7 +2298,7 @@ mod tests {
             _: &mut Context<'_>,
             _: &mut [u8],
         ) -> Poll<io::Result<usize>> {
-            self.reads.fetch_add(1, Ordering::Relaxed);
+            lock(&self.log).push((false, self.conn));
             Poll::Pending
         }
 
@@ -2290,15 +2307,19 @@ mod tests {
             _: &mut Context<'_>,
             buf: &[u8],
         ) -> Poll<io::Result<usize>> {
+            lock(&self.log).push((true, self.conn));
             lock(&self.written).extend_from_slice(buf);
             Poll::Ready(Ok(buf.len()))
         }
     }
 
-    /// Adds an open [`QuietSocket`] as `conn` to `driver`; returns its read count and its
-    /// written bytes.
-    fn quiet_socket(driver: &mut Driver, conn: ConnId) -> (Arc<AtomicUsize>, Arc<Mutex<Vec<u8>>>) {
-        let reads = Arc::new(AtomicUsize::new(0));
+    /// Adds an open [`QuietSocket`] as `conn` to `driver`, logging to `log`; returns its waker's
+    /// entry and its written bytes.
+    fn quiet_socket(
+        driver: &mut Driver,
+        conn: ConnId,
+        log: &SocketLog,
+    ) -> (Arc<SocketWaker>, Arc<Mutex<Vec<u8>>>) {
         let written = Arc::new(Mutex::new(Vec::new()));
         let ready = Arc::new(SocketWaker {
             conn,
@@ -2307,22 +2328,15 @@ mod tests {
             sockets: driver.ready.clone(),
         });
         let socket = QuietSocket {
-            reads: reads.clone(),
+            conn,
+            log: log.clone(),
             written: written.clone(),
         };
         driver.sockets.insert(
             conn,
-            SocketState {
-                link: Link::Open(Box::pin(socket)),
-                waker: Waker::from(ready.clone()),
-                ready,
-                outgoing: Vec::new(),
-                written: 0,
-                read_armed: false,
-                listed: false,
-            },
+            SocketState::new(Link::Open(Box::pin(socket)), ready.clone()),
         );
-        (reads, written)
+        (ready, written)
     }
 
     /// Issue 9: bytes the engine gives a socket are written at the start of the next round's
@@ -2335,16 +2349,24 @@ mod tests {
         let waker = Waker::from(task[0].clone());
         let mut cx = Context::from_waker(&waker);
         assert!(Pin::new(&mut driver).poll(&mut cx).is_pending());
-        let conn = ConnId(2_000);
-        let (reads, written) = quiet_socket(&mut driver, conn);
-        let socket = driver.sockets.get_mut(&conn).unwrap();
-        socket.outgoing.extend_from_slice(b"request");
-        socket.listed = true;
-        driver.writes.push(conn);
+        let log = SocketLog::default();
+        let (given, ready) = (ConnId(2_000), ConnId(2_001));
+        let (_, written) = quiet_socket(&mut driver, given, &log);
+        let (ready_waker, _) = quiet_socket(&mut driver, ready, &log);
+        ready_waker.enqueue();
+        for bytes in [&b"first "[..], b"second"] {
+            driver.transmit.extend_from_slice(bytes);
+            driver.queue_transmit(given);
+        }
+        assert_eq!(driver.writes, [given], "listed once");
         let (progressed, fed) = driver.poll_sockets(&mut cx, Instant::ZERO);
         assert!(progressed && !fed);
-        assert_eq!(&*lock(&written), b"request");
-        assert_eq!(reads.load(Ordering::Relaxed), 0, "not ready: not read");
-        assert!(driver.writes.is_empty() && !driver.sockets[&conn].listed);
+        assert_eq!(&*lock(&written), b"first second");
+        assert_eq!(
+            *lock(&log),
+            [(true, given), (false, ready)],
+            "written first, then the ready socket read; the socket given bytes (not ready) not read"
+        );
+        assert!(driver.writes.is_empty() && !driver.sockets[&given].listed);
     }
 }
