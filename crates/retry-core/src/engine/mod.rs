@@ -101,6 +101,7 @@ mod refused;
 mod request_builders;
 mod selection_cache;
 mod sessions;
+mod slots;
 mod sockets;
 mod worklist;
 
@@ -110,7 +111,6 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use bson::{Bson, Document, RawDocumentBuf};
 use core::time::Duration;
-use smallvec::SmallVec;
 
 use crate::address::ServerAddress;
 use crate::connection::{Connection, Request, DEFAULT_CONNECT_TIMEOUT};
@@ -567,7 +567,7 @@ struct Operation {
     machine: OpMachine,
     /// The attempt slot of a retry machine; one per copy of a hedging machine (copy `n` in slot
     /// `n - 1`).
-    slots: SmallVec<[Slot; 1]>,
+    slots: slots::Slots,
     /// The request; its command has moved to `wire`.
     request: RunningRequest,
     /// The command with `$db`, built once and sent as it is by every attempt that modifies

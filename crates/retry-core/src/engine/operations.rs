@@ -112,6 +112,14 @@ enum Routed {
     Finish(Result<(), OperationError>),
 }
 
+/// How an operation's drain ended (`Engine::drain_operation`).
+enum Drained {
+    /// The operation is gone, or its machine refused nothing and its deadline is registered.
+    Settled,
+    /// Its refusal and its deadline are still to be seen to.
+    Unsettled,
+}
+
 impl Engine {
     /// Starts an operation; its result comes as [`EngineEvent::OperationFinished`]. After
     /// [`Engine::close`] it finishes at once with [`crate::error::ErrorKind::Cancelled`]. A
@@ -310,11 +318,10 @@ impl Engine {
         };
         strip_command_fields(&mut body, self.api.as_ref());
         self.session_operation_started(&session);
-        let mut slots = smallvec::SmallVec::new();
-        slots.push(Slot {
+        let slot = Slot {
             session,
             ..Slot::default()
-        });
+        };
         let operation = match machine {
             Made::InSpare(mut spare) => {
                 // Every field but the machine written (the pattern names them all).
@@ -339,7 +346,7 @@ impl Engine {
                     refused: spare_refused,
                     queued: spare_queued,
                 } = &mut *spare;
-                *spare_slots = slots;
+                spare_slots.reset(slot);
                 // Issue 9: the kept command's emptied document goes to the caller's next reply
                 // (`Engine::take_document`).
                 // `Request::new(body)` written field by field: the sequences `keep_operation`
@@ -382,7 +389,7 @@ impl Engine {
             }
             Made::Fresh(machine) => Box::new(Operation {
                 machine,
-                slots,
+                slots: super::slots::Slots::new(slot),
                 wire: Request::new(body),
                 encoded,
                 encoded_read_preference,
@@ -454,19 +461,31 @@ impl Engine {
         }
     }
 
-    /// Routes an operation's selection wake-up, events and actions.
+    /// An operation's turn: its selection wake-ups, events and actions routed, then (house rule
+    /// 8) an input its machine refused ends it, and its next deadline is registered. Issue 9: a
+    /// retry machine's drain ends with the operation at hand, where it checks for a refusal and
+    /// registers the deadline itself (`Drained::Settled`), rather than looking the operation up
+    /// twice more; the operation's `queued` flag is cleared by the turn's first lookup.
     pub(super) fn drain_operation(&mut self, op_id: OpId, now: Instant) {
-        if !self.end_refused(op_id, now) {
-            self.drain_machine(op_id, now);
-            // House rule 8: an input refused while draining ends the operation now.
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        op.queued = false;
+        let drained = match op.refused.is_some() {
+            true => Drained::Unsettled,
+            false => self.drain_machine(op_id, now),
+        };
+        if let Drained::Unsettled = drained {
+            // House rule 8: an input refused while draining (or before) ends the operation now.
             self.end_refused(op_id, now);
+            self.refresh_operation_timer(op_id);
         }
     }
 
-    fn drain_machine(&mut self, op_id: OpId, now: Instant) {
+    fn drain_machine(&mut self, op_id: OpId, now: Instant) -> Drained {
         // One lookup: the machine, and which slots' waiting selections are due (at most 5).
         let Some(op) = self.ops.get(&op_id) else {
-            return;
+            return Drained::Settled;
         };
         let hedged = matches!(op.machine, OpMachine::Hedging(_));
         let mut due = op
@@ -483,26 +502,28 @@ impl Engine {
         }
         if hedged {
             self.drain_hedged(op_id, now);
-            return;
+            return Drained::Unsettled;
         }
         let previous = self.draining.replace(op_id);
-        self.drain_retry(op_id, now);
+        let drained = self.drain_retry(op_id, now);
         self.draining = previous;
+        drained
     }
 
     /// Routes a retry machine's events and actions until it has none left.
-    fn drain_retry(&mut self, op_id: OpId, now: Instant) {
+    fn drain_retry(&mut self, op_id: OpId, now: Instant) -> Drained {
         // BP-27: a retry event waits until the attempt's connection is checked in.
         // Issue 9: a `Vec`, which costs nothing until an event is held (only a machine that
         // records events retries with one); an inline array of events is set up and dropped
         // on every turn.
         let mut held: alloc::vec::Vec<RetryEvent> = alloc::vec::Vec::new();
-        loop {
+        let drained = loop {
             let Some(op) = self.ops.get_mut(&op_id) else {
-                return super::let_go(held);
+                // Finished: nothing is left to refuse or to wait for.
+                break Drained::Settled;
             };
             let OpMachine::Retry(machine) = &mut op.machine else {
-                return super::let_go(held);
+                break Drained::Unsettled;
             };
             if let Some(event) = machine.poll_event() {
                 match event {
@@ -517,7 +538,14 @@ impl Engine {
                 continue;
             }
             let Some(action) = machine.poll_action() else {
-                break;
+                // Issue 9: the operation at hand settles its turn (see `drain_operation`).
+                if op.refused.is_some() {
+                    break Drained::Unsettled;
+                }
+                let at = op.next_deadline();
+                self.timers
+                    .set(Machine::Operation(op_id), &mut op.timer, at);
+                break Drained::Settled;
             };
             // Issue 9: what the action does to the operation alone is done with the operation at
             // hand, not looked up again; it queues no engine event, so the held events still go
@@ -558,9 +586,10 @@ impl Engine {
             if release {
                 self.emit_held(op_id, &mut held);
             }
-        }
+        };
         self.emit_held(op_id, &mut held);
         super::let_go(held);
+        drained
     }
 
     /// Nearly always nothing to do: the check inlined, the rest not (issue 9).
