@@ -402,8 +402,7 @@ impl Engine {
                     start_transaction: false,
                     write_concern: WriteConcernRule::AsRequested,
                 };
-                self.set_attempt(op_id, slot, server, attempt);
-                self.check_out(op_id, slot, server, now);
+                self.check_out(op_id, slot, server, attempt, now);
             }
             Action::Release { copy, close } => {
                 let slot = slot_of(copy);
