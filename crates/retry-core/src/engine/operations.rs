@@ -27,11 +27,14 @@ use crate::read_preference_wire::{self, sent_preference, Sent};
 use crate::retry::{
     Action, Attempt, AttemptServer, OperationKind, OperationSpec, RetryEvent, WriteConcernRule,
 };
-use crate::selection::{SelectionStep, ServerSelection};
+use crate::rng::EngineRng;
+use crate::selection::{SelectionSettings, SelectionStep, ServerSelection};
 use crate::time::Instant;
 use crate::wire::append_read_preference;
 
+use super::selection_cache::{SelectionCache, TrackedTopology};
 use super::sockets::socket_settled;
+use alloc::collections::BTreeMap;
 use super::worklist::{Machine, Served};
 
 /// The usage error of an attempt whose pinned connection another operation is using (SE-10).
@@ -68,6 +71,75 @@ fn unwait(waiting: &mut alloc::collections::BTreeSet<OpId>, op_id: OpId) {
     }
 }
 
+/// BP-27: the retry events held back until the attempt's connection was checked in go out.
+/// Nearly always there are none: the check inlined, the rest not (issue 9).
+#[inline(always)]
+fn emit_held(
+    events: &mut alloc::collections::VecDeque<EngineEvent>,
+    op: OpId,
+    held: &mut alloc::vec::Vec<RetryEvent>,
+) {
+    if !held.is_empty() {
+        emit_held_events(events, op, held);
+    }
+}
+
+#[inline(never)]
+fn emit_held_events(
+    events: &mut alloc::collections::VecDeque<EngineEvent>,
+    op: OpId,
+    held: &mut alloc::vec::Vec<RetryEvent>,
+) {
+    for event in held.drain(..) {
+        events.push_back(EngineEvent::Operation { op, event });
+    }
+}
+
+/// Issue 9: the first poll of a retry machine's selection for `slot`, from what is kept since
+/// the last topology change (`selection_cache.rs`; the same server and draws as the loop's
+/// first poll), with the operation at hand; whether it selected a server (the caller schedules
+/// the operation). A hedged copy's always runs the loop.
+#[inline(always)]
+fn cached_selection(
+    (cache, topology, rng): (&mut SelectionCache, &TrackedTopology, &mut EngineRng),
+    (ids, servers, settings): (
+        &BTreeMap<ServerAddress, ServerId>,
+        &[super::Server],
+        SelectionSettings,
+    ),
+    (op_id, op, slot): (OpId, &mut Operation, usize),
+    waiting: &mut alloc::collections::BTreeSet<OpId>,
+    now: Instant,
+) -> bool {
+    let OpMachine::Retry(machine) = &op.machine else {
+        return false;
+    };
+    // SS-15: operations in flight per server, for the power-of-two choice.
+    let count = |address: &ServerAddress| {
+        ids.get(address)
+            .map_or(0, |id| servers[id.0 as usize].in_flight)
+    };
+    let selected = cache.select(
+        topology,
+        &op.request.criteria,
+        machine.deprioritized(),
+        settings,
+        count,
+        rng,
+    );
+    let Some(server) = selected else {
+        return false;
+    };
+    let server = AttemptServer::from_description(server, topology.description().topology_type);
+    // CS-3: under CSOT the checkout waits until the selection's deadline at most.
+    let timeout = op.request.timeout;
+    op.slots[slot].selection_deadline = timeout
+        .is_csot()
+        .then(|| ServerSelection::deadline_from(&settings, timeout, now));
+    attempt_selected(op, waiting, op_id, slot, server, now);
+    true
+}
+
 /// SS-9, LB-6 (issue 9): where the attempt's `$readPreference` goes. When it is all the attempt
 /// adds to the command and the command has none of its own to replace, it is written after the
 /// command's fields (first of the appended ones, where inserting it would place it), without
@@ -98,19 +170,6 @@ fn end_attempt(slot: &mut Slot, servers: &mut [super::Server]) {
         let entry = &mut servers[server.0 as usize];
         entry.in_flight = entry.in_flight.saturating_sub(1);
     }
-}
-
-/// What is left of a retry machine's action once its part in the operation is done
-/// (`Engine::drain_retry`).
-enum Routed {
-    Done,
-    /// Select a server (no pin).
-    Select,
-    /// Check out (or use the pinned connection) and send.
-    Dispatch(Attempt, Option<ConnId>),
-    /// Check in (or close, `true`) the attempt's connection, if it goes back.
-    Release(Option<ConnId>, bool),
-    Finish(Result<(), OperationError>),
 }
 
 /// How an operation's drain ended (`Engine::drain_operation`).
@@ -553,17 +612,35 @@ impl Engine {
             // Issue 9: what the action does to the operation alone is done with the operation at
             // hand, not looked up again; it queues no engine event, so the held events still go
             // out before (or, for a release, after) the rest of the action.
-            let routed = match action {
-                Action::SelectServer => match op.pinned_server.clone() {
-                    // A cursor's or a pinned transaction's operations go where the pin is.
-                    Some(server) => {
-                        op.slots[0].server = Some(server.clone());
-                        op.server_selected(0, server, now);
-                        Routed::Done
+            match action {
+                Action::SelectServer => {
+                    emit_held(&mut self.events, op_id, &mut held);
+                    match op.pinned_server.clone() {
+                        // A cursor's or a pinned transaction's operations go where the pin is.
+                        Some(server) => {
+                            op.slots[0].server = Some(server.clone());
+                            op.server_selected(0, server, now);
+                        }
+                        None => {
+                            // Its `schedule` would do nothing: the operation is being drained.
+                            let selected = cached_selection(
+                                (&mut self.selection_cache, &self.topology, &mut self.rng),
+                                (&self.server_ids, &self.servers, self.options.selection),
+                                (op_id, op, 0),
+                                &mut self.waiting,
+                                now,
+                            );
+                            if !selected {
+                                self.select(op_id, 0, now);
+                            }
+                        }
                     }
-                    None => Routed::Select,
-                },
-                Action::Dispatch(attempt) => Routed::Dispatch(attempt, op.pinned_conn),
+                }
+                Action::Dispatch(attempt) => {
+                    let pinned = op.pinned_conn;
+                    emit_held(&mut self.events, op_id, &mut held);
+                    self.dispatch(op_id, attempt, pinned, now);
+                }
                 Action::ReleaseConnection { close } => {
                     let slot = &mut op.slots[0];
                     slot.checkout = None;
@@ -576,71 +653,43 @@ impl Engine {
                         Some(pinned) => op.release_pinned.then_some(pinned),
                         None => conn.filter(|_| !op.keep_conn),
                     };
-                    Routed::Release(release, close)
+                    if let Some(conn) = release {
+                        self.release(conn, !close, now);
+                    }
+                    emit_held(&mut self.events, op_id, &mut held);
                 }
-                Action::Wait { .. } => Routed::Done,
-                Action::Finished(result) => Routed::Finish(result),
-            };
-            let release = matches!(routed, Routed::Release(..));
-            if !release {
-                self.emit_held(op_id, &mut held);
-            }
-            self.route_action(op_id, routed, now);
-            if release {
-                self.emit_held(op_id, &mut held);
+                Action::Wait { .. } => emit_held(&mut self.events, op_id, &mut held),
+                Action::Finished(result) => {
+                    let cursor = (op.request.cursor, op.release_pinned);
+                    emit_held(&mut self.events, op_id, &mut held);
+                    self.finish_with(op_id, result, 0, cursor, now);
+                }
             }
         };
-        self.emit_held(op_id, &mut held);
+        emit_held(&mut self.events, op_id, &mut held);
         super::let_go(held);
         drained
     }
 
-    /// Nearly always nothing to do: the check inlined, the rest not (issue 9).
-    #[inline(always)]
-    fn emit_held(&mut self, op: OpId, held: &mut alloc::vec::Vec<RetryEvent>) {
-        if !held.is_empty() {
-            self.emit_held_events(op, held);
-        }
-    }
-
-    #[inline(never)]
-    fn emit_held_events(&mut self, op: OpId, held: &mut alloc::vec::Vec<RetryEvent>) {
-        for event in held.drain(..) {
-            self.events.push_back(EngineEvent::Operation { op, event });
-        }
-    }
-
-    /// The rest of a retry machine's action, after its part in the operation (`drain_retry`).
-    fn route_action(&mut self, op_id: OpId, routed: Routed, now: Instant) {
-        match routed {
-            Routed::Done => {}
-            Routed::Select => self.start_selection(op_id, 0, now),
-            Routed::Dispatch(attempt, pinned) => {
-                let server = self.server_id(&attempt.address);
-                if let Some(pinned) = pinned {
-                    self.set_attempt(op_id, 0, server, attempt);
-                    match self.sockets.contains_key(&pinned) {
-                        true => self.send_attempt(op_id, 0, pinned, now),
-                        false => {
-                            let address = self.server(server).address.clone();
-                            let error = OperationError::network(
-                                NetworkErrorKind::Closed,
-                                NetworkPhase::BeforeSend,
-                                address,
-                            );
-                            self.fail_attempt(op_id, 0, error, false, now);
-                        }
-                    }
-                    return;
-                }
-                self.check_out(op_id, 0, server, attempt, now);
+    /// A retry machine's `Dispatch`: on the pinned connection, or checked out of the server's
+    /// pool.
+    fn dispatch(&mut self, op_id: OpId, attempt: Attempt, pinned: Option<ConnId>, now: Instant) {
+        let server = self.server_id(&attempt.address);
+        let Some(pinned) = pinned else {
+            return self.check_out(op_id, 0, server, attempt, now);
+        };
+        self.set_attempt(op_id, 0, server, attempt);
+        match self.sockets.contains_key(&pinned) {
+            true => self.send_attempt(op_id, 0, pinned, now),
+            false => {
+                let address = self.server(server).address.clone();
+                let error = OperationError::network(
+                    NetworkErrorKind::Closed,
+                    NetworkPhase::BeforeSend,
+                    address,
+                );
+                self.fail_attempt(op_id, 0, error, false, now);
             }
-            Routed::Release(release, close) => {
-                if let Some(conn) = release {
-                    self.release(conn, !close, now);
-                }
-            }
-            Routed::Finish(result) => self.finish(op_id, result, 0, now),
         }
     }
 
@@ -650,37 +699,24 @@ impl Engine {
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
-        if let OpMachine::Retry(machine) = &mut op.machine {
-            // Issue 9: the first poll, from what is kept since the last topology change
-            // (`selection_cache.rs`); the same server and draws as the loop's first poll.
-            let (ids, servers) = (&self.server_ids, &self.servers);
-            let count = |address: &ServerAddress| {
-                ids.get(address)
-                    .map_or(0, |id| servers[id.0 as usize].in_flight)
-            };
-            let selected = self.selection_cache.select(
-                &self.topology,
-                &op.request.criteria,
-                machine.deprioritized(),
-                self.options.selection,
-                count,
-                &mut self.rng,
-            );
-            if let Some(server) = selected {
-                let server = AttemptServer::from_description(
-                    server,
-                    self.topology.description().topology_type,
-                );
-                // CS-3: under CSOT the checkout waits until the selection's deadline at most.
-                let timeout = op.request.timeout;
-                op.slots[slot].selection_deadline = timeout
-                    .is_csot()
-                    .then(|| ServerSelection::deadline_from(&self.options.selection, timeout, now));
-                attempt_selected(op, &mut self.waiting, op_id, slot, server, now);
-                self.schedule(Machine::Operation(op_id));
-                return;
-            }
+        let selected = cached_selection(
+            (&mut self.selection_cache, &self.topology, &mut self.rng),
+            (&self.server_ids, &self.servers, self.options.selection),
+            (op_id, op, slot),
+            &mut self.waiting,
+            now,
+        );
+        match selected {
+            true => self.schedule(Machine::Operation(op_id)),
+            false => self.select(op_id, slot, now),
         }
+    }
+
+    /// [`Engine::start_selection`] after the selection cache had no answer: the selection loop.
+    fn select(&mut self, op_id: OpId, slot: usize, now: Instant) {
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
         let selection = ServerSelection::new(
             op.request.criteria.clone(),
             op.machine.deprioritized(),
@@ -782,7 +818,20 @@ impl Engine {
         let Some(op) = self.ops.get(&op_id) else {
             return;
         };
-        let (cursor, release_pinned) = (op.request.cursor, op.release_pinned);
+        let cursor = (op.request.cursor, op.release_pinned);
+        self.finish_with(op_id, result, winner, cursor, now);
+    }
+
+    /// [`Engine::finish`] of an operation whose cursor use and `release_pinned` the caller read
+    /// (issue 9: with the operation at hand).
+    fn finish_with(
+        &mut self,
+        op_id: OpId,
+        result: Result<(), OperationError>,
+        winner: usize,
+        (cursor, release_pinned): (CursorUse, bool),
+        now: Instant,
+    ) {
         // LB-10: closing a cursor gives its connection back whatever killCursors did.
         if let (CursorUse::Close(handle), false) = (cursor, release_pinned) {
             if let Some(cursor) = self.cursors.remove(&handle) {
@@ -796,16 +845,15 @@ impl Engine {
         let Some(mut op) = self.ops.remove(&op_id) else {
             return;
         };
-        for slot in &mut op.slots {
-            end_attempt(slot, &mut self.servers);
-        }
+        let (servers, checkouts) = (&mut self.servers, &mut self.checkouts);
+        op.slots.iter_mut().for_each(|slot| {
+            end_attempt(slot, servers);
+            if let Some(key) = slot.checkout.take() {
+                checkouts.remove(&key);
+            }
+        });
         self.timers
             .set(Machine::Operation(op_id), &mut op.timer, None);
-        for slot in &mut op.slots {
-            if let Some(key) = slot.checkout.take() {
-                self.checkouts.remove(&key);
-            }
-        }
         self.operation_session_ended(&mut op, winner, result.is_ok(), now);
         // Issue 9: what the event needs is taken out of the box, which is kept for the next
         // operation (`keep_operation`).
