@@ -541,7 +541,9 @@ enum OpMachine {
 /// checkout, connection and server session use.
 #[derive(Default)]
 struct Slot {
-    selection: Option<ServerSelection>,
+    /// Boxed (issue 9): the selection cache answers nearly every attempt's first look, so
+    /// the loop is rare, and a slot of half the size is cheaper to reset for each operation.
+    selection: Option<Box<ServerSelection>>,
     /// A hedged copy whose selection waits for the one before it to pick a server, so that it
     /// avoids that server too (A6-H7).
     select_queued: bool,

@@ -22,7 +22,7 @@ use crate::address::ServerAddress;
 use crate::connection::{ConnectionState, Request, SendError};
 use crate::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::pinning::transaction_labels;
-use crate::pool::Purpose;
+use crate::pool::{CheckoutId, Purpose};
 use crate::read_preference_wire::{self, sent_preference, Sent};
 use crate::retry::{
     Action, Attempt, AttemptServer, OperationKind, OperationSpec, RetryEvent, WriteConcernRule,
@@ -725,7 +725,7 @@ impl Engine {
             now,
         );
         op.slots[slot].selection_deadline = Some(selection.deadline());
-        op.slots[slot].selection = Some(selection);
+        op.slots[slot].selection = Some(Box::new(selection));
         self.poll_selection(op_id, slot, now);
     }
 
@@ -961,9 +961,25 @@ impl Engine {
 
     /// Writes the command of `slot`'s attempt on its checked-out connection.
     pub(super) fn send_attempt(&mut self, op_id: OpId, slot: usize, conn: ConnId, now: Instant) {
+        self.send_checked_out(op_id, slot, conn, None, now);
+    }
+
+    /// [`Engine::send_attempt`], when `checkout` is `None` or the slot still waits for that
+    /// checkout (issue 9: `run_served` asks with the same lookup); whether it did.
+    pub(super) fn send_checked_out(
+        &mut self,
+        op_id: OpId,
+        slot: usize,
+        conn: ConnId,
+        checkout: Option<(ServerId, CheckoutId)>,
+        now: Instant,
+    ) -> bool {
         let Some(op) = self.ops.get_mut(&op_id) else {
-            return;
+            return false;
         };
+        if checkout.is_some() && op.slots.get(slot).map(|s| s.checkout) != Some(checkout) {
+            return false;
+        }
         let slot_state = &mut op.slots[slot];
         slot_state.checkout = None;
         slot_state.conn = Some(conn);
@@ -971,7 +987,7 @@ impl Engine {
         // A cancelled copy writes nothing; its cancellation checks the connection in.
         if !op.machine.is_live(slot) {
             self.schedule(Machine::Operation(op_id));
-            return;
+            return true;
         }
         // SE-10 (review item 5): a connection pinned to a session or cursor that another
         // operation is using (concurrent use of one session or cursor) is left alone, so that
@@ -996,10 +1012,10 @@ impl Engine {
                 op.failed(slot, OperationError::usage(PINNED_CONNECTION_IN_USE), now);
             }
             self.schedule(Machine::Operation(op_id));
-            return;
+            return true;
         }
         let Some(with_txn_number) = with_txn_number else {
-            return;
+            return true;
         };
         let prepared = self.prepare_attempt(
             op_id,
@@ -1017,23 +1033,23 @@ impl Engine {
                     op.expired_before_send(slot, now);
                 }
                 self.schedule(Machine::Operation(op_id));
-                return;
+                return true;
             }
             Prepared::Refused(error) => {
                 self.fail_attempt(op_id, slot, error, false, now);
-                return;
+                return true;
             }
             // RW-14: the retry machine released the connection and ended the operation.
             Prepared::Withdrawn => {
                 self.schedule(Machine::Operation(op_id));
-                return;
+                return true;
             }
         };
         let Some(op) = self.ops.get_mut(&op_id) else {
-            return;
+            return true;
         };
         let Some(attempt) = op.slots[slot].attempt.as_ref() else {
-            return;
+            return true;
         };
         let deadline = op.request.timeout.deadline();
         // SS-9, LB-6: the read preference goes on the wire as the server's type requires.
@@ -1067,7 +1083,7 @@ impl Engine {
             )
         });
         let Some(socket) = self.sockets.get_mut(&conn) else {
-            return;
+            return true;
         };
         socket.op = Some((op_id, slot));
         let db = op.request.db.as_str();
@@ -1122,6 +1138,7 @@ impl Engine {
         if let Some(error) = failed {
             self.fail_attempt(op_id, slot, error, false, now);
         }
+        true
     }
 
     /// A reply to the attempt's command: an error goes to SDAM error handling and the retry rules,

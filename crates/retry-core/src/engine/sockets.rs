@@ -138,7 +138,8 @@ impl Engine {
         self.server(server).sockets.get(&id).copied()
     }
 
-    /// Routes the outputs of one socket's connection machine.
+    /// Routes the outputs of one socket's connection machine, then registers its deadline (a
+    /// socket that failed is gone).
     pub(super) fn drain_socket(&mut self, conn: ConnId, now: Instant) {
         loop {
             let Some(socket) = self.sockets.get_mut(&conn) else {
@@ -149,6 +150,10 @@ impl Engine {
                 self.transmits.push_back(conn);
             }
             let Some(event) = socket.machine.poll_event() else {
+                // Issue 9: its deadline registered with the socket at hand (`Engine::turn`).
+                let at = socket.machine.poll_timeout();
+                self.timers
+                    .set(Machine::Socket(conn), &mut socket.timer, at);
                 return;
             };
             let (server, owner, op) = (socket.server, socket.owner, socket.op);

@@ -136,7 +136,8 @@ impl Engine {
             Machine::Monitor(server) => self.drain_monitor(server, now),
             Machine::Pool(server) => self.drain_pool(server, now),
             Machine::Socket(conn) => self.drain_socket(conn, now),
-            // It registers its own deadline (issue 9: with the operation at hand).
+            // These two register their own deadlines (issue 9: with the socket or operation at
+            // hand).
             Machine::Operation(op) => self.drain_operation(op, now),
         }
         self.refresh_timer(machine);
@@ -224,14 +225,8 @@ impl Engine {
                 }
             }
             Machine::Pool(server) => self.refresh_pool_timer(server),
-            Machine::Socket(conn) => {
-                if let Some(socket) = self.sockets.get_mut(&conn) {
-                    let at = socket.machine.poll_timeout();
-                    self.timers.set(machine, &mut socket.timer, at);
-                }
-            }
-            // Registered by its turn (`Engine::drain_operation`).
-            Machine::Operation(_) => {}
+            // Registered by their turns (`Engine::drain_socket`, `Engine::drain_operation`).
+            Machine::Socket(_) | Machine::Operation(_) => {}
         }
     }
 }
