@@ -3463,17 +3463,40 @@ async fn review22_r1_r3_aggregate_refuses_projections_and_pipelines_as_the_serve
                     );
                 }
             }
-            // R3: the pipeline is parsed before `cursor` is looked for.
-            for (command, expected) in [
-                (doc! { "aggregate": "c", "$db": "db" }, missing_pipeline),
-                (doc! { "aggregate": "c", "pipeline": [5], "$db": "db" }, 14),
-                (doc! { "aggregate": "c", "pipeline": [], "$db": "db" }, 9),
+            // R3: the pipeline is parsed before `cursor` is looked for. Review23 R2: each reply
+            // is named as that server names it; `error_codes.yml` names 40414 from 8.0 only.
+            let missing_pipeline_name = match wire {
+                25.. => "IDLFailedToParse",
+                13.. => "Location40414",
+                _ => "TypeMismatch",
+            };
+            for (command, expected, name) in [
+                (
+                    doc! { "aggregate": "c", "$db": "db" },
+                    missing_pipeline,
+                    missing_pipeline_name,
+                ),
+                (
+                    doc! { "aggregate": "c", "pipeline": [5], "$db": "db" },
+                    14,
+                    "TypeMismatch",
+                ),
+                (
+                    doc! { "aggregate": "c", "pipeline": [], "$db": "db" },
+                    9,
+                    "FailedToParse",
+                ),
             ] {
                 let reply = client.command(command.clone()).await.unwrap();
                 assert_eq!(
                     code(&reply),
                     Some(expected),
                     "wire {wire} {command}: {reply}"
+                );
+                assert_eq!(
+                    reply.get_str("codeName").ok(),
+                    Some(name),
+                    "wire {wire}: {reply}"
                 );
             }
             // What is taken still runs.
