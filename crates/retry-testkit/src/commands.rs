@@ -1747,18 +1747,29 @@ const IDL_AGGREGATE_WIRE_VERSION: i32 = 13;
 /// (`projection_ast::parseAndAnalyze`, `projection_parser.cpp`), with its own codes.
 const PROJECTION_AST_WIRE_VERSION: i32 = 9;
 
-/// From 5.0 (wire 13) `$addFields: {}` is taken (a no-op): `AddFieldsProjectionExecutor`'s
-/// `ProjectionSpecValidator` has no emptiness check. 4.2 and older refuse it (40177); 4.4 is
-/// refused here too, the stricter side (house rule 7), its source not checked.
+/// From 5.0 (wire 13) `$addFields: {}` is taken (a no-op); before, it is 40177. Review23 R3
+/// (house rule 7), checked in stored copies of the server's source (the `r4.4.0` tag itself
+/// could not be reached): `ProjectionSpecValidator::validate` refuses an empty specification in
+/// 3.4-, 3.6- and 4.2-era `parsed_aggregation_projection.cpp` and in a 4.3-development one; after
+/// the executor moved to `src/mongo/db/exec/` (the layout 4.4 shipped), that copy's
+/// `add_fields_projection_executor_test.cpp` still asserts that an empty specification throws;
+/// a 4.9-development and later `add_fields_projection_executor.cpp` have no such check.
 const EMPTY_ADD_FIELDS_WIRE_VERSION: i32 = 13;
+
+/// From 4.2 (wire 8) a truthy `_id` no longer decides whether a `$project` is an inclusion.
+/// Review23 R3 (house rule 7), checked in stored copies of `parsed_aggregation_projection.cpp`:
+/// a 4.2-era `ProjectTypeParser::parseElement` lets a numeric or boolean `_id` set no kind; the
+/// 3.4- and 3.6-era ones count a truthy `_id` as any included field. No 4.0 copy could be
+/// reached: 4.0 is taken to be as 3.6.
+const ID_SETS_NO_KIND_WIRE_VERSION: i32 = 8;
 
 /// Review22 R1, R2 (house rules 7 and 11): a `$project` or `$addFields` specification refused
 /// as the server refuses it when it parses the stage (`createFromBson`), before anything runs.
 /// A `$project` that is no document is 15969, an `$addFields` one 40272. An empty `$project` is
 /// 40177 before 4.4 (`ProjectionSpecValidator`) and 51272 from 4.4 (`parseAndAnalyze`); an
 /// empty `$addFields` is 40177 before 5.0. A `$project` mixing inclusion and exclusion
-/// ([`mixed_field`]) is 40178 / 40179 before 4.4 (`ProjectTypeParser`, where until 4.0 a
-/// truthy `_id` makes it an inclusion) and 31254 / 31253 from 4.4 (`parseExclusion` /
+/// ([`mixed_field`]) is 40178 / 40179 before 4.4 (`ProjectTypeParser`, where before 4.2 a
+/// truthy `_id` makes it an inclusion, [`ID_SETS_NO_KIND_WIRE_VERSION`]) and 31254 / 31253 from 4.4 (`parseExclusion` /
 /// `parseInclusion`). What the test server does not run is TestkitUnsupported (TK-2) here,
 /// before [`optimized_away`] reads the stages: `$project` values other than 0/1, and a dotted
 /// `$project` path (a real server projects the embedded field; [`project`] keeps top-level
@@ -1808,9 +1819,8 @@ fn projection_argument(stage: &str, value: &Bson, max_wire_version: i32) -> Resu
     if !spec.values().all(zero_or_one) {
         return Err(unsupported_reply("$project with values other than 0/1"));
     }
-    // Until 4.0 a truthy `_id` decides the projection's kind (`ProjectTypeParser::parseElement`
-    // treats it as any included field); from 4.2 it does not.
-    if let Some((field, included)) = mixed_field(spec, max_wire_version < 8) {
+    let id_decides = max_wire_version < ID_SETS_NO_KIND_WIRE_VERSION;
+    if let Some((field, included)) = mixed_field(spec, id_decides) {
         let (code, message) = match (ast, included) {
             (true, true) => (
                 31253,

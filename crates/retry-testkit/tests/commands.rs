@@ -3386,11 +3386,12 @@ async fn review21_r6_aggregate_refuses_malformed_stages_before_running_them() {
 /// `AddFieldsProjectionExecutor`), each reply carrying the `codeName` a real server gives
 /// (`Location<code>` for an unnamed code). A dotted `$project` path, which the test server does
 /// not project, is TestkitUnsupported rather than a wrong result. `$addFields: {}` runs (as a
-/// no-op) from 5.0.
+/// no-op) from 5.0. Review23 R3: 4.0 (wire 7) is asserted too, and 4.4 (wire 9) refuses an empty
+/// `$addFields` as the stored 4.4-era source does.
 #[tokio::test]
 async fn review22_r1_r3_aggregate_refuses_projections_and_pipelines_as_the_server_parses_them() {
     bounded(async {
-        for wire in [6, 8, 9, 13, 25] {
+        for wire in [6, 7, 8, 9, 13, 25] {
             let (server, mut client) = start_primary_at(wire).await;
             server.handle().insert(
                 "db.c",
@@ -3402,9 +3403,10 @@ async fn review22_r1_r3_aggregate_refuses_projections_and_pipelines_as_the_serve
             } else {
                 (40177, 40179, 40178)
             };
+            // Review23 R3: 4.4 (wire 9) still refuses it, as the stored 4.4-era source does.
             let empty_add_fields = (wire < 13).then_some(40177);
             let missing_pipeline = if wire >= 13 { 40414 } else { 14 };
-            // 3.6 (wire 6) counts a truthy `_id` as an included field; 4.2+ do not.
+            // 3.6 and 4.0 (wires 6, 7) count a truthy `_id` as an included field; 4.2+ do not.
             let id_then_exclusion = (wire < 8).then_some(40178);
             let cases: Vec<(Document, Option<i32>)> = vec![
                 (
