@@ -1771,9 +1771,9 @@ const ID_SETS_NO_KIND_WIRE_VERSION: i32 = 8;
 /// ([`mixed_field`]) is 40178 / 40179 before 4.4 (`ProjectTypeParser`, where before 4.2 a
 /// truthy `_id` makes it an inclusion, [`ID_SETS_NO_KIND_WIRE_VERSION`]) and 31254 / 31253 from 4.4 (`parseExclusion` /
 /// `parseInclusion`). What the test server does not run is TestkitUnsupported (TK-2) here,
-/// before [`optimized_away`] reads the stages: `$project` values other than 0/1, and a dotted
-/// `$project` path (a real server projects the embedded field; [`project`] keeps top-level
-/// fields only).
+/// before [`optimized_away`] reads the stages ([`projection_refusal`]: values other than
+/// integral numbers and booleans, and a dotted path, which a real server projects as the
+/// embedded field where [`project`] keeps top-level fields only).
 fn projection_argument(stage: &str, value: &Bson, max_wire_version: i32) -> Result<(), Document> {
     let spec = match (stage, value) {
         (_, Bson::Document(spec)) => spec,
@@ -1816,11 +1816,8 @@ fn projection_argument(stage: &str, value: &Bson, max_wire_version: i32) -> Resu
     if stage == "$addFields" {
         return Ok(());
     }
-    if !spec.values().all(zero_or_one) {
-        return Err(unsupported_reply("$project with values other than 0/1"));
-    }
     let id_decides = max_wire_version < ID_SETS_NO_KIND_WIRE_VERSION;
-    if let Some((field, included)) = mixed_field(spec, id_decides) {
+    let refusal = projection_refusal(spec, id_decides, |field, included| {
         let (code, message) = match (ast, included) {
             (true, true) => (
                 31253,
@@ -1845,21 +1842,39 @@ fn projection_argument(stage: &str, value: &Bson, max_wire_version: i32) -> Resu
                 ),
             ),
         };
-        return Err(error_reply(
-            code,
-            &format!("Invalid $project :: caused by :: {message}"),
-        ));
-    }
-    match spec.keys().find(|k| k.contains('.')) {
-        Some(path) => Err(unsupported_reply(&format!(
-            "$project of the dotted path {path}"
-        ))),
-        None => Ok(()),
-    }
+        error_reply(code, &format!("Invalid $project :: caused by :: {message}"))
+    });
+    refusal.map_or(Ok(()), Err)
 }
 
-/// A `$project` value [`project`] runs: a number that is an integer, or a boolean.
-fn zero_or_one(value: &Bson) -> bool {
+/// Review23 R8 (TK-2, house rule 11): the one check of a projection that `find` and `$project`
+/// share, before [`project`] runs it. [`project`] runs integral numbers and booleans on
+/// top-level fields, of one kind; `None` when `spec` is such. A projection mixing inclusion and
+/// exclusion ([`mixed_field`], with `id_decides`) gets the refusal `mixed` makes of the field
+/// that changes the kind and whether it includes; any other projection the test server does not
+/// run is TestkitUnsupported.
+fn projection_refusal(
+    spec: &Document,
+    id_decides: bool,
+    mixed: impl FnOnce(&str, bool) -> Document,
+) -> Option<Document> {
+    if !spec.values().all(inclusion_or_exclusion_value) {
+        return Some(unsupported_reply(
+            "a projection with values other than integral numbers and booleans",
+        ));
+    }
+    if let Some((field, included)) = mixed_field(spec, id_decides) {
+        return Some(mixed(field, included));
+    }
+    let path = spec.keys().find(|k| k.contains('.'))?;
+    Some(unsupported_reply(&format!(
+        "a projection of the dotted path {path}"
+    )))
+}
+
+/// A projection value [`project`] runs: an integral number (any, not only 0 or 1: a truthy
+/// one includes, as the server's `trueValue` says) or a boolean.
+fn inclusion_or_exclusion_value(value: &Bson) -> bool {
     integer(value).is_some() || matches!(value, Bson::Boolean(_))
 }
 
@@ -1906,7 +1921,8 @@ fn shown(value: &Bson) -> String {
 /// `$project` by inclusion or exclusion of top-level fields (`_id` kept unless excluded), or
 /// `$addFields` with literal values. Review22 R2 (house rule 11): a dotted path, or inclusion
 /// mixed with exclusion (a `find` projection; `aggregate` refused both before, in
-/// [`projection_argument`]), is TestkitUnsupported rather than a silently wrong result.
+/// [`projection_argument`]), is TestkitUnsupported rather than a silently wrong result; the
+/// check is [`projection_refusal`], shared with `$project`.
 fn project(
     documents: Vec<Document>,
     spec: &Document,
@@ -1928,18 +1944,9 @@ fn project(
             .collect());
     }
     let include = inclusion(spec);
-    if !spec.values().all(zero_or_one) {
-        return Err(unsupported_reply("$project with values other than 0/1"));
-    }
-    if let Some(path) = spec.keys().find(|k| k.contains('.')) {
-        return Err(unsupported_reply(&format!(
-            "a projection of the dotted path {path}"
-        )));
-    }
-    if mixed_field(spec, false).is_some() {
-        return Err(unsupported_reply(
-            "a projection mixing inclusion and exclusion",
-        ));
+    let mixed = |_: &str, _| unsupported_reply("a projection mixing inclusion and exclusion");
+    if let Some(refusal) = projection_refusal(spec, false, mixed) {
+        return Err(refusal);
     }
     let keep_id = !spec
         .get("_id")
