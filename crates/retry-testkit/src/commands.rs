@@ -1756,6 +1756,15 @@ const PROJECTION_AST_WIRE_VERSION: i32 = 9;
 /// a 4.9-development and later `add_fields_projection_executor.cpp` have no such check.
 const EMPTY_ADD_FIELDS_WIRE_VERSION: i32 = 13;
 
+/// From 4.2 (wire 8) the projection validator's refusals name their stage as the context of the
+/// error ("Invalid $project :: caused by :: ..."); 3.4 and 3.6 prefix the reason with "Invalid
+/// $project specification: " (or `$addFields`). Review23 R4, read in the same stored copies as
+/// [`ID_SETS_NO_KIND_WIRE_VERSION`] (`uassertValid` with `addContext` in the 4.2-era one, a
+/// `Status` reason in the 3.x ones, and in the 3.x-era `parsed_add_fields.cpp`); no 4.0 copy was
+/// reached, 4.0 is taken to be as 3.6. 4.4's wording of its empty `$addFields` refusal was not
+/// read either: it is given the 4.2 one.
+const STAGE_CONTEXT_WIRE_VERSION: i32 = 8;
+
 /// From 4.2 (wire 8) a truthy `_id` no longer decides whether a `$project` is an inclusion.
 /// Review23 R3 (house rule 7), checked in stored copies of `parsed_aggregation_projection.cpp`:
 /// a 4.2-era `ProjectTypeParser::parseElement` lets a numeric or boolean `_id` set no kind; the
@@ -1802,12 +1811,14 @@ fn projection_argument(stage: &str, value: &Bson, max_wire_version: i32) -> Resu
                  one field",
             )),
             _ if stage == "$project" || max_wire_version < EMPTY_ADD_FIELDS_WIRE_VERSION => {
+                let message = "specification must have at least one field";
                 Err(error_reply(
                     40177,
-                    &format!(
-                        "Invalid {stage} :: caused by :: specification must have at least one \
-                         field"
-                    ),
+                    &if max_wire_version < STAGE_CONTEXT_WIRE_VERSION {
+                        format!("Invalid {stage} specification: {message}")
+                    } else {
+                        format!("Invalid {stage} :: caused by :: {message}")
+                    },
                 ))
             }
             _ => Ok(()),
@@ -1827,20 +1838,24 @@ fn projection_argument(stage: &str, value: &Bson, max_wire_version: i32) -> Resu
                 31254,
                 format!("Cannot do exclusion on field {field} in inclusion projection"),
             ),
-            (false, true) => (
-                40179,
-                format!(
-                    "Bad projection specification, cannot include fields or add computed \
-                     fields during an exclusion projection: {spec}"
-                ),
-            ),
-            (false, false) => (
-                40178,
-                format!(
+            // Review23 R4: raised by `ProjectTypeParser` outside the validator, so with no
+            // stage context, the specification printed as `BSONObj::toString` prints it.
+            (false, true) => {
+                let message = format!(
+                    "Bad projection specification, cannot include fields or add computed fields \
+                     during an exclusion projection: {}",
+                    shown_document(spec)
+                );
+                return error_reply(40179, &message);
+            }
+            (false, false) => {
+                let message = format!(
                     "Bad projection specification, cannot exclude fields other than '_id' in an \
-                     inclusion projection: {spec}"
-                ),
-            ),
+                     inclusion projection: {}",
+                    shown_document(spec)
+                );
+                return error_reply(40178, &message);
+            }
         };
         error_reply(code, &format!("Invalid $project :: caused by :: {message}"))
     });
@@ -1916,6 +1931,23 @@ fn shown(value: &Bson) -> String {
         Bson::String(s) => format!("\"{s}\""),
         other => other.to_string(),
     }
+}
+
+/// A document as `BSONObj::toString` prints it in the server's messages (review23 R4): `{}` when
+/// empty, else `{ ` then each field as `name: value` (the name unquoted, the value as
+/// [`shown`]) joined by `, `, then ` }`.
+fn shown_document(document: &Document) -> String {
+    if document.is_empty() {
+        return String::from("{}");
+    }
+    let fields: Vec<String> = document
+        .iter()
+        .map(|(name, value)| match value {
+            Bson::Document(inner) => format!("{name}: {}", shown_document(inner)),
+            value => format!("{name}: {}", shown(value)),
+        })
+        .collect();
+    format!("{{ {} }}", fields.join(", "))
 }
 
 /// `$project` by inclusion or exclusion of top-level fields (`_id` kept unless excluded), or

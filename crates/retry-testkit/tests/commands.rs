@@ -3387,7 +3387,7 @@ async fn review21_r6_aggregate_refuses_malformed_stages_before_running_them() {
 /// (`Location<code>` for an unnamed code). A dotted `$project` path, which the test server does
 /// not project, is TestkitUnsupported rather than a wrong result. `$addFields: {}` runs (as a
 /// no-op) from 5.0. Review23 R3: 4.0 (wire 7) is asserted too, and 4.4 (wire 9) refuses an empty
-/// `$addFields` as the stored 4.4-era source does.
+/// `$addFields` as the stored 4.4-era source does. Review23 R4: the messages before 4.4.
 #[tokio::test]
 async fn review22_r1_r3_aggregate_refuses_projections_and_pipelines_as_the_server_parses_them() {
     bounded(async {
@@ -3464,6 +3464,40 @@ async fn review22_r1_r3_aggregate_refuses_projections_and_pipelines_as_the_serve
                         "{reply}"
                     );
                 }
+            }
+            // Review23 R4: before 4.4 the messages are the server's: the mix with no stage
+            // context and its specification printed as `BSONObj::toString` prints it (keys
+            // unquoted), the empty `$project` with the 3.x prefix or the 4.2 context.
+            if !ast {
+                let project = |spec: Document| {
+                    doc! {
+                        "aggregate": "c", "pipeline": [{ "$project": spec }], "cursor": {},
+                        "$db": "db",
+                    }
+                };
+                let reply = client
+                    .command(project(doc! { "a": 1, "d": 0 }))
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    reply.get_str("errmsg").ok(),
+                    Some(
+                        "Bad projection specification, cannot exclude fields other than '_id' \
+                         in an inclusion projection: { a: 1, d: 0 }"
+                    ),
+                    "wire {wire}: {reply}"
+                );
+                let reply = client.command(project(doc! {})).await.unwrap();
+                let empty = if wire < 8 {
+                    "Invalid $project specification: specification must have at least one field"
+                } else {
+                    "Invalid $project :: caused by :: specification must have at least one field"
+                };
+                assert_eq!(
+                    reply.get_str("errmsg").ok(),
+                    Some(empty),
+                    "wire {wire}: {reply}"
+                );
             }
             // R3: the pipeline is parsed before `cursor` is looked for. Review23 R2: each reply
             // is named as that server names it; `error_codes.yml` names 40414 from 8.0 only.
