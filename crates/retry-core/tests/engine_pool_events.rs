@@ -1,6 +1,7 @@
 //! Review22 R5 (house rules 8 and 10; issue 9): `Engine::set_events` switches the pools'
 //! CMAP events (EV-3) on and off: the topology's pools, pools of servers discovered later and
-//! the retired pool of a server that left. Pool events are published exactly while the POOL
+//! the pool of a server that leaves after the switch (a pool already retired at the switch is
+//! tested in-crate, review23 R5). Pool events are published exactly while the POOL
 //! family is on. A replica set `rs` of the primary `a` and the secondary `b` whose hellos list
 //! the hosts the test sets; commands other than hellos stay unanswered until the test answers
 //! them, so a connection stays checked out as long as it likes. Virtual time, bounded loops.
@@ -217,11 +218,13 @@ fn review22_r5_ev3_pool_events_are_published_exactly_while_pool_is_on() {
 /// primary's hosts no longer list `b`) while one of its connections is checked out retires
 /// with the switch it had: switched on (after it was created, while its connection was in
 /// use), the retired pool publishes its close, the check-in of the failed read's connection and
-/// that connection's close; switched off, nothing. (Here the retired pool's last connection is
-/// failed and checked in within the call that removes `b`, so no later switch finds it
-/// holding one.)
+/// that connection's close; switched off, nothing. The switch comes before `b` leaves, so this
+/// covers the switch of a topology member's pool and the flag the pool keeps into retirement;
+/// the retired pool's last connection is failed and checked in within the call that removes
+/// `b`, so no later switch finds it alive. Review23 R5: the switch of a pool already retired is
+/// `engine::tests::a_retired_pool_switched_on_publishes_its_close` (in-crate).
 #[test]
-fn review22_r5_ev3_a_retired_pool_publishes_its_close_exactly_when_on() {
+fn review22_r5_ev3_a_pool_switched_before_it_retires_publishes_its_close_exactly_when_on() {
     for on in [true, false] {
         let (before, after) = if on {
             (EventFamilies::NONE, EventFamilies::POOL)
