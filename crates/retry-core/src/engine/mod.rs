@@ -101,6 +101,7 @@ mod refused;
 mod request_builders;
 mod selection_cache;
 mod sessions;
+mod slots;
 mod sockets;
 mod worklist;
 
@@ -110,7 +111,6 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use bson::{Bson, Document, RawDocumentBuf};
 use core::time::Duration;
-use smallvec::SmallVec;
 
 use crate::address::ServerAddress;
 use crate::connection::{Connection, Request, DEFAULT_CONNECT_TIMEOUT};
@@ -567,7 +567,7 @@ struct Operation {
     machine: OpMachine,
     /// The attempt slot of a retry machine; one per copy of a hedging machine (copy `n` in slot
     /// `n - 1`).
-    slots: SmallVec<[Slot; 1]>,
+    slots: slots::Slots,
     /// The request; its command has moved to `wire`.
     request: RunningRequest,
     /// The command with `$db`, built once and sent as it is by every attempt that modifies
@@ -1236,22 +1236,7 @@ impl Engine {
     /// about as much as the comparison.
     #[inline(always)]
     fn pool_mut(&mut self, server: ServerId) -> Option<&mut Pool> {
-        let entry = &mut self.servers[server.0 as usize];
-        match entry.retired_pool.as_deref_mut() {
-            Some(pool) => Some(pool),
-            None if entry.left => None,
-            None => {
-                let version = self.topology.pools_version();
-                if entry.pool_version != version {
-                    let address = &entry.address;
-                    entry.pool_at = self.topology.pools().position(|p| p.address() == address)?;
-                    entry.pool_version = version;
-                }
-                let pool = self.topology.pools_mut().nth(entry.pool_at);
-                debug_assert!(pool.as_ref().is_some_and(|p| p.address() == &entry.address));
-                pool
-            }
-        }
+        pool_in(&mut self.servers, &mut self.topology, server)
     }
 
     #[inline(always)]
@@ -1264,6 +1249,32 @@ impl Engine {
                 self.topology.pools().nth(entry.pool_at)
             }
             None => self.topology.pool(&entry.address),
+        }
+    }
+}
+
+/// [`Engine::pool_mut`] from the two fields it reads, for a caller that holds another field
+/// (an operation) at the same time (issue 9).
+#[inline(always)]
+fn pool_in<'a>(
+    servers: &'a mut [Server],
+    topology: &'a mut TrackedTopology,
+    server: ServerId,
+) -> Option<&'a mut Pool> {
+    let entry = &mut servers[server.0 as usize];
+    match entry.retired_pool.as_deref_mut() {
+        Some(pool) => Some(pool),
+        None if entry.left => None,
+        None => {
+            let version = topology.pools_version();
+            if entry.pool_version != version {
+                let address = &entry.address;
+                entry.pool_at = topology.pools().position(|p| p.address() == address)?;
+                entry.pool_version = version;
+            }
+            let pool = topology.pools_mut().nth(entry.pool_at);
+            debug_assert!(pool.as_ref().is_some_and(|p| p.address() == &entry.address));
+            pool
         }
     }
 }
