@@ -20,7 +20,7 @@ use retry_core::time::{Instant, OperationTimeout};
 use crate::id_map::IdMap;
 use crate::io_error::classify_io_error;
 use crate::runtime::{AsyncTimer, BoxFuture, Runtime, Socket};
-use crate::shared::{lock, RawReply, Request, Shared, Slot};
+use crate::shared::{lock, RawReply, Shared, Slot};
 use crate::srv::SrvPolling;
 
 /// Rounds of work in one poll before the driver yields to its executor (tokio's coop budget and
@@ -103,9 +103,9 @@ pub(crate) struct Driver {
     /// By the engine's ids, which it hands out in increasing order ([`IdTable`]: a mask, a load
     /// and a comparison per lookup; issue 9).
     pending: IdTable<OpId, Pending>,
-    /// The requests taken from the client's queue in one round (reused: swapped with the
-    /// queue, so neither allocates again).
-    requests: VecDeque<Request>,
+    /// The requests taken from the client's queue in one round, in their slots (reused:
+    /// swapped with the queue, so neither allocates again).
+    requests: VecDeque<Arc<Slot>>,
     /// `timeoutMS`, for each operation's CSOT deadline.
     timeout: Option<core::time::Duration>,
     read_buffer: Vec<u8>,
@@ -240,19 +240,15 @@ impl Driver {
             Some(t) => OperationTimeout::from_timeout_ms(now, t),
             None => OperationTimeout::Off,
         };
-        while let Some(request) = self.requests.pop_front() {
+        while let Some(slot) = self.requests.pop_front() {
             let engine = &mut self.engine;
             // Not started if its caller gave up on it already; it cannot give up while it starts.
-            let started = request.reply.start(|| {
-                let mut operation = request.operation;
+            let started = slot.start(|mut operation| {
                 operation.timeout = timeout;
                 engine.start_operation(operation, now)
             });
             if let Some(op) = started {
-                let pending = Pending {
-                    slot: request.reply,
-                    cursor: None,
-                };
+                let pending = Pending { slot, cursor: None };
                 self.pending.insert(op, pending);
             }
         }
@@ -559,8 +555,8 @@ impl Driver {
             pending.slot.complete(Err(OperationError::cancelled()));
         }
         let mut state = lock(&self.shared.state);
-        for request in core::mem::take(&mut state.requests) {
-            request.reply.complete(Err(OperationError::cancelled()));
+        for slot in core::mem::take(&mut state.requests) {
+            slot.complete(Err(OperationError::cancelled()));
         }
         state.sessions.refuse_starts();
         for subscriber in core::mem::take(&mut state.subscribers) {
