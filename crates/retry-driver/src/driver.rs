@@ -17,7 +17,6 @@ use retry_core::error::{NetworkCause, NetworkErrorKind, OperationError};
 use retry_core::id_table::IdTable;
 use retry_core::time::{Instant, OperationTimeout};
 
-use crate::id_map::IdMap;
 use crate::io_error::classify_io_error;
 use crate::runtime::{AsyncTimer, BoxFuture, Runtime, Socket};
 use crate::shared::{lock, RawReply, Shared, Slot};
@@ -99,7 +98,9 @@ pub(crate) struct Driver {
     /// The waker `timer_wake` passes its wakes to, as last set (so it is locked only when
     /// that changes).
     timer_target: Option<Waker>,
-    sockets: IdMap<ConnId, SocketState>,
+    /// By the engine's ids, as `pending` (issue 9: two lookups per round trip, a mask and a
+    /// comparison each instead of a hash and a probe).
+    sockets: IdTable<ConnId, SocketState>,
     /// By the engine's ids, which it hands out in increasing order ([`IdTable`]: a mask, a load
     /// and a comparison per lookup; issue 9).
     pending: IdTable<OpId, Pending>,
@@ -149,7 +150,7 @@ impl Driver {
             timer_wake_waker: Waker::from(timer_wake.clone()),
             timer_wake,
             timer_target: None,
-            sockets: IdMap::default(),
+            sockets: IdTable::default(),
             pending: IdTable::default(),
             requests: VecDeque::new(),
             timeout,
@@ -550,7 +551,7 @@ impl Driver {
         self.engine.close(now);
         self.unflushed = true;
         self.flush_engine(now);
-        self.sockets.clear();
+        self.sockets = IdTable::default();
         for pending in core::mem::take(&mut self.pending).values() {
             pending.slot.complete(Err(OperationError::cancelled()));
         }
