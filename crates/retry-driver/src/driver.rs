@@ -2364,6 +2364,6 @@ mod tests {
             [(true, given), (false, ready)],
             "written first, then the ready socket read; the socket given bytes (not ready) not read"
         );
-        assert!(driver.writes.is_empty() && !driver.sockets[&given].listed);
+        assert!(driver.writes.is_empty() && !driver.sockets.get(&given).expect("open").listed);
     }
 }
