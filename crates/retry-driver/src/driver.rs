@@ -128,6 +128,15 @@ pub(crate) struct Driver {
     /// [`Driver::flush_engine`] asks only then (a round's two flushes; one of them usually has
     /// nothing to take).
     unflushed: bool,
+    /// Whether the engine publishes command events and the event families, as last set (set
+    /// only when a subscriber comes or goes).
+    listening: Option<bool>,
+    /// The client's queue holds the waker only while the driver waits ([`Driver::idle`]), not
+    /// during its passes: a driver with a task of its own ([`SpawnedDriver`]), which a caller's
+    /// wake during a pass would make poll once more for what the pass's end sees anyway.
+    idle_waker: bool,
+    /// The waker the client's queue held, taken for a pass, given back by [`Driver::idle`].
+    spare_waker: Option<Waker>,
 }
 
 impl Driver {
@@ -163,6 +172,9 @@ impl Driver {
             srv_lookup: None,
             // The new engine's first monitor connections.
             unflushed: true,
+            listening: None,
+            idle_waker: false,
+            spare_waker: None,
         }
     }
 
@@ -200,7 +212,14 @@ impl Driver {
     fn take_requests(&mut self, cx: &mut Context<'_>, now: Instant) -> (bool, bool) {
         let closing = {
             let mut state = lock(&self.shared.state);
-            if !state
+            if self.idle_waker {
+                // Taken for the pass: what the client queues meanwhile wakes nobody, and the
+                // end of the poll looks at the queue before it gives the waker back
+                // ([`Driver::idle`]).
+                if let Some(waker) = state.driver.take() {
+                    self.spare_waker = Some(waker);
+                }
+            } else if !state
                 .driver
                 .as_ref()
                 .is_some_and(|w| w.will_wake(cx.waker()))
@@ -210,15 +229,18 @@ impl Driver {
             // EV-1: command events cost a copy of each command and reply; publish them only
             // while someone listens.
             let listening = state.subscribers.iter().any(|s| Arc::strong_count(s) > 1);
-            self.engine.set_command_monitoring(listening);
-            // Issue 9: pool, SDAM, retry and hedging events only ever go to subscribers (the
-            // driver reacts to events the engine always publishes); without one the engine does
-            // not queue them.
-            self.engine.set_events(if listening {
-                EventFamilies::ALL
-            } else {
-                EventFamilies::NONE
-            });
+            if self.listening != Some(listening) {
+                self.listening = Some(listening);
+                self.engine.set_command_monitoring(listening);
+                // Issue 9: pool, SDAM, retry and hedging events only ever go to subscribers
+                // (the driver reacts to events the engine always publishes); without one the
+                // engine does not queue them.
+                self.engine.set_events(if listening {
+                    EventFamilies::ALL
+                } else {
+                    EventFamilies::NONE
+                });
+            }
             // A dropped `run` future cancels its operation in the engine, before a session
             // dropped after it ends (SE-12: the cancel may make the session dirty).
             let cancels = core::mem::take(&mut state.cancels);
@@ -228,9 +250,9 @@ impl Driver {
                 self.engine.cancel_operation(op, now);
             }
             state.operations = self.pending.len() + state.requests.len();
-            // Explicit sessions to start and end (`session.rs`).
-            let sessions =
-                crate::session::serve(&mut self.engine, &mut state.sessions, self.timeout, now);
+            // Explicit sessions to start and end (`session.rs`); none in most rounds.
+            let sessions = !state.sessions.is_empty()
+                && crate::session::serve(&mut self.engine, &mut state.sessions, self.timeout, now);
             if state.requests.is_empty() {
                 return (sessions || cancelled, state.closing);
             }
@@ -476,6 +498,29 @@ impl Driver {
         true
     }
 
+    /// Before a driver with `idle_waker` set returns `Pending`: gives the client's queue
+    /// the waker back, unless the client queued something for it meanwhile (an operation, a
+    /// cancel, a session request, the shutdown), which nobody woke it for (house rule 8: the
+    /// queue is looked at and the waker stored under one lock, and whoever queues takes that
+    /// lock and wakes the waker it finds). Returns whether there is such work: then another
+    /// round runs instead.
+    fn idle(&mut self, cx: &Context<'_>) -> bool {
+        let mut state = lock(&self.shared.state);
+        if !state.requests.is_empty()
+            || !state.cancels.is_empty()
+            || !state.sessions.is_empty()
+            || state.closing
+        {
+            return true;
+        }
+        let waker = match self.spare_waker.take() {
+            Some(waker) if waker.will_wake(cx.waker()) => waker,
+            _ => cx.waker().clone(),
+        };
+        state.driver = Some(waker);
+        false
+    }
+
     /// Fires the engine's timers that are due and arms the runtime's timer for the next one.
     ///
     /// The runtime's timer is set for `timer_at`, never later than the engine's earliest
@@ -598,6 +643,9 @@ impl Future for Driver {
             // Taken by the next round's first flush.
             this.unflushed |= timed_out || srv;
             if !progressed && !timed_out && !srv {
+                if this.idle_waker && this.idle(cx) {
+                    continue;
+                }
                 return Poll::Pending;
             }
             // Another round only for work nothing will wake this task for: sockets the engine
@@ -605,7 +653,13 @@ impl Future for Driver {
             // or an SRV answer made the engine do, and a close still under way. Everything else
             // was carried out above, and every socket, the timer and the client's queue hold this
             // task's waker.
-            if !closing && !timed_out && !srv && this.ready.is_empty() && this.writes.is_empty() {
+            if !closing
+                && !timed_out
+                && !srv
+                && this.ready.is_empty()
+                && this.writes.is_empty()
+                && !(this.idle_waker && this.idle(cx))
+            {
                 return Poll::Pending;
             }
         }
@@ -707,7 +761,8 @@ impl Drop for Claim<'_> {
 pub(crate) struct DriverTask(Arc<SpawnedDriver>);
 
 impl SpawnedDriver {
-    pub(crate) fn new(driver: Driver) -> Arc<SpawnedDriver> {
+    pub(crate) fn new(mut driver: Driver) -> Arc<SpawnedDriver> {
+        driver.idle_waker = true;
         Arc::new(SpawnedDriver {
             state: Mutex::new(SpawnedState {
                 driver: Some(driver),
@@ -2182,6 +2237,58 @@ mod tests {
         assert_eq!(fired.len(), 1, "the timer is armed");
         fired.into_iter().for_each(Waker::wake);
         assert_eq!(woken(&counted), before + 2, "the timer's firing");
+    }
+
+    /// House rule 8 (issue 9): the spawned driver's queue holds the task's waker only while the
+    /// driver waits, so what a caller queues during a pass wakes nobody; the end of the poll
+    /// sees it and runs another round, and only then gives the waker back, which the next
+    /// queued work wakes. Fails if [`Driver::idle`] stores the waker without looking at the
+    /// queue (checked by making it return `false` before its look): the cancel would then wait
+    /// for a wake nobody sends.
+    #[test]
+    fn house_rule_8_work_queued_during_a_pass_is_taken_by_its_end_and_later_work_wakes() {
+        let (shared, spawned, mut task, counted, waker) = spawned_task(Arc::new(NoIo));
+        assert!(poll_task(&mut task, &waker).is_pending());
+        assert!(
+            lock(&shared.state).driver.is_some(),
+            "idle: the queue holds the waker"
+        );
+        let mut claim = spawned.claim().expect("the driver is free");
+        let SpawnedState {
+            driver,
+            task: task_waker,
+        } = claim.state.as_deref_mut().expect("held");
+        let driver = driver.as_mut().expect("running");
+        let task_waker = task_waker.clone().expect("the task's waker");
+        let mut cx = Context::from_waker(&task_waker);
+        // A pass starts: it takes the queue's waker.
+        driver.take_requests(&mut cx, Instant::ZERO);
+        assert!(
+            lock(&shared.state).driver.is_none(),
+            "no waker during the pass"
+        );
+        // A caller gives up on an operation meanwhile: its wake finds no waker.
+        {
+            let mut state = lock(&shared.state);
+            state.cancels.push(OpId(1));
+            state.wake_driver();
+        }
+        assert_eq!(woken(&counted), 0, "nobody woken during the pass");
+        assert!(
+            driver.idle(&cx),
+            "the end of the poll sees the cancel: another round"
+        );
+        assert!(lock(&shared.state).driver.is_none());
+        driver.take_requests(&mut cx, Instant::ZERO);
+        assert!(lock(&shared.state).cancels.is_empty(), "that round took it");
+        assert!(!driver.idle(&cx), "nothing queued: the driver waits");
+        assert!(
+            lock(&shared.state).driver.is_some(),
+            "with its waker in the queue"
+        );
+        drop(claim);
+        lock(&shared.state).wake_driver();
+        assert_eq!(woken(&counted), 1, "work queued while it waits wakes it");
     }
 
     /// House rule 8 (review16 finding 3): a caller's check after its pass wakes a refused task
