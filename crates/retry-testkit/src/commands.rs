@@ -1778,11 +1778,12 @@ const ID_SETS_NO_KIND_WIRE_VERSION: i32 = 8;
 /// 40177 before 4.4 (`ProjectionSpecValidator`) and 51272 from 4.4 (`parseAndAnalyze`); an
 /// empty `$addFields` is 40177 before 5.0. A `$project` mixing inclusion and exclusion
 /// ([`mixed_field`]) is 40178 / 40179 before 4.4 (`ProjectTypeParser`, where before 4.2 a
-/// truthy `_id` makes it an inclusion, [`ID_SETS_NO_KIND_WIRE_VERSION`]) and 31254 / 31253 from 4.4 (`parseExclusion` /
-/// `parseInclusion`). What the test server does not run is TestkitUnsupported (TK-2) here,
-/// before [`optimized_away`] reads the stages ([`projection_refusal`]: values other than
-/// integral numbers and booleans, and a dotted path, which a real server projects as the
-/// embedded field where [`project`] keeps top-level fields only).
+/// truthy `_id` makes it an inclusion, [`ID_SETS_NO_KIND_WIRE_VERSION`]) and 31254 / 31253
+/// from 4.4 (`parseExclusion` / `parseInclusion`). What the test server does not run is
+/// TestkitUnsupported (TK-2) here, before [`optimized_away`] reads the stages
+/// ([`projection_refusal`]: values other than integral numbers and booleans, and a dotted path,
+/// which a real server projects as the embedded field where [`project`] keeps top-level fields
+/// only).
 fn projection_argument(stage: &str, value: &Bson, max_wire_version: i32) -> Result<(), Document> {
     let spec = match (stage, value) {
         (_, Bson::Document(spec)) => spec,
@@ -1829,35 +1830,36 @@ fn projection_argument(stage: &str, value: &Bson, max_wire_version: i32) -> Resu
     }
     let id_decides = max_wire_version < ID_SETS_NO_KIND_WIRE_VERSION;
     let refusal = projection_refusal(spec, id_decides, |field, included| {
+        let context = "Invalid $project :: caused by ::";
+        // Review23 R4: before 4.4 `ProjectTypeParser` raises these outside the validator, so
+        // with no stage context, the specification printed as `BSONObj::toString` prints it.
         let (code, message) = match (ast, included) {
             (true, true) => (
                 31253,
-                format!("Cannot do inclusion on field {field} in exclusion projection"),
+                format!("{context} Cannot do inclusion on field {field} in exclusion projection"),
             ),
             (true, false) => (
                 31254,
-                format!("Cannot do exclusion on field {field} in inclusion projection"),
+                format!("{context} Cannot do exclusion on field {field} in inclusion projection"),
             ),
-            // Review23 R4: raised by `ProjectTypeParser` outside the validator, so with no
-            // stage context, the specification printed as `BSONObj::toString` prints it.
-            (false, true) => {
-                let message = format!(
+            (false, true) => (
+                40179,
+                format!(
                     "Bad projection specification, cannot include fields or add computed fields \
                      during an exclusion projection: {}",
                     shown_document(spec)
-                );
-                return error_reply(40179, &message);
-            }
-            (false, false) => {
-                let message = format!(
+                ),
+            ),
+            (false, false) => (
+                40178,
+                format!(
                     "Bad projection specification, cannot exclude fields other than '_id' in an \
                      inclusion projection: {}",
                     shown_document(spec)
-                );
-                return error_reply(40178, &message);
-            }
+                ),
+            ),
         };
-        error_reply(code, &format!("Invalid $project :: caused by :: {message}"))
+        error_reply(code, &message)
     });
     refusal.map_or(Ok(()), Err)
 }
