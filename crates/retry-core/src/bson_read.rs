@@ -94,21 +94,24 @@ fn plain_document(
     document: &mut Document,
     empty: Option<&Document>,
 ) -> Option<()> {
-    plain_elements(bytes, depth, empty, |key, value| {
-        document.insert(core::str::from_utf8(key).ok()?, value);
+    plain_elements(bytes, depth, empty, utf8_key, |key, value| {
+        document.insert(key, value);
         Some(())
     })
 }
 
-/// Walks the elements of `bytes` as [`well_formed`] checks them, handing each key's bytes and
-/// value ([`plain_value`]) to `each`; `None` where [`well_formed`] would say `false`, a value is
-/// not plain or `each` says `None`. A key is only made a `str` by whoever needs one: an array's
-/// keys are not (issue 9: a cursor batch's indexes are not checked as UTF-8 twice).
-fn plain_elements(
-    bytes: &[u8],
+/// Walks the elements of `bytes` as [`well_formed`] checks them, handing each key (as `key`
+/// reads it from the bytes after the type tag: the key and its length without the
+/// terminator) and value ([`plain_value`]) to `each`; `None` where [`well_formed`] would say
+/// `false`, a value is not plain or `each` says `None`. A key is checked as UTF-8 once, by the
+/// reader: a document's as it is made a `str` ([`utf8_key`]), an array's, which nobody reads,
+/// without one ([`utf8_cstring_len`]; issue 9).
+fn plain_elements<'a, K>(
+    bytes: &'a [u8],
     depth: usize,
     empty: Option<&Document>,
-    mut each: impl FnMut(&[u8], Bson) -> Option<()>,
+    key: impl Fn(&'a [u8]) -> Option<(K, usize)>,
+    mut each: impl FnMut(K, Bson) -> Option<()>,
 ) -> Option<()> {
     if depth > WELL_FORMED_DEPTH || bytes.len() < 5 || read_len(bytes, 0) != Some(bytes.len()) {
         return None;
@@ -120,17 +123,31 @@ fn plain_elements(
     let mut at = 4;
     while at < end {
         let tag = bytes[at];
-        let key_len = utf8_cstring_len(&bytes[at + 1..end])?;
+        let (name, key_len) = key(&bytes[at + 1..end])?;
         let value = at + 1 + key_len + 1;
         let size = value_size(tag, &bytes[value..end])
             .filter(|&size| value.checked_add(size).is_some_and(|e| e <= end))?;
         each(
-            &bytes[at + 1..at + 1 + key_len],
+            name,
             checked_value(tag, &bytes[value..value + size], depth, empty)?,
         )?;
         at = value + size;
     }
     (at == end).then_some(())
+}
+
+/// The key (a C string) that starts `bytes`, as a `str`, and its length: `None` if it has no
+/// terminator or is not UTF-8 (checked once, as it is made a `str`).
+#[inline]
+fn utf8_key(bytes: &[u8]) -> Option<(&str, usize)> {
+    let len = bytes.iter().position(|&b| b == 0)?;
+    Some((core::str::from_utf8(&bytes[..len]).ok()?, len))
+}
+
+/// An array's key: its length, checked as a key ([`utf8_cstring_len`]); nobody reads it.
+#[inline]
+fn array_key(bytes: &[u8]) -> Option<((), usize)> {
+    Some(((), utf8_cstring_len(bytes)?))
 }
 
 /// One value of a document [`well_formed`] accepted, as [`value`] converts it; `None` for a
@@ -142,6 +159,7 @@ pub(crate) fn plain_value(tag: u8, value: &[u8]) -> Option<Bson> {
 /// One value whose bytes (sized by [`value_size`]) are those of an element at `depth`, checked
 /// as [`well_formed`] checks it and converted as [`value`] converts it; `None` for a value
 /// [`well_formed`] refuses or a binary of a subtype other than generic.
+#[inline(always)]
 fn checked_value(tag: u8, value: &[u8], depth: usize, empty: Option<&Document>) -> Option<Bson> {
     let eight = || -> Option<[u8; 8]> { value.get(..8)?.try_into().ok() };
     Some(match tag {
@@ -158,7 +176,7 @@ fn checked_value(tag: u8, value: &[u8], depth: usize, empty: Option<&Document>) 
         }
         0x04 => {
             let mut items = Vec::new();
-            plain_elements(value, depth + 1, empty, |_, item| {
+            plain_elements(value, depth + 1, empty, array_key, |(), item| {
                 items.push(item);
                 Some(())
             })?;

@@ -550,6 +550,24 @@ impl FrameDecoder {
         self.decode_as(input, parse_frame_raw)
     }
 
+    /// The usual case of [`FrameDecoder::decode_raw`], in one step (issue 9): a whole frame of
+    /// the usual shape ([`lone_body`]) at the front of `input`, none in progress, its body
+    /// valid: how many bytes it took and its message. `None` for anything else, which
+    /// [`FrameDecoder::decode_raw`] then decodes or refuses as always.
+    #[inline]
+    pub(crate) fn decode_lone(&self, input: &[u8]) -> Option<(usize, RawOpMsg)> {
+        if self.failed.is_some() || !self.frame.is_empty() {
+            return None;
+        }
+        let header = input.get(..HEADER_LEN)?;
+        let len = Self::validate(header, self.max_message_size).ok()?;
+        let frame = input
+            .get(..len)
+            .filter(|_| read_i32(header, 12) == OP_MSG)?;
+        let message = lone_message(frame, lone_body(frame)?).ok()?;
+        Some((len, message))
+    }
+
     fn decode_as<M>(
         &mut self,
         input: &[u8],
@@ -701,7 +719,42 @@ pub fn parse_frame(frame: &[u8]) -> Result<OpMsg, DecodeError> {
 /// [`parse_frame`], leaving the documents encoded ([`RawOpMsg`]); accepts and refuses the same
 /// frames.
 pub fn parse_frame_raw(frame: &[u8]) -> Result<RawOpMsg, DecodeError> {
-    parse_frame_as(frame)
+    match lone_body(frame) {
+        Some(body) => lone_message(frame, body),
+        None => parse_frame_as(frame),
+    }
+}
+
+/// The message of a frame of the usual shape whose body ([`lone_body`]) is `body`.
+#[inline]
+fn lone_message(frame: &[u8], body: &[u8]) -> Result<RawOpMsg, DecodeError> {
+    let (body, top) = parse_raw_body(body)?;
+    Ok(RawOpMsg {
+        request_id: read_i32(frame, 4),
+        response_to: read_i32(frame, 8),
+        flags: MsgFlags::from_bits(u32::from_le_bytes(le4(frame, HEADER_LEN))),
+        body,
+        sequences: Vec::new(),
+        top,
+    })
+}
+
+/// The body of a frame of the usual shape, whose layout [`parse_frame_as`] would accept as it
+/// is: its length right, no checksum, no unknown required flag, and one kind-0 section that
+/// ends the frame. Such a frame is the body's alone (issue 9: a reply is read without the
+/// general section walk); `None` for any other, left to that walk.
+#[inline]
+fn lone_body(frame: &[u8]) -> Option<&[u8]> {
+    const BODY: usize = HEADER_LEN + 5;
+    let header = frame.get(..BODY + 4)?;
+    let flags = MsgFlags::from_bits(u32::from_le_bytes(le4(header, HEADER_LEN)));
+    let plain = usize::try_from(read_i32(header, 0)) == Ok(frame.len())
+        && flags.unknown_required() == 0
+        && !flags.contains(MsgFlags::CHECKSUM_PRESENT)
+        && header[BODY - 1] == 0
+        && usize::try_from(read_i32(header, BODY)) == Ok(frame.len() - BODY)
+        && frame.len() - BODY >= 5;
+    plain.then(|| &frame[BODY..])
 }
 
 /// A message type a frame parses into: how its documents are read and how it is assembled.
@@ -1051,6 +1104,32 @@ mod tests {
         assert_eq!(body, expected.to_vec().unwrap());
     }
 
+    /// Issue 9 (WP-2, WP-3): a usual reply (one body, no checksum) is decoded in one step, to
+    /// the message `decode_raw` gives; a frame of another shape, a partial one or one after a
+    /// frame in progress is left to `decode_raw`.
+    #[test]
+    fn a_usual_reply_is_decoded_in_one_step() {
+        let mut reply = OpMsg::command(9, doc! { "ok": 1.0, "n": 2 });
+        reply.response_to = 7;
+        let bytes = encoded(&reply);
+        let mut decoder = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
+        let (used, lone) = decoder.decode_lone(&bytes).expect("one step");
+        assert_eq!((used, lone.response_to), (bytes.len(), 7));
+        assert_eq!(
+            decoder.decode_raw(&bytes).unwrap(),
+            (used, Some(lone.clone()))
+        );
+        let mut stream = bytes.clone();
+        stream.extend_from_slice(&bytes);
+        assert_eq!(decoder.decode_lone(&stream).map(|(n, _)| n), Some(used));
+        reply.flags = MsgFlags::CHECKSUM_PRESENT;
+        assert!(decoder.decode_lone(&encoded(&reply)).is_none());
+        assert!(decoder.decode_lone(&encoded(&insert())).is_none());
+        assert!(decoder.decode_lone(&bytes[..bytes.len() - 1]).is_none());
+        assert_eq!(decoder.decode_raw(&bytes[..10]).unwrap(), (10, None));
+        assert!(decoder.decode_lone(&bytes).is_none());
+    }
+
     #[test]
     fn wp2_checksum_mismatch_is_an_error() {
         let mut msg = insert();
@@ -1340,7 +1419,13 @@ mod tests {
             );
             for piece in [&bytes[..cut], &bytes[cut..]] {
                 let expected = tree.decode(piece);
-                let got = raw.decode_raw(piece).map(|(n, m)| {
+                // Issue 9: the one-step path gives `decode_raw`'s message, or leaves it the input.
+                let lone = raw.decode_lone(piece);
+                let got = raw.decode_raw(piece);
+                if let Some(lone) = lone {
+                    proptest::prop_assert_eq!(got.as_ref().ok(), Some(&(lone.0, Some(lone.1))));
+                }
+                let got = got.map(|(n, m)| {
                     // Issue 9: the fields noted as the body was validated are a walk's.
                     if let Some(m) = &m {
                         assert_eq!(m.top, TopFields::read(&m.body));

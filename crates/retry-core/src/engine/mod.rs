@@ -1414,6 +1414,47 @@ mod tests {
         assert!(engine.pool(id).is_none());
     }
 
+    /// Review23 R5 (review22 R5, EV-3, house rules 8 and 10): `set_events` switches the pool of
+    /// a server that already left (`retired_pool`) too. Retired while POOL was off (its pool
+    /// recording nothing), switched on before it closes: its close is published. Without the
+    /// switch's loop over retired pools the pool would keep recording nothing and publish no
+    /// close. (Driven through the engine's internal calls: no public call sequence was found that
+    /// leaves a retired pool alive at a switch, see the commit message.)
+    #[test]
+    fn a_retired_pool_switched_on_publishes_its_close() {
+        let (a, b) = (
+            ServerAddress::new("a", 27017),
+            ServerAddress::new("b", 27017),
+        );
+        let settings = TopologySettings::new(alloc::vec![a, b.clone()]);
+        let options =
+            EngineOptions::new(settings, HandshakeOptions::new()).with_events(EventFamilies::NONE);
+        let mut engine = Engine::new(options, Instant::ZERO).expect("valid");
+        let id = engine.server_id(&b);
+        let mut pool = Box::new(Pool::new(b.clone(), crate::pool::PoolOptions::default()));
+        pool.set_record_events(false);
+        engine.server_removed(&b, pool, Instant::ZERO);
+        engine.set_events(EventFamilies::POOL);
+        engine
+            .server_mut(id)
+            .retired_pool
+            .as_mut()
+            .expect("retired, not yet dropped")
+            .close(Instant::ZERO);
+        engine.run(Instant::ZERO);
+        let closed = events(&mut engine).into_iter().any(|e| {
+            matches!(
+                e,
+                EngineEvent::Pool {
+                    address,
+                    event: PoolEvent::PoolClosed,
+                } if address == b
+            )
+        });
+        assert!(closed, "the retired pool's close was published");
+        assert!(engine.server(id).retired_pool.is_none(), "then dropped");
+    }
+
     /// Issue 9 item 2: a monitor whose socket cannot be built completes its check as failed.
     #[test]
     fn a_monitor_socket_that_cannot_be_built_fails_the_check() {
