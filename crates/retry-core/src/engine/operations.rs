@@ -535,7 +535,16 @@ impl Engine {
         op.queued = false;
         let drained = match op.refused.is_some() {
             true => Drained::Unsettled,
-            false => self.drain_machine(op_id, now),
+            false => {
+                let hedged = matches!(op.machine, OpMachine::Hedging(_));
+                let due = op
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.wake.is_some_and(|w| now >= w))
+                    .fold(0_u32, |due, (i, _)| due | 1 << i);
+                self.drain_machine(op_id, hedged, due, now)
+            }
         };
         if let Drained::Unsettled = drained {
             // House rule 8: an input refused while draining (or before) ends the operation now.
@@ -544,18 +553,10 @@ impl Engine {
         }
     }
 
+    /// Drains the machine of an operation (`hedged` or not) whose slots in `due` have a
+    /// waiting selection that is due.
     #[inline(always)]
-    fn drain_machine(&mut self, op_id: OpId, now: Instant) -> Drained {
-        let Some(op) = self.ops.get(&op_id) else {
-            return Drained::Settled;
-        };
-        let hedged = matches!(op.machine, OpMachine::Hedging(_));
-        let mut due = op
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.wake.is_some_and(|w| now >= w))
-            .fold(0_u32, |due, (i, _)| due | 1 << i);
+    fn drain_machine(&mut self, op_id: OpId, hedged: bool, mut due: u32, now: Instant) -> Drained {
         // A waiting selection that is due looks again.
         while due != 0 {
             let slot = due.trailing_zeros() as usize;
