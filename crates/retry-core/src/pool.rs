@@ -545,23 +545,6 @@ impl Pool {
         !self.actions.is_empty() || !self.events.is_empty()
     }
 
-    /// The connection of `checkout` when its [`PoolAction::CheckedOut`] is the only action
-    /// waiting (a checkout served at once), taken out of the queue as
-    /// [`Pool::poll_action`] would return it; `None` (and nothing taken) otherwise. For an
-    /// engine that routes that answer at once (issue 9).
-    pub(crate) fn take_served(&mut self, checkout: CheckoutId) -> Option<ConnectionId> {
-        match self.actions.front() {
-            Some(&PoolAction::CheckedOut {
-                checkout: served,
-                connection,
-            }) if served == checkout && self.actions.len() == 1 => {
-                self.actions.pop_front();
-                Some(connection)
-            }
-            _ => None,
-        }
-    }
-
     /// Drops the pending events unread, for an embedder that does not publish them: the same
     /// as polling every one and ignoring it.
     pub fn discard_events(&mut self) {
@@ -596,6 +579,20 @@ impl Pool {
         deadline: Option<Instant>,
         now: Instant,
     ) -> CheckoutId {
+        self.check_out_served(purpose, deadline, now, false).0
+    }
+
+    /// [`Pool::check_out`], and when `take` and the checkout is served at once with its
+    /// [`PoolAction::CheckedOut`] the only action it leaves waiting, that connection, the action
+    /// not queued: for an engine that routes that answer at once (issue 9). Otherwise the
+    /// answer is queued as [`Pool::check_out`] queues it.
+    pub(crate) fn check_out_served(
+        &mut self,
+        purpose: Purpose,
+        deadline: Option<Instant>,
+        now: Instant,
+        take: bool,
+    ) -> (CheckoutId, Option<ConnectionId>) {
         let checkout = CheckoutId(self.next_checkout);
         self.next_checkout += 1;
         self.emit(PoolEvent::CheckOutStarted { checkout });
@@ -627,9 +624,20 @@ impl Pool {
                 // checkout without it entering the wait queue; the same steps `serve` takes.
                 if self.waiters.is_empty() {
                     if let Some(connection) = self.take_available(now) {
-                        self.give(waiter, connection, now);
+                        let alone = take && self.actions.is_empty();
+                        let answer = self.hand_over(waiter, connection, now);
+                        if !alone {
+                            self.actions.push_back(answer);
+                            self.serve(now);
+                            return (checkout, None);
+                        }
                         self.serve(now);
-                        return checkout;
+                        if self.actions.is_empty() {
+                            return (checkout, Some(connection));
+                        }
+                        // `serve` queued more: the answer goes first, where it was due.
+                        self.actions.push_front(answer);
+                        return (checkout, None);
                     }
                 }
                 // A checkout served at once never enters the expiry index; one still waiting
@@ -647,7 +655,7 @@ impl Pool {
                 }
             }
         }
-        checkout
+        (checkout, None)
     }
 
     /// Withdraws a checkout that has not been answered (its operation was cancelled): it leaves
@@ -1126,16 +1134,23 @@ impl Pool {
     }
 
     fn give(&mut self, w: Waiter, connection: ConnectionId, now: Instant) {
+        let answer = self.hand_over(w, connection, now);
+        self.actions.push_back(answer);
+    }
+
+    /// [`Pool::give`] but for queueing its answer, which it returns.
+    #[inline(always)]
+    fn hand_over(&mut self, w: Waiter, connection: ConnectionId, now: Instant) -> PoolAction {
         self.set_state(connection, ConnectionState::InUse { purpose: w.purpose });
         self.emit(PoolEvent::CheckedOut {
             checkout: w.checkout,
             connection,
             duration: now.saturating_duration_since(w.started),
         });
-        self.actions.push_back(PoolAction::CheckedOut {
+        PoolAction::CheckedOut {
             checkout: w.checkout,
             connection,
-        });
+        }
     }
 
     fn fail(&mut self, checkout: CheckoutId, started: Instant, now: Instant, error: CheckoutError) {
@@ -1337,5 +1352,59 @@ mod connection_id_tests {
                 connection: held[0]
             }]
         );
+    }
+
+    /// Issue 9 (CM-8's order of answers): a checkout served at once hands its connection back
+    /// unqueued only when asked and when its answer would be the one action waiting; otherwise
+    /// its `CheckedOut` is queued where `check_out` queues it, behind what was waiting.
+    #[test]
+    fn a_checkout_served_at_once_is_taken_only_when_its_answer_is_alone() {
+        let t0 = Instant::ZERO;
+        let mut pool = Pool::new(ServerAddress::new("a", 27017), PoolOptions::default());
+        pool.ready(t0);
+        // Two connections, established and checked back in.
+        let mut conns = Vec::new();
+        for _ in 0..2 {
+            pool.check_out(Purpose::Other, None, t0);
+        }
+        while let Some(action) = pool.poll_action() {
+            match action {
+                PoolAction::Establish { connection } => {
+                    pool.handle_established(connection, None, t0)
+                }
+                PoolAction::CheckedOut { connection, .. } => conns.push(connection),
+                other => panic!("{other:?}"),
+            }
+        }
+        for &conn in &conns {
+            pool.check_in(conn, true, t0);
+        }
+        // Asked, alone: the connection, nothing queued.
+        let (_, first) = pool.check_out_served(Purpose::Other, None, t0, true);
+        let first = first.expect("served at once");
+        assert!(!pool.has_actions());
+        // Not asked: queued as `check_out` queues it.
+        let (second, served) = pool.check_out_served(Purpose::Other, None, t0, false);
+        assert_eq!(served, None);
+        let other = match pool.poll_action() {
+            Some(PoolAction::CheckedOut {
+                checkout,
+                connection,
+            }) if checkout == second => connection,
+            other => panic!("{other:?}"),
+        };
+        // Asked, behind a waiting action: queued after it.
+        pool.check_in(first, true, t0);
+        pool.check_in(other, true, t0);
+        let waiting = pool.check_out(Purpose::Other, None, t0);
+        let (third, served) = pool.check_out_served(Purpose::Other, None, t0, true);
+        assert_eq!(served, None);
+        let answers: Vec<_> = core::iter::from_fn(|| pool.poll_action())
+            .map(|action| match action {
+                PoolAction::CheckedOut { checkout, .. } => checkout,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(answers, [waiting, third]);
     }
 }

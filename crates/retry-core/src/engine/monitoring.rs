@@ -11,7 +11,7 @@ use alloc::boxed::Box;
 use alloc::vec::Vec;
 use bson::{doc, Document};
 
-use super::Engine;
+use super::{pool_in, Engine};
 use super::EventFamilies;
 use super::{ConnId, EngineEvent, MonitorState, OpId, Owner, ServerId};
 use crate::address::ServerAddress;
@@ -467,7 +467,7 @@ impl Engine {
     /// follow). When nobody subscribed to the pool family its pools record none (issue 9:
     /// `Topology::set_pool_events`): nothing to look up.
     #[inline(always)]
-    fn move_pool_events(&mut self, server: ServerId) {
+    pub(super) fn move_pool_events(&mut self, server: ServerId) {
         if self.options.events.contains(EventFamilies::POOL) {
             self.publish_pool_events(server);
         }
@@ -674,10 +674,19 @@ impl Engine {
                 .then_some((op, slot));
             self.checked_out(server, waiting, connection, now);
         }
-        let retired = self.server(server).retired_pool.is_some();
-        if retired || self.pool(server).is_some_and(Pool::has_output) {
-            self.drain_pool(server, now);
+        // Issue 9: one look at the pool for its output and its deadline.
+        let (output, at) = pool_in(&mut self.servers, &mut self.topology, server)
+            .map_or((false, None), |p| (p.has_output(), p.poll_timeout()));
+        let entry = &mut self.servers[server.0 as usize];
+        match entry.retired_pool.is_some() || output {
+            true => {
+                self.drain_pool(server, now);
+                self.refresh_pool_timer(server);
+            }
+            false => {
+                self.timers
+                    .set(Machine::Pool(server), &mut entry.pool_timer, at)
+            }
         }
-        self.refresh_pool_timer(server);
     }
 }

@@ -778,8 +778,6 @@ impl Engine {
             self.fail_attempt(op_id, slot, error, false, now);
             return;
         };
-        let id = pool.check_out(purpose, deadline, now);
-        op.slots[slot].checkout = Some((server, id));
         // Issue 9: a retry machine's checkout served at once, with nothing on the worklist,
         // gets its pool's turn right after this one (`Served`), without the worklist and the
         // table of pending checkouts. (A hedged copy's keeps the worklist: its machine may
@@ -788,7 +786,8 @@ impl Engine {
             && self.work.is_empty()
             && self.served.is_none()
             && !pool_queued;
-        let served = next.then(|| pool.take_served(id)).flatten();
+        let (id, served) = pool.check_out_served(purpose, deadline, now, next);
+        op.slots[slot].checkout = Some((server, id));
         match served {
             Some(connection) => {
                 self.servers[server.0 as usize].pool_queued = true;
@@ -1286,10 +1285,18 @@ impl Engine {
         socket.op = None;
         let (server, owner) = (socket.server, socket.owner);
         if let Owner::Pool(id) = owner {
-            if let Some(pool) = self.pool_mut(server) {
+            // Issue 9: what `flush_pool_events` asks of the pool, read with the pool at hand.
+            let after = pool_in(&mut self.servers, &mut self.topology, server).map(|pool| {
                 pool.check_in(id, healthy, now);
+                (pool.has_actions(), pool.poll_timeout())
+            });
+            self.move_pool_events(server);
+            let entry = &self.servers[server.0 as usize];
+            let settled = entry.retired_pool.is_none()
+                && after.is_some_and(|(actions, at)| !actions && at == entry.pool_timer);
+            if !settled {
+                self.schedule(Machine::Pool(server));
             }
-            self.flush_pool_events(server);
         }
     }
 }
