@@ -11,8 +11,8 @@ use alloc::boxed::Box;
 use alloc::vec::Vec;
 use bson::{doc, Document};
 
-use super::{pool_in, Engine};
 use super::EventFamilies;
+use super::{pool_in, Engine};
 use super::{ConnId, EngineEvent, MonitorState, OpId, Owner, ServerId};
 use crate::address::ServerAddress;
 use crate::connection::Request;
@@ -683,10 +683,9 @@ impl Engine {
                 self.drain_pool(server, now);
                 self.refresh_pool_timer(server);
             }
-            false => {
-                self.timers
-                    .set(Machine::Pool(server), &mut entry.pool_timer, at)
-            }
+            false => self
+                .timers
+                .set(Machine::Pool(server), &mut entry.pool_timer, at),
         }
     }
 }
