@@ -18,7 +18,7 @@ use crate::connection_string::ConnectionString;
 use crate::driver::{Driver, LocalDriver, SpawnedDriver, Waiter};
 use crate::options::{ClientOptions, OptionsError};
 use crate::runtime::Runtime;
-use crate::shared::{lock, EventQueue, RawReply, Reply, Request, Shared, Slot, TimedEvent};
+use crate::shared::{lock, EventQueue, RawReply, Reply, Shared, Slot, TimedEvent};
 use crate::srv::resolve_seedlist;
 use crate::tls::TlsRuntime;
 
@@ -123,15 +123,59 @@ impl Drop for Inner {
     }
 }
 
-/// Cancels its operation in the engine if the `run` future is dropped before it finished.
-struct CancelOnDrop<'a> {
-    shared: &'a Shared,
-    slot: &'a Slot,
+/// [`Client::run_request`]'s future: the result of an operation queued by the call. Its first
+/// poll starts the operation itself when it is the only one in flight and the driver has a task
+/// ([`SpawnedDriver::run_inline`]); each poll runs the driver first when the client's futures
+/// drive it ([`Waiter::drive`]). Dropped before it finished, it cancels its operation in the
+/// engine.
+struct ReplyFuture<'a> {
+    inner: &'a Inner,
+    /// Its place among the futures that run the driver, when they do.
+    waiter: Option<Waiter>,
+    /// The operation's slot; `None` if the client was shut down before it was queued.
+    reply: Option<Arc<Slot>>,
+    /// The only operation in flight when queued.
+    alone: bool,
+    first: bool,
+    /// It returned the result.
+    done: bool,
 }
 
-impl Drop for CancelOnDrop<'_> {
+impl Future for ReplyFuture<'_> {
+    type Output = Result<RawReply, OperationError>;
+
+    fn poll(self: core::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let Some(reply) = &this.reply else {
+            return Poll::Ready(Err(OperationError::cancelled()));
+        };
+        if core::mem::take(&mut this.first) {
+            if let Some(local) = &this.inner.local {
+                local.mark();
+            }
+            if let (true, Some(spawned)) = (this.alone, &this.inner.spawned) {
+                // The only operation in flight: this caller starts it, unless the driver is busy.
+                reply.driving(|| {
+                    if !spawned.run_inline() {
+                        lock(&this.inner.shared.state).wake_driver();
+                    }
+                });
+            }
+        }
+        if let Some(waiter) = &this.waiter {
+            reply.driving(|| waiter.drive(cx));
+        }
+        let result = reply.poll(cx);
+        this.done = result.is_ready();
+        result
+    }
+}
+
+impl Drop for ReplyFuture<'_> {
     fn drop(&mut self) {
-        self.shared.abandon(self.slot);
+        if let (false, Some(reply)) = (self.done, &self.reply) {
+            self.inner.shared.abandon(reply);
+        }
     }
 }
 
@@ -362,42 +406,25 @@ impl<R> Client<R> {
     /// Runs `operation` on `db` (its database name, written when it is queued) and waits for
     /// its reply; dropping the future cancels it. The operation is queued at once, by the call,
     /// and the future only waits (issue 9: the request is never moved into a future's state,
-    /// which copied its 232 bytes at each level). Callers call it from an `async` body, so it
-    /// is queued on their future's first poll, as if it were an `async fn`.
-    fn run_request(
-        &self,
-        operation: OperationRequest,
-        db: &str,
-    ) -> impl Future<Output = Result<RawReply, OperationError>> + '_ {
+    /// which copied its 232 bytes at each level; and the future is a [`ReplyFuture`], whose
+    /// poll hands the slot's result on as it is, not through an `async` block's). Callers call
+    /// it from an `async` body, so it is queued on their future's first poll, as if it were an
+    /// `async fn`.
+    fn run_request(&self, operation: OperationRequest, db: &str) -> ReplyFuture<'_> {
         let waiter = self.waiter();
         // A future that drives the engine itself runs it next: no wake.
         let queued = self.queue(operation, Some(db), waiter.is_none(), true);
-        async move {
-            let (reply, alone) = queued?;
-            if let Some(local) = &self.inner.local {
-                local.mark();
-            }
-            if let (true, Some(spawned)) = (alone, &self.inner.spawned) {
-                // The only operation in flight: this caller starts it, unless the driver is busy.
-                reply.driving(|| {
-                    if !spawned.run_inline() {
-                        lock(&self.inner.shared.state).wake_driver();
-                    }
-                });
-            }
-            let cancel = CancelOnDrop {
-                shared: &self.inner.shared,
-                slot: &reply,
-            };
-            let result = poll_fn(|cx| {
-                if let Some(waiter) = &waiter {
-                    reply.driving(|| waiter.drive(cx));
-                }
-                reply.poll(cx)
-            })
-            .await;
-            core::mem::forget(cancel);
-            result
+        let (reply, alone) = match queued {
+            Ok((reply, alone)) => (Some(reply), alone),
+            Err(_) => (None, false),
+        };
+        ReplyFuture {
+            inner: &self.inner,
+            waiter,
+            reply,
+            alone,
+            first: true,
+            done: false,
         }
     }
 
@@ -518,7 +545,6 @@ impl<R> Client<R> {
         if state.closing {
             return Err(OperationError::cancelled());
         }
-        let reply = state.slot();
         if let Some(db) = db {
             operation.db = state.db_name(db);
         }
@@ -526,10 +552,8 @@ impl<R> Client<R> {
             && self.inner.spawned.is_some()
             && state.operations == 0
             && state.requests.is_empty();
-        state.requests.push_back(Request {
-            operation,
-            reply: reply.clone(),
-        });
+        let reply = state.slot(operation);
+        state.requests.push_back(reply.clone());
         if wake && !alone {
             state.wake_driver();
         }

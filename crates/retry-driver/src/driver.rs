@@ -17,10 +17,9 @@ use retry_core::error::{NetworkCause, NetworkErrorKind, OperationError};
 use retry_core::id_table::IdTable;
 use retry_core::time::{Instant, OperationTimeout};
 
-use crate::id_map::IdMap;
 use crate::io_error::classify_io_error;
 use crate::runtime::{AsyncTimer, BoxFuture, Runtime, Socket};
-use crate::shared::{lock, RawReply, Request, Shared, Slot};
+use crate::shared::{lock, RawReply, Shared, Slot};
 use crate::srv::SrvPolling;
 
 /// Rounds of work in one poll before the driver yields to its executor (tokio's coop budget and
@@ -99,13 +98,15 @@ pub(crate) struct Driver {
     /// The waker `timer_wake` passes its wakes to, as last set (so it is locked only when
     /// that changes).
     timer_target: Option<Waker>,
-    sockets: IdMap<ConnId, SocketState>,
+    /// By the engine's ids, as `pending` (issue 9: two lookups per round trip, a mask and a
+    /// comparison each instead of a hash and a probe).
+    sockets: IdTable<ConnId, SocketState>,
     /// By the engine's ids, which it hands out in increasing order ([`IdTable`]: a mask, a load
     /// and a comparison per lookup; issue 9).
     pending: IdTable<OpId, Pending>,
-    /// The requests taken from the client's queue in one round (reused: swapped with the
-    /// queue, so neither allocates again).
-    requests: VecDeque<Request>,
+    /// The requests taken from the client's queue in one round, in their slots (reused:
+    /// swapped with the queue, so neither allocates again).
+    requests: VecDeque<Arc<Slot>>,
     /// `timeoutMS`, for each operation's CSOT deadline.
     timeout: Option<core::time::Duration>,
     read_buffer: Vec<u8>,
@@ -127,6 +128,15 @@ pub(crate) struct Driver {
     /// [`Driver::flush_engine`] asks only then (a round's two flushes; one of them usually has
     /// nothing to take).
     unflushed: bool,
+    /// Whether the engine publishes command events and the event families, as last set (set
+    /// only when a subscriber comes or goes).
+    listening: Option<bool>,
+    /// The client's queue holds the waker only while the driver waits ([`Driver::idle`]), not
+    /// during its passes: a driver with a task of its own ([`SpawnedDriver`]), which a caller's
+    /// wake during a pass would make poll once more for what the pass's end sees anyway.
+    idle_waker: bool,
+    /// The waker the client's queue held, taken for a pass, given back by [`Driver::idle`].
+    spare_waker: Option<Waker>,
 }
 
 impl Driver {
@@ -149,7 +159,7 @@ impl Driver {
             timer_wake_waker: Waker::from(timer_wake.clone()),
             timer_wake,
             timer_target: None,
-            sockets: IdMap::default(),
+            sockets: IdTable::default(),
             pending: IdTable::default(),
             requests: VecDeque::new(),
             timeout,
@@ -162,6 +172,9 @@ impl Driver {
             srv_lookup: None,
             // The new engine's first monitor connections.
             unflushed: true,
+            listening: None,
+            idle_waker: false,
+            spare_waker: None,
         }
     }
 
@@ -199,7 +212,14 @@ impl Driver {
     fn take_requests(&mut self, cx: &mut Context<'_>, now: Instant) -> (bool, bool) {
         let closing = {
             let mut state = lock(&self.shared.state);
-            if !state
+            if self.idle_waker {
+                // Taken for the pass: what the client queues meanwhile wakes nobody, and the
+                // end of the poll looks at the queue before it gives the waker back
+                // ([`Driver::idle`]).
+                if let Some(waker) = state.driver.take() {
+                    self.spare_waker = Some(waker);
+                }
+            } else if !state
                 .driver
                 .as_ref()
                 .is_some_and(|w| w.will_wake(cx.waker()))
@@ -209,15 +229,18 @@ impl Driver {
             // EV-1: command events cost a copy of each command and reply; publish them only
             // while someone listens.
             let listening = state.subscribers.iter().any(|s| Arc::strong_count(s) > 1);
-            self.engine.set_command_monitoring(listening);
-            // Issue 9: pool, SDAM, retry and hedging events only ever go to subscribers (the
-            // driver reacts to events the engine always publishes); without one the engine does
-            // not queue them.
-            self.engine.set_events(if listening {
-                EventFamilies::ALL
-            } else {
-                EventFamilies::NONE
-            });
+            if self.listening != Some(listening) {
+                self.listening = Some(listening);
+                self.engine.set_command_monitoring(listening);
+                // Issue 9: pool, SDAM, retry and hedging events only ever go to subscribers
+                // (the driver reacts to events the engine always publishes); without one the
+                // engine does not queue them.
+                self.engine.set_events(if listening {
+                    EventFamilies::ALL
+                } else {
+                    EventFamilies::NONE
+                });
+            }
             // A dropped `run` future cancels its operation in the engine, before a session
             // dropped after it ends (SE-12: the cancel may make the session dirty).
             let cancels = core::mem::take(&mut state.cancels);
@@ -227,9 +250,9 @@ impl Driver {
                 self.engine.cancel_operation(op, now);
             }
             state.operations = self.pending.len() + state.requests.len();
-            // Explicit sessions to start and end (`session.rs`).
-            let sessions =
-                crate::session::serve(&mut self.engine, &mut state.sessions, self.timeout, now);
+            // Explicit sessions to start and end (`session.rs`); none in most rounds.
+            let sessions = !state.sessions.is_empty()
+                && crate::session::serve(&mut self.engine, &mut state.sessions, self.timeout, now);
             if state.requests.is_empty() {
                 return (sessions || cancelled, state.closing);
             }
@@ -240,19 +263,15 @@ impl Driver {
             Some(t) => OperationTimeout::from_timeout_ms(now, t),
             None => OperationTimeout::Off,
         };
-        while let Some(request) = self.requests.pop_front() {
+        while let Some(slot) = self.requests.pop_front() {
             let engine = &mut self.engine;
             // Not started if its caller gave up on it already; it cannot give up while it starts.
-            let started = request.reply.start(|| {
-                let mut operation = request.operation;
+            let started = slot.start(|mut operation| {
                 operation.timeout = timeout;
                 engine.start_operation(operation, now)
             });
             if let Some(op) = started {
-                let pending = Pending {
-                    slot: request.reply,
-                    cursor: None,
-                };
+                let pending = Pending { slot, cursor: None };
                 self.pending.insert(op, pending);
             }
         }
@@ -479,6 +498,29 @@ impl Driver {
         true
     }
 
+    /// Before a driver with `idle_waker` set returns `Pending`: gives the client's queue
+    /// the waker back, unless the client queued something for it meanwhile (an operation, a
+    /// cancel, a session request, the shutdown), which nobody woke it for (house rule 8: the
+    /// queue is looked at and the waker stored under one lock, and whoever queues takes that
+    /// lock and wakes the waker it finds). Returns whether there is such work: then another
+    /// round runs instead.
+    fn idle(&mut self, cx: &Context<'_>) -> bool {
+        let mut state = lock(&self.shared.state);
+        if !state.requests.is_empty()
+            || !state.cancels.is_empty()
+            || !state.sessions.is_empty()
+            || state.closing
+        {
+            return true;
+        }
+        let waker = match self.spare_waker.take() {
+            Some(waker) if waker.will_wake(cx.waker()) => waker,
+            _ => cx.waker().clone(),
+        };
+        state.driver = Some(waker);
+        false
+    }
+
     /// Fires the engine's timers that are due and arms the runtime's timer for the next one.
     ///
     /// The runtime's timer is set for `timer_at`, never later than the engine's earliest
@@ -554,13 +596,13 @@ impl Driver {
         self.engine.close(now);
         self.unflushed = true;
         self.flush_engine(now);
-        self.sockets.clear();
+        self.sockets = IdTable::default();
         for pending in core::mem::take(&mut self.pending).values() {
             pending.slot.complete(Err(OperationError::cancelled()));
         }
         let mut state = lock(&self.shared.state);
-        for request in core::mem::take(&mut state.requests) {
-            request.reply.complete(Err(OperationError::cancelled()));
+        for slot in core::mem::take(&mut state.requests) {
+            slot.complete(Err(OperationError::cancelled()));
         }
         state.sessions.refuse_starts();
         for subscriber in core::mem::take(&mut state.subscribers) {
@@ -601,6 +643,9 @@ impl Future for Driver {
             // Taken by the next round's first flush.
             this.unflushed |= timed_out || srv;
             if !progressed && !timed_out && !srv {
+                if this.idle_waker && this.idle(cx) {
+                    continue;
+                }
                 return Poll::Pending;
             }
             // Another round only for work nothing will wake this task for: sockets the engine
@@ -608,7 +653,13 @@ impl Future for Driver {
             // or an SRV answer made the engine do, and a close still under way. Everything else
             // was carried out above, and every socket, the timer and the client's queue hold this
             // task's waker.
-            if !closing && !timed_out && !srv && this.ready.is_empty() && this.writes.is_empty() {
+            if !closing
+                && !timed_out
+                && !srv
+                && this.ready.is_empty()
+                && this.writes.is_empty()
+                && !(this.idle_waker && this.idle(cx))
+            {
                 return Poll::Pending;
             }
         }
@@ -710,7 +761,8 @@ impl Drop for Claim<'_> {
 pub(crate) struct DriverTask(Arc<SpawnedDriver>);
 
 impl SpawnedDriver {
-    pub(crate) fn new(driver: Driver) -> Arc<SpawnedDriver> {
+    pub(crate) fn new(mut driver: Driver) -> Arc<SpawnedDriver> {
+        driver.idle_waker = true;
         Arc::new(SpawnedDriver {
             state: Mutex::new(SpawnedState {
                 driver: Some(driver),
@@ -2187,6 +2239,58 @@ mod tests {
         assert_eq!(woken(&counted), before + 2, "the timer's firing");
     }
 
+    /// House rule 8 (issue 9): the spawned driver's queue holds the task's waker only while the
+    /// driver waits, so what a caller queues during a pass wakes nobody; the end of the poll
+    /// sees it and runs another round, and only then gives the waker back, which the next
+    /// queued work wakes. Fails if [`Driver::idle`] stores the waker without looking at the
+    /// queue (checked by making it return `false` before its look): the cancel would then wait
+    /// for a wake nobody sends.
+    #[test]
+    fn house_rule_8_work_queued_during_a_pass_is_taken_by_its_end_and_later_work_wakes() {
+        let (shared, spawned, mut task, counted, waker) = spawned_task(Arc::new(NoIo));
+        assert!(poll_task(&mut task, &waker).is_pending());
+        assert!(
+            lock(&shared.state).driver.is_some(),
+            "idle: the queue holds the waker"
+        );
+        let mut claim = spawned.claim().expect("the driver is free");
+        let SpawnedState {
+            driver,
+            task: task_waker,
+        } = claim.state.as_deref_mut().expect("held");
+        let driver = driver.as_mut().expect("running");
+        let task_waker = task_waker.clone().expect("the task's waker");
+        let mut cx = Context::from_waker(&task_waker);
+        // A pass starts: it takes the queue's waker.
+        driver.take_requests(&mut cx, Instant::ZERO);
+        assert!(
+            lock(&shared.state).driver.is_none(),
+            "no waker during the pass"
+        );
+        // A caller gives up on an operation meanwhile: its wake finds no waker.
+        {
+            let mut state = lock(&shared.state);
+            state.cancels.push(OpId(1));
+            state.wake_driver();
+        }
+        assert_eq!(woken(&counted), 0, "nobody woken during the pass");
+        assert!(
+            driver.idle(&cx),
+            "the end of the poll sees the cancel: another round"
+        );
+        assert!(lock(&shared.state).driver.is_none());
+        driver.take_requests(&mut cx, Instant::ZERO);
+        assert!(lock(&shared.state).cancels.is_empty(), "that round took it");
+        assert!(!driver.idle(&cx), "nothing queued: the driver waits");
+        assert!(
+            lock(&shared.state).driver.is_some(),
+            "with its waker in the queue"
+        );
+        drop(claim);
+        lock(&shared.state).wake_driver();
+        assert_eq!(woken(&counted), 1, "work queued while it waits wakes it");
+    }
+
     /// House rule 8 (review16 finding 3): a caller's check after its pass wakes a refused task
     /// without waiting for the driver's lock, which the task or another caller may hold for a
     /// whole pass (before, it took that lock, blocking, to read the task's waker). Fails (the
@@ -2367,6 +2471,6 @@ mod tests {
             [(true, given), (false, ready)],
             "written first, then the ready socket read; the socket given bytes (not ready) not read"
         );
-        assert!(driver.writes.is_empty() && !driver.sockets[&given].listed);
+        assert!(driver.writes.is_empty() && !driver.sockets.get(&given).expect("open").listed);
     }
 }

@@ -52,7 +52,6 @@ mod credential;
 mod cursor;
 mod dns;
 mod driver;
-mod id_map;
 mod io_error;
 mod options;
 mod runtime;

@@ -85,6 +85,16 @@ pub(crate) struct SessionRequests {
 }
 
 impl SessionRequests {
+    /// Whether nothing is asked for (every round of the driver looks).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.starts.is_empty()
+            && self.ends.is_empty()
+            && self.transactions.is_empty()
+            && self.infos.is_empty()
+            && self.aborts.is_empty()
+    }
+
     /// The client closed: the starts not served get no session.
     pub(crate) fn refuse_starts(&mut self) {
         for start in self.starts.drain(..) {
@@ -108,13 +118,7 @@ pub(crate) fn serve(
     timeout: Option<core::time::Duration>,
     now: Instant,
 ) -> bool {
-    let any = !requests.starts.is_empty()
-        || !requests.ends.is_empty()
-        || !requests.transactions.is_empty()
-        || !requests.infos.is_empty()
-        || !requests.aborts.is_empty();
-    if !any {
-        // The common case, every round of the driver: nothing to drain.
+    if requests.is_empty() {
         return false;
     }
     for start in requests.starts.drain(..) {
@@ -137,7 +141,7 @@ pub(crate) fn serve(
     for session in requests.ends.drain(..) {
         engine.end_session(session, now);
     }
-    any
+    true
 }
 
 impl<R> Client<R> {

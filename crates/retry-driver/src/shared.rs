@@ -105,9 +105,12 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// What an operation ends with.
 pub(crate) type OperationResult = Result<RawReply, OperationError>;
 
-#[derive(Default)]
 struct SlotState {
-    result: Option<OperationResult>,
+    /// The operation, queued for the driver to start ([`Slot::start`] takes it).
+    request: Option<OperationRequest>,
+    /// `Ready` once the operation ended, until the caller takes it: [`Slot::poll`] returns
+    /// it as it is (issue 9: one copy of the 152-byte result, not an `Option`'s two).
+    result: Poll<OperationResult>,
     waker: Option<Waker>,
     /// The engine's id for the operation, once the driver started it.
     op: Option<OpId>,
@@ -115,7 +118,22 @@ struct SlotState {
     abandoned: bool,
 }
 
-/// Where one operation's result goes: a one-shot slot the caller awaits.
+impl Default for SlotState {
+    fn default() -> SlotState {
+        SlotState {
+            request: None,
+            result: Poll::Pending,
+            waker: None,
+            op: None,
+            abandoned: false,
+        }
+    }
+}
+
+/// One operation on its way: the request until the driver starts it, then where its result goes,
+/// a one-shot slot the caller awaits. The client's queue holds the slots (issue 9: the 232-byte
+/// request is written once, into the slot, and taken once, by the driver; a queue of requests
+/// copied it into the queue, out of it and into the start).
 #[derive(Default)]
 pub(crate) struct Slot {
     state: Mutex<SlotState>,
@@ -137,13 +155,25 @@ impl Slot {
                 drop(result);
                 return;
             }
-            if state.result.is_none() {
-                state.result = Some(result);
+            // Not started (the client closed first): nobody will start it. Taken only then (a
+            // take copies the 232 bytes even of a `None`).
+            let request = if state.request.is_some() {
+                state.request.take()
+            } else {
+                None
+            };
+            if state.result.is_pending() {
+                state.result = Poll::Ready(result);
             }
             if self.driving.load(Ordering::Acquire) {
+                drop(state);
+                drop(request);
                 return;
             }
-            state.waker.take()
+            let waker = state.waker.take();
+            drop(state);
+            drop(request);
+            waker
         };
         if let Some(waker) = waker {
             waker.wake();
@@ -164,35 +194,35 @@ impl Slot {
 
     pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<OperationResult> {
         let mut state = lock(&self.state);
-        match state.result.take() {
-            Some(result) => {
-                // Taken: nothing is left to cancel, and nobody to wake (a spent slot kept for
-                // reuse holds no task).
-                state.op = None;
-                state.waker = None;
-                Poll::Ready(result)
+        if state.result.is_pending() {
+            if !state
+                .waker
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()))
+            {
+                state.waker = Some(cx.waker().clone());
             }
-            None => {
-                if !state
-                    .waker
-                    .as_ref()
-                    .is_some_and(|w| w.will_wake(cx.waker()))
-                {
-                    state.waker = Some(cx.waker().clone());
-                }
-                Poll::Pending
-            }
+            return Poll::Pending;
         }
+        // Taken: nothing is left to cancel, and nobody to wake (a spent slot kept for reuse
+        // holds no task).
+        state.op = None;
+        state.waker = None;
+        core::mem::replace(&mut state.result, Poll::Pending)
     }
 
-    /// Starts the operation with `start` unless the caller gave up on it, and notes its id (to
-    /// cancel it if the caller gives up later); the caller cannot give up while it starts.
-    pub(crate) fn start(&self, start: impl FnOnce() -> OpId) -> Option<OpId> {
+    /// Starts the queued operation with `start` unless the caller gave up on it, and notes its
+    /// id (to cancel it if the caller gives up later); the caller cannot give up while it
+    /// starts. A request given up on is dropped after the lock is released.
+    pub(crate) fn start(&self, start: impl FnOnce(OperationRequest) -> OpId) -> Option<OpId> {
         let mut state = lock(&self.state);
+        let request = state.request.take()?;
         if state.abandoned {
+            drop(state);
+            drop(request);
             return None;
         }
-        let op = start();
+        let op = start(request);
         state.op = Some(op);
         Some(op)
     }
@@ -204,14 +234,14 @@ impl Slot {
         let mut state = lock(&self.state);
         state.abandoned = true;
         state.waker = None;
-        match state.result.take() {
-            Some(result) => {
+        match core::mem::replace(&mut state.result, Poll::Pending) {
+            Poll::Ready(result) => {
                 state.op = None;
                 drop(state);
                 drop(result);
                 None
             }
-            None => state.op,
+            Poll::Pending => state.op,
         }
     }
 }
@@ -258,13 +288,6 @@ impl EventQueue {
     }
 }
 
-/// An operation the client asked for.
-pub(crate) struct Request {
-    /// The operation; the driver sets its CSOT deadline from `timeoutMS`.
-    pub(crate) operation: OperationRequest,
-    pub(crate) reply: Arc<Slot>,
-}
-
 /// What the client and its driver share.
 #[derive(Default)]
 pub(crate) struct Shared {
@@ -285,7 +308,9 @@ impl Default for EmptyDocument {
 
 #[derive(Default)]
 pub(crate) struct SharedState {
-    pub(crate) requests: VecDeque<Request>,
+    /// The operations the client asked for, in their slots ([`Slot::start`]); the driver sets
+    /// each one's CSOT deadline from `timeoutMS`.
+    pub(crate) requests: VecDeque<Arc<Slot>>,
     /// The operations the driver had in flight when it last looked, queued ones included (an
     /// estimate for [`SpawnedDriver::run_inline`](crate::driver::SpawnedDriver::run_inline)).
     pub(crate) operations: usize,
@@ -325,18 +350,28 @@ impl SharedState {
     /// (issue 9: no allocation and no free per operation), else a new one. At most four spent
     /// slots are looked at (house rule 9); one whose caller has not taken its result yet goes
     /// to the back, to be looked at again later.
-    pub(crate) fn slot(&mut self) -> Arc<Slot> {
+    pub(crate) fn slot(&mut self, request: OperationRequest) -> Arc<Slot> {
         for _ in 0..4 {
             let Some(mut spent) = self.spent_slots.pop_front() else {
                 break;
             };
             if let Some(slot) = Arc::get_mut(&mut spent) {
-                *slot = Slot::default();
+                // Emptied field by field, the request written in place (a result nobody took
+                // is dropped: [`Client::submit`](crate::Client)'s callers let go at once).
+                let state = slot.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+                state.request = Some(request);
+                state.result = Poll::Pending;
+                state.waker = None;
+                state.op = None;
+                state.abandoned = false;
+                *slot.driving.get_mut() = false;
                 return spent;
             }
             self.spent_slots.push_back(spent);
         }
-        Arc::new(Slot::default())
+        let slot = Slot::default();
+        lock(&slot.state).request = Some(request);
+        Arc::new(slot)
     }
 
     /// Wakes the driver, for new work.
@@ -374,6 +409,15 @@ mod tests {
 
     struct Counted(AtomicUsize);
 
+    fn ping() -> OperationRequest {
+        OperationRequest::new(
+            "admin",
+            bson::doc! {"ping": 1},
+            retry_core::retry::OperationKind::RunCommand,
+            retry_core::selection::SelectionCriteria::Write,
+        )
+    }
+
     impl Wake for Counted {
         fn wake(self: Arc<Self>) {
             self.0.fetch_add(1, Ordering::Relaxed);
@@ -410,7 +454,7 @@ mod tests {
         let held = Arc::new(Slot::default());
         held.complete(Err(OperationError::cancelled()));
         state.spent_slots.push_back(held.clone());
-        let fresh = state.slot();
+        let fresh = state.slot(ping());
         assert!(
             !Arc::ptr_eq(&fresh, &held),
             "a slot its caller holds is not reused"
@@ -419,10 +463,11 @@ mod tests {
         drop(held);
 
         let address = Arc::as_ptr(&state.spent_slots[0]);
-        let reused = state.slot();
+        let reused = state.slot(ping());
         assert_eq!(Arc::as_ptr(&reused), address, "reused");
         let state = lock(&reused.state);
-        assert!(state.result.is_none() && state.op.is_none() && !state.abandoned);
+        assert!(state.result.is_pending() && state.op.is_none() && !state.abandoned);
+        assert!(state.request.is_some(), "holds its request");
     }
 
     /// A result, and a second handle on its error's reply: the result is dropped once the
@@ -447,14 +492,15 @@ mod tests {
         slot.complete(result);
         assert_eq!(slot.abandon(), None, "nothing to cancel: it finished");
         assert_eq!(Arc::strong_count(&reply), 1, "dropped by the abandon");
-        assert!(lock(&slot.state).result.is_none());
+        assert!(lock(&slot.state).result.is_pending());
 
         let slot = Slot::default();
-        assert_eq!(slot.start(|| OpId(7)), Some(OpId(7)));
+        lock(&slot.state).request = Some(ping());
+        assert_eq!(slot.start(|_| OpId(7)), Some(OpId(7)));
         assert_eq!(slot.abandon(), Some(OpId(7)), "to cancel");
         let (result, reply) = watched_result();
         slot.complete(result);
         assert_eq!(Arc::strong_count(&reply), 1, "dropped by the completion");
-        assert!(lock(&slot.state).result.is_none());
+        assert!(lock(&slot.state).result.is_pending());
     }
 }

@@ -15,7 +15,7 @@ use super::hedged::Made;
 use super::raw_reply::{self, ReplyFields};
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
-    command_for, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession, Operation,
+    command_for, pool_in, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession, Operation,
     OperationRequest, Owner, RunningRequest, ServerId, Slot, SPARE_OPS,
 };
 use crate::address::ServerAddress;
@@ -31,6 +31,7 @@ use crate::selection::{SelectionStep, ServerSelection};
 use crate::time::Instant;
 use crate::wire::append_read_preference;
 
+use super::sockets::socket_settled;
 use super::worklist::{Machine, Served};
 
 /// The usage error of an attempt whose pinned connection another operation is using (SE-10).
@@ -110,6 +111,14 @@ enum Routed {
     /// Check in (or close, `true`) the attempt's connection, if it goes back.
     Release(Option<ConnId>, bool),
     Finish(Result<(), OperationError>),
+}
+
+/// How an operation's drain ended (`Engine::drain_operation`).
+enum Drained {
+    /// The operation is gone, or its machine refused nothing and its deadline is registered.
+    Settled,
+    /// Its refusal and its deadline are still to be seen to.
+    Unsettled,
 }
 
 impl Engine {
@@ -310,11 +319,10 @@ impl Engine {
         };
         strip_command_fields(&mut body, self.api.as_ref());
         self.session_operation_started(&session);
-        let mut slots = smallvec::SmallVec::new();
-        slots.push(Slot {
+        let slot = Slot {
             session,
             ..Slot::default()
-        });
+        };
         let operation = match machine {
             Made::InSpare(mut spare) => {
                 // Every field but the machine written (the pattern names them all).
@@ -339,7 +347,7 @@ impl Engine {
                     refused: spare_refused,
                     queued: spare_queued,
                 } = &mut *spare;
-                *spare_slots = slots;
+                spare_slots.reset(slot);
                 // Issue 9: the kept command's emptied document goes to the caller's next reply
                 // (`Engine::take_document`).
                 // `Request::new(body)` written field by field: the sequences `keep_operation`
@@ -382,7 +390,7 @@ impl Engine {
             }
             Made::Fresh(machine) => Box::new(Operation {
                 machine,
-                slots,
+                slots: super::slots::Slots::new(slot),
                 wire: Request::new(body),
                 encoded,
                 encoded_read_preference,
@@ -454,19 +462,33 @@ impl Engine {
         }
     }
 
-    /// Routes an operation's selection wake-up, events and actions.
+    /// An operation's turn: its selection wake-ups, events and actions routed, then (house rule
+    /// 8) an input its machine refused ends it, and its next deadline is registered. Issue 9: a
+    /// retry machine's drain ends with the operation at hand, where it checks for a refusal and
+    /// registers the deadline itself (`Drained::Settled`), rather than looking the operation up
+    /// twice more; the operation's `queued` flag is cleared by the turn's first lookup.
     pub(super) fn drain_operation(&mut self, op_id: OpId, now: Instant) {
-        if !self.end_refused(op_id, now) {
-            self.drain_machine(op_id, now);
-            // House rule 8: an input refused while draining ends the operation now.
+        // One lookup: the flag, a refusal, the machine, and which slots' waiting selections are
+        // due (at most 5).
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        op.queued = false;
+        let drained = match op.refused.is_some() {
+            true => Drained::Unsettled,
+            false => self.drain_machine(op_id, now),
+        };
+        if let Drained::Unsettled = drained {
+            // House rule 8: an input refused while draining (or before) ends the operation now.
             self.end_refused(op_id, now);
+            self.refresh_operation_timer(op_id);
         }
     }
 
-    fn drain_machine(&mut self, op_id: OpId, now: Instant) {
-        // One lookup: the machine, and which slots' waiting selections are due (at most 5).
+    #[inline(always)]
+    fn drain_machine(&mut self, op_id: OpId, now: Instant) -> Drained {
         let Some(op) = self.ops.get(&op_id) else {
-            return;
+            return Drained::Settled;
         };
         let hedged = matches!(op.machine, OpMachine::Hedging(_));
         let mut due = op
@@ -483,26 +505,28 @@ impl Engine {
         }
         if hedged {
             self.drain_hedged(op_id, now);
-            return;
+            return Drained::Unsettled;
         }
         let previous = self.draining.replace(op_id);
-        self.drain_retry(op_id, now);
+        let drained = self.drain_retry(op_id, now);
         self.draining = previous;
+        drained
     }
 
     /// Routes a retry machine's events and actions until it has none left.
-    fn drain_retry(&mut self, op_id: OpId, now: Instant) {
+    fn drain_retry(&mut self, op_id: OpId, now: Instant) -> Drained {
         // BP-27: a retry event waits until the attempt's connection is checked in.
         // Issue 9: a `Vec`, which costs nothing until an event is held (only a machine that
         // records events retries with one); an inline array of events is set up and dropped
         // on every turn.
         let mut held: alloc::vec::Vec<RetryEvent> = alloc::vec::Vec::new();
-        loop {
+        let drained = loop {
             let Some(op) = self.ops.get_mut(&op_id) else {
-                return super::let_go(held);
+                // Finished: nothing is left to refuse or to wait for.
+                break Drained::Settled;
             };
             let OpMachine::Retry(machine) = &mut op.machine else {
-                return super::let_go(held);
+                break Drained::Unsettled;
             };
             if let Some(event) = machine.poll_event() {
                 match event {
@@ -517,7 +541,14 @@ impl Engine {
                 continue;
             }
             let Some(action) = machine.poll_action() else {
-                break;
+                // Issue 9: the operation at hand settles its turn (see `drain_operation`).
+                if op.refused.is_some() {
+                    break Drained::Unsettled;
+                }
+                let at = op.next_deadline();
+                self.timers
+                    .set(Machine::Operation(op_id), &mut op.timer, at);
+                break Drained::Settled;
             };
             // Issue 9: what the action does to the operation alone is done with the operation at
             // hand, not looked up again; it queues no engine event, so the held events still go
@@ -558,9 +589,10 @@ impl Engine {
             if release {
                 self.emit_held(op_id, &mut held);
             }
-        }
+        };
         self.emit_held(op_id, &mut held);
         super::let_go(held);
+        drained
     }
 
     /// Nearly always nothing to do: the check inlined, the rest not (issue 9).
@@ -585,8 +617,8 @@ impl Engine {
             Routed::Select => self.start_selection(op_id, 0, now),
             Routed::Dispatch(attempt, pinned) => {
                 let server = self.server_id(&attempt.address);
-                self.set_attempt(op_id, 0, server, attempt);
                 if let Some(pinned) = pinned {
+                    self.set_attempt(op_id, 0, server, attempt);
                     match self.sockets.contains_key(&pinned) {
                         true => self.send_attempt(op_id, 0, pinned, now),
                         false => {
@@ -601,7 +633,7 @@ impl Engine {
                     }
                     return;
                 }
-                self.check_out(op_id, 0, server, now);
+                self.check_out(op_id, 0, server, attempt, now);
             }
             Routed::Release(release, close) => {
                 if let Some(conn) = release {
@@ -661,18 +693,33 @@ impl Engine {
         self.poll_selection(op_id, slot, now);
     }
 
-    /// Checks a connection to `server` out for `slot`'s attempt.
-    pub(super) fn check_out(&mut self, op_id: OpId, slot: usize, server: ServerId, now: Instant) {
+    /// Checks a connection to `server` out for `slot`'s `attempt` (SS-15 counts it there).
+    /// Issue 9: one lookup of the operation for both.
+    pub(super) fn check_out(
+        &mut self,
+        op_id: OpId,
+        slot: usize,
+        server: ServerId,
+        attempt: Attempt,
+        now: Instant,
+    ) {
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
+        let state = &mut op.slots[slot];
+        end_attempt(state, &mut self.servers);
+        state.attempt = Some(attempt);
+        state.counted = Some(server);
+        let entry = &mut self.servers[server.0 as usize];
+        entry.in_flight += 1;
+        let (member, pool_queued) = (!entry.left, entry.pool_queued);
         // CS-3: under CSOT (`timeoutMS=0` included, CS-1) selection and checkout share one
         // `computedServerSelectionTimeout` = min(serverSelectionTimeoutMS, remaining), computed
         // when the attempt's selection started (review5 item 8; from now for an attempt that
         // selected nothing, a pinned one), and waitQueueTimeoutMS does not apply (TO-4, TO-8);
         // without CSOT, waitQueueTimeoutMS.
         let timeout = op.request.timeout;
-        let selected = op.slots[slot].selection_deadline.take();
+        let selected = state.selection_deadline.take();
         let deadline = timeout.is_csot().then(|| {
             selected.unwrap_or_else(|| {
                 ServerSelection::deadline_from(&self.options.selection, timeout, now)
@@ -685,52 +732,40 @@ impl Engine {
         } else {
             Purpose::Other
         };
-        let member = !self.server(server).left;
-        let checkout = self
-            .pool_mut(server)
-            .filter(|_| member)
-            .map(|p| p.check_out(purpose, deadline, now));
-        match checkout {
-            Some(id) => {
-                let mut retry = false;
-                if let Some(op) = self.ops.get_mut(&op_id) {
-                    op.slots[slot].checkout = Some((server, id));
-                    retry = matches!(op.machine, OpMachine::Retry(_));
-                }
-                // Issue 9: a retry machine's checkout served at once, with nothing on the
-                // worklist, gets its pool's turn right after this one (`Served`), without the
-                // worklist and the table of pending checkouts. (A hedged copy's keeps the
-                // worklist: its machine may check out several copies in one turn.)
-                let next = retry
-                    && self.work.is_empty()
-                    && self.served.is_none()
-                    && !self.server(server).pool_queued;
-                let served = next
-                    .then(|| self.pool_mut(server).and_then(|p| p.take_served(id)))
-                    .flatten();
-                match served {
-                    Some(connection) => {
-                        self.server_mut(server).pool_queued = true;
-                        self.served = Some(Served {
-                            server,
-                            checkout: id,
-                            connection,
-                            op: op_id,
-                            slot,
-                        });
-                    }
-                    None => {
-                        self.checkouts.insert((server, id), (op_id, slot));
-                        self.schedule(Machine::Pool(server));
-                    }
-                }
+        let pool = pool_in(&mut self.servers, &mut self.topology, server).filter(|_| member);
+        let Some(pool) = pool else {
+            let address = self.server(server).address.clone();
+            let error = OperationError::server_selection(alloc::format!(
+                "{address} is no longer part of the topology"
+            ));
+            self.fail_attempt(op_id, slot, error, false, now);
+            return;
+        };
+        let id = pool.check_out(purpose, deadline, now);
+        op.slots[slot].checkout = Some((server, id));
+        // Issue 9: a retry machine's checkout served at once, with nothing on the worklist,
+        // gets its pool's turn right after this one (`Served`), without the worklist and the
+        // table of pending checkouts. (A hedged copy's keeps the worklist: its machine may
+        // check out several copies in one turn.)
+        let next = matches!(op.machine, OpMachine::Retry(_))
+            && self.work.is_empty()
+            && self.served.is_none()
+            && !pool_queued;
+        let served = next.then(|| pool.take_served(id)).flatten();
+        match served {
+            Some(connection) => {
+                self.servers[server.0 as usize].pool_queued = true;
+                self.served = Some(Served {
+                    server,
+                    checkout: id,
+                    connection,
+                    op: op_id,
+                    slot,
+                });
             }
             None => {
-                let address = self.server(server).address.clone();
-                let error = OperationError::server_selection(alloc::format!(
-                    "{address} is no longer part of the topology"
-                ));
-                self.fail_attempt(op_id, slot, error, false, now);
+                self.checkouts.insert((server, id), (op_id, slot));
+                self.schedule(Machine::Pool(server));
             }
         }
     }
@@ -997,18 +1032,8 @@ impl Engine {
                 }
                 append_command_fields(db, lsid, api, out)
             });
-        let mut settled = false;
-        let failed = match sent {
-            Ok(request_id) => {
-                op.sent(slot, now);
-                settled = op.settled_after_send();
-                // TX-2: a transaction is in progress once its first command is written.
-                self.transaction_command_sent(op_id, slot);
-                if let Some(command) = published {
-                    self.command_started(op_id, conn, request_id, &command, now);
-                }
-                None
-            }
+        let failed = match &sent {
+            Ok(_) => None,
             Err(e) => {
                 socket.op = None;
                 let kind = match e {
@@ -1022,7 +1047,26 @@ impl Engine {
                 ))
             }
         };
-        self.sent_on(conn);
+        // Issue 9: the socket's turn, with the socket at hand (`socket_settled`); it touches
+        // neither the operation nor the events, so it may come before the rest.
+        let next = self.work.is_empty() && self.served.is_none();
+        let socket_done = socket_settled(next, conn, socket, &mut self.transmits, &mut self.timers);
+        let mut settled = false;
+        if let Ok(request_id) = sent {
+            op.sent(slot, now);
+            settled = op.settled_after_send();
+            // TX-2: a transaction is in progress once its first command is written (only a
+            // transaction's first command; issue 9: no lookup for the others).
+            if matches!(op.request.kind, OperationKind::InTransaction { first: true, .. }) {
+                self.transaction_command_sent(op_id, slot);
+            }
+            if let Some(command) = published {
+                self.command_started(op_id, conn, request_id, &command, now);
+            }
+        }
+        if !socket_done {
+            self.schedule(Machine::Socket(conn));
+        }
         // Issue 9: no turn that would do nothing.
         if !settled {
             self.schedule(Machine::Operation(op_id));
@@ -1058,10 +1102,22 @@ impl Engine {
             let context = self.error_context(server, id, true);
             self.application_error(server, error, context, now);
         }
-        self.session_replied(op_id, slot, &fields);
-        let Some(op) = self.ops.get_mut(&op_id) else {
+        let Some(mut op) = self.ops.get_mut(&op_id) else {
             return;
         };
+        // SE-16, SE-18, SE-21, TX-6: only an explicit session or a gossiped `$clusterTime` takes
+        // anything from the reply (issue 9: no lookups for nothing).
+        let explicit = matches!(
+            op.slots.get(slot).map(|s| &s.session),
+            Some(OpSession::Explicit(_))
+        );
+        if explicit || (op.gossip && fields.cluster_time.is_some()) {
+            self.session_replied(op_id, slot, &fields);
+            let Some(again) = self.ops.get_mut(&op_id) else {
+                return;
+            };
+            op = again;
+        }
         // A copy cancelled meanwhile: its cancellation checks the connection in.
         if !op.machine.is_live(slot) {
             self.schedule(Machine::Operation(op_id));
@@ -1076,9 +1132,20 @@ impl Engine {
                 let cursor_id = fields.cursor_id;
                 op.reply = Some(body);
                 op.succeeded(slot, now);
-                self.schedule(Machine::Operation(op_id));
-                self.cursor_replied(op_id, slot, conn, cursor_id.unwrap_or(0));
-                self.transaction_succeeded(op_id, conn, now);
+                // Issue 9: scheduled with the operation at hand (`Engine::schedule`).
+                if self.draining != Some(op_id) && !op.queued {
+                    op.queued = true;
+                    self.work.push_back(Machine::Operation(op_id));
+                }
+                // LB-10, TX-3, TX-5: only a cursor's operation, or one in an explicit session,
+                // has pins to update (issue 9: no lookups for nothing).
+                let (cursor, session) = (op.request.cursor, op.request.session);
+                if cursor != CursorUse::None {
+                    self.cursor_replied(op_id, slot, conn, cursor_id.unwrap_or(0));
+                }
+                if session.is_some() {
+                    self.transaction_succeeded(op_id, conn, now);
+                }
             }
         }
     }
