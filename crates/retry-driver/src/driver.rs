@@ -7,7 +7,7 @@ use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::task::Wake;
 
@@ -137,6 +137,9 @@ pub(crate) struct Driver {
     idle_waker: bool,
     /// The waker the client's queue held, taken for a pass, given back by [`Driver::idle`].
     spare_waker: Option<Waker>,
+    /// A round has seen the client's shutdown (the engine is closing): [`Driver::idle`] runs
+    /// no more rounds for it, only for its first sight.
+    closing: bool,
 }
 
 impl Driver {
@@ -175,6 +178,7 @@ impl Driver {
             listening: None,
             idle_waker: false,
             spare_waker: None,
+            closing: false,
         }
     }
 
@@ -254,11 +258,13 @@ impl Driver {
             let sessions = !state.sessions.is_empty()
                 && crate::session::serve(&mut self.engine, &mut state.sessions, self.timeout, now);
             if state.requests.is_empty() {
+                self.closing = state.closing;
                 return (sessions || cancelled, state.closing);
             }
             core::mem::swap(&mut state.requests, &mut self.requests);
             state.closing
         };
+        self.closing = closing;
         let timeout = match self.timeout {
             Some(t) => OperationTimeout::from_timeout_ms(now, t),
             None => OperationTimeout::Off,
@@ -500,7 +506,7 @@ impl Driver {
 
     /// Before a driver with `idle_waker` set returns `Pending`: gives the client's queue
     /// the waker back, unless the client queued something for it meanwhile (an operation, a
-    /// cancel, a session request, the shutdown), which nobody woke it for (house rule 8: the
+    /// cancel, a session request, the shutdown no round has seen), which nobody woke it for (house rule 8: the
     /// queue is looked at and the waker stored under one lock, and whoever queues takes that
     /// lock and wakes the waker it finds). Returns whether there is such work: then another
     /// round runs instead.
@@ -509,7 +515,7 @@ impl Driver {
         if !state.requests.is_empty()
             || !state.cancels.is_empty()
             || !state.sessions.is_empty()
-            || state.closing
+            || (state.closing && !self.closing)
         {
             return true;
         }
@@ -1372,12 +1378,12 @@ impl LocalDriver {
         }
     }
 
-    /// A place among the futures waiting on the driver, for one client future.
+    /// A place among the futures waiting on the driver, for one client future; its slot is
+    /// opened by its first [`Waiter::drive`] (issue 9: under that lock, not one of its own).
     pub(crate) fn waiter(self: &Arc<Self>) -> Waiter {
-        let slot = lock(&self.waker.waiting).open();
         Waiter {
             local: self.clone(),
-            slot,
+            slot: AtomicUsize::new(NO_SLOT),
         }
     }
 
@@ -1443,15 +1449,24 @@ impl Drop for Pass<'_> {
 /// when dropped.
 pub(crate) struct Waiter {
     local: Arc<LocalDriver>,
-    /// Its slot in [`Waiting`].
-    slot: usize,
+    /// Its slot in [`Waiting`], or [`NO_SLOT`] before its first [`Waiter::drive`]. Read and
+    /// written under the list's lock (atomic only so that a shared waiter may open it).
+    slot: AtomicUsize,
 }
 
 impl Waiter {
-    /// Registers `cx`'s task as waiting and runs the driver if it has something to do and no one
-    /// else runs it.
+    /// Registers `cx`'s task as waiting (in a slot opened now, the first time) and runs the
+    /// driver if it has something to do and no one else runs it.
     pub(crate) fn drive(&self, cx: &Context<'_>) {
-        lock(&self.local.waker.waiting).register(self.slot, cx.waker());
+        {
+            let mut waiting = lock(&self.local.waker.waiting);
+            let mut slot = self.slot.load(Ordering::Relaxed);
+            if slot == NO_SLOT {
+                slot = waiting.open();
+                self.slot.store(slot, Ordering::Relaxed);
+            }
+            waiting.register(slot, cx.waker());
+        }
         self.local.run(cx);
     }
 
@@ -1459,7 +1474,13 @@ impl Waiter {
     /// future runs it (this one may have been the one woken for it).
     pub(crate) fn leave(&self) {
         let waker = &self.local.waker;
-        lock(&waker.waiting).unregister(self.slot);
+        {
+            let mut waiting = lock(&waker.waiting);
+            let slot = self.slot.load(Ordering::Relaxed);
+            if slot != NO_SLOT {
+                waiting.unregister(slot);
+            }
+        }
         waker.hand_off();
     }
 }
@@ -1468,7 +1489,10 @@ impl Drop for Waiter {
     /// [`Waiter::leave`], and its slot freed, under one lock.
     fn drop(&mut self) {
         let waker = &self.local.waker;
-        lock(&waker.waiting).close(self.slot);
+        let slot = *self.slot.get_mut();
+        if slot != NO_SLOT {
+            lock(&waker.waiting).close(slot);
+        }
         waker.hand_off();
     }
 }
@@ -2289,6 +2313,34 @@ mod tests {
         drop(claim);
         lock(&shared.state).wake_driver();
         assert_eq!(woken(&counted), 1, "work queued while it waits wakes it");
+    }
+
+    /// House rule 8 and 9 (issue 9): a shutdown asked for during a pass of the spawned driver
+    /// runs another round (nobody woke the task for it), but once a round has seen it the end
+    /// of the poll waits: the engine's close (its `endSessions`) is driven by its sockets and
+    /// timer, not by a round per poll. Fails if [`Driver::idle`] takes the sticky flag as new
+    /// work each time (the driver of a closing client then ran its rounds without end).
+    #[test]
+    fn house_rule_9_a_shutdown_runs_one_more_round_not_a_loop() {
+        let (shared, spawned, mut task, _counted, waker) = spawned_task(Arc::new(NoIo));
+        assert!(poll_task(&mut task, &waker).is_pending());
+        let mut claim = spawned.claim().expect("the driver is free");
+        let SpawnedState {
+            driver,
+            task: task_waker,
+        } = claim.state.as_deref_mut().expect("held");
+        let driver = driver.as_mut().expect("running");
+        let task_waker = task_waker.clone().expect("the task's waker");
+        let mut cx = Context::from_waker(&task_waker);
+        driver.take_requests(&mut cx, Instant::ZERO);
+        shared.close();
+        assert!(
+            driver.idle(&cx),
+            "the shutdown came during the pass: another round"
+        );
+        let (_, closing) = driver.take_requests(&mut cx, Instant::ZERO);
+        assert!(closing, "that round sees it");
+        assert!(!driver.idle(&cx), "seen: the driver waits");
     }
 
     /// House rule 8 (review16 finding 3): a caller's check after its pass wakes a refused task
