@@ -131,15 +131,6 @@ pub(crate) struct Driver {
     /// Whether the engine publishes command events and the event families, as last set (set
     /// only when a subscriber comes or goes).
     listening: Option<bool>,
-    /// The client's queue holds the waker only while the driver waits ([`Driver::idle`]), not
-    /// during its passes: a driver with a task of its own ([`SpawnedDriver`]), which a caller's
-    /// wake during a pass would make poll once more for what the pass's end sees anyway.
-    idle_waker: bool,
-    /// The waker the client's queue held, taken for a pass, given back by [`Driver::idle`].
-    spare_waker: Option<Waker>,
-    /// A round has seen the client's shutdown (the engine is closing): [`Driver::idle`] runs
-    /// no more rounds for it, only for its first sight.
-    closing: bool,
 }
 
 impl Driver {
@@ -176,9 +167,6 @@ impl Driver {
             // The new engine's first monitor connections.
             unflushed: true,
             listening: None,
-            idle_waker: false,
-            spare_waker: None,
-            closing: false,
         }
     }
 
@@ -216,14 +204,7 @@ impl Driver {
     fn take_requests(&mut self, cx: &mut Context<'_>, now: Instant) -> (bool, bool) {
         let closing = {
             let mut state = lock(&self.shared.state);
-            if self.idle_waker {
-                // Taken for the pass: what the client queues meanwhile wakes nobody, and the
-                // end of the poll looks at the queue before it gives the waker back
-                // ([`Driver::idle`]).
-                if let Some(waker) = state.driver.take() {
-                    self.spare_waker = Some(waker);
-                }
-            } else if !state
+            if !state
                 .driver
                 .as_ref()
                 .is_some_and(|w| w.will_wake(cx.waker()))
@@ -258,13 +239,11 @@ impl Driver {
             let sessions = !state.sessions.is_empty()
                 && crate::session::serve(&mut self.engine, &mut state.sessions, self.timeout, now);
             if state.requests.is_empty() {
-                self.closing = state.closing;
                 return (sessions || cancelled, state.closing);
             }
             core::mem::swap(&mut state.requests, &mut self.requests);
             state.closing
         };
-        self.closing = closing;
         let timeout = match self.timeout {
             Some(t) => OperationTimeout::from_timeout_ms(now, t),
             None => OperationTimeout::Off,
@@ -504,29 +483,6 @@ impl Driver {
         true
     }
 
-    /// Before a driver with `idle_waker` set returns `Pending`: gives the client's queue
-    /// the waker back, unless the client queued something for it meanwhile (an operation, a
-    /// cancel, a session request, the shutdown no round has seen), which nobody woke it for (house rule 8: the
-    /// queue is looked at and the waker stored under one lock, and whoever queues takes that
-    /// lock and wakes the waker it finds). Returns whether there is such work: then another
-    /// round runs instead.
-    fn idle(&mut self, cx: &Context<'_>) -> bool {
-        let mut state = lock(&self.shared.state);
-        if !state.requests.is_empty()
-            || !state.cancels.is_empty()
-            || !state.sessions.is_empty()
-            || (state.closing && !self.closing)
-        {
-            return true;
-        }
-        let waker = match self.spare_waker.take() {
-            Some(waker) if waker.will_wake(cx.waker()) => waker,
-            _ => cx.waker().clone(),
-        };
-        state.driver = Some(waker);
-        false
-    }
-
     /// Fires the engine's timers that are due and arms the runtime's timer for the next one.
     ///
     /// The runtime's timer is set for `timer_at`, never later than the engine's earliest
@@ -649,9 +605,6 @@ impl Future for Driver {
             // Taken by the next round's first flush.
             this.unflushed |= timed_out || srv;
             if !progressed && !timed_out && !srv {
-                if this.idle_waker && this.idle(cx) {
-                    continue;
-                }
                 return Poll::Pending;
             }
             // Another round only for work nothing will wake this task for: sockets the engine
@@ -659,13 +612,7 @@ impl Future for Driver {
             // or an SRV answer made the engine do, and a close still under way. Everything else
             // was carried out above, and every socket, the timer and the client's queue hold this
             // task's waker.
-            if !closing
-                && !timed_out
-                && !srv
-                && this.ready.is_empty()
-                && this.writes.is_empty()
-                && !(this.idle_waker && this.idle(cx))
-            {
+            if !closing && !timed_out && !srv && this.ready.is_empty() && this.writes.is_empty() {
                 return Poll::Pending;
             }
         }
@@ -767,8 +714,7 @@ impl Drop for Claim<'_> {
 pub(crate) struct DriverTask(Arc<SpawnedDriver>);
 
 impl SpawnedDriver {
-    pub(crate) fn new(mut driver: Driver) -> Arc<SpawnedDriver> {
-        driver.idle_waker = true;
+    pub(crate) fn new(driver: Driver) -> Arc<SpawnedDriver> {
         Arc::new(SpawnedDriver {
             state: Mutex::new(SpawnedState {
                 driver: Some(driver),
@@ -2261,86 +2207,6 @@ mod tests {
         assert_eq!(fired.len(), 1, "the timer is armed");
         fired.into_iter().for_each(Waker::wake);
         assert_eq!(woken(&counted), before + 2, "the timer's firing");
-    }
-
-    /// House rule 8 (issue 9): the spawned driver's queue holds the task's waker only while the
-    /// driver waits, so what a caller queues during a pass wakes nobody; the end of the poll
-    /// sees it and runs another round, and only then gives the waker back, which the next
-    /// queued work wakes. Fails if [`Driver::idle`] stores the waker without looking at the
-    /// queue (checked by making it return `false` before its look): the cancel would then wait
-    /// for a wake nobody sends.
-    #[test]
-    fn house_rule_8_work_queued_during_a_pass_is_taken_by_its_end_and_later_work_wakes() {
-        let (shared, spawned, mut task, counted, waker) = spawned_task(Arc::new(NoIo));
-        assert!(poll_task(&mut task, &waker).is_pending());
-        assert!(
-            lock(&shared.state).driver.is_some(),
-            "idle: the queue holds the waker"
-        );
-        let mut claim = spawned.claim().expect("the driver is free");
-        let SpawnedState {
-            driver,
-            task: task_waker,
-        } = claim.state.as_deref_mut().expect("held");
-        let driver = driver.as_mut().expect("running");
-        let task_waker = task_waker.clone().expect("the task's waker");
-        let mut cx = Context::from_waker(&task_waker);
-        // A pass starts: it takes the queue's waker.
-        driver.take_requests(&mut cx, Instant::ZERO);
-        assert!(
-            lock(&shared.state).driver.is_none(),
-            "no waker during the pass"
-        );
-        // A caller gives up on an operation meanwhile: its wake finds no waker.
-        {
-            let mut state = lock(&shared.state);
-            state.cancels.push(OpId(1));
-            state.wake_driver();
-        }
-        assert_eq!(woken(&counted), 0, "nobody woken during the pass");
-        assert!(
-            driver.idle(&cx),
-            "the end of the poll sees the cancel: another round"
-        );
-        assert!(lock(&shared.state).driver.is_none());
-        driver.take_requests(&mut cx, Instant::ZERO);
-        assert!(lock(&shared.state).cancels.is_empty(), "that round took it");
-        assert!(!driver.idle(&cx), "nothing queued: the driver waits");
-        assert!(
-            lock(&shared.state).driver.is_some(),
-            "with its waker in the queue"
-        );
-        drop(claim);
-        lock(&shared.state).wake_driver();
-        assert_eq!(woken(&counted), 1, "work queued while it waits wakes it");
-    }
-
-    /// House rule 8 and 9 (issue 9): a shutdown asked for during a pass of the spawned driver
-    /// runs another round (nobody woke the task for it), but once a round has seen it the end
-    /// of the poll waits: the engine's close (its `endSessions`) is driven by its sockets and
-    /// timer, not by a round per poll. Fails if [`Driver::idle`] takes the sticky flag as new
-    /// work each time (the driver of a closing client then ran its rounds without end).
-    #[test]
-    fn house_rule_9_a_shutdown_runs_one_more_round_not_a_loop() {
-        let (shared, spawned, mut task, _counted, waker) = spawned_task(Arc::new(NoIo));
-        assert!(poll_task(&mut task, &waker).is_pending());
-        let mut claim = spawned.claim().expect("the driver is free");
-        let SpawnedState {
-            driver,
-            task: task_waker,
-        } = claim.state.as_deref_mut().expect("held");
-        let driver = driver.as_mut().expect("running");
-        let task_waker = task_waker.clone().expect("the task's waker");
-        let mut cx = Context::from_waker(&task_waker);
-        driver.take_requests(&mut cx, Instant::ZERO);
-        shared.close();
-        assert!(
-            driver.idle(&cx),
-            "the shutdown came during the pass: another round"
-        );
-        let (_, closing) = driver.take_requests(&mut cx, Instant::ZERO);
-        assert!(closing, "that round sees it");
-        assert!(!driver.idle(&cx), "seen: the driver waits");
     }
 
     /// House rule 8 (review16 finding 3): a caller's check after its pass wakes a refused task
