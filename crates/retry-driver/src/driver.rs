@@ -251,9 +251,9 @@ impl Driver {
         while let Some(slot) = self.requests.pop_front() {
             let engine = &mut self.engine;
             // Not started if its caller gave up on it already; it cannot give up while it starts.
-            let started = slot.start(|mut operation| {
-                operation.timeout = timeout;
-                engine.start_operation(operation, now)
+            let started = slot.start(|request| {
+                request.as_mut()?.timeout = timeout;
+                Some(engine.start_operation(request.take()?, now))
             });
             if let Some(op) = started {
                 let pending = Pending { slot, cursor: None };
