@@ -7,7 +7,7 @@ use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::task::Wake;
 
@@ -131,12 +131,6 @@ pub(crate) struct Driver {
     /// Whether the engine publishes command events and the event families, as last set (set
     /// only when a subscriber comes or goes).
     listening: Option<bool>,
-    /// The client's queue holds the waker only while the driver waits ([`Driver::idle`]), not
-    /// during its passes: a driver with a task of its own ([`SpawnedDriver`]), which a caller's
-    /// wake during a pass would make poll once more for what the pass's end sees anyway.
-    idle_waker: bool,
-    /// The waker the client's queue held, taken for a pass, given back by [`Driver::idle`].
-    spare_waker: Option<Waker>,
 }
 
 impl Driver {
@@ -173,8 +167,6 @@ impl Driver {
             // The new engine's first monitor connections.
             unflushed: true,
             listening: None,
-            idle_waker: false,
-            spare_waker: None,
         }
     }
 
@@ -212,14 +204,7 @@ impl Driver {
     fn take_requests(&mut self, cx: &mut Context<'_>, now: Instant) -> (bool, bool) {
         let closing = {
             let mut state = lock(&self.shared.state);
-            if self.idle_waker {
-                // Taken for the pass: what the client queues meanwhile wakes nobody, and the
-                // end of the poll looks at the queue before it gives the waker back
-                // ([`Driver::idle`]).
-                if let Some(waker) = state.driver.take() {
-                    self.spare_waker = Some(waker);
-                }
-            } else if !state
+            if !state
                 .driver
                 .as_ref()
                 .is_some_and(|w| w.will_wake(cx.waker()))
@@ -266,9 +251,9 @@ impl Driver {
         while let Some(slot) = self.requests.pop_front() {
             let engine = &mut self.engine;
             // Not started if its caller gave up on it already; it cannot give up while it starts.
-            let started = slot.start(|mut operation| {
-                operation.timeout = timeout;
-                engine.start_operation(operation, now)
+            let started = slot.start(|request| {
+                request.as_mut()?.timeout = timeout;
+                Some(engine.start_operation(request.take()?, now))
             });
             if let Some(op) = started {
                 let pending = Pending { slot, cursor: None };
@@ -415,10 +400,14 @@ impl Driver {
     /// Carries out everything the engine asked for: sockets to open or close, bytes to write,
     /// results and events to deliver (stamped with `now`, the instant of the round that took
     /// them).
+    #[inline]
     fn flush_engine(&mut self, now: Instant) -> bool {
-        if !core::mem::take(&mut self.unflushed) {
-            return false;
-        }
+        // Inlined: one of a round's two flushes usually has nothing to take (issue 9).
+        core::mem::take(&mut self.unflushed) && self.take_engine_output(now)
+    }
+
+    /// [`Driver::flush_engine`] once the engine was handed something.
+    fn take_engine_output(&mut self, now: Instant) -> bool {
         let mut progressed = false;
         while let Some(connect) = self.engine.poll_connect() {
             progressed = true;
@@ -496,29 +485,6 @@ impl Driver {
         }
         state.operations = self.pending.len();
         true
-    }
-
-    /// Before a driver with `idle_waker` set returns `Pending`: gives the client's queue
-    /// the waker back, unless the client queued something for it meanwhile (an operation, a
-    /// cancel, a session request, the shutdown), which nobody woke it for (house rule 8: the
-    /// queue is looked at and the waker stored under one lock, and whoever queues takes that
-    /// lock and wakes the waker it finds). Returns whether there is such work: then another
-    /// round runs instead.
-    fn idle(&mut self, cx: &Context<'_>) -> bool {
-        let mut state = lock(&self.shared.state);
-        if !state.requests.is_empty()
-            || !state.cancels.is_empty()
-            || !state.sessions.is_empty()
-            || state.closing
-        {
-            return true;
-        }
-        let waker = match self.spare_waker.take() {
-            Some(waker) if waker.will_wake(cx.waker()) => waker,
-            _ => cx.waker().clone(),
-        };
-        state.driver = Some(waker);
-        false
     }
 
     /// Fires the engine's timers that are due and arms the runtime's timer for the next one.
@@ -643,9 +609,6 @@ impl Future for Driver {
             // Taken by the next round's first flush.
             this.unflushed |= timed_out || srv;
             if !progressed && !timed_out && !srv {
-                if this.idle_waker && this.idle(cx) {
-                    continue;
-                }
                 return Poll::Pending;
             }
             // Another round only for work nothing will wake this task for: sockets the engine
@@ -653,13 +616,7 @@ impl Future for Driver {
             // or an SRV answer made the engine do, and a close still under way. Everything else
             // was carried out above, and every socket, the timer and the client's queue hold this
             // task's waker.
-            if !closing
-                && !timed_out
-                && !srv
-                && this.ready.is_empty()
-                && this.writes.is_empty()
-                && !(this.idle_waker && this.idle(cx))
-            {
+            if !closing && !timed_out && !srv && this.ready.is_empty() && this.writes.is_empty() {
                 return Poll::Pending;
             }
         }
@@ -761,8 +718,7 @@ impl Drop for Claim<'_> {
 pub(crate) struct DriverTask(Arc<SpawnedDriver>);
 
 impl SpawnedDriver {
-    pub(crate) fn new(mut driver: Driver) -> Arc<SpawnedDriver> {
-        driver.idle_waker = true;
+    pub(crate) fn new(driver: Driver) -> Arc<SpawnedDriver> {
         Arc::new(SpawnedDriver {
             state: Mutex::new(SpawnedState {
                 driver: Some(driver),
@@ -1372,12 +1328,12 @@ impl LocalDriver {
         }
     }
 
-    /// A place among the futures waiting on the driver, for one client future.
+    /// A place among the futures waiting on the driver, for one client future; its slot is
+    /// opened by its first [`Waiter::drive`] (issue 9: under that lock, not one of its own).
     pub(crate) fn waiter(self: &Arc<Self>) -> Waiter {
-        let slot = lock(&self.waker.waiting).open();
         Waiter {
             local: self.clone(),
-            slot,
+            slot: AtomicUsize::new(NO_SLOT),
         }
     }
 
@@ -1443,15 +1399,24 @@ impl Drop for Pass<'_> {
 /// when dropped.
 pub(crate) struct Waiter {
     local: Arc<LocalDriver>,
-    /// Its slot in [`Waiting`].
-    slot: usize,
+    /// Its slot in [`Waiting`], or [`NO_SLOT`] before its first [`Waiter::drive`]. Read and
+    /// written under the list's lock (atomic only so that a shared waiter may open it).
+    slot: AtomicUsize,
 }
 
 impl Waiter {
-    /// Registers `cx`'s task as waiting and runs the driver if it has something to do and no one
-    /// else runs it.
+    /// Registers `cx`'s task as waiting (in a slot opened now, the first time) and runs the
+    /// driver if it has something to do and no one else runs it.
     pub(crate) fn drive(&self, cx: &Context<'_>) {
-        lock(&self.local.waker.waiting).register(self.slot, cx.waker());
+        {
+            let mut waiting = lock(&self.local.waker.waiting);
+            let mut slot = self.slot.load(Ordering::Relaxed);
+            if slot == NO_SLOT {
+                slot = waiting.open();
+                self.slot.store(slot, Ordering::Relaxed);
+            }
+            waiting.register(slot, cx.waker());
+        }
         self.local.run(cx);
     }
 
@@ -1459,7 +1424,13 @@ impl Waiter {
     /// future runs it (this one may have been the one woken for it).
     pub(crate) fn leave(&self) {
         let waker = &self.local.waker;
-        lock(&waker.waiting).unregister(self.slot);
+        {
+            let mut waiting = lock(&waker.waiting);
+            let slot = self.slot.load(Ordering::Relaxed);
+            if slot != NO_SLOT {
+                waiting.unregister(slot);
+            }
+        }
         waker.hand_off();
     }
 }
@@ -1468,7 +1439,10 @@ impl Drop for Waiter {
     /// [`Waiter::leave`], and its slot freed, under one lock.
     fn drop(&mut self) {
         let waker = &self.local.waker;
-        lock(&waker.waiting).close(self.slot);
+        let slot = *self.slot.get_mut();
+        if slot != NO_SLOT {
+            lock(&waker.waiting).close(slot);
+        }
         waker.hand_off();
     }
 }
@@ -2237,58 +2211,6 @@ mod tests {
         assert_eq!(fired.len(), 1, "the timer is armed");
         fired.into_iter().for_each(Waker::wake);
         assert_eq!(woken(&counted), before + 2, "the timer's firing");
-    }
-
-    /// House rule 8 (issue 9): the spawned driver's queue holds the task's waker only while the
-    /// driver waits, so what a caller queues during a pass wakes nobody; the end of the poll
-    /// sees it and runs another round, and only then gives the waker back, which the next
-    /// queued work wakes. Fails if [`Driver::idle`] stores the waker without looking at the
-    /// queue (checked by making it return `false` before its look): the cancel would then wait
-    /// for a wake nobody sends.
-    #[test]
-    fn house_rule_8_work_queued_during_a_pass_is_taken_by_its_end_and_later_work_wakes() {
-        let (shared, spawned, mut task, counted, waker) = spawned_task(Arc::new(NoIo));
-        assert!(poll_task(&mut task, &waker).is_pending());
-        assert!(
-            lock(&shared.state).driver.is_some(),
-            "idle: the queue holds the waker"
-        );
-        let mut claim = spawned.claim().expect("the driver is free");
-        let SpawnedState {
-            driver,
-            task: task_waker,
-        } = claim.state.as_deref_mut().expect("held");
-        let driver = driver.as_mut().expect("running");
-        let task_waker = task_waker.clone().expect("the task's waker");
-        let mut cx = Context::from_waker(&task_waker);
-        // A pass starts: it takes the queue's waker.
-        driver.take_requests(&mut cx, Instant::ZERO);
-        assert!(
-            lock(&shared.state).driver.is_none(),
-            "no waker during the pass"
-        );
-        // A caller gives up on an operation meanwhile: its wake finds no waker.
-        {
-            let mut state = lock(&shared.state);
-            state.cancels.push(OpId(1));
-            state.wake_driver();
-        }
-        assert_eq!(woken(&counted), 0, "nobody woken during the pass");
-        assert!(
-            driver.idle(&cx),
-            "the end of the poll sees the cancel: another round"
-        );
-        assert!(lock(&shared.state).driver.is_none());
-        driver.take_requests(&mut cx, Instant::ZERO);
-        assert!(lock(&shared.state).cancels.is_empty(), "that round took it");
-        assert!(!driver.idle(&cx), "nothing queued: the driver waits");
-        assert!(
-            lock(&shared.state).driver.is_some(),
-            "with its waker in the queue"
-        );
-        drop(claim);
-        lock(&shared.state).wake_driver();
-        assert_eq!(woken(&counted), 1, "work queued while it waits wakes it");
     }
 
     /// House rule 8 (review16 finding 3): a caller's check after its pass wakes a refused task

@@ -44,10 +44,11 @@ pub(crate) struct RawReply {
 impl RawReply {
     /// The reply with its document converted ([`retry_core::wire::to_document`], which cannot
     /// fail on a reply the engine decoded), built into the reply's emptied command document and
-    /// clones of `empty` ([`retry_core::wire::to_document_in`], issue 9: no table allocated or
-    /// hasher seed drawn for the top-level document); its write errors are the error (RW-3).
+    /// clones of `empty` ([`retry_core::wire::into_document_in`], issue 9: no table allocated or
+    /// hasher seed drawn for the top-level document, and a small reply's buffer kept as its
+    /// first key); its write errors are the error (RW-3).
     pub(crate) fn into_reply(self, empty: &Document) -> Result<Reply, OperationError> {
-        let document = retry_core::wire::to_document_in(&self.body, self.document, empty);
+        let document = retry_core::wire::into_document_in(self.body, self.document, empty);
         let document = document.map_err(|e| {
             OperationError::internal(format!("a decoded reply did not convert: {e}"))
         })?;
@@ -213,15 +214,20 @@ impl Slot {
     /// Starts the queued operation with `start` unless the caller gave up on it, and notes its
     /// id (to cancel it if the caller gives up later); the caller cannot give up while it
     /// starts. A request given up on is dropped after the lock is released.
-    pub(crate) fn start(&self, start: impl FnOnce(OperationRequest) -> OpId) -> Option<OpId> {
+    /// `start` is given the slot's place of the request, to take it from (issue 9: taken
+    /// straight into the engine's argument, not first into a local of its own).
+    pub(crate) fn start(
+        &self,
+        start: impl FnOnce(&mut Option<OperationRequest>) -> Option<OpId>,
+    ) -> Option<OpId> {
         let mut state = lock(&self.state);
-        let request = state.request.take()?;
         if state.abandoned {
+            let request = state.request.take();
             drop(state);
             drop(request);
             return None;
         }
-        let op = start(request);
+        let op = start(&mut state.request)?;
         state.op = Some(op);
         Some(op)
     }
@@ -495,7 +501,7 @@ mod tests {
 
         let slot = Slot::default();
         lock(&slot.state).request = Some(ping());
-        assert_eq!(slot.start(|_| OpId(7)), Some(OpId(7)));
+        assert_eq!(slot.start(|_| Some(OpId(7))), Some(OpId(7)));
         assert_eq!(slot.abandon(), Some(OpId(7)), "to cancel");
         let (result, reply) = watched_result();
         slot.complete(result);
