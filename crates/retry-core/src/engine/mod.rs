@@ -1285,6 +1285,8 @@ fn pool_in<'a>(
 /// for its server (SS-9, LB-6): the operation's command (`base`, with the session fields) with
 /// the attempt's fields (`$db` and `lsid` are appended at encode time); `None` when the attempt
 /// modifies nothing and `base` is sent as it is.
+/// Inlined (issue 9): nearly every attempt modifies nothing, which only this check sees.
+#[inline(always)]
 fn command_for(
     encoded: Option<&bson::RawDocument>,
     base: &Document,
@@ -1297,6 +1299,17 @@ fn command_for(
     {
         return None;
     }
+    modified_command(encoded, base, attempt, read_preference)
+}
+
+/// [`command_for`] of an attempt that modifies the command.
+#[inline(never)]
+fn modified_command(
+    encoded: Option<&bson::RawDocument>,
+    base: &Document,
+    attempt: &Attempt,
+    read_preference: Option<Document>,
+) -> Option<Document> {
     let mut body = base.clone();
     if let Some(read_preference) = read_preference {
         body.insert("$readPreference", read_preference);
