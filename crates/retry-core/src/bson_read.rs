@@ -9,10 +9,11 @@
 //! Decoding recurses once per level of nesting, so a document nested deeper than [`MAX_DEPTH`]
 //! is refused before it can exhaust the stack (review6 finding 1, WP-2, house rule 11).
 
+use alloc::string::String;
 use alloc::vec::Vec;
 use bson::error::Error;
 use bson::raw::{RawArray, RawBsonRef};
-use bson::{Bson, Document, RawDocument, Timestamp};
+use bson::{Bson, Document, RawDocument, RawDocumentBuf, Timestamp};
 use core::fmt;
 
 /// The deepest nesting read: a document or array more than this many levels deep (the top-level
@@ -78,6 +79,56 @@ pub(crate) fn document_in(
     document_at(raw, 1)
 }
 
+/// The most bytes a document may have for [`owned_document_in`] to keep its buffer.
+const KEPT_BUFFER: usize = 64;
+
+/// [`document_in`] of a document the caller gives up: the same document, or error. When its
+/// buffer is small (at most [`KEPT_BUFFER`] bytes of capacity: a usual reply such as
+/// `{ok: 1}`), the buffer becomes the document's first key, which then needs no allocation of
+/// its own, and is not freed (issue 9: one allocation and one free fewer per small reply).
+pub(crate) fn owned_document_in(
+    raw: RawDocumentBuf,
+    top: Option<Document>,
+    empty: Option<&Document>,
+) -> Result<Document, ReadError> {
+    let len = raw.as_bytes().len();
+    if len > KEPT_BUFFER {
+        return document_in(&raw, top, empty);
+    }
+    let mut copy = [0; KEPT_BUFFER];
+    let copy = &mut copy[..len];
+    copy.copy_from_slice(raw.as_bytes());
+    let mut buffer = Some(raw.into_bytes()).filter(|buffer| buffer.capacity() <= KEPT_BUFFER);
+    let empty = empty.filter(|empty| empty.is_empty());
+    let mut document = top
+        .filter(Document::is_empty)
+        .unwrap_or_else(|| new_document(empty));
+    let built = plain_elements(copy, 0, empty, cstring_key, |key, value| {
+        match buffer.take() {
+            Some(mut buffer) => {
+                buffer.clear();
+                buffer.extend_from_slice(key);
+                document.insert(String::from_utf8(buffer).ok()?, value)
+            }
+            None => document.insert(core::str::from_utf8(key).ok()?, value),
+        };
+        Some(())
+    });
+    if built.is_some() {
+        return Ok(document);
+    }
+    // Not a plain document: the crate's conversion of the same bytes, and its error.
+    document_at(RawDocument::from_bytes(copy)?, 1)
+}
+
+/// A document's key (a C string) at the start of `bytes`, left as bytes (whoever makes it a
+/// `str` checks it), and its length.
+#[inline]
+fn cstring_key(bytes: &[u8]) -> Option<(&[u8], usize)> {
+    let len = bytes.iter().position(|&b| b == 0)?;
+    Some((&bytes[..len], len))
+}
+
 /// A clone of `empty`, or a new document without one.
 fn new_document(empty: Option<&Document>) -> Document {
     empty.map_or_else(Document::new, Document::clone)
@@ -94,21 +145,24 @@ fn plain_document(
     document: &mut Document,
     empty: Option<&Document>,
 ) -> Option<()> {
-    plain_elements(bytes, depth, empty, |key, value| {
-        document.insert(core::str::from_utf8(key).ok()?, value);
+    plain_elements(bytes, depth, empty, utf8_key, |key, value| {
+        document.insert(key, value);
         Some(())
     })
 }
 
-/// Walks the elements of `bytes` as [`well_formed`] checks them, handing each key's bytes and
-/// value ([`plain_value`]) to `each`; `None` where [`well_formed`] would say `false`, a value is
-/// not plain or `each` says `None`. A key is only made a `str` by whoever needs one: an array's
-/// keys are not (issue 9: a cursor batch's indexes are not checked as UTF-8 twice).
-fn plain_elements(
-    bytes: &[u8],
+/// Walks the elements of `bytes` as [`well_formed`] checks them, handing each key (as `key`
+/// reads it from the bytes after the type tag: the key and its length without the
+/// terminator) and value ([`plain_value`]) to `each`; `None` where [`well_formed`] would say
+/// `false`, a value is not plain or `each` says `None`. A key is checked as UTF-8 once, by the
+/// reader: a document's as it is made a `str` ([`utf8_key`]), an array's, which nobody reads,
+/// without one ([`utf8_cstring_len`]; issue 9).
+fn plain_elements<'a, K>(
+    bytes: &'a [u8],
     depth: usize,
     empty: Option<&Document>,
-    mut each: impl FnMut(&[u8], Bson) -> Option<()>,
+    key: impl Fn(&'a [u8]) -> Option<(K, usize)>,
+    mut each: impl FnMut(K, Bson) -> Option<()>,
 ) -> Option<()> {
     if depth > WELL_FORMED_DEPTH || bytes.len() < 5 || read_len(bytes, 0) != Some(bytes.len()) {
         return None;
@@ -120,17 +174,31 @@ fn plain_elements(
     let mut at = 4;
     while at < end {
         let tag = bytes[at];
-        let key_len = utf8_cstring_len(&bytes[at + 1..end])?;
+        let (name, key_len) = key(&bytes[at + 1..end])?;
         let value = at + 1 + key_len + 1;
         let size = value_size(tag, &bytes[value..end])
             .filter(|&size| value.checked_add(size).is_some_and(|e| e <= end))?;
         each(
-            &bytes[at + 1..at + 1 + key_len],
+            name,
             checked_value(tag, &bytes[value..value + size], depth, empty)?,
         )?;
         at = value + size;
     }
     (at == end).then_some(())
+}
+
+/// The key (a C string) that starts `bytes`, as a `str`, and its length: `None` if it has no
+/// terminator or is not UTF-8 (checked once, as it is made a `str`).
+#[inline]
+fn utf8_key(bytes: &[u8]) -> Option<(&str, usize)> {
+    let len = bytes.iter().position(|&b| b == 0)?;
+    Some((core::str::from_utf8(&bytes[..len]).ok()?, len))
+}
+
+/// An array's key: its length, checked as a key ([`utf8_cstring_len`]); nobody reads it.
+#[inline]
+fn array_key(bytes: &[u8]) -> Option<((), usize)> {
+    Some(((), utf8_cstring_len(bytes)?))
 }
 
 /// One value of a document [`well_formed`] accepted, as [`value`] converts it; `None` for a
@@ -142,6 +210,7 @@ pub(crate) fn plain_value(tag: u8, value: &[u8]) -> Option<Bson> {
 /// One value whose bytes (sized by [`value_size`]) are those of an element at `depth`, checked
 /// as [`well_formed`] checks it and converted as [`value`] converts it; `None` for a value
 /// [`well_formed`] refuses or a binary of a subtype other than generic.
+#[inline(always)]
 fn checked_value(tag: u8, value: &[u8], depth: usize, empty: Option<&Document>) -> Option<Bson> {
     let eight = || -> Option<[u8; 8]> { value.get(..8)?.try_into().ok() };
     Some(match tag {
@@ -158,7 +227,7 @@ fn checked_value(tag: u8, value: &[u8], depth: usize, empty: Option<&Document>) 
         }
         0x04 => {
             let mut items = Vec::new();
-            plain_elements(value, depth + 1, empty, |_, item| {
+            plain_elements(value, depth + 1, empty, array_key, |(), item| {
                 items.push(item);
                 Some(())
             })?;
@@ -927,6 +996,65 @@ mod tests {
                 prop_assert_eq!(encoded(ours), encoded(theirs));
             }
         }
+    }
+
+    proptest! {
+        /// Issue 9: a document converted from a buffer the caller gives up is the one converted
+        /// from borrowed bytes, or the same error: small replies (whose buffer becomes the
+        /// first key) with bytes flipped inside their framing, and a larger one.
+        #[test]
+        fn an_owned_document_converts_as_a_borrowed_one(
+            flips in proptest::collection::vec((0_usize..64, any::<u8>()), 0..4),
+            large in any::<bool>(),
+        ) {
+            let doc = match large {
+                false => doc! { "ok": 1.0, "é": "x", "n": [1, { "a": true }] },
+                true => doc! { "ok": 1.0, "s": "a string long enough to pass sixty-four bytes" },
+            };
+            let mut bytes = doc.to_vec().unwrap();
+            let inner = bytes.len() - 5;
+            for (at, byte) in flips {
+                bytes[4 + at % inner] = byte;
+            }
+            let raw = RawDocumentBuf::from_bytes(bytes).expect("framing kept");
+            let text = |r: Result<Document, ReadError>| {
+                r.map(|d| d.to_vec().unwrap()).map_err(|e| alloc::format!("{e}"))
+            };
+            let borrowed = text(document_in(&raw, None, None));
+            prop_assert_eq!(text(owned_document_in(raw, Some(Document::new()), None)), borrowed);
+        }
+    }
+
+    /// Issue 9: the conversion of a given-up buffer keeps it as the first key only when it is
+    /// small: an empty document, a non-ASCII first key, a buffer with room to spare, a document
+    /// it leaves to the crate's conversion (a Decimal128) all convert as borrowed bytes do.
+    #[test]
+    fn an_owned_buffer_is_kept_only_when_small() {
+        let empty = Document::new();
+        for doc in [
+            doc! {},
+            doc! { "ok": 1 },
+            doc! { "clé": 1, "ok": 1.0 },
+            doc! { "d": Decimal128::from_bytes([1; 16]), "ok": 1 },
+        ] {
+            let raw = RawDocumentBuf::try_from(&doc).unwrap();
+            let owned = owned_document_in(raw.clone(), None, Some(&empty)).unwrap();
+            assert_eq!(owned, doc);
+            assert_eq!(owned, document_in(&raw, None, Some(&empty)).unwrap());
+        }
+        let mut roomy = doc! { "ok": 1 }.to_vec().unwrap();
+        roomy.reserve(1000);
+        let first_key = |bytes: Vec<u8>| {
+            let raw = RawDocumentBuf::from_bytes(bytes).unwrap();
+            let converted = owned_document_in(raw, None, None).unwrap();
+            assert_eq!(converted, doc! { "ok": 1 });
+            converted.into_iter().next().unwrap().0
+        };
+        assert_eq!(first_key(roomy).capacity(), 2);
+        let small = doc! { "ok": 1 }.to_vec().unwrap();
+        let capacity = small.capacity();
+        assert!(capacity <= KEPT_BUFFER);
+        assert_eq!(first_key(small).capacity(), capacity);
     }
 
     /// A cursor reply's bytes with `flips` written over them (each at its offset modulo the length).

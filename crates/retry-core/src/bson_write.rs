@@ -32,8 +32,40 @@ pub(crate) fn document(doc: &Document, out: &mut Vec<u8>) -> Result<(), WriteErr
 
 /// Appends one element: `value`'s type byte, `key`, the value.
 pub(crate) fn element(key: &str, value: &Bson, out: &mut Vec<u8>) -> Result<(), WriteError> {
-    self::key(value.element_type() as u8, key, out)?;
-    self::value(value, out)
+    // The usual scalars of a command are written in one step (issue 9).
+    match value {
+        Bson::Int32(v) => scalar(0x10, key, &v.to_le_bytes(), out),
+        Bson::Int64(v) => scalar(0x12, key, &v.to_le_bytes(), out),
+        Bson::Double(v) => scalar(0x01, key, &v.to_le_bytes(), out),
+        Bson::Boolean(b) => scalar(0x08, key, &[u8::from(*b)], out),
+        Bson::String(text) => {
+            let len = int32(text.len() + 1)?;
+            scalar(0x02, key, &len.to_le_bytes(), out)?;
+            out.extend_from_slice(text.as_bytes());
+            out.push(0);
+            Ok(())
+        }
+        _ => {
+            self::key(value.element_type() as u8, key, out)?;
+            self::value(value, out)
+        }
+    }
+}
+
+/// One element of a fixed-size type: its type byte, `key` and the value's bytes, with one
+/// reservation.
+#[inline(always)]
+fn scalar(element_type: u8, key: &str, value: &[u8], out: &mut Vec<u8>) -> Result<(), WriteError> {
+    let key = key.as_bytes();
+    if key.contains(&0) {
+        return Err(WriteError::Nul);
+    }
+    out.reserve(key.len() + 2 + value.len());
+    out.push(element_type);
+    out.extend_from_slice(key);
+    out.push(0);
+    out.extend_from_slice(value);
+    Ok(())
 }
 
 /// Appends the elements of the encoded document `raw`, which [`crate::bson_read::validate`]
@@ -226,15 +258,23 @@ mod tests {
         assert_eq!(written(&doc), doc.to_vec().unwrap());
     }
 
-    /// A key with a NUL byte is refused, as by the bson crate, at any depth.
+    /// A key with a NUL byte is refused, as by the bson crate, at any depth and whatever its
+    /// value (issue 9: the usual scalars and strings are written by their own path).
     #[test]
     fn a_key_with_a_nul_byte_is_an_error() {
         let mut out = Vec::new();
-        assert_eq!(
-            document(&doc! { "a\0b": 1 }, &mut out),
-            Err(WriteError::Nul)
-        );
-        assert!(doc! { "a\0b": 1 }.to_vec().is_err());
+        for value in [
+            Bson::Int32(1),
+            Bson::Int64(1),
+            Bson::Double(1.0),
+            Bson::Boolean(true),
+            Bson::String("s".into()),
+            Bson::Null,
+        ] {
+            let doc = doc! { "a\0b": value };
+            assert_eq!(document(&doc, &mut out), Err(WriteError::Nul), "{doc:?}");
+            assert!(doc.to_vec().is_err());
+        }
         assert_eq!(
             document(&doc! { "x": { "a\0b": 1 } }, &mut out),
             Err(WriteError::Nul)

@@ -469,6 +469,11 @@ impl Connection {
     /// outstanding request by `responseTo`; anything else fails the connection.
     pub fn handle_bytes(&mut self, mut bytes: &[u8], now: Instant) {
         while !bytes.is_empty() && self.state != ConnectionState::Closed {
+            if let Some((consumed, message)) = self.decoder.decode_lone(bytes) {
+                bytes = &bytes[consumed..];
+                self.on_message(message, now);
+                continue;
+            }
             match self.decoder.decode_raw(bytes) {
                 Ok((consumed, message)) => {
                     bytes = &bytes[consumed..];

@@ -132,12 +132,21 @@ impl TopFields {
         fields
     }
 
+    /// Whether only `ok` and `writeConcernError` were noted: none of the other fields, of
+    /// the type read, is in the reply.
+    #[inline]
+    pub(crate) fn only_status(&self) -> bool {
+        self.at == [0; 4]
+    }
+
     /// `$clusterTime` of `document` (the one noted), when a document.
+    #[inline]
     pub(crate) fn cluster_time<'a>(&self, document: &'a RawDocument) -> Option<&'a RawDocument> {
         self.embedded(document, CLUSTER_TIME)
     }
 
     /// `operationTime` of `document`, when a timestamp.
+    #[inline]
     pub(crate) fn operation_time(&self, document: &RawDocument) -> Option<bson::Timestamp> {
         let start = self.start(OPERATION_TIME)?;
         let value = document.as_bytes().get(start..start.checked_add(8)?)?;
@@ -145,11 +154,13 @@ impl TopFields {
     }
 
     /// `recoveryToken` of `document`, when a document.
+    #[inline]
     pub(crate) fn recovery_token<'a>(&self, document: &'a RawDocument) -> Option<&'a RawDocument> {
         self.embedded(document, RECOVERY_TOKEN)
     }
 
     /// `cursor` of `document`, when a document.
+    #[inline]
     pub(crate) fn cursor<'a>(&self, document: &'a RawDocument) -> Option<&'a RawDocument> {
         self.embedded(document, CURSOR)
     }

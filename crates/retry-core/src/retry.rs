@@ -641,6 +641,11 @@ impl<R: RngCore> RetryMachine<R> {
     /// The next monitoring event, in order.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<RetryEvent> {
+        // Issue 9: a machine that records none has none (every push is behind the flag); its
+        // drain polls once per action.
+        if !self.record_events {
+            return None;
+        }
         self.events.pop()
     }
 
@@ -1400,6 +1405,7 @@ impl fmt::Display for Action {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc::collections::VecDeque;
 
     /// Review15 finding 2, house rule 8: the `ReleaseConnection` kept apart from the queue counts
     /// as a queued action, as much as one in the queue.
@@ -1417,5 +1423,35 @@ mod tests {
             Some(Action::ReleaseConnection { close: false })
         );
         assert!(!m.has_queued_actions());
+    }
+
+    /// House rule 8 (no action lost or reordered): the small queue gives its items back first
+    /// in, first out, past its inline places and across clears, whatever the pushes and pops
+    /// interleaved; checked against a `VecDeque`.
+    #[test]
+    fn the_action_queue_is_first_in_first_out_past_its_inline_places() {
+        let mut queue: Queue<u32, 3> = Queue::new();
+        let mut model = VecDeque::new();
+        let mut next = 0;
+        // A fixed walk of pushes and pops, up to seven items queued at once.
+        for step in 0..200_u32 {
+            match (step * 7 + step / 5) % 3 {
+                0 | 1 if model.len() < 7 => {
+                    queue.push(next);
+                    model.push_back(next);
+                    next += 1;
+                }
+                _ => assert_eq!(queue.pop(), model.pop_front(), "step {step}"),
+            }
+            assert_eq!(queue.is_empty(), model.is_empty(), "step {step}");
+            if step % 61 == 60 {
+                queue.clear();
+                model.clear();
+            }
+        }
+        while let Some(item) = model.pop_front() {
+            assert_eq!(queue.pop(), Some(item));
+        }
+        assert_eq!(queue.pop(), None);
     }
 }

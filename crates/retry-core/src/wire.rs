@@ -267,11 +267,12 @@ impl MsgParts<'_> {
         // One allocation for a small message in an empty buffer, instead of growing it 16, 32,
         // 64, ... bytes at a time.
         out.reserve(SMALL_MESSAGE_LEN);
-        out.extend_from_slice(&[0; HEADER_LEN]);
-        out.extend_from_slice(&self.flags.bits().to_le_bytes());
-        out.push(0);
-        let body = out.len();
-        out.extend_from_slice(&[0; 4]);
+        // The header (filled in at the end), `flagBits`, the body's kind byte (0) and room for
+        // its length, written at once.
+        let mut head = [0; HEADER_LEN + 9];
+        head[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&self.flags.bits().to_le_bytes());
+        out.extend_from_slice(&head);
+        let body = out.len() - 4;
         if let Some(encoded) = self.encoded {
             bson_write::elements_except(encoded, self.body, out);
         }
@@ -296,10 +297,14 @@ impl MsgParts<'_> {
         }
         let checksum = self.flags.contains(MsgFlags::CHECKSUM_PRESENT);
         let len = out.len() - start + if checksum { 4 } else { 0 };
-        let header = [i32_len(len)?, self.request_id, self.response_to, OP_MSG];
-        for (i, field) in header.iter().enumerate() {
-            out[start + 4 * i..start + 4 * i + 4].copy_from_slice(&field.to_le_bytes());
+        let mut header = [0; HEADER_LEN];
+        for (i, field) in [i32_len(len)?, self.request_id, self.response_to, OP_MSG]
+            .iter()
+            .enumerate()
+        {
+            header[4 * i..4 * i + 4].copy_from_slice(&field.to_le_bytes());
         }
+        out[start..start + HEADER_LEN].copy_from_slice(&header);
         if checksum {
             let crc = CRC32C.checksum(&out[start..]);
             out.extend_from_slice(&crc.to_le_bytes());
@@ -314,9 +319,9 @@ fn write_document(doc: &Document, out: &mut Vec<u8>) -> Result<(), EncodeError> 
 
 /// Appends `$db: <db>` (WP-5) to a body being encoded, written at once.
 pub(crate) fn append_db(db: &str, out: &mut Vec<u8>) -> Result<(), EncodeError> {
-    let len = i32_len(db.len() + 1)?;
-    out.extend_from_slice(b"\x02$db\0");
-    out.extend_from_slice(&len.to_le_bytes());
+    let mut head = *b"\x02$db\0\0\0\0\0";
+    head[5..].copy_from_slice(&i32_len(db.len() + 1)?.to_le_bytes());
+    out.extend_from_slice(&head);
     out.extend_from_slice(db.as_bytes());
     out.push(0);
     Ok(())
@@ -326,13 +331,13 @@ pub(crate) fn append_db(db: &str, out: &mut Vec<u8>) -> Result<(), EncodeError> 
 /// frame.
 pub(crate) fn append_lsid(id: &[u8; 16], out: &mut Vec<u8>) {
     // 0x03 "lsid" NUL; the embedded document's length, 30; 0x05 "id" NUL; the binary's length,
-    // 16; subtype 4 (UUID). Then the id and the document's final NUL.
-    const HEAD: [u8; 19] = [
-        0x03, b'l', b's', b'i', b'd', 0, 30, 0, 0, 0, 0x05, b'i', b'd', 0, 16, 0, 0, 0, 4,
+    // 16; subtype 4 (UUID); the id, then the document's final NUL: one write.
+    let mut element = [
+        0x03, b'l', b's', b'i', b'd', 0, 30, 0, 0, 0, 0x05, b'i', b'd', 0, 16, 0, 0, 0, 4, 0, 0, 0,
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     ];
-    out.extend_from_slice(&HEAD);
-    out.extend_from_slice(id);
-    out.push(0);
+    element[19..35].copy_from_slice(id);
+    out.extend_from_slice(&element);
 }
 
 /// Appends `$readPreference` (SS-8, SS-9, LB-6) to a body being encoded, without building its
@@ -550,6 +555,24 @@ impl FrameDecoder {
         self.decode_as(input, parse_frame_raw)
     }
 
+    /// The usual case of [`FrameDecoder::decode_raw`], in one step (issue 9): a whole frame of
+    /// the usual shape ([`lone_body`]) at the front of `input`, none in progress, its body
+    /// valid: how many bytes it took and its message. `None` for anything else, which
+    /// [`FrameDecoder::decode_raw`] then decodes or refuses as always.
+    #[inline]
+    pub(crate) fn decode_lone(&self, input: &[u8]) -> Option<(usize, RawOpMsg)> {
+        if self.failed.is_some() || !self.frame.is_empty() {
+            return None;
+        }
+        let header = input.get(..HEADER_LEN)?;
+        let len = Self::validate(header, self.max_message_size).ok()?;
+        let frame = input
+            .get(..len)
+            .filter(|_| read_i32(header, 12) == OP_MSG)?;
+        let message = lone_message(frame, lone_body(frame)?).ok()?;
+        Some((len, message))
+    }
+
     fn decode_as<M>(
         &mut self,
         input: &[u8],
@@ -701,7 +724,42 @@ pub fn parse_frame(frame: &[u8]) -> Result<OpMsg, DecodeError> {
 /// [`parse_frame`], leaving the documents encoded ([`RawOpMsg`]); accepts and refuses the same
 /// frames.
 pub fn parse_frame_raw(frame: &[u8]) -> Result<RawOpMsg, DecodeError> {
-    parse_frame_as(frame)
+    match lone_body(frame) {
+        Some(body) => lone_message(frame, body),
+        None => parse_frame_as(frame),
+    }
+}
+
+/// The message of a frame of the usual shape whose body ([`lone_body`]) is `body`.
+#[inline]
+fn lone_message(frame: &[u8], body: &[u8]) -> Result<RawOpMsg, DecodeError> {
+    let (body, top) = parse_raw_body(body)?;
+    Ok(RawOpMsg {
+        request_id: read_i32(frame, 4),
+        response_to: read_i32(frame, 8),
+        flags: MsgFlags::from_bits(u32::from_le_bytes(le4(frame, HEADER_LEN))),
+        body,
+        sequences: Vec::new(),
+        top,
+    })
+}
+
+/// The body of a frame of the usual shape, whose layout [`parse_frame_as`] would accept as it
+/// is: its length right, no checksum, no unknown required flag, and one kind-0 section that
+/// ends the frame. Such a frame is the body's alone (issue 9: a reply is read without the
+/// general section walk); `None` for any other, left to that walk.
+#[inline]
+fn lone_body(frame: &[u8]) -> Option<&[u8]> {
+    const BODY: usize = HEADER_LEN + 5;
+    let header = frame.get(..BODY + 4)?;
+    let flags = MsgFlags::from_bits(u32::from_le_bytes(le4(header, HEADER_LEN)));
+    let plain = usize::try_from(read_i32(header, 0)) == Ok(frame.len())
+        && flags.unknown_required() == 0
+        && !flags.contains(MsgFlags::CHECKSUM_PRESENT)
+        && header[BODY - 1] == 0
+        && usize::try_from(read_i32(header, BODY)) == Ok(frame.len() - BODY)
+        && frame.len() - BODY >= 5;
+    plain.then(|| &frame[BODY..])
 }
 
 /// A message type a frame parses into: how its documents are read and how it is assembled.
@@ -899,6 +957,20 @@ pub fn to_document_in(
         .map_err(|e| DecodeError::Bson(alloc::format!("{e}")))
 }
 
+/// [`to_document_in`] of an encoded document the caller no longer needs (a reply it converts
+/// and drops): the same document, or the same error. A small document's buffer (up to 64 bytes,
+/// a usual reply such as `{ok: 1}`) becomes the document's first key instead of being freed,
+/// so that key allocates nothing (issue 9: one allocation and one free fewer per reply).
+#[inline]
+pub fn into_document_in(
+    raw: RawDocumentBuf,
+    document: Option<Document>,
+    empty: &Document,
+) -> Result<Document, DecodeError> {
+    bson_read::owned_document_in(raw, document, Some(empty))
+        .map_err(|e| DecodeError::Bson(alloc::format!("{e}")))
+}
+
 /// An empty document, the `empty` of [`to_document_in`]: its clones share its hasher. It holds
 /// no table, so a clone of it (an embedded `{}`) allocates nothing, as [`Document::new`].
 pub fn empty_document() -> Document {
@@ -1049,6 +1121,32 @@ mod tests {
             "lsid": { "id": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: id.to_vec() } },
         };
         assert_eq!(body, expected.to_vec().unwrap());
+    }
+
+    /// Issue 9 (WP-2, WP-3): a usual reply (one body, no checksum) is decoded in one step, to
+    /// the message `decode_raw` gives; a frame of another shape, a partial one or one after a
+    /// frame in progress is left to `decode_raw`.
+    #[test]
+    fn a_usual_reply_is_decoded_in_one_step() {
+        let mut reply = OpMsg::command(9, doc! { "ok": 1.0, "n": 2 });
+        reply.response_to = 7;
+        let bytes = encoded(&reply);
+        let mut decoder = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
+        let (used, lone) = decoder.decode_lone(&bytes).expect("one step");
+        assert_eq!((used, lone.response_to), (bytes.len(), 7));
+        assert_eq!(
+            decoder.decode_raw(&bytes).unwrap(),
+            (used, Some(lone.clone()))
+        );
+        let mut stream = bytes.clone();
+        stream.extend_from_slice(&bytes);
+        assert_eq!(decoder.decode_lone(&stream).map(|(n, _)| n), Some(used));
+        reply.flags = MsgFlags::CHECKSUM_PRESENT;
+        assert!(decoder.decode_lone(&encoded(&reply)).is_none());
+        assert!(decoder.decode_lone(&encoded(&insert())).is_none());
+        assert!(decoder.decode_lone(&bytes[..bytes.len() - 1]).is_none());
+        assert_eq!(decoder.decode_raw(&bytes[..10]).unwrap(), (10, None));
+        assert!(decoder.decode_lone(&bytes).is_none());
     }
 
     #[test]
@@ -1340,7 +1438,13 @@ mod tests {
             );
             for piece in [&bytes[..cut], &bytes[cut..]] {
                 let expected = tree.decode(piece);
-                let got = raw.decode_raw(piece).map(|(n, m)| {
+                // Issue 9: the one-step path gives `decode_raw`'s message, or leaves it the input.
+                let lone = raw.decode_lone(piece);
+                let got = raw.decode_raw(piece);
+                if let Some(lone) = lone {
+                    proptest::prop_assert_eq!(got.as_ref().ok(), Some(&(lone.0, Some(lone.1))));
+                }
+                let got = got.map(|(n, m)| {
                     // Issue 9: the fields noted as the body was validated are a walk's.
                     if let Some(m) = &m {
                         assert_eq!(m.top, TopFields::read(&m.body));

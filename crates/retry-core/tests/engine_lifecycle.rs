@@ -15,7 +15,7 @@ use retry_core::engine::{
     CommandEvent, ConnId, Engine, EngineError, EngineEvent, EngineOptions, EventFamilies, OpId,
     OperationRequest,
 };
-use retry_core::error::{ErrorKind, NetworkErrorKind, OperationError};
+use retry_core::error::{ErrorKind, NetworkErrorKind};
 use retry_core::handshake::{ClientMetadata, HandshakeOptions};
 use retry_core::monitor::HeartbeatEvent;
 use retry_core::pool::PoolEvent;
@@ -23,143 +23,8 @@ use retry_core::retry::{OperationKind, RetryEvent};
 use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use retry_core::time::Instant;
 use retry_core::topology::{SdamEvent, ServerType, TopologySettings};
-use retry_core::wire::{FrameDecoder, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
-
-const STEPS: usize = 10_000;
-
-/// What a scripted server answers: `None` keeps the command unanswered (in flight).
-type Script = Box<dyn FnMut(&ServerAddress, &Document) -> Option<Document>>;
-
-struct Net {
-    engine: Engine,
-    now: Instant,
-    sockets: BTreeMap<ConnId, (ServerAddress, FrameDecoder)>,
-    events: Vec<EngineEvent>,
-    script: Script,
-    /// Every command sent, with its connection, in order.
-    sent: Vec<(ConnId, Document)>,
-    /// Every transmit, as written: when, on which connection, the bytes.
-    transmits: Vec<(Instant, ConnId, Vec<u8>)>,
-}
-
-impl Net {
-    fn new(options: EngineOptions, script: Script) -> Net {
-        let engine = Engine::new(options, Instant::ZERO).expect("valid options");
-        let mut net = Net {
-            engine,
-            now: Instant::ZERO,
-            sockets: BTreeMap::new(),
-            events: Vec::new(),
-            script,
-            sent: Vec::new(),
-            transmits: Vec::new(),
-        };
-        net.drain();
-        // The first checks are due at once.
-        net.run_until(Instant::ZERO);
-        net
-    }
-
-    /// Drains every output; each command is answered at once (or never).
-    fn drain(&mut self) {
-        let mut buf = Vec::new();
-        for _ in 0..STEPS {
-            let mut progressed = false;
-            while let Some(connect) = self.engine.poll_connect() {
-                progressed = true;
-                let decoder = FrameDecoder::new(DEFAULT_MAX_MESSAGE_SIZE_BYTES);
-                self.sockets
-                    .insert(connect.conn, (connect.address, decoder));
-                self.engine.handle_connected(connect.conn, self.now);
-            }
-            let mut replies = Vec::new();
-            while let Some(conn) = self.engine.poll_transmit(&mut buf) {
-                progressed = true;
-                self.transmits.push((self.now, conn, buf.clone()));
-                if let Some((address, decoder)) = self.sockets.get_mut(&conn) {
-                    let mut rest = &buf[..];
-                    while !rest.is_empty() {
-                        let (used, message) = decoder.decode(rest).expect("valid OP_MSG");
-                        rest = &rest[used..];
-                        let Some(request) = message else { continue };
-                        self.sent.push((conn, request.body.clone()));
-                        if let Some(body) = (self.script)(address, &request.body) {
-                            replies.push((conn, support::reply_bytes(request.request_id, body)));
-                        }
-                    }
-                }
-                buf.clear();
-            }
-            while let Some(conn) = self.engine.poll_close() {
-                progressed = true;
-                self.sockets.remove(&conn);
-            }
-            while let Some(event) = self.engine.poll_event() {
-                progressed = true;
-                self.events.push(event);
-            }
-            for (conn, bytes) in replies {
-                if self.sockets.contains_key(&conn) {
-                    self.engine.handle_bytes(conn, &bytes, self.now);
-                }
-            }
-            if !progressed {
-                return;
-            }
-        }
-        panic!("the engine kept producing output");
-    }
-
-    /// Moves time to the engine's next timer, if it is before `limit`, and fires it.
-    fn step(&mut self, limit: Instant) -> bool {
-        let Some(next) = self.engine.poll_timeout().filter(|t| *t <= limit) else {
-            return false;
-        };
-        assert!(next >= self.now, "poll_timeout named the past");
-        self.now = next;
-        self.engine.handle_timeout(self.now);
-        self.drain();
-        true
-    }
-
-    /// Runs until `limit` in virtual time (bounded in steps).
-    fn run_until(&mut self, limit: Instant) {
-        for _ in 0..STEPS {
-            if !self.step(limit) {
-                return;
-            }
-        }
-        panic!("step cap reached");
-    }
-
-    fn start(&mut self, request: OperationRequest) -> OpId {
-        let op = self.engine.start_operation(request, self.now);
-        self.drain();
-        op
-    }
-
-    fn finished(&self, op: OpId) -> Vec<&Result<bson::RawDocumentBuf, OperationError>> {
-        self.events
-            .iter()
-            .filter_map(|e| match e {
-                EngineEvent::OperationFinished { op: o, result, .. } if *o == op => Some(result),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// The position of the first event matching `f`.
-    fn position(&self, f: impl Fn(&EngineEvent) -> bool) -> usize {
-        self.events
-            .iter()
-            .position(f)
-            .expect("the event was emitted")
-    }
-}
-
-fn address(host: &str) -> ServerAddress {
-    ServerAddress::new(host, 27017)
-}
+use retry_core::wire::{OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
+use support::net::{address, is_hello, member_hello, Net, Script};
 
 fn handshake() -> HandshakeOptions {
     let mut options = HandshakeOptions::new();
@@ -175,30 +40,6 @@ fn read(mode: ReadPreferenceMode) -> OperationRequest {
         OperationKind::Read,
         SelectionCriteria::Read(preference),
     )
-}
-
-fn is_hello(body: &Document) -> bool {
-    body.keys()
-        .next()
-        .is_some_and(|k| k == "hello" || k.eq_ignore_ascii_case("ismaster"))
-}
-
-/// A replica-set member's hello: `a` is the primary listing `hosts`, `b` a secondary.
-fn member_hello(address: &ServerAddress, hosts: &[&str]) -> Document {
-    let hosts: Vec<String> = hosts.iter().map(|h| format!("{h}:27017")).collect();
-    let primary = address.host() == "a";
-    let mut reply = doc! { "ok": 1, "helloOk": true, "isWritablePrimary": primary,
-    "secondary": !primary, "setName": "rs", "hosts": hosts, "maxWireVersion": 25,
-    "minWireVersion": 0, "logicalSessionTimeoutMinutes": 30,
-    "me": format!("{}:27017", address.host()) };
-    if primary {
-        reply.insert("setVersion", 1);
-        reply.insert(
-            "electionId",
-            ObjectId::parse_str("7fffffff0000000000000001").expect("valid"),
-        );
-    }
-    reply
 }
 
 /// A mongos whose first command fails with an overload error (462, with both labels: BP-1,
@@ -587,13 +428,6 @@ fn command_events(net: &Net) -> Vec<CommandEvent> {
         .collect()
 }
 
-/// Delivers `body` as the reply to `request_id` on `conn` at the net's current time.
-fn reply_to(net: &mut Net, conn: ConnId, request_id: i32, body: Document) {
-    let bytes = support::reply_bytes(request_id, body);
-    net.engine.handle_bytes(conn, &bytes, net.now);
-    net.drain();
-}
-
 /// EV-1, EV-2: durations are exact in virtual time, from the write to the failure (a closed
 /// socket) or the reply; the retry is a second pair with the same operation id on a new
 /// connection whose handshake publishes nothing (EV-8). Turning monitoring off still closes the
@@ -637,12 +471,7 @@ fn ev1_ev2_durations_are_exact_and_a_pending_command_closes_after_monitoring_sto
     net.engine.set_command_monitoring(false);
     net.now = Instant::from_millis(650);
     let reply = doc! { "ok": 1, "cursor": { "id": 0i64, "ns": "test.c", "firstBatch": [] } };
-    reply_to(
-        &mut net,
-        second.connection,
-        second.request_id,
-        reply.clone(),
-    );
+    net.reply_to(second.connection, second.request_id, reply.clone());
     assert!(net.finished(op)[0].is_ok());
     let events = command_events(&net);
     assert_eq!(events.len(), 4, "{events:#?}");

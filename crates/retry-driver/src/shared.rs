@@ -44,10 +44,11 @@ pub(crate) struct RawReply {
 impl RawReply {
     /// The reply with its document converted ([`retry_core::wire::to_document`], which cannot
     /// fail on a reply the engine decoded), built into the reply's emptied command document and
-    /// clones of `empty` ([`retry_core::wire::to_document_in`], issue 9: no table allocated or
-    /// hasher seed drawn for the top-level document); its write errors are the error (RW-3).
+    /// clones of `empty` ([`retry_core::wire::into_document_in`], issue 9: no table allocated or
+    /// hasher seed drawn for the top-level document, and a small reply's buffer kept as its
+    /// first key); its write errors are the error (RW-3).
     pub(crate) fn into_reply(self, empty: &Document) -> Result<Reply, OperationError> {
-        let document = retry_core::wire::to_document_in(&self.body, self.document, empty);
+        let document = retry_core::wire::into_document_in(self.body, self.document, empty);
         let document = document.map_err(|e| {
             OperationError::internal(format!("a decoded reply did not convert: {e}"))
         })?;

@@ -1747,22 +1747,43 @@ const IDL_AGGREGATE_WIRE_VERSION: i32 = 13;
 /// (`projection_ast::parseAndAnalyze`, `projection_parser.cpp`), with its own codes.
 const PROJECTION_AST_WIRE_VERSION: i32 = 9;
 
-/// From 5.0 (wire 13) `$addFields: {}` is taken (a no-op): `AddFieldsProjectionExecutor`'s
-/// `ProjectionSpecValidator` has no emptiness check. 4.2 and older refuse it (40177); 4.4 is
-/// refused here too, the stricter side (house rule 7), its source not checked.
+/// From 5.0 (wire 13) `$addFields: {}` is taken (a no-op); before, it is 40177. Review23 R3
+/// (house rule 7), checked in stored copies of the server's source (the `r4.4.0` tag itself
+/// could not be reached): `ProjectionSpecValidator::validate` refuses an empty specification in
+/// 3.4-, 3.6- and 4.2-era `parsed_aggregation_projection.cpp` and in a 4.3-development one; after
+/// the executor moved to `src/mongo/db/exec/` (the layout 4.4 shipped), that copy's
+/// `add_fields_projection_executor_test.cpp` still asserts that an empty specification throws;
+/// a 4.9-development and later `add_fields_projection_executor.cpp` have no such check.
 const EMPTY_ADD_FIELDS_WIRE_VERSION: i32 = 13;
+
+/// From 4.2 (wire 8) the projection validator's refusals name their stage as the context of the
+/// error ("Invalid $project :: caused by :: ..."); 3.4 and 3.6 prefix the reason with "Invalid
+/// $project specification: " (or `$addFields`). Review23 R4, read in the same stored copies as
+/// [`ID_SETS_NO_KIND_WIRE_VERSION`] (`uassertValid` with `addContext` in the 4.2-era one, a
+/// `Status` reason in the 3.x ones, and in the 3.x-era `parsed_add_fields.cpp`); no 4.0 copy was
+/// reached, 4.0 is taken to be as 3.6. 4.4's wording of its empty `$addFields` refusal was not
+/// read either: it is given the 4.2 one.
+const STAGE_CONTEXT_WIRE_VERSION: i32 = 8;
+
+/// From 4.2 (wire 8) a truthy `_id` no longer decides whether a `$project` is an inclusion.
+/// Review23 R3 (house rule 7), checked in stored copies of `parsed_aggregation_projection.cpp`:
+/// a 4.2-era `ProjectTypeParser::parseElement` lets a numeric or boolean `_id` set no kind; the
+/// 3.4- and 3.6-era ones count a truthy `_id` as any included field. No 4.0 copy could be
+/// reached: 4.0 is taken to be as 3.6.
+const ID_SETS_NO_KIND_WIRE_VERSION: i32 = 8;
 
 /// Review22 R1, R2 (house rules 7 and 11): a `$project` or `$addFields` specification refused
 /// as the server refuses it when it parses the stage (`createFromBson`), before anything runs.
 /// A `$project` that is no document is 15969, an `$addFields` one 40272. An empty `$project` is
 /// 40177 before 4.4 (`ProjectionSpecValidator`) and 51272 from 4.4 (`parseAndAnalyze`); an
 /// empty `$addFields` is 40177 before 5.0. A `$project` mixing inclusion and exclusion
-/// ([`mixed_field`]) is 40178 / 40179 before 4.4 (`ProjectTypeParser`, where until 4.0 a
-/// truthy `_id` makes it an inclusion) and 31254 / 31253 from 4.4 (`parseExclusion` /
-/// `parseInclusion`). What the test server does not run is TestkitUnsupported (TK-2) here,
-/// before [`optimized_away`] reads the stages: `$project` values other than 0/1, and a dotted
-/// `$project` path (a real server projects the embedded field; [`project`] keeps top-level
-/// fields only).
+/// ([`mixed_field`]) is 40178 / 40179 before 4.4 (`ProjectTypeParser`, where before 4.2 a
+/// truthy `_id` makes it an inclusion, [`ID_SETS_NO_KIND_WIRE_VERSION`]) and 31254 / 31253
+/// from 4.4 (`parseExclusion` / `parseInclusion`). What the test server does not run is
+/// TestkitUnsupported (TK-2) here, before [`optimized_away`] reads the stages
+/// ([`projection_refusal`]: values other than integral numbers and booleans, and a dotted path,
+/// which a real server projects as the embedded field where [`project`] keeps top-level fields
+/// only).
 fn projection_argument(stage: &str, value: &Bson, max_wire_version: i32) -> Result<(), Document> {
     let spec = match (stage, value) {
         (_, Bson::Document(spec)) => spec,
@@ -1791,12 +1812,14 @@ fn projection_argument(stage: &str, value: &Bson, max_wire_version: i32) -> Resu
                  one field",
             )),
             _ if stage == "$project" || max_wire_version < EMPTY_ADD_FIELDS_WIRE_VERSION => {
+                let message = "specification must have at least one field";
                 Err(error_reply(
                     40177,
-                    &format!(
-                        "Invalid {stage} :: caused by :: specification must have at least one \
-                         field"
-                    ),
+                    &if max_wire_version < STAGE_CONTEXT_WIRE_VERSION {
+                        format!("Invalid {stage} specification: {message}")
+                    } else {
+                        format!("Invalid {stage} :: caused by :: {message}")
+                    },
                 ))
             }
             _ => Ok(()),
@@ -1805,51 +1828,70 @@ fn projection_argument(stage: &str, value: &Bson, max_wire_version: i32) -> Resu
     if stage == "$addFields" {
         return Ok(());
     }
-    if !spec.values().all(zero_or_one) {
-        return Err(unsupported_reply("$project with values other than 0/1"));
-    }
-    // Until 4.0 a truthy `_id` decides the projection's kind (`ProjectTypeParser::parseElement`
-    // treats it as any included field); from 4.2 it does not.
-    if let Some((field, included)) = mixed_field(spec, max_wire_version < 8) {
+    let id_decides = max_wire_version < ID_SETS_NO_KIND_WIRE_VERSION;
+    let refusal = projection_refusal(spec, id_decides, |field, included| {
+        let context = "Invalid $project :: caused by ::";
+        // Review23 R4: before 4.4 `ProjectTypeParser` raises these outside the validator, so
+        // with no stage context, the specification printed as `BSONObj::toString` prints it.
         let (code, message) = match (ast, included) {
             (true, true) => (
                 31253,
-                format!("Cannot do inclusion on field {field} in exclusion projection"),
+                format!("{context} Cannot do inclusion on field {field} in exclusion projection"),
             ),
             (true, false) => (
                 31254,
-                format!("Cannot do exclusion on field {field} in inclusion projection"),
+                format!("{context} Cannot do exclusion on field {field} in inclusion projection"),
             ),
             (false, true) => (
                 40179,
                 format!(
-                    "Bad projection specification, cannot include fields or add computed \
-                     fields during an exclusion projection: {spec}"
+                    "Bad projection specification, cannot include fields or add computed fields \
+                     during an exclusion projection: {}",
+                    shown_document(spec)
                 ),
             ),
             (false, false) => (
                 40178,
                 format!(
                     "Bad projection specification, cannot exclude fields other than '_id' in an \
-                     inclusion projection: {spec}"
+                     inclusion projection: {}",
+                    shown_document(spec)
                 ),
             ),
         };
-        return Err(error_reply(
-            code,
-            &format!("Invalid $project :: caused by :: {message}"),
-        ));
-    }
-    match spec.keys().find(|k| k.contains('.')) {
-        Some(path) => Err(unsupported_reply(&format!(
-            "$project of the dotted path {path}"
-        ))),
-        None => Ok(()),
-    }
+        error_reply(code, &message)
+    });
+    refusal.map_or(Ok(()), Err)
 }
 
-/// A `$project` value [`project`] runs: a number that is an integer, or a boolean.
-fn zero_or_one(value: &Bson) -> bool {
+/// Review23 R8 (TK-2, house rule 11): the one check of a projection that `find` and `$project`
+/// share, before [`project`] runs it. [`project`] runs integral numbers and booleans on
+/// top-level fields, of one kind; `None` when `spec` is such. A projection mixing inclusion and
+/// exclusion ([`mixed_field`], with `id_decides`) gets the refusal `mixed` makes of the field
+/// that changes the kind and whether it includes; any other projection the test server does not
+/// run is TestkitUnsupported.
+fn projection_refusal(
+    spec: &Document,
+    id_decides: bool,
+    mixed: impl FnOnce(&str, bool) -> Document,
+) -> Option<Document> {
+    if !spec.values().all(inclusion_or_exclusion_value) {
+        return Some(unsupported_reply(
+            "a projection with values other than integral numbers and booleans",
+        ));
+    }
+    if let Some((field, included)) = mixed_field(spec, id_decides) {
+        return Some(mixed(field, included));
+    }
+    let path = spec.keys().find(|k| k.contains('.'))?;
+    Some(unsupported_reply(&format!(
+        "a projection of the dotted path {path}"
+    )))
+}
+
+/// A projection value [`project`] runs: an integral number (any, not only 0 or 1: a truthy
+/// one includes, as the server's `trueValue` says) or a boolean.
+fn inclusion_or_exclusion_value(value: &Bson) -> bool {
     integer(value).is_some() || matches!(value, Bson::Boolean(_))
 }
 
@@ -1893,10 +1935,28 @@ fn shown(value: &Bson) -> String {
     }
 }
 
+/// A document as `BSONObj::toString` prints it in the server's messages (review23 R4): `{}` when
+/// empty, else `{ ` then each field as `name: value` (the name unquoted, the value as
+/// [`shown`]) joined by `, `, then ` }`.
+fn shown_document(document: &Document) -> String {
+    if document.is_empty() {
+        return String::from("{}");
+    }
+    let fields: Vec<String> = document
+        .iter()
+        .map(|(name, value)| match value {
+            Bson::Document(inner) => format!("{name}: {}", shown_document(inner)),
+            value => format!("{name}: {}", shown(value)),
+        })
+        .collect();
+    format!("{{ {} }}", fields.join(", "))
+}
+
 /// `$project` by inclusion or exclusion of top-level fields (`_id` kept unless excluded), or
 /// `$addFields` with literal values. Review22 R2 (house rule 11): a dotted path, or inclusion
 /// mixed with exclusion (a `find` projection; `aggregate` refused both before, in
-/// [`projection_argument`]), is TestkitUnsupported rather than a silently wrong result.
+/// [`projection_argument`]), is TestkitUnsupported rather than a silently wrong result; the
+/// check is [`projection_refusal`], shared with `$project`.
 fn project(
     documents: Vec<Document>,
     spec: &Document,
@@ -1918,18 +1978,9 @@ fn project(
             .collect());
     }
     let include = inclusion(spec);
-    if !spec.values().all(zero_or_one) {
-        return Err(unsupported_reply("$project with values other than 0/1"));
-    }
-    if let Some(path) = spec.keys().find(|k| k.contains('.')) {
-        return Err(unsupported_reply(&format!(
-            "a projection of the dotted path {path}"
-        )));
-    }
-    if mixed_field(spec, false).is_some() {
-        return Err(unsupported_reply(
-            "a projection mixing inclusion and exclusion",
-        ));
+    let mixed = |_: &str, _| unsupported_reply("a projection mixing inclusion and exclusion");
+    if let Some(refusal) = projection_refusal(spec, false, mixed) {
+        return Err(refusal);
     }
     let keep_id = !spec
         .get("_id")

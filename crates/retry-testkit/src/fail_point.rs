@@ -332,20 +332,52 @@ fn canonical(name: &str) -> &str {
     }
 }
 
-/// `{ok: 0, errmsg, code, codeName}`; `codeName` only for the codes [`code_name`] knows.
+/// `{ok: 0, errmsg, code, codeName}`. Review23 R2 (house rule 7): every error reply of a real
+/// server has a `codeName`: the name its `error_codes.yml` gives the code ([`code_name`]), else
+/// `Location<code>`, as the server spells a `uassert` location the file does not name. The IDL
+/// codes, named only by later servers, are renamed for the server's version by
+/// [`name_for_wire`].
 pub(crate) fn error_reply(code: i32, message: &str) -> Document {
-    let mut reply = doc! { "ok": 0.0, "errmsg": message, "code": code };
-    if let Some(name) = code_name(code) {
+    let name = code_name(code).map_or_else(|| format!("Location{code}"), String::from);
+    doc! { "ok": 0.0, "errmsg": message, "code": code, "codeName": name }
+}
+
+/// Review23 R2 (house rule 7): from 8.0 (wire 25) `error_codes.yml` names the IDL parser's
+/// codes; before, they are plain `uassert` locations (`Location40414`). Checked in stored copies
+/// of `src/mongo/base/error_codes.yml`: not named in a 4.4-era, a 4.9-development and a 5.0-era
+/// file; named in 8.x-era files and on the master branch. No 6.x or 7.x file could be reached:
+/// those versions are taken to be as 5.0 (a record of a 6.0.16 mongod's replies, not its source,
+/// agrees).
+const IDL_CODE_NAMES_WIRE_VERSION: i32 = 25;
+
+/// The name `error_codes.yml` gives an IDL parser code, from [`IDL_CODE_NAMES_WIRE_VERSION`]:
+/// a duplicate field, a missing required field, an unknown field.
+fn idl_code_name(code: i32) -> Option<&'static str> {
+    match code {
+        40413 => Some("IDLDuplicateField"),
+        40414 => Some("IDLFailedToParse"),
+        40415 => Some("IDLUnknownField"),
+        _ => None,
+    }
+}
+
+/// Review23 R2: gives an error reply the `codeName` a server of `max_wire_version` sends, where
+/// it depends on the version (the IDL codes, [`IDL_CODE_NAMES_WIRE_VERSION`]).
+pub(crate) fn name_for_wire(reply: &mut Document, max_wire_version: i32) {
+    if max_wire_version < IDL_CODE_NAMES_WIRE_VERSION || !reply.contains_key("codeName") {
+        return;
+    }
+    if let Some(name) = reply.get_i32("code").ok().and_then(idl_code_name) {
         reply.insert("codeName", name);
     }
-    reply
 }
 
 /// TK-2: the code of a reply to something the test server does not support; no real server
 /// uses it.
 pub const TESTKIT_UNSUPPORTED: i32 = 9_999_999;
 
-/// The `codeName` of the server error codes tests use.
+/// The `codeName` of the server error codes tests use (an error reply names any other code
+/// `Location<code>`).
 pub fn code_name(code: i32) -> Option<&'static str> {
     Some(match code {
         2 => "BadValue",
@@ -572,5 +604,77 @@ mod tests {
         );
         let no_error = FailCommand::new(FailPointMode::AlwaysOn, ["insert"]);
         assert_eq!(no_error.error_reply("insert", &retryable_write), None);
+    }
+
+    /// The literal codes the crate's sources pass to `error_reply`, read from the sources so that
+    /// a new refusal is covered as soon as it is written.
+    fn codes_in_sources() -> Vec<i32> {
+        let sources = [
+            include_str!("auth.rs"),
+            include_str!("commands.rs"),
+            include_str!("fail_point.rs"),
+            include_str!("parameters.rs"),
+            include_str!("refusals.rs"),
+            include_str!("server.rs"),
+            include_str!("server/awaitable.rs"),
+            include_str!("server/malformed.rs"),
+        ];
+        let mut codes = Vec::new();
+        for source in sources {
+            for (at, _) in source.match_indices("error_reply(") {
+                let rest = source[at + "error_reply(".len()..].trim_start();
+                let digits: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '_')
+                    .filter(char::is_ascii_digit)
+                    .collect();
+                if let Ok(code) = digits.parse() {
+                    codes.push(code);
+                }
+            }
+        }
+        codes.sort_unstable();
+        codes.dedup();
+        codes
+    }
+
+    /// Review23 R2 (house rule 7): every error reply carries a `codeName`, the table's name or
+    /// `Location<code>`; the IDL codes 40413 / 40414 / 40415 are named from 8.0 (wire 25).
+    #[test]
+    fn review23_r2_every_error_reply_has_the_servers_code_name() {
+        let mut codes = codes_in_sources();
+        for needed in [14, 40414, 40415, 51272] {
+            assert!(codes.contains(&needed), "{needed} not found in {codes:?}");
+        }
+        assert!(codes.len() >= 40, "{codes:?}");
+        codes.extend([40413, TESTKIT_UNSUPPORTED]);
+        for code in codes {
+            let reply = error_reply(code, "");
+            let expected = code_name(code).map_or_else(|| format!("Location{code}"), String::from);
+            assert_eq!(
+                reply.get_str("codeName").ok(),
+                Some(expected.as_str()),
+                "{reply}"
+            );
+            for (wire, idl) in [(24, false), (25, true)] {
+                let mut named = reply.clone();
+                name_for_wire(&mut named, wire);
+                let name = match idl_code_name(code) {
+                    Some(name) if idl => String::from(name),
+                    _ => expected.clone(),
+                };
+                assert_eq!(
+                    named.get_str("codeName").ok(),
+                    Some(name.as_str()),
+                    "wire {wire}"
+                );
+            }
+        }
+        let mut named = error_reply(40414, "");
+        name_for_wire(&mut named, 25);
+        assert_eq!(named.get_str("codeName").ok(), Some("IDLFailedToParse"));
+        let mut older = error_reply(40415, "");
+        name_for_wire(&mut older, 21);
+        assert_eq!(older.get_str("codeName").ok(), Some("Location40415"));
     }
 }

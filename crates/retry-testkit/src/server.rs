@@ -1120,6 +1120,7 @@ impl Connection {
         let exempt_from_faults = name == "configureFailPoint";
         match self.handle(shared, name, &request, malformed).await {
             Response::Reply(mut reply) => {
+                crate::fail_point::name_for_wire(&mut reply, shared.max_wire_version);
                 add_unsatisfiable_write_concern(shared, &request.body, &mut reply);
                 add_cluster_time(shared, name, &mut reply);
                 shared.count_reply(name, &reply);

@@ -3386,11 +3386,12 @@ async fn review21_r6_aggregate_refuses_malformed_stages_before_running_them() {
 /// `AddFieldsProjectionExecutor`), each reply carrying the `codeName` a real server gives
 /// (`Location<code>` for an unnamed code). A dotted `$project` path, which the test server does
 /// not project, is TestkitUnsupported rather than a wrong result. `$addFields: {}` runs (as a
-/// no-op) from 5.0.
+/// no-op) from 5.0. Review23 R3: 4.0 (wire 7) is asserted too, and 4.4 (wire 9) refuses an empty
+/// `$addFields` as the stored 4.4-era source does. Review23 R4: the messages before 4.4.
 #[tokio::test]
 async fn review22_r1_r3_aggregate_refuses_projections_and_pipelines_as_the_server_parses_them() {
     bounded(async {
-        for wire in [6, 8, 9, 13, 25] {
+        for wire in [6, 7, 8, 9, 13, 25] {
             let (server, mut client) = start_primary_at(wire).await;
             server.handle().insert(
                 "db.c",
@@ -3402,9 +3403,10 @@ async fn review22_r1_r3_aggregate_refuses_projections_and_pipelines_as_the_serve
             } else {
                 (40177, 40179, 40178)
             };
+            // Review23 R3: 4.4 (wire 9) still refuses it, as the stored 4.4-era source does.
             let empty_add_fields = (wire < 13).then_some(40177);
             let missing_pipeline = if wire >= 13 { 40414 } else { 14 };
-            // 3.6 (wire 6) counts a truthy `_id` as an included field; 4.2+ do not.
+            // 3.6 and 4.0 (wires 6, 7) count a truthy `_id` as an included field; 4.2+ do not.
             let id_then_exclusion = (wire < 8).then_some(40178);
             let cases: Vec<(Document, Option<i32>)> = vec![
                 (
@@ -3463,17 +3465,74 @@ async fn review22_r1_r3_aggregate_refuses_projections_and_pipelines_as_the_serve
                     );
                 }
             }
-            // R3: the pipeline is parsed before `cursor` is looked for.
-            for (command, expected) in [
-                (doc! { "aggregate": "c", "$db": "db" }, missing_pipeline),
-                (doc! { "aggregate": "c", "pipeline": [5], "$db": "db" }, 14),
-                (doc! { "aggregate": "c", "pipeline": [], "$db": "db" }, 9),
+            // Review23 R4: before 4.4 the messages are the server's: the mix with no stage
+            // context and its specification printed as `BSONObj::toString` prints it (keys
+            // unquoted), the empty `$project` with the 3.x prefix or the 4.2 context.
+            if !ast {
+                let project = |spec: Document| {
+                    doc! {
+                        "aggregate": "c", "pipeline": [{ "$project": spec }], "cursor": {},
+                        "$db": "db",
+                    }
+                };
+                let reply = client
+                    .command(project(doc! { "a": 1, "d": 0 }))
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    reply.get_str("errmsg").ok(),
+                    Some(
+                        "Bad projection specification, cannot exclude fields other than '_id' \
+                         in an inclusion projection: { a: 1, d: 0 }"
+                    ),
+                    "wire {wire}: {reply}"
+                );
+                let reply = client.command(project(doc! {})).await.unwrap();
+                let empty = if wire < 8 {
+                    "Invalid $project specification: specification must have at least one field"
+                } else {
+                    "Invalid $project :: caused by :: specification must have at least one field"
+                };
+                assert_eq!(
+                    reply.get_str("errmsg").ok(),
+                    Some(empty),
+                    "wire {wire}: {reply}"
+                );
+            }
+            // R3: the pipeline is parsed before `cursor` is looked for. Review23 R2: each reply
+            // is named as that server names it; `error_codes.yml` names 40414 from 8.0 only.
+            let missing_pipeline_name = match wire {
+                25.. => "IDLFailedToParse",
+                13.. => "Location40414",
+                _ => "TypeMismatch",
+            };
+            for (command, expected, name) in [
+                (
+                    doc! { "aggregate": "c", "$db": "db" },
+                    missing_pipeline,
+                    missing_pipeline_name,
+                ),
+                (
+                    doc! { "aggregate": "c", "pipeline": [5], "$db": "db" },
+                    14,
+                    "TypeMismatch",
+                ),
+                (
+                    doc! { "aggregate": "c", "pipeline": [], "$db": "db" },
+                    9,
+                    "FailedToParse",
+                ),
             ] {
                 let reply = client.command(command.clone()).await.unwrap();
                 assert_eq!(
                     code(&reply),
                     Some(expected),
                     "wire {wire} {command}: {reply}"
+                );
+                assert_eq!(
+                    reply.get_str("codeName").ok(),
+                    Some(name),
+                    "wire {wire}: {reply}"
                 );
             }
             // What is taken still runs.

@@ -402,8 +402,7 @@ impl Engine {
                     start_transaction: false,
                     write_concern: WriteConcernRule::AsRequested,
                 };
-                self.set_attempt(op_id, slot, server, attempt);
-                self.check_out(op_id, slot, server, now);
+                self.check_out(op_id, slot, server, attempt, now);
             }
             Action::Release { copy, close } => {
                 let slot = slot_of(copy);
@@ -433,7 +432,8 @@ impl Engine {
         if op.slots.iter().any(|s| s.selection.is_some()) {
             return;
         }
-        if let Some(slot) = op.slots.iter().position(|s| s.select_queued) {
+        let queued = op.slots.iter().position(|s| s.select_queued);
+        if let Some(slot) = queued {
             op.slots[slot].select_queued = false;
             self.start_selection(op_id, slot, now);
         }
@@ -651,8 +651,10 @@ mod tests {
         );
         // The topology is unknown: the first copy waits to select, the others wait for it.
         assert!(op.slots[0].selection.is_some() && !op.slots[0].select_queued);
-        assert!(op.slots[1..]
+        assert!(op
+            .slots
             .iter()
+            .skip(1)
             .all(|s| s.selection.is_none() && s.select_queued));
         let count = start(&mut engine, doc! { "count": "c" }, OperationKind::Read);
         let insert = start(

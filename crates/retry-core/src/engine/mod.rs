@@ -101,6 +101,7 @@ mod refused;
 mod request_builders;
 mod selection_cache;
 mod sessions;
+mod slots;
 mod sockets;
 mod worklist;
 
@@ -110,7 +111,6 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use bson::{Bson, Document, RawDocumentBuf};
 use core::time::Duration;
-use smallvec::SmallVec;
 
 use crate::address::ServerAddress;
 use crate::connection::{Connection, Request, DEFAULT_CONNECT_TIMEOUT};
@@ -541,7 +541,9 @@ enum OpMachine {
 /// checkout, connection and server session use.
 #[derive(Default)]
 struct Slot {
-    selection: Option<ServerSelection>,
+    /// Boxed (issue 9): the selection cache answers nearly every attempt's first look, so
+    /// the loop is rare, and a slot of half the size is cheaper to reset for each operation.
+    selection: Option<Box<ServerSelection>>,
     /// A hedged copy whose selection waits for the one before it to pick a server, so that it
     /// avoids that server too (A6-H7).
     select_queued: bool,
@@ -567,7 +569,7 @@ struct Operation {
     machine: OpMachine,
     /// The attempt slot of a retry machine; one per copy of a hedging machine (copy `n` in slot
     /// `n - 1`).
-    slots: SmallVec<[Slot; 1]>,
+    slots: slots::Slots,
     /// The request; its command has moved to `wire`.
     request: RunningRequest,
     /// The command with `$db`, built once and sent as it is by every attempt that modifies
@@ -1236,22 +1238,7 @@ impl Engine {
     /// about as much as the comparison.
     #[inline(always)]
     fn pool_mut(&mut self, server: ServerId) -> Option<&mut Pool> {
-        let entry = &mut self.servers[server.0 as usize];
-        match entry.retired_pool.as_deref_mut() {
-            Some(pool) => Some(pool),
-            None if entry.left => None,
-            None => {
-                let version = self.topology.pools_version();
-                if entry.pool_version != version {
-                    let address = &entry.address;
-                    entry.pool_at = self.topology.pools().position(|p| p.address() == address)?;
-                    entry.pool_version = version;
-                }
-                let pool = self.topology.pools_mut().nth(entry.pool_at);
-                debug_assert!(pool.as_ref().is_some_and(|p| p.address() == &entry.address));
-                pool
-            }
-        }
+        pool_in(&mut self.servers, &mut self.topology, server)
     }
 
     #[inline(always)]
@@ -1264,6 +1251,32 @@ impl Engine {
                 self.topology.pools().nth(entry.pool_at)
             }
             None => self.topology.pool(&entry.address),
+        }
+    }
+}
+
+/// [`Engine::pool_mut`] from the two fields it reads, for a caller that holds another field
+/// (an operation) at the same time (issue 9).
+#[inline(always)]
+fn pool_in<'a>(
+    servers: &'a mut [Server],
+    topology: &'a mut TrackedTopology,
+    server: ServerId,
+) -> Option<&'a mut Pool> {
+    let entry = &mut servers[server.0 as usize];
+    match entry.retired_pool.as_deref_mut() {
+        Some(pool) => Some(pool),
+        None if entry.left => None,
+        None => {
+            let version = topology.pools_version();
+            if entry.pool_version != version {
+                let address = &entry.address;
+                entry.pool_at = topology.pools().position(|p| p.address() == address)?;
+                entry.pool_version = version;
+            }
+            let pool = topology.pools_mut().nth(entry.pool_at);
+            debug_assert!(pool.as_ref().is_some_and(|p| p.address() == &entry.address));
+            pool
         }
     }
 }
@@ -1399,6 +1412,47 @@ mod tests {
         assert!(closed, "the retired pool's events were routed first");
         assert!(engine.server(id).retired_pool.is_none());
         assert!(engine.pool(id).is_none());
+    }
+
+    /// Review23 R5 (review22 R5, EV-3, house rules 8 and 10): `set_events` switches the pool of
+    /// a server that already left (`retired_pool`) too. Retired while POOL was off (its pool
+    /// recording nothing), switched on before it closes: its close is published. Without the
+    /// switch's loop over retired pools the pool would keep recording nothing and publish no
+    /// close. (Driven through the engine's internal calls: no public call sequence was found that
+    /// leaves a retired pool alive at a switch, see the commit message.)
+    #[test]
+    fn a_retired_pool_switched_on_publishes_its_close() {
+        let (a, b) = (
+            ServerAddress::new("a", 27017),
+            ServerAddress::new("b", 27017),
+        );
+        let settings = TopologySettings::new(alloc::vec![a, b.clone()]);
+        let options =
+            EngineOptions::new(settings, HandshakeOptions::new()).with_events(EventFamilies::NONE);
+        let mut engine = Engine::new(options, Instant::ZERO).expect("valid");
+        let id = engine.server_id(&b);
+        let mut pool = Box::new(Pool::new(b.clone(), crate::pool::PoolOptions::default()));
+        pool.set_record_events(false);
+        engine.server_removed(&b, pool, Instant::ZERO);
+        engine.set_events(EventFamilies::POOL);
+        engine
+            .server_mut(id)
+            .retired_pool
+            .as_mut()
+            .expect("retired, not yet dropped")
+            .close(Instant::ZERO);
+        engine.run(Instant::ZERO);
+        let closed = events(&mut engine).into_iter().any(|e| {
+            matches!(
+                e,
+                EngineEvent::Pool {
+                    address,
+                    event: PoolEvent::PoolClosed,
+                } if address == b
+            )
+        });
+        assert!(closed, "the retired pool's close was published");
+        assert!(engine.server(id).retired_pool.is_none(), "then dropped");
     }
 
     /// Issue 9 item 2: a monitor whose socket cannot be built completes its check as failed.

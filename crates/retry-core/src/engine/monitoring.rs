@@ -658,14 +658,22 @@ impl Engine {
         self.unqueue(Machine::Pool(server));
         self.move_pool_events(server);
         // As `checkouts` tells the pool's turn: the slot still waits for this checkout unless
-        // its operation finished or gave the checkout up meanwhile.
-        let waiting = self
-            .ops
-            .get(&op)
-            .and_then(|o| o.slots.get(slot))
-            .is_some_and(|s| s.checkout == Some((server, checkout)))
-            .then_some((op, slot));
-        self.checked_out(server, waiting, connection, now);
+        // its operation finished or gave the checkout up meanwhile. Issue 9: the send asks that
+        // with its own lookup of the operation.
+        let key = Some((server, checkout));
+        let sent = match self.pool_socket(server, connection) {
+            Some(conn) => self.send_checked_out(op, slot, conn, key, now),
+            None => false,
+        };
+        if !sent {
+            let waiting = self
+                .ops
+                .get(&op)
+                .and_then(|o| o.slots.get(slot))
+                .is_some_and(|s| s.checkout == key)
+                .then_some((op, slot));
+            self.checked_out(server, waiting, connection, now);
+        }
         let retired = self.server(server).retired_pool.is_some();
         if retired || self.pool(server).is_some_and(Pool::has_output) {
             self.drain_pool(server, now);

@@ -15,22 +15,26 @@ use super::hedged::Made;
 use super::raw_reply::{self, ReplyFields};
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
-    command_for, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession, Operation,
+    command_for, pool_in, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession, Operation,
     OperationRequest, Owner, RunningRequest, ServerId, Slot, SPARE_OPS,
 };
 use crate::address::ServerAddress;
 use crate::connection::{ConnectionState, Request, SendError};
 use crate::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::pinning::transaction_labels;
-use crate::pool::Purpose;
+use crate::pool::{CheckoutId, Purpose};
 use crate::read_preference_wire::{self, sent_preference, Sent};
 use crate::retry::{
     Action, Attempt, AttemptServer, OperationKind, OperationSpec, RetryEvent, WriteConcernRule,
 };
-use crate::selection::{SelectionStep, ServerSelection};
+use crate::rng::EngineRng;
+use crate::selection::{SelectionSettings, SelectionStep, ServerSelection};
 use crate::time::Instant;
 use crate::wire::append_read_preference;
 
+use super::selection_cache::{SelectionCache, TrackedTopology};
+use super::sockets::socket_settled;
+use alloc::collections::BTreeMap;
 use super::worklist::{Machine, Served};
 
 /// The usage error of an attempt whose pinned connection another operation is using (SE-10).
@@ -67,6 +71,75 @@ fn unwait(waiting: &mut alloc::collections::BTreeSet<OpId>, op_id: OpId) {
     }
 }
 
+/// BP-27: the retry events held back until the attempt's connection was checked in go out.
+/// Nearly always there are none: the check inlined, the rest not (issue 9).
+#[inline(always)]
+fn emit_held(
+    events: &mut alloc::collections::VecDeque<EngineEvent>,
+    op: OpId,
+    held: &mut alloc::vec::Vec<RetryEvent>,
+) {
+    if !held.is_empty() {
+        emit_held_events(events, op, held);
+    }
+}
+
+#[inline(never)]
+fn emit_held_events(
+    events: &mut alloc::collections::VecDeque<EngineEvent>,
+    op: OpId,
+    held: &mut alloc::vec::Vec<RetryEvent>,
+) {
+    for event in held.drain(..) {
+        events.push_back(EngineEvent::Operation { op, event });
+    }
+}
+
+/// Issue 9: the first poll of a retry machine's selection for `slot`, from what is kept since
+/// the last topology change (`selection_cache.rs`; the same server and draws as the loop's
+/// first poll), with the operation at hand; whether it selected a server (the caller schedules
+/// the operation). A hedged copy's always runs the loop.
+#[inline(always)]
+fn cached_selection(
+    (cache, topology, rng): (&mut SelectionCache, &TrackedTopology, &mut EngineRng),
+    (ids, servers, settings): (
+        &BTreeMap<ServerAddress, ServerId>,
+        &[super::Server],
+        SelectionSettings,
+    ),
+    (op_id, op, slot): (OpId, &mut Operation, usize),
+    waiting: &mut alloc::collections::BTreeSet<OpId>,
+    now: Instant,
+) -> bool {
+    let OpMachine::Retry(machine) = &op.machine else {
+        return false;
+    };
+    // SS-15: operations in flight per server, for the power-of-two choice.
+    let count = |address: &ServerAddress| {
+        ids.get(address)
+            .map_or(0, |id| servers[id.0 as usize].in_flight)
+    };
+    let selected = cache.select(
+        topology,
+        &op.request.criteria,
+        machine.deprioritized(),
+        settings,
+        count,
+        rng,
+    );
+    let Some(server) = selected else {
+        return false;
+    };
+    let server = AttemptServer::from_description(server, topology.description().topology_type);
+    // CS-3: under CSOT the checkout waits until the selection's deadline at most.
+    let timeout = op.request.timeout;
+    op.slots[slot].selection_deadline = timeout
+        .is_csot()
+        .then(|| ServerSelection::deadline_from(&settings, timeout, now));
+    attempt_selected(op, waiting, op_id, slot, server, now);
+    true
+}
+
 /// SS-9, LB-6 (issue 9): where the attempt's `$readPreference` goes. When it is all the attempt
 /// adds to the command and the command has none of its own to replace, it is written after the
 /// command's fields (first of the appended ones, where inserting it would place it), without
@@ -99,17 +172,12 @@ fn end_attempt(slot: &mut Slot, servers: &mut [super::Server]) {
     }
 }
 
-/// What is left of a retry machine's action once its part in the operation is done
-/// (`Engine::drain_retry`).
-enum Routed {
-    Done,
-    /// Select a server (no pin).
-    Select,
-    /// Check out (or use the pinned connection) and send.
-    Dispatch(Attempt, Option<ConnId>),
-    /// Check in (or close, `true`) the attempt's connection, if it goes back.
-    Release(Option<ConnId>, bool),
-    Finish(Result<(), OperationError>),
+/// How an operation's drain ended (`Engine::drain_operation`).
+enum Drained {
+    /// The operation is gone, or its machine refused nothing and its deadline is registered.
+    Settled,
+    /// Its refusal and its deadline are still to be seen to.
+    Unsettled,
 }
 
 impl Engine {
@@ -310,11 +378,10 @@ impl Engine {
         };
         strip_command_fields(&mut body, self.api.as_ref());
         self.session_operation_started(&session);
-        let mut slots = smallvec::SmallVec::new();
-        slots.push(Slot {
+        let slot = Slot {
             session,
             ..Slot::default()
-        });
+        };
         let operation = match machine {
             Made::InSpare(mut spare) => {
                 // Every field but the machine written (the pattern names them all).
@@ -339,7 +406,7 @@ impl Engine {
                     refused: spare_refused,
                     queued: spare_queued,
                 } = &mut *spare;
-                *spare_slots = slots;
+                spare_slots.reset(slot);
                 // Issue 9: the kept command's emptied document goes to the caller's next reply
                 // (`Engine::take_document`).
                 // `Request::new(body)` written field by field: the sequences `keep_operation`
@@ -382,7 +449,7 @@ impl Engine {
             }
             Made::Fresh(machine) => Box::new(Operation {
                 machine,
-                slots,
+                slots: super::slots::Slots::new(slot),
                 wire: Request::new(body),
                 encoded,
                 encoded_read_preference,
@@ -454,27 +521,42 @@ impl Engine {
         }
     }
 
-    /// Routes an operation's selection wake-up, events and actions.
+    /// An operation's turn: its selection wake-ups, events and actions routed, then (house rule
+    /// 8) an input its machine refused ends it, and its next deadline is registered. Issue 9: a
+    /// retry machine's drain ends with the operation at hand, where it checks for a refusal and
+    /// registers the deadline itself (`Drained::Settled`), rather than looking the operation up
+    /// twice more; the operation's `queued` flag is cleared by the turn's first lookup.
     pub(super) fn drain_operation(&mut self, op_id: OpId, now: Instant) {
-        if !self.end_refused(op_id, now) {
-            self.drain_machine(op_id, now);
-            // House rule 8: an input refused while draining ends the operation now.
+        // One lookup: the flag, a refusal, the machine, and which slots' waiting selections are
+        // due (at most 5).
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
+        op.queued = false;
+        let drained = match op.refused.is_some() {
+            true => Drained::Unsettled,
+            false => {
+                let hedged = matches!(op.machine, OpMachine::Hedging(_));
+                let due = op
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.wake.is_some_and(|w| now >= w))
+                    .fold(0_u32, |due, (i, _)| due | 1 << i);
+                self.drain_machine(op_id, hedged, due, now)
+            }
+        };
+        if let Drained::Unsettled = drained {
+            // House rule 8: an input refused while draining (or before) ends the operation now.
             self.end_refused(op_id, now);
+            self.refresh_operation_timer(op_id);
         }
     }
 
-    fn drain_machine(&mut self, op_id: OpId, now: Instant) {
-        // One lookup: the machine, and which slots' waiting selections are due (at most 5).
-        let Some(op) = self.ops.get(&op_id) else {
-            return;
-        };
-        let hedged = matches!(op.machine, OpMachine::Hedging(_));
-        let mut due = op
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.wake.is_some_and(|w| now >= w))
-            .fold(0_u32, |due, (i, _)| due | 1 << i);
+    /// Drains the machine of an operation (`hedged` or not) whose slots in `due` have a
+    /// waiting selection that is due.
+    #[inline(always)]
+    fn drain_machine(&mut self, op_id: OpId, hedged: bool, mut due: u32, now: Instant) -> Drained {
         // A waiting selection that is due looks again.
         while due != 0 {
             let slot = due.trailing_zeros() as usize;
@@ -483,26 +565,28 @@ impl Engine {
         }
         if hedged {
             self.drain_hedged(op_id, now);
-            return;
+            return Drained::Unsettled;
         }
         let previous = self.draining.replace(op_id);
-        self.drain_retry(op_id, now);
+        let drained = self.drain_retry(op_id, now);
         self.draining = previous;
+        drained
     }
 
     /// Routes a retry machine's events and actions until it has none left.
-    fn drain_retry(&mut self, op_id: OpId, now: Instant) {
+    fn drain_retry(&mut self, op_id: OpId, now: Instant) -> Drained {
         // BP-27: a retry event waits until the attempt's connection is checked in.
         // Issue 9: a `Vec`, which costs nothing until an event is held (only a machine that
         // records events retries with one); an inline array of events is set up and dropped
         // on every turn.
         let mut held: alloc::vec::Vec<RetryEvent> = alloc::vec::Vec::new();
-        loop {
+        let drained = loop {
             let Some(op) = self.ops.get_mut(&op_id) else {
-                return super::let_go(held);
+                // Finished: nothing is left to refuse or to wait for.
+                break Drained::Settled;
             };
             let OpMachine::Retry(machine) = &mut op.machine else {
-                return super::let_go(held);
+                break Drained::Unsettled;
             };
             if let Some(event) = machine.poll_event() {
                 match event {
@@ -517,22 +601,47 @@ impl Engine {
                 continue;
             }
             let Some(action) = machine.poll_action() else {
-                break;
+                // Issue 9: the operation at hand settles its turn (see `drain_operation`).
+                if op.refused.is_some() {
+                    break Drained::Unsettled;
+                }
+                let at = op.next_deadline();
+                self.timers
+                    .set(Machine::Operation(op_id), &mut op.timer, at);
+                break Drained::Settled;
             };
             // Issue 9: what the action does to the operation alone is done with the operation at
             // hand, not looked up again; it queues no engine event, so the held events still go
             // out before (or, for a release, after) the rest of the action.
-            let routed = match action {
-                Action::SelectServer => match op.pinned_server.clone() {
-                    // A cursor's or a pinned transaction's operations go where the pin is.
-                    Some(server) => {
-                        op.slots[0].server = Some(server.clone());
-                        op.server_selected(0, server, now);
-                        Routed::Done
+            match action {
+                Action::SelectServer => {
+                    emit_held(&mut self.events, op_id, &mut held);
+                    match op.pinned_server.clone() {
+                        // A cursor's or a pinned transaction's operations go where the pin is.
+                        Some(server) => {
+                            op.slots[0].server = Some(server.clone());
+                            op.server_selected(0, server, now);
+                        }
+                        None => {
+                            // Its `schedule` would do nothing: the operation is being drained.
+                            let selected = cached_selection(
+                                (&mut self.selection_cache, &self.topology, &mut self.rng),
+                                (&self.server_ids, &self.servers, self.options.selection),
+                                (op_id, op, 0),
+                                &mut self.waiting,
+                                now,
+                            );
+                            if !selected {
+                                self.select(op_id, 0, now);
+                            }
+                        }
                     }
-                    None => Routed::Select,
-                },
-                Action::Dispatch(attempt) => Routed::Dispatch(attempt, op.pinned_conn),
+                }
+                Action::Dispatch(attempt) => {
+                    let pinned = op.pinned_conn;
+                    emit_held(&mut self.events, op_id, &mut held);
+                    self.dispatch(op_id, attempt, pinned, now);
+                }
                 Action::ReleaseConnection { close } => {
                     let slot = &mut op.slots[0];
                     slot.checkout = None;
@@ -545,70 +654,43 @@ impl Engine {
                         Some(pinned) => op.release_pinned.then_some(pinned),
                         None => conn.filter(|_| !op.keep_conn),
                     };
-                    Routed::Release(release, close)
-                }
-                Action::Wait { .. } => Routed::Done,
-                Action::Finished(result) => Routed::Finish(result),
-            };
-            let release = matches!(routed, Routed::Release(..));
-            if !release {
-                self.emit_held(op_id, &mut held);
-            }
-            self.route_action(op_id, routed, now);
-            if release {
-                self.emit_held(op_id, &mut held);
-            }
-        }
-        self.emit_held(op_id, &mut held);
-        super::let_go(held);
-    }
-
-    /// Nearly always nothing to do: the check inlined, the rest not (issue 9).
-    #[inline(always)]
-    fn emit_held(&mut self, op: OpId, held: &mut alloc::vec::Vec<RetryEvent>) {
-        if !held.is_empty() {
-            self.emit_held_events(op, held);
-        }
-    }
-
-    #[inline(never)]
-    fn emit_held_events(&mut self, op: OpId, held: &mut alloc::vec::Vec<RetryEvent>) {
-        for event in held.drain(..) {
-            self.events.push_back(EngineEvent::Operation { op, event });
-        }
-    }
-
-    /// The rest of a retry machine's action, after its part in the operation (`drain_retry`).
-    fn route_action(&mut self, op_id: OpId, routed: Routed, now: Instant) {
-        match routed {
-            Routed::Done => {}
-            Routed::Select => self.start_selection(op_id, 0, now),
-            Routed::Dispatch(attempt, pinned) => {
-                let server = self.server_id(&attempt.address);
-                self.set_attempt(op_id, 0, server, attempt);
-                if let Some(pinned) = pinned {
-                    match self.sockets.contains_key(&pinned) {
-                        true => self.send_attempt(op_id, 0, pinned, now),
-                        false => {
-                            let address = self.server(server).address.clone();
-                            let error = OperationError::network(
-                                NetworkErrorKind::Closed,
-                                NetworkPhase::BeforeSend,
-                                address,
-                            );
-                            self.fail_attempt(op_id, 0, error, false, now);
-                        }
+                    if let Some(conn) = release {
+                        self.release(conn, !close, now);
                     }
-                    return;
+                    emit_held(&mut self.events, op_id, &mut held);
                 }
-                self.check_out(op_id, 0, server, now);
-            }
-            Routed::Release(release, close) => {
-                if let Some(conn) = release {
-                    self.release(conn, !close, now);
+                Action::Wait { .. } => emit_held(&mut self.events, op_id, &mut held),
+                Action::Finished(result) => {
+                    let cursor = (op.request.cursor, op.release_pinned);
+                    emit_held(&mut self.events, op_id, &mut held);
+                    self.finish_with(op_id, result, 0, cursor, now);
                 }
             }
-            Routed::Finish(result) => self.finish(op_id, result, 0, now),
+        };
+        emit_held(&mut self.events, op_id, &mut held);
+        super::let_go(held);
+        drained
+    }
+
+    /// A retry machine's `Dispatch`: on the pinned connection, or checked out of the server's
+    /// pool.
+    fn dispatch(&mut self, op_id: OpId, attempt: Attempt, pinned: Option<ConnId>, now: Instant) {
+        let server = self.server_id(&attempt.address);
+        let Some(pinned) = pinned else {
+            return self.check_out(op_id, 0, server, attempt, now);
+        };
+        self.set_attempt(op_id, 0, server, attempt);
+        match self.sockets.contains_key(&pinned) {
+            true => self.send_attempt(op_id, 0, pinned, now),
+            false => {
+                let address = self.server(server).address.clone();
+                let error = OperationError::network(
+                    NetworkErrorKind::Closed,
+                    NetworkPhase::BeforeSend,
+                    address,
+                );
+                self.fail_attempt(op_id, 0, error, false, now);
+            }
         }
     }
 
@@ -618,37 +700,24 @@ impl Engine {
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
-        if let OpMachine::Retry(machine) = &mut op.machine {
-            // Issue 9: the first poll, from what is kept since the last topology change
-            // (`selection_cache.rs`); the same server and draws as the loop's first poll.
-            let (ids, servers) = (&self.server_ids, &self.servers);
-            let count = |address: &ServerAddress| {
-                ids.get(address)
-                    .map_or(0, |id| servers[id.0 as usize].in_flight)
-            };
-            let selected = self.selection_cache.select(
-                &self.topology,
-                &op.request.criteria,
-                machine.deprioritized(),
-                self.options.selection,
-                count,
-                &mut self.rng,
-            );
-            if let Some(server) = selected {
-                let server = AttemptServer::from_description(
-                    server,
-                    self.topology.description().topology_type,
-                );
-                // CS-3: under CSOT the checkout waits until the selection's deadline at most.
-                let timeout = op.request.timeout;
-                op.slots[slot].selection_deadline = timeout
-                    .is_csot()
-                    .then(|| ServerSelection::deadline_from(&self.options.selection, timeout, now));
-                attempt_selected(op, &mut self.waiting, op_id, slot, server, now);
-                self.schedule(Machine::Operation(op_id));
-                return;
-            }
+        let selected = cached_selection(
+            (&mut self.selection_cache, &self.topology, &mut self.rng),
+            (&self.server_ids, &self.servers, self.options.selection),
+            (op_id, op, slot),
+            &mut self.waiting,
+            now,
+        );
+        match selected {
+            true => self.schedule(Machine::Operation(op_id)),
+            false => self.select(op_id, slot, now),
         }
+    }
+
+    /// [`Engine::start_selection`] after the selection cache had no answer: the selection loop.
+    fn select(&mut self, op_id: OpId, slot: usize, now: Instant) {
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            return;
+        };
         let selection = ServerSelection::new(
             op.request.criteria.clone(),
             op.machine.deprioritized(),
@@ -657,22 +726,37 @@ impl Engine {
             now,
         );
         op.slots[slot].selection_deadline = Some(selection.deadline());
-        op.slots[slot].selection = Some(selection);
+        op.slots[slot].selection = Some(Box::new(selection));
         self.poll_selection(op_id, slot, now);
     }
 
-    /// Checks a connection to `server` out for `slot`'s attempt.
-    pub(super) fn check_out(&mut self, op_id: OpId, slot: usize, server: ServerId, now: Instant) {
+    /// Checks a connection to `server` out for `slot`'s `attempt` (SS-15 counts it there).
+    /// Issue 9: one lookup of the operation for both.
+    pub(super) fn check_out(
+        &mut self,
+        op_id: OpId,
+        slot: usize,
+        server: ServerId,
+        attempt: Attempt,
+        now: Instant,
+    ) {
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
+        let state = &mut op.slots[slot];
+        end_attempt(state, &mut self.servers);
+        state.attempt = Some(attempt);
+        state.counted = Some(server);
+        let entry = &mut self.servers[server.0 as usize];
+        entry.in_flight += 1;
+        let (member, pool_queued) = (!entry.left, entry.pool_queued);
         // CS-3: under CSOT (`timeoutMS=0` included, CS-1) selection and checkout share one
         // `computedServerSelectionTimeout` = min(serverSelectionTimeoutMS, remaining), computed
         // when the attempt's selection started (review5 item 8; from now for an attempt that
         // selected nothing, a pinned one), and waitQueueTimeoutMS does not apply (TO-4, TO-8);
         // without CSOT, waitQueueTimeoutMS.
         let timeout = op.request.timeout;
-        let selected = op.slots[slot].selection_deadline.take();
+        let selected = state.selection_deadline.take();
         let deadline = timeout.is_csot().then(|| {
             selected.unwrap_or_else(|| {
                 ServerSelection::deadline_from(&self.options.selection, timeout, now)
@@ -685,52 +769,40 @@ impl Engine {
         } else {
             Purpose::Other
         };
-        let member = !self.server(server).left;
-        let checkout = self
-            .pool_mut(server)
-            .filter(|_| member)
-            .map(|p| p.check_out(purpose, deadline, now));
-        match checkout {
-            Some(id) => {
-                let mut retry = false;
-                if let Some(op) = self.ops.get_mut(&op_id) {
-                    op.slots[slot].checkout = Some((server, id));
-                    retry = matches!(op.machine, OpMachine::Retry(_));
-                }
-                // Issue 9: a retry machine's checkout served at once, with nothing on the
-                // worklist, gets its pool's turn right after this one (`Served`), without the
-                // worklist and the table of pending checkouts. (A hedged copy's keeps the
-                // worklist: its machine may check out several copies in one turn.)
-                let next = retry
-                    && self.work.is_empty()
-                    && self.served.is_none()
-                    && !self.server(server).pool_queued;
-                let served = next
-                    .then(|| self.pool_mut(server).and_then(|p| p.take_served(id)))
-                    .flatten();
-                match served {
-                    Some(connection) => {
-                        self.server_mut(server).pool_queued = true;
-                        self.served = Some(Served {
-                            server,
-                            checkout: id,
-                            connection,
-                            op: op_id,
-                            slot,
-                        });
-                    }
-                    None => {
-                        self.checkouts.insert((server, id), (op_id, slot));
-                        self.schedule(Machine::Pool(server));
-                    }
-                }
+        let pool = pool_in(&mut self.servers, &mut self.topology, server).filter(|_| member);
+        let Some(pool) = pool else {
+            let address = self.server(server).address.clone();
+            let error = OperationError::server_selection(alloc::format!(
+                "{address} is no longer part of the topology"
+            ));
+            self.fail_attempt(op_id, slot, error, false, now);
+            return;
+        };
+        let id = pool.check_out(purpose, deadline, now);
+        op.slots[slot].checkout = Some((server, id));
+        // Issue 9: a retry machine's checkout served at once, with nothing on the worklist,
+        // gets its pool's turn right after this one (`Served`), without the worklist and the
+        // table of pending checkouts. (A hedged copy's keeps the worklist: its machine may
+        // check out several copies in one turn.)
+        let next = matches!(op.machine, OpMachine::Retry(_))
+            && self.work.is_empty()
+            && self.served.is_none()
+            && !pool_queued;
+        let served = next.then(|| pool.take_served(id)).flatten();
+        match served {
+            Some(connection) => {
+                self.servers[server.0 as usize].pool_queued = true;
+                self.served = Some(Served {
+                    server,
+                    checkout: id,
+                    connection,
+                    op: op_id,
+                    slot,
+                });
             }
             None => {
-                let address = self.server(server).address.clone();
-                let error = OperationError::server_selection(alloc::format!(
-                    "{address} is no longer part of the topology"
-                ));
-                self.fail_attempt(op_id, slot, error, false, now);
+                self.checkouts.insert((server, id), (op_id, slot));
+                self.schedule(Machine::Pool(server));
             }
         }
     }
@@ -747,7 +819,20 @@ impl Engine {
         let Some(op) = self.ops.get(&op_id) else {
             return;
         };
-        let (cursor, release_pinned) = (op.request.cursor, op.release_pinned);
+        let cursor = (op.request.cursor, op.release_pinned);
+        self.finish_with(op_id, result, winner, cursor, now);
+    }
+
+    /// [`Engine::finish`] of an operation whose cursor use and `release_pinned` the caller read
+    /// (issue 9: with the operation at hand).
+    fn finish_with(
+        &mut self,
+        op_id: OpId,
+        result: Result<(), OperationError>,
+        winner: usize,
+        (cursor, release_pinned): (CursorUse, bool),
+        now: Instant,
+    ) {
         // LB-10: closing a cursor gives its connection back whatever killCursors did.
         if let (CursorUse::Close(handle), false) = (cursor, release_pinned) {
             if let Some(cursor) = self.cursors.remove(&handle) {
@@ -761,16 +846,15 @@ impl Engine {
         let Some(mut op) = self.ops.remove(&op_id) else {
             return;
         };
-        for slot in &mut op.slots {
-            end_attempt(slot, &mut self.servers);
-        }
+        let (servers, checkouts) = (&mut self.servers, &mut self.checkouts);
+        op.slots.iter_mut().for_each(|slot| {
+            end_attempt(slot, servers);
+            if let Some(key) = slot.checkout.take() {
+                checkouts.remove(&key);
+            }
+        });
         self.timers
             .set(Machine::Operation(op_id), &mut op.timer, None);
-        for slot in &mut op.slots {
-            if let Some(key) = slot.checkout.take() {
-                self.checkouts.remove(&key);
-            }
-        }
         self.operation_session_ended(&mut op, winner, result.is_ok(), now);
         // Issue 9: what the event needs is taken out of the box, which is kept for the next
         // operation (`keep_operation`).
@@ -878,9 +962,25 @@ impl Engine {
 
     /// Writes the command of `slot`'s attempt on its checked-out connection.
     pub(super) fn send_attempt(&mut self, op_id: OpId, slot: usize, conn: ConnId, now: Instant) {
+        self.send_checked_out(op_id, slot, conn, None, now);
+    }
+
+    /// [`Engine::send_attempt`], when `checkout` is `None` or the slot still waits for that
+    /// checkout (issue 9: `run_served` asks with the same lookup); whether it did.
+    pub(super) fn send_checked_out(
+        &mut self,
+        op_id: OpId,
+        slot: usize,
+        conn: ConnId,
+        checkout: Option<(ServerId, CheckoutId)>,
+        now: Instant,
+    ) -> bool {
         let Some(op) = self.ops.get_mut(&op_id) else {
-            return;
+            return false;
         };
+        if checkout.is_some() && op.slots.get(slot).map(|s| s.checkout) != Some(checkout) {
+            return false;
+        }
         let slot_state = &mut op.slots[slot];
         slot_state.checkout = None;
         slot_state.conn = Some(conn);
@@ -888,7 +988,7 @@ impl Engine {
         // A cancelled copy writes nothing; its cancellation checks the connection in.
         if !op.machine.is_live(slot) {
             self.schedule(Machine::Operation(op_id));
-            return;
+            return true;
         }
         // SE-10 (review item 5): a connection pinned to a session or cursor that another
         // operation is using (concurrent use of one session or cursor) is left alone, so that
@@ -913,10 +1013,10 @@ impl Engine {
                 op.failed(slot, OperationError::usage(PINNED_CONNECTION_IN_USE), now);
             }
             self.schedule(Machine::Operation(op_id));
-            return;
+            return true;
         }
         let Some(with_txn_number) = with_txn_number else {
-            return;
+            return true;
         };
         let prepared = self.prepare_attempt(
             op_id,
@@ -934,23 +1034,23 @@ impl Engine {
                     op.expired_before_send(slot, now);
                 }
                 self.schedule(Machine::Operation(op_id));
-                return;
+                return true;
             }
             Prepared::Refused(error) => {
                 self.fail_attempt(op_id, slot, error, false, now);
-                return;
+                return true;
             }
             // RW-14: the retry machine released the connection and ended the operation.
             Prepared::Withdrawn => {
                 self.schedule(Machine::Operation(op_id));
-                return;
+                return true;
             }
         };
         let Some(op) = self.ops.get_mut(&op_id) else {
-            return;
+            return true;
         };
         let Some(attempt) = op.slots[slot].attempt.as_ref() else {
-            return;
+            return true;
         };
         let deadline = op.request.timeout.deadline();
         // SS-9, LB-6: the read preference goes on the wire as the server's type requires.
@@ -984,7 +1084,7 @@ impl Engine {
             )
         });
         let Some(socket) = self.sockets.get_mut(&conn) else {
-            return;
+            return true;
         };
         socket.op = Some((op_id, slot));
         let db = op.request.db.as_str();
@@ -997,18 +1097,8 @@ impl Engine {
                 }
                 append_command_fields(db, lsid, api, out)
             });
-        let mut settled = false;
-        let failed = match sent {
-            Ok(request_id) => {
-                op.sent(slot, now);
-                settled = op.settled_after_send();
-                // TX-2: a transaction is in progress once its first command is written.
-                self.transaction_command_sent(op_id, slot);
-                if let Some(command) = published {
-                    self.command_started(op_id, conn, request_id, &command, now);
-                }
-                None
-            }
+        let failed = match &sent {
+            Ok(_) => None,
             Err(e) => {
                 socket.op = None;
                 let kind = match e {
@@ -1022,7 +1112,26 @@ impl Engine {
                 ))
             }
         };
-        self.sent_on(conn);
+        // Issue 9: the socket's turn, with the socket at hand (`socket_settled`); it touches
+        // neither the operation nor the events, so it may come before the rest.
+        let next = self.work.is_empty() && self.served.is_none();
+        let socket_done = socket_settled(next, conn, socket, &mut self.transmits, &mut self.timers);
+        let mut settled = false;
+        if let Ok(request_id) = sent {
+            op.sent(slot, now);
+            settled = op.settled_after_send();
+            // TX-2: a transaction is in progress once its first command is written (only a
+            // transaction's first command; issue 9: no lookup for the others).
+            if matches!(op.request.kind, OperationKind::InTransaction { first: true, .. }) {
+                self.transaction_command_sent(op_id, slot);
+            }
+            if let Some(command) = published {
+                self.command_started(op_id, conn, request_id, &command, now);
+            }
+        }
+        if !socket_done {
+            self.schedule(Machine::Socket(conn));
+        }
         // Issue 9: no turn that would do nothing.
         if !settled {
             self.schedule(Machine::Operation(op_id));
@@ -1030,6 +1139,7 @@ impl Engine {
         if let Some(error) = failed {
             self.fail_attempt(op_id, slot, error, false, now);
         }
+        true
     }
 
     /// A reply to the attempt's command: an error goes to SDAM error handling and the retry rules,
@@ -1058,10 +1168,22 @@ impl Engine {
             let context = self.error_context(server, id, true);
             self.application_error(server, error, context, now);
         }
-        self.session_replied(op_id, slot, &fields);
-        let Some(op) = self.ops.get_mut(&op_id) else {
+        let Some(mut op) = self.ops.get_mut(&op_id) else {
             return;
         };
+        // SE-16, SE-18, SE-21, TX-6: only an explicit session or a gossiped `$clusterTime` takes
+        // anything from the reply (issue 9: no lookups for nothing).
+        let explicit = matches!(
+            op.slots.get(slot).map(|s| &s.session),
+            Some(OpSession::Explicit(_))
+        );
+        if explicit || (op.gossip && fields.cluster_time.is_some()) {
+            self.session_replied(op_id, slot, &fields);
+            let Some(again) = self.ops.get_mut(&op_id) else {
+                return;
+            };
+            op = again;
+        }
         // A copy cancelled meanwhile: its cancellation checks the connection in.
         if !op.machine.is_live(slot) {
             self.schedule(Machine::Operation(op_id));
@@ -1076,9 +1198,20 @@ impl Engine {
                 let cursor_id = fields.cursor_id;
                 op.reply = Some(body);
                 op.succeeded(slot, now);
-                self.schedule(Machine::Operation(op_id));
-                self.cursor_replied(op_id, slot, conn, cursor_id.unwrap_or(0));
-                self.transaction_succeeded(op_id, conn, now);
+                // Issue 9: scheduled with the operation at hand (`Engine::schedule`).
+                if self.draining != Some(op_id) && !op.queued {
+                    op.queued = true;
+                    self.work.push_back(Machine::Operation(op_id));
+                }
+                // LB-10, TX-3, TX-5: only a cursor's operation, or one in an explicit session,
+                // has pins to update (issue 9: no lookups for nothing).
+                let (cursor, session) = (op.request.cursor, op.request.session);
+                if cursor != CursorUse::None {
+                    self.cursor_replied(op_id, slot, conn, cursor_id.unwrap_or(0));
+                }
+                if session.is_some() {
+                    self.transaction_succeeded(op_id, conn, now);
+                }
             }
         }
     }

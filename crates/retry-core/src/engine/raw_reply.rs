@@ -45,7 +45,16 @@ impl<'a> ReplyFields<'a> {
 
     /// The fields of `reply` that the decoder noted as it checked it (`RawOpMsg::top`, issue 9:
     /// the reply is not walked again).
+    #[inline]
     pub(super) fn noted(body: &'a RawDocument, top: &TopFields) -> ReplyFields<'a> {
+        if top.only_status() {
+            // A plain reply (`{ok: 1}`, say): nothing to read from its body (issue 9).
+            return ReplyFields {
+                ok: top.ok,
+                write_concern_error: top.write_concern_error,
+                ..ReplyFields::default()
+            };
+        }
         ReplyFields {
             ok: top.ok,
             write_concern_error: top.write_concern_error,
@@ -174,6 +183,12 @@ mod tests {
             );
             assert_eq!(format!("{noted:?}"), format!("{read:?}"));
         }
+        // A plain reply notes only its status, and reads nothing more (issue 9).
+        let plain = decoded(&replies[0]);
+        assert!(plain.top.only_status() && !decoded(&replies[2]).top.only_status());
+        let plain = ReplyFields::noted(&plain.body, &plain.top);
+        assert!(plain.ok && !plain.write_concern_error && plain.cursor_id.is_none());
+        assert!(plain.cluster_time.is_none() && plain.operation_time.is_none());
         let rich = decoded(&replies[2]);
         let rich = ReplyFields::noted(&rich.body, &rich.top);
         assert_eq!(

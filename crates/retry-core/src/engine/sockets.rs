@@ -20,7 +20,8 @@ use crate::topology::ErrorContext;
 use bson::oid::ObjectId;
 use smallvec::SmallVec;
 
-use super::worklist::Machine;
+use super::worklist::{Machine, Timers};
+use alloc::collections::VecDeque;
 
 impl Engine {
     /// Opens a socket to `server` for `owner`; `None` if its connection machine cannot be built
@@ -132,33 +133,13 @@ impl Engine {
         }
     }
 
-    /// A command was written on `conn` (`Engine::send_attempt`): its socket's turn, which then
-    /// only queues the bytes to write and registers the socket's deadline, runs here when it
-    /// would be the next one (issue 9): nothing on the worklist or served ahead of it
-    /// (`Engine::run_served`), the socket not queued, and no connection event waiting. The
-    /// transmits stay in the order their sockets' turns would give them.
-    pub(super) fn sent_on(&mut self, conn: ConnId) {
-        let next = self.work.is_empty() && self.served.is_none();
-        match self.sockets.get_mut(&conn) {
-            Some(socket) if next && !socket.queued && !socket.machine.has_events() => {
-                if !socket.transmit_queued && socket.machine.has_transmit() {
-                    socket.transmit_queued = true;
-                    self.transmits.push_back(conn);
-                }
-                let at = socket.machine.poll_timeout();
-                self.timers
-                    .set(Machine::Socket(conn), &mut socket.timer, at);
-            }
-            _ => self.schedule(Machine::Socket(conn)),
-        }
-    }
-
     /// The socket of a pool's connection.
     pub(super) fn pool_socket(&self, server: ServerId, id: ConnectionId) -> Option<ConnId> {
         self.server(server).sockets.get(&id).copied()
     }
 
-    /// Routes the outputs of one socket's connection machine.
+    /// Routes the outputs of one socket's connection machine, then registers its deadline (a
+    /// socket that failed is gone).
     pub(super) fn drain_socket(&mut self, conn: ConnId, now: Instant) {
         loop {
             let Some(socket) = self.sockets.get_mut(&conn) else {
@@ -169,6 +150,10 @@ impl Engine {
                 self.transmits.push_back(conn);
             }
             let Some(event) = socket.machine.poll_event() else {
+                // Issue 9: its deadline registered with the socket at hand (`Engine::turn`).
+                let at = socket.machine.poll_timeout();
+                self.timers
+                    .set(Machine::Socket(conn), &mut socket.timer, at);
                 return;
             };
             let (server, owner, op) = (socket.server, socket.owner, socket.op);
@@ -347,4 +332,30 @@ impl Engine {
             handshake_completed,
         }
     }
+}
+
+/// A command was written on `conn` (`Engine::send_attempt`): its socket's turn, which then only
+/// queues the bytes to write and registers the socket's deadline, runs here when it would be the
+/// next one (issue 9; `next`: nothing on the worklist or served ahead of it,
+/// `Engine::run_served`), the socket not queued, and no connection event waiting; whether it
+/// did (else the socket goes on the worklist). The transmits stay in the order their sockets'
+/// turns would give them.
+#[inline(always)]
+pub(super) fn socket_settled(
+    next: bool,
+    conn: ConnId,
+    socket: &mut Socket,
+    transmits: &mut VecDeque<ConnId>,
+    timers: &mut Timers,
+) -> bool {
+    if !next || socket.queued || socket.machine.has_events() {
+        return false;
+    }
+    if !socket.transmit_queued && socket.machine.has_transmit() {
+        socket.transmit_queued = true;
+        transmits.push_back(conn);
+    }
+    let at = socket.machine.poll_timeout();
+    timers.set(Machine::Socket(conn), &mut socket.timer, at);
+    true
 }

@@ -9,7 +9,7 @@
 use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 
-use super::{ConnId, Engine, OpId, ServerId};
+use super::{ConnId, Engine, OpId, Operation, ServerId};
 use crate::pool::{CheckoutId, ConnectionId};
 use crate::time::Instant;
 
@@ -136,6 +136,8 @@ impl Engine {
             Machine::Monitor(server) => self.drain_monitor(server, now),
             Machine::Pool(server) => self.drain_pool(server, now),
             Machine::Socket(conn) => self.drain_socket(conn, now),
+            // These two register their own deadlines (issue 9: with the socket or operation at
+            // hand).
             Machine::Operation(op) => self.drain_operation(op, now),
         }
         self.refresh_timer(machine);
@@ -189,11 +191,8 @@ impl Engine {
                     socket.queued = false;
                 }
             }
-            Machine::Operation(op) => {
-                if let Some(operation) = self.ops.get_mut(&op) {
-                    operation.queued = false;
-                }
-            }
+            // Cleared by the first lookup of its turn (`Engine::drain_operation`, issue 9).
+            Machine::Operation(_) => {}
         }
     }
 
@@ -203,6 +202,15 @@ impl Engine {
         let at = self.pool(server).and_then(|p| p.poll_timeout());
         let slot = &mut self.servers[server.0 as usize].pool_timer;
         self.timers.set(Machine::Pool(server), slot, at);
+    }
+
+    /// Registers the operation's next deadline (after a turn that did not settle it itself).
+    pub(super) fn refresh_operation_timer(&mut self, op: OpId) {
+        if let Some(operation) = self.ops.get_mut(&op) {
+            let at = operation.next_deadline();
+            self.timers
+                .set(Machine::Operation(op), &mut operation.timer, at);
+        }
     }
 
     /// Registers the machine's next deadline.
@@ -217,24 +225,17 @@ impl Engine {
                 }
             }
             Machine::Pool(server) => self.refresh_pool_timer(server),
-            Machine::Socket(conn) => {
-                if let Some(socket) = self.sockets.get_mut(&conn) {
-                    let at = socket.machine.poll_timeout();
-                    self.timers.set(machine, &mut socket.timer, at);
-                }
-            }
-            Machine::Operation(op) => {
-                if let Some(operation) = self.ops.get_mut(&op) {
-                    let wakes = operation.slots.iter().filter_map(|s| s.wake);
-                    let at = operation
-                        .machine
-                        .poll_timeout()
-                        .into_iter()
-                        .chain(wakes)
-                        .min();
-                    self.timers.set(machine, &mut operation.timer, at);
-                }
-            }
+            // Registered by their turns (`Engine::drain_socket`, `Engine::drain_operation`).
+            Machine::Socket(_) | Machine::Operation(_) => {}
         }
+    }
+}
+
+impl Operation {
+    /// The operation's next deadline: its machine's, or a waiting selection's wake-up.
+    #[inline(always)]
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        let wakes = self.slots.iter().filter_map(|s| s.wake);
+        self.machine.poll_timeout().into_iter().chain(wakes).min()
     }
 }

@@ -1,6 +1,8 @@
 //! Shared helpers for the retry machine's integration tests: servers, error replies, and runs.
 #![allow(dead_code)]
 
+pub mod net;
+
 use bson::{doc, Bson, Document};
 use retry_core::address::ServerAddress;
 use retry_core::error::{NetworkErrorKind, NetworkPhase, OperationError};
