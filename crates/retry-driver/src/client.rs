@@ -163,7 +163,13 @@ impl Future for ReplyFuture<'_> {
             }
         }
         if let Some(waiter) = &this.waiter {
-            reply.driving(|| waiter.drive(cx));
+            if reply.is_completed() {
+                // Its result is in: it returns it now and waits no more, so it does not
+                // register again (issue 9); it still runs what the driver has to do.
+                reply.driving(|| waiter.run(cx));
+            } else {
+                reply.driving(|| waiter.drive(cx));
+            }
         }
         let result = reply.poll(cx);
         this.done = result.is_ready();

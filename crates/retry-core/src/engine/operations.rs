@@ -15,8 +15,8 @@ use super::hedged::Made;
 use super::raw_reply::{self, ReplyFields};
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
-    command_for, pool_in, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession, Operation,
-    OperationRequest, Owner, RunningRequest, ServerId, Slot, SPARE_OPS,
+    command_for, pool_in, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession,
+    Operation, OperationRequest, Owner, RunningRequest, ServerId, Slot, SPARE_OPS,
 };
 use crate::address::ServerAddress;
 use crate::connection::{ConnectionState, Request, SendError};
@@ -34,8 +34,8 @@ use crate::wire::append_read_preference;
 
 use super::selection_cache::{SelectionCache, TrackedTopology};
 use super::sockets::socket_settled;
-use alloc::collections::BTreeMap;
 use super::worklist::{Machine, Served};
+use alloc::collections::BTreeMap;
 
 /// The usage error of an attempt whose pinned connection another operation is using (SE-10).
 const PINNED_CONNECTION_IN_USE: &str =
@@ -1122,7 +1122,10 @@ impl Engine {
             settled = op.settled_after_send();
             // TX-2: a transaction is in progress once its first command is written (only a
             // transaction's first command; issue 9: no lookup for the others).
-            if matches!(op.request.kind, OperationKind::InTransaction { first: true, .. }) {
+            if matches!(
+                op.request.kind,
+                OperationKind::InTransaction { first: true, .. }
+            ) {
                 self.transaction_command_sent(op_id, slot);
             }
             if let Some(command) = published {

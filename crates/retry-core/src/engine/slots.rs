@@ -95,7 +95,8 @@ impl core::ops::IndexMut<usize> for Slots {
 
 impl<'a> IntoIterator for &'a mut Slots {
     type Item = &'a mut Slot;
-    type IntoIter = core::iter::Chain<core::iter::Once<&'a mut Slot>, core::slice::IterMut<'a, Slot>>;
+    type IntoIter =
+        core::iter::Chain<core::iter::Once<&'a mut Slot>, core::slice::IterMut<'a, Slot>>;
 
     fn into_iter(self) -> Self::IntoIter {
         core::iter::once(&mut self.first).chain(self.rest.iter_mut())
