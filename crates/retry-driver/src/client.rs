@@ -481,20 +481,9 @@ impl<R> Client<R> {
     }
 
     /// The engine's request for `command`: `options.criteria`, or a writable server for writes
-    /// and the client's read preference otherwise (SS-2).
-    pub(crate) fn request(
-        &self,
-        db: impl Into<String>,
-        command: Document,
-        kind: OperationKind,
-        options: CommandOptions,
-    ) -> Result<OperationRequest, OperationError> {
-        Ok(self.operation(db, command, kind, options))
-    }
-
-    /// [`Client::request`], which never fails, without its `Result` (issue 9: one copy of the
-    /// request less).
-    fn operation(
+    /// and the client's read preference otherwise (SS-2). Never fails: building a request checks
+    /// nothing (review23 R9).
+    pub(crate) fn operation(
         &self,
         db: impl Into<String>,
         command: Document,

@@ -514,4 +514,20 @@ mod tests {
         assert_eq!(Arc::strong_count(&reply), 1, "dropped by the completion");
         assert!(lock(&slot.state).result.is_pending());
     }
+
+    /// review23 R1 (house rule 8): a caller that gives up before the driver starts its
+    /// operation (a `ReplyFuture` dropped before its first poll: `run_request` queues at the
+    /// call) leaves nothing to cancel, and the driver never starts it; its request is dropped.
+    #[test]
+    fn a_slot_given_up_before_its_start_is_never_started() {
+        let slot = Slot::default();
+        lock(&slot.state).request = Some(ping());
+        assert_eq!(slot.abandon(), None, "not started: nothing to cancel");
+        let started = slot.start(|_| panic!("an abandoned operation was started"));
+        assert_eq!(started, None);
+        assert!(
+            lock(&slot.state).request.is_none(),
+            "its request is dropped"
+        );
+    }
 }
