@@ -13,7 +13,9 @@ use retry_core::error::{NetworkErrorKind, OperationError, ServerError};
 use retry_core::handshake::validate_reply;
 use retry_core::time::Instant;
 use retry_core::topology::ServerDescription;
-use retry_core::wire::{to_document, DecodeError, FrameDecoder, OpMsg};
+use retry_core::wire::{
+    empty_document, into_document_in, to_document, DecodeError, FrameDecoder, OpMsg,
+};
 
 /// The limit the decoder harness uses, small enough that length checks are reachable.
 const MAX_MESSAGE_SIZE: u32 = 1 << 16;
@@ -70,9 +72,15 @@ pub fn op_msg_decoder(data: &[u8]) {
 /// ([`to_document`]): a document nested deeper than a server allows is refused (WP-2) instead of
 /// recursing until the stack overflows, which the `bson` crate's conversion would do.
 pub fn reply_document(data: &[u8]) -> Option<Document> {
-    bson::RawDocument::from_bytes(data)
-        .ok()
-        .and_then(|raw| to_document(raw).ok())
+    let raw = bson::RawDocument::from_bytes(data).ok()?;
+    let converted = to_document(raw);
+    // Issue 9: a reply converted from a buffer given up (kept as the first key when small) is
+    // the same document, or the same error; compared encoded (a NaN is not equal to itself).
+    let owned = into_document_in(raw.to_owned(), None, &empty_document());
+    let encoded = |r: &Result<Document, DecodeError>| r.as_ref().map(|d| d.to_vec().ok()).ok();
+    assert_eq!(encoded(&owned), encoded(&converted));
+    assert_eq!(owned.as_ref().err(), converted.as_ref().err());
+    converted.ok()
 }
 
 /// `hello_reply`: the input is a BSON document taken as a handshake reply; the SDAM parser and the

@@ -1042,6 +1042,15 @@ mod tests {
             assert_eq!(owned, doc);
             assert_eq!(owned, document_in(&raw, None, Some(&empty)).unwrap());
         }
+        // {a: 1, b: 2, a: 3}: the first key, kept, holds the last value.
+        let repeated = vec![
+            26, 0, 0, 0, 0x10, b'a', 0, 1, 0, 0, 0, 0x10, b'b', 0, 2, 0, 0, 0, 0x10, b'a', 0, 3, 0,
+            0, 0, 0,
+        ];
+        let raw = RawDocumentBuf::from_bytes(repeated).unwrap();
+        let owned = owned_document_in(raw.clone(), None, None).unwrap();
+        assert_eq!(owned, doc! { "a": 3, "b": 2 });
+        assert_eq!(owned, document(&raw).unwrap());
         let mut roomy = doc! { "ok": 1 }.to_vec().unwrap();
         roomy.reserve(1000);
         let first_key = |bytes: Vec<u8>| {

@@ -163,7 +163,13 @@ impl Future for ReplyFuture<'_> {
             }
         }
         if let Some(waiter) = &this.waiter {
-            reply.driving(|| waiter.drive(cx));
+            if reply.is_completed() {
+                // Its result is in: it returns it now and waits no more, so it does not
+                // register again (issue 9); it still runs what the driver has to do.
+                reply.driving(|| waiter.run(cx));
+            } else {
+                reply.driving(|| waiter.drive(cx));
+            }
         }
         let result = reply.poll(cx);
         this.done = result.is_ready();
@@ -475,20 +481,9 @@ impl<R> Client<R> {
     }
 
     /// The engine's request for `command`: `options.criteria`, or a writable server for writes
-    /// and the client's read preference otherwise (SS-2).
-    pub(crate) fn request(
-        &self,
-        db: impl Into<String>,
-        command: Document,
-        kind: OperationKind,
-        options: CommandOptions,
-    ) -> Result<OperationRequest, OperationError> {
-        Ok(self.operation(db, command, kind, options))
-    }
-
-    /// [`Client::request`], which never fails, without its `Result` (issue 9: one copy of the
-    /// request less).
-    fn operation(
+    /// and the client's read preference otherwise (SS-2). Never fails: building a request checks
+    /// nothing (review23 R9).
+    pub(crate) fn operation(
         &self,
         db: impl Into<String>,
         command: Document,

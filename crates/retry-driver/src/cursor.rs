@@ -234,9 +234,8 @@ impl<R> Drop for Cursor<R> {
     fn drop(&mut self) {
         if let Some((command, options)) = self.kill_command() {
             let kind = OperationKind::RunCommand;
-            if let Ok(operation) = self.client.request(&self.db, command, kind, options) {
-                let _ = self.client.submit(operation);
-            }
+            let operation = self.client.operation(&self.db, command, kind, options);
+            let _ = self.client.submit(operation);
         }
     }
 }

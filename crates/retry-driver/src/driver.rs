@@ -1420,6 +1420,12 @@ impl Waiter {
         self.local.run(cx);
     }
 
+    /// Runs the driver as [`Waiter::drive`] does, without registering `cx`'s task: for a future
+    /// whose result is in, which returns it now and waits no more.
+    pub(crate) fn run(&self, cx: &Context<'_>) {
+        self.local.run(cx);
+    }
+
     /// Stops waiting (the future is done); if the driver has something to do, another waiting
     /// future runs it (this one may have been the one woken for it).
     pub(crate) fn leave(&self) {

@@ -139,6 +139,9 @@ pub(crate) struct Slot {
     state: Mutex<SlotState>,
     /// Its caller is running the driver ([`Slot::driving`]) and polls the slot right after.
     driving: AtomicBool,
+    /// A result was stored (set under the lock, after it): a hint for the caller, which takes
+    /// the result under the lock ([`Slot::is_completed`]).
+    completed: AtomicBool,
 }
 
 impl Slot {
@@ -155,29 +158,28 @@ impl Slot {
                 drop(result);
                 return;
             }
-            // Not started (the client closed first): nobody will start it. Taken only then (a
-            // take copies the 232 bytes even of a `None`).
-            let request = if state.request.is_some() {
-                state.request.take()
-            } else {
-                None
-            };
+            // Not started (the client closed first): nobody will start it. Dropped in place
+            // (issue 9: a take, or a move into `drop`, copies the 232 bytes even of a `None`).
+            state.request = None;
             if state.result.is_pending() {
                 state.result = Poll::Ready(result);
+                self.completed.store(true, Ordering::Release);
             }
             if self.driving.load(Ordering::Acquire) {
-                drop(state);
-                drop(request);
                 return;
             }
-            let waker = state.waker.take();
-            drop(state);
-            drop(request);
-            waker
+            state.waker.take()
         };
         if let Some(waker) = waker {
             waker.wake();
         }
+    }
+
+    /// Whether a result was stored: its caller's next poll takes it, so it need not register
+    /// to be woken again (issue 9: a [`crate::driver::Waiter`] does not re-register a task
+    /// that is about to leave).
+    pub(crate) fn is_completed(&self) -> bool {
+        self.completed.load(Ordering::Acquire)
     }
 
     /// Runs `drive` (the caller running the driver, which may complete this slot) without the
@@ -370,6 +372,7 @@ impl SharedState {
                 state.op = None;
                 state.abandoned = false;
                 *slot.driving.get_mut() = false;
+                *slot.completed.get_mut() = false;
                 return spent;
             }
             self.spent_slots.push_back(spent);
@@ -439,7 +442,9 @@ mod tests {
         let mut cx = Context::from_waker(&waker);
         let slot = Slot::default();
         assert!(slot.poll(&mut cx).is_pending());
+        assert!(!slot.is_completed());
         slot.driving(|| slot.complete(Err(OperationError::cancelled())));
+        assert!(slot.is_completed(), "its caller need not register again");
         assert_eq!(task.0.load(Ordering::Relaxed), 0, "no wake of itself");
         assert!(slot.poll(&mut cx).is_ready(), "its poll takes the result");
 
@@ -470,6 +475,7 @@ mod tests {
         let address = Arc::as_ptr(&state.spent_slots[0]);
         let reused = state.slot(ping());
         assert_eq!(Arc::as_ptr(&reused), address, "reused");
+        assert!(!reused.is_completed(), "no result yet");
         let state = lock(&reused.state);
         assert!(state.result.is_pending() && state.op.is_none() && !state.abandoned);
         assert!(state.request.is_some(), "holds its request");
@@ -507,5 +513,21 @@ mod tests {
         slot.complete(result);
         assert_eq!(Arc::strong_count(&reply), 1, "dropped by the completion");
         assert!(lock(&slot.state).result.is_pending());
+    }
+
+    /// review23 R1 (house rule 8): a caller that gives up before the driver starts its
+    /// operation (a `ReplyFuture` dropped before its first poll: `run_request` queues at the
+    /// call) leaves nothing to cancel, and the driver never starts it; its request is dropped.
+    #[test]
+    fn a_slot_given_up_before_its_start_is_never_started() {
+        let slot = Slot::default();
+        lock(&slot.state).request = Some(ping());
+        assert_eq!(slot.abandon(), None, "not started: nothing to cancel");
+        let started = slot.start(|_| panic!("an abandoned operation was started"));
+        assert_eq!(started, None);
+        assert!(
+            lock(&slot.state).request.is_none(),
+            "its request is dropped"
+        );
     }
 }

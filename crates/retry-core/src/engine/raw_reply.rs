@@ -55,6 +55,12 @@ impl<'a> ReplyFields<'a> {
                 ..ReplyFields::default()
             };
         }
+        ReplyFields::read_noted(body, top)
+    }
+
+    /// [`ReplyFields::noted`] of a reply with more than its status noted.
+    #[inline(never)]
+    fn read_noted(body: &'a RawDocument, top: &TopFields) -> ReplyFields<'a> {
         ReplyFields {
             ok: top.ok,
             write_concern_error: top.write_concern_error,
@@ -68,6 +74,7 @@ impl<'a> ReplyFields<'a> {
     /// The error this reply reports: none for a plain success (`ok: 1`, no `writeConcernError`),
     /// else [`OperationError::from_reply`] on the converted reply, so every error, malformed
     /// replies included, is read by the one set of rules.
+    #[inline]
     pub(super) fn error(
         &self,
         reply: &RawDocument,
@@ -76,8 +83,15 @@ impl<'a> ReplyFields<'a> {
         if self.ok && !self.write_concern_error {
             return None;
         }
-        OperationError::from_reply(&to_document(reply), address)
+        reply_error(reply, address)
     }
+}
+
+/// [`OperationError::from_reply`] on the converted `reply`: out of line, a plain success never
+/// gets here.
+#[inline(never)]
+fn reply_error(reply: &RawDocument, address: &ServerAddress) -> Option<OperationError> {
+    OperationError::from_reply(&to_document(reply), address)
 }
 
 /// The document a decoded reply (or one of its embedded documents) holds. The decoder validated
