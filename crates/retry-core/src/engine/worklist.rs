@@ -135,9 +135,9 @@ impl Engine {
             Machine::Topology => self.drain_topology(now),
             Machine::Monitor(server) => self.drain_monitor(server, now),
             Machine::Pool(server) => self.drain_pool(server, now),
+            // The last two register their own deadlines (issue 9: with the socket or the
+            // operation at hand).
             Machine::Socket(conn) => self.drain_socket(conn, now),
-            // These two register their own deadlines (issue 9: with the socket or operation at
-            // hand).
             Machine::Operation(op) => self.drain_operation(op, now),
         }
         self.refresh_timer(machine);
