@@ -1204,12 +1204,20 @@ impl Engine {
     }
 
     /// The id of the server at `address` while it is in the topology, made on first use.
+    /// Inlined (issue 9): an attempt's server is nearly always the one before; the rest is not.
+    #[inline(always)]
     fn server_id(&mut self, address: &ServerAddress) -> ServerId {
         if let Some((last, id)) = &self.last_server {
             if last == address {
                 return *id;
             }
         }
+        self.look_up_server(address)
+    }
+
+    /// [`Engine::server_id`] past its last server.
+    #[inline(never)]
+    fn look_up_server(&mut self, address: &ServerAddress) -> ServerId {
         if let Some(id) = self.server_ids.get(address).copied() {
             self.last_server = Some((address.clone(), id));
             return id;

@@ -25,9 +25,12 @@ impl Slots {
     }
 
     /// Makes these slots `Slots::new(first)`, keeping the storage of the others.
+    #[inline(always)]
     pub(super) fn reset(&mut self, first: Slot) {
         self.first = first;
-        self.rest.clear();
+        if !self.rest.is_empty() {
+            self.rest.clear();
+        }
     }
 
     /// How many there are (at least one).
