@@ -420,12 +420,13 @@ impl Engine {
                     under_timeout_ms: spare_under_timeout_ms,
                 } = spare_wire;
                 let emptied = core::mem::replace(spare_body, body);
-                debug_assert!(spare_sequences.is_empty());
                 spare_sequences.clear();
                 *spare_unacknowledged = false;
                 *spare_exhaust_allowed = false;
                 *spare_deadline = None;
                 *spare_under_timeout_ms = false;
+                // review23 R7: the refill is `Request::new`'s, whatever its defaults become.
+                debug_assert_eq!(*spare_wire, Request::new(spare_wire.body.clone()));
                 if self.spare_documents.len() < SPARE_OPS {
                     self.spare_documents.push(emptied);
                 }
