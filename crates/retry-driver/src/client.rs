@@ -136,6 +136,8 @@ struct ReplyFuture<'a> {
     reply: Option<Arc<Slot>>,
     /// The only operation in flight when queued.
     alone: bool,
+    /// Its first poll is still to come (where it marks the local driver or starts a lone
+    /// operation).
     first: bool,
     /// It returned the result.
     done: bool,

@@ -39,6 +39,7 @@ impl Slots {
         1 + self.rest.len()
     }
 
+    /// Slot `index`, if there is one.
     #[inline(always)]
     pub(super) fn get(&self, index: usize) -> Option<&Slot> {
         match index {
@@ -47,6 +48,7 @@ impl Slots {
         }
     }
 
+    /// Slot `index`, if there is one, to change.
     #[inline(always)]
     pub(super) fn get_mut(&mut self, index: usize) -> Option<&mut Slot> {
         match index {
@@ -69,7 +71,7 @@ impl Slots {
     /// Every slot, in order.
     #[inline(always)]
     pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut Slot> + '_ {
-        core::iter::once(&mut self.first).chain(self.rest.iter_mut())
+        self.into_iter()
     }
 }
 
