@@ -15,6 +15,7 @@ use bson::error::Error;
 use bson::raw::{RawArray, RawBsonRef};
 use bson::{Bson, Document, RawDocument, RawDocumentBuf, Timestamp};
 use core::fmt;
+use core::ops::Range;
 
 /// The deepest nesting read: a document or array more than this many levels deep (the top-level
 /// document is level 1) is refused, as a server refuses it (`maxBSONDepth`, 200 by default).
@@ -95,14 +96,30 @@ pub(crate) fn owned_document_in(
     if len > KEPT_BUFFER {
         return document_in(&raw, top, empty);
     }
-    let mut copy = [0; KEPT_BUFFER];
-    let copy = &mut copy[..len];
-    copy.copy_from_slice(raw.as_bytes());
-    let mut buffer = Some(raw.into_bytes()).filter(|buffer| buffer.capacity() <= KEPT_BUFFER);
     let empty = empty.filter(|empty| empty.is_empty());
     let mut document = top
         .filter(Document::is_empty)
         .unwrap_or_else(|| new_document(empty));
+    // Issue 9: one element with an ASCII key (`{ok: 1}`, say): its value is built from the
+    // buffer, whose key bytes then move to its front, without a copy of the whole document.
+    if let Some((key, value)) = lone_element(raw.as_bytes(), empty) {
+        let mut buffer = raw.into_bytes();
+        if buffer.capacity() > KEPT_BUFFER {
+            buffer = buffer[key.clone()].to_vec();
+        } else {
+            buffer.copy_within(key.clone(), 0);
+            buffer.truncate(key.len());
+        }
+        // ASCII, checked: never lossy.
+        let key = String::from_utf8(buffer)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+        document.insert(key, value);
+        return Ok(document);
+    }
+    let mut copy = [0; KEPT_BUFFER];
+    let copy = &mut copy[..len];
+    copy.copy_from_slice(raw.as_bytes());
+    let mut buffer = Some(raw.into_bytes()).filter(|buffer| buffer.capacity() <= KEPT_BUFFER);
     let built = plain_elements(copy, 0, empty, cstring_key, |key, value| {
         match buffer.take() {
             Some(mut buffer) => {
@@ -119,6 +136,35 @@ pub(crate) fn owned_document_in(
     }
     // Not a plain document: the crate's conversion of the same bytes, and its error.
     document_at(RawDocument::from_bytes(copy)?, 1)
+}
+
+/// The one element of the document `bytes` when it has exactly one, with an ASCII key, that
+/// [`plain_elements`] builds: where its key is in `bytes`, and its value (embedded documents
+/// clones of `empty`). `None` for anything else, left to [`plain_elements`].
+#[inline]
+fn lone_element(bytes: &[u8], empty: Option<&Document>) -> Option<(Range<usize>, Bson)> {
+    let end = framed(bytes, 0).filter(|&end| end > 4)?;
+    let (tag, key_len, value, size) = element_at(bytes, 4, end, ascii_key)?;
+    if value + size != end {
+        return None;
+    }
+    let value = checked_value(tag, &bytes[value..end], 0, empty)?;
+    Some((5..5 + key_len, value))
+}
+
+/// An ASCII key (a C string) at the start of `bytes`: its length, twice (as a key and as its
+/// length, for [`element_at`]); `None` without a terminator or with a non-ASCII byte.
+#[inline]
+fn ascii_key(bytes: &[u8]) -> Option<(usize, usize)> {
+    for (len, &b) in bytes.iter().enumerate() {
+        if b == 0 {
+            return Some((len, len));
+        }
+        if !b.is_ascii() {
+            return None;
+        }
+    }
+    None
 }
 
 /// A document's key (a C string) at the start of `bytes`, left as bytes (whoever makes it a
@@ -164,20 +210,10 @@ fn plain_elements<'a, K>(
     key: impl Fn(&'a [u8]) -> Option<(K, usize)>,
     mut each: impl FnMut(K, Bson) -> Option<()>,
 ) -> Option<()> {
-    if depth > WELL_FORMED_DEPTH || bytes.len() < 5 || read_len(bytes, 0) != Some(bytes.len()) {
-        return None;
-    }
-    let end = bytes.len() - 1;
-    if bytes[end] != 0 {
-        return None;
-    }
+    let end = framed(bytes, depth)?;
     let mut at = 4;
     while at < end {
-        let tag = bytes[at];
-        let (name, key_len) = key(&bytes[at + 1..end])?;
-        let value = at + 1 + key_len + 1;
-        let size = value_size(tag, &bytes[value..end])
-            .filter(|&size| value.checked_add(size).is_some_and(|e| e <= end))?;
+        let (tag, name, value, size) = element_at(bytes, at, end, &key)?;
         each(
             name,
             checked_value(tag, &bytes[value..value + size], depth, empty)?,
@@ -185,6 +221,37 @@ fn plain_elements<'a, K>(
         at = value + size;
     }
     (at == end).then_some(())
+}
+
+/// Where the terminator of the document `bytes` at `depth` is, when [`well_formed`] would read
+/// its elements: not deeper than [`WELL_FORMED_DEPTH`], its length prefix its length, its last
+/// byte 0.
+#[inline(always)]
+fn framed(bytes: &[u8], depth: usize) -> Option<usize> {
+    if depth > WELL_FORMED_DEPTH || bytes.len() < 5 || read_len(bytes, 0) != Some(bytes.len()) {
+        return None;
+    }
+    let end = bytes.len() - 1;
+    (bytes[end] == 0).then_some(end)
+}
+
+/// The element at `at` (before `end`, its document's terminator) of `bytes`, sized as
+/// [`well_formed`] sizes it: its type tag, its key as `key` reads it (from the bytes after the
+/// tag: the key and its length without the terminator), where its value starts and its size;
+/// `None` if `key` refuses the key or the value cannot be sized or ends past `end`.
+#[inline(always)]
+fn element_at<'a, K>(
+    bytes: &'a [u8],
+    at: usize,
+    end: usize,
+    key: impl Fn(&'a [u8]) -> Option<(K, usize)>,
+) -> Option<(u8, K, usize, usize)> {
+    let tag = bytes[at];
+    let (name, key_len) = key(&bytes[at + 1..end])?;
+    let value = at + 1 + key_len + 1;
+    let size = value_size(tag, &bytes[value..end])
+        .filter(|&size| value.checked_add(size).is_some_and(|e| e <= end))?;
+    Some((tag, name, value, size))
 }
 
 /// The key (a C string) that starts `bytes`, as a `str`, and its length: `None` if it has no
@@ -1005,11 +1072,16 @@ mod tests {
         #[test]
         fn an_owned_document_converts_as_a_borrowed_one(
             flips in proptest::collection::vec((0_usize..64, any::<u8>()), 0..4),
-            large in any::<bool>(),
+            shape in 0_usize..5,
         ) {
-            let doc = match large {
-                false => doc! { "ok": 1.0, "é": "x", "n": [1, { "a": true }] },
-                true => doc! { "ok": 1.0, "s": "a string long enough to pass sixty-four bytes" },
+            // Of every shape: several elements, more than 64 bytes, and one element (the usual
+            // reply, converted without a copy of the document: issue 9) of several types.
+            let doc = match shape {
+                0 => doc! { "ok": 1.0, "é": "x", "n": [1, { "a": true }] },
+                1 => doc! { "ok": 1.0, "s": "a string long enough to pass sixty-four bytes" },
+                2 => doc! { "ok": 1.0 },
+                3 => doc! { "ok": true },
+                _ => doc! { "cursor": { "id": 0_i64, "ns": "é", "b": [1] } },
             };
             let mut bytes = doc.to_vec().unwrap();
             let inner = bytes.len() - 5;
@@ -1034,6 +1106,8 @@ mod tests {
         for doc in [
             doc! {},
             doc! { "ok": 1 },
+            doc! { "é": 1 },
+            doc! { "bin": bson::Binary { subtype: bson::spec::BinarySubtype::UserDefined(0x80), bytes: vec![1] } },
             doc! { "clé": 1, "ok": 1.0 },
             doc! { "d": Decimal128::from_bytes([1; 16]), "ok": 1 },
         ] {
