@@ -419,25 +419,12 @@ fn well_formed_with<'a>(
     depth: usize,
     mut each: impl FnMut(&'a [u8], u8, &'a [u8]),
 ) -> bool {
-    if depth > WELL_FORMED_DEPTH || bytes.len() < 5 || read_len(bytes, 0) != Some(bytes.len()) {
+    let Some(end) = framed(bytes, depth) else {
         return false;
-    }
-    let end = bytes.len() - 1;
-    if bytes[end] != 0 {
-        return false;
-    }
+    };
     let mut at = 4;
     while at < end {
-        let tag = bytes[at];
-        let Some(key_len) = utf8_cstring_len(&bytes[at + 1..end]) else {
-            return false;
-        };
-        let value = at + 1 + key_len + 1;
-        let Some(size) = value_size(tag, &bytes[value..end]).filter(|&size| {
-            value
-                .checked_add(size)
-                .is_some_and(|value_end| value_end <= end)
-        }) else {
+        let Some((tag, key, value, size)) = element_at(bytes, at, end, utf8_cstring) else {
             return false;
         };
         let content = &bytes[value..value + size];
@@ -457,10 +444,18 @@ fn well_formed_with<'a>(
         if !accepted {
             return false;
         }
-        each(&bytes[at + 1..at + 1 + key_len], tag, content);
+        each(key, tag, content);
         at = value + size;
     }
     at == end
+}
+
+/// A key (a C string) that starts `bytes`, checked as UTF-8 ([`utf8_cstring_len`]), left as
+/// bytes, and its length.
+#[inline(always)]
+fn utf8_cstring(bytes: &[u8]) -> Option<(&[u8], usize)> {
+    let len = utf8_cstring_len(bytes)?;
+    Some((&bytes[..len], len))
 }
 
 /// The length of the C string (a key) that starts `bytes`, without its terminator: `None` if it
@@ -490,17 +485,29 @@ fn read_len(bytes: &[u8], at: usize) -> Option<usize> {
 /// be read. It only sizes: what the value holds is the reader's to check. The one element sizer
 /// of the workspace: the decoder's validation, the engine's in-place reply reader and the test
 /// server's raw path walk elements with it, so they cannot size a type differently.
-#[inline]
+///
+/// The usual fixed sizes are decided inline, the rest out of line (issue 9: a reply's usual
+/// scalars are sized without a call).
+#[inline(always)]
 pub fn value_size(tag: u8, value: &[u8]) -> Option<usize> {
+    match tag {
+        0x01 | 0x09 | 0x11 | 0x12 => Some(8),
+        0x10 => Some(4),
+        0x08 => Some(1),
+        0x0A => Some(0),
+        _ => variable_value_size(tag, value),
+    }
+}
+
+/// [`value_size`] of the types it does not size inline.
+#[inline(never)]
+fn variable_value_size(tag: u8, value: &[u8]) -> Option<usize> {
     let cstring = |at: usize| value.get(at..)?.iter().position(|&b| b == 0);
     let len = || read_len(value, 0);
     Some(match tag {
-        0x01 | 0x09 | 0x11 | 0x12 => 8,
-        0x10 => 4,
         0x07 => 12,
         0x13 => 16,
-        0x06 | 0x0A | 0x7F | 0xFF => 0,
-        0x08 => 1,
+        0x06 | 0x7F | 0xFF => 0,
         0x02 | 0x0D | 0x0E => len()?.checked_add(4)?,
         0x03 | 0x04 | 0x0F => len()?,
         0x05 => len()?.checked_add(5)?,
