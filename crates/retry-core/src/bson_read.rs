@@ -378,6 +378,15 @@ fn well_formed(bytes: &[u8], depth: usize) -> bool {
     well_formed_with(bytes, depth, |_, _, _| {})
 }
 
+/// Whether [`well_formed`] accepts the document `bytes` (which [`validate`] then accepts too),
+/// handing each top-level element to `each` as [`validate_with`] does; `false` says nothing of
+/// an unusual document, which [`validate_with`] decides (issue 9: the decoder's one pass over a
+/// usual reply).
+#[inline]
+pub(crate) fn plain_with<'a>(bytes: &'a [u8], each: impl FnMut(&'a [u8], u8, &'a [u8])) -> bool {
+    well_formed_with(bytes, 0, each)
+}
+
 /// [`validate`], handing each top-level element of a document it accepts to `each` (its key,
 /// type tag and value bytes, as [`Elements`] gives them) in the same pass (issue 9: the engine
 /// reads an encoded command's fields as it checks it).
