@@ -87,19 +87,44 @@ const KEPT_BUFFER: usize = 64;
 /// buffer is small (at most [`KEPT_BUFFER`] bytes of capacity: a usual reply such as
 /// `{ok: 1}`), the buffer becomes the document's first key, which then needs no allocation of
 /// its own, and is not freed (issue 9: one allocation and one free fewer per small reply).
+#[cfg(test)]
 pub(crate) fn owned_document_in(
     raw: RawDocumentBuf,
     top: Option<Document>,
     empty: Option<&Document>,
 ) -> Result<Document, ReadError> {
-    let len = raw.as_bytes().len();
-    if len > KEPT_BUFFER {
-        return document_in(&raw, top, empty);
+    let mut document = top_document(top, empty);
+    owned_document_into(raw, &mut document, empty)?;
+    Ok(document)
+}
+
+/// The document [`document_in`] builds the top level into: `top` if empty, else a clone of
+/// `empty` if empty, else a new one.
+#[inline]
+pub(crate) fn top_document(top: Option<Document>, empty: Option<&Document>) -> Document {
+    match top {
+        Some(top) if top.is_empty() => top,
+        _ => new_document(empty.filter(|empty| empty.is_empty())),
     }
+}
+
+/// [`owned_document_in`] into `document`, a [`top_document`] (issue 9: the document is filled
+/// where the caller holds it, not moved through the result). On an error `document` is left as
+/// it is, or holds what was read before it.
+pub(crate) fn owned_document_into(
+    raw: RawDocumentBuf,
+    document: &mut Document,
+    empty: Option<&Document>,
+) -> Result<(), ReadError> {
+    let len = raw.as_bytes().len();
     let empty = empty.filter(|empty| empty.is_empty());
-    let mut document = top
-        .filter(Document::is_empty)
-        .unwrap_or_else(|| new_document(empty));
+    if len > KEPT_BUFFER {
+        // As [`document_in`].
+        if plain_document(raw.as_bytes(), 0, document, empty).is_none() {
+            *document = document_at(&raw, 1)?;
+        }
+        return Ok(());
+    }
     // Issue 9: one element with an ASCII key (`{ok: 1}`, say): its value is built from the
     // buffer, whose key bytes then move to its front, without a copy of the whole document.
     if let Some((key, value)) = lone_element(raw.as_bytes(), empty) {
@@ -114,7 +139,7 @@ pub(crate) fn owned_document_in(
         let key = String::from_utf8(buffer)
             .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
         document.insert(key, value);
-        return Ok(document);
+        return Ok(());
     }
     let mut copy = [0; KEPT_BUFFER];
     let copy = &mut copy[..len];
@@ -132,10 +157,11 @@ pub(crate) fn owned_document_in(
         Some(())
     });
     if built.is_some() {
-        return Ok(document);
+        return Ok(());
     }
     // Not a plain document: the crate's conversion of the same bytes, and its error.
-    document_at(RawDocument::from_bytes(copy)?, 1)
+    *document = document_at(RawDocument::from_bytes(copy)?, 1)?;
+    Ok(())
 }
 
 /// The one element of the document `bytes` when it has exactly one, with an ASCII key, that

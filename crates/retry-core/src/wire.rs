@@ -966,8 +966,11 @@ pub fn into_document_in(
     document: Option<Document>,
     empty: &Document,
 ) -> Result<Document, DecodeError> {
-    bson_read::owned_document_in(raw, document, Some(empty))
-        .map_err(|e| DecodeError::Bson(alloc::format!("{e}")))
+    let mut document = bson_read::top_document(document, Some(empty));
+    match bson_read::owned_document_into(raw, &mut document, Some(empty)) {
+        Ok(()) => Ok(document),
+        Err(e) => Err(DecodeError::Bson(alloc::format!("{e}"))),
+    }
 }
 
 /// An empty document, the `empty` of [`to_document_in`]: its clones share its hasher. It holds
