@@ -376,16 +376,23 @@ pub(crate) fn name_for_wire(reply: &mut Document, max_wire_version: i32) {
 /// uses it.
 pub const TESTKIT_UNSUPPORTED: i32 = 9_999_999;
 
-/// The `codeName` of the server error codes tests use (an error reply names any other code
-/// `Location<code>`).
+/// The `codeName` the server's `src/mongo/base/error_codes.yml` gives each code the test server
+/// sends (review24 R1, house rule 7: today's names, the file on the server's master branch), plus
+/// the `uassert` locations and [`TESTKIT_UNSUPPORTED`] listed below; an error reply names any
+/// other code `Location<code>`.
 pub fn code_name(code: i32) -> Option<&'static str> {
     Some(match code {
+        1 => "InternalError",
         2 => "BadValue",
+        4 => "NoSuchKey",
         6 => "HostUnreachable",
         7 => "HostNotFound",
         9 => "FailedToParse",
         13 => "Unauthorized",
         14 => "TypeMismatch",
+        15 => "Overflow",
+        17 => "ProtocolError",
+        18 => "AuthenticationFailed",
         20 => "IllegalOperation",
         24 => "LockTimeout",
         26 => "NamespaceNotFound",
@@ -395,36 +402,45 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         50 => "MaxTimeMSExpired",
         51 => "ManualInterventionRequired",
         59 => "CommandNotFound",
-        64 => "WriteConcernFailed",
+        // Servers before the rename (4.4 / 5.0-era files) call 64 `WriteConcernFailed`.
+        64 => "WriteConcernTimeout",
         66 => "ImmutableField",
         72 => "InvalidOptions",
         73 => "InvalidNamespace",
         86 => "IndexKeySpecsConflict",
-        100 => "UnsatisfiableWriteConcern",
-        197 => "InvalidIndexSpecificationOption",
-        251 => "NoSuchTransaction",
-        256 => "TransactionCommitted",
         89 => "NetworkTimeout",
         91 => "ShutdownInProgress",
+        100 => "UnsatisfiableWriteConcern",
         112 => "WriteConflict",
         134 => "ReadConcernMajorityNotAvailableYet",
+        183 => "ClientMetadataMissingField",
+        184 => "ClientMetadataAppNameTooLarge",
+        185 => "ClientMetadataDocumentTooLarge",
+        186 => "ClientMetadataCannotBeMutated",
         189 => "PrimarySteppedDown",
+        197 => "InvalidIndexSpecificationOption",
+        207 => "InvalidUUID",
         225 => "TransactionTooOld",
+        251 => "NoSuchTransaction",
+        256 => "TransactionCommitted",
         262 => "ExceededTimeLimit",
         263 => "OperationNotSupportedInTransaction",
         322 => "APIVersionError",
         323 => "APIStrictError",
         347 => "APIMismatchError",
-        498_870 => "Location498870",
+        391 => "ReauthenticationRequired",
         462 => "IngressRequestRateLimitExceeded",
         9001 => "SocketException",
-        11000 => "DuplicateKey",
-        11601 => "Interrupted",
         10107 => "NotWritablePrimary",
+        10334 => "BSONObjectTooLarge",
+        11000 => "DuplicateKey",
         11600 => "InterruptedAtShutdown",
+        11601 => "Interrupted",
         11602 => "InterruptedDueToReplStateChange",
         13435 => "NotPrimaryNoSecondaryOk",
         13436 => "NotPrimaryOrSecondary",
+        50768 => "NotARetryableWriteCommand",
+        498_870 => "Location498870",
         40571 => "Location40571",
         // Review22 (house rule 7): the aggregate stage refusals, `uassert` locations the
         // server's `error_codes.yml` does not name, so `Location<code>`, as every such reply.
@@ -604,6 +620,39 @@ mod tests {
         );
         let no_error = FailCommand::new(FailPointMode::AlwaysOn, ["insert"]);
         assert_eq!(no_error.error_reply("insert", &retryable_write), None);
+    }
+
+    /// Review24 R1 (house rule 7): a code the server's `error_codes.yml` names gets that name,
+    /// not `Location<code>`, on the literal refusals (4, 15, 17, 18, 183-186, 207, 10334, 50768)
+    /// and on a fail point's error (1, 18 and 391, as the spec tests configure them).
+    #[test]
+    fn review24_r1_error_reply_names_what_the_server_names() {
+        for (code, name) in [
+            (1, "InternalError"),
+            (4, "NoSuchKey"),
+            (15, "Overflow"),
+            (17, "ProtocolError"),
+            (18, "AuthenticationFailed"),
+            (183, "ClientMetadataMissingField"),
+            (184, "ClientMetadataAppNameTooLarge"),
+            (185, "ClientMetadataDocumentTooLarge"),
+            (186, "ClientMetadataCannotBeMutated"),
+            (207, "InvalidUUID"),
+            (391, "ReauthenticationRequired"),
+            (10334, "BSONObjectTooLarge"),
+            (50768, "NotARetryableWriteCommand"),
+        ] {
+            assert_eq!(error_reply(code, "").get_str("codeName").ok(), Some(name));
+        }
+        for (code, name) in [
+            (1, "InternalError"),
+            (18, "AuthenticationFailed"),
+            (391, "ReauthenticationRequired"),
+        ] {
+            let fail = FailCommand::new(FailPointMode::AlwaysOn, ["find"]).with_error_code(code);
+            let reply = fail.error_reply("find", &doc! { "find": "c" }).unwrap();
+            assert_eq!(reply.get_str("codeName").ok(), Some(name), "{reply}");
+        }
     }
 
     /// The literal codes the crate's sources pass to `error_reply`, read from the sources so that
