@@ -352,19 +352,25 @@ impl Driver {
                 }
                 match stream
                     .as_mut()
-                    .poll_read(&mut socket_cx, &mut self.read_buffer)
+                    .poll_read_armed(&mut socket_cx, &mut self.read_buffer)
                 {
                     Poll::Pending => {
                         read_all = true;
                         socket.read_armed = true;
                         break;
                     }
-                    Poll::Ready(Ok(0)) => failure = Some(closed_by_peer()),
-                    Poll::Ready(Ok(n)) => {
+                    Poll::Ready(Ok((0, _))) => failure = Some(closed_by_peer()),
+                    Poll::Ready(Ok((n, armed))) => {
                         progressed = true;
                         fed = true;
                         // Bytes after a frame the engine rejected are ignored by it.
                         self.engine.handle_bytes(conn, &self.read_buffer[..n], now);
+                        if armed {
+                            // Drained, and the waker registered (issue 9): no read to `Pending`.
+                            read_all = true;
+                            socket.read_armed = true;
+                            break;
+                        }
                     }
                     Poll::Ready(Err(error)) => failure = Some(classify_io_error(&error, false)),
                 }
@@ -2589,5 +2595,92 @@ mod tests {
         );
         driver.wake_by_ref();
         assert_eq!(woken(&waiting), 6, "then twice as many (four more)");
+    }
+
+    /// A socket with a byte to read after each wake, whose reads say it is armed
+    /// ([`Socket::poll_read_armed`]): each read registers the waker it is polled with (kept in
+    /// `waker`) and logs itself.
+    struct ArmedSocket {
+        conn: ConnId,
+        log: SocketLog,
+        waker: Arc<Mutex<Option<Waker>>>,
+    }
+
+    impl Socket for ArmedSocket {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &mut [u8],
+        ) -> Poll<io::Result<usize>> {
+            unreachable!("the driver reads through poll_read_armed")
+        }
+
+        fn poll_read_armed(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut [u8],
+        ) -> Poll<io::Result<(usize, bool)>> {
+            lock(&self.log).push((false, self.conn));
+            *lock(&self.waker) = Some(cx.waker().clone());
+            buf[0] = 0;
+            Poll::Ready(Ok((1, true)))
+        }
+
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            lock(&self.log).push((true, self.conn));
+            Poll::Ready(Ok(buf.len()))
+        }
+    }
+
+    /// Issue 9, house rule 8: a read that leaves the socket's waker registered
+    /// ([`Socket::poll_read_armed`]) is not followed by another read in the same round, nor in
+    /// a round that polls the socket only to write to it; the waker's wake (bytes arrived) makes
+    /// the next round read it again.
+    #[test]
+    fn an_armed_read_is_read_again_only_after_its_wake() {
+        let (mut driver, _shared) = test_driver(Arc::new(NoIo));
+        let task = tasks(1);
+        let waker = Waker::from(task[0].clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut driver).poll(&mut cx).is_pending());
+        let (conn, log) = (ConnId(3_000), SocketLog::default());
+        let registered = Arc::new(Mutex::new(None));
+        let ready = Arc::new(SocketWaker {
+            conn,
+            queued: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
+            sockets: driver.ready.clone(),
+        });
+        let socket = ArmedSocket {
+            conn,
+            log: log.clone(),
+            waker: registered.clone(),
+        };
+        driver.sockets.insert(
+            conn,
+            SocketState::new(Link::Open(Box::pin(socket)), ready.clone()),
+        );
+        ready.enqueue();
+        driver.poll_sockets(&mut cx, Instant::ZERO);
+        assert_eq!(
+            *lock(&log),
+            [(false, conn)],
+            "one read: it said it is armed"
+        );
+        // Given bytes, not woken: written, not read.
+        driver.transmit.extend_from_slice(b"request");
+        driver.queue_transmit(conn);
+        driver.poll_sockets(&mut cx, Instant::ZERO);
+        assert_eq!(*lock(&log), [(false, conn), (true, conn)]);
+        // Bytes arrive: the registered waker's wake makes the next round read.
+        let socket_waker = lock(&registered).take().expect("registered by the read");
+        socket_waker.wake();
+        assert!(!driver.ready.is_empty(), "queued by the wake");
+        driver.poll_sockets(&mut cx, Instant::ZERO);
+        assert_eq!(*lock(&log), [(false, conn), (true, conn), (false, conn)]);
     }
 }
