@@ -212,6 +212,31 @@ impl Socket for Stream {
         }
     }
 
+    /// A read that drained the socket registers for its readiness at once (`poll_readable`,
+    /// which is what the read that would return `Pending` next does), so the driver need not
+    /// read again to register (issue 9). Readiness already there (bytes came meanwhile) is kept
+    /// for the next read, which then reads at once.
+    fn poll_read_armed(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<(usize, bool)>> {
+        let n = match self.as_mut().poll_read(cx, buf) {
+            Poll::Ready(Ok(n)) => n,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        };
+        let mut armed = false;
+        if n > 0 && self.drained {
+            match self.io.poll_readable(cx) {
+                Poll::Pending => armed = true,
+                Poll::Ready(Ok(())) => self.drained = false,
+                Poll::Ready(Err(_)) => {}
+            }
+        }
+        Poll::Ready(Ok((n, armed)))
+    }
+
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

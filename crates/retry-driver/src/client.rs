@@ -5,6 +5,7 @@ use core::future::{poll_fn, Future};
 use core::marker::PhantomData;
 use core::task::{Context, Poll, Waker};
 use std::io;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bson::{Document, RawDocumentBuf};
@@ -151,9 +152,18 @@ impl Future for ReplyFuture<'_> {
         let Some(reply) = &this.reply else {
             return Poll::Ready(Err(OperationError::cancelled()));
         };
+        let results = &this.inner.shared.results_to_take;
         if core::mem::take(&mut this.first) {
             if let Some(local) = &this.inner.local {
                 local.mark();
+                // Other callers have results to take, and may queue operations next: one pass
+                // starts them all (issue 9).
+                if let (Some(waiter), true) = (&this.waiter, results.load(Ordering::Acquire) > 0) {
+                    waiter.defer(cx);
+                    let result = reply.poll(cx, results);
+                    this.done = result.is_ready();
+                    return result;
+                }
             }
             if let (true, Some(spawned)) = (this.alone, &this.inner.spawned) {
                 // The only operation in flight: this caller starts it, unless the driver is busy.
@@ -173,7 +183,7 @@ impl Future for ReplyFuture<'_> {
                 reply.driving(|| waiter.drive(cx));
             }
         }
-        let result = reply.poll(cx);
+        let result = reply.poll(cx, results);
         this.done = result.is_ready();
         result
     }

@@ -131,6 +131,10 @@ pub(crate) struct Driver {
     /// Whether the engine publishes command events and the event families, as last set (set
     /// only when a subscriber comes or goes).
     listening: Option<bool>,
+    /// Results whose callers are woken for them are counted in
+    /// [`Shared::results_to_take`](crate::shared::Shared::results_to_take) (a
+    /// [`LocalDriver`]'s, for [`Waiter::defer`]).
+    count_results: bool,
 }
 
 impl Driver {
@@ -167,6 +171,7 @@ impl Driver {
             // The new engine's first monitor connections.
             unflushed: true,
             listening: None,
+            count_results: false,
         }
     }
 
@@ -347,19 +352,25 @@ impl Driver {
                 }
                 match stream
                     .as_mut()
-                    .poll_read(&mut socket_cx, &mut self.read_buffer)
+                    .poll_read_armed(&mut socket_cx, &mut self.read_buffer)
                 {
                     Poll::Pending => {
                         read_all = true;
                         socket.read_armed = true;
                         break;
                     }
-                    Poll::Ready(Ok(0)) => failure = Some(closed_by_peer()),
-                    Poll::Ready(Ok(n)) => {
+                    Poll::Ready(Ok((0, _))) => failure = Some(closed_by_peer()),
+                    Poll::Ready(Ok((n, armed))) => {
                         progressed = true;
                         fed = true;
                         // Bytes after a frame the engine rejected are ignored by it.
                         self.engine.handle_bytes(conn, &self.read_buffer[..n], now);
+                        if armed {
+                            // Drained, and the waker registered (issue 9): no read to `Pending`.
+                            read_all = true;
+                            socket.read_armed = true;
+                            break;
+                        }
                     }
                     Poll::Ready(Err(error)) => failure = Some(classify_io_error(&error, false)),
                 }
@@ -468,7 +479,8 @@ impl Driver {
                             // Issue 9: an emptied command document to build the reply into.
                             document: self.engine.take_document(),
                         });
-                        pending.slot.complete(result);
+                        let results = self.count_results.then_some(&self.shared.results_to_take);
+                        pending.slot.complete(result, results);
                         if let Some(name) = self.engine.take_db_name() {
                             if state.spare_names.len() < crate::shared::SPENT_SLOTS {
                                 state.spare_names.push(name);
@@ -563,12 +575,15 @@ impl Driver {
         self.unflushed = true;
         self.flush_engine(now);
         self.sockets = IdTable::default();
+        let results = self.count_results.then_some(&self.shared.results_to_take);
         for pending in core::mem::take(&mut self.pending).values() {
-            pending.slot.complete(Err(OperationError::cancelled()));
+            pending
+                .slot
+                .complete(Err(OperationError::cancelled()), results);
         }
         let mut state = lock(&self.shared.state);
         for slot in core::mem::take(&mut state.requests) {
-            slot.complete(Err(OperationError::cancelled()));
+            slot.complete(Err(OperationError::cancelled()), results);
         }
         state.sessions.refuse_starts();
         for subscriber in core::mem::take(&mut state.subscribers) {
@@ -971,6 +986,10 @@ struct DriverWaker {
     waiting: Mutex<Waiting>,
     /// Armed by a firing of the driver's timer that was the first wake after a round.
     watchdog: Mutex<Option<Watchdog>>,
+    /// A future woke its own task to run the pass that starts the operations queued meanwhile
+    /// ([`Waiter::defer`]): until it is polled again or dropped, the futures polled meanwhile
+    /// leave that pass to it (or to the first poll that finds no result left to take).
+    deferred: AtomicBool,
 }
 
 /// A runtime timer of a [`LocalDriver`]'s own (house rule 8): a firing of the driver's
@@ -1127,6 +1146,7 @@ impl DriverWaker {
             watched: AtomicU32::new(0),
             waiting: Mutex::new(Waiting::default()),
             watchdog: Mutex::new(None),
+            deferred: AtomicBool::new(false),
         });
         *lock(&waker.watchdog) = Some(Watchdog {
             timer: runtime.new_timer(Instant::MAX),
@@ -1274,8 +1294,13 @@ impl DriverWaker {
     /// leaving may have been woken for it. One woken by a wake that found no pass running reads
     /// `running` after that wake did (the wake took it out of the list under the list's lock
     /// first), so it reads no older `running` set.
+    ///
+    /// While a deferred pass is owed ([`Waiter::defer`]), its future runs it: nobody is woken.
     fn hand_off(&self) {
-        if self.dirty.load(Ordering::Acquire) && !self.running.load(Ordering::Acquire) {
+        if self.dirty.load(Ordering::Acquire)
+            && !self.running.load(Ordering::Acquire)
+            && !self.deferred.load(Ordering::Acquire)
+        {
             self.wake_one(false);
         }
     }
@@ -1321,6 +1346,7 @@ impl LocalDriver {
     pub(crate) fn new(mut driver: Driver) -> LocalDriver {
         let waker = DriverWaker::new(driver.runtime.clone());
         driver.timer_waker = Some(Waker::from(Arc::new(TimerWaker(waker.clone()))));
+        driver.count_results = true;
         LocalDriver {
             driver: Mutex::new(Some(driver)),
             driver_waker: Waker::from(waker.clone()),
@@ -1334,6 +1360,7 @@ impl LocalDriver {
         Waiter {
             local: self.clone(),
             slot: AtomicUsize::new(NO_SLOT),
+            deferring: AtomicBool::new(false),
         }
     }
 
@@ -1402,33 +1429,83 @@ pub(crate) struct Waiter {
     /// Its slot in [`Waiting`], or [`NO_SLOT`] before its first [`Waiter::drive`]. Read and
     /// written under the list's lock (atomic only so that a shared waiter may open it).
     slot: AtomicUsize,
+    /// It set the driver's `deferred` ([`Waiter::defer`]) and has not been polled since: the
+    /// pass is its to run.
+    deferring: AtomicBool,
 }
 
 impl Waiter {
     /// Registers `cx`'s task as waiting (in a slot opened now, the first time) and runs the
     /// driver if it has something to do and no one else runs it.
     pub(crate) fn drive(&self, cx: &Context<'_>) {
-        {
-            let mut waiting = lock(&self.local.waker.waiting);
-            let mut slot = self.slot.load(Ordering::Relaxed);
-            if slot == NO_SLOT {
-                slot = waiting.open();
-                self.slot.store(slot, Ordering::Relaxed);
-            }
-            waiting.register(slot, cx.waker());
+        self.resume();
+        self.register(cx);
+        self.local.run(cx);
+    }
+
+    /// Registers `cx`'s task as waiting, in a slot opened now the first time.
+    fn register(&self, cx: &Context<'_>) {
+        let mut waiting = lock(&self.local.waker.waiting);
+        let mut slot = self.slot.load(Ordering::Relaxed);
+        if slot == NO_SLOT {
+            slot = waiting.open();
+            self.slot.store(slot, Ordering::Relaxed);
+        }
+        waiting.register(slot, cx.waker());
+    }
+
+    /// Runs the driver as [`Waiter::drive`] does, without registering `cx`'s task: for a future
+    /// whose result is in, which returns it now and waits no more. While another future owes a
+    /// deferred pass ([`Waiter::defer`]), it leaves the driver to that one.
+    pub(crate) fn run(&self, cx: &Context<'_>) {
+        if !self.resume() && self.local.waker.deferred.load(Ordering::Acquire) {
+            return;
         }
         self.local.run(cx);
     }
 
-    /// Runs the driver as [`Waiter::drive`] does, without registering `cx`'s task: for a future
-    /// whose result is in, which returns it now and waits no more.
-    pub(crate) fn run(&self, cx: &Context<'_>) {
-        self.local.run(cx);
+    /// For the first poll of an operation queued while other callers have results to take
+    /// ([`Shared::results_to_take`](crate::shared::Shared::results_to_take), issue 9): those
+    /// callers are about to be polled and may queue operations of their own, and one pass of
+    /// the driver can start them all, where each first poll would run a pass of its own (about
+    /// 500 instructions besides the starts). The driver is marked ([`LocalDriver::mark`])
+    /// first. The first future to defer wakes its own task, to run the pass when polled again
+    /// (`deferred`); it is, for the wake protocol, a future a wake of the driver woke: out of
+    /// the waiting list, with `claimed` clear, so that further wakes escalate until a pass runs
+    /// (house rule 8, as for woken futures never polled). The futures polled meanwhile register
+    /// and leave the pass to it, as do callers taking their results ([`Waiter::run`]) and
+    /// leaving ([`DriverWaker::hand_off`]); a first poll that finds no result left to take runs
+    /// the pass itself ([`Waiter::drive`]), starting them all. Dropped before its next poll,
+    /// the deferring future hands the pass on ([`Waiter`]'s `Drop`).
+    pub(crate) fn defer(&self, cx: &Context<'_>) {
+        let waker = &self.local.waker;
+        if waker.deferred.swap(true, Ordering::AcqRel) {
+            self.register(cx);
+            return;
+        }
+        self.deferring.store(true, Ordering::Relaxed);
+        // As for the first wake after a round: the wakes after it escalate from two.
+        lock(&waker.waiting).escalation = 2;
+        waker.claimed.store(false, Ordering::Release);
+        cx.waker().wake_by_ref();
+    }
+
+    /// Polled again (or leaving) after deferring a pass ([`Waiter::defer`]): the pass is this
+    /// caller's to run or hand on now, and the next first poll may defer again. Returns whether
+    /// it had deferred.
+    fn resume(&self) -> bool {
+        if !self.deferring.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.deferring.store(false, Ordering::Relaxed);
+        self.local.waker.deferred.store(false, Ordering::Release);
+        true
     }
 
     /// Stops waiting (the future is done); if the driver has something to do, another waiting
     /// future runs it (this one may have been the one woken for it).
     pub(crate) fn leave(&self) {
+        self.resume();
         let waker = &self.local.waker;
         {
             let mut waiting = lock(&waker.waiting);
@@ -1444,6 +1521,7 @@ impl Waiter {
 impl Drop for Waiter {
     /// [`Waiter::leave`], and its slot freed, under one lock.
     fn drop(&mut self) {
+        self.resume();
         let waker = &self.local.waker;
         let slot = *self.slot.get_mut();
         if slot != NO_SLOT {
@@ -2400,5 +2478,209 @@ mod tests {
             "written first, then the ready socket read; the socket given bytes (not ready) not read"
         );
         assert!(driver.writes.is_empty() && !driver.sockets.get(&given).expect("open").listed);
+    }
+
+    /// A [`LocalDriver`] of [`test_driver`] (no socket ever connects), what it shares with its
+    /// client, and `n` operations queued in it, not started.
+    fn local_driver_with_queued(n: usize) -> (Arc<LocalDriver>, Arc<Shared>) {
+        let (driver, shared) = test_driver(Arc::new(NoIo));
+        let local = Arc::new(LocalDriver::new(driver));
+        {
+            let mut state = lock(&shared.state);
+            for _ in 0..n {
+                let request = retry_core::engine::OperationRequest::new(
+                    "admin",
+                    bson::doc! {"ping": 1},
+                    retry_core::retry::OperationKind::RunCommand,
+                    retry_core::selection::SelectionCriteria::Write,
+                );
+                let slot = state.slot(request);
+                state.requests.push_back(slot);
+            }
+        }
+        (local, shared)
+    }
+
+    /// Operations queued and not yet taken by a pass of the driver.
+    fn queued(shared: &Shared) -> usize {
+        lock(&shared.state).requests.len()
+    }
+
+    /// House rule 8, issue 9 (one pass starts the operations of several callers): the first
+    /// future that defers its operation's start wakes its own task, and its next poll runs the
+    /// pass that starts every operation queued meanwhile; the futures that defer after it only
+    /// register, and wake nobody. Without the task's own wake, no pass would come: nothing else
+    /// wakes anyone.
+    #[test]
+    fn house_rule_8_a_deferred_start_runs_when_its_future_is_polled_again() {
+        let (local, shared) = local_driver_with_queued(3);
+        let tasks = tasks(3);
+        let wakers: Vec<Waker> = tasks.iter().map(|t| Waker::from(t.clone())).collect();
+        let waiters: Vec<Waiter> = (0..3).map(|_| local.waiter()).collect();
+        for (waiter, waker) in waiters.iter().zip(&wakers) {
+            local.mark();
+            waiter.defer(&Context::from_waker(waker));
+        }
+        assert_eq!(woken(&tasks[..1]), 1, "the first wakes its own task");
+        assert_eq!(woken(&tasks[1..]), 0, "the others leave the pass to it");
+        assert_eq!(queued(&shared), 3, "nothing started yet");
+        assert_eq!(registered(&lock(&local.waker.waiting)), 2);
+        // A caller taking its result meanwhile leaves the pass to the deferring future.
+        let taker = local.waiter();
+        taker.run(&Context::from_waker(Waker::noop()));
+        assert_eq!(queued(&shared), 3, "a result's caller does not run it");
+        drop(taker);
+        assert_eq!(woken(&tasks), 1, "and wakes nobody when it leaves");
+        // The deferring future's next poll: one pass starts all three.
+        waiters[0].drive(&Context::from_waker(&wakers[0]));
+        assert_eq!(queued(&shared), 0, "one pass started them all");
+        assert!(!local.waker.deferred.load(Ordering::Acquire));
+        assert_eq!(woken(&tasks), 1);
+    }
+
+    /// House rule 8, issue 9: a deferring future dropped before its next poll hands the pass on
+    /// to a waiting future (the operations queued after it would otherwise wait for the next
+    /// wake of the driver, which may never come); and a first poll that finds no result left to
+    /// take runs the pass itself, starting the deferred operations too.
+    #[test]
+    fn house_rule_8_a_deferring_future_dropped_hands_its_pass_on() {
+        let (local, shared) = local_driver_with_queued(2);
+        let tasks = tasks(2);
+        let wakers: Vec<Waker> = tasks.iter().map(|t| Waker::from(t.clone())).collect();
+        let (first, second) = (local.waiter(), local.waiter());
+        local.mark();
+        first.defer(&Context::from_waker(&wakers[0]));
+        local.mark();
+        second.defer(&Context::from_waker(&wakers[1]));
+        assert_eq!((woken(&tasks[..1]), woken(&tasks[1..])), (1, 0));
+        drop(first);
+        assert_eq!(woken(&tasks[1..]), 1, "the waiting one is woken to run it");
+        assert!(!local.waker.deferred.load(Ordering::Acquire));
+        second.drive(&Context::from_waker(&wakers[1]));
+        assert_eq!(queued(&shared), 0);
+
+        // No result left to take: the first poll runs the pass (`Waiter::drive`), which starts
+        // an operation deferred before it as well.
+        let (local, shared) = local_driver_with_queued(2);
+        let (deferring, last) = (local.waiter(), local.waiter());
+        local.mark();
+        deferring.defer(&Context::from_waker(&wakers[0]));
+        local.mark();
+        last.drive(&Context::from_waker(&wakers[1]));
+        assert_eq!(queued(&shared), 0, "both started by one pass");
+    }
+
+    /// House rule 8, review10 finding 2 (woken futures never polled): a deferring future counts
+    /// as one a wake of the driver woke, so while it has not run the pass, each wake of the
+    /// driver (a socket ready) wakes waiting futures, two and then twice as many, as after any
+    /// wake that no woken future has answered yet.
+    #[test]
+    fn house_rule_8_wakes_escalate_while_a_deferred_pass_is_owed() {
+        let (local, _shared) = local_driver_with_queued(1);
+        let waiting = tasks(8);
+        register_all(&local.waker, &waiting);
+        // A pass ran (and claimed); then a first poll defers.
+        local.waker.claimed.store(true, Ordering::Release);
+        let deferring = local.waiter();
+        let own = tasks(1);
+        local.mark();
+        deferring.defer(&Context::from_waker(&Waker::from(own[0].clone())));
+        assert_eq!(woken(&own), 1);
+        let driver = Waker::from(local.waker.clone());
+        driver.wake_by_ref();
+        assert_eq!(
+            woken(&waiting),
+            2,
+            "a wake while the pass is owed wakes two"
+        );
+        driver.wake_by_ref();
+        assert_eq!(woken(&waiting), 6, "then twice as many (four more)");
+    }
+
+    /// A socket with a byte to read after each wake, whose reads say it is armed
+    /// ([`Socket::poll_read_armed`]): each read registers the waker it is polled with (kept in
+    /// `waker`) and logs itself.
+    struct ArmedSocket {
+        conn: ConnId,
+        log: SocketLog,
+        waker: Arc<Mutex<Option<Waker>>>,
+    }
+
+    impl Socket for ArmedSocket {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &mut [u8],
+        ) -> Poll<io::Result<usize>> {
+            unreachable!("the driver reads through poll_read_armed")
+        }
+
+        fn poll_read_armed(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut [u8],
+        ) -> Poll<io::Result<(usize, bool)>> {
+            lock(&self.log).push((false, self.conn));
+            *lock(&self.waker) = Some(cx.waker().clone());
+            buf[0] = 0;
+            Poll::Ready(Ok((1, true)))
+        }
+
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            lock(&self.log).push((true, self.conn));
+            Poll::Ready(Ok(buf.len()))
+        }
+    }
+
+    /// Issue 9, house rule 8: a read that leaves the socket's waker registered
+    /// ([`Socket::poll_read_armed`]) is not followed by another read in the same round, nor in
+    /// a round that polls the socket only to write to it; the waker's wake (bytes arrived) makes
+    /// the next round read it again.
+    #[test]
+    fn an_armed_read_is_read_again_only_after_its_wake() {
+        let (mut driver, _shared) = test_driver(Arc::new(NoIo));
+        let task = tasks(1);
+        let waker = Waker::from(task[0].clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut driver).poll(&mut cx).is_pending());
+        let (conn, log) = (ConnId(3_000), SocketLog::default());
+        let registered = Arc::new(Mutex::new(None));
+        let ready = Arc::new(SocketWaker {
+            conn,
+            queued: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
+            sockets: driver.ready.clone(),
+        });
+        let socket = ArmedSocket {
+            conn,
+            log: log.clone(),
+            waker: registered.clone(),
+        };
+        driver.sockets.insert(
+            conn,
+            SocketState::new(Link::Open(Box::pin(socket)), ready.clone()),
+        );
+        ready.enqueue();
+        driver.poll_sockets(&mut cx, Instant::ZERO);
+        assert_eq!(
+            *lock(&log),
+            [(false, conn)],
+            "one read: it said it is armed"
+        );
+        // Given bytes, not woken: written, not read.
+        driver.transmit.extend_from_slice(b"request");
+        driver.queue_transmit(conn);
+        driver.poll_sockets(&mut cx, Instant::ZERO);
+        assert_eq!(*lock(&log), [(false, conn), (true, conn)]);
+        // Bytes arrive: the registered waker's wake makes the next round read.
+        let socket_waker = lock(&registered).take().expect("registered by the read");
+        socket_waker.wake();
+        assert!(!driver.ready.is_empty(), "queued by the wake");
+        driver.poll_sockets(&mut cx, Instant::ZERO);
+        assert_eq!(*lock(&log), [(false, conn), (true, conn), (false, conn)]);
     }
 }

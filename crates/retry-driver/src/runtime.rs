@@ -87,6 +87,20 @@ pub trait Socket: Send {
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>>;
 
+    /// [`Socket::poll_read`], also saying whether `cx`'s waker is left registered for the next
+    /// bytes after a read that returned some (a short read drained the socket, and the socket
+    /// registered for its readiness at once): the driver then reads again only after that
+    /// waker's wake, where it would otherwise read once more to get the `Pending` that
+    /// registers it (issue 9: one read poll per reply instead of two). `true` only if a wake is
+    /// certain to come when bytes arrive; the default never says so.
+    fn poll_read_armed(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<(usize, bool)>> {
+        self.poll_read(cx, buf).map_ok(|n| (n, false))
+    }
+
     /// Writes from `buf`; returns how many bytes were written.
     fn poll_write(
         self: Pin<&mut Self>,

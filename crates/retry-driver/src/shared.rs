@@ -4,7 +4,7 @@
 
 use core::task::{Context, Poll, Waker};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bson::{Document, RawDocumentBuf};
@@ -116,6 +116,8 @@ struct SlotState {
     op: Option<OpId>,
     /// The caller dropped its future: the driver must not start it, or must cancel it.
     abandoned: bool,
+    /// Its result is counted in [`Shared::results_to_take`] (its caller was woken for it).
+    counted: bool,
 }
 
 impl Default for SlotState {
@@ -126,6 +128,7 @@ impl Default for SlotState {
             waker: None,
             op: None,
             abandoned: false,
+            counted: false,
         }
     }
 }
@@ -150,7 +153,10 @@ impl Slot {
     /// driver itself ([`Slot::driving`]) is not woken: it polls the slot when the run ends. A
     /// result its caller gave up on ([`Slot::abandon`]) is not stored but dropped, after the
     /// lock is released: a spent slot kept for reuse holds no reply nobody will read.
-    pub(crate) fn complete(&self, result: OperationResult) {
+    /// A result whose caller is woken for it is counted in `results` when given (a
+    /// [`LocalDriver`](crate::driver::LocalDriver)'s [`Shared::results_to_take`]) until its
+    /// caller takes it ([`Slot::poll`]) or gives up on it ([`Slot::abandon`]).
+    pub(crate) fn complete(&self, result: OperationResult, results: Option<&AtomicUsize>) {
         let waker = {
             let mut state = lock(&self.state);
             if state.abandoned {
@@ -168,7 +174,14 @@ impl Slot {
             if self.driving.load(Ordering::Acquire) {
                 return;
             }
-            state.waker.take()
+            let waker = state.waker.take();
+            if let (Some(results), Some(_), false) = (results, &waker, state.counted) {
+                if state.result.is_ready() {
+                    state.counted = true;
+                    results.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+            waker
         };
         if let Some(waker) = waker {
             waker.wake();
@@ -194,7 +207,13 @@ impl Slot {
         self.driving.store(false, Ordering::Release);
     }
 
-    pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<OperationResult> {
+    /// Takes the result, or registers `cx` to be woken for it; a taken result counted in
+    /// `results` ([`Slot::complete`]) is counted out.
+    pub(crate) fn poll(
+        &self,
+        cx: &mut Context<'_>,
+        results: &AtomicUsize,
+    ) -> Poll<OperationResult> {
         let mut state = lock(&self.state);
         if state.result.is_pending() {
             if !state
@@ -210,6 +229,9 @@ impl Slot {
         // holds no task).
         state.op = None;
         state.waker = None;
+        if core::mem::take(&mut state.counted) {
+            results.fetch_sub(1, Ordering::AcqRel);
+        }
         core::mem::replace(&mut state.result, Poll::Pending)
     }
 
@@ -236,14 +258,18 @@ impl Slot {
 
     /// The caller gives up: the engine's operation to cancel, if it started and has no result.
     /// A result already stored is taken out and dropped after the lock is released (the slot
-    /// may be kept for reuse, and nobody will read it).
-    pub(crate) fn abandon(&self) -> Option<OpId> {
+    /// may be kept for reuse, and nobody will read it), and counted out of `results`
+    /// ([`Slot::complete`]).
+    pub(crate) fn abandon(&self, results: &AtomicUsize) -> Option<OpId> {
         let mut state = lock(&self.state);
         state.abandoned = true;
         state.waker = None;
         match core::mem::replace(&mut state.result, Poll::Pending) {
             Poll::Ready(result) => {
                 state.op = None;
+                if core::mem::take(&mut state.counted) {
+                    results.fetch_sub(1, Ordering::AcqRel);
+                }
                 drop(state);
                 drop(result);
                 None
@@ -299,6 +325,12 @@ impl EventQueue {
 #[derive(Default)]
 pub(crate) struct Shared {
     pub(crate) state: Mutex<SharedState>,
+    /// Results stored in their slots whose callers were woken for them and have not taken them
+    /// yet (counted by a [`LocalDriver`](crate::driver::LocalDriver)'s completions only): those
+    /// callers are about to be polled, and may queue operations of their own (issue 9: a first
+    /// poll that sees some lets the pass that starts its operation start theirs too,
+    /// [`Waiter::defer`](crate::driver::Waiter::defer)).
+    pub(crate) results_to_take: AtomicUsize,
     /// The empty document every converted reply's documents are cloned from.
     pub(crate) empty_document: EmptyDocument,
 }
@@ -371,6 +403,7 @@ impl SharedState {
                 state.waker = None;
                 state.op = None;
                 state.abandoned = false;
+                state.counted = false;
                 *slot.driving.get_mut() = false;
                 *slot.completed.get_mut() = false;
                 return spent;
@@ -400,7 +433,7 @@ impl Shared {
 
     /// The caller of `slot`'s operation gave up on it: the driver cancels it in the engine.
     pub(crate) fn abandon(&self, slot: &Slot) {
-        let Some(op) = slot.abandon() else {
+        let Some(op) = slot.abandon(&self.results_to_take) else {
             return;
         };
         let mut state = lock(&self.state);
@@ -441,19 +474,22 @@ mod tests {
         let waker = Waker::from(task.clone());
         let mut cx = Context::from_waker(&waker);
         let slot = Slot::default();
-        assert!(slot.poll(&mut cx).is_pending());
+        assert!(slot.poll(&mut cx, &AtomicUsize::new(0)).is_pending());
         assert!(!slot.is_completed());
-        slot.driving(|| slot.complete(Err(OperationError::cancelled())));
+        slot.driving(|| slot.complete(Err(OperationError::cancelled()), None));
         assert!(slot.is_completed(), "its caller need not register again");
         assert_eq!(task.0.load(Ordering::Relaxed), 0, "no wake of itself");
-        assert!(slot.poll(&mut cx).is_ready(), "its poll takes the result");
+        assert!(
+            slot.poll(&mut cx, &AtomicUsize::new(0)).is_ready(),
+            "its poll takes the result"
+        );
 
         let other = Slot::default();
-        assert!(other.poll(&mut cx).is_pending());
+        assert!(other.poll(&mut cx, &AtomicUsize::new(0)).is_pending());
         other.driving(|| {});
-        other.complete(Err(OperationError::cancelled()));
+        other.complete(Err(OperationError::cancelled()), None);
         assert_eq!(task.0.load(Ordering::Relaxed), 1, "woken by another runner");
-        assert!(other.poll(&mut cx).is_ready());
+        assert!(other.poll(&mut cx, &AtomicUsize::new(0)).is_ready());
     }
 
     /// Issue 9: a spent slot is reused, emptied, once its caller let go of it; one its caller
@@ -462,7 +498,7 @@ mod tests {
     fn a_spent_slot_is_reused_once_its_caller_let_go() {
         let mut state = SharedState::default();
         let held = Arc::new(Slot::default());
-        held.complete(Err(OperationError::cancelled()));
+        held.complete(Err(OperationError::cancelled()), None);
         state.spent_slots.push_back(held.clone());
         let fresh = state.slot(ping());
         assert!(
@@ -500,17 +536,25 @@ mod tests {
     fn an_abandoned_slot_keeps_no_result() {
         let slot = Slot::default();
         let (result, reply) = watched_result();
-        slot.complete(result);
-        assert_eq!(slot.abandon(), None, "nothing to cancel: it finished");
+        slot.complete(result, None);
+        assert_eq!(
+            slot.abandon(&AtomicUsize::new(0)),
+            None,
+            "nothing to cancel: it finished"
+        );
         assert_eq!(Arc::strong_count(&reply), 1, "dropped by the abandon");
         assert!(lock(&slot.state).result.is_pending());
 
         let slot = Slot::default();
         lock(&slot.state).request = Some(ping());
         assert_eq!(slot.start(|_| Some(OpId(7))), Some(OpId(7)));
-        assert_eq!(slot.abandon(), Some(OpId(7)), "to cancel");
+        assert_eq!(
+            slot.abandon(&AtomicUsize::new(0)),
+            Some(OpId(7)),
+            "to cancel"
+        );
         let (result, reply) = watched_result();
-        slot.complete(result);
+        slot.complete(result, None);
         assert_eq!(Arc::strong_count(&reply), 1, "dropped by the completion");
         assert!(lock(&slot.state).result.is_pending());
     }
@@ -522,7 +566,11 @@ mod tests {
     fn a_slot_given_up_before_its_start_is_never_started() {
         let slot = Slot::default();
         lock(&slot.state).request = Some(ping());
-        assert_eq!(slot.abandon(), None, "not started: nothing to cancel");
+        assert_eq!(
+            slot.abandon(&AtomicUsize::new(0)),
+            None,
+            "not started: nothing to cancel"
+        );
         let started = slot.start(|_| panic!("an abandoned operation was started"));
         assert_eq!(started, None);
         assert!(

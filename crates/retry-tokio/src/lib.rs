@@ -165,6 +165,24 @@ impl Socket for Stream {
         }
     }
 
+    /// A read shorter than `buf` drained the socket, and tokio cleared its read readiness:
+    /// its waker is registered at once (`poll_read_ready`, which is what the read that would
+    /// return `Pending` next does), so the driver need not read again to register it (issue 9).
+    fn poll_read_armed(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<(usize, bool)>> {
+        let len = buf.len();
+        let n = match self.as_mut().poll_read(cx, buf) {
+            Poll::Ready(Ok(n)) => n,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        };
+        let armed = n > 0 && n < len && self.0.poll_read_ready(cx).is_pending();
+        Poll::Ready(Ok((n, armed)))
+    }
+
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
