@@ -1407,4 +1407,53 @@ mod connection_id_tests {
             .collect();
         assert_eq!(answers, [waiting, third]);
     }
+
+    /// Review24 R5 (CM-8, issue 9): a checkout served at once and asked to be taken, alone when
+    /// it is served, but after which `serve` queues more (here: an `Establish` for minPoolSize),
+    /// is not taken: its answer is queued in front of what `serve` queued, where it was due.
+    /// A load-balanced clear of one service closes its available connection without serving, so
+    /// the pool is below minPoolSize with one connection available and no action waiting.
+    #[test]
+    fn review24_r5_a_checkout_served_before_serve_queues_more_is_answered_first() {
+        let t0 = Instant::ZERO;
+        let options = PoolOptions {
+            min_pool_size: 2,
+            load_balanced: true,
+            ..PoolOptions::default()
+        };
+        let mut pool = Pool::new(ServerAddress::new("a", 27017), options);
+        pool.ready(t0);
+        let mut opened = Vec::new();
+        while let Some(action) = pool.poll_action() {
+            match action {
+                PoolAction::Establish { connection } => opened.push(connection),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(opened.len(), 2, "minPoolSize opens two");
+        let (gone, kept) = (ObjectId::from_bytes([1; 12]), ObjectId::from_bytes([2; 12]));
+        pool.handle_established(opened[1], Some(kept), t0);
+        pool.handle_established(opened[0], Some(gone), t0);
+        pool.clear(Some(gone), false, "service gone", t0);
+        let closed: Vec<_> = core::iter::from_fn(|| pool.poll_action()).collect();
+        assert!(
+            matches!(closed[..], [PoolAction::Close { connection, .. }] if connection == opened[0]),
+            "{closed:?}"
+        );
+        assert_eq!(pool.total_connections(), 1);
+        let (checkout, served) = pool.check_out_served(Purpose::Other, None, t0, true);
+        assert_eq!(served, None, "serve queued an Establish: not taken");
+        match pool.poll_action() {
+            Some(PoolAction::CheckedOut {
+                checkout: answered,
+                connection,
+            }) => assert_eq!((answered, connection), (checkout, opened[1])),
+            other => panic!("the answer first, got {other:?}"),
+        }
+        assert!(matches!(
+            pool.poll_action(),
+            Some(PoolAction::Establish { .. })
+        ));
+        assert_eq!(pool.poll_action(), None);
+    }
 }

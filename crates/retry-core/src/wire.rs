@@ -569,8 +569,8 @@ impl FrameDecoder {
         let frame = input
             .get(..len)
             .filter(|_| read_i32(header, 12) == OP_MSG)?;
-        let message = lone_message(frame, lone_body(frame)?).ok()?;
-        Some((len, message))
+        let body = plain_raw_body(lone_body(frame)?)?;
+        Some((len, lone_message(frame, body)))
     }
 
     fn decode_as<M>(
@@ -725,23 +725,22 @@ pub fn parse_frame(frame: &[u8]) -> Result<OpMsg, DecodeError> {
 /// frames.
 pub fn parse_frame_raw(frame: &[u8]) -> Result<RawOpMsg, DecodeError> {
     match lone_body(frame) {
-        Some(body) => lone_message(frame, body),
+        Some(body) => Ok(lone_message(frame, parse_raw_body(body)?)),
         None => parse_frame_as(frame),
     }
 }
 
-/// The message of a frame of the usual shape whose body ([`lone_body`]) is `body`.
-#[inline]
-fn lone_message(frame: &[u8], body: &[u8]) -> Result<RawOpMsg, DecodeError> {
-    let (body, top) = parse_raw_body(body)?;
-    Ok(RawOpMsg {
+/// The message of a frame of the usual shape whose body ([`lone_body`]) parsed into `body`.
+#[inline(always)]
+fn lone_message(frame: &[u8], (body, top): (RawDocumentBuf, TopFields)) -> RawOpMsg {
+    RawOpMsg {
         request_id: read_i32(frame, 4),
         response_to: read_i32(frame, 8),
         flags: MsgFlags::from_bits(u32::from_le_bytes(le4(frame, HEADER_LEN))),
         body,
         sequences: Vec::new(),
         top,
-    })
+    }
 }
 
 /// The body of a frame of the usual shape, whose layout [`parse_frame_as`] would accept as it
@@ -967,8 +966,11 @@ pub fn into_document_in(
     document: Option<Document>,
     empty: &Document,
 ) -> Result<Document, DecodeError> {
-    bson_read::owned_document_in(raw, document, Some(empty))
-        .map_err(|e| DecodeError::Bson(alloc::format!("{e}")))
+    let mut document = bson_read::top_document(document, Some(empty));
+    match bson_read::owned_document_into(raw, &mut document, Some(empty)) {
+        Ok(()) => Ok(document),
+        Err(e) => Err(DecodeError::Bson(alloc::format!("{e}"))),
+    }
 }
 
 /// An empty document, the `empty` of [`to_document_in`]: its clones share its hasher. It holds
@@ -991,6 +993,17 @@ fn parse_raw_body(bytes: &[u8]) -> Result<(RawDocumentBuf, TopFields), DecodeErr
         top.ok = false;
     }
     Ok((raw, top))
+}
+
+/// [`parse_raw_body`] of a body of the usual types, checked and noted in one pass
+/// ([`bson_read::plain_with`], issue 9: no error to build, no second pass); `None` for any other
+/// body, which [`parse_raw_body`] then accepts or refuses.
+fn plain_raw_body(bytes: &[u8]) -> Option<(RawDocumentBuf, TopFields)> {
+    let mut top = TopFields::default();
+    if !bson_read::plain_with(bytes, |key, tag, value| top.note(bytes, key, tag, value)) {
+        return None;
+    }
+    Some((RawDocumentBuf::from_bytes(bytes.to_vec()).ok()?, top))
 }
 
 /// A document left encoded, validated as [`parse_document`] would convert it.

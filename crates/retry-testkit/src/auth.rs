@@ -155,9 +155,7 @@ fn binary(bytes: Vec<u8>) -> Binary {
 }
 
 fn auth_failed() -> Document {
-    let mut reply = error_reply(18, "Authentication failed.");
-    reply.insert("codeName", "AuthenticationFailed");
-    reply
+    error_reply(18, "Authentication failed.")
 }
 
 fn version_named(name: &str) -> Option<ScramVersion> {
@@ -174,9 +172,10 @@ impl ConnectionAuth {
         if users.is_empty() || self.authenticated || allowed_unauthenticated(name) {
             return None;
         }
-        let mut reply = error_reply(13, &format!("command {name} requires authentication"));
-        reply.insert("codeName", "Unauthorized");
-        Some(reply)
+        Some(error_reply(
+            13,
+            &format!("command {name} requires authentication"),
+        ))
     }
 
     /// The reply to `saslStart` / `saslContinue` / `authenticate`; `None` for any other command.
@@ -280,9 +279,7 @@ impl ConnectionAuth {
             _ => -1,
         };
         let Some(conversation) = self.conversation.take().filter(|c| i64::from(c.id) == id) else {
-            let mut reply = error_reply(17, "No SASL session state found");
-            reply.insert("codeName", "ProtocolError");
-            return reply;
+            return error_reply(17, "No SASL session state found");
         };
         let payload = match command.get("payload") {
             Some(Bson::Binary(b)) => b.bytes.clone(),

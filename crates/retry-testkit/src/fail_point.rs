@@ -376,16 +376,23 @@ pub(crate) fn name_for_wire(reply: &mut Document, max_wire_version: i32) {
 /// uses it.
 pub const TESTKIT_UNSUPPORTED: i32 = 9_999_999;
 
-/// The `codeName` of the server error codes tests use (an error reply names any other code
-/// `Location<code>`).
+/// The `codeName` the server's `src/mongo/base/error_codes.yml` gives each code the test server
+/// sends (review24 R1, house rule 7: today's names, the file on the server's master branch), plus
+/// the `uassert` locations and [`TESTKIT_UNSUPPORTED`] listed below; an error reply names any
+/// other code `Location<code>`.
 pub fn code_name(code: i32) -> Option<&'static str> {
     Some(match code {
+        1 => "InternalError",
         2 => "BadValue",
+        4 => "NoSuchKey",
         6 => "HostUnreachable",
         7 => "HostNotFound",
         9 => "FailedToParse",
         13 => "Unauthorized",
         14 => "TypeMismatch",
+        15 => "Overflow",
+        17 => "ProtocolError",
+        18 => "AuthenticationFailed",
         20 => "IllegalOperation",
         24 => "LockTimeout",
         26 => "NamespaceNotFound",
@@ -395,36 +402,45 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         50 => "MaxTimeMSExpired",
         51 => "ManualInterventionRequired",
         59 => "CommandNotFound",
-        64 => "WriteConcernFailed",
+        // Servers before the rename (4.4 / 5.0-era files) call 64 `WriteConcernFailed`.
+        64 => "WriteConcernTimeout",
         66 => "ImmutableField",
         72 => "InvalidOptions",
         73 => "InvalidNamespace",
         86 => "IndexKeySpecsConflict",
-        100 => "UnsatisfiableWriteConcern",
-        197 => "InvalidIndexSpecificationOption",
-        251 => "NoSuchTransaction",
-        256 => "TransactionCommitted",
         89 => "NetworkTimeout",
         91 => "ShutdownInProgress",
+        100 => "UnsatisfiableWriteConcern",
         112 => "WriteConflict",
         134 => "ReadConcernMajorityNotAvailableYet",
+        183 => "ClientMetadataMissingField",
+        184 => "ClientMetadataAppNameTooLarge",
+        185 => "ClientMetadataDocumentTooLarge",
+        186 => "ClientMetadataCannotBeMutated",
         189 => "PrimarySteppedDown",
+        197 => "InvalidIndexSpecificationOption",
+        207 => "InvalidUUID",
         225 => "TransactionTooOld",
+        251 => "NoSuchTransaction",
+        256 => "TransactionCommitted",
         262 => "ExceededTimeLimit",
         263 => "OperationNotSupportedInTransaction",
         322 => "APIVersionError",
         323 => "APIStrictError",
         347 => "APIMismatchError",
-        498_870 => "Location498870",
+        391 => "ReauthenticationRequired",
         462 => "IngressRequestRateLimitExceeded",
         9001 => "SocketException",
-        11000 => "DuplicateKey",
-        11601 => "Interrupted",
         10107 => "NotWritablePrimary",
+        10334 => "BSONObjectTooLarge",
+        11000 => "DuplicateKey",
         11600 => "InterruptedAtShutdown",
+        11601 => "Interrupted",
         11602 => "InterruptedDueToReplStateChange",
         13435 => "NotPrimaryNoSecondaryOk",
         13436 => "NotPrimaryOrSecondary",
+        50768 => "NotARetryableWriteCommand",
+        498_870 => "Location498870",
         40571 => "Location40571",
         // Review22 (house rule 7): the aggregate stage refusals, `uassert` locations the
         // server's `error_codes.yml` does not name, so `Location<code>`, as every such reply.
@@ -606,29 +622,166 @@ mod tests {
         assert_eq!(no_error.error_reply("insert", &retryable_write), None);
     }
 
-    /// The literal codes the crate's sources pass to `error_reply`, read from the sources so that
-    /// a new refusal is covered as soon as it is written.
+    /// Review24 R1 (house rule 7): a code the server's `error_codes.yml` names gets that name,
+    /// not `Location<code>`, on the literal refusals (4, 15, 17, 18, 183-186, 207, 10334, 50768)
+    /// and on a fail point's error (1, 18 and 391, as the spec tests configure them).
+    #[test]
+    fn review24_r1_error_reply_names_what_the_server_names() {
+        for (code, name) in [
+            (1, "InternalError"),
+            (4, "NoSuchKey"),
+            (15, "Overflow"),
+            (17, "ProtocolError"),
+            (18, "AuthenticationFailed"),
+            (183, "ClientMetadataMissingField"),
+            (184, "ClientMetadataAppNameTooLarge"),
+            (185, "ClientMetadataDocumentTooLarge"),
+            (186, "ClientMetadataCannotBeMutated"),
+            (207, "InvalidUUID"),
+            (391, "ReauthenticationRequired"),
+            (10334, "BSONObjectTooLarge"),
+            (50768, "NotARetryableWriteCommand"),
+        ] {
+            assert_eq!(error_reply(code, "").get_str("codeName").ok(), Some(name));
+        }
+        for (code, name) in [
+            (1, "InternalError"),
+            (18, "AuthenticationFailed"),
+            (391, "ReauthenticationRequired"),
+        ] {
+            let fail = FailCommand::new(FailPointMode::AlwaysOn, ["find"]).with_error_code(code);
+            let reply = fail.error_reply("find", &doc! { "find": "c" }).unwrap();
+            assert_eq!(reply.get_str("codeName").ok(), Some(name), "{reply}");
+        }
+    }
+
+    /// Review24 R2 (house rule 7): the names the server's `src/mongo/base/error_codes.yml`
+    /// (master branch) gives the codes the test server sends, written out here so that the test
+    /// fails if the table loses or changes one. 1, 6, 7, 18, 51, 64, 89, 134, 189, 262, 391,
+    /// 9001, 11600, 11601, 11602 and 13436 are the `errorCode`s of the spec tests' fail points.
+    const SERVER_CODE_NAMES: [(i32, &str); 60] = [
+        (1, "InternalError"),
+        (2, "BadValue"),
+        (4, "NoSuchKey"),
+        (6, "HostUnreachable"),
+        (7, "HostNotFound"),
+        (9, "FailedToParse"),
+        (13, "Unauthorized"),
+        (14, "TypeMismatch"),
+        (15, "Overflow"),
+        (17, "ProtocolError"),
+        (18, "AuthenticationFailed"),
+        (20, "IllegalOperation"),
+        (24, "LockTimeout"),
+        (26, "NamespaceNotFound"),
+        (27, "IndexNotFound"),
+        (43, "CursorNotFound"),
+        (48, "NamespaceExists"),
+        (50, "MaxTimeMSExpired"),
+        (51, "ManualInterventionRequired"),
+        (59, "CommandNotFound"),
+        (64, "WriteConcernTimeout"),
+        (66, "ImmutableField"),
+        (72, "InvalidOptions"),
+        (73, "InvalidNamespace"),
+        (86, "IndexKeySpecsConflict"),
+        (89, "NetworkTimeout"),
+        (91, "ShutdownInProgress"),
+        (100, "UnsatisfiableWriteConcern"),
+        (112, "WriteConflict"),
+        (134, "ReadConcernMajorityNotAvailableYet"),
+        (183, "ClientMetadataMissingField"),
+        (184, "ClientMetadataAppNameTooLarge"),
+        (185, "ClientMetadataDocumentTooLarge"),
+        (186, "ClientMetadataCannotBeMutated"),
+        (189, "PrimarySteppedDown"),
+        (197, "InvalidIndexSpecificationOption"),
+        (207, "InvalidUUID"),
+        (225, "TransactionTooOld"),
+        (251, "NoSuchTransaction"),
+        (256, "TransactionCommitted"),
+        (262, "ExceededTimeLimit"),
+        (263, "OperationNotSupportedInTransaction"),
+        (322, "APIVersionError"),
+        (323, "APIStrictError"),
+        (347, "APIMismatchError"),
+        (391, "ReauthenticationRequired"),
+        (462, "IngressRequestRateLimitExceeded"),
+        (9001, "SocketException"),
+        (10107, "NotWritablePrimary"),
+        (10334, "BSONObjectTooLarge"),
+        (11000, "DuplicateKey"),
+        (11600, "InterruptedAtShutdown"),
+        (11601, "Interrupted"),
+        (11602, "InterruptedDueToReplStateChange"),
+        (13435, "NotPrimaryNoSecondaryOk"),
+        (13436, "NotPrimaryOrSecondary"),
+        (50768, "NotARetryableWriteCommand"),
+        // Named from 8.0 (wire 25) only: `name_for_wire` gives these names, `error_reply`
+        // `Location<code>`.
+        (40413, "IDLDuplicateField"),
+        (40414, "IDLFailedToParse"),
+        (40415, "IDLUnknownField"),
+    ];
+
+    /// Review24 R2: the codes the test server sends that are `uassert` locations, which the
+    /// server's `error_codes.yml` does not name: `Location<code>` on the wire. 50799..=50804 are
+    /// a router's getMore refusals (50736..=50741 + 63).
+    const LOCATION_CODES: [i32; 36] = [
+        13111, 15955, 15956, 15957, 15958, 15969, 15972, 31253, 31254, 40177, 40178, 40179, 40272,
+        40323, 40433, 40472, 40571, 50736, 50737, 50738, 50739, 50740, 50741, 50799, 50800, 50801,
+        50802, 50803, 50804, 50841, 50940, 51272, 498_870, 4_886_600, 5_107_200, 5_107_201,
+    ];
+
+    /// What may follow a literal code and its comma when a source builds an error from it: the
+    /// message.
+    const MESSAGE_STARTS: [&str; 6] = [
+        "\"", "format!", "&format!", "String::", "&message", "message",
+    ];
+
+    /// The literal codes the crate's sources build an error from (`error_reply(code, ..)`, and
+    /// `(code, message)` pairs: `Err((26, format!(..)))`, `QueryError::Write(11000, ..)`), read
+    /// from the sources (test modules left out) so that a new refusal is checked as soon as it
+    /// is written.
     fn codes_in_sources() -> Vec<i32> {
         let sources = [
             include_str!("auth.rs"),
             include_str!("commands.rs"),
             include_str!("fail_point.rs"),
+            include_str!("limiter.rs"),
+            include_str!("on_primary_write.rs"),
             include_str!("parameters.rs"),
+            include_str!("query.rs"),
             include_str!("refusals.rs"),
             include_str!("server.rs"),
             include_str!("server/awaitable.rs"),
+            include_str!("server/elements.rs"),
             include_str!("server/malformed.rs"),
+            include_str!("server/raw.rs"),
+            include_str!("store.rs"),
+            include_str!("store/collection.rs"),
         ];
         let mut codes = Vec::new();
         for source in sources {
-            for (at, _) in source.match_indices("error_reply(") {
-                let rest = source[at + "error_reply(".len()..].trim_start();
-                let digits: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_digit() || *c == '_')
-                    .filter(char::is_ascii_digit)
-                    .collect();
-                if let Ok(code) = digits.parse() {
+            let source = source
+                .split("#[cfg(test)]\nmod tests")
+                .next()
+                .unwrap_or(source);
+            for (at, _) in source.match_indices('(') {
+                let rest = source[at + 1..].trim_start();
+                let end = rest
+                    .find(|c: char| !c.is_ascii_digit() && c != '_')
+                    .unwrap_or(rest.len());
+                let Ok(code) = rest[..end].replace('_', "").parse::<i32>() else {
+                    continue;
+                };
+                let Some(tail) = rest[end..].trim_start().strip_prefix(',') else {
+                    continue;
+                };
+                let tail = tail.trim_start();
+                if source[..at].ends_with("error_reply")
+                    || MESSAGE_STARTS.iter().any(|start| tail.starts_with(start))
+                {
                     codes.push(code);
                 }
             }
@@ -638,43 +791,55 @@ mod tests {
         codes
     }
 
-    /// Review23 R2 (house rule 7): every error reply carries a `codeName`, the table's name or
-    /// `Location<code>`; the IDL codes 40413 / 40414 / 40415 are named from 8.0 (wire 25).
+    /// Review24 R2 (review23 R2, house rule 7): every code the sources send is classified, named
+    /// (with the server's name) or a `uassert` location; every error reply carries that
+    /// `codeName`, the IDL codes 40413 / 40414 / 40415 their names from 8.0 (wire 25) only.
     #[test]
-    fn review23_r2_every_error_reply_has_the_servers_code_name() {
-        let mut codes = codes_in_sources();
-        for needed in [14, 40414, 40415, 51272] {
+    fn review24_r2_every_code_sent_has_the_servers_fixed_name() {
+        let codes = codes_in_sources();
+        for needed in [4, 14, 18, 50738, 13111, 40414, 40433, 51272] {
             assert!(codes.contains(&needed), "{needed} not found in {codes:?}");
         }
-        assert!(codes.len() >= 40, "{codes:?}");
-        codes.extend([40413, TESTKIT_UNSUPPORTED]);
+        assert!(codes.len() >= 60, "{codes:?}");
         for code in codes {
-            let reply = error_reply(code, "");
-            let expected = code_name(code).map_or_else(|| format!("Location{code}"), String::from);
-            assert_eq!(
-                reply.get_str("codeName").ok(),
-                Some(expected.as_str()),
-                "{reply}"
+            assert!(
+                code == TESTKIT_UNSUPPORTED
+                    || LOCATION_CODES.contains(&code)
+                    || SERVER_CODE_NAMES.iter().any(|(named, _)| *named == code),
+                "code {code} is sent but not classified: add it to SERVER_CODE_NAMES with the \
+                 name the server's error_codes.yml gives it, or to LOCATION_CODES"
             );
-            for (wire, idl) in [(24, false), (25, true)] {
+        }
+        let location = |code: i32| format!("Location{code}");
+        let mut expected: Vec<(i32, String, String)> = SERVER_CODE_NAMES
+            .iter()
+            .map(|&(code, name)| match idl_code_name(code) {
+                Some(_) => (code, location(code), String::from(name)),
+                None => (code, String::from(name), String::from(name)),
+            })
+            .collect();
+        expected.extend(
+            LOCATION_CODES
+                .iter()
+                .map(|&code| (code, location(code), location(code))),
+        );
+        let unsupported = String::from("TestkitUnsupported");
+        expected.push((TESTKIT_UNSUPPORTED, unsupported.clone(), unsupported));
+        for (code, before_idl_names, from_idl_names) in expected {
+            let reply = error_reply(code, "");
+            for (wire, name) in [
+                (21, &before_idl_names),
+                (24, &before_idl_names),
+                (25, &from_idl_names),
+            ] {
                 let mut named = reply.clone();
                 name_for_wire(&mut named, wire);
-                let name = match idl_code_name(code) {
-                    Some(name) if idl => String::from(name),
-                    _ => expected.clone(),
-                };
                 assert_eq!(
                     named.get_str("codeName").ok(),
                     Some(name.as_str()),
-                    "wire {wire}"
+                    "code {code} at wire {wire}"
                 );
             }
         }
-        let mut named = error_reply(40414, "");
-        name_for_wire(&mut named, 25);
-        assert_eq!(named.get_str("codeName").ok(), Some("IDLFailedToParse"));
-        let mut older = error_reply(40415, "");
-        name_for_wire(&mut older, 21);
-        assert_eq!(older.get_str("codeName").ok(), Some("Location40415"));
     }
 }

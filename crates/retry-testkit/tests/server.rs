@@ -232,6 +232,34 @@ async fn configure_fail_point_over_the_wire_always_on_then_off() {
     .await;
 }
 
+/// Review24 R1 (house rule 7): a fail point's error and a refusal carry the name the server's
+/// `error_codes.yml` gives their code (`AuthenticationFailed` for 18, as the SDAM auth-error spec
+/// tests configure it; `NoSuchKey` for a `$readPreference` without `mode`), not `Location<code>`.
+#[tokio::test]
+async fn review24_r1_replies_carry_the_servers_code_name() {
+    bounded(async {
+        let (server, mut client) = start(ServerConfig::default()).await;
+        let on = doc! {
+            "configureFailPoint": "failCommand", "mode": { "times": 1 },
+            "data": { "failCommands": ["find"], "errorCode": 18 },
+            "$db": "admin",
+        };
+        assert_eq!(code(&client.command(on).await.unwrap()), None);
+        let reply = client
+            .command(doc! { "find": "c", "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some(18), "{reply}");
+        assert_eq!(reply.get_str("codeName").ok(), Some("AuthenticationFailed"));
+        let no_mode = doc! { "find": "c", "$readPreference": { "tags": [] }, "$db": "db" };
+        let reply = client.command(no_mode).await.unwrap();
+        assert_eq!(code(&reply), Some(4), "{reply}");
+        assert_eq!(reply.get_str("codeName").ok(), Some("NoSuchKey"));
+        server.shutdown().await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn close_connection_means_the_write_never_ran() {
     bounded(async {

@@ -172,6 +172,126 @@ fn end_attempt(slot: &mut Slot, servers: &mut [super::Server]) {
     }
 }
 
+/// The engine's parts a checkout touches besides the operation: the servers, the topology (its
+/// pools), the worklist, the checkout served at once and the pending checkouts.
+type CheckoutParts<'a> = (
+    &'a mut [super::Server],
+    &'a mut TrackedTopology,
+    &'a mut alloc::collections::VecDeque<Machine>,
+    &'a mut Option<Served>,
+    &'a mut super::id_table::Checkouts,
+);
+
+/// [`Engine::check_out`] with the operation at hand (issue 9: a retry machine's `Dispatch` checks
+/// out without looking the operation up again); `false` when `server` is no longer part of the
+/// topology, for the caller to fail the attempt.
+#[inline(always)]
+fn check_out_slot(
+    (servers, topology, work, served, checkouts): CheckoutParts<'_>,
+    options: &super::EngineOptions,
+    (op_id, op, slot): (OpId, &mut Operation, usize),
+    server: ServerId,
+    attempt: Attempt,
+    now: Instant,
+) -> bool {
+    let state = &mut op.slots[slot];
+    end_attempt(state, servers);
+    state.attempt = Some(attempt);
+    state.counted = Some(server);
+    let entry = &mut servers[server.0 as usize];
+    entry.in_flight += 1;
+    let (member, pool_queued) = (!entry.left, entry.pool_queued);
+    // CS-3: under CSOT (`timeoutMS=0` included, CS-1) selection and checkout share one
+    // `computedServerSelectionTimeout` = min(serverSelectionTimeoutMS, remaining), computed
+    // when the attempt's selection started (review5 item 8; from now for an attempt that
+    // selected nothing, a pinned one), and waitQueueTimeoutMS does not apply (TO-4, TO-8);
+    // without CSOT, waitQueueTimeoutMS.
+    let timeout = op.request.timeout;
+    let selected = state.selection_deadline.take();
+    let deadline = timeout.is_csot().then(|| {
+        selected.unwrap_or_else(|| ServerSelection::deadline_from(&options.selection, timeout, now))
+    });
+    // LB-13: a cursor-creating command's connection may stay with its cursor.
+    let purpose = if op.request.cursor == CursorUse::Open && options.topology.load_balanced {
+        Purpose::Cursor
+    } else {
+        Purpose::Other
+    };
+    let Some(pool) = pool_in(servers, topology, server).filter(|_| member) else {
+        return false;
+    };
+    // Issue 9: a retry machine's checkout served at once, with nothing on the worklist, gets
+    // its pool's turn right after this one (`Served`), without the worklist and the table of
+    // pending checkouts. (A hedged copy's keeps the worklist: its machine may check out
+    // several copies in one turn.)
+    let next = matches!(op.machine, OpMachine::Retry(_))
+        && work.is_empty()
+        && served.is_none()
+        && !pool_queued;
+    let (id, answer) = pool.check_out_served(purpose, deadline, now, next);
+    op.slots[slot].checkout = Some((server, id));
+    let entry = &mut servers[server.0 as usize];
+    match answer {
+        Some(connection) => {
+            entry.pool_queued = true;
+            *served = Some(Served {
+                server,
+                checkout: id,
+                connection,
+                op: op_id,
+                slot,
+            });
+        }
+        None => {
+            checkouts.insert((server, id), (op_id, slot));
+            // `Engine::schedule` of the pool.
+            if !entry.pool_queued {
+                entry.pool_queued = true;
+                work.push_back(Machine::Pool(server));
+            }
+        }
+    }
+    true
+}
+
+/// [`Engine::release`] when nobody subscribes to the pool's events (its pool has none to move),
+/// from the parts it touches (issue 9: the drain of a retry machine releases with the operation
+/// at hand).
+#[inline(always)]
+fn release_quiet(
+    (sockets, servers, topology): (
+        &mut crate::id_table::IdTable<ConnId, super::Socket>,
+        &mut [super::Server],
+        &mut TrackedTopology,
+    ),
+    work: &mut alloc::collections::VecDeque<Machine>,
+    conn: ConnId,
+    healthy: bool,
+    now: Instant,
+) {
+    let Some(socket) = sockets.get_mut(&conn) else {
+        return;
+    };
+    socket.op = None;
+    let (server, owner) = (socket.server, socket.owner);
+    if let Owner::Pool(id) = owner {
+        // Issue 9: what `flush_pool_events` asks of the pool, read with the pool at hand.
+        let after = pool_in(servers, topology, server).map(|pool| {
+            pool.check_in(id, healthy, now);
+            debug_assert!(!pool.has_events(), "a pool records events nobody publishes");
+            (pool.has_actions(), pool.poll_timeout())
+        });
+        let entry = &mut servers[server.0 as usize];
+        let settled = entry.retired_pool.is_none()
+            && after.is_some_and(|(actions, at)| !actions && at == entry.pool_timer);
+        // `Engine::schedule` of the pool.
+        if !settled && !entry.pool_queued {
+            entry.pool_queued = true;
+            work.push_back(Machine::Pool(server));
+        }
+    }
+}
+
 /// How an operation's drain ended (`Engine::drain_operation`).
 enum Drained {
     /// The operation is gone, or its machine refused nothing and its deadline is registered.
@@ -581,90 +701,133 @@ impl Engine {
         // records events retries with one); an inline array of events is set up and dropped
         // on every turn.
         let mut held: alloc::vec::Vec<RetryEvent> = alloc::vec::Vec::new();
-        let drained = loop {
+        // Issue 9: the operation is looked up again only after an action that needs the whole
+        // engine; the events and the actions done with the operation at hand (a selection the
+        // cache or the pin answers, a wait) go on with it.
+        let drained = 'drain: loop {
             let Some(op) = self.ops.get_mut(&op_id) else {
                 // Finished: nothing is left to refuse or to wait for.
                 break Drained::Settled;
             };
-            let OpMachine::Retry(machine) = &mut op.machine else {
-                break Drained::Unsettled;
-            };
-            if let Some(event) = machine.poll_event() {
-                match event {
-                    _ if !self.options.events.publishes_retry() => {}
-                    RetryEvent::RetryScheduled { .. } | RetryEvent::RetryDenied { .. } => {
-                        held.push(event)
-                    }
-                    event => self
-                        .events
-                        .push_back(EngineEvent::Operation { op: op_id, event }),
-                }
-                continue;
-            }
-            let Some(action) = machine.poll_action() else {
-                // Issue 9: the operation at hand settles its turn (see `drain_operation`).
-                if op.refused.is_some() {
-                    break Drained::Unsettled;
-                }
-                let at = op.next_deadline();
-                self.timers
-                    .set(Machine::Operation(op_id), &mut op.timer, at);
-                break Drained::Settled;
-            };
-            // Issue 9: what the action does to the operation alone is done with the operation at
-            // hand, not looked up again; it queues no engine event, so the held events still go
-            // out before (or, for a release, after) the rest of the action.
-            match action {
-                Action::SelectServer => {
-                    emit_held(&mut self.events, op_id, &mut held);
-                    match op.pinned_server.clone() {
-                        // A cursor's or a pinned transaction's operations go where the pin is.
-                        Some(server) => {
-                            op.slots[0].server = Some(server.clone());
-                            op.server_selected(0, server, now);
+            loop {
+                let OpMachine::Retry(machine) = &mut op.machine else {
+                    break 'drain Drained::Unsettled;
+                };
+                if let Some(event) = machine.poll_event() {
+                    match event {
+                        _ if !self.options.events.publishes_retry() => {}
+                        RetryEvent::RetryScheduled { .. } | RetryEvent::RetryDenied { .. } => {
+                            held.push(event)
                         }
-                        None => {
-                            // Its `schedule` would do nothing: the operation is being drained.
-                            let selected = cached_selection(
-                                (&mut self.selection_cache, &self.topology, &mut self.rng),
-                                (&self.server_ids, &self.servers, self.options.selection),
-                                (op_id, op, 0),
-                                &mut self.waiting,
-                                now,
-                            );
-                            if !selected {
-                                self.select(op_id, 0, now);
+                        event => self
+                            .events
+                            .push_back(EngineEvent::Operation { op: op_id, event }),
+                    }
+                    continue;
+                }
+                let Some(action) = machine.poll_action() else {
+                    // Issue 9: the operation at hand settles its turn (see `drain_operation`).
+                    if op.refused.is_some() {
+                        break 'drain Drained::Unsettled;
+                    }
+                    let at = op.next_deadline();
+                    self.timers
+                        .set(Machine::Operation(op_id), &mut op.timer, at);
+                    break 'drain Drained::Settled;
+                };
+                // Issue 9: what the action does to the operation alone is done with the
+                // operation at hand, not looked up again; it queues no engine event, so the held
+                // events still go out before (or, for a release, after) the rest of the action.
+                match action {
+                    Action::SelectServer => {
+                        emit_held(&mut self.events, op_id, &mut held);
+                        match op.pinned_server.clone() {
+                            // A cursor's or a pinned transaction's operations go where the pin
+                            // is.
+                            Some(server) => {
+                                op.slots[0].server = Some(server.clone());
+                                op.server_selected(0, server, now);
+                            }
+                            None => {
+                                // Its `schedule` would do nothing: the operation is being
+                                // drained.
+                                let selected = cached_selection(
+                                    (&mut self.selection_cache, &self.topology, &mut self.rng),
+                                    (&self.server_ids, &self.servers, self.options.selection),
+                                    (op_id, op, 0),
+                                    &mut self.waiting,
+                                    now,
+                                );
+                                if !selected {
+                                    self.select(op_id, 0, now);
+                                    continue 'drain;
+                                }
                             }
                         }
                     }
-                }
-                Action::Dispatch(attempt) => {
-                    let pinned = op.pinned_conn;
-                    emit_held(&mut self.events, op_id, &mut held);
-                    self.dispatch(op_id, attempt, pinned, now);
-                }
-                Action::ReleaseConnection { close } => {
-                    let slot = &mut op.slots[0];
-                    slot.checkout = None;
-                    let conn = slot.conn.take();
-                    end_attempt(slot, &mut self.servers);
-                    // A pinned connection goes back only when this operation ended its pin; one
-                    // this operation's cursor or transaction now owns stays checked out (LB-10,
-                    // TX-5); any other goes back (BP-27).
-                    let release = match op.pinned_conn {
-                        Some(pinned) => op.release_pinned.then_some(pinned),
-                        None => conn.filter(|_| !op.keep_conn),
-                    };
-                    if let Some(conn) = release {
-                        self.release(conn, !close, now);
+                    Action::Dispatch(attempt) => {
+                        let pinned = op.pinned_conn;
+                        emit_held(&mut self.events, op_id, &mut held);
+                        // Issue 9: to the last server an attempt went to (nearly always), the
+                        // checkout is made with the operation at hand (`Engine::dispatch`).
+                        let last = match (&self.last_server, pinned) {
+                            (Some((last, id)), None) if *last == attempt.address => Some(*id),
+                            _ => None,
+                        };
+                        let Some(server) = last else {
+                            self.dispatch(op_id, attempt, pinned, now);
+                            continue 'drain;
+                        };
+                        let parts = (
+                            &mut self.servers[..],
+                            &mut self.topology,
+                            &mut self.work,
+                            &mut self.served,
+                            &mut self.checkouts,
+                        );
+                        let slot = (op_id, &mut **op, 0);
+                        if !check_out_slot(parts, &self.options, slot, server, attempt, now) {
+                            self.server_left(op_id, 0, server, now);
+                            continue 'drain;
+                        }
                     }
-                    emit_held(&mut self.events, op_id, &mut held);
-                }
-                Action::Wait { .. } => emit_held(&mut self.events, op_id, &mut held),
-                Action::Finished(result) => {
-                    let cursor = (op.request.cursor, op.release_pinned);
-                    emit_held(&mut self.events, op_id, &mut held);
-                    self.finish_with(op_id, result, 0, cursor, now);
+                    Action::ReleaseConnection { close } => {
+                        let slot = &mut op.slots[0];
+                        slot.checkout = None;
+                        let conn = slot.conn.take();
+                        end_attempt(slot, &mut self.servers);
+                        // A pinned connection goes back only when this operation ended its pin;
+                        // one this operation's cursor or transaction now owns stays checked out
+                        // (LB-10, TX-5); any other goes back (BP-27).
+                        let release = match op.pinned_conn {
+                            Some(pinned) => op.release_pinned.then_some(pinned),
+                            None => conn.filter(|_| !op.keep_conn),
+                        };
+                        let Some(conn) = release else {
+                            emit_held(&mut self.events, op_id, &mut held);
+                            continue;
+                        };
+                        // Issue 9: with nobody subscribed to the pool's events, the check-in
+                        // touches neither the operations nor the events: the operation stays at
+                        // hand.
+                        if self.options.events.contains(super::EventFamilies::POOL) {
+                            self.release(conn, !close, now);
+                            emit_held(&mut self.events, op_id, &mut held);
+                            continue 'drain;
+                        }
+                        let parts = (&mut self.sockets, &mut self.servers[..], &mut self.topology);
+                        release_quiet(parts, &mut self.work, conn, !close, now);
+                        emit_held(&mut self.events, op_id, &mut held);
+                    }
+                    Action::Wait { .. } => emit_held(&mut self.events, op_id, &mut held),
+                    Action::Finished(result) => {
+                        let cursor = (op.request.cursor, op.release_pinned);
+                        emit_held(&mut self.events, op_id, &mut held);
+                        self.finish_with(op_id, result, 0, cursor, now);
+                        // Finished: nothing is left to refuse or to wait for (issue 9: no lookup
+                        // that would find the operation gone).
+                        break 'drain Drained::Settled;
+                    }
                 }
             }
         };
@@ -744,67 +907,33 @@ impl Engine {
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
         };
-        let state = &mut op.slots[slot];
-        end_attempt(state, &mut self.servers);
-        state.attempt = Some(attempt);
-        state.counted = Some(server);
-        let entry = &mut self.servers[server.0 as usize];
-        entry.in_flight += 1;
-        let (member, pool_queued) = (!entry.left, entry.pool_queued);
-        // CS-3: under CSOT (`timeoutMS=0` included, CS-1) selection and checkout share one
-        // `computedServerSelectionTimeout` = min(serverSelectionTimeoutMS, remaining), computed
-        // when the attempt's selection started (review5 item 8; from now for an attempt that
-        // selected nothing, a pinned one), and waitQueueTimeoutMS does not apply (TO-4, TO-8);
-        // without CSOT, waitQueueTimeoutMS.
-        let timeout = op.request.timeout;
-        let selected = state.selection_deadline.take();
-        let deadline = timeout.is_csot().then(|| {
-            selected.unwrap_or_else(|| {
-                ServerSelection::deadline_from(&self.options.selection, timeout, now)
-            })
-        });
-        // LB-13: a cursor-creating command's connection may stay with its cursor.
-        let purpose = if op.request.cursor == CursorUse::Open && self.options.topology.load_balanced
-        {
-            Purpose::Cursor
-        } else {
-            Purpose::Other
-        };
-        let pool = pool_in(&mut self.servers, &mut self.topology, server).filter(|_| member);
-        let Some(pool) = pool else {
-            let address = self.server(server).address.clone();
-            let error = OperationError::server_selection(alloc::format!(
-                "{address} is no longer part of the topology"
-            ));
-            self.fail_attempt(op_id, slot, error, false, now);
-            return;
-        };
-        // Issue 9: a retry machine's checkout served at once, with nothing on the worklist,
-        // gets its pool's turn right after this one (`Served`), without the worklist and the
-        // table of pending checkouts. (A hedged copy's keeps the worklist: its machine may
-        // check out several copies in one turn.)
-        let next = matches!(op.machine, OpMachine::Retry(_))
-            && self.work.is_empty()
-            && self.served.is_none()
-            && !pool_queued;
-        let (id, served) = pool.check_out_served(purpose, deadline, now, next);
-        op.slots[slot].checkout = Some((server, id));
-        match served {
-            Some(connection) => {
-                self.servers[server.0 as usize].pool_queued = true;
-                self.served = Some(Served {
-                    server,
-                    checkout: id,
-                    connection,
-                    op: op_id,
-                    slot,
-                });
-            }
-            None => {
-                self.checkouts.insert((server, id), (op_id, slot));
-                self.schedule(Machine::Pool(server));
-            }
+        let parts = (
+            &mut self.servers[..],
+            &mut self.topology,
+            &mut self.work,
+            &mut self.served,
+            &mut self.checkouts,
+        );
+        if !check_out_slot(
+            parts,
+            &self.options,
+            (op_id, op, slot),
+            server,
+            attempt,
+            now,
+        ) {
+            self.server_left(op_id, slot, server, now);
         }
+    }
+
+    /// The attempt of `slot` checks out of a server that is no longer part of the topology.
+    #[inline(never)]
+    fn server_left(&mut self, op_id: OpId, slot: usize, server: ServerId, now: Instant) {
+        let address = self.server(server).address.clone();
+        let error = OperationError::server_selection(alloc::format!(
+            "{address} is no longer part of the topology"
+        ));
+        self.fail_attempt(op_id, slot, error, false, now);
     }
 
     /// The operation is over: its one `OperationFinished`; the reply is `winner`'s (the slot of
@@ -1283,6 +1412,16 @@ impl Engine {
     /// Checks a connection back in (BP-27: before any backoff, and its `CheckedIn` event before
     /// the retry's), or closes it.
     pub(super) fn release(&mut self, conn: ConnId, healthy: bool, now: Instant) {
+        if self.options.events.contains(super::EventFamilies::POOL) {
+            return self.release_published(conn, healthy, now);
+        }
+        let parts = (&mut self.sockets, &mut self.servers[..], &mut self.topology);
+        release_quiet(parts, &mut self.work, conn, healthy, now);
+    }
+
+    /// [`Engine::release`] for a subscriber to the pool's events.
+    #[inline(never)]
+    fn release_published(&mut self, conn: ConnId, healthy: bool, now: Instant) {
         let Some(socket) = self.sockets.get_mut(&conn) else {
             return;
         };

@@ -166,7 +166,11 @@ impl Engine {
         while let Some(machine) = self.work.pop_front() {
             steps += 1;
             debug_assert!(steps <= bound, "the engine's worklist does not settle");
-            self.unqueue(machine);
+            // An operation's flag is cleared by its turn (`Engine::drain_operation`): no call
+            // for nothing (issue 9).
+            if !matches!(machine, Machine::Operation(_)) {
+                self.unqueue(machine);
+            }
             self.turn(machine, now);
         }
         debug_assert!(self.served.is_none(), "a served checkout outside a turn");

@@ -71,19 +71,26 @@ impl Net {
             while let Some(conn) = self.engine.poll_transmit(&mut buf) {
                 progressed = true;
                 self.transmits.push((self.now, conn, buf.clone()));
-                if let Some((address, decoder)) = self.sockets.get_mut(&conn) {
-                    let mut rest = &buf[..];
-                    while !rest.is_empty() {
-                        let (used, message) = decoder.decode(rest).expect("valid OP_MSG");
-                        rest = &rest[used..];
-                        let Some(request) = message else { continue };
-                        self.sent.push((conn, request.body.clone()));
-                        match (self.script)(address, &request.body) {
-                            Some(body) => {
-                                replies.push((conn, super::reply_bytes(request.request_id, body)))
-                            }
-                            None => self.unanswered.push((conn, request.request_id)),
+                // Review24 R4 (house rule 8): bytes for a socket the engine never connected, or
+                // closed, are output for a socket that is gone: the test fails.
+                let Some((address, decoder)) = self.sockets.get_mut(&conn) else {
+                    panic!(
+                        "the engine wrote {} bytes to socket {conn:?}, which it never connected \
+                         or already closed",
+                        buf.len()
+                    );
+                };
+                let mut rest = &buf[..];
+                while !rest.is_empty() {
+                    let (used, message) = decoder.decode(rest).expect("valid OP_MSG");
+                    rest = &rest[used..];
+                    let Some(request) = message else { continue };
+                    self.sent.push((conn, request.body.clone()));
+                    match (self.script)(address, &request.body) {
+                        Some(body) => {
+                            replies.push((conn, super::reply_bytes(request.request_id, body)))
                         }
+                        None => self.unanswered.push((conn, request.request_id)),
                     }
                 }
                 buf.clear();
