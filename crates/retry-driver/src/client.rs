@@ -429,9 +429,9 @@ impl<R> Client<R> {
     /// it from an `async` body, so it is queued on their future's first poll, as if it were an
     /// `async fn`.
     fn run_request(&self, operation: OperationRequest, db: &str) -> ReplyFuture<'_> {
-        let waiter = self.waiter();
         // A future that drives the engine itself runs it next: no wake.
-        let queued = self.queue(operation, Some(db), waiter.is_none(), true);
+        let queued = self.queue(operation, Some(db), self.inner.local.is_none(), true);
+        let waiter = self.waiter();
         let (reply, alone) = match queued {
             Ok((reply, alone)) => (Some(reply), alone),
             Err(_) => (None, false),
@@ -541,9 +541,10 @@ impl<R> Client<R> {
     /// itself ([`SpawnedDriver::run_inline`]): the second value says so. With `db`, the
     /// operation's database name is written into a spare string
     /// ([`crate::shared::SharedState::db_name`]).
+    #[inline(always)]
     fn queue(
         &self,
-        mut operation: OperationRequest,
+        operation: OperationRequest,
         db: Option<&str>,
         wake: bool,
         inline: bool,
@@ -552,14 +553,11 @@ impl<R> Client<R> {
         if state.closing {
             return Err(OperationError::cancelled());
         }
-        if let Some(db) = db {
-            operation.db = state.db_name(db);
-        }
         let alone = inline
             && self.inner.spawned.is_some()
             && state.operations == 0
             && state.requests.is_empty();
-        let reply = state.slot(operation);
+        let reply = state.slot(operation, db);
         state.requests.push_back(reply.clone());
         if wake && !alone {
             state.wake_driver();

@@ -2494,7 +2494,7 @@ mod tests {
                     retry_core::retry::OperationKind::RunCommand,
                     retry_core::selection::SelectionCriteria::Write,
                 );
-                let slot = state.slot(request);
+                let slot = state.slot(request, None);
                 state.requests.push_back(slot);
             }
         }

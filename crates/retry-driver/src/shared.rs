@@ -388,8 +388,11 @@ impl SharedState {
     /// A slot for a new request: the oldest spent one whose caller let go of it, emptied
     /// (issue 9: no allocation and no free per operation), else a new one. At most four spent
     /// slots are looked at (house rule 9); one whose caller has not taken its result yet goes
-    /// to the back, to be looked at again later.
-    pub(crate) fn slot(&mut self, request: OperationRequest) -> Arc<Slot> {
+    /// to the back, to be looked at again later. With `db`, the request's database name is
+    /// written there, in a spare string ([`SharedState::db_name`]; issue 9: in place, the
+    /// request not copied once more to be changed first).
+    pub(crate) fn slot(&mut self, request: OperationRequest, db: Option<&str>) -> Arc<Slot> {
+        let name = db.map(|db| self.db_name(db));
         for _ in 0..4 {
             let Some(mut spent) = self.spent_slots.pop_front() else {
                 break;
@@ -398,7 +401,10 @@ impl SharedState {
                 // Emptied field by field, the request written in place (a result nobody took
                 // is dropped: [`Client::submit`](crate::Client)'s callers let go at once).
                 let state = slot.state.get_mut().unwrap_or_else(PoisonError::into_inner);
-                state.request = Some(request);
+                let request = state.request.insert(request);
+                if let Some(name) = name {
+                    request.db = name;
+                }
                 state.result = Poll::Pending;
                 state.waker = None;
                 state.op = None;
@@ -410,8 +416,12 @@ impl SharedState {
             }
             self.spent_slots.push_back(spent);
         }
-        let slot = Slot::default();
-        lock(&slot.state).request = Some(request);
+        let mut slot = Slot::default();
+        let state = slot.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let request = state.request.insert(request);
+        if let Some(name) = name {
+            request.db = name;
+        }
         Arc::new(slot)
     }
 
@@ -500,7 +510,7 @@ mod tests {
         let held = Arc::new(Slot::default());
         held.complete(Err(OperationError::cancelled()), None);
         state.spent_slots.push_back(held.clone());
-        let fresh = state.slot(ping());
+        let fresh = state.slot(ping(), None);
         assert!(
             !Arc::ptr_eq(&fresh, &held),
             "a slot its caller holds is not reused"
@@ -509,7 +519,7 @@ mod tests {
         drop(held);
 
         let address = Arc::as_ptr(&state.spent_slots[0]);
-        let reused = state.slot(ping());
+        let reused = state.slot(ping(), None);
         assert_eq!(Arc::as_ptr(&reused), address, "reused");
         assert!(!reused.is_completed(), "no result yet");
         let state = lock(&reused.state);
