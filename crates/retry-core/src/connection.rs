@@ -643,6 +643,7 @@ impl Connection {
         self.deadline
     }
 
+    #[inline]
     fn on_message(&mut self, message: RawOpMsg, now: Instant) {
         let expected = self.outstanding.map(|o| o.response_to);
         let Some(outstanding) = self
@@ -662,12 +663,7 @@ impl Connection {
         }
         match self.state {
             ConnectionState::Handshaking | ConnectionState::Authenticating => {
-                // The handshake and authentication read their replies as documents (once per
-                // connection); a command's reply stays encoded.
-                match to_document(&message.body) {
-                    Ok(body) => self.on_establishment_reply(body, outstanding, now),
-                    Err(e) => self.fail(FailureCause::Protocol(ProtocolError::Decode(e))),
-                }
+                self.on_establishment_message(&message, outstanding, now)
             }
             _ if more_to_come => {
                 // WP-6: the next reply answers this one; each gets a fresh socket timeout.
@@ -689,6 +685,24 @@ impl Connection {
                     reply: message,
                 });
             }
+        }
+    }
+
+    /// The reply to the handshake or to an authentication step, still encoded: out of line
+    /// (once per connection; issue 9: a command's reply takes the inlined rest of
+    /// [`Connection::on_message`]).
+    #[inline(never)]
+    fn on_establishment_message(
+        &mut self,
+        message: &RawOpMsg,
+        outstanding: Outstanding,
+        now: Instant,
+    ) {
+        // The handshake and authentication read their replies as documents (once per
+        // connection); a command's reply stays encoded.
+        match to_document(&message.body) {
+            Ok(body) => self.on_establishment_reply(body, outstanding, now),
+            Err(e) => self.fail(FailureCause::Protocol(ProtocolError::Decode(e))),
         }
     }
 

@@ -96,11 +96,20 @@ const CURSOR: usize = 3;
 
 impl TopFields {
     /// Notes one top-level element of the document whose bytes are `document` (its key, type
-    /// tag and value bytes, a part of `document`, as [`Elements`] yields them).
-    #[inline]
+    /// tag and value bytes, a part of `document`, as [`Elements`] yields them). `ok` inline,
+    /// the rest out of line (issue 9: a plain reply's one element costs no call).
+    #[inline(always)]
     pub(crate) fn note(&mut self, document: &[u8], key: &[u8], tag: u8, value: &[u8]) {
+        match key {
+            b"ok" => self.ok = is_ok_element(tag, value),
+            _ => self.note_other(document, key, tag, value),
+        }
+    }
+
+    /// [`TopFields::note`] of an element other than `ok`.
+    #[inline(never)]
+    fn note_other(&mut self, document: &[u8], key: &[u8], tag: u8, value: &[u8]) {
         let (field, read) = match key {
-            b"ok" => return self.ok = is_ok_element(tag, value),
             b"writeConcernError" => return self.write_concern_error = true,
             b"$clusterTime" => (CLUSTER_TIME, tag == DOCUMENT),
             b"operationTime" => (OPERATION_TIME, tag == TIMESTAMP),

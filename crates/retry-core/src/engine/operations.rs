@@ -648,25 +648,9 @@ impl Engine {
     /// registers the deadline itself (`Drained::Settled`), rather than looking the operation up
     /// twice more; the operation's `queued` flag is cleared by the turn's first lookup.
     pub(super) fn drain_operation(&mut self, op_id: OpId, now: Instant) {
-        // One lookup: the flag, a refusal, the machine, and which slots' waiting selections are
-        // due (at most 5).
-        let Some(op) = self.ops.get_mut(&op_id) else {
-            return;
-        };
-        op.queued = false;
-        let drained = match op.refused.is_some() {
-            true => Drained::Unsettled,
-            false => {
-                let hedged = matches!(op.machine, OpMachine::Hedging(_));
-                let due = op
-                    .slots
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, s)| s.wake.is_some_and(|w| now >= w))
-                    .fold(0_u32, |due, (i, _)| due | 1 << i);
-                self.drain_machine(op_id, hedged, due, now)
-            }
-        };
+        let previous = self.draining;
+        let drained = self.drain_retry(op_id, now);
+        self.draining = previous;
         if let Drained::Unsettled = drained {
             // House rule 8: an input refused while draining (or before) ends the operation now.
             self.end_refused(op_id, now);
@@ -674,10 +658,29 @@ impl Engine {
         }
     }
 
-    /// Drains the machine of an operation (`hedged` or not) whose slots in `due` have a
-    /// waiting selection that is due.
+    /// The start of an operation's turn, with the operation at hand (the drain's first lookup,
+    /// issue 9: `drain_operation` does not look it up apart): its flag cleared, then `None` to
+    /// drain its retry machine, or how the turn ended: a refusal, a hedging machine (drained
+    /// here) or a retry machine after its due selections looked again (drained by the caller,
+    /// which looks the operation up again).
     #[inline(always)]
-    fn drain_machine(&mut self, op_id: OpId, hedged: bool, mut due: u32, now: Instant) -> Drained {
+    fn start_drain(&mut self, op_id: OpId, now: Instant) -> Option<Drained> {
+        let op = self.ops.get_mut(&op_id)?;
+        op.queued = false;
+        if op.refused.is_some() {
+            return Some(Drained::Unsettled);
+        }
+        let hedged = matches!(op.machine, OpMachine::Hedging(_));
+        // Which slots' waiting selections are due (at most 5).
+        let mut due = op
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.wake.is_some_and(|w| now >= w))
+            .fold(0_u32, |due, (i, _)| due | 1 << i);
+        if due == 0 && !hedged {
+            return None;
+        }
         // A waiting selection that is due looks again.
         while due != 0 {
             let slot = due.trailing_zeros() as usize;
@@ -686,15 +689,13 @@ impl Engine {
         }
         if hedged {
             self.drain_hedged(op_id, now);
-            return Drained::Unsettled;
+            return Some(Drained::Unsettled);
         }
-        let previous = self.draining.replace(op_id);
-        let drained = self.drain_retry(op_id, now);
-        self.draining = previous;
-        drained
+        Some(Drained::Settled)
     }
 
-    /// Routes a retry machine's events and actions until it has none left.
+    /// Routes a retry machine's events and actions until it has none left (after
+    /// [`Engine::start_drain`]); `draining` is the operation meanwhile.
     fn drain_retry(&mut self, op_id: OpId, now: Instant) -> Drained {
         // BP-27: a retry event waits until the attempt's connection is checked in.
         // Issue 9: a `Vec`, which costs nothing until an event is held (only a machine that
@@ -704,11 +705,29 @@ impl Engine {
         // Issue 9: the operation is looked up again only after an action that needs the whole
         // engine; the events and the actions done with the operation at hand (a selection the
         // cache or the pin answers, a wait) go on with it.
+        let mut fresh = true;
         let drained = 'drain: loop {
             let Some(op) = self.ops.get_mut(&op_id) else {
-                // Finished: nothing is left to refuse or to wait for.
+                // Finished (or gone before its turn): nothing is left to refuse or to wait for.
                 break Drained::Settled;
             };
+            if fresh {
+                fresh = false;
+                // The start of the turn, with this lookup: nearly always nothing to do.
+                if op.refused.is_some()
+                    || matches!(op.machine, OpMachine::Hedging(_))
+                    || op.slots.iter().any(|s| s.wake.is_some())
+                {
+                    let started = self.start_drain(op_id, now);
+                    self.draining = Some(op_id);
+                    match started {
+                        None | Some(Drained::Settled) => continue 'drain,
+                        Some(Drained::Unsettled) => break 'drain Drained::Unsettled,
+                    }
+                }
+                op.queued = false;
+                self.draining = Some(op_id);
+            }
             loop {
                 let OpMachine::Retry(machine) = &mut op.machine else {
                     break 'drain Drained::Unsettled;
