@@ -445,16 +445,18 @@ impl Driver {
             progressed = true;
             self.sockets.remove(&conn);
         }
-        let Some(first) = self.engine.poll_event() else {
+        let Some(mut event) = self.engine.poll_event() else {
             return progressed;
         };
         // Subscribers get an operation's events before its caller gets its result.
         let mut guard = lock(&self.shared.state);
         let state = &mut *guard;
-        state.subscribers.retain(|s| Arc::strong_count(s) > 1);
+        // Issue 9: no call for the usual empty list.
+        if !state.subscribers.is_empty() {
+            state.subscribers.retain(|s| Arc::strong_count(s) > 1);
+        }
         let subscribers = &state.subscribers[..];
-        let mut next = Some(first);
-        while let Some(event) = next {
+        loop {
             for subscriber in subscribers {
                 subscriber.push((now, event.clone()));
             }
@@ -493,7 +495,12 @@ impl Driver {
                 }
                 _ => {}
             }
-            next = self.engine.poll_event();
+            // Issue 9: each event moved once out of the engine's queue, not through an
+            // `Option` of its own first.
+            match self.engine.poll_event() {
+                Some(next) => event = next,
+                None => break,
+            }
         }
         state.operations = self.pending.len();
         true
