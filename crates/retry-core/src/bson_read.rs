@@ -521,8 +521,8 @@ fn read_len(bytes: &[u8], at: usize) -> Option<usize> {
 /// of the workspace: the decoder's validation, the engine's in-place reply reader and the test
 /// server's raw path walk elements with it, so they cannot size a type differently.
 ///
-/// The usual fixed sizes are decided inline, the rest out of line (issue 9: a reply's usual
-/// scalars are sized without a call).
+/// The usual types (fixed sizes, strings, documents, arrays) are sized inline, the rest out of
+/// line (issue 9: a reply's or a command's usual elements are sized without a call).
 #[inline(always)]
 pub fn value_size(tag: u8, value: &[u8]) -> Option<usize> {
     match tag {
@@ -530,6 +530,8 @@ pub fn value_size(tag: u8, value: &[u8]) -> Option<usize> {
         0x10 => Some(4),
         0x08 => Some(1),
         0x0A => Some(0),
+        0x02 => read_len(value, 0)?.checked_add(4),
+        0x03 | 0x04 => read_len(value, 0),
         _ => variable_value_size(tag, value),
     }
 }
@@ -543,8 +545,8 @@ fn variable_value_size(tag: u8, value: &[u8]) -> Option<usize> {
         0x07 => 12,
         0x13 => 16,
         0x06 | 0x7F | 0xFF => 0,
-        0x02 | 0x0D | 0x0E => len()?.checked_add(4)?,
-        0x03 | 0x04 | 0x0F => len()?,
+        0x0D | 0x0E => len()?.checked_add(4)?,
+        0x0F => len()?,
         0x05 => len()?.checked_add(5)?,
         0x0C => len()?.checked_add(16)?,
         0x0B => {
