@@ -35,7 +35,8 @@ const MAX_TIME_MS_EXPIRED: i32 = 50;
 /// UnsatisfiableWriteConcern and UnknownReplWriteConcern: the write-concern errors that are not
 /// "unknown commit result" (TX-8).
 const DEFINITE_WRITE_CONCERN_ERRORS: [i32; 2] = [100, 79];
-/// WriteConcernFailed (a write-concern timeout reported at the top level).
+/// WriteConcernTimeout, `WriteConcernFailed` before the server renamed it (a write-concern timeout
+/// reported at the top level).
 const WRITE_CONCERN_FAILED: i32 = 64;
 
 /// The labels the driver adds to an error of a command inside a transaction.

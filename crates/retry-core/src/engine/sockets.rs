@@ -145,15 +145,10 @@ impl Engine {
             let Some(socket) = self.sockets.get_mut(&conn) else {
                 return;
             };
-            if !socket.transmit_queued && socket.machine.has_transmit() {
-                socket.transmit_queued = true;
-                self.transmits.push_back(conn);
-            }
+            list_transmit(conn, socket, &mut self.transmits);
             let Some(event) = socket.machine.poll_event() else {
                 // Issue 9: its deadline registered with the socket at hand (`Engine::turn`).
-                let at = socket.machine.poll_timeout();
-                self.timers
-                    .set(Machine::Socket(conn), &mut socket.timer, at);
+                register_deadline(conn, socket, &mut self.timers);
                 return;
             };
             let (server, owner, op) = (socket.server, socket.owner, socket.op);
@@ -351,11 +346,24 @@ pub(super) fn socket_settled(
     if !next || socket.queued || socket.machine.has_events() {
         return false;
     }
+    // The steps of `Engine::drain_socket` for a socket with no event (review24 R6).
+    list_transmit(conn, socket, transmits);
+    register_deadline(conn, socket, timers);
+    true
+}
+
+/// A socket's bytes to write join the transmit order once, when its turn finds them.
+#[inline(always)]
+fn list_transmit(conn: ConnId, socket: &mut Socket, transmits: &mut VecDeque<ConnId>) {
     if !socket.transmit_queued && socket.machine.has_transmit() {
         socket.transmit_queued = true;
         transmits.push_back(conn);
     }
+}
+
+/// The socket's next deadline, registered at the end of its turn.
+#[inline(always)]
+fn register_deadline(conn: ConnId, socket: &mut Socket, timers: &mut Timers) {
     let at = socket.machine.poll_timeout();
     timers.set(Machine::Socket(conn), &mut socket.timer, at);
-    true
 }
