@@ -19,7 +19,7 @@ use crate::connection_string::ConnectionString;
 use crate::driver::{Driver, LocalDriver, SpawnedDriver, Waiter};
 use crate::options::{ClientOptions, OptionsError};
 use crate::runtime::Runtime;
-use crate::shared::{lock, EventQueue, RawReply, Reply, Shared, Slot, TimedEvent, WakerId};
+use crate::shared::{lock, EventQueue, RawReply, Reply, Shared, Slot, TimedEvent};
 use crate::srv::resolve_seedlist;
 use crate::tls::TlsRuntime;
 
@@ -142,8 +142,6 @@ struct ReplyFuture<'a> {
     first: bool,
     /// It returned the result.
     done: bool,
-    /// Its last registration in its slot ([`Slot::poll`]).
-    registered: Option<WakerId>,
 }
 
 impl Future for ReplyFuture<'_> {
@@ -162,28 +160,30 @@ impl Future for ReplyFuture<'_> {
                 // starts them all (issue 9).
                 if let (Some(waiter), true) = (&this.waiter, results.load(Ordering::Acquire) > 0) {
                     waiter.defer(cx);
-                    let result = reply.poll(cx, results, &mut this.registered);
+                    let result = reply.poll(cx, results);
                     this.done = result.is_ready();
                     return result;
                 }
             }
             if let (true, Some(spawned)) = (this.alone, &this.inner.spawned) {
                 // The only operation in flight: this caller starts it, unless the driver is busy.
-                if !spawned.run_inline(Some(reply)) {
-                    lock(&this.inner.shared.state).wake_driver();
-                }
+                reply.driving(|| {
+                    if !spawned.run_inline() {
+                        lock(&this.inner.shared.state).wake_driver();
+                    }
+                });
             }
         }
         if let Some(waiter) = &this.waiter {
             if reply.is_completed() {
                 // Its result is in: it returns it now and waits no more, so it does not
                 // register again (issue 9); it still runs what the driver has to do.
-                waiter.run(cx, Some(reply));
+                reply.driving(|| waiter.run(cx));
             } else {
-                waiter.drive_for(cx, Some(reply));
+                reply.driving(|| waiter.drive(cx));
             }
         }
-        let result = reply.poll(cx, results, &mut this.registered);
+        let result = reply.poll(cx, results);
         this.done = result.is_ready();
         result
     }
@@ -443,7 +443,6 @@ impl<R> Client<R> {
             alone,
             first: true,
             done: false,
-            registered: None,
         }
     }
 

@@ -135,18 +135,9 @@ pub(crate) struct Driver {
     /// [`Shared::results_to_take`](crate::shared::Shared::results_to_take) (a
     /// [`LocalDriver`]'s, for [`Waiter::defer`]).
     count_results: bool,
-    /// The slot whose caller runs this pass, on its own thread (its address; 0 for none:
-    /// [`Driver::runner_of`]): its completion does not wake that caller, which polls the slot
-    /// right after the pass ([`Slot::complete`], issue 9).
-    runner: usize,
 }
 
 impl Driver {
-    /// [`Driver::runner`]'s value for a pass run by `slot`'s caller.
-    fn runner_of(slot: Option<&Slot>) -> usize {
-        slot.map_or(0, |slot| core::ptr::from_ref(slot).addr())
-    }
-
     pub(crate) fn new(
         runtime: Arc<dyn Runtime>,
         engine: Engine,
@@ -181,7 +172,6 @@ impl Driver {
             unflushed: true,
             listening: None,
             count_results: false,
-            runner: 0,
         }
     }
 
@@ -492,8 +482,7 @@ impl Driver {
                             document: self.engine.take_document(),
                         });
                         let results = self.count_results.then_some(&self.shared.results_to_take);
-                        let runner = Arc::as_ptr(&pending.slot).addr() == self.runner;
-                        pending.slot.complete(result, results, runner);
+                        pending.slot.complete(result, results);
                         if let Some(name) = self.engine.take_db_name() {
                             if state.spare_names.len() < crate::shared::SPENT_SLOTS {
                                 state.spare_names.push(name);
@@ -595,15 +584,13 @@ impl Driver {
         self.sockets = IdTable::default();
         let results = self.count_results.then_some(&self.shared.results_to_take);
         for pending in core::mem::take(&mut self.pending).values() {
-            let runner = Arc::as_ptr(&pending.slot).addr() == self.runner;
             pending
                 .slot
-                .complete(Err(OperationError::cancelled()), results, runner);
+                .complete(Err(OperationError::cancelled()), results);
         }
         let mut state = lock(&self.shared.state);
         for slot in core::mem::take(&mut state.requests) {
-            let runner = Arc::as_ptr(&slot).addr() == self.runner;
-            slot.complete(Err(OperationError::cancelled()), results, runner);
+            slot.complete(Err(OperationError::cancelled()), results);
         }
         state.sessions.refuse_starts();
         for subscriber in core::mem::take(&mut state.subscribers) {
@@ -773,7 +760,7 @@ impl SpawnedDriver {
     /// Runs a pass of the driver on the caller's thread, polled with the task's waker, unless
     /// the task or another caller runs it, or the task has not run yet. Returns whether it ran;
     /// if not, the caller wakes the task for its work instead.
-    pub(crate) fn run_inline(&self, runner: Option<&Slot>) -> bool {
+    pub(crate) fn run_inline(&self) -> bool {
         let Some(mut claim) = self.claim() else {
             return false;
         };
@@ -788,11 +775,9 @@ impl SpawnedDriver {
             // Stopped: the claim's drop still wakes a task refused meanwhile.
             return false;
         };
-        running.runner = Driver::runner_of(runner);
-        let stopped = Pin::new(&mut *running)
+        let stopped = Pin::new(running)
             .poll(&mut Context::from_waker(task))
             .is_ready();
-        running.runner = 0;
         if stopped {
             // The driver (and its engine and sockets) goes now; its task ends when next polled.
             *driver = None;
@@ -1395,12 +1380,6 @@ impl LocalDriver {
     /// Runs the driver if it has something to do and no one else runs it (that one re-checks
     /// the flag when it is done). Returns whether the driver has stopped (shut down).
     pub(crate) fn run(&self, cx: &Context<'_>) -> bool {
-        self.run_for(cx, None)
-    }
-
-    /// [`LocalDriver::run`] by the caller of `runner` (on this thread), which polls that slot
-    /// right after: its completion in these passes does not wake it ([`Slot::complete`]).
-    pub(crate) fn run_for(&self, cx: &Context<'_>, runner: Option<&Slot>) -> bool {
         let waker = &*self.waker;
         let mut driver_cx = Context::from_waker(&self.driver_waker);
         if !waker.dirty.load(Ordering::Acquire) {
@@ -1416,10 +1395,7 @@ impl LocalDriver {
             let Some(driver) = pass.driver.as_mut() else {
                 return true;
             };
-            driver.runner = Driver::runner_of(runner);
-            let stopped = Pin::new(&mut *driver).poll(&mut driver_cx).is_ready();
-            driver.runner = 0;
-            if stopped {
+            if Pin::new(driver).poll(&mut driver_cx).is_ready() {
                 // Shut down: the driver (and its engine and sockets) goes now.
                 *pass.driver = None;
                 drop(pass);
@@ -1469,15 +1445,9 @@ impl Waiter {
     /// Registers `cx`'s task as waiting (in a slot opened now, the first time) and runs the
     /// driver if it has something to do and no one else runs it.
     pub(crate) fn drive(&self, cx: &Context<'_>) {
-        self.drive_for(cx, None);
-    }
-
-    /// [`Waiter::drive`] by the caller of `runner`, which polls that slot right after
-    /// ([`LocalDriver::run_for`]).
-    pub(crate) fn drive_for(&self, cx: &Context<'_>, runner: Option<&Slot>) {
         self.resume();
         self.register(cx);
-        self.local.run_for(cx, runner);
+        self.local.run(cx);
     }
 
     /// Registers `cx`'s task as waiting, in a slot opened now the first time.
@@ -1494,11 +1464,11 @@ impl Waiter {
     /// Runs the driver as [`Waiter::drive`] does, without registering `cx`'s task: for a future
     /// whose result is in, which returns it now and waits no more. While another future owes a
     /// deferred pass ([`Waiter::defer`]), it leaves the driver to that one.
-    pub(crate) fn run(&self, cx: &Context<'_>, runner: Option<&Slot>) {
+    pub(crate) fn run(&self, cx: &Context<'_>) {
         if !self.resume() && self.local.waker.deferred.load(Ordering::Acquire) {
             return;
         }
-        self.local.run_for(cx, runner);
+        self.local.run(cx);
     }
 
     /// For the first poll of an operation queued while other callers have results to take
@@ -2185,7 +2155,7 @@ mod tests {
             "the task ran the driver, or is woken to"
         );
         assert!(ran, "the first poll ran the driver");
-        assert!(spawned.run_inline(None), "callers run passes from then on");
+        assert!(spawned.run_inline(), "callers run passes from then on");
     }
 
     /// House rule 8: the task is polled while a caller runs an inline pass (its poll is
@@ -2205,7 +2175,7 @@ mod tests {
         assert!(poll_task(&mut task, &waker).is_pending());
         assert!(lock(&shared.state).driver.is_some(), "the next poll ran it");
         // No further wake is owed: a clean inline pass wakes nobody.
-        assert!(spawned.run_inline(None));
+        assert!(spawned.run_inline());
         assert_eq!(woken(&counted), 1);
     }
 
@@ -2326,7 +2296,7 @@ mod tests {
         let before = woken(&counted);
         lock(&shared.state).wake_driver();
         assert_eq!(woken(&counted), before + 1, "a new operation's wake");
-        assert!(spawned.run_inline(None));
+        assert!(spawned.run_inline());
         // So does the timer's firing.
         let fired = core::mem::take(&mut *lock(&runtime.armed));
         assert_eq!(fired.len(), 1, "the timer is armed");
@@ -2404,8 +2374,7 @@ mod tests {
         assert_eq!(fired.len(), 1, "the timer is armed");
         fired.into_iter().for_each(Waker::wake);
         let before = woken(&counted);
-        let pass =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| spawned.run_inline(None)));
+        let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| spawned.run_inline()));
         assert!(pass.is_err(), "the pass panicked");
         assert!(
             lock(&runtime.panic).is_none(),
@@ -2425,7 +2394,7 @@ mod tests {
         lock(&spawned.state).driver = None;
         // The task's poll has begun (`missed` set, the fence passed) when the caller claims.
         spawned.missed.store(true, Ordering::Relaxed);
-        assert!(!spawned.run_inline(None), "no pass: the driver stopped");
+        assert!(!spawned.run_inline(), "no pass: the driver stopped");
         assert_eq!(woken(&counted), 1, "the refused task is woken to end");
         assert!(poll_task(&mut task, &waker).is_ready(), "and ends");
     }
@@ -2565,7 +2534,7 @@ mod tests {
         assert_eq!(registered(&lock(&local.waker.waiting)), 2);
         // A caller taking its result meanwhile leaves the pass to the deferring future.
         let taker = local.waiter();
-        taker.run(&Context::from_waker(Waker::noop()), None);
+        taker.run(&Context::from_waker(Waker::noop()));
         assert_eq!(queued(&shared), 3, "a result's caller does not run it");
         drop(taker);
         assert_eq!(woken(&tasks), 1, "and wakes nobody when it leaves");

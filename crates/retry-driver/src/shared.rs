@@ -2,7 +2,7 @@
 //! operation's result slot, the event streams, and the shutdown flag. Plain data behind mutexes;
 //! the driver (`driver.rs`) fills it and the client (`client.rs`) reads it.
 
-use core::task::{Context, Poll, RawWakerVTable, Waker};
+use core::task::{Context, Poll, Waker};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -133,19 +133,6 @@ impl Default for SlotState {
     }
 }
 
-/// The task a waker wakes, as [`Waker::will_wake`] compares wakers (the addresses of its data
-/// and vtable): a caller's last registration in its [`Slot`], kept by the caller
-/// ([`Slot::poll`]).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct WakerId(usize, usize);
-
-impl WakerId {
-    pub(crate) fn of(waker: &Waker) -> WakerId {
-        let vtable: *const RawWakerVTable = waker.vtable();
-        WakerId(waker.data().addr(), vtable.addr())
-    }
-}
-
 /// One operation on its way: the request until the driver starts it, then where its result goes,
 /// a one-shot slot the caller awaits. The client's queue holds the slots (issue 9: the 232-byte
 /// request is written once, into the slot, and taken once, by the driver; a queue of requests
@@ -153,31 +140,23 @@ impl WakerId {
 #[derive(Default)]
 pub(crate) struct Slot {
     state: Mutex<SlotState>,
-    /// A result was stored (set under the lock, after it, before the waker is taken): the
-    /// caller takes it under the lock; until then a caller registered already need not lock
-    /// ([`Slot::poll`], [`Slot::is_completed`]).
+    /// Its caller is running the driver ([`Slot::driving`]) and polls the slot right after.
+    driving: AtomicBool,
+    /// A result was stored (set under the lock, after it): a hint for the caller, which takes
+    /// the result under the lock ([`Slot::is_completed`]).
     completed: AtomicBool,
 }
 
 impl Slot {
     /// Stores the result (the first one) and wakes the caller, after the lock is released: the
     /// woken task, maybe on another thread, does not wait for it. A caller that is running the
-    /// pass itself (`runner`: the driver's pass was run by this slot's caller, on its thread,
-    /// [`LocalDriver::run`](crate::driver::LocalDriver::run),
-    /// [`SpawnedDriver::run_inline`](crate::driver::SpawnedDriver::run_inline)) is not woken:
-    /// it polls the slot when the run ends (issue 9: one poll per result, not a second one
-    /// for a wake of the task by itself). A
+    /// driver itself ([`Slot::driving`]) is not woken: it polls the slot when the run ends. A
     /// result its caller gave up on ([`Slot::abandon`]) is not stored but dropped, after the
     /// lock is released: a spent slot kept for reuse holds no reply nobody will read.
     /// A result whose caller is woken for it is counted in `results` when given (a
     /// [`LocalDriver`](crate::driver::LocalDriver)'s [`Shared::results_to_take`]) until its
     /// caller takes it ([`Slot::poll`]) or gives up on it ([`Slot::abandon`]).
-    pub(crate) fn complete(
-        &self,
-        result: OperationResult,
-        results: Option<&AtomicUsize>,
-        runner: bool,
-    ) {
+    pub(crate) fn complete(&self, result: OperationResult, results: Option<&AtomicUsize>) {
         let waker = {
             let mut state = lock(&self.state);
             if state.abandoned {
@@ -192,7 +171,7 @@ impl Slot {
                 state.result = Poll::Ready(result);
                 self.completed.store(true, Ordering::Release);
             }
-            if runner {
+            if self.driving.load(Ordering::Acquire) {
                 return;
             }
             let waker = state.waker.take();
@@ -216,24 +195,25 @@ impl Slot {
         self.completed.load(Ordering::Acquire)
     }
 
+    /// Runs `drive` (the caller running the driver, which may complete this slot) without the
+    /// completion waking the caller's task, which is running it and polls the slot next: one
+    /// poll per result, not a second one for a wake of the task by itself (issue 9). The caller
+    /// must poll the slot after it.
+    pub(crate) fn driving(&self, drive: impl FnOnce()) {
+        self.driving.store(true, Ordering::Release);
+        drive();
+        // A completion from now on (another runner's) wakes the caller; one before it is seen
+        // by the caller's poll, which takes the lock after this store.
+        self.driving.store(false, Ordering::Release);
+    }
+
     /// Takes the result, or registers `cx` to be woken for it; a taken result counted in
-    /// `results` ([`Slot::complete`]) is counted out. `registered` is the caller's last
-    /// registration here (set by this call): while no result is stored, a caller registered
-    /// with the same waker returns `Pending` without the lock (issue 9: the polls of a caller
-    /// woken to run the driver, about one per operation on a local driver). That waker is still
-    /// the slot's: only the caller changes it, and a completion takes it only after it set
-    /// `completed`; a completion after the check wakes it, unless the completing pass is the
-    /// caller's own (`runner`), which ran on this thread before the check.
+    /// `results` ([`Slot::complete`]) is counted out.
     pub(crate) fn poll(
         &self,
         cx: &mut Context<'_>,
         results: &AtomicUsize,
-        registered: &mut Option<WakerId>,
     ) -> Poll<OperationResult> {
-        let id = WakerId::of(cx.waker());
-        if *registered == Some(id) && !self.completed.load(Ordering::Acquire) {
-            return Poll::Pending;
-        }
         let mut state = lock(&self.state);
         if state.result.is_pending() {
             if !state
@@ -243,7 +223,6 @@ impl Slot {
             {
                 state.waker = Some(cx.waker().clone());
             }
-            *registered = Some(id);
             return Poll::Pending;
         }
         // Taken: nothing is left to cancel, and nobody to wake (a spent slot kept for reuse
@@ -431,6 +410,7 @@ impl SharedState {
                 state.op = None;
                 state.abandoned = false;
                 state.counted = false;
+                *slot.driving.get_mut() = false;
                 *slot.completed.get_mut() = false;
                 return spent;
             }
@@ -495,77 +475,31 @@ mod tests {
         }
     }
 
-    /// Issue 9: a result completed in a pass its own caller runs (`runner`) does not wake the
-    /// caller's task (which polls the slot next and takes it); one completed by another
-    /// runner does.
+    /// Issue 9: a result completed while its own caller runs the driver ([`Slot::driving`])
+    /// does not wake the caller's task (which polls the slot next and takes it); one completed
+    /// after that, by another runner, does.
     #[test]
     fn a_caller_running_the_driver_is_not_woken_for_its_own_result() {
         let task = Arc::new(Counted(AtomicUsize::new(0)));
         let waker = Waker::from(task.clone());
         let mut cx = Context::from_waker(&waker);
         let slot = Slot::default();
-        let mut registered = None;
-        assert!(slot
-            .poll(&mut cx, &AtomicUsize::new(0), &mut registered)
-            .is_pending());
+        assert!(slot.poll(&mut cx, &AtomicUsize::new(0)).is_pending());
         assert!(!slot.is_completed());
-        slot.complete(Err(OperationError::cancelled()), None, true);
+        slot.driving(|| slot.complete(Err(OperationError::cancelled()), None));
         assert!(slot.is_completed(), "its caller need not register again");
         assert_eq!(task.0.load(Ordering::Relaxed), 0, "no wake of itself");
         assert!(
-            slot.poll(&mut cx, &AtomicUsize::new(0), &mut registered)
-                .is_ready(),
+            slot.poll(&mut cx, &AtomicUsize::new(0)).is_ready(),
             "its poll takes the result"
         );
 
         let other = Slot::default();
-        let mut registered = None;
-        assert!(other
-            .poll(&mut cx, &AtomicUsize::new(0), &mut registered)
-            .is_pending());
-        other.complete(Err(OperationError::cancelled()), None, false);
+        assert!(other.poll(&mut cx, &AtomicUsize::new(0)).is_pending());
+        other.driving(|| {});
+        other.complete(Err(OperationError::cancelled()), None);
         assert_eq!(task.0.load(Ordering::Relaxed), 1, "woken by another runner");
-        assert!(other
-            .poll(&mut cx, &AtomicUsize::new(0), &mut registered)
-            .is_ready());
-    }
-
-    /// House rule 8 (issue 9): a caller polled again with the waker it registered returns
-    /// `Pending` without the slot's lock, and the completion still wakes it; polled with
-    /// another waker, it registers that one, and the completion wakes the new one, not the
-    /// old (fails if the lock-free poll keeps a stale registration: the wake is lost).
-    #[test]
-    fn house_rule_8_a_poll_without_the_lock_still_gets_its_wake() {
-        let results = AtomicUsize::new(0);
-        let first = Arc::new(Counted(AtomicUsize::new(0)));
-        let first_waker = Waker::from(first.clone());
-        let slot = Slot::default();
-        let mut registered = None;
-        let mut cx = Context::from_waker(&first_waker);
-        assert!(slot.poll(&mut cx, &results, &mut registered).is_pending());
-        assert!(slot.poll(&mut cx, &results, &mut registered).is_pending());
-        slot.complete(Err(OperationError::cancelled()), Some(&results), false);
-        assert_eq!(first.0.load(Ordering::Relaxed), 1, "woken");
-        assert!(slot.poll(&mut cx, &results, &mut registered).is_ready());
-
-        let second = Arc::new(Counted(AtomicUsize::new(0)));
-        let second_waker = Waker::from(second.clone());
-        let slot = Slot::default();
-        let mut registered = None;
-        assert!(slot.poll(&mut cx, &results, &mut registered).is_pending());
-        let mut moved = Context::from_waker(&second_waker);
-        assert!(slot
-            .poll(&mut moved, &results, &mut registered)
-            .is_pending());
-        slot.complete(Err(OperationError::cancelled()), Some(&results), false);
-        assert_eq!(
-            second.0.load(Ordering::Relaxed),
-            1,
-            "the new waker is woken"
-        );
-        assert_eq!(first.0.load(Ordering::Relaxed), 1, "the old one is not");
-        assert!(slot.poll(&mut moved, &results, &mut registered).is_ready());
-        assert_eq!(results.load(Ordering::Relaxed), 0, "counted out when taken");
+        assert!(other.poll(&mut cx, &AtomicUsize::new(0)).is_ready());
     }
 
     /// Issue 9: a spent slot is reused, emptied, once its caller let go of it; one its caller
@@ -574,7 +508,7 @@ mod tests {
     fn a_spent_slot_is_reused_once_its_caller_let_go() {
         let mut state = SharedState::default();
         let held = Arc::new(Slot::default());
-        held.complete(Err(OperationError::cancelled()), None, false);
+        held.complete(Err(OperationError::cancelled()), None);
         state.spent_slots.push_back(held.clone());
         let fresh = state.slot(ping(), None);
         assert!(
@@ -612,7 +546,7 @@ mod tests {
     fn an_abandoned_slot_keeps_no_result() {
         let slot = Slot::default();
         let (result, reply) = watched_result();
-        slot.complete(result, None, false);
+        slot.complete(result, None);
         assert_eq!(
             slot.abandon(&AtomicUsize::new(0)),
             None,
@@ -630,7 +564,7 @@ mod tests {
             "to cancel"
         );
         let (result, reply) = watched_result();
-        slot.complete(result, None, false);
+        slot.complete(result, None);
         assert_eq!(Arc::strong_count(&reply), 1, "dropped by the completion");
         assert!(lock(&slot.state).result.is_pending());
     }
