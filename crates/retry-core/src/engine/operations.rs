@@ -15,7 +15,7 @@ use super::hedged::Made;
 use super::raw_reply::{self, ReplyFields};
 use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
 use super::{
-    command_for, pool_in, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession,
+    command_for, last_server_id, pool_in, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession,
     Operation, OperationRequest, Owner, RunningRequest, ServerId, Slot, SPARE_OPS,
 };
 use crate::address::ServerAddress;
@@ -34,7 +34,7 @@ use crate::wire::append_read_preference;
 
 use super::selection_cache::{SelectionCache, TrackedTopology};
 use super::sockets::socket_settled;
-use super::worklist::{Machine, Served};
+use super::worklist::{schedule_pool, Machine, Served};
 use alloc::collections::BTreeMap;
 
 /// The usage error of an attempt whose pinned connection another operation is using (SE-10).
@@ -244,11 +244,7 @@ fn check_out_slot(
         }
         None => {
             checkouts.insert((server, id), (op_id, slot));
-            // `Engine::schedule` of the pool.
-            if !entry.pool_queued {
-                entry.pool_queued = true;
-                work.push_back(Machine::Pool(server));
-            }
+            schedule_pool(servers, work, server);
         }
     }
     true
@@ -281,13 +277,11 @@ fn release_quiet(
             debug_assert!(!pool.has_events(), "a pool records events nobody publishes");
             (pool.has_actions(), pool.poll_timeout())
         });
-        let entry = &mut servers[server.0 as usize];
+        let entry = &servers[server.0 as usize];
         let settled = entry.retired_pool.is_none()
             && after.is_some_and(|(actions, at)| !actions && at == entry.pool_timer);
-        // `Engine::schedule` of the pool.
-        if !settled && !entry.pool_queued {
-            entry.pool_queued = true;
-            work.push_back(Machine::Pool(server));
+        if !settled {
+            schedule_pool(servers, work, server);
         }
     }
 }
@@ -789,9 +783,9 @@ impl Engine {
                         emit_held(&mut self.events, op_id, &mut held);
                         // Issue 9: to the last server an attempt went to (nearly always), the
                         // checkout is made with the operation at hand (`Engine::dispatch`).
-                        let last = match (&self.last_server, pinned) {
-                            (Some((last, id)), None) if *last == attempt.address => Some(*id),
-                            _ => None,
+                        let last = match pinned {
+                            None => last_server_id(&self.last_server, &attempt.address),
+                            Some(_) => None,
                         };
                         let Some(server) = last else {
                             self.dispatch(op_id, attempt, pinned, now);
