@@ -117,7 +117,9 @@ impl Engine {
                 .get_mut(server.0 as usize)
                 .and_then(|s| s.monitor.as_mut())
                 .map(|m| &mut m.queued),
-            Machine::Pool(server) => return schedule_pool(&mut self.servers, &mut self.work, server),
+            Machine::Pool(server) => {
+                return schedule_pool(&mut self.servers, &mut self.work, server)
+            }
             Machine::Socket(conn) => self.sockets.get_mut(&conn).map(|s| &mut s.queued),
             Machine::Operation(op) if self.draining == Some(op) => None,
             Machine::Operation(op) => self.ops.get_mut(&op).map(|o| &mut o.queued),
