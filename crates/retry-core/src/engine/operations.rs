@@ -661,7 +661,7 @@ impl Engine {
     /// drain its retry machine, or how the turn ended: a refusal, a hedging machine (drained
     /// here) or a retry machine after its due selections looked again (drained by the caller,
     /// which looks the operation up again).
-    #[inline(always)]
+    #[inline(never)]
     fn start_drain(&mut self, op_id: OpId, now: Instant) -> Option<Drained> {
         let op = self.ops.get_mut(&op_id)?;
         op.queued = false;
@@ -857,6 +857,7 @@ impl Engine {
 
     /// A retry machine's `Dispatch`: on the pinned connection, or checked out of the server's
     /// pool.
+    #[inline(never)]
     fn dispatch(&mut self, op_id: OpId, attempt: Attempt, pinned: Option<ConnId>, now: Instant) {
         let server = self.server_id(&attempt.address);
         let Some(pinned) = pinned else {
@@ -897,6 +898,7 @@ impl Engine {
     }
 
     /// [`Engine::start_selection`] after the selection cache had no answer: the selection loop.
+    #[inline(never)]
     fn select(&mut self, op_id: OpId, slot: usize, now: Instant) {
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
