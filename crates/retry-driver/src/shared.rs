@@ -4,7 +4,7 @@
 
 use core::task::{Context, Poll, Waker};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bson::{Document, RawDocumentBuf};
@@ -116,8 +116,9 @@ struct SlotState {
     op: Option<OpId>,
     /// The caller dropped its future: the driver must not start it, or must cancel it.
     abandoned: bool,
-    /// Its result is counted in [`Shared::results_to_take`] (its caller was woken for it).
-    counted: bool,
+    /// Its result is counted in [`Shared::results_to_take`] (its caller was woken for it), by
+    /// the pass of the driver numbered here ([`ResultsToTake::count`]).
+    counted: Option<u32>,
 }
 
 impl Default for SlotState {
@@ -128,7 +129,7 @@ impl Default for SlotState {
             waker: None,
             op: None,
             abandoned: false,
-            counted: false,
+            counted: None,
         }
     }
 }
@@ -155,8 +156,9 @@ impl Slot {
     /// lock is released: a spent slot kept for reuse holds no reply nobody will read.
     /// A result whose caller is woken for it is counted in `results` when given (a
     /// [`LocalDriver`](crate::driver::LocalDriver)'s [`Shared::results_to_take`]) until its
-    /// caller takes it ([`Slot::poll`]) or gives up on it ([`Slot::abandon`]).
-    pub(crate) fn complete(&self, result: OperationResult, results: Option<&AtomicUsize>) {
+    /// caller takes it ([`Slot::poll`]) or gives up on it ([`Slot::abandon`]), or the driver's
+    /// next pass starts ([`ResultsToTake::new_pass`]).
+    pub(crate) fn complete(&self, result: OperationResult, results: Option<&ResultsToTake>) {
         let waker = {
             let mut state = lock(&self.state);
             if state.abandoned {
@@ -175,10 +177,9 @@ impl Slot {
                 return;
             }
             let waker = state.waker.take();
-            if let (Some(results), Some(_), false) = (results, &waker, state.counted) {
+            if let (Some(results), Some(_), None) = (results, &waker, state.counted) {
                 if state.result.is_ready() {
-                    state.counted = true;
-                    results.fetch_add(1, Ordering::AcqRel);
+                    state.counted = Some(results.count());
                 }
             }
             waker
@@ -212,7 +213,7 @@ impl Slot {
     pub(crate) fn poll(
         &self,
         cx: &mut Context<'_>,
-        results: &AtomicUsize,
+        results: &ResultsToTake,
     ) -> Poll<OperationResult> {
         let mut state = lock(&self.state);
         if state.result.is_pending() {
@@ -229,8 +230,8 @@ impl Slot {
         // holds no task).
         state.op = None;
         state.waker = None;
-        if core::mem::take(&mut state.counted) {
-            results.fetch_sub(1, Ordering::AcqRel);
+        if let Some(pass) = state.counted.take() {
+            results.uncount(pass);
         }
         core::mem::replace(&mut state.result, Poll::Pending)
     }
@@ -260,15 +261,15 @@ impl Slot {
     /// A result already stored is taken out and dropped after the lock is released (the slot
     /// may be kept for reuse, and nobody will read it), and counted out of `results`
     /// ([`Slot::complete`]).
-    pub(crate) fn abandon(&self, results: &AtomicUsize) -> Option<OpId> {
+    pub(crate) fn abandon(&self, results: &ResultsToTake) -> Option<OpId> {
         let mut state = lock(&self.state);
         state.abandoned = true;
         state.waker = None;
         match core::mem::replace(&mut state.result, Poll::Pending) {
             Poll::Ready(result) => {
                 state.op = None;
-                if core::mem::take(&mut state.counted) {
-                    results.fetch_sub(1, Ordering::AcqRel);
+                if let Some(pass) = state.counted.take() {
+                    results.uncount(pass);
                 }
                 drop(state);
                 drop(result);
@@ -321,16 +322,64 @@ impl EventQueue {
     }
 }
 
+/// [`Shared::results_to_take`]: the number of the driver's pass that counts (wrapping, in the
+/// high half) and how many results it counted that are not taken yet (the low half).
+///
+/// Review25 R2: only the latest pass's results count. A caller woken for its result but never
+/// polled again (its future kept by a `select` that another branch won) would otherwise be
+/// counted until its future goes, and every first poll meanwhile would defer its start
+/// ([`Waiter::defer`](crate::driver::Waiter::defer)) for a result nobody is about to take; its
+/// count now ends when the next pass starts.
+#[derive(Default)]
+pub(crate) struct ResultsToTake(AtomicU64);
+
+impl ResultsToTake {
+    /// Whether the latest pass woke callers for results they have not taken yet.
+    pub(crate) fn any(&self) -> bool {
+        self.0.load(Ordering::Acquire) as u32 != 0
+    }
+
+    /// A pass of the driver starts (under the driver's lock, as every count is made): the
+    /// results counted before it no longer count.
+    pub(crate) fn new_pass(&self) {
+        let pass = (self.0.load(Ordering::Relaxed) >> 32) as u32;
+        self.0
+            .store(u64::from(pass.wrapping_add(1)) << 32, Ordering::Release);
+    }
+
+    /// Counts a result whose caller is woken for it; returns the pass that counted it.
+    fn count(&self) -> u32 {
+        (self.0.fetch_add(1, Ordering::AcqRel) >> 32) as u32
+    }
+
+    /// Counts out a result counted by `pass`, unless another pass started since.
+    fn uncount(&self, pass: u32) {
+        let mut current = self.0.load(Ordering::Acquire);
+        // Bounded by the concurrent changes: each failure is another's count, uncount or pass.
+        while (current >> 32) as u32 == pass && current as u32 != 0 {
+            match self.0.compare_exchange_weak(
+                current,
+                current - 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(now) => current = now,
+            }
+        }
+    }
+}
+
 /// What the client and its driver share.
 #[derive(Default)]
 pub(crate) struct Shared {
     pub(crate) state: Mutex<SharedState>,
-    /// Results stored in their slots whose callers were woken for them and have not taken them
-    /// yet (counted by a [`LocalDriver`](crate::driver::LocalDriver)'s completions only): those
-    /// callers are about to be polled, and may queue operations of their own (issue 9: a first
-    /// poll that sees some lets the pass that starts its operation start theirs too,
+    /// Results the driver's latest pass stored in their slots and woke their callers for, not
+    /// taken yet (counted by a [`LocalDriver`](crate::driver::LocalDriver)'s completions only):
+    /// those callers are about to be polled, and may queue operations of their own (issue 9: a
+    /// first poll that sees some lets the pass that starts its operation start theirs too,
     /// [`Waiter::defer`](crate::driver::Waiter::defer)).
-    pub(crate) results_to_take: AtomicUsize,
+    pub(crate) results_to_take: ResultsToTake,
     /// The empty document every converted reply's documents are cloned from.
     pub(crate) empty_document: EmptyDocument,
 }
@@ -409,7 +458,7 @@ impl SharedState {
                 state.waker = None;
                 state.op = None;
                 state.abandoned = false;
-                state.counted = false;
+                state.counted = None;
                 *slot.driving.get_mut() = false;
                 *slot.completed.get_mut() = false;
                 return spent;
@@ -484,22 +533,118 @@ mod tests {
         let waker = Waker::from(task.clone());
         let mut cx = Context::from_waker(&waker);
         let slot = Slot::default();
-        assert!(slot.poll(&mut cx, &AtomicUsize::new(0)).is_pending());
+        assert!(slot.poll(&mut cx, &ResultsToTake::default()).is_pending());
         assert!(!slot.is_completed());
         slot.driving(|| slot.complete(Err(OperationError::cancelled()), None));
         assert!(slot.is_completed(), "its caller need not register again");
         assert_eq!(task.0.load(Ordering::Relaxed), 0, "no wake of itself");
         assert!(
-            slot.poll(&mut cx, &AtomicUsize::new(0)).is_ready(),
+            slot.poll(&mut cx, &ResultsToTake::default()).is_ready(),
             "its poll takes the result"
         );
 
         let other = Slot::default();
-        assert!(other.poll(&mut cx, &AtomicUsize::new(0)).is_pending());
+        assert!(other.poll(&mut cx, &ResultsToTake::default()).is_pending());
         other.driving(|| {});
         other.complete(Err(OperationError::cancelled()), None);
         assert_eq!(task.0.load(Ordering::Relaxed), 1, "woken by another runner");
-        assert!(other.poll(&mut cx, &AtomicUsize::new(0)).is_ready());
+        assert!(other.poll(&mut cx, &ResultsToTake::default()).is_ready());
+    }
+
+    /// How many results `results` counts in its latest pass.
+    fn counted(results: &ResultsToTake) -> u32 {
+        results.0.load(Ordering::Relaxed) as u32
+    }
+
+    /// A slot whose caller polled it once with a counting waker (registered, no result yet).
+    fn waiting_slot(cx: &mut Context<'_>, results: &ResultsToTake) -> Slot {
+        let slot = Slot::default();
+        assert!(slot.poll(cx, results).is_pending());
+        slot
+    }
+
+    /// Review25 R3 (issue 9): a result is counted in [`Shared::results_to_take`] when its
+    /// caller is woken for it, once however often it is completed, and counted out when the
+    /// caller takes it or gives up on it; a result its caller is not woken for (no waker, or
+    /// the caller runs the driver itself) is not counted.
+    #[test]
+    fn review25_r3_results_to_take_counts_callers_woken_for_their_results() {
+        let results = ResultsToTake::default();
+        let task = Arc::new(Counted(AtomicUsize::new(0)));
+        let waker = Waker::from(task.clone());
+        let mut cx = Context::from_waker(&waker);
+        let cancelled = || Err(OperationError::cancelled());
+
+        let slot = waiting_slot(&mut cx, &results);
+        slot.complete(cancelled(), Some(&results));
+        assert_eq!(counted(&results), 1, "its caller is woken for it");
+        slot.complete(cancelled(), Some(&results));
+        assert_eq!(
+            counted(&results),
+            1,
+            "a second completion counts nothing more"
+        );
+        assert!(slot.poll(&mut cx, &results).is_ready());
+        assert_eq!(counted(&results), 0, "taken");
+
+        let slot = waiting_slot(&mut cx, &results);
+        slot.complete(cancelled(), Some(&results));
+        assert_eq!(slot.abandon(&results), None);
+        assert_eq!(counted(&results), 0, "given up on");
+
+        let slot = waiting_slot(&mut cx, &results);
+        slot.driving(|| slot.complete(cancelled(), Some(&results)));
+        assert_eq!(
+            counted(&results),
+            0,
+            "its caller runs the driver: not woken"
+        );
+        assert!(slot.poll(&mut cx, &results).is_ready());
+
+        Slot::default().complete(cancelled(), Some(&results));
+        assert_eq!(counted(&results), 0, "nobody to wake");
+        assert!(!results.any());
+    }
+
+    /// Review25 R2 (issue 9): only the results of the driver's latest pass count: one whose
+    /// caller is never polled stops counting when the next pass starts, and taking it later
+    /// counts out nothing of that pass.
+    #[test]
+    fn review25_r2_a_result_counts_until_the_next_pass_only() {
+        let results = ResultsToTake::default();
+        let task = Arc::new(Counted(AtomicUsize::new(0)));
+        let waker = Waker::from(task.clone());
+        let mut cx = Context::from_waker(&waker);
+        let kept = waiting_slot(&mut cx, &results);
+        kept.complete(Err(OperationError::cancelled()), Some(&results));
+        assert!(results.any());
+        results.new_pass();
+        assert!(!results.any(), "forgotten by the next pass");
+        let fresh = waiting_slot(&mut cx, &results);
+        fresh.complete(Err(OperationError::cancelled()), Some(&results));
+        assert!(kept.poll(&mut cx, &results).is_ready());
+        assert_eq!(counted(&results), 1, "the new pass's result still counts");
+        assert!(fresh.poll(&mut cx, &results).is_ready());
+        assert_eq!(counted(&results), 0);
+    }
+
+    /// Review25 R3: a reused slot's result is not taken for counted already: its caller's
+    /// wake for it is counted.
+    #[test]
+    fn review25_r3_a_reused_slot_counts_its_new_result() {
+        let results = ResultsToTake::default();
+        let task = Arc::new(Counted(AtomicUsize::new(0)));
+        let waker = Waker::from(task.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut state = SharedState::default();
+        let spent = Arc::new(waiting_slot(&mut cx, &results));
+        spent.complete(Err(OperationError::cancelled()), Some(&results));
+        state.spent_slots.push_back(spent);
+        results.new_pass();
+        let reused = state.slot(ping(), None);
+        assert!(reused.poll(&mut cx, &results).is_pending());
+        reused.complete(Err(OperationError::cancelled()), Some(&results));
+        assert_eq!(counted(&results), 1);
     }
 
     /// Issue 9: a spent slot is reused, emptied, once its caller let go of it; one its caller
@@ -548,7 +693,7 @@ mod tests {
         let (result, reply) = watched_result();
         slot.complete(result, None);
         assert_eq!(
-            slot.abandon(&AtomicUsize::new(0)),
+            slot.abandon(&ResultsToTake::default()),
             None,
             "nothing to cancel: it finished"
         );
@@ -559,7 +704,7 @@ mod tests {
         lock(&slot.state).request = Some(ping());
         assert_eq!(slot.start(|_| Some(OpId(7))), Some(OpId(7)));
         assert_eq!(
-            slot.abandon(&AtomicUsize::new(0)),
+            slot.abandon(&ResultsToTake::default()),
             Some(OpId(7)),
             "to cancel"
         );
@@ -577,7 +722,7 @@ mod tests {
         let slot = Slot::default();
         lock(&slot.state).request = Some(ping());
         assert_eq!(
-            slot.abandon(&AtomicUsize::new(0)),
+            slot.abandon(&ResultsToTake::default()),
             None,
             "not started: nothing to cancel"
         );
