@@ -965,6 +965,14 @@ impl Wake for SocketWaker {
 /// firing during a pass is handled by that pass). The common path (a wake, one of the two woken
 /// runs the driver) wakes two, however many wait (house rule 9), and a wake during a pass wakes
 /// none; more only while woken futures are not polled.
+///
+/// A first poll may also leave the start of its operation to a pass another future owes
+/// ([`Waiter::defer`], issue 9), and that future may be kept and never polled; the watchdog then
+/// bounds the wait too (review25 R1): armed by the deferral unless armed already, and armed again
+/// when it fires while a pass deferred since its arming is owed, it wakes every waiting future
+/// if no pass has started within the grace, so the future of an operation whose start was
+/// deferred is woken to start it at most twice [`UNCLAIMED_TIMER_GRACE`] after its first poll. Any pass that starts serves the
+/// deferral (it takes every queued operation), so nothing waits on a future once a pass ran.
 pub(crate) struct LocalDriver {
     driver: Mutex<Option<Driver>>,
     waker: Arc<DriverWaker>,
@@ -1297,10 +1305,16 @@ impl DriverWaker {
     /// pass started by the time it fires, it wakes every waiting future; with one started but
     /// the deferred pass owed since, it is armed again; so the futures waiting for a deferred
     /// pass are woken at most twice that grace after it was deferred.
+    #[inline]
     fn watch(&self) {
-        if self.watching.load(Ordering::Acquire) {
-            return;
+        if !self.watching.load(Ordering::Acquire) {
+            self.arm_unless_armed();
         }
+    }
+
+    /// [`DriverWaker::watch`] found the [`Watchdog`] unarmed: armed unless another did it since.
+    #[cold]
+    fn arm_unless_armed(&self) {
         let watchdog = lock(&self.watchdog);
         if !self.watching.load(Ordering::Acquire) {
             self.arm(watchdog);
@@ -1349,8 +1363,12 @@ impl DriverWaker {
     /// Whether a deferred pass is owed ([`Waiter::defer`]): deferred, and no pass of the driver
     /// started since (review25 R1: one that did started the deferred operations).
     fn owed(&self) -> bool {
-        let deferred = self.deferred.load(Ordering::Acquire);
-        deferred != 0 && deferred == OWED | u64::from(self.passes.load(Ordering::Acquire))
+        self.deferred.load(Ordering::Acquire) == self.owed_now()
+    }
+
+    /// What `deferred` holds while a pass deferred since the last pass started is owed.
+    fn owed_now(&self) -> u64 {
+        OWED | u64::from(self.passes.load(Ordering::Acquire))
     }
 
     /// The [`Watchdog`] fired: every waiting future is woken if the driver has something to do
@@ -1410,7 +1428,8 @@ impl LocalDriver {
     }
 
     /// A place among the futures waiting on the driver, for one client future; its slot is
-    /// opened by its first [`Waiter::drive`] (issue 9: under that lock, not one of its own).
+    /// opened when it first registers ([`Waiter::drive`], [`Waiter::defer`]; issue 9: under
+    /// that lock, not one of its own).
     pub(crate) fn waiter(self: &Arc<Self>) -> Waiter {
         Waiter {
             local: self.clone(),
@@ -1483,7 +1502,8 @@ impl Drop for Pass<'_> {
 /// when dropped.
 pub(crate) struct Waiter {
     local: Arc<LocalDriver>,
-    /// Its slot in [`Waiting`], or [`NO_SLOT`] before its first [`Waiter::drive`]. Read and
+    /// Its slot in [`Waiting`], or [`NO_SLOT`] before it first registers ([`Waiter::drive`],
+    /// [`Waiter::defer`]; review25 R5). Read and
     /// written under the list's lock (atomic only so that a shared waiter may open it).
     slot: AtomicUsize,
     /// What it set the driver's `deferred` to ([`Waiter::defer`]), if it has not been polled
@@ -1526,22 +1546,30 @@ impl Waiter {
     /// callers are about to be polled and may queue operations of their own, and one pass of
     /// the driver can start them all, where each first poll would run a pass of its own (about
     /// 500 instructions besides the starts). The driver is marked ([`LocalDriver::mark`])
-    /// first. The first future to defer wakes its own task, to run the pass when polled again
-    /// (`deferred`); it is, for the wake protocol, a future a wake of the driver woke: out of
-    /// the waiting list, with `claimed` clear, so that further wakes escalate until a pass runs
-    /// (house rule 8, as for woken futures never polled). The futures polled meanwhile register
-    /// and leave the pass to it, as do callers taking their results ([`Waiter::run`]) and
-    /// leaving ([`DriverWaker::hand_off`]); a first poll that finds no result left to take runs
-    /// the pass itself ([`Waiter::drive`]), starting them all. Dropped before its next poll,
-    /// the deferring future hands the pass on ([`Waiter`]'s `Drop`).
+    /// first. The first future to defer wakes its own task, to run the pass when polled again:
+    /// the pass is owed (`deferred`) until that poll, its drop, or the start of any pass (which
+    /// starts the deferred operations; review25 R1). Meanwhile the futures polled register and
+    /// leave the pass to it, as do callers taking their results ([`Waiter::run`]) and leaving
+    /// ([`DriverWaker::hand_off`]); a first poll that finds no result left to take runs the
+    /// pass itself ([`Waiter::drive`]), starting them all. Dropped before its next poll, the
+    /// deferring future hands the pass on ([`Waiter`]'s `Drop`).
+    ///
+    /// The bound (house rule 8) when the deferring future is kept but never polled again (a
+    /// `select` that another branch won): every deferral arms the [`Watchdog`] unless it is
+    /// armed ([`DriverWaker::watch`]), so the futures waiting for the pass are woken, and run
+    /// it, at most twice [`UNCLAIMED_TIMER_GRACE`] after the deferral, with no other wake of
+    /// the driver (none may come: in load-balanced mode nothing else is timed). For the wake
+    /// protocol the deferring future is also one a wake of the driver woke (out of the waiting
+    /// list, `claimed` clear), so that wakes before the pass escalate as for woken futures
+    /// never polled.
     pub(crate) fn defer(&self, cx: &Context<'_>) {
         let waker = &self.local.waker;
-        if waker.owed() {
+        let owed = waker.owed_now();
+        if waker.deferred.load(Ordering::Acquire) == owed {
             self.register(cx);
             waker.watch();
             return;
         }
-        let owed = OWED | u64::from(waker.passes.load(Ordering::Acquire));
         waker.deferred.store(owed, Ordering::Release);
         self.deferring.store(owed, Ordering::Relaxed);
         // As for the first wake after a round: the wakes after it escalate from two.

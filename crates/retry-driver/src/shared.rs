@@ -116,8 +116,8 @@ struct SlotState {
     op: Option<OpId>,
     /// The caller dropped its future: the driver must not start it, or must cancel it.
     abandoned: bool,
-    /// Its result is counted in [`Shared::results_to_take`] (its caller was woken for it), by
-    /// the pass of the driver numbered here ([`ResultsToTake::count`]).
+    /// Its result is counted in [`Shared::results_to_take`] (its caller was woken for it), in
+    /// the count numbered here ([`ResultsToTake::count`]).
     counted: Option<u32>,
 }
 
@@ -156,9 +156,12 @@ impl Slot {
     /// lock is released: a spent slot kept for reuse holds no reply nobody will read.
     /// A result whose caller is woken for it is counted in `results` when given (a
     /// [`LocalDriver`](crate::driver::LocalDriver)'s [`Shared::results_to_take`]) until its
-    /// caller takes it ([`Slot::poll`]) or gives up on it ([`Slot::abandon`]), or the driver's
-    /// next pass starts ([`ResultsToTake::new_pass`]).
+    /// caller takes it ([`Slot::poll`]) or gives up on it ([`Slot::abandon`]), or a later pass
+    /// of the driver completes an operation ([`ResultsToTake`]).
     pub(crate) fn complete(&self, result: OperationResult, results: Option<&ResultsToTake>) {
+        if let Some(results) = results {
+            results.completing();
+        }
         let waker = {
             let mut state = lock(&self.state);
             if state.abandoned {
@@ -322,42 +325,58 @@ impl EventQueue {
     }
 }
 
-/// [`Shared::results_to_take`]: the number of the driver's pass that counts (wrapping, in the
-/// high half) and how many results it counted that are not taken yet (the low half).
+/// [`Shared::results_to_take`]: the results that the latest pass of the driver that completed
+/// any woke their callers for and that are not taken yet.
 ///
-/// Review25 R2: only the latest pass's results count. A caller woken for its result but never
-/// polled again (its future kept by a `select` that another branch won) would otherwise be
-/// counted until its future goes, and every first poll meanwhile would defer its start
-/// ([`Waiter::defer`](crate::driver::Waiter::defer)) for a result nobody is about to take; its
-/// count now ends when the next pass starts.
+/// Review25 R2: a caller woken for its result but never polled again (its future kept by a
+/// `select` that another branch won) would otherwise be counted until its future goes, and
+/// every first poll meanwhile would defer its start
+/// ([`Waiter::defer`](crate::driver::Waiter::defer)) for a result nobody is about to take. Its
+/// count ends when a later pass completes an operation (counted or not: a lone operation's
+/// caller runs the driver and is not woken), as the callers of the earlier pass have been
+/// polled since, or are not about to be. Not at every pass: passes run by woken futures between
+/// a batch's wake and its callers' polls would end the batch's count early.
 #[derive(Default)]
-pub(crate) struct ResultsToTake(AtomicU64);
+pub(crate) struct ResultsToTake {
+    /// The number (wrapping) of the pass whose results count, in the high half; how many of
+    /// them are not taken yet, in the low half.
+    counts: AtomicU64,
+    /// A pass started and has completed nothing yet: its first completion starts a new count.
+    new_pass: AtomicBool,
+}
 
 impl ResultsToTake {
-    /// Whether the latest pass woke callers for results they have not taken yet.
+    /// Whether callers were woken for results they have not taken yet.
     pub(crate) fn any(&self) -> bool {
-        self.0.load(Ordering::Acquire) as u32 != 0
+        self.counts.load(Ordering::Acquire) as u32 != 0
     }
 
-    /// A pass of the driver starts (under the driver's lock, as every count is made): the
-    /// results counted before it no longer count.
+    /// A pass of the driver starts (under the driver's lock, as every completion is made).
     pub(crate) fn new_pass(&self) {
-        let pass = (self.0.load(Ordering::Relaxed) >> 32) as u32;
-        self.0
-            .store(u64::from(pass.wrapping_add(1)) << 32, Ordering::Release);
+        self.new_pass.store(true, Ordering::Relaxed);
+    }
+
+    /// An operation completes: the first completion of a pass ends the earlier pass's count.
+    fn completing(&self) {
+        if self.new_pass.load(Ordering::Relaxed) {
+            self.new_pass.store(false, Ordering::Relaxed);
+            let pass = (self.counts.load(Ordering::Relaxed) >> 32) as u32;
+            self.counts
+                .store(u64::from(pass.wrapping_add(1)) << 32, Ordering::Release);
+        }
     }
 
     /// Counts a result whose caller is woken for it; returns the pass that counted it.
     fn count(&self) -> u32 {
-        (self.0.fetch_add(1, Ordering::AcqRel) >> 32) as u32
+        (self.counts.fetch_add(1, Ordering::AcqRel) >> 32) as u32
     }
 
-    /// Counts out a result counted by `pass`, unless another pass started since.
+    /// Counts out a result counted by `pass`, unless another pass's count started since.
     fn uncount(&self, pass: u32) {
-        let mut current = self.0.load(Ordering::Acquire);
+        let mut current = self.counts.load(Ordering::Acquire);
         // Bounded by the concurrent changes: each failure is another's count, uncount or pass.
         while (current >> 32) as u32 == pass && current as u32 != 0 {
-            match self.0.compare_exchange_weak(
+            match self.counts.compare_exchange_weak(
                 current,
                 current - 1,
                 Ordering::AcqRel,
@@ -374,8 +393,9 @@ impl ResultsToTake {
 #[derive(Default)]
 pub(crate) struct Shared {
     pub(crate) state: Mutex<SharedState>,
-    /// Results the driver's latest pass stored in their slots and woke their callers for, not
-    /// taken yet (counted by a [`LocalDriver`](crate::driver::LocalDriver)'s completions only):
+    /// Results the driver stored in their slots and woke their callers for, not taken yet (of
+    /// its latest pass that completed any, [`ResultsToTake`]; counted by a
+    /// [`LocalDriver`](crate::driver::LocalDriver)'s completions only):
     /// those callers are about to be polled, and may queue operations of their own (issue 9: a
     /// first poll that sees some lets the pass that starts its operation start theirs too,
     /// [`Waiter::defer`](crate::driver::Waiter::defer)).
@@ -553,7 +573,7 @@ mod tests {
 
     /// How many results `results` counts in its latest pass.
     fn counted(results: &ResultsToTake) -> u32 {
-        results.0.load(Ordering::Relaxed) as u32
+        results.counts.load(Ordering::Relaxed) as u32
     }
 
     /// A slot whose caller polled it once with a counting waker (registered, no result yet).
@@ -606,26 +626,44 @@ mod tests {
         assert!(!results.any());
     }
 
-    /// Review25 R2 (issue 9): only the results of the driver's latest pass count: one whose
-    /// caller is never polled stops counting when the next pass starts, and taking it later
-    /// counts out nothing of that pass.
+    /// Review25 R2 (issue 9): a result whose caller is never polled counts until a later pass
+    /// completes an operation, whether that result is counted (its caller woken) or not (its
+    /// caller running the driver); taking it later counts out nothing of the later pass.
     #[test]
-    fn review25_r2_a_result_counts_until_the_next_pass_only() {
+    fn review25_r2_a_result_counts_until_a_later_pass_completes_one() {
         let results = ResultsToTake::default();
         let task = Arc::new(Counted(AtomicUsize::new(0)));
         let waker = Waker::from(task.clone());
         let mut cx = Context::from_waker(&waker);
         let kept = waiting_slot(&mut cx, &results);
         kept.complete(Err(OperationError::cancelled()), Some(&results));
-        assert!(results.any());
         results.new_pass();
-        assert!(!results.any(), "forgotten by the next pass");
+        assert!(
+            results.any(),
+            "a pass that completes nothing keeps the count"
+        );
         let fresh = waiting_slot(&mut cx, &results);
         fresh.complete(Err(OperationError::cancelled()), Some(&results));
+        assert_eq!(counted(&results), 1, "only the later pass's result counts");
         assert!(kept.poll(&mut cx, &results).is_ready());
-        assert_eq!(counted(&results), 1, "the new pass's result still counts");
+        assert_eq!(
+            counted(&results),
+            1,
+            "taking the earlier one counts out nothing"
+        );
         assert!(fresh.poll(&mut cx, &results).is_ready());
         assert_eq!(counted(&results), 0);
+
+        let kept = waiting_slot(&mut cx, &results);
+        kept.complete(Err(OperationError::cancelled()), Some(&results));
+        results.new_pass();
+        let lone = waiting_slot(&mut cx, &results);
+        lone.driving(|| lone.complete(Err(OperationError::cancelled()), Some(&results)));
+        assert!(
+            !results.any(),
+            "ended by a completion its caller ran the driver for"
+        );
+        drop(kept);
     }
 
     /// Review25 R3: a reused slot's result is not taken for counted already: its caller's
