@@ -971,8 +971,9 @@ impl Wake for SocketWaker {
 /// bounds the wait too (review25 R1): armed by the deferral unless armed already, and armed again
 /// when it fires while a pass deferred since its arming is owed, it wakes every waiting future
 /// if no pass has started within the grace, so the future of an operation whose start was
-/// deferred is woken to start it at most twice [`UNCLAIMED_TIMER_GRACE`] after its first poll. Any pass that starts serves the
-/// deferral (it takes every queued operation), so nothing waits on a future once a pass ran.
+/// deferred is woken to start it at most twice [`UNCLAIMED_TIMER_GRACE`] after its first poll.
+/// Any pass that starts serves the deferral (it takes every queued operation), so nothing waits
+/// on a future once a pass ran.
 pub(crate) struct LocalDriver {
     driver: Mutex<Option<Driver>>,
     waker: Arc<DriverWaker>,
@@ -1022,8 +1023,8 @@ const OWED: u64 = 1 << 32;
 /// (the woken are futures kept but never polled), it wakes every waiting future, as the timer's
 /// next firing would, which does not come: the timer is re-armed only by a run of the driver.
 /// A deferred pass ([`Waiter::defer`]) arms it too, unless it is armed already
-/// ([`DriverWaker::watch`]); fired while a deferred pass is owed that a pass started since it
-/// was armed did not serve, it is armed again (review25 R1).
+/// ([`DriverWaker::watch`]); when it fires after a pass started, but a pass deferred after that
+/// one is owed, it is armed again (review25 R1).
 struct Watchdog {
     runtime: Arc<dyn Runtime>,
     timer: Pin<Box<dyn AsyncTimer>>,
