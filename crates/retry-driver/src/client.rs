@@ -126,8 +126,9 @@ impl Drop for Inner {
 /// [`Client::run_request`]'s future: the result of an operation queued by the call. Its first
 /// poll starts the operation itself when it is the only one in flight and the driver has a task
 /// ([`SpawnedDriver::run_inline`]); each poll runs the driver first when the client's futures
-/// drive it ([`Waiter::drive`]), except a first poll while callers that the driver's latest pass
-/// woke have results to take: it leaves the start to one pass for them all ([`Waiter::defer`]:
+/// drive it ([`Waiter::drive`]), except a first poll while callers woken for their results have
+/// them to take ([`Shared::results_to_take`]): it leaves the start to one pass for them all
+/// ([`Waiter::defer`]:
 /// its own task is woken to run it, and the driver's watchdog bounds the wait if it is never
 /// polled again; review25 R1, R5). Dropped before it finished, it cancels its operation in the
 /// engine.
