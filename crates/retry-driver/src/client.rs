@@ -128,10 +128,9 @@ impl Drop for Inner {
 /// ([`SpawnedDriver::run_inline`]); each poll runs the driver first when the client's futures
 /// drive it ([`Waiter::drive`]), except a first poll while callers woken for their results have
 /// them to take ([`Shared::results_to_take`]): it leaves the start to one pass for them all
-/// ([`Waiter::defer`]:
-/// its own task is woken to run it, and the driver's watchdog bounds the wait if it is never
-/// polled again; review25 R1, R5). Dropped before it finished, it cancels its operation in the
-/// engine.
+/// ([`Waiter::defer`]: its own task is woken to run it, and the driver's watchdog bounds the
+/// wait if it is never polled again; review25 R1, R5). Dropped before it finished, it cancels
+/// its operation in the engine.
 struct ReplyFuture<'a> {
     inner: &'a Inner,
     /// Its place among the futures that run the driver, when they do.
