@@ -174,9 +174,15 @@ fn server(sessions: bool, load_balanced: bool) -> Script {
         }
         let mut reply = doc! { "ok": 1 };
         if body.contains_key("find") {
-            reply.insert("cursor", doc! { "id": 42_i64, "ns": "test.c", "firstBatch": [] });
+            reply.insert(
+                "cursor",
+                doc! { "id": 42_i64, "ns": "test.c", "firstBatch": [] },
+            );
         } else if body.contains_key("getMore") {
-            reply.insert("cursor", doc! { "id": 42_i64, "ns": "test.c", "nextBatch": [] });
+            reply.insert(
+                "cursor",
+                doc! { "id": 42_i64, "ns": "test.c", "nextBatch": [] },
+            );
         }
         if sessions && body.contains_key("txnNumber") && body.contains_key("autocommit") {
             tokens += 1;
@@ -248,7 +254,11 @@ fn review26_s6_the_other_session_paths_are_written_as_before() {
             read: false,
             first: true,
         };
-        let mut write = request("test", doc! { "insert": "c", "documents": [{ "x": 1 }] }, kind);
+        let mut write = request(
+            "test",
+            doc! { "insert": "c", "documents": [{ "x": 1 }] },
+            kind,
+        );
         write.session = Some(session);
         finished.push(run(&mut net, write));
         let kind = match end {
@@ -284,6 +294,10 @@ fn review26_s6_the_other_session_paths_are_written_as_before() {
     check(&net, &mut finished);
     actual.push_str(&commands(&net));
 
-    assert_eq!(actual.lines().count(), 10, "the attempts written:\n{actual}");
+    assert_eq!(
+        actual.lines().count(),
+        10,
+        "the attempts written:\n{actual}"
+    );
     assert_eq!(actual, EXPECTED_MORE, "the commands' bytes changed");
 }

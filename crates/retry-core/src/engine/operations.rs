@@ -14,8 +14,8 @@ use super::encoded;
 use super::hedged::Made;
 use super::raw_reply::{self, ReplyFields};
 use super::sessions::{
-    append_command_fields, command_as_sent, prepare_attempt, socket_supports_sessions,
-    strip_command_fields, AttemptSessions, Prepared,
+    append_command_fields, command_as_sent, prepare_attempt, session_timeout,
+    socket_supports_sessions, strip_command_fields, AttemptSessions, Prepared,
 };
 use super::{
     command_for, last_server_id, pool_in, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine,
@@ -32,7 +32,6 @@ use crate::retry::{
 };
 use crate::rng::EngineRng;
 use crate::selection::{SelectionSettings, SelectionStep, ServerSelection};
-use crate::session::SessionTimeout;
 use crate::time::Instant;
 use crate::wire::append_read_preference;
 
@@ -1170,10 +1169,7 @@ impl Engine {
             return true;
         };
         let parts = AttemptSessions {
-            timeout: SessionTimeout::new(
-                self.topology.description().logical_session_timeout(),
-                load_balanced,
-            ),
+            timeout: session_timeout(&self.topology, load_balanced),
             load_balanced,
             sessions: &mut self.sessions,
             session_pool: &mut self.session_pool,
