@@ -969,9 +969,10 @@ impl Wake for SocketWaker {
 /// A first poll may also leave the start of its operation to a pass another future owes
 /// ([`Waiter::defer`], issue 9), and that future may be kept and never polled; the watchdog then
 /// bounds the wait too (review25 R1): armed by the deferral unless armed already, and armed again
-/// when it fires while a pass deferred since its arming is owed, it wakes every waiting future
-/// if no pass has started within the grace, so the future of an operation whose start was
-/// deferred is woken to start it at most twice [`UNCLAIMED_TIMER_GRACE`] after its first poll.
+/// when it fires while a pass deferred since its arming is owed and the driver has something to
+/// do (review26 S1), it wakes every waiting future if no pass has started within the grace, so
+/// the future of an operation whose start was deferred is woken to start it at most twice
+/// [`UNCLAIMED_TIMER_GRACE`] after its first poll.
 /// Any pass that starts serves the deferral (it takes every queued operation), so nothing waits
 /// on a future once a pass ran.
 pub(crate) struct LocalDriver {
@@ -1023,7 +1024,7 @@ struct DriverWaker {
 /// next firing would, which does not come: the timer is re-armed only by a run of the driver.
 /// A deferred pass ([`Waiter::defer`]) arms it too, unless it is armed already
 /// ([`DriverWaker::watch`]); when it fires after a pass started, but a pass deferred after that
-/// one is owed, it is armed again (review25 R1).
+/// one is owed and the driver has something to do, it is armed again (review25 R1, review26 S1).
 struct Watchdog {
     runtime: Arc<dyn Runtime>,
     timer: Pin<Box<dyn AsyncTimer>>,
