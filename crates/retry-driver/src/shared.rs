@@ -666,23 +666,34 @@ mod tests {
         drop(kept);
     }
 
-    /// Review25 R3: a reused slot's result is not taken for counted already: its caller's
-    /// wake for it is counted.
+    /// Review25 R3, review26 S10: a slot is reused once its caller let go of it, after taking
+    /// its result or giving up on it (both count it out): its next caller's wake for a new
+    /// result counts, as for a new slot (a slot given up on must not drop the new result).
     #[test]
     fn review25_r3_a_reused_slot_counts_its_new_result() {
         let results = ResultsToTake::default();
         let task = Arc::new(Counted(AtomicUsize::new(0)));
         let waker = Waker::from(task.clone());
         let mut cx = Context::from_waker(&waker);
-        let mut state = SharedState::default();
-        let spent = Arc::new(waiting_slot(&mut cx, &results));
-        spent.complete(Err(OperationError::cancelled()), Some(&results));
-        state.spent_slots.push_back(spent);
-        results.new_pass();
-        let reused = state.slot(ping(), None);
-        assert!(reused.poll(&mut cx, &results).is_pending());
-        reused.complete(Err(OperationError::cancelled()), Some(&results));
-        assert_eq!(counted(&results), 1);
+        for give_up in [false, true] {
+            let mut state = SharedState::default();
+            let spent = Arc::new(waiting_slot(&mut cx, &results));
+            spent.complete(Err(OperationError::cancelled()), Some(&results));
+            assert_eq!(counted(&results), 1);
+            if give_up {
+                assert_eq!(spent.abandon(&results), None);
+            } else {
+                assert!(spent.poll(&mut cx, &results).is_ready());
+            }
+            assert_eq!(counted(&results), 0, "counted out ({give_up})");
+            state.spent_slots.push_back(spent);
+            let reused = state.slot(ping(), None);
+            assert!(state.spent_slots.is_empty(), "reused ({give_up})");
+            assert!(reused.poll(&mut cx, &results).is_pending());
+            reused.complete(Err(OperationError::cancelled()), Some(&results));
+            assert_eq!(counted(&results), 1, "its new result counts ({give_up})");
+            assert!(reused.poll(&mut cx, &results).is_ready());
+        }
     }
 
     /// Issue 9: a spent slot is reused, emptied, once its caller let go of it; one its caller
