@@ -340,8 +340,9 @@ impl EventQueue {
 pub(crate) struct ResultsToTake {
     /// The number (wrapping) of the pass whose results count, in the high half; how many of
     /// them are not taken yet, in the low half. A result taken 2^32 counting passes after its
-    /// own counts out one of the current pass's (never below 0): at most one first poll then
-    /// runs a pass of its own instead of deferring (review26 S4).
+    /// own counts out one of the current pass's (never below 0): that count ends a result
+    /// early, and the first polls meanwhile run passes of their own instead of deferring, as
+    /// without a count; nothing waits longer (review26 S4).
     counts: AtomicU64,
     /// A pass started and has completed nothing yet: its first completion starts a new count.
     new_pass: AtomicBool,
