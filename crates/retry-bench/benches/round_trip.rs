@@ -233,6 +233,215 @@ mod canned {
     }
 }
 
+/// Diagnostic only (tokio25, issue 9): the echo through one I/O task ([`Setup::echo_one_io`]).
+mod one_io {
+    use std::collections::VecDeque;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll, Wake, Waker};
+    use std::time::Duration;
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+    use tokio::net::TcpStream;
+
+    /// Nanoseconds of busy work per round trip, from the environment variable `name` (0 if
+    /// unset).
+    pub(crate) fn burn_ns(name: &str) -> Duration {
+        let ns = std::env::var(name).map_or(0, |v| v.parse().expect("a number of ns"));
+        Duration::from_nanos(ns)
+    }
+
+    /// Busy for `d` (a client's CPU per round trip, without its memory traffic).
+    pub(crate) fn burn(d: Duration) {
+        if d.is_zero() {
+            return;
+        }
+        let start = std::time::Instant::now();
+        while start.elapsed() < d {
+            std::hint::spin_loop();
+        }
+    }
+
+    #[derive(Default)]
+    struct HubState {
+        requests: VecDeque<usize>,
+        ready: Vec<usize>,
+        io: Option<Waker>,
+        closed: bool,
+    }
+
+    /// What the callers and the I/O task share.
+    pub(crate) struct Hub {
+        state: Mutex<HubState>,
+        done: Vec<(AtomicBool, Mutex<Option<Waker>>)>,
+    }
+
+    impl Hub {
+        pub(crate) fn new(n: usize) -> Arc<Hub> {
+            Arc::new(Hub {
+                state: Mutex::default(),
+                done: (0..n)
+                    .map(|_| (AtomicBool::new(false), Mutex::new(None)))
+                    .collect(),
+            })
+        }
+
+        fn wake_io(state: &mut HubState) {
+            if let Some(w) = state.io.take() {
+                w.wake();
+            }
+        }
+
+        pub(crate) async fn round_trip(&self, i: usize) {
+            {
+                let mut state = self.state.lock().unwrap();
+                state.requests.push_back(i);
+                Hub::wake_io(&mut state);
+            }
+            std::future::poll_fn(|cx| {
+                let (done, waker) = &self.done[i];
+                if done.swap(false, Ordering::AcqRel) {
+                    return Poll::Ready(());
+                }
+                *waker.lock().unwrap() = Some(cx.waker().clone());
+                if done.swap(false, Ordering::AcqRel) {
+                    return Poll::Ready(());
+                }
+                Poll::Pending
+            })
+            .await
+        }
+
+        pub(crate) fn close(&self) {
+            let mut state = self.state.lock().unwrap();
+            state.closed = true;
+            Hub::wake_io(&mut state);
+        }
+    }
+
+    struct SocketWake(Arc<Hub>, usize);
+
+    impl Wake for SocketWake {
+        fn wake(self: Arc<Self>) {
+            let mut state = self.0.state.lock().unwrap();
+            state.ready.push(self.1);
+            Hub::wake_io(&mut state);
+        }
+    }
+
+    struct Conn {
+        stream: TcpStream,
+        waker: Waker,
+        /// A request is out and its reply not yet whole: bytes read of it.
+        reading: Option<usize>,
+    }
+
+    pub(crate) struct IoTask {
+        hub: Arc<Hub>,
+        conns: Vec<Conn>,
+        bytes: Vec<u8>,
+        buf: Vec<u8>,
+        work: Vec<usize>,
+        writes: VecDeque<usize>,
+        /// Busy work per reply on this task (`RETRY_BENCH_BURN_IO_NS`): the driver's serial
+        /// share of a round trip.
+        burn: Duration,
+    }
+
+    impl IoTask {
+        pub(crate) fn new(hub: Arc<Hub>, sockets: Vec<TcpStream>, bytes: Vec<u8>) -> IoTask {
+            let conns = sockets
+                .into_iter()
+                .enumerate()
+                .map(|(i, stream)| Conn {
+                    stream,
+                    waker: Waker::from(Arc::new(SocketWake(hub.clone(), i))),
+                    reading: None,
+                })
+                .collect();
+            IoTask {
+                hub,
+                conns,
+                bytes,
+                buf: vec![0; 64 * 1024],
+                work: Vec::new(),
+                writes: VecDeque::new(),
+                burn: burn_ns("RETRY_BENCH_BURN_IO_NS"),
+            }
+        }
+    }
+
+    impl Future for IoTask {
+        type Output = ();
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            let this = self.get_mut();
+            // Bounded, as the driver's rounds: tokio's coop budget makes reads return `Pending`
+            // (and wake) once it is spent, so the task must yield.
+            for _ in 0..64 {
+                let mut requests = VecDeque::new();
+                {
+                    let mut state = this.hub.state.lock().unwrap();
+                    if state.closed {
+                        return Poll::Ready(());
+                    }
+                    if !state.io.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        state.io = Some(cx.waker().clone());
+                    }
+                    core::mem::swap(&mut requests, &mut state.requests);
+                    core::mem::swap(&mut this.work, &mut state.ready);
+                }
+                this.writes.extend(requests);
+                if this.writes.is_empty() && this.work.is_empty() {
+                    return Poll::Pending;
+                }
+                while let Some(&i) = this.writes.front() {
+                    let conn = &mut this.conns[i];
+                    let mut scx = Context::from_waker(&conn.waker);
+                    match Pin::new(&mut conn.stream).poll_write(&mut scx, &this.bytes) {
+                        Poll::Ready(Ok(n)) if n == this.bytes.len() => {}
+                        // tokio's coop budget is spent: the rest after the yield.
+                        Poll::Pending => break,
+                        other => panic!("a short or refused write: {other:?}"),
+                    }
+                    this.writes.pop_front();
+                    conn.reading = Some(0);
+                    this.work.push(i);
+                }
+                for i in core::mem::take(&mut this.work) {
+                    let conn = &mut this.conns[i];
+                    let Some(got) = conn.reading else { continue };
+                    let mut scx = Context::from_waker(&conn.waker);
+                    let mut rb = ReadBuf::new(&mut this.buf[..this.bytes.len() - got]);
+                    match Pin::new(&mut conn.stream).poll_read(&mut scx, &mut rb) {
+                        Poll::Pending => {}
+                        Poll::Ready(Ok(())) => {
+                            let n = rb.filled().len();
+                            assert!(n > 0, "the echo closed");
+                            if got + n == this.bytes.len() {
+                                conn.reading = None;
+                                burn(this.burn);
+                                let (done, waker) = &this.hub.done[i];
+                                done.store(true, Ordering::Release);
+                                if let Some(w) = waker.lock().unwrap().take() {
+                                    w.wake();
+                                }
+                            } else {
+                                conn.reading = Some(got + n);
+                                this.hub.state.lock().unwrap().ready.push(i);
+                            }
+                        }
+                        Poll::Ready(Err(e)) => panic!("read: {e}"),
+                    }
+                }
+            }
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+}
+
 /// The bench's threads, by what they run (`RETRY_BENCH_CPUS`).
 #[derive(Clone, Copy, Debug)]
 enum ThreadRole {
@@ -543,6 +752,83 @@ impl Setup {
         }))
     }
 
+    /// Diagnostic only (tokio25, issue 9; not a goal case): the echo's bytes with the
+    /// spawned driver's shape: `concurrency` caller tasks hand their request to one I/O task
+    /// that owns every socket, writes the request, reads the reply and wakes the caller.
+    fn echo_one_io(&self, concurrency: usize, total: u64) -> Duration {
+        let bytes = ping_bytes();
+        let echo = self.echo;
+        self.runtime.block_on(async move {
+            let mut sockets = Vec::new();
+            for _ in 0..concurrency {
+                let socket = TcpStream::connect(echo).await.expect("connect to the echo");
+                socket.set_nodelay(true).expect("nodelay");
+                sockets.push(socket);
+            }
+            let hub = one_io::Hub::new(concurrency);
+            let io = tokio::spawn(one_io::IoTask::new(hub.clone(), sockets, bytes));
+            let burn = one_io::burn_ns("RETRY_BENCH_BURN_CALLER_NS");
+            let start = Instant::now();
+            let tasks: Vec<_> = (0..concurrency)
+                .map(|i| {
+                    let hub = hub.clone();
+                    let n = share(total, concurrency, i);
+                    tokio::spawn(async move {
+                        for _ in 0..n {
+                            hub.round_trip(i).await;
+                            one_io::burn(burn);
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.expect("an echo task");
+            }
+            let took = start.elapsed();
+            hub.close();
+            io.await.expect("the I/O task");
+            took
+        })
+    }
+
+    /// Diagnostic only (tokio25, issue 9; not a goal case): [`Setup::echo_at`] with each
+    /// caller busy for `RETRY_BENCH_BURN_CALLER_NS` after every reply, the CPU a client adds
+    /// per round trip, spread as the echo's tasks spread.
+    fn echo_burn(&self, concurrency: usize, total: u64) -> Duration {
+        let bytes = ping_bytes();
+        let echo = self.echo;
+        let burn = one_io::burn_ns("RETRY_BENCH_BURN_CALLER_NS");
+        self.runtime.block_on(async move {
+            let mut sockets = Vec::new();
+            for _ in 0..concurrency {
+                let socket = TcpStream::connect(echo).await.expect("connect to the echo");
+                socket.set_nodelay(true).expect("nodelay");
+                sockets.push(socket);
+            }
+            let start = Instant::now();
+            let tasks: Vec<_> = sockets
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut socket)| {
+                    let bytes = bytes.clone();
+                    let n = share(total, concurrency, i);
+                    tokio::spawn(async move {
+                        let mut reply = vec![0u8; bytes.len()];
+                        for _ in 0..n {
+                            socket.write_all(&bytes).await.expect("write");
+                            socket.read_exact(&mut reply).await.expect("read");
+                            one_io::burn(burn);
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.expect("an echo task");
+            }
+            start.elapsed()
+        })
+    }
+
     /// `total` echo round trips (the physical limit) with `concurrency` in flight.
     fn echo(&self, concurrency: usize, total: u64) -> Duration {
         self.echo_at(self.echo, concurrency, total)
@@ -682,6 +968,8 @@ impl Setup {
             "echo" => self.echo(concurrency, total),
             "echo-shared" => self.echo_at(self.echo_shared, concurrency, total),
             "echo-async-io" => self.echo_async_io(concurrency, total),
+            "echo-one-io" => self.echo_one_io(concurrency, total),
+            "echo-burn" => self.echo_burn(concurrency, total),
             "tokio" => self.tokio(server, concurrency, total, false),
             "tokio-raw" => self.tokio(server, concurrency, total, true),
             "async-std" => self.async_std(server, concurrency, total, false),
@@ -695,8 +983,10 @@ impl Setup {
 }
 
 /// The cases of `RETRY_BENCH_PROFILE` and the interleaved rounds.
-const CASES: [&str; 9] = [
+const CASES: [&str; 11] = [
     "echo",
+    "echo-one-io",
+    "echo-burn",
     "echo-shared",
     "echo-async-io",
     "tokio",
