@@ -66,27 +66,33 @@ pub(crate) fn document_in(
     top: Option<Document>,
     empty: Option<&Document>,
 ) -> Result<Document, ReadError> {
+    let mut document = top_document(top, empty);
+    document_into(raw, &mut document, empty)?;
+    Ok(document)
+}
+
+/// [`document_in`] into `document`, a [`top_document`]; on an error `document` is left holding
+/// what was read before it.
+fn document_into(
+    raw: &RawDocument,
+    document: &mut Document,
+    empty: Option<&Document>,
+) -> Result<(), ReadError> {
     // Issue 9: a document [`well_formed`] accepts (a usual reply) is built straight from its
     // bytes in the same pass that checks it ([`plain_document`]), without the crate's iterators
     // and their second round of checks; the rest (and the rare values it leaves alone) take the
     // crate's conversion.
     let empty = empty.filter(|empty| empty.is_empty());
-    let mut document = top
-        .filter(Document::is_empty)
-        .unwrap_or_else(|| new_document(empty));
-    if plain_document(raw.as_bytes(), 0, &mut document, empty).is_some() {
-        return Ok(document);
+    if plain_document(raw.as_bytes(), 0, document, empty).is_none() {
+        *document = document_at(raw, 1)?;
     }
-    document_at(raw, 1)
+    Ok(())
 }
 
-/// The most bytes a document may have for [`owned_document_in`] to keep its buffer.
+/// The most bytes a document may have for [`owned_document_into`] to keep its buffer.
 const KEPT_BUFFER: usize = 64;
 
-/// [`document_in`] of a document the caller gives up: the same document, or error. When its
-/// buffer is small (at most [`KEPT_BUFFER`] bytes of capacity: a usual reply such as
-/// `{ok: 1}`), the buffer becomes the document's first key, which then needs no allocation of
-/// its own, and is not freed (issue 9: one allocation and one free fewer per small reply).
+/// Test helper: [`owned_document_into`] a [`top_document`], returned.
 #[cfg(test)]
 pub(crate) fn owned_document_in(
     raw: RawDocumentBuf,
@@ -108,9 +114,14 @@ pub(crate) fn top_document(top: Option<Document>, empty: Option<&Document>) -> D
     }
 }
 
-/// [`owned_document_in`] into `document`, a [`top_document`] (issue 9: the document is filled
-/// where the caller holds it, not moved through the result). On an error `document` is left as
-/// it is, or holds what was read before it.
+/// [`document_in`] of a document the caller gives up, into `document`, a [`top_document`]
+/// (issue 9: the document is filled where the caller holds it, not moved through the result).
+/// When its buffer is small (at most [`KEPT_BUFFER`] bytes of capacity: a usual reply such as
+/// `{ok: 1}`), the buffer becomes the document's first key, which then needs no allocation of
+/// its own, and is not freed (issue 9: one allocation and one free fewer per small reply); a
+/// document of one element with an ASCII key has that element's value built from the buffer
+/// before its key bytes move to the buffer's front, without a copy of the whole document. On
+/// an error `document` is left as it is, or holds what was read before it.
 pub(crate) fn owned_document_into(
     raw: RawDocumentBuf,
     document: &mut Document,
@@ -119,14 +130,9 @@ pub(crate) fn owned_document_into(
     let len = raw.as_bytes().len();
     let empty = empty.filter(|empty| empty.is_empty());
     if len > KEPT_BUFFER {
-        // As [`document_in`].
-        if plain_document(raw.as_bytes(), 0, document, empty).is_none() {
-            *document = document_at(&raw, 1)?;
-        }
-        return Ok(());
+        return document_into(&raw, document, empty);
     }
-    // Issue 9: one element with an ASCII key (`{ok: 1}`, say): its value is built from the
-    // buffer, whose key bytes then move to its front, without a copy of the whole document.
+    // One element with an ASCII key (`{ok: 1}`, say).
     if let Some((key, value)) = lone_element(raw.as_bytes(), empty) {
         let mut buffer = raw.into_bytes();
         if buffer.capacity() > KEPT_BUFFER {

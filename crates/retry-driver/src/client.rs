@@ -5,7 +5,6 @@ use core::future::{poll_fn, Future};
 use core::marker::PhantomData;
 use core::task::{Context, Poll, Waker};
 use std::io;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bson::{Document, RawDocumentBuf};
@@ -127,8 +126,11 @@ impl Drop for Inner {
 /// [`Client::run_request`]'s future: the result of an operation queued by the call. Its first
 /// poll starts the operation itself when it is the only one in flight and the driver has a task
 /// ([`SpawnedDriver::run_inline`]); each poll runs the driver first when the client's futures
-/// drive it ([`Waiter::drive`]). Dropped before it finished, it cancels its operation in the
-/// engine.
+/// drive it ([`Waiter::drive`]), except a first poll while callers woken for their results have
+/// them to take ([`Shared::results_to_take`]): it leaves the start to one pass for them all
+/// ([`Waiter::defer`]: its own task is woken to run it, and the driver's watchdog bounds the
+/// wait if it is never polled again; review25 R1, R5). Dropped before it finished, it cancels
+/// its operation in the engine.
 struct ReplyFuture<'a> {
     inner: &'a Inner,
     /// Its place among the futures that run the driver, when they do.
@@ -158,7 +160,7 @@ impl Future for ReplyFuture<'_> {
                 local.mark();
                 // Other callers have results to take, and may queue operations next: one pass
                 // starts them all (issue 9).
-                if let (Some(waiter), true) = (&this.waiter, results.load(Ordering::Acquire) > 0) {
+                if let (Some(waiter), true) = (&this.waiter, results.any()) {
                     waiter.defer(cx);
                     let result = reply.poll(cx, results);
                     this.done = result.is_ready();
@@ -177,7 +179,8 @@ impl Future for ReplyFuture<'_> {
         if let Some(waiter) = &this.waiter {
             if reply.is_completed() {
                 // Its result is in: it returns it now and waits no more, so it does not
-                // register again (issue 9); it still runs what the driver has to do.
+                // register again (issue 9); it still runs what the driver has to do, unless a
+                // pass another future deferred is owed ([`Waiter::run`]).
                 reply.driving(|| waiter.run(cx));
             } else {
                 reply.driving(|| waiter.drive(cx));
@@ -650,5 +653,142 @@ impl Events {
 pub(crate) fn drive(waiter: &Option<Waiter>, cx: &Context<'_>) {
     if let Some(waiter) = waiter {
         waiter.drive(cx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::{AsyncTimer, BoxFuture, Socket};
+    use core::pin::Pin;
+    use retry_core::time::Instant;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    /// A runtime without an executor of its own (the client's futures drive its
+    /// [`LocalDriver`]), whose connects never finish and whose timers never fire.
+    #[derive(Debug)]
+    struct Idle;
+
+    /// A timer of [`Idle`].
+    #[derive(Debug)]
+    struct Never;
+
+    impl AsyncTimer for Never {
+        fn reset(self: Pin<&mut Self>, _: Instant) {}
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            Poll::Pending
+        }
+    }
+
+    impl Runtime for Idle {
+        fn start() -> io::Result<Idle> {
+            Ok(Idle)
+        }
+        fn now(&self) -> Instant {
+            Instant::ZERO
+        }
+        fn new_timer(&self, _: Instant) -> Pin<Box<dyn AsyncTimer>> {
+            Box::pin(Never)
+        }
+        fn spawns(&self) -> bool {
+            false
+        }
+        fn connect(&self, _: String, _: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
+            Box::pin(core::future::pending())
+        }
+    }
+
+    /// A task's waker that counts its wakes.
+    struct Wakes(AtomicUsize);
+
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A ping's future on `client`, and the waker of the task that polls it.
+    fn ping(client: &Client<Idle>) -> (ReplyFuture<'_>, Waker, Arc<Wakes>) {
+        let request = OperationRequest::new(
+            "admin",
+            bson::doc! {"ping": 1},
+            OperationKind::RunCommand,
+            SelectionCriteria::Write,
+        );
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+        (
+            client.run_request(request, "admin"),
+            Waker::from(wakes.clone()),
+            wakes,
+        )
+    }
+
+    /// Polls `future` with `waker` (it stays pending: nothing connects); returns how often the
+    /// poll woke its own task.
+    fn poll(future: &mut ReplyFuture<'_>, waker: &Waker, wakes: &Wakes) -> usize {
+        let before = wakes.0.load(Ordering::Relaxed);
+        let poll = Pin::new(future).poll(&mut Context::from_waker(waker));
+        assert!(poll.is_pending());
+        wakes.0.load(Ordering::Relaxed) - before
+    }
+
+    /// The driver stores `future`'s result and wakes its caller, which does not take it.
+    fn result_in(client: &Client<Idle>, future: &ReplyFuture<'_>) {
+        let slot = future.reply.as_ref().expect("queued");
+        let results = Some(&client.inner.shared.results_to_take);
+        slot.complete(Err(OperationError::cancelled()), results);
+    }
+
+    /// Review25 R2, R3 (issue 9): a first poll defers its operation's start ([`Waiter::defer`],
+    /// its own task woken to run the pass) while callers the latest pass woke have results to
+    /// take, and runs the driver at once otherwise: when the caller of the only such result
+    /// dropped its future unpolled (its result counted out, [`Slot::abandon`]), and when a later
+    /// pass completed an operation while that caller keeps its future unpolled (only the latest
+    /// such pass's results count, [`crate::shared::ResultsToTake`]).
+    #[test]
+    fn review25_r3_a_first_poll_defers_only_for_results_about_to_be_taken() {
+        let options = crate::options::ClientOptions::parse("mongodb://127.0.0.1:27017").unwrap();
+        let client = Client::<Idle>::connect(options).expect("a client");
+        let results = &client.inner.shared.results_to_take;
+        let (mut a, a_waker, a_wakes) = ping(&client);
+        assert_eq!(
+            poll(&mut a, &a_waker, &a_wakes),
+            0,
+            "no result to take: it drives"
+        );
+        result_in(&client, &a);
+        assert!(results.any());
+        let (mut b, b_waker, b_wakes) = ping(&client);
+        assert_eq!(
+            poll(&mut b, &b_waker, &b_wakes),
+            1,
+            "deferred: its own task woken"
+        );
+        drop(a);
+        assert!(!results.any(), "a result given up on is counted out");
+        let (mut c, c_waker, c_wakes) = ping(&client);
+        assert_eq!(
+            poll(&mut c, &c_waker, &c_wakes),
+            0,
+            "no result to take: it drives"
+        );
+
+        // A result whose caller keeps its future unpolled counts until the next pass only.
+        let (mut d, d_waker, d_wakes) = ping(&client);
+        assert_eq!(poll(&mut d, &d_waker, &d_wakes), 0);
+        result_in(&client, &d);
+        let (mut e, e_waker, e_wakes) = ping(&client);
+        assert_eq!(poll(&mut e, &e_waker, &e_wakes), 1, "deferred");
+        assert_eq!(poll(&mut e, &e_waker, &e_wakes), 0, "its pass runs");
+        // The next pass's completion (E's result, E's caller woken for it and taking it).
+        result_in(&client, &e);
+        assert!(Pin::new(&mut e)
+            .poll(&mut Context::from_waker(&e_waker))
+            .is_ready());
+        assert!(!results.any(), "the result nobody took no longer counts");
+        let (mut f, f_waker, f_wakes) = ping(&client);
+        assert_eq!(poll(&mut f, &f_waker, &f_wakes), 0, "it drives");
+        drop((b, c, d, f));
     }
 }

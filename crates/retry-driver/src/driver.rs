@@ -7,7 +7,7 @@ use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::task::Wake;
 
@@ -965,6 +965,15 @@ impl Wake for SocketWaker {
 /// firing during a pass is handled by that pass). The common path (a wake, one of the two woken
 /// runs the driver) wakes two, however many wait (house rule 9), and a wake during a pass wakes
 /// none; more only while woken futures are not polled.
+///
+/// A first poll may also leave the start of its operation to a pass another future owes
+/// ([`Waiter::defer`], issue 9), and that future may be kept and never polled; the watchdog then
+/// bounds the wait too (review25 R1): armed by the deferral unless armed already, and armed again
+/// when it fires while a pass deferred since its arming is owed, it wakes every waiting future
+/// if no pass has started within the grace, so the future of an operation whose start was
+/// deferred is woken to start it at most twice [`UNCLAIMED_TIMER_GRACE`] after its first poll.
+/// Any pass that starts serves the deferral (it takes every queued operation), so nothing waits
+/// on a future once a pass ran.
 pub(crate) struct LocalDriver {
     driver: Mutex<Option<Driver>>,
     waker: Arc<DriverWaker>,
@@ -991,19 +1000,31 @@ struct DriverWaker {
     /// (house rule 9, review12 finding 3).
     watched: AtomicU32,
     waiting: Mutex<Waiting>,
-    /// Armed by a firing of the driver's timer that was the first wake after a round.
+    /// Armed by a firing of the driver's timer that was the first wake after a round, and by
+    /// a deferred pass ([`DriverWaker::watch`]).
     watchdog: Mutex<Option<Watchdog>>,
+    /// The [`Watchdog`] is armed and has not fired: written under its lock, read without it by
+    /// [`DriverWaker::watch`].
+    watching: AtomicBool,
     /// A future woke its own task to run the pass that starts the operations queued meanwhile
-    /// ([`Waiter::defer`]): until it is polled again or dropped, the futures polled meanwhile
-    /// leave that pass to it (or to the first poll that finds no result left to take).
-    deferred: AtomicBool,
+    /// ([`Waiter::defer`]): [`OWED`] with `passes` then, or 0. The pass is owed until a pass
+    /// starts (`passes` changes, review25 R1) or the future is polled again or dropped;
+    /// meanwhile the futures polled leave that pass to it (or to the first poll that finds no
+    /// result left to take).
+    deferred: AtomicU64,
 }
+
+/// The mark of a deferred pass in [`DriverWaker`]'s `deferred`, beside the count of passes.
+const OWED: u64 = 1 << 32;
 
 /// A runtime timer of a [`LocalDriver`]'s own (house rule 8): a firing of the driver's
 /// timer that is the first wake after a round wakes two waiting futures, like any such wake, and
 /// arms this for [`UNCLAIMED_TIMER_GRACE`] later; if no pass of the driver has started by then
 /// (the woken are futures kept but never polled), it wakes every waiting future, as the timer's
 /// next firing would, which does not come: the timer is re-armed only by a run of the driver.
+/// A deferred pass ([`Waiter::defer`]) arms it too, unless it is armed already
+/// ([`DriverWaker::watch`]); when it fires after a pass started, but a pass deferred after that
+/// one is owed, it is armed again (review25 R1).
 struct Watchdog {
     runtime: Arc<dyn Runtime>,
     timer: Pin<Box<dyn AsyncTimer>>,
@@ -1153,7 +1174,8 @@ impl DriverWaker {
             watched: AtomicU32::new(0),
             waiting: Mutex::new(Waiting::default()),
             watchdog: Mutex::new(None),
-            deferred: AtomicBool::new(false),
+            watching: AtomicBool::new(false),
+            deferred: AtomicU64::new(0),
         });
         *lock(&waker.watchdog) = Some(Watchdog {
             timer: runtime.new_timer(Instant::MAX),
@@ -1275,7 +1297,33 @@ impl DriverWaker {
     /// Arms the [`Watchdog`] for [`UNCLAIMED_TIMER_GRACE`] from now, for the passes started so
     /// far (read under its lock, so a later arming never records an older count).
     fn arm_watchdog(&self) {
-        let mut watchdog = lock(&self.watchdog);
+        self.arm(lock(&self.watchdog));
+    }
+
+    /// Review25 R1: a future waits for a deferred pass ([`Waiter::defer`]), whose future may
+    /// never be polled again: the [`Watchdog`] is armed if it is not (one timer setting per
+    /// [`UNCLAIMED_TIMER_GRACE`] at most while deferrals come, not one per deferral). With no
+    /// pass started by the time it fires, it wakes every waiting future; with one started but
+    /// the deferred pass owed since, it is armed again; so the futures waiting for a deferred
+    /// pass are woken at most twice that grace after it was deferred.
+    #[inline]
+    fn watch(&self) {
+        if !self.watching.load(Ordering::Acquire) {
+            self.arm_unless_armed();
+        }
+    }
+
+    /// [`DriverWaker::watch`] found the [`Watchdog`] unarmed: armed unless another did it since.
+    #[cold]
+    fn arm_unless_armed(&self) {
+        let watchdog = lock(&self.watchdog);
+        if !self.watching.load(Ordering::Acquire) {
+            self.arm(watchdog);
+        }
+    }
+
+    /// Arms the [`Watchdog`], whose lock `watchdog` is, as [`DriverWaker::arm_watchdog`] says.
+    fn arm(&self, mut watchdog: MutexGuard<'_, Option<Watchdog>>) {
         self.watched
             .store(self.passes.load(Ordering::Acquire), Ordering::Release);
         let Some(Watchdog {
@@ -1286,6 +1334,7 @@ impl DriverWaker {
         else {
             return;
         };
+        self.watching.store(true, Ordering::Release);
         timer
             .as_mut()
             .reset(runtime.now().saturating_add(UNCLAIMED_TIMER_GRACE));
@@ -1306,20 +1355,38 @@ impl DriverWaker {
     fn hand_off(&self) {
         if self.dirty.load(Ordering::Acquire)
             && !self.running.load(Ordering::Acquire)
-            && !self.deferred.load(Ordering::Acquire)
+            && !self.owed()
         {
             self.wake_one(false);
         }
     }
 
+    /// Whether a deferred pass is owed ([`Waiter::defer`]): deferred, and no pass of the driver
+    /// started since (review25 R1: one that did started the deferred operations).
+    fn owed(&self) -> bool {
+        self.deferred.load(Ordering::Acquire) == self.owed_now()
+    }
+
+    /// What `deferred` holds while a pass deferred since the last pass started is owed.
+    fn owed_now(&self) -> u64 {
+        OWED | u64::from(self.passes.load(Ordering::Acquire))
+    }
+
     /// The [`Watchdog`] fired: every waiting future is woken if the driver has something to do
     /// and no pass of it has started since the watchdog was armed (house rule 9, review12
-    /// finding 3: a later wake clears `claimed`, so that flag cannot tell).
+    /// finding 3: a later wake clears `claimed`, so that flag cannot tell). Otherwise, while a
+    /// deferred pass is owed, it is armed again (review25 R1: the pass that started was before
+    /// the deferral).
     fn wake_unclaimed(&self) {
+        let watchdog = lock(&self.watchdog);
+        self.watching.store(false, Ordering::Release);
         if self.dirty.load(Ordering::Acquire)
             && self.passes.load(Ordering::Acquire) == self.watched.load(Ordering::Acquire)
         {
+            drop(watchdog);
             self.wake_escalating(false, true);
+        } else if self.owed() {
+            self.arm(watchdog);
         }
     }
 }
@@ -1362,12 +1429,13 @@ impl LocalDriver {
     }
 
     /// A place among the futures waiting on the driver, for one client future; its slot is
-    /// opened by its first [`Waiter::drive`] (issue 9: under that lock, not one of its own).
+    /// opened when it first registers ([`Waiter::drive`], [`Waiter::defer`]; issue 9: under
+    /// that lock, not one of its own).
     pub(crate) fn waiter(self: &Arc<Self>) -> Waiter {
         Waiter {
             local: self.clone(),
             slot: AtomicUsize::new(NO_SLOT),
-            deferring: AtomicBool::new(false),
+            deferring: AtomicU64::new(0),
         }
     }
 
@@ -1395,6 +1463,8 @@ impl LocalDriver {
             let Some(driver) = pass.driver.as_mut() else {
                 return true;
             };
+            // Review25 R2: only the results this pass wakes callers for count from now on.
+            driver.shared.results_to_take.new_pass();
             if Pin::new(driver).poll(&mut driver_cx).is_ready() {
                 // Shut down: the driver (and its engine and sockets) goes now.
                 *pass.driver = None;
@@ -1433,12 +1503,13 @@ impl Drop for Pass<'_> {
 /// when dropped.
 pub(crate) struct Waiter {
     local: Arc<LocalDriver>,
-    /// Its slot in [`Waiting`], or [`NO_SLOT`] before its first [`Waiter::drive`]. Read and
+    /// Its slot in [`Waiting`], or [`NO_SLOT`] before it first registers ([`Waiter::drive`],
+    /// [`Waiter::defer`]; review25 R5). Read and
     /// written under the list's lock (atomic only so that a shared waiter may open it).
     slot: AtomicUsize,
-    /// It set the driver's `deferred` ([`Waiter::defer`]) and has not been polled since: the
-    /// pass is its to run.
-    deferring: AtomicBool,
+    /// What it set the driver's `deferred` to ([`Waiter::defer`]), if it has not been polled
+    /// since, or 0: the pass is its to run.
+    deferring: AtomicU64,
 }
 
 impl Waiter {
@@ -1465,7 +1536,7 @@ impl Waiter {
     /// whose result is in, which returns it now and waits no more. While another future owes a
     /// deferred pass ([`Waiter::defer`]), it leaves the driver to that one.
     pub(crate) fn run(&self, cx: &Context<'_>) {
-        if !self.resume() && self.local.waker.deferred.load(Ordering::Acquire) {
+        if !self.resume() && self.local.waker.owed() {
             return;
         }
         self.local.run(cx);
@@ -1476,24 +1547,36 @@ impl Waiter {
     /// callers are about to be polled and may queue operations of their own, and one pass of
     /// the driver can start them all, where each first poll would run a pass of its own (about
     /// 500 instructions besides the starts). The driver is marked ([`LocalDriver::mark`])
-    /// first. The first future to defer wakes its own task, to run the pass when polled again
-    /// (`deferred`); it is, for the wake protocol, a future a wake of the driver woke: out of
-    /// the waiting list, with `claimed` clear, so that further wakes escalate until a pass runs
-    /// (house rule 8, as for woken futures never polled). The futures polled meanwhile register
-    /// and leave the pass to it, as do callers taking their results ([`Waiter::run`]) and
-    /// leaving ([`DriverWaker::hand_off`]); a first poll that finds no result left to take runs
-    /// the pass itself ([`Waiter::drive`]), starting them all. Dropped before its next poll,
-    /// the deferring future hands the pass on ([`Waiter`]'s `Drop`).
+    /// first. The first future to defer wakes its own task, to run the pass when polled again:
+    /// the pass is owed (`deferred`) until that poll, its drop, or the start of any pass (which
+    /// starts the deferred operations; review25 R1). Meanwhile the futures polled register and
+    /// leave the pass to it, as do callers taking their results ([`Waiter::run`]) and leaving
+    /// ([`DriverWaker::hand_off`]); a first poll that finds no result left to take runs the
+    /// pass itself ([`Waiter::drive`]), starting them all. Dropped before its next poll, the
+    /// deferring future hands the pass on ([`Waiter`]'s `Drop`).
+    ///
+    /// The bound (house rule 8) when the deferring future is kept but never polled again (a
+    /// `select` that another branch won): every deferral arms the [`Watchdog`] unless it is
+    /// armed ([`DriverWaker::watch`]), so the futures waiting for the pass are woken, and run
+    /// it, at most twice [`UNCLAIMED_TIMER_GRACE`] after the deferral, with no other wake of
+    /// the driver (none may come: in load-balanced mode nothing else is timed). For the wake
+    /// protocol the deferring future is also one a wake of the driver woke (out of the waiting
+    /// list, `claimed` clear), so that wakes before the pass escalate as for woken futures
+    /// never polled.
     pub(crate) fn defer(&self, cx: &Context<'_>) {
         let waker = &self.local.waker;
-        if waker.deferred.swap(true, Ordering::AcqRel) {
+        let owed = waker.owed_now();
+        if waker.deferred.load(Ordering::Acquire) == owed {
             self.register(cx);
+            waker.watch();
             return;
         }
-        self.deferring.store(true, Ordering::Relaxed);
+        waker.deferred.store(owed, Ordering::Release);
+        self.deferring.store(owed, Ordering::Relaxed);
         // As for the first wake after a round: the wakes after it escalate from two.
         lock(&waker.waiting).escalation = 2;
         waker.claimed.store(false, Ordering::Release);
+        waker.watch();
         cx.waker().wake_by_ref();
     }
 
@@ -1501,11 +1584,18 @@ impl Waiter {
     /// caller's to run or hand on now, and the next first poll may defer again. Returns whether
     /// it had deferred.
     fn resume(&self) -> bool {
-        if !self.deferring.load(Ordering::Relaxed) {
+        let owed = self.deferring.load(Ordering::Relaxed);
+        if owed == 0 {
             return false;
         }
-        self.deferring.store(false, Ordering::Relaxed);
-        self.local.waker.deferred.store(false, Ordering::Release);
+        self.deferring.store(0, Ordering::Relaxed);
+        // Unless another future deferred a pass of its own since (after a pass started).
+        let _ = self.local.waker.deferred.compare_exchange(
+            owed,
+            0,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
         true
     }
 
@@ -2492,6 +2582,12 @@ mod tests {
     fn local_driver_with_queued(n: usize) -> (Arc<LocalDriver>, Arc<Shared>) {
         let (driver, shared) = test_driver(Arc::new(NoIo));
         let local = Arc::new(LocalDriver::new(driver));
+        queue(&shared, n);
+        (local, shared)
+    }
+
+    /// Queues `n` operations in `shared`, not started.
+    fn queue(shared: &Shared, n: usize) {
         {
             let mut state = lock(&shared.state);
             for _ in 0..n {
@@ -2505,7 +2601,6 @@ mod tests {
                 state.requests.push_back(slot);
             }
         }
-        (local, shared)
     }
 
     /// Operations queued and not yet taken by a pass of the driver.
@@ -2541,7 +2636,7 @@ mod tests {
         // The deferring future's next poll: one pass starts all three.
         waiters[0].drive(&Context::from_waker(&wakers[0]));
         assert_eq!(queued(&shared), 0, "one pass started them all");
-        assert!(!local.waker.deferred.load(Ordering::Acquire));
+        assert!(!local.waker.owed());
         assert_eq!(woken(&tasks), 1);
     }
 
@@ -2562,7 +2657,7 @@ mod tests {
         assert_eq!((woken(&tasks[..1]), woken(&tasks[1..])), (1, 0));
         drop(first);
         assert_eq!(woken(&tasks[1..]), 1, "the waiting one is woken to run it");
-        assert!(!local.waker.deferred.load(Ordering::Acquire));
+        assert!(!local.waker.owed());
         second.drive(&Context::from_waker(&wakers[1]));
         assert_eq!(queued(&shared), 0);
 
@@ -2602,6 +2697,122 @@ mod tests {
         );
         driver.wake_by_ref();
         assert_eq!(woken(&waiting), 6, "then twice as many (four more)");
+    }
+
+    /// A [`LocalDriver`] as [`local_driver_with_queued`] gives, on [`ManualTimers`]: what it
+    /// shares with its client, and the runtime's timers' wakers.
+    fn local_driver_on_manual_timers(
+        n: usize,
+    ) -> (Arc<LocalDriver>, Arc<Shared>, Arc<Mutex<Vec<Waker>>>) {
+        let runtime = ManualTimers::default();
+        let armed = runtime.armed.clone();
+        let (driver, shared) = test_driver(Arc::new(runtime));
+        let local = Arc::new(LocalDriver::new(driver));
+        queue(&shared, n);
+        (local, shared, armed)
+    }
+
+    /// Fires `local`'s [`Watchdog`] if it is armed (its waker among the runtime's `armed`, the
+    /// driver's own timer left alone); returns whether it was.
+    fn fire_watchdog(local: &LocalDriver, armed: &Mutex<Vec<Waker>>) -> bool {
+        let watchdog = lock(&local.waker.watchdog)
+            .as_ref()
+            .expect("a watchdog")
+            .waker
+            .clone();
+        let wakers: Vec<Waker> = {
+            let mut armed = lock(armed);
+            let (fired, kept) = core::mem::take(&mut *armed)
+                .into_iter()
+                .partition(|waker| waker.will_wake(&watchdog));
+            *armed = kept;
+            fired
+        };
+        let fired = !wakers.is_empty();
+        wakers.into_iter().for_each(Waker::wake);
+        fired
+    }
+
+    /// House rule 8, review25 R1: a future that deferred its operation's start and is then
+    /// kept but never polled (a `select` that another branch won) stalls nobody. A first poll
+    /// after it only registers, leaving the pass to it; the watchdog its deferral armed wakes
+    /// that future when no pass started within the grace, and its poll starts both operations
+    /// (before, nothing was armed: with no other wake of the driver, as in load-balanced mode
+    /// with nothing in flight, it was never woken). Once a pass has run, a deferral is no
+    /// longer owed: the next first poll defers a pass of its own (its own task woken), a
+    /// result's caller runs the driver, instead of leaving it to the future never polled.
+    #[test]
+    fn house_rule_8_a_deferring_future_kept_unpolled_stalls_nobody() {
+        let (local, shared, armed) = local_driver_on_manual_timers(2);
+        let tasks = tasks(3);
+        let wakers: Vec<Waker> = tasks.iter().map(|t| Waker::from(t.clone())).collect();
+        let (first, second) = (local.waiter(), local.waiter());
+        local.mark();
+        first.defer(&Context::from_waker(&wakers[0]));
+        local.mark();
+        second.defer(&Context::from_waker(&wakers[1]));
+        assert_eq!((woken(&tasks[..1]), woken(&tasks[1..2])), (1, 0));
+        // `first` is never polled again. The watchdog fires: no pass has started.
+        assert!(
+            fire_watchdog(&local, &armed),
+            "the deferral armed the watchdog"
+        );
+        assert_eq!(woken(&tasks[1..2]), 1, "the waiting future is woken");
+        second.drive(&Context::from_waker(&wakers[1]));
+        assert_eq!(queued(&shared), 0, "its pass started both");
+
+        // The pass `first` owed has run: nothing is left to it.
+        assert!(!local.waker.owed());
+        queue(&shared, 1);
+        local.mark();
+        let third = local.waiter();
+        third.defer(&Context::from_waker(&wakers[2]));
+        assert_eq!(woken(&tasks[2..]), 1, "a deferral of its own");
+        queue(&shared, 1);
+        local.mark();
+        drop(third);
+        let taker = local.waiter();
+        taker.run(&Context::from_waker(Waker::noop()));
+        assert_eq!(queued(&shared), 0, "a result's caller runs the driver");
+        drop(first);
+    }
+
+    /// House rule 8, review25 R1: the watchdog, armed before a pass ran, does not wake every
+    /// waiting future for a pass deferred after that pass (it has not waited the grace yet):
+    /// it is armed again, and wakes them at its next firing if no pass has started by then.
+    #[test]
+    fn house_rule_8_the_watchdog_is_armed_again_for_a_pass_deferred_since_it_was_armed() {
+        let (local, shared, armed) = local_driver_on_manual_timers(1);
+        let tasks = tasks(3);
+        let wakers: Vec<Waker> = tasks.iter().map(|t| Waker::from(t.clone())).collect();
+        let first = local.waiter();
+        local.mark();
+        first.defer(&Context::from_waker(&wakers[0]));
+        first.drive(&Context::from_waker(&wakers[0]));
+        assert_eq!(queued(&shared), 0);
+        // A later deferral, while the watchdog is still armed: no new timer setting.
+        queue(&shared, 2);
+        let (second, third) = (local.waiter(), local.waiter());
+        local.mark();
+        second.defer(&Context::from_waker(&wakers[1]));
+        local.mark();
+        third.defer(&Context::from_waker(&wakers[2]));
+        assert_eq!((woken(&tasks[1..2]), woken(&tasks[2..])), (1, 0));
+        assert!(fire_watchdog(&local, &armed));
+        assert_eq!(woken(&tasks[2..]), 0, "a pass ran since it was armed");
+        assert!(fire_watchdog(&local, &armed), "armed again");
+        assert_eq!(
+            woken(&tasks[2..]),
+            1,
+            "no pass since: the waiting future is woken"
+        );
+        third.drive(&Context::from_waker(&wakers[2]));
+        assert_eq!(queued(&shared), 0);
+        assert!(
+            !fire_watchdog(&local, &armed),
+            "not armed again once it woke them"
+        );
+        drop(second);
     }
 
     /// A socket with a byte to read after each wake, whose reads say it is armed

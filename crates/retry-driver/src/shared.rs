@@ -4,7 +4,7 @@
 
 use core::task::{Context, Poll, Waker};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bson::{Document, RawDocumentBuf};
@@ -116,8 +116,9 @@ struct SlotState {
     op: Option<OpId>,
     /// The caller dropped its future: the driver must not start it, or must cancel it.
     abandoned: bool,
-    /// Its result is counted in [`Shared::results_to_take`] (its caller was woken for it).
-    counted: bool,
+    /// Its result is counted in [`Shared::results_to_take`] (its caller was woken for it), in
+    /// the count numbered here ([`ResultsToTake::count`]).
+    counted: Option<u32>,
 }
 
 impl Default for SlotState {
@@ -128,7 +129,7 @@ impl Default for SlotState {
             waker: None,
             op: None,
             abandoned: false,
-            counted: false,
+            counted: None,
         }
     }
 }
@@ -155,8 +156,12 @@ impl Slot {
     /// lock is released: a spent slot kept for reuse holds no reply nobody will read.
     /// A result whose caller is woken for it is counted in `results` when given (a
     /// [`LocalDriver`](crate::driver::LocalDriver)'s [`Shared::results_to_take`]) until its
-    /// caller takes it ([`Slot::poll`]) or gives up on it ([`Slot::abandon`]).
-    pub(crate) fn complete(&self, result: OperationResult, results: Option<&AtomicUsize>) {
+    /// caller takes it ([`Slot::poll`]) or gives up on it ([`Slot::abandon`]), or a later pass
+    /// of the driver completes an operation ([`ResultsToTake`]).
+    pub(crate) fn complete(&self, result: OperationResult, results: Option<&ResultsToTake>) {
+        if let Some(results) = results {
+            results.completing();
+        }
         let waker = {
             let mut state = lock(&self.state);
             if state.abandoned {
@@ -175,10 +180,9 @@ impl Slot {
                 return;
             }
             let waker = state.waker.take();
-            if let (Some(results), Some(_), false) = (results, &waker, state.counted) {
+            if let (Some(results), Some(_), None) = (results, &waker, state.counted) {
                 if state.result.is_ready() {
-                    state.counted = true;
-                    results.fetch_add(1, Ordering::AcqRel);
+                    state.counted = Some(results.count());
                 }
             }
             waker
@@ -212,7 +216,7 @@ impl Slot {
     pub(crate) fn poll(
         &self,
         cx: &mut Context<'_>,
-        results: &AtomicUsize,
+        results: &ResultsToTake,
     ) -> Poll<OperationResult> {
         let mut state = lock(&self.state);
         if state.result.is_pending() {
@@ -229,8 +233,8 @@ impl Slot {
         // holds no task).
         state.op = None;
         state.waker = None;
-        if core::mem::take(&mut state.counted) {
-            results.fetch_sub(1, Ordering::AcqRel);
+        if let Some(pass) = state.counted.take() {
+            results.uncount(pass);
         }
         core::mem::replace(&mut state.result, Poll::Pending)
     }
@@ -260,15 +264,15 @@ impl Slot {
     /// A result already stored is taken out and dropped after the lock is released (the slot
     /// may be kept for reuse, and nobody will read it), and counted out of `results`
     /// ([`Slot::complete`]).
-    pub(crate) fn abandon(&self, results: &AtomicUsize) -> Option<OpId> {
+    pub(crate) fn abandon(&self, results: &ResultsToTake) -> Option<OpId> {
         let mut state = lock(&self.state);
         state.abandoned = true;
         state.waker = None;
         match core::mem::replace(&mut state.result, Poll::Pending) {
             Poll::Ready(result) => {
                 state.op = None;
-                if core::mem::take(&mut state.counted) {
-                    results.fetch_sub(1, Ordering::AcqRel);
+                if let Some(pass) = state.counted.take() {
+                    results.uncount(pass);
                 }
                 drop(state);
                 drop(result);
@@ -321,16 +325,81 @@ impl EventQueue {
     }
 }
 
+/// [`Shared::results_to_take`]: the results that the latest pass of the driver that completed
+/// any woke their callers for and that are not taken yet.
+///
+/// Review25 R2: a caller woken for its result but never polled again (its future kept by a
+/// `select` that another branch won) would otherwise be counted until its future goes, and
+/// every first poll meanwhile would defer its start
+/// ([`Waiter::defer`](crate::driver::Waiter::defer)) for a result nobody is about to take. Its
+/// count ends when a later pass completes an operation (counted or not: a lone operation's
+/// caller runs the driver and is not woken), as the callers of the earlier pass have been
+/// polled since, or are not about to be. Not at every pass: passes run by woken futures between
+/// a batch's wake and its callers' polls would end the batch's count early.
+#[derive(Default)]
+pub(crate) struct ResultsToTake {
+    /// The number (wrapping) of the pass whose results count, in the high half; how many of
+    /// them are not taken yet, in the low half.
+    counts: AtomicU64,
+    /// A pass started and has completed nothing yet: its first completion starts a new count.
+    new_pass: AtomicBool,
+}
+
+impl ResultsToTake {
+    /// Whether callers were woken for results they have not taken yet.
+    pub(crate) fn any(&self) -> bool {
+        self.counts.load(Ordering::Acquire) as u32 != 0
+    }
+
+    /// A pass of the driver starts (under the driver's lock, as every completion is made).
+    pub(crate) fn new_pass(&self) {
+        self.new_pass.store(true, Ordering::Relaxed);
+    }
+
+    /// An operation completes: the first completion of a pass ends the earlier pass's count.
+    fn completing(&self) {
+        if self.new_pass.load(Ordering::Relaxed) {
+            self.new_pass.store(false, Ordering::Relaxed);
+            let pass = (self.counts.load(Ordering::Relaxed) >> 32) as u32;
+            self.counts
+                .store(u64::from(pass.wrapping_add(1)) << 32, Ordering::Release);
+        }
+    }
+
+    /// Counts a result whose caller is woken for it; returns the pass that counted it.
+    fn count(&self) -> u32 {
+        (self.counts.fetch_add(1, Ordering::AcqRel) >> 32) as u32
+    }
+
+    /// Counts out a result counted by `pass`, unless another pass's count started since.
+    fn uncount(&self, pass: u32) {
+        let mut current = self.counts.load(Ordering::Acquire);
+        // Bounded by the concurrent changes: each failure is another's count, uncount or pass.
+        while (current >> 32) as u32 == pass && current as u32 != 0 {
+            match self.counts.compare_exchange_weak(
+                current,
+                current - 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(now) => current = now,
+            }
+        }
+    }
+}
+
 /// What the client and its driver share.
 #[derive(Default)]
 pub(crate) struct Shared {
     pub(crate) state: Mutex<SharedState>,
-    /// Results stored in their slots whose callers were woken for them and have not taken them
-    /// yet (counted by a [`LocalDriver`](crate::driver::LocalDriver)'s completions only): those
-    /// callers are about to be polled, and may queue operations of their own (issue 9: a first
-    /// poll that sees some lets the pass that starts its operation start theirs too,
+    /// Results the driver stored in their slots and woke their callers for, not taken yet (of
+    /// its latest pass that completed any, [`ResultsToTake`]; counted by a
+    /// [`LocalDriver`](crate::driver::LocalDriver)'s completions only):
+    /// those callers are about to be polled, and may queue operations of their own (issue 9: a
+    /// first poll that sees some lets the pass that starts its operation start theirs too,
     /// [`Waiter::defer`](crate::driver::Waiter::defer)).
-    pub(crate) results_to_take: AtomicUsize,
+    pub(crate) results_to_take: ResultsToTake,
     /// The empty document every converted reply's documents are cloned from.
     pub(crate) empty_document: EmptyDocument,
 }
@@ -409,7 +478,7 @@ impl SharedState {
                 state.waker = None;
                 state.op = None;
                 state.abandoned = false;
-                state.counted = false;
+                state.counted = None;
                 *slot.driving.get_mut() = false;
                 *slot.completed.get_mut() = false;
                 return spent;
@@ -484,22 +553,136 @@ mod tests {
         let waker = Waker::from(task.clone());
         let mut cx = Context::from_waker(&waker);
         let slot = Slot::default();
-        assert!(slot.poll(&mut cx, &AtomicUsize::new(0)).is_pending());
+        assert!(slot.poll(&mut cx, &ResultsToTake::default()).is_pending());
         assert!(!slot.is_completed());
         slot.driving(|| slot.complete(Err(OperationError::cancelled()), None));
         assert!(slot.is_completed(), "its caller need not register again");
         assert_eq!(task.0.load(Ordering::Relaxed), 0, "no wake of itself");
         assert!(
-            slot.poll(&mut cx, &AtomicUsize::new(0)).is_ready(),
+            slot.poll(&mut cx, &ResultsToTake::default()).is_ready(),
             "its poll takes the result"
         );
 
         let other = Slot::default();
-        assert!(other.poll(&mut cx, &AtomicUsize::new(0)).is_pending());
+        assert!(other.poll(&mut cx, &ResultsToTake::default()).is_pending());
         other.driving(|| {});
         other.complete(Err(OperationError::cancelled()), None);
         assert_eq!(task.0.load(Ordering::Relaxed), 1, "woken by another runner");
-        assert!(other.poll(&mut cx, &AtomicUsize::new(0)).is_ready());
+        assert!(other.poll(&mut cx, &ResultsToTake::default()).is_ready());
+    }
+
+    /// How many results `results` counts in its latest pass.
+    fn counted(results: &ResultsToTake) -> u32 {
+        results.counts.load(Ordering::Relaxed) as u32
+    }
+
+    /// A slot whose caller polled it once with a counting waker (registered, no result yet).
+    fn waiting_slot(cx: &mut Context<'_>, results: &ResultsToTake) -> Slot {
+        let slot = Slot::default();
+        assert!(slot.poll(cx, results).is_pending());
+        slot
+    }
+
+    /// Review25 R3 (issue 9): a result is counted in [`Shared::results_to_take`] when its
+    /// caller is woken for it, once however often it is completed, and counted out when the
+    /// caller takes it or gives up on it; a result its caller is not woken for (no waker, or
+    /// the caller runs the driver itself) is not counted.
+    #[test]
+    fn review25_r3_results_to_take_counts_callers_woken_for_their_results() {
+        let results = ResultsToTake::default();
+        let task = Arc::new(Counted(AtomicUsize::new(0)));
+        let waker = Waker::from(task.clone());
+        let mut cx = Context::from_waker(&waker);
+        let cancelled = || Err(OperationError::cancelled());
+
+        let slot = waiting_slot(&mut cx, &results);
+        slot.complete(cancelled(), Some(&results));
+        assert_eq!(counted(&results), 1, "its caller is woken for it");
+        slot.complete(cancelled(), Some(&results));
+        assert_eq!(
+            counted(&results),
+            1,
+            "a second completion counts nothing more"
+        );
+        assert!(slot.poll(&mut cx, &results).is_ready());
+        assert_eq!(counted(&results), 0, "taken");
+
+        let slot = waiting_slot(&mut cx, &results);
+        slot.complete(cancelled(), Some(&results));
+        assert_eq!(slot.abandon(&results), None);
+        assert_eq!(counted(&results), 0, "given up on");
+
+        let slot = waiting_slot(&mut cx, &results);
+        slot.driving(|| slot.complete(cancelled(), Some(&results)));
+        assert_eq!(
+            counted(&results),
+            0,
+            "its caller runs the driver: not woken"
+        );
+        assert!(slot.poll(&mut cx, &results).is_ready());
+
+        Slot::default().complete(cancelled(), Some(&results));
+        assert_eq!(counted(&results), 0, "nobody to wake");
+        assert!(!results.any());
+    }
+
+    /// Review25 R2 (issue 9): a result whose caller is never polled counts until a later pass
+    /// completes an operation, whether that result is counted (its caller woken) or not (its
+    /// caller running the driver); taking it later counts out nothing of the later pass.
+    #[test]
+    fn review25_r2_a_result_counts_until_a_later_pass_completes_one() {
+        let results = ResultsToTake::default();
+        let task = Arc::new(Counted(AtomicUsize::new(0)));
+        let waker = Waker::from(task.clone());
+        let mut cx = Context::from_waker(&waker);
+        let kept = waiting_slot(&mut cx, &results);
+        kept.complete(Err(OperationError::cancelled()), Some(&results));
+        results.new_pass();
+        assert!(
+            results.any(),
+            "a pass that completes nothing keeps the count"
+        );
+        let fresh = waiting_slot(&mut cx, &results);
+        fresh.complete(Err(OperationError::cancelled()), Some(&results));
+        assert_eq!(counted(&results), 1, "only the later pass's result counts");
+        assert!(kept.poll(&mut cx, &results).is_ready());
+        assert_eq!(
+            counted(&results),
+            1,
+            "taking the earlier one counts out nothing"
+        );
+        assert!(fresh.poll(&mut cx, &results).is_ready());
+        assert_eq!(counted(&results), 0);
+
+        let kept = waiting_slot(&mut cx, &results);
+        kept.complete(Err(OperationError::cancelled()), Some(&results));
+        results.new_pass();
+        let lone = waiting_slot(&mut cx, &results);
+        lone.driving(|| lone.complete(Err(OperationError::cancelled()), Some(&results)));
+        assert!(
+            !results.any(),
+            "ended by a completion its caller ran the driver for"
+        );
+        drop(kept);
+    }
+
+    /// Review25 R3: a reused slot's result is not taken for counted already: its caller's
+    /// wake for it is counted.
+    #[test]
+    fn review25_r3_a_reused_slot_counts_its_new_result() {
+        let results = ResultsToTake::default();
+        let task = Arc::new(Counted(AtomicUsize::new(0)));
+        let waker = Waker::from(task.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut state = SharedState::default();
+        let spent = Arc::new(waiting_slot(&mut cx, &results));
+        spent.complete(Err(OperationError::cancelled()), Some(&results));
+        state.spent_slots.push_back(spent);
+        results.new_pass();
+        let reused = state.slot(ping(), None);
+        assert!(reused.poll(&mut cx, &results).is_pending());
+        reused.complete(Err(OperationError::cancelled()), Some(&results));
+        assert_eq!(counted(&results), 1);
     }
 
     /// Issue 9: a spent slot is reused, emptied, once its caller let go of it; one its caller
@@ -548,7 +731,7 @@ mod tests {
         let (result, reply) = watched_result();
         slot.complete(result, None);
         assert_eq!(
-            slot.abandon(&AtomicUsize::new(0)),
+            slot.abandon(&ResultsToTake::default()),
             None,
             "nothing to cancel: it finished"
         );
@@ -559,7 +742,7 @@ mod tests {
         lock(&slot.state).request = Some(ping());
         assert_eq!(slot.start(|_| Some(OpId(7))), Some(OpId(7)));
         assert_eq!(
-            slot.abandon(&AtomicUsize::new(0)),
+            slot.abandon(&ResultsToTake::default()),
             Some(OpId(7)),
             "to cancel"
         );
@@ -577,7 +760,7 @@ mod tests {
         let slot = Slot::default();
         lock(&slot.state).request = Some(ping());
         assert_eq!(
-            slot.abandon(&AtomicUsize::new(0)),
+            slot.abandon(&ResultsToTake::default()),
             None,
             "not started: nothing to cancel"
         );

@@ -1207,12 +1207,10 @@ impl Engine {
     /// Inlined (issue 9): an attempt's server is nearly always the one before; the rest is not.
     #[inline(always)]
     fn server_id(&mut self, address: &ServerAddress) -> ServerId {
-        if let Some((last, id)) = &self.last_server {
-            if last == address {
-                return *id;
-            }
+        match last_server_id(&self.last_server, address) {
+            Some(id) => id,
+            None => self.look_up_server(address),
         }
-        self.look_up_server(address)
     }
 
     /// [`Engine::server_id`] past its last server.
@@ -1260,6 +1258,20 @@ impl Engine {
             }
             None => self.topology.pool(&entry.address),
         }
+    }
+}
+
+/// The id of the server at `address` when it is `last_server`, the last one
+/// [`Engine::server_id`] looked up (issue 9: nearly always an attempt's). Takes the field, so
+/// that a caller holding an operation asks it too.
+#[inline(always)]
+fn last_server_id(
+    last_server: &Option<(ServerAddress, ServerId)>,
+    address: &ServerAddress,
+) -> Option<ServerId> {
+    match last_server {
+        Some((last, id)) if last == address => Some(*id),
+        _ => None,
     }
 }
 

@@ -655,8 +655,7 @@ impl Engine {
             op,
             slot,
         } = served;
-        // `Engine::unqueue` of the pool, inlined (issue 9).
-        self.servers[server.0 as usize].pool_queued = false;
+        self.unqueue(Machine::Pool(server));
         self.move_pool_events(server);
         // As `checkouts` tells the pool's turn: the slot still waits for this checkout unless
         // its operation finished or gave the checkout up meanwhile. Issue 9: the send asks that

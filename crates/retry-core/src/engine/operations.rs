@@ -13,10 +13,13 @@ use bson::RawDocumentBuf;
 use super::encoded;
 use super::hedged::Made;
 use super::raw_reply::{self, ReplyFields};
-use super::sessions::{append_command_fields, command_as_sent, strip_command_fields, Prepared};
+use super::sessions::{
+    append_command_fields, command_as_sent, prepare_attempt, socket_supports_sessions,
+    strip_command_fields, AttemptSessions, Prepared,
+};
 use super::{
-    command_for, pool_in, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine, OpSession,
-    Operation, OperationRequest, Owner, RunningRequest, ServerId, Slot, SPARE_OPS,
+    command_for, last_server_id, pool_in, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine,
+    OpSession, Operation, OperationRequest, Owner, RunningRequest, ServerId, Slot, SPARE_OPS,
 };
 use crate::address::ServerAddress;
 use crate::connection::{ConnectionState, Request, SendError};
@@ -29,12 +32,13 @@ use crate::retry::{
 };
 use crate::rng::EngineRng;
 use crate::selection::{SelectionSettings, SelectionStep, ServerSelection};
+use crate::session::SessionTimeout;
 use crate::time::Instant;
 use crate::wire::append_read_preference;
 
 use super::selection_cache::{SelectionCache, TrackedTopology};
 use super::sockets::socket_settled;
-use super::worklist::{Machine, Served};
+use super::worklist::{schedule_pool, Machine, Served};
 use alloc::collections::BTreeMap;
 
 /// The usage error of an attempt whose pinned connection another operation is using (SE-10).
@@ -244,11 +248,7 @@ fn check_out_slot(
         }
         None => {
             checkouts.insert((server, id), (op_id, slot));
-            // `Engine::schedule` of the pool.
-            if !entry.pool_queued {
-                entry.pool_queued = true;
-                work.push_back(Machine::Pool(server));
-            }
+            schedule_pool(servers, work, server);
         }
     }
     true
@@ -281,13 +281,11 @@ fn release_quiet(
             debug_assert!(!pool.has_events(), "a pool records events nobody publishes");
             (pool.has_actions(), pool.poll_timeout())
         });
-        let entry = &mut servers[server.0 as usize];
+        let entry = &servers[server.0 as usize];
         let settled = entry.retired_pool.is_none()
             && after.is_some_and(|(actions, at)| !actions && at == entry.pool_timer);
-        // `Engine::schedule` of the pool.
-        if !settled && !entry.pool_queued {
-            entry.pool_queued = true;
-            work.push_back(Machine::Pool(server));
+        if !settled {
+            schedule_pool(servers, work, server);
         }
     }
 }
@@ -744,21 +742,23 @@ impl Engine {
                     }
                     continue;
                 }
-                let Some(action) = machine.poll_action() else {
-                    // Issue 9: the operation at hand settles its turn (see `drain_operation`).
-                    if op.refused.is_some() {
-                        break 'drain Drained::Unsettled;
-                    }
-                    let at = op.next_deadline();
-                    self.timers
-                        .set(Machine::Operation(op_id), &mut op.timer, at);
-                    break 'drain Drained::Settled;
-                };
                 // Issue 9: what the action does to the operation alone is done with the
                 // operation at hand, not looked up again; it queues no engine event, so the held
                 // events still go out before (or, for a release, after) the rest of the action.
-                match action {
-                    Action::SelectServer => {
+                // One match of the polled option: the action is not moved out of it first.
+                match machine.poll_action() {
+                    None => {
+                        // Issue 9: the operation at hand settles its turn (see
+                        // `drain_operation`).
+                        if op.refused.is_some() {
+                            break 'drain Drained::Unsettled;
+                        }
+                        let at = op.next_deadline();
+                        self.timers
+                            .set(Machine::Operation(op_id), &mut op.timer, at);
+                        break 'drain Drained::Settled;
+                    }
+                    Some(Action::SelectServer) => {
                         emit_held(&mut self.events, op_id, &mut held);
                         match op.pinned_server.clone() {
                             // A cursor's or a pinned transaction's operations go where the pin
@@ -784,14 +784,14 @@ impl Engine {
                             }
                         }
                     }
-                    Action::Dispatch(attempt) => {
+                    Some(Action::Dispatch(attempt)) => {
                         let pinned = op.pinned_conn;
                         emit_held(&mut self.events, op_id, &mut held);
                         // Issue 9: to the last server an attempt went to (nearly always), the
                         // checkout is made with the operation at hand (`Engine::dispatch`).
-                        let last = match (&self.last_server, pinned) {
-                            (Some((last, id)), None) if *last == attempt.address => Some(*id),
-                            _ => None,
+                        let last = match pinned {
+                            None => last_server_id(&self.last_server, &attempt.address),
+                            Some(_) => None,
                         };
                         let Some(server) = last else {
                             self.dispatch(op_id, attempt, pinned, now);
@@ -810,7 +810,7 @@ impl Engine {
                             continue 'drain;
                         }
                     }
-                    Action::ReleaseConnection { close } => {
+                    Some(Action::ReleaseConnection { close }) => {
                         let slot = &mut op.slots[0];
                         slot.checkout = None;
                         let conn = slot.conn.take();
@@ -838,8 +838,8 @@ impl Engine {
                         release_quiet(parts, &mut self.work, conn, !close, now);
                         emit_held(&mut self.events, op_id, &mut held);
                     }
-                    Action::Wait { .. } => emit_held(&mut self.events, op_id, &mut held),
-                    Action::Finished(result) => {
+                    Some(Action::Wait { .. }) => emit_held(&mut self.events, op_id, &mut held),
+                    Some(Action::Finished(result)) => {
                         let cursor = (op.request.cursor, op.release_pinned);
                         emit_held(&mut self.events, op_id, &mut held);
                         self.finish_with(op_id, result, 0, cursor, now);
@@ -1143,12 +1143,15 @@ impl Engine {
         // operation keeps its reply; this attempt fails with a usage error, a client-side error
         // that changes no transaction state (TX-2) and dirties no session.
         // One socket lookup for what the attempt needs of its connection: in use, sessions
-        // supported (SE-1), and the server's minimum RTT (CS-4).
-        let (busy, supports_sessions, min_rtt) = match self.sockets.get(&conn) {
+        // supported (SE-1), and the server's minimum RTT (CS-4); issue 9: the socket and the
+        // operation stay at hand until the command is written.
+        let load_balanced = self.options.topology.load_balanced;
+        let socket = self.sockets.get_mut(&conn);
+        let (busy, supports_sessions, min_rtt) = match socket.as_deref() {
             Some(s) => (
                 s.op.is_some() || s.machine.state() == ConnectionState::InFlight,
-                self.socket_supports_sessions(s),
-                self.server(s.server)
+                socket_supports_sessions(s, load_balanced),
+                self.servers[s.server.0 as usize]
                     .monitor
                     .as_ref()
                     .map_or(core::time::Duration::ZERO, |m| m.monitor.min_rtt()),
@@ -1156,31 +1159,31 @@ impl Engine {
             None => (false, false, core::time::Duration::ZERO),
         };
         if busy {
-            if let Some(op) = self.ops.get_mut(&op_id) {
-                op.slots[slot].conn = None;
-                op.failed(slot, OperationError::usage(PINNED_CONNECTION_IN_USE), now);
-            }
+            op.slots[slot].conn = None;
+            op.failed(slot, OperationError::usage(PINNED_CONNECTION_IN_USE), now);
             self.schedule(Machine::Operation(op_id));
             return true;
         }
         let Some(with_txn_number) = with_txn_number else {
             return true;
         };
-        let prepared = self.prepare_attempt(
-            op_id,
-            slot,
-            supports_sessions,
-            with_txn_number,
-            min_rtt,
-            now,
-        );
-        let lsid = match prepared {
+        let parts = AttemptSessions {
+            timeout: SessionTimeout::new(
+                self.topology.description().logical_session_timeout(),
+                load_balanced,
+            ),
+            load_balanced,
+            sessions: &mut self.sessions,
+            session_pool: &mut self.session_pool,
+            rng: &mut self.rng,
+            cluster_clock: &self.cluster_clock,
+        };
+        let flags = (supports_sessions, with_txn_number);
+        let lsid = match prepare_attempt(parts, op, slot, flags, min_rtt, now) {
             Prepared::Send(lsid) => lsid,
             Prepared::Expired => {
                 // CS-4, TO-10: not sent; the connection goes back and the operation times out.
-                if let Some(op) = self.ops.get_mut(&op_id) {
-                    op.expired_before_send(slot, now);
-                }
+                op.expired_before_send(slot, now);
                 self.schedule(Machine::Operation(op_id));
                 return true;
             }
@@ -1193,9 +1196,6 @@ impl Engine {
                 self.schedule(Machine::Operation(op_id));
                 return true;
             }
-        };
-        let Some(op) = self.ops.get_mut(&op_id) else {
-            return true;
         };
         let Some(attempt) = op.slots[slot].attempt.as_ref() else {
             return true;
@@ -1231,7 +1231,7 @@ impl Engine {
                 self.api.as_ref(),
             )
         });
-        let Some(socket) = self.sockets.get_mut(&conn) else {
+        let Some(socket) = socket else {
             return true;
         };
         socket.op = Some((op_id, slot));

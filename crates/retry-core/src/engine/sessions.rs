@@ -14,6 +14,7 @@
 use bson::raw::RawDocument;
 use bson::{Bson, Document};
 
+use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
 use super::api_version::ApiFields;
@@ -26,9 +27,10 @@ use crate::classify::is_unacknowledged;
 use crate::error::{ErrorKind, OperationError};
 use crate::max_time::{max_time_ms, MaxTime};
 use crate::retry::OperationKind;
+use crate::rng::EngineRng;
 use crate::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
 use crate::session::{
-    connection_supports_sessions, ClusterClock, ClusterTime, ServerSession, SessionId,
+    connection_supports_sessions, ClusterClock, ClusterTime, ServerSession, SessionId, SessionPool,
     SessionTimeout, SESSIONS_UNSUPPORTED,
 };
 use crate::time::{Instant, OperationTimeout};
@@ -406,229 +408,240 @@ impl Engine {
         // SE-19 (`gossips_cluster_time`).
         Ok((session, !sessionless))
     }
+}
 
-    /// Adds to the operation's command what this attempt on `conn` carries besides the attempt's
-    /// own modifications: the `txnNumber` when the retry machine says the attempt has one
-    /// (`with_txn_number`, RW-2, RW-6, RW-7, TX-1), with `autocommit: false` on every transaction
-    /// command (TX-1) and the session's `recoveryToken` on commit and abort (TX-6), `$clusterTime`
-    /// (SE-17) and `maxTimeMS` (CS-4, TO-9; none on a `getMore`, TO-13). The fields go into the
-    /// operation's own copy of the command, replacing those of the previous attempt. The session's
-    /// `lsid` (SE-3, SE-7) is not inserted: [`Prepared::Send`] returns its id, which
-    /// [`append_command_fields`] writes pre-encoded when the command is encoded.
-    pub(super) fn prepare_attempt(
-        &mut self,
-        op_id: OpId,
-        slot: usize,
-        supports_sessions: bool,
-        with_txn_number: bool,
-        min_rtt: core::time::Duration,
-        now: Instant,
-    ) -> Prepared {
-        let timeout = self.session_timeout();
-        let load_balanced = self.options.topology.load_balanced;
-        let Some(op) = self.ops.get_mut(&op_id) else {
-            return Prepared::Send(None);
-        };
-        let supported = supports_sessions || load_balanced;
-        let kind = op.request.kind;
-        let mut recovery_token = None;
-        let transaction = op.transaction;
-        let numbered = op.txn_number.is_some();
-        // TX-1: a new number skips those of the transactions started since the last one was
-        // taken (review6 finding 6), or is the transaction's own once its first command took it.
-        let mut skipped = 0;
-        let mut transaction_number = None;
-        let mut numbering = None;
-        let mut after_cluster_time = None;
-        // Each hedged copy has its own session (SE-9): its `lsid` is appended as it is encoded.
-        let Some(slot) = op.slots.get_mut(slot) else {
-            return Prepared::Send(None);
-        };
-        // SE-7, SE-8: the server session, taken now if it was not yet.
-        let (server, explicit) = match &mut slot.session {
-            OpSession::Never => (None, None),
-            OpSession::Implicit(_) if !supported => (None, None),
-            OpSession::Implicit(slot) => {
-                (
-                    Some(slot.get_or_insert_with(|| {
-                        self.session_pool.acquire(timeout, &mut self.rng, now)
-                    })),
-                    None,
-                )
+/// SE-8 by the connection's own handshake reply (LB-5: always in load-balanced mode).
+pub(super) fn socket_supports_sessions(socket: &super::Socket, load_balanced: bool) -> bool {
+    socket
+        .machine
+        .handshake()
+        .is_some_and(|h| connection_supports_sessions(h, load_balanced))
+}
+
+/// The engine's parts [`prepare_attempt`] reads and changes besides the operation (issue 9).
+pub(super) struct AttemptSessions<'a> {
+    /// SE-6, LB-5: how long the server keeps an idle session ([`Engine::session_timeout`]).
+    pub(super) timeout: SessionTimeout,
+    pub(super) load_balanced: bool,
+    pub(super) sessions: &'a mut BTreeMap<SessionHandle, Session>,
+    pub(super) session_pool: &'a mut SessionPool,
+    pub(super) rng: &'a mut EngineRng,
+    pub(super) cluster_clock: &'a ClusterClock,
+}
+
+/// Adds to the operation's command what this attempt on `conn` carries besides the attempt's
+/// own modifications: the `txnNumber` when the retry machine says the attempt has one
+/// (`with_txn_number`, RW-2, RW-6, RW-7, TX-1), with `autocommit: false` on every transaction
+/// command (TX-1) and the session's `recoveryToken` on commit and abort (TX-6), `$clusterTime`
+/// (SE-17) and `maxTimeMS` (CS-4, TO-9; none on a `getMore`, TO-13). The fields go into the
+/// operation's own copy of the command, replacing those of the previous attempt. The session's
+/// `lsid` (SE-3, SE-7) is not inserted: [`Prepared::Send`] returns its id, which
+/// [`append_command_fields`] writes pre-encoded when the command is encoded.
+///
+/// Issue 9: with the operation at hand (the caller's, which goes on to write the command)
+/// and the engine's parts it needs besides ([`AttemptSessions`]).
+pub(super) fn prepare_attempt(
+    parts: AttemptSessions<'_>,
+    op: &mut Operation,
+    slot: usize,
+    (supports_sessions, with_txn_number): (bool, bool),
+    min_rtt: core::time::Duration,
+    now: Instant,
+) -> Prepared {
+    let AttemptSessions {
+        timeout,
+        load_balanced,
+        sessions,
+        session_pool,
+        rng,
+        cluster_clock,
+    } = parts;
+    let supported = supports_sessions || load_balanced;
+    let kind = op.request.kind;
+    let mut recovery_token = None;
+    let transaction = op.transaction;
+    let numbered = op.txn_number.is_some();
+    // TX-1: a new number skips those of the transactions started since the last one was
+    // taken (review6 finding 6), or is the transaction's own once its first command took it.
+    let mut skipped = 0;
+    let mut transaction_number = None;
+    let mut numbering = None;
+    let mut after_cluster_time = None;
+    // Each hedged copy has its own session (SE-9): its `lsid` is appended as it is encoded.
+    let Some(slot) = op.slots.get_mut(slot) else {
+        return Prepared::Send(None);
+    };
+    // SE-7, SE-8: the server session, taken now if it was not yet.
+    let (server, explicit) = match &mut slot.session {
+        OpSession::Never => (None, None),
+        OpSession::Implicit(_) if !supported => (None, None),
+        OpSession::Implicit(slot) => (
+            Some(slot.get_or_insert_with(|| session_pool.acquire(timeout, rng, now))),
+            None,
+        ),
+        // SE-13, SE-14: the `killCursors` of a cursor whose session has ended goes out
+        // without an `lsid` (none may be sent for an ended session).
+        OpSession::Explicit(handle)
+            if !sessions.contains_key(handle)
+                && matches!(op.request.cursor, super::CursorUse::Close(_)) =>
+        {
+            (None, None)
+        }
+        OpSession::Explicit(handle) => {
+            // TX-2, TX-10 (review5 item 3): an operation started before `end_session` runs
+            // all its attempts, the abort that ending the session started included; only new
+            // operations are refused (`operation_session`).
+            let Some(state) = sessions.get_mut(handle) else {
+                return Prepared::Refused(OperationError::usage("the session has ended"));
+            };
+            if !supported {
+                return Prepared::Refused(OperationError::usage(SESSIONS_UNSUPPORTED));
             }
-            // SE-13, SE-14: the `killCursors` of a cursor whose session has ended goes out
-            // without an `lsid` (none may be sent for an ended session).
-            OpSession::Explicit(handle)
-                if !self.sessions.contains_key(handle)
-                    && matches!(op.request.cursor, super::CursorUse::Close(_)) =>
-            {
-                (None, None)
-            }
-            OpSession::Explicit(handle) => {
-                // TX-2, TX-10 (review5 item 3): an operation started before `end_session` runs
-                // all its attempts, the abort that ending the session started included; only new
-                // operations are refused (`operation_session`).
-                let Some(state) = self.sessions.get_mut(handle) else {
-                    return Prepared::Refused(OperationError::usage("the session has ended"));
-                };
-                if !supported {
-                    return Prepared::Refused(OperationError::usage(SESSIONS_UNSUPPORTED));
+            // TX-6: a new transaction starts without a token; commit and abort send it.
+            match kind {
+                OperationKind::InTransaction { first: true, .. } => {
+                    state.recovery_token = None;
                 }
-                // TX-6: a new transaction starts without a token; commit and abort send it.
+                OperationKind::CommitTransaction { .. } | OperationKind::AbortTransaction => {
+                    recovery_token = state.recovery_token.clone();
+                }
+                _ => {}
+            }
+            if let OperationKind::InTransaction { first, .. } = kind {
+                // TX-1, TX-2 (review6 finding 2): a statement goes out only in the
+                // transaction it was mapped into (not after that one was committed or
+                // aborted), and only one command starts a transaction: a first command not
+                // yet numbered while another one already started it is refused (it would
+                // start the same transaction again).
+                let current = state.transaction.is_active()
+                    && transaction == Some(state.transaction.generation());
+                if !current {
+                    return Prepared::Refused(OperationError::usage(TRANSACTION_ENDED));
+                }
+                if first && !numbered && state.transaction.state() == TransactionState::InProgress {
+                    return Prepared::Refused(OperationError::usage(ALREADY_STARTED));
+                }
+            }
+            // SE-21: read only for an explicit session (an implicit one is not causal).
+            let name = encoded::command_name(op.encoded.as_deref(), &op.wire.body);
+            if reads_causally(kind, name) {
+                after_cluster_time = state.operation_time;
+            }
+            if with_txn_number && !numbered {
+                transaction_number = state.transaction.number();
                 match kind {
-                    OperationKind::InTransaction { first: true, .. } => {
-                        state.recovery_token = None;
-                    }
-                    OperationKind::CommitTransaction { .. } | OperationKind::AbortTransaction => {
-                        recovery_token = state.recovery_token.clone();
-                    }
-                    _ => {}
-                }
-                if let OperationKind::InTransaction { first, .. } = kind {
-                    // TX-1, TX-2 (review6 finding 2): a statement goes out only in the
-                    // transaction it was mapped into (not after that one was committed or
-                    // aborted), and only one command starts a transaction: a first command not
-                    // yet numbered while another one already started it is refused (it would
-                    // start the same transaction again).
-                    let current = state.transaction.is_active()
-                        && transaction == Some(state.transaction.generation());
-                    if !current {
-                        return Prepared::Refused(OperationError::usage(TRANSACTION_ENDED));
-                    }
-                    if first
-                        && !numbered
-                        && state.transaction.state() == TransactionState::InProgress
+                    OperationKind::InTransaction { first: true, .. }
+                        if transaction_number.is_none() =>
                     {
-                        return Prepared::Refused(OperationError::usage(ALREADY_STARTED));
+                        // The current transaction is one of those started.
+                        skipped =
+                            core::mem::take(&mut state.started_transactions).saturating_sub(1);
+                        numbering = Some(*handle);
                     }
-                }
-                // SE-21: read only for an explicit session (an implicit one is not causal).
-                let name = encoded::command_name(op.encoded.as_deref(), &op.wire.body);
-                if reads_causally(kind, name) {
-                    after_cluster_time = state.operation_time;
-                }
-                if with_txn_number && !numbered {
-                    transaction_number = state.transaction.number();
-                    match kind {
-                        OperationKind::InTransaction { first: true, .. }
-                            if transaction_number.is_none() =>
-                        {
-                            // The current transaction is one of those started.
-                            skipped =
-                                core::mem::take(&mut state.started_transactions).saturating_sub(1);
-                            numbering = Some(*handle);
-                        }
-                        OperationKind::InTransaction { .. }
-                        | OperationKind::CommitTransaction { .. }
-                        | OperationKind::AbortTransaction => {}
-                        _ => skipped = core::mem::take(&mut state.started_transactions),
-                    }
-                }
-                let server = state
-                    .server
-                    .get_or_insert_with(|| self.session_pool.acquire(timeout, &mut self.rng, now));
-                (Some(server), Some(&state.clock))
-            }
-        };
-        let body = &mut op.wire.body;
-        let lsid = server.as_ref().map(|server| server.id());
-        match server {
-            Some(server) => {
-                server.mark_used(now);
-                slot.lsid_sent = true;
-                if with_txn_number {
-                    let number = *op.txn_number.get_or_insert_with(|| match kind {
-                        // TX-1: the commands of a transaction use its number, once taken.
-                        OperationKind::InTransaction { .. }
-                        | OperationKind::CommitTransaction { .. }
-                        | OperationKind::AbortTransaction
-                            if numbering.is_none() =>
-                        {
-                            transaction_number.unwrap_or_else(|| server.txn_number())
-                        }
-                        // TX-1: each transaction started since the last number took one, the
-                        // ones that never wrote a command included.
-                        _ => {
-                            for _ in 0..skipped {
-                                server.next_txn_number();
-                            }
-                            server.next_txn_number()
-                        }
-                    });
-                    body.insert("txnNumber", Bson::Int64(number));
-                    // TX-1: every command of a transaction says `autocommit: false`.
-                    if Engine::transaction_command(kind).is_some() {
-                        body.insert("autocommit", false);
-                    }
-                }
-                if let Some(token) = recovery_token {
-                    body.insert("recoveryToken", token);
-                }
-                if let Some(time) = after_cluster_time {
-                    add_after_cluster_time(body, time);
+                    OperationKind::InTransaction { .. }
+                    | OperationKind::CommitTransaction { .. }
+                    | OperationKind::AbortTransaction => {}
+                    _ => skipped = core::mem::take(&mut state.started_transactions),
                 }
             }
-            None => {
-                // Never a txnNumber without an lsid: a server refuses it.
-                body.remove("txnNumber");
-                slot.lsid_sent = false;
-                if with_txn_number {
-                    // RW-2, SE-8: the server's description supports sessions but this
-                    // connection does not: the attempt is not a retryable write (issue 10 a).
-                    // Only a retry machine's attempts carry a txnNumber.
-                    if let super::OpMachine::Retry(machine) = &mut op.machine {
-                        if let Err(error) = machine.handle_attempt_without_txn_number(now) {
-                            op.refused.get_or_insert(super::refused::refusal(error));
-                        }
-                        if machine.is_finished() {
-                            return Prepared::Withdrawn;
-                        }
-                    }
-                }
-            }
+            let server = state
+                .server
+                .get_or_insert_with(|| session_pool.acquire(timeout, rng, now));
+            (Some(server), Some(&state.clock))
         }
-        if op.gossip {
-            let session_time = explicit.and_then(|clock| clock.current());
-            if let Some(time) = ClusterTime::greater(self.cluster_clock.current(), session_time) {
-                match body.get("$clusterTime") {
-                    Some(Bson::Document(sent)) if sent == time.document() => {}
+    };
+    let body = &mut op.wire.body;
+    let lsid = server.as_ref().map(|server| server.id());
+    match server {
+        Some(server) => {
+            server.mark_used(now);
+            slot.lsid_sent = true;
+            if with_txn_number {
+                let number = *op.txn_number.get_or_insert_with(|| match kind {
+                    // TX-1: the commands of a transaction use its number, once taken.
+                    OperationKind::InTransaction { .. }
+                    | OperationKind::CommitTransaction { .. }
+                    | OperationKind::AbortTransaction
+                        if numbering.is_none() =>
+                    {
+                        transaction_number.unwrap_or_else(|| server.txn_number())
+                    }
+                    // TX-1: each transaction started since the last number took one, the
+                    // ones that never wrote a command included.
                     _ => {
-                        body.insert("$clusterTime", time.document().clone());
+                        for _ in 0..skipped {
+                            server.next_txn_number();
+                        }
+                        server.next_txn_number()
+                    }
+                });
+                body.insert("txnNumber", Bson::Int64(number));
+                // TX-1: every command of a transaction says `autocommit: false`.
+                if Engine::transaction_command(kind).is_some() {
+                    body.insert("autocommit", false);
+                }
+            }
+            if let Some(token) = recovery_token {
+                body.insert("recoveryToken", token);
+            }
+            if let Some(time) = after_cluster_time {
+                add_after_cluster_time(body, time);
+            }
+        }
+        None => {
+            // Never a txnNumber without an lsid: a server refuses it.
+            body.remove("txnNumber");
+            slot.lsid_sent = false;
+            if with_txn_number {
+                // RW-2, SE-8: the server's description supports sessions but this
+                // connection does not: the attempt is not a retryable write (issue 10 a).
+                // Only a retry machine's attempts carry a txnNumber.
+                if let super::OpMachine::Retry(machine) = &mut op.machine {
+                    if let Err(error) = machine.handle_attempt_without_txn_number(now) {
+                        op.refused.get_or_insert(super::refused::refusal(error));
+                    }
+                    if machine.is_finished() {
+                        return Prepared::Withdrawn;
                     }
                 }
             }
         }
-        // TX-1: the transaction's number, for its other commands.
-        if let (Some(handle), Some(number)) = (numbering, op.txn_number) {
-            if let Some(state) = self.sessions.get_mut(&handle) {
-                state.transaction.set_number(number);
+    }
+    if op.gossip {
+        let session_time = explicit.and_then(|clock| clock.current());
+        if let Some(time) = ClusterTime::greater(cluster_clock.current(), session_time) {
+            match body.get("$clusterTime") {
+                Some(Bson::Document(sent)) if sent == time.document() => {}
+                _ => {
+                    body.insert("$clusterTime", time.document().clone());
+                }
             }
         }
-        if op.internal || matches!(op.request.cursor, super::CursorUse::GetMore(_)) {
-            return Prepared::Send(lsid);
-        }
-        match max_time_ms(op.request.timeout, min_rtt, now) {
-            MaxTime::Omit => Prepared::Send(lsid),
-            MaxTime::Send(ms) => {
-                // At most `i32::MAX` (`MAX_TIME_MS_LIMIT`): sent as the Int32 servers parse.
-                body.insert(
-                    "maxTimeMS",
-                    Bson::Int32(i32::try_from(ms).unwrap_or(i32::MAX)),
-                );
-                Prepared::Send(lsid)
-            }
-            MaxTime::Expired => Prepared::Expired,
+    }
+    // TX-1: the transaction's number, for its other commands.
+    if let (Some(handle), Some(number)) = (numbering, op.txn_number) {
+        if let Some(state) = sessions.get_mut(&handle) {
+            state.transaction.set_number(number);
         }
     }
-
-    /// SE-8 by the connection's own handshake reply (LB-5: always in load-balanced mode).
-    pub(super) fn socket_supports_sessions(&self, socket: &super::Socket) -> bool {
-        socket
-            .machine
-            .handshake()
-            .is_some_and(|h| connection_supports_sessions(h, self.options.topology.load_balanced))
+    if op.internal || matches!(op.request.cursor, super::CursorUse::GetMore(_)) {
+        return Prepared::Send(lsid);
     }
+    match max_time_ms(op.request.timeout, min_rtt, now) {
+        MaxTime::Omit => Prepared::Send(lsid),
+        MaxTime::Send(ms) => {
+            // At most `i32::MAX` (`MAX_TIME_MS_LIMIT`): sent as the Int32 servers parse.
+            body.insert(
+                "maxTimeMS",
+                Bson::Int32(i32::try_from(ms).unwrap_or(i32::MAX)),
+            );
+            Prepared::Send(lsid)
+        }
+        MaxTime::Expired => Prepared::Expired,
+    }
+}
 
+impl Engine {
     /// SE-12: a network error on an attempt that carried the session's `lsid` makes the session
     /// dirty for good.
     pub(super) fn session_failed(&mut self, op_id: OpId, slot: usize, error: &OperationError) {

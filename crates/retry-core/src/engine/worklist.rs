@@ -6,7 +6,7 @@
 //! their consumers and registers the machine's next deadline in [`Timers`], an ordered set of
 //! `(deadline, machine)`: `poll_timeout` reads its head and `handle_timeout` takes only what is due.
 
-use alloc::collections::BTreeSet;
+use alloc::collections::{BTreeSet, VecDeque};
 use alloc::vec::Vec;
 
 use super::{ConnId, Engine, OpId, Operation, ServerId};
@@ -91,6 +91,22 @@ impl Timers {
     }
 }
 
+/// [`Engine::schedule`] of `server`'s pool, from the parts it touches (issue 9: callers with an
+/// operation at hand schedule a pool without a borrow of the whole engine).
+#[inline(always)]
+pub(super) fn schedule_pool(
+    servers: &mut [super::Server],
+    work: &mut VecDeque<Machine>,
+    server: ServerId,
+) {
+    if let Some(entry) = servers.get_mut(server.0 as usize) {
+        if !entry.pool_queued {
+            entry.pool_queued = true;
+            work.push_back(Machine::Pool(server));
+        }
+    }
+}
+
 impl Engine {
     /// Puts `machine` on the worklist unless it is there already (or gone).
     pub(super) fn schedule(&mut self, machine: Machine) {
@@ -101,10 +117,9 @@ impl Engine {
                 .get_mut(server.0 as usize)
                 .and_then(|s| s.monitor.as_mut())
                 .map(|m| &mut m.queued),
-            Machine::Pool(server) => self
-                .servers
-                .get_mut(server.0 as usize)
-                .map(|s| &mut s.pool_queued),
+            Machine::Pool(server) => {
+                return schedule_pool(&mut self.servers, &mut self.work, server)
+            }
             Machine::Socket(conn) => self.sockets.get_mut(&conn).map(|s| &mut s.queued),
             Machine::Operation(op) if self.draining == Some(op) => None,
             Machine::Operation(op) => self.ops.get_mut(&op).map(|o| &mut o.queued),
@@ -166,11 +181,7 @@ impl Engine {
         while let Some(machine) = self.work.pop_front() {
             steps += 1;
             debug_assert!(steps <= bound, "the engine's worklist does not settle");
-            // An operation's flag is cleared by its turn (`Engine::drain_operation`): no call
-            // for nothing (issue 9).
-            if !matches!(machine, Machine::Operation(_)) {
-                self.unqueue(machine);
-            }
+            self.unqueue(machine);
             self.turn(machine, now);
         }
         debug_assert!(self.served.is_none(), "a served checkout outside a turn");
@@ -181,6 +192,9 @@ impl Engine {
         }
     }
 
+    /// Clears `machine`'s flag as it comes off the worklist. Inlined (issue 9): an operation's
+    /// costs nothing here.
+    #[inline(always)]
     pub(super) fn unqueue(&mut self, machine: Machine) {
         match machine {
             Machine::Topology => self.topology_queued = false,
