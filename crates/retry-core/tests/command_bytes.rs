@@ -222,7 +222,7 @@ fn review26_s6_the_other_session_paths_are_written_as_before() {
         settings.load_balanced = load_balanced;
         EngineOptions::new(settings, handshake)
     };
-    let mut check = |net: &Net, ops: &mut Vec<OpId>| {
+    let check = |net: &Net, ops: &mut Vec<OpId>| {
         for op in ops.drain(..) {
             let results = net.finished(op);
             assert_eq!(results.len(), 1, "finished exactly once");
