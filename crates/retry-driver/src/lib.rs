@@ -47,6 +47,7 @@
 
 mod client;
 mod concerns;
+pub mod conformance;
 mod connection_string;
 mod credential;
 mod cursor;

@@ -483,7 +483,10 @@ impl SharedState {
                 state.abandoned = false;
                 // Taking or giving up on a result counts it out (`Slot::poll`, `Slot::abandon`):
                 // a spent slot holds no count.
-                debug_assert!(state.counted.is_none(), "a spent slot's result is counted out");
+                debug_assert!(
+                    state.counted.is_none(),
+                    "a spent slot's result is counted out"
+                );
                 *slot.driving.get_mut() = false;
                 *slot.completed.get_mut() = false;
                 return spent;
