@@ -66,27 +66,23 @@ pub(crate) fn document_in(
     top: Option<Document>,
     empty: Option<&Document>,
 ) -> Result<Document, ReadError> {
+    let empty = empty.filter(|empty| empty.is_empty());
     let mut document = top_document(top, empty);
-    document_into(raw, &mut document, empty)?;
-    Ok(document)
+    match plain_into(raw, &mut document, empty) {
+        true => Ok(document),
+        // The crate's conversion, and its error.
+        false => document_at(raw, 1),
+    }
 }
 
-/// [`document_in`] into `document`, a [`top_document`]; on an error `document` is left holding
-/// what was read before it.
-fn document_into(
-    raw: &RawDocument,
-    document: &mut Document,
-    empty: Option<&Document>,
-) -> Result<(), ReadError> {
-    // Issue 9: a document [`well_formed`] accepts (a usual reply) is built straight from its
-    // bytes in the same pass that checks it ([`plain_document`]), without the crate's iterators
-    // and their second round of checks; the rest (and the rare values it leaves alone) take the
-    // crate's conversion.
-    let empty = empty.filter(|empty| empty.is_empty());
-    if plain_document(raw.as_bytes(), 0, document, empty).is_none() {
-        *document = document_at(raw, 1)?;
-    }
-    Ok(())
+/// Builds `raw` into `document` (a [`top_document`]) when [`well_formed`] accepts it (a usual
+/// reply), its embedded documents clones of `empty` (an empty one, or none); whether it did.
+/// Issue 9: straight from its bytes in the same pass that checks it ([`plain_document`]),
+/// without the crate's iterators and their second round of checks; the rest (and the rare
+/// values it leaves alone) take the crate's conversion, [`document_at`].
+#[inline(always)]
+fn plain_into(raw: &RawDocument, document: &mut Document, empty: Option<&Document>) -> bool {
+    plain_document(raw.as_bytes(), 0, document, empty).is_some()
 }
 
 /// The most bytes a document may have for [`owned_document_into`] to keep its buffer.
@@ -106,12 +102,10 @@ pub(crate) fn owned_document_in(
 
 /// The document [`document_in`] builds the top level into: `top` if empty, else a clone of
 /// `empty` if empty, else a new one.
-#[inline]
+#[inline(always)]
 pub(crate) fn top_document(top: Option<Document>, empty: Option<&Document>) -> Document {
-    match top {
-        Some(top) if top.is_empty() => top,
-        _ => new_document(empty.filter(|empty| empty.is_empty())),
-    }
+    top.filter(Document::is_empty)
+        .unwrap_or_else(|| new_document(empty.filter(|empty| empty.is_empty())))
 }
 
 /// [`document_in`] of a document the caller gives up, into `document`, a [`top_document`]
@@ -130,7 +124,10 @@ pub(crate) fn owned_document_into(
     let len = raw.as_bytes().len();
     let empty = empty.filter(|empty| empty.is_empty());
     if len > KEPT_BUFFER {
-        return document_into(&raw, document, empty);
+        if !plain_into(&raw, document, empty) {
+            *document = document_at(&raw, 1)?;
+        }
+        return Ok(());
     }
     // One element with an ASCII key (`{ok: 1}`, say).
     if let Some((key, value)) = lone_element(raw.as_bytes(), empty) {

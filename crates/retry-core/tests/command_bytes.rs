@@ -5,7 +5,9 @@
 //! `maxTimeMS`), causal reads in an explicit session (SE-21: `afterClusterTime`), a transaction's
 //! first command and its commit (TX-1: `startTransaction`, `autocommit`, `txnNumber`), each with
 //! `$clusterTime` (SE-17). Every OP_MSG but the hellos is compared with the bytes the engine
-//! wrote before that change (recorded from the build of main at bbd2203).
+//! wrote before that change (recorded from the build of main at bbd2203). A second test covers
+//! the other paths (review26 S6: no sessions, load-balanced, `recoveryToken`, `getMore`,
+//! `killCursors` after `end_session`), recorded the same way in `command_bytes_more.hex`.
 
 mod support;
 
@@ -145,4 +147,157 @@ fn issue9_the_session_fields_of_every_attempt_are_written_as_before() {
     let actual = commands(&net);
     assert_eq!(actual.lines().count(), 7, "the attempts written:\n{actual}");
     assert_eq!(actual, EXPECTED, "the commands' bytes changed");
+}
+
+/// The paths of `prepare_attempt` the first script does not take, as main at bbd2203 wrote them
+/// (review26 S6).
+const EXPECTED_MORE: &str = include_str!("command_bytes_more.hex");
+
+/// A mongos (with `load_balanced`, a load balancer: its hello has a `serviceId`) whose hello
+/// has `logicalSessionTimeoutMinutes` only with `sessions`; then its replies to a transaction's
+/// commands carry a `recoveryToken`, numbered in reply order. Its `find` and `getMore` replies
+/// keep cursor 42 open.
+fn server(sessions: bool, load_balanced: bool) -> Script {
+    let mut tokens = 0;
+    Box::new(move |_, body| {
+        if is_hello(body) {
+            let mut hello = doc! { "ok": 1, "helloOk": true, "isWritablePrimary": true,
+            "msg": "isdbgrid", "maxWireVersion": 25, "minWireVersion": 0 };
+            if sessions {
+                hello.insert("logicalSessionTimeoutMinutes", 30);
+            }
+            if load_balanced {
+                let service = bson::oid::ObjectId::parse_str("65a1b2c3d4e5f60718293a4b");
+                hello.insert("serviceId", service.expect("valid"));
+            }
+            return Some(hello);
+        }
+        let mut reply = doc! { "ok": 1 };
+        if body.contains_key("find") {
+            reply.insert(
+                "cursor",
+                doc! { "id": 42_i64, "ns": "test.c", "firstBatch": [] },
+            );
+        } else if body.contains_key("getMore") {
+            reply.insert(
+                "cursor",
+                doc! { "id": 42_i64, "ns": "test.c", "nextBatch": [] },
+            );
+        }
+        if sessions && body.contains_key("txnNumber") && body.contains_key("autocommit") {
+            tokens += 1;
+            reply.insert("recoveryToken", doc! { "token": tokens });
+        }
+        Some(reply)
+    })
+}
+
+/// The cursor the last `CursorOpened` event reported.
+fn opened(net: &Net) -> retry_core::engine::CursorHandle {
+    net.events
+        .iter()
+        .rev()
+        .find_map(|e| match e {
+            retry_core::engine::EngineEvent::CursorOpened { cursor, .. } => Some(*cursor),
+            _ => None,
+        })
+        .expect("a cursor opened")
+}
+
+/// Review26 S6 (issue 9): the paths of `prepare_attempt` the first script misses, byte for byte.
+/// A connection without sessions: a retryable write and a read with neither `lsid` nor
+/// `txnNumber` (RW-2, SE-13). Load-balanced: sessions supported without
+/// `logicalSessionTimeoutMinutes`, so the write carries both (LB-5). On a mongos: a commit and an
+/// abort each with the latest `recoveryToken` of their transaction (TX-6); a `getMore` under
+/// `timeoutMS` without `maxTimeMS` (TO-13) and in its cursor's session (SE-14); the
+/// `killCursors` of that cursor after its session ended, without `lsid` (SE-13).
+#[test]
+fn review26_s6_the_other_session_paths_are_written_as_before() {
+    let mut actual = String::new();
+    let mut finished = Vec::new();
+    let options = |load_balanced: bool| {
+        let mut handshake = HandshakeOptions::new();
+        handshake.metadata = ClientMetadata::new("command-bytes", "0.1.0");
+        let mut settings = TopologySettings::new(vec![address("m")]);
+        settings.load_balanced = load_balanced;
+        EngineOptions::new(settings, handshake)
+    };
+    let check = |net: &Net, ops: &mut Vec<OpId>| {
+        for op in ops.drain(..) {
+            let results = net.finished(op);
+            assert_eq!(results.len(), 1, "finished exactly once");
+            assert!(results[0].is_ok(), "{:?}", results[0]);
+        }
+    };
+
+    // No sessions: RW-2, SE-13.
+    let mut net = Net::new(options(false), server(false, false));
+    finished.push(run(&mut net, insert()));
+    finished.push(run(&mut net, find()));
+    check(&net, &mut finished);
+    actual.push_str(&commands(&net));
+
+    // Load-balanced: LB-5.
+    let mut net = Net::new(options(true), server(false, true));
+    finished.push(run(&mut net, insert()));
+    check(&net, &mut finished);
+    actual.push_str(&commands(&net));
+
+    // A mongos: recovery tokens, a cursor's getMore and its killCursors after the session ended.
+    let mut net = Net::new(options(false), server(true, false));
+    let session = net.engine.start_session();
+    for end in ["commitTransaction", "abortTransaction"] {
+        net.engine
+            .start_transaction(session, TransactionOptions::default(), net.now)
+            .expect("a transaction starts");
+        let kind = OperationKind::InTransaction {
+            read: false,
+            first: true,
+        };
+        let mut write = request(
+            "test",
+            doc! { "insert": "c", "documents": [{ "x": 1 }] },
+            kind,
+        );
+        write.session = Some(session);
+        finished.push(run(&mut net, write));
+        let kind = match end {
+            "commitTransaction" => OperationKind::CommitTransaction { again: false },
+            _ => OperationKind::AbortTransaction,
+        };
+        let mut end = request("admin", doc! { end: 1 }, kind);
+        end.session = Some(session);
+        finished.push(run(&mut net, end));
+    }
+    let mut open = find();
+    open.session = Some(session);
+    open.cursor = retry_core::engine::CursorUse::Open;
+    finished.push(run(&mut net, open));
+    check(&net, &mut finished);
+    let cursor = opened(&net);
+    let mut more = request(
+        "test",
+        doc! { "getMore": 42_i64, "collection": "c" },
+        OperationKind::GetMore,
+    );
+    more.cursor = retry_core::engine::CursorUse::GetMore(cursor);
+    more.timeout = OperationTimeout::from_timeout_ms(net.now, Duration::from_millis(5_000));
+    finished.push(run(&mut net, more));
+    net.engine.end_session(session, net.now);
+    let mut kill = request(
+        "test",
+        doc! { "killCursors": "c", "cursors": [42_i64] },
+        OperationKind::RunCommand,
+    );
+    kill.cursor = retry_core::engine::CursorUse::Close(cursor);
+    finished.push(run(&mut net, kill));
+    check(&net, &mut finished);
+    actual.push_str(&commands(&net));
+
+    assert_eq!(
+        actual.lines().count(),
+        10,
+        "the attempts written:\n{actual}"
+    );
+    assert_eq!(actual, EXPECTED_MORE, "the commands' bytes changed");
 }

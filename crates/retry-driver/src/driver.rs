@@ -7,7 +7,7 @@ use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::task::Wake;
 
@@ -969,9 +969,10 @@ impl Wake for SocketWaker {
 /// A first poll may also leave the start of its operation to a pass another future owes
 /// ([`Waiter::defer`], issue 9), and that future may be kept and never polled; the watchdog then
 /// bounds the wait too (review25 R1): armed by the deferral unless armed already, and armed again
-/// when it fires while a pass deferred since its arming is owed, it wakes every waiting future
-/// if no pass has started within the grace, so the future of an operation whose start was
-/// deferred is woken to start it at most twice [`UNCLAIMED_TIMER_GRACE`] after its first poll.
+/// when it fires while a pass deferred since its arming is owed and the driver has something to
+/// do (review26 S1), it wakes every waiting future if no pass has started within the grace, so
+/// the future of an operation whose start was deferred is woken to start it at most twice
+/// [`UNCLAIMED_TIMER_GRACE`] after its first poll.
 /// Any pass that starts serves the deferral (it takes every queued operation), so nothing waits
 /// on a future once a pass ran.
 pub(crate) struct LocalDriver {
@@ -993,12 +994,14 @@ struct DriverWaker {
     /// and before its runner's last look at `dirty` ([`DriverWaker::end_pass`]): a wake that
     /// finds it set only sets `dirty`, which that look sees (house rule 9, review11 finding 2).
     running: AtomicBool,
-    /// Passes of the driver started (wrapping), counted when `claimed` is set.
-    passes: AtomicU32,
+    /// Passes of the driver started, counted when `claimed` is set. 64 bits, so that it never
+    /// wraps in practice: a count seen again would make a stale `deferred` owed again (review26
+    /// S4).
+    passes: AtomicU64,
     /// `passes` when the [`Watchdog`] was last armed, written under its lock: it wakes every
     /// waiting future only if no pass has started since, whatever later wakes did to `claimed`
     /// (house rule 9, review12 finding 3).
-    watched: AtomicU32,
+    watched: AtomicU64,
     waiting: Mutex<Waiting>,
     /// Armed by a firing of the driver's timer that was the first wake after a round, and by
     /// a deferred pass ([`DriverWaker::watch`]).
@@ -1007,15 +1010,12 @@ struct DriverWaker {
     /// [`DriverWaker::watch`].
     watching: AtomicBool,
     /// A future woke its own task to run the pass that starts the operations queued meanwhile
-    /// ([`Waiter::defer`]): [`OWED`] with `passes` then, or 0. The pass is owed until a pass
+    /// ([`Waiter::defer`]): `passes` then plus one ([`DriverWaker::owed_now`]), or 0. The pass is owed until a pass
     /// starts (`passes` changes, review25 R1) or the future is polled again or dropped;
     /// meanwhile the futures polled leave that pass to it (or to the first poll that finds no
     /// result left to take).
     deferred: AtomicU64,
 }
-
-/// The mark of a deferred pass in [`DriverWaker`]'s `deferred`, beside the count of passes.
-const OWED: u64 = 1 << 32;
 
 /// A runtime timer of a [`LocalDriver`]'s own (house rule 8): a firing of the driver's
 /// timer that is the first wake after a round wakes two waiting futures, like any such wake, and
@@ -1024,7 +1024,7 @@ const OWED: u64 = 1 << 32;
 /// next firing would, which does not come: the timer is re-armed only by a run of the driver.
 /// A deferred pass ([`Waiter::defer`]) arms it too, unless it is armed already
 /// ([`DriverWaker::watch`]); when it fires after a pass started, but a pass deferred after that
-/// one is owed, it is armed again (review25 R1).
+/// one is owed and the driver has something to do, it is armed again (review25 R1, review26 S1).
 struct Watchdog {
     runtime: Arc<dyn Runtime>,
     timer: Pin<Box<dyn AsyncTimer>>,
@@ -1170,8 +1170,8 @@ impl DriverWaker {
             dirty: AtomicBool::new(true),
             claimed: AtomicBool::new(false),
             running: AtomicBool::new(false),
-            passes: AtomicU32::new(0),
-            watched: AtomicU32::new(0),
+            passes: AtomicU64::new(0),
+            watched: AtomicU64::new(0),
             waiting: Mutex::new(Waiting::default()),
             watchdog: Mutex::new(None),
             watching: AtomicBool::new(false),
@@ -1306,8 +1306,18 @@ impl DriverWaker {
     /// pass started by the time it fires, it wakes every waiting future; with one started but
     /// the deferred pass owed since, it is armed again; so the futures waiting for a deferred
     /// pass are woken at most twice that grace after it was deferred.
+    ///
+    /// Review26 S2: the deferral (`dirty`, `deferred`, the registration) is written before a
+    /// SeqCst fence, then `watching` read; a firing ([`DriverWaker::wake_unclaimed`]) clears
+    /// `watching`, then a SeqCst fence, then reads `dirty` and `deferred`. As for
+    /// [`DriverWaker::pass_sees_it`] and [`DriverWaker::end_pass`], of the two fences the one
+    /// later in their single total order sees the other side's writes: either this reads
+    /// `watching` clear and arms the watchdog, or the firing reads the deferral and wakes every
+    /// waiting future or arms again. With acquire and release alone both could read the old
+    /// values (store buffering): a deferral owed with no watchdog armed.
     #[inline]
     fn watch(&self) {
+        fence(Ordering::SeqCst);
         if !self.watching.load(Ordering::Acquire) {
             self.arm_unless_armed();
         }
@@ -1367,25 +1377,29 @@ impl DriverWaker {
         self.deferred.load(Ordering::Acquire) == self.owed_now()
     }
 
-    /// What `deferred` holds while a pass deferred since the last pass started is owed.
+    /// What `deferred` holds while a pass deferred since the last pass started is owed: the
+    /// count of passes plus one (never 0, "none", before 2^64 passes).
     fn owed_now(&self) -> u64 {
-        OWED | u64::from(self.passes.load(Ordering::Acquire))
+        self.passes.load(Ordering::Acquire).wrapping_add(1)
     }
 
     /// The [`Watchdog`] fired: every waiting future is woken if the driver has something to do
     /// and no pass of it has started since the watchdog was armed (house rule 9, review12
     /// finding 3: a later wake clears `claimed`, so that flag cannot tell). Otherwise, while a
     /// deferred pass is owed, it is armed again (review25 R1: the pass that started was before
-    /// the deferral).
+    /// the deferral), but only if the driver has something to do (review26 S1: with `dirty`
+    /// clear, the pass that cleared it took the deferred operations, and the wake an arming
+    /// prepares needs `dirty`; armed regardless, it fired every grace while the client idled).
     fn wake_unclaimed(&self) {
         let watchdog = lock(&self.watchdog);
         self.watching.store(false, Ordering::Release);
-        if self.dirty.load(Ordering::Acquire)
-            && self.passes.load(Ordering::Acquire) == self.watched.load(Ordering::Acquire)
-        {
+        // Pairs with `watch`'s fence (review26 S2).
+        fence(Ordering::SeqCst);
+        let dirty = self.dirty.load(Ordering::Acquire);
+        if dirty && self.passes.load(Ordering::Acquire) == self.watched.load(Ordering::Acquire) {
             drop(watchdog);
             self.wake_escalating(false, true);
-        } else if self.owed() {
+        } else if dirty && self.owed() {
             self.arm(watchdog);
         }
     }
@@ -1547,7 +1561,8 @@ impl Waiter {
     /// callers are about to be polled and may queue operations of their own, and one pass of
     /// the driver can start them all, where each first poll would run a pass of its own (about
     /// 500 instructions besides the starts). The driver is marked ([`LocalDriver::mark`])
-    /// first. The first future to defer wakes its own task, to run the pass when polled again:
+    /// first. The first future to defer (one: it claims the pass by a compare-exchange) wakes
+    /// its own task, to run the pass when polled again:
     /// the pass is owed (`deferred`) until that poll, its drop, or the start of any pass (which
     /// starts the deferred operations; review25 R1). Meanwhile the futures polled register and
     /// leave the pass to it, as do callers taking their results ([`Waiter::run`]) and leaving
@@ -1566,12 +1581,27 @@ impl Waiter {
     pub(crate) fn defer(&self, cx: &Context<'_>) {
         let waker = &self.local.waker;
         let owed = waker.owed_now();
-        if waker.deferred.load(Ordering::Acquire) == owed {
-            self.register(cx);
-            waker.watch();
-            return;
+        let mut seen = waker.deferred.load(Ordering::Acquire);
+        // Review26 S3: claimed by a compare-exchange, so that one future owes the pass, and a
+        // claim made with a count of passes read before a pass started cannot overwrite the
+        // claim of a future that read the newer count. Bounded by the concurrent changes: each
+        // failure is another's claim or resume.
+        loop {
+            // Owed by another future: its pass starts this one's operation too, or one that
+            // started since this one read the count did.
+            if seen == owed || seen == waker.owed_now() {
+                self.register(cx);
+                waker.watch();
+                return;
+            }
+            match waker
+                .deferred
+                .compare_exchange(seen, owed, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(now) => seen = now,
+            }
         }
-        waker.deferred.store(owed, Ordering::Release);
         self.deferring.store(owed, Ordering::Relaxed);
         // As for the first wake after a round: the wakes after it escalate from two.
         lock(&waker.waiting).escalation = 2;
@@ -2813,6 +2843,31 @@ mod tests {
             "not armed again once it woke them"
         );
         drop(second);
+    }
+
+    /// House rule 9, review26 S1: a deferral made while a pass was starting (counted before the
+    /// deferral read the count, `dirty` cleared after the driver was marked, the operation
+    /// taken) is owed until the next pass starts, but leaves the driver nothing to do: the
+    /// watchdog it armed fires once and is not armed again (before, it re-armed every
+    /// [`UNCLAIMED_TIMER_GRACE`] for as long as the client idled).
+    #[test]
+    fn house_rule_9_the_watchdog_is_not_armed_again_while_the_driver_has_nothing_to_do() {
+        let (local, _shared, armed) = local_driver_on_manual_timers(1);
+        let first = local.waiter();
+        local.mark();
+        first.defer(&Context::from_waker(Waker::noop()));
+        // That pass clears `dirty` and takes the operation; the deferral stays owed.
+        local.waker.dirty.store(false, Ordering::Release);
+        assert!(local.waker.owed());
+        assert!(
+            fire_watchdog(&local, &armed),
+            "the deferral armed the watchdog"
+        );
+        assert!(
+            !fire_watchdog(&local, &armed),
+            "nothing to do: not armed again"
+        );
+        drop(first);
     }
 
     /// A socket with a byte to read after each wake, whose reads say it is armed

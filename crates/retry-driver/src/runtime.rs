@@ -70,6 +70,12 @@ fn no_resolver(name: &str) -> io::Error {
 }
 
 /// A resettable timer.
+///
+/// Neither [`AsyncTimer::reset`] nor [`AsyncTimer::poll`] may wake a waker before it returns
+/// (a timer already due returns `Ready` from `poll`, it does not wake): a client driven by its
+/// own futures resets and polls one of its timers under the lock its wake takes, so a wake from
+/// within would deadlock (review26 S5). tokio's and async-io's timers wake only from their
+/// runtime's timer driver or reactor.
 pub trait AsyncTimer: Send + fmt::Debug {
     /// Makes the timer fire at `at` instead.
     fn reset(self: Pin<&mut Self>, at: Instant);

@@ -339,7 +339,10 @@ impl EventQueue {
 #[derive(Default)]
 pub(crate) struct ResultsToTake {
     /// The number (wrapping) of the pass whose results count, in the high half; how many of
-    /// them are not taken yet, in the low half.
+    /// them are not taken yet, in the low half. A result taken 2^32 counting passes after its
+    /// own counts out one of the current pass's (never below 0): that count ends a result
+    /// early, and the first polls meanwhile run passes of their own instead of deferring, as
+    /// without a count; nothing waits longer (review26 S4).
     counts: AtomicU64,
     /// A pass started and has completed nothing yet: its first completion starts a new count.
     new_pass: AtomicBool,
@@ -478,7 +481,9 @@ impl SharedState {
                 state.waker = None;
                 state.op = None;
                 state.abandoned = false;
-                state.counted = None;
+                // Taking or giving up on a result counts it out (`Slot::poll`, `Slot::abandon`):
+                // a spent slot holds no count.
+                debug_assert!(state.counted.is_none(), "a spent slot's result is counted out");
                 *slot.driving.get_mut() = false;
                 *slot.completed.get_mut() = false;
                 return spent;
@@ -666,23 +671,34 @@ mod tests {
         drop(kept);
     }
 
-    /// Review25 R3: a reused slot's result is not taken for counted already: its caller's
-    /// wake for it is counted.
+    /// Review25 R3, review26 S10: a slot is reused once its caller let go of it, after taking
+    /// its result or giving up on it (both count it out): its next caller's wake for a new
+    /// result counts, as for a new slot (a slot given up on must not drop the new result).
     #[test]
     fn review25_r3_a_reused_slot_counts_its_new_result() {
         let results = ResultsToTake::default();
         let task = Arc::new(Counted(AtomicUsize::new(0)));
         let waker = Waker::from(task.clone());
         let mut cx = Context::from_waker(&waker);
-        let mut state = SharedState::default();
-        let spent = Arc::new(waiting_slot(&mut cx, &results));
-        spent.complete(Err(OperationError::cancelled()), Some(&results));
-        state.spent_slots.push_back(spent);
-        results.new_pass();
-        let reused = state.slot(ping(), None);
-        assert!(reused.poll(&mut cx, &results).is_pending());
-        reused.complete(Err(OperationError::cancelled()), Some(&results));
-        assert_eq!(counted(&results), 1);
+        for give_up in [false, true] {
+            let mut state = SharedState::default();
+            let spent = Arc::new(waiting_slot(&mut cx, &results));
+            spent.complete(Err(OperationError::cancelled()), Some(&results));
+            assert_eq!(counted(&results), 1);
+            if give_up {
+                assert_eq!(spent.abandon(&results), None);
+            } else {
+                assert!(spent.poll(&mut cx, &results).is_ready());
+            }
+            assert_eq!(counted(&results), 0, "counted out ({give_up})");
+            state.spent_slots.push_back(spent);
+            let reused = state.slot(ping(), None);
+            assert!(state.spent_slots.is_empty(), "reused ({give_up})");
+            assert!(reused.poll(&mut cx, &results).is_pending());
+            reused.complete(Err(OperationError::cancelled()), Some(&results));
+            assert_eq!(counted(&results), 1, "its new result counts ({give_up})");
+            assert!(reused.poll(&mut cx, &results).is_ready());
+        }
     }
 
     /// Issue 9: a spent slot is reused, emptied, once its caller let go of it; one its caller

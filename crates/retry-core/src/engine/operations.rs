@@ -14,8 +14,8 @@ use super::encoded;
 use super::hedged::Made;
 use super::raw_reply::{self, ReplyFields};
 use super::sessions::{
-    append_command_fields, command_as_sent, prepare_attempt, socket_supports_sessions,
-    strip_command_fields, AttemptSessions, Prepared,
+    append_command_fields, command_as_sent, prepare_attempt, session_timeout,
+    socket_supports_sessions, strip_command_fields, AttemptSessions, Prepared,
 };
 use super::{
     command_for, last_server_id, pool_in, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine,
@@ -32,7 +32,6 @@ use crate::retry::{
 };
 use crate::rng::EngineRng;
 use crate::selection::{SelectionSettings, SelectionStep, ServerSelection};
-use crate::session::SessionTimeout;
 use crate::time::Instant;
 use crate::wire::append_read_preference;
 
@@ -661,7 +660,7 @@ impl Engine {
     /// drain its retry machine, or how the turn ended: a refusal, a hedging machine (drained
     /// here) or a retry machine after its due selections looked again (drained by the caller,
     /// which looks the operation up again).
-    #[inline(always)]
+    #[inline(never)]
     fn start_drain(&mut self, op_id: OpId, now: Instant) -> Option<Drained> {
         let op = self.ops.get_mut(&op_id)?;
         op.queued = false;
@@ -857,6 +856,7 @@ impl Engine {
 
     /// A retry machine's `Dispatch`: on the pinned connection, or checked out of the server's
     /// pool.
+    #[inline(never)]
     fn dispatch(&mut self, op_id: OpId, attempt: Attempt, pinned: Option<ConnId>, now: Instant) {
         let server = self.server_id(&attempt.address);
         let Some(pinned) = pinned else {
@@ -897,6 +897,7 @@ impl Engine {
     }
 
     /// [`Engine::start_selection`] after the selection cache had no answer: the selection loop.
+    #[inline(never)]
     fn select(&mut self, op_id: OpId, slot: usize, now: Instant) {
         let Some(op) = self.ops.get_mut(&op_id) else {
             return;
@@ -1168,10 +1169,7 @@ impl Engine {
             return true;
         };
         let parts = AttemptSessions {
-            timeout: SessionTimeout::new(
-                self.topology.description().logical_session_timeout(),
-                load_balanced,
-            ),
+            timeout: session_timeout(&self.topology, load_balanced),
             load_balanced,
             sessions: &mut self.sessions,
             session_pool: &mut self.session_pool,

@@ -20,6 +20,7 @@ use alloc::vec::Vec;
 use super::api_version::ApiFields;
 use super::encoded;
 use super::raw_reply::ReplyFields;
+use super::selection_cache::TrackedTopology;
 use super::{
     Engine, OpId, OpSession, Operation, OperationRequest, Session, SessionHandle, SessionInfo,
 };
@@ -47,7 +48,7 @@ const TRANSACTION_ENDED: &str =
 const ALREADY_STARTED: &str = "another command already started this transaction; a \
      transaction's commands must not race to start it (send its first command, then the others)";
 
-/// What [`Engine::prepare_attempt`] decided about an attempt about to be written.
+/// What [`prepare_attempt`] decided about an attempt about to be written.
 pub(super) enum Prepared {
     /// Send it, with the `lsid` of this session id, if any ([`append_command_fields`]).
     Send(Option<SessionId>),
@@ -344,14 +345,6 @@ impl Engine {
         }
     }
 
-    /// SE-6, LB-5: how long the server keeps an idle session, for the pool's rules.
-    fn session_timeout(&self) -> SessionTimeout {
-        SessionTimeout::new(
-            self.topology.description().logical_session_timeout(),
-            self.options.topology.load_balanced,
-        )
-    }
-
     /// The session a new operation's commands carry, and whether they gossip `$clusterTime`;
     /// an error for a request the session rules refuse before anything is sent.
     ///
@@ -427,6 +420,16 @@ pub(super) struct AttemptSessions<'a> {
     pub(super) session_pool: &'a mut SessionPool,
     pub(super) rng: &'a mut EngineRng,
     pub(super) cluster_clock: &'a ClusterClock,
+}
+
+/// SE-6, LB-5: how long the server keeps an idle session, for the pool's rules (the
+/// topology's `logicalSessionTimeoutMinutes`; ignored in load-balanced mode).
+#[inline]
+pub(super) fn session_timeout(topology: &TrackedTopology, load_balanced: bool) -> SessionTimeout {
+    SessionTimeout::new(
+        topology.description().logical_session_timeout(),
+        load_balanced,
+    )
 }
 
 /// Adds to the operation's command what this attempt on `conn` carries besides the attempt's
@@ -817,7 +820,7 @@ impl Engine {
 
     /// A server session goes back to the pool (SE-5; dirty ones are discarded, SE-12).
     pub(super) fn release_server_session(&mut self, server: ServerSession, now: Instant) {
-        let timeout = self.session_timeout();
+        let timeout = session_timeout(&self.topology, self.options.topology.load_balanced);
         self.session_pool.release(server, timeout, now);
     }
 
