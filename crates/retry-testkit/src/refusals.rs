@@ -340,7 +340,7 @@ const ROUTER_TRANSACTIONS_WIRE_VERSION: i32 = 8;
 /// transactions. 3.6 (wire 6) does not know `autocommit` and `startTransaction` (they are not
 /// among its generic arguments, `commands.h` `isGenericArgument`), so the command's own parser
 /// refuses the first of them as an unknown field: the IDL-generated write parsers (`insert`,
-/// `update`, `delete`) with 40415, "BSON field '<command>.<field>' is an unknown field.", and
+/// `update`, `delete`) with 40415, `"BSON field '<command>.<field>' is an unknown field."`, and
 /// the others with FailedToParse (9), as `find`, `getMore` and `aggregate` do (a command whose
 /// 3.6 parser ignores unknown fields is refused too: stricter, and a driver never sends these to
 /// a 3.6 server). A 4.0 mongos (wire 7) refuses any command carrying either with 50841 (the

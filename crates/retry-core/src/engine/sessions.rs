@@ -413,7 +413,7 @@ pub(super) fn socket_supports_sessions(socket: &super::Socket, load_balanced: bo
 
 /// The engine's parts [`prepare_attempt`] reads and changes besides the operation (issue 9).
 pub(super) struct AttemptSessions<'a> {
-    /// SE-6, LB-5: how long the server keeps an idle session ([`Engine::session_timeout`]).
+    /// SE-6, LB-5: how long the server keeps an idle session ([`session_timeout`]).
     pub(super) timeout: SessionTimeout,
     pub(super) load_balanced: bool,
     pub(super) sessions: &'a mut BTreeMap<SessionHandle, Session>,
