@@ -1013,7 +1013,7 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                 // Review7 finding 3: the op's error (Overflow, 15).
                 if crate::store::too_deep(document) {
                     let result = doc! {
-                        "ok": 0.0, "idx": count_i32(index), "code": 15, "codeName": "Overflow",
+                        "ok": 0.0, "idx": count_i32(index), "code": 15, "codeName": crate::fail_point::code_name_of(15),
                         "errmsg": format!(
                             "cannot insert document because it exceeds {} levels of nesting",
                             crate::store::MAX_STORED_DEPTH
@@ -1034,7 +1034,7 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                     failed = true;
                     result = doc! {
                         "ok": 0.0, "idx": count_i32(index), "code": 11000,
-                        "codeName": "DuplicateKey",
+                        "codeName": crate::fail_point::code_name_of(11000),
                         "errmsg": crate::store::duplicate_key_message(&ns, id),
                     };
                 } else {

@@ -338,8 +338,12 @@ fn canonical(name: &str) -> &str {
 /// codes, named only by later servers, are renamed for the server's version by
 /// [`name_for_wire`].
 pub(crate) fn error_reply(code: i32, message: &str) -> Document {
-    let name = code_name(code).map_or_else(|| format!("Location{code}"), String::from);
-    doc! { "ok": 0.0, "errmsg": message, "code": code, "codeName": name }
+    doc! { "ok": 0.0, "errmsg": message, "code": code, "codeName": code_name_of(code) }
+}
+
+/// The `codeName` a real server sends with `code`: [`code_name`]'s, else `Location<code>`.
+pub(crate) fn code_name_of(code: i32) -> String {
+    code_name(code).map_or_else(|| format!("Location{code}"), String::from)
 }
 
 /// Review23 R2 (house rule 7): from 8.0 (wire 25) `error_codes.yml` names the IDL parser's

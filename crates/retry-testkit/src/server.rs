@@ -726,7 +726,7 @@ fn add_unsatisfiable_write_concern(shared: &Shared, command: &Document, reply: &
             "writeConcernError",
             bson::doc! {
                 "code": 100,
-                "codeName": "UnsatisfiableWriteConcern",
+                "codeName": crate::fail_point::code_name_of(100),
                 "errmsg": "Not enough data-bearing nodes",
             },
         );
