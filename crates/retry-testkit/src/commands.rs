@@ -1013,7 +1013,8 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                 // Review7 finding 3: the op's error (Overflow, 15).
                 if crate::store::too_deep(document) {
                     let result = doc! {
-                        "ok": 0.0, "idx": count_i32(index), "code": 15, "codeName": crate::fail_point::code_name_of(15),
+                        "ok": 0.0, "idx": count_i32(index), "code": 15,
+                        "codeName": crate::fail_point::code_name_of(15),
                         "errmsg": format!(
                             "cannot insert document because it exceeds {} levels of nesting",
                             crate::store::MAX_STORED_DEPTH
@@ -1067,11 +1068,9 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                     Err(QueryError::Write(code, message)) => {
                         failed = true;
                         result = doc! {
-                            "ok": 0.0, "idx": count_i32(index), "code": code, "errmsg": message,
+                            "ok": 0.0, "idx": count_i32(index), "code": code,
+                            "codeName": crate::fail_point::code_name_of(code), "errmsg": message,
                         };
-                        if let Some(name) = crate::fail_point::code_name(code) {
-                            result.insert("codeName", name);
-                        }
                     }
                     Err(e) => return query_error(e),
                 }
