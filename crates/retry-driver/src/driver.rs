@@ -1454,7 +1454,9 @@ impl LocalDriver {
     }
 
     /// Marks the driver as having something to do without waking anyone: for a future that
-    /// queued work and runs the driver itself next ([`Waiter::drive`]).
+    /// queued work and runs the driver itself next ([`Waiter::drive`]). A plain store: a pass
+    /// ending meanwhile sees it, or the runner's next look at the lock sees that pass's end
+    /// ([`LocalDriver::lock_after_fence`], review28 U5).
     pub(crate) fn mark(&self) {
         self.waker.dirty.store(true, Ordering::Release);
     }
@@ -1471,7 +1473,10 @@ impl LocalDriver {
             let guard = match self.driver.try_lock() {
                 Ok(guard) => guard,
                 Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-                Err(TryLockError::WouldBlock) => return false,
+                Err(TryLockError::WouldBlock) => match self.lock_after_fence() {
+                    Some(guard) => guard,
+                    None => return false,
+                },
             };
             let mut pass = waker.start_pass(guard);
             let Some(driver) = pass.driver.as_mut() else {
@@ -1496,6 +1501,31 @@ impl LocalDriver {
         cx.waker().wake_by_ref();
         waker.wake_one(true);
         false
+    }
+
+    /// [`LocalDriver::run`] found the lock held: tries it once more after a SeqCst fence, and
+    /// returns it if it was let go meanwhile (house rule 8, review28 U5; the contended path only).
+    ///
+    /// The fence pairs with [`DriverWaker::end_pass`]'s. The caller set `dirty` (a wake, or
+    /// [`LocalDriver::mark`], a plain store) before this fence; the pass P holding the lock lets
+    /// it go, then fences, then reads `dirty`. Of the two fences, the one later in their single
+    /// total order sees the other side's write: either P reads `dirty` set and runs another pass
+    /// or hands off, or this try sees P's unlock (the lock free, or taken by a later holder,
+    /// whose pass starts after the caller queued its work and so takes it, by the state mutex's
+    /// order, or which reads `dirty` set at its own end). Without the fence, P could read
+    /// `dirty` clear while the failed try saw the lock held: the caller's operation queued and
+    /// no one to run the driver, with no timer behind it in load-balanced mode. Acquire and
+    /// release alone allow it (store buffering), though x86-64 (a locked compare-exchange) and
+    /// ARMv8 (a release store then an acquire load) order it anyway.
+    #[cold]
+    #[inline(never)]
+    fn lock_after_fence(&self) -> Option<MutexGuard<'_, Option<Driver>>> {
+        fence(Ordering::SeqCst);
+        match self.driver.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
     }
 }
 
