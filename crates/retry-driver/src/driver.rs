@@ -2821,20 +2821,28 @@ mod tests {
         second.drive(&Context::from_waker(&wakers[1]));
         assert_eq!(queued(&shared), 0, "its pass started both");
 
-        // The pass `first` owed has run: nothing is left to it.
+        // The pass `first` owed has run: nothing is left to it, and the next first poll defers
+        // a pass of its own, which a result's caller respects (review28 U8).
         assert!(!local.waker.owed());
         queue(&shared, 1);
         local.mark();
         let third = local.waiter();
         third.defer(&Context::from_waker(&wakers[2]));
         assert_eq!(woken(&tasks[2..]), 1, "a deferral of its own");
-        queue(&shared, 1);
-        local.mark();
-        drop(third);
+        assert!(local.waker.owed());
         let taker = local.waiter();
         taker.run(&Context::from_waker(Waker::noop()));
+        assert_eq!(queued(&shared), 1, "owed: left to `third`");
+        // A pass runs (not `third`'s poll: its claim stays in `deferred`, as `first`'s stays in
+        // its waiter); neither stale claim is owed once a pass started.
+        assert!(!local.run(&Context::from_waker(Waker::noop())));
+        assert_eq!(queued(&shared), 0);
+        assert!(!local.waker.owed());
+        queue(&shared, 1);
+        local.mark();
+        taker.run(&Context::from_waker(Waker::noop()));
         assert_eq!(queued(&shared), 0, "a result's caller runs the driver");
-        drop(first);
+        drop((first, third));
     }
 
     /// House rule 8, review25 R1: the watchdog, armed before a pass ran, does not wake every
@@ -2882,12 +2890,23 @@ mod tests {
     /// [`UNCLAIMED_TIMER_GRACE`] for as long as the client idled).
     #[test]
     fn house_rule_9_the_watchdog_is_not_armed_again_while_the_driver_has_nothing_to_do() {
-        let (local, _shared, armed) = local_driver_on_manual_timers(1);
+        let (local, shared, armed) = local_driver_on_manual_timers(1);
         let first = local.waiter();
         local.mark();
+        // The pass has counted itself (`start_pass`) when the deferral reads the count.
+        local.waker.passes.fetch_add(1, Ordering::AcqRel);
         first.defer(&Context::from_waker(Waker::noop()));
-        // That pass clears `dirty` and takes the operation; the deferral stays owed.
+        // Then that pass clears `dirty` and takes the operation (review28 U7: the state built,
+        // not only described); the deferral stays owed.
         local.waker.dirty.store(false, Ordering::Release);
+        {
+            let mut driver = lock(&local.driver);
+            let driver = driver.as_mut().expect("not shut down");
+            let (took, closing) =
+                driver.take_requests(&mut Context::from_waker(Waker::noop()), Instant::ZERO);
+            assert!(took && !closing);
+        }
+        assert_eq!(queued(&shared), 0, "taken by the pass");
         assert!(local.waker.owed());
         assert!(
             fire_watchdog(&local, &armed),
