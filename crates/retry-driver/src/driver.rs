@@ -586,11 +586,11 @@ impl Driver {
         for pending in core::mem::take(&mut self.pending).values() {
             pending
                 .slot
-                .complete(Err(OperationError::cancelled()), results);
+                .complete_cold(Err(OperationError::cancelled()), results);
         }
         let mut state = lock(&self.shared.state);
         for slot in core::mem::take(&mut state.requests) {
-            slot.complete(Err(OperationError::cancelled()), results);
+            slot.complete_cold(Err(OperationError::cancelled()), results);
         }
         state.sessions.refuse_starts();
         for subscriber in core::mem::take(&mut state.subscribers) {
@@ -1010,10 +1010,10 @@ struct DriverWaker {
     /// [`DriverWaker::watch`].
     watching: AtomicBool,
     /// A future woke its own task to run the pass that starts the operations queued meanwhile
-    /// ([`Waiter::defer`]): `passes` then plus one ([`DriverWaker::owed_now`]), or 0. The pass is owed until a pass
-    /// starts (`passes` changes, review25 R1) or the future is polled again or dropped;
-    /// meanwhile the futures polled leave that pass to it (or to the first poll that finds no
-    /// result left to take).
+    /// ([`Waiter::defer`]): `passes` then plus one ([`DriverWaker::owed_now`]), or 0. The pass
+    /// is owed until a pass starts (`passes` changes, review25 R1) or the future is polled
+    /// again or dropped; meanwhile the futures polled leave that pass to it (or to the first
+    /// poll that finds no result left to take).
     deferred: AtomicU64,
 }
 

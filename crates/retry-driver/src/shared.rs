@@ -160,7 +160,8 @@ impl Slot {
     /// of the driver completes an operation ([`ResultsToTake`]).
     ///
     /// Inlined into the driver's pass, which calls it once per operation (issue 9: 12–13
-    /// instructions fewer per round trip, docs/benchmarks.md, driver25).
+    /// instructions fewer per round trip, docs/benchmarks.md, driver25); the cold paths (the
+    /// shutdown's cancellations) call [`Slot::complete_cold`], so that it is inlined there only.
     #[inline(always)]
     pub(crate) fn complete(&self, result: OperationResult, results: Option<&ResultsToTake>) {
         if let Some(results) = results {
@@ -194,6 +195,13 @@ impl Slot {
         if let Some(waker) = waker {
             waker.wake();
         }
+    }
+
+    /// [`Slot::complete`], not inlined: for the cold paths (review28 U12).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn complete_cold(&self, result: OperationResult, results: Option<&ResultsToTake>) {
+        self.complete(result, results);
     }
 
     /// Whether a result was stored: its caller's next poll takes it, so it need not register
