@@ -15,7 +15,7 @@ use super::hedged::Made;
 use super::raw_reply::{self, ReplyFields};
 use super::sessions::{
     append_command_fields, command_as_sent, prepare_attempt, session_timeout,
-    socket_supports_sessions, strip_command_fields, AttemptSessions, Prepared,
+    socket_supports_sessions, strip_command_fields, AttemptFlags, AttemptSessions, Prepared,
 };
 use super::{
     command_for, last_server_id, pool_in, ConnId, CursorUse, Engine, EngineEvent, OpId, OpMachine,
@@ -1176,7 +1176,10 @@ impl Engine {
             rng: &mut self.rng,
             cluster_clock: &self.cluster_clock,
         };
-        let flags = (supports_sessions, with_txn_number);
+        let flags = AttemptFlags {
+            supports_sessions,
+            with_txn_number,
+        };
         let lsid = match prepare_attempt(parts, op, slot, flags, min_rtt, now) {
             Prepared::Send(lsid) => lsid,
             Prepared::Expired => {

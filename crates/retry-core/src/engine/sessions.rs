@@ -432,14 +432,25 @@ pub(super) fn session_timeout(topology: &TrackedTopology, load_balanced: bool) -
     )
 }
 
-/// Adds to the operation's command what this attempt on `conn` carries besides the attempt's
-/// own modifications: the `txnNumber` when the retry machine says the attempt has one
-/// (`with_txn_number`, RW-2, RW-6, RW-7, TX-1), with `autocommit: false` on every transaction
-/// command (TX-1) and the session's `recoveryToken` on commit and abort (TX-6), `$clusterTime`
-/// (SE-17) and `maxTimeMS` (CS-4, TO-9; none on a `getMore`, TO-13). The fields go into the
-/// operation's own copy of the command, replacing those of the previous attempt. The session's
-/// `lsid` (SE-3, SE-7) is not inserted: [`Prepared::Send`] returns its id, which
-/// [`append_command_fields`] writes pre-encoded when the command is encoded.
+/// What the attempt's connection and its retry machine say of it, for [`prepare_attempt`]
+/// (review28 U11: named, where a pair of bools could be swapped unnoticed).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct AttemptFlags {
+    /// SE-8: the connection's own handshake reply says it supports sessions
+    /// ([`socket_supports_sessions`]; LB-5: always in load-balanced mode).
+    pub(super) supports_sessions: bool,
+    /// RW-2, RW-6, RW-7, TX-1: the retry machine says the attempt carries a `txnNumber`.
+    pub(super) with_txn_number: bool,
+}
+
+/// Adds to the operation's command what this attempt carries besides the attempt's own
+/// modifications: the `txnNumber` when the retry machine says the attempt has one
+/// ([`AttemptFlags::with_txn_number`], RW-2, RW-6, RW-7, TX-1), with `autocommit: false` on
+/// every transaction command (TX-1) and the session's `recoveryToken` on commit and abort
+/// (TX-6), `$clusterTime` (SE-17) and `maxTimeMS` (CS-4, TO-9; none on a `getMore`, TO-13).
+/// The fields go into the operation's own copy of the command, replacing those of the previous
+/// attempt. The session's `lsid` (SE-3, SE-7) is not inserted: [`Prepared::Send`] returns its
+/// id, which [`append_command_fields`] writes pre-encoded when the command is encoded.
 ///
 /// Issue 9: with the operation at hand (the caller's, which goes on to write the command)
 /// and the engine's parts it needs besides ([`AttemptSessions`]).
@@ -447,10 +458,14 @@ pub(super) fn prepare_attempt(
     parts: AttemptSessions<'_>,
     op: &mut Operation,
     slot: usize,
-    (supports_sessions, with_txn_number): (bool, bool),
+    flags: AttemptFlags,
     min_rtt: core::time::Duration,
     now: Instant,
 ) -> Prepared {
+    let AttemptFlags {
+        supports_sessions,
+        with_txn_number,
+    } = flags;
     let AttemptSessions {
         timeout,
         load_balanced,
