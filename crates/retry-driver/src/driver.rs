@@ -1612,6 +1612,8 @@ impl Waiter {
         let waker = &self.local.waker;
         let owed = waker.owed_now();
         let mut seen = waker.deferred.load(Ordering::Acquire);
+        #[cfg(test)]
+        tests::before_claim();
         // Review26 S3: claimed by a compare-exchange, so that one future owes the pass, and a
         // claim made with a count of passes read before a pass started cannot overwrite the
         // claim of a future that read the newer count. Bounded by the concurrent changes: each
@@ -1727,7 +1729,22 @@ fn closed_by_peer() -> (NetworkErrorKind, NetworkCause) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
     use std::sync::atomic::AtomicUsize;
+
+    thread_local! {
+        /// Review28 U6: what [`Waiter::defer`] runs on this thread between its reads (of the
+        /// count of passes and of `deferred`) and its claim, once: the interleavings of the
+        /// claim loop (review26 S3), made deterministic.
+        static BEFORE_CLAIM: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+    }
+
+    /// Runs (and clears) the [`BEFORE_CLAIM`] hook, if one is set.
+    pub(super) fn before_claim() {
+        if let Some(hook) = BEFORE_CLAIM.with(|hook| hook.borrow_mut().take()) {
+            hook();
+        }
+    }
 
     /// A task's waker that counts its wakes.
     struct Counted(AtomicUsize);
@@ -2917,6 +2934,127 @@ mod tests {
             "nothing to do: not armed again"
         );
         drop(first);
+    }
+
+    /// House rule 8, review26 S3, review28 U6: a pass starts after a first poll read the count
+    /// of passes and before its claim, and another future claims the pass owed since: the
+    /// first poll's claim (a compare-exchange, which fails) does not overwrite the newer claim,
+    /// whose count it sees is current (`seen == owed_now()`): it registers and wakes nobody,
+    /// its operation started by that pass. Without that check it would retry the exchange with
+    /// its stale count and win: the newer claim lost, nothing owed, and its future's operation
+    /// left to whoever runs the driver next.
+    #[test]
+    fn house_rule_8_a_claim_after_a_pass_started_keeps_the_newer_claim() {
+        let (local, shared) = local_driver_with_queued(1);
+        let tasks = tasks(2);
+        let wakers: Vec<Waker> = tasks.iter().map(|t| Waker::from(t.clone())).collect();
+        let (stale, newer) = (Arc::new(local.waiter()), Arc::new(local.waiter()));
+        let hook = {
+            let (local, shared, newer, waker) = (
+                local.clone(),
+                shared.clone(),
+                newer.clone(),
+                wakers[1].clone(),
+            );
+            move || {
+                assert!(!local.run(&Context::from_waker(Waker::noop())));
+                assert_eq!(queued(&shared), 0, "the pass started `stale`'s operation");
+                queue(&shared, 1);
+                local.mark();
+                newer.defer(&Context::from_waker(&waker));
+            }
+        };
+        BEFORE_CLAIM.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+        local.mark();
+        stale.defer(&Context::from_waker(&wakers[0]));
+        assert_eq!(
+            local.waker.deferred.load(Ordering::Acquire),
+            local.waker.owed_now(),
+            "the newer claim kept"
+        );
+        assert!(local.waker.owed());
+        assert_eq!(stale.deferring.load(Ordering::Relaxed), 0, "no claim");
+        assert_eq!(woken(&tasks[..1]), 0, "registered, not woken");
+        assert_eq!(woken(&tasks[1..]), 1, "the newer claim's own wake");
+        assert_eq!(registered(&lock(&local.waker.waiting)), 1);
+        // The newer claim's future runs its pass when polled.
+        newer.drive(&Context::from_waker(&wakers[1]));
+        assert_eq!(queued(&shared), 0);
+        assert!(!local.waker.owed());
+    }
+
+    /// House rule 8, review26 S3, review28 U6: a pass starts after a first poll read the count
+    /// of passes and before its claim, and no other future claims: the claim is made with the
+    /// count read before that pass, so it is not owed (that pass started the operation), and
+    /// a result's caller runs the driver instead of leaving it to the claim's future.
+    #[test]
+    fn house_rule_8_a_claim_made_with_a_count_older_than_a_pass_is_not_owed() {
+        let (local, shared) = local_driver_with_queued(1);
+        let tasks = tasks(1);
+        let waker = Waker::from(tasks[0].clone());
+        let claiming = local.waiter();
+        let hook = {
+            let (local, shared) = (local.clone(), shared.clone());
+            move || {
+                assert!(!local.run(&Context::from_waker(Waker::noop())));
+                assert_eq!(queued(&shared), 0, "the pass started the operation");
+            }
+        };
+        BEFORE_CLAIM.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+        local.mark();
+        claiming.defer(&Context::from_waker(&waker));
+        assert_eq!(woken(&tasks), 1, "it claimed: its own task woken");
+        assert_ne!(claiming.deferring.load(Ordering::Relaxed), 0);
+        assert!(
+            !local.waker.owed(),
+            "a pass started since the count it claimed with"
+        );
+        queue(&shared, 1);
+        local.mark();
+        let taker = local.waiter();
+        taker.run(&Context::from_waker(Waker::noop()));
+        assert_eq!(queued(&shared), 0, "a result's caller runs the driver");
+        drop(claiming);
+    }
+
+    /// House rule 8, review26 S3, review28 U6: a future that leaves after its claim went stale
+    /// (a pass started, and another future claimed since) does not clear the newer claim
+    /// ([`Waiter::resume`]'s compare-exchange): the pass stays owed to the newer future, so its
+    /// leaving hands the driver to nobody ([`DriverWaker::hand_off`]; cleared, the claim would
+    /// wake a waiting future for a pass the newer one runs).
+    #[test]
+    fn house_rule_8_a_stale_claim_leaving_keeps_the_newer_one() {
+        let (local, shared) = local_driver_with_queued(1);
+        let tasks = tasks(3);
+        let wakers: Vec<Waker> = tasks.iter().map(|t| Waker::from(t.clone())).collect();
+        let (stale, newer, waiting) = (local.waiter(), local.waiter(), local.waiter());
+        local.mark();
+        stale.defer(&Context::from_waker(&wakers[0]));
+        assert!(!local.run(&Context::from_waker(Waker::noop())));
+        assert_eq!(queued(&shared), 0);
+        queue(&shared, 2);
+        local.mark();
+        newer.defer(&Context::from_waker(&wakers[1]));
+        local.mark();
+        waiting.defer(&Context::from_waker(&wakers[2]));
+        assert_eq!(
+            woken(&tasks),
+            2,
+            "`stale` and `newer` claimed; `waiting` registered"
+        );
+        let claim = local.waker.deferred.load(Ordering::Acquire);
+        drop(stale);
+        assert_eq!(local.waker.deferred.load(Ordering::Acquire), claim);
+        assert!(local.waker.owed());
+        assert_eq!(woken(&tasks[2..]), 0, "nobody handed the pass `newer` owes");
+        newer.drive(&Context::from_waker(&wakers[1]));
+        assert_eq!(queued(&shared), 0, "`newer`'s pass started both");
+        assert_eq!(
+            local.waker.deferred.load(Ordering::Acquire),
+            0,
+            "cleared by its owner"
+        );
+        drop(waiting);
     }
 
     /// A socket with a byte to read after each wake, whose reads say it is armed
