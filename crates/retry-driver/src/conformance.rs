@@ -18,19 +18,32 @@ use crate::runtime::{Runtime, Socket};
 /// The pause between two looks at a socket, a listener or a waker's count.
 const STEP: Duration = Duration::from_millis(5);
 
-/// How long the whole check may take (house rule 12), on the runtime's clock.
+/// How long a whole check may take (house rule 12), on the runtime's clock.
 const BOUND: Duration = Duration::from_secs(10);
 
-/// [`Socket::poll_read_armed`] on a 127.0.0.1 pair (review25 R4, house rule 8). A runtime need
-/// not arm reads (the default method never does), but an armed read says a wake is certain to
-/// come when bytes arrive, and the driver does not read again until it comes: a wrong `true`
-/// hangs the socket. Checks that a short read that says it is armed has its waker woken by the
-/// peer's next bytes, and that a read filling the buffer and the end of the stream are not
-/// armed. Returns whether the runtime armed the short reads (`true` for retry-tokio's and
-/// retry-async-std's sockets, whose tests require it).
+/// How long one wait for a wake may take (review28 U4), within [`BOUND`].
+const WAIT: Duration = Duration::from_secs(1);
+
+/// The size of [`check_read_armed`]'s read buffer.
+const READ: usize = 64;
+
+/// [`Socket::poll_read_armed`] on a 127.0.0.1 pair (review25 R4, review28 U1–U4, house rule 8).
+/// A runtime need not arm reads (the default method never does), but an armed read says a wake
+/// is certain to come when bytes arrive, the stream ends or the socket fails, and the driver
+/// does not read again until it comes: a wrong `true` hangs the socket.
 ///
-/// The whole check ends within 10 s on the runtime's clock, its waits paced by the runtime's
-/// timers, so it runs on the runtime's executor (the listener is polled, never blocked on).
+/// The peer writes 10 bytes, then 100, then closes; the check reads each batch until it is
+/// consumed, 64 bytes at most per read, however few each read returns. Each poll gets a waker
+/// of its own, so only a wake of the waker a read said it armed counts. Every read must return
+/// bytes the peer sent and not yet read; one that fills the buffer must not say it is armed;
+/// one that says so must have its waker woken before the next read: by the bytes still unread
+/// or next written, or by the end of the stream; the end of the stream is `(0, false)`.
+/// Returns whether any read said it was armed (`true` for retry-tokio's and retry-async-std's
+/// sockets, whose tests require it).
+///
+/// The whole check ends within 10 s on the runtime's clock, each wait for a wake within 1 s,
+/// its waits paced by the runtime's timers, so it runs on the runtime's executor (the listener
+/// is polled, never blocked on).
 ///
 /// # Errors
 ///
@@ -46,78 +59,145 @@ pub async fn check_read_armed<R: Runtime>(runtime: &R) -> io::Result<bool> {
         .map_err(step("make the listener non-blocking"))?;
     let port = listener.local_addr().map_err(step("listen"))?.port();
     let connect = runtime.connect("127.0.0.1".to_owned(), port);
-    let mut socket = within(runtime, deadline, "connect", connect)
+    let socket = within(runtime, deadline, "connect", connect)
         .await?
         .map_err(step("connect"))?;
     let mut peer = accept(runtime, deadline, &listener).await?;
-    let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
-    let waker = Waker::from(wakes.clone());
-
-    peer.write_all(&[1; 10]).map_err(step("write 10 bytes"))?;
-    let (n, armed) = read_armed(runtime, deadline, &mut socket, &waker, "a short read").await?;
-    expect(
-        n == 10,
-        "a short read",
-        &format!("returned {n} bytes, not 10"),
-    )?;
-    let before = wakes.0.load(Ordering::SeqCst);
-    peer.write_all(&[2; 100]).map_err(step("write 100 bytes"))?;
-    if armed && !woken_after(runtime, deadline, &wakes, before).await {
-        return Err(broken(
-            "an armed read",
-            "its waker was not woken by the next bytes",
-        ));
+    let mut reads = Reads {
+        runtime,
+        deadline,
+        socket,
+        armed: None,
+        any_armed: false,
+    };
+    for (byte, len, write) in [(1, 10, "write 10 bytes"), (2, 100, "write 100 bytes")] {
+        if reads.armed.is_some() {
+            // The bytes come after the registration has settled, as a reply after its request.
+            pause(runtime).await;
+            pause(runtime).await;
+        }
+        peer.write_all(&[byte; 100][..len]).map_err(step(write))?;
+        reads.consume(byte, len).await?;
     }
-    let full = read_armed(
-        runtime,
-        deadline,
-        &mut socket,
-        &waker,
-        "a read that fills the buffer",
-    )
-    .await?;
-    expect(
-        full == (64, false),
-        "a read that fills the buffer",
-        &format!("(bytes, armed) was {full:?}, not (64, false)"),
-    )?;
-    let (rest, rest_armed) = read_armed(
-        runtime,
-        deadline,
-        &mut socket,
-        &waker,
-        "the short read of the rest",
-    )
-    .await?;
-    expect(
-        rest == 36,
-        "the short read of the rest",
-        &format!("returned {rest} bytes, not 36"),
-    )?;
-    expect(
-        rest_armed == armed,
-        "the short read of the rest",
-        "armed differently from the first short read",
-    )?;
     drop(peer);
-    let end = read_armed(
-        runtime,
-        deadline,
-        &mut socket,
-        &waker,
-        "the end of the stream",
-    )
-    .await?;
+    reads.wake_of_armed("the end of the stream").await?;
+    let (n, armed, _) = reads.read("the end of the stream").await?;
     expect(
-        end == (0, false),
+        (n, armed) == (0, false),
         "the end of the stream",
-        &format!("(bytes, armed) was {end:?}, not (0, false)"),
+        &format!("(bytes, armed) was ({n}, {armed}), not (0, false)"),
     )?;
-    Ok(armed)
+    Ok(reads.any_armed)
+}
+
+/// The reads of [`check_read_armed`]: its socket, and the wakes of the last read's waker if
+/// that read said it was armed.
+struct Reads<'r, R> {
+    runtime: &'r R,
+    deadline: Instant,
+    socket: Pin<Box<dyn Socket>>,
+    armed: Option<Arc<Wakes>>,
+    any_armed: bool,
+}
+
+impl<R: Runtime> Reads<'_, R> {
+    /// Reads the `len` bytes `byte` the peer wrote, checking each read (review28 U3).
+    async fn consume(&mut self, byte: u8, len: usize) -> io::Result<()> {
+        let step = "a read";
+        let mut left = len;
+        // Each read takes at least one byte (or fails the check): at most `len` reads.
+        while left > 0 {
+            self.wake_of_armed("the bytes after it").await?;
+            let (n, armed, read) = self.read(step).await?;
+            expect(
+                n > 0,
+                step,
+                "returned the end of the stream before the peer closed it",
+            )?;
+            expect(
+                n <= READ,
+                step,
+                &format!("returned {n} bytes into a buffer of {READ}"),
+            )?;
+            expect(
+                n <= left,
+                step,
+                &format!("returned {n} bytes, more than the {left} sent and not yet read"),
+            )?;
+            expect(
+                read.buf[..n].iter().all(|&b| b == byte),
+                step,
+                "returned bytes the peer did not send",
+            )?;
+            expect(
+                !(armed && n == READ),
+                step,
+                "a read that filled the buffer said it was armed (more bytes may be there)",
+            )?;
+            left -= n;
+            if armed {
+                self.any_armed = true;
+                self.armed = Some(read.wakes);
+            }
+        }
+        Ok(())
+    }
+
+    /// If the last read said it was armed, waits for its waker's wake by `what` (review28 U1,
+    /// U2: only that waker's wakes count).
+    async fn wake_of_armed(&mut self, what: &str) -> io::Result<()> {
+        match self.armed.take() {
+            Some(wakes) if !woken(self.runtime, self.deadline, &wakes).await => Err(broken(
+                "an armed read",
+                &format!("its waker was not woken by {what}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads with `poll_read_armed` until the read is ready, looking every [`STEP`], each poll
+    /// with a waker of its own: a wake registered by an earlier `Pending` poll never counts
+    /// for the read that returned (review28 U2).
+    async fn read(&mut self, step: &str) -> io::Result<(usize, bool, Read)> {
+        while self.runtime.now() < self.deadline {
+            let wakes = Wakes::new();
+            let waker = Waker::from(wakes.clone());
+            let mut buf = [0u8; READ];
+            let read = self
+                .socket
+                .as_mut()
+                .poll_read_armed(&mut Context::from_waker(&waker), &mut buf);
+            if let Poll::Ready(read) = read {
+                let (n, armed) = read.map_err(|e| failed(e.kind(), step, &e.to_string()))?;
+                return Ok((n, armed, Read { buf, wakes }));
+            }
+            pause(self.runtime).await;
+        }
+        Err(timed_out(step))
+    }
+}
+
+/// The bytes a read returned and its waker's wakes.
+struct Read {
+    buf: [u8; READ],
+    wakes: Arc<Wakes>,
 }
 
 /// Counts its wakes.
-struct Wakes(AtomicUsize);
+#[derive(Default)]
+struct Wakes {
+    all: AtomicUsize,
+}
+
+impl Wakes {
+    fn new() -> Arc<Wakes> {
+        Arc::default()
+    }
+
+    fn count(&self) -> usize {
+        self.all.load(Ordering::SeqCst)
+    }
+}
 
 impl Wake for Wakes {
     fn wake(self: Arc<Self>) {
@@ -125,7 +205,7 @@ impl Wake for Wakes {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.0.fetch_add(1, Ordering::SeqCst);
+        self.all.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -202,39 +282,16 @@ async fn accept<R: Runtime>(
     Err(timed_out("accept"))
 }
 
-/// Reads with `poll_read_armed` and `waker` until the read is ready, looking every [`STEP`].
-async fn read_armed<R: Runtime>(
-    runtime: &R,
-    deadline: Instant,
-    socket: &mut Pin<Box<dyn Socket>>,
-    waker: &Waker,
-    step: &str,
-) -> io::Result<(usize, bool)> {
-    let mut buf = [0u8; 64];
-    while runtime.now() < deadline {
-        let read = socket
-            .as_mut()
-            .poll_read_armed(&mut Context::from_waker(waker), &mut buf);
-        if let Poll::Ready(read) = read {
-            return read.map_err(|e| failed(e.kind(), step, &e.to_string()));
-        }
-        pause(runtime).await;
-    }
-    Err(timed_out(step))
-}
-
-/// Whether `wakes` counts more than `before` by `deadline`.
-async fn woken_after<R: Runtime>(
-    runtime: &R,
-    deadline: Instant,
-    wakes: &Wakes,
-    before: usize,
-) -> bool {
-    while runtime.now() < deadline {
-        if wakes.0.load(Ordering::SeqCst) > before {
+/// Whether `wakes` counts a wake within [`WAIT`] (review28 U4: a runtime that never wakes
+/// fails in about that), and by `deadline`.
+async fn woken<R: Runtime>(runtime: &R, deadline: Instant, wakes: &Wakes) -> bool {
+    let until = deadline.min(runtime.now().saturating_add(WAIT));
+    // At most WAIT / STEP looks, each a STEP on the runtime's timer.
+    while runtime.now() < until {
+        if wakes.count() > 0 {
             return true;
         }
         pause(runtime).await;
     }
-    false
+    wakes.count() > 0
 }

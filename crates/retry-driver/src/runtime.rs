@@ -98,7 +98,11 @@ pub trait Socket: Send {
     /// registered for its readiness at once): the driver then reads again only after that
     /// waker's wake, where it would otherwise read once more to get the `Pending` that
     /// registers it (issue 9: one read poll per reply instead of two). `true` only if a wake is
-    /// certain to come when bytes arrive; the default never says so.
+    /// certain to come when bytes arrive (or are there already), the stream ends or the socket
+    /// fails (review28 U1: the driver reads an armed socket only after that wake, so a runtime
+    /// that wakes for data alone never shows it a server's FIN or RST); never after a read that
+    /// filled `buf` (more bytes may be waiting) or returned the end of the stream. The default
+    /// never says so. [`crate::conformance::check_read_armed`] checks this contract.
     fn poll_read_armed(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
