@@ -1,6 +1,8 @@
-//! A check of a [`Runtime`]'s sockets against the contract the driver relies on, for the authors
-//! of adapters: run it from the adapter's tests, on the adapter's own executor.
+//! Checks of a [`Runtime`]'s sockets ([`check_read_armed`]) and timers ([`check_timer`]) against
+//! the contracts the driver relies on, for the authors of adapters: run them from the adapter's
+//! tests, on the adapter's own executor.
 
+use core::cell::Cell;
 use core::future::{poll_fn, Future};
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
@@ -13,7 +15,7 @@ use std::task::Wake;
 
 use retry_core::time::Instant;
 
-use crate::runtime::{Runtime, Socket};
+use crate::runtime::{AsyncTimer, Runtime, Socket};
 
 /// The pause between two looks at a socket, a listener or a waker's count.
 const STEP: Duration = Duration::from_millis(5);
@@ -183,10 +185,127 @@ struct Read {
     wakes: Arc<Wakes>,
 }
 
+/// [`AsyncTimer`]'s contract (review26 S5, review28 U10, house rule 8): neither
+/// [`AsyncTimer::reset`] to an instant ahead of the clock nor [`AsyncTimer::poll`] wakes a
+/// waker before it returns, nor, for a runtime that does not spawn ([`Runtime::spawns`]), a
+/// reset to an instant already past; a timer is never `Ready` before its instant, and it fires.
+///
+/// A timer set an hour ahead is polled (`Pending`), reset to 50 ms ahead, polled until it is
+/// `Ready` after a wake of its waker (an early wake is harmless, house rule 8: it is polled
+/// again), then set an hour ahead again, polled, and reset to an instant already past, where it
+/// must be `Ready` at once. Each poll is given a waker of its own, which it must not wake; each
+/// reset must leave the last poll's waker unwoken, but for the reset to the past on a runtime
+/// that spawns (tokio's timer wakes it).
+///
+/// The whole check ends within 10 s on the runtime's clock, each wait for a wake within 1 s,
+/// its waits paced by the runtime's timers, so it runs on the runtime's executor.
+///
+/// # Errors
+///
+/// A broken contract as [`ErrorKind::Other`], saying which step and rule; a check that did not
+/// end within its bound as [`ErrorKind::TimedOut`].
+pub async fn check_timer<R: Runtime>(runtime: &R) -> io::Result<()> {
+    let deadline = runtime.now().saturating_add(BOUND);
+    let ahead = |by| runtime.now().saturating_add(by);
+    let mut timer = runtime.new_timer(ahead(HOUR));
+    let step = "a poll an hour ahead";
+    let (poll, last) = poll_timer(&mut timer, step)?;
+    expect_timer(poll.is_pending(), step, "Ready an hour early")?;
+
+    let step = "a reset to 50 ms ahead";
+    let soon = ahead(SOON);
+    calling(|| timer.as_mut().reset(soon));
+    unwoken(&last, step, "woke the last poll's waker before returning")?;
+    let step = "a timer 50 ms ahead";
+    // Each look takes a wake of the last poll's waker (or fails the check): bounded by the
+    // deadline, one WAIT at most per wait.
+    loop {
+        let (poll, wakes) = poll_timer(&mut timer, step)?;
+        if poll.is_ready() {
+            expect_timer(runtime.now() >= soon, step, "Ready before its instant")?;
+            break;
+        }
+        if !woken(runtime, deadline, &wakes).await {
+            return Err(if runtime.now() < deadline {
+                timer_failed(
+                    ErrorKind::Other,
+                    step,
+                    "its waker was not woken when it fired",
+                )
+            } else {
+                timer_failed(ErrorKind::TimedOut, step, "")
+            });
+        }
+    }
+
+    let step = "a poll an hour ahead, after firing";
+    calling(|| timer.as_mut().reset(ahead(HOUR)));
+    let (poll, last) = poll_timer(&mut timer, step)?;
+    expect_timer(poll.is_pending(), step, "Ready an hour early")?;
+    let step = "a reset to a past instant";
+    let past = runtime.now().saturating_sub(SOON);
+    calling(|| timer.as_mut().reset(past));
+    if !runtime.spawns() {
+        unwoken(
+            &last,
+            step,
+            "woke the last poll's waker before returning, on a runtime that does not spawn",
+        )?;
+    }
+    let (poll, _) = poll_timer(&mut timer, step)?;
+    expect_timer(poll.is_ready(), step, "not Ready at once")
+}
+
+/// How far ahead [`check_timer`] sets a timer that must not fire during the check.
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// How far ahead [`check_timer`] sets the timer it waits for.
+const SOON: Duration = Duration::from_millis(50);
+
+/// One poll of `timer` with a waker of its own, which the poll must not have woken.
+fn poll_timer(
+    timer: &mut Pin<Box<dyn AsyncTimer>>,
+    step: &str,
+) -> io::Result<(Poll<()>, Arc<Wakes>)> {
+    let wakes = Wakes::new();
+    let waker = Waker::from(wakes.clone());
+    let poll = calling(|| timer.as_mut().poll(&mut Context::from_waker(&waker)));
+    unwoken(&wakes, step, "the poll woke its waker before returning")?;
+    Ok((poll, wakes))
+}
+
+/// Fails `step` if `wakes` counts a wake made by a [`calling`] call before it returned.
+fn unwoken(wakes: &Wakes, step: &str, why: &str) -> io::Result<()> {
+    expect_timer(wakes.within.load(Ordering::SeqCst) == 0, step, why)
+}
+
+std::thread_local! {
+    /// This thread is in a [`calling`] call.
+    static CALLING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `call`, counting the wakes it makes before it returns as [`Wakes::within`]: those on
+/// this thread meanwhile (a wake from another thread, e.g. a reactor's, is not one of them,
+/// however soon it comes).
+fn calling<T>(call: impl FnOnce() -> T) -> T {
+    /// Ends the call, whether `call` returns or unwinds.
+    struct Ends;
+    impl Drop for Ends {
+        fn drop(&mut self) {
+            CALLING.with(|calling| calling.set(false));
+        }
+    }
+    CALLING.with(|calling| calling.set(true));
+    let _ends = Ends;
+    call()
+}
+
 /// Counts its wakes.
 #[derive(Default)]
 struct Wakes {
     all: AtomicUsize,
+    /// Those made within a [`calling`] call, before it returned.
+    within: AtomicUsize,
 }
 
 impl Wakes {
@@ -205,12 +324,32 @@ impl Wake for Wakes {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
+        if CALLING.with(Cell::get) {
+            self.within.fetch_add(1, Ordering::SeqCst);
+        }
         self.all.fetch_add(1, Ordering::SeqCst);
     }
 }
 
 fn failed(kind: ErrorKind, step: &str, why: &str) -> io::Error {
     io::Error::new(kind, format!("check_read_armed: {step}: {why}"))
+}
+
+/// A broken [`AsyncTimer`] contract, or a [`check_timer`] step not done by its deadline.
+fn timer_failed(kind: ErrorKind, step: &str, why: &str) -> io::Error {
+    let why = match kind {
+        ErrorKind::TimedOut => format!("not done within {BOUND:?}"),
+        _ => format!("AsyncTimer broke its contract: {why}"),
+    };
+    io::Error::new(kind, format!("check_timer: {step}: {why}"))
+}
+
+fn expect_timer(holds: bool, step: &str, why: &str) -> io::Result<()> {
+    if holds {
+        Ok(())
+    } else {
+        Err(timer_failed(ErrorKind::Other, step, why))
+    }
 }
 
 fn broken(step: &str, why: &str) -> io::Error {

@@ -71,11 +71,16 @@ fn no_resolver(name: &str) -> io::Error {
 
 /// A resettable timer.
 ///
-/// Neither [`AsyncTimer::reset`] nor [`AsyncTimer::poll`] may wake a waker before it returns
-/// (a timer already due returns `Ready` from `poll`, it does not wake): a client driven by its
-/// own futures resets and polls one of its timers under the lock its wake takes, so a wake from
-/// within would deadlock (review26 S5). tokio's and async-io's timers wake only from their
-/// runtime's timer driver or reactor.
+/// Neither [`AsyncTimer::reset`] to an instant still ahead of [`Runtime::now`] nor
+/// [`AsyncTimer::poll`] may wake a waker before it returns (a timer already due returns `Ready`
+/// from `poll`, it does not wake); on a runtime that does not spawn ([`Runtime::spawns`]), nor
+/// may a reset to an instant already past. The client of such a runtime is driven by its own
+/// futures, which reset and poll its watchdog's timer under the lock that timer's wake takes, so
+/// a wake from within would deadlock (review26 S5, review28 U10). async-io's timers wake only
+/// from its reactor. tokio's `Sleep` wakes its last poll's waker when reset to an instant its
+/// timer wheel has passed, and its own waker from a poll once its task's coop budget is spent:
+/// harmless there, as tokio spawns the driver's task, which holds no such lock.
+/// [`crate::conformance::check_timer`] checks this contract.
 pub trait AsyncTimer: Send + fmt::Debug {
     /// Makes the timer fire at `at` instead.
     fn reset(self: Pin<&mut Self>, at: Instant);

@@ -8,7 +8,7 @@ use core::task::{Context, Poll};
 use std::io;
 
 use retry_core::time::Instant;
-use retry_driver::conformance::check_read_armed;
+use retry_driver::conformance::{check_read_armed, check_timer};
 use retry_driver::{AsyncTimer, BoxFuture, Runtime, Socket};
 use retry_tokio::TokioRuntime;
 
@@ -23,6 +23,11 @@ enum Breaks {
     ArmsForBytesOnly,
     /// Its reads that fill the buffer say they are armed too (review28 U3).
     ArmsFullReads,
+    /// Its timers' polls wake their waker before returning (review26 S5, review28 U10).
+    TimerWakesInPoll,
+    /// It says it does not spawn, so its timers must not wake the last poll's waker from a
+    /// reset to an instant already past either, which tokio's `Sleep` does (review28 U10).
+    SpawnsNot,
 }
 
 /// tokio, breaking one rule.
@@ -45,7 +50,15 @@ impl Runtime for Breaking {
     }
 
     fn new_timer(&self, at: Instant) -> Pin<Box<dyn AsyncTimer>> {
-        self.inner.new_timer(at)
+        let timer = self.inner.new_timer(at);
+        match self.breaks {
+            Breaks::TimerWakesInPoll => Box::pin(WakingTimer(timer)),
+            _ => timer,
+        }
+    }
+
+    fn spawns(&self) -> bool {
+        !matches!(self.breaks, Breaks::SpawnsNot)
     }
 
     fn spawn(&self, future: BoxFuture<()>) -> io::Result<()> {
@@ -110,6 +123,9 @@ impl Socket for BreakingSocket {
                 .as_mut()
                 .poll_read_armed(cx, buf)
                 .map_ok(|(n, armed)| (n, armed || n == len)),
+            Breaks::TimerWakesInPoll | Breaks::SpawnsNot => {
+                self.inner.as_mut().poll_read_armed(cx, buf)
+            }
         }
     }
 
@@ -119,6 +135,21 @@ impl Socket for BreakingSocket {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         self.inner.as_mut().poll_write(cx, buf)
+    }
+}
+
+/// A timer whose every poll wakes its waker before it returns.
+#[derive(Debug)]
+struct WakingTimer(Pin<Box<dyn AsyncTimer>>);
+
+impl AsyncTimer for WakingTimer {
+    fn reset(mut self: Pin<&mut Self>, at: Instant) {
+        self.0.as_mut().reset(at);
+    }
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        cx.waker().wake_by_ref();
+        self.0.as_mut().poll(cx)
     }
 }
 
@@ -188,5 +219,31 @@ fn review28_u3_a_full_read_that_says_it_is_armed_fails_the_check() {
         "check_read_armed",
         "a read",
         "a read that filled the buffer said it was armed",
+    );
+}
+
+#[test]
+fn review28_u10_a_timer_that_wakes_from_its_poll_fails_the_check() {
+    let error = failure(Breaks::TimerWakesInPoll, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "a poll an hour ahead",
+        "the poll woke its waker before returning",
+    );
+}
+
+#[test]
+fn review28_u10_tokio_timers_on_a_runtime_that_does_not_spawn_fail_the_past_reset_step() {
+    let error = failure(Breaks::SpawnsNot, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "a reset to a past instant",
+        "woke the last poll's waker before returning",
     );
 }
