@@ -71,11 +71,16 @@ fn no_resolver(name: &str) -> io::Error {
 
 /// A resettable timer.
 ///
-/// Neither [`AsyncTimer::reset`] nor [`AsyncTimer::poll`] may wake a waker before it returns
-/// (a timer already due returns `Ready` from `poll`, it does not wake): a client driven by its
-/// own futures resets and polls one of its timers under the lock its wake takes, so a wake from
-/// within would deadlock (review26 S5). tokio's and async-io's timers wake only from their
-/// runtime's timer driver or reactor.
+/// Neither [`AsyncTimer::reset`] to an instant still ahead of [`Runtime::now`] nor
+/// [`AsyncTimer::poll`] may wake a waker before it returns (a timer already due returns `Ready`
+/// from `poll`, it does not wake); on a runtime that does not spawn ([`Runtime::spawns`]), nor
+/// may a reset to an instant already past. The client of such a runtime is driven by its own
+/// futures, which reset and poll its watchdog's timer under the lock that timer's wake takes, so
+/// a wake from within would deadlock (review26 S5, review28 U10). async-io's timers wake only
+/// from its reactor. tokio's `Sleep` wakes its last poll's waker when reset to an instant its
+/// timer wheel has passed, and its own waker from a poll once its task's coop budget is spent:
+/// harmless there, as tokio spawns the driver's task, which holds no such lock.
+/// [`crate::conformance::check_timer`] checks this contract.
 pub trait AsyncTimer: Send + fmt::Debug {
     /// Makes the timer fire at `at` instead.
     fn reset(self: Pin<&mut Self>, at: Instant);
@@ -98,7 +103,11 @@ pub trait Socket: Send {
     /// registered for its readiness at once): the driver then reads again only after that
     /// waker's wake, where it would otherwise read once more to get the `Pending` that
     /// registers it (issue 9: one read poll per reply instead of two). `true` only if a wake is
-    /// certain to come when bytes arrive; the default never says so.
+    /// certain to come when bytes arrive (or are there already), the stream ends or the socket
+    /// fails (review28 U1: the driver reads an armed socket only after that wake, so a runtime
+    /// that wakes for data alone never shows it a server's FIN or RST); never after a read that
+    /// filled `buf` (more bytes may be waiting) or returned the end of the stream. The default
+    /// never says so. [`crate::conformance::check_read_armed`] checks this contract.
     fn poll_read_armed(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

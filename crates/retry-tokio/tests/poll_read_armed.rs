@@ -1,7 +1,9 @@
-//! Review25 R4 (house rule 8): `Socket::poll_read_armed` on tokio, checked by
+//! Review25 R4, review28 U1–U3 (house rule 8): `Socket::poll_read_armed` on tokio, checked by
 //! [`retry_driver::conformance::check_read_armed`] on a 127.0.0.1 pair: this adapter arms its
-//! short reads, and the peer's next bytes wake the waker; a read that fills the buffer, and the
-//! end of the stream, are not armed. The check is bounded (house rule 12).
+//! short reads, and the waker of each armed read is woken by the peer's next bytes or by the
+//! end of the stream; a read that fills the buffer, and the end of the stream, are not armed.
+//! The check is bounded (house rule 12); `conformance_fails.rs` in retry-tokio shows it fails
+//! on a socket that breaks the contract (house rule 10).
 
 use retry_driver::Runtime;
 use retry_tokio::TokioRuntime;

@@ -1,0 +1,249 @@
+//! House rule 10 (review28 U4): the conformance checks can fail. Each test runs a check on a
+//! runtime that delegates to [`TokioRuntime`] but breaks one rule of the contract, and requires
+//! the check's `ErrorKind::Other` naming the step and the rule. Only 127.0.0.1; every wait is
+//! bounded by the check (1 s per wait for a wake, 10 s in all, house rule 12).
+
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::io;
+
+use retry_core::time::Instant;
+use retry_driver::conformance::{check_read_armed, check_timer};
+use retry_driver::{AsyncTimer, BoxFuture, Runtime, Socket};
+use retry_tokio::TokioRuntime;
+
+/// The rule a [`Breaking`] runtime breaks.
+#[derive(Debug, Clone, Copy)]
+enum Breaks {
+    /// Its short reads say they are armed, but register no waker (review28 U4, house rule 8).
+    ArmsWithoutRegistering,
+    /// The read of the last bytes before the end of the stream says it is armed, but registers
+    /// no waker: as a runtime whose armed wakes come for bytes only, not for the end (review28
+    /// U1). Earlier reads are not armed.
+    ArmsForBytesOnly,
+    /// Its reads that fill the buffer say they are armed too (review28 U3).
+    ArmsFullReads,
+    /// Its timers' polls wake their waker before returning (review26 S5, review28 U10).
+    TimerWakesInPoll,
+    /// It says it does not spawn, so its timers must not wake the last poll's waker from a
+    /// reset to an instant already past either, which tokio's `Sleep` does (review28 U10).
+    SpawnsNot,
+}
+
+/// tokio, breaking one rule.
+#[derive(Debug)]
+struct Breaking {
+    inner: TokioRuntime,
+    breaks: Breaks,
+}
+
+impl Runtime for Breaking {
+    fn start() -> io::Result<Breaking> {
+        Ok(Breaking {
+            inner: TokioRuntime::start()?,
+            breaks: Breaks::ArmsWithoutRegistering,
+        })
+    }
+
+    fn now(&self) -> Instant {
+        self.inner.now()
+    }
+
+    fn new_timer(&self, at: Instant) -> Pin<Box<dyn AsyncTimer>> {
+        let timer = self.inner.new_timer(at);
+        match self.breaks {
+            Breaks::TimerWakesInPoll => Box::pin(WakingTimer(timer)),
+            _ => timer,
+        }
+    }
+
+    fn spawns(&self) -> bool {
+        !matches!(self.breaks, Breaks::SpawnsNot)
+    }
+
+    fn spawn(&self, future: BoxFuture<()>) -> io::Result<()> {
+        self.inner.spawn(future)
+    }
+
+    fn connect(&self, host: String, port: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
+        let connect = self.inner.connect(host, port);
+        let breaks = self.breaks;
+        Box::pin(async move {
+            let inner = connect.await?;
+            Ok(Box::pin(BreakingSocket {
+                inner,
+                breaks,
+                read: 0,
+            }) as Pin<Box<dyn Socket>>)
+        })
+    }
+}
+
+/// The bytes `check_read_armed` has its peer send before it closes (10, then 100: its doc).
+const SENT: usize = 110;
+
+struct BreakingSocket {
+    inner: Pin<Box<dyn Socket>>,
+    breaks: Breaks,
+    /// The bytes read so far.
+    read: usize,
+}
+
+impl Socket for BreakingSocket {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        self.inner.as_mut().poll_read(cx, buf)
+    }
+
+    fn poll_read_armed(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<(usize, bool)>> {
+        let len = buf.len();
+        match self.breaks {
+            // A ready tokio read registers nothing.
+            Breaks::ArmsWithoutRegistering => self
+                .inner
+                .as_mut()
+                .poll_read(cx, buf)
+                .map_ok(|n| (n, n > 0 && n < len)),
+            Breaks::ArmsForBytesOnly => {
+                let read = self.inner.as_mut().poll_read(cx, buf);
+                read.map_ok(|n| {
+                    self.read += n;
+                    (n, n > 0 && self.read == SENT)
+                })
+            }
+            Breaks::ArmsFullReads => self
+                .inner
+                .as_mut()
+                .poll_read_armed(cx, buf)
+                .map_ok(|(n, armed)| (n, armed || n == len)),
+            Breaks::TimerWakesInPoll | Breaks::SpawnsNot => {
+                self.inner.as_mut().poll_read_armed(cx, buf)
+            }
+        }
+    }
+
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.inner.as_mut().poll_write(cx, buf)
+    }
+}
+
+/// A timer whose every poll wakes its waker before it returns.
+#[derive(Debug)]
+struct WakingTimer(Pin<Box<dyn AsyncTimer>>);
+
+impl AsyncTimer for WakingTimer {
+    fn reset(mut self: Pin<&mut Self>, at: Instant) {
+        self.0.as_mut().reset(at);
+    }
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        cx.waker().wake_by_ref();
+        self.0.as_mut().poll(cx)
+    }
+}
+
+/// The error `check` returns on tokio breaking `breaks`.
+fn failure<F, T>(breaks: Breaks, check: impl FnOnce(Breaking) -> F) -> io::Error
+where
+    F: core::future::Future<Output = io::Result<T>>,
+    T: core::fmt::Debug,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let mut runtime = Breaking::start().expect("the runtime");
+        runtime.breaks = breaks;
+        match check(runtime).await {
+            Ok(passed) => panic!("the check passed ({passed:?}) on a runtime that {breaks:?}"),
+            Err(e) => e,
+        }
+    })
+}
+
+fn assert_broken(error: &io::Error, check: &str, step: &str, rule: &str) {
+    assert_eq!(error.kind(), io::ErrorKind::Other, "{error}");
+    let message = error.to_string();
+    assert!(
+        message.starts_with(&format!("{check}: {step}: ")),
+        "{message}"
+    );
+    assert!(message.contains(rule), "{message}");
+}
+
+#[test]
+fn review28_u4_an_armed_read_whose_waker_is_never_registered_fails_the_check() {
+    let error = failure(Breaks::ArmsWithoutRegistering, |runtime| async move {
+        check_read_armed(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_read_armed",
+        "an armed read",
+        "its waker was not woken by the bytes after it",
+    );
+}
+
+#[test]
+fn review28_u1_an_armed_read_not_woken_by_the_end_of_the_stream_fails_the_check() {
+    let error = failure(Breaks::ArmsForBytesOnly, |runtime| async move {
+        check_read_armed(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_read_armed",
+        "an armed read",
+        "its waker was not woken by the end of the stream",
+    );
+}
+
+#[test]
+fn review28_u3_a_full_read_that_says_it_is_armed_fails_the_check() {
+    let error = failure(Breaks::ArmsFullReads, |runtime| async move {
+        check_read_armed(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_read_armed",
+        "a read",
+        "a read that filled the buffer said it was armed",
+    );
+}
+
+#[test]
+fn review28_u10_a_timer_that_wakes_from_its_poll_fails_the_check() {
+    let error = failure(Breaks::TimerWakesInPoll, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "a poll an hour ahead",
+        "the poll woke its waker before returning",
+    );
+}
+
+#[test]
+fn review28_u10_tokio_timers_on_a_runtime_that_does_not_spawn_fail_the_past_reset_step() {
+    let error = failure(Breaks::SpawnsNot, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "a reset to a past instant",
+        "woke the last poll's waker before returning",
+    );
+}
