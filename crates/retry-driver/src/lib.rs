@@ -7,8 +7,8 @@
 //! backoff, selection, pools, monitoring) stays in [`retry_core::engine::Engine`].
 //!
 //! `retry-tokio` and `retry-async-std` implement [`Runtime`] and name `Client<TheirRuntime>`.
-//! An adapter for another runtime checks its sockets against the driver's contract with
-//! [`conformance`] from its tests.
+//! An adapter for another runtime checks its sockets and timers against the driver's contracts
+//! with [`conformance`] from its tests.
 //!
 //! ```no_run
 //! # async fn example<R: retry_driver::Runtime>() -> Result<(), Box<dyn std::error::Error>> {
