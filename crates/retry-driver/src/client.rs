@@ -340,7 +340,9 @@ impl<R> Client<R> {
     /// use the client's read preference (`readPreference`, primary by default, SS-2). Returns
     /// the reply, or the error the engine's retry rules chose; [`OperationError::cancelled`] once
     /// the client is shut down. The engine adds the session fields (`lsid`, `txnNumber`,
-    /// `$clusterTime`) and `maxTimeMS` itself.
+    /// `$clusterTime`), `maxTimeMS`, `$db` and `$readPreference` itself; the run-command spec
+    /// leaves a command that holds one of them undefined, and today the engine's value replaces
+    /// the command's (each field is sent once: a server refuses a duplicate).
     ///
     /// When the client declares a Stable API version ([`ClientOptions::server_api`]), every
     /// command carries the client's `apiVersion` (and `apiStrict` /
