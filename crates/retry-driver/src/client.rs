@@ -341,8 +341,8 @@ impl<R> Client<R> {
     /// the reply, or the error the engine's retry rules chose; [`OperationError::cancelled`] once
     /// the client is shut down. The engine adds the session fields (`lsid`, `txnNumber`,
     /// `$clusterTime`), `maxTimeMS`, `$db` and `$readPreference` itself; the run-command spec
-    /// leaves a command that holds one of them undefined, and today the engine's value replaces
-    /// the command's (each field is sent once: a server refuses a duplicate).
+    /// leaves a command that holds one of them undefined, and today a field the engine adds
+    /// replaces the command's own (each is sent once: a server refuses a duplicate).
     ///
     /// When the client declares a Stable API version ([`ClientOptions::server_api`]), every
     /// command carries the client's `apiVersion` (and `apiStrict` /
