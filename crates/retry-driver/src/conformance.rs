@@ -3,9 +3,9 @@
 //! tests, on the adapter's own executor.
 //!
 //! Each check ends within 10 s of std's clock, each of its waits for a wake within 1 s (house
-//! rule 12). Its waits are paced by a thread of its own ([`Alarm`]), never by the runtime's
-//! timers, so a runtime whose timers never fire, or wake without ever being `Ready`, fails the
-//! check instead of hanging it (review29 V1).
+//! rule 12). Its waits are paced by a thread of its own, never by the runtime's timers, so a
+//! runtime whose timers never fire, or wake without ever being `Ready`, fails the check instead
+//! of hanging it (review29 V1).
 
 use core::cell::Cell;
 use core::future::{poll_fn, Future};
@@ -233,9 +233,23 @@ pub async fn check_timer<R: Runtime>(runtime: &R) -> io::Result<()> {
     ] {
         let at = ahead(lead);
         calling(|| timer.as_mut().reset(at));
-        unwoken(&last, spawns, reset, "woke the last poll's waker before returning")?;
+        unwoken(
+            &last,
+            spawns,
+            reset,
+            "woke the last poll's waker before returning",
+        )?;
         let until = time::Instant::now() + lead + WAIT;
-        fires(runtime, &mut timer, at, until.min(deadline), deadline, wait, spawns).await?;
+        fires(
+            runtime,
+            &mut timer,
+            at,
+            until.min(deadline),
+            deadline,
+            wait,
+            spawns,
+        )
+        .await?;
         calling(|| timer.as_mut().reset(ahead(HOUR)));
         last = hour_ahead(&mut timer, "a poll an hour ahead, after firing", spawns)?;
     }
@@ -243,7 +257,12 @@ pub async fn check_timer<R: Runtime>(runtime: &R) -> io::Result<()> {
     // the runtime's timers too (tokio's wheel), however long this thread was preempted.
     let step = "a reset to a past instant";
     calling(|| timer.as_mut().reset(start));
-    unwoken(&last, spawns, step, "woke the last poll's waker before returning")?;
+    unwoken(
+        &last,
+        spawns,
+        step,
+        "woke the last poll's waker before returning",
+    )?;
     let (poll, _) = poll_timer(&mut timer, step, spawns)?;
     expect_timer(poll.is_ready(), step, "not Ready at once")
 }
@@ -328,7 +347,12 @@ fn poll_timer(
     let wakes = Wakes::new();
     let waker = Waker::from(wakes.clone());
     let poll = calling(|| timer.as_mut().poll(&mut Context::from_waker(&waker)));
-    unwoken(&wakes, spawns, step, "the poll woke its waker before returning")?;
+    unwoken(
+        &wakes,
+        spawns,
+        step,
+        "the poll woke its waker before returning",
+    )?;
     Ok((poll, wakes))
 }
 
