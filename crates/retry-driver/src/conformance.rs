@@ -1,6 +1,11 @@
 //! Checks of a [`Runtime`]'s sockets ([`check_read_armed`]) and timers ([`check_timer`]) against
 //! the contracts the driver relies on, for the authors of adapters: run them from the adapter's
 //! tests, on the adapter's own executor.
+//!
+//! Each check ends within 10 s of std's clock, each of its waits for a wake within 1 s (house
+//! rule 12). Its waits are paced by a thread of its own, never by the runtime's timers, so a
+//! runtime whose timers never fire, or wake without ever being `Ready`, fails the check instead
+//! of hanging it (review29 V1).
 
 use core::cell::Cell;
 use core::future::{poll_fn, Future};
@@ -10,17 +15,19 @@ use core::time::Duration;
 use std::io::{self, ErrorKind, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Wake;
+use std::{thread, time};
 
 use retry_core::time::Instant;
 
 use crate::runtime::{AsyncTimer, Runtime, Socket};
 
-/// The pause between two looks at a socket, a listener or a waker's count.
+/// The pause between two looks at a socket or a listener.
 const STEP: Duration = Duration::from_millis(5);
 
-/// How long a whole check may take (house rule 12), on the runtime's clock.
+/// How long a whole check may take (house rule 12), on std's clock.
 const BOUND: Duration = Duration::from_secs(10);
 
 /// How long one wait for a wake may take (review28 U4), within [`BOUND`].
@@ -43,9 +50,9 @@ const READ: usize = 64;
 /// Returns whether any read said it was armed (`true` for retry-tokio's and retry-async-std's
 /// sockets, whose tests require it).
 ///
-/// The whole check ends within 10 s on the runtime's clock, each wait for a wake within 1 s,
-/// its waits paced by the runtime's timers, so it runs on the runtime's executor (the listener
-/// is polled, never blocked on).
+/// The whole check ends within 10 s of std's clock, each wait for a wake within 1 s, its waits
+/// paced by a thread of its own (review29 V1). It runs on the runtime's executor, whose reactor
+/// the socket needs (the listener is polled, never blocked on).
 ///
 /// # Errors
 ///
@@ -53,7 +60,7 @@ const READ: usize = 64;
 /// saying which step; a broken contract as [`ErrorKind::Other`], saying which rule; a check
 /// that did not end within its bound as [`ErrorKind::TimedOut`], saying what it waited for.
 pub async fn check_read_armed<R: Runtime>(runtime: &R) -> io::Result<bool> {
-    let deadline = runtime.now().saturating_add(BOUND);
+    let deadline = time::Instant::now() + BOUND;
     let step = |what: &'static str| move |e: io::Error| failed(e.kind(), what, &e.to_string());
     let listener = TcpListener::bind("127.0.0.1:0").map_err(step("listen on 127.0.0.1"))?;
     listener
@@ -61,12 +68,11 @@ pub async fn check_read_armed<R: Runtime>(runtime: &R) -> io::Result<bool> {
         .map_err(step("make the listener non-blocking"))?;
     let port = listener.local_addr().map_err(step("listen"))?.port();
     let connect = runtime.connect("127.0.0.1".to_owned(), port);
-    let socket = within(runtime, deadline, "connect", connect)
+    let socket = within(deadline, "connect", connect)
         .await?
         .map_err(step("connect"))?;
-    let mut peer = accept(runtime, deadline, &listener).await?;
+    let mut peer = accept(deadline, &listener).await?;
     let mut reads = Reads {
-        runtime,
         deadline,
         socket,
         armed: None,
@@ -74,9 +80,9 @@ pub async fn check_read_armed<R: Runtime>(runtime: &R) -> io::Result<bool> {
     };
     for (byte, len, write) in [(1, 10, "write 10 bytes"), (2, 100, "write 100 bytes")] {
         if reads.armed.is_some() {
-            // The bytes come after the registration has settled, as a reply after its request.
-            pause(runtime).await;
-            pause(runtime).await;
+            // The bytes come after the registration has settled, as a reply after its request
+            // (the executor runs its reactor meanwhile).
+            pause(2 * STEP).await?;
         }
         peer.write_all(&[byte; 100][..len]).map_err(step(write))?;
         reads.consume(byte, len).await?;
@@ -94,15 +100,14 @@ pub async fn check_read_armed<R: Runtime>(runtime: &R) -> io::Result<bool> {
 
 /// The reads of [`check_read_armed`]: its socket, and the wakes of the last read's waker if
 /// that read said it was armed.
-struct Reads<'r, R> {
-    runtime: &'r R,
-    deadline: Instant,
+struct Reads {
+    deadline: time::Instant,
     socket: Pin<Box<dyn Socket>>,
     armed: Option<Arc<Wakes>>,
     any_armed: bool,
 }
 
-impl<R: Runtime> Reads<'_, R> {
+impl Reads {
     /// Reads the `len` bytes `byte` the peer wrote, checking each read (review28 U3).
     async fn consume(&mut self, byte: u8, len: usize) -> io::Result<()> {
         let step = "a read";
@@ -146,22 +151,29 @@ impl<R: Runtime> Reads<'_, R> {
     }
 
     /// If the last read said it was armed, waits for its waker's wake by `what` (review28 U1,
-    /// U2: only that waker's wakes count).
+    /// U2: only that waker's wakes count), [`WAIT`] at most.
     async fn wake_of_armed(&mut self, what: &str) -> io::Result<()> {
-        match self.armed.take() {
-            Some(wakes) if !woken(self.runtime, self.deadline, &wakes).await => Err(broken(
+        let Some(wakes) = self.armed.take() else {
+            return Ok(());
+        };
+        if woken(self.deadline.min(time::Instant::now() + WAIT), &wakes).await? {
+            Ok(())
+        } else if time::Instant::now() >= self.deadline {
+            Err(timed_out(&format!("the wake of an armed read by {what}")))
+        } else {
+            Err(broken(
                 "an armed read",
                 &format!("its waker was not woken by {what}"),
-            )),
-            _ => Ok(()),
+            ))
         }
     }
 
-    /// Reads with `poll_read_armed` until the read is ready, looking every [`STEP`], each poll
-    /// with a waker of its own: a wake registered by an earlier `Pending` poll never counts
-    /// for the read that returned (review28 U2).
+    /// Reads with `poll_read_armed` until the read is ready, looking again at its waker's wake
+    /// or after a [`STEP`], each poll with a waker of its own: a wake registered by an earlier
+    /// `Pending` poll never counts for the read that returned (review28 U2).
     async fn read(&mut self, step: &str) -> io::Result<(usize, bool, Read)> {
-        while self.runtime.now() < self.deadline {
+        // Each look but the last waits for a wake or a STEP: bounded by the deadline.
+        while time::Instant::now() < self.deadline {
             let wakes = Wakes::new();
             let waker = Waker::from(wakes.clone());
             let mut buf = [0u8; READ];
@@ -173,7 +185,7 @@ impl<R: Runtime> Reads<'_, R> {
                 let (n, armed) = read.map_err(|e| failed(e.kind(), step, &e.to_string()))?;
                 return Ok((n, armed, Read { buf, wakes }));
             }
-            pause(self.runtime).await;
+            woken(self.deadline.min(time::Instant::now() + STEP), &wakes).await?;
         }
         Err(timed_out(step))
     }
@@ -185,98 +197,174 @@ struct Read {
     wakes: Arc<Wakes>,
 }
 
-/// [`AsyncTimer`]'s contract (review26 S5, review28 U10, house rule 8): neither
-/// [`AsyncTimer::reset`] to an instant ahead of the clock nor [`AsyncTimer::poll`] wakes a
-/// waker before it returns, nor, for a runtime that does not spawn ([`Runtime::spawns`]), a
-/// reset to an instant already past; a timer is never `Ready` before its instant, and it fires.
+/// [`AsyncTimer`]'s contract (review26 S5, review28 U10, review29 V3, house rule 8): on every
+/// runtime, a timer is never `Ready` before its instant, it fires (its last `Pending` poll's
+/// waker is woken, and it is `Ready` within 1 s of its instant), and polled after a reset to an
+/// instant it has already seen pass, it is `Ready` at once. On a runtime that does not spawn
+/// ([`Runtime::spawns`]), moreover, neither [`AsyncTimer::reset`] nor [`AsyncTimer::poll`]
+/// wakes a waker before it returns.
 ///
-/// A timer set an hour ahead is polled (`Pending`), reset to 50 ms ahead, polled until it is
-/// `Ready` after a wake of its waker (an early wake is harmless, house rule 8: it is polled
-/// again), then set an hour ahead again, polled, and reset to an instant already past, where it
-/// must be `Ready` at once. Each poll is given a waker of its own, which it must not wake; each
-/// reset must leave the last poll's waker unwoken, but for the reset to the past on a runtime
-/// that spawns (tokio's timer wakes it).
+/// A timer set an hour ahead is polled (`Pending`), reset to 50 ms ahead and polled until it is
+/// `Ready` after wakes of its waker (an early wake is harmless, house rule 8: it is polled
+/// again), set an hour ahead again and polled; the same with 5 ms ahead (the reset of the
+/// driver's watchdog, whose instant may have passed by the time of the reset); then it is reset
+/// to the instant the check started, where it must be `Ready` at once. Each poll is given a
+/// waker of its own. On a runtime that does not spawn, no poll may wake its own waker and no
+/// reset the last poll's waker before returning.
 ///
-/// The whole check ends within 10 s on the runtime's clock, each wait for a wake within 1 s,
-/// its waits paced by the runtime's timers, so it runs on the runtime's executor.
+/// The whole check ends within 10 s of std's clock, each wait for a wake within 1 s, its waits
+/// paced by a thread of its own, not by the timers it checks (review29 V1). It runs on the
+/// runtime's executor, whose reactor the timers may need.
 ///
 /// # Errors
 ///
 /// A broken contract as [`ErrorKind::Other`], saying which step and rule; a check that did not
 /// end within its bound as [`ErrorKind::TimedOut`].
 pub async fn check_timer<R: Runtime>(runtime: &R) -> io::Result<()> {
-    let deadline = runtime.now().saturating_add(BOUND);
+    let deadline = time::Instant::now() + BOUND;
+    let start = runtime.now();
+    let spawns = runtime.spawns();
     let ahead = |by| runtime.now().saturating_add(by);
     let mut timer = runtime.new_timer(ahead(HOUR));
-    let step = "a poll an hour ahead";
-    let (poll, last) = poll_timer(&mut timer, step)?;
-    expect_timer(poll.is_pending(), step, "Ready an hour early")?;
-
-    let step = "a reset to 50 ms ahead";
-    let soon = ahead(SOON);
-    calling(|| timer.as_mut().reset(soon));
-    unwoken(&last, step, "woke the last poll's waker before returning")?;
-    let step = "a timer 50 ms ahead";
-    // Each look takes a wake of the last poll's waker (or fails the check): bounded by the
-    // deadline, one WAIT at most per wait.
-    loop {
-        let (poll, wakes) = poll_timer(&mut timer, step)?;
-        if poll.is_ready() {
-            expect_timer(runtime.now() >= soon, step, "Ready before its instant")?;
-            break;
-        }
-        if !woken(runtime, deadline, &wakes).await {
-            return Err(if runtime.now() < deadline {
-                timer_failed(
-                    ErrorKind::Other,
-                    step,
-                    "its waker was not woken when it fired",
-                )
-            } else {
-                timer_failed(ErrorKind::TimedOut, step, "")
-            });
-        }
-    }
-
-    let step = "a poll an hour ahead, after firing";
-    calling(|| timer.as_mut().reset(ahead(HOUR)));
-    let (poll, last) = poll_timer(&mut timer, step)?;
-    expect_timer(poll.is_pending(), step, "Ready an hour early")?;
-    let step = "a reset to a past instant";
-    let past = runtime.now().saturating_sub(SOON);
-    calling(|| timer.as_mut().reset(past));
-    if !runtime.spawns() {
+    let mut last = hour_ahead(&mut timer, "a poll an hour ahead", spawns)?;
+    for (lead, reset, wait) in [
+        (SOON, "a reset to 50 ms ahead", "a timer 50 ms ahead"),
+        (GRACE, "a reset to 5 ms ahead", "a timer 5 ms ahead"),
+    ] {
+        let at = ahead(lead);
+        calling(|| timer.as_mut().reset(at));
         unwoken(
             &last,
-            step,
-            "woke the last poll's waker before returning, on a runtime that does not spawn",
+            spawns,
+            reset,
+            "woke the last poll's waker before returning",
         )?;
+        let until = time::Instant::now() + lead + WAIT;
+        fires(
+            runtime,
+            &mut timer,
+            at,
+            until.min(deadline),
+            deadline,
+            wait,
+            spawns,
+        )
+        .await?;
+        calling(|| timer.as_mut().reset(ahead(HOUR)));
+        last = hour_ahead(&mut timer, "a poll an hour ahead, after firing", spawns)?;
     }
-    let (poll, _) = poll_timer(&mut timer, step)?;
+    // Review29 V2: `start` is before the instants the timer has fired at, so it has passed for
+    // the runtime's timers too (tokio's wheel), however long this thread was preempted.
+    let step = "a reset to a past instant";
+    calling(|| timer.as_mut().reset(start));
+    unwoken(
+        &last,
+        spawns,
+        step,
+        "woke the last poll's waker before returning",
+    )?;
+    let (poll, _) = poll_timer(&mut timer, step, spawns)?;
     expect_timer(poll.is_ready(), step, "not Ready at once")
 }
 
 /// How far ahead [`check_timer`] sets a timer that must not fire during the check.
 const HOUR: Duration = Duration::from_secs(3600);
 
-/// How far ahead [`check_timer`] sets the timer it waits for.
+/// How far ahead [`check_timer`] first sets the timer it waits for.
 const SOON: Duration = Duration::from_millis(50);
 
-/// One poll of `timer` with a waker of its own, which the poll must not have woken.
+/// How far ahead [`check_timer`] then sets it: the driver's watchdog's reset
+/// (`UNCLAIMED_TIMER_GRACE`, review29 V3).
+const GRACE: Duration = Duration::from_millis(5);
+
+/// How many `Pending` polls of a timer, each after a wake, [`check_timer`] makes before it fails
+/// one that wakes without being `Ready` (house rule 12: bounded in steps too).
+const LOOKS: usize = 1000;
+
+/// One poll of `timer`, an hour ahead, which must be `Pending`; returns its waker's wakes.
+fn hour_ahead(
+    timer: &mut Pin<Box<dyn AsyncTimer>>,
+    step: &str,
+    spawns: bool,
+) -> io::Result<Arc<Wakes>> {
+    let (poll, last) = poll_timer(timer, step, spawns)?;
+    expect_timer(poll.is_pending(), step, "Ready an hour early")?;
+    Ok(last)
+}
+
+/// Polls `timer`, set to `at`, until it is `Ready`, each `Pending` poll's waker woken before the
+/// next look: not before `at`, and by `until`, the check's `deadline` at the latest (review29
+/// V1: a timer that never fires, or fires without being `Ready`, fails by then).
+async fn fires<R: Runtime>(
+    runtime: &R,
+    timer: &mut Pin<Box<dyn AsyncTimer>>,
+    at: Instant,
+    until: time::Instant,
+    deadline: time::Instant,
+    step: &str,
+    spawns: bool,
+) -> io::Result<()> {
+    // Each look but the last waits for a wake, which ends by `until`: bounded in time, and in
+    // steps by LOOKS.
+    for looks in 0..LOOKS {
+        let (poll, wakes) = poll_timer(timer, step, spawns)?;
+        if poll.is_ready() {
+            return expect_timer(runtime.now() >= at, step, "Ready before its instant");
+        }
+        if !woken(until, &wakes).await? {
+            return Err(if time::Instant::now() >= deadline {
+                timer_failed(ErrorKind::TimedOut, step, "")
+            } else if looks == 0 {
+                timer_failed(
+                    ErrorKind::Other,
+                    step,
+                    "its waker was not woken when it fired",
+                )
+            } else {
+                never_ready(step)
+            });
+        }
+    }
+    Err(never_ready(step))
+}
+
+/// A timer woken again and again, but not `Ready` by its wait's end ([`fires`]).
+fn never_ready(step: &str) -> io::Error {
+    timer_failed(
+        ErrorKind::Other,
+        step,
+        &format!("its waker was woken, but it was not Ready {WAIT:?} after its instant"),
+    )
+}
+
+/// One poll of `timer` with a waker of its own, which the poll must not have woken on a runtime
+/// that does not spawn (review29 V3).
 fn poll_timer(
     timer: &mut Pin<Box<dyn AsyncTimer>>,
     step: &str,
+    spawns: bool,
 ) -> io::Result<(Poll<()>, Arc<Wakes>)> {
     let wakes = Wakes::new();
     let waker = Waker::from(wakes.clone());
     let poll = calling(|| timer.as_mut().poll(&mut Context::from_waker(&waker)));
-    unwoken(&wakes, step, "the poll woke its waker before returning")?;
+    unwoken(
+        &wakes,
+        spawns,
+        step,
+        "the poll woke its waker before returning",
+    )?;
     Ok((poll, wakes))
 }
 
-/// Fails `step` if `wakes` counts a wake made by a [`calling`] call before it returned.
-fn unwoken(wakes: &Wakes, step: &str, why: &str) -> io::Result<()> {
-    expect_timer(wakes.within.load(Ordering::SeqCst) == 0, step, why)
+/// Fails `step` if `wakes` counts a wake made by a [`calling`] call before it returned, on a
+/// runtime that does not spawn: the only runtimes the rule binds (review29 V3).
+fn unwoken(wakes: &Wakes, spawns: bool, step: &str, why: &str) -> io::Result<()> {
+    let woken = wakes.within.load(Ordering::SeqCst) > 0;
+    expect_timer(
+        spawns || !woken,
+        step,
+        &format!("{why}, on a runtime that does not spawn"),
+    )
 }
 
 std::thread_local! {
@@ -300,12 +388,14 @@ fn calling<T>(call: impl FnOnce() -> T) -> T {
     call()
 }
 
-/// Counts its wakes.
+/// Counts its wakes, and passes each on to the task waiting for one ([`woken`]).
 #[derive(Default)]
 struct Wakes {
     all: AtomicUsize,
     /// Those made within a [`calling`] call, before it returned.
     within: AtomicUsize,
+    /// The task of the last [`Wakes::listen`].
+    task: Mutex<Option<Waker>>,
 }
 
 impl Wakes {
@@ -315,6 +405,15 @@ impl Wakes {
 
     fn count(&self) -> usize {
         self.all.load(Ordering::SeqCst)
+    }
+
+    /// Has each wake from now on wake `task` too: a wake that a [`Wakes::count`] made after this
+    /// call does not see wakes `task` (the lock orders the two).
+    fn listen(&self, task: &Waker) {
+        let mut listening = self.task.lock().unwrap_or_else(PoisonError::into_inner);
+        if !listening.as_ref().is_some_and(|old| old.will_wake(task)) {
+            *listening = Some(task.clone());
+        }
     }
 }
 
@@ -328,7 +427,125 @@ impl Wake for Wakes {
             self.within.fetch_add(1, Ordering::SeqCst);
         }
         self.all.fetch_add(1, Ordering::SeqCst);
+        let task = self
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(task) = task {
+            task.wake();
+        }
     }
+}
+
+/// A wake at an instant of std's clock, made by a thread of its own: the checks' waits depend on
+/// no timer of the runtime (review29 V1). The thread ends at that instant, or at once when the
+/// alarm is dropped.
+struct Alarm {
+    rings: Arc<Wakes>,
+    /// Dropped with the alarm, which ends its thread's wait.
+    _stop: mpsc::Sender<()>,
+}
+
+impl Alarm {
+    /// An alarm that rings at `at`, or why no thread could be started for it.
+    fn set(at: time::Instant) -> io::Result<Alarm> {
+        let rings = Wakes::new();
+        let ring = rings.clone();
+        let (stop, stopped) = mpsc::channel::<()>();
+        thread::Builder::new()
+            .name("conformance-alarm".to_owned())
+            .spawn(move || {
+                // Ends by `at`: each wait lasts until then, or until the alarm is dropped.
+                while let Err(RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(at.saturating_duration_since(time::Instant::now()))
+                {
+                    if time::Instant::now() >= at {
+                        ring.wake_by_ref();
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("conformance: start a thread for the check's waits: {e}"),
+                )
+            })?;
+        Ok(Alarm { rings, _stop: stop })
+    }
+
+    /// Wakes `task` when the alarm rings; returns whether it has rung.
+    fn listen(&self, task: &Waker) -> bool {
+        self.rings.listen(task);
+        self.rings.count() > 0
+    }
+}
+
+/// Whether `wakes` counts a wake by `until` (review28 U4: a runtime that never wakes fails by
+/// then). The task sleeps until the wake, or until an [`Alarm`] rings at `until`.
+async fn woken(until: time::Instant, wakes: &Wakes) -> io::Result<bool> {
+    if wakes.count() > 0 || time::Instant::now() >= until {
+        return Ok(wakes.count() > 0);
+    }
+    let alarm = Alarm::set(until)?;
+    Ok(poll_fn(|cx| {
+        wakes.listen(cx.waker());
+        let rang = alarm.listen(cx.waker());
+        if wakes.count() > 0 {
+            Poll::Ready(true)
+        } else if rang {
+            Poll::Ready(false)
+        } else {
+            Poll::Pending
+        }
+    })
+    .await)
+}
+
+/// Waits `length` of std's clock (an [`Alarm`]; the executor runs its reactor meanwhile).
+async fn pause(length: Duration) -> io::Result<()> {
+    woken(time::Instant::now() + length, &Wakes::default())
+        .await
+        .map(drop)
+}
+
+/// `future`'s output, or a [`ErrorKind::TimedOut`] error naming `step` at `deadline`.
+async fn within<T>(
+    deadline: time::Instant,
+    step: &str,
+    future: impl Future<Output = T>,
+) -> io::Result<T> {
+    let mut future = core::pin::pin!(future);
+    let alarm = Alarm::set(deadline)?;
+    poll_fn(|cx| {
+        if let Poll::Ready(output) = future.as_mut().poll(cx) {
+            Poll::Ready(Ok(output))
+        } else if alarm.listen(cx.waker()) {
+            Poll::Ready(Err(timed_out(step)))
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// The listener's one connection, looked for every [`STEP`] until `deadline`.
+async fn accept(deadline: time::Instant, listener: &TcpListener) -> io::Result<TcpStream> {
+    // At most BOUND / STEP looks.
+    while time::Instant::now() < deadline {
+        match listener.accept() {
+            Ok((peer, _)) => {
+                // Some systems pass the listener's O_NONBLOCK on: the peer's writes block.
+                peer.set_nonblocking(false)
+                    .map_err(|e| failed(e.kind(), "accept", &e.to_string()))?;
+                return Ok(peer);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => pause(STEP).await?,
+            Err(e) => return Err(failed(e.kind(), "accept", &e.to_string())),
+        }
+    }
+    Err(timed_out("accept"))
 }
 
 fn failed(kind: ErrorKind, step: &str, why: &str) -> io::Error {
@@ -374,63 +591,4 @@ fn timed_out(step: &str) -> io::Error {
         step,
         &format!("not done within {BOUND:?}"),
     )
-}
-
-/// One [`STEP`] on the runtime's own timer (its reactor runs meanwhile).
-async fn pause<R: Runtime>(runtime: &R) {
-    let mut timer = runtime.new_timer(runtime.now().saturating_add(STEP));
-    poll_fn(|cx| timer.as_mut().poll(cx)).await;
-}
-
-/// `future`'s output, or a [`ErrorKind::TimedOut`] error naming `step` at `deadline`.
-async fn within<R: Runtime, T>(
-    runtime: &R,
-    deadline: Instant,
-    step: &str,
-    future: impl Future<Output = T>,
-) -> io::Result<T> {
-    let mut future = core::pin::pin!(future);
-    let mut timer = runtime.new_timer(deadline);
-    poll_fn(|cx| {
-        if let Poll::Ready(output) = future.as_mut().poll(cx) {
-            return Poll::Ready(Ok(output));
-        }
-        timer.as_mut().poll(cx).map(|()| Err(timed_out(step)))
-    })
-    .await
-}
-
-/// The listener's one connection, looked for every [`STEP`] until `deadline`.
-async fn accept<R: Runtime>(
-    runtime: &R,
-    deadline: Instant,
-    listener: &TcpListener,
-) -> io::Result<TcpStream> {
-    while runtime.now() < deadline {
-        match listener.accept() {
-            Ok((peer, _)) => {
-                // Some systems pass the listener's O_NONBLOCK on: the peer's writes block.
-                peer.set_nonblocking(false)
-                    .map_err(|e| failed(e.kind(), "accept", &e.to_string()))?;
-                return Ok(peer);
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => pause(runtime).await,
-            Err(e) => return Err(failed(e.kind(), "accept", &e.to_string())),
-        }
-    }
-    Err(timed_out("accept"))
-}
-
-/// Whether `wakes` counts a wake within [`WAIT`] (review28 U4: a runtime that never wakes
-/// fails in about that), and by `deadline`.
-async fn woken<R: Runtime>(runtime: &R, deadline: Instant, wakes: &Wakes) -> bool {
-    let until = deadline.min(runtime.now().saturating_add(WAIT));
-    // At most WAIT / STEP looks, each a STEP on the runtime's timer.
-    while runtime.now() < until {
-        if wakes.count() > 0 {
-            return true;
-        }
-        pause(runtime).await;
-    }
-    wakes.count() > 0
 }

@@ -71,16 +71,22 @@ fn no_resolver(name: &str) -> io::Error {
 
 /// A resettable timer.
 ///
-/// Neither [`AsyncTimer::reset`] to an instant still ahead of [`Runtime::now`] nor
-/// [`AsyncTimer::poll`] may wake a waker before it returns (a timer already due returns `Ready`
-/// from `poll`, it does not wake); on a runtime that does not spawn ([`Runtime::spawns`]), nor
-/// may a reset to an instant already past. The client of such a runtime is driven by its own
-/// futures, which reset and poll its watchdog's timer under the lock that timer's wake takes, so
-/// a wake from within would deadlock (review26 S5, review28 U10). async-io's timers wake only
-/// from its reactor. tokio's `Sleep` wakes its last poll's waker when reset to an instant its
-/// timer wheel has passed, and its own waker from a poll once its task's coop budget is spent:
-/// harmless there, as tokio spawns the driver's task, which holds no such lock.
-/// [`crate::conformance::check_timer`] checks this contract.
+/// On every runtime, a timer is never `Ready` before its instant (on [`Runtime::now`]'s clock);
+/// once the instant has passed, the waker of its last `Pending` poll is woken and a poll returns
+/// `Ready` (an early or extra wake is harmless: the timer is polled again; house rule 8); polled
+/// after a reset to an instant it has already seen pass, it is `Ready` at once.
+///
+/// On a runtime that does not spawn ([`Runtime::spawns`]), moreover, neither
+/// [`AsyncTimer::reset`], to any instant, nor [`AsyncTimer::poll`] may wake a waker before it
+/// returns (a timer already due returns `Ready` from `poll`, it does not wake). The client of
+/// such a runtime is driven by its own futures, which reset its watchdog's timer to 5 ms ahead
+/// and poll it under the lock that the timer's wake takes, so a wake from within would deadlock
+/// (review26 S5, review28 U10, review29 V3). Those 5 ms may have passed by the time of the reset
+/// (the thread preempted): hence the rule for instants already past too. async-io's timers wake
+/// only from its reactor. A runtime that spawns runs the driver in a task of its own, which
+/// holds no such lock, so the rule does not bind it: tokio's `Sleep` wakes its last poll's waker
+/// when reset to an instant its timer wheel has passed, and its own waker from a poll once its
+/// task's coop budget is spent. [`crate::conformance::check_timer`] checks this contract.
 pub trait AsyncTimer: Send + fmt::Debug {
     /// Makes the timer fire at `at` instead.
     fn reset(self: Pin<&mut Self>, at: Instant);

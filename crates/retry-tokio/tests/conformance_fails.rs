@@ -1,10 +1,12 @@
-//! House rule 10 (review28 U4): the conformance checks can fail. Each test runs a check on a
-//! runtime that delegates to [`TokioRuntime`] but breaks one rule of the contract, and requires
-//! the check's `ErrorKind::Other` naming the step and the rule. Only 127.0.0.1; every wait is
-//! bounded by the check (1 s per wait for a wake, 10 s in all, house rule 12).
+//! House rule 10 (review28 U4, review29 V1 and V4): the conformance checks can fail. Each test
+//! runs a check on a runtime that delegates to [`TokioRuntime`] but breaks one rule of the
+//! contract, and requires the check's `ErrorKind::Other` naming the step and the rule. Only
+//! 127.0.0.1; every wait is bounded by the check (1 s per wait for a wake, 10 s in all, on std's
+//! clock, house rule 12): each test ends within about 1 s.
 
 use core::pin::Pin;
-use core::task::{Context, Poll};
+use core::task::{Context, Poll, Waker};
+use core::time::Duration;
 use std::io;
 
 use retry_core::time::Instant;
@@ -23,11 +25,27 @@ enum Breaks {
     ArmsForBytesOnly,
     /// Its reads that fill the buffer say they are armed too (review28 U3).
     ArmsFullReads,
-    /// Its timers' polls wake their waker before returning (review26 S5, review28 U10).
+    /// It does not spawn, and its timers' polls wake their waker before returning (review26
+    /// S5, review28 U10; the rule binds only runtimes that do not spawn, review29 V3).
     TimerWakesInPoll,
+    /// It does not spawn, and its timers' resets wake the last poll's waker before returning
+    /// (review29 V4).
+    TimerWakesInReset,
     /// It says it does not spawn, so its timers must not wake the last poll's waker from a
     /// reset to an instant already past either, which tokio's `Sleep` does (review28 U10).
     SpawnsNot,
+    /// Its timers are `Ready` at every poll (review29 V4).
+    TimerReadyAtOnce,
+    /// Its clock runs 1000 times slower than its timers', which fire long before their instant
+    /// on it (review29 V4).
+    TimerEarly,
+    /// Its timers ignore a reset to an instant before they were made (review29 V4).
+    TimerIgnoresPastReset,
+    /// Its timers never fire (review29 V1).
+    TimerNeverFires,
+    /// Its timers fire, but are never `Ready`: each poll after firing has its waker woken again
+    /// 20 ms later (review29 V1).
+    TimerNeverReady,
 }
 
 /// tokio, breaking one rule.
@@ -46,19 +64,40 @@ impl Runtime for Breaking {
     }
 
     fn now(&self) -> Instant {
-        self.inner.now()
+        let now = self.inner.now();
+        match self.breaks {
+            Breaks::TimerEarly => Instant::from_nanos(now.as_nanos() / 1000),
+            _ => now,
+        }
     }
 
     fn new_timer(&self, at: Instant) -> Pin<Box<dyn AsyncTimer>> {
         let timer = self.inner.new_timer(at);
         match self.breaks {
             Breaks::TimerWakesInPoll => Box::pin(WakingTimer(timer)),
+            Breaks::TimerWakesInReset => Box::pin(ResetWakingTimer {
+                inner: timer,
+                last: None,
+            }),
+            Breaks::TimerReadyAtOnce => Box::pin(ReadyTimer),
+            Breaks::TimerIgnoresPastReset => Box::pin(ForwardTimer {
+                inner: timer,
+                made: self.inner.now(),
+            }),
+            Breaks::TimerNeverFires => Box::pin(SilentTimer),
+            Breaks::TimerNeverReady => Box::pin(UnreadyTimer {
+                inner: timer,
+                fired: false,
+            }),
             _ => timer,
         }
     }
 
     fn spawns(&self) -> bool {
-        !matches!(self.breaks, Breaks::SpawnsNot)
+        !matches!(
+            self.breaks,
+            Breaks::SpawnsNot | Breaks::TimerWakesInPoll | Breaks::TimerWakesInReset
+        )
     }
 
     fn spawn(&self, future: BoxFuture<()>) -> io::Result<()> {
@@ -123,9 +162,7 @@ impl Socket for BreakingSocket {
                 .as_mut()
                 .poll_read_armed(cx, buf)
                 .map_ok(|(n, armed)| (n, armed || n == len)),
-            Breaks::TimerWakesInPoll | Breaks::SpawnsNot => {
-                self.inner.as_mut().poll_read_armed(cx, buf)
-            }
+            _ => self.inner.as_mut().poll_read_armed(cx, buf),
         }
     }
 
@@ -150,6 +187,97 @@ impl AsyncTimer for WakingTimer {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         cx.waker().wake_by_ref();
         self.0.as_mut().poll(cx)
+    }
+}
+
+/// A timer whose every reset wakes its last poll's waker before it returns.
+#[derive(Debug)]
+struct ResetWakingTimer {
+    inner: Pin<Box<dyn AsyncTimer>>,
+    last: Option<Waker>,
+}
+
+impl AsyncTimer for ResetWakingTimer {
+    fn reset(mut self: Pin<&mut Self>, at: Instant) {
+        if let Some(last) = &self.last {
+            last.wake_by_ref();
+        }
+        self.inner.as_mut().reset(at);
+    }
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.last = Some(cx.waker().clone());
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+/// A timer `Ready` at every poll.
+#[derive(Debug)]
+struct ReadyTimer;
+
+impl AsyncTimer for ReadyTimer {
+    fn reset(self: Pin<&mut Self>, _: Instant) {}
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+        Poll::Ready(())
+    }
+}
+
+/// A timer that ignores a reset to an instant not after the one it was made at.
+#[derive(Debug)]
+struct ForwardTimer {
+    inner: Pin<Box<dyn AsyncTimer>>,
+    made: Instant,
+}
+
+impl AsyncTimer for ForwardTimer {
+    fn reset(mut self: Pin<&mut Self>, at: Instant) {
+        if at > self.made {
+            self.inner.as_mut().reset(at);
+        }
+    }
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+/// A timer that never fires: never `Ready`, its wakers never woken.
+#[derive(Debug)]
+struct SilentTimer;
+
+impl AsyncTimer for SilentTimer {
+    fn reset(self: Pin<&mut Self>, _: Instant) {}
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+        Poll::Pending
+    }
+}
+
+/// A timer that fires (tokio's) but is never `Ready`: from its firing on, each poll has its
+/// waker woken 20 ms later, by a task of its own.
+#[derive(Debug)]
+struct UnreadyTimer {
+    inner: Pin<Box<dyn AsyncTimer>>,
+    fired: bool,
+}
+
+impl AsyncTimer for UnreadyTimer {
+    fn reset(mut self: Pin<&mut Self>, at: Instant) {
+        self.fired = false;
+        self.inner.as_mut().reset(at);
+    }
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.fired || self.inner.as_mut().poll(cx).is_ready() {
+            self.fired = true;
+            let waker = cx.waker().clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                waker.wake();
+            });
+        }
+        Poll::Pending
     }
 }
 
@@ -236,6 +364,92 @@ fn review28_u10_a_timer_that_wakes_from_its_poll_fails_the_check() {
 }
 
 #[test]
+fn review29_v4_a_timer_that_wakes_from_its_reset_fails_the_check() {
+    let error = failure(Breaks::TimerWakesInReset, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "a reset to 50 ms ahead",
+        "woke the last poll's waker before returning, on a runtime that does not spawn",
+    );
+}
+
+#[test]
+fn review29_v4_a_timer_ready_at_once_fails_the_check() {
+    let error = failure(Breaks::TimerReadyAtOnce, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "a poll an hour ahead",
+        "Ready an hour early",
+    );
+}
+
+/// A timer set 50 ms ahead on the runtime's clock fires within 50 ms, when that clock has moved
+/// 50 µs at most: the check fails unless its thread is preempted for about 50 s.
+#[test]
+fn review29_v4_a_timer_ready_before_its_instant_fails_the_check() {
+    let error = failure(Breaks::TimerEarly, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "a timer 50 ms ahead",
+        "Ready before its instant",
+    );
+}
+
+#[test]
+fn review29_v4_a_timer_not_ready_after_a_reset_to_the_past_fails_the_check() {
+    let error = failure(Breaks::TimerIgnoresPastReset, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "a reset to a past instant",
+        "not Ready at once",
+    );
+}
+
+/// House rule 12: the check's waits do not depend on the timer it checks, so it fails (in about
+/// 1 s) instead of hanging.
+#[test]
+fn review29_v1_a_timer_that_never_fires_fails_the_check() {
+    let error = failure(Breaks::TimerNeverFires, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "a timer 50 ms ahead",
+        "its waker was not woken when it fired",
+    );
+}
+
+/// House rule 12: a timer whose waker is woken again and again, but which is never `Ready`,
+/// fails the check (in about 1 s) instead of spinning it.
+#[test]
+fn review29_v1_a_timer_that_wakes_but_is_never_ready_fails_the_check() {
+    let error = failure(Breaks::TimerNeverReady, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "a timer 50 ms ahead",
+        "its waker was woken, but it was not Ready 1s after its instant",
+    );
+}
+
+/// Review29 V2: the check resets to the instant it started, which tokio's wheel has passed
+/// whatever the machine's load, so tokio's `Sleep` wakes synchronously every time.
+#[test]
 fn review28_u10_tokio_timers_on_a_runtime_that_does_not_spawn_fail_the_past_reset_step() {
     let error = failure(Breaks::SpawnsNot, |runtime| async move {
         check_timer(&runtime).await
@@ -244,6 +458,6 @@ fn review28_u10_tokio_timers_on_a_runtime_that_does_not_spawn_fail_the_past_rese
         &error,
         "check_timer",
         "a reset to a past instant",
-        "woke the last poll's waker before returning",
+        "woke the last poll's waker before returning, on a runtime that does not spawn",
     );
 }
