@@ -273,9 +273,8 @@ const HOUR: Duration = Duration::from_secs(3600);
 /// How far ahead [`check_timer`] first sets the timer it waits for.
 const SOON: Duration = Duration::from_millis(50);
 
-/// How far ahead [`check_timer`] then sets it: the driver's watchdog's reset
-/// (`UNCLAIMED_TIMER_GRACE`, review29 V3).
-const GRACE: Duration = Duration::from_millis(5);
+/// How far ahead [`check_timer`] then sets it: the driver's watchdog's reset (review29 V3).
+const GRACE: Duration = crate::driver::UNCLAIMED_TIMER_GRACE;
 
 /// How many `Pending` polls of a timer, each after a wake, [`check_timer`] makes before it fails
 /// one that wakes without being `Ready` (house rule 12: bounded in steps too).

@@ -33,7 +33,7 @@ const READ_BUFFER_BYTES: usize = 64 * 1024;
 const TIMER_SLACK: Duration = Duration::from_millis(2);
 /// How long after its timer's firing woke the first waiting futures a [`LocalDriver`] waits for
 /// one of them to run it before it wakes every waiting future ([`Watchdog`]).
-const UNCLAIMED_TIMER_GRACE: Duration = Duration::from_millis(5);
+pub(crate) const UNCLAIMED_TIMER_GRACE: Duration = Duration::from_millis(5);
 
 enum Link {
     Connecting(BoxFuture<io::Result<Pin<Box<dyn Socket>>>>),
