@@ -1513,11 +1513,12 @@ impl LocalDriver {
     /// or hands off, or this try sees P's unlock (the lock free, or taken by a later holder,
     /// whose pass starts after the caller queued its work and so takes it, by the state mutex's
     /// order, or which reads `dirty` set at its own end). That second branch assumes what std
-    /// does not document (review29 V8; rust-lang/rust issue 126239): that a `Mutex`'s state is
-    /// one atomic, which `try_lock` reads and the unlock writes by a release read-modify-write,
-    /// so the fence rules hold for it as for `dirty`. std documents only that an unlock happens
-    /// before the lock taken after it, which says nothing of a failed try; its futex and pthread
-    /// mutexes are built as assumed. Without the fence, P could read
+    /// does not document (review29 V8): that a `Mutex`'s state is one atomic, which `try_lock`
+    /// reads and the unlock writes by a release read-modify-write, so the fence rules hold for
+    /// it as for `dirty`. Even that an unlock happens before the lock taken after it is
+    /// undocumented (rust-lang/rust issue 126239, "Mutex isn't guaranteed to have atomic
+    /// acquire/release semantics", checked in review30 W8), and says nothing of a failed try;
+    /// std's futex and pthread mutexes are built as assumed. Without the fence, P could read
     /// `dirty` clear while the failed try saw the lock held: the caller's operation queued and
     /// no one to run the driver, with no timer behind it in load-balanced mode. Acquire and
     /// release alone allow it (store buffering), though x86-64 (a locked compare-exchange) and
