@@ -1,13 +1,16 @@
-//! Review28 U10, review26 S5 (house rule 8): async-io's timers against `AsyncTimer`'s contract,
-//! checked by [`retry_driver::conformance::check_timer`] (bounded, house rule 12). async-io's
-//! client is driven by its own futures, which reset and poll the watchdog's timer under the
-//! lock its wake takes: a synchronous wake would deadlock it.
+//! Review28 U10, review26 S5, review30 W1 (house rule 8): this adapter's timers (a timerfd on the
+//! reactor on Linux, `async_io::Timer` elsewhere) against `AsyncTimer`'s contract, checked by
+//! [`retry_driver::conformance::check_timer`] (bounded, house rule 12). This runtime does not
+//! spawn: its client is driven by its own futures, whose watchdog resets and polls one timer
+//! with one waker under the lock that waker's wake takes, so neither call may wake that waker
+//! before returning; the check repeats that sequence. A poll may wake a replaced waker that
+//! does not `will_wake` the new one, as the timerfd's readiness registration does.
 
 use retry_async_std::AsyncIoRuntime;
 use retry_driver::Runtime;
 
 #[test]
-fn review28_u10_timers_never_wake_synchronously_and_fire() {
+fn review28_u10_review30_w1_timers_never_wake_the_watchdogs_waker_synchronously_and_fire() {
     async_io::block_on(async {
         let runtime = AsyncIoRuntime::start().expect("the runtime");
         if let Err(e) = retry_driver::conformance::check_timer(&runtime).await {

@@ -2,10 +2,13 @@
 //! the contracts the driver relies on, for the authors of adapters: run them from the adapter's
 //! tests, on the adapter's own executor.
 //!
-//! Each check ends within 10 s of std's clock, each of its waits for a wake within 1 s (house
-//! rule 12). Its waits are paced by a thread of its own, never by the runtime's timers, so a
-//! runtime whose timers never fire, or wake without ever being `Ready`, fails the check instead
-//! of hanging it (review29 V1).
+//! Each check ends within 10 s of std's clock, each of its waits for a wake within 1 s of when
+//! the wake is due (house rule 12), and each of its loops is capped in steps. Its waits are
+//! paced by one thread of its own, never by the runtime's timers, so a runtime whose timers
+//! never fire, or wake without ever being `Ready`, fails the check instead of hanging it
+//! (review29 V1); the thread is joined when the check ends (review30 W4). A wake that a poll
+//! makes of its own waker before it returns (tokio's, once its task's coop budget is spent) is
+//! followed by one yield of the check's task, never by a busy loop (review30 W2).
 
 use core::cell::Cell;
 use core::future::{poll_fn, Future};
@@ -15,8 +18,7 @@ use core::time::Duration;
 use std::io::{self, ErrorKind, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::Wake;
 use std::{thread, time};
 
@@ -50,17 +52,22 @@ const READ: usize = 64;
 /// Returns whether any read said it was armed (`true` for retry-tokio's and retry-async-std's
 /// sockets, whose tests require it).
 ///
-/// The whole check ends within 10 s of std's clock, each wait for a wake within 1 s, its waits
-/// paced by a thread of its own (review29 V1). It runs on the runtime's executor, whose reactor
-/// the socket needs (the listener is polled, never blocked on).
+/// The whole check ends within 10 s of std's clock, each wait for a wake within 1 s, each read
+/// within [`LOOKS`] polls, its waits paced by one thread of its own, joined when it ends
+/// (review29 V1, review30 W2 W4). It runs on the runtime's executor, whose reactor the socket
+/// needs (the listener is polled, never blocked on).
 ///
 /// # Errors
 ///
 /// A failed step of the setup (listen, connect, accept, the peer's writes) or a read error,
 /// saying which step; a broken contract as [`ErrorKind::Other`], saying which rule; a check
-/// that did not end within its bound as [`ErrorKind::TimedOut`], saying what it waited for.
+/// that did not end within its bound, or a read not ready within [`LOOKS`] polls, as
+/// [`ErrorKind::TimedOut`], saying what it waited for; a thread the check could not start for
+/// its waits as the kind [`thread::Builder::spawn`] gave, [`ErrorKind::ResourceBusy`] instead
+/// of [`ErrorKind::Other`], saying so (review30 W5).
 pub async fn check_read_armed<R: Runtime>(runtime: &R) -> io::Result<bool> {
     let deadline = time::Instant::now() + BOUND;
+    let pacer = Pacer::start(deadline).map_err(|e| no_thread("check_read_armed", &e))?;
     let step = |what: &'static str| move |e: io::Error| failed(e.kind(), what, &e.to_string());
     let listener = TcpListener::bind("127.0.0.1:0").map_err(step("listen on 127.0.0.1"))?;
     listener
@@ -68,12 +75,12 @@ pub async fn check_read_armed<R: Runtime>(runtime: &R) -> io::Result<bool> {
         .map_err(step("make the listener non-blocking"))?;
     let port = listener.local_addr().map_err(step("listen"))?.port();
     let connect = runtime.connect("127.0.0.1".to_owned(), port);
-    let socket = within(deadline, "connect", connect)
+    let socket = within(&pacer, "connect", connect)
         .await?
         .map_err(step("connect"))?;
-    let mut peer = accept(deadline, &listener).await?;
+    let mut peer = accept(&pacer, &listener).await?;
     let mut reads = Reads {
-        deadline,
+        pacer: &pacer,
         socket,
         armed: None,
         any_armed: false,
@@ -82,7 +89,7 @@ pub async fn check_read_armed<R: Runtime>(runtime: &R) -> io::Result<bool> {
         if reads.armed.is_some() {
             // The bytes come after the registration has settled, as a reply after its request
             // (the executor runs its reactor meanwhile).
-            pause(2 * STEP).await?;
+            pause(&pacer, 2 * STEP).await;
         }
         peer.write_all(&[byte; 100][..len]).map_err(step(write))?;
         reads.consume(byte, len).await?;
@@ -100,14 +107,14 @@ pub async fn check_read_armed<R: Runtime>(runtime: &R) -> io::Result<bool> {
 
 /// The reads of [`check_read_armed`]: its socket, and the wakes of the last read's waker if
 /// that read said it was armed.
-struct Reads {
-    deadline: time::Instant,
+struct Reads<'a> {
+    pacer: &'a Pacer,
     socket: Pin<Box<dyn Socket>>,
     armed: Option<Arc<Wakes>>,
     any_armed: bool,
 }
 
-impl Reads {
+impl Reads<'_> {
     /// Reads the `len` bytes `byte` the peer wrote, checking each read (review28 U3).
     async fn consume(&mut self, byte: u8, len: usize) -> io::Result<()> {
         let step = "a read";
@@ -156,9 +163,17 @@ impl Reads {
         let Some(wakes) = self.armed.take() else {
             return Ok(());
         };
-        if woken(self.deadline.min(time::Instant::now() + WAIT), &wakes).await? {
+        let deadline = self.pacer.deadline;
+        if woken(
+            self.pacer,
+            deadline.min(time::Instant::now() + WAIT),
+            &wakes,
+            0,
+        )
+        .await
+        {
             Ok(())
-        } else if time::Instant::now() >= self.deadline {
+        } else if time::Instant::now() >= deadline {
             Err(timed_out(&format!("the wake of an armed read by {what}")))
         } else {
             Err(broken(
@@ -170,10 +185,16 @@ impl Reads {
 
     /// Reads with `poll_read_armed` until the read is ready, looking again at its waker's wake
     /// or after a [`STEP`], each poll with a waker of its own: a wake registered by an earlier
-    /// `Pending` poll never counts for the read that returned (review28 U2).
+    /// `Pending` poll never counts for the read that returned (review28 U2); [`LOOKS`] polls at
+    /// most (review30 W2).
     async fn read(&mut self, step: &str) -> io::Result<(usize, bool, Read)> {
-        // Each look but the last waits for a wake or a STEP: bounded by the deadline.
-        while time::Instant::now() < self.deadline {
+        let deadline = self.pacer.deadline;
+        // Each look but the last waits for a wake or a STEP: bounded by the deadline, and in
+        // steps by LOOKS.
+        for _ in 0..LOOKS {
+            if time::Instant::now() >= deadline {
+                return Err(timed_out(step));
+            }
             let wakes = Wakes::new();
             let waker = Waker::from(wakes.clone());
             let mut buf = [0u8; READ];
@@ -185,9 +206,19 @@ impl Reads {
                 let (n, armed) = read.map_err(|e| failed(e.kind(), step, &e.to_string()))?;
                 return Ok((n, armed, Read { buf, wakes }));
             }
-            woken(self.deadline.min(time::Instant::now() + STEP), &wakes).await?;
+            woken(
+                self.pacer,
+                deadline.min(time::Instant::now() + STEP),
+                &wakes,
+                0,
+            )
+            .await;
         }
-        Err(timed_out(step))
+        Err(failed(
+            ErrorKind::TimedOut,
+            step,
+            &format!("not ready after {LOOKS} polls, each after a wake or a {STEP:?} pause"),
+        ))
     }
 }
 
@@ -197,74 +228,205 @@ struct Read {
     wakes: Arc<Wakes>,
 }
 
-/// [`AsyncTimer`]'s contract (review26 S5, review28 U10, review29 V3, house rule 8): on every
-/// runtime, a timer is never `Ready` before its instant, it fires (its last `Pending` poll's
-/// waker is woken, and it is `Ready` within 1 s of its instant), and polled after a reset to an
-/// instant it has already seen pass, it is `Ready` at once. On a runtime that does not spawn
-/// ([`Runtime::spawns`]), moreover, neither [`AsyncTimer::reset`] nor [`AsyncTimer::poll`]
-/// wakes a waker before it returns.
+/// [`AsyncTimer`]'s contract (review26 S5, review28 U10, review29 V3, review30 W1 W2, house
+/// rule 8): on every runtime, a timer is never `Ready` before its instant, it fires (its last
+/// `Pending` poll's waker is woken, and it is `Ready` within 1 s of its instant), and polled
+/// after a reset to an instant it has already seen pass, it is `Ready` at once, or, on a
+/// runtime that spawns, `Pending` having woken its own waker (a spent coop budget) and `Ready`
+/// when polled again after the task yielded. On a runtime that does not spawn
+/// ([`Runtime::spawns`]), moreover, no reset wakes the last poll's waker and no poll its own
+/// waker before it returns, and the driver's watchdog's sequence, which polls with one waker,
+/// never has that waker woken from within a reset or a poll.
 ///
 /// A timer set an hour ahead is polled (`Pending`), reset to 50 ms ahead and polled until it is
 /// `Ready` after wakes of its waker (an early wake is harmless, house rule 8: it is polled
-/// again), set an hour ahead again and polled; the same with 5 ms ahead (the reset of the
-/// driver's watchdog, whose instant may have passed by the time of the reset); then it is reset
-/// to the instant the check started, where it must be `Ready` at once. Each poll is given a
-/// waker of its own. On a runtime that does not spawn, no poll may wake its own waker and no
-/// reset the last poll's waker before returning.
+/// again), reset an hour ahead again (the reset after a firing, checked for wakes of the `Ready`
+/// poll's and the last `Pending` poll's wakers, review30 W3) and polled; the same with 5 ms
+/// ahead (the reset of the driver's watchdog, whose instant may have passed by the time of the
+/// reset); then it is reset to the instant the check started, where it must be `Ready`. Each of
+/// these polls is given a waker of its own. On a runtime that does not spawn, the check then
+/// repeats the watchdog's own sequence with one waker (review30 W1): reset to 5 ms ahead and
+/// polled, again before it fired, again after that waker's wake, and reset to the instant the
+/// check started and polled (`Ready`).
 ///
-/// The whole check ends within 10 s of std's clock, each wait for a wake within 1 s, its waits
-/// paced by a thread of its own, not by the timers it checks (review29 V1). It runs on the
-/// runtime's executor, whose reactor the timers may need.
+/// A wake a call made before it returned (allowed on a runtime that spawns: tokio's coop
+/// budget) is followed by one yield of the check's task before the next poll, so that the
+/// executor runs and the budget is renewed (review30 W2); every loop is capped in steps too.
+/// The whole check ends within 10 s of std's clock; each wait for a wake ends within 1 s of
+/// when the wake is due. Its waits are paced by one thread of its own, not by the timers it
+/// checks (review29 V1), joined when the check ends or its future is dropped (review30 W4). It
+/// runs on the runtime's executor, whose reactor the timers may need.
 ///
 /// # Errors
 ///
 /// A broken contract as [`ErrorKind::Other`], saying which step and rule; a check that did not
-/// end within its bound as [`ErrorKind::TimedOut`].
+/// end within its bound as [`ErrorKind::TimedOut`]; a thread the check could not start for its
+/// waits as the kind [`thread::Builder::spawn`] gave, [`ErrorKind::ResourceBusy`] instead of
+/// [`ErrorKind::Other`], saying so (review30 W5).
 pub async fn check_timer<R: Runtime>(runtime: &R) -> io::Result<()> {
     let deadline = time::Instant::now() + BOUND;
+    let pacer = Pacer::start(deadline).map_err(|e| no_thread("check_timer", &e))?;
     let start = runtime.now();
     let spawns = runtime.spawns();
     let ahead = |by| runtime.now().saturating_add(by);
     let mut timer = runtime.new_timer(ahead(HOUR));
     let mut last = hour_ahead(&mut timer, "a poll an hour ahead", spawns)?;
-    for (lead, reset, wait) in [
-        (SOON, "a reset to 50 ms ahead", "a timer 50 ms ahead"),
-        (GRACE, "a reset to 5 ms ahead", "a timer 5 ms ahead"),
+    for (lead, reset, wait, after) in [
+        (
+            SOON,
+            "a reset to 50 ms ahead",
+            "a timer 50 ms ahead",
+            "a reset an hour ahead, after it fired 50 ms ahead",
+        ),
+        (
+            GRACE,
+            "a reset to 5 ms ahead",
+            "a timer 5 ms ahead",
+            "a reset an hour ahead, after it fired 5 ms ahead",
+        ),
     ] {
         let at = ahead(lead);
-        calling(|| timer.as_mut().reset(at));
-        unwoken(
-            &last,
-            spawns,
-            reset,
-            "woke the last poll's waker before returning",
-        )?;
+        reset_unwoken(&mut timer, at, &[&last], spawns, reset)?;
         let until = time::Instant::now() + lead + WAIT;
-        fires(
+        let fired = fires(
             runtime,
+            &pacer,
             &mut timer,
             at,
             until.min(deadline),
-            deadline,
             wait,
             spawns,
         )
         .await?;
-        calling(|| timer.as_mut().reset(ahead(HOUR)));
+        // Review30 W3: the driver's reset after a firing (`wake_unclaimed` arms the watchdog
+        // again), checked as the others.
+        let polled = [&fired.ready, fired.last.as_ref().unwrap_or(&fired.ready)];
+        reset_unwoken(&mut timer, ahead(HOUR), &polled, spawns, after)?;
         last = hour_ahead(&mut timer, "a poll an hour ahead, after firing", spawns)?;
     }
     // Review29 V2: `start` is before the instants the timer has fired at, so it has passed for
     // the runtime's timers too (tokio's wheel), however long this thread was preempted.
     let step = "a reset to a past instant";
-    calling(|| timer.as_mut().reset(start));
-    unwoken(
-        &last,
-        spawns,
+    reset_unwoken(&mut timer, start, &[&last], spawns, step)?;
+    ready_at_once(&mut timer, step, spawns).await?;
+    if spawns {
+        Ok(())
+    } else {
+        watchdog(runtime, &pacer, &mut timer, start).await
+    }
+}
+
+/// The wake-rule message of a reset.
+const RESET_WOKE: &str = "woke the last poll's waker before returning";
+
+/// Resets `timer` to `at`, failing `step` if that woke one of `polled` (the wakes of the
+/// timer's last polls) before it returned, on a runtime that does not spawn.
+fn reset_unwoken(
+    timer: &mut Pin<Box<dyn AsyncTimer>>,
+    at: Instant,
+    polled: &[&Arc<Wakes>],
+    spawns: bool,
+    step: &str,
+) -> io::Result<()> {
+    let within = || polled.iter().map(|wakes| wakes.within()).sum::<usize>();
+    let before = within();
+    calling(|| timer.as_mut().reset(at));
+    unwoken(within() - before, spawns, step, RESET_WOKE)
+}
+
+/// The last poll of a check after a reset to a past instant: `Ready` at once, or, on a runtime
+/// that spawns, `Pending` having woken its own waker (tokio's spent coop budget), then `Ready`
+/// when polled after the task yielded (review30 W2).
+async fn ready_at_once(
+    timer: &mut Pin<Box<dyn AsyncTimer>>,
+    step: &str,
+    spawns: bool,
+) -> io::Result<()> {
+    let (poll, wakes) = poll_timer(timer, step, spawns)?;
+    if poll.is_ready() {
+        return Ok(());
+    }
+    expect_timer(
+        spawns && wakes.within() > 0,
         step,
-        "woke the last poll's waker before returning",
+        "not Ready at once (Pending, and its waker not woken by the poll)",
     )?;
-    let (poll, _) = poll_timer(&mut timer, step, spawns)?;
+    yield_now().await;
+    let (poll, _) = poll_timer(timer, step, spawns)?;
+    expect_timer(
+        poll.is_ready(),
+        step,
+        "Pending having woken its own waker, and still not Ready when polled after the task \
+         yielded",
+    )
+}
+
+/// Review30 W1: the driver's watchdog's own sequence, on a runtime that does not spawn
+/// (`LocalDriver::arm`, and `wake_unclaimed`, which arms it again after a firing): reset to
+/// [`GRACE`] ahead, then polled, always with one waker, whose wake takes the lock held over
+/// both calls. A reset or a poll that woke that waker before returning would deadlock it.
+async fn watchdog<R: Runtime>(
+    runtime: &R,
+    pacer: &Pacer,
+    timer: &mut Pin<Box<dyn AsyncTimer>>,
+    start: Instant,
+) -> io::Result<()> {
+    let wakes = Wakes::new();
+    let waker = Waker::from(wakes.clone());
+    let arm = |timer: &mut Pin<Box<dyn AsyncTimer>>, at, step| {
+        arm_watchdog(timer, at, &waker, &wakes, step)
+    };
+    let grace = || runtime.now().saturating_add(GRACE);
+    // Pending, or Ready if the thread was preempted past the grace: the driver goes on either way.
+    let _first = arm(timer, grace(), "the watchdog's arming")?;
+    let seen = wakes.count();
+    let step = "the watchdog armed again before it fired";
+    let poll = arm(timer, grace(), step)?;
+    if poll.is_pending() {
+        let until = time::Instant::now() + GRACE + WAIT;
+        if !woken(pacer, until.min(pacer.deadline), &wakes, seen).await {
+            return Err(if time::Instant::now() >= pacer.deadline {
+                timer_failed(ErrorKind::TimedOut, step, "")
+            } else {
+                timer_failed(
+                    ErrorKind::Other,
+                    step,
+                    "the waker it was polled with was not woken when it fired",
+                )
+            });
+        }
+    }
+    let _after = arm(timer, grace(), "the watchdog armed again after it fired")?;
+    let step = "the watchdog armed with its instant already past";
+    let poll = arm(timer, start, step)?;
     expect_timer(poll.is_ready(), step, "not Ready at once")
+}
+
+/// One arming of the watchdog ([`watchdog`]): `timer` reset to `at` and polled with `waker`,
+/// whose wakes are `wakes`, neither call waking it before it returned.
+fn arm_watchdog(
+    timer: &mut Pin<Box<dyn AsyncTimer>>,
+    at: Instant,
+    waker: &Waker,
+    wakes: &Wakes,
+    step: &str,
+) -> io::Result<Poll<()>> {
+    let why = "(the one it was last polled with, and the driver's watchdog's only one) before \
+               returning, on a runtime that does not spawn: the watchdog would deadlock";
+    let before = wakes.within();
+    calling(|| timer.as_mut().reset(at));
+    expect_timer(
+        wakes.within() == before,
+        step,
+        &format!("the reset woke the waker {why}"),
+    )?;
+    let poll = calling(|| timer.as_mut().poll(&mut Context::from_waker(waker)));
+    expect_timer(
+        wakes.within() == before,
+        step,
+        &format!("the poll woke the waker it was given {why}"),
+    )?;
+    Ok(poll)
 }
 
 /// How far ahead [`check_timer`] sets a timer that must not fire during the check.
@@ -276,8 +438,8 @@ const SOON: Duration = Duration::from_millis(50);
 /// How far ahead [`check_timer`] then sets it: the driver's watchdog's reset (review29 V3).
 const GRACE: Duration = crate::driver::UNCLAIMED_TIMER_GRACE;
 
-/// How many `Pending` polls of a timer, each after a wake, [`check_timer`] makes before it fails
-/// one that wakes without being `Ready` (house rule 12: bounded in steps too).
+/// How many `Pending` polls of a timer or a socket, each after a wake (or a pause, for a
+/// socket), a check makes before it fails (house rule 12: bounded in steps too).
 const LOOKS: usize = 1000;
 
 /// One poll of `timer`, an hour ahead, which must be `Pending`; returns its waker's wakes.
@@ -291,49 +453,66 @@ fn hour_ahead(
     Ok(last)
 }
 
+/// The wakes of the polls of a firing ([`fires`]): the `Ready` one's and the last `Pending`
+/// one's, if any.
+struct Fired {
+    ready: Arc<Wakes>,
+    last: Option<Arc<Wakes>>,
+}
+
 /// Polls `timer`, set to `at`, until it is `Ready`, each `Pending` poll's waker woken before the
-/// next look: not before `at`, and by `until`, the check's `deadline` at the latest (review29
-/// V1: a timer that never fires, or fires without being `Ready`, fails by then).
+/// next look: not before `at`, and by `until`, the check's deadline at the latest (review29 V1:
+/// a timer that never fires, or fires without being `Ready`, fails by then), in [`LOOKS`] polls
+/// at most. The error says what happened (review30 W6): no wake at or after `at` (on the
+/// runtime's clock, when the wake was seen), or wakes then but no `Ready`.
 async fn fires<R: Runtime>(
     runtime: &R,
+    pacer: &Pacer,
     timer: &mut Pin<Box<dyn AsyncTimer>>,
     at: Instant,
     until: time::Instant,
-    deadline: time::Instant,
     step: &str,
     spawns: bool,
-) -> io::Result<()> {
+) -> io::Result<Fired> {
+    let mut last = None;
+    let mut woken_after = false;
     // Each look but the last waits for a wake, which ends by `until`: bounded in time, and in
     // steps by LOOKS.
-    for looks in 0..LOOKS {
+    for _ in 0..LOOKS {
         let (poll, wakes) = poll_timer(timer, step, spawns)?;
         if poll.is_ready() {
-            return expect_timer(runtime.now() >= at, step, "Ready before its instant");
+            expect_timer(runtime.now() >= at, step, "Ready before its instant")?;
+            return Ok(Fired { ready: wakes, last });
         }
-        if !woken(until, &wakes).await? {
-            return Err(if time::Instant::now() >= deadline {
+        let rung = woken(pacer, until, &wakes, 0).await;
+        last = Some(wakes);
+        if !rung {
+            return Err(if time::Instant::now() >= pacer.deadline {
                 timer_failed(ErrorKind::TimedOut, step, "")
-            } else if looks == 0 {
+            } else if woken_after {
+                timer_failed(
+                    ErrorKind::Other,
+                    step,
+                    &format!(
+                        "its waker was woken after its instant, but it was not Ready {WAIT:?} \
+                         after it"
+                    ),
+                )
+            } else {
                 timer_failed(
                     ErrorKind::Other,
                     step,
                     "its waker was not woken when it fired",
                 )
-            } else {
-                never_ready(step)
             });
         }
+        woken_after |= runtime.now() >= at;
     }
-    Err(never_ready(step))
-}
-
-/// A timer woken again and again, but not `Ready` by its wait's end ([`fires`]).
-fn never_ready(step: &str) -> io::Error {
-    timer_failed(
+    Err(timer_failed(
         ErrorKind::Other,
         step,
-        &format!("its waker was woken, but it was not Ready {WAIT:?} after its instant"),
-    )
+        &format!("its waker was woken {LOOKS} times, and it was never Ready"),
+    ))
 }
 
 /// One poll of `timer` with a waker of its own, which the poll must not have woken on a runtime
@@ -347,7 +526,7 @@ fn poll_timer(
     let waker = Waker::from(wakes.clone());
     let poll = calling(|| timer.as_mut().poll(&mut Context::from_waker(&waker)));
     unwoken(
-        &wakes,
+        wakes.within(),
         spawns,
         step,
         "the poll woke its waker before returning",
@@ -355,12 +534,11 @@ fn poll_timer(
     Ok((poll, wakes))
 }
 
-/// Fails `step` if `wakes` counts a wake made by a [`calling`] call before it returned, on a
-/// runtime that does not spawn: the only runtimes the rule binds (review29 V3).
-fn unwoken(wakes: &Wakes, spawns: bool, step: &str, why: &str) -> io::Result<()> {
-    let woken = wakes.within.load(Ordering::SeqCst) > 0;
+/// Fails `step` if a [`calling`] call made `within` wakes before it returned, on a runtime that
+/// does not spawn: the only runtimes the rule binds (review29 V3).
+fn unwoken(within: usize, spawns: bool, step: &str, why: &str) -> io::Result<()> {
     expect_timer(
-        spawns || !woken,
+        spawns || within == 0,
         step,
         &format!("{why}, on a runtime that does not spawn"),
     )
@@ -406,10 +584,14 @@ impl Wakes {
         self.all.load(Ordering::SeqCst)
     }
 
+    fn within(&self) -> usize {
+        self.within.load(Ordering::SeqCst)
+    }
+
     /// Has each wake from now on wake `task` too: a wake that a [`Wakes::count`] made after this
     /// call does not see wakes `task` (the lock orders the two).
     fn listen(&self, task: &Waker) {
-        let mut listening = self.task.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut listening = lock(&self.task);
         if !listening.as_ref().is_some_and(|old| old.will_wake(task)) {
             *listening = Some(task.clone());
         }
@@ -426,102 +608,142 @@ impl Wake for Wakes {
             self.within.fetch_add(1, Ordering::SeqCst);
         }
         self.all.fetch_add(1, Ordering::SeqCst);
-        let task = self
-            .task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let task = lock(&self.task).clone();
         if let Some(task) = task {
             task.wake();
         }
     }
 }
 
-/// A wake at an instant of std's clock, made by a thread of its own: the checks' waits depend on
-/// no timer of the runtime (review29 V1). The thread ends at that instant, or at once when the
-/// alarm is dropped.
-struct Alarm {
-    rings: Arc<Wakes>,
-    /// Dropped with the alarm, which ends its thread's wait.
-    _stop: mpsc::Sender<()>,
-}
-
-impl Alarm {
-    /// An alarm that rings at `at`, or why no thread could be started for it.
-    fn set(at: time::Instant) -> io::Result<Alarm> {
-        let rings = Wakes::new();
-        let ring = rings.clone();
-        let (stop, stopped) = mpsc::channel::<()>();
-        thread::Builder::new()
-            .name("conformance-alarm".to_owned())
-            .spawn(move || {
-                // Ends by `at`: each wait lasts until then, or until the alarm is dropped.
-                while let Err(RecvTimeoutError::Timeout) =
-                    stopped.recv_timeout(at.saturating_duration_since(time::Instant::now()))
-                {
-                    if time::Instant::now() >= at {
-                        ring.wake_by_ref();
-                        return;
-                    }
-                }
-            })
-            .map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("conformance: start a thread for the check's waits: {e}"),
-                )
-            })?;
-        Ok(Alarm { rings, _stop: stop })
-    }
-
-    /// Wakes `task` when the alarm rings; returns whether it has rung.
-    fn listen(&self, task: &Waker) -> bool {
-        self.rings.listen(task);
-        self.rings.count() > 0
-    }
-}
-
-/// Whether `wakes` counts a wake by `until` (review28 U4: a runtime that never wakes fails by
-/// then). The task sleeps until the wake, or until an [`Alarm`] rings at `until`.
-async fn woken(until: time::Instant, wakes: &Wakes) -> io::Result<bool> {
-    if wakes.count() > 0 || time::Instant::now() >= until {
-        return Ok(wakes.count() > 0);
-    }
-    let alarm = Alarm::set(until)?;
-    Ok(poll_fn(|cx| {
-        wakes.listen(cx.waker());
-        let rang = alarm.listen(cx.waker());
-        if wakes.count() > 0 {
-            Poll::Ready(true)
-        } else if rang {
-            Poll::Ready(false)
-        } else {
-            Poll::Pending
-        }
-    })
-    .await)
-}
-
-/// Waits `length` of std's clock (an [`Alarm`]; the executor runs its reactor meanwhile).
-async fn pause(length: Duration) -> io::Result<()> {
-    woken(time::Instant::now() + length, &Wakes::default())
-        .await
-        .map(drop)
-}
-
-/// `future`'s output, or a [`ErrorKind::TimedOut`] error naming `step` at `deadline`.
-async fn within<T>(
+/// The thread that paces a check's waits (review29 V1: they depend on no timer of the
+/// runtime): it wakes the [`Wakes`] of the last [`Pacer::set`] at its instant. One per check
+/// (review30 W4: not one per wait); it ends at the check's deadline at the latest, and is told
+/// to end and joined when the pacer is dropped, with the check or its future.
+struct Pacer {
     deadline: time::Instant,
-    step: &str,
-    future: impl Future<Output = T>,
-) -> io::Result<T> {
-    let mut future = core::pin::pin!(future);
-    let alarm = Alarm::set(deadline)?;
+    alarm: Arc<(Mutex<Alarm>, Condvar)>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+/// The pacing thread's next wake.
+#[derive(Default)]
+struct Alarm {
+    at: Option<time::Instant>,
+    rings: Option<Arc<Wakes>>,
+    /// The thread has ended, or is to end.
+    over: bool,
+}
+
+impl Pacer {
+    /// A pacer whose thread ends by `deadline`, or why its thread could not be started.
+    fn start(deadline: time::Instant) -> io::Result<Pacer> {
+        let alarm = Arc::new((Mutex::new(Alarm::default()), Condvar::new()));
+        let paced = alarm.clone();
+        let thread = thread::Builder::new()
+            .name("conformance-pacer".to_owned())
+            .spawn(move || pace(&paced.0, &paced.1, deadline))?;
+        Ok(Pacer {
+            deadline,
+            alarm,
+            thread: Some(thread),
+        })
+    }
+
+    /// Wakes that ring at `at` (the deadline at the latest; at once if the thread has ended),
+    /// instead of the last set's.
+    fn set(&self, at: time::Instant) -> Arc<Wakes> {
+        let rings = Wakes::new();
+        let mut alarm = lock(&self.alarm.0);
+        if alarm.over {
+            drop(alarm);
+            rings.wake_by_ref();
+        } else {
+            alarm.at = Some(at);
+            alarm.rings = Some(rings.clone());
+            drop(alarm);
+            self.alarm.1.notify_one();
+        }
+        rings
+    }
+}
+
+impl Drop for Pacer {
+    fn drop(&mut self) {
+        lock(&self.alarm.0).over = true;
+        self.alarm.1.notify_one();
+        if let Some(thread) = self.thread.take() {
+            // The thread only has to see `over` (it never panics): a join of microseconds.
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The pacing thread: rings each alarm at its instant, until `over` or `deadline`. Each turn
+/// rings an alarm, waits for its instant or the deadline, or ends: bounded by the deadline.
+fn pace(alarm: &Mutex<Alarm>, changed: &Condvar, deadline: time::Instant) {
+    let mut next = lock(alarm);
+    loop {
+        let now = time::Instant::now();
+        if next.over {
+            return;
+        }
+        let due = next.at.map_or(deadline, |at| at.min(deadline));
+        if now >= due {
+            next.at = None;
+            next.over = now >= deadline;
+            let rings = next.rings.take();
+            drop(next);
+            if let Some(rings) = rings {
+                rings.wake_by_ref();
+            }
+            next = lock(alarm);
+        } else {
+            next = changed
+                .wait_timeout(next, due - now)
+                .map_or_else(|e| e.into_inner().0, |(next, _)| next);
+        }
+    }
+}
+
+/// `mutex`'s guard, poisoned or not (nothing under these locks can be left half done).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A thread the check `check` could not start: named as such, and never of the kind
+/// [`ErrorKind::Other`], which the checks keep for a broken contract (review30 W5).
+fn no_thread(check: &str, e: &io::Error) -> io::Error {
+    let kind = match e.kind() {
+        ErrorKind::Other => ErrorKind::ResourceBusy,
+        kind => kind,
+    };
+    io::Error::new(
+        kind,
+        format!("{check}: start the thread that paces its waits: {e}"),
+    )
+}
+
+/// Whether `wakes` counts more than `seen` wakes by `until` (review28 U4: a runtime that never
+/// wakes fails by then). The task sleeps until the wake, or until the [`Pacer`] rings at
+/// `until`. A wake counted already (one a call made before it returned: tokio's coop budget,
+/// review30 W2) is followed by one yield of the task first, so that the executor runs its
+/// reactor and renews the budget before the next poll: never a busy loop.
+async fn woken(pacer: &Pacer, until: time::Instant, wakes: &Wakes, seen: usize) -> bool {
+    if wakes.count() > seen {
+        yield_now().await;
+        return true;
+    }
+    if time::Instant::now() >= until {
+        return false;
+    }
+    let rings = pacer.set(until);
     poll_fn(|cx| {
-        if let Poll::Ready(output) = future.as_mut().poll(cx) {
-            Poll::Ready(Ok(output))
-        } else if alarm.listen(cx.waker()) {
-            Poll::Ready(Err(timed_out(step)))
+        wakes.listen(cx.waker());
+        rings.listen(cx.waker());
+        if wakes.count() > seen {
+            Poll::Ready(true)
+        } else if rings.count() > 0 {
+            Poll::Ready(false)
         } else {
             Poll::Pending
         }
@@ -529,10 +751,50 @@ async fn within<T>(
     .await
 }
 
+/// Returns `Pending` once, having woken the task: the executor runs before the next poll.
+async fn yield_now() {
+    let mut yielded = false;
+    poll_fn(|cx| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
+    .await;
+}
+
+/// Waits `length` of std's clock, the deadline at the latest (the [`Pacer`]; the executor runs
+/// its reactor meanwhile).
+async fn pause(pacer: &Pacer, length: Duration) {
+    woken(pacer, time::Instant::now() + length, &Wakes::default(), 0).await;
+}
+
+/// `future`'s output, or a [`ErrorKind::TimedOut`] error naming `step` at the deadline.
+async fn within<T>(pacer: &Pacer, step: &str, future: impl Future<Output = T>) -> io::Result<T> {
+    let mut future = core::pin::pin!(future);
+    let rings = pacer.set(pacer.deadline);
+    poll_fn(|cx| {
+        if let Poll::Ready(output) = future.as_mut().poll(cx) {
+            Poll::Ready(Ok(output))
+        } else {
+            rings.listen(cx.waker());
+            if rings.count() > 0 {
+                Poll::Ready(Err(timed_out(step)))
+            } else {
+                Poll::Pending
+            }
+        }
+    })
+    .await
+}
+
 /// The listener's one connection, looked for every [`STEP`] until `deadline`.
-async fn accept(deadline: time::Instant, listener: &TcpListener) -> io::Result<TcpStream> {
+async fn accept(pacer: &Pacer, listener: &TcpListener) -> io::Result<TcpStream> {
     // At most BOUND / STEP looks.
-    while time::Instant::now() < deadline {
+    while time::Instant::now() < pacer.deadline {
         match listener.accept() {
             Ok((peer, _)) => {
                 // Some systems pass the listener's O_NONBLOCK on: the peer's writes block.
@@ -540,7 +802,7 @@ async fn accept(deadline: time::Instant, listener: &TcpListener) -> io::Result<T
                     .map_err(|e| failed(e.kind(), "accept", &e.to_string()))?;
                 return Ok(peer);
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => pause(STEP).await?,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => pause(pacer, STEP).await,
             Err(e) => return Err(failed(e.kind(), "accept", &e.to_string())),
         }
     }

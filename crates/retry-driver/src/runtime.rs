@@ -74,19 +74,26 @@ fn no_resolver(name: &str) -> io::Error {
 /// On every runtime, a timer is never `Ready` before its instant (on [`Runtime::now`]'s clock);
 /// once the instant has passed, the waker of its last `Pending` poll is woken and a poll returns
 /// `Ready` (an early or extra wake is harmless: the timer is polled again; house rule 8); polled
-/// after a reset to an instant it has already seen pass, it is `Ready` at once.
+/// after a reset to an instant it has already seen pass, it is `Ready` at once, or, on a runtime
+/// that spawns, `Pending` having woken its own waker, then `Ready` when polled after the task
+/// yields (tokio's `Sleep` once its task's coop budget is spent; review30 W2).
 ///
-/// On a runtime that does not spawn ([`Runtime::spawns`]), moreover, neither
-/// [`AsyncTimer::reset`], to any instant, nor [`AsyncTimer::poll`] may wake a waker before it
-/// returns (a timer already due returns `Ready` from `poll`, it does not wake). The client of
-/// such a runtime is driven by its own futures, which reset its watchdog's timer to 5 ms ahead
-/// and poll it under the lock that the timer's wake takes, so a wake from within would deadlock
-/// (review26 S5, review28 U10, review29 V3). Those 5 ms may have passed by the time of the reset
-/// (the thread preempted): hence the rule for instants already past too. async-io's timers wake
-/// only from its reactor. A runtime that spawns runs the driver in a task of its own, which
-/// holds no such lock, so the rule does not bind it: tokio's `Sleep` wakes its last poll's waker
-/// when reset to an instant its timer wheel has passed, and its own waker from a poll once its
-/// task's coop budget is spent. [`crate::conformance::check_timer`] checks this contract.
+/// On a runtime that does not spawn ([`Runtime::spawns`]), moreover, before it returns,
+/// [`AsyncTimer::reset`] (to any instant) may not wake the waker of the timer's last poll, and
+/// [`AsyncTimer::poll`] may wake neither the waker it is given nor the last poll's waker when
+/// that one `will_wake` it (a timer already due returns `Ready`, it does not wake). The client
+/// of such a runtime is driven by its own futures, and its watchdog polls its timer always with
+/// one waker: it resets the timer to 5 ms ahead and polls it while holding the lock that this
+/// waker's wake takes, and again from within that wake after each firing, so a wake from within
+/// either call would deadlock it (review26 S5, review28 U10, review29 V3, review30 W1). Those
+/// 5 ms may have passed by the time of the reset (the thread preempted): hence the rule for
+/// instants already past too. A poll may wake a waker it replaces that does not `will_wake` the
+/// one it is given: async-io's readiness registration does, and so retry-async-std's timerfd
+/// timer does (`async_io::Timer` drops the replaced waker silently). A runtime that spawns runs
+/// the driver in a task of its own, which holds no such lock, so these rules do not bind it:
+/// tokio's `Sleep` wakes its last poll's waker when reset to an instant its timer wheel has
+/// passed, and its own waker from a poll once its task's coop budget is spent.
+/// [`crate::conformance::check_timer`] checks this contract.
 pub trait AsyncTimer: Send + fmt::Debug {
     /// Makes the timer fire at `at` instead.
     fn reset(self: Pin<&mut Self>, at: Instant);

@@ -1,6 +1,7 @@
-//! House rule 10 (review28 U4, review29 V1 and V4): the conformance checks can fail. Each test
-//! runs a check on a runtime that delegates to [`TokioRuntime`] but breaks one rule of the
-//! contract, and requires the check's `ErrorKind::Other` naming the step and the rule. Only
+//! House rule 10 (review28 U4, review29 V1 and V4, review30 W1): the conformance checks can
+//! fail. Each test runs a check on a runtime that delegates to [`TokioRuntime`] but breaks one
+//! rule of the contract, and requires the check's `ErrorKind::Other` naming the step and the
+//! rule; one (review30 W2) shows a wake that the contract allows is not failed. Only
 //! 127.0.0.1; every wait is bounded by the check (1 s per wait for a wake, 10 s in all, on std's
 //! clock, house rule 12): each test ends within about 1 s.
 
@@ -8,6 +9,7 @@ use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 use std::io;
+use std::sync::Arc;
 
 use retry_core::time::Instant;
 use retry_driver::conformance::{check_read_armed, check_timer};
@@ -46,19 +48,29 @@ enum Breaks {
     /// Its timers fire, but are never `Ready`: each poll after firing has its waker woken again
     /// 20 ms later (review29 V1).
     TimerNeverReady,
+    /// It does not spawn, and its timers' polls wake the waker they replace, even one that
+    /// `will_wake` theirs: the second arming of the driver's watchdog, which polls with one
+    /// waker under the lock that waker's wake takes, would deadlock (review30 W1). Its resets
+    /// make a new tokio timer, so that tokio's own wake on a reset to the past does not fail
+    /// the check first.
+    TimerWakesReplaced,
+    /// It spawns, and the first poll of its timers after each reset wakes its own waker and
+    /// returns `Pending`, as tokio's `Sleep` does once its task's coop budget is spent (review30
+    /// W2): allowed, the last step's poll after a reset to the past included.
+    TimerSpentBudget,
 }
 
 /// tokio, breaking one rule.
 #[derive(Debug)]
 struct Breaking {
-    inner: TokioRuntime,
+    inner: Arc<TokioRuntime>,
     breaks: Breaks,
 }
 
 impl Runtime for Breaking {
     fn start() -> io::Result<Breaking> {
         Ok(Breaking {
-            inner: TokioRuntime::start()?,
+            inner: Arc::new(TokioRuntime::start()?),
             breaks: Breaks::ArmsWithoutRegistering,
         })
     }
@@ -89,6 +101,15 @@ impl Runtime for Breaking {
                 inner: timer,
                 fired: false,
             }),
+            Breaks::TimerWakesReplaced => Box::pin(ReplacingTimer {
+                runtime: self.inner.clone(),
+                inner: timer,
+                waker: None,
+            }),
+            Breaks::TimerSpentBudget => Box::pin(BudgetTimer {
+                inner: timer,
+                spent: true,
+            }),
             _ => timer,
         }
     }
@@ -96,7 +117,10 @@ impl Runtime for Breaking {
     fn spawns(&self) -> bool {
         !matches!(
             self.breaks,
-            Breaks::SpawnsNot | Breaks::TimerWakesInPoll | Breaks::TimerWakesInReset
+            Breaks::SpawnsNot
+                | Breaks::TimerWakesInPoll
+                | Breaks::TimerWakesInReset
+                | Breaks::TimerWakesReplaced
         )
     }
 
@@ -281,6 +305,52 @@ impl AsyncTimer for UnreadyTimer {
     }
 }
 
+/// A naive timer (review30 W1): each poll wakes the waker it replaces, whatever it is. A reset
+/// makes a new tokio timer, which wakes nobody.
+#[derive(Debug)]
+struct ReplacingTimer {
+    runtime: Arc<TokioRuntime>,
+    inner: Pin<Box<dyn AsyncTimer>>,
+    waker: Option<Waker>,
+}
+
+impl AsyncTimer for ReplacingTimer {
+    fn reset(mut self: Pin<&mut Self>, at: Instant) {
+        self.inner = self.runtime.new_timer(at);
+    }
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(old) = self.waker.replace(cx.waker().clone()) {
+            old.wake();
+        }
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+/// tokio's timer, with the first poll after each reset `Pending` having woken its own waker, as
+/// after its task's coop budget is spent (review30 W2).
+#[derive(Debug)]
+struct BudgetTimer {
+    inner: Pin<Box<dyn AsyncTimer>>,
+    spent: bool,
+}
+
+impl AsyncTimer for BudgetTimer {
+    fn reset(mut self: Pin<&mut Self>, at: Instant) {
+        self.spent = true;
+        self.inner.as_mut().reset(at);
+    }
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if core::mem::take(&mut self.spent) {
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        } else {
+            self.inner.as_mut().poll(cx)
+        }
+    }
+}
+
 /// The error `check` returns on tokio breaking `breaks`.
 fn failure<F, T>(breaks: Breaks, check: impl FnOnce(Breaking) -> F) -> io::Error
 where
@@ -443,7 +513,7 @@ fn review29_v1_a_timer_that_wakes_but_is_never_ready_fails_the_check() {
         &error,
         "check_timer",
         "a timer 50 ms ahead",
-        "its waker was woken, but it was not Ready 1s after its instant",
+        "its waker was woken after its instant, but it was not Ready 1s after it",
     );
 }
 
@@ -460,4 +530,38 @@ fn review28_u10_tokio_timers_on_a_runtime_that_does_not_spawn_fail_the_past_rese
         "a reset to a past instant",
         "woke the last poll's waker before returning, on a runtime that does not spawn",
     );
+}
+
+/// Review30 W1: the naive timer passed the check before (every poll had a waker of its own);
+/// the driver's watchdog, which polls with one waker, would deadlock on it.
+#[test]
+fn review30_w1_a_timer_that_wakes_the_waker_it_replaces_fails_the_watchdog_step() {
+    let error = failure(Breaks::TimerWakesReplaced, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "the watchdog armed again before it fired",
+        "the poll woke the waker it was given (the one it was last polled with, and the \
+         driver's watchdog's only one) before returning, on a runtime that does not spawn",
+    );
+}
+
+/// Review30 W2: a timer that yields as tokio's does once the coop budget is spent passes the
+/// check on a runtime that spawns (no false failure, and no busy loop: the check's task yields
+/// once per such wake). Bounded by the check (house rule 12).
+#[test]
+fn review30_w2_a_timer_that_wakes_itself_and_is_pending_passes_on_a_runtime_that_spawns() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let mut runtime = Breaking::start().expect("the runtime");
+        runtime.breaks = Breaks::TimerSpentBudget;
+        if let Err(e) = check_timer(&runtime).await {
+            panic!("{e}");
+        }
+    });
 }
