@@ -853,3 +853,40 @@ fn timed_out(step: &str) -> io::Error {
         &format!("not done within {BOUND:?}"),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review30 W5: a thread the check could not start names the check and the step, and is
+    /// never of the kind the checks keep for a broken contract.
+    #[test]
+    fn review30_w5_a_failed_thread_start_names_the_check_and_is_not_other() {
+        let error = no_thread("check_timer", &io::Error::other("no threads left"));
+        assert_eq!(error.kind(), ErrorKind::ResourceBusy, "{error}");
+        assert_eq!(
+            error.to_string(),
+            "check_timer: start the thread that paces its waits: no threads left"
+        );
+        let error = no_thread("check_read_armed", &io::Error::from(ErrorKind::WouldBlock));
+        assert_eq!(error.kind(), ErrorKind::WouldBlock, "{error}");
+    }
+
+    /// Review30 W4: the pacing thread rings at its instant, and has ended when the dropped
+    /// pacer returns (bounded: it rings by the deadline at the latest).
+    #[test]
+    fn review30_w4_the_pacer_rings_and_its_thread_is_joined_on_drop() {
+        let deadline = time::Instant::now() + BOUND;
+        let pacer = Pacer::start(deadline).expect("a thread");
+        let rings = pacer.set(time::Instant::now() + STEP);
+        // Bounded: the pacer rings by `deadline` at the latest.
+        while rings.count() == 0 && time::Instant::now() < deadline {
+            thread::sleep(STEP);
+        }
+        assert_eq!(rings.count(), 1);
+        let alarm = Arc::downgrade(&pacer.alarm);
+        drop(pacer);
+        // The thread's share of the alarm is gone: it has ended, not merely been told to.
+        assert!(alarm.upgrade().is_none(), "the thread outlived the pacer");
+    }
+}

@@ -58,6 +58,12 @@ enum Breaks {
     /// returns `Pending`, as tokio's `Sleep` does once its task's coop budget is spent (review30
     /// W2): allowed, the last step's poll after a reset to the past included.
     TimerSpentBudget,
+    /// It does not spawn, and its timers' resets wake the waker of the last poll when that poll
+    /// was `Ready`: only the reset after a firing, the watchdog's re-arming (review30 W3).
+    TimerWakesInResetAfterFiring,
+    /// Its timers' waker is woken once, 10 ms after the first poll, long before the instant (an
+    /// early wake, allowed), and never again: they never fire (review30 W6).
+    TimerWokenEarlyOnly,
 }
 
 /// tokio, breaking one rule.
@@ -110,6 +116,11 @@ impl Runtime for Breaking {
                 inner: timer,
                 spent: true,
             }),
+            Breaks::TimerWakesInResetAfterFiring => Box::pin(FiredResetWakingTimer {
+                inner: timer,
+                ready: None,
+            }),
+            Breaks::TimerWokenEarlyOnly => Box::pin(EarlyTimer { polled: false }),
             _ => timer,
         }
     }
@@ -121,6 +132,7 @@ impl Runtime for Breaking {
                 | Breaks::TimerWakesInPoll
                 | Breaks::TimerWakesInReset
                 | Breaks::TimerWakesReplaced
+                | Breaks::TimerWakesInResetAfterFiring
         )
     }
 
@@ -351,6 +363,50 @@ impl AsyncTimer for BudgetTimer {
     }
 }
 
+/// A timer whose reset wakes the waker of its last poll if that poll was `Ready` (review30 W3).
+#[derive(Debug)]
+struct FiredResetWakingTimer {
+    inner: Pin<Box<dyn AsyncTimer>>,
+    ready: Option<Waker>,
+}
+
+impl AsyncTimer for FiredResetWakingTimer {
+    fn reset(mut self: Pin<&mut Self>, at: Instant) {
+        if let Some(ready) = self.ready.take() {
+            ready.wake();
+        }
+        self.inner.as_mut().reset(at);
+    }
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let poll = self.inner.as_mut().poll(cx);
+        self.ready = poll.is_ready().then(|| cx.waker().clone());
+        poll
+    }
+}
+
+/// A timer never `Ready`, whose first poll's waker is woken 10 ms later, by a task of its own,
+/// and no waker after that (review30 W6).
+#[derive(Debug)]
+struct EarlyTimer {
+    polled: bool,
+}
+
+impl AsyncTimer for EarlyTimer {
+    fn reset(self: Pin<&mut Self>, _: Instant) {}
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if !core::mem::replace(&mut self.polled, true) {
+            let waker = cx.waker().clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                waker.wake();
+            });
+        }
+        Poll::Pending
+    }
+}
+
 /// The error `check` returns on tokio breaking `breaks`.
 fn failure<F, T>(breaks: Breaks, check: impl FnOnce(Breaking) -> F) -> io::Error
 where
@@ -564,4 +620,34 @@ fn review30_w2_a_timer_that_wakes_itself_and_is_pending_passes_on_a_runtime_that
             panic!("{e}");
         }
     });
+}
+
+/// Review30 W3: the reset after each firing (the watchdog re-armed by `wake_unclaimed`) is
+/// checked for wakes too.
+#[test]
+fn review30_w3_a_timer_whose_reset_after_firing_wakes_fails_the_check() {
+    let error = failure(Breaks::TimerWakesInResetAfterFiring, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "a reset an hour ahead, after it fired 50 ms ahead",
+        "woke the last poll's waker before returning, on a runtime that does not spawn",
+    );
+}
+
+/// Review30 W6: an early wake is allowed; a timer whose only wake was early fails as one whose
+/// waker was not woken when it fired, not as one woken but never `Ready`.
+#[test]
+fn review30_w6_a_timer_woken_only_before_its_instant_fails_as_not_woken() {
+    let error = failure(Breaks::TimerWokenEarlyOnly, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "a timer 50 ms ahead",
+        "its waker was not woken when it fired",
+    );
 }
