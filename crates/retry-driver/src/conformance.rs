@@ -53,7 +53,7 @@ const READ: usize = 64;
 /// sockets, whose tests require it).
 ///
 /// The whole check ends within 10 s of std's clock, each wait for a wake within 1 s, each read
-/// within [`LOOKS`] polls, its waits paced by one thread of its own, joined when it ends
+/// within 1000 polls, its waits paced by one thread of its own, joined when it ends
 /// (review29 V1, review30 W2 W4). It runs on the runtime's executor, whose reactor the socket
 /// needs (the listener is polled, never blocked on).
 ///
@@ -61,7 +61,7 @@ const READ: usize = 64;
 ///
 /// A failed step of the setup (listen, connect, accept, the peer's writes) or a read error,
 /// saying which step; a broken contract as [`ErrorKind::Other`], saying which rule; a check
-/// that did not end within its bound, or a read not ready within [`LOOKS`] polls, as
+/// that did not end within its bound, or a read not ready within 1000 polls, as
 /// [`ErrorKind::TimedOut`], saying what it waited for; a thread the check could not start for
 /// its waits as the kind [`thread::Builder::spawn`] gave, [`ErrorKind::ResourceBusy`] instead
 /// of [`ErrorKind::Other`], saying so (review30 W5).
