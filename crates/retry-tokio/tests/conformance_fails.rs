@@ -61,8 +61,9 @@ enum Breaks {
     /// It does not spawn, and its timers' resets wake the waker of the last poll when that poll
     /// was `Ready`: only the reset after a firing, the watchdog's re-arming (review30 W3).
     TimerWakesInResetAfterFiring,
-    /// Its timers' waker is woken once, 10 ms after the first poll, long before the instant (an
-    /// early wake, allowed), and never again: they never fire (review30 W6).
+    /// Its timers' first poll after each reset wakes its waker, long before the instant (an
+    /// early wake, allowed), and no later poll's waker is woken: they never fire (review30 W6,
+    /// review31 X2).
     TimerWokenEarlyOnly,
 }
 
@@ -385,23 +386,23 @@ impl AsyncTimer for FiredResetWakingTimer {
     }
 }
 
-/// A timer never `Ready`, whose first poll's waker is woken 10 ms later, by a task of its own,
-/// and no waker after that (review30 W6).
+/// A timer never `Ready`, whose first poll after each reset (and its first ever) wakes its own
+/// waker before returning `Pending` (an early wake, allowed on this runtime, which spawns), and
+/// whose later polls' wakers are never woken (review30 W6, review31 X2: the check's first look
+/// at a timer 50 ms ahead is woken early, its second never).
 #[derive(Debug)]
 struct EarlyTimer {
     polled: bool,
 }
 
 impl AsyncTimer for EarlyTimer {
-    fn reset(self: Pin<&mut Self>, _: Instant) {}
+    fn reset(mut self: Pin<&mut Self>, _: Instant) {
+        self.polled = false;
+    }
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         if !core::mem::replace(&mut self.polled, true) {
-            let waker = cx.waker().clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                waker.wake();
-            });
+            cx.waker().wake_by_ref();
         }
         Poll::Pending
     }
@@ -637,8 +638,9 @@ fn review30_w3_a_timer_whose_reset_after_firing_wakes_fails_the_check() {
     );
 }
 
-/// Review30 W6: an early wake is allowed; a timer whose only wake was early fails as one whose
-/// waker was not woken when it fired, not as one woken but never `Ready`.
+/// Review30 W6, review31 X2: an early wake is allowed; a timer whose only wake was early (the
+/// first look's) fails as one whose waker was not woken when it fired, not as one woken but
+/// never `Ready` (the message before W6's fix, which counted looks, not wakes after the instant).
 #[test]
 fn review30_w6_a_timer_woken_only_before_its_instant_fails_as_not_woken() {
     let error = failure(Breaks::TimerWokenEarlyOnly, |runtime| async move {
