@@ -9,6 +9,7 @@ use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use retry_core::time::Instant;
@@ -54,9 +55,10 @@ enum Breaks {
     /// make a new tokio timer, so that tokio's own wake on a reset to the past does not fail
     /// the check first.
     TimerWakesReplaced,
-    /// It spawns, and the first poll of its timers after each reset wakes its own waker and
-    /// returns `Pending`, as tokio's `Sleep` does once its task's coop budget is spent (review30
-    /// W2): allowed, the last step's poll after a reset to the past included.
+    /// It spawns, and each poll of its timers after a reset wakes its own waker and returns
+    /// `Pending` until the executor has run, as tokio's `Sleep` does once its task's coop budget
+    /// is spent (review30 W2, review31 X5): allowed, the last step's poll after a reset to the
+    /// past included.
     TimerSpentBudget,
     /// It does not spawn, and its timers' resets wake the waker of the last poll when that poll
     /// was `Ready`: only the reset after a firing, the watchdog's re-arming (review30 W3).
@@ -115,7 +117,7 @@ impl Runtime for Breaking {
             }),
             Breaks::TimerSpentBudget => Box::pin(BudgetTimer {
                 inner: timer,
-                spent: true,
+                renewed: renewal(),
             }),
             Breaks::TimerWakesInResetAfterFiring => Box::pin(FiredResetWakingTimer {
                 inner: timer,
@@ -340,26 +342,36 @@ impl AsyncTimer for ReplacingTimer {
     }
 }
 
-/// tokio's timer, with the first poll after each reset `Pending` having woken its own waker, as
-/// after its task's coop budget is spent (review30 W2).
+/// tokio's timer, each poll after a reset `Pending` having woken its own waker until a task the
+/// reset spawned has run, as after its task's coop budget is spent until the executor runs
+/// (review30 W2). On the current-thread runtime that task runs only once the polling task
+/// yields: a check that polls again without yielding never sees it `Ready` (review31 X5).
 #[derive(Debug)]
 struct BudgetTimer {
     inner: Pin<Box<dyn AsyncTimer>>,
-    spent: bool,
+    renewed: Arc<AtomicBool>,
+}
+
+/// A flag the task it spawns sets when the executor runs it (the renewal of a coop budget).
+fn renewal() -> Arc<AtomicBool> {
+    let renewed = Arc::new(AtomicBool::new(false));
+    let set = renewed.clone();
+    tokio::spawn(async move { set.store(true, Ordering::SeqCst) });
+    renewed
 }
 
 impl AsyncTimer for BudgetTimer {
     fn reset(mut self: Pin<&mut Self>, at: Instant) {
-        self.spent = true;
+        self.renewed = renewal();
         self.inner.as_mut().reset(at);
     }
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if core::mem::take(&mut self.spent) {
+        if self.renewed.load(Ordering::SeqCst) {
+            self.inner.as_mut().poll(cx)
+        } else {
             cx.waker().wake_by_ref();
             Poll::Pending
-        } else {
-            self.inner.as_mut().poll(cx)
         }
     }
 }
@@ -605,9 +617,11 @@ fn review30_w1_a_timer_that_wakes_the_waker_it_replaces_fails_the_watchdog_step(
     );
 }
 
-/// Review30 W2: a timer that yields as tokio's does once the coop budget is spent passes the
-/// check on a runtime that spawns (no false failure, and no busy loop: the check's task yields
-/// once per such wake). Bounded by the check (house rule 12).
+/// Review30 W2, review31 X5: a timer that yields as tokio's does once the coop budget is spent
+/// passes the check on a runtime that spawns (no false failure), and the check yields its task
+/// after such a wake (no busy loop): the timer stays `Pending` until a task it spawned has run,
+/// which on this current-thread runtime happens only when the check's task yields (without the
+/// yield, a look polls it 1000 times and fails). Bounded by the check (house rule 12).
 #[test]
 fn review30_w2_a_timer_that_wakes_itself_and_is_pending_passes_on_a_runtime_that_spawns() {
     let rt = tokio::runtime::Builder::new_current_thread()
