@@ -75,7 +75,8 @@ impl IoTimer {
             IoTimer::Fd(timer) => match timer.poll(cx) {
                 Ok(poll) => poll,
                 Err(at) => {
-                    // The reactor refused the timerfd: async-io's timer from now on.
+                    // The reactor refused the timerfd (or reported a readiness twice, review31
+                    // X4): async-io's timer from now on.
                     self.fall_back(at);
                     self.poll(cx)
                 }
@@ -170,7 +171,8 @@ pub(crate) mod fd {
         }
 
         /// Ready once `at` has passed; otherwise waits for the timerfd to become readable. An
-        /// error (the reactor refused the fd) gives back `at`, for a timer of another kind.
+        /// error (the reactor refused the fd, or reported a readiness twice) gives back `at`, for
+        /// a timer of another kind.
         pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Result<Poll<()>, Instant> {
             // At most: a stale readiness, then the registration.
             for _ in 0..2 {
@@ -198,10 +200,13 @@ pub(crate) mod fd {
             // Review21 R5: not reached. async-io 2's `Source::poll_ready` clears the readiness it
             // reports (`ticks = None`), so the second `poll_readable` registers the waker and is
             // `Pending` (or an error); `async_io_readiness` below pins that. Review22 R4 (house
-            // rule 11): should a later async-io report readiness twice, the timer is polled
-            // again rather than left unwoken, in every build: never a panic in a driver task.
-            cx.waker().wake_by_ref();
-            Ok(Poll::Pending)
+            // rule 11): should a later async-io report readiness twice, the timer is not left
+            // unwoken, in every build, and never panics in a driver task: it becomes async-io's
+            // own timer (`IoTimer::fall_back`), which registers the waker and never wakes it
+            // from within a poll. Review31 X4: not a wake of `cx`'s waker before returning,
+            // which the `AsyncTimer` contract forbids on this runtime (it does not spawn; the
+            // driver's watchdog would relock itself).
+            Err(self.at)
         }
     }
 

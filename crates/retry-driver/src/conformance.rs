@@ -6,7 +6,9 @@
 //! the wake is due (house rule 12), and each of its loops is capped in steps. Its waits are
 //! paced by one thread of its own, never by the runtime's timers, so a runtime whose timers
 //! never fire, or wake without ever being `Ready`, fails the check instead of hanging it
-//! (review29 V1); the thread is joined when the check ends (review30 W4). A wake that a poll
+//! (review29 V1); the thread is joined when the check ends (review30 W4), unless the check's
+//! future is dropped on that thread, or the thread does not end within 1 s of being told to: it
+//! then ends by the check's deadline on its own (review31 X3). A wake that a poll
 //! makes of its own waker before it returns (tokio's, once its task's coop budget is spent) is
 //! followed by one yield of the check's task, never by a busy loop (review30 W2).
 
@@ -53,8 +55,9 @@ const READ: usize = 64;
 /// sockets, whose tests require it).
 ///
 /// The whole check ends within 10 s of std's clock, each wait for a wake within 1 s, each read
-/// within 1000 polls, its waits paced by one thread of its own, joined when it ends
-/// (review29 V1, review30 W2 W4). It runs on the runtime's executor, whose reactor the socket
+/// within 1000 polls, its waits paced by one thread of its own, joined when it ends (unless the
+/// check's future is dropped on that thread, or it has not ended within 1 s: it then ends by the
+/// deadline on its own; review29 V1, review30 W2 W4, review31 X3). It runs on the runtime's executor, whose reactor the socket
 /// needs (the listener is polled, never blocked on).
 ///
 /// # Errors
@@ -254,8 +257,9 @@ struct Read {
 /// executor runs and the budget is renewed (review30 W2); every loop is capped in steps too.
 /// The whole check ends within 10 s of std's clock; each wait for a wake ends within 1 s of
 /// when the wake is due. Its waits are paced by one thread of its own, not by the timers it
-/// checks (review29 V1), joined when the check ends or its future is dropped (review30 W4). It
-/// runs on the runtime's executor, whose reactor the timers may need.
+/// checks (review29 V1), joined when the check ends or its future is dropped (review30 W4; left
+/// to end by the deadline on its own if dropped on that thread or not ended within 1 s, review31
+/// X3). It runs on the runtime's executor, whose reactor the timers may need.
 ///
 /// # Errors
 ///
@@ -618,7 +622,8 @@ impl Wake for Wakes {
 /// The thread that paces a check's waits (review29 V1: they depend on no timer of the
 /// runtime): it wakes the [`Wakes`] of the last [`Pacer::set`] at its instant. One per check
 /// (review30 W4: not one per wait); it ends at the check's deadline at the latest, and is told
-/// to end and joined when the pacer is dropped, with the check or its future.
+/// to end and joined when the pacer is dropped, with the check or its future (not if dropped on
+/// the thread itself, nor after [`WAIT`] without its end: review31 X3).
 struct Pacer {
     deadline: time::Instant,
     alarm: Arc<(Mutex<Alarm>, Condvar)>,
@@ -632,6 +637,8 @@ struct Alarm {
     rings: Option<Arc<Wakes>>,
     /// The thread has ended, or is to end.
     over: bool,
+    /// The thread is returning: nothing of it runs under the lock or rings after this.
+    ended: bool,
 }
 
 impl Pacer {
@@ -661,18 +668,34 @@ impl Pacer {
             alarm.at = Some(at);
             alarm.rings = Some(rings.clone());
             drop(alarm);
-            self.alarm.1.notify_one();
+            self.alarm.1.notify_all();
         }
         rings
     }
 }
 
 impl Drop for Pacer {
+    /// Tells the thread to end and joins it, unless this runs on the thread itself (the check's
+    /// future dropped from within a ring's wake: a join would be of itself), or the thread has
+    /// not ended within [`WAIT`] (a ring's wake blocked): then the thread is left to end by the
+    /// check's deadline on its own (review31 X3: never a self-join, never an unbounded wait).
     fn drop(&mut self) {
-        lock(&self.alarm.0).over = true;
-        self.alarm.1.notify_one();
-        if let Some(thread) = self.thread.take() {
-            // The thread only has to see `over` (it never panics): a join of microseconds.
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        let (alarm, changed) = &*self.alarm;
+        lock(alarm).over = true;
+        changed.notify_all();
+        if thread.thread().id() == thread::current().id() {
+            return;
+        }
+        let ended = changed
+            .wait_timeout_while(lock(alarm), WAIT, |alarm| !alarm.ended)
+            .map_or_else(|e| e.into_inner().0, |(alarm, _)| alarm)
+            .ended;
+        if ended {
+            // The thread has set `ended` and only returns (it never panics): a join of
+            // microseconds.
             let _ = thread.join();
         }
     }
@@ -685,6 +708,9 @@ fn pace(alarm: &Mutex<Alarm>, changed: &Condvar, deadline: time::Instant) {
     loop {
         let now = time::Instant::now();
         if next.over {
+            next.ended = true;
+            drop(next);
+            changed.notify_all();
             return;
         }
         let due = next.at.map_or(deadline, |at| at.min(deadline));
@@ -888,5 +914,77 @@ mod tests {
         drop(pacer);
         // The thread's share of the alarm is gone: it has ended, not merely been told to.
         assert!(alarm.upgrade().is_none(), "the thread outlived the pacer");
+    }
+
+    /// A waker that runs `on_wake` when woken (review31 X3's tests).
+    struct OnWake<F: Fn() + Send + Sync + 'static>(F);
+
+    impl<F: Fn() + Send + Sync + 'static> Wake for OnWake<F> {
+        fn wake(self: Arc<Self>) {
+            (self.0)();
+        }
+    }
+
+    /// A pacer set `STEP` ahead, its ring waking `waker`: set again if it rang before `waker`
+    /// listened (bounded: 100 tries).
+    fn ringing(pacer: &Pacer, waker: &Waker) -> Arc<Wakes> {
+        let mut rings = pacer.set(time::Instant::now() + STEP);
+        for _ in 0..100 {
+            rings.listen(waker);
+            if rings.count() == 0 {
+                break;
+            }
+            rings = pacer.set(time::Instant::now() + STEP);
+        }
+        rings
+    }
+
+    /// Review31 X3: a pacer dropped on its own thread, from within a ring's wake (the check's
+    /// future dropped with its last waker), does not join itself (std's join of the current
+    /// thread panics); bounded by `BOUND`.
+    #[test]
+    fn review31_x3_a_pacer_dropped_on_its_own_thread_does_not_join_itself() {
+        let pacer = Arc::new(Mutex::new(Some(
+            Pacer::start(time::Instant::now() + BOUND).expect("a thread"),
+        )));
+        let (dropped, done) = std::sync::mpsc::channel();
+        let held = pacer.clone();
+        let waker = Waker::from(Arc::new(OnWake(move || {
+            drop(lock(&held).take());
+            let _ = dropped.send(());
+        })));
+        let rings = lock(&pacer).as_ref().map(|pacer| ringing(pacer, &waker));
+        assert!(rings.is_some());
+        assert!(
+            done.recv_timeout(BOUND).is_ok(),
+            "the pacer's drop on its own thread did not return"
+        );
+        assert!(lock(&pacer).is_none());
+    }
+
+    /// Review31 X3: a pacer whose ring's wake blocks is dropped within `WAIT` (its thread left
+    /// to end on its own), not after the wake returns; bounded by `BOUND`.
+    #[test]
+    fn review31_x3_a_pacer_whose_ring_blocks_is_dropped_without_waiting_for_it() {
+        let pacer = Pacer::start(time::Instant::now() + BOUND).expect("a thread");
+        let (entered, in_wake) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let released = Mutex::new(released);
+        let returned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let woke = returned.clone();
+        let waker = Waker::from(Arc::new(OnWake(move || {
+            let _ = entered.send(());
+            // Blocks until the test releases it, `BOUND` at most.
+            let _ = lock(&released).recv_timeout(BOUND);
+            woke.store(true, Ordering::SeqCst);
+        })));
+        let _rings = ringing(&pacer, &waker);
+        assert!(in_wake.recv_timeout(BOUND).is_ok(), "the pacer never rang");
+        drop(pacer);
+        assert!(
+            !returned.load(Ordering::SeqCst),
+            "the drop waited for the blocked wake to return"
+        );
+        let _ = release.send(());
     }
 }

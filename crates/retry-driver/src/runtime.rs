@@ -85,7 +85,11 @@ fn no_resolver(name: &str) -> io::Error {
 /// of such a runtime is driven by its own futures, and its watchdog polls its timer always with
 /// one waker: it resets the timer to 5 ms ahead and polls it while holding the lock that this
 /// waker's wake takes, and again from within that wake after each firing, so a wake from within
-/// either call would deadlock it (review26 S5, review28 U10, review29 V3, review30 W1). Those
+/// either call would deadlock it (review26 S5, review28 U10, review29 V3, review30 W1). As
+/// `reset` and `poll` may be called from within that waker's wake, on whatever thread the timer
+/// wakes it on, neither may wait for a wake of that waker made on any thread (it blocks on the
+/// lock the waiting call's caller holds), and the timer may not wake it while holding a lock
+/// its `reset` or `poll` takes (review31 X1). Those
 /// 5 ms may have passed by the time of the reset (the thread preempted): hence the rule for
 /// instants already past too. A poll may wake a waker it replaces that does not `will_wake` the
 /// one it is given: async-io's readiness registration does, and so retry-async-std's timerfd

@@ -9,6 +9,7 @@ use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use retry_core::time::Instant;
@@ -54,15 +55,17 @@ enum Breaks {
     /// make a new tokio timer, so that tokio's own wake on a reset to the past does not fail
     /// the check first.
     TimerWakesReplaced,
-    /// It spawns, and the first poll of its timers after each reset wakes its own waker and
-    /// returns `Pending`, as tokio's `Sleep` does once its task's coop budget is spent (review30
-    /// W2): allowed, the last step's poll after a reset to the past included.
+    /// It spawns, and each poll of its timers after a reset wakes its own waker and returns
+    /// `Pending` until the executor has run, as tokio's `Sleep` does once its task's coop budget
+    /// is spent (review30 W2, review31 X5): allowed, the last step's poll after a reset to the
+    /// past included.
     TimerSpentBudget,
     /// It does not spawn, and its timers' resets wake the waker of the last poll when that poll
     /// was `Ready`: only the reset after a firing, the watchdog's re-arming (review30 W3).
     TimerWakesInResetAfterFiring,
-    /// Its timers' waker is woken once, 10 ms after the first poll, long before the instant (an
-    /// early wake, allowed), and never again: they never fire (review30 W6).
+    /// Its timers' first poll after each reset wakes its waker, long before the instant (an
+    /// early wake, allowed), and no later poll's waker is woken: they never fire (review30 W6,
+    /// review31 X2).
     TimerWokenEarlyOnly,
 }
 
@@ -114,7 +117,7 @@ impl Runtime for Breaking {
             }),
             Breaks::TimerSpentBudget => Box::pin(BudgetTimer {
                 inner: timer,
-                spent: true,
+                renewed: renewal(),
             }),
             Breaks::TimerWakesInResetAfterFiring => Box::pin(FiredResetWakingTimer {
                 inner: timer,
@@ -339,26 +342,36 @@ impl AsyncTimer for ReplacingTimer {
     }
 }
 
-/// tokio's timer, with the first poll after each reset `Pending` having woken its own waker, as
-/// after its task's coop budget is spent (review30 W2).
+/// tokio's timer, each poll after a reset `Pending` having woken its own waker until a task the
+/// reset spawned has run, as after its task's coop budget is spent until the executor runs
+/// (review30 W2). On the current-thread runtime that task runs only once the polling task
+/// yields: a check that polls again without yielding never sees it `Ready` (review31 X5).
 #[derive(Debug)]
 struct BudgetTimer {
     inner: Pin<Box<dyn AsyncTimer>>,
-    spent: bool,
+    renewed: Arc<AtomicBool>,
+}
+
+/// A flag the task it spawns sets when the executor runs it (the renewal of a coop budget).
+fn renewal() -> Arc<AtomicBool> {
+    let renewed = Arc::new(AtomicBool::new(false));
+    let set = renewed.clone();
+    tokio::spawn(async move { set.store(true, Ordering::SeqCst) });
+    renewed
 }
 
 impl AsyncTimer for BudgetTimer {
     fn reset(mut self: Pin<&mut Self>, at: Instant) {
-        self.spent = true;
+        self.renewed = renewal();
         self.inner.as_mut().reset(at);
     }
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if core::mem::take(&mut self.spent) {
+        if self.renewed.load(Ordering::SeqCst) {
+            self.inner.as_mut().poll(cx)
+        } else {
             cx.waker().wake_by_ref();
             Poll::Pending
-        } else {
-            self.inner.as_mut().poll(cx)
         }
     }
 }
@@ -385,23 +398,23 @@ impl AsyncTimer for FiredResetWakingTimer {
     }
 }
 
-/// A timer never `Ready`, whose first poll's waker is woken 10 ms later, by a task of its own,
-/// and no waker after that (review30 W6).
+/// A timer never `Ready`, whose first poll after each reset (and its first ever) wakes its own
+/// waker before returning `Pending` (an early wake, allowed on this runtime, which spawns), and
+/// whose later polls' wakers are never woken (review30 W6, review31 X2: the check's first look
+/// at a timer 50 ms ahead is woken early, its second never).
 #[derive(Debug)]
 struct EarlyTimer {
     polled: bool,
 }
 
 impl AsyncTimer for EarlyTimer {
-    fn reset(self: Pin<&mut Self>, _: Instant) {}
+    fn reset(mut self: Pin<&mut Self>, _: Instant) {
+        self.polled = false;
+    }
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         if !core::mem::replace(&mut self.polled, true) {
-            let waker = cx.waker().clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                waker.wake();
-            });
+            cx.waker().wake_by_ref();
         }
         Poll::Pending
     }
@@ -604,9 +617,11 @@ fn review30_w1_a_timer_that_wakes_the_waker_it_replaces_fails_the_watchdog_step(
     );
 }
 
-/// Review30 W2: a timer that yields as tokio's does once the coop budget is spent passes the
-/// check on a runtime that spawns (no false failure, and no busy loop: the check's task yields
-/// once per such wake). Bounded by the check (house rule 12).
+/// Review30 W2, review31 X5: a timer that yields as tokio's does once the coop budget is spent
+/// passes the check on a runtime that spawns (no false failure), and the check yields its task
+/// after such a wake (no busy loop): the timer stays `Pending` until a task it spawned has run,
+/// which on this current-thread runtime happens only when the check's task yields (without the
+/// yield, a look polls it 1000 times and fails). Bounded by the check (house rule 12).
 #[test]
 fn review30_w2_a_timer_that_wakes_itself_and_is_pending_passes_on_a_runtime_that_spawns() {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -637,8 +652,9 @@ fn review30_w3_a_timer_whose_reset_after_firing_wakes_fails_the_check() {
     );
 }
 
-/// Review30 W6: an early wake is allowed; a timer whose only wake was early fails as one whose
-/// waker was not woken when it fired, not as one woken but never `Ready`.
+/// Review30 W6, review31 X2: an early wake is allowed; a timer whose only wake was early (the
+/// first look's) fails as one whose waker was not woken when it fired, not as one woken but
+/// never `Ready` (the message before W6's fix, which counted looks, not wakes after the instant).
 #[test]
 fn review30_w6_a_timer_woken_only_before_its_instant_fails_as_not_woken() {
     let error = failure(Breaks::TimerWokenEarlyOnly, |runtime| async move {
