@@ -112,7 +112,7 @@ mod canned {
     use tokio::net::{TcpListener, TcpStream};
 
     /// The encoded replies: `[hello, legacy isMaster, {ok: 1}]`.
-    fn replies() -> [Vec<u8>; 3] {
+    pub(crate) fn replies() -> [Vec<u8>; 3] {
         let hello = |writable: &str| {
             let mut body = doc! { writable: true, "helloOk": true };
             body.extend(doc! {
@@ -405,6 +405,8 @@ struct Setup {
     /// An echo server on the clients' own runtime (the arrangement of the runs before
     /// 2026-11-23 13:00), for comparison only.
     echo_shared: SocketAddr,
+    /// The canned server (for the `echo-canned` case).
+    canned: SocketAddr,
     runtime: tokio::runtime::Runtime,
     /// The servers' runtime.
     _servers: tokio::runtime::Runtime,
@@ -455,6 +457,7 @@ impl Setup {
             _server: server,
             echo,
             echo_shared,
+            canned,
             runtime,
             _servers: servers,
         };
@@ -472,11 +475,23 @@ impl Setup {
 
     /// `total` echo round trips over `concurrency` connections to `echo`; the time they took.
     fn echo_at(&self, echo: SocketAddr, concurrency: usize, total: u64) -> Duration {
+        self.raw_round_trips(echo, ping_bytes().len(), concurrency, total)
+    }
+
+    /// `total` round trips of the ping's bytes over `concurrency` connections to `address`, each
+    /// reading `reply_len` bytes back, as the echo's callers do; the time they took.
+    fn raw_round_trips(
+        &self,
+        address: SocketAddr,
+        reply_len: usize,
+        concurrency: usize,
+        total: u64,
+    ) -> Duration {
         let bytes = ping_bytes();
         self.runtime.block_on(async move {
             let mut sockets = Vec::new();
             for _ in 0..concurrency {
-                let socket = TcpStream::connect(echo).await.expect("connect to the echo");
+                let socket = TcpStream::connect(address).await.expect("connect");
                 socket.set_nodelay(true).expect("nodelay");
                 sockets.push(socket);
             }
@@ -488,7 +503,7 @@ impl Setup {
                     let bytes = bytes.clone();
                     let n = share(total, concurrency, i);
                     tokio::spawn(async move {
-                        let mut reply = vec![0u8; bytes.len()];
+                        let mut reply = vec![0u8; reply_len];
                         for _ in 0..n {
                             socket.write_all(&bytes).await.expect("write");
                             socket.read_exact(&mut reply).await.expect("read");
@@ -681,6 +696,12 @@ impl Setup {
         match case {
             "echo" => self.echo(concurrency, total),
             "echo-shared" => self.echo_at(self.echo_shared, concurrency, total),
+            // The echo's callers against the canned server: what the server's answer costs over
+            // an echo's, without a client (a diagnostic, no goal).
+            "echo-canned" => {
+                let reply_len = canned::replies()[2].len();
+                self.raw_round_trips(self.canned, reply_len, concurrency, total)
+            }
             "echo-async-io" => self.echo_async_io(concurrency, total),
             "tokio" => self.tokio(server, concurrency, total, false),
             "tokio-raw" => self.tokio(server, concurrency, total, true),
@@ -695,9 +716,10 @@ impl Setup {
 }
 
 /// The cases of `RETRY_BENCH_PROFILE` and the interleaved rounds.
-const CASES: [&str; 9] = [
+const CASES: [&str; 10] = [
     "echo",
     "echo-shared",
+    "echo-canned",
     "echo-async-io",
     "tokio",
     "tokio-raw",
