@@ -152,7 +152,8 @@ impl Future for ReplyFuture<'_> {
     fn poll(self: core::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let Some(reply) = &this.reply else {
-            return Poll::Ready(Err(OperationError::cancelled()));
+            // Refused at queueing: the client is closing (cold: its reason is read only now).
+            return Poll::Ready(Err(lock(&this.inner.shared.state).closed_error()));
         };
         let results = &this.inner.shared.results_to_take;
         if core::mem::take(&mut this.first) {
@@ -556,7 +557,7 @@ impl<R> Client<R> {
     ) -> Result<(Arc<Slot>, bool), OperationError> {
         let mut state = lock(&self.inner.shared.state);
         if state.closing {
-            return Err(OperationError::cancelled());
+            return Err(state.closed_error());
         }
         let alone = inline
             && self.inner.spawned.is_some()

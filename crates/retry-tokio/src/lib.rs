@@ -21,7 +21,8 @@
 //! ```
 //!
 //! `Client::connect` must be called inside a tokio runtime (it spawns the driver there); outside
-//! one it returns [`ConnectError::Runtime`].
+//! one it returns [`ConnectError::Runtime`]. The client is bound to that runtime: once it has
+//! shut down, the client's operations fail (see [`Client`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -45,6 +46,15 @@ pub use retry_driver::{
 };
 
 /// A client driven on tokio.
+///
+/// A client is bound to the tokio runtime current at its connect ([`Runtime::start`]): its
+/// driver is a task spawned there, and its sockets and timers are that runtime's. Use it from
+/// any runtime while that one runs; once that runtime has shut down, every operation (and
+/// [`Client::start_session`](retry_driver::Client::start_session)) fails at once with a usage
+/// error, "the runtime this client was created on has shut down: ...", never a panic or a hang,
+/// and [`Client::shutdown`](retry_driver::Client::shutdown) returns (review32 R5). So a client
+/// kept in a `static` and used from `#[tokio::test]`s, each with a runtime of its own, works
+/// only in the test that created it: create a client per runtime instead.
 pub type Client = retry_driver::Client<TokioRuntime>;
 
 /// tokio as a [`Runtime`]: the current runtime's handle, the clock's origin and where SRV and
