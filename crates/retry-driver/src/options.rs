@@ -2,11 +2,19 @@
 //!
 //! [`ClientOptions::parse`] reads a URI with [`ConnectionString::parse`] (the spec's syntax,
 //! types, ranges and conflicts, URI-*) and then keeps what this client supports. Features it
-//! does not have are errors that name them: `mongodb+srv` (SRV lookups), authentication
-//! mechanisms other than SCRAM-SHA-256 and SCRAM-SHA-1, Unix domain sockets, encrypted TLS keys
-//! and SOCKS5 proxies. TLS is [`TlsOptions`]. Compression is refused with a warning
-//! (URI-9: compressors a client does not support are left out of the handshake), as is the
-//! single-threaded `serverSelectionTryOnce` (SS-1).
+//! does not have are errors that name them: authentication mechanisms other than SCRAM-SHA-256
+//! and SCRAM-SHA-1 (yours go in [`ClientOptions::auth`]), Unix domain sockets, encrypted TLS
+//! keys and SOCKS5 proxies. TLS is [`TlsOptions`]. A `mongodb+srv` URI is supported, but its
+//! DNS lookups come first: `parse` refuses it with an error saying so, and
+//! [`crate::Client::with_uri_async`] (or [`crate::resolve_seedlist`] then
+//! [`ClientOptions::from_connection_string`]) makes them.
+//!
+//! As the URI-options spec allows (URI-7), `parse` ignores an unknown option or an invalid value
+//! with a warning, kept in [`ClientOptions::warnings`]; so it ignores compression (URI-9:
+//! compressors a client does not support are left out of the handshake) and the
+//! single-threaded `serverSelectionTryOnce` (SS-1). [`ClientOptions::parse_strict`], which
+//! [`crate::Client::with_uri`] uses, refuses every one of them instead, naming the option and
+//! the value (house rule 11, review32 R1).
 
 use core::fmt;
 use core::time::Duration;
