@@ -112,6 +112,7 @@ mod client;
 mod commands;
 mod config;
 mod counters;
+mod database_name;
 mod fail_point;
 mod faults;
 mod limiter;
