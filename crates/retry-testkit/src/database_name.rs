@@ -54,19 +54,12 @@ pub(crate) fn validity_refusal(db: &str, router: bool) -> Option<Document> {
     if router && db == "local" {
         return Some(error_reply(20, "Can't use 'local' database through mongos"));
     }
-    (!valid(db)).then(|| {
-        error_reply(
-            INVALID_NAMESPACE,
-            &format!("Invalid database name: '{db}'"),
-        )
-    })
+    (!valid(db)).then(|| error_reply(INVALID_NAMESPACE, &format!("Invalid database name: '{db}'")))
 }
 
 /// Whether `validDBName` takes `db` (it refuses all that the parse does).
 pub(crate) fn valid(db: &str) -> bool {
-    !db.is_empty()
-        && db.len() <= MAX_DATABASE_NAME_LENGTH
-        && !db.contains(REFUSED_CHARACTERS)
+    !db.is_empty() && db.len() <= MAX_DATABASE_NAME_LENGTH && !db.contains(REFUSED_CHARACTERS)
 }
 
 #[cfg(test)]
@@ -87,10 +80,22 @@ mod tests {
     fn parse_refuses_dot_nul_and_length_as_a_server_does_house_rule_7() {
         let long = "d".repeat(64);
         let cases = [
-            ("te.st", Some("'.' is an invalid character in a db name: te.st".to_owned())),
-            ("a.b\0", Some("'.' is an invalid character in a db name: a.b\0".to_owned())),
-            ("te\0st", Some("database names cannot have embedded null characters".to_owned())),
-            (&long, Some("db name must be at most 63 characters, found: 64".to_owned())),
+            (
+                "te.st",
+                Some("'.' is an invalid character in a db name: te.st".to_owned()),
+            ),
+            (
+                "a.b\0",
+                Some("'.' is an invalid character in a db name: a.b\0".to_owned()),
+            ),
+            (
+                "te\0st",
+                Some("database names cannot have embedded null characters".to_owned()),
+            ),
+            (
+                &long,
+                Some("db name must be at most 63 characters, found: 64".to_owned()),
+            ),
             (&long[..63], None),
             ("", None),
             ("a b", None),
@@ -106,7 +111,16 @@ mod tests {
     #[test]
     fn validity_refuses_what_valid_db_name_refuses_house_rule_7() {
         let long = "d".repeat(64);
-        for db in ["", "a/b", "a\\b", "a.b", "a b", "a\"b", "te\0st", long.as_str()] {
+        for db in [
+            "",
+            "a/b",
+            "a\\b",
+            "a.b",
+            "a b",
+            "a\"b",
+            "te\0st",
+            long.as_str(),
+        ] {
             assert_eq!(
                 refusal_message(validity_refusal(db, false)),
                 Some(format!("Invalid database name: '{db}'")),

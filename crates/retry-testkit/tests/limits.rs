@@ -77,9 +77,18 @@ async fn invalid_database_names_are_invalid_namespace_house_rule_7() {
             ("a\\b", "Invalid database name: 'a\\b'".to_owned()),
             ("a b", "Invalid database name: 'a b'".to_owned()),
             ("a\"b", "Invalid database name: 'a\"b'".to_owned()),
-            ("te.st", "'.' is an invalid character in a db name: te.st".to_owned()),
-            ("te\0st", "database names cannot have embedded null characters".to_owned()),
-            (&long, "db name must be at most 63 characters, found: 64".to_owned()),
+            (
+                "te.st",
+                "'.' is an invalid character in a db name: te.st".to_owned(),
+            ),
+            (
+                "te\0st",
+                "database names cannot have embedded null characters".to_owned(),
+            ),
+            (
+                &long,
+                "db name must be at most 63 characters, found: 64".to_owned(),
+            ),
         ];
         for role in [Role::Standalone, Role::Mongos] {
             let router = role == Role::Mongos;
@@ -132,7 +141,10 @@ async fn invalid_database_names_are_invalid_namespace_house_rule_7() {
             // One insert ran per accepted database (the 63-byte name, `db`, and `local` on the
             // mongod).
             let ran = if router { 2 } else { 3 };
-            assert_eq!(inserts.executed, ran, "{role:?}: only the valid inserts ran");
+            assert_eq!(
+                inserts.executed, ran,
+                "{role:?}: only the valid inserts ran"
+            );
             assert!(server.handle().documents("te.st.c").is_empty());
             server.shutdown().await;
         }
@@ -268,7 +280,11 @@ async fn documents_over_the_internal_size_are_bson_object_too_large_house_rule_7
                     "BSONObj size: {over} (0x{over:X}) is invalid. Size must be between 0 and \
                      16793600(16MB)"
                 );
-                assert!(errmsg(&reply).starts_with(&prefix), "{label}: {}", errmsg(&reply));
+                assert!(
+                    errmsg(&reply).starts_with(&prefix),
+                    "{label}: {}",
+                    errmsg(&reply)
+                );
             }
         }
         let body = frame_of(
@@ -314,8 +330,11 @@ async fn an_inserted_document_over_max_bson_object_size_is_a_write_error_tk4_hou
                 sized(doc! { "_id": 2 }, over),
                 doc! { "_id": 3 },
             ];
-            let reply = round_trip(&mut client, &frame_of(&insert, &[("documents", &documents)]))
-                .await;
+            let reply = round_trip(
+                &mut client,
+                &frame_of(&insert, &[("documents", &documents)]),
+            )
+            .await;
             assert_eq!(reply.get_i32("n").ok(), Some(n), "{reply:?}");
             let errors = reply.get_array("writeErrors").expect("a write error");
             assert_eq!(errors.len(), 1);
@@ -329,7 +348,12 @@ async fn an_inserted_document_over_max_bson_object_size_is_a_write_error_tk4_hou
         let at_limit = [sized(doc! { "_id": 4 }, MAX_USER_SIZE)];
         let insert = doc! { "insert": "c", "$db": "db" };
         let reply = round_trip(&mut client, &frame_of(&insert, &[("documents", &at_limit)])).await;
-        assert_eq!(reply.get_i32("n").ok(), Some(1), "at the limit: {}", errmsg(&reply));
+        assert_eq!(
+            reply.get_i32("n").ok(),
+            Some(1),
+            "at the limit: {}",
+            errmsg(&reply)
+        );
         assert!(reply.get("writeErrors").is_none());
 
         let bulk = doc! {
