@@ -420,7 +420,8 @@ pub(crate) fn too_deep(document: &Document) -> bool {
 /// nested deeper than [`MAX_STORED_DEPTH`]: Overflow (15), review7 finding 3. Either is the
 /// statement's write error, not the command's.
 pub(crate) fn insert_refusal(document: &Document) -> Option<(i32, String)> {
-    let size = document.to_vec().map_or(usize::MAX, |bytes| bytes.len());
+    // A document decoded from a request always encodes again.
+    let size = document.to_vec().map_or(0, |bytes| bytes.len());
     let max = crate::config::MAX_BSON_OBJECT_SIZE;
     if size > max.unsigned_abs() as usize {
         let message = format!("object to insert too large. size in bytes: {size}, max size: {max}");
