@@ -49,7 +49,7 @@ fn sized(document: Document, size: usize) -> Document {
 
 /// Sends `frame` and returns the reply's body.
 async fn round_trip(client: &mut RawClient, frame: &[u8]) -> Document {
-    client.send_raw(frame).await;
+    client.send_raw(frame).await.unwrap();
     client.receive().await.unwrap().body
 }
 
