@@ -289,6 +289,25 @@ fn release_quiet(
     }
 }
 
+/// The error of an attempt whose command was not sent: nothing was written and the connection
+/// is as it was. A command that does not encode (a key holding a NUL byte, a message over
+/// `maxMessageSizeBytes`) or breaks the `maxBsonObjectSize` limits (WP-7) is a usage error naming
+/// the reason: never retried, and the connection goes back healthy (review32 R2, R11). A passed
+/// deadline is a timeout before sending (CS-4); a connection not ready, an I/O error before
+/// sending.
+#[cold]
+#[inline(never)]
+fn not_sent(error: &SendError, address: &crate::address::ServerAddress) -> OperationError {
+    let kind = match error {
+        SendError::Encode(_) | SendError::BsonObjectTooLarge { .. } => {
+            return OperationError::usage(alloc::format!("the command cannot be sent: {error}"));
+        }
+        SendError::DeadlinePassed => NetworkErrorKind::Timeout,
+        _ => NetworkErrorKind::Io,
+    };
+    OperationError::network(kind, NetworkPhase::BeforeSend, address.clone())
+}
+
 /// How an operation's drain ended (`Engine::drain_operation`).
 enum Drained {
     /// The operation is gone, or its machine refused nothing and its deadline is registered.
@@ -1250,15 +1269,7 @@ impl Engine {
             Ok(_) => None,
             Err(e) => {
                 socket.op = None;
-                let kind = match e {
-                    SendError::DeadlinePassed => NetworkErrorKind::Timeout,
-                    _ => NetworkErrorKind::Io,
-                };
-                Some(OperationError::network(
-                    kind,
-                    NetworkPhase::BeforeSend,
-                    socket.address.clone(),
-                ))
+                Some(not_sent(e, &socket.address))
             }
         };
         // Issue 9: the socket's turn, with the socket at hand (`socket_settled`); it touches
