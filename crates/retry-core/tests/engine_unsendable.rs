@@ -188,3 +188,64 @@ fn r11_wp7_a_body_within_the_allowance_is_sent() {
     ));
     assert!(matches!(net.finished(op)[..], [Ok(_)]));
 }
+
+/// Review32 R17, WP-3: an empty command has no name; the server would answer "no such command".
+#[test]
+fn r17_wp3_an_empty_command_is_a_usage_error() {
+    let message = refused(read("test", Document::new()));
+    assert_eq!(
+        message,
+        "the command is empty: its first key must name the command (WP-3)"
+    );
+    let raw = bson::RawDocumentBuf::new();
+    let message = refused(OperationRequest::new_raw(
+        "test",
+        raw,
+        OperationKind::Read,
+        SelectionCriteria::Write,
+    ));
+    assert_eq!(
+        message,
+        "the command is empty: its first key must name the command (WP-3)"
+    );
+}
+
+/// Review32 R17 (WP-5: `$db` must be a valid database name): the names the server's
+/// `validDBName` refuses, as its command dispatch applies it, are refused before sending.
+#[test]
+fn r17_wp5_an_invalid_database_name_is_a_usage_error() {
+    let long = "d".repeat(64);
+    for (db, reason) in [
+        ("", "it is empty"),
+        (
+            "te\0st",
+            "it holds one of NUL, '/', '\\', '.', ' ' and '\"'",
+        ),
+        ("a/b", "it holds one of NUL, '/', '\\', '.', ' ' and '\"'"),
+        ("a\\b", "it holds one of NUL, '/', '\\', '.', ' ' and '\"'"),
+        ("a.b", "it holds one of NUL, '/', '\\', '.', ' ' and '\"'"),
+        ("a b", "it holds one of NUL, '/', '\\', '.', ' ' and '\"'"),
+        ("a\"b", "it holds one of NUL, '/', '\\', '.', ' ' and '\"'"),
+        (long.as_str(), "it is longer than 63 bytes"),
+    ] {
+        let message = refused(read(db, doc! { "find": "c" }));
+        assert_eq!(
+            message,
+            format!("invalid database name {db:?}: {reason} (a server refuses it)")
+        );
+    }
+}
+
+/// Review32 R17: the names a server accepts go: `$` (as in `$external`), 63 bytes, `-`.
+#[test]
+fn r17_valid_database_names_are_sent() {
+    let mut net = warm();
+    for db in ["$external", "a-b_c", &"d".repeat(63)] {
+        let op = net.start(read(db, doc! { "find": "c" }));
+        assert!(matches!(net.finished(op)[..], [Ok(_)]), "{db}");
+        assert_eq!(
+            net.sent.last().expect("sent").1.get_str("$db").ok(),
+            Some(db)
+        );
+    }
+}
