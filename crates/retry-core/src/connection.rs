@@ -43,7 +43,7 @@ use crate::address::ServerAddress;
 use crate::auth::{AuthFailure, AuthStep, Authentication};
 use crate::error::{NetworkCause, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::handshake::{
-    validate_reply, HandshakeError, HandshakeReply, DEFAULT_MAX_BSON_OBJECT_SIZE,
+    validate_reply_of, HandshakeError, HandshakeReply, DEFAULT_MAX_BSON_OBJECT_SIZE,
 };
 use crate::time::Instant;
 use crate::topology::ServerType;
@@ -385,6 +385,9 @@ pub struct Connection {
     authenticating: Option<HandshakeReply>,
     /// The connect deadline (CS-3 capped), which also bounds authentication.
     establishment_deadline: Option<Instant>,
+    /// A monitor's connection ([`Connection::set_monitoring`]): an incompatible wire-version
+    /// range completes the handshake.
+    monitoring: bool,
     /// Request ids are per connection: 1 (the handshake), 2, ... wrapping to 1 after `i32::MAX`.
     next_request_id: i32,
     outstanding: Option<Outstanding>,
@@ -440,6 +443,7 @@ impl Connection {
             authentication: None,
             authenticating: None,
             establishment_deadline: deadline,
+            monitoring: false,
             next_request_id: 2,
             outstanding: None,
             deadline,
@@ -454,6 +458,20 @@ impl Connection {
     pub fn set_authentication(&mut self, authentication: Authentication) {
         if self.state == ConnectionState::Connecting {
             self.authentication = Some(authentication);
+        }
+    }
+
+    /// Makes this a monitor's connection (SDAM monitoring; MO-1: its handshake is the first
+    /// check): a handshake reply whose wire-version range does not overlap ours then completes
+    /// the handshake, so that the server's description reaches SDAM, which records the
+    /// incompatibility ([`TopologyDescription::compatibility_error`](
+    /// crate::topology::TopologyDescription::compatibility_error)) and selection fails at once
+    /// (SS-16 step 2, review32 R3). A monitor sends only `hello`. Any other connection refuses
+    /// such a reply ([`HandshakeError::IncompatibleWireVersion`]). Ignored once the socket is
+    /// open.
+    pub fn set_monitoring(&mut self) {
+        if self.state == ConnectionState::Connecting {
+            self.monitoring = true;
         }
     }
 
@@ -785,12 +803,13 @@ impl Connection {
         match self.state {
             ConnectionState::Handshaking => {
                 let round_trip = now.saturating_duration_since(outstanding.queued_at);
-                match validate_reply(
+                match validate_reply_of(
                     &body,
                     &self.config.address,
                     self.config.load_balanced,
                     round_trip,
                     now,
+                    !self.monitoring,
                 ) {
                     Ok(reply) => {
                         self.decoder
@@ -1076,6 +1095,42 @@ mod tests {
         request.deadline = Some(at(100));
         conn.send_command(request, at(20)).unwrap();
         assert_eq!(conn.poll_timeout(), Some(at(100)));
+    }
+
+    /// SS-16 step 2, review32 R3: an incompatible wire-version range fails a pooled
+    /// connection's handshake, while a monitor's completes it with the server's description, for
+    /// SDAM to record the incompatibility.
+    #[test]
+    fn ss16_r3_only_a_monitoring_connection_accepts_an_incompatible_hello() {
+        let reply = doc! { "ok": 1, "isWritablePrimary": true, "minWireVersion": 99,
+        "maxWireVersion": 100 };
+        for monitoring in [false, true] {
+            let mut conn = open(config());
+            if monitoring {
+                conn.set_monitoring();
+            }
+            conn.handle_connected(at(10));
+            let hello = sent(&mut conn);
+            conn.handle_bytes(&reply_bytes(hello[0].request_id, reply.clone()), at(13));
+            if monitoring {
+                let Some(ConnectionEvent::HandshakeComplete { reply, .. }) = conn.poll_event()
+                else {
+                    panic!("the monitor's handshake completes");
+                };
+                assert_eq!(reply.description.min_wire_version, 99);
+                assert_eq!(conn.state(), ConnectionState::Ready);
+            } else {
+                let error = failure(&mut conn);
+                assert!(
+                    matches!(
+                        &error.cause,
+                        FailureCause::Handshake(HandshakeError::IncompatibleWireVersion(m))
+                            if m.contains("requires wire version 99")
+                    ),
+                    "{error:?}"
+                );
+            }
+        }
     }
 
     /// WP-7, review32 R11: a connection whose handshake said `maxBsonObjectSize: 1000` refuses

@@ -621,6 +621,20 @@ pub fn validate_reply(
     round_trip: Duration,
     now: Instant,
 ) -> Result<HandshakeReply, HandshakeError> {
+    validate_reply_of(reply, address, load_balanced, round_trip, now, true)
+}
+
+/// [`validate_reply`], checking the wire-version range only when `wire_versions` is true: a
+/// monitor's connection leaves the incompatibility to SDAM, which records it in the topology
+/// (SS-16 step 2, review32 R3).
+pub(crate) fn validate_reply_of(
+    reply: &Document,
+    address: &ServerAddress,
+    load_balanced: bool,
+    round_trip: Duration,
+    now: Instant,
+    wire_versions: bool,
+) -> Result<HandshakeReply, HandshakeError> {
     if let Some(error) = OperationError::from_reply(reply, address) {
         return Err(HandshakeError::Server(error));
     }
@@ -631,7 +645,7 @@ pub fn validate_reply(
     if load_balanced && description.service_id.is_none() {
         return Err(HandshakeError::LoadBalancerUnsupported);
     }
-    if let Some(message) = topology::incompatibility(&description) {
+    if let Some(message) = topology::incompatibility(&description).filter(|_| wire_versions) {
         return Err(HandshakeError::IncompatibleWireVersion(message));
     }
     let max_message_size_bytes =
