@@ -477,8 +477,14 @@ pub struct HandshakeOptions {
     /// The declared Stable API version, if any.
     pub server_api: Option<ServerApi>,
     /// The compressors the client offers, in preference order; empty for none (HS-4). The server
-    /// may then compress any reply, the handshake's included: give the connection a
-    /// [`Decompressor`](crate::wire::Decompressor) for them (WP-8).
+    /// may then compress any reply, the handshake's included (WP-8). Through the
+    /// [`Engine`](crate::engine::Engine) leave it empty (or offer only `noop`, which the decoder
+    /// unwraps itself): the engine builds its connections with no
+    /// [`Decompressor`](crate::wire::Decompressor) (it carries no compression library), so a
+    /// reply compressed with `snappy`, `zlib` or `zstd` would fail its connection with a decode
+    /// error (review32 R19). A [`Connection`](crate::connection::Connection) driven directly
+    /// takes one in [`ConnectionConfig::decompressor`](
+    /// crate::connection::ConnectionConfig::decompressor).
     pub compressors: Vec<String>,
 }
 
