@@ -795,6 +795,10 @@ pub enum EngineError {
     /// dropping either field, so the engine refuses the combination instead of failing every
     /// connection. `apiStrict: false` or unset works.
     LoadBalancedStrictApi,
+    /// A seed cannot name a server ([`ServerAddress::check`](crate::address::ServerAddress::check):
+    /// an empty host, port 0, a host holding a port; review32 R23). The text includes the
+    /// reason, so there is no `source`.
+    InvalidSeed(crate::address::AddressParseError),
 }
 
 impl core::fmt::Display for EngineError {
@@ -808,6 +812,7 @@ impl core::fmt::Display for EngineError {
                  server refuses the handshake's loadBalanced field under apiStrict \
                  (APIStrictError, 323); leave ServerApi::strict unset or false",
             ),
+            EngineError::InvalidSeed(e) => write!(f, "invalid seed: {e}"),
         }
     }
 }
@@ -818,7 +823,7 @@ impl core::error::Error for EngineError {
             EngineError::Settings(e) => Some(e),
             EngineError::Handshake(e) => Some(e),
             EngineError::HandshakeEncoding(e) => Some(e),
-            EngineError::LoadBalancedStrictApi => None,
+            EngineError::LoadBalancedStrictApi | EngineError::InvalidSeed(_) => None,
         }
     }
 }
@@ -834,8 +839,12 @@ impl Engine {
     /// mode, LB-3).
     ///
     /// Fails when the topology settings are inconsistent, the handshake cannot be built, or
-    /// load-balanced mode meets a strict Stable API ([`EngineError::LoadBalancedStrictApi`]).
+    /// load-balanced mode meets a strict Stable API ([`EngineError::LoadBalancedStrictApi`]), or
+    /// a seed cannot name a server ([`EngineError::InvalidSeed`]).
     pub fn new(mut options: EngineOptions, now: Instant) -> Result<Engine, EngineError> {
+        for seed in &options.topology.seeds {
+            seed.check().map_err(EngineError::InvalidSeed)?;
+        }
         options.handshake.load_balanced = options.topology.load_balanced;
         if crate::handshake::load_balanced_refused(
             options.topology.load_balanced,
