@@ -53,9 +53,10 @@ fn read(db: &str, command: Document) -> OperationRequest {
 }
 
 /// Starts `request` on a warm pool and returns the usage error it ended with (exactly once),
-/// after checking that nothing of it was written, nothing retried, no connection closed, and
-/// that the next operation reuses the same connection.
-fn refused(request: OperationRequest) -> String {
+/// after checking that nothing of it was written, nothing retried, no connection closed, a
+/// connection it `checks_out` checked in before it ended (BP-27), and that the next operation
+/// reuses the same connection.
+fn refused(request: OperationRequest, checks_out: bool) -> String {
     let mut net = warm();
     let (sent, events) = (net.sent.len(), net.events.len());
     let op = net.start(request);
@@ -98,6 +99,7 @@ fn refused(request: OperationRequest) -> String {
             }
         )
     });
+    assert_eq!(out.is_some(), checks_out, "{after:#?}");
     if let Some(out) = out {
         let back = position(after, |e| {
             matches!(
@@ -136,10 +138,10 @@ fn position(events: &[EngineEvent], f: impl Fn(&EngineEvent) -> bool) -> usize {
 /// Review32 R2: a key holding a NUL byte does not encode.
 #[test]
 fn r2_a_key_with_a_nul_byte_is_a_usage_error_and_the_connection_stays() {
-    let message = refused(read(
-        "test",
-        doc! { "find": "c", "filter": { "fil\0ter": 1 } },
-    ));
+    let message = refused(
+        read("test", doc! { "find": "c", "filter": { "fil\0ter": 1 } }),
+        true,
+    );
     assert_eq!(
         message,
         "the command cannot be sent: document does not serialize: a key or regular expression \
@@ -153,10 +155,10 @@ fn r2_wp7_a_message_over_max_message_size_bytes_is_a_usage_error_and_the_connect
     let documents: Vec<Document> = (0..200)
         .map(|i| doc! { "_id": i, "pad": "p".repeat(600) })
         .collect();
-    let message = refused(read(
-        "test",
-        doc! { "find": "c", "filter": { "$or": documents } },
-    ));
+    let message = refused(
+        read("test", doc! { "find": "c", "filter": { "$or": documents } }),
+        true,
+    );
     assert!(
         message.starts_with("the command cannot be sent: message of ")
             && message.ends_with(" bytes exceeds maxMessageSizeBytes 100000"),
@@ -167,10 +169,13 @@ fn r2_wp7_a_message_over_max_message_size_bytes_is_a_usage_error_and_the_connect
 /// Review32 R11, WP-7: a body over the connection's `maxBsonObjectSize` (1000 here) + 16 KiB.
 #[test]
 fn r11_wp7_a_body_over_max_bson_object_size_is_a_usage_error_naming_the_limit() {
-    let message = refused(read(
-        "test",
-        doc! { "find": "c", "filter": { "pad": "p".repeat(17_500) } },
-    ));
+    let message = refused(
+        read(
+            "test",
+            doc! { "find": "c", "filter": { "pad": "p".repeat(17_500) } },
+        ),
+        true,
+    );
     assert!(
         message.starts_with("the command cannot be sent: the command body of ")
             && message.ends_with(" bytes exceeds maxBsonObjectSize 1000 + 16384 bytes (WP-7)"),
@@ -192,18 +197,16 @@ fn r11_wp7_a_body_within_the_allowance_is_sent() {
 /// Review32 R17, WP-3: an empty command has no name; the server would answer "no such command".
 #[test]
 fn r17_wp3_an_empty_command_is_a_usage_error() {
-    let message = refused(read("test", Document::new()));
+    let message = refused(read("test", Document::new()), false);
     assert_eq!(
         message,
         "the command is empty: its first key must name the command (WP-3)"
     );
     let raw = bson::RawDocumentBuf::new();
-    let message = refused(OperationRequest::new_raw(
-        "test",
-        raw,
-        OperationKind::Read,
-        SelectionCriteria::Write,
-    ));
+    let message = refused(
+        OperationRequest::new_raw("test", raw, OperationKind::Read, SelectionCriteria::Write),
+        false,
+    );
     assert_eq!(
         message,
         "the command is empty: its first key must name the command (WP-3)"
@@ -228,7 +231,7 @@ fn r17_wp5_an_invalid_database_name_is_a_usage_error() {
         ("a\"b", "it holds one of NUL, '/', '\\', '.', ' ' and '\"'"),
         (long.as_str(), "it is longer than 63 bytes"),
     ] {
-        let message = refused(read(db, doc! { "find": "c" }));
+        let message = refused(read(db, doc! { "find": "c" }), false);
         assert_eq!(
             message,
             format!("invalid database name {db:?}: {reason} (a server refuses it)")
