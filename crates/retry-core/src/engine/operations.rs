@@ -378,7 +378,7 @@ impl Engine {
     /// transaction that wrote nothing finishes at once with an empty reply (TX-2). So does, with
     /// a usage error and nothing sent, a request a server would refuse whatever its state
     /// (house rule 11, review32 R17): an empty command (WP-3: its first key names it) or a
-    /// database name a server refuses: empty, longer than 63 bytes, or holding NUL, `/`, `\\`,
+    /// database name a server refuses: empty, longer than 63 bytes, or holding NUL, `/`, `\`,
     /// `.`, space or `"` (the server's `validDBName`; `$` is allowed, for `$external`).
     #[inline]
     pub fn start_operation(&mut self, request: OperationRequest, now: Instant) -> OpId {
