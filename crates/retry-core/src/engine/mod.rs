@@ -820,6 +820,10 @@ pub enum EngineError {
     /// dropping either field, so the engine refuses the combination instead of failing every
     /// connection. `apiStrict: false` or unset works.
     LoadBalancedStrictApi,
+    /// A seed cannot name a server ([`ServerAddress::check`](crate::address::ServerAddress::check):
+    /// an empty host, port 0, a host holding a port; review32 R23). The text includes the
+    /// reason, so there is no `source`.
+    InvalidSeed(crate::address::AddressParseError),
 }
 
 impl core::fmt::Display for EngineError {
@@ -833,6 +837,7 @@ impl core::fmt::Display for EngineError {
                  server refuses the handshake's loadBalanced field under apiStrict \
                  (APIStrictError, 323); leave ServerApi::strict unset or false",
             ),
+            EngineError::InvalidSeed(e) => write!(f, "invalid seed: {e}"),
         }
     }
 }
@@ -843,7 +848,7 @@ impl core::error::Error for EngineError {
             EngineError::Settings(e) => Some(e),
             EngineError::Handshake(e) => Some(e),
             EngineError::HandshakeEncoding(e) => Some(e),
-            EngineError::LoadBalancedStrictApi => None,
+            EngineError::LoadBalancedStrictApi | EngineError::InvalidSeed(_) => None,
         }
     }
 }
@@ -861,8 +866,12 @@ impl Engine {
     /// then. [`EngineOptions::heartbeat_frequency`] replaces the selection settings' own.
     ///
     /// Fails when the topology settings are inconsistent, the handshake cannot be built, or
-    /// load-balanced mode meets a strict Stable API ([`EngineError::LoadBalancedStrictApi`]).
+    /// load-balanced mode meets a strict Stable API ([`EngineError::LoadBalancedStrictApi`]), or
+    /// a seed cannot name a server ([`EngineError::InvalidSeed`]).
     pub fn new(mut options: EngineOptions, now: Instant) -> Result<Engine, EngineError> {
+        for seed in &options.topology.seeds {
+            seed.check().map_err(EngineError::InvalidSeed)?;
+        }
         options.handshake.load_balanced = options.topology.load_balanced;
         // One heartbeatFrequencyMS for the monitors and the staleness rules (SS-2, SS-5).
         options.selection.heartbeat_frequency = options.heartbeat_frequency;
