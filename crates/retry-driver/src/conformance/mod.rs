@@ -17,6 +17,7 @@
 mod pacing;
 mod read_armed;
 mod timer;
+mod watchdog;
 
 use core::time::Duration;
 use std::io::{self, ErrorKind};

@@ -3,7 +3,9 @@
 //! (review30 W4), or left to end by the deadline on its own (review31 X3). [`Wakes`] counts a
 //! waker's wakes, those made within a [`calling`] call apart (review29 V3), and a wake made
 //! before the poll returned is followed by one yield, never a busy loop (review30 W2). A thread
-//! that could not be started is named as such ([`no_thread`], review30 W5).
+//! that could not be started is named as such ([`no_thread`], review30 W5). The thread also runs
+//! the jobs handed to it ([`Hand::run`]): the watchdog's re-arm from within its waker's wake, so
+//! that a re-arm that blocks blocks it, not the thread of the runtime under test (review31 X1).
 
 use core::cell::Cell;
 use core::future::{poll_fn, Future};
@@ -36,6 +38,11 @@ pub(super) fn calling<T>(call: impl FnOnce() -> T) -> T {
     CALLING.with(|calling| calling.set(true));
     let _ends = Ends;
     call()
+}
+
+/// Whether this thread is in a [`calling`] call.
+pub(super) fn in_call() -> bool {
+    CALLING.with(Cell::get)
 }
 
 /// Counts its wakes, and passes each on to the task waiting for one ([`woken`]).
@@ -77,7 +84,7 @@ impl Wake for Wakes {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        if CALLING.with(Cell::get) {
+        if in_call() {
             self.within.fetch_add(1, Ordering::SeqCst);
         }
         self.all.fetch_add(1, Ordering::SeqCst);
@@ -99,11 +106,36 @@ pub(super) struct Pacer {
     thread: Option<thread::JoinHandle<()>>,
 }
 
+/// A job for the pacing thread ([`Hand::run`]).
+pub(super) type Job = Box<dyn FnOnce() + Send>;
+
+/// A handle that hands jobs to a [`Pacer`]'s thread, from any thread (review31 X1).
+#[derive(Clone)]
+pub(super) struct Hand(Arc<(Mutex<Alarm>, Condvar)>);
+
+impl Hand {
+    /// Has the pacing thread run `job` next, before any alarm; `false` (and `job` dropped
+    /// unrun) if the thread has ended or is to end.
+    pub(super) fn run(&self, job: Job) -> bool {
+        let (alarm, changed) = &*self.0;
+        let mut next = lock(alarm);
+        if next.over {
+            return false;
+        }
+        next.jobs.push(job);
+        drop(next);
+        changed.notify_all();
+        true
+    }
+}
+
 /// The pacing thread's next wake.
 #[derive(Default)]
 struct Alarm {
     at: Option<time::Instant>,
     rings: Option<Arc<Wakes>>,
+    /// Jobs to run ([`Hand::run`]), first in first out.
+    jobs: Vec<Job>,
     /// The thread has ended, or is to end.
     over: bool,
     /// The thread is returning: nothing of it runs under the lock or rings after this.
@@ -123,6 +155,11 @@ impl Pacer {
             alarm,
             thread: Some(thread),
         })
+    }
+
+    /// A handle that hands the thread jobs ([`Hand::run`]).
+    pub(super) fn hand(&self) -> Hand {
+        Hand(self.alarm.clone())
     }
 
     /// Wakes that ring at `at` (the deadline at the latest; at once if the thread has ended),
@@ -170,17 +207,32 @@ impl Drop for Pacer {
     }
 }
 
-/// The pacing thread: rings each alarm at its instant, until `over` or `deadline`. Each turn
-/// rings an alarm, waits for its instant or the deadline, or ends: bounded by the deadline.
+/// The pacing thread: runs each job handed to it and rings each alarm at its instant, until
+/// `over` or `deadline`. Each turn runs the jobs handed so far, rings an alarm, waits for its
+/// instant or the deadline, or ends: bounded by the deadline (and by the jobs, each of which
+/// its hander waits for [`WAIT`] at most; a job left running when the pacer is dropped leaves
+/// the thread to end on its own, review31 X3).
 fn pace(alarm: &Mutex<Alarm>, changed: &Condvar, deadline: time::Instant) {
     let mut next = lock(alarm);
     loop {
         let now = time::Instant::now();
         if next.over {
             next.ended = true;
+            // Jobs never run: their handers see them undone.
+            let unrun = core::mem::take(&mut next.jobs);
             drop(next);
+            drop(unrun);
             changed.notify_all();
             return;
+        }
+        if !next.jobs.is_empty() {
+            let jobs = core::mem::take(&mut next.jobs);
+            drop(next);
+            for job in jobs {
+                job();
+            }
+            next = lock(alarm);
+            continue;
         }
         let due = next.at.map_or(deadline, |at| at.min(deadline));
         if now >= due {
@@ -201,7 +253,7 @@ fn pace(alarm: &Mutex<Alarm>, changed: &Condvar, deadline: time::Instant) {
 }
 
 /// `mutex`'s guard, poisoned or not (nothing under these locks can be left half done).
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

@@ -12,7 +12,7 @@ use std::time;
 use retry_core::time::Instant;
 
 use super::pacing::{calling, no_thread, woken, yield_now, Pacer, Wakes};
-use super::{BOUND, LOOKS, WAIT};
+use super::{watchdog, BOUND, LOOKS, WAIT};
 use crate::runtime::{AsyncTimer, Runtime};
 
 /// [`AsyncTimer`]'s contract (review26 S5, review28 U10, review29 V3, review30 W1 W2, house
@@ -102,7 +102,8 @@ pub async fn check_timer<R: Runtime>(runtime: &R) -> io::Result<()> {
     if spawns {
         Ok(())
     } else {
-        watchdog(runtime, &pacer, &mut timer, start).await
+        drop(timer);
+        watchdog::replay(runtime, &pacer, start).await
     }
 }
 
@@ -151,74 +152,6 @@ async fn ready_at_once(
     )
 }
 
-/// Review30 W1: the driver's watchdog's own sequence, on a runtime that does not spawn
-/// (`LocalDriver::arm`, and `wake_unclaimed`, which arms it again after a firing): reset to
-/// [`GRACE`] ahead, then polled, always with one waker, whose wake takes the lock held over
-/// both calls. A reset or a poll that woke that waker before returning would deadlock it.
-async fn watchdog<R: Runtime>(
-    runtime: &R,
-    pacer: &Pacer,
-    timer: &mut Pin<Box<dyn AsyncTimer>>,
-    start: Instant,
-) -> io::Result<()> {
-    let wakes = Wakes::new();
-    let waker = Waker::from(wakes.clone());
-    let arm = |timer: &mut Pin<Box<dyn AsyncTimer>>, at, step| {
-        arm_watchdog(timer, at, &waker, &wakes, step)
-    };
-    let grace = || runtime.now().saturating_add(GRACE);
-    // Pending, or Ready if the thread was preempted past the grace: the driver goes on either way.
-    let _first = arm(timer, grace(), "the watchdog's arming")?;
-    let seen = wakes.count();
-    let step = "the watchdog armed again before it fired";
-    let poll = arm(timer, grace(), step)?;
-    if poll.is_pending() {
-        let until = time::Instant::now() + GRACE + WAIT;
-        if !woken(pacer, until.min(pacer.deadline), &wakes, seen).await {
-            return Err(if time::Instant::now() >= pacer.deadline {
-                timer_failed(ErrorKind::TimedOut, step, "")
-            } else {
-                timer_failed(
-                    ErrorKind::Other,
-                    step,
-                    "the waker it was polled with was not woken when it fired",
-                )
-            });
-        }
-    }
-    let _after = arm(timer, grace(), "the watchdog armed again after it fired")?;
-    let step = "the watchdog armed with its instant already past";
-    let poll = arm(timer, start, step)?;
-    expect_timer(poll.is_ready(), step, "not Ready at once")
-}
-
-/// One arming of the watchdog ([`watchdog`]): `timer` reset to `at` and polled with `waker`,
-/// whose wakes are `wakes`, neither call waking it before it returned.
-fn arm_watchdog(
-    timer: &mut Pin<Box<dyn AsyncTimer>>,
-    at: Instant,
-    waker: &Waker,
-    wakes: &Wakes,
-    step: &str,
-) -> io::Result<Poll<()>> {
-    let why = "(the one it was last polled with, and the driver's watchdog's only one) before \
-               returning, on a runtime that does not spawn: the watchdog would deadlock";
-    let before = wakes.within();
-    calling(|| timer.as_mut().reset(at));
-    expect_timer(
-        wakes.within() == before,
-        step,
-        &format!("the reset woke the waker {why}"),
-    )?;
-    let poll = calling(|| timer.as_mut().poll(&mut Context::from_waker(waker)));
-    expect_timer(
-        wakes.within() == before,
-        step,
-        &format!("the poll woke the waker it was given {why}"),
-    )?;
-    Ok(poll)
-}
-
 /// How far ahead [`check_timer`] sets a timer that must not fire during the check.
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -226,7 +159,7 @@ const HOUR: Duration = Duration::from_secs(3600);
 const SOON: Duration = Duration::from_millis(50);
 
 /// How far ahead [`check_timer`] then sets it: the driver's watchdog's reset (review29 V3).
-const GRACE: Duration = crate::driver::UNCLAIMED_TIMER_GRACE;
+pub(super) const GRACE: Duration = crate::driver::UNCLAIMED_TIMER_GRACE;
 
 /// One poll of `timer`, an hour ahead, which must be `Pending`; returns its waker's wakes.
 fn hour_ahead(
@@ -331,7 +264,7 @@ fn unwoken(within: usize, spawns: bool, step: &str, why: &str) -> io::Result<()>
 }
 
 /// A broken [`AsyncTimer`] contract, or a [`check_timer`] step not done by its deadline.
-fn timer_failed(kind: ErrorKind, step: &str, why: &str) -> io::Error {
+pub(super) fn timer_failed(kind: ErrorKind, step: &str, why: &str) -> io::Error {
     let why = match kind {
         ErrorKind::TimedOut => format!("not done within {BOUND:?}"),
         _ => format!("AsyncTimer broke its contract: {why}"),
@@ -339,7 +272,7 @@ fn timer_failed(kind: ErrorKind, step: &str, why: &str) -> io::Error {
     io::Error::new(kind, format!("check_timer: {step}: {why}"))
 }
 
-fn expect_timer(holds: bool, step: &str, why: &str) -> io::Result<()> {
+pub(super) fn expect_timer(holds: bool, step: &str, why: &str) -> io::Result<()> {
     if holds {
         Ok(())
     } else {
