@@ -114,13 +114,16 @@ struct Watch {
     wakes: Arc<Wakes>,
     /// The watchdog's timer, shared with the re-arm within a wake (taken out when the replay
     /// ends, [`Over`]).
-    timer: Arc<Mutex<Option<Pin<Box<dyn AsyncTimer>>>>>,
+    timer: Arc<WatchTimer>,
     /// The watchdog's one waker: a [`WatchWaker`] of this.
     waker: Waker,
     /// The pacing thread, which makes the re-arm within a wake ([`Watch::rearm`]).
     hand: Hand,
     clock: Clock,
 }
+
+/// The watchdog's timer, until the replay ends.
+type WatchTimer = Mutex<Option<Pin<Box<dyn AsyncTimer>>>>;
 
 /// What [`Watch::guarded`] guards.
 #[derive(Default)]
@@ -351,14 +354,16 @@ impl Watch {
     ) -> io::Result<()> {
         for _ in 0..LOOKS {
             let seen = self.wakes.count();
-            let guarded = lock(&self.guarded);
-            if let Some(broken) = guarded.broken {
+            let (broken, done) = {
+                let guarded = lock(&self.guarded);
+                (guarded.broken, done(&guarded))
+            };
+            if let Some(broken) = broken {
                 return Err(broken.error(step));
             }
-            if done(&guarded) {
+            if done {
                 return Ok(());
             }
-            drop(guarded);
             if !woken(pacer, until.min(pacer.deadline), &self.wakes, seen).await {
                 let kind = if time::Instant::now() >= pacer.deadline {
                     ErrorKind::TimedOut
@@ -379,7 +384,7 @@ impl Watch {
 /// One arming of `timer`: reset to `at`, then polled with `waker`, whose wakes are `wakes`;
 /// neither call may wake it on its own thread before returning.
 fn arm_timer(
-    timer: &Mutex<Option<Pin<Box<dyn AsyncTimer>>>>,
+    timer: &WatchTimer,
     at: Instant,
     waker: &Waker,
     wakes: &Wakes,
