@@ -96,8 +96,10 @@ impl Wake for Wakes {
 }
 
 /// The thread that paces a check's waits (review29 V1: they depend on no timer of the
-/// runtime): it wakes the [`Wakes`] of the last [`Pacer::set`] at its instant. One per check
-/// (review30 W4: not one per wait); it ends at the check's deadline at the latest, and is told
+/// runtime): it wakes the [`Wakes`] of the last [`Pacer::set`] at its instant, and runs the
+/// jobs handed to it ([`Hand::run`]). One per check (review30 W4: not one per wait); it ends at
+/// the check's deadline at the latest (or, if a job blocks past it, when that job returns: a
+/// job is a reset and a poll of the timer under check, review31 X1), and is told
 /// to end and joined when the pacer is dropped, with the check or its future (not if dropped on
 /// the thread itself, nor after [`WAIT`] without its end: review31 X3).
 pub(super) struct Pacer {
@@ -183,8 +185,9 @@ impl Pacer {
 impl Drop for Pacer {
     /// Tells the thread to end and joins it, unless this runs on the thread itself (the check's
     /// future dropped from within a ring's wake: a join would be of itself), or the thread has
-    /// not ended within [`WAIT`] (a ring's wake blocked): then the thread is left to end by the
-    /// check's deadline on its own (review31 X3: never a self-join, never an unbounded wait).
+    /// not ended within [`WAIT`] (a ring's wake or a job blocked): then the thread is left to end
+    /// on its own, by the check's deadline or when the job returns (review31 X3: never a
+    /// self-join, never an unbounded wait).
     fn drop(&mut self) {
         let Some(thread) = self.thread.take() else {
             return;
