@@ -382,6 +382,26 @@ mod tests {
         assert!(alarm.upgrade().is_none(), "the thread outlived the pacer");
     }
 
+    /// Review31 X1: a job handed to the pacer runs on its thread (not the hander's), and one
+    /// handed once the pacer is dropped is refused, not left waiting; bounded by `BOUND`.
+    #[test]
+    fn review31_x1_the_pacer_runs_a_handed_job_on_its_thread_and_refuses_one_once_dropped() {
+        let pacer = Pacer::start(time::Instant::now() + BOUND).expect("a thread");
+        let hand = pacer.hand();
+        let (ran, on) = std::sync::mpsc::channel();
+        assert!(hand.run(Box::new(move || {
+            let _ = ran.send(thread::current().id());
+        })));
+        let on = on.recv_timeout(BOUND).expect("the job ran");
+        assert_ne!(
+            on,
+            thread::current().id(),
+            "the job ran on the hander's thread"
+        );
+        drop(pacer);
+        assert!(!hand.run(Box::new(|| {})), "a job handed after the drop");
+    }
+
     /// A waker that runs `on_wake` when woken (review31 X3's tests).
     struct OnWake<F: Fn() + Send + Sync + 'static>(F);
 
