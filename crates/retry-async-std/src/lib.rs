@@ -11,18 +11,52 @@
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use retry_core::retry::OperationKind;
+//! use retry_async_std::bson::doc;
+//! use retry_async_std::retry_core::retry::OperationKind;
 //! use retry_async_std::Client;
 //!
 //! futures_lite::future::block_on(async {
+//!     // An option `ClientOptions::parse` would ignore with a warning is an error here.
 //!     let client = Client::with_uri("mongodb://127.0.0.1:27017/?maxAdaptiveRetries=1")?;
 //!     let reply = client
-//!         .run_command("test", bson::doc! { "ping": 1 }, OperationKind::RunCommand)
+//!         .run_command("test", doc! { "ping": 1 }, OperationKind::RunCommand)
 //!         .await?;
 //!     println!("{reply}");
 //!     client.shutdown().await;
 //!     Ok(())
 //! })
+//! # }
+//! ```
+//!
+//! An application needs only this crate (and an executor): it re-exports the [`retry_core`]
+//! and [`bson`] it was built with, and the types of the client's API (review32 R12):
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use retry_async_std::bson::doc;
+//! use retry_async_std::{
+//!     AsyncIoRuntime, Client, ClientOptions, Cursor, Nameservers, Runtime, ServerApi,
+//!     ServerApiVersion, Session,
+//! };
+//!
+//! // The lenient path: what the URI-options spec ignores with a warning is kept to be logged.
+//! let mut options = ClientOptions::parse("mongodb://127.0.0.1:27017/?appName=example")?;
+//! for warning in &options.warnings {
+//!     eprintln!("{warning}");
+//! }
+//! options.server_api = Some(ServerApi::new(ServerApiVersion::V1));
+//! let runtime = AsyncIoRuntime::start()?.with_nameservers(Nameservers::System);
+//! let client = Client::connect_on(runtime, options)?;
+//! let session: Session = client.start_session().await?;
+//! session
+//!     .command("test", doc! { "insert": "items", "documents": [{ "x": 1 }] })
+//!     .await?;
+//! let mut cursor: Cursor = client.cursor("test", doc! { "find": "items" }).await?;
+//! while let Some(item) = cursor.next().await? {
+//!     println!("{item}");
+//! }
+//! client.shutdown().await;
+//! # Ok(())
 //! # }
 //! ```
 //!
@@ -44,7 +78,7 @@ use futures_lite::AsyncWrite;
 use retry_core::time::Instant;
 use retry_driver::{
     literal_address, lookup_ip, lookup_srv, lookup_txt, timer_deadline, AsyncTimer, BoxFuture,
-    Nameservers, Runtime, Socket, SrvRecord,
+    Socket, SrvRecord,
 };
 
 mod dns;
@@ -52,12 +86,23 @@ mod timer;
 
 use timer::IoTimer;
 
+// Review32 R12: what this crate's API and docs/adapters.md use, so that an application needs
+// only this crate (and gets the `retry_core` and `bson` it was built with).
+pub use bson;
+pub use retry_core;
 pub use retry_driver::{
-    ClientOptions, CommandOptions, ConnectError, Events, OptionsError, Reply, TimedEvent,
+    ClientOptions, CommandOptions, ConnectError, ConnectionString, Events, Nameservers,
+    OptionsError, Reply, Runtime, ServerApi, ServerApiVersion, TimedEvent, TlsError, TlsOptions,
 };
 
 /// A client driven by async-io.
 pub type Client = retry_driver::Client<AsyncIoRuntime>;
+
+/// An explicit session of a [`Client`] ([`Client::start_session`](retry_driver::Client::start_session)).
+pub type Session = retry_driver::Session<AsyncIoRuntime>;
+
+/// A cursor of a [`Client`] ([`Client::cursor`](retry_driver::Client::cursor)).
+pub type Cursor = retry_driver::Cursor<AsyncIoRuntime>;
 
 /// async-io as a [`Runtime`]: the clock's origin and where DNS queries go.
 #[derive(Debug)]

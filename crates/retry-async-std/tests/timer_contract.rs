@@ -2,9 +2,13 @@
 //! reactor on Linux, `async_io::Timer` elsewhere) against `AsyncTimer`'s contract, checked by
 //! [`retry_driver::conformance::check_timer`] (bounded, house rule 12). This runtime does not
 //! spawn: its client is driven by its own futures, whose watchdog resets and polls one timer
-//! with one waker under the lock that waker's wake takes, so neither call may wake that waker
-//! before returning; the check repeats that sequence. A poll may wake a replaced waker that
-//! does not `will_wake` the new one, as the timerfd's readiness registration does.
+//! with one waker under the lock that waker's wake takes, and again from within that wake, so
+//! neither call may wake that waker before returning, nor wait for its wake on another thread;
+//! the check replays that sequence on a fresh timer, the re-arm from within the wake (which
+//! async-io's reactor makes, on its thread or on the one in `block_on`) included (review31 X1).
+//! A poll may
+//! wake a replaced waker that does not `will_wake` the new one, as the timerfd's readiness
+//! registration does.
 
 use retry_async_std::AsyncIoRuntime;
 use retry_driver::Runtime;

@@ -110,6 +110,29 @@ impl ServerAddress {
         ServerAddress(Repr::Shared { port, host })
     }
 
+    /// Whether this address can name a server, as a seed must (review32 R23; [`ServerAddress::new`]
+    /// takes any host and port): not an empty host, not port 0, not a host holding its own port
+    /// (`"db:27017"`: exactly one `:`, where an IPv6 host has at least two), not an IPv6 host in
+    /// brackets (`new` takes it without). An address [`FromStr`] parsed always passes.
+    pub fn check(&self) -> Result<(), AddressParseError> {
+        let host = self.host();
+        let reason = if host.is_empty() {
+            "empty host"
+        } else if self.port() == 0 {
+            "port must be an integer from 1 to 65535"
+        } else if host.bytes().filter(|&b| b == b':').count() == 1 {
+            "the host holds a port: give the host alone and the port separately"
+        } else if host.starts_with('[') || host.ends_with(']') {
+            "an IPv6 host is given without its brackets"
+        } else {
+            return Ok(());
+        };
+        Err(AddressParseError {
+            input: alloc::format!("{self}"),
+            reason,
+        })
+    }
+
     /// The host, lowercased, without IPv6 brackets.
     pub fn host(&self) -> &str {
         match &self.0 {
@@ -221,6 +244,52 @@ impl FromStr for ServerAddress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Review32 R23: a seed's typo is an error, naming the address and what is wrong.
+    #[test]
+    fn r23_check_refuses_an_empty_host_port_0_and_a_host_holding_a_port() {
+        let reason = |host: &str, port| {
+            ServerAddress::new(host, port)
+                .check()
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            reason("", 0),
+            Err("invalid server address \":0\": empty host".into())
+        );
+        assert_eq!(
+            reason("db", 0),
+            Err("invalid server address \"db:0\": port must be an integer from 1 to 65535".into())
+        );
+        assert_eq!(
+            reason("host:27017", 27018),
+            Err(
+                "invalid server address \"[host:27017]:27018\": the host holds a port: give the \
+                 host alone and the port separately"
+                    .into()
+            )
+        );
+        assert_eq!(
+            reason("[::1]", 27017),
+            Err(
+                "invalid server address \"[[::1]]:27017\": an IPv6 host is given without its \
+                 brackets"
+                    .into()
+            )
+        );
+        for ok in [
+            ("db", 27017),
+            ("::1", 27017),
+            ("fe80::1", 1),
+            ("a.very-long-host-name.example.com", 65535),
+        ] {
+            assert_eq!(reason(ok.0, ok.1), Ok(()), "{ok:?}");
+        }
+        for parsed in ["db", "db:1", "[::1]", "[fe80::1]:27018"] {
+            let address: ServerAddress = parsed.parse().expect("valid");
+            assert_eq!(address.check(), Ok(()), "{parsed}");
+        }
+    }
 
     /// Shared and separately built hosts compare alike: by value, host then port.
     #[test]

@@ -33,6 +33,7 @@
 
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
+use alloc::string::String;
 use alloc::vec::Vec;
 use bson::Document;
 use core::fmt;
@@ -41,12 +42,15 @@ use core::time::Duration;
 use crate::address::ServerAddress;
 use crate::auth::{AuthFailure, AuthStep, Authentication};
 use crate::error::{NetworkCause, NetworkErrorKind, NetworkPhase, OperationError};
-use crate::handshake::{validate_reply, HandshakeError, HandshakeReply};
+use crate::handshake::{
+    validate_reply_of, HandshakeError, HandshakeReply, DEFAULT_MAX_BSON_OBJECT_SIZE,
+};
 use crate::time::Instant;
 use crate::topology::ServerType;
 use crate::wire::{
-    to_document, DecodeError, Decompressor, DocumentSequence, EncodeError, FrameDecoder, MsgFlags,
-    MsgParts, OpMsg, RawOpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES,
+    to_document, DecodeError, Decompressor, DocumentSequence, EncodeError, EncodedSizes,
+    FrameDecoder, MsgFlags, MsgParts, OpMsg, RawOpMsg, COMMAND_OVERHEAD_BYTES,
+    DEFAULT_MAX_MESSAGE_SIZE_BYTES,
 };
 
 /// `connectTimeoutMS` when unset: 10 seconds, covering TCP, TLS and the handshake.
@@ -157,6 +161,19 @@ pub enum SendError {
     ExhaustNotAllowed,
     /// The message does not encode or exceeds the connection's `maxMessageSizeBytes` (WP-7).
     Encode(EncodeError),
+    /// WP-7: the command's body is larger than the connection's `maxBsonObjectSize` plus
+    /// [`COMMAND_OVERHEAD_BYTES`] (the room a server allows a command beyond its largest
+    /// document), or a document of a kind-1 sequence is larger than `maxBsonObjectSize` (the
+    /// OP_MSG spec: "Each BSON document cannot be larger than maxBSONObjectSize").
+    BsonObjectTooLarge {
+        /// `None` for the command's body; else the sequence's identifier and the document's
+        /// index in it.
+        document: Option<(String, usize)>,
+        /// Its encoded length.
+        length: usize,
+        /// The connection's `maxBsonObjectSize`.
+        max_bson_object_size: u32,
+    },
 }
 
 impl fmt::Display for SendError {
@@ -170,6 +187,24 @@ impl fmt::Display for SendError {
                 f.write_str("exhaustAllowed is only for acknowledged getMore and hello")
             }
             SendError::Encode(e) => write!(f, "{e}"),
+            SendError::BsonObjectTooLarge {
+                document: None,
+                length,
+                max_bson_object_size,
+            } => write!(
+                f,
+                "the command body of {length} bytes exceeds maxBsonObjectSize \
+                 {max_bson_object_size} + {COMMAND_OVERHEAD_BYTES} bytes (WP-7)"
+            ),
+            SendError::BsonObjectTooLarge {
+                document: Some((identifier, index)),
+                length,
+                max_bson_object_size,
+            } => write!(
+                f,
+                "document {index} of the {identifier:?} sequence, of {length} bytes, exceeds \
+                 maxBsonObjectSize {max_bson_object_size} (WP-7)"
+            ),
         }
     }
 }
@@ -350,6 +385,9 @@ pub struct Connection {
     authenticating: Option<HandshakeReply>,
     /// The connect deadline (CS-3 capped), which also bounds authentication.
     establishment_deadline: Option<Instant>,
+    /// A monitor's connection ([`Connection::set_monitoring`]): an incompatible wire-version
+    /// range completes the handshake.
+    monitoring: bool,
     /// Request ids are per connection: 1 (the handshake), 2, ... wrapping to 1 after `i32::MAX`.
     next_request_id: i32,
     outstanding: Option<Outstanding>,
@@ -405,6 +443,7 @@ impl Connection {
             authentication: None,
             authenticating: None,
             establishment_deadline: deadline,
+            monitoring: false,
             next_request_id: 2,
             outstanding: None,
             deadline,
@@ -419,6 +458,20 @@ impl Connection {
     pub fn set_authentication(&mut self, authentication: Authentication) {
         if self.state == ConnectionState::Connecting {
             self.authentication = Some(authentication);
+        }
+    }
+
+    /// Makes this a monitor's connection (SDAM monitoring; MO-1: its handshake is the first
+    /// check): a handshake reply whose wire-version range does not overlap ours then completes
+    /// the handshake, so that the server's description reaches SDAM, which records the
+    /// incompatibility ([`TopologyDescription::compatibility_error`](
+    /// crate::topology::TopologyDescription::compatibility_error)) and selection fails at once
+    /// (SS-16 step 2, review32 R3). A monitor sends only `hello`. Any other connection refuses
+    /// such a reply ([`HandshakeError::IncompatibleWireVersion`]). Ignored once the socket is
+    /// open.
+    pub fn set_monitoring(&mut self) {
+        if self.state == ConnectionState::Connecting {
+            self.monitoring = true;
         }
     }
 
@@ -559,9 +612,14 @@ impl Connection {
             body: &request.body,
             sequences: &request.sequences,
         };
-        message
+        let start = self.outbound.len();
+        let sizes = message
             .encode_with(self.decoder.max_message_size(), &mut self.outbound, append)
             .map_err(SendError::Encode)?;
+        if let Err(e) = self.check_object_sizes(&sizes, &request.sequences) {
+            self.outbound.truncate(start);
+            return Err(e);
+        }
         self.next_request_id = request_id.checked_add(1).unwrap_or(1);
         if request.unacknowledged {
             return Ok(request_id);
@@ -578,6 +636,40 @@ impl Connection {
         self.deadline = self.request_deadline(request.deadline, request.under_timeout_ms, now);
         self.state = ConnectionState::InFlight;
         Ok(request_id)
+    }
+
+    /// WP-7: the body and each sequence document within the connection's `maxBsonObjectSize`
+    /// (the body with [`COMMAND_OVERHEAD_BYTES`] more).
+    fn check_object_sizes(
+        &self,
+        sizes: &EncodedSizes,
+        sequences: &[DocumentSequence],
+    ) -> Result<(), SendError> {
+        let max_bson_object_size = self
+            .handshake
+            .as_ref()
+            .map_or(DEFAULT_MAX_BSON_OBJECT_SIZE, |h| h.max_bson_object_size);
+        let max = max_bson_object_size as usize;
+        let (largest, section, index) = sizes.largest_document;
+        if sizes.body > max.saturating_add(COMMAND_OVERHEAD_BYTES) {
+            Err(SendError::BsonObjectTooLarge {
+                document: None,
+                length: sizes.body,
+                max_bson_object_size,
+            })
+        } else if largest > max {
+            let identifier = sequences
+                .get(section)
+                .map(|s| s.identifier.clone())
+                .unwrap_or_default();
+            Err(SendError::BsonObjectTooLarge {
+                document: Some((identifier, index)),
+                length: largest,
+                max_bson_object_size,
+            })
+        } else {
+            Ok(())
+        }
     }
 
     /// A request's deadline: its own, and `now + socketTimeoutMS` unless it runs under
@@ -711,12 +803,13 @@ impl Connection {
         match self.state {
             ConnectionState::Handshaking => {
                 let round_trip = now.saturating_duration_since(outstanding.queued_at);
-                match validate_reply(
+                match validate_reply_of(
                     &body,
                     &self.config.address,
                     self.config.load_balanced,
                     round_trip,
                     now,
+                    !self.monitoring,
                 ) {
                     Ok(reply) => {
                         self.decoder
@@ -1002,6 +1095,124 @@ mod tests {
         request.deadline = Some(at(100));
         conn.send_command(request, at(20)).unwrap();
         assert_eq!(conn.poll_timeout(), Some(at(100)));
+    }
+
+    /// SS-16 step 2, review32 R3: an incompatible wire-version range fails a pooled
+    /// connection's handshake, while a monitor's completes it with the server's description, for
+    /// SDAM to record the incompatibility.
+    #[test]
+    fn ss16_r3_only_a_monitoring_connection_accepts_an_incompatible_hello() {
+        let reply = doc! { "ok": 1, "isWritablePrimary": true, "minWireVersion": 99,
+        "maxWireVersion": 100 };
+        for monitoring in [false, true] {
+            let mut conn = open(config());
+            if monitoring {
+                conn.set_monitoring();
+            }
+            conn.handle_connected(at(10));
+            let hello = sent(&mut conn);
+            conn.handle_bytes(&reply_bytes(hello[0].request_id, reply.clone()), at(13));
+            if monitoring {
+                let Some(ConnectionEvent::HandshakeComplete { reply, .. }) = conn.poll_event()
+                else {
+                    panic!("the monitor's handshake completes");
+                };
+                assert_eq!(reply.description.min_wire_version, 99);
+                assert_eq!(conn.state(), ConnectionState::Ready);
+            } else {
+                let error = failure(&mut conn);
+                assert!(
+                    matches!(
+                        &error.cause,
+                        FailureCause::Handshake(HandshakeError::IncompatibleWireVersion(m))
+                            if m.contains("requires wire version 99")
+                    ),
+                    "{error:?}"
+                );
+            }
+        }
+    }
+
+    /// WP-7, review32 R11: a connection whose handshake said `maxBsonObjectSize: 1000` refuses
+    /// a body over 1000 + 16 KiB and a sequence document over 1000, writing nothing and staying
+    /// ready; a body within the allowance and a document at the limit go.
+    #[test]
+    fn wp7_r11_max_bson_object_size_bounds_the_body_and_each_sequence_document() {
+        let mut conn = open(config());
+        conn.handle_connected(at(10));
+        let hello = sent(&mut conn);
+        let reply = doc! { "ok": 1, "isWritablePrimary": true, "maxWireVersion": 21,
+        "maxBsonObjectSize": 1000 };
+        conn.handle_bytes(&reply_bytes(hello[0].request_id, reply), at(13));
+        assert!(matches!(
+            conn.poll_event(),
+            Some(ConnectionEvent::HandshakeComplete { .. })
+        ));
+        // A body of `{insert: "c", x: <string>}` is 27 bytes plus the string's length.
+        let body = |len: usize| doc! { "insert": "c", "x": "y".repeat(len - 27) };
+        let limit = 1000 + COMMAND_OVERHEAD_BYTES;
+        let refused = conn.send_command(Request::new(body(limit + 1)), at(20));
+        assert_eq!(
+            refused,
+            Err(SendError::BsonObjectTooLarge {
+                document: None,
+                length: limit + 1,
+                max_bson_object_size: 1000,
+            })
+        );
+        assert_eq!(
+            refused.unwrap_err().to_string(),
+            "the command body of 17385 bytes exceeds maxBsonObjectSize 1000 + 16384 bytes (WP-7)"
+        );
+        assert_eq!(
+            (conn.state(), conn.has_transmit()),
+            (ConnectionState::Ready, false)
+        );
+        // A document is `{x: <string>}`: 13 bytes plus the string's length.
+        let document = |len: usize| doc! { "x": "y".repeat(len - 13) };
+        let mut request = Request::new(doc! { "insert": "c" });
+        request.sequences = vec![
+            DocumentSequence {
+                identifier: "a".into(),
+                documents: vec![document(20)],
+            },
+            DocumentSequence {
+                identifier: "documents".into(),
+                documents: vec![document(1000), document(1001), document(20)],
+            },
+        ];
+        let refused = conn.send_command(request.clone(), at(20));
+        assert_eq!(
+            refused,
+            Err(SendError::BsonObjectTooLarge {
+                document: Some(("documents".into(), 1)),
+                length: 1001,
+                max_bson_object_size: 1000,
+            })
+        );
+        assert_eq!(
+            refused.unwrap_err().to_string(),
+            "document 1 of the \"documents\" sequence, of 1001 bytes, exceeds maxBsonObjectSize \
+             1000 (WP-7)"
+        );
+        assert_eq!(
+            (conn.state(), conn.has_transmit()),
+            (ConnectionState::Ready, false)
+        );
+        request.sequences[1].documents.remove(1);
+        conn.send_command(request, at(20))
+            .expect("a document at the limit goes");
+        let out = sent(&mut conn);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].sequences[1].documents.len(), 2);
+        conn.handle_bytes(&reply_bytes(out[0].request_id, doc! { "ok": 1 }), at(21));
+        assert!(matches!(
+            conn.poll_event(),
+            Some(ConnectionEvent::Reply { .. })
+        ));
+        conn.send_command(Request::new(body(limit)), at(22))
+            .expect("a body within the allowance goes");
+        assert_eq!(sent(&mut conn).len(), 1);
     }
 
     #[test]

@@ -477,8 +477,14 @@ pub struct HandshakeOptions {
     /// The declared Stable API version, if any.
     pub server_api: Option<ServerApi>,
     /// The compressors the client offers, in preference order; empty for none (HS-4). The server
-    /// may then compress any reply, the handshake's included: give the connection a
-    /// [`Decompressor`](crate::wire::Decompressor) for them (WP-8).
+    /// may then compress any reply, the handshake's included (WP-8). Through the
+    /// [`Engine`](crate::engine::Engine) leave it empty (or offer only `noop`, which the decoder
+    /// unwraps itself): the engine builds its connections with no
+    /// [`Decompressor`](crate::wire::Decompressor) (it carries no compression library), so a
+    /// reply compressed with `snappy`, `zlib` or `zstd` would fail its connection with a decode
+    /// error (review32 R19). A [`Connection`](crate::connection::Connection) driven directly
+    /// takes one in [`ConnectionConfig::decompressor`](
+    /// crate::connection::ConnectionConfig::decompressor).
     pub compressors: Vec<String>,
 }
 
@@ -621,6 +627,20 @@ pub fn validate_reply(
     round_trip: Duration,
     now: Instant,
 ) -> Result<HandshakeReply, HandshakeError> {
+    validate_reply_of(reply, address, load_balanced, round_trip, now, true)
+}
+
+/// [`validate_reply`], checking the wire-version range only when `wire_versions` is true: a
+/// monitor's connection leaves the incompatibility to SDAM, which records it in the topology
+/// (SS-16 step 2, review32 R3).
+pub(crate) fn validate_reply_of(
+    reply: &Document,
+    address: &ServerAddress,
+    load_balanced: bool,
+    round_trip: Duration,
+    now: Instant,
+    wire_versions: bool,
+) -> Result<HandshakeReply, HandshakeError> {
     if let Some(error) = OperationError::from_reply(reply, address) {
         return Err(HandshakeError::Server(error));
     }
@@ -631,7 +651,7 @@ pub fn validate_reply(
     if load_balanced && description.service_id.is_none() {
         return Err(HandshakeError::LoadBalancerUnsupported);
     }
-    if let Some(message) = topology::incompatibility(&description) {
+    if let Some(message) = topology::incompatibility(&description).filter(|_| wire_versions) {
         return Err(HandshakeError::IncompatibleWireVersion(message));
     }
     let max_message_size_bytes =

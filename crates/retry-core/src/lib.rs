@@ -17,11 +17,15 @@
 //! | --- | --- |
 //! | [`time`] | the monotonic [`time::Instant`] newtype and CSOT deadlines |
 //! | [`address`] | [`address::ServerAddress`] |
+//! | [`wire`] | the OP_MSG wire format: encoding commands, decoding replies from a byte stream |
+//! | [`connection`] | one connection's state machine: connect, handshake, authentication, a command in flight |
+//! | [`handshake`] | the `hello` every new socket sends first, with the client metadata, and the validation of its reply |
 //! | [`auth`] | authentication in connection establishment: the pluggable [`auth::Mechanism`], negotiation, speculative auth, the SASL conversation |
 //! | [`topology`] | server and topology descriptions from `hello` replies; the SDAM update machine ([`topology::Topology`]): update rules, error handling, pools per server, SDAM events |
 //! | [`selection`] | server selection with deprioritization, the latency window and the selection loop |
 //! | [`engine`] | composes every machine behind one sans-IO interface for adapters |
 //! | [`error`] | error facts parsed from replies and network failures, and the classifiers |
+//! | [`classify`] | which retry rules a command falls under, read from the command itself |
 //! | [`rng`] | the seeded generator and exact jitter |
 //! | [`backoff`] | backoff formulas |
 //! | [`budget`] | retry budgets shared through `&self` without locks |
@@ -32,6 +36,10 @@
 //! | [`policy`] | retry options and policies, validated |
 //! | [`option_error`] | the error of an invalid option |
 //! | [`pool`] | connection-pool accounting (CMAP) for one server |
+//! | [`session`] | server sessions: ids, the pool, transaction numbers, `$clusterTime` gossip (SE-*) |
+//! | [`max_time`] | the `maxTimeMS` an attempt carries under client-side operation timeouts (CS-4) |
+//! | [`read_preference_wire`] | the `$readPreference` a command carries, by topology and server type |
+//! | [`id_table`] | entries by increasing id, looked up in constant time (house rule 9) |
 //! | [`retry`] | the per-operation retry state machine |
 //! | [`hedging`] | hedged reads (gRPC A6): copies in flight at once, first success wins |
 //! | [`service_config`] | the gRPC-style service config (A6): per-command retry or hedging policies, throttling |
@@ -102,21 +110,34 @@
 //!
 //! [`engine::Engine`] composes every machine for a whole client. The loop below is all an adapter
 //! does: open the sockets it asks for, write what [`engine::Engine::poll_transmit`] gives, feed
-//! back what arrives, and wake it at [`engine::Engine::poll_timeout`]. Here it runs on blocking
-//! `std::net` sockets (non-blocking reads, a short sleep when idle) against a tiny server on a
-//! loopback port that answers `hello` as a standalone and every other command with `{ok: 1}`;
-//! retry-scenarios' `examples/blocking.rs` is the same loop with a thread per socket.
+//! back what arrives, wake it at [`engine::Engine::poll_timeout`], and at the end close it and
+//! drive it on until [`engine::Engine::is_closed`] (that sends the `endSessions` of SE-15). Here it
+//! runs on `std::net` sockets in non-blocking mode (bytes the kernel does not take yet wait in the
+//! socket's `unsent`; a short sleep when idle) against a tiny server on a loopback port that
+//! answers `hello` as a standalone and every other command with `{ok: 1}`; retry-scenarios'
+//! `examples/blocking.rs` is the same loop with a thread per socket.
+//!
+//! Two things every adapter owes the engine besides bytes:
+//!
+//! - The RNG's seed, from a per-process random source ([`engine::EngineOptions::seed`]): left at
+//!   0, every process draws the same backoff jitter (BP-14) and their retries arrive together.
+//! - Why a socket failed: its [`error::NetworkErrorKind`] and the I/O error as its cause
+//!   ([`error::NetworkCause::io`]), so that the error says "Connection refused". A failed name
+//!   lookup is [`error::NetworkErrorKind::Dns`], which CMAP never labels as overload (HS-9); the
+//!   `classify` function below does the rest. A driver that can depend on retry-driver has it as
+//!   `retry_driver::classify_io_error`, which also recognizes a TLS failure.
 //!
 //! ```
 //! use std::collections::BTreeMap;
+//! use std::hash::BuildHasher;
 //! use std::io::{ErrorKind, Read, Write};
-//! use std::net::{TcpListener, TcpStream};
+//! use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 //! use std::time::Duration;
 //!
 //! use bson::doc;
 //! use retry_core::address::ServerAddress;
 //! use retry_core::engine::{Engine, EngineEvent, EngineOptions, OperationRequest};
-//! use retry_core::error::NetworkErrorKind;
+//! use retry_core::error::{NetworkCause, NetworkErrorKind};
 //! use retry_core::handshake::HandshakeOptions;
 //! use retry_core::retry::OperationKind;
 //! use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
@@ -138,7 +159,9 @@
 //! let origin = std::time::Instant::now();
 //! let now = || Instant::ZERO.saturating_add(origin.elapsed());
 //! let seeds = vec![ServerAddress::new("127.0.0.1", port)];
-//! let options = EngineOptions::new(TopologySettings::new(seeds), HandshakeOptions::new());
+//! let mut options = EngineOptions::new(TopologySettings::new(seeds), HandshakeOptions::new());
+//! // std keys each RandomState from the OS's randomness.
+//! options.seed = std::collections::hash_map::RandomState::new().hash_one("retry-core");
 //! let mut engine = Engine::new(options, now())?;
 //! let primary = ReadPreference::new(ReadPreferenceMode::Primary, Vec::new(), None)?;
 //! let ping = OperationRequest::new(
@@ -151,22 +174,23 @@
 //!
 //! let mut sockets = BTreeMap::new();
 //! let (mut out, mut input) = (Vec::new(), vec![0u8; 16 * 1024]);
-//! let result = 'drive: loop {
+//! let mut result = None;
+//! loop {
 //!     assert!(origin.elapsed() < Duration::from_secs(30), "bounded in time");
 //!     // 1. Drain every output.
 //!     while let Some(connect) = engine.poll_connect() {
-//!         match TcpStream::connect((connect.address.host(), connect.address.port())) {
+//!         match open(&connect.address) {
 //!             Ok(stream) => {
 //!                 stream.set_nonblocking(true)?;
-//!                 sockets.insert(connect.conn, stream);
+//!                 sockets.insert(connect.conn, Socket { stream, unsent: Vec::new() });
 //!                 engine.handle_connected(connect.conn, now());
 //!             }
-//!             Err(_) => engine.handle_closed(connect.conn, NetworkErrorKind::Io, None, now()),
+//!             Err((kind, cause)) => engine.handle_closed(connect.conn, kind, Some(cause), now()),
 //!         }
 //!     }
 //!     while let Some(conn) = engine.poll_transmit(&mut out) {
-//!         if let Some(stream) = sockets.get_mut(&conn) {
-//!             stream.write_all(&out)?;
+//!         if let Some(socket) = sockets.get_mut(&conn) {
+//!             socket.unsent.extend_from_slice(&out);
 //!         }
 //!         out.clear();
 //!     }
@@ -174,29 +198,38 @@
 //!         sockets.remove(&conn);
 //!     }
 //!     while let Some(event) = engine.poll_event() {
-//!         if let EngineEvent::OperationFinished { op: done, result, .. } = event {
+//!         if let EngineEvent::OperationFinished { op: done, result: finished, .. } = event {
 //!             if done == op {
-//!                 break 'drive result;
+//!                 result = Some(finished);
+//!                 engine.close(now()); // ends the server sessions, then closes everything
 //!             }
 //!         }
 //!     }
-//!     // 2. Feed back the inputs: bytes, closed sockets, timers that are due.
+//!     if engine.is_closed() {
+//!         break;
+//!     }
+//!     // 2. Feed back the inputs: bytes, failed sockets, timers that are due.
 //!     let mut idle = true;
-//!     let mut closed = Vec::new();
-//!     for (conn, stream) in sockets.iter_mut() {
-//!         match stream.read(&mut input) {
-//!             Ok(0) => closed.push((*conn, NetworkErrorKind::Closed)),
+//!     let mut failed = Vec::new();
+//!     for (&conn, socket) in sockets.iter_mut() {
+//!         let step = socket.flush().and_then(|wrote| match socket.stream.read(&mut input) {
+//!             Ok(0) => Err(ErrorKind::UnexpectedEof.into()),
 //!             Ok(n) => {
-//!                 idle = false;
-//!                 engine.handle_bytes(*conn, &input[..n], now());
+//!                 engine.handle_bytes(conn, &input[..n], now());
+//!                 Ok(true)
 //!             }
-//!             Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-//!             Err(_) => closed.push((*conn, NetworkErrorKind::Io)),
+//!             Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(wrote),
+//!             Err(e) => Err(e),
+//!         });
+//!         match step {
+//!             Ok(busy) => idle &= !busy,
+//!             Err(error) => failed.push((conn, error)),
 //!         }
 //!     }
-//!     for (conn, kind) in closed {
+//!     for (conn, error) in failed {
 //!         sockets.remove(&conn);
-//!         engine.handle_closed(conn, kind, None, now());
+//!         let (kind, cause) = classify(&error);
+//!         engine.handle_closed(conn, kind, Some(cause), now());
 //!         idle = false;
 //!     }
 //!     if engine.poll_timeout().is_some_and(|at| at <= now()) {
@@ -206,11 +239,61 @@
 //!     if idle {
 //!         std::thread::sleep(Duration::from_millis(1));
 //!     }
-//! };
-//! assert_eq!(result?.get_i32("ok")?, 1);
-//! engine.close(now());
+//! }
+//! assert_eq!(result.expect("the ping finished")?.get_i32("ok")?, 1);
+//! assert!(sockets.is_empty(), "the closed engine closed every socket");
 //! # Ok(())
 //! # }
+//!
+//! /// A socket and the bytes the engine gave it that the kernel has not taken yet.
+//! struct Socket {
+//!     stream: TcpStream,
+//!     unsent: Vec<u8>,
+//! }
+//!
+//! impl Socket {
+//!     /// Writes what the kernel takes now, without blocking; whether it took anything.
+//!     fn flush(&mut self) -> std::io::Result<bool> {
+//!         let mut wrote = false;
+//!         while !self.unsent.is_empty() {
+//!             match self.stream.write(&self.unsent) {
+//!                 Ok(0) => return Err(ErrorKind::WriteZero.into()),
+//!                 Ok(n) => {
+//!                     self.unsent.drain(..n);
+//!                     wrote = true;
+//!                 }
+//!                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+//!                 Err(e) => return Err(e),
+//!             }
+//!         }
+//!         Ok(wrote)
+//!     }
+//! }
+//!
+//! /// Opens a socket to `address`: a failed lookup is a DNS error (never labelled, HS-9), a
+//! /// failed connect is classified like any socket error.
+//! fn open(address: &ServerAddress) -> Result<TcpStream, (NetworkErrorKind, NetworkCause)> {
+//!     let dns = |e: std::io::Error| (NetworkErrorKind::Dns, classify(&e).1);
+//!     let found: Vec<SocketAddr> = (address.host(), address.port())
+//!         .to_socket_addrs()
+//!         .map_err(dns)?
+//!         .collect();
+//!     if found.is_empty() {
+//!         return Err(dns(ErrorKind::NotFound.into()));
+//!     }
+//!     TcpStream::connect(&found[..]).map_err(|e| classify(&e))
+//! }
+//!
+//! /// The engine's kind for a socket error, and the error itself as the cause.
+//! fn classify(error: &std::io::Error) -> (NetworkErrorKind, NetworkCause) {
+//!     let kind = match error.kind() {
+//!         ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted => NetworkErrorKind::Reset,
+//!         ErrorKind::UnexpectedEof | ErrorKind::BrokenPipe => NetworkErrorKind::Closed,
+//!         ErrorKind::TimedOut => NetworkErrorKind::Timeout,
+//!         _ => NetworkErrorKind::Io, // "Connection refused" among them
+//!     };
+//!     (kind, NetworkCause::io(format!("{:?}", error.kind()), error.to_string()))
+//! }
 //!
 //! /// Answers every command on one connection until it closes.
 //! fn serve(mut stream: TcpStream) {

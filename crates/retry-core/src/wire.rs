@@ -58,6 +58,11 @@ pub const MIN_MESSAGE_LEN: usize = HEADER_LEN + 4 + 1 + 5;
 /// (WP-7, C12: no spec states a default; servers report 48,000,000).
 pub const DEFAULT_MAX_MESSAGE_SIZE_BYTES: u32 = 48_000_000;
 
+/// WP-7: how much larger than `maxBsonObjectSize` a command's body may be, for the command's
+/// own fields around its largest document (16 KiB, the server's `BSONObjMaxInternalSize` over
+/// `BSONObjMaxUserSize`).
+pub const COMMAND_OVERHEAD_BYTES: usize = 16 * 1024;
+
 /// The room [`OpMsg::encode`] reserves up front: most commands and replies fit.
 const SMALL_MESSAGE_LEN: usize = 256;
 
@@ -188,7 +193,9 @@ impl OpMsg {
     /// Fails, leaving `out` as it was, when a document does not serialize, two sequences share an
     /// identifier (WP-3), or the message would be longer than `max_message_size` (WP-7).
     pub fn encode(&self, max_message_size: u32, out: &mut Vec<u8>) -> Result<usize, EncodeError> {
-        self.parts().encode_with(max_message_size, out, |_| Ok(()))
+        self.parts()
+            .encode_with(max_message_size, out, |_| Ok(()))
+            .map(|sizes| sizes.len)
     }
 
     /// The message as borrowed parts.
@@ -202,6 +209,18 @@ impl OpMsg {
             sequences: &self.sequences,
         }
     }
+}
+
+/// What [`MsgParts::encode_with`] wrote: the sizes the WP-7 limits apply to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EncodedSizes {
+    /// The whole message, header included.
+    pub(crate) len: usize,
+    /// The kind-0 body document.
+    pub(crate) body: usize,
+    /// The largest document of the kind-1 sections (size 0 without any) and its place: its
+    /// size, the index of its section among the sequences and its index in that section.
+    pub(crate) largest_document: (usize, usize, usize),
 }
 
 /// An OP_MSG to encode, borrowed from its owner: the engine encodes a request's command without
@@ -225,18 +244,18 @@ impl MsgParts<'_> {
         max_message_size: u32,
         out: &mut Vec<u8>,
         append: impl FnOnce(&mut Vec<u8>) -> Result<(), EncodeError>,
-    ) -> Result<usize, EncodeError> {
+    ) -> Result<EncodedSizes, EncodeError> {
         let start = out.len();
         let result = self
             .encode_unchecked_size(start, out, append)
-            .and_then(|len| {
-                if len > max_message_size as usize {
+            .and_then(|sizes| {
+                if sizes.len > max_message_size as usize {
                     Err(EncodeError::TooLarge {
-                        length: len,
+                        length: sizes.len,
                         max: max_message_size,
                     })
                 } else {
-                    Ok(len)
+                    Ok(sizes)
                 }
             });
         if result.is_err() {
@@ -250,7 +269,7 @@ impl MsgParts<'_> {
         start: usize,
         out: &mut Vec<u8>,
         append: impl FnOnce(&mut Vec<u8>) -> Result<(), EncodeError>,
-    ) -> Result<usize, EncodeError> {
+    ) -> Result<EncodedSizes, EncodeError> {
         for (i, seq) in self.sequences.iter().enumerate() {
             if self.sequences[..i]
                 .iter()
@@ -283,14 +302,19 @@ impl MsgParts<'_> {
         out.push(0);
         let body_len = i32_len(out.len() - body)?;
         out[body..body + 4].copy_from_slice(&body_len.to_le_bytes());
-        for seq in self.sequences {
+        let mut largest_document = (0, 0, 0);
+        for (s, seq) in self.sequences.iter().enumerate() {
             out.push(1);
             let size_at = out.len();
             out.extend_from_slice(&[0; 4]);
             out.extend_from_slice(seq.identifier.as_bytes());
             out.push(0);
-            for doc in &seq.documents {
+            for (i, doc) in seq.documents.iter().enumerate() {
+                let at = out.len();
                 write_document(doc, out)?;
+                if out.len() - at > largest_document.0 {
+                    largest_document = (out.len() - at, s, i);
+                }
             }
             let size = i32_len(out.len() - size_at)?;
             out[size_at..size_at + 4].copy_from_slice(&size.to_le_bytes());
@@ -309,7 +333,11 @@ impl MsgParts<'_> {
             let crc = CRC32C.checksum(&out[start..]);
             out.extend_from_slice(&crc.to_le_bytes());
         }
-        Ok(len)
+        Ok(EncodedSizes {
+            len,
+            body: body_len as usize,
+            largest_document,
+        })
     }
 }
 

@@ -175,6 +175,31 @@ fn an_unbuildable_handshake_is_an_engine_error_with_its_cause() {
     assert!(!error.to_string().is_empty());
 }
 
+/// Review32 R23: a seed that cannot name a server (an empty host, port 0, a host holding its
+/// own port) is refused when the engine is made, naming the address, rather than surfacing as
+/// connect failures.
+#[test]
+fn r23_an_invalid_seed_is_an_engine_error() {
+    for (seed, text) in [
+        (
+            ServerAddress::new("", 0),
+            "invalid seed: invalid server address \":0\": empty host",
+        ),
+        (
+            ServerAddress::new("host:27017", 27018),
+            "invalid seed: invalid server address \"[host:27017]:27018\": the host holds a port: \
+             give the host alone and the port separately",
+        ),
+    ] {
+        let settings = TopologySettings::new(vec![address("a"), seed]);
+        let options = EngineOptions::new(settings, handshake());
+        let error = Engine::new(options, Instant::ZERO).expect_err("refused");
+        assert!(matches!(error, EngineError::InvalidSeed(_)), "{error:?}");
+        assert_eq!(error.to_string(), text);
+        assert!(error.source().is_none(), "the text holds the reason");
+    }
+}
+
 /// HS-2, review9 finding 7: the engine encodes the handshake once and sockets that do not
 /// authenticate copy the bytes. Nothing in the hello may depend on the socket: the first message
 /// of the monitor's, the RTT monitor's and a pooled socket is, byte for byte, the command of

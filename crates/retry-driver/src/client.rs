@@ -70,12 +70,20 @@ impl CommandOptions {
 }
 
 /// Why a client could not be created.
+///
+/// Its text includes the wrapped error's; [`std::error::Error::source`] goes on from there, to
+/// the wrapped error's own source, as `io::Error` does for the error it wraps: a chained report
+/// (`anyhow`, `eyre`) prints each text once (review32 R15). Match the variant for the wrapped
+/// error itself.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ConnectError {
-    /// A bad URI or option.
+    /// A bad URI or option, or with [`Client::with_uri`] one that
+    /// [`ClientOptions::parse`] would ignore with a warning (e.g. `directConnection=true`
+    /// with two hosts, `maxAdaptiveRetries=-1`).
     Options(OptionsError),
-    /// The engine refused the settings (e.g. `directConnection` with several hosts).
+    /// The engine refused the settings of [`ClientOptions`] built or changed by hand (e.g.
+    /// `direct_connection` with several hosts, `load_balanced` with a strict Stable API).
     Settings(EngineError),
     /// The runtime could not be used (e.g. no tokio runtime is running).
     Runtime(io::Error),
@@ -91,7 +99,16 @@ impl fmt::Display for ConnectError {
     }
 }
 
-impl std::error::Error for ConnectError {}
+impl std::error::Error for ConnectError {
+    /// The wrapped error's source: its own text is in this error's already.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConnectError::Options(e) => std::error::Error::source(e),
+            ConnectError::Settings(e) => std::error::Error::source(e),
+            ConnectError::Runtime(e) => std::error::Error::source(e),
+        }
+    }
+}
 
 impl From<OptionsError> for ConnectError {
     fn from(e: OptionsError) -> ConnectError {
@@ -152,7 +169,8 @@ impl Future for ReplyFuture<'_> {
     fn poll(self: core::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let Some(reply) = &this.reply else {
-            return Poll::Ready(Err(OperationError::cancelled()));
+            // Refused at queueing: the client is closing (cold: its reason is read only now).
+            return Poll::Ready(Err(lock(&this.inner.shared.state).closed_error()));
         };
         let results = &this.inner.shared.results_to_take;
         if core::mem::take(&mut this.first) {
@@ -303,7 +321,9 @@ impl<R: Runtime> Client<R> {
 
     /// [`Client::with_uri`] for `mongodb+srv://` URIs as well: their SRV and TXT records are
     /// looked up through the runtime ([`Runtime::resolve_srv`], [`Runtime::resolve_txt`]) before
-    /// anything connects (SRV-2), and the seed list they give is used (SRV-3..SRV-6).
+    /// anything connects (SRV-2), and the seed list they give is used (SRV-3..SRV-6). As
+    /// [`Client::with_uri`], it refuses a URI (or TXT record) with anything
+    /// [`ClientOptions::parse`] would ignore with a warning (review32 R1).
     pub async fn with_uri_async(uri: &str) -> Result<Client<R>, ConnectError> {
         Client::with_uri_async_on(R::start().map_err(ConnectError::Runtime)?, uri).await
     }
@@ -315,12 +335,19 @@ impl<R: Runtime> Client<R> {
         if cs.srv {
             cs = resolve_seedlist(&runtime, &cs, crate::options::os_seed()).await?;
         }
-        Client::connect_on(runtime, ClientOptions::from_connection_string(&cs)?)
+        Client::connect_on(runtime, ClientOptions::from_connection_string_strict(&cs)?)
     }
 
-    /// [`Client::connect`] with the options of a `mongodb://` URI.
+    /// [`Client::connect`] with the options of a `mongodb://` URI, read by
+    /// [`ClientOptions::parse_strict`]: an unknown option, an invalid value or anything else
+    /// [`ClientOptions::parse`] would ignore with a warning (URI-7) is a
+    /// [`ConnectError::Options`] naming the option and the value as written, never dropped
+    /// silently (house rule 11, review32 R1), e.g. `invalid maxAdaptiveRetries "-1": expected an
+    /// integer from 0 to 2147483647`. To accept such a URI, as the URI-options spec allows, call
+    /// [`ClientOptions::parse`], log its [`ClientOptions::warnings`] and
+    /// [`Client::connect`].
     pub fn with_uri(uri: &str) -> Result<Client<R>, ConnectError> {
-        Client::connect(ClientOptions::parse(uri)?)
+        Client::connect(ClientOptions::parse_strict(uri)?)
     }
 }
 
@@ -562,7 +589,7 @@ impl<R> Client<R> {
     ) -> Result<(Arc<Slot>, bool), OperationError> {
         let mut state = lock(&self.inner.shared.state);
         if state.closing {
-            return Err(OperationError::cancelled());
+            return Err(state.closed_error());
         }
         let alone = inline
             && self.inner.spawned.is_some()
@@ -705,6 +732,61 @@ mod tests {
         fn connect(&self, _: String, _: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
             Box::pin(core::future::pending())
         }
+    }
+
+    /// Each text of `error`'s chain ([`std::error::Error::source`]), outermost first.
+    fn chain_of(error: &dyn std::error::Error) -> Vec<String> {
+        core::iter::successors(Some(error), |e| e.source())
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    /// An error with a cause, as a runtime's may be.
+    #[derive(Debug)]
+    struct Outer(io::Error);
+
+    impl fmt::Display for Outer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("the runtime's own error")
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    /// Review32 R15: a [`ConnectError`]'s chain goes on past it, to the wrapped error's cause,
+    /// and prints each text once (its own text includes the wrapped error's). Before, `source()`
+    /// was `None` for every variant and the chain stopped at the wrapper.
+    #[test]
+    fn review32_r15_connect_errors_chain_each_cause_once() {
+        let cause = io::Error::new(io::ErrorKind::NotFound, "the cause");
+        let error = ConnectError::Runtime(io::Error::other(Outer(cause)));
+        assert_eq!(
+            chain_of(&error),
+            ["no runtime: the runtime's own error", "the cause"]
+        );
+        let mut options = ClientOptions::new(vec![
+            retry_core::address::ServerAddress::new("a", 1),
+            retry_core::address::ServerAddress::new("b", 1),
+        ]);
+        options.direct_connection = true;
+        let error = Client::<Idle>::connect(options).unwrap_err();
+        let ConnectError::Settings(settings) = &error else {
+            panic!("{error:?}")
+        };
+        let chain = chain_of(&error);
+        assert_eq!(chain.len(), 2, "{chain:?}");
+        assert_eq!(
+            chain[1],
+            std::error::Error::source(settings).unwrap().to_string(),
+            "past the engine's error, to its cause"
+        );
+        // An options error has no cause of its own: the chain is its text alone.
+        let error = Client::<Idle>::with_uri("mongodb://a/?appName=%ZZ").unwrap_err();
+        assert_eq!(chain_of(&error), [error.to_string()]);
     }
 
     /// A task's waker that counts its wakes.

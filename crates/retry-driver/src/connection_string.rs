@@ -72,7 +72,7 @@ pub struct ConnectionString {
     /// The database of the path (the default auth database), percent-decoded (URI-5).
     pub database: Option<String>,
     options: BTreeMap<&'static str, OptionValue>,
-    warnings: Vec<String>,
+    pub(crate) warnings: Warnings,
     /// AU-1: the credential the userinfo and auth options describe.
     credential: Option<Credential>,
     /// SRV-6: a `mongodb+srv` string whose seed list came from its DNS records.
@@ -92,9 +92,52 @@ impl fmt::Debug for ConnectionString {
             .field("password", &redacted(&self.password))
             .field("database", &self.database)
             .field("options", &RedactedOptions(&self.options))
-            .field("warnings", &self.warnings)
+            .field("warnings", &self.warnings.texts)
             .field("credential", &self.credential)
             .finish()
+    }
+}
+
+/// What a URI warned about (URI-7, URI-8, URI-10): each warning's text, for the application to
+/// log ([`ConnectionString::warnings`], [`crate::ClientOptions::warnings`]), and the same
+/// warning as an error naming the option and the value as written, for the callers that refuse
+/// warnings ([`crate::ClientOptions::parse_strict`], [`crate::Client::with_uri`]; review32 R1).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Warnings {
+    texts: Vec<String>,
+    errors: Vec<OptionsError>,
+}
+
+impl Warnings {
+    /// Warns with `text` about what `error` names.
+    pub(crate) fn push(&mut self, error: OptionsError, text: String) {
+        self.texts.push(text);
+        self.errors.push(error);
+    }
+
+    /// The warnings' texts, in order.
+    pub(crate) fn texts(&self) -> &[String] {
+        &self.texts
+    }
+
+    /// Appends `more`'s warnings.
+    pub(crate) fn extend(&mut self, more: Warnings) {
+        self.texts.extend(more.texts);
+        self.errors.extend(more.errors);
+    }
+
+    /// House rule 11 (review32 R1): no warning, or the first one as an error, its reason
+    /// followed by the others' texts (`; and 2 more: ...`).
+    pub(crate) fn refuse(&self) -> Result<(), OptionsError> {
+        let Some(first) = self.errors.first() else {
+            return Ok(());
+        };
+        let mut error = first.clone();
+        if self.texts.len() > 1 {
+            let more = &self.texts[1..];
+            error.append_reason(&format!("; and {} more: {}", more.len(), more.join("; ")));
+        }
+        Err(error)
     }
 }
 
@@ -357,7 +400,7 @@ impl ConnectionString {
             password,
             database,
             options: BTreeMap::new(),
-            warnings: Vec::new(),
+            warnings: Warnings::default(),
             credential: None,
             seedlist_resolved: false,
             srv_polling: None,
@@ -429,7 +472,7 @@ impl ConnectionString {
         if let Some(txt) = txt {
             let mut from_txt = ConnectionString {
                 options: BTreeMap::new(),
-                warnings: Vec::new(),
+                warnings: Warnings::default(),
                 ..self.clone()
             };
             from_txt.parse_options(txt)?;
@@ -445,12 +488,12 @@ impl ConnectionString {
 
     /// The warnings (URI-7, URI-8, URI-10): unknown options, ignored values, deprecated names.
     pub fn warnings(&self) -> &[String] {
-        &self.warnings
+        self.warnings.texts()
     }
 
     fn parse_options(&mut self, query: &str) -> Result<(), OptionsError> {
         let mut seen: Vec<&'static str> = Vec::new();
-        let mut deprecated: Vec<(&'static str, OptionValue)> = Vec::new();
+        let mut deprecated: Vec<(&str, &'static str, OptionValue)> = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let Some((raw_name, raw_value)) = pair.split_once('=').filter(|(n, _)| !n.is_empty())
             else {
@@ -470,17 +513,25 @@ impl ConnectionString {
                 lookup(raw_name).or_else(|| replacement.and_then(|r| lookup(r.1)))
             else {
                 // No value: an unknown name may be a mistyped secret option.
-                self.warnings
-                    .push(format!("Unsupported option '{raw_name}' ignored"));
+                self.warnings.push(
+                    OptionsError::new(raw_name, shown(raw_name, &value), "unknown option (URI-7)"),
+                    format!("Unsupported option '{raw_name}' ignored"),
+                );
                 continue;
             };
             let Some(parsed) = read_value(name, kind, &value, &mut self.warnings)? else {
                 continue;
             };
             if let Some((old, new)) = replacement {
-                self.warnings
-                    .push(format!("option '{old}' is deprecated; use '{new}'"));
-                deprecated.push((name, parsed));
+                self.warnings.push(
+                    OptionsError::new(
+                        raw_name,
+                        shown(name, &value),
+                        format!("a deprecated name; use '{new}' (URI-10)"),
+                    ),
+                    format!("option '{old}' is deprecated; use '{new}'"),
+                );
+                deprecated.push((raw_name, name, parsed));
                 continue;
             }
             if seen.contains(&name) {
@@ -492,9 +543,10 @@ impl ConnectionString {
                     ));
                 }
                 if !matches!(kind, Kind::Tags) {
-                    self.warnings.push(format!(
-                        "option '{name}' is repeated; the last value is used"
-                    ));
+                    self.warnings.push(
+                        OptionsError::new(raw_name, shown(name, &value), "given more than once"),
+                        format!("option '{name}' is repeated; the last value is used"),
+                    );
                 }
             }
             seen.push(name);
@@ -506,11 +558,16 @@ impl ConnectionString {
             }
         }
         // URI-10: a deprecated name counts only when its replacement is absent.
-        for (name, value) in deprecated {
+        for (raw_name, name, value) in deprecated {
             if seen.contains(&name) {
-                self.warnings.push(format!(
-                    "a deprecated spelling of '{name}' is ignored because '{name}' is set"
-                ));
+                self.warnings.push(
+                    OptionsError::new(
+                        raw_name,
+                        shown(name, &value.to_string()),
+                        format!("a deprecated spelling of '{name}', which is given too (URI-10)"),
+                    ),
+                    format!("a deprecated spelling of '{name}' is ignored because '{name}' is set"),
+                );
             } else {
                 self.options.insert(name, value);
             }
@@ -532,54 +589,109 @@ impl ConnectionString {
         }
     }
 
+    /// The value of option `name` as errors show it ([`shown`]).
+    fn written(&self, name: &str) -> String {
+        let value = self.options.get(name).map(ToString::to_string);
+        shown(name, &value.unwrap_or_default()).to_string()
+    }
+
     /// The conflicts of URI-11 and URI-12 (and SRV-1, SRV-6, LB-2 where no DNS is needed).
+    /// Each error names the option and the value as written, and the other option of a pair
+    /// ([`OptionsError::conflicting`]; review32 R16).
     fn validate(&mut self) -> Result<(), OptionsError> {
-        let conflict = |reason: &str| Err(OptionsError::new("uri", "", reason));
+        let written = |name: &str| self.written(name);
+        let one = |name: &str, reason: &str| Err(OptionsError::new(name, &written(name), reason));
+        let pair = |a: &str, b: &str, reason: &str| {
+            Err(OptionsError::conflict(
+                (a, &written(a)),
+                (b, &written(b)),
+                reason,
+            ))
+        };
         let has = |name: &str| self.options.contains_key(name);
         for (a, b) in TLS_CONFLICTS {
             if has(a) && has(b) {
-                return conflict(&format!("'{a}' and '{b}' may not be given together"));
+                return pair(a, b, "may not be given together (URI-11)");
             }
         }
         if let (Some(tls), Some(ssl)) = (self.flag("tls"), self.flag("ssl")) {
             if tls != ssl {
-                return conflict("'tls' and 'ssl' disagree");
+                return pair("tls", "ssl", "'tls' and 'ssl' disagree (URI-11)");
             }
         }
         if self.flag("directConnection") == Some(true) && (self.hosts.len() > 1 || self.srv) {
-            return conflict("directConnection=true needs exactly one host and mongodb://");
+            let what = if self.srv {
+                "mongodb+srv".to_string()
+            } else {
+                format!("{} hosts", self.hosts.len())
+            };
+            return one(
+                "directConnection",
+                &format!("needs exactly one host and mongodb://, not {what} (URI-11)"),
+            );
         }
         if self.flag("loadBalanced") == Some(true) {
             if self.hosts.len() > 1 {
-                return conflict("loadBalanced=true takes exactly one host (LB-2)");
+                return one(
+                    "loadBalanced",
+                    &format!("takes exactly one host, not {} (LB-2)", self.hosts.len()),
+                );
             }
             if has("replicaSet") {
-                return conflict("loadBalanced=true cannot be used with replicaSet (LB-2)");
+                return pair(
+                    "loadBalanced",
+                    "replicaSet",
+                    "may not be given together (LB-2)",
+                );
             }
             if self.flag("directConnection") == Some(true) {
-                return conflict(
-                    "loadBalanced=true cannot be used with directConnection=true (LB-2)",
+                return pair(
+                    "loadBalanced",
+                    "directConnection",
+                    "may not both be true (LB-2)",
                 );
             }
         }
-        if !self.srv && (has("srvServiceName") || has("srvMaxHosts")) {
-            return conflict("srvServiceName and srvMaxHosts need mongodb+srv");
+        if !self.srv {
+            for name in ["srvServiceName", "srvMaxHosts"] {
+                if has(name) {
+                    return one(name, "needs mongodb+srv (SRV-1)");
+                }
+            }
         }
-        if self.int("srvMaxHosts").is_some_and(|n| n > 0)
-            && (has("replicaSet") || self.flag("loadBalanced") == Some(true))
-        {
-            return conflict(
-                "srvMaxHosts cannot be used with replicaSet or loadBalanced=true (SRV-6)",
-            );
+        if self.int("srvMaxHosts").is_some_and(|n| n > 0) {
+            if has("replicaSet") {
+                return pair(
+                    "srvMaxHosts",
+                    "replicaSet",
+                    "may not be given together (SRV-6)",
+                );
+            }
+            if self.flag("loadBalanced") == Some(true) {
+                return pair(
+                    "srvMaxHosts",
+                    "loadBalanced",
+                    "may not be given with loadBalanced=true (SRV-6)",
+                );
+            }
         }
-        if !has("proxyHost") && (has("proxyPort") || has("proxyUsername") || has("proxyPassword")) {
-            return conflict("proxyPort, proxyUsername and proxyPassword need proxyHost");
+        if !has("proxyHost") {
+            for name in ["proxyPort", "proxyUsername", "proxyPassword"] {
+                if has(name) {
+                    return one(name, "needs proxyHost (URI-12)");
+                }
+            }
         }
         if has("proxyUsername") != has("proxyPassword") {
-            return conflict("proxyUsername and proxyPassword must be given together");
+            let (given, missing) = if has("proxyUsername") {
+                ("proxyUsername", "proxyPassword")
+            } else {
+                ("proxyPassword", "proxyUsername")
+            };
+            return one(given, &format!("needs {missing} too (URI-12)"));
         }
         if self.int("w") == Some(0) && self.flag("journal") == Some(true) {
-            return conflict("w=0 cannot be used with journal=true");
+            return pair("w", "journal", "w=0 cannot be used with journal=true");
         }
         let primary = match self.options.get("readPreference") {
             Some(OptionValue::Str(mode)) => mode == "primary",
@@ -588,15 +700,31 @@ impl ConnectionString {
         if primary {
             let tags = matches!(self.options.get("readPreferenceTags"),
                 Some(OptionValue::TagSets(sets)) if sets.iter().any(|s| !s.is_empty()));
-            if tags || self.int("maxStalenessSeconds").is_some_and(|s| s > 0) {
-                return conflict(
-                    "readPreferenceTags and maxStalenessSeconds cannot be used with read preference primary (SS-2)",
-                );
+            let staleness = self.int("maxStalenessSeconds").is_some_and(|s| s > 0);
+            if tags || staleness {
+                let name = if tags {
+                    "readPreferenceTags"
+                } else {
+                    "maxStalenessSeconds"
+                };
+                let mode = match has("readPreference") {
+                    true => written("readPreference"),
+                    false => "primary (the default)".to_string(),
+                };
+                return Err(OptionsError::conflict(
+                    (name, &written(name)),
+                    ("readPreference", &mode),
+                    "cannot be used with read preference primary (SS-2)",
+                ));
             }
         }
         if let (Some(min), Some(max)) = (self.int("minPoolSize"), self.int("maxPoolSize")) {
             if max > 0 && min > max {
-                return conflict("minPoolSize is larger than maxPoolSize");
+                return pair(
+                    "minPoolSize",
+                    "maxPoolSize",
+                    "minPoolSize is larger than maxPoolSize",
+                );
             }
         }
         // The alias now folds into `tls`.
@@ -624,13 +752,12 @@ pub(crate) fn read_value(
     name: &'static str,
     kind: Kind,
     value: &str,
-    warnings: &mut Vec<String>,
+    warnings: &mut Warnings,
 ) -> Result<Option<OptionValue>, OptionsError> {
-    let ignored = |warnings: &mut Vec<String>, reason: String| {
+    let ignored = |warnings: &mut Warnings, reason: String| {
         let value = shown(name, value);
-        warnings.push(format!(
-            "Unsupported value for '{name}': {value:?} ({reason}); ignored"
-        ));
+        let text = format!("Unsupported value for '{name}': {value:?} ({reason}); ignored");
+        warnings.push(OptionsError::new(name, value, reason), text);
         Ok(None)
     };
     let parsed = match kind {
@@ -640,9 +767,14 @@ pub(crate) fn read_value(
             // URI-8: legacy spellings work with a deprecation warning.
             "1" | "yes" | "y" | "t" | "0" | "-1" | "no" | "n" | "f" => {
                 let b = matches!(value, "1" | "yes" | "y" | "t");
-                warnings.push(format!(
-                    "'{name}={value}' is a deprecated spelling of '{b}'"
-                ));
+                warnings.push(
+                    OptionsError::new(
+                        name,
+                        value,
+                        format!("a deprecated spelling of '{b}' (URI-8)"),
+                    ),
+                    format!("'{name}={value}' is a deprecated spelling of '{b}'"),
+                );
                 OptionValue::Bool(b)
             }
             _ => return ignored(warnings, "expected true or false".into()),

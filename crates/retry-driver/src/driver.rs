@@ -584,6 +584,31 @@ impl Driver {
         self.unflushed = true;
         self.flush_engine(now);
         self.sockets = IdTable::default();
+        self.release_callers();
+    }
+
+    /// Review32 R5: the driver's task was dropped before the driver stopped, which a runtime
+    /// does to its tasks when it shuts down: the driver's sockets and timer belong to that
+    /// runtime, and nothing may poll them again (tokio's timers panic once their runtime is shut
+    /// down; the dead task would never be woken either). So the driver stops without a pass:
+    /// the operations in flight end cancelled (they may have been sent), the queued ones and
+    /// every later one with [`crate::shared::runtime_gone`], event streams end and
+    /// [`crate::Client::shutdown`] returns. The engine, sockets and timer go with `self`, on
+    /// the thread that dropped the task.
+    fn orphan(mut self) {
+        {
+            let mut state = lock(&self.shared.state);
+            state.runtime_gone = true;
+            state.closing = true;
+        }
+        self.release_callers();
+    }
+
+    /// Ends every caller's wait: the operations in flight end cancelled, the queued ones with
+    /// [`crate::shared::SharedState::closed_error`] (the runtime's loss after
+    /// [`Driver::orphan`]), session starts are refused, event streams end and the client is
+    /// done.
+    fn release_callers(&mut self) {
         let results = self.count_results.then_some(&self.shared.results_to_take);
         for pending in core::mem::take(&mut self.pending).values() {
             pending
@@ -592,7 +617,7 @@ impl Driver {
         }
         let mut state = lock(&self.shared.state);
         for slot in core::mem::take(&mut state.requests) {
-            slot.complete_cold(Err(OperationError::cancelled()), results);
+            slot.complete_cold(Err(state.closed_error()), results);
         }
         state.sessions.refuse_starts();
         for subscriber in core::mem::take(&mut state.subscribers) {
@@ -820,6 +845,22 @@ impl SpawnedDriver {
             if let Some(task) = task {
                 task.wake();
             }
+        }
+    }
+}
+
+impl Drop for DriverTask {
+    /// Review32 R5: a task dropped before its driver stopped was dropped by its runtime's
+    /// shutdown (tokio drops a runtime's tasks before it shuts its timers and sockets down), or
+    /// after a panic in its pass: the driver stops here ([`Driver::orphan`]), so no caller's
+    /// inline pass polls the dead runtime's timer (a panic) and no operation waits for a task
+    /// that will never run (a hang). It waits for an inline pass under way to end (a pass never
+    /// drops this task). Nothing is added to an operation's path: a client whose driver is
+    /// gone is closing, which every operation checks already.
+    fn drop(&mut self) {
+        let driver = lock(&self.0.state).driver.take();
+        if let Some(driver) = driver {
+            driver.orphan();
         }
     }
 }
@@ -2526,7 +2567,9 @@ mod tests {
         fn poll_timer(&self, cx: &mut Context<'_>) -> Poll<()> {
             let panic = lock(&self.panic).take();
             if let Some((spawned, waker)) = panic {
-                let mut task = DriverTask(spawned);
+                // A second task value for the same driver, which only this test makes: not
+                // dropped (its drop would stop the driver, review32 R5).
+                let mut task = core::mem::ManuallyDrop::new(DriverTask(spawned));
                 assert!(poll_task(&mut task, &waker).is_pending(), "refused");
                 panic!("a bug in the driver's pass (on purpose)");
             }

@@ -2,11 +2,19 @@
 //!
 //! [`ClientOptions::parse`] reads a URI with [`ConnectionString::parse`] (the spec's syntax,
 //! types, ranges and conflicts, URI-*) and then keeps what this client supports. Features it
-//! does not have are errors that name them: `mongodb+srv` (SRV lookups), authentication
-//! mechanisms other than SCRAM-SHA-256 and SCRAM-SHA-1, Unix domain sockets, encrypted TLS keys
-//! and SOCKS5 proxies. TLS is [`TlsOptions`]. Compression is refused with a warning
-//! (URI-9: compressors a client does not support are left out of the handshake), as is the
-//! single-threaded `serverSelectionTryOnce` (SS-1).
+//! does not have are errors that name them: authentication mechanisms other than SCRAM-SHA-256
+//! and SCRAM-SHA-1 (yours go in [`ClientOptions::auth`]), Unix domain sockets, encrypted TLS
+//! keys and SOCKS5 proxies. TLS is [`TlsOptions`]. A `mongodb+srv` URI is supported, but its
+//! DNS lookups come first: `parse` refuses it with an error saying so, and
+//! [`crate::Client::with_uri_async`] (or [`crate::resolve_seedlist`] then
+//! [`ClientOptions::from_connection_string`]) makes them.
+//!
+//! As the URI-options spec allows (URI-7), `parse` ignores an unknown option or an invalid value
+//! with a warning, kept in [`ClientOptions::warnings`]; so it ignores compression (URI-9:
+//! compressors a client does not support are left out of the handshake) and the
+//! single-threaded `serverSelectionTryOnce` (SS-1). [`ClientOptions::parse_strict`], which
+//! [`crate::Client::with_uri`] uses, refuses every one of them instead, naming the option and
+//! the value (house rule 11, review32 R1).
 
 use core::fmt;
 use core::time::Duration;
@@ -25,7 +33,9 @@ use retry_core::selection::{ReadPreference, ReadPreferenceMode, SelectionSetting
 use retry_core::service_config::ServiceConfig;
 use retry_core::topology::{TagSet, TopologySettings};
 
-use crate::connection_string::{self, shown, ConnectionString, HostKind, OptionValue, REDACTED};
+use crate::connection_string::{
+    self, shown, ConnectionString, HostKind, OptionValue, Warnings, REDACTED,
+};
 use crate::tls::TlsOptions;
 
 /// An option, or a URI, that could not be used: which option, what value, and why; for two
@@ -49,7 +59,7 @@ impl OptionsError {
     }
 
     /// `option` = `value` cannot be used with `other` = `other_value`, for `reason`.
-    fn conflict(
+    pub(crate) fn conflict(
         (option, value): (&str, &str),
         (other, other_value): (&str, &str),
         reason: impl Into<String>,
@@ -58,6 +68,11 @@ impl OptionsError {
             conflicting: Some((other.into(), other_value.into())),
             ..OptionsError::new(option, value, reason)
         }
+    }
+
+    /// The same error, `more` appended to its reason.
+    pub(crate) fn append_reason(&mut self, more: &str) {
+        self.reason.push_str(more);
     }
 
     /// The other option and its value, when the error is two options that cannot be used
@@ -334,16 +349,44 @@ impl ClientOptions {
     }
 
     /// Parses a `mongodb://` URI ([`ConnectionString::parse`]) and keeps what this client
-    /// supports ([`ClientOptions::from_connection_string`]).
+    /// supports ([`ClientOptions::from_connection_string`]). As the URI-options spec allows
+    /// (URI-7), an unknown option or an invalid value is ignored with a warning, kept in
+    /// [`ClientOptions::warnings`]: log them, or use [`ClientOptions::parse_strict`] (which
+    /// [`Client::with_uri`](crate::Client::with_uri) does) to have them refused.
     pub fn parse(uri: &str) -> Result<ClientOptions, OptionsError> {
         ClientOptions::from_connection_string(&ConnectionString::parse(uri)?)
     }
 
+    /// [`ClientOptions::parse`], with anything it would ignore with a warning an error naming
+    /// the option and the value as written (the first warning, followed by the others' texts):
+    /// e.g. `?maxAdaptiveRetries=-1` is `invalid maxAdaptiveRetries "-1": expected an integer
+    /// from 0 to 2147483647` (house rule 11, review32 R1).
+    pub fn parse_strict(uri: &str) -> Result<ClientOptions, OptionsError> {
+        ClientOptions::from_connection_string_strict(&ConnectionString::parse(uri)?)
+    }
+
+    /// [`ClientOptions::from_connection_string`], with any warning an error
+    /// ([`ClientOptions::parse_strict`]).
+    pub(crate) fn from_connection_string_strict(
+        cs: &ConnectionString,
+    ) -> Result<ClientOptions, OptionsError> {
+        let (options, warnings) = ClientOptions::build(cs)?;
+        warnings.refuse()?;
+        Ok(options)
+    }
+
     /// The client options of a parsed connection string. Errors name the feature this client
-    /// does not have (`mongodb+srv`, authentication, Unix sockets, SOCKS5 proxies);
+    /// does not have (authentication mechanisms other than SCRAM, Unix sockets, SOCKS5 proxies,
+    /// encrypted TLS keys) and a `mongodb+srv` string whose DNS lookups were not made yet;
     /// compressors and `serverSelectionTryOnce` are ignored with a warning. The connection
-    /// string's own warnings are kept in [`ClientOptions::warnings`].
+    /// string's own warnings are kept in [`ClientOptions::warnings`] too.
     pub fn from_connection_string(cs: &ConnectionString) -> Result<ClientOptions, OptionsError> {
+        Ok(ClientOptions::build(cs)?.0)
+    }
+
+    /// The client options of `cs`, and every warning (the connection string's, then the
+    /// client's).
+    fn build(cs: &ConnectionString) -> Result<(ClientOptions, Warnings), OptionsError> {
         let unsupported = |option: &str, value: &str, what: &str| {
             Err(OptionsError::new(
                 option,
@@ -373,10 +416,11 @@ impl ClientOptions {
         }
         let mut options = ClientOptions::new(hosts);
         options.credential = credential;
-        options.warnings = cs.warnings().to_vec();
+        let mut warnings = cs.warnings.clone();
         for (name, value) in cs.options() {
-            options.apply(name, value)?;
+            options.apply(name, value, &mut warnings)?;
         }
+        options.warnings = warnings.texts().to_vec();
         // TL-1: an explicit `tls=false` wins over the other `tls*` options and over SRV.
         match cs.option("tls") {
             Some(OptionValue::Bool(false)) => options.tls = None,
@@ -388,7 +432,7 @@ impl ClientOptions {
         options.read_preference = read_preference(cs)?;
         options.write_concern = write_concern(cs);
         options.srv = cs.srv_polling.clone();
-        Ok(options)
+        Ok((options, warnings))
     }
 
     /// Sets the URI option `name` (case-insensitive) from its string `value`, with the URI's
@@ -424,19 +468,30 @@ impl ClientOptions {
                 "set `credential` instead",
             ));
         }
-        let mut warnings = Vec::new();
-        match connection_string::read_value(canonical, kind, value, &mut warnings)? {
-            Some(parsed) if warnings.is_empty() => self.apply(canonical, &parsed),
-            _ => Err(OptionsError::new(
-                name,
-                shown(name, value),
-                warnings.join("; "),
-            )),
-        }
+        // Named as the caller wrote it (review32 R16: the reason alone, no "; ignored").
+        let as_written = |mut error: OptionsError| {
+            error.option = name.to_string();
+            error
+        };
+        let mut warnings = Warnings::default();
+        let parsed = connection_string::read_value(canonical, kind, value, &mut warnings)
+            .map_err(as_written)?;
+        warnings.refuse().map_err(as_written)?;
+        let Some(parsed) = parsed else {
+            return Err(OptionsError::new(name, shown(name, value), "not used"));
+        };
+        // What `apply` warns about (compression, `serverSelectionTryOnce`) it leaves unset.
+        self.apply(canonical, &parsed, &mut warnings)?;
+        warnings.refuse().map_err(as_written)
     }
 
     /// Applies one parsed option by canonical name.
-    fn apply(&mut self, name: &'static str, value: &OptionValue) -> Result<(), OptionsError> {
+    fn apply(
+        &mut self,
+        name: &'static str,
+        value: &OptionValue,
+        warnings: &mut Warnings,
+    ) -> Result<(), OptionsError> {
         let unsupported = |what: &str| {
             Err(OptionsError::new(
                 name,
@@ -535,10 +590,20 @@ impl ClientOptions {
             // Read by `ConnectionString::credential` as a whole (AU-1).
             ("authMechanism" | "authSource" | "authMechanismProperties", _) => {}
             (n, _) if n.starts_with("proxy") => return unsupported("a SOCKS5 proxy"),
-            ("compressors" | "zlibCompressionLevel", _) => self.warnings.push(format!(
-                "'{name}' ignored: compression is not supported by this client"
-            )),
-            ("serverSelectionTryOnce", _) => self.warnings.push(
+            ("compressors" | "zlibCompressionLevel", _) => warnings.push(
+                OptionsError::new(
+                    name,
+                    &value.to_string(),
+                    "compression is not supported by this client (URI-9)",
+                ),
+                format!("'{name}' ignored: compression is not supported by this client"),
+            ),
+            ("serverSelectionTryOnce", _) => warnings.push(
+                OptionsError::new(
+                    name,
+                    &value.to_string(),
+                    "it is for single-threaded drivers (SS-1)",
+                ),
                 "'serverSelectionTryOnce' ignored: it is for single-threaded drivers (SS-1)"
                     .to_string(),
             ),
@@ -841,6 +906,113 @@ mod tests {
         assert!(options.set("w", "1").is_err());
         options.set("heartbeatFrequencyMS", "600").unwrap();
         assert_eq!(options.heartbeat_frequency, Duration::from_millis(600));
+    }
+
+    /// Review32 R1 (URI-7, URI-8, URI-9, URI-10, house rule 11): what `parse` ignores with a
+    /// warning, `parse_strict` refuses, naming the option and the value as written; `parse`
+    /// still accepts the URI and keeps the warning.
+    #[test]
+    fn review32_r1_parse_strict_refuses_what_parse_ignores_with_a_warning() {
+        for (query, option, value, reason) in [
+            ("bogus=1", "bogus", REDACTED, "unknown option (URI-7)"),
+            (
+                "maxAdaptiveRetries=-1",
+                "maxAdaptiveRetries",
+                "-1",
+                "expected an integer from 0 to 2147483647",
+            ),
+            (
+                "timeoutMS=-5",
+                "timeoutMS",
+                "-5",
+                "expected an integer from 0 to 9223372036854775807",
+            ),
+            (
+                "compressors=zlib",
+                "compressors",
+                "zlib",
+                "compression is not supported by this client (URI-9)",
+            ),
+            (
+                "retryReads=1",
+                "retryReads",
+                "1",
+                "a deprecated spelling of 'true' (URI-8)",
+            ),
+            (
+                "wtimeout=5",
+                "wtimeout",
+                "5",
+                "a deprecated name; use 'wTimeoutMS' (URI-10)",
+            ),
+            (
+                "appName=a&appName=b",
+                "appName",
+                "b",
+                "given more than once",
+            ),
+        ] {
+            let uri = format!("mongodb://127.0.0.1/?{query}");
+            let lenient = ClientOptions::parse(&uri).unwrap();
+            assert_eq!(lenient.warnings.len(), 1, "{uri}: {:?}", lenient.warnings);
+            let error = ClientOptions::parse_strict(&uri).unwrap_err();
+            assert_eq!(
+                (error.option(), error.value(), error.reason()),
+                (option, value, reason),
+                "{uri}"
+            );
+        }
+        // Several warnings: the first one, and the others' texts.
+        let error =
+            ClientOptions::parse_strict("mongodb://127.0.0.1/?timeoutMS=-5&compressors=zlib")
+                .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid timeoutMS \"-5\": expected an integer from 0 to 9223372036854775807; and 1 \
+             more: 'compressors' ignored: compression is not supported by this client"
+        );
+        assert!(ClientOptions::parse_strict("mongodb://127.0.0.1/?timeoutMS=5").is_ok());
+    }
+
+    /// Review32 R16: `set` refuses a value the URI would ignore with the reason alone (no
+    /// "; ignored"), under the name as the caller wrote it; a conflict of the hosts names the
+    /// option and its value, not "uri" and "".
+    #[test]
+    fn review32_r16_errors_name_what_the_user_wrote() {
+        let mut options = ClientOptions::new(vec![ServerAddress::new("x", 1)]);
+        let error = options.set("timeoutMS", "-5").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid timeoutMS \"-5\": expected an integer from 0 to 9223372036854775807"
+        );
+        let error = options.set("TIMEOUTms", "soon").unwrap_err();
+        assert_eq!(
+            (error.option(), error.value(), error.reason()),
+            ("TIMEOUTms", "soon", "expected an integer")
+        );
+        let error = options.set("compressors", "zlib").unwrap_err();
+        assert_eq!(error.option(), "compressors");
+        assert!(options.set("serverSelectionTryOnce", "false").is_err());
+
+        let error = ClientOptions::parse("mongodb://a:1,b:2/?directConnection=true").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid directConnection \"true\": needs exactly one host and mongodb://, not 2 \
+             hosts (URI-11)"
+        );
+        let error = ClientOptions::parse("mongodb://a/?minPoolSize=5&maxPoolSize=2").unwrap_err();
+        assert_eq!(error.option(), "minPoolSize");
+        assert_eq!(error.value(), "5");
+        assert_eq!(error.conflicting(), Some(("maxPoolSize", "2")));
+        let error = ClientOptions::parse("mongodb://a/?readPreferenceTags=dc:ny").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid readPreferenceTags \"dc:ny\" with readPreference \"primary (the \
+             default)\": cannot be used with read preference primary (SS-2)"
+        );
+        let error = ClientOptions::parse("mongodb://a/?proxyPassword=s3cr3t").unwrap_err();
+        assert_eq!((error.option(), error.value()), ("proxyPassword", REDACTED));
+        assert!(!error.to_string().contains("s3cr3t"), "{error}");
     }
 
     #[test]

@@ -97,7 +97,8 @@ fn no_resolver(name: &str) -> io::Error {
 /// the driver in a task of its own, which holds no such lock, so these rules do not bind it:
 /// tokio's `Sleep` wakes its last poll's waker when reset to an instant its timer wheel has
 /// passed, and its own waker from a poll once its task's coop budget is spent.
-/// [`crate::conformance::check_timer`] checks this contract.
+/// [`crate::conformance::check_timer`] checks this contract; on a runtime that does not spawn,
+/// it replays the watchdog's sequence, its re-arm from within the wake included (review31 X1).
 pub trait AsyncTimer: Send + fmt::Debug {
     /// Makes the timer fire at `at` instead.
     fn reset(self: Pin<&mut Self>, at: Instant);

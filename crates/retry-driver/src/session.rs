@@ -146,14 +146,15 @@ pub(crate) fn serve(
 
 impl<R> Client<R> {
     /// Starts an explicit session (SE-10). Fails with [`OperationError::cancelled`] once the
-    /// client is shut down. The server session is taken at the first operation, after its
+    /// client is shut down (with a usage error once the runtime it was created on has shut down,
+    /// review32 R5). The server session is taken at the first operation, after its
     /// connection is checked out (SE-7).
     pub async fn start_session(&self) -> Result<Session<R>, OperationError> {
         let start = Arc::new(SessionStart::default());
         {
             let mut state = lock(&self.shared().state);
             if state.closing {
-                return Err(OperationError::cancelled());
+                return Err(state.closed_error());
             }
             state.sessions.starts.push(start.clone());
             state.wake_driver();
@@ -169,7 +170,7 @@ impl<R> Client<R> {
                 client: self.clone(),
                 handle,
             }),
-            None => Err(OperationError::cancelled()),
+            None => Err(lock(&self.shared().state).closed_error()),
         }
     }
 }
@@ -293,7 +294,7 @@ impl<R> Session<R> {
         {
             let mut state = lock(&self.client.shared().state);
             if state.closing {
-                return Err(OperationError::cancelled());
+                return Err(state.closed_error());
             }
             state
                 .sessions

@@ -111,6 +111,18 @@ fn unknown_address() -> ServerAddress {
     ServerAddress::new("unknown", 0)
 }
 
+/// What an operation of a client whose driver's runtime has shut down fails with (review32 R5):
+/// a usage error (nothing was sent). A client is bound to the runtime current at its connect,
+/// which runs its driver's task.
+pub(crate) fn runtime_gone() -> OperationError {
+    OperationError::usage(RUNTIME_GONE)
+}
+
+/// [`runtime_gone`]'s message.
+pub(crate) const RUNTIME_GONE: &str = "the runtime this client was created on has shut down: a \
+     client is bound to the runtime current at its connect, which runs its driver, and cannot be \
+     used once that runtime is gone (create the client on the runtime that uses it)";
+
 /// Locks `mutex`; a panic elsewhere while it was held does not poison the client.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -465,6 +477,10 @@ pub(crate) struct SharedState {
     pub(crate) driver: Option<Waker>,
     /// Shutdown was asked for.
     pub(crate) closing: bool,
+    /// The runtime the driver's task was spawned on dropped the task before the driver stopped
+    /// (it has shut down): the client is closed, and its operations fail with
+    /// [`runtime_gone`] (review32 R5).
+    pub(crate) runtime_gone: bool,
     /// The driver has stopped: every operation has its result.
     pub(crate) done: bool,
     pub(crate) done_wakers: Vec<Waker>,
@@ -535,6 +551,18 @@ impl SharedState {
             request.db = name;
         }
         Arc::new(slot)
+    }
+
+    /// Why an operation or a session asked for once the client is closing fails:
+    /// [`OperationError::cancelled`] after a shutdown, [`runtime_gone`] after the runtime the
+    /// driver ran on shut down (review32 R5). Read only on that cold path.
+    #[cold]
+    pub(crate) fn closed_error(&self) -> OperationError {
+        if self.runtime_gone {
+            runtime_gone()
+        } else {
+            OperationError::cancelled()
+        }
     }
 
     /// Wakes the driver, for new work.

@@ -30,6 +30,10 @@ pub enum Command {
     /// load through the client under each retry policy (the default command).
     Demo(DemoArgs),
     /// Connect to a server, run a ping with retries and print every event.
+    ///
+    /// A refused connection or other network error while connecting (but not a failed name
+    /// lookup) carries the labels SystemOverloadedError and RetryableError by HS-9, whether or
+    /// not the server is overloaded.
     Probe(ProbeArgs),
     /// Compare the retry policies in a deterministic simulation of many clients and servers.
     Simulate(crate::simulate::SimulateArgs),

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use comfy_table::Table;
-use retry_lab::simulate::{output, simulate, SimulateArgs};
+use retry_lab::simulate::{output, simulate, summary, SimulateArgs};
 
 /// Runs the simulation and reports where its files went.
 pub fn run(args: &SimulateArgs) -> ExitCode {
@@ -32,43 +32,11 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
         }
     };
     let elapsed = started.elapsed();
+    let (header, rows) = summary::table(&report);
     let mut table = Table::new();
-    table.set_header([
-        "policy",
-        "failed @0.75x",
-        "p99 ms @0.75x",
-        "goodput @2x",
-        "failed @2x",
-        "amplif. @2x",
-        "p99 ms @2x",
-        "goodput @5x",
-        "amplif. @5x",
-        "recovery s",
-    ]);
-    for episode in &report.episode {
-        let at = |load: f64| {
-            report
-                .steady
-                .iter()
-                .find(|r| r.policy == episode.policy && (r.load - load).abs() < 1e-9)
-        };
-        let cell = |load: f64, f: &dyn Fn(&retry_lab::simulate::SteadyRow) -> String| {
-            at(load).map_or_else(|| "-".to_string(), f)
-        };
-        table.add_row([
-            episode.policy.name(),
-            cell(0.75, &|r| format!("{:.1}%", r.failure_rate * 100.0)),
-            cell(0.75, &|r| format!("{:.1}", r.latency_ms[1])),
-            cell(2.0, &|r| format!("{:.0}", r.goodput)),
-            cell(2.0, &|r| format!("{:.1}%", r.failure_rate * 100.0)),
-            cell(2.0, &|r| format!("{:.2}", r.amplification)),
-            cell(2.0, &|r| format!("{:.1}", r.latency_ms[1])),
-            cell(5.0, &|r| format!("{:.0}", r.goodput)),
-            cell(5.0, &|r| format!("{:.2}", r.amplification)),
-            episode
-                .time_to_recover
-                .map_or_else(|| "never".to_string(), |t| format!("{t:.2}")),
-        ]);
+    table.set_header(header);
+    for row in rows {
+        table.add_row(row);
     }
     println!("{table}");
     match output::write(&report, &args.out) {

@@ -7,7 +7,7 @@ use clap::Parser;
 use retry_lab::cli::{Cli, Command};
 use retry_lab::simulate::model::{run, Cluster, Load, RunSpec};
 use retry_lab::simulate::policy::SimPolicy;
-use retry_lab::simulate::{output, run_all, simulate, SimulateArgs};
+use retry_lab::simulate::{output, run_all, simulate, summary, SimulateArgs};
 use std::time::Duration;
 
 fn small(out: PathBuf) -> SimulateArgs {
@@ -242,4 +242,22 @@ fn a6_a_users_service_config_replaces_the_policy_of_its_kind_and_errors_name_the
     fs::write(&path, r#"{ "methodConfig": [{ "name": [{}] }] }"#).unwrap();
     assert!(args.cluster().unwrap_err().contains("for find"));
     let _ = fs::remove_dir_all(dir);
+}
+
+/// Review32 R22: `--loads 1` prints its figures at 1x, not a table of "-" at the default loads.
+#[test]
+fn the_summary_columns_follow_the_loads() {
+    let mut args = small(temp("unused-summary"));
+    args.loads = vec![1.0];
+    let (header, rows) = summary::table(&simulate(&args).unwrap());
+    assert_eq!(header.len(), 6, "{header:?}");
+    assert!(
+        header[1..5].iter().all(|h| h.ends_with(" @1x")),
+        "{header:?}"
+    );
+    assert_eq!(rows.len(), SimPolicy::ALL.len());
+    for row in &rows {
+        assert_eq!(row.len(), header.len());
+        assert!(row.iter().all(|cell| cell != "-"), "{row:?}");
+    }
 }

@@ -806,18 +806,15 @@ fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
         Err(e) => return e,
     };
     let ordered = ordered(&request.body);
-    // Review7 finding 3: a document nested deeper than a stored one may be is refused (Overflow,
-    // 15) as a write error; an ordered insert stops there.
+    // Review32 R4, review7 finding 3: a document over `maxBsonObjectSize` (BadValue, 2) or nested
+    // deeper than a stored one may be (Overflow, 15) is refused as a write error
+    // (`store::insert_refusal`); an ordered insert stops there.
     let mut errors: Vec<(usize, Document)> = Vec::new();
     let mut positions = Vec::new();
     let mut storable = Vec::new();
     for (index, document) in documents.into_iter().enumerate() {
-        if crate::store::too_deep(&document) {
-            let message = format!(
-                "cannot insert document because it exceeds {} levels of nesting",
-                crate::store::MAX_STORED_DEPTH
-            );
-            errors.push((index, doc! { "code": 15, "errmsg": message }));
+        if let Some((code, message)) = crate::store::insert_refusal(&document) {
+            errors.push((index, doc! { "code": code, "errmsg": message }));
             if ordered {
                 break;
             }
@@ -1010,15 +1007,13 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                 let Ok(document) = op.get_document("document") else {
                     return error_reply(2, "a bulkWrite insert needs a document");
                 };
-                // Review7 finding 3: the op's error (Overflow, 15).
-                if crate::store::too_deep(document) {
+                // Review32 R4, review7 finding 3: the op's error (BadValue 2 over
+                // `maxBsonObjectSize`, Overflow 15 nested too deep; `store::insert_refusal`).
+                if let Some((code, message)) = crate::store::insert_refusal(document) {
                     let result = doc! {
-                        "ok": 0.0, "idx": count_i32(index), "code": 15,
-                        "codeName": crate::fail_point::code_name_of(15),
-                        "errmsg": format!(
-                            "cannot insert document because it exceeds {} levels of nesting",
-                            crate::store::MAX_STORED_DEPTH
-                        ),
+                        "ok": 0.0, "idx": count_i32(index), "code": code,
+                        "codeName": crate::fail_point::code_name_of(code),
+                        "errmsg": message,
                     };
                     counts[errors] += 1;
                     results.push(result);

@@ -45,11 +45,15 @@
 //!
 //! 1. The request is counted under its command name (the first key of its body). A `hello`,
 //!    `isMaster` or `ismaster` is recorded as a [`Handshake`].
-//! 2. A body without `$db` fails with code 40571, as a real server does; so does a body with a key
-//!    sent twice (FailedToParse 9), or a document sequence the command does not take (40472,
-//!    40415) or that repeats a body field (40433) (house rule 7). A command the server does not
-//!    know is CommandNotFound (59) now, before any other check, as a real server looks it up
-//!    first (TK-2). While the `requireApiVersion` server parameter is on
+//! 2. A body or a document-sequence document over 16 MiB + 16 KiB fails with BSONObjectTooLarge
+//!    (10334) before anything else is read (review32 R4). A body without `$db` fails with code
+//!    40571, as a real server does; so does a body with a key sent twice (FailedToParse 9), or a
+//!    document sequence the command does not take (40472, 40415) or that repeats a body field
+//!    (40433) (house rule 7). A command the server does not know is CommandNotFound (59) now,
+//!    before any other check, as a real server looks it up first (TK-2); then a `$db` holding
+//!    `.` or NUL, or over 63 bytes, is InvalidNamespace (73), and one `validDBName` refuses
+//!    otherwise (empty, `/`, `\`, space, `"`) is too, after the fail point of step 4 (a router
+//!    refuses `local`, IllegalOperation 20). While the `requireApiVersion` server parameter is on
 //!    ([`ServerConfig::require_api_version`], `setParameter`), a command without `apiVersion`,
 //!    hellos included, fails with code 498870. `stmtId` is refused (`TestkitUnsupported`).
 //! 3. Every command but the handshake (BP-6) and `configureFailPoint` takes a token from the ingress
@@ -87,8 +91,8 @@
 //! without decoding the request into a `bson::Document` (issue 9: the server's share of a ping
 //! round trip). A request whose frame names one of them is decoded with retry-core's
 //! `FrameDecoder::decode_raw`, which accepts and refuses exactly the frames the `Document` decoder
-//! does, and is answered raw only when every check above would pass it: no document sequence, no
-//! field twice, a `$db`, an `lsid` that is `{id: <binary>}` alone, a valid numeric `maxTimeMS`,
+//! does, and is answered raw only when every check above would pass it: a body within 16 MiB +
+//! 16 KiB, no document sequence, no field twice, a `$db` a server runs commands on, an `lsid` that is `{id: <binary>}` alone, a valid numeric `maxTimeMS`,
 //! only the generic fields no check reads (`$clusterTime`, `$readPreference`, `apiVersion`,
 //! `apiStrict`, `apiDeprecationErrors`, `comment`) and, for a hello, a boolean `helloOk` and
 //! `loadBalanced`, `client`, `compression` and `backpressure` (an awaitable or authenticating
@@ -112,6 +116,7 @@ mod client;
 mod commands;
 mod config;
 mod counters;
+mod database_name;
 mod fail_point;
 mod faults;
 mod limiter;

@@ -1109,7 +1109,7 @@ impl Connection {
         shared: &Shared,
         stream: &mut S,
         request: OpMsg,
-        malformed: Option<Document>,
+        malformed: Option<malformed::Malformed>,
     ) -> bool {
         if malformed.is_none() {
             if let Some(wait) = awaitable::awaitable(shared, &request) {
@@ -1146,11 +1146,11 @@ impl Connection {
         shared: &Shared,
         name: &str,
         request: &OpMsg,
-        malformed: Option<Document>,
+        malformed: Option<malformed::Malformed>,
     ) -> Response {
         let command = &request.body;
         let hello = is_hello(name);
-        let fired = {
+        let (fired, invalid_db) = {
             let mut state = shared.lock();
             state.counters.command_mut(name).received += 1;
             if let Some(log) = &mut state.command_log {
@@ -1163,14 +1163,20 @@ impl Connection {
             if hello {
                 self.record_handshake(&mut state, command);
             }
-            match command.get("$db") {
+            // Review32 R4: a refusal the server makes while parsing the message comes before
+            // anything reads `$db`.
+            let malformed = match malformed {
+                Some(refusal) if refusal.while_parsing => return Response::Reply(refusal.reply),
+                other => other,
+            };
+            let db = match command.get("$db") {
                 None => {
                     return Response::Reply(error_reply(
                         40571,
                         "OP_MSG requests require a $db argument",
                     ))
                 }
-                Some(Bson::String(_)) => {}
+                Some(Bson::String(db)) => db.as_str(),
                 // Review7 finding 3: the server reads `$db` with `checkAndGetStringData`, whose
                 // type check is 13111 with this message (the BSON type numbers).
                 Some(other) => {
@@ -1180,14 +1186,19 @@ impl Connection {
                     );
                     return Response::Reply(error_reply(13111, &message));
                 }
-            }
+            };
             if let Some(refusal) = malformed {
-                return Response::Reply(refusal);
+                return Response::Reply(refusal.reply);
             }
             // TK-2: the command is looked up before anything else reads the body.
             if !crate::refusals::known_command(name, shared.max_wire_version) {
                 state.unsupported.push(format!("command {name}"));
                 return Response::Reply(crate::refusals::command_not_found(&state.role, name));
+            }
+            // Review32 R4 (house rule 7): the database name as the server parses the command
+            // (`crate::database_name`).
+            if let Some(refusal) = crate::database_name::parse_refusal(db) {
+                return Response::Reply(refusal);
             }
             if let Some(refusal) = self.auth.refuse(&state.users, name) {
                 return Response::Reply(refusal);
@@ -1245,11 +1256,14 @@ impl Connection {
                     return Response::Reply(rejection);
                 }
             }
-            if name == "configureFailPoint" {
+            let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+            let invalid_db = crate::database_name::validity_refusal(db, router);
+            let fired = if name == "configureFailPoint" {
                 None
             } else {
                 state.trigger_fail_point(name, self.app_name.as_deref())
-            }
+            };
+            (fired, invalid_db)
         };
         if let Some(fail) = &fired {
             if let Some(block) = fail.block {
@@ -1263,6 +1277,11 @@ impl Connection {
                 add_topology_version(&state, shared.process_id, &mut reply);
                 return Response::Reply(reply);
             }
+        }
+        // Review32 R4 (house rule 7): `validDBName`, after the fail point as on a real server
+        // (`crate::database_name`).
+        if let Some(refusal) = invalid_db {
+            return Response::Reply(refusal);
         }
         if let Some(wait) = crate::query::where_sleep(command) {
             sleep(wait).await;

@@ -413,6 +413,28 @@ pub(crate) fn too_deep(document: &Document) -> bool {
     document.values().any(|v| deeper(v, 1))
 }
 
+/// The refusal a real server gives a document to insert, in its order (`fixDocumentForInsert`,
+/// `src/mongo/db/query/write_ops/insert.cpp`, formerly `src/mongo/db/ops/insert.cpp`): larger
+/// than `maxBsonObjectSize` as sent (`BSONObjMaxUserSize`, 16 MiB): BadValue (2), "object to
+/// insert too large. size in bytes: {n}, max size: 16777216" (review32 R4, house rule 7); then
+/// nested deeper than [`MAX_STORED_DEPTH`]: Overflow (15), review7 finding 3. Either is the
+/// statement's write error, not the command's.
+pub(crate) fn insert_refusal(document: &Document) -> Option<(i32, String)> {
+    // A document decoded from a request always encodes again.
+    let size = document.to_vec().map_or(0, |bytes| bytes.len());
+    let max = crate::config::MAX_BSON_OBJECT_SIZE;
+    if size > max.unsigned_abs() as usize {
+        let message = format!("object to insert too large. size in bytes: {size}, max size: {max}");
+        return Some((2, message));
+    }
+    too_deep(document).then(|| {
+        let message = format!(
+            "cannot insert document because it exceeds {MAX_STORED_DEPTH} levels of nesting"
+        );
+        (15, message)
+    })
+}
+
 /// The `_id` of a stored document (every stored document has one).
 fn id_of(document: &Document) -> Bson {
     document.get("_id").cloned().unwrap_or(Bson::Null)

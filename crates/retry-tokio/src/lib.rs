@@ -7,12 +7,14 @@
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-//! use retry_core::retry::OperationKind;
+//! use retry_tokio::bson::doc;
+//! use retry_tokio::retry_core::retry::OperationKind;
 //! use retry_tokio::Client;
 //!
+//! // An option `ClientOptions::parse` would ignore with a warning is an error here.
 //! let client = Client::with_uri("mongodb://127.0.0.1:27017/?retryReads=true&timeoutMS=5000")?;
 //! let reply = client
-//!     .run_command("test", bson::doc! { "ping": 1 }, OperationKind::RunCommand)
+//!     .run_command("test", doc! { "ping": 1 }, OperationKind::RunCommand)
 //!     .await?;
 //! assert_eq!(reply.get_f64("ok").ok(), Some(1.0));
 //! client.shutdown().await;
@@ -20,8 +22,41 @@
 //! # }
 //! ```
 //!
+//! An application needs only this crate: it re-exports the [`retry_core`] and [`bson`] it was
+//! built with, and the types of the client's API (review32 R12):
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use retry_tokio::bson::doc;
+//! use retry_tokio::{
+//!     Client, ClientOptions, Cursor, Nameservers, Runtime, ServerApi, ServerApiVersion, Session,
+//!     TokioRuntime,
+//! };
+//!
+//! // The lenient path: what the URI-options spec ignores with a warning is kept to be logged.
+//! let mut options = ClientOptions::parse("mongodb://127.0.0.1:27017/?appName=example")?;
+//! for warning in &options.warnings {
+//!     eprintln!("{warning}");
+//! }
+//! options.server_api = Some(ServerApi::new(ServerApiVersion::V1));
+//! let runtime = TokioRuntime::start()?.with_nameservers(Nameservers::System);
+//! let client = Client::connect_on(runtime, options)?;
+//! let session: Session = client.start_session().await?;
+//! session
+//!     .command("test", doc! { "insert": "items", "documents": [{ "x": 1 }] })
+//!     .await?;
+//! let mut cursor: Cursor = client.cursor("test", doc! { "find": "items" }).await?;
+//! while let Some(item) = cursor.next().await? {
+//!     println!("{item}");
+//! }
+//! client.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! `Client::connect` must be called inside a tokio runtime (it spawns the driver there); outside
-//! one it returns [`ConnectError::Runtime`].
+//! one it returns [`ConnectError::Runtime`]. The client is bound to that runtime: once it has
+//! shut down, the client's operations fail (see [`Client`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -33,19 +68,38 @@ use std::io;
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use retry_core::time::Instant;
 use retry_driver::{
-    lookup_ip, lookup_srv, lookup_txt, timer_deadline, AsyncTimer, BoxFuture, Nameservers, Runtime,
-    Socket, SrvRecord,
+    lookup_ip, lookup_srv, lookup_txt, timer_deadline, AsyncTimer, BoxFuture, Socket, SrvRecord,
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
+// Review32 R12: what this crate's API and docs/adapters.md use, so that an application needs
+// only this crate (and gets the `retry_core` and `bson` it was built with).
+pub use bson;
+pub use retry_core;
 pub use retry_driver::{
-    ClientOptions, CommandOptions, ConnectError, Events, OptionsError, Reply, TimedEvent,
+    ClientOptions, CommandOptions, ConnectError, ConnectionString, Events, Nameservers,
+    OptionsError, Reply, Runtime, ServerApi, ServerApiVersion, TimedEvent, TlsError, TlsOptions,
 };
 
 /// A client driven on tokio.
+///
+/// A client is bound to the tokio runtime current at its connect ([`Runtime::start`]): its
+/// driver is a task spawned there, and its sockets and timers are that runtime's. Use it from
+/// any runtime while that one runs; once that runtime has shut down, every operation (and
+/// [`Client::start_session`](retry_driver::Client::start_session)) fails at once with a usage
+/// error, "the runtime this client was created on has shut down: ...", never a panic or a hang,
+/// and [`Client::shutdown`](retry_driver::Client::shutdown) returns (review32 R5). So a client
+/// kept in a `static` and used from `#[tokio::test]`s, each with a runtime of its own, works
+/// only in the test that created it: create a client per runtime instead.
 pub type Client = retry_driver::Client<TokioRuntime>;
+
+/// An explicit session of a [`Client`] ([`Client::start_session`](retry_driver::Client::start_session)).
+pub type Session = retry_driver::Session<TokioRuntime>;
+
+/// A cursor of a [`Client`] ([`Client::cursor`](retry_driver::Client::cursor)).
+pub type Cursor = retry_driver::Cursor<TokioRuntime>;
 
 /// tokio as a [`Runtime`]: the current runtime's handle, the clock's origin and where SRV and
 /// TXT queries go.

@@ -10,7 +10,7 @@ use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use retry_core::time::Instant;
 use retry_driver::conformance::{check_read_armed, check_timer};
@@ -67,6 +67,26 @@ enum Breaks {
     /// early wake, allowed), and no later poll's waker is woken: they never fire (review30 W6,
     /// review31 X2).
     TimerWokenEarlyOnly,
+    /// It does not spawn, and its timers have a thread of their own ([`ThreadTimer`]) which
+    /// fires them as the contract says (review31 X1: no false failure).
+    ThreadTimer,
+    /// As [`Breaks::ThreadTimer`], but the timer's thread wakes the waker while holding the
+    /// timer's lock: the watchdog's re-arm from within that wake would deadlock on it
+    /// (review31 X1, example 1).
+    TimerWakesUnderItsLock,
+    /// As [`Breaks::ThreadTimer`], but its resets hand the instant to the timer's thread and
+    /// wait for its reply, and the thread wakes the waker of the instant it replaces before
+    /// replying: a wake that blocks on the watchdog's lock, which the reset's caller holds
+    /// (review31 X1, example 2).
+    TimerResetWaitsForItsThread,
+    /// As [`Breaks::ThreadTimer`], but a reset before the timer's first poll is lost: the
+    /// watchdog's timer, made for `Instant::MAX` and first reset unpolled, never fires
+    /// (review31 X1).
+    TimerIgnoresResetBeforeFirstPoll,
+    /// As [`Breaks::ThreadTimer`], but a `Ready` poll drops the waker, and the next poll does
+    /// not register its own: the watchdog's arming after a `Ready` one never fires (review31
+    /// X1).
+    TimerUnregisteredAfterReady,
 }
 
 /// tokio, breaking one rule.
@@ -124,6 +144,13 @@ impl Runtime for Breaking {
                 ready: None,
             }),
             Breaks::TimerWokenEarlyOnly => Box::pin(EarlyTimer { polled: false }),
+            Breaks::ThreadTimer
+            | Breaks::TimerWakesUnderItsLock
+            | Breaks::TimerResetWaitsForItsThread
+            | Breaks::TimerIgnoresResetBeforeFirstPoll
+            | Breaks::TimerUnregisteredAfterReady => {
+                Box::pin(ThreadTimer::new(self.inner.clone(), at, self.breaks))
+            }
             _ => timer,
         }
     }
@@ -136,6 +163,11 @@ impl Runtime for Breaking {
                 | Breaks::TimerWakesInReset
                 | Breaks::TimerWakesReplaced
                 | Breaks::TimerWakesInResetAfterFiring
+                | Breaks::ThreadTimer
+                | Breaks::TimerWakesUnderItsLock
+                | Breaks::TimerResetWaitsForItsThread
+                | Breaks::TimerIgnoresResetBeforeFirstPoll
+                | Breaks::TimerUnregisteredAfterReady
         )
     }
 
@@ -420,6 +452,172 @@ impl AsyncTimer for EarlyTimer {
     }
 }
 
+/// A timer with a thread of its own, on the runtime's clock: the thread wakes the last
+/// `Pending` poll's waker once the timer's instant has passed (after letting the timer's lock
+/// go), and a poll is `Ready` once it has; neither `reset` nor `poll` wakes a waker. As
+/// `breaks` says, it breaks one of the watchdog's rules (review31 X1), or none.
+#[derive(Debug)]
+struct ThreadTimer {
+    shared: Arc<Shared>,
+    breaks: Breaks,
+    /// It has been polled.
+    polled: bool,
+    /// Its last poll was `Ready` (a reset since or not).
+    ready: bool,
+}
+
+/// What a [`ThreadTimer`] shares with its thread.
+#[derive(Debug)]
+struct Shared {
+    runtime: Arc<TokioRuntime>,
+    state: Mutex<TimerState>,
+    /// `state` changed.
+    changed: Condvar,
+    /// The timer was dropped: its thread ends (read without the lock, so that a drop within the
+    /// thread's own wake, which may hold it, does not deadlock).
+    dropped: AtomicBool,
+}
+
+#[derive(Debug)]
+struct TimerState {
+    at: Instant,
+    waker: Option<Waker>,
+    /// A reset handed to the thread ([`Breaks::TimerResetWaitsForItsThread`]).
+    asked: Option<Instant>,
+    /// The thread has answered the last reset handed to it.
+    answered: bool,
+}
+
+/// How long a [`ThreadTimer`]'s thread lives at most, and how long a reset waits for it
+/// (house rule 12: its loop is bounded in time).
+const THREAD_LIFE: Duration = Duration::from_secs(20);
+
+/// The longest a [`ThreadTimer`]'s thread waits before looking again (a drop notified without
+/// the lock may be missed once).
+const THREAD_LOOK: Duration = Duration::from_millis(50);
+
+impl ThreadTimer {
+    fn new(runtime: Arc<TokioRuntime>, at: Instant, breaks: Breaks) -> ThreadTimer {
+        let shared = Arc::new(Shared {
+            runtime,
+            state: Mutex::new(TimerState {
+                at,
+                waker: None,
+                asked: None,
+                answered: true,
+            }),
+            changed: Condvar::new(),
+            dropped: AtomicBool::new(false),
+        });
+        let ticks = shared.clone();
+        std::thread::spawn(move || tick(&ticks, breaks));
+        ThreadTimer {
+            shared,
+            breaks,
+            polled: false,
+            ready: false,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, TimerState> {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A [`ThreadTimer`]'s thread, until the timer is dropped ([`THREAD_LIFE`] at most).
+fn tick(shared: &Shared, breaks: Breaks) {
+    let end = std::time::Instant::now() + THREAD_LIFE;
+    let mut state = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+    while !shared.dropped.load(Ordering::SeqCst) && std::time::Instant::now() < end {
+        if let Some(at) = state.asked.take() {
+            // Breaks::TimerResetWaitsForItsThread: the replaced instant's waker is woken (an
+            // extra wake, allowed), before the answer.
+            state.at = at;
+            let replaced = state.waker.take();
+            drop(state);
+            if let Some(replaced) = replaced {
+                replaced.wake();
+            }
+            state = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.answered = true;
+            shared.changed.notify_all();
+            continue;
+        }
+        let now = shared.runtime.now();
+        if now >= state.at {
+            if let Some(waker) = state.waker.take() {
+                if matches!(breaks, Breaks::TimerWakesUnderItsLock) {
+                    waker.wake();
+                } else {
+                    drop(state);
+                    waker.wake();
+                    state = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+                }
+                continue;
+            }
+        }
+        let left = Duration::from_nanos(state.at.as_nanos().saturating_sub(now.as_nanos()));
+        state = shared
+            .changed
+            .wait_timeout(state, left.clamp(Duration::from_micros(100), THREAD_LOOK))
+            .map_or_else(|e| e.into_inner().0, |(state, _)| state);
+    }
+}
+
+impl Drop for ThreadTimer {
+    fn drop(&mut self) {
+        self.shared.dropped.store(true, Ordering::SeqCst);
+        self.shared.changed.notify_all();
+    }
+}
+
+impl AsyncTimer for ThreadTimer {
+    fn reset(self: Pin<&mut Self>, at: Instant) {
+        match self.breaks {
+            Breaks::TimerIgnoresResetBeforeFirstPoll if !self.polled => {}
+            Breaks::TimerResetWaitsForItsThread => {
+                let mut state = self.state();
+                state.asked = Some(at);
+                state.answered = false;
+                self.shared.changed.notify_all();
+                // Until the thread has answered (THREAD_LIFE at most).
+                let _answered =
+                    self.shared
+                        .changed
+                        .wait_timeout_while(state, THREAD_LIFE, |state| !state.answered);
+            }
+            _ => {
+                self.state().at = at;
+                self.shared.changed.notify_all();
+            }
+        }
+    }
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.polled = true;
+        let after_ready = core::mem::take(&mut self.ready);
+        let breaks = self.breaks;
+        let mut state = self.state();
+        if self.shared.runtime.now() >= state.at {
+            if matches!(breaks, Breaks::TimerUnregisteredAfterReady) {
+                state.waker = None;
+            }
+            drop(state);
+            self.ready = true;
+            return Poll::Ready(());
+        }
+        if !(after_ready && matches!(breaks, Breaks::TimerUnregisteredAfterReady)) {
+            state.waker = Some(cx.waker().clone());
+        }
+        drop(state);
+        self.shared.changed.notify_all();
+        Poll::Pending
+    }
+}
+
 /// The error `check` returns on tokio breaking `breaks`.
 fn failure<F, T>(breaks: Breaks, check: impl FnOnce(Breaking) -> F) -> io::Error
 where
@@ -602,7 +800,9 @@ fn review28_u10_tokio_timers_on_a_runtime_that_does_not_spawn_fail_the_past_rese
 }
 
 /// Review30 W1: the naive timer passed the check before (every poll had a waker of its own);
-/// the driver's watchdog, which polls with one waker, would deadlock on it.
+/// the driver's watchdog, which polls with one waker, would deadlock on it. The watchdog's
+/// timer is a fresh one (review31 X1): its first poll replaces no waker, its second (the
+/// arming after the first firing) the watchdog's own.
 #[test]
 fn review30_w1_a_timer_that_wakes_the_waker_it_replaces_fails_the_watchdog_step() {
     let error = failure(Breaks::TimerWakesReplaced, |runtime| async move {
@@ -611,7 +811,7 @@ fn review30_w1_a_timer_that_wakes_the_waker_it_replaces_fails_the_watchdog_step(
     assert_broken(
         &error,
         "check_timer",
-        "the watchdog armed again before it fired",
+        "the watchdog armed again after it fired",
         "the poll woke the waker it was given (the one it was last polled with, and the \
          driver's watchdog's only one) before returning, on a runtime that does not spawn",
     );
@@ -665,5 +865,90 @@ fn review30_w6_a_timer_woken_only_before_its_instant_fails_as_not_woken() {
         "check_timer",
         "a timer 50 ms ahead",
         "its waker was not woken when it fired",
+    );
+}
+
+/// Review31 X1 (house rule 8): a timer with a thread of its own that keeps every rule passes
+/// the check on a runtime that does not spawn, the watchdog's replay included: its thread's
+/// wakes, which may come while the check arms, wait for the arming as the driver's would, and
+/// the re-arm from within such a wake returns (no false failure). Bounded by the check.
+#[test]
+fn review31_x1_a_thread_timer_that_keeps_the_rules_passes_the_watchdog_replay() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let mut runtime = Breaking::start().expect("the runtime");
+        runtime.breaks = Breaks::ThreadTimer;
+        if let Err(e) = check_timer(&runtime).await {
+            panic!("{e}");
+        }
+    });
+}
+
+/// Review31 X1, example 1: a timer whose thread wakes the waker while holding the timer's lock
+/// passed the check before (it re-armed from its own task, after the wake had returned); the
+/// driver's watchdog, which re-arms from within that wake, would deadlock on that lock. The
+/// check's re-arm within the wake blocks, and it fails in about 1 s instead of hanging.
+#[test]
+fn review31_x1_a_timer_that_wakes_under_its_own_lock_fails_the_rearm_within_the_wake() {
+    let error = failure(Breaks::TimerWakesUnderItsLock, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "the watchdog re-armed from within its waker's wake, after it fired",
+        "a reset from within the timer's wake blocked",
+    );
+}
+
+/// Review31 X1, example 2: a timer whose reset waits for its thread, which wakes the waker
+/// first, passed the check before (it counted only wakes on the calling thread); the driver's
+/// watchdog would deadlock (that wake blocks on the lock the reset's caller holds). The check's
+/// wake waits 1 s for the arming to let its lock go, then fails it.
+#[test]
+fn review31_x1_a_timer_whose_reset_waits_for_a_wake_on_its_thread_fails_the_arming() {
+    let error = failure(Breaks::TimerResetWaitsForItsThread, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "the watchdog armed again before it fired",
+        "reset/poll waited for its waker's wake",
+    );
+}
+
+/// Review31 X1: the watchdog's timer is made for `Instant::MAX` and reset before it is ever
+/// polled; a timer that loses that reset passed the check before (it re-used a polled timer).
+#[test]
+fn review31_x1_a_timer_that_loses_a_reset_before_its_first_poll_fails_the_first_arming() {
+    let error = failure(
+        Breaks::TimerIgnoresResetBeforeFirstPoll,
+        |runtime| async move { check_timer(&runtime).await },
+    );
+    assert_broken(
+        &error,
+        "check_timer",
+        "the watchdog's first arming, of a timer never polled before",
+        "the waker it was polled with was not woken when it fired",
+    );
+}
+
+/// Review31 X1: the driver arms its watchdog again after an arming that was `Ready` (`arm`,
+/// `wake_unclaimed`, `arm`); a timer whose first poll after a `Ready` one registers no waker
+/// passed the check before (no arming followed its `Ready` one).
+#[test]
+fn review31_x1_a_timer_unregistered_after_a_ready_poll_fails_the_arming_after_it() {
+    let error = failure(Breaks::TimerUnregisteredAfterReady, |runtime| async move {
+        check_timer(&runtime).await
+    });
+    assert_broken(
+        &error,
+        "check_timer",
+        "the watchdog armed again after an arming that was Ready",
+        "the waker it was polled with was not woken when it fired",
     );
 }

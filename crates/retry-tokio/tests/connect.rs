@@ -39,11 +39,40 @@ async fn settings_that_contradict_the_hosts_are_errors() {
         ),
     ] {
         let error = Client::with_uri(uri).unwrap_err();
-        assert!(
-            matches!(error, ConnectError::Options(_) | ConnectError::Settings(_)),
-            "{error:?}"
-        );
+        // Review32 R16: named by the option and its value, not as "uri" "".
+        let ConnectError::Options(options) = &error else {
+            panic!("{error:?}")
+        };
+        assert_eq!((options.option(), options.value()), (option, "true"));
         assert!(error.to_string().contains(option), "{uri}: {error}");
+    }
+}
+
+/// Review32 R1 (URI-7, house rule 11): `with_uri` and `with_uri_async` refuse a URI with
+/// anything `ClientOptions::parse` would ignore with a warning, naming the option; `parse` and
+/// `connect` still accept it, the warning kept for the caller.
+#[tokio::test]
+async fn review32_r1_with_uri_refuses_what_parse_would_ignore_with_a_warning() {
+    for (query, option) in [
+        ("bogus=1", "bogus"),
+        ("maxAdaptiveRetries=-1", "maxAdaptiveRetries"),
+        ("timeoutMS=-5", "timeoutMS"),
+        ("compressors=zlib", "compressors"),
+    ] {
+        let uri = format!("mongodb://127.0.0.1:1/?{query}");
+        let errors = [
+            Client::with_uri(&uri).unwrap_err(),
+            Client::with_uri_async(&uri).await.unwrap_err(),
+        ];
+        for error in errors {
+            let ConnectError::Options(options) = &error else {
+                panic!("{uri}: {error:?}")
+            };
+            assert_eq!(options.option(), option, "{uri}: {error}");
+        }
+        let options = retry_tokio::ClientOptions::parse(&uri).unwrap();
+        assert_eq!(options.warnings.len(), 1, "{uri}: {:?}", options.warnings);
+        Client::connect(options).unwrap().shutdown().await;
     }
 }
 

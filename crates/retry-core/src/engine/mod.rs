@@ -156,9 +156,13 @@ pub struct EngineOptions {
     pub topology: TopologySettings,
     /// The retry options and policy.
     pub retry: RetryOptions,
-    /// Server selection settings (`localThresholdMS`, `serverSelectionTimeoutMS`).
+    /// Server selection settings (`localThresholdMS`, `serverSelectionTimeoutMS`). Their
+    /// `heartbeat_frequency` is not read: [`Engine::new`] replaces it with
+    /// [`EngineOptions::heartbeat_frequency`].
     pub selection: SelectionSettings,
-    /// `heartbeatFrequencyMS`.
+    /// `heartbeatFrequencyMS`, the one source of truth: the monitors' check interval and,
+    /// copied by [`Engine::new`] into [`SelectionSettings::heartbeat_frequency`], the staleness
+    /// formulas and the smallest `maxStalenessSeconds` (SS-2, SS-5). Default 10 s.
     pub heartbeat_frequency: Duration,
     /// `connectTimeoutMS` (TO-2): bounds opening a socket and its handshake, default 10 s, zero
     /// for no limit; monitoring connections also use it as their socket timeout (MO-4).
@@ -172,7 +176,11 @@ pub struct EngineOptions {
     /// The handshake: client metadata, API version, compressors. `load_balanced` is taken from
     /// the topology settings.
     pub handshake: HandshakeOptions,
-    /// The seed of the engine's RNG (jitter, the power-of-two choice). Adapters seed it from the OS.
+    /// The seed of the engine's RNG (jitter, the power-of-two choice). [`EngineOptions::new`]
+    /// leaves it 0: set it from a per-process random source (the OS), as the adapters do, or
+    /// every process draws the same backoff jitter (BP-14) and power-of-two choices (SS-15), and
+    /// their retries arrive in step. The engine itself reads
+    /// no randomness (house rule 1); a fixed seed is for tests that replay a run (house rule 2).
     pub seed: u64,
     /// AU-2: authenticate every pooled connection after its handshake (monitoring connections
     /// never do); `None` for a server without access control.
@@ -194,6 +202,23 @@ pub struct EngineOptions {
 
 impl EngineOptions {
     /// Options with the defaults for everything but the topology and the handshake.
+    ///
+    /// The [`seed`](EngineOptions::seed) defaults to 0 and must be replaced by one from a
+    /// per-process random source, or every client made this way jitters its backoffs alike
+    /// (BP-14) and their retries arrive together. With std, for example:
+    ///
+    /// ```
+    /// # use retry_core::address::ServerAddress;
+    /// # use retry_core::engine::EngineOptions;
+    /// # use retry_core::handshake::HandshakeOptions;
+    /// # use retry_core::topology::TopologySettings;
+    /// use std::hash::BuildHasher;
+    ///
+    /// let seeds = vec![ServerAddress::new("db0.example.com", 27017)];
+    /// let mut options = EngineOptions::new(TopologySettings::new(seeds), HandshakeOptions::new());
+    /// // std keys each RandomState from the OS's randomness.
+    /// options.seed = std::collections::hash_map::RandomState::new().hash_one("retry-core");
+    /// ```
     pub fn new(topology: TopologySettings, handshake: HandshakeOptions) -> EngineOptions {
         EngineOptions {
             topology,
@@ -795,6 +820,10 @@ pub enum EngineError {
     /// dropping either field, so the engine refuses the combination instead of failing every
     /// connection. `apiStrict: false` or unset works.
     LoadBalancedStrictApi,
+    /// A seed cannot name a server ([`ServerAddress::check`](crate::address::ServerAddress::check):
+    /// an empty host, port 0, a host holding a port; review32 R23). The text includes the
+    /// reason, so there is no `source`.
+    InvalidSeed(crate::address::AddressParseError),
 }
 
 impl core::fmt::Display for EngineError {
@@ -808,17 +837,21 @@ impl core::fmt::Display for EngineError {
                  server refuses the handshake's loadBalanced field under apiStrict \
                  (APIStrictError, 323); leave ServerApi::strict unset or false",
             ),
+            EngineError::InvalidSeed(e) => write!(f, "invalid seed: {e}"),
         }
     }
 }
 
 impl core::error::Error for EngineError {
+    /// The wrapped error's own source: its text is in this error's already, so a chained
+    /// report prints it once (review32 R15, as `OperationError` and retry-driver's
+    /// `ConnectError`).
     fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
         match self {
-            EngineError::Settings(e) => Some(e),
-            EngineError::Handshake(e) => Some(e),
-            EngineError::HandshakeEncoding(e) => Some(e),
-            EngineError::LoadBalancedStrictApi => None,
+            EngineError::Settings(e) => core::error::Error::source(e),
+            EngineError::Handshake(e) => core::error::Error::source(e),
+            EngineError::HandshakeEncoding(e) => core::error::Error::source(e),
+            EngineError::LoadBalancedStrictApi | EngineError::InvalidSeed(_) => None,
         }
     }
 }
@@ -830,13 +863,21 @@ impl From<crate::topology::SettingsError> for EngineError {
 }
 
 impl Engine {
-    /// An engine for `options`, starting at `now`: monitors start at once (none in load-balanced
-    /// mode, LB-3).
+    /// An engine for `options`, starting at `now`. Its monitors (none in load-balanced mode,
+    /// LB-3) are due at `now`: [`Engine::poll_timeout`] returns `now`, and the first
+    /// [`Engine::handle_timeout`] starts their checks (MO-1), so the first sockets are asked for
+    /// then. [`EngineOptions::heartbeat_frequency`] replaces the selection settings' own.
     ///
     /// Fails when the topology settings are inconsistent, the handshake cannot be built, or
-    /// load-balanced mode meets a strict Stable API ([`EngineError::LoadBalancedStrictApi`]).
+    /// load-balanced mode meets a strict Stable API ([`EngineError::LoadBalancedStrictApi`]), or
+    /// a seed cannot name a server ([`EngineError::InvalidSeed`]).
     pub fn new(mut options: EngineOptions, now: Instant) -> Result<Engine, EngineError> {
+        for seed in &options.topology.seeds {
+            seed.check().map_err(EngineError::InvalidSeed)?;
+        }
         options.handshake.load_balanced = options.topology.load_balanced;
+        // One heartbeatFrequencyMS for the monitors and the staleness rules (SS-2, SS-5).
+        options.selection.heartbeat_frequency = options.heartbeat_frequency;
         if crate::handshake::load_balanced_refused(
             options.topology.load_balanced,
             options.handshake.server_api.as_ref(),
@@ -1508,5 +1549,81 @@ mod tests {
             engine.poll_timeout().is_some(),
             "the next check is scheduled"
         );
+    }
+
+    /// Review32 R18 (MO-1): `Engine::new` asks for no socket; its monitors are due at `now`, and
+    /// the first `handle_timeout(now)` starts their checks.
+    #[test]
+    fn the_first_handle_timeout_starts_the_monitors() {
+        let seeds = alloc::vec![ServerAddress::new("db", 27017)];
+        let options = EngineOptions::new(TopologySettings::new(seeds), HandshakeOptions::new());
+        let now = Instant::ZERO.saturating_add(Duration::from_secs(5));
+        let mut engine = Engine::new(options, now).expect("valid");
+        assert_eq!(engine.poll_connect(), None);
+        assert_eq!(engine.poll_timeout(), Some(now));
+        engine.handle_timeout(now);
+        let connect = engine
+            .poll_connect()
+            .expect("the monitor's check opens a socket");
+        assert_eq!(connect.address, ServerAddress::new("db", 27017));
+    }
+
+    /// Review32 R14 (SS-2): setting only `EngineOptions::heartbeat_frequency` moves the smallest
+    /// `maxStalenessSeconds` (`heartbeatFrequencyMS + idleWritePeriodMS`, at least 90 s) too:
+    /// with 100 s a maximum staleness of 100 s is refused at once (minimum 110 s); with the
+    /// default 10 s (minimum 90 s) it is valid and the read waits for a secondary.
+    #[test]
+    fn the_engine_heartbeat_frequency_sets_the_smallest_max_staleness() {
+        let read = |heartbeat: Duration| {
+            let mut settings = TopologySettings::new(alloc::vec![ServerAddress::new("db", 27017)]);
+            settings.replica_set = Some("rs".into());
+            let mut options = EngineOptions::new(settings, HandshakeOptions::new());
+            options.heartbeat_frequency = heartbeat;
+            let mut engine = Engine::new(options, Instant::ZERO).expect("valid");
+            let secondary =
+                ReadPreference::new(ReadPreferenceMode::Secondary, Vec::new(), Some(100)).unwrap();
+            let request = OperationRequest::new(
+                "test",
+                bson::doc! { "find": "c" },
+                OperationKind::Read,
+                SelectionCriteria::Read(secondary),
+            );
+            let op = engine.start_operation(request, Instant::ZERO);
+            events(&mut engine).into_iter().find_map(|e| match e {
+                EngineEvent::OperationFinished { op: o, result, .. } if o == op => Some(result),
+                _ => None,
+            })
+        };
+        assert!(
+            read(DEFAULT_HEARTBEAT_FREQUENCY).is_none(),
+            "still selecting"
+        );
+        let error = read(Duration::from_secs(100))
+            .expect("ended at once")
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("(110000 ms)"),
+            "the minimum follows the engine's heartbeat: {error}"
+        );
+    }
+
+    /// Review32 R15: an `EngineError` carries its cause's text, so a chained report (each
+    /// `source` after the error's own text) prints that text once.
+    #[test]
+    fn an_engine_error_prints_its_cause_once_in_a_chained_report() {
+        let options =
+            EngineOptions::new(TopologySettings::new(Vec::new()), HandshakeOptions::new());
+        let error = Engine::new(options, Instant::ZERO).expect_err("no seeds");
+        let cause = match &error {
+            EngineError::Settings(cause) => alloc::string::ToString::to_string(cause),
+            other => panic!("a settings error, not {other:?}"),
+        };
+        let mut report = alloc::string::ToString::to_string(&error);
+        let mut next = core::error::Error::source(&error);
+        while let Some(e) = next {
+            report.push_str(&alloc::format!(": {e}"));
+            next = e.source();
+        }
+        assert_eq!(report.matches(cause.as_str()).count(), 1, "{report}");
     }
 }

@@ -289,6 +289,77 @@ fn release_quiet(
     }
 }
 
+/// Why a request must not be sent whatever the servers' state (house rule 11, review32 R17): an
+/// empty command, which has no name (WP-3), or an invalid database name. A byte scan of the
+/// name and a length test of the command: the hot path's cost.
+#[inline]
+fn refused_request(request: &OperationRequest) -> Option<OperationError> {
+    let empty = request.command.is_empty()
+        && request
+            .encoded
+            .as_ref()
+            .is_none_or(|raw| raw.as_bytes().len() <= 5);
+    if empty {
+        return Some(empty_command());
+    }
+    invalid_db_name(&request.db).map(|reason| bad_db_name(&request.db, reason))
+}
+
+/// The longest database name a server accepts, in bytes (its `DatabaseName::kMaxDatabaseNameLength`).
+const MAX_DB_NAME_LEN: usize = 63;
+
+/// Why a server refuses `db` as a command's `$db` (`InvalidNamespace`, "Invalid database name"),
+/// or `None` when it accepts it: the server's `validDBName` as its command dispatch applies it
+/// (`$` allowed, for `$external`): 1 to [`MAX_DB_NAME_LEN`] bytes, none of them NUL, `/`, `\`,
+/// `.`, space or `"`. (A server on Windows also refuses `*<>:|?`, which is not checked here.)
+fn invalid_db_name(db: &str) -> Option<&'static str> {
+    if db.is_empty() {
+        Some("it is empty")
+    } else if db.len() > MAX_DB_NAME_LEN {
+        Some("it is longer than 63 bytes")
+    } else if db
+        .bytes()
+        .any(|b| matches!(b, 0 | b'/' | b'\\' | b'.' | b' ' | b'"'))
+    {
+        Some("it holds one of NUL, '/', '\\', '.', ' ' and '\"'")
+    } else {
+        None
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn empty_command() -> OperationError {
+    OperationError::usage("the command is empty: its first key must name the command (WP-3)")
+}
+
+#[cold]
+#[inline(never)]
+fn bad_db_name(db: &str, reason: &str) -> OperationError {
+    OperationError::usage(alloc::format!(
+        "invalid database name {db:?}: {reason} (a server refuses it)"
+    ))
+}
+
+/// The error of an attempt whose command was not sent: nothing was written and the connection
+/// is as it was. A command that does not encode (a key holding a NUL byte, a message over
+/// `maxMessageSizeBytes`) or breaks the `maxBsonObjectSize` limits (WP-7) is a usage error naming
+/// the reason: never retried, and the connection goes back healthy (review32 R2, R11). A passed
+/// deadline is a timeout before sending (CS-4); a connection not ready, an I/O error before
+/// sending.
+#[cold]
+#[inline(never)]
+fn not_sent(error: &SendError, address: &crate::address::ServerAddress) -> OperationError {
+    let kind = match error {
+        SendError::Encode(_) | SendError::BsonObjectTooLarge { .. } => {
+            return OperationError::usage(alloc::format!("the command cannot be sent: {error}"));
+        }
+        SendError::DeadlinePassed => NetworkErrorKind::Timeout,
+        _ => NetworkErrorKind::Io,
+    };
+    OperationError::network(kind, NetworkPhase::BeforeSend, address.clone())
+}
+
 /// How an operation's drain ended (`Engine::drain_operation`).
 enum Drained {
     /// The operation is gone, or its machine refused nothing and its deadline is registered.
@@ -304,12 +375,20 @@ impl Engine {
     /// explicit session; an explicit session with `w: 0`, SE-13; a transaction call in the wrong
     /// state, TX-2) finishes at once with a usage error. A request naming an explicit session is
     /// mapped through its transaction ([`Engine::start_transaction`]); a commit or abort of a
-    /// transaction that wrote nothing finishes at once with an empty reply (TX-2).
+    /// transaction that wrote nothing finishes at once with an empty reply (TX-2). So does, with
+    /// a usage error and nothing sent, a request a server would refuse whatever its state
+    /// (house rule 11, review32 R17): an empty command (WP-3: its first key names it) or a
+    /// database name a server refuses: empty, longer than 63 bytes, or holding NUL, `/`, `\`,
+    /// `.`, space or `"` (the server's `validDBName`; `$` is allowed, for `$external`).
     #[inline]
     pub fn start_operation(&mut self, request: OperationRequest, now: Instant) -> OpId {
         if self.closed {
             let op = self.next_op_id();
             return self.finished_at_once(op, false, Err(OperationError::cancelled()));
+        }
+        if let Some(error) = refused_request(&request) {
+            let op = self.next_op_id();
+            return self.finished_at_once(op, false, Err(error));
         }
         self.launch(request, false, now)
     }
@@ -1250,15 +1329,7 @@ impl Engine {
             Ok(_) => None,
             Err(e) => {
                 socket.op = None;
-                let kind = match e {
-                    SendError::DeadlinePassed => NetworkErrorKind::Timeout,
-                    _ => NetworkErrorKind::Io,
-                };
-                Some(OperationError::network(
-                    kind,
-                    NetworkPhase::BeforeSend,
-                    socket.address.clone(),
-                ))
+                Some(not_sent(e, &socket.address))
             }
         };
         // Issue 9: the socket's turn, with the socket at hand (`socket_settled`); it touches

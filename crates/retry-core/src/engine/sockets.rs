@@ -64,7 +64,13 @@ impl Engine {
             // on `Engine::encoded_handshake`).
             _ => {
                 let hello = self.encoded_handshake.as_ref().ok()?.clone();
-                Connection::with_encoded_handshake(config, hello, now)
+                let mut machine = Connection::with_encoded_handshake(config, hello, now);
+                // SS-16 step 2 (review32 R3): a monitor's handshake reports an incompatible
+                // server to SDAM instead of failing the check.
+                if matches!(owner, Owner::Monitor | Owner::Rtt) {
+                    machine.set_monitoring();
+                }
+                machine
             }
         };
         let conn = ConnId(self.next_conn);

@@ -75,7 +75,9 @@ pub struct SelectionSettings {
     /// Default 30 s. Zero means one attempt and no wait.
     pub server_selection_timeout: Duration,
     /// `heartbeatFrequencyMS`: enters the staleness formulas and the minimum maximum staleness
-    /// (SS-2, SS-5). Default 10 s.
+    /// (SS-2, SS-5). Default 10 s. Inside an engine this is a copy: `Engine::new` sets it from
+    /// [`EngineOptions::heartbeat_frequency`](crate::engine::EngineOptions::heartbeat_frequency),
+    /// the monitors' interval, so that both use one value.
     pub heartbeat_frequency: Duration,
 }
 

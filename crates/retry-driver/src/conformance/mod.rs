@@ -3,12 +3,15 @@
 //! tests, on the adapter's own executor.
 //!
 //! Each check ends within 10 s of std's clock, each of its waits for a wake within 1 s of when
-//! the wake is due (house rule 12), and each of its loops is capped in steps. Its waits are
+//! the wake is due (2 s for a wake that re-arms the timer, review31 X1; house rule 12), and each
+//! of its loops is capped in steps. Its waits are
 //! paced by one thread of its own, never by the runtime's timers, so a runtime whose timers
 //! never fire, or wake without ever being `Ready`, fails the check instead of hanging it
 //! (review29 V1); the thread is joined when the check ends (review30 W4), unless the check's
 //! future is dropped on that thread, or the thread does not end within 1 s of being told to: it
-//! then ends by the check's deadline on its own (review31 X3). A wake that a poll
+//! then ends by the check's deadline on its own (review31 X3). That thread also makes the
+//! re-arm of [`check_timer`]'s watchdog replay from within a wake, which waits for it 1 s at
+//! most (review31 X1). A wake that a poll
 //! makes of its own waker before it returns (tokio's, once its task's coop budget is spent) is
 //! followed by one yield of the check's task, never by a busy loop (review30 W2).
 //!
@@ -17,6 +20,7 @@
 mod pacing;
 mod read_armed;
 mod timer;
+mod watchdog;
 
 use core::time::Duration;
 use std::io::{self, ErrorKind};

@@ -3,7 +3,9 @@
 //! (review30 W4), or left to end by the deadline on its own (review31 X3). [`Wakes`] counts a
 //! waker's wakes, those made within a [`calling`] call apart (review29 V3), and a wake made
 //! before the poll returned is followed by one yield, never a busy loop (review30 W2). A thread
-//! that could not be started is named as such ([`no_thread`], review30 W5).
+//! that could not be started is named as such ([`no_thread`], review30 W5). The thread also runs
+//! the jobs handed to it ([`Hand::run`]): the watchdog's re-arm from within its waker's wake, so
+//! that a re-arm that blocks blocks it, not the thread of the runtime under test (review31 X1).
 
 use core::cell::Cell;
 use core::future::{poll_fn, Future};
@@ -36,6 +38,11 @@ pub(super) fn calling<T>(call: impl FnOnce() -> T) -> T {
     CALLING.with(|calling| calling.set(true));
     let _ends = Ends;
     call()
+}
+
+/// Whether this thread is in a [`calling`] call.
+pub(super) fn in_call() -> bool {
+    CALLING.with(Cell::get)
 }
 
 /// Counts its wakes, and passes each on to the task waiting for one ([`woken`]).
@@ -77,7 +84,7 @@ impl Wake for Wakes {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        if CALLING.with(Cell::get) {
+        if in_call() {
             self.within.fetch_add(1, Ordering::SeqCst);
         }
         self.all.fetch_add(1, Ordering::SeqCst);
@@ -89,8 +96,10 @@ impl Wake for Wakes {
 }
 
 /// The thread that paces a check's waits (review29 V1: they depend on no timer of the
-/// runtime): it wakes the [`Wakes`] of the last [`Pacer::set`] at its instant. One per check
-/// (review30 W4: not one per wait); it ends at the check's deadline at the latest, and is told
+/// runtime): it wakes the [`Wakes`] of the last [`Pacer::set`] at its instant, and runs the
+/// jobs handed to it ([`Hand::run`]). One per check (review30 W4: not one per wait); it ends at
+/// the check's deadline at the latest (or, if a job blocks past it, when that job returns: a
+/// job is a reset and a poll of the timer under check, review31 X1), and is told
 /// to end and joined when the pacer is dropped, with the check or its future (not if dropped on
 /// the thread itself, nor after [`WAIT`] without its end: review31 X3).
 pub(super) struct Pacer {
@@ -99,11 +108,36 @@ pub(super) struct Pacer {
     thread: Option<thread::JoinHandle<()>>,
 }
 
+/// A job for the pacing thread ([`Hand::run`]).
+pub(super) type Job = Box<dyn FnOnce() + Send>;
+
+/// A handle that hands jobs to a [`Pacer`]'s thread, from any thread (review31 X1).
+#[derive(Clone)]
+pub(super) struct Hand(Arc<(Mutex<Alarm>, Condvar)>);
+
+impl Hand {
+    /// Has the pacing thread run `job` next, before any alarm; `false` (and `job` dropped
+    /// unrun) if the thread has ended or is to end.
+    pub(super) fn run(&self, job: Job) -> bool {
+        let (alarm, changed) = &*self.0;
+        let mut next = lock(alarm);
+        if next.over {
+            return false;
+        }
+        next.jobs.push(job);
+        drop(next);
+        changed.notify_all();
+        true
+    }
+}
+
 /// The pacing thread's next wake.
 #[derive(Default)]
 struct Alarm {
     at: Option<time::Instant>,
     rings: Option<Arc<Wakes>>,
+    /// Jobs to run ([`Hand::run`]), first in first out.
+    jobs: Vec<Job>,
     /// The thread has ended, or is to end.
     over: bool,
     /// The thread is returning: nothing of it runs under the lock or rings after this.
@@ -123,6 +157,11 @@ impl Pacer {
             alarm,
             thread: Some(thread),
         })
+    }
+
+    /// A handle that hands the thread jobs ([`Hand::run`]).
+    pub(super) fn hand(&self) -> Hand {
+        Hand(self.alarm.clone())
     }
 
     /// Wakes that ring at `at` (the deadline at the latest; at once if the thread has ended),
@@ -146,8 +185,9 @@ impl Pacer {
 impl Drop for Pacer {
     /// Tells the thread to end and joins it, unless this runs on the thread itself (the check's
     /// future dropped from within a ring's wake: a join would be of itself), or the thread has
-    /// not ended within [`WAIT`] (a ring's wake blocked): then the thread is left to end by the
-    /// check's deadline on its own (review31 X3: never a self-join, never an unbounded wait).
+    /// not ended within [`WAIT`] (a ring's wake or a job blocked): then the thread is left to end
+    /// on its own, by the check's deadline or when the job returns (review31 X3: never a
+    /// self-join, never an unbounded wait).
     fn drop(&mut self) {
         let Some(thread) = self.thread.take() else {
             return;
@@ -170,17 +210,32 @@ impl Drop for Pacer {
     }
 }
 
-/// The pacing thread: rings each alarm at its instant, until `over` or `deadline`. Each turn
-/// rings an alarm, waits for its instant or the deadline, or ends: bounded by the deadline.
+/// The pacing thread: runs each job handed to it and rings each alarm at its instant, until
+/// `over` or `deadline`. Each turn runs the jobs handed so far, rings an alarm, waits for its
+/// instant or the deadline, or ends: bounded by the deadline (and by the jobs, each of which
+/// its hander waits for [`WAIT`] at most; a job left running when the pacer is dropped leaves
+/// the thread to end on its own, review31 X3).
 fn pace(alarm: &Mutex<Alarm>, changed: &Condvar, deadline: time::Instant) {
     let mut next = lock(alarm);
     loop {
         let now = time::Instant::now();
         if next.over {
             next.ended = true;
+            // Jobs never run: their handers see them undone.
+            let unrun = core::mem::take(&mut next.jobs);
             drop(next);
+            drop(unrun);
             changed.notify_all();
             return;
+        }
+        if !next.jobs.is_empty() {
+            let jobs = core::mem::take(&mut next.jobs);
+            drop(next);
+            for job in jobs {
+                job();
+            }
+            next = lock(alarm);
+            continue;
         }
         let due = next.at.map_or(deadline, |at| at.min(deadline));
         if now >= due {
@@ -201,7 +256,7 @@ fn pace(alarm: &Mutex<Alarm>, changed: &Condvar, deadline: time::Instant) {
 }
 
 /// `mutex`'s guard, poisoned or not (nothing under these locks can be left half done).
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -325,6 +380,26 @@ mod tests {
         drop(pacer);
         // The thread's share of the alarm is gone: it has ended, not merely been told to.
         assert!(alarm.upgrade().is_none(), "the thread outlived the pacer");
+    }
+
+    /// Review31 X1: a job handed to the pacer runs on its thread (not the hander's), and one
+    /// handed once the pacer is dropped is refused, not left waiting; bounded by `BOUND`.
+    #[test]
+    fn review31_x1_the_pacer_runs_a_handed_job_on_its_thread_and_refuses_one_once_dropped() {
+        let pacer = Pacer::start(time::Instant::now() + BOUND).expect("a thread");
+        let hand = pacer.hand();
+        let (ran, on) = std::sync::mpsc::channel();
+        assert!(hand.run(Box::new(move || {
+            let _ = ran.send(thread::current().id());
+        })));
+        let on = on.recv_timeout(BOUND).expect("the job ran");
+        assert_ne!(
+            on,
+            thread::current().id(),
+            "the job ran on the hander's thread"
+        );
+        drop(pacer);
+        assert!(!hand.run(Box::new(|| {})), "a job handed after the drop");
     }
 
     /// A waker that runs `on_wake` when woken (review31 X3's tests).

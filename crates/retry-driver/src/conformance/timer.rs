@@ -1,6 +1,6 @@
 //! [`check_timer`]: an [`AsyncTimer`]'s firings, resets and polls, and the driver's watchdog's
-//! own sequence, checked against the timer's contract (review26 S5, review28 U10, review29
-//! V1–V3, review30 W1–W3 W6).
+//! own sequence ([`watchdog`]), checked against the timer's contract (review26 S5, review28
+//! U10, review29 V1–V3, review30 W1–W3 W6, review31 X1).
 
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
@@ -12,18 +12,19 @@ use std::time;
 use retry_core::time::Instant;
 
 use super::pacing::{calling, no_thread, woken, yield_now, Pacer, Wakes};
-use super::{BOUND, LOOKS, WAIT};
+use super::{watchdog, BOUND, LOOKS, WAIT};
 use crate::runtime::{AsyncTimer, Runtime};
 
-/// [`AsyncTimer`]'s contract (review26 S5, review28 U10, review29 V3, review30 W1 W2, house
-/// rule 8): on every runtime, a timer is never `Ready` before its instant, it fires (its last
-/// `Pending` poll's waker is woken, and it is `Ready` within 1 s of its instant), and polled
-/// after a reset to an instant it has already seen pass, it is `Ready` at once, or, on a
+/// [`AsyncTimer`]'s contract (review26 S5, review28 U10, review29 V3, review30 W1 W2, review31
+/// X1, house rule 8): on every runtime, a timer is never `Ready` before its instant, it fires
+/// (its last `Pending` poll's waker is woken, and it is `Ready` within 1 s of its instant), and
+/// polled after a reset to an instant it has already seen pass, it is `Ready` at once, or, on a
 /// runtime that spawns, `Pending` having woken its own waker (a spent coop budget) and `Ready`
 /// when polled again after the task yielded. On a runtime that does not spawn
 /// ([`Runtime::spawns`]), moreover, no reset wakes the last poll's waker and no poll its own
-/// waker before it returns, and the driver's watchdog's sequence, which polls with one waker,
-/// never has that waker woken from within a reset or a poll.
+/// waker before it returns, and the driver's watchdog's sequence runs to its end: no reset or
+/// poll of it wakes its one waker on the calling thread, or waits for a wake of it on another,
+/// and a reset and a poll from within that waker's wake return.
 ///
 /// A timer set an hour ahead is polled (`Pending`), reset to 50 ms ahead and polled until it is
 /// `Ready` after wakes of its waker (an early wake is harmless, house rule 8: it is polled
@@ -31,19 +32,38 @@ use crate::runtime::{AsyncTimer, Runtime};
 /// poll's and the last `Pending` poll's wakers, review30 W3) and polled; the same with 5 ms
 /// ahead (the reset of the driver's watchdog, whose instant may have passed by the time of the
 /// reset); then it is reset to the instant the check started, where it must be `Ready`. Each of
-/// these polls is given a waker of its own. On a runtime that does not spawn, the check then
-/// repeats the watchdog's own sequence with one waker (review30 W1): reset to 5 ms ahead and
-/// polled, again before it fired, again after that waker's wake, and reset to the instant the
-/// check started and polled (`Ready`).
+/// these polls is given a waker of its own.
+///
+/// On a runtime that does not spawn, the check then replays the watchdog's own sequence
+/// (`LocalDriver`'s `arm`, `WatchdogWaker`, `wake_unclaimed`; review30 W1, review31 X1) on a
+/// fresh timer, made for `Instant::MAX` and never polled before its first arming, always with
+/// one waker. Each arming resets it to 5 ms ahead and polls it while holding a lock that each
+/// wake of that waker takes: a wake on the arming's thread before its call returned fails the
+/// check at once, and a wake on another thread waits for the arming to let the lock go, 1 s at
+/// most, then fails it ("reset/poll waited for its waker's wake"). The timer is armed and
+/// fired; armed again after it fired, and again before it fired; the wake of that firing,
+/// holding the lock, re-arms it and waits 1 s at most for the reset and poll to return
+/// (else "a reset from within the timer's wake blocked"), and that re-arm fires; it is armed
+/// with its instant already past (`Ready` at once, which is followed by a wake, as the driver's
+/// `arm` calls `wake_unclaimed` then), and armed again after that `Ready` arming, and fires.
+/// What differs from the driver: the re-arm within the wake is made by the check's pacing
+/// thread while the wake, on the thread the timer woke it on, waits for it (so that a re-arm
+/// that blocks on a lock the waking thread holds fails the check instead of deadlocking the
+/// timer's thread for ever), so a timer whose `reset` or `poll` relies on running on that
+/// thread (a lock it may take twice, a thread-local) is judged as though called from another;
+/// and the instant of that re-arm is read from the runtime's clock at the replay's start plus
+/// std's time since, as the check holds its runtime only by reference.
 ///
 /// A wake a call made before it returned (allowed on a runtime that spawns: tokio's coop
 /// budget) is followed by one yield of the check's task before the next poll, so that the
 /// executor runs and the budget is renewed (review30 W2); every loop is capped in steps too.
 /// The whole check ends within 10 s of std's clock; each wait for a wake ends within 1 s of
-/// when the wake is due. Its waits are paced by one thread of its own, not by the timers it
-/// checks (review29 V1), joined when the check ends or its future is dropped (review30 W4; left
-/// to end by the deadline on its own if dropped on that thread or not ended within 1 s, review31
-/// X3). It runs on the runtime's executor, whose reactor the timers may need.
+/// when the wake is due (2 s for the firing whose wake re-arms). Its waits are paced by one
+/// thread of its own, not by the timers it checks (review29 V1), joined when the check ends or
+/// its future is dropped (review30 W4; left to end by the deadline on its own if dropped on
+/// that thread or not ended within 1 s, review31 X3). An arming of the watchdog's replay may
+/// block the check's thread for 1 s at most, while a wake holds the lock. It runs on the
+/// runtime's executor, whose reactor the timers may need.
 ///
 /// # Errors
 ///
@@ -102,7 +122,8 @@ pub async fn check_timer<R: Runtime>(runtime: &R) -> io::Result<()> {
     if spawns {
         Ok(())
     } else {
-        watchdog(runtime, &pacer, &mut timer, start).await
+        drop(timer);
+        watchdog::replay(runtime, &pacer, start).await
     }
 }
 
@@ -151,74 +172,6 @@ async fn ready_at_once(
     )
 }
 
-/// Review30 W1: the driver's watchdog's own sequence, on a runtime that does not spawn
-/// (`LocalDriver::arm`, and `wake_unclaimed`, which arms it again after a firing): reset to
-/// [`GRACE`] ahead, then polled, always with one waker, whose wake takes the lock held over
-/// both calls. A reset or a poll that woke that waker before returning would deadlock it.
-async fn watchdog<R: Runtime>(
-    runtime: &R,
-    pacer: &Pacer,
-    timer: &mut Pin<Box<dyn AsyncTimer>>,
-    start: Instant,
-) -> io::Result<()> {
-    let wakes = Wakes::new();
-    let waker = Waker::from(wakes.clone());
-    let arm = |timer: &mut Pin<Box<dyn AsyncTimer>>, at, step| {
-        arm_watchdog(timer, at, &waker, &wakes, step)
-    };
-    let grace = || runtime.now().saturating_add(GRACE);
-    // Pending, or Ready if the thread was preempted past the grace: the driver goes on either way.
-    let _first = arm(timer, grace(), "the watchdog's arming")?;
-    let seen = wakes.count();
-    let step = "the watchdog armed again before it fired";
-    let poll = arm(timer, grace(), step)?;
-    if poll.is_pending() {
-        let until = time::Instant::now() + GRACE + WAIT;
-        if !woken(pacer, until.min(pacer.deadline), &wakes, seen).await {
-            return Err(if time::Instant::now() >= pacer.deadline {
-                timer_failed(ErrorKind::TimedOut, step, "")
-            } else {
-                timer_failed(
-                    ErrorKind::Other,
-                    step,
-                    "the waker it was polled with was not woken when it fired",
-                )
-            });
-        }
-    }
-    let _after = arm(timer, grace(), "the watchdog armed again after it fired")?;
-    let step = "the watchdog armed with its instant already past";
-    let poll = arm(timer, start, step)?;
-    expect_timer(poll.is_ready(), step, "not Ready at once")
-}
-
-/// One arming of the watchdog ([`watchdog`]): `timer` reset to `at` and polled with `waker`,
-/// whose wakes are `wakes`, neither call waking it before it returned.
-fn arm_watchdog(
-    timer: &mut Pin<Box<dyn AsyncTimer>>,
-    at: Instant,
-    waker: &Waker,
-    wakes: &Wakes,
-    step: &str,
-) -> io::Result<Poll<()>> {
-    let why = "(the one it was last polled with, and the driver's watchdog's only one) before \
-               returning, on a runtime that does not spawn: the watchdog would deadlock";
-    let before = wakes.within();
-    calling(|| timer.as_mut().reset(at));
-    expect_timer(
-        wakes.within() == before,
-        step,
-        &format!("the reset woke the waker {why}"),
-    )?;
-    let poll = calling(|| timer.as_mut().poll(&mut Context::from_waker(waker)));
-    expect_timer(
-        wakes.within() == before,
-        step,
-        &format!("the poll woke the waker it was given {why}"),
-    )?;
-    Ok(poll)
-}
-
 /// How far ahead [`check_timer`] sets a timer that must not fire during the check.
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -226,7 +179,7 @@ const HOUR: Duration = Duration::from_secs(3600);
 const SOON: Duration = Duration::from_millis(50);
 
 /// How far ahead [`check_timer`] then sets it: the driver's watchdog's reset (review29 V3).
-const GRACE: Duration = crate::driver::UNCLAIMED_TIMER_GRACE;
+pub(super) const GRACE: Duration = crate::driver::UNCLAIMED_TIMER_GRACE;
 
 /// One poll of `timer`, an hour ahead, which must be `Pending`; returns its waker's wakes.
 fn hour_ahead(
@@ -331,7 +284,7 @@ fn unwoken(within: usize, spawns: bool, step: &str, why: &str) -> io::Result<()>
 }
 
 /// A broken [`AsyncTimer`] contract, or a [`check_timer`] step not done by its deadline.
-fn timer_failed(kind: ErrorKind, step: &str, why: &str) -> io::Error {
+pub(super) fn timer_failed(kind: ErrorKind, step: &str, why: &str) -> io::Error {
     let why = match kind {
         ErrorKind::TimedOut => format!("not done within {BOUND:?}"),
         _ => format!("AsyncTimer broke its contract: {why}"),
@@ -339,7 +292,7 @@ fn timer_failed(kind: ErrorKind, step: &str, why: &str) -> io::Error {
     io::Error::new(kind, format!("check_timer: {step}: {why}"))
 }
 
-fn expect_timer(holds: bool, step: &str, why: &str) -> io::Result<()> {
+pub(super) fn expect_timer(holds: bool, step: &str, why: &str) -> io::Result<()> {
     if holds {
         Ok(())
     } else {

@@ -7,7 +7,8 @@
 //! labels `SystemOverloadedError` and `RetryableError` ([`model`]). Time is virtual; the same seed
 //! gives byte-identical output. Two scenarios run for every policy: a steady load from 0.5× to 5×
 //! the cluster's capacity, and an overload episode (the load steps up for a while, then back) that
-//! measures recovery. [`output`] writes the CSV files and SVG charts.
+//! measures recovery. [`output`] writes the CSV files and SVG charts; [`summary`] makes the table
+//! printed at the end.
 
 mod events;
 mod exponential;
@@ -15,6 +16,7 @@ pub mod model;
 pub mod output;
 pub mod policy;
 mod sort;
+pub mod summary;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};

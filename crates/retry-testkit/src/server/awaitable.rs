@@ -14,6 +14,7 @@ use tokio::time::{sleep, Duration};
 
 use super::{Connection, Response, ServerStream, Shared, MAX_MESSAGE_SIZE_BYTES};
 use crate::commands::is_hello;
+use crate::config::Role;
 use crate::fail_point::error_reply;
 
 /// What an awaitable `hello` asks for.
@@ -24,10 +25,16 @@ pub(super) enum Awaitable {
     Invalid(&'static str),
 }
 
-/// Whether `request` is an awaitable `hello`, and how long it waits on this server.
+/// Whether `request` is an awaitable `hello`, and how long it waits on this server. One without a
+/// `$db` a server runs a command on is not: the Document path refuses it (review32 R4).
 pub(super) fn awaitable(shared: &Shared, request: &OpMsg) -> Option<Awaitable> {
     let body = &request.body;
     if !body.keys().next().is_some_and(|name| is_hello(name)) {
+        return None;
+    }
+    let router = matches!(shared.lock().role, Role::Mongos | Role::LoadBalancer { .. });
+    let db = body.get_str("$db").ok()?;
+    if crate::database_name::validity_refusal(db, router).is_some() {
         return None;
     }
     let version = body.get("topologyVersion");

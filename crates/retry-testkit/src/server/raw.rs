@@ -8,8 +8,9 @@
 //! closes the connection either way). [`Hot::read`] then accepts only a body every check of the
 //! Document path passes (house rule 7: never more forgiving):
 //!
-//! - no document sequence, no field twice, and only these fields besides the command's own:
-//!   a string `$db`, an `lsid` that is `{id: <binary>}` alone, `$clusterTime`, a
+//! - a body within `BSONObjMaxInternalSize` (`malformed`), no document sequence, no field twice,
+//!   and only these fields besides the command's own: a string `$db` naming a database a server
+//!   takes (`crate::database_name`, review32 R4: not `local` on a router either), an `lsid` that is `{id: <binary>}` alone, `$clusterTime`, a
 //!   `$readPreference` document with a known `mode`, `apiVersion: "1"`, boolean `apiStrict` (true
 //!   only on `ping` and `hello`, API version 1, and not with a hello's `loadBalanced`) and
 //!   `apiDeprecationErrors` (only with `apiVersion`), `comment`, a numeric `maxTimeMS` the
@@ -44,6 +45,7 @@ use bson::{Document, RawDocument, RawDocumentBuf, Timestamp};
 use retry_core::wire::{to_document, DocumentSequence, MsgFlags, OpMsg, RawOpMsg};
 
 use super::elements::{kind, Element, Elements, Walk};
+use super::malformed::MAX_INTERNAL_DOCUMENT_SIZE;
 use super::{add_cluster_time, insert_cluster_time, Connection, LoggedCommand, Recorded};
 use super::{ServerStream, Shared, State};
 use crate::commands::{is_hello, ok, HelloAsk};
@@ -73,7 +75,8 @@ pub(super) fn names_hot_command(input: &[u8]) -> bool {
 pub(super) struct Hot<'a> {
     name: &'static str,
     hello: bool,
-    has_db: bool,
+    /// `$db`, a name `validDBName` takes (`crate::database_name`).
+    db: Option<&'a str>,
     /// Whether it declares `apiVersion` (a server requiring one refuses it otherwise, on the
     /// Document path: crate `parameters`).
     api_version: bool,
@@ -110,7 +113,7 @@ impl<'a> Hot<'a> {
         let mut hot = Hot {
             name,
             hello,
-            has_db: false,
+            db: None,
             api_version: false,
             lsid: None,
             ask: HelloAsk::default(),
@@ -132,8 +135,8 @@ impl<'a> Hot<'a> {
             };
             let (bit, accepted) = match field.key {
                 b"$db" => {
-                    hot.has_db = true;
-                    (0, field.str().is_some())
+                    hot.db = field.str();
+                    (0, hot.db.is_some_and(crate::database_name::valid))
                 }
                 b"lsid" => {
                     hot.lsid = plain_lsid(field);
@@ -303,7 +306,8 @@ impl Connection {
         stream: &mut S,
         request: RawOpMsg,
     ) -> bool {
-        let hot = match request.sequences.is_empty() {
+        let in_bounds = request.body.as_bytes().len() <= MAX_INTERNAL_DOCUMENT_SIZE;
+        let hot = match request.sequences.is_empty() && in_bounds {
             true => Hot::read(&request.body),
             false => None,
         };
@@ -357,7 +361,9 @@ impl Connection {
                     .is_none_or(|c| crate::refusals::client_metadata_refusal(&c, router).is_some())
         });
         if metadata_refused
-            || !hot.has_db
+            || hot
+                .db
+                .is_none_or(|db| crate::database_name::validity_refusal(db, router).is_some())
             || (state.require_api_version && !hot.api_version)
             || self.auth.refuse(&state.users, name).is_some()
             || fail_point.is_some_and(|fail| fail.matches(name, app_name))

@@ -192,6 +192,21 @@ fn script(role: &Role) -> Script {
     // Refusals and fields the raw path leaves to the Document path.
     s.send("ping without $db", doc! { "ping": 1 });
     s.send("hello without $db", doc! { "hello": 1 });
+    // Review32 R4: database names a server refuses (`crate::database_name`), on both paths; a
+    // router refuses `local`.
+    for db in [
+        "",
+        "te.st",
+        "te\0st",
+        "a b",
+        "a/b",
+        "local",
+        &"d".repeat(64),
+    ] {
+        s.send(&format!("ping on {db:?}"), doc! { "ping": 1, "$db": db });
+        s.send(&format!("hello on {db:?}"), doc! { "hello": 1, "$db": db });
+    }
+    s.send("ping on $external", doc! { "ping": 1, "$db": "$external" });
     s.send(
         "ping, lsid.id not binary",
         with(ping(), doc! { "lsid": { "id": 5 } }),

@@ -1,0 +1,379 @@
+//! Review32 R4, house rule 7: the database names and object sizes a real server refuses, the
+//! test server refuses with the same codes and messages (see the crate's `database_name` and
+//! `server/malformed` modules, and `store::insert_refusal`, for the server source each follows).
+//! Bounded, on 127.0.0.1.
+
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+use retry_core::wire::{HEADER_LEN, OP_MSG};
+use retry_testkit::{FailCommand, FailPointMode, RawClient, Role, ServerConfig, TestServer};
+use tokio::time::timeout;
+
+/// `BSONObjMaxUserSize`, the hello's `maxBsonObjectSize`.
+const MAX_USER_SIZE: usize = 16 * 1024 * 1024;
+/// `BSONObjMaxInternalSize`: the largest document an OP_MSG section may hold.
+const MAX_INTERNAL_SIZE: usize = MAX_USER_SIZE + 16 * 1024;
+
+/// A frame of `body` and `sequences` (each document encoded as it is), request id 1.
+fn frame_of(body: &Document, sequences: &[(&str, &[Document])]) -> Vec<u8> {
+    let mut frame = vec![0; HEADER_LEN + 4];
+    for (identifier, documents) in sequences {
+        let mut section = identifier.as_bytes().to_vec();
+        section.push(0);
+        for document in *documents {
+            section.extend(document.to_vec().unwrap());
+        }
+        frame.push(1);
+        frame.extend(((section.len() + 4) as i32).to_le_bytes());
+        frame.extend(section);
+    }
+    frame.push(0);
+    frame.extend(body.to_vec().unwrap());
+    let len = frame.len() as i32;
+    frame[..4].copy_from_slice(&len.to_le_bytes());
+    frame[4..8].copy_from_slice(&1_i32.to_le_bytes());
+    frame[12..16].copy_from_slice(&OP_MSG.to_le_bytes());
+    frame
+}
+
+/// `document` with a string field `pad` appended so that it encodes to exactly `size` bytes.
+fn sized(document: Document, size: usize) -> Document {
+    let mut padded = document.clone();
+    padded.insert("pad", "");
+    let overhead = padded.to_vec().unwrap().len();
+    padded.insert("pad", "p".repeat(size - overhead));
+    assert_eq!(padded.to_vec().unwrap().len(), size);
+    padded
+}
+
+/// Sends `frame` and returns the reply's body.
+async fn round_trip(client: &mut RawClient, frame: &[u8]) -> Document {
+    client.send_raw(frame).await.unwrap();
+    client.receive().await.unwrap().body
+}
+
+/// Sends `body` as it is, framed here (not through the codec, whose checks for what a client
+/// may send are not under test), and returns the reply's body.
+async fn run(client: &mut RawClient, body: Document) -> Document {
+    round_trip(client, &frame_of(&body, &[])).await
+}
+
+fn code(reply: &Document) -> Option<i32> {
+    reply.get_i32("code").ok()
+}
+
+fn errmsg(reply: &Document) -> &str {
+    reply.get_str("errmsg").unwrap_or_default()
+}
+
+/// House rule 7 (review32 R4): a `$db` a real server refuses is InvalidNamespace (73) with the
+/// server's message, on the raw path's commands (ping, hello) and the others, on a mongod and a
+/// mongos, and nothing runs: the parse's refusals ('.', NUL, over 63 bytes) and `validDBName`'s
+/// (empty, `/`, `\`, space, `"`). A 63-byte name runs, and a ping on `$external`; an unknown command is
+/// CommandNotFound (59) whatever its `$db`, as the server looks it up first; a mongos refuses
+/// `local` (IllegalOperation, 20), a mongod runs a ping on it.
+#[tokio::test]
+async fn invalid_database_names_are_invalid_namespace_house_rule_7() {
+    timeout(Duration::from_secs(60), async {
+        let long = "d".repeat(64);
+        let invalid = [
+            ("", "Invalid database name: ''".to_owned()),
+            ("a/b", "Invalid database name: 'a/b'".to_owned()),
+            ("a\\b", "Invalid database name: 'a\\b'".to_owned()),
+            ("a b", "Invalid database name: 'a b'".to_owned()),
+            ("a\"b", "Invalid database name: 'a\"b'".to_owned()),
+            (
+                "te.st",
+                "'.' is an invalid character in a db name: te.st".to_owned(),
+            ),
+            (
+                "te\0st",
+                "database names cannot have embedded null characters".to_owned(),
+            ),
+            (
+                &long,
+                "db name must be at most 63 characters, found: 64".to_owned(),
+            ),
+        ];
+        for role in [Role::Standalone, Role::Mongos] {
+            let router = role == Role::Mongos;
+            let server = TestServer::start(ServerConfig::new(role.clone()))
+                .await
+                .unwrap();
+            let mut client = RawClient::connect(server.address()).await.unwrap();
+            let commands = [
+                doc! { "ping": 1 },
+                doc! { "hello": 1 },
+                doc! { "isMaster": 1 },
+                doc! { "find": "c", "filter": {} },
+                doc! { "insert": "c", "documents": [{ "_id": 1 }] },
+            ];
+            for command in &commands {
+                for (db, message) in &invalid {
+                    let mut body = command.clone();
+                    body.insert("$db", *db);
+                    let reply = run(&mut client, body).await;
+                    assert_eq!(code(&reply), Some(73), "{command} on {db:?}: {reply}");
+                    assert_eq!(reply.get_str("codeName").ok(), Some("InvalidNamespace"));
+                    assert_eq!(errmsg(&reply), message, "{command} on {db:?}");
+                }
+                for db in [&long[..63], "db"] {
+                    let mut body = command.clone();
+                    body.insert("$db", db);
+                    let reply = run(&mut client, body).await;
+                    assert_eq!(code(&reply), None, "{command} on {db:?}: {reply}");
+                }
+                let mut body = command.clone();
+                body.insert("$db", "local");
+                let reply = run(&mut client, body).await;
+                let expected = router.then_some(20);
+                assert_eq!(code(&reply), expected, "{command} on local: {reply}");
+                if router {
+                    assert_eq!(errmsg(&reply), "Can't use 'local' database through mongos");
+                }
+            }
+            let ping = doc! { "ping": 1, "$db": "$external" };
+            let reply = run(&mut client, ping).await;
+            assert_eq!(code(&reply), None, "ping on $external: {reply}");
+            for (db, _) in &invalid {
+                let reply = run(&mut client, doc! { "nope": 1, "$db": *db }).await;
+                assert_eq!(code(&reply), Some(59), "nope on {db:?}: {reply}");
+            }
+            let inserts = server.handle().counters().command("insert");
+            // One insert ran per accepted database (the 63-byte name, `db`, and `local` on the
+            // mongod).
+            let ran = if router { 2 } else { 3 };
+            assert_eq!(
+                inserts.executed, ran,
+                "{role:?}: only the valid inserts ran"
+            );
+            assert!(server.handle().documents("te.st.c").is_empty());
+            server.shutdown().await;
+        }
+    })
+    .await
+    .expect("bounded");
+}
+
+/// House rule 7 (review32 R4): the server evaluates the `failCommand` fail point after it parsed
+/// the command's database name and before `validDBName`: a name the parse refuses ('.') never
+/// fires the fail point, an empty one fires it, and once it is spent the empty name is refused.
+#[tokio::test]
+async fn the_fail_point_fires_between_the_two_database_name_checks_house_rule_7() {
+    timeout(Duration::from_secs(30), async {
+        let server = TestServer::start(ServerConfig::new(Role::Standalone))
+            .await
+            .unwrap();
+        let handle = server.handle();
+        handle.set_fail_command(Some(
+            FailCommand::new(FailPointMode::Times(1), ["find"]).with_error_code(91),
+        ));
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let find = |db: &str| doc! { "find": "c", "$db": db };
+        let parsed = run(&mut client, find("te.st")).await;
+        assert_eq!(code(&parsed), Some(73), "{parsed}");
+        assert_eq!(handle.counters().fail_points_triggered, 0);
+        let fired = run(&mut client, find("")).await;
+        assert_eq!(code(&fired), Some(91), "{fired}");
+        assert_eq!(handle.counters().fail_points_triggered, 1);
+        let refused = run(&mut client, find("")).await;
+        assert_eq!(code(&refused), Some(73), "{refused}");
+        assert_eq!(errmsg(&refused), "Invalid database name: ''");
+        assert_eq!(handle.counters().command("find").executed, 0);
+        server.shutdown().await;
+    })
+    .await
+    .expect("bounded");
+}
+
+/// House rule 7 (review32 R4), MO-8: an awaitable hello on a database a server refuses is
+/// refused at once, not awaited.
+#[tokio::test]
+async fn an_awaitable_hello_on_an_invalid_database_is_refused_at_once_house_rule_7() {
+    timeout(Duration::from_secs(30), async {
+        let server = TestServer::start(ServerConfig::new(Role::Standalone))
+            .await
+            .unwrap();
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let first = run(&mut client, doc! { "hello": 1, "$db": "admin" }).await;
+        let version = first.get_document("topologyVersion").unwrap().clone();
+        for db in ["", "te.st"] {
+            let awaitable = doc! {
+                "hello": 1, "topologyVersion": version.clone(), "maxAwaitTimeMS": 60_000_i64,
+                "$db": db,
+            };
+            let reply = timeout(Duration::from_secs(5), run(&mut client, awaitable))
+                .await
+                .expect("refused at once, not awaited");
+            assert_eq!(code(&reply), Some(73), "{db:?}: {reply}");
+        }
+        server.shutdown().await;
+    })
+    .await
+    .expect("bounded");
+}
+
+/// House rule 7 (review32 R4): a body or a document-sequence document over
+/// `BSONObjMaxInternalSize` (16 MiB + 16 KiB) is BSONObjectTooLarge (10334) with the server's
+/// message, before `$db` is read, on the raw path's ping as on an insert; the connection stays
+/// open and nothing runs. A body of exactly that size runs.
+#[tokio::test]
+async fn documents_over_the_internal_size_are_bson_object_too_large_house_rule_7() {
+    timeout(Duration::from_secs(120), async {
+        let server = TestServer::start(ServerConfig::new(Role::Standalone))
+            .await
+            .unwrap();
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let over = MAX_INTERNAL_SIZE + 1;
+        let insert = doc! { "insert": "c", "$db": "db" };
+        let small = [doc! { "_id": 1 }];
+        let big = [doc! { "_id": 2 }, sized(doc! { "_id": 3 }, over)];
+        let cases = [
+            (
+                "ping over",
+                frame_of(&sized(doc! { "ping": 1, "$db": "admin" }, over), &[]),
+                Some(10334),
+            ),
+            (
+                "ping without $db over",
+                frame_of(&sized(doc! { "ping": 1 }, over), &[]),
+                Some(10334),
+            ),
+            (
+                "insert body over",
+                frame_of(
+                    &sized(
+                        doc! { "insert": "c", "documents": [{ "_id": 4 }], "$db": "db" },
+                        over,
+                    ),
+                    &[],
+                ),
+                Some(10334),
+            ),
+            (
+                "insert sequence document over",
+                frame_of(&insert, &[("documents", &big)]),
+                Some(10334),
+            ),
+            (
+                "ping at the limit",
+                frame_of(
+                    &sized(doc! { "ping": 1, "$db": "admin" }, MAX_INTERNAL_SIZE),
+                    &[],
+                ),
+                None,
+            ),
+            (
+                "insert of a small document after the refusals",
+                frame_of(&insert, &[("documents", &small)]),
+                None,
+            ),
+        ];
+        for (label, frame, expected) in cases {
+            let reply = round_trip(&mut client, &frame).await;
+            assert_eq!(code(&reply), expected, "{label}: {}", errmsg(&reply));
+            if expected.is_some() {
+                assert_eq!(reply.get_str("codeName").ok(), Some("BSONObjectTooLarge"));
+                let prefix = format!(
+                    "BSONObj size: {over} (0x{over:X}) is invalid. Size must be between 0 and \
+                     16793600(16MB)"
+                );
+                assert!(
+                    errmsg(&reply).starts_with(&prefix),
+                    "{label}: {}",
+                    errmsg(&reply)
+                );
+            }
+        }
+        let body = frame_of(
+            &sized(
+                doc! { "insert": "c", "documents": [{ "_id": 4 }], "$db": "db" },
+                over,
+            ),
+            &[],
+        );
+        let reply = round_trip(&mut client, &body).await;
+        assert!(
+            errmsg(&reply).ends_with(" First element: insert: \"c\""),
+            "{}",
+            errmsg(&reply)
+        );
+        assert_eq!(server.handle().documents("db.c"), small.to_vec());
+        server.shutdown().await;
+    })
+    .await
+    .expect("bounded");
+}
+
+/// House rule 7 (review32 R4), TK-4: an inserted document over `maxBsonObjectSize` (16 MiB) that
+/// an OP_MSG section can still carry is the statement's write error, BadValue (2), "object to
+/// insert too large. size in bytes: N, max size: 16777216": an ordered insert stops there, an
+/// unordered one goes on; a bulkWrite insert op gets the same error; a document of exactly
+/// 16 MiB is inserted.
+#[tokio::test]
+async fn an_inserted_document_over_max_bson_object_size_is_a_write_error_tk4_house_rule_7() {
+    timeout(Duration::from_secs(120), async {
+        let server = TestServer::start(ServerConfig::new(Role::Standalone))
+            .await
+            .unwrap();
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let over = MAX_USER_SIZE + 1;
+        let message =
+            format!("object to insert too large. size in bytes: {over}, max size: 16777216");
+        for (ordered, n) in [(true, 1), (false, 2)] {
+            let collection = if ordered { "ordered" } else { "unordered" };
+            let insert = doc! { "insert": collection, "ordered": ordered, "$db": "db" };
+            let documents = [
+                doc! { "_id": 1 },
+                sized(doc! { "_id": 2 }, over),
+                doc! { "_id": 3 },
+            ];
+            let reply = round_trip(
+                &mut client,
+                &frame_of(&insert, &[("documents", &documents)]),
+            )
+            .await;
+            assert_eq!(reply.get_i32("n").ok(), Some(n), "{reply:?}");
+            let errors = reply.get_array("writeErrors").expect("a write error");
+            assert_eq!(errors.len(), 1);
+            let Bson::Document(error) = &errors[0] else {
+                panic!("{errors:?}")
+            };
+            assert_eq!(error.get_i32("index").ok(), Some(1));
+            assert_eq!(code(error), Some(2));
+            assert_eq!(errmsg(error), message);
+        }
+        let at_limit = [sized(doc! { "_id": 4 }, MAX_USER_SIZE)];
+        let insert = doc! { "insert": "c", "$db": "db" };
+        let reply = round_trip(&mut client, &frame_of(&insert, &[("documents", &at_limit)])).await;
+        assert_eq!(
+            reply.get_i32("n").ok(),
+            Some(1),
+            "at the limit: {}",
+            errmsg(&reply)
+        );
+        assert!(reply.get("writeErrors").is_none());
+
+        let bulk = doc! {
+            "bulkWrite": 1, "nsInfo": [{ "ns": "db.bulk" }], "$db": "admin",
+        };
+        let ops = [doc! { "insert": 0, "document": sized(doc! { "_id": 5 }, over) }];
+        let reply = round_trip(&mut client, &frame_of(&bulk, &[("ops", &ops)])).await;
+        assert_eq!(reply.get_i32("nErrors").ok(), Some(1), "{}", errmsg(&reply));
+        let results = reply
+            .get_document("cursor")
+            .and_then(|c| c.get_array("firstBatch"))
+            .expect("results");
+        let Bson::Document(result) = &results[0] else {
+            panic!("{results:?}")
+        };
+        assert_eq!(code(result), Some(2), "{result:?}");
+        assert_eq!(result.get_str("codeName").ok(), Some("BadValue"));
+        assert_eq!(errmsg(result), message);
+        assert!(server.handle().documents("db.bulk").is_empty());
+        server.shutdown().await;
+    })
+    .await
+    .expect("bounded");
+}
