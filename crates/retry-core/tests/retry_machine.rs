@@ -781,7 +781,7 @@ fn cs7_max_time_ms_expired_under_timeout_ms_is_a_timeout_error() {
     let script = Script::new().then_after(MS(10), fail(50, &[]));
     for kind in [OperationKind::Read, OperationKind::RetryableWrite] {
         let spec = OperationSpec::new(kind).with_txn_number(1);
-        let trace = on_primary(spec.clone().with_timeout(csot(250)), &script, JITTER_ZERO);
+        let trace = on_primary(spec.with_timeout(csot(250)), &script, JITTER_ZERO);
         assert_eq!(trace.commands_started(), 1, "{kind:?}");
         let e = raised(&trace);
         assert!(
@@ -791,7 +791,7 @@ fn cs7_max_time_ms_expired_under_timeout_ms_is_a_timeout_error() {
         // The server that answered (the scripted error names its own).
         assert_eq!(e.address, Some(ServerAddress::new("unset", 1)), "{kind:?}");
         // `timeoutMS=0`: CSOT on without a deadline, the same.
-        let unbounded = spec.clone().with_timeout(OperationTimeout::Unbounded);
+        let unbounded = spec.with_timeout(OperationTimeout::Unbounded);
         let e = raised(&on_primary(unbounded, &script, JITTER_ZERO)).clone();
         assert!(matches!(e.kind, ErrorKind::Timeout { .. }), "{kind:?}: {e}");
         // No CSOT: the server's error.
@@ -815,7 +815,7 @@ fn cs7_a_write_concern_error_50_under_timeout_ms_is_a_timeout_error() {
     let spec = OperationSpec::new(OperationKind::RetryableWrite)
         .with_txn_number(1)
         .with_timeout(csot(250));
-    let trace = on_primary(spec.clone(), &Script::new().then(wce(50)), JITTER_ZERO);
+    let trace = on_primary(spec, &Script::new().then(wce(50)), JITTER_ZERO);
     assert_eq!(trace.commands_started(), 1);
     let e = raised(&trace);
     assert!(
