@@ -413,9 +413,14 @@ impl fmt::Display for NetworkCause {
     }
 }
 
-/// No [`source`](core::error::Error::source): a decoder's reason is the text itself (review32
-/// R15, as for [`OperationError`]); [`NetworkCause::Decode`] keeps it as data.
-impl core::error::Error for NetworkCause {}
+impl core::error::Error for NetworkCause {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            NetworkCause::Decode(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// A network error: its kind, the phase it happened in, and its cause when known.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -535,13 +540,11 @@ pub struct WriteErrors {
 /// What one attempt of an operation failed with: the facts the retry rules read. Made by its
 /// constructors ([`OperationError::network`], [`OperationError::from_reply`], ...).
 ///
-/// Its [`Display`](fmt::Display) is the whole story, the causes' text included: a timeout's
-/// cause (CS-5: the timeout error's text includes it) and a network error's
-/// [`NetworkCause`]. So [`source`](core::error::Error::source) returns `None`: the common Rust
-/// rule is that an error either includes its source's text or returns the source, never both,
-/// or a chained report (`anyhow`, `eyre`, a "caused by" loop) prints it twice (review32 R15).
-/// The causes stay reachable as data: [`ErrorKind::Timeout`]'s `cause` and
-/// [`OperationError::network_cause`].
+/// A cause is both printed and returned: [`Display`](fmt::Display) includes a timeout's cause
+/// (CS-5: its text includes it) and a network error's [`NetworkCause`], and
+/// [`source`](core::error::Error::source) returns it (CS-5: the timeout wraps it; issue 9: a
+/// source wherever an error wraps a cause). One `{error}` is the whole message; a report that
+/// walks `source()` after it repeats the cause's text (review32 R15).
 #[derive(Debug, PartialEq)]
 #[non_exhaustive]
 pub struct OperationError {
@@ -1002,9 +1005,19 @@ impl fmt::Display for OperationError {
     }
 }
 
-/// No [`source`](core::error::Error::source): the `Display` text already holds every cause
-/// (see [`OperationError`]; review32 R15).
-impl core::error::Error for OperationError {}
+impl core::error::Error for OperationError {
+    /// A network error's cause ([`NetworkCause`]), or the error a timeout wrapped (CS-5).
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match &self.kind {
+            ErrorKind::Network(n) => n
+                .cause
+                .as_deref()
+                .map(|c| c as &(dyn core::error::Error + 'static)),
+            ErrorKind::Timeout { cause: Some(c) } => Some(&**c),
+            _ => None,
+        }
+    }
+}
 
 /// The class of an [`OperationError`], without its details.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -1391,7 +1404,7 @@ mod tests {
     }
 
     #[test]
-    fn network_errors_keep_their_io_cause_in_display_and_as_data() {
+    fn network_errors_keep_their_io_cause_in_display_and_source() {
         use core::error::Error as _;
         let refused = OperationError::network(
             NetworkErrorKind::Io,
@@ -1411,8 +1424,11 @@ mod tests {
         );
         // HS-9: the cause does not change the labels.
         assert!(refused.is_retryable_overload());
-        // Review32 R15: the text holds the cause, so `source` does not repeat it.
-        assert!(refused.source().is_none());
+        let source = refused.source().expect("the cause");
+        assert_eq!(
+            source.to_string(),
+            "Connection refused (os error 111) (ConnectionRefused)"
+        );
         assert!(matches!(
             refused.network_cause(),
             Some(NetworkCause::Io { kind, .. }) if kind == "ConnectionRefused"
@@ -1437,7 +1453,8 @@ mod tests {
     }
 
     #[test]
-    fn decoder_reasons_are_printed_and_kept_as_data() {
+    fn decoder_reasons_are_printed_and_reachable_through_source() {
+        use core::error::Error as _;
         let bad = OperationError::network(NetworkErrorKind::Io, NetworkPhase::Handshake, addr())
             .with_cause(NetworkCause::Decode(DecodeError::BadLength {
                 length: i32::MAX,
@@ -1447,42 +1464,25 @@ mod tests {
             bad.to_string().contains("bad message length 2147483647"),
             "{bad}"
         );
-        assert!(matches!(
-            bad.network_cause(),
-            Some(NetworkCause::Decode(DecodeError::BadLength { .. }))
-        ));
+        let decode = bad
+            .source()
+            .and_then(|cause| cause.source())
+            .expect("the decode error");
+        assert!(decode
+            .to_string()
+            .starts_with("bad message length 2147483647"));
         let opcode = OperationError::network(NetworkErrorKind::Io, NetworkPhase::AfterSend, addr())
             .with_cause(NetworkCause::Decode(DecodeError::UnknownOpCode(1)));
         assert!(
             opcode.to_string().contains("not OP_MSG: opcode 1"),
             "{opcode}"
         );
-        // A timeout wraps its cause (CS-5) and keeps it as data.
+        // A timeout wraps its cause (CS-5) and exposes it as its source.
         let timeout = OperationError::timeout(Some(opcode.clone()));
-        assert!(matches!(
-            &timeout.kind,
-            ErrorKind::Timeout { cause: Some(c) } if **c == opcode
-        ));
-    }
-
-    /// CS-5, review32 R15: a timeout's text includes its cause's, once; as the text holds it,
-    /// `source` returns nothing, so a chained report (error, then each source) names the cause
-    /// once, not twice.
-    #[test]
-    fn cs5_r15_a_timeout_names_its_cause_once_in_a_chained_report() {
-        use core::error::Error;
-        let cause =
-            OperationError::network(NetworkErrorKind::Timeout, NetworkPhase::AfterSend, addr())
-                .with_cause(NetworkCause::io("TimedOut", "read timed out"));
-        let timeout = OperationError::timeout(Some(cause.clone()));
-        let mut report = timeout.to_string();
-        let mut source = timeout.source();
-        while let Some(s) = source {
-            report.push_str(&alloc::format!(" <- {s}"));
-            source = s.source();
-        }
-        assert_eq!(report, alloc::format!("operation timed out: {cause}"));
-        assert_eq!(report.matches("read timed out").count(), 1, "{report}");
+        assert_eq!(
+            timeout.source().map(|s| s.to_string()),
+            Some(opcode.to_string())
+        );
     }
 
     #[test]
