@@ -7,7 +7,7 @@
 //! [`Topology::poll_event`] (SDAM monitoring events) and [`Topology::poll_action`] (monitors to
 //! start, stop, hurry or cancel). Pools are reached through [`Topology::pool_mut`]; the topology
 //! clears them in the same step as it marks their server Unknown, and marks them ready after a
-//! successful check, as SDAM requires.
+//! successful check, as SDAM requires (CM-2), unless the server is incompatible (SS-16).
 
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
@@ -20,12 +20,12 @@ use core::time::Duration;
 use bson::Document;
 
 use super::{
-    CheckError, SdamEvent, ServerDescription, ServerType, TopologyAction, TopologyDescription,
-    TopologyType, TopologyVersion,
+    incompatibility, CheckError, SdamEvent, ServerDescription, ServerType, TopologyAction,
+    TopologyDescription, TopologyType, TopologyVersion,
 };
 use crate::address::ServerAddress;
 use crate::error::{ErrorKind, NetworkErrorKind, OperationError};
-use crate::pool::{Pool, PoolOptions};
+use crate::pool::{Pool, PoolOptions, PoolState};
 use crate::time::Instant;
 
 /// How a client was configured to discover its deployment (the URI options `directConnection`,
@@ -385,7 +385,7 @@ impl Topology {
             server_type,
             S::Mongos | S::RsPrimary | S::RsSecondary | S::Standalone
         ) {
-            self.ready_pool(&address, now);
+            self.ready_pool(&new, now);
         }
         match (self.description.topology_type, server_type) {
             (_, S::Unknown | S::RsGhost) if self.is_replica_set() => self.check_if_has_primary(),
@@ -439,7 +439,7 @@ impl Topology {
             _ => new,
         };
         if new.server_type != ServerType::Unknown {
-            self.ready_pool(&new.address, now);
+            self.ready_pool(&new, now);
         }
         self.replace(new);
     }
@@ -648,9 +648,23 @@ impl Topology {
         }
     }
 
-    fn ready_pool(&mut self, address: &ServerAddress, now: Instant) {
-        if let Some(pool) = self.pool_mut(address) {
-            pool.ready(now);
+    /// CM-2: SDAM readies the pool of a server a check found, unless the server is
+    /// incompatible (SS-16 step 2, review35 Z1). Selection never picks such a server, and every
+    /// connection its pool opened would refuse the handshake, mark the server Unknown and drop
+    /// the compatibility error, so its pool stays paused: a ready one (the server was compatible
+    /// before) is cleared, which pauses it.
+    fn ready_pool(&mut self, server: &ServerDescription, now: Instant) {
+        let Some(reason) = incompatibility(server) else {
+            if let Some(pool) = self.pool_mut(&server.address) {
+                pool.ready(now);
+            }
+            return;
+        };
+        if self
+            .pool_mut(&server.address)
+            .is_some_and(|pool| pool.state() == PoolState::Ready)
+        {
+            self.clear_pool(&server.address, None, false, &reason, now);
         }
     }
 
