@@ -161,10 +161,12 @@ pub enum SendError {
     ExhaustNotAllowed,
     /// The message does not encode or exceeds the connection's `maxMessageSizeBytes` (WP-7).
     Encode(EncodeError),
-    /// WP-7: the command's body is larger than the connection's `maxBsonObjectSize` plus
-    /// [`COMMAND_OVERHEAD_BYTES`] (the room a server allows a command beyond its largest
-    /// document), or a document of a kind-1 sequence is larger than `maxBsonObjectSize` (the
-    /// OP_MSG spec: "Each BSON document cannot be larger than maxBSONObjectSize").
+    /// WP-7: the command's body, or a document of a kind-1 sequence, is larger than the
+    /// connection's `maxBsonObjectSize` plus [`COMMAND_OVERHEAD_BYTES`]: the bound a server puts
+    /// on each of them alike (`BSONObjMaxInternalSize`, 16 MiB + 16 KiB), since an `updates`,
+    /// `deletes` or `ops` statement wraps a document that may itself be `maxBsonObjectSize`
+    /// large (review35 Z2, house rule 7). An inserted document over `maxBsonObjectSize` is the
+    /// server's to refuse (a write error for that document), as it is for a body.
     BsonObjectTooLarge {
         /// `None` for the command's body; else the sequence's identifier and the document's
         /// index in it.
@@ -203,7 +205,7 @@ impl fmt::Display for SendError {
             } => write!(
                 f,
                 "document {index} of the {identifier:?} sequence, of {length} bytes, exceeds \
-                 maxBsonObjectSize {max_bson_object_size} (WP-7)"
+                 maxBsonObjectSize {max_bson_object_size} + {COMMAND_OVERHEAD_BYTES} bytes (WP-7)"
             ),
         }
     }
@@ -639,7 +641,7 @@ impl Connection {
     }
 
     /// WP-7: the body and each sequence document within the connection's `maxBsonObjectSize`
-    /// (the body with [`COMMAND_OVERHEAD_BYTES`] more).
+    /// plus [`COMMAND_OVERHEAD_BYTES`], the server's bound for both (review35 Z2).
     fn check_object_sizes(
         &self,
         sizes: &EncodedSizes,
@@ -649,9 +651,9 @@ impl Connection {
             .handshake
             .as_ref()
             .map_or(DEFAULT_MAX_BSON_OBJECT_SIZE, |h| h.max_bson_object_size);
-        let max = max_bson_object_size as usize;
+        let max = (max_bson_object_size as usize).saturating_add(COMMAND_OVERHEAD_BYTES);
         let (largest, section, index) = sizes.largest_document;
-        if sizes.body > max.saturating_add(COMMAND_OVERHEAD_BYTES) {
+        if sizes.body > max {
             Err(SendError::BsonObjectTooLarge {
                 document: None,
                 length: sizes.body,
@@ -1133,9 +1135,10 @@ mod tests {
         }
     }
 
-    /// WP-7, review32 R11: a connection whose handshake said `maxBsonObjectSize: 1000` refuses
-    /// a body over 1000 + 16 KiB and a sequence document over 1000, writing nothing and staying
-    /// ready; a body within the allowance and a document at the limit go.
+    /// WP-7, review32 R11, review35 Z2: a connection whose handshake said `maxBsonObjectSize:
+    /// 1000` refuses a body or a sequence document over 1000 + 16 KiB (the server's bound for
+    /// both), writing nothing and staying ready; a body within the allowance and an `updates`
+    /// document over `maxBsonObjectSize` but within the allowance go.
     #[test]
     fn wp7_r11_max_bson_object_size_bounds_the_body_and_each_sequence_document() {
         let mut conn = open(config());
@@ -1170,41 +1173,41 @@ mod tests {
         );
         // A document is `{x: <string>}`: 13 bytes plus the string's length.
         let document = |len: usize| doc! { "x": "y".repeat(len - 13) };
-        let mut request = Request::new(doc! { "insert": "c" });
+        let mut request = Request::new(doc! { "update": "c" });
         request.sequences = vec![
             DocumentSequence {
                 identifier: "a".into(),
                 documents: vec![document(20)],
             },
             DocumentSequence {
-                identifier: "documents".into(),
-                documents: vec![document(1000), document(1001), document(20)],
+                identifier: "updates".into(),
+                documents: vec![document(1100), document(limit + 1), document(20)],
             },
         ];
         let refused = conn.send_command(request.clone(), at(20));
         assert_eq!(
             refused,
             Err(SendError::BsonObjectTooLarge {
-                document: Some(("documents".into(), 1)),
-                length: 1001,
+                document: Some(("updates".into(), 1)),
+                length: limit + 1,
                 max_bson_object_size: 1000,
             })
         );
         assert_eq!(
             refused.unwrap_err().to_string(),
-            "document 1 of the \"documents\" sequence, of 1001 bytes, exceeds maxBsonObjectSize \
-             1000 (WP-7)"
+            "document 1 of the \"updates\" sequence, of 17385 bytes, exceeds maxBsonObjectSize \
+             1000 + 16384 bytes (WP-7)"
         );
         assert_eq!(
             (conn.state(), conn.has_transmit()),
             (ConnectionState::Ready, false)
         );
-        request.sequences[1].documents.remove(1);
+        request.sequences[1].documents[1] = document(limit);
         conn.send_command(request, at(20))
-            .expect("a document at the limit goes");
+            .expect("a document over maxBsonObjectSize, within the allowance, goes");
         let out = sent(&mut conn);
         assert_eq!(out.len(), 1);
-        assert_eq!(out[0].sequences[1].documents.len(), 2);
+        assert_eq!(out[0].sequences[1].documents.len(), 3);
         conn.handle_bytes(&reply_bytes(out[0].request_id, doc! { "ok": 1 }), at(21));
         assert!(matches!(
             conn.poll_event(),
