@@ -196,7 +196,9 @@ fn r23_an_invalid_seed_is_an_engine_error() {
         let error = Engine::new(options, Instant::ZERO).expect_err("refused");
         assert!(matches!(error, EngineError::InvalidSeed(_)), "{error:?}");
         assert_eq!(error.to_string(), text);
-        assert!(error.source().is_none(), "the text holds the reason");
+        // Review35 Z5 (issue 9 item 5): the wrapped parse error is the source.
+        let source = error.source().expect("the parse error");
+        assert_eq!(format!("invalid seed: {source}"), text);
     }
 }
 

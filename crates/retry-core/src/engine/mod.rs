@@ -821,8 +821,8 @@ pub enum EngineError {
     /// connection. `apiStrict: false` or unset works.
     LoadBalancedStrictApi,
     /// A seed cannot name a server ([`ServerAddress::check`](crate::address::ServerAddress::check):
-    /// an empty host, port 0, a host holding a port; review32 R23). The text includes the
-    /// reason, so there is no `source`.
+    /// an empty host, port 0, a host holding a port; review32 R23). The parse error is the
+    /// `source` (review35 Z5).
     InvalidSeed(crate::address::AddressParseError),
 }
 
@@ -850,7 +850,8 @@ impl core::error::Error for EngineError {
             EngineError::Settings(e) => Some(e),
             EngineError::Handshake(e) => Some(e),
             EngineError::HandshakeEncoding(e) => Some(e),
-            EngineError::LoadBalancedStrictApi | EngineError::InvalidSeed(_) => None,
+            EngineError::InvalidSeed(e) => Some(e),
+            EngineError::LoadBalancedStrictApi => None,
         }
     }
 }
