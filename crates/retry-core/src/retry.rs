@@ -291,7 +291,9 @@ pub enum RetryReason {
 /// Why no retry is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DenyReason {
-    /// The error is not retryable for this operation.
+    /// The error is not retryable for this operation. Also a MaxTimeMSExpired (code 50) under
+    /// `timeoutMS` before the deadline, which ends the operation at once with a timeout error
+    /// (CS-7; review35 Z6: the deadline has not passed).
     NotRetryable,
     /// The error would be retryable, but `retryReads` / `retryWrites` is off.
     DisabledByOption,
@@ -299,7 +301,8 @@ pub enum DenyReason {
     Cap,
     /// The retry budget (token bucket or gRPC throttle) refused it.
     Budget,
-    /// The CSOT deadline has passed, or the backoff would end past it.
+    /// The CSOT deadline has passed, or the backoff would end past it (a CS-7 MaxTimeMSExpired
+    /// before the deadline is [`DenyReason::NotRetryable`]).
     Deadline,
     /// gRPC: the server's pushback said not to retry.
     Pushback,
@@ -455,7 +458,10 @@ enum Decision {
         deprioritize: bool,
     },
     Deny(DenyReason),
+    /// CS-5: the deadline has passed.
     TimedOut,
+    /// CS-7: a MaxTimeMSExpired under `timeoutMS`, before the deadline.
+    MaxTimeExpired,
 }
 
 /// The retry state machine of one operation. See the [module docs](self) for the driving loop and
@@ -942,7 +948,9 @@ impl<R: RngCore> RetryMachine<R> {
         // `maxTimeMS` (CS-4) raises before the deadline.
         let decision = match &self.options.policy {
             _ if self.spec.timeout.expired(now) => Decision::TimedOut,
-            _ if self.spec.timeout.is_csot() && error.is_max_time_expired() => Decision::TimedOut,
+            _ if self.spec.timeout.is_csot() && error.is_max_time_expired() => {
+                Decision::MaxTimeExpired
+            }
             RetryPolicy::Grpc(_) => self.decide_grpc(&error, sharded, now),
             _ => self.decide_backpressure(&error, sharded, now),
         };
@@ -988,6 +996,7 @@ impl<R: RngCore> RetryMachine<R> {
                 }
             }
             Decision::TimedOut => self.finish_timed_out(),
+            Decision::MaxTimeExpired => self.finish_with_timeout(DenyReason::NotRetryable),
         }
         Ok(())
     }
@@ -1319,10 +1328,17 @@ impl<R: RngCore> RetryMachine<R> {
 
     /// CS-5: after the deadline, raise a timeout error that wraps the error being handled.
     fn finish_timed_out(&mut self) {
+        self.finish_with_timeout(DenyReason::Deadline);
+    }
+
+    /// Raises a timeout error wrapping the error being handled (CS-5), recording why it is not
+    /// retried: `Deadline`, or `NotRetryable` for a CS-7 MaxTimeMSExpired that came before the
+    /// deadline (review35 Z6).
+    fn finish_with_timeout(&mut self, reason: DenyReason) {
         let cause = self.raised.take();
         // The summary goes only into the event: not built for a machine that records none.
         if let Some(cause) = cause.as_ref().filter(|_| self.record_events) {
-            self.deny(DenyReason::Deadline, cause.summary());
+            self.deny(reason, cause.summary());
         }
         let raised = match cause {
             // CS-7: a MaxTimeMSExpired keeps its labels (TX-8) on the timeout.

@@ -783,6 +783,12 @@ fn cs7_max_time_ms_expired_under_timeout_ms_is_a_timeout_error() {
         let spec = OperationSpec::new(kind).with_txn_number(1);
         let trace = on_primary(spec.with_timeout(csot(250)), &script, JITTER_ZERO);
         assert_eq!(trace.commands_started(), 1, "{kind:?}");
+        // Review35 Z6: the deadline (250 ms) has not passed at 10 ms: not denied for it.
+        assert_eq!(
+            trace.denials().collect::<Vec<_>>(),
+            [DenyReason::NotRetryable],
+            "{kind:?}"
+        );
         let e = raised(&trace);
         assert!(
             matches!(&e.kind, ErrorKind::Timeout { cause: Some(c) } if c.code() == Some(50)),
