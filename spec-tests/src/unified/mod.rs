@@ -704,4 +704,28 @@ mod tests {
             "uriOptions": { "connectTimeoutMS": 250 } } }] });
         assert!(has_short_timeout(&in_file, &json!({ "operations": [] })));
     }
+
+    /// Review35 Z3, the run-command spec (SS-10): runCommand is never classified. A `find`
+    /// goes to the primary though the client's `readPreference` is secondary (no
+    /// `$readPreference`), and an `insert` carries no `txnNumber` (never a retryable write).
+    #[test]
+    fn z3_run_command_uses_the_primary_and_is_never_a_retryable_write() {
+        let mut test = file(json!([
+            { "name": "runCommand", "object": "d",
+                "arguments": { "command": { "find": "x" }, "commandName": "find" } },
+            { "name": "runCommand", "object": "d",
+                "arguments": { "command": { "insert": "x", "documents": [{ "_id": 2 }] },
+                    "commandName": "insert" } }
+        ]));
+        test["createEntities"][0]["client"]["uriOptions"] =
+            json!({ "readPreference": "secondary" });
+        test["tests"][0]["expectEvents"] = json!([{ "client": "c", "events": [
+            { "commandStartedEvent": { "commandName": "find",
+                "command": { "find": "x", "$readPreference": { "$$exists": false } } } },
+            { "commandStartedEvent": { "commandName": "insert",
+                "command": { "insert": "x", "lsid": { "$$exists": true },
+                    "txnNumber": { "$$exists": false } } } }
+        ] }]);
+        assert_eq!(run_one(test), TestOutcome::Passed);
+    }
 }

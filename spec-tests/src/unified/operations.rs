@@ -256,6 +256,16 @@ pub async fn execute(
     cursor: CursorUse,
 ) -> Result<retry_tokio::Reply, OperationError> {
     let kind = classify(&command, &[], target.options.write_concern.as_ref());
+    execute_as(target, command, kind, cursor).await
+}
+
+/// [`execute`] with the operation's `kind` given.
+async fn execute_as(
+    target: &Target,
+    command: Document,
+    kind: OperationKind,
+    cursor: CursorUse,
+) -> Result<retry_tokio::Reply, OperationError> {
     let read = matches!(kind, OperationKind::Read | OperationKind::RunCommand);
     let criteria = match &target.options.read_preference {
         Some(preference) if read => Some(SelectionCriteria::Read(preference.clone())),
@@ -426,7 +436,17 @@ async fn single(
     target: &Target,
     command: Document,
 ) -> Result<Document, Result<Box<Failure>, String>> {
-    match execute(target, command, CursorUse::None).await {
+    let kind = classify(&command, &[], target.options.write_concern.as_ref());
+    single_as(target, command, kind).await
+}
+
+/// [`single`] with the operation's `kind` given.
+async fn single_as(
+    target: &Target,
+    command: Document,
+    kind: OperationKind,
+) -> Result<Document, Result<Box<Failure>, String>> {
+    match execute_as(target, command, kind, CursorUse::None).await {
         Ok(reply) => Ok(reply.document),
         // The product's write-errors error keeps the reply: the result shaping below reads the
         // counts and the write errors from it (partial results, unordered bulks go on).
@@ -662,8 +682,11 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                     "commandName {command_name} is not the first key"
                 )));
             }
-            // SS-10: a generic command uses the read preference it is given, else the primary;
-            // never the one its database entity inherits.
+            // The run-command spec (SS-10): a generic command, whatever it holds, is never
+            // classified: it uses the read preference it is given, else the primary (never the
+            // one its database entity inherits, review35 Z3), inherits no concern, is never
+            // retried by the retryable-reads or -writes rules and carries no `txnNumber` outside
+            // a transaction (the product's `OperationKind::RunCommand`).
             let mut target = target.clone();
             target.options.read_preference = match args.take("readPreference") {
                 Some(preference) => {
@@ -671,7 +694,9 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                 }
                 None => None,
             };
-            let reply = single(&target, command).await?;
+            target.options.read_concern = None;
+            target.options.write_concern = None;
+            let reply = single_as(&target, command, OperationKind::RunCommand).await?;
             Ok(Produced::Value(Bson::Document(reply)))
         }
         "mapReduce" => {
