@@ -493,6 +493,15 @@ impl<R> Client<R> {
     /// `readConcernLevel` to a read that support them and have none of their own (the
     /// read-write-concern spec); so a `w=0` write is sent unacknowledged and without an implicit
     /// session (SE-13).
+    ///
+    /// Server selection follows the kind (review35 Z4): a command it classifies as a read
+    /// (`find`, `count`, `distinct`, `aggregate` without a write stage, ...) inherits the client's
+    /// read preference, as a helper that may use a secondary does (SS-10); a write goes to a
+    /// writable server; an unclassified command goes to the primary, as the run-command spec
+    /// requires of a generic command. So this is not the run-command spec's `runCommand`: for
+    /// that (the primary unless a read preference is given, whatever the command; no
+    /// `txnNumber`; never retried by the retryable-reads or -writes rules) use
+    /// [`Client::run_command`] or [`Client::run`] with [`OperationKind::RunCommand`].
     pub async fn command(&self, db: &str, command: Document) -> Result<Document, OperationError> {
         let (command, kind) = self.with_concerns(command);
         self.run_command(db, command, kind).await
