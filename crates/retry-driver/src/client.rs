@@ -624,7 +624,12 @@ impl<R> Client<R> {
 
     /// Shuts the client down: every operation in flight or queued fails with
     /// [`OperationError::cancelled`], every socket closes, every event stream ends. Completes
-    /// when the driver has stopped; new operations fail at once.
+    /// when the driver has stopped; new operations fail at once, with `cancelled`. If the driver
+    /// had already stopped without a shutdown, it returns at once, and the operations ended
+    /// with that stop's cause (review34 Y6): after the runtime the client was created on shut
+    /// down, the queued and later ones fail with a usage error saying so (those in flight then
+    /// end `cancelled`, as they may have been sent); after a panic in the driver (a bug), all
+    /// of them fail with an internal error saying so.
     pub async fn shutdown(&self) {
         self.inner.shared.close();
         let waiter = self.waiter();
