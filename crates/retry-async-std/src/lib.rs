@@ -16,7 +16,7 @@
 //! use retry_async_std::Client;
 //!
 //! futures_lite::future::block_on(async {
-//!     // An option `ClientOptions::parse` would ignore with a warning is an error here.
+//!     // An option or value `ClientOptions::parse` would drop with a warning is an error here.
 //!     let client = Client::with_uri("mongodb://127.0.0.1:27017/?maxAdaptiveRetries=1")?;
 //!     let reply = client
 //!         .run_command("test", doc! { "ping": 1 }, OperationKind::RunCommand)

@@ -11,7 +11,7 @@
 //! use retry_tokio::retry_core::retry::OperationKind;
 //! use retry_tokio::Client;
 //!
-//! // An option `ClientOptions::parse` would ignore with a warning is an error here.
+//! // An option or value `ClientOptions::parse` would drop with a warning is an error here.
 //! let client = Client::with_uri("mongodb://127.0.0.1:27017/?retryReads=true&timeoutMS=5000")?;
 //! let reply = client
 //!     .run_command("test", doc! { "ping": 1 }, OperationKind::RunCommand)
