@@ -54,6 +54,21 @@
 //! # }
 //! ```
 //!
+//! A parsed URI's parts, and `ClientOptions::srv`, have their types here too (review34 Y12):
+//!
+//! ```
+//! use retry_tokio::{ClientOptions, ConnectionString, Host, HostKind, OptionValue, SrvPolling};
+//!
+//! let cs = ConnectionString::parse("mongodb://127.0.0.1:27017/?appName=example")?;
+//! let first: &Host = &cs.hosts[0];
+//! assert_eq!((first.kind, first.port), (HostKind::Ipv4, Some(27017)));
+//! assert_eq!(cs.option("appName"), Some(&OptionValue::Str("example".into())));
+//! let options = ClientOptions::from_connection_string(&cs)?;
+//! let srv: Option<&SrvPolling> = options.srv.as_ref();
+//! assert!(srv.is_none(), "not a mongodb+srv URI");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! `Client::connect` must be called inside a tokio runtime (it spawns the driver there); outside
 //! one it returns [`ConnectError::Runtime`]. The client is bound to that runtime: once it has
 //! shut down, the client's operations fail (see [`Client`]).
@@ -79,8 +94,9 @@ use tokio::time::Sleep;
 pub use bson;
 pub use retry_core;
 pub use retry_driver::{
-    ClientOptions, CommandOptions, ConnectError, ConnectionString, Events, Nameservers,
-    OptionsError, Reply, Runtime, ServerApi, ServerApiVersion, TimedEvent, TlsError, TlsOptions,
+    ClientOptions, CommandOptions, ConnectError, ConnectionString, Events, Host, HostKind,
+    Nameservers, OptionValue, OptionsError, Reply, Runtime, ServerApi, ServerApiVersion,
+    SrvPolling, TimedEvent, TlsError, TlsOptions,
 };
 
 /// A client driven on tokio.
