@@ -199,7 +199,7 @@ impl Runtime for TokioRuntime {
 
     /// tokio's own name resolution (the system's), or hickory's when
     /// [`TokioRuntime::with_nameservers`] named the name servers. Run under the client's
-    /// runtime ([`TokioRuntime::on_handle`]): the socket is that runtime's.
+    /// runtime (each poll enters it, review34 Y2): the socket is that runtime's.
     fn connect(&self, host: String, port: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
         let nameservers = self.nameservers.clone();
         self.on_handle(async move {
