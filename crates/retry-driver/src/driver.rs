@@ -2612,7 +2612,7 @@ mod tests {
     #[test]
     fn house_rule_8_a_pass_that_panics_still_wakes_a_task_refused_during_it() {
         let runtime = PanickingTimers::default();
-        let (_shared, spawned, mut task, counted, waker) = spawned_task(Arc::new(runtime.clone()));
+        let (shared, spawned, mut task, counted, waker) = spawned_task(Arc::new(runtime.clone()));
         assert!(poll_task(&mut task, &waker).is_pending());
         *lock(&runtime.panic) = Some((spawned.clone(), waker.clone()));
         // The timer fires (waking the task); a caller's pass polls it again first, and panics.
@@ -2627,6 +2627,12 @@ mod tests {
             "the task's poll was refused during it"
         );
         assert_eq!(woken(&counted), before + 1, "the refused task is woken");
+        // Review34 Y1: the runtime dropping the task later (not while panicking) stops the
+        // driver with the panic as its reason (the pass left the driver's lock poisoned), not
+        // the runtime's loss.
+        drop(task);
+        let error = lock(&shared.state).closed_error().to_string();
+        assert!(error.contains("the client's driver panicked"), "{error}");
     }
 
     /// A runtime whose clock panics once `panic` is set, as a bug in the task's own pass would
