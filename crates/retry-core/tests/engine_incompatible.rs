@@ -200,12 +200,14 @@ fn ss16_z1_a_server_turning_incompatible_has_its_pool_paused() {
     let cleared: Vec<_> = net
         .events
         .iter()
-        .filter_map(|e| match e {
-            EngineEvent::Pool {
-                event: PoolEvent::PoolCleared { .. },
-                ..
-            } => Some(e),
-            _ => None,
+        .filter(|e| {
+            matches!(
+                e,
+                EngineEvent::Pool {
+                    event: PoolEvent::PoolCleared { .. },
+                    ..
+                }
+            )
         })
         .collect();
     assert_eq!(cleared.len(), 1, "{cleared:?}");
