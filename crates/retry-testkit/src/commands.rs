@@ -220,7 +220,7 @@ pub(crate) fn execute(
     if name == "configureFailPoint"
         && request.body.get_str(name).ok() == Some("onPrimaryTransactionalWrite")
     {
-        if matches!(state.role, Role::Mongos | Role::LoadBalancer { .. }) {
+        if state.role.is_router() {
             return Some(error_reply(
                 2,
                 "onPrimaryTransactionalWrite is a mongod fail point",
@@ -258,7 +258,7 @@ pub(crate) fn execute(
     let in_transaction = request.body.get("autocommit") == Some(&Bson::Boolean(false));
     let ends = matches!(name, "commitTransaction" | "abortTransaction");
     // TK-12: a mongos keeps its own router state for the transactions it started.
-    let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+    let router = state.role.is_router();
     let router_id = router.then_some(process_id);
     if !in_transaction && !ends {
         // TK-15 (review7 gap b): a write outside any transaction is a commit of its own.
@@ -288,7 +288,7 @@ pub(crate) fn execute(
             .and_then(integer)
             .filter(|_| in_transaction),
         api: ApiParameters::of(&request.body),
-        router: matches!(state.role, Role::Mongos | Role::LoadBalancer { .. }),
+        router: state.role.is_router(),
     };
     let refused = in_transaction
         .then(|| transaction_read_concern_refusal(&store, name, &request.body))
@@ -413,7 +413,7 @@ pub(crate) fn transaction_api_refusal(
 ) -> Option<Document> {
     let number = command.get("txnNumber").and_then(integer)?;
     let session = command.get_document("lsid").ok()?.to_vec().ok()?;
-    let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+    let router = state.role.is_router();
     let api = ApiParameters::of(command);
     let store = state.data.lock();
     let router = router.then_some(process_id);

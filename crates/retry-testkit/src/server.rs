@@ -1227,7 +1227,7 @@ impl Connection {
                     ));
                 }
                 self.seen_hello = true;
-                let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+                let router = state.role.is_router();
                 let metadata = command.get_document("client").ok();
                 if let Some(refusal) =
                     metadata.and_then(|c| crate::refusals::client_metadata_refusal(c, router))
@@ -1256,7 +1256,7 @@ impl Connection {
                     return Response::Reply(rejection);
                 }
             }
-            let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+            let router = state.role.is_router();
             let invalid_db = crate::database_name::validity_refusal(db, router);
             let fired = if name == "configureFailPoint" {
                 None
