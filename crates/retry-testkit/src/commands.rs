@@ -209,6 +209,8 @@ pub(crate) fn hello_reply(
 
 /// Runs an admitted, non-hello command. `None` when the server does not know the command.
 /// `ddl`: the pending number of the DDL command taking its turn, when it is one (TK-15).
+/// `sent_sizes`: the sizes as sent of its documents to insert, where known (review34 Y8;
+/// [`Context::sent_sizes`]).
 pub(crate) fn execute(
     state: &mut State,
     name: &str,
@@ -216,6 +218,7 @@ pub(crate) fn execute(
     max_wire_version: i32,
     process_id: ObjectId,
     ddl: Option<u64>,
+    sent_sizes: &[Option<usize>],
 ) -> Option<Document> {
     if name == "configureFailPoint"
         && request.body.get_str(name).ok() == Some("onPrimaryTransactionalWrite")
@@ -298,6 +301,7 @@ pub(crate) fn execute(
         batch_size: state.batch_size,
         origin,
         router: router_id,
+        sent_sizes,
     };
     context.store.set_running_ddl(ddl);
     let reply = match refused {
@@ -503,6 +507,11 @@ struct Context<'a> {
     /// TK-12: the mongos running the command, `None` off a mongos (see
     /// [`Store::end_transaction`]).
     router: Option<ObjectId>,
+    /// Review34 Y8: the size in bytes as sent of each document to insert, by its position in
+    /// `documents` (an `insert`) or `ops` (a `bulkWrite`), read from the request as it arrived
+    /// (a key sent twice counts twice); empty or `None` where not known
+    /// (`store::insert_refusal` then encodes the document).
+    sent_sizes: &'a [Option<usize>],
 }
 
 /// Runs a data command; `None` for a command the test server knows but does not run
@@ -813,7 +822,8 @@ fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     let mut positions = Vec::new();
     let mut storable = Vec::new();
     for (index, document) in documents.into_iter().enumerate() {
-        if let Some((code, message)) = crate::store::insert_refusal(&document) {
+        let sent = state.sent_sizes.get(index).copied().flatten();
+        if let Some((code, message)) = crate::store::insert_refusal(&document, sent) {
             errors.push((index, doc! { "code": code, "errmsg": message }));
             if ordered {
                 break;
@@ -1009,7 +1019,8 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                 };
                 // Review32 R4, review7 finding 3: the op's error (BadValue 2 over
                 // `maxBsonObjectSize`, Overflow 15 nested too deep; `store::insert_refusal`).
-                if let Some((code, message)) = crate::store::insert_refusal(document) {
+                let sent = state.sent_sizes.get(index).copied().flatten();
+                if let Some((code, message)) = crate::store::insert_refusal(document, sent) {
                     let result = doc! {
                         "ok": 0.0, "idx": count_i32(index), "code": code,
                         "codeName": crate::fail_point::code_name_of(code),
@@ -2904,6 +2915,7 @@ mod tests {
                 router: false,
             },
             router: None,
+            sent_sizes: &[],
         };
         run(&mut context, name, &request, max_wire_version)
     }

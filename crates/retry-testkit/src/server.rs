@@ -21,6 +21,7 @@ mod malformed;
 mod raw;
 #[cfg(test)]
 mod raw_equivalence;
+mod sent_sizes;
 
 use crate::auth::{ConnectionAuth, UserStore};
 use crate::commands::{execute, hello_reply, is_hello, write_key, HelloAsk, HelloContext};
@@ -633,6 +634,7 @@ fn admit(shared: &Shared) -> Option<Connection> {
         noted_lsid: Vec::new(),
         seen_hello: false,
         ddl_wait: None,
+        sent_sizes: Vec::new(),
     })
 }
 
@@ -673,6 +675,9 @@ struct Connection {
     seen_hello: bool,
     /// TK-15: its command queued for a lock ([`DdlWait`]), if any.
     ddl_wait: Option<DdlWait>,
+    /// Review34 Y8: the sizes as sent of the running request's documents to insert
+    /// ([`sent_sizes`]).
+    sent_sizes: Vec<Option<usize>>,
 }
 
 /// The "not writable primary" and "node is recovering" codes a replica-set member's error reply
@@ -906,6 +911,8 @@ fn statement_writes(
                     shared.max_wire_version,
                     router,
                     wait.as_ref().map(|wait| wait.number),
+                    // Only `update` and `delete` run statement by statement: nothing to insert.
+                    &[],
                 );
                 // TK-15 (review7 finding 1): the statements done so far are recorded, so the
                 // command goes on at this one once it no longer has to wait.
@@ -1092,6 +1099,7 @@ impl Connection {
         request: &RawOpMsg,
     ) -> bool {
         let malformed = malformed::refusal(request);
+        self.sent_sizes = sent_sizes::sent_sizes(request);
         match raw::decoded(request) {
             Some(decoded) => self.respond(shared, stream, decoded, malformed).await,
             // Cannot happen: `decode_raw` validated the documents as `decode` converts them.
@@ -1438,6 +1446,7 @@ impl Connection {
                 shared.max_wire_version,
                 self.router(shared),
                 self.ddl_wait.as_ref().map(|wait| wait.number),
+                &self.sent_sizes,
             )
         };
         if let Some(session) = blocked(&state.data, &mut self.ddl_wait) {

@@ -419,9 +419,18 @@ pub(crate) fn too_deep(document: &Document) -> bool {
 /// insert too large. size in bytes: {n}, max size: 16777216" (review32 R4, house rule 7); then
 /// nested deeper than [`MAX_STORED_DEPTH`]: Overflow (15), review7 finding 3. Either is the
 /// statement's write error, not the command's.
-pub(crate) fn insert_refusal(document: &Document) -> Option<(i32, String)> {
-    // A document decoded from a request always encodes again.
-    let size = document.to_vec().map_or(0, |bytes| bytes.len());
+///
+/// Review34 Y8: `sent` is the document's size as it arrived (a key sent twice counts twice, as
+/// in the server's `objsize()`); without it the document is measured encoded again, and one
+/// that does not encode is refused (BadValue), never passed as size 0.
+pub(crate) fn insert_refusal(document: &Document, sent: Option<usize>) -> Option<(i32, String)> {
+    let size = match sent {
+        Some(size) => size,
+        None => match document.to_vec() {
+            Ok(bytes) => bytes.len(),
+            Err(e) => return Some((2, format!("object to insert does not encode: {e}"))),
+        },
+    };
     let max = crate::config::MAX_BSON_OBJECT_SIZE;
     if size > max.unsigned_abs() as usize {
         let message = format!("object to insert too large. size in bytes: {size}, max size: {max}");

@@ -377,3 +377,45 @@ async fn an_inserted_document_over_max_bson_object_size_is_a_write_error_tk4_hou
     .await
     .expect("bounded");
 }
+
+/// House rule 7 (review34 Y8), TK-4: an inserted document is measured as it was sent, as the
+/// server's `objsize()` is: one over `maxBsonObjectSize` with a key sent twice is refused
+/// (BadValue, 2, its size as sent), though the document it converts to (the key once, with its
+/// last value) is small.
+#[tokio::test]
+async fn an_inserted_document_is_measured_as_sent_tk4_house_rule_7() {
+    timeout(Duration::from_secs(120), async {
+        let server = TestServer::start(ServerConfig::new(Role::Standalone))
+            .await
+            .unwrap();
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let over = MAX_USER_SIZE + 1;
+        let mut document = doc! { "_id": 6, "pada": "", "padb": "x" };
+        let overhead = document.to_vec().unwrap().len();
+        document.insert("pada", "p".repeat(over - overhead));
+        assert_eq!(document.to_vec().unwrap().len(), over);
+        let insert = doc! { "insert": "c", "$db": "db" };
+        let mut frame = frame_of(&insert, &[("documents", &[document])]);
+        // `padb` is sent as `pada`: the key twice.
+        let at = frame
+            .windows(5)
+            .position(|w| w == b"padb\0")
+            .expect("the second key");
+        frame[at + 3] = b'a';
+        let reply = round_trip(&mut client, &frame).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(0), "{reply:?}");
+        let errors = reply.get_array("writeErrors").expect("a write error");
+        let Bson::Document(error) = &errors[0] else {
+            panic!("{errors:?}")
+        };
+        assert_eq!(code(error), Some(2));
+        assert_eq!(
+            errmsg(error),
+            format!("object to insert too large. size in bytes: {over}, max size: 16777216")
+        );
+        assert!(server.handle().documents("db.c").is_empty());
+        server.shutdown().await;
+    })
+    .await
+    .expect("bounded");
+}
