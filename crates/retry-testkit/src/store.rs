@@ -1074,7 +1074,8 @@ impl Store {
         self.note_access(ns);
         let targets = self.targets(ns, filter, multi);
         let targets = self.noted(targets)?;
-        self.collection_mut(ns);
+        // Review34 Y4: only an upsert makes the collection (as on a server, where an update
+        // without one creates nothing, and so no database either).
         let mut outcome = UpdateOutcome::default();
         for index in targets {
             let collection = self.collection_mut(ns);
@@ -1653,6 +1654,29 @@ impl Store {
             self.record(ns, id, before, index);
         }
         refused.map_or(Ok(()), Err)
+    }
+
+    /// Review34 Y4: the refusal a real server gives the creation of collection `ns` when that
+    /// creates its database: the running command's `router` or a `mongod`, with the databases
+    /// holding a collection (any transaction's too: a server registers a database as a
+    /// transaction creates it); `None` when its database exists
+    /// ([`crate::database_name::creation_refusal`]).
+    pub(crate) fn creation_refusal(&self, ns: &str, router: bool) -> Option<Refusal> {
+        fn database_of(ns: &str) -> &str {
+            ns.split_once('.').map_or("", |(db, _)| db)
+        }
+        // The usual case, the collection or its database there, looks up no other.
+        let db = database_of(ns);
+        let prefix = format!("{db}.");
+        let mut from_prefix = self.collections.range::<String, _>(&prefix..);
+        if from_prefix
+            .next()
+            .is_some_and(|(name, _)| name.starts_with(&prefix))
+        {
+            return None;
+        }
+        let existing = self.collections.keys().map(|name| database_of(name));
+        crate::database_name::creation_refusal(db, existing, router)
     }
 
     /// Creates `ns`; `false` when it already exists.
