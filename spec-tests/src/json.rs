@@ -229,3 +229,27 @@ pub fn to_bson(value: &Value) -> Result<bson::Bson, String> {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// UT-1: a JSON object keeps its key order as BSON: a `runCommand` document goes out with
+    /// its command name first, and a multi-key `sort` sorts in the order written.
+    #[test]
+    fn ut1_objects_keep_their_key_order() {
+        let value: Value =
+            serde_json::from_str(r#"{"insert":"c","documents":[{"z":1,"a":2}],"ordered":true}"#)
+                .unwrap();
+        let bson::Bson::Document(command) = to_bson(&value).unwrap() else {
+            panic!("an object is a document");
+        };
+        let keys: Vec<&str> = command.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["insert", "documents", "ordered"]);
+        let document = command.get_array("documents").unwrap()[0]
+            .as_document()
+            .unwrap();
+        let keys: Vec<&str> = document.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["z", "a"]);
+    }
+}

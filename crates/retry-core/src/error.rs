@@ -1058,6 +1058,80 @@ pub struct ErrorSummary {
     pub labels: Labels,
 }
 
+/// MaxTimeMSExpired: matched by code only (CS-7).
+pub const MAX_TIME_MS_EXPIRED: i32 = 50;
+
+impl OperationError {
+    /// CS-7: whether the server reported MaxTimeMSExpired, matched by code 50 only, at the top
+    /// level, in `writeConcernError`, or in one of the `writeErrors`.
+    pub fn is_max_time_expired(&self) -> bool {
+        let max_time = |code: Option<i32>| code == Some(MAX_TIME_MS_EXPIRED);
+        match &self.kind {
+            ErrorKind::Server(e) => {
+                max_time(e.code) || max_time(e.write_concern_error.as_ref().and_then(|w| w.code))
+            }
+            ErrorKind::Write(w) => w.errors.iter().any(|e| max_time(e.code)),
+            _ => false,
+        }
+    }
+
+    /// CS-7: the timeout error a MaxTimeMSExpired error becomes under `timeoutMS`. It wraps the
+    /// server's error (CS-5) and keeps its labels: a commit's `UnknownTransactionCommitResult`
+    /// (TX-8) is not lost.
+    pub fn max_time_expired_timeout(self) -> OperationError {
+        let labels = self.labels;
+        OperationError::timeout(Some(self)).with_labels(labels)
+    }
+}
+
+#[cfg(test)]
+mod max_time_tests {
+    use super::*;
+    use bson::doc;
+
+    /// CS-7: code 50 at the top level, in `writeConcernError` or in `writeErrors`; no other
+    /// code, and no other place (a `codeName` alone is not matched).
+    #[test]
+    fn cs7_max_time_expired_is_code_50_at_the_top_in_the_write_concern_or_a_write_error() {
+        let address = ServerAddress::new("a", 27017);
+        let reply = |reply: Document| OperationError::from_reply(&reply, &address).unwrap();
+        let write = |reply: Document| OperationError::from_write_reply(&reply, &address).unwrap();
+        assert!(reply(doc! { "ok": 0, "code": 50 }).is_max_time_expired());
+        assert!(
+            reply(doc! { "ok": 1, "writeConcernError": { "code": 50, "errmsg": "x" } })
+                .is_max_time_expired()
+        );
+        assert!(write(doc! { "ok": 1, "n": 0,
+        "writeErrors": [{ "index": 0, "code": 11000 }, { "index": 1, "code": 50 }] })
+        .is_max_time_expired());
+        assert!(
+            !reply(doc! { "ok": 0, "code": 262, "codeName": "MaxTimeMSExpired" })
+                .is_max_time_expired()
+        );
+        assert!(
+            !write(doc! { "ok": 1, "writeErrors": [{ "index": 0, "code": 11000 }] })
+                .is_max_time_expired()
+        );
+        assert!(!OperationError::timeout(None).is_max_time_expired());
+    }
+
+    /// CS-7, CS-5, TX-8: the timeout wraps the 50, names its server and keeps its labels.
+    #[test]
+    fn cs7_the_timeout_keeps_the_cause_its_address_and_its_labels() {
+        let address = ServerAddress::new("a", 27017);
+        let cause = OperationError::from_reply(&doc! { "ok": 0, "code": 50 }, &address)
+            .unwrap()
+            .with_labels(Labels::UNKNOWN_TRANSACTION_COMMIT_RESULT);
+        let timeout = cause.clone().max_time_expired_timeout();
+        assert_eq!(timeout.labels, Labels::UNKNOWN_TRANSACTION_COMMIT_RESULT);
+        assert_eq!(timeout.address, Some(address));
+        assert!(
+            matches!(&timeout.kind, ErrorKind::Timeout { cause: Some(c) } if **c == cause),
+            "{timeout:?}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -668,7 +668,8 @@ impl HedgingMachine {
         self.actions.push(Action::Release { copy, close });
         if fatal {
             self.cancel_live();
-            self.finish(Err(error));
+            let raised = self.raised(error);
+            self.finish(Err(raised));
             return Ok(());
         }
         let pushback = error.server_error().and_then(|e| e.pushback);
@@ -831,7 +832,18 @@ impl HedgingMachine {
             .last_error
             .take()
             .unwrap_or_else(|| OperationError::server_selection("no copy of the read could start"));
-        self.finish(Err(error));
+        let raised = self.raised(error);
+        self.finish(Err(raised));
+    }
+
+    /// The error the operation raises for a copy's `error`. CS-7: under `timeoutMS` a
+    /// MaxTimeMSExpired (code 50) is the timeout error.
+    fn raised(&self, error: OperationError) -> OperationError {
+        if self.timeout.is_csot() && error.is_max_time_expired() {
+            error.max_time_expired_timeout()
+        } else {
+            error
+        }
     }
 
     fn cancel_live(&mut self) {
@@ -1152,6 +1164,31 @@ mod tests {
         assert_eq!(run.result.unwrap().unwrap_err().code(), Some(2));
         assert_eq!(run.cancelled.len(), 1);
         assert_eq!(run.cancelled[0].0, 1);
+    }
+
+    /// CS-7: under `timeoutMS` a copy's fatal MaxTimeMSExpired (code 50) is raised as the
+    /// timeout error wrapping it, at once; without CSOT, as the server error.
+    #[test]
+    fn cs7_a_fatal_max_time_ms_expired_under_timeout_ms_is_a_timeout_error() {
+        let max_time = || OperationError::from_reply(&doc! { "ok": 0, "code": 50 }, &addr(0));
+        for timeout in [
+            OperationTimeout::from_timeout_ms(Instant::ZERO, MS(250)),
+            OperationTimeout::Off,
+        ] {
+            let m =
+                HedgingMachine::new(OperationKind::Read, timeout, &policy(3, 10), Instant::ZERO)
+                    .unwrap();
+            let run = drive(m, 3, |_, _| (MS(5), max_time()), |_| {});
+            assert_eq!(run.end, 5, "{timeout:?}");
+            let error = run.result.unwrap().unwrap_err();
+            match timeout {
+                OperationTimeout::Off => assert_eq!(error.code(), Some(50)),
+                _ => assert!(
+                    matches!(&error.kind, ErrorKind::Timeout { cause: Some(c) } if c.code() == Some(50)),
+                    "{error}"
+                ),
+            }
+        }
     }
 
     #[test]

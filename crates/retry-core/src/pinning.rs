@@ -30,8 +30,6 @@ pub enum TransactionCommand {
     Abort,
 }
 
-/// MaxTimeMSExpired: matched by code only (CS-7).
-const MAX_TIME_MS_EXPIRED: i32 = 50;
 /// UnsatisfiableWriteConcern and UnknownReplWriteConcern: the write-concern errors that are not
 /// "unknown commit result" (TX-8).
 const DEFINITE_WRITE_CONCERN_ERRORS: [i32; 2] = [100, 79];
@@ -58,11 +56,8 @@ pub fn transaction_labels(error: &OperationError, command: TransactionCommand) -
     }
     if command == TransactionCommand::Commit {
         let server = error.server_error();
-        let max_time = error.code() == Some(MAX_TIME_MS_EXPIRED)
-            || server
-                .and_then(|s| s.write_concern_error.as_ref())
-                .and_then(|w| w.code)
-                == Some(MAX_TIME_MS_EXPIRED);
+        // CS-7: code 50, at the top level or in the write concern error.
+        let max_time = error.is_max_time_expired();
         let write_concern = server.is_some_and(|s| {
             s.write_concern_error.as_ref().is_some_and(|w| {
                 !w.code

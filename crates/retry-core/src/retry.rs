@@ -937,9 +937,12 @@ impl<R: RngCore> RetryMachine<R> {
         let close = matches!(error.kind, ErrorKind::Network(_));
         self.push_release(close);
 
-        // CS-5: once the deadline has passed, the operation ends with a timeout error.
+        // CS-5: once the deadline has passed, the operation ends with a timeout error. CS-7:
+        // under `timeoutMS` so does a MaxTimeMSExpired (code 50), which the server's
+        // `maxTimeMS` (CS-4) raises before the deadline.
         let decision = match &self.options.policy {
             _ if self.spec.timeout.expired(now) => Decision::TimedOut,
+            _ if self.spec.timeout.is_csot() && error.is_max_time_expired() => Decision::TimedOut,
             RetryPolicy::Grpc(_) => self.decide_grpc(&error, sharded, now),
             _ => self.decide_backpressure(&error, sharded, now),
         };
@@ -1321,7 +1324,12 @@ impl<R: RngCore> RetryMachine<R> {
         if let Some(cause) = cause.as_ref().filter(|_| self.record_events) {
             self.deny(DenyReason::Deadline, cause.summary());
         }
-        self.finish(Err(OperationError::timeout(cause)));
+        let raised = match cause {
+            // CS-7: a MaxTimeMSExpired keeps its labels (TX-8) on the timeout.
+            Some(cause) if cause.is_max_time_expired() => cause.max_time_expired_timeout(),
+            cause => OperationError::timeout(cause),
+        };
+        self.finish(Err(raised));
     }
 
     fn finish(&mut self, result: Result<(), OperationError>) {

@@ -773,6 +773,80 @@ fn cs5_a_failure_after_the_deadline_is_a_timeout_error() {
     );
 }
 
+/// CS-7: under `timeoutMS` a MaxTimeMSExpired (code 50) ends the operation with the timeout
+/// error at once, long before the deadline, wrapping the 50 (CS-5) and naming its server (RR-10); without
+/// CSOT the server error stays as it is.
+#[test]
+fn cs7_max_time_ms_expired_under_timeout_ms_is_a_timeout_error() {
+    let script = Script::new().then_after(MS(10), fail(50, &[]));
+    for kind in [OperationKind::Read, OperationKind::RetryableWrite] {
+        let spec = OperationSpec::new(kind).with_txn_number(1);
+        let trace = on_primary(spec.with_timeout(csot(250)), &script, JITTER_ZERO);
+        assert_eq!(trace.commands_started(), 1, "{kind:?}");
+        let e = raised(&trace);
+        assert!(
+            matches!(&e.kind, ErrorKind::Timeout { cause: Some(c) } if c.code() == Some(50)),
+            "{kind:?}: {e}"
+        );
+        // The server that answered (the scripted error names its own).
+        assert_eq!(e.address, Some(ServerAddress::new("unset", 1)), "{kind:?}");
+        // `timeoutMS=0`: CSOT on without a deadline, the same.
+        let unbounded = spec.with_timeout(OperationTimeout::Unbounded);
+        let e = raised(&on_primary(unbounded, &script, JITTER_ZERO)).clone();
+        assert!(matches!(e.kind, ErrorKind::Timeout { .. }), "{kind:?}: {e}");
+        // No CSOT: the server's error.
+        let trace = on_primary(spec, &script, JITTER_ZERO);
+        assert!(matches!(raised(&trace).kind, ErrorKind::Server(_)));
+        assert_eq!(raised(&trace).code(), Some(50));
+    }
+}
+
+/// CS-7: a write concern error with code 50 (`ok: 1`) is the timeout error too; another write
+/// concern error code is not.
+#[test]
+fn cs7_a_write_concern_error_50_under_timeout_ms_is_a_timeout_error() {
+    let wce = |code: i32| {
+        let reply = bson::doc! { "ok": 1, "n": 1,
+        "writeConcernError": { "code": code, "errmsg": "waiting for replication" } };
+        StepOutcome::Fail(
+            OperationError::from_reply(&reply, &ServerAddress::new("unset", 1)).unwrap(),
+        )
+    };
+    let spec = OperationSpec::new(OperationKind::RetryableWrite)
+        .with_txn_number(1)
+        .with_timeout(csot(250));
+    let trace = on_primary(spec, &Script::new().then(wce(50)), JITTER_ZERO);
+    assert_eq!(trace.commands_started(), 1);
+    let e = raised(&trace);
+    assert!(
+        matches!(&e.kind, ErrorKind::Timeout { cause: Some(c) }
+            if c.server_error().and_then(|s| s.write_concern_error.as_ref())
+                .and_then(|w| w.code) == Some(50)),
+        "{e}"
+    );
+    let trace = on_primary(spec, &Script::new().then(wce(100)), JITTER_ZERO);
+    assert!(matches!(raised(&trace).kind, ErrorKind::Server(_)));
+}
+
+/// CS-7, TX-8: a commit's MaxTimeMSExpired becomes the timeout error with the cause's labels,
+/// `UnknownTransactionCommitResult` included (the engine adds it before the machine sees the
+/// error), so a caller still knows the commit may have happened.
+#[test]
+fn cs7_a_commits_timeout_keeps_unknown_transaction_commit_result() {
+    let labelled = error(50, &[]).with_labels(Labels::UNKNOWN_TRANSACTION_COMMIT_RESULT);
+    let spec = OperationSpec::new(OperationKind::CommitTransaction { again: false })
+        .with_txn_number(1)
+        .with_timeout(csot(250));
+    let script = Script::new().then(StepOutcome::Fail(labelled));
+    let trace = on_primary(spec, &script, JITTER_ZERO);
+    let e = raised(&trace);
+    assert!(matches!(e.kind, ErrorKind::Timeout { .. }), "{e}");
+    assert!(
+        e.has_label(Labels::UNKNOWN_TRANSACTION_COMMIT_RESULT),
+        "{e:?}"
+    );
+}
+
 /// BP-27 and the module's queue order: a release is taken in the order it was queued, also when
 /// the caller has left earlier actions unpolled (the release is kept apart only when nothing is
 /// queued before it), and a release due first comes before the next step.

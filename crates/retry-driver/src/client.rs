@@ -27,8 +27,8 @@ use crate::tls::TlsRuntime;
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct CommandOptions {
-    /// Where it may run; `None` picks a writable server for writes and the client's read
-    /// preference otherwise (SS-2).
+    /// Where it may run; `None` picks a writable server for writes, the primary for a generic
+    /// command (SS-10) and the client's read preference otherwise (SS-2).
     pub criteria: Option<SelectionCriteria>,
     /// How it relates to a cursor.
     pub cursor: CursorUse,
@@ -363,8 +363,10 @@ impl<R> Client<R> {
         self.inner.local.as_ref().map(LocalDriver::waiter)
     }
 
-    /// Runs `command` on `db` as an operation of `kind`: writes go to a writable server, the rest
-    /// use the client's read preference (`readPreference`, primary by default, SS-2). Returns
+    /// Runs `command` on `db` as an operation of `kind`: writes go to a writable server, a
+    /// generic command ([`OperationKind::RunCommand`]) to the primary whatever the client's read
+    /// preference (SS-10; [`Client::run`] takes an explicit one), the rest use the client's read
+    /// preference (`readPreference`, primary by default, SS-2). Returns
     /// the reply, or the error the engine's retry rules chose; [`OperationError::cancelled`] once
     /// the client is shut down. The engine adds the session fields (`lsid`, `txnNumber`,
     /// `$clusterTime`), `maxTimeMS`, `$db` and `$readPreference` itself; the run-command spec
@@ -430,8 +432,8 @@ impl<R> Client<R> {
     /// the wire as they are, followed by the fields the engine adds (`$db`, `lsid`,
     /// `$clusterTime`, `maxTimeMS`, ...; [`OperationRequest::new_raw`]), so neither the command
     /// nor the reply is ever a [`Document`]: for callers that build or reuse BSON bytes
-    /// (`bson::rawdoc!`). Writes go to a writable server, the rest use the client's read
-    /// preference (SS-2). The client owns `$db` (WP-5): one in the command is replaced by `db`.
+    /// (`bson::rawdoc!`). Writes go to a writable server, a generic command to the primary
+    /// (SS-10), the rest use the client's read preference (SS-2). The client owns `$db` (WP-5): one in the command is replaced by `db`.
     /// A command holding `$db`, `lsid` or `txnNumber` is converted to a [`Document`] once at
     /// the start, as [`OperationRequest::new_raw`] says. A command that is not well-formed BSON,
     /// or holds a top-level key more than once (a server refuses a duplicate field), fails with
@@ -542,7 +544,8 @@ impl<R> Client<R> {
         operation
     }
 
-    /// `criteria`, or a writable server for writes and the client's read preference otherwise
+    /// `criteria`, or a writable server for writes, the primary for a generic command (SS-10:
+    /// it ignores the inherited read preference), and the client's read preference otherwise
     /// (SS-2).
     fn criteria(
         &self,
@@ -557,6 +560,9 @@ impl<R> Client<R> {
             ) =>
             {
                 SelectionCriteria::Write
+            }
+            None if kind == OperationKind::RunCommand => {
+                SelectionCriteria::Read(ReadPreference::default())
             }
             None => SelectionCriteria::Read(self.inner.read_preference.clone()),
         }

@@ -480,6 +480,8 @@ impl Driver {
                             address,
                             // Issue 9: an emptied command document to build the reply into.
                             document: self.engine.take_document(),
+                            // CS-7: its write errors read under `timeoutMS` or not.
+                            csot: self.timeout.is_some(),
                         });
                         let results = self.count_results.then_some(&self.shared.results_to_take);
                         pending.slot.complete(result, results);

@@ -39,6 +39,9 @@ pub(crate) struct RawReply {
     /// An empty document to build the reply's into ([`Engine::take_document`](
     /// retry_core::engine::Engine::take_document)), when the engine had one.
     pub(crate) document: Option<Document>,
+    /// The operation ran under `timeoutMS`: a write error with code 50 (MaxTimeMSExpired) is
+    /// then the timeout error (CS-7).
+    pub(crate) csot: bool,
 }
 
 impl RawReply {
@@ -53,7 +56,7 @@ impl RawReply {
             OperationError::internal(format!("a decoded reply did not convert: {e}"))
         })?;
         if document.contains_key("writeErrors") {
-            if let Some(error) = write_error(self.address.as_ref(), &document) {
+            if let Some(error) = write_error(self.address.as_ref(), &document, self.csot) {
                 return Err(error);
             }
         }
@@ -75,7 +78,7 @@ impl RawReply {
         let Ok(document) = retry_core::wire::to_document(&self.body) else {
             return Ok(self);
         };
-        match write_error(self.address.as_ref(), &document) {
+        match write_error(self.address.as_ref(), &document, self.csot) {
             Some(error) => Err(error),
             None => Ok(self),
         }
@@ -84,11 +87,22 @@ impl RawReply {
 
 /// The write errors of a reply converted to `document`, as the error of the server at `address`
 /// that sent it (RW-3): the one rule of [`RawReply::into_reply`] and [`RawReply::checked`].
-fn write_error(address: Option<&ServerAddress>, document: &Document) -> Option<OperationError> {
-    match address {
+/// CS-7: under `timeoutMS` (`csot`), write errors with a MaxTimeMSExpired (code 50) among them
+/// are the timeout error, wrapping them.
+fn write_error(
+    address: Option<&ServerAddress>,
+    document: &Document,
+    csot: bool,
+) -> Option<OperationError> {
+    let error = match address {
         Some(address) => OperationError::from_write_reply(document, address),
         None => OperationError::from_write_reply(document, &unknown_address()),
-    }
+    }?;
+    Some(if csot && error.is_max_time_expired() {
+        error.max_time_expired_timeout()
+    } else {
+        error
+    })
 }
 
 /// The address of a success the engine names no server for (never, for a reply with write
@@ -598,6 +612,41 @@ mod tests {
     impl Wake for Counted {
         fn wake(self: Arc<Self>) {
             self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// CS-7, RW-3: a write reply whose `writeErrors` hold a MaxTimeMSExpired (code 50) is the
+    /// timeout error under `timeoutMS`, wrapping the write errors and naming the server; without
+    /// it, and for other codes, the write error. Both ways of reading a reply agree.
+    #[test]
+    fn cs7_a_write_error_50_under_timeout_ms_is_the_timeout_error() {
+        use retry_core::error::ErrorKind;
+        let address = ServerAddress::new("a", 27017);
+        let raw = |code: i32, csot: bool| RawReply {
+            body: bson::rawdoc! { "ok": 1, "n": 0,
+            "writeErrors": [{ "index": 0, "code": code, "errmsg": "operation exceeded time limit" }] },
+            cursor: None,
+            address: Some(address.clone()),
+            document: None,
+            csot,
+        };
+        let empty = Document::new();
+        for (code, csot, timeout) in [(50, true, true), (50, false, false), (11000, true, false)] {
+            let errors = [
+                raw(code, csot).into_reply(&empty).unwrap_err(),
+                raw(code, csot).checked().err().expect("an error"),
+            ];
+            for error in errors {
+                assert_eq!(error.address.as_ref(), Some(&address));
+                match &error.kind {
+                    ErrorKind::Timeout { cause: Some(cause) } => {
+                        assert!(timeout, "{code} {csot}: {error}");
+                        assert!(matches!(cause.kind, ErrorKind::Write(_)), "{error}");
+                    }
+                    ErrorKind::Write(_) => assert!(!timeout, "{code} {csot}: {error}"),
+                    _ => panic!("{code} {csot}: {error}"),
+                }
+            }
         }
     }
 

@@ -110,7 +110,8 @@ pub async fn idle_sockets_are_not_polled<R: Runtime>() {
         let (polls, opened) = (runtime.polls.clone(), runtime.opened.clone());
         let client = Client::connect_on(runtime, client_options).expect("the client starts");
         let ping = || client.run_command("admin", doc! { "ping": 1 }, OperationKind::RunCommand);
-        // minPoolSize fills the pool in the background (CM-9); wait for it, bounded in steps.
+        // minPoolSize fills the pool in the background (TO-2: background `minPoolSize`
+        // connections); wait for it, bounded in steps.
         let mut filled = false;
         for _ in 0..10_000 {
             ping().await.expect("ping succeeds");

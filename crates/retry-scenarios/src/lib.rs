@@ -70,6 +70,7 @@ pub use sessions::{
     secondary_read_carries_read_preference_and_lsid,
     sessions_and_transactions_inherit_the_client_concerns,
     socket_timeout_bounds_a_server_that_never_answers,
+    ss10_a_generic_command_ignores_the_client_read_preference,
 };
 pub use soak::{fault_soak, SOAK_OPERATIONS_DEFAULT};
 pub use tls::{
@@ -938,6 +939,7 @@ macro_rules! suite {
             // What the client sends (sessions.rs).
             retried_insert_runs_once_with_one_lsid_and_txn_number,
             secondary_read_carries_read_preference_and_lsid,
+            ss10_a_generic_command_ignores_the_client_read_preference,
             max_time_ms_is_on_every_attempt_under_timeout_ms,
             socket_timeout_bounds_a_server_that_never_answers,
             explicit_session_runs_several_operations,

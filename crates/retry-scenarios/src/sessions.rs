@@ -131,6 +131,76 @@ pub async fn secondary_read_carries_read_preference_and_lsid<R: Runtime>() {
     .await
 }
 
+/// SS-10 (run-command spec "ReadPreference"): a generic command ignores the client's
+/// `readPreference=secondary` and goes to the primary, without `$readPreference`, unless the
+/// caller passes one; a read still honours the client's (SS-2).
+pub async fn ss10_a_generic_command_ignores_the_client_read_preference<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let members = replica_set(2).await;
+        let mut options = options(&[&members[0], &members[1]]);
+        let secondary = ReadPreference::from_mode(ReadPreferenceMode::Secondary);
+        options.read_preference = secondary.clone();
+        let client: Client<R> = connect(options);
+        let mut events = client.events();
+        // Client::command classifies `ping` as a generic command.
+        client
+            .command("admin", doc! { "ping": 1 })
+            .await
+            .expect("the primary answers");
+        client
+            .run_command("admin", doc! { "ping": 1 }, OperationKind::RunCommand)
+            .await
+            .expect("the primary answers");
+        client
+            .run_command_encoded(
+                "admin",
+                bson::rawdoc! { "ping": 1 },
+                OperationKind::RunCommand,
+            )
+            .await
+            .expect("the primary answers");
+        let explicit = CommandOptions::default().with_criteria(SelectionCriteria::Read(secondary));
+        client
+            .run(
+                "admin",
+                doc! { "ping": 1 },
+                OperationKind::RunCommand,
+                explicit,
+            )
+            .await
+            .expect("the secondary answers");
+        client
+            .run_command("test", doc! { "find": "c" }, OperationKind::Read)
+            .await
+            .expect("the secondary serves it");
+        let events = events.drain();
+        let pings = started(&events, "ping");
+        assert_eq!(pings.len(), 4, "{pings:?}");
+        for (address, command) in &pings[..3] {
+            assert_eq!(*address, members[0].address.to_string(), "the primary");
+            assert!(command.get("$readPreference").is_none(), "{command}");
+        }
+        let (address, command) = &pings[3];
+        assert_eq!(
+            *address,
+            members[1].address.to_string(),
+            "an explicit secondary"
+        );
+        assert_eq!(
+            command.get_document("$readPreference").ok(),
+            Some(&doc! { "mode": "secondary" })
+        );
+        let finds = started(&events, "find");
+        assert_eq!(finds.len(), 1);
+        assert_eq!(finds[0].0, members[1].address.to_string(), "the secondary");
+        client.shutdown().await;
+        for member in members {
+            member.stop().await;
+        }
+    })
+    .await
+}
+
 /// CS-4: under `timeoutMS` every attempt carries a `maxTimeMS` of at most the time left.
 pub async fn max_time_ms_is_on_every_attempt_under_timeout_ms<R: Runtime>() {
     bounded(SCENARIO_LIMIT, async {

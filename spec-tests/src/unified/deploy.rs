@@ -136,7 +136,23 @@ impl Cluster {
     /// mongos when true, always the same first one when false; load balanced: the LB in front of
     /// two mongos when true, the single-mongos one when false).
     pub fn uri(&self, multiple: bool) -> String {
-        let hosts: Vec<String> = match self.topology {
+        let hosts = self.hosts(multiple);
+        let options = match self.topology {
+            Topology::ReplicaSet => "?replicaSet=rs",
+            Topology::LoadBalanced => "?loadBalanced=true",
+            Topology::Single | Topology::Sharded => "?",
+        };
+        let credentials = match self.auth {
+            true => format!("{}:{}@", USER.0, USER.1),
+            false => String::new(),
+        };
+        format!("mongodb://{credentials}{}/{options}", hosts.join(","))
+    }
+
+    /// The hosts of [`Cluster::uri`]: every one a data-bearing server (or a load balancer) a
+    /// client of the cluster keeps a pool for.
+    pub fn hosts(&self, multiple: bool) -> Vec<String> {
+        match self.topology {
             Topology::Sharded if multiple => self
                 .servers
                 .iter()
@@ -149,17 +165,7 @@ impl Cluster {
                 .collect(),
             Topology::LoadBalanced if multiple => vec![self.servers[1].address().to_string()],
             _ => vec![self.servers[0].address().to_string()],
-        };
-        let options = match self.topology {
-            Topology::ReplicaSet => "?replicaSet=rs",
-            Topology::LoadBalanced => "?loadBalanced=true",
-            Topology::Single | Topology::Sharded => "?",
-        };
-        let credentials = match self.auth {
-            true => format!("{}:{}@", USER.0, USER.1),
-            false => String::new(),
-        };
-        format!("mongodb://{credentials}{}/{options}", hosts.join(","))
+        }
     }
 
     /// The server that holds the data and takes writes (the primary, or the first mongos).

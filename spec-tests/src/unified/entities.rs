@@ -328,7 +328,11 @@ impl Entities {
                 return Err(format!("entity {id} already exists"));
             }
             let entity = match kind.as_str() {
-                "client" => Entity::Client(Box::new(client(spec, cluster, self.fail_points)?)),
+                "client" => {
+                    let mut entity = client(spec, cluster, self.fail_points)?;
+                    await_min_pool_size(&mut entity, spec, cluster).await?;
+                    Entity::Client(Box::new(entity))
+                }
                 "database" => {
                     check_fields(spec, &["id", "client", "databaseName", "databaseOptions"])?;
                     let client = str_field(spec, "client")?;
@@ -423,6 +427,64 @@ impl Entities {
         }
         self.map.clear();
     }
+}
+
+/// UT-8 (schema 1.26): a client's `awaitMinPoolSizeMS`: waits, at most that long, until the pool
+/// of every server the client connects to ([`Cluster::hosts`]: data-bearing servers, or the load
+/// balancer) holds the `minPoolSize` of its `uriOptions` (ready connections, less the closed
+/// ones); else the test fails. The events before are dropped, as the format says listeners
+/// ignore them. Nothing to wait for without it or with `minPoolSize` 0.
+async fn await_min_pool_size(
+    entity: &mut ClientEntity,
+    spec: &Value,
+    cluster: &Cluster,
+) -> Result<(), String> {
+    let Some(limit) = spec.get("awaitMinPoolSizeMS") else {
+        return Ok(());
+    };
+    let limit = limit
+        .as_u64()
+        .ok_or_else(|| format!("awaitMinPoolSizeMS must be a non-negative integer: {limit}"))?;
+    let min = spec
+        .get("uriOptions")
+        .and_then(|o| o.get("minPoolSize"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    if min == 0 {
+        return Ok(());
+    }
+    let multiple = spec
+        .get("useMultipleMongoses")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    let hosts = cluster.hosts(multiple);
+    let mut open: BTreeMap<String, i64> = BTreeMap::new();
+    let populated = |open: &BTreeMap<String, i64>| {
+        hosts.iter().all(|h| {
+            open.get(h)
+                .is_some_and(|n| u64::try_from(*n).is_ok_and(|n| n >= min))
+        })
+    };
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(limit);
+    while !populated(&open) {
+        let event = tokio::time::timeout_at(deadline, entity.events.next_event())
+            .await
+            .map_err(|_| {
+                format!(
+                    "awaitMinPoolSizeMS: the pools were not populated within {limit} ms: {open:?}"
+                )
+            })?
+            .ok_or("awaitMinPoolSizeMS: the client's events ended")?;
+        if let (_, EngineEvent::Pool { address, event }) = event {
+            let change = match event {
+                PoolEvent::ConnectionReady { .. } => 1,
+                PoolEvent::ConnectionClosed { .. } => -1,
+                _ => 0,
+            };
+            *open.entry(address.to_string()).or_default() += change;
+        }
+    }
+    Ok(())
 }
 
 fn str_field(spec: &Value, key: &str) -> Result<String, String> {
@@ -559,6 +621,7 @@ fn client(spec: &Value, cluster: &Cluster, fail_points: bool) -> Result<ClientEn
             "useMultipleMongoses",
             "observeEvents",
             "ignoreCommandMonitoringEvents",
+            "awaitMinPoolSizeMS",
         ],
     )
     .map_err(|e| {

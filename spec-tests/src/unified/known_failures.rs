@@ -14,7 +14,7 @@ pub const SDAM: &[KnownFailure] = &[KnownFailure {
     may_pass: true,
 }];
 
-/// transactions: 28 known failures.
+/// transactions: 20 known failures.
 pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"causal-consistency.json: causal consistency"#,
@@ -57,18 +57,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
         "runner: the operation argument maxTimeMS is not supported",
     ),
     fails(
-        r#"mongos-pin-auto.json: remain pinned after non-transient Interrupted error on runCommand insert"#,
-        "runner: runCommand's commandName check (insert not first key)",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient ShutdownInProgress error on runCommand insert"#,
-        "runner: runCommand's commandName check (insert not first key)",
-    ),
-    fails(
-        r#"mongos-pin-auto.json: unpin after transient connection error on runCommand insert"#,
-        "runner: runCommand's commandName check (insert not first key)",
-    ),
-    fails(
         r#"read-pref.json: nearest readPreference"#,
         "product: a transaction's read preference is always primary (no other mode can be set)",
     ),
@@ -87,18 +75,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"run-command.json: run command fails with secondary read preference from transaction options"#,
         "product: a transaction's read preference is always primary (no other mode can be set)",
-    ),
-    fails(
-        r#"run-command.json: run command with default read preference"#,
-        "runner: runCommand's commandName check (insert not first key)",
-    ),
-    fails(
-        r#"run-command.json: run command with explicit primary read preference"#,
-        "runner: the operation argument readPreference is not supported",
-    ),
-    fails(
-        r#"run-command.json: run command with secondary read preference in client option and primary read preference in transaction options"#,
-        "runner: runCommand's commandName check (insert not first key)",
     ),
     fails(
         r#"transaction-options.json: defaultTransactionOptions override client options"#,

@@ -37,6 +37,9 @@ pub struct UnifiedSuite {
     pub name: &'static str,
     /// The directory of its `*.json` files, relative to the corpus root.
     pub dir: &'static str,
+    /// The files of `dir` it runs, by name; empty for every one. docs/spec-coverage.md says why
+    /// each file left out is not run.
+    pub files: &'static [&'static str],
     /// The tests known to fail, each with its reason (house rule 10: no failure hides). Any
     /// other failing test fails the suite's trial, and so does a listed test that passes (then
     /// it leaves the list) or is not run.
@@ -69,37 +72,57 @@ pub const UNIFIED_SUITES: &[UnifiedSuite] = &[
     UnifiedSuite {
         name: "client-backpressure",
         dir: "source/client-backpressure/tests",
+        files: &[],
         known_failures: &[],
     },
     UnifiedSuite {
         name: "retryable-reads",
         dir: "source/retryable-reads/tests/unified",
+        files: &[],
         known_failures: &[],
     },
     UnifiedSuite {
         name: "retryable-writes",
         dir: "source/retryable-writes/tests/unified",
+        files: &[],
         known_failures: &[],
     },
     UnifiedSuite {
         name: "load-balancers",
         dir: "source/load-balancers/tests",
+        files: &[],
         known_failures: &[],
     },
     UnifiedSuite {
         name: "sdam",
         dir: "source/server-discovery-and-monitoring/tests/unified",
+        files: &[],
         known_failures: known_failures::SDAM,
     },
     UnifiedSuite {
         name: "transactions",
         dir: "source/transactions/tests/unified",
+        files: &[],
         known_failures: known_failures::TRANSACTIONS,
     },
     UnifiedSuite {
         name: "sessions",
         dir: "source/sessions/tests",
+        files: &[],
         known_failures: known_failures::SESSIONS,
+    },
+    // CS-7 (review33 G1): the MaxTimeMSExpired transformation file and the two others that pass
+    // whole; the other 25 files need runner operations and arguments not written yet, or product
+    // features (maxCommitTimeMS, defaultTimeoutMS), docs/spec-coverage.md says which.
+    UnifiedSuite {
+        name: "client-side-operations-timeout",
+        dir: "source/client-side-operations-timeout/tests",
+        files: &[
+            "error-transformations.json",
+            "global-timeoutMS.json",
+            "retryability-legacy-timeouts.json",
+        ],
+        known_failures: &[],
     },
 ];
 
@@ -265,6 +288,9 @@ pub fn run_suite(
     let only = std::env::var("UNIFIED_FILTER").ok();
     for path in files {
         let file_name = path.file_name().unwrap_or_default().to_string_lossy();
+        if !suite.files.is_empty() && !suite.files.contains(&file_name.as_ref()) {
+            continue;
+        }
         if only
             .as_ref()
             .is_some_and(|o| !file_name.contains(o.as_str()))

@@ -248,8 +248,8 @@ impl Target {
 }
 
 /// Runs `command` through the product: the kind is the product classifier's, the selection the
-/// primary for reads (no `readPreference` argument is supported yet) and a writable server for
-/// writes.
+/// target's read preference for reads and generic commands when it has one (else the product's
+/// default) and a writable server for writes.
 pub async fn execute(
     target: &Target,
     command: Document,
@@ -662,11 +662,15 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
                     "commandName {command_name} is not the first key"
                 )));
             }
+            // SS-10: a generic command uses the read preference it is given, else the primary;
+            // never the one its database entity inherits.
             let mut target = target.clone();
-            if let Some(preference) = args.take("readPreference") {
-                target.options.read_preference =
-                    Some(super::entities::read_preference(&preference).map_err(harness)?);
-            }
+            target.options.read_preference = match args.take("readPreference") {
+                Some(preference) => {
+                    Some(super::entities::read_preference(&preference).map_err(harness)?)
+                }
+                None => None,
+            };
             let reply = single(&target, command).await?;
             Ok(Produced::Value(Bson::Document(reply)))
         }

@@ -102,10 +102,8 @@ fn unmet_one(requirement: &Value, deployment: &Deployment) -> Option<&'static st
                 Some(true) => Some(AUTH),
                 _ => Some(UNSUPPORTED_REQUIREMENT),
             },
-            "csfle" => value
-                .as_bool()
-                .filter(|&c| c)
-                .map(|_| UNSUPPORTED_REQUIREMENT),
+            // Schema 1.25: `true` or an object (`minLibmongocryptVersion`) asks for CSFLE.
+            "csfle" => (value.as_bool() != Some(false)).then_some(UNSUPPORTED_REQUIREMENT),
             _ => Some(UNSUPPORTED_REQUIREMENT),
         };
         if reason.is_some() {
@@ -164,5 +162,20 @@ mod tests {
             Some(UNSUPPORTED_REQUIREMENT),
             "no getParameter yet: not met, never assumed"
         );
+    }
+
+    /// UT-2 (schema 1.25): `csfle` as `true` or as an object asks for CSFLE, which is not
+    /// supported: not met; `false` is met.
+    #[test]
+    fn ut2_csfle_true_or_an_object_is_not_met() {
+        let d = eight();
+        for csfle in [json!(true), json!({ "minLibmongocryptVersion": "1.13.0" })] {
+            assert_eq!(
+                unmet(Some(&json!([{ "csfle": csfle }])), &d),
+                Some(UNSUPPORTED_REQUIREMENT),
+                "{csfle}"
+            );
+        }
+        assert_eq!(unmet(Some(&json!([{ "csfle": false }])), &d), None);
     }
 }
