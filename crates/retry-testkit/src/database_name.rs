@@ -1,5 +1,6 @@
 //! What a real server refuses about the database a command names in `$db` (review32 R4, house
-//! rule 7: the test server is at least as strict as a real one). All are InvalidNamespace (73).
+//! rule 7: the test server is at least as strict as a real one), and about the database a write
+//! goes to or creates (review34 Y4).
 //!
 //! Checked against the server's source (mongodb/mongo, read through the search tool):
 //!
@@ -13,8 +14,8 @@
 //!   `service_entry_point_common.cpp`; the router's `ExecCommandClient::_prologue`): a name
 //!   `DatabaseName::validDBName` refuses, "Invalid database name: '{db}'"
 //!   ([`validity_refusal`]). It refuses an empty name, one over 63 bytes, and one holding NUL,
-//!   `/`, `\`, `.`, a space or `"`; `$` passes (the server calls it with
-//!   `DollarInDbNameBehavior::Allow`). The characters only a Windows build refuses are taken, as
+//!   `/`, `\`, `.`, a space or `"`; `$` passes this check (the server calls it with
+//!   `DollarInDbNameBehavior::Allow`), not a write's (below). The characters only a Windows build refuses are taken, as
 //!   on the Linux servers the tests stand in for. A router checks first that the database is not
 //!   `local`: IllegalOperation (20), "Can't use 'local' database through mongos".
 //!
