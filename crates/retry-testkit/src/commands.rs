@@ -14,7 +14,7 @@ use crate::fail_point::{error_reply, FailCommand, TESTKIT_UNSUPPORTED};
 use crate::on_primary_write::OnPrimaryWrite;
 use crate::refusals::ApiParameters;
 use crate::server::State;
-use crate::store::{Batch, CursorOrigin, DdlTarget, QueryError, Store, WriteKey};
+use crate::store::{AsSent, Batch, CursorOrigin, DdlTarget, QueryError, Store, WriteKey};
 use retry_core::wire::OpMsg;
 
 /// The `electionId` a primary reports; constant, since the test server never holds an election.
@@ -209,8 +209,8 @@ pub(crate) fn hello_reply(
 
 /// Runs an admitted, non-hello command. `None` when the server does not know the command.
 /// `ddl`: the pending number of the DDL command taking its turn, when it is one (TK-15).
-/// `sent_sizes`: the sizes as sent of its documents to insert, where known (review34 Y8;
-/// [`Context::sent_sizes`]).
+/// `as_sent`: its documents to insert as they were sent, where known (review34 Y8;
+/// [`Context::as_sent`]).
 pub(crate) fn execute(
     state: &mut State,
     name: &str,
@@ -218,7 +218,7 @@ pub(crate) fn execute(
     max_wire_version: i32,
     process_id: ObjectId,
     ddl: Option<u64>,
-    sent_sizes: &[Option<usize>],
+    as_sent: &[Option<AsSent>],
 ) -> Option<Document> {
     if name == "configureFailPoint"
         && request.body.get_str(name).ok() == Some("onPrimaryTransactionalWrite")
@@ -301,7 +301,7 @@ pub(crate) fn execute(
         batch_size: state.batch_size,
         origin,
         router: router_id,
-        sent_sizes,
+        as_sent,
     };
     context.store.set_running_ddl(ddl);
     let reply = match refused {
@@ -507,11 +507,11 @@ struct Context<'a> {
     /// TK-12: the mongos running the command, `None` off a mongos (see
     /// [`Store::end_transaction`]).
     router: Option<ObjectId>,
-    /// Review34 Y8: the size in bytes as sent of each document to insert, by its position in
-    /// `documents` (an `insert`) or `ops` (a `bulkWrite`), read from the request as it arrived
-    /// (a key sent twice counts twice); empty or `None` where not known
-    /// (`store::insert_refusal` then encodes the document).
-    sent_sizes: &'a [Option<usize>],
+    /// Review34 Y8: each document to insert as it was sent (its size, a key sent twice counting
+    /// twice; whether `_id` is sent twice), by its position in `documents` (an `insert`) or
+    /// `ops` (a `bulkWrite`), read from the request as it arrived; empty or `None` where not
+    /// known (`store::insert_refusal` then encodes the document).
+    as_sent: &'a [Option<AsSent>],
 }
 
 /// Runs a data command; `None` for a command the test server knows but does not run
@@ -861,7 +861,7 @@ fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     let mut positions = Vec::new();
     let mut storable = Vec::new();
     for (index, document) in documents.into_iter().enumerate() {
-        let sent = state.sent_sizes.get(index).copied().flatten();
+        let sent = state.as_sent.get(index).copied().flatten();
         let refusal = crate::store::insert_refusal(&document, sent).or_else(|| creation.clone());
         if let Some((code, message)) = refusal {
             errors.push((index, doc! { "code": code, "errmsg": message }));
@@ -1094,7 +1094,7 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                 };
                 // Review32 R4, review7 finding 3: the op's error (BadValue 2 over
                 // `maxBsonObjectSize`, Overflow 15 nested too deep; `store::insert_refusal`).
-                let sent = state.sent_sizes.get(index).copied().flatten();
+                let sent = state.as_sent.get(index).copied().flatten();
                 let refusal = crate::store::insert_refusal(document, sent)
                     .or_else(|| state.store.creation_refusal(&ns, state.origin.router));
                 if let Some((code, message)) = refusal {
@@ -3008,7 +3008,7 @@ mod tests {
                 router: false,
             },
             router: None,
-            sent_sizes: &[],
+            as_sent: &[],
         };
         run(&mut context, name, &request, max_wire_version)
     }

@@ -15,13 +15,13 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::{sleep, Duration, Instant};
 
+mod as_sent;
 mod awaitable;
 mod elements;
 mod malformed;
 mod raw;
 #[cfg(test)]
 mod raw_equivalence;
-mod sent_sizes;
 
 use crate::auth::{ConnectionAuth, UserStore};
 use crate::commands::{execute, hello_reply, is_hello, write_key, HelloAsk, HelloContext};
@@ -36,7 +36,7 @@ const FAIL_POINT_SEED: u64 = 0x5eed_fa11;
 use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfig};
 use crate::limiter::TokenBucket;
 use crate::on_primary_write::{Firing, OnPrimaryWrite};
-use crate::store::{DataStore, WriteKey};
+use crate::store::{AsSent, DataStore, WriteKey};
 use crate::tls::ServerTls;
 
 /// TK-15 (review7 finding 1): a real server's default `transactionLifetimeLimitSeconds`: the
@@ -634,7 +634,7 @@ fn admit(shared: &Shared) -> Option<Connection> {
         noted_lsid: Vec::new(),
         seen_hello: false,
         ddl_wait: None,
-        sent_sizes: Vec::new(),
+        as_sent: Vec::new(),
     })
 }
 
@@ -675,9 +675,8 @@ struct Connection {
     seen_hello: bool,
     /// TK-15: its command queued for a lock ([`DdlWait`]), if any.
     ddl_wait: Option<DdlWait>,
-    /// Review34 Y8: the sizes as sent of the running request's documents to insert
-    /// ([`sent_sizes`]).
-    sent_sizes: Vec<Option<usize>>,
+    /// Review34 Y8: the running request's documents to insert as they were sent ([`as_sent`]).
+    as_sent: Vec<Option<AsSent>>,
 }
 
 /// The "not writable primary" and "node is recovering" codes a replica-set member's error reply
@@ -1099,7 +1098,7 @@ impl Connection {
         request: &RawOpMsg,
     ) -> bool {
         let malformed = malformed::refusal(request);
-        self.sent_sizes = sent_sizes::sent_sizes(request);
+        self.as_sent = as_sent::as_sent(request);
         match raw::decoded(request) {
             Some(decoded) => self.respond(shared, stream, decoded, malformed).await,
             // Cannot happen: `decode_raw` validated the documents as `decode` converts them.
@@ -1446,7 +1445,7 @@ impl Connection {
                 shared.max_wire_version,
                 self.router(shared),
                 self.ddl_wait.as_ref().map(|wait| wait.number),
-                &self.sent_sizes,
+                &self.as_sent,
             )
         };
         if let Some(session) = blocked(&state.data, &mut self.ddl_wait) {

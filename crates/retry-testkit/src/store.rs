@@ -413,34 +413,54 @@ pub(crate) fn too_deep(document: &Document) -> bool {
     document.values().any(|v| deeper(v, 1))
 }
 
+/// Review34 Y8: a document to insert as it was sent, before its conversion to a `Document`
+/// (which keeps one value of a key sent twice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AsSent {
+    /// Its size in bytes, as the server's `objsize()`.
+    pub(crate) size: usize,
+    /// Whether it holds `_id` more than once at its top level.
+    pub(crate) repeated_id: bool,
+}
+
 /// The refusal a real server gives a document to insert, in its order (`fixDocumentForInsert`,
 /// `src/mongo/db/query/write_ops/insert.cpp`, formerly `src/mongo/db/ops/insert.cpp`): larger
 /// than `maxBsonObjectSize` as sent (`BSONObjMaxUserSize`, 16 MiB): BadValue (2), "object to
 /// insert too large. size in bytes: {n}, max size: 16777216" (review32 R4, house rule 7); then
-/// nested deeper than [`MAX_STORED_DEPTH`]: Overflow (15), review7 finding 3. Either is the
-/// statement's write error, not the command's.
+/// nested deeper than [`MAX_STORED_DEPTH`]: Overflow (15), review7 finding 3; then `_id` sent
+/// twice: BadValue (2), "can't have multiple _id fields in one document" (review34 Y8). Each is
+/// the statement's write error, not the command's.
 ///
-/// Review34 Y8: `sent` is the document's size as it arrived (a key sent twice counts twice, as
-/// in the server's `objsize()`); without it the document is measured encoded again, and one
-/// that does not encode is refused (BadValue), never passed as size 0.
-pub(crate) fn insert_refusal(document: &Document, sent: Option<usize>) -> Option<(i32, String)> {
-    let size = match sent {
-        Some(size) => size,
+/// Review34 Y8: `sent` is the document as it arrived (a key sent twice counts twice in its
+/// size); without it the document is measured encoded again, and one that does not encode is
+/// refused (BadValue), never passed as size 0.
+pub(crate) fn insert_refusal(document: &Document, sent: Option<AsSent>) -> Option<(i32, String)> {
+    let sent = match sent {
+        Some(sent) => sent,
         None => match document.to_vec() {
-            Ok(bytes) => bytes.len(),
+            Ok(bytes) => AsSent {
+                size: bytes.len(),
+                repeated_id: false,
+            },
             Err(e) => return Some((2, format!("object to insert does not encode: {e}"))),
         },
     };
-    let max = crate::config::MAX_BSON_OBJECT_SIZE;
+    let (size, max) = (sent.size, crate::config::MAX_BSON_OBJECT_SIZE);
     if size > max.unsigned_abs() as usize {
         let message = format!("object to insert too large. size in bytes: {size}, max size: {max}");
         return Some((2, message));
     }
-    too_deep(document).then(|| {
+    if too_deep(document) {
         let message = format!(
             "cannot insert document because it exceeds {MAX_STORED_DEPTH} levels of nesting"
         );
-        (15, message)
+        return Some((15, message));
+    }
+    sent.repeated_id.then(|| {
+        (
+            2,
+            String::from("can't have multiple _id fields in one document"),
+        )
     })
 }
 

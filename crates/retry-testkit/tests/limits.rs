@@ -600,3 +600,53 @@ async fn a_router_refuses_the_databases_it_may_not_create_house_rule_7() {
     .await
     .expect("bounded");
 }
+
+/// House rule 7 (review34 Y8), TK-4: an inserted document holding `_id` twice as sent (which its
+/// conversion to a document would collapse) is its statement's write error, BadValue (2), "can't
+/// have multiple _id fields in one document", in an `insert` and a `bulkWrite` insert op alike;
+/// nothing is stored.
+#[tokio::test]
+async fn an_inserted_document_with_id_twice_is_a_write_error_tk4_house_rule_7() {
+    timeout(Duration::from_secs(60), async {
+        let server = TestServer::start(ServerConfig::new(Role::Standalone))
+            .await
+            .unwrap();
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let message = "can't have multiple _id fields in one document";
+        // `_iX` is sent as `_id`.
+        let as_sent = |mut frame: Vec<u8>| {
+            let at = frame
+                .windows(4)
+                .position(|w| w == b"_iX\0")
+                .expect("the second _id");
+            frame[at + 2] = b'd';
+            frame
+        };
+        let documents = [doc! { "_id": 1, "_iX": 2 }];
+        let insert = doc! { "insert": "c", "$db": "db" };
+        let reply = round_trip(
+            &mut client,
+            &as_sent(frame_of(&insert, &[("documents", &documents)])),
+        )
+        .await;
+        assert_eq!(reply.get_i32("n").ok(), Some(0), "{reply:?}");
+        assert_eq!(write_errors(&reply), vec![(0, 2, message.to_owned())]);
+        let bulk = doc! { "bulkWrite": 1, "nsInfo": [{ "ns": "db.c" }], "$db": "admin" };
+        let ops = [doc! { "insert": 0, "document": { "_id": 1, "_iX": 2 } }];
+        let reply = round_trip(&mut client, &as_sent(frame_of(&bulk, &[("ops", &ops)]))).await;
+        assert_eq!(reply.get_i32("nErrors").ok(), Some(1), "{reply:?}");
+        let results = reply
+            .get_document("cursor")
+            .and_then(|c| c.get_array("firstBatch"))
+            .expect("results");
+        let Bson::Document(result) = &results[0] else {
+            panic!("{results:?}")
+        };
+        assert_eq!(code(result), Some(2), "{result:?}");
+        assert_eq!(errmsg(result), message);
+        assert!(server.handle().documents("db.c").is_empty());
+        server.shutdown().await;
+    })
+    .await
+    .expect("bounded");
+}
