@@ -16,7 +16,7 @@
 //! use retry_async_std::Client;
 //!
 //! futures_lite::future::block_on(async {
-//!     // An option `ClientOptions::parse` would ignore with a warning is an error here.
+//!     // An option or value `ClientOptions::parse` would drop with a warning is an error here.
 //!     let client = Client::with_uri("mongodb://127.0.0.1:27017/?maxAdaptiveRetries=1")?;
 //!     let reply = client
 //!         .run_command("test", doc! { "ping": 1 }, OperationKind::RunCommand)
@@ -60,6 +60,21 @@
 //! # }
 //! ```
 //!
+//! A parsed URI's parts, and `ClientOptions::srv`, have their types here too (review34 Y12):
+//!
+//! ```
+//! use retry_async_std::{ClientOptions, ConnectionString, Host, HostKind, OptionValue, SrvPolling};
+//!
+//! let cs = ConnectionString::parse("mongodb://127.0.0.1:27017/?appName=example")?;
+//! let first: &Host = &cs.hosts[0];
+//! assert_eq!((first.kind, first.port), (HostKind::Ipv4, Some(27017)));
+//! assert_eq!(cs.option("appName"), Some(&OptionValue::Str("example".into())));
+//! let options = ClientOptions::from_connection_string(&cs)?;
+//! let srv: Option<&SrvPolling> = options.srv.as_ref();
+//! assert!(srv.is_none(), "not a mongodb+srv URI");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! Host names, and the SRV and TXT records of `mongodb+srv` URIs ([`Client::with_uri_async`]),
 //! are looked up with hickory-resolver on async-io's sockets (the `dns` module), never with a
 //! blocking lookup that would stall the driver; the system's resolver configuration by default,
@@ -91,8 +106,9 @@ use timer::IoTimer;
 pub use bson;
 pub use retry_core;
 pub use retry_driver::{
-    ClientOptions, CommandOptions, ConnectError, ConnectionString, Events, Nameservers,
-    OptionsError, Reply, Runtime, ServerApi, ServerApiVersion, TimedEvent, TlsError, TlsOptions,
+    ClientOptions, CommandOptions, ConnectError, ConnectionString, Events, Host, HostKind,
+    Nameservers, OptionValue, OptionsError, Reply, Runtime, ServerApi, ServerApiVersion,
+    SrvPolling, TimedEvent, TlsError, TlsOptions,
 };
 
 /// A client driven by async-io.

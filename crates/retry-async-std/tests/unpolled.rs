@@ -44,8 +44,10 @@ const B_HELD_MS: u64 = 300;
 /// connection), then every `find` held for [`HELD`].
 async fn client_with_held_finds(server: &Server, options: ClientOptions) -> Client {
     let client = Client::connect(options).expect("a client");
+    // A read, so it follows the client's read preference to the server under test (a generic
+    // command goes to the primary, SS-10, and some of these sets have none).
     client
-        .run_command("admin", doc! { "ping": 1 }, OperationKind::RunCommand)
+        .run_command("admin", doc! { "ping": 1 }, OperationKind::Read)
         .await
         .expect("ping");
     server.handle.set_fail_command(Some(

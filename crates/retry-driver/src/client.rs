@@ -78,9 +78,9 @@ impl CommandOptions {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ConnectError {
-    /// A bad URI or option, or with [`Client::with_uri`] one that
-    /// [`ClientOptions::parse`] would ignore with a warning (e.g. `directConnection=true`
-    /// with two hosts, `maxAdaptiveRetries=-1`).
+    /// A bad URI or option (e.g. `directConnection=true` with two hosts), or with
+    /// [`Client::with_uri`] an option or value [`ClientOptions::parse`] would drop with a
+    /// warning (e.g. `maxAdaptiveRetries=-1`; see [`ClientOptions::parse_strict`]).
     Options(OptionsError),
     /// The engine refused the settings of [`ClientOptions`] built or changed by hand (e.g.
     /// `direct_connection` with several hosts, `load_balanced` with a strict Stable API).
@@ -322,8 +322,9 @@ impl<R: Runtime> Client<R> {
     /// [`Client::with_uri`] for `mongodb+srv://` URIs as well: their SRV and TXT records are
     /// looked up through the runtime ([`Runtime::resolve_srv`], [`Runtime::resolve_txt`]) before
     /// anything connects (SRV-2), and the seed list they give is used (SRV-3..SRV-6). As
-    /// [`Client::with_uri`], it refuses a URI (or TXT record) with anything
-    /// [`ClientOptions::parse`] would ignore with a warning (review32 R1).
+    /// [`Client::with_uri`], it refuses a URI (or TXT record) with an option or value
+    /// [`ClientOptions::parse`] would drop with a warning ([`ClientOptions::parse_strict`],
+    /// review32 R1).
     pub async fn with_uri_async(uri: &str) -> Result<Client<R>, ConnectError> {
         Client::with_uri_async_on(R::start().map_err(ConnectError::Runtime)?, uri).await
     }
@@ -339,13 +340,15 @@ impl<R: Runtime> Client<R> {
     }
 
     /// [`Client::connect`] with the options of a `mongodb://` URI, read by
-    /// [`ClientOptions::parse_strict`]: an unknown option, an invalid value or anything else
-    /// [`ClientOptions::parse`] would ignore with a warning (URI-7) is a
-    /// [`ConnectError::Options`] naming the option and the value as written, never dropped
-    /// silently (house rule 11, review32 R1), e.g. `invalid maxAdaptiveRetries "-1": expected an
-    /// integer from 0 to 2147483647`. To accept such a URI, as the URI-options spec allows, call
-    /// [`ClientOptions::parse`], log its [`ClientOptions::warnings`] and
-    /// [`Client::connect`].
+    /// [`ClientOptions::parse_strict`]: what [`ClientOptions::parse`] would drop with a
+    /// warning (URI-7: an unknown option, an invalid value, `compressors`,
+    /// `serverSelectionTryOnce`, a repeated option's earlier value, a deprecated name shadowed
+    /// by its replacement) is a [`ConnectError::Options`] naming the option and the value as
+    /// written, never dropped silently (house rule 11, review32 R1), e.g. `invalid
+    /// maxAdaptiveRetries "-1": expected an integer from 0 to 2147483647`. A deprecated spelling
+    /// that `parse` applies in full (`journal=yes`, `wtimeout=5000`) is accepted (review34 Y3).
+    /// To accept what is dropped, as the URI-options spec allows, call [`ClientOptions::parse`],
+    /// log its [`ClientOptions::warnings`] and [`Client::connect`].
     pub fn with_uri(uri: &str) -> Result<Client<R>, ConnectError> {
         Client::connect(ClientOptions::parse_strict(uri)?)
     }
@@ -630,7 +633,12 @@ impl<R> Client<R> {
 
     /// Shuts the client down: every operation in flight or queued fails with
     /// [`OperationError::cancelled`], every socket closes, every event stream ends. Completes
-    /// when the driver has stopped; new operations fail at once.
+    /// when the driver has stopped; new operations fail at once, with `cancelled`. If the driver
+    /// had already stopped without a shutdown, it returns at once, and the operations ended
+    /// with that stop's cause (review34 Y6): after the runtime the client was created on shut
+    /// down, the queued and later ones fail with a usage error saying so (those in flight then
+    /// end `cancelled`, as they may have been sent); after a panic in the driver (a bug), all
+    /// of them fail with an internal error saying so.
     pub async fn shutdown(&self) {
         self.inner.shared.close();
         let waiter = self.waiter();

@@ -101,18 +101,28 @@ impl fmt::Debug for ConnectionString {
 /// What a URI warned about (URI-7, URI-8, URI-10): each warning's text, for the application to
 /// log ([`ConnectionString::warnings`], [`crate::ClientOptions::warnings`]), and the same
 /// warning as an error naming the option and the value as written, for the callers that refuse
-/// warnings ([`crate::ClientOptions::parse_strict`], [`crate::Client::with_uri`]; review32 R1).
+/// what was dropped ([`crate::ClientOptions::parse_strict`], [`crate::Client::with_uri`];
+/// review32 R1). A warning about a deprecated spelling that is applied in full (URI-8's legacy
+/// booleans, URI-10's deprecated names when their replacement is absent) is only logged: nothing
+/// of the URI was lost (review34 Y3).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Warnings {
     texts: Vec<String>,
-    errors: Vec<OptionsError>,
+    /// Each warning as an error, and whether its option and value were applied anyway.
+    errors: Vec<(OptionsError, bool)>,
 }
 
 impl Warnings {
-    /// Warns with `text` about what `error` names.
+    /// Warns with `text` about what `error` names, which was dropped (ignored).
     pub(crate) fn push(&mut self, error: OptionsError, text: String) {
         self.texts.push(text);
-        self.errors.push(error);
+        self.errors.push((error, false));
+    }
+
+    /// Warns with `text` about a deprecated spelling that `error` names, applied all the same.
+    pub(crate) fn push_applied(&mut self, error: OptionsError, text: String) {
+        self.texts.push(text);
+        self.errors.push((error, true));
     }
 
     /// The warnings' texts, in order.
@@ -126,15 +136,21 @@ impl Warnings {
         self.errors.extend(more.errors);
     }
 
-    /// House rule 11 (review32 R1): no warning, or the first one as an error, its reason
-    /// followed by the others' texts (`; and 2 more: ...`).
+    /// House rule 11 (review32 R1): nothing dropped, or the first dropped option or value as an
+    /// error, its reason followed by the other dropped ones' texts (`; and 2 more: ...`). The
+    /// deprecated spellings applied all the same are not refused (review34 Y3).
     pub(crate) fn refuse(&self) -> Result<(), OptionsError> {
-        let Some(first) = self.errors.first() else {
+        let mut dropped = self
+            .errors
+            .iter()
+            .zip(&self.texts)
+            .filter(|((_, applied), _)| !applied);
+        let Some(((first, _), _)) = dropped.next() else {
             return Ok(());
         };
         let mut error = first.clone();
-        if self.texts.len() > 1 {
-            let more = &self.texts[1..];
+        let more: Vec<&str> = dropped.map(|(_, text)| text.as_str()).collect();
+        if !more.is_empty() {
             error.append_reason(&format!("; and {} more: {}", more.len(), more.join("; ")));
         }
         Err(error)
@@ -523,7 +539,8 @@ impl ConnectionString {
                 continue;
             };
             if let Some((old, new)) = replacement {
-                self.warnings.push(
+                // Applied unless its replacement is given too (then a second warning, below).
+                self.warnings.push_applied(
                     OptionsError::new(
                         raw_name,
                         shown(name, &value),
@@ -767,7 +784,7 @@ pub(crate) fn read_value(
             // URI-8: legacy spellings work with a deprecation warning.
             "1" | "yes" | "y" | "t" | "0" | "-1" | "no" | "n" | "f" => {
                 let b = matches!(value, "1" | "yes" | "y" | "t");
-                warnings.push(
+                warnings.push_applied(
                     OptionsError::new(
                         name,
                         value,

@@ -19,7 +19,7 @@ use retry_core::time::{Instant, OperationTimeout};
 
 use crate::io_error::classify_io_error;
 use crate::runtime::{AsyncTimer, BoxFuture, Runtime, Socket};
-use crate::shared::{lock, RawReply, Shared, Slot};
+use crate::shared::{lock, Closed, RawReply, Shared, Slot};
 use crate::srv::SrvPolling;
 
 /// Rounds of work in one poll before the driver yields to its executor (tokio's coop budget and
@@ -588,32 +588,40 @@ impl Driver {
     }
 
     /// Review32 R5: the driver's task was dropped before the driver stopped, which a runtime
-    /// does to its tasks when it shuts down: the driver's sockets and timer belong to that
-    /// runtime, and nothing may poll them again (tokio's timers panic once their runtime is shut
-    /// down; the dead task would never be woken either). So the driver stops without a pass:
-    /// the operations in flight end cancelled (they may have been sent), the queued ones and
-    /// every later one with [`crate::shared::runtime_gone`], event streams end and
+    /// does to its tasks when it shuts down (`why` is [`Closed::RuntimeGone`]), and tokio does
+    /// to a task whose poll panicked ([`Closed::DriverPanicked`], review34 Y1): the driver's
+    /// sockets and timer belong to that runtime, and nothing may poll them again (tokio's timers
+    /// panic once their runtime is shut down; the dead task would never be woken either). So
+    /// the driver stops without a pass: the operations in flight end cancelled after the
+    /// runtime's loss (they may have been sent) or with [`crate::shared::driver_panicked`] after
+    /// a panic, the queued ones and every later one with
+    /// [`crate::shared::SharedState::closed_error`], event streams end and
     /// [`crate::Client::shutdown`] returns. The engine, sockets and timer go with `self`, on
     /// the thread that dropped the task.
-    fn orphan(mut self) {
+    fn orphan(mut self, why: Closed) {
         {
             let mut state = lock(&self.shared.state);
-            state.runtime_gone = true;
+            state.closed = why;
             state.closing = true;
         }
         self.release_callers();
     }
 
-    /// Ends every caller's wait: the operations in flight end cancelled, the queued ones with
-    /// [`crate::shared::SharedState::closed_error`] (the runtime's loss after
-    /// [`Driver::orphan`]), session starts are refused, event streams end and the client is
-    /// done.
+    /// Ends every caller's wait: the operations in flight end cancelled (with
+    /// [`crate::shared::driver_panicked`] after a panic), the queued ones with
+    /// [`crate::shared::SharedState::closed_error`], session starts are refused, event streams
+    /// end and the client is done. Nothing here panics (locks ignore poisoning): after a panic
+    /// it runs while the panic unwinds ([`DriverTask`]'s drop), where a second panic aborts.
     fn release_callers(&mut self) {
         let results = self.count_results.then_some(&self.shared.results_to_take);
+        let panicked = lock(&self.shared.state).closed == Closed::DriverPanicked;
         for pending in core::mem::take(&mut self.pending).values() {
-            pending
-                .slot
-                .complete_cold(Err(OperationError::cancelled()), results);
+            let error = if panicked {
+                crate::shared::driver_panicked()
+            } else {
+                OperationError::cancelled()
+            };
+            pending.slot.complete_cold(Err(error), results);
         }
         let mut state = lock(&self.shared.state);
         for slot in core::mem::take(&mut state.requests) {
@@ -852,15 +860,33 @@ impl SpawnedDriver {
 impl Drop for DriverTask {
     /// Review32 R5: a task dropped before its driver stopped was dropped by its runtime's
     /// shutdown (tokio drops a runtime's tasks before it shuts its timers and sockets down), or
-    /// after a panic in its pass: the driver stops here ([`Driver::orphan`]), so no caller's
-    /// inline pass polls the dead runtime's timer (a panic) and no operation waits for a task
-    /// that will never run (a hang). It waits for an inline pass under way to end (a pass never
-    /// drops this task). Nothing is added to an operation's path: a client whose driver is
-    /// gone is closing, which every operation checks already.
+    /// after a panic in its pass (tokio drops a task whose poll panicked while the panic
+    /// unwinds): the driver stops here ([`Driver::orphan`]), so no caller's inline pass polls
+    /// the dead runtime's timer (a panic) and no operation waits for a task that will never run
+    /// (a hang). Review34 Y1: the reason given is the panic when this thread is unwinding or a
+    /// pass panicked holding the driver (its lock is poisoned), else the runtime's loss; while
+    /// unwinding, a panic in the stop is caught (a second panic escaping a drop aborts). It
+    /// waits for an inline pass under way to end (a pass never drops this task). Nothing is
+    /// added to an operation's path: a client whose driver is gone is closing, which every
+    /// operation checks already.
     fn drop(&mut self) {
+        let unwinding = std::thread::panicking();
+        let why = if unwinding || self.0.state.is_poisoned() {
+            Closed::DriverPanicked
+        } else {
+            Closed::RuntimeGone
+        };
         let driver = lock(&self.0.state).driver.take();
         if let Some(driver) = driver {
-            driver.orphan();
+            if unwinding {
+                let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    driver.orphan(why);
+                }));
+                // A second panic was printed; the first one goes on unwinding.
+                drop(stopped);
+            } else {
+                driver.orphan(why);
+            }
         }
     }
 }
@@ -1781,6 +1807,8 @@ mod tests {
     use std::cell::RefCell;
     use std::sync::atomic::AtomicUsize;
 
+    use retry_core::error::ErrorKind;
+
     thread_local! {
         /// Review28 U6: what [`Waiter::defer`] runs on this thread between its reads (of the
         /// count of passes and of `deferred`) and its claim, once: the interleavings of the
@@ -2584,7 +2612,7 @@ mod tests {
     #[test]
     fn house_rule_8_a_pass_that_panics_still_wakes_a_task_refused_during_it() {
         let runtime = PanickingTimers::default();
-        let (_shared, spawned, mut task, counted, waker) = spawned_task(Arc::new(runtime.clone()));
+        let (shared, spawned, mut task, counted, waker) = spawned_task(Arc::new(runtime.clone()));
         assert!(poll_task(&mut task, &waker).is_pending());
         *lock(&runtime.panic) = Some((spawned.clone(), waker.clone()));
         // The timer fires (waking the task); a caller's pass polls it again first, and panics.
@@ -2599,6 +2627,122 @@ mod tests {
             "the task's poll was refused during it"
         );
         assert_eq!(woken(&counted), before + 1, "the refused task is woken");
+        // Review34 Y1: the runtime dropping the task later (not while panicking) stops the
+        // driver with the panic as its reason (the pass left the driver's lock poisoned), not
+        // the runtime's loss.
+        drop(task);
+        let error = lock(&shared.state).closed_error().to_string();
+        assert!(error.contains("the client's driver panicked"), "{error}");
+    }
+
+    /// A runtime whose clock panics once `panic` is set, as a bug in the task's own pass would
+    /// (a pass reads it first); otherwise [`NoIo`].
+    #[derive(Debug, Default, Clone)]
+    struct ClockPanics {
+        panic: Arc<AtomicBool>,
+    }
+
+    impl Runtime for ClockPanics {
+        fn start() -> io::Result<ClockPanics> {
+            Ok(ClockPanics::default())
+        }
+        fn now(&self) -> Instant {
+            if self.panic.load(Ordering::Relaxed) {
+                panic!("a bug in the driver's task pass (on purpose)");
+            }
+            Instant::ZERO
+        }
+        fn new_timer(&self, at: Instant) -> Pin<Box<dyn AsyncTimer>> {
+            NoIo.new_timer(at)
+        }
+        fn connect(&self, host: String, port: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
+            NoIo.connect(host, port)
+        }
+    }
+
+    /// The error `slot`'s operation ended with, if it has ended (it cannot succeed here).
+    fn result_of(slot: &Slot, shared: &Shared) -> Option<OperationError> {
+        match slot.poll(
+            &mut Context::from_waker(Waker::noop()),
+            &shared.results_to_take,
+        ) {
+            Poll::Ready(result) => Some(result.err().expect("no server: it failed")),
+            Poll::Pending => None,
+        }
+    }
+
+    /// Review34 Y1: the task's own pass panics, and the executor drops the task while the panic
+    /// unwinds (as tokio does): the operation in flight, and every later one, fail with the
+    /// driver's panic, not "the runtime ... has shut down", and the drop does not abort. Fails
+    /// (the runtime's message) without the reason taken from `std::thread::panicking()`.
+    #[test]
+    fn review34_y1_a_panic_in_the_tasks_pass_is_reported_as_the_drivers_panic() {
+        let runtime = ClockPanics::default();
+        let (shared, _spawned, mut task, _counted, waker) = spawned_task(Arc::new(runtime.clone()));
+        queue(&shared, 1);
+        let in_flight = lock(&shared.state).requests[0].clone();
+        assert!(poll_task(&mut task, &waker).is_pending());
+        assert_eq!(queued(&shared), 0, "started");
+        assert!(result_of(&in_flight, &shared).is_none(), "in flight");
+        runtime.panic.store(true, Ordering::Relaxed);
+        queue(&shared, 1);
+        let queued_slot = lock(&shared.state).requests[0].clone();
+        lock(&shared.state).wake_driver();
+        // The task goes with the closure's frame, dropped while the panic unwinds.
+        let poll = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let mut task = task;
+            poll_task(&mut task, &waker)
+        }));
+        assert!(poll.is_err(), "the pass panicked");
+        for slot in [&in_flight, &queued_slot] {
+            let error = result_of(slot, &shared).expect("ended");
+            assert!(
+                matches!(error.kind, ErrorKind::Internal { .. }),
+                "{error:?}"
+            );
+            assert!(
+                error.to_string().contains("the client's driver panicked"),
+                "{error}"
+            );
+        }
+        let state = lock(&shared.state);
+        assert!(state.closing && state.done);
+        let later = state.closed_error().to_string();
+        assert!(later.contains("the client's driver panicked"), "{later}");
+        assert!(!later.contains("runtime"), "{later}");
+    }
+
+    /// Review34 Y5 (review32 R5's `orphan`): the task dropped before its driver stopped, not
+    /// while panicking (its runtime shut down): the operation in flight ends cancelled, the
+    /// queued one with the runtime's loss, later ones are refused with it, events end and the
+    /// client is done. Fails if any of them is left waiting or gets another error.
+    #[test]
+    fn review34_y5_a_task_dropped_by_its_runtime_ends_every_caller_once() {
+        let (shared, _spawned, mut task, _counted, waker) = spawned_task(Arc::new(NoIo));
+        queue(&shared, 1);
+        let in_flight = lock(&shared.state).requests[0].clone();
+        assert!(poll_task(&mut task, &waker).is_pending());
+        assert!(result_of(&in_flight, &shared).is_none(), "in flight");
+        queue(&shared, 1);
+        let queued_slot = lock(&shared.state).requests[0].clone();
+        let events = Arc::new(crate::shared::EventQueue::default());
+        lock(&shared.state).subscribers.push(events.clone());
+        drop(task);
+        let first = result_of(&in_flight, &shared).expect("ended");
+        assert!(matches!(first.kind, ErrorKind::Cancelled), "{first:?}");
+        let second = result_of(&queued_slot, &shared).expect("ended");
+        assert_eq!(
+            second.to_string(),
+            crate::shared::runtime_gone().to_string()
+        );
+        let state = lock(&shared.state);
+        assert!(state.closing && state.done && state.subscribers.is_empty());
+        assert_eq!(state.closed, Closed::RuntimeGone);
+        assert_eq!(state.closed_error().to_string(), second.to_string());
+        drop(state);
+        let next = events.poll_next(&mut Context::from_waker(Waker::noop()));
+        assert!(matches!(next, Poll::Ready(None)), "the event stream ends");
+        assert!(result_of(&in_flight, &shared).is_none(), "ended once");
     }
 
     /// House rule 8 (review16 finding 5): `run_inline` on a stopped driver returns early, and

@@ -14,7 +14,9 @@
 //! compressors a client does not support are left out of the handshake) and the
 //! single-threaded `serverSelectionTryOnce` (SS-1). [`ClientOptions::parse_strict`], which
 //! [`crate::Client::with_uri`] uses, refuses every one of them instead, naming the option and
-//! the value (house rule 11, review32 R1).
+//! the value (house rule 11, review32 R1), and so a repeated option's earlier value and a
+//! deprecated name shadowed by its replacement; a deprecated spelling it applies in full
+//! (URI-8, URI-10) only warns (review34 Y3).
 
 use core::fmt;
 use core::time::Duration;
@@ -357,10 +359,14 @@ impl ClientOptions {
         ClientOptions::from_connection_string(&ConnectionString::parse(uri)?)
     }
 
-    /// [`ClientOptions::parse`], with anything it would ignore with a warning an error naming
-    /// the option and the value as written (the first warning, followed by the others' texts):
-    /// e.g. `?maxAdaptiveRetries=-1` is `invalid maxAdaptiveRetries "-1": expected an integer
-    /// from 0 to 2147483647` (house rule 11, review32 R1).
+    /// [`ClientOptions::parse`], with every option or value it would drop with a warning an
+    /// error naming the option and the value as written (the first one, followed by the other
+    /// dropped ones' texts): an unknown option, an invalid value, `compressors`,
+    /// `serverSelectionTryOnce`, a repeated option's earlier value, a deprecated name shadowed
+    /// by its replacement. E.g. `?maxAdaptiveRetries=-1` is `invalid maxAdaptiveRetries "-1":
+    /// expected an integer from 0 to 2147483647` (house rule 11, review32 R1). A deprecated
+    /// spelling applied in full (URI-8's `journal=yes`, URI-10's `wtimeout=5000` without
+    /// `wTimeoutMS`) is accepted, its warning kept in [`ClientOptions::warnings`] (review34 Y3).
     pub fn parse_strict(uri: &str) -> Result<ClientOptions, OptionsError> {
         ClientOptions::from_connection_string_strict(&ConnectionString::parse(uri)?)
     }
@@ -477,9 +483,8 @@ impl ClientOptions {
         let parsed = connection_string::read_value(canonical, kind, value, &mut warnings)
             .map_err(as_written)?;
         warnings.refuse().map_err(as_written)?;
-        let Some(parsed) = parsed else {
-            return Err(OptionsError::new(name, shown(name, value), "not used"));
-        };
+        // An ignored value pushed a warning of a dropped value, refused just above (review34 Y11).
+        let parsed = parsed.expect("an ignored value is refused with its warning");
         // What `apply` warns about (compression, `serverSelectionTryOnce`) it leaves unset.
         self.apply(canonical, &parsed, &mut warnings)?;
         warnings.refuse().map_err(as_written)
@@ -934,16 +939,10 @@ mod tests {
                 "compression is not supported by this client (URI-9)",
             ),
             (
-                "retryReads=1",
-                "retryReads",
-                "1",
-                "a deprecated spelling of 'true' (URI-8)",
-            ),
-            (
-                "wtimeout=5",
+                "wtimeout=5&wTimeoutMS=6",
                 "wtimeout",
                 "5",
-                "a deprecated name; use 'wTimeoutMS' (URI-10)",
+                "a deprecated spelling of 'wTimeoutMS', which is given too (URI-10)",
             ),
             (
                 "appName=a&appName=b",
@@ -954,7 +953,13 @@ mod tests {
         ] {
             let uri = format!("mongodb://127.0.0.1/?{query}");
             let lenient = ClientOptions::parse(&uri).unwrap();
-            assert_eq!(lenient.warnings.len(), 1, "{uri}: {:?}", lenient.warnings);
+            let deprecated = usize::from(query.starts_with("wtimeout"));
+            assert_eq!(
+                lenient.warnings.len(),
+                1 + deprecated,
+                "{uri}: {:?}",
+                lenient.warnings
+            );
             let error = ClientOptions::parse_strict(&uri).unwrap_err();
             assert_eq!(
                 (error.option(), error.value(), error.reason()),
@@ -972,6 +977,32 @@ mod tests {
              more: 'compressors' ignored: compression is not supported by this client"
         );
         assert!(ClientOptions::parse_strict("mongodb://127.0.0.1/?timeoutMS=5").is_ok());
+    }
+
+    /// Review34 Y3: a deprecated spelling that `parse` applies in full (URI-8's legacy booleans,
+    /// URI-10's deprecated names with no replacement given) is accepted by `parse_strict`, with
+    /// the same value, and its warning kept; refused only beside what was dropped, which is
+    /// named first. Fails if every warning is refused.
+    #[test]
+    fn review34_y3_parse_strict_accepts_deprecated_spellings_it_applies() {
+        for query in [
+            "retryReads=1",
+            "journal=yes",
+            "wtimeout=5000",
+            "retryWrites=n",
+        ] {
+            let uri = format!("mongodb://127.0.0.1/?{query}");
+            let lenient = ClientOptions::parse(&uri).unwrap();
+            assert_eq!(lenient.warnings.len(), 1, "{uri}: {:?}", lenient.warnings);
+            let strict = ClientOptions::parse_strict(&uri).unwrap();
+            assert_eq!(format!("{strict:?}"), format!("{lenient:?}"), "{uri}");
+        }
+        let error =
+            ClientOptions::parse_strict("mongodb://127.0.0.1/?journal=yes&bogus=1").unwrap_err();
+        assert_eq!(error.option(), "bogus");
+        assert!(!error.to_string().contains("more"), "{error}");
+        let mut options = ClientOptions::new(vec![ServerAddress::new("x", 1)]);
+        assert!(options.set("retryReads", "0").is_ok());
     }
 
     /// Review32 R16: `set` refuses a value the URI would ignore with the reason alone (no

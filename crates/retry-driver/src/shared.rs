@@ -123,6 +123,31 @@ pub(crate) const RUNTIME_GONE: &str = "the runtime this client was created on ha
      client is bound to the runtime current at its connect, which runs its driver, and cannot be \
      used once that runtime is gone (create the client on the runtime that uses it)";
 
+/// What an operation of a client whose driver panicked fails with (review34 Y1): an internal
+/// error (a bug; one in flight may have been sent), never the runtime's loss.
+pub(crate) fn driver_panicked() -> OperationError {
+    OperationError::internal(DRIVER_PANICKED)
+}
+
+/// [`driver_panicked`]'s message.
+pub(crate) const DRIVER_PANICKED: &str = "the client's driver panicked (a bug in the driver; \
+     the panic's message was printed where it happened): the client is closed, create a new one";
+
+/// Why a client is closing (review34 Y1): what its operations fail with from then on
+/// ([`SharedState::closed_error`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Closed {
+    /// [`crate::Client::shutdown`], or the client's last handle dropped: operations fail
+    /// [`OperationError::cancelled`].
+    #[default]
+    Shutdown,
+    /// The runtime the driver's task was spawned on dropped the task before the driver stopped
+    /// (it has shut down): [`runtime_gone`] (review32 R5).
+    RuntimeGone,
+    /// A pass of the driver panicked: [`driver_panicked`].
+    DriverPanicked,
+}
+
 /// Locks `mutex`; a panic elsewhere while it was held does not poison the client.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -477,10 +502,8 @@ pub(crate) struct SharedState {
     pub(crate) driver: Option<Waker>,
     /// Shutdown was asked for.
     pub(crate) closing: bool,
-    /// The runtime the driver's task was spawned on dropped the task before the driver stopped
-    /// (it has shut down): the client is closed, and its operations fail with
-    /// [`runtime_gone`] (review32 R5).
-    pub(crate) runtime_gone: bool,
+    /// Why `closing` is set, once it is (review34 Y1).
+    pub(crate) closed: Closed,
     /// The driver has stopped: every operation has its result.
     pub(crate) done: bool,
     pub(crate) done_wakers: Vec<Waker>,
@@ -553,15 +576,16 @@ impl SharedState {
         Arc::new(slot)
     }
 
-    /// Why an operation or a session asked for once the client is closing fails:
-    /// [`OperationError::cancelled`] after a shutdown, [`runtime_gone`] after the runtime the
-    /// driver ran on shut down (review32 R5). Read only on that cold path.
+    /// Why an operation or a session asked for once the client is closing fails, by its
+    /// reason ([`Closed`]): [`OperationError::cancelled`] after a shutdown, [`runtime_gone`]
+    /// after the runtime the driver ran on shut down (review32 R5), [`driver_panicked`] after a
+    /// panic in a pass of the driver (review34 Y1). Read only on that cold path.
     #[cold]
     pub(crate) fn closed_error(&self) -> OperationError {
-        if self.runtime_gone {
-            runtime_gone()
-        } else {
-            OperationError::cancelled()
+        match self.closed {
+            Closed::Shutdown => OperationError::cancelled(),
+            Closed::RuntimeGone => runtime_gone(),
+            Closed::DriverPanicked => driver_panicked(),
         }
     }
 

@@ -32,8 +32,9 @@ pub enum Command {
     /// Connect to a server, run a ping with retries and print every event.
     ///
     /// A refused connection or other network error while connecting (but not a failed name
-    /// lookup) carries the labels SystemOverloadedError and RetryableError by HS-9, whether or
-    /// not the server is overloaded.
+    /// lookup, nor a TLS certificate or host-name failure) carries the labels
+    /// SystemOverloadedError and RetryableError by HS-9, whether or not the server is
+    /// overloaded.
     Probe(ProbeArgs),
     /// Compare the retry policies in a deterministic simulation of many clients and servers.
     Simulate(crate::simulate::SimulateArgs),

@@ -11,7 +11,7 @@
 //! use retry_tokio::retry_core::retry::OperationKind;
 //! use retry_tokio::Client;
 //!
-//! // An option `ClientOptions::parse` would ignore with a warning is an error here.
+//! // An option or value `ClientOptions::parse` would drop with a warning is an error here.
 //! let client = Client::with_uri("mongodb://127.0.0.1:27017/?retryReads=true&timeoutMS=5000")?;
 //! let reply = client
 //!     .run_command("test", doc! { "ping": 1 }, OperationKind::RunCommand)
@@ -54,6 +54,21 @@
 //! # }
 //! ```
 //!
+//! A parsed URI's parts, and `ClientOptions::srv`, have their types here too (review34 Y12):
+//!
+//! ```
+//! use retry_tokio::{ClientOptions, ConnectionString, Host, HostKind, OptionValue, SrvPolling};
+//!
+//! let cs = ConnectionString::parse("mongodb://127.0.0.1:27017/?appName=example")?;
+//! let first: &Host = &cs.hosts[0];
+//! assert_eq!((first.kind, first.port), (HostKind::Ipv4, Some(27017)));
+//! assert_eq!(cs.option("appName"), Some(&OptionValue::Str("example".into())));
+//! let options = ClientOptions::from_connection_string(&cs)?;
+//! let srv: Option<&SrvPolling> = options.srv.as_ref();
+//! assert!(srv.is_none(), "not a mongodb+srv URI");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! `Client::connect` must be called inside a tokio runtime (it spawns the driver there); outside
 //! one it returns [`ConnectError::Runtime`]. The client is bound to that runtime: once it has
 //! shut down, the client's operations fail (see [`Client`]).
@@ -79,15 +94,17 @@ use tokio::time::Sleep;
 pub use bson;
 pub use retry_core;
 pub use retry_driver::{
-    ClientOptions, CommandOptions, ConnectError, ConnectionString, Events, Nameservers,
-    OptionsError, Reply, Runtime, ServerApi, ServerApiVersion, TimedEvent, TlsError, TlsOptions,
+    ClientOptions, CommandOptions, ConnectError, ConnectionString, Events, Host, HostKind,
+    Nameservers, OptionValue, OptionsError, Reply, Runtime, ServerApi, ServerApiVersion,
+    SrvPolling, TimedEvent, TlsError, TlsOptions,
 };
 
 /// A client driven on tokio.
 ///
 /// A client is bound to the tokio runtime current at its connect ([`Runtime::start`]): its
-/// driver is a task spawned there, and its sockets and timers are that runtime's. Use it from
-/// any runtime while that one runs; once that runtime has shut down, every operation (and
+/// driver is a task spawned there, and its sockets, timers and DNS lookups are that runtime's,
+/// whichever task or thread runs the operation that opens them (review34 Y2). Use it from any
+/// runtime, or from a thread with none, while that one runs; once that runtime has shut down, every operation (and
 /// [`Client::start_session`](retry_driver::Client::start_session)) fails at once with a usage
 /// error, "the runtime this client was created on has shut down: ...", never a panic or a hang,
 /// and [`Client::shutdown`](retry_driver::Client::shutdown) returns (review32 R5). So a client
@@ -111,6 +128,21 @@ pub struct TokioRuntime {
 }
 
 impl TokioRuntime {
+    /// `future`, each poll of it inside the client's runtime (review34 Y2): a connect or a DNS
+    /// lookup is polled by whoever runs the driver's pass, the caller's task for an inline pass
+    /// (on another runtime, or on a thread with none), and tokio registers sockets and spawns
+    /// the resolver's tasks on the runtime current at the poll. Entering the handle costs a
+    /// thread-local write per poll of a connect or a lookup, never one of an operation.
+    fn on_handle<T: Send + 'static>(
+        &self,
+        future: impl Future<Output = T> + Send + 'static,
+    ) -> BoxFuture<T> {
+        Box::pin(OnHandle {
+            handle: self.handle.clone(),
+            future: Box::pin(future),
+        })
+    }
+
     /// This runtime, with its DNS queries (SRV and TXT records, and host names) sent to
     /// `nameservers` through hickory, instead of the system's ([`Runtime::start`]'s default).
     pub fn with_nameservers(mut self, nameservers: Nameservers) -> TokioRuntime {
@@ -135,6 +167,8 @@ impl Runtime for TokioRuntime {
     }
 
     fn new_timer(&self, at: Instant) -> Pin<Box<dyn AsyncTimer>> {
+        // The client's runtime's timer, whichever thread asks (review34 Y2).
+        let _entered = self.handle.enter();
         Box::pin(Timer {
             sleep: Box::pin(tokio::time::sleep_until(timer_deadline(self.origin, at))),
             origin: self.origin,
@@ -150,24 +184,25 @@ impl Runtime for TokioRuntime {
     /// [`TokioRuntime::with_nameservers`] says otherwise.
     fn resolve_srv(&self, name: String) -> BoxFuture<io::Result<Vec<SrvRecord>>> {
         let nameservers = self.nameservers.clone();
-        Box::pin(
-            async move { lookup_srv(TokioRuntimeProvider::default(), &nameservers, &name).await },
-        )
+        self.on_handle(async move {
+            lookup_srv(TokioRuntimeProvider::default(), &nameservers, &name).await
+        })
     }
 
     /// SRV-5: each TXT record's strings, in order.
     fn resolve_txt(&self, name: String) -> BoxFuture<io::Result<Vec<Vec<String>>>> {
         let nameservers = self.nameservers.clone();
-        Box::pin(
-            async move { lookup_txt(TokioRuntimeProvider::default(), &nameservers, &name).await },
-        )
+        self.on_handle(async move {
+            lookup_txt(TokioRuntimeProvider::default(), &nameservers, &name).await
+        })
     }
 
     /// tokio's own name resolution (the system's), or hickory's when
-    /// [`TokioRuntime::with_nameservers`] named the name servers.
+    /// [`TokioRuntime::with_nameservers`] named the name servers. Run under the client's
+    /// runtime (each poll enters it, review34 Y2): the socket is that runtime's.
     fn connect(&self, host: String, port: u16) -> BoxFuture<io::Result<Pin<Box<dyn Socket>>>> {
         let nameservers = self.nameservers.clone();
-        Box::pin(async move {
+        self.on_handle(async move {
             let stream = match nameservers {
                 Nameservers::Fixed(_) if host.parse::<std::net::IpAddr>().is_err() => {
                     let ips =
@@ -183,6 +218,22 @@ impl Runtime for TokioRuntime {
             stream.set_nodelay(true)?;
             Ok(Box::pin(Stream(stream)) as Pin<Box<dyn Socket>>)
         })
+    }
+}
+
+/// A future polled inside a runtime ([`TokioRuntime::on_handle`]).
+struct OnHandle<F> {
+    handle: tokio::runtime::Handle,
+    future: Pin<Box<F>>,
+}
+
+impl<F: Future> Future for OnHandle<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        let _entered = this.handle.enter();
+        this.future.as_mut().poll(cx)
     }
 }
 

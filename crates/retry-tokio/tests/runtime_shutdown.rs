@@ -49,7 +49,8 @@ fn used_after_its_runtime_shut_down(multi_thread: bool) {
     let b = runtime(multi_thread);
     b.block_on(async {
         let limit = Duration::from_secs(10);
-        // Alone in flight (the inline pass), then two at once (the task's work).
+        // Alone, then two at once, then a session: each refused as it is queued (the client is
+        // closed since A dropped the driver's task).
         let error = tokio::time::timeout(limit, ping(&client))
             .await
             .expect("no hang")
@@ -91,4 +92,69 @@ fn review32_r5_a_client_used_after_its_multi_thread_runtime_shut_down_fails_clea
 #[test]
 fn review32_r5_a_client_used_after_its_current_thread_runtime_shut_down_fails_clearly() {
     used_after_its_runtime_shut_down(false);
+}
+
+/// Review34 Y5: an operation in flight (sent, its reply held by the server) when the client's
+/// runtime A shuts down, awaited on another runtime's thread: it ends once, bounded, with
+/// `Cancelled` (it may have been sent), and the next one fails with the runtime's loss. Fails
+/// (a hang until the bound) if the drop of the driver's task leaves an operation in flight
+/// waiting.
+#[test]
+fn review34_y5_an_operation_in_flight_when_the_runtime_shuts_down_ends_cancelled() {
+    let limit = Duration::from_secs(10);
+    // The server on a runtime of its own, which outlives A.
+    let s = runtime(true);
+    let server = s.block_on(Server::with_role(Role::Standalone));
+    let a = runtime(true);
+    let (client, mut events) = a.block_on(async {
+        let uri = format!("mongodb://{}/", server.address);
+        let client = Client::with_uri(&uri).expect("a client");
+        let fail_point = bson::doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 1 },
+            "data": { "failCommands": ["ping"], "blockConnection": true, "blockTimeMS": 60_000 },
+        };
+        client
+            .run_command("admin", fail_point, OperationKind::RunCommand)
+            .await
+            .expect("the fail point is set");
+        let events = client.events();
+        (client, events)
+    });
+    std::thread::scope(|scope| {
+        let caller = scope.spawn(|| {
+            runtime(false).block_on(async {
+                let first = tokio::time::timeout(limit, ping(&client)).await;
+                let second = tokio::time::timeout(limit, ping(&client)).await;
+                (first, second)
+            })
+        });
+        // The ping was written (its command started) before A goes.
+        a.block_on(async {
+            tokio::time::timeout(limit, async {
+                while let Some((_, event)) = events.next_event().await {
+                    if matches!(event, retry_core::engine::EngineEvent::Command(_)) {
+                        return;
+                    }
+                }
+                panic!("the events ended first");
+            })
+            .await
+            .expect("the ping is sent");
+        });
+        drop(a);
+        let (first, second) = caller.join().expect("no panic");
+        let first = first.expect("no hang").expect_err("cancelled");
+        assert!(matches!(first.kind, ErrorKind::Cancelled), "{first:?}");
+        let second = second.expect("no hang").expect_err("the runtime is gone");
+        assert!(matches!(second.kind, ErrorKind::Usage { .. }), "{second:?}");
+        assert!(
+            second
+                .to_string()
+                .contains("the runtime this client was created on has shut down"),
+            "{second}"
+        );
+    });
+    drop(server);
+    drop(s);
 }
