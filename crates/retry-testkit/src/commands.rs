@@ -851,8 +851,11 @@ fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     }
     // Review34 Y4: on a mongod, each document that would create the collection, and with it a
     // database the server may not create, fails as it is inserted (`makeCollection` inside
-    // each insert's error handling in `write_ops_exec.cpp`).
-    let creation = state.store.creation_refusal(&ns, false);
+    // each insert's error handling in `write_ops_exec.cpp`; a router refused it above).
+    let mongod = !state.origin.router;
+    let creation = mongod
+        .then(|| state.store.creation_refusal(&ns, false))
+        .flatten();
     let ordered = ordered(&request.body);
     // Review32 R4, review7 finding 3: a document over `maxBsonObjectSize` (BadValue, 2) or nested
     // deeper than a stored one may be (Overflow, 15) is refused as a write error
@@ -937,8 +940,9 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
         }
         let upsert = statement.get_bool("upsert").unwrap_or(false);
         // Review34 Y4: on a mongod, an upsert creating the collection, and with it a database
-        // the server may not create, is the statement's write error.
-        let creation = upsert
+        // the server may not create, is the statement's write error (a router refused it
+        // above).
+        let creation = (upsert && !state.origin.router)
             .then(|| state.store.creation_refusal(&ns, false))
             .flatten();
         if let Some((code, message)) = creation {
