@@ -14,7 +14,7 @@ use crate::fail_point::{error_reply, FailCommand, TESTKIT_UNSUPPORTED};
 use crate::on_primary_write::OnPrimaryWrite;
 use crate::refusals::ApiParameters;
 use crate::server::State;
-use crate::store::{Batch, CursorOrigin, DdlTarget, QueryError, Store, WriteKey};
+use crate::store::{AsSent, Batch, CursorOrigin, DdlTarget, QueryError, Store, WriteKey};
 use retry_core::wire::OpMsg;
 
 /// The `electionId` a primary reports; constant, since the test server never holds an election.
@@ -209,6 +209,8 @@ pub(crate) fn hello_reply(
 
 /// Runs an admitted, non-hello command. `None` when the server does not know the command.
 /// `ddl`: the pending number of the DDL command taking its turn, when it is one (TK-15).
+/// `as_sent`: its documents to insert as they were sent, where known (review34 Y8;
+/// [`Context::as_sent`]).
 pub(crate) fn execute(
     state: &mut State,
     name: &str,
@@ -216,11 +218,12 @@ pub(crate) fn execute(
     max_wire_version: i32,
     process_id: ObjectId,
     ddl: Option<u64>,
+    as_sent: &[Option<AsSent>],
 ) -> Option<Document> {
     if name == "configureFailPoint"
         && request.body.get_str(name).ok() == Some("onPrimaryTransactionalWrite")
     {
-        if matches!(state.role, Role::Mongos | Role::LoadBalancer { .. }) {
+        if state.role.is_router() {
             return Some(error_reply(
                 2,
                 "onPrimaryTransactionalWrite is a mongod fail point",
@@ -258,7 +261,7 @@ pub(crate) fn execute(
     let in_transaction = request.body.get("autocommit") == Some(&Bson::Boolean(false));
     let ends = matches!(name, "commitTransaction" | "abortTransaction");
     // TK-12: a mongos keeps its own router state for the transactions it started.
-    let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+    let router = state.role.is_router();
     let router_id = router.then_some(process_id);
     if !in_transaction && !ends {
         // TK-15 (review7 gap b): a write outside any transaction is a commit of its own.
@@ -288,7 +291,7 @@ pub(crate) fn execute(
             .and_then(integer)
             .filter(|_| in_transaction),
         api: ApiParameters::of(&request.body),
-        router: matches!(state.role, Role::Mongos | Role::LoadBalancer { .. }),
+        router: state.role.is_router(),
     };
     let refused = in_transaction
         .then(|| transaction_read_concern_refusal(&store, name, &request.body))
@@ -298,6 +301,7 @@ pub(crate) fn execute(
         batch_size: state.batch_size,
         origin,
         router: router_id,
+        as_sent,
     };
     context.store.set_running_ddl(ddl);
     let reply = match refused {
@@ -413,7 +417,7 @@ pub(crate) fn transaction_api_refusal(
 ) -> Option<Document> {
     let number = command.get("txnNumber").and_then(integer)?;
     let session = command.get_document("lsid").ok()?.to_vec().ok()?;
-    let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+    let router = state.role.is_router();
     let api = ApiParameters::of(command);
     let store = state.data.lock();
     let router = router.then_some(process_id);
@@ -503,6 +507,11 @@ struct Context<'a> {
     /// TK-12: the mongos running the command, `None` off a mongos (see
     /// [`Store::end_transaction`]).
     router: Option<ObjectId>,
+    /// Review34 Y8: each document to insert as it was sent (its size, a key sent twice counting
+    /// twice; whether `_id` is sent twice), by its position in `documents` (an `insert`) or
+    /// `ops` (a `bulkWrite`), read from the request as it arrived; empty or `None` where not
+    /// known (`store::insert_refusal` then encodes the document).
+    as_sent: &'a [Option<AsSent>],
 }
 
 /// Runs a data command; `None` for a command the test server knows but does not run
@@ -583,9 +592,17 @@ fn run(
         "count" => count(state, db, command),
         "distinct" => distinct(state, db, command),
         "aggregate" => aggregate(state, db, command, max_wire_version),
+        // Review34 Y4: `create` checks the namespace (`userAllowedCreateNS`) and creates the
+        // database (`openDb`; on a router, the config server) before the collection.
         "create" => match collection_name(command, "create") {
-            Ok(c) if state.store.create(&format!("{db}.{c}")) => ok(),
-            Ok(c) => error_reply(48, &format!("Collection {db}.{c} already exists.")),
+            Ok(c) => {
+                let ns = format!("{db}.{c}");
+                match creation_ns_refusal(state, &ns) {
+                    Some(refusal) => refusal,
+                    None if state.store.create(&ns) => ok(),
+                    None => error_reply(48, &format!("Collection {ns} already exists.")),
+                }
+            }
             Err(e) => e,
         },
         // TK-15: outside a transaction (in one both are 263), both wait for one holding what
@@ -732,6 +749,30 @@ fn write_target(
     Ok((format!("{db}.{collection}"), documents_of(request, field)?))
 }
 
+/// Review34 Y4 (house rule 7): the command's refusal of a write to `ns` before it runs: a `$` in
+/// the database's name (`database_name::write_refusal`), and on a router, a database it would
+/// have to create and may not (`Store::creation_refusal`: its write targeter creates the
+/// database first, whatever the write).
+fn write_ns_refusal(state: &Context<'_>, ns: &str) -> Option<Document> {
+    let router = state.origin.router;
+    crate::database_name::write_refusal(ns)
+        .or_else(|| {
+            router
+                .then(|| state.store.creation_refusal(ns, true))
+                .flatten()
+        })
+        .map(|(code, message)| error_reply(code, &message))
+}
+
+/// Review34 Y4 (house rule 7): the command's refusal of creating collection `ns` (`create`,
+/// `createIndexes`, an upserting `findAndModify`): a `$` in the database's name, then a
+/// database the server may not create (`Store::creation_refusal`).
+fn creation_ns_refusal(state: &Context<'_>, ns: &str) -> Option<Document> {
+    crate::database_name::write_refusal(ns)
+        .or_else(|| state.store.creation_refusal(ns, state.origin.router))
+        .map(|(code, message)| error_reply(code, &message))
+}
+
 /// The first field of `statement` that is not one of `allowed`.
 fn field_not_in<'a>(statement: &'a Document, allowed: &[&str]) -> Option<&'a str> {
     statement
@@ -805,6 +846,16 @@ fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
         Ok(target) => target,
         Err(e) => return e,
     };
+    if let Some(refusal) = write_ns_refusal(state, &ns) {
+        return refusal;
+    }
+    // Review34 Y4: on a mongod, each document that would create the collection, and with it a
+    // database the server may not create, fails as it is inserted (`makeCollection` inside
+    // each insert's error handling in `write_ops_exec.cpp`; a router refused it above).
+    let mongod = !state.origin.router;
+    let creation = mongod
+        .then(|| state.store.creation_refusal(&ns, false))
+        .flatten();
     let ordered = ordered(&request.body);
     // Review32 R4, review7 finding 3: a document over `maxBsonObjectSize` (BadValue, 2) or nested
     // deeper than a stored one may be (Overflow, 15) is refused as a write error
@@ -813,7 +864,9 @@ fn insert(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     let mut positions = Vec::new();
     let mut storable = Vec::new();
     for (index, document) in documents.into_iter().enumerate() {
-        if let Some((code, message)) = crate::store::insert_refusal(&document) {
+        let sent = state.as_sent.get(index).copied().flatten();
+        let refusal = crate::store::insert_refusal(&document, sent).or_else(|| creation.clone());
+        if let Some((code, message)) = refusal {
             errors.push((index, doc! { "code": code, "errmsg": message }));
             if ordered {
                 break;
@@ -863,6 +916,9 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
         Ok(target) => target,
         Err(e) => return e,
     };
+    if let Some(refusal) = write_ns_refusal(state, &ns) {
+        return refusal;
+    }
     let (mut n, mut modified, mut upserted, mut errors) = (0, 0, Vec::new(), Vec::new());
     for (index, statement) in statements.iter().enumerate() {
         if let Some(field) = field_not_in(statement, &["q", "u", "multi", "upsert"]) {
@@ -883,6 +939,19 @@ fn update(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
             );
         }
         let upsert = statement.get_bool("upsert").unwrap_or(false);
+        // Review34 Y4: on a mongod, an upsert creating the collection, and with it a database
+        // the server may not create, is the statement's write error (a router refused it
+        // above).
+        let creation = (upsert && !state.origin.router)
+            .then(|| state.store.creation_refusal(&ns, false))
+            .flatten();
+        if let Some((code, message)) = creation {
+            errors.push(doc! { "index": count_i32(index), "code": code, "errmsg": message });
+            if ordered(&request.body) {
+                break;
+            }
+            continue;
+        }
         match state.store.update(&ns, filter, update, multi, upsert) {
             Ok(outcome) => {
                 n += outcome.matched;
@@ -927,6 +996,9 @@ fn delete(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
         Ok(target) => target,
         Err(e) => return e,
     };
+    if let Some(refusal) = write_ns_refusal(state, &ns) {
+        return refusal;
+    }
     let mut n = 0;
     for statement in &statements {
         if let Some(field) = field_not_in(statement, &["q", "limit"]) {
@@ -1000,6 +1072,23 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
         }
         let filter = op.get_document("filter").cloned().unwrap_or_default();
         let multi = op.get_bool("multi").unwrap_or(false);
+        // Review34 Y4: the op's error (`userAllowedWriteNS` inside each op's error handling,
+        // `bulk_write.cpp`): a `$` in the database's name; then for an insert (after its
+        // document's checks) and an upsert, a database the server may not create.
+        let creates = kind == "update" && op.get_bool("upsert").unwrap_or(false);
+        let refused = crate::database_name::write_refusal(&ns).or_else(|| {
+            creates
+                .then(|| state.store.creation_refusal(&ns, state.origin.router))
+                .flatten()
+        });
+        if let Some((code, message)) = refused {
+            counts[errors] += 1;
+            results.push(op_error(index, code, message));
+            if ordered {
+                break;
+            }
+            continue;
+        }
         let mut result = doc! { "ok": 1.0, "idx": count_i32(index) };
         let mut failed = false;
         match kind.as_str() {
@@ -1009,14 +1098,12 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
                 };
                 // Review32 R4, review7 finding 3: the op's error (BadValue 2 over
                 // `maxBsonObjectSize`, Overflow 15 nested too deep; `store::insert_refusal`).
-                if let Some((code, message)) = crate::store::insert_refusal(document) {
-                    let result = doc! {
-                        "ok": 0.0, "idx": count_i32(index), "code": code,
-                        "codeName": crate::fail_point::code_name_of(code),
-                        "errmsg": message,
-                    };
+                let sent = state.as_sent.get(index).copied().flatten();
+                let refusal = crate::store::insert_refusal(document, sent)
+                    .or_else(|| state.store.creation_refusal(&ns, state.origin.router));
+                if let Some((code, message)) = refusal {
                     counts[errors] += 1;
-                    results.push(result);
+                    results.push(op_error(index, code, message));
                     if ordered {
                         break;
                     }
@@ -1105,6 +1192,14 @@ fn bulk_write(state: &mut Context<'_>, db: &str, request: &OpMsg) -> Document {
     reply
 }
 
+/// A `bulkWrite` op's error result: code, its name and message.
+fn op_error(index: usize, code: i32, message: String) -> Document {
+    doc! {
+        "ok": 0.0, "idx": count_i32(index), "code": code,
+        "codeName": crate::fail_point::code_name_of(code), "errmsg": message,
+    }
+}
+
 /// `{findAndModify: coll, query, sort, update | remove, new, upsert}` (no fields).
 fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Document {
     let collection = match collection_name(command, "findAndModify") {
@@ -1117,6 +1212,16 @@ fn find_and_modify(state: &mut Context<'_>, db: &str, command: &Document) -> Doc
         }
     }
     let ns = format!("{db}.{collection}");
+    if let Some((code, message)) = crate::database_name::write_refusal(&ns) {
+        return error_reply(code, &message);
+    }
+    // Review34 Y4: an upsert creating the collection, and with it a database the server may
+    // not create, fails the command.
+    let upserting =
+        !command.get_bool("remove").unwrap_or(false) && command.get_bool("upsert").unwrap_or(false);
+    if let Some(refusal) = upserting.then(|| creation_ns_refusal(state, &ns)).flatten() {
+        return refusal;
+    }
     let mut filter = command.get_document("query").cloned().unwrap_or_default();
     let mut matching = match state.store.matching(&ns, &filter) {
         Ok(docs) => docs,
@@ -2253,6 +2358,9 @@ fn create_indexes(state: &mut Context<'_>, db: &str, command: &Document) -> Docu
         _ => return error_reply(2, "Must specify at least one index to create"),
     };
     let ns = format!("{db}.{collection}");
+    if let Some(refusal) = creation_ns_refusal(state, &ns) {
+        return refusal;
+    }
     for index in indexes {
         let Some(index) = index.as_document() else {
             return error_reply(2, "each index must be a document");
@@ -2904,6 +3012,7 @@ mod tests {
                 router: false,
             },
             router: None,
+            as_sent: &[],
         };
         run(&mut context, name, &request, max_wire_version)
     }

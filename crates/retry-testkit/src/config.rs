@@ -22,6 +22,14 @@ pub enum Role {
     },
 }
 
+impl Role {
+    /// Whether it is a router: a `mongos`, alone or behind a load balancer (the router's
+    /// refusals and replies differ from a `mongod`'s).
+    pub fn is_router(&self) -> bool {
+        matches!(self, Role::Mongos | Role::LoadBalancer { .. })
+    }
+}
+
 /// The replica-set fields of a member's hello reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplicaSetMember {

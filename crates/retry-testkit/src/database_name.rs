@@ -1,5 +1,6 @@
 //! What a real server refuses about the database a command names in `$db` (review32 R4, house
-//! rule 7: the test server is at least as strict as a real one). All are InvalidNamespace (73).
+//! rule 7: the test server is at least as strict as a real one), and about the database a write
+//! goes to or creates (review34 Y4).
 //!
 //! Checked against the server's source (mongodb/mongo, read through the search tool):
 //!
@@ -13,10 +14,34 @@
 //!   `service_entry_point_common.cpp`; the router's `ExecCommandClient::_prologue`): a name
 //!   `DatabaseName::validDBName` refuses, "Invalid database name: '{db}'"
 //!   ([`validity_refusal`]). It refuses an empty name, one over 63 bytes, and one holding NUL,
-//!   `/`, `\`, `.`, a space or `"`; `$` passes (the server calls it with
-//!   `DollarInDbNameBehavior::Allow`). The characters only a Windows build refuses are taken, as
+//!   `/`, `\`, `.`, a space or `"`; `$` passes this check (the server calls it with
+//!   `DollarInDbNameBehavior::Allow`), not a write's (below). The characters only a Windows build refuses are taken, as
 //!   on the Linux servers the tests stand in for. A router checks first that the database is not
 //!   `local`: IllegalOperation (20), "Can't use 'local' database through mongos".
+//!
+//! Then, as a command writes or creates a collection (review34 Y4):
+//!
+//! - a write (`insert`, `update`, `delete`, `findAndModify`, `createIndexes`, a `bulkWrite` op)
+//!   or `create` on a database whose name holds `$`: `userAllowedWriteNS` /
+//!   `userAllowedCreateNS` (`src/mongo/db/ops/insert.cpp`, called first thing by
+//!   `performInserts`, `performUpdates`, `performDeletes` in `write_ops_exec.cpp`, by
+//!   `findAndModify`, `createIndexes`, each `bulkWrite` op) check the namespace with
+//!   `DollarInDbNameBehavior::Disallow`: InvalidNamespace (73), "Invalid namespace: {ns}"
+//!   ([`write_refusal`]). So the `$` that passes the checks above is refused here;
+//! - a command creating the first collection of a database ([`creation_refusal`]): a `mongod`
+//!   opening a database whose name differs only in case from one it has refuses it
+//!   (`DatabaseHolderImpl::openDb`, `src/mongo/db/catalog/database_holder_impl.cpp`:
+//!   DatabaseDifferCase 13297, "db already exists with different case already have: [{have}]
+//!   trying to create [{db}]"); it always has `admin` (the featureCompatibilityVersion
+//!   document) and `local` (`local.startup_log`, `logStartup`). A router has the config server
+//!   create the database (`cluster::createDatabase`, called by the write targeter's `_init`
+//!   for every write; `ShardingCatalogManager::createDatabase`, `checkDbNameConstraints` in
+//!   `src/mongo/db/s/config/`): a name equal to `admin`, `local` or `config` ignoring case, but
+//!   not `config` itself, is InvalidOptions (72), "Cannot manually create database '{db}'"; one
+//!   differing only in case from a database it has is DatabaseDifferCase 13297, "can't have 2
+//!   databases that just differ on case  have: {have} want to add: {db}" (two spaces, as the
+//!   server writes it). `admin` itself is never created through a router (its catalog cache
+//!   answers for `admin` and `config`), and `local` was refused above.
 
 use bson::Document;
 
@@ -55,6 +80,62 @@ pub(crate) fn validity_refusal(db: &str, router: bool) -> Option<Document> {
         return Some(error_reply(20, "Can't use 'local' database through mongos"));
     }
     (!valid(db)).then(|| error_reply(INVALID_NAMESPACE, &format!("Invalid database name: '{db}'")))
+}
+
+/// InvalidOptions.
+const INVALID_OPTIONS: i32 = 72;
+
+/// DatabaseDifferCase.
+const DATABASE_DIFFER_CASE: i32 = 13297;
+
+/// The databases a `mongod` always has, which it made as it started (see the module docs).
+const MONGOD_DATABASES: [&str; 2] = ["admin", "local"];
+
+/// Review34 Y4: the server's refusal of a write to, or the creation of, collection `ns` whose
+/// database name holds `$` (InvalidNamespace 73; see the module docs): code and message.
+pub(crate) fn write_refusal(ns: &str) -> Option<(i32, String)> {
+    let (db, _) = ns.split_once('.')?;
+    db.contains('$')
+        .then(|| (INVALID_NAMESPACE, format!("Invalid namespace: {ns}")))
+}
+
+/// Review34 Y4: the refusal of a collection's creation in database `db` on a server holding
+/// the databases `existing` (those with a collection), on a `router` or a `mongod` (see the
+/// module docs): code and message. None when `db` exists: nothing is created.
+pub(crate) fn creation_refusal<'a>(
+    db: &str,
+    existing: impl IntoIterator<Item = &'a str>,
+    router: bool,
+) -> Option<(i32, String)> {
+    let always = if router {
+        &[][..]
+    } else {
+        &MONGOD_DATABASES[..]
+    };
+    let existing: Vec<&str> = existing.into_iter().chain(always.iter().copied()).collect();
+    if existing.contains(&db) {
+        return None;
+    }
+    let reserved = ["admin", "local", "config"]
+        .iter()
+        .any(|name| db.eq_ignore_ascii_case(name));
+    if router && reserved && db != "admin" && db != "config" {
+        let message = format!("Cannot manually create database '{db}'");
+        return Some((INVALID_OPTIONS, message));
+    }
+    // The server names the first of them in its order (bytes).
+    let have = existing
+        .into_iter()
+        .filter(|name| name.eq_ignore_ascii_case(db))
+        .min()?;
+    let message = if router {
+        format!("can't have 2 databases that just differ on case  have: {have} want to add: {db}")
+    } else {
+        format!(
+            "db already exists with different case already have: [{have}] trying to create [{db}]"
+        )
+    };
+    Some((DATABASE_DIFFER_CASE, message))
 }
 
 /// Whether `validDBName` takes `db` (it refuses all that the parse does).
@@ -131,6 +212,83 @@ mod tests {
         for db in ["test", "$external", "a-b_c", "a:b*c?", &long[..63], "é"] {
             assert_eq!(validity_refusal(db, true), None, "{db:?}");
             assert!(valid(db), "{db:?}");
+        }
+    }
+
+    /// House rule 7 (review34 Y4): a write to or the creation of a collection in a database
+    /// whose name holds `$` is InvalidNamespace (73), "Invalid namespace: {ns}"; other names
+    /// pass, and `$` in the collection's name is not this check's.
+    #[test]
+    fn a_dollar_in_the_database_name_refuses_writes_house_rule_7() {
+        for ns in ["a$b.c", "$db.c", "db$.c.d"] {
+            assert_eq!(
+                refusal_message(write_refusal(ns).map(|(code, m)| error_reply(code, &m))),
+                Some(format!("Invalid namespace: {ns}")),
+                "{ns}"
+            );
+        }
+        for ns in ["test.c", "test.c$d", "a-b.c"] {
+            assert_eq!(write_refusal(ns), None, "{ns}");
+        }
+    }
+
+    /// House rule 7 (review34 Y4): a mongod refuses a database differing only in case from one
+    /// it has (DatabaseDifferCase 13297), `admin` and `local` included, naming the first in
+    /// byte order; a router with its own message; the same name or another passes.
+    #[test]
+    fn a_database_differing_only_in_case_is_refused_house_rule_7() {
+        let existing = ["tEST", "TEST", "other"];
+        let mongod = creation_refusal("Test", existing, false);
+        assert_eq!(
+            mongod,
+            Some((
+                13297,
+                "db already exists with different case already have: [TEST] trying to create \
+                 [Test]"
+                    .to_owned()
+            ))
+        );
+        let router = creation_refusal("Test", existing, true);
+        assert_eq!(
+            router,
+            Some((
+                13297,
+                "can't have 2 databases that just differ on case  have: TEST want to add: Test"
+                    .to_owned()
+            ))
+        );
+        for (db, have) in [("Admin", "admin"), ("LOCAL", "local")] {
+            assert_eq!(
+                creation_refusal(db, [], false),
+                Some((
+                    13297,
+                    format!(
+                        "db already exists with different case already have: [{have}] trying \
+                         to create [{db}]"
+                    )
+                ))
+            );
+        }
+        for router in [false, true] {
+            assert_eq!(creation_refusal("tEST", existing, router), None);
+            assert_eq!(creation_refusal("fresh", existing, router), None);
+        }
+        assert_eq!(creation_refusal("Config", [], false), None);
+    }
+
+    /// House rule 7 (review34 Y4): a router refuses to create `admin`, `local` or `config` in
+    /// another case (InvalidOptions 72); `config` itself and `admin` itself pass.
+    #[test]
+    fn a_router_refuses_the_reserved_names_in_another_case_house_rule_7() {
+        for db in ["Admin", "ADMIN", "Local", "Config", "cOnFiG"] {
+            assert_eq!(
+                creation_refusal(db, [], true),
+                Some((72, format!("Cannot manually create database '{db}'"))),
+                "{db}"
+            );
+        }
+        for db in ["admin", "config", "admins"] {
+            assert_eq!(creation_refusal(db, [], true), None, "{db}");
         }
     }
 

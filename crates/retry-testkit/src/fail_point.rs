@@ -441,6 +441,7 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         11600 => "InterruptedAtShutdown",
         11601 => "Interrupted",
         11602 => "InterruptedDueToReplStateChange",
+        13297 => "DatabaseDifferCase",
         13435 => "NotPrimaryNoSecondaryOk",
         13436 => "NotPrimaryOrSecondary",
         50768 => "NotARetryableWriteCommand",
@@ -663,7 +664,7 @@ mod tests {
     /// (master branch) gives the codes the test server sends, written out here so that the test
     /// fails if the table loses or changes one. 1, 6, 7, 18, 51, 64, 89, 134, 189, 262, 391,
     /// 9001, 11600, 11601, 11602 and 13436 are the `errorCode`s of the spec tests' fail points.
-    const SERVER_CODE_NAMES: [(i32, &str); 60] = [
+    const SERVER_CODE_NAMES: [(i32, &str); 61] = [
         (1, "InternalError"),
         (2, "BadValue"),
         (4, "NoSuchKey"),
@@ -718,6 +719,7 @@ mod tests {
         (11600, "InterruptedAtShutdown"),
         (11601, "Interrupted"),
         (11602, "InterruptedDueToReplStateChange"),
+        (13297, "DatabaseDifferCase"),
         (13435, "NotPrimaryNoSecondaryOk"),
         (13436, "NotPrimaryOrSecondary"),
         (50768, "NotARetryableWriteCommand"),

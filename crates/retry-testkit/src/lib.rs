@@ -56,6 +56,9 @@
 //!    refuses `local`, IllegalOperation 20). While the `requireApiVersion` server parameter is on
 //!    ([`ServerConfig::require_api_version`], `setParameter`), a command without `apiVersion`,
 //!    hellos included, fails with code 498870. `stmtId` is refused (`TestkitUnsupported`).
+//!    Writes to a database whose name holds `$`, and the creation of a database a server may not
+//!    create (one differing only in case from another; on a router `admin`, `local`, `config`
+//!    in another case), are refused as the command runs (review34 Y4, `database_name`).
 //! 3. Every command but the handshake (BP-6) and `configureFailPoint` takes a token from the ingress
 //!    limiter, if one is set; without a token it fails with code 462,
 //!    `IngressRequestRateLimitExceeded`, labels `SystemOverloadedError` and `RetryableError`, and

@@ -368,7 +368,7 @@ fn transactions_unsupported(
             error_reply(9, &format!("{name}: unrecognized field '{field}'"))
         });
     }
-    let router = matches!(role, Role::Mongos | Role::LoadBalancer { .. });
+    let router = role.is_router();
     (router && max_wire_version < ROUTER_TRANSACTIONS_WIRE_VERSION).then(|| {
         error_reply(
             50841,
@@ -380,9 +380,10 @@ fn transactions_unsupported(
 /// TK-2: CommandNotFound (59) for command `name`, with a mongod's or a router's message
 /// (`no such command: '<name>'`, `no such cmd: <name>`).
 pub(crate) fn command_not_found(role: &Role, name: &str) -> Document {
-    let message = match role {
-        Role::Mongos | Role::LoadBalancer { .. } => format!("no such cmd: {name}"),
-        Role::Standalone | Role::ReplicaSetMember(_) => format!("no such command: '{name}'"),
+    let message = if role.is_router() {
+        format!("no such cmd: {name}")
+    } else {
+        format!("no such command: '{name}'")
     };
     error_reply(59, &message)
 }
@@ -707,7 +708,7 @@ fn read_concern_level_refusal(
     }
     let before_5_0 = max_wire_version < SNAPSHOT_READS_WIRE_VERSION;
     (level == "snapshot" && before_5_0).then(|| {
-        let router = matches!(role, Role::Mongos | Role::LoadBalancer { .. });
+        let router = role.is_router();
         let message = if router {
             "read concern snapshot is only supported in a multi-statement transaction"
         } else {
@@ -767,7 +768,7 @@ fn unsupported_read_concern(
     command: &Document,
     level: &str,
 ) -> Option<String> {
-    let router = matches!(role, Role::Mongos | Role::LoadBalancer { .. });
+    let router = role.is_router();
     let refused = match name {
         "find" | "distinct" | "getMore" => false,
         "killCursors" if router => false,

@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::{sleep, Duration, Instant};
 
+mod as_sent;
 mod awaitable;
 mod elements;
 mod malformed;
@@ -35,7 +36,7 @@ const FAIL_POINT_SEED: u64 = 0x5eed_fa11;
 use crate::faults::{connection_rng, garbage, oversized_header, Fault, FaultConfig};
 use crate::limiter::TokenBucket;
 use crate::on_primary_write::{Firing, OnPrimaryWrite};
-use crate::store::{DataStore, WriteKey};
+use crate::store::{AsSent, DataStore, WriteKey};
 use crate::tls::ServerTls;
 
 /// TK-15 (review7 finding 1): a real server's default `transactionLifetimeLimitSeconds`: the
@@ -633,6 +634,7 @@ fn admit(shared: &Shared) -> Option<Connection> {
         noted_lsid: Vec::new(),
         seen_hello: false,
         ddl_wait: None,
+        as_sent: Vec::new(),
     })
 }
 
@@ -673,6 +675,8 @@ struct Connection {
     seen_hello: bool,
     /// TK-15: its command queued for a lock ([`DdlWait`]), if any.
     ddl_wait: Option<DdlWait>,
+    /// Review34 Y8: the running request's documents to insert as they were sent ([`as_sent`]).
+    as_sent: Vec<Option<AsSent>>,
 }
 
 /// The "not writable primary" and "node is recovering" codes a replica-set member's error reply
@@ -906,6 +910,8 @@ fn statement_writes(
                     shared.max_wire_version,
                     router,
                     wait.as_ref().map(|wait| wait.number),
+                    // Only `update` and `delete` run statement by statement: nothing to insert.
+                    &[],
                 );
                 // TK-15 (review7 finding 1): the statements done so far are recorded, so the
                 // command goes on at this one once it no longer has to wait.
@@ -1092,6 +1098,7 @@ impl Connection {
         request: &RawOpMsg,
     ) -> bool {
         let malformed = malformed::refusal(request);
+        self.as_sent = as_sent::as_sent(request);
         match raw::decoded(request) {
             Some(decoded) => self.respond(shared, stream, decoded, malformed).await,
             // Cannot happen: `decode_raw` validated the documents as `decode` converts them.
@@ -1227,7 +1234,7 @@ impl Connection {
                     ));
                 }
                 self.seen_hello = true;
-                let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+                let router = state.role.is_router();
                 let metadata = command.get_document("client").ok();
                 if let Some(refusal) =
                     metadata.and_then(|c| crate::refusals::client_metadata_refusal(c, router))
@@ -1256,7 +1263,7 @@ impl Connection {
                     return Response::Reply(rejection);
                 }
             }
-            let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+            let router = state.role.is_router();
             let invalid_db = crate::database_name::validity_refusal(db, router);
             let fired = if name == "configureFailPoint" {
                 None
@@ -1438,6 +1445,7 @@ impl Connection {
                 shared.max_wire_version,
                 self.router(shared),
                 self.ddl_wait.as_ref().map(|wait| wait.number),
+                &self.as_sent,
             )
         };
         if let Some(session) = blocked(&state.data, &mut self.ddl_wait) {

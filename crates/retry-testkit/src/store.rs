@@ -413,25 +413,54 @@ pub(crate) fn too_deep(document: &Document) -> bool {
     document.values().any(|v| deeper(v, 1))
 }
 
+/// Review34 Y8: a document to insert as it was sent, before its conversion to a `Document`
+/// (which keeps one value of a key sent twice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AsSent {
+    /// Its size in bytes, as the server's `objsize()`.
+    pub(crate) size: usize,
+    /// Whether it holds `_id` more than once at its top level.
+    pub(crate) repeated_id: bool,
+}
+
 /// The refusal a real server gives a document to insert, in its order (`fixDocumentForInsert`,
 /// `src/mongo/db/query/write_ops/insert.cpp`, formerly `src/mongo/db/ops/insert.cpp`): larger
 /// than `maxBsonObjectSize` as sent (`BSONObjMaxUserSize`, 16 MiB): BadValue (2), "object to
 /// insert too large. size in bytes: {n}, max size: 16777216" (review32 R4, house rule 7); then
-/// nested deeper than [`MAX_STORED_DEPTH`]: Overflow (15), review7 finding 3. Either is the
-/// statement's write error, not the command's.
-pub(crate) fn insert_refusal(document: &Document) -> Option<(i32, String)> {
-    // A document decoded from a request always encodes again.
-    let size = document.to_vec().map_or(0, |bytes| bytes.len());
-    let max = crate::config::MAX_BSON_OBJECT_SIZE;
+/// nested deeper than [`MAX_STORED_DEPTH`]: Overflow (15), review7 finding 3; then `_id` sent
+/// twice: BadValue (2), "can't have multiple _id fields in one document" (review34 Y8). Each is
+/// the statement's write error, not the command's.
+///
+/// Review34 Y8: `sent` is the document as it arrived (a key sent twice counts twice in its
+/// size); without it the document is measured encoded again, and one that does not encode is
+/// refused (BadValue), never passed as size 0.
+pub(crate) fn insert_refusal(document: &Document, sent: Option<AsSent>) -> Option<(i32, String)> {
+    let sent = match sent {
+        Some(sent) => sent,
+        None => match document.to_vec() {
+            Ok(bytes) => AsSent {
+                size: bytes.len(),
+                repeated_id: false,
+            },
+            Err(e) => return Some((2, format!("object to insert does not encode: {e}"))),
+        },
+    };
+    let (size, max) = (sent.size, crate::config::MAX_BSON_OBJECT_SIZE);
     if size > max.unsigned_abs() as usize {
         let message = format!("object to insert too large. size in bytes: {size}, max size: {max}");
         return Some((2, message));
     }
-    too_deep(document).then(|| {
+    if too_deep(document) {
         let message = format!(
             "cannot insert document because it exceeds {MAX_STORED_DEPTH} levels of nesting"
         );
-        (15, message)
+        return Some((15, message));
+    }
+    sent.repeated_id.then(|| {
+        (
+            2,
+            String::from("can't have multiple _id fields in one document"),
+        )
     })
 }
 
@@ -590,8 +619,12 @@ impl Store {
             .iter()
             .try_for_each(|d| self.conflict(ns, &id_of(d)));
         self.noted(conflict)?;
-        self.collection_mut(ns);
         let mut outcome = InsertOutcome::default();
+        // Review34 Y4: nothing to store makes no collection (nor a database), as on a server.
+        if documents.is_empty() {
+            return Ok(outcome);
+        }
+        self.collection_mut(ns);
         for (index, d) in documents.into_iter().enumerate() {
             let id = id_of(&d);
             let collection = self.collection_mut(ns);
@@ -1065,7 +1098,8 @@ impl Store {
         self.note_access(ns);
         let targets = self.targets(ns, filter, multi);
         let targets = self.noted(targets)?;
-        self.collection_mut(ns);
+        // Review34 Y4: only an upsert makes the collection (as on a server, where an update
+        // without one creates nothing, and so no database either).
         let mut outcome = UpdateOutcome::default();
         for index in targets {
             let collection = self.collection_mut(ns);
@@ -1644,6 +1678,29 @@ impl Store {
             self.record(ns, id, before, index);
         }
         refused.map_or(Ok(()), Err)
+    }
+
+    /// Review34 Y4: the refusal a real server gives the creation of collection `ns` when that
+    /// creates its database: the running command's `router` or a `mongod`, with the databases
+    /// holding a collection (any transaction's too: a server registers a database as a
+    /// transaction creates it); `None` when its database exists
+    /// ([`crate::database_name::creation_refusal`]).
+    pub(crate) fn creation_refusal(&self, ns: &str, router: bool) -> Option<Refusal> {
+        fn database_of(ns: &str) -> &str {
+            ns.split_once('.').map_or("", |(db, _)| db)
+        }
+        // The usual case, the collection or its database there, looks up no other.
+        let db = database_of(ns);
+        let prefix = format!("{db}.");
+        let mut from_prefix = self.collections.range::<String, _>(&prefix..);
+        if from_prefix
+            .next()
+            .is_some_and(|(name, _)| name.starts_with(&prefix))
+        {
+            return None;
+        }
+        let existing = self.collections.keys().map(|name| database_of(name));
+        crate::database_name::creation_refusal(db, existing, router)
     }
 
     /// Creates `ns`; `false` when it already exists.

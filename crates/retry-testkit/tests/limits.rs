@@ -377,3 +377,276 @@ async fn an_inserted_document_over_max_bson_object_size_is_a_write_error_tk4_hou
     .await
     .expect("bounded");
 }
+
+/// House rule 7 (review34 Y8), TK-4: an inserted document is measured as it was sent, as the
+/// server's `objsize()` is: one over `maxBsonObjectSize` with a key sent twice is refused
+/// (BadValue, 2, its size as sent), though the document it converts to (the key once, with its
+/// last value) is small.
+#[tokio::test]
+async fn an_inserted_document_is_measured_as_sent_tk4_house_rule_7() {
+    timeout(Duration::from_secs(120), async {
+        let server = TestServer::start(ServerConfig::new(Role::Standalone))
+            .await
+            .unwrap();
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let over = MAX_USER_SIZE + 1;
+        let mut document = doc! { "_id": 6, "pada": "", "padb": "x" };
+        let overhead = document.to_vec().unwrap().len();
+        document.insert("pada", "p".repeat(over - overhead));
+        assert_eq!(document.to_vec().unwrap().len(), over);
+        let insert = doc! { "insert": "c", "$db": "db" };
+        let mut frame = frame_of(&insert, &[("documents", &[document])]);
+        // `padb` is sent as `pada`: the key twice.
+        let at = frame
+            .windows(5)
+            .position(|w| w == b"padb\0")
+            .expect("the second key");
+        frame[at + 3] = b'a';
+        let reply = round_trip(&mut client, &frame).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(0), "{reply:?}");
+        let errors = reply.get_array("writeErrors").expect("a write error");
+        let Bson::Document(error) = &errors[0] else {
+            panic!("{errors:?}")
+        };
+        assert_eq!(code(error), Some(2));
+        assert_eq!(
+            errmsg(error),
+            format!("object to insert too large. size in bytes: {over}, max size: 16777216")
+        );
+        assert!(server.handle().documents("db.c").is_empty());
+        server.shutdown().await;
+    })
+    .await
+    .expect("bounded");
+}
+
+/// The write errors of `reply`, as (index, code, message).
+fn write_errors(reply: &Document) -> Vec<(i32, i32, String)> {
+    reply
+        .get_array("writeErrors")
+        .map(|errors| {
+            errors
+                .iter()
+                .filter_map(Bson::as_document)
+                .map(|e| {
+                    (
+                        e.get_i32("index").unwrap(),
+                        code(e).unwrap(),
+                        errmsg(e).to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// House rule 7 (review34 Y4), TK-14: every write to a database whose name holds `$`, and
+/// `create`, is InvalidNamespace (73), "Invalid namespace: <ns>", the command's error (a
+/// `bulkWrite` op's error), on a mongod and a mongos, and nothing is written; a read there runs.
+#[tokio::test]
+async fn writes_to_a_database_named_with_a_dollar_are_invalid_namespace_house_rule_7() {
+    timeout(Duration::from_secs(60), async {
+        for role in [Role::Standalone, Role::Mongos] {
+            let server = TestServer::start(ServerConfig::new(role.clone()))
+                .await
+                .unwrap();
+            let mut client = RawClient::connect(server.address()).await.unwrap();
+            let writes = [
+                doc! { "insert": "c", "documents": [{ "_id": 1 }], "$db": "a$b" },
+                doc! { "update": "c", "updates": [{ "q": {}, "u": { "$set": { "x": 1 } },
+                "upsert": true }], "$db": "a$b" },
+                doc! { "delete": "c", "deletes": [{ "q": {}, "limit": 0 }], "$db": "a$b" },
+                doc! { "findAndModify": "c", "query": {}, "update": { "$set": { "x": 1 } },
+                "upsert": true, "$db": "a$b" },
+                doc! { "create": "c", "$db": "a$b" },
+                doc! { "createIndexes": "c", "indexes": [{ "key": { "x": 1 }, "name": "x_1" }],
+                "$db": "a$b" },
+            ];
+            for write in writes {
+                let reply = run(&mut client, write.clone()).await;
+                assert_eq!(code(&reply), Some(73), "{role:?} {write:?}: {reply:?}");
+                assert_eq!(errmsg(&reply), "Invalid namespace: a$b.c");
+            }
+            let bulk = doc! {
+                "bulkWrite": 1, "ops": [{ "insert": 0, "document": { "_id": 1 } }],
+                "nsInfo": [{ "ns": "a$b.c" }], "$db": "admin",
+            };
+            let reply = run(&mut client, bulk).await;
+            assert_eq!(reply.get_i32("nErrors").ok(), Some(1), "{reply:?}");
+            let find = run(&mut client, doc! { "find": "c", "$db": "a$b" }).await;
+            assert_eq!(code(&find), None, "{find:?}");
+            assert!(server.handle().documents("a$b.c").is_empty());
+            server.shutdown().await;
+        }
+    })
+    .await
+    .expect("bounded");
+}
+
+/// House rule 7 (review34 Y4), TK-14: a mongod refuses to create a database that differs only
+/// in case from one it has, `admin` and `local` included (DatabaseDifferCase, 13297): a write
+/// error for each document an insert would store (an ordered one stops at the first) and for an
+/// upsert, the command's error for `create`, `createIndexes` and an upserting `findAndModify`.
+/// Reads, an update without upsert and a delete create nothing and run; once the other database
+/// is dropped, the name is free.
+#[tokio::test]
+async fn a_mongod_refuses_a_database_differing_only_in_case_house_rule_7() {
+    timeout(Duration::from_secs(60), async {
+        let server = TestServer::start(ServerConfig::new(Role::Standalone))
+            .await
+            .unwrap();
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let insert = |db: &str, ordered: bool| {
+            doc! { "insert": "c", "documents": [{ "_id": 1 }, { "_id": 2 }], "ordered": ordered,
+            "$db": db }
+        };
+        let reply = run(&mut client, insert("test", true)).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(2), "{reply:?}");
+        let message = "db already exists with different case already have: [test] trying to \
+                       create [Test]";
+        let reply = run(&mut client, insert("Test", true)).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(0), "{reply:?}");
+        assert_eq!(write_errors(&reply), vec![(0, 13297, message.to_owned())]);
+        let reply = run(&mut client, insert("Test", false)).await;
+        assert_eq!(
+            write_errors(&reply),
+            vec![
+                (0, 13297, message.to_owned()),
+                (1, 13297, message.to_owned())
+            ]
+        );
+        let upsert = doc! { "update": "c", "updates": [{ "q": { "_id": 3 },
+        "u": { "$set": { "x": 1 } }, "upsert": true }], "$db": "Test" };
+        let reply = run(&mut client, upsert).await;
+        assert_eq!(write_errors(&reply), vec![(0, 13297, message.to_owned())]);
+        for command in [
+            doc! { "create": "c", "$db": "Test" },
+            doc! { "createIndexes": "c", "indexes": [{ "key": { "x": 1 }, "name": "x_1" }],
+            "$db": "Test" },
+            doc! { "findAndModify": "c", "query": {}, "update": { "$set": { "x": 1 } },
+            "upsert": true, "$db": "Test" },
+        ] {
+            let reply = run(&mut client, command.clone()).await;
+            assert_eq!(code(&reply), Some(13297), "{command:?}: {reply:?}");
+            assert_eq!(errmsg(&reply), message);
+        }
+        for command in [
+            doc! { "find": "c", "$db": "Test" },
+            doc! { "update": "c", "updates": [{ "q": {}, "u": { "$set": { "x": 1 } } }],
+            "$db": "Test" },
+            doc! { "delete": "c", "deletes": [{ "q": {}, "limit": 0 }], "$db": "Test" },
+        ] {
+            let reply = run(&mut client, command.clone()).await;
+            assert_eq!(code(&reply), None, "{command:?}: {reply:?}");
+            assert!(write_errors(&reply).is_empty(), "{reply:?}");
+        }
+        for (db, have) in [("Admin", "admin"), ("LOCAL", "local")] {
+            let reply = run(&mut client, insert(db, true)).await;
+            let message = format!(
+                "db already exists with different case already have: [{have}] trying to create \
+                 [{db}]"
+            );
+            assert_eq!(write_errors(&reply), vec![(0, 13297, message)]);
+        }
+        assert!(server.handle().documents("Test.c").is_empty());
+        let dropped = run(&mut client, doc! { "dropDatabase": 1, "$db": "test" }).await;
+        assert_eq!(code(&dropped), None, "{dropped:?}");
+        let reply = run(&mut client, insert("Test", true)).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(2), "{reply:?}");
+        server.shutdown().await;
+    })
+    .await
+    .expect("bounded");
+}
+
+/// House rule 7 (review34 Y4), TK-14: a router creates a database on the first write to it,
+/// whatever the write: `admin`, `local` or `config` in another case is InvalidOptions (72),
+/// "Cannot manually create database '<db>'", and a name differing only in case from a database
+/// it has is DatabaseDifferCase (13297) with the config server's message, the command's error; a
+/// new name runs.
+#[tokio::test]
+async fn a_router_refuses_the_databases_it_may_not_create_house_rule_7() {
+    timeout(Duration::from_secs(60), async {
+        let server = TestServer::start(ServerConfig::new(Role::Mongos))
+            .await
+            .unwrap();
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let insert = |db: &str| doc! { "insert": "c", "documents": [{ "_id": 1 }], "$db": db };
+        for db in ["Admin", "LOCAL", "Config"] {
+            let reply = run(&mut client, insert(db)).await;
+            assert_eq!(code(&reply), Some(72), "{db}: {reply:?}");
+            assert_eq!(
+                errmsg(&reply),
+                format!("Cannot manually create database '{db}'")
+            );
+        }
+        let reply = run(&mut client, insert("test")).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply:?}");
+        let message =
+            "can't have 2 databases that just differ on case  have: test want to add: Test";
+        for command in [
+            insert("Test"),
+            doc! { "delete": "c", "deletes": [{ "q": {}, "limit": 0 }], "$db": "Test" },
+            doc! { "create": "c", "$db": "Test" },
+        ] {
+            let reply = run(&mut client, command.clone()).await;
+            assert_eq!(code(&reply), Some(13297), "{command:?}: {reply:?}");
+            assert_eq!(errmsg(&reply), message);
+        }
+        let reply = run(&mut client, insert("fresh")).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply:?}");
+        server.shutdown().await;
+    })
+    .await
+    .expect("bounded");
+}
+
+/// House rule 7 (review34 Y8), TK-4: an inserted document holding `_id` twice as sent (which its
+/// conversion to a document would collapse) is its statement's write error, BadValue (2), "can't
+/// have multiple _id fields in one document", in an `insert` and a `bulkWrite` insert op alike;
+/// nothing is stored.
+#[tokio::test]
+async fn an_inserted_document_with_id_twice_is_a_write_error_tk4_house_rule_7() {
+    timeout(Duration::from_secs(60), async {
+        let server = TestServer::start(ServerConfig::new(Role::Standalone))
+            .await
+            .unwrap();
+        let mut client = RawClient::connect(server.address()).await.unwrap();
+        let message = "can't have multiple _id fields in one document";
+        // `_iX` is sent as `_id`.
+        let as_sent = |mut frame: Vec<u8>| {
+            let at = frame
+                .windows(4)
+                .position(|w| w == b"_iX\0")
+                .expect("the second _id");
+            frame[at + 2] = b'd';
+            frame
+        };
+        let documents = [doc! { "_id": 1, "_iX": 2 }];
+        let insert = doc! { "insert": "c", "$db": "db" };
+        let reply = round_trip(
+            &mut client,
+            &as_sent(frame_of(&insert, &[("documents", &documents)])),
+        )
+        .await;
+        assert_eq!(reply.get_i32("n").ok(), Some(0), "{reply:?}");
+        assert_eq!(write_errors(&reply), vec![(0, 2, message.to_owned())]);
+        let bulk = doc! { "bulkWrite": 1, "nsInfo": [{ "ns": "db.c" }], "$db": "admin" };
+        let ops = [doc! { "insert": 0, "document": { "_id": 1, "_iX": 2 } }];
+        let reply = round_trip(&mut client, &as_sent(frame_of(&bulk, &[("ops", &ops)]))).await;
+        assert_eq!(reply.get_i32("nErrors").ok(), Some(1), "{reply:?}");
+        let results = reply
+            .get_document("cursor")
+            .and_then(|c| c.get_array("firstBatch"))
+            .expect("results");
+        let Bson::Document(result) = &results[0] else {
+            panic!("{results:?}")
+        };
+        assert_eq!(code(result), Some(2), "{result:?}");
+        assert_eq!(errmsg(result), message);
+        assert!(server.handle().documents("db.c").is_empty());
+        server.shutdown().await;
+    })
+    .await
+    .expect("bounded");
+}

@@ -14,7 +14,6 @@ use tokio::time::{sleep, Duration};
 
 use super::{Connection, Response, ServerStream, Shared, MAX_MESSAGE_SIZE_BYTES};
 use crate::commands::is_hello;
-use crate::config::Role;
 use crate::fail_point::error_reply;
 
 /// What an awaitable `hello` asks for.
@@ -32,8 +31,9 @@ pub(super) fn awaitable(shared: &Shared, request: &OpMsg) -> Option<Awaitable> {
     if !body.keys().next().is_some_and(|name| is_hello(name)) {
         return None;
     }
-    let router = matches!(shared.lock().role, Role::Mongos | Role::LoadBalancer { .. });
     let db = body.get_str("$db").ok()?;
+    // Review34 Y9: only `local` depends on the role (refused on a router), so only it locks.
+    let router = db == "local" && shared.lock().role.is_router();
     if crate::database_name::validity_refusal(db, router).is_some() {
         return None;
     }

@@ -354,7 +354,7 @@ impl Connection {
         let fail_point = state.fail_point.as_ref();
         // HS-4: a later hello carrying `client` (186), or metadata a real server refuses, is the
         // Document path's refusal.
-        let router = matches!(state.role, Role::Mongos | Role::LoadBalancer { .. });
+        let router = state.role.is_router();
         let metadata_refused = hot.client.is_some_and(|client| {
             self.seen_hello
                 || decoded_document(client)

@@ -1160,10 +1160,7 @@ fn metadata_of_size(size: usize) -> Document {
 /// `client_metadata.cpp`: a mongod up to 1,024 bytes, a mongos (or behind a load balancer) up to
 /// 512; one byte more is ClientMetadataDocumentTooLarge (185).
 fn metadata_size_cases(role: &Role) -> Vec<(usize, Option<i32>)> {
-    let limit = match role {
-        Role::Mongos | Role::LoadBalancer { .. } => 512,
-        _ => 1024,
-    };
+    let limit = if role.is_router() { 512 } else { 1024 };
     [512, 513, 1024, 1025]
         .into_iter()
         .map(|size| (size, (size > limit).then_some(185)))
