@@ -166,7 +166,10 @@ pub enum SendError {
     /// on each of them alike (`BSONObjMaxInternalSize`, 16 MiB + 16 KiB), since an `updates`,
     /// `deletes` or `ops` statement wraps a document that may itself be `maxBsonObjectSize`
     /// large (review35 Z2, house rule 7). An inserted document over `maxBsonObjectSize` is the
-    /// server's to refuse (a write error for that document), as it is for a body.
+    /// server's to refuse (a write error for that document), as it is for a body, except in an
+    /// unacknowledged request (`moreToCome`, WP-6): no reply would carry that refusal, so there
+    /// each sequence document is bounded by `maxBsonObjectSize` itself (review36 V1, house rule
+    /// 11: never a silent loss).
     BsonObjectTooLarge {
         /// `None` for the command's body; else the sequence's identifier and the document's
         /// index in it.
@@ -175,6 +178,9 @@ pub enum SendError {
         length: usize,
         /// The connection's `maxBsonObjectSize`.
         max_bson_object_size: u32,
+        /// The bytes allowed over `maxBsonObjectSize`: [`COMMAND_OVERHEAD_BYTES`], or 0 for a
+        /// sequence document of an unacknowledged request.
+        allowance: usize,
     },
 }
 
@@ -190,23 +196,26 @@ impl fmt::Display for SendError {
             }
             SendError::Encode(e) => write!(f, "{e}"),
             SendError::BsonObjectTooLarge {
-                document: None,
+                document,
                 length,
                 max_bson_object_size,
-            } => write!(
-                f,
-                "the command body of {length} bytes exceeds maxBsonObjectSize \
-                 {max_bson_object_size} + {COMMAND_OVERHEAD_BYTES} bytes (WP-7)"
-            ),
-            SendError::BsonObjectTooLarge {
-                document: Some((identifier, index)),
-                length,
-                max_bson_object_size,
-            } => write!(
-                f,
-                "document {index} of the {identifier:?} sequence, of {length} bytes, exceeds \
-                 maxBsonObjectSize {max_bson_object_size} + {COMMAND_OVERHEAD_BYTES} bytes (WP-7)"
-            ),
+                allowance,
+            } => {
+                match document {
+                    None => write!(f, "the command body of {length} bytes")?,
+                    Some((identifier, index)) => write!(
+                        f,
+                        "document {index} of the {identifier:?} sequence, of {length} bytes,"
+                    )?,
+                }
+                write!(f, " exceeds maxBsonObjectSize {max_bson_object_size}")?;
+                if *allowance > 0 {
+                    write!(f, " + {allowance} bytes")?;
+                } else {
+                    f.write_str(" in an unacknowledged write")?;
+                }
+                f.write_str(" (WP-7)")
+            }
         }
     }
 }
@@ -618,7 +627,8 @@ impl Connection {
         let sizes = message
             .encode_with(self.decoder.max_message_size(), &mut self.outbound, append)
             .map_err(SendError::Encode)?;
-        if let Err(e) = self.check_object_sizes(&sizes, &request.sequences) {
+        if let Err(e) = self.check_object_sizes(&sizes, &request.sequences, request.unacknowledged)
+        {
             self.outbound.truncate(start);
             return Err(e);
         }
@@ -641,11 +651,13 @@ impl Connection {
     }
 
     /// WP-7: the body and each sequence document within the connection's `maxBsonObjectSize`
-    /// plus [`COMMAND_OVERHEAD_BYTES`], the server's bound for both (review35 Z2).
+    /// plus [`COMMAND_OVERHEAD_BYTES`], the server's bound for both (review35 Z2); a sequence
+    /// document of an unacknowledged request within `maxBsonObjectSize` itself (review36 V1).
     fn check_object_sizes(
         &self,
         sizes: &EncodedSizes,
         sequences: &[DocumentSequence],
+        unacknowledged: bool,
     ) -> Result<(), SendError> {
         let max_bson_object_size = self
             .handshake
@@ -653,13 +665,19 @@ impl Connection {
             .map_or(DEFAULT_MAX_BSON_OBJECT_SIZE, |h| h.max_bson_object_size);
         let max = (max_bson_object_size as usize).saturating_add(COMMAND_OVERHEAD_BYTES);
         let (largest, section, index) = sizes.largest_document;
+        let document_allowance = if unacknowledged {
+            0
+        } else {
+            COMMAND_OVERHEAD_BYTES
+        };
         if sizes.body > max {
             Err(SendError::BsonObjectTooLarge {
                 document: None,
                 length: sizes.body,
                 max_bson_object_size,
+                allowance: COMMAND_OVERHEAD_BYTES,
             })
-        } else if largest > max {
+        } else if largest > (max_bson_object_size as usize).saturating_add(document_allowance) {
             let identifier = sequences
                 .get(section)
                 .map(|s| s.identifier.clone())
@@ -668,6 +686,7 @@ impl Connection {
                 document: Some((identifier, index)),
                 length: largest,
                 max_bson_object_size,
+                allowance: document_allowance,
             })
         } else {
             Ok(())
@@ -1161,6 +1180,7 @@ mod tests {
                 document: None,
                 length: limit + 1,
                 max_bson_object_size: 1000,
+                allowance: COMMAND_OVERHEAD_BYTES,
             })
         );
         assert_eq!(
@@ -1191,6 +1211,7 @@ mod tests {
                 document: Some(("updates".into(), 1)),
                 length: limit + 1,
                 max_bson_object_size: 1000,
+                allowance: COMMAND_OVERHEAD_BYTES,
             })
         );
         assert_eq!(
@@ -1215,6 +1236,61 @@ mod tests {
         ));
         conn.send_command(Request::new(body(limit)), at(22))
             .expect("a body within the allowance goes");
+        assert_eq!(sent(&mut conn).len(), 1);
+    }
+
+    /// Review36 V1 (WP-6, WP-7, house rule 11): in an unacknowledged request a sequence
+    /// document over `maxBsonObjectSize` is refused before sending, even within the allowance
+    /// an acknowledged one has: no reply would carry the server's refusal. At the limit it goes.
+    #[test]
+    fn wp7_an_unacknowledged_sequence_document_is_bounded_by_max_bson_object_size() {
+        let mut conn = open(config());
+        conn.handle_connected(at(10));
+        let hello = sent(&mut conn);
+        let reply = doc! { "ok": 1, "isWritablePrimary": true, "maxWireVersion": 21,
+        "maxBsonObjectSize": 1000 };
+        conn.handle_bytes(&reply_bytes(hello[0].request_id, reply), at(13));
+        assert!(matches!(
+            conn.poll_event(),
+            Some(ConnectionEvent::HandshakeComplete { .. })
+        ));
+        // A document is `{x: <string>}`: 13 bytes plus the string's length.
+        let document = |len: usize| doc! { "x": "y".repeat(len - 13) };
+        let mut request = Request::new(doc! { "insert": "c", "writeConcern": { "w": 0 } });
+        request.unacknowledged = true;
+        request.sequences = vec![DocumentSequence {
+            identifier: "documents".into(),
+            documents: vec![document(20), document(1001)],
+        }];
+        let refused = conn.send_command(request.clone(), at(20));
+        assert_eq!(
+            refused,
+            Err(SendError::BsonObjectTooLarge {
+                document: Some(("documents".into(), 1)),
+                length: 1001,
+                max_bson_object_size: 1000,
+                allowance: 0,
+            })
+        );
+        assert_eq!(
+            refused.unwrap_err().to_string(),
+            "document 1 of the \"documents\" sequence, of 1001 bytes, exceeds maxBsonObjectSize \
+             1000 in an unacknowledged write (WP-7)"
+        );
+        assert_eq!(
+            (conn.state(), conn.has_transmit()),
+            (ConnectionState::Ready, false)
+        );
+        request.sequences[0].documents[1] = document(1000);
+        conn.send_command(request.clone(), at(21))
+            .expect("a document at maxBsonObjectSize goes");
+        assert_eq!(sent(&mut conn).len(), 1);
+        // Acknowledged, the same document over maxBsonObjectSize is the server's to refuse.
+        request.unacknowledged = false;
+        request.body = doc! { "insert": "c" };
+        request.sequences[0].documents[1] = document(1001);
+        conn.send_command(request, at(22))
+            .expect("acknowledged: within the allowance, it goes");
         assert_eq!(sent(&mut conn).len(), 1);
     }
 

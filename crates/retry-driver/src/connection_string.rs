@@ -575,7 +575,20 @@ impl ConnectionString {
             }
         }
         // URI-10: a deprecated name counts only when its replacement is absent.
+        let mut applied: Vec<&str> = Vec::new();
         for (raw_name, name, value) in deprecated {
+            if applied.contains(&name) {
+                // Review36 V4: a deprecated spelling given twice: the last value is used, the
+                // earlier one dropped, as for any repeated option.
+                self.warnings.push(
+                    OptionsError::new(
+                        raw_name,
+                        shown(name, &value.to_string()),
+                        "given more than once",
+                    ),
+                    format!("option '{raw_name}' is repeated; the last value is used"),
+                );
+            }
             if seen.contains(&name) {
                 self.warnings.push(
                     OptionsError::new(
@@ -587,6 +600,7 @@ impl ConnectionString {
                 );
             } else {
                 self.options.insert(name, value);
+                applied.push(name);
             }
         }
         Ok(())

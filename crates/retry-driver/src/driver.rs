@@ -863,15 +863,17 @@ impl Drop for DriverTask {
     /// after a panic in its pass (tokio drops a task whose poll panicked while the panic
     /// unwinds): the driver stops here ([`Driver::orphan`]), so no caller's inline pass polls
     /// the dead runtime's timer (a panic) and no operation waits for a task that will never run
-    /// (a hang). Review34 Y1: the reason given is the panic when this thread is unwinding or a
-    /// pass panicked holding the driver (its lock is poisoned), else the runtime's loss; while
-    /// unwinding, a panic in the stop is caught (a second panic escaping a drop aborts). It
+    /// (a hang). Review34 Y1, review36 V2: the reason given is the driver's panic when a pass
+    /// panicked (every pass runs under the client's state lock, so it is poisoned), else the
+    /// runtime's loss, even while this thread unwinds from a panic of its own (a runtime dropped
+    /// during a failing test's unwinding); while unwinding, a panic in the stop is caught (a
+    /// second panic escaping a drop aborts). It
     /// waits for an inline pass under way to end (a pass never drops this task). Nothing is
     /// added to an operation's path: a client whose driver is gone is closing, which every
     /// operation checks already.
     fn drop(&mut self) {
         let unwinding = std::thread::panicking();
-        let why = if unwinding || self.0.state.is_poisoned() {
+        let why = if self.0.state.is_poisoned() {
             Closed::DriverPanicked
         } else {
             Closed::RuntimeGone
@@ -2674,7 +2676,7 @@ mod tests {
     /// Review34 Y1: the task's own pass panics, and the executor drops the task while the panic
     /// unwinds (as tokio does): the operation in flight, and every later one, fail with the
     /// driver's panic, not "the runtime ... has shut down", and the drop does not abort. Fails
-    /// (the runtime's message) without the reason taken from `std::thread::panicking()`.
+    /// (the runtime's message) without the reason taken from the state lock's poison.
     #[test]
     fn review34_y1_a_panic_in_the_tasks_pass_is_reported_as_the_drivers_panic() {
         let runtime = ClockPanics::default();
@@ -2710,6 +2712,25 @@ mod tests {
         let later = state.closed_error().to_string();
         assert!(later.contains("the client's driver panicked"), "{later}");
         assert!(!later.contains("runtime"), "{later}");
+    }
+
+    /// Review36 V2: a task dropped while its thread unwinds from a panic of its own (a runtime
+    /// dropped during a failing test), with no pass having panicked: the client reports the
+    /// runtime's loss, not a driver panic. Fails with the reason taken from
+    /// `std::thread::panicking()`.
+    #[test]
+    fn review36_v2_a_task_dropped_during_an_unrelated_panic_reports_the_runtime() {
+        let (shared, _spawned, mut task, _counted, waker) = spawned_task(Arc::new(NoIo));
+        queue(&shared, 1);
+        assert!(poll_task(&mut task, &waker).is_pending());
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _task = task;
+            panic!("a test's own failure (on purpose)");
+        }));
+        assert!(unwound.is_err());
+        let state = lock(&shared.state);
+        assert!(state.closing && state.done);
+        assert_eq!(state.closed, Closed::RuntimeGone);
     }
 
     /// Review34 Y5 (review32 R5's `orphan`): the task dropped before its driver stopped, not

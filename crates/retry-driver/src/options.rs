@@ -1005,6 +1005,25 @@ mod tests {
         assert!(options.set("retryReads", "0").is_ok());
     }
 
+    /// Review36 V4 (URI-10): a deprecated spelling given twice drops its earlier value, so
+    /// `parse_strict` refuses it as any repeated option; `parse` warns and uses the last.
+    #[test]
+    fn review36_v4_a_repeated_deprecated_spelling_is_refused_by_parse_strict() {
+        let uri = "mongodb://127.0.0.1/?wtimeout=1&wtimeout=2";
+        let error = ClientOptions::parse_strict(uri).unwrap_err();
+        assert_eq!(error.option(), "wtimeout");
+        assert!(
+            error.to_string().contains("given more than once"),
+            "{error}"
+        );
+        let lenient = ClientOptions::parse(uri).unwrap();
+        assert!(
+            lenient.warnings.iter().any(|w| w.contains("repeated")),
+            "{:?}",
+            lenient.warnings
+        );
+    }
+
     /// Review32 R16: `set` refuses a value the URI would ignore with the reason alone (no
     /// "; ignored"), under the name as the caller wrote it; a conflict of the hosts names the
     /// option and its value, not "uri" and "".

@@ -104,11 +104,12 @@ pub use retry_driver::{
 /// A client is bound to the tokio runtime current at its connect ([`Runtime::start`]): its
 /// driver is a task spawned there, and its sockets, timers and DNS lookups are that runtime's,
 /// whichever task or thread runs the operation that opens them (review34 Y2). Use it from any
-/// runtime, or from a thread with none, while that one runs; once that runtime has shut down,
-/// every operation (and [`Client::start_session`](retry_driver::Client::start_session)) fails
-/// at once with a usage error, "the runtime this client was created on has shut down: ...",
-/// never a panic or a hang, and [`Client::shutdown`](retry_driver::Client::shutdown) returns
-/// (review32 R5). So a client kept in a `static` and used from `#[tokio::test]`s, each with a
+/// runtime, or from a thread with none, while that one runs and is driven (a current-thread
+/// runtime makes progress, and fires deadlines, only inside its `block_on`, review36 V5); once
+/// that runtime has shut down, every operation (and
+/// [`Client::start_session`](retry_driver::Client::start_session)) fails at once with a usage
+/// error, "the runtime this client was created on has shut down: ...", never a panic or a
+/// hang, and [`Client::shutdown`](retry_driver::Client::shutdown) returns (review32 R5). So a client kept in a `static` and used from `#[tokio::test]`s, each with a
 /// runtime of its own, works only while the test that created it runs: create a client per
 /// runtime instead.
 pub type Client = retry_driver::Client<TokioRuntime>;
