@@ -1160,16 +1160,7 @@ mod tests {
     /// document over `maxBsonObjectSize` but within the allowance go.
     #[test]
     fn wp7_r11_max_bson_object_size_bounds_the_body_and_each_sequence_document() {
-        let mut conn = open(config());
-        conn.handle_connected(at(10));
-        let hello = sent(&mut conn);
-        let reply = doc! { "ok": 1, "isWritablePrimary": true, "maxWireVersion": 21,
-        "maxBsonObjectSize": 1000 };
-        conn.handle_bytes(&reply_bytes(hello[0].request_id, reply), at(13));
-        assert!(matches!(
-            conn.poll_event(),
-            Some(ConnectionEvent::HandshakeComplete { .. })
-        ));
+        let mut conn = ready_with_max_bson_object_size_1000();
         // A body of `{insert: "c", x: <string>}` is 27 bytes plus the string's length.
         let body = |len: usize| doc! { "insert": "c", "x": "y".repeat(len - 27) };
         let limit = 1000 + COMMAND_OVERHEAD_BYTES;
@@ -1239,11 +1230,8 @@ mod tests {
         assert_eq!(sent(&mut conn).len(), 1);
     }
 
-    /// Review36 V1 (WP-6, WP-7, house rule 11): in an unacknowledged request a sequence
-    /// document over `maxBsonObjectSize` is refused before sending, even within the allowance
-    /// an acknowledged one has: no reply would carry the server's refusal. At the limit it goes.
-    #[test]
-    fn wp7_an_unacknowledged_sequence_document_is_bounded_by_max_bson_object_size() {
+    /// A connection whose handshake reply set `maxBsonObjectSize` to 1000 (WP-7).
+    fn ready_with_max_bson_object_size_1000() -> Connection {
         let mut conn = open(config());
         conn.handle_connected(at(10));
         let hello = sent(&mut conn);
@@ -1254,6 +1242,15 @@ mod tests {
             conn.poll_event(),
             Some(ConnectionEvent::HandshakeComplete { .. })
         ));
+        conn
+    }
+
+    /// Review36 V1 (WP-6, WP-7, house rule 11): in an unacknowledged request a sequence
+    /// document over `maxBsonObjectSize` is refused before sending, even within the allowance
+    /// an acknowledged one has: no reply would carry the server's refusal. At the limit it goes.
+    #[test]
+    fn wp7_an_unacknowledged_sequence_document_is_bounded_by_max_bson_object_size() {
+        let mut conn = ready_with_max_bson_object_size_1000();
         // A document is `{x: <string>}`: 13 bytes plus the string's length.
         let document = |len: usize| doc! { "x": "y".repeat(len - 13) };
         let mut request = Request::new(doc! { "insert": "c", "writeConcern": { "w": 0 } });
