@@ -641,6 +641,8 @@ mod tests {
         )
     }
 
+    /// AU-3, AU-4; also HS-8: a credential without a mechanism sends a speculative SCRAM-SHA-256
+    /// `saslStart` plus `saslSupportedMechs`.
     #[test]
     fn au3_au4_negotiation_adds_supported_mechs_and_a_speculative_sasl_start_with_db() {
         let auth = Authentication::new(&negotiated());
@@ -660,6 +662,8 @@ mod tests {
         );
     }
 
+    /// AU-3; also HS-8: a hello reply without `speculativeAuthenticate` runs normal auth
+    /// (`saslStart`).
     #[test]
     fn au3_unlisted_preferred_falls_back_and_an_explicit_mechanism_always_wins() {
         for (mechs, expected) in [

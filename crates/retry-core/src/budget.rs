@@ -230,6 +230,8 @@ mod tests {
         assert_eq!(b.tokens(), 1000.0);
     }
 
+    /// TB-2, TB-3, TB-4, TB-5: a retry success deposits 1.1, a retry failing without overload
+    /// deposits 1, and each overload retry consumes 1 while at least 1 token is left.
     #[test]
     fn tb2_to_tb5_deposits_and_consumption() {
         let b = TokenBucket::with_tokens(2);

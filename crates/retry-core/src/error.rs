@@ -1184,6 +1184,8 @@ mod tests {
         }
     }
 
+    /// BP-1, BP-2; also BP-4: a lone `RetryableError` label does not make an error a retryable
+    /// overload error.
     #[test]
     fn bp1_bp2_overload_needs_system_overloaded_and_retryable_overload_needs_both() {
         let e = parse(
@@ -1287,6 +1289,7 @@ mod tests {
         assert!(e.has_label(Labels::RETRYABLE));
     }
 
+    /// RR-2; also RR-11: a `PoolClearedError` is always a retryable read error.
     #[test]
     fn rr2_retryable_read_codes_network_and_pool_cleared() {
         for code in RETRYABLE_READ_CODES {
@@ -1354,6 +1357,7 @@ mod tests {
         assert!(!write_errors.needs_retryable_write_label(8, false));
     }
 
+    /// RW-17; also BP-21: when no retry is allowed, the `NoWritesPerformed` rules apply.
     #[test]
     fn rw17_sent_and_no_writes_performed() {
         let nwp = parse(doc! { "ok": 0, "code": 10107, "errorLabels": ["NoWritesPerformed"] });

@@ -450,6 +450,8 @@ mod tests {
         assert_eq!(SessionId::generate(&mut EngineRng::from_seed_u64(7)), id);
     }
 
+    /// SE-5 (prose 2); also SE-1: the uncapped pool keeps every released session and shrinks
+    /// only as sessions are taken out.
     #[test]
     fn se5_prose_2_the_pool_is_lifo() {
         let mut rng = rng();
@@ -464,6 +466,8 @@ mod tests {
         assert!(pool.is_empty());
     }
 
+    /// SE-4; also SE-2, SE-6: time left is `lastUse` (set by `mark_used`) + the topology's
+    /// session timeout − now.
     #[test]
     fn se4_acquire_discards_sessions_with_less_than_a_minute_left() {
         let mut rng = rng();
@@ -482,6 +486,7 @@ mod tests {
         assert!(pool.is_empty());
     }
 
+    /// LB-5; also SE-6: load-balanced mode ignores the session timeout and never prunes.
     #[test]
     fn lb5_load_balanced_pools_never_prune() {
         let mut rng = rng();
@@ -504,6 +509,7 @@ mod tests {
         );
     }
 
+    /// SE-5, SE-12; also SE-2: a refreshed `lastUse` keeps a session, an old one is pruned.
     #[test]
     fn se5_release_prunes_the_back_first_and_drops_dirty_or_expiring_sessions() {
         let mut rng = rng();

@@ -216,7 +216,7 @@ fn assert_transaction(commands: &[Sent]) {
     }
 }
 
-/// SE-7, SE-17, SE-21, RW-6, RW-7, CS-4, TX-1 (issue 9): the session fields, byte for byte.
+/// SE-7, SE-17, SE-20, SE-21, RW-6, RW-7, CS-4, TX-1 (issue 9): the session fields, byte for byte.
 #[test]
 fn issue9_the_session_fields_of_every_attempt_are_written_as_before() {
     let mut handshake = HandshakeOptions::new();

@@ -122,6 +122,8 @@ fn cm5_lb15_clearing_a_service_bumps_only_its_generation_and_keeps_the_pool_read
     ));
 }
 
+/// CM-2, CM-4; also RR-11: a pool clear fails waiting checkouts with a retryable
+/// `PoolClearedError`.
 #[test]
 fn cm2_cm4_clear_fails_waiters_with_a_retryable_pool_cleared_error() {
     let options = PoolOptions {

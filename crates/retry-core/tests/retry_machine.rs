@@ -27,6 +27,8 @@ fn csot(ms: u64) -> OperationTimeout {
 }
 
 /// RR/RW-21: with CSOT on, ordinary retryable errors are retried until the deadline, not once.
+/// Also CS-8: the `retryability-timeoutMS.json` pattern (repeated failures under timeoutMS 100
+/// end in a timeout error).
 #[test]
 fn rr21_csot_retries_ordinary_errors_until_the_deadline() {
     let spec = OperationSpec::new(OperationKind::Read).with_timeout(csot(100));
@@ -115,7 +117,7 @@ fn rr6_first_selection_failure_raises_the_selection_error() {
     assert_eq!(trace.commands_started(), 0);
 }
 
-/// RR-6, RW-14: a selection failure on a retry raises the previous error.
+/// RR-6, RW-14, BP-21: a selection failure on a retry raises the previous error.
 #[test]
 fn rw14_selection_failure_on_retry_raises_the_previous_error() {
     let script =
@@ -129,7 +131,8 @@ fn rw14_selection_failure_on_retry_raises_the_previous_error() {
     assert_eq!(raised(&trace).code(), Some(91));
 }
 
-/// RR-9: a pool error on the retry (nothing sent) raises the previous, sent error.
+/// RR-9, RR-11, BP-21: a pool error on the retry (nothing sent) raises the previous, sent error;
+/// without CSOT a pool-cleared error while already retrying stops the operation.
 #[test]
 fn rr9_pool_error_on_retry_raises_the_previous_error() {
     let cleared = OperationError::pool_cleared(ServerAddress::new("primary", 27017), "boom");
@@ -402,7 +405,7 @@ fn bp27_connection_released_before_every_backoff_and_selection() {
     );
 }
 
-/// BP-26: each attempt has one started event and exactly one succeeded or failed partner.
+/// BP-26, RW-20: each attempt has one started event and exactly one succeeded or failed partner.
 #[test]
 fn bp26_started_events_pair_with_one_outcome() {
     let script = Script::new()
@@ -426,8 +429,8 @@ fn bp26_started_events_pair_with_one_outcome() {
     );
 }
 
-/// TB-2..TB-5: the token-bucket policy pays 1 token per overload retry, refuses when empty, and
-/// credits successes and healthy failures; 5 retries at most with exponent retry − 1.
+/// TB-2, TB-3, TB-4, TB-5: the token-bucket policy pays 1 token per overload retry, refuses when
+/// empty, and credits successes and healthy failures; 5 retries at most with exponent retry − 1.
 #[test]
 fn tb5_token_bucket_policy_through_the_machine() {
     let bucket = Arc::new(TokenBucket::with_tokens(2));

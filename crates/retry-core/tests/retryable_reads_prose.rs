@@ -46,7 +46,8 @@ fn prose_3_1_bp19_overload_retargeting_moves_the_read() {
 }
 
 /// Prose 3.2 (RR-7): a `RetryableError` without `SystemOverloadedError` is an ordinary retryable
-/// read error (code 6) and does not deprioritize, even with retargeting on.
+/// read error (code 6) and does not deprioritize, even with retargeting on. Also BP-4: the label
+/// alone adds no overload behaviour.
 #[test]
 fn prose_3_2_rr7_non_overload_error_retries_on_the_same_server() {
     let options = RetryOptions::default().enable_overload_retargeting(true);

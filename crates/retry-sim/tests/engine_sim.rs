@@ -329,6 +329,8 @@ fn tx4_a_commit_with_an_unknown_result_is_unpinned_before_its_retry() {
     assert_ne!(servers[1], pinned);
 }
 
+/// TX-5; also LB-12 and SS-18 (load-balanced case): every command of the transaction goes to the
+/// one pinned connection, which is released only when the session ends.
 #[test]
 fn tx5_a_load_balanced_transaction_keeps_one_connection_until_the_session_ends() {
     let mut sim = lb_sim(Vec::new());

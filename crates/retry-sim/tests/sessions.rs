@@ -61,7 +61,8 @@ fn usage_message(result: Result<Document, OperationError>) -> String {
 /// RW-6, RW-7, SE-12 (`driver-sessions-dirty-session-errors.json`): an insert with no session of
 /// the caller's retries after a network error with the same lsid and `txnNumber: 1`; the session
 /// is then dirty, so the next insert has a new lsid, and a later one reuses that clean session
-/// with the next txnNumber.
+/// with the next txnNumber. Also SE-20: the retry reuses the same server session, though it has
+/// become dirty.
 #[test]
 fn rw6_rw7_se12_a_retried_insert_keeps_its_lsid_and_txn_number() {
     let mut sim = mongos(|s| s.script.push_back(Step::Reset));
@@ -284,7 +285,7 @@ fn cluster_time(seconds: u32) -> Document {
 }
 
 /// SE-16, SE-17 (prose 3): the first command sends no `$clusterTime`; each later one sends the
-/// highest seen, exactly as received.
+/// highest seen, exactly as received. Also SE-18: cluster time starts null and replies advance it.
 #[test]
 fn se16_se17_cluster_time_is_gossiped() {
     let mut sim = mongos(|s| s.cluster_time = Some(cluster_time(5)));
@@ -393,7 +394,8 @@ fn checked_mongos() -> Sim {
 
 /// CS-4: under timeoutMS every attempt carries `maxTimeMS = remaining − minRTT` (here the
 /// monitor's checks take exactly the simulated round trip, [`retry_sim::LATENCY`]), rounded down
-/// and recomputed per attempt; without timeoutMS none (TO-3).
+/// and recomputed per attempt; without timeoutMS none (TO-3). Also TO-9: `minRoundTripTime` comes
+/// from the topology description.
 #[test]
 fn cs4_max_time_ms_is_on_every_attempt_under_timeout_ms() {
     let mut sim = checked_mongos();

@@ -715,7 +715,7 @@ fn fail_point(mode: Bson, data: Document) -> Document {
     doc! { "configureFailPoint": "failCommand", "mode": mode, "data": data, "$db": "admin" }
 }
 
-/// TK-*: `skip` lets n commands through then fires on every one; `activationProbability`
+/// TK-9: `skip` lets n commands through then fires on every one; `activationProbability`
 /// fires on a deterministic share; a bad mode is refused.
 #[tokio::test]
 async fn fail_point_modes_skip_and_probability() {
@@ -782,7 +782,7 @@ async fn fail_point_modes_skip_and_probability() {
     .await;
 }
 
-/// TK-*, RW-9: a writeConcernError fail point adds its errorLabels, or RetryableWriteError for a
+/// TK-8, RW-9: a writeConcernError fail point adds its errorLabels, or RetryableWriteError for a
 /// retryable write with a retryable code, as an 8.x server does.
 #[tokio::test]
 async fn write_concern_error_carries_labels() {

@@ -264,6 +264,8 @@ mod tests {
         }
     }
 
+    /// SS-16; also SS-20: the error text says no server is available for the read preference
+    /// and includes the topology.
     #[test]
     fn ss16_fails_at_the_deadline_with_topology_and_criteria_in_the_message() {
         let settings = SelectionSettings::default();
