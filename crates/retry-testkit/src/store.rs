@@ -3433,4 +3433,37 @@ mod tests {
         assert_eq!(code(origin(Some(&s1), None), plain.cursor_id), None);
         assert_eq!(code(OWNER, no_session.cursor_id), None);
     }
+
+    /// Review36 V3 (house rule 7): a database stays once created, as a mongod's
+    /// `DatabaseHolderImpl` keeps it open (`src/mongo/db/catalog/database_holder_impl.cpp`:
+    /// only `dropDb` closes it): the abort of the transaction that created it and the drop of
+    /// its last collection keep it, `dropDatabase` removes it. A router records a database on a
+    /// write that creates no collection.
+    #[test]
+    fn review36_v3_a_database_stays_until_drop_database() {
+        let mut store = Store::default();
+        let differ = |s: &mut Store| s.creation_refusal("Db.c", false).map(|(code, _)| code);
+        let inserted = in_transaction(&mut store, S1, 1, true, |s| {
+            s.insert("db.c", vec![doc! { "_id": 1 }], true)
+        });
+        assert_eq!(inserted.map(|outcome| outcome.n), Ok(1));
+        assert_eq!(store.end_transaction(S1, 1, false, None, false), Ok(()));
+        assert!(
+            store.collection_names("db").is_empty(),
+            "the abort drops it"
+        );
+        assert_eq!(differ(&mut store), Some(13297));
+        assert!(outside(&mut store, |s| s.create("db.d")).0);
+        assert_eq!(
+            outside(&mut store, |s| s.drop_collection("db.d")).0,
+            Ok(true)
+        );
+        assert_eq!(differ(&mut store), Some(13297));
+        assert_eq!(outside(&mut store, |s| s.drop_database("db")).0, Ok(()));
+        assert_eq!(differ(&mut store), None);
+        assert_eq!(store.creation_refusal("other.c", true), None);
+        assert!(store.collection_names("other").is_empty());
+        let refused = store.creation_refusal("OTHER.c", false);
+        assert_eq!(refused.map(|(code, _)| code), Some(13297));
+    }
 }
