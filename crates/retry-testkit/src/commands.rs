@@ -753,7 +753,7 @@ fn write_target(
 /// the database's name (`database_name::write_refusal`), and on a router, a database it would
 /// have to create and may not (`Store::creation_refusal`: its write targeter creates the
 /// database first, whatever the write).
-fn write_ns_refusal(state: &Context<'_>, ns: &str) -> Option<Document> {
+fn write_ns_refusal(state: &mut Context<'_>, ns: &str) -> Option<Document> {
     let router = state.origin.router;
     crate::database_name::write_refusal(ns)
         .or_else(|| {
@@ -767,7 +767,7 @@ fn write_ns_refusal(state: &Context<'_>, ns: &str) -> Option<Document> {
 /// Review34 Y4 (house rule 7): the command's refusal of creating collection `ns` (`create`,
 /// `createIndexes`, an upserting `findAndModify`): a `$` in the database's name, then a
 /// database the server may not create (`Store::creation_refusal`).
-fn creation_ns_refusal(state: &Context<'_>, ns: &str) -> Option<Document> {
+fn creation_ns_refusal(state: &mut Context<'_>, ns: &str) -> Option<Document> {
     crate::database_name::write_refusal(ns)
         .or_else(|| state.store.creation_refusal(ns, state.origin.router))
         .map(|(code, message)| error_reply(code, &message))

@@ -137,9 +137,23 @@ pub struct ServerConfig {
     /// and [`ServerHandle::set_require_api_version`](crate::ServerHandle::set_require_api_version)
     /// change it later. Off by default.
     pub require_api_version: bool,
+    /// HS-3: whether the server offers `hello` (on by default). Off, it plays a server that does
+    /// not support `hello` (before 4.4.2): its legacy hello (`isMaster` / `ismaster`) reply never
+    /// says `helloOk: true`, even to a request carrying `helloOk: true`, and `hello` is
+    /// CommandNotFound (59), as a real server refuses a command it does not know, before any
+    /// other check (awaitable or not). A client must then keep the legacy hello for its
+    /// monitoring. [`ServerConfig::without_hello`] turns it off.
+    pub offers_hello: bool,
 }
 
 impl ServerConfig {
+    /// HS-3: this configuration for a server that does not offer `hello`
+    /// ([`ServerConfig::offers_hello`] off).
+    pub fn without_hello(mut self) -> ServerConfig {
+        self.offers_hello = false;
+        self
+    }
+
     /// A server in `role` with the defaults for everything else.
     pub fn new(role: Role) -> ServerConfig {
         ServerConfig {
@@ -166,7 +180,8 @@ impl ServerConfig {
 }
 
 impl Default for ServerConfig {
-    /// A standalone, wire versions 0..=25, batches of 2, no limiters, no faults, seed 0.
+    /// A standalone, wire versions 0..=25, batches of 101, no limiters, no faults, seed 0,
+    /// `hello` offered.
     fn default() -> ServerConfig {
         ServerConfig {
             role: Role::Standalone,
@@ -181,6 +196,7 @@ impl Default for ServerConfig {
             port: 0,
             users: Vec::new(),
             require_api_version: false,
+            offers_hello: true,
         }
     }
 }

@@ -33,7 +33,15 @@
 //!   (`DatabaseHolderImpl::openDb`, `src/mongo/db/catalog/database_holder_impl.cpp`:
 //!   DatabaseDifferCase 13297, "db already exists with different case already have: [{have}]
 //!   trying to create [{db}]"); it always has `admin` (the featureCompatibilityVersion
-//!   document) and `local` (`local.startup_log`, `logStartup`). A router has the config server
+//!   document), `local` (`local.startup_log`, `logStartup`) and `config` (review36 V3: a
+//!   replica-set member's `config.transactions`, `createTransactionTable` in
+//!   `src/mongo/db/session/session_catalog_mongod.cpp`; a standalone's `config.system.sessions`,
+//!   which its logical session cache creates as it starts,
+//!   `SessionsCollectionStandalone::setupSessionsCollection` in
+//!   `src/mongo/db/session/sessions_collection_standalone.cpp`). A database it opened stays in its
+//!   map until `dropDatabase` (`DatabaseHolderImpl::dropDb`, which calls `close`; nothing else
+//!   a client runs closes one): dropping its last collection keeps it, and so does a
+//!   transaction's abort (`crate::store`'s `Store::databases`). A router has the config server
 //!   create the database (`cluster::createDatabase`, called by the write targeter's `_init`
 //!   for every write; `ShardingCatalogManager::createDatabase`, `checkDbNameConstraints` in
 //!   `src/mongo/db/s/config/`): a name equal to `admin`, `local` or `config` ignoring case, but
@@ -41,7 +49,9 @@
 //!   differing only in case from a database it has is DatabaseDifferCase 13297, "can't have 2
 //!   databases that just differ on case  have: {have} want to add: {db}" (two spaces, as the
 //!   server writes it). `admin` itself is never created through a router (its catalog cache
-//!   answers for `admin` and `config`), and `local` was refused above.
+//!   answers for `admin` and `config`), and `local` was refused above. The config server keeps
+//!   a database it recorded (`config.databases`) until `dropDatabase`, whether it holds a
+//!   collection or not (review36 V3).
 
 use bson::Document;
 
@@ -88,8 +98,9 @@ const INVALID_OPTIONS: i32 = 72;
 /// DatabaseDifferCase.
 const DATABASE_DIFFER_CASE: i32 = 13297;
 
-/// The databases a `mongod` always has, which it made as it started (see the module docs).
-const MONGOD_DATABASES: [&str; 2] = ["admin", "local"];
+/// The databases a `mongod` always has, which it made as it started (see the module docs;
+/// `config` from review36 V3).
+const MONGOD_DATABASES: [&str; 3] = ["admin", "local", "config"];
 
 /// Review34 Y4: the server's refusal of a write to, or the creation of, collection `ns` whose
 /// database name holds `$` (InvalidNamespace 73; see the module docs): code and message.
@@ -100,8 +111,9 @@ pub(crate) fn write_refusal(ns: &str) -> Option<(i32, String)> {
 }
 
 /// Review34 Y4: the refusal of a collection's creation in database `db` on a server holding
-/// the databases `existing` (those with a collection), on a `router` or a `mongod` (see the
-/// module docs): code and message. None when `db` exists: nothing is created.
+/// the databases `existing` (review36 V3: those it opened or recorded and did not drop, see
+/// the module docs), on a `router` or a `mongod`: code and message. None when `db` exists:
+/// nothing is created.
 pub(crate) fn creation_refusal<'a>(
     db: &str,
     existing: impl IntoIterator<Item = &'a str>,
@@ -232,9 +244,10 @@ mod tests {
         }
     }
 
-    /// House rule 7 (review34 Y4): a mongod refuses a database differing only in case from one
-    /// it has (DatabaseDifferCase 13297), `admin` and `local` included, naming the first in
-    /// byte order; a router with its own message; the same name or another passes.
+    /// House rule 7 (review34 Y4, review36 V3): a mongod refuses a database differing only in
+    /// case from one it has (DatabaseDifferCase 13297), `admin`, `local` and `config` included
+    /// (`DatabaseHolderImpl::openDb`), naming the first in byte order; a router with its own
+    /// message; the same name or another passes.
     #[test]
     fn a_database_differing_only_in_case_is_refused_house_rule_7() {
         let existing = ["tEST", "TEST", "other"];
@@ -257,7 +270,7 @@ mod tests {
                     .to_owned()
             ))
         );
-        for (db, have) in [("Admin", "admin"), ("LOCAL", "local")] {
+        for (db, have) in [("Admin", "admin"), ("LOCAL", "local"), ("Config", "config")] {
             assert_eq!(
                 creation_refusal(db, [], false),
                 Some((
@@ -273,7 +286,9 @@ mod tests {
             assert_eq!(creation_refusal("tEST", existing, router), None);
             assert_eq!(creation_refusal("fresh", existing, router), None);
         }
-        assert_eq!(creation_refusal("Config", [], false), None);
+        for db in ["admin", "local", "config"] {
+            assert_eq!(creation_refusal(db, [], false), None);
+        }
     }
 
     /// House rule 7 (review34 Y4): a router refuses to create `admin`, `local` or `config` in

@@ -405,6 +405,7 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         48 => "NamespaceExists",
         50 => "MaxTimeMSExpired",
         51 => "ManualInterventionRequired",
+        53 => "InvalidIdField",
         59 => "CommandNotFound",
         // Servers before the rename (4.4 / 5.0-era files) call 64 `WriteConcernFailed`.
         64 => "WriteConcernTimeout",
@@ -664,7 +665,7 @@ mod tests {
     /// (master branch) gives the codes the test server sends, written out here so that the test
     /// fails if the table loses or changes one. 1, 6, 7, 18, 51, 64, 89, 134, 189, 262, 391,
     /// 9001, 11600, 11601, 11602 and 13436 are the `errorCode`s of the spec tests' fail points.
-    const SERVER_CODE_NAMES: [(i32, &str); 61] = [
+    const SERVER_CODE_NAMES: [(i32, &str); 62] = [
         (1, "InternalError"),
         (2, "BadValue"),
         (4, "NoSuchKey"),
@@ -684,6 +685,7 @@ mod tests {
         (48, "NamespaceExists"),
         (50, "MaxTimeMSExpired"),
         (51, "ManualInterventionRequired"),
+        (53, "InvalidIdField"),
         (59, "CommandNotFound"),
         (64, "WriteConcernTimeout"),
         (66, "ImmutableField"),

@@ -195,6 +195,8 @@ struct Shared {
     seed: u64,
     min_wire_version: i32,
     max_wire_version: i32,
+    /// HS-3: whether `hello` is a command of this server ([`ServerConfig::offers_hello`]).
+    offers_hello: bool,
     /// The TLS handshake every accepted socket goes through first, if any.
     tls: Option<ServerTls>,
     state: Mutex<State>,
@@ -282,6 +284,7 @@ impl TestServer {
             seed: config.seed,
             min_wire_version: config.min_wire_version,
             max_wire_version: config.max_wire_version,
+            offers_hello: config.offers_hello,
             tls: config.tls,
             state: Mutex::new(state),
         });
@@ -1198,7 +1201,9 @@ impl Connection {
                 return Response::Reply(refusal.reply);
             }
             // TK-2: the command is looked up before anything else reads the body.
-            if !crate::refusals::known_command(name, shared.max_wire_version) {
+            if !crate::refusals::known_command(name, shared.max_wire_version)
+                || (name == "hello" && !shared.offers_hello)
+            {
                 state.unsupported.push(format!("command {name}"));
                 return Response::Reply(crate::refusals::command_not_found(&state.role, name));
             }
@@ -1475,14 +1480,16 @@ impl Connection {
         Ok(Response::Reply(reply))
     }
 
-    /// HS-3, HS-4, LB-17: the hello reply of this connection ([`Connection::service_id`]).
+    /// HS-3, HS-4, LB-17: the hello reply of this connection ([`Connection::service_id`]);
+    /// `helloOk: true` only from a server that offers `hello` ([`Shared::offers_hello`]).
     fn hello_reply(
         &mut self,
         state: &mut State,
         shared: &Shared,
         name: &str,
-        ask: HelloAsk,
+        mut ask: HelloAsk,
     ) -> Document {
+        ask.hello_ok &= shared.offers_hello;
         let context = HelloContext {
             me: &shared.me,
             process_id: shared.process_id,

@@ -38,6 +38,15 @@ impl DataStore {
 pub(crate) struct Store {
     /// By namespace; each keeps its `_id` index in step ([`Collection`]).
     collections: BTreeMap<String, Collection>,
+    /// Review36 V3 (house rule 7): the databases the deployment has, for the case check of a
+    /// database's creation ([`Store::creation_refusal`]): on a `mongod`, each database a
+    /// collection was created in (`DatabaseHolderImpl::openDb` keeps it in its map until
+    /// `dropDb` or `close`, and dropping its last collection closes nothing:
+    /// `src/mongo/db/catalog/database_holder_impl.cpp`); on a router, each database a write or
+    /// `create` went to (the config server records it in `config.databases` as the write
+    /// targeter creates it, until `dropDatabase`). A transaction's abort keeps it. Only
+    /// `dropDatabase` removes one.
+    databases: BTreeSet<String>,
     cursors: BTreeMap<i64, Cursor>,
     last_cursor_id: i64,
     write_results: BTreeMap<WriteKey, Document>,
@@ -419,8 +428,28 @@ pub(crate) fn too_deep(document: &Document) -> bool {
 pub(crate) struct AsSent {
     /// Its size in bytes, as the server's `objsize()`.
     pub(crate) size: usize,
-    /// Whether it holds `_id` more than once at its top level.
+    /// Whether it holds `_id` more than once at its top level, the first two taken by
+    /// [`refused_id_type`].
     pub(crate) repeated_id: bool,
+    /// Review36 V6: the type of the first top-level `_id` [`refused_id_type`] refuses, when it
+    /// comes before a second `_id` (the server checks each `_id` as it meets it, then whether
+    /// one came before).
+    pub(crate) refused_id: Option<&'static str>,
+}
+
+/// Review36 V6 (house rule 7): the name of an `_id`'s type a real server does not store
+/// (`validIdField`, `src/mongo/db/query/util/validate_id.cpp`, formerly
+/// `storage_validation::storageValidIdField`): a regex, an array or undefined, refused as
+/// InvalidIdField (53), "The '_id' value cannot be of type {type}". (Its refusal of a
+/// `$`-prefixed field inside a document `_id` is not modelled.)
+pub(crate) fn refused_id_type(kind: bson::spec::ElementType) -> Option<&'static str> {
+    use bson::spec::ElementType;
+    match kind {
+        ElementType::RegularExpression => Some("regex"),
+        ElementType::Array => Some("array"),
+        ElementType::Undefined => Some("undefined"),
+        _ => None,
+    }
 }
 
 /// The refusal a real server gives a document to insert, in its order (`fixDocumentForInsert`,
@@ -429,7 +458,10 @@ pub(crate) struct AsSent {
 /// insert too large. size in bytes: {n}, max size: 16777216" (review32 R4, house rule 7); then
 /// nested deeper than [`MAX_STORED_DEPTH`]: Overflow (15), review7 finding 3; then `_id` sent
 /// twice: BadValue (2), "can't have multiple _id fields in one document" (review34 Y8). Each is
-/// the statement's write error, not the command's.
+/// the statement's write error, not the command's. Review36 V6: the last two in the order of
+/// the document's `_id`s, as the server's one pass over its elements meets them: an `_id` of a
+/// type [`refused_id_type`] names is InvalidIdField (53) when it is the first `_id` or the
+/// second (checked before the repeat), else the second `_id` is the BadValue above.
 ///
 /// Review34 Y8: `sent` is the document as it arrived (a key sent twice counts twice in its
 /// size); without it the document is measured encoded again, and one that does not encode is
@@ -441,6 +473,9 @@ pub(crate) fn insert_refusal(document: &Document, sent: Option<AsSent>) -> Optio
             Ok(bytes) => AsSent {
                 size: bytes.len(),
                 repeated_id: false,
+                refused_id: document
+                    .get("_id")
+                    .and_then(|id| refused_id_type(id.element_type())),
             },
             Err(e) => return Some((2, format!("object to insert does not encode: {e}"))),
         },
@@ -456,12 +491,21 @@ pub(crate) fn insert_refusal(document: &Document, sent: Option<AsSent>) -> Optio
         );
         return Some((15, message));
     }
+    if let Some(kind) = sent.refused_id {
+        let message = format!("The '_id' value cannot be of type {kind}");
+        return Some((53, message));
+    }
     sent.repeated_id.then(|| {
         (
             2,
             String::from("can't have multiple _id fields in one document"),
         )
     })
+}
+
+/// The database of namespace `ns` (`db.collection`).
+fn database_of(ns: &str) -> &str {
+    ns.split_once('.').map_or("", |(db, _)| db)
 }
 
 /// The `_id` of a stored document (every stored document has one).
@@ -931,6 +975,7 @@ impl Store {
             if let Some(transaction) = self.writing_transaction() {
                 transaction.created.push(ns.into());
             }
+            self.note_database(ns);
         }
         self.collections.entry(ns.into()).or_default()
     }
@@ -1682,25 +1727,33 @@ impl Store {
 
     /// Review34 Y4: the refusal a real server gives the creation of collection `ns` when that
     /// creates its database: the running command's `router` or a `mongod`, with the databases
-    /// holding a collection (any transaction's too: a server registers a database as a
-    /// transaction creates it); `None` when its database exists
-    /// ([`crate::database_name::creation_refusal`]).
-    pub(crate) fn creation_refusal(&self, ns: &str, router: bool) -> Option<Refusal> {
-        fn database_of(ns: &str) -> &str {
-            ns.split_once('.').map_or("", |(db, _)| db)
-        }
-        // The usual case, the collection or its database there, looks up no other.
+    /// the deployment has (review36 V3, [`Store::databases`]: a database stays until
+    /// `dropDatabase`, its last collection's drop or a transaction's abort notwithstanding);
+    /// `None` when its database exists ([`crate::database_name::creation_refusal`]). On a
+    /// `router`, a database it may create is created (recorded) now, whatever the write: its
+    /// targeter creates the database before the write runs (review36 V3).
+    pub(crate) fn creation_refusal(&mut self, ns: &str, router: bool) -> Option<Refusal> {
         let db = database_of(ns);
-        let prefix = format!("{db}.");
-        let mut from_prefix = self.collections.range::<String, _>(&prefix..);
-        if from_prefix
-            .next()
-            .is_some_and(|(name, _)| name.starts_with(&prefix))
-        {
+        // The usual case, the database there, looks up no other.
+        if self.databases.contains(db) {
             return None;
         }
-        let existing = self.collections.keys().map(|name| database_of(name));
-        crate::database_name::creation_refusal(db, existing, router)
+        let existing = self.databases.iter().map(String::as_str);
+        let refusal = crate::database_name::creation_refusal(db, existing, router);
+        if router && refusal.is_none() {
+            self.note_database(ns);
+        }
+        refusal
+    }
+
+    /// Review36 V3: the database of `ns` exists from now on ([`Store::databases`]): a collection
+    /// was created in it, or a router's write went to it (after
+    /// [`Store::creation_refusal`] passed it).
+    pub(crate) fn note_database(&mut self, ns: &str) {
+        let db = database_of(ns);
+        if !self.databases.contains(db) {
+            self.databases.insert(db.to_owned());
+        }
     }
 
     /// Creates `ns`; `false` when it already exists.
@@ -1737,6 +1790,12 @@ impl Store {
             let ns = format!("{prefix}{c}");
             self.indexes.remove(&ns);
             self.collections.remove(&ns);
+        }
+        // Review36 V3: `dropDatabase` closes the database (`DatabaseHolderImpl::dropDb`; on a
+        // router, its `config.databases` entry goes), unless a collection another transaction
+        // in progress created is still there.
+        if !self.collections.keys().any(|ns| database_of(ns) == db) {
+            self.databases.remove(db);
         }
         Ok(())
     }
@@ -3373,5 +3432,38 @@ mod tests {
         );
         assert_eq!(code(origin(Some(&s1), None), plain.cursor_id), None);
         assert_eq!(code(OWNER, no_session.cursor_id), None);
+    }
+
+    /// Review36 V3 (house rule 7): a database stays once created, as a mongod's
+    /// `DatabaseHolderImpl` keeps it open (`src/mongo/db/catalog/database_holder_impl.cpp`:
+    /// only `dropDb` closes it): the abort of the transaction that created it and the drop of
+    /// its last collection keep it, `dropDatabase` removes it. A router records a database on a
+    /// write that creates no collection.
+    #[test]
+    fn review36_v3_a_database_stays_until_drop_database() {
+        let mut store = Store::default();
+        let differ = |s: &mut Store| s.creation_refusal("Db.c", false).map(|(code, _)| code);
+        let inserted = in_transaction(&mut store, S1, 1, true, |s| {
+            s.insert("db.c", vec![doc! { "_id": 1 }], true)
+        });
+        assert_eq!(inserted.map(|outcome| outcome.n), Ok(1));
+        assert_eq!(store.end_transaction(S1, 1, false, None, false), Ok(()));
+        assert!(
+            store.collection_names("db").is_empty(),
+            "the abort drops it"
+        );
+        assert_eq!(differ(&mut store), Some(13297));
+        assert!(outside(&mut store, |s| s.create("db.d")).0);
+        assert_eq!(
+            outside(&mut store, |s| s.drop_collection("db.d")).0,
+            Ok(true)
+        );
+        assert_eq!(differ(&mut store), Some(13297));
+        assert_eq!(outside(&mut store, |s| s.drop_database("db")).0, Ok(()));
+        assert_eq!(differ(&mut store), None);
+        assert_eq!(store.creation_refusal("other.c", true), None);
+        assert!(store.collection_names("other").is_empty());
+        let refused = store.creation_refusal("OTHER.c", false);
+        assert_eq!(refused.map(|(code, _)| code), Some(13297));
     }
 }

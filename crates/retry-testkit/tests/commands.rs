@@ -413,7 +413,8 @@ async fn tk2_stmt_id_is_refused_before_the_command_runs() {
 
 /// Review9 finding 9 (house rule 7): `_id`s compare with canonical numbers at every depth, as on
 /// a real server: `{_id: {a: 1}}` then `{_id: {a: 1.0}}` (or `NumberLong(1)`, or an array
-/// holding them) is a duplicate key, E11000 (code 11000); keys in another order are another id.
+/// holding them inside a document `_id`) is a duplicate key, E11000 (code 11000); keys in another
+/// order are another id. (An array `_id` itself is InvalidIdField 53, review36 V6.)
 #[tokio::test]
 async fn review9_f9_nested_number_ids_are_duplicates() {
     bounded(async {
@@ -432,10 +433,12 @@ async fn review9_f9_nested_number_ids_are_duplicates() {
             let reply = insert(duplicate).await;
             assert_eq!(code(&reply), Some(11000), "{reply}");
         }
-        let reply = insert(bson!([{ "a": 2 }, 3])).await;
+        let reply = insert(bson!({ "l": [{ "a": 2 }, 3] })).await;
         assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply}");
-        let reply = insert(bson!([{ "a": 2.0 }, 3_i64])).await;
+        let reply = insert(bson!({ "l": [{ "a": 2.0 }, 3_i64] })).await;
         assert_eq!(code(&reply), Some(11000), "{reply}");
+        let reply = insert(bson!([{ "a": 2 }, 3])).await;
+        assert_eq!(code(&reply), Some(53), "an array _id: {reply}");
         for id in [bson!({ "a": 1, "b": 1 }), bson!({ "b": 1, "a": 1 })] {
             let reply = insert(id).await;
             assert_eq!(reply.get_i32("n").ok(), Some(1), "another order: {reply}");

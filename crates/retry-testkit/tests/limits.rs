@@ -3,6 +3,7 @@
 //! `server/malformed` modules, and `store::insert_refusal`, for the server source each follows).
 //! Bounded, on 127.0.0.1.
 
+use std::future::Future;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
@@ -59,6 +60,65 @@ async fn run(client: &mut RawClient, body: Document) -> Document {
     round_trip(client, &frame_of(&body, &[])).await
 }
 
+/// Runs `test`, failing if it takes longer than `seconds` (every test here is bounded).
+async fn bounded(seconds: u64, test: impl Future<Output = ()>) {
+    timeout(Duration::from_secs(seconds), test)
+        .await
+        .expect("bounded");
+}
+
+/// A test server in `role` and a raw client connected to it.
+async fn serve(role: Role) -> (TestServer, RawClient) {
+    let server = TestServer::start(ServerConfig::new(role)).await.unwrap();
+    let client = RawClient::connect(server.address()).await.unwrap();
+    (server, client)
+}
+
+/// `frame` with the first key `sent` (its bytes, the NUL after it included) renamed to `as_key`
+/// (as long): how a key is sent twice, which a `Document` cannot hold.
+fn renamed(mut frame: Vec<u8>, sent: &[u8], as_key: &[u8]) -> Vec<u8> {
+    assert_eq!(sent.len(), as_key.len());
+    let at = frame
+        .windows(sent.len())
+        .position(|w| w == sent)
+        .expect("the key to rename");
+    frame[at..at + sent.len()].copy_from_slice(as_key);
+    frame
+}
+
+/// The write errors of `reply`, as (index, code, message).
+fn write_errors(reply: &Document) -> Vec<(i32, i32, String)> {
+    reply
+        .get_array("writeErrors")
+        .map(|errors| {
+            errors
+                .iter()
+                .filter_map(Bson::as_document)
+                .map(|e| {
+                    (
+                        e.get_i32("index").unwrap(),
+                        code(e).unwrap(),
+                        errmsg(e).to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The op results of a `bulkWrite` reply (its cursor's first batch).
+fn bulk_results(reply: &Document) -> Vec<Document> {
+    let results = reply
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .unwrap_or_else(|_| panic!("bulkWrite results: {reply:?}"));
+    results
+        .iter()
+        .filter_map(Bson::as_document)
+        .cloned()
+        .collect()
+}
+
 fn code(reply: &Document) -> Option<i32> {
     reply.get_i32("code").ok()
 }
@@ -75,7 +135,7 @@ fn errmsg(reply: &Document) -> &str {
 /// `local` (IllegalOperation, 20), a mongod runs a ping on it.
 #[tokio::test]
 async fn invalid_database_names_are_invalid_namespace_house_rule_7() {
-    timeout(Duration::from_secs(60), async {
+    bounded(60, async {
         let long = "d".repeat(64);
         let invalid = [
             ("", "Invalid database name: ''".to_owned()),
@@ -98,10 +158,7 @@ async fn invalid_database_names_are_invalid_namespace_house_rule_7() {
         ];
         for role in [Role::Standalone, Role::Mongos] {
             let router = role == Role::Mongos;
-            let server = TestServer::start(ServerConfig::new(role.clone()))
-                .await
-                .unwrap();
-            let mut client = RawClient::connect(server.address()).await.unwrap();
+            let (server, mut client) = serve(role.clone()).await;
             let commands = [
                 doc! { "ping": 1 },
                 doc! { "hello": 1 },
@@ -152,8 +209,7 @@ async fn invalid_database_names_are_invalid_namespace_house_rule_7() {
             server.shutdown().await;
         }
     })
-    .await
-    .expect("bounded");
+    .await;
 }
 
 /// House rule 7 (review32 R4): the server evaluates the `failCommand` fail point after it parsed
@@ -161,15 +217,12 @@ async fn invalid_database_names_are_invalid_namespace_house_rule_7() {
 /// fires the fail point, an empty one fires it, and once it is spent the empty name is refused.
 #[tokio::test]
 async fn the_fail_point_fires_between_the_two_database_name_checks_house_rule_7() {
-    timeout(Duration::from_secs(30), async {
-        let server = TestServer::start(ServerConfig::new(Role::Standalone))
-            .await
-            .unwrap();
+    bounded(30, async {
+        let (server, mut client) = serve(Role::Standalone).await;
         let handle = server.handle();
         handle.set_fail_command(Some(
             FailCommand::new(FailPointMode::Times(1), ["find"]).with_error_code(91),
         ));
-        let mut client = RawClient::connect(server.address()).await.unwrap();
         let find = |db: &str| doc! { "find": "c", "$db": db };
         let parsed = run(&mut client, find("te.st")).await;
         assert_eq!(code(&parsed), Some(73), "{parsed}");
@@ -183,19 +236,15 @@ async fn the_fail_point_fires_between_the_two_database_name_checks_house_rule_7(
         assert_eq!(handle.counters().command("find").executed, 0);
         server.shutdown().await;
     })
-    .await
-    .expect("bounded");
+    .await;
 }
 
 /// House rule 7 (review32 R4), MO-8: an awaitable hello on a database a server refuses is
 /// refused at once, not awaited.
 #[tokio::test]
 async fn an_awaitable_hello_on_an_invalid_database_is_refused_at_once_house_rule_7() {
-    timeout(Duration::from_secs(30), async {
-        let server = TestServer::start(ServerConfig::new(Role::Standalone))
-            .await
-            .unwrap();
-        let mut client = RawClient::connect(server.address()).await.unwrap();
+    bounded(30, async {
+        let (server, mut client) = serve(Role::Standalone).await;
         let first = run(&mut client, doc! { "hello": 1, "$db": "admin" }).await;
         let version = first.get_document("topologyVersion").unwrap().clone();
         for db in ["", "te.st"] {
@@ -210,8 +259,7 @@ async fn an_awaitable_hello_on_an_invalid_database_is_refused_at_once_house_rule
         }
         server.shutdown().await;
     })
-    .await
-    .expect("bounded");
+    .await;
 }
 
 /// House rule 7 (review32 R4): a body or a document-sequence document over
@@ -220,11 +268,8 @@ async fn an_awaitable_hello_on_an_invalid_database_is_refused_at_once_house_rule
 /// open and nothing runs. A body of exactly that size runs.
 #[tokio::test]
 async fn documents_over_the_internal_size_are_bson_object_too_large_house_rule_7() {
-    timeout(Duration::from_secs(120), async {
-        let server = TestServer::start(ServerConfig::new(Role::Standalone))
-            .await
-            .unwrap();
-        let mut client = RawClient::connect(server.address()).await.unwrap();
+    bounded(120, async {
+        let (server, mut client) = serve(Role::Standalone).await;
         let over = MAX_INTERNAL_SIZE + 1;
         let insert = doc! { "insert": "c", "$db": "db" };
         let small = [doc! { "_id": 1 }];
@@ -302,8 +347,7 @@ async fn documents_over_the_internal_size_are_bson_object_too_large_house_rule_7
         assert_eq!(server.handle().documents("db.c"), small.to_vec());
         server.shutdown().await;
     })
-    .await
-    .expect("bounded");
+    .await;
 }
 
 /// House rule 7 (review32 R4), TK-4: an inserted document over `maxBsonObjectSize` (16 MiB) that
@@ -313,11 +357,8 @@ async fn documents_over_the_internal_size_are_bson_object_too_large_house_rule_7
 /// 16 MiB is inserted.
 #[tokio::test]
 async fn an_inserted_document_over_max_bson_object_size_is_a_write_error_tk4_house_rule_7() {
-    timeout(Duration::from_secs(120), async {
-        let server = TestServer::start(ServerConfig::new(Role::Standalone))
-            .await
-            .unwrap();
-        let mut client = RawClient::connect(server.address()).await.unwrap();
+    bounded(120, async {
+        let (server, mut client) = serve(Role::Standalone).await;
         let over = MAX_USER_SIZE + 1;
         let message =
             format!("object to insert too large. size in bytes: {over}, max size: 16777216");
@@ -335,14 +376,7 @@ async fn an_inserted_document_over_max_bson_object_size_is_a_write_error_tk4_hou
             )
             .await;
             assert_eq!(reply.get_i32("n").ok(), Some(n), "{reply:?}");
-            let errors = reply.get_array("writeErrors").expect("a write error");
-            assert_eq!(errors.len(), 1);
-            let Bson::Document(error) = &errors[0] else {
-                panic!("{errors:?}")
-            };
-            assert_eq!(error.get_i32("index").ok(), Some(1));
-            assert_eq!(code(error), Some(2));
-            assert_eq!(errmsg(error), message);
+            assert_eq!(write_errors(&reply), vec![(1, 2, message.clone())]);
         }
         let at_limit = [sized(doc! { "_id": 4 }, MAX_USER_SIZE)];
         let insert = doc! { "insert": "c", "$db": "db" };
@@ -361,21 +395,14 @@ async fn an_inserted_document_over_max_bson_object_size_is_a_write_error_tk4_hou
         let ops = [doc! { "insert": 0, "document": sized(doc! { "_id": 5 }, over) }];
         let reply = round_trip(&mut client, &frame_of(&bulk, &[("ops", &ops)])).await;
         assert_eq!(reply.get_i32("nErrors").ok(), Some(1), "{}", errmsg(&reply));
-        let results = reply
-            .get_document("cursor")
-            .and_then(|c| c.get_array("firstBatch"))
-            .expect("results");
-        let Bson::Document(result) = &results[0] else {
-            panic!("{results:?}")
-        };
+        let result = &bulk_results(&reply)[0];
         assert_eq!(code(result), Some(2), "{result:?}");
         assert_eq!(result.get_str("codeName").ok(), Some("BadValue"));
         assert_eq!(errmsg(result), message);
         assert!(server.handle().documents("db.bulk").is_empty());
         server.shutdown().await;
     })
-    .await
-    .expect("bounded");
+    .await;
 }
 
 /// House rule 7 (review34 Y8), TK-4: an inserted document is measured as it was sent, as the
@@ -384,60 +411,29 @@ async fn an_inserted_document_over_max_bson_object_size_is_a_write_error_tk4_hou
 /// last value) is small.
 #[tokio::test]
 async fn an_inserted_document_is_measured_as_sent_tk4_house_rule_7() {
-    timeout(Duration::from_secs(120), async {
-        let server = TestServer::start(ServerConfig::new(Role::Standalone))
-            .await
-            .unwrap();
-        let mut client = RawClient::connect(server.address()).await.unwrap();
+    bounded(120, async {
+        let (server, mut client) = serve(Role::Standalone).await;
         let over = MAX_USER_SIZE + 1;
         let mut document = doc! { "_id": 6, "pada": "", "padb": "x" };
         let overhead = document.to_vec().unwrap().len();
         document.insert("pada", "p".repeat(over - overhead));
         assert_eq!(document.to_vec().unwrap().len(), over);
         let insert = doc! { "insert": "c", "$db": "db" };
-        let mut frame = frame_of(&insert, &[("documents", &[document])]);
         // `padb` is sent as `pada`: the key twice.
-        let at = frame
-            .windows(5)
-            .position(|w| w == b"padb\0")
-            .expect("the second key");
-        frame[at + 3] = b'a';
+        let frame = renamed(
+            frame_of(&insert, &[("documents", &[document])]),
+            b"padb\0",
+            b"pada\0",
+        );
         let reply = round_trip(&mut client, &frame).await;
         assert_eq!(reply.get_i32("n").ok(), Some(0), "{reply:?}");
-        let errors = reply.get_array("writeErrors").expect("a write error");
-        let Bson::Document(error) = &errors[0] else {
-            panic!("{errors:?}")
-        };
-        assert_eq!(code(error), Some(2));
-        assert_eq!(
-            errmsg(error),
-            format!("object to insert too large. size in bytes: {over}, max size: 16777216")
-        );
+        let message =
+            format!("object to insert too large. size in bytes: {over}, max size: 16777216");
+        assert_eq!(write_errors(&reply), vec![(0, 2, message)]);
         assert!(server.handle().documents("db.c").is_empty());
         server.shutdown().await;
     })
-    .await
-    .expect("bounded");
-}
-
-/// The write errors of `reply`, as (index, code, message).
-fn write_errors(reply: &Document) -> Vec<(i32, i32, String)> {
-    reply
-        .get_array("writeErrors")
-        .map(|errors| {
-            errors
-                .iter()
-                .filter_map(Bson::as_document)
-                .map(|e| {
-                    (
-                        e.get_i32("index").unwrap(),
-                        code(e).unwrap(),
-                        errmsg(e).to_owned(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    .await;
 }
 
 /// House rule 7 (review34 Y4), TK-14: every write to a database whose name holds `$`, and
@@ -445,12 +441,9 @@ fn write_errors(reply: &Document) -> Vec<(i32, i32, String)> {
 /// `bulkWrite` op's error), on a mongod and a mongos, and nothing is written; a read there runs.
 #[tokio::test]
 async fn writes_to_a_database_named_with_a_dollar_are_invalid_namespace_house_rule_7() {
-    timeout(Duration::from_secs(60), async {
+    bounded(60, async {
         for role in [Role::Standalone, Role::Mongos] {
-            let server = TestServer::start(ServerConfig::new(role.clone()))
-                .await
-                .unwrap();
-            let mut client = RawClient::connect(server.address()).await.unwrap();
+            let (server, mut client) = serve(role.clone()).await;
             let writes = [
                 doc! { "insert": "c", "documents": [{ "_id": 1 }], "$db": "a$b" },
                 doc! { "update": "c", "updates": [{ "q": {}, "u": { "$set": { "x": 1 } },
@@ -479,8 +472,7 @@ async fn writes_to_a_database_named_with_a_dollar_are_invalid_namespace_house_ru
             server.shutdown().await;
         }
     })
-    .await
-    .expect("bounded");
+    .await;
 }
 
 /// House rule 7 (review34 Y4), TK-14: a mongod refuses to create a database that differs only
@@ -491,11 +483,8 @@ async fn writes_to_a_database_named_with_a_dollar_are_invalid_namespace_house_ru
 /// is dropped, the name is free.
 #[tokio::test]
 async fn a_mongod_refuses_a_database_differing_only_in_case_house_rule_7() {
-    timeout(Duration::from_secs(60), async {
-        let server = TestServer::start(ServerConfig::new(Role::Standalone))
-            .await
-            .unwrap();
-        let mut client = RawClient::connect(server.address()).await.unwrap();
+    bounded(60, async {
+        let (server, mut client) = serve(Role::Standalone).await;
         let insert = |db: &str, ordered: bool| {
             doc! { "insert": "c", "documents": [{ "_id": 1 }, { "_id": 2 }], "ordered": ordered,
             "$db": db }
@@ -555,8 +544,7 @@ async fn a_mongod_refuses_a_database_differing_only_in_case_house_rule_7() {
         assert_eq!(reply.get_i32("n").ok(), Some(2), "{reply:?}");
         server.shutdown().await;
     })
-    .await
-    .expect("bounded");
+    .await;
 }
 
 /// House rule 7 (review34 Y4), TK-14: a router creates a database on the first write to it,
@@ -566,11 +554,8 @@ async fn a_mongod_refuses_a_database_differing_only_in_case_house_rule_7() {
 /// new name runs.
 #[tokio::test]
 async fn a_router_refuses_the_databases_it_may_not_create_house_rule_7() {
-    timeout(Duration::from_secs(60), async {
-        let server = TestServer::start(ServerConfig::new(Role::Mongos))
-            .await
-            .unwrap();
-        let mut client = RawClient::connect(server.address()).await.unwrap();
+    bounded(60, async {
+        let (server, mut client) = serve(Role::Mongos).await;
         let insert = |db: &str| doc! { "insert": "c", "documents": [{ "_id": 1 }], "$db": db };
         for db in ["Admin", "LOCAL", "Config"] {
             let reply = run(&mut client, insert(db)).await;
@@ -597,8 +582,7 @@ async fn a_router_refuses_the_databases_it_may_not_create_house_rule_7() {
         assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply:?}");
         server.shutdown().await;
     })
-    .await
-    .expect("bounded");
+    .await;
 }
 
 /// House rule 7 (review34 Y8), TK-4: an inserted document holding `_id` twice as sent (which its
@@ -607,21 +591,11 @@ async fn a_router_refuses_the_databases_it_may_not_create_house_rule_7() {
 /// nothing is stored.
 #[tokio::test]
 async fn an_inserted_document_with_id_twice_is_a_write_error_tk4_house_rule_7() {
-    timeout(Duration::from_secs(60), async {
-        let server = TestServer::start(ServerConfig::new(Role::Standalone))
-            .await
-            .unwrap();
-        let mut client = RawClient::connect(server.address()).await.unwrap();
+    bounded(60, async {
+        let (server, mut client) = serve(Role::Standalone).await;
         let message = "can't have multiple _id fields in one document";
         // `_iX` is sent as `_id`.
-        let as_sent = |mut frame: Vec<u8>| {
-            let at = frame
-                .windows(4)
-                .position(|w| w == b"_iX\0")
-                .expect("the second _id");
-            frame[at + 2] = b'd';
-            frame
-        };
+        let as_sent = |frame: Vec<u8>| renamed(frame, b"_iX\0", b"_id\0");
         let documents = [doc! { "_id": 1, "_iX": 2 }];
         let insert = doc! { "insert": "c", "$db": "db" };
         let reply = round_trip(
@@ -635,18 +609,209 @@ async fn an_inserted_document_with_id_twice_is_a_write_error_tk4_house_rule_7() 
         let ops = [doc! { "insert": 0, "document": { "_id": 1, "_iX": 2 } }];
         let reply = round_trip(&mut client, &as_sent(frame_of(&bulk, &[("ops", &ops)]))).await;
         assert_eq!(reply.get_i32("nErrors").ok(), Some(1), "{reply:?}");
-        let results = reply
-            .get_document("cursor")
-            .and_then(|c| c.get_array("firstBatch"))
-            .expect("results");
-        let Bson::Document(result) = &results[0] else {
-            panic!("{results:?}")
-        };
+        let result = &bulk_results(&reply)[0];
         assert_eq!(code(result), Some(2), "{result:?}");
         assert_eq!(errmsg(result), message);
         assert!(server.handle().documents("db.c").is_empty());
         server.shutdown().await;
     })
-    .await
-    .expect("bounded");
+    .await;
+}
+
+/// Review36 V3 (house rule 7), TK-14: a mongod keeps a database it opened until
+/// `dropDatabase`: `DatabaseHolderImpl::openDb` puts it in its map, and only `dropDb` (through
+/// `close`) takes it out (`src/mongo/db/catalog/database_holder_impl.cpp`), so once the last
+/// collection of `test` is dropped, creating `Test` is still DatabaseDifferCase (13297), and
+/// `Config` too (a mongod always has `config`); after `dropDatabase` on `test`, `Test` is
+/// created.
+#[tokio::test]
+async fn a_mongod_keeps_a_database_until_drop_database_review36_v3_house_rule_7() {
+    bounded(60, async {
+        let (server, mut client) = serve(Role::Standalone).await;
+        let insert = |db: &str| doc! { "insert": "c", "documents": [{ "_id": 1 }], "$db": db };
+        let reply = run(&mut client, insert("test")).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply:?}");
+        let dropped = run(&mut client, doc! { "drop": "c", "$db": "test" }).await;
+        assert_eq!(code(&dropped), None, "{dropped:?}");
+        let names = run(
+            &mut client,
+            doc! { "listDatabases": 1, "nameOnly": true, "$db": "admin" },
+        )
+        .await;
+        assert!(!format!("{names:?}").contains("\"test\""), "{names:?}");
+        let message = "db already exists with different case already have: [test] trying to \
+                       create [Test]";
+        let reply = run(&mut client, insert("Test")).await;
+        assert_eq!(write_errors(&reply), vec![(0, 13297, message.to_owned())]);
+        let reply = run(&mut client, doc! { "create": "c", "$db": "Test" }).await;
+        assert_eq!(code(&reply), Some(13297), "{reply:?}");
+        let reply = run(&mut client, insert("Config")).await;
+        let message = "db already exists with different case already have: [config] trying to \
+                       create [Config]";
+        assert_eq!(write_errors(&reply), vec![(0, 13297, message.to_owned())]);
+        let dropped = run(&mut client, doc! { "dropDatabase": 1, "$db": "test" }).await;
+        assert_eq!(code(&dropped), None, "{dropped:?}");
+        let reply = run(&mut client, insert("Test")).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply:?}");
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// Review36 V3 (house rule 7), TK-14: a router records a database on every write to it, one
+/// that creates nothing included (its write targeter calls `cluster::createDatabase`, and the
+/// config server keeps the `config.databases` entry until `dropDatabase`): after a delete on
+/// `test`, or after `test`'s last collection is dropped, creating `Test` is DatabaseDifferCase
+/// (13297); after `dropDatabase` on `test` it is created.
+#[tokio::test]
+async fn a_router_records_a_database_on_any_write_review36_v3_house_rule_7() {
+    bounded(60, async {
+        let (server, mut client) = serve(Role::Mongos).await;
+        let message =
+            "can't have 2 databases that just differ on case  have: test want to add: Test";
+        let insert = |db: &str| doc! { "insert": "c", "documents": [{ "_id": 1 }], "$db": db };
+        let delete = doc! { "delete": "c", "deletes": [{ "q": {}, "limit": 0 }], "$db": "test" };
+        let reply = run(&mut client, delete).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(0), "{reply:?}");
+        assert!(server.handle().documents("test.c").is_empty());
+        let reply = run(&mut client, insert("Test")).await;
+        assert_eq!(code(&reply), Some(13297), "{reply:?}");
+        assert_eq!(errmsg(&reply), message);
+        let reply = run(&mut client, insert("test")).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply:?}");
+        let dropped = run(&mut client, doc! { "drop": "c", "$db": "test" }).await;
+        assert_eq!(code(&dropped), None, "{dropped:?}");
+        let reply = run(&mut client, doc! { "create": "c", "$db": "Test" }).await;
+        assert_eq!(code(&reply), Some(13297), "{reply:?}");
+        let dropped = run(&mut client, doc! { "dropDatabase": 1, "$db": "test" }).await;
+        assert_eq!(code(&dropped), None, "{dropped:?}");
+        let reply = run(&mut client, insert("Test")).await;
+        assert_eq!(reply.get_i32("n").ok(), Some(1), "{reply:?}");
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// A document nested `levels` deep (itself counting as one).
+fn nested(levels: usize) -> Document {
+    let mut document = doc! { "x": 1 };
+    for _ in 1..levels {
+        document = doc! { "x": document };
+    }
+    document
+}
+
+/// Review36 V6 (house rule 7), TK-4: an inserted document's problems are reported in the order
+/// of the server's `fixDocumentForInsert` (`src/mongo/db/query/write_ops/insert.cpp`): its size
+/// as sent, then its depth, then one pass over its elements, which checks each `_id` with
+/// `validIdField` (`src/mongo/db/query/util/validate_id.cpp`: a regex, an array or undefined is
+/// InvalidIdField 53, "The '_id' value cannot be of type <type>") before it asks whether an
+/// `_id` came before (BadValue 2, "can't have multiple _id fields in one document"). All of
+/// them come before the database's creation (DatabaseDifferCase 13297) and the duplicate key
+/// check (11000).
+#[tokio::test]
+async fn the_errors_of_a_document_with_id_twice_come_in_the_servers_order_review36_v6() {
+    bounded(120, async {
+        let (server, mut client) = serve(Role::Standalone).await;
+        let twice = "can't have multiple _id fields in one document".to_owned();
+        let refused = |kind: &str| format!("The '_id' value cannot be of type {kind}");
+        let regex = Bson::RegularExpression(bson::Regex {
+            pattern: "a".try_into().unwrap(),
+            options: "".try_into().unwrap(),
+        });
+        let over = MAX_USER_SIZE + 1;
+        let deep = nested(100);
+        let cases = [
+            (
+                "the second _id an array",
+                doc! { "_id": 1, "_iX": [1] },
+                "db",
+                (53, refused("array")),
+            ),
+            (
+                "the first _id a regex",
+                doc! { "_id": regex.clone(), "_iX": 1 },
+                "db",
+                (53, refused("regex")),
+            ),
+            (
+                "the second _id undefined",
+                doc! { "_id": 1, "_iX": Bson::Undefined },
+                "db",
+                (53, refused("undefined")),
+            ),
+            (
+                "a lone array _id",
+                doc! { "_id": [1] },
+                "db",
+                (53, refused("array")),
+            ),
+            (
+                "twice, the first _id stored",
+                doc! { "_id": 1, "_iX": 2 },
+                "db",
+                (2, twice.clone()),
+            ),
+            (
+                "twice, too deep",
+                doc! { "_id": 9, "_iX": 2, "deep": deep },
+                "db",
+                (
+                    15,
+                    "cannot insert document because it exceeds 100 levels of nesting".to_owned(),
+                ),
+            ),
+            (
+                "twice, too large",
+                sized(doc! { "_id": 9, "_iX": [1] }, over),
+                "db",
+                (
+                    2,
+                    format!(
+                        "object to insert too large. size in bytes: {over}, max size: 16777216"
+                    ),
+                ),
+            ),
+            (
+                "twice, in a database differing in case",
+                doc! { "_id": 1, "_iX": 2 },
+                "DB",
+                (2, twice.clone()),
+            ),
+            (
+                "an array _id, in a database differing in case",
+                doc! { "_id": [1] },
+                "DB",
+                (53, refused("array")),
+            ),
+        ];
+        let first = run(
+            &mut client,
+            doc! { "insert": "c", "documents": [{ "_id": 1 }], "$db": "db" },
+        )
+        .await;
+        assert_eq!(first.get_i32("n").ok(), Some(1), "{first:?}");
+        for (label, document, db, (code, message)) in cases {
+            let insert = doc! { "insert": "c", "$db": db };
+            let mut frame = frame_of(&insert, &[("documents", &[document])]);
+            if frame.windows(4).any(|w| w == b"_iX\0") {
+                frame = renamed(frame, b"_iX\0", b"_id\0");
+            }
+            let reply = round_trip(&mut client, &frame).await;
+            assert_eq!(reply.get_i32("n").ok(), Some(0), "{label}: {reply:?}");
+            assert_eq!(write_errors(&reply), vec![(0, code, message)], "{label}");
+        }
+        // A bulkWrite insert op checks its document the same way.
+        let bulk = doc! { "bulkWrite": 1, "nsInfo": [{ "ns": "db.c" }], "$db": "admin" };
+        let ops = [doc! { "insert": 0, "document": { "_id": 1, "_iX": [1] } }];
+        let frame = renamed(frame_of(&bulk, &[("ops", &ops)]), b"_iX\0", b"_id\0");
+        let reply = round_trip(&mut client, &frame).await;
+        let result = &bulk_results(&reply)[0];
+        assert_eq!(code(result), Some(53), "{result:?}");
+        assert_eq!(result.get_str("codeName").ok(), Some("InvalidIdField"));
+        assert_eq!(errmsg(result), refused("array"));
+        assert_eq!(server.handle().documents("db.c"), vec![doc! { "_id": 1 }]);
+        server.shutdown().await;
+    })
+    .await;
 }

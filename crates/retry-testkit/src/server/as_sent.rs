@@ -43,16 +43,26 @@ pub(super) fn as_sent(request: &RawOpMsg) -> Vec<Option<AsSent>> {
     documents
 }
 
-/// `document` as it was sent: its size, and whether it holds `_id` twice.
+/// `document` as it was sent: its size, whether it holds `_id` twice, and (review36 V6) the type
+/// of an `_id` the server refuses, met before a second `_id` (`store::refused_id_type`).
 fn document(document: &RawDocument) -> AsSent {
-    let ids = document
-        .iter()
-        .filter(|element| matches!(element, Ok((key, _)) if key.as_str() == "_id"))
-        .count();
-    AsSent {
+    let mut sent = AsSent {
         size: document.as_bytes().len(),
-        repeated_id: ids > 1,
+        repeated_id: false,
+        refused_id: None,
+    };
+    let ids = document.iter().filter_map(|element| match element {
+        Ok((key, value)) if key.as_str() == "_id" => Some(value.element_type()),
+        _ => None,
+    });
+    for (index, kind) in ids.take(2).enumerate() {
+        sent.refused_id = crate::store::refused_id_type(kind);
+        if sent.refused_id.is_some() {
+            break;
+        }
+        sent.repeated_id = index == 1;
     }
+    sent
 }
 
 #[cfg(test)]
@@ -87,6 +97,7 @@ mod tests {
         Some(AsSent {
             size: document.to_vec().unwrap().len(),
             repeated_id,
+            refused_id: None,
         })
     }
 

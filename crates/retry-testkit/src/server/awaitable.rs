@@ -28,7 +28,9 @@ pub(super) enum Awaitable {
 /// `$db` a server runs a command on is not: the Document path refuses it (review32 R4).
 pub(super) fn awaitable(shared: &Shared, request: &OpMsg) -> Option<Awaitable> {
     let body = &request.body;
-    if !body.keys().next().is_some_and(|name| is_hello(name)) {
+    let name = body.keys().next().map_or("", String::as_str);
+    // HS-3: `hello` on a server that does not offer it is refused at once (59), not awaited.
+    if !is_hello(name) || (name == "hello" && !shared.offers_hello) {
         return None;
     }
     let db = body.get_str("$db").ok()?;

@@ -366,6 +366,8 @@ impl Connection {
                 .is_none_or(|db| crate::database_name::validity_refusal(db, router).is_some())
             || (state.require_api_version && !hot.api_version)
             || self.auth.refuse(&state.users, name).is_some()
+            // HS-3: `hello` on a server that does not offer it is the Document path's 59.
+            || (name == "hello" && !shared.offers_hello)
             || fail_point.is_some_and(|fail| fail.matches(name, app_name))
         {
             return None;

@@ -580,6 +580,16 @@ async fn run(
     if with_user {
         config = config.with_user("user", "pencil", &[ScramVersion::Sha256]);
     }
+    run_config(config, raw, script).await
+}
+
+/// [`run`] on a server started from `config`.
+async fn run_config(
+    config: ServerConfig,
+    raw: bool,
+    script: fn(&Role) -> Script,
+) -> (Vec<(String, Outcome)>, String, u64) {
+    let role = &config.role.clone();
     let internals = Internals {
         document_path_only: !raw,
         me: Some("127.0.0.1:27999".into()),
@@ -1575,4 +1585,85 @@ async fn versioned_api_strict_refuses_list_local_sessions_and_unknown_commands_a
         let script = |role: &Role| script_of(api_strict_cases(role));
         expect_on_both_paths(&role, api_strict_cases, script).await;
     }
+}
+
+/// HS-3: on a server without `hello` ([`ServerConfig::without_hello`]), `hello` is
+/// CommandNotFound (59) in every form (plain, which the raw path would answer, with handshake
+/// fields, awaitable), and a legacy hello asking `helloOk: true` is answered without it.
+fn without_hello_cases(_: &Role) -> Cases {
+    let version = doc! { "processId": bson::oid::ObjectId::from_bytes([7; 12]), "counter": 0_i64 };
+    vec![
+        ("hello", doc! { "hello": 1, "$db": "admin" }, Some(59)),
+        (
+            "legacy hello asking helloOk",
+            doc! { "isMaster": 1, "helloOk": true, "client": metadata(doc! {}), "$db": "admin" },
+            None,
+        ),
+        (
+            "hello with handshake fields",
+            doc! { "hello": 1, "helloOk": true, "$db": "admin" },
+            Some(59),
+        ),
+        (
+            "awaitable hello",
+            doc! { "hello": 1, "topologyVersion": version, "maxAwaitTimeMS": 60_000_i64,
+            "$db": "admin" },
+            Some(59),
+        ),
+        (
+            "lowercase legacy hello asking helloOk",
+            doc! { "ismaster": 1, "helloOk": true, "$db": "admin" },
+            None,
+        ),
+    ]
+}
+
+/// HS-3 (house rule 7): a server that does not offer `hello` refuses it as an unknown command
+/// on both paths, with a mongod's or a router's message, and never says `helloOk`.
+#[tokio::test]
+async fn hs3_a_server_without_hello_refuses_it_and_never_says_hello_ok_on_both_paths() {
+    for role in roles() {
+        let config = ServerConfig::new(role.clone()).without_hello();
+        let script = |role: &Role| script_of(without_hello_cases(role));
+        let (raw, raw_records, _) = run_config(config.clone(), true, script).await;
+        let (document, document_records, _) = run_config(config, false, script).await;
+        assert_eq!(raw, document, "{role:?}");
+        assert_eq!(raw_records, document_records, "{role:?}");
+        for ((label, body, expected), (_, outcome)) in without_hello_cases(&role).iter().zip(&raw) {
+            assert_eq!(reply_code(outcome), *expected, "{role:?}: {label}: {body}");
+            let Outcome::Reply(bytes) = outcome else {
+                continue;
+            };
+            let reply = retry_core::wire::parse_frame(bytes).unwrap().body;
+            assert!(!reply.contains_key("helloOk"), "{label}: {reply}");
+            if expected.is_some() {
+                let message = if role.is_router() {
+                    "no such cmd: hello"
+                } else {
+                    "no such command: 'hello'"
+                };
+                assert_eq!(reply.get_str("errmsg").ok(), Some(message), "{label}");
+            } else {
+                assert!(reply.contains_key("ismaster"), "{label}: {reply}");
+            }
+        }
+    }
+    // The same legacy hello on a server that offers `hello` says `helloOk: true` (that case
+    // alone: the awaitable hello would wait there).
+    let script = |role: &Role| {
+        script_of(
+            without_hello_cases(role)
+                .into_iter()
+                .skip(1)
+                .take(1)
+                .collect(),
+        )
+    };
+    let config = ServerConfig::new(Role::Mongos);
+    let (raw, _, _) = run_config(config, true, script).await;
+    let Outcome::Reply(bytes) = &raw[0].1 else {
+        panic!("{:?}", raw[0]);
+    };
+    let reply = retry_core::wire::parse_frame(bytes).unwrap().body;
+    assert_eq!(reply.get_bool("helloOk").ok(), Some(true), "{reply}");
 }
