@@ -144,8 +144,12 @@ pub struct Monitor {
     heartbeat_frequency: Duration,
     /// MO-7: `serverMonitoringMode` and the FaaS detection allow streaming.
     may_stream: bool,
-    /// HS-3: awaitable hellos use `hello` (else legacy `isMaster`).
+    /// HS-3: awaitable hellos use `hello` whatever the server says (a Stable API version or
+    /// load balancing asked for it, see [`Monitor::with_mode`]).
     use_hello: bool,
+    /// HS-3: the monitoring connection's handshake reply said `helloOk: true`, so awaitable
+    /// hellos use `hello` too.
+    hello_ok: bool,
     /// MO-8: the last reply's `topologyVersion`.
     topology_version: Option<TopologyVersion>,
     /// MO-12: while streaming, when the next RTT measurement is due (`None` while one runs).
@@ -174,6 +178,7 @@ impl Monitor {
             heartbeat_frequency: heartbeat_frequency.max(MIN_HEARTBEAT_FREQUENCY),
             may_stream: false,
             use_hello: true,
+            hello_ok: false,
             topology_version: None,
             rtt_next: None,
             rtt_started: None,
@@ -191,7 +196,8 @@ impl Monitor {
 
     /// MO-7: lets the monitor stream with servers that support it when `mode` allows it for a
     /// process that `faas` or not (HS-5); awaitable hellos use legacy `isMaster` unless
-    /// `use_hello` (HS-3).
+    /// `use_hello` (HS-3: a Stable API version or load balancing) or the connection's handshake
+    /// reply said `helloOk` ([`Monitor::handle_handshake`]).
     pub fn with_mode(mut self, mode: ServerMonitoringMode, faas: bool, use_hello: bool) -> Monitor {
         self.may_stream = mode.streams(faas, true);
         self.use_hello = use_hello;
@@ -366,10 +372,13 @@ impl Monitor {
     /// the check (no second `hello` is sent) and its round trip is the RTT sample and the
     /// succeeded event's duration (MO-15). Returns the average RTT to report with the reply
     /// (SS-14), or `None` when no check is in flight.
-    /// `topology_version` is the reply's (MO-8: a server that sends one can stream).
+    /// `topology_version` is the reply's (MO-8: a server that sends one can stream); `hello_ok`
+    /// is the reply's `helloOk` (HS-3: with it, the awaitable checks on this connection use
+    /// `hello`, without it legacy `isMaster` unless [`Monitor::with_mode`] asked for `hello`).
     pub fn handle_handshake(
         &mut self,
         topology_version: Option<TopologyVersion>,
+        hello_ok: bool,
         round_trip: Duration,
         now: Instant,
     ) -> Option<Duration> {
@@ -377,6 +386,7 @@ impl Monitor {
             return None;
         };
         self.topology_version = topology_version;
+        self.hello_ok = hello_ok;
         self.events.push_back(HeartbeatEvent::Succeeded {
             duration: round_trip,
             awaited: false,
@@ -410,7 +420,11 @@ impl Monitor {
                 self.state = State::Streaming { started: now };
                 self.events
                     .push_back(HeartbeatEvent::Started { awaited: true });
-                let hello = awaitable_hello(self.use_hello, &version, self.heartbeat_frequency);
+                let hello = awaitable_hello(
+                    self.use_hello || self.hello_ok,
+                    &version,
+                    self.heartbeat_frequency,
+                );
                 self.actions.push_back(MonitorAction::Await(hello));
             }
             None => self.schedule_after_check(now),
@@ -665,7 +679,7 @@ mod tests {
         );
         // TCP connect took 40 ms, the handshake hello written at 40 was answered at 47.
         assert_eq!(
-            m.handle_handshake(None, Duration::from_millis(7), ms(47)),
+            m.handle_handshake(None, true, Duration::from_millis(7), ms(47)),
             Some(Duration::from_millis(7))
         );
         assert_eq!(
@@ -691,7 +705,7 @@ mod tests {
     fn mo1_a_handshake_outside_a_check_is_ignored() {
         let mut m = monitor();
         assert_eq!(
-            m.handle_handshake(None, Duration::from_millis(1), ms(1)),
+            m.handle_handshake(None, true, Duration::from_millis(1), ms(1)),
             None
         );
         assert_eq!(m.poll_event(), None);
@@ -704,6 +718,36 @@ mod tests {
         "counter": 2_i64 } }
     }
 
+    /// HS-3: the awaitable hello follows the monitoring connection's handshake: `hello` after a
+    /// reply with `helloOk: true`, legacy `isMaster` without it, unless `hello` was asked for
+    /// (Stable API, load balancing).
+    #[test]
+    fn hs3_the_awaitable_hello_follows_the_handshakes_hello_ok() {
+        for (asked, hello_ok, expected) in [
+            (false, true, "hello"),
+            (false, false, "isMaster"),
+            (true, false, "hello"),
+        ] {
+            let mut m = monitor().with_mode(ServerMonitoringMode::Stream, false, asked);
+            m.handle_timeout(ms(0));
+            assert_eq!(m.poll_action(), Some(MonitorAction::Check));
+            let _ = m.handle_handshake(
+                TopologyVersion::from_reply(&streamable_hello()),
+                hello_ok,
+                Duration::from_millis(4),
+                ms(5),
+            );
+            let Some(MonitorAction::Await(hello)) = m.poll_action() else {
+                panic!("an awaitable hello")
+            };
+            assert_eq!(
+                hello.keys().next().map(String::as_str),
+                Some(expected),
+                "asked {asked}, helloOk {hello_ok}"
+            );
+        }
+    }
+
     #[test]
     fn mo9_mo10_mo15_after_the_handshake_a_streaming_monitor_awaits_and_reads_on() {
         let mut m = monitor().with_mode(ServerMonitoringMode::Stream, false, true);
@@ -711,6 +755,7 @@ mod tests {
         assert_eq!(m.poll_action(), Some(MonitorAction::Check));
         let _ = m.handle_handshake(
             TopologyVersion::from_reply(&streamable_hello()),
+            true,
             Duration::from_millis(4),
             ms(5),
         );
@@ -781,6 +826,7 @@ mod tests {
         while m.poll_action().is_some() {}
         let _ = m.handle_handshake(
             TopologyVersion::from_reply(&streamable_hello()),
+            true,
             Duration::from_millis(4),
             ms(5),
         );
@@ -812,6 +858,7 @@ mod tests {
             while m.poll_action().is_some() {}
             let _ = m.handle_handshake(
                 TopologyVersion::from_reply(&reply),
+                true,
                 Duration::from_millis(1),
                 ms(1),
             );
@@ -825,6 +872,7 @@ mod tests {
         while m.poll_action().is_some() {}
         let _ = m.handle_handshake(
             TopologyVersion::from_reply(&streamable_hello()),
+            true,
             Duration::from_millis(1),
             ms(1),
         );

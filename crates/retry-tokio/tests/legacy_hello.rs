@@ -162,10 +162,6 @@ async fn hs3_with_hello_ok_a_polling_monitor_switches_to_hello() {
 /// HS-3, MO-8: streaming, the awaitable checks are `hello` after a handshake reply with
 /// `helloOk: true` too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "HS-3: retry-core's streaming monitor sends awaitable `isMaster` after a handshake \
-            reply with helloOk: true (Monitor::use_hello is fixed at creation from \
-            HandshakeOptions::uses_hello, engine/monitoring.rs StartMonitoring; the reply's \
-            hello_ok never reaches it)"]
 async fn hs3_with_hello_ok_a_streaming_monitor_switches_to_hello() {
     with_hello_ok_the_monitor_switches_to_hello(ServerMonitoringMode::Stream).await;
 }

@@ -260,7 +260,11 @@ impl Engine {
         };
         let round_trip = reply.description.average_rtt.get().unwrap_or_default();
         let version = reply.description.topology_version;
-        let Some(average) = state.monitor.handle_handshake(version, round_trip, now) else {
+        let Some(average) =
+            state
+                .monitor
+                .handle_handshake(version, reply.hello_ok, round_trip, now)
+        else {
             return;
         };
         self.schedule(Machine::Monitor(server));
