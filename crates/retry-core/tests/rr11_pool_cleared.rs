@@ -139,3 +139,70 @@ fn rr11_with_csot_pool_cleared_errors_are_retried_until_the_deadline() {
         assert_eq!(trace.denials().collect::<Vec<_>>(), [DenyReason::Deadline]);
     }
 }
+
+/// RR-11 with CSOT, CS-5 (CSOT "Server Selection" and "Retryability"): the retry after a
+/// PoolClearedError waits in server selection, whose timeout under CSOT is what remains of
+/// `timeoutMS` (CS-3). Failing at the 100 ms deadline, it ends the operation with a timeout error
+/// wrapping the PoolClearedError (was: the PoolClearedError itself, not a timeout); failing
+/// before it (its own `serverSelectionTimeoutMS`), it raises the PoolClearedError (RW-14).
+#[test]
+fn rr11_cs5_a_retry_selection_failing_at_the_deadline_is_a_timeout() {
+    let no_server = || StepOutcome::SelectionFails(OperationError::server_selection("no server"));
+    let at = |ms: u64| {
+        Script::new()
+            .then_after(Duration::from_millis(10), at_checkout("first"))
+            .then_after(Duration::from_millis(ms - 10), no_server())
+    };
+    for spec in [read(), write()] {
+        let spec = spec.with_timeout(OperationTimeout::Until(Instant::from_millis(100)));
+        let trace = on_primary(spec, &at(100), JITTER_ZERO);
+        assert_eq!(trace.finished_at(), Some(Instant::from_millis(100)));
+        let error = raised(&trace);
+        match &error.kind {
+            ErrorKind::Timeout { cause: Some(cause) } => {
+                assert_eq!(cleared_cause(cause), Some("first"), "{error}")
+            }
+            _ => panic!("CS-5: a timeout error, got {error}"),
+        }
+        assert_eq!(trace.denials().collect::<Vec<_>>(), [DenyReason::Deadline]);
+        let trace = on_primary(spec, &at(99), JITTER_ZERO);
+        assert_eq!(cleared_cause(raised(&trace)), Some("first"), "RW-14");
+    }
+}
+
+/// CS-5 (CSOT "Server Selection": the selection loop fails with a timeout error once
+/// `timeoutMS` expires): a first selection failing at the deadline raises a timeout error
+/// wrapping the selection error; one failing before it (its own `serverSelectionTimeoutMS`)
+/// raises the selection error as is (RR-6, RW-11), as does any without CSOT.
+#[test]
+fn cs5_a_first_selection_failing_at_the_deadline_is_a_timeout() {
+    let fails_after = |ms: u64| {
+        Script::new().then_after(
+            Duration::from_millis(ms),
+            StepOutcome::SelectionFails(OperationError::server_selection("no server")),
+        )
+    };
+    let deadline = OperationTimeout::Until(Instant::from_millis(100));
+    let trace = on_primary(
+        read().with_timeout(deadline),
+        &fails_after(100),
+        JITTER_ZERO,
+    );
+    let raised_at_deadline = raised(&trace);
+    assert!(
+        matches!(&raised_at_deadline.kind, ErrorKind::Timeout { cause: Some(c) }
+            if matches!(c.kind, ErrorKind::ServerSelection { .. })),
+        "{raised_at_deadline}"
+    );
+    assert!(raised_at_deadline.to_string().contains("no server"));
+    let trace = on_primary(read().with_timeout(deadline), &fails_after(99), JITTER_ZERO);
+    assert!(matches!(
+        raised(&trace).kind,
+        ErrorKind::ServerSelection { .. }
+    ));
+    let trace = on_primary(read(), &fails_after(100), JITTER_ZERO);
+    assert!(matches!(
+        raised(&trace).kind,
+        ErrorKind::ServerSelection { .. }
+    ));
+}

@@ -349,7 +349,6 @@ fn rr11_a_first_pool_cleared_error_is_kept_as_the_previous_error() {
 /// (500 ms, well within the 1 s selection timeout) and then raises a timeout error wrapping the
 /// PoolClearedError, at the deadline.
 #[test]
-#[ignore = "RR-11, CS-5: a retry selection failing at the CSOT deadline raises the previous error, not a timeout"]
 fn rr11_with_csot_a_pool_cleared_read_stops_at_the_deadline() {
     let mut sim = mongos_reset_next();
     let deadline = sim.now.saturating_add(Duration::from_millis(500));
@@ -367,4 +366,56 @@ fn rr11_with_csot_a_pool_cleared_read_stops_at_the_deadline() {
         ),
         _ => panic!("CS-5: a timeout error, got {error}"),
     }
+}
+
+/// CS-5 with TX-7 and TX-8: under CSOT, a transaction's statement and its commit whose replies
+/// come after their 100 ms deadline end, at the deadline, with a timeout error wrapping the
+/// socket timeout (CS-7), and the timeout keeps the labels the transaction rules gave that
+/// network error: `TransientTransactionError` for the statement, `UnknownTransactionCommitResult`
+/// (with `RetryableWriteError`) for the commit, so that a caller reading the raised error's labels
+/// knows to retry the transaction or the commit.
+#[test]
+fn cs5_tx7_tx8_a_timeout_keeps_the_transaction_labels_of_its_cause() {
+    use retry_core::error::Labels;
+    let late = || Step::Reply {
+        body: doc! { "ok": 1 },
+        delay: Duration::from_secs(1),
+    };
+    let mut sim = Sim::mongos(
+        [Step::reply(doc! { "ok": 1, "n": 1 }), late(), late()],
+        |_| {},
+    );
+    let session = sim.engine.start_session();
+    sim.begin_transaction(session);
+    let first = sim.start_request(insert(FIRST_WRITE).with_session(session));
+    sim.run(first).expect("the first statement succeeds");
+    let deadline =
+        |sim: &Sim| OperationTimeout::Until(sim.now.saturating_add(Duration::from_millis(100)));
+    let statement = insert(LATER_WRITE)
+        .with_session(session)
+        .with_timeout(deadline(&sim));
+    let statement = sim.start_request(statement);
+    let error = sim.run(statement).expect_err("the reply comes too late");
+    assert!(
+        matches!(error.kind, ErrorKind::Timeout { cause: Some(_) }),
+        "{error}"
+    );
+    assert!(
+        error.has_label(Labels::TRANSIENT_TRANSACTION),
+        "TX-7: {error:?}"
+    );
+
+    let done = sim.start_request(commit(session).with_timeout(deadline(&sim)));
+    let error = sim.run(done).expect_err("the reply comes too late");
+    match &error.kind {
+        ErrorKind::Timeout { cause: Some(cause) } => {
+            assert!(matches!(cause.kind, ErrorKind::Network(_)), "CS-7: {error}")
+        }
+        _ => panic!("CS-5: a timeout error, got {error}"),
+    }
+    assert!(
+        error.has_label(Labels::UNKNOWN_TRANSACTION_COMMIT_RESULT),
+        "TX-8: {error:?}"
+    );
+    assert!(error.has_label(Labels::RETRYABLE_WRITE), "RW-9: {error:?}");
 }
