@@ -46,7 +46,9 @@
 //!   overload error with `enableOverloadRetargeting` (BP-19, BP-20, contradiction C6).
 //! - The error raised (BP-21, RR-6, RR-9, RW-14, RW-17): the latest error that shows the command
 //!   was attempted (sent, and for writes not `NoWritesPerformed`), else the first error. A selection
-//!   failure on a retry raises that error, not the selection error.
+//!   failure on a retry raises that error, not the selection error. Under CSOT, a failure (a
+//!   selection's included) with the deadline passed raises a timeout error wrapping that error and
+//!   keeping its labels (CS-5, RR-11, TX-7, TX-8).
 //! - Retries keep the `txnNumber` (RW-7, BP-23); a retried first command of a transaction still
 //!   starts it (TX-12); commit retries use majority write concern unless every earlier failure was
 //!   a retryable overload error (TX-11).
