@@ -789,14 +789,21 @@ impl OperationError {
         }
     }
 
-    /// The CSOT deadline expired while handling `cause` (CS-5).
+    /// The CSOT deadline expired while handling `cause` (CS-5). The timeout wraps the cause and
+    /// keeps its labels and address: a commit that times out after a network or retryable write
+    /// error (a socket timeout under CSOT is a network error transformed, CS-7) is still a commit
+    /// whose result is unknown, and a statement's network error still makes the transaction
+    /// transient, so the raised error says `UnknownTransactionCommitResult` (TX-8) or
+    /// `TransientTransactionError` (TX-7) as the error it wraps does.
     pub fn timeout(cause: Option<OperationError>) -> OperationError {
-        let address = cause.as_ref().and_then(|c| c.address.clone());
+        let (labels, address) = cause
+            .as_ref()
+            .map_or((Labels::NONE, None), |c| (c.labels, c.address.clone()));
         OperationError {
             kind: ErrorKind::Timeout {
                 cause: cause.map(Box::new),
             },
-            labels: Labels::NONE,
+            labels,
             address,
         }
     }
@@ -1076,11 +1083,11 @@ impl OperationError {
     }
 
     /// CS-7: the timeout error a MaxTimeMSExpired error becomes under `timeoutMS`. It wraps the
-    /// server's error (CS-5) and keeps its labels: a commit's `UnknownTransactionCommitResult`
-    /// (TX-8) is not lost.
+    /// server's error (CS-5) and keeps its labels, as every timeout does
+    /// ([`OperationError::timeout`]): a commit's `UnknownTransactionCommitResult` (TX-8) is not
+    /// lost.
     pub fn max_time_expired_timeout(self) -> OperationError {
-        let labels = self.labels;
-        OperationError::timeout(Some(self)).with_labels(labels)
+        OperationError::timeout(Some(self))
     }
 }
 
@@ -1113,6 +1120,31 @@ mod max_time_tests {
                 .is_max_time_expired()
         );
         assert!(!OperationError::timeout(None).is_max_time_expired());
+    }
+
+    /// CS-5, TX-7, TX-8: every timeout keeps its cause's labels and address, not only a
+    /// MaxTimeMSExpired's: a commit's network error (a socket timeout under CSOT included, CS-7)
+    /// labelled `UnknownTransactionCommitResult` and `RetryableWriteError`, a statement's
+    /// labelled `TransientTransactionError`. A timeout with no cause has no labels.
+    #[test]
+    fn cs5_a_timeout_keeps_the_labels_of_its_cause() {
+        let address = ServerAddress::new("a", 27017);
+        for kind in [NetworkErrorKind::Timeout, NetworkErrorKind::Reset] {
+            for labels in [
+                Labels::UNKNOWN_TRANSACTION_COMMIT_RESULT.union(Labels::RETRYABLE_WRITE),
+                Labels::TRANSIENT_TRANSACTION,
+            ] {
+                let cause = OperationError::network(kind, NetworkPhase::AfterSend, address.clone())
+                    .with_labels(labels);
+                let timeout = OperationError::timeout(Some(cause.clone()));
+                assert_eq!(timeout.labels, labels, "{timeout}");
+                assert_eq!(timeout.address, Some(address.clone()));
+                assert!(
+                    matches!(&timeout.kind, ErrorKind::Timeout { cause: Some(c) } if **c == cause)
+                );
+            }
+        }
+        assert_eq!(OperationError::timeout(None).labels, Labels::NONE);
     }
 
     /// CS-7, CS-5, TX-8: the timeout wraps the 50, names its server and keeps its labels.

@@ -46,7 +46,9 @@
 //!   overload error with `enableOverloadRetargeting` (BP-19, BP-20, contradiction C6).
 //! - The error raised (BP-21, RR-6, RR-9, RW-14, RW-17): the latest error that shows the command
 //!   was attempted (sent, and for writes not `NoWritesPerformed`), else the first error. A selection
-//!   failure on a retry raises that error, not the selection error.
+//!   failure on a retry raises that error, not the selection error. Under CSOT, a failure (a
+//!   selection's included) with the deadline passed raises a timeout error wrapping that error and
+//!   keeping its labels (CS-5, RR-11, TX-7, TX-8).
 //! - Retries keep the `txnNumber` (RW-7, BP-23); a retried first command of a transaction still
 //!   starts it (TX-12); commit retries use majority write concern unless every earlier failure was
 //!   a retryable overload error (TX-11).
@@ -1003,15 +1005,25 @@ impl<R: RngCore> RetryMachine<R> {
 
     /// Server selection for the next attempt failed. The first attempt raises the selection error
     /// (RR-6, RW-11); a retry raises the previous error (RR-6, RW-14).
+    ///
+    /// Under CSOT, a selection that fails with the deadline passed (its timeout was the remaining
+    /// `timeoutMS`, CS-3) ends the operation with a timeout error (CS-5; RR-11: with CSOT the
+    /// retries stop when expired) wrapping that same error: the previous one on a retry, else
+    /// the selection error.
     pub fn handle_selection_failed(
         &mut self,
         error: OperationError,
-        _now: Instant,
+        now: Instant,
     ) -> Result<(), UnexpectedInput> {
         if !matches!(self.state, State::Selecting) {
             return self.unexpected("selection failed");
         }
         let raised = self.raised.take().unwrap_or(error);
+        if self.spec.timeout.expired(now) {
+            self.raised = Some(raised);
+            self.finish_timed_out();
+            return Ok(());
+        }
         self.finish(Err(raised));
         Ok(())
     }
@@ -1340,12 +1352,9 @@ impl<R: RngCore> RetryMachine<R> {
         if let Some(cause) = cause.as_ref().filter(|_| self.record_events) {
             self.deny(reason, cause.summary());
         }
-        let raised = match cause {
-            // CS-7: a MaxTimeMSExpired keeps its labels (TX-8) on the timeout.
-            Some(cause) if cause.is_max_time_expired() => cause.max_time_expired_timeout(),
-            cause => OperationError::timeout(cause),
-        };
-        self.finish(Err(raised));
+        // CS-5, CS-7: the timeout keeps its cause's labels (TX-7, TX-8), a MaxTimeMSExpired's
+        // as any other's.
+        self.finish(Err(OperationError::timeout(cause)));
     }
 
     fn finish(&mut self, result: Result<(), OperationError>) {

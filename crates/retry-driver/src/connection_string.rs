@@ -1145,4 +1145,112 @@ mod tests {
             assert!(percent_decode(bad).is_err(), "{bad}");
         }
     }
+
+    /// The initial TopologyType and set name of the topology a client of `cs` starts (URI-13):
+    /// `cs` through the client's options and the engine's options to the SDAM topology.
+    fn initial_topology(
+        cs: &ConnectionString,
+    ) -> (retry_core::topology::TopologyType, Option<String>) {
+        let options = crate::ClientOptions::from_connection_string(cs)
+            .unwrap_or_else(|e| panic!("{cs:?}: {e}"));
+        let engine = options.engine_options().expect("valid engine options");
+        let topology =
+            retry_core::topology::Topology::new(engine.topology, retry_core::time::Instant::ZERO)
+                .expect("valid topology settings");
+        let description = topology.description();
+        (description.topology_type, description.set_name.clone())
+    }
+
+    /// URI-13 (SDAM initial TopologyType): `directConnection=true` → Single (with `replicaSet`,
+    /// the set name to check); unset, as `false`, → Unknown, or ReplicaSetNoPrimary with
+    /// `replicaSet`, whatever the number of hosts (one host does not make it Single);
+    /// `loadBalanced=true` → LoadBalanced (LB-3).
+    #[test]
+    fn uri13_the_initial_topology_type_of_a_mongodb_uri() {
+        use retry_core::topology::TopologyType::*;
+        let rs = || Some("rs".to_string());
+        for (uri, expected) in [
+            ("mongodb://a/", (Unknown, None)),
+            ("mongodb://a/?directConnection=false", (Unknown, None)),
+            ("mongodb://a,b/", (Unknown, None)),
+            ("mongodb://a/?directConnection=true", (Single, None)),
+            (
+                "mongodb://a/?directConnection=true&replicaSet=rs",
+                (Single, rs()),
+            ),
+            ("mongodb://a/?replicaSet=rs", (ReplicaSetNoPrimary, rs())),
+            ("mongodb://a,b/?replicaSet=rs", (ReplicaSetNoPrimary, rs())),
+            (
+                "mongodb://a,b/?replicaSet=rs&directConnection=false",
+                (ReplicaSetNoPrimary, rs()),
+            ),
+            ("mongodb://a/?loadBalanced=true", (LoadBalanced, None)),
+        ] {
+            assert_eq!(initial_topology(&parse(uri)), expected, "{uri}");
+        }
+    }
+
+    /// URI-13 for `mongodb+srv`: without `directConnection` or `replicaSet` the topology starts
+    /// Unknown, never inferred from the number of hosts the SRV records give (one or three);
+    /// `replicaSet` (from the URI or a TXT record, SRV-5) makes it ReplicaSetNoPrimary and
+    /// `loadBalanced=true` in a TXT record LoadBalanced.
+    #[test]
+    fn uri13_a_mongodb_srv_uri_starts_unknown_whatever_its_host_count() {
+        use crate::srv::{apply_seedlist, SrvRecord};
+        use retry_core::topology::TopologyType::*;
+        let record = |host: &str| SrvRecord {
+            target: format!("{host}.test.build.10gen.cc"),
+            port: 27017,
+            ttl: None,
+        };
+        let one = || vec![record("a")];
+        let three = || vec![record("a"), record("b"), record("c")];
+        let srv = |uri: &str, records: Vec<SrvRecord>, txt: &[Vec<String>]| {
+            let cs = parse(uri);
+            initial_topology(&apply_seedlist(&cs, records, txt, 7).expect("resolved"))
+        };
+        let plain = "mongodb+srv://test1.test.build.10gen.cc/";
+        assert_eq!(srv(plain, one(), &[]), (Unknown, None), "one host");
+        assert_eq!(srv(plain, three(), &[]), (Unknown, None), "three hosts");
+        let rs = Some("rs".to_string());
+        let named = "mongodb+srv://test1.test.build.10gen.cc/?replicaSet=rs";
+        assert_eq!(srv(named, one(), &[]), (ReplicaSetNoPrimary, rs.clone()));
+        let txt = [vec!["replicaSet=rs".to_string()]];
+        assert_eq!(srv(plain, one(), &txt), (ReplicaSetNoPrimary, rs));
+        let txt = [vec!["loadBalanced=true".to_string()]];
+        assert_eq!(srv(plain, one(), &txt), (LoadBalanced, None));
+    }
+
+    /// TO-11 (MO-4): `timeoutMS` is for operations only. The client keeps it for each operation's
+    /// deadline, but the engine's monitoring timeouts (`connectTimeoutMS` for monitoring and RTT
+    /// connections and their checks, `heartbeatFrequencyMS` on top for awaited replies) and the
+    /// pooled connections' `socketTimeoutMS` are the same with it as without it.
+    #[test]
+    fn to11_timeout_ms_changes_no_monitoring_timeout() {
+        for (without, with) in [
+            ("mongodb://a/", "mongodb://a/?timeoutMS=100"),
+            (
+                "mongodb://a/?connectTimeoutMS=2500&heartbeatFrequencyMS=700",
+                "mongodb://a/?connectTimeoutMS=2500&heartbeatFrequencyMS=700&timeoutMS=100",
+            ),
+            (
+                "mongodb://a/?socketTimeoutMS=750",
+                "mongodb://a/?socketTimeoutMS=750&timeoutMS=100",
+            ),
+        ] {
+            let without = crate::ClientOptions::parse(without).unwrap();
+            let with = crate::ClientOptions::parse(with).unwrap();
+            assert_eq!(without.timeout, None);
+            assert_eq!(with.timeout, Some(std::time::Duration::from_millis(100)));
+            let (without, with) = (
+                without.engine_options().unwrap(),
+                with.engine_options().unwrap(),
+            );
+            assert_eq!(with.connect_timeout, without.connect_timeout);
+            assert_eq!(with.heartbeat_frequency, without.heartbeat_frequency);
+            assert_eq!(with.socket_timeout, without.socket_timeout);
+            assert_eq!(with.server_monitoring_mode, without.server_monitoring_mode);
+            assert_eq!(with.selection, without.selection);
+        }
+    }
 }
