@@ -1142,6 +1142,13 @@ impl Engine {
     /// Appends the next pending bytes of one socket to `buf` and returns that socket; `None` when
     /// nothing is waiting. The caller clears (and reuses) `buf` between calls; bytes for one socket
     /// come out in the order they must be written.
+    ///
+    /// WP-6, EV-4: taking the bytes of an unacknowledged write (`w: 0`, sent with `moreToCome`)
+    /// ends its operation: no reply will come, so the hand-off is the last the engine sees of
+    /// it (see "Unacknowledged writes" in the [module docs](self)). Its closing events, its
+    /// connection's check-in and its `OperationFinished` are queued for [`Engine::poll_event`],
+    /// and what the check-in sets off (the next command on that connection, a socket to close
+    /// or, rarely, to open) for the other `poll_*`: drain them all again after this one.
     #[must_use]
     #[inline]
     pub fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<ConnId> {
@@ -1159,6 +1166,10 @@ impl Engine {
             if let Some(socket) = self.sockets.get_mut(&conn) {
                 socket.transmit_queued = false;
                 if socket.machine.poll_transmit(buf) {
+                    // WP-6, EV-4: an unacknowledged write ends as its bytes are handed over.
+                    if let Some(sent_at) = socket.machine.take_unacknowledged_handed_over() {
+                        self.unacknowledged_handed_over(conn, sent_at);
+                    }
                     return Some(conn);
                 }
             }
