@@ -98,7 +98,11 @@ fn written(net: &Net, name: &str) -> Vec<(ConnId, u32, Document)> {
             let Some(message) = message else { continue };
             if message.body.keys().next().map(String::as_str) == Some(name) {
                 let flags = u32::from_le_bytes(frame[16..20].try_into().expect("a header"));
-                assert_eq!(flags, message.flags.bits(), "the decoder reads the flag bits");
+                assert_eq!(
+                    flags,
+                    message.flags.bits(),
+                    "the decoder reads the flag bits"
+                );
                 out.push((*conn, flags, message.body));
             }
         }
@@ -152,7 +156,11 @@ fn wp6_ev4_an_unacknowledged_write_ends_once_with_ok_1_when_its_bytes_are_taken(
     let results = net.finished(op);
     assert_eq!(results.len(), 1, "exactly once: {results:?}");
     let reply = results[0].as_ref().expect("a success");
-    assert_eq!(reply.as_bytes(), rawdoc! { "ok": 1 }.as_bytes(), "EV-4: no n");
+    assert_eq!(
+        reply.as_bytes(),
+        rawdoc! { "ok": 1 }.as_bytes(),
+        "EV-4: no n"
+    );
     // WP-6: on the wire, flag bit 1 alone; the script left it unanswered and nothing was fed.
     let inserts = written(&net, "insert");
     assert_eq!(inserts.len(), 1);
@@ -163,7 +171,10 @@ fn wp6_ev4_an_unacknowledged_write_ends_once_with_ok_1_when_its_bytes_are_taken(
     // RW-4, SE-13: no session and no transaction number on a w:0 write.
     assert!(!body.contains_key("txnNumber"), "RW-4: {body}");
     assert!(!body.contains_key("lsid"), "SE-13: {body}");
-    assert_eq!(body.get_document("writeConcern").ok(), Some(&doc! { "w": 0 }));
+    assert_eq!(
+        body.get_document("writeConcern").ok(),
+        Some(&doc! { "w": 0 })
+    );
     // EV-4, EV-2: started with the write concern, succeeded with `{ok: 1}`, both once.
     let [started, succeeded, failed] = command_events(&net, op);
     assert_eq!((started.len(), succeeded.len(), failed.len()), (1, 1, 0));
@@ -190,9 +201,11 @@ fn wp6_ev4_an_unacknowledged_write_ends_once_with_ok_1_when_its_bytes_are_taken(
         matches!(e, EngineEvent::Pool { event: PoolEvent::CheckedOut { connection, .. }, .. }
             if connection.0 == info.driver_connection_id)
     });
-    let checked_in = pool_event(&net, succeeded[0].0, |e| {
-        matches!(e, PoolEvent::CheckedIn { connection } if connection.0 == info.driver_connection_id)
-    });
+    let checked_in = pool_event(
+        &net,
+        succeeded[0].0,
+        |e| matches!(e, PoolEvent::CheckedIn { connection } if connection.0 == info.driver_connection_id),
+    );
     let done = finished_at(&net, op);
     assert!(
         checked_out < started[0].0 && started[0].0 < succeeded[0].0,
@@ -203,7 +216,9 @@ fn wp6_ev4_an_unacknowledged_write_ends_once_with_ok_1_when_its_bytes_are_taken(
     // No reply awaited: no socket deadline (TO-3) was set for one.
     let socket_deadline = net.now.saturating_add(SOCKET_TIMEOUT);
     assert!(
-        net.engine.poll_timeout().is_none_or(|t| t > socket_deadline),
+        net.engine
+            .poll_timeout()
+            .is_none_or(|t| t > socket_deadline),
         "{:?}",
         net.engine.poll_timeout()
     );
@@ -216,7 +231,10 @@ fn wp6_ev4_an_unacknowledged_write_ends_once_with_ok_1_when_its_bytes_are_taken(
     let inserts = written(&net, "insert");
     assert_eq!(inserts.len(), 2);
     let (second_conn, second_flags, second) = &inserts[1];
-    assert_eq!(second_conn, conn, "the connection was checked in and reused");
+    assert_eq!(
+        second_conn, conn,
+        "the connection was checked in and reused"
+    );
     assert_eq!(*second_flags, 0, "WP-6: moreToCome only on w:0 writes");
     assert!(second.contains_key("lsid") && second.contains_key("txnNumber"));
     let created = net
@@ -332,9 +350,10 @@ fn wp6_a_socket_failing_after_the_hand_off_leaves_the_result_alone() {
     assert!(net.finished(op)[0].is_ok());
     let [_, succeeded, failed] = command_events(&net, op);
     assert_eq!((succeeded.len(), failed.len()), (1, 0));
-    assert!(net.events[events..]
-        .iter()
-        .all(|e| !matches!(e, EngineEvent::Command(_) | EngineEvent::OperationFinished { .. })));
+    assert!(net.events[events..].iter().all(|e| !matches!(
+        e,
+        EngineEvent::Command(_) | EngineEvent::OperationFinished { .. }
+    )));
 }
 
 /// WP-6, house rule 8: a w:0 write cancelled before its bytes were taken ends once, cancelled;
@@ -355,4 +374,3 @@ fn wp6_an_unacknowledged_write_cancelled_before_the_hand_off_is_never_written() 
     let [started, succeeded, failed] = command_events(&net, op);
     assert_eq!((started.len(), succeeded.len(), failed.len()), (1, 0, 1));
 }
-

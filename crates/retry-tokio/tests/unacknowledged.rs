@@ -48,7 +48,10 @@ async fn wp6_ev4_an_unacknowledged_insert_lands_and_the_next_find_sees_it() {
             OperationKind::NonRetryableWrite,
             "RW-4"
         );
-        let reply = client.command("test", insert).await.expect("the w:0 insert");
+        let reply = client
+            .command("test", insert)
+            .await
+            .expect("the w:0 insert");
         assert_eq!(reply, doc! { "ok": 1 }, "EV-4: no n");
         let found = client
             .run_command(
@@ -80,7 +83,10 @@ async fn wp6_ev4_an_unacknowledged_insert_lands_and_the_next_find_sees_it() {
         assert!(!command.contains_key("lsid"), "SE-13: {command}");
         assert_eq!(inserts[1], (false, doc! { "ok": 1 }, *conn), "EV-4");
         let finds = command_events(&events, "find");
-        assert_eq!(finds[0].2, *conn, "the connection was checked in and reused");
+        assert_eq!(
+            finds[0].2, *conn,
+            "the connection was checked in and reused"
+        );
         client.shutdown().await;
         // The server received one insert and one find, and answered the find only.
         let counters = server.handle.counters();
