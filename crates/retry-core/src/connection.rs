@@ -406,6 +406,10 @@ pub struct Connection {
     /// The bytes not yet taken by [`Connection::poll_transmit`]: messages are encoded straight
     /// into it, so a socket has one outbound buffer and no message gets its own allocation.
     outbound: Vec<u8>,
+    /// WP-6: the instant the last request queued was written, when it is unacknowledged
+    /// (`moreToCome`) and its bytes are still in `outbound`
+    /// ([`Connection::take_unacknowledged_handed_over`]).
+    unacknowledged: Option<Instant>,
     events: VecDeque<ConnectionEvent>,
 }
 
@@ -459,6 +463,7 @@ impl Connection {
             outstanding: None,
             deadline,
             outbound: Vec::new(),
+            unacknowledged: None,
             events: VecDeque::new(),
         }
     }
@@ -634,8 +639,13 @@ impl Connection {
         }
         self.next_request_id = request_id.checked_add(1).unwrap_or(1);
         if request.unacknowledged {
+            // WP-6: no reply will come; the request is done once its bytes are handed over.
+            self.unacknowledged = Some(now);
             return Ok(request_id);
         }
+        // An unacknowledged request queued before this one is no longer the last (its bytes
+        // still go out first).
+        self.unacknowledged = None;
         self.outstanding = Some(Outstanding {
             request_id,
             response_to: request_id,
@@ -733,6 +743,19 @@ impl Connection {
             outstanding.handed_over = true;
         }
         true
+    }
+
+    /// WP-6: after [`Connection::poll_transmit`] handed bytes over, the instant the last
+    /// request queued was written, when that request is unacknowledged (`moreToCome`): its bytes
+    /// were among those handed over, and nothing more will come for it. `None` otherwise, and
+    /// after a failure (the bytes were dropped unsent). Inlined: one test of a field for a
+    /// transmit of anything else.
+    #[inline(always)]
+    pub(crate) fn take_unacknowledged_handed_over(&mut self) -> Option<Instant> {
+        match self.unacknowledged {
+            Some(_) if self.outbound.is_empty() => self.unacknowledged.take(),
+            _ => None,
+        }
     }
 
     /// Whether [`Connection::poll_transmit`] has bytes to give.
@@ -934,6 +957,7 @@ impl Connection {
         self.outstanding = None;
         self.deadline = None;
         self.outbound.clear();
+        self.unacknowledged = None;
         self.events
             .push_back(ConnectionEvent::Failed(ConnectionError {
                 cause,
@@ -1321,17 +1345,39 @@ mod tests {
         let mut conn = ready();
         let mut request = Request::new(doc! { "insert": "c", "writeConcern": { "w": 0 } });
         request.unacknowledged = true;
-        assert_eq!(conn.send_command(request, at(20)), Ok(2));
+        assert_eq!(conn.send_command(request.clone(), at(20)), Ok(2));
         assert_eq!(
             (conn.state(), conn.poll_timeout()),
             (ConnectionState::Ready, None)
         );
+        // Not handed over yet: the engine's operation is not done.
+        assert_eq!(conn.take_unacknowledged_handed_over(), None);
         let out = sent(&mut conn);
         assert!(out[0].flags.contains(MsgFlags::MORE_TO_COME));
+        // Handed over: once, with the instant it was written.
+        assert_eq!(conn.take_unacknowledged_handed_over(), Some(at(20)));
+        assert_eq!(conn.take_unacknowledged_handed_over(), None);
         assert_eq!(
             conn.send_command(Request::new(doc! { "ping": 1 }), at(21)),
             Ok(3)
         );
+        assert_eq!(conn.take_unacknowledged_handed_over(), None);
+        // An acknowledged request queued after an unacknowledged one is the last: the marker
+        // goes (its reply ends the engine's operation).
+        let mut conn = ready();
+        conn.send_command(request.clone(), at(20)).unwrap();
+        conn.send_command(Request::new(doc! { "ping": 1 }), at(20))
+            .unwrap();
+        sent(&mut conn);
+        assert_eq!(conn.take_unacknowledged_handed_over(), None);
+        // A failure before the bytes were taken drops them and the marker: nothing was sent.
+        let mut conn = ready();
+        conn.send_command(request, at(20)).unwrap();
+        conn.handle_closed(NetworkErrorKind::Reset, None, at(21));
+        assert!(!conn.has_transmit());
+        assert_eq!(conn.take_unacknowledged_handed_over(), None);
+        let e = failure(&mut conn);
+        assert_eq!((e.phase, e.request_id), (NetworkPhase::BeforeSend, None));
     }
 
     fn streamed(request_id: i32, response_to: i32, more: bool) -> Vec<u8> {

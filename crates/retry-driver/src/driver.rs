@@ -417,11 +417,11 @@ impl Driver {
         core::mem::take(&mut self.unflushed) && self.take_engine_output(now)
     }
 
-    /// [`Driver::flush_engine`] once the engine was handed something.
-    fn take_engine_output(&mut self, now: Instant) -> bool {
-        let mut progressed = false;
+    /// Starts opening every socket the engine asks for; whether it asked for any.
+    fn open_sockets(&mut self) -> bool {
+        let mut opened = false;
         while let Some(connect) = self.engine.poll_connect() {
-            progressed = true;
+            opened = true;
             let future = self
                 .runtime
                 .connect(connect.address.host().to_string(), connect.address.port());
@@ -437,9 +437,23 @@ impl Driver {
                 SocketState::new(Link::Connecting(future), ready),
             );
         }
+        opened
+    }
+
+    /// [`Driver::flush_engine`] once the engine was handed something.
+    fn take_engine_output(&mut self, now: Instant) -> bool {
+        let mut progressed = self.open_sockets();
+        let mut wrote = false;
         while let Some(conn) = self.engine.poll_transmit(&mut self.transmit) {
-            progressed = true;
+            wrote = true;
             self.queue_transmit(conn);
+        }
+        if wrote {
+            progressed = true;
+            // WP-6: taking an unacknowledged write's bytes ends its operation, and its
+            // connection's check-in may ask for a socket (rarely): it is opened now, not at the
+            // next input.
+            self.open_sockets();
         }
         while let Some(conn) = self.engine.poll_close() {
             progressed = true;

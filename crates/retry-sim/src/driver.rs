@@ -523,7 +523,9 @@ impl Sim {
                 .expect("a known server");
             let handshake = !socket.handshaken;
             socket.handshaken = true;
-            let answer = match server.answer(&request.body, handshake, conn) {
+            let step = server.answer(&request.body, handshake, conn);
+            let replied = matches!(step, None | Some(Step::Reply { .. }));
+            let answer = match step {
                 // The plain `{ok: 1}`, encoded once, with this request's `responseTo`.
                 None => {
                     let mut bytes = self.ok_reply.clone();
@@ -547,6 +549,11 @@ impl Sim {
                 Some(Step::Reset) => (Duration::ZERO, Delivery::Reset),
                 Some(Step::Garbage(garbage)) => (Duration::ZERO, Delivery::Bytes(garbage)),
             };
+            // WP-6: a request with `moreToCome` (an unacknowledged write) gets no reply, as from
+            // a real server; a reset or garbage still reaches the socket.
+            if replied && request.flags.contains(MsgFlags::MORE_TO_COME) {
+                continue;
+            }
             answers.push(answer);
         }
         for (delay, delivery) in answers.drain(..) {

@@ -3,8 +3,10 @@
 //! Every attempt written to a connection publishes one [`CommandEvent::Started`] and then exactly
 //! one [`CommandEvent::Succeeded`] or [`CommandEvent::Failed`] with the same request id (EV-1):
 //! succeeded for a reply with `ok: 1` (even with write errors or a write concern error, EV-3),
-//! failed for `ok: 0`, a network error, a timeout or a cancellation. Handshakes and monitoring
-//! checks publish none (EV-8). Security-sensitive commands are redacted (EV-6).
+//! failed for `ok: 0`, a network error, a timeout or a cancellation. An unacknowledged write
+//! (`w: 0`, sent with `moreToCome`) has no reply: it succeeds with the reply `{ok: 1}` (no `n`)
+//! when the caller takes its bytes (EV-4, WP-6). Handshakes and monitoring checks publish none
+//! (EV-8). Security-sensitive commands are redacted (EV-6).
 
 use alloc::boxed::Box;
 use alloc::string::String;
@@ -52,13 +54,14 @@ pub enum CommandEvent {
         /// redacted (EV-6).
         command: Document,
     },
-    /// A reply with `ok: 1` came back (EV-3).
+    /// A reply with `ok: 1` came back (EV-3); for an unacknowledged write, its bytes were handed
+    /// over, and the reply is `{ok: 1}` (EV-4).
     Succeeded {
         /// The shared fields.
         info: CommandInfo,
-        /// From writing the command to reading the reply.
+        /// From writing the command to reading the reply (zero for an unacknowledged write).
         duration: Duration,
-        /// The reply, or `{}` when redacted (EV-6).
+        /// The reply, or `{}` when redacted (EV-6); `{ok: 1}` for an unacknowledged write (EV-4).
         reply: Document,
     },
     /// The command failed: an `ok: 0` reply, a network error, a timeout or a cancellation.

@@ -50,7 +50,8 @@
 //! `CommandStarted` after the pool's `CheckedOut`; then `CommandSucceeded` or `CommandFailed`;
 //! then the pool's `CheckedIn` of the attempt's connection (unless a cursor or transaction keeps
 //! it); then `RetryScheduled` or `RetryDenied`; the next attempt's events; and last
-//! `CursorOpened` (if the operation opened one) and `OperationFinished`, exactly once. A
+//! `CursorOpened` (if the operation opened one) and `OperationFinished`, exactly once (for an
+//! unacknowledged write, all from the [`Engine::poll_transmit`] that took its bytes). A
 //! connection whose socket failed under an attempt is checked in (and closed) as it fails, so its
 //! `CheckedIn` comes just before that attempt's `CommandFailed`. Pool events of one pool and SDAM
 //! events keep the order their machine produced them in.
@@ -68,6 +69,19 @@
 //! write concern, `$readPreference`, `$db`), is written on the connection, and the reply (or the connection's failure) goes back to the machine, which
 //! releases the connection before it backs off, retries or finishes. Errors also go to the
 //! topology's error handling, which may mark the server Unknown and clear its pool.
+//!
+//! # Unacknowledged writes
+//!
+//! WP-6, EV-4: an operation whose command has an unacknowledged write concern (`w: 0` without
+//! `j: true`) is written with `moreToCome` and awaits no reply. It ends when
+//! [`Engine::poll_transmit`] hands the caller the bytes holding its message, the last the engine
+//! sees of it: within that call it publishes `CommandSucceeded` with the reply `{ok: 1}` (no
+//! `n`), checks the connection in healthy, ready for the next command on the same socket (whose
+//! bytes follow on the wire), and finishes with `{ok: 1}`, stamped with the instant the command
+//! was written (`poll_transmit` takes no clock). A socket that fails before the bytes were taken
+//! drops them: the operation fails once with a network error before sending (never retried: no
+//! `txnNumber`, RW-4); one that fails after leaves the result alone. `docs/wire-and-handshake.md`
+//! has the details.
 //!
 //! Every operation ends exactly once: when its server leaves the topology its checkout fails and
 //! its connection is closed under it; when a socket cannot be built its checkout fails; after
@@ -1133,8 +1147,10 @@ impl Engine {
         }
     }
 
-    /// The next socket to open.
+    /// The next socket to open. Inlined: a driver asks again after taking transmits (WP-6, see
+    /// [`Engine::poll_transmit`]), nearly always of an empty queue.
     #[must_use]
+    #[inline]
     pub fn poll_connect(&mut self) -> Option<Connect> {
         self.connects.pop_front()
     }
@@ -1142,6 +1158,13 @@ impl Engine {
     /// Appends the next pending bytes of one socket to `buf` and returns that socket; `None` when
     /// nothing is waiting. The caller clears (and reuses) `buf` between calls; bytes for one socket
     /// come out in the order they must be written.
+    ///
+    /// WP-6, EV-4: taking the bytes of an unacknowledged write (`w: 0`, sent with `moreToCome`)
+    /// ends its operation: no reply will come, so the hand-off is the last the engine sees of
+    /// it (see "Unacknowledged writes" in the [module docs](self)). Its closing events, its
+    /// connection's check-in and its `OperationFinished` are queued for [`Engine::poll_event`],
+    /// and what the check-in sets off (the next command on that connection, a socket to close
+    /// or, rarely, to open) for the other `poll_*`: drain them all again after this one.
     #[must_use]
     #[inline]
     pub fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<ConnId> {
@@ -1159,6 +1182,10 @@ impl Engine {
             if let Some(socket) = self.sockets.get_mut(&conn) {
                 socket.transmit_queued = false;
                 if socket.machine.poll_transmit(buf) {
+                    // WP-6, EV-4: an unacknowledged write ends as its bytes are handed over.
+                    if let Some(sent_at) = socket.machine.take_unacknowledged_handed_over() {
+                        self.unacknowledged_handed_over(conn, sent_at);
+                    }
                     return Some(conn);
                 }
             }

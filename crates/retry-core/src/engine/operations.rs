@@ -22,6 +22,7 @@ use super::{
     OpSession, Operation, OperationRequest, Owner, RunningRequest, ServerId, Slot, SPARE_OPS,
 };
 use crate::address::ServerAddress;
+use crate::classify::is_unacknowledged;
 use crate::connection::{ConnectionState, Request, SendError};
 use crate::error::{ErrorKind, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::pinning::transaction_labels;
@@ -360,6 +361,19 @@ fn not_sent(error: &SendError, address: &crate::address::ServerAddress) -> Opera
     OperationError::network(kind, NetworkPhase::BeforeSend, address.clone())
 }
 
+/// WP-6, SE-13: whether `request`'s command has an unacknowledged write concern (`w: 0` without
+/// `j: true`): its `writeConcern`, else the encoded command's (`encoded`, from
+/// [`encoded::inspect`]). Asked only of a command that may carry no session (`launch`).
+#[inline(never)]
+fn unacknowledged_command(request: &OperationRequest, encoded: bool) -> bool {
+    // A `writeConcern` beside an encoded command replaces the encoded one.
+    match request.command.get("writeConcern") {
+        Some(bson::Bson::Document(write_concern)) => is_unacknowledged(write_concern),
+        Some(_) => false,
+        None => encoded,
+    }
+}
+
 /// How an operation's drain ended (`Engine::drain_operation`).
 enum Drained {
     /// The operation is gone, or its machine refused nothing and its deadline is registered.
@@ -500,6 +514,12 @@ impl Engine {
                 return self.finished_at_once(op, internal, Err(error));
             }
         };
+        // WP-6 (SE-13): only a command that may carry no session can be an unacknowledged write
+        // (an acknowledged operation pays this one test).
+        let unacknowledged = matches!(session, OpSession::Never)
+            && !internal
+            && request.session.is_none()
+            && unacknowledged_command(&request, unacknowledged);
         if internal {
             session = OpSession::Never;
         }
@@ -623,6 +643,8 @@ impl Engine {
                 *spare_under_timeout_ms = false;
                 // review23 R7: the refill is `Request::new`'s, whatever its defaults become.
                 debug_assert_eq!(*spare_wire, Request::new(spare_wire.body.clone()));
+                // WP-6: sent with `moreToCome`, no reply awaited.
+                spare_wire.unacknowledged = unacknowledged;
                 if self.spare_documents.len() < SPARE_OPS {
                     self.spare_documents.push(emptied);
                 }
@@ -647,7 +669,12 @@ impl Engine {
             Made::Fresh(machine) => Box::new(Operation {
                 machine,
                 slots: super::slots::Slots::new(slot),
-                wire: Request::new(body),
+                wire: {
+                    let mut wire = Request::new(body);
+                    // WP-6: sent with `moreToCome`, no reply awaited.
+                    wire.unacknowledged = unacknowledged;
+                    wire
+                },
                 encoded,
                 encoded_read_preference,
                 request,
@@ -1296,7 +1323,14 @@ impl Engine {
         };
         let mut modified =
             command_for(op.encoded.as_deref(), &op.wire.body, attempt, inserted).map(Request::new);
-        let request = modified.as_mut().unwrap_or(&mut op.wire);
+        let request = match modified.as_mut() {
+            Some(request) => {
+                // WP-6: a modified command of an unacknowledged write is still sent unacknowledged.
+                request.unacknowledged = op.wire.unacknowledged;
+                request
+            }
+            None => &mut op.wire,
+        };
         request.deadline = deadline;
         // TO-8: under timeoutMS (0 included) socketTimeoutMS does not apply.
         request.under_timeout_ms = op.request.timeout.is_csot();
@@ -1363,6 +1397,31 @@ impl Engine {
             self.fail_attempt(op_id, slot, error, false, now);
         }
         true
+    }
+
+    /// WP-6, EV-4: the caller took the bytes of the unacknowledged write (`moreToCome`) on
+    /// `conn`, written at `sent_at` ([`Engine::poll_transmit`]). No reply will come, so the
+    /// attempt ends here as if the server had replied `{ok: 1}`: its `CommandSucceeded` carries
+    /// that reply (no `n`), the connection is checked in healthy (ready for the next command,
+    /// the bytes already handed over stay ahead of it), and the operation finishes with
+    /// `{ok: 1}`; then the worklist runs. `poll_transmit` takes no clock: everything is stamped
+    /// `sent_at`, the instant of the input that wrote the command. Nothing is done when no
+    /// operation waits on the connection (one that was cancelled or timed out closed it).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn unacknowledged_handed_over(&mut self, conn: ConnId, sent_at: Instant) {
+        let Some(op) = self
+            .sockets
+            .get(&conn)
+            .filter(|socket| matches!(socket.owner, Owner::Pool(_)))
+            .and_then(|socket| socket.op)
+        else {
+            return;
+        };
+        let mut top = crate::reply::TopFields::default();
+        top.ok = true;
+        self.attempt_replied(op, conn, bson::rawdoc! { "ok": 1 }, top, sent_at);
+        self.run(sent_at);
     }
 
     /// A reply to the attempt's command: an error goes to SDAM error handling and the retry rules,
