@@ -666,6 +666,9 @@ struct Session {
     transaction_options: crate::transaction::TransactionOptions,
     /// SE-21: the greatest `operationTime` of its replies, for `afterClusterTime`.
     operation_time: Option<bson::Timestamp>,
+    /// TO-14: the timeout of its next `commitTransaction` / `abortTransaction` request
+    /// ([`Engine::set_transaction_timeout`]), taken by that request.
+    end_timeout: Option<OperationTimeout>,
 }
 
 /// Which server session an operation's commands carry.
