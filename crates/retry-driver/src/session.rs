@@ -348,9 +348,9 @@ impl<R> Session<R> {
     /// Starts a transaction (TX-2: an error while one is in progress) with the session's
     /// `defaultTransactionOptions` ([`SessionOptions::default_transaction_options`]), and where
     /// they leave a field unset the client's read concern level on its first command and its
-    /// write concern on commit and abort (TX-1, TX-11). A connection or mongos the session was pinned to is let go now (TX-4 (4)); the
-    /// first command written starts the transaction on the server. Fails with
-    /// [`OperationError::cancelled`] once the client is shut down.
+    /// write concern on commit and abort (TX-1, TX-11). A connection or mongos the session was
+    /// pinned to is let go now (TX-4 (4)); the first command written starts the transaction on
+    /// the server. Fails with [`OperationError::cancelled`] once the client is shut down.
     pub async fn start_transaction(&self) -> Result<(), OperationError> {
         self.start_transaction_with(TransactionOptions::default())
             .await

@@ -276,9 +276,9 @@ impl Engine {
     /// transaction's `readConcern`; commit and abort become the kind their state gives, with the
     /// transaction's `writeConcern`, the session's timeout for them when one was set
     /// ([`Engine::set_transaction_timeout`], TO-14), and on a commit without `timeoutMS` the
-    /// transaction's `maxCommitTimeMS` as `maxTimeMS` (TO-6). `Ok(false)`: nothing to send (commit or abort of a
-    /// transaction that wrote nothing); an error: a state or concern the rules refuse, with
-    /// nothing changed.
+    /// transaction's `maxCommitTimeMS` as `maxTimeMS` (TO-6). `Ok(false)`: nothing to send
+    /// (commit or abort of a transaction that wrote nothing); an error: a state or concern the
+    /// rules refuse, with nothing changed.
     pub(super) fn transaction_request(
         &mut self,
         request: &mut OperationRequest,
