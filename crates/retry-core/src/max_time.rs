@@ -1,7 +1,10 @@
 //! The `maxTimeMS` an attempt carries under client-side operation timeouts (CS-4, TO-7, TO-9).
 //!
 //! The legacy `connectTimeoutMS` and `socketTimeoutMS` (TO-1..TO-3) are enforced by
-//! [`crate::connection::ConnectionConfig`]; they never produce a `maxTimeMS` (TO-3).
+//! [`crate::connection::ConnectionConfig`]; they never produce a `maxTimeMS` (TO-3). The
+//! deprecated `maxCommitTimeMS` ([`crate::transaction::TransactionOptions::max_commit_time`],
+//! TO-6) is a commit's `maxTimeMS` only without `timeoutMS`; under it [`max_time_ms`] decides
+//! (TO-8).
 
 use core::time::Duration;
 

@@ -15,16 +15,21 @@
 //! engine does the rest: `startTransaction: true` and the `txnNumber` (TX-1), the pins
 //! (TX-3..TX-5), the labels (TX-7, TX-8) and the retries of commit and abort (TX-10).
 
+use core::time::Duration;
+
 use bson::Document;
 
 use crate::error::OperationError;
+use crate::max_time::MAX_TIME_MS_LIMIT;
 use crate::retry::OperationKind;
 
 /// A transaction's concerns, given at [`crate::engine::Engine::start_transaction`] (a driver
 /// passes its session's or client's defaults): the engine puts `read_concern` on the
 /// transaction's first command only and `write_concern` on `commitTransaction` and
 /// `abortTransaction` only (TX-1; TX-11 makes a commit retry's `w` majority, keeping the rest).
-/// A command that carries its own keeps it. Made with [`Default`] and the `with_*` methods.
+/// A command that carries its own keeps it. `max_commit_time` (TO-6) bounds each
+/// `commitTransaction` on the server when `timeoutMS` is not set. Made with [`Default`] and the
+/// `with_*` methods.
 #[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct TransactionOptions {
@@ -33,6 +38,15 @@ pub struct TransactionOptions {
     pub read_concern: Option<Document>,
     /// The `writeConcern` document of commit and abort, `None` for the server's default.
     pub write_concern: Option<Document>,
+    /// TO-6: the deprecated `maxCommitTimeMS`. Without `timeoutMS` (the commit request's
+    /// timeout is [`crate::time::OperationTimeout::Off`]) every `commitTransaction` of the
+    /// transaction, its retries included, carries it as `maxTimeMS`, in whole milliseconds
+    /// (rounded down; `0` is sent as `0`, which a server reads as no limit). Under `timeoutMS`
+    /// (TO-8) it is ignored: the engine derives `maxTimeMS` from the remaining time (CS-4), or
+    /// sends none for `timeoutMS=0` (TO-7). `abortTransaction` never carries it. At most
+    /// [`MAX_TIME_MS_LIMIT`] ms ([`crate::engine::Engine::start_transaction`] refuses more
+    /// with a usage error). `None`: no `maxTimeMS` without `timeoutMS`.
+    pub max_commit_time: Option<Duration>,
 }
 
 impl TransactionOptions {
@@ -46,6 +60,49 @@ impl TransactionOptions {
     pub fn with_write_concern(mut self, write_concern: Document) -> TransactionOptions {
         self.write_concern = Some(write_concern);
         self
+    }
+
+    /// TO-6: these options with `maxCommitTimeMS` = `max_commit_time`
+    /// ([`TransactionOptions::max_commit_time`]).
+    pub fn with_max_commit_time(mut self, max_commit_time: Duration) -> TransactionOptions {
+        self.max_commit_time = Some(max_commit_time);
+        self
+    }
+
+    /// TO-6: these options with `maxCommitTimeMS` given in milliseconds, as a URI or a test
+    /// file gives it: a usage error for a negative value or one above [`MAX_TIME_MS_LIMIT`]
+    /// (a server refuses a larger `maxTimeMS`), never a panic.
+    pub fn with_max_commit_time_ms(self, ms: i64) -> Result<TransactionOptions, OperationError> {
+        Ok(self.with_max_commit_time(max_commit_time_ms(ms)?))
+    }
+
+    /// TO-6: the `maxTimeMS` a `commitTransaction` carries without `timeoutMS`; a usage error
+    /// for a `max_commit_time` above [`MAX_TIME_MS_LIMIT`] ms.
+    pub(crate) fn commit_max_time_ms(&self) -> Result<Option<i32>, OperationError> {
+        let Some(time) = self.max_commit_time else {
+            return Ok(None);
+        };
+        let ms = u64::try_from(time.as_millis()).unwrap_or(u64::MAX);
+        if ms > MAX_TIME_MS_LIMIT {
+            return Err(OperationError::usage(MAX_COMMIT_TIME_TOO_LARGE));
+        }
+        Ok(Some(i32::try_from(ms).unwrap_or(i32::MAX)))
+    }
+}
+
+/// TO-6: a `maxCommitTimeMS` above what a server accepts as `maxTimeMS`.
+const MAX_COMMIT_TIME_TOO_LARGE: &str =
+    "maxCommitTimeMS must be at most 2147483647 (a server refuses a larger maxTimeMS)";
+
+/// TO-6: a `maxCommitTimeMS` in milliseconds as a [`Duration`]: a usage error for a negative
+/// value or one above [`MAX_TIME_MS_LIMIT`], never a panic.
+pub fn max_commit_time_ms(ms: i64) -> Result<Duration, OperationError> {
+    match u64::try_from(ms) {
+        Err(_) => Err(OperationError::usage(alloc::format!(
+            "maxCommitTimeMS must not be negative (got {ms})"
+        ))),
+        Ok(ms) if ms > MAX_TIME_MS_LIMIT => Err(OperationError::usage(MAX_COMMIT_TIME_TOO_LARGE)),
+        Ok(ms) => Ok(Duration::from_millis(ms)),
     }
 }
 

@@ -70,7 +70,7 @@ pub use dns::{lookup_ip, lookup_srv, lookup_txt, Nameservers, RuntimeProvider};
 pub use io_error::{classify_io_error, LOOKUP_FAILED};
 pub use options::{ClientOptions, OptionsError, ServerApi, ServerApiVersion};
 pub use runtime::{literal_address, timer_deadline, AsyncTimer, BoxFuture, Runtime, Socket};
-pub use session::Session;
+pub use session::{Session, SessionOptions};
 pub use shared::{Reply, TimedEvent};
 pub use srv::{apply_seedlist, resolve_seedlist, SrvPolling, SrvRecord};
 pub use tls::{TlsError, TlsOptions, TlsRuntime};

@@ -13,11 +13,22 @@
 //! lives in the engine's session ([`Engine::start_transaction`], TX-2): every operation naming
 //! the session, through this module or [`CommandOptions::with_session`], runs as the engine's
 //! transaction makes it (`autocommit: false`, `startTransaction`, the `txnNumber`, TX-1); this
-//! module forwards, with the client's concerns as the transaction's (TX-1, TX-11).
+//! module forwards, with the client's concerns as the transaction's (TX-1, TX-11), under the
+//! session's own defaults ([`SessionOptions`]).
+//!
+//! Timeouts (TO-14): a session started with [`SessionOptions::default_timeout`]
+//! (`defaultTimeoutMS`) runs its `commitTransaction` and `abortTransaction`, and the abort of
+//! ending it, under that timeout rather than the client's `timeoutMS`
+//! ([`Engine::set_transaction_timeout`]); without one they take the client's (the session
+//! inherits the client's value). Its other operations always take the client's. There is no
+//! `withTransaction` in this driver. The deprecated `maxCommitTimeMS`
+//! ([`TransactionOptions::max_commit_time`], TO-6) is sent as the commit's `maxTimeMS` only when
+//! neither timeout is set.
 
 use core::fmt;
 use core::future::poll_fn;
 use core::task::{Context, Poll, Waker};
+use core::time::Duration;
 use std::sync::{Arc, Mutex};
 
 use bson::Document;
@@ -76,6 +87,9 @@ pub(crate) struct SessionRequests {
     ends: Vec<SessionHandle>,
     /// Sessions starting a transaction (TX-2, TX-4 (4)), each with its options and completion.
     transactions: Vec<(SessionHandle, TransactionOptions, Arc<TransactionStart>)>,
+    /// TO-14: sessions about to commit or abort under their `defaultTimeoutMS`, each with it
+    /// (the deadline runs from the driver's next round, before the command starts).
+    timeouts: Vec<(SessionHandle, Duration)>,
     /// Sessions whose state was asked for, each with its completion.
     infos: Vec<(SessionHandle, Arc<SessionStart<Option<SessionInfo>>>)>,
     /// The `abortTransaction` of an ending session (TX-2: ending a session aborts its
@@ -91,6 +105,7 @@ impl SessionRequests {
         self.starts.is_empty()
             && self.ends.is_empty()
             && self.transactions.is_empty()
+            && self.timeouts.is_empty()
             && self.infos.is_empty()
             && self.aborts.is_empty()
     }
@@ -110,8 +125,9 @@ impl SessionRequests {
 }
 
 /// The driver's side: starts and ends the requested sessions in `engine`, aborting the
-/// transactions of the ending ones first (under the client's `timeoutMS`, `timeout`); whether
-/// there were any.
+/// transactions of the ending ones first (under the session's `defaultTimeoutMS`, else the
+/// client's `timeoutMS`, `timeout`; TO-14), and gives the engine the `defaultTimeoutMS` deadline
+/// of the commits and aborts about to start; whether there were any.
 pub(crate) fn serve(
     engine: &mut Engine,
     requests: &mut SessionRequests,
@@ -130,6 +146,10 @@ pub(crate) fn serve(
     for (session, answer) in requests.infos.drain(..) {
         answer.complete(engine.session_info(session));
     }
+    // TO-14: before the commit or abort it is for starts (this round or a later one).
+    for (session, t) in requests.timeouts.drain(..) {
+        engine.set_transaction_timeout(session, OperationTimeout::from_timeout_ms(now, t));
+    }
     for mut abort in requests.aborts.drain(..) {
         if let Some(t) = timeout {
             abort.timeout = OperationTimeout::from_timeout_ms(now, t);
@@ -144,12 +164,84 @@ pub(crate) fn serve(
     true
 }
 
+/// The options of a session, given to [`Client::start_session_with`] and fixed for its life
+/// (SE-10). Built with [`Default`] and the `with_*` methods.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct SessionOptions {
+    /// TO-14: `defaultTimeoutMS`, the timeout of the session's `commitTransaction` and
+    /// `abortTransaction` and of the abort of ending it (each call gets the whole of it, from
+    /// the call), in place of the client's `timeoutMS`; zero for no limit (CSOT on, no
+    /// `maxTimeMS`, TO-7). `None` (the default): the client's `timeoutMS`, if any (the session
+    /// takes the client's value). It does not apply to the session's other operations. Under
+    /// it `maxCommitTimeMS` is ignored (TO-8).
+    pub default_timeout: Option<Duration>,
+    /// The `defaultTransactionOptions`: the options of the session's transactions, field by
+    /// field under those given to [`Session::start_transaction_with`] and over the client's
+    /// concerns (`maxCommitTimeMS`, TO-6, included).
+    pub default_transaction_options: TransactionOptions,
+}
+
+impl SessionOptions {
+    /// These options with `defaultTimeoutMS` = `timeout` ([`SessionOptions::default_timeout`]).
+    pub fn with_default_timeout(mut self, timeout: Duration) -> SessionOptions {
+        self.default_timeout = Some(timeout);
+        self
+    }
+
+    /// TO-14: these options with `defaultTimeoutMS` given in milliseconds: a usage error for a
+    /// negative value (CS-1: a negative timeout is an error), never a panic.
+    pub fn with_default_timeout_ms(self, ms: i64) -> Result<SessionOptions, OperationError> {
+        match u64::try_from(ms) {
+            Ok(ms) => Ok(self.with_default_timeout(Duration::from_millis(ms))),
+            Err(_) => Err(OperationError::usage(format!(
+                "defaultTimeoutMS must not be negative (got {ms})"
+            ))),
+        }
+    }
+
+    /// These options with `options` as the session's `defaultTransactionOptions`.
+    pub fn with_default_transaction_options(
+        mut self,
+        options: TransactionOptions,
+    ) -> SessionOptions {
+        self.default_transaction_options = options;
+        self
+    }
+}
+
+/// `over`'s fields where set, else `under`'s (the transactions spec's inheritance, field by
+/// field).
+fn merged(under: TransactionOptions, over: TransactionOptions) -> TransactionOptions {
+    let mut merged = under;
+    if let Some(read_concern) = over.read_concern {
+        merged = merged.with_read_concern(read_concern);
+    }
+    if let Some(write_concern) = over.write_concern {
+        merged = merged.with_write_concern(write_concern);
+    }
+    if let Some(max_commit_time) = over.max_commit_time {
+        merged = merged.with_max_commit_time(max_commit_time);
+    }
+    merged
+}
+
 impl<R> Client<R> {
-    /// Starts an explicit session (SE-10). Fails with [`OperationError::cancelled`] once the
-    /// client is shut down (with a usage error once the runtime it was created on has shut down,
-    /// review32 R5). The server session is taken at the first operation, after its
-    /// connection is checked out (SE-7).
+    /// Starts an explicit session (SE-10) with the default [`SessionOptions`]: its commit and
+    /// abort run under the client's `timeoutMS` (TO-14). Fails with
+    /// [`OperationError::cancelled`] once the client is shut down (with a usage error once the
+    /// runtime it was created on has shut down, review32 R5). The server session is taken at the
+    /// first operation, after its connection is checked out (SE-7).
     pub async fn start_session(&self) -> Result<Session<R>, OperationError> {
+        self.start_session_with(SessionOptions::default()).await
+    }
+
+    /// [`Client::start_session`] with `options` (`defaultTimeoutMS`, TO-14;
+    /// `defaultTransactionOptions`), fixed for the session's life.
+    pub async fn start_session_with(
+        &self,
+        options: SessionOptions,
+    ) -> Result<Session<R>, OperationError> {
         let start = Arc::new(SessionStart::default());
         {
             let mut state = lock(&self.shared().state);
@@ -169,6 +261,7 @@ impl<R> Client<R> {
             Some(handle) => Ok(Session {
                 client: self.clone(),
                 handle,
+                options,
             }),
             None => Err(lock(&self.shared().state).closed_error()),
         }
@@ -186,6 +279,8 @@ impl<R> Client<R> {
 pub struct Session<R> {
     client: Client<R>,
     handle: SessionHandle,
+    /// Its options (SE-10: fixed).
+    options: SessionOptions,
 }
 
 impl<R> fmt::Debug for Session<R> {
@@ -200,6 +295,11 @@ impl<R> Session<R> {
     /// The engine's handle for this session (for [`CommandOptions::session`]).
     pub fn handle(&self) -> SessionHandle {
         self.handle
+    }
+
+    /// The options it was started with.
+    pub fn options(&self) -> &SessionOptions {
+        &self.options
     }
 
     /// [`Client::run_command`] in this session.
@@ -245,11 +345,12 @@ impl<R> Session<R> {
         self.client.run(db, command, kind, options).await
     }
 
-    /// Starts a transaction (TX-2: an error while one is in progress) with the client's read
-    /// concern level on its first command and its write concern on commit and abort (TX-1,
-    /// TX-11). A connection or mongos the session was pinned to is let go now (TX-4 (4)); the
-    /// first command written starts the transaction on the server. Fails with
-    /// [`OperationError::cancelled`] once the client is shut down.
+    /// Starts a transaction (TX-2: an error while one is in progress) with the session's
+    /// `defaultTransactionOptions` ([`SessionOptions::default_transaction_options`]), and where
+    /// they leave a field unset the client's read concern level on its first command and its
+    /// write concern on commit and abort (TX-1, TX-11). A connection or mongos the session was
+    /// pinned to is let go now (TX-4 (4)); the first command written starts the transaction on
+    /// the server. Fails with [`OperationError::cancelled`] once the client is shut down.
     pub async fn start_transaction(&self) -> Result<(), OperationError> {
         self.start_transaction_with(TransactionOptions::default())
             .await
@@ -276,20 +377,19 @@ impl<R> Session<R> {
         .await
     }
 
-    /// [`Session::start_transaction`] with these concerns in place of the client's, field by
-    /// field: a field left `None` keeps the client's (the transactions spec's inheritance).
+    /// [`Session::start_transaction`] with these options in place of the session's defaults
+    /// and the client's concerns, field by field: a field left `None` keeps the session's
+    /// default, else the client's (the transactions spec's inheritance). TO-6: a
+    /// `max_commit_time` above `i32::MAX` ms is a usage error.
     pub async fn start_transaction_with(
         &self,
         options: TransactionOptions,
     ) -> Result<(), OperationError> {
-        let mut merged = self.client.transaction_options();
-        if let Some(read_concern) = options.read_concern {
-            merged = merged.with_read_concern(read_concern);
-        }
-        if let Some(write_concern) = options.write_concern {
-            merged = merged.with_write_concern(write_concern);
-        }
-        let options = merged;
+        let defaults = merged(
+            self.client.transaction_options(),
+            self.options.default_transaction_options.clone(),
+        );
+        let options = merged(defaults, options);
         let start = Arc::new(TransactionStart::default());
         {
             let mut state = lock(&self.client.shared().state);
@@ -313,6 +413,8 @@ impl<R> Session<R> {
     /// Commits the transaction (TX-2): nothing is sent when it wrote no command; a second commit
     /// runs again with majority write concern (TX-11). The engine retries it once (TX-10) and
     /// labels its errors (TX-8). The transaction is committed afterwards whatever the result.
+    /// It runs under the session's `defaultTimeoutMS`, else the client's `timeoutMS` (TO-14);
+    /// under neither, the transaction's `maxCommitTimeMS` is its `maxTimeMS` (TO-6).
     pub async fn commit_transaction(&self) -> Result<(), OperationError> {
         self.end_transaction(
             "commitTransaction",
@@ -324,7 +426,8 @@ impl<R> Session<R> {
     /// Aborts the transaction (TX-2): nothing is sent when it wrote no command; the engine
     /// retries `abortTransaction` once (TX-10) and its server and network errors are ignored
     /// (TX-10); a call in the wrong state fails with its usage error. The transaction is aborted
-    /// afterwards.
+    /// afterwards. It runs under the session's `defaultTimeoutMS`, else the client's
+    /// `timeoutMS` (TO-14).
     pub async fn abort_transaction(&self) -> Result<(), OperationError> {
         match self
             .end_transaction("abortTransaction", OperationKind::AbortTransaction)
@@ -337,8 +440,16 @@ impl<R> Session<R> {
         }
     }
 
-    /// Sends `name` on `admin`; the engine decides whether it is sent (TX-2).
+    /// Sends `name` on `admin`; the engine decides whether it is sent (TX-2). TO-14: the
+    /// session's `defaultTimeoutMS` goes to the engine first, for this request.
     async fn end_transaction(&self, name: &str, kind: OperationKind) -> Result<(), OperationError> {
+        if let Some(timeout) = self.options.default_timeout {
+            let mut state = lock(&self.client.shared().state);
+            if state.closing {
+                return Err(state.closed_error());
+            }
+            state.sessions.timeouts.push((self.handle, timeout));
+        }
         let mut command = Document::new();
         command.insert(name, 1);
         let options = CommandOptions {
@@ -353,7 +464,8 @@ impl<R> Session<R> {
     }
 
     /// Ends the session now (as dropping it does): a transaction in progress is aborted (TX-2),
-    /// then its server session goes back to the pool.
+    /// under the session's `defaultTimeoutMS`, else the client's `timeoutMS` (TO-14), then its
+    /// server session goes back to the pool.
     pub fn end(self) {}
 }
 
@@ -373,6 +485,10 @@ impl<R> Drop for Session<R> {
                 SelectionCriteria::Write,
             );
             request.session = Some(self.handle);
+            // TO-14: ending the session is covered by its `defaultTimeoutMS`.
+            if let Some(timeout) = self.options.default_timeout {
+                state.sessions.timeouts.push((self.handle, timeout));
+            }
             state.sessions.aborts.push(request);
             state.sessions.ends.push(self.handle);
             state.wake_driver();

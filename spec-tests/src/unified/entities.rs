@@ -12,6 +12,7 @@ use retry_core::pool::PoolEvent;
 use retry_core::selection::ReadPreference;
 use retry_core::topology::{SdamEvent, ServerType};
 use retry_core::transaction::TransactionOptions;
+use retry_driver::SessionOptions;
 use serde_json::Value;
 
 use super::deploy::Cluster;
@@ -263,8 +264,6 @@ pub enum Entity {
         session: Option<Arc<Session>>,
         /// Its `lsid` once known (for `$$sessionLsid`, kept after it ended).
         lsid: Option<Document>,
-        /// Its `defaultTransactionOptions` (UT-10).
-        defaults: TransactionOptions,
     },
     /// A saved result.
     Value(Bson),
@@ -375,21 +374,21 @@ impl Entities {
                 }
                 "session" => {
                     // UT-10: `sessionOptions`: causal consistency is always on in the product;
-                    // `defaultTransactionOptions` gives the session's transaction concerns.
+                    // `defaultTransactionOptions` and `defaultTimeoutMS` (TO-14) are the
+                    // product's session options.
                     check_fields(spec, &["id", "client", "sessionOptions"])?;
-                    let defaults = session_options(spec.get("sessionOptions"))?;
+                    let options = session_options(spec.get("sessionOptions"))?;
                     let client = str_field(spec, "client")?;
                     let session = self
                         .client(&client)?
                         .client
-                        .start_session()
+                        .start_session_with(options)
                         .await
                         .map_err(|e| format!("session {id}: {e}"))?;
                     Entity::Session {
                         client,
                         session: Some(Arc::new(session)),
                         lsid: None,
-                        defaults,
                     }
                 }
                 "thread" => {
@@ -495,35 +494,52 @@ fn str_field(spec: &Value, key: &str) -> Result<String, String> {
 }
 
 /// UT-14: an unknown field is an error, never ignored.
-/// UT-10: a session's `sessionOptions`: `causalConsistency: true` (the product's only mode) and
-/// `defaultTransactionOptions`; anything else is refused.
-fn session_options(value: Option<&Value>) -> Result<TransactionOptions, String> {
+/// UT-10: a session's `sessionOptions`: `causalConsistency: true` (the product's only mode),
+/// `defaultTransactionOptions` and `defaultTimeoutMS` (TO-14); anything else is refused.
+fn session_options(value: Option<&Value>) -> Result<SessionOptions, String> {
     let Some(value) = value else {
-        return Ok(TransactionOptions::default());
+        return Ok(SessionOptions::default());
     };
     let object = value
         .as_object()
         .ok_or("sessionOptions must be an object")?;
-    let mut defaults = TransactionOptions::default();
+    let mut options = SessionOptions::default();
     for (key, value) in object {
         match key.as_str() {
             "causalConsistency" if value == &Value::Bool(true) => {}
-            "defaultTransactionOptions" => defaults = transaction_options(value)?,
+            "defaultTransactionOptions" => {
+                options = options.with_default_transaction_options(transaction_options(value)?);
+            }
+            "defaultTimeoutMS" => {
+                let ms = value
+                    .as_i64()
+                    .ok_or("defaultTimeoutMS must be an integer")?;
+                options = options
+                    .with_default_timeout_ms(ms)
+                    .map_err(|e| e.to_string())?;
+            }
             other => return Err(format!("unsupported sessionOptions field {other}: {value}")),
         }
     }
-    Ok(defaults)
+    Ok(options)
 }
 
 /// TX-1: transaction options (`startTransaction` arguments, `defaultTransactionOptions`):
-/// `readConcern`, `writeConcern`, and a `readPreference` of mode primary (the product's only
-/// transaction read preference); anything else is refused.
+/// `readConcern`, `writeConcern`, `maxCommitTimeMS` (TO-6) and a `readPreference` of mode
+/// primary (the product's only transaction read preference); anything else is refused.
 pub fn transaction_options(value: &Value) -> Result<TransactionOptions, String> {
     let object = value
         .as_object()
         .ok_or("transaction options must be an object")?;
     let mut options = TransactionOptions::default();
     for (key, value) in object {
+        if key == "maxCommitTimeMS" {
+            let ms = value.as_i64().ok_or("maxCommitTimeMS must be an integer")?;
+            options = options
+                .with_max_commit_time_ms(ms)
+                .map_err(|e| e.to_string())?;
+            continue;
+        }
         let document = match crate::json::to_bson(value)? {
             Bson::Document(d) => d,
             _ => return Err(format!("transaction option {key} must be a document")),

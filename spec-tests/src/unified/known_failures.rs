@@ -14,7 +14,7 @@ pub const SDAM: &[KnownFailure] = &[KnownFailure {
     may_pass: true,
 }];
 
-/// transactions: 20 known failures.
+/// transactions: 14 known failures.
 pub const TRANSACTIONS: &[KnownFailure] = &[
     fails(
         r#"causal-consistency.json: causal consistency"#,
@@ -45,18 +45,6 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
         "runner: the operation argument collection is not supported",
     ),
     fails(
-        r#"error-labels.json: add UnknownTransactionCommitResult label to MaxTimeMSExpired"#,
-        "product: maxCommitTimeMS is not supported",
-    ),
-    fails(
-        r#"error-labels.json: add UnknownTransactionCommitResult label to writeConcernError MaxTimeMSExpired"#,
-        "product: maxCommitTimeMS is not supported",
-    ),
-    fails(
-        r#"error-labels.json: do not add UnknownTransactionCommitResult label to MaxTimeMSExpired inside transactions"#,
-        "runner: the operation argument maxTimeMS is not supported",
-    ),
-    fails(
         r#"read-pref.json: nearest readPreference"#,
         "product: a transaction's read preference is always primary (no other mode can be set)",
     ),
@@ -77,24 +65,12 @@ pub const TRANSACTIONS: &[KnownFailure] = &[
         "product: a transaction's read preference is always primary (no other mode can be set)",
     ),
     fails(
-        r#"transaction-options.json: defaultTransactionOptions override client options"#,
-        "product: maxCommitTimeMS is not supported",
-    ),
-    fails(
         r#"transaction-options.json: readPreference inherited from defaultTransactionOptions"#,
         "product: a transaction's read preference is always primary (no other mode can be set)",
     ),
     fails(
-        r#"transaction-options.json: startTransaction options override defaults"#,
-        "product: maxCommitTimeMS is not supported",
-    ),
-    fails(
         r#"transaction-options.json: startTransaction overrides readPreference"#,
         "product: a transaction's read preference is always primary (no other mode can be set)",
-    ),
-    fails(
-        r#"transaction-options.json: transaction options inherited from defaultTransactionOptions"#,
-        "product: maxCommitTimeMS is not supported",
     ),
 ];
 
@@ -199,5 +175,21 @@ pub const SESSIONS: &[KnownFailure] = &[
     fails(
         r#"snapshot-sessions.json: countDocuments operation with snapshot and snapshot time"#,
         "product: snapshot sessions are not supported (SE-22)",
+    ),
+];
+
+/// client-side-operations-timeout (the files `UnifiedSuite::files` lists): 3 known failures.
+pub const CLIENT_SIDE_OPERATIONS_TIMEOUT: &[KnownFailure] = &[
+    fails(
+        r#"legacy-timeouts.json: wTimeoutMS is not used to derive a maxTimeMS command field"#,
+        "runner: a client's wTimeoutMS is not put into the write concern its collections inherit",
+    ),
+    fails(
+        r#"sessions-inherit-timeoutMS.json: timeoutMS applied to withTransaction"#,
+        "product: there is no withTransaction (the convenient transaction API, TX-13)",
+    ),
+    fails(
+        r#"sessions-override-timeoutMS.json: timeoutMS applied to withTransaction"#,
+        "product: there is no withTransaction (the convenient transaction API, TX-13)",
     ),
 ];

@@ -112,17 +112,22 @@ pub const UNIFIED_SUITES: &[UnifiedSuite] = &[
         known_failures: known_failures::SESSIONS,
     },
     // CS-7 (review33 G1): the MaxTimeMSExpired transformation file and the two others that pass
-    // whole; the other 25 files need runner operations and arguments not written yet, or product
-    // features (maxCommitTimeMS, defaultTimeoutMS), docs/spec-coverage.md says which.
+    // whole; TO-6 and TO-14 (txn21): the legacy-timeouts file (`maxCommitTimeMS`, `maxTimeMS`)
+    // and the two session-timeout files (`defaultTimeoutMS` and the client's fallback); the
+    // other 22 files need runner operations and arguments not written yet, or product features
+    // (withTransaction), docs/spec-coverage.md says which.
     UnifiedSuite {
         name: "client-side-operations-timeout",
         dir: "source/client-side-operations-timeout/tests",
         files: &[
             "error-transformations.json",
             "global-timeoutMS.json",
+            "legacy-timeouts.json",
             "retryability-legacy-timeouts.json",
+            "sessions-inherit-timeoutMS.json",
+            "sessions-override-timeoutMS.json",
         ],
-        known_failures: &[],
+        known_failures: known_failures::CLIENT_SIDE_OPERATIONS_TIMEOUT,
     },
 ];
 

@@ -284,6 +284,19 @@ async fn execute_as(
     }
 }
 
+/// TO-6: an operation's `maxTimeMS` argument, put on its command as given: the product sends
+/// a command's own `maxTimeMS` as it is without `timeoutMS`, and derives its own under it
+/// (CS-4, TO-8).
+fn max_time_ms(
+    args: &mut Args,
+    command: &mut Document,
+) -> Result<(), Result<Box<Failure>, String>> {
+    if let Some(ms) = args.bson("maxTimeMS").map_err(Err)? {
+        command.insert("maxTimeMS", ms);
+    }
+    Ok(())
+}
+
 /// `command` with the target's read or write concern where it inherits one, by the product's
 /// rule ([`inherits_read_concern`], [`inherits_write_concern`]: the table `retry_driver`'s
 /// concerns use too). Never for `runCommand`, which sends the command as given.
@@ -590,7 +603,9 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
             if let Some(size) = args.bson("batchSize").map_err(harness)? {
                 cursor.insert("batchSize", size);
             }
-            let command = doc! { "aggregate": aggregate, "pipeline": pipeline, "cursor": cursor };
+            let mut command =
+                doc! { "aggregate": aggregate, "pipeline": pipeline, "cursor": cursor };
+            max_time_ms(args, &mut command)?;
             let command = with_concerns(command, target);
             if name == "createChangeStream" {
                 let cursor = open_cursor(target, command).await?;
@@ -615,6 +630,7 @@ async fn run_inner(target: &Target, name: &str, args: &mut Args) -> OpResult {
             if name == "count" {
                 command.insert("query", args.document("filter").map_err(harness)?);
             }
+            max_time_ms(args, &mut command)?;
             let reply = single(target, with_concerns(command, target)).await?;
             Ok(Produced::Value(
                 reply.get("n").cloned().unwrap_or(Bson::Null),

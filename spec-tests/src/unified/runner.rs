@@ -458,7 +458,8 @@ async fn session_operation(
     mut args: Args,
     entities: &mut Entities,
 ) -> OpResult {
-    // TX-1: `startTransaction`'s options, each over the session's default.
+    // TX-1: `startTransaction`'s options, each over the session's default (TO-6:
+    // `maxCommitTimeMS` included).
     let mut given = serde_json::Map::new();
     if name == "startTransaction" {
         for key in [
@@ -474,13 +475,7 @@ async fn session_operation(
     }
     let given = super::entities::transaction_options(&Value::Object(given)).map_err(Err)?;
     args.finish().map_err(Err)?;
-    let Some(Entity::Session {
-        session,
-        lsid,
-        defaults,
-        ..
-    }) = entities.map.get_mut(id)
-    else {
+    let Some(Entity::Session { session, lsid, .. }) = entities.map.get_mut(id) else {
         return Err(Err(format!("{id} is not a session")));
     };
     if name == "endSession" {
@@ -497,16 +492,8 @@ async fn session_operation(
         return Err(Err(format!("session {id} has ended")));
     };
     let result = match name {
-        "startTransaction" => {
-            let mut options = defaults.clone();
-            if let Some(read_concern) = given.read_concern {
-                options = options.with_read_concern(read_concern);
-            }
-            if let Some(write_concern) = given.write_concern {
-                options = options.with_write_concern(write_concern);
-            }
-            session.start_transaction_with(options).await
-        }
+        // The product merges them over the session's `defaultTransactionOptions`.
+        "startTransaction" => session.start_transaction_with(given).await,
         "commitTransaction" => session.commit_transaction().await,
         "abortTransaction" => session.abort_transaction().await,
         other => return Err(Err(format!("unsupported session operation {other}"))),

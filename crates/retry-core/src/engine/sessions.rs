@@ -181,9 +181,10 @@ impl Engine {
     }
 
     /// TX-2, TX-4 (4): starts a transaction in the explicit session `session` with `options`
-    /// (TX-1, TX-11): a usage error while one is starting or in progress ("Transaction already
-    /// in progress"), with an unacknowledged write concern (`w: 0`), or for an unknown or ended
-    /// session. The session's pin goes now, before the
+    /// (TX-1, TX-11, TO-6): a usage error while one is starting or in progress ("Transaction
+    /// already in progress"), with an unacknowledged write concern (`w: 0`), with a
+    /// `max_commit_time` above [`crate::max_time::MAX_TIME_MS_LIMIT`] ms, or for an unknown or
+    /// ended session. The session's pin goes now, before the
     /// transaction's first selection, and a pinned load-balanced connection goes back to its
     /// pool. From now on every operation naming the session runs in the transaction: the first
     /// one written carries `startTransaction` (the transaction is "starting" until then), later
@@ -212,6 +213,8 @@ impl Engine {
                 "transactions do not support unacknowledged write concern",
             ));
         }
+        // TO-6: a `maxCommitTimeMS` a server would refuse as `maxTimeMS`.
+        options.commit_max_time_ms()?;
         state.transaction.start()?;
         state.transaction_options = options;
         // TX-1: the `txnNumber` is incremented at `startTransaction`, even for a transaction
@@ -222,6 +225,23 @@ impl Engine {
         self.transaction_unpinned(session, unpinned, now);
         self.run(now);
         Ok(())
+    }
+
+    /// TO-14: `timeout` is the timeout of the explicit session's next `commitTransaction` or
+    /// `abortTransaction` request ([`OperationKind::CommitTransaction`],
+    /// [`OperationKind::AbortTransaction`]), in place of the request's own
+    /// [`OperationRequest::timeout`]: a driver gives its session's `defaultTimeoutMS` this way,
+    /// as a deadline from the instant the application called commit or abort (the session's
+    /// timeout covers commit and abort, and the abort of ending a session, ahead of the client's
+    /// `timeoutMS`). The next such request naming the session takes it, whether or not it sends
+    /// a command (TX-2); the session's other operations keep their own. Under it the commit's
+    /// `maxTimeMS` is derived from the remaining time (CS-4) and `max_commit_time` is ignored
+    /// (TO-6, TO-8); [`OperationTimeout::Unbounded`] (`defaultTimeoutMS=0`) sends none.
+    /// Does nothing for an unknown or ended session.
+    pub fn set_transaction_timeout(&mut self, session: SessionHandle, timeout: OperationTimeout) {
+        if let Some(state) = self.sessions.get_mut(&session).filter(|s| !s.ending) {
+            state.end_timeout = Some(timeout);
+        }
     }
 
     /// What the engine knows of an explicit session (for tests and diagnostics); `None` for an
@@ -254,9 +274,11 @@ impl Engine {
     /// writable server (the transaction's read preference is primary: a read preference of
     /// another mode is a usage error), the first command with the
     /// transaction's `readConcern`; commit and abort become the kind their state gives, with the
-    /// transaction's `writeConcern`. `Ok(false)`: nothing to send (commit or abort of a
-    /// transaction that wrote nothing); an error: a state or concern the rules refuse, with
-    /// nothing changed.
+    /// transaction's `writeConcern`, the session's timeout for them when one was set
+    /// ([`Engine::set_transaction_timeout`], TO-14), and on a commit without `timeoutMS` the
+    /// transaction's `maxCommitTimeMS` as `maxTimeMS` (TO-6). `Ok(false)`: nothing to send
+    /// (commit or abort of a transaction that wrote nothing); an error: a state or concern the
+    /// rules refuse, with nothing changed.
     pub(super) fn transaction_request(
         &mut self,
         request: &mut OperationRequest,
@@ -268,6 +290,22 @@ impl Engine {
         else {
             return Ok(true);
         };
+        // TO-6: checked at `start_transaction`; an error here changes nothing (TX-2).
+        let commit_max_time = match request.kind {
+            OperationKind::CommitTransaction { .. } => {
+                state.transaction_options.commit_max_time_ms()?
+            }
+            _ => None,
+        };
+        // TO-14: the session's timeout for its commit or abort, set for this call.
+        if matches!(
+            request.kind,
+            OperationKind::CommitTransaction { .. } | OperationKind::AbortTransaction
+        ) {
+            if let Some(timeout) = state.end_timeout.take() {
+                request.timeout = timeout;
+            }
+        }
         let step = match request.kind {
             OperationKind::CommitTransaction { .. } => state.transaction.commit()?,
             OperationKind::AbortTransaction => state.transaction.abort()?,
@@ -320,6 +358,16 @@ impl Engine {
                         request
                             .command
                             .insert("writeConcern", write_concern.clone());
+                    }
+                }
+                // TO-6: without `timeoutMS`, `maxCommitTimeMS` is the commit's `maxTimeMS`
+                // (each attempt's: the retries send the same command, TX-10); under it
+                // (TO-8) the attempts derive theirs (CS-4; none for `timeoutMS=0`, TO-7).
+                if let (OperationKind::CommitTransaction { .. }, OperationTimeout::Off) =
+                    (kind, request.timeout)
+                {
+                    if let Some(ms) = commit_max_time {
+                        request.command.insert("maxTimeMS", Bson::Int32(ms));
                     }
                 }
                 request.criteria = SelectionCriteria::Write;
