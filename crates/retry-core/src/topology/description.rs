@@ -1,5 +1,6 @@
 //! Topology descriptions: the client's view of the whole deployment.
 
+use alloc::collections::BTreeMap;
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -23,7 +24,12 @@ pub const MAX_SUPPORTED_WIRE_VERSION: i32 = 27;
 /// Selection reads it; the SDAM update rules ([`super::Topology`]) replace server descriptions in it
 /// and then call [`TopologyDescription::refresh_derived`] so that compatibility and session
 /// support follow the servers.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Review38 L7 (house rule 9, cost follows the work): a server is found by its address through
+/// an index kept beside [`TopologyDescription::servers`], in O(log n), so that a pinned
+/// transaction's command (TX-3), an error reply and a killCursors do not pay for the other
+/// servers. Equality and `Debug` ignore the index, which is a function of the servers.
+#[derive(Clone)]
 pub struct TopologyDescription {
     /// The deployment type.
     pub topology_type: TopologyType,
@@ -38,6 +44,39 @@ pub struct TopologyDescription {
     pub max_election_id: Option<ObjectId>,
     compatibility_error: Option<String>,
     logical_session_timeout: Option<Duration>,
+    /// L7: each address's position in `servers` (the first, should one repeat). Kept by
+    /// [`TopologyDescription::push_server`] and [`TopologyDescription::remove_server`], rebuilt by
+    /// [`TopologyDescription::refresh_derived`]; [`TopologyDescription::position`] checks what it
+    /// finds, so a change to `servers` made without them costs a scan, never a wrong answer.
+    index: BTreeMap<ServerAddress, usize>,
+}
+
+impl PartialEq for TopologyDescription {
+    /// Field by field, as a derived one, without the index (which follows the servers).
+    fn eq(&self, other: &TopologyDescription) -> bool {
+        self.topology_type == other.topology_type
+            && self.servers == other.servers
+            && self.set_name == other.set_name
+            && self.max_set_version == other.max_set_version
+            && self.max_election_id == other.max_election_id
+            && self.compatibility_error == other.compatibility_error
+            && self.logical_session_timeout == other.logical_session_timeout
+    }
+}
+
+impl fmt::Debug for TopologyDescription {
+    /// What a derived `Debug` wrote before the index existed (L7: outputs unchanged).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TopologyDescription")
+            .field("topology_type", &self.topology_type)
+            .field("servers", &self.servers)
+            .field("set_name", &self.set_name)
+            .field("max_set_version", &self.max_set_version)
+            .field("max_election_id", &self.max_election_id)
+            .field("compatibility_error", &self.compatibility_error)
+            .field("logical_session_timeout", &self.logical_session_timeout)
+            .finish()
+    }
 }
 
 impl TopologyDescription {
@@ -55,19 +94,67 @@ impl TopologyDescription {
             max_election_id: None,
             compatibility_error: None,
             logical_session_timeout: None,
+            index: BTreeMap::new(),
         };
         topology.refresh_derived();
         topology
     }
 
-    /// The description of the server at `address`.
+    /// The description of the server at `address`, found in O(log n) (review38 L7, house rule
+    /// 9).
     pub fn server(&self, address: &ServerAddress) -> Option<&ServerDescription> {
-        self.servers.iter().find(|s| &s.address == address)
+        self.position(address).map(|i| &self.servers[i])
     }
 
-    /// Recomputes what derives from the servers: the compatibility error and the logical session
-    /// timeout (SDAM). Call after changing [`TopologyDescription::servers`].
+    /// The position in [`TopologyDescription::servers`] of the (first) server at `address`, in
+    /// O(log n) (review38 L7, house rule 9: the cost does not follow the other servers). The
+    /// index entry found is checked against `servers`; when `servers` was changed without
+    /// [`TopologyDescription::push_server`], [`TopologyDescription::remove_server`] or
+    /// [`TopologyDescription::refresh_derived`] and the index does not match, this falls back to
+    /// a scan, so the answer is always the one `servers.iter().position` gives.
+    pub fn position(&self, address: &ServerAddress) -> Option<usize> {
+        match self.index.get(address) {
+            Some(&i) if self.servers.get(i).is_some_and(|s| &s.address == address) => Some(i),
+            None if self.index.len() == self.servers.len() => None,
+            _ => self.servers.iter().position(|s| &s.address == address),
+        }
+    }
+
+    /// Appends `server` (SDAM: a new server joins) and indexes it (review38 L7).
+    pub fn push_server(&mut self, server: ServerDescription) {
+        if self.index.len() == self.servers.len() {
+            self.index
+                .entry(server.address.clone())
+                .or_insert(self.servers.len());
+        }
+        self.servers.push(server);
+        if self.index.len() != self.servers.len() {
+            // An address twice (or an index already out of step): rebuilt, first position wins.
+            self.reindex();
+        }
+    }
+
+    /// Removes every server at `address` (SDAM `remove`), keeping the others' order, and
+    /// re-indexes them (review38 L7; a removal is rare, and already moves the servers after it).
+    pub fn remove_server(&mut self, address: &ServerAddress) {
+        self.servers.retain(|s| &s.address != address);
+        self.reindex();
+    }
+
+    /// Rebuilds the address index from `servers` (review38 L7).
+    fn reindex(&mut self) {
+        self.index.clear();
+        for (i, s) in self.servers.iter().enumerate() {
+            self.index.entry(s.address.clone()).or_insert(i);
+        }
+    }
+
+    /// Recomputes what derives from the servers: the compatibility error, the logical session
+    /// timeout (SDAM) and the address index (L7). Call after changing
+    /// [`TopologyDescription::servers`] other than through [`TopologyDescription::push_server`]
+    /// and [`TopologyDescription::remove_server`].
     pub fn refresh_derived(&mut self) {
+        self.reindex();
         self.compatibility_error = self.servers.iter().find_map(incompatibility);
         self.logical_session_timeout = if self.topology_type == TopologyType::LoadBalanced {
             None
