@@ -1,6 +1,6 @@
 //! Topology descriptions: the client's view of the whole deployment.
 
-use alloc::collections::BTreeMap;
+use alloc::collections::btree_map::{BTreeMap, Entry};
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -49,6 +49,10 @@ pub struct TopologyDescription {
     /// [`TopologyDescription::refresh_derived`]; [`TopologyDescription::position`] checks what it
     /// finds, so a change to `servers` made without them costs a scan, never a wrong answer.
     index: BTreeMap<ServerAddress, usize>,
+    /// How many servers the index was exact for (one entry per server, no address twice);
+    /// `usize::MAX` when an address is there twice. The index is trusted only while `servers`
+    /// has this length.
+    indexed: usize,
 }
 
 impl PartialEq for TopologyDescription {
@@ -95,6 +99,7 @@ impl TopologyDescription {
             compatibility_error: None,
             logical_session_timeout: None,
             index: BTreeMap::new(),
+            indexed: 0,
         };
         topology.refresh_derived();
         topology
@@ -108,29 +113,42 @@ impl TopologyDescription {
 
     /// The position in [`TopologyDescription::servers`] of the (first) server at `address`, in
     /// O(log n) (review38 L7, house rule 9: the cost does not follow the other servers). The
-    /// index entry found is checked against `servers`; when `servers` was changed without
-    /// [`TopologyDescription::push_server`], [`TopologyDescription::remove_server`] or
-    /// [`TopologyDescription::refresh_derived`] and the index does not match, this falls back to
-    /// a scan, so the answer is always the one `servers.iter().position` gives.
+    /// index entry found is checked against `servers`, and the index is not trusted when an
+    /// address is there twice or `servers` changed length behind it: then this scans, as
+    /// `servers.iter().position` does. After changing `servers` other than through
+    /// [`TopologyDescription::push_server`] and [`TopologyDescription::remove_server`], call
+    /// [`TopologyDescription::refresh_derived`] (a server replaced by another address, with no
+    /// change of length, is found only after it).
     pub fn position(&self, address: &ServerAddress) -> Option<usize> {
-        match self.index.get(address) {
-            Some(&i) if self.servers.get(i).is_some_and(|s| &s.address == address) => Some(i),
-            None if self.index.len() == self.servers.len() => None,
-            _ => self.servers.iter().position(|s| &s.address == address),
+        if self.indexed == self.servers.len() {
+            match self.index.get(address) {
+                Some(&i) if self.servers.get(i).is_some_and(|s| &s.address == address) => {
+                    return Some(i)
+                }
+                None => return None,
+                Some(_) => {}
+            }
         }
+        self.servers.iter().position(|s| &s.address == address)
     }
 
     /// Appends `server` (SDAM: a new server joins) and indexes it (review38 L7).
     pub fn push_server(&mut self, server: ServerDescription) {
-        if self.index.len() == self.servers.len() {
-            self.index
-                .entry(server.address.clone())
-                .or_insert(self.servers.len());
-        }
+        let in_step = self.indexed == self.servers.len();
+        let address = server.address.clone();
         self.servers.push(server);
-        if self.index.len() != self.servers.len() {
-            // An address twice (or an index already out of step): rebuilt, first position wins.
+        if !in_step {
+            // `servers` was changed directly (or holds an address twice): rebuilt.
             self.reindex();
+            return;
+        }
+        match self.index.entry(address) {
+            Entry::Vacant(entry) => {
+                entry.insert(self.servers.len() - 1);
+                self.indexed = self.servers.len();
+            }
+            // An address twice: the first position stays, and `position` scans.
+            Entry::Occupied(_) => self.indexed = usize::MAX,
         }
     }
 
@@ -147,6 +165,10 @@ impl TopologyDescription {
         for (i, s) in self.servers.iter().enumerate() {
             self.index.entry(s.address.clone()).or_insert(i);
         }
+        self.indexed = match self.index.len() == self.servers.len() {
+            true => self.servers.len(),
+            false => usize::MAX,
+        };
     }
 
     /// Recomputes what derives from the servers: the compatibility error, the logical session
@@ -315,5 +337,114 @@ mod tests {
             alloc::vec![server("a", ServerType::Unknown, 0, None)],
         );
         assert!(unknown.is_compatible());
+    }
+
+    /// Review38 L7 (house rule 9): the indexed lookup gives what a scan of `servers` gives,
+    /// through random additions (an address twice included), removals, in-place replacements,
+    /// and changes made to `servers` directly: looked up before the `refresh_derived` that
+    /// must follow them, and after it.
+    mod l7_index {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Clone, Debug)]
+        enum Change {
+            Push(u16),
+            Remove(u16),
+            Replace(u16),
+            /// Directly on `servers`, then `refresh_derived`.
+            DirectPush(u16),
+            DirectRetain(u16),
+            DirectSwap(usize, usize),
+        }
+
+        fn change() -> impl Strategy<Value = Change> {
+            let port = 0..12u16;
+            prop_oneof![
+                4 => port.clone().prop_map(Change::Push),
+                2 => port.clone().prop_map(Change::Remove),
+                2 => port.clone().prop_map(Change::Replace),
+                1 => port.clone().prop_map(Change::DirectPush),
+                1 => port.prop_map(Change::DirectRetain),
+                1 => (any::<usize>(), any::<usize>()).prop_map(|(a, b)| Change::DirectSwap(a, b)),
+            ]
+        }
+
+        fn at(port: u16) -> ServerAddress {
+            ServerAddress::new("m", 27000 + port)
+        }
+
+        fn check(t: &TopologyDescription) -> Result<(), TestCaseError> {
+            for port in 0..12 {
+                let address = at(port);
+                let scan = t.servers.iter().position(|s| s.address == address);
+                prop_assert_eq!(t.position(&address), scan, "{}", address);
+                prop_assert_eq!(
+                    t.server(&address).map(|s| s as *const ServerDescription),
+                    scan.map(|i| &t.servers[i] as *const ServerDescription)
+                );
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #[test]
+            fn l7_lookup_by_address_matches_a_scan(changes in proptest::collection::vec(change(), 0..40)) {
+                let mut t = TopologyDescription::new(TopologyType::Sharded, Vec::new());
+                for change in changes {
+                    match change.clone() {
+                        Change::Push(p) => t.push_server(ServerDescription::unknown(at(p))),
+                        Change::Remove(p) => t.remove_server(&at(p)),
+                        Change::Replace(p) => {
+                            // What SDAM's `replace` does: a new description, same address.
+                            if let Some(i) = t.position(&at(p)) {
+                                t.servers[i] = ServerDescription {
+                                    server_type: ServerType::Mongos,
+                                    ..ServerDescription::unknown(at(p))
+                                };
+                            }
+                        }
+                        Change::DirectPush(p) => t.servers.push(ServerDescription::unknown(at(p))),
+                        Change::DirectRetain(p) => t.servers.retain(|s| s.address != at(p)),
+                        Change::DirectSwap(a, b) => {
+                            let n = t.servers.len();
+                            if n > 0 {
+                                t.servers.swap(a % n, b % n);
+                            }
+                        }
+                    }
+                    check(&t)?;
+                    if matches!(change, Change::DirectPush(_) | Change::DirectRetain(_) | Change::DirectSwap(..)) {
+                        t.refresh_derived();
+                        check(&t)?;
+                    }
+                }
+            }
+        }
+
+        /// L7: the index is invisible: `Debug` writes what the derived one wrote, and equality
+        /// follows the servers however the index was built.
+        #[test]
+        fn l7_the_index_changes_no_output() {
+            let servers = alloc::vec![
+                ServerDescription::unknown(at(1)),
+                ServerDescription::unknown(at(2)),
+            ];
+            let built = TopologyDescription::new(TopologyType::Sharded, servers.clone());
+            let mut pushed = TopologyDescription::new(TopologyType::Sharded, Vec::new());
+            pushed.push_server(ServerDescription::unknown(at(3)));
+            pushed.push_server(servers[0].clone());
+            pushed.remove_server(&at(3));
+            pushed.servers.push(servers[1].clone());
+            assert_eq!(built, pushed);
+            let debug = alloc::format!("{built:?}");
+            assert!(
+                debug.starts_with("TopologyDescription { topology_type: Sharded, servers: [")
+                    && debug.ends_with(
+                        ", set_name: None, max_set_version: None, max_election_id: None, compatibility_error: None, logical_session_timeout: None }"
+                    ),
+                "{debug}"
+            );
+        }
     }
 }
