@@ -14,7 +14,7 @@
 //! LB-15); the wait queue is first in, first out (CM-8); a wait-queue timeout in load-balanced mode
 //! names the connections in use by cursors, transactions and other operations (LB-13).
 
-use alloc::collections::{BTreeSet, VecDeque};
+use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -344,11 +344,33 @@ impl Waiter {
     }
 }
 
-#[derive(Clone, Debug)]
+/// CM-5: one `serviceId`'s generation and connections (load-balanced mode).
+#[derive(Clone, Debug, Default)]
 struct ServiceGeneration {
-    service_id: ObjectId,
     generation: u32,
-    connections: u32,
+    /// The service's connections (those whose handshake named it), by id: their number is the
+    /// count CM-5 keeps, and a clear of the service walks only them (review38 L8, house rule 9).
+    connections: BTreeSet<ConnectionId>,
+}
+
+/// LB-13: the connections in use, by [`Purpose`], kept as connections enter and leave the
+/// in-use state (review38 L8, house rule 9: a wait-queue timeout does not recount them).
+#[derive(Clone, Copy, Debug, Default)]
+struct InUseCounts {
+    cursors: u32,
+    transactions: u32,
+    other: u32,
+}
+
+impl InUseCounts {
+    #[inline(always)]
+    fn slot(&mut self, purpose: Purpose) -> &mut u32 {
+        match purpose {
+            Purpose::Cursor => &mut self.cursors,
+            Purpose::Transaction => &mut self.transactions,
+            Purpose::Other => &mut self.other,
+        }
+    }
 }
 
 /// The connection-pool accounting machine of one server. See the [module docs](self).
@@ -358,7 +380,11 @@ pub struct Pool {
     options: PoolOptions,
     state: PoolState,
     generation: u32,
-    services: Vec<ServiceGeneration>,
+    /// CM-5: the services by `serviceId`, so that the generation check of every check-in,
+    /// checkout and handshake is a lookup, not a scan of the services (review38 L8, house rule 9).
+    services: BTreeMap<ObjectId, ServiceGeneration>,
+    /// LB-13: the in-use connections by purpose, kept by [`Pool::track`] (review38 L8).
+    in_use: InUseCounts,
     /// The connections by id, so that one input costs the same however many exist (house rule 9);
     /// ids grow, so iteration is in creation order.
     connections: IdTable<ConnectionId, Connection>,
@@ -401,7 +427,8 @@ impl Pool {
             options,
             state: PoolState::Paused,
             generation: 0,
-            services: Vec::new(),
+            services: BTreeMap::new(),
+            in_use: InUseCounts::default(),
             connections: IdTable::default(),
             pending: 0,
             unclaimed: BTreeSet::new(),
@@ -463,12 +490,10 @@ impl Pool {
         self.generation
     }
 
-    /// The generation of `service_id`'s connections (CM-5); 0 for a service never seen.
+    /// The generation of `service_id`'s connections (CM-5); 0 for a service never seen. A
+    /// lookup in O(log services) (review38 L8, house rule 9).
     pub fn service_generation(&self, service_id: &ObjectId) -> u32 {
-        self.services
-            .iter()
-            .find(|s| &s.service_id == service_id)
-            .map_or(0, |s| s.generation)
+        self.services.get(service_id).map_or(0, |s| s.generation)
     }
 
     /// The generation a connection was created in, and its service, if it exists.
@@ -491,31 +516,18 @@ impl Pool {
     /// LB-12, LB-13: the in-use `connection` now serves `purpose` (a transaction pinned it);
     /// a connection not in use is left alone.
     pub fn set_purpose(&mut self, connection: ConnectionId, purpose: Purpose) {
-        if let Some(c) = self.connection_mut(connection) {
-            if let ConnectionState::InUse { .. } = c.state {
-                c.state = ConnectionState::InUse { purpose };
-            }
+        if let Some(ConnectionState::InUse { .. }) = self.connection(connection).map(|c| c.state) {
+            // Through `set_state`, which moves the connection between the LB-13 counts.
+            self.set_state(connection, ConnectionState::InUse { purpose });
         }
     }
 
-    /// Connections in use, by purpose: (cursors, transactions, other) (LB-13).
+    /// Connections in use, by purpose: (cursors, transactions, other) (LB-13). Kept as
+    /// connections are checked out, checked in, closed and change purpose, so this costs the same
+    /// however many connections exist (review38 L8, house rule 9).
     pub fn in_use(&self) -> (u32, u32, u32) {
-        let mut counts = (0, 0, 0);
-        for c in self.connections.values() {
-            match c.state {
-                ConnectionState::InUse {
-                    purpose: Purpose::Cursor,
-                } => counts.0 += 1,
-                ConnectionState::InUse {
-                    purpose: Purpose::Transaction,
-                } => counts.1 += 1,
-                ConnectionState::InUse {
-                    purpose: Purpose::Other,
-                } => counts.2 += 1,
-                _ => {}
-            }
-        }
-        counts
+        let c = self.in_use;
+        (c.cursors, c.transactions, c.other)
     }
 
     /// The number of open or opening connections.
@@ -724,8 +736,10 @@ impl Pool {
             duration: now.saturating_duration_since(created),
         });
         if let (true, Some(service)) = (self.options.load_balanced, service_id) {
-            let generation = self.service_entry(service).generation;
-            self.service_entry(service).connections += 1;
+            // CM-5: the connection joins its service's entry (made at its first connection).
+            let entry = self.services.entry(service).or_default();
+            entry.connections.insert(connection);
+            let generation = entry.generation;
             if let Some(c) = self.connection_mut(connection) {
                 c.generation = generation;
                 c.service_id = Some(service);
@@ -841,6 +855,8 @@ impl Pool {
     ///
     /// In load-balanced mode, give the failing connection's `service_id`: only that service's
     /// generation goes up, and the pool neither pauses nor touches its waiters (CM-5, LB-15).
+    /// Only that service's connections are walked, so the clear costs the same however many
+    /// other services and connections there are (review38 L8, house rule 9).
     pub fn clear(
         &mut self,
         service_id: Option<ObjectId>,
@@ -854,7 +870,8 @@ impl Pool {
         let lb_service = service_id.filter(|_| self.options.load_balanced);
         match lb_service {
             Some(service) => {
-                self.service_entry(service).generation += 1;
+                let entry = self.services.entry(service).or_default();
+                entry.generation = entry.generation.wrapping_add(1);
                 self.emit(PoolEvent::PoolCleared {
                     service_id: Some(service),
                     interrupt_in_use_connections,
@@ -876,15 +893,32 @@ impl Pool {
         // interrupting, and in-use ones are interrupted: their operations fail, then they are
         // checked in and closed (CM-4; SDAM `interruptInUse-pool-clear.json`: PoolCleared,
         // CheckedIn, ConnectionClosed).
-        let stale: Vec<(ConnectionId, bool)> = self
-            .connections
-            .values()
-            .filter(|c| self.is_stale(c))
-            .filter(|c| {
-                interrupt_in_use_connections || matches!(c.state, ConnectionState::Available { .. })
-            })
-            .map(|c| (c.id, matches!(c.state, ConnectionState::InUse { .. })))
-            .collect();
+        //
+        // A service's clear (CM-5, LB-15) makes only that service's connections stale, so it
+        // walks only them, in id (creation) order as the scan of every connection did (L8).
+        let selected = |c: &&Connection| {
+            interrupt_in_use_connections || matches!(c.state, ConnectionState::Available { .. })
+        };
+        let stale: Vec<(ConnectionId, bool)> = match lb_service {
+            Some(service) => match self.services.get(&service) {
+                Some(entry) => entry
+                    .connections
+                    .iter()
+                    .filter_map(|id| self.connections.get(id))
+                    .filter(|c| self.is_stale(c))
+                    .filter(selected)
+                    .map(|c| (c.id, matches!(c.state, ConnectionState::InUse { .. })))
+                    .collect(),
+                None => Vec::new(),
+            },
+            None => self
+                .connections
+                .values()
+                .filter(|c| self.is_stale(c))
+                .filter(selected)
+                .map(|c| (c.id, matches!(c.state, ConnectionState::InUse { .. })))
+                .collect(),
+        };
         for (id, in_use) in stale {
             if in_use {
                 self.actions
@@ -946,12 +980,17 @@ impl Pool {
         // Only a due entry of the expiry index makes the scan worth it.
         let due = self.expiries.first().is_some_and(|(at, _)| *at <= now);
         let mut index = if due { 0 } else { self.waiters.len() };
+        // LB-13: failing a waiter changes no connection, so one message serves the whole batch
+        // (review38 L8: made once, from the kept counts).
+        let mut message: Option<String> = None;
         while index < self.waiters.len() {
             // A checkout that is establishing its own connection is bounded by the caller's
             // deadline and the connect timeout, not by the wait queue's.
             if self.waiters[index].expiry().is_some_and(|d| now >= d) {
                 if let Some(w) = self.remove_waiter(index) {
-                    let message = self.wait_queue_timeout_message();
+                    let message = message
+                        .get_or_insert_with(|| self.wait_queue_timeout_message())
+                        .clone();
                     self.fail(
                         w.checkout,
                         w.started,
@@ -997,7 +1036,8 @@ impl Pool {
     }
 
     /// CM-3, LB-13: the wait-queue timeout message; in load-balanced mode it counts the
-    /// connections in use by cursors, transactions and other operations.
+    /// connections in use by cursors, transactions and other operations (from the kept counts,
+    /// review38 L8).
     fn wait_queue_timeout_message(&self) -> String {
         if self.options.load_balanced {
             let (cursors, transactions, other) = self.in_use();
@@ -1194,12 +1234,11 @@ impl Pool {
             }
         }
         if let Some(service) = conn.service_id {
-            if let Some(pos) = self.services.iter().position(|s| s.service_id == service) {
-                let entry = &mut self.services[pos];
-                entry.connections = entry.connections.saturating_sub(1);
+            if let Some(entry) = self.services.get_mut(&service) {
+                entry.connections.remove(&id);
                 // CM-5: the entry goes when its last connection does.
-                if entry.connections == 0 {
-                    self.services.remove(pos);
+                if entry.connections.is_empty() {
+                    self.services.remove(&service);
                 }
             }
         }
@@ -1211,25 +1250,6 @@ impl Pool {
             connection: id,
             reason,
         });
-    }
-
-    fn service_entry(&mut self, service_id: ObjectId) -> &mut ServiceGeneration {
-        let index = match self
-            .services
-            .iter()
-            .position(|s| s.service_id == service_id)
-        {
-            Some(i) => i,
-            None => {
-                self.services.push(ServiceGeneration {
-                    service_id,
-                    generation: 0,
-                    connections: 0,
-                });
-                self.services.len() - 1
-            }
-        };
-        &mut self.services[index]
     }
 
     fn connection(&self, id: ConnectionId) -> Option<&Connection> {
@@ -1252,13 +1272,20 @@ impl Pool {
         self.track(id, state, true);
     }
 
-    /// Keeps the indexes of `state` (`pending`, `unclaimed`, `idle`) as connection `id` enters
-    /// (`entered`) or leaves it. In use, and available without `maxIdleTimeMS` (every checkout
-    /// and check-in), it has nothing to do: found inline (issue 9).
+    /// Keeps the indexes of `state` (`pending`, `unclaimed`, `idle`) and the LB-13 counts of
+    /// in-use connections (review38 L8) as connection `id` enters (`entered`) or leaves it. In
+    /// use, and available without `maxIdleTimeMS` (every checkout and check-in), it has only a
+    /// count to change: found inline (issue 9).
     #[inline(always)]
     fn track(&mut self, id: ConnectionId, state: ConnectionState, entered: bool) {
         match state {
-            ConnectionState::InUse { .. } => {}
+            ConnectionState::InUse { purpose } => {
+                let count = self.in_use.slot(purpose);
+                *count = match entered {
+                    true => count.saturating_add(1),
+                    false => count.saturating_sub(1),
+                };
+            }
             ConnectionState::Available { .. } if self.options.max_idle_time.is_none() => {}
             _ => self.track_indexed(id, state, entered),
         }

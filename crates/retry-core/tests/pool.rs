@@ -465,3 +465,361 @@ fn a_pool_without_events_takes_the_same_actions() {
         .iter()
         .any(|e| matches!(e, PoolEvent::CheckOutStarted { .. })));
 }
+
+/// Review38 L8 (CM-5, LB-15, house rule 9: cost follows the work): with 50 services of 4
+/// connections each, 2 of them in use, clearing one service closes exactly that service's 2
+/// available connections, as stale, in creation order; in-use ones of it and every other
+/// service's connection are left alone, and the other services keep their generation.
+#[test]
+fn l8_cm5_lb15_a_service_clear_among_many_closes_only_its_available_connections() {
+    let options = PoolOptions {
+        max_pool_size: 0,
+        load_balanced: true,
+        ..PoolOptions::default()
+    };
+    let mut pool = Pool::new(address(), options);
+    let t0 = Instant::ZERO;
+    pool.ready(t0);
+    let services: Vec<ObjectId> = (0..50u8)
+        .map(|i| ObjectId::from_bytes([i + 1; 12]))
+        .collect();
+    let mut by_service: Vec<Vec<ConnectionId>> = Vec::new();
+    for &service in &services {
+        let mut conns = Vec::new();
+        for _ in 0..4 {
+            let checkout = pool.check_out(Purpose::Other, None, t0);
+            let actions = settle(&mut pool, Some(service), t0);
+            conns.push(checked_out(&actions, checkout).expect("a new connection"));
+        }
+        by_service.push(conns);
+    }
+    // Connections 0 and 1 of each service go back: available. 2 and 3 stay in use.
+    for conns in &by_service {
+        pool.check_in(conns[0], true, t0);
+        pool.check_in(conns[1], true, t0);
+    }
+    assert_eq!(pool.total_connections(), 200);
+    assert_eq!(pool.in_use(), (0, 0, 100));
+    let _ = events(&mut pool);
+
+    let target = 17;
+    pool.clear(Some(services[target]), false, "network error", t0);
+    let actions: Vec<_> = std::iter::from_fn(|| pool.poll_action()).collect();
+    let closed: Vec<_> = by_service[target][..2]
+        .iter()
+        .map(|&connection| PoolAction::Close {
+            connection,
+            reason: CloseReason::Stale,
+        })
+        .collect();
+    assert_eq!(actions, closed);
+    assert_eq!(
+        events(&mut pool),
+        [
+            PoolEvent::PoolCleared {
+                service_id: Some(services[target]),
+                interrupt_in_use_connections: false,
+            },
+            PoolEvent::ConnectionClosed {
+                connection: by_service[target][0],
+                reason: CloseReason::Stale,
+            },
+            PoolEvent::ConnectionClosed {
+                connection: by_service[target][1],
+                reason: CloseReason::Stale,
+            },
+        ]
+    );
+    assert_eq!(pool.total_connections(), 198);
+    assert_eq!(pool.in_use(), (0, 0, 100));
+    for (i, service) in services.iter().enumerate() {
+        let expected = u32::from(i == target);
+        assert_eq!(pool.service_generation(service), expected, "service {i}");
+    }
+    // The cleared service's in-use connections are stale: closed when checked in; another
+    // service's are reused.
+    pool.check_in(by_service[target][2], true, t0);
+    pool.check_in(by_service[target + 1][2], true, t0);
+    assert_eq!(
+        std::iter::from_fn(|| pool.poll_action()).collect::<Vec<_>>(),
+        [PoolAction::Close {
+            connection: by_service[target][2],
+            reason: CloseReason::Stale,
+        }]
+    );
+    // Interrupting: the service's last in-use connection is interrupted, nothing else moves.
+    pool.clear(Some(services[target]), true, "network error", t0);
+    assert_eq!(
+        std::iter::from_fn(|| pool.poll_action()).collect::<Vec<_>>(),
+        [PoolAction::Interrupt {
+            connection: by_service[target][3],
+        }]
+    );
+}
+
+mod l8_counts {
+    //! Review38 L8 (LB-13, CM-5, LB-15, house rule 9): the pool keeps its in-use counts and
+    //! its per-service connections as it goes; these properties recount them through the public
+    //! API after every input of random sequences.
+
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    const SERVICES: u8 = 3;
+
+    #[derive(Clone, Debug)]
+    enum Input {
+        CheckOut(Purpose, Option<u64>),
+        CheckIn(usize, bool),
+        SetPurpose(usize, Purpose),
+        Establish(usize, Option<u8>),
+        EstablishFailed(usize),
+        Lost(usize),
+        ClearService(u8, bool),
+        ClearAll(bool),
+        Ready,
+        Advance(u64),
+        Cancel(u64),
+        Close,
+    }
+
+    fn purpose() -> impl Strategy<Value = Purpose> {
+        prop_oneof![
+            Just(Purpose::Cursor),
+            Just(Purpose::Transaction),
+            Just(Purpose::Other)
+        ]
+    }
+
+    fn input() -> impl Strategy<Value = Input> {
+        prop_oneof![
+            6 => (purpose(), proptest::option::of(1..40u64)).prop_map(|(p, d)| Input::CheckOut(p, d)),
+            5 => (any::<usize>(), proptest::bool::weighted(0.8)).prop_map(|(i, h)| Input::CheckIn(i, h)),
+            3 => (any::<usize>(), purpose()).prop_map(|(i, p)| Input::SetPurpose(i, p)),
+            5 => (any::<usize>(), proptest::option::weighted(0.9, 0..SERVICES)).prop_map(|(i, s)| Input::Establish(i, s)),
+            1 => any::<usize>().prop_map(Input::EstablishFailed),
+            1 => any::<usize>().prop_map(Input::Lost),
+            2 => (0..SERVICES, proptest::bool::weighted(0.3)).prop_map(|(s, i)| Input::ClearService(s, i)),
+            1 => any::<bool>().prop_map(Input::ClearAll),
+            1 => Just(Input::Ready),
+            2 => (1..30u64).prop_map(Input::Advance),
+            1 => (1..20u64).prop_map(Input::Cancel),
+            1 => proptest::bool::weighted(0.05).prop_map(|close| if close { Input::Close } else { Input::Ready }),
+        ]
+    }
+
+    fn service(i: u8) -> ObjectId {
+        ObjectId::from_bytes([i + 1; 12])
+    }
+
+    /// What the test knows: every connection id the pool handed out, and which are pending.
+    #[derive(Default)]
+    struct Model {
+        known: BTreeSet<ConnectionId>,
+        pending: BTreeSet<ConnectionId>,
+    }
+
+    impl Model {
+        fn pick(set: &BTreeSet<ConnectionId>, i: usize) -> Option<ConnectionId> {
+            match set.len() {
+                0 => None,
+                n => set.iter().nth(i % n).copied(),
+            }
+        }
+
+        fn in_use(&self, pool: &Pool) -> BTreeSet<ConnectionId> {
+            self.known
+                .iter()
+                .copied()
+                .filter(|&c| pool.purpose(c).is_some())
+                .collect()
+        }
+
+        /// LB-13 recounted, connection by connection.
+        fn recount(&self, pool: &Pool) -> (u32, u32, u32) {
+            let mut counts = (0, 0, 0);
+            for &c in &self.known {
+                match pool.purpose(c) {
+                    Some(Purpose::Cursor) => counts.0 += 1,
+                    Some(Purpose::Transaction) => counts.1 += 1,
+                    Some(Purpose::Other) => counts.2 += 1,
+                    None => {}
+                }
+            }
+            counts
+        }
+
+        /// Connections open, established, and not in use.
+        fn available(&self, pool: &Pool) -> BTreeSet<ConnectionId> {
+            self.known
+                .iter()
+                .copied()
+                .filter(|c| !self.pending.contains(c))
+                .filter(|&c| pool.connection_generation(c).is_some() && pool.purpose(c).is_none())
+                .collect()
+        }
+
+        /// Drains the actions; wait-queue timeouts must carry `counts` (LB-13).
+        fn drain(&mut self, pool: &mut Pool, counts: Option<(u32, u32, u32)>) -> Vec<PoolAction> {
+            let mut seen = Vec::new();
+            for _ in 0..10_000 {
+                let Some(action) = pool.poll_action() else {
+                    break;
+                };
+                match &action {
+                    PoolAction::Establish { connection } => {
+                        assert!(self.known.insert(*connection));
+                        self.pending.insert(*connection);
+                    }
+                    PoolAction::Close { connection, .. } => {
+                        self.pending.remove(connection);
+                    }
+                    PoolAction::CheckoutFailed {
+                        error: CheckoutError::WaitQueueTimeout(message),
+                        ..
+                    } => {
+                        let (cursors, transactions, other) =
+                            counts.expect("a wait-queue timeout only from handle_timeout");
+                        assert_eq!(
+                            message,
+                            &format!(
+                                "Timeout waiting for connection from the connection pool. maxPoolSize: 3, connections in use by cursors: {cursors}, connections in use by transactions: {transactions}, connections in use by other operations: {other}"
+                            )
+                        );
+                    }
+                    _ => {}
+                }
+                seen.push(action);
+            }
+            seen
+        }
+    }
+
+    fn run(min_pool_size: u32, inputs: &[Input]) {
+        let options = PoolOptions {
+            max_pool_size: 3,
+            min_pool_size,
+            load_balanced: true,
+            ..PoolOptions::default()
+        };
+        let mut pool = Pool::new(address(), options);
+        let mut model = Model::default();
+        let mut now = Instant::ZERO;
+        let mut checkouts = 0u64;
+        let error =
+            OperationError::network(NetworkErrorKind::Reset, NetworkPhase::Handshake, address());
+        pool.ready(now);
+        model.drain(&mut pool, None);
+        for input in inputs {
+            let mut counts = None;
+            let mut cleared = None;
+            match input {
+                Input::CheckOut(purpose, deadline) => {
+                    let deadline = deadline.map(|ms| now.saturating_add(Duration::from_millis(ms)));
+                    pool.check_out(*purpose, deadline, now);
+                    checkouts += 1;
+                }
+                Input::CheckIn(i, healthy) => {
+                    if let Some(c) = Model::pick(&model.in_use(&pool), *i) {
+                        pool.check_in(c, *healthy, now);
+                    }
+                }
+                Input::SetPurpose(i, purpose) => {
+                    // Any connection, in use or not (a connection not in use is left alone).
+                    if let Some(c) = Model::pick(&model.known, *i) {
+                        pool.set_purpose(c, *purpose);
+                    }
+                }
+                Input::Establish(i, s) => {
+                    if let Some(c) = Model::pick(&model.pending, *i) {
+                        model.pending.remove(&c);
+                        pool.handle_established(c, s.map(service), now);
+                    }
+                }
+                Input::EstablishFailed(i) => {
+                    if let Some(c) = Model::pick(&model.pending, *i) {
+                        model.pending.remove(&c);
+                        pool.hold_establishing_checkout(c);
+                        pool.handle_establish_failed(c, error.clone(), now);
+                    }
+                }
+                Input::Lost(i) => {
+                    if let Some(c) = Model::pick(&model.known, *i) {
+                        pool.handle_connection_lost(c, now);
+                    }
+                }
+                Input::ClearService(s, interrupt) => {
+                    let s = service(*s);
+                    // CM-5, LB-15: exactly the service's available connections are closed (and
+                    // its in-use ones interrupted when asked), in creation order.
+                    let of_service = |c: &ConnectionId| {
+                        pool.connection_generation(*c)
+                            .is_some_and(|(_, service)| service == Some(s))
+                    };
+                    let available = model.available(&pool);
+                    let in_use = model.in_use(&pool);
+                    let expected: Vec<PoolAction> = model
+                        .known
+                        .iter()
+                        .filter(|c| of_service(c))
+                        .filter_map(|&connection| {
+                            if available.contains(&connection) {
+                                Some(PoolAction::Close {
+                                    connection,
+                                    reason: CloseReason::Stale,
+                                })
+                            } else if *interrupt && in_use.contains(&connection) {
+                                Some(PoolAction::Interrupt { connection })
+                            } else {
+                                None
+                            }
+                        })
+                        .collect();
+                    let closing = pool.state() != PoolState::Closed;
+                    pool.clear(Some(s), *interrupt, "network error", now);
+                    cleared = Some(if closing { expected } else { Vec::new() });
+                }
+                Input::ClearAll(interrupt) => pool.clear(None, *interrupt, "monitor", now),
+                Input::Ready => pool.ready(now),
+                Input::Advance(ms) => {
+                    now = now.saturating_add(Duration::from_millis(*ms));
+                    // Failing waiters moves no connection: the message counts are these.
+                    counts = Some(model.recount(&pool));
+                    pool.handle_timeout(now);
+                }
+                Input::Cancel(back) => {
+                    if checkouts > 0 {
+                        pool.cancel_checkout(
+                            CheckoutId(checkouts.saturating_sub(*back % checkouts).max(1)),
+                            now,
+                        );
+                    }
+                }
+                Input::Close => pool.close(now),
+            }
+            let actions = model.drain(&mut pool, counts);
+            if let Some(expected) = cleared {
+                assert_eq!(actions, expected, "{input:?}");
+            }
+            assert_eq!(pool.in_use(), model.recount(&pool), "after {input:?}");
+            let _ = events(&mut pool);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// L8, LB-13: the kept in-use counts equal a recount after every checkout, check-in,
+        /// purpose change, establishment, loss, clear and timeout, and every LB-13 wait-queue
+        /// timeout message names the recounted numbers; CM-5/LB-15: a service clear closes
+        /// exactly that service's available connections.
+        #[test]
+        fn l8_lb13_kept_counts_match_a_recount(
+            min_pool_size in 0..2u32,
+            inputs in proptest::collection::vec(input(), 0..80),
+        ) {
+            run(min_pool_size, &inputs);
+        }
+    }
+}

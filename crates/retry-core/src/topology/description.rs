@@ -1,5 +1,6 @@
 //! Topology descriptions: the client's view of the whole deployment.
 
+use alloc::collections::btree_map::{BTreeMap, Entry};
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -23,7 +24,12 @@ pub const MAX_SUPPORTED_WIRE_VERSION: i32 = 27;
 /// Selection reads it; the SDAM update rules ([`super::Topology`]) replace server descriptions in it
 /// and then call [`TopologyDescription::refresh_derived`] so that compatibility and session
 /// support follow the servers.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Review38 L7 (house rule 9, cost follows the work): a server is found by its address through
+/// an index kept beside [`TopologyDescription::servers`], in O(log n), so that a pinned
+/// transaction's command (TX-3), an error reply and a killCursors do not pay for the other
+/// servers. Equality and `Debug` ignore the index, which is a function of the servers.
+#[derive(Clone)]
 pub struct TopologyDescription {
     /// The deployment type.
     pub topology_type: TopologyType,
@@ -38,6 +44,43 @@ pub struct TopologyDescription {
     pub max_election_id: Option<ObjectId>,
     compatibility_error: Option<String>,
     logical_session_timeout: Option<Duration>,
+    /// L7: each address's position in `servers` (the first, should one repeat). Kept by
+    /// [`TopologyDescription::push_server`] and [`TopologyDescription::remove_server`], rebuilt by
+    /// [`TopologyDescription::refresh_derived`]; [`TopologyDescription::position`] checks what it
+    /// finds, so a change to `servers` made without them costs a scan, never a wrong answer.
+    index: BTreeMap<ServerAddress, usize>,
+    /// How many servers the index was exact for (one entry per server, no address twice);
+    /// `usize::MAX` when an address is there twice. The index is trusted only while `servers`
+    /// has this length.
+    indexed: usize,
+}
+
+impl PartialEq for TopologyDescription {
+    /// Field by field, as a derived one, without the index (which follows the servers).
+    fn eq(&self, other: &TopologyDescription) -> bool {
+        self.topology_type == other.topology_type
+            && self.servers == other.servers
+            && self.set_name == other.set_name
+            && self.max_set_version == other.max_set_version
+            && self.max_election_id == other.max_election_id
+            && self.compatibility_error == other.compatibility_error
+            && self.logical_session_timeout == other.logical_session_timeout
+    }
+}
+
+impl fmt::Debug for TopologyDescription {
+    /// What a derived `Debug` wrote before the index existed (L7: outputs unchanged).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TopologyDescription")
+            .field("topology_type", &self.topology_type)
+            .field("servers", &self.servers)
+            .field("set_name", &self.set_name)
+            .field("max_set_version", &self.max_set_version)
+            .field("max_election_id", &self.max_election_id)
+            .field("compatibility_error", &self.compatibility_error)
+            .field("logical_session_timeout", &self.logical_session_timeout)
+            .finish()
+    }
 }
 
 impl TopologyDescription {
@@ -55,19 +98,85 @@ impl TopologyDescription {
             max_election_id: None,
             compatibility_error: None,
             logical_session_timeout: None,
+            index: BTreeMap::new(),
+            indexed: 0,
         };
         topology.refresh_derived();
         topology
     }
 
-    /// The description of the server at `address`.
+    /// The description of the server at `address`, found in O(log n) (review38 L7, house rule
+    /// 9).
     pub fn server(&self, address: &ServerAddress) -> Option<&ServerDescription> {
-        self.servers.iter().find(|s| &s.address == address)
+        self.position(address).map(|i| &self.servers[i])
     }
 
-    /// Recomputes what derives from the servers: the compatibility error and the logical session
-    /// timeout (SDAM). Call after changing [`TopologyDescription::servers`].
+    /// The position in [`TopologyDescription::servers`] of the (first) server at `address`, in
+    /// O(log n) (review38 L7, house rule 9: the cost does not follow the other servers). The
+    /// index entry found is checked against `servers`, and the index is not trusted when an
+    /// address is there twice or `servers` changed length behind it: then this scans, as
+    /// `servers.iter().position` does. After changing `servers` other than through
+    /// [`TopologyDescription::push_server`] and [`TopologyDescription::remove_server`], call
+    /// [`TopologyDescription::refresh_derived`] (a server replaced by another address, with no
+    /// change of length, is found only after it).
+    pub fn position(&self, address: &ServerAddress) -> Option<usize> {
+        if self.indexed == self.servers.len() {
+            match self.index.get(address) {
+                Some(&i) if self.servers.get(i).is_some_and(|s| &s.address == address) => {
+                    return Some(i)
+                }
+                None => return None,
+                Some(_) => {}
+            }
+        }
+        self.servers.iter().position(|s| &s.address == address)
+    }
+
+    /// Appends `server` (SDAM: a new server joins) and indexes it (review38 L7).
+    pub fn push_server(&mut self, server: ServerDescription) {
+        let in_step = self.indexed == self.servers.len();
+        let address = server.address.clone();
+        self.servers.push(server);
+        if !in_step {
+            // `servers` was changed directly (or holds an address twice): rebuilt.
+            self.reindex();
+            return;
+        }
+        match self.index.entry(address) {
+            Entry::Vacant(entry) => {
+                entry.insert(self.servers.len() - 1);
+                self.indexed = self.servers.len();
+            }
+            // An address twice: the first position stays, and `position` scans.
+            Entry::Occupied(_) => self.indexed = usize::MAX,
+        }
+    }
+
+    /// Removes every server at `address` (SDAM `remove`), keeping the others' order, and
+    /// re-indexes them (review38 L7; a removal is rare, and already moves the servers after it).
+    pub fn remove_server(&mut self, address: &ServerAddress) {
+        self.servers.retain(|s| &s.address != address);
+        self.reindex();
+    }
+
+    /// Rebuilds the address index from `servers` (review38 L7).
+    fn reindex(&mut self) {
+        self.index.clear();
+        for (i, s) in self.servers.iter().enumerate() {
+            self.index.entry(s.address.clone()).or_insert(i);
+        }
+        self.indexed = match self.index.len() == self.servers.len() {
+            true => self.servers.len(),
+            false => usize::MAX,
+        };
+    }
+
+    /// Recomputes what derives from the servers: the compatibility error, the logical session
+    /// timeout (SDAM) and the address index (L7). Call after changing
+    /// [`TopologyDescription::servers`] other than through [`TopologyDescription::push_server`]
+    /// and [`TopologyDescription::remove_server`].
     pub fn refresh_derived(&mut self) {
+        self.reindex();
         self.compatibility_error = self.servers.iter().find_map(incompatibility);
         self.logical_session_timeout = if self.topology_type == TopologyType::LoadBalanced {
             None
@@ -228,5 +337,114 @@ mod tests {
             alloc::vec![server("a", ServerType::Unknown, 0, None)],
         );
         assert!(unknown.is_compatible());
+    }
+
+    /// Review38 L7 (house rule 9): the indexed lookup gives what a scan of `servers` gives,
+    /// through random additions (an address twice included), removals, in-place replacements,
+    /// and changes made to `servers` directly: looked up before the `refresh_derived` that
+    /// must follow them, and after it.
+    mod l7_index {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Clone, Debug)]
+        enum Change {
+            Push(u16),
+            Remove(u16),
+            Replace(u16),
+            /// Directly on `servers`, then `refresh_derived`.
+            DirectPush(u16),
+            DirectRetain(u16),
+            DirectSwap(usize, usize),
+        }
+
+        fn change() -> impl Strategy<Value = Change> {
+            let port = 0..12u16;
+            prop_oneof![
+                4 => port.clone().prop_map(Change::Push),
+                2 => port.clone().prop_map(Change::Remove),
+                2 => port.clone().prop_map(Change::Replace),
+                1 => port.clone().prop_map(Change::DirectPush),
+                1 => port.prop_map(Change::DirectRetain),
+                1 => (any::<usize>(), any::<usize>()).prop_map(|(a, b)| Change::DirectSwap(a, b)),
+            ]
+        }
+
+        fn at(port: u16) -> ServerAddress {
+            ServerAddress::new("m", 27000 + port)
+        }
+
+        fn check(t: &TopologyDescription) -> Result<(), TestCaseError> {
+            for port in 0..12 {
+                let address = at(port);
+                let scan = t.servers.iter().position(|s| s.address == address);
+                prop_assert_eq!(t.position(&address), scan, "{}", address);
+                prop_assert_eq!(
+                    t.server(&address).map(|s| s as *const ServerDescription),
+                    scan.map(|i| &t.servers[i] as *const ServerDescription)
+                );
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #[test]
+            fn l7_lookup_by_address_matches_a_scan(changes in proptest::collection::vec(change(), 0..40)) {
+                let mut t = TopologyDescription::new(TopologyType::Sharded, Vec::new());
+                for change in changes {
+                    match change.clone() {
+                        Change::Push(p) => t.push_server(ServerDescription::unknown(at(p))),
+                        Change::Remove(p) => t.remove_server(&at(p)),
+                        Change::Replace(p) => {
+                            // What SDAM's `replace` does: a new description, same address.
+                            if let Some(i) = t.position(&at(p)) {
+                                t.servers[i] = ServerDescription {
+                                    server_type: ServerType::Mongos,
+                                    ..ServerDescription::unknown(at(p))
+                                };
+                            }
+                        }
+                        Change::DirectPush(p) => t.servers.push(ServerDescription::unknown(at(p))),
+                        Change::DirectRetain(p) => t.servers.retain(|s| s.address != at(p)),
+                        Change::DirectSwap(a, b) => {
+                            let n = t.servers.len();
+                            if n > 0 {
+                                t.servers.swap(a % n, b % n);
+                            }
+                        }
+                    }
+                    check(&t)?;
+                    if matches!(change, Change::DirectPush(_) | Change::DirectRetain(_) | Change::DirectSwap(..)) {
+                        t.refresh_derived();
+                        check(&t)?;
+                    }
+                }
+            }
+        }
+
+        /// L7: the index is invisible: `Debug` writes what the derived one wrote, and equality
+        /// follows the servers however the index was built.
+        #[test]
+        fn l7_the_index_changes_no_output() {
+            let servers = alloc::vec![
+                ServerDescription::unknown(at(1)),
+                ServerDescription::unknown(at(2)),
+            ];
+            let built = TopologyDescription::new(TopologyType::Sharded, servers.clone());
+            let mut pushed = TopologyDescription::new(TopologyType::Sharded, Vec::new());
+            pushed.push_server(ServerDescription::unknown(at(3)));
+            pushed.push_server(servers[0].clone());
+            pushed.remove_server(&at(3));
+            pushed.servers.push(servers[1].clone());
+            assert_eq!(built, pushed);
+            let debug = alloc::format!("{built:?}");
+            assert!(
+                debug.starts_with("TopologyDescription { topology_type: Sharded, servers: [")
+                    && debug.ends_with(
+                        ", set_name: None, max_set_version: None, max_election_id: None, compatibility_error: None, logical_session_timeout: None }"
+                    ),
+                "{debug}"
+            );
+        }
     }
 }

@@ -210,13 +210,23 @@ impl Topology {
 
     /// The pool of the server at `address`, while it is in the topology.
     pub fn pool(&self, address: &ServerAddress) -> Option<&Pool> {
-        self.pools.iter().find(|p| p.address() == address)
+        self.pool_position(address).map(|i| &self.pools[i])
     }
 
     /// The pool of the server at `address`, to check connections out and in and to drain its
     /// actions and events.
     pub fn pool_mut(&mut self, address: &ServerAddress) -> Option<&mut Pool> {
-        self.pools.iter_mut().find(|p| p.address() == address)
+        self.pool_position(address).map(|i| &mut self.pools[i])
+    }
+
+    /// Review38 L7 (house rule 9): the pools are in the servers' order (both join and leave
+    /// together), so the description's address index finds a pool in O(log n); checked, with a
+    /// scan only when it does not match (a server that left).
+    fn pool_position(&self, address: &ServerAddress) -> Option<usize> {
+        match self.description.position(address) {
+            Some(i) if self.pools.get(i).is_some_and(|p| p.address() == address) => Some(i),
+            _ => self.pools.iter().position(|p| p.address() == address),
+        }
     }
 
     /// Every pool, in the order their servers joined.
@@ -617,14 +627,13 @@ impl Topology {
         self.pools.push(pool);
         self.pools_version += 1;
         self.description
-            .servers
-            .push(ServerDescription::unknown(address));
+            .push_server(ServerDescription::unknown(address));
     }
 
     /// SDAM `remove`: the server leaves the topology; its monitor stops and its pool is closed
     /// and handed to the owner.
     pub(super) fn remove(&mut self, address: &ServerAddress, now: Instant) {
-        self.description.servers.retain(|s| &s.address != address);
+        self.description.remove_server(address);
         if let Some(index) = self.pools.iter().position(|p| p.address() == address) {
             let mut pool = self.pools.remove(index);
             self.pools_version += 1;
@@ -638,13 +647,8 @@ impl Topology {
 
     /// Puts `new` in place of the description with the same address.
     fn replace(&mut self, new: ServerDescription) {
-        if let Some(slot) = self
-            .description
-            .servers
-            .iter_mut()
-            .find(|s| s.address == new.address)
-        {
-            *slot = new;
+        if let Some(i) = self.description.position(&new.address) {
+            self.description.servers[i] = new;
         }
     }
 
