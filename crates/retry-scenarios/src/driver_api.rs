@@ -141,6 +141,72 @@ pub async fn cursors_fetch_batches_and_are_killed_when_dropped<R: Runtime>() {
     .await
 }
 
+/// Review37 W3: a cursor opened with `batchSize: 0` (an `aggregate`'s `cursor.batchSize`, a
+/// `find`'s) sends no `batchSize` on its getMores: the test server, like a real one, refuses a
+/// getMore's `batchSize` of 0 (BadValue), so iterating it fails unless the driver leaves it out.
+/// Review37 W15: the getMores name the namespace of the replies' `cursor.ns`. Review38 L9: after
+/// a getMore error the cursor is closed on the client side: `next` returns `Ok(None)` and sends
+/// no second getMore; dropping it still kills the server's cursor.
+pub async fn w3_l9_cursor_get_more_fields_and_close_after_an_error<R: Runtime>() {
+    bounded(SCENARIO_LIMIT, async {
+        let server = Server::with_role(Role::Standalone).await;
+        server.handle.insert("test.items", documents(5));
+        let client = connect::<R>(options(&[&server]));
+        for open in [
+            doc! { "aggregate": "items", "pipeline": [], "cursor": { "batchSize": 0 } },
+            doc! { "find": "items", "batchSize": 0 },
+        ] {
+            let mut cursor = client.cursor("test", open).await.expect("opens a cursor");
+            assert_ne!(
+                cursor.id(),
+                0,
+                "an empty first batch leaves the cursor open"
+            );
+            let mut seen = Vec::new();
+            while let Some(document) = cursor.next().await.expect("every getMore is accepted") {
+                seen.push(document);
+            }
+            assert_eq!(seen, documents(5));
+        }
+
+        server.handle.reset_counters();
+        let mut cursor = client
+            .cursor("test", doc! { "find": "items", "batchSize": 2 })
+            .await
+            .expect("find opens a cursor");
+        assert_eq!(cursor.next_batch().await.expect("the first batch").len(), 2);
+        server.handle.set_fail_command(Some(
+            // 2 (BadValue): not retryable, no overload labels.
+            FailCommand::new(FailPointMode::Times(1), ["getMore"]).with_error_code(2),
+        ));
+        cursor.next().await.expect_err("the getMore fails");
+        assert!(cursor.has_failed());
+        assert_eq!(cursor.next().await.expect("closed: no error"), None);
+        assert!(cursor.next_batch().await.expect("closed").is_empty());
+        assert_eq!(
+            server.handle.counters().command("getMore").received,
+            1,
+            "L9: no getMore after the failed one"
+        );
+        drop(cursor);
+        // Bounded: the queued killCursors runs while the client is driven.
+        for _ in 0..200 {
+            if server.handle.counters().command("killCursors").received == 1 {
+                break;
+            }
+            ping(&client).await;
+        }
+        assert_eq!(
+            server.handle.counters().command("killCursors").executed,
+            1,
+            "the failed cursor is still killed on the server"
+        );
+        client.shutdown().await;
+        server.stop().await;
+    })
+    .await
+}
+
 /// Item 8, RW-3: a write reply with `writeErrors` is a typed error keeping the reply (never
 /// retried); a `writeConcernError` is a server error keeping the reply.
 pub async fn write_errors_are_errors_that_keep_the_reply<R: Runtime>() {

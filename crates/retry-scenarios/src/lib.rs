@@ -48,6 +48,7 @@ pub use driver_api::{
     encoded_commands_run_as_their_documents_do, errors_say_their_cause,
     events_from_connect_start_with_the_topology_opening,
     monitoring_streams_or_polls_as_the_mode_says, the_monitors_first_check_is_its_handshake,
+    w3_l9_cursor_get_more_fields_and_close_after_an_error,
     write_errors_are_errors_that_keep_the_reply,
 };
 mod auth;
@@ -925,6 +926,7 @@ macro_rules! suite {
             tls_client_certificate_from_the_key_file,
             errors_say_their_cause,
             cursors_fetch_batches_and_are_killed_when_dropped,
+            w3_l9_cursor_get_more_fields_and_close_after_an_error,
             write_errors_are_errors_that_keep_the_reply,
             encoded_commands_run_as_their_documents_do,
             commands_are_classified_by_default,

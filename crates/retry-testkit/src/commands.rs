@@ -2232,6 +2232,18 @@ fn get_more(
     let Ok(collection) = command.get_str("collection") else {
         return error_reply(2, "getMore needs a collection name");
     };
+    // Review37 W5: a real server parses a getMore's `batchSize` as a positive number before it
+    // looks the cursor up (mongodb/mongo src/mongo/db/query/getmore_request.cpp,
+    // `GetMoreRequest::isValid`; the current server's getmore_cmd.cpp refuses 0 as well):
+    // BadValue (2), never the find's "0 means the default".
+    if let Some(size) = command.get("batchSize").and_then(integer) {
+        if size <= 0 {
+            return error_reply(
+                2,
+                &format!("Batch size for getMore must be positive, but received: {size}"),
+            );
+        }
+    }
     let Some(batch_size) = batch_size(command, state.batch_size) else {
         return error_reply(2, "batchSize must be a non-negative integer");
     };
@@ -2245,7 +2257,11 @@ fn get_more(
     {
         return refusal;
     }
-    match state.store.get_more(state.origin, &ns, id, batch_size) {
+    let max_time = command.contains_key("maxTimeMS");
+    match state
+        .store
+        .get_more(state.origin, &ns, id, batch_size, max_time)
+    {
         Ok(batch) => cursor_reply("nextBatch", &ns, batch),
         Err(e) => query_error(e),
     }

@@ -417,7 +417,9 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         91 => "ShutdownInProgress",
         100 => "UnsatisfiableWriteConcern",
         112 => "WriteConflict",
+        117 => "ConflictingOperationInProgress",
         134 => "ReadConcernMajorityNotAvailableYet",
+        160 => "MaxStalenessOutOfRange",
         183 => "ClientMetadataMissingField",
         184 => "ClientMetadataAppNameTooLarge",
         185 => "ClientMetadataDocumentTooLarge",
@@ -665,7 +667,7 @@ mod tests {
     /// (master branch) gives the codes the test server sends, written out here so that the test
     /// fails if the table loses or changes one. 1, 6, 7, 18, 51, 64, 89, 134, 189, 262, 391,
     /// 9001, 11600, 11601, 11602 and 13436 are the `errorCode`s of the spec tests' fail points.
-    const SERVER_CODE_NAMES: [(i32, &str); 62] = [
+    const SERVER_CODE_NAMES: [(i32, &str); 64] = [
         (1, "InternalError"),
         (2, "BadValue"),
         (4, "NoSuchKey"),
@@ -696,7 +698,9 @@ mod tests {
         (91, "ShutdownInProgress"),
         (100, "UnsatisfiableWriteConcern"),
         (112, "WriteConflict"),
+        (117, "ConflictingOperationInProgress"),
         (134, "ReadConcernMajorityNotAvailableYet"),
+        (160, "MaxStalenessOutOfRange"),
         (183, "ClientMetadataMissingField"),
         (184, "ClientMetadataAppNameTooLarge"),
         (185, "ClientMetadataDocumentTooLarge"),

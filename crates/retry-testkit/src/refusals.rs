@@ -55,12 +55,16 @@ use crate::config::Role;
 use crate::fail_point::error_reply;
 
 /// Reads a secondary serves only with a non-primary `$readPreference`.
-const SECONDARY_READS: [&str; 6] = [
+/// Review37 W11: `listDatabases` too, opt-in on a secondary (mongodb/mongo
+/// src/mongo/db/commands/list_databases.cpp: `slaveOk()` false, `slaveOverrideOk()` true; today
+/// `secondaryAllowed` is `kOptIn`).
+const SECONDARY_READS: [&str; 7] = [
     "find",
     "aggregate",
     "count",
     "distinct",
     "listCollections",
+    "listDatabases",
     "listIndexes",
 ];
 
@@ -171,9 +175,96 @@ const WRITE_CONCERN_COMMANDS: &[&str] = &[
 /// the session out and runs the command. Inside a transaction the earlier refusal of any
 /// statement's `writeConcern` (72, [`refusal`]) answers first. Only asked about a known command:
 /// an unknown one was CommandNotFound (59, [`known_command`]) before.
-pub(crate) fn write_concern_refusal(name: &str, command: &Document) -> Option<Document> {
-    let refused = command.contains_key("writeConcern") && !WRITE_CONCERN_COMMANDS.contains(&name);
-    refused.then(|| error_reply(72, "Command does not support writeConcern"))
+///
+/// Review37 W8: then, on a command that takes one, the server parses it
+/// ([`write_concern_parse_refusal`]) and checks it against the deployment (a standalone refuses
+/// `w` above 1).
+pub(crate) fn write_concern_refusal(
+    role: &Role,
+    name: &str,
+    command: &Document,
+) -> Option<Document> {
+    let write_concern = command.get("writeConcern")?;
+    if !WRITE_CONCERN_COMMANDS.contains(&name) {
+        return Some(error_reply(72, "Command does not support writeConcern"));
+    }
+    write_concern_parse_refusal(role, write_concern)
+}
+
+/// Review37 W8 (house rule 7): what a server's `extractWriteConcern` refuses in a command's
+/// `writeConcern` (mongodb/mongo src/mongo/db/write_concern_options.cpp and its unit test
+/// write_concern_options_test.cpp, src/mongo/db/write_concern.cpp `validateWriteConcern`; the
+/// 4.x messages):
+/// - not a document: TypeMismatch (14); `{}` is the default write concern;
+/// - a field other than `w`, `j`, `fsync`, `wtimeout` (and the ignored `wElectionId`,
+///   `wOpTime`, `getLastError`): FailedToParse (9), "unrecognized write concern field: x";
+/// - `w` neither a number nor a string: FailedToParse (9), "w has to be a number or a string";
+/// - `j` or `fsync` neither a number nor a boolean: FailedToParse (9), "j must be numeric or a
+///   boolean value"; both true: FailedToParse (9), "fsync and j options cannot be used together";
+/// - on a standalone, a numeric `w` above 1: BadValue (2), "cannot use 'w' > 1 when a host is not
+///   replicated".
+///
+/// Not modelled: an unknown tag-set name in `w` on a replica set (UnknownReplWriteConcern, 79).
+pub(crate) fn write_concern_parse_refusal(role: &Role, value: &Bson) -> Option<Document> {
+    let Bson::Document(write_concern) = value else {
+        return Some(wrong_type("writeConcern", value, "object"));
+    };
+    let numeric_or_bool = |value: &Bson| {
+        matches!(
+            value,
+            Bson::Boolean(_) | Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_)
+        )
+    };
+    let truthy = |value: Option<&Bson>| match value {
+        Some(Bson::Boolean(b)) => *b,
+        Some(Bson::Int32(n)) => *n != 0,
+        Some(Bson::Int64(n)) => *n != 0,
+        Some(Bson::Double(n)) => *n != 0.0,
+        _ => false,
+    };
+    for (field, value) in write_concern {
+        match field.as_str() {
+            "w" => {
+                let valid = matches!(
+                    value,
+                    Bson::String(_) | Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_)
+                );
+                if !valid {
+                    return Some(error_reply(9, "w has to be a number or a string"));
+                }
+            }
+            "j" | "fsync" => {
+                if !numeric_or_bool(value) {
+                    return Some(error_reply(
+                        9,
+                        &format!("{field} must be numeric or a boolean value"),
+                    ));
+                }
+            }
+            "wtimeout" | "wElectionId" | "wOpTime" => {}
+            other if other.eq_ignore_ascii_case("getLastError") => {}
+            other => {
+                return Some(error_reply(
+                    9,
+                    &format!("unrecognized write concern field: {other}"),
+                ))
+            }
+        }
+    }
+    if truthy(write_concern.get("j")) && truthy(write_concern.get("fsync")) {
+        return Some(error_reply(
+            9,
+            "fsync and j options cannot be used together",
+        ));
+    }
+    let w = write_concern.get("w").and_then(|w| match w {
+        Bson::Int32(n) => Some(f64::from(*n)),
+        Bson::Int64(n) => Some(*n as f64),
+        Bson::Double(n) => Some(*n),
+        _ => None,
+    });
+    let unreplicated = *role == Role::Standalone && w.is_some_and(|w| w > 1.0);
+    unreplicated.then(|| error_reply(2, "cannot use 'w' > 1 when a host is not replicated"))
 }
 
 /// TK-15, versioned-api "Cursors" and "Transactions": the Stable API parameters a command sent,
@@ -294,6 +385,9 @@ pub(crate) fn generic_field_refusal(name: &str, command: &Document) -> Option<Do
             }
             Some(mode) => return wrong_type("mode", mode, "string"),
         }
+        if let Some(refusal) = read_preference_refusal(preference) {
+            return Some(refusal);
+        }
     }
     if matches!(name, "hello" | "isMaster" | "ismaster") {
         match command.get("client") {
@@ -312,6 +406,75 @@ pub(crate) fn generic_field_refusal(name: &str, command: &Document) -> Option<Do
         }
     }
     None
+}
+
+/// Review37 W9 (SS-2, SS-8, SS-9): what a server's `ReadPreferenceSetting::fromInnerBSON`
+/// refuses in a `$readPreference` with a known `mode`, in its order (mongodb/mongo
+/// src/mongo/client/read_preference.cpp):
+/// - `tags` not an array: TypeMismatch (14); a tag set other than `[]` or `[{}]` with the
+///   "primary" mode: BadValue (2), "Only empty tags are allowed with primary read preference";
+/// - `maxStalenessSeconds` not a number: TypeMismatch (14); below 0: BadValue (2), "must be a
+///   non-negative integer"; between 0 and 90: MaxStalenessOutOfRange (160), "can not be less than
+///   90"; any but 0 with "primary": BadValue (2), "can not be set for the primary mode".
+///
+/// A tag set that is not a document is not checked (the source read does not refuse one here).
+fn read_preference_refusal(preference: &Document) -> Option<Document> {
+    let primary = preference.get_str("mode").ok() == Some("primary");
+    match preference.get("tags") {
+        None => {}
+        Some(Bson::Array(tags)) => {
+            let empty = match tags.as_slice() {
+                [] => true,
+                [Bson::Document(only)] => only.is_empty(),
+                _ => false,
+            };
+            if primary && !empty {
+                return Some(error_reply(
+                    2,
+                    "Only empty tags are allowed with primary read preference",
+                ));
+            }
+        }
+        Some(other) => {
+            return Some(error_reply(
+                14,
+                &format!(
+                    "\"tags\" had the wrong type. Expected array, found {}",
+                    type_name(other)
+                ),
+            ))
+        }
+    }
+    let staleness = match preference.get("maxStalenessSeconds") {
+        None => 0.0,
+        Some(Bson::Int32(n)) => f64::from(*n),
+        Some(Bson::Int64(n)) => *n as f64,
+        Some(Bson::Double(n)) => n.trunc(),
+        Some(other) => {
+            return Some(error_reply(
+                14,
+                &format!(
+                    "Expected field \"maxStalenessSeconds\" to have numeric type, but found {}",
+                    type_name(other)
+                ),
+            ))
+        }
+    };
+    let field = "maxStalenessSeconds";
+    if staleness < 0.0 {
+        return Some(error_reply(
+            2,
+            &format!("{field} must be a non-negative integer"),
+        ));
+    }
+    if staleness > 0.0 && staleness < 90.0 {
+        return Some(error_reply(
+            160,
+            &format!("{field} value can not be less than 90"),
+        ));
+    }
+    (primary && staleness != 0.0)
+        .then(|| error_reply(2, &format!("{field} can not be set for the primary mode")))
 }
 
 /// TK-2: whether the test server, as a server of `max_wire_version`, knows command `name`
@@ -974,18 +1137,45 @@ pub(crate) fn gossiped_cluster_time(value: &Bson) -> Result<bson::Timestamp, Doc
     }
 }
 
-/// SE-21 (review5 item 11): a read concern's `afterClusterTime` ahead of the deployment's
-/// current cluster time (`now`): `InvalidOptions` (72), as a server that never saw that time.
+/// SE-21: what a server's `waitForReadConcern` refuses about a read concern's cluster time, in
+/// its order (mongodb/mongo src/mongo/db/read_concern_mongod.cpp), after the level checks
+/// ([`refusal`]) and the gossiped `$clusterTime`:
+/// - review37 W6: an `afterClusterTime` on a command whose `allowsAfterClusterTime()` is false,
+///   here `getMore` (src/mongo/db/commands/getmore_cmd.cpp): InvalidOptions (72), "afterClusterTime
+///   is not allowed for this command";
+/// - review37 W7: an `afterClusterTime` or `atClusterTime` on a server without replication, a
+///   standalone: IllegalOperation (20), "Cannot specify afterClusterTime readConcern without
+///   replication enabled" (or atClusterTime);
+/// - review5 item 11: an `afterClusterTime` ahead of the deployment's current cluster time
+///   (`now`): InvalidOptions (72), as a server that never saw that time.
 pub(crate) fn after_cluster_time_refusal(
+    role: &Role,
+    name: &str,
     command: &Document,
     now: bson::Timestamp,
 ) -> Option<Document> {
     let Ok(read_concern) = command.get_document("readConcern") else {
         return None;
     };
-    let Ok(after) = read_concern.get_timestamp("afterClusterTime") else {
-        return None;
-    };
+    let after = read_concern.get_timestamp("afterClusterTime").ok();
+    if after.is_some() && name == "getMore" {
+        return Some(error_reply(
+            72,
+            "afterClusterTime is not allowed for this command",
+        ));
+    }
+    if *role == Role::Standalone {
+        let given = ["afterClusterTime", "atClusterTime"]
+            .into_iter()
+            .find(|field| read_concern.contains_key(field));
+        if let Some(field) = given {
+            return Some(error_reply(
+                20,
+                &format!("Cannot specify {field} readConcern without replication enabled"),
+            ));
+        }
+    }
+    let after = after?;
     ((after.time, after.increment) > (now.time, now.increment)).then(|| {
         error_reply(
             72,
@@ -1381,8 +1571,74 @@ mod tests {
         assert_eq!(refused(Bson::Document(doc! { "later": true })), Some(9));
         assert_eq!(refused(Bson::String("majority".into())), Some(14));
         let ahead = find(Bson::Document(doc! { "afterClusterTime": at(4) }));
-        assert_eq!(code(after_cluster_time_refusal(&ahead, at(3))), Some(72));
-        assert_eq!(code(after_cluster_time_refusal(&ahead, at(4))), None);
+        let mongos = Role::Mongos;
+        let refused = |role: &Role, name: &str, command: &Document, now| {
+            code(after_cluster_time_refusal(role, name, command, now))
+        };
+        assert_eq!(refused(&mongos, "find", &ahead, at(3)), Some(72));
+        assert_eq!(refused(&mongos, "find", &ahead, at(4)), None);
+    }
+
+    /// Review37 W6, W7 (SE-21; mongodb/mongo src/mongo/db/read_concern_mongod.cpp,
+    /// src/mongo/db/commands/getmore_cmd.cpp): a getMore takes no `afterClusterTime`
+    /// (InvalidOptions 72, checked first); a standalone takes neither `afterClusterTime` nor
+    /// `atClusterTime`, whatever the clock (IllegalOperation 20).
+    #[test]
+    fn w6_w7_after_cluster_time_not_on_get_more_nor_on_a_standalone() {
+        let at = |increment| bson::Timestamp { time: 1, increment };
+        let with = |name: &str, read_concern: Document| {
+            doc! { name: 1_i64, "readConcern": read_concern, "$db": "db" }
+        };
+        let after = doc! { "afterClusterTime": at(1) };
+        let primary = Role::ReplicaSetMember(ReplicaSetMember::primary("rs"));
+        for role in [&Role::Mongos, &primary, &Role::Standalone] {
+            let reply =
+                after_cluster_time_refusal(role, "getMore", &with("getMore", after.clone()), at(5));
+            assert_eq!(
+                errmsg(reply.clone()).as_deref(),
+                Some("afterClusterTime is not allowed for this command"),
+                "{role:?}"
+            );
+            assert_eq!(code(reply), Some(72));
+        }
+        // A getMore without a cluster time is not refused here.
+        let local = doc! { "level": "local" };
+        assert_eq!(
+            code(after_cluster_time_refusal(
+                &primary,
+                "getMore",
+                &with("getMore", local),
+                at(5)
+            )),
+            None
+        );
+        // A standalone: 20 for both, even at or below its clock.
+        let snapshot_at = doc! { "level": "snapshot", "atClusterTime": at(1) };
+        for read_concern in [after.clone(), snapshot_at] {
+            let field = read_concern.keys().last().unwrap().clone();
+            let reply = after_cluster_time_refusal(
+                &Role::Standalone,
+                "find",
+                &with("find", read_concern.clone()),
+                at(5),
+            );
+            assert_eq!(
+                errmsg(reply.clone()),
+                Some(format!(
+                    "Cannot specify {field} readConcern without replication enabled"
+                ))
+            );
+            assert_eq!(code(reply), Some(20));
+            assert_eq!(
+                code(after_cluster_time_refusal(
+                    &primary,
+                    "find",
+                    &with("find", read_concern),
+                    at(5)
+                )),
+                None
+            );
+        }
     }
 
     /// Review13 finding 1, leftovers12 item 2 (house rule 7; the server's

@@ -1259,7 +1259,9 @@ impl Connection {
                 }
             }
             let now = state.data.lock().cluster_time();
-            if let Some(refusal) = crate::refusals::after_cluster_time_refusal(command, now) {
+            if let Some(refusal) =
+                crate::refusals::after_cluster_time_refusal(&state.role, name, command, now)
+            {
                 return Response::Reply(refusal);
             }
             let admin_command = hello || name == "configureFailPoint";
@@ -1304,8 +1306,12 @@ impl Connection {
         // limit counted from the blocking transaction's own start (review8 finding 6), after
         // which that transaction is aborted as a real server's reaper does.
         let ended = shared.lock().data.lock().transaction_ended();
+        // Review37 W4: a getMore's `maxTimeMS` is no deadline of the operation (a real server
+        // sets none from it, src/mongo/db/service_entry_point_common.cpp, and refuses it on a
+        // non-awaitData cursor once the cursor is found): a queued getMore waits without one.
         let max_time = command
             .get("maxTimeMS")
+            .filter(|_| name != "getMore")
             .and_then(crate::commands::integer)
             .filter(|ms| *ms > 0)
             .map(|ms| Instant::now() + Duration::from_millis(ms.unsigned_abs()));
@@ -1362,7 +1368,7 @@ impl Connection {
         let mut state = shared.lock();
         // Review13 finding 1: a `writeConcern` on a command that takes none, after the fail
         // point and before the session is checked out, as a real server checks it.
-        if let Some(reply) = crate::refusals::write_concern_refusal(name, command) {
+        if let Some(reply) = crate::refusals::write_concern_refusal(&state.role, name, command) {
             return Ok(Response::Reply(reply));
         }
         // Versioned-api "Transactions": checked as a server checks the session out, after the

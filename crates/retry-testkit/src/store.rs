@@ -590,7 +590,8 @@ pub(crate) enum QueryError {
     /// No open cursor has this id in this namespace.
     CursorNotFound(i64),
     /// SE-14, TX-1: a getMore from another session or transaction than its cursor's, or with
-    /// other Stable API parameters (versioned-api "Cursors") (a real server's code and message).
+    /// other Stable API parameters (versioned-api "Cursors"), or with a `maxTimeMS` its cursor
+    /// does not take (review37 W4) (a real server's code and message).
     CursorMismatch(i32, String),
     /// TK-15: the write touches a document another transaction in progress changed (112).
     WriteConflict,
@@ -1242,7 +1243,7 @@ impl Store {
     /// TK-15: a command of transaction `number` of `session` (`autocommit: false`) on `router`
     /// (a mongos; `None` on a replica set): with `start` it starts that transaction (a number
     /// below the session's highest is TransactionTooOld, 225; a number already used,
-    /// NoSuchTransaction 251); without, the transaction must be in progress and, on a mongos,
+    /// ConflictingOperationInProgress 117, review37 W10, [`already_started`]); without, the transaction must be in progress and, on a mongos,
     /// started by that mongos (TK-12, TX-3: another one does not know it), else
     /// NoSuchTransaction (251).
     pub(crate) fn transaction_command(
@@ -1262,10 +1263,7 @@ impl Store {
                 ));
             }
             if current.is_some_and(|t| t.number == number) || highest == Some(number) {
-                return Err((
-                    251,
-                    format!("Transaction {number} has already been started"),
-                ));
+                return Err(already_started(&session, number, router.is_some()));
             }
             self.txn_numbers.insert(session.clone(), number);
             // A newer transaction of the session replaces (and so aborts) one in progress.
@@ -1895,13 +1893,16 @@ impl Store {
         ns: &str,
         id: i64,
         batch_size: usize,
+        max_time: bool,
     ) -> Result<Batch, QueryError> {
         match self.cursors.remove(&id) {
             Some(cursor) if cursor.ns == ns && cursor.owner == origin.owner => {
-                let mismatch = cursor_mismatch(&cursor, id, origin).or_else(|| {
-                    let opener = "the cursor-creating command";
-                    origin.api.mismatch(cursor.api, "getMore", opener)
-                });
+                let mismatch = cursor_mismatch(&cursor, id, origin)
+                    .or_else(|| {
+                        let opener = "the cursor-creating command";
+                        origin.api.mismatch(cursor.api, "getMore", opener)
+                    })
+                    .or_else(|| (max_time && !cursor.tailable).then(max_time_on_get_more));
                 if let Some((code, message)) = mismatch {
                     self.cursors.insert(id, cursor);
                     return Err(QueryError::CursorMismatch(code, message));
@@ -2008,6 +2009,57 @@ impl Store {
             cursor_id,
         }
     }
+}
+
+/// Review37 W10 (TX-1, TX-7): a `startTransaction` at the session's active transaction number
+/// (the transaction in progress, committed or aborted, or a retryable write's number) is
+/// ConflictingOperationInProgress (117), with no `TransientTransactionError` label
+/// (`crate::commands::transaction_labels`): a replica-set member is not in a sharded cluster
+/// (mongodb/mongo src/mongo/db/transaction/transaction_participant.cpp: "Only servers in a
+/// sharded cluster can start a new transaction at the active transaction number"; a shard
+/// server's 50911 is not modelled), and a mongos's router has the number already
+/// (src/mongo/s/transaction_router.cpp: "txnNumber N for session ... already started").
+fn already_started(session: &[u8], number: i64, router: bool) -> Refusal {
+    if !router {
+        return (
+            117,
+            String::from(
+                "Only servers in a sharded cluster can start a new transaction at the active \
+                 transaction number",
+            ),
+        );
+    }
+    let id = Document::from_reader(session)
+        .ok()
+        .and_then(|lsid| match lsid.get("id") {
+            Some(Bson::Binary(id)) => Some(
+                id.bytes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| {
+                        let dash = if matches!(i, 4 | 6 | 8 | 10) { "-" } else { "" };
+                        format!("{dash}{b:02x}")
+                    })
+                    .collect::<String>(),
+            ),
+            _ => None,
+        })
+        .unwrap_or_default();
+    (
+        117,
+        format!("txnNumber {number} for session {{ id: UUID(\"{id}\") }} already started"),
+    )
+}
+
+/// Review37 W4 (TO-13, CS-4): a real server refuses `maxTimeMS` on a getMore of a cursor that is
+/// not awaitData, once it has found the cursor and checked its session, transaction and API
+/// parameters: BadValue (2) (mongodb/mongo src/mongo/db/commands/getmore_cmd.cpp). The cursor
+/// stays open. Of the test server's cursors only a change stream's is tailable and awaitData.
+fn max_time_on_get_more() -> (i32, String) {
+    (
+        2,
+        String::from("cannot set maxTimeMS on getMore command for a non-awaitData cursor"),
+    )
 }
 
 /// SE-14, TX-1 (review6 finding 4): a real server's refusal of a getMore of `cursor` (`id`) from
@@ -2169,18 +2221,22 @@ mod tests {
         let first = store.find(OWNER, "db.c", &doc! {}, None, 2).unwrap();
         assert_eq!(first.documents.len(), 2);
         assert_ne!(first.cursor_id, 0);
-        let second = store.get_more(OWNER, "db.c", first.cursor_id, 2).unwrap();
+        let second = store
+            .get_more(OWNER, "db.c", first.cursor_id, 2, false)
+            .unwrap();
         assert_eq!(second.documents[0].get_i32("_id").ok(), Some(2));
         assert_eq!(
             second.cursor_id, first.cursor_id,
             "TK-*: a cursor keeps its id"
         );
-        let last = store.get_more(OWNER, "db.c", second.cursor_id, 2).unwrap();
+        let last = store
+            .get_more(OWNER, "db.c", second.cursor_id, 2, false)
+            .unwrap();
         assert_eq!(last.documents.len(), 1);
         assert_eq!(last.cursor_id, 0);
         assert_eq!(store.open_cursors(), 0);
         assert_eq!(
-            store.get_more(OWNER, "db.c", second.cursor_id, 2),
+            store.get_more(OWNER, "db.c", second.cursor_id, 2, false),
             Err(QueryError::CursorNotFound(second.cursor_id))
         );
     }
@@ -2209,7 +2265,7 @@ mod tests {
             .unwrap()
             .cursor_id;
         assert_eq!(
-            store.get_more(OWNER, "db.other", open, 1),
+            store.get_more(OWNER, "db.other", open, 1, false),
             Err(QueryError::CursorNotFound(open))
         );
         assert_eq!(
@@ -3398,7 +3454,7 @@ mod tests {
             .find(origin(Some(&s1), Some(3)), "db.c", &doc! {}, None, 1)
             .unwrap();
         let no_session = store.find(OWNER, "db.c", &doc! {}, None, 1).unwrap();
-        let mut code = |origin, id| match store.get_more(origin, "db.c", id, 1) {
+        let mut code = |origin, id| match store.get_more(origin, "db.c", id, 1, false) {
             Err(QueryError::CursorMismatch(code, _)) => Some(code),
             Ok(_) => None,
             Err(other) => panic!("{other:?}"),

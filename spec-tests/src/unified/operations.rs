@@ -347,11 +347,14 @@ async fn open_cursor(
     target: &Target,
     command: Document,
 ) -> Result<CursorEntity, Result<Box<Failure>, String>> {
+    // Review37 W3 (find/getMore spec: a getMore's `batchSize` is attached only when nonzero; a
+    // real server refuses 0 and below): the opening command's `batchSize` only when positive.
     let batch_size = command
         .get_document("cursor")
         .ok()
         .and_then(|c| c.get_i32("batchSize").ok())
-        .or(command.get_i32("batchSize").ok());
+        .or(command.get_i32("batchSize").ok())
+        .filter(|&size| size > 0);
     let reply = execute(target, command, CursorUse::Open)
         .await
         .map_err(product)?;
@@ -394,6 +397,15 @@ pub async fn get_more(
         .await
         .map_err(product)?;
     let (id, batch) = cursor_batch(&reply.document, "nextBatch").map_err(Err)?;
+    // Review37 W15: the cursor's namespace from every reply.
+    let ns = reply
+        .document
+        .get_document("cursor")
+        .and_then(|c| c.get_str("ns"))
+        .unwrap_or_default();
+    if let Some((_, collection)) = ns.split_once('.') {
+        cursor.collection = collection.to_owned();
+    }
     cursor.id = id;
     cursor.buffer.extend(batch.iter().cloned());
     Ok(())

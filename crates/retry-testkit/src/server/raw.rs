@@ -11,7 +11,7 @@
 //! - a body within `BSONObjMaxInternalSize` (`malformed`), no document sequence, no field twice,
 //!   and only these fields besides the command's own: a string `$db` naming a database a server
 //!   takes (`crate::database_name`, review32 R4: not `local` on a router either), an `lsid` that is `{id: <binary>}` alone, `$clusterTime`, a
-//!   `$readPreference` document with a known `mode`, `apiVersion: "1"`, boolean `apiStrict` (true
+//!   `$readPreference` document holding only a known `mode`, `apiVersion: "1"`, boolean `apiStrict` (true
 //!   only on `ping` and `hello`, API version 1, and not with a hello's `loadBalanced`) and
 //!   `apiDeprecationErrors` (only with `apiVersion`), `comment`, a numeric `maxTimeMS` the
 //!   server's check (`refusals::max_time_refusal`) accepts, and for a hello a boolean `helloOk`
@@ -225,8 +225,19 @@ fn gossiped_time(gossip: Element<'_>) -> Option<Timestamp> {
 }
 
 /// Review7 finding 3: a `$readPreference` document whose `mode` (the last, as a decoded
-/// `Document` keeps it) is a mode the server knows.
+/// `Document` keeps it) is a mode the server knows. Review37 W9: and no other field (`tags`,
+/// `maxStalenessSeconds`, ... are checked by the Document path, `refusals::generic_field_refusal`).
 fn known_read_preference(preference: Element<'_>) -> bool {
+    let Some(mut fields) = preference.document() else {
+        return false;
+    };
+    loop {
+        match fields.next() {
+            Walk::Element(field) if field.key == b"mode" => {}
+            Walk::End => break,
+            Walk::Element(_) | Walk::Unreadable => return false,
+        }
+    }
     let mode = preference.document().and_then(|d| d.last(b"mode"));
     mode.and_then(|m| m.str())
         .is_some_and(|m| crate::refusals::READ_PREFERENCE_MODES.contains(&m))

@@ -294,6 +294,28 @@ fn script(role: &Role) -> Script {
         "ping, writeConcern w: 5",
         with(ping(), doc! { "writeConcern": { "w": 5 } }),
     );
+    // Review37 W9: a `$readPreference` is checked beyond its mode.
+    s.send(
+        "ping, primary with tags",
+        with(
+            ping(),
+            doc! { "$readPreference": { "mode": "primary", "tags": [{ "dc": "ny" }] } },
+        ),
+    );
+    s.send(
+        "ping, maxStalenessSeconds below 90",
+        with(
+            ping(),
+            doc! { "$readPreference": { "mode": "nearest", "maxStalenessSeconds": 10 } },
+        ),
+    );
+    s.send(
+        "ping, secondary with tags",
+        with(
+            ping(),
+            doc! { "$readPreference": { "mode": "secondary", "tags": [{ "dc": "ny" }, {}] } },
+        ),
+    );
     s.send("ping, unknown field", with(ping(), doc! { "foo": 1 }));
     s.send_bytes(
         "ping, $db twice",
