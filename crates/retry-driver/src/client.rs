@@ -4,6 +4,7 @@ use core::fmt;
 use core::future::{poll_fn, Future};
 use core::marker::PhantomData;
 use core::task::{Context, Poll, Waker};
+use core::time::Duration;
 use std::io;
 use std::sync::Arc;
 
@@ -390,7 +391,7 @@ impl<R> Client<R> {
         // Issue 9: `run`'s steps written out, not its future nested (each level copied the
         // command and the request into its own state).
         let operation = self.operation(String::new(), command, kind, CommandOptions::default());
-        let reply = self.run_request(operation, db).await?;
+        let reply = self.run_request(operation, db, None).await?;
         Ok(self.reply(reply)?.document)
     }
 
@@ -406,7 +407,7 @@ impl<R> Client<R> {
         kind: OperationKind,
     ) -> Result<RawDocumentBuf, OperationError> {
         let operation = self.operation(String::new(), command, kind, CommandOptions::default());
-        Ok(self.run_request(operation, db).await?.checked()?.body)
+        Ok(self.run_request(operation, db, None).await?.checked()?.body)
     }
 
     /// [`Client::run_command`] with explicit selection criteria, cursor use and session. The
@@ -422,7 +423,24 @@ impl<R> Client<R> {
         options: CommandOptions,
     ) -> Result<Reply, OperationError> {
         let operation = self.operation(String::new(), command, kind, options);
-        let reply = self.run_request(operation, db).await?;
+        let reply = self.run_request(operation, db, None).await?;
+        self.reply(reply)
+    }
+
+    /// [`Client::run`] under the operation's own CSOT `timeout`, when given, in place of the
+    /// client's `timeoutMS`: the driver makes it a deadline when it starts the operation, as it
+    /// does the client's. For a session's `commitTransaction` and `abortTransaction`, under its
+    /// `defaultTimeoutMS` (TO-14).
+    pub(crate) async fn run_with_timeout(
+        &self,
+        db: &str,
+        command: Document,
+        kind: OperationKind,
+        options: CommandOptions,
+        timeout: Option<Duration>,
+    ) -> Result<Reply, OperationError> {
+        let operation = self.operation(String::new(), command, kind, options);
+        let reply = self.run_request(operation, db, timeout).await?;
         self.reply(reply)
     }
 
@@ -455,19 +473,26 @@ impl<R> Client<R> {
     ) -> Result<RawDocumentBuf, OperationError> {
         let criteria = self.criteria(kind, None);
         let operation = OperationRequest::new_raw(String::new(), command, kind, criteria);
-        Ok(self.run_request(operation, db).await?.checked()?.body)
+        Ok(self.run_request(operation, db, None).await?.checked()?.body)
     }
 
     /// Runs `operation` on `db` (its database name, written when it is queued) and waits for
-    /// its reply; dropping the future cancels it. The operation is queued at once, by the call,
+    /// its reply; dropping the future cancels it. `timeout`: the operation's own CSOT timeout,
+    /// in place of the client's `timeoutMS` (TO-14, [`Client::run_with_timeout`]). The operation is queued at once, by the call,
     /// and the future only waits (issue 9: the request is never moved into a future's state,
     /// which copied its 232 bytes at each level; and the future is a [`ReplyFuture`], whose
     /// poll hands the slot's result on as it is, not through an `async` block's). Callers call
     /// it from an `async` body, so it is queued on their future's first poll, as if it were an
     /// `async fn`.
-    fn run_request(&self, operation: OperationRequest, db: &str) -> ReplyFuture<'_> {
+    fn run_request(
+        &self,
+        operation: OperationRequest,
+        db: &str,
+        timeout: Option<Duration>,
+    ) -> ReplyFuture<'_> {
         // A future that drives the engine itself runs it next: no wake.
-        let queued = self.queue(operation, Some(db), self.inner.local.is_none(), true);
+        let wake = self.inner.local.is_none();
+        let queued = self.queue(operation, Some(db), timeout, wake, true);
         let waiter = self.waiter();
         let (reply, alone) = match queued {
             Ok((reply, alone)) => (Some(reply), alone),
@@ -583,19 +608,21 @@ impl<R> Client<R> {
     /// Queues `operation` for the driver and wakes it; its result will be in the returned slot.
     /// [`OperationError::cancelled`] once the client is shut down.
     pub(crate) fn submit(&self, operation: OperationRequest) -> Result<Arc<Slot>, OperationError> {
-        Ok(self.queue(operation, None, true, false)?.0)
+        Ok(self.queue(operation, None, None, true, false)?.0)
     }
 
     /// [`Client::submit`], waking the driver only if `wake`; with `inline` and a spawned driver,
     /// not if the operation is the only one in flight either, which the caller then starts
     /// itself ([`SpawnedDriver::run_inline`]): the second value says so. With `db`, the
     /// operation's database name is written into a spare string
-    /// ([`crate::shared::SharedState::db_name`]).
+    /// ([`crate::shared::SharedState::db_name`]); `timeout` is its own CSOT timeout (TO-14,
+    /// [`crate::shared::SharedState::slot`]).
     #[inline(always)]
     fn queue(
         &self,
         operation: OperationRequest,
         db: Option<&str>,
+        timeout: Option<Duration>,
         wake: bool,
         inline: bool,
     ) -> Result<(Arc<Slot>, bool), OperationError> {
@@ -607,7 +634,7 @@ impl<R> Client<R> {
             && self.inner.spawned.is_some()
             && state.operations == 0
             && state.requests.is_empty();
-        let reply = state.slot(operation, db);
+        let reply = state.slot(operation, db, timeout);
         state.requests.push_back(reply.clone());
         if wake && !alone {
             state.wake_driver();
@@ -825,7 +852,7 @@ mod tests {
         );
         let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
         (
-            client.run_request(request, "admin"),
+            client.run_request(request, "admin", None),
             Waker::from(wakes.clone()),
             wakes,
         )

@@ -256,8 +256,13 @@ impl Driver {
         while let Some(slot) = self.requests.pop_front() {
             let engine = &mut self.engine;
             // Not started if its caller gave up on it already; it cannot give up while it starts.
-            let started = slot.start(|request| {
-                request.as_mut()?.timeout = timeout;
+            let started = slot.start(|request, own| {
+                // TO-14: a request's own timeout (a session's `defaultTimeoutMS` for its commit
+                // or abort) in place of the client's, its deadline from now as the client's.
+                request.as_mut()?.timeout = match own {
+                    None => timeout,
+                    Some(own) => OperationTimeout::from_timeout_ms(now, own),
+                };
                 Some(engine.start_operation(request.take()?, now))
             });
             if let Some(op) = started {
@@ -2904,7 +2909,7 @@ mod tests {
                     retry_core::retry::OperationKind::RunCommand,
                     retry_core::selection::SelectionCriteria::Write,
                 );
-                let slot = state.slot(request, None);
+                let slot = state.slot(request, None, None);
                 state.requests.push_back(slot);
             }
         }

@@ -18,9 +18,10 @@
 //!
 //! Timeouts (TO-14): a session started with [`SessionOptions::default_timeout`]
 //! (`defaultTimeoutMS`) runs its `commitTransaction` and `abortTransaction`, and the abort of
-//! ending it, under that timeout rather than the client's `timeoutMS`
-//! ([`Engine::set_transaction_timeout`]); without one they take the client's (the session
-//! inherits the client's value). Its other operations always take the client's. There is no
+//! ending it, under that timeout rather than the client's `timeoutMS`: each of these requests
+//! carries it as its own CSOT timeout, which the driver makes the request's
+//! [`OperationRequest::timeout`] when it starts it (from then, as the client's); without one
+//! they take the client's (the session inherits the client's value). Its other operations always take the client's. There is no
 //! `withTransaction` in this driver. The deprecated `maxCommitTimeMS`
 //! ([`TransactionOptions::max_commit_time`], TO-6) is sent as the commit's `maxTimeMS` only when
 //! neither timeout is set.
@@ -87,15 +88,13 @@ pub(crate) struct SessionRequests {
     ends: Vec<SessionHandle>,
     /// Sessions starting a transaction (TX-2, TX-4 (4)), each with its options and completion.
     transactions: Vec<(SessionHandle, TransactionOptions, Arc<TransactionStart>)>,
-    /// TO-14: sessions about to commit or abort under their `defaultTimeoutMS`, each with it
-    /// (the deadline runs from the driver's next round, before the command starts).
-    timeouts: Vec<(SessionHandle, Duration)>,
     /// Sessions whose state was asked for, each with its completion.
     infos: Vec<(SessionHandle, Arc<SessionStart<Option<SessionInfo>>>)>,
     /// The `abortTransaction` of an ending session (TX-2: ending a session aborts its
     /// transaction; the engine sends it only when one is in progress), started before the
-    /// session ends; its result is not awaited (TX-10: abort errors are ignored).
-    aborts: Vec<OperationRequest>,
+    /// session ends; its result is not awaited (TX-10: abort errors are ignored). Each with the
+    /// session's `defaultTimeoutMS`, if it has one (TO-14).
+    aborts: Vec<(OperationRequest, Option<Duration>)>,
 }
 
 impl SessionRequests {
@@ -105,7 +104,6 @@ impl SessionRequests {
         self.starts.is_empty()
             && self.ends.is_empty()
             && self.transactions.is_empty()
-            && self.timeouts.is_empty()
             && self.infos.is_empty()
             && self.aborts.is_empty()
     }
@@ -126,8 +124,7 @@ impl SessionRequests {
 
 /// The driver's side: starts and ends the requested sessions in `engine`, aborting the
 /// transactions of the ending ones first (under the session's `defaultTimeoutMS`, else the
-/// client's `timeoutMS`, `timeout`; TO-14), and gives the engine the `defaultTimeoutMS` deadline
-/// of the commits and aborts about to start; whether there were any.
+/// client's `timeoutMS`, `timeout`; TO-14); whether there were any.
 pub(crate) fn serve(
     engine: &mut Engine,
     requests: &mut SessionRequests,
@@ -146,12 +143,9 @@ pub(crate) fn serve(
     for (session, answer) in requests.infos.drain(..) {
         answer.complete(engine.session_info(session));
     }
-    // TO-14: before the commit or abort it is for starts (this round or a later one).
-    for (session, t) in requests.timeouts.drain(..) {
-        engine.set_transaction_timeout(session, OperationTimeout::from_timeout_ms(now, t));
-    }
-    for mut abort in requests.aborts.drain(..) {
-        if let Some(t) = timeout {
+    for (mut abort, own) in requests.aborts.drain(..) {
+        // TO-14: the session's `defaultTimeoutMS`, else the client's `timeoutMS`.
+        if let Some(t) = own.or(timeout) {
             abort.timeout = OperationTimeout::from_timeout_ms(now, t);
         }
         // Nobody waits for it: the engine's `OperationFinished` finds no pending operation.
@@ -440,16 +434,9 @@ impl<R> Session<R> {
         }
     }
 
-    /// Sends `name` on `admin`; the engine decides whether it is sent (TX-2). TO-14: the
-    /// session's `defaultTimeoutMS` goes to the engine first, for this request.
+    /// Sends `name` on `admin`; the engine decides whether it is sent (TX-2). TO-14: under the
+    /// session's `defaultTimeoutMS` as the request's own timeout, else the client's `timeoutMS`.
     async fn end_transaction(&self, name: &str, kind: OperationKind) -> Result<(), OperationError> {
-        if let Some(timeout) = self.options.default_timeout {
-            let mut state = lock(&self.client.shared().state);
-            if state.closing {
-                return Err(state.closed_error());
-            }
-            state.sessions.timeouts.push((self.handle, timeout));
-        }
         let mut command = Document::new();
         command.insert(name, 1);
         let options = CommandOptions {
@@ -457,8 +444,9 @@ impl<R> Session<R> {
             session: Some(self.handle),
             ..CommandOptions::default()
         };
+        let timeout = self.options.default_timeout;
         self.client
-            .run("admin", command, kind, options)
+            .run_with_timeout("admin", command, kind, options, timeout)
             .await
             .map(|_| ())
     }
@@ -486,10 +474,8 @@ impl<R> Drop for Session<R> {
             );
             request.session = Some(self.handle);
             // TO-14: ending the session is covered by its `defaultTimeoutMS`.
-            if let Some(timeout) = self.options.default_timeout {
-                state.sessions.timeouts.push((self.handle, timeout));
-            }
-            state.sessions.aborts.push(request);
+            let timeout = self.options.default_timeout;
+            state.sessions.aborts.push((request, timeout));
             state.sessions.ends.push(self.handle);
             state.wake_driver();
         }

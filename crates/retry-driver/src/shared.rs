@@ -3,6 +3,7 @@
 //! the driver (`driver.rs`) fills it and the client (`client.rs`) reads it.
 
 use core::task::{Context, Poll, Waker};
+use core::time::Duration;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -159,6 +160,10 @@ pub(crate) type OperationResult = Result<RawReply, OperationError>;
 struct SlotState {
     /// The operation, queued for the driver to start ([`Slot::start`] takes it).
     request: Option<OperationRequest>,
+    /// TO-14: the operation's own CSOT timeout (a session's `defaultTimeoutMS`, for its
+    /// `commitTransaction` or `abortTransaction`), which the driver starts it under in place of
+    /// the client's `timeoutMS`; `None`: the client's.
+    timeout: Option<Duration>,
     /// `Ready` once the operation ended, until the caller takes it: [`Slot::poll`] returns
     /// it as it is (issue 9: one copy of the 152-byte result, not an `Option`'s two).
     result: Poll<OperationResult>,
@@ -176,6 +181,7 @@ impl Default for SlotState {
     fn default() -> SlotState {
         SlotState {
             request: None,
+            timeout: None,
             result: Poll::Pending,
             waker: None,
             op: None,
@@ -311,14 +317,15 @@ impl Slot {
     /// id (to cancel it if the caller gives up later); the caller cannot give up while it
     /// starts. A request given up on is dropped after the lock is released.
     /// `start` is given the slot's place of the request, to take it from (issue 9: taken
-    /// straight into the engine's argument, not first into a local of its own).
+    /// straight into the engine's argument, not first into a local of its own), and the
+    /// request's own CSOT timeout, if it has one (TO-14, [`SharedState::slot`]).
     ///
     /// Inlined into the driver's pass, which calls it once per operation (issue 9: 9–29
     /// instructions fewer per round trip, docs/benchmarks.md, driver25).
     #[inline(always)]
     pub(crate) fn start(
         &self,
-        start: impl FnOnce(&mut Option<OperationRequest>) -> Option<OpId>,
+        start: impl FnOnce(&mut Option<OperationRequest>, Option<Duration>) -> Option<OpId>,
     ) -> Option<OpId> {
         let mut state = lock(&self.state);
         if state.abandoned {
@@ -327,7 +334,8 @@ impl Slot {
             drop(request);
             return None;
         }
-        let op = start(&mut state.request)?;
+        let state = &mut *state;
+        let op = start(&mut state.request, state.timeout)?;
         state.op = Some(op);
         Some(op)
     }
@@ -492,7 +500,7 @@ impl Default for EmptyDocument {
 #[derive(Default)]
 pub(crate) struct SharedState {
     /// The operations the client asked for, in their slots ([`Slot::start`]); the driver sets
-    /// each one's CSOT deadline from `timeoutMS`.
+    /// each one's CSOT deadline from its own timeout (TO-14), else the client's `timeoutMS`.
     pub(crate) requests: VecDeque<Arc<Slot>>,
     /// The operations the driver had in flight when it last looked, queued ones included (an
     /// estimate for [`SpawnedDriver::run_inline`](crate::driver::SpawnedDriver::run_inline)).
@@ -536,8 +544,16 @@ impl SharedState {
     /// slots are looked at (house rule 9); one whose caller has not taken its result yet goes
     /// to the back, to be looked at again later. With `db`, the request's database name is
     /// written there, in a spare string ([`SharedState::db_name`]; issue 9: in place, the
-    /// request not copied once more to be changed first).
-    pub(crate) fn slot(&mut self, request: OperationRequest, db: Option<&str>) -> Arc<Slot> {
+    /// request not copied once more to be changed first). TO-14: `timeout` is the request's own
+    /// CSOT timeout (a session's `defaultTimeoutMS` for its commit or abort), which the driver
+    /// starts it under in place of the client's `timeoutMS` ([`Slot::start`]); `None` for the
+    /// client's.
+    pub(crate) fn slot(
+        &mut self,
+        request: OperationRequest,
+        db: Option<&str>,
+        timeout: Option<Duration>,
+    ) -> Arc<Slot> {
         let name = db.map(|db| self.db_name(db));
         for _ in 0..4 {
             let Some(mut spent) = self.spent_slots.pop_front() else {
@@ -551,6 +567,7 @@ impl SharedState {
                 if let Some(name) = name {
                     request.db = name;
                 }
+                state.timeout = timeout;
                 state.result = Poll::Pending;
                 state.waker = None;
                 state.op = None;
@@ -573,6 +590,7 @@ impl SharedState {
         if let Some(name) = name {
             request.db = name;
         }
+        state.timeout = timeout;
         Arc::new(slot)
     }
 
@@ -817,7 +835,7 @@ mod tests {
             }
             assert_eq!(counted(&results), 0, "counted out ({give_up})");
             state.spent_slots.push_back(spent);
-            let reused = state.slot(ping(), None);
+            let reused = state.slot(ping(), None, None);
             assert!(state.spent_slots.is_empty(), "reused ({give_up})");
             assert!(reused.poll(&mut cx, &results).is_pending());
             reused.complete(Err(OperationError::cancelled()), Some(&results));
@@ -834,7 +852,7 @@ mod tests {
         let held = Arc::new(Slot::default());
         held.complete(Err(OperationError::cancelled()), None);
         state.spent_slots.push_back(held.clone());
-        let fresh = state.slot(ping(), None);
+        let fresh = state.slot(ping(), None, None);
         assert!(
             !Arc::ptr_eq(&fresh, &held),
             "a slot its caller holds is not reused"
@@ -843,12 +861,47 @@ mod tests {
         drop(held);
 
         let address = Arc::as_ptr(&state.spent_slots[0]);
-        let reused = state.slot(ping(), None);
+        let reused = state.slot(ping(), None, None);
         assert_eq!(Arc::as_ptr(&reused), address, "reused");
         assert!(!reused.is_completed(), "no result yet");
         let state = lock(&reused.state);
         assert!(state.result.is_pending() && state.op.is_none() && !state.abandoned);
         assert!(state.request.is_some(), "holds its request");
+    }
+
+    /// TO-14: a request's own CSOT timeout (a session's `defaultTimeoutMS` for its commit or
+    /// abort) is handed to the driver's start with it; a slot reused for a request without one
+    /// hands none (the client's `timeoutMS` applies), not the earlier request's.
+    #[test]
+    fn to14_a_slot_hands_its_requests_own_timeout_to_the_start() {
+        let own = Duration::from_millis(600_000);
+        let mut state = SharedState::default();
+        let slot = state.slot(ping(), None, Some(own));
+        let mut given = None;
+        let started = slot.start(|request, timeout| {
+            assert!(request.take().is_some(), "its request");
+            given = Some(timeout);
+            Some(OpId(1))
+        });
+        assert_eq!(started, Some(OpId(1)));
+        assert_eq!(given, Some(Some(own)));
+        slot.complete(Err(OperationError::cancelled()), None);
+        let results = ResultsToTake::default();
+        assert!(slot.abandon(&results).is_none());
+        state.spent_slots.push_back(slot);
+
+        let reused = state.slot(ping(), None, None);
+        assert!(state.spent_slots.is_empty(), "reused");
+        let mut given = None;
+        reused.start(|_, timeout| {
+            given = Some(timeout);
+            Some(OpId(2))
+        });
+        assert_eq!(
+            given,
+            Some(None),
+            "the earlier request's timeout is not kept"
+        );
     }
 
     /// A result, and a second handle on its error's reply: the result is dropped once the
@@ -881,7 +934,7 @@ mod tests {
 
         let slot = Slot::default();
         lock(&slot.state).request = Some(ping());
-        assert_eq!(slot.start(|_| Some(OpId(7))), Some(OpId(7)));
+        assert_eq!(slot.start(|_, _| Some(OpId(7))), Some(OpId(7)));
         assert_eq!(
             slot.abandon(&ResultsToTake::default()),
             Some(OpId(7)),
@@ -905,7 +958,7 @@ mod tests {
             None,
             "not started: nothing to cancel"
         );
-        let started = slot.start(|_| panic!("an abandoned operation was started"));
+        let started = slot.start(|_, _| panic!("an abandoned operation was started"));
         assert_eq!(started, None);
         assert!(
             lock(&slot.state).request.is_none(),

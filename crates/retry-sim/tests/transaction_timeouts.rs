@@ -29,7 +29,8 @@ fn received(sim: &Sim) -> Vec<Document> {
 const COMMIT: OperationKind = OperationKind::CommitTransaction { again: false };
 
 /// `command` in `session`, on `admin` for commit and abort, under `timeout` (the client's
-/// `timeoutMS`, as a driver sets it).
+/// `timeoutMS`, or for a commit or abort the session's `defaultTimeoutMS`, as a driver sets
+/// it: TO-14).
 fn request(
     session: SessionHandle,
     command: Document,
@@ -178,10 +179,10 @@ fn to6_to8_max_commit_time_is_ignored_under_timeout_ms() {
     assert_eq!(max_time(&commands[2]), None, "TO-7: timeoutMS=0");
 }
 
-/// TO-14 (`sessions-override-timeoutMS.json`): the session's timeout for its commit replaces
-/// the request's own (here no `timeoutMS`): the commit's `maxTimeMS` derives from it, not from
+/// TO-14 (`sessions-override-timeoutMS.json`): a commit given the session's timeout as its own
+/// (the client having no `timeoutMS`): its `maxTimeMS` derives from it, not from
 /// `maxCommitTimeMS`, and a commit blocked past it fails with a timeout error at its deadline.
-/// It is taken by that one request: the next commit runs under its own again.
+/// It is that request's alone: the next commit, given none, runs without CSOT again.
 #[test]
 fn to14_session_timeout_applies_to_commit_once() {
     let blocked = Step::Reply {
@@ -191,11 +192,8 @@ fn to14_session_timeout_applies_to_commit_once() {
     let mut sim = mongos(vec![Step::reply(doc! { "ok": 1 }), blocked]);
     let session = transaction(&mut sim, one_second());
     let started = sim.now;
-    sim.engine.set_transaction_timeout(
-        session,
-        OperationTimeout::from_timeout_ms(started, Duration::from_millis(500)),
-    );
-    let op = commit(&mut sim, session, OperationTimeout::Off);
+    let session_timeout = OperationTimeout::from_timeout_ms(started, Duration::from_millis(500));
+    let op = commit(&mut sim, session, session_timeout);
     let error = sim
         .run(op)
         .expect_err("the commit outlives the session's timeout");
@@ -214,8 +212,8 @@ fn to14_session_timeout_applies_to_commit_once() {
         finished.saturating_duration_since(started),
         Duration::from_millis(500)
     );
-    // The session's timeout was for that call only: the next commit (TX-11, again) runs
-    // without `timeoutMS`, with `maxCommitTimeMS`.
+    // The session's timeout was that request's: the next commit (TX-11, again) runs without
+    // `timeoutMS`, with `maxCommitTimeMS`.
     let again = sim.start_request(request(
         session,
         doc! { "commitTransaction": 1 },
@@ -234,24 +232,21 @@ fn to14_session_timeout_applies_to_commit_once() {
     assert_eq!(max_time(commits[1]), Some(&Bson::Int32(1_000)));
 }
 
-/// TO-14: the session's timeout replaces the client's `timeoutMS` too (both ways), applies to
-/// abort (the abort of ending a session is an abort request), and `defaultTimeoutMS=0`
-/// (unbounded) sends no `maxTimeMS` even where the client's `timeoutMS` would.
+/// TO-14: the session's timeout, given to the request in place of the client's `timeoutMS`
+/// (both ways), applies to abort (the abort of ending a session is an abort request), and
+/// `defaultTimeoutMS=0` (unbounded) sends no `maxTimeMS` even where the client's `timeoutMS`
+/// (300 ms) would, nor `maxCommitTimeMS`.
 #[test]
 fn to14_session_timeout_applies_to_abort_and_overrides_the_clients() {
     let mut sim = mongos(Vec::new());
     let session = transaction(&mut sim, TransactionOptions::default());
-    let client = OperationTimeout::Until(sim.now.saturating_add(Duration::from_millis(300)));
-    sim.engine.set_transaction_timeout(
-        session,
-        OperationTimeout::from_timeout_ms(sim.now, Duration::from_millis(2_000)),
-    );
-    let op = abort(&mut sim, session, client);
+    let longer = OperationTimeout::from_timeout_ms(sim.now, Duration::from_millis(2_000));
+    let op = abort(&mut sim, session, longer);
     sim.run(op).unwrap();
     let second = transaction(&mut sim, one_second());
-    sim.engine
-        .set_transaction_timeout(second, OperationTimeout::Unbounded);
-    let op = commit(&mut sim, second, client);
+    let unbounded = OperationTimeout::from_timeout_ms(sim.now, Duration::ZERO);
+    assert_eq!(unbounded, OperationTimeout::Unbounded, "CS-1");
+    let op = commit(&mut sim, second, unbounded);
     sim.run(op).unwrap();
 
     let commands = received(&sim);
@@ -269,8 +264,9 @@ fn to14_session_timeout_applies_to_abort_and_overrides_the_clients() {
     );
 }
 
-/// TO-14, TX-2: a commit or abort that sends nothing still takes the session's timeout, so it
-/// does not linger for a later call; a timeout set on an unknown session does nothing.
+/// TO-14, TX-2: a commit that sends nothing under the session's timeout finishes at once,
+/// and the timeout stays that request's: the session's later commit, given none, is not held to
+/// the spent deadline.
 #[test]
 fn to14_a_commit_that_sends_nothing_takes_the_timeout() {
     let mut sim = mongos(Vec::new());
@@ -278,12 +274,9 @@ fn to14_a_commit_that_sends_nothing_takes_the_timeout() {
     sim.engine
         .start_transaction(session, one_second(), sim.now)
         .unwrap();
-    sim.engine.set_transaction_timeout(
-        session,
-        OperationTimeout::from_timeout_ms(sim.now, Duration::from_millis(1)),
-    );
+    let session_timeout = OperationTimeout::from_timeout_ms(sim.now, Duration::from_millis(1));
     // Nothing written: the commit finishes at once, without a command (TX-2).
-    let op = commit(&mut sim, session, OperationTimeout::Off);
+    let op = commit(&mut sim, session, session_timeout);
     assert_eq!(sim.run(op).unwrap(), Document::new());
     sim.advance_to(sim.now.saturating_add(Duration::from_secs(1)));
     sim.engine
@@ -304,10 +297,7 @@ fn to14_a_commit_that_sends_nothing_takes_the_timeout() {
     sim.run(op).expect("not under the spent 1 ms deadline");
     let commands = received(&sim);
     assert_eq!(max_time(&commands[1]), Some(&Bson::Int32(1_000)));
-    // An ended session: nothing to set, nothing panics.
     sim.engine.end_session(session, sim.now);
-    sim.engine
-        .set_transaction_timeout(session, OperationTimeout::Unbounded);
 }
 
 /// TO-6: a negative `maxCommitTimeMS`, or one above what a server takes as `maxTimeMS`, is a

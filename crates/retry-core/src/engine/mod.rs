@@ -98,9 +98,10 @@
 //! [`Engine::start_session`] / [`OperationRequest::session`] / [`Engine::end_session`]; they take
 //! their server session the same way, at first use, and an explicit session on a connection
 //! without session support fails with [`crate::session::SESSIONS_UNSUPPORTED`]. A session's
-//! transaction ([`Engine::start_transaction`]) commits and aborts under the timeout the caller
-//! gives for that call ([`Engine::set_transaction_timeout`], TO-14), else the request's; without
-//! `timeoutMS` a commit carries `maxCommitTimeMS` as `maxTimeMS` (TO-6). [`Engine::close`]
+//! transaction ([`Engine::start_transaction`]) commits and aborts under the commit or abort
+//! request's own [`OperationRequest::timeout`] (a driver gives it the session's
+//! `defaultTimeoutMS`, else the client's `timeoutMS`, TO-14); without `timeoutMS` a commit
+//! carries `maxCommitTimeMS` as `maxTimeMS` (TO-6). [`Engine::close`]
 //! ends the pooled sessions with `endSessions` (SE-15) before it closes the pools.
 
 mod api_version;
@@ -288,9 +289,10 @@ pub struct OperationRequest {
     pub kind: OperationKind,
     /// Where it may run.
     pub criteria: SelectionCriteria,
-    /// Its CSOT timeout: every attempt carries `maxTimeMS = remaining − minRTT` (CS-4). A
-    /// commit or abort of a session given a timeout of its own
-    /// ([`Engine::set_transaction_timeout`], TO-14) runs under that one instead.
+    /// Its CSOT timeout: every attempt carries `maxTimeMS = remaining − minRTT` (CS-4). TO-14:
+    /// a driver gives a session's `commitTransaction` and `abortTransaction` (and the abort of
+    /// ending it) the session's `defaultTimeoutMS` here, else the client's `timeoutMS`; under
+    /// any CSOT timeout a commit's `maxCommitTimeMS` is ignored (TO-6, TO-8).
     pub timeout: OperationTimeout,
     /// How the operation relates to a cursor: a getMore or killCursors goes where its cursor lives,
     /// with the cursor's session (SE-14).
@@ -685,9 +687,6 @@ struct Session {
     transaction_options: crate::transaction::TransactionOptions,
     /// SE-21: the greatest `operationTime` of its replies, for `afterClusterTime`.
     operation_time: Option<bson::Timestamp>,
-    /// TO-14: the timeout of its next `commitTransaction` / `abortTransaction` request
-    /// ([`Engine::set_transaction_timeout`]), taken by that request.
-    end_timeout: Option<OperationTimeout>,
 }
 
 /// Which server session an operation's commands carry.

@@ -227,23 +227,6 @@ impl Engine {
         Ok(())
     }
 
-    /// TO-14: `timeout` is the timeout of the explicit session's next `commitTransaction` or
-    /// `abortTransaction` request ([`OperationKind::CommitTransaction`],
-    /// [`OperationKind::AbortTransaction`]), in place of the request's own
-    /// [`OperationRequest::timeout`]: a driver gives its session's `defaultTimeoutMS` this way,
-    /// as a deadline from the instant the application called commit or abort (the session's
-    /// timeout covers commit and abort, and the abort of ending a session, ahead of the client's
-    /// `timeoutMS`). The next such request naming the session takes it, whether or not it sends
-    /// a command (TX-2); the session's other operations keep their own. Under it the commit's
-    /// `maxTimeMS` is derived from the remaining time (CS-4) and `max_commit_time` is ignored
-    /// (TO-6, TO-8); [`OperationTimeout::Unbounded`] (`defaultTimeoutMS=0`) sends none.
-    /// Does nothing for an unknown or ended session.
-    pub fn set_transaction_timeout(&mut self, session: SessionHandle, timeout: OperationTimeout) {
-        if let Some(state) = self.sessions.get_mut(&session).filter(|s| !s.ending) {
-            state.end_timeout = Some(timeout);
-        }
-    }
-
     /// What the engine knows of an explicit session (for tests and diagnostics); `None` for an
     /// unknown or ended session.
     pub fn session_info(&self, session: SessionHandle) -> Option<SessionInfo> {
@@ -274,9 +257,9 @@ impl Engine {
     /// writable server (the transaction's read preference is primary: a read preference of
     /// another mode is a usage error), the first command with the
     /// transaction's `readConcern`; commit and abort become the kind their state gives, with the
-    /// transaction's `writeConcern`, the session's timeout for them when one was set
-    /// ([`Engine::set_transaction_timeout`], TO-14), and on a commit without `timeoutMS` the
-    /// transaction's `maxCommitTimeMS` as `maxTimeMS` (TO-6). `Ok(false)`: nothing to send
+    /// transaction's `writeConcern` and the request's own timeout (a driver gives a commit or
+    /// abort its session's `defaultTimeoutMS` there, TO-14), and on a commit without `timeoutMS`
+    /// the transaction's `maxCommitTimeMS` as `maxTimeMS` (TO-6). `Ok(false)`: nothing to send
     /// (commit or abort of a transaction that wrote nothing); an error: a state or concern the
     /// rules refuse, with nothing changed.
     pub(super) fn transaction_request(
@@ -297,15 +280,6 @@ impl Engine {
             }
             _ => None,
         };
-        // TO-14: the session's timeout for its commit or abort, set for this call.
-        if matches!(
-            request.kind,
-            OperationKind::CommitTransaction { .. } | OperationKind::AbortTransaction
-        ) {
-            if let Some(timeout) = state.end_timeout.take() {
-                request.timeout = timeout;
-            }
-        }
         let step = match request.kind {
             OperationKind::CommitTransaction { .. } => state.transaction.commit()?,
             OperationKind::AbortTransaction => state.transaction.abort()?,
