@@ -2,7 +2,8 @@
 //! sessions' transactions and cursors on a load balancer with `maxPoolSize=2`, with slow replies,
 //! transient errors and dropped connections. Every operation ends exactly once; a connection is
 //! never checked out twice at once nor checked in when it is not out; and once every cursor is
-//! closed and both sessions ended, nothing stays checked out.
+//! closed and both sessions ended, nothing stays checked out. Operations are cancelled at random
+//! too (review38 L1), and a connection is never closed while checked out.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -30,6 +31,9 @@ enum Op {
     Abort(usize),
     /// Ends the session (SE-12: once its operations in flight finish; later ones are refused).
     EndSession(usize),
+    /// Cancels the `n`th operation started so far (review38 L1: one in flight on a pinned
+    /// connection closes it).
+    Cancel(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -44,6 +48,7 @@ fn op() -> impl Strategy<Value = Op> {
         session.clone().prop_map(Op::Commit),
         session.clone().prop_map(Op::Abort),
         session.prop_map(Op::EndSession),
+        (0..24_usize).prop_map(Op::Cancel),
     ]
 }
 
@@ -101,6 +106,13 @@ fn run(ops: &[(Op, bool)], script: Vec<Step>) -> Result<(), TestCaseError> {
             Op::EndSession(s) => {
                 sim.engine.end_session(sessions[*s], sim.now);
                 sim.drain();
+                continue;
+            }
+            Op::Cancel(n) => {
+                if let Some(&id) = started.get(*n) {
+                    sim.engine.cancel_operation(id, sim.now);
+                    sim.drain();
+                }
                 continue;
             }
             Op::StartTransaction(s) => {
@@ -194,8 +206,13 @@ fn run(ops: &[(Op, bool)], script: Vec<Step>) -> Result<(), TestCaseError> {
                     "{connection:?} in, not out, at {at}"
                 );
             }
+            // LB-9 (review38 L1): a connection checked out is never closed without its
+            // check-in first.
             PoolEvent::ConnectionClosed { connection, .. } => {
-                out.remove(connection);
+                prop_assert!(
+                    !out.contains(connection),
+                    "{connection:?} closed while checked out at {at}"
+                );
             }
             _ => {}
         }

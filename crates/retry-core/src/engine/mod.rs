@@ -956,7 +956,10 @@ impl Engine {
 
     /// Gives up on `op`: it finishes with [`crate::error::ErrorKind::Cancelled`], an attempt in
     /// flight is failed and its connection closed, and a pending checkout is withdrawn. Unknown or
-    /// finished operations are ignored.
+    /// finished operations are ignored. A pinned load-balanced connection (a cursor's, a
+    /// transaction's) with the attempt in flight closes too (LB-9, review38 L1): its cursors send
+    /// no killCursors (LB-11), and its transaction's next command fails with a network error that
+    /// unpins it (TX-4 (2)). A cancelled `abortTransaction` unpins its session (TX-4 (1)).
     pub fn cancel_operation(&mut self, op: OpId, now: Instant) {
         self.cancel(op, now);
         self.run(now);

@@ -690,12 +690,17 @@ impl Engine {
                 .refused
                 .get_or_insert(super::refused::refusal(error));
         }
+        let (pinned, session, kind) = (
+            operation.pinned_conn,
+            operation.request.session,
+            operation.request.kind,
+        );
         let slot = &mut operation.slots[0];
         let checkout = slot.checkout.take();
         slot.selection = None;
         slot.wake = None;
-        let in_flight = slot
-            .conn
+        let conn = slot.conn;
+        let in_flight = conn
             .and_then(|conn| self.sockets.get_mut(&conn))
             .filter(|socket| socket.op == Some((op, 0)));
         let in_flight = in_flight.map(|socket| socket.command.take());
@@ -706,6 +711,18 @@ impl Engine {
             }
             // SE-12: the connection closes under the command, as after a network error.
             self.mark_session_dirty(op, 0);
+            // LB-9, LB-11, TX-4 (2), house rule 8 (review38 L1): a pinned connection (a cursor's,
+            // a transaction's) is not released by the cancelled operation, so it would stay
+            // busy with an orphaned command whose reply nobody reads: it closes now, as if the
+            // peer had closed it; its cursors send no killCursors, and a transaction's next
+            // command fails with a network error, which unpins it.
+            if let Some(conn) = pinned.filter(|p| conn == Some(*p)) {
+                self.pinned_attempt_cancelled(conn, now);
+            }
+        }
+        // TX-4 (1) (review38 L1): an abortTransaction unpins whether it ran or not.
+        if let (OperationKind::AbortTransaction, Some(session)) = (kind, session) {
+            self.abort_unpinned(session, now);
         }
         self.waiting.remove(&op);
         self.schedule(Machine::Operation(op));
