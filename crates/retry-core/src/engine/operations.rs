@@ -1257,8 +1257,20 @@ impl Engine {
         };
         if busy {
             op.slots[slot].conn = None;
-            op.failed(slot, OperationError::usage(PINNED_CONNECTION_IN_USE), now);
-            self.schedule(Machine::Operation(op_id));
+            // TX-2 (review38 L3): a commit refused here was never sent; the client-side error
+            // leaves the transaction as it was before the call.
+            if let (OperationKind::CommitTransaction { again }, Some(session)) =
+                (op.request.kind, op.request.session)
+            {
+                if let Some(state) = self.sessions.get_mut(&session) {
+                    state.transaction.commit_not_sent(again);
+                }
+            }
+            // TX-4 (1) (review38 L3): through the transaction rules, so that a refused
+            // abortTransaction unpins (a usage error adds no label: statements and commits keep
+            // their pin); the operation in flight keeps the connection and checks it in.
+            let error = OperationError::usage(PINNED_CONNECTION_IN_USE);
+            self.fail_attempt(op_id, slot, error, false, now);
             return true;
         }
         let Some(with_txn_number) = with_txn_number else {
