@@ -87,7 +87,9 @@ fn cursors(sim: &Sim, finds: &BTreeMap<OpId, Option<usize>>) -> Vec<(CursorHandl
         .collect()
 }
 
-fn run(ops: &[(Op, bool)], script: Vec<Step>) -> Result<(), TestCaseError> {
+/// `close_client`: the client closes right after the operations start (review38 L4: LB-9, LB-11,
+/// CM-7), instead of the cursors closing and the sessions ending one by one.
+fn run(ops: &[(Op, bool)], script: Vec<Step>, close_client: bool) -> Result<(), TestCaseError> {
     let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
     lb.script = script.into_iter().collect();
     let mut sim = Sim::new(vec![(address("lb"), lb)], |o| {
@@ -158,12 +160,24 @@ fn run(ops: &[(Op, bool)], script: Vec<Step>) -> Result<(), TestCaseError> {
             let _ = sim.run(id);
         }
     }
+    if close_client {
+        sim.engine.close(sim.now);
+        sim.drain();
+        for _ in 0..100 {
+            if sim.engine.is_closed() {
+                break;
+            }
+            let until = sim.now.saturating_add(Duration::from_millis(100));
+            prop_assert!(sim.advance_to(until));
+        }
+        prop_assert!(sim.engine.is_closed(), "closed within 10 s");
+    }
     for id in started.clone() {
         let _ = sim.run(id);
     }
     // Close every cursor still open, then end both sessions.
     let mut closed = BTreeSet::new();
-    for (cursor, _) in cursors(&sim, &finds) {
+    for (cursor, _) in cursors(&sim, &finds).into_iter().filter(|_| !close_client) {
         if closed.insert(cursor) {
             let id = sim.start_request(kill_cursors(42_i64, cursor));
             started.push(id);
@@ -232,7 +246,8 @@ proptest! {
     fn lb_transactions_and_cursors_check_every_connection_in_once(
         ops in prop::collection::vec((op(), any::<bool>()), 1..24),
         script in prop::collection::vec(step(), 0..40),
+        close_client in any::<bool>(),
     ) {
-        run(&ops, script)?;
+        run(&ops, script, close_client)?;
     }
 }

@@ -997,9 +997,24 @@ impl Engine {
                 .and_then(|s| s.pin.end_session());
             self.transaction_unpinned(session, unpinned, now);
         }
-        let cursors: Vec<ConnId> = self.cursors.pinned_conns().collect();
-        for conn in cursors {
-            self.release(conn, true, now);
+        // LB-9, LB-11, CM-7 (review38 L4): a cursor's connection goes back by its socket, or,
+        // when its socket died under a getMore (kept checked out since, LB-11), by its pool id,
+        // closed with reason error.
+        let cursors: Vec<(ConnId, Option<crate::pool::ConnectionId>, ServerAddress)> = self
+            .cursors
+            .pinned()
+            .map(|(conn, id, address)| (conn, id, address.clone()))
+            .collect();
+        for (conn, id, address) in cursors {
+            if self.sockets.contains_key(&conn) {
+                self.release(conn, true, now);
+            } else if let Some(id) = id {
+                let server = self.server_id(&address);
+                if let Some(pool) = self.pool_mut(server) {
+                    pool.check_in(id, false, now);
+                }
+                self.flush_pool_events(server);
+            }
         }
         // SE-15: the sessions of cancelled hedged copies still draining are ended with the rest.
         let drained: Vec<ServerSession> = self
