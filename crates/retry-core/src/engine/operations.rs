@@ -448,18 +448,47 @@ impl Engine {
         // and it is still active (review6 finding 4: a real server refuses a getMore of a cursor
         // from outside the transaction, 50739, or from another one, 50741); otherwise it keeps
         // the cursor's own route and pins, without a txnNumber.
-        if let (None, CursorUse::GetMore(handle)) = (request.session, request.cursor) {
-            if let Some((OpSession::Explicit(session), Some(opened_in))) = self
+        // TX-1, SE-14 (review37 W1): whatever session the request names, membership is decided
+        // from the cursor, so a getMore never starts a transaction nor joins one its cursor was
+        // not opened in; a request naming another session than the cursor's is refused.
+        if let CursorUse::GetMore(handle) = request.cursor {
+            if let Some((session, opened_in)) = self
                 .cursors
                 .get_mut(&handle)
                 .map(|c| (&c.session, c.transaction))
             {
-                let session = *session;
-                if self.sessions.get(&session).is_some_and(|s| {
-                    s.transaction.is_active() && s.transaction.generation() == opened_in
-                }) {
-                    request.session = Some(session);
+                let session = match session {
+                    OpSession::Explicit(session) => Some(*session),
+                    _ => None,
+                };
+                if request.session.is_some_and(|named| Some(named) != session) {
+                    let error = OperationError::usage(
+                        "a getMore must run in the session of the command that opened its \
+                         cursor (SE-14)",
+                    );
+                    return self.finished_at_once(op, internal, Err(error));
                 }
+                let (joins, active) =
+                    session
+                        .and_then(|s| self.sessions.get(&s))
+                        .map_or((false, false), |s| {
+                            let active = s.transaction.is_active();
+                            (
+                                active && Some(s.transaction.generation()) == opened_in,
+                                active,
+                            )
+                        });
+                // TX-4 (5) (review7 finding 9): a getMore naming its session after the
+                // transaction ended uses the session outside a transaction, which unpins it (the
+                // transaction's state stays as it is); an active transaction keeps its pin.
+                if let (Some(named), false, false) = (request.session, joins, active) {
+                    let unpinned = self
+                        .sessions
+                        .get_mut(&named)
+                        .and_then(|s| s.pin.non_transaction_operation());
+                    self.transaction_unpinned(named, unpinned, now);
+                }
+                request.session = session.filter(|_| joins);
             }
         }
         // Issue 9: an encoded command is checked once, and converted to a document where the
