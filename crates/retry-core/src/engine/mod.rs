@@ -85,6 +85,10 @@
 //! their server session the same way, at first use, and an explicit session on a connection
 //! without session support fails with [`crate::session::SESSIONS_UNSUPPORTED`]. [`Engine::close`]
 //! ends the pooled sessions with `endSessions` (SE-15) before it closes the pools.
+//!
+//! A command holding its own `lsid` or `txnNumber` has them removed at the operation's start: the
+//! engine sets the `txnNumber` only where the rules call for one, on retryable writes and
+//! transaction commands (RW-2, RW-4, review37 W2).
 
 mod api_version;
 mod commands;

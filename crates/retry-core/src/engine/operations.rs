@@ -602,6 +602,14 @@ impl Engine {
             session: explicit,
         };
         strip_command_fields(&mut body, self.api.as_ref());
+        // RW-2, RW-4, SE-13 (review37 W2): the engine owns `txnNumber`: it sets one on retryable
+        // writes and transaction commands only (`prepare_attempt`), so a caller's never reaches
+        // the wire (a read or run-command with one is refused by a server, 50768; a standalone
+        // refuses any, 20; a write with retryWrites=false would become retryable on the server).
+        // Issue 9: one pass over the few top-level keys, no hashing, when there is none.
+        if body.keys().any(|key| key == "txnNumber") {
+            body.remove("txnNumber");
+        }
         self.session_operation_started(&session);
         let slot = Slot {
             session,
