@@ -1522,6 +1522,21 @@ impl Engine {
         let (kind, session) = (op.request.kind, op.request.session);
         let mut error = error;
         if let (Some(command), Some(session)) = (Engine::transaction_command(kind), session) {
+            // TX-8, RW-9, TX-4 (3) (review38 L2): a commit's or abort's error from a server older
+            // than 4.4, which never labels its errors, is a retryable write error when the driver
+            // would label it so (the retry machine adds that label later); the commit's
+            // UnknownTransactionCommitResult, and the unpin before its retry, follow from it.
+            if command != crate::pinning::TransactionCommand::Statement
+                && !error.is_retryable_write()
+            {
+                let labelled = op.slots[slot].server.as_ref().is_some_and(|server| {
+                    let from_mongos = server.server_type == crate::topology::ServerType::Mongos;
+                    error.needs_retryable_write_label(server.max_wire_version, from_mongos)
+                });
+                if labelled {
+                    error.labels = error.labels.union(crate::error::Labels::RETRYABLE_WRITE);
+                }
+            }
             error = error
                 .clone()
                 .with_labels(transaction_labels(&error, command));
