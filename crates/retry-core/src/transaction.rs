@@ -286,6 +286,16 @@ impl Transaction {
         self.state = TransactionState::Aborted;
         Ok(step)
     }
+
+    /// TX-2 (review38 L3): the `commitTransaction` that [`Transaction::commit`] asked for
+    /// (`again`: a second commit) failed with a client-side error before it was sent: the state
+    /// goes back to what it was before the call (in progress for a first commit; a second
+    /// commit changed nothing).
+    pub(crate) fn commit_not_sent(&mut self, again: bool) {
+        if !again && self.state == (TransactionState::Committed { sent: true }) {
+            self.state = TransactionState::InProgress;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! sessions' transactions and cursors on a load balancer with `maxPoolSize=2`, with slow replies,
 //! transient errors and dropped connections. Every operation ends exactly once; a connection is
 //! never checked out twice at once nor checked in when it is not out; and once every cursor is
-//! closed and both sessions ended, nothing stays checked out.
+//! closed and both sessions ended, nothing stays checked out. Operations are cancelled at random
+//! too (review38 L1), and a connection is never closed while checked out.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -30,6 +31,9 @@ enum Op {
     Abort(usize),
     /// Ends the session (SE-12: once its operations in flight finish; later ones are refused).
     EndSession(usize),
+    /// Cancels the `n`th operation started so far (review38 L1: one in flight on a pinned
+    /// connection closes it).
+    Cancel(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -44,6 +48,7 @@ fn op() -> impl Strategy<Value = Op> {
         session.clone().prop_map(Op::Commit),
         session.clone().prop_map(Op::Abort),
         session.prop_map(Op::EndSession),
+        (0..24_usize).prop_map(Op::Cancel),
     ]
 }
 
@@ -82,7 +87,9 @@ fn cursors(sim: &Sim, finds: &BTreeMap<OpId, Option<usize>>) -> Vec<(CursorHandl
         .collect()
 }
 
-fn run(ops: &[(Op, bool)], script: Vec<Step>) -> Result<(), TestCaseError> {
+/// `close_client`: the client closes right after the operations start (review38 L4: LB-9, LB-11,
+/// CM-7), instead of the cursors closing and the sessions ending one by one.
+fn run(ops: &[(Op, bool)], script: Vec<Step>, close_client: bool) -> Result<(), TestCaseError> {
     let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
     lb.script = script.into_iter().collect();
     let mut sim = Sim::new(vec![(address("lb"), lb)], |o| {
@@ -101,6 +108,13 @@ fn run(ops: &[(Op, bool)], script: Vec<Step>) -> Result<(), TestCaseError> {
             Op::EndSession(s) => {
                 sim.engine.end_session(sessions[*s], sim.now);
                 sim.drain();
+                continue;
+            }
+            Op::Cancel(n) => {
+                if let Some(&id) = started.get(*n) {
+                    sim.engine.cancel_operation(id, sim.now);
+                    sim.drain();
+                }
                 continue;
             }
             Op::StartTransaction(s) => {
@@ -146,12 +160,24 @@ fn run(ops: &[(Op, bool)], script: Vec<Step>) -> Result<(), TestCaseError> {
             let _ = sim.run(id);
         }
     }
+    if close_client {
+        sim.engine.close(sim.now);
+        sim.drain();
+        for _ in 0..100 {
+            if sim.engine.is_closed() {
+                break;
+            }
+            let until = sim.now.saturating_add(Duration::from_millis(100));
+            prop_assert!(sim.advance_to(until));
+        }
+        prop_assert!(sim.engine.is_closed(), "closed within 10 s");
+    }
     for id in started.clone() {
         let _ = sim.run(id);
     }
     // Close every cursor still open, then end both sessions.
     let mut closed = BTreeSet::new();
-    for (cursor, _) in cursors(&sim, &finds) {
+    for (cursor, _) in cursors(&sim, &finds).into_iter().filter(|_| !close_client) {
         if closed.insert(cursor) {
             let id = sim.start_request(kill_cursors(42_i64, cursor));
             started.push(id);
@@ -194,8 +220,13 @@ fn run(ops: &[(Op, bool)], script: Vec<Step>) -> Result<(), TestCaseError> {
                     "{connection:?} in, not out, at {at}"
                 );
             }
+            // LB-9 (review38 L1): a connection checked out is never closed without its
+            // check-in first.
             PoolEvent::ConnectionClosed { connection, .. } => {
-                out.remove(connection);
+                prop_assert!(
+                    !out.contains(connection),
+                    "{connection:?} closed while checked out at {at}"
+                );
             }
             _ => {}
         }
@@ -215,7 +246,8 @@ proptest! {
     fn lb_transactions_and_cursors_check_every_connection_in_once(
         ops in prop::collection::vec((op(), any::<bool>()), 1..24),
         script in prop::collection::vec(step(), 0..40),
+        close_client in any::<bool>(),
     ) {
-        run(&ops, script)?;
+        run(&ops, script, close_client)?;
     }
 }

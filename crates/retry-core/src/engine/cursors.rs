@@ -5,6 +5,8 @@
 use alloc::collections::{BTreeMap, BTreeSet};
 
 use super::{ConnId, Cursor, CursorHandle};
+use crate::address::ServerAddress;
+use crate::pool::ConnectionId;
 
 /// Open cursors, indexed by handle and by pinned connection.
 #[derive(Default)]
@@ -46,9 +48,14 @@ impl Cursors {
         self.by_handle.len()
     }
 
-    /// The connections cursors are pinned to, one entry per cursor, in handle order.
-    pub(super) fn pinned_conns(&self) -> impl Iterator<Item = ConnId> + '_ {
-        self.by_handle.values().filter_map(|c| c.conn)
+    /// The connections cursors are pinned to, one entry per cursor, in handle order: the socket,
+    /// the pool's id of the connection (LB-11: kept after the socket died) and the server.
+    pub(super) fn pinned(
+        &self,
+    ) -> impl Iterator<Item = (ConnId, Option<ConnectionId>, &ServerAddress)> + '_ {
+        self.by_handle
+            .values()
+            .filter_map(|c| Some((c.conn?, c.pin.connection(), &c.server.address)))
     }
 
     /// The cursors pinned to `conn`, without looking at any other cursor.

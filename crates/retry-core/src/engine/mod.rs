@@ -103,6 +103,10 @@
 //! `defaultTimeoutMS`, else the client's `timeoutMS`, TO-14); without `timeoutMS` a commit
 //! carries `maxCommitTimeMS` as `maxTimeMS` (TO-6). [`Engine::close`]
 //! ends the pooled sessions with `endSessions` (SE-15) before it closes the pools.
+//!
+//! A command holding its own `lsid` or `txnNumber` has them removed at the operation's start: the
+//! engine sets the `txnNumber` only where the rules call for one, on retryable writes and
+//! transaction commands (RW-2, RW-4, review37 W2).
 
 mod api_version;
 mod commands;
@@ -295,7 +299,10 @@ pub struct OperationRequest {
     /// any CSOT timeout a commit's `maxCommitTimeMS` is ignored (TO-6, TO-8).
     pub timeout: OperationTimeout,
     /// How the operation relates to a cursor: a getMore or killCursors goes where its cursor lives,
-    /// with the cursor's session (SE-14).
+    /// with the cursor's session (SE-14). A getMore joins that session's transaction only when its
+    /// cursor was opened in it and it is still active, and never starts one (TX-1); one whose
+    /// [`OperationRequest::session`] names another session than its cursor's is a usage error
+    /// (review37 W1).
     pub cursor: CursorUse,
     /// The explicit session from [`Engine::start_session`]; `None` runs the operation in an
     /// implicit session (SE-9). Transactions need one: their commands share its `lsid` and
@@ -977,7 +984,10 @@ impl Engine {
 
     /// Gives up on `op`: it finishes with [`crate::error::ErrorKind::Cancelled`], an attempt in
     /// flight is failed and its connection closed, and a pending checkout is withdrawn. Unknown or
-    /// finished operations are ignored.
+    /// finished operations are ignored. A pinned load-balanced connection (a cursor's, a
+    /// transaction's) with the attempt in flight closes too (LB-9, review38 L1): its cursors send
+    /// no killCursors (LB-11), and its transaction's next command fails with a network error that
+    /// unpins it (TX-4 (2)). A cancelled `abortTransaction` unpins its session (TX-4 (1)).
     pub fn cancel_operation(&mut self, op: OpId, now: Instant) {
         self.cancel(op, now);
         self.run(now);
@@ -1015,9 +1025,24 @@ impl Engine {
                 .and_then(|s| s.pin.end_session());
             self.transaction_unpinned(session, unpinned, now);
         }
-        let cursors: Vec<ConnId> = self.cursors.pinned_conns().collect();
-        for conn in cursors {
-            self.release(conn, true, now);
+        // LB-9, LB-11, CM-7 (review38 L4): a cursor's connection goes back by its socket, or,
+        // when its socket died under a getMore (kept checked out since, LB-11), by its pool id,
+        // closed with reason error.
+        let cursors: Vec<(ConnId, Option<crate::pool::ConnectionId>, ServerAddress)> = self
+            .cursors
+            .pinned()
+            .map(|(conn, id, address)| (conn, id, address.clone()))
+            .collect();
+        for (conn, id, address) in cursors {
+            if self.sockets.contains_key(&conn) {
+                self.release(conn, true, now);
+            } else if let Some(id) = id {
+                let server = self.server_id(&address);
+                if let Some(pool) = self.pool_mut(server) {
+                    pool.check_in(id, false, now);
+                }
+                self.flush_pool_events(server);
+            }
         }
         // SE-15: the sessions of cancelled hedged copies still draining are ended with the rest.
         let drained: Vec<ServerSession> = self

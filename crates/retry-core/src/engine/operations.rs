@@ -462,18 +462,47 @@ impl Engine {
         // and it is still active (review6 finding 4: a real server refuses a getMore of a cursor
         // from outside the transaction, 50739, or from another one, 50741); otherwise it keeps
         // the cursor's own route and pins, without a txnNumber.
-        if let (None, CursorUse::GetMore(handle)) = (request.session, request.cursor) {
-            if let Some((OpSession::Explicit(session), Some(opened_in))) = self
+        // TX-1, SE-14 (review37 W1): whatever session the request names, membership is decided
+        // from the cursor, so a getMore never starts a transaction nor joins one its cursor was
+        // not opened in; a request naming another session than the cursor's is refused.
+        if let CursorUse::GetMore(handle) = request.cursor {
+            if let Some((session, opened_in)) = self
                 .cursors
                 .get_mut(&handle)
                 .map(|c| (&c.session, c.transaction))
             {
-                let session = *session;
-                if self.sessions.get(&session).is_some_and(|s| {
-                    s.transaction.is_active() && s.transaction.generation() == opened_in
-                }) {
-                    request.session = Some(session);
+                let session = match session {
+                    OpSession::Explicit(session) => Some(*session),
+                    _ => None,
+                };
+                if request.session.is_some_and(|named| Some(named) != session) {
+                    let error = OperationError::usage(
+                        "a getMore must run in the session of the command that opened its \
+                         cursor (SE-14)",
+                    );
+                    return self.finished_at_once(op, internal, Err(error));
                 }
+                let (joins, active) =
+                    session
+                        .and_then(|s| self.sessions.get(&s))
+                        .map_or((false, false), |s| {
+                            let active = s.transaction.is_active();
+                            (
+                                active && Some(s.transaction.generation()) == opened_in,
+                                active,
+                            )
+                        });
+                // TX-4 (5) (review7 finding 9): a getMore naming its session after the
+                // transaction ended uses the session outside a transaction, which unpins it (the
+                // transaction's state stays as it is); an active transaction keeps its pin.
+                if let (Some(named), false, false) = (request.session, joins, active) {
+                    let unpinned = self
+                        .sessions
+                        .get_mut(&named)
+                        .and_then(|s| s.pin.non_transaction_operation());
+                    self.transaction_unpinned(named, unpinned, now);
+                }
+                request.session = session.filter(|_| joins);
             }
         }
         // Issue 9: an encoded command is checked once, and converted to a document where the
@@ -593,6 +622,14 @@ impl Engine {
             session: explicit,
         };
         strip_command_fields(&mut body, self.api.as_ref());
+        // RW-2, RW-4, SE-13 (review37 W2): the engine owns `txnNumber`: it sets one on retryable
+        // writes and transaction commands only (`prepare_attempt`), so a caller's never reaches
+        // the wire (a read or run-command with one is refused by a server, 50768; a standalone
+        // refuses any, 20; a write with retryWrites=false would become retryable on the server).
+        // Issue 9: one pass over the few top-level keys, no hashing, when there is none.
+        if body.keys().any(|key| key == "txnNumber") {
+            body.remove("txnNumber");
+        }
         self.session_operation_started(&session);
         let slot = Slot {
             session,
@@ -717,12 +754,17 @@ impl Engine {
                 .refused
                 .get_or_insert(super::refused::refusal(error));
         }
+        let (pinned, session, kind) = (
+            operation.pinned_conn,
+            operation.request.session,
+            operation.request.kind,
+        );
         let slot = &mut operation.slots[0];
         let checkout = slot.checkout.take();
         slot.selection = None;
         slot.wake = None;
-        let in_flight = slot
-            .conn
+        let conn = slot.conn;
+        let in_flight = conn
             .and_then(|conn| self.sockets.get_mut(&conn))
             .filter(|socket| socket.op == Some((op, 0)));
         let in_flight = in_flight.map(|socket| socket.command.take());
@@ -733,6 +775,18 @@ impl Engine {
             }
             // SE-12: the connection closes under the command, as after a network error.
             self.mark_session_dirty(op, 0);
+            // LB-9, LB-11, TX-4 (2), house rule 8 (review38 L1): a pinned connection (a cursor's,
+            // a transaction's) is not released by the cancelled operation, so it would stay
+            // busy with an orphaned command whose reply nobody reads: it closes now, as if the
+            // peer had closed it; its cursors send no killCursors, and a transaction's next
+            // command fails with a network error, which unpins it.
+            if let Some(conn) = pinned.filter(|p| conn == Some(*p)) {
+                self.pinned_attempt_cancelled(conn, now);
+            }
+        }
+        // TX-4 (1) (review38 L1): an abortTransaction unpins whether it ran or not.
+        if let (OperationKind::AbortTransaction, Some(session)) = (kind, session) {
+            self.abort_unpinned(session, now);
         }
         self.waiting.remove(&op);
         self.schedule(Machine::Operation(op));
@@ -1267,8 +1321,20 @@ impl Engine {
         };
         if busy {
             op.slots[slot].conn = None;
-            op.failed(slot, OperationError::usage(PINNED_CONNECTION_IN_USE), now);
-            self.schedule(Machine::Operation(op_id));
+            // TX-2 (review38 L3): a commit refused here was never sent; the client-side error
+            // leaves the transaction as it was before the call.
+            if let (OperationKind::CommitTransaction { again }, Some(session)) =
+                (op.request.kind, op.request.session)
+            {
+                if let Some(state) = self.sessions.get_mut(&session) {
+                    state.transaction.commit_not_sent(again);
+                }
+            }
+            // TX-4 (1) (review38 L3): through the transaction rules, so that a refused
+            // abortTransaction unpins (a usage error adds no label: statements and commits keep
+            // their pin); the operation in flight keeps the connection and checks it in.
+            let error = OperationError::usage(PINNED_CONNECTION_IN_USE);
+            self.fail_attempt(op_id, slot, error, false, now);
             return true;
         }
         let Some(with_txn_number) = with_txn_number else {
@@ -1515,6 +1581,21 @@ impl Engine {
         let (kind, session) = (op.request.kind, op.request.session);
         let mut error = error;
         if let (Some(command), Some(session)) = (Engine::transaction_command(kind), session) {
+            // TX-8, RW-9, TX-4 (3) (review38 L2): a commit's or abort's error from a server older
+            // than 4.4, which never labels its errors, is a retryable write error when the driver
+            // would label it so (the retry machine adds that label later); the commit's
+            // UnknownTransactionCommitResult, and the unpin before its retry, follow from it.
+            if command != crate::pinning::TransactionCommand::Statement
+                && !error.is_retryable_write()
+            {
+                let labelled = op.slots[slot].server.as_ref().is_some_and(|server| {
+                    let from_mongos = server.server_type == crate::topology::ServerType::Mongos;
+                    error.needs_retryable_write_label(server.max_wire_version, from_mongos)
+                });
+                if labelled {
+                    error.labels = error.labels.union(crate::error::Labels::RETRYABLE_WRITE);
+                }
+            }
             error = error
                 .clone()
                 .with_labels(transaction_labels(&error, command));

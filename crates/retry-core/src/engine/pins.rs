@@ -150,15 +150,31 @@ impl Engine {
             return;
         };
         // One that checked it out itself releases it anyway; one pinned to it now does too.
-        if let Some(op) = self.ops.get_mut(&op_id) {
-            if op.pinned_conn == Some(conn) {
-                op.release_pinned = true;
-                // Nobody's but that operation's now (LB-13).
-                if let Some(pool) = self.pool_mut(server) {
-                    pool.set_purpose(id, Purpose::Other);
-                }
+        let Some(op) = self.ops.get_mut(&op_id) else {
+            // LB-9, house rule 8 (review38 L1): the command on it belongs to an operation that
+            // no longer exists, so nobody would ever check it in: it goes back now, closed (its
+            // orphaned reply must reach no later user).
+            self.release(conn, false, now);
+            return;
+        };
+        if op.pinned_conn == Some(conn) {
+            op.release_pinned = true;
+            // Nobody's but that operation's now (LB-13).
+            if let Some(pool) = self.pool_mut(server) {
+                pool.set_purpose(id, Purpose::Other);
             }
         }
+    }
+
+    /// TX-4 (1) (review38 L1, L3): an `abortTransaction` that did not run (cancelled, or refused
+    /// before it was sent) unpins all the same; the pinned connection goes back, unless a cursor
+    /// of the transaction or a command in flight still holds it.
+    pub(super) fn abort_unpinned(&mut self, session: SessionHandle, now: Instant) {
+        let unpinned = self
+            .sessions
+            .get_mut(&session)
+            .and_then(|s| s.pin.aborted());
+        self.transaction_unpinned(session, unpinned, now);
     }
 
     /// LB-10, LB-13: whether a cursor still uses `conn`, whose transaction pin went; the cursor

@@ -917,18 +917,27 @@ impl Engine {
 }
 
 /// SE-21: whether an attempt of `kind` reads causally after its explicit session's earlier
-/// operations: a read that takes a read concern (`find`, `aggregate` without a write stage,
-/// `count`, `distinct`; never a generic command), a write command that takes `afterClusterTime`
+/// operations: a read that takes a read concern (`find`, `aggregate`, `count`, `distinct`, an
+/// inline `mapReduce`; never a generic command), an `aggregate` with a write stage or a
+/// `mapReduce` classified as a write (review37 W12), a write command that takes `afterClusterTime`
 /// (DRIVERS-3274: the read-write-concern spec's "`afterClusterTime`" list, to which the
 /// causal-consistency spec's "Causally consistent read and write commands" defers: `insert`,
 /// `update`, `delete`, `findAndModify`, `bulkWrite`, `create`, `createIndexes`, `drop`,
 /// `dropDatabase`, `dropIndexes`), or a transaction's first command (its `readConcern`, TX-1).
 fn reads_causally(kind: OperationKind, name: &[u8]) -> bool {
     match kind {
-        OperationKind::Read => matches!(name, b"find" | b"aggregate" | b"count" | b"distinct"),
+        // Review37 W12: an inline `mapReduce` reads, and an `aggregate` with `$out` / `$merge`
+        // (a write by classify.rs) reads too, so both take a readConcern (SE-21).
+        OperationKind::Read => matches!(
+            name,
+            b"find" | b"aggregate" | b"count" | b"distinct" | b"mapReduce" | b"mapreduce"
+        ),
         OperationKind::RetryableWrite | OperationKind::NonRetryableWrite => matches!(
             name,
-            b"insert"
+            b"aggregate"
+                | b"mapReduce"
+                | b"mapreduce"
+                | b"insert"
                 | b"update"
                 | b"delete"
                 | b"findAndModify"

@@ -13,7 +13,7 @@
 use super::{ConnId, CursorHandle, CursorUse, Engine, OpId, Owner, ServerId, Socket};
 use crate::auth::Authentication;
 use crate::connection::{Connection, ConnectionConfig, ConnectionEvent};
-use crate::error::{ErrorKind, Labels, NetworkErrorKind, OperationError};
+use crate::error::{ErrorKind, Labels, NetworkErrorKind, NetworkPhase, OperationError};
 use crate::pool::ConnectionId;
 use crate::time::Instant;
 use crate::topology::ErrorContext;
@@ -217,6 +217,30 @@ impl Engine {
         }
     }
 
+    /// LB-9, LB-11, TX-4 (2) (review38 L1): a cancelled operation's command was in flight on its
+    /// pinned connection (a cursor's or a transaction's). Nobody would read the reply, and the
+    /// connection would stay busy, so it closes as a connection lost with no operation on it: no
+    /// SDAM error handling (no operation saw an error), its cursors send no `killCursors`, the
+    /// pool gets it back once (closed, reason error), and a transaction pinned to it sees a
+    /// network error on its next command.
+    pub(super) fn pinned_attempt_cancelled(&mut self, conn: ConnId, now: Instant) {
+        let Some(socket) = self.sockets.get_mut(&conn) else {
+            return;
+        };
+        socket.op = None;
+        let (server, owner) = (socket.server, socket.owner);
+        let Owner::Pool(id) = owner else {
+            return;
+        };
+        let error = OperationError::network(
+            NetworkErrorKind::Closed,
+            NetworkPhase::AfterSend,
+            socket.address.clone(),
+        );
+        self.close_socket(conn, now);
+        self.pool_socket_failed(server, id, conn, (None, true, None), error, now);
+    }
+
     /// A pooled connection failed.
     #[allow(clippy::too_many_arguments)]
     fn pool_socket_failed(
@@ -231,6 +255,9 @@ impl Engine {
         let mut context = self.error_context(server, id, handshaken);
         // LB-14: an error after the hello (during authentication) knows its serviceId.
         context.service_id = context.service_id.or(hello_service);
+        // House rule 8 (review38 L1): an operation that no longer exists saw nothing; the
+        // connection's own holders (its cursors, a transaction's pin) decide, as for an idle one.
+        let op = op.filter(|(op_id, _)| self.ops.contains_key(op_id));
         match op {
             Some((op_id, slot)) => {
                 self.application_error(server, &error, context, now);
