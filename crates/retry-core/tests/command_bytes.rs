@@ -142,7 +142,10 @@ fn check_golden(file: &str, expected: &str, actual: &str) {
             .join("tests")
             .join(file);
         std::fs::write(&path, actual).expect("the golden file is written");
-        panic!("{RECORD}: recorded {}; run again without it", path.display());
+        panic!(
+            "{RECORD}: recorded {}; run again without it",
+            path.display()
+        );
     }
     assert_eq!(
         actual, expected,
@@ -700,8 +703,15 @@ fn data_reply(body: &Document, gossip: bool) -> Option<Document> {
     }
     let mut reply = doc! { "ok": 1 };
     if body.contains_key("find") {
-        let id = if body.contains_key("batchSize") { 42_i64 } else { 0 };
-        reply.insert("cursor", doc! { "id": id, "ns": "test.c", "firstBatch": [] });
+        let id = if body.contains_key("batchSize") {
+            42_i64
+        } else {
+            0
+        };
+        reply.insert(
+            "cursor",
+            doc! { "id": id, "ns": "test.c", "firstBatch": [] },
+        );
     } else if body.contains_key("getMore") {
         reply.insert(
             "cursor",
@@ -771,7 +781,11 @@ fn succeeded(net: &Net, ops: &mut Vec<OpId>) {
 }
 
 /// A request of `kind` on `test` selected for reading with `mode`.
-fn read_request(command: Document, kind: OperationKind, mode: ReadPreferenceMode) -> OperationRequest {
+fn read_request(
+    command: Document,
+    kind: OperationKind,
+    mode: ReadPreferenceMode,
+) -> OperationRequest {
     let preference = ReadPreference::new(mode, Vec::new(), None).expect("valid");
     OperationRequest::new("test", command, kind, SelectionCriteria::Read(preference))
 }
@@ -788,13 +802,15 @@ fn opening_find() -> OperationRequest {
 /// it.
 fn get_more(cursor: retry_core::engine::CursorHandle) -> OperationRequest {
     let command = doc! { "getMore": 42_i64, "collection": "c" };
-    request("test", command, OperationKind::GetMore).with_cursor(retry_core::engine::CursorUse::GetMore(cursor))
+    request("test", command, OperationKind::GetMore)
+        .with_cursor(retry_core::engine::CursorUse::GetMore(cursor))
 }
 
 /// The `killCursors` of `cursor` (42).
 fn kill_cursors(cursor: retry_core::engine::CursorHandle) -> OperationRequest {
     let command = doc! { "killCursors": "c", "cursors": [42_i64] };
-    request("test", command, OperationKind::RunCommand).with_cursor(retry_core::engine::CursorUse::Close(cursor))
+    request("test", command, OperationKind::RunCommand)
+        .with_cursor(retry_core::engine::CursorUse::Close(cursor))
 }
 
 /// A `commitTransaction` (or `abortTransaction`) request in `session`.
@@ -804,7 +820,10 @@ fn end_transaction(session: retry_core::engine::SessionHandle, commit: bool) -> 
             doc! { "commitTransaction": 1 },
             OperationKind::CommitTransaction { again: false },
         ),
-        false => (doc! { "abortTransaction": 1 }, OperationKind::AbortTransaction),
+        false => (
+            doc! { "abortTransaction": 1 },
+            OperationKind::AbortTransaction,
+        ),
     };
     request("admin", command, kind).with_session(session)
 }
@@ -828,7 +847,12 @@ fn preference(sent: &Sent) -> Option<&Document> {
 /// `apiDeprecationErrors`) close the command, once each, as declared.
 fn assert_api(sent: &Sent) {
     let tail = &sent.keys[sent.keys.len().saturating_sub(3)..];
-    assert_eq!(tail, ["apiVersion", "apiStrict", "apiDeprecationErrors"], "{}", sent.body);
+    assert_eq!(
+        tail,
+        ["apiVersion", "apiStrict", "apiDeprecationErrors"],
+        "{}",
+        sent.body
+    );
     assert_eq!(sent.body.get_str("apiVersion").ok(), Some("1"));
     assert_eq!(sent.body.get_bool("apiStrict").ok(), Some(true));
     assert_eq!(sent.body.get_bool("apiDeprecationErrors").ok(), Some(false));
@@ -876,7 +900,10 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
     let hosts: Hosts = Default::default();
 
     // SS-8: directly to a secondary.
-    let mut net = Net::new(topology_options(&["b"], true, false, false), replica_set(&hosts));
+    let mut net = Net::new(
+        topology_options(&["b"], true, false, false),
+        replica_set(&hosts),
+    );
     ops.push(run(&mut net, find()));
     let mut tagged = read_with(ReadPreferenceMode::Secondary, Some("ny"), None);
     tagged.command.insert("filter", doc! { "x": 1 });
@@ -897,22 +924,39 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
     all.extend(sent(&net));
 
     // SS-8, SS-9: directly to a mongos.
-    let mut net = Net::new(topology_options(&["m"], true, false, false), server(true, false));
+    let mut net = Net::new(
+        topology_options(&["m"], true, false, false),
+        server(true, false),
+    );
     ops.push(run(&mut net, find()));
-    ops.push(run(&mut net, read_with(ReadPreferenceMode::Nearest, None, None)));
+    ops.push(run(
+        &mut net,
+        read_with(ReadPreferenceMode::Nearest, None, None),
+    ));
     succeeded(&net, &mut ops);
     all.extend(sent(&net));
     let direct = all.len();
 
     // A replica set: reads by mode, writes, w:0, an explicit session and its transactions.
-    let mut net = Net::new(topology_options(&["a", "b"], false, true, false), replica_set(&hosts));
+    let mut net = Net::new(
+        topology_options(&["a", "b"], false, true, false),
+        replica_set(&hosts),
+    );
     hosts.borrow_mut().clear();
-    ops.push(run(&mut net, read_with(ReadPreferenceMode::Secondary, None, None)));
+    ops.push(run(
+        &mut net,
+        read_with(ReadPreferenceMode::Secondary, None, None),
+    ));
     ops.push(run(&mut net, find()));
-    ops.push(run(&mut net, read_with(ReadPreferenceMode::PrimaryPreferred, None, None)));
+    ops.push(run(
+        &mut net,
+        read_with(ReadPreferenceMode::PrimaryPreferred, None, None),
+    ));
     ops.push(run(&mut net, insert()));
     let mut unacknowledged = insert();
-    unacknowledged.command.insert("writeConcern", doc! { "w": 0 });
+    unacknowledged
+        .command
+        .insert("writeConcern", doc! { "w": 0 });
     ops.push(run(&mut net, unacknowledged.clone()));
     succeeded(&net, &mut ops);
     let session = net.engine.start_session();
@@ -972,7 +1016,10 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
     let rs_hosts = hosts.borrow().clone();
 
     // The Stable API on a mongos: a cursor, a transaction's commit and another's abort, close.
-    let mut net = Net::new(topology_options(&["m"], false, false, true), server(true, false));
+    let mut net = Net::new(
+        topology_options(&["m"], false, false, true),
+        server(true, false),
+    );
     ops.push(run(&mut net, opening_find()));
     succeeded(&net, &mut ops);
     let cursor = opened(&net);
@@ -999,7 +1046,11 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
     let mode = |mode: &str| doc! { "mode": mode };
     // WP-6: only the w:0 insert (11) has a flag: `moreToCome`, and only it.
     for (i, s) in all.iter().enumerate() {
-        let flags = if i == 11 { MsgFlags::MORE_TO_COME } else { MsgFlags::NONE };
+        let flags = if i == 11 {
+            MsgFlags::MORE_TO_COME
+        } else {
+            MsgFlags::NONE
+        };
         assert_eq!(s.flags, flags, "WP-6: {}", s.body);
     }
 
@@ -1030,7 +1081,10 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
     let rs = &all[replica_set_start..api_start];
     let mut expected_hosts = vec!["a"; rs.len()];
     expected_hosts[0] = "b";
-    assert_eq!(rs_hosts, expected_hosts, "SS-3, SS-7: where each command went");
+    assert_eq!(
+        rs_hosts, expected_hosts,
+        "SS-3, SS-7: where each command went"
+    );
     assert_fields(&rs[0], "find", "test", &["$readPreference", "$db", "lsid"]);
     assert_eq!(preference(&rs[0]), Some(&mode("secondary")));
     assert_fields(&rs[1], "find", "test", &["$clusterTime", "$db", "lsid"]);
@@ -1043,7 +1097,10 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
     // `txnNumber`; the explicit session's w:0 insert was refused, so nothing of it was sent.
     let unacknowledged = ["writeConcern", "$clusterTime", "$db"];
     assert_fields(&rs[4], "insert", "test", &unacknowledged);
-    assert_eq!(rs[4].body.get_document("writeConcern").ok(), Some(&doc! { "w": 0 }));
+    assert_eq!(
+        rs[4].body.get_document("writeConcern").ok(),
+        Some(&doc! { "w": 0 })
+    );
     // SE-21: the explicit session's first read waits for nothing; its insert after it waits
     // for the read's `operationTime` (DRIVERS-3274: insert takes `afterClusterTime`); its
     // run-command does not (never on a generic command). RW-6: the pooled server session keeps
@@ -1069,8 +1126,14 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
     ];
     assert_fields(&rs[8], "insert", "test", &first);
     let majority_after = doc! { "level": "majority", "afterClusterTime": gossiped_time() };
-    assert_eq!(rs[8].body.get_document("readConcern").ok(), Some(&majority_after));
-    assert_eq!(rs[8].body.get("startTransaction"), Some(&Bson::Boolean(true)));
+    assert_eq!(
+        rs[8].body.get_document("readConcern").ok(),
+        Some(&majority_after)
+    );
+    assert_eq!(
+        rs[8].body.get("startTransaction"),
+        Some(&Bson::Boolean(true))
+    );
     // TX-1: the second statement: no `startTransaction`, `readConcern` or `writeConcern` (its
     // inherited one dropped); a read and its cursor's `getMore` likewise (no `$readPreference`:
     // the transaction reads from the primary), the getMore in the cursor's session (SE-14).
@@ -1110,7 +1173,11 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
     assert_fields(&rs[16], "killCursors", "test", &kill);
     assert_eq!(max_time(&rs[16]), Some(5_000));
     assert_eq!(lsid(&rs[16]), lsid(&rs[15]));
-    assert_ne!(lsid(&rs[15]), session_lsid, "SE-9: the explicit session's is not shared");
+    assert_ne!(
+        lsid(&rs[15]),
+        session_lsid,
+        "SE-9: the explicit session's is not shared"
+    );
     assert_fields(&rs[17], "find", "test", &["$clusterTime", "$db", "lsid"]);
     // Review37 W2 (RW-2, RW-4, SE-13, WP-5): the caller's `$db`, `lsid` and `txnNumber` are
     // not sent: the request's database and the engine's session, no number on a read.
@@ -1122,7 +1189,10 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
     assert_fields(&rs[19], "endSessions", "admin", &end_sessions);
     assert_eq!(preference(&rs[19]), Some(&primary_preferred));
     let ended = rs[19].body.get_array("endSessions").expect("SE-15: lsids");
-    let both = [Bson::Document(session_lsid.clone()), Bson::Document(lsid(&rs[15]).clone())];
+    let both = [
+        Bson::Document(session_lsid.clone()),
+        Bson::Document(lsid(&rs[15]).clone()),
+    ];
     assert_eq!(ended.as_slice(), both.as_slice(), "SE-15");
 
     // Versioned API: every command carries the declared version, `getMore`, `killCursors`, a
@@ -1159,16 +1229,31 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
 /// deadline has passed is not sent: a timeout error.
 #[test]
 fn review37_w14_an_await_data_get_more_takes_the_smaller_of_its_max_time_and_the_time_left() {
-    let mut net = Net::new(topology_options(&["m"], false, false, false), server(true, false));
+    let mut net = Net::new(
+        topology_options(&["m"], false, false, false),
+        server(true, false),
+    );
     let mut ops = vec![run(&mut net, opening_find())];
     succeeded(&net, &mut ops);
     let cursor = opened(&net);
     let ms = Duration::from_millis;
     let cases = [
-        (Some(Bson::Int32(10_000)), Some(ms(500)), Some(Bson::Int32(500))),
-        (Some(Bson::Int64(100)), Some(ms(5_000)), Some(Bson::Int32(100))),
+        (
+            Some(Bson::Int32(10_000)),
+            Some(ms(500)),
+            Some(Bson::Int32(500)),
+        ),
+        (
+            Some(Bson::Int64(100)),
+            Some(ms(5_000)),
+            Some(Bson::Int32(100)),
+        ),
         (Some(Bson::Int32(10_000)), None, Some(Bson::Int32(10_000))),
-        (Some(Bson::Int64(10_000)), Some(Duration::ZERO), Some(Bson::Int64(10_000))),
+        (
+            Some(Bson::Int64(10_000)),
+            Some(Duration::ZERO),
+            Some(Bson::Int64(10_000)),
+        ),
         (None, Some(ms(500)), None),
     ];
     for (given, timeout, _) in &cases {
@@ -1187,7 +1272,11 @@ fn review37_w14_an_await_data_get_more_takes_the_smaller_of_its_max_time_and_the
     for ((given, timeout, expected), s) in cases.iter().zip(&sent[1..]) {
         assert_fields(s, "getMore", "test", &ruled_get_more(expected.is_some()));
         let what = format!("given {given:?} under {timeout:?}: {}", s.body);
-        assert_eq!(s.body.get("maxTimeMS"), expected.as_ref(), "TO-13, CS-4: {what}");
+        assert_eq!(
+            s.body.get("maxTimeMS"),
+            expected.as_ref(),
+            "TO-13, CS-4: {what}"
+        );
     }
 
     // CS-4: no time left: not sent, a timeout error.
@@ -1199,7 +1288,13 @@ fn review37_w14_an_await_data_get_more_takes_the_smaller_of_its_max_time_and_the
     assert_eq!(results.len(), 1, "finished exactly once");
     let timed_out = matches!(&results[0], Err(e) if matches!(e.kind, ErrorKind::Timeout { .. }));
     assert!(timed_out, "CS-4: {:?}", results[0]);
-    assert_eq!(net.sent.iter().filter(|(_, b)| b.contains_key("getMore")).count(), cases.len());
+    assert_eq!(
+        net.sent
+            .iter()
+            .filter(|(_, b)| b.contains_key("getMore"))
+            .count(),
+        cases.len()
+    );
 }
 
 /// The [`RULED`] fields of a getMore in an implicit session on a mongos that does not gossip:
