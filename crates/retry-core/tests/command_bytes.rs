@@ -10,9 +10,15 @@
 //! `killCursors` after `end_session`), recorded the same way in `command_bytes_more.hex`. A third
 //! covers `$readPreference` and `writeConcern` (review28 U9: SS-9, LB-6, TX-11), recorded from
 //! the build of fixes28b at 82a3f20 in `command_bytes_preference.hex` after each command was
-//! decoded and checked against the rules. Besides the bytes, each test decodes every command
-//! and asserts the fields the rules govern, with their IDs, so that the tests state the rules
-//! and not only the bytes.
+//! decoded and checked against the rules. A fourth (review37 W13) covers direct connections to
+//! a secondary, a standalone and a mongos (SS-8), a replica set (SS-3, SS-9), a `w: 0` write
+//! (WP-6, SE-13), a transaction's later commands and its end (TX-1, TX-11), CSOT on commit,
+//! abort and `killCursors` (CS-4, TO-7), `endSessions` (SE-15) and the Stable API, in
+//! `command_bytes_topologies.hex`. Besides the bytes, each test decodes every command and
+//! asserts the fields the rules govern, with their IDs, so that the tests state the rules and
+//! not only the bytes; the bytes are compared last. A golden is re-recorded only on purpose,
+//! with [`RECORD`]. A fifth test checks a `getMore`'s own `maxTimeMS` under CSOT (TO-13,
+//! review37 W14).
 
 mod support;
 
@@ -883,8 +889,8 @@ fn max_time(sent: &Sent) -> Option<i32> {
 /// - TX-1: the transaction's second statement has no `startTransaction`, `readConcern` or
 ///   `writeConcern` (an inherited one dropped); a read and a `getMore` in it carry the
 ///   `txnNumber` and `autocommit: false`, no `readConcern` and no `$readPreference`.
-/// - TX-11 (the transactions spec's write concern on commit and abort): the transaction's
-///   `writeConcern` on `commitTransaction` and on `abortTransaction`.
+/// - TX-1, TX-11: the transaction's `writeConcern` goes on `commitTransaction` and on
+///   `abortTransaction` only.
 /// - CS-4, TO-8: `maxTimeMS` on commit, abort and `killCursors` under `timeoutMS`; TO-7: none
 ///   with `timeoutMS=0`.
 /// - RW-2, RW-4, SE-13 (review37 W2): a caller's `$db`, `lsid` and `txnNumber` are replaced or
@@ -1143,8 +1149,8 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
     assert_fields(&rs[11], "getMore", "test", &statement);
     assert_transaction(&rs[8..12]);
     assert_eq!(txn_number(&rs[8]), 3);
-    // TX-11: the transaction's `writeConcern` on its commit and on the next one's abort; CS-4:
-    // `maxTimeMS` = the 5 s given (no time passed, minimum RTT 0) on both.
+    // TX-1, TX-11: the transaction's `writeConcern` on its commit and on the next one's
+    // abort; CS-4: `maxTimeMS` = the 5 s given (no time passed, minimum RTT 0) on both.
     let end = [
         "writeConcern",
         "txnNumber",
