@@ -758,6 +758,32 @@ fn standalone() -> Script {
     })
 }
 
+/// A mongos with sessions whose `commitTransaction` fails first with an overload error
+/// (`ExceededMemoryLimit`-like 112 with `RetryableError` and `SystemOverloadedError`, as in the
+/// transactions spec's `backpressure-retryable-commit.json`), then with a retryable write error
+/// (91), then succeeds; a transaction's other replies carry a `recoveryToken`.
+fn overloaded_commit() -> Script {
+    let mut commits = 0;
+    let mut answer = server(true, false);
+    Box::new(move |address, body| {
+        if body.contains_key("commitTransaction") {
+            commits += 1;
+            match commits {
+                1 => {
+                    return Some(doc! { "ok": 0, "code": 112, "errmsg": "overloaded",
+                    "errorLabels": ["RetryableError", "SystemOverloadedError"] })
+                }
+                2 => {
+                    return Some(doc! { "ok": 0, "code": 91, "errmsg": "shutting down",
+                    "errorLabels": ["RetryableWriteError"] })
+                }
+                _ => {}
+            }
+        }
+        answer(address, body)
+    })
+}
+
 /// Engine options for `seeds`: a direct connection (topology Single) with `direct`, the replica
 /// set `rs` with `replica_set`; the Stable API version 1 (strict, without deprecation errors)
 /// with `api`.
@@ -890,7 +916,9 @@ fn max_time(sent: &Sent) -> Option<i32> {
 ///   `writeConcern` (an inherited one dropped); a read and a `getMore` in it carry the
 ///   `txnNumber` and `autocommit: false`, no `readConcern` and no `$readPreference`.
 /// - TX-1, TX-11: the transaction's `writeConcern` goes on `commitTransaction` and on
-///   `abortTransaction` only.
+///   `abortTransaction` only; a commit retried after an overload error keeps it (TX-11's
+///   backpressure exception), one retried after a retryable write error says `w: "majority"`
+///   with `wtimeout`.
 /// - CS-4, TO-8: `maxTimeMS` on commit, abort and `killCursors` under `timeoutMS`; TO-7: none
 ///   with `timeoutMS=0`.
 /// - RW-2, RW-4, SE-13 (review37 W2): a caller's `$db`, `lsid` and `txnNumber` are replaced or
@@ -1045,9 +1073,29 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
     let api_start = all.len();
     all.extend(sent(&net));
 
+    // TX-11 and its backpressure exception: a commit that fails with an overload error, then
+    // with a retryable write error, then succeeds.
+    let mut net = Net::new(
+        topology_options(&["m"], false, false, false),
+        overloaded_commit(),
+    );
+    let session = net.engine.start_session();
+    let options = TransactionOptions::default().with_write_concern(doc! { "w": 1 });
+    net.engine
+        .start_transaction(session, options, net.now)
+        .expect("a transaction starts");
+    ops.push(run(&mut net, insert().with_session(session)));
+    ops.push(run(&mut net, end_transaction(session, true)));
+    succeeded(&net, &mut ops);
+    let overload_start = all.len();
+    all.extend(sent(&net));
+
     let actual = lines(&all);
-    assert_eq!(all.len(), 35, "the commands written:\n{actual}");
-    assert_eq!((direct, replica_set_start, api_start), (7, 7, 27));
+    assert_eq!(all.len(), 39, "the commands written:\n{actual}");
+    assert_eq!(
+        (direct, replica_set_start, api_start, overload_start),
+        (7, 7, 27, 35)
+    );
     let primary_preferred = doc! { "mode": "primaryPreferred" };
     let mode = |mode: &str| doc! { "mode": mode };
     // WP-6: only the w:0 insert (11) has a flag: `moreToCome`, and only it.
@@ -1203,7 +1251,7 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
 
     // Versioned API: every command carries the declared version, `getMore`, `killCursors`, a
     // transaction's commands (commit and abort included) and `endSessions` too.
-    let api = &all[api_start..];
+    let api = &all[api_start..overload_start];
     for s in api {
         assert_api(s);
     }
@@ -1221,6 +1269,42 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
     // SE-15, SS-9: to a mongos, `primaryPreferred` is passed through.
     assert_fields(&api[7], "endSessions", "admin", &["$readPreference", "$db"]);
     assert_eq!(preference(&api[7]), Some(&primary_preferred));
+    assert_eq!(api.len(), 8, "API: the commands written");
+
+    // TX-11, TX-12: the commit retried after an overload error keeps the write concern of the
+    // attempt before (the backpressure exception); once an attempt failed with another error
+    // (a retryable write error, TX-10), the retry says `w: "majority"` with `wtimeout: 10000`.
+    // All three with the transaction's number and `autocommit: false`, none `startTransaction`.
+    let overload = &all[overload_start..];
+    let first = ["txnNumber", "autocommit", "startTransaction", "$db", "lsid"];
+    assert_fields(&overload[0], "insert", "test", &first);
+    // TX-6: each with the token of the insert's reply (failed replies leave it).
+    let commit = [
+        "writeConcern",
+        "txnNumber",
+        "autocommit",
+        "recoveryToken",
+        "$db",
+        "lsid",
+    ];
+    for s in &overload[1..] {
+        assert_fields(s, "commitTransaction", "admin", &commit);
+        let token = s.body.get_document("recoveryToken").ok();
+        assert_eq!(token, Some(&doc! { "token": 1 }), "TX-6");
+    }
+    assert_eq!(overload.len(), 4, "the insert and three commit attempts");
+    assert_transaction(overload);
+    let given = doc! { "w": 1 };
+    let majority = doc! { "w": "majority", "wtimeout": 10_000_i64 };
+    let concerns: Vec<_> = overload[1..]
+        .iter()
+        .map(|s| s.body.get_document("writeConcern").ok())
+        .collect();
+    assert_eq!(
+        concerns,
+        [Some(&given), Some(&given), Some(&majority)],
+        "TX-11"
+    );
     assert_cluster_times(&all);
 
     // Last, so that a deliberate re-recording checks the rules first.
