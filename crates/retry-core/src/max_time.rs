@@ -69,7 +69,9 @@ pub fn max_time_ms(timeout: OperationTimeout, min_rtt: Duration, now: Instant) -
 ///   command's own value goes as given.
 ///
 /// Only a positive integral number counts as given (Int32, Int64, or a Double without a
-/// fraction); any other value is left for the server to judge ([`MaxTime::Omit`]). The check
+/// fraction); any other value is left for the server to judge ([`MaxTime::Omit`]). A retried
+/// getMore (BP-5) reads the value its previous attempt sent, already capped: the time left only
+/// shrinks, so the result is the same as from the caller's value. The check
 /// that `maxAwaitTimeMS` is below a non-zero `timeoutMS` belongs to the helper that opens the
 /// cursor (the engine sees neither option, only the getMore's command).
 pub fn get_more_max_time_ms(

@@ -670,11 +670,13 @@ pub(super) fn prepare_attempt(
     }
     let max_time = match op.request.cursor {
         // TO-13 (review37 W14): a getMore's own `maxTimeMS` (an awaitData cursor's
-        // `maxAwaitTimeMS`) capped at the time left; none derived without one.
-        super::CursorUse::GetMore(_) => {
+        // `maxAwaitTimeMS`) capped at the time left; none derived without one. Looked up only
+        // under a deadline: otherwise it goes as given.
+        super::CursorUse::GetMore(_) if op.request.timeout.deadline().is_some() => {
             let given = encoded::field(op.encoded.as_deref(), body, "maxTimeMS");
             get_more_max_time_ms(given.as_deref(), op.request.timeout, min_rtt, now)
         }
+        super::CursorUse::GetMore(_) => MaxTime::Omit,
         _ => max_time_ms(op.request.timeout, min_rtt, now),
     };
     match max_time {
