@@ -919,8 +919,9 @@ fn max_time(sent: &Sent) -> Option<i32> {
 ///   `abortTransaction` only; a commit retried after an overload error keeps it (TX-11's
 ///   backpressure exception), one retried after a retryable write error says `w: "majority"`
 ///   with `wtimeout`.
-/// - CS-4, TO-8: `maxTimeMS` on commit, abort and `killCursors` under `timeoutMS`; TO-7: none
-///   with `timeoutMS=0`.
+/// - CS-4, TO-8: `maxTimeMS` on commit, abort and `killCursors` under `timeoutMS` (a
+///   commit's `maxCommitTimeMS` ignored); TO-6: without `timeoutMS`, `maxCommitTimeMS` on every
+///   commit attempt; TO-7: no `maxTimeMS` with `timeoutMS=0`.
 /// - RW-2, RW-4, SE-13 (review37 W2): a caller's `$db`, `lsid` and `txnNumber` are replaced or
 ///   dropped.
 /// - SE-15: `endSessions` at close, on `admin`, without an `lsid` of its own, `primaryPreferred`
@@ -1004,9 +1005,11 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
     ops.push(run(&mut net, insert().with_session(session)));
     let ping = request("admin", doc! { "ping": 1 }, OperationKind::RunCommand);
     ops.push(run(&mut net, ping.with_session(session)));
+    // TO-8: under `timeoutMS` the commit's `maxCommitTimeMS` is ignored.
     let options = TransactionOptions::default()
         .with_read_concern(doc! { "level": "majority" })
-        .with_write_concern(doc! { "w": "majority" });
+        .with_write_concern(doc! { "w": "majority" })
+        .with_max_commit_time(Duration::from_secs(30));
     net.engine
         .start_transaction(session, options.clone(), net.now)
         .expect("a transaction starts");
@@ -1080,7 +1083,9 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
         overloaded_commit(),
     );
     let session = net.engine.start_session();
-    let options = TransactionOptions::default().with_write_concern(doc! { "w": 1 });
+    let options = TransactionOptions::default()
+        .with_write_concern(doc! { "w": 1 })
+        .with_max_commit_time(Duration::from_millis(2_000));
     net.engine
         .start_transaction(session, options, net.now)
         .expect("a transaction starts");
@@ -1198,7 +1203,8 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
     assert_transaction(&rs[8..12]);
     assert_eq!(txn_number(&rs[8]), 3);
     // TX-1, TX-11: the transaction's `writeConcern` on its commit and on the next one's
-    // abort; CS-4: `maxTimeMS` = the 5 s given (no time passed, minimum RTT 0) on both.
+    // abort; CS-4: `maxTimeMS` = the 5 s given (no time passed, minimum RTT 0) on both (TO-8:
+    // the commit's 30 s `maxCommitTimeMS` ignored; TO-6: never on abort).
     let end = [
         "writeConcern",
         "txnNumber",
@@ -1278,9 +1284,11 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
     let overload = &all[overload_start..];
     let first = ["txnNumber", "autocommit", "startTransaction", "$db", "lsid"];
     assert_fields(&overload[0], "insert", "test", &first);
-    // TX-6: each with the token of the insert's reply (failed replies leave it).
+    // TX-6: each with the token of the insert's reply (failed replies leave it); TO-6: without
+    // `timeoutMS`, each with the transaction's `maxCommitTimeMS` as `maxTimeMS`.
     let commit = [
         "writeConcern",
+        "maxTimeMS",
         "txnNumber",
         "autocommit",
         "recoveryToken",
@@ -1291,6 +1299,7 @@ fn review37_w13_topologies_transactions_and_timeouts_are_written_as_the_rules_sa
         assert_fields(s, "commitTransaction", "admin", &commit);
         let token = s.body.get_document("recoveryToken").ok();
         assert_eq!(token, Some(&doc! { "token": 1 }), "TX-6");
+        assert_eq!(max_time(s), Some(2_000), "TO-6: {}", s.body);
     }
     assert_eq!(overload.len(), 4, "the insert and three commit attempts");
     assert_transaction(overload);
