@@ -54,6 +54,49 @@ pub fn max_time_ms(timeout: OperationTimeout, min_rtt: Duration, now: Instant) -
     }
 }
 
+/// TO-13, CS-4 (review37 W14): what a `getMore` does about `maxTimeMS`, given the `maxTimeMS`
+/// its command carries (`given`; for a tailable awaitData cursor, the cursor's
+/// `maxAwaitTimeMS`), the operation's `timeout`, the server's minimum RTT and `now`.
+///
+/// - No `maxTimeMS` given (a non-tailable cursor, a tailable one without awaitData, or an
+///   awaitData one without `maxAwaitTimeMS`): [`MaxTime::Omit`], none is derived from the
+///   timeout (the CSOT spec's cursor rules).
+/// - Given, under CSOT with a deadline: the CSOT spec's awaitData rule,
+///   `maxTimeMS = min(maxAwaitTimeMS, remaining − minRoundTripTime)`, as [`MaxTime::Send`];
+///   [`MaxTime::Expired`] when the remaining time is not more than the minimum RTT (CS-4: the
+///   command is not sent).
+/// - Given, without CSOT or with `timeoutMS=0` (TO-7: `min(0, x) = x`): [`MaxTime::Omit`], the
+///   command's own value goes as given.
+///
+/// Only a positive integral number counts as given (Int32, Int64, or a Double without a
+/// fraction); any other value is left for the server to judge ([`MaxTime::Omit`]). A retried
+/// getMore (BP-5) reads the value its previous attempt sent, already capped: the time left only
+/// shrinks, so the result is the same as from the caller's value. The check
+/// that `maxAwaitTimeMS` is below a non-zero `timeoutMS` belongs to the helper that opens the
+/// cursor (the engine sees neither option, only the getMore's command).
+pub fn get_more_max_time_ms(
+    given: Option<&bson::Bson>,
+    timeout: OperationTimeout,
+    min_rtt: Duration,
+    now: Instant,
+) -> MaxTime {
+    let given = match given {
+        Some(bson::Bson::Int32(ms)) => u64::try_from(*ms).ok(),
+        Some(bson::Bson::Int64(ms)) => u64::try_from(*ms).ok(),
+        Some(bson::Bson::Double(ms)) if ms.fract() == 0.0 && *ms >= 1.0 && *ms <= 1e18 => {
+            Some(*ms as u64)
+        }
+        _ => None,
+    };
+    let Some(given) = given.filter(|ms| *ms > 0) else {
+        return MaxTime::Omit;
+    };
+    match max_time_ms(timeout, min_rtt, now) {
+        MaxTime::Send(left) => MaxTime::Send(given.min(left)),
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +159,58 @@ mod tests {
             max_time_ms(edge, ms(11), Instant::ZERO),
             MaxTime::Send(i32::MAX as u64 - 1)
         );
+    }
+
+    /// TO-13, CS-4 (review37 W14): an awaitData getMore sends the smaller of its own
+    /// `maxTimeMS` (the cursor's `maxAwaitTimeMS`) and the time left minus the minimum RTT.
+    #[test]
+    fn to13_get_more_max_time_is_the_smaller_of_max_await_and_the_time_left() {
+        let deadline = OperationTimeout::Until(Instant::from_millis(1_000));
+        let at = Instant::from_millis(500);
+        let given = |ms: i64| bson::Bson::Int64(ms);
+        // The time left (500 − 20) is smaller than the maxAwaitTimeMS given.
+        let left = get_more_max_time_ms(Some(&given(10_000)), deadline, ms(20), at);
+        assert_eq!(left, MaxTime::Send(480));
+        // The maxAwaitTimeMS given is smaller: sent as it is.
+        let awaited = get_more_max_time_ms(Some(&bson::Bson::Int32(100)), deadline, ms(20), at);
+        assert_eq!(awaited, MaxTime::Send(100));
+        let double = get_more_max_time_ms(Some(&bson::Bson::Double(100.0)), deadline, ms(0), at);
+        assert_eq!(double, MaxTime::Send(100));
+        // CS-4: no time left beyond the minimum RTT: not sent.
+        let expired = get_more_max_time_ms(Some(&given(100)), deadline, ms(500), at);
+        assert_eq!(expired, MaxTime::Expired);
+    }
+
+    /// TO-13: a getMore without `maxTimeMS` gets none under CSOT (non-tailable cursors, and
+    /// awaitData ones without `maxAwaitTimeMS`); without CSOT or with `timeoutMS=0` (TO-7) a
+    /// given one goes as it is; a value that is not a positive integer is the server's to judge.
+    #[test]
+    fn to13_get_more_max_time_is_never_derived_from_the_timeout_alone() {
+        let deadline = OperationTimeout::Until(Instant::from_millis(1_000));
+        let at = Instant::from_millis(500);
+        assert_eq!(
+            get_more_max_time_ms(None, deadline, ms(0), at),
+            MaxTime::Omit
+        );
+        for timeout in [OperationTimeout::Off, OperationTimeout::Unbounded] {
+            let given = bson::Bson::Int64(10_000);
+            assert_eq!(
+                get_more_max_time_ms(Some(&given), timeout, ms(0), at),
+                MaxTime::Omit
+            );
+        }
+        for odd in [
+            bson::Bson::Int32(0),
+            bson::Bson::Int64(-5),
+            bson::Bson::Double(1.5),
+            bson::Bson::String("100".into()),
+        ] {
+            assert_eq!(
+                get_more_max_time_ms(Some(&odd), deadline, ms(0), at),
+                MaxTime::Omit,
+                "{odd:?}"
+            );
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ use super::{
 };
 use crate::classify::is_unacknowledged;
 use crate::error::{ErrorKind, OperationError};
-use crate::max_time::{max_time_ms, MaxTime};
+use crate::max_time::{get_more_max_time_ms, max_time_ms, MaxTime};
 use crate::retry::OperationKind;
 use crate::rng::EngineRng;
 use crate::selection::{ReadPreference, ReadPreferenceMode, SelectionCriteria};
@@ -469,7 +469,8 @@ pub(super) struct AttemptFlags {
 /// modifications: the `txnNumber` when the retry machine says the attempt has one
 /// ([`AttemptFlags::with_txn_number`], RW-2, RW-6, RW-7, TX-1), with `autocommit: false` on
 /// every transaction command (TX-1) and the session's `recoveryToken` on commit and abort
-/// (TX-6), `$clusterTime` (SE-17) and `maxTimeMS` (CS-4, TO-9; none on a `getMore`, TO-13).
+/// (TX-6), `$clusterTime` (SE-17) and `maxTimeMS` (CS-4, TO-9; on a `getMore` only its own,
+/// capped at the time left, TO-13).
 /// The fields go into the operation's own copy of the command, replacing those of the previous
 /// attempt. The session's `lsid` (SE-3, SE-7) is not inserted: [`Prepared::Send`] returns its
 /// id, which [`append_command_fields`] writes pre-encoded when the command is encoded.
@@ -664,10 +665,21 @@ pub(super) fn prepare_attempt(
             state.transaction.set_number(number);
         }
     }
-    if op.internal || matches!(op.request.cursor, super::CursorUse::GetMore(_)) {
+    if op.internal {
         return Prepared::Send(lsid);
     }
-    match max_time_ms(op.request.timeout, min_rtt, now) {
+    let max_time = match op.request.cursor {
+        // TO-13 (review37 W14): a getMore's own `maxTimeMS` (an awaitData cursor's
+        // `maxAwaitTimeMS`) capped at the time left; none derived without one. Looked up only
+        // under a deadline: otherwise it goes as given.
+        super::CursorUse::GetMore(_) if op.request.timeout.deadline().is_some() => {
+            let given = encoded::field(op.encoded.as_deref(), body, "maxTimeMS");
+            get_more_max_time_ms(given.as_deref(), op.request.timeout, min_rtt, now)
+        }
+        super::CursorUse::GetMore(_) => MaxTime::Omit,
+        _ => max_time_ms(op.request.timeout, min_rtt, now),
+    };
+    match max_time {
         MaxTime::Omit => Prepared::Send(lsid),
         MaxTime::Send(ms) => {
             // At most `i32::MAX` (`MAX_TIME_MS_LIMIT`): sent as the Int32 servers parse.
