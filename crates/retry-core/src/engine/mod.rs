@@ -293,7 +293,9 @@ pub struct OperationRequest {
     pub kind: OperationKind,
     /// Where it may run.
     pub criteria: SelectionCriteria,
-    /// Its CSOT timeout: every attempt carries `maxTimeMS = remaining − minRTT` (CS-4). TO-14:
+    /// Its CSOT timeout: every attempt carries `maxTimeMS = remaining − minRTT` (CS-4), but a
+    /// getMore: none, or its own `maxTimeMS` (an awaitData cursor's `maxAwaitTimeMS`) capped at
+    /// that (TO-13, [`crate::max_time::get_more_max_time_ms`]). TO-14:
     /// a driver gives a session's `commitTransaction` and `abortTransaction` (and the abort of
     /// ending it) the session's `defaultTimeoutMS` here, else the client's `timeoutMS`; under
     /// any CSOT timeout a commit's `maxCommitTimeMS` is ignored (TO-6, TO-8).
