@@ -63,6 +63,9 @@ enum Link {
 struct Pending {
     slot: Arc<Slot>,
     cursor: Option<CursorHandle>,
+    /// CS-7: it runs under CSOT, by its own timeout (TO-14) or the client's `timeoutMS`: its
+    /// reply's write errors are read as such ([`RawReply::csot`]).
+    csot: bool,
 }
 
 struct SocketState {
@@ -283,18 +286,26 @@ impl Driver {
         };
         while let Some(slot) = self.requests.pop_front() {
             let engine = &mut self.engine;
+            let mut csot = false;
             // Not started if its caller gave up on it already; it cannot give up while it starts.
             let started = slot.start(|request, own| {
                 // TO-14: a request's own timeout (a session's `defaultTimeoutMS` for its commit
                 // or abort) in place of the client's, its deadline from now as the client's.
-                request.as_mut()?.timeout = match own {
+                let request_timeout = match own {
                     None => timeout,
                     Some(own) => OperationTimeout::from_timeout_ms(now, own),
                 };
+                // CS-7: the request's own timeout puts it under CSOT, as the client's does.
+                csot = request_timeout.is_csot();
+                request.as_mut()?.timeout = request_timeout;
                 Some(engine.start_operation(request.take()?, now))
             });
             if let Some(op) = started {
-                let pending = Pending { slot, cursor: None };
+                let pending = Pending {
+                    slot,
+                    cursor: None,
+                    csot,
+                };
                 self.pending.insert(op, pending);
             }
         }
@@ -539,8 +550,9 @@ impl Driver {
                             address,
                             // Issue 9: an emptied command document to build the reply into.
                             document: self.engine.take_document(),
-                            // CS-7: its write errors read under `timeoutMS` or not.
-                            csot: self.timeout.is_some(),
+                            // CS-7: its write errors read under CSOT or not, by the
+                            // operation's own timeout (TO-14) or the client's.
+                            csot: pending.csot,
                         });
                         let results = self.count_results.then_some(&self.shared.results_to_take);
                         pending.slot.complete(result, results);

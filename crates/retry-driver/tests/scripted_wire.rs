@@ -7,6 +7,9 @@
 //!   over, and closes its connection in the same call when the pool was cleared meanwhile
 //!   (stale); the write must still reach the server. Bounded: a socket that takes nothing is
 //!   dropped [`CLOSE_WRITE_LIMIT`] after the close, not later, not sooner.
+//! - CS-7: a request started under its own CSOT timeout (a session's `defaultTimeoutMS` on its
+//!   commit) reads its reply's MaxTimeMSExpired write errors as the timeout error, on a client
+//!   without `timeoutMS`.
 
 use core::future::Future;
 use core::pin::{pin, Pin};
@@ -18,10 +21,13 @@ use std::time::Duration;
 
 use bson::{doc, Document};
 use retry_core::engine::EngineEvent;
+use retry_core::error::ErrorKind;
 use retry_core::pool::{CloseReason, PoolEvent};
 use retry_core::time::Instant;
 use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES};
-use retry_driver::{AsyncTimer, BoxFuture, Client, ClientOptions, Events, Runtime, Socket};
+use retry_driver::{
+    AsyncTimer, BoxFuture, Client, ClientOptions, Events, Runtime, SessionOptions, Socket,
+};
 
 /// The driver's bound on writing out a closed socket's bytes (`driver::CLOSE_WRITE_LIMIT`).
 const CLOSE_WRITE_LIMIT: Duration = Duration::from_secs(1);
@@ -564,4 +570,65 @@ fn wp6_ev4_shutdown_writes_out_a_w0_insert_handed_over_before_it() {
         "the insert landed"
     );
     assert!(conn.dropped);
+}
+
+/// A replica set primary's `hello` reply; an insert in a transaction succeeds, one outside
+/// any and a `commitTransaction` report a MaxTimeMSExpired (code 50) write error.
+fn primary_with_max_time_write_errors(command: &Document) -> Document {
+    let max_time = doc! {
+        "ok": 1,
+        "n": 0,
+        "writeErrors": [{ "index": 0, "code": 50, "errmsg": "operation exceeded time limit" }],
+    };
+    match command.keys().next().map(String::as_str) {
+        Some("hello" | "isMaster" | "ismaster") => doc! {
+            "isWritablePrimary": true,
+            "setName": "rs0",
+            "hosts": ["127.0.0.1:27017"],
+            "me": "127.0.0.1:27017",
+            "maxWireVersion": 25,
+            "minWireVersion": 0,
+            "logicalSessionTimeoutMinutes": 30,
+            "maxBsonObjectSize": 16_777_216,
+            "maxMessageSizeBytes": 48_000_000,
+            "maxWriteBatchSize": 100_000,
+            "ok": 1,
+        },
+        Some("insert") if command.contains_key("autocommit") => doc! { "ok": 1, "n": 1 },
+        Some("insert" | "commitTransaction") => max_time,
+        _ => doc! { "ok": 1 },
+    }
+}
+
+/// CS-7, TO-14: on a client without `timeoutMS`, a commit under the session's
+/// `defaultTimeoutMS` is under CSOT, so a MaxTimeMSExpired write error in its reply is the
+/// timeout error (wrapping it); the same reply to a command without a timeout is a write error.
+#[test]
+fn cs7_a_request_under_its_own_timeout_reads_max_time_write_errors_as_a_timeout() {
+    let (client, _clock, _server) = client(
+        "mongodb://127.0.0.1:27017/?serverSelectionTimeoutMS=100&serverMonitoringMode=poll",
+        usize::MAX,
+        primary_with_max_time_write_errors,
+    );
+    let plain = ready(pin!(client.command("test", insert())));
+    match plain {
+        Err(error) => assert!(matches!(error.kind, ErrorKind::Write(_)), "{error:?}"),
+        Ok(reply) => panic!("a write error: {reply}"),
+    }
+    let options = SessionOptions::default().with_default_timeout(Duration::from_secs(60));
+    let session = ready(pin!(client.start_session_with(options))).expect("a session");
+    ready(pin!(session.start_transaction())).expect("the transaction starts");
+    let inserted = ready(pin!(session.command("test", insert())));
+    assert_eq!(inserted.expect("the insert").get_i32("n").ok(), Some(1));
+    let committed = ready(pin!(session.commit_transaction()));
+    match committed {
+        Err(error) => match &error.kind {
+            ErrorKind::Timeout { cause: Some(cause) } => {
+                assert!(matches!(cause.kind, ErrorKind::Write(_)), "{cause:?}");
+                assert!(cause.is_max_time_expired(), "{cause:?}");
+            }
+            _ => panic!("CS-7: the timeout error: {error:?}"),
+        },
+        Ok(()) => panic!("the commit's write error"),
+    }
 }
