@@ -568,11 +568,16 @@ impl HedgingMachine {
 
     /// Selection for `copy` failed. No further copies start; when no copy is left the operation
     /// fails with the last copy's error, or this one.
+    ///
+    /// Under CSOT, a selection that fails with the deadline passed (its timeout was the remaining
+    /// `timeoutMS`, CS-3) ends the operation at once with a timeout error (CS-5; RR-11: with CSOT
+    /// the attempts stop when expired) wrapping that same error, whichever of this input and
+    /// [`HedgingMachine::handle_timeout`] at the deadline comes first; live copies are cancelled.
     pub fn handle_selection_failed(
         &mut self,
         copy: CopyId,
         error: OperationError,
-        _now: Instant,
+        now: Instant,
     ) -> Result<(), UnexpectedInput> {
         if self.finished || self.state(copy) != Some(&CopyState::Selecting) {
             return Err(UnexpectedInput {
@@ -583,6 +588,10 @@ impl HedgingMachine {
         self.set(copy, CopyState::Done);
         if self.last_error.is_none() {
             self.last_error = Some(error);
+        }
+        if self.timeout.expired(now) {
+            self.finish_timed_out();
+            return Ok(());
         }
         self.stop(StopReason::SelectionFailed);
         self.finish_if_exhausted();
@@ -1405,6 +1414,60 @@ mod tests {
                 reason: StopReason::Deadline
             }],
             "{events:?}"
+        );
+    }
+
+    /// CS-5, RR-11 (the retry machine's gaps21 fix, for hedged reads): a copy's selection that
+    /// fails with the CSOT deadline passed, before the machine's own timer fired, ends the
+    /// operation with a timeout error wrapping the selection error, and cancels the live copy;
+    /// before the deadline it is the selection error, as without CSOT.
+    #[test]
+    fn cs5_rr11_a_selection_failing_at_the_deadline_raises_a_timeout_wrapping_it() {
+        let timeout = OperationTimeout::from_timeout_ms(Instant::ZERO, MS(100));
+        let selection = || OperationError::server_selection("no suitable server");
+        let mut m = HedgingMachine::new(OperationKind::Read, timeout, &policy(2, 0), Instant::ZERO)
+            .unwrap();
+        assert_eq!(m.poll_action(), Some(Action::SelectServer(CopyId(1))));
+        assert_eq!(m.poll_action(), Some(Action::SelectServer(CopyId(2))));
+        m.handle_server_selected(CopyId(1), addr(0), at(0)).unwrap();
+        let _ = m.poll_action();
+        m.handle_sent(CopyId(1), at(0)).unwrap();
+        m.handle_selection_failed(CopyId(2), selection(), at(100))
+            .unwrap();
+        let actions: Vec<Action> = core::iter::from_fn(|| m.poll_action()).collect();
+        assert!(
+            matches!(
+                actions.first(),
+                Some(Action::Cancel {
+                    copy: CopyId(1),
+                    ..
+                })
+            ),
+            "{actions:?}"
+        );
+        match actions.last() {
+            Some(Action::Finished(Err(e))) => match &e.kind {
+                ErrorKind::Timeout { cause: Some(cause) } => assert!(
+                    matches!(cause.kind, ErrorKind::ServerSelection { .. }),
+                    "{cause:?}"
+                ),
+                _ => panic!("CS-5: a timeout wrapping the selection error: {e:?}"),
+            },
+            other => panic!("finished: {other:?}"),
+        }
+
+        let mut m = HedgingMachine::new(OperationKind::Read, timeout, &policy(2, 0), Instant::ZERO)
+            .unwrap();
+        let _ = (m.poll_action(), m.poll_action());
+        m.handle_selection_failed(CopyId(1), selection(), at(99))
+            .unwrap();
+        m.handle_selection_failed(CopyId(2), selection(), at(99))
+            .unwrap();
+        let actions: Vec<Action> = core::iter::from_fn(|| m.poll_action()).collect();
+        assert!(
+            matches!(actions.last(), Some(Action::Finished(Err(e)))
+                if matches!(e.kind, ErrorKind::ServerSelection { .. })),
+            "before the deadline: {actions:?}"
         );
     }
 

@@ -117,7 +117,7 @@
 //! answers `hello` as a standalone and every other command with `{ok: 1}`; retry-scenarios'
 //! `examples/blocking.rs` is the same loop with a thread per socket.
 //!
-//! Two things every adapter owes the engine besides bytes:
+//! Three things every adapter owes the engine besides bytes:
 //!
 //! - The RNG's seed, from a per-process random source ([`engine::EngineOptions::seed`]): left at
 //!   0, every process draws the same backoff jitter (BP-14) and their retries arrive together.
@@ -126,6 +126,14 @@
 //!   lookup is [`error::NetworkErrorKind::Dns`], which CMAP never labels as overload (HS-9); the
 //!   `classify` function below does the rest. A driver that can depend on retry-driver has it as
 //!   `retry_driver::classify_io_error`, which also recognizes a TLS failure.
+//! - The bytes it was given for a socket the engine closes ([`engine::Engine::poll_close`]),
+//!   written out before the socket goes (WP-6, EV-4): an unacknowledged (`w: 0`) write ends
+//!   with `{ok: 1}` as [`engine::Engine::poll_transmit`] hands its bytes over, and its
+//!   connection may be closed in that same call (stale: its pool was cleared meanwhile), so
+//!   dropping them would lose a write reported done. Bounded: a socket that does not take them
+//!   promptly goes anyway (below within a second, waiting in place; retry-driver keeps it
+//!   aside, only written, and goes on). A socket that failed goes at once: the engine learns of
+//!   the failure and answers for what it had not handed over.
 //!
 //! ```
 //! use std::collections::BTreeMap;
@@ -195,7 +203,9 @@
 //!         out.clear();
 //!     }
 //!     while let Some(conn) = engine.poll_close() {
-//!         sockets.remove(&conn);
+//!         if let Some(socket) = sockets.remove(&conn) {
+//!             socket.close(); // writes out what it was given first (WP-6, EV-4)
+//!         }
 //!     }
 //!     while let Some(event) = engine.poll_event() {
 //!         if let EngineEvent::OperationFinished { op: done, result: finished, .. } = event {
@@ -267,6 +277,18 @@
 //!             }
 //!         }
 //!         Ok(wrote)
+//!     }
+//!
+//!     /// Writes out what the engine gave it, for at most a second, then closes it.
+//!     fn close(mut self) {
+//!         let deadline = std::time::Instant::now() + Duration::from_secs(1);
+//!         while !self.unsent.is_empty() && std::time::Instant::now() < deadline {
+//!             match self.flush() {
+//!                 Ok(true) => {}
+//!                 Ok(false) => std::thread::sleep(Duration::from_millis(1)),
+//!                 Err(_) => break,
+//!             }
+//!         }
 //!     }
 //! }
 //!

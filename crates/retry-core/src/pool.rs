@@ -977,17 +977,47 @@ impl Pool {
                 self.close_connection(id, CloseReason::Idle);
             }
         }
-        // Only a due entry of the expiry index makes the scan worth it.
-        let due = self.expiries.first().is_some_and(|(at, _)| *at <= now);
-        let mut index = if due { 0 } else { self.waiters.len() };
+        // House rule 9: only the waiters with a due entry in the expiry index are looked at, not
+        // the whole queue. An entry is never later than its waiter's expiry (it is set from the
+        // expiry, and only establishing a connection for the waiter moves that later, without
+        // touching the entry), so every waiter due now has one; nearly always there are none.
+        if self.expiries.first().is_some_and(|(at, _)| *at <= now) {
+            self.expire_waiters(now);
+        }
+        self.serve(now);
+    }
+
+    /// [`Pool::handle_timeout`] with due entries in the expiry index: fails the checkouts past
+    /// their expiry, in queue order (CM-3, CM-8: the events and answers of a scan of the queue),
+    /// and indexes again the others, whose expiry moved later.
+    #[inline(never)]
+    fn expire_waiters(&mut self, now: Instant) {
+        let mut due: Vec<CheckoutId> = Vec::new();
+        while let Some(&(at, checkout)) = self.expiries.first() {
+            if at > now {
+                break;
+            }
+            self.expiries.pop_first();
+            due.push(checkout);
+        }
+        // Waiters join the queue only at its back, with increasing checkout ids: queue order is
+        // id order, and a waiter is found by a binary search. Deadlines need not follow it (a
+        // caller's CSOT deadline, or none, beside `waitQueueTimeoutMS`).
+        due.sort_unstable();
         // LB-13: failing a waiter changes no connection, so one message serves the whole batch
         // (review38 L8: made once, from the kept counts).
         let mut message: Option<String> = None;
-        while index < self.waiters.len() {
+        for checkout in due {
+            let Ok(index) = self.waiters.binary_search_by_key(&checkout, |w| w.checkout) else {
+                continue;
+            };
             // A checkout that is establishing its own connection is bounded by the caller's
             // deadline and the connect timeout, not by the wait queue's.
-            if self.waiters[index].expiry().is_some_and(|d| now >= d) {
-                if let Some(w) = self.remove_waiter(index) {
+            let expiry = self.waiters[index].expiry();
+            if expiry.is_some_and(|d| now >= d) {
+                // Its entry is out of the index already.
+                self.waiters[index].indexed = None;
+                if let Some(w) = self.waiters.remove(index) {
                     let message = message
                         .get_or_insert_with(|| self.wait_queue_timeout_message())
                         .clone();
@@ -999,20 +1029,13 @@ impl Pool {
                     );
                 }
             } else {
-                index += 1;
+                // Its expiry moved later: indexed again, at an instant after `now`.
+                self.waiters[index].indexed = expiry;
+                if let Some(at) = expiry {
+                    self.expiries.insert((at, checkout));
+                }
             }
         }
-        // Entries still due belong to waiters whose expiry moved later: index them again.
-        while let Some(&(at, checkout)) = self.expiries.first().filter(|(at, _)| *at <= now) {
-            self.expiries.remove(&(at, checkout));
-            if let Some(index) = self.waiters.iter().position(|w| w.checkout == checkout) {
-                let mut w = self.waiters[index].clone();
-                w.indexed = None;
-                self.index(&mut w);
-                self.waiters[index] = w;
-            }
-        }
-        self.serve(now);
     }
 
     /// Puts the waiter's current expiry in the index (replacing its entry).

@@ -407,6 +407,120 @@ fn cm8_cm1_poll_timeout_follows_waiters_and_idle_connections() {
     assert_eq!(pool.poll_timeout(), None);
 }
 
+/// The checkouts that failed (actions, in order) with their events' checkouts (in order), after
+/// `handle_timeout(now)`.
+fn timed_out(pool: &mut Pool, now: Instant) -> (Vec<CheckoutId>, Vec<CheckoutId>) {
+    pool.handle_timeout(now);
+    let actions = settle(pool, None, now)
+        .into_iter()
+        .map(|a| match a {
+            PoolAction::CheckoutFailed {
+                checkout,
+                error: CheckoutError::WaitQueueTimeout(_),
+            } => checkout,
+            other => panic!("only wait-queue timeouts: {other:?}"),
+        })
+        .collect();
+    let events = events(pool)
+        .into_iter()
+        .filter_map(|e| match e {
+            PoolEvent::CheckOutFailed { checkout, .. } => Some(checkout),
+            _ => None,
+        })
+        .collect();
+    (actions, events)
+}
+
+/// CM-3, CM-8, house rule 9 (`Pool::handle_timeout` looks only at the waiters due): waiters
+/// whose expiries are not in queue order (a caller's CSOT deadline, none, or
+/// `waitQueueTimeoutMS`) fail when due, each once, in queue order when several are due at once;
+/// one whose connection is being established (its expiry moved past its index entry) does not
+/// fail at the queue's deadline, and is due again at the caller's.
+#[test]
+fn cm3_cm8_waiters_with_mixed_deadlines_time_out_when_due_in_queue_order() {
+    let ms = Instant::from_millis;
+    // One connection, in use: every later checkout waits. No queue timeout.
+    let mut pool = Pool::new(
+        address(),
+        PoolOptions {
+            max_pool_size: 1,
+            ..PoolOptions::default()
+        },
+    );
+    pool.ready(ms(0));
+    let busy = pool.check_out(Purpose::Other, None, ms(0));
+    assert!(checked_out(&settle(&mut pool, None, ms(0)), busy).is_some());
+    let deadlines = [Some(30), Some(10), None, Some(10), Some(20)];
+    let ids: Vec<CheckoutId> = deadlines
+        .iter()
+        .map(|d| pool.check_out(Purpose::Other, d.map(ms), ms(0)))
+        .collect();
+    assert!(settle(&mut pool, None, ms(0)).is_empty(), "all wait");
+    events(&mut pool);
+    assert_eq!(pool.poll_timeout(), Some(ms(10)));
+    assert_eq!(timed_out(&mut pool, ms(9)), (vec![], vec![]), "spurious");
+    let both = vec![ids[1], ids[3]];
+    assert_eq!(timed_out(&mut pool, ms(10)), (both.clone(), both));
+    assert_eq!(pool.poll_timeout(), Some(ms(20)));
+    assert_eq!(timed_out(&mut pool, ms(25)), (vec![ids[4]], vec![ids[4]]));
+    assert_eq!(pool.poll_timeout(), Some(ms(30)));
+    assert_eq!(timed_out(&mut pool, ms(30)), (vec![ids[0]], vec![ids[0]]));
+    assert_eq!(pool.poll_timeout(), None, "the last one has no deadline");
+
+    // All due at once, their deadlines in another order than the queue's.
+    let mut pool = Pool::new(
+        address(),
+        PoolOptions {
+            max_pool_size: 1,
+            ..PoolOptions::default()
+        },
+    );
+    pool.ready(ms(0));
+    let busy = pool.check_out(Purpose::Other, None, ms(0));
+    assert!(checked_out(&settle(&mut pool, None, ms(0)), busy).is_some());
+    let ids: Vec<CheckoutId> = deadlines
+        .iter()
+        .map(|d| pool.check_out(Purpose::Other, d.map(ms), ms(0)))
+        .collect();
+    settle(&mut pool, None, ms(0));
+    events(&mut pool);
+    let queue_order = vec![ids[0], ids[1], ids[3], ids[4]];
+    assert_eq!(
+        timed_out(&mut pool, ms(40)),
+        (queue_order.clone(), queue_order)
+    );
+
+    // CM-3: `waitQueueTimeoutMS` bounds only the wait in the queue. A checkout for which a
+    // connection is being established outlives it (its index entry, 10 ms, is left earlier than
+    // its expiry, none: it is dropped, not failed); the later waiter without one fails at it.
+    let mut pool = Pool::new(
+        address(),
+        PoolOptions {
+            max_pool_size: 2,
+            wait_queue_timeout: Some(Duration::from_millis(10)),
+            ..PoolOptions::default()
+        },
+    );
+    pool.ready(ms(0));
+    let busy = pool.check_out(Purpose::Other, None, ms(0));
+    assert!(checked_out(&settle(&mut pool, None, ms(0)), busy).is_some());
+    let establishing = pool.check_out(Purpose::Other, None, ms(0));
+    let opened = std::iter::from_fn(|| pool.poll_action()).collect::<Vec<_>>();
+    assert!(
+        matches!(opened.as_slice(), [PoolAction::Establish { .. }]),
+        "{opened:?}"
+    );
+    let queued = pool.check_out(Purpose::Other, None, ms(0));
+    events(&mut pool);
+    assert_eq!(pool.poll_timeout(), Some(ms(10)));
+    assert_eq!(timed_out(&mut pool, ms(10)), (vec![queued], vec![queued]));
+    assert_eq!(
+        pool.poll_timeout(),
+        None,
+        "{establishing:?} has no expiry now"
+    );
+}
+
 /// Issue 9 (CM-1, CM-8, CMAP monitoring): a pool that records no events
 /// (`Pool::set_record_events(false)`, what an engine whose embedder publishes no pool events
 /// sets) takes the same actions, in the same order, through checkouts that wait, a clear and a

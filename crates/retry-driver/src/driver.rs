@@ -1,5 +1,20 @@
 //! The driving loop, written once for every runtime: it moves bytes between the engine and the
 //! runtime's sockets and sleeps until the engine's next timeout. Every decision is the engine's.
+//!
+//! # Closing a socket
+//!
+//! A socket that failed is dropped at once, with whatever it was not yet able to write: the
+//! engine learns of the failure ([`Engine::handle_closed`]) and answers for those bytes (a
+//! request it had not handed over fails before send). A socket the engine asks to close
+//! ([`Engine::poll_close`]) first writes out the bytes it was already handed (WP-6, EV-4): the
+//! engine may have finished an operation on them, an unacknowledged (`w: 0`) write ends with
+//! `{ok: 1}` when [`Engine::poll_transmit`] hands its bytes over, and its connection, stale by
+//! then (its pool cleared), is closed in the same call. The driver writes them as far as the
+//! socket takes them without waiting; what is left is written as the socket becomes writable,
+//! and the socket is dropped once they are out, when a write fails, or [`CLOSE_WRITE_LIMIT`]
+//! after the close, whichever comes first (never an unbounded wait, never a blocking one). The
+//! engine has forgotten the socket: nothing more is read from it, and its failure is not
+//! reported. A client shutting down waits for those writes the same way before it ends.
 
 use core::future::Future;
 use core::pin::Pin;
@@ -34,6 +49,9 @@ const TIMER_SLACK: Duration = Duration::from_millis(2);
 /// How long after its timer's firing woke the first waiting futures a [`LocalDriver`] waits for
 /// one of them to run it before it wakes every waiting future ([`Watchdog`]).
 pub(crate) const UNCLAIMED_TIMER_GRACE: Duration = Duration::from_millis(5);
+/// WP-6, EV-4: how long a socket the engine closed may take to write out the bytes it was
+/// already handed before the driver drops it anyway (see "Closing a socket" in the module docs).
+pub(crate) const CLOSE_WRITE_LIMIT: Duration = Duration::from_secs(1);
 
 enum Link {
     Connecting(BoxFuture<io::Result<Pin<Box<dyn Socket>>>>),
@@ -45,6 +63,9 @@ enum Link {
 struct Pending {
     slot: Arc<Slot>,
     cursor: Option<CursorHandle>,
+    /// CS-7: it runs under CSOT, by its own timeout (TO-14) or the client's `timeoutMS`: its
+    /// reply's write errors are read as such ([`RawReply::csot`]).
+    csot: bool,
 }
 
 struct SocketState {
@@ -63,6 +84,10 @@ struct SocketState {
     read_armed: bool,
     /// It is in the driver's list of sockets to write ([`Driver::writes`]).
     listed: bool,
+    /// WP-6, EV-4: the engine closed it with bytes left to write. It is only written, never
+    /// read, and dropped once they are out, when a write fails, or at its deadline in
+    /// [`Driver::closing`]; the engine no longer knows it.
+    closing: bool,
 }
 
 impl SocketState {
@@ -76,6 +101,7 @@ impl SocketState {
             written: 0,
             read_armed: false,
             listed: false,
+            closing: false,
         }
     }
 }
@@ -119,6 +145,10 @@ pub(crate) struct Driver {
     /// The sockets the engine gave bytes since the last round wrote (each once, in order):
     /// written at the start of the next round's socket polls, before any read.
     writes: Vec<ConnId>,
+    /// WP-6, EV-4: the sockets the engine closed that still write out their bytes, with the
+    /// instant each is dropped at the latest ([`CLOSE_WRITE_LIMIT`] after its close, so in
+    /// order); empty nearly always.
+    closing: VecDeque<(Instant, ConnId)>,
     /// SRV polling's name, for a `mongodb+srv` client ([`Driver::with_srv_polling`]).
     srv: Option<SrvPolling>,
     /// The SRV rescan in flight, whose answer goes to the engine.
@@ -166,6 +196,7 @@ impl Driver {
             ready: Arc::default(),
             ids: Vec::new(),
             writes: Vec::new(),
+            closing: VecDeque::new(),
             srv: None,
             srv_lookup: None,
             // The new engine's first monitor connections.
@@ -255,18 +286,26 @@ impl Driver {
         };
         while let Some(slot) = self.requests.pop_front() {
             let engine = &mut self.engine;
+            let mut csot = false;
             // Not started if its caller gave up on it already; it cannot give up while it starts.
             let started = slot.start(|request, own| {
                 // TO-14: a request's own timeout (a session's `defaultTimeoutMS` for its commit
                 // or abort) in place of the client's, its deadline from now as the client's.
-                request.as_mut()?.timeout = match own {
+                let request_timeout = match own {
                     None => timeout,
                     Some(own) => OperationTimeout::from_timeout_ms(now, own),
                 };
+                // CS-7: the request's own timeout puts it under CSOT, as the client's does.
+                csot = request_timeout.is_csot();
+                request.as_mut()?.timeout = request_timeout;
                 Some(engine.start_operation(request.take()?, now))
             });
             if let Some(op) = started {
-                let pending = Pending { slot, cursor: None };
+                let pending = Pending {
+                    slot,
+                    cursor: None,
+                    csot,
+                };
                 self.pending.insert(op, pending);
             }
         }
@@ -301,7 +340,12 @@ impl Driver {
                 &mut socket.written,
             );
             progressed |= wrote;
-            if let Some((kind, cause)) = failure {
+            if socket.closing {
+                // WP-6, EV-4: the engine closed it; it goes once its bytes are out.
+                if failure.is_some() || socket.outgoing.is_empty() {
+                    self.sockets.remove(&conn);
+                }
+            } else if let Some((kind, cause)) = failure {
                 progressed = true;
                 fed = true;
                 self.sockets.remove(&conn);
@@ -350,6 +394,13 @@ impl Driver {
                 &mut socket.written,
             );
             progressed |= wrote;
+            if socket.closing {
+                // WP-6, EV-4: written, never read; it goes once its bytes are out.
+                if failure.is_some() || socket.outgoing.is_empty() {
+                    self.sockets.remove(&conn);
+                }
+                continue;
+            }
             let mut read_all = socket.read_armed;
             for _ in 0..READS_PER_ROUND {
                 if failure.is_some() || socket.read_armed {
@@ -462,7 +513,7 @@ impl Driver {
         }
         while let Some(conn) = self.engine.poll_close() {
             progressed = true;
-            self.sockets.remove(&conn);
+            self.close_socket(conn, now);
         }
         let Some(mut event) = self.engine.poll_event() else {
             return progressed;
@@ -499,8 +550,9 @@ impl Driver {
                             address,
                             // Issue 9: an emptied command document to build the reply into.
                             document: self.engine.take_document(),
-                            // CS-7: its write errors read under `timeoutMS` or not.
-                            csot: self.timeout.is_some(),
+                            // CS-7: its write errors read under CSOT or not, by the
+                            // operation's own timeout (TO-14) or the client's.
+                            csot: pending.csot,
                         });
                         let results = self.count_results.then_some(&self.shared.results_to_take);
                         pending.slot.complete(result, results);
@@ -527,6 +579,53 @@ impl Driver {
         true
     }
 
+    /// WP-6, EV-4: the engine closed `conn`. A socket with bytes it was handed and has not
+    /// written (an unacknowledged write's, which the engine ended with `{ok: 1}` as it handed
+    /// them over) writes what it takes now, and if some are left it stays, only written, until
+    /// they are out, a write fails, or [`CLOSE_WRITE_LIMIT`] from `now`; any other is dropped.
+    fn close_socket(&mut self, conn: ConnId, now: Instant) {
+        let Some(socket) = self.sockets.get_mut(&conn) else {
+            return;
+        };
+        if let Link::Open(stream) = &mut socket.link {
+            if !socket.outgoing.is_empty() {
+                let mut socket_cx = Context::from_waker(&socket.waker);
+                let (_, failure) = write_outgoing(
+                    stream,
+                    &mut socket_cx,
+                    &mut socket.outgoing,
+                    &mut socket.written,
+                );
+                if failure.is_none() && !socket.outgoing.is_empty() {
+                    // The `Pending` write registered its waker: it is polled again when the
+                    // socket can take more.
+                    socket.closing = true;
+                    self.closing
+                        .push_back((now.saturating_add(CLOSE_WRITE_LIMIT), conn));
+                    return;
+                }
+            }
+        }
+        self.sockets.remove(&conn);
+    }
+
+    /// WP-6, EV-4: drops the closed sockets whose [`CLOSE_WRITE_LIMIT`] has passed by `now`
+    /// with bytes still unwritten, and forgets the first entries of those that went already:
+    /// afterwards the first entry, if any, is a socket still writing.
+    fn expire_closing(&mut self, now: Instant) {
+        while let Some(&(at, conn)) = self.closing.front() {
+            // Ids are never reused: a socket still there under it is this closing one.
+            let writing = self.sockets.get(&conn).is_some_and(|s| s.closing);
+            if writing && at > now {
+                break;
+            }
+            self.closing.pop_front();
+            if writing {
+                self.sockets.remove(&conn);
+            }
+        }
+    }
+
     /// Fires the engine's timers that are due and arms the runtime's timer for the next one.
     ///
     /// The runtime's timer is set for `timer_at`, never later than the engine's earliest
@@ -537,8 +636,18 @@ impl Driver {
     /// re-arm per move would re-register the runtime's timer twice per operation (on async-io a
     /// reactor notification and one more `epoll` wait each, house rule 9, issue 9). A timer set
     /// early costs one extra wake when it fires, which re-arms it for the deadline of then.
+    ///
+    /// The deadlines of closed sockets still writing ([`Driver::closing`], WP-6) share the
+    /// timer: the earliest of theirs and the engine's is armed, and those passed are dropped.
     fn poll_timer(&mut self, cx: &mut Context<'_>, now: Instant) -> bool {
-        let Some(at) = self.engine.poll_timeout() else {
+        let mut next = self.engine.poll_timeout();
+        if !self.closing.is_empty() {
+            self.expire_closing(now);
+            if let Some(&(closing_at, _)) = self.closing.front() {
+                next = Some(next.map_or(closing_at, |at| at.min(closing_at)));
+            }
+        }
+        let Some(at) = next else {
             return false;
         };
         if at <= now {
@@ -587,6 +696,9 @@ impl Driver {
             let now = self.runtime.now();
             if now < at {
                 return true;
+            }
+            if !self.closing.is_empty() {
+                self.expire_closing(now);
             }
             self.engine.handle_timeout(now);
             return true;
@@ -671,8 +783,14 @@ impl Future for Driver {
                 // it has.
                 this.engine.close(now);
                 if this.engine.is_closed() {
-                    this.finish(now);
-                    return Poll::Ready(());
+                    // WP-6, EV-4: the sockets it closed write out what they were handed first
+                    // (bounded, [`CLOSE_WRITE_LIMIT`]); the rounds go on until they have.
+                    progressed |= this.flush_engine(now);
+                    this.expire_closing(now);
+                    if this.closing.is_empty() {
+                        this.finish(now);
+                        return Poll::Ready(());
+                    }
                 }
             }
             progressed |= this.flush_engine(now);

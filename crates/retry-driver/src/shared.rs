@@ -40,8 +40,9 @@ pub(crate) struct RawReply {
     /// An empty document to build the reply's into ([`Engine::take_document`](
     /// retry_core::engine::Engine::take_document)), when the engine had one.
     pub(crate) document: Option<Document>,
-    /// The operation ran under `timeoutMS`: a write error with code 50 (MaxTimeMSExpired) is
-    /// then the timeout error (CS-7).
+    /// The operation ran under CSOT, by its own timeout (a session's `defaultTimeoutMS` on its
+    /// commit or abort, TO-14) or the client's `timeoutMS`: a write error with code 50
+    /// (MaxTimeMSExpired) is then the timeout error (CS-7).
     pub(crate) csot: bool,
 }
 
