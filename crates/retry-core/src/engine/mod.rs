@@ -18,9 +18,11 @@
 //! ```text
 //! let mut buf = Vec::new();
 //! loop {
+//!     // Taking transmits can queue more (an unacknowledged write ends there, WP-6): repeat the
+//!     // drains until all four are empty.
 //!     while let Some(c) = engine.poll_connect()  { open a socket to c.address, then handle_connected(c.conn) }
 //!     while let Some(conn) = engine.poll_transmit(&mut buf) { write buf to conn; buf.clear() }
-//!     while let Some(c) = engine.poll_close()    { close c }
+//!     while let Some(c) = engine.poll_close()    { write out c's unwritten bytes (bounded), then close c }
 //!     while let Some(e) = engine.poll_event()    { deliver e }
 //!     wait for bytes (handle_bytes), a closed socket (handle_closed) or poll_timeout() (handle_timeout)
 //! }
