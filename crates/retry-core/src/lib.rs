@@ -185,7 +185,9 @@
 //! let mut result = None;
 //! loop {
 //!     assert!(origin.elapsed() < Duration::from_secs(30), "bounded in time");
-//!     // 1. Drain every output.
+//!     // 1. Drain every output. What taking transmits queues (an unacknowledged write ends as its
+//!     // bytes are taken, WP-6) is taken on the next turn, which comes at once while anything
+//!     // moved; a loop that blocks between turns repeats these drains until all are empty.
 //!     while let Some(connect) = engine.poll_connect() {
 //!         match open(&connect.address) {
 //!             Ok(stream) => {

@@ -90,35 +90,46 @@ pub fn run(options: EngineOptions, command: Document) -> Result<Document, Operat
     let mut buf = Vec::new();
     let mut outcome = None;
     loop {
-        while let Some(connect) = engine.poll_connect() {
-            open(connect.conn, connect.address, inputs.clone());
-        }
-        while let Some(conn) = engine.poll_transmit(&mut buf) {
-            let written = sockets.get_mut(&conn).map(|s| s.write_all(&buf));
-            buf.clear();
-            if let Some(Err(error)) = written {
-                sockets.remove(&conn);
-                let (kind, cause) = classify_io_error(&error, false);
-                engine.handle_closed(conn, kind, Some(cause), now());
+        // Taking transmits can queue connects, closes and events (an unacknowledged write ends
+        // there, WP-6), and a failed write queues more: drain until nothing is left.
+        let mut drained = true;
+        while drained {
+            drained = false;
+            while let Some(connect) = engine.poll_connect() {
+                drained = true;
+                open(connect.conn, connect.address, inputs.clone());
             }
-        }
-        while let Some(conn) = engine.poll_close() {
-            if let Some(stream) = sockets.remove(&conn) {
-                let _ = stream.shutdown(Shutdown::Both); // ends its reader thread
+            while let Some(conn) = engine.poll_transmit(&mut buf) {
+                drained = true;
+                let written = sockets.get_mut(&conn).map(|s| s.write_all(&buf));
+                buf.clear();
+                if let Some(Err(error)) = written {
+                    sockets.remove(&conn);
+                    let (kind, cause) = classify_io_error(&error, false);
+                    engine.handle_closed(conn, kind, Some(cause), now());
+                }
             }
-        }
-        while let Some(event) = engine.poll_event() {
-            println!("{event:?}");
-            if let EngineEvent::OperationFinished {
-                op: done, result, ..
-            } = event
-            {
-                if done == op {
-                    // The reply comes encoded; this example hands its caller a document.
-                    outcome = Some(result.map(|reply| {
-                        retry_core::wire::to_document(&reply).expect("a decoded reply converts")
-                    }));
-                    engine.close(now());
+            // Every byte handed over was written (`write_all`) before the engine asks for a close.
+            while let Some(conn) = engine.poll_close() {
+                drained = true;
+                if let Some(stream) = sockets.remove(&conn) {
+                    let _ = stream.shutdown(Shutdown::Both); // ends its reader thread
+                }
+            }
+            while let Some(event) = engine.poll_event() {
+                drained = true;
+                println!("{event:?}");
+                if let EngineEvent::OperationFinished {
+                    op: done, result, ..
+                } = event
+                {
+                    if done == op {
+                        // The reply comes encoded; this example hands its caller a document.
+                        outcome = Some(result.map(|reply| {
+                            retry_core::wire::to_document(&reply).expect("a decoded reply converts")
+                        }));
+                        engine.close(now());
+                    }
                 }
             }
         }

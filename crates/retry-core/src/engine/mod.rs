@@ -1229,7 +1229,12 @@ impl Engine {
         None
     }
 
-    /// The next socket to close.
+    /// The next socket to close. The caller writes out the bytes it already took for that socket
+    /// (bounded in time, without waiting for a reply), then closes it: an unacknowledged write
+    /// handed over just before its connection was closed as stale must still reach the server
+    /// (WP-6, EV-4). As with any driver, a command whose bytes left (in part or whole) before its
+    /// operation was cancelled or timed out may still run on the server; its `maxTimeMS` bounds
+    /// it there (CS-4).
     #[must_use]
     pub fn poll_close(&mut self) -> Option<ConnId> {
         self.closes.pop_front()
