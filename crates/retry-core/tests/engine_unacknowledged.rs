@@ -374,3 +374,48 @@ fn wp6_an_unacknowledged_write_cancelled_before_the_hand_off_is_never_written() 
     let [started, succeeded, failed] = command_events(&net, op);
     assert_eq!((started.len(), succeeded.len(), failed.len()), (1, 0, 1));
 }
+
+/// WP-6 (review39 M9): `moreToCome` is for unacknowledged writes only (`insert`, `update`,
+/// `delete` run as writes). A `findAndModify` with `w: 0`, or an `insert` with `w: 0` run as a
+/// generic command, is sent as an ordinary request, awaits its reply and ends with the server's
+/// reply, not a made-up `{ok: 1}`.
+#[test]
+fn wp6_only_unacknowledged_writes_are_sent_with_more_to_come() {
+    let mut handshake = HandshakeOptions::new();
+    handshake.metadata = ClientMetadata::new("engine-unacknowledged", "0.1.0");
+    let mut options = EngineOptions::new(TopologySettings::new(vec![address("m")]), handshake);
+    options.socket_timeout = Some(SOCKET_TIMEOUT);
+    // This server answers everything: nothing below is sent with `moreToCome`.
+    let script = Box::new(|_: &_, body: &Document| {
+        Some(if is_hello(body) {
+            doc! { "ok": 1, "helloOk": true, "isWritablePrimary": true, "msg": "isdbgrid",
+            "maxWireVersion": 25, "minWireVersion": 0, "logicalSessionTimeoutMinutes": 30 }
+        } else {
+            doc! { "ok": 1, "n": 1, "value": Bson::Null }
+        })
+    });
+    let mut net = Net::new(options, script);
+    let find_and_modify = OperationRequest::new(
+        "test",
+        doc! { "findAndModify": "c", "query": {}, "remove": true, "writeConcern": { "w": 0 } },
+        OperationKind::RetryableWrite,
+        SelectionCriteria::Write,
+    );
+    let mut run_command = insert(Some(doc! { "w": 0 }));
+    run_command.kind = OperationKind::RunCommand;
+    for (request, name) in [(find_and_modify, "findAndModify"), (run_command, "insert")] {
+        let op = net.start(request);
+        let results = net.finished(op);
+        assert_eq!(results.len(), 1, "{name}: exactly once: {results:?}");
+        let reply = results[0].as_ref().expect("a success");
+        assert_eq!(
+            reply.as_bytes(),
+            rawdoc! { "ok": 1, "n": 1, "value": bson::RawBson::Null }.as_bytes(),
+            "{name}: the server's reply"
+        );
+        let sent = written(&net, name);
+        assert_eq!(sent.len(), 1, "{name}");
+        assert_eq!(sent[0].1, 0, "{name}: no moreToCome");
+    }
+    assert!(net.unanswered.is_empty(), "every request was answered");
+}

@@ -361,11 +361,23 @@ fn not_sent(error: &SendError, address: &crate::address::ServerAddress) -> Opera
     OperationError::network(kind, NetworkPhase::BeforeSend, address.clone())
 }
 
-/// WP-6, SE-13: whether `request`'s command has an unacknowledged write concern (`w: 0` without
-/// `j: true`): its `writeConcern`, else the encoded command's (`encoded`, from
-/// [`encoded::inspect`]). Asked only of a command that may carry no session (`launch`).
+/// WP-6, SE-13: whether `request` is an unacknowledged write sent with `moreToCome`: an
+/// `insert`, `update` or `delete` run as a write whose write concern is unacknowledged (`w: 0`
+/// without `j: true`): its `writeConcern`, else the encoded command's (`encoded`, from
+/// [`encoded::inspect`]). Any other command with `w: 0` (a `findAndModify`, a generic command, a
+/// read) awaits its reply as usual: its result is the server's, not a made-up `{ok: 1}`. Asked only
+/// of a command that may carry no session (`launch`).
 #[inline(never)]
 fn unacknowledged_command(request: &OperationRequest, encoded: bool) -> bool {
+    if !matches!(
+        request.kind,
+        OperationKind::RetryableWrite | OperationKind::NonRetryableWrite
+    ) || !matches!(
+        encoded::command_name(request.encoded.as_deref(), &request.command),
+        b"insert" | b"update" | b"delete"
+    ) {
+        return false;
+    }
     // A `writeConcern` beside an encoded command replaces the encoded one.
     match request.command.get("writeConcern") {
         Some(bson::Bson::Document(write_concern)) => is_unacknowledged(write_concern),

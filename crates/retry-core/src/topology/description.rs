@@ -45,8 +45,8 @@ pub struct TopologyDescription {
     compatibility_error: Option<String>,
     logical_session_timeout: Option<Duration>,
     /// L7: each address's position in `servers` (the first, should one repeat). Kept by
-    /// [`TopologyDescription::push_server`] and [`TopologyDescription::remove_server`], rebuilt by
-    /// [`TopologyDescription::refresh_derived`]; [`TopologyDescription::position`] checks what it
+    /// `TopologyDescription::push_server` and `TopologyDescription::remove_server`, rebuilt by
+    /// [`TopologyDescription::refresh_derived`]; `TopologyDescription::position` checks what it
     /// finds, so a change to `servers` made without them costs a scan, never a wrong answer.
     index: BTreeMap<ServerAddress, usize>,
     /// How many servers the index was exact for (one entry per server, no address twice);
@@ -115,25 +115,23 @@ impl TopologyDescription {
     /// O(log n) (review38 L7, house rule 9: the cost does not follow the other servers). The
     /// index entry found is checked against `servers`, and the index is not trusted when an
     /// address is there twice or `servers` changed length behind it: then this scans, as
-    /// `servers.iter().position` does. After changing `servers` other than through
-    /// [`TopologyDescription::push_server`] and [`TopologyDescription::remove_server`], call
-    /// [`TopologyDescription::refresh_derived`] (a server replaced by another address, with no
-    /// change of length, is found only after it).
-    pub fn position(&self, address: &ServerAddress) -> Option<usize> {
+    /// `servers.iter().position` does; an address not in the index is looked for by a scan too
+    /// (it is absent, or `servers` was changed directly: a removed server's errors are rare).
+    pub(crate) fn position(&self, address: &ServerAddress) -> Option<usize> {
         if self.indexed == self.servers.len() {
-            match self.index.get(address) {
-                Some(&i) if self.servers.get(i).is_some_and(|s| &s.address == address) => {
-                    return Some(i)
-                }
-                None => return None,
-                Some(_) => {}
+            let indexed = self.index.get(address).copied();
+            if let Some(i) =
+                indexed.filter(|&i| self.servers.get(i).is_some_and(|s| &s.address == address))
+            {
+                return Some(i);
             }
+            // Not indexed: absent, or put in `servers` directly (review39 M5): a scan.
         }
         self.servers.iter().position(|s| &s.address == address)
     }
 
     /// Appends `server` (SDAM: a new server joins) and indexes it (review38 L7).
-    pub fn push_server(&mut self, server: ServerDescription) {
+    pub(crate) fn push_server(&mut self, server: ServerDescription) {
         let in_step = self.indexed == self.servers.len();
         let address = server.address.clone();
         self.servers.push(server);
@@ -154,7 +152,7 @@ impl TopologyDescription {
 
     /// Removes every server at `address` (SDAM `remove`), keeping the others' order, and
     /// re-indexes them (review38 L7; a removal is rare, and already moves the servers after it).
-    pub fn remove_server(&mut self, address: &ServerAddress) {
+    pub(crate) fn remove_server(&mut self, address: &ServerAddress) {
         self.servers.retain(|s| &s.address != address);
         self.reindex();
     }
@@ -173,8 +171,8 @@ impl TopologyDescription {
 
     /// Recomputes what derives from the servers: the compatibility error, the logical session
     /// timeout (SDAM) and the address index (L7). Call after changing
-    /// [`TopologyDescription::servers`] other than through [`TopologyDescription::push_server`]
-    /// and [`TopologyDescription::remove_server`].
+    /// [`TopologyDescription::servers`] other than through `TopologyDescription::push_server`
+    /// and `TopologyDescription::remove_server`.
     pub fn refresh_derived(&mut self) {
         self.reindex();
         self.compatibility_error = self.servers.iter().find_map(incompatibility);
