@@ -578,9 +578,19 @@ impl Engine {
             }
         }
         if let Some(session) = request.session {
-            let (server, conn) = self.session_route(session, request.kind, now);
-            pinned_server = pinned_server.or(server);
-            pinned_conn = pinned_conn.or(conn);
+            match self.session_route(session, request.kind, now) {
+                Ok((server, conn)) => {
+                    pinned_server = pinned_server.or(server);
+                    pinned_conn = pinned_conn.or(conn);
+                }
+                // TX-3, TX-7, TX-4 (2) (review38 L6): its pinned mongos left the topology; the
+                // statement ends at once, nothing sent, and the session is unpinned.
+                Err(error) => {
+                    self.finished_at_once(op, internal, Err(error));
+                    self.run(now);
+                    return op;
+                }
+            }
         }
         // TX-1, TX-2 (review6 finding 2): the transaction this statement belongs to.
         let transaction = match request.kind {
