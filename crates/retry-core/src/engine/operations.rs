@@ -465,7 +465,14 @@ impl Engine {
         // TX-1, SE-14 (review37 W1): whatever session the request names, membership is decided
         // from the cursor, so a getMore never starts a transaction nor joins one its cursor was
         // not opened in; a request naming another session than the cursor's is refused.
-        if let CursorUse::GetMore(handle) = request.cursor {
+        // TX-1, SE-14 (engine21's leftover): a `killCursors` too. A real server runs one in the
+        // transaction its cursor was opened in (its `killCursors` is allowed there, with the
+        // transaction's txnNumber and `autocommit: false`), refuses one as a transaction's first
+        // command (OperationNotSupportedInTransaction, 263), and kills a transaction's cursor
+        // from outside it as well; so a killCursors, whatever session it names, carries the
+        // transaction's fields (never `startTransaction`) only for a cursor opened in the
+        // active transaction, and otherwise only the cursor's `lsid`.
+        if let CursorUse::GetMore(handle) | CursorUse::Close(handle) = request.cursor {
             if let Some((session, opened_in)) = self
                 .cursors
                 .get_mut(&handle)
@@ -477,8 +484,8 @@ impl Engine {
                 };
                 if request.session.is_some_and(|named| Some(named) != session) {
                     let error = OperationError::usage(
-                        "a getMore must run in the session of the command that opened its \
-                         cursor (SE-14)",
+                        "a getMore or killCursors must run in the session of the command that \
+                         opened its cursor (SE-14)",
                     );
                     return self.finished_at_once(op, internal, Err(error));
                 }
@@ -492,9 +499,10 @@ impl Engine {
                                 active,
                             )
                         });
-                // TX-4 (5) (review7 finding 9): a getMore naming its session after the
-                // transaction ended uses the session outside a transaction, which unpins it (the
-                // transaction's state stays as it is); an active transaction keeps its pin.
+                // TX-4 (5) (review7 finding 9): a getMore (or killCursors) naming its session
+                // after the transaction ended uses the session outside a transaction, which
+                // unpins it (the transaction's state stays as it is); an active transaction
+                // keeps its pin.
                 if let (Some(named), false, false) = (request.session, joins, active) {
                     let unpinned = self
                         .sessions

@@ -363,8 +363,9 @@ impl Engine {
             return;
         }
         if load_balanced {
-            // The connection is the transaction's now, even one the operation was to give back
-            // (a killCursors that became the transaction's first command, its cursor closed).
+            // The connection is the transaction's now, even one the operation was to give back.
+            // (A killCursors never is a first command: it joins only the transaction its cursor
+            // was opened in, `launch`.)
             op.keep_conn = true;
             op.release_pinned = false;
             state.conn = Some(conn);
