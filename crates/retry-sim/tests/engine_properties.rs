@@ -479,9 +479,7 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
     // Not with hedging's gRPC policy: a getMore with a CSOT deadline on a cursor whose pinned
     // connection died is retried transparently at once, again and again, without end (found by
     // this mode; left to the retry machine's owners, see the lb21 report).
-    let shared = case.lb_session
-        && matches!(case.topology, Topology::LoadBalanced)
-        && case.hedging.is_none();
+    let shared = case.lb_session && matches!(case.topology, Topology::LoadBalanced);
     let config: Vec<String> = hosts[..seeded]
         .iter()
         .map(|h| address(h).to_string())
@@ -1339,4 +1337,169 @@ fn a_nearest_read_after_a_step_down_to_an_unreachable_member_finishes() {
         ],
     };
     assert_case_finishes(&case);
+}
+
+/// TX-4 (1)-(3), house rule 8 (lb21): the shared load-balanced session case that looped for ever
+/// (and ran out of memory). A commit under `timeoutMS=0` kept its pinned connection after the
+/// session's pin went (a command of the session run alongside unpinned it) and the connection
+/// died: every retry failed before sending, at once. Its retry now selects anew; every operation
+/// ends once and nothing stays checked out.
+#[test]
+fn tx4_a_commit_whose_session_lost_its_pin_selects_anew_and_finishes() {
+    let case = Case {
+        topology: Topology::LoadBalanced,
+        scripts: vec![
+            ServerScript {
+                steps: vec![],
+                reset_handshakes: 1,
+                late_handshake_ms: None,
+            },
+            ServerScript {
+                steps: vec![
+                    ScriptStep::Ok,
+                    ScriptStep::Ok,
+                    ScriptStep::Garbage(vec![
+                        6, 0, 0, 0, 242, 216, 191, 203, 245, 128, 114, 53, 151, 72, 243, 210, 159,
+                        241, 160, 117, 197, 231, 140, 45,
+                    ]),
+                ],
+                reset_handshakes: 1,
+                late_handshake_ms: Some(118),
+            },
+            ServerScript {
+                steps: vec![
+                    ScriptStep::Ok,
+                    ScriptStep::Ok,
+                    ScriptStep::Reset,
+                    ScriptStep::Overload,
+                    ScriptStep::Overload,
+                    ScriptStep::Overload,
+                ],
+                reset_handshakes: 2,
+                late_handshake_ms: None,
+            },
+            ServerScript {
+                steps: vec![],
+                reset_handshakes: 2,
+                late_handshake_ms: None,
+            },
+        ],
+        max_pool_size: 1,
+        seed: 231419354508945955,
+        selection_timeout_ms: 461,
+        connect_timeout_ms: 2803,
+        socket_timeout_ms: Some(3814),
+        inputs: vec![
+            Input::Start {
+                kind: 1,
+                timeout_ms: Some(0),
+                nearest: true,
+            },
+            Input::UnknownClosed(11415266897567901140_u64),
+            Input::Start {
+                kind: 8,
+                timeout_ms: Some(19850),
+                nearest: true,
+            },
+            Input::Start {
+                kind: 1,
+                timeout_ms: Some(0),
+                nearest: true,
+            },
+            Input::Start {
+                kind: 1,
+                timeout_ms: Some(0),
+                nearest: true,
+            },
+            Input::Start {
+                kind: 2,
+                timeout_ms: Some(15225),
+                nearest: false,
+            },
+            Input::Start {
+                kind: 2,
+                timeout_ms: Some(10045),
+                nearest: true,
+            },
+            Input::Advance(31),
+            Input::UnknownClosed(2342739014165610418_u64),
+            Input::Advance(0),
+            Input::Reconfig(0, false),
+            Input::UnknownClosed(9394865601017437729_u64),
+            Input::Advance(0),
+            Input::Down(1, false),
+            Input::Start {
+                kind: 1,
+                timeout_ms: Some(0),
+                nearest: true,
+            },
+            Input::Start {
+                kind: 4,
+                timeout_ms: Some(8420),
+                nearest: true,
+            },
+            Input::Start {
+                kind: 7,
+                timeout_ms: Some(14298),
+                nearest: false,
+            },
+            Input::Advance(0),
+            Input::Close(7163210839395780794_usize, NetworkErrorKind::Io),
+            Input::Reconfig(1, true),
+            Input::Start {
+                kind: 8,
+                timeout_ms: None,
+                nearest: false,
+            },
+            Input::Start {
+                kind: 4,
+                timeout_ms: None,
+                nearest: false,
+            },
+            Input::Advance(8116),
+            Input::Start {
+                kind: 2,
+                timeout_ms: Some(1761),
+                nearest: false,
+            },
+            Input::Start {
+                kind: 4,
+                timeout_ms: Some(0),
+                nearest: false,
+            },
+            Input::Down(0, true),
+            Input::Start {
+                kind: 1,
+                timeout_ms: Some(0),
+                nearest: true,
+            },
+            Input::Start {
+                kind: 6,
+                timeout_ms: Some(0),
+                nearest: false,
+            },
+            Input::Start {
+                kind: 8,
+                timeout_ms: None,
+                nearest: true,
+            },
+            Input::Advance(0),
+            Input::StepDown {
+                to: 2,
+                new_election: false,
+                new_set_version: false,
+            },
+            Input::SpuriousTimeout,
+            Input::SpuriousTimeout,
+        ],
+        heartbeat_ms: 2000,
+        hedging: Some((2, 2325)),
+        lb_session: true,
+    };
+    let (sim, ops) = run(&case).expect("runs");
+    let finished = finished_ops(&sim);
+    for started in &ops {
+        assert_eq!(finished.get(&started.op), Some(&1), "{:?}", started.op);
+    }
+    assert!(check_pools(&sim, case.max_pool_size, true).is_ok());
 }

@@ -1645,6 +1645,17 @@ impl Engine {
                         op.slots[slot].conn = None;
                     }
                 }
+            } else if crate::pinning::TransactionPin::unpins(command, &error) {
+                // TX-4 (1)-(3), house rule 8 (lb21, found by engine_properties' shared LB
+                // session): the session's pin went meanwhile (a command of the session run
+                // alongside, SE-10, unpinned it and let its connection go), so this operation's
+                // retry selects anew too: kept on a pinned connection whose socket is gone, a
+                // commit retried without limit under `timeoutMS=0` failed before sending, at
+                // once, for ever.
+                if let Some(op) = self.ops.get_mut(&op_id) {
+                    op.pinned_server = None;
+                    op.pinned_conn = None;
+                }
             }
         }
         let Some(op) = self.ops.get_mut(&op_id) else {
