@@ -476,9 +476,6 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
             n,
         ),
     };
-    // Not with hedging's gRPC policy: a getMore with a CSOT deadline on a cursor whose pinned
-    // connection died is retried transparently at once, again and again, without end (found by
-    // this mode; left to the retry machine's owners, see the lb21 report).
     let shared = case.lb_session && matches!(case.topology, Topology::LoadBalanced);
     let config: Vec<String> = hosts[..seeded]
         .iter()
