@@ -115,6 +115,16 @@ impl TransactionPin {
         self.pin.take()
     }
 
+    /// TX-4 (1)-(3): whether a transaction command's failure with `error` (labels applied)
+    /// unpins: a `TransientTransactionError`, a commit's `UnknownTransactionCommitResult`, any
+    /// abort failure. Its retry then selects anew, also when the session's pin went already.
+    pub fn unpins(command: TransactionCommand, error: &OperationError) -> bool {
+        error.has_label(Labels::TRANSIENT_TRANSACTION)
+            || (command == TransactionCommand::Commit
+                && error.has_label(Labels::UNKNOWN_TRANSACTION_COMMIT_RESULT))
+            || command == TransactionCommand::Abort
+    }
+
     /// A command of the transaction failed with `error` (labels already applied, see
     /// [`transaction_labels`]). Unpins, before any retry selects a server, on a
     /// `TransientTransactionError` (TX-4 (2)), on a commit's `UnknownTransactionCommitResult`
@@ -124,11 +134,7 @@ impl TransactionPin {
         command: TransactionCommand,
         error: &OperationError,
     ) -> Option<Pin> {
-        let unpin = error.has_label(Labels::TRANSIENT_TRANSACTION)
-            || (command == TransactionCommand::Commit
-                && error.has_label(Labels::UNKNOWN_TRANSACTION_COMMIT_RESULT))
-            || command == TransactionCommand::Abort;
-        if unpin {
+        if TransactionPin::unpins(command, error) {
             self.pin.take()
         } else {
             None

@@ -107,8 +107,15 @@ pub struct SimServer {
     pub reset_handshakes: u32,
     /// How much later than the network latency handshake replies arrive.
     pub handshake_delay: Duration,
-    /// The `serviceId` a load balancer's hello carries.
+    /// The `serviceId` a load balancer's hello carries (unless [`SimServer::service_ids`] lists
+    /// others).
     pub service_id: ObjectId,
+    /// LB-14, LB-15 (review38 L10 item 3): when not empty, a load balancer fronting several
+    /// mongos: the `n`th connection's handshake (from 0, in the order handshakes arrive) gets
+    /// `service_ids[n % len]` instead of [`SimServer::service_id`]. Default empty.
+    pub service_ids: Vec<ObjectId>,
+    /// Handshakes answered so far (picks the next of [`SimServer::service_ids`]).
+    handshakes: usize,
     /// What a [`Role::Member`] says in its hello.
     pub member: MemberState,
     /// While true, the server is down: it resets every connection at its first command (hello
@@ -153,6 +160,8 @@ impl SimServer {
             reset_handshakes: 0,
             handshake_delay: Duration::ZERO,
             service_id: ObjectId::parse_str("65a1b2c3d4e5f60718293a4b").unwrap(),
+            service_ids: Vec::new(),
+            handshakes: 0,
             member: MemberState::default(),
             down: false,
             executed: BTreeMap::new(),
@@ -168,7 +177,18 @@ impl SimServer {
         }
     }
 
-    fn hello(&self, request: &RawDocument) -> Document {
+    /// The `serviceId` a load balancer's hello carries: a handshake takes the next of
+    /// [`SimServer::service_ids`], if any.
+    fn next_service_id(&mut self, handshake: bool) -> ObjectId {
+        if !handshake || self.service_ids.is_empty() {
+            return self.service_id;
+        }
+        let id = self.service_ids[self.handshakes % self.service_ids.len()];
+        self.handshakes += 1;
+        id
+    }
+
+    fn hello(&self, request: &RawDocument, service: ObjectId) -> Document {
         let mut reply = doc! { "ok": 1, "isWritablePrimary": true, "helloOk": true, "maxWireVersion": 25,
         "minWireVersion": 0, "maxBsonObjectSize": 16_777_216, "maxMessageSizeBytes": 48_000_000,
         "maxWriteBatchSize": 100_000 };
@@ -197,7 +217,7 @@ impl SimServer {
             Role::LoadBalancer { service_id } => {
                 reply.insert("msg", "isdbgrid");
                 if service_id && request.get_bool("loadBalanced").unwrap_or(false) {
-                    reply.insert("serviceId", self.service_id);
+                    reply.insert("serviceId", service);
                 }
             }
         }
@@ -226,9 +246,13 @@ impl SimServer {
             } else {
                 Duration::ZERO
             };
-            let body = self
-                .api_version_refusal(&fields)
-                .unwrap_or_else(|| self.hello(request));
+            let body = match self.api_version_refusal(&fields) {
+                Some(refusal) => refusal,
+                None => {
+                    let service = self.next_service_id(handshake);
+                    self.hello(request, service)
+                }
+            };
             return Some(Step::Reply { body, delay });
         }
         if self.record_commands {

@@ -210,3 +210,88 @@ fn au5_the_conversation_carries_the_declared_api_version() {
         assert_eq!(versions, [Some("1")], "{command:?}");
     }
 }
+
+/// LB-14, CM-5 (review38 L5): in load-balanced mode an authentication failure after the hello
+/// clears its serviceId even after that service was cleared once before: the connection is
+/// judged by the service's generation it would have taken, not the pool's base one. A pinned
+/// cursor keeps the service's entry (generation 1 after a network error) alive meanwhile.
+#[test]
+fn lb14_an_authentication_failure_after_a_clear_of_its_service_clears_it_again() {
+    let mut lb = SimServer::new(Role::LoadBalancer { service_id: true });
+    let service = lb.service_id;
+    lb.script = vec![
+        // The cursor's connection.
+        Step::reply(sasl(b"welcome", false)),
+        Step::reply(sasl(b"", true)),
+        Step::reply(retry_sim::cursor_batch(42, "firstBatch")),
+        // A second connection, reset under its command: the service's first clear.
+        Step::reply(sasl(b"welcome", false)),
+        Step::reply(sasl(b"", true)),
+        Step::Reset,
+        // A third connection's authentication is refused: the second clear.
+        Step::reply(
+            doc! { "ok": 0, "code": 18, "codeName": "AuthenticationFailed", "errmsg": "Authentication failed." },
+        ),
+    ]
+    .into();
+    let mut sim = Sim::new(vec![(address("lb"), lb)], |options| {
+        options.topology.load_balanced = true;
+        options.auth = Some(AuthOptions::new("admin", Arc::new(Toy)));
+    });
+    let cleared = |sim: &Sim| {
+        sim.events
+            .iter()
+            .filter(|(_, e)| {
+                matches!(
+                    e,
+                    EngineEvent::Pool {
+                        event: PoolEvent::PoolCleared { service_id, .. },
+                        ..
+                    } if *service_id == Some(service)
+                )
+            })
+            .count()
+    };
+    let find = sim.start_request(retry_sim::open_cursor(
+        retry_core::retry::OperationKind::Read,
+    ));
+    sim.run(find).expect("the cursor opens");
+    assert!(sim.cursor_opened(find).is_some(), "a pinned cursor");
+    let ping = || doc! { "ping": 1 };
+    let kind = retry_core::retry::OperationKind::RunCommand;
+    let reset = sim.start(ping(), kind, retry_sim::primary());
+    sim.run(reset).expect_err("reset");
+    assert_eq!(
+        cleared(&sim),
+        1,
+        "LB-15: the network error clears the service"
+    );
+    let refused = sim.start(ping(), kind, retry_sim::primary());
+    let error = sim.run(refused).expect_err("refused");
+    assert_eq!(error.server_error().and_then(|e| e.code), Some(18));
+    assert_eq!(
+        cleared(&sim),
+        2,
+        "LB-14: the authentication failure clears the service again"
+    );
+    assert_eq!(
+        log_of(&sim, "lb"),
+        [
+            "saslStart",
+            "saslContinue",
+            "find",
+            "saslStart",
+            "saslContinue",
+            "ping",
+            "saslStart"
+        ]
+    );
+}
+
+fn log_of(sim: &Sim, host: &str) -> Vec<String> {
+    sim.servers[&address(host)]
+        .log
+        .iter()
+        .map(|(name, _)| name.clone())
+        .collect()
+}

@@ -21,6 +21,10 @@
 //! not out, no pool over `maxPoolSize` open or checked out, nothing left checked out once every
 //! operation finished); the same case run twice gives the same trace.
 //!
+//! Load-balanced cases (review38 L10 item 7) may share one session among their transaction
+//! commands, so a transaction runs several commands on its pinned connection, with finds that open
+//! cursors and getMores that follow them; every cursor is closed and the session ended at the end.
+//!
 //! Hedged reads (issue 12 item 1): half the cases hedge `find` (a service config with a random
 //! `maxAttempts` and `hedgingDelay`, 462 non-fatal) and turn command monitoring on. Then also: no
 //! hedged read starts more than `maxAttempts` copies (A6-H1); every copy that was sent ends
@@ -39,7 +43,8 @@ use bson::{doc, Document};
 use proptest::prelude::*;
 use retry_core::address::ServerAddress;
 use retry_core::engine::{
-    CommandEvent, ConnId, EngineEvent, OpId, OperationRequest, SessionHandle,
+    CommandEvent, ConnId, CursorHandle, CursorUse, EngineEvent, OpId, OperationRequest,
+    SessionHandle,
 };
 use retry_core::error::NetworkErrorKind;
 use retry_core::hedging::{CopyStage, HedgingEvent};
@@ -175,6 +180,12 @@ struct Case {
     heartbeat_ms: u64,
     /// Hedge `find`: `(maxAttempts, hedgingDelay in ms)`.
     hedging: Option<(u32, u64)>,
+    /// Load-balanced only (review38 L10 item 7; TX-3..TX-5, LB-10..LB-13): the transaction
+    /// commands share one session, so a transaction has several commands on its pinned
+    /// connection; finds open cursors (the `Ok` steps answer with cursor 42) and getMores
+    /// follow the last one opened. After the inputs every cursor is closed and the session
+    /// ended, so that nothing stays checked out.
+    lb_session: bool,
 }
 
 const KINDS: [OperationKind; 10] = [
@@ -313,6 +324,7 @@ fn case() -> impl Strategy<Value = Case> {
             2..=5_u32,
             prop_oneof![Just(0_u64), 1..50_u64, 50..3_000_u64],
         )),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -326,6 +338,7 @@ fn case() -> impl Strategy<Value = Case> {
                 inputs,
                 heartbeat_ms,
                 hedging,
+                lb_session,
             )| Case {
                 topology,
                 scripts,
@@ -337,6 +350,7 @@ fn case() -> impl Strategy<Value = Case> {
                 inputs,
                 heartbeat_ms,
                 hedging,
+                lb_session,
             },
         )
 }
@@ -462,6 +476,7 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
             n,
         ),
     };
+    let shared = case.lb_session && matches!(case.topology, Topology::LoadBalanced);
     let config: Vec<String> = hosts[..seeded]
         .iter()
         .map(|h| address(h).to_string())
@@ -474,7 +489,15 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
             let mut server = SimServer::new(role);
             server.member.hosts = config.clone();
             server.member.primary = i == 0;
-            server.script = script.steps.iter().map(ScriptStep::step).collect();
+            server.script = script
+                .steps
+                .iter()
+                .map(|step| match step {
+                    // Review38 L10 item 7: finds open cursors.
+                    ScriptStep::Ok if shared => Step::reply(cursor_reply()),
+                    step => step.step(),
+                })
+                .collect();
             server.reset_handshakes = script.reset_handshakes;
             if let Some(late) = script.late_handshake_ms {
                 server.handshake_delay = Duration::from_millis(late * 3);
@@ -489,6 +512,13 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
         o.seed = case.seed;
         o.topology.load_balanced = matches!(case.topology, Topology::LoadBalanced);
         o.topology.pool.max_pool_size = case.max_pool_size;
+        if shared {
+            // Review38 L10 item 7: the shared session used concurrently (SE-10) can leave a
+            // checkout waiting for the connection its own transaction or cursor holds until the
+            // session ends, which waits for that checkout (CMAP lets it wait without a limit);
+            // it gives up after 1 s, as in `lb_pins_properties.rs`.
+            o.topology.pool.wait_queue_timeout = Some(Duration::from_secs(1));
+        }
         o.selection.server_selection_timeout = Duration::from_millis(case.selection_timeout_ms);
         o.connect_timeout = Duration::from_millis(case.connect_timeout_ms);
         o.socket_timeout = case.socket_timeout_ms.map(Duration::from_millis);
@@ -501,6 +531,8 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
     // The explicit session of each transaction command, ended as soon as the command has
     // (TX-4 (6)): a load-balanced transaction keeps its connection until then.
     let mut sessions: Vec<(OpId, SessionHandle)> = Vec::new();
+    // Review38 L10 item 7: the one session of every transaction command, when shared.
+    let shared = shared.then(|| sim.engine.start_session());
     for input in &case.inputs {
         match input {
             Input::Start {
@@ -522,15 +554,35 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
                     request.criteria = SelectionCriteria::Read(nearest);
                 }
                 // TX-1: a transaction's commands run in an explicit session.
-                if matches!(
+                let transaction = matches!(
                     request.kind,
                     OperationKind::InTransaction { .. }
                         | OperationKind::CommitTransaction { .. }
                         | OperationKind::AbortTransaction
-                ) {
+                );
+                if let Some(shared) = shared {
+                    // Review38 L10 item 7: one session; a first statement starts its transaction
+                    // (refused while one is in progress: the statement then joins it).
+                    if let OperationKind::InTransaction { first: true, .. } = request.kind {
+                        let _ = sim
+                            .engine
+                            .start_transaction(shared, Default::default(), sim.now);
+                        sim.drain();
+                    }
+                    request.session = transaction.then_some(shared);
+                    request.cursor = match request.kind {
+                        OperationKind::Read | OperationKind::InTransaction { read: true, .. } => {
+                            CursorUse::Open
+                        }
+                        OperationKind::GetMore => {
+                            last_cursor(&sim).map_or(CursorUse::None, CursorUse::GetMore)
+                        }
+                        _ => CursorUse::None,
+                    };
+                } else if transaction {
                     request.session = Some(sim.engine.start_session());
                 }
-                let session = request.session;
+                let session = request.session.filter(|_| shared.is_none());
                 let op = sim.start_request(request);
                 sessions.extend(session.map(|s| (op, s)));
                 ops.push(Started {
@@ -590,18 +642,31 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
             settle_instant(&mut sim)?;
         }
     }
-    // Every operation must end within SETTLE, step by step (the monitors' timers never stop).
-    let limit = sim.now.saturating_add(SETTLE);
-    for _ in 0..retry_sim::MAX_STEPS {
-        let finished = finished_ops(&sim);
-        if ops.iter().all(|s| finished.contains_key(&s.op)) {
-            break;
+    settle(&mut sim, &ops, &mut sessions)?;
+    // Review38 L10 item 7: every cursor is closed (a killCursors of one already ended is a usage
+    // error, which ends at once) and the shared session ended; they settle in turn.
+    if let Some(shared) = shared {
+        let opened: Vec<CursorHandle> = sim
+            .events
+            .iter()
+            .filter_map(|(_, e)| match e {
+                EngineEvent::CursorOpened { cursor, .. } => Some(*cursor),
+                _ => None,
+            })
+            .collect();
+        for cursor in opened {
+            let mut close = request(OperationKind::RunCommand, OperationTimeout::Off);
+            close.command = doc! { "killCursors": "c", "cursors": [42_i64] };
+            let op = sim.start_request(close.with_cursor(CursorUse::Close(cursor)));
+            ops.push(Started {
+                op,
+                at: sim.now,
+                deadline: None,
+            });
         }
-        if !sim.step(limit) {
-            break;
-        }
-        end_finished_sessions(&mut sim, &mut sessions);
-        check_timeout(&sim)?;
+        sim.engine.end_session(shared, sim.now);
+        sim.drain();
+        settle(&mut sim, &ops, &mut sessions)?;
     }
     // A cancelled copy's connection drains until its reply (at most 5 s slow) or its timeout.
     if case.hedging.is_some() {
@@ -609,6 +674,43 @@ fn run(case: &Case) -> Result<(Sim, Vec<Started>), TestCaseError> {
         prop_assert!(sim.advance_to(until), "step cap reached while draining");
     }
     Ok((sim, ops))
+}
+
+/// Every operation must end within SETTLE, step by step (the monitors' timers never stop).
+fn settle(
+    sim: &mut Sim,
+    ops: &[Started],
+    sessions: &mut Vec<(OpId, SessionHandle)>,
+) -> Result<(), TestCaseError> {
+    let limit = sim.now.saturating_add(SETTLE);
+    for _ in 0..retry_sim::MAX_STEPS {
+        let finished = finished_ops(sim);
+        if ops.iter().all(|s| finished.contains_key(&s.op)) {
+            break;
+        }
+        if !sim.step(limit) {
+            break;
+        }
+        end_finished_sessions(sim, sessions);
+        check_timeout(sim)?;
+    }
+    Ok(())
+}
+
+/// A reply that serves every command and opens (or keeps) cursor 42 for a cursor command.
+fn cursor_reply() -> Document {
+    doc! {
+        "ok": 1, "n": 1,
+        "cursor": { "id": 42_i64, "ns": "test.c", "firstBatch": [], "nextBatch": [] },
+    }
+}
+
+/// The cursor opened last, if any (a getMore of one already ended is a usage error).
+fn last_cursor(sim: &Sim) -> Option<CursorHandle> {
+    sim.events.iter().rev().find_map(|(_, e)| match e {
+        EngineEvent::CursorOpened { cursor, .. } => Some(*cursor),
+        _ => None,
+    })
 }
 
 /// `find` hedged with these parameters, 462 non-fatal.
@@ -1021,6 +1123,84 @@ fn the_checks_catch_broken_traces() {
     assert!(check_pools(&sim, 2, true).is_err(), "a leaked check-out");
 }
 
+/// Review38 L10 item 7, TX-5, LB-10: the shared-session load-balanced shape does what it is
+/// for. A transaction's find opens a cursor on the pinned connection, a getMore follows it, a
+/// later insert and the commit run on the same connection, and at the end the cursor is closed
+/// and the session ended: every operation ends once, and one connection was checked out and in
+/// once.
+#[test]
+fn an_lb_transaction_with_a_cursor_runs_on_one_connection() {
+    let start = |kind| Input::Start {
+        kind,
+        timeout_ms: None,
+        nearest: false,
+    };
+    let case = Case {
+        topology: Topology::LoadBalanced,
+        scripts: vec![
+            ServerScript {
+                steps: vec![ScriptStep::Ok; 6],
+                reset_handshakes: 0,
+                late_handshake_ms: None,
+            };
+            SERVERS
+        ],
+        max_pool_size: 2,
+        seed: 1,
+        selection_timeout_ms: 1_000,
+        connect_timeout_ms: 1_000,
+        socket_timeout_ms: None,
+        heartbeat_ms: 10_000,
+        hedging: None,
+        lb_session: true,
+        // The transaction's first find, a getMore, a later insert, the commit.
+        inputs: vec![
+            start(8),
+            Input::Advance(100),
+            start(3),
+            Input::Advance(100),
+            start(9),
+            Input::Advance(100),
+            start(5),
+        ],
+    };
+    let (sim, ops) = run(&case).expect("runs");
+    let finished = finished_ops(&sim);
+    for started in &ops {
+        assert_eq!(finished.get(&started.op), Some(&1), "{:?}", started.op);
+        let result = sim.result(started.op).expect("finished");
+        assert!(result.is_ok(), "{:?}: {result:?}", started.op);
+    }
+    let log: Vec<_> = sim.servers[&address("lb")].log.iter().collect();
+    let names: Vec<&str> = log.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "find",
+            "getMore",
+            "insert",
+            "commitTransaction",
+            "killCursors"
+        ]
+    );
+    assert!(log.windows(2).all(|w| w[0].1 == w[1].1), "one connection");
+    assert!(check_pools(&sim, 2, true).is_ok());
+    let out = sim
+        .events
+        .iter()
+        .filter(|(_, e)| {
+            matches!(
+                e,
+                EngineEvent::Pool {
+                    event: PoolEvent::CheckedOut { .. },
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(out, 1, "one check-out");
+}
+
 /// A sanity run of the generator's shape that must succeed: one read on each topology.
 #[test]
 fn one_read_finishes_on_every_topology() {
@@ -1048,6 +1228,7 @@ fn one_read_finishes_on_every_topology() {
             socket_timeout_ms: None,
             heartbeat_ms: 10_000,
             hedging: None,
+            lb_session: false,
             inputs: vec![Input::Start {
                 kind: 0,
                 timeout_ms: None,
@@ -1083,6 +1264,7 @@ fn a_nearest_read_while_the_primary_goes_down_finishes() {
         socket_timeout_ms: None,
         heartbeat_ms: 500,
         hedging: None,
+        lb_session: false,
         inputs: vec![
             Input::Start {
                 kind: 0,
@@ -1137,6 +1319,7 @@ fn a_nearest_read_after_a_step_down_to_an_unreachable_member_finishes() {
         socket_timeout_ms: None,
         heartbeat_ms: 500,
         hedging: None,
+        lb_session: false,
         inputs: vec![
             Input::StepDown {
                 to: 1,
@@ -1151,4 +1334,169 @@ fn a_nearest_read_after_a_step_down_to_an_unreachable_member_finishes() {
         ],
     };
     assert_case_finishes(&case);
+}
+
+/// TX-4 (1)-(3), house rule 8 (lb21): the shared load-balanced session case that looped for ever
+/// (and ran out of memory). A commit under `timeoutMS=0` kept its pinned connection after the
+/// session's pin went (a command of the session run alongside unpinned it) and the connection
+/// died: every retry failed before sending, at once. Its retry now selects anew; every operation
+/// ends once and nothing stays checked out.
+#[test]
+fn tx4_a_commit_whose_session_lost_its_pin_selects_anew_and_finishes() {
+    let case = Case {
+        topology: Topology::LoadBalanced,
+        scripts: vec![
+            ServerScript {
+                steps: vec![],
+                reset_handshakes: 1,
+                late_handshake_ms: None,
+            },
+            ServerScript {
+                steps: vec![
+                    ScriptStep::Ok,
+                    ScriptStep::Ok,
+                    ScriptStep::Garbage(vec![
+                        6, 0, 0, 0, 242, 216, 191, 203, 245, 128, 114, 53, 151, 72, 243, 210, 159,
+                        241, 160, 117, 197, 231, 140, 45,
+                    ]),
+                ],
+                reset_handshakes: 1,
+                late_handshake_ms: Some(118),
+            },
+            ServerScript {
+                steps: vec![
+                    ScriptStep::Ok,
+                    ScriptStep::Ok,
+                    ScriptStep::Reset,
+                    ScriptStep::Overload,
+                    ScriptStep::Overload,
+                    ScriptStep::Overload,
+                ],
+                reset_handshakes: 2,
+                late_handshake_ms: None,
+            },
+            ServerScript {
+                steps: vec![],
+                reset_handshakes: 2,
+                late_handshake_ms: None,
+            },
+        ],
+        max_pool_size: 1,
+        seed: 231419354508945955,
+        selection_timeout_ms: 461,
+        connect_timeout_ms: 2803,
+        socket_timeout_ms: Some(3814),
+        inputs: vec![
+            Input::Start {
+                kind: 1,
+                timeout_ms: Some(0),
+                nearest: true,
+            },
+            Input::UnknownClosed(11415266897567901140_u64),
+            Input::Start {
+                kind: 8,
+                timeout_ms: Some(19850),
+                nearest: true,
+            },
+            Input::Start {
+                kind: 1,
+                timeout_ms: Some(0),
+                nearest: true,
+            },
+            Input::Start {
+                kind: 1,
+                timeout_ms: Some(0),
+                nearest: true,
+            },
+            Input::Start {
+                kind: 2,
+                timeout_ms: Some(15225),
+                nearest: false,
+            },
+            Input::Start {
+                kind: 2,
+                timeout_ms: Some(10045),
+                nearest: true,
+            },
+            Input::Advance(31),
+            Input::UnknownClosed(2342739014165610418_u64),
+            Input::Advance(0),
+            Input::Reconfig(0, false),
+            Input::UnknownClosed(9394865601017437729_u64),
+            Input::Advance(0),
+            Input::Down(1, false),
+            Input::Start {
+                kind: 1,
+                timeout_ms: Some(0),
+                nearest: true,
+            },
+            Input::Start {
+                kind: 4,
+                timeout_ms: Some(8420),
+                nearest: true,
+            },
+            Input::Start {
+                kind: 7,
+                timeout_ms: Some(14298),
+                nearest: false,
+            },
+            Input::Advance(0),
+            Input::Close(7163210839395780794_usize, NetworkErrorKind::Io),
+            Input::Reconfig(1, true),
+            Input::Start {
+                kind: 8,
+                timeout_ms: None,
+                nearest: false,
+            },
+            Input::Start {
+                kind: 4,
+                timeout_ms: None,
+                nearest: false,
+            },
+            Input::Advance(8116),
+            Input::Start {
+                kind: 2,
+                timeout_ms: Some(1761),
+                nearest: false,
+            },
+            Input::Start {
+                kind: 4,
+                timeout_ms: Some(0),
+                nearest: false,
+            },
+            Input::Down(0, true),
+            Input::Start {
+                kind: 1,
+                timeout_ms: Some(0),
+                nearest: true,
+            },
+            Input::Start {
+                kind: 6,
+                timeout_ms: Some(0),
+                nearest: false,
+            },
+            Input::Start {
+                kind: 8,
+                timeout_ms: None,
+                nearest: true,
+            },
+            Input::Advance(0),
+            Input::StepDown {
+                to: 2,
+                new_election: false,
+                new_set_version: false,
+            },
+            Input::SpuriousTimeout,
+            Input::SpuriousTimeout,
+        ],
+        heartbeat_ms: 2000,
+        hedging: Some((2, 2325)),
+        lb_session: true,
+    };
+    let (sim, ops) = run(&case).expect("runs");
+    let finished = finished_ops(&sim);
+    for started in &ops {
+        assert_eq!(finished.get(&started.op), Some(&1), "{:?}", started.op);
+    }
+    assert!(check_pools(&sim, case.max_pool_size, true).is_ok());
 }

@@ -303,10 +303,10 @@ pub struct OperationRequest {
     /// any CSOT timeout a commit's `maxCommitTimeMS` is ignored (TO-6, TO-8).
     pub timeout: OperationTimeout,
     /// How the operation relates to a cursor: a getMore or killCursors goes where its cursor lives,
-    /// with the cursor's session (SE-14). A getMore joins that session's transaction only when its
-    /// cursor was opened in it and it is still active, and never starts one (TX-1); one whose
-    /// [`OperationRequest::session`] names another session than its cursor's is a usage error
-    /// (review37 W1).
+    /// with the cursor's session (SE-14). A getMore or killCursors joins that session's
+    /// transaction only when its cursor was opened in it and it is still active, and never starts
+    /// one (TX-1); one whose [`OperationRequest::session`] names another session than its
+    /// cursor's is a usage error (review37 W1, engine21's leftover).
     pub cursor: CursorUse,
     /// The explicit session from [`Engine::start_session`]; `None` runs the operation in an
     /// implicit session (SE-9). Transactions need one: their commands share its `lsid` and

@@ -477,7 +477,14 @@ impl Engine {
         // TX-1, SE-14 (review37 W1): whatever session the request names, membership is decided
         // from the cursor, so a getMore never starts a transaction nor joins one its cursor was
         // not opened in; a request naming another session than the cursor's is refused.
-        if let CursorUse::GetMore(handle) = request.cursor {
+        // TX-1, SE-14 (engine21's leftover): a `killCursors` too. A real server runs one in the
+        // transaction its cursor was opened in (its `killCursors` is allowed there, with the
+        // transaction's txnNumber and `autocommit: false`), refuses one as a transaction's first
+        // command (OperationNotSupportedInTransaction, 263), and kills a transaction's cursor
+        // from outside it as well; so a killCursors, whatever session it names, carries the
+        // transaction's fields (never `startTransaction`) only for a cursor opened in the
+        // active transaction, and otherwise only the cursor's `lsid`.
+        if let CursorUse::GetMore(handle) | CursorUse::Close(handle) = request.cursor {
             if let Some((session, opened_in)) = self
                 .cursors
                 .get_mut(&handle)
@@ -489,8 +496,8 @@ impl Engine {
                 };
                 if request.session.is_some_and(|named| Some(named) != session) {
                     let error = OperationError::usage(
-                        "a getMore must run in the session of the command that opened its \
-                         cursor (SE-14)",
+                        "a getMore or killCursors must run in the session of the command that \
+                         opened its cursor (SE-14)",
                     );
                     return self.finished_at_once(op, internal, Err(error));
                 }
@@ -504,9 +511,10 @@ impl Engine {
                                 active,
                             )
                         });
-                // TX-4 (5) (review7 finding 9): a getMore naming its session after the
-                // transaction ended uses the session outside a transaction, which unpins it (the
-                // transaction's state stays as it is); an active transaction keeps its pin.
+                // TX-4 (5) (review7 finding 9): a getMore (or killCursors) naming its session
+                // after the transaction ended uses the session outside a transaction, which
+                // unpins it (the transaction's state stays as it is); an active transaction
+                // keeps its pin.
                 if let (Some(named), false, false) = (request.session, joins, active) {
                     let unpinned = self
                         .sessions
@@ -590,9 +598,19 @@ impl Engine {
             }
         }
         if let Some(session) = request.session {
-            let (server, conn) = self.session_route(session, request.kind, now);
-            pinned_server = pinned_server.or(server);
-            pinned_conn = pinned_conn.or(conn);
+            match self.session_route(session, request.kind, now) {
+                Ok((server, conn)) => {
+                    pinned_server = pinned_server.or(server);
+                    pinned_conn = pinned_conn.or(conn);
+                }
+                // TX-3, TX-7, TX-4 (2) (review38 L6): its pinned mongos left the topology; the
+                // statement ends at once, nothing sent, and the session is unpinned.
+                Err(error) => {
+                    self.finished_at_once(op, internal, Err(error));
+                    self.run(now);
+                    return op;
+                }
+            }
         }
         // TX-1, TX-2 (review6 finding 2): the transaction this statement belongs to.
         let transaction = match request.kind {
@@ -1638,6 +1656,17 @@ impl Engine {
                     if kept {
                         op.slots[slot].conn = None;
                     }
+                }
+            } else if crate::pinning::TransactionPin::unpins(command, &error) {
+                // TX-4 (1)-(3), house rule 8 (lb21, found by engine_properties' shared LB
+                // session): the session's pin went meanwhile (a command of the session run
+                // alongside, SE-10, unpinned it and let its connection go), so this operation's
+                // retry selects anew too: kept on a pinned connection whose socket is gone, a
+                // commit retried without limit under `timeoutMS=0` failed before sending, at
+                // once, for ever.
+                if let Some(op) = self.ops.get_mut(&op_id) {
+                    op.pinned_server = None;
+                    op.pinned_conn = None;
                 }
             }
         }

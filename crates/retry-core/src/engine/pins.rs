@@ -11,7 +11,9 @@ use bson::RawDocumentBuf;
 
 use super::{ConnId, Cursor, CursorHandle, CursorUse, Engine, OpId, Owner, SessionHandle};
 use crate::error::{Labels, OperationError};
-use crate::pinning::{CursorClose, CursorPin, CursorStep, Pin, TransactionCommand};
+use crate::pinning::{
+    transaction_labels, CursorClose, CursorPin, CursorStep, Pin, TransactionCommand,
+};
 use crate::pool::{ConnectionId, Purpose};
 use crate::retry::{AttemptServer, OperationKind};
 use crate::time::Instant;
@@ -73,14 +75,20 @@ impl Engine {
     /// Where a session's operation of `kind` must go (TX-3, TX-5), after the TX-4 unpinning rules
     /// that apply before selection: a new transaction (4) and a non-transaction operation (5)
     /// unpin; the later commands of a transaction follow the pin.
+    ///
+    /// TX-3, TX-7, TX-4 (2) (review38 L6): a statement whose pinned mongos is no longer part of
+    /// the topology may not go anywhere else (no other mongos knows its transaction): the error
+    /// it fails with at once, nothing sent, is a server-selection error labelled
+    /// `TransientTransactionError`, and the session is unpinned. A commit or abort selects
+    /// anew instead (it carries the `recoveryToken`, TX-6).
     pub(super) fn session_route(
         &mut self,
         session: SessionHandle,
         kind: OperationKind,
         now: Instant,
-    ) -> (Option<AttemptServer>, Option<ConnId>) {
+    ) -> Result<(Option<AttemptServer>, Option<ConnId>), OperationError> {
         let Some(state) = self.sessions.get_mut(&session) else {
-            return (None, None);
+            return Ok((None, None));
         };
         let unpinned = match kind {
             OperationKind::InTransaction { first: true, .. } => state.pin.start_transaction(),
@@ -91,24 +99,59 @@ impl Engine {
         };
         if unpinned.is_some() {
             self.transaction_unpinned(session, unpinned, now);
-            return (None, None);
+            return Ok((None, None));
         }
         let Some(state) = self.sessions.get(&session) else {
-            return (None, None);
+            return Ok((None, None));
         };
-        let (address, conn) = match state.pin.pinned() {
-            Some(Pin::Mongos(address)) => (Some(address.clone()), None),
+        let (address, conn, mongos) = match state.pin.pinned() {
+            Some(Pin::Mongos(address)) => (Some(address.clone()), None, true),
             Some(Pin::Connection(_)) => {
                 let socket = state.conn.and_then(|c| self.sockets.get(&c));
-                (socket.map(|s| s.address.clone()), state.conn)
+                (socket.map(|s| s.address.clone()), state.conn, false)
             }
-            None => return (None, None),
+            None => return Ok((None, None)),
         };
         let topology = self.topology.description();
         let server = address
-            .and_then(|a| topology.server(&a))
+            .as_ref()
+            .and_then(|a| topology.server(a))
             .map(|d| AttemptServer::from_description(d, topology.topology_type));
-        (server, conn)
+        match (server, address) {
+            (None, Some(address)) if mongos && Engine::is_statement(kind) => {
+                Err(self.pinned_mongos_left(session, &address, now))
+            }
+            (server, _) => Ok((server, conn)),
+        }
+    }
+
+    /// Whether `kind` is a transaction's statement (neither its commit nor its abort).
+    fn is_statement(kind: OperationKind) -> bool {
+        matches!(kind, OperationKind::InTransaction { .. })
+    }
+
+    /// TX-3, TX-7, TX-4 (2) (review38 L6): the statement of `session`'s transaction cannot reach
+    /// its pinned mongos at `address`, which has left the topology: the server-selection error
+    /// it ends with, labelled as `fail_attempt` labels one (TransientTransactionError), after
+    /// the unpin that label calls for. A mongos pin holds no connection.
+    fn pinned_mongos_left(
+        &mut self,
+        session: SessionHandle,
+        address: &crate::address::ServerAddress,
+        now: Instant,
+    ) -> OperationError {
+        let error = OperationError::server_selection(alloc::format!(
+            "the transaction's pinned mongos {address} is no longer part of the topology"
+        ));
+        let labels = transaction_labels(&error, TransactionCommand::Statement);
+        let error = error.with_labels(labels);
+        let unpinned = self
+            .sessions
+            .get_mut(&session)
+            .and_then(|s| s.pin.command_failed(TransactionCommand::Statement, &error));
+        debug_assert!(unpinned.is_some(), "TX-4 (2): a transient error unpins");
+        self.transaction_unpinned(session, unpinned, now);
+        error
     }
 
     /// TX-4: the session's transaction pin went before selection, a new transaction or the
@@ -320,8 +363,9 @@ impl Engine {
             return;
         }
         if load_balanced {
-            // The connection is the transaction's now, even one the operation was to give back
-            // (a killCursors that became the transaction's first command, its cursor closed).
+            // The connection is the transaction's now, even one the operation was to give back.
+            // (A killCursors never is a first command: it joins only the transaction its cursor
+            // was opened in, `launch`.)
             op.keep_conn = true;
             op.release_pinned = false;
             state.conn = Some(conn);

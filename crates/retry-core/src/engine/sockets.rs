@@ -253,8 +253,18 @@ impl Engine {
         now: Instant,
     ) {
         let mut context = self.error_context(server, id, handshaken);
-        // LB-14: an error after the hello (during authentication) knows its serviceId.
-        context.service_id = context.service_id.or(hello_service);
+        // LB-14, CM-5 (review38 L5): an error after the hello (during authentication) knows its
+        // serviceId. The connection never completed its establishment, so it holds the pool's
+        // base generation, not its service's: it is judged by the generation it would have
+        // taken from that service's entry (what the pool gives it at establishment), else after
+        // one clear of the service every later such error on it would be stale.
+        let load_balanced = self.options.topology.load_balanced;
+        if let (None, Some(service), true) = (context.service_id, hello_service, load_balanced) {
+            context.service_id = Some(service);
+            context.generation = self
+                .pool(server)
+                .map_or(0, |pool| pool.service_generation(&service));
+        }
         // House rule 8 (review38 L1): an operation that no longer exists saw nothing; the
         // connection's own holders (its cursors, a transaction's pin) decide, as for an idle one.
         let op = op.filter(|(op_id, _)| self.ops.contains_key(op_id));
