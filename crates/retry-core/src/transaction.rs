@@ -96,7 +96,7 @@ const MAX_COMMIT_TIME_TOO_LARGE: &str =
 
 /// TO-6: a `maxCommitTimeMS` in milliseconds as a [`Duration`]: a usage error for a negative
 /// value or one above [`MAX_TIME_MS_LIMIT`], never a panic.
-pub fn max_commit_time_ms(ms: i64) -> Result<Duration, OperationError> {
+pub(crate) fn max_commit_time_ms(ms: i64) -> Result<Duration, OperationError> {
     match u64::try_from(ms) {
         Err(_) => Err(OperationError::usage(alloc::format!(
             "maxCommitTimeMS must not be negative (got {ms})"

@@ -10,7 +10,7 @@ use retry_core::error::ErrorKind;
 use retry_core::retry::OperationKind;
 use retry_core::selection::SelectionCriteria;
 use retry_core::time::OperationTimeout;
-use retry_core::transaction::{max_commit_time_ms, TransactionOptions};
+use retry_core::transaction::TransactionOptions;
 
 use retry_sim::{address, Role, Sim, SimServer, Step};
 
@@ -306,20 +306,21 @@ fn to14_a_commit_that_sends_nothing_takes_the_timeout() {
 #[test]
 fn to6_bad_max_commit_time_is_a_usage_error() {
     for bad in [-1_i64, i64::MIN, i64::from(i32::MAX) + 1] {
-        let error = max_commit_time_ms(bad).expect_err("refused");
-        assert!(matches!(error.kind, ErrorKind::Usage { .. }), "{error:?}");
-        assert!(TransactionOptions::default()
+        let error = TransactionOptions::default()
             .with_max_commit_time_ms(bad)
-            .is_err());
+            .expect_err("refused");
+        assert!(matches!(error.kind, ErrorKind::Usage { .. }), "{error:?}");
     }
+    let given = |ms: i64| {
+        TransactionOptions::default()
+            .with_max_commit_time_ms(ms)
+            .expect("in range")
+            .max_commit_time
+    };
+    assert_eq!(given(0), Some(Duration::ZERO), "0 is passed through");
     assert_eq!(
-        max_commit_time_ms(0).unwrap(),
-        Duration::ZERO,
-        "0 is passed through"
-    );
-    assert_eq!(
-        max_commit_time_ms(i64::from(i32::MAX)).unwrap(),
-        Duration::from_millis(i32::MAX as u64)
+        given(i64::from(i32::MAX)),
+        Some(Duration::from_millis(i32::MAX as u64))
     );
     let mut sim = mongos(Vec::new());
     let session = sim.engine.start_session();
