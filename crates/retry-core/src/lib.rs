@@ -204,9 +204,9 @@
 //!         }
 //!         out.clear();
 //!     }
-//!     while let Some(conn) = engine.poll_close() {
-//!         if let Some(socket) = sockets.remove(&conn) {
-//!             socket.close(); // writes out what it was given first (WP-6, EV-4)
+//!     while let Some(close) = engine.poll_close() {
+//!         if let Some(socket) = sockets.remove(&close.conn) {
+//!             socket.close(close.write_out); // writes out what it took first if asked (WP-6)
 //!         }
 //!     }
 //!     while let Some(event) = engine.poll_event() {
@@ -281,10 +281,11 @@
 //!         Ok(wrote)
 //!     }
 //!
-//!     /// Writes out what the engine gave it, for at most a second, then closes it.
-//!     fn close(mut self) {
+//!     /// Closes it; with `write_out` (a healthy connection let go, WP-6) after writing out what
+//!     /// the engine gave it, for at most a second; without, its unwritten rest is dropped.
+//!     fn close(mut self, write_out: bool) {
 //!         let deadline = std::time::Instant::now() + Duration::from_secs(1);
-//!         while !self.unsent.is_empty() && std::time::Instant::now() < deadline {
+//!         while write_out && !self.unsent.is_empty() && std::time::Instant::now() < deadline {
 //!             match self.flush() {
 //!                 Ok(true) => {}
 //!                 Ok(false) => std::thread::sleep(Duration::from_millis(1)),

@@ -419,3 +419,53 @@ fn wp6_only_unacknowledged_writes_are_sent_with_more_to_come() {
     }
     assert!(net.unanswered.is_empty(), "every request was answered");
 }
+
+/// WP-6, review39 M3: `Close::write_out` tells the caller whether to write out the bytes it
+/// already took before closing: not for a socket closed under a cancelled command (its unwritten
+/// rest must not reach the server), but for a healthy connection let go (here at
+/// `Engine::close`, after the endSessions).
+#[test]
+fn wp6_m3_only_a_healthy_close_writes_out_what_was_taken() {
+    // This server never answers an insert: the acknowledged one stays in flight.
+    let script = Box::new(|_: &_, body: &Document| {
+        if is_hello(body) {
+            return Some(
+                doc! { "ok": 1, "helloOk": true, "isWritablePrimary": true, "msg": "isdbgrid",
+                "maxWireVersion": 25, "minWireVersion": 0, "logicalSessionTimeoutMinutes": 30 },
+            );
+        }
+        (!body.contains_key("insert")).then(|| doc! { "ok": 1 })
+    });
+    let mut handshake = HandshakeOptions::new();
+    handshake.metadata = ClientMetadata::new("engine-unacknowledged", "0.1.0");
+    let options = EngineOptions::new(TopologySettings::new(vec![address("m")]), handshake);
+    let mut net = Net::new(options, script);
+    let op = net.start(insert(None));
+    let (conn, _) = *net
+        .unanswered
+        .last()
+        .expect("the insert waits for its reply");
+    net.engine.cancel_operation(op, net.now);
+    net.drain();
+    let cancelled: Vec<_> = net.closes.iter().filter(|c| c.conn == conn).collect();
+    assert_eq!(cancelled.len(), 1, "closed once: {:?}", net.closes);
+    assert!(!cancelled[0].write_out, "closed under a cancelled command");
+    // A healthy pooled connection, then the engine's close lets it go.
+    let ping = net.start(ping());
+    assert_eq!(net.finished(ping).len(), 1);
+    let pooled = net
+        .sent
+        .iter()
+        .rev()
+        .find(|(_, body)| body.contains_key("ping"))
+        .map(|(conn, _)| *conn)
+        .expect("the ping was sent");
+    net.engine.close(net.now);
+    net.drain();
+    let let_go: Vec<_> = net.closes.iter().filter(|c| c.conn == pooled).collect();
+    assert_eq!(let_go.len(), 1, "closed once: {:?}", net.closes);
+    assert!(
+        let_go[0].write_out,
+        "a healthy connection let go (poolClosed)"
+    );
+}

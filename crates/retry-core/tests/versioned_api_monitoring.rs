@@ -118,9 +118,9 @@ fn run(options: EngineOptions, limit: Instant) -> Vec<Sent> {
             }
             buf.clear();
         }
-        while let Some(conn) = engine.poll_close() {
+        while let Some(close) = engine.poll_close() {
             progressed = true;
-            sockets.remove(&conn);
+            sockets.remove(&close.conn);
         }
         while engine.poll_event().is_some() {
             progressed = true;

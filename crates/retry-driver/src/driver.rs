@@ -5,8 +5,10 @@
 //!
 //! A socket that failed is dropped at once, with whatever it was not yet able to write: the
 //! engine learns of the failure ([`Engine::handle_closed`]) and answers for those bytes (a
-//! request it had not handed over fails before send). A socket the engine asks to close
-//! ([`Engine::poll_close`]) first writes out the bytes it was already handed (WP-6, EV-4): the
+//! request it had not handed over fails before send), and so is one the engine closes under a
+//! failed, cancelled or timed-out command (`Close::write_out` false: a truncated message is
+//! never run). A healthy socket the engine lets go ([`Engine::poll_close`], `write_out`) first
+//! writes out the bytes it was already handed (WP-6, EV-4): the
 //! engine may have finished an operation on them, an unacknowledged (`w: 0`) write ends with
 //! `{ok: 1}` when [`Engine::poll_transmit`] hands its bytes over, and its connection, stale by
 //! then (its pool cleared), is closed in the same call. The driver writes them as far as the
@@ -27,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::task::Wake;
 
 use retry_core::address::ServerAddress;
-use retry_core::engine::{ConnId, CursorHandle, Engine, EngineEvent, EventFamilies, OpId};
+use retry_core::engine::{Close, ConnId, CursorHandle, Engine, EngineEvent, EventFamilies, OpId};
 use retry_core::error::{NetworkCause, NetworkErrorKind, OperationError};
 use retry_core::id_table::IdTable;
 use retry_core::time::{Instant, OperationTimeout};
@@ -511,9 +513,9 @@ impl Driver {
             // next input.
             self.open_sockets();
         }
-        while let Some(conn) = self.engine.poll_close() {
+        while let Some(close) = self.engine.poll_close() {
             progressed = true;
-            self.close_socket(conn, now);
+            self.close_socket(close, now);
         }
         let Some(mut event) = self.engine.poll_event() else {
             return progressed;
@@ -579,16 +581,19 @@ impl Driver {
         true
     }
 
-    /// WP-6, EV-4: the engine closed `conn`. A socket with bytes it was handed and has not
-    /// written (an unacknowledged write's, which the engine ended with `{ok: 1}` as it handed
-    /// them over) writes what it takes now, and if some are left it stays, only written, until
-    /// they are out, a write fails, or [`CLOSE_WRITE_LIMIT`] from `now`; any other is dropped.
-    fn close_socket(&mut self, conn: ConnId, now: Instant) {
+    /// WP-6, EV-4: the engine closed a socket. One let go healthy ([`Close::write_out`]) with
+    /// bytes it was handed and has not written (an unacknowledged write's, which the engine
+    /// ended with `{ok: 1}` as it handed them over) writes what it takes now, and if some are
+    /// left it stays, only written, until they are out, a write fails, or [`CLOSE_WRITE_LIMIT`]
+    /// from `now`; any other is dropped, with its unwritten rest (review39 M3: a command
+    /// cancelled or timed out mid-write never reaches the server whole).
+    fn close_socket(&mut self, close: Close, now: Instant) {
+        let conn = close.conn;
         let Some(socket) = self.sockets.get_mut(&conn) else {
             return;
         };
         if let Link::Open(stream) = &mut socket.link {
-            if !socket.outgoing.is_empty() {
+            if close.write_out && !socket.outgoing.is_empty() {
                 let mut socket_cx = Context::from_waker(&socket.waker);
                 let (_, failure) = write_outgoing(
                     stream,

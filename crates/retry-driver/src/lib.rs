@@ -44,9 +44,10 @@
 //! reads), fires the engine's timers that are due and arms one runtime timer for the next
 //! (resetting it only when the deadline changed), and repeats until nothing moves. After 64
 //! rounds it yields and wakes itself, so it never exhausts tokio's coop budget in one poll.
-//! A socket the engine closes writes out the bytes it was already handed first, for at most a
-//! second and without blocking (an unacknowledged write the engine reported done may be among
-//! them, WP-6, EV-4); a socket that failed goes at once.
+//! A healthy socket the engine lets go (`Close::write_out`) writes out the bytes it was already
+//! handed first, for at most a second and without blocking (an unacknowledged write the engine
+//! reported done may be among them, WP-6, EV-4); one closed under a failed, cancelled or
+//! timed-out command, or that failed, goes at once with its unwritten rest.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -110,9 +110,9 @@ pub fn run(options: EngineOptions, command: Document) -> Result<Document, Operat
                 }
             }
             // Every byte handed over was written (`write_all`) before the engine asks for a close.
-            while let Some(conn) = engine.poll_close() {
+            while let Some(close) = engine.poll_close() {
                 drained = true;
-                if let Some(stream) = sockets.remove(&conn) {
+                if let Some(stream) = sockets.remove(&close.conn) {
                     let _ = stream.shutdown(Shutdown::Both); // ends its reader thread
                 }
             }

@@ -510,7 +510,8 @@ impl Sim {
                 buf.clear();
             }
             self.transmit_buf = buf;
-            while let Some(conn) = self.engine.poll_close() {
+            while let Some(close) = self.engine.poll_close() {
+                let conn = close.conn;
                 progressed = true;
                 if self.sockets.remove(&conn).is_some() {
                     self.retired.insert(conn);

@@ -91,8 +91,8 @@ fn bug4_a_failed_monitor_socket_is_closed_once() {
         Instant::from_nanos(1_000),
     );
     let mut closes = Vec::new();
-    while let Some(conn) = engine.poll_close() {
-        closes.push(conn);
+    while let Some(close) = engine.poll_close() {
+        closes.push(close.conn);
     }
     assert_eq!(closes, [connect.conn], "each socket is closed once");
 }

@@ -22,7 +22,7 @@
 //!     // drains until all four are empty.
 //!     while let Some(c) = engine.poll_connect()  { open a socket to c.address, then handle_connected(c.conn) }
 //!     while let Some(conn) = engine.poll_transmit(&mut buf) { write buf to conn; buf.clear() }
-//!     while let Some(c) = engine.poll_close()    { write out c's unwritten bytes (bounded), then close c }
+//!     while let Some(c) = engine.poll_close()    { if c.write_out, write out its bytes (bounded); close c.conn }
 //!     while let Some(e) = engine.poll_event()    { deliver e }
 //!     wait for bytes (handle_bytes), a closed socket (handle_closed) or poll_timeout() (handle_timeout)
 //! }
@@ -450,6 +450,21 @@ pub struct Connect {
     pub address: ServerAddress,
 }
 
+/// A socket to close ([`Engine::poll_close`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Close {
+    /// The engine's id for it.
+    pub conn: ConnId,
+    /// Whether the caller writes out the bytes it already took for the socket (bounded in time,
+    /// without waiting for a reply) before closing it: true for a healthy connection the engine
+    /// lets go (idle, stale, its pool closed), whose last operation may have ended on bytes
+    /// still in the caller's hands (an unacknowledged write ends as they are taken, WP-6, EV-4);
+    /// false for a socket closed under a command that failed, was cancelled or timed out, whose
+    /// unwritten rest must not reach the server (a truncated message is never run).
+    pub write_out: bool,
+}
+
 /// What the engine reports.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -787,7 +802,7 @@ pub struct Engine {
     connects: VecDeque<Connect>,
     /// Sockets with bytes to write, in the order their bytes appeared.
     transmits: VecDeque<ConnId>,
-    closes: VecDeque<ConnId>,
+    closes: VecDeque<Close>,
     events: VecDeque<EngineEvent>,
     /// Set by [`Engine::close`].
     closed: bool,
@@ -1078,7 +1093,7 @@ impl Engine {
         self.run(now);
         let sockets: Vec<ConnId> = self.sockets.keys().collect();
         for conn in sockets {
-            self.close_socket(conn, now);
+            self.close_socket(conn, false, now);
         }
         // A draining connection (a cancelled hedged copy's) fails and goes back to its pool.
         self.run(now);
@@ -1229,14 +1244,10 @@ impl Engine {
         None
     }
 
-    /// The next socket to close. The caller writes out the bytes it already took for that socket
-    /// (bounded in time, without waiting for a reply), then closes it: an unacknowledged write
-    /// handed over just before its connection was closed as stale must still reach the server
-    /// (WP-6, EV-4). As with any driver, a command whose bytes left (in part or whole) before its
-    /// operation was cancelled or timed out may still run on the server; its `maxTimeMS` bounds
-    /// it there (CS-4).
+    /// The next socket to close, and whether the bytes the caller already took for it are
+    /// written out first ([`Close::write_out`]).
     #[must_use]
-    pub fn poll_close(&mut self) -> Option<ConnId> {
+    pub fn poll_close(&mut self) -> Option<Close> {
         self.closes.pop_front()
     }
 

@@ -107,7 +107,7 @@ impl Engine {
                         "a cancelled check's failure is reported only for a server already Unknown"
                     );
                     self.schedule(Machine::Monitor(server));
-                    self.close_socket(conn, now);
+                    self.close_socket(conn, false, now);
                 }
             }
         }
@@ -151,7 +151,7 @@ impl Engine {
             self.timers
                 .set(Machine::Monitor(server), &mut state.timer, None);
             for conn in [state.conn, state.rtt_conn].into_iter().flatten() {
-                self.close_socket(conn, now);
+                self.close_socket(conn, false, now);
             }
         }
         self.server_mut(server).retired_pool = Some(pool);
@@ -187,7 +187,7 @@ impl Engine {
             if !state.monitor.is_streaming() {
                 // MO-7, MO-12: no RTT connection unless streaming.
                 if let Some(rtt) = state.rtt_conn.take() {
-                    self.close_socket(rtt, now);
+                    self.close_socket(rtt, false, now);
                     continue;
                 }
             }
@@ -387,7 +387,7 @@ impl Engine {
         // streaming; the next check opens a new one.
         if !crate::reply::is_ok(&body) {
             state.conn = None;
-            self.close_socket(conn, now);
+            self.close_socket(conn, false, now);
         }
         self.schedule(Machine::Monitor(server));
         self.topology
@@ -430,7 +430,7 @@ impl Engine {
         state.monitor.handle_rtt_failed(now);
         self.schedule(Machine::Monitor(server));
         if let Some(conn) = conn {
-            self.close_socket(conn, now);
+            self.close_socket(conn, false, now);
         }
     }
 
@@ -451,7 +451,7 @@ impl Engine {
             return;
         };
         if let Some(conn) = conn {
-            self.close_socket(conn, now);
+            self.close_socket(conn, false, now);
         }
         let Some(state) = self.server_mut(server).monitor.as_mut() else {
             return;
@@ -569,9 +569,12 @@ impl Engine {
                         }
                     }
                 }
-                PoolAction::Close { connection, .. } => {
+                PoolAction::Close { connection, reason } => {
                     if let Some(conn) = self.pool_socket(server, connection) {
-                        self.close_socket(conn, now);
+                        // WP-6, review39 M3: a healthy connection let go (stale, idle, pool
+                        // closed) has the bytes its caller took written out; a failed one not.
+                        let write_out = reason != crate::pool::CloseReason::Error;
+                        self.close_socket(conn, write_out, now);
                     }
                 }
                 // CM-4: the attempt on it fails like a socket the peer closed, and its failure
@@ -582,7 +585,7 @@ impl Engine {
                         .and_then(|c| self.sockets.get(&c))
                         .is_some_and(|s| s.op.is_some());
                     if let Some(conn) = conn {
-                        self.close_socket(conn, now);
+                        self.close_socket(conn, false, now);
                     }
                     if !busy {
                         if let Some(pool) = self.pool_mut(server) {

@@ -122,8 +122,10 @@ impl Engine {
     }
 
     /// Closes a socket. One with an attempt on it (a pool closing an in-use connection, CM-4's
-    /// interruption) fails like a socket the peer closed, so its operation hears of it.
-    pub(super) fn close_socket(&mut self, conn: ConnId, now: Instant) {
+    /// interruption) fails like a socket the peer closed, so its operation hears of it. Any
+    /// other is closed with `write_out` ([`super::Close::write_out`]: a pool letting a healthy
+    /// connection go, WP-6; not after an error, a cancel or for a monitor's).
+    pub(super) fn close_socket(&mut self, conn: ConnId, write_out: bool, now: Instant) {
         match self.sockets.get_mut(&conn) {
             Some(socket) if socket.op.is_some() || socket.drain.is_some() => {
                 socket
@@ -133,7 +135,7 @@ impl Engine {
             }
             Some(_) => {
                 self.remove_socket(conn);
-                self.closes.push_back(conn);
+                self.closes.push_back(super::Close { conn, write_out });
             }
             None => {}
         }
@@ -196,7 +198,11 @@ impl Engine {
                     let (pending, drain) = self
                         .remove_socket(conn)
                         .map_or((None, None), |s| (s.command, s.drain));
-                    self.closes.push_back(conn);
+                    // Failed under a command: its unwritten rest must not reach the server.
+                    self.closes.push_back(super::Close {
+                        conn,
+                        write_out: false,
+                    });
                     if let Some(pending) = pending {
                         self.command_failed(pending, &error, now);
                     }
@@ -237,7 +243,7 @@ impl Engine {
             NetworkPhase::AfterSend,
             socket.address.clone(),
         );
-        self.close_socket(conn, now);
+        self.close_socket(conn, false, now);
         self.pool_socket_failed(server, id, conn, (None, true, None), error, now);
     }
 

@@ -33,6 +33,8 @@ pub struct Net {
     pub unanswered: Vec<(ConnId, i32)>,
     /// Every transmit, as written: when, on which connection, the bytes.
     pub transmits: Vec<(Instant, ConnId, Vec<u8>)>,
+    /// Every close the engine asked for, in order.
+    pub closes: Vec<retry_core::engine::Close>,
 }
 
 impl Net {
@@ -48,6 +50,7 @@ impl Net {
             sent: Vec::new(),
             unanswered: Vec::new(),
             transmits: Vec::new(),
+            closes: Vec::new(),
         };
         net.drain();
         // The first checks are due at once.
@@ -95,7 +98,9 @@ impl Net {
                 }
                 buf.clear();
             }
-            while let Some(conn) = self.engine.poll_close() {
+            while let Some(close) = self.engine.poll_close() {
+                let conn = close.conn;
+                self.closes.push(close);
                 progressed = true;
                 self.sockets.remove(&conn);
                 self.unanswered.retain(|(c, _)| *c != conn);
