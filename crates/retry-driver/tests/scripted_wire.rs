@@ -11,11 +11,12 @@
 //!   commit) reads its reply's MaxTimeMSExpired write errors as the timeout error, on a client
 //!   without `timeoutMS`.
 
+mod support;
+
 use core::future::Future;
 use core::pin::{pin, Pin};
 use core::task::{Context, Poll, Waker};
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -28,64 +29,13 @@ use retry_core::wire::{FrameDecoder, MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_B
 use retry_driver::{
     AsyncTimer, BoxFuture, Client, ClientOptions, Events, Runtime, SessionOptions, Socket,
 };
+use support::clock::Clock;
 
 /// The driver's bound on writing out a closed socket's bytes (`driver::CLOSE_WRITE_LIMIT`).
 const CLOSE_WRITE_LIMIT: Duration = Duration::from_secs(1);
 
 /// Polls of one future (each runs the driver once) before a test gives up.
 const POLLS: usize = 200;
-
-/// A clock the test moves; the timers due are woken when it does.
-#[derive(Debug, Default)]
-struct Clock {
-    nanos: AtomicU64,
-    timers: Mutex<Vec<Arc<TimerState>>>,
-}
-
-#[derive(Debug)]
-struct TimerState {
-    at: AtomicU64,
-    waker: Mutex<Option<Waker>>,
-}
-
-impl Clock {
-    fn now(&self) -> Instant {
-        Instant::from_nanos(self.nanos.load(Ordering::Acquire))
-    }
-
-    /// Moves the clock to `ms` and wakes the timers due then.
-    fn advance_to(&self, ms: u64) {
-        let now = Instant::from_millis(ms);
-        self.nanos.store(now.as_nanos(), Ordering::Release);
-        for timer in self.timers.lock().unwrap().iter() {
-            if timer.at.load(Ordering::Acquire) <= now.as_nanos() {
-                if let Some(waker) = timer.waker.lock().unwrap().take() {
-                    waker.wake();
-                }
-            }
-        }
-    }
-}
-
-#[derive(Debug)]
-struct ClockTimer {
-    clock: Arc<Clock>,
-    state: Arc<TimerState>,
-}
-
-impl AsyncTimer for ClockTimer {
-    fn reset(self: Pin<&mut Self>, at: Instant) {
-        self.state.at.store(at.as_nanos(), Ordering::Release);
-    }
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.state.at.load(Ordering::Acquire) <= self.clock.now().as_nanos() {
-            return Poll::Ready(());
-        }
-        *self.state.waker.lock().unwrap() = Some(cx.waker().clone());
-        Poll::Pending
-    }
-}
 
 /// What the server answers to a command (its body), `hello` included.
 type Answer = Arc<dyn Fn(&Document) -> Document + Send + Sync>;
@@ -271,15 +221,7 @@ impl Runtime for ScriptedRuntime {
     }
 
     fn new_timer(&self, at: Instant) -> Pin<Box<dyn AsyncTimer>> {
-        let state = Arc::new(TimerState {
-            at: AtomicU64::new(at.as_nanos()),
-            waker: Mutex::new(None),
-        });
-        self.clock.timers.lock().unwrap().push(state.clone());
-        Box::pin(ClockTimer {
-            clock: self.clock.clone(),
-            state,
-        })
+        self.clock.timer(at)
     }
 
     fn spawns(&self) -> bool {

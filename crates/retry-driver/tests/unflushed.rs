@@ -18,11 +18,12 @@
 //! once inside `spawn`: the first pass, and its flush of `TopologyOpening`, happen before
 //! `connect` returns (review17 finding 4).
 
+mod support;
+
 use core::future::Future;
 use core::pin::{pin, Pin};
 use core::task::{Context, Poll, Waker};
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bson::doc;
@@ -33,58 +34,7 @@ use retry_core::time::Instant;
 use retry_core::topology::SdamEvent;
 use retry_core::wire::{MsgFlags, OpMsg, DEFAULT_MAX_MESSAGE_SIZE_BYTES, HEADER_LEN};
 use retry_driver::{AsyncTimer, BoxFuture, Client, ClientOptions, Events, Runtime, Socket};
-
-/// A clock the test moves; the timers due are woken when it does.
-#[derive(Debug, Default)]
-struct Clock {
-    nanos: AtomicU64,
-    timers: Mutex<Vec<Arc<TimerState>>>,
-}
-
-#[derive(Debug)]
-struct TimerState {
-    at: AtomicU64,
-    waker: Mutex<Option<Waker>>,
-}
-
-impl Clock {
-    fn now(&self) -> Instant {
-        Instant::from_nanos(self.nanos.load(Ordering::Acquire))
-    }
-
-    /// Moves the clock to `ms` and wakes the timers due then.
-    fn advance_to(&self, ms: u64) {
-        let now = Instant::from_millis(ms);
-        self.nanos.store(now.as_nanos(), Ordering::Release);
-        for timer in self.timers.lock().unwrap().iter() {
-            if timer.at.load(Ordering::Acquire) <= now.as_nanos() {
-                if let Some(waker) = timer.waker.lock().unwrap().take() {
-                    waker.wake();
-                }
-            }
-        }
-    }
-}
-
-#[derive(Debug)]
-struct ClockTimer {
-    clock: Arc<Clock>,
-    state: Arc<TimerState>,
-}
-
-impl AsyncTimer for ClockTimer {
-    fn reset(self: Pin<&mut Self>, at: Instant) {
-        self.state.at.store(at.as_nanos(), Ordering::Release);
-    }
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.state.at.load(Ordering::Acquire) <= self.clock.now().as_nanos() {
-            return Poll::Ready(());
-        }
-        *self.state.waker.lock().unwrap() = Some(cx.waker().clone());
-        Poll::Pending
-    }
-}
+use support::clock::Clock;
 
 /// How a [`TestRuntime`]'s connects end.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
@@ -164,15 +114,7 @@ impl Runtime for TestRuntime {
     }
 
     fn new_timer(&self, at: Instant) -> Pin<Box<dyn AsyncTimer>> {
-        let state = Arc::new(TimerState {
-            at: AtomicU64::new(at.as_nanos()),
-            waker: Mutex::new(None),
-        });
-        self.clock.timers.lock().unwrap().push(state.clone());
-        Box::pin(ClockTimer {
-            clock: self.clock.clone(),
-            state,
-        })
+        self.clock.timer(at)
     }
 
     fn spawns(&self) -> bool {

@@ -1,0 +1,3 @@
+//! Shared scaffolding of the driver's integration tests.
+
+pub mod clock;
